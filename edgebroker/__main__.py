@@ -1,0 +1,3 @@
+from edgebroker.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,5 @@
+# Metadata lives in setup.cfg; this file exists for the native helper's
+# cffi build step, which setuptools only accepts here.
+from setuptools import setup
+
+setup()
