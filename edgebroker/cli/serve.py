@@ -1,0 +1,69 @@
+"""`edgebroker serve`: run the broker in the foreground."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+
+from edgebroker import config as configuration
+from edgebroker.errors import ConfigError
+from edgebroker.server.loop import Loop
+
+log = logging.getLogger("edgebroker")
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("serve", help="run the broker")
+    p.add_argument("-c", "--config", metavar="FILE", help="TOML configuration file")
+    p.add_argument("--listen", metavar="HOST:PORT", action="append",
+                   help="listen here instead of the configured listeners (repeatable)")
+    p.add_argument("--data-dir", metavar="DIR", help="state directory")
+    p.set_defaults(run=run)
+
+
+def load(args) -> configuration.Config:
+    """The config file plus command-line overrides (also used on SIGHUP)."""
+    config = configuration.load(args.config)
+    changes = {}
+    if args.listen:
+        changes["listener"] = tuple(configuration.parse_address(a) for a in args.listen)
+    if args.data_dir:
+        changes["data_dir"] = args.data_dir
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    # Under systemd the journal adds its own timestamps.
+    if os.environ.get("JOURNAL_STREAM"):
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger("edgebroker")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def prepare_state_dir(path: str) -> None:
+    try:
+        os.makedirs(path, mode=0o750, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"data_dir: {path} is not writable")
+
+
+def run(args) -> int:
+    config = load(args)
+    setup_logging(config.log_level)
+    state_dir = config.state_dir()
+    prepare_state_dir(state_dir)
+    loop = Loop(config, reload_config=lambda: load(args))
+    loop.open_listeners()
+    log.info("state directory %s; configuration %s", state_dir, config.source or "embedded defaults")
+    loop.install_signal_handlers()
+    loop.run()
+    return 0

@@ -1,0 +1,269 @@
+"""One network connection's MQTT conversation with the broker.
+
+A ``Client`` turns decoded packets into broker actions and answers. It never
+touches a socket: it writes bytes to its transport (``write``/``close``) and
+the server layer moves them. State rules, in prose:
+
+- Before CONNECT only CONNECT is legal (MQTT-3.1.0-1); a second CONNECT is a
+  violation (MQTT-3.1.0-2). The handler table is swapped at CONNECT, so the
+  check costs nothing per packet.
+- Packets only a server sends (CONNACK, SUBACK, UNSUBACK, PINGRESP) are
+  violations when they arrive here (MQTT-4.8.0-1).
+- Any violation closes the connection and, once connected, publishes the
+  will. DISCONNECT discards the will and closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from edgebroker.errors import CONNACK_CODES_311, PROTOCOL_ERROR, ProtocolError
+from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.codec import PINGRESP_BYTES, Decoder, encode, encode_ack
+from edgebroker.core.session import AWAIT_COMP
+
+log = logging.getLogger("edgebroker.client")
+
+_CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
+
+
+class Client:
+    __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "session", "connected",
+                 "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
+                 "protocol_level", "_handlers")
+
+    def __init__(self, broker, transport, now: float):
+        self.broker = broker
+        self.transport = transport
+        self.peer = transport.peer
+        self.decoder = Decoder(max_packet_size=broker.limits.max_packet_size)
+        self.client_id = ""
+        self.session = None
+        self.connected = False
+        self.closed = False
+        self.will = None
+        self.keepalive = 0
+        self.last_seen = now
+        self.connect_deadline = now + broker.limits.connect_timeout
+        self.timer_at = None          # deadline of this client's entry in the timer heap
+        self.protocol_level = 0
+        self._handlers = _BEFORE_CONNECT
+
+    def __repr__(self):
+        return f"Client({self.client_id!r}, {self.peer})"
+
+    def describe(self) -> str:
+        name = repr(self.client_id) if self.client_id else "(before CONNECT)"
+        return f"client {name} from {self.peer}"
+
+    # ----- input from the server layer -------------------------------------------------
+
+    def data_received(self, data) -> None:
+        broker = self.broker
+        self.last_seen = broker.clock()
+        stats = broker.stats
+        handlers = self._handlers
+        try:
+            for packet in self.decoder.feed(data):
+                stats.packets_received += 1
+                handlers[packet.type](self, packet)
+                if self.closed:
+                    return
+                handlers = self._handlers
+        except ProtocolError as exc:
+            self._violation(exc)
+
+    def connection_lost(self, reason: str) -> None:
+        """The socket closed or failed under us (not after DISCONNECT)."""
+        if not self.closed:
+            if self.connected:
+                log.info("%s: connection lost (%s)", self.describe(), reason)
+            self.close(will=True)
+
+    def deadline(self) -> float | None:
+        """When this client must next be checked by the timer heap."""
+        if not self.connected:
+            return self.connect_deadline
+        if self.keepalive:
+            return self.last_seen + 1.5 * self.keepalive
+        return None
+
+    def expire(self) -> None:
+        broker = self.broker
+        if not self.connected:
+            broker.stats.connect_timeouts += 1
+            log.info("%s: no CONNECT within %g s; closing", self.describe(),
+                     broker.limits.connect_timeout)
+            self.close(will=False)
+        else:
+            broker.stats.keepalive_expired += 1
+            log.info("%s: keepalive expired (no packet for 1.5 x %d s); closing",
+                     self.describe(), self.keepalive)
+            self.close(will=True)
+
+    # ----- closing ----------------------------------------------------------------------
+
+    def close(self, *, will: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.connected:
+            self.broker.detach(self, publish_will=will)
+        self.will = None
+        self.transport.close()
+
+    def _violation(self, exc: ProtocolError) -> None:
+        broker = self.broker
+        code = None if self.connected else CONNACK_CODES_311.get(exc.reason)
+        if code is not None:
+            log.info("%s: refused (CONNACK %d): %s", self.describe(), code, exc)
+            self.transport.write(encode(P.Connack(False, code)))
+        else:
+            broker.stats.protocol_errors += 1
+            log.warning("%s: protocol violation: %s; closing connection", self.describe(), exc)
+        self.close(will=True)
+
+    def _refuse(self, code: int, why: str) -> None:
+        log.info("%s: refused (CONNACK %d): %s", self.describe(), code, why)
+        self.broker.stats.connections_refused += 1
+        self.transport.write(encode(P.Connack(False, code)))
+        self.close(will=False)
+
+    # ----- packet handlers --------------------------------------------------------------
+
+    def _on_connect(self, p: P.Connect) -> None:
+        broker = self.broker
+        limits = broker.limits
+        client_id = p.client_id
+        self.protocol_level = p.protocol_level
+        if len(client_id.encode("utf-8")) > limits.max_client_id_length:
+            self.client_id = client_id[:64]
+            return self._refuse(2, f"client id longer than max_client_id_length "
+                                   f"({limits.max_client_id_length})")
+        if not client_id:
+            if p.protocol_level == P.PROTOCOL_31:
+                return self._refuse(2, "empty client id (MQTT 3.1 requires 1-23 characters)")
+            if not p.clean_session:
+                return self._refuse(2, "empty client id with clean session 0 (MQTT-3.1.3-8)")
+            if not broker.config.allow_zero_length_clientid:
+                return self._refuse(2, "empty client id and allow_zero_length_clientid is false")
+            client_id = broker.config.auto_id_prefix + uuid.uuid4().hex
+        self.client_id = client_id
+        if p.keepalive > limits.max_keepalive:
+            return self._refuse(2, f"keepalive {p.keepalive} s is above max_keepalive "
+                                   f"({limits.max_keepalive} s)")
+        self.keepalive = p.keepalive
+        self.will = p.will
+        session, present = broker.attach(self, client_id, p.clean_session)
+        self.session = session
+        self.connected = True
+        self._handlers = _CONNECTED
+        self.transport.write(_CONNACK_ACCEPTED[present])
+        broker.stats.packets_sent += 1
+        log.info("%s connected (protocol %d, clean session %d, keepalive %d%s)",
+                 self.describe(), p.protocol_level, p.clean_session, p.keepalive,
+                 ", session resumed" if present else "")
+        broker.schedule(self)
+        if present:
+            broker.resume(session)
+
+    def _on_second_connect(self, p) -> None:
+        raise ProtocolError("second CONNECT on one connection", rule="MQTT-3.1.0-2",
+                            reason=PROTOCOL_ERROR)
+
+    def _before_connect(self, p) -> None:
+        raise ProtocolError(f"{P.NAMES[p.type]} before CONNECT", rule="MQTT-3.1.0-1",
+                            reason=PROTOCOL_ERROR)
+
+    def _server_only(self, p) -> None:
+        raise ProtocolError(f"{P.NAMES[p.type]} is sent only by a server", rule="MQTT-4.8.0-1",
+                            reason=PROTOCOL_ERROR)
+
+    def _on_publish(self, p: P.Publish) -> None:
+        broker = self.broker
+        qos = p.qos
+        if qos == 0:
+            broker.publish(p.topic, p.payload, 0, p.retain)
+            return
+        pid = p.packet_id
+        if qos == 1:
+            broker.publish(p.topic, p.payload, 1, p.retain)
+            self.transport.write(encode_ack(P.PUBACK, pid))
+        else:
+            # Exactly once: route on first receipt, ignore re-sends until PUBREL.
+            pending = self.session.awaiting_release
+            if pid not in pending:
+                pending.add(pid)
+                broker.publish(p.topic, p.payload, 2, p.retain)
+            self.transport.write(encode_ack(P.PUBREC, pid))
+        broker.stats.packets_sent += 1
+
+    def _on_puback(self, p) -> None:
+        session = self.session
+        entry = session.inflight.get(p.packet_id)
+        if entry is not None and entry.qos == 1:
+            del session.inflight[p.packet_id]
+            if session.queue:
+                self.broker.pump(session)
+
+    def _on_pubrec(self, p) -> None:
+        entry = self.session.inflight.get(p.packet_id)
+        if entry is None or entry.qos != 2:
+            return
+        entry.state = AWAIT_COMP
+        self.transport.write(encode_ack(P.PUBREL, p.packet_id))
+        self.broker.stats.packets_sent += 1
+
+    def _on_pubrel(self, p) -> None:
+        self.session.awaiting_release.discard(p.packet_id)
+        self.transport.write(encode_ack(P.PUBCOMP, p.packet_id))
+        self.broker.stats.packets_sent += 1
+
+    def _on_pubcomp(self, p) -> None:
+        session = self.session
+        entry = session.inflight.get(p.packet_id)
+        if entry is not None and entry.state == AWAIT_COMP:
+            del session.inflight[p.packet_id]
+            if session.queue:
+                self.broker.pump(session)
+
+    def _on_subscribe(self, p: P.Subscribe) -> None:
+        broker = self.broker
+        granted = broker.subscribe(self.session, p.topics)
+        self.transport.write(encode(P.Suback(p.packet_id, granted)))
+        broker.stats.packets_sent += 1
+        broker.send_retained(self.session, p.topics, granted)
+
+    def _on_unsubscribe(self, p: P.Unsubscribe) -> None:
+        self.broker.unsubscribe(self.session, p.topics)
+        self.transport.write(encode_ack(P.UNSUBACK, p.packet_id))
+        self.broker.stats.packets_sent += 1
+
+    def _on_pingreq(self, p) -> None:
+        self.transport.write(PINGRESP_BYTES)
+        self.broker.stats.packets_sent += 1
+
+    def _on_disconnect(self, p) -> None:
+        log.info("%s disconnected", self.describe())
+        self.close(will=False)
+
+
+_BEFORE_CONNECT = {t: Client._before_connect for t in P.NAMES}
+_BEFORE_CONNECT[P.CONNECT] = Client._on_connect
+
+_CONNECTED = {
+    P.CONNECT: Client._on_second_connect,
+    P.PUBLISH: Client._on_publish,
+    P.PUBACK: Client._on_puback,
+    P.PUBREC: Client._on_pubrec,
+    P.PUBREL: Client._on_pubrel,
+    P.PUBCOMP: Client._on_pubcomp,
+    P.SUBSCRIBE: Client._on_subscribe,
+    P.UNSUBSCRIBE: Client._on_unsubscribe,
+    P.PINGREQ: Client._on_pingreq,
+    P.DISCONNECT: Client._on_disconnect,
+}
+for _t in P.SERVER_TO_CLIENT_ONLY:
+    _CONNECTED[_t] = Client._server_only
+    _BEFORE_CONNECT[_t] = Client._before_connect

@@ -1,0 +1,69 @@
+"""Session state: what outlives a connection when clean session is 0.
+
+A session owns its subscriptions, the outgoing QoS 1/2 window (``inflight``,
+keyed by packet id, in send order), the queue of messages waiting for the
+window or for the client to come back, and the packet ids of inbound QoS 2
+messages received but not yet released (for exactly-once delivery).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class Message:
+    """One application message as routed: shared by every subscriber it reaches."""
+
+    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "_frame0")
+
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool):
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.topic_bytes = topic.encode("utf-8")
+        self._frame0 = None
+
+
+# Outgoing inflight entry states.
+AWAIT_ACK = 0      # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
+AWAIT_COMP = 1     # PUBREL sent, waiting for PUBCOMP
+
+
+class Outgoing:
+    __slots__ = ("message", "qos", "retain", "state")
+
+    def __init__(self, message: Message, qos: int, retain: bool):
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.state = AWAIT_ACK
+
+
+class Session:
+    __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
+                 "awaiting_release", "_next_id", "dropped")
+
+    def __init__(self, client_id: str, clean: bool):
+        self.client_id = client_id
+        self.clean = clean
+        self.subscriptions: dict[str, int] = {}
+        self.client = None                      # the live Client, or None while offline
+        self.inflight: dict[int, Outgoing] = {}
+        self.queue: deque[tuple[Message, int, bool]] = deque()
+        self.awaiting_release: set[int] = set()
+        self._next_id = 0
+        self.dropped = 0
+
+    def __repr__(self):
+        return f"Session({self.client_id!r})"
+
+    def allocate_id(self) -> int:
+        """Next packet id not in use by this session's outgoing window."""
+        pid = self._next_id
+        inflight = self.inflight
+        while True:
+            pid = pid + 1 if pid < 65535 else 1
+            if pid not in inflight:
+                self._next_id = pid
+                return pid

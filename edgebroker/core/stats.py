@@ -1,0 +1,115 @@
+"""Broker counters and the $SYS topics that publish them.
+
+Names follow Mosquitto's $SYS tree where one exists. ``messages/*`` counts
+every MQTT packet, ``publish/messages/*`` only PUBLISH packets, as Mosquitto
+does. The ``load/.../1min|5min|15min`` values are Mosquitto's: exponentially
+weighted averages of the rate per minute. ``load/.../persecond`` (an
+edgebroker addition) is the plain rate over the last interval, per second.
+"""
+
+from __future__ import annotations
+
+import math
+
+import psutil
+
+from edgebroker import __version__
+
+
+class Stats:
+    __slots__ = ("packets_received", "packets_sent", "publish_received", "publish_sent",
+                 "publish_dropped", "publish_unrouted", "bytes_received", "bytes_sent",
+                 "connections_total", "connections_refused", "protocol_errors",
+                 "keepalive_expired", "connect_timeouts", "takeovers")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+# (topic part, counter) pairs that get load averages.
+_LOADS = (
+    ("messages/received", "packets_received"),
+    ("messages/sent", "packets_sent"),
+    ("publish/received", "publish_received"),
+    ("publish/sent", "publish_sent"),
+    ("publish/dropped", "publish_dropped"),
+    ("bytes/received", "bytes_received"),
+    ("bytes/sent", "bytes_sent"),
+    ("connections", "connections_total"),
+)
+_WINDOWS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
+
+
+class SysTopics:
+    """Publishes $SYS/broker/... as retained QoS 0 messages every ``sys_interval``."""
+
+    def __init__(self, broker, now: float):
+        self.broker = broker
+        self.next_due: float | None = None
+        self._last = now
+        self._last_counts = broker.stats.as_dict()
+        self._loads = {(name, window): 0.0 for name, _ in _LOADS for window, _ in _WINDOWS}
+        self._process = psutil.Process()
+        self._process.cpu_percent()  # first call primes the CPU measurement
+        self.configure(now, first=True)
+
+    def configure(self, now: float, first: bool = False) -> None:
+        interval = self.broker.config.sys_interval
+        if not interval:
+            self.next_due = None
+            return
+        if first:
+            self._publish("$SYS/broker/version", f"edgebroker version {__version__}")
+        # The first full report comes at once, so subscribers see values right away.
+        self.next_due = now
+
+    def _publish(self, topic: str, value) -> None:
+        self.broker.route(topic, str(value).encode(), 0, True)
+
+    def publish(self, now: float) -> None:
+        broker = self.broker
+        interval = broker.config.sys_interval
+        self.next_due = now + interval if interval else None
+        stats = broker.stats
+        counts = stats.as_dict()
+        elapsed = max(now - self._last, 1e-6)
+        pub = self._publish
+        pub("$SYS/broker/uptime", f"{int(now - broker.started)} seconds")
+        pub("$SYS/broker/clients/connected", broker.clients_connected)
+        pub("$SYS/broker/clients/active", broker.clients_connected)
+        pub("$SYS/broker/clients/total", len(broker.sessions))
+        pub("$SYS/broker/clients/disconnected",
+            sum(1 for s in broker.sessions.values() if s.client is None))
+        pub("$SYS/broker/subscriptions/count", broker.subscriptions.count)
+        pub("$SYS/broker/retained messages/count", broker.retained.count)
+        pub("$SYS/broker/messages/received", counts["packets_received"])
+        pub("$SYS/broker/messages/sent", counts["packets_sent"])
+        pub("$SYS/broker/publish/messages/received", counts["publish_received"])
+        pub("$SYS/broker/publish/messages/sent", counts["publish_sent"])
+        pub("$SYS/broker/publish/messages/dropped", counts["publish_dropped"])
+        pub("$SYS/broker/bytes/received", counts["bytes_received"])
+        pub("$SYS/broker/bytes/sent", counts["bytes_sent"])
+        for name, counter in _LOADS:
+            rate = (counts[counter] - self._last_counts[counter]) / elapsed
+            pub(f"$SYS/broker/load/{name}/persecond", f"{rate:.2f}")
+            for window, seconds in _WINDOWS:
+                weight = math.exp(-elapsed / seconds)
+                value = self._loads[name, window] * weight + rate * 60.0 * (1.0 - weight)
+                self._loads[name, window] = value
+                pub(f"$SYS/broker/load/{name}/{window}", f"{value:.2f}")
+        try:
+            with self._process.oneshot():
+                rss = self._process.memory_info().rss
+                cpu = self._process.cpu_percent()
+        except psutil.Error:
+            rss, cpu = 0, 0.0
+        pub("$SYS/broker/process/rss", rss)
+        pub("$SYS/broker/process/cpu", f"{cpu:.1f}")
+        self._last = now
+        # Counters include the $SYS messages just published; the next rate is
+        # measured from here, so they count in the next interval as Mosquitto's do.
+        self._last_counts = counts

@@ -1,0 +1,195 @@
+"""MQTT control packets as plain objects (no I/O, no encoding here).
+
+Field names follow the 3.1.1 specification. Strings are ``str`` (already
+validated UTF-8); binary fields (payloads, passwords) are ``bytes``.
+"""
+
+from __future__ import annotations
+
+# Control packet types (fixed header, high nibble of the first byte).
+CONNECT = 1
+CONNACK = 2
+PUBLISH = 3
+PUBACK = 4
+PUBREC = 5
+PUBREL = 6
+PUBCOMP = 7
+SUBSCRIBE = 8
+SUBACK = 9
+UNSUBSCRIBE = 10
+UNSUBACK = 11
+PINGREQ = 12
+PINGRESP = 13
+DISCONNECT = 14
+
+NAMES = {
+    CONNECT: "CONNECT", CONNACK: "CONNACK", PUBLISH: "PUBLISH", PUBACK: "PUBACK",
+    PUBREC: "PUBREC", PUBREL: "PUBREL", PUBCOMP: "PUBCOMP", SUBSCRIBE: "SUBSCRIBE",
+    SUBACK: "SUBACK", UNSUBSCRIBE: "UNSUBSCRIBE", UNSUBACK: "UNSUBACK",
+    PINGREQ: "PINGREQ", PINGRESP: "PINGRESP", DISCONNECT: "DISCONNECT",
+}
+
+# Packets only a server may send; a server receiving one closes the connection.
+SERVER_TO_CLIENT_ONLY = frozenset({CONNACK, SUBACK, UNSUBACK, PINGRESP})
+
+SUBACK_FAILURE = 0x80
+
+PROTOCOL_311 = 4   # "MQTT", level 4
+PROTOCOL_31 = 3    # "MQIsdp", level 3
+
+
+class Packet:
+    __slots__ = ()
+    type: int = 0
+
+    def _fields(self):
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._fields() == other._fields()
+
+    def __hash__(self):
+        return hash((type(self), self._fields()))
+
+    def __repr__(self):
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({inner})"
+
+
+class Will:
+    __slots__ = ("topic", "payload", "qos", "retain")
+
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False):
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+
+    def __eq__(self, other):
+        return isinstance(other, Will) and (self.topic, self.payload, self.qos, self.retain) == (
+            other.topic, other.payload, other.qos, other.retain)
+
+    def __repr__(self):
+        return f"Will({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain})"
+
+
+class Connect(Packet):
+    __slots__ = ("client_id", "clean_session", "keepalive", "will", "username", "password",
+                 "protocol_level", "protocol_name")
+    type = CONNECT
+
+    def __init__(self, client_id: str = "", clean_session: bool = True, keepalive: int = 60,
+                 will: Will | None = None, username: str | None = None,
+                 password: bytes | None = None, protocol_level: int = PROTOCOL_311,
+                 protocol_name: str | None = None):
+        self.client_id = client_id
+        self.clean_session = clean_session
+        self.keepalive = keepalive
+        self.will = will
+        self.username = username
+        self.password = password
+        self.protocol_level = protocol_level
+        if protocol_name is None:
+            protocol_name = "MQIsdp" if protocol_level == PROTOCOL_31 else "MQTT"
+        self.protocol_name = protocol_name
+
+
+class Connack(Packet):
+    __slots__ = ("session_present", "return_code")
+    type = CONNACK
+
+    def __init__(self, session_present: bool = False, return_code: int = 0):
+        self.session_present = session_present
+        self.return_code = return_code
+
+
+class Publish(Packet):
+    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id")
+    type = PUBLISH
+
+    def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
+                 dup: bool = False, packet_id: int | None = None):
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+
+
+class _IdOnly(Packet):
+    __slots__ = ("packet_id",)
+
+    def __init__(self, packet_id: int):
+        self.packet_id = packet_id
+
+
+class Puback(_IdOnly):
+    __slots__ = ()
+    type = PUBACK
+
+
+class Pubrec(_IdOnly):
+    __slots__ = ()
+    type = PUBREC
+
+
+class Pubrel(_IdOnly):
+    __slots__ = ()
+    type = PUBREL
+
+
+class Pubcomp(_IdOnly):
+    __slots__ = ()
+    type = PUBCOMP
+
+
+class Unsuback(_IdOnly):
+    __slots__ = ()
+    type = UNSUBACK
+
+
+class Subscribe(Packet):
+    __slots__ = ("packet_id", "topics")
+    type = SUBSCRIBE
+
+    def __init__(self, packet_id: int, topics: list[tuple[str, int]]):
+        self.packet_id = packet_id
+        self.topics = list(topics)
+
+
+class Suback(Packet):
+    __slots__ = ("packet_id", "return_codes")
+    type = SUBACK
+
+    def __init__(self, packet_id: int, return_codes: list[int]):
+        self.packet_id = packet_id
+        self.return_codes = list(return_codes)
+
+
+class Unsubscribe(Packet):
+    __slots__ = ("packet_id", "topics")
+    type = UNSUBSCRIBE
+
+    def __init__(self, packet_id: int, topics: list[str]):
+        self.packet_id = packet_id
+        self.topics = list(topics)
+
+
+class _Empty(Packet):
+    __slots__ = ()
+
+
+class Pingreq(_Empty):
+    __slots__ = ()
+    type = PINGREQ
+
+
+class Pingresp(_Empty):
+    __slots__ = ()
+    type = PINGRESP
+
+
+class Disconnect(_Empty):
+    __slots__ = ()
+    type = DISCONNECT

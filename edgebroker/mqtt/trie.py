@@ -1,0 +1,207 @@
+"""Topic trees: who is subscribed to what, and which retained messages match.
+
+``SubscriptionTrie`` maps topic filters to subscribers and answers "who wants
+this topic name?" by walking one path per wildcard branch, so a lookup costs
+O(topic depth × wildcard branches), not O(subscriptions). Results are cached
+per topic name until the next subscription change.
+
+``RetainedTree`` is the mirror image: it stores one message per topic name
+and answers "which stored topics match this filter?".
+
+Both follow MQTT-4.7.2-1: a filter starting with a wildcard does not match a
+topic name starting with ``$``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+# Cached lookups are dropped wholesale beyond this many topics, which bounds
+# memory when devices publish to very many distinct topics.
+CACHE_LIMIT = 65536
+
+
+class _Node:
+    __slots__ = ("children", "subscribers")
+
+    def __init__(self):
+        self.children: dict[str, _Node] = {}
+        self.subscribers: dict[Any, int] = {}
+
+
+class SubscriptionTrie:
+    def __init__(self):
+        self._root = _Node()
+        self._cache: dict[str, list[tuple[Any, int]]] = {}
+        self.count = 0  # (filter, subscriber) pairs
+
+    def add(self, topic_filter: str, subscriber: Any, qos: int) -> bool:
+        """Subscribe; returns True if this replaced an existing subscription."""
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        replaced = subscriber in node.subscribers
+        node.subscribers[subscriber] = qos
+        if not replaced:
+            self.count += 1
+        self._cache.clear()
+        return replaced
+
+    def remove(self, topic_filter: str, subscriber: Any) -> bool:
+        """Unsubscribe; returns True if the subscription existed."""
+        path = [self._root]
+        levels = topic_filter.split("/")
+        for level in levels:
+            child = path[-1].children.get(level)
+            if child is None:
+                return False
+            path.append(child)
+        if path[-1].subscribers.pop(subscriber, None) is None:
+            return False
+        self.count -= 1
+        self._cache.clear()
+        # Prune nodes left with neither subscribers nor children.
+        for depth in range(len(levels), 0, -1):
+            node = path[depth]
+            if node.subscribers or node.children:
+                break
+            del path[depth - 1].children[levels[depth - 1]]
+        return True
+
+    def match(self, topic: str) -> list[tuple[Any, int]]:
+        """Subscribers of ``topic`` with the highest QoS among their matching filters."""
+        cached = self._cache.get(topic)
+        if cached is not None:
+            return cached
+        found: dict[Any, int] = {}
+        levels = topic.split("/")
+        self._walk(self._root, levels, 0, found, topic.startswith("$"))
+        result = list(found.items())
+        if len(self._cache) >= CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[topic] = result
+        return result
+
+    def _walk(self, node: _Node, levels: list[str], i: int, found: dict, dollar: bool):
+        children = node.children
+        if not children:
+            return
+        wild = not (dollar and i == 0)
+        if wild:
+            hash_node = children.get("#")
+            if hash_node is not None:
+                _merge(found, hash_node.subscribers)
+        if i == len(levels):
+            return
+        exact = children.get(levels[i])
+        if exact is not None:
+            self._visit(exact, levels, i + 1, found, dollar)
+        if wild:
+            plus = children.get("+")
+            if plus is not None:
+                self._visit(plus, levels, i + 1, found, dollar)
+
+    def _visit(self, node: _Node, levels, i, found, dollar):
+        if i == len(levels):
+            _merge(found, node.subscribers)
+            # "a/#" also matches "a" itself.
+            hash_node = node.children.get("#")
+            if hash_node is not None:
+                _merge(found, hash_node.subscribers)
+            return
+        self._walk(node, levels, i, found, dollar)
+
+
+def _merge(found: dict, subscribers: dict):
+    for sub, qos in subscribers.items():
+        if found.get(sub, -1) < qos:
+            found[sub] = qos
+
+
+class _RNode:
+    __slots__ = ("children", "value")
+
+    def __init__(self):
+        self.children: dict[str, _RNode] = {}
+        self.value: Any = None
+
+
+class RetainedTree:
+    def __init__(self):
+        self._root = _RNode()
+        self.count = 0
+
+    def set(self, topic: str, value: Any) -> None:
+        node = self._root
+        for level in topic.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _RNode()
+            node = child
+        if node.value is None:
+            self.count += 1
+        node.value = value
+
+    def get(self, topic: str) -> Any:
+        node = self._root
+        for level in topic.split("/"):
+            node = node.children.get(level)
+            if node is None:
+                return None
+        return node.value
+
+    def delete(self, topic: str) -> bool:
+        levels = topic.split("/")
+        path = [self._root]
+        for level in levels:
+            child = path[-1].children.get(level)
+            if child is None:
+                return False
+            path.append(child)
+        if path[-1].value is None:
+            return False
+        path[-1].value = None
+        self.count -= 1
+        for depth in range(len(levels), 0, -1):
+            node = path[depth]
+            if node.value is not None or node.children:
+                break
+            del path[depth - 1].children[levels[depth - 1]]
+        return True
+
+    def match(self, topic_filter: str) -> Iterator[Any]:
+        """Stored values whose topic matches ``topic_filter``."""
+        yield from self._match(self._root, topic_filter.split("/"), 0)
+
+    def _match(self, node: _RNode, levels: list[str], i: int) -> Iterator[Any]:
+        if i == len(levels):
+            if node.value is not None:
+                yield node.value
+            return
+        level = levels[i]
+        if level == "#":
+            # The parent level itself ("a/#" matches "a"), then everything below.
+            if i > 0 and node.value is not None:
+                yield node.value
+            for name, child in node.children.items():
+                if i == 0 and name.startswith("$"):
+                    continue
+                yield from self._all(child)
+        elif level == "+":
+            for name, child in node.children.items():
+                if i == 0 and name.startswith("$"):
+                    continue
+                yield from self._match(child, levels, i + 1)
+        else:
+            child = node.children.get(level)
+            if child is not None:
+                yield from self._match(child, levels, i + 1)
+
+    def _all(self, node: _RNode) -> Iterator[Any]:
+        if node.value is not None:
+            yield node.value
+        for child in node.children.values():
+            yield from self._all(child)

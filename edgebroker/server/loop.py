@@ -1,0 +1,248 @@
+"""The selector loop: one thread owns every socket.
+
+One pass: wait (until the next timer at most) → accept a bounded number of
+connections per listener → read each readable socket once into a shared
+buffer and hand the bytes to the core → run due timers → flush every
+connection written to in this pass with one ``sendmsg`` each → act on signal
+flags. Signal handlers only set flags; ``signal.set_wakeup_fd`` and a
+socketpair wake the loop (other threads write one byte to the same pair).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import selectors
+import signal
+import socket
+import time
+
+from edgebroker import __version__
+from edgebroker.config import Config, ListenerConfig
+from edgebroker.core.broker import Broker
+from edgebroker.errors import ConfigError, EdgebrokerError
+from edgebroker.server import sdnotify
+from edgebroker.server.transport import Transport, format_peer
+
+log = logging.getLogger("edgebroker.server")
+
+ACCEPTS_PER_PASS = 64
+READ_BUFFER = 256 * 1024
+LISTEN_BACKLOG = 1024
+# Longest wait in select: bounds how late a signal flag or wake-up is seen
+# if a wake-up byte was lost.
+MAX_WAIT = 1.0
+# After EMFILE/ENFILE, stop accepting for this long instead of spinning.
+ACCEPT_PAUSE = 0.5
+# At shutdown, keep flushing queued output for at most this long.
+DRAIN_SECONDS = 2.0
+
+
+class Listener:
+    def __init__(self, loop: "Loop", config: ListenerConfig):
+        self.loop = loop
+        self.config = config
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((config.host, config.port))
+            sock.listen(LISTEN_BACKLOG)
+        except OSError as exc:
+            sock.close()
+            raise EdgebrokerError(f"cannot listen on {config.address}: {exc.strerror or exc}") from None
+        sock.setblocking(False)
+        self.sock = sock
+        host, port = sock.getsockname()[:2]
+        self.address = format_peer((host, port))
+        self.paused_until = 0.0
+
+    def on_event(self, mask: int) -> None:
+        loop = self.loop
+        for _ in range(ACCEPTS_PER_PASS):
+            try:
+                conn, addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.error("accept on %s: %s; pausing accepts for %.1f s",
+                              self.address, exc.strerror, ACCEPT_PAUSE)
+                    self.pause(loop.clock() + ACCEPT_PAUSE)
+                    return
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue
+                raise
+            loop.add_connection(conn, format_peer(addr))
+
+    def pause(self, until: float) -> None:
+        self.paused_until = until
+        self.loop.selector.unregister(self.sock)
+
+    def resume(self) -> None:
+        self.paused_until = 0.0
+        self.loop.selector.register(self.sock, selectors.EVENT_READ, self.on_event)
+
+    def close(self) -> None:
+        if not self.paused_until:
+            self.loop.selector.unregister(self.sock)
+        self.sock.close()
+
+
+class Loop:
+    def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.reload_config = reload_config
+        self.selector = selectors.DefaultSelector()
+        self.broker = Broker(config, clock)
+        self.buffer = bytearray(READ_BUFFER)
+        self.view = memoryview(self.buffer)
+        self.dirty: list[Transport] = []
+        self.transports: set[Transport] = set()
+        self.listeners: list[Listener] = []
+        self._stop = False
+        self._reload = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
+
+    # ----- set-up -----------------------------------------------------------------------
+
+    def open_listeners(self) -> None:
+        for lc in self.config.listeners:
+            listener = Listener(self, lc)
+            self.listeners.append(listener)
+            self.selector.register(listener.sock, selectors.EVENT_READ, listener.on_event)
+            log.info("listening on %s", listener.address)
+
+    def install_signal_handlers(self) -> None:
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_hup_signal)
+
+    def _on_stop_signal(self, signum, frame) -> None:
+        self._stop = True
+
+    def _on_hup_signal(self, signum, frame) -> None:
+        self._reload = True
+
+    def wake(self) -> None:
+        """Wake the loop from another thread."""
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass  # a wake-up is already pending
+
+    def _on_wake(self, mask: int) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    # ----- connections ------------------------------------------------------------------
+
+    def add_connection(self, sock: socket.socket, peer: str) -> None:
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        transport = Transport(self, sock, peer)
+        self.transports.add(transport)
+        self.selector.register(sock, selectors.EVENT_READ, transport.on_event)
+        transport.client = self.broker.connection_made(transport)
+
+    def forget(self, transport: Transport) -> None:
+        self.transports.discard(transport)
+        try:
+            self.selector.unregister(transport.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def flush_dirty(self) -> None:
+        dirty = self.dirty
+        while dirty:
+            batch = dirty[:]
+            dirty.clear()
+            for transport in batch:
+                transport.dirty = False
+                if transport.closed:
+                    continue
+                if transport.out:
+                    transport.flush()
+                if transport.closing:
+                    transport.shutdown()
+
+    # ----- the loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        broker = self.broker
+        select = self.selector.select
+        clock = self.clock
+        watchdog = sdnotify.watchdog_interval()
+        next_watchdog = clock() + watchdog if watchdog else None
+        sdnotify.notify("READY=1\nSTATUS=serving MQTT")
+        log.info("edgebroker %s ready", __version__)
+        while not self._stop:
+            now = clock()
+            due = broker.next_deadline()
+            timeout = MAX_WAIT if due is None else min(MAX_WAIT, max(0.0, due - now))
+            for key, mask in select(timeout):
+                key.data(mask)
+            now = clock()
+            broker.tick(now)
+            if self.dirty:
+                self.flush_dirty()
+            for listener in self.listeners:
+                if listener.paused_until and listener.paused_until <= now:
+                    listener.resume()
+            if next_watchdog is not None and now >= next_watchdog:
+                sdnotify.notify("WATCHDOG=1")
+                next_watchdog = now + watchdog
+            if self._reload:
+                self._reload = False
+                self.reload()
+        self.shutdown()
+
+    def reload(self) -> None:
+        if self.reload_config is None:
+            return
+        sdnotify.notify("RELOADING=1")
+        try:
+            config = self.reload_config()
+        except ConfigError as exc:
+            log.error("reload failed, keeping the running configuration: %s", exc)
+        else:
+            if config.listeners != self.config.listeners:
+                log.warning("reload: listener changes take effect after a restart")
+            self.config = config
+            self.broker.apply_config(config)
+            logging.getLogger("edgebroker").setLevel(config.log_level.upper())
+            log.info("configuration reloaded from %s", config.source or "defaults")
+        sdnotify.notify("READY=1")
+
+    def shutdown(self) -> None:
+        """Stop accepting, send what is queued (bounded in time), close everything."""
+        sdnotify.notify("STOPPING=1")
+        log.info("stopping: draining %d connections", len(self.transports))
+        for listener in self.listeners:
+            listener.close()
+        self.listeners.clear()
+        self.flush_dirty()
+        deadline = self.clock() + DRAIN_SECONDS
+        while any(t.out for t in self.transports) and self.clock() < deadline:
+            for key, mask in self.selector.select(0.05):
+                if mask & selectors.EVENT_WRITE:
+                    key.data(selectors.EVENT_WRITE)
+        self.broker.close_all()
+        self.flush_dirty()
+        for transport in list(self.transports):
+            transport.shutdown()
+        self.selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        log.info("stopped")

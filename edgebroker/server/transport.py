@@ -1,0 +1,142 @@
+"""A TCP connection as the core sees it: ``write`` and ``close``, nothing else.
+
+Writes are queued and flushed by the loop once per pass with one ``sendmsg``
+over all queued buffers (no per-message syscalls). Only the unsent remainder
+stays queued, and the socket is registered for write readiness only while
+something is queued.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import selectors
+import socket
+
+log = logging.getLogger("edgebroker.server")
+
+# Linux IOV_MAX is 1024; stay under it.
+_MAX_IOV = 512
+_READ = selectors.EVENT_READ
+_READ_WRITE = selectors.EVENT_READ | selectors.EVENT_WRITE
+
+
+def format_peer(addr) -> str:
+    if isinstance(addr, tuple):
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return str(addr) or "unix"
+
+
+class Transport:
+    __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
+                 "closed", "events")
+
+    def __init__(self, loop, sock: socket.socket, peer: str):
+        self.loop = loop
+        self.sock = sock
+        self.peer = peer
+        self.client = None
+        self.out: list = []
+        self.out_bytes = 0
+        self.dirty = False       # listed in the loop's flush list for this pass
+        self.closing = False     # the core asked to close once the queue is sent
+        self.closed = False
+        self.events = _READ
+
+    # ----- the core's side --------------------------------------------------------------
+
+    def write(self, data) -> None:
+        if self.closed:
+            return
+        self.out.append(data)
+        self.out_bytes += len(data)
+        if not self.dirty:
+            self.dirty = True
+            self.loop.dirty.append(self)
+
+    def close(self) -> None:
+        """Close after a last attempt to send what is queued (e.g. a refusing CONNACK)."""
+        if self.closing or self.closed:
+            return
+        self.closing = True
+        if not self.dirty:
+            self.dirty = True
+            self.loop.dirty.append(self)
+
+    # ----- the loop's side --------------------------------------------------------------
+
+    def on_event(self, mask: int) -> None:
+        if mask & _READ and not self.closing:
+            self.read()
+        if mask & selectors.EVENT_WRITE and not self.closed:
+            self.flush()
+
+    def read(self) -> None:
+        loop = self.loop
+        try:
+            n = self.sock.recv_into(loop.buffer)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.lost(exc.strerror or str(exc))
+            return
+        if n == 0:
+            self.lost("closed by peer")
+            return
+        loop.broker.stats.bytes_received += n
+        self.client.data_received(loop.view[:n])
+
+    def flush(self) -> None:
+        """Send as much of the queue as the socket takes, without blocking."""
+        out = self.out
+        sock = self.sock
+        sent_total = 0
+        while out:
+            batch = out if len(out) <= _MAX_IOV else out[:_MAX_IOV]
+            try:
+                sent = sock.sendmsg(batch)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self.loop.broker.stats.bytes_sent += sent_total
+                self.lost(exc.strerror or str(exc))
+                return
+            sent_total += sent
+            # Drop fully sent buffers; keep a view of a partly sent one.
+            i = 0
+            n = len(batch)
+            while i < n and sent >= len(out[i]):
+                sent -= len(out[i])
+                i += 1
+            if i < n and sent:
+                out[i] = memoryview(out[i])[sent:]
+            del out[:i]
+            if i < n:
+                break  # the socket buffer is full
+        self.out_bytes -= sent_total
+        self.loop.broker.stats.bytes_sent += sent_total
+        want = _READ_WRITE if out else _READ
+        if want != self.events and not self.closed:
+            self.events = want
+            self.loop.selector.modify(self.sock, want, self.on_event)
+
+    def lost(self, reason: str) -> None:
+        """The socket failed or the peer closed it: tell the core, release the socket."""
+        if self.closed:
+            return
+        self.shutdown()
+        self.client.connection_lost(reason)
+
+    def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.out.clear()
+        self.out_bytes = 0
+        self.loop.forget(self)
+        try:
+            self.sock.close()
+        except OSError as exc:  # pragma: no cover - close on a socket we own
+            if exc.errno != errno.EBADF:
+                log.debug("close %s: %s", self.peer, exc)
