@@ -77,7 +77,7 @@ class Limits:
     max_inflight_messages: int = _setting(
         20, _between(1, 65535), doc="outgoing QoS 1/2 messages awaiting acknowledgement per session")
     max_queued_messages: int = _setting(
-        1000, _at_least(0),
+        1000, _at_least(1),
         doc="messages queued per session beyond the inflight window or while offline; "
             "newer messages are dropped when full")
     queue_qos0_messages: bool = _setting(
