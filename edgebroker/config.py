@@ -124,7 +124,7 @@ def _coerce(value: Any, kind: type, key: str) -> Any:
 
 def _build(cls, table: Any, prefix: str):
     if not isinstance(table, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a table, got {table!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {table!r}")
     known = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
     hints = typing.get_type_hints(cls)
     values = {}

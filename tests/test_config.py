@@ -1,0 +1,97 @@
+"""Configuration: types, checks, error messages, and docs that list every key."""
+
+import pathlib
+
+import pytest
+
+from edgebroker import config
+from edgebroker.errors import ConfigError
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "config.md"
+
+
+def test_defaults_listen_on_loopback_only():
+    c = config.load(None)
+    assert [(lc.host, lc.port) for lc in c.listeners] == [("127.0.0.1", 1883)]
+    assert c.limits.max_inflight_messages == 20 and c.limits.max_queued_messages == 1000
+
+
+def test_state_dir_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert config.Config().state_dir() == str(tmp_path / "edgebroker-data")
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/edgebroker:/other")
+    assert config.Config().state_dir() == "/var/lib/edgebroker"
+    assert config.Config(data_dir="/d").state_dir() == "/d"
+
+
+def test_full_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('log_level = "debug"\nsys_interval = 2\n'
+                    '[[listener]]\nhost = "::1"\nport = 0\n'
+                    '[[listener]]\nport = 1884\n'
+                    '[limits]\nconnect_timeout = 1\nqueue_qos0_messages = true\n')
+    c = config.load(str(path))
+    assert c.log_level == "debug" and c.sys_interval == 2.0
+    assert [lc.address for lc in c.listeners] == ["[::1]:0", "127.0.0.1:1884"]
+    assert c.limits.connect_timeout == 1.0 and c.limits.queue_qos0_messages is True
+
+
+@pytest.mark.parametrize("text, message", [
+    ("colour = 1", "colour: unknown setting"),
+    ("[limits]\nmax_inflight_messages = 'many'", "limits.max_inflight_messages: expected an integer"),
+    ("[limits]\nmax_inflight_messages = 0", "limits.max_inflight_messages: must be between 1 and 65535"),
+    ("[limits]\nmax_queued_messages = 0", "limits.max_queued_messages: must be at least 1"),
+    ("[limits]\nqueue_qos0_messages = 1", "limits.queue_qos0_messages: expected a boolean"),
+    ("[limits]\nconnect_timeout = true", "limits.connect_timeout: expected a number"),
+    ("[limits]\nbogus = 1", "limits.bogus: unknown setting"),
+    ("log_level = 'loud'", "log_level: must be one of"),
+    ("[[listener]]\nport = 70000", "listener[0].port: must be between 0 and 65535"),
+    ("[[listener]]\nport = 1\n[[listener]]\nport = 1", "listener[1]: 127.0.0.1:1 is listed twice"),
+    ("[listener]\nport = 1", "listener: expected one or more [[listener]] tables"),
+    ("limits = 3", "limits: expected a table"),
+    ("a = ", "not valid TOML"),
+])
+def test_errors_name_the_key(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        config.load(str(path))
+    assert str(info.value).startswith(str(path) + ": ")
+    assert message in str(info.value)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="file not found"):
+        config.load("/nonexistent/edgebroker.toml")
+
+
+@pytest.mark.parametrize("text, host, port", [
+    ("127.0.0.1:1883", "127.0.0.1", 1883), ("[::1]:0", "::1", 0), (":1884", "0.0.0.0", 1884),
+])
+def test_parse_address(text, host, port):
+    lc = config.parse_address(text)
+    assert (lc.host, lc.port) == (host, port)
+
+
+@pytest.mark.parametrize("text", ["localhost", "h:x", "h:70000", ""])
+def test_parse_address_errors(text):
+    with pytest.raises(ConfigError, match="--listen"):
+        config.parse_address(text)
+
+
+def test_docs_list_every_key_with_its_default():
+    docs = DOCS.read_text()
+    for key, default, _ in config.describe():
+        name = key.rsplit(".", 1)[-1]
+        rows = [line for line in docs.splitlines() if line.startswith(f"| `{name}` |")]
+        assert rows, f"docs/config.md does not list {key}"
+        if isinstance(default, bool):
+            shown = "true" if default else "false"
+        elif isinstance(default, float) and default.is_integer():
+            shown = int(default)
+        elif isinstance(default, str):
+            shown = f'"{default}"'
+        else:
+            shown = default
+        assert f"`{shown}`" in rows[0], f"docs/config.md shows a wrong default for {key}"

@@ -1,0 +1,92 @@
+"""Subscription trie and retained tree against a brute-force matcher."""
+
+from hypothesis import given, settings, strategies as st
+
+from edgebroker.mqtt.topics import topic_matches
+from edgebroker.mqtt.trie import CACHE_LIMIT, RetainedTree, SubscriptionTrie
+
+LEVEL = st.sampled_from(["a", "b", "", "$SYS", "x y", "é"])
+TOPIC = st.lists(LEVEL, min_size=1, max_size=4).map("/".join)
+
+
+@st.composite
+def topic_filters(draw):
+    levels = draw(st.lists(st.one_of(LEVEL, st.just("+")), min_size=1, max_size=4))
+    if draw(st.booleans()):
+        levels.append("#")
+    return "/".join(levels)
+
+
+def test_wildcards_and_dollar_topics():
+    trie = SubscriptionTrie()
+    for f, who in [("a/+", 1), ("a/#", 2), ("#", 3), ("+/b", 4), ("$SYS/#", 5), ("a", 6)]:
+        trie.add(f, who, 0)
+    assert sorted(s for s, _ in trie.match("a/b")) == [1, 2, 3, 4]
+    assert sorted(s for s, _ in trie.match("a")) == [2, 3, 6]  # "a/#" matches "a"
+    assert sorted(s for s, _ in trie.match("$SYS/b")) == [5]   # no leading wildcard for $
+    assert sorted(s for s, _ in trie.match("/b")) == [3, 4]
+
+
+def test_overlapping_filters_give_highest_qos():
+    trie = SubscriptionTrie()
+    trie.add("a/#", "s", 0)
+    trie.add("a/+", "s", 2)
+    trie.add("a/b", "s", 1)
+    assert trie.match("a/b") == [("s", 2)]
+
+
+def test_resubscribe_replaces_and_remove_prunes():
+    trie = SubscriptionTrie()
+    assert trie.add("a/b", "s", 0) is False
+    assert trie.add("a/b", "s", 1) is True
+    assert trie.count == 1 and trie.match("a/b") == [("s", 1)]
+    assert trie.remove("a/b", "s") is True
+    assert trie.remove("a/b", "s") is False
+    assert trie.match("a/b") == [] and trie.count == 0
+    assert trie._root.children == {}
+
+
+def test_cache_is_invalidated_and_bounded():
+    trie = SubscriptionTrie()
+    trie.add("t/+", "s", 0)
+    assert trie.match("t/1") == [("s", 0)]
+    trie.add("t/1", "u", 1)
+    assert sorted(trie.match("t/1")) == [("s", 0), ("u", 1)]
+    for i in range(CACHE_LIMIT + 10):
+        trie.match(f"t/{i}")
+    assert len(trie._cache) <= CACHE_LIMIT
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(topic_filters(), st.integers(0, 5), st.integers(0, 2)), max_size=12),
+       st.lists(TOPIC, min_size=1, max_size=5))
+def test_trie_agrees_with_brute_force(subs, topics):
+    trie = SubscriptionTrie()
+    wanted = {}
+    for f, who, qos in subs:
+        trie.add(f, who, qos)
+        wanted[f, who] = qos
+    for topic in topics:
+        expected = {}
+        for (f, who), qos in wanted.items():
+            if topic_matches(f, topic):
+                expected[who] = max(qos, expected.get(who, -1))
+        assert dict(trie.match(topic)) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(TOPIC, max_size=10), st.lists(TOPIC, max_size=4), topic_filters())
+def test_retained_tree_agrees_with_brute_force(stored, deleted, topic_filter):
+    tree = RetainedTree()
+    present = set()
+    for topic in stored:
+        tree.set(topic, topic)
+        present.add(topic)
+    for topic in deleted:
+        assert tree.delete(topic) == (topic in present)
+        present.discard(topic)
+    assert tree.count == len(present)
+    expected = sorted(t for t in present if topic_matches(topic_filter, t))
+    assert sorted(tree.match(topic_filter)) == expected
+    for topic in present:
+        assert tree.get(topic) == topic
