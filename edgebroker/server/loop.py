@@ -192,9 +192,15 @@ class Loop:
             due = broker.next_deadline()
             timeout = MAX_WAIT if due is None else min(MAX_WAIT, max(0.0, due - now))
             for key, mask in select(timeout):
-                key.data(mask)
+                try:
+                    key.data(mask)
+                except Exception:
+                    self._internal_error(key.data)
             now = clock()
-            broker.tick(now)
+            try:
+                broker.tick(now)
+            except Exception:
+                log.exception("internal error in timers")
             if self.dirty:
                 self.flush_dirty()
             for listener in self.listeners:
@@ -207,6 +213,22 @@ class Loop:
                 self._reload = False
                 self.reload()
         self.shutdown()
+
+    def _internal_error(self, handler) -> None:
+        """A bug met while serving one socket: log it, drop that connection, keep serving."""
+        owner = getattr(handler, "__self__", None)
+        if not isinstance(owner, Transport):
+            log.exception("internal error in the event loop")
+            return
+        client = owner.client
+        log.exception("internal error while serving %s; closing its connection",
+                      client.describe() if client else owner.peer)
+        try:
+            if client is not None:
+                client.close(will=False)
+        except Exception:
+            log.exception("internal error while closing %s", owner.peer)
+        owner.shutdown()
 
     def reload(self) -> None:
         if self.reload_config is None:

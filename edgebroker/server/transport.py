@@ -67,6 +67,8 @@ class Transport:
     # ----- the loop's side --------------------------------------------------------------
 
     def on_event(self, mask: int) -> None:
+        if self.closed:
+            return  # shut down earlier in this pass
         if mask & _READ and not self.closing:
             self.read()
         if mask & selectors.EVENT_WRITE and not self.closed:
