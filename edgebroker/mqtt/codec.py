@@ -258,7 +258,7 @@ def _read_packet_id(buf: bytes, p: int, end: int, name: str) -> int:
 
 
 def _no_trailing(p: int, end: int, name: str) -> None:
-    if p > end:
+    if p != end:
         raise _malformed(f"{name} has {end - p} bytes after its last field")
 
 
