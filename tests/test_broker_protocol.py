@@ -1,0 +1,518 @@
+"""MQTT 3.1.1 packet-form rules enforced by the broker, checked over the wire with raw bytes.
+
+Every rule here is a server-side MUST of the 3.1.1 specification (section numbers in the
+docstrings). A violation must close the network connection; where the specification says a
+CONNACK with a return code comes first, that is checked too.
+"""
+
+import struct
+
+import pytest
+
+import mqttraw as m
+from mqttraw import CONNACK, PINGRESP, PUBLISH, SUBACK, UNSUBACK
+
+
+def assert_closed_without_accept(c, timeout=5.0):
+    assert c.expect_closed(timeout), "server did not close the connection"
+    accepted = [p for p in c.before_close if p.type == CONNACK and p.rc == 0]
+    assert not accepted, f"server accepted the connection first: {c.before_close}"
+
+
+def assert_closed(c, timeout=5.0):
+    assert c.expect_closed(timeout), f"server did not close the connection (got {c.before_close})"
+
+
+# ---------------------------------------------------------------------------------------------
+# CONNECT (section 3.1)
+# ---------------------------------------------------------------------------------------------
+
+def test_connect_v311_accepted(srv, uid):
+    c = srv.raw()
+    ack = c.connect(uid)
+    assert (ack.rc, ack.session_present, ack.ack_flags) == (0, False, 0)
+    assert c.ping() == []
+
+
+def test_connect_v31_mqisdp_accepted(srv, uid):
+    c = srv.raw()
+    ack = c.connect(uid[:23], proto_name=b"MQIsdp", level=3)
+    assert ack.rc == 0
+    assert c.ping() == []
+
+
+@pytest.mark.parametrize("level", [0, 2, 6, 255])
+def test_unsupported_protocol_level_gets_rc1_then_close(srv, uid, level):
+    """3.1.2.2 [MQTT-3.1.2-2]: CONNACK return code 0x01 then disconnect."""
+    c = srv.raw()
+    c.send(m.connect(uid, level=level))
+    assert c.expect_closed(5), "server did not close the connection"
+    assert [(p.type, p.rc) for p in c.before_close] == [(CONNACK, 1)], c.before_close
+
+
+@pytest.mark.parametrize("name", [b"MQTX", b"mqtt", b"MQT", b"", b"MQTTT"])
+def test_invalid_protocol_name_closes_without_connack(srv, uid, name):
+    """3.1.2.1 [MQTT-3.1.2-1]: MAY disconnect without CONNACK; Mosquitto does, and so must we."""
+    c = srv.raw()
+    c.send(m.connect(uid, proto_name=name))
+    assert c.expect_closed(5)
+    assert c.before_close == [], c.before_close
+
+
+def test_connect_reserved_flag_bit_closes(srv, uid):
+    """3.1.2.3 [MQTT-3.1.2-3]: the reserved connect flag must be 0."""
+    c = srv.raw()
+    c.send(m.connect(uid, flags_override=0x03))
+    assert_closed_without_accept(c)
+
+
+@pytest.mark.parametrize("hflags", [0x1, 0x2, 0x8])
+def test_connect_fixed_header_flags_close(srv, uid, hflags):
+    """2.2.2 [MQTT-2.2.2-2]: reserved fixed-header flags of CONNECT must be 0."""
+    c = srv.raw()
+    c.send(m.connect(uid, header_flags=hflags))
+    assert_closed_without_accept(c)
+
+
+@pytest.mark.parametrize("flags", [0x02 | 0x08, 0x02 | 0x10, 0x02 | 0x20], ids=["willqos1", "willqos2", "willretain"])
+def test_will_qos_or_retain_without_will_flag_closes(srv, uid, flags):
+    """3.1.2.5/3.1.2.6/3.1.2.7 [MQTT-3.1.2-11, -13, -15]."""
+    c = srv.raw()
+    c.send(m.connect(uid, flags_override=flags))
+    assert_closed_without_accept(c)
+
+
+def test_will_qos_3_closes(srv, uid):
+    """3.1.2.6 [MQTT-3.1.2-14]."""
+    c = srv.raw()
+    c.send(m.connect(uid, will=(f"{uid}/will", b"x", 3)))
+    assert_closed_without_accept(c)
+
+
+def test_password_without_username_closes(srv, uid):
+    """3.1.2.9 [MQTT-3.1.2-22]: password flag set with user name flag 0."""
+    c = srv.raw()
+    body = m.mqtt_str(b"MQTT") + bytes([4, 0x02 | 0x40]) + struct.pack("!H", 60) + m.mqtt_str(uid) + m.mqtt_str(b"pw")
+    c.send(m.packet(m.CONNECT, 0, body))
+    assert_closed_without_accept(c)
+
+
+def test_username_and_password_accepted_without_auth(srv, uid):
+    c = srv.raw()
+    assert c.connect(uid, username="user", password=b"\x00\xffbinary").rc == 0
+    assert c.ping() == []
+
+
+BAD_UTF8 = [b"\xff\xfe", b"a\xed\xa0\x80b", b"\xc0\xaf", b"\xe2\x82", b"a\x00b"]
+BAD_UTF8_IDS = ["ff", "surrogate", "overlong", "truncated", "nul"]
+
+
+@pytest.mark.parametrize("cid", BAD_UTF8, ids=BAD_UTF8_IDS)
+def test_client_id_bad_utf8_or_nul_closes(srv, cid):
+    """1.5.3 [MQTT-1.5.3-1, -2]: ill-formed UTF-8 or U+0000 -> close."""
+    c = srv.raw()
+    c.send(m.connect(cid))
+    assert_closed_without_accept(c)
+
+
+@pytest.mark.parametrize("name", BAD_UTF8, ids=BAD_UTF8_IDS)
+def test_username_bad_utf8_or_nul_closes(srv, uid, name):
+    c = srv.raw()
+    c.send(m.connect(uid, username=name))
+    assert_closed_without_accept(c)
+
+
+@pytest.mark.parametrize("topic", [b"a/\xff", b"a\x00b", b"a/+", b"#", b""], ids=["badutf8", "nul", "plus", "hash", "empty"])
+def test_bad_will_topic_closes(srv, uid, topic):
+    """3.1.3.3: the will topic is a topic name (UTF-8, no wildcards, not empty)."""
+    c = srv.raw()
+    c.send(m.connect(uid, will=(topic, b"x", 0)))
+    assert_closed_without_accept(c)
+
+
+def test_connect_truncated_string_closes(srv, uid):
+    """A string length running past the end of the packet is malformed."""
+    c = srv.raw()
+    body = m.mqtt_str(b"MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60) + struct.pack("!H", 50) + b"short"
+    c.send(m.packet(m.CONNECT, 0, body))
+    assert_closed_without_accept(c)
+
+
+def test_connect_missing_client_id_closes(srv):
+    c = srv.raw()
+    body = m.mqtt_str(b"MQTT") + bytes([4, 0x02]) + struct.pack("!H", 60)
+    c.send(m.packet(m.CONNECT, 0, body))
+    assert_closed_without_accept(c)
+
+
+def test_connect_trailing_bytes_closes(srv, uid):
+    """Bytes after the last payload field the flags announce make the CONNECT malformed."""
+    base = m.connect(uid)
+    assert base[1] < 128
+    c = srv.raw()
+    c.send(m.packet(m.CONNECT, 0, base[2:] + b"xyz"))
+    assert_closed_without_accept(c)
+
+
+def test_client_id_longer_than_limit_gets_rc2(broker):
+    b = broker(limits={"max_client_id_length": 8})
+    ok = b.raw()
+    assert ok.connect("abcdefgh").rc == 0
+    c = b.raw()
+    c.send(m.connect("abcdefghi"))
+    assert c.expect_closed(5)
+    assert [(p.type, p.rc) for p in c.before_close] == [(CONNACK, 2)]
+
+
+def test_zero_length_client_id_clean_session_accepted_and_unique(srv):
+    """3.1.3.1 [MQTT-3.1.3-6]: the server assigns a unique id; two such clients coexist."""
+    a = srv.raw()
+    assert a.connect("", clean=True).rc == 0
+    b = srv.raw()
+    assert b.connect("", clean=True).rc == 0
+    assert a.ping() == [] and b.ping() == []
+
+
+def test_zero_length_client_id_without_clean_session_gets_rc2(srv):
+    """3.1.3.1 [MQTT-3.1.3-8]: CONNACK 0x02 then close."""
+    c = srv.raw()
+    c.send(m.connect("", clean=False))
+    assert c.expect_closed(5)
+    assert [(p.type, p.rc) for p in c.before_close] == [(CONNACK, 2)]
+
+
+def test_zero_length_client_id_refused_when_disabled(broker):
+    b = broker(allow_zero_length_clientid=False)
+    c = b.raw()
+    c.send(m.connect("", clean=True))
+    assert c.expect_closed(5)
+    assert [(p.type, p.rc) for p in c.before_close] == [(CONNACK, 2)]
+
+
+@pytest.mark.parametrize("first", [
+    m.pingreq(), m.publish("a/b", b"x"), m.subscribe(1, [("a", 0)]), m.disconnect(), m.puback(1),
+], ids=["pingreq", "publish", "subscribe", "disconnect", "puback"])
+def test_first_packet_not_connect_closes(srv, first):
+    """3.1 [MQTT-3.1.0-1]."""
+    c = srv.raw()
+    c.send(first)
+    assert c.expect_closed(5)
+    assert c.before_close == []
+
+
+def test_second_connect_closes(srv, uid):
+    """3.1 [MQTT-3.1.0-2]."""
+    c = srv.client(uid)
+    c.send(m.connect(uid))
+    assert_closed(c)
+    assert not any(p.type == CONNACK for p in c.before_close)
+
+
+@pytest.mark.parametrize("pkt", [m.connack(False, 0), m.suback(1, [0]), m.unsuback(1), m.pingresp()],
+                         ids=["connack", "suback", "unsuback", "pingresp"])
+def test_server_only_packets_from_client_close(srv, uid, pkt):
+    c = srv.client(uid)
+    c.send(pkt)
+    assert_closed(c)
+
+
+@pytest.mark.parametrize("first_byte", [0x00, 0xF0], ids=["type0", "type15"])
+def test_reserved_packet_types_close(srv, uid, first_byte):
+    """2.2.1: packet types 0 and 15 are reserved."""
+    c = srv.client(uid)
+    c.send(m.frame(first_byte, b"\x00"))
+    assert_closed(c)
+
+
+@pytest.mark.parametrize("pkt", [
+    m.puback(1, flags=1), m.pubrec(1, flags=2), m.pubrel(1, flags=0), m.pubrel(1, flags=3),
+    m.pubcomp(1, flags=8), m.subscribe(1, [("a", 0)], flags=0), m.subscribe(1, [("a", 0)], flags=3),
+    m.unsubscribe(1, ["a"], flags=0), m.pingreq(flags=1), m.disconnect(flags=2),
+], ids=["puback", "pubrec", "pubrel0", "pubrel3", "pubcomp", "subscribe0", "subscribe3",
+        "unsubscribe0", "pingreq", "disconnect"])
+def test_reserved_fixed_header_flags_close(srv, uid, pkt):
+    """2.2.2 [MQTT-2.2.2-1, -2]: wrong flag bits -> close."""
+    c = srv.client(uid)
+    c.send(pkt)
+    assert_closed(c)
+
+
+# ---------------------------------------------------------------------------------------------
+# PUBLISH (section 3.3)
+# ---------------------------------------------------------------------------------------------
+
+def test_publish_qos3_closes(srv, uid):
+    """3.3.1.2 [MQTT-3.3.1-4]."""
+    c = srv.client(uid)
+    c.send(m.publish(f"{uid}/t", b"x", flags=0b0110, packet_id=1))
+    assert_closed(c)
+
+
+def test_publish_dup_with_qos0_closes(srv, uid):
+    """3.3.1.1 [MQTT-3.3.1-2]: DUP must be 0 for QoS 0."""
+    c = srv.client(uid)
+    c.send(m.publish(f"{uid}/t", b"x", qos=0, dup=True))
+    assert_closed(c)
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_publish_packet_id_zero_closes(srv, uid, qos):
+    """2.3.1 [MQTT-2.3.1-1]: QoS > 0 needs a non-zero packet identifier."""
+    c = srv.client(uid)
+    c.send(m.publish(f"{uid}/t", b"x", qos=qos, packet_id=0))
+    assert_closed(c)
+
+
+@pytest.mark.parametrize("topic", ["a/+", "+", "a/#", "#", "a/+/b", "+/"], ids=lambda t: t.replace("/", "_"))
+def test_publish_topic_with_wildcard_closes(srv, uid, topic):
+    """3.3.2.1 [MQTT-3.3.2-2]."""
+    c = srv.client(uid)
+    c.send(m.publish(topic, b"x"))
+    assert_closed(c)
+
+
+@pytest.mark.parametrize("topic", [b"", b"a\x00b", b"a/\xff", b"a\xed\xa0\x80"], ids=["empty", "nul", "ff", "surrogate"])
+def test_publish_bad_topic_closes(srv, uid, topic):
+    """4.7.3 [MQTT-4.7.3-1], 1.5.3 [MQTT-1.5.3-1, -2]."""
+    c = srv.client(uid)
+    c.send(m.publish(topic, b"x"))
+    assert_closed(c)
+
+
+def test_publish_topic_length_past_end_closes(srv, uid):
+    c = srv.client(uid)
+    c.send(m.packet(PUBLISH, 0, struct.pack("!H", 40) + b"a/b"))
+    assert_closed(c)
+
+
+def test_publish_qos1_missing_packet_id_closes(srv, uid):
+    c = srv.client(uid)
+    c.send(m.packet(PUBLISH, 0x02, m.mqtt_str("a") + b"\x01"))
+    assert_closed(c)
+
+
+def test_publish_utf8_topic_roundtrip(srv, uid):
+    topic = f"{uid}/ä/€/𝄞/ space"
+    c = srv.client(uid)
+    c.subscribe(topic)
+    c.publish(topic, b"\x00\xff binary")
+    p = c.recv_publish()
+    assert (p.topic, p.payload) == (topic, b"\x00\xff binary")
+
+
+# ---------------------------------------------------------------------------------------------
+# SUBSCRIBE / UNSUBSCRIBE (sections 3.8, 3.10, 4.7)
+# ---------------------------------------------------------------------------------------------
+
+def test_subscribe_packet_id_zero_closes(srv, uid):
+    c = srv.client(uid)
+    c.send(m.subscribe(0, [(f"{uid}/a", 0)]))
+    assert_closed(c)
+
+
+def test_unsubscribe_packet_id_zero_closes(srv, uid):
+    c = srv.client(uid)
+    c.send(m.unsubscribe(0, [f"{uid}/a"]))
+    assert_closed(c)
+
+
+def test_empty_subscribe_closes(srv, uid):
+    """3.8.3 [MQTT-3.8.3-3]: at least one topic filter."""
+    c = srv.client(uid)
+    c.send(m.subscribe(1, []))
+    assert_closed(c)
+
+
+def test_empty_unsubscribe_closes(srv, uid):
+    """3.10.3 [MQTT-3.10.3-2]."""
+    c = srv.client(uid)
+    c.send(m.unsubscribe(1, []))
+    assert_closed(c)
+
+
+@pytest.mark.parametrize("qbyte", [3, 0x04, 0x80, 0xFF])
+def test_subscribe_bad_requested_qos_closes(srv, uid, qbyte):
+    """3.8.3.1 [MQTT-3-8.3-4]: QoS 3 or non-zero reserved bits -> close."""
+    c = srv.client(uid)
+    c.send(m.subscribe(1, [(f"{uid}/a", qbyte)]))
+    assert_closed(c)
+    assert not any(p.type == SUBACK for p in c.before_close), c.before_close
+
+
+def test_subscribe_truncated_filter_closes(srv, uid):
+    """A filter without its requested-QoS byte is malformed."""
+    c = srv.client(uid)
+    c.send(m.packet(m.SUBSCRIBE, 2, struct.pack("!H", 1) + m.mqtt_str("a/b")))
+    assert_closed(c)
+
+
+BAD_FILTERS = ["a/#/b", "a#", "a/b#", "#/a", "a+", "+a/b", "a/+b", "", "a/\x00", b"a/\xff"]
+
+
+@pytest.mark.parametrize("flt", BAD_FILTERS, ids=lambda f: repr(f))
+def test_malformed_topic_filter_closes(srv, uid, flt):
+    """4.7.1 [MQTT-4.7.1-2, -3], 4.7.3 [MQTT-4.7.3-1]: a malformed filter is a protocol error."""
+    c = srv.client(uid)
+    c.send(m.subscribe(1, [(flt, 0)]))
+    assert_closed(c)
+    granted = [p for p in c.before_close if p.type == SUBACK and any(code != 0x80 for code in p.codes)]
+    assert not granted, f"malformed filter {flt!r} was granted: {c.before_close}"
+
+
+@pytest.mark.parametrize("flt", ["a/#/b", "a+", ""], ids=lambda f: repr(f))
+def test_malformed_filter_in_unsubscribe_closes(srv, uid, flt):
+    c = srv.client(uid)
+    c.send(m.unsubscribe(1, [flt]))
+    assert_closed(c)
+
+
+def test_valid_unusual_filters_granted(srv, uid):
+    filters = ["+", "#", "/", "//", "+/+", f"{uid}/+/#", "/#", "+/#", f"{uid}//+", "$SYS/#", "$x/+"]
+    c = srv.client(uid)
+    ack = c.subscribe(*[(f, q % 3) for q, f in enumerate(filters)])
+    assert ack.codes == [q % 3 for q in range(len(filters))]
+
+
+def test_subscribe_multiple_filters_suback_in_order(srv, uid):
+    c = srv.client(uid)
+    ack = c.subscribe((f"{uid}/a", 2), (f"{uid}/b", 0), (f"{uid}/c", 1))
+    assert ack.codes == [2, 0, 1]
+
+
+def test_unsubscribe_unknown_filter_still_acked(srv, uid):
+    """3.10.4 [MQTT-3.10.4-5]: UNSUBACK even if nothing was deleted."""
+    c = srv.client(uid)
+    ack = c.unsubscribe(f"{uid}/never")
+    assert ack.type == UNSUBACK
+
+
+# ---------------------------------------------------------------------------------------------
+# Framing (section 2.2.3) and size limits
+# ---------------------------------------------------------------------------------------------
+
+def test_remaining_length_over_four_bytes_closes(srv, uid):
+    c = srv.client(uid)
+    c.send(m.frame(0x30, b"\xff\xff\xff\xff\x7f"))
+    assert_closed(c)
+
+
+def test_remaining_length_over_four_bytes_before_connect_closes(srv):
+    c = srv.raw()
+    c.send(m.frame(0x10, b"\x80\x80\x80\x80\x01"))
+    assert c.expect_closed(5)
+    assert c.before_close == []
+
+
+@pytest.mark.parametrize("pkt", [
+    m.packet(m.PUBACK, 0, b"\x00\x01\x00"), m.packet(m.PUBACK, 0, b"\x00"),
+    m.packet(m.PINGREQ, 0, b"\x00"), m.packet(m.DISCONNECT, 0, b"\x00"),
+    m.packet(m.PUBREL, 2, b"\x00\x01\x00"),
+], ids=["puback3", "puback1", "pingreq1", "disconnect1", "pubrel3"])
+def test_wrong_fixed_length_packets_close(srv, uid, pkt):
+    c = srv.client(uid)
+    c.send(pkt)
+    assert_closed(c)
+
+
+def test_packet_over_max_packet_size_closes(broker, uid):
+    b = broker(limits={"max_packet_size": 1024})
+    c = b.client(uid)
+    c.subscribe(f"{uid}/t")
+    c.publish(f"{uid}/t", b"y" * 900)
+    assert len(c.recv_publish().payload) == 900
+    c.send(m.publish(f"{uid}/t", b"x" * 2000))
+    assert_closed(c)
+
+
+def test_oversized_connect_closes(broker):
+    b = broker(limits={"max_packet_size": 256})
+    c = b.raw()
+    c.send(m.connect("x" * 1000))
+    assert_closed_without_accept(c)
+
+
+def test_oversized_packet_refused_from_header_alone(broker, uid):
+    """The limit is applied to the announced remaining length, before the body arrives."""
+    b = broker(limits={"max_packet_size": 1024})
+    c = b.client(uid)
+    c.send(m.frame(0x30, m.varint(10_000_000)) + m.mqtt_str("t"))
+    assert_closed(c)
+
+
+def test_connect_sent_byte_by_byte(srv, uid):
+    c = srv.raw()
+    c.send_slowly(m.connect(uid, keepalive=30))
+    assert c.expect(CONNACK).rc == 0
+
+
+def test_many_packets_in_one_write(srv, uid):
+    t = f"{uid}/t"
+    c = srv.raw()
+    c.send(m.connect(uid) + m.subscribe(1, [(t, 1)]) + m.publish(t, b"one", qos=1, packet_id=2)
+           + m.publish(t, b"two") + m.pingreq())
+    got = [c.recv_packet() for _ in range(6)]
+    kinds = [p.type for p in got]
+    assert kinds[:2] == [CONNACK, SUBACK], got
+    assert sorted(kinds[2:]) == sorted([m.PUBACK, PUBLISH, PUBLISH, PINGRESP]), got
+    assert [p.payload for p in got if p.type == PUBLISH] == [b"one", b"two"]
+    assert [p.packet_id for p in got if p.type == m.PUBACK] == [2]
+
+
+def test_publish_split_inside_remaining_length(srv, uid):
+    t = f"{uid}/t"
+    c = srv.client(uid)
+    c.subscribe(t)
+    data = m.publish(t, b"z" * 300)
+    assert data[1] & 0x80  # two-byte remaining length
+    c.send(data[:2])
+    assert not c.expect_closed(0.3), "server closed on a partial remaining length"
+    c.send(data[2:50])
+    assert not c.expect_closed(0.3), "server closed on a partial packet"
+    c.send(data[50:])
+    p = c.recv_publish()
+    assert p.payload == b"z" * 300
+
+
+def test_four_byte_remaining_length_delivered(broker, uid):
+    b = broker(limits={"max_packet_size": 3_000_000})
+    t = f"{uid}/big"
+    sub = b.client(uid + "s")
+    sub.subscribe(t, qos=1)
+    pub = b.client(uid + "p")
+    payload = bytes(range(256)) * 8200  # 2,099,200 bytes -> remaining length needs 4 bytes
+    data = m.publish(t, payload, qos=1, packet_id=9)
+    assert data[1] & 0x80 and data[2] & 0x80 and data[3] & 0x80
+    pub.send(data)
+    pub.wait_for(lambda p: p.type == m.PUBACK and p.packet_id == 9, timeout=20)
+    p = sub.recv_publish(timeout=20)
+    assert p.payload == payload
+
+
+def test_disconnect_closes_connection(srv, uid):
+    c = srv.client(uid)
+    c.send(m.disconnect())
+    assert c.expect_closed(5)
+    assert c.before_close == []
+
+
+def test_violation_is_logged_with_client_id_and_address(srv, uid):
+    cid = f"{uid}-violator"
+    c = srv.client(cid)
+    mark = srv.mark()
+    port = c.local_port
+    c.send(m.publish(f"{uid}/t", b"x", flags=0b0110, packet_id=1))
+    assert_closed(c)
+    line = srv.wait_log(lambda ln: cid in ln, timeout=5, start=mark)
+    assert line is not None, f"no log line naming {cid}:\n" + "\n".join(srv.logs[mark:])
+    lines = [ln for ln in srv.logs[mark:] if cid in ln]
+    assert any("127.0.0.1" in ln and str(port) in ln for ln in lines), \
+        f"violation log lines lack the peer address 127.0.0.1:{port}: {lines}"
+
+
+def test_server_survives_garbage_and_keeps_serving(srv, uid):
+    for junk in (b"\xff" * 64, b"\x10\xff\xff\xff\x7f", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"):
+        c = srv.raw()
+        c.send(junk)
+        assert c.expect_closed(5)
+    ok = srv.client(uid)
+    assert ok.ping() == []
