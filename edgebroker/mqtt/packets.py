@@ -38,12 +38,24 @@ PROTOCOL_311 = 4   # "MQTT", level 4
 PROTOCOL_31 = 3    # "MQIsdp", level 3
 
 
+def _all_slots(cls) -> tuple[str, ...]:
+    """Slot names of ``cls`` and its bases, base classes first."""
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        names.extend(klass.__dict__.get("__slots__", ()))
+    return tuple(names)
+
+
 class Packet:
     __slots__ = ()
     type: int = 0
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._field_names = _all_slots(cls)
+
     def _fields(self):
-        return tuple(getattr(self, name) for name in self.__slots__)
+        return tuple(getattr(self, name) for name in self._field_names)
 
     def __eq__(self, other):
         return type(self) is type(other) and self._fields() == other._fields()
@@ -52,7 +64,7 @@ class Packet:
         return hash((type(self), self._fields()))
 
     def __repr__(self):
-        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._field_names)
         return f"{type(self).__name__}({inner})"
 
 
@@ -68,6 +80,9 @@ class Will:
     def __eq__(self, other):
         return isinstance(other, Will) and (self.topic, self.payload, self.qos, self.retain) == (
             other.topic, other.payload, other.qos, other.retain)
+
+    def __hash__(self):
+        return hash((self.topic, self.payload, self.qos, self.retain))
 
     def __repr__(self):
         return f"Will({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain})"
