@@ -160,6 +160,7 @@ class LineCollector:
 # ---------------------------------------------------------------------------------------------
 
 _open_clients: list = []
+_live_brokers: list = []
 
 
 def broker_command() -> list[str]:
@@ -190,6 +191,7 @@ class Broker:
                                      stdout=self.stdout_file, stderr=subprocess.PIPE, text=True,
                                      errors="replace")
         self._stderr = LineCollector(self.proc.stderr)
+        _live_brokers.append(self)
         self.listeners: list[tuple[str, int]] = []
         self.stopped = False
         self.returncode = None
@@ -355,8 +357,17 @@ def _close_all_clients():
 
 @pytest.fixture(autouse=True)
 def _cleanup_clients():
+    """Closes the test's raw clients; prints the broker log lines of the test (shown on failure)."""
+    marks = {id(b): b.mark() for b in _live_brokers}
     yield
     _close_all_clients()
+    for b in list(_live_brokers):
+        lines = b.logs[marks.get(id(b), 0):]
+        if lines:
+            print(f"--- broker {b.workdir.name} stderr ---")
+            print("\n".join(lines[-200:]))
+        if b.stopped:
+            _live_brokers.remove(b)
 
 
 # ---------------------------------------------------------------------------------------------
