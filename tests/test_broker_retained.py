@@ -1,0 +1,171 @@
+"""Retained messages: store, replace, clear, flags on subscribe vs live delivery (3.3.1.3)."""
+
+from mqttraw import PUBLISH, SUBACK
+import mqttraw as m
+
+
+def subscribe_raw(c, *topics, qos=0):
+    """SUBSCRIBE and return the packets up to and including the SUBACK, which must come first."""
+    pid = c.next_pid()
+    c.send(m.subscribe(pid, [(t, qos) for t in topics]))
+    first = c.recv_packet()
+    assert first.type == SUBACK and first.packet_id == pid, f"SUBACK must come first, got {first!r}"
+    return first
+
+
+def marker(sub, pub, topic):
+    pub.publish(topic, b"MARKER", qos=1)
+    p = sub.recv_publish()
+    assert (p.topic, p.payload, p.retain) == (topic, b"MARKER", False), f"unexpected {p!r}"
+
+
+def test_retained_delivered_on_subscribe_with_retain_flag_after_suback(srv, uid):
+    t = f"{uid}/r"
+    pub = srv.client(f"{uid}-p")
+    pub.publish(t, b"kept", qos=1, retain=True)
+    sub = srv.client(f"{uid}-s")
+    subscribe_raw(sub, t, f"{uid}/marker", qos=1)
+    p = sub.recv_publish()
+    assert (p.topic, p.payload, p.retain) == (t, b"kept", True)
+    marker(sub, pub, f"{uid}/marker")
+
+
+def test_live_delivery_has_retain_flag_clear(srv, uid):
+    """3.3.1.3 [MQTT-3.3.1-9]: retain 0 when sent because of an established subscription."""
+    t = f"{uid}/r"
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(t, qos=1)
+    pub = srv.client(f"{uid}-p")
+    pub.publish(t, b"live", qos=1, retain=True)
+    p = sub.recv_publish()
+    assert (p.payload, p.retain) == (b"live", False)
+
+
+def test_retained_replaced(srv, uid):
+    """[MQTT-3.3.1-5]: a new retained message replaces the old one."""
+    t = f"{uid}/r"
+    pub = srv.client(f"{uid}-p")
+    for v in (b"v1", b"v2", b"v3"):
+        pub.publish(t, v, qos=1, retain=True)
+    sub = srv.client(f"{uid}-s")
+    subscribe_raw(sub, t, f"{uid}/marker", qos=1)
+    p = sub.recv_publish()
+    assert (p.payload, p.retain) == (b"v3", True)
+    marker(sub, pub, f"{uid}/marker")
+
+
+def test_retained_cleared_by_empty_payload(srv, uid):
+    """[MQTT-3.3.1-10, -11]: zero-byte retained payload removes it; not stored itself."""
+    t = f"{uid}/r"
+    pub = srv.client(f"{uid}-p")
+    pub.publish(t, b"soon gone", qos=1, retain=True)
+    pub.publish(t, b"", qos=1, retain=True)
+    sub = srv.client(f"{uid}-s")
+    subscribe_raw(sub, t, f"{uid}/marker", qos=1)
+    marker(sub, pub, f"{uid}/marker")
+
+
+def test_empty_retained_publish_delivered_to_existing_subscribers(srv, uid):
+    """3.3.1.3: the zero-byte retained PUBLISH is processed as normal and sent to subscribers."""
+    t = f"{uid}/r"
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(t, qos=1)
+    pub = srv.client(f"{uid}-p")
+    pub.publish(t, b"", qos=1, retain=True)
+    p = sub.recv_publish()
+    assert (p.topic, p.payload, p.retain) == (t, b"", False)
+
+
+def test_non_retained_publish_does_not_replace_retained(srv, uid):
+    t = f"{uid}/r"
+    pub = srv.client(f"{uid}-p")
+    pub.publish(t, b"retained", qos=1, retain=True)
+    pub.publish(t, b"plain", qos=1, retain=False)
+    sub = srv.client(f"{uid}-s")
+    subscribe_raw(sub, t, f"{uid}/marker", qos=1)
+    assert sub.recv_publish().payload == b"retained"
+    marker(sub, pub, f"{uid}/marker")
+
+
+def test_retained_qos0_publish_is_stored(srv, uid):
+    """[MQTT-3.3.1-7]: a retained QoS 0 message replaces any retained message for the topic."""
+    t = f"{uid}/r"
+    pub = srv.client(f"{uid}-p")
+    pub.publish(t, b"old", qos=1, retain=True)
+    pub.publish(t, b"q0", qos=0, retain=True)
+    sub = srv.client(f"{uid}-s")
+    subscribe_raw(sub, t, qos=1)
+    p = sub.recv_publish()
+    assert (p.payload, p.retain, p.qos) == (b"q0", True, 0)
+
+
+def test_retained_qos_is_min_of_stored_and_granted(srv, uid):
+    pub = srv.client(f"{uid}-p")
+    pub.publish(f"{uid}/q2", b"two", qos=2, retain=True)
+    pub.publish(f"{uid}/q1", b"one", qos=1, retain=True)
+    for granted, expected in ((0, {"q2": 0, "q1": 0}), (1, {"q2": 1, "q1": 1}), (2, {"q2": 2, "q1": 1})):
+        sub = srv.client(f"{uid}-s{granted}")
+        subscribe_raw(sub, f"{uid}/+", qos=granted)
+        got = {}
+        for _ in range(2):
+            p = sub.recv_publish()
+            assert p.retain
+            got[p.topic.rsplit("/", 1)[1]] = p.qos
+        assert got == expected, (granted, got)
+
+
+def test_retained_matched_by_wildcards(srv, uid):
+    pub = srv.client(f"{uid}-p")
+    topics = [f"{uid}/a", f"{uid}/a/b", f"{uid}/a/b/c", f"{uid}/x/b"]
+    for t in topics:
+        pub.publish(t, t, qos=1, retain=True)
+    for flt, expected in ((f"{uid}/#", set(topics)), (f"{uid}/+/b", {f"{uid}/a/b", f"{uid}/x/b"}),
+                          (f"{uid}/a/#", set(topics[:3]))):
+        sub = srv.client(f"{uid}-s")
+        subscribe_raw(sub, flt, f"{uid}/marker", qos=1)
+        got = set()
+        for _ in expected:
+            p = sub.recv_publish()
+            assert p.retain and p.payload == p.topic.encode()
+            got.add(p.topic)
+        assert got == expected
+        marker(sub, pub, f"{uid}/marker")
+        sub.disconnect()
+
+
+def test_resubscribe_resends_retained(srv, uid):
+    """3.8.4 [MQTT-3.8.4-3]: re-subscribing re-sends the retained messages."""
+    t = f"{uid}/r"
+    pub = srv.client(f"{uid}-p")
+    pub.publish(t, b"again", qos=1, retain=True)
+    sub = srv.client(f"{uid}-s")
+    subscribe_raw(sub, t, qos=1)
+    assert sub.recv_publish().payload == b"again"
+    subscribe_raw(sub, t, qos=0)
+    p = sub.recv_publish()
+    assert (p.payload, p.retain, p.qos) == (b"again", True, 0)
+
+
+def test_retained_dollar_topic_not_sent_to_leading_wildcard(broker, uid):
+    srv = broker()  # a fresh broker: '#' must see no other retained messages
+    d = f"${uid}/r"
+    pub = srv.client(f"{uid}-p")
+    pub.publish(d, b"dollar", qos=1, retain=True)
+    sub = srv.client(f"{uid}-s")
+    subscribe_raw(sub, "#", "+/r", qos=1)
+    marker(sub, pub, f"{uid}/marker")
+    sub2 = srv.client(f"{uid}-s2")
+    subscribe_raw(sub2, f"${uid}/#", qos=1)
+    assert sub2.recv_publish().payload == b"dollar"
+
+
+def test_retained_then_live_order(srv, uid):
+    t = f"{uid}/r"
+    pub = srv.client(f"{uid}-p")
+    pub.publish(t, b"stored", qos=1, retain=True)
+    sub = srv.client(f"{uid}-s")
+    subscribe_raw(sub, t, qos=1)
+    pub.publish(t, b"live", qos=1)
+    a, b = sub.recv_publish(), sub.recv_publish()
+    assert [(a.payload, a.retain), (b.payload, b.retain)] == [(b"stored", True), (b"live", False)]
+    assert a.type == b.type == PUBLISH
