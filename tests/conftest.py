@@ -288,8 +288,8 @@ class Broker:
         return self.proc.poll() is None
 
 
-def _start(workdir: Path, overrides: dict, args=(), raw_config=None, wait=True) -> Broker:
-    cfg = merge_config(default_config(workdir), overrides)
+def _start(workdir: Path, overrides: dict, args=(), raw_config=None, wait=True, config_file=True) -> Broker:
+    cfg = merge_config(default_config(workdir), overrides) if config_file else None
     b = Broker(workdir, cfg, args=args, raw_config=raw_config)
     if wait:
         b.wait_ready()
@@ -318,8 +318,9 @@ def broker(tmp_path):
     started: list[Broker] = []
     counter = itertools.count()
 
-    def start(*, args=(), raw_config=None, wait=True, **overrides) -> Broker:
-        b = _start(tmp_path / f"broker{next(counter)}", overrides, args, raw_config, wait)
+    def start(*, args=(), raw_config=None, wait=True, config_file=True, **overrides) -> Broker:
+        """``config_file=False`` starts without ``-c`` (then pass ``--listen``/``--data-dir``)."""
+        b = _start(tmp_path / f"broker{next(counter)}", overrides, args, raw_config, wait, config_file)
         started.append(b)
         return b
 

@@ -1,0 +1,247 @@
+"""The broker process: CLI, config validation and exit codes, signals, listeners, --version."""
+
+import re
+import signal
+
+import pytest
+
+import mqttraw as m
+from conftest import run_cli, toml_dumps
+from mqttraw import ConnectionClosed
+
+
+# ---------------------------------------------------------------------------------------------
+# --version
+# ---------------------------------------------------------------------------------------------
+
+def test_version():
+    r = run_cli("--version")
+    assert r.returncode == 0, r.stderr
+    out = (r.stdout + r.stderr).strip()
+    assert re.fullmatch(r"edgebroker \d+\.\d+\.\d+\S*", out), out
+    import edgebroker
+
+    assert out == f"edgebroker {edgebroker.__version__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrong configuration: exit code 2 and exactly one stderr line naming the key and the problem
+# ---------------------------------------------------------------------------------------------
+
+def base_config(tmp_path):
+    return {"data_dir": str(tmp_path / "data"), "sys_interval": 0,
+            "listener": [{"host": "127.0.0.1", "port": 0}]}
+
+
+BAD_CONFIGS = [
+    # (id, top-level overrides, words the single error line must contain)
+    ("unknown-top-key", {"bogus_key": 1}, ["bogus_key"]),
+    ("unknown-limits-key", {"limits": {"bogus_limit": 1}}, ["bogus_limit"]),
+    ("unknown-listener-key", {"listener": [{"host": "127.0.0.1", "port": 0, "colour": "red"}]}, ["colour"]),
+    ("inflight-string", {"limits": {"max_inflight_messages": "20"}}, ["limits.max_inflight_messages"]),
+    ("inflight-bool", {"limits": {"max_inflight_messages": True}}, ["limits.max_inflight_messages"]),
+    ("inflight-negative", {"limits": {"max_inflight_messages": -1}}, ["limits.max_inflight_messages"]),
+    ("inflight-float", {"limits": {"max_inflight_messages": 2.5}}, ["limits.max_inflight_messages"]),
+    ("queued-negative", {"limits": {"max_queued_messages": -5}}, ["limits.max_queued_messages"]),
+    ("packet-size-zero", {"limits": {"max_packet_size": 0}}, ["limits.max_packet_size"]),
+    ("connect-timeout-string", {"limits": {"connect_timeout": "10s"}}, ["limits.connect_timeout"]),
+    ("connect-timeout-negative", {"limits": {"connect_timeout": -1}}, ["limits.connect_timeout"]),
+    ("keepalive-too-big", {"limits": {"max_keepalive": 70000}}, ["limits.max_keepalive"]),
+    ("qos0-not-bool", {"limits": {"queue_qos0_messages": "yes"}}, ["limits.queue_qos0_messages"]),
+    ("log-level", {"log_level": "loud"}, ["log_level"]),
+    ("log-level-type", {"log_level": 3}, ["log_level"]),
+    ("sys-interval-negative", {"sys_interval": -1}, ["sys_interval"]),
+    ("zero-id-not-bool", {"allow_zero_length_clientid": "true"}, ["allow_zero_length_clientid"]),
+    ("prefix-not-string", {"auto_id_prefix": 5}, ["auto_id_prefix"]),
+    ("data-dir-not-string", {"data_dir": 5}, ["data_dir"]),
+    ("port-too-big", {"listener": [{"host": "127.0.0.1", "port": 70000}]}, ["port"]),
+    ("port-string", {"listener": [{"host": "127.0.0.1", "port": "1883"}]}, ["port"]),
+    ("limits-not-table", {"limits": 5}, ["limits"]),
+    ("listener-not-array", {"listener": "127.0.0.1:1883"}, ["listener"]),
+]
+
+
+def one_error_line(r):
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected exactly one stderr line, got {len(lines)}:\n{r.stderr}"
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("overrides,words", [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_exits_2_with_one_line(tmp_path, overrides, words):
+    cfg = {**base_config(tmp_path), **overrides}
+    path = tmp_path / "bad.toml"
+    path.write_text(toml_dumps(cfg))
+    r = run_cli("serve", "-c", str(path))
+    assert r.returncode == 2, f"exit code {r.returncode}; stderr:\n{r.stderr}"
+    line = one_error_line(r)
+    for w in words:
+        assert w in line, f"{w!r} not named in: {line}"
+
+
+def test_toml_syntax_error_exits_2(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text('log_level = "info\n[limits\n')
+    r = run_cli("serve", "-c", str(path))
+    assert r.returncode == 2, r.stderr
+    one_error_line(r)
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    path = tmp_path / "does-not-exist.toml"
+    r = run_cli("serve", "-c", str(path))
+    assert r.returncode == 2, r.stderr
+    line = one_error_line(r)
+    assert "does-not-exist.toml" in line, line
+
+
+def test_bad_listen_argument_exits_2(tmp_path):
+    r = run_cli("serve", "--listen", "127.0.0.1:notaport", "--data-dir", str(tmp_path / "d"))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_config_does_not_start_listening(tmp_path):
+    cfg = {**base_config(tmp_path), "log_level": "loud"}
+    path = tmp_path / "bad.toml"
+    path.write_text(toml_dumps(cfg))
+    r = run_cli("serve", "-c", str(path))
+    assert r.returncode == 2
+    assert "listening on" not in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting, listeners, data dir
+# ---------------------------------------------------------------------------------------------
+
+def test_config_file_with_all_keys_accepted(broker, uid):
+    b = broker(log_level="debug", sys_interval=0, allow_zero_length_clientid=True, auto_id_prefix="gw-",
+               limits={"connect_timeout": 5, "max_keepalive": 600, "max_packet_size": 65536,
+                       "max_client_id_length": 100, "max_inflight_messages": 10,
+                       "max_queued_messages": 50, "queue_qos0_messages": True})
+    c = b.client(uid)
+    assert c.ping() == []
+
+
+def test_listen_overrides_config(broker, uid):
+    b = broker(args=["--listen", "127.0.0.1:0"], listener=[{"host": "127.0.0.1", "port": 1}])
+    assert len(b.listeners) == 1 and b.port not in (0, 1)
+    assert b.client(uid).ping() == []
+
+
+def test_listen_without_config_file(broker, tmp_path, uid):
+    b = broker(config_file=False, args=["--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "state")])
+    assert b.client(uid).ping() == []
+
+
+def test_data_dir_option_overrides_config(broker, tmp_path):
+    target = tmp_path / "from-cli"
+    b = broker(args=["--data-dir", str(target)])
+    assert b.client("x").ping() == []
+    assert target.is_dir(), "--data-dir directory not created"
+
+
+def test_two_listeners(broker, uid):
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0}, {"host": "127.0.0.1", "port": 0}])
+    assert len(b.listeners) == 2 and b.listeners[0][1] != b.listeners[1][1]
+    sub = b.client(f"{uid}-s", port=b.listeners[1][1])
+    sub.subscribe(f"{uid}/t")
+    pub = b.client(f"{uid}-p", port=b.listeners[0][1])
+    pub.publish(f"{uid}/t", b"across listeners", qos=1)
+    assert sub.recv_publish().payload == b"across listeners"
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals
+# ---------------------------------------------------------------------------------------------
+
+def test_sigterm_exits_0(broker):
+    b = broker()
+    assert b.stop(signal.SIGTERM) == 0
+
+
+def test_sigint_exits_0(broker):
+    b = broker()
+    assert b.stop(signal.SIGINT) == 0
+
+
+def test_sigterm_with_connected_clients_exits_0_and_closes_them(broker, uid):
+    b = broker()
+    clients = [b.client(f"{uid}-{i}") for i in range(5)]
+    clients[0].subscribe(f"{uid}/t", qos=1)
+    assert b.stop(signal.SIGTERM) == 0
+    for c in clients:
+        assert c.expect_closed(5)
+
+
+def test_sigterm_delivers_already_accepted_messages(broker, uid):
+    """Drain: messages the broker acknowledged before SIGTERM are written to connected subscribers."""
+    b = broker()
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=0)
+    pub = b.client(f"{uid}-p")
+    for i in range(50):
+        pub.publish(f"{uid}/t", str(i), qos=1)
+    assert b.stop(signal.SIGTERM) == 0
+    got = []
+    while True:
+        try:
+            got.append(int(sub.recv_publish().payload))
+        except (ConnectionClosed, TimeoutError):
+            break
+    assert got == list(range(50))
+
+
+def test_sighup_reloads_and_keeps_connections(broker, uid):
+    b = broker()
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=1)
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload" in ln.lower(), timeout=5, start=mark), \
+        "no 'reload' log line after SIGHUP"
+    assert b.alive()
+    assert sub.ping() == []
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/t", b"after reload", qos=1)
+    assert sub.recv_publish().payload == b"after reload"
+
+
+def test_sighup_twice(broker, uid):
+    b = broker()
+    c = b.client(uid)
+    for _ in range(2):
+        mark = b.mark()
+        b.send_signal(signal.SIGHUP)
+        assert b.wait_log(lambda ln: "reload" in ln.lower(), timeout=5, start=mark)
+        assert c.ping() == []
+
+
+def test_sighup_applies_changed_limit(broker, uid):
+    """A reloadable setting changed in the file takes effect for new connections after SIGHUP."""
+    b = broker(limits={"max_client_id_length": 100})
+    assert b.client("c" * 50).ping() == []
+    cfg = dict(b.config)
+    cfg["limits"] = {"max_client_id_length": 10}
+    b.config_path.write_text(toml_dumps(cfg))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload" in ln.lower(), timeout=5, start=mark)
+    c = b.raw()
+    c.send(m.connect("d" * 50))
+    assert c.expect_closed(5)
+    assert [(p.type, p.rc) for p in c.before_close] == [(m.CONNACK, 2)]
+
+
+def test_sighup_with_broken_config_keeps_running(broker, uid):
+    b = broker()
+    c = b.client(uid)
+    b.config_path.write_text("this is [not toml\n")
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload" in ln.lower() or "config" in ln.lower(), timeout=5, start=mark), \
+        "nothing logged about the failed reload"
+    assert b.alive()
+    assert c.ping() == []
+    assert b.client(f"{uid}-2").ping() == []

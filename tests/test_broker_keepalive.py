@@ -1,0 +1,100 @@
+"""Keepalive (3.1.2.10) and the CONNECT timeout. Timing is measured by waiting on the socket
+closing, with a timeout; nothing sleeps."""
+
+import time
+
+import mqttraw as m
+from mqttraw import PINGRESP
+
+
+def test_pingreq_gets_pingresp(srv, uid):
+    """3.12.4 [MQTT-3.12.4-1]."""
+    c = srv.client(uid)
+    c.send(m.pingreq())
+    p = c.recv_packet()
+    assert (p.type, p.flags, p.body) == (PINGRESP, 0, b"")
+
+
+def test_silent_client_closed_after_one_and_a_half_keepalive(srv, uid):
+    """[MQTT-3.1.2-24]: no packet within 1.5 x keepalive -> disconnect."""
+    c = srv.client(uid, keepalive=1)
+    t0 = time.monotonic()
+    assert c.expect_closed(4.0), "not disconnected within 4 s with keepalive=1"
+    elapsed = time.monotonic() - t0
+    assert 1.3 <= elapsed <= 2.6, f"disconnected after {elapsed:.2f} s with keepalive=1 (expected ~1.5 s)"
+
+
+def test_keepalive_two_seconds(srv, uid):
+    c = srv.client(uid, keepalive=2)
+    t0 = time.monotonic()
+    assert c.expect_closed(5.0)
+    elapsed = time.monotonic() - t0
+    assert 2.8 <= elapsed <= 3.8, f"disconnected after {elapsed:.2f} s with keepalive=2 (expected ~3 s)"
+
+
+def test_pings_keep_connection_alive(srv, uid):
+    c = srv.client(uid, keepalive=1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3.5:
+        assert c.ping() == []
+        assert not c.expect_closed(0.7), "closed although a PINGREQ came every 0.7 s"
+
+
+def test_any_packet_resets_keepalive(srv, uid):
+    c = srv.client(uid, keepalive=1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3.5:
+        c.send(m.publish(f"{uid}/t", b"alive"))
+        assert not c.expect_closed(0.7), "closed although a PUBLISH came every 0.7 s"
+    assert c.ping() == []
+
+
+def test_keepalive_zero_never_times_out(srv, uid):
+    """Keepalive 0 turns the mechanism off: still connected long after 1.5 s."""
+    c = srv.client(uid, keepalive=0)
+    assert not c.expect_closed(3.0), "closed a client with keepalive 0"
+    assert c.ping() == []
+
+
+def test_keepalive_expiry_does_not_affect_others(srv, uid):
+    quiet = srv.client(f"{uid}-q", keepalive=1)
+    busy = srv.client(f"{uid}-b", keepalive=60)
+    assert quiet.expect_closed(4.0)
+    assert busy.ping() == []
+
+
+def test_many_clients_expire_independently(srv, uid):
+    clients = [srv.client(f"{uid}-{i}", keepalive=1) for i in range(20)]
+    survivor = srv.client(f"{uid}-alive", keepalive=1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2.2:
+        assert survivor.ping() == []
+        assert not survivor.expect_closed(0.5)
+    for c in clients:
+        assert c.expect_closed(2.0)
+    assert survivor.ping() == []
+
+
+def test_connect_timeout_closes_silent_socket(broker):
+    b = broker(limits={"connect_timeout": 0.5})
+    c = b.raw()
+    t0 = time.monotonic()
+    assert c.expect_closed(4.0), "a connection that never sent CONNECT was not closed"
+    elapsed = time.monotonic() - t0
+    assert 0.3 <= elapsed <= 2.5, f"closed after {elapsed:.2f} s with connect_timeout=0.5"
+    assert c.before_close == []
+
+
+def test_connect_timeout_closes_partial_connect(broker):
+    b = broker(limits={"connect_timeout": 0.5})
+    c = b.raw()
+    c.send(m.connect("partial")[:7])
+    assert c.expect_closed(4.0)
+    assert c.before_close == []
+
+
+def test_connect_timeout_does_not_close_connected_client(broker, uid):
+    b = broker(limits={"connect_timeout": 0.5})
+    c = b.client(uid)
+    assert not c.expect_closed(1.5)
+    assert c.ping() == []
