@@ -1,0 +1,209 @@
+"""Start, watch and stop the brokers under test (edgebroker and Mosquitto), one fresh process per run.
+
+Both listen on 127.0.0.1 only, log to a file in a temporary directory (never to a
+pipe nobody reads), and are given the same queue limits (``LIMITS``) so the
+comparison is like for like. Readiness is a bounded TCP-connect poll.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READY_TIMEOUT = 10.0
+STOP_TIMEOUT = 5.0
+
+# Identical on both brokers. The queue limit is above the largest message count of any
+# scenario, so no broker has a reason to drop: loss then means a bug, not a policy.
+# (With Mosquitto's defaults, 20 in flight and 1000 queued, or even with 100,000 queued,
+# Mosquitto drops about a quarter of the QoS 1 fan-in messages: it acknowledges
+# publishers faster than it delivers to the one subscriber.)
+LIMITS = {"max_inflight_messages": 1000, "max_queued_messages": 1_000_000}
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover - psutil is an install requirement of edgebroker
+    psutil = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mosquitto_path() -> str | None:
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    for candidate in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def ensure_mosquitto() -> str | None:
+    """The mosquitto binary, installed with apt-get (sudo when not root) when missing."""
+    path = mosquitto_path()
+    if path:
+        return path
+    if not shutil.which("apt-get"):
+        print("mosquitto is missing and apt-get is not available", file=sys.stderr)
+        return None
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    env = ["env", "DEBIAN_FRONTEND=noninteractive"]
+    print("mosquitto not found: installing the Debian package", flush=True)
+    install = sudo + env + ["apt-get", "install", "-y", "-q", "--no-install-recommends", "mosquitto"]
+    try:
+        if subprocess.run(install, timeout=600).returncode != 0:
+            subprocess.run(sudo + env + ["apt-get", "update", "-q"], timeout=600)
+            subprocess.run(install, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"installing mosquitto failed: {exc}", file=sys.stderr)
+    return mosquitto_path()
+
+
+def mosquitto_version(path: str | None) -> str:
+    if not path:
+        return "not installed"
+    try:
+        out = subprocess.run([path, "-h"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    for line in out.splitlines():
+        if "version" in line:
+            return line.split("version", 1)[1].strip()
+    return "unknown"
+
+
+def wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"broker exited with status {proc.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"broker not accepting on {host}:{port} after {timeout:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+class Broker:
+    """One broker process for one run."""
+
+    name = "?"
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix=f"bench-{self.name}-")
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.log_path = os.path.join(self.tmp, "broker.log")
+        self.proc: subprocess.Popen | None = None
+        self._ps = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict | None:
+        return None
+
+    def start(self) -> "Broker":
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                         env=self.env(), start_new_session=True)
+        wait_port(self.host, self.port, self.proc)
+        if psutil is not None:
+            self._ps = psutil.Process(self.proc.pid)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def cpu_seconds(self) -> float:
+        """user + system CPU time of the broker process so far."""
+        if self._ps is not None:
+            t = self._ps.cpu_times()
+            return t.user + t.system
+        with open(f"/proc/{self.proc.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_bytes(self) -> int:
+        if self._ps is not None:
+            return self._ps.memory_info().rss
+        with open(f"/proc/{self.proc.pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(STOP_TIMEOUT)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                return "".join(fh.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Edgebroker(Broker):
+    name = "edgebroker"
+
+    def command(self) -> list[str]:
+        cfg = os.path.join(self.tmp, "edgebroker.toml")
+        with open(cfg, "w") as fh:
+            fh.write("[limits]\n")
+            for key, value in LIMITS.items():
+                fh.write(f"{key} = {value}\n")
+        return [sys.executable, "-m", "edgebroker", "serve", "-c", cfg,
+                "--listen", f"{self.host}:{self.port}", "--data-dir", os.path.join(self.tmp, "data")]
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+
+class Mosquitto(Broker):
+    name = "mosquitto"
+    binary = None
+
+    def command(self) -> list[str]:
+        cfg = os.path.join(self.tmp, "mosquitto.conf")
+        with open(cfg, "w") as fh:
+            fh.write(f"listener {self.port} {self.host}\n"
+                     "allow_anonymous true\n"
+                     "persistence false\n"
+                     "log_dest stderr\n"
+                     "log_type error\n"
+                     "log_type warning\n")
+            for key, value in LIMITS.items():
+                fh.write(f"{key} {value}\n")
+        os.chmod(self.tmp, 0o755)    # mosquitto drops privileges when started as root
+        os.chmod(cfg, 0o644)
+        return [self.binary or "mosquitto", "-c", cfg]
+
+
+BROKERS = {"edgebroker": Edgebroker, "mosquitto": Mosquitto}
