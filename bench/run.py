@@ -40,19 +40,19 @@ IDLE_GRACE = 1.0
 SCENARIOS = {
     "fanin_qos0": dict(
         about="4 publishers -> 1 subscriber on bench/+, QoS 0, 64 B payloads",
-        pubs=4, subs=1, sub_procs=1, qos=0, payload=64, count=100_000, window=0,
+        pubs=4, subs=1, sub_procs=1, qos=0, payload=64, count=250_000, window=0,
         sub_filter="bench/+", unit="msg/s"),
     "fanout_qos0": dict(
         about="1 publisher -> 50 subscribers on bench/0, QoS 0, 64 B payloads",
-        pubs=1, subs=50, sub_procs=2, qos=0, payload=64, count=20_000, window=0,
+        pubs=1, subs=50, sub_procs=2, qos=0, payload=64, count=50_000, window=0,
         sub_filter="bench/0", unit="msg/s"),
     "fanin_qos1": dict(
         about="4 publishers (window 100) -> 1 QoS 1 subscriber on bench/+, 64 B payloads",
-        pubs=4, subs=1, sub_procs=1, qos=1, payload=64, count=50_000, window=100,
+        pubs=4, subs=1, sub_procs=1, qos=1, payload=64, count=100_000, window=100,
         sub_filter="bench/+", unit="msg/s"),
     "large_64k": dict(
         about="1 publisher -> 1 subscriber, QoS 0, 64 KiB payloads",
-        pubs=1, subs=1, sub_procs=1, qos=0, payload=65_536, count=20_000, window=0,
+        pubs=1, subs=1, sub_procs=1, qos=0, payload=65_536, count=40_000, window=0,
         sub_filter="bench/0", unit="MB/s"),
 }
 

@@ -108,11 +108,11 @@ class FrameCounter:
         self.control: list[tuple[int, bytes]] = []
         self._slow = 0
 
-    def recv_from(self, sock) -> int:
+    def recv_from(self, sock, flags: int = 0) -> int:
         """One ``recv_into``; returns the byte count (0 = end of stream)."""
         if self.have >= len(self.buf):
             raise ValueError("frame larger than the counter's buffer")
-        n = sock.recv_into(self.view[self.have:])
+        n = sock.recv_into(self.view[self.have:], 0, flags)
         if n:
             self.feed_end(self.have + n)
         return n
