@@ -533,7 +533,8 @@ def mosq():
     procs: list[Proc] = []
 
     def run(tool: str, port: int, *args, stdin_data: str | None = None) -> Proc:
-        cmd = [f"mosquitto_{tool}", "-h", "127.0.0.1", "-p", str(port), *args]
+        # stdbuf -oL: line-buffered stdout through the pipe, so lines can be waited on as they come
+        cmd = ["stdbuf", "-oL", f"mosquitto_{tool}", "-h", "127.0.0.1", "-p", str(port), *args]
         p = Proc(cmd, stdin_data)
         procs.append(p)
         return p
