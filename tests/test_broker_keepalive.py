@@ -98,3 +98,14 @@ def test_connect_timeout_does_not_close_connected_client(broker, uid):
     c = b.client(uid)
     assert not c.expect_closed(1.5)
     assert c.ping() == []
+
+
+def test_keepalive_above_max_keepalive_refused(broker, uid):
+    """A keepalive larger than limits.max_keepalive gets CONNACK 2 (identifier rejected, as
+    Mosquitto does for 3.1.1) and the connection is closed."""
+    b = broker(limits={"max_keepalive": 10})
+    assert b.client(f"{uid}-ok", keepalive=10).ping() == []
+    c = b.raw()
+    c.send(m.connect(f"{uid}-big", keepalive=11))
+    assert c.expect_closed(5)
+    assert [(p.type, p.rc) for p in c.before_close] == [(m.CONNACK, 2)]

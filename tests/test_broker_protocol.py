@@ -516,3 +516,23 @@ def test_server_survives_garbage_and_keeps_serving(srv, uid):
         assert c.expect_closed(5)
     ok = srv.client(uid)
     assert ok.ping() == []
+
+
+def test_assigned_client_id_uses_auto_id_prefix(broker):
+    b = broker(auto_id_prefix="zzprefix-")
+    mark = b.mark()
+    c = b.raw()
+    assert c.connect("", clean=True).rc == 0
+    assert b.wait_log(lambda ln: "zzprefix-" in ln, timeout=5, start=mark), \
+        "assigned client id with the configured prefix not seen in the log"
+
+
+def test_thousand_publishes_in_one_write(srv, uid):
+    """The frame splitter handles many frames per read, and frames cut at any point."""
+    t = f"{uid}/t"
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(t)
+    pub = srv.client(f"{uid}-p")
+    blob = b"".join(m.publish(t, str(i)) for i in range(1000))
+    pub.send(blob)
+    assert [int(sub.recv_publish().payload) for _ in range(1000)] == list(range(1000))

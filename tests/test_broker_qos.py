@@ -218,3 +218,44 @@ def test_qos0_not_limited_by_inflight_window(broker, uid):
     for i in range(20):
         pub.publish(t, str(i), qos=0)
     assert [int(sub.recv_publish().payload) for _ in range(20)] == list(range(20))
+
+
+def test_forwarded_publish_has_dup_clear(srv, uid):
+    """3.3.1.1 [MQTT-3.3.1-3]: the DUP flag of an outgoing PUBLISH is set independently of the
+    incoming one: a first delivery has DUP 0."""
+    sub, pub, t = pair(srv, uid, 1)
+    pub.send(m.publish(t, b"retry", qos=1, packet_id=3, dup=True))
+    assert pub.expect(PUBACK).packet_id == 3
+    p = sub.recv_publish()
+    assert (p.payload, p.dup) == (b"retry", False)
+
+
+def test_acks_for_unknown_packet_ids_are_ignored(srv, uid):
+    """PUBACK/PUBREC/PUBCOMP for ids the server does not hold are not a protocol violation
+    (e.g. a late ack after a re-send); the connection stays up (Mosquitto behaves the same)."""
+    c = srv.client(uid)
+    c.send(m.puback(4321) + m.pubcomp(4322))
+    assert c.ping() == []
+
+
+def test_online_queue_beyond_inflight_window_bounded(broker, uid):
+    """A connected subscriber that does not acknowledge: inflight window, then up to
+    max_queued_messages queued, the excess dropped; what is kept is delivered in order."""
+    b = broker(limits={"max_inflight_messages": 1, "max_queued_messages": 3})
+    t = f"{uid}/t"
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(t, qos=1)
+    pub = b.client(f"{uid}-p")
+    for i in range(10):
+        pub.publish(t, str(i), qos=1)
+    got = []
+    while True:
+        extra = sub.ping()
+        if not extra:
+            break
+        for p in extra:
+            assert p.type == PUBLISH
+            got.append(int(p.payload))
+            sub.send(m.puback(p.packet_id))
+    assert 3 <= len(got) <= 4, f"kept {len(got)} of 10 with inflight 1 + queue 3: {got}"
+    assert got == list(range(len(got)))
