@@ -245,3 +245,51 @@ def test_sighup_with_broken_config_keeps_running(broker, uid):
     assert b.alive()
     assert c.ping() == []
     assert b.client(f"{uid}-2").ping() == []
+
+
+def test_listen_repeatable(broker, uid):
+    b = broker(args=["--listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"])
+    assert len(b.listeners) == 2
+    for i, (_, port) in enumerate(b.listeners):
+        assert b.client(f"{uid}-{i}", port=port).ping() == []
+
+
+def test_listen_all_ipv4_interfaces_short_form(broker, uid):
+    b = broker(args=["--listen", ":0"])
+    assert b.listeners[0][0] in ("0.0.0.0", ""), b.listeners
+    assert b.client(uid).ping() == []
+
+
+def test_no_wills_on_shutdown(broker, uid):
+    """Documented: wills are not published when the broker itself shuts down."""
+    b = broker()
+    w = b.client(f"{uid}-w")
+    w.subscribe(f"{uid}/will", qos=1)
+    b.client(f"{uid}-v", will=(f"{uid}/will", b"gone", 1))
+    assert b.stop(signal.SIGTERM) == 0
+    assert w.expect_closed(5)
+    assert [p for p in w.before_close if p.type == m.PUBLISH] == []
+
+
+def test_sighup_applies_sys_interval(broker, uid):
+    b = broker(sys_interval=0)
+    cfg = dict(b.config, sys_interval=1)
+    b.config_path.write_text(toml_dumps(cfg))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload" in ln.lower(), timeout=5, start=mark)
+    c = b.client(uid)
+    c.subscribe("$SYS/broker/uptime")
+    assert c.recv_publish(timeout=4).topic == "$SYS/broker/uptime"
+
+
+def test_config_check_command(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(toml_dumps(base_config(tmp_path)))
+    r = run_cli("config", "check", "-c", str(good))
+    assert r.returncode == 0, r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text(toml_dumps({**base_config(tmp_path), "limits": {"max_inflight_messages": "many"}}))
+    r = run_cli("config", "check", "-c", str(bad))
+    assert r.returncode == 2
+    assert "limits.max_inflight_messages" in one_error_line(r)

@@ -505,8 +505,8 @@ def test_violation_is_logged_with_client_id_and_address(srv, uid):
     line = srv.wait_log(lambda ln: cid in ln, timeout=5, start=mark)
     assert line is not None, f"no log line naming {cid}:\n" + "\n".join(srv.logs[mark:])
     lines = [ln for ln in srv.logs[mark:] if cid in ln]
-    assert any("127.0.0.1" in ln and str(port) in ln for ln in lines), \
-        f"violation log lines lack the peer address 127.0.0.1:{port}: {lines}"
+    assert any("127.0.0.1" in ln and str(port) in ln and "MQTT-3.3.1-4" in ln for ln in lines), \
+        f"no violation log line with the peer address 127.0.0.1:{port} and rule MQTT-3.3.1-4: {lines}"
 
 
 def test_server_survives_garbage_and_keeps_serving(srv, uid):
@@ -536,3 +536,11 @@ def test_thousand_publishes_in_one_write(srv, uid):
     blob = b"".join(m.publish(t, str(i)) for i in range(1000))
     pub.send(blob)
     assert [int(sub.recv_publish().payload) for _ in range(1000)] == list(range(1000))
+
+
+def test_zero_length_client_id_from_mqtt31_gets_rc2(srv):
+    """MQTT 3.1 requires a client id of 1 to 23 characters: an empty one is identifier rejected."""
+    c = srv.raw()
+    c.send(m.connect("", clean=True, proto_name=b"MQIsdp", level=3))
+    assert c.expect_closed(5)
+    assert [(p.type, p.rc) for p in c.before_close] == [(CONNACK, 2)]

@@ -141,3 +141,21 @@ def test_sys_interval_zero_publishes_nothing(broker, uid):
     c.publish(f"{uid}/marker", b"MARKER")
     p = c.recv_publish()
     assert p.topic == f"{uid}/marker", f"$SYS published with sys_interval=0: {p!r}"
+
+
+def test_sys_dropped_counter(broker, uid):
+    """Messages dropped because a session queue is full are counted in publish/messages/dropped."""
+    b = broker(sys_interval=1, limits={"max_inflight_messages": 1, "max_queued_messages": 1})
+    slow = b.client(f"{uid}-slow")
+    slow.subscribe(f"{uid}/t", qos=1)
+    pub = b.client(f"{uid}-p")
+    for i in range(10):
+        pub.publish(f"{uid}/t", str(i), qos=1)
+    watch = b.client(f"{uid}-w")
+    watch.subscribe("$SYS/broker/publish/messages/dropped")
+    deadline = time.monotonic() + 5
+    while True:
+        assert time.monotonic() < deadline, "dropped messages not counted"
+        p = watch.recv_publish(timeout=3)
+        if number(p.payload) >= 8:
+            break
