@@ -544,3 +544,16 @@ def test_zero_length_client_id_from_mqtt31_gets_rc2(srv):
     c.send(m.connect("", clean=True, proto_name=b"MQIsdp", level=3))
     assert c.expect_closed(5)
     assert [(p.type, p.rc) for p in c.before_close] == [(CONNACK, 2)]
+
+
+def test_whole_session_byte_by_byte(srv, uid):
+    t = f"{uid}/t"
+    c = srv.raw()
+    c.send_slowly(m.connect(uid) + m.subscribe(1, [(t, 2)]) + m.publish(t, b"slow", qos=2, packet_id=2)
+                  + m.pingreq())
+    assert c.expect(CONNACK).rc == 0
+    assert c.expect(SUBACK).codes == [2]
+    got = [c.recv_packet() for _ in range(3)]
+    assert sorted(p.type for p in got) == sorted([m.PUBREC, PUBLISH, PINGRESP]), got
+    delivered = next(p for p in got if p.type == PUBLISH)
+    assert (delivered.payload, delivered.qos) == (b"slow", 2)
