@@ -47,7 +47,7 @@ class Broker:
     # ----- connections ------------------------------------------------------------------
 
     def connection_made(self, transport) -> Client:
-        self.stats.connections_total += 1
+        self.stats.sockets_accepted += 1
         client = Client(self, transport, self.clock())
         self.schedule(client)
         return client
@@ -71,6 +71,7 @@ class Broker:
             session, present = old, True
         session.client = client
         self.clients_connected += 1
+        self.stats.connects_accepted += 1
         return session, present
 
     def detach(self, client: Client, publish_will: bool) -> None:

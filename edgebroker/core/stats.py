@@ -19,7 +19,7 @@ from edgebroker import __version__
 class Stats:
     __slots__ = ("packets_received", "packets_sent", "publish_received", "publish_sent",
                  "publish_dropped", "publish_unrouted", "bytes_received", "bytes_sent",
-                 "connections_total", "connections_refused", "protocol_errors",
+                 "sockets_accepted", "connects_accepted", "connections_refused", "protocol_errors",
                  "keepalive_expired", "connect_timeouts", "takeovers")
 
     def __init__(self):
@@ -39,7 +39,8 @@ _LOADS = (
     ("publish/dropped", "publish_dropped"),
     ("bytes/received", "bytes_received"),
     ("bytes/sent", "bytes_sent"),
-    ("connections", "connections_total"),
+    ("connections", "connects_accepted"),
+    ("sockets", "sockets_accepted"),
 )
 _WINDOWS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
 
