@@ -164,3 +164,21 @@ def test_sys_dropped_counter(broker, uid):
         p = watch.recv_publish(timeout=3)
         if number(p.payload) >= 8:
             break
+
+
+def test_clients_cannot_publish_to_sys(broker, uid):
+    """A client's PUBLISH to $SYS is acknowledged, not delivered or retained, counted and logged once."""
+    b = broker(sys_interval=0)
+    watch = b.client(f"{uid}-w")
+    watch.subscribe("$SYS/#", f"{uid}/marker", qos=1)
+    forger = b.client(f"{uid}-f")
+    forger.publish("$SYS/broker/uptime", b"999999 seconds", qos=1, retain=True)  # waits for PUBACK
+    forger.publish("$SYS/fake", b"x", qos=2)                                     # full QoS 2 flow
+    forger.publish(f"{uid}/marker", b"MARKER", qos=1)
+    assert watch.recv_publish().topic == f"{uid}/marker"
+    late = b.client(f"{uid}-late")
+    late.subscribe("$SYS/broker/uptime", f"{uid}/marker")
+    forger.publish(f"{uid}/marker", b"MARKER", qos=1)
+    assert late.recv_publish().payload == b"MARKER", "a forged $SYS message was retained"
+    lines = [line for line in b.logs if "$SYS topics are written only by the broker" in line]
+    assert len(lines) == 1 and f"{uid}-f" in lines[0] and "$SYS/broker/uptime" in lines[0]

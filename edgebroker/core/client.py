@@ -31,7 +31,7 @@ _CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
 class Client:
     __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
-                 "protocol_level", "_handlers")
+                 "protocol_level", "sys_publish_warned", "_handlers")
 
     def __init__(self, broker, transport, now: float):
         self.broker = broker
@@ -48,6 +48,7 @@ class Client:
         self.connect_deadline = now + broker.limits.connect_timeout
         self.timer_at = None          # deadline of this client's entry in the timer heap
         self.protocol_level = 0
+        self.sys_publish_warned = False
         self._handlers = _BEFORE_CONNECT
 
     def __repr__(self):
@@ -183,21 +184,33 @@ class Client:
     def _on_publish(self, p: P.Publish) -> None:
         broker = self.broker
         qos = p.qos
+        # $SYS belongs to the broker: clients' publishes there are acknowledged
+        # (3.1.1 has no negative ack) and dropped, as Mosquitto does.
+        publish = self._drop_sys_publish if p.topic.startswith("$SYS") else broker.publish
         if qos == 0:
-            broker.publish(p.topic, p.payload, 0, p.retain)
+            publish(p.topic, p.payload, 0, p.retain)
             return
         pid = p.packet_id
         if qos == 1:
-            broker.publish(p.topic, p.payload, 1, p.retain)
+            publish(p.topic, p.payload, 1, p.retain)
             self.transport.write(encode_ack(P.PUBACK, pid))
         else:
             # Exactly once: route on first receipt, ignore re-sends until PUBREL.
             pending = self.session.awaiting_release
             if pid not in pending:
                 pending.add(pid)
-                broker.publish(p.topic, p.payload, 2, p.retain)
+                publish(p.topic, p.payload, 2, p.retain)
             self.transport.write(encode_ack(P.PUBREC, pid))
         broker.stats.packets_sent += 1
+
+    def _drop_sys_publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        stats = self.broker.stats
+        stats.publish_received += 1
+        stats.publish_dropped += 1
+        if not self.sys_publish_warned:
+            self.sys_publish_warned = True
+            log.warning("%s: publish to %r dropped: $SYS topics are written only by the broker "
+                        "(logged once per connection)", self.describe(), topic)
 
     def _on_puback(self, p) -> None:
         session = self.session
