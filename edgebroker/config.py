@@ -56,6 +56,9 @@ def _setting(default, check=None, doc=""):
 class ListenerConfig:
     host: str = _setting(DEFAULT_HOST, doc="address to bind; \"::\" or \"0.0.0.0\" for all")
     port: int = _setting(DEFAULT_PORT, _between(0, 65535), doc="TCP port; 0 picks a free port")
+    max_connections: int = _setting(
+        0, _at_least(0),
+        doc="connected clients on this listener; over it CONNACK 3; 0: only limits.max_connections")
 
     @property
     def address(self) -> str:
@@ -82,6 +85,54 @@ class Limits:
             "newer messages are dropped when full")
     queue_qos0_messages: bool = _setting(
         False, doc="also queue QoS 0 messages for offline persistent sessions")
+    max_connections: int = _setting(
+        10_000, _at_least(1), doc="connected clients, broker-wide; over it CONNACK 3 then close")
+    max_connection_rate: float = _setting(
+        500.0, _at_least(0),
+        doc="new connections accepted per second (token bucket); over it accepting pauses; 0: no limit")
+    connection_burst: int = _setting(
+        1000, _at_least(1), doc="connections accepted at once before max_connection_rate applies")
+    max_topic_length: int = _setting(
+        65535, _between(1, 65535), doc="longest topic name or filter (bytes)")
+    max_topic_levels: int = _setting(
+        128, _at_least(1), doc="most levels in a topic name or filter")
+    max_topics: int = _setting(
+        100_000, _at_least(1), doc="distinct topics the broker tracks; publishes to new ones are refused")
+    max_topics_per_client: int = _setting(
+        10_000, _at_least(1), doc="tracked topics one client id may have created")
+    topic_expiry: float = _setting(
+        3600.0, _at_least(1),
+        doc="seconds without a publish after which a topic (not retained) is forgotten")
+    max_subscriptions_per_client: int = _setting(
+        1000, _at_least(1), doc="topic filters per session; more get SUBACK 0x80")
+    max_inflight_bytes: int = _setting(
+        1_048_576, _at_least(1),
+        doc="bytes (topic + payload) of the outgoing QoS 1/2 window per session")
+    max_queued_bytes: int = _setting(
+        4_194_304, _at_least(1), doc="bytes (topic + payload) queued per session")
+    queue_full: str = _setting(
+        "drop_new", _one_of("drop_new", "drop_old"),
+        doc="which message a full session queue drops: the new one or the oldest queued")
+    messages_rate: float = _setting(
+        0.0, _at_least(0), doc="PUBLISH packets per second per client; 0: no limit")
+    messages_burst: int = _setting(
+        0, _at_least(0), doc="PUBLISH packets a client may send at once; 0: one second's worth")
+    bytes_rate: float = _setting(
+        0.0, _at_least(0), doc="published bytes (topic + payload) per second per client; 0: no limit")
+    bytes_burst: int = _setting(
+        0, _at_least(0), doc="published bytes a client may send at once; 0: one second's worth")
+    max_pending_write_bytes: int = _setting(
+        1_048_576, _at_least(1),
+        doc="bytes waiting to be written to one connection; beyond it QoS 0 is dropped")
+    memory_limit: int = _setting(
+        0, _at_least(0),
+        doc="resident memory (bytes) above which new connections and topics are refused; 0: off")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = _setting(
+        "", doc="HOST:PORT of the Prometheus text endpoint (/metrics); empty: off")
 
 
 @dataclass(frozen=True)
@@ -93,8 +144,11 @@ class Config:
     allow_zero_length_clientid: bool = _setting(
         True, doc="accept an empty client id (with clean session) and assign one")
     auto_id_prefix: str = _setting("auto-", doc="prefix of assigned client ids")
+    sys_client_metrics: bool = _setting(
+        False, doc="also publish $SYS/broker/clients/<id>/... for every connected client")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))
     limits: Limits = field(default_factory=Limits)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = field(default="", compare=False)
 
     @property
@@ -137,6 +191,8 @@ def _build(cls, table: Any, prefix: str):
             values[name] = _build_listeners(raw)
         elif cls is Config and name == "limits":
             values[name] = _build(Limits, raw, "limits.")
+        elif cls is Config and name == "metrics":
+            values[name] = _build_metrics(raw)
         else:
             value = _coerce(raw, hints[name], key)
             check = f.metadata.get("check")
@@ -157,6 +213,16 @@ def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
             raise ConfigError(f"listener[{i}]: {lst.address} is listed twice")
         seen.add((lst.host, lst.port))
     return listeners
+
+
+def _build_metrics(raw: Any) -> MetricsConfig:
+    metrics = _build(MetricsConfig, raw, "metrics.")
+    if metrics.listen:
+        try:
+            parse_address(metrics.listen)
+        except ConfigError:
+            raise ConfigError(f"metrics.listen: expected HOST:PORT, got {metrics.listen!r}") from None
+    return metrics
 
 
 def from_dict(table: dict, source: str = "") -> Config:
@@ -198,7 +264,8 @@ def parse_address(text: str) -> ListenerConfig:
 def describe() -> list[tuple[str, Any, str]]:
     """(key, default, meaning) for every setting, for docs and `config check`."""
     rows = []
-    for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits)):
+    for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits),
+                        ("metrics.", MetricsConfig)):
         for f in dataclasses.fields(cls):
             if "doc" in f.metadata:
                 rows.append((prefix + f.name, f.default, f.metadata["doc"]))

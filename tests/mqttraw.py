@@ -398,6 +398,27 @@ class RawClient:
                 self._pending.clear()
                 return True
 
+    def read_until_closed(self, timeout: float = 5.0) -> bytes:
+        """Raw bytes (not parsed as MQTT) until the server closes; TimeoutError if it does not."""
+        deadline = time.monotonic() + timeout
+        data = bytearray(self._buf)
+        self._buf.clear()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"connection not closed within {timeout} s; got {bytes(data)!r}")
+            self.sock.settimeout(remaining)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (ConnectionResetError, ConnectionAbortedError):
+                chunk = b""
+            if not chunk:
+                self._eof = True
+                return bytes(data)
+            data += chunk
+
     def close(self) -> None:
         self._closed_locally = True
         try:

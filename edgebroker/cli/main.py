@@ -12,7 +12,7 @@ import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.cli import config_check, serve
+from edgebroker.cli import config_check, inspect_live, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.add_parser(commands)
     config_check.add_parser(commands)
+    # Temporary home of `inspect` until the offline inspect commands join it (one parser, both sets).
+    inspect = commands.add_parser("inspect", help="look inside the running broker")
+    inspect_live.add_subcommands(
+        inspect.add_subparsers(dest="inspect_command", metavar="WHAT", required=True))
     return parser
 
 

@@ -63,6 +63,8 @@ def run(args) -> int:
     prepare_state_dir(state_dir)
     loop = Loop(config, reload_config=lambda: load(args))
     loop.open_listeners()
+    loop.open_admin(state_dir)
+    loop.open_metrics()
     log.info("state directory %s; configuration %s", state_dir, config.source or "embedded defaults")
     loop.install_signal_handlers()
     loop.run()

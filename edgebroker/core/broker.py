@@ -4,7 +4,13 @@ No sockets and no clock of its own: the server layer hands in transports and
 a clock, and calls ``tick`` when ``next_deadline`` comes due. Keepalive and
 CONNECT timeouts live in one deadline heap with at most one entry per client;
 an entry that comes due early (the client was active since) is pushed back to
-its real deadline, so no pass ever scans all clients.
+its real deadline, so no pass ever scans all clients. The same heap runs the
+limits' timers (``core.limits.Timer``): throttled clients' resumes, the
+memory check, topic expiry.
+
+Limits (docs/limits.md): every hit is counted by limit name in
+``limit_hits``, every refused connection by reason in ``refused``, every
+dropped message by reason in ``dropped`` (and in ``stats.publish_dropped``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ import logging
 
 from edgebroker.config import Config
 from edgebroker.core.client import Client
+from edgebroker.core.limits import (
+    DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, Timer, TopicTable, check_topic, zero_counts,
+)
+from edgebroker.core.metrics import PassTimes
 from edgebroker.core.session import AWAIT_ACK, Message, Outgoing, Session
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.mqtt import packets as P
@@ -27,6 +37,8 @@ log = logging.getLogger("edgebroker.broker")
 # each subscriber gets one buffer; larger ones are queued as header + payload
 # to avoid copying them.
 _JOIN_LIMIT = 4096
+# Seconds between memory checks (RSS and CPU time through psutil).
+HOUSEKEEPING_INTERVAL = 1.0
 
 
 class Broker:
@@ -42,15 +54,67 @@ class Broker:
         self.clients_connected = 0
         self._timers: list = []
         self._seq = itertools.count()
+        self.sockets_open = 0
+        self.listener_connected: dict[str, int] = {}
+        self.topics = TopicTable()
+        self.known_topics = self.topics.current  # the hot path's view (see _on_topic_expiry)
+        self.queued_messages = 0          # in all sessions' queues
+        self.queued_bytes = 0
+        self.throttled: set[Client] = set()
+        self.throttled_seconds = 0.0      # of throttles that ended
+        self.limit_hits = zero_counts(LIMITS)
+        self.refused = zero_counts(REFUSALS)
+        self.dropped = zero_counts(DROPS)
+        self.pass_times = PassTimes()     # filled by the server loop
+        self.events = EventLog(log)
+        self.memory = MemoryGuard(self.limits.memory_limit)
+        self.memory.check()
+        self._housekeeping = Timer(self._on_housekeeping)
+        self._housekeeping.start(self, self.started + HOUSEKEEPING_INTERVAL)
+        self._topic_expiry = Timer(self._on_topic_expiry)
+        self._topic_expiry.start(self, self.started + self.limits.topic_expiry)
         self.sys = SysTopics(self, self.started)
 
     # ----- connections ------------------------------------------------------------------
 
     def connection_made(self, transport) -> Client:
         self.stats.sockets_accepted += 1
+        self.sockets_open += 1
         client = Client(self, transport, self.clock())
         self.schedule(client)
         return client
+
+    def admission(self, client: Client, client_id: str) -> tuple[str, str] | None:
+        """Why a valid CONNECT cannot be accepted now: (limit, explanation), or None."""
+        old = self.sessions.get(client_id)
+        old_client = old.client if old is not None else None
+        limits = self.limits
+        if self.memory.over:
+            return "memory_limit", (f"memory use {self.memory.rss} bytes is above memory_limit "
+                                    f"({self.memory.limit})")
+        if old_client is None and self.clients_connected >= limits.max_connections:
+            return "max_connections", f"{self.clients_connected} clients connected (max_connections)"
+        cap = client.listener_max_connections
+        address = client.listener_address
+        if cap and (old_client is None or old_client.listener_address != address):
+            count = self.listener_connected.get(address, 0)
+            if count >= cap:
+                return "listener_max_connections", (f"{count} clients connected on listener "
+                                                    f"{address} (its max_connections)")
+        return None
+
+    def hit(self, limit: str) -> None:
+        self.limit_hits[limit] += 1
+
+    def drop(self, reason: str, session: Session | None, count: int = 1) -> None:
+        """Count ``count`` messages dropped for ``reason`` (broker-wide and on the session)."""
+        self.stats.publish_dropped += count
+        self.dropped[reason] += count
+        if session is not None:
+            drops = session.drops
+            if drops is None:
+                drops = session.drops = {}
+            drops[reason] = drops.get(reason, 0) + count
 
     def attach(self, client: Client, client_id: str, clean: bool) -> tuple[Session, bool]:
         """Bind a newly connected client to its session; returns (session, present)."""
@@ -71,12 +135,18 @@ class Broker:
             session, present = old, True
         session.client = client
         self.clients_connected += 1
+        address = client.listener_address
+        if address:
+            self.listener_connected[address] = self.listener_connected.get(address, 0) + 1
         self.stats.connects_accepted += 1
         return session, present
 
     def detach(self, client: Client, publish_will: bool) -> None:
         """A connected client's connection ended (its will is still on it)."""
         self.clients_connected -= 1
+        address = client.listener_address
+        if address:
+            self.listener_connected[address] -= 1
         session = client.session
         if session is not None and session.client is client:
             session.client = None
@@ -91,8 +161,12 @@ class Broker:
         for topic_filter in session.subscriptions:
             self.subscriptions.remove(topic_filter, session)
         session.subscriptions.clear()
+        self.queued_messages -= len(session.queue)
+        self.queued_bytes -= session.queue_bytes
         session.queue.clear()
+        session.queue_bytes = 0
         session.inflight.clear()
+        session.inflight_bytes = 0
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
 
@@ -139,9 +213,35 @@ class Broker:
 
     def apply_config(self, config: Config) -> None:
         """Settings that take effect without a restart (SIGHUP)."""
+        old = self.limits
         self.config = config
         self.limits = config.limits
-        self.sys.configure(self.clock())
+        now = self.clock()
+        self.memory.limit = config.limits.memory_limit
+        if config.limits.topic_expiry != old.topic_expiry:
+            self._topic_expiry.start(self, now + config.limits.topic_expiry)
+        self.sys.configure(now)
+
+    def _on_housekeeping(self) -> None:
+        now = self.clock()
+        self._housekeeping.start(self, now + HOUSEKEEPING_INTERVAL)
+        changed = self.memory.check()
+        if changed is True:
+            log.warning("memory use %d bytes is above memory_limit (%d): refusing new connections "
+                        "and new topics until it falls below", self.memory.rss, self.memory.limit)
+        elif changed is False:
+            log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
+                        "connections and topics", self.memory.rss, self.memory.limit)
+
+    def _on_topic_expiry(self) -> None:
+        now = self.clock()
+        self._topic_expiry.start(self, now + self.limits.topic_expiry)
+        retained = self.retained
+        forgotten = self.topics.rotate(lambda topic: retained.get(topic) is not None)
+        self.known_topics = self.topics.current
+        if forgotten:
+            log.debug("forgot %d topics idle for over topic_expiry (%g s)", forgotten,
+                      self.limits.topic_expiry)
 
     # ----- routing ----------------------------------------------------------------------
 
@@ -163,7 +263,8 @@ class Broker:
         if not targets:
             stats.publish_unrouted += 1
             return
-        frame0 = None
+        frame0 = rest0 = None
+        sent = 0
         for session, sub_qos in targets:
             q = qos if qos < sub_qos else sub_qos
             client = session.client
@@ -173,71 +274,145 @@ class Broker:
                         self._enqueue(session, message, 0, False)
                     continue
                 if frame0 is None:
-                    frame0 = self._frame0(message)
-                write = client.transport.write
-                for part in frame0:
-                    write(part)
-                stats.publish_sent += 1
+                    frame0, rest0 = self._frame0(message)
+                transport = client.transport
+                # offer() refuses when max_pending_write_bytes are already waiting.
+                if not transport.offer(frame0):
+                    self._drop_pending(client)
+                    continue
+                if rest0 is not None:
+                    transport.write(rest0)
+                sent += 1
             elif (client is not None and not session.queue
-                  and len(session.inflight) < self.limits.max_inflight_messages):
+                  and len(session.inflight) < self.limits.max_inflight_messages
+                  and session.inflight_bytes < self.limits.max_inflight_bytes
+                  and client.transport.out_bytes < client.transport.max_pending):
                 self._send(session, message, q, False)
             else:
-                self._enqueue(session, message, q, False)
+                self._defer(session, message, q, False)
+        stats.publish_sent += sent
 
     @staticmethod
     def _frame0(message: Message) -> tuple:
+        """(first part, rest or None) of the QoS 0 frame, encoded once per message."""
         payload = message.payload
         head = encode_publish_head(message.topic_bytes, len(payload), 0, False, False, None)
         if len(payload) <= _JOIN_LIMIT:
-            return (head + payload,)
-        return (head, payload)
+            return head + payload, None
+        return head, payload
+
+    def _drop_pending(self, client: Client) -> None:
+        """A QoS 0 message not queued: max_pending_write_bytes are waiting on the connection."""
+        self.hit("max_pending_write_bytes")
+        self.drop("max_pending_write_bytes", client.session)
+        transport = client.transport
+        transport.want_drain = True
+        if not client.pending_dropped:
+            log.warning("%s: %d bytes are waiting to be written (max_pending_write_bytes %d), the "
+                        "client does not read fast enough; dropping QoS 0 messages for it until "
+                        "they are written", client.describe(), transport.out_bytes,
+                        transport.max_pending)
+        client.pending_dropped += 1
+
+    def _defer(self, session: Session, message: Message, qos: int, retain: bool) -> None:
+        """A QoS 1/2 message that cannot be sent now: count why, then queue it."""
+        client = session.client
+        if client is not None and not session.queue:
+            if len(session.inflight) >= self.limits.max_inflight_messages:
+                self.hit("max_inflight_messages")
+            elif session.inflight_bytes >= self.limits.max_inflight_bytes:
+                self.hit("max_inflight_bytes")
+            else:
+                self.hit("max_pending_write_bytes")
+                client.transport.want_drain = True
+        self._enqueue(session, message, qos, retain)
 
     def _send(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         """Send a QoS 1/2 message in the session's window (the client is online)."""
         pid = session.allocate_id()
         session.inflight[pid] = Outgoing(message, qos, retain)
+        session.inflight_bytes += message.size
         self._write_publish(session.client, message, qos, retain, False, pid)
 
     def _write_publish(self, client, message, qos, retain, dup, pid) -> None:
         payload = message.payload
         head = encode_publish_head(message.topic_bytes, len(payload), qos, retain, dup, pid)
-        write = client.transport.write
+        transport = client.transport
+        transport.msgs_out += 1
         if len(payload) <= _JOIN_LIMIT:
-            write(head + payload)
+            transport.write(head + payload)
         else:
-            write(head)
-            write(payload)
+            transport.write(head)
+            transport.write(payload)
         self.stats.publish_sent += 1
 
     def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
-        if len(session.queue) >= self.limits.max_queued_messages:
-            self.stats.publish_dropped += 1
+        """Queue for later, within max_queued_messages/bytes (``queue_full`` says what goes)."""
+        limits = self.limits
+        queue = session.queue
+        max_messages = limits.max_queued_messages
+        max_bytes = limits.max_queued_bytes
+        if len(queue) >= max_messages or session.queue_bytes >= max_bytes:
+            limit = "max_queued_messages" if len(queue) >= max_messages else "max_queued_bytes"
+            self.hit(limit)
+            if limits.queue_full == "drop_old":
+                dropped = 0
+                while queue and (len(queue) >= max_messages or session.queue_bytes >= max_bytes):
+                    old = queue.popleft()[0]
+                    session.queue_bytes -= old.size
+                    self.queued_messages -= 1
+                    self.queued_bytes -= old.size
+                    dropped += 1
+                self.drop(limit, session, dropped)
+            else:
+                dropped = 1
+                self.drop(limit, session)
             if not session.dropped:
-                log.warning("session %r: queue full (%d messages, max_queued_messages); "
-                            "dropping new messages until it drains",
-                            session.client_id, len(session.queue))
-            session.dropped += 1
-            return
-        session.queue.append((message, qos, retain))
+                log.warning("session %r: queue full (%d messages, %d bytes; %s); dropping %s "
+                            "messages until it drains", session.client_id, len(queue),
+                            session.queue_bytes, limit,
+                            "the oldest" if limits.queue_full == "drop_old" else "new")
+            session.dropped += dropped
+            if limits.queue_full != "drop_old":
+                return
+        queue.append((message, qos, retain))
+        session.queue_bytes += message.size
+        self.queued_messages += 1
+        self.queued_bytes += message.size
 
     def pump(self, session: Session) -> None:
-        """Move queued messages into the window while the client is online."""
+        """Move queued messages into the window while the client is online and reading."""
         client = session.client
         if client is None:
             return
         queue = session.queue
         inflight = session.inflight
-        window = self.limits.max_inflight_messages
+        limits = self.limits
+        window = limits.max_inflight_messages
+        window_bytes = limits.max_inflight_bytes
+        transport = client.transport
+        max_pending = transport.max_pending
+        sent_bytes = 0
+        sent = 0
         while queue:
+            if transport.out_bytes >= max_pending:
+                transport.want_drain = True
+                break
             message, qos, retain = queue[0]
             if qos == 0:
                 queue.popleft()
                 self._write_publish(client, message, 0, retain, False, None)
-            elif len(inflight) < window:
+            elif len(inflight) < window and (session.inflight_bytes < window_bytes or not inflight):
                 queue.popleft()
                 self._send(session, message, qos, retain)
             else:
                 break
+            sent += 1
+            sent_bytes += message.size
+        if sent:
+            session.queue_bytes -= sent_bytes
+            self.queued_messages -= sent
+            self.queued_bytes -= sent_bytes
         if not queue and session.dropped:
             log.warning("session %r: queue drained; %d messages were dropped while it was full",
                         session.client_id, session.dropped)
@@ -256,8 +431,21 @@ class Broker:
     # ----- subscriptions ----------------------------------------------------------------
 
     def subscribe(self, session: Session, topics: list[tuple[str, int]]) -> list[int]:
+        """Add subscriptions; a filter over a limit gets 0x80 (counted, logged once per client)."""
         granted = []
+        limits = self.limits
         for topic_filter, qos in topics:
+            problem = check_topic(topic_filter, limits)
+            if (problem is None and topic_filter not in session.subscriptions
+                    and len(session.subscriptions) >= limits.max_subscriptions_per_client):
+                problem = "max_subscriptions_per_client"
+            if problem is not None:
+                self.hit(problem)
+                if session.client is not None:
+                    session.client.warn_once(problem, "subscription to %r refused (SUBACK 0x80): %s "
+                                             "(%d)", topic_filter, problem, getattr(limits, problem))
+                granted.append(P.SUBACK_FAILURE)
+                continue
             self.subscriptions.add(topic_filter, session, qos)
             session.subscriptions[topic_filter] = qos
             granted.append(qos)
@@ -271,12 +459,18 @@ class Broker:
                 continue
             for message in self.retained.match(topic_filter):
                 qos = message.qos if message.qos < max_qos else max_qos
-                if qos == 0:
+                # Beyond max_pending_write_bytes retained messages wait in the session's queue
+                # (bounded), QoS 0 included, and follow as the connection drains.
+                if client.transport.out_bytes >= client.transport.max_pending:
+                    client.transport.want_drain = True
+                    self._enqueue(session, message, qos, True)
+                elif qos == 0:
                     self._write_publish(client, message, 0, True, False, None)
-                elif not session.queue and len(session.inflight) < self.limits.max_inflight_messages:
+                elif (not session.queue and len(session.inflight) < self.limits.max_inflight_messages
+                      and session.inflight_bytes < self.limits.max_inflight_bytes):
                     self._send(session, message, qos, True)
                 else:
-                    self._enqueue(session, message, qos, True)
+                    self._defer(session, message, qos, True)
 
     def unsubscribe(self, session: Session, filters: list[str]) -> None:
         for topic_filter in filters:

@@ -11,6 +11,15 @@ the server layer moves them. State rules, in prose:
   violations when they arrive here (MQTT-4.8.0-1).
 - Any violation closes the connection and, once connected, publishes the
   will. DISCONNECT discards the will and closes.
+- The first bytes of a connection are looked at before the decoder: a TLS
+  handshake, an HTTP request or anything else that cannot start a CONNECT
+  gets a clear log line (and HTTP a one-line 400 reply), then the connection
+  closes. Counted in ``Broker.refused``.
+- Limits on PUBLISH (docs/limits.md): a topic not yet tracked must be
+  admitted by the topic table (QoS 0 over a limit: dropped; QoS 1/2: the
+  connection closes, as 3.1.1 has no negative acknowledgement). A client over
+  its publish rate is throttled: its socket is not read until its bucket
+  refills (a timer in the broker's heap), so TCP pushes back on it alone.
 """
 
 from __future__ import annotations
@@ -18,20 +27,47 @@ from __future__ import annotations
 import logging
 import uuid
 
-from edgebroker.errors import CONNACK_CODES_311, PROTOCOL_ERROR, ProtocolError
+from edgebroker.errors import CONNACK_CODES_311, PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import PINGRESP_BYTES, Decoder, encode, encode_ack
+from edgebroker.core.limits import PublishRate
 from edgebroker.core.session import AWAIT_COMP
 
 log = logging.getLogger("edgebroker.client")
 
 _CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
 
+# Methods of HTTP requests, to recognise a web client on the MQTT port.
+_HTTP_METHODS = (b"GET ", b"POST ", b"HEAD ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ",
+                 b"CONNECT ", b"TRACE ", b"PRI ")
+_SNIFF_BYTES = 8  # enough for the longest method above
+_HTTP_BODY = b"This is an MQTT port (edgebroker), not HTTP: connect with an MQTT client.\n"
+HTTP_REPLY = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: "
+              + str(len(_HTTP_BODY)).encode() + b"\r\nConnection: close\r\n\r\n" + _HTTP_BODY)
+
+
+def classify_first_bytes(head: bytes) -> str | None:
+    """What a connection's first bytes are: "mqtt", "tls", "http", "not_mqtt"; None: need more."""
+    first = head[0]
+    if first == 0x16:
+        return "tls"  # a TLS record of type handshake (also CONNECT with flags 0110: invalid)
+    if first >> 4 == P.CONNECT:
+        return "mqtt"  # the decoder checks the rest
+    for method in _HTTP_METHODS:
+        if head.startswith(method):
+            return "http"
+        if method.startswith(head):
+            return None if len(head) < _SNIFF_BYTES else "not_mqtt"
+    return "not_mqtt"
+
 
 class Client:
     __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
-                 "protocol_level", "sys_publish_warned", "_handlers")
+                 "protocol_level", "sys_publish_warned", "_handlers",
+                 "listener_address", "listener_max_connections", "created", "msgs_in", "sniff",
+                 "rate", "throttled_until", "throttle_start", "throttled_time", "pending_dropped",
+                 "warned", "rate_mark", "rates")
 
     def __init__(self, broker, transport, now: float):
         self.broker = broker
@@ -50,6 +86,20 @@ class Client:
         self.protocol_level = 0
         self.sys_publish_warned = False
         self._handlers = _BEFORE_CONNECT
+        listener = transport.listener
+        self.listener_address = listener.address if listener is not None else ""
+        self.listener_max_connections = listener.max_connections if listener is not None else 0
+        self.created = now
+        self.msgs_in = 0              # PUBLISH packets received
+        self.sniff = b""              # first bytes, until they show MQTT (then None)
+        self.rate = None              # PublishRate when messages_rate or bytes_rate is set
+        self.throttled_until = 0.0    # non-zero while throttled (socket not read)
+        self.throttle_start = 0.0
+        self.throttled_time = 0.0     # seconds throttled, throttles that ended
+        self.pending_dropped = 0      # QoS 0 dropped since the output last drained
+        self.warned = None            # limits already logged for this connection
+        self.rate_mark = None         # (time, totals) of the last rate sample (core.metrics)
+        self.rates = None
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
@@ -63,17 +113,52 @@ class Client:
     def data_received(self, data) -> None:
         broker = self.broker
         self.last_seen = broker.clock()
+        if self.sniff is not None and not self._sniff(data):
+            return
         stats = broker.stats
         handlers = self._handlers
         try:
             for packet in self.decoder.feed(data):
                 stats.packets_received += 1
                 handlers[packet.type](self, packet)
-                if self.closed:
-                    return
+                if self.closed or self.throttled_until:
+                    return  # when throttled, the rest stays in the decoder until resumed
                 handlers = self._handlers
         except ProtocolError as exc:
             self._violation(exc)
+
+    def _sniff(self, data) -> bool:
+        """Check the first bytes; True when they may start MQTT (the decoder takes over)."""
+        head = self.sniff + bytes(data[:_SNIFF_BYTES])
+        kind = classify_first_bytes(head)
+        if kind == "mqtt":
+            self.sniff = None
+            return True
+        if kind is None:
+            self.sniff = head
+            return False
+        self.sniff = None
+        broker = self.broker
+        broker.refused[kind] += 1
+        where = self.listener_address or "?"
+        if kind == "tls":
+            broker.events.log(logging.WARNING, "tls", self.last_seen,
+                              "TLS handshake received on plain MQTT listener %s from %s — use the "
+                              "TLS listener or disable TLS in the client", where, self.peer)
+        elif kind == "http":
+            self.transport.write(HTTP_REPLY)
+            broker.events.log(logging.WARNING, "http", self.last_seen,
+                              "HTTP request (%r) received on MQTT listener %s from %s; replied "
+                              "400 and closed", head.split(b" ")[0].decode("ascii", "replace"),
+                              where, self.peer)
+        else:
+            shown = bytes(head + bytes(data[_SNIFF_BYTES:16]))[:16]
+            broker.events.log(logging.WARNING, "not_mqtt", self.last_seen,
+                              "connection on MQTT listener %s from %s does not start with CONNECT "
+                              "(first bytes: %s) [MQTT-3.1.0-1]; closed", where, self.peer,
+                              shown.hex(" "))
+        self.close(will=False)
+        return False
 
     def connection_lost(self, reason: str) -> None:
         """The socket closed or failed under us (not after DISCONNECT)."""
@@ -86,14 +171,21 @@ class Client:
         """When this client must next be checked by the timer heap."""
         if not self.connected:
             return self.connect_deadline
+        if self.throttled_until:
+            # Keepalive is not checked while we are the ones not reading.
+            return self.throttled_until
         if self.keepalive:
             return self.last_seen + 1.5 * self.keepalive
         return None
 
     def expire(self) -> None:
         broker = self.broker
+        if self.throttled_until:
+            self._unthrottle()
+            return
         if not self.connected:
             broker.stats.connect_timeouts += 1
+            broker.hit("connect_timeout")
             log.info("%s: no CONNECT within %g s; closing", self.describe(),
                      broker.limits.connect_timeout)
             self.close(will=False)
@@ -109,25 +201,105 @@ class Client:
         if self.closed:
             return
         self.closed = True
+        broker = self.broker
+        broker.sockets_open -= 1
+        if self.throttled_until:
+            self._end_throttle(broker.clock())
         if self.connected:
-            self.broker.detach(self, publish_will=will)
+            broker.detach(self, publish_will=will)
         self.will = None
         self.transport.close()
+
+    # ----- limits -----------------------------------------------------------------------
+
+    def warn_once(self, limit: str, message: str, *args) -> None:
+        """Log a limit hit once per connection (later hits are only counted)."""
+        warned = self.warned
+        if warned is None:
+            warned = self.warned = set()
+        if limit in warned:
+            return
+        warned.add(limit)
+        log.warning("%s: " + message + " (logged once per connection)", self.describe(), *args)
+
+    def _throttle(self, limit: str, wait: float) -> None:
+        broker = self.broker
+        now = broker.clock()
+        broker.hit(limit)
+        self.throttled_until = now + wait
+        self.throttle_start = now
+        broker.throttled.add(self)
+        self.transport.pause_reading()
+        self.warn_once(limit, "over its publish rate (%s %g/s); not reading from it for %.3f s "
+                       "(and again whenever it is over)", limit, getattr(broker.limits, limit),
+                       wait)
+        broker.schedule(self)
+
+    def _end_throttle(self, now: float) -> None:
+        self.throttled_time += now - self.throttle_start
+        self.broker.throttled_seconds += now - self.throttle_start
+        self.broker.throttled.discard(self)
+        self.throttled_until = 0.0
+
+    def _unthrottle(self) -> None:
+        """The publish budget has refilled: read again, starting with what is buffered."""
+        broker = self.broker
+        self._end_throttle(broker.clock())
+        self.transport.resume_reading()
+        self.data_received(b"")
+        if not self.closed:
+            broker.schedule(self)
+
+    def writable(self) -> None:
+        """The transport has written everything it held (after it was full): send more."""
+        if self.pending_dropped:
+            log.warning("%s: output drained; %d QoS 0 messages were dropped while "
+                        "max_pending_write_bytes were waiting", self.describe(),
+                        self.pending_dropped)
+            self.pending_dropped = 0
+        session = self.session
+        if session is not None and session.client is self and session.queue:
+            self.broker.pump(session)
+
+    def _refuse_publish(self, p: P.Publish, limit: str) -> None:
+        """A PUBLISH to a topic the topic table does not admit."""
+        broker = self.broker
+        broker.hit(limit)
+        broker.drop(limit, self.session)
+        broker.stats.publish_received += 1
+        value = broker.memory.limit if limit == "memory_limit" else getattr(broker.limits, limit)
+        if p.qos == 0:
+            self.warn_once(limit, "publish to new topic %r refused: %s (%d); QoS 0 messages to "
+                           "new topics are dropped", p.topic, limit, value)
+            return
+        log.warning("%s: publish to new topic %r refused: %s (%d); closing the connection "
+                    "(QoS %d: MQTT 3.1.1 has no negative acknowledgement)", self.describe(),
+                    p.topic, limit, value, p.qos)
+        self.close(will=True)
 
     def _violation(self, exc: ProtocolError) -> None:
         broker = self.broker
         code = None if self.connected else CONNACK_CODES_311.get(exc.reason)
         if code is not None:
             log.info("%s: refused (CONNACK %d): %s", self.describe(), code, exc)
+            broker.stats.connections_refused += 1
+            broker.refused["protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
+                           else "client_id"] += 1
             self.transport.write(encode(P.Connack(False, code)))
         else:
             broker.stats.protocol_errors += 1
+            if exc.rule == "max_packet_size":
+                broker.hit("max_packet_size")
             log.warning("%s: protocol violation: %s; closing connection", self.describe(), exc)
         self.close(will=True)
 
-    def _refuse(self, code: int, why: str) -> None:
+    def _refuse(self, code: int, why: str, reason: str = "client_id") -> None:
         log.info("%s: refused (CONNACK %d): %s", self.describe(), code, why)
-        self.broker.stats.connections_refused += 1
+        broker = self.broker
+        broker.stats.connections_refused += 1
+        broker.refused[reason] += 1
+        if reason in broker.limit_hits:
+            broker.hit(reason)
         self.transport.write(encode(P.Connack(False, code)))
         self.close(will=False)
 
@@ -141,7 +313,7 @@ class Client:
         if len(client_id.encode("utf-8")) > limits.max_client_id_length:
             self.client_id = client_id[:64]
             return self._refuse(2, f"client id longer than max_client_id_length "
-                                   f"({limits.max_client_id_length})")
+                                   f"({limits.max_client_id_length})", "max_client_id_length")
         if not client_id:
             if p.protocol_level == P.PROTOCOL_31:
                 return self._refuse(2, "empty client id (MQTT 3.1 requires 1-23 characters)")
@@ -153,9 +325,21 @@ class Client:
         self.client_id = client_id
         if p.keepalive > limits.max_keepalive:
             return self._refuse(2, f"keepalive {p.keepalive} s is above max_keepalive "
-                                   f"({limits.max_keepalive} s)")
+                                   f"({limits.max_keepalive} s)", "max_keepalive")
+        full = broker.admission(self, client_id)
+        if full is not None:
+            limit, why = full
+            broker.events.log(logging.WARNING, limit, self.last_seen,
+                              "%s refused (CONNACK 3, server unavailable): %s", self.describe(), why)
+            self.transport.write(encode(P.Connack(False, 3)))
+            broker.stats.connections_refused += 1
+            broker.refused[limit] += 1
+            broker.hit(limit)
+            self.close(will=False)
+            return
         self.keepalive = p.keepalive
         self.will = p.will
+        self.rate = PublishRate.for_limits(limits, self.last_seen)
         session, present = broker.attach(self, client_id, p.clean_session)
         self.session = session
         self.connected = True
@@ -184,11 +368,22 @@ class Client:
     def _on_publish(self, p: P.Publish) -> None:
         broker = self.broker
         qos = p.qos
+        self.msgs_in += 1
+        topic = p.topic
+        if topic not in broker.known_topics and not topic.startswith("$SYS"):
+            refused = broker.topics.admit(topic, self.client_id, broker.limits, broker.memory.over)
+            if refused is not None:
+                return self._refuse_publish(p, refused)
+        rate = self.rate
+        if rate is not None:
+            over = rate.charge(len(p.payload) + len(topic), self.last_seen)
+            if over is not None:
+                self._throttle(*over)  # this message still goes through; reading stops after it
         # $SYS belongs to the broker: clients' publishes there are acknowledged
         # (3.1.1 has no negative ack) and dropped, as Mosquitto does.
-        publish = self._drop_sys_publish if p.topic.startswith("$SYS") else broker.publish
+        publish = self._drop_sys_publish if topic.startswith("$SYS") else broker.publish
         if qos == 0:
-            publish(p.topic, p.payload, 0, p.retain)
+            publish(topic, p.payload, 0, p.retain)
             return
         pid = p.packet_id
         if qos == 1:
@@ -204,9 +399,9 @@ class Client:
         broker.stats.packets_sent += 1
 
     def _drop_sys_publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-        stats = self.broker.stats
-        stats.publish_received += 1
-        stats.publish_dropped += 1
+        broker = self.broker
+        broker.stats.publish_received += 1
+        broker.drop("sys_topic", self.session)
         if not self.sys_publish_warned:
             self.sys_publish_warned = True
             log.warning("%s: publish to %r dropped: $SYS topics are written only by the broker "
@@ -217,6 +412,7 @@ class Client:
         entry = session.inflight.get(p.packet_id)
         if entry is not None and entry.qos == 1:
             del session.inflight[p.packet_id]
+            session.inflight_bytes -= entry.message.size
             if session.queue:
                 self.broker.pump(session)
 
@@ -238,6 +434,7 @@ class Client:
         entry = session.inflight.get(p.packet_id)
         if entry is not None and entry.state == AWAIT_COMP:
             del session.inflight[p.packet_id]
+            session.inflight_bytes -= entry.message.size
             if session.queue:
                 self.broker.pump(session)
 

@@ -14,7 +14,7 @@ from collections import deque
 class Message:
     """One application message as routed: shared by every subscriber it reaches."""
 
-    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "_frame0")
+    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "size")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool):
         self.topic = topic
@@ -22,7 +22,8 @@ class Message:
         self.qos = qos
         self.retain = retain
         self.topic_bytes = topic.encode("utf-8")
-        self._frame0 = None
+        # What the byte limits (inflight, queued, publish rate) count: topic + payload.
+        self.size = len(self.topic_bytes) + len(payload)
 
 
 # Outgoing inflight entry states.
@@ -42,7 +43,8 @@ class Outgoing:
 
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
-                 "awaiting_release", "_next_id", "dropped")
+                 "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
+                 "drops")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -53,7 +55,10 @@ class Session:
         self.queue: deque[tuple[Message, int, bool]] = deque()
         self.awaiting_release: set[int] = set()
         self._next_id = 0
-        self.dropped = 0
+        self.dropped = 0                        # dropped in the current queue-full episode
+        self.queue_bytes = 0                    # Message.size summed over the queue
+        self.inflight_bytes = 0                 # ... and over the inflight window
+        self.drops: dict[str, int] | None = None  # dropped messages by reason, all time
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

@@ -5,6 +5,13 @@ every MQTT packet, ``publish/messages/*`` only PUBLISH packets, as Mosquitto
 does. The ``load/.../1min|5min|15min`` values are Mosquitto's: exponentially
 weighted averages of the rate per minute. ``load/.../persecond`` (an
 edgebroker addition) is the plain rate over the last interval, per second.
+
+edgebroker additions for limits (docs/metrics.md): ``limits/<name>`` (times
+each limit was reached), ``connections/refused/<reason>``,
+``publish/messages/dropped/<reason>``, topics, queued messages and bytes,
+throttled clients, loop pass time; and, with ``sys_client_metrics``, per
+client figures under ``clients/<id>/`` (not retained, so they leave no
+trace once the client is gone).
 """
 
 from __future__ import annotations
@@ -68,8 +75,47 @@ class SysTopics:
         # The first full report comes at once, so subscribers see values right away.
         self.next_due = now
 
-    def _publish(self, topic: str, value) -> None:
-        self.broker.route(topic, str(value).encode(), 0, True)
+    def _publish(self, topic: str, value, retain: bool = True) -> None:
+        self.broker.route(topic, str(value).encode(), 0, retain)
+
+    def _publish_limits(self, broker) -> None:
+        pub = self._publish
+        for name, count in broker.limit_hits.items():
+            pub(f"$SYS/broker/limits/{name}", count)
+        for reason, count in broker.refused.items():
+            pub(f"$SYS/broker/connections/refused/{reason}", count)
+        for reason, count in broker.dropped.items():
+            pub(f"$SYS/broker/publish/messages/dropped/{reason}", count)
+        pub("$SYS/broker/topics/count", len(broker.topics))
+        pub("$SYS/broker/store/messages/count", broker.queued_messages)
+        pub("$SYS/broker/store/messages/bytes", broker.queued_bytes)
+        pub("$SYS/broker/clients/throttled", len(broker.throttled))
+        p50, p99 = broker.pass_times.quantiles(0.5, 0.99)
+        pub("$SYS/broker/loop/pass/p50", f"{p50:.6f}")
+        pub("$SYS/broker/loop/pass/p99", f"{p99:.6f}")
+
+    def _publish_clients(self, broker, now: float) -> None:
+        """$SYS/broker/clients/<id>/... for each connected client (one pass over them)."""
+        from edgebroker.core.metrics import client_row
+
+        pub = self._publish
+        for session in list(broker.sessions.values()):
+            client = session.client
+            if client is None:
+                continue
+            row = client_row(client, now)
+            base = "$SYS/broker/clients/" + sys_topic_level(client.client_id)
+            pub(f"{base}/messages/received", row["msgs_in"], False)
+            pub(f"{base}/messages/sent", row["msgs_out"], False)
+            pub(f"{base}/messages/dropped", row["dropped"], False)
+            pub(f"{base}/bytes/received", row["bytes_in"], False)
+            pub(f"{base}/bytes/sent", row["bytes_out"], False)
+            pub(f"{base}/load/messages/received/persecond", f"{row['msgs_in_rate']:.2f}", False)
+            pub(f"{base}/load/messages/sent/persecond", f"{row['msgs_out_rate']:.2f}", False)
+            pub(f"{base}/throttled/seconds", f"{row['throttled_seconds']:.3f}", False)
+            pub(f"{base}/pending/bytes", row["pending_write_bytes"], False)
+            pub(f"{base}/queued/messages", row["queued"], False)
+
 
     def publish(self, now: float) -> None:
         broker = self.broker
@@ -110,7 +156,18 @@ class SysTopics:
             rss, cpu = 0, 0.0
         pub("$SYS/broker/process/rss", rss)
         pub("$SYS/broker/process/cpu", f"{cpu:.1f}")
+        self._publish_limits(broker)
+        if broker.config.sys_client_metrics:
+            self._publish_clients(broker, now)
         self._last = now
         # Counters include the $SYS messages just published; the next rate is
         # measured from here, so they count in the next interval as Mosquitto's do.
         self._last_counts = counts
+
+
+def sys_topic_level(client_id: str) -> str:
+    """A client id as one topic level: '%', '/', '+' and '#' percent-encoded."""
+    if not client_id:
+        return "%00"
+    return (client_id.replace("%", "%25").replace("/", "%2F").replace("+", "%2B")
+            .replace("#", "%23"))

@@ -6,6 +6,13 @@ buffer and hand the bytes to the core → run due timers → flush every
 connection written to in this pass with one ``sendmsg`` each → act on signal
 flags. Signal handlers only set flags; ``signal.set_wakeup_fd`` and a
 socketpair wake the loop (other threads write one byte to the same pair).
+
+New connections pass a broker-wide token bucket (``max_connection_rate``,
+``connection_burst``): when it is empty every listener is unregistered from
+the selector until a timer in the broker's heap says enough tokens are back;
+meanwhile the kernel's listen backlog holds the callers. The duration of each
+pass (events, timers and flushing; not the wait) goes into
+``broker.pass_times``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import time
 from edgebroker import __version__
 from edgebroker.config import Config, ListenerConfig
 from edgebroker.core.broker import Broker
+from edgebroker.core.limits import Timer, TokenBucket
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.server import sdnotify
 from edgebroker.server.transport import Transport, format_peer
@@ -36,6 +44,9 @@ MAX_WAIT = 1.0
 ACCEPT_PAUSE = 0.5
 # At shutdown, keep flushing queued output for at most this long.
 DRAIN_SECONDS = 2.0
+# After the connection rate limit paused accepting, resume once this many seconds' worth
+# of tokens are back (fewer, shorter pauses would only cost more wake-ups).
+ACCEPT_RESUME_SECONDS = 0.02
 
 
 class Listener:
@@ -57,9 +68,17 @@ class Listener:
         self.address = format_peer((host, port))
         self.paused_until = 0.0
 
+    @property
+    def max_connections(self) -> int:
+        return self.config.max_connections
+
     def on_event(self, mask: int) -> None:
         loop = self.loop
+        gate = loop.accept_gate
         for _ in range(ACCEPTS_PER_PASS):
+            if gate is not None and gate.refill(loop.clock()) < 1.0:
+                loop.accept_gate_closed()
+                return
             try:
                 conn, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -73,13 +92,21 @@ class Listener:
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
-            loop.add_connection(conn, format_peer(addr))
+            if gate is not None:
+                gate.tokens -= 1.0
+            loop.add_connection(conn, format_peer(addr), self)
 
     def pause(self, until: float) -> None:
-        self.paused_until = until
-        self.loop.selector.unregister(self.sock)
+        if self.paused_until:
+            self.paused_until = max(self.paused_until, until)
+        else:
+            self.paused_until = until
+            self.loop.selector.unregister(self.sock)
+        self.loop.wake_at(self.paused_until)
 
     def resume(self) -> None:
+        if not self.paused_until:
+            return
         self.paused_until = 0.0
         self.loop.selector.register(self.sock, selectors.EVENT_READ, self.on_event)
 
@@ -101,6 +128,10 @@ class Loop:
         self.dirty: list[Transport] = []
         self.transports: set[Transport] = set()
         self.listeners: list[Listener] = []
+        self.accept_gate = self._make_accept_gate(config)
+        self._wake_timer = Timer(self._on_wake_timer)  # makes select return for paused listeners
+        self.admin = None     # server.admin.AdminServer
+        self.metrics = None   # server.metrics_http.MetricsServer
         self._stop = False
         self._reload = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -116,6 +147,49 @@ class Loop:
             self.listeners.append(listener)
             self.selector.register(listener.sock, selectors.EVENT_READ, listener.on_event)
             log.info("listening on %s", listener.address)
+
+    def open_admin(self, state_dir: str) -> None:
+        from edgebroker.server.admin import AdminServer
+        self.admin = AdminServer.open(self, state_dir)
+
+    def open_metrics(self) -> None:
+        if self.config.metrics.listen:
+            from edgebroker.server.metrics_http import MetricsServer
+            self.metrics = MetricsServer.start(self, self.config.metrics.listen)
+
+    def _make_accept_gate(self, config: Config) -> TokenBucket | None:
+        limits = config.limits
+        if not limits.max_connection_rate:
+            return None
+        return TokenBucket(limits.max_connection_rate, limits.connection_burst, self.clock())
+
+    def accept_gate_closed(self) -> None:
+        """The connection rate limit is reached: stop accepting until tokens are back."""
+        gate = self.accept_gate
+        broker = self.broker
+        now = self.clock()
+        need = min(float(gate.burst), max(1.0, gate.rate * ACCEPT_RESUME_SECONDS))
+        until = now + gate.wait(need)
+        broker.hit("max_connection_rate")
+        broker.events.log(logging.WARNING, "max_connection_rate", now,
+                          "new connections arrive faster than max_connection_rate (%g/s, burst %d):"
+                          " accepting paused for %.3f s, the listen backlog holds the callers",
+                          gate.rate, gate.burst, until - now)
+        for listener in self.listeners:
+            listener.pause(until)
+
+    def wake_at(self, when: float) -> None:
+        """Make sure the loop wakes up by ``when`` (for paused listeners)."""
+        timer = self._wake_timer
+        if timer.when is None or when < timer.when:
+            timer.start(self.broker, when)
+
+    def _on_wake_timer(self) -> None:
+        # The pass resumes listeners whose pause is over; wake again for the others.
+        now = self.clock()
+        later = [lst.paused_until for lst in self.listeners if lst.paused_until > now]
+        if later:
+            self.wake_at(min(later))
 
     def install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
@@ -145,13 +219,14 @@ class Loop:
 
     # ----- connections ------------------------------------------------------------------
 
-    def add_connection(self, sock: socket.socket, peer: str) -> None:
+    def add_connection(self, sock: socket.socket, peer: str, listener=None) -> None:
         sock.setblocking(False)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        transport = Transport(self, sock, peer)
+        transport = Transport(self, sock, peer, listener,
+                              self.config.limits.max_pending_write_bytes)
         self.transports.add(transport)
         self.selector.register(sock, selectors.EVENT_READ, transport.on_event)
         transport.client = self.broker.connection_made(transport)
@@ -187,11 +262,14 @@ class Loop:
         next_watchdog = clock() + watchdog if watchdog else None
         sdnotify.notify("READY=1\nSTATUS=serving MQTT")
         log.info("edgebroker %s ready", __version__)
+        record_pass = broker.pass_times.add
         while not self._stop:
             now = clock()
             due = broker.next_deadline()
             timeout = MAX_WAIT if due is None else min(MAX_WAIT, max(0.0, due - now))
-            for key, mask in select(timeout):
+            events = select(timeout)
+            start = clock()
+            for key, mask in events:
                 try:
                     key.data(mask)
                 except Exception:
@@ -212,6 +290,7 @@ class Loop:
             if self._reload:
                 self._reload = False
                 self.reload()
+            record_pass(clock() - start)
         self.shutdown()
 
     def _internal_error(self, handler) -> None:
@@ -243,9 +322,24 @@ class Loop:
                 log.warning("reload: listener changes take effect after a restart")
             self.config = config
             self.broker.apply_config(config)
+            self._apply_limits(config)
             logging.getLogger("edgebroker").setLevel(config.log_level.upper())
             log.info("configuration reloaded from %s", config.source or "defaults")
         sdnotify.notify("READY=1")
+
+    def _apply_limits(self, config: Config) -> None:
+        """Server-side limits on reload: the accept rate and the per-connection output bound."""
+        limits = config.limits
+        gate = self.accept_gate
+        if not limits.max_connection_rate:
+            self.accept_gate = None
+        elif gate is None:
+            self.accept_gate = self._make_accept_gate(config)
+        else:
+            gate.rate = limits.max_connection_rate
+            gate.burst = limits.connection_burst
+        for transport in self.transports:
+            transport.max_pending = limits.max_pending_write_bytes
 
     def shutdown(self) -> None:
         """Stop accepting, send what is queued (bounded in time), close everything."""
@@ -254,6 +348,10 @@ class Loop:
         for listener in self.listeners:
             listener.close()
         self.listeners.clear()
+        if self.admin is not None:
+            self.admin.close()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.flush_dirty()
         deadline = self.clock() + DRAIN_SECONDS
         while any(t.out for t in self.transports) and self.clock() < deadline:

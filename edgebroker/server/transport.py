@@ -4,6 +4,14 @@ Writes are queued and flushed by the loop once per pass with one ``sendmsg``
 over all queued buffers (no per-message syscalls). Only the unsent remainder
 stays queued, and the socket is registered for write readiness only while
 something is queued.
+
+The queue is bounded for what may be dropped: ``offer`` (a QoS 0 PUBLISH)
+refuses once ``max_pending`` bytes are waiting; the core then drops the
+message or keeps it in the session's queue, sets ``want_drain``, and is
+called back (``client.writable()``) when everything has been written.
+``pause_reading``/``resume_reading`` stop and restart reading the socket
+(a throttled publisher): the kernel's receive buffer fills and TCP pushes
+back on that client alone.
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ log = logging.getLogger("edgebroker.server")
 # Linux IOV_MAX is 1024; stay under it.
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
+_WRITE = selectors.EVENT_WRITE
 _READ_WRITE = selectors.EVENT_READ | selectors.EVENT_WRITE
+# Used until the loop sets the configured limit.max_pending_write_bytes.
+DEFAULT_MAX_PENDING = 1 << 20
 
 
 def format_peer(addr) -> str:
@@ -30,9 +41,11 @@ def format_peer(addr) -> str:
 
 class Transport:
     __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
-                 "closed", "events")
+                 "closed", "events", "listener", "reading", "want_drain", "max_pending",
+                 "msgs_out", "bytes_in", "bytes_out")
 
-    def __init__(self, loop, sock: socket.socket, peer: str):
+    def __init__(self, loop, sock: socket.socket, peer: str, listener=None,
+                 max_pending: int = DEFAULT_MAX_PENDING):
         self.loop = loop
         self.sock = sock
         self.peer = peer
@@ -42,7 +55,14 @@ class Transport:
         self.dirty = False       # listed in the loop's flush list for this pass
         self.closing = False     # the core asked to close once the queue is sent
         self.closed = False
-        self.events = _READ
+        self.events = _READ      # what the selector watches (0: unregistered)
+        self.listener = listener  # has .address and .max_connections (server.loop.Listener)
+        self.reading = _READ     # _READ, or 0 while paused
+        self.want_drain = False  # call client.writable() once the queue is empty
+        self.max_pending = max_pending
+        self.msgs_out = 0        # PUBLISH packets queued (offer, and the core's counted writes)
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     # ----- the core's side --------------------------------------------------------------
 
@@ -54,6 +74,44 @@ class Transport:
         if not self.dirty:
             self.dirty = True
             self.loop.dirty.append(self)
+
+    def offer(self, data) -> bool:
+        """Queue one PUBLISH frame unless ``max_pending`` bytes are already waiting."""
+        if self.out_bytes >= self.max_pending:
+            return self.closed  # a closed transport swallows writes, as write() does
+        if self.closed:
+            return True
+        self.out.append(data)
+        self.out_bytes += len(data)
+        self.msgs_out += 1
+        if not self.dirty:
+            self.dirty = True
+            self.loop.dirty.append(self)
+        return True
+
+    def pause_reading(self) -> None:
+        if self.reading and not self.closed:
+            self.reading = 0
+            self._watch((_WRITE if self.out else 0))
+
+    def resume_reading(self) -> None:
+        if not self.reading and not self.closed:
+            self.reading = _READ
+            self._watch(_READ | (_WRITE if self.out else 0))
+
+    def _watch(self, want: int) -> None:
+        """Tell the selector what to wait for (unregistering when nothing)."""
+        have = self.events
+        if want == have:
+            return
+        selector = self.loop.selector
+        if not want:
+            selector.unregister(self.sock)
+        elif not have:
+            selector.register(self.sock, want, self.on_event)
+        else:
+            selector.modify(self.sock, want, self.on_event)
+        self.events = want
 
     def close(self) -> None:
         """Close after a last attempt to send what is queued (e.g. a refusing CONNACK)."""
@@ -87,6 +145,7 @@ class Transport:
             self.lost("closed by peer")
             return
         loop.broker.stats.bytes_received += n
+        self.bytes_in += n
         self.client.data_received(loop.view[:n])
 
     def flush(self) -> None:
@@ -117,11 +176,14 @@ class Transport:
             if i < n:
                 break  # the socket buffer is full
         self.out_bytes -= sent_total
+        self.bytes_out += sent_total
         self.loop.broker.stats.bytes_sent += sent_total
-        want = _READ_WRITE if out else _READ
+        want = self.reading | _WRITE if out else self.reading
         if want != self.events and not self.closed:
-            self.events = want
-            self.loop.selector.modify(self.sock, want, self.on_event)
+            self._watch(want)
+        if not out and self.want_drain and not self.closed:
+            self.want_drain = False
+            self.client.writable()
 
     def lost(self, reason: str) -> None:
         """The socket failed or the peer closed it: tell the core, release the socket."""

@@ -1,0 +1,238 @@
+"""`edgebroker inspect stats|clients`: ask the running broker through its admin socket.
+
+The socket is ``<state directory>/admin.sock``; the state directory comes from
+``--data-dir``, else ``data_dir`` of ``-c FILE``, else the same default as
+``serve`` ($STATE_DIRECTORY, else ./edgebroker-data). ``--socket PATH`` names
+the socket directly.
+
+``add_subcommands(inspect_subparsers)`` adds both commands under an existing
+``inspect`` parser (the offline ``inspect`` commands live in their own module).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+
+from edgebroker import config as configuration
+from edgebroker.core.metrics import SORT_KEYS
+from edgebroker.errors import EdgebrokerError
+from edgebroker.server.admin import socket_path
+
+TIMEOUT = 10.0
+
+
+def add_subcommands(inspect_commands) -> None:
+    stats = inspect_commands.add_parser(
+        "stats", help="figures of the running broker: connections, messages, limits, loop, memory")
+    _add_common(stats)
+    stats.set_defaults(run=run_stats)
+
+    clients = inspect_commands.add_parser(
+        "clients", help="the running broker's connected clients, busiest first")
+    _add_common(clients)
+    clients.add_argument("--sort", choices=SORT_KEYS, default="msgs_in_rate",
+                         help="column to sort by, largest first (default msgs_in_rate)")
+    clients.add_argument("--limit", type=_count, default=20, metavar="N",
+                         help="show the first N clients (default 20; 0: all)")
+    clients.add_argument("--watch", type=_seconds, nargs="?", const=2.0, default=None,
+                         metavar="SECONDS", help="refresh every SECONDS (default 2) until Ctrl-C")
+    clients.add_argument("--iterations", type=_count, default=0, metavar="N",
+                         help="with --watch: stop after N refreshes (default: never)")
+    clients.set_defaults(run=run_clients)
+
+
+def _add_common(p) -> None:
+    p.add_argument("-c", "--config", metavar="FILE", help="configuration file (for data_dir)")
+    p.add_argument("--data-dir", metavar="DIR", help="state directory of the running broker")
+    p.add_argument("--socket", metavar="PATH", help="admin socket path (instead of the above)")
+    p.add_argument("--json", action="store_true", help="print the broker's JSON reply")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
+def admin_path(args) -> str:
+    if args.socket:
+        return args.socket
+    if args.data_dir:
+        return socket_path(args.data_dir)
+    config = configuration.load(args.config) if args.config else configuration.Config()
+    return socket_path(config.state_dir())
+
+
+class AdminClient:
+    """One connection to the admin socket; ``ask`` sends a request and returns the reply."""
+
+    def __init__(self, path: str, timeout: float = TIMEOUT):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(path)
+        except OSError as exc:
+            self.sock.close()
+            raise EdgebrokerError(f"cannot reach the broker's admin socket {path}: "
+                                  f"{exc.strerror or exc} (is the broker running with this data "
+                                  f"directory? see --data-dir)") from None
+        self.buf = bytearray()
+
+    def ask(self, request: dict) -> dict:
+        try:
+            self.sock.sendall(json.dumps(request).encode() + b"\n")
+            while b"\n" not in self.buf:
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    raise EdgebrokerError(f"the broker closed the admin connection {self.path}")
+                self.buf += chunk
+        except OSError as exc:
+            raise EdgebrokerError(f"admin socket {self.path}: {exc.strerror or exc}") from None
+        end = self.buf.index(b"\n")
+        reply = json.loads(self.buf[:end])
+        del self.buf[:end + 1]
+        if not reply.get("ok"):
+            raise EdgebrokerError(f"the broker answered: {reply.get('error', reply)}")
+        return reply
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# ----- stats -------------------------------------------------------------------------------
+
+def run_stats(args) -> int:
+    client = AdminClient(admin_path(args))
+    try:
+        reply = client.ask({"cmd": "stats"})
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(reply["stats"], indent=2, sort_keys=True))
+    else:
+        print(format_stats(reply["stats"]))
+    return 0
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s"
+
+
+def _nonzero(counts: dict) -> str:
+    shown = [f"{name} {value}" for name, value in sorted(counts.items()) if value]
+    return ", ".join(shown) if shown else "none"
+
+
+def format_stats(s: dict) -> str:
+    c = s["counters"]
+    loop = s["loop"]
+    proc = s["process"]
+    limit = proc["memory_limit_bytes"]
+    memory = f"rss {_size(proc['rss_bytes'])}, cpu {proc['cpu_seconds']:.1f} s, memory_limit "
+    memory += (f"{_size(limit)}{' (OVER: refusing new connections and topics)' if proc['memory_over_limit'] else ''}"
+               if limit else "off")
+    lines = [
+        f"edgebroker {s['version']}, up {_duration(s['uptime_seconds'])}",
+        f"clients     {s['clients_connected']} connected, {s['sockets_open']} sockets, "
+        f"{s['sessions']} sessions, {s['throttled_clients']} throttled now "
+        f"({s['throttled_seconds']:.1f} s throttled in all)",
+        f"topics      {s['topics']} tracked, {s['subscriptions']} subscriptions, "
+        f"{s['retained_messages']} retained",
+        f"queued      {s['queued_messages']} messages, {_size(s['queued_bytes'])}",
+        f"publish     {c['publish_received']} received, {c['publish_sent']} sent, "
+        f"{c['publish_dropped']} dropped",
+        f"traffic     {_size(c['bytes_received'])} received, {_size(c['bytes_sent'])} sent, "
+        f"{c['packets_received']} packets in, {c['packets_sent']} out",
+        f"connects    {c['connects_accepted']} accepted, {c['sockets_accepted']} sockets accepted",
+        f"loop        pass p50 {loop['pass_p50_seconds'] * 1000:.3f} ms, "
+        f"p99 {loop['pass_p99_seconds'] * 1000:.3f} ms, {loop['passes']} passes",
+        f"process     {memory}",
+        f"limits hit  {_nonzero(s['limit_hits'])}",
+        f"refused     {_nonzero(s['refused'])}",
+        f"dropped     {_nonzero(s['dropped'])}",
+    ]
+    return "\n".join(lines)
+
+
+# ----- clients -----------------------------------------------------------------------------
+
+COLUMNS = (  # header, width, row key, format
+    ("CLIENT ID", 24, "id", "s"), ("PEER", 21, "peer", "s"),
+    ("IN/s", 9, "msgs_in_rate", ".1f"), ("OUT/s", 9, "msgs_out_rate", ".1f"),
+    ("IN B/s", 10, "bytes_in_rate", ".0f"), ("OUT B/s", 10, "bytes_out_rate", ".0f"),
+    ("IN", 9, "msgs_in", "d"), ("OUT", 9, "msgs_out", "d"), ("DROPPED", 8, "dropped", "d"),
+    ("THROTTLED", 9, "throttled_seconds", ".1f"), ("PENDING", 9, "pending_write_bytes", "d"),
+    ("QUEUED", 7, "queued", "d"),
+)
+
+
+def format_clients(reply: dict, sort: str) -> str:
+    head = "  ".join(f"{title:<{w}}" if fmt == "s" else f"{title:>{w}}"
+                     for title, w, _, fmt in COLUMNS)
+    lines = [f"{reply['total']} clients connected; sorted by {sort}", head]
+    for row in reply["clients"]:
+        cells = []
+        for _, width, key, fmt in COLUMNS:
+            value = row[key]
+            if fmt == "s":
+                text = str(value)
+                if len(text) > width:
+                    text = text[:width - 1] + "~"
+                cells.append(f"{text:<{width}}")
+            else:
+                cells.append(f"{value:>{width}{fmt}}")
+        lines.append("  ".join(cells) + ("  (throttled)" if row["throttled"] else ""))
+    return "\n".join(lines)
+
+
+def run_clients(args) -> int:
+    client = AdminClient(admin_path(args))
+    request = {"cmd": "clients", "sort": args.sort, "limit": args.limit}
+    clear = args.watch is not None and sys.stdout.isatty()
+    done = 0
+    try:
+        while True:
+            reply = client.ask(request)
+            if args.json:
+                text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
+            else:
+                text = format_clients(reply, args.sort)
+            if clear:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            if args.watch is not None and not args.json:
+                print(time.strftime("%H:%M:%S"))
+            print(text, flush=True)
+            done += 1
+            if args.watch is None or (args.iterations and done >= args.iterations):
+                return 0
+            time.sleep(args.watch)
+    finally:
+        client.close()

@@ -1,0 +1,279 @@
+"""Limits: the pieces the broker uses to keep devices from hurting each other.
+
+No sockets and no clock of their own (times are passed in), so each piece is
+tested with plain numbers:
+
+- ``TokenBucket``: a rate with a burst. Spending may go below zero (a large
+  packet is let through and paid for afterwards), so the long-run rate is
+  exact whatever the packet sizes; ``wait`` says how long until a whole token
+  is available again.
+- ``PublishRate``: the messages and bytes buckets of one client.
+- ``TopicTable``: the distinct topics the broker tracks, who created them, and
+  their expiry. Two generations: a topic published to in the current period
+  is in ``current`` (one dict lookup per PUBLISH on the hot path); at each
+  rotation the previous generation (topics idle for a whole period) is
+  forgotten unless retained. No pass ever scans topics that are in use.
+- ``Timer``: a callback in the broker's deadline heap (``Broker.schedule``).
+- ``EventLog``: one log line per event kind per period, with the number of
+  suppressed repeats, so a flood of refusals cannot flood the log.
+
+Names of limits (``LIMITS``), refusal reasons (``REFUSALS``) and drop
+reasons (``DROPS``) are listed here once; metrics, $SYS and the admin socket
+publish every one of them, zero or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import psutil
+
+# Limit names, as counted in Broker.limit_hits (docs/limits.md says what one hit is).
+LIMITS = (
+    "max_connections", "listener_max_connections", "max_connection_rate", "connect_timeout",
+    "max_keepalive", "max_packet_size", "max_client_id_length", "max_topic_length",
+    "max_topic_levels", "max_topics", "max_topics_per_client", "max_subscriptions_per_client",
+    "max_inflight_messages", "max_inflight_bytes", "max_queued_messages", "max_queued_bytes",
+    "max_pending_write_bytes", "messages_rate", "bytes_rate", "memory_limit",
+)
+
+# Why a connection was refused (CONNACK != 0, or closed before CONNECT for not speaking MQTT).
+REFUSALS = (
+    "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
+    "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt",
+)
+
+# Why an application message was dropped (not delivered to one subscriber, or not routed).
+DROPS = (
+    "max_queued_messages", "max_queued_bytes", "max_pending_write_bytes", "max_topics",
+    "max_topics_per_client", "max_topic_length", "max_topic_levels", "memory_limit", "sys_topic",
+)
+
+
+def zero_counts(names) -> dict[str, int]:
+    return {name: 0 for name in names}
+
+
+class TokenBucket:
+    """``rate`` tokens per second, at most ``burst`` stored; starts full."""
+
+    __slots__ = ("rate", "burst", "tokens", "stamp")
+
+    def __init__(self, rate: float, burst: float, now: float):
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.stamp = now
+
+    def refill(self, now: float) -> float:
+        elapsed = now - self.stamp
+        if elapsed > 0:
+            tokens = self.tokens + elapsed * self.rate
+            self.tokens = tokens if tokens < self.burst else float(self.burst)
+            self.stamp = now
+        return self.tokens
+
+    def spend(self, amount: float, now: float) -> bool:
+        """Take ``amount`` (possibly going below zero); True while a whole token is left."""
+        self.refill(now)
+        self.tokens -= amount
+        return self.tokens >= 1.0
+
+    def wait(self, need: float = 1.0) -> float:
+        """Seconds until ``need`` tokens are stored (0 if they are), from the last refill."""
+        missing = need - self.tokens
+        return missing / self.rate if missing > 0 else 0.0
+
+
+def burst_of(rate: float, burst: int) -> float:
+    """A configured burst, where 0 means one second's worth of the rate (at least 1)."""
+    return float(burst) if burst else max(1.0, float(math.ceil(rate)))
+
+
+class PublishRate:
+    """A client's publish budget: messages per second and bytes per second."""
+
+    __slots__ = ("messages", "bytes")
+
+    def __init__(self, limits, now: float):
+        self.messages = (TokenBucket(limits.messages_rate,
+                                     burst_of(limits.messages_rate, limits.messages_burst), now)
+                         if limits.messages_rate > 0 else None)
+        self.bytes = (TokenBucket(limits.bytes_rate, burst_of(limits.bytes_rate, limits.bytes_burst),
+                                  now)
+                      if limits.bytes_rate > 0 else None)
+
+    @staticmethod
+    def for_limits(limits, now: float) -> "PublishRate | None":
+        if limits.messages_rate > 0 or limits.bytes_rate > 0:
+            return PublishRate(limits, now)
+        return None
+
+    def charge(self, size: int, now: float) -> tuple[str, float] | None:
+        """Account one PUBLISH of ``size`` bytes; (limit name, seconds to wait) when over."""
+        over = None
+        bucket = self.messages
+        if bucket is not None and not bucket.spend(1, now):
+            over = ("messages_rate", bucket.wait())
+        bucket = self.bytes
+        if bucket is not None and not bucket.spend(size, now):
+            wait = bucket.wait()
+            if over is None or wait > over[1]:
+                over = ("bytes_rate", wait)
+        return over
+
+
+class Timer:
+    """A callback run once at ``when`` by the broker's deadline heap.
+
+    It follows the heap's protocol (``deadline``, ``expire``, ``closed``,
+    ``timer_at``), so timers and clients share one heap and one ``tick``.
+    """
+
+    __slots__ = ("when", "callback", "timer_at", "closed")
+
+    def __init__(self, callback):
+        self.callback = callback
+        self.when: float | None = None
+        self.timer_at: float | None = None
+        self.closed = False
+
+    def start(self, broker, when: float) -> None:
+        self.when = when
+        broker.schedule(self)
+
+    def cancel(self) -> None:
+        self.when = None
+
+    @property
+    def pending(self) -> bool:
+        return self.when is not None
+
+    def deadline(self) -> float | None:
+        return self.when
+
+    def expire(self) -> None:
+        self.when = None
+        self.callback()
+
+
+class TopicTable:
+    """The distinct topic names the broker tracks (see the module doc for the generations)."""
+
+    __slots__ = ("current", "previous", "per_client")
+
+    def __init__(self):
+        self.current: dict[str, str] = {}    # topic -> client id that created it
+        self.previous: dict[str, str] = {}
+        self.per_client: dict[str, int] = {}  # client id -> tracked topics it created
+
+    def __len__(self) -> int:
+        return len(self.current) + len(self.previous)
+
+    def admit(self, topic: str, client_id: str, limits, memory_over: bool) -> str | None:
+        """A PUBLISH to ``topic`` (not in ``current``): None if admitted, else the limit refusing it."""
+        creator = self.previous.pop(topic, None)
+        if creator is not None:
+            self.current[topic] = creator
+            return None
+        problem = check_topic(topic, limits)
+        if problem is not None:
+            return problem
+        if memory_over:
+            return "memory_limit"
+        if len(self.current) + len(self.previous) >= limits.max_topics:
+            return "max_topics"
+        created = self.per_client.get(client_id, 0)
+        if created >= limits.max_topics_per_client:
+            return "max_topics_per_client"
+        self.current[topic] = client_id
+        self.per_client[client_id] = created + 1
+        return None
+
+    def rotate(self, keep) -> int:
+        """Forget the topics not published to since the last rotation (unless ``keep(topic)``)."""
+        forgotten = self.previous
+        self.previous = self.current
+        self.current = {}
+        per_client = self.per_client
+        dropped = 0
+        for topic, creator in forgotten.items():
+            if keep(topic):
+                self.previous[topic] = creator
+                continue
+            dropped += 1
+            left = per_client[creator] - 1
+            if left:
+                per_client[creator] = left
+            else:
+                del per_client[creator]
+        return dropped
+
+    def created_by(self, client_id: str) -> int:
+        return self.per_client.get(client_id, 0)
+
+
+def check_topic(topic: str, limits) -> str | None:
+    """The limit a topic name or filter breaks (max_topic_length/levels), or None."""
+    max_length = limits.max_topic_length
+    if len(topic) > max_length // 4 and len(topic.encode("utf-8", "surrogatepass")) > max_length:
+        return "max_topic_length"
+    if topic.count("/") >= limits.max_topic_levels:
+        return "max_topic_levels"
+    return None
+
+
+class EventLog:
+    """Logs an event kind at most once per ``period`` seconds, counting the repeats in between."""
+
+    __slots__ = ("logger", "period", "_last", "_suppressed")
+
+    def __init__(self, logger: logging.Logger, period: float = 60.0):
+        self.logger = logger
+        self.period = period
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def log(self, level: int, kind: str, now: float, message: str, *args) -> None:
+        last = self._last.get(kind)
+        if last is not None and now - last < self.period:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        repeats = self._suppressed.pop(kind, 0)
+        if repeats:
+            message += " (%d more like this in the last %.0f s, not logged)"
+            args = (*args, repeats, now - last)
+        elif last is None:
+            message += " (repeats are logged at most once per %.0f s)"
+            args = (*args, self.period)
+        self.logger.log(level, message, *args)
+
+
+class MemoryGuard:
+    """Resident memory of this process against ``memory_limit`` (checked on a timer)."""
+
+    __slots__ = ("limit", "rss", "cpu_seconds", "over", "_process")
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.rss = 0
+        self.cpu_seconds = 0.0
+        self.over = False
+        self._process = psutil.Process()
+
+    def check(self) -> bool | None:
+        """Measure; returns the new ``over`` state when it changed, else None."""
+        try:
+            with self._process.oneshot():
+                self.rss = self._process.memory_info().rss
+                times = self._process.cpu_times()
+        except psutil.Error:
+            return None
+        self.cpu_seconds = times.user + times.system
+        over = bool(self.limit) and self.rss > self.limit
+        if over != self.over:
+            self.over = over
+            return over
+        return None

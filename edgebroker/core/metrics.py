@@ -1,0 +1,145 @@
+"""Metrics the broker exposes: one snapshot of broker-wide figures, and per-client rows.
+
+``snapshot(broker, now)`` is built from counters the broker keeps up to date
+as it goes (no pass over clients or sessions), so it is cheap enough to build
+every second. The same dict is what the admin socket's ``stats`` returns and
+what the Prometheus endpoint renders (server/metrics_http.py).
+
+``client_rows(broker, now)`` is one dict per connected client. Rates are the
+change since the previous time the client was looked at (at most once a
+second), so a refreshing ``inspect clients --watch`` shows current rates.
+
+``PassTimes`` keeps the durations of the last 1024 loop passes in a ring:
+one store per pass, the quantiles are computed only when asked.
+"""
+
+from __future__ import annotations
+
+from edgebroker import __version__
+from edgebroker.core.limits import DROPS, LIMITS, REFUSALS
+
+RING = 1024  # a power of two
+
+
+class PassTimes:
+    __slots__ = ("ring", "index", "count", "total")
+
+    def __init__(self):
+        self.ring = [0.0] * RING
+        self.index = 0
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, seconds: float) -> None:
+        i = self.index
+        self.ring[i] = seconds
+        self.index = (i + 1) & (RING - 1)
+        self.count += 1
+        self.total += seconds
+
+    def quantiles(self, *qs: float) -> list[float]:
+        n = self.count if self.count < RING else RING
+        if not n:
+            return [0.0 for _ in qs]
+        values = sorted(self.ring[:n])
+        return [values[min(n - 1, int(q * n))] for q in qs]
+
+
+# Rows of `inspect clients` can be sorted by any of these (descending; "id" ascending).
+SORT_KEYS = ("msgs_in_rate", "msgs_out_rate", "bytes_in_rate", "bytes_out_rate", "msgs_in",
+             "msgs_out", "bytes_in", "bytes_out", "dropped", "throttled_seconds",
+             "pending_write_bytes", "queued", "inflight", "subscriptions", "connected_seconds", "id")
+
+
+def snapshot(broker, now: float) -> dict:
+    """Broker-wide figures (JSON-ready): counters, gauges, limits hit, refusals, drops."""
+    stats = broker.stats
+    p50, p99 = broker.pass_times.quantiles(0.5, 0.99)
+    guard = broker.memory
+    throttled = broker.throttled_seconds
+    for client in broker.throttled:
+        throttled += now - client.throttle_start
+    return {
+        "version": __version__,
+        "uptime_seconds": now - broker.started,
+        "clients_connected": broker.clients_connected,
+        "sockets_open": broker.sockets_open,
+        "sessions": len(broker.sessions),
+        "subscriptions": broker.subscriptions.count,
+        "retained_messages": broker.retained.count,
+        "topics": len(broker.topics),
+        "queued_messages": broker.queued_messages,
+        "queued_bytes": broker.queued_bytes,
+        "throttled_clients": len(broker.throttled),
+        "throttled_seconds": throttled,
+        "counters": stats.as_dict(),
+        "limit_hits": dict(broker.limit_hits),
+        "refused": dict(broker.refused),
+        "dropped": dict(broker.dropped),
+        "loop": {"pass_p50_seconds": p50, "pass_p99_seconds": p99,
+                 "passes": broker.pass_times.count, "busy_seconds": broker.pass_times.total},
+        "process": {"rss_bytes": guard.rss, "cpu_seconds": guard.cpu_seconds,
+                    "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over},
+    }
+
+
+def client_row(client, now: float) -> dict:
+    transport = client.transport
+    session = client.session
+    rates = _rates(client, transport, now)
+    throttled = client.throttled_time
+    if client.throttled_until:
+        throttled += now - client.throttle_start
+    drops = dict(session.drops) if session is not None and session.drops else {}
+    return {
+        "id": client.client_id,
+        "peer": client.peer,
+        "listener": client.listener_address,
+        "connected_seconds": now - client.created,
+        "msgs_in": client.msgs_in,
+        "msgs_out": client.msgs_out,
+        "bytes_in": transport.bytes_in,
+        "bytes_out": transport.bytes_out,
+        "msgs_in_rate": rates[0],
+        "msgs_out_rate": rates[1],
+        "bytes_in_rate": rates[2],
+        "bytes_out_rate": rates[3],
+        "dropped": sum(drops.values()),
+        "drops": drops,
+        "throttled": bool(client.throttled_until),
+        "throttled_seconds": throttled,
+        "pending_write_bytes": transport.out_bytes,
+        "inflight": len(session.inflight) if session is not None else 0,
+        "queued": len(session.queue) if session is not None else 0,
+        "queued_bytes": session.queue_bytes if session is not None else 0,
+        "subscriptions": len(session.subscriptions) if session is not None else 0,
+        "topics_created": client.broker.topics.created_by(client.client_id),
+    }
+
+
+def _rates(client, transport, now: float) -> tuple:
+    totals = (client.msgs_in, client.msgs_out, transport.bytes_in, transport.bytes_out)
+    mark = client.rate_mark
+    if mark is None:
+        since = max(now - client.created, 1e-3)
+        client.rates = tuple(v / since for v in totals)
+        client.rate_mark = (now, totals)
+    elif now - mark[0] >= 1.0:
+        since = now - mark[0]
+        client.rates = tuple((v - old) / since for v, old in zip(totals, mark[1]))
+        client.rate_mark = (now, totals)
+    return client.rates
+
+
+def client_rows(broker, now: float, sort: str = "msgs_in_rate", limit: int = 0) -> tuple[int, list]:
+    """(number of connected clients, rows sorted by ``sort``, the first ``limit`` or all)."""
+    rows = [client_row(s.client, now) for s in broker.sessions.values() if s.client is not None]
+    if sort == "id":
+        rows.sort(key=lambda r: r["id"])
+    else:
+        rows.sort(key=lambda r: (-r[sort], r["id"]))
+    return len(rows), rows[:limit] if limit else rows
+
+
+def all_names() -> dict[str, tuple[str, ...]]:
+    return {"limits": LIMITS, "refusals": REFUSALS, "drops": DROPS}

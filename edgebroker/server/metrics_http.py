@@ -1,0 +1,208 @@
+"""Prometheus text endpoint: ``GET /metrics`` on ``[metrics] listen``, off by default.
+
+A stdlib ``http.server`` in its own thread. It never touches the broker: once
+a second a timer in the core loop builds a fresh snapshot dict
+(``core.metrics.snapshot``) and stores the reference here; the HTTP thread
+only reads the latest reference and formats it. So a slow scraper never
+blocks the loop, and the loop never waits for a lock.
+
+Metric names, types and help texts are the table ``METRICS`` below (and
+docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import socket
+import threading
+
+from edgebroker import config as configuration
+from edgebroker.core import metrics
+from edgebroker.core.limits import Timer
+from edgebroker.errors import ConfigError, EdgebrokerError
+
+log = logging.getLogger("edgebroker.metrics")
+
+SNAPSHOT_INTERVAL = 1.0
+REQUEST_TIMEOUT = 5.0
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _counter(key):
+    return lambda s: s["counters"][key]
+
+
+# (name, type, help, value from the snapshot) -- one sample each.
+METRICS = (
+    ("edgebroker_uptime_seconds", "gauge", "Seconds since the broker started.",
+     lambda s: s["uptime_seconds"]),
+    ("edgebroker_clients_connected", "gauge", "Clients connected (CONNECT accepted).",
+     lambda s: s["clients_connected"]),
+    ("edgebroker_sockets_open", "gauge", "Open MQTT sockets, before and after CONNECT.",
+     lambda s: s["sockets_open"]),
+    ("edgebroker_sessions", "gauge", "Sessions, connected or not.", lambda s: s["sessions"]),
+    ("edgebroker_subscriptions", "gauge", "Subscriptions (filter, session pairs).",
+     lambda s: s["subscriptions"]),
+    ("edgebroker_retained_messages", "gauge", "Retained messages.",
+     lambda s: s["retained_messages"]),
+    ("edgebroker_topics", "gauge", "Distinct topics tracked (limits.max_topics).",
+     lambda s: s["topics"]),
+    ("edgebroker_queued_messages", "gauge", "Messages in all session queues.",
+     lambda s: s["queued_messages"]),
+    ("edgebroker_queued_bytes", "gauge", "Bytes (topic + payload) in all session queues.",
+     lambda s: s["queued_bytes"]),
+    ("edgebroker_throttled_clients", "gauge", "Clients over their publish rate right now.",
+     lambda s: s["throttled_clients"]),
+    ("edgebroker_throttled_seconds_total", "counter",
+     "Seconds clients spent throttled (not read) for their publish rate.",
+     lambda s: s["throttled_seconds"]),
+    ("edgebroker_packets_received_total", "counter", "MQTT packets received.",
+     _counter("packets_received")),
+    ("edgebroker_packets_sent_total", "counter", "MQTT packets sent.", _counter("packets_sent")),
+    ("edgebroker_publish_received_total", "counter", "PUBLISH packets received.",
+     _counter("publish_received")),
+    ("edgebroker_publish_sent_total", "counter", "PUBLISH packets sent.", _counter("publish_sent")),
+    ("edgebroker_publish_dropped_total", "counter",
+     "Messages dropped, all reasons (see edgebroker_messages_dropped_total).",
+     _counter("publish_dropped")),
+    ("edgebroker_bytes_received_total", "counter", "Bytes received on MQTT sockets.",
+     _counter("bytes_received")),
+    ("edgebroker_bytes_sent_total", "counter", "Bytes sent on MQTT sockets.",
+     _counter("bytes_sent")),
+    ("edgebroker_sockets_accepted_total", "counter", "MQTT sockets accepted.",
+     _counter("sockets_accepted")),
+    ("edgebroker_connections_accepted_total", "counter", "CONNECTs accepted.",
+     _counter("connects_accepted")),
+    ("edgebroker_protocol_errors_total", "counter", "Connections closed for a protocol violation.",
+     _counter("protocol_errors")),
+    ("edgebroker_keepalive_expired_total", "counter", "Connections closed for keepalive expiry.",
+     _counter("keepalive_expired")),
+    ("edgebroker_session_takeovers_total", "counter",
+     "Connections closed because the same client id connected again.", _counter("takeovers")),
+    ("edgebroker_process_resident_memory_bytes", "gauge", "Resident memory of the broker process.",
+     lambda s: s["process"]["rss_bytes"]),
+    ("edgebroker_process_cpu_seconds_total", "counter", "CPU time (user + system) of the broker.",
+     lambda s: s["process"]["cpu_seconds"]),
+    ("edgebroker_memory_limit_bytes", "gauge", "limits.memory_limit (0: off).",
+     lambda s: s["process"]["memory_limit_bytes"]),
+    ("edgebroker_memory_over_limit", "gauge",
+     "1 while memory is above limits.memory_limit (new connections and topics refused).",
+     lambda s: int(s["process"]["memory_over_limit"])),
+)
+
+# (name, help, snapshot key, label name) -- one sample per known name, zeros included.
+LABELLED = (
+    ("edgebroker_limit_hits_total", "Times each limit was reached (docs/limits.md).",
+     "limit_hits", "limit"),
+    ("edgebroker_connections_refused_total",
+     "Connections refused (CONNACK != 0, or closed for not speaking MQTT), by reason.",
+     "refused", "reason"),
+    ("edgebroker_messages_dropped_total", "Messages dropped, by reason.", "dropped", "reason"),
+)
+
+
+def _number(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def render(snapshot: dict) -> str:
+    """The Prometheus text exposition (format 0.0.4) of a snapshot."""
+    out = []
+    out.append("# HELP edgebroker_info Broker version (the value is always 1).")
+    out.append("# TYPE edgebroker_info gauge")
+    out.append(f'edgebroker_info{{version="{snapshot["version"]}"}} 1')
+    for name, kind, help_text, get in METRICS:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        out.append(f"{name} {_number(get(snapshot))}")
+    for name, help_text, key, label in LABELLED:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} counter")
+        for item, value in sorted(snapshot[key].items()):
+            out.append(f'{name}{{{label}="{item}"}} {_number(value)}')
+    loop = snapshot["loop"]
+    name = "edgebroker_loop_pass_seconds"
+    out.append(f"# HELP {name} Time the core loop spent per pass (work, not waiting); "
+               "quantiles over the last 1024 passes.")
+    out.append(f"# TYPE {name} summary")
+    out.append(f'{name}{{quantile="0.5"}} {_number(loop["pass_p50_seconds"])}')
+    out.append(f'{name}{{quantile="0.99"}} {_number(loop["pass_p99_seconds"])}')
+    out.append(f"{name}_sum {_number(loop['busy_seconds'])}")
+    out.append(f"{name}_count {_number(loop['passes'])}")
+    return "\n".join(out) + "\n"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    timeout = REQUEST_TIMEOUT
+    server_version = "edgebroker-metrics"
+
+    def do_GET(self):  # noqa: N802 (the stdlib's naming)
+        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            self.send_error(404, "only /metrics is served here")
+            return
+        body = render(self.server.owner.snapshot).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args):  # noqa: A002 (the stdlib's signature)
+        log.debug("metrics: %s %s", self.address_string(), format % args)
+
+
+class _Server(http.server.HTTPServer):
+    allow_reuse_address = True
+
+    def __init__(self, address, family, owner):
+        self.address_family = family
+        self.owner = owner
+        super().__init__(address, _Handler)
+
+
+class MetricsServer:
+    def __init__(self, loop, httpd: _Server):
+        self.loop = loop
+        self.httpd = httpd
+        self.snapshot: dict = metrics.snapshot(loop.broker, loop.clock())
+        httpd.owner = self
+        self.timer = Timer(self._publish)
+        self.timer.start(loop.broker, loop.clock() + SNAPSHOT_INTERVAL)
+        self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.5},
+                                       name="metrics-http", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, loop, listen: str) -> "MetricsServer":
+        try:
+            where = configuration.parse_address(listen)
+        except ConfigError:
+            raise ConfigError(f"metrics.listen: expected HOST:PORT, got {listen!r}") from None
+        family = socket.AF_INET6 if ":" in where.host else socket.AF_INET
+        try:
+            httpd = _Server((where.host, where.port), family, None)
+        except OSError as exc:
+            raise EdgebrokerError(f"cannot listen for metrics on {where.address}: "
+                                  f"{exc.strerror or exc}") from None
+        server = cls(loop, httpd)
+        host, port = httpd.server_address[:2]
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        log.info("metrics on http://%s/metrics", shown)
+        return server
+
+    def _publish(self) -> None:
+        loop = self.loop
+        now = loop.clock()
+        self.timer.start(loop.broker, now + SNAPSHOT_INTERVAL)
+        self.snapshot = metrics.snapshot(loop.broker, now)  # one reference store: atomic
+
+    def stop(self) -> None:
+        self.timer.cancel()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(2.0)
