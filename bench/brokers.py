@@ -26,6 +26,10 @@ STOP_TIMEOUT = 5.0
 # Mosquitto drops about a quarter of the QoS 1 fan-in messages: it acknowledges
 # publishers faster than it delivers to the one subscriber.)
 LIMITS = {"max_inflight_messages": 1000, "max_queued_messages": 1_000_000}
+# edgebroker's byte bounds on the same queues, set as high for the same reason: Mosquitto's
+# max_queued_bytes defaults to no limit, and it holds QoS 0 for online clients in that queue,
+# where edgebroker bounds the connection's output buffer (max_pending_write_bytes).
+EDGEBROKER_LIMITS = {"max_queued_bytes": 1 << 30, "max_pending_write_bytes": 1 << 30}
 
 try:
     import psutil
@@ -175,7 +179,7 @@ class Edgebroker(Broker):
         cfg = os.path.join(self.tmp, "edgebroker.toml")
         with open(cfg, "w") as fh:
             fh.write("[limits]\n")
-            for key, value in LIMITS.items():
+            for key, value in {**LIMITS, **EDGEBROKER_LIMITS}.items():
                 fh.write(f"{key} = {value}\n")
         return [sys.executable, "-m", "edgebroker", "serve", "-c", cfg,
                 "--listen", f"{self.host}:{self.port}", "--data-dir", os.path.join(self.tmp, "data")]

@@ -217,6 +217,7 @@ def run_once(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
         "count_per_publisher": count, "payload": spec["payload"], "qos": spec["qos"],
         "publishers": spec["pubs"], "subscribers": spec["subs"], "window": spec["window"],
         "limits": brokers.LIMITS,
+        "edgebroker_limits": brokers.EDGEBROKER_LIMITS,
     }
     return rec
 
@@ -427,7 +428,8 @@ def _main(args) -> int:
                 return 1
     info = machine(brokers.Mosquitto.binary or brokers.mosquitto_path())
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
-    print(f"limits on both brokers: {brokers.LIMITS}; loopback only; time limit "
+    print(f"limits on both brokers: {brokers.LIMITS} (edgebroker also "
+          f"{brokers.EDGEBROKER_LIMITS}); loopback only; time limit "
           f"{args.time_limit:g} s per run; scale {args.scale:g}", flush=True)
 
     day = datetime.date.today().isoformat()
