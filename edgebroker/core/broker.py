@@ -16,7 +16,6 @@ dropped message by reason in ``dropped`` (and in ``stats.publish_dropped``).
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 
 from edgebroker.config import Config
@@ -25,7 +24,7 @@ from edgebroker.core.limits import (
     DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, Timer, TopicTable, check_topic, zero_counts,
 )
 from edgebroker.core.metrics import PassTimes
-from edgebroker.core.session import AWAIT_ACK, Message, Outgoing, Session
+from edgebroker.core.session import AWAIT_ACK, EMPTY_QUEUE, Message, Outgoing, Session
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import encode_ack, encode_publish_head
@@ -52,8 +51,7 @@ class Broker:
         self.retained = RetainedTree()
         self.stats = Stats()
         self.clients_connected = 0
-        self._timers: list = []
-        self._seq = itertools.count()
+        self._timers: list = []  # (due, client or Timer); equal dues are ordered by __lt__
         self.sockets_open = 0
         self.listener_connected: dict[str, int] = {}
         self.topics = TopicTable()
@@ -94,7 +92,8 @@ class Broker:
                                     f"({self.memory.limit})")
         if old_client is None and self.clients_connected >= limits.max_connections:
             return "max_connections", f"{self.clients_connected} clients connected (max_connections)"
-        cap = client.listener_max_connections
+        listener = client.transport.listener
+        cap = listener.max_connections if listener is not None else 0
         address = client.listener_address
         if cap and (old_client is None or old_client.listener_address != address):
             count = self.listener_connected.get(address, 0)
@@ -163,7 +162,7 @@ class Broker:
         session.subscriptions.clear()
         self.queued_messages -= len(session.queue)
         self.queued_bytes -= session.queue_bytes
-        session.queue.clear()
+        session.queue = EMPTY_QUEUE
         session.queue_bytes = 0
         session.inflight.clear()
         session.inflight_bytes = 0
@@ -185,7 +184,7 @@ class Broker:
             return
         if client.timer_at is None or due < client.timer_at:
             client.timer_at = due
-            heapq.heappush(self._timers, (due, next(self._seq), client))
+            heapq.heappush(self._timers, (due, client))
 
     def next_deadline(self) -> float | None:
         due = self.sys.next_due
@@ -196,7 +195,7 @@ class Broker:
     def tick(self, now: float) -> None:
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, _, client = heapq.heappop(timers)
+            _, client = heapq.heappop(timers)
             client.timer_at = None
             if client.closed:
                 continue
@@ -207,7 +206,7 @@ class Broker:
                 client.expire()
             else:
                 client.timer_at = due
-                heapq.heappush(timers, (due, next(self._seq), client))
+                heapq.heappush(timers, (due, client))
         if self.sys.next_due is not None and self.sys.next_due <= now:
             self.sys.publish(now)
 
@@ -375,7 +374,7 @@ class Broker:
             session.dropped += dropped
             if limits.queue_full != "drop_old":
                 return
-        queue.append((message, qos, retain))
+        session.own_queue().append((message, qos, retain))
         session.queue_bytes += message.size
         self.queued_messages += 1
         self.queued_bytes += message.size

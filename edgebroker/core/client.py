@@ -64,10 +64,9 @@ def classify_first_bytes(head: bytes) -> str | None:
 class Client:
     __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
-                 "protocol_level", "sys_publish_warned", "_handlers",
-                 "listener_address", "listener_max_connections", "created", "msgs_in", "sniff",
-                 "rate", "throttled_until", "throttle_start", "throttled_time", "pending_dropped",
-                 "warned", "rate_mark", "rates")
+                 "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
+                 "sniff", "rate", "throttled_until", "throttle_start", "throttled_time",
+                 "pending_dropped", "warned", "rate_sample")
 
     def __init__(self, broker, transport, now: float):
         self.broker = broker
@@ -78,17 +77,16 @@ class Client:
         self.session = None
         self.connected = False
         self.closed = False
+        self.halted = False           # closed or throttled: stop handling received packets
         self.will = None
         self.keepalive = 0
         self.last_seen = now
         self.connect_deadline = now + broker.limits.connect_timeout
         self.timer_at = None          # deadline of this client's entry in the timer heap
         self.protocol_level = 0
-        self.sys_publish_warned = False
         self._handlers = _BEFORE_CONNECT
         listener = transport.listener
         self.listener_address = listener.address if listener is not None else ""
-        self.listener_max_connections = listener.max_connections if listener is not None else 0
         self.created = now
         self.msgs_in = 0              # PUBLISH packets received
         self.sniff = b""              # first bytes, until they show MQTT (then None)
@@ -97,12 +95,15 @@ class Client:
         self.throttle_start = 0.0
         self.throttled_time = 0.0     # seconds throttled, throttles that ended
         self.pending_dropped = 0      # QoS 0 dropped since the output last drained
-        self.warned = None            # limits already logged for this connection
-        self.rate_mark = None         # (time, totals) of the last rate sample (core.metrics)
-        self.rates = None
+        self.warned = None            # what was already logged once for this connection
+        self.rate_sample = None       # (time, totals, rates) for core.metrics
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
+
+    def __lt__(self, other) -> bool:
+        # Orders timer-heap entries with equal deadlines (any stable order will do).
+        return id(self) < id(other)
 
     def describe(self) -> str:
         name = repr(self.client_id) if self.client_id else "(before CONNECT)"
@@ -121,7 +122,7 @@ class Client:
             for packet in self.decoder.feed(data):
                 stats.packets_received += 1
                 handlers[packet.type](self, packet)
-                if self.closed or self.throttled_until:
+                if self.halted:
                     return  # when throttled, the rest stays in the decoder until resumed
                 handlers = self._handlers
         except ProtocolError as exc:
@@ -200,7 +201,7 @@ class Client:
     def close(self, *, will: bool) -> None:
         if self.closed:
             return
-        self.closed = True
+        self.closed = self.halted = True
         broker = self.broker
         broker.sockets_open -= 1
         if self.throttled_until:
@@ -227,6 +228,7 @@ class Client:
         now = broker.clock()
         broker.hit(limit)
         self.throttled_until = now + wait
+        self.halted = True
         self.throttle_start = now
         broker.throttled.add(self)
         self.transport.pause_reading()
@@ -240,6 +242,7 @@ class Client:
         self.broker.throttled_seconds += now - self.throttle_start
         self.broker.throttled.discard(self)
         self.throttled_until = 0.0
+        self.halted = self.closed
 
     def _unthrottle(self) -> None:
         """The publish budget has refilled: read again, starting with what is buffered."""
@@ -343,7 +346,8 @@ class Client:
         session, present = broker.attach(self, client_id, p.clean_session)
         self.session = session
         self.connected = True
-        self._handlers = _CONNECTED
+        self.connect_deadline = 0.0  # no longer needed: its float goes (24 bytes a connection)
+        self._handlers = _CONNECTED if self.rate is None else _CONNECTED_RATED
         self.transport.write(_CONNACK_ACCEPTED[present])
         broker.stats.packets_sent += 1
         log.info("%s connected (protocol %d, clean session %d, keepalive %d%s)",
@@ -374,11 +378,6 @@ class Client:
             refused = broker.topics.admit(topic, self.client_id, broker.limits, broker.memory.over)
             if refused is not None:
                 return self._refuse_publish(p, refused)
-        rate = self.rate
-        if rate is not None:
-            over = rate.charge(len(p.payload) + len(topic), self.last_seen)
-            if over is not None:
-                self._throttle(*over)  # this message still goes through; reading stops after it
         # $SYS belongs to the broker: clients' publishes there are acknowledged
         # (3.1.1 has no negative ack) and dropped, as Mosquitto does.
         publish = self._drop_sys_publish if topic.startswith("$SYS") else broker.publish
@@ -393,19 +392,26 @@ class Client:
             # Exactly once: route on first receipt, ignore re-sends until PUBREL.
             pending = self.session.awaiting_release
             if pid not in pending:
-                pending.add(pid)
+                self.session.own_awaiting_release().add(pid)
                 publish(p.topic, p.payload, 2, p.retain)
             self.transport.write(encode_ack(P.PUBREC, pid))
         broker.stats.packets_sent += 1
+
+    def _on_publish_rated(self, p: P.Publish) -> None:
+        """PUBLISH when messages_rate or bytes_rate is set: handled, then charged."""
+        self._on_publish(p)
+        if self.closed:
+            return
+        over = self.rate.charge(len(p.payload) + len(p.topic.encode()), self.last_seen)
+        if over is not None:
+            self._throttle(*over)  # this message went through; reading stops after it
 
     def _drop_sys_publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         broker = self.broker
         broker.stats.publish_received += 1
         broker.drop("sys_topic", self.session)
-        if not self.sys_publish_warned:
-            self.sys_publish_warned = True
-            log.warning("%s: publish to %r dropped: $SYS topics are written only by the broker "
-                        "(logged once per connection)", self.describe(), topic)
+        self.warn_once("sys_topic", "publish to %r dropped: $SYS topics are written only by the "
+                       "broker", topic)
 
     def _on_puback(self, p) -> None:
         session = self.session
@@ -477,3 +483,7 @@ _CONNECTED = {
 for _t in P.SERVER_TO_CLIENT_ONLY:
     _CONNECTED[_t] = Client._server_only
     _BEFORE_CONNECT[_t] = Client._before_connect
+
+# The same, with the publish rate charged (limits.messages_rate / bytes_rate set).
+_CONNECTED_RATED = dict(_CONNECTED)
+_CONNECTED_RATED[P.PUBLISH] = Client._on_publish_rated

@@ -139,6 +139,9 @@ class Timer:
         self.timer_at: float | None = None
         self.closed = False
 
+    def __lt__(self, other) -> bool:
+        return id(self) < id(other)  # equal deadlines in the heap (see Client.__lt__)
+
     def start(self, broker, when: float) -> None:
         self.when = when
         broker.schedule(self)

@@ -97,7 +97,7 @@ def client_row(client, now: float) -> dict:
         "listener": client.listener_address,
         "connected_seconds": now - client.created,
         "msgs_in": client.msgs_in,
-        "msgs_out": client.msgs_out,
+        "msgs_out": transport.msgs_out,
         "bytes_in": transport.bytes_in,
         "bytes_out": transport.bytes_out,
         "msgs_in_rate": rates[0],
@@ -118,17 +118,19 @@ def client_row(client, now: float) -> dict:
 
 
 def _rates(client, transport, now: float) -> tuple:
-    totals = (client.msgs_in, client.msgs_out, transport.bytes_in, transport.bytes_out)
-    mark = client.rate_mark
-    if mark is None:
+    """Per-second rates of (msgs in, msgs out, bytes in, bytes out) since the last sample."""
+    totals = (client.msgs_in, transport.msgs_out, transport.bytes_in, transport.bytes_out)
+    sample = client.rate_sample
+    if sample is None:
         since = max(now - client.created, 1e-3)
-        client.rates = tuple(v / since for v in totals)
-        client.rate_mark = (now, totals)
-    elif now - mark[0] >= 1.0:
-        since = now - mark[0]
-        client.rates = tuple((v - old) / since for v, old in zip(totals, mark[1]))
-        client.rate_mark = (now, totals)
-    return client.rates
+        rates = tuple(v / since for v in totals)
+    elif now - sample[0] >= 1.0:
+        since = now - sample[0]
+        rates = tuple((v - old) / since for v, old in zip(totals, sample[1]))
+    else:
+        return sample[2]
+    client.rate_sample = (now, totals, rates)
+    return rates
 
 
 def client_rows(broker, now: float, sort: str = "msgs_in_rate", limit: int = 0) -> tuple[int, list]:

@@ -11,6 +11,36 @@ from __future__ import annotations
 from collections import deque
 
 
+class _SharedEmptyQueue(deque):
+    """The queue of every session that never queued anything: one shared object, kept empty.
+
+    An idle connection then costs no deque of its own (about 760 bytes); ``Session.own_queue``
+    gives a session its own deque before the first append. Appending here is a bug, so it raises.
+    """
+
+    __slots__ = ()
+
+    def _read_only(self, *args):
+        raise TypeError("the shared empty session queue is read-only: use Session.own_queue()")
+
+    append = appendleft = extend = extendleft = insert = _read_only
+
+
+class _SharedEmptyIds(set):
+    """Like the above, for ``awaiting_release`` (about 216 bytes per idle session)."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args):
+        raise TypeError("the shared empty id set is read-only: use Session.own_awaiting_release()")
+
+    add = update = _read_only
+
+
+EMPTY_QUEUE = _SharedEmptyQueue()
+EMPTY_IDS = _SharedEmptyIds()
+
+
 class Message:
     """One application message as routed: shared by every subscriber it reaches."""
 
@@ -52,8 +82,8 @@ class Session:
         self.subscriptions: dict[str, int] = {}
         self.client = None                      # the live Client, or None while offline
         self.inflight: dict[int, Outgoing] = {}
-        self.queue: deque[tuple[Message, int, bool]] = deque()
-        self.awaiting_release: set[int] = set()
+        self.queue: deque[tuple[Message, int, bool]] = EMPTY_QUEUE  # own one: own_queue()
+        self.awaiting_release: set[int] = EMPTY_IDS                  # own_awaiting_release()
         self._next_id = 0
         self.dropped = 0                        # dropped in the current queue-full episode
         self.queue_bytes = 0                    # Message.size summed over the queue
@@ -62,6 +92,19 @@ class Session:
 
     def __repr__(self):
         return f"Session({self.client_id!r})"
+
+    def own_queue(self) -> deque:
+        """The session's queue, made its own (not the shared empty one) to append to."""
+        queue = self.queue
+        if queue is EMPTY_QUEUE:
+            queue = self.queue = deque()
+        return queue
+
+    def own_awaiting_release(self) -> set:
+        ids = self.awaiting_release
+        if ids is EMPTY_IDS:
+            ids = self.awaiting_release = set()
+        return ids
 
     def allocate_id(self) -> int:
         """Next packet id not in use by this session's outgoing window."""

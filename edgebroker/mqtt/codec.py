@@ -448,7 +448,7 @@ class Decoder:
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE):
         self.max_packet_size = max_packet_size
-        self._buf = bytearray()  # bytes not yet decoded
+        self._buf = b""          # bytes not yet decoded (a bytearray while a frame is partial)
         self._need = 0           # don't try to decode before _buf holds this many bytes
         self._error: ProtocolError | None = None
         self._gen = None         # the generator of the last feed, maybe not exhausted
@@ -474,8 +474,9 @@ class Decoder:
 
     def _frames(self):
         # Decode from an immutable snapshot: slicing bytes gives bytes with one copy.
+        # At rest the buffer is the shared b"", so an idle connection holds no buffer.
         buf = bytes(self._buf)
-        self._buf = bytearray()
+        self._buf = b""
         n = len(buf)
         pos = 0
         need = 0
@@ -545,6 +546,7 @@ class Decoder:
             if pos < n:
                 self._buf = bytearray(memoryview(buf)[pos:])
             self._need = need
+            self._gen = None  # a finished generator holds its frame (~400 bytes per connection)
 
 
 def decode_one(data) -> object:

@@ -228,7 +228,7 @@ class Loop:
         transport = Transport(self, sock, peer, listener,
                               self.config.limits.max_pending_write_bytes)
         self.transports.add(transport)
-        self.selector.register(sock, selectors.EVENT_READ, transport.on_event)
+        self.selector.register(sock, selectors.EVENT_READ, transport)
         transport.client = self.broker.connection_made(transport)
 
     def forget(self, transport: Transport) -> None:
@@ -295,7 +295,7 @@ class Loop:
 
     def _internal_error(self, handler) -> None:
         """A bug met while serving one socket: log it, drop that connection, keep serving."""
-        owner = getattr(handler, "__self__", None)
+        owner = handler if isinstance(handler, Transport) else getattr(handler, "__self__", None)
         if not isinstance(owner, Transport):
             log.exception("internal error in the event loop")
             return
