@@ -242,15 +242,15 @@ class Broker:
         return self._stderr.wait(pred, timeout, start)
 
     # -- clients --------------------------------------------------------------------------------
-    def raw(self, port: int | None = None) -> mqttraw.RawClient:
-        c = mqttraw.RawClient(self.host, port or self.port)
+    def raw(self, port: int | None = None, rcvbuf: int | None = None) -> mqttraw.RawClient:
+        c = mqttraw.RawClient(self.host, port or self.port, rcvbuf=rcvbuf)
         _open_clients.append(c)
         return c
 
     def client(self, client_id: str | bytes = "", expect_rc: int = 0, port: int | None = None,
-               **connect_kw) -> mqttraw.RawClient:
+               rcvbuf: int | None = None, **connect_kw) -> mqttraw.RawClient:
         """A raw client connected with CONNACK rc ``expect_rc`` (0 by default)."""
-        c = self.raw(port)
+        c = self.raw(port, rcvbuf)
         ack = c.connect(client_id, **connect_kw)
         assert ack.rc == expect_rc, f"CONNACK rc {ack.rc}, expected {expect_rc}"
         c.connack = ack
@@ -286,6 +286,38 @@ class Broker:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    # -- the admin socket (docs/metrics.md), through a plain Unix socket ------------------------
+    @property
+    def admin_path(self) -> Path:
+        return Path(self.config["data_dir"]) / "admin.sock"
+
+    def admin(self, cmd: str, timeout: float = 5.0, **args) -> dict:
+        """One JSON request on the admin socket; returns the reply (asserts ``ok``)."""
+        import socket as _socket
+
+        with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(self.admin_path))
+            s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(1 << 20)
+                assert chunk, f"admin socket closed without a reply to {cmd!r}"
+                buf += chunk
+        reply = json.loads(buf)
+        assert reply.get("ok"), f"admin {cmd!r}: {reply}"
+        return reply
+
+    def stats(self) -> dict:
+        return self.admin("stats")["stats"]
+
+    def client_row(self, client_id: str) -> dict:
+        """The `clients` row of one connected client (fails if it is not connected)."""
+        rows = self.admin("clients", limit=0)["clients"]
+        found = [r for r in rows if r["id"] == client_id]
+        assert found, f"client {client_id!r} not in {[r['id'] for r in rows]}"
+        return found[0]
 
 
 def _start(workdir: Path, overrides: dict, args=(), raw_config=None, wait=True, config_file=True) -> Broker:

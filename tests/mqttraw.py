@@ -307,9 +307,16 @@ class RawClient:
     in arrival order.
     """
 
-    def __init__(self, host: str, port: int, timeout: float = 5.0):
+    def __init__(self, host: str, port: int, timeout: float = 5.0, rcvbuf: int | None = None):
+        """``rcvbuf`` sets SO_RCVBUF before connecting (a small one makes a stuck reader)."""
         self.host, self.port = host, port
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        if rcvbuf is None:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        else:
+            self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            self.sock.settimeout(timeout)
+            self.sock.connect((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = bytearray()
         self._pending: collections.deque[Packet] = collections.deque()

@@ -307,10 +307,10 @@ class Broker:
         transport = client.transport
         transport.want_drain = True
         if not client.pending_dropped:
-            log.warning("%s: %d bytes are waiting to be written (max_pending_write_bytes %d), the "
-                        "client does not read fast enough; dropping QoS 0 messages for it until "
-                        "they are written", client.describe(), transport.out_bytes,
-                        transport.max_pending)
+            client.warn_once("max_pending_write_bytes",
+                             "%d bytes are waiting to be written (max_pending_write_bytes %d), the "
+                             "client does not read fast enough; dropping QoS 0 messages for it "
+                             "until they are written", transport.out_bytes, transport.max_pending)
         client.pending_dropped += 1
 
     def _defer(self, session: Session, message: Message, qos: int, retain: bool) -> None:

@@ -256,9 +256,9 @@ class Client:
     def writable(self) -> None:
         """The transport has written everything it held (after it was full): send more."""
         if self.pending_dropped:
-            log.warning("%s: output drained; %d QoS 0 messages were dropped while "
-                        "max_pending_write_bytes were waiting", self.describe(),
-                        self.pending_dropped)
+            self.warn_once("drained", "output drained; %d QoS 0 messages were dropped while "
+                           "max_pending_write_bytes were waiting (later episodes are only counted)",
+                           self.pending_dropped)
             self.pending_dropped = 0
         session = self.session
         if session is not None and session.client is self and session.queue:

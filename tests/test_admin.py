@@ -1,0 +1,110 @@
+"""The admin socket and `edgebroker inspect stats|clients` against a running broker
+(docs/metrics.md)."""
+
+import json
+import os
+import socket
+import stat
+
+import mqttraw as m
+from conftest import run_cli
+
+
+def ask_raw(path, *lines: bytes, timeout=5.0) -> list[dict]:
+    """Send raw request lines on one connection; one parsed reply per line."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        s.sendall(b"".join(lines))
+        buf = b""
+        while buf.count(b"\n") < len(lines):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return [json.loads(line) for line in buf.splitlines()]
+
+
+def test_admin_socket_is_private_and_answers_json_lines(broker, uid):
+    b = broker()
+    mode = os.stat(b.admin_path).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    b.client(uid)
+    replies = ask_raw(b.admin_path, b'{"cmd": "stats"}\n', b"clients\n", b"help\n",
+                      b"{not json\n", b'{"cmd": "nope"}\n', b'{"cmd": "clients", "sort": "x"}\n',
+                      b'{"cmd": "clients", "limit": -1}\n', b"[1]\n")
+    assert [r["ok"] for r in replies] == [True, True, True, False, False, False, False, False]
+    assert replies[0]["stats"]["clients_connected"] == 1
+    assert replies[1]["total"] == 1 and replies[1]["clients"][0]["id"] == uid
+    assert set(replies[2]["commands"]) >= {"stats", "clients", "help"}
+    assert "not valid JSON" in replies[3]["error"] and "unknown command" in replies[4]["error"]
+
+
+def test_admin_request_line_is_bounded(broker):
+    b = broker()
+    replies = ask_raw(b.admin_path, b"x" * 70_000)
+    assert replies and "longer than" in replies[0]["error"]
+    assert b.stats()["clients_connected"] == 0  # still serving
+
+
+def test_inspect_stats(broker, uid):
+    b = broker()
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/t", b"x")
+    assert pub.ping() == []
+    data = b.config["data_dir"]
+    r = run_cli("inspect", "stats", "--data-dir", data)
+    assert r.returncode == 0, r.stderr
+    assert "clients     1 connected" in r.stdout and "publish     1 received" in r.stdout
+    assert "loop        pass p50" in r.stdout and "limits hit  none" in r.stdout
+    r = run_cli("inspect", "stats", "-c", str(b.config_path), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["counters"]["publish_received"] == 1 and "max_topics" in s["limit_hits"]
+
+
+def test_inspect_clients_sorted_limited_and_watched(broker, uid):
+    b = broker()
+    busy, calm = b.client(f"{uid}-busy"), b.client(f"{uid}-calm")
+    busy.send(b"".join(m.publish(f"{uid}/b", b"x") for _ in range(50)))
+    calm.publish(f"{uid}/c", b"x")
+    assert busy.ping() == [] and calm.ping() == []
+    data = b.config["data_dir"]
+    r = run_cli("inspect", "clients", "--data-dir", data, "--sort", "msgs_in", "--limit", "1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "2 clients connected; sorted by msgs_in"
+    assert lines[1].split()[:3] == ["CLIENT", "ID", "PEER"]
+    assert len(lines) == 3 and lines[2].startswith(f"{uid}-busy")
+    assert lines[2].split()[6:8] == ["50", "0"]  # IN, OUT
+    r = run_cli("inspect", "clients", "--data-dir", data, "--sort", "id", "--json")
+    rows = json.loads(r.stdout)["clients"]
+    assert [row["id"] for row in rows] == [f"{uid}-busy", f"{uid}-calm"]
+    assert rows[0]["msgs_in"] == 50 and rows[0]["bytes_in"] > 50
+    r = run_cli("inspect", "clients", "--data-dir", data, "--watch", "0.1", "--iterations", "3")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("2 clients connected; sorted by msgs_in_rate") == 3
+
+
+def test_inspect_without_a_broker_says_so(tmp_path):
+    r = run_cli("inspect", "stats", "--data-dir", str(tmp_path))
+    assert r.returncode == 1
+    assert "cannot reach the broker's admin socket" in r.stderr and str(tmp_path) in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_stale_socket_is_replaced_and_a_second_broker_refused(broker, tmp_path):
+    data = tmp_path / "shared"
+    data.mkdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(data / "admin.sock"))  # left behind: bound, nobody listening
+    stale.close()
+    b = broker(data_dir=str(data))
+    assert b.stats()["clients_connected"] == 0
+    second = broker(data_dir=str(data), wait=False)
+    assert second.proc.wait(10) == 1
+    second.stopped = True
+    assert second.wait_log("another broker is running with this state directory")
+    assert b.stats()["clients_connected"] == 0  # the first one is untouched
+    b.stop()
+    assert not (data / "admin.sock").exists()

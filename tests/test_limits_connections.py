@@ -1,0 +1,171 @@
+"""Connection limits with real clients (docs/limits.md): max_connections broker-wide and per
+listener, the connection rate, the memory guard, and clients that do not speak MQTT."""
+
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+
+import mqttraw as m
+from conftest import toml_dumps
+from mqttraw import CONNACK
+
+
+def refused_connack(b, client_id, port=None) -> int:
+    """CONNECT and return the CONNACK code of a refusal, checking the connection then closes."""
+    c = b.raw(port)
+    ack = c.connect(client_id)
+    assert ack.rc != 0, f"{client_id} was accepted"
+    assert c.expect_closed(5)
+    return ack.rc
+
+
+def test_max_connections_refuses_with_connack_3_and_counts(broker, uid):
+    b = broker(limits={"max_connections": 3})
+    first = [b.client(f"{uid}-{i}") for i in range(3)]
+    mark = b.mark()
+    assert refused_connack(b, f"{uid}-extra") == 3
+    line = b.wait_log("refused (CONNACK 3", start=mark)
+    assert line and f"{uid}-extra" in line and "max_connections" in line
+    for c in first:  # the others keep working
+        assert c.ping() == []
+    # The same client id again is a takeover, not a fourth connection.
+    again = b.client(f"{uid}-0")
+    assert first[0].expect_closed(5)
+    assert again.ping() == []
+    first[1].disconnect()
+    b.client(f"{uid}-later")  # room again
+    s = b.stats()
+    assert s["refused"]["max_connections"] == 1 and s["limit_hits"]["max_connections"] == 1
+    assert s["clients_connected"] == 3
+
+
+def test_listener_max_connections(broker, uid):
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "max_connections": 1},
+                         {"host": "127.0.0.1", "port": 0}])
+    (_, small), (_, other) = b.listeners
+    b.client(f"{uid}-a", port=small)
+    assert refused_connack(b, f"{uid}-b", port=small) == 3
+    b.client(f"{uid}-c", port=other)
+    b.client(f"{uid}-d", port=other)
+    s = b.stats()
+    assert s["refused"]["listener_max_connections"] == 1
+    assert s["limit_hits"]["listener_max_connections"] == 1 and s["clients_connected"] == 3
+    rows = {r["id"]: r for r in b.admin("clients", limit=0)["clients"]}
+    assert rows[f"{uid}-a"]["listener"].endswith(f":{small}")
+
+
+def test_connection_rate_pauses_accepting_without_spinning(broker, uid):
+    rate, burst, n = 5, 3, 10
+    b = broker(limits={"max_connection_rate": rate, "connection_burst": burst})
+    busy = b.client(f"{uid}-busy")  # uses one token
+    proc = psutil.Process(b.proc.pid)
+    cpu0 = sum(proc.cpu_times()[:2])
+    mark = b.mark()
+    t0 = time.monotonic()
+    socks = [b.raw() for _ in range(n)]  # the kernel completes these from the listen backlog
+    for i, s in enumerate(socks):
+        s.send(m.connect(f"{uid}-{i}"))
+    # While accepting is paused, connected clients are served at once.
+    t_ping = time.monotonic()
+    assert busy.ping() == []
+    assert time.monotonic() - t_ping < 0.5
+    times = []
+    for s in socks:
+        assert s.expect(CONNACK, timeout=10).rc == 0
+        times.append(time.monotonic() - t0)
+    # burst - 1 tokens were left; the rest come at the rate (+ one pause of slack).
+    expected = (n - (burst - 1)) / rate
+    assert times[-1] >= expected - 1 / rate, times
+    assert times[-1] < expected + 3.0, times
+    assert sum(t < 0.15 for t in times) <= burst
+    cpu = sum(proc.cpu_times()[:2]) - cpu0
+    assert cpu < 0.5 * times[-1], f"broker used {cpu:.2f} s CPU while pausing for {times[-1]:.2f} s"
+    assert b.stats()["limit_hits"]["max_connection_rate"] >= 1
+    line = b.wait_log("max_connection_rate", start=mark)
+    assert line and "accepting paused" in line
+
+
+def test_memory_limit_refuses_new_connections_and_topics_then_recovers(broker, uid):
+    b = broker()
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/#")
+    pub = b.client(f"{uid}-pub")
+    pub.publish(f"{uid}/known", b"1")
+    assert sub.recv_publish().payload == b"1"
+
+    def reload(**limits):
+        b.config_path.write_text(toml_dumps(dict(b.config, limits=limits)))
+        b.send_signal(__import__("signal").SIGHUP)
+
+    mark = b.mark()
+    reload(memory_limit=1_000_000)  # far below any Python process
+    line = b.wait_log("above memory_limit", timeout=5, start=mark)
+    assert line and "refusing new connections and new topics" in line
+    assert refused_connack(b, f"{uid}-new") == 3
+    pub.publish(f"{uid}/known", b"2")       # known topic: delivered
+    pub.publish(f"{uid}/new", b"3")         # new topic: dropped (QoS 0)
+    assert pub.ping() == []
+    got = sub.ping()
+    assert [p.payload for p in got] == [b"2"]
+    s = b.stats()
+    assert s["process"]["memory_over_limit"] is True
+    assert s["refused"]["memory_limit"] == 1 and s["dropped"]["memory_limit"] == 1
+    assert b.alive()
+
+    mark = b.mark()
+    reload(memory_limit=0)
+    assert b.wait_log("below memory_limit", timeout=5, start=mark)
+    b.client(f"{uid}-new")
+    pub.publish(f"{uid}/new", b"4")
+    assert sub.recv_publish().payload == b"4"
+
+
+def test_tls_client_on_plain_port_is_told_and_closed(broker):
+    b = broker()
+    mark = b.mark()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection((b.host, b.port), timeout=5) as raw:
+        local = raw.getsockname()[1]
+        try:
+            ctx.wrap_socket(raw, server_hostname="gateway").close()
+            handshake_failed = False
+        except (ssl.SSLError, OSError):
+            handshake_failed = True
+    assert handshake_failed
+    want = (f"TLS handshake received on plain MQTT listener 127.0.0.1:{b.port} from "
+            f"127.0.0.1:{local} — use the TLS listener or disable TLS in the client")
+    assert b.wait_log(want, start=mark), b.log_text()
+    assert b.stats()["refused"]["tls"] == 1
+
+
+def test_http_client_on_mqtt_port_gets_400(broker):
+    b = broker()
+    mark = b.mark()
+    try:
+        urllib.request.urlopen(f"http://{b.host}:{b.port}/status", timeout=5)
+        raise AssertionError("HTTP request succeeded on the MQTT port")
+    except urllib.error.HTTPError as err:
+        assert err.code == 400
+        body = err.read()
+    assert b"MQTT port" in body and body.count(b"\n") == 1
+    line = b.wait_log("HTTP request", start=mark)
+    assert line and "'GET'" in line and f"127.0.0.1:{b.port}" in line
+    assert b.stats()["refused"]["http"] == 1
+
+
+def test_not_mqtt_is_closed_and_logged_in_hex(broker, uid):
+    b = broker()
+    mark = b.mark()
+    c = b.raw()
+    c.send(b"\xff\xfe\x00\x01hello")
+    assert c.expect_closed(5) and c.before_close == []
+    line = b.wait_log("does not start with CONNECT", start=mark)
+    assert line and "ff fe 00 01 68 65 6c 6c 6f" in line
+    assert b.stats()["refused"]["not_mqtt"] == 1
+    assert b.client(uid).ping() == []

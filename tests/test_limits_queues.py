@@ -1,0 +1,133 @@
+"""Queue, window and output-buffer limits with real clients (docs/limits.md), including a
+subscriber that stops reading next to a normal pair."""
+
+import threading
+import time
+
+import psutil
+import pytest
+
+import mqttraw as m
+from mqttraw import PUBLISH
+
+KB = b"x" * 1000
+
+
+@pytest.mark.parametrize("policy, kept", [("drop_new", [1, 2, 3]), ("drop_old", [4, 5, 6])])
+def test_offline_queue_full_drops_new_or_old(broker, uid, policy, kept):
+    b = broker(limits={"max_queued_messages": 3, "queue_full": policy})
+    s = b.client(f"{uid}-s", clean=False)
+    s.subscribe(f"{uid}/q", qos=1)
+    s.disconnect()
+    pub = b.client(f"{uid}-p")
+    mark = b.mark()
+    for i in range(1, 7):
+        pub.publish(f"{uid}/q", b"%d" % i, qos=1)
+    stats = b.stats()
+    assert stats["queued_messages"] == 3
+    assert stats["dropped"]["max_queued_messages"] == 3
+    assert stats["limit_hits"]["max_queued_messages"] == 3
+    line = b.wait_log("queue full", start=mark)
+    assert line and f"{uid}-s" in line and ("the oldest" if policy == "drop_old" else "new") in line
+    s = b.client(f"{uid}-s", clean=False)
+    assert [int(s.recv_publish().payload) for _ in kept] == kept
+    assert s.ping() == []
+    assert b.stats()["queued_messages"] == 0
+    assert b.wait_log("queue drained; 3 messages were dropped", start=mark)
+
+
+def test_max_queued_bytes(broker, uid):
+    b = broker(limits={"max_queued_bytes": 250})
+    s = b.client(f"{uid}-s", clean=False)
+    s.subscribe(f"{uid}/q", qos=1)
+    s.disconnect()
+    pub = b.client(f"{uid}-p")
+    for i in range(5):  # ~110 bytes each: queued while less than 250 are queued
+        pub.publish(f"{uid}/q", b"%d" % i + b"." * 99, qos=1)
+    stats = b.stats()
+    assert stats["queued_messages"] == 3 and stats["queued_bytes"] > 250
+    assert stats["dropped"]["max_queued_bytes"] == 2
+    s = b.client(f"{uid}-s", clean=False)
+    assert [s.recv_publish().payload[:1] for _ in range(3)] == [b"0", b"1", b"2"]
+
+
+def test_max_inflight_bytes(broker, uid):
+    b = broker(limits={"max_inflight_bytes": 250})
+    s = b.client(f"{uid}-s")
+    s.subscribe(f"{uid}/q", qos=1)
+    pub = b.client(f"{uid}-p")
+    for i in range(6):
+        pub.publish(f"{uid}/q", b"%d" % i + b"." * 99, qos=1)
+    window = [s.recv_publish(ack=False) for _ in range(3)]
+    assert s.ping() == []  # nothing more until acknowledged
+    s.ack(window[0])
+    assert s.recv_publish(ack=False).payload[:1] == b"3"
+    assert b.stats()["limit_hits"]["max_inflight_bytes"] == 1
+    row = b.client_row(f"{uid}-s")
+    assert row["inflight"] == 3 and row["queued"] == 2
+
+
+def test_stuck_qos0_subscriber_is_bounded_and_does_not_slow_a_normal_pair(broker, uid):
+    limit = 64 * 1024
+    b = broker(limits={"max_pending_write_bytes": limit})
+    stuck = b.client(f"{uid}-stuck", rcvbuf=4096)
+    stuck.subscribe("#")                        # everything, and never reads
+    normal_sub = b.client(f"{uid}-nsub")
+    normal_sub.subscribe(f"{uid}/normal", qos=1)
+    normal_pub = b.client(f"{uid}-npub")
+    flood = b.client(f"{uid}-flood")
+    rss0 = psutil.Process(b.proc.pid).memory_info().rss
+    mark = b.mark()
+
+    n_flood, n_normal = 8000, 300               # 8 MB of QoS 0 to the stuck client
+    flooder = threading.Thread(
+        target=flood.send, args=(b"".join(m.publish(f"{uid}/flood/{i % 10}", KB)
+                                          for i in range(n_flood)),))
+    flooder.start()
+    t0 = time.monotonic()
+    for i in range(n_normal):
+        normal_pub.publish(f"{uid}/normal", b"%d" % i, qos=1)
+    got = [int(normal_sub.recv_publish().payload) for _ in range(n_normal)]
+    normal_time = time.monotonic() - t0
+    flooder.join(10)
+    assert not flooder.is_alive()
+    assert flood.ping(timeout=10) == []         # the broker has handled the whole flood
+    assert got == list(range(n_normal))
+    assert normal_time < 10
+
+    row = b.client_row(f"{uid}-stuck")
+    assert row["pending_write_bytes"] <= limit + len(KB) + 100, row
+    assert row["drops"]["max_pending_write_bytes"] > n_flood // 2, row
+    assert psutil.Process(b.proc.pid).memory_info().rss - rss0 < 6 * 2 ** 20
+    stats = b.stats()
+    assert stats["dropped"]["max_pending_write_bytes"] == row["dropped"]
+    line = b.wait_log("does not read fast enough", start=mark)
+    assert line and f"{uid}-stuck" in line and "max_pending_write_bytes" in line
+
+    # Once it reads again, what was kept arrives and the episode is summed up in the log.
+    kept = stuck.ping(timeout=10)
+    assert kept and all(p.type == PUBLISH for p in kept)
+    line = b.wait_log("output drained", start=mark)
+    assert line and "QoS 0 messages were dropped" in line and f"{uid}-stuck" in line, line
+    assert len([ln for ln in b.logs[mark:] if "does not read fast enough" in ln]) == 1
+
+
+def test_stuck_qos1_subscriber_keeps_messages_in_its_queue_until_it_reads(broker, uid):
+    limit = 16 * 1024
+    b = broker(limits={"max_pending_write_bytes": limit, "max_inflight_messages": 1000,
+                       "max_inflight_bytes": 10 ** 8, "max_queued_messages": 500})
+    stuck = b.client(f"{uid}-stuck", rcvbuf=4096)
+    stuck.subscribe(f"{uid}/q", qos=1)
+    pub = b.client(f"{uid}-p")
+    n, big = 200, b"y" * 32_000    # 6.4 MB: more than the kernel's send buffer takes (4 MB)
+    for i in range(n):
+        pub.publish(f"{uid}/q", b"%04d" % i + big, qos=1)
+    row = b.client_row(f"{uid}-stuck")
+    assert row["pending_write_bytes"] <= limit + len(big) + 100, row
+    assert row["queued"] > 0 and row["queued"] + row["inflight"] == n, row
+    assert row["dropped"] == 0
+    assert b.stats()["limit_hits"]["max_pending_write_bytes"] >= 1
+    # It starts reading and acknowledging: everything arrives, in order, pumped as it drains.
+    got = [int(stuck.recv_publish(timeout=5).payload[:4]) for _ in range(n)]
+    assert got == list(range(n))
+    assert b.client_row(f"{uid}-stuck")["queued"] == 0

@@ -1,0 +1,65 @@
+"""Publish rate limits with real clients (docs/limits.md): a client over its rate is throttled by
+not reading its socket, not disconnected, and other clients are not slowed."""
+
+import time
+
+import mqttraw as m
+
+
+def test_messages_rate_throttles_one_publisher_not_the_others(broker, uid, mosq):
+    rate, burst, n = 20, 5, 45
+    b = broker(limits={"messages_rate": rate, "messages_burst": burst})
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/#")
+    other = b.client(f"{uid}-other")
+    mark = b.mark()
+    t0 = time.monotonic()
+    # mosquitto_pub -l: one message per stdin line, as fast as the broker reads them.
+    fast = mosq("pub", b.port, "-i", f"{uid}-fast", "-t", f"{uid}/fast", "-l",
+                stdin_data="".join(f"{i}\n" for i in range(n)))
+    got, other_latency = [], None
+    while len(got) < n:
+        p = sub.recv_publish(timeout=5)
+        if p.topic == f"{uid}/other":
+            other_latency = time.monotonic() - t_other
+            continue
+        got.append(int(p.payload))
+        if len(got) == burst + 5 and other_latency is None:
+            # The fast publisher is being throttled now: another publisher is not.
+            assert b.stats()["throttled_clients"] == 1
+            assert b.client_row(f"{uid}-fast")["throttled"] is True
+            t_other = time.monotonic()
+            other.publish(f"{uid}/other", b"o")
+    elapsed = time.monotonic() - t0
+    assert got == list(range(n))
+    expected = (n - burst) / rate
+    assert expected * 0.8 <= elapsed <= expected + 3.0, elapsed
+    assert other_latency is not None and other_latency < 0.5, other_latency
+    assert fast.wait() == 0                   # throttled, never disconnected
+    s = b.stats()
+    assert s["limit_hits"]["messages_rate"] >= n - burst - 5
+    assert s["throttled_seconds"] > expected * 0.5
+    lines = [ln for ln in b.logs[mark:] if "over its publish rate" in ln]
+    assert len(lines) == 1 and f"{uid}-fast" in lines[0] and "messages_rate 20/s" in lines[0]
+
+
+def test_bytes_rate_throttles_and_keeps_the_connection(broker, uid):
+    rate = 20_000
+    b = broker(limits={"bytes_rate": rate})
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/t")
+    pub = b.client(f"{uid}-pub")
+    topic = f"{uid}/t"
+    size = len(topic) + 1000
+    n = 50
+    t0 = time.monotonic()
+    pub.send(b"".join(m.publish(topic, b"%03d" % i + b"." * 997) for i in range(n)))
+    got = [int(sub.recv_publish(timeout=5).payload[:3]) for _ in range(n)]
+    elapsed = time.monotonic() - t0
+    assert got == list(range(n))
+    expected = (n * size - rate) / rate        # the first second's worth passes at once
+    assert expected * 0.8 <= elapsed <= expected + 3.0, elapsed
+    assert pub.ping() == []
+    row = b.client_row(f"{uid}-pub")
+    assert row["throttled_seconds"] > expected * 0.5 and row["msgs_in"] == n
+    assert b.stats()["limit_hits"]["bytes_rate"] >= 1

@@ -1,0 +1,112 @@
+"""Topic and subscription limits with real clients (docs/limits.md)."""
+
+import mqttraw as m
+from mqttraw import PUBACK
+
+
+def delivered(sub) -> list[bytes]:
+    """Payloads that reached ``sub`` so far (PINGREQ is the barrier)."""
+    return [p.payload for p in sub.ping()]
+
+
+def test_max_topics_qos0_dropped_qos1_disconnects(broker, uid, paho):
+    b = broker(limits={"max_topics": 3})
+    sub = paho(b.port, client_id=f"{uid}-sub")
+    sub.subscribe(f"{uid}/#", qos=1)
+    pub = b.client(f"{uid}-pub")
+    other = b.client(f"{uid}-other")
+    mark = b.mark()
+    for i in range(3):
+        pub.publish(f"{uid}/t{i}", b"ok%d" % i)
+    pub.publish(f"{uid}/t3", b"over")           # QoS 0 to a 4th topic: dropped
+    pub.publish(f"{uid}/t4", b"over again")     # logged once only
+    pub.publish(f"{uid}/t0", b"known")          # known topics keep working
+    assert pub.ping() == []
+    got = [sub.get().payload for _ in range(4)]
+    assert got == [b"ok0", b"ok1", b"ok2", b"known"]
+    lines = [ln for ln in b.logs[mark:] if "refused: max_topics" in ln]
+    assert len(lines) == 1 and f"'{uid}/t3'" in lines[0] and f"{uid}-pub" in lines[0]
+    # QoS 1 to a new topic: no PUBACK, the connection is closed (3.1.1 has no negative ack).
+    other.send(m.publish(f"{uid}/t5", b"q1", qos=1, packet_id=7))
+    assert other.expect_closed(5)
+    assert not any(p.type == PUBACK for p in other.before_close)
+    s = b.stats()
+    assert s["topics"] == 3
+    assert s["limit_hits"]["max_topics"] == 3 and s["dropped"]["max_topics"] == 3
+    assert b.client_row(f"{uid}-pub")["drops"] == {"max_topics": 2}
+    assert sub.messages.empty()
+
+
+def test_max_topics_per_client_counts_per_client_id(broker, uid):
+    b = broker(limits={"max_topics_per_client": 2})
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/#")
+    noisy = b.client(f"{uid}-noisy")
+    for i in range(5):
+        noisy.publish(f"{uid}/n{i}", b"%d" % i)
+    assert noisy.ping() == []
+    assert delivered(sub) == [b"0", b"1"]
+    noisy.disconnect()
+    noisy = b.client(f"{uid}-noisy")            # reconnecting does not reset the count
+    noisy.publish(f"{uid}/n9", b"9")
+    noisy.publish(f"{uid}/n0", b"again")        # its own known topic is fine
+    assert noisy.ping() == []
+    quiet = b.client(f"{uid}-quiet")            # another client is not affected
+    quiet.publish(f"{uid}/q", b"q")
+    assert quiet.ping() == []
+    assert delivered(sub) == [b"again", b"q"]
+    s = b.stats()
+    assert s["dropped"]["max_topics_per_client"] == 4 and s["topics"] == 3
+    assert b.client_row(f"{uid}-noisy")["topics_created"] == 2
+
+
+def test_idle_topics_are_forgotten_retained_ones_kept(broker, uid):
+    b = broker(log_level="debug", limits={"max_topics": 2, "topic_expiry": 1})
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/#")
+    pub = b.client(f"{uid}-pub")
+    pub.publish(f"{uid}/kept", b"r", retain=True)
+    pub.publish(f"{uid}/idle", b"i")
+    pub.publish(f"{uid}/new", b"refused")
+    assert pub.ping() == []
+    assert delivered(sub) == [b"r", b"i"]
+    mark = b.mark()
+    # One topic idle for two expiry periods is forgotten (logged at debug level).
+    assert b.wait_log("forgot 1 topics", timeout=5, start=mark)
+    pub.publish(f"{uid}/new", b"accepted")
+    assert pub.ping() == []
+    assert delivered(sub) == [b"accepted"]
+    assert b.stats()["topics"] == 2  # kept (retained) + new
+
+
+def test_topic_length_and_levels(broker, uid):
+    b = broker(limits={"max_topic_length": 20, "max_topic_levels": 3})
+    sub = b.client(f"{uid}-sub")
+    ack = sub.subscribe((f"{uid}/#", 0), ("a/b/c/d", 0), ("x" * 21, 0), ("a/+/c", 1))
+    assert ack.codes == [0, 0x80, 0x80, 1]
+    pub = b.client(f"{uid}-pub")
+    pub.publish(f"{uid}/a/b/c", b"deep")        # 4 levels
+    pub.publish(f"{uid}/" + "y" * 20, b"long")
+    pub.publish(f"{uid}/ok", b"ok")
+    assert pub.ping() == []
+    assert delivered(sub) == [b"ok"]
+    d = b.stats()["dropped"]
+    assert d["max_topic_levels"] == 1 and d["max_topic_length"] == 1
+    assert b.stats()["limit_hits"]["max_topic_levels"] == 2  # the filter and the publish
+
+
+def test_max_subscriptions_per_client(broker, uid, paho):
+    b = broker(limits={"max_subscriptions_per_client": 2})
+    c = b.client(f"{uid}-c")
+    assert c.subscribe(f"{uid}/a", f"{uid}/b", f"{uid}/c").codes == [0, 0, 0x80]
+    assert c.subscribe(f"{uid}/a", qos=1).codes == [1]     # replacing one is not an extra
+    assert c.subscribe(f"{uid}/d").codes == [0x80]
+    c.unsubscribe(f"{uid}/b")
+    assert c.subscribe(f"{uid}/d").codes == [0]
+    # A real client sees the failure code too.
+    p = paho(b.port, client_id=f"{uid}-paho")
+    rc, mid = p.c.subscribe([("x/1", 0), ("x/2", 1), ("x/3", 0)])
+    assert rc == 0 and p._wait_mid(mid) == [0, 1, 0x80]
+    s = b.stats()
+    assert s["limit_hits"]["max_subscriptions_per_client"] == 3
+    assert s["subscriptions"] == 4

@@ -1,0 +1,219 @@
+"""The limits' building blocks with plain numbers: no sockets, times passed in."""
+
+import logging
+import re
+
+import pytest
+
+from edgebroker import config
+from edgebroker.core import limits as L
+from edgebroker.core.client import HTTP_REPLY, classify_first_bytes
+from edgebroker.core.metrics import PassTimes
+from edgebroker.core.session import EMPTY_IDS, EMPTY_QUEUE, Session
+from edgebroker.core.stats import sys_topic_level
+from edgebroker.mqtt.topics import validate_topic_name
+from edgebroker.server.metrics_http import render
+
+
+def lim(**kw):
+    return config.from_dict({"limits": kw}).limits
+
+
+# ----- token bucket -------------------------------------------------------------------------
+
+def test_bucket_starts_full_then_refills_at_the_rate():
+    b = L.TokenBucket(rate=10, burst=5, now=0.0)
+    assert all(b.spend(1, 0.0) for _ in range(4))
+    assert not b.spend(1, 0.0)             # the 5th empties it: no whole token left
+    assert b.wait() == pytest.approx(0.1)  # one token at 10/s
+    assert b.refill(0.05) == pytest.approx(0.5)
+    assert b.refill(100.0) == 5            # never above the burst
+
+
+def test_bucket_goes_into_debt_and_the_long_run_rate_is_exact():
+    b = L.TokenBucket(rate=1000, burst=1000, now=0.0)
+    assert not b.spend(3000, 0.0)           # a packet larger than the burst passes...
+    assert b.wait() == pytest.approx(2.001)  # ...and is paid for: 2001 tokens missing
+    now, passed = 0.0, 0
+    while now < 10.0:                        # a client sending 500-byte packets whenever allowed
+        now += b.wait()
+        b.spend(500, now)
+        passed += 500
+    # 1000 at start + 10 s x 1000/s refilled - 3000 for the big packet, + at most one packet
+    assert 8000 <= passed <= 8500
+
+
+def test_burst_zero_means_one_second_of_the_rate():
+    assert L.burst_of(7.5, 0) == 8
+    assert L.burst_of(0.2, 0) == 1
+    assert L.burst_of(100, 3) == 3
+
+
+def test_publish_rate_reports_the_limit_that_needs_the_longer_wait():
+    r = L.PublishRate(lim(messages_rate=10, messages_burst=2, bytes_rate=100, bytes_burst=100), 0.0)
+    assert r.charge(10, 0.0) is None
+    name, wait = r.charge(10, 0.0)          # second message empties the messages bucket
+    assert name == "messages_rate" and wait == pytest.approx(0.1)
+    r2 = L.PublishRate(lim(messages_rate=10, messages_burst=100, bytes_rate=100), 0.0)
+    name, wait = r2.charge(600, 0.0)
+    assert name == "bytes_rate" and wait == pytest.approx(5.01)
+    assert L.PublishRate.for_limits(lim(), 0.0) is None
+
+
+# ----- topic table --------------------------------------------------------------------------
+
+def test_topic_table_limits_in_order():
+    t = L.TopicTable()
+    limits = lim(max_topics=3, max_topics_per_client=2, max_topic_levels=3, max_topic_length=10)
+    assert t.admit("a/b/c/d", "x", limits, False) == "max_topic_levels"
+    assert t.admit("a" * 11, "x", limits, False) == "max_topic_length"
+    assert t.admit("a", "x", limits, True) == "memory_limit"
+    assert t.admit("a", "x", limits, False) is None
+    assert t.admit("b", "x", limits, False) is None
+    assert t.admit("c", "x", limits, False) == "max_topics_per_client"
+    assert t.admit("c", "y", limits, False) is None
+    assert t.admit("d", "y", limits, False) == "max_topics"
+    assert len(t) == 3 and t.created_by("x") == 2 and t.created_by("y") == 1
+
+
+def test_topic_length_counts_utf8_bytes():
+    limits = lim(max_topic_length=10)
+    assert L.check_topic("é" * 5, limits) is None      # 10 bytes
+    assert L.check_topic("é" * 6, limits) == "max_topic_length"
+    assert L.check_topic("a/b", lim(max_topic_levels=2)) is None
+    assert L.check_topic("a/b/", lim(max_topic_levels=2)) == "max_topic_levels"
+
+
+def test_topic_table_forgets_idle_topics_after_two_rotations_unless_kept():
+    t = L.TopicTable()
+    limits = lim(max_topics=10)
+    for topic in ("busy", "idle", "kept"):
+        assert t.admit(topic, "x", limits, False) is None
+    assert t.rotate(lambda topic: False) == 0          # nothing is old enough yet
+    assert t.admit("busy", "x", limits, False) is None  # published again: back to current
+    assert t.rotate(lambda topic: topic == "kept") == 1  # "idle" goes, "kept" is retained
+    assert set(t.current) == set() and set(t.previous) == {"busy", "kept"}
+    assert t.created_by("x") == 2
+    t.rotate(lambda topic: False)
+    t.rotate(lambda topic: False)
+    assert len(t) == 0 and t.per_client == {}
+
+
+# ----- timers, log, pass times --------------------------------------------------------------
+
+def test_timers_with_equal_deadlines_order_without_error():
+    import heapq
+
+    heap = []
+    timers = [L.Timer(lambda: None) for _ in range(5)]
+    for t in timers:
+        heapq.heappush(heap, (1.0, t))
+    assert sorted(t for _, t in heap) == sorted(timers)
+
+
+def test_event_log_once_per_period_with_the_count(caplog):
+    ev = L.EventLog(logging.getLogger("test.events"), period=60)
+    with caplog.at_level(logging.INFO, logger="test.events"):
+        ev.log(logging.WARNING, "flood", 0.0, "refused %s", "a")
+        for i in range(5):
+            ev.log(logging.WARNING, "flood", 1.0 + i, "refused %s", "b")
+        ev.log(logging.WARNING, "other", 2.0, "other kind")
+        ev.log(logging.WARNING, "flood", 61.0, "refused %s", "c")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert lines[0].startswith("refused a") and "at most once per 60 s" in lines[0]
+    assert lines[1].startswith("other kind")
+    assert lines[2].startswith("refused c") and "5 more like this in the last 61 s" in lines[2]
+
+
+def test_pass_times_quantiles_over_the_last_1024():
+    p = PassTimes()
+    assert p.quantiles(0.5, 0.99) == [0.0, 0.0]
+    for i in range(1, 101):
+        p.add(i / 1000)
+    p50, p99 = p.quantiles(0.5, 0.99)
+    assert p50 == pytest.approx(0.051) and p99 == pytest.approx(0.1)
+    for _ in range(2000):
+        p.add(1.0)  # the ring keeps only the last 1024
+    assert p.quantiles(0.5) == [1.0] and p.count == 2100
+
+
+# ----- sessions' shared empty containers -----------------------------------------------------
+
+def test_idle_sessions_share_read_only_empty_containers():
+    a, b = Session("a", True), Session("b", True)
+    assert a.queue is b.queue is EMPTY_QUEUE and a.awaiting_release is EMPTY_IDS
+    with pytest.raises(TypeError):
+        a.queue.append(1)
+    with pytest.raises(TypeError):
+        a.awaiting_release.add(1)
+    a.own_queue().append(1)
+    a.own_awaiting_release().add(7)
+    assert list(a.queue) == [1] and 7 in a.awaiting_release
+    assert len(EMPTY_QUEUE) == 0 and len(EMPTY_IDS) == 0 and b.queue is EMPTY_QUEUE
+
+
+# ----- wrong client on the port --------------------------------------------------------------
+
+@pytest.mark.parametrize("head, kind", [
+    (b"\x10", "mqtt"), (b"\x12\x00", "mqtt"), (b"\x16\x03\x01", "tls"),
+    (b"GET / HTTP/1.1", "http"), (b"POST /x", "http"), (b"OPTIONS ", "http"),
+    (b"G", None), (b"OPTIO", None), (b"GEX", "not_mqtt"), (b"\xff\xfe", "not_mqtt"),
+    (b"\xc0\x00", "not_mqtt"), (b"OPTIONSX", "not_mqtt"),
+])
+def test_classify_first_bytes(head, kind):
+    assert classify_first_bytes(head) == kind
+
+
+def test_http_reply_is_one_line_400():
+    head, _, body = HTTP_REPLY.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert body.count(b"\n") == 1 and b"MQTT port" in body
+    assert f"Content-Length: {len(body)}".encode() in head
+
+
+@pytest.mark.parametrize("cid", ["plain", "a/b", "x+y#z", "100%", "é"])
+def test_client_id_as_one_sys_topic_level(cid):
+    level = sys_topic_level(cid)
+    assert "/" not in level and "+" not in level and "#" not in level
+    validate_topic_name("$SYS/broker/clients/" + level + "/messages/sent")
+    assert level.replace("%2F", "/").replace("%2B", "+").replace("%23", "#") \
+        .replace("%25", "%") == cid
+
+
+# ----- Prometheus text ------------------------------------------------------------------------
+
+def test_render_has_help_and_type_before_every_sample():
+    snap = {
+        "version": "1.2.3", "uptime_seconds": 1.5, "clients_connected": 2, "sockets_open": 3,
+        "sessions": 2, "subscriptions": 1, "retained_messages": 0, "topics": 4,
+        "queued_messages": 0, "queued_bytes": 0, "throttled_clients": 0, "throttled_seconds": 0.0,
+        "counters": {k: 1 for k in ("packets_received", "packets_sent", "publish_received",
+                                    "publish_sent", "publish_dropped", "bytes_received",
+                                    "bytes_sent", "sockets_accepted", "connects_accepted",
+                                    "protocol_errors", "keepalive_expired", "takeovers")},
+        "limit_hits": L.zero_counts(L.LIMITS), "refused": L.zero_counts(L.REFUSALS),
+        "dropped": L.zero_counts(L.DROPS),
+        "loop": {"pass_p50_seconds": 0.001, "pass_p99_seconds": 0.01, "passes": 10,
+                 "busy_seconds": 0.02},
+        "process": {"rss_bytes": 100, "cpu_seconds": 0.5, "memory_limit_bytes": 0,
+                    "memory_over_limit": False},
+    }
+    text = render(snap)
+    declared = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            declared.setdefault(line.split()[2], None)
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            declared[name] = kind
+        else:
+            m = re.fullmatch(r'([a-z_]+)(\{[a-z]+="[^"]*"\})? (\S+)', line)
+            assert m, line
+            name = m.group(1)
+            base = re.sub(r"_(sum|count)$", "", name) if name.endswith(("_sum", "_count")) else name
+            assert declared.get(base), f"{name} has no TYPE line before it"
+            float(m.group(3))
+            assert name.startswith("edgebroker_")
+    assert 'edgebroker_limit_hits_total{limit="max_topics"} 0' in text
+    assert 'edgebroker_loop_pass_seconds{quantile="0.99"} 0.01' in text

@@ -1,0 +1,135 @@
+"""Metrics exposed over HTTP (Prometheus text) and $SYS (docs/metrics.md)."""
+
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import edgebroker
+from edgebroker.core.limits import DROPS, LIMITS, REFUSALS
+from test_broker_sys import collect, number
+
+METRICS_RE = re.compile(r"metrics on http://([0-9.]+):(\d+)/metrics")
+SAMPLE_RE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-z_]+)="([^"]*)"\})? (\S+)')
+
+
+def scrape(url: str) -> dict:
+    """Parse the exposition strictly: {(name, label value or None): value}; checks HELP/TYPE."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = resp.read().decode()
+    helped, typed, samples = set(), {}, {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            helped.add(line.split()[2])
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name not in typed, f"two TYPE lines for {name}"
+            assert kind in ("counter", "gauge", "summary")
+            typed[name] = kind
+        else:
+            mm = SAMPLE_RE.fullmatch(line)
+            assert mm, f"not a sample line: {line!r}"
+            name = mm.group(1)
+            family = re.sub(r"_(sum|count)$", "", name)
+            family = family if typed.get(family) == "summary" else name
+            assert family in helped and family in typed, f"{name} before its HELP/TYPE"
+            assert name.startswith("edgebroker_")
+            if typed[family] == "counter":
+                assert name.endswith("_total"), name
+            samples[name, mm.group(4)] = float(mm.group(5))
+    return samples
+
+
+def test_prometheus_endpoint(broker, uid):
+    b = broker(metrics={"listen": "127.0.0.1:0"}, limits={"max_topics": 1})
+    line = b.wait_log(METRICS_RE)
+    host, port = METRICS_RE.search(line).groups()
+    url = f"http://{host}:{port}/metrics"
+    first = scrape(url)
+    for limit in LIMITS:
+        assert first["edgebroker_limit_hits_total", limit] == 0
+    for reason in REFUSALS:
+        assert ("edgebroker_connections_refused_total", reason) in first
+    for reason in DROPS:
+        assert ("edgebroker_messages_dropped_total", reason) in first
+    assert first["edgebroker_process_resident_memory_bytes", None] > 1e6
+    assert ("edgebroker_loop_pass_seconds", "0.99") in first
+    assert first["edgebroker_info", edgebroker.__version__] == 1
+
+    # A scraper that connects and says nothing does not hold up the broker.
+    stalled = socket.create_connection((host, int(port)))
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/a", b"x")
+    pub.publish(f"{uid}/b", b"over max_topics")
+    assert pub.ping() == []
+    stalled.close()
+
+    # The snapshot is refreshed every second: wait (bounded) for one taken after the publishes.
+    deadline = time.monotonic() + 5
+    while True:
+        now = scrape(url)
+        if now["edgebroker_publish_received_total", None] >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert now["edgebroker_publish_received_total", None] == 2
+    assert now["edgebroker_clients_connected", None] == 1
+    assert now["edgebroker_topics", None] == 1
+    assert now["edgebroker_limit_hits_total", "max_topics"] == 1
+    assert now["edgebroker_messages_dropped_total", "max_topics"] == 1
+    assert now["edgebroker_loop_pass_seconds_count", None] > first[
+        "edgebroker_loop_pass_seconds_count", None]
+    try:
+        urllib.request.urlopen(f"http://{host}:{port}/other", timeout=5)
+        raise AssertionError("/other answered")
+    except urllib.error.HTTPError as err:
+        assert err.code == 404
+
+
+def test_metrics_listen_error_is_one_clear_line(broker):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    b = broker(metrics={"listen": f"127.0.0.1:{port}"}, wait=False)
+    assert b.proc.wait(10) == 1
+    b.stopped = True
+    assert b.wait_log(f"cannot listen for metrics on 127.0.0.1:{port}")
+    taken.close()
+
+
+def test_sys_limits_refusals_drops_and_per_client_figures(broker):
+    b = broker(sys_interval=1, sys_client_metrics=True, limits={"max_topics": 1})
+    watcher = b.client("watcher")
+    odd = b.client("dev/7+x#")              # needs escaping to be one topic level
+    odd.publish("t/1", b"a")
+    odd.publish("t/2", b"dropped: max_topics")
+    odd.publish("$SYS/x", b"dropped: sys_topic")
+    assert odd.ping() == []
+    watcher.subscribe("$SYS/broker/#")
+    base = "$SYS/broker/clients/dev%2F7%2Bx%23"
+    topics = ([f"$SYS/broker/limits/{name}" for name in LIMITS]
+              + [f"$SYS/broker/connections/refused/{r}" for r in REFUSALS]
+              + [f"$SYS/broker/publish/messages/dropped/{r}" for r in DROPS]
+              + ["$SYS/broker/topics/count", "$SYS/broker/store/messages/count",
+                 "$SYS/broker/store/messages/bytes", "$SYS/broker/clients/throttled",
+                 "$SYS/broker/loop/pass/p50", "$SYS/broker/loop/pass/p99",
+                 f"{base}/messages/received", f"{base}/messages/dropped",
+                 f"{base}/bytes/received", f"{base}/throttled/seconds"])
+    seen = collect(watcher, topics, timeout=8)
+    assert number(seen["$SYS/broker/limits/max_topics"].payload) == 1
+    assert number(seen["$SYS/broker/publish/messages/dropped/max_topics"].payload) == 1
+    assert number(seen["$SYS/broker/publish/messages/dropped/sys_topic"].payload) == 1
+    assert number(seen["$SYS/broker/topics/count"].payload) == 1
+    assert number(seen[f"{base}/messages/received"].payload) == 3
+    assert number(seen[f"{base}/messages/dropped"].payload) == 2
+    # Broker-wide figures are retained; per-client ones are not (no trace once a client goes).
+    late = b.client("late")
+    late.subscribe("$SYS/broker/limits/max_topics", f"{base}/messages/received")
+    retained = late.ping()
+    # (a live publication may arrive meanwhile: only the retained ones are counted)
+    assert [p.topic for p in retained if p.retain] == ["$SYS/broker/limits/max_topics"]
+    assert 0 <= number(seen["$SYS/broker/loop/pass/p50"].payload) \
+        <= number(seen["$SYS/broker/loop/pass/p99"].payload) < 1
