@@ -150,6 +150,12 @@ def test_idle_sessions_share_read_only_empty_containers():
     a.own_queue().append(1)
     a.own_awaiting_release().add(7)
     assert list(a.queue) == [1] and 7 in a.awaiting_release
+    for shared, own in ((a.subscriptions, a.own_subscriptions), (a.inflight, a.own_inflight)):
+        assert shared is b.subscriptions
+        with pytest.raises(TypeError):
+            shared["x"] = 1
+        own()["x"] = 1
+    assert a.subscriptions == {"x": 1} and a.inflight == {"x": 1} and b.inflight == {}
     assert len(EMPTY_QUEUE) == 0 and len(EMPTY_IDS) == 0 and b.queue is EMPTY_QUEUE
 
 

@@ -24,7 +24,9 @@ from edgebroker.core.limits import (
     DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, Timer, TopicTable, check_topic, zero_counts,
 )
 from edgebroker.core.metrics import PassTimes
-from edgebroker.core.session import AWAIT_ACK, EMPTY_QUEUE, Message, Outgoing, Session
+from edgebroker.core.session import (
+    AWAIT_ACK, EMPTY_DICT, EMPTY_QUEUE, Message, Outgoing, Session,
+)
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import encode_ack, encode_publish_head
@@ -329,7 +331,10 @@ class Broker:
     def _send(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         """Send a QoS 1/2 message in the session's window (the client is online)."""
         pid = session.allocate_id()
-        session.inflight[pid] = Outgoing(message, qos, retain)
+        inflight = session.inflight
+        if inflight is EMPTY_DICT:
+            inflight = session.own_inflight()
+        inflight[pid] = Outgoing(message, qos, retain)
         session.inflight_bytes += message.size
         self._write_publish(session.client, message, qos, retain, False, pid)
 
@@ -446,7 +451,7 @@ class Broker:
                 granted.append(P.SUBACK_FAILURE)
                 continue
             self.subscriptions.add(topic_filter, session, qos)
-            session.subscriptions[topic_filter] = qos
+            session.own_subscriptions()[topic_filter] = qos
             granted.append(qos)
         return granted
 

@@ -37,8 +37,21 @@ class _SharedEmptyIds(set):
     add = update = _read_only
 
 
+class _SharedEmptyDict(dict):
+    """Like the above, for ``subscriptions`` and ``inflight`` (64 bytes each per idle session)."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("the shared empty dict is read-only: use Session.own_subscriptions() or "
+                        "own_inflight()")
+
+    __setitem__ = setdefault = update = _read_only
+
+
 EMPTY_QUEUE = _SharedEmptyQueue()
 EMPTY_IDS = _SharedEmptyIds()
+EMPTY_DICT = _SharedEmptyDict()
 
 
 class Message:
@@ -79,9 +92,9 @@ class Session:
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
         self.clean = clean
-        self.subscriptions: dict[str, int] = {}
+        self.subscriptions: dict[str, int] = EMPTY_DICT  # own one: own_subscriptions()
         self.client = None                      # the live Client, or None while offline
-        self.inflight: dict[int, Outgoing] = {}
+        self.inflight: dict[int, Outgoing] = EMPTY_DICT  # own one: own_inflight()
         self.queue: deque[tuple[Message, int, bool]] = EMPTY_QUEUE  # own one: own_queue()
         self.awaiting_release: set[int] = EMPTY_IDS                  # own_awaiting_release()
         self._next_id = 0
@@ -99,6 +112,18 @@ class Session:
         if queue is EMPTY_QUEUE:
             queue = self.queue = deque()
         return queue
+
+    def own_subscriptions(self) -> dict:
+        subscriptions = self.subscriptions
+        if subscriptions is EMPTY_DICT:
+            subscriptions = self.subscriptions = {}
+        return subscriptions
+
+    def own_inflight(self) -> dict:
+        inflight = self.inflight
+        if inflight is EMPTY_DICT:
+            inflight = self.inflight = {}
+        return inflight
 
     def own_awaiting_release(self) -> set:
         ids = self.awaiting_release
