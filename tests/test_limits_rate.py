@@ -63,3 +63,17 @@ def test_bytes_rate_throttles_and_keeps_the_connection(broker, uid):
     row = b.client_row(f"{uid}-pub")
     assert row["throttled_seconds"] > expected * 0.5 and row["msgs_in"] == n
     assert b.stats()["limit_hits"]["bytes_rate"] >= 1
+
+
+def test_throttled_longer_than_keepalive_is_not_disconnected(broker, uid):
+    """While the broker is not reading a client, its keepalive is not held against it."""
+    b = broker(limits={"messages_rate": 1, "messages_burst": 1})
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/t")
+    pub = b.client(f"{uid}-pub", keepalive=1)   # expires after 1.5 s of silence
+    t0 = time.monotonic()
+    pub.send(b"".join(m.publish(f"{uid}/t", b"%d" % i) for i in range(4)))
+    got = [int(sub.recv_publish(timeout=5).payload) for _ in range(4)]
+    assert got == [0, 1, 2, 3]
+    assert time.monotonic() - t0 >= 2.5          # 3 s of throttling at 1/s, minus slack
+    assert pub.ping() == []                      # still connected
