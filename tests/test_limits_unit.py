@@ -55,8 +55,20 @@ def test_publish_rate_reports_the_limit_that_needs_the_longer_wait():
     name, wait = r.charge(10, 0.0)          # second message empties the messages bucket
     assert name == "messages_rate" and wait == pytest.approx(0.1)
     r2 = L.PublishRate(lim(messages_rate=10, messages_burst=100, bytes_rate=100), 0.0)
-    name, wait = r2.charge(600, 0.0)
-    assert name == "bytes_rate" and wait == pytest.approx(5.01)
+    name, wait = r2.charge(600, 0.0)        # 500 in debt, resumes with 2 bytes (20 ms) back
+    assert name == "bytes_rate" and wait == pytest.approx(5.02)
+
+
+def test_a_throttled_client_resumes_with_20_ms_of_its_rate_back():
+    r = L.PublishRate(lim(messages_rate=20_000, messages_burst=1), 0.0)
+    name, wait = r.charge(10, 0.0)
+    assert wait == pytest.approx(1 / 20_000)  # burst 1: never more than the burst
+    r = L.PublishRate(lim(messages_rate=20_000, messages_burst=20_000), 0.0)
+    now = 0.0
+    for _ in range(20_000 - 1):
+        assert r.charge(10, now) is None
+    name, wait = r.charge(10, now)
+    assert wait == pytest.approx(400 / 20_000)  # 400 messages' worth, not 1
     assert L.PublishRate.for_limits(lim(), 0.0) is None
 
 

@@ -86,6 +86,11 @@ class TokenBucket:
         return missing / self.rate if missing > 0 else 0.0
 
 
+# A throttled client is read again once this many seconds' worth of its rate is back (at most
+# its burst): waking it for every single token would cost two epoll_ctl and a timer each time.
+RESUME_SECONDS = 0.02
+
+
 def burst_of(rate: float, burst: int) -> float:
     """A configured burst, where 0 means one second's worth of the rate (at least 1)."""
     return float(burst) if burst else max(1.0, float(math.ceil(rate)))
@@ -115,13 +120,17 @@ class PublishRate:
         over = None
         bucket = self.messages
         if bucket is not None and not bucket.spend(1, now):
-            over = ("messages_rate", bucket.wait())
+            over = ("messages_rate", bucket.wait(_resume_need(bucket)))
         bucket = self.bytes
         if bucket is not None and not bucket.spend(size, now):
-            wait = bucket.wait()
+            wait = bucket.wait(_resume_need(bucket))
             if over is None or wait > over[1]:
                 over = ("bytes_rate", wait)
         return over
+
+
+def _resume_need(bucket: TokenBucket) -> float:
+    return min(float(bucket.burst), max(1.0, bucket.rate * RESUME_SECONDS))
 
 
 class Timer:
