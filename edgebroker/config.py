@@ -89,7 +89,8 @@ class Limits:
         10_000, _at_least(1), doc="connected clients, broker-wide; over it CONNACK 3 then close")
     max_connection_rate: float = _setting(
         500.0, _at_least(0),
-        doc="new connections accepted per second (token bucket); over it accepting pauses; 0: no limit")
+        doc="new connections accepted per second (token bucket); over it accepting pauses; "
+            "0: no limit")
     connection_burst: int = _setting(
         1000, _at_least(1), doc="connections accepted at once before max_connection_rate applies")
     max_topic_length: int = _setting(
@@ -97,7 +98,8 @@ class Limits:
     max_topic_levels: int = _setting(
         128, _at_least(1), doc="most levels in a topic name or filter")
     max_topics: int = _setting(
-        100_000, _at_least(1), doc="distinct topics the broker tracks; publishes to new ones are refused")
+        100_000, _at_least(1),
+        doc="distinct topics the broker tracks; publishes to new ones are refused")
     max_topics_per_client: int = _setting(
         10_000, _at_least(1), doc="tracked topics one client id may have created")
     topic_expiry: float = _setting(
@@ -118,7 +120,8 @@ class Limits:
     messages_burst: int = _setting(
         0, _at_least(0), doc="PUBLISH packets a client may send at once; 0: one second's worth")
     bytes_rate: float = _setting(
-        0.0, _at_least(0), doc="published bytes (topic + payload) per second per client; 0: no limit")
+        0.0, _at_least(0),
+        doc="published bytes (topic + payload) per second per client; 0: no limit")
     bytes_burst: int = _setting(
         0, _at_least(0), doc="published bytes a client may send at once; 0: one second's worth")
     max_pending_write_bytes: int = _setting(

@@ -17,7 +17,7 @@ def test_messages_rate_throttles_one_publisher_not_the_others(broker, uid, mosq)
     # mosquitto_pub -l: one message per stdin line, as fast as the broker reads them.
     fast = mosq("pub", b.port, "-i", f"{uid}-fast", "-t", f"{uid}/fast", "-l",
                 stdin_data="".join(f"{i}\n" for i in range(n)))
-    got, other_latency = [], None
+    got, other_latency, t_other = [], None, 0.0
     while len(got) < n:
         p = sub.recv_publish(timeout=5)
         if p.topic == f"{uid}/other":

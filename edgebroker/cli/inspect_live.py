@@ -157,8 +157,12 @@ def format_stats(s: dict) -> str:
     proc = s["process"]
     limit = proc["memory_limit_bytes"]
     memory = f"rss {_size(proc['rss_bytes'])}, cpu {proc['cpu_seconds']:.1f} s, memory_limit "
-    memory += (f"{_size(limit)}{' (OVER: refusing new connections and topics)' if proc['memory_over_limit'] else ''}"
-               if limit else "off")
+    if not limit:
+        memory += "off"
+    else:
+        memory += _size(limit)
+        if proc["memory_over_limit"]:
+            memory += " (OVER: refusing new connections and topics)"
     lines = [
         f"edgebroker {s['version']}, up {_duration(s['uptime_seconds'])}",
         f"clients     {s['clients_connected']} connected, {s['sockets_open']} sockets, "

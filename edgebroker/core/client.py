@@ -27,7 +27,9 @@ from __future__ import annotations
 import logging
 import uuid
 
-from edgebroker.errors import CONNACK_CODES_311, PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
+from edgebroker.errors import (
+    CONNACK_CODES_311, PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
+)
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import PINGRESP_BYTES, Decoder, encode, encode_ack
 from edgebroker.core.limits import PublishRate

@@ -184,7 +184,7 @@ class TopicTable:
         return len(self.current) + len(self.previous)
 
     def admit(self, topic: str, client_id: str, limits, memory_over: bool) -> str | None:
-        """A PUBLISH to ``topic`` (not in ``current``): None if admitted, else the limit refusing it."""
+        """A PUBLISH to ``topic`` (not in ``current``): None if admitted, else the refusing limit."""
         creator = self.previous.pop(topic, None)
         if creator is not None:
             self.current[topic] = creator
