@@ -108,3 +108,19 @@ def test_stale_socket_is_replaced_and_a_second_broker_refused(broker, tmp_path):
     assert b.stats()["clients_connected"] == 0  # the first one is untouched
     b.stop()
     assert not (data / "admin.sock").exists()
+
+
+def test_every_sort_key(broker, uid):
+    from edgebroker.core.metrics import SORT_KEYS
+
+    b = broker()
+    a, z = b.client(f"{uid}-a"), b.client(f"{uid}-z")
+    z.send(b"".join(m.publish(f"{uid}/z", b"x" * 100) for _ in range(3)))
+    z.subscribe(f"{uid}/z")
+    assert z.ping() == [] and a.ping() == []
+    for key in SORT_KEYS:
+        reply = b.admin("clients", sort=key, limit=1)
+        assert reply["total"] == 2 and len(reply["clients"]) == 1, key
+    assert b.admin("clients", sort="id", limit=1)["clients"][0]["id"] == f"{uid}-a"
+    for key in ("msgs_in", "bytes_in", "subscriptions", "msgs_in_rate"):
+        assert b.admin("clients", sort=key, limit=1)["clients"][0]["id"] == f"{uid}-z", key

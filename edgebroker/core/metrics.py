@@ -15,6 +15,8 @@ one store per pass, the quantiles are computed only when asked.
 
 from __future__ import annotations
 
+import heapq
+
 from edgebroker import __version__
 from edgebroker.core.limits import DROPS, LIMITS, REFUSALS
 
@@ -133,14 +135,44 @@ def _rates(client, transport, now: float) -> tuple:
     return rates
 
 
+_RATE_INDEX = {"msgs_in_rate": 0, "msgs_out_rate": 1, "bytes_in_rate": 2, "bytes_out_rate": 3}
+_KEYS = {  # the sort key alone, without building a whole row
+    "msgs_in": lambda c, now: c.msgs_in,
+    "msgs_out": lambda c, now: c.transport.msgs_out,
+    "bytes_in": lambda c, now: c.transport.bytes_in,
+    "bytes_out": lambda c, now: c.transport.bytes_out,
+    "dropped": lambda c, now: sum(c.session.drops.values()) if c.session.drops else 0,
+    "throttled_seconds": lambda c, now: c.throttled_time + (
+        now - c.throttle_start if c.throttled_until else 0.0),
+    "pending_write_bytes": lambda c, now: c.transport.out_bytes,
+    "queued": lambda c, now: len(c.session.queue),
+    "inflight": lambda c, now: len(c.session.inflight),
+    "subscriptions": lambda c, now: len(c.session.subscriptions),
+    "connected_seconds": lambda c, now: now - c.created,
+}
+
+
 def client_rows(broker, now: float, sort: str = "msgs_in_rate", limit: int = 0) -> tuple[int, list]:
-    """(number of connected clients, rows sorted by ``sort``, the first ``limit`` or all)."""
-    rows = [client_row(s.client, now) for s in broker.sessions.values() if s.client is not None]
+    """(number of connected clients, rows sorted by ``sort``, the first ``limit`` or all).
+
+    Only the sort key is computed for every client; whole rows only for those returned.
+    """
+    clients = [s.client for s in broker.sessions.values() if s.client is not None]
     if sort == "id":
-        rows.sort(key=lambda r: r["id"])
+        chosen = (heapq.nsmallest(limit, clients, key=lambda c: c.client_id) if limit
+                  else sorted(clients, key=lambda c: c.client_id))
     else:
-        rows.sort(key=lambda r: (-r[sort], r["id"]))
-    return len(rows), rows[:limit] if limit else rows
+        if sort in _RATE_INDEX:
+            i = _RATE_INDEX[sort]
+            value = lambda c: _rates(c, c.transport, now)[i]  # noqa: E731
+        else:
+            get = _KEYS[sort]
+            value = lambda c: get(c, now)  # noqa: E731
+        keyed = [(value(c), c.client_id, c) for c in clients]
+        order = lambda item: (-item[0], item[1])  # noqa: E731 (largest first, then by id)
+        keyed = heapq.nsmallest(limit, keyed, key=order) if limit else sorted(keyed, key=order)
+        chosen = [c for _, _, c in keyed]
+    return len(clients), [client_row(c, now) for c in chosen]
 
 
 def all_names() -> dict[str, tuple[str, ...]]:
