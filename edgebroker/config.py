@@ -73,7 +73,8 @@ class Limits:
         1_048_576, _between(2, MAX_PACKET_SIZE_311),
         doc="largest packet (bytes, whole packet) accepted; larger closes the connection")
     max_client_id_length: int = _setting(
-        65535, _between(1, 65535), doc="longest client id (bytes); longer gets CONNACK 2")
+        65535, _between(23, 65535),
+        doc="longest client id (bytes); longer gets CONNACK 2 (at least 23, MQTT-3.1.3-5)")
     max_inflight_messages: int = _setting(
         20, _between(1, 65535), doc="outgoing QoS 1/2 messages awaiting acknowledgement per session")
     max_queued_messages: int = _setting(
@@ -177,6 +178,8 @@ def load(path: str | None) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not valid TOML") from None
     try:
         return from_dict(table, source=path)
     except ConfigError as exc:

@@ -223,7 +223,7 @@ def test_sighup_applies_changed_limit(broker, uid):
     b = broker(limits={"max_client_id_length": 100})
     assert b.client("c" * 50).ping() == []
     cfg = dict(b.config)
-    cfg["limits"] = {"max_client_id_length": 10}
+    cfg["limits"] = {"max_client_id_length": 30}
     b.config_path.write_text(toml_dumps(cfg))
     mark = b.mark()
     b.send_signal(signal.SIGHUP)

@@ -83,9 +83,15 @@ class Broker:
             if session.clean:
                 self.drop_session(session)
         will = client.will
-        if publish_will and will is not None:
-            log.info("publishing will of %s on %r", client.describe(), will.topic)
-            self.publish(will.topic, will.payload, will.qos, will.retain)
+        if not publish_will or will is None:
+            return
+        if will.topic.startswith("$SYS"):
+            self.stats.publish_dropped += 1
+            log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
+                        client.describe(), will.topic)
+            return
+        log.info("publishing will of %s on %r", client.describe(), will.topic)
+        self.publish(will.topic, will.payload, will.qos, will.retain)
 
     def drop_session(self, session: Session) -> None:
         for topic_filter in session.subscriptions:
@@ -130,7 +136,10 @@ class Broker:
             if due is None:
                 continue
             if due <= now:
-                client.expire()
+                try:
+                    client.expire()
+                except Exception:
+                    log.exception("internal error expiring %s", client.describe())
             else:
                 client.timer_at = due
                 heapq.heappush(timers, (due, next(self._seq), client))
@@ -168,10 +177,14 @@ class Broker:
             q = qos if qos < sub_qos else sub_qos
             client = session.client
             if q == 0:
-                if client is None:
+                if client is None or session.queue:
+                    # Offline, or behind a backlog that may hold older QoS 0
+                    # messages (order per topic and QoS, MQTT-4.6.0-6).
                     if self.limits.queue_qos0_messages and not session.clean:
                         self._enqueue(session, message, 0, False)
-                    continue
+                        continue
+                    if client is None:
+                        continue
                 if frame0 is None:
                     frame0 = self._frame0(message)
                 write = client.transport.write

@@ -25,6 +25,9 @@ from edgebroker.core.session import AWAIT_COMP
 
 log = logging.getLogger("edgebroker.client")
 
+# Bytes of a partly received packet that count as activity for keepalive.
+_PROGRESS_BYTES = 1024
+
 _CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
 
 
@@ -61,19 +64,26 @@ class Client:
     # ----- input from the server layer -------------------------------------------------
 
     def data_received(self, data) -> None:
+        if self.closed:
+            return
         broker = self.broker
-        self.last_seen = broker.clock()
         stats = broker.stats
         handlers = self._handlers
+        decoded = 0
         try:
             for packet in self.decoder.feed(data):
-                stats.packets_received += 1
+                decoded += 1
                 handlers[packet.type](self, packet)
                 if self.closed:
-                    return
+                    break
                 handlers = self._handlers
         except ProtocolError as exc:
             self._violation(exc)
+        stats.packets_received += decoded
+        # Keepalive counts complete packets (MQTT-3.1.2-24); a large packet
+        # still arriving in big pieces counts too, so it is not cut off.
+        if decoded or len(data) >= _PROGRESS_BYTES:
+            self.last_seen = broker.clock()
 
     def connection_lost(self, reason: str) -> None:
         """The socket closed or failed under us (not after DISCONNECT)."""
@@ -109,10 +119,15 @@ class Client:
         if self.closed:
             return
         self.closed = True
-        if self.connected:
-            self.broker.detach(self, publish_will=will)
-        self.will = None
-        self.transport.close()
+        # A closed client may sit in the timer heap until its deadline: let go
+        # of its buffers now.
+        self.decoder = None
+        try:
+            if self.connected:
+                self.broker.detach(self, publish_will=will)
+        finally:
+            self.will = None
+            self.transport.close()
 
     def _violation(self, exc: ProtocolError) -> None:
         broker = self.broker
@@ -221,11 +236,17 @@ class Client:
                 self.broker.pump(session)
 
     def _on_pubrec(self, p) -> None:
-        entry = self.session.inflight.get(p.packet_id)
+        inflight = self.session.inflight
+        pid = p.packet_id
+        entry = inflight.get(pid)
         if entry is None or entry.qos != 2:
             return
-        entry.state = AWAIT_COMP
-        self.transport.write(encode_ack(P.PUBREL, p.packet_id))
+        if entry.state != AWAIT_COMP:
+            entry.state = AWAIT_COMP
+            # PUBRELs go out (and are re-sent) in PUBREC order (MQTT-4.6.0-4).
+            del inflight[pid]
+            inflight[pid] = entry
+        self.transport.write(encode_ack(P.PUBREL, pid))
         self.broker.stats.packets_sent += 1
 
     def _on_pubrel(self, p) -> None:

@@ -172,10 +172,13 @@ class Loop:
                 transport.dirty = False
                 if transport.closed:
                     continue
-                if transport.out:
-                    transport.flush()
-                if transport.closing:
-                    transport.shutdown()
+                try:
+                    if transport.out:
+                        transport.flush()
+                    if transport.closing:
+                        transport.shutdown()
+                except Exception:
+                    self._internal_error(transport.on_event)
 
     # ----- the loop ---------------------------------------------------------------------
 
@@ -197,10 +200,7 @@ class Loop:
                 except Exception:
                     self._internal_error(key.data)
             now = clock()
-            try:
-                broker.tick(now)
-            except Exception:
-                log.exception("internal error in timers")
+            broker.tick(now)
             if self.dirty:
                 self.flush_dirty()
             for listener in self.listeners:
@@ -225,7 +225,7 @@ class Loop:
                       client.describe() if client else owner.peer)
         try:
             if client is not None:
-                client.close(will=False)
+                client.close(will=True)
         except Exception:
             log.exception("internal error while closing %s", owner.peer)
         owner.shutdown()
@@ -238,6 +238,8 @@ class Loop:
             config = self.reload_config()
         except ConfigError as exc:
             log.error("reload failed, keeping the running configuration: %s", exc)
+        except Exception:
+            log.exception("reload failed, keeping the running configuration")
         else:
             if config.listeners != self.config.listeners:
                 log.warning("reload: listener changes take effect after a restart")
