@@ -14,7 +14,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 
-$(VENV)/.installed: $(BIN)/python setup.cfg setup.py
+# csrc/ is compiled by the install (cffi_modules): a change there reinstalls.
+$(VENV)/.installed: $(BIN)/python setup.cfg setup.py pyproject.toml csrc/edgebroker_native.c \
+		csrc/edgebroker_native.h edgebroker/_native/_build.py
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 

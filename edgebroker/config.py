@@ -85,6 +85,29 @@ class Limits:
         False, doc="also queue QoS 0 messages for offline persistent sessions")
 
 
+DURABILITY = ("none", "batch", "sync")
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    durability: str = _setting(
+        "batch", _one_of(*DURABILITY),
+        doc="when QoS 1/2 publishes are acknowledged: none, batch or sync (docs/config.md)")
+    flush_interval_ms: int = _setting(
+        100, _between(1, 60_000), doc="with durability batch: at most one fsync per this many ms")
+    segment_bytes: int = _setting(
+        16 * MiB, _between(4096, 1024 * MiB), doc="a segment is rolled before it grows past this")
+    segment_ms: int = _setting(
+        600_000, _at_least(1000), doc="a segment is rolled once its first record is this old (ms)")
+    retention_bytes: int = _setting(
+        1024 * MiB, _at_least(4096),
+        doc="the log's size limit; over it the oldest segments go, uploaded or not")
+    retention_ms: int = _setting(
+        604_800_000, _at_least(1000),
+        doc="an uploaded segment is deleted once its newest record is this old (ms)")
+
+
 @dataclass(frozen=True)
 class Config:
     data_dir: str = _setting("", doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
@@ -96,6 +119,7 @@ class Config:
     auto_id_prefix: str = _setting("auto-", doc="prefix of assigned client ids")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))
     limits: Limits = field(default_factory=Limits)
+    log: LogConfig = field(default_factory=LogConfig)
     source: str = field(default="", compare=False)
 
     @property
@@ -138,6 +162,8 @@ def _build(cls, table: Any, prefix: str):
             values[name] = _build_listeners(raw)
         elif cls is Config and name == "limits":
             values[name] = _build(Limits, raw, "limits.")
+        elif cls is Config and name == "log":
+            values[name] = _build_log(raw)
         else:
             value = _coerce(raw, hints[name], key)
             check = f.metadata.get("check")
@@ -146,6 +172,14 @@ def _build(cls, table: Any, prefix: str):
                 raise ConfigError(f"{key}: {problem}, got {raw!r}")
             values[name] = value
     return cls(**values)
+
+
+def _build_log(raw: Any) -> LogConfig:
+    log = _build(LogConfig, raw, "log.")
+    if log.retention_bytes < log.segment_bytes:
+        raise ConfigError(f"log.retention_bytes: must be at least log.segment_bytes "
+                          f"({log.segment_bytes}), got {log.retention_bytes}")
+    return log
 
 
 def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
@@ -201,7 +235,8 @@ def parse_address(text: str) -> ListenerConfig:
 def describe() -> list[tuple[str, Any, str]]:
     """(key, default, meaning) for every setting, for docs and `config check`."""
     rows = []
-    for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits)):
+    for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits),
+                        ("log.", LogConfig)):
         for f in dataclasses.fields(cls):
             if "doc" in f.metadata:
                 rows.append((prefix + f.name, f.default, f.metadata["doc"]))
