@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import CONNACK_CODES_311, PROTOCOL_ERROR, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import PINGRESP_BYTES, Decoder, encode, encode_ack
@@ -32,7 +33,8 @@ _CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
 
 
 class Client:
-    __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "session", "connected",
+    __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "client_id_bytes",
+                 "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
                  "protocol_level", "sys_publish_warned", "_handlers")
 
@@ -42,6 +44,7 @@ class Client:
         self.peer = transport.peer
         self.decoder = Decoder(max_packet_size=broker.limits.max_packet_size)
         self.client_id = ""
+        self.client_id_bytes = b""
         self.session = None
         self.connected = False
         self.closed = False
@@ -166,6 +169,7 @@ class Client:
                 return self._refuse(2, "empty client id and allow_zero_length_clientid is false")
             client_id = broker.config.auto_id_prefix + uuid.uuid4().hex
         self.client_id = client_id
+        self.client_id_bytes = client_id.encode("utf-8")
         if p.keepalive > limits.max_keepalive:
             return self._refuse(2, f"keepalive {p.keepalive} s is above max_keepalive "
                                    f"({limits.max_keepalive} s)")
@@ -202,23 +206,29 @@ class Client:
         # $SYS belongs to the broker: clients' publishes there are acknowledged
         # (3.1.1 has no negative ack) and dropped, as Mosquitto does.
         publish = self._drop_sys_publish if p.topic.startswith("$SYS") else broker.publish
-        if qos == 0:
-            publish(p.topic, p.payload, 0, p.retain)
+        try:
+            if qos == 0:
+                publish(p.topic, p.payload, 0, p.retain, self)
+                return
+            pid = p.packet_id
+            if qos == 1:
+                offset = publish(p.topic, p.payload, 1, p.retain, self)
+                broker.acknowledge(self, offset, encode_ack(P.PUBACK, pid))
+            else:
+                # Exactly once: route on first receipt, ignore re-sends until PUBREL.
+                pending = self.session.awaiting_release
+                offset = None
+                if pid not in pending:
+                    offset = publish(p.topic, p.payload, 2, p.retain, self)
+                    pending.add(pid)
+                broker.acknowledge(self, offset, encode_ack(P.PUBREC, pid))
+        except LogFullError:
+            # Not logged, so neither routed nor acknowledged: the client sends
+            # it again after reconnecting. Its socket is no longer read meanwhile.
             return
-        pid = p.packet_id
-        if qos == 1:
-            publish(p.topic, p.payload, 1, p.retain)
-            self.transport.write(encode_ack(P.PUBACK, pid))
-        else:
-            # Exactly once: route on first receipt, ignore re-sends until PUBREL.
-            pending = self.session.awaiting_release
-            if pid not in pending:
-                pending.add(pid)
-                publish(p.topic, p.payload, 2, p.retain)
-            self.transport.write(encode_ack(P.PUBREC, pid))
         broker.stats.packets_sent += 1
 
-    def _drop_sys_publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+    def _drop_sys_publish(self, topic: str, payload: bytes, qos: int, retain: bool, client) -> None:
         stats = self.broker.stats
         stats.publish_received += 1
         stats.publish_dropped += 1

@@ -4,6 +4,12 @@ A session owns its subscriptions, the outgoing QoS 1/2 window (``inflight``,
 keyed by packet id, in send order), the queue of messages waiting for the
 window or for the client to come back, and the packet ids of inbound QoS 2
 messages received but not yet released (for exactly-once delivery).
+
+Queue and window entries refer to a message either as a ``Message`` (in
+memory, while the client is online) or as its commit-log offset (an ``int``):
+a session that goes offline keeps offsets only, so an offline backlog costs a
+few bytes per message, and its payloads are later sent straight from the log
+file.
 """
 
 from __future__ import annotations
@@ -14,15 +20,23 @@ from collections import deque
 class Message:
     """One application message as routed: shared by every subscriber it reaches."""
 
-    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "_frame0")
+    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "offset")
 
-    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool):
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool,
+                 offset: int | None = None):
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
         self.topic_bytes = topic.encode("utf-8")
-        self._frame0 = None
+        self.offset = offset       # position in the commit log; None if not logged ($SYS)
+
+
+def as_offset(ref):
+    """A queue or window entry's message as a log offset when it has one."""
+    if type(ref) is Message and ref.offset is not None:
+        return ref.offset
+    return ref
 
 
 # Outgoing inflight entry states.
@@ -33,7 +47,7 @@ AWAIT_COMP = 1     # PUBREL sent, waiting for PUBCOMP
 class Outgoing:
     __slots__ = ("message", "qos", "retain", "state")
 
-    def __init__(self, message: Message, qos: int, retain: bool):
+    def __init__(self, message, qos: int, retain: bool):
         self.message = message
         self.qos = qos
         self.retain = retain
@@ -50,7 +64,7 @@ class Session:
         self.subscriptions: dict[str, int] = {}
         self.client = None                      # the live Client, or None while offline
         self.inflight: dict[int, Outgoing] = {}
-        self.queue: deque[tuple[Message, int, bool]] = deque()
+        self.queue: deque[tuple] = deque()     # (Message or log offset, qos, retain)
         self.awaiting_release: set[int] = set()
         self._next_id = 0
         self.dropped = 0

@@ -18,7 +18,9 @@ from edgebroker import __version__
 
 class Stats:
     __slots__ = ("packets_received", "packets_sent", "publish_received", "publish_sent",
-                 "publish_dropped", "publish_unrouted", "bytes_received", "bytes_sent",
+                 "publish_dropped", "publish_unrouted", "publish_lost", "publish_not_logged",
+                 "publish_refused", "log_write_failures", "publishers_paused",
+                 "bytes_received", "bytes_sent",
                  "sockets_accepted", "connects_accepted", "connections_refused", "protocol_errors",
                  "keepalive_expired", "connect_timeouts", "takeovers")
 
@@ -92,6 +94,7 @@ class SysTopics:
         pub("$SYS/broker/publish/messages/received", counts["publish_received"])
         pub("$SYS/broker/publish/messages/sent", counts["publish_sent"])
         pub("$SYS/broker/publish/messages/dropped", counts["publish_dropped"])
+        pub("$SYS/broker/publish/messages/lost", counts["publish_lost"])
         pub("$SYS/broker/bytes/received", counts["bytes_received"])
         pub("$SYS/broker/bytes/sent", counts["bytes_sent"])
         for name, counter in _LOADS:

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import selectors
 import signal
 import socket
 import time
 
-from edgebroker import __version__
+from collections import deque
+
+from edgebroker import __version__, _native
+from edgebroker.commitlog import CommitLog, Flusher, LogOptions
 from edgebroker.config import Config, ListenerConfig
+from edgebroker.core import snapshot as snap
 from edgebroker.core.broker import Broker
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.server import sdnotify
@@ -89,13 +94,30 @@ class Listener:
         self.sock.close()
 
 
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class Loop:
+    """The composition root: the selector loop, the commit log and its threads, the broker."""
+
     def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
         self.config = config
         self.clock = clock
         self.reload_config = reload_config
         self.selector = selectors.DefaultSelector()
-        self.broker = Broker(config, clock)
+        self.state_dir = config.state_dir()
+        _native.log_backend()
+        self.log = CommitLog.open(os.path.join(self.state_dir, "log"),
+                                  LogOptions.from_config(config.log), clock_ms=wall_ms)
+        self.broker = Broker(config, clock, commit_log=self.log, wall_ms=wall_ms)
+        self._durable: deque[int] = deque()   # offsets reported by the flusher thread
+        self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,
+                               on_durable=self._on_durable)
+        self.broker.journal.notify_written = self.flusher.notify_written
+        self.snapshots = snap.SnapshotWriter(self.state_dir)
+        self.broker.submit_snapshot = self.snapshots.submit
+        self._restore()
         self.buffer = bytearray(READ_BUFFER)
         self.view = memoryview(self.buffer)
         self.dirty: list[Transport] = []
@@ -109,6 +131,42 @@ class Loop:
         self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
 
     # ----- set-up -----------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Sessions and retained messages from the snapshot, then the log written after it."""
+        started = time.monotonic()
+        try:
+            state = snap.read(self.state_dir)
+        except snap.SnapshotError as exc:
+            damaged = os.path.join(self.state_dir, snap.FILENAME + ".damaged")
+            os.replace(os.path.join(self.state_dir, snap.FILENAME), damaged)
+            log.error("%s; moved it to %s and starting without sessions or retained messages",
+                      exc, damaged)
+            state = None
+        if state is None:
+            log.info("no session snapshot in %s: starting with no sessions", self.state_dir)
+        else:
+            self.broker.restore(state)
+            start = max(state.log_next_offset, self.log.first_offset)
+            replayed = self.broker.replay(self.log.read_range(start))
+            log.info("restored %d persistent sessions and %d retained messages; replayed %d log "
+                     "records from offset %d in %.3f s", len(state.sessions),
+                     self.broker.retained.count, replayed, start, time.monotonic() - started)
+        # A snapshot exists from now on, so a crash before the first change
+        # still replays the log from here.
+        self.snapshots.submit(snap.encode(self.broker.capture()))
+
+    def log_generation(self) -> int:
+        """Changes whenever retention deletes segments (closing their descriptors)."""
+        return self.log.counters.segments_deleted
+
+    def locate(self, offset: int):
+        return self.log.locate(offset)
+
+    def _on_durable(self, offset: int) -> None:
+        """Flusher thread: everything below ``offset`` is on disk."""
+        self._durable.append(offset)
+        self.wake()
 
     def open_listeners(self) -> None:
         for lc in self.config.listeners:
@@ -142,6 +200,12 @@ class Loop:
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        durable = self._durable
+        if durable:
+            newest = 0
+            while durable:
+                newest = max(newest, durable.popleft())
+            self.broker.journal.durable(newest)
 
     # ----- connections ------------------------------------------------------------------
 
@@ -186,6 +250,8 @@ class Loop:
         broker = self.broker
         select = self.selector.select
         clock = self.clock
+        self.flusher.start()
+        self.snapshots.start()
         watchdog = sdnotify.watchdog_interval()
         next_watchdog = clock() + watchdog if watchdog else None
         sdnotify.notify("READY=1\nSTATUS=serving MQTT")
@@ -201,6 +267,7 @@ class Loop:
                     self._internal_error(key.data)
             now = clock()
             broker.tick(now)
+            broker.end_pass()
             if self.dirty:
                 self.flush_dirty()
             for listener in self.listeners:
@@ -256,6 +323,12 @@ class Loop:
         for listener in self.listeners:
             listener.close()
         self.listeners.clear()
+        # Everything received is written and synced, so the acknowledgements
+        # still waiting can go out before the connections close.
+        self.broker.end_pass()
+        self.flusher.stop()
+        self._on_wake(0)
+        self.broker.journal.durable(self.log.durable_offset)
         self.flush_dirty()
         deadline = self.clock() + DRAIN_SECONDS
         while any(t.out for t in self.transports) and self.clock() < deadline:
@@ -266,6 +339,8 @@ class Loop:
         self.flush_dirty()
         for transport in list(self.transports):
             transport.shutdown()
+        self.snapshots.stop(final=snap.encode(self.broker.capture()))
+        self.log.close()
         self.selector.close()
         self._wake_r.close()
         self._wake_w.close()

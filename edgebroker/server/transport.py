@@ -1,9 +1,15 @@
-"""A TCP connection as the core sees it: ``write`` and ``close``, nothing else.
+"""A TCP connection as the core sees it: ``write``, ``write_file``, ``close``.
 
 Writes are queued and flushed by the loop once per pass with one ``sendmsg``
 over all queued buffers (no per-message syscalls). Only the unsent remainder
 stays queued, and the socket is registered for write readiness only while
 something is queued.
+
+``write_file`` queues a header from memory plus a byte range of a commit-log
+segment: a backlog is sent with the native helper's sendfile batch, payloads
+never passing through Python. A queued range names its record's offset; if
+retention deleted segments meanwhile (their descriptors are closed), the range
+is looked up again before use, and dropped if the record is gone.
 """
 
 from __future__ import annotations
@@ -13,12 +19,36 @@ import logging
 import selectors
 import socket
 
+from edgebroker import _native
+
 log = logging.getLogger("edgebroker.server")
 
 # Linux IOV_MAX is 1024; stay under it.
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
 _READ_WRITE = selectors.EVENT_READ | selectors.EVENT_WRITE
+
+
+class _Unrecoverable(Exception):
+    """The connection's output cannot be completed; it must be closed."""
+
+
+class FileChunk:
+    """A queued PUBLISH whose payload is a range of a log segment file."""
+
+    __slots__ = ("head", "fd", "position", "length", "offset", "generation")
+
+    def __init__(self, head: bytes, fd: int, position: int, length: int, offset: int,
+                 generation: int):
+        self.head = head
+        self.fd = fd
+        self.position = position
+        self.length = length
+        self.offset = offset
+        self.generation = generation
+
+    def __len__(self) -> int:
+        return len(self.head) + self.length
 
 
 def format_peer(addr) -> str:
@@ -30,7 +60,7 @@ def format_peer(addr) -> str:
 
 class Transport:
     __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
-                 "closed", "events")
+                 "closed", "events", "reading", "file_progress")
 
     def __init__(self, loop, sock: socket.socket, peer: str):
         self.loop = loop
@@ -43,6 +73,8 @@ class Transport:
         self.closing = False     # the core asked to close once the queue is sent
         self.closed = False
         self.events = _READ
+        self.reading = True      # False while the core holds this client back
+        self.file_progress = 0   # bytes of out[0] already sent when it is a FileChunk
 
     # ----- the core's side --------------------------------------------------------------
 
@@ -54,6 +86,42 @@ class Transport:
         if not self.dirty:
             self.dirty = True
             self.loop.dirty.append(self)
+
+    def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
+        if self.closed:
+            return
+        generation = self.loop.log_generation()
+        self.out.append(FileChunk(head, fd, position, length, offset, generation))
+        self.out_bytes += len(head) + length
+        if not self.dirty:
+            self.dirty = True
+            self.loop.dirty.append(self)
+
+    def pause_reading(self) -> None:
+        """Stop reading this socket (the kernel's TCP window then holds the peer back)."""
+        if self.reading:
+            self.reading = False
+            self._update_events()
+
+    def resume_reading(self) -> None:
+        if not self.reading:
+            self.reading = True
+            self._update_events()
+
+    def _update_events(self) -> None:
+        if self.closed:
+            return
+        want = (_READ if self.reading else 0) | (selectors.EVENT_WRITE if self.out else 0)
+        if want == self.events:
+            return
+        selector = self.loop.selector
+        if not want:
+            selector.unregister(self.sock)
+        elif not self.events:
+            selector.register(self.sock, want, self.on_event)
+        else:
+            selector.modify(self.sock, want, self.on_event)
+        self.events = want
 
     def close(self) -> None:
         """Close after a last attempt to send what is queued (e.g. a refusing CONNACK)."""
@@ -94,20 +162,33 @@ class Transport:
         out = self.out
         sock = self.sock
         sent_total = 0
+        error = None
         while out:
-            batch = out if len(out) <= _MAX_IOV else out[:_MAX_IOV]
+            if type(out[0]) is FileChunk:
+                try:
+                    sent, full, error = self._send_files()
+                except _Unrecoverable as exc:
+                    error = str(exc)
+                    break
+                sent_total += sent
+                if full or error:
+                    break
+                continue
+            n = 0
+            limit = min(len(out), _MAX_IOV)
+            while n < limit and type(out[n]) is not FileChunk:
+                n += 1
+            batch = out[:n] if n < len(out) else out
             try:
                 sent = sock.sendmsg(batch)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
-                self.loop.broker.stats.bytes_sent += sent_total
-                self.lost(exc.strerror or str(exc))
-                return
+                error = exc.strerror or str(exc)
+                break
             sent_total += sent
             # Drop fully sent buffers; keep a view of a partly sent one.
             i = 0
-            n = len(batch)
             while i < n and sent >= len(out[i]):
                 sent -= len(out[i])
                 i += 1
@@ -118,10 +199,47 @@ class Transport:
                 break  # the socket buffer is full
         self.out_bytes -= sent_total
         self.loop.broker.stats.bytes_sent += sent_total
-        want = _READ_WRITE if out else _READ
-        if want != self.events and not self.closed:
-            self.events = want
-            self.loop.selector.modify(self.sock, want, self.on_event)
+        if error is not None:
+            self.lost(error)
+            return
+        self._update_events()
+
+    def _send_files(self) -> tuple[int, bool, str | None]:
+        """Send the leading run of FileChunks: (bytes sent, socket full, error)."""
+        out = self.out
+        generation = self.loop.log_generation()
+        run = []
+        for item in out:
+            if type(item) is not FileChunk or len(run) == _MAX_IOV:
+                break
+            if item.generation != generation and not self._relocate(item, generation, not run):
+                break
+            run.append(item)
+        if not run:
+            return 0, False, None   # the head chunk was dropped; the caller goes on
+        result = _native.send_batch(self.sock, [(c.head, c.fd, c.position, c.length) for c in run],
+                                    0, self.file_progress)
+        # Bytes of the whole items completed, plus progress into the next one.
+        sent = result.sent
+        del out[:result.item]
+        self.file_progress = result.progress if result.item < len(run) else 0
+        if result.error in (0, errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+            return sent, result.error != 0, None
+        return sent, False, errno.errorcode.get(result.error, str(result.error))
+
+    def _relocate(self, chunk: FileChunk, generation: int, at_head: bool) -> bool:
+        """Segments were deleted since ``chunk`` was queued: find its record again."""
+        where = self.loop.locate(chunk.offset)
+        if where is None:
+            if at_head and self.file_progress:
+                # Half of this PUBLISH is on the wire; it cannot be completed.
+                raise _Unrecoverable(f"log record {chunk.offset} deleted while being sent")
+            self.out.remove(chunk)
+            self.out_bytes -= len(chunk)
+            self.loop.broker.stats.publish_lost += 1
+            return False
+        chunk.fd, chunk.position, chunk.generation = where.fd, where.payload_position, generation
+        return True
 
     def lost(self, reason: str) -> None:
         """The socket failed or the peer closed it: tell the core, release the socket."""
