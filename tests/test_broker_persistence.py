@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mqttraw import PUBLISH
+from mqttraw import PUBACK, PUBLISH, publish
 
 
 def restart(broker, b, sig=signal.SIGTERM, **overrides):
@@ -120,8 +120,12 @@ def test_a_large_backlog_is_sent_from_the_log_in_order(broker, uid, monkeypatch,
     sub.disconnect()
     pub = b.client(f"{uid}-p")
     sizes = [0, 1, 100, 5000, 200_000] + [64] * 295
+    # Pipelined, as a device with a window would: all PUBLISHes, then all PUBACKs.
     for i, size in enumerate(sizes):
-        pub.publish(f"{uid}/t", (f"{i:05d}".encode() * (size // 5 + 1))[:size], qos=1)
+        pub.send(publish(f"{uid}/t", (f"{i:05d}".encode() * (size // 5 + 1))[:size], qos=1,
+                         packet_id=i + 1))
+    acked = [pub.expect(PUBACK, timeout=10).packet_id for _ in sizes]
+    assert acked == list(range(1, len(sizes) + 1))  # in order (MQTT-4.6.0-2)
     again = b.client(f"{uid}-s", clean=False)
     for i, size in enumerate(sizes):
         p = again.recv_publish(timeout=10)
