@@ -1160,22 +1160,25 @@ class CommitLog:
     # Closing
     # =========================================================================================
 
-    def close(self) -> None:
-        """Write what is pending (best effort), fsync, trim the index, release the directory."""
+    def close(self, sync: bool = True) -> None:
+        """Write what is pending (best effort), fsync (unless ``sync`` is False), trim the index,
+        release the directory."""
         if self._closed:
             return
         if not self.readonly:
             try:
                 if self._groups:
                     self.write_pending()
-                self.sync()
+                if sync:
+                    self.sync()
             except LogError as exc:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
             if tail is not None and tail.created and not tail.sealed and tail.index_fd >= 0:
                 try:
                     tail.trim_index()
-                    os.fsync(tail.index_fd)
+                    if sync:
+                        os.fsync(tail.index_fd)
                 except OSError as exc:
                     log.warning("%s: %s", tail.index_path, exc.strerror)
             if tail is not None and not self._groups and self._durable >= self._written:
