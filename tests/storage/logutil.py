@@ -3,7 +3,6 @@ independent reader of the on-disk format (struct + the stdlib, not the code unde
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
@@ -113,6 +112,3 @@ def flip_byte(path: Path, position: int) -> None:
         fh.seek(position)
         fh.write(bytes([b[0] ^ 0x5A]))
 
-
-def truncate(path: Path, size: int) -> None:
-    os.truncate(path, size)

@@ -14,8 +14,8 @@ from edgebroker.commitlog import (
     CommitLog, LogError, LogFullError, LogLockedError, LogOptions, Record,
 )
 
-from logutil import (
-    Clock, append_n, as_tuple, expected, open_log, parse_index, parse_segment, payload_for,
+from .logutil import (
+    Clock, append_n, as_tuple, crc32c, expected, open_log, parse_index, parse_segment, payload_for,
     segment_files,
 )
 
@@ -422,7 +422,6 @@ def test_segment_written_by_a_newer_version_is_refused(tmp_path):
     seg = segment_files(tmp_path / "log")[0]
     data = bytearray(seg.read_bytes())
     data[8] = 2  # version 2, with a matching header checksum
-    from logutil import crc32c
     data[28:32] = crc32c(bytes(data[:28])).to_bytes(4, "little")
     seg.write_bytes(bytes(data))
     with pytest.raises(LogFormatError, match=r"format version 2; this edgebroker reads version 1"):

@@ -21,7 +21,7 @@ import pytest
 
 from edgebroker.commitlog import CommitLog, Flusher, LogFullError, LogWriteError
 
-from logutil import open_log, segment_files
+from .logutil import open_log, segment_files
 
 INSIDE = "EDGEBROKER_TEST_PRIVATE_MOUNT"
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 
 from edgebroker.commitlog import Flusher
 
-from logutil import append_n, open_log
+from .logutil import append_n, open_log
 
 
 def durable_queue():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from logutil import append_n, flip_byte, open_log, parse_segment, segment_files
+from .logutil import append_n, flip_byte, open_log, parse_segment, segment_files
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000

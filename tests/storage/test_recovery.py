@@ -11,9 +11,8 @@ import pytest
 
 from edgebroker.commitlog import CommitLog
 
-from logutil import (
+from .logutil import (
     append_n, as_tuple, expected, flip_byte, open_log, parse_index, parse_segment, segment_files,
-    truncate,
 )
 
 T0 = 1_700_000_000_000
