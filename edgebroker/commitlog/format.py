@@ -42,7 +42,7 @@ class LogOptions:
     segment_ms: int = 10 * 60 * 1000
     retention_bytes: int = 1 * GiB
     retention_ms: int = 7 * 24 * 3600 * 1000
-    # Records waiting for the disk (after write errors) beyond this are refused (LogFullError).
+    # While writes fail, records beyond this many pending bytes are refused (LogFullError).
     max_pending_bytes: int = 32 * MiB
 
     def __post_init__(self):

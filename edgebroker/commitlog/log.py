@@ -524,7 +524,10 @@ class CommitLog:
 
     def append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
                payload: bytes) -> int:
-        """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``."""
+        """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``.
+
+        While writes are failing, a record that would take the pending bytes past
+        ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
         if self.readonly or self._closed:
             raise LogError(f"{self.directory}: the log is {'read-only' if self.readonly else 'closed'}")
         lc, lt, lp = len(client_id), len(topic), len(payload)
@@ -533,7 +536,7 @@ class CommitLog:
             raise ValueError(f"record out of range: qos {qos}, timestamp {timestamp_ms}, "
                              f"client id {lc} bytes, topic {lt} bytes, payload {lp} bytes")
         length = RECORD_HEADER_SIZE + lc + lt + lp
-        if self._pending_bytes and self._pending_bytes + length > self.options.max_pending_bytes:
+        if self._failing and self._pending_bytes + length > self.options.max_pending_bytes:
             raise LogFullError(f"{self.directory}: {self._pending_bytes} bytes are waiting for the "
                                f"disk (max_pending_bytes {self.options.max_pending_bytes}); record "
                                f"not taken")
