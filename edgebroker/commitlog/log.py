@@ -48,6 +48,9 @@ RECOVERY_POINT_FILE = "recovery-point"
 MAX_DAMAGE_KEPT = 1000
 
 _pack_entry = INDEX_ENTRY.pack
+# Payloads of at least this many bytes (as ``bytes``) are written from where they are, not copied.
+BIG_PAYLOAD = 16 * 1024
+IOV_MAX = 1024
 _unpack_record_header = RECORD_HEADER.unpack_from
 
 
@@ -105,13 +108,20 @@ class VerifyReport:
 
 
 class _Group:
-    """Records appended for one segment and not yet written: their bytes and index entries."""
+    """Records appended for one segment and not yet written: their bytes and index entries.
 
-    __slots__ = ("segment", "data", "index", "count", "last_offset", "first_ts", "max_ts")
+    The bytes are ``parts``: bytearrays that small records are copied into, and large ``bytes``
+    payloads held by reference (immutable, so safe to keep until the write), all written with
+    one ``pwritev``. ``data`` is the bytearray being filled (the last of ``parts``)."""
+
+    __slots__ = ("segment", "parts", "data", "nbytes", "index", "count", "last_offset", "first_ts",
+                 "max_ts")
 
     def __init__(self, segment: Segment):
         self.segment = segment
         self.data = bytearray()
+        self.parts = [self.data]
+        self.nbytes = 0
         self.index = bytearray()
         self.count = 0
         self.last_offset = -1
@@ -554,6 +564,7 @@ class CommitLog:
             if seg.reserved_size == 0:
                 header = segment_header(seg.base_offset)
                 g.data += header
+                g.nbytes += len(header)
                 seg.reserved_size = len(header)
                 self._pending_bytes += len(header)
         offset = self._next
@@ -563,7 +574,12 @@ class CommitLog:
         data += _native.record_header(offset, timestamp_ms, attributes, client_id, topic, payload)
         data += client_id
         data += topic
-        data += payload
+        if lp >= BIG_PAYLOAD and type(payload) is bytes:
+            g.data = bytearray()
+            g.parts += (payload, g.data)
+        else:
+            data += payload
+        g.nbytes += length
         if timestamp_ms > seg.reserved_max_ts:
             seg.reserved_max_ts = timestamp_ms
         if seg.reserved_first_ts is None:
@@ -597,8 +613,9 @@ class CommitLog:
         return self._tail
 
     def write_pending(self) -> int:
-        """Hand every record appended since the last call to the OS: one ``pwrite`` (one per
-        segment when the records span a roll). Never fsyncs. Returns ``written_offset``.
+        """Hand every record appended since the last call to the OS: one ``pwritev`` (one per
+        segment when the records span a roll; more only past 1024 large payloads). Never
+        fsyncs. Returns ``written_offset``.
 
         On a write error (disk full, I/O error) the partial write is truncated away, the records
         stay pending for the next call, and ``LogWriteError`` says what and where.
@@ -610,7 +627,7 @@ class CommitLog:
                 if not seg.created:
                     seg.create_files()
                 seg.ensure_index_room(seg.count + g.count)
-                self._write_at(seg, g.data, seg.size)
+                self._write_at(seg, g.parts, g.nbytes, seg.size)
             except LogWriteError as exc:
                 self.counters.write_errors += 1
                 if not self._failing:
@@ -621,7 +638,7 @@ class CommitLog:
             start = seg.count * INDEX_ENTRY_SIZE
             seg.index[start:start + len(g.index)] = g.index
             with self._lock:
-                seg.size += len(g.data)
+                seg.size += g.nbytes
                 seg.count += g.count
                 seg.next_offset = g.last_offset + 1
                 seg.max_timestamp = g.max_ts
@@ -631,8 +648,8 @@ class CommitLog:
                 self._unsynced[seg.base_offset] = seg
                 self._needs_sync = True
             self.counters.appended_records += g.count
-            self.counters.appended_bytes += len(g.data)
-            self._pending_bytes -= len(g.data)
+            self.counters.appended_bytes += g.nbytes
+            self._pending_bytes -= g.nbytes
             self._groups.pop(0)
             if seg.full and not (self._groups and self._groups[0].segment is seg):
                 self._seal(seg)
@@ -641,15 +658,21 @@ class CommitLog:
             log.warning("commit log writes work again; everything pending is written")
         return self._written
 
-    def _write_at(self, seg: Segment, data: bytearray, position: int) -> None:
-        view = memoryview(data)
+    def _write_at(self, seg: Segment, parts: list, nbytes: int, position: int) -> None:
+        views = [memoryview(p) for p in parts if len(p)]
+        first = 0
         done = 0
         try:
-            while done < len(view):
-                n = os.pwrite(seg.fd, view[done:], position + done)
+            while first < len(views):
+                n = os.pwritev(seg.fd, views[first:first + IOV_MAX], position + done)
                 if n <= 0:
                     raise OSError(errno.EIO, os.strerror(errno.EIO))
                 done += n
+                while first < len(views) and n >= len(views[first]):
+                    n -= len(views[first])
+                    first += 1
+                if n:
+                    views[first] = views[first][n:]
         except OSError as exc:
             try:
                 os.ftruncate(seg.fd, position)
@@ -657,10 +680,11 @@ class CommitLog:
                 log.error("%s: cannot truncate the partial write back to %d bytes: %s (readers "
                           "stop at the last valid record; the next start truncates it)",
                           seg.path, position, exc2.strerror)
-            raise LogWriteError.from_os(f"cannot write {len(data)} bytes at position {position} of",
+            raise LogWriteError.from_os(f"cannot write {nbytes} bytes at position {position} of",
                                         seg.path, exc) from None
         finally:
-            view.release()
+            for v in views:
+                v.release()
 
     def _seal(self, seg: Segment) -> None:
         """No more appends to ``seg``: trim its index; the flusher fsyncs it."""

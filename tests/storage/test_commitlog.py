@@ -94,6 +94,29 @@ def test_record_bigger_than_a_segment_gets_its_own(tmp_path):
     log.close()
 
 
+def test_large_payloads_are_written_from_where_they_are(tmp_path):
+    """Payloads of 16 KiB and more (as bytes) are not copied into the pending buffer but written
+    with pwritev, more than IOV_MAX buffers in a pass included; other buffer types are copied,
+    so a caller may reuse its buffer after append."""
+    log = open_log(tmp_path / "log", segment_bytes=64 << 20)
+    big = [os.urandom(16384 + i) for i in range(700)]  # > 1024 iovecs in one write_pending
+    for i, p in enumerate(big):
+        log.append(T0, 1, False, b"c", b"t/%d" % i, p)
+        if i % 3 == 0:
+            log.append(T0, 0, False, b"c", b"small", b"s%d" % i)
+    scratch = bytearray(b"A" * 20000)
+    off = log.append(T0, 0, False, b"c", b"reused", memoryview(scratch))
+    scratch[:] = b"B" * 20000  # the caller reuses its buffer before the write
+    log.write_pending()
+    assert log.read(off).payload == b"A" * 20000
+    got = [r.payload for r in log.read_range(0) if r.topic.startswith(b"t/")]
+    assert got == big
+    log.close()
+    log = open_log(tmp_path / "log", segment_bytes=64 << 20)
+    assert log.recovery.damage == [] and log.next_offset == off + 1
+    log.close()
+
+
 def test_rolls_by_age(tmp_path):
     clock = Clock(T0)
     log = open_log(tmp_path / "log", clock, segment_ms=60_000, segment_bytes=1 << 20)

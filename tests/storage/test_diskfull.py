@@ -56,7 +56,8 @@ def fill(path: Path, size: int) -> None:
         fh.write(os.urandom(size))
 
 
-def test_disk_full_loses_nothing_and_recovers(tmp_path, request):
+@pytest.mark.parametrize("payload_size", [3000, 40_000])  # copied / written from where it is
+def test_disk_full_loses_nothing_and_recovers(tmp_path, request, payload_size):
     if not in_private_mount_namespace(request):
         return
     mnt = tmp_path / "small"
@@ -65,7 +66,7 @@ def test_disk_full_loses_nothing_and_recovers(tmp_path, request):
     log = open_log(mnt / "log", segment_bytes=64 * 1024)
     fl = Flusher(log, "batch", flush_interval_ms=10)
     fl.start()
-    payload = os.urandom(3000)
+    payload = os.urandom(payload_size)
     written = 0
     error = None
     for i in range(1000):
