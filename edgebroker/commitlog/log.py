@@ -239,7 +239,13 @@ class CommitLog:
             seg = Segment(d, base)
             is_last = i == len(bases) - 1
             below_recovery_point = not is_last and bases[i + 1] <= self._recovery_point
-            self._open_segment(seg, is_last, full_scan=is_last or not below_recovery_point)
+            try:
+                self._open_segment(seg, is_last, full_scan=is_last or not below_recovery_point)
+            except FileNotFoundError:
+                if not self.readonly:
+                    raise
+                seg.close()  # deleted by the writer's retention since the listing
+                continue
             if seg.count == 0 and not is_last:
                 if not self.readonly:
                     self._remove_files(seg, "no records")
@@ -277,6 +283,18 @@ class CommitLog:
                     self.recovery.removed.append((path, leftover))
                 except OSError as exc:
                     log.warning("cannot remove %s (%s): %s", path, leftover, exc.strerror)
+
+    def _remove_files(self, seg: Segment, reason: str) -> None:
+        for path in (seg.path, seg.index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove %s (%s): %s", path, reason, exc.strerror)
+                return
+        self.recovery.removed.append((seg.path, reason))
+        log.warning("removed %s: %s", seg.path, reason)
 
     def _open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
         flags = (os.O_RDONLY if self.readonly else os.O_RDWR) | os.O_CLOEXEC

@@ -215,6 +215,23 @@ def test_unsynced_sealed_segment_with_a_hole_after_power_loss(tmp_path):
     log.close()
 
 
+def test_sealed_segment_that_lost_every_record_is_removed(tmp_path):
+    """Power loss before a rolled segment was synced, while the next one was: the first holds
+    only zeros after its header. It is truncated, then removed (no records); the rest reads."""
+    d = make_log(tmp_path / "log", n=300, segment_bytes=4096)
+    (d / "recovery-point").unlink()
+    victim = segment_files(d)[1]
+    lost = {r["offset"] for r in parse_segment(victim)}
+    with open(victim, "r+b") as fh:
+        fh.seek(32)
+        fh.write(bytes(os.path.getsize(victim) - 32))
+    log = open_log(d, segment_bytes=4096)
+    assert [r.offset for r in log.read_range(0)] == [i for i in range(300) if i not in lost]
+    assert (str(victim), "no records") in log.recovery.removed
+    assert not victim.exists() and not victim.with_suffix(".idx").exists()
+    log.close()
+
+
 def test_orphans_and_temporary_files_are_removed(tmp_path):
     d = make_log(tmp_path / "log", n=10)
     (d / "00000000000000000500.idx").write_bytes(b"x" * 16)
