@@ -957,9 +957,9 @@ class CommitLog:
         the index changed."""
         if seg is self._tail and not self.readonly:
             return False
-        before = bytes(memoryview(seg.index)[:seg.count * INDEX_ENTRY_SIZE]) if seg.count else b""
+        before = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
         self._rebuild_index(seg, None, report_tail=False)
-        after = bytes(memoryview(seg.index)[:seg.count * INDEX_ENTRY_SIZE]) if seg.count else b""
+        after = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
         if before != after:
             self.counters.index_rebuilds += 1
             log.warning("%s: an entry did not match its record (offset %d); index rebuilt",
