@@ -182,11 +182,12 @@ const char *eb_crc32c_method(void) { return crc_method; }
 #define MAX_PAYLOAD 268435455u
 #define MAX_RECORD ((uint64_t)HDR + 65535u + 65535u + MAX_PAYLOAD)
 
-void eb_record_header(uint8_t *out, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
-                      const uint8_t *client_id, size_t client_id_len,
-                      const uint8_t *topic, size_t topic_len,
-                      const uint8_t *payload, size_t payload_len)
+void eb_record_header(char *out_, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
+                      const char *client_id, size_t client_id_len,
+                      const char *topic, size_t topic_len,
+                      const char *payload, size_t payload_len)
 {
+    uint8_t *out = (uint8_t *)out_;
     uint32_t c;
     st32(out + 4, (uint32_t)(HDR + client_id_len + topic_len + payload_len));
     st64(out + 8, offset);
@@ -197,9 +198,9 @@ void eb_record_header(uint8_t *out, uint64_t offset, uint64_t timestamp_ms, uint
     st16(out + 28, (uint16_t)topic_len);
     st32(out + 30, (uint32_t)payload_len);
     c = crc_update(0xFFFFFFFFu, out + 4, HDR - 4);
-    c = crc_update(c, client_id, client_id_len);
-    c = crc_update(c, topic, topic_len);
-    c = crc_update(c, payload, payload_len);
+    c = crc_update(c, (const uint8_t *)client_id, client_id_len);
+    c = crc_update(c, (const uint8_t *)topic, topic_len);
+    c = crc_update(c, (const uint8_t *)payload, payload_len);
     st32(out, ~c);
 }
 

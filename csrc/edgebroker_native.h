@@ -56,10 +56,11 @@ typedef struct {
 uint32_t eb_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
 const char *eb_crc32c_method(void);
 
-void eb_record_header(uint8_t *out, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
-                      const uint8_t *client_id, size_t client_id_len,
-                      const uint8_t *topic, size_t topic_len,
-                      const uint8_t *payload, size_t payload_len);
+/* char pointers here, so that Python bytes pass straight through cffi (the append hot path) */
+void eb_record_header(char *out, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
+                      const char *client_id, size_t client_id_len,
+                      const char *topic, size_t topic_len,
+                      const char *payload, size_t payload_len);
 
 int eb_topic_matches(const uint8_t *filter, size_t filter_len, const uint8_t *topic, size_t topic_len);
 

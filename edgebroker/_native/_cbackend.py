@@ -30,11 +30,20 @@ def crc32c(data, crc: int = 0) -> int:
     return lib.eb_crc32c(crc, _ro(data), len(data))
 
 
+def _chars(data):
+    # bytes go to a `const char *` parameter as they are; other buffers through from_buffer
+    return data if type(data) is bytes else _from_buffer("char[]", data if len(data) else _EMPTY)
+
+
+_unpack = ffi.unpack
+_eb_record_header = lib.eb_record_header
+
+
 def record_header(offset: int, timestamp_ms: int, attributes: int, client_id, topic, payload) -> bytes:
-    out = _new("uint8_t[34]")
-    lib.eb_record_header(out, offset, timestamp_ms, attributes, _ro(client_id), len(client_id),
-                         _ro(topic), len(topic), _ro(payload), len(payload))
-    return ffi.buffer(out, RECORD_HEADER_SIZE)[:]
+    out = _new("char[34]")
+    _eb_record_header(out, offset, timestamp_ms, attributes, _chars(client_id), len(client_id),
+                      _chars(topic), len(topic), _chars(payload), len(payload))
+    return _unpack(out, RECORD_HEADER_SIZE)
 
 
 def topic_matches(topic_filter: bytes, topic: bytes) -> bool:

@@ -38,5 +38,5 @@ class LogWriteError(LogError):
 
 
 class LogFullError(LogError):
-    """``append`` refused a record: more than ``max_pending_bytes`` are waiting to be written
-    (the disk has been failing). The record was not taken; the caller counts it as dropped."""
+    """``append`` refused a record: writes are failing and more than ``max_pending_bytes`` are
+    waiting to be written. The record was not taken; the caller counts it as dropped."""

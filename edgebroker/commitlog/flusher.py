@@ -70,6 +70,7 @@ class Flusher(threading.Thread):
 
     # -- the thread -----------------------------------------------------------------------------
     def run(self) -> None:
+        self._reported = self.log.durable_offset
         try:
             while self._wait():
                 self._work()

@@ -42,7 +42,7 @@ class LogOptions:
     segment_ms: int = 10 * 60 * 1000
     retention_bytes: int = 1 * GiB
     retention_ms: int = 7 * 24 * 3600 * 1000
-    # Records waiting for the disk (after write errors) beyond this are refused (LogFullError).
+    # While writes fail, records beyond this many pending bytes are refused (LogFullError).
     max_pending_bytes: int = 32 * MiB
 
     def __post_init__(self):
@@ -151,9 +151,7 @@ def check_segment_header(data: bytes, path: str, base_offset: int) -> str | None
         return f"header is {len(data)} bytes, expected {SEGMENT_HEADER_SIZE}"
     magic, version, hlen, _r1, base, _r2, crc = _SEGMENT_HEADER.unpack_from(data)
     if _native.crc32c(data[:28]) != crc:
-        if magic != MAGIC:
-            return f"not a segment header (magic {magic!r})"
-        return "header checksum mismatch"
+        return "header checksum mismatch" + (f" (magic {magic!r})" if magic != MAGIC else "")
     if magic != MAGIC:
         raise LogFormatError(f"{path}: not an edgebroker log segment (magic {magic!r})")
     if version != FORMAT_VERSION:

@@ -48,6 +48,9 @@ RECOVERY_POINT_FILE = "recovery-point"
 MAX_DAMAGE_KEPT = 1000
 
 _pack_entry = INDEX_ENTRY.pack
+# Payloads of at least this many bytes (as ``bytes``) are written from where they are, not copied.
+BIG_PAYLOAD = 16 * 1024
+IOV_MAX = 1024
 _unpack_record_header = RECORD_HEADER.unpack_from
 
 
@@ -86,14 +89,39 @@ class RecoveryReport:
     removed: list = field(default_factory=list)         # (path, reason)
 
 
-class _Group:
-    """Records appended for one segment and not yet written: their bytes and index entries."""
+@dataclass(slots=True)
+class VerifyReport:
+    """What ``CommitLog.verify`` found."""
 
-    __slots__ = ("segment", "data", "index", "count", "last_offset", "first_ts", "max_ts")
+    segments: int = 0
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    damage: list = field(default_factory=list)          # Damage: records that cannot be read
+    notes: list = field(default_factory=list)           # Damage: incomplete tail of the last segment
+    index_problems: list = field(default_factory=list)  # (path, problem): repaired at next start
+    header_problems: list = field(default_factory=list) # (path, problem)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damage
+
+
+class _Group:
+    """Records appended for one segment and not yet written: their bytes and index entries.
+
+    The bytes are ``parts``: bytearrays that small records are copied into, and large ``bytes``
+    payloads held by reference (immutable, so safe to keep until the write), all written with
+    one ``pwritev``. ``data`` is the bytearray being filled (the last of ``parts``)."""
+
+    __slots__ = ("segment", "parts", "data", "nbytes", "index", "count", "last_offset", "first_ts",
+                 "max_ts")
 
     def __init__(self, segment: Segment):
         self.segment = segment
         self.data = bytearray()
+        self.parts = [self.data]
+        self.nbytes = 0
         self.index = bytearray()
         self.count = 0
         self.last_offset = -1
@@ -211,7 +239,13 @@ class CommitLog:
             seg = Segment(d, base)
             is_last = i == len(bases) - 1
             below_recovery_point = not is_last and bases[i + 1] <= self._recovery_point
-            self._open_segment(seg, is_last, full_scan=is_last or not below_recovery_point)
+            try:
+                self._open_segment(seg, is_last, full_scan=is_last or not below_recovery_point)
+            except FileNotFoundError:
+                if not self.readonly:
+                    raise
+                seg.close()  # deleted by the writer's retention since the listing
+                continue
             if seg.count == 0 and not is_last:
                 if not self.readonly:
                     self._remove_files(seg, "no records")
@@ -249,6 +283,18 @@ class CommitLog:
                     self.recovery.removed.append((path, leftover))
                 except OSError as exc:
                     log.warning("cannot remove %s (%s): %s", path, leftover, exc.strerror)
+
+    def _remove_files(self, seg: Segment, reason: str) -> None:
+        for path in (seg.path, seg.index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove %s (%s): %s", path, reason, exc.strerror)
+                return
+        self.recovery.removed.append((seg.path, reason))
+        log.warning("removed %s: %s", seg.path, reason)
 
     def _open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
         flags = (os.O_RDONLY if self.readonly else os.O_RDWR) | os.O_CLOEXEC
@@ -506,7 +552,10 @@ class CommitLog:
 
     def append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
                payload: bytes) -> int:
-        """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``."""
+        """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``.
+
+        While writes are failing, a record that would take the pending bytes past
+        ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
         if self.readonly or self._closed:
             raise LogError(f"{self.directory}: the log is {'read-only' if self.readonly else 'closed'}")
         lc, lt, lp = len(client_id), len(topic), len(payload)
@@ -515,7 +564,7 @@ class CommitLog:
             raise ValueError(f"record out of range: qos {qos}, timestamp {timestamp_ms}, "
                              f"client id {lc} bytes, topic {lt} bytes, payload {lp} bytes")
         length = RECORD_HEADER_SIZE + lc + lt + lp
-        if self._pending_bytes and self._pending_bytes + length > self.options.max_pending_bytes:
+        if self._failing and self._pending_bytes + length > self.options.max_pending_bytes:
             raise LogFullError(f"{self.directory}: {self._pending_bytes} bytes are waiting for the "
                                f"disk (max_pending_bytes {self.options.max_pending_bytes}); record "
                                f"not taken")
@@ -533,6 +582,7 @@ class CommitLog:
             if seg.reserved_size == 0:
                 header = segment_header(seg.base_offset)
                 g.data += header
+                g.nbytes += len(header)
                 seg.reserved_size = len(header)
                 self._pending_bytes += len(header)
         offset = self._next
@@ -542,7 +592,12 @@ class CommitLog:
         data += _native.record_header(offset, timestamp_ms, attributes, client_id, topic, payload)
         data += client_id
         data += topic
-        data += payload
+        if lp >= BIG_PAYLOAD and type(payload) is bytes:
+            g.data = bytearray()
+            g.parts += (payload, g.data)
+        else:
+            data += payload
+        g.nbytes += length
         if timestamp_ms > seg.reserved_max_ts:
             seg.reserved_max_ts = timestamp_ms
         if seg.reserved_first_ts is None:
@@ -576,8 +631,9 @@ class CommitLog:
         return self._tail
 
     def write_pending(self) -> int:
-        """Hand every record appended since the last call to the OS: one ``pwrite`` (one per
-        segment when the records span a roll). Never fsyncs. Returns ``written_offset``.
+        """Hand every record appended since the last call to the OS: one ``pwritev`` (one per
+        segment when the records span a roll; more only past 1024 large payloads). Never
+        fsyncs. Returns ``written_offset``.
 
         On a write error (disk full, I/O error) the partial write is truncated away, the records
         stay pending for the next call, and ``LogWriteError`` says what and where.
@@ -589,7 +645,7 @@ class CommitLog:
                 if not seg.created:
                     seg.create_files()
                 seg.ensure_index_room(seg.count + g.count)
-                self._write_at(seg, g.data, seg.size)
+                self._write_at(seg, g.parts, g.nbytes, seg.size)
             except LogWriteError as exc:
                 self.counters.write_errors += 1
                 if not self._failing:
@@ -600,7 +656,7 @@ class CommitLog:
             start = seg.count * INDEX_ENTRY_SIZE
             seg.index[start:start + len(g.index)] = g.index
             with self._lock:
-                seg.size += len(g.data)
+                seg.size += g.nbytes
                 seg.count += g.count
                 seg.next_offset = g.last_offset + 1
                 seg.max_timestamp = g.max_ts
@@ -610,8 +666,8 @@ class CommitLog:
                 self._unsynced[seg.base_offset] = seg
                 self._needs_sync = True
             self.counters.appended_records += g.count
-            self.counters.appended_bytes += len(g.data)
-            self._pending_bytes -= len(g.data)
+            self.counters.appended_bytes += g.nbytes
+            self._pending_bytes -= g.nbytes
             self._groups.pop(0)
             if seg.full and not (self._groups and self._groups[0].segment is seg):
                 self._seal(seg)
@@ -620,15 +676,21 @@ class CommitLog:
             log.warning("commit log writes work again; everything pending is written")
         return self._written
 
-    def _write_at(self, seg: Segment, data: bytearray, position: int) -> None:
-        view = memoryview(data)
+    def _write_at(self, seg: Segment, parts: list, nbytes: int, position: int) -> None:
+        views = [memoryview(p) for p in parts if len(p)]
+        first = 0
         done = 0
         try:
-            while done < len(view):
-                n = os.pwrite(seg.fd, view[done:], position + done)
+            while first < len(views):
+                n = os.pwritev(seg.fd, views[first:first + IOV_MAX], position + done)
                 if n <= 0:
                     raise OSError(errno.EIO, os.strerror(errno.EIO))
                 done += n
+                while first < len(views) and n >= len(views[first]):
+                    n -= len(views[first])
+                    first += 1
+                if n:
+                    views[first] = views[first][n:]
         except OSError as exc:
             try:
                 os.ftruncate(seg.fd, position)
@@ -636,10 +698,11 @@ class CommitLog:
                 log.error("%s: cannot truncate the partial write back to %d bytes: %s (readers "
                           "stop at the last valid record; the next start truncates it)",
                           seg.path, position, exc2.strerror)
-            raise LogWriteError.from_os(f"cannot write {len(data)} bytes at position {position} of",
+            raise LogWriteError.from_os(f"cannot write {nbytes} bytes at position {position} of",
                                         seg.path, exc) from None
         finally:
-            view.release()
+            for v in views:
+                v.release()
 
     def _seal(self, seg: Segment) -> None:
         """No more appends to ``seg``: trim its index; the flusher fsyncs it."""
@@ -894,9 +957,9 @@ class CommitLog:
         the index changed."""
         if seg is self._tail and not self.readonly:
             return False
-        before = bytes(memoryview(seg.index)[:seg.count * INDEX_ENTRY_SIZE]) if seg.count else b""
+        before = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
         self._rebuild_index(seg, None, report_tail=False)
-        after = bytes(memoryview(seg.index)[:seg.count * INDEX_ENTRY_SIZE]) if seg.count else b""
+        after = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
         if before != after:
             self.counters.index_rebuilds += 1
             log.warning("%s: an entry did not match its record (offset %d); index rebuilt",
@@ -1011,6 +1074,86 @@ class CommitLog:
     # Inspection
     # =========================================================================================
 
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> "VerifyReport":
+        """Read every segment file whole and check every record's CRC, each header and each
+        index against the records. Changes nothing. ``progress(bytes_done, bytes_total)`` is
+        called as it goes. Works on a log the broker is writing (up to what exists at the start)."""
+        started = time.perf_counter()
+        report = VerifyReport()
+        segs = list(self._segments)
+        sizes = [os.fstat(s.fd).st_size for s in segs]
+        total = sum(sizes)
+        done = 0
+        for k, (seg, size) in enumerate(zip(segs, sizes)):
+            is_last = k == len(segs) - 1
+            report.segments += 1
+            fd = os.dup(seg.fd)
+            try:
+                if size < SEGMENT_HEADER_SIZE:
+                    if size:
+                        report.header_problems.append((seg.path, f"{size} bytes, no complete header"))
+                    done += size
+                    continue
+                try:
+                    problem = check_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0), seg.path,
+                                                   seg.base_offset)
+                except LogError as exc:
+                    problem = str(exc)
+                if problem:
+                    report.header_problems.append((seg.path, problem))
+                out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
+                entries = bytearray()
+                base = seg.base_offset
+                seg_done = done
+
+                def step(view, avail, base_position, mo, mts):
+                    res = _native.build_index(view, avail, base_position, base, mo, mts, out)
+                    if progress is not None:
+                        progress(seg_done + base_position + res.stop, total)
+                    return res
+
+                for event in scanner.walk(fd, SEGMENT_HEADER_SIZE, size, base, 0, step, seg.path):
+                    if event[0] == scanner.DATA:
+                        entries += out[:event[2].count * INDEX_ENTRY_SIZE]
+                    elif event[1].kind == "torn" and is_last:
+                        report.notes.append(event[1])
+                    else:
+                        report.damage.append(event[1])
+                report.records += len(entries) // INDEX_ENTRY_SIZE
+                report.bytes += size
+                problem = self._compare_index(seg, entries, is_last)
+                if problem:
+                    report.index_problems.append((seg.index_path, problem))
+            finally:
+                os.close(fd)
+            done += size
+            if progress is not None:
+                progress(done, total)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    @staticmethod
+    def _compare_index(seg: Segment, entries: bytearray, is_last: bool) -> str | None:
+        try:
+            with open(seg.index_path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return "missing" if entries else None
+        except OSError as exc:
+            return f"unreadable: {exc.strerror}"
+        n = len(data) // INDEX_ENTRY_SIZE
+        while n and data[(n - 1) * INDEX_ENTRY_SIZE:n * INDEX_ENTRY_SIZE] == bytes(INDEX_ENTRY_SIZE):
+            n -= 1  # room preallocated by the writer
+        have = data[:n * INDEX_ENTRY_SIZE]
+        if have == entries or (is_last and entries.startswith(have)):
+            return None
+        for i in range(min(len(have), len(entries)) // INDEX_ENTRY_SIZE):
+            a = have[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]
+            if a != entries[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]:
+                return f"entry {i} does not match the records (rebuilt at the next start)"
+        return (f"{len(have) // INDEX_ENTRY_SIZE} entries for "
+                f"{len(entries) // INDEX_ENTRY_SIZE} records (rebuilt at the next start)")
+
     def segments(self) -> list[SegmentInfo]:
         infos = []
         tail = self._segments[-1] if self._segments else None
@@ -1062,22 +1205,25 @@ class CommitLog:
     # Closing
     # =========================================================================================
 
-    def close(self) -> None:
-        """Write what is pending (best effort), fsync, trim the index, release the directory."""
+    def close(self, sync: bool = True) -> None:
+        """Write what is pending (best effort), fsync (unless ``sync`` is False), trim the index,
+        release the directory."""
         if self._closed:
             return
         if not self.readonly:
             try:
                 if self._groups:
                     self.write_pending()
-                self.sync()
+                if sync:
+                    self.sync()
             except LogError as exc:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
             if tail is not None and tail.created and not tail.sealed and tail.index_fd >= 0:
                 try:
                     tail.trim_index()
-                    os.fsync(tail.index_fd)
+                    if sync:
+                        os.fsync(tail.index_fd)
                 except OSError as exc:
                     log.warning("%s: %s", tail.index_path, exc.strerror)
             if tail is not None and not self._groups and self._durable >= self._written:
@@ -1098,4 +1244,4 @@ class CommitLog:
         self.close()
 
 
-__all__ = ["CommitLog", "LogCounters", "RecoveryReport", "wall_clock_ms"]
+__all__ = ["CommitLog", "LogCounters", "RecoveryReport", "VerifyReport", "wall_clock_ms"]
