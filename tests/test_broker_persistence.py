@@ -161,3 +161,28 @@ def test_snapshot_lists_sessions_by_offset(broker, uid):
     assert session["subscriptions"] == [[f"{uid}/t", 1]]
     assert len(session["queue"]) == 1 and isinstance(session["queue"][0][0], int)
     assert "p" * 1000 not in json.dumps(doc)
+
+
+def test_inspect_sessions_offline_and_live(broker, uid):
+    from conftest import run_cli
+
+    b = broker()
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/a", (f"{uid}/b/#", 2), qos=1)
+    sub.disconnect()
+    pub = b.client(f"{uid}-p")
+    for i in range(3):
+        pub.publish(f"{uid}/a", b"x", qos=1)
+    data_dir = b.config["data_dir"]
+    wait_for_snapshot(data_dir, f"{uid}-s")
+    live = run_cli("inspect", "sessions", "--data-dir", data_dir, "--format", "json")
+    assert live.returncode == 0, live.stderr
+    (s,) = [s for s in json.loads(live.stdout)["sessions"] if s["client_id"] == f"{uid}-s"]
+    assert s["subscriptions"] == {f"{uid}/a": 1, f"{uid}/b/#": 2}
+    b.stop()
+    offline = run_cli("inspect", "sessions", "--data-dir", data_dir)
+    assert offline.returncode == 0, offline.stderr
+    line = next(ln for ln in offline.stdout.splitlines() if ln.startswith(f"{uid}-s"))
+    assert f"{uid}/b/# (QoS 2)" in line and line.split()[-2] == "3"  # 3 queued
+    missing = run_cli("inspect", "sessions", "--data-dir", str(b.workdir / "nowhere"))
+    assert missing.returncode == 1 and "no session snapshot" in missing.stderr

@@ -110,6 +110,9 @@ class Journal:
             if not self.failing:
                 self.failing = True
                 self.stats.log_write_failures += 1
+                # Whoever is waiting for an acknowledgement published what could not be written.
+                for _, client, _ in self._acks:
+                    self.pause(client)
                 log.error("commit log cannot write (%s): QoS 1/2 publishers are not read and not "
                           "acknowledged until it can; QoS 0 goes on unlogged; retrying every second",
                           exc)
