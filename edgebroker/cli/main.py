@@ -12,7 +12,7 @@ import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.cli import config_check, serve
+from edgebroker.cli import config_check, passwd, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.add_parser(commands)
     config_check.add_parser(commands)
+    passwd.add_parser(commands)
     return parser
 
 

@@ -31,7 +31,9 @@ def load(args) -> configuration.Config:
         changes["listener"] = tuple(configuration.parse_address(a) for a in args.listen)
     if args.data_dir:
         changes["data_dir"] = args.data_dir
-    return dataclasses.replace(config, **changes) if changes else config
+    config = dataclasses.replace(config, **changes) if changes else config
+    configuration.check_authentication(config)
+    return config
 
 
 def setup_logging(level: str) -> None:

@@ -4,6 +4,10 @@ Writes are queued and flushed by the loop once per pass with one ``sendmsg``
 over all queued buffers (no per-message syscalls). Only the unsent remainder
 stays queued, and the socket is registered for write readiness only while
 something is queued.
+
+The core may pause reading (``pause_reading``: a CONNECT waiting for its
+password check); the socket is then not watched for input, so the peer's
+further bytes stay in the kernel and TCP slows it down.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ log = logging.getLogger("edgebroker.server")
 # Linux IOV_MAX is 1024; stay under it.
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
+_WRITE = selectors.EVENT_WRITE
 _READ_WRITE = selectors.EVENT_READ | selectors.EVENT_WRITE
+# First byte of a TLS record carrying a handshake (a ClientHello).
+_TLS_HANDSHAKE = 0x16
 
 
 def format_peer(addr) -> str:
@@ -30,7 +37,7 @@ def format_peer(addr) -> str:
 
 class Transport:
     __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
-                 "closed", "events")
+                 "closed", "events", "policy", "reading", "fresh", "listener_name")
 
     def __init__(self, loop, sock: socket.socket, peer: str):
         self.loop = loop
@@ -43,6 +50,10 @@ class Transport:
         self.closing = False     # the core asked to close once the queue is sent
         self.closed = False
         self.events = _READ
+        self.policy = None        # the listener's ListenerPolicy (authentication, ACL)
+        self.reading = True       # False while the core paused reading
+        self.fresh = True         # nothing read yet
+        self.listener_name = ""
 
     # ----- the core's side --------------------------------------------------------------
 
@@ -64,7 +75,33 @@ class Transport:
             self.dirty = True
             self.loop.dirty.append(self)
 
+    def pause_reading(self) -> None:
+        if self.reading:
+            self.reading = False
+            self.update_events()
+
+    def resume_reading(self) -> None:
+        if not self.reading:
+            self.reading = True
+            self.update_events()
+
     # ----- the loop's side --------------------------------------------------------------
+
+    def update_events(self) -> None:
+        """Watch the socket for what is needed now: input unless paused, output if queued."""
+        if self.closed:
+            return
+        want = (_READ if self.reading else 0) | (_WRITE if self.out else 0)
+        if want == self.events:
+            return
+        selector = self.loop.selector
+        if not want:
+            selector.unregister(self.sock)
+        elif not self.events:
+            selector.register(self.sock, want, self.on_event)
+        else:
+            selector.modify(self.sock, want, self.on_event)
+        self.events = want
 
     def on_event(self, mask: int) -> None:
         if self.closed:
@@ -86,6 +123,11 @@ class Transport:
         if n == 0:
             self.lost("closed by peer")
             return
+        if self.fresh:
+            self.fresh = False
+            if loop.buffer[0] == _TLS_HANDSHAKE:
+                self.tls_on_plain()
+                return
         loop.broker.stats.bytes_received += n
         self.client.data_received(loop.view[:n])
 
@@ -118,10 +160,16 @@ class Transport:
                 break  # the socket buffer is full
         self.out_bytes -= sent_total
         self.loop.broker.stats.bytes_sent += sent_total
-        want = _READ_WRITE if out else _READ
+        want = (_READ if self.reading else 0) | (_WRITE if out else 0)
         if want != self.events and not self.closed:
-            self.events = want
-            self.loop.selector.modify(self.sock, want, self.on_event)
+            self.update_events()
+
+    def tls_on_plain(self) -> None:
+        """A TLS ClientHello on a plain MQTT listener: say so, count it, close."""
+        self.loop.broker.stats.protocol_errors += 1
+        log.warning("TLS handshake received on plain MQTT listener %s from %s — use the TLS "
+                    "listener or disable TLS in the client", self.listener_name, self.peer)
+        self.lost("TLS on a plain MQTT listener")
 
     def lost(self, reason: str) -> None:
         """The socket failed or the peer closed it: tell the core, release the socket."""
