@@ -257,8 +257,12 @@ class Client:
         # publishes the ACL does not allow.
         publish = self._drop_sys_publish if p.topic.startswith("$SYS") else broker.publish
         acl = self.acl
-        if acl is not None and not acl.can_write(p.topic):
-            publish = self._drop_denied_publish
+        if acl is not None:
+            allowed = acl.writes.get(p.topic)     # cached decision; computed once per topic
+            if allowed is None:
+                allowed = acl.can_write(p.topic)
+            if not allowed:
+                publish = self._drop_denied_publish
         if qos == 0:
             publish(p.topic, p.payload, 0, p.retain)
             return
