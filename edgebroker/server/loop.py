@@ -90,7 +90,7 @@ class Listener:
             settings = policy.settings
             if settings.identity_as_username:
                 parts.append("certificate identity as user name")
-            if settings.password_file:
+            elif settings.password_file:
                 parts.append(f"password file {settings.password_file}")
             parts.append("anonymous allowed" if settings.allow_anonymous else "no anonymous")
             if settings.acl_file:
