@@ -251,7 +251,10 @@ class Broker:
     # -- clients --------------------------------------------------------------------------------
     def raw(self, port: int | None = None, **transport) -> mqttraw.RawClient:
         """A raw client socket; ``transport``: unix_path, source, ssl_context (see RawClient)."""
-        c = mqttraw.RawClient(self.host, port or self.port, **transport)
+        if transport.get("unix_path"):
+            c = mqttraw.RawClient("", 0, **transport)
+        else:
+            c = mqttraw.RawClient(self.host, port or self.port, **transport)
         _open_clients.append(c)
         return c
 
