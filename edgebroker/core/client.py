@@ -170,7 +170,7 @@ class Client:
                                    f"({limits.max_keepalive} s)")
         self.keepalive = p.keepalive
         self.will = p.will
-        policy = self.transport.policy
+        policy = getattr(self.transport, "policy", None)
         if policy is not None:
             self.pending_connect = p
             self.held = []

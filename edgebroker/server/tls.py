@@ -287,7 +287,7 @@ class TLSTransport(Transport):
                 self.read_wants_write = True
                 self._want(self.events | _WRITE)
                 return
-            except ssl.SSLZeroReturnError:
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 self.lost("closed by peer")
                 return
             except ssl.SSLError as exc:

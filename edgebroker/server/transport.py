@@ -23,7 +23,6 @@ log = logging.getLogger("edgebroker.server")
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
-_READ_WRITE = selectors.EVENT_READ | selectors.EVENT_WRITE
 # First byte of a TLS record carrying a handshake (a ClientHello).
 _TLS_HANDSHAKE = 0x16
 
