@@ -37,7 +37,7 @@ class Client:
     __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
                  "protocol_level", "sys_publish_warned", "_handlers",
-                 "username", "acl", "pending_connect", "held", "denied_logged")
+                 "username", "acl", "pending_connect", "held", "denied_logged", "paused")
 
     def __init__(self, broker, transport, now: float):
         self.broker = broker
@@ -61,6 +61,7 @@ class Client:
         self.pending_connect = None   # the CONNECT while its password check runs
         self.held = None              # packets received meanwhile
         self.denied_logged = None     # topics whose denied PUBLISH was logged
+        self.paused = False           # reading paused while the password check runs
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
@@ -177,6 +178,7 @@ class Client:
             self._handlers = _AUTHENTICATING
             policy.authenticate(self, p)        # calls auth_done, now or later
             if self.pending_connect is not None and not self.closed:
+                self.paused = True
                 self.transport.pause_reading()  # until the password check is back
             return
         self._accept(p)
@@ -214,7 +216,9 @@ class Client:
             except ProtocolError as exc:
                 self._violation(exc)
                 return
-        self.transport.resume_reading()     # a no-op unless reading was paused
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
 
     def _hold(self, p) -> None:
         """A packet that arrived while CONNECT waits for its password check."""
