@@ -232,8 +232,10 @@ class PasswordFile:
             try:
                 entries[username] = parse_hash(stored)
             except HashError as exc:
-                hint = ("; plain-text passwords are not accepted: run "
-                        f"'edgebroker passwd -U {path}' to hash them") if not stored.startswith("$") else ""
+                hint = ""
+                if not stored.startswith("$"):
+                    hint = (f"; plain-text passwords are not accepted: run "
+                            f"'edgebroker passwd -U {path}' to hash them")
                 raise ConfigError(f"{where}: user {username!r}: {exc}{hint}") from None
             raw[username] = stored
         return cls(path, entries, raw)

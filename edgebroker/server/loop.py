@@ -164,11 +164,12 @@ class Loop:
             self.listeners.append(listener)
             self.selector.register(listener.sock, selectors.EVENT_READ, listener.on_event)
             log.info("listening on %s", listener.describe())
-        for policy in {id(p.passwords): p.passwords for _, p in security if p.passwords}.values():
-            if policy.weak:
+        files = {id(p.passwords): p.passwords for _, p in security if p.passwords}
+        for passwords in files.values():
+            if passwords.weak:
                 log.warning("password file %s: weak PBKDF2 hashes (under 10000 iterations) for "
-                            "%s; set them again with edgebroker passwd", policy.path,
-                            ", ".join(repr(u) for u in policy.weak))
+                            "%s; set them again with edgebroker passwd", passwords.path,
+                            ", ".join(repr(u) for u in passwords.weak))
 
     def _security(self, config: Config, listeners) -> list:
         """(TLSServer or None, ListenerPolicy) per (index, ListenerConfig); ConfigError."""
@@ -209,7 +210,8 @@ class Loop:
 
     # ----- connections ------------------------------------------------------------------
 
-    def add_connection(self, sock: socket.socket, peer: str, listener: Listener | None = None) -> None:
+    def add_connection(self, sock: socket.socket, peer: str,
+                       listener: Listener | None = None) -> None:
         sock.setblocking(False)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -315,7 +317,8 @@ class Loop:
         except ConfigError as exc:
             log.error("reload failed, keeping the running configuration: %s", exc)
         else:
-            if [lc.address for lc in config.listeners] != [l.config.address for l in self.listeners]:
+            running = [listener.config.address for listener in self.listeners]
+            if [lc.address for lc in config.listeners] != running:
                 log.warning("reload: listener changes take effect after a restart")
             try:
                 self.reload_security(config)
@@ -333,12 +336,15 @@ class Loop:
         """Re-read certificates, password and ACL files (SIGHUP). New connections use them;
         open TLS connections keep their session; ACL decisions of connected clients and stored
         sessions follow the re-read ACL. Nothing changes unless every file reads cleanly."""
-        running = []
-        for listener in self.listeners:
+        running = []        # (index in the new file, its ListenerConfig) per running listener
+        new = config.listeners
+        for i, listener in enumerate(self.listeners):
             address = listener.config.address
-            index, lc = next(((i, c) for i, c in enumerate(config.listeners)
-                              if c.address == address), (None, listener.config))
-            running.append((index if index is not None else self.listeners.index(listener), lc))
+            if i < len(new) and new[i].address == address:
+                running.append((i, new[i]))
+            else:   # moved in the file, or gone from it (then the running settings stay)
+                running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
+                                    (i, listener.config)))
         security = self._security(config, running)
         acl_moves = {}
         for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
@@ -361,7 +367,7 @@ class Loop:
                 view.rebind(acl)
         files = sorted({f for _, p in security for f in (p.settings.password_file,
                                                           p.settings.acl_file) if f})
-        tls_names = [l.address for l in self.listeners if l.tls is not None]
+        tls_names = [x.address for x in self.listeners if x.tls is not None]
         log.info("reload: re-read %s", ", ".join(
             [f"certificates of {n}" for n in tls_names] + files) or "no security files")
 

@@ -75,9 +75,9 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
         raise ConfigError(f"{name}.{key}: {exc.filename or lc.certfile}: file not found") from None
     except OSError as exc:
         if isinstance(exc, ssl.SSLError):
-            raise ConfigError(f"{name}.certfile: {lc.certfile} (key {lc.keyfile or 'in certfile'}): "
-                              f"not a usable certificate and matching private key "
-                              f"({exc.reason or exc})") from None
+            key = lc.keyfile or "in certfile"
+            raise ConfigError(f"{name}.certfile: {lc.certfile} (key {key}): not a usable "
+                              f"certificate and matching private key ({exc.reason or exc})") from None
         raise ConfigError(f"{name}.certfile: {lc.certfile}: cannot read: {exc.strerror}") from None
     if lc.cafile:
         try:
