@@ -16,7 +16,7 @@ from conftest import _close_all_clients, _start, _teardown, run_cli, toml_dumps
 from mqttraw import ConnectionClosed
 from secfiles import wait_counter, write_acl, write_passwords
 
-PASSWORDS = {"alice": "alice-tls-pw"}
+PASSWORDS = {"alice": "alice-tls-pw", "held": "used-once-so-never-cached"}
 # What a client sees when the server ends a failed handshake: an alert, a reset or EOF.
 TLS_FAILURES = (ssl.SSLError, ConnectionClosed, ConnectionResetError, BrokenPipeError, TimeoutError)
 
@@ -83,6 +83,20 @@ def test_raw_tls_login_and_cross_listener_delivery(tlssrv, pki, uid):
     assert plain.recv_publish().payload == b"over tls"
     tls_client(tlssrv, pki, 1, f"{uid}-bad", username="alice", password="wrong", expect_rc=4)
     tls_client(tlssrv, pki, 1, f"{uid}-anon", expect_rc=5)
+
+
+def test_packets_sent_with_connect_over_tls_wait_for_the_password_check(tlssrv, pki, uid):
+    """The TLS transport pauses reading while the check runs; decrypted bytes OpenSSL already
+    holds are not lost, and everything is answered in order after CONNACK."""
+    c = tlssrv.raw(port(tlssrv, 1), ssl_context=client_context(pki))
+    c.send(m.connect(uid, username="held", password=PASSWORDS["held"])
+           + m.subscribe(1, [(f"{uid}/t", 1)]) + m.publish(f"{uid}/t", b"x" * 50_000, qos=1,
+                                                           packet_id=9) + m.pingreq())
+    got = []
+    while not got or got[-1].type != m.PINGRESP:
+        got.append(c.recv_packet(10))
+    assert [p.type for p in got] == [m.CONNACK, m.SUBACK, m.PUBLISH, m.PUBACK, m.PINGRESP], got
+    assert got[0].rc == 0 and got[2].payload == b"x" * 50_000
 
 
 @pytest.mark.parametrize("qos", [0, 1, 2])
