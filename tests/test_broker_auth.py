@@ -11,13 +11,14 @@ from conftest import _close_all_clients, _start, _teardown, run_cli, toml_dumps
 from secfiles import MOSQUITTO_HASH, MOSQUITTO_PASSWORD, wait_counter, write_passwords
 
 ALICE_PW = "alice-Pa55word"
+HELD_PW = "used-once-so-never-cached"
 
 
 @pytest.fixture(scope="module")
 def authsrv(tmp_path_factory):
     """Listener 0: password file, no anonymous. Listener 1: anonymous only (no password file)."""
     d = tmp_path_factory.mktemp("auth")
-    pw = write_passwords(d / "passwd", {"alice": ALICE_PW},
+    pw = write_passwords(d / "passwd", {"alice": ALICE_PW, "held": HELD_PW},
                          extra=(f"mosq:{MOSQUITTO_HASH}", "# a comment"))
     b = _start(d, {"password_file": str(pw), "sys_interval": 0.5,
                    "listener": [{"host": "127.0.0.1", "port": 0},
@@ -83,7 +84,7 @@ def test_packets_sent_with_connect_are_held_then_handled_in_order(authsrv, uid):
     """CONNECT, SUBSCRIBE, PUBLISH and PINGREQ in one segment: the broker answers CONNACK first,
     after the password check, then the rest in order."""
     c = authsrv.raw()
-    c.send(m.connect(uid, username="alice", password=ALICE_PW)
+    c.send(m.connect(uid, username="held", password=HELD_PW)
            + m.subscribe(1, [(f"{uid}/t", 1)]) + m.publish(f"{uid}/t", b"early", qos=1, packet_id=7)
            + m.pingreq())
     got = []
