@@ -197,9 +197,13 @@ def test_connect_timeout_keeps_running_while_authenticating(broker, tmp_path, ui
 def test_changed_password_is_checked_again_after_reload(broker, tmp_path, uid):
     pw = tmp_path / "passwd"
     write_passwords(pw, {"alice": "first-pw"})
-    b = broker(password_file=str(pw))
+    b = broker(password_file=str(pw), log_level="debug")
     assert b.client(f"{uid}-1", username="alice", password="first-pw").ping() == []
-    assert b.client(f"{uid}-2", username="alice", password="first-pw").ping() == []   # cached
+    assert b.wait_log("user 'alice': password check done in ")
+    mark = b.mark()
+    assert b.client(f"{uid}-2", username="alice", password="first-pw").ping() == []
+    assert b.wait_log("user 'alice': password accepted from the cache", start=mark)
+    assert not any("password check done" in ln for ln in b.logs[mark:])
     write_passwords(pw, {"alice": "second-pw"})
     mark = b.mark()
     b.send_signal(signal.SIGHUP)

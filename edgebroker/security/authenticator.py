@@ -82,6 +82,7 @@ class Authenticator:
         if entry is not None:
             key = self._cache_key(username, entry[0], password)
             if key in self._cache:
+                log.debug("user %r: password accepted from the cache", username)
                 done(OK)
                 return
             parsed = entry[1]
@@ -97,7 +98,7 @@ class Authenticator:
             self._pool = ThreadPoolExecutor(max_workers=self.workers,
                                             thread_name_prefix="edgebroker-auth")
         future = self._pool.submit(passwords.verify_password, parsed, password)
-        job = (host, username, key, done)
+        job = (host, username, key, done, self.clock())
         future.add_done_callback(lambda f: self._finished(job, f))
 
     def deliver(self) -> None:
@@ -105,13 +106,15 @@ class Authenticator:
         results = self._results
         while True:
             try:
-                (host, username, key, done), ok = results.get_nowait()
+                (host, username, key, done, started), ok = results.get_nowait()
             except queue.Empty:
                 return
             self.pending -= 1
             self._pending_by_host[host] -= 1
             if self._pending_by_host[host] <= 0:
                 del self._pending_by_host[host]
+            log.debug("user %r: password check done in %.0f ms (%d waiting)", username,
+                      (self.clock() - started) * 1000, self.pending)
             if ok and key is not None:
                 if len(self._cache) >= CACHE_LIMIT:
                     self._cache.clear()
