@@ -144,7 +144,10 @@ class Authenticator:
             log.exception("password check failed for user %r", job[1])
             ok = False
         self._results.put((job, ok))
-        self.wake()
+        try:
+            self.wake()
+        except OSError:         # the loop has shut down and closed its wake-up socket
+            pass
 
     # ----- bookkeeping ----------------------------------------------------------------------
 
