@@ -26,6 +26,8 @@ STOP_TIMEOUT = 5.0
 # Mosquitto drops about a quarter of the QoS 1 fan-in messages: it acknowledges
 # publishers faster than it delivers to the one subscriber.)
 LIMITS = {"max_inflight_messages": 1000, "max_queued_messages": 1_000_000}
+# An ACL file both brokers load (run.py --acl), or None.
+ACL_FILE = None
 
 try:
     import psutil
@@ -174,6 +176,8 @@ class Edgebroker(Broker):
     def command(self) -> list[str]:
         cfg = os.path.join(self.tmp, "edgebroker.toml")
         with open(cfg, "w") as fh:
+            if ACL_FILE:
+                fh.write(f"acl_file = {ACL_FILE!r}\n")
             fh.write("[limits]\n")
             for key, value in LIMITS.items():
                 fh.write(f"{key} = {value}\n")
@@ -199,6 +203,8 @@ class Mosquitto(Broker):
                      "log_dest stderr\n"
                      "log_type error\n"
                      "log_type warning\n")
+            if ACL_FILE:
+                fh.write(f"acl_file {ACL_FILE}\n")
             for key, value in LIMITS.items():
                 fh.write(f"{key} {value}\n")
         os.chmod(self.tmp, 0o755)    # mosquitto drops privileges when started as root

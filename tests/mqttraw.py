@@ -307,10 +307,26 @@ class RawClient:
     in arrival order.
     """
 
-    def __init__(self, host: str, port: int, timeout: float = 5.0):
+    def __init__(self, host: str, port: int, timeout: float = 5.0, *, unix_path: str | None = None,
+                 source: str | None = None, ssl_context=None, server_hostname: str | None = None):
+        """TCP to ``host:port`` (from ``source`` address if given), or the Unix socket
+        ``unix_path``; with ``ssl_context`` the TLS handshake is done here (blocking)."""
         self.host, self.port = host, port
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if unix_path is not None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(unix_path)
+        else:
+            self.sock = socket.create_connection(
+                (host, port), timeout=timeout,
+                source_address=(source, 0) if source is not None else None)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            try:
+                self.sock = ssl_context.wrap_socket(self.sock, server_hostname=server_hostname or host)
+            except BaseException:
+                self.sock.close()
+                raise
         self._buf = bytearray()
         self._pending: collections.deque[Packet] = collections.deque()
         self._eof = False
@@ -347,6 +363,11 @@ class RawClient:
         except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as e:
             self._eof = True
             raise ConnectionClosed(f"connection reset: {e!r}") from e
+        except OSError as e:
+            if type(e).__name__.startswith("SSL"):      # e.g. SSLEOFError: closed without close_notify
+                self._eof = True
+                raise ConnectionClosed(f"TLS connection closed: {e!r}") from e
+            raise
         if not data:
             self._eof = True
             raise ConnectionClosed("server closed the connection")

@@ -12,7 +12,7 @@ import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.cli import config_check, inspect, serve
+from edgebroker.cli import config_check, inspect, passwd, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(commands)
     config_check.add_parser(commands)
     inspect.add_parser(commands)
+    passwd.add_parser(commands)
     return parser
 
 

@@ -248,6 +248,14 @@ class Broker:
             return
         frame0 = None
         for session, sub_qos in targets:
+            acl = session.acl
+            if acl is not None:
+                allowed = acl.reads.get(topic)
+                if allowed is None:
+                    allowed = acl.check_read(topic)
+                if not allowed:
+                    stats.acl_deliveries_denied += 1
+                    continue
             q = qos if qos < sub_qos else sub_qos
             client = session.client
             if q == 0:
@@ -384,10 +392,14 @@ class Broker:
     def send_retained(self, session: Session, topics, granted: list[int]) -> None:
         """Retained messages for new (or replaced) subscriptions, retain flag set."""
         client = session.client
+        acl = session.acl
         for (topic_filter, _), max_qos in zip(topics, granted):
             if max_qos == P.SUBACK_FAILURE:
                 continue
             for message in self.retained.match(topic_filter):
+                if acl is not None and not acl.can_read(message.topic):
+                    self.stats.acl_deliveries_denied += 1
+                    continue
                 qos = message.qos if message.qos < max_qos else max_qos
                 if qos == 0:
                     self._write_publish(client, message, 0, True, False, None)

@@ -11,6 +11,11 @@ the server layer moves them. State rules, in prose:
   violations when they arrive here (MQTT-4.8.0-1).
 - Any violation closes the connection and, once connected, publishes the
   will. DISCONNECT discards the will and closes.
+- With a listener policy (authentication, ACL), CONNECT is decided by the
+  policy. While a password check runs on a worker thread the client is
+  "authenticating": the socket is not read, packets already received are held
+  and replayed in order once CONNACK 0 is sent, and the CONNECT timeout keeps
+  running.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ class Client:
     __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "client_id_bytes",
                  "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
-                 "protocol_level", "sys_publish_warned", "_handlers")
+                 "protocol_level", "sys_publish_warned", "_handlers",
+                 "username", "acl", "pending_connect", "held", "denied_logged", "paused")
 
     def __init__(self, broker, transport, now: float):
         self.broker = broker
@@ -56,12 +62,20 @@ class Client:
         self.protocol_level = 0
         self.sys_publish_warned = False
         self._handlers = _BEFORE_CONNECT
+        self.username = None          # the verified user name (None: anonymous)
+        self.acl = None               # this client's AclView, or None without an ACL file
+        self.pending_connect = None   # the CONNECT while its password check runs
+        self.held = None              # packets received meanwhile
+        self.denied_logged = None     # topics whose denied PUBLISH was logged
+        self.paused = False           # reading paused while the password check runs
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
 
     def describe(self) -> str:
         name = repr(self.client_id) if self.client_id else "(before CONNECT)"
+        if self.username is not None:
+            return f"client {name} (user {self.username!r}) from {self.peer}"
         return f"client {name} from {self.peer}"
 
     # ----- input from the server layer -------------------------------------------------
@@ -107,7 +121,8 @@ class Client:
         broker = self.broker
         if not self.connected:
             broker.stats.connect_timeouts += 1
-            log.info("%s: no CONNECT within %g s; closing", self.describe(),
+            log.info("%s: %s within %g s; closing", self.describe(),
+                     "password check not finished" if self.pending_connect else "no CONNECT",
                      broker.limits.connect_timeout)
             self.close(will=False)
         else:
@@ -175,8 +190,65 @@ class Client:
                                    f"({limits.max_keepalive} s)")
         self.keepalive = p.keepalive
         self.will = p.will
+        policy = getattr(self.transport, "policy", None)
+        if policy is not None:
+            self.pending_connect = p
+            self.held = []
+            self._handlers = _AUTHENTICATING
+            policy.authenticate(self, p)        # calls auth_done, now or later
+            if self.pending_connect is not None and not self.closed:
+                self.paused = True
+                self.transport.pause_reading()  # until the password check is back
+            return
+        self._accept(p)
+
+    def auth_done(self, code: int, why: str, username, acl) -> None:
+        """The policy's decision on the pending CONNECT (0 or a CONNACK refusal code)."""
+        p = self.pending_connect
+        if p is None or self.closed:
+            return                      # timed out or closed while the check ran
+        self.pending_connect = None
+        held, self.held = self.held, None
+        self.username = username
+        stats = self.broker.stats
+        if code:
+            if code == 4:
+                stats.logins_failed += 1
+            else:
+                stats.logins_refused += 1
+            self._refuse(code, why)
+            return
+        if acl is not None and p.will is not None and not acl.can_write(p.will.topic):
+            stats.logins_refused += 1
+            self._refuse(5, f"the ACL does not let it publish its will on {p.will.topic!r}")
+            return
+        self.acl = acl
+        self._accept(p)
+        if self.closed:
+            return
+        if held:
+            try:
+                for packet in held:
+                    self._handlers[packet.type](self, packet)
+                    if self.closed:
+                        return
+            except ProtocolError as exc:
+                self._violation(exc)
+                return
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def _hold(self, p) -> None:
+        """A packet that arrived while CONNECT waits for its password check."""
+        self.held.append(p)
+
+    def _accept(self, p: P.Connect) -> None:
+        broker = self.broker
+        client_id = self.client_id
         session, present = broker.attach(self, client_id, p.clean_session)
         self.session = session
+        session.acl = self.acl
         self.connected = True
         self._handlers = _CONNECTED
         self.transport.write(_CONNACK_ACCEPTED[present])
@@ -204,8 +276,16 @@ class Client:
         broker = self.broker
         qos = p.qos
         # $SYS belongs to the broker: clients' publishes there are acknowledged
-        # (3.1.1 has no negative ack) and dropped, as Mosquitto does.
+        # (3.1.1 has no negative ack) and dropped, as Mosquitto does. So are
+        # publishes the ACL does not allow.
         publish = self._drop_sys_publish if p.topic.startswith("$SYS") else broker.publish
+        acl = self.acl
+        if acl is not None:
+            allowed = acl.writes.get(p.topic)     # cached decision; computed once per topic
+            if allowed is None:
+                allowed = acl.can_write(p.topic)
+            if not allowed:
+                publish = self._drop_denied_publish
         try:
             if qos == 0:
                 publish(p.topic, p.payload, 0, p.retain, self)
@@ -236,6 +316,24 @@ class Client:
             self.sys_publish_warned = True
             log.warning("%s: publish to %r dropped: $SYS topics are written only by the broker "
                         "(logged once per connection)", self.describe(), topic)
+
+    def _drop_denied_publish(self, topic: str, payload: bytes, qos: int, retain: bool,
+                             client) -> None:
+        stats = self.broker.stats
+        stats.publish_received += 1
+        stats.publish_dropped += 1
+        stats.acl_publish_denied += 1
+        logged = self.denied_logged
+        if logged is None:
+            logged = self.denied_logged = set()
+        if topic in logged or len(logged) > _DENIALS_LOGGED:
+            return
+        logged.add(topic)
+        if len(logged) > _DENIALS_LOGGED:
+            log.warning("%s: more publishes denied by the ACL; counted, no longer logged for "
+                        "this connection", self.describe())
+        else:
+            log.warning("%s: publish to %r denied by the ACL; dropped", self.describe(), topic)
 
     def _on_puback(self, p) -> None:
         session = self.session
@@ -274,10 +372,28 @@ class Client:
 
     def _on_subscribe(self, p: P.Subscribe) -> None:
         broker = self.broker
-        granted = broker.subscribe(self.session, p.topics)
+        if self.acl is None:
+            granted = broker.subscribe(self.session, p.topics)
+        else:
+            granted = self._subscribe_allowed(p.topics)
         self.transport.write(encode(P.Suback(p.packet_id, granted)))
         broker.stats.packets_sent += 1
         broker.send_retained(self.session, p.topics, granted)
+
+    def _subscribe_allowed(self, topics) -> list[int]:
+        """SUBSCRIBE under an ACL: each denied filter gets 0x80, the others are made."""
+        broker = self.broker
+        acl = self.acl
+        granted = []
+        for topic_filter, qos in topics:
+            if acl.can_subscribe(topic_filter):
+                granted.extend(broker.subscribe(self.session, [(topic_filter, qos)]))
+            else:
+                broker.stats.acl_subscribe_denied += 1
+                log.warning("%s: subscription to %r denied by the ACL (SUBACK 0x80)",
+                            self.describe(), topic_filter)
+                granted.append(P.SUBACK_FAILURE)
+        return granted
 
     def _on_unsubscribe(self, p: P.Unsubscribe) -> None:
         self.broker.unsubscribe(self.session, p.topics)
@@ -293,8 +409,16 @@ class Client:
         self.close(will=False)
 
 
+# At most this many denied topics are logged per connection (all are counted).
+_DENIALS_LOGGED = 16
+
 _BEFORE_CONNECT = {t: Client._before_connect for t in P.NAMES}
 _BEFORE_CONNECT[P.CONNECT] = Client._on_connect
+
+# CONNECT received, password check running: later packets wait (a second CONNECT
+# is still a violation, as are server-only packets).
+_AUTHENTICATING = {t: Client._hold for t in P.NAMES}
+_AUTHENTICATING[P.CONNECT] = Client._on_second_connect
 
 _CONNECTED = {
     P.CONNECT: Client._on_second_connect,
@@ -311,3 +435,4 @@ _CONNECTED = {
 for _t in P.SERVER_TO_CLIENT_ONLY:
     _CONNECTED[_t] = Client._server_only
     _BEFORE_CONNECT[_t] = Client._before_connect
+    _AUTHENTICATING[_t] = Client._server_only

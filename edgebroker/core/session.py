@@ -56,7 +56,7 @@ class Outgoing:
 
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
-                 "awaiting_release", "_next_id", "dropped")
+                 "awaiting_release", "_next_id", "dropped", "acl")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -68,6 +68,7 @@ class Session:
         self.awaiting_release: set[int] = set()
         self._next_id = 0
         self.dropped = 0
+        self.acl = None     # AclView of the last client, checked before each delivery
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

@@ -22,7 +22,10 @@ class Stats:
                  "publish_refused", "log_write_failures", "publishers_paused",
                  "bytes_received", "bytes_sent",
                  "sockets_accepted", "connects_accepted", "connections_refused", "protocol_errors",
-                 "keepalive_expired", "connect_timeouts", "takeovers")
+                 "keepalive_expired", "connect_timeouts", "takeovers",
+                 # security: refused logins and ACL denials, TLS handshakes that failed
+                 "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
+                 "acl_deliveries_denied", "tls_handshakes_failed")
 
     def __init__(self):
         for name in self.__slots__:
@@ -45,6 +48,16 @@ _LOADS = (
     ("sockets", "sockets_accepted"),
 )
 _WINDOWS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
+
+# Security counters (edgebroker additions).
+_SECURITY = (
+    ("$SYS/broker/security/logins/failed", "logins_failed"),
+    ("$SYS/broker/security/logins/refused", "logins_refused"),
+    ("$SYS/broker/security/acl/publish/denied", "acl_publish_denied"),
+    ("$SYS/broker/security/acl/subscribe/denied", "acl_subscribe_denied"),
+    ("$SYS/broker/security/acl/deliveries/denied", "acl_deliveries_denied"),
+    ("$SYS/broker/security/tls/handshakes/failed", "tls_handshakes_failed"),
+)
 
 
 class SysTopics:
@@ -97,6 +110,8 @@ class SysTopics:
         pub("$SYS/broker/publish/messages/lost", counts["publish_lost"])
         pub("$SYS/broker/bytes/received", counts["bytes_received"])
         pub("$SYS/broker/bytes/sent", counts["bytes_sent"])
+        for topic, counter in _SECURITY:
+            pub(topic, counts[counter])
         for name, counter in _LOADS:
             rate = (counts[counter] - self._last_counts[counter]) / elapsed
             pub(f"$SYS/broker/load/{name}/persecond", f"{rate:.2f}")

@@ -10,6 +10,10 @@ segment: a backlog is sent with the native helper's sendfile batch, payloads
 never passing through Python. A queued range names its record's offset; if
 retention deleted segments meanwhile (their descriptors are closed), the range
 is looked up again before use, and dropped if the record is gone.
+
+The core may pause reading (``pause_reading``: a CONNECT waiting for its
+password check); the socket is then not watched for input, so the peer's
+further bytes stay in the kernel and TCP slows it down.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ log = logging.getLogger("edgebroker.server")
 # Linux IOV_MAX is 1024; stay under it.
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
-_READ_WRITE = selectors.EVENT_READ | selectors.EVENT_WRITE
+_WRITE = selectors.EVENT_WRITE
+# First byte of a TLS record carrying a handshake (a ClientHello).
+_TLS_HANDSHAKE = 0x16
 
 
 class _Unrecoverable(Exception):
@@ -60,7 +66,8 @@ def format_peer(addr) -> str:
 
 class Transport:
     __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
-                 "closed", "events", "reading", "file_progress")
+                 "closed", "events", "policy", "reading", "fresh", "listener_name",
+                 "file_progress")
 
     def __init__(self, loop, sock: socket.socket, peer: str):
         self.loop = loop
@@ -73,8 +80,11 @@ class Transport:
         self.closing = False     # the core asked to close once the queue is sent
         self.closed = False
         self.events = _READ
-        self.reading = True      # False while the core holds this client back
-        self.file_progress = 0   # bytes of out[0] already sent when it is a FileChunk
+        self.policy = None        # the listener's ListenerPolicy (authentication, ACL)
+        self.reading = True       # False while the core paused reading
+        self.fresh = True         # nothing read yet
+        self.listener_name = ""
+        self.file_progress = 0    # bytes of out[0] already sent when it is a FileChunk
 
     # ----- the core's side --------------------------------------------------------------
 
@@ -97,21 +107,33 @@ class Transport:
             self.dirty = True
             self.loop.dirty.append(self)
 
+    def close(self) -> None:
+        """Close after a last attempt to send what is queued (e.g. a refusing CONNACK)."""
+        if self.closing or self.closed:
+            return
+        self.closing = True
+        if not self.dirty:
+            self.dirty = True
+            self.loop.dirty.append(self)
+
     def pause_reading(self) -> None:
         """Stop reading this socket (the kernel's TCP window then holds the peer back)."""
         if self.reading:
             self.reading = False
-            self._update_events()
+            self.update_events()
 
     def resume_reading(self) -> None:
         if not self.reading:
             self.reading = True
-            self._update_events()
+            self.update_events()
 
-    def _update_events(self) -> None:
+    # ----- the loop's side --------------------------------------------------------------
+
+    def update_events(self) -> None:
+        """Watch the socket for what is needed now: input unless paused, output if queued."""
         if self.closed:
             return
-        want = (_READ if self.reading else 0) | (selectors.EVENT_WRITE if self.out else 0)
+        want = (_READ if self.reading else 0) | (_WRITE if self.out else 0)
         if want == self.events:
             return
         selector = self.loop.selector
@@ -122,17 +144,6 @@ class Transport:
         else:
             selector.modify(self.sock, want, self.on_event)
         self.events = want
-
-    def close(self) -> None:
-        """Close after a last attempt to send what is queued (e.g. a refusing CONNACK)."""
-        if self.closing or self.closed:
-            return
-        self.closing = True
-        if not self.dirty:
-            self.dirty = True
-            self.loop.dirty.append(self)
-
-    # ----- the loop's side --------------------------------------------------------------
 
     def on_event(self, mask: int) -> None:
         if self.closed:
@@ -154,6 +165,11 @@ class Transport:
         if n == 0:
             self.lost("closed by peer")
             return
+        if self.fresh:
+            self.fresh = False
+            if loop.buffer[0] == _TLS_HANDSHAKE:
+                self.tls_on_plain()
+                return
         loop.broker.stats.bytes_received += n
         self.client.data_received(loop.view[:n])
 
@@ -202,7 +218,7 @@ class Transport:
         if error is not None:
             self.lost(error)
             return
-        self._update_events()
+        self.update_events()
 
     def _send_files(self) -> tuple[int, bool, str | None]:
         """Send the leading run of FileChunks: (bytes sent, socket full, error)."""
@@ -240,6 +256,13 @@ class Transport:
             return False
         chunk.fd, chunk.position, chunk.generation = where.fd, where.payload_position, generation
         return True
+
+    def tls_on_plain(self) -> None:
+        """A TLS ClientHello on a plain MQTT listener: say so, count it, close."""
+        self.loop.broker.stats.protocol_errors += 1
+        log.warning("TLS handshake received on plain MQTT listener %s from %s — use the TLS "
+                    "listener or disable TLS in the client", self.listener_name, self.peer)
+        self.lost("TLS on a plain MQTT listener")
 
     def lost(self, reason: str) -> None:
         """The socket failed or the peer closed it: tell the core, release the socket."""
