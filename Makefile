@@ -8,15 +8,31 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := mosquitto-clients
 ARGS ?=
 
-.PHONY: run test bench install install-test system-deps clean
+.PHONY: run test bench install install-test system-deps build-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 
-$(VENV)/.installed: $(BIN)/python setup.cfg setup.py
+# csrc/ is compiled by the install (cffi_modules): a change there reinstalls.
+$(VENV)/.installed: $(BIN)/python setup.cfg setup.py pyproject.toml csrc/edgebroker_native.c \
+		csrc/edgebroker_native.h edgebroker/_native/_build.py | build-deps
 	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -c 'import edgebroker._native._edgebroker_c' || \
+	  { echo "the C helper did not build (see above)"; exit 1; }
 	touch $@
+
+# The C helper's build needs a C compiler and the interpreter's headers (Python.h): on Debian
+# gcc and python3-dev, installed when missing. (A pyenv or python.org interpreter has its own.)
+build-deps:
+	@missing=""; command -v cc >/dev/null 2>&1 || missing="$$missing gcc"; \
+	inc=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
+	[ -f "$$inc/Python.h" ] || missing="$$missing python3-dev"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for the C helper:$$missing"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e '.[test]'

@@ -2,4 +2,4 @@
 # cffi build step, which setuptools only accepts here.
 from setuptools import setup
 
-setup()
+setup(cffi_modules=["edgebroker/_native/_build.py:ffibuilder"])

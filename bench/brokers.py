@@ -30,6 +30,8 @@ LIMITS = {"max_inflight_messages": 1000, "max_queued_messages": 1_000_000}
 # max_queued_bytes defaults to no limit, and it holds QoS 0 for online clients in that queue,
 # where edgebroker bounds the connection's output buffer (max_pending_write_bytes).
 EDGEBROKER_LIMITS = {"max_queued_bytes": 1 << 30, "max_pending_write_bytes": 1 << 30}
+# An ACL file both brokers load (run.py --acl), or None.
+ACL_FILE = None
 
 try:
     import psutil
@@ -178,6 +180,8 @@ class Edgebroker(Broker):
     def command(self) -> list[str]:
         cfg = os.path.join(self.tmp, "edgebroker.toml")
         with open(cfg, "w") as fh:
+            if ACL_FILE:
+                fh.write(f"acl_file = {ACL_FILE!r}\n")
             fh.write("[limits]\n")
             for key, value in {**LIMITS, **EDGEBROKER_LIMITS}.items():
                 fh.write(f"{key} = {value}\n")
@@ -203,6 +207,8 @@ class Mosquitto(Broker):
                      "log_dest stderr\n"
                      "log_type error\n"
                      "log_type warning\n")
+            if ACL_FILE:
+                fh.write(f"acl_file {ACL_FILE}\n")
             for key, value in LIMITS.items():
                 fh.write(f"{key} {value}\n")
         os.chmod(self.tmp, 0o755)    # mosquitto drops privileges when started as root

@@ -216,7 +216,7 @@ def run_once(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
         "broker_rss_mb": round(rss / 2 ** 20, 1),
         "count_per_publisher": count, "payload": spec["payload"], "qos": spec["qos"],
         "publishers": spec["pubs"], "subscribers": spec["subs"], "window": spec["window"],
-        "limits": brokers.LIMITS,
+        "limits": brokers.LIMITS, "acl_file": brokers.ACL_FILE,
         "edgebroker_limits": brokers.EDGEBROKER_LIMITS,
     }
     return rec
@@ -380,8 +380,15 @@ def parse_args(argv):
     p.add_argument("--no-ceiling", action="store_true", help="skip the generator ceiling")
     p.add_argument("--results", default=os.path.join(HERE, "results"),
                    help="directory of the <date>.jsonl files")
+    p.add_argument("--acl", metavar="FILE",
+                   help="run both brokers with this ACL file (Mosquitto's format; the load "
+                        "generator's clients are anonymous)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = p.parse_args(argv)
+    if args.acl:
+        if not os.path.isfile(args.acl):
+            p.error(f"--acl {args.acl}: no such file")
+        brokers.ACL_FILE = os.path.abspath(args.acl)
     args.scenario_list = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in args.scenario_list if s not in SCENARIOS]
     if unknown:
@@ -430,7 +437,8 @@ def _main(args) -> int:
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
     print(f"limits on both brokers: {brokers.LIMITS} (edgebroker also "
           f"{brokers.EDGEBROKER_LIMITS}); loopback only; time limit "
-          f"{args.time_limit:g} s per run; scale {args.scale:g}", flush=True)
+          f"{args.time_limit:g} s per run; scale {args.scale:g}"
+          + (f"; ACL file {brokers.ACL_FILE}" if brokers.ACL_FILE else ""), flush=True)
 
     day = datetime.date.today().isoformat()
     os.makedirs(args.results, exist_ok=True)

@@ -1,3 +1,11 @@
 """edgebroker: an MQTT broker for edge gateways."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Lazy, so that importing edgebroker does not load the C helper.
+    if name == "__native_backend__":
+        from edgebroker import _native
+        return _native.BACKEND
+    raise AttributeError(f"module 'edgebroker' has no attribute {name!r}")

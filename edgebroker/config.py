@@ -9,6 +9,7 @@ Mosquitto's where Mosquitto has the setting. docs/config.md lists them all.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -52,6 +53,15 @@ def _setting(default, check=None, doc=""):
     return field(default=default, metadata={"check": check, "doc": doc})
 
 
+def _octal_mode(value):
+    if not value or any(ch not in "01234567" for ch in value) or int(value, 8) > 0o777:
+        return "must be octal permission digits such as \"0660\""
+    return None
+
+
+TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
+
+
 @dataclass(frozen=True)
 class ListenerConfig:
     host: str = _setting(DEFAULT_HOST, doc="address to bind; \"::\" or \"0.0.0.0\" for all")
@@ -59,10 +69,61 @@ class ListenerConfig:
     max_connections: int = _setting(
         0, _at_least(0),
         doc="connected clients on this listener; over it CONNACK 3; 0: only limits.max_connections")
+    # Unix-domain socket listener (instead of host/port).
+    unix_socket: str = _setting("", doc="path of a Unix-domain socket to listen on instead of TCP")
+    unix_socket_mode: str = _setting(
+        "0660", _octal_mode, doc="permissions of the Unix socket file (octal)")
+    # TLS: a listener with a certfile speaks MQTT over TLS.
+    certfile: str = _setting("", doc="PEM server certificate (chain); makes this a TLS listener")
+    keyfile: str = _setting("", doc="PEM private key of certfile (empty: the key is in certfile)")
+    cafile: str = _setting("", doc="PEM CA certificate(s) that client certificates must chain to")
+    require_certificate: bool = _setting(
+        False, doc="clients must present a certificate signed by cafile")
+    use_identity_as_username: bool = _setting(
+        False, doc="the client certificate's common name is the user name (no password)")
+    tls_version: str = _setting(
+        "tlsv1.2", _one_of(*TLS_VERSIONS), doc="lowest TLS version accepted")
+    ciphers: str = _setting("", doc="OpenSSL cipher list for TLS 1.2 (empty: Python's default)")
+    handshake_timeout: float = _setting(
+        10.0, _at_least(0.001), doc="seconds a TLS handshake may take before the socket is closed")
+    # Authentication overrides (None: the top-level setting applies).
+    allow_anonymous: bool | None = _setting(
+        None, doc="overrides the top-level allow_anonymous for this listener")
+    password_file: str | None = _setting(
+        None, doc="overrides the top-level password_file; \"\" for none on this listener")
+    acl_file: str | None = _setting(
+        None, doc="overrides the top-level acl_file; \"\" for none on this listener")
 
     @property
     def address(self) -> str:
+        if self.unix_socket:
+            return f"unix:{self.unix_socket}"
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.certfile)
+
+    def is_local(self) -> bool:
+        """True for a Unix socket or a loopback address (not reachable from the network)."""
+        if self.unix_socket:
+            return True
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """The authentication settings in force on one listener (top level + its overrides)."""
+    allow_anonymous: bool
+    password_file: str
+    acl_file: str
+    identity_as_username: bool
+    explicit_anonymous: bool    # allow_anonymous was set, not derived
 
 
 @dataclass(frozen=True)
@@ -76,7 +137,8 @@ class Limits:
         1_048_576, _between(2, MAX_PACKET_SIZE_311),
         doc="largest packet (bytes, whole packet) accepted; larger closes the connection")
     max_client_id_length: int = _setting(
-        65535, _between(1, 65535), doc="longest client id (bytes); longer gets CONNACK 2")
+        65535, _between(23, 65535),
+        doc="longest client id (bytes); longer gets CONNACK 2 (at least 23, MQTT-3.1.3-5)")
     max_inflight_messages: int = _setting(
         20, _between(1, 65535), doc="outgoing QoS 1/2 messages awaiting acknowledgement per session")
     max_queued_messages: int = _setting(
@@ -138,6 +200,29 @@ class MetricsConfig:
         "", doc="HOST:PORT of the Prometheus text endpoint (/metrics); empty: off")
 
 
+DURABILITY = ("none", "batch", "sync")
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    durability: str = _setting(
+        "batch", _one_of(*DURABILITY),
+        doc="when QoS 1/2 publishes are acknowledged: none, batch or sync (docs/config.md)")
+    flush_interval_ms: int = _setting(
+        100, _between(1, 60_000), doc="with durability batch: at most one fsync per this many ms")
+    segment_bytes: int = _setting(
+        16 * MiB, _between(4096, 1024 * MiB), doc="a segment is rolled before it grows past this")
+    segment_ms: int = _setting(
+        600_000, _at_least(1000), doc="a segment is rolled once its first record is this old (ms)")
+    retention_bytes: int = _setting(
+        1024 * MiB, _at_least(4096),
+        doc="the log's size limit; over it the oldest segments go, uploaded or not")
+    retention_ms: int = _setting(
+        604_800_000, _at_least(1000),
+        doc="an uploaded segment is deleted once its newest record is this old (ms)")
+
+
 @dataclass(frozen=True)
 class Config:
     data_dir: str = _setting("", doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
@@ -149,14 +234,36 @@ class Config:
     auto_id_prefix: str = _setting("auto-", doc="prefix of assigned client ids")
     sys_client_metrics: bool = _setting(
         False, doc="also publish $SYS/broker/clients/<id>/... for every connected client")
+    allow_anonymous: bool | None = _setting(
+        None, doc="accept clients without a user name; unset: true unless a password file applies")
+    password_file: str = _setting("", doc="file of username:hash lines; clients must log in")
+    acl_file: str = _setting("", doc="Mosquitto-format ACL file: which topics each client may use")
+    max_login_failures: int = _setting(
+        10, _at_least(1), doc="failed logins from one address within login_failure_window "
+                              "before its logins are refused outright")
+    login_failure_window: float = _setting(
+        60.0, _at_least(0.001), doc="seconds over which failed logins are counted")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))
     limits: Limits = field(default_factory=Limits)
+    log: LogConfig = field(default_factory=LogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = field(default="", compare=False)
 
     @property
     def listeners(self) -> tuple[ListenerConfig, ...]:
         return self.listener
+
+    def auth(self, lc: ListenerConfig) -> AuthSettings:
+        """Authentication settings of listener ``lc``: its own, else the top level's."""
+        password_file = self.password_file if lc.password_file is None else lc.password_file
+        acl_file = self.acl_file if lc.acl_file is None else lc.acl_file
+        identity = lc.use_identity_as_username
+        explicit = lc.allow_anonymous if lc.allow_anonymous is not None else self.allow_anonymous
+        if explicit is None:
+            anonymous = not password_file and not identity
+        else:
+            anonymous = explicit
+        return AuthSettings(anonymous, password_file, acl_file, identity, explicit is not None)
 
     def state_dir(self) -> str:
         if self.data_dir:
@@ -170,7 +277,9 @@ class Config:
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
 
 
-def _coerce(value: Any, kind: type, key: str) -> Any:
+def _coerce(value: Any, kind: Any, key: str) -> Any:
+    # "bool | None" style hints: None is the unset default, never a TOML value.
+    kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
     # bool is an int in Python; a TOML boolean is never accepted as a number.
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -196,6 +305,8 @@ def _build(cls, table: Any, prefix: str):
             values[name] = _build(Limits, raw, "limits.")
         elif cls is Config and name == "metrics":
             values[name] = _build_metrics(raw)
+        elif cls is Config and name == "log":
+            values[name] = _build_log(raw)
         else:
             value = _coerce(raw, hints[name], key)
             check = f.metadata.get("check")
@@ -206,15 +317,25 @@ def _build(cls, table: Any, prefix: str):
     return cls(**values)
 
 
+def _build_log(raw: Any) -> LogConfig:
+    log = _build(LogConfig, raw, "log.")
+    if log.retention_bytes < log.segment_bytes:
+        raise ConfigError(f"log.retention_bytes: must be at least log.segment_bytes "
+                          f"({log.segment_bytes}), got {log.retention_bytes}")
+    return log
+
+
 def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
     if not isinstance(raw, list) or not raw:
         raise ConfigError("listener: expected one or more [[listener]] tables")
     listeners = tuple(_build(ListenerConfig, item, f"listener[{i}].") for i, item in enumerate(raw))
     seen = set()
-    for i, lst in enumerate(listeners):
-        if lst.port and (lst.host, lst.port) in seen:
+    for i, (lst, item) in enumerate(zip(listeners, raw)):
+        _check_listener(lst, item, f"listener[{i}]")
+        where = lst.unix_socket or (lst.host, lst.port)
+        if (lst.port or lst.unix_socket) and where in seen:
             raise ConfigError(f"listener[{i}]: {lst.address} is listed twice")
-        seen.add((lst.host, lst.port))
+        seen.add(where)
     return listeners
 
 
@@ -226,6 +347,55 @@ def _build_metrics(raw: Any) -> MetricsConfig:
         except ConfigError:
             raise ConfigError(f"metrics.listen: expected HOST:PORT, got {metrics.listen!r}") from None
     return metrics
+
+
+_TLS_ONLY = ("keyfile", "cafile", "require_certificate", "use_identity_as_username",
+             "tls_version", "ciphers", "handshake_timeout")
+
+
+def _check_listener(lst: ListenerConfig, given: dict, name: str) -> None:
+    """Rules between the keys of one [[listener]] table."""
+    if lst.unix_socket:
+        for key in ("host", "port", "certfile") + _TLS_ONLY:
+            if key in given:
+                raise ConfigError(f"{name}.{key}: not used with unix_socket (a Unix socket "
+                                  f"listener has no address, port or TLS)")
+        return
+    if "unix_socket_mode" in given:
+        raise ConfigError(f"{name}.unix_socket_mode: only with unix_socket")
+    if not lst.certfile:
+        for key in _TLS_ONLY:
+            if key in given:
+                raise ConfigError(f"{name}.{key}: needs certfile (TLS settings apply only to "
+                                  f"a TLS listener)")
+        return
+    if lst.require_certificate and not lst.cafile:
+        raise ConfigError(f"{name}.require_certificate: needs cafile (the CA that signs the "
+                          f"client certificates)")
+    if lst.use_identity_as_username and not lst.require_certificate:
+        raise ConfigError(f"{name}.use_identity_as_username: needs require_certificate = true")
+
+
+def check_authentication(config: Config) -> None:
+    """Safe defaults: no listener reachable from the network without authentication.
+
+    A listener on a non-loopback address starts only with allow_anonymous = true
+    set explicitly, a password file, or client-certificate identities; and a
+    listener must let some client in.
+    """
+    for lc in config.listeners:
+        auth = config.auth(lc)
+        if auth.password_file or auth.identity_as_username:
+            continue
+        if not auth.allow_anonymous:
+            raise ConfigError(
+                f"listener {lc.address}: allow_anonymous is false and there is no password_file "
+                f"or use_identity_as_username, so no client could connect")
+        if not auth.explicit_anonymous and not lc.is_local():
+            raise ConfigError(
+                f"listener {lc.address} is reachable from the network and has no "
+                f"authentication: set password_file (clients log in) or allow_anonymous = true "
+                f"(anyone may connect), at the top level or in its [[listener]] table")
 
 
 def from_dict(table: dict, source: str = "") -> Config:
@@ -246,6 +416,8 @@ def load(path: str | None) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not valid TOML") from None
     try:
         return from_dict(table, source=path)
     except ConfigError as exc:
@@ -268,7 +440,7 @@ def describe() -> list[tuple[str, Any, str]]:
     """(key, default, meaning) for every setting, for docs and `config check`."""
     rows = []
     for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits),
-                        ("metrics.", MetricsConfig)):
+                        ("log.", LogConfig), ("metrics.", MetricsConfig)):
         for f in dataclasses.fields(cls):
             if "doc" in f.metadata:
                 rows.append((prefix + f.name, f.default, f.metadata["doc"]))

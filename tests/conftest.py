@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
 LISTEN_RE = re.compile(r"listening on \[?([0-9A-Za-z.:_-]*?)\]?:(\d+)\b")
+UNIX_LISTEN_RE = re.compile(r"listening on unix:(\S+)")
 READY_RE = re.compile(r"\bready\b")
 
 
@@ -193,6 +194,7 @@ class Broker:
         self._stderr = LineCollector(self.proc.stderr)
         _live_brokers.append(self)
         self.listeners: list[tuple[str, int]] = []
+        self.unix_paths: list[str] = []
         self.stopped = False
         self.returncode = None
 
@@ -209,12 +211,17 @@ class Broker:
                         f"{'was running' if alive else 'exited'}); cmd={self.cmd}\n"
                         f"stderr:\n{self.log_text()}")
         for ln in self.logs:
+            m = UNIX_LISTEN_RE.search(ln)
+            if m:
+                self.unix_paths.append(m.group(1))
+                continue
             m = LISTEN_RE.search(ln)
             if m:
                 self.listeners.append((m.group(1) or "127.0.0.1", int(m.group(2))))
             if READY_RE.search(ln):
                 break
-        assert self.listeners, f"no 'listening on HOST:PORT' line before 'ready':\n{self.log_text()}"
+        assert self.listeners or self.unix_paths, \
+            f"no 'listening on HOST:PORT' line before 'ready':\n{self.log_text()}"
         return self
 
     @property
@@ -242,15 +249,24 @@ class Broker:
         return self._stderr.wait(pred, timeout, start)
 
     # -- clients --------------------------------------------------------------------------------
-    def raw(self, port: int | None = None, rcvbuf: int | None = None) -> mqttraw.RawClient:
-        c = mqttraw.RawClient(self.host, port or self.port, rcvbuf=rcvbuf)
+    def raw(self, port: int | None = None, **transport) -> mqttraw.RawClient:
+        """A raw client socket; ``transport``: unix_path, source, ssl_context, rcvbuf (see
+        RawClient)."""
+        if transport.get("unix_path"):
+            c = mqttraw.RawClient("", 0, **transport)
+        else:
+            c = mqttraw.RawClient(self.host, port or self.port, **transport)
         _open_clients.append(c)
         return c
 
     def client(self, client_id: str | bytes = "", expect_rc: int = 0, port: int | None = None,
-               rcvbuf: int | None = None, **connect_kw) -> mqttraw.RawClient:
+               transport: dict | None = None, rcvbuf: int | None = None,
+               **connect_kw) -> mqttraw.RawClient:
         """A raw client connected with CONNACK rc ``expect_rc`` (0 by default)."""
-        c = self.raw(port, rcvbuf)
+        transport = dict(transport or {})
+        if rcvbuf is not None:
+            transport["rcvbuf"] = rcvbuf
+        c = self.raw(port, **transport)
         ack = c.connect(client_id, **connect_kw)
         assert ack.rc == expect_rc, f"CONNACK rc {ack.rc}, expected {expect_rc}"
         c.connack = ack
@@ -321,6 +337,8 @@ class Broker:
 
 
 def _start(workdir: Path, overrides: dict, args=(), raw_config=None, wait=True, config_file=True) -> Broker:
+    """A broker on ``default_config`` + ``overrides`` (also for module-scoped fixtures of
+    other test modules, with ``_teardown`` to stop it)."""
     cfg = merge_config(default_config(workdir), overrides) if config_file else None
     b = Broker(workdir, cfg, args=args, raw_config=raw_config)
     if wait:
@@ -411,13 +429,21 @@ class PahoClient:
     """paho-mqtt (v2 callback API) with the network loop in its thread and events to wait on."""
 
     def __init__(self, port: int, client_id: str = "", clean_session: bool = True, protocol=None,
-                 will=None, keepalive: int = 60, host: str = "127.0.0.1"):
+                 will=None, keepalive: int = 60, host: str = "127.0.0.1", tls: dict | None = None,
+                 username: str | None = None, password: str | None = None, reconnect: bool = True):
+        """``tls``: keyword arguments of paho's ``tls_set`` (ca_certs, certfile, keyfile, ...);
+        ``reconnect=False`` for a client expected to be refused."""
         import paho.mqtt.client as mqtt
 
         self.mqtt = mqtt
         protocol = mqtt.MQTTv311 if protocol is None else protocol
         self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                             clean_session=clean_session, protocol=protocol)
+                             clean_session=clean_session, protocol=protocol,
+                             reconnect_on_failure=reconnect)
+        if tls is not None:
+            self.c.tls_set(**tls)
+        if username is not None:
+            self.c.username_pw_set(username, password)
         self.messages: queue.Queue = queue.Queue()
         self.connected = threading.Event()
         self.disconnected = threading.Event()

@@ -307,17 +307,38 @@ class RawClient:
     in arrival order.
     """
 
-    def __init__(self, host: str, port: int, timeout: float = 5.0, rcvbuf: int | None = None):
-        """``rcvbuf`` sets SO_RCVBUF before connecting (a small one makes a stuck reader)."""
+    def __init__(self, host: str, port: int, timeout: float = 5.0, *, unix_path: str | None = None,
+                 source: str | None = None, ssl_context=None, server_hostname: str | None = None,
+                 rcvbuf: int | None = None):
+        """TCP to ``host:port`` (from ``source`` address if given), or the Unix socket
+        ``unix_path``; with ``ssl_context`` the TLS handshake is done here (blocking).
+        ``rcvbuf`` sets SO_RCVBUF before connecting (a small one makes a stuck reader)."""
         self.host, self.port = host, port
-        if rcvbuf is None:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
+        if unix_path is not None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            if rcvbuf is not None:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            self.sock.settimeout(timeout)
+            self.sock.connect(unix_path)
+        elif rcvbuf is None:
+            self.sock = socket.create_connection(
+                (host, port), timeout=timeout,
+                source_address=(source, 0) if source is not None else None)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         else:
             self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
             self.sock.settimeout(timeout)
+            if source is not None:
+                self.sock.bind((source, 0))
             self.sock.connect((host, port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            try:
+                self.sock = ssl_context.wrap_socket(self.sock, server_hostname=server_hostname or host)
+            except BaseException:
+                self.sock.close()
+                raise
         self._buf = bytearray()
         self._pending: collections.deque[Packet] = collections.deque()
         self._eof = False
@@ -354,6 +375,11 @@ class RawClient:
         except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as e:
             self._eof = True
             raise ConnectionClosed(f"connection reset: {e!r}") from e
+        except OSError as e:
+            if type(e).__name__.startswith("SSL"):      # e.g. SSLEOFError: closed without close_notify
+                self._eof = True
+                raise ConnectionClosed(f"TLS connection closed: {e!r}") from e
+            raise
         if not data:
             self._eof = True
             raise ConnectionClosed("server closed the connection")

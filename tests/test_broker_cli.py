@@ -223,7 +223,7 @@ def test_sighup_applies_changed_limit(broker, uid):
     b = broker(limits={"max_client_id_length": 100})
     assert b.client("c" * 50).ping() == []
     cfg = dict(b.config)
-    cfg["limits"] = {"max_client_id_length": 10}
+    cfg["limits"] = {"max_client_id_length": 30}
     b.config_path.write_text(toml_dumps(cfg))
     mark = b.mark()
     b.send_signal(signal.SIGHUP)
@@ -255,7 +255,8 @@ def test_listen_repeatable(broker, uid):
 
 
 def test_listen_all_ipv4_interfaces_short_form(broker, uid):
-    b = broker(args=["--listen", ":0"])
+    # Not loopback: starts only because anonymous access is allowed explicitly (safe default).
+    b = broker(args=["--listen", ":0"], allow_anonymous=True)
     assert b.listeners[0][0] in ("0.0.0.0", ""), b.listeners
     assert b.client(uid).ping() == []
 

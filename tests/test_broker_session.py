@@ -4,7 +4,7 @@ re-delivery with DUP on reconnect, client-id takeover, offline queue bounds."""
 import pytest
 
 import mqttraw as m
-from mqttraw import PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL
+from mqttraw import PUBCOMP, PUBREC, PUBREL
 
 
 def persistent_sub(srv, cid, *filters, qos=1):

@@ -90,3 +90,18 @@ def test_retained_tree_agrees_with_brute_force(stored, deleted, topic_filter):
     assert sorted(tree.match(topic_filter)) == expected
     for topic in present:
         assert tree.get(topic) == topic
+
+
+def test_very_deep_topics_do_not_recurse():
+    deep = "/".join(["d"] * 5000)
+    trie = SubscriptionTrie()
+    trie.add("#", "all", 0)
+    trie.add(deep, "exact", 1)
+    trie.add("d/+/" + "/".join(["d"] * 4998), "plus", 2)
+    assert dict(trie.match(deep)) == {"all": 0, "exact": 1, "plus": 2}
+    tree = RetainedTree()
+    tree.set(deep, "v")
+    assert list(tree.match("#")) == ["v"]
+    assert list(tree.match("d/+/#")) == ["v"]
+    assert list(tree.match(deep)) == ["v"]
+    assert tree.delete(deep) and tree.count == 0

@@ -12,7 +12,7 @@ import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.cli import config_check, inspect_live, serve
+from edgebroker.cli import config_check, inspect, passwd, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,10 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.add_parser(commands)
     config_check.add_parser(commands)
-    # Temporary home of `inspect` until the offline inspect commands join it (one parser, both sets).
-    inspect = commands.add_parser("inspect", help="look inside the running broker")
-    inspect_live.add_subcommands(
-        inspect.add_subparsers(dest="inspect_command", metavar="WHAT", required=True))
+    inspect.add_parser(commands)   # offline log commands and the live ones (inspect_live)
+    passwd.add_parser(commands)
     return parser
 
 

@@ -31,7 +31,9 @@ def load(args) -> configuration.Config:
         changes["listener"] = tuple(configuration.parse_address(a) for a in args.listen)
     if args.data_dir:
         changes["data_dir"] = args.data_dir
-    return dataclasses.replace(config, **changes) if changes else config
+    config = dataclasses.replace(config, **changes) if changes else config
+    configuration.check_authentication(config)
+    return config
 
 
 def setup_logging(level: str) -> None:
@@ -63,8 +65,15 @@ def run(args) -> int:
     prepare_state_dir(state_dir)
     loop = Loop(config, reload_config=lambda: load(args))
     loop.open_listeners()
+    # The admin socket first: a broker already running on this state directory
+    # is refused with one clear line before the commit log (and its lock) is touched.
     loop.open_admin(state_dir)
-    loop.open_metrics()
+    try:
+        loop.open_storage()
+        loop.open_metrics()
+    except BaseException:
+        loop.close_admin()
+        raise
     log.info("state directory %s; configuration %s", state_dir, config.source or "embedded defaults")
     loop.install_signal_handlers()
     loop.run()

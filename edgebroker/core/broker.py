@@ -18,14 +18,19 @@ from __future__ import annotations
 import heapq
 import logging
 
+from collections import deque
+
+from edgebroker.commitlog.errors import LogFullError
 from edgebroker.config import Config
+from edgebroker.core import snapshot as snap
 from edgebroker.core.client import Client
+from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
     DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, Timer, TopicTable, check_topic, zero_counts,
 )
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.session import (
-    AWAIT_ACK, EMPTY_DICT, EMPTY_QUEUE, Message, Outgoing, Session,
+    AWAIT_ACK, EMPTY_DICT, EMPTY_QUEUE, Message, Outgoing, Session, Stored, as_stored,
 )
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.mqtt import packets as P
@@ -41,9 +46,18 @@ _JOIN_LIMIT = 4096
 # Seconds between memory checks (RSS and CPU time through psutil).
 HOUSEKEEPING_INTERVAL = 1.0
 
+# Housekeeping cadence (log retention and rolling, retrying a failing disk,
+# snapshots), in seconds of the broker's clock.
+MAINTENANCE_INTERVAL = 1.0
+# A snapshot is written at most this often after sessions or subscriptions
+# change, and at least this often while messages flow (bounding the log replay
+# at start).
+SNAPSHOT_DEBOUNCE = 1.0
+SNAPSHOT_EVERY = 30.0
+
 
 class Broker:
-    def __init__(self, config: Config, clock):
+    def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits
         self.clock = clock
@@ -73,6 +87,14 @@ class Broker:
         self._housekeeping.start(self, self.started + HOUSEKEEPING_INTERVAL)
         self._topic_expiry = Timer(self._on_topic_expiry)
         self._topic_expiry.start(self, self.started + self.limits.topic_expiry)
+        self.journal = (Journal(commit_log, config.log.durability, wall_ms, self.stats)
+                        if commit_log is not None else None)
+        self.submit_snapshot = None           # set by the server: takes encoded snapshot bytes
+        self._snapshot_dirty = False
+        self._snapshot_at = self.started      # when the last snapshot was taken
+        self._snapshot_offset = commit_log.next_offset if commit_log is not None else 0
+        self._maintenance_due = self.started + MAINTENANCE_INTERVAL
+        self._lost_warned = False
         self.sys = SysTopics(self, self.started)
 
     # ----- connections ------------------------------------------------------------------
@@ -134,6 +156,8 @@ class Broker:
             session = self.sessions[client_id] = Session(client_id, clean)
         else:
             session, present = old, True
+        if not clean:
+            self._snapshot_dirty = True
         session.client = client
         self.clients_connected += 1
         address = client.listener_address
@@ -153,12 +177,35 @@ class Broker:
             session.client = None
             if session.clean:
                 self.drop_session(session)
+            else:
+                self._go_offline(session)
         will = client.will
-        if publish_will and will is not None:
-            log.info("publishing will of %s on %r", client.describe(), will.topic)
-            self.publish(will.topic, will.payload, will.qos, will.retain)
+        if not publish_will or will is None:
+            return
+        if will.topic.startswith("$SYS"):
+            self.drop("sys_topic", None)
+            log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
+                        client.describe(), will.topic)
+            return
+        log.info("publishing will of %s on %r", client.describe(), will.topic)
+        try:
+            self.publish(will.topic, will.payload, will.qos, will.retain, client)
+        except LogFullError:
+            log.error("will of %s on %r lost: the commit log cannot take it",
+                      client.describe(), will.topic)
+
+    def _go_offline(self, session: Session) -> None:
+        """Keep only log offsets (and sizes) for an offline session: no payload memory."""
+        if session.queue:
+            session.queue = deque((as_stored(ref), qos, retain)
+                                  for ref, qos, retain in session.queue)
+        for entry in session.inflight.values():
+            entry.message = as_stored(entry.message)
+        self._snapshot_dirty = True
 
     def drop_session(self, session: Session) -> None:
+        if not session.clean:
+            self._snapshot_dirty = True
         for topic_filter in session.subscriptions:
             self.subscriptions.remove(topic_filter, session)
         session.subscriptions.clear()
@@ -188,9 +235,11 @@ class Broker:
             client.timer_at = due
             heapq.heappush(self._timers, (due, client))
 
-    def next_deadline(self) -> float | None:
-        due = self.sys.next_due
-        if self._timers and (due is None or self._timers[0][0] < due):
+    def next_deadline(self) -> float:
+        due = self._maintenance_due
+        if self.sys.next_due is not None and self.sys.next_due < due:
+            due = self.sys.next_due
+        if self._timers and self._timers[0][0] < due:
             return self._timers[0][0]
         return due
 
@@ -205,12 +254,35 @@ class Broker:
             if due is None:
                 continue
             if due <= now:
-                client.expire()
+                try:
+                    client.expire()
+                except Exception:
+                    log.exception("internal error expiring %s", client.describe()
+                                  if type(client) is Client else client.callback)
             else:
                 client.timer_at = due
                 heapq.heappush(timers, (due, client))
         if self.sys.next_due is not None and self.sys.next_due <= now:
             self.sys.publish(now)
+        if self._maintenance_due <= now:
+            self._maintenance_due = now + MAINTENANCE_INTERVAL
+            self._maintain(now)
+
+    def _maintain(self, now: float) -> None:
+        journal = self.journal
+        if journal is not None:
+            journal.retry()
+            try:
+                journal.log.housekeeping()
+            except Exception:
+                log.exception("commit log housekeeping failed")
+        if self.submit_snapshot is None:
+            return
+        next_offset = journal.log.next_offset if journal is not None else 0
+        if ((self._snapshot_dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
+                or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)):
+            self.submit_snapshot(snap.encode(self.capture()))
+            self._snapshot_at = now
 
     def apply_config(self, config: Config) -> None:
         """Settings that take effect without a restart (SIGHUP)."""
@@ -246,15 +318,29 @@ class Broker:
 
     # ----- routing ----------------------------------------------------------------------
 
-    def publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-        """A client's (or a will's) PUBLISH: counted, then routed."""
+    def publish(self, topic: str, payload: bytes, qos: int, retain: bool, client) -> int | None:
+        """A client's (or a will's) PUBLISH: counted, logged, then routed.
+
+        Returns the log offset (None when not logged). Raises LogFullError when
+        the log cannot take a QoS 1/2 message: it is then not routed either.
+        """
         self.stats.publish_received += 1
-        self.route(topic, payload, qos, retain)
+        message = Message(topic, payload, qos, retain)
+        journal = self.journal
+        if journal is not None:
+            message.offset = journal.append(client, message.topic_bytes, payload, qos, retain)
+        self._route(message)
+        return message.offset
 
     def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        """The broker's own messages ($SYS): routed, not logged."""
+        self._route(Message(topic, payload, qos, retain))
+
+    def _route(self, message: Message) -> None:
         """Store if retained, then deliver to every matching subscription."""
         stats = self.stats
-        message = Message(topic, payload, qos, retain)
+        topic, payload, qos = message.topic, message.payload, message.qos
+        retain = message.retain
         if retain:
             if payload:
                 self.retained.set(topic, message)
@@ -267,13 +353,25 @@ class Broker:
         frame0 = rest0 = None
         sent = 0
         for session, sub_qos in targets:
+            acl = session.acl
+            if acl is not None:
+                allowed = acl.reads.get(topic)
+                if allowed is None:
+                    allowed = acl.check_read(topic)
+                if not allowed:
+                    stats.acl_deliveries_denied += 1
+                    continue
             q = qos if qos < sub_qos else sub_qos
             client = session.client
             if q == 0:
-                if client is None:
+                if client is None or session.queue:
+                    # Offline, or behind a backlog that may hold older QoS 0
+                    # messages (order per topic and QoS, MQTT-4.6.0-6).
                     if self.limits.queue_qos0_messages and not session.clean:
                         self._enqueue(session, message, 0, False)
-                    continue
+                        continue
+                    if client is None:
+                        continue
                 if frame0 is None:
                     frame0, rest0 = self._frame0(message)
                 transport = client.transport
@@ -328,17 +426,20 @@ class Broker:
                 client.transport.want_drain = True
         self._enqueue(session, message, qos, retain)
 
-    def _send(self, session: Session, message: Message, qos: int, retain: bool) -> None:
+    def _send(self, session: Session, ref, qos: int, retain: bool) -> None:
         """Send a QoS 1/2 message in the session's window (the client is online)."""
         pid = session.allocate_id()
-        inflight = session.inflight
-        if inflight is EMPTY_DICT:
-            inflight = session.own_inflight()
-        inflight[pid] = Outgoing(message, qos, retain)
-        session.inflight_bytes += message.size
-        self._write_publish(session.client, message, qos, retain, False, pid)
+        if self._write_publish(session.client, ref, qos, retain, False, pid):
+            inflight = session.inflight
+            if inflight is EMPTY_DICT:
+                inflight = session.own_inflight()
+            inflight[pid] = Outgoing(ref, qos, retain)
+            session.inflight_bytes += ref.size
 
-    def _write_publish(self, client, message, qos, retain, dup, pid) -> None:
+    def _write_publish(self, client, message, qos, retain, dup, pid) -> bool:
+        """Queue one PUBLISH on the client's transport; False if its log record is gone."""
+        if type(message) is not Message:
+            return self._write_from_log(client, message, qos, retain, dup, pid)
         payload = message.payload
         head = encode_publish_head(message.topic_bytes, len(payload), qos, retain, dup, pid)
         transport = client.transport
@@ -349,6 +450,28 @@ class Broker:
             transport.write(head)
             transport.write(payload)
         self.stats.publish_sent += 1
+        return True
+
+    def _write_from_log(self, client, stored: Stored, qos, retain, dup, pid) -> bool:
+        """Header from memory, payload straight from the segment file (sendfile)."""
+        offset = stored.offset
+        journal = self.journal
+        where = journal.log.locate(offset) if journal is not None else None
+        if where is None:
+            self.stats.publish_lost += 1
+            if not self._lost_warned:
+                self._lost_warned = True
+                log.warning("queued message at log offset %d for %s is no longer in the log "
+                            "(deleted by retention or damaged); skipped (counted in "
+                            "$SYS/broker/publish/messages/lost; logged once)", offset,
+                            client.describe())
+            return False
+        head = encode_publish_head(where.topic, where.payload_length, qos, retain, dup, pid)
+        transport = client.transport
+        transport.msgs_out += 1
+        transport.write_file(head, where.fd, where.payload_position, where.payload_length, offset)
+        self.stats.publish_sent += 1
+        return True
 
     def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         """Queue for later, within max_queued_messages/bytes (``queue_full`` says what goes)."""
@@ -379,10 +502,13 @@ class Broker:
             session.dropped += dropped
             if limits.queue_full != "drop_old":
                 return
+        size = message.size
+        if session.client is None:
+            message = as_stored(message)
         session.own_queue().append((message, qos, retain))
-        session.queue_bytes += message.size
+        session.queue_bytes += size
         self.queued_messages += 1
-        self.queued_bytes += message.size
+        self.queued_bytes += size
 
     def pump(self, session: Session) -> None:
         """Move queued messages into the window while the client is online and reading."""
@@ -425,11 +551,15 @@ class Broker:
     def resume(self, session: Session) -> None:
         """A persistent session's client is back: re-send the window, then the queue."""
         client = session.client
+        gone = []
         for pid, entry in session.inflight.items():
             if entry.state == AWAIT_ACK:
-                self._write_publish(client, entry.message, entry.qos, entry.retain, True, pid)
+                if not self._write_publish(client, entry.message, entry.qos, entry.retain, True, pid):
+                    gone.append(pid)
             else:
                 client.transport.write(encode_ack(P.PUBREL, pid))
+        for pid in gone:
+            session.inflight_bytes -= session.inflight.pop(pid).message.size
         self.pump(session)
 
     # ----- subscriptions ----------------------------------------------------------------
@@ -453,15 +583,21 @@ class Broker:
             self.subscriptions.add(topic_filter, session, qos)
             session.own_subscriptions()[topic_filter] = qos
             granted.append(qos)
+        if not session.clean:
+            self._snapshot_dirty = True
         return granted
 
     def send_retained(self, session: Session, topics, granted: list[int]) -> None:
         """Retained messages for new (or replaced) subscriptions, retain flag set."""
         client = session.client
+        acl = session.acl
         for (topic_filter, _), max_qos in zip(topics, granted):
             if max_qos == P.SUBACK_FAILURE:
                 continue
             for message in self.retained.match(topic_filter):
+                if acl is not None and not acl.can_read(message.topic):
+                    self.stats.acl_deliveries_denied += 1
+                    continue
                 qos = message.qos if message.qos < max_qos else max_qos
                 # Beyond max_pending_write_bytes retained messages wait in the session's queue
                 # (bounded), QoS 0 included, and follow as the connection drains.
@@ -480,3 +616,83 @@ class Broker:
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self.subscriptions.remove(topic_filter, session)
+                if not session.clean:
+                    self._snapshot_dirty = True
+
+    # ----- persistence ------------------------------------------------------------------
+
+    def capture(self) -> snap.Snapshot:
+        """The state a restart needs: persistent sessions by log offset, retained messages."""
+        journal = self.journal
+        next_offset = journal.log.next_offset if journal is not None else 0
+        result = snap.Snapshot(log_next_offset=next_offset,
+                               written_ms=journal.wall_ms() if journal is not None else 0)
+        for session in self.sessions.values():
+            if session.clean:
+                continue
+            state = snap.SessionState(session.client_id, dict(session.subscriptions),
+                                      awaiting_release=list(session.awaiting_release),
+                                      next_id=session._next_id)
+            for pid, entry in session.inflight.items():
+                ref = entry.message
+                if ref.offset is not None:
+                    state.inflight.append((pid, ref.offset, entry.qos, entry.retain, entry.state,
+                                           ref.size))
+            for ref, qos, retain in session.queue:
+                if ref.offset is not None:
+                    state.queue.append((ref.offset, qos, retain, ref.size))
+            result.sessions.append(state)
+        for message in self.retained.match("#"):
+            result.retained.append(snap.RetainedState(message.topic, message.payload,
+                                                      message.qos, message.offset))
+        self._snapshot_dirty = False
+        self._snapshot_offset = next_offset
+        return result
+
+    def restore(self, state: snap.Snapshot) -> None:
+        """Load a snapshot into an empty broker (at start, before any client connects)."""
+        for r in state.retained:
+            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, r.offset))
+        for s in state.sessions:
+            session = self.sessions[s.client_id] = Session(s.client_id, clean=False)
+            if s.subscriptions:
+                subscriptions = session.own_subscriptions()
+                for topic_filter, qos in s.subscriptions.items():
+                    self.subscriptions.add(topic_filter, session, qos)
+                    subscriptions[topic_filter] = qos
+            if s.inflight:
+                inflight = session.own_inflight()
+                for pid, offset, qos, retain, entry_state, size in s.inflight:
+                    entry = inflight[pid] = Outgoing(Stored(offset, size), qos, retain)
+                    entry.state = entry_state
+                    session.inflight_bytes += size
+            if s.queue:
+                queue = session.own_queue()
+                for offset, qos, retain, size in s.queue:
+                    queue.append((Stored(offset, size), qos, retain))
+                    session.queue_bytes += size
+                self.queued_messages += len(queue)
+                self.queued_bytes += session.queue_bytes
+            if s.awaiting_release:
+                session.own_awaiting_release().update(s.awaiting_release)
+            session._next_id = s.next_id
+        self._snapshot_offset = state.log_next_offset
+
+    def replay(self, records) -> int:
+        """Route log records written after the snapshot (retained updates, offline queues)."""
+        count = 0
+        for record in records:
+            topic = record.topic.decode("utf-8", "replace")
+            self._route(Message(topic, record.payload, record.qos, record.retain, record.offset))
+            count += 1
+        return count
+
+    def acknowledge(self, client, offset: int | None, frame: bytes) -> None:
+        if self.journal is None:
+            client.transport.write(frame)
+        else:
+            self.journal.acknowledge(client, offset, frame)
+
+    def end_pass(self) -> None:
+        if self.journal is not None:
+            self.journal.end_pass()

@@ -20,6 +20,14 @@ the server layer moves them. State rules, in prose:
   connection closes, as 3.1.1 has no negative acknowledgement). A client over
   its publish rate is throttled: its socket is not read until its bucket
   refills (a timer in the broker's heap), so TCP pushes back on it alone.
+- With a listener policy (authentication, ACL), CONNECT is decided by the
+  policy. While a password check runs on a worker thread the client is
+  "authenticating": the socket is not read, packets already received are held
+  and replayed in order once CONNACK 0 is sent, and the CONNECT timeout keeps
+  running.
+- Reading may be paused for several reasons at once (the password check,
+  the publish rate, a commit log that cannot write); each holder resumes only
+  its own (``Transport.pause_reading(reason)``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import (
     CONNACK_CODES_311, PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
@@ -36,6 +45,9 @@ from edgebroker.core.limits import PublishRate
 from edgebroker.core.session import AWAIT_COMP
 
 log = logging.getLogger("edgebroker.client")
+
+# Bytes of a partly received packet that count as activity for keepalive.
+_PROGRESS_BYTES = 1024
 
 _CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
 
@@ -64,11 +76,13 @@ def classify_first_bytes(head: bytes) -> str | None:
 
 
 class Client:
-    __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "session", "connected",
+    __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "client_id_bytes",
+                 "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
                  "sniff", "rate", "throttled_until", "throttle_start", "throttled_time",
-                 "pending_dropped", "warned", "rate_sample")
+                 "pending_dropped", "warned", "rate_sample",
+                 "username", "acl", "pending_connect", "held", "denied_logged")
 
     def __init__(self, broker, transport, now: float):
         self.broker = broker
@@ -76,6 +90,7 @@ class Client:
         self.peer = transport.peer
         self.decoder = Decoder(max_packet_size=broker.limits.max_packet_size)
         self.client_id = ""
+        self.client_id_bytes = b""
         self.session = None
         self.connected = False
         self.closed = False
@@ -99,6 +114,11 @@ class Client:
         self.pending_dropped = 0      # QoS 0 dropped since the output last drained
         self.warned = None            # what was already logged once for this connection
         self.rate_sample = None       # (time, totals, rates) for core.metrics
+        self.username = None          # the verified user name (None: anonymous)
+        self.acl = None               # this client's AclView, or None without an ACL file
+        self.pending_connect = None   # the CONNECT while its password check runs
+        self.held = None              # packets received meanwhile
+        self.denied_logged = None     # topics whose denied PUBLISH was logged
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
@@ -109,26 +129,40 @@ class Client:
 
     def describe(self) -> str:
         name = repr(self.client_id) if self.client_id else "(before CONNECT)"
+        if self.username is not None:
+            return f"client {name} (user {self.username!r}) from {self.peer}"
         return f"client {name} from {self.peer}"
 
     # ----- input from the server layer -------------------------------------------------
 
     def data_received(self, data) -> None:
+        if self.closed:
+            return
         broker = self.broker
-        self.last_seen = broker.clock()
+        if self.halted:
+            # Throttled: keep what arrives (a TLS read may still hand over decrypted
+            # bytes) in the decoder until the throttle ends.
+            self.decoder.feed(data)
+            return
         if self.sniff is not None and not self._sniff(data):
             return
         stats = broker.stats
         handlers = self._handlers
+        decoded = 0
         try:
             for packet in self.decoder.feed(data):
-                stats.packets_received += 1
+                decoded += 1
                 handlers[packet.type](self, packet)
                 if self.halted:
-                    return  # when throttled, the rest stays in the decoder until resumed
+                    break  # when throttled, the rest stays in the decoder until resumed
                 handlers = self._handlers
         except ProtocolError as exc:
             self._violation(exc)
+        stats.packets_received += decoded
+        # Keepalive counts complete packets (MQTT-3.1.2-24); a large packet
+        # still arriving in big pieces counts too, so it is not cut off.
+        if decoded or len(data) >= _PROGRESS_BYTES:
+            self.last_seen = broker.clock()
 
     def _sniff(self, data) -> bool:
         """Check the first bytes; True when they may start MQTT (the decoder takes over)."""
@@ -189,7 +223,8 @@ class Client:
         if not self.connected:
             broker.stats.connect_timeouts += 1
             broker.hit("connect_timeout")
-            log.info("%s: no CONNECT within %g s; closing", self.describe(),
+            log.info("%s: %s within %g s; closing", self.describe(),
+                     "password check not finished" if self.pending_connect else "no CONNECT",
                      broker.limits.connect_timeout)
             self.close(will=False)
         else:
@@ -204,14 +239,19 @@ class Client:
         if self.closed:
             return
         self.closed = self.halted = True
+        # A closed client may sit in the timer heap until its deadline: let go
+        # of its buffers now.
+        self.decoder = None
         broker = self.broker
         broker.sockets_open -= 1
-        if self.throttled_until:
-            self._end_throttle(broker.clock())
-        if self.connected:
-            broker.detach(self, publish_will=will)
-        self.will = None
-        self.transport.close()
+        try:
+            if self.throttled_until:
+                self._end_throttle(broker.clock())
+            if self.connected:
+                broker.detach(self, publish_will=will)
+        finally:
+            self.will = None
+            self.transport.close()
 
     # ----- limits -----------------------------------------------------------------------
 
@@ -233,7 +273,7 @@ class Client:
         self.halted = True
         self.throttle_start = now
         broker.throttled.add(self)
-        self.transport.pause_reading()
+        self.transport.pause_reading("rate")
         self.warn_once(limit, "over its publish rate (%s %g/s); not reading from it for %.3f s "
                        "(and again whenever it is over)", limit, getattr(broker.limits, limit),
                        wait)
@@ -250,7 +290,7 @@ class Client:
         """The publish budget has refilled: read again, starting with what is buffered."""
         broker = self.broker
         self._end_throttle(broker.clock())
-        self.transport.resume_reading()
+        self.transport.resume_reading("rate")  # still paused if another reason holds it
         self.data_received(b"")
         if not self.closed:
             broker.schedule(self)
@@ -328,6 +368,7 @@ class Client:
                 return self._refuse(2, "empty client id and allow_zero_length_clientid is false")
             client_id = broker.config.auto_id_prefix + uuid.uuid4().hex
         self.client_id = client_id
+        self.client_id_bytes = client_id.encode("utf-8")
         if p.keepalive > limits.max_keepalive:
             return self._refuse(2, f"keepalive {p.keepalive} s is above max_keepalive "
                                    f"({limits.max_keepalive} s)", "max_keepalive")
@@ -344,9 +385,63 @@ class Client:
             return
         self.keepalive = p.keepalive
         self.will = p.will
-        self.rate = PublishRate.for_limits(limits, self.last_seen)
+        policy = getattr(self.transport, "policy", None)
+        if policy is not None:
+            self.pending_connect = p
+            self.held = []
+            self._handlers = _AUTHENTICATING
+            policy.authenticate(self, p)        # calls auth_done, now or later
+            if self.pending_connect is not None and not self.closed:
+                self.transport.pause_reading("auth")  # until the password check is back
+            return
+        self._accept(p)
+
+    def auth_done(self, code: int, why: str, username, acl) -> None:
+        """The policy's decision on the pending CONNECT (0 or a CONNACK refusal code)."""
+        p = self.pending_connect
+        if p is None or self.closed:
+            return                      # timed out or closed while the check ran
+        self.pending_connect = None
+        held, self.held = self.held, None
+        self.username = username
+        stats = self.broker.stats
+        if code:
+            if code == 4:
+                stats.logins_failed += 1
+            else:
+                stats.logins_refused += 1
+            self._refuse(code, why, "auth" if code in (4, 5) else "client_id")
+            return
+        if acl is not None and p.will is not None and not acl.can_write(p.will.topic):
+            stats.logins_refused += 1
+            self._refuse(5, f"the ACL does not let it publish its will on {p.will.topic!r}", "auth")
+            return
+        self.acl = acl
+        self._accept(p)
+        if self.closed:
+            return
+        if held:
+            try:
+                for packet in held:
+                    self._handlers[packet.type](self, packet)
+                    if self.closed:
+                        return
+            except ProtocolError as exc:
+                self._violation(exc)
+                return
+        self.transport.resume_reading("auth")
+
+    def _hold(self, p) -> None:
+        """A packet that arrived while CONNECT waits for its password check."""
+        self.held.append(p)
+
+    def _accept(self, p: P.Connect) -> None:
+        broker = self.broker
+        client_id = self.client_id
+        self.rate = PublishRate.for_limits(broker.limits, broker.clock())
         session, present = broker.attach(self, client_id, p.clean_session)
         self.session = session
+        session.acl = self.acl
         self.connected = True
         self.connect_deadline = 0.0  # no longer needed: its float goes (24 bytes a connection)
         self._handlers = _CONNECTED if self.rate is None else _CONNECTED_RATED
@@ -381,22 +476,45 @@ class Client:
             if refused is not None:
                 return self._refuse_publish(p, refused)
         # $SYS belongs to the broker: clients' publishes there are acknowledged
-        # (3.1.1 has no negative ack) and dropped, as Mosquitto does.
-        publish = self._drop_sys_publish if topic.startswith("$SYS") else broker.publish
-        if qos == 0:
-            publish(topic, p.payload, 0, p.retain)
-            return
-        pid = p.packet_id
-        if qos == 1:
-            publish(p.topic, p.payload, 1, p.retain)
-            self.transport.write(encode_ack(P.PUBACK, pid))
+        # (3.1.1 has no negative ack) and dropped, as Mosquitto does. So are
+        # publishes the ACL does not allow.
+        publish = None
+        if topic.startswith("$SYS"):
+            publish = self._drop_sys_publish
         else:
-            # Exactly once: route on first receipt, ignore re-sends until PUBREL.
-            pending = self.session.awaiting_release
-            if pid not in pending:
-                self.session.own_awaiting_release().add(pid)
-                publish(p.topic, p.payload, 2, p.retain)
-            self.transport.write(encode_ack(P.PUBREC, pid))
+            acl = self.acl
+            if acl is not None:
+                allowed = acl.writes.get(topic)     # cached decision; computed once per topic
+                if allowed is None:
+                    allowed = acl.can_write(topic)
+                if not allowed:
+                    publish = self._drop_denied_publish
+            if publish is None:
+                if topic not in broker.known_topics:
+                    refused = broker.topics.admit(topic, self.client_id, broker.limits,
+                                                  broker.memory.over)
+                    if refused is not None:
+                        return self._refuse_publish(p, refused)
+                publish = broker.publish
+        try:
+            if qos == 0:
+                publish(topic, p.payload, 0, p.retain, self)
+                return
+            pid = p.packet_id
+            if qos == 1:
+                offset = publish(topic, p.payload, 1, p.retain, self)
+                broker.acknowledge(self, offset, encode_ack(P.PUBACK, pid))
+            else:
+                # Exactly once: route on first receipt, ignore re-sends until PUBREL.
+                offset = None
+                if pid not in self.session.awaiting_release:
+                    offset = publish(topic, p.payload, 2, p.retain, self)
+                    self.session.own_awaiting_release().add(pid)
+                broker.acknowledge(self, offset, encode_ack(P.PUBREC, pid))
+        except LogFullError:
+            # Not logged, so neither routed nor acknowledged: the client sends
+            # it again after reconnecting. Its socket is no longer read meanwhile.
+            return
         broker.stats.packets_sent += 1
 
     def _on_publish_rated(self, p: P.Publish) -> None:
@@ -408,12 +526,31 @@ class Client:
         if over is not None:
             self._throttle(*over)  # this message went through; reading stops after it
 
-    def _drop_sys_publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+    def _drop_sys_publish(self, topic: str, payload: bytes, qos: int, retain: bool, client) -> None:
         broker = self.broker
         broker.stats.publish_received += 1
         broker.drop("sys_topic", self.session)
         self.warn_once("sys_topic", "publish to %r dropped: $SYS topics are written only by the "
                        "broker", topic)
+
+    def _drop_denied_publish(self, topic: str, payload: bytes, qos: int, retain: bool,
+                             client) -> None:
+        broker = self.broker
+        stats = broker.stats
+        stats.publish_received += 1
+        stats.acl_publish_denied += 1
+        broker.drop("acl", self.session)
+        logged = self.denied_logged
+        if logged is None:
+            logged = self.denied_logged = set()
+        if topic in logged or len(logged) > _DENIALS_LOGGED:
+            return
+        logged.add(topic)
+        if len(logged) > _DENIALS_LOGGED:
+            log.warning("%s: more publishes denied by the ACL; counted, no longer logged for "
+                        "this connection", self.describe())
+        else:
+            log.warning("%s: publish to %r denied by the ACL; dropped", self.describe(), topic)
 
     def _on_puback(self, p) -> None:
         session = self.session
@@ -425,11 +562,17 @@ class Client:
                 self.broker.pump(session)
 
     def _on_pubrec(self, p) -> None:
-        entry = self.session.inflight.get(p.packet_id)
+        inflight = self.session.inflight
+        pid = p.packet_id
+        entry = inflight.get(pid)
         if entry is None or entry.qos != 2:
             return
-        entry.state = AWAIT_COMP
-        self.transport.write(encode_ack(P.PUBREL, p.packet_id))
+        if entry.state != AWAIT_COMP:
+            entry.state = AWAIT_COMP
+            # PUBRELs go out (and are re-sent) in PUBREC order (MQTT-4.6.0-4).
+            del inflight[pid]
+            inflight[pid] = entry
+        self.transport.write(encode_ack(P.PUBREL, pid))
         self.broker.stats.packets_sent += 1
 
     def _on_pubrel(self, p) -> None:
@@ -448,10 +591,28 @@ class Client:
 
     def _on_subscribe(self, p: P.Subscribe) -> None:
         broker = self.broker
-        granted = broker.subscribe(self.session, p.topics)
+        if self.acl is None:
+            granted = broker.subscribe(self.session, p.topics)
+        else:
+            granted = self._subscribe_allowed(p.topics)
         self.transport.write(encode(P.Suback(p.packet_id, granted)))
         broker.stats.packets_sent += 1
         broker.send_retained(self.session, p.topics, granted)
+
+    def _subscribe_allowed(self, topics) -> list[int]:
+        """SUBSCRIBE under an ACL: each denied filter gets 0x80, the others are made."""
+        broker = self.broker
+        acl = self.acl
+        granted = []
+        for topic_filter, qos in topics:
+            if acl.can_subscribe(topic_filter):
+                granted.extend(broker.subscribe(self.session, [(topic_filter, qos)]))
+            else:
+                broker.stats.acl_subscribe_denied += 1
+                log.warning("%s: subscription to %r denied by the ACL (SUBACK 0x80)",
+                            self.describe(), topic_filter)
+                granted.append(P.SUBACK_FAILURE)
+        return granted
 
     def _on_unsubscribe(self, p: P.Unsubscribe) -> None:
         self.broker.unsubscribe(self.session, p.topics)
@@ -467,8 +628,16 @@ class Client:
         self.close(will=False)
 
 
+# At most this many denied topics are logged per connection (all are counted).
+_DENIALS_LOGGED = 16
+
 _BEFORE_CONNECT = {t: Client._before_connect for t in P.NAMES}
 _BEFORE_CONNECT[P.CONNECT] = Client._on_connect
+
+# CONNECT received, password check running: later packets wait (a second CONNECT
+# is still a violation, as are server-only packets).
+_AUTHENTICATING = {t: Client._hold for t in P.NAMES}
+_AUTHENTICATING[P.CONNECT] = Client._on_second_connect
 
 _CONNECTED = {
     P.CONNECT: Client._on_second_connect,
@@ -485,6 +654,7 @@ _CONNECTED = {
 for _t in P.SERVER_TO_CLIENT_ONLY:
     _CONNECTED[_t] = Client._server_only
     _BEFORE_CONNECT[_t] = Client._before_connect
+    _AUTHENTICATING[_t] = Client._server_only
 
 # The same, with the publish rate charged (limits.messages_rate / bytes_rate set).
 _CONNECTED_RATED = dict(_CONNECTED)

@@ -41,13 +41,14 @@ LIMITS = (
 # Why a connection was refused (CONNACK != 0, or closed before CONNECT for not speaking MQTT).
 REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
-    "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt",
+    "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
 )
 
 # Why an application message was dropped (not delivered to one subscriber, or not routed).
 DROPS = (
     "max_queued_messages", "max_queued_bytes", "max_pending_write_bytes", "max_topics",
     "max_topics_per_client", "max_topic_length", "max_topic_levels", "memory_limit", "sys_topic",
+    "acl",
 )
 
 

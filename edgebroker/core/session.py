@@ -4,6 +4,12 @@ A session owns its subscriptions, the outgoing QoS 1/2 window (``inflight``,
 keyed by packet id, in send order), the queue of messages waiting for the
 window or for the client to come back, and the packet ids of inbound QoS 2
 messages received but not yet released (for exactly-once delivery).
+
+Queue and window entries refer to a message either as a ``Message`` (in
+memory, while the client is online) or as a ``Stored`` (its commit-log offset
+and size): a session that goes offline keeps those only, so an offline backlog
+costs a few bytes per message while the byte limits still count it, and its
+payloads are later sent straight from the log file.
 """
 
 from __future__ import annotations
@@ -57,9 +63,10 @@ EMPTY_DICT = _SharedEmptyDict()
 class Message:
     """One application message as routed: shared by every subscriber it reaches."""
 
-    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "size")
+    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "size", "offset")
 
-    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool):
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool,
+                 offset: int | None = None):
         self.topic = topic
         self.payload = payload
         self.qos = qos
@@ -67,6 +74,31 @@ class Message:
         self.topic_bytes = topic.encode("utf-8")
         # What the byte limits (inflight, queued, publish rate) count: topic + payload.
         self.size = len(self.topic_bytes) + len(payload)
+        self.offset = offset       # position in the commit log; None if not logged ($SYS)
+
+
+class Stored:
+    """A message kept by an offline session as its place in the commit log.
+
+    ``size`` is the ``Message.size`` it had, so the byte limits (queued and
+    inflight bytes) keep counting it while only the offset is in memory.
+    """
+
+    __slots__ = ("offset", "size")
+
+    def __init__(self, offset: int, size: int):
+        self.offset = offset
+        self.size = size
+
+    def __repr__(self):
+        return f"Stored({self.offset}, {self.size})"
+
+
+def as_stored(ref):
+    """A queue or window entry's message as a ``Stored`` when it is in the log."""
+    if type(ref) is Message and ref.offset is not None:
+        return Stored(ref.offset, ref.size)
+    return ref
 
 
 # Outgoing inflight entry states.
@@ -77,7 +109,7 @@ AWAIT_COMP = 1     # PUBREL sent, waiting for PUBCOMP
 class Outgoing:
     __slots__ = ("message", "qos", "retain", "state")
 
-    def __init__(self, message: Message, qos: int, retain: bool):
+    def __init__(self, message, qos: int, retain: bool):
         self.message = message
         self.qos = qos
         self.retain = retain
@@ -87,7 +119,7 @@ class Outgoing:
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
-                 "drops")
+                 "drops", "acl")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -95,13 +127,15 @@ class Session:
         self.subscriptions: dict[str, int] = EMPTY_DICT  # own one: own_subscriptions()
         self.client = None                      # the live Client, or None while offline
         self.inflight: dict[int, Outgoing] = EMPTY_DICT  # own one: own_inflight()
-        self.queue: deque[tuple[Message, int, bool]] = EMPTY_QUEUE  # own one: own_queue()
+        # (Message or Stored, qos, retain); own one: own_queue()
+        self.queue: deque[tuple] = EMPTY_QUEUE
         self.awaiting_release: set[int] = EMPTY_IDS                  # own_awaiting_release()
         self._next_id = 0
         self.dropped = 0                        # dropped in the current queue-full episode
         self.queue_bytes = 0                    # Message.size summed over the queue
         self.inflight_bytes = 0                 # ... and over the inflight window
         self.drops: dict[str, int] | None = None  # dropped messages by reason, all time
+        self.acl = None     # AclView of the last client, checked before each delivery
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

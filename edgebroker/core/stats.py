@@ -25,9 +25,14 @@ from edgebroker import __version__
 
 class Stats:
     __slots__ = ("packets_received", "packets_sent", "publish_received", "publish_sent",
-                 "publish_dropped", "publish_unrouted", "bytes_received", "bytes_sent",
+                 "publish_dropped", "publish_unrouted", "publish_lost", "publish_not_logged",
+                 "publish_refused", "log_write_failures", "publishers_paused",
+                 "bytes_received", "bytes_sent",
                  "sockets_accepted", "connects_accepted", "connections_refused", "protocol_errors",
-                 "keepalive_expired", "connect_timeouts", "takeovers")
+                 "keepalive_expired", "connect_timeouts", "takeovers",
+                 # security: refused logins and ACL denials, TLS handshakes that failed
+                 "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
+                 "acl_deliveries_denied", "tls_handshakes_failed")
 
     def __init__(self):
         for name in self.__slots__:
@@ -50,6 +55,16 @@ _LOADS = (
     ("sockets", "sockets_accepted"),
 )
 _WINDOWS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
+
+# Security counters (edgebroker additions).
+_SECURITY = (
+    ("$SYS/broker/security/logins/failed", "logins_failed"),
+    ("$SYS/broker/security/logins/refused", "logins_refused"),
+    ("$SYS/broker/security/acl/publish/denied", "acl_publish_denied"),
+    ("$SYS/broker/security/acl/subscribe/denied", "acl_subscribe_denied"),
+    ("$SYS/broker/security/acl/deliveries/denied", "acl_deliveries_denied"),
+    ("$SYS/broker/security/tls/handshakes/failed", "tls_handshakes_failed"),
+)
 
 
 class SysTopics:
@@ -138,8 +153,11 @@ class SysTopics:
         pub("$SYS/broker/publish/messages/received", counts["publish_received"])
         pub("$SYS/broker/publish/messages/sent", counts["publish_sent"])
         pub("$SYS/broker/publish/messages/dropped", counts["publish_dropped"])
+        pub("$SYS/broker/publish/messages/lost", counts["publish_lost"])
         pub("$SYS/broker/bytes/received", counts["bytes_received"])
         pub("$SYS/broker/bytes/sent", counts["bytes_sent"])
+        for topic, counter in _SECURITY:
+            pub(topic, counts[counter])
         for name, counter in _LOADS:
             rate = (counts[counter] - self._last_counts[counter]) / elapsed
             pub(f"$SYS/broker/load/{name}/persecond", f"{rate:.2f}")

@@ -78,41 +78,39 @@ class SubscriptionTrie:
             return cached
         found: dict[Any, int] = {}
         levels = topic.split("/")
-        self._walk(self._root, levels, 0, found, topic.startswith("$"))
+        depth = len(levels)
+        dollar = topic.startswith("$")
+        # Iterative walk (topics may have thousands of levels): each entry is a
+        # node whose path matched levels[:i].
+        stack = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            children = node.children
+            if i == depth:
+                _merge(found, node.subscribers)
+                # "a/#" also matches "a" itself.
+                hash_node = children.get("#")
+                if hash_node is not None:
+                    _merge(found, hash_node.subscribers)
+                continue
+            if not children:
+                continue
+            exact = children.get(levels[i])
+            if exact is not None:
+                stack.append((exact, i + 1))
+            if dollar and i == 0:
+                continue  # MQTT-4.7.2-1: no leading wildcard matches a $ topic
+            hash_node = children.get("#")
+            if hash_node is not None:
+                _merge(found, hash_node.subscribers)
+            plus = children.get("+")
+            if plus is not None:
+                stack.append((plus, i + 1))
         result = list(found.items())
         if len(self._cache) >= CACHE_LIMIT:
             self._cache.clear()
         self._cache[topic] = result
         return result
-
-    def _walk(self, node: _Node, levels: list[str], i: int, found: dict, dollar: bool):
-        children = node.children
-        if not children:
-            return
-        wild = not (dollar and i == 0)
-        if wild:
-            hash_node = children.get("#")
-            if hash_node is not None:
-                _merge(found, hash_node.subscribers)
-        if i == len(levels):
-            return
-        exact = children.get(levels[i])
-        if exact is not None:
-            self._visit(exact, levels, i + 1, found, dollar)
-        if wild:
-            plus = children.get("+")
-            if plus is not None:
-                self._visit(plus, levels, i + 1, found, dollar)
-
-    def _visit(self, node: _Node, levels, i, found, dollar):
-        if i == len(levels):
-            _merge(found, node.subscribers)
-            # "a/#" also matches "a" itself.
-            hash_node = node.children.get("#")
-            if hash_node is not None:
-                _merge(found, hash_node.subscribers)
-            return
-        self._walk(node, levels, i, found, dollar)
 
 
 def _merge(found: dict, subscribers: dict):
@@ -174,34 +172,33 @@ class RetainedTree:
 
     def match(self, topic_filter: str) -> Iterator[Any]:
         """Stored values whose topic matches ``topic_filter``."""
-        yield from self._match(self._root, topic_filter.split("/"), 0)
-
-    def _match(self, node: _RNode, levels: list[str], i: int) -> Iterator[Any]:
-        if i == len(levels):
-            if node.value is not None:
-                yield node.value
-            return
-        level = levels[i]
-        if level == "#":
-            # The parent level itself ("a/#" matches "a"), then everything below.
-            if i > 0 and node.value is not None:
-                yield node.value
-            for name, child in node.children.items():
-                if i == 0 and name.startswith("$"):
-                    continue
-                yield from self._all(child)
-        elif level == "+":
-            for name, child in node.children.items():
-                if i == 0 and name.startswith("$"):
-                    continue
-                yield from self._match(child, levels, i + 1)
-        else:
-            child = node.children.get(level)
-            if child is not None:
-                yield from self._match(child, levels, i + 1)
-
-    def _all(self, node: _RNode) -> Iterator[Any]:
-        if node.value is not None:
-            yield node.value
-        for child in node.children.values():
-            yield from self._all(child)
+        levels = topic_filter.split("/")
+        depth = len(levels)
+        # Iterative walk (topics may have thousands of levels).
+        stack = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            if i == depth:
+                if node.value is not None:
+                    yield node.value
+                continue
+            level = levels[i]
+            if level == "#":
+                # The parent level itself ("a/#" matches "a"), then everything below.
+                if i > 0 and node.value is not None:
+                    yield node.value
+                below = [child for name, child in node.children.items()
+                         if not (i == 0 and name.startswith("$"))]
+                while below:
+                    child = below.pop()
+                    if child.value is not None:
+                        yield child.value
+                    below.extend(child.children.values())
+            elif level == "+":
+                for name, child in node.children.items():
+                    if not (i == 0 and name.startswith("$")):
+                        stack.append((child, i + 1))
+            else:
+                child = node.children.get(level)
+                if child is not None:
+                    stack.append((child, i + 1))

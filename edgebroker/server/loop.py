@@ -13,23 +13,36 @@ the selector until a timer in the broker's heap says enough tokens are back;
 meanwhile the kernel's listen backlog holds the callers. The duration of each
 pass (events, timers and flushing; not the wait) goes into
 ``broker.pass_times``.
+
+Each listener carries its security: a ``ListenerPolicy`` (who may connect,
+the ACL) handed to every connection's transport, and for TLS listeners a
+``TLSServer`` (server/tls.py). Password checks finish on worker threads and
+come back through the wake-up (``Authenticator.deliver``).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import selectors
 import signal
 import socket
 import time
 
-from edgebroker import __version__
+from collections import deque
+
+from edgebroker import __version__, _native
+from edgebroker.commitlog import CommitLog, Flusher, LogOptions
 from edgebroker.config import Config, ListenerConfig
+from edgebroker.core import snapshot as snap
 from edgebroker.core.broker import Broker
 from edgebroker.core.limits import Timer, TokenBucket
 from edgebroker.errors import ConfigError, EdgebrokerError
+from edgebroker.security.authenticator import Authenticator
+from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server import sdnotify
+from edgebroker.server.tls import HandshakeTimers, TLSServer, TLSTransport
 from edgebroker.server.transport import Transport, format_peer
 
 log = logging.getLogger("edgebroker.server")
@@ -72,6 +85,38 @@ class Listener:
     def max_connections(self) -> int:
         return self.config.max_connections
 
+    policy: ListenerPolicy | None = None
+    tls: TLSServer | None = None
+
+    def peer_name(self, conn: socket.socket, addr) -> str:
+        return format_peer(addr)
+
+    def set_security(self, tls: TLSServer | None, policy: ListenerPolicy) -> None:
+        if tls is not None:
+            tls.name = self.address
+        policy.name = self.address
+        self.tls = tls
+        self.policy = policy
+
+    def describe(self) -> str:
+        """``ADDRESS`` plus what protects it, for the "listening on" line."""
+        parts = []
+        if self.tls is not None:
+            lc = self.tls.config
+            parts.append("TLS" + (", client certificate required" if lc.require_certificate
+                                  else ""))
+        policy = self.policy
+        if policy is not None:
+            settings = policy.settings
+            if settings.identity_as_username:
+                parts.append("certificate identity as user name")
+            elif settings.password_file:
+                parts.append(f"password file {settings.password_file}")
+            parts.append("anonymous allowed" if settings.allow_anonymous else "no anonymous")
+            if settings.acl_file:
+                parts.append(f"ACL {settings.acl_file}")
+        return f"{self.address} ({'; '.join(parts)})" if parts else self.address
+
     def on_event(self, mask: int) -> None:
         loop = self.loop
         gate = loop.accept_gate
@@ -94,7 +139,7 @@ class Listener:
                 raise
             if gate is not None:
                 gate.tokens -= 1.0
-            loop.add_connection(conn, format_peer(addr), self)
+            loop.add_connection(conn, self.peer_name(conn, addr), self)
 
     def pause(self, until: float) -> None:
         if self.paused_until:
@@ -116,13 +161,20 @@ class Listener:
         self.sock.close()
 
 
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class Loop:
+    """The composition root: the selector loop, the commit log and its threads, the broker."""
+
     def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
         self.config = config
         self.clock = clock
         self.reload_config = reload_config
         self.selector = selectors.DefaultSelector()
-        self.broker = Broker(config, clock)
+        self.state_dir = config.state_dir()
+        self._durable: deque[int] = deque()   # offsets reported by the flusher thread
         self.buffer = bytearray(READ_BUFFER)
         self.view = memoryview(self.buffer)
         self.dirty: list[Transport] = []
@@ -138,19 +190,102 @@ class Loop:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
+        self.authenticator = Authenticator(self.wake, clock, config.max_login_failures,
+                                           config.login_failure_window)
+        self.handshakes = HandshakeTimers()
 
     # ----- set-up -----------------------------------------------------------------------
 
+    def open_storage(self) -> None:
+        """The commit log, its flusher, the snapshot writer; then the state they hold.
+
+        Called after ``open_listeners``, so a configuration mistake (a missing
+        certificate, say) stops the start before any state is touched."""
+        config = self.config
+        _native.log_backend()
+        self.log = CommitLog.open(os.path.join(self.state_dir, "log"),
+                                  LogOptions.from_config(config.log), clock_ms=wall_ms)
+        self.broker = Broker(config, self.clock, commit_log=self.log, wall_ms=wall_ms)
+        self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,
+                               on_durable=self._on_durable)
+        self.broker.journal.notify_written = self.flusher.notify_written
+        self.snapshots = snap.SnapshotWriter(self.state_dir)
+        self.broker.submit_snapshot = self.snapshots.submit
+        self._restore()
+
+    def _restore(self) -> None:
+        """Sessions and retained messages from the snapshot, then the log written after it."""
+        started = time.monotonic()
+        try:
+            state = snap.read(self.state_dir)
+        except snap.SnapshotError as exc:
+            damaged = os.path.join(self.state_dir, snap.FILENAME + ".damaged")
+            os.replace(os.path.join(self.state_dir, snap.FILENAME), damaged)
+            log.error("%s; moved it to %s and starting without sessions or retained messages",
+                      exc, damaged)
+            state = None
+        if state is None:
+            log.info("no session snapshot in %s: starting with no sessions", self.state_dir)
+        else:
+            self.broker.restore(state)
+            start = max(state.log_next_offset, self.log.first_offset)
+            replayed = self.broker.replay(self.log.read_range(start))
+            log.info("restored %d persistent sessions and %d retained messages; replayed %d log "
+                     "records from offset %d in %.3f s", len(state.sessions),
+                     self.broker.retained.count, replayed, start, time.monotonic() - started)
+        # A snapshot exists from now on, so a crash before the first change
+        # still replays the log from here.
+        self.snapshots.submit(snap.encode(self.broker.capture()))
+
+    def log_generation(self) -> int:
+        """Changes whenever retention deletes segments (closing their descriptors)."""
+        return self.log.counters.segments_deleted
+
+    def locate(self, offset: int):
+        return self.log.locate(offset)
+
+    def _on_durable(self, offset: int) -> None:
+        """Flusher thread: everything below ``offset`` is on disk."""
+        self._durable.append(offset)
+        self.wake()
+
     def open_listeners(self) -> None:
-        for lc in self.config.listeners:
-            listener = Listener(self, lc)
+        from edgebroker.server.unix import UnixListener
+        config = self.config
+        # Read every certificate, password and ACL file before binding anything.
+        security = self._security(config, [(i, lc) for i, lc in enumerate(config.listeners)])
+        for lc, (tls, policy) in zip(config.listeners, security):
+            listener = UnixListener(self, lc) if lc.unix_socket else Listener(self, lc)
+            listener.set_security(tls, policy)
             self.listeners.append(listener)
             self.selector.register(listener.sock, selectors.EVENT_READ, listener.on_event)
-            log.info("listening on %s", listener.address)
+            log.info("listening on %s", listener.describe())
+        files = {id(p.passwords): p.passwords for _, p in security if p.passwords}
+        for passwords in files.values():
+            if passwords.weak:
+                log.warning("password file %s: weak PBKDF2 hashes (under 10000 iterations) for "
+                            "%s; set them again with edgebroker passwd", passwords.path,
+                            ", ".join(repr(u) for u in passwords.weak))
+
+    def _security(self, config: Config, listeners) -> list:
+        """(TLSServer or None, ListenerPolicy) per (index, ListenerConfig); ConfigError."""
+        files: dict = {}
+        out = []
+        for i, lc in listeners:
+            tls = TLSServer(lc, f"listener[{i}]") if lc.tls else None
+            policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files)
+            out.append((tls, policy))
+        return out
 
     def open_admin(self, state_dir: str) -> None:
         from edgebroker.server.admin import AdminServer
         self.admin = AdminServer.open(self, state_dir)
+
+    def close_admin(self) -> None:
+        """Remove the admin socket (the start failed after it was opened)."""
+        if self.admin is not None:
+            self.admin.close()
+            self.admin = None
 
     def open_metrics(self) -> None:
         if self.config.metrics.listen:
@@ -216,17 +351,30 @@ class Loop:
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        self.authenticator.deliver()
+        durable = self._durable
+        if durable:
+            newest = 0
+            while durable:
+                newest = max(newest, durable.popleft())
+            self.broker.journal.durable(newest)
 
     # ----- connections ------------------------------------------------------------------
 
-    def add_connection(self, sock: socket.socket, peer: str, listener=None) -> None:
+    def add_connection(self, sock: socket.socket, peer: str,
+                       listener: Listener | None = None) -> None:
         sock.setblocking(False)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        transport = Transport(self, sock, peer, listener,
-                              self.config.limits.max_pending_write_bytes)
+        max_pending = self.config.limits.max_pending_write_bytes
+        if listener is not None and listener.tls is not None:
+            transport = TLSTransport(self, sock, peer, listener.tls, listener, max_pending)
+        else:
+            transport = Transport(self, sock, peer, listener, max_pending)
+        if listener is not None:
+            transport.policy = listener.policy
         self.transports.add(transport)
         self.selector.register(sock, selectors.EVENT_READ, transport)
         transport.client = self.broker.connection_made(transport)
@@ -247,10 +395,13 @@ class Loop:
                 transport.dirty = False
                 if transport.closed:
                     continue
-                if transport.out:
-                    transport.flush()
-                if transport.closing:
-                    transport.shutdown()
+                try:
+                    if transport.out:
+                        transport.flush()
+                    if transport.closing:
+                        transport.shutdown()
+                except Exception:
+                    self._internal_error(transport.on_event)
 
     # ----- the loop ---------------------------------------------------------------------
 
@@ -258,6 +409,8 @@ class Loop:
         broker = self.broker
         select = self.selector.select
         clock = self.clock
+        self.flusher.start()
+        self.snapshots.start()
         watchdog = sdnotify.watchdog_interval()
         next_watchdog = clock() + watchdog if watchdog else None
         sdnotify.notify("READY=1\nSTATUS=serving MQTT")
@@ -266,6 +419,10 @@ class Loop:
         while not self._stop:
             now = clock()
             due = broker.next_deadline()
+            if self.handshakes:
+                tls_due = self.handshakes.next_deadline()
+                if tls_due is not None and (due is None or tls_due < due):
+                    due = tls_due
             timeout = MAX_WAIT if due is None else min(MAX_WAIT, max(0.0, due - now))
             events = select(timeout)
             start = clock()
@@ -275,10 +432,10 @@ class Loop:
                 except Exception:
                     self._internal_error(key.data)
             now = clock()
-            try:
-                broker.tick(now)
-            except Exception:
-                log.exception("internal error in timers")
+            broker.tick(now)
+            if self.handshakes:
+                self.handshakes.expire(now)
+            broker.end_pass()
             if self.dirty:
                 self.flush_dirty()
             for listener in self.listeners:
@@ -304,7 +461,7 @@ class Loop:
                       client.describe() if client else owner.peer)
         try:
             if client is not None:
-                client.close(will=False)
+                client.close(will=True)
         except Exception:
             log.exception("internal error while closing %s", owner.peer)
         owner.shutdown()
@@ -317,9 +474,18 @@ class Loop:
             config = self.reload_config()
         except ConfigError as exc:
             log.error("reload failed, keeping the running configuration: %s", exc)
+        except Exception:
+            log.exception("reload failed, keeping the running configuration")
         else:
-            if config.listeners != self.config.listeners:
+            running = [listener.config.address for listener in self.listeners]
+            if [lc.address for lc in config.listeners] != running:
                 log.warning("reload: listener changes take effect after a restart")
+            try:
+                self.reload_security(config)
+            except ConfigError as exc:
+                log.error("reload failed, keeping the running configuration: %s", exc)
+                sdnotify.notify("READY=1")
+                return
             self.config = config
             self.broker.apply_config(config)
             self._apply_limits(config)
@@ -341,6 +507,45 @@ class Loop:
         for transport in self.transports:
             transport.max_pending = limits.max_pending_write_bytes
 
+    def reload_security(self, config: Config) -> None:
+        """Re-read certificates, password and ACL files (SIGHUP). New connections use them;
+        open TLS connections keep their session; ACL decisions of connected clients and stored
+        sessions follow the re-read ACL. Nothing changes unless every file reads cleanly."""
+        running = []        # (index in the new file, its ListenerConfig) per running listener
+        new = config.listeners
+        for i, listener in enumerate(self.listeners):
+            address = listener.config.address
+            if i < len(new) and new[i].address == address:
+                running.append((i, new[i]))
+            else:   # moved in the file, or gone from it (then the running settings stay)
+                running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
+                                    (i, listener.config)))
+        security = self._security(config, running)
+        acl_moves = {}
+        for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
+            old_acl = listener.policy.acl if listener.policy is not None else None
+            if old_acl is not None:
+                acl_moves[id(old_acl)] = policy.acl
+            listener.config = lc
+            listener.set_security(tls, policy)
+        self.authenticator.configure(config.max_login_failures, config.login_failure_window)
+        for session in self.broker.sessions.values():
+            view = session.acl
+            if view is None or id(view.acl) not in acl_moves:
+                continue
+            acl = acl_moves[id(view.acl)]
+            if acl is None:             # the listener no longer has an ACL file
+                session.acl = None
+                if session.client is not None:
+                    session.client.acl = None
+            else:
+                view.rebind(acl)
+        files = sorted({f for _, p in security for f in (p.settings.password_file,
+                                                          p.settings.acl_file) if f})
+        tls_names = [x.address for x in self.listeners if x.tls is not None]
+        log.info("reload: re-read %s", ", ".join(
+            [f"certificates of {n}" for n in tls_names] + files) or "no security files")
+
     def shutdown(self) -> None:
         """Stop accepting, send what is queued (bounded in time), close everything."""
         sdnotify.notify("STOPPING=1")
@@ -352,16 +557,25 @@ class Loop:
             self.admin.close()
         if self.metrics is not None:
             self.metrics.stop()
+        # Everything received is written and synced, so the acknowledgements
+        # still waiting can go out before the connections close.
+        self.broker.end_pass()
+        self.flusher.stop()
+        self._on_wake(0)
+        self.broker.journal.durable(self.log.durable_offset)
         self.flush_dirty()
         deadline = self.clock() + DRAIN_SECONDS
         while any(t.out for t in self.transports) and self.clock() < deadline:
             for key, mask in self.selector.select(0.05):
                 if mask & selectors.EVENT_WRITE:
                     key.data(selectors.EVENT_WRITE)
+        self.authenticator.close()
         self.broker.close_all()
         self.flush_dirty()
         for transport in list(self.transports):
             transport.shutdown()
+        self.snapshots.stop(final=snap.encode(self.broker.capture()))
+        self.log.close()
         self.selector.close()
         self._wake_r.close()
         self._wake_w.close()

@@ -1,17 +1,28 @@
-"""A TCP connection as the core sees it: ``write`` and ``close``, nothing else.
+"""A TCP connection as the core sees it: ``write``, ``write_file``, ``close``.
 
 Writes are queued and flushed by the loop once per pass with one ``sendmsg``
 over all queued buffers (no per-message syscalls). Only the unsent remainder
 stays queued, and the socket is registered for write readiness only while
 something is queued.
 
+``write_file`` queues a header from memory plus a byte range of a commit-log
+segment: a backlog is sent with the native helper's sendfile batch, payloads
+never passing through Python. A queued range names its record's offset; if
+retention deleted segments meanwhile (their descriptors are closed), the range
+is looked up again before use, and dropped if the record is gone.
+
 The queue is bounded for what may be dropped: ``offer`` (a QoS 0 PUBLISH)
-refuses once ``max_pending`` bytes are waiting; the core then drops the
-message or keeps it in the session's queue, sets ``want_drain``, and is
-called back (``client.writable()``) when everything has been written.
-``pause_reading``/``resume_reading`` stop and restart reading the socket
-(a throttled publisher): the kernel's receive buffer fills and TCP pushes
-back on that client alone.
+refuses once ``max_pending`` bytes are waiting (FileChunks count with their
+full length); the core then drops the message or keeps it in the session's
+queue, sets ``want_drain``, and is called back (``client.writable()``) when
+everything has been written.
+
+The core may pause reading for one of several independent reasons
+(``pause_reading(reason)``): ``"auth"`` while a CONNECT waits for its password
+check, ``"rate"`` while a publisher is over its publish rate, ``"log"`` while
+the commit log cannot write. The socket is read again only once every reason
+is resumed; meanwhile it is not watched for input, so the peer's further bytes
+stay in the kernel and TCP slows it (and only it) down.
 """
 
 from __future__ import annotations
@@ -21,15 +32,41 @@ import logging
 import selectors
 import socket
 
+from edgebroker import _native
+
 log = logging.getLogger("edgebroker.server")
 
 # Linux IOV_MAX is 1024; stay under it.
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
-_READ_WRITE = selectors.EVENT_READ | selectors.EVENT_WRITE
 # Used until the loop sets the configured limit.max_pending_write_bytes.
 DEFAULT_MAX_PENDING = 1 << 20
+
+# Why reading may be paused: one bit each, so one holder cannot resume another's pause.
+PAUSE_REASONS = {"auth": 1, "rate": 2, "log": 4}
+
+
+class _Unrecoverable(Exception):
+    """The connection's output cannot be completed; it must be closed."""
+
+
+class FileChunk:
+    """A queued PUBLISH whose payload is a range of a log segment file."""
+
+    __slots__ = ("head", "fd", "position", "length", "offset", "generation")
+
+    def __init__(self, head: bytes, fd: int, position: int, length: int, offset: int,
+                 generation: int):
+        self.head = head
+        self.fd = fd
+        self.position = position
+        self.length = length
+        self.offset = offset
+        self.generation = generation
+
+    def __len__(self) -> int:
+        return len(self.head) + self.length
 
 
 def format_peer(addr) -> str:
@@ -41,8 +78,8 @@ def format_peer(addr) -> str:
 
 class Transport:
     __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
-                 "closed", "events", "listener", "reading", "want_drain", "max_pending",
-                 "msgs_out", "bytes_in", "bytes_out")
+                 "closed", "events", "policy", "paused", "listener", "want_drain", "max_pending",
+                 "msgs_out", "bytes_in", "bytes_out", "file_progress")
 
     def __init__(self, loop, sock: socket.socket, peer: str, listener=None,
                  max_pending: int = DEFAULT_MAX_PENDING):
@@ -56,13 +93,25 @@ class Transport:
         self.closing = False     # the core asked to close once the queue is sent
         self.closed = False
         self.events = _READ      # what the selector watches (0: unregistered)
+        self.policy = None        # the listener's ListenerPolicy (authentication, ACL)
+        self.paused = 0           # PAUSE_REASONS bits of who paused reading (0: reading)
         self.listener = listener  # has .address and .max_connections (server.loop.Listener)
-        self.reading = _READ     # _READ, or 0 while paused
-        self.want_drain = False  # call client.writable() once the queue is empty
+        self.want_drain = False   # call client.writable() once the queue is empty
         self.max_pending = max_pending
-        self.msgs_out = 0        # PUBLISH packets queued (offer, and the core's counted writes)
+        self.msgs_out = 0         # PUBLISH packets queued (offer, and the core's counted writes)
         self.bytes_in = 0
         self.bytes_out = 0
+        self.file_progress = 0    # bytes of out[0] already sent when it is a FileChunk
+
+    @property
+    def reading(self) -> bool:
+        """True unless some reason to pause reading is held."""
+        return not self.paused
+
+    @property
+    def listener_name(self) -> str:
+        listener = self.listener
+        return listener.address if listener is not None else ""
 
     # ----- the core's side --------------------------------------------------------------
 
@@ -89,29 +138,15 @@ class Transport:
             self.loop.dirty.append(self)
         return True
 
-    def pause_reading(self) -> None:
-        if self.reading and not self.closed:
-            self.reading = 0
-            self._watch((_WRITE if self.out else 0))
-
-    def resume_reading(self) -> None:
-        if not self.reading and not self.closed:
-            self.reading = _READ
-            self._watch(_READ | (_WRITE if self.out else 0))
-
-    def _watch(self, want: int) -> None:
-        """Tell the selector what to wait for (unregistering when nothing)."""
-        have = self.events
-        if want == have:
+    def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
+        if self.closed:
             return
-        selector = self.loop.selector
-        if not want:
-            selector.unregister(self.sock)
-        elif not have:
-            selector.register(self.sock, want, self)
-        else:
-            selector.modify(self.sock, want, self)
-        self.events = want
+        generation = self.loop.log_generation()
+        self.out.append(FileChunk(head, fd, position, length, offset, generation))
+        self.out_bytes += len(head) + length
+        if not self.dirty:
+            self.dirty = True
+            self.loop.dirty.append(self)
 
     def close(self) -> None:
         """Close after a last attempt to send what is queued (e.g. a refusing CONNACK)."""
@@ -122,7 +157,46 @@ class Transport:
             self.dirty = True
             self.loop.dirty.append(self)
 
+    def pause_reading(self, reason: str) -> None:
+        """Stop reading this socket for ``reason`` (one of PAUSE_REASONS) until it is resumed.
+
+        The kernel's TCP window then holds the peer back."""
+        bit = PAUSE_REASONS[reason]
+        paused = self.paused
+        if paused & bit:
+            return
+        self.paused = paused | bit
+        if not paused and not self.closed:
+            self.update_events()
+
+    def resume_reading(self, reason: str) -> None:
+        """Drop ``reason``; the socket is read again only when no other reason holds it."""
+        bit = PAUSE_REASONS[reason]
+        paused = self.paused
+        if not paused & bit:
+            return
+        self.paused = paused = paused & ~bit
+        if not paused and not self.closed:
+            self.update_events()
+
     # ----- the loop's side --------------------------------------------------------------
+
+    def update_events(self) -> None:
+        """Watch the socket for what is needed now: input unless paused, output if queued."""
+        self._want((0 if self.paused else _READ) | (_WRITE if self.out else 0))
+
+    def _want(self, events: int) -> None:
+        """Register, modify or unregister the socket so the selector watches ``events``."""
+        if self.closed or events == self.events:
+            return
+        selector = self.loop.selector
+        if not events:
+            selector.unregister(self.sock)
+        elif not self.events:
+            selector.register(self.sock, events, self)
+        else:
+            selector.modify(self.sock, events, self)
+        self.events = events
 
     def on_event(self, mask: int) -> None:
         if self.closed:
@@ -133,7 +207,8 @@ class Transport:
             self.flush()
 
     # The transport itself is the selector key's callback: a bound method per connection
-    # would cost 64 bytes each (10,000 idle connections: 640 KB).
+    # would cost 64 bytes each (10,000 idle connections: 640 KB). Subclasses that override
+    # on_event set __call__ again.
     __call__ = on_event
 
     def read(self) -> None:
@@ -157,20 +232,33 @@ class Transport:
         out = self.out
         sock = self.sock
         sent_total = 0
+        error = None
         while out:
-            batch = out if len(out) <= _MAX_IOV else out[:_MAX_IOV]
+            if type(out[0]) is FileChunk:
+                try:
+                    sent, full, error = self._send_files()
+                except _Unrecoverable as exc:
+                    error = str(exc)
+                    break
+                sent_total += sent
+                if full or error:
+                    break
+                continue
+            n = 0
+            limit = min(len(out), _MAX_IOV)
+            while n < limit and type(out[n]) is not FileChunk:
+                n += 1
+            batch = out[:n] if n < len(out) else out
             try:
                 sent = sock.sendmsg(batch)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
-                self.loop.broker.stats.bytes_sent += sent_total
-                self.lost(exc.strerror or str(exc))
-                return
+                error = exc.strerror or str(exc)
+                break
             sent_total += sent
             # Drop fully sent buffers; keep a view of a partly sent one.
             i = 0
-            n = len(batch)
             while i < n and sent >= len(out[i]):
                 sent -= len(out[i])
                 i += 1
@@ -182,12 +270,54 @@ class Transport:
         self.out_bytes -= sent_total
         self.bytes_out += sent_total
         self.loop.broker.stats.bytes_sent += sent_total
-        want = self.reading | _WRITE if out else self.reading
-        if want != self.events and not self.closed:
-            self._watch(want)
+        if error is not None:
+            self.lost(error)
+            return
+        self.update_events()
         if not out and self.want_drain and not self.closed:
-            self.want_drain = False
-            self.client.writable()
+            self.drained()
+
+    def drained(self) -> None:
+        """Everything queued is written after the core was refused (``want_drain``)."""
+        self.want_drain = False
+        self.client.writable()
+
+    def _send_files(self) -> tuple[int, bool, str | None]:
+        """Send the leading run of FileChunks: (bytes sent, socket full, error)."""
+        out = self.out
+        generation = self.loop.log_generation()
+        run = []
+        for item in out:
+            if type(item) is not FileChunk or len(run) == _MAX_IOV:
+                break
+            if item.generation != generation and not self._relocate(item, generation, not run):
+                break
+            run.append(item)
+        if not run:
+            return 0, False, None   # the head chunk was dropped; the caller goes on
+        result = _native.send_batch(self.sock, [(c.head, c.fd, c.position, c.length) for c in run],
+                                    0, self.file_progress)
+        # Bytes of the whole items completed, plus progress into the next one.
+        sent = result.sent
+        del out[:result.item]
+        self.file_progress = result.progress if result.item < len(run) else 0
+        if result.error in (0, errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+            return sent, result.error != 0, None
+        return sent, False, errno.errorcode.get(result.error, str(result.error))
+
+    def _relocate(self, chunk: FileChunk, generation: int, at_head: bool) -> bool:
+        """Segments were deleted since ``chunk`` was queued: find its record again."""
+        where = self.loop.locate(chunk.offset)
+        if where is None:
+            if at_head and self.file_progress:
+                # Half of this PUBLISH is on the wire; it cannot be completed.
+                raise _Unrecoverable(f"log record {chunk.offset} deleted while being sent")
+            self.out.remove(chunk)
+            self.out_bytes -= len(chunk)
+            self.loop.broker.stats.publish_lost += 1
+            return False
+        chunk.fd, chunk.position, chunk.generation = where.fd, where.payload_position, generation
+        return True
 
     def lost(self, reason: str) -> None:
         """The socket failed or the peer closed it: tell the core, release the socket."""

@@ -1,0 +1,86 @@
+/* edgebroker native helper: the C declarations.
+ *
+ * This header is read twice: by the C compiler (csrc/edgebroker_native.c includes it after
+ * <stdint.h> and <stddef.h>) and by cffi's cdef (edgebroker/_native/_build.py). So it holds
+ * only what cdef understands: integer #defines, structs and prototypes. No #include, no #if.
+ *
+ * Every function here has a pure-Python twin in edgebroker/_native/_pure.py that gives the
+ * same results; docs/log-format.md describes the on-disk layout they parse.
+ */
+
+#define EB_SEGMENT_HEADER_SIZE 32
+#define EB_RECORD_HEADER_SIZE 34
+#define EB_INDEX_ENTRY_SIZE 16
+#define EB_SCAN_ENTRY_WORDS 5
+
+/* scan / build_index status */
+#define EB_SCAN_END 0      /* every byte up to `avail` was a valid record */
+#define EB_SCAN_PARTIAL 1  /* the record at `stop` continues past the buffer: read `need` bytes from there */
+#define EB_SCAN_BAD 2      /* the bytes at `stop` are not a valid record (corrupt or torn) */
+#define EB_SCAN_FULL 3     /* the output array is full; call again from `stop` */
+
+/* resync status */
+#define EB_RESYNC_NONE 0       /* no valid record starts in the buffer */
+#define EB_RESYNC_FOUND 1      /* a valid record starts at `position` */
+#define EB_RESYNC_CANDIDATE 2  /* a plausible header at `position`; its record (`need` bytes) ends past the buffer */
+
+/* split_frames status */
+#define EB_FRAMES_OK 0
+#define EB_FRAMES_MALFORMED 1  /* the remaining-length field at `consumed` has more than 4 bytes */
+
+typedef struct {
+    uint64_t stop;         /* buffer position where the scan stopped */
+    uint64_t need;         /* EB_SCAN_PARTIAL: bytes needed from `stop` */
+    uint64_t count;        /* valid records passed over */
+    uint64_t matched;      /* entries written to the output */
+    uint64_t next_offset;  /* one past the offset of the last valid record (or min_offset) */
+    uint64_t max_timestamp;/* largest timestamp seen (or the value passed in) */
+    int status;
+} eb_scan_result;
+
+typedef struct {
+    const uint8_t *head;   /* bytes sent first (may be NULL when head_len is 0) */
+    size_t head_len;
+    int fd;                /* then file_len bytes of this file from file_pos, with sendfile */
+    int64_t file_pos;
+    size_t file_len;
+} eb_send_item;
+
+typedef struct {
+    uint64_t sent;      /* bytes sent by this call */
+    size_t item;        /* index of the first item not completely sent (n when all were) */
+    size_t progress;    /* bytes of that item already sent (head first, then file range) */
+    int error;          /* 0 when everything was sent, EAGAIN when the socket is full, else errno */
+} eb_send_result;
+
+uint32_t eb_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
+const char *eb_crc32c_method(void);
+
+/* char pointers here, so that Python bytes pass straight through cffi (the append hot path) */
+void eb_record_header(char *out, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
+                      const char *client_id, size_t client_id_len,
+                      const char *topic, size_t topic_len,
+                      const char *payload, size_t payload_len);
+
+int eb_topic_matches(const uint8_t *filter, size_t filter_len, const uint8_t *topic, size_t topic_len);
+
+int eb_scan(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t base_position,
+            uint64_t min_offset, const uint8_t *filter, size_t filter_len, int use_filter,
+            uint64_t *out, size_t max_out, eb_scan_result *res);
+
+int eb_build_index(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t base_position,
+                   uint64_t base_offset, uint64_t min_offset, uint64_t max_timestamp,
+                   uint8_t *out, size_t max_entries, eb_scan_result *res);
+
+int eb_resync(const uint8_t *buf, size_t buf_len, uint64_t avail, size_t start,
+              uint64_t min_offset, uint64_t *position, uint64_t *need);
+
+size_t eb_index_check(const uint8_t *index, size_t count, uint64_t segment_size, size_t *nonzero);
+int64_t eb_index_find_offset(const uint8_t *index, size_t count, uint32_t relative_offset);
+int64_t eb_index_find_time(const uint8_t *index, size_t count, uint64_t timestamp_ms);
+
+int eb_split_frames(const uint8_t *buf, size_t len, uint32_t *out, size_t max_frames,
+                    size_t *count, size_t *consumed, size_t *need);
+
+int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_item,
+                  size_t start_progress, int cork, eb_send_result *res);

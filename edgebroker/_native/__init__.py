@@ -1,0 +1,132 @@
+"""The native helper: the C build (csrc/, through cffi) or its pure-Python twin.
+
+``EDGEBROKER_NATIVE`` chooses, when this package is first imported:
+
+* ``auto`` (default): the C build when it is importable, else the Python twin
+  (``FALLBACK_REASON`` says why; ``log_backend`` logs it once at start);
+* ``c``: the C build, or ``NativeUnavailableError`` saying what is missing;
+* ``python``: the twin, always.
+
+``BACKEND`` is ``"c"`` or ``"python"``; ``edgebroker.__native_backend__`` is the
+same value. Callers use the functions through this module
+(``from edgebroker import _native; _native.scan(...)``), never ``ffi``.
+
+Functions (identical results in both backends; the on-disk layout they parse is
+docs/log-format.md):
+
+``crc32c(data, crc=0)``
+    CRC32C (Castagnoli) of ``data``, continuing from ``crc``.
+``record_header(offset, timestamp_ms, attributes, client_id, topic, payload)``
+    The 34 header bytes of a log record, CRC included.
+``topic_matches(topic_filter, topic)``
+    MQTT filter matching on bytes, like ``mqtt.topics.topic_matches``.
+``scan(buf, avail, base_position, min_offset, topic_filter, out, max_timestamp=0)``
+    Validate the records in ``buf`` (``avail`` = bytes that exist from buf[0] on, in
+    the file; may exceed ``len(buf)``); write 5 words per record whose topic matches
+    into ``out`` (``array('Q')``): offset, timestamp, position, length, meta
+    (attributes | client id length << 8 | topic length << 24). -> ``ScanResult``
+``build_index(buf, avail, base_position, base_offset, min_offset, max_timestamp, out)``
+    The same walk, writing 16-byte index entries into ``out``. -> ``ScanResult``
+``resync(buf, avail, start, min_offset)``
+    The first position >= ``start`` where a valid record begins. -> ``ResyncResult``
+``index_check(index, count, segment_size)``
+    (consistent leading entries, entries before the first all-zero one).
+``index_find_offset(index, count, relative_offset)`` / ``index_find_time(index, count, ts)``
+    Binary search (lower bound) over index entries.
+``split_frames(data, max_frames=256)``
+    MQTT frames in ``data``: (first byte, header length, remaining length) each. -> ``FrameSplit``
+``send_batch(sock, items, start_item=0, start_progress=0, cork=False)``
+    ``items``: (header bytes, file fd, file position, length); sends each header then its
+    file range (sendfile) to the non-blocking ``sock``, until done or EAGAIN. -> ``SendResult``
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from edgebroker._native._common import *  # noqa: F401,F403  (constants and result types)
+from edgebroker.errors import EdgebrokerError
+
+FUNCTIONS = ("crc32c", "record_header", "topic_matches", "scan", "build_index", "resync",
+             "index_check", "index_find_offset", "index_find_time", "split_frames", "send_batch")
+CHOICES = ("auto", "c", "python")
+
+
+class NativeUnavailableError(EdgebrokerError):
+    """EDGEBROKER_NATIVE asked for something this installation cannot give."""
+
+
+def _import_c():
+    from edgebroker._native import _cbackend
+    return _cbackend
+
+
+def _import_python():
+    from edgebroker._native import _pure
+    return _pure
+
+
+def _choose(choice: str):
+    """(backend module, reason the C build is not used or None)."""
+    if choice not in CHOICES:
+        raise NativeUnavailableError(
+            f"EDGEBROKER_NATIVE={choice!r}: expected one of {', '.join(CHOICES)}")
+    if choice == "python":
+        return _import_python(), "EDGEBROKER_NATIVE=python"
+    try:
+        return _import_c(), None
+    except ImportError as exc:
+        reason = f"the C helper is not built ({exc})"
+        if choice == "c":
+            raise NativeUnavailableError(
+                f"EDGEBROKER_NATIVE=c but {reason}; install with a C compiler present "
+                f"(pip install -e .), or set EDGEBROKER_NATIVE=auto to run on the pure-Python "
+                f"fallback") from None
+        return _import_python(), reason
+
+
+def set_backend(choice: str) -> str:
+    """Switch every function of this module to ``choice``; returns BACKEND. For tests and benchmarks."""
+    global BACKEND, CRC_METHOD, FALLBACK_REASON, _impl
+    impl, reason = _choose(choice)
+    _impl = impl
+    BACKEND = impl.NAME
+    CRC_METHOD = impl.CRC_METHOD
+    FALLBACK_REASON = reason
+    g = globals()
+    for name in FUNCTIONS:
+        g[name] = getattr(impl, name)
+    return BACKEND
+
+
+def c_available() -> bool:
+    try:
+        _import_c()
+    except ImportError:
+        return False
+    return True
+
+
+def describe() -> str:
+    """One line for the start-up log."""
+    if BACKEND == "c":
+        return f"native helper: C (CRC32C: {CRC_METHOD})"
+    return f"native helper: pure Python, much slower: {FALLBACK_REASON}"
+
+
+def log_backend(logger: logging.Logger | None = None) -> None:
+    """Say once which backend runs: info for C, a warning for the fallback."""
+    logger = logger or logging.getLogger("edgebroker")
+    if BACKEND == "c":
+        logger.info("%s", describe())
+    elif FALLBACK_REASON == "EDGEBROKER_NATIVE=python":
+        logger.info("%s", describe())
+    else:
+        logger.warning("%s", describe())
+
+
+BACKEND = ""
+CRC_METHOD = ""
+FALLBACK_REASON: str | None = None
+set_backend(os.environ.get("EDGEBROKER_NATIVE", "auto").strip().lower() or "auto")

@@ -1,0 +1,132 @@
+"""Thin wrappers around the compiled C helper: convert arguments, call, shape the result.
+
+Importing this module raises ImportError when the extension was not built.
+Nothing outside edgebroker._native touches ``ffi`` or ``lib``.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from edgebroker._native._common import (
+    INDEX_ENTRY_SIZE, RECORD_HEADER_SIZE, SCAN_ENTRY_WORDS, FrameSplit, ResyncResult, ScanResult,
+    SendResult,
+)
+from edgebroker._native._edgebroker_c import ffi, lib  # noqa: F401  (ImportError when not built)
+
+NAME = "c"
+CRC_METHOD = ffi.string(lib.eb_crc32c_method()).decode()
+
+_from_buffer = ffi.from_buffer
+_new = ffi.new
+_EMPTY = b"\0"
+
+
+def _ro(data):
+    return _from_buffer("uint8_t[]", data if len(data) else _EMPTY)
+
+
+def crc32c(data, crc: int = 0) -> int:
+    return lib.eb_crc32c(crc, _ro(data), len(data))
+
+
+def _chars(data):
+    # bytes go to a `const char *` parameter as they are; other buffers through from_buffer
+    return data if type(data) is bytes else _from_buffer("char[]", data if len(data) else _EMPTY)
+
+
+_unpack = ffi.unpack
+_eb_record_header = lib.eb_record_header
+
+
+def record_header(offset: int, timestamp_ms: int, attributes: int, client_id, topic, payload) -> bytes:
+    out = _new("char[34]")
+    _eb_record_header(out, offset, timestamp_ms, attributes, _chars(client_id), len(client_id),
+                      _chars(topic), len(topic), _chars(payload), len(payload))
+    return _unpack(out, RECORD_HEADER_SIZE)
+
+
+def topic_matches(topic_filter: bytes, topic: bytes) -> bool:
+    return bool(lib.eb_topic_matches(_ro(topic_filter), len(topic_filter), _ro(topic), len(topic)))
+
+
+def _result(res) -> ScanResult:
+    return ScanResult(res.status, res.stop, res.need, res.count, res.matched, res.next_offset,
+                      res.max_timestamp)
+
+
+def scan(buf, avail: int, base_position: int, min_offset: int, topic_filter, out: array,
+         max_timestamp: int = 0) -> ScanResult:
+    res = _new("eb_scan_result *")
+    res.max_timestamp = max_timestamp
+    max_out = len(out) // SCAN_ENTRY_WORDS
+    out_c = _from_buffer("uint64_t[]", out, require_writable=True) if max_out else ffi.NULL
+    if topic_filter is None:
+        lib.eb_scan(_ro(buf), len(buf), avail, base_position, min_offset, ffi.NULL, 0, 0,
+                    out_c, max_out, res)
+    else:
+        lib.eb_scan(_ro(buf), len(buf), avail, base_position, min_offset, _ro(topic_filter),
+                    len(topic_filter), 1, out_c, max_out, res)
+    return _result(res)
+
+
+def build_index(buf, avail: int, base_position: int, base_offset: int, min_offset: int,
+                max_timestamp: int, out, max_entries: int | None = None) -> ScanResult:
+    res = _new("eb_scan_result *")
+    if max_entries is None:
+        max_entries = len(out) // INDEX_ENTRY_SIZE
+    out_c = _from_buffer("uint8_t[]", out, require_writable=True) if len(out) else ffi.NULL
+    lib.eb_build_index(_ro(buf), len(buf), avail, base_position, base_offset, min_offset,
+                       max_timestamp, out_c, max_entries, res)
+    return _result(res)
+
+
+def resync(buf, avail: int, start: int, min_offset: int) -> ResyncResult:
+    pos = _new("uint64_t *")
+    need = _new("uint64_t *")
+    status = lib.eb_resync(_ro(buf), len(buf), avail, start, min_offset, pos, need)
+    return ResyncResult(status, pos[0], need[0])
+
+
+def index_check(index, count: int, segment_size: int) -> tuple[int, int]:
+    nonzero = _new("size_t *")
+    valid = lib.eb_index_check(_ro(index), count, segment_size, nonzero)
+    return valid, nonzero[0]
+
+
+def index_find_offset(index, count: int, relative_offset: int) -> int:
+    return lib.eb_index_find_offset(_ro(index), count, relative_offset)
+
+
+def index_find_time(index, count: int, timestamp_ms: int) -> int:
+    return lib.eb_index_find_time(_ro(index), count, timestamp_ms)
+
+
+def split_frames(data, max_frames: int = 256) -> FrameSplit:
+    frames = array("I", bytes(12 * max_frames))
+    counts = _new("size_t[3]")
+    status = lib.eb_split_frames(_ro(data), len(data), _from_buffer("uint32_t[]", frames) if max_frames
+                                 else ffi.NULL, max_frames, counts, counts + 1, counts + 2)
+    n = counts[0]
+    del frames[3 * n:]
+    return FrameSplit(frames, n, counts[1], status, counts[2])
+
+
+def send_batch(sock, items, start_item: int = 0, start_progress: int = 0,
+               cork: bool = False) -> SendResult:
+    n = len(items)
+    c_items = _new("eb_send_item[]", n or 1)
+    keep = []
+    for i, (head, fd, file_pos, file_len) in enumerate(items):
+        it = c_items[i]
+        if len(head):
+            h = _from_buffer("uint8_t[]", head)
+            keep.append(h)
+            it.head = h
+        it.head_len = len(head)
+        it.fd = fd
+        it.file_pos = file_pos
+        it.file_len = file_len
+    res = _new("eb_send_result *")
+    lib.eb_send_batch(sock.fileno(), c_items, n, start_item, start_progress, 1 if cork else 0, res)
+    return SendResult(res.sent, res.item, res.progress, res.error)

@@ -1,0 +1,56 @@
+"""What both backends share: constants (equal to csrc/edgebroker_native.h's) and result types."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+SEGMENT_HEADER_SIZE = 32
+RECORD_HEADER_SIZE = 34
+INDEX_ENTRY_SIZE = 16
+SCAN_ENTRY_WORDS = 5  # offset, timestamp_ms, position, length, meta
+
+SCAN_END = 0      # every byte up to `avail` was a valid record
+SCAN_PARTIAL = 1  # the record at `stop` continues past the buffer: read `need` bytes from there
+SCAN_BAD = 2      # the bytes at `stop` are not a valid record (corrupt or torn)
+SCAN_FULL = 3     # the output is full; call again from `stop`
+
+RESYNC_NONE = 0       # no valid record starts in the buffer
+RESYNC_FOUND = 1      # a valid record starts at `position`
+RESYNC_CANDIDATE = 2  # a plausible header at `position` whose record (`need` bytes) ends past the buffer
+
+FRAMES_OK = 0
+FRAMES_MALFORMED = 1  # the remaining-length field at `consumed` is longer than 4 bytes
+
+MAX_PAYLOAD = 268_435_455
+MAX_RECORD = RECORD_HEADER_SIZE + 65535 + 65535 + MAX_PAYLOAD
+
+
+class ScanResult(NamedTuple):
+    status: int         # SCAN_*
+    stop: int           # buffer position where the scan stopped
+    need: int           # SCAN_PARTIAL: bytes needed from `stop`
+    count: int          # valid records passed over
+    matched: int        # entries written to the output
+    next_offset: int    # one past the last valid record's offset (or the min_offset given)
+    max_timestamp: int  # largest timestamp seen (or the value given)
+
+
+class ResyncResult(NamedTuple):
+    status: int    # RESYNC_*
+    position: int
+    need: int
+
+
+class FrameSplit(NamedTuple):
+    frames: list   # flat: first byte, fixed-header length, remaining length; 3 per frame
+    count: int     # whole frames found
+    consumed: int  # bytes they take
+    status: int    # FRAMES_OK or FRAMES_MALFORMED (at `consumed`)
+    need: int      # total size of the next, incomplete frame when its header is complete; else 0
+
+
+class SendResult(NamedTuple):
+    sent: int      # bytes sent by this call
+    item: int      # first item not completely sent (len(items) when all were)
+    progress: int  # bytes of that item already sent (header first, then the file range)
+    error: int     # 0 when everything was sent, errno.EAGAIN when the socket is full, else an errno

@@ -1,0 +1,332 @@
+"""The pure-Python twin of csrc/edgebroker_native.c: same functions, same results, much slower.
+
+Used when the C build is missing (``EDGEBROKER_NATIVE=auto``) or asked for
+(``EDGEBROKER_NATIVE=python``). Each function mirrors its C namesake line for
+line where that is reasonable, so a difference found by the twin tests points
+at one obvious place.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from array import array
+
+from edgebroker._native._common import (
+    FRAMES_MALFORMED, FRAMES_OK, INDEX_ENTRY_SIZE, MAX_RECORD, RECORD_HEADER_SIZE, RESYNC_CANDIDATE,
+    RESYNC_FOUND, RESYNC_NONE, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
+    SEGMENT_HEADER_SIZE, FrameSplit, ResyncResult, ScanResult, SendResult,
+)
+
+NAME = "python"
+CRC_METHOD = "table"
+
+HDR = RECORD_HEADER_SIZE
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_HEAD_TAIL = struct.Struct("<IQQBBHHI")       # record header bytes 4..34
+_PLAUS = struct.Struct("<IQQBBHHI")           # same fields, read from position + 4
+_ENTRY = struct.Struct("<IIQ")
+_u32_from = _U32.unpack_from
+_u64_from = _U64.unpack_from
+_u16_from = _U16.unpack_from
+
+
+def _make_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_T = _make_table()
+
+
+def _update(c: int, data) -> int:
+    t = _T
+    for b in data:
+        c = t[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c
+
+
+def crc32c(data, crc: int = 0) -> int:
+    return _update(crc ^ 0xFFFFFFFF, memoryview(data).cast("B")) ^ 0xFFFFFFFF
+
+
+def record_header(offset: int, timestamp_ms: int, attributes: int, client_id, topic, payload) -> bytes:
+    tail = _HEAD_TAIL.pack(HDR + len(client_id) + len(topic) + len(payload), offset, timestamp_ms,
+                           attributes, 0, len(client_id), len(topic), len(payload))
+    c = _update(0xFFFFFFFF, tail)
+    c = _update(c, client_id)
+    c = _update(c, topic)
+    c = _update(c, payload)
+    return _U32.pack(c ^ 0xFFFFFFFF) + tail
+
+
+def topic_matches(topic_filter: bytes, topic: bytes) -> bool:
+    """mqtt.topics.topic_matches on bytes."""
+    if b"+" not in topic_filter and b"#" not in topic_filter:
+        return topic_filter == topic
+    if topic[:1] == b"$" and topic_filter[:1] in (b"+", b"#"):
+        return False
+    f_levels = topic_filter.split(b"/")
+    t_levels = topic.split(b"/")
+    n_topic = len(t_levels)
+    for i, level in enumerate(f_levels):
+        if level == b"#":
+            return True
+        if i >= n_topic:
+            return False
+        if level != b"+" and level != t_levels[i]:
+            return False
+    return len(f_levels) == n_topic
+
+
+def _plausible(buf, p: int, min_offset: int) -> int:
+    length, offset, _ts, attrs, reserved, cid_len, topic_len, payload_len = _PLAUS.unpack_from(buf, p + 4)
+    if length < HDR or length > MAX_RECORD:
+        return 0
+    if HDR + cid_len + topic_len + payload_len != length:
+        return 0
+    if attrs & 0xF8 or attrs & 3 == 3 or reserved:
+        return 0
+    if offset < min_offset or offset - min_offset > 0xFFFFFFFF:
+        return 0
+    return length
+
+
+def _crc_ok(buf, p: int, length: int) -> bool:
+    return _update(0xFFFFFFFF, buf[p + 4:p + length]) ^ 0xFFFFFFFF == _u32_from(buf, p)[0]
+
+
+def _step(buf, buf_len: int, avail: int, pos: int, min_offset: int):
+    """(status, length, need) for the bytes at ``pos``; status SCAN_END means a valid record."""
+    left = avail - pos
+    if buf_len - pos < HDR:
+        if left < HDR:
+            return SCAN_BAD, 0, 0
+        return SCAN_PARTIAL, 0, HDR
+    length = _plausible(buf, pos, min_offset)
+    if not length or length > left:
+        return SCAN_BAD, 0, 0
+    if length > buf_len - pos:
+        return SCAN_PARTIAL, 0, length
+    if not _crc_ok(buf, pos, length):
+        return SCAN_BAD, 0, 0
+    return SCAN_END, length, 0
+
+
+def scan(buf, avail: int, base_position: int, min_offset: int, topic_filter, out: array,
+         max_timestamp: int = 0) -> ScanResult:
+    mv = memoryview(buf).cast("B")
+    buf_len = min(len(mv), avail)
+    max_out = len(out) // SCAN_ENTRY_WORDS
+    pos = count = matched = need = 0
+    while True:
+        if pos == avail:
+            status = SCAN_END
+            break
+        status, length, need = _step(mv, buf_len, avail, pos, min_offset)
+        if status != SCAN_END:
+            break
+        offset, ts = _u64_from(mv, pos + 8)[0], _u64_from(mv, pos + 16)[0]
+        cid_len, topic_len = _u16_from(mv, pos + 26)[0], _u16_from(mv, pos + 28)[0]
+        if topic_filter is None or topic_matches(
+                topic_filter, bytes(mv[pos + HDR + cid_len:pos + HDR + cid_len + topic_len])):
+            if matched == max_out:
+                status = SCAN_FULL
+                break
+            e = matched * SCAN_ENTRY_WORDS
+            out[e] = offset
+            out[e + 1] = ts
+            out[e + 2] = base_position + pos
+            out[e + 3] = length
+            out[e + 4] = mv[pos + 24] | cid_len << 8 | topic_len << 24
+            matched += 1
+        count += 1
+        min_offset = offset + 1
+        if ts > max_timestamp:
+            max_timestamp = ts
+        pos += length
+    return ScanResult(status, pos, need if status == SCAN_PARTIAL else 0, count, matched,
+                      min_offset, max_timestamp)
+
+
+def build_index(buf, avail: int, base_position: int, base_offset: int, min_offset: int,
+                max_timestamp: int, out, max_entries: int | None = None) -> ScanResult:
+    mv = memoryview(buf).cast("B")
+    buf_len = min(len(mv), avail)
+    if max_entries is None:
+        max_entries = len(out) // INDEX_ENTRY_SIZE
+    if min_offset < base_offset:
+        min_offset = base_offset
+    pos = count = need = 0
+    pack_into = _ENTRY.pack_into
+    while True:
+        if pos == avail:
+            status = SCAN_END
+            break
+        if count == max_entries:
+            status = SCAN_FULL
+            break
+        status, length, need = _step(mv, buf_len, avail, pos, min_offset)
+        if status != SCAN_END:
+            break
+        offset, ts = _u64_from(mv, pos + 8)[0], _u64_from(mv, pos + 16)[0]
+        if offset - base_offset > 0xFFFFFFFF or base_position + pos > 0xFFFFFFFF:
+            status = SCAN_BAD
+            break
+        if ts > max_timestamp:
+            max_timestamp = ts
+        pack_into(out, count * INDEX_ENTRY_SIZE, offset - base_offset, base_position + pos, max_timestamp)
+        count += 1
+        min_offset = offset + 1
+        pos += length
+    return ScanResult(status, pos, need if status == SCAN_PARTIAL else 0, count, count,
+                      min_offset, max_timestamp)
+
+
+def resync(buf, avail: int, start: int, min_offset: int) -> ResyncResult:
+    mv = memoryview(buf).cast("B")
+    buf_len = min(len(mv), avail)
+    for p in range(start, buf_len - HDR + 1):
+        length = _plausible(mv, p, min_offset)
+        if not length or length > avail - p:
+            continue
+        if length > buf_len - p:
+            return ResyncResult(RESYNC_CANDIDATE, p, length)
+        if _crc_ok(mv, p, length):
+            return ResyncResult(RESYNC_FOUND, p, 0)
+    return ResyncResult(RESYNC_NONE, 0, 0)
+
+
+def index_check(index, count: int, segment_size: int) -> tuple[int, int]:
+    """(consistent leading entries, entries before the first all-zero one)."""
+    valid = nonzero = 0
+    still_valid = True
+    prev_rel = prev_pos = prev_ts = 0
+    unpack = _ENTRY.unpack_from
+    for i in range(count):
+        rel, pos, ts = unpack(index, i * INDEX_ENTRY_SIZE)
+        if not rel and not pos and not ts:
+            break
+        nonzero += 1
+        if still_valid:
+            if (pos < SEGMENT_HEADER_SIZE or pos >= segment_size
+                    or (i > 0 and (rel <= prev_rel or pos <= prev_pos or ts < prev_ts))):
+                still_valid = False
+            else:
+                valid += 1
+        prev_rel, prev_pos, prev_ts = rel, pos, ts
+    return valid, nonzero
+
+
+def index_find_offset(index, count: int, relative_offset: int) -> int:
+    lo, hi = 0, count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _u32_from(index, mid * INDEX_ENTRY_SIZE)[0] < relative_offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def index_find_time(index, count: int, timestamp_ms: int) -> int:
+    lo, hi = 0, count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _u64_from(index, mid * INDEX_ENTRY_SIZE + 8)[0] < timestamp_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def split_frames(data, max_frames: int = 256) -> FrameSplit:
+    buf = memoryview(data).cast("B")
+    length = len(buf)
+    frames = array("I")
+    pos = n = need = 0
+    status = FRAMES_OK
+    while n < max_frames:
+        if length - pos < 2:
+            break
+        rl = 0
+        i = 1
+        complete = False
+        while i <= 4 and pos + i < length:
+            b = buf[pos + i]
+            rl |= (b & 0x7F) << (7 * (i - 1))
+            i += 1
+            if not b & 0x80:
+                complete = True
+                break
+        if not complete:
+            if i > 4:
+                status = FRAMES_MALFORMED
+            break
+        total = i + rl
+        if length - pos < total:
+            need = total
+            break
+        frames.extend((buf[pos], i, rl))
+        n += 1
+        pos += total
+    return FrameSplit(frames, n, pos, status, need)
+
+
+def send_batch(sock: socket.socket, items, start_item: int = 0, start_progress: int = 0,
+               cork: bool = False) -> SendResult:
+    sent = 0
+    i, progress = start_item, start_progress
+    err = 0
+    n = len(items)
+    if cork:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        except OSError:
+            pass
+    fileno = sock.fileno()
+    while i < n:
+        head, fd, file_pos, file_len = items[i]
+        head_len = len(head)
+        if progress < head_len:
+            flags = socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT
+            if file_len or i + 1 < n:
+                flags |= socket.MSG_MORE
+            try:
+                r = sock.send(memoryview(head)[progress:], flags)
+            except OSError as exc:
+                err = errno.EAGAIN if exc.errno == errno.EWOULDBLOCK else exc.errno
+                break
+            sent += r
+            progress += r
+            continue
+        if progress < head_len + file_len:
+            done = progress - head_len
+            try:
+                r = os.sendfile(fileno, fd, file_pos + done, file_len - done)
+            except OSError as exc:
+                err = errno.EAGAIN if exc.errno == errno.EWOULDBLOCK else exc.errno
+                break
+            if r == 0:
+                err = errno.ENODATA
+                break
+            sent += r
+            progress += r
+            continue
+        i += 1
+        progress = 0
+    if cork:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+        except OSError:
+            pass
+    return SendResult(sent, i, progress, err)

@@ -1,0 +1,414 @@
+"""`edgebroker inspect`: look at the commit log in a data directory, offline or while the
+broker runs (read-only: nothing is locked or changed).
+
+    inspect segments                     one line per segment file
+    inspect topics [--filter F]          per topic: messages, payload bytes, last seen
+    inspect tail [--topic F] [--from OFFSET | --since TIME] [-n N] [--follow]
+    inspect verify                       check every record's CRC; exit 1 on damage
+
+All take ``--data-dir DIR`` (default: as ``serve``: the config file's ``data_dir``, else
+$STATE_DIRECTORY, else ./edgebroker-data; the log is ``DIR/log``) and ``--format text|json``.
+Times are shown in UTC. ``inspect sessions`` reads the session snapshot.
+
+The same ``inspect`` parser also holds the live commands ``stats`` and ``clients``
+(cli/inspect_live.py), which ask the running broker through its admin socket.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections import deque
+from datetime import datetime, timezone
+
+from edgebroker import config as configuration
+from edgebroker.cli import inspect_live
+from edgebroker.core import snapshot
+from edgebroker.errors import EdgebrokerError
+
+FOLLOW_POLL_SECONDS = 0.5
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("inspect", help="look at the commit log (offline or while running) "
+                                            "and inside the running broker (stats, clients)")
+    sub = p.add_subparsers(dest="inspect_command", metavar="WHAT", required=True)
+    # Live commands: they ask the running broker through its admin socket.
+    inspect_live.add_subcommands(sub)
+
+    def common(sp):
+        sp.add_argument("--data-dir", metavar="DIR", help="state directory (default: as serve)")
+        sp.add_argument("-c", "--config", metavar="FILE", help="take data_dir from this config file")
+        sp.add_argument("--format", choices=("text", "json"), default="text")
+
+    sp = sub.add_parser("segments", help="segment files: offsets, records, bytes, times, uploaded")
+    common(sp)
+    sp.set_defaults(run=run_segments)
+
+    sp = sub.add_parser("topics", help="topics: messages, payload bytes, last seen")
+    common(sp)
+    sp.add_argument("--filter", metavar="FILTER", help="only topics matching this MQTT filter")
+    sp.set_defaults(run=run_topics)
+
+    sp = sub.add_parser("tail", help="print records (the last ones, or from an offset or time)")
+    common(sp)
+    sp.add_argument("--topic", metavar="FILTER", help="only records whose topic matches this filter")
+    start = sp.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="from_offset", type=int, metavar="OFFSET",
+                       help="start at this offset")
+    start.add_argument("--since", metavar="TIME",
+                       help="start at the first record at or after TIME: ISO 8601 (UTC unless it "
+                            "has a zone), milliseconds since the epoch, or an age like 10m, 2h, 1d")
+    sp.add_argument("-n", "--lines", type=int, default=10, metavar="N",
+                    help="without --from/--since: the last N records (default 10)")
+    sp.add_argument("-f", "--follow", action="store_true", help="keep printing new records")
+    sp.add_argument("--max-payload", type=int, default=200, metavar="CHARS",
+                    help="text format: cut payloads longer than this (0: never)")
+    sp.set_defaults(run=run_tail)
+
+    sp = sub.add_parser("verify", help="check every record's checksum; exit 1 on damage")
+    common(sp)
+    sp.set_defaults(run=run_verify)
+
+    sp = sub.add_parser("sessions", help="persistent sessions: subscriptions and backlog "
+                                         "(from the last snapshot)")
+    common(sp)
+    sp.set_defaults(run=run_sessions)
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+def log_dir(args) -> str:
+    if args.data_dir:
+        return os.path.join(args.data_dir, "log")
+    return os.path.join(configuration.load(args.config).state_dir(), "log")
+
+
+def open_log(args):
+    from edgebroker.commitlog import CommitLog
+    logging.getLogger("edgebroker.commitlog").setLevel(logging.WARNING)
+    _ensure_stderr_logging()
+    path = log_dir(args)
+    if not os.path.isdir(path):
+        raise EdgebrokerError(f"no commit log at {path} (use --data-dir)")
+    return CommitLog.open(path, readonly=True)
+
+
+def _ensure_stderr_logging() -> None:
+    root = logging.getLogger("edgebroker")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        root.addHandler(handler)
+        root.propagate = False
+
+
+def fmt_time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def parse_time(text: str, now_ms: int) -> int:
+    """Milliseconds since the epoch from ISO 8601, epoch milliseconds, or an age (``10m``)."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    m = _RELATIVE.match(text)
+    if m:
+        return now_ms - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise EdgebrokerError(f"--since {text!r}: expected ISO 8601 (2024-05-01T12:00:00Z), "
+                              f"milliseconds since the epoch, or an age like 10m, 2h, 1d") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def check_filter(text: str, option: str) -> bytes:
+    from edgebroker.errors import ProtocolError
+    from edgebroker.mqtt.topics import validate_topic_filter
+    try:
+        validate_topic_filter(text)
+    except ProtocolError as exc:
+        raise EdgebrokerError(f"{option} {text!r}: {exc}") from None
+    return text.encode("utf-8")
+
+
+def table(rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+# ---------------------------------------------------------------------------------- segments
+
+def run_segments(args) -> int:
+    log = open_log(args)
+    try:
+        infos = log.segments()
+    finally:
+        log.close()
+    if args.format == "json":
+        _out(json.dumps([{
+            "base_offset": s.base_offset, "last_offset": s.next_offset - 1 if s.records else None,
+            "records": s.records, "bytes": s.size_bytes, "index_bytes": s.index_bytes,
+            "first_timestamp_ms": s.first_timestamp_ms, "last_timestamp_ms": s.last_timestamp_ms,
+            "uploaded": s.uploaded, "active": s.active, "path": s.path,
+        } for s in infos], indent=2))
+        return 0
+    rows = [["BASE", "LAST", "RECORDS", "BYTES", "FIRST TIME", "LAST TIME", "UPLOADED", "STATE"]]
+    for s in infos:
+        rows.append([str(s.base_offset), str(s.next_offset - 1) if s.records else "-",
+                     str(s.records), str(s.size_bytes), fmt_time(s.first_timestamp_ms),
+                     fmt_time(s.last_timestamp_ms), "yes" if s.uploaded else "no",
+                     "active" if s.active else "sealed"])
+    _out(table(rows, right={0, 1, 2, 3}))
+    total = sum(s.size_bytes + s.index_bytes for s in infos)
+    _out(f"{len(infos)} segments, {sum(s.records for s in infos)} records, "
+         f"{human_bytes(total)} on disk with indexes")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ topics
+
+def run_topics(args) -> int:
+    flt = check_filter(args.filter, "--filter") if args.filter else None
+    log = open_log(args)
+    stats: dict[bytes, list[int]] = {}
+    try:
+        records = log.scan(flt) if flt is not None else log.read_range(log.first_offset)
+        for r in records:
+            s = stats.get(r.topic)
+            if s is None:
+                stats[r.topic] = [1, len(r.payload), r.timestamp_ms]
+            else:
+                s[0] += 1
+                s[1] += len(r.payload)
+                if r.timestamp_ms > s[2]:
+                    s[2] = r.timestamp_ms
+    finally:
+        log.close()
+    items = sorted(stats.items())
+    if args.format == "json":
+        _out(json.dumps([{"topic": t.decode("utf-8", "replace"), "messages": n, "bytes": b,
+                          "last_timestamp_ms": ts} for t, (n, b, ts) in items], indent=2))
+        return 0
+    rows = [["TOPIC", "MESSAGES", "BYTES", "LAST SEEN"]]
+    rows += [[t.decode("utf-8", "replace"), str(n), str(b), fmt_time(ts)] for t, (n, b, ts) in items]
+    _out(table(rows, right={1, 2}))
+    _out(f"{len(items)} topics, {sum(n for n, _, _ in stats.values())} messages")
+    return 0
+
+
+# -------------------------------------------------------------------------------------- tail
+
+def render_payload(payload: bytes, limit: int) -> str:
+    try:
+        text = payload.decode("utf-8")
+        if not text.isprintable():
+            text = json.dumps(text, ensure_ascii=False)[1:-1]
+    except UnicodeDecodeError:
+        text = "0x" + payload.hex()
+    if limit and len(text) > limit:
+        text = text[:limit] + f"... ({len(payload)} bytes)"
+    return text
+
+
+def record_json(r) -> str:
+    obj = {"offset": r.offset, "timestamp_ms": r.timestamp_ms, "time": fmt_time(r.timestamp_ms),
+           "qos": r.qos, "retain": r.retain, "client_id": r.client_id.decode("utf-8", "replace"),
+           "topic": r.topic.decode("utf-8", "replace")}
+    try:
+        obj["payload"] = r.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        import base64
+        obj["payload_base64"] = base64.b64encode(r.payload).decode()
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def record_text(r, limit: int) -> str:
+    return (f"{r.offset} {fmt_time(r.timestamp_ms)} q{r.qos}{' r' if r.retain else ''} "
+            f"{r.topic.decode('utf-8', 'replace')} [{r.client_id.decode('utf-8', 'replace')}] "
+            f"{render_payload(r.payload, limit)}")
+
+
+def run_tail(args) -> int:
+    flt = check_filter(args.topic, "--topic") if args.topic else None
+    if args.lines < 0:
+        raise EdgebrokerError(f"--lines {args.lines}: must be 0 or more")
+    since = parse_time(args.since, int(time.time() * 1000)) if args.since else None
+    log = open_log(args)
+    show = (lambda r: record_json(r)) if args.format == "json" else \
+        (lambda r: record_text(r, args.max_payload))
+    try:
+        if args.from_offset is not None:
+            records = log.scan(flt, start=args.from_offset) if flt else log.read_range(args.from_offset)
+        elif since is not None:
+            records = (r for r in log.read_since(since) if flt is None or _matches(flt, r.topic))
+        elif flt is not None:
+            records = deque(log.scan(flt), maxlen=args.lines)
+        else:
+            records = log.read_range(max(log.first_offset, log.next_offset - args.lines))
+        next_offset = log.next_offset
+        try:
+            for r in records:
+                _out(show(r))
+                next_offset = max(next_offset, r.offset + 1)
+            sys.stdout.flush()
+            while args.follow:
+                time.sleep(FOLLOW_POLL_SECONDS)
+                log.refresh()
+                start = max(next_offset, log.first_offset)
+                for r in (log.scan(flt, start=start) if flt else log.read_range(start)):
+                    _out(show(r))
+                    next_offset = r.offset + 1
+                next_offset = max(next_offset, log.next_offset)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            return 0
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+            return 0
+    finally:
+        log.close()
+    return 0
+
+
+def _matches(flt: bytes, topic: bytes) -> bool:
+    from edgebroker import _native
+    return _native.topic_matches(flt, topic)
+
+
+def _quiet_broken_pipe() -> None:
+    # The reader (head, less) went away: stop without a traceback at interpreter exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+# ------------------------------------------------------------------------------------ verify
+
+class Progress:
+    """A one-line progress bar on stderr, only when stderr is a terminal."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream = stream
+        self.enabled = stream.isatty()
+        self.started = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        frac = done / total if total else 1.0
+        rate = done / max(now - self.started, 1e-6) / 1e6
+        bar = "#" * int(frac * 30)
+        self.stream.write(f"\rverifying [{bar:<30}] {frac * 100:5.1f}%  {rate:7.1f} MB/s")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * 70 + "\r")
+            self.stream.flush()
+
+
+def run_verify(args) -> int:
+    log = open_log(args)
+    # The report below says everything; the log's own warnings would repeat it.
+    logging.getLogger("edgebroker.commitlog").setLevel(logging.ERROR)
+    progress = Progress()
+    try:
+        report = log.verify(progress)
+    finally:
+        progress.finish()
+        log.close()
+    if args.format == "json":
+        def dmg(d):
+            return {"path": d.path, "position": d.position, "bytes": d.length, "offset": d.offset,
+                    "kind": d.kind}
+        _out(json.dumps({
+            "ok": report.ok, "segments": report.segments, "records": report.records,
+            "bytes": report.bytes, "seconds": round(report.seconds, 3),
+            "damage": [dmg(d) for d in report.damage], "notes": [dmg(d) for d in report.notes],
+            "index_problems": [{"path": p, "problem": m} for p, m in report.index_problems],
+            "header_problems": [{"path": p, "problem": m} for p, m in report.header_problems],
+        }, indent=2))
+        return 0 if report.ok else 1
+    for d in report.damage:
+        _out(f"DAMAGE {d.describe()}")
+    for d in report.notes:
+        _out(f"note   {d.describe()}: being written, or left by a crash (the broker truncates "
+             f"it at its next start)")
+    for path, problem in report.index_problems:
+        _out(f"index  {path}: {problem}")
+    for path, problem in report.header_problems:
+        _out(f"header {path}: {problem}")
+    rate = report.bytes / max(report.seconds, 1e-9) / 1e6
+    verdict = "OK" if report.ok else f"DAMAGED: {len(report.damage)} region(s) cannot be read"
+    _out(f"{report.segments} segments, {report.records} records, {human_bytes(report.bytes)} "
+         f"checked in {report.seconds:.2f} s ({rate:.0f} MB/s): {verdict}")
+    return 0 if report.ok else 1
+
+
+# ---------------------------------------------------------------------------------- sessions
+
+def run_sessions(args) -> int:
+    """Persistent sessions as of the last snapshot (at most ~1 s old while the broker runs)."""
+    state_dir = os.path.dirname(log_dir(args))
+    state = snapshot.read(state_dir)
+    if state is None:
+        raise EdgebrokerError(f"{os.path.join(state_dir, snapshot.FILENAME)}: no session "
+                              f"snapshot (has a broker run with this state directory?)")
+    sessions = sorted(state.sessions, key=lambda s: s.client_id)
+    if args.format == "json":
+        _out(json.dumps({
+            "written_ms": state.written_ms, "log_next_offset": state.log_next_offset,
+            "retained": len(state.retained),
+            "sessions": [{"client_id": s.client_id, "subscriptions": s.subscriptions,
+                          "inflight": len(s.inflight), "queued": len(s.queue),
+                          "oldest_offset": _oldest(s)} for s in sessions]}, indent=2))
+        return 0
+    rows = [["CLIENT ID", "SUBSCRIPTIONS", "INFLIGHT", "QUEUED", "OLDEST OFFSET"]]
+    for s in sessions:
+        subs = ", ".join(f"{f} (QoS {q})" for f, q in sorted(s.subscriptions.items())) or "-"
+        oldest = _oldest(s)
+        rows.append([s.client_id, subs, str(len(s.inflight)), str(len(s.queue)),
+                     "-" if oldest is None else str(oldest)])
+    _out(table(rows, right={2, 3, 4}))
+    _out(f"{len(sessions)} persistent sessions, {sum(len(s.queue) + len(s.inflight) for s in sessions)} "
+         f"messages waiting, {len(state.retained)} retained messages; snapshot of "
+         f"{fmt_time(state.written_ms)} at log offset {state.log_next_offset}")
+    return 0
+
+
+def _oldest(s) -> int | None:
+    offsets = [e[1] for e in s.inflight] + [e[0] for e in s.queue]
+    return min(offsets) if offsets else None

@@ -1,0 +1,155 @@
+"""`edgebroker passwd`: add, change, delete and upgrade users in a password file.
+
+    edgebroker passwd FILE USER              set USER's password (asked twice, not shown)
+    edgebroker passwd -b FILE USER PASSWORD  the same, password on the command line (scripts)
+    edgebroker passwd -D FILE USER           delete USER
+    edgebroker passwd -U FILE                hash every plain-text user:password line
+
+The file is created when missing. Every change replaces it atomically (a
+temporary file, fsynced, renamed over) with mode 0600; comment lines and other
+users' lines are kept as they are. Hashes are scrypt by default
+(docs/security.md describes the format); ``--hash pbkdf2`` writes Mosquitto's
+PBKDF2-SHA512 format instead. A running broker reads the file again on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import getpass
+
+from edgebroker.errors import EdgebrokerError
+from edgebroker.security import passwords
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser(
+        "passwd", help="manage a password file",
+        description="Set (asking for the password twice), delete or upgrade users in a "
+                    "password file of username:hash lines.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("-b", dest="batch", action="store_true",
+                      help="batch mode: the password is the last argument")
+    mode.add_argument("-D", dest="delete", action="store_true", help="delete USER")
+    mode.add_argument("-U", dest="upgrade", action="store_true",
+                      help="hash the plain-text passwords of a user:password file")
+    p.add_argument("--hash", choices=("scrypt", "pbkdf2"), default="scrypt",
+                   help="hash to write (default scrypt)")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("user", metavar="USER", nargs="?")
+    p.add_argument("password", metavar="PASSWORD", nargs="?")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    if args.upgrade:
+        _expect(args, user=False, password=False, usage="-U FILE")
+        return upgrade(args.file, args.hash)
+    if args.delete:
+        _expect(args, user=True, password=False, usage="-D FILE USER")
+        return delete(args.file, args.user)
+    if args.batch:
+        _expect(args, user=True, password=True, usage="-b FILE USER PASSWORD")
+        return set_password(args.file, args.user, args.password, args.hash)
+    _expect(args, user=True, password=False, usage="FILE USER")
+    return set_password(args.file, args.user, prompt(), args.hash)
+
+
+def _expect(args, *, user: bool, password: bool, usage: str) -> None:
+    if (args.user is not None) != user or (args.password is not None) != password:
+        raise EdgebrokerError(f"passwd: usage: edgebroker passwd {usage}")
+
+
+def prompt() -> str:
+    try:
+        first = getpass.getpass("Password: ")
+        second = getpass.getpass("Reenter password: ")
+    except EOFError:
+        raise EdgebrokerError("passwd: no password entered") from None
+    if first != second:
+        raise EdgebrokerError("passwd: the passwords do not match; nothing changed")
+    return first
+
+
+def _user_of(line: str) -> str | None:
+    if not line.strip() or line.lstrip().startswith("#"):
+        return None
+    user, sep, _ = line.partition(":")
+    return user if sep else None
+
+
+def set_password(path: str, user: str, password: str, scheme: str = "scrypt") -> int:
+    problem = passwords.check_username(user)
+    if problem:
+        raise EdgebrokerError(f"passwd: {problem}")
+    if not password:
+        raise EdgebrokerError("passwd: the password is empty; nothing changed")
+    lines = _read(path)
+    entry = f"{user}:{passwords.hash_password(password, scheme)}"
+    for i, line in enumerate(lines):
+        if _user_of(line) == user:
+            lines[i] = entry
+            action = "changed"
+            break
+    else:
+        lines.append(entry)
+        action = "added"
+    _write(path, lines)
+    print(f"{path}: user {user!r} {action}")
+    return 0
+
+
+def delete(path: str, user: str) -> int:
+    lines = _read(path)
+    kept = [line for line in lines if _user_of(line) != user]
+    if len(kept) == len(lines):
+        raise EdgebrokerError(f"passwd: {path}: no user {user!r}")
+    _write(path, kept)
+    print(f"{path}: user {user!r} deleted")
+    return 0
+
+
+def upgrade(path: str, scheme: str = "scrypt") -> int:
+    lines = _read(path, must_exist=True)
+    hashed = kept = 0
+    for i, line in enumerate(lines):
+        user = _user_of(line)
+        if user is None:
+            continue
+        problem = passwords.check_username(user)
+        if problem:
+            raise EdgebrokerError(f"passwd: {path} line {i + 1}: {problem}; nothing changed")
+        secret = line.partition(":")[2]
+        try:
+            passwords.parse_hash(secret.strip())
+            kept += 1               # already a hash: running -U twice changes nothing
+            continue
+        except passwords.HashError:
+            pass
+        if not secret:
+            raise EdgebrokerError(f"passwd: {path} line {i + 1}: user {user!r} has an empty "
+                                  f"password; nothing changed")
+        lines[i] = f"{user}:{passwords.hash_password(secret, scheme)}"
+        hashed += 1
+    _write(path, lines)
+    print(f"{path}: {hashed} password(s) hashed, {kept} already hashed")
+    return 0
+
+
+def _read(path: str, must_exist: bool = False) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().splitlines()
+    except FileNotFoundError:
+        if must_exist:
+            raise EdgebrokerError(f"passwd: {path}: file not found") from None
+        return []
+    except OSError as exc:
+        raise EdgebrokerError(f"passwd: {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise EdgebrokerError(f"passwd: {path}: not UTF-8 text") from None
+
+
+def _write(path: str, lines: list[str]) -> None:
+    try:
+        passwords.write_atomic(path, lines)
+    except OSError as exc:
+        raise EdgebrokerError(f"passwd: {path}: cannot write: {exc.strerror}") from None

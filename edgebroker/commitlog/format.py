@@ -1,0 +1,182 @@
+"""The on-disk format (docs/log-format.md) and the small value types of the commit log."""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from edgebroker import _native
+from edgebroker.commitlog.errors import LogFormatError
+
+FORMAT_VERSION = 1
+MAGIC = b"EDGEBLOG"
+SEGMENT_HEADER_SIZE = 32
+RECORD_HEADER_SIZE = 34
+INDEX_ENTRY_SIZE = 16
+MAX_CLIENT_ID = 65535
+MAX_TOPIC = 65535
+MAX_PAYLOAD = 268_435_455
+SEGMENT_SUFFIX = ".seg"
+INDEX_SUFFIX = ".idx"
+NAME_DIGITS = 20
+
+QOS_MASK = 0x03
+RETAIN_BIT = 0x04
+
+# magic, version, header length, reserved, base offset, reserved, CRC32C of bytes 0..28
+_SEGMENT_HEADER = struct.Struct("<8sHHIQII")
+INDEX_ENTRY = struct.Struct("<IIQ")  # relative offset, position, running max timestamp (ms)
+RECORD_HEADER = struct.Struct("<IIQQBBHHI")  # crc, length, offset, timestamp, attrs, 0, lengths
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+@dataclass(slots=True)
+class LogOptions:
+    """How the log rolls and what it keeps. Defaults suit a Raspberry Pi with an SD card
+    (docs/config.md explains each; ``[log]`` in the configuration file sets them)."""
+
+    segment_bytes: int = 16 * MiB
+    segment_ms: int = 10 * 60 * 1000
+    retention_bytes: int = 1 * GiB
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    # While writes fail, records beyond this many pending bytes are refused (LogFullError).
+    max_pending_bytes: int = 32 * MiB
+
+    def __post_init__(self):
+        if not 4096 <= self.segment_bytes <= GiB:
+            raise ValueError(f"segment_bytes must be between 4096 and {GiB}, got {self.segment_bytes}")
+        for name in ("segment_ms", "retention_ms", "max_pending_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.retention_bytes < self.segment_bytes:
+            raise ValueError(f"retention_bytes ({self.retention_bytes}) must be at least "
+                             f"segment_bytes ({self.segment_bytes})")
+
+    @classmethod
+    def from_config(cls, log_config) -> "LogOptions":
+        """From the ``[log]`` table of edgebroker.config (a ``config.LogConfig``)."""
+        return cls(segment_bytes=log_config.segment_bytes, segment_ms=log_config.segment_ms,
+                   retention_bytes=log_config.retention_bytes, retention_ms=log_config.retention_ms)
+
+
+@dataclass(slots=True)
+class Record:
+    """One message in the log."""
+
+    offset: int
+    timestamp_ms: int
+    qos: int
+    retain: bool
+    client_id: bytes
+    topic: bytes
+    payload: bytes
+
+
+@dataclass(slots=True)
+class Location:
+    """Where a record's payload lies in its segment file, for ``sendfile``.
+
+    ``fd`` stays open until the segment is deleted by retention, which only happens in
+    ``housekeeping()``: use a Location before the next call of it."""
+
+    offset: int
+    timestamp_ms: int
+    qos: int
+    retain: bool
+    topic: bytes
+    fd: int
+    payload_position: int
+    payload_length: int
+
+
+@dataclass(slots=True)
+class SegmentInfo:
+    """One segment, as ``CommitLog.segments()`` and ``edgebroker inspect segments`` show it."""
+
+    base_offset: int
+    next_offset: int          # one past the last record's offset (base_offset when empty)
+    records: int
+    size_bytes: int           # the segment file (valid records and header)
+    index_bytes: int
+    first_timestamp_ms: int | None
+    last_timestamp_ms: int | None  # the largest timestamp in the segment
+    active: bool              # the segment being appended to
+    uploaded: bool
+    path: str
+
+
+@dataclass(slots=True)
+class Damage:
+    """A region of a segment that is not a valid record, found by a scan."""
+
+    path: str
+    position: int
+    length: int | None   # bytes skipped; None for a tail that runs to the end of the file
+    offset: int          # the offset the next valid record was expected to have at least
+    kind: str            # "corrupt" (valid records follow) or "torn" (nothing valid follows)
+
+    def describe(self) -> str:
+        if self.kind == "torn":
+            return (f"{self.path}: incomplete tail at position {self.position} (from offset "
+                    f"{self.offset}, {self.length} bytes)")
+        return (f"{self.path}: corrupt record at position {self.position} (offset {self.offset}), "
+                f"{self.length} bytes skipped")
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:0{NAME_DIGITS}d}"
+
+
+def parse_segment_name(filename: str) -> int | None:
+    """The base offset of a ``<20 digits>.seg`` name, else None."""
+    stem, dot, ext = filename.partition(".")
+    if dot and "." + ext == SEGMENT_SUFFIX and len(stem) == NAME_DIGITS and stem.isdigit():
+        return int(stem)
+    return None
+
+
+def segment_header(base_offset: int) -> bytes:
+    head = _SEGMENT_HEADER.pack(MAGIC, FORMAT_VERSION, SEGMENT_HEADER_SIZE, 0, base_offset, 0, 0)
+    crc = _native.crc32c(head[:28])
+    return head[:28] + struct.pack("<I", crc)
+
+
+def check_segment_header(data: bytes, path: str, base_offset: int) -> str | None:
+    """None when the header is right; a description when it is damaged. Raises LogFormatError
+    for a header that is intact but says something this code cannot use."""
+    if len(data) < SEGMENT_HEADER_SIZE:
+        return f"header is {len(data)} bytes, expected {SEGMENT_HEADER_SIZE}"
+    magic, version, hlen, _r1, base, _r2, crc = _SEGMENT_HEADER.unpack_from(data)
+    if _native.crc32c(data[:28]) != crc:
+        return "header checksum mismatch" + (f" (magic {magic!r})" if magic != MAGIC else "")
+    if magic != MAGIC:
+        raise LogFormatError(f"{path}: not an edgebroker log segment (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise LogFormatError(f"{path}: segment format version {version}; this edgebroker reads "
+                             f"version {FORMAT_VERSION} (written by a newer edgebroker?)")
+    if hlen != SEGMENT_HEADER_SIZE:
+        raise LogFormatError(f"{path}: header length {hlen}, expected {SEGMENT_HEADER_SIZE}")
+    if base != base_offset:
+        raise LogFormatError(f"{path}: the header says base offset {base}, the file name "
+                             f"{base_offset}; was the file renamed?")
+    return None
+
+
+def write_small_file(path: str, data: bytes, dir_fd: int | None = None) -> None:
+    """Replace ``path`` atomically: write a temporary file, fsync it, rename it, fsync the dir."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    if dir_fd is not None:
+        os.fsync(dir_fd)

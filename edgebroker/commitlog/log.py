@@ -1,0 +1,1247 @@
+"""The commit log: one append-only log of every message, in segments, crash-safe.
+
+Threads. The core thread appends, writes, reads, rolls and runs retention; it never fsyncs.
+The flusher thread calls ``sync()`` (fsync, outside the lock) and ``verify_step()``. Any thread
+may call ``mark_uploaded()``. One lock guards what they share: the set of segments written but not
+yet synced, the written and durable offsets, the segment list and the uploaded mark. The flusher
+syncs through duplicated file descriptors, so the core may seal or delete a segment meanwhile.
+
+Read-only opens (``readonly=True``: ``edgebroker inspect``, the uploader in another process) take
+no lock, change no file, and see what the writer has written so far; ``refresh()`` picks up more.
+
+The format is documented byte by byte in docs/log-format.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import fcntl
+import json
+import logging
+import mmap
+import os
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from edgebroker import _native
+from edgebroker.commitlog import retention, scanner
+from edgebroker.commitlog.errors import (
+    LogError, LogFullError, LogLockedError, LogWriteError,
+)
+from edgebroker.commitlog.format import (
+    INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, MAX_CLIENT_ID, MAX_PAYLOAD, MAX_TOPIC,
+    RECORD_HEADER, RECORD_HEADER_SIZE, RETAIN_BIT, SEGMENT_HEADER_SIZE, Damage,
+    Location, LogOptions, Record, SegmentInfo, check_segment_header, parse_segment_name,
+    segment_header, write_small_file,
+)
+from edgebroker.commitlog.segment import Segment
+
+log = logging.getLogger("edgebroker.commitlog")
+
+LOCK_FILE = ".lock"
+UPLOADED_FILE = "uploaded"
+RECOVERY_POINT_FILE = "recovery-point"
+MAX_DAMAGE_KEPT = 1000
+
+_pack_entry = INDEX_ENTRY.pack
+# Payloads of at least this many bytes (as ``bytes``) are written from where they are, not copied.
+BIG_PAYLOAD = 16 * 1024
+IOV_MAX = 1024
+_unpack_record_header = RECORD_HEADER.unpack_from
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class LogCounters:
+    """Everything the log counts (for $SYS and metrics)."""
+
+    appended_records: int = 0
+    appended_bytes: int = 0
+    write_errors: int = 0
+    fsyncs: int = 0
+    fsync_errors: int = 0
+    segments_rolled: int = 0
+    segments_deleted: int = 0
+    forced_deletions: int = 0          # segments deleted before they were uploaded
+    forced_deleted_records: int = 0
+    corrupt_regions: int = 0           # damaged regions found (each counted once)
+    torn_bytes_truncated: int = 0
+    index_rebuilds: int = 0
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What ``open`` found and did."""
+
+    seconds: float = 0.0
+    segments: int = 0
+    full_scans: int = 0
+    damage: list = field(default_factory=list)          # Damage, corrupt and torn regions
+    index_rebuilt: list = field(default_factory=list)   # (path, reason)
+    header_damage: list = field(default_factory=list)   # (path, problem)
+    removed: list = field(default_factory=list)         # (path, reason)
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What ``CommitLog.verify`` found."""
+
+    segments: int = 0
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    damage: list = field(default_factory=list)          # Damage: records that cannot be read
+    notes: list = field(default_factory=list)           # Damage: incomplete tail of the last segment
+    index_problems: list = field(default_factory=list)  # (path, problem): repaired at next start
+    header_problems: list = field(default_factory=list) # (path, problem)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damage
+
+
+class _Group:
+    """Records appended for one segment and not yet written: their bytes and index entries.
+
+    The bytes are ``parts``: bytearrays that small records are copied into, and large ``bytes``
+    payloads held by reference (immutable, so safe to keep until the write), all written with
+    one ``pwritev``. ``data`` is the bytearray being filled (the last of ``parts``)."""
+
+    __slots__ = ("segment", "parts", "data", "nbytes", "index", "count", "last_offset", "first_ts",
+                 "max_ts")
+
+    def __init__(self, segment: Segment):
+        self.segment = segment
+        self.data = bytearray()
+        self.parts = [self.data]
+        self.nbytes = 0
+        self.index = bytearray()
+        self.count = 0
+        self.last_offset = -1
+        self.first_ts: int | None = None
+        self.max_ts = 0
+
+
+def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
+    """(value, problem): 0 and a description when the file is missing or unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            value = json.loads(fh.read())[key]
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} is {value!r}")
+        return value, None
+    except FileNotFoundError:
+        return 0, None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return 0, f"{path}: unreadable ({exc}); using 0"
+
+
+class CommitLog:
+    """Use ``CommitLog.open(directory, options)``."""
+
+    def __init__(self, directory: str, options: LogOptions, clock_ms: Callable[[], int],
+                 readonly: bool):
+        self.directory = directory
+        self.options = options
+        self.readonly = readonly
+        self.counters = LogCounters()
+        self.recovery = RecoveryReport()
+        self.damage: list[Damage] = []
+        self._clock = clock_ms
+        self._lock = threading.Lock()
+        self._upload_lock = threading.Lock()
+        self._rp_lock = threading.Lock()
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._groups: list[_Group] = []
+        self._pending_bytes = 0
+        self._next = 0
+        self._written = 0
+        self._durable = 0
+        self._unsynced: dict[int, Segment] = {}
+        self._needs_sync = False
+        self._uploaded = 0
+        self._recovery_point = 0
+        self._dir_fd = -1
+        self._lock_fd = -1
+        self._reported: set[tuple[str, int]] = set()
+        self._verify_wanted: set[Segment] = set()
+        self._failing = False
+        self._closed = False
+        self._tail: Segment | None = None
+
+    # =========================================================================================
+    # Opening and recovery
+    # =========================================================================================
+
+    @classmethod
+    def open(cls, directory: str, options: LogOptions | None = None,
+             clock_ms: Callable[[], int] | None = None, *, readonly: bool = False) -> "CommitLog":
+        """Open (creating it unless ``readonly``) the log in ``directory`` and recover it.
+
+        Recovery: the last segment, and any segment not known to be fsynced, is scanned record
+        by record; a torn or corrupt tail is truncated; a corrupt record with valid ones after it
+        is reported (offset, file) and skipped by readers; a missing, short or corrupt index is
+        rebuilt from its segment. The time it took is logged. Read-only opens change nothing.
+        """
+        self = cls(directory, options or LogOptions(), clock_ms or wall_clock_ms, readonly)
+        try:
+            self._open()
+        except OSError as exc:
+            self._close_files()
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise LogError(f"cannot open the commit log in {directory}: "
+                           f"{exc.strerror or exc}{where}") from None
+        except BaseException:
+            self._close_files()
+            raise
+        return self
+
+    def _open(self) -> None:
+        started = time.perf_counter()
+        d = self.directory
+        if self.readonly:
+            if not os.path.isdir(d):
+                raise LogError(f"no commit log at {d}")
+        else:
+            try:
+                os.makedirs(d, mode=0o750, exist_ok=True)
+                self._lock_fd = os.open(os.path.join(d, LOCK_FILE),
+                                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            except OSError as exc:
+                raise LogError(f"cannot open the commit log directory {d}: {exc.strerror}") from None
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise LogLockedError(f"{d} is in use by another edgebroker process") from None
+        self._dir_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+        for name, attr, key in ((UPLOADED_FILE, "_uploaded", "uploaded_offset"),
+                                (RECOVERY_POINT_FILE, "_recovery_point", "recovery_point")):
+            value, problem = _read_offset_file(os.path.join(d, name), key)
+            if problem:
+                log.warning("%s", problem)
+            setattr(self, attr, value)
+
+        names = os.listdir(d)
+        bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
+        if not self.readonly:
+            self._remove_leftovers(names, set(bases))
+        report = self.recovery
+        for i, base in enumerate(bases):
+            seg = Segment(d, base)
+            is_last = i == len(bases) - 1
+            below_recovery_point = not is_last and bases[i + 1] <= self._recovery_point
+            try:
+                self._open_segment(seg, is_last, full_scan=is_last or not below_recovery_point)
+            except FileNotFoundError:
+                if not self.readonly:
+                    raise
+                seg.close()  # deleted by the writer's retention since the listing
+                continue
+            if seg.count == 0 and not is_last:
+                if not self.readonly:
+                    self._remove_files(seg, "no records")
+                seg.close()
+                continue
+            self._segments.append(seg)
+        self._bases = [s.base_offset for s in self._segments]
+        for prev, nxt in zip(self._segments, self._segments[1:]):
+            if prev.next_offset > nxt.base_offset:
+                log.warning("%s holds offsets up to %d, beyond the next segment's base %d; "
+                            "reads of those offsets use the later segment",
+                            prev.path, prev.next_offset - 1, nxt.base_offset)
+
+        floor = max(self._recovery_point, self._uploaded)
+        last_next = self._segments[-1].next_offset if self._segments else 0
+        self._next = self._written = self._durable = max(last_next, floor)
+        if not self.readonly:
+            self._start_appending()
+        report.segments = len(self._segments)
+        report.seconds = time.perf_counter() - started
+        self._log_recovery()
+
+    def _remove_leftovers(self, names: list[str], bases: set[int]) -> None:
+        for name in names:
+            path = os.path.join(self.directory, name)
+            stem, _, ext = name.partition(".")
+            leftover = None
+            if name.endswith(".tmp"):
+                leftover = "unfinished temporary file"
+            elif "." + ext == INDEX_SUFFIX and stem.isdigit() and int(stem) not in bases:
+                leftover = "index without its segment"
+            if leftover:
+                try:
+                    os.unlink(path)
+                    self.recovery.removed.append((path, leftover))
+                except OSError as exc:
+                    log.warning("cannot remove %s (%s): %s", path, leftover, exc.strerror)
+
+    def _remove_files(self, seg: Segment, reason: str) -> None:
+        for path in (seg.path, seg.index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove %s (%s): %s", path, reason, exc.strerror)
+                return
+        self.recovery.removed.append((seg.path, reason))
+        log.warning("removed %s: %s", seg.path, reason)
+
+    def _open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
+        flags = (os.O_RDONLY if self.readonly else os.O_RDWR) | os.O_CLOEXEC
+        seg.fd = os.open(seg.path, flags)
+        try:
+            seg.index_fd = os.open(seg.index_path, flags)
+        except FileNotFoundError:
+            seg.index_fd = -1
+        seg.created = True
+        seg.sealed = not is_last
+        size = os.fstat(seg.fd).st_size
+        if size < SEGMENT_HEADER_SIZE:
+            # Crashed while creating it: no records. The writer rewrites it at the first append.
+            if size and not self.readonly and is_last:
+                os.ftruncate(seg.fd, 0)
+                self.counters.torn_bytes_truncated += size
+            seg.size = 0
+            seg.set_index(bytearray(), 0)
+            seg.verified = True
+            return
+        problem = check_segment_header(os.pread(seg.fd, SEGMENT_HEADER_SIZE, 0), seg.path,
+                                       seg.base_offset)
+        if problem:
+            self.recovery.header_damage.append((seg.path, problem))
+            log.warning("%s: segment header damaged (%s); its records are still read, each by "
+                        "its own checksum", seg.path, problem)
+            if is_last and not self.readonly:
+                os.pwrite(seg.fd, segment_header(seg.base_offset), 0)
+        seg.size = size
+        if is_last and self.readonly:
+            # The writer may be appending: index what is complete now, quietly.
+            self._rebuild_index(seg, None, report_tail=False)
+        elif full_scan:
+            self.recovery.full_scans += 1
+            self._rebuild_index(seg, None, report_tail=True)
+        else:
+            self._check_index(seg)
+
+    def _check_index(self, seg: Segment) -> None:
+        """A sealed segment below the recovery point: check its index cheaply (structure, and the
+        last entry against its record); rebuild or complete it when that fails."""
+        if seg.index_fd < 0:
+            return self._rebuild_index(seg, "missing", report_tail=True)
+        nbytes = os.fstat(seg.index_fd).st_size
+        if nbytes % INDEX_ENTRY_SIZE:
+            return self._rebuild_index(seg, f"size {nbytes} is not a multiple of {INDEX_ENTRY_SIZE}",
+                                       report_tail=True)
+        n = nbytes // INDEX_ENTRY_SIZE
+        if n == 0:
+            if seg.size > SEGMENT_HEADER_SIZE:
+                return self._rebuild_index(seg, "empty", report_tail=True)
+            seg.set_index(b"", 0)
+            seg.verified = True
+            return None
+        seg.index_file_bytes = nbytes
+        mapped = mmap.mmap(seg.index_fd, n * INDEX_ENTRY_SIZE, access=mmap.ACCESS_READ)
+        valid, nonzero = _native.index_check(mapped, n, seg.size)
+        if valid != nonzero or nonzero == 0:
+            mapped.close()
+            return self._rebuild_index(seg, f"entry {valid} is inconsistent", report_tail=True)
+        seg.set_index(mapped, valid)
+        last_offset, last_pos, _ = seg.entry(valid - 1)
+        record_end = self._valid_record_end(seg, last_pos, last_offset)
+        if record_end is None:
+            return self._rebuild_index(seg, f"its last entry (offset {last_offset}) does not "
+                                            f"point at that record", report_tail=True)
+        if nonzero < n or record_end < seg.size:
+            # Entries missing at the end (or unused room never trimmed): index the rest.
+            entries = bytearray(mapped[:valid * INDEX_ENTRY_SIZE])
+            seg.set_index(entries, valid)
+            added = self._extend_index(seg, record_end, report_tail=True)
+            self._save_rebuilt_index(seg, f"short by {added} entries" if added else "untrimmed")
+            return None
+        seg.verified = False
+        return None
+
+    def _valid_record_end(self, seg: Segment, position: int, offset: int) -> int | None:
+        """The end of the record at ``position`` if it is valid and has ``offset``, else None."""
+        head = os.pread(seg.fd, RECORD_HEADER_SIZE, position)
+        if len(head) < RECORD_HEADER_SIZE:
+            return None
+        length = _unpack_record_header(head)[1]
+        if position + length > seg.size or length < RECORD_HEADER_SIZE:
+            return None
+        data = os.pread(seg.fd, length, position)
+        out = array("Q", bytes(8 * _native.SCAN_ENTRY_WORDS))
+        res = _native.scan(data, len(data), position, offset, None, out)
+        if res.matched != 1 or out[0] != offset or res.stop != length:
+            return None
+        return position + length
+
+    def _index_walk(self, seg: Segment, fd: int, start: int, end: int, min_offset: int,
+                    max_ts: int, entries: bytearray) -> tuple[int, list[Damage]]:
+        """Scan [start, end) of ``fd`` appending index entries; -> (entries added, damage)."""
+        out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
+        base = seg.base_offset
+
+        def step(view, avail, base_position, mo, mts):
+            return _native.build_index(view, avail, base_position, base, mo, mts, out)
+
+        added = 0
+        damage = []
+        for event in scanner.walk(fd, start, end, min_offset, max_ts, step, seg.path):
+            if event[0] == scanner.DATA:
+                res = event[2]
+                entries += out[:res.count * INDEX_ENTRY_SIZE]
+                added += res.count
+            else:
+                damage.append(event[1])
+        return added, damage
+
+    def _rebuild_index(self, seg: Segment, reason: str | None, report_tail: bool) -> None:
+        """Index the whole segment by scanning it (every CRC checked)."""
+        entries = bytearray()
+        seg.set_index(entries, 0)
+        seg.next_offset = seg.base_offset
+        seg.max_timestamp = 0
+        self._extend_index(seg, SEGMENT_HEADER_SIZE, report_tail)
+        seg.verified = True
+        self._save_rebuilt_index(seg, reason)
+
+    def _extend_index(self, seg: Segment, start: int, report_tail: bool) -> int:
+        """Scan from ``start`` to the end of the file; index valid records; handle damage."""
+        entries = seg.index
+        assert isinstance(entries, bytearray)
+        end = os.fstat(seg.fd).st_size
+        added, damage = self._index_walk(seg, seg.fd, start, end, seg.next_offset,
+                                         seg.max_timestamp, entries)
+        valid_end = end
+        for d in damage:
+            if d.kind == "torn":
+                valid_end = d.position
+                if not report_tail:
+                    continue
+                if not self.readonly:
+                    os.ftruncate(seg.fd, d.position)
+                    self.counters.torn_bytes_truncated += d.length
+                    log.warning("%s: truncated an incomplete tail of %d bytes at position %d "
+                                "(records from offset %d were never completely written)",
+                                seg.path, d.length, d.position, d.offset)
+                self.recovery.damage.append(d)
+                self._remember_damage(d, log_it=self.readonly)
+            else:
+                self.recovery.damage.append(d)
+                self._report(d)
+        seg.size = valid_end
+        seg.set_index(entries, len(entries) // INDEX_ENTRY_SIZE)
+        return added
+
+    def _save_rebuilt_index(self, seg: Segment, reason: str | None) -> None:
+        if reason is not None:
+            self.counters.index_rebuilds += 1
+            self.recovery.index_rebuilt.append((seg.index_path, reason))
+            log.warning("%s: index %s; rebuilt from the segment%s", seg.index_path, reason,
+                        "" if not self.readonly else " (in memory; the file is left as it is)")
+        if self.readonly:
+            return
+        seg.write_index_file(seg.index, seg.count, self._dir_fd)
+        if seg.sealed:
+            seg.map_index_readonly()
+
+    def _start_appending(self) -> None:
+        """Make the last segment the one appended to, and make what recovery kept durable."""
+        if self._segments:
+            tail = self._segments[-1]
+            for seg in self._segments:
+                if seg.verified:  # scanned at open: it may hold data that was never fsynced
+                    try:
+                        os.fdatasync(seg.fd)
+                    except OSError as exc:
+                        raise LogWriteError.from_os("cannot fsync", seg.path, exc) from None
+            os.fsync(self._dir_fd)
+            self._tail = tail
+            tail.sealed = False
+            self._open_for_append(tail)
+            self._set_recovery_point(tail.base_offset)
+        else:
+            self._tail = self._new_segment(self._next)
+
+    def _open_for_append(self, seg: Segment) -> None:
+        if seg.index_fd < 0:
+            seg.index_fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        seg.open_for_append()
+
+    def _log_recovery(self) -> None:
+        r = self.recovery
+        first, nxt = self.first_offset, self._next
+        log.info("commit log %s: %d segments, offsets %d..%d, opened%s in %.3f s "
+                 "(%d scanned record by record, %d damaged regions, %d indexes rebuilt)",
+                 self.directory, r.segments, first, nxt - 1, " read-only" if self.readonly else "",
+                 r.seconds, r.full_scans, len(r.damage), len(r.index_rebuilt))
+
+    # =========================================================================================
+    # Damage bookkeeping
+    # =========================================================================================
+
+    def _remember_damage(self, d: Damage, log_it: bool) -> bool:
+        key = (d.path, d.position)
+        with self._lock:
+            if key in self._reported:
+                return False
+            self._reported.add(key)
+            self.counters.corrupt_regions += 1
+            if len(self.damage) < MAX_DAMAGE_KEPT:
+                self.damage.append(d)
+        if log_it:
+            log.warning("%s; readers skip it", d.describe())
+        return True
+
+    def _report(self, d: Damage) -> None:
+        self._remember_damage(d, log_it=True)
+
+    # =========================================================================================
+    # Properties
+    # =========================================================================================
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended record gets."""
+        return self._next
+
+    @property
+    def written_offset(self) -> int:
+        """One past the last record handed to the OS (readable from here on)."""
+        return self._written
+
+    @property
+    def durable_offset(self) -> int:
+        """Every record below this offset is fsynced."""
+        return self._durable
+
+    @property
+    def first_offset(self) -> int:
+        """The oldest record's offset still in the log (``next_offset`` when it is empty)."""
+        for seg in self._segments:
+            if seg.count:
+                return seg.entry(0)[0]
+        return self._next
+
+    @property
+    def uploaded_offset(self) -> int:
+        return self._uploaded
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes appended and not yet written (they pile up while the disk fails)."""
+        return self._pending_bytes
+
+    def needs_sync(self) -> bool:
+        return self._needs_sync
+
+    # =========================================================================================
+    # Appending and writing (core thread)
+    # =========================================================================================
+
+    def append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
+               payload: bytes) -> int:
+        """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``.
+
+        While writes are failing, a record that would take the pending bytes past
+        ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
+        if self.readonly or self._closed:
+            raise LogError(f"{self.directory}: the log is {'read-only' if self.readonly else 'closed'}")
+        lc, lt, lp = len(client_id), len(topic), len(payload)
+        if lc > MAX_CLIENT_ID or lt > MAX_TOPIC or lp > MAX_PAYLOAD or not 0 <= qos <= 2 \
+                or timestamp_ms < 0:
+            raise ValueError(f"record out of range: qos {qos}, timestamp {timestamp_ms}, "
+                             f"client id {lc} bytes, topic {lt} bytes, payload {lp} bytes")
+        length = RECORD_HEADER_SIZE + lc + lt + lp
+        if self._failing and self._pending_bytes + length > self.options.max_pending_bytes:
+            raise LogFullError(f"{self.directory}: {self._pending_bytes} bytes are waiting for the "
+                               f"disk (max_pending_bytes {self.options.max_pending_bytes}); record "
+                               f"not taken")
+        seg = self._tail
+        if seg.full or seg.sealed or (seg.reserved_count and (
+                seg.reserved_size + length > self.options.segment_bytes
+                or timestamp_ms - seg.reserved_first_ts >= self.options.segment_ms)):
+            seg = self._roll()
+        groups = self._groups
+        if groups and groups[-1].segment is seg:
+            g = groups[-1]
+        else:
+            g = _Group(seg)
+            groups.append(g)
+            if seg.reserved_size == 0:
+                header = segment_header(seg.base_offset)
+                g.data += header
+                g.nbytes += len(header)
+                seg.reserved_size = len(header)
+                self._pending_bytes += len(header)
+        offset = self._next
+        attributes = qos | (RETAIN_BIT if retain else 0)
+        data = g.data
+        position = seg.reserved_size
+        data += _native.record_header(offset, timestamp_ms, attributes, client_id, topic, payload)
+        data += client_id
+        data += topic
+        if lp >= BIG_PAYLOAD and type(payload) is bytes:
+            g.data = bytearray()
+            g.parts += (payload, g.data)
+        else:
+            data += payload
+        g.nbytes += length
+        if timestamp_ms > seg.reserved_max_ts:
+            seg.reserved_max_ts = timestamp_ms
+        if seg.reserved_first_ts is None:
+            seg.reserved_first_ts = timestamp_ms
+        if g.first_ts is None:
+            g.first_ts = timestamp_ms
+        g.max_ts = seg.reserved_max_ts
+        g.index += _pack_entry(offset - seg.base_offset, position, seg.reserved_max_ts)
+        g.count += 1
+        g.last_offset = offset
+        seg.reserved_size = position + length
+        seg.reserved_count += 1
+        self._pending_bytes += length
+        self._next = offset + 1
+        return offset
+
+    def _new_segment(self, base_offset: int) -> Segment:
+        seg = Segment(self.directory, base_offset)
+        seg.verified = True  # everything in it is written by this process
+        with self._lock:
+            self._segments.append(seg)
+            self._bases.append(base_offset)
+        return seg
+
+    def _roll(self) -> Segment:
+        old = self._tail
+        old.full = True
+        if not old.sealed and not any(g.segment is old for g in self._groups):
+            self._seal(old)
+        self._tail = self._new_segment(self._next)
+        return self._tail
+
+    def write_pending(self) -> int:
+        """Hand every record appended since the last call to the OS: one ``pwritev`` (one per
+        segment when the records span a roll; more only past 1024 large payloads). Never
+        fsyncs. Returns ``written_offset``.
+
+        On a write error (disk full, I/O error) the partial write is truncated away, the records
+        stay pending for the next call, and ``LogWriteError`` says what and where.
+        """
+        while self._groups:
+            g = self._groups[0]
+            seg = g.segment
+            try:
+                if not seg.created:
+                    seg.create_files()
+                seg.ensure_index_room(seg.count + g.count)
+                self._write_at(seg, g.parts, g.nbytes, seg.size)
+            except LogWriteError as exc:
+                self.counters.write_errors += 1
+                if not self._failing:
+                    self._failing = True
+                    log.error("commit log write failed: %s; %d records (%d bytes) kept in memory "
+                              "and retried", exc, self._next - self._written, self._pending_bytes)
+                raise
+            start = seg.count * INDEX_ENTRY_SIZE
+            seg.index[start:start + len(g.index)] = g.index
+            with self._lock:
+                seg.size += g.nbytes
+                seg.count += g.count
+                seg.next_offset = g.last_offset + 1
+                seg.max_timestamp = g.max_ts
+                if seg.first_timestamp is None:
+                    seg.first_timestamp = g.first_ts
+                self._written = g.last_offset + 1
+                self._unsynced[seg.base_offset] = seg
+                self._needs_sync = True
+            self.counters.appended_records += g.count
+            self.counters.appended_bytes += g.nbytes
+            self._pending_bytes -= g.nbytes
+            self._groups.pop(0)
+            if seg.full and not (self._groups and self._groups[0].segment is seg):
+                self._seal(seg)
+        if self._failing:
+            self._failing = False
+            log.warning("commit log writes work again; everything pending is written")
+        return self._written
+
+    def _write_at(self, seg: Segment, parts: list, nbytes: int, position: int) -> None:
+        views = [memoryview(p) for p in parts if len(p)]
+        first = 0
+        done = 0
+        try:
+            while first < len(views):
+                n = os.pwritev(seg.fd, views[first:first + IOV_MAX], position + done)
+                if n <= 0:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+                done += n
+                while first < len(views) and n >= len(views[first]):
+                    n -= len(views[first])
+                    first += 1
+                if n:
+                    views[first] = views[first][n:]
+        except OSError as exc:
+            try:
+                os.ftruncate(seg.fd, position)
+            except OSError as exc2:
+                log.error("%s: cannot truncate the partial write back to %d bytes: %s (readers "
+                          "stop at the last valid record; the next start truncates it)",
+                          seg.path, position, exc2.strerror)
+            raise LogWriteError.from_os(f"cannot write {nbytes} bytes at position {position} of",
+                                        seg.path, exc) from None
+        finally:
+            for v in views:
+                v.release()
+
+    def _seal(self, seg: Segment) -> None:
+        """No more appends to ``seg``: trim its index; the flusher fsyncs it."""
+        if seg.created and seg.index_fd >= 0:
+            try:
+                seg.trim_index()
+            except OSError as exc:
+                log.error("%s: cannot trim the index: %s", seg.index_path, exc.strerror)
+        with self._lock:
+            seg.sealed = True
+            if seg.created:
+                seg.index_dirty = True
+                self._unsynced[seg.base_offset] = seg
+                self._needs_sync = True
+        self.counters.segments_rolled += 1
+        self._apply_retention(self._clock())
+
+    # =========================================================================================
+    # Syncing (flusher thread)
+    # =========================================================================================
+
+    def sync(self, sealed_only: bool = False) -> int:
+        """fsync what was written (``sealed_only``: only sealed segments); -> ``durable_offset``.
+
+        Safe to call from another thread while the core appends, writes and rolls: the lock is
+        held only to take a snapshot; the fsyncs run on duplicated descriptors outside it.
+        """
+        with self._lock:
+            if self._closed:
+                return self._durable
+            todo = [s for s in self._unsynced.values() if s.sealed or not sealed_only]
+            for s in todo:
+                del self._unsynced[s.base_offset]
+            self._needs_sync = bool(self._unsynced)
+            target = None if sealed_only else self._written
+            open_segments = [s.base_offset for s in self._segments if not s.sealed]
+            recovery_point = min(open_segments) if open_segments else self._written
+            jobs = []
+            try:
+                for s in todo:
+                    if s.fd < 0:
+                        continue
+                    jobs.append((s, os.dup(s.fd), os.dup(s.index_fd)
+                                 if s.index_dirty and s.index_fd >= 0 else -1, s.new_file))
+                    s.index_dirty = s.new_file = False
+                dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
+            except OSError:
+                for j in jobs:
+                    self._close_quietly(j[1], j[2])
+                self._requeue(jobs, todo)
+                raise
+        path = self.directory
+        try:
+            for seg, fd, ifd, _new in jobs:
+                path = seg.path
+                os.fdatasync(fd)
+                if ifd >= 0:
+                    path = seg.index_path
+                    os.fsync(ifd)
+            if dir_fd >= 0:
+                path = self.directory
+                os.fsync(dir_fd)
+        except OSError as exc:
+            self.counters.fsync_errors += 1
+            with self._lock:
+                self._requeue(jobs, todo)
+            raise LogWriteError.from_os("cannot fsync", path, exc) from None
+        finally:
+            for _seg, fd, ifd, _new in jobs:
+                self._close_quietly(fd, ifd)
+            if dir_fd >= 0:
+                self._close_quietly(dir_fd)
+        self.counters.fsyncs += len(jobs)
+        with self._lock:
+            if target is not None and target > self._durable:
+                self._durable = target
+            durable = self._durable
+        if any(seg.sealed for seg, *_ in jobs):
+            self._set_recovery_point(recovery_point)
+        return durable
+
+    def _requeue(self, jobs, todo) -> None:
+        for s in todo:
+            self._unsynced.setdefault(s.base_offset, s)
+        for s, _fd, ifd, new in jobs:
+            if ifd >= 0:
+                s.index_dirty = True
+            if new:
+                s.new_file = True
+        self._needs_sync = bool(self._unsynced)
+
+    @staticmethod
+    def _close_quietly(*fds: int) -> None:
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _set_recovery_point(self, offset: int) -> None:
+        """Record that every segment below ``offset`` is fsynced (so the next start skips
+        scanning them record by record)."""
+        with self._rp_lock:
+            if offset <= self._recovery_point or self.readonly:
+                return
+            path = os.path.join(self.directory, RECOVERY_POINT_FILE)
+            try:
+                write_small_file(path, json.dumps({"recovery_point": offset}).encode() + b"\n",
+                                 self._dir_fd)
+            except OSError as exc:
+                log.warning("cannot write %s: %s (the next start scans more)", path, exc.strerror)
+                return
+            self._recovery_point = offset
+
+    def verify_step(self) -> bool:
+        """Check every record of one segment that a reader wanted checked (flusher, when idle).
+        Returns False when there was nothing to do."""
+        with self._lock:
+            seg = next((s for s in self._verify_wanted if not s.deleted and not s.verified), None)
+            self._verify_wanted = {s for s in self._verify_wanted if not s.deleted and not s.verified}
+            if seg is None or seg.fd < 0:
+                return False
+            fd = os.dup(seg.fd)
+            end = seg.size
+        try:
+            entries = bytearray()
+            _added, damage = self._index_walk(seg, fd, SEGMENT_HEADER_SIZE, end, seg.base_offset,
+                                              0, entries)
+        finally:
+            os.close(fd)
+        for d in damage:
+            self._report(d)
+        with self._lock:
+            self._verify_wanted.discard(seg)
+            if not damage:
+                seg.verified = True
+        return True
+
+    # =========================================================================================
+    # Rolling by age and retention (core thread)
+    # =========================================================================================
+
+    def housekeeping(self) -> None:
+        """Seal the segment being appended to once it is ``segment_ms`` old, and apply retention.
+        Call it now and then from the core (every second or so). Cheap when there is nothing
+        to do; deleting a segment closes its descriptors (see ``Location``)."""
+        if self.readonly or self._closed:
+            return
+        now = self._clock()
+        tail = self._tail
+        if (tail.count and not tail.sealed and not tail.full and tail.first_timestamp is not None
+                and now - tail.first_timestamp >= self.options.segment_ms
+                and not any(g.segment is tail for g in self._groups)):
+            tail.full = True
+            self._seal(tail)
+            return
+        self._apply_retention(now)
+
+    def _apply_retention(self, now: int) -> None:
+        opts = self.options
+        for seg, forced, reason in retention.plan(self._segments, self._uploaded, now,
+                                                  opts.retention_bytes, opts.retention_ms):
+            self._delete_segment(seg, forced, reason)
+
+    def _delete_segment(self, seg: Segment, forced: bool, reason: str) -> None:
+        try:
+            os.unlink(seg.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("cannot delete %s (%s): %s", seg.path, reason, exc.strerror)
+            return
+        try:
+            os.unlink(seg.index_path)
+        except OSError:
+            pass
+        first = seg.entry(0)[0] if seg.count else seg.base_offset
+        span = f"offsets {first}..{seg.next_offset - 1}, {seg.count} records, {seg.size} bytes"
+        with self._lock:
+            i = self._segments.index(seg)
+            del self._segments[i]
+            del self._bases[i]
+            self._unsynced.pop(seg.base_offset, None)
+            seg.deleted = True
+        seg.close()
+        self.counters.segments_deleted += 1
+        if forced:
+            self.counters.forced_deletions += 1
+            self.counters.forced_deleted_records += seg.count
+            log.warning("deleted segment %s (%s) before it was uploaded: %s", seg.path, span, reason)
+        else:
+            log.info("deleted segment %s (%s): %s", seg.path, span, reason)
+
+    def mark_uploaded(self, up_to_offset: int) -> None:
+        """Every record below ``up_to_offset`` has been uploaded; persisted (fsynced file), so
+        retention may delete those segments. Any thread; not the core (it writes a file)."""
+        if self.readonly:
+            raise LogError(f"{self.directory}: the log is open read-only")
+        with self._upload_lock:
+            with self._lock:
+                up_to_offset = min(up_to_offset, self._written)
+                if up_to_offset <= self._uploaded:
+                    return
+            write_small_file(os.path.join(self.directory, UPLOADED_FILE),
+                             json.dumps({"uploaded_offset": up_to_offset}).encode() + b"\n",
+                             self._dir_fd)
+            with self._lock:
+                self._uploaded = max(self._uploaded, up_to_offset)
+
+    # =========================================================================================
+    # Reading
+    # =========================================================================================
+
+    def _segment_index(self, offset: int) -> int:
+        return bisect.bisect_right(self._bases, offset) - 1
+
+    def _find(self, offset: int) -> tuple[Segment, int] | None:
+        i = self._segment_index(offset)
+        if i < 0:
+            return None
+        seg = self._segments[i]
+        j = seg.find_offset(offset)
+        if j >= seg.count or seg.entry(j)[0] != offset:
+            return None
+        return seg, j
+
+    def read(self, offset: int) -> Record | None:
+        """The record at ``offset``; None when there is none (not written yet, deleted by
+        retention, or damaged: damage is logged once and counted)."""
+        found = self._find(offset)
+        if found is None:
+            return None
+        return self._read_entry(*found)
+
+    def _read_entry(self, seg: Segment, j: int, retry: bool = True) -> Record | None:
+        offset, position, _ = seg.entry(j)
+        end = seg.end_of(j)
+        data = os.pread(seg.fd, end - position, position)
+        out = array("Q", bytes(8 * _native.SCAN_ENTRY_WORDS))
+        res = _native.scan(data, len(data), position, offset, None, out)
+        if res.matched and out[0] == offset:
+            return next(scanner.records_from(memoryview(data), out, 1, position))
+        if retry and not seg.verified and self._repair_index(seg, offset):
+            found = self._find(offset)
+            return self._read_entry(*found, retry=False) if found else None
+        self._report(Damage(seg.path, position, end - position, offset, "corrupt"))
+        return None
+
+    def _repair_index(self, seg: Segment, offset: int) -> bool:
+        """An index entry did not lead to its record: rebuild that index by scanning. True when
+        the index changed."""
+        if seg is self._tail and not self.readonly:
+            return False
+        before = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
+        self._rebuild_index(seg, None, report_tail=False)
+        after = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
+        if before != after:
+            self.counters.index_rebuilds += 1
+            log.warning("%s: an entry did not match its record (offset %d); index rebuilt",
+                        seg.index_path, offset)
+            return True
+        return False
+
+    def read_range(self, start: int, end: int | None = None) -> Iterator[Record]:
+        """Records with ``start <= offset < end`` (to the end of what is written when ``end`` is
+        None), oldest first, damaged records skipped. Records written while iterating are
+        included as long as the iteration has not passed them."""
+        return self._iterate(start, end, None)
+
+    def read_since(self, timestamp_ms: int) -> Iterator[Record]:
+        """Records from the first one whose timestamp is >= ``timestamp_ms`` on (later records
+        follow in log order, whatever their timestamps)."""
+        for seg in list(self._segments):
+            if seg.count and seg.max_timestamp >= timestamp_ms:
+                j = seg.find_time(timestamp_ms)
+                if j < seg.count:
+                    return self._iterate(seg.entry(j)[0], None, None)
+        return iter(())
+
+    def scan(self, topic_filter: bytes | str, start: int | None = None,
+             end: int | None = None) -> Iterator[Record]:
+        """Records whose topic matches the MQTT ``topic_filter`` (matching done by the native
+        helper over the raw segment bytes), oldest first."""
+        if isinstance(topic_filter, str):
+            topic_filter = topic_filter.encode("utf-8")
+        return self._iterate(self.first_offset if start is None else start, end, topic_filter)
+
+    def _iterate(self, start: int, end: int | None, topic_filter: bytes | None) -> Iterator[Record]:
+        i = max(self._segment_index(start), 0)
+        while i < len(self._segments):
+            seg = self._segments[i]
+            if end is not None and seg.base_offset >= end:
+                return
+            j = seg.find_offset(start)
+            if j < seg.count:
+                position = seg.entry(j)[1]
+                fd = os.dup(seg.fd)
+                try:
+                    while True:
+                        limit = seg.size
+                        for rec in self._walk_records(seg, fd, position, limit, max(start, seg.base_offset),
+                                                      topic_filter):
+                            if end is not None and rec.offset >= end:
+                                return
+                            start = rec.offset + 1
+                            yield rec
+                        position = limit
+                        if seg.size == limit or seg.deleted:
+                            break
+                        if self.readonly:
+                            break
+                finally:
+                    os.close(fd)
+            start = max(start, seg.next_offset)
+            i = bisect.bisect_right(self._bases, seg.base_offset)
+
+    def _walk_records(self, seg: Segment, fd: int, position: int, limit: int, min_offset: int,
+                      topic_filter: bytes | None) -> Iterator[Record]:
+        out = scanner.new_scan_buffer()
+        step = scanner.scan_step(topic_filter, out)
+        quiet_tail = self.readonly and seg is self._segments[-1]
+        for event in scanner.walk(fd, position, limit, min_offset, 0, step, seg.path):
+            if event[0] == scanner.DATA:
+                _, view, res, base = event
+                yield from scanner.records_from(view, out, res.matched, base)
+            elif not (quiet_tail and event[1].kind == "torn"):
+                self._report(event[1])
+
+    def locate(self, offset: int) -> Location | None:
+        """Where the payload of ``offset`` is, to send it with ``sendfile`` (see
+        ``_native.send_batch``): the topic, QoS and retain flag for the header, and the file
+        range of the payload. None like ``read``. The record is checked (CRC) first unless its
+        segment was checked whole since open."""
+        found = self._find(offset)
+        if found is None:
+            return None
+        seg, j = found
+        if not seg.verified:
+            rec = self._read_entry(seg, j)
+            if rec is None:
+                return None
+            found = self._find(offset)
+            if found is None:
+                return None
+            seg, j = found
+            with self._lock:
+                self._verify_wanted.add(seg)
+            position = seg.entry(j)[1]
+            payload_position = position + RECORD_HEADER_SIZE + len(rec.client_id) + len(rec.topic)
+            return Location(offset, rec.timestamp_ms, rec.qos, rec.retain, rec.topic, seg.fd,
+                            payload_position, len(rec.payload))
+        position = seg.entry(j)[1]
+        want = min(seg.end_of(j) - position, RECORD_HEADER_SIZE + 256)
+        head = os.pread(seg.fd, want, position)
+        if len(head) < RECORD_HEADER_SIZE:
+            return None
+        _crc, length, rec_offset, ts, attrs, _r, cl, tl, pl = _unpack_record_header(head)
+        if rec_offset != offset:
+            return None
+        topic_start = RECORD_HEADER_SIZE + cl
+        if topic_start + tl > len(head):
+            head = os.pread(seg.fd, topic_start + tl, position)
+        return Location(offset, ts, attrs & 3, bool(attrs & RETAIN_BIT),
+                        bytes(head[topic_start:topic_start + tl]), seg.fd,
+                        position + topic_start + tl, pl)
+
+    # =========================================================================================
+    # Inspection
+    # =========================================================================================
+
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> "VerifyReport":
+        """Read every segment file whole and check every record's CRC, each header and each
+        index against the records. Changes nothing. ``progress(bytes_done, bytes_total)`` is
+        called as it goes. Works on a log the broker is writing (up to what exists at the start)."""
+        started = time.perf_counter()
+        report = VerifyReport()
+        segs = list(self._segments)
+        sizes = [os.fstat(s.fd).st_size for s in segs]
+        total = sum(sizes)
+        done = 0
+        for k, (seg, size) in enumerate(zip(segs, sizes)):
+            is_last = k == len(segs) - 1
+            report.segments += 1
+            fd = os.dup(seg.fd)
+            try:
+                if size < SEGMENT_HEADER_SIZE:
+                    if size:
+                        report.header_problems.append((seg.path, f"{size} bytes, no complete header"))
+                    done += size
+                    continue
+                try:
+                    problem = check_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0), seg.path,
+                                                   seg.base_offset)
+                except LogError as exc:
+                    problem = str(exc)
+                if problem:
+                    report.header_problems.append((seg.path, problem))
+                out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
+                entries = bytearray()
+                base = seg.base_offset
+                seg_done = done
+
+                def step(view, avail, base_position, mo, mts):
+                    res = _native.build_index(view, avail, base_position, base, mo, mts, out)
+                    if progress is not None:
+                        progress(seg_done + base_position + res.stop, total)
+                    return res
+
+                for event in scanner.walk(fd, SEGMENT_HEADER_SIZE, size, base, 0, step, seg.path):
+                    if event[0] == scanner.DATA:
+                        entries += out[:event[2].count * INDEX_ENTRY_SIZE]
+                    elif event[1].kind == "torn" and is_last:
+                        report.notes.append(event[1])
+                    else:
+                        report.damage.append(event[1])
+                report.records += len(entries) // INDEX_ENTRY_SIZE
+                report.bytes += size
+                problem = self._compare_index(seg, entries, is_last)
+                if problem:
+                    report.index_problems.append((seg.index_path, problem))
+            finally:
+                os.close(fd)
+            done += size
+            if progress is not None:
+                progress(done, total)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    @staticmethod
+    def _compare_index(seg: Segment, entries: bytearray, is_last: bool) -> str | None:
+        try:
+            with open(seg.index_path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return "missing" if entries else None
+        except OSError as exc:
+            return f"unreadable: {exc.strerror}"
+        n = len(data) // INDEX_ENTRY_SIZE
+        while n and data[(n - 1) * INDEX_ENTRY_SIZE:n * INDEX_ENTRY_SIZE] == bytes(INDEX_ENTRY_SIZE):
+            n -= 1  # room preallocated by the writer
+        have = data[:n * INDEX_ENTRY_SIZE]
+        if have == entries or (is_last and entries.startswith(have)):
+            return None
+        for i in range(min(len(have), len(entries)) // INDEX_ENTRY_SIZE):
+            a = have[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]
+            if a != entries[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]:
+                return f"entry {i} does not match the records (rebuilt at the next start)"
+        return (f"{len(have) // INDEX_ENTRY_SIZE} entries for "
+                f"{len(entries) // INDEX_ENTRY_SIZE} records (rebuilt at the next start)")
+
+    def segments(self) -> list[SegmentInfo]:
+        infos = []
+        tail = self._segments[-1] if self._segments else None
+        for seg in list(self._segments):
+            if not seg.created and not seg.count:
+                continue
+            last_ts = seg.max_timestamp if seg.count else None
+            infos.append(SegmentInfo(
+                seg.base_offset, seg.next_offset, seg.count, seg.size, seg.index_file_bytes,
+                seg.first_timestamp if seg.count else None, last_ts,
+                seg is tail and not seg.sealed, seg.count > 0 and seg.next_offset <= self._uploaded,
+                seg.path))
+        return infos
+
+    def refresh(self) -> None:
+        """Read-only logs: pick up what the writer added (records, segments) and forget
+        segments retention deleted. Writers: nothing to do."""
+        if not self.readonly:
+            return
+        names = os.listdir(self.directory)
+        bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
+        present = set(bases)
+        for seg in list(self._segments):
+            if seg.base_offset not in present:
+                i = self._segments.index(seg)
+                del self._segments[i]
+                del self._bases[i]
+                seg.deleted = True
+                seg.close()
+        known = set(self._bases)
+        if self._segments:
+            self._extend_index(self._segments[-1], self._segments[-1].size or SEGMENT_HEADER_SIZE,
+                               report_tail=False)
+        new = [b for b in bases if b not in known and (not self._bases or b > self._bases[-1])]
+        for k, base in enumerate(new):
+            seg = Segment(self.directory, base)
+            try:
+                self._open_segment(seg, k == len(new) - 1, full_scan=True)
+            except FileNotFoundError:
+                continue
+            if self._segments:
+                self._segments[-1].sealed = True
+            self._segments.append(seg)
+            self._bases.append(base)
+        if self._segments:
+            self._next = self._written = max(self._next, self._segments[-1].next_offset)
+
+    # =========================================================================================
+    # Closing
+    # =========================================================================================
+
+    def close(self, sync: bool = True) -> None:
+        """Write what is pending (best effort), fsync (unless ``sync`` is False), trim the index,
+        release the directory."""
+        if self._closed:
+            return
+        if not self.readonly:
+            try:
+                if self._groups:
+                    self.write_pending()
+                if sync:
+                    self.sync()
+            except LogError as exc:
+                log.error("closing the commit log: %s", exc)
+            tail = self._tail
+            if tail is not None and tail.created and not tail.sealed and tail.index_fd >= 0:
+                try:
+                    tail.trim_index()
+                    if sync:
+                        os.fsync(tail.index_fd)
+                except OSError as exc:
+                    log.warning("%s: %s", tail.index_path, exc.strerror)
+            if tail is not None and not self._groups and self._durable >= self._written:
+                self._set_recovery_point(tail.base_offset)
+        self._closed = True
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        self._close_quietly(self._dir_fd, self._lock_fd)
+        self._dir_fd = self._lock_fd = -1
+
+    def __enter__(self) -> "CommitLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["CommitLog", "LogCounters", "RecoveryReport", "VerifyReport", "wall_clock_ms"]

@@ -1,0 +1,37 @@
+"""Which sealed segments to delete: a plain function of the segments, the clock and the limits.
+
+Rules (docs/log-format.md, "Retention"):
+
+* Only sealed segments are deleted, oldest first, and never the last segment (its name carries
+  the next offset across a restart, so offsets never go back).
+* While the log is over ``retention_bytes`` the oldest sealed segment goes, uploaded or not: the
+  disk limit wins. A segment deleted before it was uploaded is *forced*; the caller counts and
+  logs it.
+* Otherwise a segment goes when it was uploaded (every record's offset is below the uploaded
+  mark) and its newest record is ``retention_ms`` or more old.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes: int,
+         retention_ms: int) -> list[tuple[object, bool, str]]:
+    """``(segment, forced, reason)`` for each segment to delete, oldest first."""
+    victims = []
+    total = sum(s.size + s.index_file_bytes for s in segments)
+    for seg in segments[:-1]:
+        if not seg.sealed:
+            break
+        uploaded = seg.next_offset <= uploaded_offset
+        seg_bytes = seg.size + seg.index_file_bytes
+        if total > retention_bytes:
+            victims.append((seg, not uploaded, f"the log is over retention_bytes "
+                                               f"({total} > {retention_bytes} bytes)"))
+        elif uploaded and (seg.count == 0 or seg.max_timestamp + retention_ms <= now_ms):
+            victims.append((seg, False, "uploaded, and older than retention_ms"))
+        else:
+            break
+        total -= seg_bytes
+    return victims

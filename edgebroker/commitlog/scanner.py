@@ -1,0 +1,141 @@
+"""Walking the records of a segment file in chunks, with the native helper doing the byte work.
+
+A segment is read with ``pread`` into a reused buffer (never mmapped: a file that another
+process truncates under a mapping kills the reader with SIGBUS). ``walk`` validates every record
+(structure and CRC32C), hands out what the step function produced, and when it meets bytes that
+are not a valid record it looks for the next valid record after them (``resync``) and reports the
+region in between: ``corrupt`` when a valid record follows, ``torn`` when nothing valid follows.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from typing import Callable, Iterator
+
+from edgebroker import _native
+from edgebroker._native import (
+    RESYNC_CANDIDATE, RESYNC_FOUND, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
+    ScanResult,
+)
+from edgebroker.commitlog.format import RECORD_HEADER_SIZE, Damage, Record
+
+CHUNK = 1024 * 1024
+SCAN_BATCH = 4096  # entries per scan call
+
+DATA = "data"
+BAD = "bad"
+
+# step(view, avail, base_position, min_offset, max_timestamp) -> ScanResult
+Step = Callable[[memoryview, int, int, int, int], ScanResult]
+
+
+def _pread_into(fd: int, buf: bytearray, want: int, pos: int) -> int:
+    view = memoryview(buf)
+    got = 0
+    while got < want:
+        n = os.preadv(fd, [view[got:want]], pos + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def find_next_valid(fd: int, start: int, end: int, min_offset: int,
+                    chunk: int = CHUNK) -> int | None:
+    """The position of the first valid record in [start, end) with offset >= min_offset."""
+    buf = bytearray(chunk)
+    pos = start
+    while pos < end:
+        want = min(chunk, end - pos)
+        n = _pread_into(fd, buf, want, pos)
+        if n < RECORD_HEADER_SIZE:
+            return None
+        view = memoryview(buf)[:n]
+        rel = 0
+        while True:
+            res = _native.resync(view, end - pos, rel, min_offset)
+            if res.status == RESYNC_FOUND:
+                return pos + res.position
+            if res.status != RESYNC_CANDIDATE:
+                break
+            # A plausible header whose record continues past this chunk: read it whole.
+            whole = bytearray(res.need)
+            if _pread_into(fd, whole, res.need, pos + res.position) == res.need:
+                check = _native.resync(whole, res.need, 0, min_offset)
+                if check.status == RESYNC_FOUND and check.position == 0:
+                    return pos + res.position
+            rel = res.position + 1
+        if pos + n >= end:
+            return None
+        # Overlap so a header that straddles the chunk boundary is seen whole.
+        pos += n - (RECORD_HEADER_SIZE - 1)
+    return None
+
+
+def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, step: Step,
+         path: str = "", chunk: int = CHUNK) -> Iterator[tuple]:
+    """Walk the records in [start, end) of ``fd``.
+
+    Yields ``(DATA, view, result, base_position)`` after each step call that passed over records
+    (``view`` is reused: use it before resuming) and ``(BAD, Damage)`` for each invalid region.
+    """
+    buf = bytearray(min(chunk, max(end - start, 0)) or 1)
+    pos = start
+    need = 0
+    while pos < end:
+        want = max(min(chunk, end - pos), need)
+        if want > len(buf):
+            buf = bytearray(want)
+        n = _pread_into(fd, buf, want, pos)
+        if n < want:
+            end = pos + n  # the file is shorter than we were told: it ends here
+            if n == 0:
+                break
+        view = memoryview(buf)[:n]
+        res = step(view, end - pos, pos, min_offset, max_timestamp)
+        if res.count or res.matched:
+            yield DATA, view, res, pos
+        min_offset, max_timestamp = res.next_offset, res.max_timestamp
+        pos += res.stop
+        need = 0
+        if res.status == SCAN_END:
+            break
+        if res.status == SCAN_PARTIAL:
+            need = res.need
+            continue
+        if res.status == SCAN_FULL:
+            continue
+        assert res.status == SCAN_BAD
+        nxt = find_next_valid(fd, pos + 1, end, min_offset, chunk)
+        if nxt is None:
+            yield BAD, Damage(path, pos, end - pos, min_offset, "torn")
+            break
+        yield BAD, Damage(path, pos, nxt - pos, min_offset, "corrupt")
+        pos = nxt
+
+
+def scan_step(topic_filter: bytes | None, out: array) -> Step:
+    def step(view, avail, base_position, min_offset, max_timestamp):
+        return _native.scan(view, avail, base_position, min_offset, topic_filter, out, max_timestamp)
+    return step
+
+
+def new_scan_buffer(entries: int = SCAN_BATCH) -> array:
+    return array("Q", bytes(8 * SCAN_ENTRY_WORDS * entries))
+
+
+def records_from(view: memoryview, out: array, matched: int, base_position: int) -> Iterator[Record]:
+    """Records for the ``matched`` scan entries in ``out`` over ``view``."""
+    hdr = RECORD_HEADER_SIZE
+    for i in range(0, matched * SCAN_ENTRY_WORDS, SCAN_ENTRY_WORDS):
+        offset, ts, position, length, meta = out[i:i + SCAN_ENTRY_WORDS]
+        p = position - base_position + hdr
+        cid_end = p + (meta >> 8 & 0xFFFF)
+        topic_end = cid_end + (meta >> 24)
+        yield Record(offset, ts, meta & 3, bool(meta & 4), bytes(view[p:cid_end]),
+                     bytes(view[cid_end:topic_end]), bytes(view[topic_end:p - hdr + length]))
+
+
+__all__ = ["walk", "find_next_valid", "scan_step", "new_scan_buffer", "records_from", "DATA", "BAD",
+           "SCAN_BAD"]

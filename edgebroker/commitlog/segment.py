@@ -1,0 +1,198 @@
+"""One segment: the ``.seg`` file of records and its ``.idx`` file of fixed-width entries.
+
+The writer keeps the index of the segment it appends to mmapped read-write, with room for more
+entries allocated ahead with ``posix_fallocate`` (so a full disk shows up as an error there, never
+as SIGBUS on a page fault); at seal the index is trimmed to its entries. Sealed indexes are
+mmapped read-only. A read-only reader (``edgebroker inspect``, while the broker runs) keeps the
+last segment's index in memory, built by scanning, because the writer trims that file when it
+rolls.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from edgebroker import _native
+from edgebroker.commitlog.errors import LogWriteError
+from edgebroker.commitlog.format import (
+    INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, SEGMENT_SUFFIX, segment_name,
+)
+
+INDEX_GROW_ENTRIES = 4096
+
+_unpack_entry = INDEX_ENTRY.unpack_from
+
+
+class Segment:
+    __slots__ = (
+        "base_offset", "path", "index_path", "fd", "index_fd", "index", "index_capacity", "count",
+        "size", "next_offset", "first_timestamp", "max_timestamp", "sealed", "verified",
+        "created", "new_file", "index_dirty", "deleted", "index_file_bytes",
+        # writer's reservations for records appended but not yet written
+        "reserved_size", "reserved_count", "reserved_max_ts", "reserved_first_ts", "full",
+    )
+
+    def __init__(self, directory: str, base_offset: int):
+        name = segment_name(base_offset)
+        self.base_offset = base_offset
+        self.path = os.path.join(directory, name + SEGMENT_SUFFIX)
+        self.index_path = os.path.join(directory, name + INDEX_SUFFIX)
+        self.fd = -1
+        self.index_fd = -1
+        self.index: object = b""  # mmap, bytearray or bytes; `count` entries are valid
+        self.index_capacity = 0
+        self.count = 0
+        self.size = 0              # bytes of the file that hold the header and valid records
+        self.next_offset = base_offset
+        self.first_timestamp: int | None = None
+        self.max_timestamp = 0
+        self.sealed = False
+        self.verified = False      # every record's CRC checked since this process opened it
+        self.created = False
+        self.new_file = False      # created by this process; its directory entry needs an fsync
+        self.index_dirty = False   # the index file changed and needs an fsync
+        self.deleted = False
+        self.index_file_bytes = 0
+        self.reserved_size = 0
+        self.reserved_count = 0
+        self.reserved_max_ts = 0
+        self.reserved_first_ts: int | None = None
+        self.full = False          # no more appends: seal once its pending records are written
+
+    def __repr__(self) -> str:
+        return f"<Segment {self.base_offset} records={self.count} size={self.size}>"
+
+    # -- index ---------------------------------------------------------------------------------
+    def entry(self, i: int) -> tuple[int, int, int]:
+        """(offset, position, running max timestamp) of entry ``i``."""
+        rel, pos, ts = _unpack_entry(self.index, i * INDEX_ENTRY_SIZE)
+        return self.base_offset + rel, pos, ts
+
+    def find_offset(self, offset: int) -> int:
+        """Index of the first entry with an offset >= ``offset`` (``count`` when none)."""
+        rel = offset - self.base_offset
+        if rel <= 0:
+            return 0
+        if rel > 0xFFFFFFFF:
+            return self.count
+        return _native.index_find_offset(self.index, self.count, rel) if self.count else 0
+
+    def find_time(self, timestamp_ms: int) -> int:
+        if not self.count:
+            return 0
+        return _native.index_find_time(self.index, self.count, max(timestamp_ms, 0))
+
+    def end_of(self, i: int) -> int:
+        """Where the bytes of entry ``i``'s record end at the latest: the next entry's position."""
+        return self.entry(i + 1)[1] if i + 1 < self.count else self.size
+
+    def set_index(self, entries, count: int, *, first_timestamp: int | None = None) -> None:
+        """Adopt ``count`` entries (an in-memory buffer) as this segment's index."""
+        self._release_index()
+        self.index = entries
+        self.count = count
+        self._derive_from_index(first_timestamp)
+
+    def _derive_from_index(self, first_timestamp: int | None = None) -> None:
+        if self.count:
+            last_offset, _pos, max_ts = self.entry(self.count - 1)
+            self.next_offset = last_offset + 1
+            self.max_timestamp = max_ts
+            self.first_timestamp = self.entry(0)[2] if first_timestamp is None else first_timestamp
+        else:
+            self.next_offset = max(self.next_offset, self.base_offset)
+            self.first_timestamp = None
+
+    def map_index_readonly(self) -> None:
+        """mmap the (trimmed, not changing) index file read-only, or hold nothing if empty."""
+        self._release_index()
+        nbytes = self.count * INDEX_ENTRY_SIZE
+        if nbytes:
+            self.index = mmap.mmap(self.index_fd, nbytes, access=mmap.ACCESS_READ)
+        else:
+            self.index = b""
+
+    def _release_index(self) -> None:
+        if isinstance(self.index, mmap.mmap):
+            self.index.close()
+        self.index = b""
+
+    # -- writer: files ---------------------------------------------------------------------------
+    def create_files(self) -> None:
+        """Create (or reuse, after an earlier failed attempt) the two files, with index room."""
+        try:
+            if self.fd < 0:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            if self.index_fd < 0:
+                self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            raise LogWriteError.from_os("cannot create", self.path, exc) from None
+        self.created = True
+        self.new_file = True
+
+    def open_for_append(self) -> None:
+        """Make an existing segment (the last one at recovery) the one appended to."""
+        self.ensure_index_room(self.count + 1)
+        self.reserved_size = self.size
+        self.reserved_count = self.count
+        self.reserved_max_ts = self.max_timestamp
+        self.reserved_first_ts = self.first_timestamp
+        self.created = True
+
+    def ensure_index_room(self, entries: int) -> None:
+        """Make the writable index mmap hold at least ``entries`` entries (fallocate ahead)."""
+        if entries <= self.index_capacity and isinstance(self.index, mmap.mmap):
+            return
+        capacity = max(entries, self.index_capacity * 2, INDEX_GROW_ENTRIES)
+        nbytes = capacity * INDEX_ENTRY_SIZE
+        try:
+            os.posix_fallocate(self.index_fd, 0, nbytes)
+        except OSError as exc:
+            raise LogWriteError.from_os("cannot grow index", self.index_path, exc) from None
+        old = self.index
+        new = mmap.mmap(self.index_fd, nbytes, access=mmap.ACCESS_WRITE)
+        if not isinstance(old, mmap.mmap) and self.count:
+            new[:self.count * INDEX_ENTRY_SIZE] = old[:self.count * INDEX_ENTRY_SIZE]
+        if isinstance(old, mmap.mmap):
+            old.close()
+        self.index = new
+        self.index_capacity = capacity
+        self.index_file_bytes = max(self.index_file_bytes, nbytes)
+
+    def write_index_file(self, entries, count: int, dir_fd: int | None) -> None:
+        """Replace the index file with ``count`` entries (temporary file, fsync, rename)."""
+        from edgebroker.commitlog.format import write_small_file
+        data = bytes(memoryview(entries)[:count * INDEX_ENTRY_SIZE])
+        write_small_file(self.index_path, data, dir_fd)
+        if self.index_fd >= 0:
+            os.close(self.index_fd)
+        self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CLOEXEC)
+        self.index_capacity = 0
+        self.index_file_bytes = len(data)
+        self.set_index(entries, count, first_timestamp=self.first_timestamp)
+
+    def trim_index(self) -> None:
+        """At seal: cut the preallocated room off the index file and map it read-only."""
+        self._release_index()
+        nbytes = self.count * INDEX_ENTRY_SIZE
+        os.ftruncate(self.index_fd, nbytes)
+        self.index_capacity = 0
+        self.index_file_bytes = nbytes
+        self.map_index_readonly()
+
+    def close(self) -> None:
+        self._release_index()
+        for name in ("fd", "index_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, -1)
+
+    # -- reading --------------------------------------------------------------------------------
+    def pread(self, length: int, position: int) -> bytes:
+        return os.pread(self.fd, length, position)
+

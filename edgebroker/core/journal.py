@@ -1,0 +1,143 @@
+"""The broker's side of the commit log: append, gate acknowledgements, ride out disk trouble.
+
+Every accepted PUBLISH is appended to the log before it is routed. Appends
+only buffer; ``end_pass`` hands a whole loop pass of records to the OS in one
+write. A QoS 1/2 acknowledgement (PUBACK, PUBREC) waits in ``_acks`` until its
+record is safe under the ``durability`` setting:
+
+- ``none``  once written to the OS (the same loop pass);
+- ``batch`` once the flusher thread's periodic fsync covers it;
+- ``sync``  once the flusher's fsync right after the write covers it.
+
+Acknowledgements are released in offset order, which is also the order the
+PUBLISH packets arrived in (MQTT-4.6.0-2 and -3).
+
+When the disk is full or failing, records stay in memory (bounded by the log's
+``max_pending_bytes``) and are retried every second. Meanwhile nothing can be
+acknowledged, and a client that publishes at QoS 1/2 is no longer read (TCP
+back-pressure) until writes work again; QoS 0 messages are still routed to
+live subscribers but not logged (counted).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from edgebroker.commitlog.errors import LogFullError, LogWriteError
+
+log = logging.getLogger("edgebroker.journal")
+
+
+class Journal:
+    def __init__(self, commit_log, durability: str, wall_ms, stats):
+        self.log = commit_log
+        self.durability = durability
+        self.wall_ms = wall_ms
+        self.stats = stats
+        self.failing = False
+        # Called after records reach the OS (the flusher's notify_written).
+        self.notify_written = None
+        self._acks: deque = deque()          # (offset, client, frame), offsets ascending
+        self._gate = commit_log.written_offset if durability == "none" else commit_log.durable_offset
+        self._paused: set = set()            # clients not read while the log cannot write
+
+    @property
+    def acks_waiting(self) -> int:
+        return len(self._acks)
+
+    def append(self, client, topic_bytes: bytes, payload: bytes, qos: int, retain: bool) -> int | None:
+        """Log one message; its offset, or None when it is not logged.
+
+        Raises LogFullError when a QoS 1/2 message cannot be held (the disk has
+        been failing for a while); the caller must then neither route nor
+        acknowledge it.
+        """
+        if self.failing:
+            if qos == 0:
+                self.stats.publish_not_logged += 1
+                return None
+            self.pause(client)
+        client_id = client.client_id_bytes if client is not None else b""
+        try:
+            return self.log.append(self.wall_ms(), qos, retain, client_id, topic_bytes, payload)
+        except LogFullError:
+            if qos == 0:
+                self.stats.publish_not_logged += 1
+                return None
+            self.stats.publish_refused += 1
+            self.pause(client)
+            raise
+
+    def acknowledge(self, client, offset: int | None, frame: bytes) -> None:
+        """Send ``frame`` once ``offset`` is safe (at once for messages not logged)."""
+        if offset is None:
+            # Not logged, but it must not overtake earlier acknowledgements.
+            if not self._acks:
+                client.transport.write(frame)
+                return
+            offset = self._acks[-1][0]
+        if offset < self._gate and not self._acks:
+            client.transport.write(frame)
+        else:
+            self._acks.append((offset, client, frame))
+
+    def durable(self, offset: int) -> None:
+        """The flusher made everything below ``offset`` durable."""
+        if self.durability != "none":
+            self._release(offset)
+
+    def _release(self, gate: int) -> None:
+        if gate <= self._gate:
+            return
+        self._gate = gate
+        acks = self._acks
+        while acks and acks[0][0] < gate:
+            _, client, frame = acks.popleft()
+            if not client.closed:
+                client.transport.write(frame)
+
+    def end_pass(self) -> None:
+        """Write this pass's records to the OS in one go (called once per loop pass)."""
+        if self.failing or not self.log.pending_bytes:
+            return
+        self._write()
+
+    def _write(self) -> bool:
+        try:
+            written = self.log.write_pending()
+        except LogWriteError as exc:
+            if not self.failing:
+                self.failing = True
+                self.stats.log_write_failures += 1
+                # Whoever is waiting for an acknowledgement published what could not be written.
+                for _, client, _ in self._acks:
+                    self.pause(client)
+                log.error("commit log cannot write (%s): QoS 1/2 publishers are not read and not "
+                          "acknowledged until it can; QoS 0 goes on unlogged; retrying every second",
+                          exc)
+            return False
+        if self.notify_written is not None:
+            self.notify_written()
+        if self.durability == "none":
+            self._release(written)
+        return True
+
+    def retry(self) -> None:
+        """Called every second: while failing, try the pending write again."""
+        if not self.failing:
+            return
+        if self.log.pending_bytes and not self._write():
+            return
+        self.failing = False
+        paused, self._paused = self._paused, set()
+        log.warning("commit log writes work again; resuming %d paused publishers", len(paused))
+        for client in paused:
+            if not client.closed:
+                client.transport.resume_reading("log")
+
+    def pause(self, client) -> None:
+        if client is not None and client not in self._paused and not client.closed:
+            self._paused.add(client)
+            client.transport.pause_reading("log")
+            self.stats.publishers_paused += 1

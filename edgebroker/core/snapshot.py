@@ -1,0 +1,228 @@
+"""What survives a restart: persistent sessions and retained messages.
+
+A snapshot is one JSON document (format below, documented in
+docs/persistence.md) written to ``<state_dir>/sessions.json`` by a writer
+thread: a temporary file, fsync, rename, fsync of the directory, so a crash
+leaves either the old or the new snapshot, never a torn one. The core thread
+only serializes; it never touches the disk.
+
+Messages are referenced by commit-log offset, never copied: a session's
+queue and unacknowledged window are lists of offsets (with each message's
+size, for the byte limits). The snapshot also
+records ``log_next_offset``; at start the broker replays the log from there,
+so messages and retained updates that arrived after the last snapshot are not
+lost to offline sessions. Retained messages are stored whole, because the log
+segment holding one may be deleted by retention long before it is replaced.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+from edgebroker.errors import EdgebrokerError
+
+log = logging.getLogger("edgebroker.snapshot")
+
+FORMAT = 1
+FILENAME = "sessions.json"
+
+
+class SnapshotError(EdgebrokerError):
+    """The snapshot file exists but cannot be used; the message says why and where."""
+
+
+@dataclass
+class SessionState:
+    client_id: str
+    subscriptions: dict[str, int] = field(default_factory=dict)
+    # (packet id, log offset, qos, retain, state, size) in send order.
+    inflight: list[tuple[int, int, int, bool, int, int]] = field(default_factory=list)
+    # (log offset, qos, retain, size) oldest first. ``size`` is the message's
+    # topic + payload bytes (Message.size), counted by the byte limits.
+    queue: list[tuple[int, int, bool, int]] = field(default_factory=list)
+    awaiting_release: list[int] = field(default_factory=list)
+    next_id: int = 0
+
+
+@dataclass
+class RetainedState:
+    topic: str
+    payload: bytes
+    qos: int
+    offset: int | None
+
+
+@dataclass
+class Snapshot:
+    log_next_offset: int = 0
+    written_ms: int = 0
+    sessions: list[SessionState] = field(default_factory=list)
+    retained: list[RetainedState] = field(default_factory=list)
+
+
+def encode(snapshot: Snapshot) -> bytes:
+    doc = {
+        "format": FORMAT,
+        "written_ms": snapshot.written_ms,
+        "log_next_offset": snapshot.log_next_offset,
+        "sessions": [
+            {"client_id": s.client_id,
+             "subscriptions": sorted(s.subscriptions.items()),
+             "inflight": [list(e) for e in s.inflight],
+             "queue": [list(e) for e in s.queue],
+             "awaiting_release": sorted(s.awaiting_release),
+             "next_id": s.next_id}
+            for s in snapshot.sessions],
+        "retained": [
+            {"topic": r.topic, "qos": r.qos, "offset": r.offset,
+             "payload": base64.b64encode(r.payload).decode("ascii")}
+            for r in snapshot.retained],
+    }
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def _inflight_entry(e) -> tuple[int, int, int, bool, int, int]:
+    """[pid, offset, qos, retain, state, size]; snapshots without sizes have 5 (size 0)."""
+    if len(e) == 5:
+        p, o, q, r, st = e
+        size = 0
+    else:
+        p, o, q, r, st, size = e
+    return int(p), int(o), int(q), bool(r), int(st), int(size)
+
+
+def _queue_entry(e) -> tuple[int, int, bool, int]:
+    """[offset, qos, retain, size]; snapshots without sizes have 3 (size 0)."""
+    if len(e) == 3:
+        o, q, r = e
+        size = 0
+    else:
+        o, q, r, size = e
+    return int(o), int(q), bool(r), int(size)
+
+
+def decode(data: bytes, path: str = FILENAME) -> Snapshot:
+    try:
+        doc = json.loads(data)
+        if doc.get("format") != FORMAT:
+            raise SnapshotError(f"{path}: snapshot format {doc.get('format')!r} is not {FORMAT}")
+        snap = Snapshot(log_next_offset=int(doc["log_next_offset"]),
+                        written_ms=int(doc.get("written_ms", 0)))
+        for s in doc["sessions"]:
+            snap.sessions.append(SessionState(
+                client_id=str(s["client_id"]),
+                subscriptions={str(f): int(q) for f, q in s["subscriptions"]},
+                inflight=[_inflight_entry(e) for e in s["inflight"]],
+                queue=[_queue_entry(e) for e in s["queue"]],
+                awaiting_release=[int(p) for p in s["awaiting_release"]],
+                next_id=int(s.get("next_id", 0))))
+        for r in doc["retained"]:
+            offset = r.get("offset")
+            snap.retained.append(RetainedState(
+                topic=str(r["topic"]), qos=int(r["qos"]),
+                payload=base64.b64decode(r["payload"], validate=True),
+                offset=None if offset is None else int(offset)))
+    except SnapshotError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SnapshotError(f"{path}: damaged snapshot ({type(exc).__name__}: {exc})") from None
+    return snap
+
+
+def read(state_dir: str) -> Snapshot | None:
+    """The snapshot in ``state_dir``, None if there is none."""
+    path = os.path.join(state_dir, FILENAME)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot read: {exc.strerror}") from None
+    return decode(data, path)
+
+
+def write_atomically(state_dir: str, data: bytes) -> None:
+    """Temporary file, fsync, rename, fsync the directory."""
+    path = os.path.join(state_dir, FILENAME)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(state_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class SnapshotWriter(threading.Thread):
+    """Writes the newest submitted snapshot; older unwritten ones are skipped."""
+
+    def __init__(self, state_dir: str):
+        super().__init__(name="snapshot", daemon=True)
+        self.state_dir = state_dir
+        self.written = 0
+        self.failures = 0
+        self._cond = threading.Condition()
+        self._pending: bytes | None = None
+        self._stopping = False
+        self._failing = False
+
+    def submit(self, data: bytes) -> None:
+        with self._cond:
+            self._pending = data
+            self._cond.notify()
+
+    def stop(self, final: bytes | None = None, timeout: float = 10.0) -> None:
+        """Write ``final`` (if given) and anything pending, then end the thread."""
+        with self._cond:
+            if final is not None:
+                self._pending = final
+            self._stopping = True
+            self._cond.notify()
+        if self.is_alive():
+            self.join(timeout)
+        elif self._pending is not None:
+            self._write(self._pending)  # the thread never started
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._stopping:
+                    self._cond.wait()
+                data, self._pending = self._pending, None
+                stopping = self._stopping
+            if data is not None:
+                self._write(data)
+            if stopping:
+                with self._cond:
+                    if self._pending is None:
+                        return
+
+    def _write(self, data: bytes) -> None:
+        try:
+            write_atomically(self.state_dir, data)
+        except OSError as exc:
+            self.failures += 1
+            if not self._failing:
+                self._failing = True
+                log.error("cannot write the session snapshot in %s: %s; sessions changed since "
+                          "the last snapshot would be lost in a crash (will retry)",
+                          self.state_dir, exc.strerror or exc)
+            return
+        self.written += 1
+        if self._failing:
+            self._failing = False
+            log.warning("session snapshot written again in %s", self.state_dir)

@@ -1,0 +1,267 @@
+"""Access control lists in Mosquitto's ``acl_file`` format, compiled into topic tries.
+
+The file, line by line (``#`` starts a comment line)::
+
+    topic read $SYS/#              # before any "user" line: anonymous clients
+    user alice                     # the lines below, up to the next "user", are alice's
+    topic readwrite alice/#
+    topic deny alice/secret
+    pattern write devices/%c/#     # every client; %c = its client id, %u = its user name
+    pattern read status/%u
+
+``topic`` and ``pattern`` take an optional access word — ``read``,
+``write``, ``readwrite`` (the default) or ``deny`` — then a topic filter.
+``%c`` and ``%u`` work in ``pattern`` lines only and must fill a whole level.
+A client whose id or user name contains ``/``, ``+`` or ``#`` never matches a
+pattern level that uses it (no wildcard injection through a name); an
+anonymous client never matches ``%u``.
+
+Decisions, for a client with an ACL file in force:
+
+- PUBLISH to topic T is allowed when a ``write``/``readwrite`` rule that
+  applies to the client matches T and no ``deny`` rule matches T.
+- A message on topic T is delivered when a ``read``/``readwrite`` rule
+  matches T and no ``deny`` rule matches T (checked at delivery, retained
+  messages included).
+- SUBSCRIBE to filter F is granted when a ``read``/``readwrite`` rule
+  *covers* F (matches every topic F can match: ``a/#`` covers ``a/+/b``,
+  ``a/+`` does not cover ``a/#``) and no ``deny`` rule covers F. A deny rule
+  that covers only part of F leaves the subscription granted; the messages it
+  covers are then not delivered.
+- Anything else is refused: with an ACL file, no rule means no access.
+
+Rules are compiled into one trie for the anonymous section, one per user and
+one for the patterns. A check walks at most the tries that apply to the
+client (its user's or the anonymous one, and the patterns), one level of the
+topic at a time, following only the branches that can match (the literal
+level, ``+``, ``#``, ``%c``, ``%u``): its cost grows with the topic's depth,
+not with the number of rules. Topic matching follows MQTT-4.7.2-1: a rule
+starting with a wildcard does not match a topic starting with ``$``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from edgebroker.errors import ConfigError, ProtocolError
+from edgebroker.mqtt.topics import validate_topic_filter
+
+READ = 1
+WRITE = 2
+DENY = 4
+_ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": DENY}
+
+CLIENT_ID = "%c"
+USERNAME = "%u"
+# Decisions cached per client view; dropped wholesale beyond this many topics.
+CACHE_LIMIT = 4096
+
+
+class _Node:
+    __slots__ = ("children", "bits")
+
+    def __init__(self):
+        self.children: dict[str, _Node] = {}
+        self.bits = 0           # access of the rules whose filter ends at this node
+
+
+def _add(root: _Node, levels: list[str], bits: int) -> None:
+    node = root
+    for level in levels:
+        child = node.children.get(level)
+        if child is None:
+            child = node.children[level] = _Node()
+        node = child
+    node.bits |= bits
+
+
+def _collect(node: _Node, levels: list[str], i: int, dollar: bool, cid, user) -> int:
+    """OR of the access bits of every rule below ``node`` that covers ``levels[i:]``.
+
+    ``levels`` is a topic name or a topic filter: a rule covers it when the rule
+    matches every topic the filter can match (for a topic name: simply matches).
+    """
+    children = node.children
+    if not children:
+        return 0 if i < len(levels) else node.bits
+    wild = not (dollar and i == 0)
+    bits = 0
+    if wild:
+        rest = children.get("#")    # covers this level and everything below it
+        if rest is not None:
+            bits = rest.bits
+    if i == len(levels):
+        return bits | node.bits
+    level = levels[i]
+    if level == "#":
+        return bits                 # only a '#' rule covers a '#' filter level
+    if wild:
+        plus = children.get("+")
+        if plus is not None:
+            bits |= _collect(plus, levels, i + 1, dollar, cid, user)
+    if level == "+":
+        return bits                 # a literal or %c/%u rule level covers one value only
+    child = children.get(level)
+    if child is not None:
+        bits |= _collect(child, levels, i + 1, dollar, cid, user)
+    if cid is not None and level == cid:
+        child = children.get(CLIENT_ID)
+        if child is not None:
+            bits |= _collect(child, levels, i + 1, dollar, cid, user)
+    if user is not None and level == user:
+        child = children.get(USERNAME)
+        if child is not None:
+            bits |= _collect(child, levels, i + 1, dollar, cid, user)
+    return bits
+
+
+def _allowed(bits: int, want: int) -> bool:
+    return bool(bits & want) and not bits & DENY
+
+
+def _safe_name(name: str | None) -> str | None:
+    """A client id or user name usable in a pattern level, or None."""
+    if name is None or not name or "/" in name or "+" in name or "#" in name:
+        return None
+    return name
+
+
+class Acl:
+    """A compiled ACL file."""
+
+    def __init__(self, path: str = ""):
+        self.path = path
+        self.anonymous = _Node()
+        self.users: dict[str, _Node] = {}
+        self.patterns = _Node()
+        self.has_patterns = False
+        self.rules = 0
+
+    # ----- reading ------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str, key: str = "acl_file") -> "Acl":
+        try:
+            mode = os.stat(path).st_mode
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            raise ConfigError(f"{key}: {path}: file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{key}: {path}: not UTF-8 text") from None
+        if mode & 0o022:
+            raise ConfigError(f"{key}: {path}: permissions {stat.filemode(mode)} let other users "
+                              f"change it; run: chmod go-w {path}")
+        try:
+            return cls.parse(text, path)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {path} {exc}") from None
+
+    @classmethod
+    def parse(cls, text: str, path: str = "") -> "Acl":
+        """Compile ACL text; a bad line raises ValueError('line N: ...')."""
+        acl = cls(path)
+        section = acl.anonymous
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            keyword, _, rest = line.partition(" ")
+            rest = rest.strip()
+            if keyword == "user":
+                if not rest:
+                    raise ValueError(f"line {number}: 'user' needs a user name")
+                section = acl.users.get(rest)
+                if section is None:
+                    section = acl.users[rest] = _Node()
+            elif keyword in ("topic", "pattern"):
+                access, _, topic_filter = rest.partition(" ")
+                if access in _ACCESS:
+                    bits = _ACCESS[access]
+                    topic_filter = topic_filter.strip()
+                else:
+                    bits, topic_filter = READ | WRITE, rest
+                if not topic_filter:
+                    raise ValueError(f"line {number}: '{keyword}' needs a topic filter")
+                try:
+                    validate_topic_filter(topic_filter)
+                except ProtocolError as exc:
+                    raise ValueError(f"line {number}: {exc}") from None
+                levels = topic_filter.split("/")
+                if keyword == "pattern":
+                    for level in levels:
+                        if ("%c" in level or "%u" in level) and level not in (CLIENT_ID, USERNAME):
+                            raise ValueError(f"line {number}: %c and %u must fill a whole level "
+                                             f"(as in devices/%c/#), got {topic_filter!r}")
+                    _add(acl.patterns, levels, bits)
+                    acl.has_patterns = True
+                else:
+                    _add(section, levels, bits)
+                acl.rules += 1
+            else:
+                raise ValueError(f"line {number}: unknown keyword {keyword!r} "
+                                 "(expected topic, pattern or user)")
+        return acl
+
+    # ----- checks -------------------------------------------------------------------------
+
+    def access(self, levels: list[str], client_id: str | None, username: str | None) -> int:
+        """Access bits (READ, WRITE, DENY) the rules give this client on a topic or filter."""
+        dollar = levels[0][:1] == "$"
+        tree = self.anonymous if username is None else self.users.get(username)
+        bits = _collect(tree, levels, 0, dollar, None, None) if tree is not None else 0
+        if self.has_patterns:
+            bits |= _collect(self.patterns, levels, 0, dollar,
+                             _safe_name(client_id), _safe_name(username))
+        return bits
+
+    def view(self, client_id: str, username: str | None) -> "AclView":
+        return AclView(self, client_id, username)
+
+
+class AclView:
+    """One client's view of the ACL, with its read and write decisions cached per topic."""
+
+    __slots__ = ("acl", "client_id", "username", "reads", "writes")
+
+    def __init__(self, acl: Acl, client_id: str, username: str | None):
+        self.acl = acl
+        self.client_id = client_id
+        self.username = username
+        self.reads: dict[str, bool] = {}
+        self.writes: dict[str, bool] = {}
+
+    def rebind(self, acl: Acl) -> None:
+        """The ACL file was re-read: use the new rules, forget cached decisions."""
+        self.acl = acl
+        self.reads.clear()
+        self.writes.clear()
+
+    def check_read(self, topic: str) -> bool:
+        ok = _allowed(self.acl.access(topic.split("/"), self.client_id, self.username), READ)
+        reads = self.reads
+        if len(reads) >= CACHE_LIMIT:
+            reads.clear()
+        reads[topic] = ok
+        return ok
+
+    def can_read(self, topic: str) -> bool:
+        ok = self.reads.get(topic)
+        return self.check_read(topic) if ok is None else ok
+
+    def can_write(self, topic: str) -> bool:
+        writes = self.writes
+        ok = writes.get(topic)
+        if ok is None:
+            ok = _allowed(self.acl.access(topic.split("/"), self.client_id, self.username), WRITE)
+            if len(writes) >= CACHE_LIMIT:
+                writes.clear()
+            writes[topic] = ok
+        return ok
+
+    def can_subscribe(self, topic_filter: str) -> bool:
+        return _allowed(self.acl.access(topic_filter.split("/"), self.client_id, self.username),
+                        READ)

@@ -1,0 +1,275 @@
+"""Password hashes and the password file (``username:hash`` per line).
+
+Two hash formats are understood, both with a per-user random salt:
+
+``$scrypt$v=1$ln=14,r=8,p=1$SALT$HASH``
+    edgebroker's own, written by ``edgebroker passwd``: ``hashlib.scrypt``
+    with N = 2**ln, block size r and parallelism p; SALT (16 bytes) and HASH
+    (32 bytes) in base64 without padding (the PHC string format). ``v`` is the
+    format version: a later change of layout gets a new number, and files
+    with older versions keep working.
+``$7$ITERATIONS$SALT$HASH``
+    Mosquitto's PBKDF2-SHA512 format (``mosquitto_passwd``), base64 with
+    padding, so a Mosquitto password file can be used as it is. Fewer than
+    ``PBKDF2_WEAK`` iterations (Mosquitto writes 101) is accepted with a
+    warning naming the users to re-set.
+
+Comparison is constant time (``hmac.compare_digest``). Plain-text passwords
+are never accepted in a password file; ``edgebroker passwd -U`` converts a
+file of plain ``user:password`` lines.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import stat
+import tempfile
+
+from edgebroker.errors import ConfigError
+
+SCRYPT_PREFIX = "$scrypt$"
+PBKDF2_PREFIX = "$7$"
+SCRYPT_VERSION = 1
+# N = 2**14, r = 8: 16 MiB of memory and about 50 ms on a desktop core per check
+# (a few hundred ms on a Raspberry Pi): slow for an attacker with a stolen file.
+SCRYPT_LN = 14
+SCRYPT_R = 8
+SCRYPT_P = 1
+SALT_BYTES = 16
+HASH_BYTES = 32
+PBKDF2_ITERATIONS = 210_000     # OWASP's figure for PBKDF2-HMAC-SHA512
+PBKDF2_WEAK = 10_000
+# Bounds on the parameters read from a file, so a damaged line cannot ask for
+# gigabytes of memory or hours of work.
+_MAX_LN = 20
+_MAX_R = 32
+_MAX_P = 16
+_MAX_ITERATIONS = 10_000_000
+
+
+class HashError(ValueError):
+    """A stored hash is not in a format this module understands."""
+
+
+def _b64_nopad(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii").rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise HashError("bad base64") from None
+
+
+def hash_password(password: str | bytes, scheme: str = "scrypt") -> str:
+    """A new salted hash of ``password`` in the given scheme (``scrypt`` or ``pbkdf2``)."""
+    pw = password.encode("utf-8") if isinstance(password, str) else bytes(password)
+    if scheme == "scrypt":
+        salt = os.urandom(SALT_BYTES)
+        digest = _scrypt(pw, salt, SCRYPT_LN, SCRYPT_R, SCRYPT_P, HASH_BYTES)
+        return (f"{SCRYPT_PREFIX}v={SCRYPT_VERSION}$ln={SCRYPT_LN},r={SCRYPT_R},p={SCRYPT_P}"
+                f"${_b64_nopad(salt)}${_b64_nopad(digest)}")
+    if scheme == "pbkdf2":
+        salt = os.urandom(12)
+        digest = hashlib.pbkdf2_hmac("sha512", pw, salt, PBKDF2_ITERATIONS, 64)
+        return (f"{PBKDF2_PREFIX}{PBKDF2_ITERATIONS}${base64.b64encode(salt).decode()}"
+                f"${base64.b64encode(digest).decode()}")
+    raise ValueError(f"unknown hash scheme {scheme!r}")
+
+
+def _scrypt(pw: bytes, salt: bytes, ln: int, r: int, p: int, dklen: int) -> bytes:
+    n = 1 << ln
+    maxmem = 128 * r * (n + p + 2) + (1 << 20)
+    return hashlib.scrypt(pw, salt=salt, n=n, r=r, p=p, maxmem=maxmem, dklen=dklen)
+
+
+def parse_hash(stored: str) -> tuple:
+    """Check a stored hash's format; returns a tuple the verifier uses. Raises HashError."""
+    if stored.startswith(SCRYPT_PREFIX):
+        parts = stored.split("$")
+        # ['', 'scrypt', 'v=1', 'ln=14,r=8,p=1', SALT, HASH]
+        if len(parts) != 6 or parts[2] != f"v={SCRYPT_VERSION}":
+            raise HashError("scrypt hash: expected $scrypt$v=1$ln=N,r=N,p=N$SALT$HASH")
+        params = {}
+        for item in parts[3].split(","):
+            key, _, value = item.partition("=")
+            if not value.isdigit():
+                raise HashError(f"scrypt hash: bad parameter {item!r}")
+            params[key] = int(value)
+        if set(params) != {"ln", "r", "p"}:
+            raise HashError("scrypt hash: parameters must be ln, r and p")
+        ln, r, p = params["ln"], params["r"], params["p"]
+        if not (1 <= ln <= _MAX_LN and 1 <= r <= _MAX_R and 1 <= p <= _MAX_P):
+            raise HashError("scrypt hash: parameters out of range")
+        salt, digest = _unb64(parts[4]), _unb64(parts[5])
+        if not salt or len(digest) < 16:
+            raise HashError("scrypt hash: salt or hash too short")
+        return ("scrypt", ln, r, p, salt, digest)
+    if stored.startswith(PBKDF2_PREFIX):
+        parts = stored.split("$")
+        # ['', '7', ITERATIONS, SALT, HASH]
+        if len(parts) != 5 or not parts[2].isdigit():
+            raise HashError("PBKDF2 hash: expected $7$ITERATIONS$SALT$HASH")
+        iterations = int(parts[2])
+        if not 1 <= iterations <= _MAX_ITERATIONS:
+            raise HashError("PBKDF2 hash: iterations out of range")
+        salt, digest = _unb64(parts[3]), _unb64(parts[4])
+        if not salt or len(digest) < 16:
+            raise HashError("PBKDF2 hash: salt or hash too short")
+        return ("pbkdf2", iterations, salt, digest)
+    if stored.startswith("$"):
+        raise HashError("unknown hash format")
+    raise HashError("not a hash (a plain-text password?)")
+
+
+def verify_password(stored: str | tuple, password: bytes | str) -> bool:
+    """True if ``password`` matches ``stored`` (a hash string or ``parse_hash`` result)."""
+    parsed = parse_hash(stored) if isinstance(stored, str) else stored
+    pw = password.encode("utf-8") if isinstance(password, str) else bytes(password)
+    if parsed[0] == "scrypt":
+        _, ln, r, p, salt, digest = parsed
+        computed = _scrypt(pw, salt, ln, r, p, len(digest))
+    else:
+        _, iterations, salt, digest = parsed
+        computed = hashlib.pbkdf2_hmac("sha512", pw, salt, iterations, len(digest))
+    return hmac.compare_digest(computed, digest)
+
+
+_dummy: tuple | None = None
+
+
+def dummy_hash() -> tuple:
+    """A parsed hash to check unknown users against, so they cost as much as known ones."""
+    global _dummy
+    if _dummy is None:
+        _dummy = parse_hash(hash_password(os.urandom(16)))
+    return _dummy
+
+
+def is_weak(parsed: tuple) -> bool:
+    return parsed[0] == "pbkdf2" and parsed[1] < PBKDF2_WEAK
+
+
+# --------------------------------------------------------------------------- the file
+
+def check_username(username: str) -> str | None:
+    """Why ``username`` cannot be stored in a password file, or None."""
+    if not username:
+        return "the user name is empty"
+    if ":" in username:
+        return "a user name cannot contain ':'"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in username):
+        return "a user name cannot contain control characters"
+    return None
+
+
+def check_permissions(path: str, key: str) -> None:
+    """Refuse a password file others can read or write, or its group can write."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: {path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{key}: {path}: not a regular file")
+    if mode & 0o027:
+        raise ConfigError(
+            f"{key}: {path}: permissions {stat.filemode(mode)} let other users "
+            f"{'change' if mode & 0o022 else 'read'} it; "
+            f"run: chmod 600 {path} (or 640 for a group the broker runs in)")
+
+
+class PasswordFile:
+    """The parsed ``password_file``: user name -> parsed hash."""
+
+    def __init__(self, path: str, entries: dict[str, tuple], raw: dict[str, str]):
+        self.path = path
+        self.entries = entries
+        self.raw = raw                          # user -> hash string (the cache key)
+        self.weak = sorted(u for u, h in entries.items() if is_weak(h))
+
+    def __len__(self):
+        return len(self.entries)
+
+    def lookup(self, username: str) -> tuple[str, tuple] | None:
+        """(hash string, parsed hash) of ``username``, or None."""
+        parsed = self.entries.get(username)
+        if parsed is None:
+            return None
+        return self.raw[username], parsed
+
+    @classmethod
+    def load(cls, path: str, key: str = "password_file") -> "PasswordFile":
+        check_permissions(path, key)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{key}: {path}: not UTF-8 text") from None
+        entries: dict[str, tuple] = {}
+        raw: dict[str, str] = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            username, sep, stored = line.partition(":")
+            where = f"{key}: {path} line {number}"
+            if not sep:
+                raise ConfigError(f"{where}: expected username:hash")
+            problem = check_username(username)
+            if problem:
+                raise ConfigError(f"{where}: {problem}")
+            if username in entries:
+                raise ConfigError(f"{where}: user {username!r} is listed twice")
+            stored = stored.strip()
+            try:
+                entries[username] = parse_hash(stored)
+            except HashError as exc:
+                hint = ""
+                if not stored.startswith("$"):
+                    hint = (f"; plain-text passwords are not accepted: run "
+                            f"'edgebroker passwd -U {path}' to hash them")
+                raise ConfigError(f"{where}: user {username!r}: {exc}{hint}") from None
+            raw[username] = stored
+        return cls(path, entries, raw)
+
+
+def write_atomic(path: str, lines: list[str]) -> None:
+    """Replace ``path`` with ``lines``: temporary file (mode 0600) in the same directory,
+    fsync, rename over, fsync the directory. Keeps the old owner and group when allowed."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        old = os.stat(path)
+    except FileNotFoundError:
+        old = None
+    fd, tmp = tempfile.mkstemp(prefix=".passwd-", dir=directory)   # created with mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o600)
+            if old is not None:
+                try:
+                    os.fchown(fh.fileno(), old.st_uid, old.st_gid)
+                except PermissionError:
+                    pass
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,130 @@
+"""The authentication and authorisation in force on one listener.
+
+The server layer builds one ``ListenerPolicy`` per listener (from the config,
+the password file and the ACL file) and hands it to each connection's
+transport; the core's ``Client`` calls ``authenticate`` at CONNECT. Outcomes,
+as MQTT 3.1.1 defines the CONNACK return codes:
+
+- 0: accepted; the client gets an ``AclView`` (or None without an ACL file).
+- 4 (bad user name or password): a user name with a wrong or missing
+  password, or a user name the password file does not list.
+- 5 (not authorized): no user name where anonymous clients are not allowed,
+  an address over its failed-login limit, a certificate without a common
+  name where it is the user name, or a will topic the ACL does not let the
+  client write.
+- 3 (server unavailable): too many password checks already waiting.
+
+Only a verified user name counts: with no password file (and no certificate
+identity) on the listener, a user name in CONNECT is logged but the client is
+treated as anonymous, so it cannot claim another user's ACL rules.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgebroker.config import AuthSettings, ListenerConfig
+from edgebroker.security import authenticator as A
+from edgebroker.security.acl import Acl
+from edgebroker.security.passwords import PasswordFile
+
+log = logging.getLogger("edgebroker.security")
+
+ACCEPTED = 0
+BAD_CREDENTIALS = 4
+NOT_AUTHORIZED = 5
+UNAVAILABLE = 3
+
+
+def peer_host(peer: str) -> str:
+    """The address part of ``HOST:PORT`` / ``[V6]:PORT`` (the failed-login limit's key)."""
+    if peer.startswith("unix"):
+        return "unix"
+    host, sep, _ = peer.rpartition(":")
+    return host.strip("[]") if sep else peer
+
+
+class ListenerPolicy:
+    def __init__(self, name: str, settings: AuthSettings, passwords: PasswordFile | None,
+                 acl: Acl | None, authenticator: A.Authenticator):
+        self.name = name
+        self.settings = settings
+        self.allow_anonymous = settings.allow_anonymous
+        self.identity_as_username = settings.identity_as_username
+        self.passwords = passwords
+        self.acl = acl
+        self.authenticator = authenticator
+
+    @classmethod
+    def build(cls, lc: ListenerConfig, settings: AuthSettings, authenticator: A.Authenticator,
+              cache: dict | None = None) -> "ListenerPolicy":
+        """Read the files ``settings`` names (ConfigError on a problem). ``cache`` shares one
+        parsed file between listeners that name the same path."""
+        cache = {} if cache is None else cache
+        passwords = acl = None
+        if settings.password_file:
+            key = ("password_file", settings.password_file)
+            if key not in cache:
+                cache[key] = PasswordFile.load(settings.password_file)
+            passwords = cache[key]
+        if settings.acl_file:
+            key = ("acl_file", settings.acl_file)
+            if key not in cache:
+                cache[key] = Acl.load(settings.acl_file)
+            acl = cache[key]
+        return cls(lc.address, settings, passwords, acl, authenticator)
+
+    def authenticate(self, client, connect) -> None:
+        """Decide on a CONNECT; calls ``client.auth_done(code, why, username, acl_view)`` on the
+        loop thread: at once, or later when a password check comes back."""
+        if self.identity_as_username:
+            identity = getattr(client.transport, "identity", None)
+            if not identity:
+                client.auth_done(NOT_AUTHORIZED, "its certificate has no common name to use as "
+                                                 "the user name", None, None)
+                return
+            self._accept(client, identity)
+            return
+        username = connect.username
+        if username is None or self.passwords is None:
+            if not self.allow_anonymous:
+                client.auth_done(NOT_AUTHORIZED, f"anonymous clients are not allowed on "
+                                                 f"listener {self.name}", None, None)
+                return
+            if username is not None:
+                log.info("%s: user name %r not verified (no password_file on listener %s); "
+                         "treated as anonymous", client.describe(), username, self.name)
+            self._accept(client, None)
+            return
+        host = peer_host(client.peer)
+        auth = self.authenticator
+        entry = self.passwords.lookup(username)
+        if connect.password is None:
+            if auth.blocked(host):
+                self._blocked(client, username, host)
+                return
+            auth.record_failure(host)
+            client.auth_done(BAD_CREDENTIALS, "no password given", username, None)
+            return
+
+        def done(result: str) -> None:
+            if result == A.OK:
+                self._accept(client, username)
+            elif result == A.BLOCKED:
+                self._blocked(client, username, host)
+            elif result == A.BUSY:
+                client.auth_done(UNAVAILABLE, "too many password checks waiting", username, None)
+            else:
+                client.auth_done(BAD_CREDENTIALS, result, username, None)
+
+        auth.verify(host, username, entry, connect.password, done)
+
+    def _blocked(self, client, username, host: str) -> None:
+        auth = self.authenticator
+        client.auth_done(NOT_AUTHORIZED,
+                         f"too many failed logins from {host} ({auth.max_failures} within "
+                         f"{auth.window:g} s); not checked", username, None)
+
+    def _accept(self, client, username: str | None) -> None:
+        view = self.acl.view(client.client_id, username) if self.acl is not None else None
+        client.auth_done(ACCEPTED, "", username, view)

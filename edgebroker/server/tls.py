@@ -1,0 +1,371 @@
+"""MQTT over TLS inside the selector loop (stdlib ``ssl``, never blocking).
+
+A TLS connection goes through three states:
+
+1. PEEK: the raw TCP socket is watched until its first byte arrives. A TLS
+   ClientHello starts with 0x16; anything else (typically 0x10, a plain MQTT
+   CONNECT) is refused with a log line saying what happened, instead of an
+   opaque TLS error.
+2. HANDSHAKE: the socket is wrapped (``do_handshake_on_connect=False``) and
+   ``do_handshake`` is called each time the socket is ready, registering for
+   read or write readiness as OpenSSL asks (``SSLWantReadError`` /
+   ``SSLWantWriteError``). A handshake not finished within the listener's
+   ``handshake_timeout`` is closed by ``HandshakeTimers``; a stalled client
+   costs one socket and one heap entry, never a blocked loop.
+3. OPEN: reads and writes go through the ``SSLSocket``. Reads loop while
+   ``pending()`` says OpenSSL holds decrypted bytes the kernel socket will not
+   signal again. ``sendmsg`` does not exist on an ``SSLSocket``: queued buffers
+   are joined into one chunk of up to ``CHUNK`` bytes per ``send``; after
+   ``SSLWantWriteError`` the same chunk is offered again, as OpenSSL requires.
+   A read may need write readiness and a write may need read readiness
+   (TLS 1.3 key updates, renegotiation): both are tracked.
+
+The listener's ``TLSServer`` holds its ``SSLContext``. On SIGHUP the listener
+gets a new one built from the certificate files as they are then, for new
+connections; open connections keep the context they started with.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import selectors
+import socket
+import ssl
+
+from edgebroker.config import ListenerConfig
+from edgebroker.errors import ConfigError
+from edgebroker.server.transport import DEFAULT_MAX_PENDING, Transport
+
+log = logging.getLogger("edgebroker.server")
+
+CHUNK = 256 * 1024
+_READ = selectors.EVENT_READ
+_WRITE = selectors.EVENT_WRITE
+
+PEEK, HANDSHAKE, OPEN = "peek", "handshake", "open"
+
+_VERSIONS = {"tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
+
+# OpenSSL reasons worth a plain-language hint in the log.
+_HINTS = {
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the client sent no certificate "
+                                         "(require_certificate = true)",
+    "CERTIFICATE_VERIFY_FAILED": "the client certificate is not signed by the listener's cafile",
+    "TLSV1_ALERT_UNKNOWN_CA": "the client does not trust the server certificate "
+                              "(check the CA file the client uses)",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the client rejected the server certificate",
+    "UNSUPPORTED_PROTOCOL": "the client's TLS version is below the listener's tls_version",
+    "TLSV1_ALERT_PROTOCOL_VERSION": "the client's TLS version is below the listener's tls_version",
+    "NO_SHARED_CIPHER": "no cipher in common with the client (see the listener's ciphers)",
+    "WRONG_VERSION_NUMBER": "not a TLS client",
+    "HTTP_REQUEST": "an HTTP request, not TLS",
+}
+
+
+def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
+    """The server SSLContext of a TLS listener; ConfigError naming the key on a problem."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = _VERSIONS[lc.tls_version]
+    try:
+        ctx.load_cert_chain(lc.certfile, lc.keyfile or None)
+    except FileNotFoundError as exc:
+        key = "keyfile" if lc.keyfile and exc.filename == lc.keyfile else "certfile"
+        raise ConfigError(f"{name}.{key}: {exc.filename or lc.certfile}: file not found") from None
+    except OSError as exc:
+        if isinstance(exc, ssl.SSLError):
+            key = lc.keyfile or "in certfile"
+            raise ConfigError(f"{name}.certfile: {lc.certfile} (key {key}): not a usable "
+                              f"certificate and matching private key ({exc.reason or exc})") from None
+        raise ConfigError(f"{name}.certfile: {lc.certfile}: cannot read: {exc.strerror}") from None
+    if lc.cafile:
+        try:
+            ctx.load_verify_locations(cafile=lc.cafile)
+        except FileNotFoundError:
+            raise ConfigError(f"{name}.cafile: {lc.cafile}: file not found") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"{name}.cafile: {lc.cafile}: not a usable CA certificate file "
+                              f"({getattr(exc, 'reason', None) or exc})") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED if lc.require_certificate else ssl.CERT_OPTIONAL
+    if lc.ciphers:
+        try:
+            ctx.set_ciphers(lc.ciphers)
+        except ssl.SSLError:
+            raise ConfigError(f"{name}.ciphers: no cipher matches {lc.ciphers!r}") from None
+    return ctx
+
+
+class TLSServer:
+    """One TLS listener's context and settings. On reload the listener gets a new
+    TLSServer; open connections keep the one (and the context) they started with."""
+
+    def __init__(self, lc: ListenerConfig, key: str):
+        self.config = lc
+        self.name = lc.address          # the bound address once the listener has one
+        self.context = make_context(lc, key)
+        self.handshake_timeout = lc.handshake_timeout
+
+
+class HandshakeTimers:
+    """Deadlines of TLS handshakes in progress (a heap; finished ones are skipped lazily)."""
+
+    def __init__(self):
+        self._heap: list = []
+        self._seq = itertools.count()
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def add(self, transport: "TLSTransport", deadline: float) -> None:
+        heapq.heappush(self._heap, (deadline, next(self._seq), transport))
+
+    def next_deadline(self) -> float | None:
+        heap = self._heap
+        while heap and (heap[0][2].closed or heap[0][2].state is OPEN):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def expire(self, now: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, _, transport = heapq.heappop(heap)
+            if not transport.closed and transport.state is not OPEN:
+                transport.handshake_timed_out()
+
+
+def _common_name(cert: dict | None) -> str | None:
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return None
+
+
+class TLSTransport(Transport):
+    __slots__ = ("server", "state", "identity", "read_wants_write", "write_wants_read",
+                 "chunk_pending")
+
+    def __init__(self, loop, sock: socket.socket, peer: str, server: TLSServer, listener=None,
+                 max_pending: int = DEFAULT_MAX_PENDING):
+        super().__init__(loop, sock, peer, listener, max_pending)
+        self.server = server
+        self.state = PEEK
+        self.identity = None            # common name of a verified client certificate
+        self.read_wants_write = False
+        self.write_wants_read = False
+        self.chunk_pending = False      # out[0] must be offered again as it is
+        loop.handshakes.add(self, loop.clock() + server.handshake_timeout)
+
+    # ----- events -----------------------------------------------------------------------
+
+    def on_event(self, mask: int) -> None:
+        if self.closed:
+            return
+        state = self.state
+        if state is OPEN:
+            if self.write_wants_read and mask & _READ:
+                self.write_wants_read = False
+                self.flush()
+            if self.read_wants_write and mask & _WRITE and not self.closed:
+                self.read_wants_write = False
+                self.read()
+            if mask & _READ and self.reading and not self.closing and not self.closed:
+                self.read()
+            if mask & _WRITE and self.out and not self.closed:
+                self.flush()
+        elif state is PEEK:
+            self._peek()
+        else:
+            self._handshake()
+
+    __call__ = on_event   # the selector key's callback (see Transport)
+
+    def _peek(self) -> None:
+        try:
+            first = self.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.lost(exc.strerror or str(exc))
+            return
+        if not first:
+            self._fail("closed before the TLS handshake", quiet=True)
+            return
+        if first[0] != 0x16:
+            what = "plain MQTT (a CONNECT)" if first[0] == 0x10 else f"a first byte {first[0]:#04x}"
+            self._fail(f"{what} instead of a TLS handshake; the client must connect with TLS "
+                       f"(or use a plain MQTT listener)")
+            return
+        loop = self.loop
+        loop.selector.unregister(self.sock)
+        self.events = 0
+        try:
+            self.sock = self.server.context.wrap_socket(
+                self.sock, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError) as exc:
+            self._fail(f"cannot start TLS: {exc}")
+            return
+        self.state = HANDSHAKE
+        self._handshake()
+
+    def _handshake(self) -> None:
+        try:
+            self.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._want(_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._want(_READ | _WRITE)
+            return
+        except ssl.SSLError as exc:
+            reason = getattr(exc, "reason", None) or ""
+            detail = getattr(exc, "verify_message", None)
+            hint = _HINTS.get(reason, reason or str(exc))
+            if detail and reason == "CERTIFICATE_VERIFY_FAILED":
+                hint = f"{hint} ({detail})"
+            self._fail(hint)
+            return
+        except OSError as exc:
+            self._fail(exc.strerror or str(exc), quiet=True)
+            return
+        self.state = OPEN
+        sock = self.sock
+        try:
+            self.identity = _common_name(sock.getpeercert())
+        except ValueError:
+            self.identity = None
+        log.debug("TLS with %s on %s: %s, %s%s", self.peer, self.server.name, sock.version(),
+                  (sock.cipher() or ("?",))[0],
+                  f", client certificate {self.identity!r}" if self.identity else "")
+        self._want((_READ if self.reading else 0) | (_WRITE if self.out else 0))
+        # Application data may have arrived with the handshake's last flight and sit
+        # decrypted inside OpenSSL, where the selector cannot see it.
+        self.read()
+
+    def _want(self, events: int) -> None:
+        if self.closed or events == self.events:
+            return
+        selector = self.loop.selector
+        if not events:
+            selector.unregister(self.sock)
+        elif not self.events:
+            selector.register(self.sock, events, self)
+        else:
+            selector.modify(self.sock, events, self)
+        self.events = events
+
+    def _fail(self, why: str, quiet: bool = False) -> None:
+        self.loop.broker.stats.tls_handshakes_failed += 1
+        if quiet:
+            log.debug("TLS handshake with %s on listener %s failed: %s", self.peer,
+                      self.server.name, why)
+        else:
+            log.warning("TLS handshake with %s on listener %s failed: %s; closing", self.peer,
+                        self.server.name, why)
+        self.lost(f"TLS handshake failed: {why}")
+
+    def handshake_timed_out(self) -> None:
+        self.loop.broker.stats.tls_handshakes_failed += 1
+        log.warning("TLS handshake with %s on listener %s not finished within %g s "
+                    "(handshake_timeout); closing", self.peer, self.server.name,
+                    self.server.handshake_timeout)
+        self.lost("TLS handshake timeout")
+
+    # ----- reading and writing ------------------------------------------------------------
+
+    def read(self) -> None:
+        if self.state is not OPEN:
+            return
+        loop = self.loop
+        sock = self.sock
+        while True:
+            try:
+                n = sock.recv_into(loop.buffer)
+            except ssl.SSLWantReadError:
+                return
+            except ssl.SSLWantWriteError:
+                self.read_wants_write = True
+                self._want(self.events | _WRITE)
+                return
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                self.lost("closed by peer")
+                return
+            except ssl.SSLError as exc:
+                self.lost(f"TLS error: {exc.reason or exc}")
+                return
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.lost(exc.strerror or str(exc))
+                return
+            if n == 0:
+                self.lost("closed by peer")
+                return
+            loop.broker.stats.bytes_received += n
+            self.bytes_in += n
+            self.client.data_received(loop.view[:n])
+            if self.closed or self.closing or not sock.pending():
+                return
+
+    def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
+        """TLS cannot use sendfile: read the payload from the log now, queue it as bytes."""
+        self.write(head + os.pread(fd, length, position))
+
+    def flush(self) -> None:
+        if self.state is not OPEN:
+            return
+        out = self.out
+        sock = self.sock
+        sent_total = 0
+        while out:
+            if not self.chunk_pending and len(out) > 1 and len(out[0]) < CHUNK:
+                size = k = 0
+                n = len(out)
+                while k < n and size < CHUNK:
+                    size += len(out[k])
+                    k += 1
+                out[:k] = [b"".join(out[:k])]
+            data = out[0]
+            try:
+                sent = sock.send(data)
+            except ssl.SSLWantWriteError:
+                self.chunk_pending = True
+                break
+            except ssl.SSLWantReadError:
+                self.chunk_pending = True
+                self.write_wants_read = True
+                break
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self.out_bytes -= sent_total
+                self.bytes_out += sent_total
+                self.loop.broker.stats.bytes_sent += sent_total
+                self.lost(exc.strerror or getattr(exc, "reason", None) or str(exc))
+                return
+            self.chunk_pending = False
+            sent_total += sent
+            if sent < len(data):
+                out[0] = memoryview(data)[sent:]
+                break
+            del out[0]
+        self.out_bytes -= sent_total
+        self.bytes_out += sent_total
+        self.loop.broker.stats.bytes_sent += sent_total
+        want = (_READ if self.reading or self.write_wants_read else 0)
+        if out or self.read_wants_write:
+            want |= _WRITE
+        self._want(want)
+        if not out and self.want_drain and not self.closed:
+            self.drained()
+
+    def update_events(self) -> None:
+        if self.state is OPEN:
+            want = _READ if self.reading or self.write_wants_read else 0
+            if self.out or self.read_wants_write:
+                want |= _WRITE
+            self._want(want)

@@ -1,0 +1,450 @@
+"""The commit log with real files: append/write/read round trips, rolling, reads by offset, time
+and topic filter, locate, retention, the uploaded mark, read-only readers, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from edgebroker import _native
+from edgebroker.commitlog import (
+    CommitLog, LogError, LogLockedError, LogOptions, Record,
+)
+
+from .logutil import (
+    Clock, append_n, as_tuple, crc32c, expected, open_log, parse_index, parse_segment, payload_for,
+    segment_files,
+)
+
+T0 = 1_700_000_000_000
+
+
+def test_round_trip_and_independent_parse(tmp_path):
+    log = open_log(tmp_path / "log")
+    offsets = append_n(log, 50)
+    assert offsets == list(range(50))
+    assert log.next_offset == 50 and log.written_offset == 0  # nothing written yet
+    assert log.read(0) is None
+    assert log.write_pending() == 50
+    got = [as_tuple(r) for r in log.read_range(0)]
+    assert got == [expected(i, T0 + i * 10) for i in range(50)]
+    log.close()
+    # The files say the same to a parser that shares no code with the log.
+    parsed = [rec for f in segment_files(tmp_path / "log") for rec in parse_segment(f)]
+    assert [(r["offset"], r["timestamp_ms"], r["qos"], r["retain"], r["client_id"], r["topic"],
+             r["payload"]) for r in parsed] == got
+    for seg in segment_files(tmp_path / "log"):
+        idx = parse_index(seg.with_suffix(".idx"))
+        recs = parse_segment(seg)
+        base = int(seg.stem)
+        assert [(base + rel, pos) for rel, pos, _ts in idx] == [(r["offset"], r["position"]) for r in recs]
+
+
+def test_one_write_per_pass(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    append_n(log, 100)
+    before = os.fstat(log._tail.fd).st_size if log._tail.fd >= 0 else 0
+    assert before == 0  # the file is created by the first write_pending
+    log.write_pending()
+    size = os.path.getsize(segment_files(tmp_path / "log")[0])
+    assert size == log.segments()[0].size_bytes
+    assert log.write_pending() == 100  # nothing pending: no-op
+    log.close()
+
+
+def test_read_single_and_missing(tmp_path):
+    log = open_log(tmp_path / "log")
+    append_n(log, 30)
+    log.write_pending()
+    assert as_tuple(log.read(17)) == expected(17, T0 + 170)
+    assert log.read(30) is None and log.read(-1) is None and log.read(10**12) is None
+    assert isinstance(log.read(0), Record)
+    log.close()
+
+
+def test_rolls_by_size_and_records_stay_readable(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    append_n(log, 300)
+    log.write_pending()
+    segs = log.segments()
+    assert len(segs) > 3
+    assert all(s.size_bytes <= 4096 for s in segs)
+    assert [s.base_offset for s in segs] == sorted(s.base_offset for s in segs)
+    for a, b in zip(segs, segs[1:]):
+        assert a.next_offset == b.base_offset
+        assert not a.active
+    assert segs[-1].active
+    assert [r.offset for r in log.read_range(0)] == list(range(300))
+    assert log.counters.segments_rolled == len(segs) - 1
+    log.close()
+
+
+def test_record_bigger_than_a_segment_gets_its_own(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    log.append(T0, 1, False, b"c", b"t", b"a" * 100)
+    big = log.append(T0, 1, False, b"c", b"t", b"b" * 10000)
+    log.append(T0, 1, False, b"c", b"t", b"c" * 100)
+    log.write_pending()
+    segs = log.segments()
+    assert [s.records for s in segs] == [1, 1, 1]
+    assert log.read(big).payload == b"b" * 10000
+    log.close()
+
+
+def test_large_payloads_are_written_from_where_they_are(tmp_path):
+    """Payloads of 16 KiB and more (as bytes) are not copied into the pending buffer but written
+    with pwritev, more than IOV_MAX buffers in a pass included; other buffer types are copied,
+    so a caller may reuse its buffer after append."""
+    log = open_log(tmp_path / "log", segment_bytes=64 << 20)
+    big = [os.urandom(16384 + i) for i in range(700)]  # > 1024 iovecs in one write_pending
+    for i, p in enumerate(big):
+        log.append(T0, 1, False, b"c", b"t/%d" % i, p)
+        if i % 3 == 0:
+            log.append(T0, 0, False, b"c", b"small", b"s%d" % i)
+    scratch = bytearray(b"A" * 20000)
+    off = log.append(T0, 0, False, b"c", b"reused", memoryview(scratch))
+    scratch[:] = b"B" * 20000  # the caller reuses its buffer before the write
+    log.write_pending()
+    assert log.read(off).payload == b"A" * 20000
+    got = [r.payload for r in log.read_range(0) if r.topic.startswith(b"t/")]
+    assert got == big
+    log.close()
+    log = open_log(tmp_path / "log", segment_bytes=64 << 20)
+    assert log.recovery.damage == [] and log.next_offset == off + 1
+    log.close()
+
+
+def test_rolls_by_age(tmp_path):
+    clock = Clock(T0)
+    log = open_log(tmp_path / "log", clock, segment_ms=60_000, segment_bytes=1 << 20)
+    log.append(T0, 0, False, b"c", b"t", b"1")
+    log.append(T0 + 59_999, 0, False, b"c", b"t", b"2")
+    log.append(T0 + 60_000, 0, False, b"c", b"t", b"3")  # a record's timestamp rolls it
+    log.write_pending()
+    assert [s.records for s in log.segments()] == [2, 1]
+    # An idle segment is rolled by housekeeping once it is old.
+    clock.now = T0 + 60_000 + 59_999
+    log.housekeeping()
+    assert log.segments()[-1].active
+    clock.now = T0 + 120_000
+    log.housekeeping()
+    assert not any(s.active for s in log.segments())
+    log.append(clock.now, 0, False, b"c", b"t", b"4")
+    log.write_pending()
+    assert [s.records for s in log.segments()] == [2, 1, 1]
+    assert log.segments()[-1].active
+    log.close()
+
+
+def test_reopen_continues_offsets(tmp_path):
+    log = open_log(tmp_path / "log")
+    append_n(log, 120)
+    log.write_pending()
+    log.close()
+    log = open_log(tmp_path / "log")
+    assert (log.first_offset, log.next_offset, log.durable_offset) == (0, 120, 120)
+    assert log.append(T0, 0, False, b"c", b"t", b"x") == 120
+    log.write_pending()
+    assert [r.offset for r in log.read_range(115)] == [115, 116, 117, 118, 119, 120]
+    log.close()
+
+
+def test_read_range_bounds_and_live_appends(tmp_path):
+    log = open_log(tmp_path / "log")
+    append_n(log, 200)
+    log.write_pending()
+    assert [r.offset for r in log.read_range(10, 15)] == [10, 11, 12, 13, 14]
+    assert [r.offset for r in log.read_range(195)] == [195, 196, 197, 198, 199]
+    assert list(log.read_range(200)) == []
+    assert list(log.read_range(50, 50)) == []
+    # Records written while an iteration runs are included when it has not passed them.
+    it = log.read_range(198)
+    assert next(it).offset == 198
+    append_n(log, 3)
+    log.write_pending()
+    assert [r.offset for r in it] == [199, 200, 201, 202]
+    log.close()
+
+
+def test_read_since_uses_the_time_index(tmp_path):
+    log = open_log(tmp_path / "log")
+    append_n(log, 300, step_ms=1000)
+    log.write_pending()
+    assert next(iter(log.read_since(T0 + 150_000))).offset == 150
+    assert next(iter(log.read_since(T0 + 150_500))).offset == 151
+    assert next(iter(log.read_since(0))).offset == 0
+    assert list(log.read_since(T0 + 10**9)) == []
+    assert [r.offset for r in log.read_since(T0 + 298_000)] == [298, 299]
+    log.close()
+
+
+def test_read_since_with_a_clock_that_went_back(tmp_path):
+    log = open_log(tmp_path / "log")
+    for ts in (100, 200, 150, 300, 250):
+        log.append(ts, 0, False, b"c", b"t", b"")
+    log.write_pending()
+    # The index keeps the running maximum, so "since 200" starts at the first record >= 200
+    # and what follows comes in log order.
+    assert [r.timestamp_ms for r in log.read_since(200)] == [200, 150, 300, 250]
+    assert [r.timestamp_ms for r in log.read_since(260)] == [300, 250]
+    log.close()
+
+
+@pytest.mark.parametrize("flt", ["site/1/#", "site/+/sensor/2", "#", "+/0/sensor/0", "nope/#",
+                                 "site/2/sensor/4"])
+def test_scan_by_topic_filter(tmp_path, flt):
+    from edgebroker.mqtt.topics import topic_matches
+    log = open_log(tmp_path / "log")
+    append_n(log, 150)
+    log.write_pending()
+    want = [i for i in range(150) if topic_matches(flt, (b"site/%d/sensor/%d" % (i % 3, i % 5)).decode())]
+    assert [r.offset for r in log.scan(flt)] == want
+    assert [r.offset for r in log.scan(flt.encode(), start=40, end=90)] == [i for i in want if 40 <= i < 90]
+    log.close()
+
+
+def test_scan_dollar_topics_not_matched_by_leading_wildcard(tmp_path):
+    log = open_log(tmp_path / "log")
+    log.append(T0, 0, False, b"c", b"$SYS/x", b"")
+    log.append(T0, 0, False, b"c", b"a/x", b"")
+    log.write_pending()
+    assert [r.topic for r in log.scan("#")] == [b"a/x"]
+    assert [r.topic for r in log.scan("+/x")] == [b"a/x"]
+    assert [r.topic for r in log.scan("$SYS/#")] == [b"$SYS/x"]
+    log.close()
+
+
+def test_locate_and_sendfile_the_payload(tmp_path):
+    log = open_log(tmp_path / "log")
+    append_n(log, 40)
+    log.write_pending()
+    loc = log.locate(33)
+    assert (loc.offset, loc.qos, loc.retain, loc.topic) == (33, 0, False, b"site/0/sensor/3")
+    assert os.pread(loc.fd, loc.payload_length, loc.payload_position) == payload_for(33)
+    assert log.locate(40) is None
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        items = [(b"H%d:" % o, loc.fd, loc.payload_position, loc.payload_length)
+                 for o in (3, 9, 33) for loc in [log.locate(o)]]
+        res = _native.send_batch(a, items)
+        assert res.error == 0 and res.item == 3
+        got = b.recv(65536)
+        assert got == b"".join(b"H%d:" % o + payload_for(o) for o in (3, 9, 33))
+    finally:
+        a.close()
+        b.close()
+    log.close()
+
+
+def test_locate_after_reopen_checks_the_record(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    append_n(log, 200)
+    log.write_pending()
+    log.close()
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    seg = log._segments[0]
+    assert not seg.verified  # below the recovery point: only its index was checked at open
+    loc = log.locate(5)
+    assert os.pread(loc.fd, loc.payload_length, loc.payload_position) == payload_for(5)
+    assert log.verify_step() is True  # the flusher checks that segment whole when idle
+    assert seg.verified and log.verify_step() is False
+    log.close()
+
+
+def test_lock_excludes_a_second_writer_not_readers(tmp_path):
+    log = open_log(tmp_path / "log")
+    append_n(log, 3)
+    log.write_pending()
+    with pytest.raises(LogLockedError, match="in use by another edgebroker process"):
+        open_log(tmp_path / "log")
+    ro = CommitLog.open(str(tmp_path / "log"), readonly=True)
+    assert [r.offset for r in ro.read_range(0)] == [0, 1, 2]
+    with pytest.raises(LogError, match="read-only"):
+        ro.append(T0, 0, False, b"", b"t", b"")
+    ro.close()
+    log.close()
+
+
+def test_reader_follows_a_writer_across_rolls(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    append_n(log, 10)
+    log.write_pending()
+    ro = CommitLog.open(str(tmp_path / "log"), readonly=True)
+    assert [r.offset for r in ro.read_range(0)] == list(range(10))
+    append_n(log, 200)  # several rolls
+    log.write_pending()
+    assert ro.next_offset == 10
+    ro.refresh()
+    assert ro.next_offset == 210
+    assert [r.offset for r in ro.read_range(5)] == list(range(5, 210))
+    assert len(ro.segments()) == len(log.segments())
+    ro.close()
+    log.close()
+
+
+def test_reader_ignores_a_half_written_record(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    append_n(log, 5)
+    log.write_pending()
+    seg = segment_files(tmp_path / "log")[0]
+    with open(seg, "ab") as fh:  # what a reader may see while a write is in progress
+        fh.write(b"\x01\x02\x03\x04\x40\x00\x00\x00")
+    ro = CommitLog.open(str(tmp_path / "log"), readonly=True)
+    assert ro.next_offset == 5 and ro.damage == []
+    ro.close()
+    log.close()
+
+
+def test_bad_arguments(tmp_path):
+    log = open_log(tmp_path / "log")
+    for bad in [dict(qos=3), dict(client_id=b"x" * 65536), dict(topic=b"t" * 65536), dict(ts=-1)]:
+        args = dict(ts=T0, qos=0, retain=False, client_id=b"c", topic=b"t", payload=b"")
+        args.update(bad)
+        with pytest.raises(ValueError):
+            log.append(args["ts"], args["qos"], args["retain"], args["client_id"], args["topic"],
+                       args["payload"])
+    assert log.next_offset == 0
+    log.close()
+    with pytest.raises(ValueError, match="segment_bytes"):
+        LogOptions(segment_bytes=100)
+    with pytest.raises(ValueError, match="retention_bytes"):
+        LogOptions(segment_bytes=8192, retention_bytes=4096)
+
+
+def test_pending_bytes_are_not_limited_while_writes_work(tmp_path):
+    """max_pending_bytes bounds memory only while the disk fails (test_diskfull covers that);
+    a busy pass may append more than that before its one write."""
+    log = open_log(tmp_path / "log", max_pending_bytes=5000, segment_bytes=1 << 20)
+    for _ in range(4):
+        log.append(T0, 0, False, b"c", b"t", b"x" * 3000)
+    assert log.pending_bytes > 12000
+    assert log.write_pending() == 4 and log.pending_bytes == 0
+    log.close()
+
+
+# ----------------------------------------------------------------------------------- retention
+
+def test_retention_keeps_segments_until_uploaded(tmp_path):
+    clock = Clock(T0)
+    log = open_log(tmp_path / "log", clock, segment_bytes=4096, retention_ms=1000)
+    append_n(log, 300, start_ts=T0, step_ms=0)
+    log.write_pending()
+    n = len(log.segments())
+    clock.now = T0 + 10_000
+    log.housekeeping()
+    assert len(log.segments()) == n  # old, but nothing uploaded
+    second = log.segments()[2].base_offset
+    log.mark_uploaded(second)  # the first two segments are uploaded
+    log.housekeeping()
+    assert [s.base_offset for s in log.segments()][0] == second
+    assert log.first_offset == second
+    assert log.counters.segments_deleted == 2 and log.counters.forced_deletions == 0
+    assert log.read(0) is None and log.read(second).offset == second
+    assert not (tmp_path / "log" / "00000000000000000000.seg").exists()
+    assert not (tmp_path / "log" / "00000000000000000000.idx").exists()
+    # The mark is persisted.
+    log.close()
+    assert json.loads((tmp_path / "log" / "uploaded").read_text()) == {"uploaded_offset": second}
+    log = open_log(tmp_path / "log", clock, segment_bytes=4096, retention_ms=1000)
+    assert log.uploaded_offset == second
+    assert log.segments()[0].uploaded is False and log.first_offset == second
+    log.close()
+
+
+def test_retention_by_age_waits_for_the_newest_record(tmp_path):
+    clock = Clock(T0)
+    log = open_log(tmp_path / "log", clock, segment_bytes=4096, retention_ms=60_000)
+    append_n(log, 300, start_ts=T0, step_ms=1000)
+    log.write_pending()
+    log.mark_uploaded(log.next_offset)
+    segs = log.segments()
+    clock.now = segs[0].last_timestamp_ms + 59_999
+    log.housekeeping()
+    assert log.segments()[0].base_offset == 0
+    clock.now = segs[0].last_timestamp_ms + 60_000
+    log.housekeeping()
+    assert log.segments()[0].base_offset == segs[1].base_offset
+    clock.now = T0 + 10**9
+    log.housekeeping()
+    assert len(log.segments()) == 1  # never the last segment
+    assert log.next_offset == 300
+    log.close()
+
+
+def test_retention_bytes_forces_deletion_counted_and_logged(tmp_path, caplog):
+    log = open_log(tmp_path / "log", segment_bytes=4096, retention_bytes=12288)
+    with caplog.at_level("WARNING", logger="edgebroker.commitlog"):
+        append_n(log, 600)
+        log.write_pending()
+    total = sum(s.size_bytes + s.index_bytes for s in log.segments())
+    assert total <= 12288 + 4096 + 65536  # within the limit, plus the segment being written
+    assert log.counters.forced_deletions >= 1
+    assert log.counters.forced_deleted_records == log.first_offset
+    warnings = [r.getMessage() for r in caplog.records if "before it was uploaded" in r.getMessage()]
+    assert len(warnings) == log.counters.forced_deletions  # once per segment
+    assert "over retention_bytes" in warnings[0]
+    assert [r.offset for r in log.read_range(0)] == list(range(log.first_offset, 600))
+    log.close()
+
+
+def test_uploaded_mark_survives_and_never_goes_back(tmp_path):
+    log = open_log(tmp_path / "log")
+    append_n(log, 10)
+    log.write_pending()
+    log.mark_uploaded(7)
+    log.mark_uploaded(3)
+    log.mark_uploaded(10**9)  # clamped to what is written
+    assert log.uploaded_offset == 10
+    log.close()
+
+
+def test_corrupt_uploaded_file_is_reported_and_treated_as_nothing_uploaded(tmp_path, caplog):
+    log = open_log(tmp_path / "log")
+    append_n(log, 10)
+    log.write_pending()
+    log.close()
+    (tmp_path / "log" / "uploaded").write_text("{garbage")
+    with caplog.at_level("WARNING", logger="edgebroker.commitlog"):
+        log = open_log(tmp_path / "log")
+    assert log.uploaded_offset == 0
+    assert any("uploaded: unreadable" in r.getMessage() for r in caplog.records)
+    log.close()
+
+
+def test_offsets_never_go_back_even_if_every_segment_is_removed(tmp_path):
+    log = open_log(tmp_path / "log")
+    append_n(log, 10)
+    log.write_pending()
+    log.mark_uploaded(10)
+    log.close()
+    for f in (tmp_path / "log").glob("0*"):
+        f.unlink()
+    log = open_log(tmp_path / "log")
+    assert log.next_offset == 10
+    log.close()
+
+
+def test_open_errors_name_the_directory(tmp_path):
+    with pytest.raises(LogError, match="no commit log at"):
+        CommitLog.open(str(tmp_path / "missing"), readonly=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(LogError, match=str(tmp_path / "file")):
+        CommitLog.open(str(tmp_path / "file"))
+
+
+def test_segment_written_by_a_newer_version_is_refused(tmp_path):
+    from edgebroker.commitlog import LogFormatError
+    log = open_log(tmp_path / "log")
+    append_n(log, 3)
+    log.close()
+    seg = segment_files(tmp_path / "log")[0]
+    data = bytearray(seg.read_bytes())
+    data[8] = 2  # version 2, with a matching header checksum
+    data[28:32] = crc32c(bytes(data[:28])).to_bytes(4, "little")
+    seg.write_bytes(bytes(data))
+    with pytest.raises(LogFormatError, match=r"format version 2; this edgebroker reads version 1"):
+        open_log(tmp_path / "log")

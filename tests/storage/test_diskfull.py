@@ -1,0 +1,105 @@
+"""A full disk, for real: a 1 MiB tmpfs mounted by the test in a private mount namespace.
+
+The test re-runs itself under ``unshare --mount`` (plus ``--user --map-root-user`` when not
+root), so the mount is private to that process and disappears with it, even if the test dies.
+Inside, it mounts the tmpfs, fills it with a filler file and the log, and checks: the write
+fails with ENOSPC and a clear error naming the file, the file is left exactly as it was (no
+partial record), the records stay pending and are written when space returns, nothing written
+before is lost, and the log reopens cleanly.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from edgebroker.commitlog import CommitLog, Flusher, LogFullError, LogWriteError
+
+from diskfull import fill, fill_up, in_private_mount_namespace, mount_tmpfs
+
+from .logutil import open_log, segment_files
+
+@pytest.mark.parametrize("payload_size", [3000, 40_000])  # copied / written from where it is
+def test_disk_full_loses_nothing_and_recovers(tmp_path, request, payload_size):
+    if not in_private_mount_namespace(request):
+        return
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "1m")
+    fill(mnt / "filler", 600 * 1024)
+    log = open_log(mnt / "log", segment_bytes=64 * 1024)
+    fl = Flusher(log, "batch", flush_interval_ms=10)
+    fl.start()
+    payload = os.urandom(payload_size)
+    written = 0
+    error = None
+    for i in range(1000):
+        log.append(1000 + i, 1, False, b"dev", b"t/%d" % i, payload)
+        try:
+            written = log.write_pending()
+        except LogWriteError as exc:
+            error = exc
+            break
+        fl.notify_written()
+    assert error is not None, "the tmpfs never filled up"
+    assert error.errno == errno.ENOSPC
+    assert str(mnt / "log") in str(error) and "No space left on device" in str(error)
+    pending = log.next_offset - written
+    assert pending >= 1 and log.pending_bytes > 0
+    # No partial record: every segment file ends exactly after its last valid record.
+    for seg in log.segments():
+        assert os.path.getsize(seg.path) == seg.size_bytes
+    # fsync is unaffected. Stop the flusher (its small files come and go) and take any page
+    # that came free, then: retrying while still full fails the same way and changes nothing.
+    fl.stop()
+    assert log.durable_offset == written
+    fill_up(mnt / "filler2")
+    with pytest.raises(LogWriteError):
+        log.write_pending()
+    assert log.written_offset == written
+    # Readers see everything written so far.
+    assert [r.offset for r in log.read_range(0)] == list(range(written))
+    # Appends beyond max_pending_bytes are refused, not buffered without bound.
+    log.options.max_pending_bytes = log.pending_bytes + 100
+    with pytest.raises(LogFullError):
+        log.append(0, 0, False, b"", b"t", b"x" * 200)
+    # Space comes back: everything pending is written, in order, nothing lost.
+    (mnt / "filler").unlink()
+    (mnt / "filler2").unlink()
+    fl = Flusher(log, "batch", flush_interval_ms=10)
+    fl.start()
+    assert log.write_pending() == written + pending
+    fl.notify_written()
+    fl.stop()
+    assert log.durable_offset == written + pending
+    got = list(log.read_range(0))
+    assert [r.offset for r in got] == list(range(written + pending))
+    assert all(r.payload == payload for r in got)
+    log.close()
+    log = CommitLog.open(str(mnt / "log"), log.options)
+    assert log.recovery.damage == [] and log.next_offset == written + pending
+    log.close()
+
+
+def test_disk_full_while_creating_a_segment(tmp_path, request):
+    """The roll needs a new file and index room: when that fails the records wait too."""
+    if not in_private_mount_namespace(request):
+        return
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "1m")
+    log = open_log(mnt / "log", segment_bytes=4096)
+    log.append(1, 0, False, b"c", b"t", b"x" * 3000)
+    log.write_pending()
+    # Fill every remaining byte, then append a record that needs a new segment.
+    fill_up(mnt / "filler")
+    off = log.append(2, 0, False, b"c", b"t", b"y" * 3000)
+    with pytest.raises(LogWriteError) as info:
+        log.write_pending()
+    assert info.value.errno == errno.ENOSPC
+    (mnt / "filler").unlink()
+    log.write_pending()
+    assert log.read(off).payload == b"y" * 3000
+    assert [s.records for s in log.segments()] == [1, 1]
+    log.close()
+    assert len(segment_files(mnt / "log")) == 2

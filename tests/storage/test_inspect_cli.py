@@ -1,0 +1,255 @@
+"""`edgebroker inspect` end to end: the real command in a subprocess, on logs written by the
+commit log (in this process, which keeps writing while the command runs where that matters)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .logutil import append_n, flip_byte, open_log, parse_segment, segment_files
+
+REPO = Path(__file__).resolve().parents[2]
+T0 = 1_700_000_000_000
+
+
+def inspect(*args, env=None, cwd=REPO, drop_env=()) -> subprocess.CompletedProcess:
+    environ = dict(os.environ, **(env or {}))
+    for name in drop_env:
+        environ.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "edgebroker", "inspect", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=60, env=environ)
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """A data dir whose log holds 200 records in several segments; offsets 0..199."""
+    log = open_log(tmp_path / "data" / "log", segment_bytes=4096)
+    append_n(log, 200, start_ts=T0, step_ms=1000)
+    log.write_pending()
+    log.mark_uploaded(log.segments()[1].base_offset)
+    log.close()
+    return tmp_path / "data"
+
+
+def test_segments(data_dir):
+    r = inspect("segments", "--data-dir", str(data_dir), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    segs = json.loads(r.stdout)
+    assert segs[0]["base_offset"] == 0 and segs[-1]["last_offset"] == 199
+    assert sum(s["records"] for s in segs) == 200
+    assert [s["uploaded"] for s in segs[:2]] == [True, False]
+    assert segs[0]["first_timestamp_ms"] == T0
+    assert segs[0]["bytes"] == os.path.getsize(segment_files(data_dir / "log")[0])
+    text = inspect("segments", "--data-dir", str(data_dir)).stdout
+    lines = text.splitlines()
+    assert lines[0].split() == ["BASE", "LAST", "RECORDS", "BYTES", "FIRST", "TIME", "LAST", "TIME",
+                                "UPLOADED", "STATE"]
+    assert "2023-11-14T22:13:20.000Z" in lines[1] and lines[1].split()[-2:] == ["yes", "sealed"]
+    assert lines[len(segs)].split()[-1] == "active"
+    assert lines[-1].startswith(f"{len(segs)} segments, 200 records")
+
+
+def test_topics(data_dir):
+    r = inspect("topics", "--data-dir", str(data_dir), "--format", "json")
+    topics = {t["topic"]: t for t in json.loads(r.stdout)}
+    assert sorted(topics) == sorted({f"site/{i % 3}/sensor/{i % 5}" for i in range(200)})
+    t = topics["site/1/sensor/2"]
+    members = [i for i in range(200) if i % 3 == 1 and i % 5 == 2]
+    assert t["messages"] == len(members)
+    assert t["last_timestamp_ms"] == T0 + members[-1] * 1000
+    r = inspect("topics", "--data-dir", str(data_dir), "--filter", "site/2/#")
+    assert r.returncode == 0
+    assert [ln.split()[0] for ln in r.stdout.splitlines()[1:-1]] == [
+        f"site/2/sensor/{k}" for k in range(5)]
+
+
+def test_tail_last_from_since_topic(data_dir):
+    d = str(data_dir)
+    out = inspect("tail", "--data-dir", d, "-n", "3").stdout.splitlines()
+    assert [ln.split()[0] for ln in out] == ["197", "198", "199"]
+    assert out[0].split()[1] == "2023-11-14T22:16:37.000Z"
+    out = inspect("tail", "--data-dir", d, "--from", "195", "--format", "json").stdout.splitlines()
+    assert [json.loads(ln)["offset"] for ln in out] == [195, 196, 197, 198, 199]
+    out = inspect("tail", "--data-dir", d, "--since", "2023-11-14T22:16:35Z").stdout.splitlines()
+    assert [ln.split()[0] for ln in out] == ["195", "196", "197", "198", "199"]
+    out = inspect("tail", "--data-dir", d, "--since", str(T0 + 198_000)).stdout.splitlines()
+    assert [ln.split()[0] for ln in out] == ["198", "199"]
+    out = inspect("tail", "--data-dir", d, "--topic", "site/0/sensor/+", "-n", "2").stdout.splitlines()
+    want = [i for i in range(200) if i % 3 == 0][-2:]
+    assert [int(ln.split()[0]) for ln in out] == want
+    assert all(" site/0/sensor/" in ln for ln in out)
+
+
+def test_tail_since_an_age(tmp_path):
+    log = open_log(tmp_path / "data" / "log")
+    now = int(time.time() * 1000)
+    for age_min in (30, 20, 5, 1):
+        log.append(now - age_min * 60_000, 0, False, b"c", b"t", b"%d" % age_min)
+    log.write_pending()
+    log.close()
+    out = inspect("tail", "--data-dir", str(tmp_path / "data"), "--since", "10m").stdout.splitlines()
+    assert [ln.split()[-1] for ln in out] == ["5", "1"]
+
+
+def test_tail_payload_rendering(tmp_path):
+    log = open_log(tmp_path / "data" / "log")
+    log.append(T0, 1, True, b"dev", b"bin", b"\x00\xff\x10")
+    log.append(T0, 0, False, b"dev", b"txt", "héllo\nworld".encode())
+    log.append(T0, 0, False, b"dev", b"long", b"x" * 500)
+    log.write_pending()
+    log.close()
+    d = str(tmp_path / "data")
+    out = inspect("tail", "--data-dir", d, "--max-payload", "20").stdout.splitlines()
+    assert out[0].endswith("q1 r bin [dev] 0x00ff10")
+    assert out[1].endswith("txt [dev] héllo\\nworld")
+    assert out[2].endswith("x" * 20 + "... (500 bytes)")
+    js = [json.loads(ln) for ln in inspect("tail", "--data-dir", d, "--format", "json").stdout.splitlines()]
+    assert js[0]["payload_base64"] == "AP8Q" and "payload" not in js[0] and js[0]["retain"] is True
+    assert js[1]["payload"] == "héllo\nworld"
+
+
+def test_tail_follow_while_a_writer_appends_and_rolls(tmp_path):
+    log = open_log(tmp_path / "data" / "log", segment_bytes=4096)
+    append_n(log, 5)
+    log.write_pending()
+    proc = subprocess.Popen([sys.executable, "-m", "edgebroker", "inspect", "tail", "--data-dir",
+                             str(tmp_path / "data"), "--follow", "--format", "json", "-n", "2"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(10):  # 150 more records, several rolls, while it follows
+            append_n(log, 15)
+            log.write_pending()
+            time.sleep(0.1)
+        while len(lines) < 152 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    reader.join(5)
+    assert [json.loads(ln)["offset"] for ln in lines] == list(range(3, 155))
+
+
+def test_verify_ok_and_progress_on_a_terminal(data_dir):
+    r = inspect("verify", "--data-dir", str(data_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "200 records" in r.stdout and r.stdout.rstrip().endswith(": OK")
+    assert "verifying [" not in r.stderr  # not a terminal: no progress bar
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "edgebroker", "inspect", "verify", "--data-dir",
+                            str(data_dir)], cwd=REPO, stdout=subprocess.PIPE, stderr=slave,
+                           timeout=60)
+        os.close(slave)
+        tty_output = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            tty_output += chunk
+    finally:
+        os.close(master)
+    assert p.returncode == 0
+    assert b"verifying [" in tty_output and b"100.0%" in tty_output
+
+
+def test_verify_reports_damage_and_exits_1(data_dir):
+    seg = segment_files(data_dir / "log")[1]
+    victim = parse_segment(seg)[4]
+    flip_byte(seg, victim["payload_position"] - 2)
+    r = inspect("verify", "--data-dir", str(data_dir))
+    assert r.returncode == 1
+    damage = [ln for ln in r.stdout.splitlines() if ln.startswith("DAMAGE")]
+    assert len(damage) == 1
+    assert str(seg) in damage[0] and f"offset {victim['offset']}" in damage[0]
+    assert "DAMAGED: 1 region(s) cannot be read" in r.stdout
+    js = json.loads(inspect("verify", "--data-dir", str(data_dir), "--format", "json").stdout)
+    assert js["ok"] is False and js["damage"][0]["offset"] == victim["offset"]
+    assert js["records"] == 199
+
+
+def test_verify_notes_an_incomplete_tail_and_index_problems_without_failing(data_dir):
+    segs = segment_files(data_dir / "log")
+    with open(segs[-1], "ab") as fh:
+        fh.write(b"\x00" * 40)
+    idx = segs[0].with_suffix(".idx")
+    idx.write_bytes(idx.read_bytes()[:-16])
+    r = inspect("verify", "--data-dir", str(data_dir))
+    assert r.returncode == 0, r.stdout
+    assert any(ln.startswith("note") and "incomplete tail" in ln for ln in r.stdout.splitlines())
+    assert any(ln.startswith("index") and str(idx) in ln for ln in r.stdout.splitlines())
+    # verify changed nothing
+    assert idx.stat().st_size % 16 == 0 and segs[-1].read_bytes().endswith(b"\x00" * 40)
+
+
+def test_verify_while_a_writer_appends(tmp_path):
+    log = open_log(tmp_path / "data" / "log", segment_bytes=8192)
+    append_n(log, 200)
+    log.write_pending()
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            append_n(log, 20)
+            log.write_pending()
+            time.sleep(0.005)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(3):
+            r = inspect("verify", "--data-dir", str(tmp_path / "data"))
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "DAMAGE" not in r.stdout
+    finally:
+        stop.set()
+        t.join()
+        log.close()
+
+
+def test_data_dir_defaults_like_serve(data_dir, tmp_path):
+    r = inspect("segments", "--format", "json", env={"STATE_DIRECTORY": str(data_dir)})
+    assert r.returncode == 0 and sum(s["records"] for s in json.loads(r.stdout)) == 200
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'data_dir = "{data_dir}"\n')
+    r = inspect("segments", "-c", str(cfg), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "edgebroker-data").symlink_to(data_dir)
+    r = inspect("segments", "--format", "json", cwd=tmp_path, drop_env=["STATE_DIRECTORY"])
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)) > 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["segments", "--data-dir", "/nonexistent/x"], "no commit log at /nonexistent/x/log"),
+    (["tail", "--topic", "a/#/b"], "--topic 'a/#/b'"),
+    (["tail", "--since", "yesterday"], "--since 'yesterday': expected ISO 8601"),
+    (["topics", "--filter", "a+"], "--filter 'a+'"),
+])
+def test_errors_are_one_clear_line(data_dir, args, message):
+    if "--data-dir" not in args:
+        args = args + ["--data-dir", str(data_dir)]
+    r = inspect(*args)
+    assert r.returncode == 1
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr

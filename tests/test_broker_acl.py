@@ -1,0 +1,232 @@
+"""ACLs on the real broker: partly denied subscriptions, dropped publishes, reads checked at
+delivery (retained messages too), %c/%u patterns, the anonymous section, wills, reloads."""
+
+import signal
+
+import pytest
+
+import mqttraw as m
+from conftest import _close_all_clients, _start, _teardown
+from secfiles import wait_counter, write_acl, write_passwords
+
+PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw"}
+
+ACL = """\
+# anonymous clients
+topic read public/#
+
+user alice
+topic readwrite alice/#
+topic deny alice/secret/#
+topic read shared/#
+topic write shared/alice
+
+user bob
+topic readwrite bob/#
+topic read alice/status
+
+user admin
+topic readwrite #
+topic read $SYS/#
+
+pattern readwrite devices/%c/#
+pattern read users/%u/inbox
+"""
+
+
+@pytest.fixture(scope="module")
+def aclsrv(tmp_path_factory):
+    """Listener 0: passwords + ACL. Listener 1: anonymous + the same ACL.
+    Listener 2: anonymous, no ACL (for watching everything, $SYS included)."""
+    d = tmp_path_factory.mktemp("acl")
+    pw = write_passwords(d / "passwd", PASSWORDS)
+    acl = write_acl(d / "acl", ACL)
+    b = _start(d, {"password_file": str(pw), "acl_file": str(acl), "sys_interval": 0.5,
+                   "listener": [{"host": "127.0.0.1", "port": 0},
+                                {"host": "127.0.0.1", "port": 0, "allow_anonymous": True,
+                                 "password_file": ""},
+                                {"host": "127.0.0.1", "port": 0, "allow_anonymous": True,
+                                 "password_file": "", "acl_file": ""}]})
+    yield b
+    _close_all_clients()
+    _teardown([b])
+
+
+def login(b, user, client_id, **kw):
+    return b.client(client_id, username=user, password=PASSWORDS[user], **kw)
+
+
+def anon(b, client_id, **kw):
+    return b.client(client_id, port=b.listeners[1][1], **kw)
+
+
+def watcher(b, client_id):
+    return b.client(client_id, port=b.listeners[2][1])
+
+
+def publishes(c):
+    """Messages that arrived before a PINGRESP (everything the broker queued for us so far)."""
+    return [(p.topic, p.payload, p.retain) for p in c.ping() if p.type == m.PUBLISH]
+
+
+def test_subscription_partly_denied(aclsrv, uid):
+    alice = login(aclsrv, "alice", f"{uid}-a")
+    mark = aclsrv.mark()
+    ack = alice.subscribe(("alice/x", 1), ("bob/x", 1), ("shared/#", 0), ("#", 0),
+                          ("alice/secret/y", 1), ("alice/+", 2))
+    assert ack.codes == [1, 0x80, 0, 0x80, 0x80, 2]
+    assert aclsrv.wait_log(f"client '{uid}-a' (user 'alice') from 127.0.0.1:{alice.local_port}: "
+                           f"subscription to 'bob/x' denied by the ACL (SUBACK 0x80)", start=mark)
+    # The granted filters work; the denied ones were not made.
+    admin = login(aclsrv, "admin", f"{uid}-adm")
+    for topic in ("alice/x", "bob/x", "shared/room", "other/t"):
+        admin.publish(topic, f"{uid} {topic}".encode(), qos=1)
+    # Overlapping alice/x and alice/+ deliver once; retained messages of other tests are ignored.
+    got = [t for t, payload, _ in publishes(alice) if uid.encode() in payload]
+    assert got == ["alice/x", "shared/room"], got
+
+
+def test_denied_publish_dropped_silently_and_counted(aclsrv, uid):
+    port = aclsrv.listeners[2][1]
+    before = wait_counter(aclsrv, "acl/publish/denied", lambda v: True, port)
+    w = watcher(aclsrv, f"{uid}-w")
+    w.subscribe(f"alice/{uid}/#", "bob/#")
+    bob = login(aclsrv, "bob", f"{uid}-b")
+    mark = aclsrv.mark()
+    bob.publish(f"alice/{uid}/forged", b"x", qos=1)      # PUBACK still comes (3.1.1)
+    bob.publish(f"alice/{uid}/forged", b"y", qos=2)
+    bob.publish(f"alice/{uid}/forged", b"z", qos=0)
+    bob.publish(f"bob/{uid}", b"allowed", qos=1)
+    assert publishes(w) == [(f"bob/{uid}", b"allowed", False)]
+    assert bob.ping() == []                              # still connected
+    line = aclsrv.wait_log(f"(user 'bob') from 127.0.0.1:{bob.local_port}: publish to "
+                           f"'alice/{uid}/forged' denied by the ACL; dropped", start=mark)
+    assert line
+    assert wait_counter(aclsrv, "acl/publish/denied", lambda v: v >= before + 3, port)
+    # One log line per topic and connection, however many publishes.
+    assert sum("denied by the ACL; dropped" in ln for ln in aclsrv.logs[mark:]) == 1
+
+
+def test_read_checked_at_delivery(aclsrv, uid):
+    """A subscription granted under a deny rule that covers part of it gets everything else."""
+    alice = login(aclsrv, "alice", f"{uid}-a")
+    assert alice.subscribe("alice/#").codes == [0]
+    admin = login(aclsrv, "admin", f"{uid}-adm")
+    admin.publish(f"alice/{uid}/open", b"1", qos=1)
+    admin.publish(f"alice/secret/{uid}", b"2", qos=1)
+    admin.publish(f"alice/{uid}/open2", b"3", qos=1)
+    assert publishes(alice) == [(f"alice/{uid}/open", b"1", False),
+                                (f"alice/{uid}/open2", b"3", False)]
+
+
+def test_retained_messages_not_leaked(aclsrv, uid):
+    admin = login(aclsrv, "admin", f"{uid}-adm")
+    admin.publish(f"alice/{uid}/r", b"alice-visible", qos=1, retain=True)
+    admin.publish(f"alice/secret/{uid}/r", b"hidden", qos=1, retain=True)
+    admin.publish("alice/status", b"online", qos=1, retain=True)
+    admin.publish(f"bob/{uid}/r", b"bob-only", qos=1, retain=True)
+    alice = login(aclsrv, "alice", f"{uid}-a")
+    assert alice.subscribe("alice/#").codes == [0]
+    got = publishes(alice)
+    assert (f"alice/{uid}/r", b"alice-visible", True) in got
+    assert all(b"hidden" != payload for _, payload, _ in got), got
+    assert alice.subscribe("bob/#").codes == [0x80]
+    assert publishes(alice) == []
+    # bob may read alice/status only: the retained status, nothing else of alice's.
+    bob = login(aclsrv, "bob", f"{uid}-b")
+    assert bob.subscribe("alice/status", "alice/+", "alice/#").codes == [0, 0x80, 0x80]
+    assert publishes(bob) == [("alice/status", b"online", True)]
+    # The anonymous section: public/# only.
+    a = anon(aclsrv, f"{uid}-anon")
+    assert a.subscribe("alice/#", "public/#").codes == [0x80, 0]
+    assert publishes(a) == []
+
+
+def test_patterns_client_id_and_username(aclsrv, uid):
+    dev = login(aclsrv, "bob", "dev-" + uid)
+    assert dev.subscribe(f"devices/dev-{uid}/#", f"devices/other-{uid}/#").codes == [0, 0x80]
+    dev.publish(f"devices/dev-{uid}/temp", b"21.5", qos=1)
+    dev.publish(f"devices/other-{uid}/temp", b"forged", qos=1)
+    assert publishes(dev) == [(f"devices/dev-{uid}/temp", b"21.5", False)]
+    # %u: each user reads its own inbox only.
+    alice = login(aclsrv, "alice", f"{uid}-a")
+    bob = login(aclsrv, "bob", f"{uid}-b")
+    assert alice.subscribe("users/alice/inbox").codes == [0]
+    assert bob.subscribe("users/alice/inbox").codes == [0x80]
+    login(aclsrv, "admin", f"{uid}-adm").publish("users/alice/inbox", b"hi alice", qos=1)
+    assert publishes(alice) == [("users/alice/inbox", b"hi alice", False)]
+    assert publishes(bob) == []
+    # Anonymous clients match %c patterns but never %u.
+    a = anon(aclsrv, "anon-" + uid)
+    assert a.subscribe(f"devices/anon-{uid}/x", "users/None/inbox", "users/+/inbox").codes == \
+        [0, 0x80, 0x80]
+
+
+def test_unverified_username_gets_anonymous_rules(aclsrv, uid):
+    """On the anonymous listener, claiming to be admin gives the anonymous section's rights."""
+    c = anon(aclsrv, uid, username="admin", password="whatever")
+    assert c.subscribe("#", "public/#").codes == [0x80, 0]
+
+
+def test_will_topic_denied_connack_5(aclsrv, uid):
+    mark = aclsrv.mark()
+    c = aclsrv.client(uid, username="bob", password=PASSWORDS["bob"],
+                      will=("alice/will", b"x", 1), expect_rc=5)
+    assert c.expect_closed(5)
+    assert aclsrv.wait_log(f"client '{uid}' (user 'bob') from 127.0.0.1:{c.local_port}: refused "
+                           f"(CONNACK 5): the ACL does not let it publish its will on "
+                           f"'alice/will'", start=mark)
+    ok = aclsrv.client(f"{uid}-ok", username="bob", password=PASSWORDS["bob"],
+                       will=("bob/will", b"x", 1))
+    assert ok.ping() == []
+
+
+def test_sys_readable_only_with_a_rule(aclsrv, uid):
+    alice = login(aclsrv, "alice", f"{uid}-a")
+    assert alice.subscribe("$SYS/#").codes == [0x80]
+    admin = login(aclsrv, "admin", f"{uid}-adm")
+    assert admin.subscribe("$SYS/broker/uptime").codes == [0]
+    assert admin.recv_publish(timeout=5).topic == "$SYS/broker/uptime"
+
+
+def test_persistent_session_queue_is_filtered(aclsrv, uid):
+    """Messages for an offline session are checked before they are queued."""
+    cid = f"{uid}-persist"
+    alice = login(aclsrv, "alice", cid, clean=False)
+    assert alice.subscribe(("alice/#", 1)).codes == [1]
+    alice.disconnect()
+    admin = login(aclsrv, "admin", f"{uid}-adm")
+    admin.publish(f"alice/{uid}/q", b"queued", qos=1)
+    admin.publish(f"alice/secret/{uid}", b"hidden", qos=1)
+    alice = login(aclsrv, "alice", cid, clean=False)
+    assert alice.connack.session_present
+    # (Retained messages of other tests arrive too: only this test's topics count.)
+    assert [(p.topic, p.payload) for p in alice.ping() if p.type == m.PUBLISH and uid in p.topic] \
+        == [(f"alice/{uid}/q", b"queued")]
+    alice.disconnect()
+    login(aclsrv, "alice", cid).disconnect()
+
+
+def test_acl_reload_applies_to_connected_clients(broker, tmp_path, uid):
+    pw = write_passwords(tmp_path / "passwd", PASSWORDS)
+    acl = write_acl(tmp_path / "acl", ACL)
+    b = broker(password_file=str(pw), acl_file=str(acl))
+    alice = login(b, "alice", f"{uid}-a")
+    assert alice.subscribe("shared/#").codes == [0]
+    admin = login(b, "admin", f"{uid}-adm")
+    admin.publish("shared/x", b"before", qos=1)
+    assert publishes(alice) == [("shared/x", b"before", False)]
+    write_acl(acl, ACL.replace("topic read shared/#\n", ""))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload: re-read" in ln and str(acl) in ln, start=mark)
+    admin.publish("shared/x", b"after", qos=1)
+    assert publishes(alice) == []
+    assert alice.subscribe("shared/y").codes == [0x80]
+    # A broken ACL file keeps the running rules.
+    write_acl(acl, "topic readwrite #\nnonsense line\n")
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log("reload failed", start=mark)
+    assert line and "line 2: unknown keyword 'nonsense'" in line, line
+    assert alice.subscribe("shared/y").codes == [0x80]

@@ -1,0 +1,268 @@
+"""Password authentication against the real broker: CONNACK 0/4/5, logging, held packets,
+the worker pool under a burst of bad logins, the per-address failure limit, reloads."""
+
+import signal
+import time
+
+import pytest
+
+import mqttraw as m
+from conftest import _close_all_clients, _start, _teardown, run_cli, toml_dumps
+from secfiles import MOSQUITTO_HASH, MOSQUITTO_PASSWORD, wait_counter, write_passwords
+
+ALICE_PW = "alice-Pa55word"
+HELD_PW = "used-once-so-never-cached"
+
+
+@pytest.fixture(scope="module")
+def authsrv(tmp_path_factory):
+    """Listener 0: password file, no anonymous. Listener 1: anonymous only (no password file)."""
+    d = tmp_path_factory.mktemp("auth")
+    pw = write_passwords(d / "passwd", {"alice": ALICE_PW, "held": HELD_PW},
+                         extra=(f"mosq:{MOSQUITTO_HASH}", "# a comment"))
+    b = _start(d, {"password_file": str(pw), "sys_interval": 0.5,
+                   "listener": [{"host": "127.0.0.1", "port": 0},
+                                {"host": "127.0.0.1", "port": 0, "allow_anonymous": True,
+                                 "password_file": ""}]})
+    yield b
+    _close_all_clients()
+    _teardown([b])
+
+
+def open_port(b):
+    return b.listeners[1][1]
+
+
+def test_right_password(authsrv, uid):
+    c = authsrv.client(uid, username="alice", password=ALICE_PW)
+    assert c.ping() == []
+    assert authsrv.wait_log(f"client '{uid}' (user 'alice') from 127.0.0.1:{c.local_port} connected")
+
+
+def test_mosquitto_passwd_hash_accepted(authsrv, uid):
+    assert authsrv.client(uid, username="mosq", password=MOSQUITTO_PASSWORD).ping() == []
+
+
+@pytest.mark.parametrize("username, password, why", [
+    ("alice", "wrong-password", "wrong password"),
+    ("alice", "", "wrong password"),
+    ("nobody", "whatever-pw", "unknown user"),
+    ("alice", None, "no password given"),
+])
+def test_bad_credentials_connack_4(authsrv, uid, username, password, why):
+    mark = authsrv.mark()
+    c = authsrv.raw()
+    ack = c.connect(uid, username=username, password=password)
+    assert ack.rc == 4
+    assert c.expect_closed(5)
+    line = authsrv.wait_log(f"client '{uid}' (user '{username}') from 127.0.0.1:{c.local_port}: "
+                            f"refused (CONNACK 4): {why}", start=mark)
+    assert line, authsrv.log_text()
+    if password:
+        assert password not in authsrv.log_text(), "a password was logged"
+
+
+def test_anonymous_refused_connack_5(authsrv, uid):
+    mark = authsrv.mark()
+    c = authsrv.client(uid, expect_rc=5)
+    assert c.expect_closed(5)
+    assert authsrv.wait_log(f"client '{uid}' from 127.0.0.1:{c.local_port}: refused (CONNACK 5): "
+                            f"anonymous clients are not allowed on listener 127.0.0.1:"
+                            f"{authsrv.port}", start=mark)
+
+
+def test_unverified_user_name_is_anonymous(authsrv, uid):
+    """Without a password file on the listener a user name proves nothing: logged, not trusted."""
+    mark = authsrv.mark()
+    c = authsrv.client(uid, port=open_port(authsrv), username="alice", password="anything")
+    assert c.ping() == []
+    assert authsrv.wait_log(f"user name 'alice' not verified (no password_file on listener "
+                            f"127.0.0.1:{open_port(authsrv)}); treated as anonymous", start=mark)
+
+
+def test_packets_sent_with_connect_are_held_then_handled_in_order(authsrv, uid):
+    """CONNECT, SUBSCRIBE, PUBLISH and PINGREQ in one segment: the broker answers CONNACK first,
+    after the password check, then the rest in order."""
+    c = authsrv.raw()
+    c.send(m.connect(uid, username="held", password=HELD_PW)
+           + m.subscribe(1, [(f"{uid}/t", 1)]) + m.publish(f"{uid}/t", b"early", qos=1, packet_id=7)
+           + m.pingreq())
+    got = []
+    while {m.PINGRESP, m.PUBACK} - {p.type for p in got}:
+        got.append(c.recv_packet(10))
+    assert got[0].type == m.CONNACK and got[0].rc == 0
+    # Handled in order: the subscription exists before the PUBLISH is routed to it. The
+    # PUBACK waits for the log's fsync (durability "batch"), so it may follow the PINGRESP.
+    assert [p.type for p in got[:3]] == [m.CONNACK, m.SUBACK, m.PUBLISH], got
+    assert got[2].payload == b"early"
+    assert [p.packet_id for p in got if p.type == m.PUBACK] == [7]
+
+
+def test_second_connect_while_authenticating_is_a_violation(authsrv, uid):
+    c = authsrv.raw()
+    c.send(m.connect(uid, username="alice", password="not-cached-" + uid) + m.connect(uid))
+    assert c.expect_closed(10)
+    assert authsrv.wait_log("second CONNECT")
+
+
+def test_refusals_counted(authsrv, uid):
+    port = open_port(authsrv)
+    before = wait_counter(authsrv, "logins/failed", lambda v: True, port)
+    authsrv.client(uid, username="alice", password="bad-" + uid, expect_rc=4)
+    assert wait_counter(authsrv, "logins/failed", lambda v: v >= before + 1, port) >= before + 1
+    refused = wait_counter(authsrv, "logins/refused", lambda v: True, port)
+    authsrv.client(uid, expect_rc=5)
+    assert wait_counter(authsrv, "logins/refused", lambda v: v >= refused + 1, port)
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker pool: a burst of bad logins never stalls the event loop
+# ---------------------------------------------------------------------------------------------
+
+def test_burst_of_bad_logins_leaves_other_clients_served(broker, tmp_path, uid):
+    pw = write_passwords(tmp_path / "passwd", {"alice": ALICE_PW})
+    b = broker(password_file=str(pw), max_login_failures=1000,
+               listener=[{"host": "127.0.0.1", "port": 0},
+                         {"host": "127.0.0.1", "port": 0, "allow_anonymous": True,
+                          "password_file": ""}])
+    other = b.client(f"{uid}-other", port=b.listeners[1][1])
+    other.subscribe(f"{uid}/t")
+    bad = [b.raw(source="127.0.0.2") for _ in range(40)]
+    for i, c in enumerate(bad):
+        c.send(m.connect(f"{uid}-bad{i}", username="alice", password=f"guess-{i}"))
+    # 40 scrypt checks take a worker pool of two at least ~0.4 s; meanwhile the loop answers.
+    started = time.monotonic()
+    rtts = []
+    for i in range(10):
+        t0 = time.monotonic()
+        other.publish(f"{uid}/t", f"m{i}".encode())
+        assert [p.payload for p in other.ping()] == [f"m{i}".encode()]
+        rtts.append(time.monotonic() - t0)
+    pings_done = time.monotonic()
+    last_connack = 0.0
+    for c in bad:
+        ack = c.expect(m.CONNACK, timeout=30)
+        assert ack.rc == 4
+        last_connack = time.monotonic()
+    assert max(rtts) < 0.25, f"event loop stalled during the password checks: {rtts}"
+    assert pings_done < last_connack, "the burst was over before the pings: nothing measured"
+    assert last_connack - started > 0.2
+    good = b.client(f"{uid}-good", username="alice", password=ALICE_PW)
+    assert good.ping() == []
+
+
+def test_failed_logins_limited_per_address(broker, tmp_path, uid):
+    pw = write_passwords(tmp_path / "passwd", {"alice": ALICE_PW})
+    b = broker(password_file=str(pw), max_login_failures=3,
+               listener=[{"host": "127.0.0.1", "port": 0},
+                         {"host": "127.0.0.1", "port": 0, "allow_anonymous": True,
+                          "password_file": ""}], sys_interval=0.5)
+    src = {"source": "127.0.0.2"}
+    for i in range(3):
+        b.client(f"{uid}-{i}", username="alice", password="wrong", transport=src, expect_rc=4)
+    mark = b.mark()
+    c = b.client(f"{uid}-right", username="alice", password=ALICE_PW, transport=src, expect_rc=5)
+    assert c.expect_closed(5)
+    assert b.wait_log(f"client '{uid}-right' (user 'alice') from 127.0.0.2:{c.local_port}: refused "
+                      f"(CONNACK 5): too many failed logins from 127.0.0.2 (3 within 60 s)",
+                      start=mark)
+    # Another address is not affected.
+    assert b.client(f"{uid}-elsewhere", username="alice", password=ALICE_PW).ping() == []
+    # A concurrent burst from a third address: at most 3 checks, the rest refused outright.
+    burst = [b.raw(source="127.0.0.3") for _ in range(12)]
+    for i, c in enumerate(burst):
+        c.send(m.connect(f"{uid}-burst{i}", username="alice", password="wrong"))
+    codes = sorted(c.expect(m.CONNACK, timeout=20).rc for c in burst)
+    assert codes.count(4) <= 3 and codes.count(5) >= 9, codes
+    assert wait_counter(b, "logins/refused", lambda v: v >= 10, b.listeners[1][1])
+
+
+def test_connect_timeout_keeps_running_while_authenticating(broker, tmp_path, uid):
+    pw = write_passwords(tmp_path / "passwd", {"alice": ALICE_PW})
+    b = broker(password_file=str(pw), max_login_failures=1000, limits={"connect_timeout": 0.2})
+    bad = [b.raw(source="127.0.0.2") for _ in range(40)]
+    for i, c in enumerate(bad):
+        c.send(m.connect(f"{uid}-bad{i}", username="alice", password=f"guess-{i}"))
+    mark = b.mark()
+    late = b.raw()
+    late.send(m.connect(f"{uid}-late", username="alice", password=ALICE_PW))
+    assert late.expect_closed(10)
+    assert all(p.type != m.CONNACK for p in late.before_close)
+    assert b.wait_log(f"client '{uid}-late' from 127.0.0.1:{late.local_port}: password check not "
+                      f"finished within 0.2 s; closing", start=mark)
+
+
+# ---------------------------------------------------------------------------------------------
+# The file: reloads, permissions, plain text
+# ---------------------------------------------------------------------------------------------
+
+def test_changed_password_is_checked_again_after_reload(broker, tmp_path, uid):
+    pw = tmp_path / "passwd"
+    write_passwords(pw, {"alice": "first-pw"})
+    b = broker(password_file=str(pw), log_level="debug")
+    assert b.client(f"{uid}-1", username="alice", password="first-pw").ping() == []
+    assert b.wait_log("user 'alice': password check done in ")
+    mark = b.mark()
+    assert b.client(f"{uid}-2", username="alice", password="first-pw").ping() == []
+    assert b.wait_log("user 'alice': password accepted from the cache", start=mark)
+    assert not any("password check done" in ln for ln in b.logs[mark:])
+    write_passwords(pw, {"alice": "second-pw"})
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(f"reload: re-read {pw}", start=mark)
+    b.client(f"{uid}-3", username="alice", password="first-pw", expect_rc=4)
+    assert b.client(f"{uid}-4", username="alice", password="second-pw").ping() == []
+
+
+def test_reload_keeps_old_file_when_new_one_is_unsafe(broker, tmp_path, uid):
+    pw = tmp_path / "passwd"
+    write_passwords(pw, {"alice": ALICE_PW})
+    b = broker(password_file=str(pw))
+    kept = b.client(f"{uid}-kept", username="alice", password=ALICE_PW)
+    write_passwords(pw, {"alice": "new-pw"}, mode=0o644)
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log("reload failed", start=mark)
+    assert line and "let other users read it" in line and f"chmod 600 {pw}" in line, line
+    assert kept.ping() == []
+    assert b.client(f"{uid}-old", username="alice", password=ALICE_PW).ping() == []
+
+
+def one_line(r):
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def config_file(tmp_path, **top):
+    cfg = {"data_dir": str(tmp_path / "data"), "sys_interval": 0,
+           "listener": [{"host": "127.0.0.1", "port": 0}], **top}
+    path = tmp_path / "edgebroker.toml"
+    path.write_text(toml_dumps(cfg))
+    return path
+
+
+def test_start_refuses_password_file_readable_by_others(tmp_path):
+    pw = write_passwords(tmp_path / "passwd", {"alice": ALICE_PW}, mode=0o644)
+    r = run_cli("serve", "-c", str(config_file(tmp_path, password_file=str(pw))))
+    assert r.returncode == 2
+    line = one_line(r)
+    assert f"password_file: {pw}: permissions -rw-r--r-- let other users read it" in line, line
+
+
+def test_plain_text_file_refused_until_upgraded(broker, tmp_path, uid):
+    pw = tmp_path / "passwd"
+    pw.write_text("alice:plain-secret\nbob:other-secret\n")
+    pw.chmod(0o600)
+    r = run_cli("serve", "-c", str(config_file(tmp_path, password_file=str(pw))))
+    assert r.returncode == 2
+    line = one_line(r)
+    assert "line 1: user 'alice'" in line and f"edgebroker passwd -U {pw}" in line, line
+    assert "plain-secret" not in r.stderr
+    r = run_cli("passwd", "-U", str(pw))
+    assert r.returncode == 0, r.stderr
+    assert "plain-secret" not in pw.read_text()
+    b = broker(password_file=str(pw))
+    assert b.client(f"{uid}-a", username="alice", password="plain-secret").ping() == []
+    assert b.client(f"{uid}-b", username="bob", password="other-secret").ping() == []
+    b.client(f"{uid}-c", username="bob", password="plain-secret", expect_rc=4)

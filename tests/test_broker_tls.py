@@ -1,0 +1,398 @@
+"""TLS listeners: raw, paho-mqtt and mosquitto_pub/sub clients; client certificates (required,
+missing, wrong CA, identity as user name); stalled handshakes; plain MQTT on the TLS port and
+TLS on the plain port; large writes; certificate reload on SIGHUP."""
+
+import shutil
+import signal
+import socket
+import ssl
+import time
+
+import pytest
+
+import mqttraw as m
+from certs import make_pki
+from conftest import _close_all_clients, _start, _teardown, run_cli, toml_dumps
+from mqttraw import ConnectionClosed
+from secfiles import wait_counter, write_acl, write_passwords
+
+PASSWORDS = {"alice": "alice-tls-pw", "held": "used-once-so-never-cached"}
+# What a client sees when the server ends a failed handshake: an alert, a reset or EOF.
+TLS_FAILURES = (ssl.SSLError, ConnectionClosed, ConnectionResetError, BrokenPipeError, TimeoutError)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def tlssrv(tmp_path_factory, pki):
+    """0: plain, anonymous, no ACL.  1: TLS + password.  2: TLS, client certificate required,
+    its CN is the user name, ACL.  3: TLS 1.3 only, handshake_timeout 0.5 s, anonymous."""
+    d = tmp_path_factory.mktemp("tls")
+    pw = write_passwords(d / "passwd", PASSWORDS)
+    acl = write_acl(d / "acl", "pattern readwrite devices/%u/#\n")
+    server = {"certfile": str(pki.server.cert), "keyfile": str(pki.server.key)}
+    # The byte limits high enough that the large-message test (3.6 MB of QoS 1 to one reader at
+    # once, then QoS 0 behind it) tests TLS writes, not the limits (docs/limits.md: beyond them
+    # QoS 1 waits in the queue while QoS 0 goes on, or is dropped).
+    limits = {"max_inflight_bytes": 16 << 20, "max_pending_write_bytes": 16 << 20}
+    b = _start(d, {"password_file": str(pw), "sys_interval": 0.5, "limits": limits, "listener": [
+        {"host": "127.0.0.1", "port": 0, "allow_anonymous": True, "password_file": ""},
+        {"host": "127.0.0.1", "port": 0, **server},
+        {"host": "127.0.0.1", "port": 0, **server, "cafile": str(pki.ca.cert),
+         "require_certificate": True, "use_identity_as_username": True, "acl_file": str(acl)},
+        {"host": "127.0.0.1", "port": 0, **server, "tls_version": "tlsv1.3",
+         "handshake_timeout": 0.5, "allow_anonymous": True, "password_file": ""},
+    ]})
+    yield b
+    _close_all_clients()
+    _teardown([b])
+
+
+def port(b, i):
+    return b.listeners[i][1]
+
+
+def client_context(pki, cert=None, ca=None, max_version=None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca or pki.ca.cert))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert.cert), str(cert.key))
+    if max_version is not None:
+        ctx.maximum_version = max_version
+    return ctx
+
+
+def tls_client(b, pki, listener, client_id, cert=None, expect_rc=0, **kw):
+    return b.client(client_id, port=port(b, listener), expect_rc=expect_rc,
+                    transport={"ssl_context": client_context(pki, cert)}, **kw)
+
+
+def test_listening_lines_describe_security(tlssrv):
+    text = tlssrv.log_text()
+    assert f"listening on 127.0.0.1:{port(tlssrv, 1)} (TLS; password file " in text
+    assert (f"listening on 127.0.0.1:{port(tlssrv, 2)} (TLS, client certificate required; "
+            f"certificate identity as user name; no anonymous; ACL ") in text
+
+
+def test_raw_tls_login_and_cross_listener_delivery(tlssrv, pki, uid):
+    plain = tlssrv.client(f"{uid}-plain", port=port(tlssrv, 0))
+    plain.subscribe(f"{uid}/t")
+    c = tls_client(tlssrv, pki, 1, f"{uid}-tls", username="alice", password=PASSWORDS["alice"])
+    assert c.sock.version() in ("TLSv1.2", "TLSv1.3")
+    c.subscribe(f"{uid}/t", qos=1)
+    c.publish(f"{uid}/t", b"over tls", qos=1)
+    assert c.recv_publish().payload == b"over tls"
+    assert plain.recv_publish().payload == b"over tls"
+    tls_client(tlssrv, pki, 1, f"{uid}-bad", username="alice", password="wrong", expect_rc=4)
+    tls_client(tlssrv, pki, 1, f"{uid}-anon", expect_rc=5)
+
+
+def test_packets_sent_with_connect_over_tls_wait_for_the_password_check(tlssrv, pki, uid):
+    """The TLS transport pauses reading while the check runs; decrypted bytes OpenSSL already
+    holds are not lost, and everything is answered in order after CONNACK."""
+    c = tlssrv.raw(port(tlssrv, 1), ssl_context=client_context(pki))
+    c.send(m.connect(uid, username="held", password=PASSWORDS["held"])
+           + m.subscribe(1, [(f"{uid}/t", 1)]) + m.publish(f"{uid}/t", b"x" * 50_000, qos=1,
+                                                           packet_id=9) + m.pingreq())
+    got = []
+    while {m.PINGRESP, m.PUBACK} - {p.type for p in got}:
+        got.append(c.recv_packet(10))
+    # In order; the PUBACK waits for the log's fsync, so it may follow the PINGRESP.
+    assert [p.type for p in got[:3]] == [m.CONNACK, m.SUBACK, m.PUBLISH], got
+    assert got[0].rc == 0 and got[2].payload == b"x" * 50_000
+    assert [p.packet_id for p in got if p.type == m.PUBACK] == [9]
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_paho_over_tls(tlssrv, pki, paho, uid, qos):
+    tls = {"ca_certs": str(pki.ca.cert)}
+    sub = paho(port(tlssrv, 1), client_id=f"{uid}-s", tls=tls, username="alice",
+               password=PASSWORDS["alice"])
+    assert sub.connect_rc == 0
+    assert sub.subscribe(f"{uid}/t", qos) == [qos]
+    pub = paho(port(tlssrv, 2), client_id=f"{uid}-p",
+               tls={**tls, "certfile": str(pki.client.cert), "keyfile": str(pki.client.key)})
+    assert pub.connect_rc == 0
+    # The certificate identity (device-1) may publish under devices/device-1/ only; alice reads.
+    assert sub.subscribe("devices/#", qos) == [qos]
+    pub.publish("devices/device-1/temp", b"21.5", qos=qos)
+    msg = sub.get()
+    assert (msg.topic, msg.payload, msg.qos) == ("devices/device-1/temp", b"21.5", qos)
+
+
+def test_paho_wrong_password_over_tls(tlssrv, pki, paho, uid):
+    c = paho(port(tlssrv, 1), client_id=uid, tls={"ca_certs": str(pki.ca.cert)},
+             username="alice", password="nope", reconnect=False)
+    assert c.connect_rc.is_failure and c.connect_rc.getName() == "Bad user name or password"
+
+
+def test_mosquitto_pub_sub_over_tls(tlssrv, pki, mosq, uid):
+    auth = ["--cafile", str(pki.ca.cert), "-u", "alice", "-P", PASSWORDS["alice"]]
+    sub = mosq("sub", port(tlssrv, 1), *auth, "-t", f"{uid}/t", "-C", "1", "-v", "-d")
+    sub.wait_line("received SUBACK")
+    pub = mosq("pub", port(tlssrv, 1), *auth, "-t", f"{uid}/t", "-m", "hello mosquitto", "-q", "1")
+    assert pub.wait() == 0, pub.out.text()
+    sub.wait_line(f"{uid}/t hello mosquitto")
+    assert sub.wait() == 0
+
+
+def test_mosquitto_client_certificate_identity(tlssrv, pki, mosq, uid):
+    watcher = tlssrv.client(f"{uid}-w", port=port(tlssrv, 0))
+    watcher.subscribe("devices/#")
+    cert = ["--cafile", str(pki.ca.cert), "--cert", str(pki.client.cert),
+            "--key", str(pki.client.key)]
+    for topic in ("devices/device-1/t", "devices/device-2/t"):   # the second is not device-1's
+        pub = mosq("pub", port(tlssrv, 2), *cert, "-t", topic, "-m", uid, "-q", "1")
+        assert pub.wait() == 0, pub.out.text()
+    got = [(p.topic, p.payload) for p in watcher.ping() if p.type == m.PUBLISH]
+    assert got == [("devices/device-1/t", uid.encode())]
+    assert tlssrv.wait_log(lambda ln: "(user 'device-1')" in ln and "connected" in ln)
+
+
+def test_client_certificate_required_and_missing(tlssrv, pki, mosq, uid):
+    mark = tlssrv.mark()
+    with pytest.raises(TLS_FAILURES):
+        # TLS 1.3: the client finishes its side first; the server's alert ends the connection.
+        tls_client(tlssrv, pki, 2, uid)
+    assert tlssrv.wait_log(f"on listener 127.0.0.1:{port(tlssrv, 2)} failed: the client sent no "
+                           f"certificate (require_certificate = true); closing", start=mark)
+    pub = mosq("pub", port(tlssrv, 2), "--cafile", str(pki.ca.cert), "-t", "devices/x", "-m", "x")
+    assert pub.wait() != 0
+    assert tls_client(tlssrv, pki, 2, f"{uid}-ok", cert=pki.client2).ping() == []
+
+
+def test_client_certificate_from_wrong_ca(tlssrv, pki, uid):
+    mark = tlssrv.mark()
+    with pytest.raises(TLS_FAILURES):
+        tls_client(tlssrv, pki, 2, uid, cert=pki.other_client)
+    line = tlssrv.wait_log("the client certificate is not signed by the listener's cafile",
+                           start=mark)
+    assert line and "(unable to get local issuer certificate)" in line, line
+
+
+def test_client_rejects_server_of_wrong_ca(tlssrv, pki, mosq, uid):
+    mark = tlssrv.mark()
+    with pytest.raises(ssl.SSLCertVerificationError):
+        tlssrv.raw(port(tlssrv, 1),
+                   ssl_context=client_context(pki, ca=pki.other_ca.cert))
+    assert tlssrv.wait_log(f"on listener 127.0.0.1:{port(tlssrv, 1)} failed: the client does not "
+                           f"trust the server certificate", start=mark)
+    pub = mosq("pub", port(tlssrv, 1), "--cafile", str(pki.other_ca.cert), "-u", "alice",
+               "-P", PASSWORDS["alice"], "-t", "x", "-m", "x")
+    assert pub.wait() != 0
+
+
+def client_hello(pki) -> bytes:
+    """The first flight of a real TLS client, produced without a socket."""
+    ctx = client_context(pki)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()
+
+
+def test_stalled_handshakes_do_not_block_other_clients(tlssrv, pki, uid):
+    """Silent sockets and a half-sent ClientHello sit on the TLS listener; everyone else is served
+    at once; the stalled ones are closed after handshake_timeout."""
+    mark = tlssrv.mark()
+    stalled = [socket.create_connection(("127.0.0.1", port(tlssrv, 3)), timeout=5)
+               for _ in range(5)]
+    half = socket.create_connection(("127.0.0.1", port(tlssrv, 3)), timeout=5)
+    hello = client_hello(pki)
+    half.sendall(hello[:len(hello) // 2])
+    stalled.append(half)
+    started = time.monotonic()
+    c = tls_client(tlssrv, pki, 3, f"{uid}-ok")
+    assert c.ping() == []
+    assert tlssrv.client(f"{uid}-plain", port=port(tlssrv, 0)).ping() == []
+    assert time.monotonic() - started < 0.4, "served only after the stalled handshakes timed out"
+    for s in stalled:
+        assert s.recv(100) == b"", "stalled handshake not closed"
+        s.close()
+    assert time.monotonic() - started >= 0.3
+    start = mark
+    for _ in range(6):                      # one log line per stalled socket
+        line = tlssrv.wait_log("not finished within 0.5 s (handshake_timeout)", start=start)
+        assert line, tlssrv.logs[mark:]
+        start = tlssrv.logs.index(line, start) + 1
+    assert c.ping() == []
+
+
+def test_slow_handshake_completes(tlssrv, pki, uid):
+    """A ClientHello trickling in (well within the timeout) still completes."""
+    ctx = client_context(pki)
+    raw = socket.create_connection(("127.0.0.1", port(tlssrv, 3)), timeout=5)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    while True:
+        try:
+            obj.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            data = outgoing.read()
+            for i in range(0, len(data), 64):       # 64 bytes per segment
+                raw.sendall(data[i:i + 64])
+            chunk = raw.recv(65536)
+            assert chunk, "server closed during a slow handshake"
+            incoming.write(chunk)
+    obj.write(m.connect(uid))
+    raw.sendall(outgoing.read())
+    buf = bytearray()
+    while True:
+        try:
+            buf += obj.read(4096)
+        except ssl.SSLWantReadError:
+            incoming.write(raw.recv(65536))
+            continue
+        if len(buf) >= 4:
+            break
+    assert bytes(buf[:4]) == m.connack(False, 0)
+    raw.close()
+
+
+def test_minimum_tls_version(tlssrv, pki, uid):
+    mark = tlssrv.mark()
+    with pytest.raises(ssl.SSLError):
+        tlssrv.raw(port(tlssrv, 3),
+                   ssl_context=client_context(pki, max_version=ssl.TLSVersion.TLSv1_2))
+    assert tlssrv.wait_log("the client's TLS version is below the listener's tls_version",
+                           start=mark)
+
+
+def test_plain_mqtt_on_tls_port(tlssrv, mosq, uid):
+    mark = tlssrv.mark()
+    c = tlssrv.raw(port(tlssrv, 1))
+    c.send(m.connect(uid))
+    assert c.expect_closed(5)
+    assert c.before_close == []
+    assert tlssrv.wait_log(f"TLS handshake with 127.0.0.1:{c.local_port} on listener 127.0.0.1:"
+                           f"{port(tlssrv, 1)} failed: plain MQTT (a CONNECT) instead of a TLS "
+                           f"handshake; the client must connect with TLS", start=mark)
+    pub = mosq("pub", port(tlssrv, 1), "-t", "x", "-m", "x")
+    assert pub.wait() != 0
+    assert wait_counter(tlssrv, "tls/handshakes/failed", lambda v: v >= 2, port(tlssrv, 0))
+
+
+def test_tls_on_plain_port(tlssrv, pki, mosq, uid):
+    mark = tlssrv.mark()
+    with pytest.raises(TLS_FAILURES):
+        tlssrv.raw(port(tlssrv, 0), ssl_context=client_context(pki))
+    line = tlssrv.wait_log("TLS handshake received on plain MQTT listener", start=mark)
+    # (followed by the event log's "(repeats are logged at most once per 60 s)")
+    assert line and (
+        f"TLS handshake received on plain MQTT listener 127.0.0.1:{port(tlssrv, 0)} from "
+        f"127.0.0.1:{line.split(' from 127.0.0.1:')[1].split(' ')[0]} — use the TLS listener or "
+        f"disable TLS in the client") in line, line
+    pub = mosq("pub", port(tlssrv, 0), "--cafile", str(pki.ca.cert), "-t", "x", "-m", "x")
+    assert pub.wait() != 0
+
+
+def test_large_and_many_messages_over_tls(tlssrv, pki, uid):
+    """Whole-chunk and partial TLS writes: big payloads and long runs of small ones, in order."""
+    sub = tls_client(tlssrv, pki, 1, f"{uid}-s", username="alice", password=PASSWORDS["alice"])
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = tlssrv.client(f"{uid}-p", port=port(tlssrv, 0))
+    big = [bytes([i]) * 900_000 for i in range(4)]
+    for payload in big:
+        pub.publish(f"{uid}/t", payload, qos=1)
+    for i in range(2000):
+        pub.publish(f"{uid}/t", b"%d" % i)
+    for payload in big:
+        assert sub.recv_publish(timeout=10).payload == payload
+    assert [int(sub.recv_publish(timeout=10).payload) for _ in range(2000)] == list(range(2000))
+
+
+# ---------------------------------------------------------------------------------------------
+# Certificate reload and configuration errors
+# ---------------------------------------------------------------------------------------------
+
+def der(path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(path.read_text())
+
+
+def test_sighup_reloads_certificate_keeping_connections(broker, tmp_path, pki, uid):
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(pki.server.cert, live / "server.crt")
+    shutil.copy(pki.server.key, live / "server.key")
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "certfile": str(live / "server.crt"),
+                          "keyfile": str(live / "server.key")}])
+    ctx = client_context(pki)
+    old = b.client(f"{uid}-old", transport={"ssl_context": ctx})
+    old.subscribe(f"{uid}/t")
+    assert old.sock.getpeercert(binary_form=True) == der(pki.server.cert)
+    renewed = pki.ca.issue("renewed", "localhost", server=True)
+    shutil.copy(renewed.cert, live / "server.crt")
+    shutil.copy(renewed.key, live / "server.key")
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(f"reload: re-read certificates of 127.0.0.1:{b.port}", start=mark)
+    new = b.client(f"{uid}-new", transport={"ssl_context": ctx})
+    assert new.sock.getpeercert(binary_form=True) == der(renewed.cert)
+    new.publish(f"{uid}/t", b"after reload")
+    assert old.recv_publish().payload == b"after reload"     # the old connection is still there
+    # A certificate that does not match its key: reload refused, the renewed one stays.
+    shutil.copy(pki.client.cert, live / "server.crt")
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log("reload failed", start=mark)
+    assert line and "listener[0].certfile" in line, line
+    again = b.client(f"{uid}-again", transport={"ssl_context": ctx})
+    assert again.sock.getpeercert(binary_form=True) == der(renewed.cert)
+    assert old.ping() == [] and new.ping() == []
+
+
+def one_line(r):
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("listener, words", [
+    ({"certfile": "/nonexistent/server.crt"}, "listener[0].certfile: /nonexistent/server.crt: "
+                                              "file not found"),
+    ({"certfile": "{client_cert}", "keyfile": "{server_key}"},
+     "not a usable certificate and matching private key"),
+    ({"certfile": "{server_cert}", "keyfile": "{server_key}", "cafile": "/nonexistent/ca.crt"},
+     "listener[0].cafile: /nonexistent/ca.crt: file not found"),
+    ({"certfile": "{server_cert}", "keyfile": "{server_key}", "require_certificate": True},
+     "listener[0].require_certificate: needs cafile"),
+    ({"certfile": "{server_cert}", "keyfile": "{server_key}", "cafile": "{ca}",
+      "use_identity_as_username": True}, "use_identity_as_username: needs require_certificate"),
+    ({"require_certificate": True}, "listener[0].require_certificate: needs certfile"),
+    ({"certfile": "{server_cert}", "keyfile": "{server_key}", "tls_version": "tlsv1.0"},
+     "listener[0].tls_version: must be one of"),
+    ({"certfile": "{server_cert}", "keyfile": "{server_key}", "ciphers": "NO-SUCH-CIPHER"},
+     "listener[0].ciphers: no cipher matches"),
+])
+def test_tls_config_errors_exit_2(tmp_path, pki, listener, words):
+    paths = {"{client_cert}": pki.client.cert, "{server_key}": pki.server.key,
+             "{server_cert}": pki.server.cert, "{ca}": pki.ca.cert}
+    lc = {"host": "127.0.0.1", "port": 0,
+          **{k: str(paths.get(v, v)) if isinstance(v, str) else v for k, v in listener.items()}}
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [lc]}))
+    for command in (["serve", "-c", str(path)], ["config", "check", "-c", str(path)]):
+        r = run_cli(*command)
+        assert r.returncode == 2, r.stderr
+        assert words in one_line(r)
+
+
+def test_config_check_reads_certificates(tmp_path, pki):
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [
+        {"host": "127.0.0.1", "port": 8883, "certfile": str(pki.server.cert),
+         "keyfile": str(pki.server.key)}]}))
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "127.0.0.1:8883 (TLS)" in r.stdout
+
+
+def test_key_in_certfile(broker, tmp_path, pki, uid):
+    both = tmp_path / "both.pem"
+    both.write_bytes(pki.server.cert.read_bytes() + pki.server.key.read_bytes())
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "certfile": str(both)}])
+    assert b.client(uid, transport={"ssl_context": client_context(pki)}).ping() == []

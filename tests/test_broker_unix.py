@@ -1,0 +1,84 @@
+"""Unix-domain socket listeners: clients (raw and mosquitto), file mode, stale files, cleanup."""
+
+import os
+import socket
+import stat
+
+from conftest import run_cli, toml_dumps
+
+
+def unix_listener(path, **extra):
+    return {"unix_socket": str(path), **extra}
+
+
+def test_unix_listener_serves_clients(broker, tmp_path, mosq, uid):
+    path = tmp_path / "mqtt.sock"
+    b = broker(listener=[unix_listener(path), {"host": "127.0.0.1", "port": 0}])
+    assert b.unix_paths == [str(path)]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    sub = b.client(f"{uid}-s", transport={"unix_path": str(path)})
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = b.client(f"{uid}-p")                       # the TCP listener
+    pub.publish(f"{uid}/t", b"to the unix socket", qos=1)
+    assert sub.recv_publish().payload == b"to the unix socket"
+    assert b.wait_log(f"client '{uid}-s' from unix:{path} (pid {os.getpid()}, uid {os.getuid()}) "
+                      f"connected")
+    tool = mosq("pub", 0, "--unix", str(path), "-t", f"{uid}/t", "-m", "from mosquitto_pub")
+    assert tool.wait() == 0, tool.out.text()
+    assert sub.recv_publish().payload == b"from mosquitto_pub"
+    b.stop()
+    assert not path.exists(), "socket file left behind at shutdown"
+
+
+def test_unix_socket_mode_and_stale_file(broker, tmp_path, uid):
+    path = tmp_path / "mqtt.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))          # a socket file nobody listens on (a crashed broker's)
+    stale.close()
+    b = broker(listener=[unix_listener(path, unix_socket_mode="0600")])
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert b.client(uid, transport={"unix_path": str(path)}).ping() == []
+
+
+def test_unix_socket_path_in_use_or_not_a_socket(broker, tmp_path):
+    path = tmp_path / "mqtt.sock"
+    broker(listener=[unix_listener(path)])
+    cfg = tmp_path / "second.toml"
+    cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d2"), "listener": [unix_listener(path)]}))
+    r = run_cli("serve", "-c", str(cfg))
+    assert r.returncode == 1
+    assert f"cannot listen on unix:{path}: another process is listening there" in r.stderr
+    regular = tmp_path / "regular"
+    regular.write_text("keep me")
+    cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d2"),
+                               "listener": [unix_listener(regular)]}))
+    r = run_cli("serve", "-c", str(cfg))
+    assert r.returncode == 1 and "a file that is not a socket is in the way" in r.stderr
+    assert regular.read_text() == "keep me"
+
+
+def test_unix_listener_with_its_own_auth(broker, tmp_path, uid):
+    """The Unix socket may stay open to local tools while TCP needs a password."""
+    from secfiles import write_passwords
+
+    pw = write_passwords(tmp_path / "passwd", {"alice": "pw"})
+    path = tmp_path / "mqtt.sock"
+    b = broker(password_file=str(pw), listener=[
+        {"host": "127.0.0.1", "port": 0},
+        unix_listener(path, password_file="", allow_anonymous=True)])
+    b.client(f"{uid}-tcp", expect_rc=5)
+    assert b.client(f"{uid}-unix", transport={"unix_path": str(path)}).ping() == []
+
+
+def test_unix_listener_config_errors(tmp_path):
+    for listener, words in (
+            ({"unix_socket": "/tmp/x.sock", "port": 1883}, "listener[0].port: not used with unix_socket"),
+            ({"unix_socket": "/tmp/x.sock", "certfile": "/c"}, "listener[0].certfile: not used"),
+            ({"unix_socket": "/tmp/x.sock", "unix_socket_mode": "0999"},
+             "listener[0].unix_socket_mode: must be octal"),
+            ({"host": "127.0.0.1", "unix_socket_mode": "0600"},
+             "listener[0].unix_socket_mode: only with unix_socket")):
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [listener]}))
+        r = run_cli("config", "check", "-c", str(cfg))
+        assert r.returncode == 2 and words in r.stderr, r.stderr

@@ -1,0 +1,165 @@
+"""`edgebroker passwd` end to end: the prompt on a real terminal (pty), batch mode, delete,
+upgrade, atomic 0600 writes, and the broker accepting what it wrote."""
+
+import os
+import pty
+import select
+import sys
+import time
+
+from conftest import REPO, run_cli
+from edgebroker.security.passwords import PasswordFile, verify_password
+
+
+class Terminal:
+    """``python -m edgebroker ARGS`` on a pseudo-terminal (its controlling terminal, as for a
+    person typing), so getpass really turns echo off."""
+
+    def __init__(self, *args):
+        pid, fd = pty.fork()
+        if pid == 0:                                        # the child: exec at once
+            try:
+                os.chdir(REPO)
+                os.execv(sys.executable, [sys.executable, "-m", "edgebroker", *args])
+            finally:
+                os._exit(127)
+        self.pid, self.fd = pid, fd
+        self.output = b""
+
+    def expect(self, text: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.output:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{text!r} not shown; terminal so far: {self.output!r}"
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if ready and not self._read():
+                raise AssertionError(f"{text!r} not shown before exit: {self.output!r}")
+
+    def _read(self) -> bool:
+        try:
+            data = os.read(self.fd, 4096)
+        except OSError:             # EIO: the child closed the terminal
+            return False
+        self.output += data
+        return bool(data)
+
+    def type(self, line: str) -> None:
+        os.write(self.fd, line.encode() + b"\r")
+
+    def wait(self, timeout: float = 15.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            if ready and not self._read():
+                break
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        return os.waitstatus_to_exitcode(status)
+
+
+def test_prompt_twice_without_echo(tmp_path):
+    path = tmp_path / "passwd"
+    term = Terminal("passwd", str(path), "carol")
+    term.expect("Password: ")
+    term.type("Typed-On-A-Tty")
+    term.expect("Reenter password: ")
+    term.type("Typed-On-A-Tty")
+    assert term.wait() == 0, term.output
+    assert b"Typed-On-A-Tty" not in term.output, "the password was echoed"
+    assert b"user 'carol' added" in term.output
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    stored, parsed = PasswordFile.load(str(path)).lookup("carol")
+    assert stored.startswith("$scrypt$v=1$") and verify_password(parsed, "Typed-On-A-Tty")
+
+
+def test_prompt_mismatch_changes_nothing(tmp_path):
+    path = tmp_path / "passwd"
+    term = Terminal("passwd", str(path), "carol")
+    term.expect("Password: ")
+    term.type("first")
+    term.expect("Reenter password: ")
+    term.type("second")
+    assert term.wait() == 1
+    assert b"the passwords do not match; nothing changed" in term.output
+    assert not path.exists()
+
+
+def test_batch_change_delete_and_the_broker_accepts_it(broker, tmp_path, uid):
+    path = tmp_path / "passwd"
+    path.write_text("# gateway users\n")
+    for user, password in (("alice", "a-1"), ("bob", "b-1"), ("carol", "c-1")):
+        r = run_cli("passwd", "-b", str(path), user, password)
+        assert r.returncode == 0 and f"user '{user}' added" in r.stdout, r.stderr
+    r = run_cli("passwd", "-b", str(path), "alice", "a-2")
+    assert r.returncode == 0 and "user 'alice' changed" in r.stdout
+    r = run_cli("passwd", "-D", str(path), "bob")
+    assert r.returncode == 0 and "user 'bob' deleted" in r.stdout
+    lines = path.read_text().splitlines()
+    assert lines[0] == "# gateway users"
+    assert [ln.split(":")[0] for ln in lines[1:]] == ["alice", "carol"]      # order kept
+    r = run_cli("passwd", "-D", str(path), "bob")
+    assert r.returncode == 1 and f"passwd: {path}: no user 'bob'" in r.stderr
+    b = broker(password_file=str(path))
+    assert b.client(f"{uid}-a", username="alice", password="a-2").ping() == []
+    b.client(f"{uid}-a1", username="alice", password="a-1", expect_rc=4)
+    b.client(f"{uid}-b", username="bob", password="b-1", expect_rc=4)
+    assert b.client(f"{uid}-c", username="carol", password="c-1").ping() == []
+
+
+def test_upgrade_plain_file(tmp_path):
+    path = tmp_path / "passwd"
+    path.write_text("# plain\nalice:alice pw with spaces\nbob:b0b\n")
+    os.chmod(path, 0o644)
+    r = run_cli("passwd", "-U", str(path))
+    assert r.returncode == 0 and "2 password(s) hashed, 0 already hashed" in r.stdout, r.stderr
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    upgraded = path.read_text()
+    assert "alice pw with spaces" not in upgraded and upgraded.startswith("# plain\n")
+    f = PasswordFile.load(str(path))
+    assert verify_password(f.lookup("alice")[1], "alice pw with spaces")
+    assert verify_password(f.lookup("bob")[1], "b0b")
+    r = run_cli("passwd", "-U", str(path))                 # twice: nothing re-hashed
+    assert r.returncode == 0 and "0 password(s) hashed, 2 already hashed" in r.stdout
+    assert path.read_text() == upgraded
+
+
+def test_pbkdf2_option_writes_mosquitto_format(tmp_path):
+    path = tmp_path / "passwd"
+    r = run_cli("passwd", "--hash", "pbkdf2", "-b", str(path), "dave", "d-pw")
+    assert r.returncode == 0, r.stderr
+    stored, parsed = PasswordFile.load(str(path)).lookup("dave")
+    assert stored.startswith("$7$210000$") and verify_password(parsed, "d-pw")
+
+
+def test_writes_are_atomic_and_keep_the_owner(tmp_path):
+    path = tmp_path / "passwd"
+    assert run_cli("passwd", "-b", str(path), "alice", "x").returncode == 0
+    if os.geteuid() == 0:
+        os.chown(path, 4321, 4322)
+    before = os.stat(path)
+    assert run_cli("passwd", "-b", str(path), "bob", "y").returncode == 0
+    after = os.stat(path)
+    assert after.st_ino != before.st_ino, "file rewritten in place instead of replaced"
+    assert (after.st_uid, after.st_gid) == (before.st_uid, before.st_gid)
+    assert after.st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["passwd"]
+
+
+def test_usage_errors(tmp_path):
+    path = str(tmp_path / "passwd")
+    for args, words in (
+            (["-b", path, "alice"], "usage: edgebroker passwd -b FILE USER PASSWORD"),
+            ([path], "usage: edgebroker passwd FILE USER"),
+            (["-D", path], "usage: edgebroker passwd -D FILE USER"),
+            (["-U", path, "alice"], "usage: edgebroker passwd -U FILE"),
+            (["-U", path], f"passwd: {path}: file not found"),
+            (["-b", path, "al:ice", "pw"], "a user name cannot contain ':'"),
+            (["-b", path, "alice", ""], "the password is empty"),
+    ):
+        r = run_cli("passwd", *args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert words in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("passwd", "-b", "-D", path, "alice")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
+    assert not os.path.exists(path)

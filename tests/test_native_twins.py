@@ -1,0 +1,395 @@
+"""The C helper and its pure-Python twin give identical results (hypothesis, random inputs), and
+both give the right ones (known vectors, an independent model, the MQTT codec).
+
+These tests call both backends directly, so they need the C build: without it they fail."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+from array import array
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgebroker._native import _cbackend as C
+from edgebroker._native import _pure as P
+from edgebroker._native._common import (
+    FRAMES_MALFORMED, RESYNC_FOUND, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
+)
+from edgebroker.mqtt import codec
+from edgebroker.mqtt.topics import topic_matches
+
+SETTINGS = settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+REC = struct.Struct("<IIQQBBHHI")
+
+
+# ------------------------------------------------------------------------------------- CRC32C
+
+def test_crc32c_known_values():
+    # The standard check value, and RFC 3720 (iSCSI) test vectors.
+    for impl in (C, P):
+        assert impl.crc32c(b"123456789") == 0xE3069283
+        assert impl.crc32c(bytes(32)) == 0x8A9136AA
+        assert impl.crc32c(b"\xff" * 32) == 0x62A8AB43
+        assert impl.crc32c(bytes(range(32))) == 0x46DD794E
+        assert impl.crc32c(b"") == 0
+
+
+def test_crc32c_method_is_reported():
+    assert C.CRC_METHOD in ("sse4.2", "armv8-crc", "slicing-by-8")
+
+
+@SETTINGS
+@given(st.binary(max_size=3000), st.integers(0, 2**32 - 1), st.integers(0, 16))
+def test_crc32c_twins(data, seed, skip):
+    # Unaligned starts exercise the byte-at-a-time head of the C loops.
+    view = memoryview(data)[min(skip, len(data)):]
+    assert C.crc32c(view, seed) == P.crc32c(view, seed)
+    assert C.crc32c(data[10:], C.crc32c(data[:10])) == C.crc32c(data)
+
+
+@SETTINGS
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2, 4, 5, 6]),
+       st.binary(max_size=40), st.binary(max_size=40), st.binary(max_size=300))
+def test_record_header_twins(offset, ts, attrs, cid, topic, payload):
+    head = C.record_header(offset, ts, attrs, cid, topic, payload)
+    assert head == P.record_header(offset, ts, attrs, cid, topic, payload)
+    crc, length, o, t, a, r, cl, tl, pl = REC.unpack(head)
+    assert (length, o, t, a, r, cl, tl, pl) == (34 + len(cid) + len(topic) + len(payload), offset,
+                                                 ts, attrs, 0, len(cid), len(topic), len(payload))
+    assert crc == P.crc32c(head[4:] + cid + topic + payload)
+
+
+# ------------------------------------------------------------------------------- topic filters
+
+LEVEL = st.sampled_from(["a", "b", "", "+", "#", "$x", "ab", "a+", "#b"])
+
+
+@st.composite
+def filter_and_topic(draw):
+    f = "/".join(draw(st.lists(LEVEL, min_size=1, max_size=5)))
+    t = "/".join(draw(st.lists(st.sampled_from(["a", "b", "", "$x", "ab", "$SYS"]), min_size=1, max_size=5)))
+    return f, t
+
+
+@SETTINGS
+@given(filter_and_topic())
+def test_topic_matches_twins_and_the_mqtt_module(ft):
+    f, t = ft
+    fb, tb = f.encode(), t.encode()
+    assert C.topic_matches(fb, tb) == P.topic_matches(fb, tb) == topic_matches(f, t)
+
+
+@pytest.mark.parametrize("f, t, want", [
+    ("a/#", "a", True), ("a/#", "a/b/c", True), ("+", "", True), ("+/+", "/", True),
+    ("#", "$SYS/x", False), ("+/x", "$SYS/x", False), ("$SYS/#", "$SYS/x", True),
+    ("a/+", "a", False), ("a", "a/", False), ("a/+/c", "a//c", True), ("", "", True),
+])
+def test_topic_matches_table(f, t, want):
+    assert C.topic_matches(f.encode(), t.encode()) is want
+    assert P.topic_matches(f.encode(), t.encode()) is want
+
+
+# -------------------------------------------------------------------------- record scanning
+
+def make_records(specs, start_offset=0):
+    """A segment body (no header) from (timestamp, attrs, cid, topic, payload) specs."""
+    out = bytearray()
+    for k, (ts, attrs, cid, topic, payload) in enumerate(specs):
+        out += P.record_header(start_offset + k, ts, attrs, cid, topic, payload) + cid + topic + payload
+    return bytes(out)
+
+
+RECORD_SPEC = st.tuples(st.integers(0, 2**40), st.sampled_from([0, 1, 2, 4, 5, 6]),
+                        st.binary(max_size=6), st.sampled_from([b"a", b"a/b", b"b/c", b"$s/a", b""]),
+                        st.binary(max_size=60))
+
+
+@st.composite
+def damaged_segment(draw):
+    specs = draw(st.lists(RECORD_SPEC, max_size=12))
+    data = bytearray(make_records(specs, draw(st.integers(0, 5))))
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from(["flip", "cut", "junk", "zeros"]))
+        if kind == "flip" and data:
+            i = draw(st.integers(0, len(data) - 1))
+            data[i] ^= draw(st.integers(1, 255))
+        elif kind == "cut" and data:
+            del data[draw(st.integers(0, len(data) - 1)):]
+        elif kind == "junk":
+            i = draw(st.integers(0, len(data)))
+            data[i:i] = draw(st.binary(min_size=1, max_size=40))
+        elif kind == "zeros":
+            data += bytes(draw(st.integers(1, 100)))
+    return bytes(data)
+
+
+def run_scan(impl, data, buf_len, min_offset, flt, max_out, ts):
+    out = array("Q", bytes(8 * SCAN_ENTRY_WORDS * max_out))
+    res = impl.scan(memoryview(data)[:buf_len], len(data), 1000, min_offset, flt, out, ts)
+    return res, list(out[:res.matched * SCAN_ENTRY_WORDS])
+
+
+@SETTINGS
+@given(damaged_segment(), st.data())
+def test_scan_twins(data, draw):
+    buf_len = draw.draw(st.integers(0, len(data)))
+    min_offset = draw.draw(st.integers(0, 8))
+    flt = draw.draw(st.sampled_from([None, b"#", b"a/#", b"+/b", b"a", b"$s/+"]))
+    max_out = draw.draw(st.integers(0, 15))
+    ts = draw.draw(st.integers(0, 2**41))
+    assert run_scan(C, data, buf_len, min_offset, flt, max_out, ts) == \
+        run_scan(P, data, buf_len, min_offset, flt, max_out, ts)
+
+
+@SETTINGS
+@given(damaged_segment(), st.data())
+def test_build_index_resync_and_index_check_twins(data, draw):
+    buf_len = draw.draw(st.integers(0, len(data)))
+    min_offset = draw.draw(st.integers(0, 8))
+    base = draw.draw(st.integers(0, 3))
+    max_entries = draw.draw(st.integers(0, 15))
+    results = []
+    for impl in (C, P):
+        out = bytearray(16 * max_entries)
+        res = impl.build_index(memoryview(data)[:buf_len], len(data), 32, base, min_offset, 7, out)
+        results.append((res, bytes(out[:16 * res.count])))
+    assert results[0] == results[1]
+    start = draw.draw(st.integers(0, max(len(data), 0)))
+    assert C.resync(data[:buf_len], len(data), start, min_offset) == \
+        P.resync(data[:buf_len], len(data), start, min_offset)
+    index = results[0][1] + bytes(16 * draw.draw(st.integers(0, 2)))
+    size = draw.draw(st.integers(0, 32 + len(data) + 10))
+    n = len(index) // 16
+    assert C.index_check(index, n, size) == P.index_check(index, n, size)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50), st.integers(0, 2**40)), max_size=40),
+       st.integers(0, 2**32 - 1), st.integers(0, 2**41))
+def test_index_searches_twins_and_model(entries, rel, ts):
+    entries = sorted(entries)
+    idx = b"".join(struct.pack("<IIQ", r, p, t) for r, p, t in entries)
+    n = len(entries)
+    want_rel = next((i for i, e in enumerate(entries) if e[0] >= rel), n)
+    assert C.index_find_offset(idx, n, rel) == P.index_find_offset(idx, n, rel) == want_rel
+    by_ts = sorted(entries, key=lambda e: e[2])
+    idx2 = b"".join(struct.pack("<IIQ", r, p, t) for r, p, t in by_ts)
+    want_ts = next((i for i, e in enumerate(by_ts) if e[2] >= ts), n)
+    assert C.index_find_time(idx2, n, ts) == P.index_find_time(idx2, n, ts) == want_ts
+
+
+def test_scan_statuses_by_hand():
+    body = make_records([(5, 1, b"c", b"a/b", b"xyz"), (6, 0, b"", b"b", b"")])
+    first = 34 + 1 + 3 + 3
+    for impl in (C, P):
+        res, ents = run_scan(impl, body, len(body), 0, None, 10, 0)
+        assert (res.status, res.stop, res.count, res.matched, res.next_offset, res.max_timestamp) == \
+            (SCAN_END, len(body), 2, 2, 2, 6)
+        assert ents[:5] == [0, 5, 1000, first, 1 | 1 << 8 | 3 << 24]
+        res, _ = run_scan(impl, body, first + 10, 0, None, 10, 0)  # the second record is cut
+        assert (res.status, res.stop, res.need) == (SCAN_PARTIAL, first, 34)
+        res, _ = run_scan(impl, body[:-1], len(body) - 1, 0, None, 10, 0)  # torn: nothing after
+        assert (res.status, res.stop) == (SCAN_BAD, first)
+        res, _ = run_scan(impl, body, len(body), 0, None, 1, 0)
+        assert (res.status, res.stop, res.matched) == (SCAN_FULL, first, 1)
+        res, _ = run_scan(impl, body, len(body), 1, None, 10, 0)  # offset 0 is below min_offset
+        assert (res.status, res.stop) == (SCAN_BAD, 0)
+        assert impl.resync(body, len(body), 1, 1) == (RESYNC_FOUND, first, 0)
+        res, ents = run_scan(impl, body, len(body), 0, b"a/#", 10, 0)
+        assert (res.count, res.matched, ents[0]) == (2, 1, 0)
+
+
+# --------------------------------------------------------------------------- frame splitting
+
+def frame(first: int, body: bytes) -> bytes:
+    return codec._frame(first, body)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=300)), max_size=10),
+       st.binary(max_size=6), st.integers(0, 12))
+def test_split_frames_twins_and_codec(frames, tail, max_frames):
+    data = b"".join(frame(f, b) for f, b in frames) + tail
+    c, p = C.split_frames(data, max_frames), P.split_frames(data, max_frames)
+    assert (list(c.frames), c.count, c.consumed, c.status, c.need) == \
+        (list(p.frames), p.count, p.consumed, p.status, p.need)
+    n = min(len(frames), max_frames)
+    assert c.count >= n
+    want = []
+    for f, b in frames[:n]:
+        want += [f, len(frame(f, b)) - len(b), len(b)]
+    assert list(c.frames)[:3 * n] == want
+
+
+@SETTINGS
+@given(st.binary(max_size=40), st.integers(0, 8))
+def test_split_frames_twins_on_noise(data, max_frames):
+    c, p = C.split_frames(data, max_frames), P.split_frames(data, max_frames)
+    assert (list(c.frames), c.count, c.consumed, c.status, c.need) == \
+        (list(p.frames), p.count, p.consumed, p.status, p.need)
+
+
+@pytest.mark.parametrize("impl", [C, P], ids=["c", "python"])
+def test_split_frames_by_hand(impl):
+    pub = frame(0x30, b"\x00\x01a" + b"x" * 200)  # two-byte remaining length
+    s = impl.split_frames(b"\xc0\x00" + pub + pub[:5])
+    assert (list(s.frames), s.count, s.consumed, s.status, s.need) == (
+        [0xC0, 2, 0, 0x30, 3, 203], 2, 2 + len(pub), 0, len(pub))
+    s = impl.split_frames(b"\x30\xff\xff\xff\xff\x01")
+    assert (s.count, s.consumed, s.status) == (0, 0, FRAMES_MALFORMED)
+    s = impl.split_frames(b"\x30\xff\xff")  # header not complete yet
+    assert (s.count, s.consumed, s.status, s.need) == (0, 0, 0, 0)
+
+
+# ----------------------------------------------------------------------------- send batches
+
+@pytest.mark.parametrize("impl", [C, P], ids=["c", "python"])
+def test_send_batch_partial_writes_and_eagain(tmp_path, impl):
+    """A small SO_SNDBUF and a peer that reads late: the batch stops at EAGAIN mid-item and is
+    resumed from where it said; the peer gets every byte in order."""
+    blob = os.urandom(1 << 20)
+    path = tmp_path / "file"
+    path.write_bytes(blob)
+    fd = os.open(path, os.O_RDONLY)
+    items = [(b"head-%d|" % i, fd, i * 40_000, 30_000 + i) for i in range(20)] + [(b"tail", fd, 0, 0)]
+    want = b"".join(h + blob[p:p + n] for h, _fd, p, n in items)
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    a.setblocking(False)
+    got = bytearray()
+    item = progress = 0
+    stops = 0
+    try:
+        while True:
+            res = impl.send_batch(a, items, item, progress)
+            item, progress = res.item, res.progress
+            if res.error == 0:
+                assert item == len(items) and progress == 0
+                break
+            assert res.error == errno.EAGAIN
+            stops += 1
+            b.setblocking(False)
+            try:
+                while True:
+                    got += b.recv(65536)
+            except BlockingIOError:
+                pass
+        a.close()
+        while chunk := b.recv(65536):
+            got += chunk
+    finally:
+        b.close()
+        os.close(fd)
+    assert stops > 3
+    assert bytes(got) == want
+
+
+@pytest.mark.parametrize("impl", [C, P], ids=["c", "python"])
+def test_send_batch_errors(tmp_path, impl):
+    path = tmp_path / "f"
+    path.write_bytes(b"abc")
+    fd = os.open(path, os.O_RDONLY)
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        res = impl.send_batch(a, [(b"h", fd, 0, 10)])  # the file is shorter than the range
+        assert (res.sent, res.item, res.progress, res.error) == (4, 0, 4, errno.ENODATA)
+        b.close()
+        res = impl.send_batch(a, [(b"h", fd, 0, 3)])
+        assert res.error == errno.EPIPE and res.sent == 0
+    finally:
+        a.close()
+        os.close(fd)
+
+
+@pytest.mark.parametrize("impl", [C, P], ids=["c", "python"])
+def test_send_batch_over_tcp_with_cork(tmp_path, impl):
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789")
+    fd = os.open(path, os.O_RDONLY)
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    a.setblocking(False)
+    try:
+        res = impl.send_batch(a, [(b"<", fd, 2, 3), (b">", fd, 0, 1)], cork=True)
+        assert res == (6, 2, 0, 0)
+        a.close()
+        got = b""
+        while chunk := b.recv(100):
+            got += chunk
+        assert got == b"<234>0"
+    finally:
+        b.close()
+        srv.close()
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------ backend selection
+
+def run_python(code: str, env_native: str, block_c: bool = False) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with EDGEBROKER_NATIVE set; ``block_c`` makes the
+    compiled module unimportable, as on a machine where the build failed."""
+    prelude = ""
+    if block_c:
+        prelude = textwrap.dedent("""
+            import sys
+            class _Block:
+                def find_spec(self, name, path=None, target=None):
+                    if name == "edgebroker._native._edgebroker_c":
+                        raise ImportError("blocked by the test: no C build")
+            sys.meta_path.insert(0, _Block())
+        """)
+    env = dict(os.environ, EDGEBROKER_NATIVE=env_native)
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_backend_choice_auto_c_python():
+    code = "import edgebroker, edgebroker._native as n; print(n.BACKEND, edgebroker.__native_backend__)"
+    assert run_python(code, "auto").stdout.split() == ["c", "c"]
+    assert run_python(code, "c").stdout.split() == ["c", "c"]
+    assert run_python(code, "python").stdout.split() == ["python", "python"]
+    assert run_python(code, "").stdout.split() == ["c", "c"]
+
+
+def test_without_the_c_build_auto_falls_back_and_says_so_once():
+    code = """
+        import logging
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+        import edgebroker._native as n
+        n.log_backend()
+        print(n.BACKEND)
+    """
+    r = run_python(code, "auto", block_c=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["python"]
+    lines = [ln for ln in r.stderr.splitlines() if "native helper" in ln]
+    assert len(lines) == 1 and lines[0].startswith("WARNING")
+    assert "pure Python" in lines[0] and "not built" in lines[0]
+
+
+def test_without_the_c_build_c_is_a_clear_error():
+    r = run_python("import edgebroker._native", "c", block_c=True)
+    assert r.returncode != 0
+    assert "NativeUnavailableError: EDGEBROKER_NATIVE=c but the C helper is not built" in r.stderr
+    r = run_python("import edgebroker._native", "fast")
+    assert "EDGEBROKER_NATIVE='fast': expected one of auto, c, python" in r.stderr
+
+
+def test_scan_result_layout_matches_the_header():
+    from edgebroker._native._edgebroker_c import lib
+    from edgebroker import _native
+    for name in ("SEGMENT_HEADER_SIZE", "RECORD_HEADER_SIZE", "INDEX_ENTRY_SIZE", "SCAN_ENTRY_WORDS",
+                 "SCAN_END", "SCAN_PARTIAL", "SCAN_BAD", "SCAN_FULL", "RESYNC_NONE", "RESYNC_FOUND",
+                 "RESYNC_CANDIDATE", "FRAMES_OK", "FRAMES_MALFORMED"):
+        assert getattr(lib, "EB_" + name) == getattr(_native, name), name

@@ -1,0 +1,137 @@
+"""Password hashes and the password file: formats, verification, file rules."""
+
+import os
+import re
+
+import pytest
+
+from edgebroker.errors import ConfigError
+from edgebroker.security import passwords as pw
+
+# Written by Debian's mosquitto_passwd 2.0.11 (`mosquitto_passwd -c -b FILE alice secret`).
+MOSQUITTO_LINE = ("alice:$7$101$JH+6Hli0CqyukLgm$5MJFOzylJBakHveFzrL4Wu33qGGjvOqnzFfeGHUEpQfEBL6e"
+                  "qoMpp80EhhUUo6Mx4m8ZNbvZl7PEjyYd74SE2w==")
+
+
+def test_scrypt_format_and_verify():
+    h = pw.hash_password("correct horse")
+    assert re.fullmatch(r"\$scrypt\$v=1\$ln=14,r=8,p=1\$[A-Za-z0-9+/]{22}\$[A-Za-z0-9+/]{43}", h), h
+    assert pw.verify_password(h, "correct horse")
+    assert pw.verify_password(h, b"correct horse")
+    assert not pw.verify_password(h, "correct horsf")
+    assert not pw.verify_password(h, "")
+
+
+def test_salt_differs_per_hash():
+    assert pw.hash_password("same") != pw.hash_password("same")
+
+
+def test_unicode_password():
+    h = pw.hash_password("pässwörd✓")
+    assert pw.verify_password(h, "pässwörd✓".encode())
+    assert not pw.verify_password(h, "passwoord")
+
+
+def test_pbkdf2_own_and_mosquitto():
+    h = pw.hash_password("s3cret", "pbkdf2")
+    assert h.startswith(f"$7${pw.PBKDF2_ITERATIONS}$")
+    assert pw.verify_password(h, "s3cret") and not pw.verify_password(h, "s3cre")
+    assert not pw.is_weak(pw.parse_hash(h))
+    mosq = MOSQUITTO_LINE.partition(":")[2]
+    assert pw.verify_password(mosq, "secret")
+    assert not pw.verify_password(mosq, "Secret")
+    assert pw.is_weak(pw.parse_hash(mosq))
+
+
+@pytest.mark.parametrize("stored, words", [
+    ("secret", "plain-text"),
+    ("", "plain-text"),
+    ("$argon2id$v=19$m=65536,t=3,p=4$c2FsdA$aGFzaA", "unknown hash format"),
+    ("$scrypt$v=2$ln=14,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "v=1"),
+    ("$scrypt$v=1$ln=40,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "out of range"),
+    ("$scrypt$v=1$ln=14,r=8$c2FsdHNhbHRzYWx0$" + "A" * 43, "ln, r and p"),
+    ("$scrypt$v=1$ln=14,r=8,p=1$!!!$" + "A" * 43, "base64"),
+    ("$scrypt$v=1$ln=14,r=8,p=1$c2FsdA$QUFB", "too short"),
+    ("$7$0$c2FsdA==$" + "A" * 88, "out of range"),
+    ("$7$abc$c2FsdA==$" + "A" * 88, "$7$ITERATIONS"),
+])
+def test_bad_hashes(stored, words):
+    with pytest.raises(pw.HashError) as info:
+        pw.parse_hash(stored)
+    message = str(info.value)
+    if words == "plain-text":
+        assert "plain" in message
+    else:
+        assert words in message, message
+
+
+def write(path, text, mode=0o600):
+    path.write_text(text)
+    os.chmod(path, mode)
+    return str(path)
+
+
+def test_file_load(tmp_path):
+    h = pw.hash_password("a")
+    path = write(tmp_path / "pw", f"# users\n\nalice:{h}\n{MOSQUITTO_LINE.replace('alice', 'bob')}\n")
+    f = pw.PasswordFile.load(path)
+    assert len(f) == 2
+    stored, parsed = f.lookup("alice")
+    assert stored == h and pw.verify_password(parsed, "a")
+    assert f.lookup("carol") is None
+    assert f.weak == ["bob"]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("alice\n", "line 1: expected username:hash"),
+    ("# c\nalice:plain\n", "line 2: user 'alice': not a hash"),
+    (":$scrypt$x\n", "user name is empty"),
+    ("alice:{h}\nalice:{h}\n", "line 2: user 'alice' is listed twice"),
+    ("alice:$5$rounds=5000$salt$hash\n", "unknown hash format"),
+])
+def test_file_errors_name_the_line(tmp_path, text, words):
+    path = write(tmp_path / "pw", text.replace("{h}", pw.hash_password("x")))
+    with pytest.raises(ConfigError) as info:
+        pw.PasswordFile.load(path)
+    assert str(info.value).startswith(f"password_file: {path} ")
+    assert words in str(info.value)
+
+
+def test_plain_text_file_points_to_upgrade(tmp_path):
+    path = write(tmp_path / "pw", "alice:secret\n")
+    with pytest.raises(ConfigError, match=r"plain-text passwords are not accepted: run "
+                                          r"'edgebroker passwd -U .*pw' to hash them"):
+        pw.PasswordFile.load(path)
+
+
+@pytest.mark.parametrize("mode, ok, word", [
+    (0o600, True, ""), (0o640, True, ""), (0o400, True, ""),
+    (0o644, False, "read"), (0o604, False, "read"), (0o660, False, "change"),
+    (0o666, False, "change"), (0o602, False, "change"),
+])
+def test_file_permissions(tmp_path, mode, ok, word):
+    path = write(tmp_path / "pw", f"alice:{pw.hash_password('a')}\n", mode)
+    if ok:
+        assert len(pw.PasswordFile.load(path)) == 1
+        return
+    with pytest.raises(ConfigError) as info:
+        pw.PasswordFile.load(path)
+    message = str(info.value)
+    assert f"let other users {word} it" in message and f"chmod 600 {path}" in message, message
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        pw.PasswordFile.load(str(tmp_path / "nope"))
+
+
+def test_write_atomic_mode_and_replace(tmp_path):
+    path = tmp_path / "pw"
+    path.write_text("old\n")
+    os.chmod(path, 0o644)
+    inode = path.stat().st_ino
+    pw.write_atomic(str(path), ["a:1", "# b"])
+    assert path.read_text() == "a:1\n# b\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.stat().st_ino != inode, "not replaced by rename"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pw"], "temporary file left behind"

@@ -1,0 +1,70 @@
+"""Offline sessions keep Stored refs (log offset + size): the byte limits keep counting them, the
+snapshot records the sizes, and snapshots written before sizes existed still load."""
+
+import json
+
+from edgebroker import config
+from edgebroker.core import snapshot as snap
+from edgebroker.core.broker import Broker
+from edgebroker.core.session import (
+    EMPTY_DICT, EMPTY_IDS, EMPTY_QUEUE, Message, Stored, as_stored,
+)
+
+
+def test_as_stored_keeps_offset_and_size():
+    message = Message("a/b", b"12345", 1, False, offset=42)
+    stored = as_stored(message)
+    assert type(stored) is Stored and (stored.offset, stored.size) == (42, 3 + 5)
+    assert as_stored(stored) is stored
+    unlogged = Message("$SYS/x", b"1", 0, False)
+    assert as_stored(unlogged) is unlogged
+
+
+def test_old_snapshot_entries_load_with_size_zero():
+    doc = {"format": 1, "written_ms": 0, "log_next_offset": 10, "retained": [],
+           "sessions": [{"client_id": "old", "subscriptions": [["a/#", 1]],
+                         "inflight": [[3, 4, 1, False, 0]], "queue": [[5, 1, False]],
+                         "awaiting_release": [], "next_id": 3},
+                        {"client_id": "new", "subscriptions": [],
+                         "inflight": [[7, 8, 2, True, 1, 30]], "queue": [[9, 1, False, 40]],
+                         "awaiting_release": [2], "next_id": 7}]}
+    state = snap.decode(json.dumps(doc).encode())
+    old, new = state.sessions
+    assert old.inflight == [(3, 4, 1, False, 0, 0)] and old.queue == [(5, 1, False, 0)]
+    assert new.inflight == [(7, 8, 2, True, 1, 30)] and new.queue == [(9, 1, False, 40)]
+
+
+def test_capture_and_restore_keep_sizes_and_byte_counts():
+    broker = Broker(config.Config(), lambda: 0.0)
+    state = snap.Snapshot(log_next_offset=20, sessions=[
+        snap.SessionState("s", {"a/#": 1}, inflight=[(1, 10, 1, False, 0, 30)],
+                          queue=[(11, 1, False, 40), (12, 0, False, 50)], next_id=1),
+        snap.SessionState("idle")])
+    broker.restore(state)
+    s = broker.sessions["s"]
+    assert (s.inflight_bytes, s.queue_bytes) == (30, 90)
+    assert (broker.queued_messages, broker.queued_bytes) == (2, 90)
+    assert all(type(ref) is Stored for ref, _, _ in s.queue)
+    idle = broker.sessions["idle"]
+    assert idle.queue is EMPTY_QUEUE and idle.inflight is EMPTY_DICT
+    assert idle.subscriptions is EMPTY_DICT and idle.awaiting_release is EMPTY_IDS
+    again = snap.decode(snap.encode(broker.capture()))
+    by_id = {x.client_id: x for x in again.sessions}
+    assert by_id["s"].inflight == [(1, 10, 1, False, 0, 30)]
+    assert by_id["s"].queue == [(11, 1, False, 40), (12, 0, False, 50)]
+
+
+def test_going_offline_keeps_sizes_and_the_shared_empty_queue():
+    broker = Broker(config.Config(), lambda: 0.0)
+    broker.restore(snap.Snapshot(sessions=[snap.SessionState("empty"),
+                                           snap.SessionState("full")]))
+    empty, full = broker.sessions["empty"], broker.sessions["full"]
+    message = Message("t", b"xyz", 1, False, offset=7)
+    full.own_queue().append((message, 1, False))
+    full.queue_bytes = message.size
+    broker._go_offline(empty)
+    broker._go_offline(full)
+    assert empty.queue is EMPTY_QUEUE
+    (ref, qos, retain), = full.queue
+    assert type(ref) is Stored and (ref.offset, ref.size) == (7, message.size)
+    assert full.queue_bytes == message.size
