@@ -131,19 +131,20 @@ class Transport:
 
     def update_events(self) -> None:
         """Watch the socket for what is needed now: input unless paused, output if queued."""
-        if self.closed:
-            return
-        want = (_READ if self.reading else 0) | (_WRITE if self.out else 0)
-        if want == self.events:
+        self._want((_READ if self.reading else 0) | (_WRITE if self.out else 0))
+
+    def _want(self, events: int) -> None:
+        """Register, modify or unregister the socket so the selector watches ``events``."""
+        if self.closed or events == self.events:
             return
         selector = self.loop.selector
-        if not want:
+        if not events:
             selector.unregister(self.sock)
         elif not self.events:
-            selector.register(self.sock, want, self.on_event)
+            selector.register(self.sock, events, self.on_event)
         else:
-            selector.modify(self.sock, want, self.on_event)
-        self.events = want
+            selector.modify(self.sock, events, self.on_event)
+        self.events = events
 
     def on_event(self, mask: int) -> None:
         if self.closed:
