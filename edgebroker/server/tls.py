@@ -246,18 +246,6 @@ class TLSTransport(Transport):
         # decrypted inside OpenSSL, where the selector cannot see it.
         self.read()
 
-    def _want(self, events: int) -> None:
-        if self.closed or events == self.events:
-            return
-        selector = self.loop.selector
-        if not events:
-            selector.unregister(self.sock)
-        elif not self.events:
-            selector.register(self.sock, events, self)
-        else:
-            selector.modify(self.sock, events, self)
-        self.events = events
-
     def _fail(self, why: str, quiet: bool = False) -> None:
         self.loop.broker.stats.tls_handshakes_failed += 1
         if quiet:
