@@ -208,7 +208,7 @@ class Loop:
         self.broker = Broker(config, self.clock, commit_log=self.log, wall_ms=wall_ms)
         self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,
                                on_durable=self._on_durable)
-        self.broker.journal.notify_written = self.flusher.notify_written
+        self.broker.journal.flusher = self.flusher
         self.snapshots = snap.SnapshotWriter(self.state_dir)
         self.broker.submit_snapshot = self.snapshots.submit
         self._restore()
