@@ -260,9 +260,10 @@ class Transport:
             limit = min(len(out), _MAX_IOV)
             while n < limit and type(out[n]) is not FileChunk:
                 n += 1
-            batch = out[:n] if n < len(out) else out
             try:
-                sent = sock.sendmsg(batch)
+                # One buffer (an acknowledgement, say): send() costs less than sendmsg().
+                sent = (sock.send(out[0]) if n == 1 else
+                        sock.sendmsg(out[:n] if n < len(out) else out))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
