@@ -7,8 +7,10 @@ BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := mosquitto-clients
 ARGS ?=
+# make bench SCENARIOS=fanin_qos0,edge_10000 runs a subset (bench/run.py --list names them all).
+SCENARIOS ?=
 
-.PHONY: run test bench install install-test system-deps build-deps clean
+.PHONY: run test bench bench-plot install install-test system-deps build-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,8 +59,18 @@ run: install
 test: install-test
 	$(BIN)/python -m pytest $(ARGS)
 
-bench: install-test
-	$(BIN)/python bench/run.py $(ARGS)
+# matplotlib is for the benchmark plots only: installed here, never by make test.
+$(VENV)/.installed-bench: $(VENV)/.installed-test
+	$(BIN)/python -m pip install -q 'matplotlib>=3.5'
+	touch $@
+
+# Installs Mosquitto (Debian package) itself when missing; see bench/README.md.
+bench: install-test $(VENV)/.installed-bench
+	$(BIN)/python bench/run.py $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(ARGS)
+
+# PNGs of the newest full run in bench/results/ into bench/plots/ (ARGS="--run ID" for another).
+bench-plot: $(VENV)/.installed-bench
+	$(BIN)/python bench/plot.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

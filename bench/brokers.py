@@ -8,6 +8,8 @@ comparison is like for like. Readiness is a bounded TCP-connect poll.
 from __future__ import annotations
 
 import os
+import random
+import resource
 import shutil
 import signal
 import socket
@@ -32,6 +34,10 @@ LIMITS = {"max_inflight_messages": 1000, "max_queued_messages": 1_000_000}
 EDGEBROKER_LIMITS = {"max_queued_bytes": 1 << 30, "max_pending_write_bytes": 1 << 30}
 # An ACL file both brokers load (run.py --acl), or None.
 ACL_FILE = None
+# Where the brokers' temporary state directories (edgebroker's commit log) go: a directory on
+# a disk, never tmpfs, so that the durability settings measure real fsyncs (state_root()).
+STATE_ROOT_CANDIDATES = ("/var/tmp", tempfile.gettempdir(), os.path.join(REPO, "bench", "results"))
+_state_root: tuple[str, str] | None = None
 
 try:
     import psutil
@@ -40,9 +46,81 @@ except ImportError:  # pragma: no cover - psutil is an install requirement of ed
 
 
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range. A listening port from inside that range
+    can equal the ephemeral port of a later client whose 4-tuple then mirrors a TIME_WAIT
+    socket of an earlier run; its SYN is dropped (PAWS) and retried after 1 s, a stall that
+    the connect rate of 10,000 clients would show."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    if low > 11000:
+        for _ in range(100):
+            port = random.randrange(10000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _fs_type(path: str) -> str:
+    """The file system type of the mount holding ``path`` (from /proc/mounts; "" if unknown)."""
+    path = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/mounts") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best):
+                    best, fstype = mnt, parts[2]
+    except OSError:
+        pass
+    return fstype
+
+
+def state_root() -> tuple[str, str]:
+    """(directory, file system type) for the brokers' state: the first writable candidate
+    (``$BENCH_STATE_DIR`` first) that is not on tmpfs/ramfs."""
+    global _state_root
+    if _state_root is None:
+        env = os.environ.get("BENCH_STATE_DIR")
+        for cand in ((env,) if env else ()) + STATE_ROOT_CANDIDATES:
+            fstype = _fs_type(cand)
+            if (os.path.isdir(cand) and os.access(cand, os.W_OK)
+                    and fstype not in ("tmpfs", "ramfs")):
+                _state_root = (cand, fstype or "unknown")
+                break
+        else:
+            _state_root = (tempfile.gettempdir(), _fs_type(tempfile.gettempdir()) or "unknown")
+    return _state_root
+
+
+def raise_nofile(want: int) -> int:
+    """Raise RLIMIT_NOFILE of this process (inherited by the brokers and generators it starts)
+    to at least ``want`` where allowed (the hard limit too when privileged); returns the soft
+    limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+                return want
+            except (ValueError, OSError):
+                want = hard
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        soft = want
+    return soft
 
 
 def mosquitto_path() -> str | None:
@@ -107,12 +185,19 @@ def wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = REA
 
 
 class Broker:
-    """One broker process for one run."""
+    """One broker process for one run.
+
+    ``cfg`` adjusts it for one scenario: ``limits`` (edgebroker ``[limits]`` keys over
+    LIMITS and EDGEBROKER_LIMITS; None restores the broker's default), ``log`` (edgebroker
+    ``[log]`` keys), ``mosquitto`` (extra lines of mosquitto.conf), ``nofile`` (open files
+    the process needs: RLIMIT_NOFILE is raised before it starts and inherited).
+    """
 
     name = "?"
 
-    def __init__(self):
-        self.tmp = tempfile.mkdtemp(prefix=f"bench-{self.name}-")
+    def __init__(self, cfg: dict | None = None):
+        self.cfg = cfg or {}
+        self.tmp = tempfile.mkdtemp(prefix=f"bench-{self.name}-", dir=state_root()[0])
         self.host = "127.0.0.1"
         self.port = free_port()
         self.log_path = os.path.join(self.tmp, "broker.log")
@@ -126,6 +211,8 @@ class Broker:
         return None
 
     def start(self) -> "Broker":
+        if self.cfg.get("nofile"):
+            raise_nofile(self.cfg["nofile"])
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
@@ -174,6 +261,12 @@ class Broker:
             return ""
 
 
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
 class Edgebroker(Broker):
     name = "edgebroker"
 
@@ -183,8 +276,13 @@ class Edgebroker(Broker):
             if ACL_FILE:
                 fh.write(f"acl_file = {ACL_FILE!r}\n")
             fh.write("[limits]\n")
-            for key, value in {**LIMITS, **EDGEBROKER_LIMITS}.items():
-                fh.write(f"{key} = {value}\n")
+            for key, value in {**LIMITS, **EDGEBROKER_LIMITS, **self.cfg.get("limits", {})}.items():
+                if value is not None:
+                    fh.write(f"{key} = {_toml(value)}\n")
+            if self.cfg.get("log"):
+                fh.write("[log]\n")
+                for key, value in self.cfg["log"].items():
+                    fh.write(f"{key} = {_toml(value)}\n")
         return [sys.executable, "-m", "edgebroker", "serve", "-c", cfg,
                 "--listen", f"{self.host}:{self.port}", "--data-dir", os.path.join(self.tmp, "data")]
 
@@ -211,6 +309,8 @@ class Mosquitto(Broker):
                 fh.write(f"acl_file {ACL_FILE}\n")
             for key, value in LIMITS.items():
                 fh.write(f"{key} {value}\n")
+            for line in self.cfg.get("mosquitto", ()):
+                fh.write(line + "\n")
         os.chmod(self.tmp, 0o755)    # mosquitto drops privileges when started as root
         os.chmod(cfg, 0o644)
         return [self.binary or "mosquitto", "-c", cfg]

@@ -10,10 +10,14 @@ Clocks are ``time.monotonic()`` (CLOCK_MONOTONIC, comparable across processes).
 
 from __future__ import annotations
 
+import array
+import errno
 import os
 import selectors
 import signal
 import socket
+import struct
+import sys
 import time
 import traceback
 
@@ -27,6 +31,9 @@ CLOSE_GRACE = 5.0     # how long a finished publisher waits for the broker to cl
 # bottleneck. A quiet spell of DRAIN_AFTER seconds reads whatever is left below the mark.
 RCVLOWAT = 16 * 1024
 DRAIN_AFTER = 0.002
+# The edge workload's payload starts with: send time (time.monotonic_ns(): CLOCK_MONOTONIC is
+# one clock for all processes of the machine), device number, sequence number; zeros follow.
+STAMP = struct.Struct("!qII")
 
 
 def _child_setup() -> None:
@@ -35,13 +42,25 @@ def _child_setup() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _open(host: str, port: int, client_id: str, extra: bytes = b"",
-          bufsize: int = 1 << 20) -> tuple[socket.socket, wire.FrameCounter]:
-    """Connect, send CONNECT (+ extra), wait for CONNACK (and a SUBACK when subscribing)."""
-    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+def _open(host: str, port: int, client_id: str, extra: bytes = b"", bufsize: int = 1 << 20,
+          rcvbuf: int = 0, stamp_bytes: int = 0) -> tuple[socket.socket, wire.FrameCounter]:
+    """Connect, send CONNECT (+ extra), wait for CONNACK (and a SUBACK when subscribing).
+
+    ``rcvbuf``: SO_RCVBUF set before connecting (a small one makes a stuck subscriber stuck
+    sooner); ``stamp_bytes``: see ``wire.FrameCounter``.
+    """
+    sock = socket.socket()
+    try:
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.settimeout(CONNECT_TIMEOUT)
+        sock.connect((host, port))
+    except OSError:
+        sock.close()
+        raise
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(wire.connect(client_id) + extra)
-    counter = wire.FrameCounter(ack=True, bufsize=bufsize)
+    counter = wire.FrameCounter(ack=True, bufsize=bufsize, stamp_bytes=stamp_bytes)
     want = 2 if extra else 1
     deadline = time.monotonic() + CONNECT_TIMEOUT
     while len(counter.control) < want:
@@ -84,7 +103,11 @@ def _finish(sock: socket.socket, deadline: float) -> None:
 # ----- publisher ----------------------------------------------------------------------------------
 
 def publisher(idx: int, host: str, port: int, topic: str, payload_size: int, qos: int, count: int,
-              window: int, time_limit: float, q, go) -> None:
+              window: int, time_limit: float, q, go, stop=None, role: str = "pub") -> None:
+    """Send ``count`` PUBLISHes (QoS 1: at most ``window`` unacknowledged) as fast as the broker
+    takes them. With a ``stop`` event (QoS 0 only: the flooder next to a normal pair), it also
+    ends when that is set, and then just closes its socket: a throttled flooder has megabytes
+    in the socket buffers that the broker would read at its throttled rate before DISCONNECT."""
     _child_setup()
     try:
         payload = b"x" * payload_size
@@ -96,18 +119,20 @@ def publisher(idx: int, host: str, port: int, topic: str, payload_size: int, qos
             frames = None
         else:
             frames, flen = wire.publish_run(topic, payload, 1, min(count, 65535))
-        sock, _ = _open(host, port, f"bpub-{idx}-{os.getpid()}")
-        q.put(("ready", "pub", idx))
+        sock, _ = _open(host, port, f"b{role}-{idx}-{os.getpid()}")
+        q.put(("ready", role, idx))
         if not go.wait(GO_TIMEOUT):
             sock.close()
             return
         t0 = time.monotonic()
         c0 = time.process_time()
         deadline = t0 + time_limit
-        timed_out = False
+        timed_out = stopped = False
         sent = acked = 0
         try:
-            if qos == 0:
+            if stop is not None:
+                sent, timed_out, stopped = _flood(sock, batch, flen, deadline, stop)
+            elif qos == 0:
                 full, rest = divmod(count, per_batch)
                 for _ in range(full):
                     left = deadline - time.monotonic()
@@ -126,13 +151,37 @@ def publisher(idx: int, host: str, port: int, topic: str, payload_size: int, qos
         except socket.timeout:
             timed_out = True
         t_sent = time.monotonic()
-        _finish(sock, (deadline if not timed_out else t_sent) + CLOSE_GRACE)
-        q.put(("result", "pub", idx, {"sent": sent, "acked": acked, "t_start": t0,
-                                      "t_sent": t_sent, "t_end": time.monotonic(),
-                                      "timed_out": timed_out,
-                                      "cpu": time.process_time() - c0}))
+        if stopped:
+            sock.close()
+        else:
+            _finish(sock, (deadline if not timed_out else t_sent) + CLOSE_GRACE)
+        q.put(("result", role, idx, {"sent": sent, "acked": acked, "t_start": t0,
+                                     "t_sent": t_sent, "t_end": time.monotonic(),
+                                     "timed_out": timed_out, "stopped": stopped,
+                                     "cpu": time.process_time() - c0}))
     except Exception:
-        q.put(("error", "pub", idx, traceback.format_exc(limit=3)))
+        q.put(("error", role, idx, traceback.format_exc(limit=3)))
+
+
+def _flood(sock, batch: bytes, flen: int, deadline: float, stop) -> tuple[int, bool, bool]:
+    """Send ``batch`` over and over until ``stop`` is set or the deadline passes.
+
+    ``send`` (not ``sendall``) so that no byte count is lost when a throttled socket blocks;
+    returns (whole frames sent, timed out, stopped)."""
+    view = memoryview(batch)
+    size = len(batch)
+    pos = total = 0
+    sock.settimeout(0.2)
+    while not stop.is_set():
+        if time.monotonic() >= deadline:
+            return total // flen, True, False
+        try:
+            n = sock.send(view[pos:])
+        except socket.timeout:
+            continue
+        total += n
+        pos = (pos + n) % size
+    return total // flen, False, True
 
 
 def _publish_qos1(sock, frames: bytes, flen: int, count: int, window: int,
@@ -175,17 +224,27 @@ def _publish_qos1(sock, frames: bytes, flen: int, count: int, window: int,
 # ----- subscriber ---------------------------------------------------------------------------------
 
 def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, qos: int,
-               expected: int, time_limit: float, idle_grace: float, q, go, pubs_done) -> None:
+               expected: int, time_limit: float, idle_grace: float, q, go, pubs_done,
+               latency: bool = False) -> None:
     """``nconns`` subscriptions in one process; stops at ``expected`` PUBLISHes in total,
-    at the time limit, or ``idle_grace`` s after the publishers are done and nothing arrives."""
+    at the time limit, or ``idle_grace`` s after the publishers are done and nothing arrives.
+
+    ``latency``: the payloads start with ``STAMP`` (send time, device, sequence number), as the
+    edge workload's devices send them: the result then carries end-to-end latency percentiles
+    (receive time of the ``recv`` that brought the message minus its send time) and the
+    number of distinct messages (duplicates are not counted as delivered)."""
     _child_setup()
     conns = []
     try:
         bufsize = (1 << 20) if nconns == 1 else (256 << 10)
+        stamp_bytes = STAMP.size if latency else 0
         for j in range(nconns):
             sock, counter = _open(host, port, f"bsub-{idx}-{j}-{os.getpid()}",
-                                  wire.subscribe(1, topic_filter, qos), bufsize)
+                                  wire.subscribe(1, topic_filter, qos), bufsize,
+                                  stamp_bytes=stamp_bytes)
             conns.append((sock, counter))
+        lat: list[int] = []
+        keys: set[int] = set()
         q.put(("ready", "sub", idx))
         if not go.wait(GO_TIMEOUT):
             return
@@ -247,6 +306,8 @@ def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, q
                     if first is None:
                         first = last
                     total += got
+                    if stamp_bytes:
+                        _take_stamps(counter, time.monotonic_ns(), lat, keys)
                 if counter.acks:
                     sock.sendall(counter.acks)
                     counter.acks.clear()
@@ -259,10 +320,13 @@ def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, q
                     ended = "idle"
                     break
         sel.close()
-        q.put(("result", "sub", idx, {"count": total, "first": first, "last": last,
-                                      "t_go": t_go, "ended": ended,
-                                      "cpu": time.process_time() - c0,
-                                      "per_conn": [c.publishes for _, c in conns]}))
+        res = {"count": total, "first": first, "last": last, "t_go": t_go, "ended": ended,
+               "cpu": time.process_time() - c0, "per_conn": [c.publishes for _, c in conns]}
+        if stamp_bytes:
+            p50, p99, pmax = percentiles(lat, (50, 99, 100))
+            res.update(unique=len(keys), latency_ms={"p50": p50 / 1e6, "p99": p99 / 1e6,
+                                                     "max": pmax / 1e6} if lat else None)
+        q.put(("result", "sub", idx, res))
     except Exception:
         q.put(("error", "sub", idx, traceback.format_exc(limit=3)))
     finally:
@@ -273,6 +337,24 @@ def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, q
             except OSError:
                 pass
             sock.close()
+
+
+def _take_stamps(counter: wire.FrameCounter, t_rx: int, lat: list, keys: set) -> None:
+    """Latencies (ns) and message keys (device << 32 | sequence) from the captured stamps."""
+    arr = array.array("q", counter.stamps)
+    counter.stamps.clear()
+    if sys.byteorder == "little":
+        arr.byteswap()
+    lat.extend(t_rx - t for t in arr[0::2])
+    keys.update(arr[1::2])
+
+
+def percentiles(values, ps) -> list:
+    """Nearest-rank percentiles of ``values`` (100 = the maximum); None for no values."""
+    if not values:
+        return [None] * len(ps)
+    v = sorted(values)
+    return [v[min(len(v) - 1, max(0, -(-p * len(v) // 100) - 1))] for p in ps]
 
 
 def _set_lowat(conns) -> bool:
@@ -367,3 +449,313 @@ def feeder(listen: socket.socket, topic: str, payload_size: int, count: int, tim
         q.put(("result", "feeder", 0, {}))
     except Exception:
         q.put(("error", "feeder", 0, traceback.format_exc(limit=3)))
+
+
+# ----- many connections: idle clients and edge devices -------------------------------------------
+
+SLOW_CONNECT = 0.5   # a connection taking longer than this probably waited for a SYN retransmit
+
+
+def open_many(host: str, port: int, client_ids, keepalive: int, window: int, deadline: float,
+              socks: list) -> int:
+    """Connect one client per id: non-blocking connect, CONNECT, CONNACK, at most ``window``
+    of them under way at once (so a broker's listen backlog never overflows and no SYN waits
+    for a retransmit). Appends the sockets to ``socks`` (the caller closes them, also on error).
+    Returns how many took longer than SLOW_CONNECT."""
+    sel = selectors.DefaultSelector()
+    ids = iter(client_ids)
+    pending = slow = 0
+    more = True
+    try:
+        while more or pending:
+            while more and pending < window:
+                cid = next(ids, None)
+                if cid is None:
+                    more = False
+                    break
+                sock = socket.socket()
+                socks.append(sock)
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                err = sock.connect_ex((host, port))
+                if err not in (0, errno.EINPROGRESS):
+                    raise ConnectionError(f"connect: {os.strerror(err)}")
+                sel.register(sock, selectors.EVENT_WRITE, [cid, b"", time.monotonic()])
+                pending += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{pending} connections still waiting for CONNACK "
+                                   f"({len(socks) - pending} connected)")
+            for key, events in sel.select(min(left, 1.0)):
+                sock, state = key.fileobj, key.data
+                if events & selectors.EVENT_WRITE:
+                    err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if err:
+                        raise ConnectionError(f"connect: {os.strerror(err)}")
+                    sock.send(wire.connect(state[0], keepalive))
+                    sel.modify(sock, selectors.EVENT_READ, state)
+                    continue
+                data = sock.recv(16)
+                if not data:
+                    raise ConnectionError("closed by the broker before CONNACK")
+                state[1] += data
+                if len(state[1]) >= 4:
+                    if state[1] != wire.CONNACK_ACCEPTED:
+                        raise ConnectionError(f"CONNACK refused or unexpected: {state[1]!r}")
+                    sel.unregister(sock)
+                    pending -= 1
+                    slow += time.monotonic() - state[2] > SLOW_CONNECT
+        return slow
+    finally:
+        sel.close()
+
+
+def ping_all(socks: list, deadline: float) -> int:
+    """PINGREQ on every socket; returns how many answered PINGRESP before the deadline."""
+    sel = selectors.DefaultSelector()
+    got = {}
+    try:
+        for sock in socks:
+            try:
+                sock.send(wire.PINGREQ_BYTES)
+            except OSError:
+                continue
+            sel.register(sock, selectors.EVENT_READ)
+            got[sock.fileno()] = b""
+        answered = 0
+        while got and time.monotonic() < deadline:
+            for key, _ in sel.select(min(1.0, max(0.0, deadline - time.monotonic()))):
+                try:
+                    data = key.fileobj.recv(16)
+                except OSError:
+                    data = b""
+                have = got.pop(key.fd) + data
+                if data and len(have) < 2:
+                    got[key.fd] = have
+                    continue
+                sel.unregister(key.fileobj)
+                answered += have == wire.PINGRESP_BYTES
+        return answered
+    finally:
+        sel.close()
+
+
+def idle_clients(idx: int, host: str, port: int, n: int, keepalive: int, window: int,
+                 time_limit: float, q, go, sweep, release) -> None:
+    """Open ``n`` idle connections when ``go`` is set (report "connected"), answer a PINGREQ
+    sweep when ``sweep`` is set (report "result"), close everything when ``release`` is set."""
+    _child_setup()
+    socks: list = []
+    try:
+        ids = (f"idle-{idx}-{j}-{os.getpid()}" for j in range(n))
+        q.put(("ready", "idle", idx))
+        if not go.wait(GO_TIMEOUT):
+            return
+        t0 = time.monotonic()
+        c0 = time.process_time()
+        slow = open_many(host, port, ids, keepalive, window, t0 + time_limit, socks)
+        q.put(("connected", "idle", idx, {"n": len(socks), "t_start": t0, "slow": slow,
+                                          "t_end": time.monotonic(),
+                                          "cpu": time.process_time() - c0}))
+        if not sweep.wait(time_limit + GO_TIMEOUT):
+            return
+        t1 = time.monotonic()
+        alive = ping_all(socks, t1 + time_limit)
+        q.put(("result", "idle", idx, {"alive": alive, "n": n,
+                                       "sweep_s": time.monotonic() - t1}))
+        release.wait(GO_TIMEOUT)
+    except Exception:
+        q.put(("error", "idle", idx, traceback.format_exc(limit=3)))
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def device_ids(idx: int, procs: int, n_devices: int) -> range:
+    """Devices of generator process ``idx``: every ``procs``-th, so each process's sends are
+    spread over the whole second too (device d sends at d / n_devices into every second)."""
+    return range(idx, n_devices, procs)
+
+
+def devices(idx: int, host: str, port: int, procs: int, n_devices: int, seconds: int,
+            payload_size: int, window: int, q, go, start_at, time_limit: float) -> None:
+    """The edge workload's devices of one process: each its own connection, one QoS 1 PUBLISH
+    of ``payload_size`` bytes per second on devices/<id>/telemetry, starting at ``start_at``
+    (a shared CLOCK_MONOTONIC value) + id / n_devices; the payload starts with ``STAMP``.
+
+    Reports how late each send was against its schedule (a late generator shows here), the
+    PUBACKs received, and the process's CPU use over the sending window."""
+    _child_setup()
+    socks: list = []
+    try:
+        mine = device_ids(idx, procs, n_devices)
+        cids = [f"dev-{d:05d}" for d in mine]
+        pad = bytes(payload_size - STAMP.size)
+        # Everything before the packet id (the remaining length counts the whole payload).
+        prefixes = [wire.publish(f"devices/{d:05d}/telemetry", bytes(payload_size), 1, 1)
+                    [:-(payload_size + 2)] for d in mine]
+        t0 = time.monotonic()
+        slow = open_many(host, port, cids, 600, window, t0 + time_limit, socks)
+        connect_s = time.monotonic() - t0
+        sel = selectors.DefaultSelector()
+        for k, sock in enumerate(socks):
+            sel.register(sock, selectors.EVENT_READ, k)
+        q.put(("ready", "dev", idx, {"connect_s": connect_s, "slow": slow}))
+        if not go.wait(GO_TIMEOUT):
+            return
+        start = start_at.value
+        c0 = time.process_time()
+        offsets = [d / n_devices for d in mine]
+        ndev = len(socks)
+        total = ndev * seconds
+        late = array.array("q")          # ns behind schedule, one per send
+        sent = acked = 0
+        rem: dict = {}
+        pack = STAMP.pack
+        mono_ns = time.monotonic_ns
+        while sent < total:
+            sec, k = divmod(sent, ndev)
+            due = start + sec + offsets[k]
+            now = time.monotonic()
+            if now >= due:
+                t_ns = mono_ns()
+                seq = sec
+                frame = prefixes[k] + (seq % 65535 + 1).to_bytes(2, "big") \
+                    + pack(t_ns, mine[k], seq) + pad
+                if socks[k].send(frame) != len(frame):
+                    raise ConnectionError("a device's socket buffer is full (the broker stopped "
+                                          "reading)")
+                late.append(t_ns - int(due * 1e9))
+                sent += 1
+                if sent % 64:
+                    continue            # read PUBACKs now and then, not between every send
+                wait = 0.0
+            else:
+                wait = due - now
+            acked += _read_acks(sel, wait, rem)
+        cpu = time.process_time() - c0
+        t_end = time.monotonic()
+        ack_deadline = t_end + ACK_GRACE
+        while acked < sent and time.monotonic() < ack_deadline:
+            acked += _read_acks(sel, 0.05, rem)
+        sel.close()
+        p50, p99, pmax = percentiles(late, (50, 99, 100))
+        q.put(("result", "dev", idx, {
+            "sent": sent, "acked": acked, "devices": ndev,
+            "late_ms": {"p50": p50 / 1e6, "p99": p99 / 1e6, "max": pmax / 1e6} if late else None,
+            "busy_pct": 100.0 * cpu / max(1e-9, t_end - start),
+            "t_start": start, "t_end": t_end}))
+    except Exception:
+        q.put(("error", "dev", idx, traceback.format_exc(limit=3)))
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+ACK_GRACE = 5.0     # how long devices wait for their last PUBACKs after the sending window
+
+
+def _read_acks(sel, wait: float, rem: dict) -> int:
+    """Read PUBACKs (4-byte frames) from the readable device sockets; returns how many."""
+    n = 0
+    for key, _ in sel.select(wait):
+        try:
+            data = key.fileobj.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            continue
+        if not data:
+            raise ConnectionError("the broker closed a device connection")
+        if key.data in rem:
+            data = rem.pop(key.data) + data
+        k = len(data) >> 2
+        if data[0:4 * k:4].count(0x40) != k:
+            raise ConnectionError(f"expected only PUBACKs, got {data[:16]!r}")
+        n += k
+        if len(data) & 3:
+            rem[key.data] = data[4 * k:]
+    return n
+
+
+def stuck_subscriber(idx: int, host: str, port: int, topic_filter: str, qos: int, rcvbuf: int,
+                     q, release) -> None:
+    """Subscribe with a small receive buffer, then never read again until ``release``."""
+    _child_setup()
+    sock = None
+    try:
+        sock, _ = _open(host, port, f"bstuck-{idx}-{os.getpid()}",
+                        wire.subscribe(1, topic_filter, qos), 4096, rcvbuf=rcvbuf)
+        q.put(("ready", "stuck", idx))
+        release.wait(GO_TIMEOUT)
+    except Exception:
+        q.put(("error", "stuck", idx, traceback.format_exc(limit=3)))
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def acceptor(listen: socket.socket, nconns: int, time_limit: float, q) -> None:
+    """Stand in for a broker in front of many clients (the idle and edge generators' ceiling):
+    accept without blocking, answer CONNECT with CONNACK, PINGREQ with PINGRESP and each QoS 1
+    PUBLISH with a PUBACK; ends when ``nconns`` connections came and went, or at the time limit."""
+    _child_setup()
+    try:
+        deadline = time.monotonic() + time_limit
+        listen.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(listen, selectors.EVENT_READ, None)
+        closed = publishes = 0
+        while closed < nconns and time.monotonic() < deadline:
+            for key, _ in sel.select(0.1):
+                counter = key.data
+                if counter is None:
+                    for _ in range(64):
+                        try:
+                            conn, _ = listen.accept()
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        conn.setblocking(False)
+                        sel.register(conn, selectors.EVENT_READ,
+                                     wire.FrameCounter(ack=True, bufsize=4096))
+                    continue
+                conn = key.fileobj
+                before = counter.publishes
+                try:
+                    n = counter.recv_from(conn)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    n = 0
+                if n == 0:
+                    sel.unregister(conn)
+                    conn.close()
+                    closed += 1
+                    continue
+                publishes += counter.publishes - before
+                out = counter.acks
+                for ptype, _ in counter.control:
+                    if ptype == wire.CONNECT:
+                        out += wire.CONNACK_ACCEPTED
+                    elif ptype == wire.PINGREQ:
+                        out += wire.PINGRESP_BYTES
+                counter.control.clear()
+                if out:
+                    conn.send(out)
+                    out.clear()
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+        q.put(("result", "acceptor", 0, {"closed": closed, "publishes": publishes}))
+    except Exception:
+        q.put(("error", "acceptor", 0, traceback.format_exc(limit=3)))
+
+
+def ping_once(host: str, port: int, client_id: str) -> None:
+    """One client: CONNECT, PINGREQ/PINGRESP, DISCONNECT (warms a fresh broker's code paths up
+    before its baseline RSS is read)."""
+    sock, counter = _open(host, port, client_id, bufsize=4096)
+    deadline = time.monotonic() + CONNECT_TIMEOUT
+    sock.sendall(wire.PINGREQ_BYTES)
+    while not counter.control:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        if counter.recv_from(sock) == 0:
+            raise ConnectionError("closed by the broker before PINGRESP")
+    _finish(sock, deadline)

@@ -22,8 +22,12 @@ PUBLISH = 3
 PUBACK = 4
 SUBSCRIBE = 8
 SUBACK = 9
+PINGREQ = 12
+PINGRESP = 13
 DISCONNECT_BYTES = b"\xe0\x00"
 CONNACK_ACCEPTED = b"\x20\x02\x00\x00"
+PINGREQ_BYTES = b"\xc0\x00"
+PINGRESP_BYTES = b"\xd0\x00"
 
 
 def varint(n: int) -> bytes:
@@ -91,6 +95,8 @@ class FrameCounter:
     """Counts PUBLISH frames in one connection's byte stream.
 
     ``ack=True``: also queues a PUBACK (in ``acks``) for every QoS 1 PUBLISH.
+    ``stamp_bytes=k``: appends the first ``k`` payload bytes of every PUBLISH to ``stamps``
+    (the edge workload's send timestamp and message key; the consumer clears it).
     Other packets (CONNACK, SUBACK, ...) are kept in ``control`` as
     (type, body) — at most ``MAX_CONTROL`` of them.
     """
@@ -98,12 +104,14 @@ class FrameCounter:
     MAX_CONTROL = 16
     SLOW_FRAMES = 64   # frames parsed one by one after the fast path failed
 
-    def __init__(self, ack: bool = False, bufsize: int = 1 << 20):
+    def __init__(self, ack: bool = False, bufsize: int = 1 << 20, stamp_bytes: int = 0):
         self.buf = bytearray(bufsize)
         self.view = memoryview(self.buf)
         self.have = 0
         self.ack = ack
         self.acks = bytearray()
+        self.stamp_bytes = stamp_bytes
+        self.stamps = bytearray()
         self.publishes = 0
         self.control: list[tuple[int, bytes]] = []
         self._slow = 0
@@ -165,23 +173,33 @@ class FrameCounter:
                             break
                     if ok:
                         count += n
+                        off = i + 2 + ((buf[i] << 8) | buf[i + 1])
                         if qos1 and self.ack:
-                            off = i + 2 + ((buf[i] << 8) | buf[i + 1])
                             acks = bytearray(4 * n)
                             acks[0::4] = b"\x40" * n
                             acks[1::4] = b"\x02" * n
                             acks[2::4] = buf[off:stop:flen]
                             acks[3::4] = buf[off + 1:stop:flen]
                             self.acks += acks
+                        k = self.stamp_bytes
+                        if k:
+                            off += 2 if qos1 else 0
+                            stamps = bytearray(k * n)
+                            for j in range(k):
+                                stamps[j::k] = buf[off + j:stop:flen]
+                            self.stamps += stamps
                         pos = stop
                         continue
                     self._slow = self.SLOW_FRAMES
                 elif self._slow:
                     self._slow -= 1
                 count += 1
+                off = i + 2 + ((buf[i] << 8) | buf[i + 1])
                 if qos1 and self.ack:
-                    off = i + 2 + ((buf[i] << 8) | buf[i + 1])
                     self.acks += b"\x40\x02" + buf[off:off + 2]
+                if self.stamp_bytes:
+                    off += 2 if qos1 else 0
+                    self.stamps += buf[off:off + self.stamp_bytes]
             elif len(self.control) < self.MAX_CONTROL:
                 self.control.append((b0 >> 4, bytes(buf[i:pos + flen])))
             pos += flen
@@ -211,6 +229,18 @@ def _self_check() -> None:
         pids = [int.from_bytes(c.acks[k + 2:k + 4], "big") for k in range(0, len(c.acks), 4)]
         assert pids == list(range(1, 5001)) + list(range(1, 1001)), len(pids)
         assert c.acks[0::4].count(0x40) == len(pids)
+    # Payload prefixes, through the strided fast path and the frame-by-frame one.
+    stamped = b"".join(publish(f"d/{i % 7:05d}/t", i.to_bytes(8, "big") + b"p" * 20, 1, i + 1)
+                       for i in range(3000))
+    for _ in range(5):
+        c = FrameCounter(ack=True, stamp_bytes=8)
+        pos = 0
+        while pos < len(stamped):
+            step = rnd.choice((1, 7, 500, 4096, 65536))
+            c.feed(stamped[pos:pos + step])
+            pos += step
+        assert [int.from_bytes(c.stamps[k:k + 8], "big") for k in range(0, len(c.stamps), 8)] \
+            == list(range(3000))
     print("wire self-check ok")
 
 
