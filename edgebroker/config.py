@@ -210,7 +210,7 @@ class LogConfig:
         "batch", _one_of(*DURABILITY),
         doc="when QoS 1/2 publishes are acknowledged: none, batch or sync (docs/config.md)")
     flush_interval_ms: int = _setting(
-        100, _between(1, 60_000), doc="with durability batch: at most one fsync per this many ms")
+        100, _between(1, 60_000), doc="with durability batch: records are fsynced at most this many ms after the write")
     segment_bytes: int = _setting(
         16 * MiB, _between(4096, 1024 * MiB), doc="a segment is rolled before it grows past this")
     segment_ms: int = _setting(

@@ -57,10 +57,12 @@ def test_inspect_stats(broker, uid):
     assert r.returncode == 0, r.stderr
     assert "clients     1 connected" in r.stdout and "publish     1 received" in r.stdout
     assert "loop        pass p50" in r.stdout and "limits hit  none" in r.stdout
+    assert "log         durability batch, next offset 1, written 1," in r.stdout
     r = run_cli("inspect", "stats", "-c", str(b.config_path), "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["counters"]["publish_received"] == 1 and "max_topics" in s["limit_hits"]
+    assert s["log"]["next_offset"] == s["log"]["written_offset"] == 1
 
 
 def test_inspect_clients_sorted_limited_and_watched(broker, uid):

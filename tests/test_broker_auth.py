@@ -92,7 +92,7 @@ def test_packets_sent_with_connect_are_held_then_handled_in_order(authsrv, uid):
         got.append(c.recv_packet(10))
     assert got[0].type == m.CONNACK and got[0].rc == 0
     # Handled in order: the subscription exists before the PUBLISH is routed to it. The
-    # PUBACK waits for the log's fsync (durability "batch"), so it may follow the PINGRESP.
+    # PUBACK waits for the log write at the end of the loop pass, so it may follow the PINGRESP.
     assert [p.type for p in got[:3]] == [m.CONNACK, m.SUBACK, m.PUBLISH], got
     assert got[2].payload == b"early"
     assert [p.packet_id for p in got if p.type == m.PUBACK] == [7]

@@ -44,7 +44,7 @@ def test_disk_full_withholds_acks_and_recovers(broker, uid, tmp_path, request):
     assert got is None, f"{got!r} sent while the record could not be written"
 
     os.unlink(small / "filler")
-    # The PUBACK waits for the fsync; the PINGRESP only for reading to resume: either first.
+    # The PUBACK waits for the log write; the PINGRESP only for reading to resume: either first.
     answers = {p.type: p for p in (pub.recv_packet(timeout=5), pub.recv_packet(timeout=5))}
     assert set(answers) == {PUBACK, PINGRESP} and answers[PUBACK].packet_id == 7
     assert b.wait_log(lambda line: "writes work again" in line, timeout=5)

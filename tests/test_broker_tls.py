@@ -99,7 +99,7 @@ def test_packets_sent_with_connect_over_tls_wait_for_the_password_check(tlssrv, 
     got = []
     while {m.PINGRESP, m.PUBACK} - {p.type for p in got}:
         got.append(c.recv_packet(10))
-    # In order; the PUBACK waits for the log's fsync, so it may follow the PINGRESP.
+    # In order; the PUBACK waits for the log write at the end of the pass, so it may follow the PINGRESP.
     assert [p.type for p in got[:3]] == [m.CONNACK, m.SUBACK, m.PUBLISH], got
     assert got[0].rc == 0 and got[2].payload == b"x" * 50_000
     assert [p.packet_id for p in got if p.type == m.PUBACK] == [9]

@@ -69,8 +69,7 @@ def test_max_inflight_bytes(broker, uid):
 
 def test_stuck_qos0_subscriber_is_bounded_and_does_not_slow_a_normal_pair(broker, uid):
     limit = 64 * 1024
-    # The normal pair's QoS 1 round trips are timed one by one: no fsync wait per PUBACK
-    # (durability "batch" would add up to 100 ms each); durability is not what this tests.
+    # Durability is not what this tests (and "none" keeps the log's flusher out of the timing).
     b = broker(limits={"max_pending_write_bytes": limit}, log={"durability": "none"})
     stuck = b.client(f"{uid}-stuck", rcvbuf=4096)
     stuck.subscribe("#")                        # everything, and never reads
@@ -116,8 +115,8 @@ def test_stuck_qos0_subscriber_is_bounded_and_does_not_slow_a_normal_pair(broker
 
 def test_stuck_qos1_subscriber_keeps_messages_in_its_queue_until_it_reads(broker, uid):
     limit = 16 * 1024
-    # Durability "none": the 200 QoS 1 publishes go one by one (each waits for its PUBACK), and
-    # an fsync wait per PUBACK would only slow the test down; durability is not what it tests.
+    # Durability is not what this tests (the 200 QoS 1 publishes go one by one, each waiting for
+    # its PUBACK).
     b = broker(limits={"max_pending_write_bytes": limit, "max_inflight_messages": 1000,
                        "max_inflight_bytes": 10 ** 8, "max_queued_messages": 500},
                log={"durability": "none"})

@@ -179,11 +179,21 @@ def format_stats(s: dict) -> str:
         f"loop        pass p50 {loop['pass_p50_seconds'] * 1000:.3f} ms, "
         f"p99 {loop['pass_p99_seconds'] * 1000:.3f} ms, {loop['passes']} passes",
         f"process     {memory}",
+        f"log         {_log_line(s.get('log'))}",
         f"limits hit  {_nonzero(s['limit_hits'])}",
         f"refused     {_nonzero(s['refused'])}",
         f"dropped     {_nonzero(s['dropped'])}",
     ]
     return "\n".join(lines)
+
+
+def _log_line(fig: dict | None) -> str:
+    if fig is None:
+        return "none"
+    state = "" if fig["writing"] else " (NOT WRITING: disk full or failing)"
+    return (f"durability {fig['durability']}, next offset {fig['next_offset']}, written "
+            f"{fig['written_offset']}, fsynced {fig['durable_offset']}, {fig['acks_waiting']} acks "
+            f"waiting, {fig['fsyncs']} fsyncs ({fig['fsync_errors']} failed){state}")
 
 
 # ----- clients -----------------------------------------------------------------------------

@@ -6,7 +6,8 @@ write. A QoS 1/2 acknowledgement (PUBACK, PUBREC) waits in ``_acks`` until its
 record is safe under the ``durability`` setting:
 
 - ``none``  once written to the OS (the same loop pass);
-- ``batch`` once the flusher thread's periodic fsync covers it;
+- ``batch`` once written to the OS too; the flusher thread fsyncs at most
+  ``flush_interval_ms`` later, which bounds what a power cut can take;
 - ``sync``  once the flusher's fsync right after the write covers it.
 
 Acknowledgements are released in offset order, which is also the order the
@@ -36,10 +37,13 @@ class Journal:
         self.wall_ms = wall_ms
         self.stats = stats
         self.failing = False
-        # Called after records reach the OS (the flusher's notify_written).
-        self.notify_written = None
+        # The flusher thread (set by the server): told after records reach the OS; its fsync
+        # counters are reported in the stats.
+        self.flusher = None
         self._acks: deque = deque()          # (offset, client, frame), offsets ascending
-        self._gate = commit_log.written_offset if durability == "none" else commit_log.durable_offset
+        # Which offset releases acknowledgements: the written one, or (sync) the fsynced one.
+        self._after_fsync = durability == "sync"
+        self._gate = commit_log.durable_offset if self._after_fsync else commit_log.written_offset
         self._paused: set = set()            # clients not read while the log cannot write
 
     @property
@@ -84,7 +88,7 @@ class Journal:
 
     def durable(self, offset: int) -> None:
         """The flusher made everything below ``offset`` durable."""
-        if self.durability != "none":
+        if self._after_fsync:
             self._release(offset)
 
     def _release(self, gate: int) -> None:
@@ -117,9 +121,9 @@ class Journal:
                           "acknowledged until it can; QoS 0 goes on unlogged; retrying every second",
                           exc)
             return False
-        if self.notify_written is not None:
-            self.notify_written()
-        if self.durability == "none":
+        if self.flusher is not None:
+            self.flusher.notify_written()
+        if not self._after_fsync:
             self._release(written)
         return True
 
@@ -135,6 +139,16 @@ class Journal:
         for client in paused:
             if not client.closed:
                 client.transport.resume_reading("log")
+
+    def figures(self) -> dict:
+        """The log's side of the stats: offsets, acknowledgements waiting, fsyncs."""
+        cl, flusher = self.log, self.flusher
+        return {"durability": self.durability, "next_offset": cl.next_offset,
+                "written_offset": cl.written_offset, "durable_offset": cl.durable_offset,
+                "pending_bytes": cl.pending_bytes, "acks_waiting": len(self._acks),
+                "writing": not self.failing,
+                "fsyncs": flusher.syncs if flusher is not None else 0,
+                "fsync_errors": flusher.errors if flusher is not None else 0}
 
     def pause(self, client) -> None:
         if client is not None and client not in self._paused and not client.closed:

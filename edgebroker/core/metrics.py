@@ -82,6 +82,7 @@ def snapshot(broker, now: float) -> dict:
                  "passes": broker.pass_times.count, "busy_seconds": broker.pass_times.total},
         "process": {"rss_bytes": guard.rss, "cpu_seconds": guard.cpu_seconds,
                     "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over},
+        "log": broker.journal.figures() if broker.journal is not None else None,
     }
 
 

@@ -42,6 +42,7 @@ from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server import sdnotify
+from edgebroker.server.poller import make_poller
 from edgebroker.server.tls import HandshakeTimers, TLSServer, TLSTransport
 from edgebroker.server.transport import Transport, format_peer
 
@@ -172,7 +173,7 @@ class Loop:
         self.config = config
         self.clock = clock
         self.reload_config = reload_config
-        self.selector = selectors.DefaultSelector()
+        self.selector = make_poller()
         self.state_dir = config.state_dir()
         self._durable: deque[int] = deque()   # offsets reported by the flusher thread
         self.buffer = bytearray(READ_BUFFER)
@@ -208,7 +209,7 @@ class Loop:
         self.broker = Broker(config, self.clock, commit_log=self.log, wall_ms=wall_ms)
         self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,
                                on_durable=self._on_durable)
-        self.broker.journal.notify_written = self.flusher.notify_written
+        self.broker.journal.flusher = self.flusher
         self.snapshots = snap.SnapshotWriter(self.state_dir)
         self.broker.submit_snapshot = self.snapshots.submit
         self._restore()
@@ -426,11 +427,11 @@ class Loop:
             timeout = MAX_WAIT if due is None else min(MAX_WAIT, max(0.0, due - now))
             events = select(timeout)
             start = clock()
-            for key, mask in events:
+            for callback, mask in events:
                 try:
-                    key.data(mask)
+                    callback(mask)
                 except Exception:
-                    self._internal_error(key.data)
+                    self._internal_error(callback)
             now = clock()
             broker.tick(now)
             if self.handshakes:
@@ -566,9 +567,9 @@ class Loop:
         self.flush_dirty()
         deadline = self.clock() + DRAIN_SECONDS
         while any(t.out for t in self.transports) and self.clock() < deadline:
-            for key, mask in self.selector.select(0.05):
+            for callback, mask in self.selector.select(0.05):
                 if mask & selectors.EVENT_WRITE:
-                    key.data(selectors.EVENT_WRITE)
+                    callback(selectors.EVENT_WRITE)
         self.authenticator.close()
         self.broker.close_all()
         self.flush_dirty()

@@ -37,7 +37,7 @@ import ssl
 
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
-from edgebroker.server.transport import DEFAULT_MAX_PENDING, Transport
+from edgebroker.server.transport import DEFAULT_MAX_PENDING, NO_OUTPUT, Transport
 
 log = logging.getLogger("edgebroker.server")
 
@@ -341,6 +341,8 @@ class TLSTransport(Transport):
                 out[0] = memoryview(data)[sent:]
                 break
             del out[0]
+        if not out:
+            self.out = NO_OUTPUT
         self.out_bytes -= sent_total
         self.bytes_out += sent_total
         self.loop.broker.stats.bytes_sent += sent_total
