@@ -4,6 +4,7 @@ always reaped (join, then terminate, then kill, by PID), and the queue they repo
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import time
 
@@ -63,6 +64,33 @@ def stop_broker(broker) -> None:
 def stop_brokers() -> None:
     while _brokers:
         _brokers.pop().stop()
+
+
+def cpu_snapshot() -> tuple[float, float, float]:
+    """(monotonic time, busy CPU seconds of the whole machine, CPU seconds of this process and
+    of its children that were waited for). Every broker and generator process is a direct child
+    that is reaped, so the difference between two snapshots, machine minus ours, is what other
+    processes on the machine used meanwhile."""
+    busy = 0.0
+    try:
+        with open("/proc/stat") as fh:
+            f = fh.readline().split()
+        # user nice system idle iowait irq softirq steal: all but idle and iowait
+        busy = (sum(int(x) for x in f[1:4]) + sum(int(x) for x in f[6:9])) \
+            / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    t = os.times()
+    return time.monotonic(), busy, t.user + t.system + t.children_user + t.children_system
+
+
+def others_cpu_pct(before: tuple) -> float | None:
+    """CPU other processes used since ``before`` (a cpu_snapshot), in % of one core."""
+    after = cpu_snapshot()
+    wall = after[0] - before[0]
+    if wall <= 0 or not before[1]:
+        return None
+    return round(max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall * 100, 1)
 
 
 class Inbox:

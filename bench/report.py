@@ -36,10 +36,20 @@ def _get(rec: dict, field: str):
 
 # ----- one line per run ---------------------------------------------------------------------------
 
+OTHERS_NOTE = 15.0   # % of a core used by other processes that the summary points out
+
+
 def describe(rec: dict) -> str:
     """The line printed after one run (never fails on a missing figure)."""
     if "error" in rec:
         return f"FAILED: {rec['error']}"
+    others = rec.get("other_cpu_pct")
+    busy = (f"\n{'':>18}[other processes used {others:.0f}% of a core during this run]"
+            if others is not None and others > OTHERS_NOTE else "")
+    return _describe(rec) + busy
+
+
+def _describe(rec: dict) -> str:
     kind = rec.get("kind", "pair")
     g = rec.get
     head = f"{fmt(g('value'), g('unit')):>10} {g('unit', ''):<6}"
@@ -185,6 +195,9 @@ def summarize(records: list[dict], names: list[str], broker_names: list[str]) ->
                            cpu=_median(ok, "broker_cpu_pct"),
                            rss=max(r.get("broker_rss_mb") or 0 for r in ok),
                            notes=_notes(spec["kind"], ok))
+                others = _agg(ok, "other_cpu_pct", "max")
+                if others is not None and others > OTHERS_NOTE:
+                    row["notes"] += f"; other processes up to {others:.0f}% of a core"
             if b == "edgebroker":
                 row["target"] = target_text(name)
                 row["met"] = evaluate(name, by_broker)

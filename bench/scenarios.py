@@ -13,7 +13,8 @@ import time
 
 import brokers
 import loadgen
-from procs import CTX, Inbox, RunError, reap, spawn, start_broker, stop_broker
+from procs import (CTX, Inbox, RunError, cpu_snapshot, others_cpu_pct, reap, spawn,
+                   start_broker, stop_broker)
 
 HOST = "127.0.0.1"
 READY_TIMEOUT = 20.0
@@ -433,8 +434,10 @@ RUNNERS = {"pair": run_pair, "versus": run_versus, "idle": run_idle, "edge": run
 def run(name: str, broker_cls, round_no: int, args) -> dict:
     spec = SCENARIOS[name]
     rec = {"scenario": name, "kind": spec["kind"], "broker": broker_cls.name, "round": round_no}
+    before = cpu_snapshot()
     rec.update(RUNNERS[spec["kind"]](name, spec, broker_cls, round_no, args))
-    rec.update(limits=brokers.LIMITS, acl_file=brokers.ACL_FILE,
+    # The machine is shared: CPU that processes outside this benchmark used during the run.
+    rec.update(other_cpu_pct=others_cpu_pct(before), limits=brokers.LIMITS, acl_file=brokers.ACL_FILE,
                edgebroker_limits=brokers.EDGEBROKER_LIMITS,
                broker_cfg=broker_cfg(spec, broker_cls))
     return rec
