@@ -69,7 +69,8 @@ def _brokers(recs):
     return [b for b in ("edgebroker", "mosquitto") if any(r["broker"] == b for r in recs)]
 
 
-def _bars(ax, recs, name, series, ylabel, target=None, log=False, title=None):
+def _bars(ax, recs, name, series, ylabel, target=None, log=False, title=None,
+          target_label="target"):
     """One group of bars per broker: the median per series, the rounds as dots."""
     brokers = _brokers(recs)
     width = 0.8 / max(1, len(series))
@@ -91,7 +92,7 @@ def _bars(ax, recs, name, series, ylabel, target=None, log=False, title=None):
     if log:
         ax.set_yscale("log")
     if target is not None:
-        ax.axhline(target, color="red", linestyle="--", linewidth=0.8, label="target")
+        ax.axhline(target, color="red", linestyle="--", linewidth=0.8, label=target_label)
     if len(series) > 1 or target is not None:
         ax.legend(fontsize=6)
 
@@ -144,7 +145,8 @@ def draw(recs: list[dict], out_dir: str) -> list[str]:
         for k, name in enumerate(edge):
             series = [(p, (lambda p: lambda r: (r.get("latency_ms") or {}).get(p))(p), h)
                       for p, h in (("p50", ""), ("p99", "//"), ("max", ".."))]
-            _bars(axes[2 * k], recs, name, series, "latency ms", target=p99_max, log=True)
+            _bars(axes[2 * k], recs, name, series, "latency ms", target=p99_max, log=True,
+                  target_label="p99 target")
             _bars(axes[2 * k + 1], recs, name,
                   [("cpu %", lambda r: r.get("broker_cpu_pct"), "")], "broker CPU %",
                   title=f"{name}: broker CPU %")
@@ -156,7 +158,8 @@ def draw(recs: list[dict], out_dir: str) -> list[str]:
         for k, name in enumerate(idle):
             _bars(axes[2 * k], recs, name, [("B/conn", lambda r: r.get("value"), "")],
                   "broker RSS per connection, bytes",
-                  target=RSS_PER_CONNECTION_MAX if name == "idle_10000" else None)
+                  target=RSS_PER_CONNECTION_MAX if name == "idle_10000" else None,
+                  target_label="target (max)")
             _bars(axes[2 * k + 1], recs, name,
                   [("conn/s", lambda r: r.get("connect_rate"), "")], "connections/s",
                   title=f"{name}: connect rate")
