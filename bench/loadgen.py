@@ -482,6 +482,8 @@ def open_many(host: str, port: int, client_ids, keepalive: int, window: int, dea
                     raise ConnectionError(f"connect: {os.strerror(err)}")
                 sel.register(sock, selectors.EVENT_WRITE, [cid, b"", time.monotonic()])
                 pending += 1
+            if not pending:
+                break           # the ids ran out just now: nothing to wait for
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{pending} connections still waiting for CONNACK "
