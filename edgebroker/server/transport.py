@@ -118,17 +118,21 @@ class Transport:
 
     # ----- the core's side --------------------------------------------------------------
 
-    def write(self, data) -> None:
-        if self.closed:
-            return
+    def _queue(self, item, size: int) -> None:
+        """Append to the output queue (its own list from the first item) and list the
+        connection for this pass's flush."""
         out = self.out
         if out is NO_OUTPUT:
             self.out = out = []
-        out.append(data)
-        self.out_bytes += len(data)
+        out.append(item)
+        self.out_bytes += size
         if not self.dirty:
             self.dirty = True
             self.loop.dirty.append(self)
+
+    def write(self, data) -> None:
+        if not self.closed:
+            self._queue(data, len(data))
 
     def offer(self, data) -> bool:
         """Queue one PUBLISH frame unless ``max_pending`` bytes are already waiting."""
@@ -136,29 +140,15 @@ class Transport:
             return self.closed  # a closed transport swallows writes, as write() does
         if self.closed:
             return True
-        out = self.out
-        if out is NO_OUTPUT:
-            self.out = out = []
-        out.append(data)
-        self.out_bytes += len(data)
         self.msgs_out += 1
-        if not self.dirty:
-            self.dirty = True
-            self.loop.dirty.append(self)
+        self._queue(data, len(data))
         return True
 
     def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
         if self.closed:
             return
         generation = self.loop.log_generation()
-        out = self.out
-        if out is NO_OUTPUT:
-            self.out = out = []
-        out.append(FileChunk(head, fd, position, length, offset, generation))
-        self.out_bytes += len(head) + length
-        if not self.dirty:
-            self.dirty = True
-            self.loop.dirty.append(self)
+        self._queue(FileChunk(head, fd, position, length, offset, generation), len(head) + length)
 
     def close(self) -> None:
         """Close after a last attempt to send what is queued (e.g. a refusing CONNACK)."""
