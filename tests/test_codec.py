@@ -17,7 +17,7 @@ from edgebroker.errors import (
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import (
-    PINGRESP_BYTES, Decoder, decode_one, encode, encode_ack, encode_publish_head,
+    LARGE_READ, PINGRESP_BYTES, Decoder, decode_one, encode, encode_ack, encode_publish_head,
 )
 from edgebroker.mqtt.packets import (
     Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Pubcomp, Publish, Pubrec, Pubrel,
@@ -730,3 +730,89 @@ def test_hypothesis_mutated_frames_raise_only_protocol_error(packets, data):
         else:
             del stream[at:]
     _decode_anything(bytes(stream), max_packet_size=1 << 12)
+
+
+# ----------------------------------------------------------------------------- large PUBLISH
+
+def large_publish(size: int, qos: int = 0, topic: str = "big/t", pid: int = 7) -> tuple:
+    payload = random.Random(size).randbytes(size)
+    body = s(topic) + (u16(pid) if qos else b"") + payload
+    return frame(0x30 | qos << 1, body), payload
+
+
+def test_large_publish_in_pieces_gets_a_payload_buffer_of_its_own():
+    data, payload = large_publish(70_000, qos=1)
+    tail = frame(0xC0)
+    decoder = Decoder()
+    assert decode_all(data[:3000], decoder) == []
+    assert decoder.room is not None and decoder.buffered == 3000
+    assert decode_all(data[3000:50_000], decoder) == []
+    got = decode_all(data[50_000:] + tail, decoder)
+    assert same(got, [Publish("big/t", payload, 1, False, False, 7), Pingreq()])
+    assert type(got[0].payload) is bytearray
+    assert decoder.buffered == 0 and decoder.room is None
+
+
+def test_large_payload_received_straight_into_room():
+    data, payload = large_publish(100_000)
+    decoder = Decoder()
+    assert decode_all(data[:LARGE_READ], decoder) == []
+    pos = LARGE_READ
+    out = []
+    while decoder.room is not None:
+        room = decoder.room
+        n = min(len(room), 30_000)
+        room[:n] = data[pos:pos + n]
+        del room
+        pos += n
+        out += decoder.filled(n)
+    assert pos == len(data)
+    assert same(out, [Publish("big/t", payload)])
+    # The next read is a short one, so that a following large payload goes to its room too.
+    assert decoder.read_hint == LARGE_READ
+    assert same(decode_all(frame(0xC0), decoder), [Pingreq()])
+    assert decoder.read_hint == 0
+
+
+def test_a_large_packet_announced_but_not_sent_holds_little_memory():
+    data, payload = large_publish(1_000_000)
+    decoder = Decoder(max_packet_size=2_000_000)
+    decode_all(data[:100], decoder)
+    # The payload buffer is 64 KiB (or twice what arrived, if more) until more arrives.
+    assert decoder.buffered == 100 and len(decoder.room) < 64 * 1024
+    got = feed_chunks(decoder, data[100:], 7_000)
+    assert same(got, [Publish("big/t", payload)])
+
+
+def feed_chunks(decoder, data: bytes, step: int) -> list:
+    out = []
+    for i in range(0, len(data), step):
+        out += decoder.feed(data[i:i + step])
+    return out
+
+
+def test_a_bad_topic_in_a_large_packet_is_refused_before_its_payload_arrives():
+    data, _ = large_publish(50_000, topic="a/+")
+    with pytest.raises(ProtocolError) as info:
+        decode_all(data[:200])
+    assert info.value.rule == "MQTT-3.3.2-2"
+
+
+def test_keep_holds_bytes_across_a_large_packet_until_the_next_feed():
+    data, payload = large_publish(40_000)
+    stream = data + frame(0xC0) + data[:100]
+    decoder = Decoder()
+    decode_all(stream[:1000], decoder)
+    decoder.keep(memoryview(bytearray(stream[1000:]))[:])  # a view of a buffer reused later
+    got = decode_all(b"", decoder)
+    assert same(got, [Publish("big/t", payload), Pingreq()])
+    assert decoder.buffered == 100
+
+
+def test_a_generator_that_never_started_loses_nothing():
+    packets = [Publish("a", bytes([i])) for i in range(3)]
+    data = b"".join(encode(p) for p in packets)
+    decoder = Decoder()
+    decoder.feed(data[:4])
+    decoder.feed(data[4:])
+    assert same(decode_all(b"", decoder), packets)

@@ -48,8 +48,11 @@ RECOVERY_POINT_FILE = "recovery-point"
 MAX_DAMAGE_KEPT = 1000
 
 _pack_entry = INDEX_ENTRY.pack
-# Payloads of at least this many bytes (as ``bytes``) are written from where they are, not copied.
+# Payloads of at least this many bytes are written from where they are, not copied (the caller
+# never modifies a payload it appended).
 BIG_PAYLOAD = 16 * 1024
+# Payload types a group refers to instead of copying (see _Group).
+_HELD_TYPES = (bytes, bytearray)
 IOV_MAX = 1024
 _unpack_record_header = RECORD_HEADER.unpack_from
 
@@ -110,9 +113,10 @@ class VerifyReport:
 class _Group:
     """Records appended for one segment and not yet written: their bytes and index entries.
 
-    The bytes are ``parts``: bytearrays that small records are copied into, and large ``bytes``
-    payloads held by reference (immutable, so safe to keep until the write), all written with
-    one ``pwritev``. ``data`` is the bytearray being filled (the last of ``parts``)."""
+    The bytes are ``parts``: bytearrays that small records are copied into, and large payloads
+    held by reference (``bytes``, or the ``bytearray`` of a large received PUBLISH, which
+    nothing modifies), all written with one ``pwritev``. ``data`` is the bytearray being filled
+    (the last of ``parts``)."""
 
     __slots__ = ("segment", "parts", "data", "nbytes", "index", "count", "last_offset", "first_ts",
                  "max_ts")
@@ -552,7 +556,8 @@ class CommitLog:
 
     def append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
                payload: bytes) -> int:
-        """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``.
+        """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``;
+        a large ``payload`` is held by reference until then and must not change.
 
         While writes are failing, a record that would take the pending bytes past
         ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
@@ -592,7 +597,7 @@ class CommitLog:
         data += _native.record_header(offset, timestamp_ms, attributes, client_id, topic, payload)
         data += client_id
         data += topic
-        if lp >= BIG_PAYLOAD and type(payload) is bytes:
+        if lp >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:
             g.data = bytearray()
             g.parts += (payload, g.data)
         else:
@@ -746,7 +751,8 @@ class CommitLog:
                     if s.fd < 0:
                         continue
                     jobs.append((s, os.dup(s.fd), os.dup(s.index_fd)
-                                 if s.index_dirty and s.index_fd >= 0 else -1, s.new_file))
+                                 if s.index_dirty and s.index_fd >= 0 else -1, s.new_file,
+                                 s.sealed))
                     s.index_dirty = s.new_file = False
                 dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
             except OSError:
@@ -756,9 +762,11 @@ class CommitLog:
                 raise
         path = self.directory
         try:
-            for seg, fd, ifd, _new in jobs:
+            for seg, fd, ifd, _new, sealed in jobs:
                 path = seg.path
                 os.fdatasync(fd)
+                if sealed:
+                    self._drop_cached(fd)
                 if ifd >= 0:
                     path = seg.index_path
                     os.fsync(ifd)
@@ -771,7 +779,7 @@ class CommitLog:
                 self._requeue(jobs, todo)
             raise LogWriteError.from_os("cannot fsync", path, exc) from None
         finally:
-            for _seg, fd, ifd, _new in jobs:
+            for _seg, fd, ifd, *_ in jobs:
                 self._close_quietly(fd, ifd)
             if dir_fd >= 0:
                 self._close_quietly(dir_fd)
@@ -784,10 +792,21 @@ class CommitLog:
             self._set_recovery_point(recovery_point)
         return durable
 
+    @staticmethod
+    def _drop_cached(fd: int) -> None:
+        """A sealed segment is on disk: let the OS drop its pages from the page cache. The log
+        is written once and read seldom (a backlog, the uploader); kept cached it would push
+        out what the gateway's other programs need, and new pages cost more to write into
+        than recycled ones."""
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass  # advice only
+
     def _requeue(self, jobs, todo) -> None:
         for s in todo:
             self._unsynced.setdefault(s.base_offset, s)
-        for s, _fd, ifd, new in jobs:
+        for s, _fd, ifd, new, _sealed in jobs:
             if ifd >= 0:
                 s.index_dirty = True
             if new:

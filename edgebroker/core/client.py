@@ -138,30 +138,40 @@ class Client:
     def data_received(self, data) -> None:
         if self.closed:
             return
-        broker = self.broker
         if self.halted:
             # Throttled: keep what arrives (a TLS read may still hand over decrypted
             # bytes) in the decoder until the throttle ends.
-            self.decoder.feed(data)
+            self.decoder.keep(data)
             return
         if self.sniff is not None and not self._sniff(data):
             return
-        stats = broker.stats
+        self._handle(self.decoder.feed(data), len(data))
+
+    def payload_received(self, n: int) -> None:
+        """``n`` bytes of a large PUBLISH were received straight into ``decoder.room``."""
+        if not self.closed:
+            self._handle(self.decoder.filled(n), n)
+
+    def _handle(self, packets, nbytes: int) -> None:
+        broker = self.broker
         handlers = self._handlers
         decoded = 0
         try:
-            for packet in self.decoder.feed(data):
+            for packet in packets:
                 decoded += 1
                 handlers[packet.type](self, packet)
                 if self.halted:
-                    break  # when throttled, the rest stays in the decoder until resumed
+                    # When throttled the rest stays in the decoder until resumed; the
+                    # generator reads the shared receive buffer, so it lets go now.
+                    packets.close()
+                    break
                 handlers = self._handlers
         except ProtocolError as exc:
             self._violation(exc)
-        stats.packets_received += decoded
+        broker.stats.packets_received += decoded
         # Keepalive counts complete packets (MQTT-3.1.2-24); a large packet
         # still arriving in big pieces counts too, so it is not cut off.
-        if decoded or len(data) >= _PROGRESS_BYTES:
+        if decoded or nbytes >= _PROGRESS_BYTES:
             self.last_seen = broker.clock()
 
     def _sniff(self, data) -> bool:

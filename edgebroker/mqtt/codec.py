@@ -19,7 +19,16 @@ Decoder rules (the broker relies on these):
   every later ``feed`` raises the same error.
 * The consumer may stop iterating at any point. Frames it did not take stay
   buffered and come out of the next ``feed``, which closes the abandoned
-  generator first; so at most one generator per decoder is live.
+  generator first; so at most one generator per decoder is live. The generator
+  decodes from the fed bytes themselves: a consumer that feeds a view of a
+  shared buffer exhausts or closes it before the buffer is reused, and holds
+  bytes it will not decode yet with ``keep``.
+* A PUBLISH of ``LARGE_FRAME`` bytes or more that has not fully arrived gets a
+  payload buffer of its own; ``room`` is the part still to come, which a reader
+  may receive into directly (then ``filled(n)``). The buffer, a ``bytearray``,
+  becomes the packet's payload: nothing modifies it afterwards. ``read_hint``
+  suggests a short read after such a packet, so that the next one's payload
+  also goes straight to its own buffer.
 
 Every rule violation names the specification's conformance id in ``rule``
 (section numbers such as ``MQTT-2.2.3`` where the spec has no numbered rule).
@@ -441,10 +450,34 @@ def _long_remaining_length(buf: bytes, pos: int, n: int) -> tuple[int, int] | No
         shift += 7
 
 
+# A PUBLISH of at least this many bytes whose end has not arrived yet is received into a
+# payload buffer of its own (``Decoder.room``), which becomes the packet's payload.
+LARGE_FRAME = 16 * 1024
+# After such a frame, read this little (``Decoder.read_hint``) so that the next large frame's
+# payload, too, goes straight into its own buffer rather than through the shared one.
+LARGE_READ = 4096
+# A payload buffer starts at least this big and at most twice what has arrived, so that a
+# client announcing a large packet and sending little cannot make the broker allocate much.
+_ROOM_FLOOR = 64 * 1024
+
+
+class _Large:
+    """A large PUBLISH being received: the packet, its payload buffer (so far) and size."""
+
+    __slots__ = ("packet", "head", "got", "total")
+
+    def __init__(self, packet: Publish, head: int, got: int, total: int):
+        self.packet = packet   # packet.payload: a bytearray, filled up to ``got``
+        self.head = head       # bytes of the frame before the payload
+        self.got = got
+        self.total = total
+
+
 class Decoder:
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
-    __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen")
+    __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen", "_src", "_large",
+                 "_ready", "room", "read_hint")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE):
         self.max_packet_size = max_packet_size
@@ -452,31 +485,119 @@ class Decoder:
         self._need = 0           # don't try to decode before _buf holds this many bytes
         self._error: ProtocolError | None = None
         self._gen = None         # the generator of the last feed, maybe not exhausted
+        self._src = None         # its input while it has not started
+        self._large: _Large | None = None   # a large PUBLISH whose payload is arriving
+        self._ready: Publish | None = None  # a completed large PUBLISH not handed out yet
+        self.room: memoryview | None = None  # where the rest of that payload goes (recv_into)
+        self.read_hint = 0       # bytes the next read should take (0: as many as it can)
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet handed out as packets (approximate while iterating)."""
-        return len(self._buf)
+        large = self._large
+        return len(self._buf) + (large.head + large.got if large is not None else 0)
 
     def feed(self, data):
-        """Add ``data`` (bytes-like) and return a generator of the complete packets."""
+        """Add ``data`` (bytes-like) and return a generator of the complete packets.
+
+        The generator decodes from ``data`` itself: exhaust or close it before ``data``'s
+        buffer changes (closing keeps the untaken bytes)."""
         if self._error is not None:
             raise self._error
-        gen = self._gen
-        if gen is not None:
-            self._gen = None
-            gen.close()  # hands its untaken bytes back to self._buf
-        self._buf += data
-        if len(self._buf) < self._need:
-            return iter(())
-        self._gen = gen = self._frames()
+        if self._gen is not None:
+            self._retire()
+        if self._large is not None:
+            n = len(self.room)
+            if len(data) < n:
+                self._fill(data, len(data))
+                return _NOTHING
+            packet = self._fill(data, n)
+            data = memoryview(data)[n:]
+            if packet is None:  # the buffer grew: the rest of data goes on filling it
+                return self.feed(data)
+            self._ready = packet
+        first = self._ready
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need and first is None:
+                return _NOTHING
+            data = buf
+            self._buf = b""
+        elif first is None and not data:
+            return _NOTHING
+        self._src = data
+        self._gen = gen = self._frames(first, data)
         return gen
 
-    def _frames(self):
+    def filled(self, n: int):
+        """``n`` bytes were received into ``room``: a generator of what is now complete."""
+        if self._gen is not None:
+            self._retire()
+        packet = self._fill(None, n)
+        if packet is None:
+            return _NOTHING
+        self._ready = packet
+        self._src = b""
+        self._gen = gen = self._frames(packet, b"")
+        return gen
+
+    def keep(self, data) -> None:
+        """Hold ``data`` without decoding it (a halted consumer); the next ``feed`` decodes."""
+        if self._gen is not None:
+            self._retire()
+        if self._large is not None:
+            n = min(len(data), len(self.room))
+            packet = self._fill(data, n)
+            data = memoryview(data)[n:]
+            if packet is None:
+                if len(data):
+                    self.keep(data)
+                return
+            self._ready = packet
+        if len(data):
+            if not self._buf:
+                self._buf = bytearray()
+            self._buf += data
+            self._need = 0
+
+    def _retire(self) -> None:
+        """Close the last generator; what it did not hand out stays buffered."""
+        gen = self._gen
+        self._gen = None
+        gen.close()  # a started generator keeps its untaken bytes in its finally
+        src = self._src
+        if src is not None:  # it never started: all of its input is still to decode
+            self._src = None
+            self.keep(src)
+
+    def _fill(self, data, n: int) -> Publish | None:
+        """Count ``n`` more payload bytes (copied from ``data`` unless already received into
+        ``room``); the packet once its payload is complete."""
+        room = self.room
+        if data is not None:
+            room[:n] = memoryview(data)[:n]
+        large = self._large
+        large.got += n
+        if n < len(room):
+            self.room = room[n:]
+            return None
+        room.release()
+        self.room = None
+        payload = large.packet.payload
+        if large.got < large.total:  # grow the buffer (nothing else refers to it yet)
+            payload += bytes(min(large.total, 2 * large.got) - large.got)
+            self.room = memoryview(payload)[large.got:]
+            return None
+        self._large = None
+        self.read_hint = LARGE_READ
+        return large.packet
+
+    def _frames(self, first, src):
         # Decode from an immutable snapshot: slicing bytes gives bytes with one copy.
         # At rest the buffer is the shared b"", so an idle connection holds no buffer.
-        buf = bytes(self._buf)
-        self._buf = b""
+        self._src = None
+        buf = bytes(src)
         n = len(buf)
         pos = 0
         need = 0
@@ -485,6 +606,9 @@ class Decoder:
         decoders = _DECODERS
         publish = Publish
         try:
+            if first is not None:
+                self._ready = None
+                yield first
             while pos < n:
                 b0 = buf[pos]
                 err = first_byte_errors[b0]
@@ -505,17 +629,25 @@ class Decoder:
                     raise ProtocolError(
                         f"{P.NAMES[b0 >> 4]} of {end - pos} bytes exceeds the maximum packet "
                         f"size {max_size}", rule="max_packet_size", reason=PACKET_TOO_LARGE)
-                if end > n:
+                if end > n and (end - pos < LARGE_FRAME or b0 >> 4 != 3):
                     need = end - pos
                     break
                 if b0 >> 4 == 3:  # PUBLISH, the hot path
                     te = p + 2
                     if te > end:
                         raise _malformed("PUBLISH ends inside the topic name length")
+                    if te > n:
+                        need = end - pos
+                        break
                     ts = te
                     te += buf[p] << 8 | buf[p + 1]
                     if te > end:
                         raise _malformed("PUBLISH topic name runs past the end of the packet")
+                    if b0 & 6 and te + 2 > end:
+                        raise _malformed("PUBLISH ends inside the packet identifier")
+                    if te + (2 if b0 & 6 else 0) > n:  # a large frame's header is incomplete
+                        need = end - pos
+                        break
                     try:
                         topic = buf[ts:te].decode()
                     except UnicodeDecodeError:
@@ -523,17 +655,23 @@ class Decoder:
                                          rule="MQTT-1.5.3-1") from None
                     if ts == te or "+" in topic or "#" in topic or "\x00" in topic:
                         raise _publish_topic_error(topic)
+                    pid = None
                     if b0 & 6:
-                        if te + 2 > end:
-                            raise _malformed("PUBLISH ends inside the packet identifier")
                         pid = buf[te] << 8 | buf[te + 1]
                         if pid == 0:
                             raise _malformed("PUBLISH with QoS > 0 and packet identifier 0",
                                              rule="MQTT-2.3.1-1")
-                        packet = publish(topic, buf[te + 2:end], b0 >> 1 & 3, b0 & 1 == 1,
-                                         b0 & 8 == 8, pid)
-                    else:
+                        te += 2
+                    if end > n:  # large and incomplete: its payload goes to a buffer of its own
+                        self._receive_large(publish(topic, None, b0 >> 1 & 3, b0 & 1 == 1,
+                                                    b0 & 8 == 8, pid), buf, pos, te, n, end)
+                        pos = n
+                        break
+                    if pid is None:
                         packet = publish(topic, buf[te:end], 0, b0 & 1 == 1)
+                    else:
+                        packet = publish(topic, buf[te:end], b0 >> 1 & 3, b0 & 1 == 1,
+                                         b0 & 8 == 8, pid)
                 else:
                     packet = decoders[b0 >> 4](b0, buf, p, end)
                 pos = end
@@ -545,8 +683,25 @@ class Decoder:
         finally:
             if pos < n:
                 self._buf = bytearray(memoryview(buf)[pos:])
+            if n and self._large is None:
+                self.read_hint = 0
             self._need = need
             self._gen = None  # a finished generator holds its frame (~400 bytes per connection)
+
+    def _receive_large(self, packet: Publish, buf: bytes, pos: int, start: int, n: int,
+                       end: int) -> None:
+        """The frame at ``pos`` ends at ``end``, past the ``n`` bytes of ``buf``; its payload
+        starts at ``start``."""
+        got = n - start
+        total = end - start
+        payload = bytearray(min(total, max(_ROOM_FLOOR, 2 * got)))
+        payload[:got] = memoryview(buf)[start:n]
+        packet.payload = payload
+        self._large = _Large(packet, start - pos, got, total)
+        self.room = memoryview(payload)[got:]
+
+
+_NOTHING = iter(())
 
 
 def decode_one(data) -> object:

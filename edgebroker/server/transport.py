@@ -37,6 +37,8 @@ from edgebroker import _native
 log = logging.getLogger("edgebroker.server")
 
 # Linux IOV_MAX is 1024; stay under it.
+# Reads per readiness event while large packets arrive (each read is one packet or less).
+_LARGE_READS = 8
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
@@ -215,19 +217,38 @@ class Transport:
 
     def read(self) -> None:
         loop = self.loop
-        try:
-            n = self.sock.recv_into(loop.buffer)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self.lost(exc.strerror or str(exc))
-            return
-        if n == 0:
-            self.lost("closed by peer")
-            return
-        loop.broker.stats.bytes_received += n
-        self.bytes_in += n
-        self.client.data_received(loop.view[:n])
+        sock = self.sock
+        client = self.client
+        decoder = client.decoder
+        for _ in range(_LARGE_READS):
+            into_room = decoder.room is not None
+            try:
+                if into_room:
+                    # The rest of a large PUBLISH goes straight into its payload buffer.
+                    want = len(decoder.room)
+                    n = sock.recv_into(decoder.room)
+                else:
+                    want = decoder.read_hint
+                    n = sock.recv_into(loop.buffer, want)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.lost(exc.strerror or str(exc))
+                return
+            if n == 0:
+                self.lost("closed by peer")
+                return
+            loop.broker.stats.bytes_received += n
+            self.bytes_in += n
+            if into_room:
+                client.payload_received(n)
+            else:
+                client.data_received(loop.view[:n])
+                if not want:
+                    return
+            # Large packets: read on while the socket fills what was asked for.
+            if n < want or self.closing or self.closed or self.paused:
+                return
 
     def flush(self) -> None:
         """Send as much of the queue as the socket takes, without blocking."""

@@ -3,10 +3,16 @@ rolls and deletes segments."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
+import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +165,62 @@ def test_sync_from_another_thread_while_appending_rolling_and_deleting(tmp_path)
     assert log.counters.segments_deleted > 0 and log.counters.segments_rolled > 20
     assert [r.offset for r in log.read_range(0)] == list(range(log.first_offset, 2100))
     log.close()
+
+
+def _not_tmpfs(tmp_path):
+    """A directory on a disk file system (tmpfs pages cannot be dropped from memory)."""
+    best, fstype = "", ""
+    with open("/proc/mounts") as fh:
+        for line in fh:
+            mount, kind = line.split()[1:3]
+            if str(tmp_path).startswith(mount.rstrip("/") + "/") and len(mount) > len(best):
+                best, fstype = mount, kind
+    if fstype not in ("tmpfs", "ramfs"):
+        return tmp_path
+    return Path(tempfile.mkdtemp(dir="/var/tmp"))
+
+
+def resident_pages(path) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages in all), with mincore(2)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            return sum(b & 1 for b in vec.raw), pages
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def test_sealed_segments_leave_the_page_cache_once_fsynced(tmp_path):
+    base = _not_tmpfs(tmp_path)
+    try:
+        log = open_log(base / "log", segment_bytes=256 * 1024)
+        for i in range(40):  # 40 × 32 KiB: a few segments
+            log.append(1_700_000_000_000 + i, 1, False, b"dev", b"t/big", bytes([i]) * 32768)
+        log.write_pending()
+        segments = [str(base / "log" / f"{s.base_offset:020d}.seg") for s in log.segments()]
+        assert len(segments) >= 4
+        assert all(resident_pages(p)[0] > 0 for p in segments)  # just written: cached
+        assert log.sync() == 40
+        for path in segments[:-1]:
+            assert resident_pages(path)[0] == 0, path  # sealed and on disk: dropped
+        cached, pages = resident_pages(segments[-1])
+        assert cached == pages  # the segment being written stays cached
+        assert [log.read(i).payload[0] for i in range(40)] == list(range(40))  # still readable
+        log.close()
+    finally:
+        if base != tmp_path:
+            shutil.rmtree(base, ignore_errors=True)
