@@ -135,3 +135,21 @@ def test_stuck_qos1_subscriber_keeps_messages_in_its_queue_until_it_reads(broker
     got = [int(stuck.recv_publish(timeout=5).payload[:4]) for _ in range(n)]
     assert got == list(range(n))
     assert b.client_row(f"{uid}-stuck")["queued"] == 0
+
+
+def test_a_reading_qos0_subscriber_loses_nothing_when_one_pass_routes_more_than_the_limit(
+        broker, uid):
+    """One loop pass can route a whole burst (here 100 kB) to a subscriber before the loop
+    writes to it; past max_pending_write_bytes the broker sends what the socket takes
+    first, so only a client that does not read loses messages."""
+    b = broker(limits={"max_pending_write_bytes": 8192}, log={"durability": "none"})
+    sub = b.raw(rcvbuf=1 << 20)
+    sub.connect(f"{uid}-sub")
+    sub.subscribe(f"{uid}/burst")
+    pub = b.raw()
+    pub.connect(f"{uid}-pub")
+    n = 1000
+    pub.send(b"".join(m.publish(f"{uid}/burst", b"%04d" % i + b"." * 96) for i in range(n)))
+    got = [int(sub.expect(PUBLISH).payload[:4]) for _ in range(n)]
+    assert got == list(range(n))
+    assert b.stats()["dropped"].get("max_pending_write_bytes", 0) == 0

@@ -137,11 +137,17 @@ class Transport:
             self._queue(data, len(data))
 
     def offer(self, data) -> bool:
-        """Queue one PUBLISH frame unless ``max_pending`` bytes are already waiting."""
-        if self.out_bytes >= self.max_pending:
-            return self.closed  # a closed transport swallows writes, as write() does
+        """Queue one PUBLISH frame unless ``max_pending`` bytes are already waiting and the
+        socket does not take them now."""
         if self.closed:
-            return True
+            return True  # a closed transport swallows writes, as write() does
+        if self.out_bytes >= self.max_pending:
+            # One pass may route many reads to this connection before the loop flushes it:
+            # send now what the socket takes, so that only a client that does not read
+            # loses messages.
+            self.flush(early=True)
+            if self.out_bytes >= self.max_pending:
+                return False
         self.msgs_out += 1
         self._queue(data, len(data))
         return True
@@ -250,8 +256,11 @@ class Transport:
             if n < want or self.closing or self.closed or self.paused:
                 return
 
-    def flush(self) -> None:
-        """Send as much of the queue as the socket takes, without blocking."""
+    def flush(self, early: bool = False) -> None:
+        """Send as much of the queue as the socket takes, without blocking.
+
+        ``early``: in the middle of a pass (routing); errors and a drained queue are left
+        for the pass's own flush to report."""
         out = self.out
         sock = self.sock
         sent_total = 0
@@ -296,6 +305,8 @@ class Transport:
         self.out_bytes -= sent_total
         self.bytes_out += sent_total
         self.loop.broker.stats.bytes_sent += sent_total
+        if early:
+            return
         if error is not None:
             self.lost(error)
             return
