@@ -816,3 +816,17 @@ def test_a_generator_that_never_started_loses_nothing():
     decoder.feed(data[:4])
     decoder.feed(data[4:])
     assert same(decode_all(b"", decoder), packets)
+
+
+def test_a_lone_acknowledgement_is_decoded_the_short_way_only_when_nothing_is_buffered():
+    decoder = Decoder()
+    assert same(decode_all(frame(0x40, u16(513)), decoder), [Puback(513)])
+    # Four bytes that look like a PUBACK but continue a buffered PUBLISH are its payload.
+    data = frame(0x30, s("t") + b"\x40\x02\x00\x07")
+    assert decode_all(data[:-4], decoder) == []
+    assert same(decode_all(data[-4:], decoder), [Publish("t", b"\x40\x02\x00\x07")])
+    with pytest.raises(ProtocolError) as info:
+        decode_all(frame(0x40, u16(0)))
+    assert info.value.rule == "MQTT-2.3.1-1"
+    with pytest.raises(ProtocolError):
+        decode_all(frame(0x60, u16(1)))  # PUBREL must have flags 0010

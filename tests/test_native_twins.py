@@ -393,3 +393,12 @@ def test_scan_result_layout_matches_the_header():
                  "SCAN_END", "SCAN_PARTIAL", "SCAN_BAD", "SCAN_FULL", "RESYNC_NONE", "RESYNC_FOUND",
                  "RESYNC_CANDIDATE", "FRAMES_OK", "FRAMES_MALFORMED"):
         assert getattr(lib, "EB_" + name) == getattr(_native, name), name
+
+
+def test_header_writer_gives_record_header_until_its_next_call():
+    for backend in (C, P):
+        header = backend.header_writer()
+        first = bytes(header(1, 2, 1, b"c", b"t", b"p" * 5))
+        assert first == P.record_header(1, 2, 1, b"c", b"t", b"p" * 5)
+        assert bytes(header(9, 8, 0, b"", bytearray(b"x/y"), memoryview(b"q"))) == \
+            P.record_header(9, 8, 0, b"", b"x/y", b"q")

@@ -18,6 +18,9 @@ docs/log-format.md):
     CRC32C (Castagnoli) of ``data``, continuing from ``crc``.
 ``record_header(offset, timestamp_ms, attributes, client_id, topic, payload)``
     The 34 header bytes of a log record, CRC included.
+``header_writer()``
+    A ``record_header`` for one thread's hot path, whose result (bytes-like) is valid only
+    until its next call.
 ``topic_matches(topic_filter, topic)``
     MQTT filter matching on bytes, like ``mqtt.topics.topic_matches``.
 ``scan(buf, avail, base_position, min_offset, topic_filter, out, max_timestamp=0)``
@@ -48,7 +51,7 @@ import os
 from edgebroker._native._common import *  # noqa: F401,F403  (constants and result types)
 from edgebroker.errors import EdgebrokerError
 
-FUNCTIONS = ("crc32c", "record_header", "topic_matches", "scan", "build_index", "resync",
+FUNCTIONS = ("crc32c", "record_header", "header_writer", "topic_matches", "scan", "build_index", "resync",
              "index_check", "index_find_offset", "index_find_time", "split_frames", "send_batch")
 CHOICES = ("auto", "c", "python")
 

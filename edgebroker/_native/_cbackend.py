@@ -46,6 +46,22 @@ def record_header(offset: int, timestamp_ms: int, attributes: int, client_id, to
     return _unpack(out, RECORD_HEADER_SIZE)
 
 
+def header_writer():
+    """``record_header`` for one thread's hot path: the header is written into one buffer
+    kept for the purpose, and the result is a view of it, valid until the next call."""
+    out = _new("char[34]")
+    view = ffi.buffer(out)
+
+    def header(offset: int, timestamp_ms: int, attributes: int, client_id, topic, payload):
+        _eb_record_header(out, offset, timestamp_ms, attributes,
+                          client_id if type(client_id) is bytes else _chars(client_id),
+                          len(client_id), topic if type(topic) is bytes else _chars(topic),
+                          len(topic), payload if type(payload) is bytes else _chars(payload),
+                          len(payload))
+        return view
+    return header
+
+
 def topic_matches(topic_filter: bytes, topic: bytes) -> bool:
     return bool(lib.eb_topic_matches(_ro(topic_filter), len(topic_filter), _ro(topic), len(topic)))
 

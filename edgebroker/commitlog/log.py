@@ -165,6 +165,7 @@ class CommitLog:
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._groups: list[_Group] = []
+        self._header = _native.header_writer()  # record headers of append() (core thread)
         self._pending_bytes = 0
         self._next = 0
         self._written = 0
@@ -594,7 +595,7 @@ class CommitLog:
         attributes = qos | (RETAIN_BIT if retain else 0)
         data = g.data
         position = seg.reserved_size
-        data += _native.record_header(offset, timestamp_ms, attributes, client_id, topic, payload)
+        data += self._header(offset, timestamp_ms, attributes, client_id, topic, payload)
         data += client_id
         data += topic
         if lp >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:

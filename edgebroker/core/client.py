@@ -163,7 +163,8 @@ class Client:
                 if self.halted:
                     # When throttled the rest stays in the decoder until resumed; the
                     # generator reads the shared receive buffer, so it lets go now.
-                    packets.close()
+                    if type(packets) is not tuple:
+                        packets.close()
                     break
                 handlers = self._handlers
         except ProtocolError as exc:

@@ -414,6 +414,9 @@ def _make_empty_decoder(cls):
     return decode
 
 
+# The 4-byte acknowledgements by their (valid) first byte, for Decoder.feed's shortcut.
+_ACKS = {0x40: Puback, 0x50: Pubrec, 0x62: Pubrel, 0x70: Pubcomp, 0xB0: Unsuback}
+
 # Indexed by packet type; PUBLISH (3) is decoded inline in Decoder._frames.
 _DECODERS = [None] * 16
 _DECODERS[P.CONNECT] = _dec_connect
@@ -498,12 +501,19 @@ class Decoder:
         return len(self._buf) + (large.head + large.got if large is not None else 0)
 
     def feed(self, data):
-        """Add ``data`` (bytes-like) and return a generator of the complete packets.
+        """Add ``data`` (bytes-like) and return a generator of the complete packets (a tuple
+        when ``data`` is one acknowledgement and nothing else is buffered).
 
         The generator decodes from ``data`` itself: exhaust or close it before ``data``'s
         buffer changes (closing keeps the untaken bytes)."""
         if self._error is not None:
             raise self._error
+        if (len(data) == 4 and self._gen is None and not self._buf and self._large is None
+                and self._ready is None):
+            # The commonest read of a QoS 1 subscriber: one PUBACK.
+            ack = _ACKS.get(data[0])
+            if ack is not None and data[1] == 2 and (data[2] or data[3]):
+                return (ack(data[2] << 8 | data[3]),)
         if self._gen is not None:
             self._retire()
         if self._large is not None:
