@@ -193,7 +193,9 @@ class Transport:
 
     def update_events(self) -> None:
         """Watch the socket for what is needed now: input unless paused, output if queued."""
-        self._want((0 if self.paused else _READ) | (_WRITE if self.out else 0))
+        events = (0 if self.paused else _READ) | (_WRITE if self.out else 0)
+        if events != self.events:
+            self._want(events)
 
     def _want(self, events: int) -> None:
         """Register, modify or unregister the socket so the selector watches ``events``."""
@@ -213,7 +215,7 @@ class Transport:
             return  # shut down earlier in this pass
         if mask & _READ and not self.closing:
             self.read()
-        if mask & selectors.EVENT_WRITE and not self.closed:
+        if mask & _WRITE and not self.closed:
             self.flush()
 
     # The transport itself is the selector key's callback: a bound method per connection
@@ -222,39 +224,56 @@ class Transport:
     __call__ = on_event
 
     def read(self) -> None:
+        decoder = self.client.decoder
+        if decoder.room is not None or decoder.read_hint:
+            self._read_large(decoder)
+            return
         loop = self.loop
-        sock = self.sock
+        n = self._recv_into(loop.buffer, 0)
+        if n:
+            self.client.data_received(loop.view[:n])
+
+    def _read_large(self, decoder) -> None:
+        """Large packets are arriving: the rest of one goes straight into its payload buffer
+        (``decoder.room``); between them, short reads (``decoder.read_hint``). Reads on, a
+        few times, while the socket fills what was asked for."""
+        loop = self.loop
         client = self.client
-        decoder = client.decoder
         for _ in range(_LARGE_READS):
-            into_room = decoder.room is not None
-            try:
-                if into_room:
-                    # The rest of a large PUBLISH goes straight into its payload buffer.
-                    want = len(decoder.room)
-                    n = sock.recv_into(decoder.room)
-                else:
-                    want = decoder.read_hint
-                    n = sock.recv_into(loop.buffer, want)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self.lost(exc.strerror or str(exc))
-                return
-            if n == 0:
-                self.lost("closed by peer")
-                return
-            loop.broker.stats.bytes_received += n
-            self.bytes_in += n
-            if into_room:
+            room = decoder.room
+            if room is not None:
+                want = len(room)
+                n = self._recv_into(room, 0)
+                del room  # the decoder may grow the buffer it views
+                if not n:
+                    return
                 client.payload_received(n)
             else:
-                client.data_received(loop.view[:n])
-                if not want:
+                want = decoder.read_hint
+                n = self._recv_into(loop.buffer, want)
+                if not n:
                     return
-            # Large packets: read on while the socket fills what was asked for.
-            if n < want or self.closing or self.closed or self.paused:
+                client.data_received(loop.view[:n])
+            if (n < want or self.closing or self.closed or self.paused
+                    or decoder.room is None and not decoder.read_hint):
                 return
+
+    def _recv_into(self, target, nbytes: int) -> int:
+        """Receive into ``target`` (``nbytes`` at most, 0: its size); 0 when nothing came (an
+        error or the end of the stream is handled here)."""
+        try:
+            n = self.sock.recv_into(target, nbytes)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            self.lost(exc.strerror or str(exc))
+            return 0
+        if n == 0:
+            self.lost("closed by peer")
+            return 0
+        self.loop.broker.stats.bytes_received += n
+        self.bytes_in += n
+        return n
 
     def flush(self, early: bool = False) -> None:
         """Send as much of the queue as the socket takes, without blocking.
