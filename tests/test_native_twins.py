@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import socket
 import struct
 import subprocess
@@ -54,6 +55,20 @@ def test_crc32c_twins(data, seed, skip):
     view = memoryview(data)[min(skip, len(data)):]
     assert C.crc32c(view, seed) == P.crc32c(view, seed)
     assert C.crc32c(data[10:], C.crc32c(data[:10])) == C.crc32c(data)
+
+
+@pytest.mark.parametrize("size", [3 * 1024 - 1, 3 * 1024, 3 * 1024 + 1, 6 * 1024 + 13, 65_536,
+                                  100_003])
+def test_crc32c_twins_on_inputs_long_enough_for_three_lanes(size):
+    rnd = random.Random(size)
+    data = rnd.randbytes(size + 8)
+    for skip in (0, 1, 5):
+        view = memoryview(data)[skip:skip + size]
+        seed = rnd.getrandbits(32)
+        assert C.crc32c(view, seed) == P.crc32c(view, seed)
+    # Split anywhere, continued: the same as in one go.
+    cut = rnd.randrange(size)
+    assert C.crc32c(data[cut:], C.crc32c(data[:cut])) == C.crc32c(data)
 
 
 @SETTINGS
