@@ -830,3 +830,44 @@ def test_a_lone_acknowledgement_is_decoded_the_short_way_only_when_nothing_is_bu
     assert info.value.rule == "MQTT-2.3.1-1"
     with pytest.raises(ProtocolError):
         decode_all(frame(0x60, u16(1)))  # PUBREL must have flags 0010
+
+
+def read_like_the_transport(decoder: Decoder, stream: bytes, sizes: list, keeps: set) -> list:
+    """Consume ``stream`` as Transport.read does: into ``decoder.room`` while a large payload
+    arrives, else reads of ``read_hint`` bytes (or of the next size); some reads are kept
+    (a throttled client) and decoded with the next one."""
+    out = []
+    pos = k = 0
+    while pos < len(stream):
+        size = sizes[k % len(sizes)]
+        if decoder.room is not None:
+            room = decoder.room
+            n = min(len(room), size, len(stream) - pos)
+            room[:n] = stream[pos:pos + n]
+            del room
+            out += decoder.filled(n)
+        else:
+            n = min(decoder.read_hint or size, len(stream) - pos)
+            chunk = memoryview(bytearray(stream[pos:pos + n]))  # a reused buffer's view
+            if k in keeps:
+                decoder.keep(chunk)
+            else:
+                out += decoder.feed(chunk)
+        pos += n
+        k += 1
+    out += decoder.feed(b"")
+    assert decoder.buffered == 0 and decoder.room is None
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(any_packet, st.builds(
+           lambda n, qos: Publish("big", random.Random(n).randbytes(n), qos,
+                                  packet_id=7 if qos else None),
+           st.integers(LARGE_READ, 200_000), st.integers(0, 2))), min_size=1, max_size=6),
+       st.lists(st.integers(1, 70_000), min_size=1, max_size=5),
+       st.sets(st.integers(0, 40), max_size=5))
+def test_hypothesis_large_packets_read_any_way_give_the_same_packets(packets, sizes, keeps):
+    stream = b"".join(encode(p) for p in packets)
+    decoder = Decoder(max_packet_size=1 << 20)
+    assert same(read_like_the_transport(decoder, stream, sizes, keeps), packets)
