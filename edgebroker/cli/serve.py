@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 
-from edgebroker import config as configuration
+from edgebroker import config as configuration, logs
 from edgebroker.errors import ConfigError
 from edgebroker.server.loop import Loop
 
@@ -36,19 +35,6 @@ def load(args) -> configuration.Config:
     return config
 
 
-def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    # Under systemd the journal adds its own timestamps.
-    if os.environ.get("JOURNAL_STREAM"):
-        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    root = logging.getLogger("edgebroker")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
-
-
 def prepare_state_dir(path: str) -> None:
     try:
         os.makedirs(path, mode=0o750, exist_ok=True)
@@ -60,7 +46,7 @@ def prepare_state_dir(path: str) -> None:
 
 def run(args) -> int:
     config = load(args)
-    setup_logging(config.log_level)
+    logs.install(config.log_level)
     state_dir = config.state_dir()
     prepare_state_dir(state_dir)
     loop = Loop(config, reload_config=lambda: load(args))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from edgebroker import logs
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import (
     CONNACK_CODES_311, PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
@@ -45,6 +46,8 @@ from edgebroker.core.limits import PublishRate
 from edgebroker.core.session import AWAIT_COMP
 
 log = logging.getLogger("edgebroker.client")
+# The lines of every connect and disconnect (edgebroker/logs.py says why they go apart).
+connections_log = logs.Frequent(log)
 
 # Bytes of a partly received packet that count as activity for keepalive.
 _PROGRESS_BYTES = 1024
@@ -212,7 +215,7 @@ class Client:
         """The socket closed or failed under us (not after DISCONNECT)."""
         if not self.closed:
             if self.connected:
-                log.info("%s: connection lost (%s)", self.describe(), reason)
+                connections_log.info("%s: connection lost (%s)", self.describe(), reason)
             self.close(will=True)
 
     def deadline(self) -> float | None:
@@ -458,9 +461,9 @@ class Client:
         self._handlers = _CONNECTED if self.rate is None else _CONNECTED_RATED
         self.transport.write(_CONNACK_ACCEPTED[present])
         broker.stats.packets_sent += 1
-        log.info("%s connected (protocol %d, clean session %d, keepalive %d%s)",
-                 self.describe(), p.protocol_level, p.clean_session, p.keepalive,
-                 ", session resumed" if present else "")
+        connections_log.info("%s connected (protocol %d, clean session %d, keepalive %d%s)",
+                             self.describe(), p.protocol_level, p.clean_session, p.keepalive,
+                             ", session resumed" if present else "")
         broker.schedule(self)
         if present:
             broker.resume(session)
@@ -635,7 +638,7 @@ class Client:
         self.broker.stats.packets_sent += 1
 
     def _on_disconnect(self, p) -> None:
-        log.info("%s disconnected", self.describe())
+        connections_log.info("%s disconnected", self.describe())
         self.close(will=False)
 
 

@@ -63,6 +63,7 @@ class UnixListener(Listener):
             os.umask(old_umask)
         sock.setblocking(False)
         self.sock = sock
+        self.family = socket.AF_UNIX
         self.address = f"unix:{self.path}"
         self.paused_until = 0.0
         self.stat = os.stat(self.path)
