@@ -144,7 +144,10 @@ class Transport:
         if self.out_bytes >= self.max_pending:
             # One pass may route many reads to this connection before the loop flushes it:
             # send now what the socket takes, so that only a client that does not read
-            # loses messages.
+            # loses messages. Not while waiting for the socket to take more (its last send
+            # left bytes queued): one failing send per message would cost the whole loop.
+            if self.events & _WRITE:
+                return False
             self.flush(early=True)
             if self.out_bytes >= self.max_pending:
                 return False
@@ -324,12 +327,12 @@ class Transport:
         self.out_bytes -= sent_total
         self.bytes_out += sent_total
         self.loop.broker.stats.bytes_sent += sent_total
-        if early:
-            return
-        if error is not None:
+        if error is not None and not early:
             self.lost(error)
             return
-        self.update_events()
+        self.update_events()  # early, what is left waits for the socket (see offer)
+        if early:
+            return
         if not out and self.want_drain and not self.closed:
             self.drained()
 
