@@ -396,3 +396,28 @@ def test_key_in_certfile(broker, tmp_path, pki, uid):
     both.write_bytes(pki.server.cert.read_bytes() + pki.server.key.read_bytes())
     b = broker(listener=[{"host": "127.0.0.1", "port": 0, "certfile": str(both)}])
     assert b.client(uid, transport={"ssl_context": client_context(pki)}).ping() == []
+
+
+def test_a_burst_past_max_pending_to_a_tls_subscriber_is_dropped_and_counted(broker, pki, uid):
+    """One pass routes more than max_pending_write_bytes to a TLS subscriber: the QoS 0
+    messages beyond it are dropped and counted; the publisher and the broker carry on."""
+    b = broker(limits={"max_pending_write_bytes": 8192}, listener=[
+        {"host": "127.0.0.1", "port": 0},
+        {"host": "127.0.0.1", "port": 0, "certfile": str(pki.server.cert),
+         "keyfile": str(pki.server.key)}])
+    sub = tls_client(b, pki, 1, f"{uid}-s")
+    sub.subscribe(f"{uid}/t")
+    pub = b.raw(port=port(b, 0))
+    pub.connect(f"{uid}-p")
+    n = 300
+    pub.send(b"".join(m.publish(f"{uid}/t", b"%04d" % i + b"." * 996) for i in range(n)))
+    assert pub.ping(timeout=10) == []           # the publisher's connection is still served
+    got = []
+    while True:
+        try:
+            got.append(int(sub.recv_publish(timeout=1).payload[:4]))
+        except (AssertionError, TimeoutError):
+            break
+    assert got == sorted(got) and 0 < len(got) < n
+    assert b.stats()["dropped"]["max_pending_write_bytes"] == n - len(got)
+    assert b.alive()

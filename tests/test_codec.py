@@ -17,7 +17,7 @@ from edgebroker.errors import (
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import (
-    LARGE_READ, PINGRESP_BYTES, Decoder, decode_one, encode, encode_ack, encode_publish_head,
+    LARGE_FRAME, LARGE_READ, PINGRESP_BYTES, Decoder, decode_one, encode, encode_ack, encode_publish_head,
 )
 from edgebroker.mqtt.packets import (
     Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Pubcomp, Publish, Pubrec, Pubrel,
@@ -778,8 +778,8 @@ def test_a_large_packet_announced_but_not_sent_holds_little_memory():
     data, payload = large_publish(1_000_000)
     decoder = Decoder(max_packet_size=2_000_000)
     decode_all(data[:100], decoder)
-    # The payload buffer is 64 KiB (or twice what arrived, if more) until more arrives.
-    assert decoder.buffered == 100 and len(decoder.room) < 64 * 1024
+    # The payload buffer is twice what arrived (4 KiB at least) until more arrives.
+    assert decoder.buffered == 100 and len(decoder.room) + 89 == LARGE_READ
     got = feed_chunks(decoder, data[100:], 7_000)
     assert same(got, [Publish("big/t", payload)])
 
@@ -871,3 +871,36 @@ def test_hypothesis_large_packets_read_any_way_give_the_same_packets(packets, si
     stream = b"".join(encode(p) for p in packets)
     decoder = Decoder(max_packet_size=1 << 20)
     assert same(read_like_the_transport(decoder, stream, sizes, keeps), packets)
+
+
+def test_after_a_large_packet_the_next_one_gets_its_whole_buffer_at_once():
+    data, payload = large_publish(100_000)
+    decoder = Decoder()
+    assert same(feed_chunks(decoder, data, 4096), [Publish("big/t", payload)])
+    head = len(data) - len(payload)
+    decode_all(data[:4096], decoder)
+    # The whole payload's buffer, not twice the 4 KiB that arrived: this client sent as
+    # large a packet whole before.
+    assert len(decoder.room) == len(payload) - (4096 - head)
+
+
+def test_a_large_packet_whose_header_is_split_still_gets_a_buffer_of_its_own():
+    data, payload = large_publish(100_000, qos=1, topic="t" * 300)
+    decoder = Decoder()
+    assert decode_all(data[:5], decoder) == []        # inside the topic length...
+    assert decode_all(data[5:200], decoder) == []     # ...and inside the topic
+    assert decoder.room is None
+    assert decode_all(data[200:400], decoder) == []   # header complete: a payload buffer
+    assert decoder.room is not None and decoder.buffered == 400
+    assert same(decode_all(data[400:], decoder), [Publish("t" * 300, payload, 1, packet_id=7)])
+
+
+def test_an_acknowledgement_ends_the_short_reads_after_a_large_packet():
+    data, _ = large_publish(LARGE_FRAME)
+    decoder = Decoder()
+    decode_all(data, decoder)
+    decode_all(data[:LARGE_READ], decoder)
+    decode_all(data[LARGE_READ:], decoder)
+    assert decoder.read_hint == LARGE_READ
+    decode_all(frame(0x40, u16(3)), decoder)
+    assert decoder.read_hint == 0

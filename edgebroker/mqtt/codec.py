@@ -454,14 +454,12 @@ def _long_remaining_length(buf: bytes, pos: int, n: int) -> tuple[int, int] | No
 
 
 # A PUBLISH of at least this many bytes whose end has not arrived yet is received into a
-# payload buffer of its own (``Decoder.room``), which becomes the packet's payload.
+# payload buffer of its own (``Decoder.room``), which becomes the packet's payload. The
+# buffer grows with what arrives (see Decoder._receive_large).
 LARGE_FRAME = 16 * 1024
 # After such a frame, read this little (``Decoder.read_hint``) so that the next large frame's
 # payload, too, goes straight into its own buffer rather than through the shared one.
 LARGE_READ = 4096
-# A payload buffer starts at least this big and at most twice what has arrived, so that a
-# client announcing a large packet and sending little cannot make the broker allocate much.
-_ROOM_FLOOR = 64 * 1024
 
 
 class _Large:
@@ -480,7 +478,7 @@ class Decoder:
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
     __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen", "_src", "_large",
-                 "_ready", "room", "read_hint")
+                 "_ready", "room", "read_hint", "_last_large")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE):
         self.max_packet_size = max_packet_size
@@ -493,6 +491,7 @@ class Decoder:
         self._ready: Publish | None = None  # a completed large PUBLISH not handed out yet
         self.room: memoryview | None = None  # where the rest of that payload goes (recv_into)
         self.read_hint = 0       # bytes the next read should take (0: as many as it can)
+        self._last_large = 0     # payload size of the last large PUBLISH that arrived whole
 
     @property
     def buffered(self) -> int:
@@ -504,8 +503,9 @@ class Decoder:
         """Add ``data`` (bytes-like) and return a generator of the complete packets (a tuple
         when ``data`` is one acknowledgement and nothing else is buffered).
 
-        The generator decodes from ``data`` itself: exhaust or close it before ``data``'s
-        buffer changes (closing keeps the untaken bytes)."""
+        The generator decodes from ``data`` itself: exhaust it, or close it after taking a
+        packet, before ``data``'s buffer changes (closing keeps the untaken bytes). One that
+        has not started holds ``data`` as it is until the next call."""
         if self._error is not None:
             raise self._error
         if (len(data) == 4 and self._gen is None and not self._buf and self._large is None
@@ -513,6 +513,7 @@ class Decoder:
             # The commonest read of a QoS 1 subscriber: one PUBACK.
             ack = _ACKS.get(data[0])
             if ack is not None and data[1] == 2 and (data[2] or data[3]):
+                self.read_hint = 0
                 return (ack(data[2] << 8 | data[3]),)
         if self._gen is not None:
             self._retire()
@@ -600,6 +601,7 @@ class Decoder:
             self.room = memoryview(payload)[large.got:]
             return None
         self._large = None
+        self._last_large = large.total
         self.read_hint = LARGE_READ
         return large.packet
 
@@ -646,8 +648,8 @@ class Decoder:
                     te = p + 2
                     if te > end:
                         raise _malformed("PUBLISH ends inside the topic name length")
-                    if te > n:
-                        need = end - pos
+                    if te > n:  # a large frame's topic length has not arrived
+                        need = te - pos
                         break
                     ts = te
                     te += buf[p] << 8 | buf[p + 1]
@@ -655,8 +657,8 @@ class Decoder:
                         raise _malformed("PUBLISH topic name runs past the end of the packet")
                     if b0 & 6 and te + 2 > end:
                         raise _malformed("PUBLISH ends inside the packet identifier")
-                    if te + (2 if b0 & 6 else 0) > n:  # a large frame's header is incomplete
-                        need = end - pos
+                    if te + (2 if b0 & 6 else 0) > n:  # nor the rest of its header
+                        need = te + (2 if b0 & 6 else 0) - pos
                         break
                     try:
                         topic = buf[ts:te].decode()
@@ -704,7 +706,10 @@ class Decoder:
         starts at ``start``."""
         got = n - start
         total = end - start
-        payload = bytearray(min(total, max(_ROOM_FLOOR, 2 * got)))
+        # Twice what has arrived, or as much as this connection's last large packet (which
+        # arrived whole): a client that announces a large packet and sends little gets
+        # little memory.
+        payload = bytearray(min(total, max(2 * got, LARGE_READ, self._last_large)))
         payload[:got] = memoryview(buf)[start:n]
         packet.payload = payload
         self._large = _Large(packet, start - pos, got, total)

@@ -303,8 +303,10 @@ class TLSTransport(Transport):
         """TLS cannot use sendfile: read the payload from the log now, queue it as bytes."""
         self.write(head + os.pread(fd, length, position))
 
-    def flush(self) -> None:
-        if self.state is not OPEN:
+    def flush(self, early: bool = False) -> None:
+        """``early`` (``Transport.offer`` in the middle of a pass): no early send on TLS; a
+        record split over passes and its errors stay with the pass's own flush."""
+        if early or self.state is not OPEN:
             return
         out = self.out
         sock = self.sock

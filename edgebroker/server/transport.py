@@ -37,8 +37,10 @@ from edgebroker import _native
 log = logging.getLogger("edgebroker.server")
 
 # Linux IOV_MAX is 1024; stay under it.
-# Reads per readiness event while large packets arrive (each read is one packet or less).
+# Reads per readiness event while large packets arrive (each read is one packet or less),
+# and the bytes after which no more are read in that event (what one plain read may take).
 _LARGE_READS = 8
+_LARGE_READ_BYTES = 256 * 1024
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
@@ -242,6 +244,7 @@ class Transport:
         few times, while the socket fills what was asked for."""
         loop = self.loop
         client = self.client
+        total = 0
         for _ in range(_LARGE_READS):
             room = decoder.room
             if room is not None:
@@ -257,8 +260,9 @@ class Transport:
                 if not n:
                     return
                 client.data_received(loop.view[:n])
-            if (n < want or self.closing or self.closed or self.paused
-                    or decoder.room is None and not decoder.read_hint):
+            total += n
+            if (n < want or total >= _LARGE_READ_BYTES or self.closing or self.closed
+                    or self.paused or decoder.room is None and not decoder.read_hint):
                 return
 
     def _recv_into(self, target, nbytes: int) -> int:
