@@ -16,11 +16,13 @@ import json
 import os
 import queue
 import re
+import resource
 import signal
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -360,6 +362,22 @@ def _teardown(brokers: list[Broker]) -> None:
             failures.append(f"broker exited with code {rc} on SIGTERM\nstderr:\n{b.log_text()[-4000:]}")
     if failures:
         pytest.fail("\n".join(failures))
+
+
+@contextmanager
+def open_files_allowed(need: int):
+    """Raise this process's RLIMIT_NOFILE soft limit to at least ``need`` (children started
+    meanwhile inherit it); fails the test when the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.fail(f"RLIMIT_NOFILE hard limit {hard} is below the {need} this test needs "
+                    f"(raise it: ulimit -Hn, or LimitNOFILE= for a service)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need) if hard == resource.RLIM_INFINITY
+                                                else hard, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ TCP_NODELAY (inherited from the listening socket) named by its peer; the descrip
 grown once up front (reserve_descriptors)."""
 
 import os
-import resource
 import selectors
 import socket
 import subprocess
@@ -11,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import open_files_allowed
 from edgebroker.config import ListenerConfig
 from edgebroker.server.loop import Listener, reserve_descriptors
 
@@ -48,14 +48,13 @@ def test_accepted_connections_are_tcp_sockets_with_nodelay():
         listener.sock.close()
 
 
-_SOFT = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-needs_3000 = pytest.mark.skipif(_SOFT != resource.RLIM_INFINITY and _SOFT < 3000,
-                                reason="RLIMIT_NOFILE below 3000")
+@pytest.fixture
+def files_3000():
+    with open_files_allowed(3000):
+        yield
 
 
-@needs_3000
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
-def test_reserve_descriptors_grows_the_table_once():
+def test_reserve_descriptors_grows_the_table_once(files_3000):
     # A fresh process, so that nothing else grew its table before.
     code = ("from edgebroker.server.loop import reserve_descriptors\n"
             "def size():\n"
@@ -67,8 +66,7 @@ def test_reserve_descriptors_grows_the_table_once():
     assert before < 3000 <= after
 
 
-@needs_3000
-def test_reserve_descriptors_closes_nothing():
+def test_reserve_descriptors_closes_nothing(files_3000):
     r, w = os.pipe()
     kept = os.dup2(w, 2999)                 # a descriptor open where the reservation goes
     try:

@@ -5,7 +5,6 @@ The clients are plain non-blocking sockets driven by one selector in this proces
 (bounded in count and time), so the listen backlog never overflows.
 """
 
-import resource
 import selectors
 import socket
 import time
@@ -14,6 +13,7 @@ import psutil
 import pytest
 
 import mqttraw as m
+from conftest import open_files_allowed
 
 N = 10_000
 BATCH = 1000
@@ -25,15 +25,8 @@ MAX_RSS_PER_CONNECTION = 8192  # bytes
 
 @pytest.fixture
 def many_files():
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = N + 500
-    if hard != resource.RLIM_INFINITY and hard < need:
-        pytest.fail(f"RLIMIT_NOFILE hard limit {hard} is below the {need} this test needs "
-                    f"(raise it: ulimit -Hn, or LimitNOFILE= for a service)")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need) if hard == resource.RLIM_INFINITY
-                                                else hard, hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with open_files_allowed(N + 500):
+        yield
 
 
 def drive(sel: selectors.BaseSelector, socks, want: bytes, deadline: float) -> None:
