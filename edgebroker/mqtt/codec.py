@@ -234,14 +234,15 @@ def _first_byte_error(b0: int) -> ProtocolError | None:
 _FIRST_BYTE_ERRORS = [_first_byte_error(b) for b in range(256)]
 
 
-def _read_u16(buf: bytes, p: int, end: int, what: str) -> int:
+def _read_u16(buf: bytes, p: int, end: int, what: str, before: str = "", after: str = "") -> int:
+    # The field's name is put together only for the error message.
     if p + 2 > end:
-        raise _malformed(f"{what} runs past the end of the packet")
+        raise _malformed(f"{before}{what}{after} runs past the end of the packet")
     return buf[p] << 8 | buf[p + 1]
 
 
 def _read_binary(buf: bytes, p: int, end: int, what: str) -> tuple[bytes, int]:
-    n = _read_u16(buf, p, end, f"length of {what}")
+    n = _read_u16(buf, p, end, what, before="length of ")
     q = p + 2 + n
     if q > end:
         raise _malformed(f"{what} ({n} bytes) runs past the end of the packet")
@@ -260,7 +261,7 @@ def _read_str(buf: bytes, p: int, end: int, what: str) -> tuple[str, int]:
 
 
 def _read_packet_id(buf: bytes, p: int, end: int, name: str) -> int:
-    pid = _read_u16(buf, p, end, f"{name} packet identifier")
+    pid = _read_u16(buf, p, end, name, after=" packet identifier")
     if pid == 0:
         raise _malformed(f"{name} with packet identifier 0", rule="MQTT-2.3.1-1")
     return pid
