@@ -37,10 +37,9 @@ from edgebroker import _native
 log = logging.getLogger("edgebroker.server")
 
 # Linux IOV_MAX is 1024; stay under it.
-# Reads per readiness event while large packets arrive (each read is one packet or less),
-# and the bytes after which no more are read in that event (what one plain read may take).
+# Reads per readiness event while large packets arrive (each read is one packet or less); no
+# more after the bytes one plain read may take (the loop's shared buffer).
 _LARGE_READS = 8
-_LARGE_READ_BYTES = 256 * 1024
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
@@ -261,7 +260,7 @@ class Transport:
                     return
                 client.data_received(loop.view[:n])
             total += n
-            if (n < want or total >= _LARGE_READ_BYTES or self.closing or self.closed
+            if (n < want or total >= len(loop.buffer) or self.closing or self.closed
                     or self.paused or decoder.room is None and not decoder.read_hint):
                 return
 
