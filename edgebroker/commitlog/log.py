@@ -166,7 +166,7 @@ class CommitLog:
         self._bases: list[int] = []
         self._groups: list[_Group] = []
         self._header = _native.header_writer()  # record headers of append() (core thread)
-        self._pending_bytes = 0
+        self.pending_bytes = 0  # appended, not yet written (piles up while the disk fails); read-only
         self._next = 0
         self._written = 0
         self._durable = 0
@@ -543,11 +543,6 @@ class CommitLog:
     def uploaded_offset(self) -> int:
         return self._uploaded
 
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes appended and not yet written (they pile up while the disk fails)."""
-        return self._pending_bytes
-
     def needs_sync(self) -> bool:
         return self._needs_sync
 
@@ -570,8 +565,8 @@ class CommitLog:
             raise ValueError(f"record out of range: qos {qos}, timestamp {timestamp_ms}, "
                              f"client id {lc} bytes, topic {lt} bytes, payload {lp} bytes")
         length = RECORD_HEADER_SIZE + lc + lt + lp
-        if self._failing and self._pending_bytes + length > self.options.max_pending_bytes:
-            raise LogFullError(f"{self.directory}: {self._pending_bytes} bytes are waiting for the "
+        if self._failing and self.pending_bytes + length > self.options.max_pending_bytes:
+            raise LogFullError(f"{self.directory}: {self.pending_bytes} bytes are waiting for the "
                                f"disk (max_pending_bytes {self.options.max_pending_bytes}); record "
                                f"not taken")
         seg = self._tail
@@ -590,7 +585,7 @@ class CommitLog:
                 g.data += header
                 g.nbytes += len(header)
                 seg.reserved_size = len(header)
-                self._pending_bytes += len(header)
+                self.pending_bytes += len(header)
         offset = self._next
         attributes = qos | (RETAIN_BIT if retain else 0)
         data = g.data
@@ -616,7 +611,7 @@ class CommitLog:
         g.last_offset = offset
         seg.reserved_size = position + length
         seg.reserved_count += 1
-        self._pending_bytes += length
+        self.pending_bytes += length
         self._next = offset + 1
         return offset
 
@@ -657,7 +652,7 @@ class CommitLog:
                 if not self._failing:
                     self._failing = True
                     log.error("commit log write failed: %s; %d records (%d bytes) kept in memory "
-                              "and retried", exc, self._next - self._written, self._pending_bytes)
+                              "and retried", exc, self._next - self._written, self.pending_bytes)
                 raise
             start = seg.count * INDEX_ENTRY_SIZE
             seg.index[start:start + len(g.index)] = g.index
@@ -673,7 +668,7 @@ class CommitLog:
                 self._needs_sync = True
             self.counters.appended_records += g.count
             self.counters.appended_bytes += g.nbytes
-            self._pending_bytes -= g.nbytes
+            self.pending_bytes -= g.nbytes
             self._groups.pop(0)
             if seg.full and not (self._groups and self._groups[0].segment is seg):
                 self._seal(seg)

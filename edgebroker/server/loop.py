@@ -359,9 +359,15 @@ class Loop:
             timer.start(self.broker, when)
 
     def _on_wake_timer(self) -> None:
-        # The pass resumes listeners whose pause is over; wake again for the others.
+        # Resume the listeners whose pause is over; wake again for the others.
         now = self.clock()
-        later = [lst.paused_until for lst in self.listeners if lst.paused_until > now]
+        later = []
+        for listener in self.listeners:
+            if listener.paused_until:
+                if listener.paused_until <= now:
+                    listener.resume()
+                else:
+                    later.append(listener.paused_until)
         if later:
             self.wake_at(min(later))
 
@@ -442,7 +448,7 @@ class Loop:
 
     def run(self) -> None:
         broker = self.broker
-        select = self.selector.select
+        dispatch = self.selector.dispatch
         clock = self.clock
         self.flusher.start()
         self.snapshots.start()
@@ -451,31 +457,29 @@ class Loop:
         sdnotify.notify("READY=1\nSTATUS=serving MQTT")
         log.info("edgebroker %s ready", __version__)
         record_pass = broker.pass_times.add
+        handshakes = self.handshakes
+        journal = broker.journal
+        commit_log = journal.log if journal is not None else None
+        on_error = self._internal_error
         while not self._stop:
             now = clock()
             due = broker.next_deadline()
-            if self.handshakes:
-                tls_due = self.handshakes.next_deadline()
-                if tls_due is not None and (due is None or tls_due < due):
+            if handshakes.heap:
+                tls_due = handshakes.next_deadline()
+                if tls_due is not None and tls_due < due:
                     due = tls_due
-            timeout = MAX_WAIT if due is None else min(MAX_WAIT, max(0.0, due - now))
-            events = select(timeout)
+            dispatch(min(MAX_WAIT, max(0.0, due - now)), on_error)
             start = clock()
-            for callback, mask in events:
-                try:
-                    callback(mask)
-                except Exception:
-                    self._internal_error(callback)
-            now = clock()
-            broker.tick(now)
-            if self.handshakes:
-                self.handshakes.expire(now)
-            broker.end_pass()
+            now = start
+            if now >= due:
+                # Timers added during the pass and due at once make the next wait 0.
+                broker.tick(now)
+                if handshakes.heap:
+                    handshakes.expire(now)
+            if commit_log is not None and commit_log.pending_bytes:
+                journal.end_pass()
             if self.dirty:
                 self.flush_dirty()
-            for listener in self.listeners:
-                if listener.paused_until and listener.paused_until <= now:
-                    listener.resume()
             if next_watchdog is not None and now >= next_watchdog:
                 sdnotify.notify("WATCHDOG=1")
                 next_watchdog = now + watchdog

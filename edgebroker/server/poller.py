@@ -23,6 +23,9 @@ if hasattr(select, "epoll"):
     _MASKS = {_IN: EVENT_READ, _OUT: EVENT_WRITE, _IN | _OUT: EVENT_READ | EVENT_WRITE}
 
 
+MAX_EVENTS = 1024  # ready sockets taken per poll
+
+
 class EpollPoller:
     """fd -> callback over ``select.epoll``. Same contract as a selector, callback for key."""
 
@@ -60,7 +63,7 @@ class EpollPoller:
         except OSError:
             pass  # closed and reopened elsewhere: nothing left to remove
 
-    def select(self, timeout: float | None = None) -> list:
+    def _poll(self, timeout: float | None) -> list:
         if timeout is None:
             timeout = -1
         elif timeout <= 0:
@@ -68,26 +71,47 @@ class EpollPoller:
         else:
             # epoll counts milliseconds: round up, or a wait under 1 ms would spin.
             timeout = math.ceil(timeout * 1e3) * 1e-3
-        data = self._data
         try:
-            ready = self._epoll.poll(timeout, max(len(data), 1))
+            # More ready sockets than MAX_EVENTS wait for the next call (the kernel takes them
+            # in turn, so none starves).
+            return self._epoll.poll(timeout, min(len(self._data) + 1, MAX_EVENTS))
         except InterruptedError:
             return []
+
+    @staticmethod
+    def _mask(ev: int, callback) -> int:
+        mask = (EVENT_READ if ev & _IN else 0) | (EVENT_WRITE if ev & _OUT else 0)
+        if not mask and ev & _TROUBLE:
+            # An error or hang-up alone: report what the socket is watched for, so its
+            # owner's next recv or send meets the error (a paused reader is not read).
+            mask = getattr(callback, "events", EVENT_READ) or EVENT_READ
+        return mask
+
+    def select(self, timeout: float | None = None) -> list:
+        data = self._data
         masks = _MASKS
         out = []
-        for fd, ev in ready:
+        for fd, ev in self._poll(timeout):
+            callback = data.get(fd)
+            if callback is not None:
+                out.append((callback, masks.get(ev) or self._mask(ev, callback)))
+        return out
+
+    def dispatch(self, timeout: float | None, on_error) -> None:
+        """Wait for readiness (``timeout`` as for ``select``) and call each ready socket's
+        callback with its mask; a callback that raises is handed to ``on_error(callback)``.
+        Callbacks are looked up as their turn comes: a socket unregistered earlier in the batch
+        is skipped (a new one given its number is called, and finds nothing to read)."""
+        data = self._data
+        masks = _MASKS
+        for fd, ev in self._poll(timeout):
             callback = data.get(fd)
             if callback is None:
                 continue
-            mask = masks.get(ev)
-            if mask is None:
-                mask = (EVENT_READ if ev & _IN else 0) | (EVENT_WRITE if ev & _OUT else 0)
-                if not mask and ev & _TROUBLE:
-                    # An error or hang-up alone: report what the socket is watched for, so its
-                    # owner's next recv or send meets the error (a paused reader is not read).
-                    mask = getattr(callback, "events", EVENT_READ) or EVENT_READ
-            out.append((callback, mask))
-        return out
+            try:
+                callback(masks.get(ev) or self._mask(ev, callback))
+            except Exception:
+                on_error(callback)
 
     def close(self) -> None:
         self._epoll.close()
@@ -114,6 +138,13 @@ class SelectorPoller:
 
     def select(self, timeout: float | None = None) -> list:
         return [(key.data, mask) for key, mask in self._selector.select(timeout)]
+
+    def dispatch(self, timeout: float | None, on_error) -> None:
+        for callback, mask in self.select(timeout):
+            try:
+                callback(mask)
+            except Exception:
+                on_error(callback)
 
     def close(self) -> None:
         self._selector.close()

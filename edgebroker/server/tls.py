@@ -112,23 +112,23 @@ class HandshakeTimers:
     """Deadlines of TLS handshakes in progress (a heap; finished ones are skipped lazily)."""
 
     def __init__(self):
-        self._heap: list = []
+        self.heap: list = []  # (deadline, sequence, transport); the loop checks it is empty
         self._seq = itertools.count()
 
     def __bool__(self) -> bool:
-        return bool(self._heap)
+        return bool(self.heap)
 
     def add(self, transport: "TLSTransport", deadline: float) -> None:
-        heapq.heappush(self._heap, (deadline, next(self._seq), transport))
+        heapq.heappush(self.heap, (deadline, next(self._seq), transport))
 
     def next_deadline(self) -> float | None:
-        heap = self._heap
+        heap = self.heap
         while heap and (heap[0][2].closed or heap[0][2].state is OPEN):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
     def expire(self, now: float) -> None:
-        heap = self._heap
+        heap = self.heap
         while heap and heap[0][0] <= now:
             _, _, transport = heapq.heappop(heap)
             if not transport.closed and transport.state is not OPEN:

@@ -287,6 +287,37 @@ class Transport:
         ``early``: in the middle of a pass (routing); errors and a drained queue are left
         for the pass's own flush to report."""
         out = self.out
+        if len(out) == 1 and type(out[0]) is not FileChunk:
+            # The commonest flush: one acknowledgement, or one delivery.
+            data = out[0]
+            error = None
+            try:
+                sent_total = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent_total = 0
+            except OSError as exc:
+                sent_total = 0
+                error = exc.strerror or str(exc)
+            if sent_total == len(data):
+                self.out = NO_OUTPUT
+            elif sent_total:
+                out[0] = memoryview(data)[sent_total:]
+        else:
+            sent_total, error = self._send_queue(out)
+        self.out_bytes -= sent_total
+        self.bytes_out += sent_total
+        self.loop.broker.stats.bytes_sent += sent_total
+        if error is not None and not early:
+            self.lost(error)
+            return
+        self.update_events()  # early, what is left waits for the socket (see offer)
+        if early:
+            return
+        if self.out is NO_OUTPUT and self.want_drain and not self.closed:
+            self.drained()
+
+    def _send_queue(self, out: list) -> tuple[int, str | None]:
+        """Send what the socket takes of ``out``: (bytes sent, the error that stopped it)."""
         sock = self.sock
         sent_total = 0
         error = None
@@ -327,17 +358,7 @@ class Transport:
                 break  # the socket buffer is full
         if not out:
             self.out = NO_OUTPUT
-        self.out_bytes -= sent_total
-        self.bytes_out += sent_total
-        self.loop.broker.stats.bytes_sent += sent_total
-        if error is not None and not early:
-            self.lost(error)
-            return
-        self.update_events()  # early, what is left waits for the socket (see offer)
-        if early:
-            return
-        if not out and self.want_drain and not self.closed:
-            self.drained()
+        return sent_total, error
 
     def drained(self) -> None:
         """Everything queued is written after the core was refused (``want_drain``)."""
