@@ -55,6 +55,9 @@ class Flusher(threading.Thread):
 
     def notify_written(self) -> None:
         """Something was written (call after ``write_pending`` wrote records). Cheap."""
+        if self._written:
+            # Not yet taken: the thread clears it before the sync that covers this write.
+            return
         with self._cond:
             if not self._written:
                 self._written = True

@@ -578,19 +578,12 @@ class CommitLog:
         if groups and groups[-1].segment is seg:
             g = groups[-1]
         else:
-            g = _Group(seg)
-            groups.append(g)
-            if seg.reserved_size == 0:
-                header = segment_header(seg.base_offset)
-                g.data += header
-                g.nbytes += len(header)
-                seg.reserved_size = len(header)
-                self.pending_bytes += len(header)
+            g = self._new_group(seg, timestamp_ms)
         offset = self._next
-        attributes = qos | (RETAIN_BIT if retain else 0)
         data = g.data
         position = seg.reserved_size
-        data += self._header(offset, timestamp_ms, attributes, client_id, topic, payload)
+        data += self._header(offset, timestamp_ms, qos | RETAIN_BIT if retain else qos,
+                             client_id, topic, payload)
         data += client_id
         data += topic
         if lp >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:
@@ -599,14 +592,11 @@ class CommitLog:
         else:
             data += payload
         g.nbytes += length
-        if timestamp_ms > seg.reserved_max_ts:
-            seg.reserved_max_ts = timestamp_ms
-        if seg.reserved_first_ts is None:
-            seg.reserved_first_ts = timestamp_ms
-        if g.first_ts is None:
-            g.first_ts = timestamp_ms
-        g.max_ts = seg.reserved_max_ts
-        g.index += _pack_entry(offset - seg.base_offset, position, seg.reserved_max_ts)
+        max_ts = seg.reserved_max_ts
+        if timestamp_ms > max_ts:
+            seg.reserved_max_ts = max_ts = timestamp_ms
+        g.max_ts = max_ts
+        g.index += _pack_entry(offset - seg.base_offset, position, max_ts)
         g.count += 1
         g.last_offset = offset
         seg.reserved_size = position + length
@@ -614,6 +604,21 @@ class CommitLog:
         self.pending_bytes += length
         self._next = offset + 1
         return offset
+
+    def _new_group(self, seg: Segment, timestamp_ms: int) -> _Group:
+        """Start the group of records bound for ``seg``; its first record is ``timestamp_ms``'s."""
+        g = _Group(seg)
+        g.first_ts = timestamp_ms
+        if seg.reserved_first_ts is None:
+            seg.reserved_first_ts = timestamp_ms
+        self._groups.append(g)
+        if seg.reserved_size == 0:
+            header = segment_header(seg.base_offset)
+            g.data += header
+            g.nbytes += len(header)
+            seg.reserved_size = len(header)
+            self.pending_bytes += len(header)
+        return g
 
     def _new_segment(self, base_offset: int) -> Segment:
         seg = Segment(self.directory, base_offset)
@@ -645,7 +650,8 @@ class CommitLog:
             try:
                 if not seg.created:
                     seg.create_files()
-                seg.ensure_index_room(seg.count + g.count)
+                if seg.count + g.count > seg.index_capacity:
+                    seg.ensure_index_room(seg.count + g.count)
                 self._write_at(seg, g.parts, g.nbytes, seg.size)
             except LogWriteError as exc:
                 self.counters.write_errors += 1
@@ -678,6 +684,14 @@ class CommitLog:
         return self._written
 
     def _write_at(self, seg: Segment, parts: list, nbytes: int, position: int) -> None:
+        if len(parts) == 1:
+            # Small records only (the common pass): one buffer. A short write or an error
+            # goes the long way below, which writes the same bytes again from the start.
+            try:
+                if os.pwrite(seg.fd, parts[0], position) == nbytes:
+                    return
+            except OSError:
+                pass
         views = [memoryview(p) for p in parts if len(p)]
         first = 0
         done = 0

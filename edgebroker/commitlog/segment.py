@@ -117,6 +117,7 @@ class Segment:
         if isinstance(self.index, mmap.mmap):
             self.index.close()
         self.index = b""
+        self.index_capacity = 0  # room for entries only in a writable mmap (see write_pending)
 
     # -- writer: files ---------------------------------------------------------------------------
     def create_files(self) -> None:

@@ -485,31 +485,12 @@ class Client:
         qos = p.qos
         self.msgs_in += 1
         topic = p.topic
-        if topic not in broker.known_topics and not topic.startswith("$SYS"):
-            refused = broker.topics.admit(topic, self.client_id, broker.limits, broker.memory.over)
-            if refused is not None:
-                return self._refuse_publish(p, refused)
-        # $SYS belongs to the broker: clients' publishes there are acknowledged
-        # (3.1.1 has no negative ack) and dropped, as Mosquitto does. So are
-        # publishes the ACL does not allow.
-        publish = None
-        if topic.startswith("$SYS"):
-            publish = self._drop_sys_publish
+        if topic in broker.known_topics and self.acl is None:
+            publish = broker.publish  # the common case: only admitted topics are known
         else:
-            acl = self.acl
-            if acl is not None:
-                allowed = acl.writes.get(topic)     # cached decision; computed once per topic
-                if allowed is None:
-                    allowed = acl.can_write(topic)
-                if not allowed:
-                    publish = self._drop_denied_publish
+            publish = self._publisher(p)
             if publish is None:
-                if topic not in broker.known_topics:
-                    refused = broker.topics.admit(topic, self.client_id, broker.limits,
-                                                  broker.memory.over)
-                    if refused is not None:
-                        return self._refuse_publish(p, refused)
-                publish = broker.publish
+                return
         try:
             if qos == 0:
                 publish(topic, p.payload, 0, p.retain, self)
@@ -530,6 +511,31 @@ class Client:
             # it again after reconnecting. Its socket is no longer read meanwhile.
             return
         broker.stats.packets_sent += 1
+
+    def _publisher(self, p: P.Publish):
+        """What takes a PUBLISH to a topic not yet known, or from a client under an ACL:
+        ``broker.publish``, or a method that drops it; None when a topic limit refused it
+        (the refusal is handled)."""
+        broker = self.broker
+        topic = p.topic
+        # $SYS belongs to the broker: clients' publishes there are acknowledged
+        # (3.1.1 has no negative ack) and dropped, as Mosquitto does. So are
+        # publishes the ACL does not allow. Neither becomes a known topic.
+        if topic.startswith("$SYS"):
+            return self._drop_sys_publish
+        acl = self.acl
+        if acl is not None:
+            allowed = acl.writes.get(topic)     # cached decision; computed once per topic
+            if allowed is None:
+                allowed = acl.can_write(topic)
+            if not allowed:
+                return self._drop_denied_publish
+        if topic not in broker.known_topics:
+            refused = broker.topics.admit(topic, self.client_id, broker.limits, broker.memory.over)
+            if refused is not None:
+                self._refuse_publish(p, refused)
+                return None
+        return broker.publish
 
     def _on_publish_rated(self, p: P.Publish) -> None:
         """PUBLISH when messages_rate or bytes_rate is set: handled, then charged."""
