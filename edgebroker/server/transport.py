@@ -218,7 +218,15 @@ class Transport:
         if self.closed:
             return  # shut down earlier in this pass
         if mask & _READ and not self.closing:
-            self.read()
+            # Read (in here, not in a method of its own: this runs for every packet).
+            decoder = self.client.decoder
+            if decoder.room is not None or decoder.read_hint:
+                self._read_large(decoder)
+            else:
+                loop = self.loop
+                n = self._recv_into(loop.buffer, 0)
+                if n:
+                    self.client.data_received(loop.view[:n])
         if mask & _WRITE and not self.closed:
             self.flush()
 
@@ -226,16 +234,6 @@ class Transport:
     # would cost 64 bytes each (10,000 idle connections: 640 KB). Subclasses that override
     # on_event set __call__ again.
     __call__ = on_event
-
-    def read(self) -> None:
-        decoder = self.client.decoder
-        if decoder.room is not None or decoder.read_hint:
-            self._read_large(decoder)
-            return
-        loop = self.loop
-        n = self._recv_into(loop.buffer, 0)
-        if n:
-            self.client.data_received(loop.view[:n])
 
     def _read_large(self, decoder) -> None:
         """Large packets are arriving: the rest of one goes straight into its payload buffer
