@@ -41,7 +41,7 @@ from edgebroker.errors import (
     CONNACK_CODES_311, PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import PINGRESP_BYTES, Decoder, encode, encode_ack
+from edgebroker.mqtt.codec import PINGRESP_BYTES, Decoder, encode, encode_ack, encode_puback
 from edgebroker.core.limits import PublishRate
 from edgebroker.core.session import AWAIT_COMP
 
@@ -498,7 +498,7 @@ class Client:
             pid = p.packet_id
             if qos == 1:
                 offset = publish(topic, p.payload, 1, p.retain, self)
-                broker.acknowledge(self, offset, encode_ack(P.PUBACK, pid))
+                broker.acknowledge(self, offset, encode_puback(pid))
             else:
                 # Exactly once: route on first receipt, ignore re-sends until PUBREL.
                 offset = None

@@ -36,6 +36,7 @@ Every rule violation names the specification's conformance id in ``rule``
 
 from __future__ import annotations
 
+import functools
 import struct
 
 from edgebroker.errors import (
@@ -130,6 +131,10 @@ _ACK_FIRST = {
 def encode_ack(packet_type: int, packet_id: int) -> bytes:
     """A PUBACK/PUBREC/PUBREL/PUBCOMP/UNSUBACK frame for ``packet_id``."""
     return _pack_ack(_ACK_FIRST[packet_type], 2, packet_id)
+
+
+# encode_ack(PUBACK, packet_id) without a Python frame: one per QoS 1 PUBLISH received.
+encode_puback = functools.partial(_pack_ack, _ACK_FIRST[P.PUBACK], 2)
 
 
 def encode_connack(session_present: bool, return_code: int) -> bytes:

@@ -97,14 +97,16 @@ class EpollPoller:
                 out.append((callback, masks.get(ev) or self._mask(ev, callback)))
         return out
 
-    def dispatch(self, timeout: float | None, on_error) -> None:
+    def dispatch(self, timeout: float | None, on_error) -> int:
         """Wait for readiness (``timeout`` as for ``select``) and call each ready socket's
         callback with its mask; a callback that raises is handed to ``on_error(callback)``.
         Callbacks are looked up as their turn comes: a socket unregistered earlier in the batch
-        is skipped (a new one given its number is called, and finds nothing to read)."""
+        is skipped (a new one given its number is called, and finds nothing to read).
+        Returns how many sockets were ready."""
         data = self._data
         masks = _MASKS
-        for fd, ev in self._poll(timeout):
+        ready = self._poll(timeout)
+        for fd, ev in ready:
             callback = data.get(fd)
             if callback is None:
                 continue
@@ -112,6 +114,7 @@ class EpollPoller:
                 callback(masks.get(ev) or self._mask(ev, callback))
             except Exception:
                 on_error(callback)
+        return len(ready)
 
     def close(self) -> None:
         self._epoll.close()
@@ -139,12 +142,14 @@ class SelectorPoller:
     def select(self, timeout: float | None = None) -> list:
         return [(key.data, mask) for key, mask in self._selector.select(timeout)]
 
-    def dispatch(self, timeout: float | None, on_error) -> None:
-        for callback, mask in self.select(timeout):
+    def dispatch(self, timeout: float | None, on_error) -> int:
+        ready = self.select(timeout)
+        for callback, mask in ready:
             try:
                 callback(mask)
             except Exception:
                 on_error(callback)
+        return len(ready)
 
     def close(self) -> None:
         self._selector.close()
