@@ -458,6 +458,10 @@ class Broker:
         """Header from memory, payload straight from the segment file (sendfile)."""
         offset = stored.offset
         journal = self.journal
+        if journal is not None and offset >= journal.log.written_offset:
+            # Logged earlier in this run of passes and not yet handed to the OS (see
+            # Loop.run): write it now, so that it can be read back.
+            journal.end_pass()
         where = journal.log.locate(offset) if journal is not None else None
         if where is None:
             self.stats.publish_lost += 1

@@ -102,7 +102,9 @@ class Journal:
                 client.transport.write(frame)
 
     def end_pass(self) -> None:
-        """Write this pass's records to the OS in one go (called once per loop pass)."""
+        """Write the records appended so far to the OS in one go: the loop calls it before it
+        sends (see ``Loop.run``), and sending a message from the log calls it when that
+        message's record is still in memory."""
         if self.failing or not self.log.pending_bytes:
             return
         self._write()
