@@ -463,15 +463,20 @@ class Loop:
         commit_log = journal.log if journal is not None else None
         on_error = self._internal_error
         held = 0           # passes whose log write and output wait for more input (see below)
+        due = 0.0
         while not self._stop:
-            now = clock()
-            due = broker.next_deadline()
-            if handshakes.heap:
-                tls_due = handshakes.next_deadline()
-                if tls_due is not None and tls_due < due:
-                    due = tls_due
-            # Output is held back only to look, without waiting, for more ready input.
-            ready = dispatch(0.0 if held else min(MAX_WAIT, max(0.0, due - now)), on_error)
+            if held:
+                # Output is held back only to look, without waiting, for more ready input
+                # (timers due meanwhile are ticked with the deadline known before).
+                ready = dispatch(0.0, on_error)
+            else:
+                now = clock()
+                due = broker.next_deadline()
+                if handshakes.heap:
+                    tls_due = handshakes.next_deadline()
+                    if tls_due is not None and tls_due < due:
+                        due = tls_due
+                ready = dispatch(min(MAX_WAIT, max(0.0, due - now)), on_error)
             start = clock()
             now = start
             if now >= due:
