@@ -110,3 +110,26 @@ def test_max_subscriptions_per_client(broker, uid, paho):
     s = b.stats()
     assert s["limit_hits"]["max_subscriptions_per_client"] == 3
     assert s["subscriptions"] == 4
+
+
+def test_denied_and_sys_publishes_take_no_topic_place(broker, uid, tmp_path):
+    """A PUBLISH the ACL denies, or one to $SYS, is dropped before it could create a topic:
+    it uses none of max_topics_per_client."""
+    acl = tmp_path / "acl"
+    acl.write_text(f"topic readwrite {uid}/ok/#\n")
+    b = broker(allow_anonymous=True, acl_file=str(acl),
+               limits={"max_topics_per_client": 2})
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/ok/#", qos=0)
+    pub = b.client(f"{uid}-pub")
+    for i in range(5):
+        pub.publish(f"{uid}/denied/{i}", b"no")
+        pub.publish(f"$SYS/{uid}/{i}", b"no")
+    pub.publish(f"{uid}/ok/a", b"a")
+    pub.publish(f"{uid}/ok/b", b"b")
+    pub.publish(f"{uid}/ok/c", b"c")            # the third new topic: over the limit
+    assert pub.ping() == []
+    assert delivered(sub) == [b"a", b"b"]
+    s = b.stats()
+    assert s["limit_hits"].get("max_topics_per_client") == 1
+    assert s["dropped"]["acl"] == 5 and s["dropped"]["sys_topic"] == 5
