@@ -57,6 +57,7 @@ LISTEN_BACKLOG = 1024
 # if a wake-up byte was lost.
 MAX_WAIT = 1.0
 HOLD_PASSES = 4  # passes of ready input whose log write and output are done together
+HOLD_BYTES = 64 * 1024  # ... while less than this is waiting to be written to the log
 # After EMFILE/ENFILE, stop accepting for this long instead of spinning.
 ACCEPT_PAUSE = 0.5
 # At shutdown, keep flushing queued output for at most this long.
@@ -484,11 +485,13 @@ class Loop:
                 broker.tick(now)
                 if handshakes.heap:
                     handshakes.expire(now)
-            if ready and held < HOLD_PASSES and (self.dirty or commit_log is not None
-                                                  and commit_log.pending_bytes):
+            if (ready and held < HOLD_PASSES and (self.dirty or commit_log is not None
+                                                   and commit_log.pending_bytes)
+                    and (commit_log is None or commit_log.pending_bytes < HOLD_BYTES)):
                 # More input was ready: one log write and one send per connection for
                 # what the next few passes bring. Never waits: a pass that finds nothing
-                # ready writes and sends at once.
+                # ready writes and sends at once. Only for small passes (many devices'
+                # messages): big ones gain little and would hold more memory.
                 held += 1
                 record_pass(clock() - start)
                 continue
