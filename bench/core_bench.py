@@ -36,7 +36,8 @@ class StandInLoop:
 
 
 class StandInTransport:
-    """What the core uses of server.transport.Transport; keeps what is written."""
+    """What the core uses of server.transport.Transport; keeps what is written (also used by
+    tests/test_unwritten_records.py)."""
 
     def __init__(self, loop, peer: str):
         self.loop = loop
@@ -52,6 +53,7 @@ class StandInTransport:
         self.listener_name = ""
         self.paused = 0
         self.bytes_in = self.bytes_out = 0
+        self.files = []  # (header, fd, position, length) of messages sent from the log
 
     def write(self, data) -> None:
         self.out.append(data)
@@ -61,6 +63,9 @@ class StandInTransport:
         self.msgs_out += 1
         self.write(data)
         return True
+
+    def write_file(self, head, fd: int, position: int, length: int, offset: int) -> None:
+        self.files.append((bytes(head), fd, position, length))
 
     def close(self) -> None:
         self.closing = True

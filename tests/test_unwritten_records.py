@@ -6,7 +6,9 @@ The loop writes the log and sends once for several passes while more input is re
 record being written. Its queued message must still be read back from the log and sent."""
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import mqttraw as m
 from edgebroker import config
@@ -14,59 +16,18 @@ from edgebroker.commitlog.format import LogOptions
 from edgebroker.commitlog.log import CommitLog
 from edgebroker.core.broker import Broker
 
-
-class Loop:
-    def __init__(self):
-        self.dirty = []
-
-
-class Transport:
-    """What the core uses of a transport; keeps what it is given to send."""
-
-    def __init__(self, loop, peer: str):
-        self.loop = loop
-        self.peer = peer
-        self.client = None
-        self.out = []
-        self.files = []           # (header, fd, position, length) of payloads sent from the log
-        self.out_bytes = 0
-        self.max_pending = 1 << 20
-        self.msgs_out = 0
-        self.want_drain = False
-        self.closed = self.closing = False
-        self.listener = self.policy = None
-        self.listener_name = ""
-        self.paused = 0
-        self.bytes_in = self.bytes_out = 0
-
-    def write(self, data) -> None:
-        self.out.append(bytes(data))
-
-    def offer(self, data) -> bool:
-        self.write(data)
-        return True
-
-    def write_file(self, head, fd, position, length, offset) -> None:
-        self.files.append((bytes(head), fd, position, length))
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self, reason: str) -> None:
-        pass
-
-    def resume_reading(self, reason: str) -> None:
-        pass
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from core_bench import StandInLoop, StandInTransport  # noqa: E402  (the core's view of a loop)
 
 
 def test_queued_message_logged_in_the_same_passes_is_sent(tmp_path):
     log = CommitLog.open(str(tmp_path / "log"), LogOptions())
     broker = Broker(config.Config(), time.monotonic, commit_log=log,
                     wall_ms=lambda: time.time_ns() // 1_000_000)
-    loop = Loop()
+    loop = StandInLoop()
 
     def connect(client_id: str, clean: bool):
-        transport = Transport(loop, client_id)
+        transport = StandInTransport(loop, client_id)
         client = transport.client = broker.connection_made(transport)
         client.data_received(m.connect(client_id, clean=clean))
         return client, transport
