@@ -134,17 +134,8 @@ class Transport:
             self.loop.dirty.append(self)
 
     def write(self, data) -> None:
-        if self.closed:
-            return
-        # _queue, written out: this runs for every acknowledgement and delivery.
-        out = self.out
-        if out is NO_OUTPUT:
-            self.out = out = []
-        out.append(data)
-        self.out_bytes += len(data)
-        if not self.dirty:
-            self.dirty = True
-            self.loop.dirty.append(self)
+        if not self.closed:
+            self._queue(data, len(data))
 
     def offer(self, data) -> bool:
         """Queue one PUBLISH frame unless ``max_pending`` bytes are already waiting and the
