@@ -485,9 +485,8 @@ class Loop:
                 broker.tick(now)
                 if handshakes.heap:
                     handshakes.expire(now)
-            if (ready and held < HOLD_PASSES and (self.dirty or commit_log is not None
-                                                   and commit_log.pending_bytes)
-                    and (commit_log is None or commit_log.pending_bytes < HOLD_BYTES)):
+            pending = commit_log.pending_bytes if commit_log is not None else 0
+            if ready and held < HOLD_PASSES and (self.dirty or pending) and pending < HOLD_BYTES:
                 # More input was ready: one log write and one send per connection for
                 # what the next few passes bring. Never waits: a pass that finds nothing
                 # ready writes and sends at once. Only for small passes (many devices'
@@ -496,7 +495,7 @@ class Loop:
                 record_pass(clock() - start)
                 continue
             held = 0
-            if commit_log is not None and commit_log.pending_bytes:
+            if pending:
                 journal.end_pass()
             if self.dirty:
                 self.flush_dirty()
