@@ -275,6 +275,42 @@ void eb_record_header(char *out_, uint64_t offset, uint64_t timestamp_ms, uint32
     st32(out, ~c);
 }
 
+int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
+                         const char *client_id, size_t client_id_len,
+                         const char *topic, size_t topic_len,
+                         const char *payload, size_t payload_len)
+{
+    uint64_t length = (uint64_t)HDR + client_id_len + topic_len + payload_len;
+    uint64_t offset = a->next_offset, rel = offset - a->base_offset;
+    uint8_t *out, *e;
+    if (timestamp_ms < 0 || qos < 0 || qos > 2 || client_id_len > 0xFFFFu || topic_len > 0xFFFFu
+        || payload_len >= a->big_payload || a->used + length > a->capacity
+        || a->count >= a->index_capacity || a->position + length > a->segment_bytes
+        || timestamp_ms - a->first_ts >= a->segment_ms
+        || rel > 0xFFFFFFFFu || a->position > 0xFFFFFFFFu)
+        return -1;
+    out = a->buf + a->used;
+    eb_record_header((char *)out, offset, (uint64_t)timestamp_ms,
+                     (uint32_t)(qos | (retain ? 0x04 : 0)), client_id, client_id_len,
+                     topic, topic_len, payload, payload_len);
+    memcpy(out + HDR, client_id, client_id_len);
+    memcpy(out + HDR + client_id_len, topic, topic_len);
+    memcpy(out + HDR + client_id_len + topic_len, payload, payload_len);
+    if (timestamp_ms > a->max_ts)
+        a->max_ts = timestamp_ms;
+    if (a->count == 0)
+        a->staged_first_ts = timestamp_ms;
+    e = a->index + a->count * EB_INDEX_ENTRY_SIZE;
+    st32(e, (uint32_t)rel);
+    st32(e + 4, (uint32_t)a->position);
+    st64(e + 8, (uint64_t)a->max_ts);
+    a->used += length;
+    a->count++;
+    a->position += length;
+    a->next_offset = offset + 1;
+    return (int64_t)offset;
+}
+
 /* The checks on a record header that need no CRC: its length fields agree, the attribute byte
  * uses only the QoS (not 3) and retain bits, the reserved byte is zero, and the offset is at least
  * min_offset and less than min_offset + 2^32. Returns the record length, or 0 when implausible. */

@@ -53,6 +53,29 @@ typedef struct {
     int error;          /* 0 when everything was sent, EAGAIN when the socket is full, else errno */
 } eb_send_result;
 
+/* The commit log's staging area for small records (see CommitLog.append): records are built
+ * into `buf` with their index entries in `index`, and the log moves them into its write
+ * queue once per loop pass. The log sets every field but `used`, `count` and the running
+ * ones (`next_offset`, `position`, `max_ts`, `staged_first_ts`), which eb_append_record
+ * advances. */
+typedef struct {
+    uint8_t *buf;             /* staged record bytes */
+    uint64_t capacity;        /* size of buf */
+    uint64_t used;            /* bytes staged */
+    uint8_t *index;           /* their index entries, EB_INDEX_ENTRY_SIZE bytes each */
+    uint64_t index_capacity;  /* entries that fit in index */
+    uint64_t count;           /* records staged */
+    uint64_t next_offset;     /* the offset the next record gets */
+    uint64_t base_offset;     /* the segment's first offset */
+    uint64_t position;        /* where in the segment the next record starts */
+    uint64_t segment_bytes;   /* no record may end past this position: the segment rolls */
+    int64_t first_ts;         /* the segment's first timestamp ... */
+    int64_t segment_ms;       /* ... no record may be segment_ms or more later: it rolls */
+    int64_t max_ts;           /* the segment's running maximum timestamp */
+    int64_t staged_first_ts;  /* timestamp of the first staged record */
+    uint64_t big_payload;     /* payloads this large are not staged (the log holds them) */
+} eb_appender;
+
 uint32_t eb_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
 const char *eb_crc32c_method(void);
 
@@ -61,6 +84,13 @@ void eb_record_header(char *out, uint64_t offset, uint64_t timestamp_ms, uint32_
                       const char *client_id, size_t client_id_len,
                       const char *topic, size_t topic_len,
                       const char *payload, size_t payload_len);
+
+/* Stage one record: its offset, or -1 when it is not taken here (it does not fit, the segment
+ * must roll, the payload is big, or a field is out of range) and the log's own path decides. */
+int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
+                         const char *client_id, size_t client_id_len,
+                         const char *topic, size_t topic_len,
+                         const char *payload, size_t payload_len);
 
 int eb_topic_matches(const uint8_t *filter, size_t filter_len, const uint8_t *topic, size_t topic_len);
 

@@ -417,3 +417,72 @@ def test_header_writer_gives_record_header_until_its_next_call():
         assert first == P.record_header(1, 2, 1, b"c", b"t", b"p" * 5)
         assert bytes(header(9, 8, 0, b"", bytearray(b"x/y"), memoryview(b"q"))) == \
             P.record_header(9, 8, 0, b"", b"x/y", b"q")
+
+
+# ------------------------------------------------------------------ the log's staging area
+
+STAGE_FIELDS = ("used", "count", "next_offset", "position", "max_ts", "staged_first_ts")
+
+
+def _staging(impl, capacity, entries, base, position, segment_bytes, first_ts, segment_ms,
+             max_ts):
+    staging = impl.appender(capacity, entries)
+    a = staging.state
+    a.base_offset, a.next_offset, a.position = base, base + 3, position
+    a.segment_bytes, a.first_ts, a.segment_ms, a.max_ts = segment_bytes, first_ts, segment_ms, max_ts
+    a.big_payload = 200
+    return staging
+
+
+RECORD_ARGS = st.tuples(st.integers(-5, 3000), st.integers(-1, 3), st.booleans(),
+                        st.binary(max_size=20), st.binary(max_size=30), st.binary(max_size=260))
+
+
+@SETTINGS
+@given(st.lists(RECORD_ARGS, max_size=30), st.integers(0, 2000), st.integers(1, 12),
+       st.integers(100, 5000), st.integers(0, 1000), st.integers(1, 3000))
+def test_append_record_twins(records, capacity, entries, segment_bytes, first_ts, segment_ms):
+    stagings = [_staging(impl, capacity, entries, 1000, 40, segment_bytes, first_ts, segment_ms,
+                         first_ts) for impl in (C, P)]
+    for ts, qos, retain, cid, topic, payload in records:
+        got = [impl.append_record(s.state, ts, qos, retain, cid, len(cid), topic, len(topic),
+                                  payload, len(payload))
+               for impl, s in zip((C, P), stagings)]
+        assert got[0] == got[1]
+        c, p = (s.state for s in stagings)
+        assert [getattr(c, f) for f in STAGE_FIELDS] == [getattr(p, f) for f in STAGE_FIELDS]
+    c, p = stagings
+    used, count = c.state.used, c.state.count
+    assert c.data[:used] == p.data[:used] and c.index[:count * 16] == p.index[:count * 16]
+    # What was staged is a run of valid records, and the index entries say where they are.
+    if count:
+        res = P.build_index(bytes(c.data[:used]), used, 40, 1000, 1003, 0,
+                            bytearray(16 * count))
+        assert (res.status, res.count, res.stop) == (SCAN_END, count, used)
+
+
+def test_append_record_refuses_what_the_log_must_handle():
+    for impl in (C, P):
+        # 300 staged bytes, 4 index entries; the segment: 1000 bytes, 1000 ms from ts 500.
+        s = _staging(impl, 300, 4, 1000, 40, 1000, 500, 1000, 600)
+        a = s.state
+
+        def add(ts=550, qos=1, retain=False, cid=b"c", topic=b"t/1", payload=b"x" * 10):
+            return impl.append_record(a, ts, qos, retain, cid, len(cid), topic, len(topic),
+                                      payload, len(payload))
+        assert add() == 1003 and a.position == 40 + 48 and a.max_ts == 600  # 48-byte records
+        assert add(ts=-1) == -1                      # negative timestamp
+        assert add(qos=3) == -1 and add(qos=-1) == -1
+        assert add(payload=b"x" * 200) == -1         # big payload: held by reference instead
+        assert add(ts=1500) == -1                    # segment_ms after the segment's first record
+        assert add(ts=700, retain=True) == 1004 and a.max_ts == 700 and a.staged_first_ts == 550
+        assert add(payload=b"y" * 199) == -1         # 237 bytes: past the 300 staged bytes
+        assert add() == 1005 and add() == 1006 and a.count == 4
+        assert add(payload=b"") == -1                # the 4 index entries are used up
+        assert [a.used, a.count, a.next_offset, a.position] == [48 * 4, 4, 1007, 40 + 48 * 4]
+        # A record that would end past segment_bytes: the segment rolls first.
+        s = _staging(impl, 300, 4, 1000, 900, 1000, 500, 1000, 600)
+        assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 65, 65) == 1003
+        assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 1, 1) == -1
+    with pytest.raises(TypeError):  # the C build takes bytes only; the log sends others the long way
+        C.append_record(a, 1, 0, False, b"", 0, b"t", 1, bytearray(b"x"), 1)

@@ -21,6 +21,15 @@ docs/log-format.md):
 ``header_writer()``
     A ``record_header`` for one thread's hot path, whose result (bytes-like) is valid only
     until its next call.
+``appender(capacity, entries)``
+    A staging area for ``append_record``: ``.state`` (its fields are those of the C struct
+    ``eb_appender``, which the caller sets up), ``.data`` and ``.index`` (bytearrays of
+    ``capacity`` bytes and ``entries`` index entries that the records are built into).
+``append_record(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len)``
+    Build one record (header, client id, topic, payload) and its index entry at the end of
+    the staging area; its offset, or -1 when it is not taken (no room, the segment must roll,
+    payload of ``big_payload`` bytes or more, a field out of range). ``client_id``, ``topic``
+    and ``payload`` must be ``bytes`` in the C build (``TypeError`` otherwise).
 ``topic_matches(topic_filter, topic)``
     MQTT filter matching on bytes, like ``mqtt.topics.topic_matches``.
 ``scan(buf, avail, base_position, min_offset, topic_filter, out, max_timestamp=0)``
@@ -51,7 +60,8 @@ import os
 from edgebroker._native._common import *  # noqa: F401,F403  (constants and result types)
 from edgebroker.errors import EdgebrokerError
 
-FUNCTIONS = ("crc32c", "record_header", "header_writer", "topic_matches", "scan", "build_index", "resync",
+FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "append_record",
+             "topic_matches", "scan", "build_index", "resync",
              "index_check", "index_find_offset", "index_find_time", "split_frames", "send_batch")
 CHOICES = ("auto", "c", "python")
 

@@ -62,6 +62,31 @@ def header_writer():
     return header
 
 
+class Staging:
+    """The staging area of ``append_record`` (see ``appender``)."""
+
+    __slots__ = ("state", "data", "index", "_pins")
+
+    def __init__(self, capacity: int, entries: int):
+        self.data = bytearray(capacity)
+        self.index = bytearray(entries * INDEX_ENTRY_SIZE)
+        # The struct points into the two bytearrays: keep them exported (so never resized)
+        # for as long as it lives.
+        self._pins = (_from_buffer("uint8_t[]", self.data, require_writable=True),
+                      _from_buffer("uint8_t[]", self.index, require_writable=True))
+        state = self.state = _new("eb_appender *")
+        state.buf, state.index = self._pins
+        state.capacity = capacity
+        state.index_capacity = entries
+
+
+def appender(capacity: int, entries: int) -> Staging:
+    return Staging(capacity, entries)
+
+
+append_record = lib.eb_append_record
+
+
 def topic_matches(topic_filter: bytes, topic: bytes) -> bool:
     return bool(lib.eb_topic_matches(_ro(topic_filter), len(topic_filter), _ro(topic), len(topic)))
 

@@ -74,6 +74,66 @@ def header_writer():
     return record_header
 
 
+class Appender:
+    """The fields of the C struct ``eb_appender``; ``buf`` and ``index`` are the bytearrays."""
+
+    __slots__ = ("buf", "capacity", "used", "index", "index_capacity", "count", "next_offset",
+                 "base_offset", "position", "segment_bytes", "first_ts", "segment_ms", "max_ts",
+                 "staged_first_ts", "big_payload")
+
+    def __init__(self, buf: bytearray, index: bytearray):
+        self.buf = buf
+        self.capacity = len(buf)
+        self.index = index
+        self.index_capacity = len(index) // INDEX_ENTRY_SIZE
+        self.used = self.count = self.next_offset = self.base_offset = self.position = 0
+        self.segment_bytes = self.first_ts = self.segment_ms = self.max_ts = 0
+        self.staged_first_ts = self.big_payload = 0
+
+
+class Staging:
+    """The staging area of ``append_record`` (see ``appender``)."""
+
+    __slots__ = ("state", "data", "index")
+
+    def __init__(self, capacity: int, entries: int):
+        self.data = bytearray(capacity)
+        self.index = bytearray(entries * INDEX_ENTRY_SIZE)
+        self.state = Appender(self.data, self.index)
+
+
+def appender(capacity: int, entries: int) -> Staging:
+    return Staging(capacity, entries)
+
+
+def append_record(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
+                  topic, topic_len: int, payload, payload_len: int) -> int:
+    length = HDR + client_id_len + topic_len + payload_len
+    offset = a.next_offset
+    rel = offset - a.base_offset
+    if (timestamp_ms < 0 or qos < 0 or qos > 2 or client_id_len > 0xFFFF or topic_len > 0xFFFF
+            or payload_len >= a.big_payload or a.used + length > a.capacity
+            or a.count >= a.index_capacity or a.position + length > a.segment_bytes
+            or timestamp_ms - a.first_ts >= a.segment_ms
+            or rel > 0xFFFFFFFF or a.position > 0xFFFFFFFF):
+        return -1
+    out = a.used
+    record = record_header(offset, timestamp_ms, qos | (0x04 if retain else 0), client_id, topic,
+                           payload) + bytes(client_id) + bytes(topic) + bytes(payload)
+    a.buf[out:out + length] = record
+    if timestamp_ms > a.max_ts:
+        a.max_ts = timestamp_ms
+    if a.count == 0:
+        a.staged_first_ts = timestamp_ms
+    e = a.count * INDEX_ENTRY_SIZE
+    a.index[e:e + INDEX_ENTRY_SIZE] = _ENTRY.pack(rel, a.position, a.max_ts)
+    a.used += length
+    a.count += 1
+    a.position += length
+    a.next_offset = offset + 1
+    return offset
+
+
 def topic_matches(topic_filter: bytes, topic: bytes) -> bool:
     """mqtt.topics.topic_matches on bytes."""
     if b"+" not in topic_filter and b"#" not in topic_filter:

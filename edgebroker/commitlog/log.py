@@ -51,6 +51,8 @@ _pack_entry = INDEX_ENTRY.pack
 # Payloads of at least this many bytes are written from where they are, not copied (the caller
 # never modifies a payload it appended).
 BIG_PAYLOAD = 16 * 1024
+# The staging area of append (records built in C): a loop pass's worth of small records.
+STAGING_BYTES = 64 * 1024
 # Payload types a group refers to instead of copying (see _Group).
 _HELD_TYPES = (bytes, bytearray)
 IOV_MAX = 1024
@@ -116,15 +118,15 @@ class _Group:
     The bytes are ``parts``: bytearrays that small records are copied into, and large payloads
     held by reference (``bytes``, or the ``bytearray`` of a large received PUBLISH, which
     nothing modifies), all written with one ``pwritev``. ``data`` is the bytearray being filled
-    (the last of ``parts``)."""
+    (the last of ``parts``; None when the last part is a held payload, or there is none yet)."""
 
     __slots__ = ("segment", "parts", "data", "nbytes", "index", "count", "last_offset", "first_ts",
                  "max_ts")
 
     def __init__(self, segment: Segment):
         self.segment = segment
-        self.data = bytearray()
-        self.parts = [self.data]
+        self.data: bytearray | None = None
+        self.parts: list = []
         self.nbytes = 0
         self.index = bytearray()
         self.count = 0
@@ -166,7 +168,13 @@ class CommitLog:
         self._bases: list[int] = []
         self._groups: list[_Group] = []
         self._header = _native.header_writer()  # record headers of append() (core thread)
-        self.pending_bytes = 0  # appended, not yet written (piles up while the disk fails); read-only
+        # Small records are built in C into a staging area (core thread; see append).
+        # ``_stage`` is the open staging area's state, None while records take the long way.
+        self._staging = _native.appender(STAGING_BYTES, STAGING_BYTES // 32)
+        self._append_record = _native.append_record
+        self._stage = None
+        self._stage_seg: Segment | None = None
+        self._pending = 0  # appended bytes not yet written (piles up while the disk fails)
         self._next = 0
         self._written = 0
         self._durable = 0
@@ -519,7 +527,14 @@ class CommitLog:
     @property
     def next_offset(self) -> int:
         """The offset the next appended record gets."""
-        return self._next
+        stage = self._stage
+        return stage.next_offset if stage is not None else self._next
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes appended and not yet handed to the OS (they pile up while the disk fails)."""
+        stage = self._stage
+        return self._pending + stage.used if stage is not None else self._pending
 
     @property
     def written_offset(self) -> int:
@@ -537,7 +552,7 @@ class CommitLog:
         for seg in self._segments:
             if seg.count:
                 return seg.entry(0)[0]
-        return self._next
+        return self.next_offset
 
     @property
     def uploaded_offset(self) -> int:
@@ -557,16 +572,34 @@ class CommitLog:
 
         While writes are failing, a record that would take the pending bytes past
         ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
+        stage = self._stage
+        if stage is not None:
+            # The common record: small, bytes, in the open segment. Built in C (header, CRC,
+            # index entry) into the staging area, which _unstage moves into the write queue.
+            try:
+                offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
+                                             len(client_id), topic, len(topic), payload,
+                                             len(payload))
+            except TypeError:  # a payload that is not bytes (the C build takes only bytes)
+                offset = -1
+            if offset >= 0:
+                return offset
+        return self._append(timestamp_ms, qos, retain, client_id, topic, payload)
+
+    def _append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
+                payload: bytes) -> int:
+        """``append`` for what the staging area does not take; opens it again afterwards."""
         if self.readonly or self._closed:
             raise LogError(f"{self.directory}: the log is {'read-only' if self.readonly else 'closed'}")
+        self._unstage()
         lc, lt, lp = len(client_id), len(topic), len(payload)
         if lc > MAX_CLIENT_ID or lt > MAX_TOPIC or lp > MAX_PAYLOAD or not 0 <= qos <= 2 \
                 or timestamp_ms < 0:
             raise ValueError(f"record out of range: qos {qos}, timestamp {timestamp_ms}, "
                              f"client id {lc} bytes, topic {lt} bytes, payload {lp} bytes")
         length = RECORD_HEADER_SIZE + lc + lt + lp
-        if self._failing and self.pending_bytes + length > self.options.max_pending_bytes:
-            raise LogFullError(f"{self.directory}: {self.pending_bytes} bytes are waiting for the "
+        if self._failing and self._pending + length > self.options.max_pending_bytes:
+            raise LogFullError(f"{self.directory}: {self._pending} bytes are waiting for the "
                                f"disk (max_pending_bytes {self.options.max_pending_bytes}); record "
                                f"not taken")
         seg = self._tail
@@ -574,21 +607,20 @@ class CommitLog:
                 seg.reserved_size + length > self.options.segment_bytes
                 or timestamp_ms - seg.reserved_first_ts >= self.options.segment_ms)):
             seg = self._roll()
-        groups = self._groups
-        if groups and groups[-1].segment is seg:
-            g = groups[-1]
-        else:
-            g = self._new_group(seg, timestamp_ms)
+        g = self._group(seg, timestamp_ms)
         offset = self._next
         data = g.data
+        if data is None:
+            g.data = data = bytearray()
+            g.parts.append(data)
         position = seg.reserved_size
         data += self._header(offset, timestamp_ms, qos | RETAIN_BIT if retain else qos,
                              client_id, topic, payload)
         data += client_id
         data += topic
         if lp >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:
-            g.data = bytearray()
-            g.parts += (payload, g.data)
+            g.parts.append(payload)
+            g.data = None
         else:
             data += payload
         g.nbytes += length
@@ -601,9 +633,67 @@ class CommitLog:
         g.last_offset = offset
         seg.reserved_size = position + length
         seg.reserved_count += 1
-        self.pending_bytes += length
+        self._pending += length
         self._next = offset + 1
+        if not self._failing:
+            self._open_stage(seg)
         return offset
+
+    def _group(self, seg: Segment, timestamp_ms: int) -> _Group:
+        """The group that ``seg``'s next record joins (the last one, or a new one)."""
+        groups = self._groups
+        if groups and groups[-1].segment is seg:
+            return groups[-1]
+        return self._new_group(seg, timestamp_ms)
+
+    def _open_stage(self, seg: Segment) -> None:
+        """Let ``append`` stage the records that follow in ``seg`` (nothing is staged now)."""
+        stage = self._staging.state
+        if self._stage_seg is not seg:
+            opts = self.options
+            stage.base_offset = seg.base_offset
+            stage.segment_bytes = opts.segment_bytes
+            stage.first_ts = seg.reserved_first_ts
+            stage.segment_ms = opts.segment_ms
+            stage.big_payload = BIG_PAYLOAD
+            self._stage_seg = seg
+        stage.next_offset = self._next
+        stage.position = seg.reserved_size
+        stage.max_ts = seg.reserved_max_ts
+        self._stage = stage
+
+    def _close_stage(self) -> None:
+        """Records take the long way until ``_append`` opens the staging area again."""
+        self._unstage()
+        self._stage = None
+        self._stage_seg = None
+
+    def _unstage(self) -> None:
+        """Move the staged records into the write queue (their segment's last group), as if
+        ``_append`` had appended them."""
+        stage = self._stage
+        if stage is None or not stage.count:
+            return
+        n, used = stage.count, stage.used
+        seg = self._stage_seg
+        g = self._group(seg, stage.staged_first_ts)
+        data = g.data
+        if data is None:
+            g.data = data = bytearray()
+            g.parts.append(data)
+        staging = self._staging
+        data += memoryview(staging.data)[:used]
+        g.index += memoryview(staging.index)[:n * INDEX_ENTRY_SIZE]
+        g.nbytes += used
+        g.count += n
+        g.last_offset = stage.next_offset - 1
+        g.max_ts = seg.reserved_max_ts = stage.max_ts
+        seg.reserved_size = stage.position
+        seg.reserved_count += n
+        self._pending += used
+        self._next = stage.next_offset
+        stage.used = 0
+        stage.count = 0
 
     def _new_group(self, seg: Segment, timestamp_ms: int) -> _Group:
         """Start the group of records bound for ``seg``; its first record is ``timestamp_ms``'s."""
@@ -614,10 +704,11 @@ class CommitLog:
         self._groups.append(g)
         if seg.reserved_size == 0:
             header = segment_header(seg.base_offset)
-            g.data += header
+            g.data = bytearray(header)
+            g.parts.append(g.data)
             g.nbytes += len(header)
             seg.reserved_size = len(header)
-            self.pending_bytes += len(header)
+            self._pending += len(header)
         return g
 
     def _new_segment(self, base_offset: int) -> Segment:
@@ -629,6 +720,7 @@ class CommitLog:
         return seg
 
     def _roll(self) -> Segment:
+        self._close_stage()
         old = self._tail
         old.full = True
         if not old.sealed and not any(g.segment is old for g in self._groups):
@@ -644,6 +736,7 @@ class CommitLog:
         On a write error (disk full, I/O error) the partial write is truncated away, the records
         stay pending for the next call, and ``LogWriteError`` says what and where.
         """
+        self._unstage()
         while self._groups:
             g = self._groups[0]
             seg = g.segment
@@ -655,10 +748,11 @@ class CommitLog:
                 self._write_at(seg, g.parts, g.nbytes, seg.size)
             except LogWriteError as exc:
                 self.counters.write_errors += 1
+                self._close_stage()  # while failing, every append checks max_pending_bytes
                 if not self._failing:
                     self._failing = True
                     log.error("commit log write failed: %s; %d records (%d bytes) kept in memory "
-                              "and retried", exc, self._next - self._written, self.pending_bytes)
+                              "and retried", exc, self._next - self._written, self._pending)
                 raise
             start = seg.count * INDEX_ENTRY_SIZE
             seg.index[start:start + len(g.index)] = g.index
@@ -674,7 +768,7 @@ class CommitLog:
                 self._needs_sync = True
             self.counters.appended_records += g.count
             self.counters.appended_bytes += g.nbytes
-            self.pending_bytes -= g.nbytes
+            self._pending -= g.nbytes
             self._groups.pop(0)
             if seg.full and not (self._groups and self._groups[0].segment is seg):
                 self._seal(seg)
@@ -721,6 +815,8 @@ class CommitLog:
 
     def _seal(self, seg: Segment) -> None:
         """No more appends to ``seg``: trim its index; the flusher fsyncs it."""
+        if seg is self._stage_seg:
+            self._close_stage()
         if seg.created and seg.index_fd >= 0:
             try:
                 seg.trim_index()
@@ -881,6 +977,7 @@ class CommitLog:
         to do; deleting a segment closes its descriptors (see ``Location``)."""
         if self.readonly or self._closed:
             return
+        self._unstage()  # staged records count as pending (keep the segment open)
         now = self._clock()
         tail = self._tail
         if (tail.count and not tail.sealed and not tail.full and tail.first_timestamp is not None
@@ -1241,6 +1338,7 @@ class CommitLog:
             return
         if not self.readonly:
             try:
+                self._close_stage()
                 if self._groups:
                     self.write_pending()
                 if sync:

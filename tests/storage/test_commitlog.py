@@ -448,3 +448,50 @@ def test_segment_written_by_a_newer_version_is_refused(tmp_path):
     seg.write_bytes(bytes(data))
     with pytest.raises(LogFormatError, match=r"format version 2; this edgebroker reads version 1"):
         open_log(tmp_path / "log")
+
+
+def test_staged_appends_write_what_the_long_way_writes(tmp_path):
+    """Small records are built in C into a staging area; a log that takes every record the long
+    way (staging off) must write the same bytes: segments, indexes, offsets, pending counts."""
+    import random
+    rnd = random.Random(7)
+    clock = Clock(T0)
+    logs = [open_log(tmp_path / name, clock, segment_bytes=4096, segment_ms=500)
+            for name in ("staged", "long")]
+    logs[1]._open_stage = lambda seg: None
+    staged_some = False
+    ts = T0
+    for i in range(600):
+        ts += rnd.choice([0, 1, 7, 40, -30])  # the wall clock may step back
+        kind = rnd.random()
+        if kind < 0.05:
+            payload = bytes(rnd.randrange(256) for _ in range(16 * 1024 + rnd.randrange(50)))
+        elif kind < 0.1:
+            payload = bytearray(b"b%d" % i) * rnd.randrange(5)  # not bytes: the long way
+        else:
+            payload = b"p%d-" % i * rnd.randrange(30)
+        args = (max(ts, 0), rnd.randrange(3), rnd.random() < 0.2, b"dev-%d" % (i % 9),
+                b"site/%d/x" % (i % 4), payload)
+        got = [log.append(*args) for log in logs]
+        assert got[0] == got[1] == i
+        staged_some = staged_some or logs[0]._stage is not None and logs[0]._stage.count > 0
+        assert logs[0].pending_bytes == logs[1].pending_bytes
+        assert logs[0].next_offset == logs[1].next_offset == i + 1
+        if rnd.random() < 0.15:
+            assert logs[0].write_pending() == logs[1].write_pending() == i + 1
+            assert logs[0].pending_bytes == logs[1].pending_bytes == 0
+        if rnd.random() < 0.02:
+            clock.now = ts + 600  # housekeeping seals a segment this old
+            for log in logs:
+                log.housekeeping()
+    assert staged_some
+    reads = [[as_tuple(r) for r in (log.write_pending(), log.read_range(0))[1]] for log in logs]
+    assert reads[0] == reads[1] and len(reads[0]) == 600
+    for log in logs:
+        log.close()
+    files = [sorted(p.name for p in (tmp_path / name).iterdir()) for name in ("staged", "long")]
+    assert files[0] == files[1] and len([f for f in files[0] if f.endswith(".seg")]) > 3
+    for name in files[0]:
+        assert (tmp_path / "staged" / name).read_bytes() == (tmp_path / "long" / name).read_bytes(), name
+    parsed = [rec["offset"] for f in segment_files(tmp_path / "staged") for rec in parse_segment(f)]
+    assert parsed == list(range(600))
