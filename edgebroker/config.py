@@ -234,6 +234,9 @@ class Config:
     auto_id_prefix: str = _setting("auto-", doc="prefix of assigned client ids")
     sys_client_metrics: bool = _setting(
         False, doc="also publish $SYS/broker/clients/<id>/... for every connected client")
+    coalesce_ms: float = _setting(
+        1.0, _between(0, 100), doc="how long the loop may hold the log write and the sends of "
+                                   "messages from slow publishers to gather more; 0: never")
     allow_anonymous: bool | None = _setting(
         None, doc="accept clients without a user name; unset: true unless a password file applies")
     password_file: str = _setting("", doc="file of username:hash lines; clients must log in")

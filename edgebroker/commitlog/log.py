@@ -69,6 +69,7 @@ class LogCounters:
 
     appended_records: int = 0
     appended_bytes: int = 0
+    writes: int = 0                    # pwrite/pwritev calls that handed records to the OS
     write_errors: int = 0
     fsyncs: int = 0
     fsync_errors: int = 0
@@ -766,6 +767,7 @@ class CommitLog:
                 self._written = g.last_offset + 1
                 self._unsynced[seg.base_offset] = seg
                 self._needs_sync = True
+            self.counters.writes += 1
             self.counters.appended_records += g.count
             self.counters.appended_bytes += g.nbytes
             self._pending -= g.nbytes

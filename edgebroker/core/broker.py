@@ -54,6 +54,9 @@ MAINTENANCE_INTERVAL = 1.0
 # at start).
 SNAPSHOT_DEBOUNCE = 1.0
 SNAPSHOT_EVERY = 30.0
+# A PUBLISH is answered without the coalescing delay when its connection sent something
+# less than this many coalesce_ms before (see Broker.prompt).
+PROMPT_GAP_FACTOR = 20
 
 
 class Broker:
@@ -62,6 +65,13 @@ class Broker:
         self.limits = config.limits
         self.clock = clock
         self.started = clock()
+        # The loop may hold a pass's log write and output for up to coalesce_ms, gathering
+        # more (Loop.run), unless something queued answers a client that waits for it:
+        # ``prompt`` says so (set by the core, cleared by the loop when it sends). A PUBLISH
+        # counts as waited for when its connection sent something less than ``prompt_gap``
+        # before: the delay then costs no client more than 1/PROMPT_GAP_FACTOR of its rate.
+        self.prompt = False
+        self.prompt_gap = config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
         self.sessions: dict[str, Session] = {}
         self.subscriptions = SubscriptionTrie()
         self.retained = RetainedTree()
@@ -291,6 +301,7 @@ class Broker:
         old = self.limits
         self.config = config
         self.limits = config.limits
+        self.prompt_gap = config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
         now = self.clock()
         self.memory.limit = config.limits.memory_limit
         if config.limits.topic_expiry != old.topic_expiry:

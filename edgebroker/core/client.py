@@ -344,7 +344,7 @@ class Client:
             broker.stats.connections_refused += 1
             broker.refused["protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
                            else "client_id"] += 1
-            self.transport.write(encode(P.Connack(False, code)))
+            self._answer(encode(P.Connack(False, code)))
         else:
             broker.stats.protocol_errors += 1
             if exc.rule == "max_packet_size":
@@ -359,7 +359,7 @@ class Client:
         broker.refused[reason] += 1
         if reason in broker.limit_hits:
             broker.hit(reason)
-        self.transport.write(encode(P.Connack(False, code)))
+        self._answer(encode(P.Connack(False, code)))
         self.close(will=False)
 
     # ----- packet handlers --------------------------------------------------------------
@@ -391,7 +391,7 @@ class Client:
             limit, why = full
             broker.events.log(logging.WARNING, limit, self.last_seen,
                               "%s refused (CONNACK 3, server unavailable): %s", self.describe(), why)
-            self.transport.write(encode(P.Connack(False, 3)))
+            self._answer(encode(P.Connack(False, 3)))
             broker.stats.connections_refused += 1
             broker.refused[limit] += 1
             broker.hit(limit)
@@ -459,7 +459,7 @@ class Client:
         self.connected = True
         self.connect_deadline = 0.0  # no longer needed: its float goes (24 bytes a connection)
         self._handlers = _CONNECTED if self.rate is None else _CONNECTED_RATED
-        self.transport.write(_CONNACK_ACCEPTED[present])
+        self._answer(_CONNACK_ACCEPTED[present])
         broker.stats.packets_sent += 1
         connections_log.info("%s connected (protocol %d, clean session %d, keepalive %d%s)",
                              self.describe(), p.protocol_level, p.clean_session, p.keepalive,
@@ -476,6 +476,12 @@ class Client:
         raise ProtocolError(f"{P.NAMES[p.type]} before CONNECT", rule="MQTT-3.1.0-1",
                             reason=PROTOCOL_ERROR)
 
+    def _answer(self, frame: bytes) -> None:
+        """Queue the answer to a request the client waits for (CONNACK, SUBACK, UNSUBACK,
+        PINGRESP, PUBCOMP): the loop then sends this pass's output at once (Broker.prompt)."""
+        self.broker.prompt = True
+        self.transport.write(frame)
+
     def _server_only(self, p) -> None:
         raise ProtocolError(f"{P.NAMES[p.type]} is sent only by a server", rule="MQTT-4.8.0-1",
                             reason=PROTOCOL_ERROR)
@@ -484,6 +490,10 @@ class Client:
         broker = self.broker
         qos = p.qos
         self.msgs_in += 1
+        if broker.clock() - self.last_seen < broker.prompt_gap:
+            # A fast publisher (it sent something moments ago) may be waiting for this
+            # PUBACK: no coalescing delay for it (Broker.prompt).
+            broker.prompt = True
         topic = p.topic
         if topic in broker.known_topics and self.acl is None:
             publish = broker.publish  # the common case: only admitted topics are known
@@ -597,7 +607,7 @@ class Client:
 
     def _on_pubrel(self, p) -> None:
         self.session.awaiting_release.discard(p.packet_id)
-        self.transport.write(encode_ack(P.PUBCOMP, p.packet_id))
+        self._answer(encode_ack(P.PUBCOMP, p.packet_id))
         self.broker.stats.packets_sent += 1
 
     def _on_pubcomp(self, p) -> None:
@@ -615,7 +625,7 @@ class Client:
             granted = broker.subscribe(self.session, p.topics)
         else:
             granted = self._subscribe_allowed(p.topics)
-        self.transport.write(encode(P.Suback(p.packet_id, granted)))
+        self._answer(encode(P.Suback(p.packet_id, granted)))
         broker.stats.packets_sent += 1
         broker.send_retained(self.session, p.topics, granted)
 
@@ -636,11 +646,11 @@ class Client:
 
     def _on_unsubscribe(self, p: P.Unsubscribe) -> None:
         self.broker.unsubscribe(self.session, p.topics)
-        self.transport.write(encode_ack(P.UNSUBACK, p.packet_id))
+        self._answer(encode_ack(P.UNSUBACK, p.packet_id))
         self.broker.stats.packets_sent += 1
 
     def _on_pingreq(self, p) -> None:
-        self.transport.write(PINGRESP_BYTES)
+        self._answer(PINGRESP_BYTES)
         self.broker.stats.packets_sent += 1
 
     def _on_disconnect(self, p) -> None:

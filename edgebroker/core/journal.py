@@ -147,7 +147,8 @@ class Journal:
         cl, flusher = self.log, self.flusher
         return {"durability": self.durability, "next_offset": cl.next_offset,
                 "written_offset": cl.written_offset, "durable_offset": cl.durable_offset,
-                "pending_bytes": cl.pending_bytes, "acks_waiting": len(self._acks),
+                "pending_bytes": cl.pending_bytes, "writes": cl.counters.writes,
+                "acks_waiting": len(self._acks),
                 "writing": not self.failing,
                 "fsyncs": flusher.syncs if flusher is not None else 0,
                 "fsync_errors": flusher.errors if flusher is not None else 0}

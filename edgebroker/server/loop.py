@@ -58,6 +58,7 @@ LISTEN_BACKLOG = 1024
 MAX_WAIT = 1.0
 HOLD_PASSES = 4  # passes of ready input whose log write and output are done together
 HOLD_BYTES = 64 * 1024  # ... while less than this is waiting to be written to the log
+# (and for up to coalesce_ms while no client waits for the output: see Loop.run)
 # After EMFILE/ENFILE, stop accepting for this long instead of spinning.
 ACCEPT_PAUSE = 0.5
 # At shutdown, keep flushing queued output for at most this long.
@@ -210,6 +211,7 @@ class Loop:
 
     def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
         self.config = config
+        self.coalesce = config.coalesce_ms / 1000  # seconds (see run)
         self.clock = clock
         self.reload_config = reload_config
         reserve_descriptors(config.limits.max_connections + SPARE_DESCRIPTORS)
@@ -464,12 +466,15 @@ class Loop:
         commit_log = journal.log if journal is not None else None
         on_error = self._internal_error
         held = 0           # passes whose log write and output wait for more input (see below)
+        hold_end = 0.0     # ... at the latest until then (coalesce_ms after the first)
         due = 0.0
         while not self._stop:
             if held:
-                # Output is held back only to look, without waiting, for more ready input
-                # (timers due meanwhile are ticked with the deadline known before).
-                ready = dispatch(0.0, on_error)
+                # Output is held back to look for more input: without waiting when a client
+                # waits for it, else until hold_end (timers due meanwhile are ticked with the
+                # deadline known before).
+                wait = 0.0 if broker.prompt else hold_end - clock()
+                ready = dispatch(wait if wait > 0.0 else 0.0, on_error)
             else:
                 now = clock()
                 due = broker.next_deadline()
@@ -486,15 +491,21 @@ class Loop:
                 if handshakes.heap:
                     handshakes.expire(now)
             pending = commit_log.pending_bytes if commit_log is not None else 0
-            if ready and held < HOLD_PASSES and (self.dirty or pending) and pending < HOLD_BYTES:
-                # More input was ready: one log write and one send per connection for
-                # what the next few passes bring. Never waits: a pass that finds nothing
-                # ready writes and sends at once. Only for small passes (many devices'
-                # messages): big ones gain little and would hold more memory.
-                held += 1
-                record_pass(clock() - start)
-                continue
+            if (self.dirty or pending) and pending < HOLD_BYTES:
+                # One log write and one send per connection for what the next passes bring:
+                # - while more input is ready, for up to HOLD_PASSES passes;
+                # - while no client waits for what is queued (Broker.prompt), for up to
+                #   coalesce_ms: devices that publish now and then are answered in batches.
+                # Only for small passes (many devices' messages): big ones gain little and
+                # would hold more memory.
+                if not held:
+                    hold_end = start + self.coalesce
+                if ready and held < HOLD_PASSES or not broker.prompt and now < hold_end:
+                    held += 1
+                    record_pass(clock() - start)
+                    continue
             held = 0
+            broker.prompt = False
             if pending:
                 journal.end_pass()
             if self.dirty:
@@ -545,6 +556,7 @@ class Loop:
                 sdnotify.notify("READY=1")
                 return
             self.config = config
+            self.coalesce = config.coalesce_ms / 1000
             self.broker.apply_config(config)
             self._apply_limits(config)
             logging.getLogger("edgebroker").setLevel(config.log_level.upper())

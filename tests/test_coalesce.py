@@ -1,0 +1,105 @@
+"""`coalesce_ms`: the loop holds the log write and the sends of messages from slow publishers
+for up to coalesce_ms to gather more, but never an answer a client waits for
+(docs/persistence.md).
+
+The broker's own count of log writes (`inspect stats`, section "log") shows the gathering; the
+waits are measured against a coalesce_ms far above a loopback round trip, and only the median
+of several is compared where the bound is an upper one.
+"""
+
+import signal
+import statistics
+import time
+
+import mqttraw as m
+from conftest import toml_dumps
+from mqttraw import CONNACK, PINGRESP, PUBACK, SUBACK
+
+COALESCE_MS = 50
+# A connection that sent nothing for longer than this counts as a slow publisher.
+SLOW_GAP = 20 * COALESCE_MS / 1000 + 0.1
+DEVICES = 12
+
+
+def _writes(b) -> int:
+    return b.stats()["log"]["writes"]
+
+
+def _devices(b, uid, n=DEVICES):
+    return [b.client(f"{uid}-d{i}") for i in range(n)]
+
+
+def _publish_once_each(devices, uid) -> list[float]:
+    """Every device publishes one QoS 1 message, back to back; seconds until each PUBACK."""
+    sent = []
+    for i, d in enumerate(devices):
+        d.send(m.publish(f"{uid}/d{i}", b"reading %d" % i, qos=1, packet_id=7))
+        sent.append(time.monotonic())
+    waits = []
+    for d, t in zip(devices, sent):
+        ack = d.expect(PUBACK)
+        assert ack.packet_id == 7
+        waits.append(time.monotonic() - t)
+    return waits
+
+
+def test_slow_publishers_are_answered_and_written_together(broker, uid):
+    b = broker(coalesce_ms=COALESCE_MS)
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/+", qos=1)
+    devices = _devices(b, uid)
+    time.sleep(SLOW_GAP)  # the devices' previous packet (CONNECT) is now long ago
+    before = _writes(b)
+    waits = _publish_once_each(devices, uid)
+    # The first message opened a batch that the others joined: one write (two if the test was
+    # descheduled for coalesce_ms in the middle), and the first PUBACK waited for the batch.
+    assert _writes(b) - before <= 2
+    assert waits[0] >= 0.8 * COALESCE_MS / 1000, waits
+    got = sorted(sub.recv_publish().payload for _ in devices)
+    assert got == sorted(b"reading %d" % i for i in range(DEVICES))
+
+
+def test_answers_a_client_waits_for_are_not_held(broker, uid):
+    b = broker(coalesce_ms=COALESCE_MS)
+    limit = COALESCE_MS / 1000 / 2
+
+    def timed(c, packet, want) -> float:
+        t = time.monotonic()
+        c.send(packet)
+        c.expect(want)
+        return time.monotonic() - t
+
+    clients = [b.raw() for _ in range(5)]
+    connects = [timed(c, m.connect(f"{uid}-c{i}"), CONNACK) for i, c in enumerate(clients)]
+    time.sleep(SLOW_GAP)  # idle: only the kind of packet makes these prompt
+    subscribes = [timed(c, m.subscribe(1, [(f"{uid}/x", 1)]), SUBACK) for c in clients]
+    time.sleep(SLOW_GAP)
+    pings = [timed(c, m.pingreq(), PINGRESP) for c in clients]
+    # A publisher that waits for each PUBACK before the next (its previous packet came
+    # moments ago) is answered in the pass that read it.
+    pub = clients[0]
+    publishes = []
+    for i in range(20):
+        t = time.monotonic()
+        pub.publish(f"{uid}/x", b"%d" % i, qos=1)
+        publishes.append(time.monotonic() - t)
+    for name, waits in [("CONNACK", connects), ("SUBACK", subscribes), ("PINGRESP", pings),
+                        ("PUBACK", publishes)]:
+        assert statistics.median(waits) < limit, (name, waits)
+
+
+def test_reload_turns_coalescing_off(broker, uid):
+    b = broker(coalesce_ms=COALESCE_MS)
+    devices = _devices(b, uid, 5)
+    time.sleep(SLOW_GAP)
+    held = _publish_once_each(devices, uid)
+    assert held[0] >= 0.8 * COALESCE_MS / 1000, held
+    cfg = dict(b.config)
+    cfg["coalesce_ms"] = 0
+    b.config_path.write_text(toml_dumps(cfg))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload" in ln.lower(), timeout=5, start=mark)
+    time.sleep(SLOW_GAP)
+    waits = _publish_once_each(devices, uid)
+    assert statistics.median(waits) < COALESCE_MS / 1000 / 2, waits
