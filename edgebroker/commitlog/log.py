@@ -574,15 +574,16 @@ class CommitLog:
         While writes are failing, a record that would take the pending bytes past
         ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
         stage = self._stage
-        if stage is not None:
+        if stage is not None and type(payload) is bytes:
             # The common record: small, bytes, in the open segment. Built in C (header, CRC,
             # index entry) into the staging area, which _unstage moves into the write queue.
+            # (A large received payload is a bytearray: it goes the long way at once.)
             try:
                 offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
                                              len(client_id), topic, len(topic), payload,
                                              len(payload))
-            except TypeError:  # a payload that is not bytes (the C build takes only bytes)
-                offset = -1
+            except TypeError:  # a client id or topic that is not bytes (the C build takes
+                offset = -1    # only bytes)
             if offset >= 0:
                 return offset
         return self._append(timestamp_ms, qos, retain, client_id, topic, payload)

@@ -73,16 +73,17 @@ _REQUIRED_FLAGS = {
 # --------------------------------------------------------------------------- encoding
 
 def _remaining_length(n: int) -> bytes:
+    # Written out per length (7 bits a byte, the high bit says another follows): a 64 KiB
+    # payload's header is encoded once per message.
     if n < 128:
         return _RL1[n]
+    if n < 16_384:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    if n < 2_097_152:
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
     if n > MAX_REMAINING_LENGTH:
         raise ValueError(f"remaining length {n} exceeds {MAX_REMAINING_LENGTH}")
-    out = bytearray()
-    while n:
-        digit = n & 0x7F
-        n >>= 7
-        out.append(digit | 0x80 if n else digit)
-    return bytes(out)
+    return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14 & 0x7F | 0x80, n >> 21))
 
 
 _RL1 = [bytes((i,)) for i in range(128)]
@@ -442,21 +443,30 @@ def _long_remaining_length(buf: bytes, pos: int, n: int) -> tuple[int, int] | No
 
     Returns (remaining length, offset of the variable header), or None if incomplete.
     """
-    value = 0
-    shift = 0
-    p = pos + 1
-    while True:
-        if p >= n:
-            return None
-        b = buf[p]
-        p += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, p
-        if shift == 21:
-            raise _malformed("remaining length has a continuation bit in its 4th byte",
-                             rule="MQTT-2.2.3")
-        shift += 7
+    # Written out byte by byte (a large PUBLISH has one of these per message).
+    p = pos + 2
+    if p >= n:
+        return None
+    b = buf[p]
+    value = buf[pos + 1] & 0x7F | (b & 0x7F) << 7
+    if b < 0x80:
+        return value, p + 1
+    p += 1
+    if p >= n:
+        return None
+    b = buf[p]
+    value |= (b & 0x7F) << 14
+    if b < 0x80:
+        return value, p + 1
+    p += 1
+    if p >= n:
+        return None
+    b = buf[p]
+    value |= (b & 0x7F) << 21
+    if b < 0x80:
+        return value, p + 1
+    raise _malformed("remaining length has a continuation bit in its 4th byte",
+                     rule="MQTT-2.2.3")
 
 
 # A PUBLISH of at least this many bytes whose end has not arrived yet is received into a
@@ -548,16 +558,15 @@ class Decoder:
         return gen
 
     def filled(self, n: int):
-        """``n`` bytes were received into ``room``: a generator of what is now complete."""
+        """``n`` bytes were received into ``room``: what is now complete (the packet in a
+        tuple, or nothing)."""
         if self._gen is not None:
             self._retire()
         packet = self._fill(None, n)
         if packet is None:
             return _NOTHING
-        self._ready = packet
-        self._src = b""
-        self._gen = gen = self._frames(packet, b"")
-        return gen
+        self._need = 0
+        return (packet,)  # nothing follows it in the buffer: no generator needed
 
     def keep(self, data) -> None:
         """Hold ``data`` without decoding it (a halted consumer); the next ``feed`` decodes."""
