@@ -103,3 +103,16 @@ def test_reload_turns_coalescing_off(broker, uid):
     time.sleep(SLOW_GAP)
     waits = _publish_once_each(devices, uid)
     assert statistics.median(waits) < COALESCE_MS / 1000 / 2, waits
+
+
+def test_acknowledgements_an_fsync_releases_are_not_held(broker, uid):
+    # durability = "sync": a PUBACK goes out when the flusher thread's fsync covers the
+    # message, in a pass that reads nothing from the publisher; it waits for the disk only.
+    b = broker(coalesce_ms=100, log={"durability": "sync"})
+    pub = b.client(f"{uid}-p")
+    waits = []
+    for i in range(20):
+        t = time.monotonic()
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+        waits.append(time.monotonic() - t)
+    assert statistics.median(waits) < 0.05, waits

@@ -86,20 +86,22 @@ class Journal:
         else:
             self._acks.append((offset, client, frame))
 
-    def durable(self, offset: int) -> None:
-        """The flusher made everything below ``offset`` durable."""
-        if self._after_fsync:
-            self._release(offset)
+    def durable(self, offset: int) -> bool:
+        """The flusher made everything below ``offset`` durable; True when that released
+        acknowledgements (publishers wait for them: the loop sends them at once)."""
+        return self._after_fsync and self._release(offset)
 
-    def _release(self, gate: int) -> None:
+    def _release(self, gate: int) -> bool:
         if gate <= self._gate:
-            return
+            return False
         self._gate = gate
         acks = self._acks
+        released = bool(acks) and acks[0][0] < gate
         while acks and acks[0][0] < gate:
             _, client, frame = acks.popleft()
             if not client.closed:
                 client.transport.write(frame)
+        return released
 
     def end_pass(self) -> None:
         """Write the records appended so far to the OS in one go: the loop calls it before it

@@ -406,7 +406,8 @@ class Loop:
             newest = 0
             while durable:
                 newest = max(newest, durable.popleft())
-            self.broker.journal.durable(newest)
+            if self.broker.journal.durable(newest):
+                self.broker.prompt = True  # acknowledgements publishers wait for
 
     # ----- connections ------------------------------------------------------------------
 
