@@ -67,6 +67,26 @@ def test_max_inflight_bytes(broker, uid):
     assert row["inflight"] == 3 and row["queued"] == 2
 
 
+def test_a_returning_session_gets_its_queue_within_the_window(broker, uid):
+    # The session had nothing in flight when it came back: its queue goes out
+    # max_inflight_messages at a time all the same.
+    b = broker(limits={"max_inflight_messages": 5})
+    s = b.client(f"{uid}-s", clean=False)
+    s.subscribe(f"{uid}/q", qos=1)
+    s.disconnect()
+    pub = b.client(f"{uid}-p")
+    for i in range(12):
+        pub.publish(f"{uid}/q", b"%d" % i, qos=1)
+    s = b.client(f"{uid}-s", clean=False)
+    window = [s.recv_publish(ack=False) for _ in range(5)]
+    assert s.ping() == []  # nothing more until acknowledged
+    row = b.client_row(f"{uid}-s")
+    assert row["inflight"] == 5 and row["queued"] == 7
+    s.ack(window[0])
+    assert s.recv_publish(ack=False).payload == b"5"
+    assert s.ping() == []
+
+
 def test_stuck_qos0_subscriber_is_bounded_and_does_not_slow_a_normal_pair(broker, uid):
     limit = 64 * 1024
     # Durability is not what this tests (and "none" keeps the log's flusher out of the timing).

@@ -533,7 +533,6 @@ class Broker:
         if client is None:
             return
         queue = session.queue
-        inflight = session.inflight
         limits = self.limits
         window = limits.max_inflight_messages
         window_bytes = limits.max_inflight_bytes
@@ -549,7 +548,9 @@ class Broker:
             if qos == 0:
                 queue.popleft()
                 self._write_publish(client, message, 0, retain, False, None)
-            elif len(inflight) < window and (session.inflight_bytes < window_bytes or not inflight):
+            # session.inflight is read each time: _send gives an empty session a dict of its own.
+            elif (len(session.inflight) < window
+                  and (session.inflight_bytes < window_bytes or not session.inflight)):
                 queue.popleft()
                 self._send(session, message, qos, retain)
             else:
