@@ -561,6 +561,9 @@ class Broker:
             session.queue_bytes -= sent_bytes
             self.queued_messages -= sent
             self.queued_bytes -= sent_bytes
+            # A subscriber working through its queue is held back by its window, not by
+            # its reading: the next part goes out in this pass (see ``prompt``).
+            self.prompt = True
         if not queue and session.dropped:
             log.warning("session %r: queue drained; %d messages were dropped while it was full",
                         session.client_id, session.dropped)
