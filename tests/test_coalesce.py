@@ -136,3 +136,27 @@ def test_a_queue_drains_without_coalescing_delays(broker, uid):
     took = time.monotonic() - t
     assert got == [b"%d" % i for i in range(400)]
     assert took < 1.0, took
+
+
+def test_qos2_handshakes_are_not_held(broker, uid):
+    # Both directions of the QoS 2 exchange answer a client that waits: PUBCOMP to the
+    # publisher's PUBREL, PUBREL to the subscriber's PUBREC.
+    b = broker(coalesce_ms=100)
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=2)
+    pub = b.client(f"{uid}-p")
+    time.sleep(20 * 0.1 + 0.1)  # both idle: only the kind of packet makes the answers prompt
+    pub.send(m.publish(f"{uid}/t", b"once", qos=2, packet_id=9))
+    assert pub.expect(m.PUBREC).packet_id == 9
+    t = time.monotonic()
+    pub.send(m.pubrel(9))
+    assert pub.expect(m.PUBCOMP).packet_id == 9
+    pubcomp = time.monotonic() - t
+    p = sub.expect(m.PUBLISH)
+    assert p.payload == b"once"
+    t = time.monotonic()
+    sub.send(m.pubrec(p.packet_id))
+    assert sub.expect(m.PUBREL).packet_id == p.packet_id
+    pubrel = time.monotonic() - t
+    sub.send(m.pubcomp(p.packet_id))
+    assert max(pubcomp, pubrel) < 0.05, (pubcomp, pubrel)

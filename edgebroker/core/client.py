@@ -478,7 +478,8 @@ class Client:
 
     def _answer(self, frame: bytes) -> None:
         """Queue the answer to a request the client waits for (CONNACK, SUBACK, UNSUBACK,
-        PINGRESP, PUBCOMP): the loop then sends this pass's output at once (Broker.prompt)."""
+        PINGRESP, PUBREL, PUBCOMP): the loop then sends this pass's output at once
+        (Broker.prompt)."""
         self.broker.prompt = True
         self.transport.write(frame)
 
@@ -602,7 +603,7 @@ class Client:
             # PUBRELs go out (and are re-sent) in PUBREC order (MQTT-4.6.0-4).
             del inflight[pid]
             inflight[pid] = entry
-        self.transport.write(encode_ack(P.PUBREL, pid))
+        self._answer(encode_ack(P.PUBREL, pid))
         self.broker.stats.packets_sent += 1
 
     def _on_pubrel(self, p) -> None:
