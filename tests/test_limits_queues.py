@@ -13,13 +13,18 @@ from mqttraw import PUBLISH
 KB = b"x" * 1000
 
 
-@pytest.mark.parametrize("policy, kept", [("drop_new", [1, 2, 3]), ("drop_old", [4, 5, 6])])
-def test_offline_queue_full_drops_new_or_old(broker, uid, policy, kept):
-    b = broker(limits={"max_queued_messages": 3, "queue_full": policy})
+def _offline_session(b, uid):
+    """A persistent QoS 1 subscription to {uid}/q whose client has gone; returns a publisher."""
     s = b.client(f"{uid}-s", clean=False)
     s.subscribe(f"{uid}/q", qos=1)
     s.disconnect()
-    pub = b.client(f"{uid}-p")
+    return b.client(f"{uid}-p")
+
+
+@pytest.mark.parametrize("policy, kept", [("drop_new", [1, 2, 3]), ("drop_old", [4, 5, 6])])
+def test_offline_queue_full_drops_new_or_old(broker, uid, policy, kept):
+    b = broker(limits={"max_queued_messages": 3, "queue_full": policy})
+    pub = _offline_session(b, uid)
     mark = b.mark()
     for i in range(1, 7):
         pub.publish(f"{uid}/q", b"%d" % i, qos=1)
@@ -38,10 +43,7 @@ def test_offline_queue_full_drops_new_or_old(broker, uid, policy, kept):
 
 def test_max_queued_bytes(broker, uid):
     b = broker(limits={"max_queued_bytes": 250})
-    s = b.client(f"{uid}-s", clean=False)
-    s.subscribe(f"{uid}/q", qos=1)
-    s.disconnect()
-    pub = b.client(f"{uid}-p")
+    pub = _offline_session(b, uid)
     for i in range(5):  # ~110 bytes each: queued while less than 250 are queued
         pub.publish(f"{uid}/q", b"%d" % i + b"." * 99, qos=1)
     stats = b.stats()
@@ -71,10 +73,7 @@ def test_a_returning_session_gets_its_queue_within_the_window(broker, uid):
     # The session had nothing in flight when it came back: its queue goes out
     # max_inflight_messages at a time all the same.
     b = broker(limits={"max_inflight_messages": 5})
-    s = b.client(f"{uid}-s", clean=False)
-    s.subscribe(f"{uid}/q", qos=1)
-    s.disconnect()
-    pub = b.client(f"{uid}-p")
+    pub = _offline_session(b, uid)
     for i in range(12):
         pub.publish(f"{uid}/q", b"%d" % i, qos=1)
     s = b.client(f"{uid}-s", clean=False)

@@ -443,30 +443,21 @@ def _long_remaining_length(buf: bytes, pos: int, n: int) -> tuple[int, int] | No
 
     Returns (remaining length, offset of the variable header), or None if incomplete.
     """
-    # Written out byte by byte (a large PUBLISH has one of these per message).
-    p = pos + 2
-    if p >= n:
-        return None
-    b = buf[p]
-    value = buf[pos + 1] & 0x7F | (b & 0x7F) << 7
-    if b < 0x80:
-        return value, p + 1
-    p += 1
-    if p >= n:
-        return None
-    b = buf[p]
-    value |= (b & 0x7F) << 14
-    if b < 0x80:
-        return value, p + 1
-    p += 1
-    if p >= n:
-        return None
-    b = buf[p]
-    value |= (b & 0x7F) << 21
-    if b < 0x80:
-        return value, p + 1
-    raise _malformed("remaining length has a continuation bit in its 4th byte",
-                     rule="MQTT-2.2.3")
+    value = 0
+    shift = 0
+    p = pos + 1
+    while True:
+        if p >= n:
+            return None
+        b = buf[p]
+        p += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, p
+        if shift == 21:
+            raise _malformed("remaining length has a continuation bit in its 4th byte",
+                             rule="MQTT-2.2.3")
+        shift += 7
 
 
 # A PUBLISH of at least this many bytes whose end has not arrived yet is received into a
