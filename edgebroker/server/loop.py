@@ -472,18 +472,12 @@ class Loop:
         while not self._stop:
             if held:
                 # Output is held back to look for more input: without waiting when a client
-                # waits for it, else until hold_end (timers due meanwhile are ticked with the
-                # deadline known before).
-                wait = 0.0 if broker.prompt else hold_end - clock()
+                # waits for it, else until hold_end or the next timer.
+                wait = 0.0 if broker.prompt else min(hold_end, due) - clock()
                 ready = dispatch(wait if wait > 0.0 else 0.0, on_error)
             else:
-                now = clock()
-                due = broker.next_deadline()
-                if handshakes.heap:
-                    tls_due = handshakes.next_deadline()
-                    if tls_due is not None and tls_due < due:
-                        due = tls_due
-                ready = dispatch(min(MAX_WAIT, max(0.0, due - now)), on_error)
+                due = self._deadline()
+                ready = dispatch(min(MAX_WAIT, max(0.0, due - clock())), on_error)
             start = clock()
             now = start
             if now >= due:
@@ -491,6 +485,7 @@ class Loop:
                 broker.tick(now)
                 if handshakes.heap:
                     handshakes.expire(now)
+                due = self._deadline()
             pending = commit_log.pending_bytes if commit_log is not None else 0
             if (self.dirty or pending) and pending < HOLD_BYTES:
                 # One log write and one send per connection for what the next passes bring:
@@ -506,11 +501,13 @@ class Loop:
                     record_pass(clock() - start)
                     continue
             held = 0
-            broker.prompt = False
             if pending:
                 journal.end_pass()
             if self.dirty:
                 self.flush_dirty()
+            # Cleared after the flush: a connection it drained may have let queued messages
+            # out (Broker.pump), which the flush sent too.
+            broker.prompt = False
             if next_watchdog is not None and now >= next_watchdog:
                 sdnotify.notify("WATCHDOG=1")
                 next_watchdog = now + watchdog
@@ -519,6 +516,16 @@ class Loop:
                 self.reload()
             record_pass(clock() - start)
         self.shutdown()
+
+    def _deadline(self) -> float:
+        """When the next timer (the broker's or a TLS handshake's) is due."""
+        due = self.broker.next_deadline()
+        handshakes = self.handshakes
+        if handshakes.heap:
+            tls_due = handshakes.next_deadline()
+            if tls_due is not None and tls_due < due:
+                due = tls_due
+        return due
 
     def _internal_error(self, handler) -> None:
         """A bug met while serving one socket: log it, drop that connection, keep serving."""
