@@ -103,3 +103,52 @@ def test_disk_full_while_creating_a_segment(tmp_path, request):
     assert [s.records for s in log.segments()] == [1, 1]
     log.close()
     assert len(segment_files(mnt / "log")) == 2
+
+
+def test_staged_appends_fail_and_recover_like_the_long_way(tmp_path, request):
+    """Small records are built in C into a staging area (CommitLog.append). Two logs, one
+    with staging and one without, each on its own 1 MiB tmpfs that fills up at the same
+    record: both refuse, keep and finally write exactly the same, byte for byte."""
+    if not in_private_mount_namespace(request):
+        return
+    import random
+    rnd = random.Random(11)
+    mounts = [tmp_path / "staged", tmp_path / "long"]
+    logs = []
+    for mnt in mounts:
+        mount_tmpfs(mnt, "1m")
+        fill(mnt / "filler", 700 * 1024)
+        logs.append(open_log(mnt / "log", segment_bytes=64 * 1024, max_pending_bytes=20_000))
+    logs[1]._open_stage = lambda seg: None
+    failures = refused = 0
+
+    def both(call):
+        out = []
+        for log in logs:
+            try:
+                out.append(call(log))
+            except (LogWriteError, LogFullError) as exc:
+                out.append(type(exc).__name__)
+        assert out[0] == out[1]
+        return out[0]
+
+    for i in range(3000):
+        payload = b"p%d-" % i * rnd.randrange(40)
+        if rnd.random() < 0.02:
+            payload = bytes(17_000)  # held by reference, the long way in both
+        refused += both(lambda log: log.append(1000 + i, 1, False, b"dev", b"t/%d" % (i % 7),
+                                               payload)) == "LogFullError"
+        assert logs[0].pending_bytes == logs[1].pending_bytes
+        assert logs[0].next_offset == logs[1].next_offset
+        if rnd.random() < 0.2:
+            failures += both(lambda log: log.write_pending()) == "LogWriteError"
+    assert failures and refused, (failures, refused)  # the disk filled; appends were refused
+    for mnt in mounts:
+        (mnt / "filler").unlink()
+    assert both(lambda log: log.write_pending()) == logs[0].next_offset
+    for log in logs:
+        log.close()
+    names = [sorted(p.name for p in (mnt / "log").iterdir()) for mnt in mounts]
+    assert names[0] == names[1]
+    for name in names[0]:
+        assert (mounts[0] / "log" / name).read_bytes() == (mounts[1] / "log" / name).read_bytes()
