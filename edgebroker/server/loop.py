@@ -97,6 +97,15 @@ def reserve_descriptors(count: int) -> None:
         os.close(fd)
 
 
+def hold_window(coalesce_ms: float) -> float:
+    """Seconds after a pass's start during which its output may be held for coalescing. The
+    poller counts whole milliseconds, rounding up: the hold ends once less than half of
+    ``coalesce_ms`` (at most half a millisecond) is left, rather than overshoot by more
+    than it waits. So a message waits up to about coalesce_ms + 0.5 ms."""
+    seconds = coalesce_ms / 1000
+    return seconds - min(seconds / 2, 0.0005)
+
+
 class Listener:
     def __init__(self, loop: "Loop", config: ListenerConfig):
         self.loop = loop
@@ -211,7 +220,7 @@ class Loop:
 
     def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
         self.config = config
-        self.coalesce = config.coalesce_ms / 1000  # seconds (see run)
+        self.hold_window = hold_window(config.coalesce_ms)  # seconds (see run)
         self.clock = clock
         self.reload_config = reload_config
         reserve_descriptors(config.limits.max_connections + SPARE_DESCRIPTORS)
@@ -495,7 +504,7 @@ class Loop:
                 # Only for small passes (many devices' messages): big ones gain little and
                 # would hold more memory.
                 if not held:
-                    hold_end = start + self.coalesce
+                    hold_end = start + self.hold_window
                 if ready and held < HOLD_PASSES or not broker.prompt and now < hold_end:
                     held += 1
                     record_pass(clock() - start)
@@ -564,7 +573,7 @@ class Loop:
                 sdnotify.notify("READY=1")
                 return
             self.config = config
-            self.coalesce = config.coalesce_ms / 1000
+            self.hold_window = hold_window(config.coalesce_ms)
             self.broker.apply_config(config)
             self._apply_limits(config)
             logging.getLogger("edgebroker").setLevel(config.log_level.upper())
