@@ -476,7 +476,7 @@ class Loop:
         commit_log = journal.log if journal is not None else None
         on_error = self._internal_error
         held = 0           # passes whose log write and output wait for more input (see below)
-        hold_end = 0.0     # ... at the latest until then (coalesce_ms after the first)
+        hold_end = 0.0     # ... at the latest until then (see hold_window)
         due = 0.0
         while not self._stop:
             if held:
