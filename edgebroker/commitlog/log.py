@@ -135,6 +135,14 @@ class _Group:
         self.first_ts: int | None = None
         self.max_ts = 0
 
+    def open_data(self) -> bytearray:
+        """The bytearray being filled; a new last part when there is none."""
+        data = self.data
+        if data is None:
+            self.data = data = bytearray()
+            self.parts.append(data)
+        return data
+
 
 def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
     """(value, problem): 0 and a description when the file is missing or unreadable."""
@@ -611,10 +619,7 @@ class CommitLog:
             seg = self._roll()
         g = self._group(seg, timestamp_ms)
         offset = self._next
-        data = g.data
-        if data is None:
-            g.data = data = bytearray()
-            g.parts.append(data)
+        data = g.open_data()
         position = seg.reserved_size
         data += self._header(offset, timestamp_ms, qos | RETAIN_BIT if retain else qos,
                              client_id, topic, payload)
@@ -679,10 +684,7 @@ class CommitLog:
         n, used = stage.count, stage.used
         seg = self._stage_seg
         g = self._group(seg, stage.staged_first_ts)
-        data = g.data
-        if data is None:
-            g.data = data = bytearray()
-            g.parts.append(data)
+        data = g.open_data()
         staging = self._staging
         data += memoryview(staging.data)[:used]
         g.index += memoryview(staging.index)[:n * INDEX_ENTRY_SIZE]
@@ -706,8 +708,7 @@ class CommitLog:
         self._groups.append(g)
         if seg.reserved_size == 0:
             header = segment_header(seg.base_offset)
-            g.data = bytearray(header)
-            g.parts.append(g.data)
+            g.open_data().extend(header)
             g.nbytes += len(header)
             seg.reserved_size = len(header)
             self._pending += len(header)

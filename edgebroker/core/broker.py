@@ -59,6 +59,11 @@ SNAPSHOT_EVERY = 30.0
 PROMPT_GAP_FACTOR = 20
 
 
+def prompt_gap(config: Config) -> float:
+    """Seconds: a PUBLISH this soon after its connection's previous packet is answered at once."""
+    return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
+
+
 class Broker:
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
@@ -71,7 +76,7 @@ class Broker:
         # counts as waited for when its connection sent something less than ``prompt_gap``
         # before: the delay then costs no client more than 1/PROMPT_GAP_FACTOR of its rate.
         self.prompt = False
-        self.prompt_gap = config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
+        self.prompt_gap = prompt_gap(config)
         self.sessions: dict[str, Session] = {}
         self.subscriptions = SubscriptionTrie()
         self.retained = RetainedTree()
@@ -301,7 +306,7 @@ class Broker:
         old = self.limits
         self.config = config
         self.limits = config.limits
-        self.prompt_gap = config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
+        self.prompt_gap = prompt_gap(config)
         now = self.clock()
         self.memory.limit = config.limits.memory_limit
         if config.limits.topic_expiry != old.topic_expiry:
