@@ -275,6 +275,26 @@ void eb_record_header(char *out_, uint64_t offset, uint64_t timestamp_ms, uint32
     st32(out, ~c);
 }
 
+/* The record just built at the end of the staging area (`nbytes` of it there, `length` in the
+ * segment): its index entry, and the staging area's running fields. Returns its offset. */
+static int64_t staged(eb_appender *a, int64_t timestamp_ms, uint64_t nbytes, uint64_t length)
+{
+    uint64_t offset = a->next_offset;
+    uint8_t *e = a->index + a->count * EB_INDEX_ENTRY_SIZE;
+    if (timestamp_ms > a->max_ts)
+        a->max_ts = timestamp_ms;
+    if (a->count == 0)
+        a->staged_first_ts = timestamp_ms;
+    st32(e, (uint32_t)(offset - a->base_offset));
+    st32(e + 4, (uint32_t)a->position);
+    st64(e + 8, (uint64_t)a->max_ts);
+    a->used += nbytes;
+    a->count++;
+    a->position += length;
+    a->next_offset = offset + 1;
+    return (int64_t)offset;
+}
+
 int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
                          const char *client_id, size_t client_id_len,
                          const char *topic, size_t topic_len,
@@ -282,7 +302,7 @@ int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int reta
 {
     uint64_t length = (uint64_t)HDR + client_id_len + topic_len + payload_len;
     uint64_t offset = a->next_offset, rel = offset - a->base_offset;
-    uint8_t *out, *e;
+    uint8_t *out;
     if (timestamp_ms < 0 || qos < 0 || qos > 2 || client_id_len > 0xFFFFu || topic_len > 0xFFFFu
         || payload_len >= a->big_payload || a->used + length > a->capacity
         || a->count >= a->index_capacity || a->position + length > a->segment_bytes
@@ -296,19 +316,40 @@ int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int reta
     memcpy(out + HDR, client_id, client_id_len);
     memcpy(out + HDR + client_id_len, topic, topic_len);
     memcpy(out + HDR + client_id_len + topic_len, payload, payload_len);
-    if (timestamp_ms > a->max_ts)
-        a->max_ts = timestamp_ms;
-    if (a->count == 0)
-        a->staged_first_ts = timestamp_ms;
-    e = a->index + a->count * EB_INDEX_ENTRY_SIZE;
-    st32(e, (uint32_t)rel);
-    st32(e + 4, (uint32_t)a->position);
-    st64(e + 8, (uint64_t)a->max_ts);
-    a->used += length;
-    a->count++;
-    a->position += length;
-    a->next_offset = offset + 1;
-    return (int64_t)offset;
+    return staged(a, timestamp_ms, length, length);
+}
+
+int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
+                       const char *client_id, size_t client_id_len,
+                       const char *topic, size_t topic_len, size_t payload_len)
+{
+    uint64_t prefix = (uint64_t)HDR + client_id_len + topic_len;
+    uint64_t length = prefix + payload_len;
+    uint64_t offset = a->next_offset, rel = offset - a->base_offset;
+    uint8_t *out;
+    if (timestamp_ms < 0 || qos < 0 || qos > 2 || client_id_len > 0xFFFFu || topic_len > 0xFFFFu
+        || payload_len > MAX_PAYLOAD || a->used + prefix > a->capacity
+        || a->held_count >= a->held_capacity
+        || a->count >= a->index_capacity || a->position + length > a->segment_bytes
+        || timestamp_ms - a->first_ts >= a->segment_ms
+        || rel > 0xFFFFFFFFu || a->position > 0xFFFFFFFFu)
+        return -1;
+    out = a->buf + a->used;
+    st32(out, 0);
+    st32(out + 4, (uint32_t)length);
+    st64(out + 8, offset);
+    st64(out + 16, (uint64_t)timestamp_ms);
+    out[24] = (uint8_t)(qos | (retain ? 0x04 : 0));
+    out[25] = 0;
+    st16(out + 26, (uint16_t)client_id_len);
+    st16(out + 28, (uint16_t)topic_len);
+    st32(out + 30, (uint32_t)payload_len);
+    memcpy(out + HDR, client_id, client_id_len);
+    memcpy(out + HDR + client_id_len, topic, topic_len);
+    a->held[2 * a->held_count] = a->used;
+    a->held[2 * a->held_count + 1] = a->used + prefix;
+    a->held_count++;
+    return staged(a, timestamp_ms, prefix, length);
 }
 
 /* The checks on a record header that need no CRC: its length fields agree, the attribute byte
@@ -689,3 +730,4 @@ int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_it
     res->error = err;
     return err;
 }
+

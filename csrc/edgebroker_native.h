@@ -74,6 +74,9 @@ typedef struct {
     int64_t max_ts;           /* the segment's running maximum timestamp */
     int64_t staged_first_ts;  /* timestamp of the first staged record */
     uint64_t big_payload;     /* payloads this large are not staged (the log holds them) */
+    uint64_t *held;           /* two words per record of eb_append_held: where in buf it starts */
+    uint64_t held_capacity;   /* and where its payload goes (the end of its staged bytes) */
+    uint64_t held_count;      /* records listed in held (it has room for held_capacity) */
 } eb_appender;
 
 uint32_t eb_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
@@ -91,6 +94,15 @@ int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int reta
                          const char *client_id, size_t client_id_len,
                          const char *topic, size_t topic_len,
                          const char *payload, size_t payload_len);
+
+/* Stage a record whose payload (payload_len bytes) the log holds by reference and writes right
+ * after it: the header, with its CRC left 0 (the log fills it in just before writing: the CRC32C
+ * of the header from byte 4 on, client id, topic and payload), then the client id and topic;
+ * and list it in `held`. Its offset, or -1 as for eb_append_record (never
+ * for its size), or when `held` is full. */
+int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
+                       const char *client_id, size_t client_id_len,
+                       const char *topic, size_t topic_len, size_t payload_len);
 
 int eb_topic_matches(const uint8_t *filter, size_t filter_len, const uint8_t *topic, size_t topic_len);
 
@@ -114,3 +126,4 @@ int eb_split_frames(const uint8_t *buf, size_t len, uint32_t *out, size_t max_fr
 
 int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_item,
                   size_t start_progress, int cork, eb_send_result *res);
+

@@ -486,3 +486,82 @@ def test_append_record_refuses_what_the_log_must_handle():
         assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 1, 1) == -1
     with pytest.raises(TypeError):  # the C build takes bytes only; the log sends others the long way
         C.append_record(a, 1, 0, False, b"", 0, b"t", 1, bytearray(b"x"), 1)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.booleans(), RECORD_ARGS, st.integers(0, 400)), max_size=30),
+       st.integers(0, 2000), st.integers(1, 12), st.integers(100, 5000), st.integers(0, 1000),
+       st.integers(1, 3000))
+def test_append_held_twins(records, capacity, entries, segment_bytes, first_ts, segment_ms):
+    """Records staged whole and records whose payload is held apart, mixed: the same bytes,
+    index entries and positions; once each held record's payload follows it and its CRC is
+    filled in (as the log does before writing), the result is a run of valid records."""
+    stagings = [_staging(impl, capacity, entries, 1000, 40, segment_bytes, first_ts, segment_ms,
+                         first_ts) for impl in (C, P)]
+    file = bytearray()  # what the log writes: staged bytes, each held payload after its record
+    taken = 0           # staged bytes already in ``file``
+    refused = []
+    for held, (ts, qos, retain, cid, topic, payload), held_len in records:
+        c, p = (s.state for s in stagings)
+        used = c.used
+        if held:
+            got = [impl.append_held(s.state, ts, qos, retain, cid, len(cid), topic, len(topic),
+                                    held_len) for impl, s in zip((C, P), stagings)]
+        else:
+            got = [impl.append_record(s.state, ts, qos, retain, cid, len(cid), topic,
+                                      len(topic), payload, len(payload))
+                   for impl, s in zip((C, P), stagings)]
+        assert got[0] == got[1]
+        assert [getattr(c, f) for f in STAGE_FIELDS] == [getattr(p, f) for f in STAGE_FIELDS]
+        if got[0] < 0:
+            refused.append(held)
+        if held and got[0] >= 0:
+            # The held list says where the record starts and where its payload goes.
+            hc = c.held_count
+            assert stagings[0].held[2 * hc - 2:2 * hc].tolist() == [used, c.used]
+            body = bytes(random.Random(got[0]).randbytes(held_len))
+            record = bytearray(stagings[0].data[taken:c.used])
+            at = used - taken
+            # The CRC the log fills in before writing: of the header from byte 4 on, the client
+            # id, the topic and the payload.
+            crc = P.crc32c(body, P.crc32c(record[at + 4:]))
+            record[at:at + 4] = struct.pack("<I", crc)
+            file += record + body
+            taken = c.used
+    c, p = stagings
+    used, count, held = c.state.used, c.state.count, c.state.held_count
+    assert c.data[:used] == p.data[:used] and c.index[:count * 16] == p.index[:count * 16]
+    assert held == p.state.held_count and c.held[:2 * held] == p.held[:2 * held]
+    assert held == sum(1 for h, _, n in records if h) - sum(1 for h in refused if h)
+    file += c.data[taken:used]
+    if count:
+        res = P.build_index(bytes(file), len(file), 40, 1000, 1003, 0, bytearray(16 * count))
+        assert (res.status, res.count, res.stop) == (SCAN_END, count, len(file))
+        assert c.state.position == 40 + len(file)
+
+
+def test_append_held_refuses_what_the_log_must_handle():
+    for impl in (C, P):
+        # 160 staged bytes, 3 index entries; the segment: 100,000 bytes, 1000 ms from ts 500.
+        s = _staging(impl, 160, 3, 1000, 40, 100_000, 500, 1000, 600)
+        a = s.state
+
+        def held(ts=550, qos=0, cid=b"c", topic=b"t/1", size=70_000):
+            return impl.append_held(a, ts, qos, False, cid, len(cid), topic, len(topic), size)
+        assert held() == 1003                       # 38 bytes staged, 70,038 in the segment
+        assert [a.used, a.position] == [38, 40 + 70_038]
+        assert held(size=30_000) == -1              # past segment_bytes: the segment rolls
+        assert held(qos=3) == -1 and held(ts=-1) == -1 and held(ts=1500) == -1
+        assert held(cid=b"c" * 130, size=1) == -1   # 167 more bytes do not fit the 160 staged
+        assert held(size=0) == 1004 and held(size=5) == 1005
+        assert held(size=1) == -1 and a.used == 114  # the 3 index entries are used up
+        assert s.data[:4] == b"\0\0\0\0"             # the log fills the CRC in
+        assert a.held_count == 3 and s.held[:6].tolist() == [0, 38, 38, 76, 76, 114]
+        # The held list has room for as many records as the index: when it is full, -1.
+        s = _staging(impl, 1000, 4, 1000, 40, 100_000, 500, 1000, 600)
+        s.state.held_capacity = 1
+        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, 9) == 1003
+        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, 9) == -1
+    with pytest.raises(TypeError):
+        C.append_held(a, 1, 0, False, b"", 0, bytearray(b"t"), 1, 1)
+

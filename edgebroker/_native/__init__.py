@@ -24,12 +24,19 @@ docs/log-format.md):
 ``appender(capacity, entries)``
     A staging area for ``append_record``: ``.state`` (its fields are those of the C struct
     ``eb_appender``, which the caller sets up), ``.data`` and ``.index`` (bytearrays of
-    ``capacity`` bytes and ``entries`` index entries that the records are built into).
+    ``capacity`` bytes and ``entries`` index entries that the records are built into), and
+    ``.held`` (native 64-bit words, two per record of ``append_held``: where it starts in
+    ``.data`` and where its payload goes; ``state.held_count`` of them, room for ``entries``).
 ``append_record(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len)``
     Build one record (header, client id, topic, payload) and its index entry at the end of
     the staging area; its offset, or -1 when it is not taken (no room, the segment must roll,
     payload of ``big_payload`` bytes or more, a field out of range). ``client_id``, ``topic``
     and ``payload`` must be ``bytes`` in the C build (``TypeError`` otherwise).
+``append_held(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload_len)``
+    Stage a record whose payload the caller holds and writes right after it (a large one):
+    its header, with the CRC left 0 for the caller to fill in, then client id and topic,
+    and list it in ``.held``. Its offset, or -1 as for ``append_record`` (never for the
+    payload's size), or when ``.held`` is full.
 ``topic_matches(topic_filter, topic)``
     MQTT filter matching on bytes, like ``mqtt.topics.topic_matches``.
 ``scan(buf, avail, base_position, min_offset, topic_filter, out, max_timestamp=0)``
@@ -61,6 +68,7 @@ from edgebroker._native._common import *  # noqa: F401,F403  (constants and resu
 from edgebroker.errors import EdgebrokerError
 
 FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "append_record",
+             "append_held",
              "topic_matches", "scan", "build_index", "resync",
              "index_check", "index_find_offset", "index_find_time", "split_frames", "send_batch")
 CHOICES = ("auto", "c", "python")

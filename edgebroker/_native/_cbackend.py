@@ -65,19 +65,23 @@ def header_writer():
 class Staging:
     """The staging area of ``append_record`` (see ``appender``)."""
 
-    __slots__ = ("state", "data", "index", "_pins")
+    __slots__ = ("state", "data", "index", "held", "_pins")
 
     def __init__(self, capacity: int, entries: int):
         self.data = bytearray(capacity)
         self.index = bytearray(entries * INDEX_ENTRY_SIZE)
-        # The struct points into the two bytearrays: keep them exported (so never resized)
-        # for as long as it lives.
+        held = bytearray(entries * 16)
+        self.held = memoryview(held).cast("Q")
+        # The struct points into the bytearrays: keep them exported (so never resized) for as
+        # long as it lives.
         self._pins = (_from_buffer("uint8_t[]", self.data, require_writable=True),
-                      _from_buffer("uint8_t[]", self.index, require_writable=True))
+                      _from_buffer("uint8_t[]", self.index, require_writable=True),
+                      _from_buffer("uint64_t[]", held, require_writable=True))
         state = self.state = _new("eb_appender *")
-        state.buf, state.index = self._pins
+        state.buf, state.index, state.held = self._pins
         state.capacity = capacity
         state.index_capacity = entries
+        state.held_capacity = entries
 
 
 def appender(capacity: int, entries: int) -> Staging:
@@ -85,6 +89,7 @@ def appender(capacity: int, entries: int) -> Staging:
 
 
 append_record = lib.eb_append_record
+append_held = lib.eb_append_held
 
 
 def topic_matches(topic_filter: bytes, topic: bytes) -> bool:

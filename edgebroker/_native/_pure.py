@@ -15,9 +15,9 @@ import struct
 from array import array
 
 from edgebroker._native._common import (
-    FRAMES_MALFORMED, FRAMES_OK, INDEX_ENTRY_SIZE, MAX_RECORD, RECORD_HEADER_SIZE, RESYNC_CANDIDATE,
-    RESYNC_FOUND, RESYNC_NONE, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
-    SEGMENT_HEADER_SIZE, FrameSplit, ResyncResult, ScanResult, SendResult,
+    FRAMES_MALFORMED, FRAMES_OK, INDEX_ENTRY_SIZE, MAX_PAYLOAD, MAX_RECORD, RECORD_HEADER_SIZE,
+    RESYNC_CANDIDATE, RESYNC_FOUND, RESYNC_NONE, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL,
+    SCAN_PARTIAL, SEGMENT_HEADER_SIZE, FrameSplit, ResyncResult, ScanResult, SendResult,
 )
 
 NAME = "python"
@@ -30,6 +30,7 @@ _U64 = struct.Struct("<Q")
 _HEAD_TAIL = struct.Struct("<IQQBBHHI")       # record header bytes 4..34
 _PLAUS = struct.Struct("<IQQBBHHI")           # same fields, read from position + 4
 _ENTRY = struct.Struct("<IIQ")
+_HELD = struct.Struct("=QQ")  # an appender's held list: native words, as the C build's
 _u32_from = _U32.unpack_from
 _u64_from = _U64.unpack_from
 _u16_from = _U16.unpack_from
@@ -79,13 +80,16 @@ class Appender:
 
     __slots__ = ("buf", "capacity", "used", "index", "index_capacity", "count", "next_offset",
                  "base_offset", "position", "segment_bytes", "first_ts", "segment_ms", "max_ts",
-                 "staged_first_ts", "big_payload")
+                 "staged_first_ts", "big_payload", "held", "held_capacity", "held_count")
 
-    def __init__(self, buf: bytearray, index: bytearray):
+    def __init__(self, buf: bytearray, index: bytearray, held: bytearray):
         self.buf = buf
         self.capacity = len(buf)
         self.index = index
         self.index_capacity = len(index) // INDEX_ENTRY_SIZE
+        self.held = held
+        self.held_capacity = len(held) // 16
+        self.held_count = 0
         self.used = self.count = self.next_offset = self.base_offset = self.position = 0
         self.segment_bytes = self.first_ts = self.segment_ms = self.max_ts = 0
         self.staged_first_ts = self.big_payload = 0
@@ -94,12 +98,14 @@ class Appender:
 class Staging:
     """The staging area of ``append_record`` (see ``appender``)."""
 
-    __slots__ = ("state", "data", "index")
+    __slots__ = ("state", "data", "index", "held")
 
     def __init__(self, capacity: int, entries: int):
         self.data = bytearray(capacity)
         self.index = bytearray(entries * INDEX_ENTRY_SIZE)
-        self.state = Appender(self.data, self.index)
+        held = bytearray(entries * 16)
+        self.held = memoryview(held).cast("Q")
+        self.state = Appender(self.data, self.index, held)
 
 
 def appender(capacity: int, entries: int) -> Staging:
@@ -121,17 +127,45 @@ def append_record(a: Appender, timestamp_ms: int, qos: int, retain, client_id, c
     record = record_header(offset, timestamp_ms, qos | (0x04 if retain else 0), client_id, topic,
                            payload) + bytes(client_id) + bytes(topic) + bytes(payload)
     a.buf[out:out + length] = record
+    return _staged(a, timestamp_ms, length, length)
+
+
+def _staged(a: Appender, timestamp_ms: int, nbytes: int, length: int) -> int:
+    """The record just built at the end of the staging area (``nbytes`` of it there,
+    ``length`` in the segment): its index entry and the running fields. Its offset."""
+    offset = a.next_offset
     if timestamp_ms > a.max_ts:
         a.max_ts = timestamp_ms
     if a.count == 0:
         a.staged_first_ts = timestamp_ms
     e = a.count * INDEX_ENTRY_SIZE
-    a.index[e:e + INDEX_ENTRY_SIZE] = _ENTRY.pack(rel, a.position, a.max_ts)
-    a.used += length
+    a.index[e:e + INDEX_ENTRY_SIZE] = _ENTRY.pack(offset - a.base_offset, a.position, a.max_ts)
+    a.used += nbytes
     a.count += 1
     a.position += length
     a.next_offset = offset + 1
     return offset
+
+
+def append_held(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
+                topic, topic_len: int, payload_len: int) -> int:
+    prefix = HDR + client_id_len + topic_len
+    length = prefix + payload_len
+    offset = a.next_offset
+    rel = offset - a.base_offset
+    if (timestamp_ms < 0 or qos < 0 or qos > 2 or client_id_len > 0xFFFF or topic_len > 0xFFFF
+            or payload_len > MAX_PAYLOAD or a.used + prefix > a.capacity
+            or a.held_count >= a.held_capacity or a.count >= a.index_capacity
+            or a.position + length > a.segment_bytes or timestamp_ms - a.first_ts >= a.segment_ms
+            or rel > 0xFFFFFFFF or a.position > 0xFFFFFFFF):
+        return -1
+    out = a.used
+    a.buf[out:out + prefix] = (bytes(4) + _HEAD_TAIL.pack(
+        length, offset, timestamp_ms, qos | (0x04 if retain else 0), 0, client_id_len, topic_len,
+        payload_len) + bytes(client_id) + bytes(topic))
+    _HELD.pack_into(a.held, 16 * a.held_count, out, out + prefix)
+    a.held_count += 1
+    return _staged(a, timestamp_ms, prefix, length)
 
 
 def topic_matches(topic_filter: bytes, topic: bytes) -> bool:

@@ -12,7 +12,9 @@
 
 After each sync that moved ``durable_offset`` the thread calls ``on_durable(offset)`` (the broker
 passes a function that queues a message and wakes its selector loop). When idle it checks one
-segment that a reader asked to have verified (``CommitLog.verify_step``).
+segment that a reader asked to have verified (``CommitLog.verify_step``). It also closes the
+descriptors of segments that retention deleted (``CommitLog.defer_closes``): freeing a
+file's blocks can wait for the disk, and the core must not.
 
 An fsync error is logged once per failing spell and retried every interval; the durable offset
 stays where it was, so nothing waiting for it is acknowledged.
@@ -72,6 +74,10 @@ class Flusher(threading.Thread):
             self.join(timeout)
 
     # -- the thread -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.log.defer_closes()
+        super().start()
+
     def run(self) -> None:
         self._reported = self.log.durable_offset
         try:
@@ -79,6 +85,7 @@ class Flusher(threading.Thread):
                 self._work()
         finally:
             self._sync(sealed_only=False, final=True)
+            self.log.close_retired()
 
     def _wait(self) -> bool:
         """Block until there is work; False when stopping."""
@@ -101,6 +108,7 @@ class Flusher(threading.Thread):
         with self._cond:
             written = self._written
             self._written = False
+        self.log.close_retired()
         if self.durability == "none":
             self._sync(sealed_only=True)
         elif written or self.log.needs_sync():

@@ -59,6 +59,14 @@ IOV_MAX = 1024
 _unpack_record_header = RECORD_HEADER.unpack_from
 
 
+def _fill_crcs(fixes) -> None:
+    """The CRCs of records whose payload is held apart (``CommitLog._unstage``)."""
+    crc32c = _native.crc32c
+    for data, at, prefix, payload in fixes:
+        crc = crc32c(payload, crc32c(memoryview(data)[at + 4:at + prefix]))
+        data[at:at + 4] = crc.to_bytes(4, "little")
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -119,10 +127,12 @@ class _Group:
     The bytes are ``parts``: bytearrays that small records are copied into, and large payloads
     held by reference (``bytes``, or the ``bytearray`` of a large received PUBLISH, which
     nothing modifies), all written with one ``pwritev``. ``data`` is the bytearray being filled
-    (the last of ``parts``; None when the last part is a held payload, or there is none yet)."""
+    (the last of ``parts``; None when the last part is a held payload, or there is none yet).
+    ``fixes`` lists the records whose CRC is computed just before writing, because their
+    payload is held (see ``CommitLog._unstage``)."""
 
     __slots__ = ("segment", "parts", "data", "nbytes", "index", "count", "last_offset", "first_ts",
-                 "max_ts")
+                 "max_ts", "fixes")
 
     def __init__(self, segment: Segment):
         self.segment = segment
@@ -134,6 +144,7 @@ class _Group:
         self.last_offset = -1
         self.first_ts: int | None = None
         self.max_ts = 0
+        self.fixes: list | None = None
 
     def open_data(self) -> bytearray:
         """The bytearray being filled; a new last part when there is none."""
@@ -181,6 +192,9 @@ class CommitLog:
         # ``_stage`` is the open staging area's state, None while records take the long way.
         self._staging = _native.appender(STAGING_BYTES, STAGING_BYTES // 32)
         self._append_record = _native.append_record
+        self._append_held = _native.append_held
+        self._held: list = []   # the payloads of the staged records of _append_held, in order
+        self._held_bytes = 0
         self._stage = None
         self._stage_seg: Segment | None = None
         self._pending = 0  # appended bytes not yet written (piles up while the disk fails)
@@ -198,6 +212,8 @@ class CommitLog:
         self._failing = False
         self._closed = False
         self._tail: Segment | None = None
+        # Descriptors of deleted segments, closed by the flusher thread (see defer_closes).
+        self._retired: list[int] | None = None
 
     # =========================================================================================
     # Opening and recovery
@@ -543,7 +559,8 @@ class CommitLog:
     def pending_bytes(self) -> int:
         """Bytes appended and not yet handed to the OS (they pile up while the disk fails)."""
         stage = self._stage
-        return self._pending + stage.used if stage is not None else self._pending
+        return (self._pending + stage.used + self._held_bytes if stage is not None
+                else self._pending)
 
     @property
     def written_offset(self) -> int:
@@ -582,18 +599,31 @@ class CommitLog:
         While writes are failing, a record that would take the pending bytes past
         ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
         stage = self._stage
-        if stage is not None and type(payload) is bytes:
-            # The common record: small, bytes, in the open segment. Built in C (header, CRC,
-            # index entry) into the staging area, which _unstage moves into the write queue.
-            # (A large received payload is a bytearray: it goes the long way at once.)
-            try:
-                offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
-                                             len(client_id), topic, len(topic), payload,
-                                             len(payload))
-            except TypeError:  # a client id or topic that is not bytes (the C build takes
-                offset = -1    # only bytes)
-            if offset >= 0:
-                return offset
+        if stage is not None:
+            if type(payload) is bytes:
+                # The common record: small, bytes, in the open segment. Built in C (header,
+                # CRC, index entry) into the staging area, which _unstage moves into the write
+                # queue.
+                try:
+                    offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
+                                                 len(client_id), topic, len(topic), payload,
+                                                 len(payload))
+                except TypeError:  # a client id or topic that is not bytes (the C build
+                    offset = -1    # takes only bytes)
+                if offset >= 0:
+                    return offset
+            if len(payload) >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:
+                # A large payload (a received one is a bytearray): its header, client id and
+                # topic are staged, the payload itself is held and written from where it is.
+                try:
+                    offset = self._append_held(stage, timestamp_ms, qos, retain, client_id,
+                                               len(client_id), topic, len(topic), len(payload))
+                except TypeError:
+                    offset = -1
+                if offset >= 0:
+                    self._held.append(payload)
+                    self._held_bytes += len(payload)
+                    return offset
         return self._append(timestamp_ms, qos, retain, client_id, topic, payload)
 
     def _append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
@@ -677,16 +707,39 @@ class CommitLog:
 
     def _unstage(self) -> None:
         """Move the staged records into the write queue (their segment's last group), as if
-        ``_append`` had appended them."""
+        ``_append`` had appended them; each held payload goes right after its record, whose
+        CRC is filled in when it is written (``_Group.fixes``)."""
         stage = self._stage
         if stage is None or not stage.count:
             return
         n, used = stage.count, stage.used
         seg = self._stage_seg
         g = self._group(seg, stage.staged_first_ts)
-        data = g.open_data()
         staging = self._staging
-        data += memoryview(staging.data)[:used]
+        view = memoryview(staging.data)
+        done = 0
+        held = self._held
+        if held:
+            where = staging.held
+            parts = g.parts
+            fixes = g.fixes
+            if fixes is None:
+                fixes = g.fixes = []
+            for i, payload in enumerate(held):
+                start, end = where[2 * i], where[2 * i + 1]
+                data = g.open_data()
+                at = len(data) + start - done
+                data += view[done:end]
+                fixes.append((data, at, end - start, payload))
+                parts.append(payload)
+                g.data = None
+                done = end
+            used += self._held_bytes
+            held.clear()
+            self._held_bytes = 0
+            stage.held_count = 0
+        if done < stage.used:
+            g.open_data().extend(view[done:stage.used])
         g.index += memoryview(staging.index)[:n * INDEX_ENTRY_SIZE]
         g.nbytes += used
         g.count += n
@@ -748,6 +801,8 @@ class CommitLog:
                     seg.create_files()
                 if seg.count + g.count > seg.index_capacity:
                     seg.ensure_index_room(seg.count + g.count)
+                if g.fixes:
+                    _fill_crcs(g.fixes)
                 self._write_at(seg, g.parts, g.nbytes, seg.size)
             except LogWriteError as exc:
                 self.counters.write_errors += 1
@@ -1018,6 +1073,8 @@ class CommitLog:
             del self._bases[i]
             self._unsynced.pop(seg.base_offset, None)
             seg.deleted = True
+            if self._retired is not None:
+                self._retired += seg.detach()
         seg.close()
         self.counters.segments_deleted += 1
         if forced:
@@ -1026,6 +1083,24 @@ class CommitLog:
             log.warning("deleted segment %s (%s) before it was uploaded: %s", seg.path, span, reason)
         else:
             log.info("deleted segment %s (%s): %s", seg.path, span, reason)
+
+    def defer_closes(self) -> None:
+        """From now on, the descriptors of a deleted segment are closed by ``close_retired``
+        (the flusher thread) rather than by the thread that deletes it (the core). Closing
+        the last descriptor of a deleted file frees its blocks, which can wait for the disk
+        (a discard, for instance)."""
+        with self._lock:
+            if self._retired is None:
+                self._retired = []
+
+    def close_retired(self) -> None:
+        """Close the descriptors that deleted segments left (see ``defer_closes``)."""
+        with self._lock:
+            fds = self._retired
+            if not fds:
+                return
+            self._retired = []
+        self._close_quietly(*fds)
 
     def mark_uploaded(self, up_to_offset: int) -> None:
         """Every record below ``up_to_offset`` has been uploaded; persisted (fsynced file), so
@@ -1360,6 +1435,7 @@ class CommitLog:
             if tail is not None and not self._groups and self._durable >= self._written:
                 self._set_recovery_point(tail.base_offset)
         self._closed = True
+        self.close_retired()
         self._close_files()
 
     def _close_files(self) -> None:

@@ -183,15 +183,18 @@ class Segment:
         self.map_index_readonly()
 
     def close(self) -> None:
+        for fd in self.detach():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def detach(self) -> list[int]:
+        """Let go of the files: the descriptors still open, for the caller to close."""
         self._release_index()
-        for name in ("fd", "index_fd"):
-            fd = getattr(self, name)
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-                setattr(self, name, -1)
+        fds = [fd for fd in (self.fd, self.index_fd) if fd >= 0]
+        self.fd = self.index_fd = -1
+        return fds
 
     # -- reading --------------------------------------------------------------------------------
     def pread(self, length: int, position: int) -> bytes:

@@ -451,21 +451,24 @@ def test_segment_written_by_a_newer_version_is_refused(tmp_path):
 
 
 def test_staged_appends_write_what_the_long_way_writes(tmp_path):
-    """Small records are built in C into a staging area; a log that takes every record the long
+    """Small records are built in C into a staging area, large ones staged without their payload
+    (which follows, its CRC filled in at the write); a log that takes every record the long
     way (staging off) must write the same bytes: segments, indexes, offsets, pending counts."""
     import random
     rnd = random.Random(7)
     clock = Clock(T0)
-    logs = [open_log(tmp_path / name, clock, segment_bytes=4096, segment_ms=500)
+    logs = [open_log(tmp_path / name, clock, segment_bytes=48 * 1024, segment_ms=500)
             for name in ("staged", "long")]
     logs[1]._open_stage = lambda seg: None
-    staged_some = False
+    staged_some = held_some = False
     ts = T0
     for i in range(600):
         ts += rnd.choice([0, 1, 7, 40, -30])  # the wall clock may step back
         kind = rnd.random()
-        if kind < 0.05:
+        if kind < 0.05:  # large: staged without its payload, which is written from where it is
             payload = bytes(rnd.randrange(256) for _ in range(16 * 1024 + rnd.randrange(50)))
+        elif kind < 0.08:  # large and received (a bytearray): the same
+            payload = bytearray(rnd.randbytes(16 * 1024 + rnd.randrange(9000)))
         elif kind < 0.1:
             payload = bytearray(b"b%d" % i) * rnd.randrange(5)  # not bytes: the long way
         else:
@@ -475,6 +478,7 @@ def test_staged_appends_write_what_the_long_way_writes(tmp_path):
         got = [log.append(*args) for log in logs]
         assert got[0] == got[1] == i
         staged_some = staged_some or logs[0]._stage is not None and logs[0]._stage.count > 0
+        held_some = held_some or bool(logs[0]._held)
         assert logs[0].pending_bytes == logs[1].pending_bytes
         assert logs[0].next_offset == logs[1].next_offset == i + 1
         if rnd.random() < 0.15:
@@ -484,7 +488,7 @@ def test_staged_appends_write_what_the_long_way_writes(tmp_path):
             clock.now = ts + 600  # housekeeping seals a segment this old
             for log in logs:
                 log.housekeeping()
-    assert staged_some
+    assert staged_some and held_some
     reads = [[as_tuple(r) for r in (log.write_pending(), log.read_range(0))[1]] for log in logs]
     assert reads[0] == reads[1] and len(reads[0]) == 600
     for log in logs:
@@ -495,3 +499,30 @@ def test_staged_appends_write_what_the_long_way_writes(tmp_path):
         assert (tmp_path / "staged" / name).read_bytes() == (tmp_path / "long" / name).read_bytes(), name
     parsed = [rec["offset"] for f in segment_files(tmp_path / "staged") for rec in parse_segment(f)]
     assert parsed == list(range(600))
+
+
+
+def test_a_deleted_segment_can_be_closed_by_another_thread(tmp_path):
+    """With ``defer_closes``, a segment that retention deletes keeps its (unlinked) files open
+    until ``close_retired`` (the flusher's job): the last close frees the blocks, which can
+    wait for the disk."""
+    log = open_log(tmp_path / "log", segment_bytes=64 * 1024, retention_bytes=64 * 1024)
+    log.defer_closes()
+    big = [os.urandom(40_000) for _ in range(4)]
+    for i, p in enumerate(big):
+        log.append(T0 + i, 1, False, b"c", b"t", bytearray(p))
+        log.write_pending()
+    assert log.counters.segments_deleted >= 1
+    retired = list(log._retired)
+    assert len(retired) == 2 * log.counters.segments_deleted
+    assert all(os.fstat(fd).st_nlink == 0 for fd in retired)  # deleted, still open
+    log.close_retired()
+    for fd in retired:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    log.close()
+    log = open_log(tmp_path / "log", segment_bytes=64 * 1024, retention_bytes=64 * 1024)
+    got = [r.payload for r in log.read_range(0)]  # what retention left: the newest records
+    assert got and got == big[len(big) - len(got):] and log.next_offset == 4
+    assert log.recovery.damage == []
+    log.close()

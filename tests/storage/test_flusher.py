@@ -224,3 +224,25 @@ def test_sealed_segments_leave_the_page_cache_once_fsynced(tmp_path):
     finally:
         if base != tmp_path:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_flusher_closes_what_retention_deleted(tmp_path):
+    """The last close of a deleted segment frees its blocks, which can wait for the disk (a
+    synchronous discard, say): with a flusher running, the core leaves it to the flusher."""
+    log = open_log(tmp_path / "log", segment_bytes=4096, retention_bytes=8192)
+    fl = Flusher(log, "none", flush_interval_ms=60_000)  # no idle tick during the test
+    fl.start()
+    try:
+        for i in range(40):
+            log.append(1_700_000_000_000 + i, 0, False, b"c", b"t", b"x" * 500)
+            log.write_pending()
+        assert log.counters.segments_deleted >= 3
+        retired = list(log._retired)
+        assert len(retired) >= 6  # data and index file of each deleted segment
+        assert all(os.fstat(fd).st_nlink == 0 for fd in retired)  # unlinked, still open
+    finally:
+        fl.stop()
+    for fd in retired:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    log.close()
