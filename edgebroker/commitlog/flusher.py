@@ -50,6 +50,7 @@ class Flusher(threading.Thread):
         self.errors = 0
         self._cond = threading.Condition()
         self._written = False
+        self._retired = False
         self._stopping = False
         self._last_sync = float("-inf")
         self._reported = -1
@@ -75,8 +76,14 @@ class Flusher(threading.Thread):
 
     # -- the thread -----------------------------------------------------------------------------
     def start(self) -> None:
-        self.log.defer_closes()
+        self.log.defer_closes(self._notify_retired)
         super().start()
+
+    def _notify_retired(self) -> None:
+        """Retention deleted a segment: close its files now (they hold its disk space)."""
+        with self._cond:
+            self._retired = True
+            self._cond.notify()
 
     def run(self) -> None:
         self._reported = self.log.durable_offset
@@ -91,6 +98,16 @@ class Flusher(threading.Thread):
         """Block until there is work; False when stopping."""
         with self._cond:
             while not self._stopping:
+                if self._retired:
+                    # Not under the lock: the core takes it to notify, and a close can wait
+                    # for the disk.
+                    self._retired = False
+                    self._cond.release()
+                    try:
+                        self.log.close_retired()
+                    finally:
+                        self._cond.acquire()
+                    continue
                 now = time.monotonic()
                 if self._written or self.log.needs_sync():
                     if self.durability == "sync" and not self._failing:
@@ -108,7 +125,6 @@ class Flusher(threading.Thread):
         with self._cond:
             written = self._written
             self._written = False
-        self.log.close_retired()
         if self.durability == "none":
             self._sync(sealed_only=True)
         elif written or self.log.needs_sync():

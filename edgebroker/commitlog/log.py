@@ -214,6 +214,7 @@ class CommitLog:
         self._tail: Segment | None = None
         # Descriptors of deleted segments, closed by the flusher thread (see defer_closes).
         self._retired: list[int] | None = None
+        self._on_retired: Callable[[], None] | None = None
 
     # =========================================================================================
     # Opening and recovery
@@ -1073,8 +1074,11 @@ class CommitLog:
             del self._bases[i]
             self._unsynced.pop(seg.base_offset, None)
             seg.deleted = True
-            if self._retired is not None:
+            retired = self._retired is not None
+            if retired:
                 self._retired += seg.detach()
+        if retired and self._on_retired is not None:
+            self._on_retired()
         seg.close()
         self.counters.segments_deleted += 1
         if forced:
@@ -1084,14 +1088,15 @@ class CommitLog:
         else:
             log.info("deleted segment %s (%s): %s", seg.path, span, reason)
 
-    def defer_closes(self) -> None:
+    def defer_closes(self, on_retired: Callable[[], None] | None = None) -> None:
         """From now on, the descriptors of a deleted segment are closed by ``close_retired``
-        (the flusher thread) rather than by the thread that deletes it (the core). Closing
-        the last descriptor of a deleted file frees its blocks, which can wait for the disk
-        (a discard, for instance)."""
+        (the flusher thread) rather than by the thread that deletes it (the core), which calls
+        ``on_retired`` to say there are some. Closing the last descriptor of a deleted file
+        frees its blocks, which can wait for the disk (a discard, for instance)."""
         with self._lock:
             if self._retired is None:
                 self._retired = []
+            self._on_retired = on_retired
 
     def close_retired(self) -> None:
         """Close the descriptors that deleted segments left (see ``defer_closes``)."""

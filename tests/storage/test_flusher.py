@@ -226,23 +226,41 @@ def test_sealed_segments_leave_the_page_cache_once_fsynced(tmp_path):
             shutil.rmtree(base, ignore_errors=True)
 
 
+
 def test_the_flusher_closes_what_retention_deleted(tmp_path):
     """The last close of a deleted segment frees its blocks, which can wait for the disk (a
-    synchronous discard, say): with a flusher running, the core leaves it to the flusher."""
+    synchronous discard, say): with a flusher running, the core leaves it to the flusher,
+    which does it at once (not at its next interval: the files hold disk space)."""
     log = open_log(tmp_path / "log", segment_bytes=4096, retention_bytes=8192)
     fl = Flusher(log, "none", flush_interval_ms=60_000)  # no idle tick during the test
+    closers = []
+    closed = threading.Event()
+    close_retired = log.close_retired
+
+    def watched():  # the real close, and who made it
+        if log._retired:
+            closers.append(threading.current_thread())
+            close_retired()
+            closed.set()
+    log.close_retired = watched
     fl.start()
     try:
-        for i in range(40):
-            log.append(1_700_000_000_000 + i, 0, False, b"c", b"t", b"x" * 500)
+        for i in range(6):
+            log.append(1_700_000_000_000 + i, 0, False, b"c", b"t", b"x" * 1500)
             log.write_pending()
-        assert log.counters.segments_deleted >= 3
-        retired = list(log._retired)
-        assert len(retired) >= 6  # data and index file of each deleted segment
-        assert all(os.fstat(fd).st_nlink == 0 for fd in retired)  # unlinked, still open
+        first = log._segments[0]
+        files = [(fd, os.fstat(fd).st_ino) for fd in (first.fd, first.index_fd)]
+        for i in range(6, 40):
+            log.append(1_700_000_000_000 + i, 0, False, b"c", b"t", b"x" * 1500)
+            log.write_pending()
+        assert first.deleted and log.counters.segments_deleted >= 3
+        assert closed.wait(10)
     finally:
         fl.stop()
-    for fd in retired:
-        with pytest.raises(OSError):
-            os.fstat(fd)
+    assert closers and all(t is fl for t in closers)
+    for fd, inode in files:  # closed: the number is free, or a newer file has it
+        try:
+            assert os.fstat(fd).st_ino != inode
+        except OSError:
+            pass
     log.close()
