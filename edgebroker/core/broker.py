@@ -288,7 +288,9 @@ class Broker:
     def _maintain(self, now: float) -> None:
         journal = self.journal
         if journal is not None:
-            journal.retry()
+            if journal.retry():
+                # Writes work again: the acknowledgements it released go out in this pass.
+                self.prompt = True
             try:
                 journal.log.housekeeping()
             except Exception:

@@ -131,18 +131,20 @@ class Journal:
             self._release(written)
         return True
 
-    def retry(self) -> None:
-        """Called every second: while failing, try the pending write again."""
+    def retry(self) -> bool:
+        """Called every second: while failing, try the pending write again. True when writes
+        work again (acknowledgements may have been released, paused publishers resumed)."""
         if not self.failing:
-            return
+            return False
         if self.log.pending_bytes and not self._write():
-            return
+            return False
         self.failing = False
         paused, self._paused = self._paused, set()
         log.warning("commit log writes work again; resuming %d paused publishers", len(paused))
         for client in paused:
             if not client.closed:
                 client.transport.resume_reading("log")
+        return True
 
     def figures(self) -> dict:
         """The log's side of the stats: offsets, acknowledgements waiting, fsyncs."""
