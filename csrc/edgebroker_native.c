@@ -321,7 +321,8 @@ int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int reta
 
 int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
                        const char *client_id, size_t client_id_len,
-                       const char *topic, size_t topic_len, size_t payload_len)
+                       const char *topic, size_t topic_len,
+                       const char *payload, size_t payload_len)
 {
     uint64_t prefix = (uint64_t)HDR + client_id_len + topic_len;
     uint64_t length = prefix + payload_len;
@@ -335,15 +336,9 @@ int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain
         || rel > 0xFFFFFFFFu || a->position > 0xFFFFFFFFu)
         return -1;
     out = a->buf + a->used;
-    st32(out, 0);
-    st32(out + 4, (uint32_t)length);
-    st64(out + 8, offset);
-    st64(out + 16, (uint64_t)timestamp_ms);
-    out[24] = (uint8_t)(qos | (retain ? 0x04 : 0));
-    out[25] = 0;
-    st16(out + 26, (uint16_t)client_id_len);
-    st16(out + 28, (uint16_t)topic_len);
-    st32(out + 30, (uint32_t)payload_len);
+    eb_record_header((char *)out, offset, (uint64_t)timestamp_ms,
+                     (uint32_t)(qos | (retain ? 0x04 : 0)), client_id, client_id_len,
+                     topic, topic_len, payload, payload_len);
     memcpy(out + HDR, client_id, client_id_len);
     memcpy(out + HDR + client_id_len, topic, topic_len);
     a->held[2 * a->held_count] = a->used;

@@ -95,14 +95,13 @@ int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int reta
                          const char *topic, size_t topic_len,
                          const char *payload, size_t payload_len);
 
-/* Stage a record whose payload (payload_len bytes) the log holds by reference and writes right
- * after it: the header, with its CRC left 0 (the log fills it in just before writing: the CRC32C
- * of the header from byte 4 on, client id, topic and payload), then the client id and topic;
- * and list it in `held`. Its offset, or -1 as for eb_append_record (never
- * for its size), or when `held` is full. */
+/* Stage a record whose payload the log holds by reference and writes right after it: the header
+ * (its CRC covers the payload too), the client id and the topic; and list it in `held`. Its
+ * offset, or -1 as for eb_append_record (never for the payload's size), or when `held` is full. */
 int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
                        const char *client_id, size_t client_id_len,
-                       const char *topic, size_t topic_len, size_t payload_len);
+                       const char *topic, size_t topic_len,
+                       const char *payload, size_t payload_len);
 
 int eb_topic_matches(const uint8_t *filter, size_t filter_len, const uint8_t *topic, size_t topic_len);
 

@@ -494,45 +494,37 @@ def test_append_record_refuses_what_the_log_must_handle():
        st.integers(1, 3000))
 def test_append_held_twins(records, capacity, entries, segment_bytes, first_ts, segment_ms):
     """Records staged whole and records whose payload is held apart, mixed: the same bytes,
-    index entries and positions; once each held record's payload follows it and its CRC is
-    filled in (as the log does before writing), the result is a run of valid records."""
+    index entries, held list and positions; with each held payload after its record (as the
+    log writes them), the result is a run of valid records."""
     stagings = [_staging(impl, capacity, entries, 1000, 40, segment_bytes, first_ts, segment_ms,
                          first_ts) for impl in (C, P)]
     file = bytearray()  # what the log writes: staged bytes, each held payload after its record
     taken = 0           # staged bytes already in ``file``
-    refused = []
+    held_count = 0
     for held, (ts, qos, retain, cid, topic, payload), held_len in records:
         c, p = (s.state for s in stagings)
         used = c.used
         if held:
+            body = bytearray(random.Random(held_len).randbytes(held_len))  # as received
             got = [impl.append_held(s.state, ts, qos, retain, cid, len(cid), topic, len(topic),
-                                    held_len) for impl, s in zip((C, P), stagings)]
+                                    body, held_len) for impl, s in zip((C, P), stagings)]
         else:
             got = [impl.append_record(s.state, ts, qos, retain, cid, len(cid), topic,
                                       len(topic), payload, len(payload))
                    for impl, s in zip((C, P), stagings)]
         assert got[0] == got[1]
         assert [getattr(c, f) for f in STAGE_FIELDS] == [getattr(p, f) for f in STAGE_FIELDS]
-        if got[0] < 0:
-            refused.append(held)
         if held and got[0] >= 0:
             # The held list says where the record starts and where its payload goes.
-            hc = c.held_count
-            assert stagings[0].held[2 * hc - 2:2 * hc].tolist() == [used, c.used]
-            body = bytes(random.Random(got[0]).randbytes(held_len))
-            record = bytearray(stagings[0].data[taken:c.used])
-            at = used - taken
-            # The CRC the log fills in before writing: of the header from byte 4 on, the client
-            # id, the topic and the payload.
-            crc = P.crc32c(body, P.crc32c(record[at + 4:]))
-            record[at:at + 4] = struct.pack("<I", crc)
-            file += record + body
+            held_count += 1
+            assert stagings[0].held[2 * held_count - 2:2 * held_count].tolist() == [used, c.used]
+            file += stagings[0].data[taken:c.used] + body
             taken = c.used
     c, p = stagings
-    used, count, held = c.state.used, c.state.count, c.state.held_count
+    used, count = c.state.used, c.state.count
     assert c.data[:used] == p.data[:used] and c.index[:count * 16] == p.index[:count * 16]
-    assert held == p.state.held_count and c.held[:2 * held] == p.held[:2 * held]
-    assert held == sum(1 for h, _, n in records if h) - sum(1 for h in refused if h)
+    assert c.state.held_count == p.state.held_count == held_count
+    assert c.held[:2 * held_count] == p.held[:2 * held_count]
     file += c.data[taken:used]
     if count:
         res = P.build_index(bytes(file), len(file), 40, 1000, 1003, 0, bytearray(16 * count))
@@ -547,7 +539,8 @@ def test_append_held_refuses_what_the_log_must_handle():
         a = s.state
 
         def held(ts=550, qos=0, cid=b"c", topic=b"t/1", size=70_000):
-            return impl.append_held(a, ts, qos, False, cid, len(cid), topic, len(topic), size)
+            return impl.append_held(a, ts, qos, False, cid, len(cid), topic, len(topic),
+                                    bytes(size), size)
         assert held() == 1003                       # 38 bytes staged, 70,038 in the segment
         assert [a.used, a.position] == [38, 40 + 70_038]
         assert held(size=30_000) == -1              # past segment_bytes: the segment rolls
@@ -555,13 +548,14 @@ def test_append_held_refuses_what_the_log_must_handle():
         assert held(cid=b"c" * 130, size=1) == -1   # 167 more bytes do not fit the 160 staged
         assert held(size=0) == 1004 and held(size=5) == 1005
         assert held(size=1) == -1 and a.used == 114  # the 3 index entries are used up
-        assert s.data[:4] == b"\0\0\0\0"             # the log fills the CRC in
+        # The first record's header: its CRC covers the payload, which is not staged.
+        assert s.data[:34] == P.record_header(1003, 550, 0, b"c", b"t/1", bytes(70_000))
         assert a.held_count == 3 and s.held[:6].tolist() == [0, 38, 38, 76, 76, 114]
         # The held list has room for as many records as the index: when it is full, -1.
         s = _staging(impl, 1000, 4, 1000, 40, 100_000, 500, 1000, 600)
         s.state.held_capacity = 1
-        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, 9) == 1003
-        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, 9) == -1
+        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 9, 9) == 1003
+        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 9, 9) == -1
     with pytest.raises(TypeError):
-        C.append_held(a, 1, 0, False, b"", 0, bytearray(b"t"), 1, 1)
+        C.append_held(a, 1, 0, False, b"", 0, bytearray(b"t"), 1, b"x", 1)
 

@@ -32,11 +32,12 @@ docs/log-format.md):
     the staging area; its offset, or -1 when it is not taken (no room, the segment must roll,
     payload of ``big_payload`` bytes or more, a field out of range). ``client_id``, ``topic``
     and ``payload`` must be ``bytes`` in the C build (``TypeError`` otherwise).
-``append_held(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload_len)``
+``append_held(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len)``
     Stage a record whose payload the caller holds and writes right after it (a large one):
-    its header, with the CRC left 0 for the caller to fill in, then client id and topic,
-    and list it in ``.held``. Its offset, or -1 as for ``append_record`` (never for the
-    payload's size), or when ``.held`` is full.
+    its header (CRC included), client id and topic, and list it in ``.held``. Its offset, or
+    -1 as for ``append_record`` (never for the payload's size), or when ``.held`` is full.
+    ``client_id`` and ``topic`` must be ``bytes`` in the C build (``TypeError`` otherwise);
+    ``payload`` may be any buffer (``append_held`` of the C build converts it).
 ``topic_matches(topic_filter, topic)``
     MQTT filter matching on bytes, like ``mqtt.topics.topic_matches``.
 ``scan(buf, avail, base_position, min_offset, topic_filter, out, max_timestamp=0)``

@@ -89,7 +89,15 @@ def appender(capacity: int, entries: int) -> Staging:
 
 
 append_record = lib.eb_append_record
-append_held = lib.eb_append_held
+_eb_append_held = lib.eb_append_held
+
+
+def append_held(state, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int, topic,
+                topic_len: int, payload, payload_len: int) -> int:
+    # A received payload is a bytearray: its address through from_buffer.
+    return _eb_append_held(state, timestamp_ms, qos, retain, client_id, client_id_len, topic,
+                           topic_len, payload if type(payload) is bytes else _chars(payload),
+                           payload_len)
 
 
 def topic_matches(topic_filter: bytes, topic: bytes) -> bool:

@@ -148,7 +148,7 @@ def _staged(a: Appender, timestamp_ms: int, nbytes: int, length: int) -> int:
 
 
 def append_held(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
-                topic, topic_len: int, payload_len: int) -> int:
+                topic, topic_len: int, payload, payload_len: int) -> int:
     prefix = HDR + client_id_len + topic_len
     length = prefix + payload_len
     offset = a.next_offset
@@ -160,9 +160,9 @@ def append_held(a: Appender, timestamp_ms: int, qos: int, retain, client_id, cli
             or rel > 0xFFFFFFFF or a.position > 0xFFFFFFFF):
         return -1
     out = a.used
-    a.buf[out:out + prefix] = (bytes(4) + _HEAD_TAIL.pack(
-        length, offset, timestamp_ms, qos | (0x04 if retain else 0), 0, client_id_len, topic_len,
-        payload_len) + bytes(client_id) + bytes(topic))
+    a.buf[out:out + prefix] = (record_header(offset, timestamp_ms, qos | (0x04 if retain else 0),
+                                             client_id, topic, payload)
+                               + bytes(client_id) + bytes(topic))
     _HELD.pack_into(a.held, 16 * a.held_count, out, out + prefix)
     a.held_count += 1
     return _staged(a, timestamp_ms, prefix, length)

@@ -59,14 +59,6 @@ IOV_MAX = 1024
 _unpack_record_header = RECORD_HEADER.unpack_from
 
 
-def _fill_crcs(fixes) -> None:
-    """The CRCs of records whose payload is held apart (``CommitLog._unstage``)."""
-    crc32c = _native.crc32c
-    for data, at, prefix, payload in fixes:
-        crc = crc32c(payload, crc32c(memoryview(data)[at + 4:at + prefix]))
-        data[at:at + 4] = crc.to_bytes(4, "little")
-
-
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -127,12 +119,10 @@ class _Group:
     The bytes are ``parts``: bytearrays that small records are copied into, and large payloads
     held by reference (``bytes``, or the ``bytearray`` of a large received PUBLISH, which
     nothing modifies), all written with one ``pwritev``. ``data`` is the bytearray being filled
-    (the last of ``parts``; None when the last part is a held payload, or there is none yet).
-    ``fixes`` lists the records whose CRC is computed just before writing, because their
-    payload is held (see ``CommitLog._unstage``)."""
+    (the last of ``parts``; None when the last part is a held payload, or there is none yet)."""
 
     __slots__ = ("segment", "parts", "data", "nbytes", "index", "count", "last_offset", "first_ts",
-                 "max_ts", "fixes")
+                 "max_ts")
 
     def __init__(self, segment: Segment):
         self.segment = segment
@@ -144,7 +134,6 @@ class _Group:
         self.last_offset = -1
         self.first_ts: int | None = None
         self.max_ts = 0
-        self.fixes: list | None = None
 
     def open_data(self) -> bytearray:
         """The bytearray being filled; a new last part when there is none."""
@@ -618,7 +607,8 @@ class CommitLog:
                 # topic are staged, the payload itself is held and written from where it is.
                 try:
                     offset = self._append_held(stage, timestamp_ms, qos, retain, client_id,
-                                               len(client_id), topic, len(topic), len(payload))
+                                               len(client_id), topic, len(topic), payload,
+                                               len(payload))
                 except TypeError:
                     offset = -1
                 if offset >= 0:
@@ -708,8 +698,7 @@ class CommitLog:
 
     def _unstage(self) -> None:
         """Move the staged records into the write queue (their segment's last group), as if
-        ``_append`` had appended them; each held payload goes right after its record, whose
-        CRC is filled in when it is written (``_Group.fixes``)."""
+        ``_append`` had appended them; each held payload goes right after its record."""
         stage = self._stage
         if stage is None or not stage.count:
             return
@@ -723,15 +712,9 @@ class CommitLog:
         if held:
             where = staging.held
             parts = g.parts
-            fixes = g.fixes
-            if fixes is None:
-                fixes = g.fixes = []
             for i, payload in enumerate(held):
-                start, end = where[2 * i], where[2 * i + 1]
-                data = g.open_data()
-                at = len(data) + start - done
-                data += view[done:end]
-                fixes.append((data, at, end - start, payload))
+                end = where[2 * i + 1]
+                g.open_data().extend(view[done:end])
                 parts.append(payload)
                 g.data = None
                 done = end
@@ -802,8 +785,6 @@ class CommitLog:
                     seg.create_files()
                 if seg.count + g.count > seg.index_capacity:
                     seg.ensure_index_room(seg.count + g.count)
-                if g.fixes:
-                    _fill_crcs(g.fixes)
                 self._write_at(seg, g.parts, g.nbytes, seg.size)
             except LogWriteError as exc:
                 self.counters.write_errors += 1
@@ -838,11 +819,13 @@ class CommitLog:
         return self._written
 
     def _write_at(self, seg: Segment, parts: list, nbytes: int, position: int) -> None:
-        if len(parts) == 1:
-            # Small records only (the common pass): one buffer. A short write or an error
-            # goes the long way below, which writes the same bytes again from the start.
+        if len(parts) <= IOV_MAX:
+            # The common pass: one call (one buffer when the records are small). A short
+            # write or an error goes the long way below, which writes the same bytes again
+            # from the start.
             try:
-                if os.pwrite(seg.fd, parts[0], position) == nbytes:
+                if (os.pwrite(seg.fd, parts[0], position) if len(parts) == 1 else
+                        os.pwritev(seg.fd, parts, position)) == nbytes:
                     return
             except OSError:
                 pass
