@@ -725,4 +725,3 @@ int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_it
     res->error = err;
     return err;
 }
-

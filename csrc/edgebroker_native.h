@@ -125,4 +125,3 @@ int eb_split_frames(const uint8_t *buf, size_t len, uint32_t *out, size_t max_fr
 
 int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_item,
                   size_t start_progress, int cork, eb_send_result *res);
-
