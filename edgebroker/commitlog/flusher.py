@@ -92,7 +92,8 @@ class Flusher(threading.Thread):
                 self._work()
         finally:
             self._sync(sealed_only=False, final=True)
-            self.log.close_retired()
+            # From now on (stopping, or the thread failed) the core closes them itself.
+            self.log.close_retired(stop=True)
 
     def _wait(self) -> bool:
         """Block until there is work; False when stopping."""
@@ -134,6 +135,8 @@ class Flusher(threading.Thread):
                 self.log.verify_step()
             except (OSError, LogError) as exc:
                 log.warning("background verification: %s", exc)
+            except Exception:  # a bug there must not stop the fsyncs
+                log.exception("background verification failed")
 
     def _sync(self, sealed_only: bool, final: bool = False) -> None:
         if sealed_only and not self.log.needs_sync():

@@ -598,8 +598,8 @@ class CommitLog:
                     offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
                                                  len(client_id), topic, len(topic), payload,
                                                  len(payload))
-                except TypeError:  # a client id or topic that is not bytes (the C build
-                    offset = -1    # takes only bytes)
+                except (TypeError, OverflowError):  # a client id or topic that is not
+                    offset = -1    # bytes (the C build takes only bytes), a field out of range
                 if offset >= 0:
                     return offset
             if len(payload) >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:
@@ -609,7 +609,7 @@ class CommitLog:
                     offset = self._append_held(stage, timestamp_ms, qos, retain, client_id,
                                                len(client_id), topic, len(topic), payload,
                                                len(payload))
-                except TypeError:
+                except (TypeError, OverflowError):
                     offset = -1
                 if offset >= 0:
                     self._held.append(payload)
@@ -770,8 +770,8 @@ class CommitLog:
 
     def write_pending(self) -> int:
         """Hand every record appended since the last call to the OS: one ``pwritev`` (one per
-        segment when the records span a roll; more only past 1024 large payloads). Never
-        fsyncs. Returns ``written_offset``.
+        segment when the records span a roll; more only past 1024 buffers, about 500 large
+        payloads). Never fsyncs. Returns ``written_offset``.
 
         On a write error (disk full, I/O error) the partial write is truncated away, the records
         stay pending for the next call, and ``LogWriteError`` says what and where.
@@ -1081,14 +1081,19 @@ class CommitLog:
                 self._retired = []
             self._on_retired = on_retired
 
-    def close_retired(self) -> None:
-        """Close the descriptors that deleted segments left (see ``defer_closes``)."""
+    def close_retired(self, stop: bool = False) -> None:
+        """Close the descriptors that deleted segments left (see ``defer_closes``); ``stop``:
+        and from now on the thread that deletes a segment closes its files again (the flusher
+        thread ends)."""
         with self._lock:
             fds = self._retired
-            if not fds:
-                return
-            self._retired = []
-        self._close_quietly(*fds)
+            if stop:
+                self._retired = None
+                self._on_retired = None
+            elif fds:
+                self._retired = []
+        if fds:
+            self._close_quietly(*fds)
 
     def mark_uploaded(self, up_to_offset: int) -> None:
         """Every record below ``up_to_offset`` has been uploaded; persisted (fsynced file), so
@@ -1423,7 +1428,7 @@ class CommitLog:
             if tail is not None and not self._groups and self._durable >= self._written:
                 self._set_recovery_point(tail.base_offset)
         self._closed = True
-        self.close_retired()
+        self.close_retired(stop=True)
         self._close_files()
 
     def _close_files(self) -> None:

@@ -226,6 +226,30 @@ def test_sealed_segments_leave_the_page_cache_once_fsynced(tmp_path):
             shutil.rmtree(base, ignore_errors=True)
 
 
+def _retention_deletes_the_first_segment(log) -> tuple:
+    """Fill 4 KiB segments (retention 8 KiB) until the first is deleted: (it, its descriptors)."""
+    fds = []
+    for i in range(40):
+        log.append(1_700_000_000_000 + i, 0, False, b"c", b"t", b"x" * 1500)
+        log.write_pending()
+        if i == 5:
+            first = log._segments[0]
+            fds = [first.fd, first.index_fd]
+            assert all(os.fstat(fd).st_nlink == 1 for fd in fds)
+    assert first.deleted and log.counters.segments_deleted >= 3
+    return first, fds
+
+
+def _closed(fds) -> bool:
+    """Closed: each number is free, or a live file has it now (not the deleted one)."""
+    for fd in fds:
+        try:
+            if os.fstat(fd).st_nlink == 0:
+                return False
+        except OSError:
+            pass
+    return True
+
 
 def test_the_flusher_closes_what_retention_deleted(tmp_path):
     """The last close of a deleted segment frees its blocks, which can wait for the disk (a
@@ -237,30 +261,30 @@ def test_the_flusher_closes_what_retention_deleted(tmp_path):
     closed = threading.Event()
     close_retired = log.close_retired
 
-    def watched():  # the real close, and who made it
+    def watched(stop=False):  # the real close, and who made it
         if log._retired:
             closers.append(threading.current_thread())
-            close_retired()
             closed.set()
+        close_retired(stop)
     log.close_retired = watched
     fl.start()
     try:
-        for i in range(6):
-            log.append(1_700_000_000_000 + i, 0, False, b"c", b"t", b"x" * 1500)
-            log.write_pending()
-        first = log._segments[0]
-        files = [(fd, os.fstat(fd).st_ino) for fd in (first.fd, first.index_fd)]
-        for i in range(6, 40):
-            log.append(1_700_000_000_000 + i, 0, False, b"c", b"t", b"x" * 1500)
-            log.write_pending()
-        assert first.deleted and log.counters.segments_deleted >= 3
+        _, fds = _retention_deletes_the_first_segment(log)
         assert closed.wait(10)
     finally:
         fl.stop()
     assert closers and all(t is fl for t in closers)
-    for fd, inode in files:  # closed: the number is free, or a newer file has it
-        try:
-            assert os.fstat(fd).st_ino != inode
-        except OSError:
-            pass
+    assert _closed(fds)
+    log.close()
+
+
+def test_after_the_flusher_stops_the_core_closes_deleted_segments_itself(tmp_path):
+    """Whoever deletes a segment closes its files again once the flusher has ended (stopping,
+    or a failed thread): nothing waits for a thread that is gone."""
+    log = open_log(tmp_path / "log", segment_bytes=4096, retention_bytes=8192)
+    fl = Flusher(log, "none", flush_interval_ms=60_000)
+    fl.start()
+    fl.stop()
+    _, fds = _retention_deletes_the_first_segment(log)
+    assert log._retired is None and _closed(fds)
     log.close()
