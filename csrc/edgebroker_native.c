@@ -295,26 +295,44 @@ static int64_t staged(eb_appender *a, int64_t timestamp_ms, uint64_t nbytes, uin
     return (int64_t)offset;
 }
 
-int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
-                         const char *client_id, size_t client_id_len,
-                         const char *topic, size_t topic_len,
-                         const char *payload, size_t payload_len)
+/* The checks every staged record passes (`nbytes` of it staged, `length` in the segment; -1
+ * when it fails one), then its header, client id and topic at the end of the staging area. */
+static uint8_t *begin_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
+                             const char *client_id, size_t client_id_len,
+                             const char *topic, size_t topic_len,
+                             const char *payload, size_t payload_len,
+                             uint64_t nbytes, uint64_t length)
 {
-    uint64_t length = (uint64_t)HDR + client_id_len + topic_len + payload_len;
     uint64_t offset = a->next_offset, rel = offset - a->base_offset;
     uint8_t *out;
     if (timestamp_ms < 0 || qos < 0 || qos > 2 || client_id_len > 0xFFFFu || topic_len > 0xFFFFu
-        || payload_len >= a->big_payload || a->used + length > a->capacity
+        || a->used + nbytes > a->capacity
         || a->count >= a->index_capacity || a->position + length > a->segment_bytes
         || timestamp_ms - a->first_ts >= a->segment_ms
         || rel > 0xFFFFFFFFu || a->position > 0xFFFFFFFFu)
-        return -1;
+        return NULL;
     out = a->buf + a->used;
     eb_record_header((char *)out, offset, (uint64_t)timestamp_ms,
                      (uint32_t)(qos | (retain ? 0x04 : 0)), client_id, client_id_len,
                      topic, topic_len, payload, payload_len);
     memcpy(out + HDR, client_id, client_id_len);
     memcpy(out + HDR + client_id_len, topic, topic_len);
+    return out;
+}
+
+int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
+                         const char *client_id, size_t client_id_len,
+                         const char *topic, size_t topic_len,
+                         const char *payload, size_t payload_len)
+{
+    uint64_t length = (uint64_t)HDR + client_id_len + topic_len + payload_len;
+    uint8_t *out;
+    if (payload_len >= a->big_payload)
+        return -1;
+    out = begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
+                       payload, payload_len, length, length);
+    if (out == NULL)
+        return -1;
     memcpy(out + HDR + client_id_len + topic_len, payload, payload_len);
     return staged(a, timestamp_ms, length, length);
 }
@@ -326,21 +344,10 @@ int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain
 {
     uint64_t prefix = (uint64_t)HDR + client_id_len + topic_len;
     uint64_t length = prefix + payload_len;
-    uint64_t offset = a->next_offset, rel = offset - a->base_offset;
-    uint8_t *out;
-    if (timestamp_ms < 0 || qos < 0 || qos > 2 || client_id_len > 0xFFFFu || topic_len > 0xFFFFu
-        || payload_len > MAX_PAYLOAD || a->used + prefix > a->capacity
-        || a->held_count >= a->held_capacity
-        || a->count >= a->index_capacity || a->position + length > a->segment_bytes
-        || timestamp_ms - a->first_ts >= a->segment_ms
-        || rel > 0xFFFFFFFFu || a->position > 0xFFFFFFFFu)
+    if (payload_len > MAX_PAYLOAD || a->held_count >= a->held_capacity
+        || begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
+                        payload, payload_len, prefix, length) == NULL)
         return -1;
-    out = a->buf + a->used;
-    eb_record_header((char *)out, offset, (uint64_t)timestamp_ms,
-                     (uint32_t)(qos | (retain ? 0x04 : 0)), client_id, client_id_len,
-                     topic, topic_len, payload, payload_len);
-    memcpy(out + HDR, client_id, client_id_len);
-    memcpy(out + HDR + client_id_len, topic, topic_len);
     a->held[2 * a->held_count] = a->used;
     a->held[2 * a->held_count + 1] = a->used + prefix;
     a->held_count++;

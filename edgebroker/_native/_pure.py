@@ -112,21 +112,36 @@ def appender(capacity: int, entries: int) -> Staging:
     return Staging(capacity, entries)
 
 
-def append_record(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
-                  topic, topic_len: int, payload, payload_len: int) -> int:
-    length = HDR + client_id_len + topic_len + payload_len
+def _begin_record(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
+                  topic, topic_len: int, payload, nbytes: int, length: int) -> int:
+    """The checks every staged record passes (``nbytes`` of it staged, ``length`` in the
+    segment; -1 when it fails one), then its header, client id and topic at the end of the
+    staging area; where it starts there."""
     offset = a.next_offset
     rel = offset - a.base_offset
     if (timestamp_ms < 0 or qos < 0 or qos > 2 or client_id_len > 0xFFFF or topic_len > 0xFFFF
-            or payload_len >= a.big_payload or a.used + length > a.capacity
+            or a.used + nbytes > a.capacity
             or a.count >= a.index_capacity or a.position + length > a.segment_bytes
             or timestamp_ms - a.first_ts >= a.segment_ms
             or rel > 0xFFFFFFFF or a.position > 0xFFFFFFFF):
         return -1
     out = a.used
-    record = record_header(offset, timestamp_ms, qos | (0x04 if retain else 0), client_id, topic,
-                           payload) + bytes(client_id) + bytes(topic) + bytes(payload)
-    a.buf[out:out + length] = record
+    head = record_header(offset, timestamp_ms, qos | (0x04 if retain else 0), client_id, topic,
+                         payload) + bytes(client_id) + bytes(topic)
+    a.buf[out:out + len(head)] = head
+    return out
+
+
+def append_record(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
+                  topic, topic_len: int, payload, payload_len: int) -> int:
+    length = HDR + client_id_len + topic_len + payload_len
+    if payload_len >= a.big_payload:
+        return -1
+    out = _begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
+                        payload, length, length)
+    if out < 0:
+        return -1
+    a.buf[out + length - payload_len:out + length] = bytes(payload)
     return _staged(a, timestamp_ms, length, length)
 
 
@@ -151,18 +166,12 @@ def append_held(a: Appender, timestamp_ms: int, qos: int, retain, client_id, cli
                 topic, topic_len: int, payload, payload_len: int) -> int:
     prefix = HDR + client_id_len + topic_len
     length = prefix + payload_len
-    offset = a.next_offset
-    rel = offset - a.base_offset
-    if (timestamp_ms < 0 or qos < 0 or qos > 2 or client_id_len > 0xFFFF or topic_len > 0xFFFF
-            or payload_len > MAX_PAYLOAD or a.used + prefix > a.capacity
-            or a.held_count >= a.held_capacity or a.count >= a.index_capacity
-            or a.position + length > a.segment_bytes or timestamp_ms - a.first_ts >= a.segment_ms
-            or rel > 0xFFFFFFFF or a.position > 0xFFFFFFFF):
+    if payload_len > MAX_PAYLOAD or a.held_count >= a.held_capacity:
         return -1
-    out = a.used
-    a.buf[out:out + prefix] = (record_header(offset, timestamp_ms, qos | (0x04 if retain else 0),
-                                             client_id, topic, payload)
-                               + bytes(client_id) + bytes(topic))
+    out = _begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
+                        payload, prefix, length)
+    if out < 0:
+        return -1
     _HELD.pack_into(a.held, 16 * a.held_count, out, out + prefix)
     a.held_count += 1
     return _staged(a, timestamp_ms, prefix, length)
