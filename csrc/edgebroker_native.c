@@ -348,9 +348,7 @@ int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain
         || begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
                         payload, payload_len, prefix, length) == NULL)
         return -1;
-    a->held[2 * a->held_count] = a->used;
-    a->held[2 * a->held_count + 1] = a->used + prefix;
-    a->held_count++;
+    a->held[a->held_count++] = a->used + prefix;
     return staged(a, timestamp_ms, prefix, length);
 }
 

@@ -74,9 +74,9 @@ typedef struct {
     int64_t max_ts;           /* the segment's running maximum timestamp */
     int64_t staged_first_ts;  /* timestamp of the first staged record */
     uint64_t big_payload;     /* payloads this large are not staged (the log holds them) */
-    uint64_t *held;           /* two words per record of eb_append_held: where in buf it starts */
-    uint64_t held_capacity;   /* and where its payload goes (the end of its staged bytes) */
-    uint64_t held_count;      /* records listed in held (it has room for held_capacity) */
+    uint64_t *held;           /* per record of eb_append_held: where in buf its payload goes */
+    uint64_t held_capacity;   /* (the end of its staged bytes); room for this many */
+    uint64_t held_count;      /* records listed in held */
 } eb_appender;
 
 uint32_t eb_crc32c(uint32_t crc, const uint8_t *buf, size_t len);

@@ -25,8 +25,8 @@ docs/log-format.md):
     A staging area for ``append_record``: ``.state`` (its fields are those of the C struct
     ``eb_appender``, which the caller sets up), ``.data`` and ``.index`` (bytearrays of
     ``capacity`` bytes and ``entries`` index entries that the records are built into), and
-    ``.held`` (native 64-bit words, two per record of ``append_held``: where it starts in
-    ``.data`` and where its payload goes; ``state.held_count`` of them, room for ``entries``).
+    ``.held`` (native 64-bit words, one per record of ``append_held``: where in ``.data`` its
+    payload goes; ``state.held_count`` of them, room for ``entries``).
 ``append_record(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len)``
     Build one record (header, client id, topic, payload) and its index entry at the end of
     the staging area; its offset, or -1 when it is not taken (no room, the segment must roll,

@@ -70,7 +70,7 @@ class Staging:
     def __init__(self, capacity: int, entries: int):
         self.data = bytearray(capacity)
         self.index = bytearray(entries * INDEX_ENTRY_SIZE)
-        held = bytearray(entries * 16)
+        held = bytearray(entries * 8)
         self.held = memoryview(held).cast("Q")
         # The struct points into the bytearrays: keep them exported (so never resized) for as
         # long as it lives.

@@ -30,7 +30,7 @@ _U64 = struct.Struct("<Q")
 _HEAD_TAIL = struct.Struct("<IQQBBHHI")       # record header bytes 4..34
 _PLAUS = struct.Struct("<IQQBBHHI")           # same fields, read from position + 4
 _ENTRY = struct.Struct("<IIQ")
-_HELD = struct.Struct("=QQ")  # an appender's held list: native words, as the C build's
+_HELD = struct.Struct("=Q")  # an appender's held list: native words, as the C build's
 _u32_from = _U32.unpack_from
 _u64_from = _U64.unpack_from
 _u16_from = _U16.unpack_from
@@ -88,7 +88,7 @@ class Appender:
         self.index = index
         self.index_capacity = len(index) // INDEX_ENTRY_SIZE
         self.held = held
-        self.held_capacity = len(held) // 16
+        self.held_capacity = len(held) // 8
         self.held_count = 0
         self.used = self.count = self.next_offset = self.base_offset = self.position = 0
         self.segment_bytes = self.first_ts = self.segment_ms = self.max_ts = 0
@@ -103,7 +103,7 @@ class Staging:
     def __init__(self, capacity: int, entries: int):
         self.data = bytearray(capacity)
         self.index = bytearray(entries * INDEX_ENTRY_SIZE)
-        held = bytearray(entries * 16)
+        held = bytearray(entries * 8)
         self.held = memoryview(held).cast("Q")
         self.state = Appender(self.data, self.index, held)
 
@@ -172,7 +172,7 @@ def append_held(a: Appender, timestamp_ms: int, qos: int, retain, client_id, cli
                         payload, prefix, length)
     if out < 0:
         return -1
-    _HELD.pack_into(a.held, 16 * a.held_count, out, out + prefix)
+    _HELD.pack_into(a.held, 8 * a.held_count, out + prefix)
     a.held_count += 1
     return _staged(a, timestamp_ms, prefix, length)
 

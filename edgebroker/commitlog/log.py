@@ -713,7 +713,7 @@ class CommitLog:
             where = staging.held
             parts = g.parts
             for i, payload in enumerate(held):
-                end = where[2 * i + 1]
+                end = where[i]
                 g.open_data().extend(view[done:end])
                 parts.append(payload)
                 g.data = None
