@@ -1,0 +1,53 @@
+/* A fault for the tests, loaded into a broker with LD_PRELOAD (tests/test_broker_fsync_fault.py).
+ *
+ * While the file named by $EB_FAULT_FLAG exists, fsync() and fdatasync() fail with EIO on
+ * every descriptor whose path (read from /proc/self/fd) contains $EB_FAULT_PATH; otherwise, and
+ * for other files, they do what libc does. The broker's own code runs unchanged: the failure
+ * comes from where a failing disk would report it. */
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int failing(int fd)
+{
+    const char *flag = getenv("EB_FAULT_FLAG"), *match = getenv("EB_FAULT_PATH");
+    char link[64], path[4096];
+    ssize_t n;
+    if (flag == NULL || match == NULL || access(flag, F_OK) != 0)
+        return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    n = readlink(link, path, sizeof path - 1);
+    if (n < 0)
+        return 0;
+    path[n] = '\0';
+    return strstr(path, match) != NULL;
+}
+
+/* `name` (fsync or fdatasync) of libc, unless it is to fail. */
+static int sync_call(int fd, int (**real)(int), const char *name)
+{
+    if (failing(fd)) {
+        errno = EIO;
+        return -1;
+    }
+    if (*real == NULL)
+        *real = (int (*)(int))dlsym(RTLD_NEXT, name);
+    return (*real)(fd);
+}
+
+int fsync(int fd)
+{
+    static int (*real)(int);
+    return sync_call(fd, &real, "fsync");
+}
+
+int fdatasync(int fd)
+{
+    static int (*real)(int);
+    return sync_call(fd, &real, "fdatasync");
+}
