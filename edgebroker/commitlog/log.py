@@ -590,30 +590,31 @@ class CommitLog:
         ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
         stage = self._stage
         if stage is not None:
-            if type(payload) is bytes:
-                # The common record: small, bytes, in the open segment. Built in C (header,
-                # CRC, index entry) into the staging area, which _unstage moves into the write
-                # queue.
-                try:
-                    offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
-                                                 len(client_id), topic, len(topic), payload,
-                                                 len(payload))
-                except (TypeError, OverflowError):  # a client id or topic that is not
-                    offset = -1    # bytes (the C build takes only bytes), a field out of range
-                if offset >= 0:
-                    return offset
-            if len(payload) >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:
+            n = len(payload)
+            if n < BIG_PAYLOAD:
+                if type(payload) is bytes:
+                    # The common record: small, bytes, in the open segment. Built in C
+                    # (header, CRC, index entry) into the staging area, which _unstage moves
+                    # into the write queue.
+                    try:
+                        offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
+                                                     len(client_id), topic, len(topic), payload,
+                                                     n)
+                    except (TypeError, OverflowError):  # a client id or topic that is not
+                        offset = -1  # bytes (the C build takes only bytes), a field out of range
+                    if offset >= 0:
+                        return offset
+            elif type(payload) in _HELD_TYPES:
                 # A large payload (a received one is a bytearray): its header, client id and
                 # topic are staged, the payload itself is held and written from where it is.
                 try:
                     offset = self._append_held(stage, timestamp_ms, qos, retain, client_id,
-                                               len(client_id), topic, len(topic), payload,
-                                               len(payload))
+                                               len(client_id), topic, len(topic), payload, n)
                 except (TypeError, OverflowError):
                     offset = -1
                 if offset >= 0:
                     self._held.append(payload)
-                    self._held_bytes += len(payload)
+                    self._held_bytes += n
                     return offset
         return self._append(timestamp_ms, qos, retain, client_id, topic, payload)
 
