@@ -8,7 +8,10 @@ wait is bounded; every child process and broker is reaped in a ``finally``.
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
+import threading
 import time
 
 import brokers
@@ -32,6 +35,12 @@ SETTLE_TOLERANCE = 64 * 1024
 STUCK_RCVBUF = 4096        # the stuck subscriber's SO_RCVBUF (the kernel doubles it)
 FLOOD_TOPIC = "flood/0"    # nobody subscribes to it
 FLOOD_RATE = 20_000        # edgebroker's messages_rate in "throttled" (per client)
+# The log-disk ceiling copies edgebroker's default [log] settings and the shape of its writes.
+LOG_SEGMENT = 16 << 20     # log.segment_bytes
+LOG_RETENTION = 1 << 30    # log.retention_bytes
+LOG_FLUSH_S = 0.1          # log.flush_interval_ms
+LOG_RECORD_EXTRA = 46      # record header (34), client id "bench-pub-0" and topic "bench/0"
+LOG_PASS = 4               # records per write: what one loop pass takes in at 64 KiB
 
 
 # ----- targets ----------------------------------------------------------------------------------
@@ -508,7 +517,95 @@ def ceiling(args, names: list[str]) -> dict:
     edge = [s["devices"] for s in specs if s["kind"] == "edge"]
     if edge:
         out.update(_edge_ceiling(max(edge), args))
+    big = [s for s in specs if s["kind"] == "pair" and s["unit"] == "MB/s"]
+    if big:
+        out.update(log_disk_ceiling(scaled(big[0], args.scale), big[0]["payload"]))
     return out
+
+
+def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -> dict:
+    """What the brokers' state disk takes of a log of ``records`` records of ``payload``
+    bytes, written by plain ``pwritev`` calls (no broker, no per-record Python): the bytes
+    edgebroker writes, ``LOG_PASS`` records per call, in ``LOG_SEGMENT`` files that a second
+    thread fdatasyncs every ``LOG_FLUSH_S`` and drops from the page cache once full, the oldest
+    deleted past ``LOG_RETENTION`` (edgebroker's defaults, and its flusher's way).
+
+    Returns the payload MB/s the disk sustained (a broker that logs every byte forwards no
+    faster) and the writing thread's CPU time per record (what the write alone costs the
+    thread that makes it)."""
+    root = tempfile.mkdtemp(prefix="bench-logdisk-", dir=directory or brokers.state_root()[0])
+    chunk = os.urandom(payload + LOG_RECORD_EXTRA)
+    parts = [chunk] * LOG_PASS
+    lock = threading.Lock()
+    state = {"fd": -1, "full": [], "stop": False, "error": None}
+
+    def sync() -> None:
+        while True:
+            with lock:
+                stop = state["stop"]
+                full, state["full"] = state["full"], []
+                fd = os.dup(state["fd"]) if state["fd"] >= 0 else -1
+            try:
+                for f in full:
+                    os.fdatasync(f)
+                    os.posix_fadvise(f, 0, 0, os.POSIX_FADV_DONTNEED)
+                    os.close(f)
+                if fd >= 0:
+                    os.fdatasync(fd)
+            except OSError as exc:
+                state["error"] = exc
+                return
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+            if stop:
+                return
+            time.sleep(LOG_FLUSH_S)
+
+    syncer = threading.Thread(target=sync, name="logdisk-sync")
+    paths: list[str] = []
+    written = position = 0
+    total = records * len(chunk)
+    try:
+        syncer.start()
+        cpu0 = time.thread_time()
+        t0 = time.monotonic()
+        while written < total and state["error"] is None:
+            if state["fd"] < 0 or position + len(chunk) * LOG_PASS > LOG_SEGMENT:
+                paths.append(os.path.join(root, f"{written:020d}.seg"))
+                fd = os.open(paths[-1], os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+                with lock:
+                    if state["fd"] >= 0:
+                        state["full"].append(state["fd"])
+                    state["fd"] = fd
+                position = 0
+                while len(paths) * LOG_SEGMENT > LOG_RETENTION:
+                    os.unlink(paths.pop(0))
+            n = os.pwritev(state["fd"], parts, position)
+            position += n
+            written += n
+        with lock:
+            state["stop"] = True
+        syncer.join()
+        elapsed = time.monotonic() - t0
+        cpu = time.thread_time() - cpu0
+    finally:
+        with lock:
+            state["stop"] = True
+        if syncer.is_alive():
+            syncer.join()
+        with lock:
+            for f in state["full"] + ([state["fd"]] if state["fd"] >= 0 else []):
+                os.close(f)
+        for path in paths:
+            os.unlink(path)
+        os.rmdir(root)
+    if state["error"] is not None:
+        raise RunError(f"log-disk ceiling: {state['error']}")
+    done = written / len(chunk)
+    size = f"{payload >> 10} KiB" if payload >= 1024 else f"{payload} B"
+    return {f"log disk, {size} records MB/s": round(done * payload / elapsed / 1e6, 1),
+            "log disk write CPU us/record": round(1e6 * cpu / done, 1)}
 
 
 class _listener:

@@ -1,0 +1,55 @@
+"""The benchmark's log-disk ceiling (bench/scenarios.py, log_disk_ceiling): it writes what it
+says, rolls and deletes its files like the log, and leaves nothing behind (no file, no
+descriptor, no thread)."""
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import scenarios  # noqa: E402
+
+
+def _open_fds() -> set:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_log_disk_ceiling_rolls_deletes_and_cleans_up(tmp_path, monkeypatch):
+    # Small files and retention, so that 300 records of 64 KiB (about 20 MB) roll 19 times
+    # and delete 17 files on the way.
+    monkeypatch.setattr(scenarios, "LOG_SEGMENT", 1 << 20)
+    monkeypatch.setattr(scenarios, "LOG_RETENTION", 2 << 20)
+    monkeypatch.setattr(scenarios, "LOG_FLUSH_S", 0.005)
+    deleted = []
+    present = []   # files in the run's directory at each deletion
+    real_unlink = os.unlink
+
+    def unlink(path, *a, **kw):
+        deleted.append(path)
+        present.append(len(os.listdir(os.path.dirname(path))))
+        return real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    fds = _open_fds()
+    threads = threading.active_count()
+
+    out = scenarios.log_disk_ceiling(300, 65536, directory=str(tmp_path))
+
+    assert set(out) == {"log disk, 64 KiB records MB/s", "log disk write CPU us/record"}
+    assert out["log disk, 64 KiB records MB/s"] > 0
+    assert out["log disk write CPU us/record"] > 0
+    # Every file of the run was deleted, the oldest ones while it ran (retention), and its
+    # directory went with them.
+    assert len(deleted) >= 19
+    assert max(present) <= 3   # 2 MiB of retention, plus the file just opened
+    assert all(p.endswith(".seg") for p in deleted)
+    assert list(tmp_path.iterdir()) == []
+    assert _open_fds() == fds
+    assert threading.active_count() == threads
+
+
+def test_log_disk_ceiling_names_other_sizes(tmp_path):
+    out = scenarios.log_disk_ceiling(20, 512, directory=str(tmp_path))
+    assert "log disk, 512 B records MB/s" in out
+    assert list(tmp_path.iterdir()) == []
