@@ -290,6 +290,63 @@ def test_tls_on_plain_port(tlssrv, pki, mosq, uid):
     assert pub.wait() != 0
 
 
+def _strict_tls_client(b, pki, listener: int, client_id: str) -> ssl.SSLSocket:
+    """A connected MQTT client over TLS whose reads raise on a stream cut short without a
+    close_notify (SSLEOFError) instead of reading it as a clean end."""
+    sock = socket.create_connection(("127.0.0.1", port(b, listener)), timeout=5)
+    tls = client_context(pki).wrap_socket(sock, server_hostname="127.0.0.1",
+                                          suppress_ragged_eofs=False)
+    tls.sendall(m.connect(client_id))
+    head = tls.recv(4)
+    assert head[:1] == b"\x20" and head[3:4] == b"\x00", head  # CONNACK, accepted
+    return tls
+
+
+def _read_to_clean_end(tls: ssl.SSLSocket) -> bytes:
+    """What arrives until the broker ends the TLS stream with a close_notify (SSLEOFError if it
+    only closes the socket)."""
+    got = b""
+    while True:
+        chunk = tls.recv(65536)
+        if not chunk:
+            return got
+        got += chunk
+
+
+@pytest.mark.parametrize("how", ["protocol violation", "takeover", "broker stops"])
+def test_connections_the_broker_ends_get_a_close_notify(tmp_path, pki, uid, how):
+    b = _start(tmp_path, {"listener": [
+        {"host": "127.0.0.1", "port": 0},
+        {"host": "127.0.0.1", "port": 0, "certfile": str(pki.server.cert),
+         "keyfile": str(pki.server.key)}]})
+    try:
+        tls = _strict_tls_client(b, pki, 1, uid)
+        if how == "protocol violation":
+            tls.sendall(m.connect(uid))  # a second CONNECT
+        elif how == "takeover":
+            b.client(uid)  # the same client id on the plain listener
+        else:
+            b.send_signal(signal.SIGTERM)
+        assert _read_to_clean_end(tls) == b""
+        tls.close()
+    finally:
+        _teardown([b])
+
+
+def test_a_client_close_notify_is_answered(tlssrv, pki, uid):
+    # The broker answers a client's close_notify with its own (unwrap waits for it, and raises
+    # SSLEOFError without it); a client that just closes its socket gets nothing. The next
+    # client is served as usual.
+    for polite in (True, False):
+        tls = _strict_tls_client(tlssrv, pki, 3, f"{uid}-{polite}")
+        if polite:
+            tls = tls.unwrap()
+        tls.close()
+    c = tlssrv.client(f"{uid}-after", port=port(tlssrv, 3),
+                      transport={"ssl_context": client_context(pki)})
+    c.publish(f"{uid}/t", b"x", qos=1)
+
+
 def test_large_and_many_messages_over_tls(tlssrv, pki, uid):
     """Whole-chunk and partial TLS writes: big payloads and long runs of small ones, in order."""
     sub = tls_client(tlssrv, pki, 1, f"{uid}-s", username="alice", password=PASSWORDS["alice"])

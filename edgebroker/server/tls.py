@@ -45,7 +45,8 @@ CHUNK = 256 * 1024
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
 
-PEEK, HANDSHAKE, OPEN = "peek", "handshake", "open"
+# GONE: the peer closed or the connection failed; no close_notify is sent to it.
+PEEK, HANDSHAKE, OPEN, GONE = "peek", "handshake", "open", "gone"
 
 _VERSIONS = {"tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -205,7 +206,8 @@ class TLSTransport(Transport):
         self.events = 0
         try:
             self.sock = self.server.context.wrap_socket(
-                self.sock, server_side=True, do_handshake_on_connect=False)
+                self.sock, server_side=True, do_handshake_on_connect=False,
+                suppress_ragged_eofs=False)  # a bare close raises: read() tells it apart
         except (OSError, ValueError) as exc:
             self._fail(f"cannot start TLS: {exc}")
             return
@@ -279,18 +281,21 @@ class TLSTransport(Transport):
                 self.read_wants_write = True
                 self._want(self.events | _WRITE)
                 return
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                self.lost("closed by peer")
+            except ssl.SSLZeroReturnError:
+                self.lost("closed by peer")  # with its close_notify: answered with ours
+                return
+            except ssl.SSLEOFError:  # closed without a close_notify
+                self._gone("closed by peer")
                 return
             except ssl.SSLError as exc:
-                self.lost(f"TLS error: {exc.reason or exc}")
+                self._gone(f"TLS error: {exc.reason or exc}")
                 return
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                self.lost(exc.strerror or str(exc))
+                self._gone(exc.strerror or str(exc))
                 return
-            if n == 0:
+            if n == 0:  # the client's close_notify: answered with ours
                 self.lost("closed by peer")
                 return
             loop.broker.stats.bytes_received += n
@@ -335,7 +340,7 @@ class TLSTransport(Transport):
                 self.out_bytes -= sent_total
                 self.bytes_out += sent_total
                 self.loop.broker.stats.bytes_sent += sent_total
-                self.lost(exc.strerror or getattr(exc, "reason", None) or str(exc))
+                self._gone(exc.strerror or getattr(exc, "reason", None) or str(exc))
                 return
             self.chunk_pending = False
             sent_total += sent
@@ -354,6 +359,24 @@ class TLSTransport(Transport):
         self._want(want)
         if not out and self.want_drain and not self.closed:
             self.drained()
+
+    def _gone(self, reason: str) -> None:
+        """The peer closed the connection or it failed: nothing more is sent to it."""
+        self.state = GONE
+        self.lost(reason)
+
+    def shutdown(self) -> None:
+        """Close; an open connection gets a TLS close_notify first, whether the broker ends it
+        (the client then sees a clean end, not a truncated stream) or answers the client's
+        own close_notify. The broker does not wait for the client's in return (RFC 8446,
+        6.1)."""
+        if not self.closed and self.state is OPEN:
+            self.state = GONE
+            try:
+                self.sock.unwrap()  # non-blocking: sends close_notify, then wants to read
+            except (ssl.SSLError, OSError, ValueError):
+                pass
+        super().shutdown()
 
     def update_events(self) -> None:
         if self.state is OPEN:
