@@ -160,3 +160,27 @@ def test_qos2_handshakes_are_not_held(broker, uid):
     pubrel = time.monotonic() - t
     sub.send(m.pubcomp(p.packet_id))
     assert max(pubcomp, pubrel) < 0.05, (pubcomp, pubrel)
+
+
+def test_the_end_of_a_connection_is_not_held(broker, uid):
+    # A connection the broker ends (here: a protocol violation, and an HTTP request on the MQTT
+    # port, whose 400 reply goes first) is closed in the pass that decided it.
+    b = broker(coalesce_ms=100)
+    clients = [b.client(f"{uid}-c{i}") for i in range(5)]
+    time.sleep(20 * 0.1 + 0.1)  # idle: only the kind of event makes the close prompt
+    waits = []
+    for c in clients:
+        t = time.monotonic()
+        c.send(m.connect(f"{uid}-again"))  # a second CONNECT
+        assert c.expect_closed()
+        waits.append(time.monotonic() - t)
+    http = []
+    for _ in range(5):
+        r = b.raw()
+        t = time.monotonic()
+        r.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = r.read_until_closed()
+        http.append(time.monotonic() - t)
+        assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert statistics.median(waits) < 0.05, waits
+    assert statistics.median(http) < 0.05, http

@@ -163,10 +163,12 @@ class Transport:
         self._queue(FileChunk(head, fd, position, length, offset, generation), len(head) + length)
 
     def close(self) -> None:
-        """Close after a last attempt to send what is queued (e.g. a refusing CONNACK)."""
+        """Close after a last attempt to send what is queued (e.g. a refusing CONNACK), in
+        this pass: the client may be waiting for the end (Broker.prompt)."""
         if self.closing or self.closed:
             return
         self.closing = True
+        self.loop.broker.prompt = True
         if not self.dirty:
             self.dirty = True
             self.loop.dirty.append(self)
