@@ -832,9 +832,18 @@ def test_a_lone_acknowledgement_is_decoded_the_short_way_only_when_nothing_is_bu
         decode_all(frame(0x60, u16(1)))  # PUBREL must have flags 0010
 
 
+def scatter(buffers: list, data: bytes) -> None:
+    """Fill ``buffers`` in turn with ``data``, as one ``recvmsg_into`` does."""
+    for b in buffers:
+        k = min(len(b), len(data))
+        b[:k] = data[:k]
+        data = data[k:]
+
+
 def read_like_the_transport(decoder: Decoder, stream: bytes, sizes: list, keeps: set) -> list:
     """Consume ``stream`` as Transport.read does: into ``decoder.room`` while a large payload
-    arrives, else reads of ``read_hint`` bytes (or of the next size); some reads are kept
+    arrives; into ``decoder.repeat_parts`` when a large PUBLISH like the last two is
+    expected; else reads of ``read_hint`` bytes (or of the next size). Some reads are kept
     (a throttled client) and decoded with the next one."""
     out = []
     pos = k = 0
@@ -846,6 +855,15 @@ def read_like_the_transport(decoder: Decoder, stream: bytes, sizes: list, keeps:
             room[:n] = stream[pos:pos + n]
             del room
             out += decoder.filled(n)
+        elif decoder.read_hint and decoder.repeat_buffers() is not None:
+            # The next frame is expected to be like the last two: header and payload apart.
+            n = min(sum(len(b) for b in decoder.repeat_parts), size, len(stream) - pos)
+            scatter(decoder.repeat_parts, stream[pos:pos + n])
+            if k in keeps:  # a throttled client keeps the bytes as they are
+                decoder.keep(decoder.unexpected(n))
+            else:
+                got = decoder.repeated(n)
+                out += decoder.feed(decoder.unexpected(n)) if got is None else got
         else:
             n = min(decoder.read_hint or size, len(stream) - pos)
             chunk = memoryview(bytearray(stream[pos:pos + n]))  # a reused buffer's view
@@ -904,3 +922,168 @@ def test_an_acknowledgement_ends_the_short_reads_after_a_large_packet():
     assert decoder.read_hint == LARGE_READ
     decode_all(frame(0x40, u16(3)), decoder)
     assert decoder.read_hint == 0
+
+
+# ------------------------------------------- a large PUBLISH like the last two, read apart
+
+
+def publish_frame(topic: str, payload: bytes, qos: int = 0, pid: int = 0, retain: bool = False,
+                  dup: bool = False) -> bytes:
+    first = 0x30 | qos << 1 | (1 if retain else 0) | (8 if dup else 0)
+    return frame(first, s(topic) + (u16(pid) if qos else b"") + payload)
+
+
+def read_large_way(decoder: Decoder, data: bytes) -> list:
+    """One large frame as the transport reads it when nothing is expected: LARGE_READ bytes,
+    then the rest straight into ``room`` (as it grows)."""
+    assert decoder.repeat_buffers() is None
+    out = decode_all(data[:LARGE_READ], decoder)
+    pos = LARGE_READ
+    while decoder.room is not None:  # the buffer grows as the payload arrives
+        room = decoder.room
+        n = len(room)
+        room[:] = data[pos:pos + n]
+        del room
+        out += decoder.filled(n)
+        pos += n
+    assert pos == len(data)
+    return out
+
+
+def read_repeat(decoder: Decoder, data: bytes, n: int | None = None) -> list:
+    """One read into ``repeat_parts`` of the first ``n`` bytes of ``data`` (all it takes when
+    None), as Transport._read_large makes it, and what it decodes."""
+    parts = decoder.repeat_buffers()
+    assert parts is not None
+    n = min(len(parts[0]) + len(parts[1]), len(data)) if n is None else n
+    scatter(parts, data[:n])
+    got = decoder.repeated(n)
+    if got is None:
+        return decode_all(decoder.unexpected(n), decoder)
+    return list(got)
+
+
+def test_two_alike_large_publishes_make_the_next_arrive_in_a_buffer_of_its_own():
+    bodies = [random.Random(i).randbytes(20_000) for i in range(4)]
+    frames = [publish_frame("dev/1/raw", b, retain=True) for b in bodies]
+    decoder = Decoder()
+    assert same(read_large_way(decoder, frames[0]), [Publish("dev/1/raw", bodies[0], 0, True)])
+    assert decoder.repeat_buffers() is None   # one is not yet a pattern
+    assert same(read_large_way(decoder, frames[1]), [Publish("dev/1/raw", bodies[1], 0, True)])
+    for i in (2, 3):
+        parts = decoder.repeat_buffers()
+        assert [len(b) for b in parts] == [len(frames[i]) - 20_000, 20_000]
+        scatter(parts, frames[i])
+        got = decoder.repeated(len(frames[i]))
+        assert same(got, [Publish("dev/1/raw", bodies[i], 0, True)])
+        assert got[0].payload is parts[1]    # the read's buffer is the payload: no copy
+        assert decoder.repeat_parts is None and decoder.buffered == 0
+        assert decoder.read_hint == LARGE_READ
+
+
+def test_a_repeated_qos1_publish_takes_its_own_packet_identifier():
+    body = bytes(30_000)
+    decoder = Decoder()
+    for pid in (1, 2):
+        read_large_way(decoder, publish_frame("t", body, 1, pid))
+    assert same(read_repeat(decoder, publish_frame("t", body, 1, 3)),
+                [Publish("t", body, 1, packet_id=3)])
+    assert same(read_repeat(decoder, publish_frame("t", body, 1, 65535)),
+                [Publish("t", body, 1, packet_id=65535)])
+    # The DUP flag makes another first byte: decoded the usual way, and no longer expected.
+    assert same(read_repeat(decoder, publish_frame("t", body, 1, 4, dup=True)),
+                [Publish("t", body, 1, dup=True, packet_id=4)])
+    assert decoder.repeat_buffers() is None
+
+
+@pytest.mark.parametrize("other", ["topic", "size", "qos", "small", "short read"])
+def test_what_is_not_the_expected_publish_is_decoded_as_usual(other):
+    body = bytes(range(256)) * 100
+    decoder = Decoder()
+    for _ in range(2):
+        read_large_way(decoder, publish_frame("dev/7", body))
+    if other == "small":
+        stream = frame(0xC0) + publish_frame("dev/7", body)
+        expected = [Pingreq(), Publish("dev/7", body)]
+    elif other == "short read":
+        stream = publish_frame("dev/7", body)
+        expected = [Publish("dev/7", body)]
+    else:
+        changed = {"topic": publish_frame("dev/8", body),
+                   "size": publish_frame("dev/7", body + b"!"),
+                   "qos": publish_frame("dev/7", body, 2, 9)}[other]
+        stream = changed + publish_frame("dev/7", body)
+        expected = [{"topic": Publish("dev/8", body), "size": Publish("dev/7", body + b"!"),
+                     "qos": Publish("dev/7", body, 2, packet_id=9)}[other], Publish("dev/7", body)]
+    n = 3 if other == "short read" else None
+    out = read_repeat(decoder, stream, n)
+    assert decoder.repeat_parts is None
+    consumed = n if n is not None else min(len(stream), len(publish_frame("dev/7", body)))
+    out += decode_all(stream[consumed:], decoder)
+    assert same(out, expected)
+    assert decoder.buffered == 0 and decoder.room is None
+
+
+def test_a_repeated_publish_that_arrives_in_pieces_continues_into_room():
+    body = random.Random(3).randbytes(50_000)
+    data = publish_frame("p", body, 1, 8)
+    decoder = Decoder()
+    for pid in (6, 7):
+        read_large_way(decoder, publish_frame("p", body, 1, pid))
+    head = len(data) - len(body)
+    assert read_repeat(decoder, data, head + 1000) == []
+    assert decoder.buffered == head + 1000 and len(decoder.room) == 49_000
+    room = decoder.room
+    room[:] = data[head + 1000:]
+    del room
+    assert same(decoder.filled(49_000), [Publish("p", body, 1, packet_id=8)])
+    # Still expected: the next one is read apart again.
+    assert same(read_repeat(decoder, publish_frame("p", body, 1, 9)),
+                [Publish("p", body, 1, packet_id=9)])
+
+
+def test_a_repeated_publish_is_checked_like_any_other():
+    body = bytes(20_000)
+    decoder = Decoder()
+    for pid in (1, 2):
+        read_large_way(decoder, publish_frame("t", body, 1, pid))
+    with pytest.raises(ProtocolError) as info:
+        read_repeat(decoder, publish_frame("t", body, 1, 0))
+    assert info.value.rule == "MQTT-2.3.1-1"
+    # A maximum lowered (by a reload) below the expected frame's size.
+    decoder = Decoder()
+    for _ in range(2):
+        read_large_way(decoder, publish_frame("t", body))
+    decoder.max_packet_size = 10_000
+    with pytest.raises(ProtocolError) as info:
+        read_repeat(decoder, publish_frame("t", body))
+    assert info.value.reason == PACKET_TOO_LARGE
+
+
+_shapes = st.sampled_from([("a/1", 16_384, 0), ("a/1", 16_384, 1), ("a/2", 16_384, 0),
+                           ("a/1", 20_000, 2), ("a/1", 16_385, 0)])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(
+           st.tuples(_shapes, st.integers(1, 65535), st.booleans(), st.booleans()),
+           any_packet), min_size=1, max_size=12),
+       st.lists(st.integers(1, 70_000), min_size=1, max_size=5),
+       st.sets(st.integers(0, 60), max_size=4))
+def test_hypothesis_runs_of_alike_large_packets_read_any_way_give_the_same_packets(
+        items, sizes, keeps):
+    # Mostly a few shapes of large PUBLISH (so that runs of alike ones are common), some
+    # with the DUP or retain flag, between any other packets.
+    packets = []
+    for item in items:
+        if isinstance(item, tuple):
+            (topic, size, qos), pid, retain, dup = item
+            packets.append(Publish(topic, random.Random(pid).randbytes(size), qos, retain,
+                                   dup and qos > 0, pid if qos else None))
+        else:
+            packets.append(item)
+    stream = b"".join(
+        publish_frame(p.topic, p.payload, p.qos, p.packet_id or 0, p.retain, p.dup)
+        if type(p) is Publish else encode(p) for p in packets)
+    decoder = Decoder(max_packet_size=1 << 20)
+    assert same(read_like_the_transport(decoder, stream, sizes, keeps), packets)

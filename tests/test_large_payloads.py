@@ -47,3 +47,40 @@ def test_large_and_small_publishes_in_odd_pieces_arrive_whole_and_are_logged(bro
                                 "json").stdout)
     assert {t["topic"]: (t["messages"], t["bytes"]) for t in topics} == {
         f"big/{i}": (1, len(p)) for i, p in enumerate(bodies)}
+
+
+def test_runs_of_alike_large_publishes_and_what_breaks_them(broker, uid):
+    # After two alike large PUBLISHes the broker reads the next as another one (header and
+    # payload apart); everything that differs is decoded as usual, in order.
+    b = broker(limits={"max_packet_size": 2_000_000})
+    sub = b.raw()
+    sub.connect(uid + "-sub")
+    sub.subscribe(f"{uid}/#", qos=1)
+    pub = b.raw()
+    pub.connect(uid + "-pub")
+    rnd = random.Random(11)
+    same, other = f"{uid}/dev/1", f"{uid}/dev/2"
+    sent = []   # (topic, payload, qos, packet id)
+    for i in range(1, 7):
+        sent.append((same, rnd.randbytes(65_536), 1, i))
+    sent.append((other, rnd.randbytes(65_536), 1, 7))     # another topic of the same length
+    sent += [(same, rnd.randbytes(65_536), 1, i) for i in (8, 9, 10)]
+    sent.append((same, rnd.randbytes(65_537), 1, 11))     # one byte longer
+    sent += [(same, rnd.randbytes(65_536), 0, None) for _ in range(3)]
+    frames = [m.publish(t, p, qos=q, packet_id=pid) for t, p, q, pid in sent]
+    frames.insert(9, m.pingreq())                        # a small packet between two alike
+    stream = b"".join(frames)
+    # In pieces of one frame and a bit, so that reads end inside headers and payloads.
+    step = 65_536 + 1000
+    for pos in range(0, len(stream), step):
+        pub.send(stream[pos:pos + step])
+    answers = [pub.recv_packet(timeout=10) for _ in range(12)]
+    assert [p.packet_id for p in answers if p.type == m.PUBACK] == list(range(1, 12))
+    assert [p.type for p in answers].count(m.PINGRESP) == 1
+    got = [sub.recv_publish(timeout=10) for _ in sent]
+    assert [(p.topic, p.payload) for p in got] == [(t, p) for t, p, _, _ in sent]
+    # The same header with packet identifier 0: a protocol violation, as always.
+    mark = b.mark()
+    pub.send(m.publish(same, rnd.randbytes(65_536), qos=1, packet_id=0))
+    assert pub.expect_closed(10)
+    assert b.wait_log(lambda ln: "packet identifier 0" in ln, start=mark)

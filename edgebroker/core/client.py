@@ -155,6 +155,17 @@ class Client:
         if not self.closed:
             self._handle(self.decoder.filled(n), n)
 
+    def repeat_received(self, n: int) -> None:
+        """``n`` bytes were received into ``decoder.repeat_parts``."""
+        if self.closed:
+            return
+        decoder = self.decoder
+        packets = None if self.halted else decoder.repeated(n)
+        if packets is None:
+            self.data_received(decoder.unexpected(n))
+        else:
+            self._handle(packets, n)
+
     def _handle(self, packets, nbytes: int) -> None:
         broker = self.broker
         handlers = self._handlers

@@ -472,11 +472,12 @@ LARGE_READ = 4096
 class _Large:
     """A large PUBLISH being received: the packet, its payload buffer (so far) and size."""
 
-    __slots__ = ("packet", "head", "got", "total")
+    __slots__ = ("packet", "head", "got", "total", "header")
 
-    def __init__(self, packet: Publish, head: int, got: int, total: int):
+    def __init__(self, packet: Publish, head: int, got: int, total: int, header: bytes):
         self.packet = packet   # packet.payload: a bytearray, filled up to ``got``
         self.head = head       # bytes of the frame before the payload
+        self.header = header   # ... those bytes
         self.got = got
         self.total = total
 
@@ -485,7 +486,8 @@ class Decoder:
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
     __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen", "_src", "_large",
-                 "_ready", "room", "read_hint", "_last_large")
+                 "_ready", "room", "read_hint", "_last_large", "_shape", "_repeat",
+                 "repeat_parts")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE):
         self.max_packet_size = max_packet_size
@@ -499,6 +501,13 @@ class Decoder:
         self.room: memoryview | None = None  # where the rest of that payload goes (recv_into)
         self.read_hint = 0       # bytes the next read should take (0: as many as it can)
         self._last_large = 0     # payload size of the last large PUBLISH that arrived whole
+        # Its header (the frame's bytes before the payload, without a packet identifier)
+        # and payload size; when the one before was alike, what the next is expected to be
+        # (header with packet identifier, topic, first byte, payload size), and the buffers
+        # of a read that expects it (repeat_buffers).
+        self._shape: tuple | None = None
+        self._repeat: tuple | None = None
+        self.repeat_parts: list | None = None
 
     @property
     def buffered(self) -> int:
@@ -609,7 +618,68 @@ class Decoder:
         self._large = None
         self._last_large = large.total
         self.read_hint = LARGE_READ
-        return large.packet
+        packet = large.packet
+        header = large.header
+        b0 = header[0]
+        shape = (header[:-2] if b0 & 6 else header, large.total)
+        # Two alike in a row: the next is read as another (repeat_buffers).
+        self._repeat = (header, packet.topic, b0, large.total) if shape == self._shape else None
+        self._shape = shape
+        return packet
+
+    def repeat_buffers(self) -> list | None:
+        """Between large PUBLISHes (``read_hint``): a header buffer and a payload buffer for
+        one read (``recvmsg_into``) that expects the next frame to be like the last large one
+        (same topic, flags and size: a device sending its readings), so that its payload
+        arrives straight in a buffer of its own. None when there is no such frame yet."""
+        rep = self._repeat
+        if (rep is None or self._buf or self._large is not None or self._ready is not None
+                or self._gen is not None):
+            return None
+        self.repeat_parts = parts = [bytearray(len(rep[0])), bytearray(rep[3])]
+        return parts
+
+    def repeated(self, n: int):
+        """``n`` bytes were received into ``repeat_parts``. The PUBLISH in a tuple when they
+        start with the expected header and hold the whole payload; nothing when the rest of
+        its payload is still to come (into ``room``); None when they are not that frame
+        (``unexpected`` gives them back as plain bytes for ``feed``)."""
+        head, payload = self.repeat_parts
+        want, topic, b0, size = self._repeat
+        h = len(want)
+        pid = None
+        if n < h:
+            self._repeat = None
+            return None
+        if b0 & 6:
+            # Only the packet identifier may differ; feed checks a zero one.
+            pid = head[h - 2] << 8 | head[h - 1]
+            if pid == 0 or head[:h - 2] != want[:h - 2]:
+                self._repeat = None
+                return None
+        elif head != want:
+            self._repeat = None  # not until two alike again
+            return None
+        if h + size > self.max_packet_size:  # lowered by a reload: feed refuses it
+            self._repeat = None
+            return None
+        self.repeat_parts = None
+        packet = Publish(topic, payload, b0 >> 1 & 3, b0 & 1 == 1, b0 & 8 == 8, pid)
+        got = n - h
+        if got == size:
+            return (packet,)
+        self._large = _Large(packet, h, got, size, want)
+        self.room = memoryview(payload)[got:]
+        return _NOTHING
+
+    def unexpected(self, n: int) -> bytes:
+        """The ``n`` bytes received into ``repeat_parts`` that ``repeated`` did not take."""
+        head, payload = self.repeat_parts
+        self.repeat_parts = None
+        h = len(head)
+        if n <= h:
+            return bytes(head[:n])
+        return bytes(head) + payload[:n - h]
 
     def _frames(self, first, src):
         # Decode from an immutable snapshot: slicing bytes gives bytes with one copy.
@@ -718,7 +788,7 @@ class Decoder:
         payload = bytearray(min(total, max(2 * got, LARGE_READ, self._last_large)))
         payload[:got] = memoryview(buf)[start:n]
         packet.payload = payload
-        self._large = _Large(packet, start - pos, got, total)
+        self._large = _Large(packet, start - pos, got, total, bytes(memoryview(buf)[pos:start]))
         self.room = memoryview(payload)[got:]
 
 

@@ -254,21 +254,34 @@ class Transport:
                     return
                 client.payload_received(n)
             else:
-                want = decoder.read_hint
-                n = self._recv_into(loop.buffer, want)
-                if not n:
-                    return
-                client.data_received(loop.view[:n])
+                parts = decoder.repeat_buffers()
+                if parts is not None:
+                    # The next frame is expected to be like the last: one read puts its
+                    # header and its payload in buffers of their own.
+                    want = len(parts[0]) + len(parts[1])
+                    n = self._recv_into(parts, 0)
+                    del parts
+                    if not n:
+                        decoder.repeat_parts = None  # an idle connection keeps no buffer
+                        return
+                    client.repeat_received(n)
+                else:
+                    want = decoder.read_hint
+                    n = self._recv_into(loop.buffer, want)
+                    if not n:
+                        return
+                    client.data_received(loop.view[:n])
             total += n
             if (n < want or total >= len(loop.buffer) or self.closing or self.closed
                     or self.paused or decoder.room is None and not decoder.read_hint):
                 return
 
     def _recv_into(self, target, nbytes: int) -> int:
-        """Receive into ``target`` (``nbytes`` at most, 0: its size); 0 when nothing came (an
-        error or the end of the stream is handled here)."""
+        """Receive into ``target`` (``nbytes`` at most, 0: its size; a list: into its buffers
+        in turn); 0 when nothing came (an error or the end of the stream is handled here)."""
         try:
-            n = self.sock.recv_into(target, nbytes)
+            n = (self.sock.recv_into(target, nbytes) if type(target) is not list else
+                 self.sock.recvmsg_into(target)[0])
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
