@@ -842,7 +842,7 @@ def scatter(buffers: list, data: bytes) -> None:
 
 def read_like_the_transport(decoder: Decoder, stream: bytes, sizes: list, keeps: set) -> list:
     """Consume ``stream`` as Transport.read does: into ``decoder.room`` while a large payload
-    arrives; into ``decoder.repeat_parts`` when a large PUBLISH like the last two is
+    arrives; into ``decoder.repeat_buffers()`` when a large PUBLISH like the last two is
     expected; else reads of ``read_hint`` bytes (or of the next size). Some reads are kept
     (a throttled client) and decoded with the next one."""
     out = []
@@ -855,15 +855,15 @@ def read_like_the_transport(decoder: Decoder, stream: bytes, sizes: list, keeps:
             room[:n] = stream[pos:pos + n]
             del room
             out += decoder.filled(n)
-        elif decoder.read_hint and decoder.repeat_buffers() is not None:
+        elif decoder.read_hint and (parts := decoder.repeat_buffers()) is not None:
             # The next frame is expected to be like the last two: header and payload apart.
-            n = min(sum(len(b) for b in decoder.repeat_parts), size, len(stream) - pos)
-            scatter(decoder.repeat_parts, stream[pos:pos + n])
+            n = min(len(parts[0]) + len(parts[1]), size, len(stream) - pos)
+            scatter(parts, stream[pos:pos + n])
             if k in keeps:  # a throttled client keeps the bytes as they are
-                decoder.keep(decoder.unexpected(n))
+                decoder.keep(decoder.unexpected(parts, n))
             else:
-                got = decoder.repeated(n)
-                out += decoder.feed(decoder.unexpected(n)) if got is None else got
+                got = decoder.repeated(parts, n)
+                out += decoder.feed(decoder.unexpected(parts, n)) if got is None else got
         else:
             n = min(decoder.read_hint or size, len(stream) - pos)
             chunk = memoryview(bytearray(stream[pos:pos + n]))  # a reused buffer's view
@@ -951,15 +951,15 @@ def read_large_way(decoder: Decoder, data: bytes) -> list:
 
 
 def read_repeat(decoder: Decoder, data: bytes, n: int | None = None) -> list:
-    """One read into ``repeat_parts`` of the first ``n`` bytes of ``data`` (all it takes when
-    None), as Transport._read_large makes it, and what it decodes."""
+    """One read into ``repeat_buffers()`` of the first ``n`` bytes of ``data`` (all they take
+    when None), as Transport._read_large makes it, and what it decodes."""
     parts = decoder.repeat_buffers()
     assert parts is not None
     n = min(len(parts[0]) + len(parts[1]), len(data)) if n is None else n
     scatter(parts, data[:n])
-    got = decoder.repeated(n)
+    got = decoder.repeated(parts, n)
     if got is None:
-        return decode_all(decoder.unexpected(n), decoder)
+        return decode_all(decoder.unexpected(parts, n), decoder)
     return list(got)
 
 
@@ -974,11 +974,21 @@ def test_two_alike_large_publishes_make_the_next_arrive_in_a_buffer_of_its_own()
         parts = decoder.repeat_buffers()
         assert [len(b) for b in parts] == [len(frames[i]) - 20_000, 20_000]
         scatter(parts, frames[i])
-        got = decoder.repeated(len(frames[i]))
+        got = decoder.repeated(parts, len(frames[i]))
         assert same(got, [Publish("dev/1/raw", bodies[i], 0, True)])
         assert got[0].payload is parts[1]    # the read's buffer is the payload: no copy
-        assert decoder.repeat_parts is None and decoder.buffered == 0
+        assert decoder.buffered == 0
         assert decoder.read_hint == LARGE_READ
+
+
+@pytest.mark.parametrize("second", [("dev/2", 20_000, 0), ("dev/1", 20_001, 0),
+                                    ("dev/1", 20_000, 1)])
+def test_two_large_publishes_that_differ_expect_nothing(second):
+    decoder = Decoder()
+    read_large_way(decoder, publish_frame("dev/1", bytes(20_000)))
+    topic, size, qos = second
+    read_large_way(decoder, publish_frame(topic, bytes(size), qos, 5))
+    assert decoder.repeat_buffers() is None
 
 
 def test_a_repeated_qos1_publish_takes_its_own_packet_identifier():
@@ -1017,7 +1027,6 @@ def test_what_is_not_the_expected_publish_is_decoded_as_usual(other):
                      "qos": Publish("dev/7", body, 2, packet_id=9)}[other], Publish("dev/7", body)]
     n = 3 if other == "short read" else None
     out = read_repeat(decoder, stream, n)
-    assert decoder.repeat_parts is None
     consumed = n if n is not None else min(len(stream), len(publish_frame("dev/7", body)))
     out += decode_all(stream[consumed:], decoder)
     assert same(out, expected)

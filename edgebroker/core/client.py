@@ -155,14 +155,14 @@ class Client:
         if not self.closed:
             self._handle(self.decoder.filled(n), n)
 
-    def repeat_received(self, n: int) -> None:
-        """``n`` bytes were received into ``decoder.repeat_parts``."""
+    def repeat_received(self, parts: list, n: int) -> None:
+        """``n`` bytes were received into ``parts``, from ``decoder.repeat_buffers()``."""
         if self.closed:
             return
         decoder = self.decoder
-        packets = None if self.halted else decoder.repeated(n)
+        packets = None if self.halted else decoder.repeated(parts, n)
         if packets is None:
-            self.data_received(decoder.unexpected(n))
+            self.data_received(decoder.unexpected(parts, n))
         else:
             self._handle(packets, n)
 

@@ -486,8 +486,7 @@ class Decoder:
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
     __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen", "_src", "_large",
-                 "_ready", "room", "read_hint", "_last_large", "_shape", "_repeat",
-                 "repeat_parts")
+                 "_ready", "room", "read_hint", "_last_large", "_shape")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE):
         self.max_packet_size = max_packet_size
@@ -501,13 +500,10 @@ class Decoder:
         self.room: memoryview | None = None  # where the rest of that payload goes (recv_into)
         self.read_hint = 0       # bytes the next read should take (0: as many as it can)
         self._last_large = 0     # payload size of the last large PUBLISH that arrived whole
-        # Its header (the frame's bytes before the payload, without a packet identifier)
-        # and payload size; when the one before was alike, what the next is expected to be
-        # (header with packet identifier, topic, first byte, payload size), and the buffers
-        # of a read that expects it (repeat_buffers).
+        # Its header (the frame's bytes before the payload, without a packet identifier),
+        # payload size and, when the one before was alike, what the next is expected to be:
+        # (header, topic, first byte, payload size), or None (see repeat_buffers).
         self._shape: tuple | None = None
-        self._repeat: tuple | None = None
-        self.repeat_parts: list | None = None
 
     @property
     def buffered(self) -> int:
@@ -621,10 +617,12 @@ class Decoder:
         packet = large.packet
         header = large.header
         b0 = header[0]
-        shape = (header[:-2] if b0 & 6 else header, large.total)
+        key = header[:-2] if b0 & 6 else header
+        last = self._shape
         # Two alike in a row: the next is read as another (repeat_buffers).
-        self._repeat = (header, packet.topic, b0, large.total) if shape == self._shape else None
-        self._shape = shape
+        expect = ((header, packet.topic, b0, large.total)
+                  if last is not None and last[0] == key and last[1] == large.total else None)
+        self._shape = (key, large.total, expect)
         return packet
 
     def repeat_buffers(self) -> list | None:
@@ -632,50 +630,46 @@ class Decoder:
         one read (``recvmsg_into``) that expects the next frame to be like the last large one
         (same topic, flags and size: a device sending its readings), so that its payload
         arrives straight in a buffer of its own. None when there is no such frame yet."""
-        rep = self._repeat
-        if (rep is None or self._buf or self._large is not None or self._ready is not None
-                or self._gen is not None):
+        shape = self._shape
+        if (shape is None or shape[2] is None or self._buf or self._large is not None
+                or self._ready is not None or self._gen is not None):
             return None
-        self.repeat_parts = parts = [bytearray(len(rep[0])), bytearray(rep[3])]
-        return parts
+        want = shape[2]
+        return [bytearray(len(want[0])), bytearray(want[3])]
 
-    def repeated(self, n: int):
-        """``n`` bytes were received into ``repeat_parts``. The PUBLISH in a tuple when they
-        start with the expected header and hold the whole payload; nothing when the rest of
-        its payload is still to come (into ``room``); None when they are not that frame
-        (``unexpected`` gives them back as plain bytes for ``feed``)."""
-        head, payload = self.repeat_parts
-        want, topic, b0, size = self._repeat
+    def repeated(self, parts: list, n: int):
+        """``n`` bytes were received into ``parts`` (from ``repeat_buffers``). The PUBLISH in a
+        tuple when they start with the expected header and hold the whole payload; nothing
+        when the rest of its payload is still to come (into ``room``); None when they are
+        not that frame (``unexpected`` gives them back as plain bytes for ``feed``)."""
+        head, payload = parts
+        shape = self._shape
+        want, topic, b0, size = shape[2]
         h = len(want)
         pid = None
-        if n < h:
-            self._repeat = None
-            return None
-        if b0 & 6:
-            # Only the packet identifier may differ; feed checks a zero one.
-            pid = head[h - 2] << 8 | head[h - 1]
-            if pid == 0 or head[:h - 2] != want[:h - 2]:
-                self._repeat = None
-                return None
-        elif head != want:
-            self._repeat = None  # not until two alike again
-            return None
-        if h + size > self.max_packet_size:  # lowered by a reload: feed refuses it
-            self._repeat = None
-            return None
-        self.repeat_parts = None
-        packet = Publish(topic, payload, b0 >> 1 & 3, b0 & 1 == 1, b0 & 8 == 8, pid)
-        got = n - h
-        if got == size:
-            return (packet,)
-        self._large = _Large(packet, h, got, size, want)
-        self.room = memoryview(payload)[got:]
-        return _NOTHING
+        if n >= h:
+            if b0 & 6:
+                # Only the packet identifier may differ; feed checks a zero one.
+                pid = head[h - 2] << 8 | head[h - 1]
+                same = pid != 0 and head[:h - 2] == want[:h - 2]
+            else:
+                same = head == want
+            # (A maximum lowered by a reload below the frame's size: feed refuses it.)
+            if same and h + size <= self.max_packet_size:
+                packet = Publish(topic, payload, b0 >> 1 & 3, b0 & 1 == 1, b0 & 8 == 8, pid)
+                got = n - h
+                if got == size:
+                    return (packet,)
+                self._large = _Large(packet, h, got, size, want)
+                self.room = memoryview(payload)[got:]
+                return _NOTHING
+        self._shape = (shape[0], shape[1], None)  # not until two alike again
+        return None
 
-    def unexpected(self, n: int) -> bytes:
-        """The ``n`` bytes received into ``repeat_parts`` that ``repeated`` did not take."""
-        head, payload = self.repeat_parts
-        self.repeat_parts = None
+    @staticmethod
+    def unexpected(parts: list, n: int) -> bytes:
+        """The ``n`` bytes received into ``parts`` that ``repeated`` did not take."""
+        head, payload = parts
         h = len(head)
         if n <= h:
             return bytes(head[:n])

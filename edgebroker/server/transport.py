@@ -260,11 +260,10 @@ class Transport:
                     # header and its payload in buffers of their own.
                     want = len(parts[0]) + len(parts[1])
                     n = self._recv_into(parts, 0)
-                    del parts
                     if not n:
-                        decoder.repeat_parts = None  # an idle connection keeps no buffer
                         return
-                    client.repeat_received(n)
+                    client.repeat_received(parts, n)
+                    del parts
                 else:
                     want = decoder.read_hint
                     n = self._recv_into(loop.buffer, want)
