@@ -772,8 +772,8 @@ class Decoder:
 
     def _receive_large(self, packet: Publish, buf: bytes, pos: int, start: int, n: int,
                        end: int) -> None:
-        """The frame at ``pos`` ends at ``end``, past the ``n`` bytes of ``buf``; its payload
-        starts at ``start``."""
+        """The frame at ``pos`` ends at ``end``, past the ``n`` bytes of ``buf`` (bytes); its
+        payload starts at ``start``."""
         got = n - start
         total = end - start
         # Twice what has arrived, or as much as this connection's last large packet (which
@@ -782,7 +782,7 @@ class Decoder:
         payload = bytearray(min(total, max(2 * got, LARGE_READ, self._last_large)))
         payload[:got] = memoryview(buf)[start:n]
         packet.payload = payload
-        self._large = _Large(packet, start - pos, got, total, bytes(memoryview(buf)[pos:start]))
+        self._large = _Large(packet, start - pos, got, total, buf[pos:start])
         self.room = memoryview(payload)[got:]
 
 

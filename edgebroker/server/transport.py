@@ -256,14 +256,13 @@ class Transport:
             else:
                 parts = decoder.repeat_buffers()
                 if parts is not None:
-                    # The next frame is expected to be like the last: one read puts its
-                    # header and its payload in buffers of their own.
+                    # The next frame is expected to be like the last two: one read puts
+                    # its header and its payload in buffers of their own.
                     want = len(parts[0]) + len(parts[1])
                     n = self._recv_into(parts, 0)
                     if not n:
                         return
                     client.repeat_received(parts, n)
-                    del parts
                 else:
                     want = decoder.read_hint
                     n = self._recv_into(loop.buffer, want)
