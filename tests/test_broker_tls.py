@@ -335,7 +335,7 @@ def test_connections_the_broker_ends_get_a_close_notify(tmp_path, pki, uid, how)
 
 def test_a_client_close_notify_is_answered(tlssrv, pki, uid):
     # The broker answers a client's close_notify with its own (unwrap waits for it, and raises
-    # SSLEOFError without it); a client that just closes its socket gets nothing. The next
+    # SSLEOFError without it). A client that just closes its socket is simply gone; the next
     # client is served as usual.
     for polite in (True, False):
         tls = _strict_tls_client(tlssrv, pki, 3, f"{uid}-{polite}")
