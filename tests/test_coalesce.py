@@ -7,8 +7,11 @@ waits are measured against a coalesce_ms far above a loopback round trip, and on
 of several is compared where the bound is an upper one.
 """
 
+import selectors
 import signal
+import socket
 import statistics
+import threading
 import time
 
 import mqttraw as m
@@ -184,3 +187,51 @@ def test_the_end_of_a_connection_is_not_held(broker, uid):
         assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
     assert statistics.median(waits) < 0.05, waits
     assert statistics.median(http) < 0.05, http
+
+
+def test_a_held_pass_waits_no_longer_than_the_next_timer(broker, uid):
+    # While slow publishers keep the loop holding its output for coalesce_ms (100 ms) at a
+    # time, with nothing else arriving, a timer that falls due inside a hold fires on time,
+    # not at the hold's end: here the connect timeout (0.5 s) of connections that never send
+    # CONNECT. Held to the hold's end, a timer would be up to 100 ms late.
+    timeout = 0.5
+    b = broker(coalesce_ms=100, limits={"connect_timeout": timeout})
+    devices = _devices(b, uid, 60)
+    time.sleep(SLOW_GAP)  # each device's next PUBLISH comes from a slow publisher
+    stop = threading.Event()
+
+    def publish_round_robin():
+        # One device every 110 ms (each device every 6.6 s: slow): each message starts a
+        # hold that ends, with nothing else arriving, just before the next message.
+        i = 0
+        while not stop.wait(0.11):
+            devices[i % len(devices)].send(m.publish(f"{uid}/d", b"x"))
+            i += 1
+
+    feeder = threading.Thread(target=publish_round_robin)
+    feeder.start()
+    try:
+        time.sleep(0.3)
+        # Opened 113 ms apart, so that each timeout falls in a hold of its own (a close
+        # ends the hold it falls in) and at another point of it.
+        opened = {}
+        late = []
+        sel = selectors.DefaultSelector()
+        deadline = time.monotonic() + 10
+        while len(late) < 12 and time.monotonic() < deadline:
+            if len(opened) < 12 and time.monotonic() >= 0.113 * len(opened) + min(
+                    opened.values(), default=0.0):
+                s = socket.create_connection(("127.0.0.1", b.port))
+                opened[s] = time.monotonic()
+                sel.register(s, selectors.EVENT_READ)
+            for key, _ in sel.select(0.005):
+                if key.fileobj.recv(1) == b"":
+                    late.append(time.monotonic() - opened[key.fileobj] - timeout)
+                    sel.unregister(key.fileobj)
+        for s in opened:
+            s.close()
+    finally:
+        stop.set()
+        feeder.join()
+    assert len(late) == 12, late
+    assert statistics.median(late) < 0.02, sorted(late)
