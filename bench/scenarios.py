@@ -39,7 +39,7 @@ FLOOD_RATE = 20_000        # edgebroker's messages_rate in "throttled" (per clie
 LOG_SEGMENT = 16 << 20     # log.segment_bytes
 LOG_RETENTION = 1 << 30    # log.retention_bytes
 LOG_FLUSH_S = 0.1          # log.flush_interval_ms
-LOG_RECORD_EXTRA = 46      # record header (34), client id "bench-pub-0" and topic "bench/0"
+LOG_RECORD_EXTRA = 53      # header (34), client id ("bpub-0-<pid>", about 12), topic "bench/0"
 LOG_PASS = 4               # records per write: what one loop pass takes in at 64 KiB
 
 

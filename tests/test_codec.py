@@ -734,10 +734,15 @@ def test_hypothesis_mutated_frames_raise_only_protocol_error(packets, data):
 
 # ----------------------------------------------------------------------------- large PUBLISH
 
+def publish_frame(topic: str, payload: bytes, qos: int = 0, pid: int = 0, retain: bool = False,
+                  dup: bool = False) -> bytes:
+    first = 0x30 | qos << 1 | (1 if retain else 0) | (8 if dup else 0)
+    return frame(first, s(topic) + (u16(pid) if qos else b"") + payload)
+
+
 def large_publish(size: int, qos: int = 0, topic: str = "big/t", pid: int = 7) -> tuple:
     payload = random.Random(size).randbytes(size)
-    body = s(topic) + (u16(pid) if qos else b"") + payload
-    return frame(0x30 | qos << 1, body), payload
+    return publish_frame(topic, payload, qos, pid), payload
 
 
 def test_large_publish_in_pieces_gets_a_payload_buffer_of_its_own():
@@ -925,12 +930,6 @@ def test_an_acknowledgement_ends_the_short_reads_after_a_large_packet():
 
 
 # ------------------------------------------- a large PUBLISH like the last two, read apart
-
-
-def publish_frame(topic: str, payload: bytes, qos: int = 0, pid: int = 0, retain: bool = False,
-                  dup: bool = False) -> bytes:
-    first = 0x30 | qos << 1 | (1 if retain else 0) | (8 if dup else 0)
-    return frame(first, s(topic) + (u16(pid) if qos else b"") + payload)
 
 
 def read_large_way(decoder: Decoder, data: bytes) -> list:

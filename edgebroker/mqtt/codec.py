@@ -472,12 +472,11 @@ LARGE_READ = 4096
 class _Large:
     """A large PUBLISH being received: the packet, its payload buffer (so far) and size."""
 
-    __slots__ = ("packet", "head", "got", "total", "header")
+    __slots__ = ("packet", "header", "got", "total")
 
-    def __init__(self, packet: Publish, head: int, got: int, total: int, header: bytes):
+    def __init__(self, packet: Publish, header: bytes, got: int, total: int):
         self.packet = packet   # packet.payload: a bytearray, filled up to ``got``
-        self.head = head       # bytes of the frame before the payload
-        self.header = header   # ... those bytes
+        self.header = header   # the bytes of the frame before the payload
         self.got = got
         self.total = total
 
@@ -486,7 +485,7 @@ class Decoder:
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
     __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen", "_src", "_large",
-                 "_ready", "room", "read_hint", "_last_large", "_shape")
+                 "_ready", "room", "read_hint", "_shape")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE):
         self.max_packet_size = max_packet_size
@@ -499,17 +498,17 @@ class Decoder:
         self._ready: Publish | None = None  # a completed large PUBLISH not handed out yet
         self.room: memoryview | None = None  # where the rest of that payload goes (recv_into)
         self.read_hint = 0       # bytes the next read should take (0: as many as it can)
-        self._last_large = 0     # payload size of the last large PUBLISH that arrived whole
-        # Its header (the frame's bytes before the payload, without a packet identifier),
-        # payload size and, when the one before was alike, what the next is expected to be:
-        # (header, topic, first byte, payload size), or None (see repeat_buffers).
+        # The last large PUBLISH that arrived whole: its header (the frame's bytes before the
+        # payload, without a packet identifier), payload size and, when the one before was
+        # alike, what the next is expected to be: (header, topic, first byte, payload size),
+        # or None (see repeat_buffers).
         self._shape: tuple | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet handed out as packets (approximate while iterating)."""
         large = self._large
-        return len(self._buf) + (large.head + large.got if large is not None else 0)
+        return len(self._buf) + (len(large.header) + large.got if large is not None else 0)
 
     def feed(self, data):
         """Add ``data`` (bytes-like) and return a generator of the complete packets (a tuple
@@ -612,7 +611,6 @@ class Decoder:
             self.room = memoryview(payload)[large.got:]
             return None
         self._large = None
-        self._last_large = large.total
         self.read_hint = LARGE_READ
         packet = large.packet
         header = large.header
@@ -660,7 +658,7 @@ class Decoder:
                 got = n - h
                 if got == size:
                     return (packet,)
-                self._large = _Large(packet, h, got, size, want)
+                self._large = _Large(packet, want, got, size)
                 self.room = memoryview(payload)[got:]
                 return _NOTHING
         self._shape = (shape[0], shape[1], None)  # not until two alike again
@@ -779,10 +777,11 @@ class Decoder:
         # Twice what has arrived, or as much as this connection's last large packet (which
         # arrived whole): a client that announces a large packet and sends little gets
         # little memory.
-        payload = bytearray(min(total, max(2 * got, LARGE_READ, self._last_large)))
+        last = self._shape[1] if self._shape is not None else 0
+        payload = bytearray(min(total, max(2 * got, LARGE_READ, last)))
         payload[:got] = memoryview(buf)[start:n]
         packet.payload = payload
-        self._large = _Large(packet, start - pos, got, total, buf[pos:start])
+        self._large = _Large(packet, buf[pos:start], got, total)
         self.room = memoryview(payload)[got:]
 
 
