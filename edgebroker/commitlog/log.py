@@ -180,6 +180,9 @@ class CommitLog:
         # Small records are built in C into a staging area (core thread; see append).
         # ``_stage`` is the open staging area's state, None while records take the long way.
         self._staging = _native.appender(STAGING_BYTES, STAGING_BYTES // 32)
+        # Views of its records and their index entries (fixed sizes: exported for its life).
+        self._staged = memoryview(self._staging.data)
+        self._staged_index = memoryview(self._staging.index)
         self._append_record = _native.append_record
         self._append_held = _native.append_held
         self._held: list = []   # the payloads of the staged records of _append_held, in order
@@ -777,6 +780,9 @@ class CommitLog:
         On a write error (disk full, I/O error) the partial write is truncated away, the records
         stay pending for the next call, and ``LogWriteError`` says what and where.
         """
+        stage = self._stage
+        if stage is not None and stage.count and not self._groups and self._write_stage(stage):
+            return self._written
         self._unstage()
         while self._groups:
             g = self._groups[0]
@@ -795,21 +801,8 @@ class CommitLog:
                     log.error("commit log write failed: %s; %d records (%d bytes) kept in memory "
                               "and retried", exc, self._next - self._written, self._pending)
                 raise
-            start = seg.count * INDEX_ENTRY_SIZE
-            seg.index[start:start + len(g.index)] = g.index
-            with self._lock:
-                seg.size += g.nbytes
-                seg.count += g.count
-                seg.next_offset = g.last_offset + 1
-                seg.max_timestamp = g.max_ts
-                if seg.first_timestamp is None:
-                    seg.first_timestamp = g.first_ts
-                self._written = g.last_offset + 1
-                self._unsynced[seg.base_offset] = seg
-                self._needs_sync = True
-            self.counters.writes += 1
-            self.counters.appended_records += g.count
-            self.counters.appended_bytes += g.nbytes
+            self._written_to(seg, g.index, g.count, g.nbytes, g.last_offset + 1, g.max_ts,
+                             g.first_ts)
             self._pending -= g.nbytes
             self._groups.pop(0)
             if seg.full and not (self._groups and self._groups[0].segment is seg):
@@ -818,6 +811,80 @@ class CommitLog:
             self._failing = False
             log.warning("commit log writes work again; everything pending is written")
         return self._written
+
+    def _write_stage(self, stage) -> bool:
+        """``write_pending``'s common pass: every pending record is staged (no group waits),
+        so they are written straight from the staging area and their held payloads, with no
+        group between. False, having changed nothing, when that pass cannot be taken or its
+        one write fails or falls short; the long way then writes the same bytes again."""
+        seg = self._stage_seg
+        n = stage.count
+        if not seg.created or seg.count + n > seg.index_capacity:
+            return False
+        used = stage.used
+        staged = self._staged
+        held = self._held
+        if held:
+            where = self._staging.held
+            parts = []
+            done = 0
+            for i, payload in enumerate(held):
+                end = where[i]
+                if end > done:
+                    parts.append(staged[done:end])
+                parts.append(payload)
+                done = end
+            if done < used:
+                parts.append(staged[done:used])
+            nbytes = used + self._held_bytes
+            if len(parts) > IOV_MAX:
+                return False
+            try:
+                if os.pwritev(seg.fd, parts, seg.size) != nbytes:
+                    return False
+            except OSError:
+                return False
+            held.clear()
+            self._held_bytes = 0
+            stage.held_count = 0
+        else:
+            nbytes = used
+            try:
+                if os.pwrite(seg.fd, staged[:used], seg.size) != nbytes:
+                    return False
+            except OSError:
+                return False
+        next_offset = stage.next_offset
+        seg.reserved_max_ts = max_ts = stage.max_ts
+        self._written_to(seg, self._staged_index[:n * INDEX_ENTRY_SIZE], n, nbytes, next_offset,
+                         max_ts, stage.staged_first_ts)
+        seg.reserved_size = stage.position
+        seg.reserved_count += n
+        self._next = next_offset
+        stage.used = 0
+        stage.count = 0
+        return True
+
+    def _written_to(self, seg: Segment, index, count: int, nbytes: int, next_offset: int,
+                    max_ts: int, first_ts: int) -> None:
+        """``count`` records (``nbytes``, their ``index`` entries) were just written at the end
+        of ``seg``: readers, the flusher and the counters may see them."""
+        start = seg.count * INDEX_ENTRY_SIZE
+        seg.index[start:start + len(index)] = index
+        with self._lock:
+            seg.size += nbytes
+            seg.count += count
+            seg.next_offset = next_offset
+            seg.max_timestamp = max_ts
+            if seg.first_timestamp is None:
+                seg.first_timestamp = first_ts
+            self._written = next_offset
+            self._unsynced[seg.base_offset] = seg
+            self._needs_sync = True
+        counters = self.counters
+        counters.writes += 1
+        counters.appended_records += count
+        counters.appended_bytes += nbytes
 
     def _write_at(self, seg: Segment, parts: list, nbytes: int, position: int) -> None:
         if len(parts) <= IOV_MAX:
