@@ -478,12 +478,17 @@ class Loop:
         held = 0           # passes whose log write and output wait for more input (see below)
         hold_end = 0.0     # ... at the latest until then (see hold_window)
         due = 0.0
+        lone = False       # the last look for more input, with a client waiting, found none
         while not self._stop:
             if held:
                 # Output is held back to look for more input: without waiting when a client
                 # waits for it, else until hold_end or the next timer.
-                wait = 0.0 if broker.prompt else min(hold_end, due) - clock()
-                ready = dispatch(wait if wait > 0.0 else 0.0, on_error)
+                if broker.prompt:
+                    ready = dispatch(0.0, on_error)
+                    lone = not ready
+                else:
+                    wait = min(hold_end, due) - clock()
+                    ready = dispatch(wait if wait > 0.0 else 0.0, on_error)
             else:
                 due = self._deadline()
                 ready = dispatch(min(MAX_WAIT, max(0.0, due - clock())), on_error)
@@ -505,7 +510,10 @@ class Loop:
                 # would hold more memory.
                 if not held:
                     hold_end = start + self.hold_window
-                if ready and held < HOLD_PASSES or not broker.prompt and now < hold_end:
+                # A client that waits alone (one connection ready, and the last look found
+                # nothing more) is answered at once: the look would cost it a poll.
+                if (ready and held < HOLD_PASSES and not (ready == 1 and lone and broker.prompt)
+                        or not broker.prompt and now < hold_end):
                     held += 1
                     record_pass(clock() - start)
                     continue
