@@ -815,8 +815,8 @@ class CommitLog:
     def _write_stage(self, stage) -> bool:
         """``write_pending``'s common pass: every pending record is staged (no group waits),
         so they are written straight from the staging area and their held payloads, with no
-        group between. False, having changed nothing, when that pass cannot be taken or its
-        one write fails or falls short; the long way then writes the same bytes again."""
+        group between. False, having changed nothing, when that pass cannot be taken or the
+        write fails; the long way then writes the same bytes again."""
         seg = self._stage_seg
         n = stage.count
         if not seg.created or seg.count + n > seg.index_capacity:
@@ -837,23 +837,17 @@ class CommitLog:
             if done < used:
                 parts.append(staged[done:used])
             nbytes = used + self._held_bytes
-            if len(parts) > IOV_MAX:
-                return False
-            try:
-                if os.pwritev(seg.fd, parts, seg.size) != nbytes:
-                    return False
-            except OSError:
-                return False
+        else:
+            parts = [staged[:used]]
+            nbytes = used
+        try:
+            self._write_at(seg, parts, nbytes, seg.size)
+        except LogWriteError:
+            return False  # the long way tries again, and reports
+        if held:
             held.clear()
             self._held_bytes = 0
             stage.held_count = 0
-        else:
-            nbytes = used
-            try:
-                if os.pwrite(seg.fd, staged[:used], seg.size) != nbytes:
-                    return False
-            except OSError:
-                return False
         next_offset = stage.next_offset
         seg.reserved_max_ts = max_ts = stage.max_ts
         self._written_to(seg, self._staged_index[:n * INDEX_ENTRY_SIZE], n, nbytes, next_offset,
