@@ -170,6 +170,16 @@ def _notes(kind: str, ok: list) -> str:
     return ""
 
 
+def _log_disk(ok: list) -> float | None:
+    """The run's log-disk ceiling (MB/s the state disk took of the large-payload log with no
+    broker), when the generator ceiling measured it: no logging broker forwards faster."""
+    for r in ok:
+        for key, value in (r.get("generator_ceiling") or {}).items():
+            if key.startswith("log disk,") and key.endswith("MB/s") and value:
+                return value
+    return None
+
+
 def summarize(records: list[dict], names: list[str], broker_names: list[str]) -> list[dict]:
     """One row per scenario and broker: medians over the rounds that produced a figure."""
     rows = []
@@ -203,6 +213,9 @@ def summarize(records: list[dict], names: list[str], broker_names: list[str]) ->
                 row["met"] = evaluate(name, by_broker)
                 if medians.get("mosquitto") and medians[b] is not None:
                     row["ratio"] = medians[b] / medians["mosquitto"]
+                disk = _log_disk(ok) if spec["unit"] == "MB/s" else None
+                if disk and medians[b] is not None:
+                    row["notes"] += f"; {medians[b] / disk:.2f}× the log disk's {fmt(disk)} MB/s"
                 if spec["kind"] == "idle" and by_broker.get("mosquitto") and ok:
                     a = _median(ok, "connect_rate")
                     m = _median(by_broker["mosquitto"], "connect_rate")

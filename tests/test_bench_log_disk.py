@@ -53,3 +53,22 @@ def test_log_disk_ceiling_names_other_sizes(tmp_path):
     out = scenarios.log_disk_ceiling(20, 512, directory=str(tmp_path))
     assert "log disk, 512 B records MB/s" in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_summary_gives_the_64k_ratio_to_the_log_disk():
+    import report  # noqa: E402 (bench/, on the path above)
+    gen = {"log disk, 64 KiB records MB/s": 1000.0, "log disk write CPU us/record": 30.0}
+    records = [{"scenario": "large_64k", "broker": b, "round": r, "value": v, "loss_pct": 0.0,
+                "broker_cpu_pct": 99.0, "broker_rss_mb": 28.0, "broker_cpu_s_per_100k": 9.0,
+                "generator_ceiling": gen}
+               for r, (b, v) in enumerate([("edgebroker", 640.0), ("mosquitto", 1300.0),
+                                           ("edgebroker", 660.0), ("mosquitto", 1290.0)])]
+    rows = {r["broker"]: r for r in report.summarize(records, ["large_64k"],
+                                                     ["edgebroker", "mosquitto"])}
+    assert rows["edgebroker"]["notes"].endswith("; 0.65× the log disk's 1,000 MB/s")
+    assert "log disk" not in rows["mosquitto"]["notes"]
+    # Without the ceiling (--no-ceiling, or it failed) there is nothing to compare with.
+    for r in records:
+        r["generator_ceiling"] = None
+    rows = report.summarize(records, ["large_64k"], ["edgebroker", "mosquitto"])
+    assert all("log disk" not in r["notes"] for r in rows)
