@@ -597,8 +597,8 @@ class CommitLog:
             if n < BIG_PAYLOAD:
                 if type(payload) is bytes:
                     # The common record: small, bytes, in the open segment. Built in C
-                    # (header, CRC, index entry) into the staging area, which _unstage moves
-                    # into the write queue.
+                    # (header, CRC, index entry) into the staging area, which write_pending
+                    # writes from.
                     try:
                         offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
                                                      len(client_id), topic, len(topic), payload,
@@ -709,36 +709,54 @@ class CommitLog:
         n, used = stage.count, stage.used
         seg = self._stage_seg
         g = self._group(seg, stage.staged_first_ts)
-        staging = self._staging
-        view = memoryview(staging.data)
-        done = 0
-        held = self._held
-        if held:
-            where = staging.held
-            parts = g.parts
-            for i, payload in enumerate(held):
-                end = where[i]
-                g.open_data().extend(view[done:end])
-                parts.append(payload)
+        for part in self._staged_parts(stage):
+            if type(part) is memoryview:  # staged bytes: copied
+                g.open_data().extend(part)
+            else:  # a held payload: written from where it is
+                g.parts.append(part)
                 g.data = None
-                done = end
-            used += self._held_bytes
-            held.clear()
-            self._held_bytes = 0
-            stage.held_count = 0
-        if done < stage.used:
-            g.open_data().extend(view[done:stage.used])
-        g.index += memoryview(staging.index)[:n * INDEX_ENTRY_SIZE]
-        g.nbytes += used
+        g.index += self._staged_index[:n * INDEX_ENTRY_SIZE]
         g.count += n
         g.last_offset = stage.next_offset - 1
-        g.max_ts = seg.reserved_max_ts = stage.max_ts
-        seg.reserved_size = stage.position
-        seg.reserved_count += n
+        g.max_ts = stage.max_ts
+        used += self._take_staged(stage, seg)
+        g.nbytes += used
         self._pending += used
+
+    def _staged_parts(self, stage) -> list:
+        """The staged records' bytes in write order: views of the staging area, each held
+        payload right after its record's header, client id and topic."""
+        staged = self._staged
+        held = self._held
+        if not held:
+            return [staged[:stage.used]]
+        where = self._staging.held
+        parts = []
+        done = 0
+        for i, payload in enumerate(held):
+            end = where[i]
+            parts.append(staged[done:end])
+            parts.append(payload)
+            done = end
+        if done < stage.used:
+            parts.append(staged[done:stage.used])
+        return parts
+
+    def _take_staged(self, stage, seg: Segment) -> int:
+        """The staged records now count as appended to ``seg`` (the write queue or the file
+        has them): empty the staging area. The bytes of the held payloads it let go."""
+        seg.reserved_max_ts = stage.max_ts
+        seg.reserved_size = stage.position
+        seg.reserved_count += stage.count
         self._next = stage.next_offset
         stage.used = 0
         stage.count = 0
+        nbytes = self._held_bytes
+        if nbytes:
+            self._held.clear()
+            self._held_bytes = 0
+            stage.held_count = 0
+        return nbytes
 
     def _new_group(self, seg: Segment, timestamp_ms: int) -> _Group:
         """Start the group of records bound for ``seg``; its first record is ``timestamp_ms``'s."""
@@ -821,42 +839,14 @@ class CommitLog:
         n = stage.count
         if not seg.created or seg.count + n > seg.index_capacity:
             return False
-        used = stage.used
-        staged = self._staged
-        held = self._held
-        if held:
-            where = self._staging.held
-            parts = []
-            done = 0
-            for i, payload in enumerate(held):
-                end = where[i]
-                if end > done:
-                    parts.append(staged[done:end])
-                parts.append(payload)
-                done = end
-            if done < used:
-                parts.append(staged[done:used])
-            nbytes = used + self._held_bytes
-        else:
-            parts = [staged[:used]]
-            nbytes = used
+        nbytes = stage.used + self._held_bytes
         try:
-            self._write_at(seg, parts, nbytes, seg.size)
+            self._write_at(seg, self._staged_parts(stage), nbytes, seg.size)
         except LogWriteError:
             return False  # the long way tries again, and reports
-        if held:
-            held.clear()
-            self._held_bytes = 0
-            stage.held_count = 0
-        next_offset = stage.next_offset
-        seg.reserved_max_ts = max_ts = stage.max_ts
-        self._written_to(seg, self._staged_index[:n * INDEX_ENTRY_SIZE], n, nbytes, next_offset,
-                         max_ts, stage.staged_first_ts)
-        seg.reserved_size = stage.position
-        seg.reserved_count += n
-        self._next = next_offset
-        stage.used = 0
-        stage.count = 0
+        self._written_to(seg, self._staged_index[:n * INDEX_ENTRY_SIZE], n, nbytes,
+                         stage.next_offset, stage.max_ts, stage.staged_first_ts)
+        self._take_staged(stage, seg)
         return True
 
     def _written_to(self, seg: Segment, index, count: int, nbytes: int, next_offset: int,
