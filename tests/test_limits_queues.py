@@ -172,3 +172,36 @@ def test_a_reading_qos0_subscriber_loses_nothing_when_one_pass_routes_more_than_
     got = [int(sub.expect(PUBLISH).payload[:4]) for _ in range(n)]
     assert got == list(range(n))
     assert b.stats()["dropped"].get("max_pending_write_bytes", 0) == 0
+
+
+def test_live_qos0_waits_behind_retained_qos0_queued_at_subscribe(broker, uid):
+    """MQTT-4.6.0-6: a retained QoS 0 message that waits in the session queue (the SUBACK alone
+    fills max_pending_write_bytes) is not overtaken by a newer QoS 0 message on its topic."""
+    b = broker(limits={"max_pending_write_bytes": 1})
+    t = f"{uid}/x"
+    c = b.client(f"{uid}-c")
+    c.publish(t, b"old", qos=0, retain=True)
+    c.ping()
+    c.send(m.subscribe(c.next_pid(), [(t, 0)]) + m.publish(t, b"new", qos=0))
+    c.expect(m.SUBACK)
+    got = [c.recv_publish() for _ in range(2)]
+    assert [(p.payload, p.retain) for p in got] == [(b"old", True), (b"new", False)]
+    assert c.ping() == [] and b.client_row(f"{uid}-c")["queued"] == 0
+
+
+def test_qos0_is_not_held_behind_a_backlog_of_qos1(broker, uid):
+    """Order is per topic and QoS: a QoS 0 message for a subscriber whose queue holds only QoS 1
+    messages (its window is full) goes out at once."""
+    b = broker(limits={"max_inflight_messages": 1})
+    s = b.client(f"{uid}-s")
+    s.subscribe(f"{uid}/q", qos=1)
+    s.subscribe(f"{uid}/z", qos=0)
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/q", b"1", qos=1)
+    pub.publish(f"{uid}/q", b"2", qos=1)   # waits: the window holds 1
+    pub.publish(f"{uid}/z", b"now", qos=0)
+    first, second = s.recv_publish(ack=False), s.recv_publish()
+    assert (first.payload, second.payload) == (b"1", b"now")
+    assert b.client_row(f"{uid}-s")["queued"] == 1
+    s.ack(first)
+    assert s.recv_publish().payload == b"2"

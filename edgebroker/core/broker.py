@@ -230,6 +230,7 @@ class Broker:
         self.queued_bytes -= session.queue_bytes
         session.queue = EMPTY_QUEUE
         session.queue_bytes = 0
+        session.queued_qos0 = 0
         session.inflight.clear()
         session.inflight_bytes = 0
         if self.sessions.get(session.client_id) is session:
@@ -386,11 +387,14 @@ class Broker:
             if q == 0:
                 if client is None or session.queue:
                     # Offline, or behind a backlog that may hold older QoS 0
-                    # messages (order per topic and QoS, MQTT-4.6.0-6).
-                    if self.limits.queue_qos0_messages and not session.clean:
-                        self._enqueue(session, message, 0, False)
-                        continue
+                    # messages (order per topic and QoS, MQTT-4.6.0-6): retained
+                    # ones queued at SUBSCRIBE, or ones queued while offline.
                     if client is None:
+                        if self.limits.queue_qos0_messages and not session.clean:
+                            self._enqueue(session, message, 0, False)
+                        continue
+                    if session.queued_qos0:
+                        self._enqueue(session, message, 0, False)
                         continue
                 if frame0 is None:
                     frame0, rest0 = self._frame0(message)
@@ -509,7 +513,9 @@ class Broker:
             if limits.queue_full == "drop_old":
                 dropped = 0
                 while queue and (len(queue) >= max_messages or session.queue_bytes >= max_bytes):
-                    old = queue.popleft()[0]
+                    old, old_qos, _ = queue.popleft()
+                    if old_qos == 0:
+                        session.queued_qos0 -= 1
                     session.queue_bytes -= old.size
                     self.queued_messages -= 1
                     self.queued_bytes -= old.size
@@ -530,6 +536,8 @@ class Broker:
         if session.client is None:
             message = as_stored(message)
         session.own_queue().append((message, qos, retain))
+        if qos == 0:
+            session.queued_qos0 += 1
         session.queue_bytes += size
         self.queued_messages += 1
         self.queued_bytes += size
@@ -554,6 +562,7 @@ class Broker:
             message, qos, retain = queue[0]
             if qos == 0:
                 queue.popleft()
+                session.queued_qos0 -= 1
                 self._write_publish(client, message, 0, retain, False, None)
             # session.inflight is read each time: _send gives an empty session a dict of its own.
             elif (len(session.inflight) < window
@@ -632,6 +641,8 @@ class Broker:
                 if client.transport.out_bytes >= client.transport.max_pending:
                     client.transport.want_drain = True
                     self._enqueue(session, message, qos, True)
+                elif qos == 0 and session.queued_qos0:
+                    self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
                 elif qos == 0:
                     self._write_publish(client, message, 0, True, False, None)
                 elif (not session.queue and len(session.inflight) < self.limits.max_inflight_messages
@@ -699,6 +710,8 @@ class Broker:
                 for offset, qos, retain, size in s.queue:
                     queue.append((Stored(offset, size), qos, retain))
                     session.queue_bytes += size
+                    if qos == 0:
+                        session.queued_qos0 += 1
                 self.queued_messages += len(queue)
                 self.queued_bytes += session.queue_bytes
             if s.awaiting_release:

@@ -119,7 +119,7 @@ class Outgoing:
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
-                 "drops", "acl")
+                 "queued_qos0", "drops", "acl")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -133,6 +133,9 @@ class Session:
         self._next_id = 0
         self.dropped = 0                        # dropped in the current queue-full episode
         self.queue_bytes = 0                    # Message.size summed over the queue
+        # QoS 0 entries in the queue: while there are any, an online session's new QoS 0
+        # messages queue behind them (order per topic and QoS, MQTT-4.6.0-6).
+        self.queued_qos0 = 0
         self.inflight_bytes = 0                 # ... and over the inflight window
         self.drops: dict[str, int] | None = None  # dropped messages by reason, all time
         self.acl = None     # AclView of the last client, checked before each delivery
