@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from mqttraw import PUBACK, PUBLISH, publish
+import mqttraw as m
+from mqttraw import PUBACK, PUBCOMP, PUBLISH, PUBREC, publish
 
 
 def restart(broker, b, sig=signal.SIGTERM, **overrides):
@@ -18,8 +19,10 @@ def restart(broker, b, sig=signal.SIGTERM, **overrides):
     return broker(data_dir=b.config["data_dir"], **overrides)
 
 
-def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0) -> dict:
-    """The snapshot once it lists ``client_id`` (it is written at most 1 s after a change)."""
+def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0,
+                      pred=lambda session: True) -> dict:
+    """The snapshot once it lists ``client_id`` with a session entry for which ``pred`` holds
+    (it is written at most 1 s after a change)."""
     deadline = time.monotonic() + timeout
     pause = threading.Event()
     while time.monotonic() < deadline:
@@ -28,7 +31,7 @@ def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0) -> di
                 doc = json.load(fh)
         except (FileNotFoundError, ValueError):
             doc = {"sessions": []}
-        if any(s["client_id"] == client_id for s in doc["sessions"]):
+        if any(s["client_id"] == client_id and pred(s) for s in doc["sessions"]):
             return doc
         pause.wait(0.05)
     raise AssertionError(f"no snapshot listing {client_id!r} within {timeout} s")
@@ -105,6 +108,36 @@ def test_acknowledged_message_survives_a_crash(broker, uid, durability):
     again = b2.client(f"{uid}-s", clean=False)
     assert again.connack.session_present
     assert again.recv_publish().payload == b"acked"
+
+
+def test_qos2_id_restored_from_a_snapshot_does_not_swallow_a_new_message(broker, uid):
+    """The snapshot holds an inbound QoS 2 id awaiting PUBREL; the exchange completes, then the
+    broker crashes before the next snapshot. After the restart the id is held again, and the
+    client's next message with that id (a new one: DUP 0) must be routed, not taken for a
+    re-send (MQTT-4.3.3-2)."""
+    b = broker()
+    data_dir = b.config["data_dir"]
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=2)
+    sub.disconnect()
+    pub = b.client(f"{uid}-p", clean=False)
+    pub.send(m.publish(f"{uid}/t", b"first", qos=2, packet_id=5))
+    assert pub.expect(PUBREC).packet_id == 5
+    b.client(f"{uid}-other", clean=False).disconnect()  # a session change: a snapshot follows
+    wait_for_snapshot(data_dir, f"{uid}-p", pred=lambda s: s["awaiting_release"] == [5])
+    pub.send(m.pubrel(5))
+    assert pub.expect(PUBCOMP).packet_id == 5
+    b2 = restart(broker, b, sig=signal.SIGKILL)
+    pub = b2.client(f"{uid}-p", clean=False)
+    mark = b2.mark()
+    pub.send(m.publish(f"{uid}/t", b"second", qos=2, packet_id=5))
+    assert pub.expect(PUBREC).packet_id == 5
+    pub.send(m.pubrel(5))
+    assert pub.expect(PUBCOMP).packet_id == 5
+    assert b2.wait_log("taken as a new message", start=mark)
+    sub = b2.client(f"{uid}-s", clean=False)
+    assert [sub.recv_publish().payload for _ in range(2)] == [b"first", b"second"]
+    assert sub.ping() == []
 
 
 @pytest.mark.parametrize("backend", ["c", "python"])

@@ -79,6 +79,21 @@ def test_qos2_inbound_duplicate_before_pubrel_delivered_once(srv, uid):
     assert sub.recv_publish().payload == b"marker"
 
 
+def test_qos2_publish_without_dup_for_an_id_awaiting_pubrel_is_a_new_message(srv, uid):
+    """A re-send sets DUP (MQTT-3.3.1-1): a QoS 2 PUBLISH with DUP 0 and an id still awaiting
+    PUBREL is a new message (the client reused the id), and is delivered; logged once."""
+    sub, pub, t = pair(srv, uid, 2)
+    mark = srv.mark()
+    pub.send(m.publish(t, b"one", qos=2, packet_id=5))
+    assert pub.expect(PUBREC).packet_id == 5
+    pub.send(m.publish(t, b"two", qos=2, packet_id=5))
+    assert pub.expect(PUBREC).packet_id == 5
+    pub.send(m.pubrel(5))
+    assert pub.expect(PUBCOMP).packet_id == 5
+    assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
+    assert srv.wait_log(lambda ln: "packet id 5 (DUP 0)" in ln and f"{uid}-pub" in ln, start=mark)
+
+
 def test_qos2_packet_id_reusable_after_pubcomp(srv, uid):
     sub, pub, t = pair(srv, uid, 0)
     for payload in (b"first", b"second"):

@@ -522,9 +522,12 @@ class Client:
                 offset = publish(topic, p.payload, 1, p.retain, self)
                 broker.acknowledge(self, offset, encode_puback(pid))
             else:
-                # Exactly once: route on first receipt, ignore re-sends until PUBREL.
+                # Exactly once: route on first receipt, ignore re-sends (DUP set) until PUBREL.
                 offset = None
-                if pid not in self.session.awaiting_release:
+                awaiting = self.session.awaiting_release
+                if pid not in awaiting or not p.dup:
+                    if pid in awaiting:
+                        self._reused_id(pid)
                     offset = publish(topic, p.payload, 2, p.retain, self)
                     self.session.own_awaiting_release().add(pid)
                 broker.acknowledge(self, offset, encode_ack(P.PUBREC, pid))
@@ -533,6 +536,16 @@ class Client:
             # it again after reconnecting. Its socket is no longer read meanwhile.
             return
         broker.stats.packets_sent += 1
+
+    def _reused_id(self, pid: int) -> None:
+        """A QoS 2 PUBLISH without DUP for a packet id still awaiting PUBREL: a re-send sets
+        DUP (MQTT-3.3.1-1), so this is a new message and the client has finished the old
+        exchange. That happens after a crash, when the snapshot still held the id: routed,
+        as a new message must be (MQTT-4.3.3-2)."""
+        self.warn_once("qos2_id_reused",
+                       "QoS 2 PUBLISH with packet id %d (DUP 0) while that id awaits PUBREL: taken "
+                       "as a new message (the id was held from before a crash, or the client does "
+                       "not set DUP on re-sends)", pid)
 
     def _publisher(self, p: P.Publish):
         """What takes a PUBLISH to a topic not yet known, or from a client under an ACL:
