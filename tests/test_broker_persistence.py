@@ -1,6 +1,7 @@
 """What survives a restart or a crash: persistent sessions, queues, windows, retained messages,
 and every acknowledged message (it is in the commit log before its PUBACK)."""
 
+import glob
 import json
 import signal
 import threading
@@ -138,6 +139,34 @@ def test_qos2_id_restored_from_a_snapshot_does_not_swallow_a_new_message(broker,
     sub = b2.client(f"{uid}-s", clean=False)
     assert [sub.recv_publish().payload for _ in range(2)] == [b"first", b"second"]
     assert sub.ping() == []
+
+
+def test_snapshot_entries_past_the_end_of_a_shortened_log_are_not_restored(broker, uid):
+    """A power failure can leave the snapshot holding offsets the log no longer has (its last
+    records had not reached the disk). Those offsets are given to new messages; the entries
+    must not be restored, or the session would be sent whatever message gets them."""
+    b = broker()
+    data_dir = b.config["data_dir"]
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    marker = b"never-on-disk-" + uid.encode()
+    b.client(f"{uid}-p").publish(f"{uid}/t", marker, qos=1)
+    wait_for_snapshot(data_dir, f"{uid}-s", pred=lambda s: len(s["queue"]) == 1)
+    b.stop(signal.SIGKILL)
+    # What the disk holds after the power failure: the record torn (its payload not written).
+    (seg,) = glob.glob(f"{data_dir}/log/*.seg")
+    with open(seg, "r+b") as fh:
+        data = fh.read()
+        fh.seek(data.index(marker))
+        fh.write(b"\0" * len(marker))
+    b2 = broker(data_dir=data_dir)
+    assert b2.wait_log(lambda ln: "1 queued or unacknowledged messages" in ln, timeout=5)
+    b2.client(f"{uid}-p").publish(f"{uid}/other", b"not for the subscriber", qos=1)
+    again = b2.client(f"{uid}-s", clean=False)
+    assert again.connack.session_present
+    assert again.ping() == []
+    assert b2.stats()["counters"]["publish_lost"] == 1
 
 
 @pytest.mark.parametrize("backend", ["c", "python"])

@@ -689,10 +689,25 @@ class Broker:
         return result
 
     def restore(self, state: snap.Snapshot) -> None:
-        """Load a snapshot into an empty broker (at start, before any client connects)."""
+        """Load a snapshot into an empty broker (at start, before any client connects).
+
+        The snapshot is written when taken; the log's records reach the disk by the
+        durability setting. After a power failure the log may end before offsets the
+        snapshot holds, and the next messages get those offsets again: such entries are
+        not restored (counted as lost), or they would deliver those other messages."""
+        end = self.journal.log.next_offset if self.journal is not None else None
+        if end is None or state.log_next_offset <= end:
+            end = None  # every offset in the snapshot is in the log (or retention took it)
+        lost = 0
         for r in state.retained:
-            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, r.offset))
+            offset = r.offset if end is None or r.offset is None or r.offset < end else None
+            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset))
         for s in state.sessions:
+            if end is not None:
+                kept = [e for e in s.inflight if e[1] < end]
+                queue = [e for e in s.queue if e[0] < end]
+                lost += len(s.inflight) - len(kept) + len(s.queue) - len(queue)
+                s.inflight, s.queue = kept, queue
             session = self.sessions[s.client_id] = Session(s.client_id, clean=False)
             if s.subscriptions:
                 subscriptions = session.own_subscriptions()
@@ -718,6 +733,13 @@ class Broker:
                 session.own_awaiting_release().update(s.awaiting_release)
             session._next_id = s.next_id
         self._snapshot_offset = state.log_next_offset
+        if end is not None:
+            self.stats.publish_lost += lost
+            log.warning("the session snapshot was taken at log offset %d but the log ends at %d "
+                        "(its last records were not on disk: a power failure or system crash, "
+                        "or a damaged tail cut off at recovery): %d queued or unacknowledged messages of persistent "
+                        "sessions that were not yet on disk are lost", state.log_next_offset,
+                        end, lost)
 
     def replay(self, records) -> int:
         """Route log records written after the snapshot (retained updates, offline queues)."""
