@@ -41,6 +41,20 @@ def test_connect_v31_mqisdp_accepted(srv, uid):
     assert c.ping() == []
 
 
+def test_connect_v31_resumed_session_gets_no_session_present_flag(srv, uid):
+    """MQTT 3.1 has no session present flag (the byte is reserved): 0 even when a session
+    resumes, as Mosquitto sends; a 3.1.1 client resuming gets 1."""
+    for level, name, flags in ((3, b"MQIsdp", 0), (4, b"MQTT", 1)):
+        cid = f"{uid}-{level}"
+        first = srv.raw()
+        first.connect(cid, clean=False, proto_name=name, level=level)
+        first.disconnect()
+        again = srv.raw()
+        ack = again.connect(cid, clean=False, proto_name=name, level=level)
+        assert (ack.rc, ack.ack_flags) == (0, flags)
+        again.disconnect()
+
+
 @pytest.mark.parametrize("level", [0, 2, 6, 255])
 def test_unsupported_protocol_level_gets_rc1_then_close(srv, uid, level):
     """3.1.2.2 [MQTT-3.1.2-2]: CONNACK return code 0x01 then disconnect."""

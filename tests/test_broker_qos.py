@@ -245,12 +245,30 @@ def test_forwarded_publish_has_dup_clear(srv, uid):
     assert (p.payload, p.dup) == (b"retry", False)
 
 
-def test_acks_for_unknown_packet_ids_are_ignored(srv, uid):
+def test_acks_for_unknown_packet_ids(srv, uid):
     """PUBACK/PUBREC/PUBCOMP for ids the server does not hold are not a protocol violation
-    (e.g. a late ack after a re-send); the connection stays up (Mosquitto behaves the same)."""
+    (e.g. a late ack after a re-send); the connection stays up. A PUBREC is answered with
+    PUBREL, so a client that lost track can finish its side (MQTT-4.3.3-1); as Mosquitto."""
     c = srv.client(uid)
-    c.send(m.puback(4321) + m.pubcomp(4322))
+    c.send(m.puback(4321) + m.pubcomp(4322) + m.pubrec(4323))
+    rel = c.expect(m.PUBREL)
+    assert (rel.packet_id, rel.flags) == (4323, 0x02)
     assert c.ping() == []
+
+
+@pytest.mark.parametrize("sub_qos, ack", [(1, "pubrec"), (1, "pubcomp"), (2, "puback"),
+                                          (2, "pubcomp")])
+def test_ack_of_the_wrong_kind_closes_the_connection(srv, uid, sub_qos, ack):
+    """An acknowledgement that does not fit the message sent with its id (PUBREC for QoS 1,
+    PUBACK for QoS 2, PUBCOMP before PUBREC) is a protocol violation, as in Mosquitto."""
+    sub, pub, t = pair(srv, uid, sub_qos)
+    mark = srv.mark()
+    pub.publish(t, b"x", qos=sub_qos)
+    p = sub.recv_publish(ack=False)
+    sub.send(getattr(m, ack)(p.packet_id))
+    assert sub.expect_closed(5)
+    line = srv.wait_log(lambda ln: "protocol violation" in ln and f"{uid}-sub" in ln, start=mark)
+    assert line and f"for packet id {p.packet_id}, which is a QoS {sub_qos} message" in line, line
 
 
 def test_online_queue_beyond_inflight_window_bounded(broker, uid):

@@ -470,7 +470,8 @@ class Client:
         self.connected = True
         self.connect_deadline = 0.0  # no longer needed: its float goes (24 bytes a connection)
         self._handlers = _CONNECTED if self.rate is None else _CONNECTED_RATED
-        self._answer(_CONNACK_ACCEPTED[present])
+        # MQTT 3.1 has no session present flag: that byte is reserved there.
+        self._answer(_CONNACK_ACCEPTED[present and p.protocol_level != P.PROTOCOL_31])
         broker.stats.packets_sent += 1
         connections_log.info("%s connected (protocol %d, clean session %d, keepalive %d%s)",
                              self.describe(), p.protocol_level, p.clean_session, p.keepalive,
@@ -610,18 +611,34 @@ class Client:
     def _on_puback(self, p) -> None:
         session = self.session
         entry = session.inflight.get(p.packet_id)
-        if entry is not None and entry.qos == 1:
+        if entry is not None:
+            if entry.qos != 1:
+                raise self._wrong_ack(p, entry)
             del session.inflight[p.packet_id]
             session.inflight_bytes -= entry.message.size
             if session.queue:
                 self.broker.pump(session)
 
+    @staticmethod
+    def _wrong_ack(p, entry) -> ProtocolError:
+        """An acknowledgement that does not fit the message sent with its packet id (a PUBACK
+        for QoS 2, a PUBREC for QoS 1, a PUBCOMP before PUBREC): closed, as Mosquitto does."""
+        return ProtocolError(f"{P.NAMES[p.type]} for packet id {p.packet_id}, which is a QoS "
+                            f"{entry.qos} message{' awaiting PUBREC' if entry.qos == 2 else ''}",
+                            rule="MQTT-4.3", reason=PROTOCOL_ERROR)
+
     def _on_pubrec(self, p) -> None:
         inflight = self.session.inflight
         pid = p.packet_id
         entry = inflight.get(pid)
-        if entry is None or entry.qos != 2:
+        if entry is None:
+            # Not in flight (acknowledged already, or lost in a crash): PUBREL lets the
+            # client finish its side (MQTT-4.3.3-1), as Mosquitto does.
+            self._answer(encode_ack(P.PUBREL, pid))
+            self.broker.stats.packets_sent += 1
             return
+        if entry.qos != 2:
+            raise self._wrong_ack(p, entry)
         if entry.state != AWAIT_COMP:
             entry.state = AWAIT_COMP
             # PUBRELs go out (and are re-sent) in PUBREC order (MQTT-4.6.0-4).
@@ -638,7 +655,9 @@ class Client:
     def _on_pubcomp(self, p) -> None:
         session = self.session
         entry = session.inflight.get(p.packet_id)
-        if entry is not None and entry.state == AWAIT_COMP:
+        if entry is not None:
+            if entry.qos != 2 or entry.state != AWAIT_COMP:
+                raise self._wrong_ack(p, entry)
             del session.inflight[p.packet_id]
             session.inflight_bytes -= entry.message.size
             if session.queue:
