@@ -144,6 +144,60 @@ def test_bad_will_topic_closes(srv, uid, topic):
     assert_closed_without_accept(c)
 
 
+# Control characters and non-characters (1.5.3: "SHOULD NOT"; a receiver MAY close, and
+# Mosquitto does): (UTF-8 bytes, the code point the log line names).
+DISCOURAGED = [(b"\x01", "U+0001"), (b"a\x1fb", "U+001F"), (b"\x7f", "U+007F"),
+               (b"\xc2\x85", "U+0085"), (b"\xef\xb7\x90", "U+FDD0"), (b"\xef\xbf\xbf", "U+FFFF"),
+               (b"\xf4\x8f\xbf\xbf", "U+10FFFF")]
+DISCOURAGED_IDS = [name for _, name in DISCOURAGED]
+
+
+def _closed_naming(srv, c, mark, code, accept=True):
+    (assert_closed if accept else assert_closed_without_accept)(c)
+    line = srv.wait_log(lambda ln: "protocol violation" in ln and code in ln, start=mark)
+    assert line and "[MQTT-1.5.3]" in line, line
+
+
+@pytest.mark.parametrize("text, code", DISCOURAGED, ids=DISCOURAGED_IDS)
+@pytest.mark.parametrize("where", ["client id", "user name", "will topic"])
+def test_connect_string_with_control_or_non_character_closes(srv, uid, text, code, where):
+    mark = srv.mark()
+    c = srv.raw()
+    if where == "client id":
+        c.send(m.connect(uid.encode() + text))
+    elif where == "user name":
+        c.send(m.connect(uid, username=b"u" + text))
+    else:
+        c.send(m.connect(uid, will=(f"{uid}/".encode() + text, b"x", 0)))
+    _closed_naming(srv, c, mark, code, accept=False)
+
+
+@pytest.mark.parametrize("text, code", DISCOURAGED, ids=DISCOURAGED_IDS)
+@pytest.mark.parametrize("qos", [0, 1])
+def test_publish_topic_with_control_or_non_character_closes(srv, uid, text, code, qos):
+    mark = srv.mark()
+    c = srv.client(uid)
+    c.send(m.publish(f"{uid}/".encode() + text, b"x", qos=qos, packet_id=1 if qos else None))
+    _closed_naming(srv, c, mark, code)
+
+
+@pytest.mark.parametrize("text, code", DISCOURAGED, ids=DISCOURAGED_IDS)
+def test_subscribe_filter_with_control_or_non_character_closes(srv, uid, text, code):
+    mark = srv.mark()
+    c = srv.client(uid)
+    c.send(m.subscribe(1, [(f"{uid}/".encode() + text, 0)]))
+    _closed_naming(srv, c, mark, code)
+
+
+def test_other_unicode_in_topics_is_kept(srv, uid):
+    """A byte order mark is kept, not stripped (MQTT-1.5.3-3); emoji and accents pass."""
+    t = f"{uid}/\ufeffé/😀"
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(t)
+    srv.client(f"{uid}-p").publish(t, b"x", qos=1)
+    assert sub.recv_publish().topic == t
+
+
 def test_connect_truncated_string_closes(srv, uid):
     """A string length running past the end of the packet is malformed."""
     c = srv.raw()

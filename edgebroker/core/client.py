@@ -41,7 +41,9 @@ from edgebroker.errors import (
     CONNACK_CODES_311, PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import PINGRESP_BYTES, Decoder, encode, encode_ack, encode_puback
+from edgebroker.mqtt.codec import (
+    PINGRESP_BYTES, Decoder, check_code_points, encode, encode_ack, encode_puback,
+)
 from edgebroker.core.limits import PublishRate
 from edgebroker.core.session import AWAIT_COMP
 
@@ -554,6 +556,10 @@ class Client:
         (the refusal is handled)."""
         broker = self.broker
         topic = p.topic
+        known = topic in broker.known_topics
+        if not known:
+            # Checked once per topic: a known topic passed this check when admitted.
+            check_code_points(topic, "PUBLISH topic name")
         # $SYS belongs to the broker: clients' publishes there are acknowledged
         # (3.1.1 has no negative ack) and dropped, as Mosquitto does. So are
         # publishes the ACL does not allow. Neither becomes a known topic.
@@ -566,7 +572,7 @@ class Client:
                 allowed = acl.can_write(topic)
             if not allowed:
                 return self._drop_denied_publish
-        if topic not in broker.known_topics:
+        if not known:
             refused = broker.topics.admit(topic, self.client_id, broker.limits, broker.memory.over)
             if refused is not None:
                 self._refuse_publish(p, refused)

@@ -37,6 +37,7 @@ Every rule violation names the specification's conformance id in ``rule``
 from __future__ import annotations
 
 import functools
+import re
 import struct
 
 from edgebroker.errors import (
@@ -255,6 +256,22 @@ def _read_binary(buf: bytes, p: int, end: int, what: str) -> tuple[bytes, int]:
     return buf[p + 2:q], q
 
 
+# Code points a string should not hold (section 1.5.3; a receiver may close the connection,
+# and Mosquitto does): the control characters U+0001..U+001F and U+007F..U+009F, and the
+# non-characters (U+FDD0..U+FDEF, and the last two of every plane). U+0000 is ruled out apart.
+_DISCOURAGED = re.compile("[\\x01-\\x1f\\x7f-\\x9f\\ufdd0-\\ufdef" + "".join(
+    f"\\U{plane << 16 | 0xFFFE:08x}\\U{plane << 16 | 0xFFFF:08x}" for plane in range(17)) + "]")
+
+
+def check_code_points(text: str, what: str) -> None:
+    """Raise ProtocolError when ``text`` holds a control character or a non-character."""
+    found = _DISCOURAGED.search(text)
+    if found is not None:
+        code = ord(found.group())
+        kind = "a control character" if code <= 0x9F else "a non-character"
+        raise _malformed(f"{what} contains U+{code:04X}, {kind}", rule="MQTT-1.5.3")
+
+
 def _read_str(buf: bytes, p: int, end: int, what: str) -> tuple[str, int]:
     raw, q = _read_binary(buf, p, end, what)
     try:
@@ -263,6 +280,7 @@ def _read_str(buf: bytes, p: int, end: int, what: str) -> tuple[str, int]:
         raise _malformed(f"{what} is not well-formed UTF-8", rule="MQTT-1.5.3-1") from None
     if "\x00" in text:
         raise _malformed(f"{what} contains U+0000", rule="MQTT-1.5.3-2")
+    check_code_points(text, what)
     return text, q
 
 
