@@ -152,7 +152,11 @@ class Segment:
         except OSError as exc:
             raise LogWriteError.from_os("cannot grow index", self.index_path, exc) from None
         old = self.index
-        new = mmap.mmap(self.index_fd, nbytes, access=mmap.ACCESS_WRITE)
+        try:
+            # mmap takes a descriptor of its own: it fails (EMFILE) when none is free.
+            new = mmap.mmap(self.index_fd, nbytes, access=mmap.ACCESS_WRITE)
+        except OSError as exc:
+            raise LogWriteError.from_os("cannot map index", self.index_path, exc) from None
         if not isinstance(old, mmap.mmap) and self.count:
             new[:self.count * INDEX_ENTRY_SIZE] = old[:self.count * INDEX_ENTRY_SIZE]
         if isinstance(old, mmap.mmap):

@@ -526,3 +526,39 @@ def test_a_deleted_segment_can_be_closed_by_another_thread(tmp_path):
     assert got and got == big[len(big) - len(got):] and log.next_offset == 4
     assert log.recovery.damage == []
     log.close()
+
+
+def test_no_descriptor_free_at_a_roll_fails_the_write_and_it_recovers(tmp_path):
+    """The index of a new segment is mapped with mmap, which takes a descriptor of its own.
+    When the two files open but that fails (EMFILE: the process is at its descriptor limit,
+    clients can bring it there), the write fails as a disk error does (LogWriteError, the
+    records kept) instead of escaping as an OSError; once descriptors are free it goes on."""
+    import resource
+    from edgebroker.commitlog import LogWriteError
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    append_n(log, 10)
+    log.write_pending()
+    first_segments = len(log.segments())
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+        while True:             # every descriptor taken ...
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        for _ in range(2):      # ... but the two files of the next segment
+            os.close(held.pop())
+        append_n(log, 200, start_ts=T0 + 100)   # several rolls' worth
+        with pytest.raises(LogWriteError) as info:
+            log.write_pending()
+        assert "cannot map index" in str(info.value) and info.value.path.endswith(".idx")
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert log.write_pending() == 210
+    assert [as_tuple(r) for r in log.read_range(0)] == [expected(i, T0 + i * 10) for i in range(210)]
+    assert len(log.segments()) > first_segments
+    log.close()
