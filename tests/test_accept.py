@@ -19,9 +19,17 @@ class FakeLoop:
     """What a Listener needs from the server loop."""
 
     accept_gate = None
+    descriptors_short = False
+
+    class broker:
+        sockets_open = 0
 
     def __init__(self):
         self.added = []
+
+    @staticmethod
+    def socket_room():
+        return 1 << 20
 
     def add_connection(self, sock, peer, listener):
         self.added.append((sock, peer, listener))

@@ -1,13 +1,16 @@
 """Connection limits with real clients (docs/limits.md): max_connections broker-wide and per
 listener, the connection rate, the memory guard, and clients that do not speak MQTT."""
 
+import resource
 import socket
 import ssl
 import time
+from pathlib import Path
 import urllib.error
 import urllib.request
 
 import psutil
+import pytest
 
 import mqttraw as m
 from conftest import toml_dumps
@@ -169,3 +172,41 @@ def test_not_mqtt_is_closed_and_logged_in_hex(broker, uid):
     assert line and "ff fe 00 01 68 65 6c 6c 6f" in line
     assert b.stats()["refused"]["not_mqtt"] == 1
     assert b.client(uid).ping() == []
+
+
+def test_open_files_limit_stops_accepting_before_the_broker_runs_out(broker, uid):
+    # A broker whose open files limit is far below max_connections: connections may take what
+    # is left after the log's descriptors and the broker's own (64), never the last ones. So
+    # the admin socket keeps answering and the log can still roll; new callers wait in the
+    # listen backlog until a connection closes.
+    nofile = 160
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+    try:
+        b = broker(log={"segment_bytes": 1 << 20})
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    line = b.wait_log("the open files limit (160) leaves room for", timeout=1)
+    assert line and "fewer than max_connections (10000)" in line, b.log_text()
+    room = nofile - 64 - 2  # one segment: its data and index files
+    clients = [b.client(f"{uid}-{i}") for i in range(room)]
+    mark = b.mark()
+    late = b.raw()                       # the kernel completes it; the broker does not accept
+    late.send(m.connect(f"{uid}-late"))
+    line = b.wait_log("all that the open files limit (160) leaves", start=mark)
+    assert line and f"{room} sockets open" in line and "LimitNOFILE" in line, b.log_text()
+    with pytest.raises(TimeoutError):
+        late.recv_packet(0.3)
+    s = b.stats()                        # the admin socket still has a descriptor
+    assert s["limit_hits"]["open_files"] >= 1 and s["sockets_open"] == room
+    # The log still rolls: each new segment takes two descriptors from the connections' room.
+    pub = clients[0]
+    for _ in range(3):
+        pub.publish(f"{uid}/big", b"x" * 600_000, qos=1)
+    assert len(list(Path(b.config["data_dir"]).glob("**/*.seg"))) >= 3
+    for c in clients[-8:]:
+        c.disconnect()
+    assert late.expect(CONNACK, timeout=5).rc == 0
+    assert b.wait_log("accepting connections again", start=mark)
+    assert late.ping() == [] and clients[1].ping() == []
+    assert sum("all that the open files limit" in ln for ln in b.logs[mark:]) == 1

@@ -574,6 +574,11 @@ class CommitLog:
         return self.next_offset
 
     @property
+    def segment_count(self) -> int:
+        """Segments held; each keeps two descriptors open (its data and index files)."""
+        return len(self._segments)
+
+    @property
     def uploaded_offset(self) -> int:
         return self._uploaded
 

@@ -35,7 +35,7 @@ LIMITS = (
     "max_keepalive", "max_packet_size", "max_client_id_length", "max_topic_length",
     "max_topic_levels", "max_topics", "max_topics_per_client", "max_subscriptions_per_client",
     "max_inflight_messages", "max_inflight_bytes", "max_queued_messages", "max_queued_bytes",
-    "max_pending_write_bytes", "messages_rate", "bytes_rate", "memory_limit",
+    "max_pending_write_bytes", "messages_rate", "bytes_rate", "memory_limit", "open_files",
 )
 
 # Why a connection was refused (CONNACK != 0, or closed before CONNECT for not speaking MQTT).
@@ -282,7 +282,7 @@ class MemoryGuard:
             with self._process.oneshot():
                 self.rss = self._process.memory_info().rss
                 times = self._process.cpu_times()
-        except psutil.Error:
+        except (psutil.Error, OSError):  # OSError: no descriptor free to read /proc
             return None
         self.cpu_seconds = times.user + times.system
         over = bool(self.limit) and self.rss > self.limit

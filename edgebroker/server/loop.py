@@ -69,6 +69,16 @@ ACCEPT_RESUME_SECONDS = 0.02
 # Descriptors reserved beyond limits.max_connections: listeners, log segments and indexes,
 # the admin and metrics sockets, connections still before CONNECT.
 SPARE_DESCRIPTORS = 1024
+# Descriptors no connection may take, beside the log's two per segment: the listeners, the
+# admin and metrics sockets and their clients, the snapshot's temporary file, the next
+# segment's files and its index map, the process's own (/proc reads, the wake-up pair).
+OWN_DESCRIPTORS = 64
+
+
+def open_files_limit() -> int:
+    """The RLIMIT_NOFILE soft limit (a very large number when there is none)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 62 if soft == resource.RLIM_INFINITY else soft
 
 
 def reserve_descriptors(count: int) -> None:
@@ -167,9 +177,15 @@ class Listener:
     def on_event(self, mask: int) -> None:
         loop = self.loop
         gate = loop.accept_gate
-        for _ in range(ACCEPTS_PER_PASS):
+        broker = loop.broker
+        room = loop.socket_room()
+        for i in range(ACCEPTS_PER_PASS):
             if gate is not None and gate.refill(loop.clock()) < 1.0:
                 loop.accept_gate_closed()
+                return
+            if broker.sockets_open >= room:
+                if i == 0:      # the readiness event says a caller is waiting
+                    loop.out_of_descriptors(self, room)
                 return
             try:
                 # Not sock.accept(): it asks the listening socket for its family and type,
@@ -188,6 +204,9 @@ class Listener:
                 raise
             if gate is not None:
                 gate.tokens -= 1.0
+            if loop.descriptors_short:
+                loop.descriptors_short = False
+                log.warning("accepting connections again (%d sockets open)", broker.sockets_open)
             conn = socket.socket(self.family, socket.SOCK_STREAM, 0, fileno=fd)
             loop.add_connection(conn, self.peer_name(conn, addr), self)
 
@@ -224,6 +243,8 @@ class Loop:
         self.clock = clock
         self.reload_config = reload_config
         reserve_descriptors(config.limits.max_connections + SPARE_DESCRIPTORS)
+        self.open_files = open_files_limit()
+        self.descriptors_short = False  # accepting stopped for want of descriptors (logged)
         self.selector = make_poller()
         self.state_dir = config.state_dir()
         self._durable: deque[int] = deque()   # offsets reported by the flusher thread
@@ -264,6 +285,7 @@ class Loop:
         self.snapshots = snap.SnapshotWriter(self.state_dir)
         self.broker.submit_snapshot = self.snapshots.submit
         self._restore()
+        self.warn_open_files()
 
     def _restore(self) -> None:
         """Sessions and retained messages from the snapshot, then the log written after it."""
@@ -419,6 +441,37 @@ class Loop:
                 self.broker.prompt = True  # acknowledgements publishers wait for
 
     # ----- connections ------------------------------------------------------------------
+
+    def socket_room(self) -> int:
+        """How many sockets connections may hold: the open files limit, less the log's
+        descriptors and the broker's own (OWN_DESCRIPTORS). Past it a roll of the log, the
+        snapshot or the admin socket would find no descriptor free."""
+        return self.open_files - OWN_DESCRIPTORS - 2 * self.log.segment_count
+
+    def out_of_descriptors(self, listener: Listener, room: int) -> None:
+        """Connections hold every descriptor they may: stop accepting on ``listener`` for a
+        while (the kernel keeps new connections waiting); counted, logged once per episode."""
+        self.broker.hit("open_files")
+        if not self.descriptors_short:
+            self.descriptors_short = True
+            log.warning("%d sockets open, all that the open files limit (%d) leaves beside the "
+                        "commit log's %d segments and the broker's own %d descriptors: not "
+                        "accepting connections until some close; raise the limit (systemd "
+                        "LimitNOFILE=, ulimit -n) for more", self.broker.sockets_open,
+                        self.open_files, self.log.segment_count, OWN_DESCRIPTORS)
+        listener.pause(self.clock() + ACCEPT_PAUSE)
+
+    def warn_open_files(self) -> None:
+        """At start and reload: say when the open files limit allows fewer connections than
+        max_connections (plus those still before CONNECT)."""
+        self.open_files = open_files_limit()
+        room = self.socket_room()
+        wanted = self.config.limits.max_connections
+        if room < wanted:
+            log.warning("the open files limit (%d) leaves room for %d sockets, fewer than "
+                        "max_connections (%d): raise it (systemd LimitNOFILE=, ulimit -n) to "
+                        "%d or more", self.open_files, max(room, 0), wanted,
+                        wanted + self.open_files - room + SPARE_DESCRIPTORS // 4)
 
     def add_connection(self, sock: socket.socket, peer: str,
                        listener: Listener | None = None) -> None:
@@ -593,6 +646,7 @@ class Loop:
         descriptors reserved for max_connections."""
         limits = config.limits
         reserve_descriptors(limits.max_connections + SPARE_DESCRIPTORS)
+        self.warn_open_files()
         gate = self.accept_gate
         if not limits.max_connection_rate:
             self.accept_gate = None
