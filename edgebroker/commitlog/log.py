@@ -914,14 +914,15 @@ class CommitLog:
                 v.release()
 
     def _seal(self, seg: Segment) -> None:
-        """No more appends to ``seg``: trim its index; the flusher fsyncs it."""
+        """No more appends to ``seg``: map its index read-only; the flusher trims the index
+        file and fsyncs both files."""
         if seg is self._stage_seg:
             self._close_stage()
         if seg.created and seg.index_fd >= 0:
             try:
-                seg.trim_index()
+                seg.seal_index()
             except OSError as exc:
-                log.error("%s: cannot trim the index: %s", seg.index_path, exc.strerror)
+                log.error("%s: cannot map the index: %s", seg.index_path, exc.strerror)
         with self._lock:
             seg.sealed = True
             if seg.created:
@@ -958,8 +959,9 @@ class CommitLog:
                         continue
                     jobs.append((s, os.dup(s.fd), os.dup(s.index_fd)
                                  if s.index_dirty and s.index_fd >= 0 else -1, s.new_file,
-                                 s.sealed))
+                                 s.sealed, s.index_trim))
                     s.index_dirty = s.new_file = False
+                    s.index_trim = -1
                 dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
             except OSError:
                 for j in jobs:
@@ -968,13 +970,15 @@ class CommitLog:
                 raise
         path = self.directory
         try:
-            for seg, fd, ifd, _new, sealed in jobs:
+            for seg, fd, ifd, _new, sealed, trim in jobs:
                 path = seg.path
                 os.fdatasync(fd)
                 if sealed:
                     self._drop_cached(fd)
                 if ifd >= 0:
                     path = seg.index_path
+                    if trim >= 0:
+                        os.ftruncate(ifd, trim)
                     os.fsync(ifd)
             if dir_fd >= 0:
                 path = self.directory
@@ -1012,9 +1016,11 @@ class CommitLog:
     def _requeue(self, jobs, todo) -> None:
         for s in todo:
             self._unsynced.setdefault(s.base_offset, s)
-        for s, _fd, ifd, new, _sealed in jobs:
+        for s, _fd, ifd, new, _sealed, trim in jobs:
             if ifd >= 0:
                 s.index_dirty = True
+            if trim >= 0 and s.index_trim < 0:
+                s.index_trim = trim
             if new:
                 s.new_file = True
         self._needs_sync = bool(self._unsynced)
@@ -1475,13 +1481,16 @@ class CommitLog:
             except LogError as exc:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
-            if tail is not None and tail.created and not tail.sealed and tail.index_fd >= 0:
+            for seg in self._segments:   # sealed ones the flusher did not trim, and the tail
+                if seg.index_fd < 0 or not (seg.index_trim >= 0 or seg is tail and seg.created
+                                            and not seg.sealed):
+                    continue
                 try:
-                    tail.trim_index()
+                    seg.trim_index()
                     if sync:
-                        os.fsync(tail.index_fd)
+                        os.fsync(seg.index_fd)
                 except OSError as exc:
-                    log.warning("%s: %s", tail.index_path, exc.strerror)
+                    log.warning("%s: %s", seg.index_path, exc.strerror)
             if tail is not None and not self._groups and self._durable >= self._written:
                 self._set_recovery_point(tail.base_offset)
         self._closed = True

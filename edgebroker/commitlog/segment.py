@@ -2,7 +2,8 @@
 
 The writer keeps the index of the segment it appends to mmapped read-write, with room for more
 entries allocated ahead with ``posix_fallocate`` (so a full disk shows up as an error there, never
-as SIGBUS on a page fault); at seal the index is trimmed to its entries. Sealed indexes are
+as SIGBUS on a page fault); after seal the index is trimmed to its entries (by the flusher
+thread, before it fsyncs the index). Sealed indexes are
 mmapped read-only. A read-only reader (``edgebroker inspect``, while the broker runs) keeps the
 last segment's index in memory, built by scanning, because the writer trims that file when it
 rolls.
@@ -28,7 +29,7 @@ class Segment:
     __slots__ = (
         "base_offset", "path", "index_path", "fd", "index_fd", "index", "index_capacity", "count",
         "size", "next_offset", "first_timestamp", "max_timestamp", "sealed", "verified",
-        "created", "new_file", "index_dirty", "deleted", "index_file_bytes",
+        "created", "new_file", "index_dirty", "deleted", "index_file_bytes", "index_trim",
         # writer's reservations for records appended but not yet written
         "reserved_size", "reserved_count", "reserved_max_ts", "reserved_first_ts", "full",
     )
@@ -54,6 +55,7 @@ class Segment:
         self.index_dirty = False   # the index file changed and needs an fsync
         self.deleted = False
         self.index_file_bytes = 0
+        self.index_trim = -1       # sealed: the index file's size once its room is cut off
         self.reserved_size = 0
         self.reserved_count = 0
         self.reserved_max_ts = 0
@@ -178,12 +180,20 @@ class Segment:
         self.set_index(entries, count, first_timestamp=self.first_timestamp)
 
     def trim_index(self) -> None:
-        """At seal: cut the preallocated room off the index file and map it read-only."""
+        """Cut the preallocated room off the index file and map it read-only."""
+        self.seal_index()
+        os.ftruncate(self.index_fd, self.index_trim)
+        self.index_trim = -1
+
+    def seal_index(self) -> None:
+        """At seal: map the index's entries read-only and note the size the file is cut to
+        (``index_trim``). The cut itself is left to the flusher thread (``trim_index`` or
+        ``CommitLog.sync``): freeing the room's blocks can wait for the disk (a discard)."""
         self._release_index()
         nbytes = self.count * INDEX_ENTRY_SIZE
-        os.ftruncate(self.index_fd, nbytes)
         self.index_capacity = 0
         self.index_file_bytes = nbytes
+        self.index_trim = nbytes
         self.map_index_readonly()
 
     def close(self) -> None:

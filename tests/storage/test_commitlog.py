@@ -82,6 +82,34 @@ def test_rolls_by_size_and_records_stay_readable(tmp_path):
     log.close()
 
 
+def test_a_sealed_index_is_trimmed_by_the_sync_not_at_the_roll(tmp_path):
+    """Cutting the index's preallocated room off frees blocks, which can wait for the disk (a
+    discard): the roll only maps the entries read-only; ``sync`` (the flusher thread) trims
+    the file before it fsyncs it, and ``close`` trims what no sync did."""
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    append_n(log, 300)
+    log.write_pending()
+    sealed = [s for s in log.segments() if not s.active]
+    assert len(sealed) >= 3
+    idx = [tmp_path / "log" / (f"{s.base_offset:020d}.idx") for s in sealed]
+    assert all(p.stat().st_size > s.records * 16 for p, s in zip(idx, sealed))
+    assert [r.offset for r in log.read_range(0)] == list(range(300))  # through the sealed maps
+    log.sync()
+    assert [p.stat().st_size for p in idx] == [s.records * 16 for s in sealed]
+    assert [r.offset for r in log.read_range(0)] == list(range(300))
+    append_n(log, 100)
+    log.write_pending()
+    more = [s for s in log.segments() if not s.active][len(sealed):]
+    assert more
+    log.close(sync=False)
+    for s in more:
+        path = tmp_path / "log" / f"{s.base_offset:020d}.idx"
+        assert path.stat().st_size == s.records * 16
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    assert log.recovery.index_rebuilt == [] and log.next_offset == 400
+    log.close()
+
+
 def test_record_bigger_than_a_segment_gets_its_own(tmp_path):
     log = open_log(tmp_path / "log", segment_bytes=4096)
     log.append(T0, 1, False, b"c", b"t", b"a" * 100)
