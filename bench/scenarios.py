@@ -8,6 +8,7 @@ wait is bounded; every child process and broker is reaped in a ``finally``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import tempfile
@@ -526,9 +527,14 @@ def ceiling(args, names: list[str]) -> dict:
 def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -> dict:
     """What the brokers' state disk takes of a log of ``records`` records of ``payload``
     bytes, written by plain ``pwritev`` calls (no broker, no per-record Python): the bytes
-    edgebroker writes, ``LOG_PASS`` records per call, in ``LOG_SEGMENT`` files that a second
-    thread fdatasyncs every ``LOG_FLUSH_S`` and drops from the page cache once full, the oldest
-    deleted past ``LOG_RETENTION`` (edgebroker's defaults, and its flusher's way).
+    edgebroker writes, ``LOG_PASS`` records per call, in ``LOG_SEGMENT`` files, the way
+    edgebroker's log and flusher write them with their defaults. Each file gets its blocks
+    allocated when it is created (``_preallocate``); a second thread fdatasyncs the file being
+    written every ``LOG_FLUSH_S``, and a full one once: it trims it to its size (freeing the
+    blocks it did not use), fdatasyncs it and drops it from the page cache. Past
+    ``LOG_RETENTION`` the writer deletes the oldest file while it is still open, and the
+    second thread closes it, so that freeing its blocks (which can wait for the disk: a
+    discard) does not hold the writer, as in edgebroker.
 
     Returns the payload MB/s the disk sustained (a broker that logs every byte forwards no
     faster) and the writing thread's CPU time per record (what the write alone costs the
@@ -537,19 +543,25 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
     chunk = os.urandom(payload + LOG_RECORD_EXTRA)
     parts = [chunk] * LOG_PASS
     lock = threading.Lock()
-    state = {"fd": -1, "full": [], "stop": False, "error": None}
+    # full: (descriptor, size) of files to trim and sync once (kept open until deleted);
+    # doomed: descriptors of deleted files, to close (in the pass after they were listed, so
+    # never while the same pass syncs them)
+    state = {"fd": -1, "full": [], "doomed": [], "stop": False, "error": None}
 
     def sync() -> None:
         while True:
             with lock:
                 stop = state["stop"]
                 full, state["full"] = state["full"], []
+                doomed, state["doomed"] = state["doomed"], []
                 fd = os.dup(state["fd"]) if state["fd"] >= 0 else -1
             try:
-                for f in full:
+                for f in doomed:
+                    os.close(f)
+                for f, size in full:
+                    os.ftruncate(f, size)
                     os.fdatasync(f)
                     os.posix_fadvise(f, 0, 0, os.POSIX_FADV_DONTNEED)
-                    os.close(f)
                 if fd >= 0:
                     os.fdatasync(fd)
             except OSError as exc:
@@ -563,7 +575,7 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
             time.sleep(LOG_FLUSH_S)
 
     syncer = threading.Thread(target=sync, name="logdisk-sync")
-    paths: list[str] = []
+    files: list[tuple[str, int]] = []    # (path, descriptor), oldest first
     written = position = 0
     total = records * len(chunk)
     try:
@@ -572,15 +584,21 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
         t0 = time.monotonic()
         while written < total and state["error"] is None:
             if state["fd"] < 0 or position + len(chunk) * LOG_PASS > LOG_SEGMENT:
-                paths.append(os.path.join(root, f"{written:020d}.seg"))
-                fd = os.open(paths[-1], os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+                path = os.path.join(root, f"{written:020d}.seg")
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+                _preallocate(fd, LOG_SEGMENT)
+                files.append((path, fd))
                 with lock:
                     if state["fd"] >= 0:
-                        state["full"].append(state["fd"])
+                        state["full"].append((state["fd"], position))
                     state["fd"] = fd
                 position = 0
-                while len(paths) * LOG_SEGMENT > LOG_RETENTION:
-                    os.unlink(paths.pop(0))
+                while len(files) * LOG_SEGMENT > LOG_RETENTION:
+                    old_path, old_fd = files.pop(0)
+                    os.unlink(old_path)
+                    with lock:
+                        state["full"] = [(f, n) for f, n in state["full"] if f != old_fd]
+                        state["doomed"].append(old_fd)
             n = os.pwritev(state["fd"], parts, position)
             position += n
             written += n
@@ -595,9 +613,10 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
         if syncer.is_alive():
             syncer.join()
         with lock:
-            for f in state["full"] + ([state["fd"]] if state["fd"] >= 0 else []):
+            for f in state["doomed"]:
                 os.close(f)
-        for path in paths:
+        for path, fd in files:
+            os.close(fd)
             os.unlink(path)
         os.rmdir(root)
     if state["error"] is not None:
@@ -606,6 +625,23 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
     size = f"{payload >> 10} KiB" if payload >= 1024 else f"{payload} B"
     return {f"log disk, {size} records MB/s": round(done * payload / elapsed / 1e6, 1),
             "log disk write CPU us/record": round(1e6 * cpu / done, 1)}
+
+
+_fallocate = None
+
+
+def _preallocate(fd: int, nbytes: int) -> None:
+    """fallocate(FALLOC_FL_KEEP_SIZE) the first ``nbytes`` of ``fd``, as edgebroker's log
+    does for the segment it writes (best effort, like it)."""
+    global _fallocate
+    if _fallocate is None:
+        try:
+            _fallocate = ctypes.CDLL(None, use_errno=True).fallocate
+            _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+        except (OSError, AttributeError):
+            _fallocate = False
+    if _fallocate:
+        _fallocate(fd, 1, 0, nbytes)
 
 
 class _listener:
