@@ -8,7 +8,6 @@ wait is bounded; every child process and broker is reaped in a ``finally``.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
 import tempfile
@@ -528,10 +527,9 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
     """What the brokers' state disk takes of a log of ``records`` records of ``payload``
     bytes, written by plain ``pwritev`` calls (no broker, no per-record Python): the bytes
     edgebroker writes, ``LOG_PASS`` records per call, in ``LOG_SEGMENT`` files, the way
-    edgebroker's log and flusher write them with their defaults. Each file gets its blocks
-    allocated when it is created (``_preallocate``); a second thread fdatasyncs the file being
-    written every ``LOG_FLUSH_S``, and a full one once: it trims it to its size (freeing the
-    blocks it did not use), fdatasyncs it and drops it from the page cache. Past
+    edgebroker's log and flusher write them with their defaults. A second thread fdatasyncs the
+    file being written every ``LOG_FLUSH_S``, and a full one once, then drops it from the page
+    cache. Past
     ``LOG_RETENTION`` the writer deletes the oldest file while it is still open, and the
     second thread closes it, so that freeing its blocks (which can wait for the disk: a
     discard) does not hold the writer, as in edgebroker.
@@ -543,7 +541,7 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
     chunk = os.urandom(payload + LOG_RECORD_EXTRA)
     parts = [chunk] * LOG_PASS
     lock = threading.Lock()
-    # full: (descriptor, size) of files to trim and sync once (kept open until deleted);
+    # full: descriptors of files to sync once (kept open until deleted);
     # doomed: descriptors of deleted files, to close (in the pass after they were listed, so
     # never while the same pass syncs them)
     state = {"fd": -1, "full": [], "doomed": [], "stop": False, "error": None}
@@ -558,8 +556,7 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
             try:
                 for f in doomed:
                     os.close(f)
-                for f, size in full:
-                    os.ftruncate(f, size)
+                for f in full:
                     os.fdatasync(f)
                     os.posix_fadvise(f, 0, 0, os.POSIX_FADV_DONTNEED)
                 if fd >= 0:
@@ -586,18 +583,17 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
             if state["fd"] < 0 or position + len(chunk) * LOG_PASS > LOG_SEGMENT:
                 path = os.path.join(root, f"{written:020d}.seg")
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
-                _preallocate(fd, LOG_SEGMENT)
                 files.append((path, fd))
                 with lock:
                     if state["fd"] >= 0:
-                        state["full"].append((state["fd"], position))
+                        state["full"].append(state["fd"])
                     state["fd"] = fd
                 position = 0
                 while len(files) * LOG_SEGMENT > LOG_RETENTION:
                     old_path, old_fd = files.pop(0)
                     os.unlink(old_path)
                     with lock:
-                        state["full"] = [(f, n) for f, n in state["full"] if f != old_fd]
+                        state["full"] = [f for f in state["full"] if f != old_fd]
                         state["doomed"].append(old_fd)
             n = os.pwritev(state["fd"], parts, position)
             position += n
@@ -625,23 +621,6 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
     size = f"{payload >> 10} KiB" if payload >= 1024 else f"{payload} B"
     return {f"log disk, {size} records MB/s": round(done * payload / elapsed / 1e6, 1),
             "log disk write CPU us/record": round(1e6 * cpu / done, 1)}
-
-
-_fallocate = None
-
-
-def _preallocate(fd: int, nbytes: int) -> None:
-    """fallocate(FALLOC_FL_KEEP_SIZE) the first ``nbytes`` of ``fd``, as edgebroker's log
-    does for the segment it writes (best effort, like it)."""
-    global _fallocate
-    if _fallocate is None:
-        try:
-            _fallocate = ctypes.CDLL(None, use_errno=True).fallocate
-            _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-        except (OSError, AttributeError):
-            _fallocate = False
-    if _fallocate:
-        _fallocate(fd, 1, 0, nbytes)
 
 
 class _listener:

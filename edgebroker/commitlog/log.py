@@ -336,11 +336,7 @@ class CommitLog:
             seg.index_fd = -1
         seg.created = True
         seg.sealed = not is_last
-        st = os.fstat(seg.fd)
-        size = st.st_size
-        if not is_last and not self.readonly and st.st_blocks * 512 > size + 65536:
-            # Blocks allocated ahead (Segment.preallocate) that a crash left: free them.
-            os.ftruncate(seg.fd, size)
+        size = os.fstat(seg.fd).st_size
         if size < SEGMENT_HEADER_SIZE:
             # Crashed while creating it: no records. The writer rewrites it at the first append.
             if size and not self.readonly and is_last:
@@ -512,7 +508,7 @@ class CommitLog:
     def _open_for_append(self, seg: Segment) -> None:
         if seg.index_fd < 0:
             seg.index_fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        seg.open_for_append(self.options.segment_bytes)
+        seg.open_for_append()
 
     def _log_recovery(self) -> None:
         r = self.recovery
@@ -816,7 +812,7 @@ class CommitLog:
             seg = g.segment
             try:
                 if not seg.created:
-                    seg.create_files(self.options.segment_bytes)
+                    seg.create_files()
                 if seg.count + g.count > seg.index_capacity:
                     seg.ensure_index_room(seg.count + g.count)
                 self._write_at(seg, g.parts, g.nbytes, seg.size)
@@ -928,9 +924,6 @@ class CommitLog:
             except OSError as exc:
                 log.error("%s: cannot map the index: %s", seg.index_path, exc.strerror)
         with self._lock:
-            if seg.preallocated:
-                seg.preallocated = False
-                seg.data_trim = seg.size
             seg.sealed = True
             if seg.created:
                 seg.index_dirty = True
@@ -966,9 +959,9 @@ class CommitLog:
                         continue
                     jobs.append((s, os.dup(s.fd), os.dup(s.index_fd)
                                  if s.index_dirty and s.index_fd >= 0 else -1, s.new_file,
-                                 s.sealed, s.index_trim, s.data_trim))
+                                 s.sealed, s.index_trim))
                     s.index_dirty = s.new_file = False
-                    s.index_trim = s.data_trim = -1
+                    s.index_trim = -1
                 dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
             except OSError:
                 for j in jobs:
@@ -977,10 +970,8 @@ class CommitLog:
                 raise
         path = self.directory
         try:
-            for seg, fd, ifd, _new, sealed, trim, data_trim in jobs:
+            for seg, fd, ifd, _new, sealed, trim in jobs:
                 path = seg.path
-                if data_trim >= 0:
-                    os.ftruncate(fd, data_trim)  # frees the blocks allocated ahead
                 os.fdatasync(fd)
                 if sealed:
                     self._drop_cached(fd)
@@ -1025,13 +1016,11 @@ class CommitLog:
     def _requeue(self, jobs, todo) -> None:
         for s in todo:
             self._unsynced.setdefault(s.base_offset, s)
-        for s, _fd, ifd, new, _sealed, trim, data_trim in jobs:
+        for s, _fd, ifd, new, _sealed, trim in jobs:
             if ifd >= 0:
                 s.index_dirty = True
             if trim >= 0 and s.index_trim < 0:
                 s.index_trim = trim
-            if data_trim >= 0 and s.data_trim < 0:
-                s.data_trim = data_trim
             if new:
                 s.new_file = True
         self._needs_sync = bool(self._unsynced)
@@ -1493,17 +1482,15 @@ class CommitLog:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
             for seg in self._segments:   # sealed ones the flusher did not trim, and the tail
-                writing = seg is tail and seg.created and not seg.sealed
+                if seg.index_fd < 0 or not (seg.index_trim >= 0 or seg is tail and seg.created
+                                            and not seg.sealed):
+                    continue
                 try:
-                    if seg.fd >= 0 and (seg.data_trim >= 0 or writing and seg.preallocated):
-                        os.ftruncate(seg.fd, seg.size)
-                        seg.data_trim, seg.preallocated = -1, False
-                    if seg.index_fd >= 0 and (seg.index_trim >= 0 or writing):
-                        seg.trim_index()
-                        if sync:
-                            os.fsync(seg.index_fd)
+                    seg.trim_index()
+                    if sync:
+                        os.fsync(seg.index_fd)
                 except OSError as exc:
-                    log.warning("%s: %s", seg.path, exc.strerror)
+                    log.warning("%s: %s", seg.index_path, exc.strerror)
             if tail is not None and not self._groups and self._durable >= self._written:
                 self._set_recovery_point(tail.base_offset)
         self._closed = True

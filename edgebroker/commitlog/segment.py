@@ -11,7 +11,6 @@ rolls.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 
@@ -22,39 +21,6 @@ from edgebroker.commitlog.format import (
 )
 
 INDEX_GROW_ENTRIES = 4096
-# The segment being written gets its blocks allocated ahead (see preallocate) only while the
-# file system keeps at least this much free beside them, so that on a nearly full disk the
-# room goes to records, the index and the snapshot first.
-PREALLOCATE_SPARE = 64 << 20
-_FALLOC_FL_KEEP_SIZE = 1
-_fallocate = None   # libc's fallocate once looked up; False where there is none
-
-
-def preallocate(fd: int, nbytes: int) -> bool:
-    """Allocate the blocks of the first ``nbytes`` of ``fd`` without changing its size
-    (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``). Appends into allocated blocks skip the file
-    system's reservation of each new page (ext4's delayed allocation): about 8 % of the core
-    thread's time with 64 KiB messages. Best effort: False where the platform or the file system
-    cannot, or when the disk has less than twice ``nbytes`` plus PREALLOCATE_SPARE free."""
-    global _fallocate
-    if _fallocate is None:
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).fallocate
-        except (OSError, AttributeError):
-            fn = False
-        else:
-            fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-            fn.restype = ctypes.c_int
-        _fallocate = fn
-    if not _fallocate:
-        return False
-    try:
-        st = os.fstatvfs(fd)
-    except OSError:
-        return False
-    if st.f_bavail * st.f_frsize < 2 * nbytes + PREALLOCATE_SPARE:
-        return False
-    return _fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, nbytes) == 0
 
 _unpack_entry = INDEX_ENTRY.unpack_from
 
@@ -64,7 +30,6 @@ class Segment:
         "base_offset", "path", "index_path", "fd", "index_fd", "index", "index_capacity", "count",
         "size", "next_offset", "first_timestamp", "max_timestamp", "sealed", "verified",
         "created", "new_file", "index_dirty", "deleted", "index_file_bytes", "index_trim",
-        "preallocated", "data_trim",
         # writer's reservations for records appended but not yet written
         "reserved_size", "reserved_count", "reserved_max_ts", "reserved_first_ts", "full",
     )
@@ -91,8 +56,6 @@ class Segment:
         self.deleted = False
         self.index_file_bytes = 0
         self.index_trim = -1       # sealed: the index file's size once its room is cut off
-        self.preallocated = False  # blocks past the end of the data may be allocated
-        self.data_trim = -1        # sealed: the size to truncate to, freeing those blocks
         self.reserved_size = 0
         self.reserved_count = 0
         self.reserved_max_ts = 0
@@ -159,14 +122,11 @@ class Segment:
         self.index_capacity = 0  # room for entries only in a writable mmap (see write_pending)
 
     # -- writer: files ---------------------------------------------------------------------------
-    def create_files(self, preallocate_bytes: int = 0) -> None:
-        """Create (or reuse, after an earlier failed attempt) the two files, with index room,
-        and blocks for ``preallocate_bytes`` of records (``preallocate``)."""
+    def create_files(self) -> None:
+        """Create (or reuse, after an earlier failed attempt) the two files, with index room."""
         try:
             if self.fd < 0:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-                if preallocate_bytes:
-                    self.preallocated = preallocate(self.fd, preallocate_bytes)
             if self.index_fd < 0:
                 self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
         except OSError as exc:
@@ -174,10 +134,8 @@ class Segment:
         self.created = True
         self.new_file = True
 
-    def open_for_append(self, preallocate_bytes: int = 0) -> None:
+    def open_for_append(self) -> None:
         """Make an existing segment (the last one at recovery) the one appended to."""
-        if preallocate_bytes > self.size:
-            self.preallocated = preallocate(self.fd, preallocate_bytes)
         self.ensure_index_room(self.count + 1)
         self.reserved_size = self.size
         self.reserved_count = self.count

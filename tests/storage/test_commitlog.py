@@ -10,7 +10,6 @@ import socket
 import pytest
 
 from edgebroker import _native
-from edgebroker.commitlog import segment
 from edgebroker.commitlog import (
     CommitLog, LogError, LogLockedError, LogOptions, Record,
 )
@@ -108,57 +107,6 @@ def test_a_sealed_index_is_trimmed_by_the_sync_not_at_the_roll(tmp_path):
         assert path.stat().st_size == s.records * 16
     log = open_log(tmp_path / "log", segment_bytes=4096)
     assert log.recovery.index_rebuilt == [] and log.next_offset == 400
-    log.close()
-
-
-def allocated(path) -> int:
-    return os.stat(path).st_blocks * 512
-
-
-def test_the_segment_being_written_has_its_blocks_allocated_ahead(tmp_path):
-    """Segment.preallocate: the blocks of a whole segment are allocated when it is created,
-    the file's size staying its data; the flusher's sync frees what a sealed segment did not
-    use, close frees the tail's, and an open frees what a crash left on a sealed one."""
-    seg_bytes = 1 << 20
-    log = open_log(tmp_path / "log", segment_bytes=seg_bytes)
-    log.append(T0, 0, False, b"c", b"t", b"x" * 1000)
-    log.write_pending()
-    first = segment_files(tmp_path / "log")[0]
-    assert log._tail.preallocated                     # tmp_path's file system can (ext4, tmpfs)
-    assert first.stat().st_size == log._tail.size < 4096
-    assert allocated(first) >= seg_bytes
-    for _ in range(3):                                 # roll into a second segment
-        log.append(T0, 0, False, b"c", b"t", b"y" * 400_000)
-        log.write_pending()
-    files = segment_files(tmp_path / "log")
-    assert len(files) == 2 and allocated(files[0]) >= seg_bytes  # not yet trimmed
-    log.sync()
-    size = files[0].stat().st_size
-    assert allocated(files[0]) < size + 65536 and allocated(files[1]) >= seg_bytes
-    log.close()
-    assert allocated(files[1]) < files[1].stat().st_size + 65536
-    # A crash after a roll, before the flusher trimmed: blocks past the end of a sealed one.
-    fd = os.open(files[0], os.O_RDWR)
-    try:
-        assert segment.preallocate(fd, seg_bytes)
-    finally:
-        os.close(fd)
-    assert allocated(files[0]) >= seg_bytes
-    log = open_log(tmp_path / "log", segment_bytes=seg_bytes)
-    assert allocated(files[0]) < size + 65536 and files[0].stat().st_size == size
-    assert allocated(files[1]) >= seg_bytes           # the tail is appended to: allocated again
-    assert [len(r.payload) for r in log.read_range(0)] == [1000] + [400_000] * 3
-    assert log.recovery.damage == [] and log.recovery.index_rebuilt == []
-    log.close()
-
-
-def test_no_blocks_allocated_ahead_on_a_nearly_full_disk(tmp_path, monkeypatch):
-    monkeypatch.setattr(segment, "PREALLOCATE_SPARE", 1 << 62)
-    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
-    log.append(T0, 0, False, b"c", b"t", b"x" * 1000)
-    log.write_pending()
-    assert not log._tail.preallocated
-    assert allocated(segment_files(tmp_path / "log")[0]) < 65536
     log.close()
 
 
