@@ -110,6 +110,31 @@ def test_a_sealed_index_is_trimmed_by_the_sync_not_at_the_roll(tmp_path):
     log.close()
 
 
+def test_an_untrimmed_sealed_index_is_no_damage(tmp_path, caplog):
+    """Between a roll and the flusher's trim, a sealed segment's index file still has its
+    unused room (zero entries): a read-only reader (``inspect`` while the broker runs) uses the
+    entries quietly, and a writer opening the log after a stop in that window trims it."""
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    append_n(log, 300)
+    log.write_pending()
+    sealed = [s for s in log.segments() if not s.active]
+    ro = CommitLog.open(str(tmp_path / "log"), readonly=True)   # before the trim
+    assert [r.offset for r in ro.read_range(0)] == list(range(300))
+    assert ro.recovery.index_rebuilt == [] and ro.counters.index_rebuilds == 0
+    ro.close()
+    log.close()
+    idx = tmp_path / "log" / f"{sealed[0].base_offset:020d}.idx"
+    with open(idx, "ab") as fh:                                 # a stop before the trim
+        fh.write(bytes(16 * 100))
+    with caplog.at_level("INFO", logger="edgebroker.commitlog"):
+        log = open_log(tmp_path / "log", segment_bytes=4096)
+    assert idx.stat().st_size == sealed[0].records * 16
+    assert log.recovery.index_rebuilt == [] and log.recovery.damage == []
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [r.offset for r in log.read_range(0)] == list(range(300))
+    log.close()
+
+
 def test_record_bigger_than_a_segment_gets_its_own(tmp_path):
     log = open_log(tmp_path / "log", segment_bytes=4096)
     log.append(T0, 1, False, b"c", b"t", b"a" * 100)
