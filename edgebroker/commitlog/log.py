@@ -920,15 +920,18 @@ class CommitLog:
         file and fsyncs both files."""
         if seg is self._stage_seg:
             self._close_stage()
+        trim = -1
         if seg.created and seg.index_fd >= 0:
             try:
                 seg.seal_index()
             except OSError as exc:
                 log.error("%s: cannot map the index: %s", seg.index_path, exc.strerror)
+            trim = seg.index_file_bytes
         with self._lock:
             seg.sealed = True
             if seg.created:
                 seg.index_dirty = True
+                seg.index_trim = trim  # with index_dirty: one sync job takes both
                 self._unsynced[seg.base_offset] = seg
                 self._needs_sync = True
         self.counters.segments_rolled += 1
@@ -959,11 +962,17 @@ class CommitLog:
                 for s in todo:
                     if s.fd < 0:
                         continue
-                    jobs.append((s, os.dup(s.fd), os.dup(s.index_fd)
-                                 if s.index_dirty and s.index_fd >= 0 else -1, s.new_file,
-                                 s.sealed, s.index_trim))
+                    fd = os.dup(s.fd)
+                    try:
+                        ifd = os.dup(s.index_fd) if s.index_dirty and s.index_fd >= 0 else -1
+                    except OSError:
+                        os.close(fd)
+                        raise
+                    jobs.append((s, fd, ifd, s.new_file, s.sealed,
+                                 s.index_trim if ifd >= 0 else -1))
                     s.index_dirty = s.new_file = False
-                    s.index_trim = -1
+                    if ifd >= 0:
+                        s.index_trim = -1
                 dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
             except OSError:
                 for j in jobs:

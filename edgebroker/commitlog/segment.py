@@ -182,18 +182,16 @@ class Segment:
     def trim_index(self) -> None:
         """Cut the preallocated room off the index file and map it read-only."""
         self.seal_index()
-        os.ftruncate(self.index_fd, self.index_trim)
+        os.ftruncate(self.index_fd, self.index_file_bytes)
         self.index_trim = -1
 
     def seal_index(self) -> None:
-        """At seal: map the index's entries read-only and note the size the file is cut to
-        (``index_trim``). The cut itself is left to the flusher thread (``trim_index`` or
-        ``CommitLog.sync``): freeing the room's blocks can wait for the disk (a discard)."""
+        """At seal: map the index's entries read-only. Cutting the file's room off is left to
+        the flusher thread (``CommitLog.sync``, told by ``index_trim``): freeing the room's
+        blocks can wait for the disk (a discard)."""
         self._release_index()
-        nbytes = self.count * INDEX_ENTRY_SIZE
         self.index_capacity = 0
-        self.index_file_bytes = nbytes
-        self.index_trim = nbytes
+        self.index_file_bytes = self.count * INDEX_ENTRY_SIZE
         self.map_index_readonly()
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from edgebroker import _native
+from edgebroker.commitlog import segment
 from edgebroker.commitlog import (
     CommitLog, LogError, LogLockedError, LogOptions, Record,
 )
@@ -107,6 +108,28 @@ def test_a_sealed_index_is_trimmed_by_the_sync_not_at_the_roll(tmp_path):
         assert path.stat().st_size == s.records * 16
     log = open_log(tmp_path / "log", segment_bytes=4096)
     assert log.recovery.index_rebuilt == [] and log.next_offset == 400
+    log.close()
+
+
+def test_a_sync_in_the_middle_of_a_seal_leaves_the_trim_to_the_next(tmp_path, monkeypatch):
+    """The flusher may sync while the core is sealing a segment (after its index is mapped
+    read-only, before the seal is recorded): that sync does not take the trim, the next does."""
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    seal_index = segment.Segment.seal_index
+
+    def seal_then_sync(seg):
+        seal_index(seg)
+        log.sync()                                    # the flusher, at the worst moment
+    monkeypatch.setattr(segment.Segment, "seal_index", seal_then_sync)
+    append_n(log, 300)
+    log.write_pending()
+    monkeypatch.undo()
+    log.sync()
+    sealed = [s for s in log.segments() if not s.active]
+    assert len(sealed) >= 3
+    for seg in sealed:
+        idx = tmp_path / "log" / f"{seg.base_offset:020d}.idx"
+        assert idx.stat().st_size == seg.records * 16
     log.close()
 
 

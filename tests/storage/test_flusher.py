@@ -164,6 +164,10 @@ def test_sync_from_another_thread_while_appending_rolling_and_deleting(tmp_path)
     assert log.sync() == log.written_offset == 2100
     assert log.counters.segments_deleted > 0 and log.counters.segments_rolled > 20
     assert [r.offset for r in log.read_range(0)] == list(range(log.first_offset, 2100))
+    # Every sealed segment's index was trimmed by a sync (none before the roll that sealed it).
+    for seg in log.segments()[:-1]:
+        idx = tmp_path / "log" / f"{seg.base_offset:020d}.idx"
+        assert idx.stat().st_size == seg.records * 16
     log.close()
 
 
