@@ -176,19 +176,21 @@ def test_not_mqtt_is_closed_and_logged_in_hex(broker, uid):
 
 def test_open_files_limit_stops_accepting_before_the_broker_runs_out(broker, uid):
     # A broker whose open files limit is far below max_connections: connections may take what
-    # is left after the log's descriptors and the broker's own (64), never the last ones. So
-    # the admin socket keeps answering and the log can still roll; new callers wait in the
-    # listen backlog until a connection closes.
+    # is left after the commit log's descriptors and the broker's own (64), never the last
+    # ones. So the admin socket keeps answering and the log can still roll; new callers wait
+    # in the listen backlog until connections close.
     nofile = 160
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
     try:
-        b = broker(log={"segment_bytes": 1 << 20})
+        b = broker(log={"segment_bytes": 1 << 20, "retention_bytes": 4 << 20})
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    line = b.wait_log("the open files limit (160) leaves room for", timeout=1)
+    # At its retention the log holds 4 MiB / 1 MiB + 1 = 5 segments, 3 descriptors each.
+    line = b.wait_log("the open files limit (160) leaves room for 81 sockets once the commit "
+                      "log holds 5 segments (15 descriptors)", timeout=1)
     assert line and "fewer than max_connections (10000)" in line, b.log_text()
-    room = nofile - 64 - 2  # one segment: its data and index files
+    room = nofile - 64 - 1  # a new log holds no file yet; one for a sync's copy of its directory
     clients = [b.client(f"{uid}-{i}") for i in range(room)]
     mark = b.mark()
     late = b.raw()                       # the kernel completes it; the broker does not accept
@@ -199,14 +201,18 @@ def test_open_files_limit_stops_accepting_before_the_broker_runs_out(broker, uid
         late.recv_packet(0.3)
     s = b.stats()                        # the admin socket still has a descriptor
     assert s["limit_hits"]["open_files"] >= 1 and s["sockets_open"] == room
-    # The log still rolls: each new segment takes two descriptors from the connections' room.
+    # The log still rolls, deletes past its retention, and fsyncs (the flusher dups what it
+    # syncs): all with descriptors connections could not take.
     pub = clients[0]
-    for _ in range(3):
+    for _ in range(12):
         pub.publish(f"{uid}/big", b"x" * 600_000, qos=1)
-    assert len(list(Path(b.config["data_dir"]).glob("**/*.seg"))) >= 3
-    for c in clients[-8:]:
+    segs = sorted(p.name for p in Path(b.config["data_dir"]).glob("**/*.seg"))
+    assert 3 <= len(segs) <= 8 and segs[0] != f"{0:020d}.seg", segs   # rolled and deleted
+    assert "Too many open files" not in b.log_text()
+    for c in clients[-30:]:              # the log now holds about 15 descriptors
         c.disconnect()
     assert late.expect(CONNACK, timeout=5).rc == 0
     assert b.wait_log("accepting connections again", start=mark)
     assert late.ping() == [] and clients[1].ping() == []
     assert sum("all that the open files limit" in ln for ln in b.logs[mark:]) == 1
+    assert "Too many open files" not in b.log_text()

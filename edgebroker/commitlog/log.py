@@ -577,8 +577,18 @@ class CommitLog:
 
     @property
     def segment_count(self) -> int:
-        """Segments held; each keeps two descriptors open (its data and index files)."""
         return len(self._segments)
+
+    def descriptors_held(self) -> int:
+        """Descriptors the log's segments hold now, or may soon: each segment's data and index
+        files and its index map (an mmap keeps a duplicate of the descriptor it maps), those of
+        deleted segments the flusher has not closed yet, and the duplicates a sync makes of
+        what it fsyncs (two per segment waiting for one, and the directory's)."""
+        with self._lock:
+            n = 1 + 2 * len(self._unsynced) + (len(self._retired) if self._retired else 0)
+            for seg in self._segments:
+                n += (seg.fd >= 0) + (seg.index_fd >= 0) + isinstance(seg.index, mmap.mmap)
+        return n
 
     @property
     def uploaded_offset(self) -> int:

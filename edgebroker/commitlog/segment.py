@@ -3,10 +3,10 @@
 The writer keeps the index of the segment it appends to mmapped read-write, with room for more
 entries allocated ahead with ``posix_fallocate`` (so a full disk shows up as an error there, never
 as SIGBUS on a page fault); after seal the index is trimmed to its entries (by the flusher
-thread, before it fsyncs the index). Sealed indexes are
-mmapped read-only. A read-only reader (``edgebroker inspect``, while the broker runs) keeps the
-last segment's index in memory, built by scanning, because the writer trims that file when it
-rolls.
+thread, before it fsyncs the index). Sealed indexes are mmapped read-only. A read-only reader
+(``edgebroker inspect``, while the broker runs) keeps the index of every segment above the
+recovery point in memory, built by scanning, so it never maps a file the writer may still
+append to or trim.
 """
 
 from __future__ import annotations

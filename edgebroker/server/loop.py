@@ -69,10 +69,14 @@ ACCEPT_RESUME_SECONDS = 0.02
 # Descriptors reserved beyond limits.max_connections: listeners, log segments and indexes,
 # the admin and metrics sockets, connections still before CONNECT.
 SPARE_DESCRIPTORS = 1024
-# Descriptors no connection may take, beside the log's two per segment: the listeners, the
-# admin and metrics sockets and their clients, the snapshot's temporary file, the next
-# segment's files and its index map, the process's own (/proc reads, the wake-up pair).
+# Descriptors no connection may take, beside the commit log's (CommitLog.descriptors_held):
+# the listeners, the admin and metrics sockets and their clients, the snapshot's temporary
+# file, the next segment's files and its index map, the log's directory and lock, the
+# process's own (/proc reads, the wake-up pair).
 OWN_DESCRIPTORS = 64
+# A segment holds three descriptors (its data and index files, its index map): what the
+# start warning counts for a log at its retention size.
+SEGMENT_DESCRIPTORS = 3
 
 
 def open_files_limit() -> int:
@@ -443,10 +447,10 @@ class Loop:
     # ----- connections ------------------------------------------------------------------
 
     def socket_room(self) -> int:
-        """How many sockets connections may hold: the open files limit, less the log's
-        descriptors and the broker's own (OWN_DESCRIPTORS). Past it a roll of the log, the
-        snapshot or the admin socket would find no descriptor free."""
-        return self.open_files - OWN_DESCRIPTORS - 2 * self.log.segment_count
+        """How many sockets connections may hold: the open files limit, less what the commit
+        log holds and the broker's own (OWN_DESCRIPTORS). Past it a roll of the log, the
+        flusher, the snapshot or the admin socket would find no descriptor free."""
+        return self.open_files - OWN_DESCRIPTORS - self.log.descriptors_held()
 
     def out_of_descriptors(self, listener: Listener, room: int) -> None:
         """Connections hold every descriptor they may: stop accepting on ``listener`` for a
@@ -455,23 +459,28 @@ class Loop:
         if not self.descriptors_short:
             self.descriptors_short = True
             log.warning("%d sockets open, all that the open files limit (%d) leaves beside the "
-                        "commit log's %d segments and the broker's own %d descriptors: not "
+                        "commit log's %d descriptors (%d segments) and the broker's own %d: not "
                         "accepting connections until some close; raise the limit (systemd "
                         "LimitNOFILE=, ulimit -n) for more", self.broker.sockets_open,
-                        self.open_files, self.log.segment_count, OWN_DESCRIPTORS)
+                        self.open_files, self.log.descriptors_held(), self.log.segment_count,
+                        OWN_DESCRIPTORS)
         listener.pause(self.clock() + ACCEPT_PAUSE)
 
     def warn_open_files(self) -> None:
-        """At start and reload: say when the open files limit allows fewer connections than
-        max_connections (plus those still before CONNECT)."""
+        """At start and reload: say when the open files limit leaves room for fewer sockets
+        than max_connections once the log holds as many segments as its retention allows."""
         self.open_files = open_files_limit()
-        room = self.socket_room()
+        opts = self.log.options
+        segments = max(self.log.segment_count, opts.retention_bytes // opts.segment_bytes + 1)
+        log_need = max(self.log.descriptors_held(), SEGMENT_DESCRIPTORS * segments)
+        room = self.open_files - OWN_DESCRIPTORS - log_need
         wanted = self.config.limits.max_connections
         if room < wanted:
-            log.warning("the open files limit (%d) leaves room for %d sockets, fewer than "
-                        "max_connections (%d): raise it (systemd LimitNOFILE=, ulimit -n) to "
-                        "%d or more", self.open_files, max(room, 0), wanted,
-                        wanted + self.open_files - room + SPARE_DESCRIPTORS // 4)
+            log.warning("the open files limit (%d) leaves room for %d sockets once the commit "
+                        "log holds %d segments (%d descriptors), fewer than max_connections "
+                        "(%d): raise it (systemd LimitNOFILE=, ulimit -n) to %d or more",
+                        self.open_files, max(room, 0), segments, log_need, wanted,
+                        wanted + OWN_DESCRIPTORS + log_need + SPARE_DESCRIPTORS // 4)
 
     def add_connection(self, sock: socket.socket, peer: str,
                        listener: Listener | None = None) -> None:

@@ -111,6 +111,31 @@ def test_a_sealed_index_is_trimmed_by_the_sync_not_at_the_roll(tmp_path):
     log.close()
 
 
+def test_descriptors_held_counts_what_the_segments_hold(tmp_path):
+    """What the broker keeps free for the log (server.loop.socket_room): every descriptor of
+    its segments, the one each index map keeps (an mmap duplicates the descriptor it maps),
+    and one for a sync's copy of the directory."""
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    append_n(log, 300)
+    log.write_pending()
+    log.sync()
+
+    def open_on_segments() -> int:
+        root = str(tmp_path / "log") + "/"
+        n = 0
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                continue
+            n += target.startswith(root) and target.endswith((".seg", ".idx"))
+        return n
+    held = open_on_segments()
+    assert held >= 3 * (len(log.segments()) - 1)   # sealed ones: data, index, index map
+    assert log.descriptors_held() == held + 1
+    log.close()
+
+
 def test_a_sync_in_the_middle_of_a_seal_leaves_the_trim_to_the_next(tmp_path, monkeypatch):
     """The flusher may sync while the core is sealing a segment (after its index is mapped
     read-only, before the seal is recorded): that sync does not take the trim, the next does."""
