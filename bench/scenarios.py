@@ -529,10 +529,9 @@ def log_disk_ceiling(records: int, payload: int, directory: str | None = None) -
     edgebroker writes, ``LOG_PASS`` records per call, in ``LOG_SEGMENT`` files, the way
     edgebroker's log and flusher write them with their defaults. A second thread fdatasyncs the
     file being written every ``LOG_FLUSH_S``, and a full one once, then drops it from the page
-    cache. Past
-    ``LOG_RETENTION`` the writer deletes the oldest file while it is still open, and the
-    second thread closes it, so that freeing its blocks (which can wait for the disk: a
-    discard) does not hold the writer, as in edgebroker.
+    cache. Past ``LOG_RETENTION`` the writer deletes the oldest file while it is still open,
+    and the second thread closes it, so that freeing its blocks (which can wait for the disk:
+    a discard) does not hold the writer, as in edgebroker.
 
     Returns the payload MB/s the disk sustained (a broker that logs every byte forwards no
     faster) and the writing thread's CPU time per record (what the write alone costs the

@@ -41,6 +41,9 @@ from edgebroker.commitlog.format import (
 from edgebroker.commitlog.segment import Segment
 
 log = logging.getLogger("edgebroker.commitlog")
+# Descriptors a segment holds: its data and index files, and its index map (an mmap keeps a
+# duplicate of the descriptor it maps).
+SEGMENT_DESCRIPTORS = 3
 
 LOCK_FILE = ".lock"
 UPLOADED_FILE = "uploaded"
@@ -578,6 +581,13 @@ class CommitLog:
     @property
     def segment_count(self) -> int:
         return len(self._segments)
+
+    def descriptors_at_retention(self) -> tuple[int, int]:
+        """(segments, descriptors) of the log once it holds as many segments as
+        ``retention_bytes`` allows (at least what it holds now)."""
+        opts = self.options
+        segments = max(len(self._segments), opts.retention_bytes // opts.segment_bytes + 1)
+        return segments, max(self.descriptors_held(), SEGMENT_DESCRIPTORS * segments)
 
     def descriptors_held(self) -> int:
         """Descriptors the log's segments hold now, or may soon: each segment's data and index
@@ -1502,10 +1512,10 @@ class CommitLog:
             except LogError as exc:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
-            for seg in self._segments:   # sealed ones the flusher did not trim, and the tail
-                if seg.index_fd < 0 or not (seg.index_trim >= 0 or seg is tail and seg.created
-                                            and not seg.sealed):
-                    continue
+            for seg in self._segments:
+                writing = seg is tail and seg.created and not seg.sealed
+                if seg.index_fd < 0 or not (writing or seg.index_trim >= 0):
+                    continue    # only the tail and sealed ones no sync trimmed
                 try:
                     seg.trim_index()
                     if sync:

@@ -74,9 +74,6 @@ SPARE_DESCRIPTORS = 1024
 # file, the next segment's files and its index map, the log's directory and lock, the
 # process's own (/proc reads, the wake-up pair).
 OWN_DESCRIPTORS = 64
-# A segment holds three descriptors (its data and index files, its index map): what the
-# start warning counts for a log at its retention size.
-SEGMENT_DESCRIPTORS = 3
 
 
 def open_files_limit() -> int:
@@ -462,17 +459,15 @@ class Loop:
                         "commit log's %d descriptors (%d segments) and the broker's own %d: not "
                         "accepting connections until some close; raise the limit (systemd "
                         "LimitNOFILE=, ulimit -n) for more", self.broker.sockets_open,
-                        self.open_files, self.log.descriptors_held(), self.log.segment_count,
-                        OWN_DESCRIPTORS)
+                        self.open_files, self.open_files - OWN_DESCRIPTORS - room,
+                        self.log.segment_count, OWN_DESCRIPTORS)
         listener.pause(self.clock() + ACCEPT_PAUSE)
 
     def warn_open_files(self) -> None:
         """At start and reload: say when the open files limit leaves room for fewer sockets
         than max_connections once the log holds as many segments as its retention allows."""
         self.open_files = open_files_limit()
-        opts = self.log.options
-        segments = max(self.log.segment_count, opts.retention_bytes // opts.segment_bytes + 1)
-        log_need = max(self.log.descriptors_held(), SEGMENT_DESCRIPTORS * segments)
+        segments, log_need = self.log.descriptors_at_retention()
         room = self.open_files - OWN_DESCRIPTORS - log_need
         wanted = self.config.limits.max_connections
         if room < wanted:
