@@ -942,10 +942,9 @@ class CommitLog:
             self._close_stage()
         trim = -1
         if seg.created and seg.index_fd >= 0:
-            try:
-                seg.seal_index()
-            except OSError as exc:
-                log.error("%s: cannot map the index: %s", seg.index_path, exc.strerror)
+            if not seg.seal_index():
+                log.warning("%s: cannot map the sealed index (no descriptor free); its %d "
+                            "entries are kept in memory", seg.index_path, seg.count)
             trim = seg.index_file_bytes
         with self._lock:
             seg.sealed = True

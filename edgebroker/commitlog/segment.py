@@ -180,19 +180,30 @@ class Segment:
         self.set_index(entries, count, first_timestamp=self.first_timestamp)
 
     def trim_index(self) -> None:
-        """Cut the preallocated room off the index file and map it read-only."""
+        """Cut the preallocated room off the index file and map it read-only (or keep it in
+        memory, see ``seal_index``)."""
         self.seal_index()
         os.ftruncate(self.index_fd, self.index_file_bytes)
         self.index_trim = -1
 
-    def seal_index(self) -> None:
+    def seal_index(self) -> bool:
         """At seal: map the index's entries read-only. Cutting the file's room off is left to
         the flusher thread (``CommitLog.sync``, told by ``index_trim``): freeing the room's
-        blocks can wait for the disk (a discard)."""
+        blocks can wait for the disk (a discard).
+
+        The read-only map takes a descriptor of its own. When none is free (EMFILE) the entries
+        are kept as a copy in memory instead, and False says so: the segment stays readable."""
+        nbytes = self.count * INDEX_ENTRY_SIZE
+        try:
+            sealed = mmap.mmap(self.index_fd, nbytes, access=mmap.ACCESS_READ) if nbytes else b""
+            mapped = True
+        except OSError:
+            sealed = bytes(self.index[:nbytes])
+            mapped = False
         self._release_index()
-        self.index_capacity = 0
-        self.index_file_bytes = self.count * INDEX_ENTRY_SIZE
-        self.map_index_readonly()
+        self.index = sealed
+        self.index_file_bytes = nbytes
+        return mapped
 
     def close(self) -> None:
         for fd in self.detach():

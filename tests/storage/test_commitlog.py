@@ -4,6 +4,7 @@ and topic filter, locate, retention, the uploaded mark, read-only readers, error
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import socket
 
@@ -662,4 +663,50 @@ def test_no_descriptor_free_at_a_roll_fails_the_write_and_it_recovers(tmp_path):
     assert log.write_pending() == 210
     assert [as_tuple(r) for r in log.read_range(0)] == [expected(i, T0 + i * 10) for i in range(210)]
     assert len(log.segments()) > first_segments
+    log.close()
+
+
+def test_no_descriptor_free_at_a_seal_keeps_the_index_in_memory(tmp_path, caplog):
+    """A sealed index is mapped read-only, which takes a descriptor. When none is free at the
+    roll, the segment keeps a copy of its entries in memory (logged) and stays readable; its
+    index file is still trimmed and synced, so the next start uses it as it is."""
+    import resource
+    from edgebroker.commitlog import LogWriteError
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    append_n(log, 10)
+    log.write_pending()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+        while True:             # every descriptor taken
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        append_n(log, 200, start_ts=T0 + 100)       # several rolls' worth
+        with caplog.at_level("WARNING", logger="edgebroker.commitlog"):
+            # The first segment's records are written and it is sealed; the next segment's
+            # files cannot open.
+            with pytest.raises(LogWriteError):
+                log.write_pending()
+        assert any("entries are kept in memory" in r.getMessage() for r in caplog.records)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not isinstance(log._segments[0].index, mmap.mmap)
+    sealed = log._segments[0].next_offset
+    assert sealed > 10 and [r.offset for r in log.read_range(0, sealed)] == list(range(sealed))
+    assert log.write_pending() == 210
+    assert [as_tuple(r) for r in log.read_range(0)] == [expected(i, T0 + i * 10) for i in range(210)]
+    log.sync()
+    first = log.segments()[0]
+    assert not first.active
+    idx = tmp_path / "log" / f"{first.base_offset:020d}.idx"
+    assert idx.stat().st_size == first.records * 16
+    log.close()
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    assert log.recovery.index_rebuilt == [] and log.recovery.damage == []
+    assert [as_tuple(r) for r in log.read_range(0)] == [expected(i, T0 + i * 10) for i in range(210)]
     log.close()
