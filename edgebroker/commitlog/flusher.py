@@ -73,6 +73,10 @@ class Flusher(threading.Thread):
             self._cond.notify()
         if self.is_alive():
             self.join(timeout)
+            if self.is_alive():
+                log.error("the flusher thread has not stopped after %g s: an fsync waits for the "
+                          "disk; the log is closed without it (records from offset %d on are not "
+                          "known to be durable)", timeout, self.log.durable_offset)
 
     # -- the thread -----------------------------------------------------------------------------
     def start(self) -> None:

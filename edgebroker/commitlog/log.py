@@ -48,6 +48,9 @@ SEGMENT_DESCRIPTORS = 3
 LOCK_FILE = ".lock"
 UPLOADED_FILE = "uploaded"
 RECOVERY_POINT_FILE = "recovery-point"
+# How long close() waits for an fsync another thread started (the flusher, stopped already,
+# may still wait for the disk).
+CLOSE_SYNC_WAIT = 10.0
 MAX_DAMAGE_KEPT = 1000
 
 _pack_entry = INDEX_ENTRY.pack
@@ -176,6 +179,9 @@ class CommitLog:
         self._lock = threading.Lock()
         self._upload_lock = threading.Lock()
         self._rp_lock = threading.Lock()
+        # One sync at a time: a second one (close() while the flusher's fsync still waits for
+        # the disk) would find nothing left to sync and report as durable what is not yet.
+        self._sync_lock = threading.Lock()
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._groups: list[_Group] = []
@@ -960,12 +966,23 @@ class CommitLog:
     # Syncing (flusher thread)
     # =========================================================================================
 
-    def sync(self, sealed_only: bool = False) -> int:
+    def sync(self, sealed_only: bool = False, wait: float | None = None) -> int:
         """fsync what was written (``sealed_only``: only sealed segments); -> ``durable_offset``.
 
         Safe to call from another thread while the core appends, writes and rolls: the lock is
         held only to take a snapshot; the fsyncs run on duplicated descriptors outside it.
+        Syncs run one at a time; ``wait``: seconds to wait for one that is running (None: as
+        long as it takes), then ``LogWriteError``.
         """
+        if not self._sync_lock.acquire(timeout=-1 if wait is None else wait):
+            raise LogWriteError(f"{self.directory}: an fsync of the log has not finished after "
+                                f"{wait:g} s (the disk does not answer); not waiting longer")
+        try:
+            return self._sync(sealed_only)
+        finally:
+            self._sync_lock.release()
+
+    def _sync(self, sealed_only: bool) -> int:
         with self._lock:
             if self._closed:
                 return self._durable
@@ -1068,7 +1085,7 @@ class CommitLog:
         """Record that every segment below ``offset`` is fsynced (so the next start skips
         scanning them record by record)."""
         with self._rp_lock:
-            if offset <= self._recovery_point or self.readonly:
+            if offset <= self._recovery_point or self.readonly or self._closed:
                 return
             path = os.path.join(self.directory, RECOVERY_POINT_FILE)
             try:
@@ -1507,7 +1524,7 @@ class CommitLog:
                 if self._groups:
                     self.write_pending()
                 if sync:
-                    self.sync()
+                    self.sync(wait=CLOSE_SYNC_WAIT)
             except LogError as exc:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail

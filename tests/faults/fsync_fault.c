@@ -1,9 +1,12 @@
-/* A fault for the tests, loaded into a broker with LD_PRELOAD (tests/test_broker_fsync_fault.py).
+/* A fault for the tests, loaded into a broker with LD_PRELOAD (tests/test_broker_fsync_fault.py,
+ * tests/storage/test_flusher.py).
  *
  * While the file named by $EB_FAULT_FLAG exists, fsync() and fdatasync() fail with EIO on
  * every descriptor whose path (read from /proc/self/fd) contains $EB_FAULT_PATH; otherwise, and
- * for other files, they do what libc does. The broker's own code runs unchanged: the failure
- * comes from where a failing disk would report it. */
+ * for other files, they do what libc does. With $EB_FAULT_MODE=hang they do not fail but wait,
+ * as for a disk that does not answer, until the flag file is gone (creating $EB_FAULT_FLAG.waiting
+ * when they begin to), then sync. The code under test runs unchanged: the fault comes from where
+ * a failing disk would report it. */
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -32,8 +35,18 @@ static int failing(int fd)
 static int sync_call(int fd, int (**real)(int), const char *name)
 {
     if (failing(fd)) {
-        errno = EIO;
-        return -1;
+        const char *mode = getenv("EB_FAULT_MODE");
+        if (mode == NULL || strcmp(mode, "hang") != 0) {
+            errno = EIO;
+            return -1;
+        }
+        char waiting[4096];
+        snprintf(waiting, sizeof waiting, "%s.waiting", getenv("EB_FAULT_FLAG"));
+        FILE *mark = fopen(waiting, "w");
+        if (mark != NULL)
+            fclose(mark);
+        while (failing(fd))
+            usleep(10000);
     }
     if (*real == NULL)
         *real = (int (*)(int))dlsym(RTLD_NEXT, name);

@@ -292,3 +292,62 @@ def test_after_the_flusher_stops_the_core_closes_deleted_segments_itself(tmp_pat
     _, fds = _retention_deletes_the_first_segment(log)
     assert log._retired is None and _closed(fds)
     log.close()
+
+
+HANG_SCRIPT = r'''
+import json, logging, os, sys, time
+sys.path.insert(0, os.environ["EB_TESTS"])
+from edgebroker.commitlog import Flusher, log as clog
+from storage.logutil import append_n, open_log
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+clog.CLOSE_SYNC_WAIT = 0.5
+path, flag = sys.argv[1], os.environ["EB_FAULT_FLAG"]
+log = open_log(path, segment_bytes=4096)
+fl = Flusher(log, "sync", flush_interval_ms=50)
+fl.start()
+open(flag, "w").close()                     # from now on fsyncs of the log wait
+append_n(log, 300)                          # several segments
+written = log.write_pending()
+fl.notify_written()
+deadline = time.monotonic() + 10
+while not os.path.exists(flag + ".waiting") and time.monotonic() < deadline:
+    time.sleep(0.01)
+fl.stop(timeout=0.5)                        # gives up: the thread waits in an fsync
+alive = fl.is_alive()
+log.close()                                 # must not report the waiting fsync as done
+durable = log.durable_offset
+os.unlink(flag)                             # the disk answers again
+fl.join(10)
+rp = os.path.join(path, "recovery-point")
+print(json.dumps({"written": written, "alive_after_stop": alive, "durable_at_close": durable,
+                  "recovery_point": json.load(open(rp))["recovery_point"] if os.path.exists(rp)
+                  else None, "flusher_ended": not fl.is_alive()}))
+'''
+
+
+def test_close_does_not_count_an_fsync_that_still_waits_for_the_disk(tmp_path):
+    """The flusher's fsync hangs (a disk that does not answer, made real by an LD_PRELOAD
+    shim: tests/faults/fsync_fault.c). stop() gives up waiting for the thread; close() must
+    then neither run a sync of its own that finds nothing left and calls everything durable,
+    nor record a recovery point that the next start would trust without scanning."""
+    lib = tmp_path / "fsync_fault.so"
+    shim = Path(__file__).parent.parent / "faults" / "fsync_fault.c"
+    import subprocess
+    import sys
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(shim), "-ldl"], check=True)
+    env = dict(os.environ, LD_PRELOAD=str(lib), EB_FAULT_FLAG=str(tmp_path / "hang"),
+               EB_FAULT_PATH=".seg", EB_FAULT_MODE="hang",   # segments' fsyncs, not the index's
+               EB_TESTS=str(Path(__file__).parent.parent))
+    proc = subprocess.run([sys.executable, "-c", HANG_SCRIPT, str(tmp_path / "log")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["written"] == 300 and out["alive_after_stop"] and out["flusher_ended"], out
+    assert out["durable_at_close"] < 300, out
+    assert out["recovery_point"] in (None, 0), out
+    assert "the flusher thread has not stopped after 0.5 s" in proc.stderr
+    assert "an fsync of the log has not finished after 0.5 s" in proc.stderr
+    # The next start scans what was not known to be synced and finds everything.
+    log = open_log(tmp_path / "log", segment_bytes=4096)
+    assert log.next_offset == 300 and log.recovery.damage == []
+    log.close()
