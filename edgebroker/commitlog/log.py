@@ -119,6 +119,10 @@ class VerifyReport:
         return not self.damage
 
 
+class SyncStillRunning(LogWriteError):
+    """``sync(wait=...)``: the sync another thread runs did not finish in time."""
+
+
 class _Group:
     """Records appended for one segment and not yet written: their bytes and index entries.
 
@@ -948,9 +952,10 @@ class CommitLog:
             self._close_stage()
         trim = -1
         if seg.created and seg.index_fd >= 0:
-            if not seg.seal_index():
-                log.warning("%s: cannot map the sealed index (no descriptor free); its %d "
-                            "entries are kept in memory", seg.index_path, seg.count)
+            problem = seg.seal_index()
+            if problem is not None:
+                log.warning("%s: cannot map the sealed index (%s); its %d entries are kept in "
+                            "memory", seg.index_path, problem, seg.count)
             trim = seg.index_file_bytes
         with self._lock:
             seg.sealed = True
@@ -975,8 +980,9 @@ class CommitLog:
         long as it takes), then ``LogWriteError``.
         """
         if not self._sync_lock.acquire(timeout=-1 if wait is None else wait):
-            raise LogWriteError(f"{self.directory}: an fsync of the log has not finished after "
-                                f"{wait:g} s (the disk does not answer); not waiting longer")
+            raise SyncStillRunning(f"{self.directory}: an fsync of the log has not finished "
+                                   f"after {wait:g} s (the disk does not answer); not waiting "
+                                   f"longer")
         try:
             return self._sync(sealed_only)
         finally:
@@ -1518,6 +1524,7 @@ class CommitLog:
         release the directory."""
         if self._closed:
             return
+        trim = True
         if not self.readonly:
             try:
                 self._close_stage()
@@ -1525,10 +1532,15 @@ class CommitLog:
                     self.write_pending()
                 if sync:
                     self.sync(wait=CLOSE_SYNC_WAIT)
+            except SyncStillRunning as exc:
+                # The disk does not answer: trimming and syncing the indexes would hang too
+                # (an untrimmed index is no damage at the next start).
+                log.error("closing the commit log: %s", exc)
+                sync = trim = False
             except LogError as exc:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
-            for seg in self._segments:
+            for seg in self._segments if trim else ():
                 writing = seg is tail and seg.created and not seg.sealed
                 if seg.index_fd < 0 or not (writing or seg.index_trim >= 0):
                     continue    # only the tail and sealed ones no sync trimmed
@@ -1540,7 +1552,8 @@ class CommitLog:
                     log.warning("%s: %s", seg.index_path, exc.strerror)
             if tail is not None and not self._groups and self._durable >= self._written:
                 self._set_recovery_point(tail.base_offset)
-        self._closed = True
+        with self._rp_lock:  # a sync finishing late writes no recovery point from now on
+            self._closed = True
         self.close_retired(stop=True)
         self._close_files()
 

@@ -109,11 +109,7 @@ class Segment:
     def map_index_readonly(self) -> None:
         """mmap the (trimmed, not changing) index file read-only, or hold nothing if empty."""
         self._release_index()
-        nbytes = self.count * INDEX_ENTRY_SIZE
-        if nbytes:
-            self.index = mmap.mmap(self.index_fd, nbytes, access=mmap.ACCESS_READ)
-        else:
-            self.index = b""
+        self.index = self._map_entries(self.count * INDEX_ENTRY_SIZE)
 
     def _release_index(self) -> None:
         if isinstance(self.index, mmap.mmap):
@@ -186,24 +182,35 @@ class Segment:
         os.ftruncate(self.index_fd, self.index_file_bytes)
         self.index_trim = -1
 
-    def seal_index(self) -> bool:
+    def seal_index(self) -> str | None:
         """At seal: map the index's entries read-only. Cutting the file's room off is left to
         the flusher thread (``CommitLog.sync``, told by ``index_trim``): freeing the room's
         blocks can wait for the disk (a discard).
 
-        The read-only map takes a descriptor of its own. When none is free (EMFILE) the entries
-        are kept as a copy in memory instead, and False says so: the segment stays readable."""
+        When the map cannot be made (no descriptor free: the map takes one of its own; or no
+        memory map left), the entries are kept as a copy in memory instead, so the segment stays
+        readable: the reason is returned (None when mapped)."""
         nbytes = self.count * INDEX_ENTRY_SIZE
+        reason = None
         try:
-            sealed = mmap.mmap(self.index_fd, nbytes, access=mmap.ACCESS_READ) if nbytes else b""
-            mapped = True
+            sealed = self._map_entries(nbytes)
         except OSError:
+            # Perhaps just one descriptor short: the writable map holds one. Keep a copy of the
+            # entries, let that map go, and try once more.
             sealed = bytes(self.index[:nbytes])
-            mapped = False
+            self._release_index()
+            try:
+                sealed = self._map_entries(nbytes)
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
         self._release_index()
         self.index = sealed
         self.index_file_bytes = nbytes
-        return mapped
+        return reason
+
+    def _map_entries(self, nbytes: int):
+        """The first ``nbytes`` of the index file, mapped read-only (b"" for none)."""
+        return mmap.mmap(self.index_fd, nbytes, access=mmap.ACCESS_READ) if nbytes else b""
 
     def close(self) -> None:
         for fd in self.detach():

@@ -11,25 +11,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
-static int failing(int fd)
-{
-    const char *flag = getenv("EB_FAULT_FLAG"), *match = getenv("EB_FAULT_PATH");
-    char link[64], path[4096];
-    ssize_t n;
-    if (flag == NULL || match == NULL || access(flag, F_OK) != 0)
-        return 0;
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    n = readlink(link, path, sizeof path - 1);
-    if (n < 0)
-        return 0;
-    path[n] = '\0';
-    return strstr(path, match) != NULL;
-}
+#include "fault.h"
 
 /* `name` (fsync or fdatasync) of libc, unless it is to fail. */
 static int sync_call(int fd, int (**real)(int), const char *name)

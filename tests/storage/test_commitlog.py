@@ -666,10 +666,10 @@ def test_no_descriptor_free_at_a_roll_fails_the_write_and_it_recovers(tmp_path):
     log.close()
 
 
-def test_no_descriptor_free_at_a_seal_keeps_the_index_in_memory(tmp_path, caplog):
-    """A sealed index is mapped read-only, which takes a descriptor. When none is free at the
-    roll, the segment keeps a copy of its entries in memory (logged) and stays readable; its
-    index file is still trimmed and synced, so the next start uses it as it is."""
+def test_a_seal_at_the_descriptor_limit_still_maps_its_index(tmp_path, caplog):
+    """The read-only map of a sealed index takes a descriptor of its own; when none is free,
+    the seal lets the writable map (which holds one) go first and maps again: a seal never
+    needs more descriptors than the segment already had."""
     import resource
     from edgebroker.commitlog import LogWriteError
     log = open_log(tmp_path / "log", segment_bytes=4096)
@@ -690,23 +690,61 @@ def test_no_descriptor_free_at_a_seal_keeps_the_index_in_memory(tmp_path, caplog
             # files cannot open.
             with pytest.raises(LogWriteError):
                 log.write_pending()
-        assert any("entries are kept in memory" in r.getMessage() for r in caplog.records)
     finally:
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert not isinstance(log._segments[0].index, mmap.mmap)
-    sealed = log._segments[0].next_offset
-    assert sealed > 10 and [r.offset for r in log.read_range(0, sealed)] == list(range(sealed))
+    assert log._segments[0].sealed and isinstance(log._segments[0].index, mmap.mmap)
+    assert not any("sealed index" in r.getMessage() for r in caplog.records)
     assert log.write_pending() == 210
     assert [as_tuple(r) for r in log.read_range(0)] == [expected(i, T0 + i * 10) for i in range(210)]
-    log.sync()
-    first = log.segments()[0]
-    assert not first.active
-    idx = tmp_path / "log" / f"{first.base_offset:020d}.idx"
-    assert idx.stat().st_size == first.records * 16
     log.close()
+
+
+MMAP_FAULT_SCRIPT = r'''
+import json, logging, os, sys
+sys.path.insert(0, os.environ["EB_TESTS"])
+from storage.logutil import append_n, as_tuple, expected, open_log
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+log = open_log(sys.argv[1], segment_bytes=4096)
+open(os.environ["EB_FAULT_FLAG"], "w").close()   # read-only maps of indexes fail from now on
+append_n(log, 300)
+written = log.write_pending()
+sealed = [s for s in log._segments if s.sealed]
+kinds = sorted({type(s.index).__name__ for s in sealed})
+ok = [as_tuple(r) for r in log.read_range(0)] == [expected(i, 1_700_000_000_000 + i * 10)
+                                                    for i in range(300)]
+log.sync()
+sizes = [(os.path.getsize(s.index_path), s.count * 16) for s in sealed]
+log.close()
+print(json.dumps({"written": written, "sealed": len(sealed), "kinds": kinds, "reads": ok,
+                  "sizes": sizes}))
+'''
+
+
+def test_a_sealed_index_that_cannot_be_mapped_is_kept_in_memory(tmp_path):
+    """When the read-only map of a sealed index fails (here ENOMEM, as when the process has
+    used up its memory maps, made real by an LD_PRELOAD shim: tests/faults/mmap_fault.c), the
+    segment keeps a copy of its entries in memory (logged) and stays readable; its index file
+    is still trimmed and synced, so the next start uses it as it is."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    lib = tmp_path / "mmap_fault.so"
+    shim = Path(__file__).parent.parent / "faults" / "mmap_fault.c"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(shim), "-ldl"], check=True)
+    env = dict(os.environ, LD_PRELOAD=str(lib), EB_FAULT_FLAG=str(tmp_path / "fail-mmap"),
+               EB_FAULT_PATH=".idx", EB_TESTS=str(Path(__file__).parent.parent))
+    proc = subprocess.run([sys.executable, "-c", MMAP_FAULT_SCRIPT, str(tmp_path / "log")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["written"] == 300 and out["sealed"] >= 3 and out["kinds"] == ["bytes"], out
+    assert out["reads"] and all(a == b for a, b in out["sizes"]), out
+    warnings = [x for x in proc.stderr.splitlines() if "cannot map the sealed index" in x]
+    assert len(warnings) == out["sealed"], proc.stderr
+    assert "Cannot allocate memory" in warnings[0] and "kept in memory" in warnings[0]
     log = open_log(tmp_path / "log", segment_bytes=4096)
     assert log.recovery.index_rebuilt == [] and log.recovery.damage == []
-    assert [as_tuple(r) for r in log.read_range(0)] == [expected(i, T0 + i * 10) for i in range(210)]
+    assert [as_tuple(r) for r in log.read_range(0)] == [expected(i, T0 + i * 10) for i in range(300)]
     log.close()

@@ -336,7 +336,7 @@ def test_close_does_not_count_an_fsync_that_still_waits_for_the_disk(tmp_path):
     import sys
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(shim), "-ldl"], check=True)
     env = dict(os.environ, LD_PRELOAD=str(lib), EB_FAULT_FLAG=str(tmp_path / "hang"),
-               EB_FAULT_PATH=".seg", EB_FAULT_MODE="hang",   # segments' fsyncs, not the index's
+               EB_FAULT_PATH="/log/", EB_FAULT_MODE="hang",   # every fsync of the log hangs
                EB_TESTS=str(Path(__file__).parent.parent))
     proc = subprocess.run([sys.executable, "-c", HANG_SCRIPT, str(tmp_path / "log")], env=env,
                           capture_output=True, text=True, timeout=60)
