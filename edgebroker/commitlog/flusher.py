@@ -75,8 +75,8 @@ class Flusher(threading.Thread):
             self.join(timeout)
             if self.is_alive():
                 log.error("the flusher thread has not stopped after %g s: an fsync waits for the "
-                          "disk; the log is closed without it (records from offset %d on are not "
-                          "known to be durable)", timeout, self.log.durable_offset)
+                          "disk; records from offset %d on are not known to be durable", timeout,
+                          self.log.durable_offset)
 
     # -- the thread -----------------------------------------------------------------------------
     def start(self) -> None:

@@ -977,7 +977,7 @@ class CommitLog:
         Safe to call from another thread while the core appends, writes and rolls: the lock is
         held only to take a snapshot; the fsyncs run on duplicated descriptors outside it.
         Syncs run one at a time; ``wait``: seconds to wait for one that is running (None: as
-        long as it takes), then ``LogWriteError``.
+        long as it takes), then ``SyncStillRunning``.
         """
         if not self._sync_lock.acquire(timeout=-1 if wait is None else wait):
             raise SyncStillRunning(f"{self.directory}: an fsync of the log has not finished "
@@ -1524,7 +1524,7 @@ class CommitLog:
         release the directory."""
         if self._closed:
             return
-        trim = True
+        disk_answers = True
         if not self.readonly:
             try:
                 self._close_stage()
@@ -1534,13 +1534,14 @@ class CommitLog:
                     self.sync(wait=CLOSE_SYNC_WAIT)
             except SyncStillRunning as exc:
                 # The disk does not answer: trimming and syncing the indexes would hang too
-                # (an untrimmed index is no damage at the next start).
+                # (an untrimmed index is no damage at the next start), and no recovery point
+                # may claim what that sync has not finished.
                 log.error("closing the commit log: %s", exc)
-                sync = trim = False
+                disk_answers = False
             except LogError as exc:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
-            for seg in self._segments if trim else ():
+            for seg in self._segments if disk_answers else ():
                 writing = seg is tail and seg.created and not seg.sealed
                 if seg.index_fd < 0 or not (writing or seg.index_trim >= 0):
                     continue    # only the tail and sealed ones no sync trimmed
@@ -1550,7 +1551,8 @@ class CommitLog:
                         os.fsync(seg.index_fd)
                 except OSError as exc:
                     log.warning("%s: %s", seg.index_path, exc.strerror)
-            if tail is not None and not self._groups and self._durable >= self._written:
+            if (disk_answers and tail is not None and not self._groups
+                    and self._durable >= self._written):
                 self._set_recovery_point(tail.base_offset)
         with self._rp_lock:  # a sync finishing late writes no recovery point from now on
             self._closed = True
