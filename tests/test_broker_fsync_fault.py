@@ -4,10 +4,12 @@ acknowledged until an fsync covers it, and everything is once fsync works again;
 where it was. Both are counted and logged once per failing spell (docs/persistence.md).
 
 The failure is real to the broker: a small library (tests/faults/fsync_fault.c), loaded with
-LD_PRELOAD, makes fsync()/fdatasync() of the log's files return EIO while a flag file exists.
+LD_PRELOAD, makes fsync()/fdatasync() of the log's files return EIO while a flag file exists,
+or (its "hang" mode) wait as for a disk that does not answer: the broker must still stop.
 """
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,17 +20,25 @@ SHIM = Path(__file__).parent / "faults" / "fsync_fault.c"
 N = 3
 
 
-@pytest.fixture
-def failing_fsync(tmp_path, monkeypatch):
-    """The flag file: while it exists, fsyncs of files under a `log/` directory fail."""
+def _load_shim(tmp_path, monkeypatch, flag_name: str, path_part: str, mode: str = ""):
+    """Brokers started from now on load the shim; fsyncs of files whose path contains
+    ``path_part`` fail (``mode`` "hang": wait) while the returned flag file exists."""
     lib = tmp_path / "fsync_fault.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(SHIM), "-ldl"],
                    check=True)
-    flag = tmp_path / "fail-fsync"
+    flag = tmp_path / flag_name
     monkeypatch.setenv("LD_PRELOAD", str(lib))
     monkeypatch.setenv("EB_FAULT_FLAG", str(flag))
-    monkeypatch.setenv("EB_FAULT_PATH", "/log/")
+    monkeypatch.setenv("EB_FAULT_PATH", path_part)
+    if mode:
+        monkeypatch.setenv("EB_FAULT_MODE", mode)
     return flag
+
+
+@pytest.fixture
+def failing_fsync(tmp_path, monkeypatch):
+    """The flag file: while it exists, fsyncs of files under a `log/` directory fail."""
+    return _load_shim(tmp_path, monkeypatch, "fail-fsync", "/log/")
 
 
 def _publish(b, uid):
@@ -73,3 +83,47 @@ def test_batch_acknowledges_while_fsync_fails(broker, uid, failing_fsync):
     assert b.wait_log(lambda line: "commit log fsync works again" in line, timeout=10,
                       start=mark)
     assert b.stats()["log"]["durable_offset"] == b.stats()["log"]["written_offset"]
+
+
+def test_the_broker_stops_when_the_disk_stops_answering(broker, uid, tmp_path, monkeypatch):
+    """Every fsync under the broker's state directory hangs (the shim's "hang" mode: a disk
+    that does not answer). SIGTERM still stops the broker, each wait for the disk bounded:
+    the flusher, the final snapshot and the log's close each give up after 10 s and say so.
+    Nothing the hung fsyncs did not finish is called durable; the next start finds every
+    acknowledged message."""
+    flag = _load_shim(tmp_path, monkeypatch, "disk-hangs", str(tmp_path), mode="hang")
+    b = broker(log={"durability": "batch", "flush_interval_ms": 50})
+    sub = b.raw()
+    sub.connect(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.close()
+    # The snapshot holding the persistent session is on disk (at most 1 s after it changed)
+    # before the disk stops answering.
+    snapshot = Path(b.config["data_dir"]) / "sessions.json"
+    _wait_for(lambda: snapshot.exists() and f"{uid}-s".encode() in snapshot.read_bytes())
+    flag.touch()
+    pub = _publish(b, uid)
+    # batch: acknowledged once written to the OS, whatever the fsyncs do.
+    assert [pub.expect(m.PUBACK, timeout=10).packet_id for _ in range(N)] == list(range(1, N + 1))
+    _wait_for(flag.with_name("disk-hangs.waiting").exists)   # the shim: an fsync hangs now
+    assert b.stop(timeout=60) == 0
+    text = b.log_text()
+    assert "the flusher thread has not stopped after 10 s" in text, text
+    assert "the session snapshot was not written within 10 s" in text, text
+    assert "an fsync of the log has not finished after 10 s" in text, text
+    flag.unlink()
+    monkeypatch.delenv("LD_PRELOAD")
+    again = broker(data_dir=b.config["data_dir"], log={"durability": "batch"})
+    assert again.stats()["log"]["next_offset"] >= N
+    sub = again.raw()
+    sub.connect(f"{uid}-s", clean=False)
+    got = [sub.expect(m.PUBLISH, timeout=10).payload for _ in range(N)]
+    assert got == [b"m%d" % i for i in range(1, N + 1)]
+
+
+def _wait_for(condition, timeout: float = 10.0) -> None:
+    """Wait (bounded) for a file the broker or the shim writes."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

@@ -194,6 +194,10 @@ class SnapshotWriter(threading.Thread):
             self._cond.notify()
         if self.is_alive():
             self.join(timeout)
+            if self.is_alive():
+                log.error("the session snapshot was not written within %g s (the disk does not "
+                          "answer); stopping without it: the next start replays the log from the "
+                          "last snapshot written", timeout)
         elif self._pending is not None:
             self._write(self._pending)  # the thread never started
 
