@@ -97,10 +97,10 @@ def test_the_broker_stops_when_the_disk_stops_answering(broker, uid, tmp_path, m
     sub.connect(f"{uid}-s", clean=False)
     sub.subscribe(f"{uid}/t", qos=1)
     sub.close()
-    # The snapshot holding the persistent session is on disk (at most 1 s after it changed)
-    # before the disk stops answering.
+    # The snapshot holding the persistent session and its subscription is on disk (at most
+    # 1 s after they changed) before the disk stops answering.
     snapshot = Path(b.config["data_dir"]) / "sessions.json"
-    _wait_for(lambda: snapshot.exists() and f"{uid}-s".encode() in snapshot.read_bytes())
+    _wait_for(lambda: snapshot.exists() and f'"{uid}/t"'.encode() in snapshot.read_bytes())
     flag.touch()
     pub = _publish(b, uid)
     # batch: acknowledged once written to the OS, whatever the fsyncs do.
