@@ -8,24 +8,21 @@ LD_PRELOAD, makes fsync()/fdatasync() of the log's files return EIO while a flag
 or (its "hang" mode) wait as for a disk that does not answer: the broker must still stop.
 """
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 import mqttraw as m
+import shims
 
-SHIM = Path(__file__).parent / "faults" / "fsync_fault.c"
 N = 3
 
 
 def _load_shim(tmp_path, monkeypatch, flag_name: str, path_part: str, mode: str = ""):
     """Brokers started from now on load the shim; fsyncs of files whose path contains
     ``path_part`` fail (``mode`` "hang": wait) while the returned flag file exists."""
-    lib = tmp_path / "fsync_fault.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(SHIM), "-ldl"],
-                   check=True)
+    lib = shims.build("fsync_fault", tmp_path)
     flag = tmp_path / flag_name
     monkeypatch.setenv("LD_PRELOAD", str(lib))
     monkeypatch.setenv("EB_FAULT_FLAG", str(flag))

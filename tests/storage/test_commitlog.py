@@ -7,8 +7,12 @@ import json
 import mmap
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import shims
 
 from edgebroker import _native
 from edgebroker.commitlog import segment
@@ -727,12 +731,7 @@ def test_a_sealed_index_that_cannot_be_mapped_is_kept_in_memory(tmp_path):
     used up its memory maps, made real by an LD_PRELOAD shim: tests/faults/mmap_fault.c), the
     segment keeps a copy of its entries in memory (logged) and stays readable; its index file
     is still trimmed and synced, so the next start uses it as it is."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    lib = tmp_path / "mmap_fault.so"
-    shim = Path(__file__).parent.parent / "faults" / "mmap_fault.c"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(shim), "-ldl"], check=True)
+    lib = shims.build("mmap_fault", tmp_path)
     env = dict(os.environ, LD_PRELOAD=str(lib), EB_FAULT_FLAG=str(tmp_path / "fail-mmap"),
                EB_FAULT_PATH=".idx", EB_TESTS=str(Path(__file__).parent.parent))
     proc = subprocess.run([sys.executable, "-c", MMAP_FAULT_SCRIPT, str(tmp_path / "log")],

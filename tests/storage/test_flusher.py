@@ -9,12 +9,15 @@ import mmap
 import os
 import queue
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import shims
 
 from edgebroker.commitlog import Flusher
 
@@ -330,11 +333,7 @@ def test_close_does_not_count_an_fsync_that_still_waits_for_the_disk(tmp_path):
     shim: tests/faults/fsync_fault.c). stop() gives up waiting for the thread; close() must
     then neither run a sync of its own that finds nothing left and calls everything durable,
     nor record a recovery point that the next start would trust without scanning."""
-    lib = tmp_path / "fsync_fault.so"
-    shim = Path(__file__).parent.parent / "faults" / "fsync_fault.c"
-    import subprocess
-    import sys
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(shim), "-ldl"], check=True)
+    lib = shims.build("fsync_fault", tmp_path)
     env = dict(os.environ, LD_PRELOAD=str(lib), EB_FAULT_FLAG=str(tmp_path / "hang"),
                EB_FAULT_PATH="/log/", EB_FAULT_MODE="hang",   # every fsync of the log hangs
                EB_TESTS=str(Path(__file__).parent.parent))
