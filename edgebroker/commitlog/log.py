@@ -52,6 +52,9 @@ RECOVERY_POINT_FILE = "recovery-point"
 # may still wait for the disk).
 CLOSE_SYNC_WAIT = 10.0
 MAX_DAMAGE_KEPT = 1000
+# A sealed segment file with more blocks than this past its size still has the room allocated
+# ahead for its writes (a crash came before the flusher freed it).
+ROOM_SLACK = 64 * 1024
 
 _pack_entry = INDEX_ENTRY.pack
 # Payloads of at least this many bytes are written from where they are, not copied (the caller
@@ -349,7 +352,11 @@ class CommitLog:
             seg.index_fd = -1
         seg.created = True
         seg.sealed = not is_last
-        size = os.fstat(seg.fd).st_size
+        st = os.fstat(seg.fd)
+        size = st.st_size
+        if not is_last and not self.readonly and st.st_blocks * 512 > size + ROOM_SLACK:
+            # Sealed before a crash that came before the flusher freed its room.
+            self._free_room(seg.fd, size, seg.path)
         if size < SEGMENT_HEADER_SIZE:
             # Crashed while creating it: no records. The writer rewrites it at the first append.
             if size and not self.readonly and is_last:
@@ -523,7 +530,7 @@ class CommitLog:
     def _open_for_append(self, seg: Segment) -> None:
         if seg.index_fd < 0:
             seg.index_fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        seg.open_for_append()
+        seg.open_for_append(self.options.segment_bytes)
 
     def _log_recovery(self) -> None:
         r = self.recovery
@@ -844,7 +851,7 @@ class CommitLog:
             seg = g.segment
             try:
                 if not seg.created:
-                    seg.create_files()
+                    seg.create_files(self.options.segment_bytes)
                 if seg.count + g.count > seg.index_capacity:
                     seg.ensure_index_room(seg.count + g.count)
                 self._write_at(seg, g.parts, g.nbytes, seg.size)
@@ -1010,9 +1017,12 @@ class CommitLog:
                     except OSError:
                         os.close(fd)
                         raise
+                    room = s.size if s.sealed and s.preallocated else -1
                     jobs.append((s, fd, ifd, s.new_file, s.sealed,
-                                 s.index_trim if ifd >= 0 else -1))
+                                 s.index_trim if ifd >= 0 else -1, room))
                     s.index_dirty = s.new_file = False
+                    if room >= 0:
+                        s.preallocated = False
                     if ifd >= 0:
                         s.index_trim = -1
                 dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
@@ -1023,8 +1033,10 @@ class CommitLog:
                 raise
         path = self.directory
         try:
-            for seg, fd, ifd, _new, sealed, trim in jobs:
+            for seg, fd, ifd, _new, sealed, trim, room in jobs:
                 path = seg.path
+                if room >= 0:  # first: its last block changes (zeros past the end)
+                    self._free_room(fd, room, path)
                 os.fdatasync(fd)
                 if sealed:
                     self._drop_cached(fd)
@@ -1056,6 +1068,16 @@ class CommitLog:
         return durable
 
     @staticmethod
+    def _free_room(fd: int, size: int, path: str) -> None:
+        """A sealed segment's blocks allocated ahead past its ``size`` are not needed: free
+        them. A failure only leaves them allocated (the next start tries again)."""
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc:
+            log.warning("%s: cannot free the blocks allocated ahead past its %d bytes: %s",
+                        path, size, exc.strerror)
+
+    @staticmethod
     def _drop_cached(fd: int) -> None:
         """A sealed segment is on disk: let the OS drop its pages from the page cache. The log
         is written once and read seldom (a backlog, the uploader); kept cached it would push
@@ -1069,7 +1091,7 @@ class CommitLog:
     def _requeue(self, jobs, todo) -> None:
         for s in todo:
             self._unsynced.setdefault(s.base_offset, s)
-        for s, _fd, ifd, new, _sealed, trim in jobs:
+        for s, _fd, ifd, new, _sealed, trim, _room in jobs:
             if ifd >= 0:
                 s.index_dirty = True
             if trim >= 0 and s.index_trim < 0:
@@ -1542,6 +1564,11 @@ class CommitLog:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
             for seg in self._segments if disk_answers else ():
+                try:
+                    seg.free_room()
+                except OSError as exc:
+                    log.warning("%s: cannot free the blocks allocated ahead: %s", seg.path,
+                                exc.strerror)
                 writing = seg is tail and seg.created and not seg.sealed
                 if seg.index_fd < 0 or not (writing or seg.index_trim >= 0):
                     continue    # only the tail and sealed ones no sync trimmed

@@ -3,7 +3,10 @@
 The writer keeps the index of the segment it appends to mmapped read-write, with room for more
 entries allocated ahead with ``posix_fallocate`` (so a full disk shows up as an error there, never
 as SIGBUS on a page fault); after seal the index is trimmed to its entries (by the flusher
-thread, before it fsyncs the index). Sealed indexes are mmapped read-only. A read-only reader
+thread, before it fsyncs the index). The ``.seg`` file of the segment appended to has its
+blocks allocated ahead too, up to ``segment_bytes``, without changing its size
+(``preallocate``): a write into allocated blocks costs the core thread less than one that
+allocates them. The flusher frees what is left of that room once the segment is sealed. Sealed indexes are mmapped read-only. A read-only reader
 (``edgebroker inspect``, while the broker runs) keeps the index of every segment above the
 recovery point in memory, built by scanning, so it never maps a file the writer may still
 append to or trim.
@@ -11,6 +14,8 @@ append to or trim.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import os
 
@@ -21,6 +26,32 @@ from edgebroker.commitlog.format import (
 )
 
 INDEX_GROW_ENTRIES = 4096
+FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
+
+
+def _libc_fallocate():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    call.restype = ctypes.c_int
+    return call
+
+
+_fallocate = _libc_fallocate()
+
+
+def preallocate(fd: int, nbytes: int) -> int:
+    """Allocate the blocks of the file's first ``nbytes`` ahead, keeping its size (Linux
+    ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``). 0, or the errno when it cannot (a disk too
+    full, a file system without it): the writes then allocate as they go."""
+    if _fallocate is None:
+        return errno.ENOSYS
+    if _fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, nbytes) == 0:
+        return 0
+    return ctypes.get_errno() or errno.EIO
 
 _unpack_entry = INDEX_ENTRY.unpack_from
 
@@ -32,6 +63,7 @@ class Segment:
         "created", "new_file", "index_dirty", "deleted", "index_file_bytes", "index_trim",
         # writer's reservations for records appended but not yet written
         "reserved_size", "reserved_count", "reserved_max_ts", "reserved_first_ts", "full",
+        "preallocated",
     )
 
     def __init__(self, directory: str, base_offset: int):
@@ -61,6 +93,7 @@ class Segment:
         self.reserved_max_ts = 0
         self.reserved_first_ts: int | None = None
         self.full = False          # no more appends: seal once its pending records are written
+        self.preallocated = False  # blocks past ``size`` allocated ahead (see preallocate)
 
     def __repr__(self) -> str:
         return f"<Segment {self.base_offset} records={self.count} size={self.size}>"
@@ -118,11 +151,13 @@ class Segment:
         self.index_capacity = 0  # room for entries only in a writable mmap (see write_pending)
 
     # -- writer: files ---------------------------------------------------------------------------
-    def create_files(self) -> None:
-        """Create (or reuse, after an earlier failed attempt) the two files, with index room."""
+    def create_files(self, room: int = 0) -> None:
+        """Create (or reuse, after an earlier failed attempt) the two files, with index room
+        and ``room`` bytes of the segment file allocated ahead."""
         try:
             if self.fd < 0:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+                self.allocate_room(room)
             if self.index_fd < 0:
                 self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
         except OSError as exc:
@@ -130,14 +165,37 @@ class Segment:
         self.created = True
         self.new_file = True
 
-    def open_for_append(self) -> None:
+    def open_for_append(self, room: int = 0) -> None:
         """Make an existing segment (the last one at recovery) the one appended to."""
         self.ensure_index_room(self.count + 1)
+        self.allocate_room(room)
         self.reserved_size = self.size
         self.reserved_count = self.count
         self.reserved_max_ts = self.max_timestamp
         self.reserved_first_ts = self.first_timestamp
         self.created = True
+
+    def allocate_room(self, room: int) -> None:
+        """Allocate the segment file's blocks up to ``room`` bytes ahead of the writes (see
+        ``preallocate``); nothing when that cannot be done. A disk too full for all of it
+        keeps none of it: the last free blocks stay for whatever file needs them first."""
+        if room <= self.size:
+            return
+        err = preallocate(self.fd, room)
+        if err == 0:
+            self.preallocated = True
+        elif err == errno.ENOSPC:
+            try:
+                os.ftruncate(self.fd, self.size)
+            except OSError:
+                pass
+
+    def free_room(self) -> None:
+        """Free the blocks allocated ahead past ``size`` (truncating to the size it has).
+        Raises OSError."""
+        if self.preallocated and self.fd >= 0:
+            self.preallocated = False
+            os.ftruncate(self.fd, self.size)
 
     def ensure_index_room(self, entries: int) -> None:
         """Make the writable index mmap hold at least ``entries`` entries (fallocate ahead)."""

@@ -747,3 +747,55 @@ def test_a_sealed_index_that_cannot_be_mapped_is_kept_in_memory(tmp_path):
     assert log.recovery.index_rebuilt == [] and log.recovery.damage == []
     assert [as_tuple(r) for r in log.read_range(0)] == [expected(i, T0 + i * 10) for i in range(300)]
     log.close()
+
+
+def _allocated(path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def test_the_segment_written_to_has_its_blocks_allocated_ahead_until_sealed(tmp_path):
+    seg_bytes = 1 << 20
+    log = open_log(tmp_path / "log", segment_bytes=seg_bytes)
+    for i in range(10):
+        log.append(1_700_000_000_000 + i, 1, False, b"dev", b"t", bytes([i]) * 10_000)
+    log.write_pending()
+    first = segment_files(tmp_path / "log")[0]
+    size = os.path.getsize(first)
+    assert 100_000 < size < 110_000          # its size is what was written...
+    assert _allocated(first) >= seg_bytes     # ...its blocks reach segment_bytes
+    for i in range(10, 150):                 # past a roll
+        log.append(1_700_000_000_000 + i, 1, False, b"dev", b"t", bytes([i]) * 10_000)
+    log.write_pending()
+    assert len(segment_files(tmp_path / "log")) == 2
+    log.sync()
+    # Sealed and synced: the room past its size is freed; its records are all there.
+    assert _allocated(first) < os.path.getsize(first) + 8192
+    tail = segment_files(tmp_path / "log")[1]
+    assert _allocated(tail) >= seg_bytes
+    log.close()
+    assert _allocated(tail) < os.path.getsize(tail) + 8192   # freed at close too
+    log = open_log(tmp_path / "log", segment_bytes=seg_bytes)
+    assert _allocated(tail) >= seg_bytes                     # appended to again: room again
+    assert [log.read(i).payload for i in range(150)] == [bytes([i]) * 10_000
+                                                          for i in range(150)]
+    log.close()
+
+
+def test_room_a_crash_left_allocated_past_a_sealed_segment_is_freed_at_the_next_start(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=64 * 1024)
+    for i in range(30):
+        log.append(1_700_000_000_000 + i, 1, False, b"dev", b"t", bytes([i]) * 5_000)
+    log.write_pending()
+    log.close()
+    first = segment_files(tmp_path / "log")[0]
+    size = os.path.getsize(first)
+    # What a crash between the seal and the flusher's sync leaves: the room still allocated.
+    fd = os.open(first, os.O_RDWR)
+    assert segment.preallocate(fd, 1 << 20) == 0
+    os.close(fd)
+    assert _allocated(first) >= 1 << 20 and os.path.getsize(first) == size
+    log = open_log(tmp_path / "log", segment_bytes=64 * 1024)
+    assert _allocated(first) < size + 8192 and os.path.getsize(first) == size
+    assert [log.read(i).payload for i in range(30)] == [bytes([i]) * 5_000 for i in range(30)]
+    assert log.recovery.damage == [] and log.recovery.index_rebuilt == []
+    log.close()
