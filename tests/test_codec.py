@@ -5,7 +5,9 @@ Malformed inputs are written by hand with the tiny independent helpers below
 Packets are compared field by field with ``fields()`` rather than ``==``.
 """
 
+import itertools
 import random
+import types
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -846,11 +848,13 @@ def scatter(buffers: list, data: bytes) -> None:
         data = data[k:]
 
 
-def read_like_the_transport(decoder: Decoder, stream: bytes, sizes: list, keeps: set) -> list:
+def read_like_the_transport(decoder: Decoder, stream: bytes, sizes: list, keeps: set,
+                            halts: set = frozenset()) -> list:
     """Consume ``stream`` as Transport.read does: into ``decoder.room`` while a large payload
-    arrives; into ``decoder.repeat_buffers()`` when a large PUBLISH like the last two is
+    arrives; into ``decoder.repeat_buffers(size)`` when large PUBLISHes like the last two are
     expected; else reads of ``read_hint`` bytes (or of the next size). Some reads are kept
-    (a throttled client) and decoded with the next one."""
+    (a throttled client) and decoded with the next one; after some (``halts``) the client is
+    throttled after the first packet the read gave."""
     out = []
     pos = k = 0
     while pos < len(stream):
@@ -861,15 +865,21 @@ def read_like_the_transport(decoder: Decoder, stream: bytes, sizes: list, keeps:
             room[:n] = stream[pos:pos + n]
             del room
             out += decoder.filled(n)
-        elif decoder.read_hint and (parts := decoder.repeat_buffers()) is not None:
-            # The next frame is expected to be like the last two: header and payload apart.
-            n = min(len(parts[0]) + len(parts[1]), size, len(stream) - pos)
+        elif decoder.read_hint and (parts := decoder.repeat_buffers(size)) is not None:
+            # The next frames are expected to be like the last two: headers and payloads apart.
+            n = min(sum(map(len, parts)), size, len(stream) - pos)
             scatter(parts, stream[pos:pos + n])
             if k in keeps:  # a throttled client keeps the bytes as they are
                 decoder.keep(decoder.unexpected(parts, n))
             else:
                 got = decoder.repeated(parts, n)
-                out += decoder.feed(decoder.unexpected(parts, n)) if got is None else got
+                if got is None:
+                    out += decoder.feed(decoder.unexpected(parts, n))
+                elif k in halts and isinstance(got, types.GeneratorType):
+                    out += itertools.islice(got, 1)
+                    got.close()  # the rest waits in the decoder for the next read
+                else:
+                    out += got
         else:
             n = min(decoder.read_hint or size, len(stream) - pos)
             chunk = memoryview(bytearray(stream[pos:pos + n]))  # a reused buffer's view
@@ -1069,6 +1079,102 @@ def test_a_repeated_publish_is_checked_like_any_other():
     assert info.value.reason == PACKET_TOO_LARGE
 
 
+def read_repeats(decoder: Decoder, data: bytes, room: int, n: int | None = None):
+    """One read into ``repeat_buffers(room)`` of the first ``n`` bytes of ``data`` (all the
+    pairs take when None): (the pairs, the packets it gives, as a list)."""
+    parts = decoder.repeat_buffers(room)
+    assert parts is not None
+    n = min(sum(map(len, parts)), len(data)) if n is None else n
+    scatter(parts, data[:n])
+    got = decoder.repeated(parts, n)
+    return parts, list(got)
+
+
+def alike_frames(count: int, size: int = 20_000, topic: str = "dev/1/raw") -> tuple:
+    """``count`` alike QoS 1 frames (packet identifiers 1, 2, ...) and a decoder that has
+    read the first two the usual way, so it expects the third."""
+    frames = [publish_frame(topic, random.Random(i).randbytes(size), 1, i + 1)
+              for i in range(count)]
+    decoder = Decoder()
+    for f in frames[:2]:
+        read_large_way(decoder, f)
+    return frames, decoder
+
+
+def test_a_read_takes_more_alike_frames_each_time_they_all_arrive():
+    frames, decoder = alike_frames(40)
+    pos = 2
+    asked = []
+    while pos + 16 <= len(frames):
+        parts, got = read_repeats(decoder, b"".join(frames[pos:pos + 16]), room=1 << 20)
+        asked.append(len(parts) // 2)
+        assert [p.packet_id for p in got] == list(range(pos + 1, pos + 1 + len(got)))
+        # Each payload is the read's own buffer: no copy.
+        assert all(p.payload is parts[2 * i + 1] for i, p in enumerate(got))
+        pos += len(got)
+    assert asked == [1, 2, 4, 8, 16]
+    # No more than the room asks for (the last frame may reach past it).
+    parts, got = read_repeats(decoder, b"".join(frames[pos:]), room=2 * len(frames[0]) + 1)
+    assert len(parts) == 6 and len(got) == 3
+    assert decoder.buffered == 0 and decoder.room is None
+
+
+def test_a_read_that_fills_fewer_frames_offers_one_more_than_it_filled_next():
+    frames, decoder = alike_frames(30)
+    pos = 2
+    for _ in range(4):  # to 16 pairs
+        _, got = read_repeats(decoder, b"".join(frames[pos:pos + 16]), room=1 << 20)
+        pos += len(got)
+    assert pos == 17
+    # Two frames and part of a third arrive: they and the rest of the third are decoded...
+    data = b"".join(frames[pos:pos + 3])
+    cut = len(frames[0]) * 2 + 500
+    parts, got = read_repeats(decoder, data, room=1 << 20, n=cut)
+    assert len(parts) == 32 and [p.packet_id for p in got] == [18, 19]
+    room = decoder.room
+    room[:] = data[cut:]
+    del room
+    assert [p.packet_id for p in decoder.filled(len(data) - cut)] == [20]
+    # ...and the next read offers three pairs: the two it filled and one.
+    parts, got = read_repeats(decoder, b"".join(frames[20:]), room=1 << 20)
+    assert len(parts) == 6 and [p.packet_id for p in got] == [21, 22, 23]
+
+
+@pytest.mark.parametrize("cut", ["header", "topic", "payload size"])
+def test_a_frame_that_breaks_a_run_inside_a_read_is_decoded_as_usual(cut):
+    frames, decoder = alike_frames(12)
+    for pos in (2, 3):  # one pair, then two: four next
+        read_repeats(decoder, b"".join(frames[pos:pos + 2]), room=1 << 20)
+    body = random.Random(99).randbytes(20_000)
+    odd = {"header": frame(0xC0) + publish_frame("dev/1/raw", body, 1, 50),  # a PINGREQ first
+           "topic": publish_frame("dev/2/raw", body, 1, 50),
+           "payload size": publish_frame("dev/1/raw", body[:-1], 1, 50)}[cut]
+    data = frames[5] + odd + frames[6] + frames[7]
+    parts, got = read_repeats(decoder, data, room=1 << 20, n=len(data) - 100)
+    assert len(parts) == 8
+    got += decode_all(data[len(data) - 100:], decoder)
+    expected = [6] + ([None, 50] if cut == "header" else [50]) + [7, 8]
+    assert [getattr(p, "packet_id", None) for p in got] == expected
+    assert decoder.buffered == 0 and decoder.room is None
+
+
+def test_a_client_throttled_after_the_first_frame_of_a_read_keeps_the_rest_in_order():
+    frames, decoder = alike_frames(10)
+    read_repeats(decoder, frames[2], room=1 << 20)            # one pair
+    read_repeats(decoder, b"".join(frames[3:5]), room=1 << 20)  # two: four next
+    parts = decoder.repeat_buffers(1 << 20)
+    data = b"".join(frames[5:7]) + frames[7][:1000]
+    scatter(parts, data)
+    got = decoder.repeated(parts, len(data))
+    assert len(parts) == 8 and isinstance(got, types.GeneratorType)
+    assert next(got).packet_id == 6
+    got.close()  # throttled: the second frame and the start of the third wait
+    assert decoder.buffered == len(data) - len(frames[5])
+    out = decode_all(frames[7][1000:] + b"".join(frames[8:]), decoder)
+    assert [p.packet_id for p in out] == [7, 8, 9, 10]
+    assert decoder.buffered == 0 and decoder.room is None
+
+
 _shapes = st.sampled_from([("a/1", 16_384, 0), ("a/1", 16_384, 1), ("a/2", 16_384, 0),
                            ("a/1", 20_000, 2), ("a/1", 16_385, 0)])
 
@@ -1077,10 +1183,10 @@ _shapes = st.sampled_from([("a/1", 16_384, 0), ("a/1", 16_384, 1), ("a/2", 16_38
 @given(st.lists(st.one_of(
            st.tuples(_shapes, st.integers(1, 65535), st.booleans(), st.booleans()),
            any_packet), min_size=1, max_size=12),
-       st.lists(st.integers(1, 70_000), min_size=1, max_size=5),
-       st.sets(st.integers(0, 60), max_size=4))
+       st.lists(st.integers(1, 140_000), min_size=1, max_size=5),
+       st.sets(st.integers(0, 60), max_size=4), st.sets(st.integers(0, 60), max_size=4))
 def test_hypothesis_runs_of_alike_large_packets_read_any_way_give_the_same_packets(
-        items, sizes, keeps):
+        items, sizes, keeps, halts):
     # Mostly a few shapes of large PUBLISH (so that runs of alike ones are common), some
     # with the DUP or retain flag, between any other packets.
     packets = []
@@ -1095,4 +1201,4 @@ def test_hypothesis_runs_of_alike_large_packets_read_any_way_give_the_same_packe
         publish_frame(p.topic, p.payload, p.qos, p.packet_id or 0, p.retain, p.dup)
         if type(p) is Publish else encode(p) for p in packets)
     decoder = Decoder(max_packet_size=1 << 20)
-    assert same(read_like_the_transport(decoder, stream, sizes, keeps), packets)
+    assert same(read_like_the_transport(decoder, stream, sizes, keeps, halts), packets)

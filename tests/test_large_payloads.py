@@ -84,3 +84,29 @@ def test_runs_of_alike_large_publishes_and_what_breaks_them(broker, uid):
     pub.send(m.publish(same, rnd.randbytes(65_536), qos=1, packet_id=0))
     assert pub.expect_closed(10)
     assert b.wait_log(lambda ln: "packet identifier 0" in ln, start=mark)
+
+
+def test_many_alike_large_publishes_sent_at_once_arrive_in_order_also_when_throttled(
+        broker, uid):
+    # Sent in one go, so that the broker's reads take several alike frames at a time (its
+    # header and payload buffers for each); a publish rate limit throttles the publisher in
+    # the middle of such reads. A differing frame inside the run and one after it.
+    b = broker(limits={"max_packet_size": 2_000_000, "messages_rate": 100,
+                       "messages_burst": 10})
+    sub = b.raw()
+    sub.connect(uid + "-sub")
+    sub.subscribe(f"{uid}/#", qos=1)
+    pub = b.raw()
+    pub.connect(uid + "-pub")
+    rnd = random.Random(12)
+    same = f"{uid}/dev/1"
+    sent = [(same, rnd.randbytes(65_536), 1, i) for i in range(1, 31)]
+    sent.insert(20, (f"{uid}/dev/2", rnd.randbytes(65_536), 1, 100))
+    sent.append((same, rnd.randbytes(1000), 1, 31))
+    pub.send(b"".join(m.publish(t, p, qos=q, packet_id=pid) for t, p, q, pid in sent))
+    acks = [pub.expect(m.PUBACK, timeout=20).packet_id for _ in sent]
+    assert acks == [pid for _, _, _, pid in sent]
+    got = [sub.recv_publish(timeout=20) for _ in sent]
+    assert [(p.topic, p.payload) for p in got] == [(t, p) for t, p, _, _ in sent]
+    s = b.stats()
+    assert s["limit_hits"]["messages_rate"] >= 1   # it was throttled on the way

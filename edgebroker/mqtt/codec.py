@@ -485,6 +485,7 @@ LARGE_FRAME = 16 * 1024
 # After such a frame, read this little (``Decoder.read_hint``) so that the next large frame's
 # payload, too, goes straight into its own buffer rather than through the shared one.
 LARGE_READ = 4096
+REPEAT_FRAMES = 16  # at most this many frames alike in one read (repeat_buffers)
 
 
 class _Large:
@@ -503,7 +504,7 @@ class Decoder:
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
     __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen", "_src", "_large",
-                 "_ready", "room", "read_hint", "_shape")
+                 "_ready", "room", "read_hint", "_shape", "_repeat")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE):
         self.max_packet_size = max_packet_size
@@ -521,6 +522,7 @@ class Decoder:
         # alike, what the next is expected to be: (header, topic, first byte, payload size),
         # or None (see repeat_buffers).
         self._shape: tuple | None = None
+        self._repeat = 1         # frames repeat_buffers offers room for (see _repeat_filled)
 
     @property
     def buffered(self) -> int:
@@ -641,24 +643,82 @@ class Decoder:
         self._shape = (key, large.total, expect)
         return packet
 
-    def repeat_buffers(self) -> list | None:
+    def repeat_buffers(self, room: int = 0) -> list | None:
         """Between large PUBLISHes (``read_hint``): a header buffer and a payload buffer for
         one read (``recvmsg_into``) that expects the next frame to be like the last large one
         (same topic, flags and size: a device sending its readings), so that its payload
-        arrives straight in a buffer of its own. None when there is no such frame yet."""
+        arrives straight in a buffer of its own. None when there is no such frame yet.
+
+        ``room``: bytes the read may take; pairs for as many such frames as reach it (the last
+        may go past), but no more than ``_repeat_filled`` allows (at least one pair)."""
         shape = self._shape
         if (shape is None or shape[2] is None or self._buf or self._large is not None
                 or self._ready is not None or self._gen is not None):
             return None
         want = shape[2]
-        return [bytearray(len(want[0])), bytearray(want[3])]
+        h = len(want[0])
+        size = want[3]
+        frames = min(self._repeat, -(-room // (h + size))) if room > 0 else 1
+        if frames <= 1:
+            return [bytearray(h), bytearray(size)]
+        parts = []
+        for _ in range(frames):
+            parts.append(bytearray(h))
+            parts.append(bytearray(size))
+        return parts
 
     def repeated(self, parts: list, n: int):
-        """``n`` bytes were received into ``parts`` (from ``repeat_buffers``). The PUBLISH in a
-        tuple when they start with the expected header and hold the whole payload; nothing
-        when the rest of its payload is still to come (into ``room``); None when they are
-        not that frame (``unexpected`` gives them back as plain bytes for ``feed``)."""
-        head, payload = parts
+        """``n`` bytes were received into ``parts`` (from ``repeat_buffers``).
+
+        One pair: the PUBLISH in a tuple when they start with the expected header and hold
+        the whole payload; nothing when the rest of its payload is still to come (into
+        ``room``); None when they are not that frame (``unexpected`` gives them back as plain
+        bytes for ``feed``).
+
+        More pairs: a generator of the packets, frame by frame; from the first bytes that are
+        not the expected frame on, it decodes them as ``feed`` does. Closed early (a throttled
+        client), it keeps what it did not hand out for the next ``feed``."""
+        if len(parts) > 2:
+            return self._repeated_many(parts, n)
+        got = self._repeated_one(parts[0], parts[1], n)
+        self._repeat_filled(0 if got is None or got is _NOTHING else 1, 1)
+        return got
+
+    def _repeated_many(self, parts: list, n: int):
+        asked = len(parts) >> 1
+        frames = i = 0
+        try:
+            while n > 0:
+                head = parts[i]
+                payload = parts[i + 1]
+                m = min(n, len(head) + len(payload))
+                got = self._repeated_one(head, payload, m)
+                if got is None:
+                    break
+                n -= m
+                i += 2
+                if got is not _NOTHING:
+                    frames += 1
+                    yield got[0]
+        except GeneratorExit:
+            if n > 0:
+                self.keep(self.unexpected(parts[i:], n))
+            raise
+        finally:
+            self._repeat_filled(frames, asked)
+        if n > 0:
+            yield from self.feed(self.unexpected(parts[i:], n))
+
+    def _repeat_filled(self, frames: int, asked: int) -> None:
+        """A read into ``asked`` pairs filled ``frames`` of them: offer up to twice as many
+        next time when all were (at most ``REPEAT_FRAMES``), else one more than were, so
+        that few buffers go unused."""
+        if frames < asked:
+            self._repeat = frames + 1
+        elif asked >= self._repeat:
+            self._repeat = min(2 * asked, REPEAT_FRAMES)
+
+    def _repeated_one(self, head, payload, n: int):
         shape = self._shape
         want, topic, b0, size = shape[2]
         h = len(want)
@@ -685,11 +745,19 @@ class Decoder:
     @staticmethod
     def unexpected(parts: list, n: int) -> bytes:
         """The ``n`` bytes received into ``parts`` that ``repeated`` did not take."""
-        head, payload = parts
-        h = len(head)
-        if n <= h:
-            return bytes(head[:n])
-        return bytes(head) + payload[:n - h]
+        if len(parts) == 2:
+            head, payload = parts
+            h = len(head)
+            if n <= h:
+                return bytes(head[:n])
+            return bytes(head) + payload[:n - h]
+        out = bytearray()
+        for part in parts:
+            if n <= 0:
+                break
+            out += part if n >= len(part) else memoryview(part)[:n]
+            n -= len(part)
+        return bytes(out)
 
     def _frames(self, first, src):
         # Decode from an immutable snapshot: slicing bytes gives bytes with one copy.

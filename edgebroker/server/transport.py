@@ -37,8 +37,9 @@ from edgebroker import _native
 log = logging.getLogger("edgebroker.server")
 
 # Linux IOV_MAX is 1024; stay under it.
-# Reads per readiness event while large packets arrive (each read is one packet or less); no
-# more after the bytes one plain read may take (the loop's shared buffer).
+# Reads per readiness event while large packets arrive (each read is one packet or less, or
+# several alike ones); no more after the bytes one plain read may take (the loop's shared
+# buffer).
 _LARGE_READS = 8
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
@@ -254,11 +255,11 @@ class Transport:
                     return
                 client.payload_received(n)
             else:
-                parts = decoder.repeat_buffers()
+                parts = decoder.repeat_buffers(len(loop.buffer) - total)
                 if parts is not None:
-                    # The next frame is expected to be like the last two: one read puts
-                    # its header and its payload in buffers of their own.
-                    want = len(parts[0]) + len(parts[1])
+                    # The next frames are expected to be like the last two: one read puts
+                    # their headers and payloads in buffers of their own.
+                    want = sum(map(len, parts))
                     n = self._recv_into(parts, 0)
                     if not n:
                         return
