@@ -3,13 +3,15 @@
 The writer keeps the index of the segment it appends to mmapped read-write, with room for more
 entries allocated ahead with ``posix_fallocate`` (so a full disk shows up as an error there, never
 as SIGBUS on a page fault); after seal the index is trimmed to its entries (by the flusher
-thread, before it fsyncs the index). The ``.seg`` file of the segment appended to has its
-blocks allocated ahead too, up to ``segment_bytes``, without changing its size
-(``preallocate``): a write into allocated blocks costs the core thread less than one that
-allocates them. The flusher frees what is left of that room once the segment is sealed. Sealed indexes are mmapped read-only. A read-only reader
+thread, before it fsyncs the index). Sealed indexes are mmapped read-only. A read-only reader
 (``edgebroker inspect``, while the broker runs) keeps the index of every segment above the
 recovery point in memory, built by scanning, so it never maps a file the writer may still
 append to or trim.
+
+The ``.seg`` file of the segment appended to has its blocks allocated ahead, up to
+``segment_bytes``, without changing its size (``preallocate``): a write into allocated blocks
+costs the core thread less than one that allocates them. The flusher frees what is left of
+that room once the segment is sealed.
 """
 
 from __future__ import annotations
@@ -185,8 +187,8 @@ class Segment:
         if err == 0:
             self.preallocated = True
         elif err == errno.ENOSPC:
-            try:
-                os.ftruncate(self.fd, self.size)
+            try:  # (to the size it has: nothing written is cut)
+                os.ftruncate(self.fd, os.fstat(self.fd).st_size)
             except OSError:
                 pass
 
