@@ -1091,7 +1091,9 @@ class CommitLog:
     def _requeue(self, jobs, todo) -> None:
         for s in todo:
             self._unsynced.setdefault(s.base_offset, s)
-        for s, _fd, ifd, new, _sealed, trim, _room in jobs:
+        for s, _fd, ifd, new, _sealed, trim, room in jobs:
+            if room >= 0:
+                s.preallocated = True  # freed again (or for the first time) by the retry
             if ifd >= 0:
                 s.index_dirty = True
             if trim >= 0 and s.index_trim < 0:

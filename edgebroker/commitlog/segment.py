@@ -179,14 +179,15 @@ class Segment:
 
     def allocate_room(self, room: int) -> None:
         """Allocate the segment file's blocks up to ``room`` bytes ahead of the writes (see
-        ``preallocate``); nothing when that cannot be done. A disk too full for all of it
-        keeps none of it: the last free blocks stay for whatever file needs them first."""
+        ``preallocate``); nothing when that cannot be done. When it fails part of the way (a
+        disk too full for all of it, a quota) none of it is kept: the last free blocks stay
+        for whatever file needs them first."""
         if room <= self.size:
             return
         err = preallocate(self.fd, room)
         if err == 0:
             self.preallocated = True
-        elif err == errno.ENOSPC:
+        elif err != errno.ENOSYS:
             try:  # (to the size it has: nothing written is cut)
                 os.ftruncate(self.fd, os.fstat(self.fd).st_size)
             except OSError:

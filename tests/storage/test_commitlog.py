@@ -3,6 +3,7 @@ and topic filter, locate, retention, the uploaded mark, read-only readers, error
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -17,7 +18,7 @@ import shims
 from edgebroker import _native
 from edgebroker.commitlog import segment
 from edgebroker.commitlog import (
-    CommitLog, LogError, LogLockedError, LogOptions, Record,
+    CommitLog, LogError, LogLockedError, LogOptions, LogWriteError, Record,
 )
 
 from .logutil import (
@@ -640,7 +641,6 @@ def test_no_descriptor_free_at_a_roll_fails_the_write_and_it_recovers(tmp_path):
     clients can bring it there), the write fails as a disk error does (LogWriteError, the
     records kept) instead of escaping as an OSError; once descriptors are free it goes on."""
     import resource
-    from edgebroker.commitlog import LogWriteError
     log = open_log(tmp_path / "log", segment_bytes=4096)
     append_n(log, 10)
     log.write_pending()
@@ -778,6 +778,31 @@ def test_the_segment_written_to_has_its_blocks_allocated_ahead_until_sealed(tmp_
     assert _allocated(tail) >= seg_bytes                     # appended to again: room again
     assert [log.read(i).payload for i in range(150)] == [bytes([i]) * 10_000
                                                           for i in range(150)]
+    log.close()
+
+
+def test_a_sync_that_fails_leaves_freeing_the_room_to_its_retry(tmp_path, monkeypatch):
+    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    for i in range(3):  # two sealed segments of about 1 MiB, their room past a few bytes
+        log.append(T0 + i, 1, False, b"dev", b"t", bytes([i]) * 1_000_000)
+    log.write_pending()
+    files = segment_files(tmp_path / "log")
+    assert len(files) == 3 and all(_allocated(f) >= 1 << 20 for f in files)
+    fdatasync = os.fdatasync
+    calls = []
+
+    def first_fails(fd):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "I/O error")
+        fdatasync(fd)
+    monkeypatch.setattr(os, "fdatasync", first_fails)  # the disk fails the first one
+    with pytest.raises(LogWriteError):
+        log.sync()
+    monkeypatch.undo()
+    assert log.sync() == 3
+    for f in files[:2]:
+        assert _allocated(f) < os.path.getsize(f) + 8192, f
     log.close()
 
 
