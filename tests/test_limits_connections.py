@@ -186,11 +186,14 @@ def test_open_files_limit_stops_accepting_before_the_broker_runs_out(broker, uid
         b = broker(log={"segment_bytes": 1 << 20, "retention_bytes": 4 << 20})
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    # At its retention the log holds 4 MiB / 1 MiB + 1 = 5 segments, 3 descriptors each.
-    line = b.wait_log("the open files limit (160) leaves room for 81 sockets once the commit "
-                      "log holds 5 segments (15 descriptors)", timeout=1)
+    # At its retention the log holds 4 MiB / 1 MiB + 1 = 5 segments, 3 descriptors each, and
+    # the next segment's file, made ahead.
+    line = b.wait_log("the open files limit (160) leaves room for 80 sockets once the commit "
+                      "log holds 5 segments (16 descriptors)", timeout=1)
     assert line and "fewer than max_connections (10000)" in line, b.log_text()
-    room = nofile - 64 - 1  # a new log holds no file yet; one for a sync's copy of its directory
+    # A new log holds no segment file yet: one for a sync's copy of its directory, one for the
+    # next segment's file.
+    room = nofile - 64 - 2
     clients = [b.client(f"{uid}-{i}") for i in range(room)]
     mark = b.mark()
     late = b.raw()                       # the kernel completes it; the broker does not accept

@@ -14,7 +14,10 @@ After each sync that moved ``durable_offset`` the thread calls ``on_durable(offs
 passes a function that queues a message and wakes its selector loop). When idle it checks one
 segment that a reader asked to have verified (``CommitLog.verify_step``). It also closes the
 descriptors of segments that retention deleted (``CommitLog.defer_closes``): freeing a
-file's blocks can wait for the disk, and the core must not.
+file's blocks can wait for the disk, and the core must not. For the same reason a second,
+small thread it starts (``SpareMaker``) makes the next segment's file ahead, with its blocks
+allocated (``CommitLog.prepare_spare``): at start and whenever a roll took the last one. It is
+a thread of its own because a roll can come while the flusher waits for an fsync.
 
 An fsync error is logged once per failing spell and retried every interval; the durable offset
 stays where it was, so nothing waiting for it is acknowledged.
@@ -52,6 +55,7 @@ class Flusher(threading.Thread):
         self._written = False
         self._retired = False
         self._stopping = False
+        self.spares = SpareMaker(log_)
         self._last_sync = float("-inf")
         self._reported = -1
         self._failing = False
@@ -68,6 +72,9 @@ class Flusher(threading.Thread):
 
     def stop(self, timeout: float | None = 10.0) -> None:
         """Stop: one last sync of everything, then the thread ends; joins it."""
+        # Not waited for long: it holds nothing the log needs (a file it is still making is
+        # removed by close(), or by the next start).
+        self.spares.stop(1.0)
         with self._cond:
             self._stopping = True
             self._cond.notify()
@@ -81,6 +88,8 @@ class Flusher(threading.Thread):
     # -- the thread -----------------------------------------------------------------------------
     def start(self) -> None:
         self.log.defer_closes(self._notify_retired)
+        self.log.make_spares(self.spares.want)
+        self.spares.start()
         super().start()
 
     def _notify_retired(self) -> None:
@@ -166,3 +175,48 @@ class Flusher(threading.Thread):
                 self.on_durable(durable)
             except Exception:
                 log.exception("on_durable callback failed")
+
+
+class SpareMaker(threading.Thread):
+    """Makes the next segment's file ahead (``CommitLog.prepare_spare``) whenever ``want`` is
+    called (by the core, when a roll took the last one); after a failure (a disk too full)
+    it tries again every ``RETRY_SECONDS``."""
+
+    RETRY_SECONDS = 1.0
+
+    def __init__(self, log_, name: str = "segment-ahead"):
+        super().__init__(name=name, daemon=True)
+        self.log = log_
+        self._cond = threading.Condition()
+        self._wanted = True
+        self._stopping = False
+
+    def want(self) -> None:
+        with self._cond:
+            self._wanted = True
+            self._cond.notify()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self.is_alive():
+            self.join(timeout)
+
+    def run(self) -> None:
+        ready, failed = True, False
+        while True:
+            with self._cond:
+                while not (self._wanted or self._stopping):
+                    if not self._cond.wait(None if ready else self.RETRY_SECONDS):
+                        break
+                if self._stopping:
+                    return
+                self._wanted = False
+            try:
+                ready = self.log.prepare_spare()
+                failed = False
+            except Exception:  # a bug here must not end the thread quietly
+                if not failed:  # logged once per failing spell
+                    log.exception("making the next segment's file ahead failed")
+                ready, failed = False, True

@@ -38,7 +38,7 @@ from edgebroker.commitlog.format import (
     Location, LogOptions, Record, SegmentInfo, check_segment_header, parse_segment_name,
     segment_header, write_small_file,
 )
-from edgebroker.commitlog.segment import Segment
+from edgebroker.commitlog.segment import Segment, preallocate
 
 log = logging.getLogger("edgebroker.commitlog")
 # Descriptors a segment holds: its data and index files, and its index map (an mmap keeps a
@@ -55,6 +55,10 @@ MAX_DAMAGE_KEPT = 1000
 # A sealed segment file with more blocks than this past its size still has the room allocated
 # ahead for its writes (a crash came before the flusher freed it).
 ROOM_SLACK = 64 * 1024
+# The next segment's file, created and allocated ahead by the flusher thread (see
+# prepare_spare), numbered so that it never reuses the name of one a roll is taking; a
+# leftover of a crash is removed at start like any ".tmp" file.
+SPARE_FILE = "next-segment-{}.tmp"
 
 _pack_entry = INDEX_ENTRY.pack
 # Payloads of at least this many bytes are written from where they are, not copied (the caller
@@ -223,6 +227,13 @@ class CommitLog:
         # Descriptors of deleted segments, closed by the flusher thread (see defer_closes).
         self._retired: list[int] | None = None
         self._on_retired: Callable[[], None] | None = None
+        # The next segment's file, allocated ahead off the core thread (see prepare_spare).
+        self._spare = -1
+        self._spare_path = ""
+        self._spare_count = 0
+        self._spares = False
+        self._on_spare_taken: Callable[[], None] | None = None
+        self.spare_ready = threading.Event()
 
     # =========================================================================================
     # Opening and recovery
@@ -604,15 +615,17 @@ class CommitLog:
         ``retention_bytes`` allows (at least what it holds now)."""
         opts = self.options
         segments = max(len(self._segments), opts.retention_bytes // opts.segment_bytes + 1)
-        return segments, max(self.descriptors_held(), SEGMENT_DESCRIPTORS * segments)
+        return segments, max(self.descriptors_held(), SEGMENT_DESCRIPTORS * segments + 1)
 
     def descriptors_held(self) -> int:
         """Descriptors the log's segments hold now, or may soon: each segment's data and index
         files and its index map (an mmap keeps a duplicate of the descriptor it maps), those of
-        deleted segments the flusher has not closed yet, and the duplicates a sync makes of
-        what it fsyncs (two per segment waiting for one, and the directory's)."""
+        deleted segments the flusher has not closed yet, the duplicates a sync makes of what it
+        fsyncs (two per segment waiting for one, and the directory's), and the next segment's
+        file made ahead (see make_spares)."""
         with self._lock:
-            n = 1 + 2 * len(self._unsynced) + (len(self._retired) if self._retired else 0)
+            n = (1 + 2 * len(self._unsynced) + (len(self._retired) if self._retired else 0)
+                 + self._spares)
             for seg in self._segments:
                 n += (seg.fd >= 0) + (seg.index_fd >= 0) + isinstance(seg.index, mmap.mmap)
         return n
@@ -825,6 +838,83 @@ class CommitLog:
             self._bases.append(base_offset)
         return seg
 
+    # -- the next segment's file, allocated ahead ------------------------------------------------
+    def make_spares(self, on_spare_taken: Callable[[], None] | None = None) -> None:
+        """From now on new segments take the file ``prepare_spare`` made ahead, when there is
+        one; ``on_spare_taken`` is called (on the core thread) when one was taken, to have
+        the next made. Without spares a new segment's blocks are allocated as it is written."""
+        with self._lock:
+            self._spares = True
+            self._on_spare_taken = on_spare_taken
+
+    def prepare_spare(self) -> bool:
+        """Make the next segment's file ahead, unless there is one: created under a temporary
+        name with its blocks allocated up to ``segment_bytes`` (``segment.preallocate``), so
+        that neither the allocation (which may read block bitmaps from the disk) nor its
+        writes' allocations fall on the core thread. Flusher thread. True when one is ready;
+        False when the disk is too full (nothing is kept; the next call tries again) or the
+        file system cannot allocate ahead (then no spare is made again)."""
+        with self._lock:
+            if self._spare >= 0:
+                return True
+            if self._closed or self.readonly or not self._spares:
+                return False
+        self._spare_count += 1
+        path = os.path.join(self.directory, SPARE_FILE.format(self._spare_count))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+        except OSError:
+            return False
+        err = preallocate(fd, self.options.segment_bytes)
+        if err:
+            self._close_quietly(fd)
+            self._unlink_quietly(path)
+            if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+                self._spares = False
+                log.info("%s: the file system cannot allocate blocks ahead (%s); segment files "
+                         "are allocated as they are written", self.directory, os.strerror(err))
+            return False
+        with self._lock:
+            if not self._closed:
+                self._spare = fd
+                self._spare_path = path
+                self.spare_ready.set()
+                return True
+        self._close_quietly(fd)
+        self._unlink_quietly(path)
+        return False
+
+    def _take_spare(self) -> tuple[int, str] | None:
+        """The file ``prepare_spare`` made, for a new segment to take (core thread)."""
+        with self._lock:
+            fd = self._spare
+            if fd < 0:
+                return None
+            path = self._spare_path
+            self._spare = -1
+            self.spare_ready.clear()
+            callback = self._on_spare_taken
+        if callback is not None:
+            callback()
+        return fd, path
+
+    def _drop_spare(self) -> None:
+        with self._lock:
+            fd = self._spare
+            path = self._spare_path
+            self._spare = -1
+            self.spare_ready.clear()
+        if fd >= 0:
+            self._close_quietly(fd)
+            self._unlink_quietly(path)
+
+    @staticmethod
+    def _unlink_quietly(path: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
     def _roll(self) -> Segment:
         self._close_stage()
         old = self._tail
@@ -851,7 +941,7 @@ class CommitLog:
             seg = g.segment
             try:
                 if not seg.created:
-                    seg.create_files(self.options.segment_bytes)
+                    seg.create_files(self._take_spare())
                 if seg.count + g.count > seg.index_capacity:
                     seg.ensure_index_room(seg.count + g.count)
                 self._write_at(seg, g.parts, g.nbytes, seg.size)
@@ -1585,6 +1675,7 @@ class CommitLog:
                 self._set_recovery_point(tail.base_offset)
         with self._rp_lock:  # a sync finishing late writes no recovery point from now on
             self._closed = True
+        self._drop_spare()
         self.close_retired(stop=True)
         self._close_files()
 

@@ -10,8 +10,9 @@ append to or trim.
 
 The ``.seg`` file of the segment appended to has its blocks allocated ahead, up to
 ``segment_bytes``, without changing its size (``preallocate``): a write into allocated blocks
-costs the core thread less than one that allocates them. The flusher frees what is left of
-that room once the segment is sealed.
+costs the core thread less than one that allocates them. A new segment takes a file made so
+ahead by another thread (``create_files``, ``CommitLog.prepare_spare``); the flusher frees
+what is left of that room once the segment is sealed.
 """
 
 from __future__ import annotations
@@ -153,13 +154,28 @@ class Segment:
         self.index_capacity = 0  # room for entries only in a writable mmap (see write_pending)
 
     # -- writer: files ---------------------------------------------------------------------------
-    def create_files(self, room: int = 0) -> None:
-        """Create (or reuse, after an earlier failed attempt) the two files, with index room
-        and ``room`` bytes of the segment file allocated ahead."""
+    def create_files(self, spare: tuple[int, str] | None = None) -> None:
+        """Create (or reuse, after an earlier failed attempt) the two files, with index room.
+        ``spare``: (descriptor, path) of an empty file with its blocks allocated ahead, to
+        rename into the segment file (closed and removed when that cannot be done)."""
+        if spare is not None:
+            fd, spare_path = spare
+            if self.fd < 0:
+                try:
+                    os.rename(spare_path, self.path)
+                    self.fd, fd = fd, -1
+                    self.preallocated = True
+                except OSError:
+                    pass
+            if fd >= 0:
+                os.close(fd)
+                try:
+                    os.unlink(spare_path)
+                except OSError:
+                    pass
         try:
             if self.fd < 0:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-                self.allocate_room(room)
             if self.index_fd < 0:
                 self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
         except OSError as exc:

@@ -753,27 +753,41 @@ def _allocated(path) -> int:
     return os.stat(path).st_blocks * 512
 
 
-def test_the_segment_written_to_has_its_blocks_allocated_ahead_until_sealed(tmp_path):
+def _spares(log) -> list[str]:
+    return sorted(n for n in os.listdir(log.directory) if n.startswith("next-segment-"))
+
+
+def test_a_new_segment_takes_the_file_made_ahead_and_its_room_goes_once_sealed(tmp_path):
     seg_bytes = 1 << 20
     log = open_log(tmp_path / "log", segment_bytes=seg_bytes)
+    taken = []
+    log.make_spares(lambda: taken.append(1))
+    assert log.prepare_spare()     # the flusher's part: an empty file, allocated ahead
+    [spare] = _spares(log)
+    assert os.path.getsize(tmp_path / "log" / spare) == 0
+    assert _allocated(tmp_path / "log" / spare) >= seg_bytes
     for i in range(10):
-        log.append(1_700_000_000_000 + i, 1, False, b"dev", b"t", bytes([i]) * 10_000)
+        log.append(T0 + i, 1, False, b"dev", b"t", bytes([i]) * 10_000)
     log.write_pending()
     first = segment_files(tmp_path / "log")[0]
+    assert _spares(log) == [] and taken == [1]   # taken, and the flusher told
     size = os.path.getsize(first)
     assert 100_000 < size < 110_000          # its size is what was written...
     assert _allocated(first) >= seg_bytes     # ...its blocks reach segment_bytes
+    assert log.prepare_spare()
     for i in range(10, 150):                 # past a roll
-        log.append(1_700_000_000_000 + i, 1, False, b"dev", b"t", bytes([i]) * 10_000)
+        log.append(T0 + i, 1, False, b"dev", b"t", bytes([i]) * 10_000)
     log.write_pending()
-    assert len(segment_files(tmp_path / "log")) == 2
+    assert len(segment_files(tmp_path / "log")) == 2 and taken == [1, 1]
     log.sync()
-    # Sealed and synced: the room past its size is freed; its records are all there.
+    # Sealed and synced: the room past its size is freed.
     assert _allocated(first) < os.path.getsize(first) + 8192
     tail = segment_files(tmp_path / "log")[1]
     assert _allocated(tail) >= seg_bytes
+    assert log.prepare_spare() and len(_spares(log)) == 1
     log.close()
-    assert _allocated(tail) < os.path.getsize(tail) + 8192   # freed at close too
+    assert _allocated(tail) < os.path.getsize(tail) + 8192   # freed at close too...
+    assert _spares(log) == []                                # ...and the spare removed
     log = open_log(tmp_path / "log", segment_bytes=seg_bytes)
     assert _allocated(tail) >= seg_bytes                     # appended to again: room again
     assert [log.read(i).payload for i in range(150)] == [bytes([i]) * 10_000
@@ -781,8 +795,38 @@ def test_the_segment_written_to_has_its_blocks_allocated_ahead_until_sealed(tmp_
     log.close()
 
 
+def test_without_a_file_made_ahead_a_new_segment_is_allocated_as_it_is_written(tmp_path):
+    # The core thread never allocates a new segment's blocks itself (that can wait for the
+    # disk to read block bitmaps): with no spare ready, a roll creates the file as before.
+    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    log.make_spares()
+    append_n(log, 20)
+    log.write_pending()
+    first = segment_files(tmp_path / "log")[0]
+    assert _allocated(first) < os.path.getsize(first) + 8192
+    assert [r.offset for r in log.read_range(0)] == list(range(20))
+    log.close()
+
+
+def test_a_file_made_ahead_that_a_crash_left_is_removed_at_start(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    append_n(log, 5)
+    log.close()
+    spare = tmp_path / "log" / "next-segment-3.tmp"   # what a crash leaves behind
+    fd = os.open(spare, os.O_RDWR | os.O_CREAT)
+    assert segment.preallocate(fd, 1 << 20) == 0
+    os.close(fd)
+    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    assert not spare.exists()
+    assert log.recovery.removed == [(str(spare), "unfinished temporary file")]
+    assert [r.offset for r in log.read_range(0)] == list(range(5))
+    log.close()
+
+
 def test_a_sync_that_fails_leaves_freeing_the_room_to_its_retry(tmp_path, monkeypatch):
     log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    log.make_spares(lambda: log.prepare_spare())  # the next one at once, as the flusher would
+    assert log.prepare_spare()
     for i in range(3):  # two sealed segments of about 1 MiB, their room past a few bytes
         log.append(T0 + i, 1, False, b"dev", b"t", bytes([i]) * 1_000_000)
     log.write_pending()

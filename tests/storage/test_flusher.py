@@ -350,3 +350,25 @@ def test_close_does_not_count_an_fsync_that_still_waits_for_the_disk(tmp_path):
     log = open_log(tmp_path / "log", segment_bytes=4096)
     assert log.next_offset == 300 and log.recovery.damage == []
     log.close()
+
+
+def test_the_flusher_makes_each_new_segments_file_ahead(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=64 * 1024)
+    fl = Flusher(log, "batch", flush_interval_ms=10)
+    fl.start()
+    try:
+        for i in range(4):
+            assert log.spare_ready.wait(10)   # made at start, and again after each roll
+            spares = [n for n in os.listdir(tmp_path / "log") if n.startswith("next-segment-")]
+            assert len(spares) == 1
+            log.append(1_700_000_000_000 + i, 1, False, b"dev", b"t", bytes([i]) * 60_000)
+            log.write_pending()               # a segment of its own: it takes the spare
+            tail = log._tail
+            assert tail.base_offset == i and tail.preallocated
+            assert os.stat(tail.path).st_blocks * 512 >= 64 * 1024 > tail.size
+    finally:
+        fl.stop()
+        log.close()
+    assert not [n for n in os.listdir(tmp_path / "log") if n.startswith("next-segment-")]
+    with open_log(tmp_path / "log") as log:
+        assert [r.payload[0] for r in log.read_range(0)] == [0, 1, 2, 3]
