@@ -179,8 +179,9 @@ class Flusher(threading.Thread):
 
 class SpareMaker(threading.Thread):
     """Makes the next segment's file ahead (``CommitLog.prepare_spare``) whenever ``want`` is
-    called (by the core, when a roll took the last one); after a failure (a disk too full)
-    it tries again every ``RETRY_SECONDS``."""
+    called (by the core, when a new segment took the last one); when it could not (a disk
+    too full) it tries again every ``RETRY_SECONDS``; it ends when the log will take no more
+    (closed, or a file system that cannot allocate ahead)."""
 
     RETRY_SECONDS = 1.0
 
@@ -216,6 +217,8 @@ class SpareMaker(threading.Thread):
             try:
                 ready = self.log.prepare_spare()
                 failed = False
+                if ready is None:
+                    return
             except Exception:  # a bug here must not end the thread quietly
                 if not failed:  # logged once per failing spell
                     log.exception("making the next segment's file ahead failed")

@@ -1,9 +1,10 @@
 """The commit log: one append-only log of every message, in segments, crash-safe.
 
 Threads. The core thread appends, writes, reads, rolls and runs retention; it never fsyncs.
-The flusher thread calls ``sync()`` (fsync, outside the lock) and ``verify_step()``. Any thread
-may call ``mark_uploaded()``. One lock guards what they share: the set of segments written but not
-yet synced, the written and durable offsets, the segment list and the uploaded mark. The flusher
+The flusher thread calls ``sync()`` (fsync, outside the lock) and ``verify_step()``; the
+segment-ahead thread ``prepare_spare()``. Any thread may call ``mark_uploaded()``. One lock
+guards what they share: the set of segments written but not yet synced, the written and durable
+offsets, the segment list, the uploaded mark and the file made ahead. The flusher
 syncs through duplicated file descriptors, so the core may seal or delete a segment meanwhile.
 
 Read-only opens (``readonly=True``: ``edgebroker inspect``, the uploader in another process) take
@@ -55,10 +56,12 @@ MAX_DAMAGE_KEPT = 1000
 # A sealed segment file with more blocks than this past its size still has the room allocated
 # ahead for its writes (a crash came before the flusher freed it).
 ROOM_SLACK = 64 * 1024
-# The next segment's file, created and allocated ahead by the flusher thread (see
-# prepare_spare), numbered so that it never reuses the name of one a roll is taking; a
-# leftover of a crash is removed at start like any ".tmp" file.
-SPARE_FILE = "next-segment-{}.tmp"
+# The next segment's file, created and allocated ahead by the segment-ahead thread (see
+# prepare_spare), named by process and number so that it never reuses the name of one a roll
+# is taking; a leftover of a crash is removed at start like any ".tmp" file.
+SPARE_FILE = "next-segment-{}-{}.tmp"
+# Errors after which making a segment file ahead is tried again later (else: never again).
+_SPARE_RETRY = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EINTR))
 
 _pack_entry = INDEX_ENTRY.pack
 # Payloads of at least this many bytes are written from where they are, not copied (the caller
@@ -847,42 +850,55 @@ class CommitLog:
             self._spares = True
             self._on_spare_taken = on_spare_taken
 
-    def prepare_spare(self) -> bool:
+    def prepare_spare(self) -> bool | None:
         """Make the next segment's file ahead, unless there is one: created under a temporary
         name with its blocks allocated up to ``segment_bytes`` (``segment.preallocate``), so
         that neither the allocation (which may read block bitmaps from the disk) nor its
-        writes' allocations fall on the core thread. Flusher thread. True when one is ready;
-        False when the disk is too full (nothing is kept; the next call tries again) or the
-        file system cannot allocate ahead (then no spare is made again)."""
+        writes' allocations fall on the core thread. The ``segment-ahead`` thread (see
+        ``flusher.SpareMaker``). True when one is ready; False when not now (less free space
+        than twice ``segment_bytes``, so the last free blocks stay for the files that need
+        them; no descriptor free): nothing is kept, a later call tries again; None when never
+        again (closed, or the file system cannot allocate ahead: logged once)."""
         with self._lock:
+            if self._closed or self.readonly or not self._spares:
+                return None
             if self._spare >= 0:
                 return True
-            if self._closed or self.readonly or not self._spares:
-                return False
-        self._spare_count += 1
-        path = os.path.join(self.directory, SPARE_FILE.format(self._spare_count))
+        room = self.options.segment_bytes
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+            st = os.statvfs(self.directory)
+            if st.f_bavail * st.f_frsize < 2 * room:
+                return False
         except OSError:
             return False
-        err = preallocate(fd, self.options.segment_bytes)
+        self._spare_count += 1
+        path = os.path.join(self.directory, SPARE_FILE.format(os.getpid(), self._spare_count))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            return self._spare_failed(exc.errno)
+        err = preallocate(fd, room)
         if err:
             self._close_quietly(fd)
             self._unlink_quietly(path)
-            if err in (errno.EOPNOTSUPP, errno.ENOSYS):
-                self._spares = False
-                log.info("%s: the file system cannot allocate blocks ahead (%s); segment files "
-                         "are allocated as they are written", self.directory, os.strerror(err))
-            return False
+            return self._spare_failed(err)
         with self._lock:
-            if not self._closed:
+            if not self._closed and self._spare < 0:
                 self._spare = fd
                 self._spare_path = path
                 self.spare_ready.set()
                 return True
         self._close_quietly(fd)
         self._unlink_quietly(path)
-        return False
+        return None if self._closed else True
+
+    def _spare_failed(self, err: int) -> bool | None:
+        if err in _SPARE_RETRY:
+            return False
+        self._spares = False
+        log.warning("%s: not making segment files ahead from now on: %s (each new segment's "
+                    "blocks are allocated as it is written)", self.directory, os.strerror(err))
+        return None
 
     def _take_spare(self) -> tuple[int, str] | None:
         """The file ``prepare_spare`` made, for a new segment to take (core thread)."""
@@ -895,10 +911,15 @@ class CommitLog:
             self.spare_ready.clear()
             callback = self._on_spare_taken
         if callback is not None:
-            callback()
+            try:
+                callback()
+            except Exception:  # the spare is taken all the same
+                log.exception("asking for the next segment's file failed")
         return fd, path
 
-    def _drop_spare(self) -> None:
+    def _drop_spare(self, unlink: bool = True) -> None:
+        """Close the file made ahead and remove it (``unlink`` False: a disk that does not
+        answer; the next start removes it)."""
         with self._lock:
             fd = self._spare
             path = self._spare_path
@@ -906,7 +927,8 @@ class CommitLog:
             self.spare_ready.clear()
         if fd >= 0:
             self._close_quietly(fd)
-            self._unlink_quietly(path)
+            if unlink:
+                self._unlink_quietly(path)
 
     @staticmethod
     def _unlink_quietly(path: str) -> None:
@@ -941,7 +963,7 @@ class CommitLog:
             seg = g.segment
             try:
                 if not seg.created:
-                    seg.create_files(self._take_spare())
+                    seg.create_files(self._take_spare() if seg.fd < 0 else None)
                 if seg.count + g.count > seg.index_capacity:
                     seg.ensure_index_room(seg.count + g.count)
                 self._write_at(seg, g.parts, g.nbytes, seg.size)
@@ -1675,7 +1697,7 @@ class CommitLog:
                 self._set_recovery_point(tail.base_offset)
         with self._rp_lock:  # a sync finishing late writes no recovery point from now on
             self._closed = True
-        self._drop_spare()
+        self._drop_spare(unlink=disk_answers)
         self.close_retired(stop=True)
         self._close_files()
 

@@ -168,8 +168,8 @@ class Segment:
                 except OSError:
                     pass
             if fd >= 0:
-                os.close(fd)
                 try:
+                    os.close(fd)
                     os.unlink(spare_path)
                 except OSError:
                     pass

@@ -152,3 +152,22 @@ def test_staged_appends_fail_and_recover_like_the_long_way(tmp_path, request):
     assert names[0] == names[1]
     for name in names[0]:
         assert (mounts[0] / "log" / name).read_bytes() == (mounts[1] / "log" / name).read_bytes()
+
+
+def test_no_segment_file_is_made_ahead_while_little_space_is_free(tmp_path, request):
+    # Making one takes segment_bytes of blocks at once: with less than twice that free the
+    # last blocks stay for the files that need them (the log's own writes among them).
+    if not in_private_mount_namespace(request):
+        return
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "1m")
+    log = open_log(mnt / "log", segment_bytes=256 * 1024)
+    log.make_spares()
+    fill(mnt / "filler", 600 * 1024)                    # under 512 KiB free
+    assert log.prepare_spare() is False
+    assert not [n for n in os.listdir(mnt / "log") if n.endswith(".tmp")]
+    os.unlink(mnt / "filler")
+    assert log.prepare_spare() is True                  # space again: made
+    assert [n for n in os.listdir(mnt / "log") if n.startswith("next-segment-")]
+    log.close()
+    assert not [n for n in os.listdir(mnt / "log") if n.endswith(".tmp")]
