@@ -49,15 +49,21 @@ def test_large_and_small_publishes_in_odd_pieces_arrive_whole_and_are_logged(bro
         f"big/{i}": (1, len(p)) for i, p in enumerate(bodies)}
 
 
-def test_runs_of_alike_large_publishes_and_what_breaks_them(broker, uid):
-    # After two alike large PUBLISHes the broker reads the next as another one (header and
-    # payload apart); everything that differs is decoded as usual, in order.
-    b = broker(limits={"max_packet_size": 2_000_000})
+def subscriber_and_publisher(b, uid):
+    """A raw subscriber of ``uid/#`` (QoS 1) and a raw publisher, connected to ``b``."""
     sub = b.raw()
     sub.connect(uid + "-sub")
     sub.subscribe(f"{uid}/#", qos=1)
     pub = b.raw()
     pub.connect(uid + "-pub")
+    return sub, pub
+
+
+def test_runs_of_alike_large_publishes_and_what_breaks_them(broker, uid):
+    # After two alike large PUBLISHes the broker reads the next as another one (header and
+    # payload apart); everything that differs is decoded as usual, in order.
+    b = broker(limits={"max_packet_size": 2_000_000})
+    sub, pub = subscriber_and_publisher(b, uid)
     rnd = random.Random(11)
     same, other = f"{uid}/dev/1", f"{uid}/dev/2"
     sent = []   # (topic, payload, qos, packet id)
@@ -93,11 +99,7 @@ def test_many_alike_large_publishes_sent_at_once_arrive_in_order_also_when_throt
     # the middle of such reads. A differing frame inside the run and one after it.
     b = broker(limits={"max_packet_size": 2_000_000, "messages_rate": 100,
                        "messages_burst": 10})
-    sub = b.raw()
-    sub.connect(uid + "-sub")
-    sub.subscribe(f"{uid}/#", qos=1)
-    pub = b.raw()
-    pub.connect(uid + "-pub")
+    sub, pub = subscriber_and_publisher(b, uid)
     rnd = random.Random(12)
     same = f"{uid}/dev/1"
     sent = [(same, rnd.randbytes(65_536), 1, i) for i in range(1, 31)]

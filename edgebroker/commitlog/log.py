@@ -1181,8 +1181,9 @@ class CommitLog:
 
     @staticmethod
     def _free_room(fd: int, size: int, path: str) -> None:
-        """A sealed segment's blocks allocated ahead past its ``size`` are not needed: free
-        them. A failure only leaves them allocated (the next start tries again)."""
+        """A segment's blocks allocated ahead past its ``size`` are not needed (it is sealed,
+        or the log closes): free them. A failure only leaves them allocated (the next start
+        tries again, once the segment is sealed)."""
         try:
             os.ftruncate(fd, size)
         except OSError as exc:
@@ -1678,11 +1679,9 @@ class CommitLog:
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
             for seg in self._segments if disk_answers else ():
-                try:
-                    seg.free_room()
-                except OSError as exc:
-                    log.warning("%s: cannot free the blocks allocated ahead: %s", seg.path,
-                                exc.strerror)
+                if seg.preallocated and seg.fd >= 0:
+                    seg.preallocated = False
+                    self._free_room(seg.fd, seg.size, seg.path)
                 writing = seg is tail and seg.created and not seg.sealed
                 if seg.index_fd < 0 or not (writing or seg.index_trim >= 0):
                     continue    # only the tail and sealed ones no sync trimmed

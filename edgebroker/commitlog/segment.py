@@ -209,13 +209,6 @@ class Segment:
             except OSError:
                 pass
 
-    def free_room(self) -> None:
-        """Free the blocks allocated ahead past ``size`` (truncating to the size it has).
-        Raises OSError."""
-        if self.preallocated and self.fd >= 0:
-            self.preallocated = False
-            os.ftruncate(self.fd, self.size)
-
     def ensure_index_room(self, entries: int) -> None:
         """Make the writable index mmap hold at least ``entries`` entries (fallocate ahead)."""
         if entries <= self.index_capacity and isinstance(self.index, mmap.mmap):

@@ -659,8 +659,6 @@ class Decoder:
         h = len(want[0])
         size = want[3]
         frames = min(self._repeat, -(-room // (h + size))) if room > 0 else 1
-        if frames <= 1:
-            return [bytearray(h), bytearray(size)]
         parts = []
         for _ in range(frames):
             parts.append(bytearray(h))
@@ -745,12 +743,6 @@ class Decoder:
     @staticmethod
     def unexpected(parts: list, n: int) -> bytes:
         """The ``n`` bytes received into ``parts`` that ``repeated`` did not take."""
-        if len(parts) == 2:
-            head, payload = parts
-            h = len(head)
-            if n <= h:
-                return bytes(head[:n])
-            return bytes(head) + payload[:n - h]
         out = bytearray()
         for part in parts:
             if n <= 0:
