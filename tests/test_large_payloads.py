@@ -112,3 +112,28 @@ def test_many_alike_large_publishes_sent_at_once_arrive_in_order_also_when_throt
     assert [(p.topic, p.payload) for p in got] == [(t, p) for t, p, _, _ in sent]
     s = b.stats()
     assert s["limit_hits"]["messages_rate"] >= 1   # it was throttled on the way
+
+
+def test_large_qos0_publishes_of_two_topics_and_sizes_each_keep_their_own_header(broker, uid):
+    # The broker keeps the QoS 0 frame head of a large message for the next message of the
+    # same topic and size; two subscribers share it. Another topic of the same length,
+    # another size, and a small message in between must each get their own.
+    b = broker(limits={"max_packet_size": 2_000_000})
+    subs = []
+    for k in range(2):
+        s = b.raw()
+        s.connect(f"{uid}-sub{k}")
+        s.subscribe(f"{uid}/#", qos=k)
+        subs.append(s)
+    pub = b.raw()
+    pub.connect(uid + "-pub")
+    rnd = random.Random(13)
+    a, c = f"{uid}/a", f"{uid}/c"
+    shapes = [(a, 65_536), (a, 65_536), (c, 65_536), (a, 65_536), (a, 65_537), (a, 65_537),
+              (c, 5_000), (a, 300), (a, 65_536), (a, 65_536)]
+    sent = [(t, rnd.randbytes(n)) for t, n in shapes]
+    pub.send(b"".join(m.publish(t, p, qos=0) for t, p in sent))
+    for s in subs:
+        got = [s.recv_publish(timeout=10) for _ in sent]
+        assert [(p.topic, p.qos, p.retain, p.payload) for p in got] == [
+            (t, 0, False, p) for t, p in sent]

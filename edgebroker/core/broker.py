@@ -87,6 +87,8 @@ class Broker:
         self.listener_connected: dict[str, int] = {}
         self.topics = TopicTable()
         self.known_topics = self.topics.current  # the hot path's view (see _on_topic_expiry)
+        self._last_topic = (None, b"")    # (topic, its bytes) of the last publish
+        self._last_head0 = (b"", -1, b"")  # (topic bytes, payload size, head) of a large QoS 0 frame
         self.queued_messages = 0          # in all sessions' queues
         self.queued_bytes = 0
         self.throttled: set[Client] = set()
@@ -346,7 +348,14 @@ class Broker:
         the log cannot take a QoS 1/2 message: it is then not routed either.
         """
         self.stats.publish_received += 1
-        message = Message(topic, payload, qos, retain)
+        # A client sending to one topic over and over (the decoder hands its large frames the
+        # same topic string each time): its UTF-8 bytes are encoded once.
+        last = self._last_topic
+        if topic is last[0]:
+            message = Message(topic, payload, qos, retain, None, last[1])
+        else:
+            message = Message(topic, payload, qos, retain)
+            self._last_topic = (topic, message.topic_bytes)
         journal = self.journal
         if journal is not None:
             message.offset = journal.append(client, message.topic_bytes, payload, qos, retain)
@@ -398,13 +407,10 @@ class Broker:
                         continue
                 if frame0 is None:
                     frame0, rest0 = self._frame0(message)
-                transport = client.transport
                 # offer() refuses when max_pending_write_bytes are already waiting.
-                if not transport.offer(frame0):
+                if not client.transport.offer(frame0, rest0):
                     self._drop_pending(client)
                     continue
-                if rest0 is not None:
-                    transport.write(rest0)
                 sent += 1
             elif (client is not None and not session.queue
                   and len(session.inflight) < self.limits.max_inflight_messages
@@ -415,13 +421,19 @@ class Broker:
                 self._defer(session, message, q, False)
         stats.publish_sent += sent
 
-    @staticmethod
-    def _frame0(message: Message) -> tuple:
-        """(first part, rest or None) of the QoS 0 frame, encoded once per message."""
+    def _frame0(self, message: Message) -> tuple:
+        """(first part, rest or None) of the QoS 0 frame, encoded once per message; the head
+        of a large one is kept for the next message of the same topic and size."""
         payload = message.payload
-        head = encode_publish_head(message.topic_bytes, len(payload), 0, False, False, None)
-        if len(payload) <= _JOIN_LIMIT:
-            return head + payload, None
+        n = len(payload)
+        topic_bytes = message.topic_bytes
+        if n <= _JOIN_LIMIT:
+            return encode_publish_head(topic_bytes, n, 0, False, False, None) + payload, None
+        last = self._last_head0
+        if last[1] == n and last[0] == topic_bytes:
+            return last[2], payload
+        head = encode_publish_head(topic_bytes, n, 0, False, False, None)
+        self._last_head0 = (topic_bytes, n, head)
         return head, payload
 
     def _drop_pending(self, client: Client) -> None:

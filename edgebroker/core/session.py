@@ -66,12 +66,12 @@ class Message:
     __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "size", "offset")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool,
-                 offset: int | None = None):
+                 offset: int | None = None, topic_bytes: bytes | None = None):
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
-        self.topic_bytes = topic.encode("utf-8")
+        self.topic_bytes = topic.encode("utf-8") if topic_bytes is None else topic_bytes
         # What the byte limits (inflight, queued, publish rate) count: topic + payload.
         self.size = len(self.topic_bytes) + len(payload)
         self.offset = offset       # position in the commit log; None if not logged ($SYS)

@@ -138,9 +138,9 @@ class Transport:
         if not self.closed:
             self._queue(data, len(data))
 
-    def offer(self, data) -> bool:
-        """Queue one PUBLISH frame unless ``max_pending`` bytes are already waiting and the
-        socket does not take them now."""
+    def offer(self, data, rest=None) -> bool:
+        """Queue one PUBLISH frame (``data``, then ``rest`` unless None) unless ``max_pending``
+        bytes are already waiting and the socket does not take them now."""
         if self.closed:
             return True  # a closed transport swallows writes, as write() does
         if self.out_bytes >= self.max_pending:
@@ -154,7 +154,14 @@ class Transport:
             if self.out_bytes >= self.max_pending:
                 return False
         self.msgs_out += 1
-        self._queue(data, len(data))
+        if rest is None:
+            self._queue(data, len(data))
+        else:
+            out = self.out
+            if out is NO_OUTPUT:
+                self.out = out = []
+            out.append(data)
+            self._queue(rest, len(data) + len(rest))
         return True
 
     def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
