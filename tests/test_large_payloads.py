@@ -137,3 +137,27 @@ def test_large_qos0_publishes_of_two_topics_and_sizes_each_keep_their_own_header
         got = [s.recv_publish(timeout=10) for _ in sent]
         assert [(p.topic, p.qos, p.retain, p.payload) for p in got] == [
             (t, 0, False, p) for t, p in sent]
+
+
+def test_two_senders_of_alike_large_publishes_share_the_passes_and_lose_nothing(broker, uid):
+    # A pass reads at most 1 MiB of large packets: the first connection may take all of it,
+    # the other still gets its own share. Both send a run of alike 64 KiB frames at once.
+    b = broker(limits={"max_packet_size": 2_000_000})
+    sub = b.raw()
+    sub.connect(uid + "-sub")
+    sub.subscribe(f"{uid}/#", qos=1)
+    rnd = random.Random(14)
+    pubs, sent = [], {}
+    for k in range(2):
+        pub = b.raw()
+        pub.connect(f"{uid}-pub{k}")
+        topic = f"{uid}/dev/{k}"
+        sent[topic] = [rnd.randbytes(65_536) for _ in range(40)]
+        pubs.append((pub, topic))
+    for pub, topic in pubs:
+        pub.send(b"".join(m.publish(topic, p, qos=0) for p in sent[topic]))
+    got: dict = {topic: [] for topic in sent}
+    for _ in range(80):
+        p = sub.recv_publish(timeout=20)
+        got[p.topic].append(p.payload)
+    assert got == sent

@@ -38,8 +38,7 @@ log = logging.getLogger("edgebroker.server")
 
 # Linux IOV_MAX is 1024; stay under it.
 # Reads per readiness event while large packets arrive (each read is one packet or less, or
-# several alike ones); no more after the bytes one plain read may take (the loop's shared
-# buffer).
+# several alike ones); no more after the connection's share of the pass (Loop.large_budget).
 _LARGE_READS = 8
 _MAX_IOV = 512
 _READ = selectors.EVENT_READ
@@ -248,9 +247,14 @@ class Transport:
     def _read_large(self, decoder) -> None:
         """Large packets are arriving: the rest of one goes straight into its payload buffer
         (``decoder.room``); between them, short reads (``decoder.read_hint``). Reads on, a
-        few times, while the socket fills what was asked for."""
+        few times, while the socket fills what was asked for, up to the connection's share
+        of the pass: what is left of the loop's budget for large reads, at least the bytes
+        one plain read may take (the loop's shared buffer)."""
         loop = self.loop
         client = self.client
+        share = loop.large_budget
+        if share < len(loop.buffer):
+            share = len(loop.buffer)
         total = 0
         for _ in range(_LARGE_READS):
             room = decoder.room
@@ -259,28 +263,29 @@ class Transport:
                 n = self._recv_into(room, 0)
                 del room  # the decoder may grow the buffer it views
                 if not n:
-                    return
+                    break
                 client.payload_received(n)
             else:
-                parts = decoder.repeat_buffers(len(loop.buffer) - total)
+                parts = decoder.repeat_buffers(share - total)
                 if parts is not None:
                     # The next frames are expected to be like the last two: one read puts
                     # their headers and payloads in buffers of their own.
                     want = sum(map(len, parts))
                     n = self._recv_into(parts, 0)
                     if not n:
-                        return
+                        break
                     client.repeat_received(parts, n)
                 else:
                     want = decoder.read_hint
                     n = self._recv_into(loop.buffer, want)
                     if not n:
-                        return
+                        break
                     client.data_received(loop.view[:n])
             total += n
-            if (n < want or total >= len(loop.buffer) or self.closing or self.closed
+            if (n < want or total >= share or self.closing or self.closed
                     or self.paused or decoder.room is None and not decoder.read_hint):
-                return
+                break
+        loop.large_budget -= total
 
     def _recv_into(self, target, nbytes: int) -> int:
         """Receive into ``target`` (``nbytes`` at most, 0: its size; a list: into its buffers
