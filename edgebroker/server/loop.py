@@ -52,11 +52,12 @@ log = logging.getLogger("edgebroker.server")
 
 ACCEPTS_PER_PASS = 64
 READ_BUFFER = 256 * 1024
-# What one pass reads of large packets (Transport._read_large), shared by the connections
-# that send them, in the order the selector reports them: the first may take all of it, each
-# other at least READ_BUFFER. Larger passes cost less per message (a 64 KiB payload's share
-# of a pass's log write, send and bookkeeping); this bounds how long one pass keeps the
-# others waiting (about 2 ms for 1 MiB of 64 KiB messages on a 2-core VM).
+# One pass's budget for reading large packets (Transport._read_large), shared by the
+# connections that send them in the order the selector reports them: each one's share is
+# what those before it left, at least READ_BUFFER (so the first may take all of it).
+# Larger passes cost less per message (a 64 KiB payload's share of a pass's log write, send
+# and bookkeeping); this bounds how long one pass keeps the others waiting (about 2 ms for
+# 1 MiB of 64 KiB messages on a 2-core VM).
 LARGE_PASS_BYTES = 1024 * 1024
 LISTEN_BACKLOG = 1024
 # Longest wait in select: bounds how late a signal flag or wake-up is seen
