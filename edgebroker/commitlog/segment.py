@@ -156,20 +156,21 @@ class Segment:
     # -- writer: files ---------------------------------------------------------------------------
     def create_files(self, spare: tuple[int, str] | None = None) -> None:
         """Create (or reuse, after an earlier failed attempt) the two files, with index room.
-        ``spare``: (descriptor, path) of an empty file with its blocks allocated ahead, to
-        rename into the segment file (closed and removed when that cannot be done)."""
+        ``spare`` (only while the segment has no data file yet): (descriptor, path) of an
+        empty file with its blocks allocated ahead, to rename into the segment file (closed
+        and removed when that cannot be done)."""
         if spare is not None:
             fd, spare_path = spare
-            if self.fd < 0:
-                try:
-                    os.rename(spare_path, self.path)
-                    self.fd, fd = fd, -1
-                    self.preallocated = True
-                except OSError:
-                    pass
-            if fd >= 0:
+            try:
+                os.rename(spare_path, self.path)
+                self.fd = fd
+                self.preallocated = True
+            except OSError:
                 try:
                     os.close(fd)
+                except OSError:
+                    pass
+                try:
                     os.unlink(spare_path)
                 except OSError:
                     pass

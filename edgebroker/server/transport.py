@@ -156,11 +156,8 @@ class Transport:
         if rest is None:
             self._queue(data, len(data))
         else:
-            out = self.out
-            if out is NO_OUTPUT:
-                self.out = out = []
-            out.append(data)
-            self._queue(rest, len(data) + len(rest))
+            self._queue(data, len(data) + len(rest))
+            self.out.append(rest)  # a list now (see _queue)
         return True
 
     def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
@@ -252,9 +249,7 @@ class Transport:
         one plain read may take (the loop's shared buffer)."""
         loop = self.loop
         client = self.client
-        share = loop.large_budget
-        if share < len(loop.buffer):
-            share = len(loop.buffer)
+        share = max(loop.large_budget, len(loop.buffer))
         total = 0
         for _ in range(_LARGE_READS):
             room = decoder.room
