@@ -67,6 +67,12 @@ class StandInTransport:
     def write_file(self, head, fd: int, position: int, length: int, offset: int) -> None:
         self.files.append((bytes(head), fd, position, length))
 
+    def wait_for_drain(self) -> None:
+        self.want_drain = True
+
+    def count_publish(self) -> None:
+        self.msgs_out += 1
+
     def close(self) -> None:
         self.closing = True
 

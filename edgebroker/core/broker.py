@@ -33,6 +33,7 @@ from edgebroker.core.session import (
     AWAIT_ACK, EMPTY_DICT, EMPTY_QUEUE, Message, Outgoing, Session, Stored, as_stored,
 )
 from edgebroker.core.stats import Stats, SysTopics
+from edgebroker.core.transport import Transport
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import encode_ack, encode_publish_head
 from edgebroker.mqtt.trie import RetainedTree, SubscriptionTrie
@@ -118,7 +119,7 @@ class Broker:
 
     # ----- connections ------------------------------------------------------------------
 
-    def connection_made(self, transport) -> Client:
+    def connection_made(self, transport: Transport) -> Client:
         self.stats.sockets_accepted += 1
         self.sockets_open += 1
         client = Client(self, transport, self.clock())
@@ -441,7 +442,7 @@ class Broker:
         self.hit("max_pending_write_bytes")
         self.drop("max_pending_write_bytes", client.session)
         transport = client.transport
-        transport.want_drain = True
+        transport.wait_for_drain()
         if not client.pending_dropped:
             client.warn_once("max_pending_write_bytes",
                              "%d bytes are waiting to be written (max_pending_write_bytes %d), the "
@@ -459,7 +460,7 @@ class Broker:
                 self.hit("max_inflight_bytes")
             else:
                 self.hit("max_pending_write_bytes")
-                client.transport.want_drain = True
+                client.transport.wait_for_drain()
         self._enqueue(session, message, qos, retain)
 
     def _send(self, session: Session, ref, qos: int, retain: bool) -> None:
@@ -479,7 +480,7 @@ class Broker:
         payload = message.payload
         head = encode_publish_head(message.topic_bytes, len(payload), qos, retain, dup, pid)
         transport = client.transport
-        transport.msgs_out += 1
+        transport.count_publish()
         if len(payload) <= _JOIN_LIMIT:
             transport.write(head + payload)
         else:
@@ -508,7 +509,7 @@ class Broker:
             return False
         head = encode_publish_head(where.topic, where.payload_length, qos, retain, dup, pid)
         transport = client.transport
-        transport.msgs_out += 1
+        transport.count_publish()
         transport.write_file(head, where.fd, where.payload_position, where.payload_length, offset)
         self.stats.publish_sent += 1
         return True
@@ -569,7 +570,7 @@ class Broker:
         sent = 0
         while queue:
             if transport.out_bytes >= max_pending:
-                transport.want_drain = True
+                transport.wait_for_drain()
                 break
             message, qos, retain = queue[0]
             if qos == 0:
@@ -651,7 +652,7 @@ class Broker:
                 # Beyond max_pending_write_bytes retained messages wait in the session's queue
                 # (bounded), QoS 0 included, and follow as the connection drains.
                 if client.transport.out_bytes >= client.transport.max_pending:
-                    client.transport.want_drain = True
+                    client.transport.wait_for_drain()
                     self._enqueue(session, message, qos, True)
                 elif qos == 0 and session.queued_qos0:
                     self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before

@@ -46,6 +46,7 @@ from edgebroker.mqtt.codec import (
 )
 from edgebroker.core.limits import PublishRate
 from edgebroker.core.session import AWAIT_COMP
+from edgebroker.core.transport import Transport
 
 log = logging.getLogger("edgebroker.client")
 # The lines of every connect and disconnect (edgebroker/logs.py says why they go apart).
@@ -89,7 +90,7 @@ class Client:
                  "pending_dropped", "warned", "rate_sample",
                  "username", "acl", "pending_connect", "held", "denied_logged")
 
-    def __init__(self, broker, transport, now: float):
+    def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
         self.transport = transport
         self.peer = transport.peer

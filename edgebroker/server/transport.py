@@ -137,6 +137,15 @@ class Transport:
         if not self.closed:
             self._queue(data, len(data))
 
+    def wait_for_drain(self) -> None:
+        """The core was refused (or held back) by ``max_pending``: call ``client.writable()``
+        once everything queued is written."""
+        self.want_drain = True
+
+    def count_publish(self) -> None:
+        """Count a PUBLISH the core queued with ``write`` or ``write_file`` (``offer`` counts its own)."""
+        self.msgs_out += 1
+
     def offer(self, data, rest=None) -> bool:
         """Queue one PUBLISH frame (``data``, then ``rest`` unless None) unless ``max_pending``
         bytes are already waiting and the socket does not take them now."""
