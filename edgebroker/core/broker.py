@@ -1,12 +1,8 @@
 """The broker: sessions, routing, retained messages, wills and timers.
 
 No sockets and no clock of its own: the server layer hands in transports and
-a clock, and calls ``tick`` when ``next_deadline`` comes due. Keepalive and
-CONNECT timeouts live in one deadline heap with at most one entry per client;
-an entry that comes due early (the client was active since) is pushed back to
-its real deadline, so no pass ever scans all clients. The same heap runs the
-limits' timers (``core.limits.Timer``): throttled clients' resumes, the
-memory check, topic expiry.
+a clock, and calls ``tick`` when ``next_deadline`` comes due (the deadline heap:
+``core.timers``).
 
 Limits (docs/limits.md): every hit is counted by limit name in
 ``limit_hits``, every refused connection by reason in ``refused``, every
@@ -15,7 +11,6 @@ dropped message by reason in ``dropped`` (and in ``stats.publish_dropped``).
 
 from __future__ import annotations
 
-import heapq
 import logging
 
 from collections import deque
@@ -26,13 +21,14 @@ from edgebroker.core import snapshot as snap
 from edgebroker.core.client import Client
 from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
-    DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, Timer, TopicTable, check_topic, zero_counts,
+    DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, TopicTable, check_topic, zero_counts,
 )
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.session import (
     AWAIT_ACK, EMPTY_DICT, EMPTY_QUEUE, Message, Outgoing, Session, Stored, as_stored,
 )
 from edgebroker.core.stats import Stats, SysTopics
+from edgebroker.core.timers import Timers
 from edgebroker.core.transport import Transport
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.codec import encode_ack, encode_publish_head
@@ -44,17 +40,6 @@ log = logging.getLogger("edgebroker.broker")
 # each subscriber gets one buffer; larger ones are queued as header + payload
 # to avoid copying them.
 _JOIN_LIMIT = 4096
-# Seconds between memory checks (RSS and CPU time through psutil).
-HOUSEKEEPING_INTERVAL = 1.0
-
-# Housekeeping cadence (log retention and rolling, retrying a failing disk,
-# snapshots), in seconds of the broker's clock.
-MAINTENANCE_INTERVAL = 1.0
-# A snapshot is written at most this often after sessions or subscriptions
-# change, and at least this often while messages flow (bounding the log replay
-# at start).
-SNAPSHOT_DEBOUNCE = 1.0
-SNAPSHOT_EVERY = 30.0
 # A PUBLISH is answered without the coalescing delay when its connection sent something
 # less than this many coalesce_ms before (see Broker.prompt).
 PROMPT_GAP_FACTOR = 20
@@ -65,7 +50,7 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker:
+class Broker(Timers):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits
@@ -83,7 +68,6 @@ class Broker:
         self.retained = RetainedTree()
         self.stats = Stats()
         self.clients_connected = 0
-        self._timers: list = []  # (due, client or Timer); equal dues are ordered by __lt__
         self.sockets_open = 0
         self.listener_connected: dict[str, int] = {}
         self.topics = TopicTable()
@@ -101,10 +85,7 @@ class Broker:
         self.events = EventLog(log)
         self.memory = MemoryGuard(self.limits.memory_limit)
         self.memory.check()
-        self._housekeeping = Timer(self._on_housekeeping)
-        self._housekeeping.start(self, self.started + HOUSEKEEPING_INTERVAL)
-        self._topic_expiry = Timer(self._on_topic_expiry)
-        self._topic_expiry.start(self, self.started + self.limits.topic_expiry)
+        self._init_timers()
         self.journal = (Journal(commit_log, config.log.durability, wall_ms, self.stats)
                         if commit_log is not None else None)
         if self.journal is not None:
@@ -113,7 +94,6 @@ class Broker:
         self._snapshot_dirty = False
         self._snapshot_at = self.started      # when the last snapshot was taken
         self._snapshot_offset = commit_log.next_offset if commit_log is not None else 0
-        self._maintenance_due = self.started + MAINTENANCE_INTERVAL
         self._lost_warned = False
         self.sys = SysTopics(self, self.started)
 
@@ -246,67 +226,6 @@ class Broker:
                 session.client.will = None
                 session.client.close(will=False)
 
-    # ----- timers -----------------------------------------------------------------------
-
-    def schedule(self, client: Client) -> None:
-        due = client.deadline()
-        if due is None:
-            return
-        if client.timer_at is None or due < client.timer_at:
-            client.timer_at = due
-            heapq.heappush(self._timers, (due, client))
-
-    def next_deadline(self) -> float:
-        due = self._maintenance_due
-        if self.sys.next_due is not None and self.sys.next_due < due:
-            due = self.sys.next_due
-        if self._timers and self._timers[0][0] < due:
-            return self._timers[0][0]
-        return due
-
-    def tick(self, now: float) -> None:
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            _, client = heapq.heappop(timers)
-            client.timer_at = None
-            if client.closed:
-                continue
-            due = client.deadline()
-            if due is None:
-                continue
-            if due <= now:
-                try:
-                    client.expire()
-                except Exception:
-                    log.exception("internal error expiring %s", client.describe()
-                                  if type(client) is Client else client.callback)
-            else:
-                client.timer_at = due
-                heapq.heappush(timers, (due, client))
-        if self.sys.next_due is not None and self.sys.next_due <= now:
-            self.sys.publish(now)
-        if self._maintenance_due <= now:
-            self._maintenance_due = now + MAINTENANCE_INTERVAL
-            self._maintain(now)
-
-    def _maintain(self, now: float) -> None:
-        journal = self.journal
-        if journal is not None:
-            if journal.retry():
-                # Writes work again: the acknowledgements it released go out in this pass.
-                self.prompt = True
-            try:
-                journal.log.housekeeping()
-            except Exception:
-                log.exception("commit log housekeeping failed")
-        if self.submit_snapshot is None:
-            return
-        next_offset = journal.log.next_offset if journal is not None else 0
-        if ((self._snapshot_dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
-                or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)):
-            self.submit_snapshot(snap.encode(self.capture()))
-            self._snapshot_at = now
-
     def apply_config(self, config: Config) -> None:
         """Settings that take effect without a restart (SIGHUP)."""
         old = self.limits
@@ -318,27 +237,6 @@ class Broker:
         if config.limits.topic_expiry != old.topic_expiry:
             self._topic_expiry.start(self, now + config.limits.topic_expiry)
         self.sys.configure(now)
-
-    def _on_housekeeping(self) -> None:
-        now = self.clock()
-        self._housekeeping.start(self, now + HOUSEKEEPING_INTERVAL)
-        changed = self.memory.check()
-        if changed is True:
-            log.warning("memory use %d bytes is above memory_limit (%d): refusing new connections "
-                        "and new topics until it falls below", self.memory.rss, self.memory.limit)
-        elif changed is False:
-            log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
-                        "connections and topics", self.memory.rss, self.memory.limit)
-
-    def _on_topic_expiry(self) -> None:
-        now = self.clock()
-        self._topic_expiry.start(self, now + self.limits.topic_expiry)
-        retained = self.retained
-        forgotten = self.topics.rotate(lambda topic: retained.get(topic) is not None)
-        self.known_topics = self.topics.current
-        if forgotten:
-            log.debug("forgot %d topics idle for over topic_expiry (%g s)", forgotten,
-                      self.limits.topic_expiry)
 
     # ----- routing ----------------------------------------------------------------------
 

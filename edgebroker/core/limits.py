@@ -13,7 +13,6 @@ tested with plain numbers:
   is in ``current`` (one dict lookup per PUBLISH on the hot path); at each
   rotation the previous generation (topics idle for a whole period) is
   forgotten unless retained. No pass ever scans topics that are in use.
-- ``Timer``: a callback in the broker's deadline heap (``Broker.schedule``).
 - ``EventLog``: one log line per event kind per period, with the number of
   suppressed repeats, so a flood of refusals cannot flood the log.
 
@@ -28,6 +27,9 @@ import logging
 import math
 
 import psutil
+
+# Timer moved to core.timers; server/ still imports it from here until its imports follow.
+from edgebroker.core.timers import Timer  # noqa: F401
 
 # Limit names, as counted in Broker.limit_hits (docs/limits.md says what one hit is).
 LIMITS = (
@@ -132,43 +134,6 @@ class PublishRate:
 
 def _resume_need(bucket: TokenBucket) -> float:
     return min(float(bucket.burst), max(1.0, bucket.rate * RESUME_SECONDS))
-
-
-class Timer:
-    """A callback run once at ``when`` by the broker's deadline heap.
-
-    It follows the heap's protocol (``deadline``, ``expire``, ``closed``,
-    ``timer_at``), so timers and clients share one heap and one ``tick``.
-    """
-
-    __slots__ = ("when", "callback", "timer_at", "closed")
-
-    def __init__(self, callback):
-        self.callback = callback
-        self.when: float | None = None
-        self.timer_at: float | None = None
-        self.closed = False
-
-    def __lt__(self, other) -> bool:
-        return id(self) < id(other)  # equal deadlines in the heap (see Client.__lt__)
-
-    def start(self, broker, when: float) -> None:
-        self.when = when
-        broker.schedule(self)
-
-    def cancel(self) -> None:
-        self.when = None
-
-    @property
-    def pending(self) -> bool:
-        return self.when is not None
-
-    def deadline(self) -> float | None:
-        return self.when
-
-    def expire(self) -> None:
-        self.when = None
-        self.callback()
 
 
 class TopicTable:

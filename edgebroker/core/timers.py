@@ -1,0 +1,163 @@
+"""The broker's deadline heap: keepalive and CONNECT timeouts, and the broker's own timers.
+
+Keepalive and CONNECT timeouts live in one deadline heap with at most one
+entry per client; an entry that comes due early (the client was active since)
+is pushed back to its real deadline, so no pass ever scans all clients. The
+same heap runs ``Timer``s: throttled clients' resumes, the memory check, topic
+expiry, and the server's own (admin idle, metrics, listener wake-ups). The
+server layer calls ``tick`` when ``next_deadline`` comes due; ``tick`` also runs
+the $SYS report and the periodic maintenance (log housekeeping, retrying a
+failing disk, snapshots).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+
+from edgebroker.core import snapshot as snap
+
+log = logging.getLogger("edgebroker.broker")
+
+# Seconds between memory checks (RSS and CPU time through psutil).
+HOUSEKEEPING_INTERVAL = 1.0
+
+# Housekeeping cadence (log retention and rolling, retrying a failing disk,
+# snapshots), in seconds of the broker's clock.
+MAINTENANCE_INTERVAL = 1.0
+# A snapshot is written at most this often after sessions or subscriptions
+# change, and at least this often while messages flow (bounding the log replay
+# at start).
+SNAPSHOT_DEBOUNCE = 1.0
+SNAPSHOT_EVERY = 30.0
+
+
+class Timer:
+    """A callback run once at ``when`` by the broker's deadline heap.
+
+    It follows the heap's protocol (``deadline``, ``expire``, ``closed``,
+    ``timer_at``), so timers and clients share one heap and one ``tick``.
+    """
+
+    __slots__ = ("when", "callback", "timer_at", "closed")
+
+    def __init__(self, callback):
+        self.callback = callback
+        self.when: float | None = None
+        self.timer_at: float | None = None
+        self.closed = False
+
+    def __lt__(self, other) -> bool:
+        return id(self) < id(other)  # equal deadlines in the heap (see Client.__lt__)
+
+    def start(self, broker, when: float) -> None:
+        self.when = when
+        broker.schedule(self)
+
+    def cancel(self) -> None:
+        self.when = None
+
+    @property
+    def pending(self) -> bool:
+        return self.when is not None
+
+    def deadline(self) -> float | None:
+        return self.when
+
+    def expire(self) -> None:
+        self.when = None
+        self.callback()
+
+
+class Timers:
+    """The heap's part of ``Broker`` (a mixin over the broker's state)."""
+
+    def _init_timers(self) -> None:
+        """The heap and the broker's own timers (once ``started``, ``limits`` and ``memory`` are set)."""
+        self._timers: list = []  # (due, client or Timer); equal dues are ordered by __lt__
+        self._housekeeping = Timer(self._on_housekeeping)
+        self._housekeeping.start(self, self.started + HOUSEKEEPING_INTERVAL)
+        self._topic_expiry = Timer(self._on_topic_expiry)
+        self._topic_expiry.start(self, self.started + self.limits.topic_expiry)
+        self._maintenance_due = self.started + MAINTENANCE_INTERVAL
+
+    def schedule(self, client) -> None:
+        """Put a client (or a ``Timer``) in the heap at its ``deadline()``, unless it is there earlier."""
+        due = client.deadline()
+        if due is None:
+            return
+        if client.timer_at is None or due < client.timer_at:
+            client.timer_at = due
+            heapq.heappush(self._timers, (due, client))
+
+    def next_deadline(self) -> float:
+        due = self._maintenance_due
+        if self.sys.next_due is not None and self.sys.next_due < due:
+            due = self.sys.next_due
+        if self._timers and self._timers[0][0] < due:
+            return self._timers[0][0]
+        return due
+
+    def tick(self, now: float) -> None:
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, client = heapq.heappop(timers)
+            client.timer_at = None
+            if client.closed:
+                continue
+            due = client.deadline()
+            if due is None:
+                continue
+            if due <= now:
+                try:
+                    client.expire()
+                except Exception:
+                    log.exception("internal error expiring %s", client.callback
+                                  if type(client) is Timer else client.describe())
+            else:
+                client.timer_at = due
+                heapq.heappush(timers, (due, client))
+        if self.sys.next_due is not None and self.sys.next_due <= now:
+            self.sys.publish(now)
+        if self._maintenance_due <= now:
+            self._maintenance_due = now + MAINTENANCE_INTERVAL
+            self._maintain(now)
+
+    def _maintain(self, now: float) -> None:
+        journal = self.journal
+        if journal is not None:
+            if journal.retry():
+                # Writes work again: the acknowledgements it released go out in this pass.
+                self.prompt = True
+            try:
+                journal.log.housekeeping()
+            except Exception:
+                log.exception("commit log housekeeping failed")
+        if self.submit_snapshot is None:
+            return
+        next_offset = journal.log.next_offset if journal is not None else 0
+        if ((self._snapshot_dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
+                or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)):
+            self.submit_snapshot(snap.encode(self.capture()))
+            self._snapshot_at = now
+
+    def _on_housekeeping(self) -> None:
+        now = self.clock()
+        self._housekeeping.start(self, now + HOUSEKEEPING_INTERVAL)
+        changed = self.memory.check()
+        if changed is True:
+            log.warning("memory use %d bytes is above memory_limit (%d): refusing new connections "
+                        "and new topics until it falls below", self.memory.rss, self.memory.limit)
+        elif changed is False:
+            log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
+                        "connections and topics", self.memory.rss, self.memory.limit)
+
+    def _on_topic_expiry(self) -> None:
+        now = self.clock()
+        self._topic_expiry.start(self, now + self.limits.topic_expiry)
+        retained = self.retained
+        forgotten = self.topics.rotate(lambda topic: retained.get(topic) is not None)
+        self.known_topics = self.topics.current
+        if forgotten:
+            log.debug("forgot %d topics idle for over topic_expiry (%g s)", forgotten,
+                      self.limits.topic_expiry)
