@@ -17,13 +17,13 @@ from collections import deque
 
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.config import Config
-from edgebroker.core import snapshot as snap
 from edgebroker.core.client import Client
 from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
     DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, TopicTable, check_topic, zero_counts,
 )
 from edgebroker.core.metrics import PassTimes
+from edgebroker.core.persistence import Persistence
 from edgebroker.core.session import (
     AWAIT_ACK, EMPTY_DICT, EMPTY_QUEUE, Message, Outgoing, Session, Stored, as_stored,
 )
@@ -50,7 +50,7 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker(Timers):
+class Broker(Timers, Persistence):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits
@@ -90,10 +90,7 @@ class Broker(Timers):
                         if commit_log is not None else None)
         if self.journal is not None:
             self.acknowledge = self.journal.acknowledge  # one call less per QoS 1/2 PUBLISH
-        self.submit_snapshot = None           # set by the server: takes encoded snapshot bytes
-        self._snapshot_dirty = False
-        self._snapshot_at = self.started      # when the last snapshot was taken
-        self._snapshot_offset = commit_log.next_offset if commit_log is not None else 0
+        self._init_persistence(commit_log)
         self._lost_warned = False
         self.sys = SysTopics(self, self.started)
 
@@ -568,98 +565,6 @@ class Broker(Timers):
                 self.subscriptions.remove(topic_filter, session)
                 if not session.clean:
                     self._snapshot_dirty = True
-
-    # ----- persistence ------------------------------------------------------------------
-
-    def capture(self) -> snap.Snapshot:
-        """The state a restart needs: persistent sessions by log offset, retained messages."""
-        journal = self.journal
-        next_offset = journal.log.next_offset if journal is not None else 0
-        result = snap.Snapshot(log_next_offset=next_offset,
-                               written_ms=journal.wall_ms() if journal is not None else 0)
-        for session in self.sessions.values():
-            if session.clean:
-                continue
-            state = snap.SessionState(session.client_id, dict(session.subscriptions),
-                                      awaiting_release=list(session.awaiting_release),
-                                      next_id=session._next_id)
-            for pid, entry in session.inflight.items():
-                ref = entry.message
-                if ref.offset is not None:
-                    state.inflight.append((pid, ref.offset, entry.qos, entry.retain, entry.state,
-                                           ref.size))
-            for ref, qos, retain in session.queue:
-                if ref.offset is not None:
-                    state.queue.append((ref.offset, qos, retain, ref.size))
-            result.sessions.append(state)
-        for message in self.retained.match("#"):
-            result.retained.append(snap.RetainedState(message.topic, message.payload,
-                                                      message.qos, message.offset))
-        self._snapshot_dirty = False
-        self._snapshot_offset = next_offset
-        return result
-
-    def restore(self, state: snap.Snapshot) -> None:
-        """Load a snapshot into an empty broker (at start, before any client connects).
-
-        The snapshot is written when taken; the log's records reach the disk by the
-        durability setting. After a power failure the log may end before offsets the
-        snapshot holds, and the next messages get those offsets again: such entries are
-        not restored (counted as lost), or they would deliver those other messages."""
-        end = self.journal.log.next_offset if self.journal is not None else None
-        if end is None or state.log_next_offset <= end:
-            end = None  # every offset in the snapshot is in the log (or retention took it)
-        lost = 0
-        for r in state.retained:
-            offset = r.offset if end is None or r.offset is None or r.offset < end else None
-            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset))
-        for s in state.sessions:
-            if end is not None:
-                kept = [e for e in s.inflight if e[1] < end]
-                queue = [e for e in s.queue if e[0] < end]
-                lost += len(s.inflight) - len(kept) + len(s.queue) - len(queue)
-                s.inflight, s.queue = kept, queue
-            session = self.sessions[s.client_id] = Session(s.client_id, clean=False)
-            if s.subscriptions:
-                subscriptions = session.own_subscriptions()
-                for topic_filter, qos in s.subscriptions.items():
-                    self.subscriptions.add(topic_filter, session, qos)
-                    subscriptions[topic_filter] = qos
-            if s.inflight:
-                inflight = session.own_inflight()
-                for pid, offset, qos, retain, entry_state, size in s.inflight:
-                    entry = inflight[pid] = Outgoing(Stored(offset, size), qos, retain)
-                    entry.state = entry_state
-                    session.inflight_bytes += size
-            if s.queue:
-                queue = session.own_queue()
-                for offset, qos, retain, size in s.queue:
-                    queue.append((Stored(offset, size), qos, retain))
-                    session.queue_bytes += size
-                    if qos == 0:
-                        session.queued_qos0 += 1
-                self.queued_messages += len(queue)
-                self.queued_bytes += session.queue_bytes
-            if s.awaiting_release:
-                session.own_awaiting_release().update(s.awaiting_release)
-            session._next_id = s.next_id
-        self._snapshot_offset = state.log_next_offset
-        if end is not None:
-            self.stats.publish_lost += lost
-            log.warning("the session snapshot was taken at log offset %d but the log ends at %d "
-                        "(its last records were not on disk: a power failure or system crash, "
-                        "or a damaged tail cut off at recovery): %d queued or unacknowledged messages of persistent "
-                        "sessions that were not yet on disk are lost", state.log_next_offset,
-                        end, lost)
-
-    def replay(self, records) -> int:
-        """Route log records written after the snapshot (retained updates, offline queues)."""
-        count = 0
-        for record in records:
-            topic = record.topic.decode("utf-8", "replace")
-            self._route(Message(topic, record.payload, record.qos, record.retain, record.offset))
-            count += 1
-        return count
 
     def acknowledge(self, client, offset: int | None, frame: bytes) -> None:
         """Send ``frame`` (a PUBACK or PUBREC) once ``offset`` is safe; with a log, the

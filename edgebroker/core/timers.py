@@ -16,6 +16,7 @@ import heapq
 import logging
 
 from edgebroker.core import snapshot as snap
+from edgebroker.core.persistence import SNAPSHOT_DEBOUNCE, SNAPSHOT_EVERY
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -25,11 +26,6 @@ HOUSEKEEPING_INTERVAL = 1.0
 # Housekeeping cadence (log retention and rolling, retrying a failing disk,
 # snapshots), in seconds of the broker's clock.
 MAINTENANCE_INTERVAL = 1.0
-# A snapshot is written at most this often after sessions or subscriptions
-# change, and at least this often while messages flow (bounding the log replay
-# at start).
-SNAPSHOT_DEBOUNCE = 1.0
-SNAPSHOT_EVERY = 30.0
 
 
 class Timer:
