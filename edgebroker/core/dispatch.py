@@ -1,0 +1,69 @@
+"""Which handler takes which packet, in each state of a connection: the handler tables.
+
+``Client._handle`` looks a packet's handler up in its current table and calls it as
+``handler(client, packet)`` (one dict lookup per packet); the table is swapped when the
+connection's state changes, so no handler checks the state. State rules, in prose:
+
+- Before CONNECT only CONNECT is legal (MQTT-3.1.0-1); a second CONNECT is a
+  violation (MQTT-3.1.0-2). The handler table is swapped at CONNECT, so the
+  check costs nothing per packet.
+- Packets only a server sends (CONNACK, SUBACK, UNSUBACK, PINGRESP) are
+  violations when they arrive here (MQTT-4.8.0-1).
+- Any violation closes the connection and, once connected, publishes the
+  will. DISCONNECT discards the will and closes.
+- While a CONNECT's password check runs (the client is "authenticating"),
+  later packets are held and replayed in order once CONNACK 0 is sent.
+- With messages_rate or bytes_rate set, PUBLISH is charged to the client's
+  publish rate after it is handled (``CONNECTED_RATED``).
+"""
+
+from __future__ import annotations
+
+from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
+from edgebroker.mqtt import packets as P
+from edgebroker.core.handlers import acks, connect, publish, subscribe
+
+
+def on_second_connect(client, p) -> None:
+    raise ProtocolError("second CONNECT on one connection", rule="MQTT-3.1.0-2",
+                        reason=PROTOCOL_ERROR)
+
+
+def before_connect(client, p) -> None:
+    raise ProtocolError(f"{P.NAMES[p.type]} before CONNECT", rule="MQTT-3.1.0-1",
+                        reason=PROTOCOL_ERROR)
+
+
+def server_only(client, p) -> None:
+    raise ProtocolError(f"{P.NAMES[p.type]} is sent only by a server", rule="MQTT-4.8.0-1",
+                        reason=PROTOCOL_ERROR)
+
+
+BEFORE_CONNECT = {t: before_connect for t in P.NAMES}
+BEFORE_CONNECT[P.CONNECT] = connect.on_connect
+
+# CONNECT received, password check running: later packets wait (a second CONNECT
+# is still a violation, as are server-only packets).
+AUTHENTICATING = {t: connect.hold for t in P.NAMES}
+AUTHENTICATING[P.CONNECT] = on_second_connect
+
+CONNECTED = {
+    P.CONNECT: on_second_connect,
+    P.PUBLISH: publish.on_publish,
+    P.PUBACK: acks.on_puback,
+    P.PUBREC: acks.on_pubrec,
+    P.PUBREL: acks.on_pubrel,
+    P.PUBCOMP: acks.on_pubcomp,
+    P.SUBSCRIBE: subscribe.on_subscribe,
+    P.UNSUBSCRIBE: subscribe.on_unsubscribe,
+    P.PINGREQ: connect.on_pingreq,
+    P.DISCONNECT: connect.on_disconnect,
+}
+for _t in P.SERVER_TO_CLIENT_ONLY:
+    CONNECTED[_t] = server_only
+    BEFORE_CONNECT[_t] = before_connect
+    AUTHENTICATING[_t] = server_only
+
+# The same, with the publish rate charged (limits.messages_rate / bytes_rate set).
+CONNECTED_RATED = dict(CONNECTED)
+CONNECTED_RATED[P.PUBLISH] = publish.on_publish_rated

@@ -1,0 +1,72 @@
+"""The acknowledgements of QoS 1 and 2: PUBACK, PUBREC, PUBREL, PUBCOMP.
+
+An acknowledgement frees its message's place in the session's window, and the
+queue moves on (``broker.pump``). One that does not fit the message sent with its
+packet id closes the connection, as Mosquitto does.
+"""
+
+from __future__ import annotations
+
+from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
+from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.codec import encode_ack
+from edgebroker.core.session import AWAIT_COMP
+
+
+def on_puback(client, p) -> None:
+    session = client.session
+    entry = session.inflight.get(p.packet_id)
+    if entry is not None:
+        if entry.qos != 1:
+            raise _wrong_ack(p, entry)
+        del session.inflight[p.packet_id]
+        session.inflight_bytes -= entry.message.size
+        if session.queue:
+            client.broker.pump(session)
+
+
+def _wrong_ack(p, entry) -> ProtocolError:
+    """An acknowledgement that does not fit the message sent with its packet id (a PUBACK
+    for QoS 2, a PUBREC for QoS 1, a PUBCOMP before PUBREC): closed, as Mosquitto does."""
+    return ProtocolError(f"{P.NAMES[p.type]} for packet id {p.packet_id}, which is a QoS "
+                        f"{entry.qos} message{' awaiting PUBREC' if entry.qos == 2 else ''}",
+                        rule="MQTT-4.3", reason=PROTOCOL_ERROR)
+
+
+def on_pubrec(client, p) -> None:
+    inflight = client.session.inflight
+    pid = p.packet_id
+    entry = inflight.get(pid)
+    if entry is None:
+        # Not in flight (acknowledged already, or lost in a crash): PUBREL lets the
+        # client finish its side (MQTT-4.3.3-1), as Mosquitto does.
+        client.answer(encode_ack(P.PUBREL, pid))
+        client.broker.stats.packets_sent += 1
+        return
+    if entry.qos != 2:
+        raise _wrong_ack(p, entry)
+    if entry.state != AWAIT_COMP:
+        entry.state = AWAIT_COMP
+        # PUBRELs go out (and are re-sent) in PUBREC order (MQTT-4.6.0-4).
+        del inflight[pid]
+        inflight[pid] = entry
+    client.answer(encode_ack(P.PUBREL, pid))
+    client.broker.stats.packets_sent += 1
+
+
+def on_pubrel(client, p) -> None:
+    client.session.awaiting_release.discard(p.packet_id)
+    client.answer(encode_ack(P.PUBCOMP, p.packet_id))
+    client.broker.stats.packets_sent += 1
+
+
+def on_pubcomp(client, p) -> None:
+    session = client.session
+    entry = session.inflight.get(p.packet_id)
+    if entry is not None:
+        if entry.qos != 2 or entry.state != AWAIT_COMP:
+            raise _wrong_ack(p, entry)
+        del session.inflight[p.packet_id]
+        session.inflight_bytes -= entry.message.size
+        if session.queue:
+            client.broker.pump(session)
