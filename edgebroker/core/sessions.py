@@ -1,0 +1,219 @@
+"""Sessions and connections: admission, attach/detach, subscribe/unsubscribe, drops.
+
+A connection becomes a ``Client`` (``connection_made``); a valid CONNECT is
+admitted (memory_limit, max_connections, the listener's cap) and attached to its
+session, taking it over from an older connection with the same client id. A
+clean session goes with its connection; a persistent one goes offline, keeping
+only log offsets (and sizes) of what it still has to receive. Subscriptions are
+made within the topic limits and max_subscriptions_per_client (a refused filter
+gets 0x80), and retained messages follow for each granted filter. Every dropped
+message is counted by reason (``drop``), broker-wide and on its session.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from collections import deque
+
+from edgebroker.commitlog.errors import LogFullError
+from edgebroker.core.client import Client
+from edgebroker.core.limits import check_topic
+from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
+from edgebroker.core.transport import Transport
+from edgebroker.mqtt import packets as P
+
+log = logging.getLogger("edgebroker.broker")
+
+
+class Sessions:
+    """Sessions' part of ``Broker`` (a mixin over the broker's state)."""
+
+    def _init_sessions(self) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.clients_connected = 0
+        self.sockets_open = 0
+        self.listener_connected: dict[str, int] = {}
+
+    def connection_made(self, transport: Transport) -> Client:
+        self.stats.sockets_accepted += 1
+        self.sockets_open += 1
+        client = Client(self, transport, self.clock())
+        self.schedule(client)
+        return client
+
+    def admission(self, client: Client, client_id: str) -> tuple[str, str] | None:
+        """Why a valid CONNECT cannot be accepted now: (limit, explanation), or None."""
+        old = self.sessions.get(client_id)
+        old_client = old.client if old is not None else None
+        limits = self.limits
+        if self.memory.over:
+            return "memory_limit", (f"memory use {self.memory.rss} bytes is above memory_limit "
+                                    f"({self.memory.limit})")
+        if old_client is None and self.clients_connected >= limits.max_connections:
+            return "max_connections", f"{self.clients_connected} clients connected (max_connections)"
+        listener = client.transport.listener
+        cap = listener.max_connections if listener is not None else 0
+        address = client.listener_address
+        if cap and (old_client is None or old_client.listener_address != address):
+            count = self.listener_connected.get(address, 0)
+            if count >= cap:
+                return "listener_max_connections", (f"{count} clients connected on listener "
+                                                    f"{address} (its max_connections)")
+        return None
+
+    def drop(self, reason: str, session: Session | None, count: int = 1) -> None:
+        """Count ``count`` messages dropped for ``reason`` (broker-wide and on the session)."""
+        self.stats.publish_dropped += count
+        self.dropped[reason] += count
+        if session is not None:
+            drops = session.drops
+            if drops is None:
+                drops = session.drops = {}
+            drops[reason] = drops.get(reason, 0) + count
+
+    def attach(self, client: Client, client_id: str, clean: bool) -> tuple[Session, bool]:
+        """Bind a newly connected client to its session; returns (session, present)."""
+        old = self.sessions.get(client_id)
+        if old is not None and old.client is not None:
+            log.info("client %r from %s takes over the session; closing the connection from %s",
+                     client_id, client.peer, old.client.peer)
+            self.stats.takeovers += 1
+            old.client.close(will=True)
+            old = self.sessions.get(client_id)
+        present = False
+        if old is not None and (clean or old.clean):
+            self.drop_session(old)
+            old = None
+        if old is None:
+            session = self.sessions[client_id] = Session(client_id, clean)
+        else:
+            session, present = old, True
+        if not clean:
+            self._snapshot_dirty = True
+        session.client = client
+        self.clients_connected += 1
+        address = client.listener_address
+        if address:
+            self.listener_connected[address] = self.listener_connected.get(address, 0) + 1
+        self.stats.connects_accepted += 1
+        return session, present
+
+    def detach(self, client: Client, publish_will: bool) -> None:
+        """A connected client's connection ended (its will is still on it)."""
+        self.clients_connected -= 1
+        address = client.listener_address
+        if address:
+            self.listener_connected[address] -= 1
+        session = client.session
+        if session is not None and session.client is client:
+            session.client = None
+            if session.clean:
+                self.drop_session(session)
+            else:
+                self._go_offline(session)
+        will = client.will
+        if not publish_will or will is None:
+            return
+        if will.topic.startswith("$SYS"):
+            self.drop("sys_topic", None)
+            log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
+                        client.describe(), will.topic)
+            return
+        log.info("publishing will of %s on %r", client.describe(), will.topic)
+        try:
+            self.publish(will.topic, will.payload, will.qos, will.retain, client)
+        except LogFullError:
+            log.error("will of %s on %r lost: the commit log cannot take it",
+                      client.describe(), will.topic)
+
+    def _go_offline(self, session: Session) -> None:
+        """Keep only log offsets (and sizes) for an offline session: no payload memory."""
+        if session.queue:
+            session.queue = deque((as_stored(ref), qos, retain)
+                                  for ref, qos, retain in session.queue)
+        for entry in session.inflight.values():
+            entry.message = as_stored(entry.message)
+        self._snapshot_dirty = True
+
+    def drop_session(self, session: Session) -> None:
+        if not session.clean:
+            self._snapshot_dirty = True
+        for topic_filter in session.subscriptions:
+            self.subscriptions.remove(topic_filter, session)
+        session.subscriptions.clear()
+        self.queued_messages -= len(session.queue)
+        self.queued_bytes -= session.queue_bytes
+        session.queue = EMPTY_QUEUE
+        session.queue_bytes = 0
+        session.queued_qos0 = 0
+        session.inflight.clear()
+        session.inflight_bytes = 0
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+
+    def close_all(self) -> None:
+        """Close every connection (at shutdown): no wills, sessions kept."""
+        for session in list(self.sessions.values()):
+            if session.client is not None:
+                session.client.will = None
+                session.client.close(will=False)
+
+    # ----- subscriptions ----------------------------------------------------------------
+
+    def subscribe(self, session: Session, topics: list[tuple[str, int]]) -> list[int]:
+        """Add subscriptions; a filter over a limit gets 0x80 (counted, logged once per client)."""
+        granted = []
+        limits = self.limits
+        for topic_filter, qos in topics:
+            problem = check_topic(topic_filter, limits)
+            if (problem is None and topic_filter not in session.subscriptions
+                    and len(session.subscriptions) >= limits.max_subscriptions_per_client):
+                problem = "max_subscriptions_per_client"
+            if problem is not None:
+                self.hit(problem)
+                if session.client is not None:
+                    session.client.warn_once(problem, "subscription to %r refused (SUBACK 0x80): %s "
+                                             "(%d)", topic_filter, problem, getattr(limits, problem))
+                granted.append(P.SUBACK_FAILURE)
+                continue
+            self.subscriptions.add(topic_filter, session, qos)
+            session.own_subscriptions()[topic_filter] = qos
+            granted.append(qos)
+        if not session.clean:
+            self._snapshot_dirty = True
+        return granted
+
+    def send_retained(self, session: Session, topics, granted: list[int]) -> None:
+        """Retained messages for new (or replaced) subscriptions, retain flag set."""
+        client = session.client
+        acl = session.acl
+        for (topic_filter, _), max_qos in zip(topics, granted):
+            if max_qos == P.SUBACK_FAILURE:
+                continue
+            for message in self.retained.match(topic_filter):
+                if acl is not None and not acl.can_read(message.topic):
+                    self.stats.acl_deliveries_denied += 1
+                    continue
+                qos = message.qos if message.qos < max_qos else max_qos
+                # Beyond max_pending_write_bytes retained messages wait in the session's queue
+                # (bounded), QoS 0 included, and follow as the connection drains.
+                if client.transport.out_bytes >= client.transport.max_pending:
+                    client.transport.wait_for_drain()
+                    self._enqueue(session, message, qos, True)
+                elif qos == 0 and session.queued_qos0:
+                    self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
+                elif qos == 0:
+                    self._write_publish(client, message, 0, True, False, None)
+                elif (not session.queue and len(session.inflight) < self.limits.max_inflight_messages
+                      and session.inflight_bytes < self.limits.max_inflight_bytes):
+                    self._send(session, message, qos, True)
+                else:
+                    self._defer(session, message, qos, True)
+
+    def unsubscribe(self, session: Session, filters: list[str]) -> None:
+        for topic_filter in filters:
+            if session.subscriptions.pop(topic_filter, None) is not None:
+                self.subscriptions.remove(topic_filter, session)
+                if not session.clean:
+                    self._snapshot_dirty = True
