@@ -1,8 +1,20 @@
-"""The broker: sessions, routing, retained messages, wills and timers.
+"""The broker: one object over its parts, which the server layer holds.
 
-Sessions and connections are in ``core.sessions``. No sockets and no clock of its own: the server layer hands in transports and
-a clock, and calls ``tick`` when ``next_deadline`` comes due (the deadline heap:
-``core.timers``).
+``Broker`` keeps the state every part shares (configuration and limits, the
+clock, ``prompt``, counters, the topic table, the memory guard, the journal) and
+takes its methods from one module per concept (mixins, so the hot path calls
+them as the broker's own methods, with no extra call or lookup per message):
+
+- ``core.router``: routing, the frame cache, queues and windows, sending from the log;
+- ``core.sessions``: admission, attach/detach, subscriptions, drops;
+- ``core.timers``: the deadline heap (keepalive, CONNECT timeout, ``Timer``s) and
+  the periodic maintenance;
+- ``core.persistence``: snapshots (capture, restore, replay).
+
+Per-packet handlers are in ``core.handlers`` (tables in ``core.dispatch``); a
+connection's own state in ``core.client``; the transport seam in
+``core.transport``. No sockets and no clock of its own: the server layer hands
+in transports and a clock, and calls ``tick`` when ``next_deadline`` comes due.
 
 Limits (docs/limits.md): every hit is counted by limit name in
 ``limit_hits``, every refused connection by reason in ``refused``, every
@@ -21,22 +33,13 @@ from edgebroker.core.limits import (
 )
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.persistence import Persistence
+from edgebroker.core.router import Router
 from edgebroker.core.sessions import Sessions
-from edgebroker.core.session import (
-    AWAIT_ACK, EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored,
-)
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.core.timers import Timers
-from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import encode_ack, encode_publish_head
-from edgebroker.mqtt.trie import RetainedTree, SubscriptionTrie
 
 log = logging.getLogger("edgebroker.broker")
 
-# Payloads up to this size are joined with their header once per message, so
-# each subscriber gets one buffer; larger ones are queued as header + payload
-# to avoid copying them.
-_JOIN_LIMIT = 4096
 # A PUBLISH is answered without the coalescing delay when its connection sent something
 # less than this many coalesce_ms before (see Broker.prompt).
 PROMPT_GAP_FACTOR = 20
@@ -47,7 +50,7 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker(Sessions, Timers, Persistence):
+class Broker(Router, Sessions, Timers, Persistence):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits
@@ -61,15 +64,10 @@ class Broker(Sessions, Timers, Persistence):
         self.prompt = False
         self.prompt_gap = prompt_gap(config)
         self._init_sessions()
-        self.subscriptions = SubscriptionTrie()
-        self.retained = RetainedTree()
+        self._init_router()
         self.stats = Stats()
         self.topics = TopicTable()
         self.known_topics = self.topics.current  # the hot path's view (see _on_topic_expiry)
-        self._last_topic = (None, b"")    # (topic, its bytes) of the last publish
-        self._last_head0 = (b"", -1, b"")  # (topic bytes, payload size, head) of a large QoS 0 frame
-        self.queued_messages = 0          # in all sessions' queues
-        self.queued_bytes = 0
         self.throttled: set[Client] = set()
         self.throttled_seconds = 0.0      # of throttles that ended
         self.limit_hits = zero_counts(LIMITS)
@@ -85,7 +83,6 @@ class Broker(Sessions, Timers, Persistence):
         if self.journal is not None:
             self.acknowledge = self.journal.acknowledge  # one call less per QoS 1/2 PUBLISH
         self._init_persistence(commit_log)
-        self._lost_warned = False
         self.sys = SysTopics(self, self.started)
 
     def hit(self, limit: str) -> None:
@@ -102,278 +99,6 @@ class Broker(Sessions, Timers, Persistence):
         if config.limits.topic_expiry != old.topic_expiry:
             self._topic_expiry.start(self, now + config.limits.topic_expiry)
         self.sys.configure(now)
-
-    # ----- routing ----------------------------------------------------------------------
-
-    def publish(self, topic: str, payload: bytes, qos: int, retain: bool, client) -> int | None:
-        """A client's (or a will's) PUBLISH: counted, logged, then routed.
-
-        Returns the log offset (None when not logged). Raises LogFullError when
-        the log cannot take a QoS 1/2 message: it is then not routed either.
-        """
-        self.stats.publish_received += 1
-        # A client sending to one topic over and over (the decoder hands its large frames the
-        # same topic string each time): its UTF-8 bytes are encoded once.
-        last = self._last_topic
-        if topic is last[0]:
-            message = Message(topic, payload, qos, retain, None, last[1])
-        else:
-            message = Message(topic, payload, qos, retain)
-            self._last_topic = (topic, message.topic_bytes)
-        journal = self.journal
-        if journal is not None:
-            message.offset = journal.append(client, message.topic_bytes, payload, qos, retain)
-        self._route(message)
-        return message.offset
-
-    def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-        """The broker's own messages ($SYS): routed, not logged."""
-        self._route(Message(topic, payload, qos, retain))
-
-    def _route(self, message: Message) -> None:
-        """Store if retained, then deliver to every matching subscription."""
-        stats = self.stats
-        topic, payload, qos = message.topic, message.payload, message.qos
-        retain = message.retain
-        if retain:
-            if payload:
-                self.retained.set(topic, message)
-            else:
-                self.retained.delete(topic)
-        targets = self.subscriptions.match(topic)
-        if not targets:
-            stats.publish_unrouted += 1
-            return
-        frame0 = rest0 = None
-        sent = 0
-        for session, sub_qos in targets:
-            acl = session.acl
-            if acl is not None:
-                allowed = acl.reads.get(topic)
-                if allowed is None:
-                    allowed = acl.check_read(topic)
-                if not allowed:
-                    stats.acl_deliveries_denied += 1
-                    continue
-            q = qos if qos < sub_qos else sub_qos
-            client = session.client
-            if q == 0:
-                if client is None or session.queue:
-                    # Offline, or behind a backlog that may hold older QoS 0
-                    # messages (order per topic and QoS, MQTT-4.6.0-6): retained
-                    # ones queued at SUBSCRIBE, or ones queued while offline.
-                    if client is None:
-                        if self.limits.queue_qos0_messages and not session.clean:
-                            self._enqueue(session, message, 0, False)
-                        continue
-                    if session.queued_qos0:
-                        self._enqueue(session, message, 0, False)
-                        continue
-                if frame0 is None:
-                    frame0, rest0 = self._frame0(message)
-                # offer() refuses when max_pending_write_bytes are already waiting.
-                if not client.transport.offer(frame0, rest0):
-                    self._drop_pending(client)
-                    continue
-                sent += 1
-            elif (client is not None and not session.queue
-                  and len(session.inflight) < self.limits.max_inflight_messages
-                  and session.inflight_bytes < self.limits.max_inflight_bytes
-                  and client.transport.out_bytes < client.transport.max_pending):
-                self._send(session, message, q, False)
-            else:
-                self._defer(session, message, q, False)
-        stats.publish_sent += sent
-
-    def _frame0(self, message: Message) -> tuple:
-        """(first part, rest or None) of the QoS 0 frame, encoded once per message; the head
-        of a large one is kept for the next message of the same topic and size."""
-        payload = message.payload
-        n = len(payload)
-        topic_bytes = message.topic_bytes
-        if n <= _JOIN_LIMIT:
-            return encode_publish_head(topic_bytes, n, 0, False, False, None) + payload, None
-        last = self._last_head0
-        if last[1] == n and last[0] == topic_bytes:
-            return last[2], payload
-        head = encode_publish_head(topic_bytes, n, 0, False, False, None)
-        self._last_head0 = (topic_bytes, n, head)
-        return head, payload
-
-    def _drop_pending(self, client: Client) -> None:
-        """A QoS 0 message not queued: max_pending_write_bytes are waiting on the connection."""
-        self.hit("max_pending_write_bytes")
-        self.drop("max_pending_write_bytes", client.session)
-        transport = client.transport
-        transport.wait_for_drain()
-        if not client.pending_dropped:
-            client.warn_once("max_pending_write_bytes",
-                             "%d bytes are waiting to be written (max_pending_write_bytes %d), the "
-                             "client does not read fast enough; dropping QoS 0 messages for it "
-                             "until they are written", transport.out_bytes, transport.max_pending)
-        client.pending_dropped += 1
-
-    def _defer(self, session: Session, message: Message, qos: int, retain: bool) -> None:
-        """A QoS 1/2 message that cannot be sent now: count why, then queue it."""
-        client = session.client
-        if client is not None and not session.queue:
-            if len(session.inflight) >= self.limits.max_inflight_messages:
-                self.hit("max_inflight_messages")
-            elif session.inflight_bytes >= self.limits.max_inflight_bytes:
-                self.hit("max_inflight_bytes")
-            else:
-                self.hit("max_pending_write_bytes")
-                client.transport.wait_for_drain()
-        self._enqueue(session, message, qos, retain)
-
-    def _send(self, session: Session, ref, qos: int, retain: bool) -> None:
-        """Send a QoS 1/2 message in the session's window (the client is online)."""
-        pid = session.allocate_id()
-        if self._write_publish(session.client, ref, qos, retain, False, pid):
-            inflight = session.inflight
-            if inflight is EMPTY_DICT:
-                inflight = session.own_inflight()
-            inflight[pid] = Outgoing(ref, qos, retain)
-            session.inflight_bytes += ref.size
-
-    def _write_publish(self, client, message, qos, retain, dup, pid) -> bool:
-        """Queue one PUBLISH on the client's transport; False if its log record is gone."""
-        if type(message) is not Message:
-            return self._write_from_log(client, message, qos, retain, dup, pid)
-        payload = message.payload
-        head = encode_publish_head(message.topic_bytes, len(payload), qos, retain, dup, pid)
-        transport = client.transport
-        transport.count_publish()
-        if len(payload) <= _JOIN_LIMIT:
-            transport.write(head + payload)
-        else:
-            transport.write(head)
-            transport.write(payload)
-        self.stats.publish_sent += 1
-        return True
-
-    def _write_from_log(self, client, stored: Stored, qos, retain, dup, pid) -> bool:
-        """Header from memory, payload straight from the segment file (sendfile)."""
-        offset = stored.offset
-        journal = self.journal
-        if journal is not None and offset >= journal.log.written_offset:
-            # Logged earlier in this run of passes and not yet handed to the OS (see
-            # Loop.run): write it now, so that it can be read back.
-            journal.end_pass()
-        where = journal.log.locate(offset) if journal is not None else None
-        if where is None:
-            self.stats.publish_lost += 1
-            if not self._lost_warned:
-                self._lost_warned = True
-                log.warning("queued message at log offset %d for %s is no longer in the log "
-                            "(deleted by retention or damaged); skipped (counted in "
-                            "$SYS/broker/publish/messages/lost; logged once)", offset,
-                            client.describe())
-            return False
-        head = encode_publish_head(where.topic, where.payload_length, qos, retain, dup, pid)
-        transport = client.transport
-        transport.count_publish()
-        transport.write_file(head, where.fd, where.payload_position, where.payload_length, offset)
-        self.stats.publish_sent += 1
-        return True
-
-    def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
-        """Queue for later, within max_queued_messages/bytes (``queue_full`` says what goes)."""
-        limits = self.limits
-        queue = session.queue
-        max_messages = limits.max_queued_messages
-        max_bytes = limits.max_queued_bytes
-        if len(queue) >= max_messages or session.queue_bytes >= max_bytes:
-            limit = "max_queued_messages" if len(queue) >= max_messages else "max_queued_bytes"
-            self.hit(limit)
-            if limits.queue_full == "drop_old":
-                dropped = 0
-                while queue and (len(queue) >= max_messages or session.queue_bytes >= max_bytes):
-                    old, old_qos, _ = queue.popleft()
-                    if old_qos == 0:
-                        session.queued_qos0 -= 1
-                    session.queue_bytes -= old.size
-                    self.queued_messages -= 1
-                    self.queued_bytes -= old.size
-                    dropped += 1
-                self.drop(limit, session, dropped)
-            else:
-                dropped = 1
-                self.drop(limit, session)
-            if not session.dropped:
-                log.warning("session %r: queue full (%d messages, %d bytes; %s); dropping %s "
-                            "messages until it drains", session.client_id, len(queue),
-                            session.queue_bytes, limit,
-                            "the oldest" if limits.queue_full == "drop_old" else "new")
-            session.dropped += dropped
-            if limits.queue_full != "drop_old":
-                return
-        size = message.size
-        if session.client is None:
-            message = as_stored(message)
-        session.own_queue().append((message, qos, retain))
-        if qos == 0:
-            session.queued_qos0 += 1
-        session.queue_bytes += size
-        self.queued_messages += 1
-        self.queued_bytes += size
-
-    def pump(self, session: Session) -> None:
-        """Move queued messages into the window while the client is online and reading."""
-        client = session.client
-        if client is None:
-            return
-        queue = session.queue
-        limits = self.limits
-        window = limits.max_inflight_messages
-        window_bytes = limits.max_inflight_bytes
-        transport = client.transport
-        max_pending = transport.max_pending
-        sent_bytes = 0
-        sent = 0
-        while queue:
-            if transport.out_bytes >= max_pending:
-                transport.wait_for_drain()
-                break
-            message, qos, retain = queue[0]
-            if qos == 0:
-                queue.popleft()
-                session.queued_qos0 -= 1
-                self._write_publish(client, message, 0, retain, False, None)
-            # session.inflight is read each time: _send gives an empty session a dict of its own.
-            elif (len(session.inflight) < window
-                  and (session.inflight_bytes < window_bytes or not session.inflight)):
-                queue.popleft()
-                self._send(session, message, qos, retain)
-            else:
-                break
-            sent += 1
-            sent_bytes += message.size
-        if sent:
-            session.queue_bytes -= sent_bytes
-            self.queued_messages -= sent
-            self.queued_bytes -= sent_bytes
-            # A subscriber working through its queue is held back by its window, not by
-            # its reading: the next part goes out in this pass (see ``prompt``).
-            self.prompt = True
-        if not queue and session.dropped:
-            log.warning("session %r: queue drained; %d messages were dropped while it was full",
-                        session.client_id, session.dropped)
-            session.dropped = 0
-
-    def resume(self, session: Session) -> None:
-        """A persistent session's client is back: re-send the window, then the queue."""
-        client = session.client
-        gone = []
-        for pid, entry in session.inflight.items():
-            if entry.state == AWAIT_ACK:
-                if not self._write_publish(client, entry.message, entry.qos, entry.retain, True, pid):
-                    gone.append(pid)
-            else:
-                client.transport.write(encode_ack(P.PUBREL, pid))
-        for pid in gone:
-            session.inflight_bytes -= session.inflight.pop(pid).message.size
-        self.pump(session)
 
     def acknowledge(self, client, offset: int | None, frame: bytes) -> None:
         """Send ``frame`` (a PUBACK or PUBREC) once ``offset`` is safe; with a log, the
