@@ -8,10 +8,11 @@ The edge workload without sockets or the event loop: ``devices`` connected clien
 one 100-byte QoS 1 PUBLISH on ``devices/<id>/telemetry`` per round, one QoS 1 subscriber on
 ``devices/+/telemetry`` acknowledges each message with its own PUBACK, and the log is written
 once per 5 messages (about what a loop pass gathers at 10,000 messages/s), with
-``durability = "batch"``. Transports are stand-ins that keep what is written and are emptied
-after each pass. The figure is process CPU time per message for decoding, limits, logging,
-routing, the PUBACK to the publisher and the subscriber's PUBACK: what the Python code of
-``core/``, ``mqtt/`` and ``commitlog/`` costs, without the kernel and the loop around it.
+``durability = "batch"``. Transports are ``core.testing.FakeTransport`` (this checkout's, also
+with ``--repo``): they keep what is written and are flushed after each pass. The figure is
+process CPU time per message for decoding, limits, logging, routing, the PUBACK to the
+publisher and the subscriber's PUBACK: what the Python code of ``core/``, ``mqtt/`` and
+``commitlog/`` costs, without the kernel and the loop around it.
 Use it to compare two checkouts (``--repo``) on one machine, a few runs each, alternating.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import importlib.util
 import os
 import shutil
 import sys
@@ -30,61 +32,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PASS = 5  # messages per loop pass
 
 
-class StandInLoop:
-    def __init__(self):
-        self.dirty = []
-
-
-class StandInTransport:
-    """What the core uses of server.transport.Transport; keeps what is written (also used by
-    tests/test_unwritten_records.py)."""
-
-    def __init__(self, loop, peer: str):
-        self.loop = loop
-        self.peer = peer
-        self.client = None
-        self.out = []
-        self.out_bytes = 0
-        self.max_pending = 1 << 20
-        self.msgs_out = 0
-        self.want_drain = False
-        self.closed = self.closing = False
-        self.listener = self.policy = None
-        self.listener_name = ""
-        self.paused = 0
-        self.bytes_in = self.bytes_out = 0
-        self.files = []  # (header, fd, position, length) of messages sent from the log
-
-    def write(self, data) -> None:
-        self.out.append(data)
-        self.out_bytes += len(data)
-
-    def offer(self, data) -> bool:
-        self.msgs_out += 1
-        self.write(data)
-        return True
-
-    def write_file(self, head, fd: int, position: int, length: int, offset: int) -> None:
-        self.files.append((bytes(head), fd, position, length))
-
-    def wait_for_drain(self) -> None:
-        self.want_drain = True
-
-    def count_publish(self) -> None:
-        self.msgs_out += 1
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self, reason: str) -> None:
-        pass
-
-    def resume_reading(self, reason: str) -> None:
-        pass
-
-    def sent(self) -> None:
-        self.out = []
-        self.out_bytes = 0
+def fake_transport_class():
+    """``core.testing.FakeTransport`` of this checkout, whichever checkout is measured (the
+    module imports nothing, so it drives an older core as well)."""
+    path = os.path.join(REPO, "edgebroker", "core", "testing.py")
+    spec = importlib.util.spec_from_file_location("_core_testing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FakeTransport
 
 
 def run(devices: int, rounds: int, state_dir: str) -> float:
@@ -101,18 +56,18 @@ def run(devices: int, rounds: int, state_dir: str) -> float:
     log = CommitLog.open(os.path.join(state_dir, "log"), LogOptions())
     broker = Broker(cfg, time.monotonic, commit_log=log,
                     wall_ms=lambda: time.time_ns() // 1_000_000)
-    loop = StandInLoop()
+    fake_transport = fake_transport_class()
 
     def connect(client_id: str):
-        transport = StandInTransport(loop, client_id)
+        transport = fake_transport(client_id)
         client = transport.client = broker.connection_made(transport)
         client.data_received(encode(Connect(client_id=client_id, keepalive=60)))
-        transport.sent()
+        transport.flush()
         return client, transport
 
     sub, sub_transport = connect("subscriber")
     sub.data_received(encode(Subscribe(1, [("devices/+/telemetry", 1)])))
-    sub_transport.sent()
+    sub_transport.flush()
     clients = [connect(f"device-{i:05d}") for i in range(devices)]
     # Received bytes are views of a reused buffer in the broker; so are these.
     frames = [memoryview(bytearray(encode(Publish(f"devices/{i:05d}/telemetry", bytes(100), 1,
@@ -129,11 +84,11 @@ def run(devices: int, rounds: int, state_dir: str) -> float:
             if sent % PASS == 0:
                 broker.end_pass()
                 for k in range(i - PASS + 1, i + 1):
-                    clients[k][1].sent()
+                    clients[k][1].flush()
                 # The subscriber got the pass's messages (packet ids 1, 2, ...): one PUBACK each.
                 for k in range(sent - PASS, sent):
                     sub.data_received(acks[k % 65535])
-                sub_transport.sent()
+                sub_transport.flush()
     used = time.process_time() - start
     log.close()
     return used / sent * 1e6

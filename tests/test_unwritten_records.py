@@ -6,28 +6,23 @@ The loop writes the log and sends once for several passes while more input is re
 record being written. Its queued message must still be read back from the log and sent."""
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import mqttraw as m
 from edgebroker import config
 from edgebroker.commitlog.format import LogOptions
 from edgebroker.commitlog.log import CommitLog
 from edgebroker.core.broker import Broker
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from core_bench import StandInLoop, StandInTransport  # noqa: E402  (the core's view of a loop)
+from edgebroker.core.testing import FakeTransport
 
 
 def test_queued_message_logged_in_the_same_passes_is_sent(tmp_path):
     log = CommitLog.open(str(tmp_path / "log"), LogOptions())
     broker = Broker(config.Config(), time.monotonic, commit_log=log,
                     wall_ms=lambda: time.time_ns() // 1_000_000)
-    loop = StandInLoop()
 
     def connect(client_id: str, clean: bool):
-        transport = StandInTransport(loop, client_id)
+        transport = FakeTransport(client_id)
         client = transport.client = broker.connection_made(transport)
         client.data_received(m.connect(client_id, clean=clean))
         return client, transport

@@ -69,7 +69,8 @@ class Timers:
     """The heap's part of ``Broker`` (a mixin over the broker's state)."""
 
     def _init_timers(self) -> None:
-        """The heap and the broker's own timers (once ``started``, ``limits`` and ``memory`` are set)."""
+        """The heap and the broker's own timers (once ``started``, ``limits`` and ``memory``
+        are set)."""
         self._timers: list = []  # (due, client or Timer); equal dues are ordered by __lt__
         self._housekeeping = Timer(self._on_housekeeping)
         self._housekeeping.start(self, self.started + HOUSEKEEPING_INTERVAL)

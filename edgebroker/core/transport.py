@@ -5,7 +5,7 @@ The core never touches a socket and never writes a transport's fields: it queues
 (``wait_for_drain``), counts the PUBLISH packets it writes itself (``count_publish``),
 pauses and resumes reading for a named reason, and closes. It reads a few figures for
 limits, metrics and the admin view. ``server.transport.Transport`` implements this
-protocol.
+protocol; so does ``core.testing.FakeTransport``, for unit tests and bench/.
 """
 
 from __future__ import annotations

@@ -143,7 +143,8 @@ class Transport:
         self.want_drain = True
 
     def count_publish(self) -> None:
-        """Count a PUBLISH the core queued with ``write`` or ``write_file`` (``offer`` counts its own)."""
+        """Count a PUBLISH the core queued with ``write`` or ``write_file`` (``offer`` counts
+        its own)."""
         self.msgs_out += 1
 
     def offer(self, data, rest=None) -> bool:
