@@ -232,21 +232,21 @@ class EventLog:
 class MemoryGuard:
     """Resident memory of this process against ``memory_limit`` (checked on a timer)."""
 
-    __slots__ = ("limit", "rss", "cpu_seconds", "over", "_process")
+    __slots__ = ("limit", "rss", "cpu_seconds", "over", "process")
 
     def __init__(self, limit: int):
         self.limit = limit
         self.rss = 0
         self.cpu_seconds = 0.0
         self.over = False
-        self._process = psutil.Process()
+        self.process = psutil.Process()  # this process; the broker's one (SysTopics reads it too)
 
     def check(self) -> bool | None:
         """Measure; returns the new ``over`` state when it changed, else None."""
         try:
-            with self._process.oneshot():
-                self.rss = self._process.memory_info().rss
-                times = self._process.cpu_times()
+            with self.process.oneshot():
+                self.rss = self.process.memory_info().rss
+                times = self.process.cpu_times()
         except (psutil.Error, OSError):  # OSError: no descriptor free to read /proc
             return None
         self.cpu_seconds = times.user + times.system

@@ -76,7 +76,7 @@ class SysTopics:
         self._last = now
         self._last_counts = broker.stats.as_dict()
         self._loads = {(name, window): 0.0 for name, _ in _LOADS for window, _ in _WINDOWS}
-        self._process = psutil.Process()
+        self._process = broker.memory.process  # one psutil.Process per broker
         self._process.cpu_percent()  # first call primes the CPU measurement
         self.configure(now, first=True)
 
