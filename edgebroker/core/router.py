@@ -1,15 +1,15 @@
 """Routing: where a message goes, and how it is written on each subscriber's connection.
 
-The path of one PUBLISH: ``publish`` logs
-it (``core.journal``), then ``_route`` stores it if retained and delivers it to
-every matching subscription. A QoS 0 frame is encoded once per message
-(``_frame0``, the frame cache) and offered to each subscriber's transport; a QoS
-1/2 message goes into the session's window (``_send``) or, when the window, the
-queue or the transport's ``max_pending`` hold it back, into the session's queue
-(``_defer``/``_enqueue``, within max_queued_messages/bytes). ``pump`` moves
-queued messages into the window as acknowledgements and the connection drain
-allow; a queued message that is only a log offset (an offline session's) is sent
-with its payload straight from the segment file (``_write_from_log``).
+The path of one PUBLISH: ``publish`` logs it (``core.journal``), then ``_route``
+stores it if retained and delivers it to every matching subscription. A QoS 0
+frame is encoded once per message (``_frame0``, the frame cache) and offered to
+each subscriber's transport; a QoS 1/2 message goes into the session's window
+(``_send``) or, when the window, the queue or the transport's ``max_pending``
+hold it back, into the session's queue (``_defer``/``_enqueue``, within
+max_queued_messages/bytes). ``pump`` moves queued messages into the window as
+acknowledgements and the connection's drain allow; a queued message that is
+only a log offset (an offline session's) is sent with its payload straight from
+the segment file (``_write_from_log``).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ class Router:
     these as the broker's own methods, with no extra call or lookup per message)."""
 
     def _init_router(self) -> None:
-            self.subscriptions = SubscriptionTrie()
-            self.retained = RetainedTree()
-            self._last_topic = (None, b"")    # (topic, its bytes) of the last publish
-            self._last_head0 = (b"", -1, b"")  # (topic bytes, payload size, head) of a large QoS 0 frame
-            self.queued_messages = 0          # in all sessions' queues
-            self.queued_bytes = 0
-            self._lost_warned = False
+        self.subscriptions = SubscriptionTrie()
+        self.retained = RetainedTree()
+        self._last_topic = (None, b"")    # (topic, its bytes) of the last publish
+        self._last_head0 = (b"", -1, b"")  # (topic bytes, payload size, head) of a large QoS 0 frame
+        self.queued_messages = 0          # in all sessions' queues
+        self.queued_bytes = 0
+        self._lost_warned = False
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, client) -> int | None:
         """A client's (or a will's) PUBLISH: counted, logged, then routed.
