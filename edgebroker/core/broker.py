@@ -34,7 +34,7 @@ from edgebroker.core.session import (
 )
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import encode_ack, encode_publish_head
+from edgebroker.mqtt.encode import encode_ack, encode_publish_head
 from edgebroker.mqtt.trie import RetainedTree, SubscriptionTrie
 
 log = logging.getLogger("edgebroker.broker")

@@ -41,9 +41,9 @@ from edgebroker.errors import (
     CONNACK_CODES_311, PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import (
-    PINGRESP_BYTES, Decoder, check_code_points, encode, encode_ack, encode_puback,
-)
+from edgebroker.mqtt.decode import check_code_points
+from edgebroker.mqtt.encode import PINGRESP_BYTES, encode, encode_ack, encode_puback
+from edgebroker.mqtt.stream import Decoder
 from edgebroker.core.limits import PublishRate
 from edgebroker.core.session import AWAIT_COMP
 
