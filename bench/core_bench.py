@@ -37,7 +37,7 @@ class StandInLoop:
 
 class StandInTransport:
     """What the core uses of server.transport.Transport; keeps what is written (also used by
-    tests/test_unwritten_records.py)."""
+    tests/core/test_unwritten_records.py)."""
 
     def __init__(self, loop, peer: str):
         self.loop = loop

@@ -16,7 +16,7 @@ from edgebroker.commitlog.format import LogOptions
 from edgebroker.commitlog.log import CommitLog
 from edgebroker.core.broker import Broker
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from core_bench import StandInLoop, StandInTransport  # noqa: E402  (the core's view of a loop)
 
 
