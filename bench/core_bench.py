@@ -47,7 +47,7 @@ def run(devices: int, rounds: int, state_dir: str) -> float:
     from edgebroker.commitlog.format import LogOptions
     from edgebroker.commitlog.log import CommitLog
     from edgebroker.core.broker import Broker
-    from edgebroker.mqtt.codec import encode
+    from edgebroker.mqtt.encode import encode
     from edgebroker.mqtt.packets import Connect, Puback, Publish, Subscribe
 
     cfg = configuration.Config()

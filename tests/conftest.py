@@ -380,6 +380,22 @@ def open_files_allowed(need: int):
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.fixture(params=["c", "python"])
+def native_backend(request, monkeypatch):
+    """Runs the test twice: on the C helper and on its pure-Python twin.
+
+    Switches ``edgebroker._native`` (in this process) and sets ``EDGEBROKER_NATIVE`` (for
+    subprocesses such as the CLI tests). When the C build is missing the ``c`` runs fail with
+    NativeUnavailableError instead of being skipped: CI must build it. Autouse in
+    tests/commitlog/; tests/cli/test_inspect.py asks for it too."""
+    from edgebroker import _native
+    before = _native.BACKEND
+    _native.set_backend(request.param)
+    monkeypatch.setenv("EDGEBROKER_NATIVE", request.param)
+    yield request.param
+    _native.set_backend(before)
+
+
 @pytest.fixture
 def broker(tmp_path):
     """Factory: ``broker(limits={...}, sys_interval=1, args=[...])`` -> a ready Broker."""

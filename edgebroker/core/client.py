@@ -26,7 +26,8 @@ import logging
 
 from edgebroker.errors import CONNACK_CODES_311, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import Decoder, encode
+from edgebroker.mqtt.encode import encode
+from edgebroker.mqtt.stream import Decoder
 from edgebroker.core.dispatch import AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED_RATED
 from edgebroker.core.handlers import connect
 from edgebroker.core.handlers.connect import connections_log

@@ -21,7 +21,7 @@ from edgebroker.core.session import (
     AWAIT_ACK, EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored,
 )
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import encode_ack, encode_publish_head
+from edgebroker.mqtt.encode import encode_ack, encode_publish_head
 from edgebroker.mqtt.trie import RetainedTree, SubscriptionTrie
 
 log = logging.getLogger("edgebroker.broker")

@@ -1,5 +1,5 @@
-/* A fault for the tests, loaded into a broker with LD_PRELOAD (tests/test_broker_fsync_fault.py,
- * tests/storage/test_flusher.py).
+/* A fault for the tests, loaded into a broker with LD_PRELOAD (tests/core/test_fsync_failure.py,
+ * tests/commitlog/test_flusher.py).
  *
  * While the file named by $EB_FAULT_FLAG exists, fsync() and fdatasync() fail with EIO on
  * every descriptor whose path (read from /proc/self/fd) contains $EB_FAULT_PATH; otherwise, and

@@ -1,4 +1,4 @@
-/* A fault for the tests, loaded with LD_PRELOAD (tests/storage/test_commitlog.py).
+/* A fault for the tests, loaded with LD_PRELOAD (tests/commitlog/test_commitlog.py).
  *
  * While the file named by $EB_FAULT_FLAG exists, a read-only shared mmap() of a file whose path
  * (read from /proc/self/fd) contains $EB_FAULT_PATH fails with ENOMEM, as when the process has

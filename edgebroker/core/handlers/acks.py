@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import encode_ack
+from edgebroker.mqtt.encode import encode_ack
 from edgebroker.core.session import AWAIT_COMP
 
 

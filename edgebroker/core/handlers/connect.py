@@ -17,7 +17,7 @@ import uuid
 from edgebroker import logs
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import PINGRESP_BYTES, encode
+from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
 from edgebroker.core.limits import PublishRate
 
 log = logging.getLogger("edgebroker.client")

@@ -15,7 +15,8 @@ import logging
 
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import check_code_points, encode_ack, encode_puback
+from edgebroker.mqtt.decode import check_code_points
+from edgebroker.mqtt.encode import encode_ack, encode_puback
 
 log = logging.getLogger("edgebroker.client")
 

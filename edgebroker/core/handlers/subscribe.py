@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import encode, encode_ack
+from edgebroker.mqtt.encode import encode, encode_ack
 
 log = logging.getLogger("edgebroker.client")
 

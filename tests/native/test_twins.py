@@ -24,7 +24,7 @@ from edgebroker._native import _pure as P
 from edgebroker._native._common import (
     FRAMES_MALFORMED, RESYNC_FOUND, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
 )
-from edgebroker.mqtt import codec
+from edgebroker.mqtt import encode
 from edgebroker.mqtt.topics import topic_matches
 
 SETTINGS = settings(max_examples=300, deadline=None,
@@ -226,7 +226,7 @@ def test_scan_statuses_by_hand():
 # --------------------------------------------------------------------------- frame splitting
 
 def frame(first: int, body: bytes) -> bytes:
-    return codec._frame(first, body)
+    return encode._frame(first, body)
 
 
 @SETTINGS

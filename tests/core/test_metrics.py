@@ -8,7 +8,7 @@ import urllib.request
 
 import edgebroker
 from edgebroker.core.limits import DROPS, LIMITS, REFUSALS
-from test_broker_sys import collect, number
+from core.test_sys_topics import collect, number
 
 METRICS_RE = re.compile(r"metrics on http://([0-9.]+):(\d+)/metrics")
 SAMPLE_RE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-z_]+)="([^"]*)"\})? (\S+)')

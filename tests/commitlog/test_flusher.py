@@ -301,7 +301,7 @@ HANG_SCRIPT = r'''
 import json, logging, os, sys, time
 sys.path.insert(0, os.environ["EB_TESTS"])
 from edgebroker.commitlog import Flusher, log as clog
-from storage.logutil import append_n, open_log
+from commitlog.logutil import append_n, open_log
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 clog.CLOSE_SYNC_WAIT = 0.5
 path, flag = sys.argv[1], os.environ["EB_FAULT_FLAG"]

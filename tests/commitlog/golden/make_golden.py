@@ -1,7 +1,7 @@
 """Makes the golden logs in this directory (run it from the repository root after a deliberate
 format change, with a new format version):
 
-    python tests/storage/golden/make_golden.py
+    python tests/commitlog/golden/make_golden.py
 
 ``v1/``            60 records in 2 segments, as the writer leaves them after a clean close
 ``v1-torn/``       the last record cut in the middle (a crash during a write)

@@ -268,3 +268,20 @@ def test_inflight_messages_resent_in_window_after_reconnect(broker, uid):
     assert [p.dup for p in got[:2]] == [True, True]
     assert [p.packet_id for p in got[:2]] == [p.packet_id for p in firsts]
     assert s.ping() == []
+
+
+def test_qos0_keeps_order_behind_a_backlog(broker, uid):
+    """MQTT-4.6.0-6 with queue_qos0_messages: live QoS 0 must not overtake queued QoS 0."""
+    b = broker(limits={"queue_qos0_messages": True, "max_inflight_messages": 1})
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.close()
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/t", b"q1-a", qos=1)
+    pub.publish(f"{uid}/t", b"q1-b", qos=1)
+    pub.publish(f"{uid}/t", b"q0-old", qos=0)
+    again = b.client(f"{uid}-s", clean=False)   # window of 1: q1-a in flight, rest queued
+    pub.publish(f"{uid}/t", b"q0-new", qos=0)
+    pub.publish(f"{uid}/t", b"marker", qos=1)
+    got = [again.recv_publish().payload for _ in range(5)]
+    assert got.index(b"q0-old") < got.index(b"q0-new"), got

@@ -708,7 +708,7 @@ def test_a_seal_at_the_descriptor_limit_still_maps_its_index(tmp_path, caplog):
 MMAP_FAULT_SCRIPT = r'''
 import json, logging, os, sys
 sys.path.insert(0, os.environ["EB_TESTS"])
-from storage.logutil import append_n, as_tuple, expected, open_log
+from commitlog.logutil import append_n, as_tuple, expected, open_log
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 log = open_log(sys.argv[1], segment_bytes=4096)
 open(os.environ["EB_FAULT_FLAG"], "w").close()   # read-only maps of indexes fail from now on

@@ -292,3 +292,23 @@ def test_online_queue_beyond_inflight_window_bounded(broker, uid):
             sub.send(m.puback(p.packet_id))
     assert 3 <= len(got) <= 4, f"kept {len(got)} of 10 with inflight 1 + queue 3: {got}"
     assert got == list(range(len(got)))
+
+
+def test_pubrel_resent_in_pubrec_order(broker, uid):
+    """MQTT-4.6.0-4: after reconnect, PUBRELs come in the order the PUBRECs were sent."""
+    b = broker()
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=2)
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/t", b"1", qos=2)
+    pub.publish(f"{uid}/t", b"2", qos=2)
+    first, second = sub.expect(PUBLISH), sub.expect(PUBLISH)
+    sub.send(m.pubrec(second.packet_id))
+    sub.send(m.pubrec(first.packet_id))
+    live = [sub.expect(PUBREL).packet_id, sub.expect(PUBREL).packet_id]
+    assert live == [second.packet_id, first.packet_id]
+    sub.close()
+    again = b.client(f"{uid}-s", clean=False)
+    assert again.connack.session_present
+    resent = [again.expect(PUBREL).packet_id, again.expect(PUBREL).packet_id]
+    assert resent == [second.packet_id, first.packet_id]

@@ -165,3 +165,30 @@ def test_will_published_once(srv, uid):
     c.close()
     expect_will(w, uid)
     expect_no_will(srv, w, uid)
+
+
+def test_will_on_a_very_deep_topic_is_delivered_and_broker_survives(broker, uid):
+    """A 3000-level will topic once overflowed the recursive trie walk and killed the broker."""
+    b = broker()
+    deep = "/".join([uid] + ["d"] * 3000)
+    sub = b.client(f"{uid}-s")
+    sub.subscribe("#", qos=1)
+    dying = b.client(f"{uid}-w", will=(deep, b"gone", 1, True))
+    dying.abort()  # reset: the broker notices while reading or flushing
+    p = sub.recv_publish()
+    assert (p.topic, p.payload) == (deep, b"gone")
+    late = b.client(f"{uid}-late")
+    late.subscribe("#")  # the retained will is found by a '#' walk too
+    assert late.recv_publish().topic == deep
+    assert b.alive()
+
+
+def test_will_on_sys_topic_is_dropped(broker, uid):
+    b = broker(sys_interval=0)
+    watch = b.client(f"{uid}-w")
+    watch.subscribe("$SYS/#", f"{uid}/marker")
+    forger = b.client(f"{uid}-f", will=("$SYS/broker/version", b"forged", 0, True))
+    forger.abort()
+    assert b.wait_log(lambda line: "dropped: $SYS topics are written only by the broker" in line)
+    b.client(f"{uid}-m").publish(f"{uid}/marker", b"MARKER")
+    assert watch.recv_publish().topic == f"{uid}/marker"

@@ -1,4 +1,4 @@
-"""Golden files of format version 1 (tests/storage/golden/, made by make_golden.py there): the
+"""Golden files of format version 1 (tests/commitlog/golden/, made by make_golden.py there): the
 writer still produces them byte for byte, and the damaged variants read as documented."""
 
 from __future__ import annotations

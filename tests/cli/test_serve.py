@@ -294,3 +294,23 @@ def test_config_check_command(tmp_path):
     r = run_cli("config", "check", "-c", str(bad))
     assert r.returncode == 2
     assert "limits.max_inflight_messages" in one_error_line(r)
+
+
+def test_sighup_with_a_non_utf8_config_keeps_running(broker, uid):
+    b = broker()
+    b.config_path.write_bytes(b"log_level = \"\xff\xfe\"\n")
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda line: "reload failed" in line and "UTF-8" in line)
+    c = b.client(uid)
+    c.subscribe(f"{uid}/t")
+    c.publish(f"{uid}/t", b"still here")
+    assert c.recv_publish().payload == b"still here"
+
+
+def test_non_utf8_config_is_one_line_exit_2(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b"\xff\xfe = 1\n")
+    result = run_cli("serve", "-c", str(path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and "UTF-8" in lines[0]

@@ -18,9 +18,8 @@ from edgebroker.errors import (
     UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.codec import (
-    LARGE_FRAME, LARGE_READ, PINGRESP_BYTES, Decoder, decode_one, encode, encode_ack, encode_publish_head,
-)
+from edgebroker.mqtt.encode import PINGRESP_BYTES, encode, encode_ack, encode_publish_head
+from edgebroker.mqtt.stream import LARGE_FRAME, LARGE_READ, Decoder, decode_one
 from edgebroker.mqtt.packets import (
     Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Pubcomp, Publish, Pubrec, Pubrel,
     Suback, Subscribe, Unsuback, Unsubscribe, Will,

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from .logutil import append_n, flip_byte, open_log, parse_segment, segment_files
+from commitlog.logutil import append_n, flip_byte, open_log, parse_segment, segment_files
+
+# Each test runs on the C helper and on its pure-Python twin, as the commit log's own tests do.
+pytestmark = pytest.mark.usefixtures("native_backend")
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000

@@ -109,3 +109,19 @@ def test_keepalive_above_max_keepalive_refused(broker, uid):
     c.send(m.connect(f"{uid}-big", keepalive=11))
     assert c.expect_closed(5)
     assert [(p.type, p.rc) for p in c.before_close] == [(m.CONNACK, 2)]
+
+
+def test_keepalive_counts_packets_not_bytes(broker, uid):
+    """Dribbling one byte at a time used to reset keepalive forever."""
+    b = broker()
+    c = b.client(uid, keepalive=1)
+    frame = m.publish(f"{uid}/t", b"x" * 50)
+    start = time.monotonic()
+    closed = False
+    for byte in frame:
+        c.send(bytes([byte]))
+        if c.expect_closed(0.4):
+            closed = True
+            break
+    assert closed, "connection kept open by single bytes without a complete packet"
+    assert time.monotonic() - start < 3.0

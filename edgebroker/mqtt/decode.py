@@ -1,0 +1,296 @@
+"""MQTT 3.1.1 / 3.1 decoding of one frame's fields, with no I/O: the rules every packet's
+body is checked against, and one decoder per packet type (``DECODERS``).
+
+``mqtt/stream.py`` splits a connection's bytes into frames and calls these; PUBLISH, the hot
+path, is decoded there inline. Every rule violation names the specification's conformance id in
+``rule`` (section numbers such as ``MQTT-2.2.3`` where the spec has no numbered rule).
+"""
+
+from __future__ import annotations
+
+import re
+
+from edgebroker.errors import (
+    MALFORMED_PACKET, PROTOCOL_ERROR, TOPIC_NAME_INVALID, UNSUPPORTED_PROTOCOL_VERSION,
+    ProtocolError,
+)
+from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.packets import (
+    Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Pubcomp, Pubrec, Pubrel, Suback,
+    Subscribe, Unsuback, Unsubscribe, Will,
+)
+from edgebroker.mqtt.topics import validate_topic_filter, validate_topic_name
+
+_SUBACK_CODES = frozenset({0, 1, 2, P.SUBACK_FAILURE})
+
+# Fixed-header flag nibble each type must carry (PUBLISH flags vary; checked apart).
+_REQUIRED_FLAGS = {
+    P.CONNECT: 0, P.CONNACK: 0, P.PUBACK: 0, P.PUBREC: 0, P.PUBREL: 2, P.PUBCOMP: 0,
+    P.SUBSCRIBE: 2, P.SUBACK: 0, P.UNSUBSCRIBE: 2, P.UNSUBACK: 0, P.PINGREQ: 0,
+    P.PINGRESP: 0, P.DISCONNECT: 0,
+}
+
+
+
+def malformed(message: str, rule: str = "MQTT-2.2.3") -> ProtocolError:
+    return ProtocolError(message, rule=rule, reason=MALFORMED_PACKET)
+
+
+def _first_byte_error(b0: int) -> ProtocolError | None:
+    """The error for a bad first byte (type + flags), or None if it is acceptable."""
+    ptype, flags = b0 >> 4, b0 & 0x0F
+    if ptype == 0 or ptype == 15:
+        return malformed(f"reserved packet type {ptype}", rule="MQTT-2.2.1")
+    if ptype == P.PUBLISH:
+        qos = flags >> 1 & 3
+        if qos == 3:
+            return malformed("PUBLISH with QoS 3", rule="MQTT-3.3.1-4")
+        if qos == 0 and flags & 0x08:
+            return malformed("PUBLISH with DUP set and QoS 0", rule="MQTT-3.3.1-2")
+        return None
+    required = _REQUIRED_FLAGS[ptype]
+    if flags != required:
+        return malformed(f"{P.NAMES[ptype]} with fixed-header flags {flags:04b} "
+                          f"(must be {required:04b})", rule="MQTT-2.2.2-1")
+    return None
+
+
+# Indexed by the first byte of a frame: None when acceptable, else the error to raise.
+FIRST_BYTE_ERRORS = [_first_byte_error(b) for b in range(256)]
+
+
+def _read_u16(buf: bytes, p: int, end: int, what: str, before: str = "", after: str = "") -> int:
+    # The field's name is put together only for the error message.
+    if p + 2 > end:
+        raise malformed(f"{before}{what}{after} runs past the end of the packet")
+    return buf[p] << 8 | buf[p + 1]
+
+
+def _read_binary(buf: bytes, p: int, end: int, what: str) -> tuple[bytes, int]:
+    n = _read_u16(buf, p, end, what, before="length of ")
+    q = p + 2 + n
+    if q > end:
+        raise malformed(f"{what} ({n} bytes) runs past the end of the packet")
+    return buf[p + 2:q], q
+
+
+# Code points a string should not hold (section 1.5.3; a receiver may close the connection,
+# and Mosquitto does): the control characters U+0001..U+001F and U+007F..U+009F, and the
+# non-characters (U+FDD0..U+FDEF, and the last two of every plane). U+0000 is ruled out apart.
+_DISCOURAGED = re.compile("[\\x01-\\x1f\\x7f-\\x9f\\ufdd0-\\ufdef" + "".join(
+    f"\\U{plane << 16 | 0xFFFE:08x}\\U{plane << 16 | 0xFFFF:08x}" for plane in range(17)) + "]")
+
+
+def check_code_points(text: str, what: str) -> None:
+    """Raise ProtocolError when ``text`` holds a control character or a non-character."""
+    found = _DISCOURAGED.search(text)
+    if found is not None:
+        code = ord(found.group())
+        kind = "a control character" if code <= 0x9F else "a non-character"
+        raise malformed(f"{what} contains U+{code:04X}, {kind}", rule="MQTT-1.5.3")
+
+
+def _read_str(buf: bytes, p: int, end: int, what: str) -> tuple[str, int]:
+    raw, q = _read_binary(buf, p, end, what)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise malformed(f"{what} is not well-formed UTF-8", rule="MQTT-1.5.3-1") from None
+    if "\x00" in text:
+        raise malformed(f"{what} contains U+0000", rule="MQTT-1.5.3-2")
+    check_code_points(text, what)
+    return text, q
+
+
+def _read_packet_id(buf: bytes, p: int, end: int, name: str) -> int:
+    pid = _read_u16(buf, p, end, name, after=" packet identifier")
+    if pid == 0:
+        raise malformed(f"{name} with packet identifier 0", rule="MQTT-2.3.1-1")
+    return pid
+
+
+def _no_trailing(p: int, end: int, name: str) -> None:
+    if p != end:
+        raise malformed(f"{name} has {end - p} bytes after its last field")
+
+
+def _dec_connect(b0: int, buf: bytes, p: int, end: int) -> Connect:
+    name, p = _read_binary(buf, p, end, "CONNECT protocol name")
+    if name != b"MQTT" and name != b"MQIsdp":
+        raise ProtocolError(f"CONNECT with unknown protocol name {name!r}",
+                            rule="MQTT-3.1.2-1", reason=PROTOCOL_ERROR)
+    if p >= end:
+        raise malformed("CONNECT ends before the protocol level")
+    level = buf[p]
+    expected = P.PROTOCOL_311 if name == b"MQTT" else P.PROTOCOL_31
+    if level != expected:
+        raise ProtocolError(f"CONNECT with protocol {name.decode()!r} level {level} "
+                            f"(supported: level {expected})",
+                            rule="MQTT-3.1.2-2", reason=UNSUPPORTED_PROTOCOL_VERSION)
+    if p + 1 >= end:
+        raise malformed("CONNECT ends before the connect flags")
+    flags = buf[p + 1]
+    if flags & 0x01:
+        raise malformed("CONNECT with reserved connect flag bit 0 set", rule="MQTT-3.1.2-3")
+    will_flag = flags & 0x04
+    will_qos = flags >> 3 & 3
+    will_retain = flags & 0x20
+    if not will_flag:
+        if will_qos:
+            raise malformed(f"CONNECT with will QoS {will_qos} but no will flag",
+                             rule="MQTT-3.1.2-13")
+        if will_retain:
+            raise malformed("CONNECT with will retain but no will flag", rule="MQTT-3.1.2-15")
+    elif will_qos == 3:
+        raise malformed("CONNECT with will QoS 3", rule="MQTT-3.1.2-14")
+    has_user = flags & 0x80
+    has_password = flags & 0x40
+    if has_password and not has_user:
+        raise malformed("CONNECT with password flag but no username flag",
+                         rule="MQTT-3.1.2-22")
+    keepalive = _read_u16(buf, p + 2, end, "CONNECT keep alive")
+    p += 4
+    client_id, p = _read_str(buf, p, end, "CONNECT client identifier")
+    will = None
+    if will_flag:
+        will_topic, p = _read_str(buf, p, end, "CONNECT will topic")
+        validate_topic_name(will_topic)
+        will_payload, p = _read_binary(buf, p, end, "CONNECT will message")
+        will = Will(will_topic, will_payload, will_qos, bool(will_retain))
+    username = password = None
+    if has_user:
+        username, p = _read_str(buf, p, end, "CONNECT user name")
+    if has_password:
+        password, p = _read_binary(buf, p, end, "CONNECT password")
+    _no_trailing(p, end, "CONNECT")
+    return Connect(client_id, bool(flags & 0x02), keepalive, will, username, password,
+                   level, name.decode("ascii"))
+
+
+def _dec_connack(b0: int, buf: bytes, p: int, end: int) -> Connack:
+    if end - p != 2:
+        raise malformed(f"CONNACK with remaining length {end - p} (must be 2)")
+    ack_flags = buf[p]
+    if ack_flags & 0xFE:
+        raise malformed(f"CONNACK with reserved acknowledge flag bits set ({ack_flags:#04x})",
+                         rule="MQTT-3.2.2.1")
+    return Connack(bool(ack_flags), buf[p + 1])
+
+
+def publish_topic_error(topic: str) -> ProtocolError:
+    if not topic:
+        return ProtocolError("PUBLISH with an empty topic name", rule="MQTT-4.7.3-1",
+                             reason=TOPIC_NAME_INVALID)
+    if "\x00" in topic:
+        return malformed("PUBLISH topic name contains U+0000", rule="MQTT-1.5.3-2")
+    return ProtocolError(f"PUBLISH topic name {topic!r} contains a wildcard character",
+                         rule="MQTT-3.3.2-2", reason=TOPIC_NAME_INVALID)
+
+
+def _make_id_only_decoder(cls):
+    name = P.NAMES[cls.type]
+
+    def decode(b0: int, buf: bytes, p: int, end: int):
+        if end - p != 2:
+            raise malformed(f"{name} with remaining length {end - p} (must be 2)")
+        pid = buf[p] << 8 | buf[p + 1]
+        if pid == 0:
+            raise malformed(f"{name} with packet identifier 0", rule="MQTT-2.3.1-1")
+        return cls(pid)
+    return decode
+
+
+def _dec_subscribe(b0: int, buf: bytes, p: int, end: int) -> Subscribe:
+    pid = _read_packet_id(buf, p, end, "SUBSCRIBE")
+    p += 2
+    if p == end:
+        raise malformed("SUBSCRIBE with no topic filters", rule="MQTT-3.8.3-3")
+    topics = []
+    while p < end:
+        topic_filter, p = _read_str(buf, p, end, "SUBSCRIBE topic filter")
+        validate_topic_filter(topic_filter)
+        if p >= end:
+            raise malformed(f"SUBSCRIBE topic filter {topic_filter!r} has no requested QoS")
+        qos = buf[p]
+        p += 1
+        if qos > 2:
+            detail = "reserved bits set" if qos > 3 else "QoS 3"
+            raise malformed(f"SUBSCRIBE requested-QoS byte {qos:#04x} for {topic_filter!r}: "
+                             f"{detail}", rule="MQTT-3-8.3-4")
+        topics.append((topic_filter, qos))
+    return Subscribe(pid, topics)
+
+
+def _dec_suback(b0: int, buf: bytes, p: int, end: int) -> Suback:
+    pid = _read_packet_id(buf, p, end, "SUBACK")
+    codes = list(buf[p + 2:end])
+    if not codes:
+        raise malformed("SUBACK with no return codes", rule="MQTT-3.9.3")
+    for code in codes:
+        if code not in _SUBACK_CODES:
+            raise malformed(f"SUBACK with reserved return code {code:#04x}",
+                             rule="MQTT-3.9.3-2")
+    return Suback(pid, codes)
+
+
+def _dec_unsubscribe(b0: int, buf: bytes, p: int, end: int) -> Unsubscribe:
+    pid = _read_packet_id(buf, p, end, "UNSUBSCRIBE")
+    p += 2
+    if p == end:
+        raise malformed("UNSUBSCRIBE with no topic filters", rule="MQTT-3.10.3-2")
+    topics = []
+    while p < end:
+        topic_filter, p = _read_str(buf, p, end, "UNSUBSCRIBE topic filter")
+        validate_topic_filter(topic_filter)
+        topics.append(topic_filter)
+    return Unsubscribe(pid, topics)
+
+
+def _make_empty_decoder(cls):
+    name = P.NAMES[cls.type]
+    instance = cls()  # immutable and field-less: share one
+
+    def decode(b0: int, buf: bytes, p: int, end: int):
+        if end != p:
+            raise malformed(f"{name} with remaining length {end - p} (must be 0)")
+        return instance
+    return decode
+
+
+# The 4-byte acknowledgements by their (valid) first byte, for Decoder.feed's shortcut.
+ACKS = {0x40: Puback, 0x50: Pubrec, 0x62: Pubrel, 0x70: Pubcomp, 0xB0: Unsuback}
+
+# Indexed by packet type; PUBLISH (3) is decoded inline in Decoder._frames.
+DECODERS = [None] * 16
+DECODERS[P.CONNECT] = _dec_connect
+DECODERS[P.CONNACK] = _dec_connack
+DECODERS[P.SUBSCRIBE] = _dec_subscribe
+DECODERS[P.SUBACK] = _dec_suback
+DECODERS[P.UNSUBSCRIBE] = _dec_unsubscribe
+for _cls in (Puback, Pubrec, Pubrel, Pubcomp, Unsuback):
+    DECODERS[_cls.type] = _make_id_only_decoder(_cls)
+for _cls in (Pingreq, Pingresp, Disconnect):
+    DECODERS[_cls.type] = _make_empty_decoder(_cls)
+del _cls
+
+
+def long_remaining_length(buf: bytes, pos: int, n: int) -> tuple[int, int] | None:
+    """Remaining length starting at ``buf[pos+1]`` whose first byte has the continuation bit.
+
+    Returns (remaining length, offset of the variable header), or None if incomplete.
+    """
+    value = 0
+    shift = 0
+    p = pos + 1
+    while True:
+        if p >= n:
+            return None
+        b = buf[p]
+        p += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, p
+        if shift == 21:
+            raise malformed("remaining length has a continuation bit in its 4th byte",
+                             rule="MQTT-2.2.3")
+        shift += 7
