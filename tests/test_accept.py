@@ -12,7 +12,8 @@ import pytest
 
 from conftest import open_files_allowed
 from edgebroker.config import ListenerConfig
-from edgebroker.server.loop import Listener, reserve_descriptors
+from edgebroker.server.listeners import Listener
+from edgebroker.server.loop import reserve_descriptors
 
 
 class FakeLoop:

@@ -22,7 +22,6 @@ come back through the wake-up (``Authenticator.deliver``).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -36,21 +35,21 @@ from collections import deque
 
 from edgebroker import __version__, _native
 from edgebroker.commitlog import CommitLog, Flusher, LogOptions
-from edgebroker.config import Config, ListenerConfig
+from edgebroker.config import Config
 from edgebroker.core import snapshot as snap
 from edgebroker.core.broker import Broker
 from edgebroker.core.limits import Timer, TokenBucket
-from edgebroker.errors import ConfigError, EdgebrokerError
+from edgebroker.errors import ConfigError
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server import sdnotify
+from edgebroker.server.listeners import ACCEPT_PAUSE, Listener, UnixListener
 from edgebroker.server.poller import make_poller
 from edgebroker.server.tls import HandshakeTimers, TLSServer, TLSTransport
-from edgebroker.server.transport import Transport, format_peer
+from edgebroker.server.transport import Transport
 
 log = logging.getLogger("edgebroker.server")
 
-ACCEPTS_PER_PASS = 64
 READ_BUFFER = 256 * 1024
 # One pass's budget for reading large packets (Transport._read_large), shared by the
 # connections that send them in the order the selector reports them: each one's share is
@@ -59,15 +58,12 @@ READ_BUFFER = 256 * 1024
 # and bookkeeping); this bounds how long one pass keeps the others waiting (about 2 ms for
 # 1 MiB of 64 KiB messages on a 2-core VM).
 LARGE_PASS_BYTES = 1024 * 1024
-LISTEN_BACKLOG = 1024
 # Longest wait in select: bounds how late a signal flag or wake-up is seen
 # if a wake-up byte was lost.
 MAX_WAIT = 1.0
 HOLD_PASSES = 4  # passes of ready input whose log write and output are done together
 HOLD_BYTES = 64 * 1024  # ... while less than this is waiting to be written to the log
 # (and for up to coalesce_ms while no client waits for the output: see Loop.run)
-# After EMFILE/ENFILE, stop accepting for this long instead of spinning.
-ACCEPT_PAUSE = 0.5
 # At shutdown, keep flushing queued output for at most this long.
 DRAIN_SECONDS = 2.0
 # After the connection rate limit paused accepting, resume once this many seconds' worth
@@ -122,120 +118,6 @@ def hold_window(coalesce_ms: float) -> float:
     than it waits. So a message waits up to about coalesce_ms + 0.5 ms."""
     seconds = coalesce_ms / 1000
     return seconds - min(seconds / 2, 0.0005)
-
-
-class Listener:
-    def __init__(self, loop: "Loop", config: ListenerConfig):
-        self.loop = loop
-        self.config = config
-        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            # Accepted connections inherit it (Linux, the BSDs): no setsockopt per connection.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.bind((config.host, config.port))
-            sock.listen(LISTEN_BACKLOG)
-        except OSError as exc:
-            sock.close()
-            raise EdgebrokerError(f"cannot listen on {config.address}: {exc.strerror or exc}") from None
-        sock.setblocking(False)
-        self.sock = sock
-        self.family = family
-        host, port = sock.getsockname()[:2]
-        self.address = format_peer((host, port))
-        self.paused_until = 0.0
-
-    @property
-    def max_connections(self) -> int:
-        return self.config.max_connections
-
-    policy: ListenerPolicy | None = None
-    tls: TLSServer | None = None
-
-    def peer_name(self, conn: socket.socket, addr) -> str:
-        return format_peer(addr)
-
-    def set_security(self, tls: TLSServer | None, policy: ListenerPolicy) -> None:
-        if tls is not None:
-            tls.name = self.address
-        policy.name = self.address
-        self.tls = tls
-        self.policy = policy
-
-    def describe(self) -> str:
-        """``ADDRESS`` plus what protects it, for the "listening on" line."""
-        parts = []
-        if self.tls is not None:
-            lc = self.tls.config
-            parts.append("TLS" + (", client certificate required" if lc.require_certificate
-                                  else ""))
-        policy = self.policy
-        if policy is not None:
-            settings = policy.settings
-            if settings.identity_as_username:
-                parts.append("certificate identity as user name")
-            elif settings.password_file:
-                parts.append(f"password file {settings.password_file}")
-            parts.append("anonymous allowed" if settings.allow_anonymous else "no anonymous")
-            if settings.acl_file:
-                parts.append(f"ACL {settings.acl_file}")
-        return f"{self.address} ({'; '.join(parts)})" if parts else self.address
-
-    def on_event(self, mask: int) -> None:
-        loop = self.loop
-        gate = loop.accept_gate
-        broker = loop.broker
-        room = loop.socket_room()
-        for i in range(ACCEPTS_PER_PASS):
-            if gate is not None and gate.refill(loop.clock()) < 1.0:
-                loop.accept_gate_closed()
-                return
-            if broker.sockets_open >= room:
-                if i == 0:      # the readiness event says a caller is waiting
-                    loop.out_of_descriptors(self, room)
-                return
-            try:
-                # Not sock.accept(): it asks the listening socket for its family and type,
-                # each made an enum member, for every connection (2 of its 6 µs).
-                fd, addr = self.sock._accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.error("accept on %s: %s; pausing accepts for %.1f s",
-                              self.address, exc.strerror, ACCEPT_PAUSE)
-                    self.pause(loop.clock() + ACCEPT_PAUSE)
-                    return
-                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
-                    continue
-                raise
-            if gate is not None:
-                gate.tokens -= 1.0
-            if loop.descriptors_short:
-                loop.descriptors_short = False
-                log.warning("accepting connections again (%d sockets open)", broker.sockets_open)
-            conn = socket.socket(self.family, socket.SOCK_STREAM, 0, fileno=fd)
-            loop.add_connection(conn, self.peer_name(conn, addr), self)
-
-    def pause(self, until: float) -> None:
-        if self.paused_until:
-            self.paused_until = max(self.paused_until, until)
-        else:
-            self.paused_until = until
-            self.loop.selector.unregister(self.sock)
-        self.loop.wake_at(self.paused_until)
-
-    def resume(self) -> None:
-        if not self.paused_until:
-            return
-        self.paused_until = 0.0
-        self.loop.selector.register(self.sock, selectors.EVENT_READ, self.on_event)
-
-    def close(self) -> None:
-        if not self.paused_until:
-            self.loop.selector.unregister(self.sock)
-        self.sock.close()
 
 
 def wall_ms() -> int:
@@ -333,7 +215,6 @@ class Loop:
         self.wake()
 
     def open_listeners(self) -> None:
-        from edgebroker.server.unix import UnixListener
         config = self.config
         # Read every certificate, password and ACL file before binding anything.
         security = self._security(config, [(i, lc) for i, lc in enumerate(config.listeners)])

@@ -101,7 +101,7 @@ class Transport:
         self.events = _READ      # what the selector watches (0: unregistered)
         self.policy = None        # the listener's ListenerPolicy (authentication, ACL)
         self.paused = 0           # PAUSE_REASONS bits of who paused reading (0: reading)
-        self.listener = listener  # has .address and .max_connections (server.loop.Listener)
+        self.listener = listener  # has .address and .max_connections (server.listeners.Listener)
         self.want_drain = False   # call client.writable() once the queue is empty
         self.max_pending = max_pending
         self.msgs_out = 0         # PUBLISH packets queued (offer, and the core's counted writes)
