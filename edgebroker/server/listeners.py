@@ -1,7 +1,7 @@
 """The listening sockets: binding TCP (plain or TLS) and Unix-domain listeners, and accepting.
 
 A ``Listener`` binds its address, carries its security (a ``ListenerPolicy``, and for TLS
-listeners a ``TLSServer``) and hands each accepted connection to the loop
+listeners a ``TLSServer``) and hands each accepted connection to the app
 (``add_connection``), a bounded number per pass; it can be paused (the connection rate
 limit, a shortage of descriptors) and resumed.
 
@@ -38,8 +38,8 @@ ACCEPT_PAUSE = 0.5
 
 
 class Listener:
-    def __init__(self, loop, config: ListenerConfig):
-        self.loop = loop
+    def __init__(self, app, config: ListenerConfig):
+        self.app = app
         self.config = config
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -96,17 +96,17 @@ class Listener:
         return f"{self.address} ({'; '.join(parts)})" if parts else self.address
 
     def on_event(self, mask: int) -> None:
-        loop = self.loop
-        gate = loop.accept_gate
-        broker = loop.broker
-        room = loop.socket_room()
+        app = self.app
+        gate = app.accept_gate
+        broker = app.broker
+        room = app.socket_room()
         for i in range(ACCEPTS_PER_PASS):
-            if gate is not None and gate.refill(loop.clock()) < 1.0:
-                loop.accept_gate_closed()
+            if gate is not None and gate.refill(app.clock()) < 1.0:
+                app.accept_gate_closed()
                 return
             if broker.sockets_open >= room:
                 if i == 0:      # the readiness event says a caller is waiting
-                    loop.out_of_descriptors(self, room)
+                    app.out_of_descriptors(self, room)
                 return
             try:
                 # Not sock.accept(): it asks the listening socket for its family and type,
@@ -118,36 +118,36 @@ class Listener:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     log.error("accept on %s: %s; pausing accepts for %.1f s",
                               self.address, exc.strerror, ACCEPT_PAUSE)
-                    self.pause(loop.clock() + ACCEPT_PAUSE)
+                    self.pause(app.clock() + ACCEPT_PAUSE)
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
             if gate is not None:
                 gate.tokens -= 1.0
-            if loop.descriptors_short:
-                loop.descriptors_short = False
+            if app.descriptors_short:
+                app.descriptors_short = False
                 log.warning("accepting connections again (%d sockets open)", broker.sockets_open)
             conn = socket.socket(self.family, socket.SOCK_STREAM, 0, fileno=fd)
-            loop.add_connection(conn, self.peer_name(conn, addr), self)
+            app.add_connection(conn, self.peer_name(conn, addr), self)
 
     def pause(self, until: float) -> None:
         if self.paused_until:
             self.paused_until = max(self.paused_until, until)
         else:
             self.paused_until = until
-            self.loop.selector.unregister(self.sock)
-        self.loop.wake_at(self.paused_until)
+            self.app.selector.unregister(self.sock)
+        self.app.wake_at(self.paused_until)
 
     def resume(self) -> None:
         if not self.paused_until:
             return
         self.paused_until = 0.0
-        self.loop.selector.register(self.sock, selectors.EVENT_READ, self.on_event)
+        self.app.selector.register(self.sock, selectors.EVENT_READ, self.on_event)
 
     def close(self) -> None:
         if not self.paused_until:
-            self.loop.selector.unregister(self.sock)
+            self.app.selector.unregister(self.sock)
         self.sock.close()
 
 
@@ -176,8 +176,8 @@ def _remove_stale(path: str) -> None:
 
 
 class UnixListener(Listener):
-    def __init__(self, loop, config: ListenerConfig):
-        self.loop = loop
+    def __init__(self, app, config: ListenerConfig):
+        self.app = app
         self.config = config
         self.path = config.unix_socket
         mode = int(config.unix_socket_mode, 8)
