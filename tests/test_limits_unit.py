@@ -7,12 +7,12 @@ import pytest
 
 from edgebroker import config
 from edgebroker.core import limits as L
-from edgebroker.core.client import HTTP_REPLY, classify_first_bytes
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.session import EMPTY_IDS, EMPTY_QUEUE, Session
 from edgebroker.core.stats import sys_topic_level
 from edgebroker.mqtt.topics import validate_topic_name
 from edgebroker.server.metrics_http import render
+from edgebroker.server.sniff import HTTP_REPLY, classify_first_bytes
 
 
 def lim(**kw):

@@ -17,6 +17,9 @@ full length); the core then drops the message or keeps it in the session's
 queue, sets ``want_drain``, and is called back (``client.writable()``) when
 everything has been written.
 
+Before the first bytes reach the core they are sniffed (server/sniff.py): a TLS handshake
+or an HTTP request on a plain MQTT port is refused with a clear log line.
+
 The core may pause reading for one of several independent reasons
 (``pause_reading(reason)``): ``"auth"`` while a CONNECT waits for its password
 check, ``"rate"`` while a publisher is over its publish rate, ``"log"`` while
@@ -33,6 +36,7 @@ import selectors
 import socket
 
 from edgebroker import _native
+from edgebroker.server.sniff import sniff
 
 log = logging.getLogger("edgebroker.server")
 
@@ -85,7 +89,7 @@ def format_peer(addr) -> str:
 class Transport:
     __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
                  "closed", "events", "policy", "paused", "listener", "want_drain", "max_pending",
-                 "msgs_out", "bytes_in", "bytes_out", "file_progress")
+                 "msgs_out", "bytes_in", "bytes_out", "file_progress", "sniff")
 
     def __init__(self, loop, sock: socket.socket, peer: str, listener=None,
                  max_pending: int = DEFAULT_MAX_PENDING):
@@ -108,6 +112,7 @@ class Transport:
         self.bytes_in = 0
         self.bytes_out = 0
         self.file_progress = 0    # bytes of out[0] already sent when it is a FileChunk
+        self.sniff = b""          # first bytes, until they show MQTT (then None; server/sniff.py)
 
     @property
     def reading(self) -> bool:
@@ -232,6 +237,8 @@ class Transport:
                 loop = self.loop
                 n = self._recv_into(loop.buffer, 0)
                 if n:
+                    if self.sniff is not None and not sniff(self, loop.view[:n]):
+                        return
                     self.client.data_received(loop.view[:n])
         if mask & _WRITE and not self.closed:
             self.flush()
