@@ -35,6 +35,7 @@ from edgebroker.errors import ConfigError
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server import sdnotify
+from edgebroker.server.framing import Framing
 from edgebroker.server.listeners import ACCEPT_PAUSE, Listener, UnixListener
 from edgebroker.server.loop import Loop, hold_window
 from edgebroker.server.tls import TLSServer, TLSTransport
@@ -333,7 +334,13 @@ class App:
             transport.policy = listener.policy
         self.loop.transports.add(transport)
         self.selector.register(sock, selectors.EVENT_READ, transport)
-        transport.client = self.broker.connection_made(transport)
+        framing = listener.framing if listener is not None else None
+        if framing is None:     # raw MQTT: the stream is the core's transport
+            transport.client = self.broker.connection_made(transport)
+        else:                   # a framing between the stream and the core (server/framing.py)
+            transport.sniff = None
+            transport.client = framed = Framing(transport, framing())
+            framed.client = self.broker.connection_made(framed)
 
     # ----- reload and shutdown ---------------------------------------------------------
 

@@ -65,6 +65,8 @@ class Listener:
 
     policy: ListenerPolicy | None = None
     tls: TLSServer | None = None
+    # Makes each connection's framing endpoint (server/framing.py); None: raw MQTT.
+    framing = None
 
     def peer_name(self, conn: socket.socket, addr) -> str:
         return format_peer(addr)

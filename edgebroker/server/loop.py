@@ -22,6 +22,7 @@ import signal
 import socket
 
 from edgebroker.server import sdnotify
+from edgebroker.server.framing import Framing
 from edgebroker.server.poller import make_poller
 from edgebroker.server.tls import HandshakeTimers
 from edgebroker.server.transport import Transport
@@ -229,6 +230,8 @@ class Loop:
             log.exception("internal error in the event loop")
             return
         client = owner.client
+        if isinstance(client, Framing):
+            client = client.client      # the core's Client behind the framing
         log.exception("internal error while serving %s; closing its connection",
                       client.describe() if client else owner.peer)
         try:

@@ -1,4 +1,7 @@
-"""MQTT over TLS inside the selector loop (stdlib ``ssl``, never blocking).
+"""The TLS byte stream inside the selector loop (stdlib ``ssl``, never blocking).
+
+``TLSTransport`` overrides the plain stream's reading and writing (server/transport.py);
+either framing (raw MQTT or WebSocket, server/framing.py) goes on top of it.
 
 A TLS connection goes through three states:
 

@@ -1,4 +1,9 @@
-"""A TCP connection as the core sees it: ``write``, ``write_file``, ``close``.
+"""A connection's byte stream on a plain socket (TCP or Unix), and with raw MQTT framing the
+core's transport: ``write``, ``write_file``, ``close``.
+
+The plain stream is the base behaviour, and the hot path: ``TLSTransport`` (server/tls.py)
+overrides how bytes are read and written, and a framing other than raw MQTT (WebSocket) sits
+between the stream and the core (server/framing.py).
 
 Writes are queued and flushed by the loop once per pass with one ``sendmsg``
 over all queued buffers (no per-message syscalls). Only the unsent remainder
@@ -181,6 +186,12 @@ class Transport:
         if not self.dirty:
             self.dirty = True
             self.loop.dirty.append(self)
+
+    def wait_for_drain(self) -> None:
+        self.want_drain = True
+
+    def count_publish(self) -> None:
+        self.msgs_out += 1
 
     def pause_reading(self, reason: str) -> None:
         """Stop reading this socket for ``reason`` (one of PAUSE_REASONS) until it is resumed.
