@@ -12,8 +12,9 @@ import pytest
 import mqttraw as m
 from edgebroker import config
 from edgebroker.core.broker import Broker
-from edgebroker.server.framing import Framing
+from edgebroker.server.framing import LINGER, Framing
 from edgebroker.server.transport import Transport
+from edgebroker.server.websocket import WebSocketInput
 
 READ = selectors.EVENT_READ
 
@@ -21,25 +22,32 @@ READ = selectors.EVENT_READ
 class LengthPrefixed:
     """A toy sans-I/O endpoint: frames are a 2-byte length and the bytes; length 0 closes."""
 
+    open = True
+
     def __init__(self):
         self.pending = b""
+        self.closed = False
 
     def receive(self, data):
         self.pending += bytes(data)
-        payload = []
+        mqtt = []
         while len(self.pending) >= 2:
             (n,) = struct.unpack(">H", self.pending[:2])
             if n == 0:
-                return b"".join(payload), b"\0\0", True
+                self.closed = True
+                return WebSocketInput(mqtt, b"\0\0", "closed by the peer", True)
             if len(self.pending) < 2 + n:
                 break
-            payload.append(self.pending[2:2 + n])
+            mqtt.append(self.pending[2:2 + n])
             self.pending = self.pending[2 + n:]
-        return b"".join(payload), b"", False
+        return WebSocketInput(mqtt, b"", None, True)
 
     @staticmethod
     def frame_head(n):
         return struct.pack(">H", n)
+
+    def close_frame(self):
+        return b"" if self.closed else b"\0\0"
 
 
 class FakeLoop:
@@ -137,14 +145,25 @@ def test_log_backed_output_keeps_its_file_range_behind_the_frame_header(framed, 
     assert unframe(got) == b"HEAD" + payload
 
 
+def closing_handshake(stream, peer, expected):
+    """The peer gets ``expected``, then the end of the stream; its end closes the stream."""
+    assert recv_all(peer, len(expected)) == expected
+    assert peer.recv(10) == b""                 # the broker's end (FIN), reading on
+    assert not stream.closed
+    peer.send(b"\0\0")                          # an answer after the close is dropped
+    stream.on_event(READ)
+    assert not stream.closed
+    peer.shutdown(socket.SHUT_WR)
+    stream.on_event(READ)
+    assert stream.closed
+
+
 def test_endpoint_close_sends_its_reply_and_ends_the_connection(framed):
     loop, stream, framing, peer = framed
     peer.send(b"\0\0")
     stream.on_event(READ)
-    assert framing.client.closed and stream.closing
-    loop.flush()
-    assert recv_all(peer, 2) == b"\0\0"
-    assert stream.closed
+    assert framing.client.closed and framing.lingering
+    closing_handshake(stream, peer, b"\0\0")
 
 
 def test_core_facing_figures_and_settings_are_the_streams(framed):
@@ -154,3 +173,22 @@ def test_core_facing_figures_and_settings_are_the_streams(framed):
     framing.max_pending = 123
     assert (stream.msgs_out, stream.want_drain, stream.max_pending) == (1, True, 123)
     assert framing.offer(b"ab", b"cd") and stream.out == [struct.pack(">H", 4) + b"ab", b"cd"]
+
+
+def test_a_connection_the_broker_ends_gets_the_endpoints_close_frame(framed):
+    loop, stream, framing, peer = framed
+    framing.client.close(will=False)
+    closing_handshake(stream, peer, b"\0\0")
+
+
+def test_a_peer_that_never_ends_is_closed_after_the_linger(framed):
+    loop, stream, framing, peer = framed
+    scheduled = []
+    loop.broker.schedule = scheduled.append     # the broker's timer heap, seen from here
+    framing.close()
+    assert framing.lingering and not stream.closed
+    [timer] = scheduled
+    assert timer.when == 100.0 + LINGER
+    timer.expire()
+    loop.flush()
+    assert stream.closed

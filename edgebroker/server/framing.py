@@ -11,8 +11,10 @@ and a framing, composed when the connection is accepted (``App.add_connection``)
 - a ``Framing`` over a sans-I/O endpoint (WebSocket: server/websocket.py's
   ``WebSocketEndpoint``): the ``Framing`` is the core's transport, and the
   stream's receiver in place of the ``Client``. Bytes read go through
-  ``endpoint.receive(data)``, which gives the MQTT bytes they carried, the bytes
-  to send back (a handshake reply, a pong, a close) and whether to close; what
+  ``endpoint.receive(data)``, which gives the MQTT bytes they carried (``mqtt``),
+  the bytes to send back (``send``: a handshake reply, an HTTP refusal, a pong, a
+  close frame) and why to close (``close``; ``open`` once the handshake is done);
+  a connection the broker ends gets ``endpoint.close_frame()`` first; what
   the core writes goes out behind ``endpoint.frame_head(n)``, the header of one
   frame of ``n`` bytes. A log-backed PUBLISH keeps its zero-copy path: the frame
   header goes in front of the chunk's head and the payload still leaves with
@@ -22,6 +24,15 @@ Either stream takes either framing, so WebSocket over TLS needs no class of its 
 """
 
 from __future__ import annotations
+
+import logging
+
+from edgebroker.core.limits import Timer
+
+log = logging.getLogger("edgebroker.server")
+
+# Longest wait for the peer's end after the end of a framed stream was sent (Framing.close).
+LINGER = 2.0
 
 
 class _NoLargeReads:
@@ -52,7 +63,7 @@ class Framing:
     """A framing between a byte stream (``stream``) and the core's ``Client`` (``client``):
     to the core it is the transport, to the stream the receiver of bytes."""
 
-    __slots__ = ("stream", "endpoint", "client", "peer", "listener")
+    __slots__ = ("stream", "endpoint", "client", "peer", "listener", "lingering")
 
     decoder = _NO_LARGE_READS
 
@@ -62,19 +73,26 @@ class Framing:
         self.client = None            # the core's Client
         self.peer = stream.peer
         self.listener = stream.listener
+        self.lingering = False        # the closing handshake: waiting for the peer's end
 
     # ----- the stream's side: bytes in --------------------------------------------------
 
     def data_received(self, data) -> None:
-        payload, reply, close = self.endpoint.receive(data)
+        if self.lingering:
+            return      # the peer's answer to the close, or what it sent before it
+        got = self.endpoint.receive(bytes(data))    # the endpoint keeps what it holds
         stream = self.stream
-        if reply:
-            stream.write(reply)
-        if payload:
-            self.client.data_received(payload)
-        if close and not stream.closed:
-            stream.close()
-            self.client.connection_lost("closed by peer")
+        if got.send:
+            stream.write(got.send)
+        client = self.client
+        for piece in got.mqtt:
+            client.data_received(piece)
+        if got.close is not None and not stream.closed:
+            if not got.open:
+                log.warning("%s on listener %s refused: %s", stream.peer,
+                            stream.listener_name or "?", got.close)
+            client.connection_lost(got.close)       # closes this (close below)
+            self.close()                            # if the client was closed already
 
     def writable(self) -> None:
         self.client.writable()
@@ -102,7 +120,25 @@ class Framing:
                                length, offset)
 
     def close(self) -> None:
-        self.stream.close()
+        """Close after what is queued. Once the endpoint is open, the closing handshake:
+        its close frame (unless it sent one), the end of the stream, then the peer's end
+        (whatever it sends meanwhile is dropped) or LINGER seconds."""
+        stream = self.stream
+        if self.lingering or stream.closing or stream.closed:
+            return
+        endpoint = self.endpoint
+        if not endpoint.open:
+            stream.close()      # an HTTP refusal, or nothing sent yet
+            return
+        frame = endpoint.close_frame()
+        if frame:
+            stream.write(frame)
+        self.lingering = True
+        if stream.end_output():
+            broker = stream.loop.broker
+            Timer(stream.close).start(broker, broker.clock() + LINGER)
+        else:
+            stream.close()
 
     def pause_reading(self, reason: str) -> None:
         self.stream.pause_reading(reason)

@@ -1,4 +1,5 @@
-"""The listening sockets: binding TCP (plain or TLS) and Unix-domain listeners, and accepting.
+"""The listening sockets: binding TCP (plain or TLS) and Unix-domain listeners, and accepting;
+each speaks raw MQTT or MQTT over WebSockets (``framing``, server/framing.py).
 
 A ``Listener`` binds its address, carries its security (a ``ListenerPolicy``, and for TLS
 listeners a ``TLSServer``) and hands each accepted connection to the app
@@ -16,6 +17,7 @@ Peers are logged as ``unix:PATH`` with the connecting process's pid and uid.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import selectors
@@ -28,6 +30,7 @@ from edgebroker.errors import EdgebrokerError
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server.tls import TLSServer
 from edgebroker.server.transport import format_peer
+from edgebroker.server.websocket import WebSocketEndpoint
 
 log = logging.getLogger("edgebroker.server")
 
@@ -35,6 +38,15 @@ ACCEPTS_PER_PASS = 64
 LISTEN_BACKLOG = 1024
 # After EMFILE/ENFILE, stop accepting for this long instead of spinning.
 ACCEPT_PAUSE = 0.5
+
+
+def framing_for(config: ListenerConfig):
+    """What makes each connection's framing endpoint (server/framing.py): a
+    ``WebSocketEndpoint`` on the configured path for ``protocol = "websockets"``; None for raw
+    MQTT (the stream serves the core itself)."""
+    if config.protocol != "websockets":
+        return None
+    return functools.partial(WebSocketEndpoint, config.websocket_path)
 
 
 class Listener:
@@ -58,6 +70,7 @@ class Listener:
         host, port = sock.getsockname()[:2]
         self.address = format_peer((host, port))
         self.paused_until = 0.0
+        self.framing = framing_for(config)
 
     @property
     def max_connections(self) -> int:
@@ -65,8 +78,6 @@ class Listener:
 
     policy: ListenerPolicy | None = None
     tls: TLSServer | None = None
-    # Makes each connection's framing endpoint (server/framing.py); None: raw MQTT.
-    framing = None
 
     def peer_name(self, conn: socket.socket, addr) -> str:
         return format_peer(addr)
@@ -81,6 +92,8 @@ class Listener:
     def describe(self) -> str:
         """``ADDRESS`` plus what protects it, for the "listening on" line."""
         parts = []
+        if self.framing is not None:
+            parts.append(f"WebSockets {self.config.websocket_path}")
         if self.tls is not None:
             lc = self.tls.config
             parts.append("TLS" + (", client certificate required" if lc.require_certificate
@@ -201,6 +214,7 @@ class UnixListener(Listener):
         self.family = socket.AF_UNIX
         self.address = f"unix:{self.path}"
         self.paused_until = 0.0
+        self.framing = framing_for(config)
         self.stat = os.stat(self.path)
 
     def peer_name(self, conn: socket.socket, addr) -> str:

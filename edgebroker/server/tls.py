@@ -365,6 +365,10 @@ class TLSTransport(Transport):
         if not out and self.want_drain and not self.closed:
             self.drained()
 
+    def end_output(self) -> bool:
+        """No half-close on TLS (its end is a close_notify, sent when the socket closes)."""
+        return False
+
     def _gone(self, reason: str) -> None:
         """The peer closed the connection or it failed: nothing more is sent to it."""
         self.state = GONE

@@ -193,6 +193,19 @@ class Transport:
     def count_publish(self) -> None:
         self.msgs_out += 1
 
+    def end_output(self) -> bool:
+        """Send what is queued now, then the end of the stream (FIN), reading on: True when
+        done. A closing handshake (server/framing.py) then waits for the peer's end."""
+        if self.out:
+            self.flush(early=True)
+        if self.out or self.closed:
+            return False
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return False
+        return True
+
     def pause_reading(self, reason: str) -> None:
         """Stop reading this socket for ``reason`` (one of PAUSE_REASONS) until it is resumed.
 
