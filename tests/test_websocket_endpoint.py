@@ -352,3 +352,12 @@ def test_reads_as_bytearray_or_memoryview():
     assert got.open and isinstance(events(client, got.send)[0], AcceptConnection)
     got = ep.receive(memoryview(bytearray(binary(client, CONNECT))))
     assert got.mqtt == [CONNECT] and type(got.mqtt[0]) is bytes
+
+
+def test_refusal_reasons_are_cut_to_300_characters():
+    _, request = client_request(target="/" + "x" * 5000)
+    got = WebSocketEndpoint().receive(request)
+    status, body = refusal(got)
+    assert status == "HTTP/1.1 404 Not Found"
+    assert len(body.strip()) == 300 and body.strip().endswith("...")
+    assert got.close == "HTTP 404: " + body.strip()
