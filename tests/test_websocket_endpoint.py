@@ -341,3 +341,23 @@ def test_refusals_are_complete_http_replies_for_a_client():
     body = b"".join(e.data for e in got if isinstance(e, RejectData))
     assert body.startswith(b"no WebSocket endpoint at '/nope'")
     assert not any(isinstance(e, TextMessage) for e in got)
+
+
+def test_reads_as_bytearray_or_memoryview():
+    """The transport may hand over its read buffer as it is."""
+    ep = WebSocketEndpoint()
+    client, request = client_request()
+    assert ep.receive(bytearray(request[:20])).send == b""
+    got = ep.receive(memoryview(request[20:]))
+    assert got.open and isinstance(events(client, got.send)[0], AcceptConnection)
+    got = ep.receive(memoryview(bytearray(binary(client, CONNECT))))
+    assert got.mqtt == [CONNECT] and type(got.mqtt[0]) is bytes
+
+
+def test_refusal_reasons_are_cut_to_300_characters():
+    _, request = client_request(target="/" + "x" * 5000)
+    got = WebSocketEndpoint().receive(request)
+    status, body = refusal(got)
+    assert status == "HTTP/1.1 404 Not Found"
+    assert len(body.strip()) == 300 and body.strip().endswith("...")
+    assert got.close == "HTTP 404: " + body.strip()

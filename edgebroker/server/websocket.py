@@ -62,6 +62,8 @@ UNSUPPORTED_DATA = 1003
 MESSAGE_TOO_BIG = 1009
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
+# A refusal's reason quotes the client's path or subprotocols: cut, for the reply and the log.
+_MAX_REASON = 300
 _REASONS = {400: "Bad Request", 404: "Not Found", 426: "Upgrade Required",
             431: "Request Header Fields Too Large"}
 
@@ -208,6 +210,8 @@ class WebSocketEndpoint:
         return self._frames(reply)
 
     def _refuse(self, status: int, why: str, headers: tuple = ()) -> WebSocketInput:
+        if len(why) > _MAX_REASON:
+            why = why[:_MAX_REASON - 3] + "..."
         self._closed = True
         self._head = bytearray()
         return WebSocketInput([], http_reply(status, why, headers), f"HTTP {status}: {why}",
