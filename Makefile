@@ -6,6 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := mosquitto-clients
+# MQTT.js (npm) for the WebSocket tests: installed into tests/js/node_modules, never globally.
+JS := tests/js
 ARGS ?=
 # make bench SCENARIOS=fanin_qos0,edge_10000 runs a subset (bench/run.py --list names them all).
 SCENARIOS ?=
@@ -42,16 +44,26 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 install: $(VENV)/.installed
 
-install-test: $(VENV)/.installed-test system-deps
+install-test: $(VENV)/.installed-test system-deps $(JS)/node_modules/.installed
 
-# Debian packages the tests drive (mosquitto_pub/mosquitto_sub), installed when missing.
+# Debian packages the tests drive (mosquitto_pub/mosquitto_sub; node and npm for MQTT.js),
+# installed when missing. Node and npm are looked for as commands, so a node installed some
+# other way (NodeSource's nodejs package, which holds npm and conflicts with Debian's) is used.
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+
+# The versions package-lock.json pins; again whenever package.json or the lock file changes
+# (npm ci starts from an empty node_modules).
+$(JS)/node_modules/.installed: $(JS)/package.json $(JS)/package-lock.json | system-deps
+	npm_config_update_notifier=false npm ci --prefix $(JS) --no-audit --no-fund
+	touch $@
 
 run: install
 	$(BIN)/edgebroker serve $(ARGS)
@@ -73,4 +85,4 @@ bench-plot: $(VENV)/.installed-bench
 	$(BIN)/python bench/plot.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis $(JS)/node_modules

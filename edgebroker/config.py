@@ -59,7 +59,15 @@ def _octal_mode(value):
     return None
 
 
+def _url_path(value):
+    if (not value.startswith("/") or "?" in value or "#" in value
+            or any(not "!" <= ch <= "~" for ch in value)):
+        return "must be a URL path such as \"/mqtt\" (a leading /, printable ASCII, no ? or #)"
+    return None
+
+
 TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
+PROTOCOLS = ("mqtt", "websockets")
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,12 @@ class ListenerConfig:
     max_connections: int = _setting(
         0, _at_least(0),
         doc="connected clients on this listener; over it CONNACK 3; 0: only limits.max_connections")
+    # What the connections speak: MQTT, or MQTT over WebSockets (wss with a certfile).
+    protocol: str = _setting(
+        "mqtt", _one_of(*PROTOCOLS),
+        doc="\"mqtt\", or \"websockets\": MQTT over WebSockets (wss when certfile is set)")
+    websocket_path: str = _setting(
+        "/mqtt", _url_path, doc="with protocol websockets: the URL path of the HTTP upgrade")
     # Unix-domain socket listener (instead of host/port).
     unix_socket: str = _setting("", doc="path of a Unix-domain socket to listen on instead of TCP")
     unix_socket_mode: str = _setting(
@@ -358,6 +372,8 @@ _TLS_ONLY = ("keyfile", "cafile", "require_certificate", "use_identity_as_userna
 
 def _check_listener(lst: ListenerConfig, given: dict, name: str) -> None:
     """Rules between the keys of one [[listener]] table."""
+    if "websocket_path" in given and lst.protocol != "websockets":
+        raise ConfigError(f"{name}.websocket_path: only with protocol = \"websockets\"")
     if lst.unix_socket:
         for key in ("host", "port", "certfile") + _TLS_ONLY:
             if key in given:

@@ -464,16 +464,21 @@ class PahoClient:
 
     def __init__(self, port: int, client_id: str = "", clean_session: bool = True, protocol=None,
                  will=None, keepalive: int = 60, host: str = "127.0.0.1", tls: dict | None = None,
-                 username: str | None = None, password: str | None = None, reconnect: bool = True):
+                 username: str | None = None, password: str | None = None, reconnect: bool = True,
+                 websocket_path: str | None = None):
         """``tls``: keyword arguments of paho's ``tls_set`` (ca_certs, certfile, keyfile, ...);
-        ``reconnect=False`` for a client expected to be refused."""
+        ``reconnect=False`` for a client expected to be refused; ``websocket_path``: MQTT over
+        WebSockets (paho's transport="websockets") on that path."""
         import paho.mqtt.client as mqtt
 
         self.mqtt = mqtt
         protocol = mqtt.MQTTv311 if protocol is None else protocol
         self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
                              clean_session=clean_session, protocol=protocol,
-                             reconnect_on_failure=reconnect)
+                             reconnect_on_failure=reconnect,
+                             transport="tcp" if websocket_path is None else "websockets")
+        if websocket_path is not None:
+            self.c.ws_set_options(path=websocket_path)
         if tls is not None:
             self.c.tls_set(**tls)
         if username is not None:

@@ -50,6 +50,12 @@ def test_full_file(tmp_path):
     ("[[listener]]\nport = 1\n[[listener]]\nport = 1", "listener[1]: 127.0.0.1:1 is listed twice"),
     ("[listener]\nport = 1", "listener: expected one or more [[listener]] tables"),
     ("limits = 3", "limits: expected a table"),
+    ("[[listener]]\nprotocol = 'ws'", "listener[0].protocol: must be one of 'mqtt', 'websockets'"),
+    ("[[listener]]\nwebsocket_path = '/ws'", 'listener[0].websocket_path: only with protocol = "websockets"'),
+    ("[[listener]]\nprotocol = 'websockets'\nwebsocket_path = 'mqtt'",
+     'listener[0].websocket_path: must be a URL path such as "/mqtt"'),
+    ("[[listener]]\nprotocol = 'websockets'\nwebsocket_path = '/a b'", "listener[0].websocket_path"),
+    ("[[listener]]\nprotocol = 'websockets'\nwebsocket_path = '/mqtt?x=1'", "no ? or #"),
     ("a = ", "not valid TOML"),
 ])
 def test_errors_name_the_key(tmp_path, text, message):
@@ -59,6 +65,21 @@ def test_errors_name_the_key(tmp_path, text, message):
         config.load(str(path))
     assert str(info.value).startswith(str(path) + ": ")
     assert message in str(info.value)
+
+
+def test_websocket_listeners(tmp_path):
+    """protocol = "websockets" on TCP, with TLS (wss) and on a Unix socket; path default /mqtt."""
+    path = tmp_path / "c.toml"
+    path.write_text('[[listener]]\nport = 1883\n'
+                    '[[listener]]\nport = 8080\nprotocol = "websockets"\n'
+                    '[[listener]]\nport = 8443\nprotocol = "websockets"\nwebsocket_path = "/ws/v1"\n'
+                    'certfile = "/etc/s.crt"\n'
+                    '[[listener]]\nunix_socket = "/run/mqtt-ws.sock"\nprotocol = "websockets"\n')
+    plain, ws, wss, unix = config.load(str(path)).listeners
+    assert (plain.protocol, plain.websocket_path) == ("mqtt", "/mqtt")
+    assert (ws.protocol, ws.websocket_path, ws.tls) == ("websockets", "/mqtt", False)
+    assert (wss.protocol, wss.websocket_path, wss.tls) == ("websockets", "/ws/v1", True)
+    assert (unix.protocol, unix.address) == ("websockets", "unix:/run/mqtt-ws.sock")
 
 
 def test_missing_file():

@@ -31,6 +31,9 @@ def run(args) -> int:
         if lc.tls:
             make_context(lc, f"listener[{i}]")
         ListenerPolicy.build(lc, config.auth(lc), authenticator, files)
-    listeners = ", ".join(lc.address + (" (TLS)" if lc.tls else "") for lc in config.listeners)
+    listeners = ", ".join(lc.address + (" (TLS)" if lc.tls else "")
+                          + (f" (WebSockets {lc.websocket_path})"
+                             if lc.protocol == "websockets" else "")
+                          for lc in config.listeners)
     print(f"{args.config}: OK (listeners: {listeners}; state directory: {config.state_dir()})")
     return 0

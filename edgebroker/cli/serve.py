@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 
 from edgebroker import config as configuration, logs
 from edgebroker.errors import ConfigError
-from edgebroker.server.loop import Loop
-
-log = logging.getLogger("edgebroker")
+from edgebroker.server.app import App
 
 
 def add_parser(commands) -> None:
@@ -49,18 +46,5 @@ def run(args) -> int:
     logs.install(config.log_level)
     state_dir = config.state_dir()
     prepare_state_dir(state_dir)
-    loop = Loop(config, reload_config=lambda: load(args))
-    loop.open_listeners()
-    # The admin socket first: a broker already running on this state directory
-    # is refused with one clear line before the commit log (and its lock) is touched.
-    loop.open_admin(state_dir)
-    try:
-        loop.open_storage()
-        loop.open_metrics()
-    except BaseException:
-        loop.close_admin()
-        raise
-    log.info("state directory %s; configuration %s", state_dir, config.source or "embedded defaults")
-    loop.install_signal_handlers()
-    loop.run()
+    App(config, reload_config=lambda: load(args)).start()
     return 0

@@ -8,10 +8,6 @@ states the rules). It never touches a socket: it writes bytes to its transport
 
 - Any violation closes the connection and, once connected, publishes the
   will (``violation``).
-- The first bytes of a connection are looked at before the decoder: a TLS
-  handshake, an HTTP request or anything else that cannot start a CONNECT
-  gets a clear log line (and HTTP a one-line 400 reply), then the connection
-  closes. Counted in ``Broker.refused``.
 - A client over its publish rate is throttled (``throttle``): its socket is
   not read until its bucket refills (a timer in the broker's heap), so TCP
   pushes back on it alone.
@@ -38,36 +34,13 @@ log = logging.getLogger("edgebroker.client")
 # Bytes of a partly received packet that count as activity for keepalive.
 _PROGRESS_BYTES = 1024
 
-# Methods of HTTP requests, to recognise a web client on the MQTT port.
-_HTTP_METHODS = (b"GET ", b"POST ", b"HEAD ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ",
-                 b"CONNECT ", b"TRACE ", b"PRI ")
-_SNIFF_BYTES = 8  # enough for the longest method above
-_HTTP_BODY = b"This is an MQTT port (edgebroker), not HTTP: connect with an MQTT client.\n"
-HTTP_REPLY = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: "
-              + str(len(_HTTP_BODY)).encode() + b"\r\nConnection: close\r\n\r\n" + _HTTP_BODY)
-
-
-def classify_first_bytes(head: bytes) -> str | None:
-    """What a connection's first bytes are: "mqtt", "tls", "http", "not_mqtt"; None: need more."""
-    first = head[0]
-    if first == 0x16:
-        return "tls"  # a TLS record of type handshake (also CONNECT with flags 0110: invalid)
-    if first >> 4 == P.CONNECT:
-        return "mqtt"  # the decoder checks the rest
-    for method in _HTTP_METHODS:
-        if head.startswith(method):
-            return "http"
-        if method.startswith(head):
-            return None if len(head) < _SNIFF_BYTES else "not_mqtt"
-    return "not_mqtt"
-
 
 class Client:
     __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "client_id_bytes",
                  "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
-                 "sniff", "rate", "throttled_until", "throttle_start", "throttled_time",
+                 "rate", "throttled_until", "throttle_start", "throttled_time",
                  "pending_dropped", "warned", "rate_sample",
                  "username", "acl", "pending_connect", "held", "denied_logged")
 
@@ -93,7 +66,6 @@ class Client:
         self.listener_address = listener.address if listener is not None else ""
         self.created = now
         self.msgs_in = 0              # PUBLISH packets received
-        self.sniff = b""              # first bytes, until they show MQTT (then None)
         self.rate = None              # PublishRate when messages_rate or bytes_rate is set
         self.throttled_until = 0.0    # non-zero while throttled (socket not read)
         self.throttle_start = 0.0
@@ -129,8 +101,6 @@ class Client:
             # Throttled: keep what arrives (a TLS read may still hand over decrypted
             # bytes) in the decoder until the throttle ends.
             self.decoder.keep(data)
-            return
-        if self.sniff is not None and not self._sniff(data):
             return
         self._handle(self.decoder.feed(data), len(data))
 
@@ -172,39 +142,6 @@ class Client:
         # still arriving in big pieces counts too, so it is not cut off.
         if decoded or nbytes >= _PROGRESS_BYTES:
             self.last_seen = broker.clock()
-
-    def _sniff(self, data) -> bool:
-        """Check the first bytes; True when they may start MQTT (the decoder takes over)."""
-        head = self.sniff + bytes(data[:_SNIFF_BYTES])
-        kind = classify_first_bytes(head)
-        if kind == "mqtt":
-            self.sniff = None
-            return True
-        if kind is None:
-            self.sniff = head
-            return False
-        self.sniff = None
-        broker = self.broker
-        broker.refused[kind] += 1
-        where = self.listener_address or "?"
-        if kind == "tls":
-            broker.events.log(logging.WARNING, "tls", self.last_seen,
-                              "TLS handshake received on plain MQTT listener %s from %s — use the "
-                              "TLS listener or disable TLS in the client", where, self.peer)
-        elif kind == "http":
-            self.transport.write(HTTP_REPLY)
-            broker.events.log(logging.WARNING, "http", self.last_seen,
-                              "HTTP request (%r) received on MQTT listener %s from %s; replied "
-                              "400 and closed", head.split(b" ")[0].decode("ascii", "replace"),
-                              where, self.peer)
-        else:
-            shown = bytes(head + bytes(data[_SNIFF_BYTES:16]))[:16]
-            broker.events.log(logging.WARNING, "not_mqtt", self.last_seen,
-                              "connection on MQTT listener %s from %s does not start with CONNECT "
-                              "(first bytes: %s) [MQTT-3.1.0-1]; closed", where, self.peer,
-                              shown.hex(" "))
-        self.close(will=False)
-        return False
 
     def connection_lost(self, reason: str) -> None:
         """The socket closed or failed under us (not after DISCONNECT)."""

@@ -28,9 +28,6 @@ import math
 
 import psutil
 
-# Timer moved to core.timers; server/ still imports it from here until its imports follow.
-from edgebroker.core.timers import Timer  # noqa: F401
-
 # Limit names, as counted in Broker.limit_hits (docs/limits.md says what one hit is).
 LIMITS = (
     "max_connections", "listener_max_connections", "max_connection_rate", "connect_timeout",

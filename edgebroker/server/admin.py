@@ -27,7 +27,7 @@ import selectors
 import socket
 
 from edgebroker.core import metrics
-from edgebroker.core.limits import Timer
+from edgebroker.core.timers import Timer
 from edgebroker.errors import EdgebrokerError
 
 log = logging.getLogger("edgebroker.admin")

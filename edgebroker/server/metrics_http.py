@@ -19,7 +19,7 @@ import threading
 
 from edgebroker import config as configuration
 from edgebroker.core import metrics
-from edgebroker.core.limits import Timer
+from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError, EdgebrokerError
 
 log = logging.getLogger("edgebroker.metrics")

@@ -1,11 +1,14 @@
-"""MQTT over TLS inside the selector loop (stdlib ``ssl``, never blocking).
+"""The TLS byte stream inside the selector loop (stdlib ``ssl``, never blocking).
+
+``TLSTransport`` overrides the plain stream's reading and writing (server/transport.py);
+either framing (raw MQTT or WebSocket, server/framing.py) goes on top of it.
 
 A TLS connection goes through three states:
 
 1. PEEK: the raw TCP socket is watched until its first byte arrives. A TLS
    ClientHello starts with 0x16; anything else (typically 0x10, a plain MQTT
    CONNECT) is refused with a log line saying what happened, instead of an
-   opaque TLS error.
+   opaque TLS error (``sniff.not_tls``).
 2. HANDSHAKE: the socket is wrapped (``do_handshake_on_connect=False``) and
    ``do_handshake`` is called each time the socket is ready, registering for
    read or write readiness as OpenSSL asks (``SSLWantReadError`` /
@@ -37,6 +40,7 @@ import ssl
 
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
+from edgebroker.server.sniff import not_tls, sniff
 from edgebroker.server.transport import DEFAULT_MAX_PENDING, NO_OUTPUT, Transport
 
 log = logging.getLogger("edgebroker.server")
@@ -196,10 +200,9 @@ class TLSTransport(Transport):
         if not first:
             self._fail("closed before the TLS handshake", quiet=True)
             return
-        if first[0] != 0x16:
-            what = "plain MQTT (a CONNECT)" if first[0] == 0x10 else f"a first byte {first[0]:#04x}"
-            self._fail(f"{what} instead of a TLS handshake; the client must connect with TLS "
-                       f"(or use a plain MQTT listener)")
+        problem = not_tls(first[0])
+        if problem is not None:
+            self._fail(problem)
             return
         loop = self.loop
         loop.selector.unregister(self.sock)
@@ -300,6 +303,8 @@ class TLSTransport(Transport):
                 return
             loop.broker.stats.bytes_received += n
             self.bytes_in += n
+            if self.sniff is not None and not sniff(self, loop.view[:n]):
+                return
             self.client.data_received(loop.view[:n])
             if self.closed or self.closing or not sock.pending():
                 return
@@ -359,6 +364,10 @@ class TLSTransport(Transport):
         self._want(want)
         if not out and self.want_drain and not self.closed:
             self.drained()
+
+    def end_output(self) -> bool:
+        """No half-close on TLS (its end is a close_notify, sent when the socket closes)."""
+        return False
 
     def _gone(self, reason: str) -> None:
         """The peer closed the connection or it failed: nothing more is sent to it."""

@@ -1,4 +1,9 @@
-"""A TCP connection as the core sees it: ``write``, ``write_file``, ``close``.
+"""A connection's byte stream on a plain socket (TCP or Unix), and with raw MQTT framing the
+core's transport: ``write``, ``write_file``, ``close``.
+
+The plain stream is the base behaviour, and the hot path: ``TLSTransport`` (server/tls.py)
+overrides how bytes are read and written, and a framing other than raw MQTT (WebSocket) sits
+between the stream and the core (server/framing.py).
 
 Writes are queued and flushed by the loop once per pass with one ``sendmsg``
 over all queued buffers (no per-message syscalls). Only the unsent remainder
@@ -17,6 +22,9 @@ full length); the core then drops the message or keeps it in the session's
 queue, sets ``want_drain``, and is called back (``client.writable()``) when
 everything has been written.
 
+Before the first bytes reach the core they are sniffed (server/sniff.py): a TLS handshake
+or an HTTP request on a plain MQTT port is refused with a clear log line.
+
 The core may pause reading for one of several independent reasons
 (``pause_reading(reason)``): ``"auth"`` while a CONNECT waits for its password
 check, ``"rate"`` while a publisher is over its publish rate, ``"log"`` while
@@ -33,6 +41,7 @@ import selectors
 import socket
 
 from edgebroker import _native
+from edgebroker.server.sniff import sniff
 
 log = logging.getLogger("edgebroker.server")
 
@@ -85,7 +94,7 @@ def format_peer(addr) -> str:
 class Transport:
     __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
                  "closed", "events", "policy", "paused", "listener", "want_drain", "max_pending",
-                 "msgs_out", "bytes_in", "bytes_out", "file_progress")
+                 "msgs_out", "bytes_in", "bytes_out", "file_progress", "sniff")
 
     def __init__(self, loop, sock: socket.socket, peer: str, listener=None,
                  max_pending: int = DEFAULT_MAX_PENDING):
@@ -101,13 +110,14 @@ class Transport:
         self.events = _READ      # what the selector watches (0: unregistered)
         self.policy = None        # the listener's ListenerPolicy (authentication, ACL)
         self.paused = 0           # PAUSE_REASONS bits of who paused reading (0: reading)
-        self.listener = listener  # has .address and .max_connections (server.loop.Listener)
+        self.listener = listener  # has .address and .max_connections (server.listeners.Listener)
         self.want_drain = False   # call client.writable() once the queue is empty
         self.max_pending = max_pending
         self.msgs_out = 0         # PUBLISH packets queued (offer, and the core's counted writes)
         self.bytes_in = 0
         self.bytes_out = 0
         self.file_progress = 0    # bytes of out[0] already sent when it is a FileChunk
+        self.sniff = b""          # first bytes, until they show MQTT (then None; server/sniff.py)
 
     @property
     def reading(self) -> bool:
@@ -187,6 +197,19 @@ class Transport:
             self.dirty = True
             self.loop.dirty.append(self)
 
+    def end_output(self) -> bool:
+        """Send what is queued now, then the end of the stream (FIN), reading on: True when
+        done. A closing handshake (server/framing.py) then waits for the peer's end."""
+        if self.out:
+            self.flush(early=True)
+        if self.out or self.closed:
+            return False
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return False
+        return True
+
     def pause_reading(self, reason: str) -> None:
         """Stop reading this socket for ``reason`` (one of PAUSE_REASONS) until it is resumed.
 
@@ -242,6 +265,8 @@ class Transport:
                 loop = self.loop
                 n = self._recv_into(loop.buffer, 0)
                 if n:
+                    if self.sniff is not None and not sniff(self, loop.view[:n]):
+                        return
                     self.client.data_received(loop.view[:n])
         if mask & _WRITE and not self.closed:
             self.flush()

@@ -7,9 +7,9 @@ import pytest
 
 from edgebroker import config
 from edgebroker.core import limits as L
-from edgebroker.core.client import HTTP_REPLY, classify_first_bytes
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.session import EMPTY_IDS, EMPTY_QUEUE, Session
+from edgebroker.core.timers import Timer
 from edgebroker.core.stats import sys_topic_level
 from edgebroker.mqtt.topics import validate_topic_name
 from edgebroker.server.metrics_http import render
@@ -117,7 +117,7 @@ def test_timers_with_equal_deadlines_order_without_error():
     import heapq
 
     heap = []
-    timers = [L.Timer(lambda: None) for _ in range(5)]
+    timers = [Timer(lambda: None) for _ in range(5)]
     for t in timers:
         heapq.heappush(heap, (1.0, t))
     assert sorted(t for _, t in heap) == sorted(timers)
@@ -172,23 +172,6 @@ def test_idle_sessions_share_read_only_empty_containers():
 
 
 # ----- wrong client on the port --------------------------------------------------------------
-
-@pytest.mark.parametrize("head, kind", [
-    (b"\x10", "mqtt"), (b"\x12\x00", "mqtt"), (b"\x16\x03\x01", "tls"),
-    (b"GET / HTTP/1.1", "http"), (b"POST /x", "http"), (b"OPTIONS ", "http"),
-    (b"G", None), (b"OPTIO", None), (b"GEX", "not_mqtt"), (b"\xff\xfe", "not_mqtt"),
-    (b"\xc0\x00", "not_mqtt"), (b"OPTIONSX", "not_mqtt"),
-])
-def test_classify_first_bytes(head, kind):
-    assert classify_first_bytes(head) == kind
-
-
-def test_http_reply_is_one_line_400():
-    head, _, body = HTTP_REPLY.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 400 ")
-    assert body.count(b"\n") == 1 and b"MQTT port" in body
-    assert f"Content-Length: {len(body)}".encode() in head
-
 
 @pytest.mark.parametrize("cid", ["plain", "a/b", "x+y#z", "100%", "é"])
 def test_client_id_as_one_sys_topic_level(cid):

@@ -1,0 +1,460 @@
+"""The composition root: the broker's storage, state, listeners, security, admin socket and
+metrics endpoint put together around the selector loop (server/loop.py), and reload and
+shutdown; ``App.start`` runs it all.
+
+New connections pass a broker-wide token bucket (``max_connection_rate``,
+``connection_burst``): when it is empty every listener is unregistered from
+the selector until a timer in the broker's heap says enough tokens are back;
+meanwhile the kernel's listen backlog holds the callers.
+
+Each listener carries its security: a ``ListenerPolicy`` (who may connect,
+the ACL) handed to every connection's transport, and for TLS listeners a
+``TLSServer`` (server/tls.py). Password checks finish on worker threads and
+come back through the wake-up (``Authenticator.deliver``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import resource
+import selectors
+import socket
+import time
+
+from collections import deque
+
+from edgebroker import __version__, _native
+from edgebroker.commitlog import CommitLog, Flusher, LogOptions
+from edgebroker.config import Config
+from edgebroker.core import snapshot as snap
+from edgebroker.core.broker import Broker
+from edgebroker.core.limits import TokenBucket
+from edgebroker.core.timers import Timer
+from edgebroker.errors import ConfigError
+from edgebroker.security.authenticator import Authenticator
+from edgebroker.security.policy import ListenerPolicy
+from edgebroker.server import sdnotify
+from edgebroker.server.framing import Framing
+from edgebroker.server.listeners import ACCEPT_PAUSE, Listener, UnixListener
+from edgebroker.server.loop import Loop, hold_window
+from edgebroker.server.tls import TLSServer, TLSTransport
+from edgebroker.server.transport import Transport
+
+log = logging.getLogger("edgebroker.server")
+
+# At shutdown, keep flushing queued output for at most this long.
+DRAIN_SECONDS = 2.0
+# After the connection rate limit paused accepting, resume once this many seconds' worth
+# of tokens are back (fewer, shorter pauses would only cost more wake-ups).
+ACCEPT_RESUME_SECONDS = 0.02
+# Descriptors reserved beyond limits.max_connections: listeners, log segments and indexes,
+# the admin and metrics sockets, connections still before CONNECT.
+SPARE_DESCRIPTORS = 1024
+# Descriptors no connection may take, beside the commit log's (CommitLog.descriptors_held):
+# the listeners, the admin and metrics sockets and their clients, the snapshot's temporary
+# file, the next segment's files and its index map, the log's directory and lock, the
+# process's own (/proc reads, the wake-up pair).
+OWN_DESCRIPTORS = 64
+
+
+def open_files_limit() -> int:
+    """The RLIMIT_NOFILE soft limit (a very large number when there is none)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 62 if soft == resource.RLIM_INFINITY else soft
+
+
+def reserve_descriptors(count: int) -> None:
+    """Make this process's descriptor table hold ``count`` descriptors now (at most the
+    RLIMIT_NOFILE soft limit), instead of growing it under load.
+
+    The kernel doubles the table when a new descriptor does not fit it, and in a process with
+    threads (the flusher, the snapshot writer) each doubling waits for an RCU grace period
+    (``expand_fdtable`` calls ``synchronize_rcu``): 5-25 ms on a 2-core VM, with the loop stuck
+    in accept(), at 256, 512, 1024, ... descriptors. Taking one descriptor at ``count - 1``
+    and giving it back grows the table once; it never shrinks. Nothing open is touched
+    (F_DUPFD takes the lowest free number from there)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        count = min(count, soft)
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        if count - 1 > fd:
+            os.close(fcntl.fcntl(fd, fcntl.F_DUPFD, count - 1))
+    except OSError:
+        pass        # then the table grows when needed, as it would have
+    finally:
+        os.close(fd)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class App:
+    """The composition root: the loop, the commit log and its threads, the broker, the
+    listeners and their security, the admin socket and the metrics endpoint."""
+
+    def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.reload_config = reload_config
+        reserve_descriptors(config.limits.max_connections + SPARE_DESCRIPTORS)
+        self.open_files = open_files_limit()
+        self.descriptors_short = False  # accepting stopped for want of descriptors (logged)
+        self.loop = loop = Loop(config.coalesce_ms, clock)
+        loop.on_wake = self._on_wake
+        loop.on_reload = self.reload
+        self.selector = loop.selector
+        self.state_dir = config.state_dir()
+        self._durable: deque[int] = deque()   # offsets reported by the flusher thread
+        self.listeners: list[Listener] = []
+        self.accept_gate = self._make_accept_gate(config)
+        self._wake_timer = Timer(self._on_wake_timer)  # makes select return for paused listeners
+        self.admin = None     # server.admin.AdminServer
+        self.metrics = None   # server.metrics_http.MetricsServer
+        self.authenticator = Authenticator(loop.wake, clock, config.max_login_failures,
+                                           config.login_failure_window)
+
+    def start(self) -> None:
+        """Open everything, serve until SIGTERM or SIGINT, shut down."""
+        loop = self.loop
+        self.open_listeners()
+        # The admin socket first: a broker already running on this state directory
+        # is refused with one clear line before the commit log (and its lock) is touched.
+        self.open_admin(self.state_dir)
+        try:
+            self.open_storage()
+            self.open_metrics()
+        except BaseException:
+            self.close_admin()
+            raise
+        log.info("state directory %s; configuration %s", self.state_dir,
+                 self.config.source or "embedded defaults")
+        loop.install_signal_handlers()
+        self.flusher.start()
+        self.snapshots.start()
+        sdnotify.notify("READY=1\nSTATUS=serving MQTT")
+        log.info("edgebroker %s ready", __version__)
+        loop.run()
+        self.shutdown()
+
+    # ----- set-up -----------------------------------------------------------------------
+
+    def open_storage(self) -> None:
+        """The commit log, its flusher, the snapshot writer; then the state they hold.
+
+        Called after ``open_listeners``, so a configuration mistake (a missing
+        certificate, say) stops the start before any state is touched."""
+        config = self.config
+        _native.log_backend()
+        self.log = CommitLog.open(os.path.join(self.state_dir, "log"),
+                                  LogOptions.from_config(config.log), clock_ms=wall_ms)
+        self.broker = Broker(config, self.clock, commit_log=self.log, wall_ms=wall_ms)
+        self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,
+                               on_durable=self._on_durable)
+        self.broker.journal.flusher = self.flusher
+        self.snapshots = snap.SnapshotWriter(self.state_dir)
+        self.broker.submit_snapshot = self.snapshots.submit
+        self.loop.broker = self.broker
+        self.loop.log = self.log
+        self._restore()
+        self.warn_open_files()
+
+    def _restore(self) -> None:
+        """Sessions and retained messages from the snapshot, then the log written after it."""
+        started = time.monotonic()
+        try:
+            state = snap.read(self.state_dir)
+        except snap.SnapshotError as exc:
+            damaged = os.path.join(self.state_dir, snap.FILENAME + ".damaged")
+            os.replace(os.path.join(self.state_dir, snap.FILENAME), damaged)
+            log.error("%s; moved it to %s and starting without sessions or retained messages",
+                      exc, damaged)
+            state = None
+        if state is None:
+            log.info("no session snapshot in %s: starting with no sessions", self.state_dir)
+        else:
+            self.broker.restore(state)
+            start = max(state.log_next_offset, self.log.first_offset)
+            replayed = self.broker.replay(self.log.read_range(start))
+            log.info("restored %d persistent sessions and %d retained messages; replayed %d log "
+                     "records from offset %d in %.3f s", len(state.sessions),
+                     self.broker.retained.count, replayed, start, time.monotonic() - started)
+        # A snapshot exists from now on, so a crash before the first change
+        # still replays the log from here.
+        self.snapshots.submit(snap.encode(self.broker.capture()))
+
+    def _on_durable(self, offset: int) -> None:
+        """Flusher thread: everything below ``offset`` is on disk."""
+        self._durable.append(offset)
+        self.loop.wake()
+
+    def open_listeners(self) -> None:
+        config = self.config
+        # Read every certificate, password and ACL file before binding anything.
+        security = self._security(config, [(i, lc) for i, lc in enumerate(config.listeners)])
+        for lc, (tls, policy) in zip(config.listeners, security):
+            listener = UnixListener(self, lc) if lc.unix_socket else Listener(self, lc)
+            listener.set_security(tls, policy)
+            self.listeners.append(listener)
+            self.selector.register(listener.sock, selectors.EVENT_READ, listener.on_event)
+            log.info("listening on %s", listener.describe())
+        files = {id(p.passwords): p.passwords for _, p in security if p.passwords}
+        for passwords in files.values():
+            if passwords.weak:
+                log.warning("password file %s: weak PBKDF2 hashes (under 10000 iterations) for "
+                            "%s; set them again with edgebroker passwd", passwords.path,
+                            ", ".join(repr(u) for u in passwords.weak))
+
+    def _security(self, config: Config, listeners) -> list:
+        """(TLSServer or None, ListenerPolicy) per (index, ListenerConfig); ConfigError."""
+        files: dict = {}
+        out = []
+        for i, lc in listeners:
+            tls = TLSServer(lc, f"listener[{i}]") if lc.tls else None
+            policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files)
+            out.append((tls, policy))
+        return out
+
+    def open_admin(self, state_dir: str) -> None:
+        from edgebroker.server.admin import AdminServer
+        self.admin = AdminServer.open(self.loop, state_dir)
+
+    def close_admin(self) -> None:
+        """Remove the admin socket (the start failed after it was opened)."""
+        if self.admin is not None:
+            self.admin.close()
+            self.admin = None
+
+    def open_metrics(self) -> None:
+        if self.config.metrics.listen:
+            from edgebroker.server.metrics_http import MetricsServer
+            self.metrics = MetricsServer.start(self.loop, self.config.metrics.listen)
+
+    def _make_accept_gate(self, config: Config) -> TokenBucket | None:
+        limits = config.limits
+        if not limits.max_connection_rate:
+            return None
+        return TokenBucket(limits.max_connection_rate, limits.connection_burst, self.clock())
+
+    def accept_gate_closed(self) -> None:
+        """The connection rate limit is reached: stop accepting until tokens are back."""
+        gate = self.accept_gate
+        broker = self.broker
+        now = self.clock()
+        need = min(float(gate.burst), max(1.0, gate.rate * ACCEPT_RESUME_SECONDS))
+        until = now + gate.wait(need)
+        broker.hit("max_connection_rate")
+        broker.events.log(logging.WARNING, "max_connection_rate", now,
+                          "new connections arrive faster than max_connection_rate (%g/s, burst %d):"
+                          " accepting paused for %.3f s, the listen backlog holds the callers",
+                          gate.rate, gate.burst, until - now)
+        for listener in self.listeners:
+            listener.pause(until)
+
+    def wake_at(self, when: float) -> None:
+        """Make sure the loop wakes up by ``when`` (for paused listeners)."""
+        timer = self._wake_timer
+        if timer.when is None or when < timer.when:
+            timer.start(self.broker, when)
+
+    def _on_wake_timer(self) -> None:
+        # Resume the listeners whose pause is over; wake again for the others.
+        now = self.clock()
+        later = []
+        for listener in self.listeners:
+            if listener.paused_until:
+                if listener.paused_until <= now:
+                    listener.resume()
+                else:
+                    later.append(listener.paused_until)
+        if later:
+            self.wake_at(min(later))
+
+    def _on_wake(self) -> None:
+        """After a wake-up: finished password checks, offsets the flusher made durable."""
+        self.authenticator.deliver()
+        durable = self._durable
+        if durable:
+            newest = 0
+            while durable:
+                newest = max(newest, durable.popleft())
+            if self.broker.journal.durable(newest):
+                self.broker.prompt = True  # acknowledgements publishers wait for
+
+    # ----- connections ------------------------------------------------------------------
+
+    def socket_room(self) -> int:
+        """How many sockets connections may hold: the open files limit, less what the commit
+        log holds and the broker's own (OWN_DESCRIPTORS). Past it a roll of the log, the
+        flusher, the snapshot or the admin socket would find no descriptor free."""
+        return self.open_files - OWN_DESCRIPTORS - self.log.descriptors_held()
+
+    def out_of_descriptors(self, listener: Listener, room: int) -> None:
+        """Connections hold every descriptor they may: stop accepting on ``listener`` for a
+        while (the kernel keeps new connections waiting); counted, logged once per episode."""
+        self.broker.hit("open_files")
+        if not self.descriptors_short:
+            self.descriptors_short = True
+            log.warning("%d sockets open, all that the open files limit (%d) leaves beside the "
+                        "commit log's %d descriptors (%d segments) and the broker's own %d: not "
+                        "accepting connections until some close; raise the limit (systemd "
+                        "LimitNOFILE=, ulimit -n) for more", self.broker.sockets_open,
+                        self.open_files, self.open_files - OWN_DESCRIPTORS - room,
+                        self.log.segment_count, OWN_DESCRIPTORS)
+        listener.pause(self.clock() + ACCEPT_PAUSE)
+
+    def warn_open_files(self) -> None:
+        """At start and reload: say when the open files limit leaves room for fewer sockets
+        than max_connections once the log holds as many segments as its retention allows."""
+        self.open_files = open_files_limit()
+        segments, log_need = self.log.descriptors_at_retention()
+        room = self.open_files - OWN_DESCRIPTORS - log_need
+        wanted = self.config.limits.max_connections
+        if room < wanted:
+            log.warning("the open files limit (%d) leaves room for %d sockets once the commit "
+                        "log holds %d segments (%d descriptors), fewer than max_connections "
+                        "(%d): raise it (systemd LimitNOFILE=, ulimit -n) to %d or more",
+                        self.open_files, max(room, 0), segments, log_need, wanted,
+                        wanted + OWN_DESCRIPTORS + log_need + SPARE_DESCRIPTORS // 4)
+
+    def add_connection(self, sock: socket.socket, peer: str,
+                       listener: Listener | None = None) -> None:
+        sock.setblocking(False)       # TCP_NODELAY comes from the listening socket
+        max_pending = self.config.limits.max_pending_write_bytes
+        if listener is not None and listener.tls is not None:
+            transport = TLSTransport(self.loop, sock, peer, listener.tls, listener, max_pending)
+        else:
+            transport = Transport(self.loop, sock, peer, listener, max_pending)
+        if listener is not None:
+            transport.policy = listener.policy
+        self.loop.transports.add(transport)
+        self.selector.register(sock, selectors.EVENT_READ, transport)
+        framing = listener.framing if listener is not None else None
+        if framing is None:     # raw MQTT: the stream is the core's transport
+            transport.client = self.broker.connection_made(transport)
+        else:                   # a framing between the stream and the core (server/framing.py)
+            transport.sniff = None
+            transport.client = framed = Framing(transport, framing())
+            framed.client = self.broker.connection_made(framed)
+
+    # ----- reload and shutdown ---------------------------------------------------------
+
+    def reload(self) -> None:
+        if self.reload_config is None:
+            return
+        sdnotify.notify("RELOADING=1")
+        try:
+            config = self.reload_config()
+        except ConfigError as exc:
+            log.error("reload failed, keeping the running configuration: %s", exc)
+        except Exception:
+            log.exception("reload failed, keeping the running configuration")
+        else:
+            running = [listener.config.address for listener in self.listeners]
+            if [lc.address for lc in config.listeners] != running:
+                log.warning("reload: listener changes take effect after a restart")
+            try:
+                self.reload_security(config)
+            except ConfigError as exc:
+                log.error("reload failed, keeping the running configuration: %s", exc)
+                sdnotify.notify("READY=1")
+                return
+            self.config = config
+            self.loop.hold_window = hold_window(config.coalesce_ms)
+            self.broker.apply_config(config)
+            self._apply_limits(config)
+            logging.getLogger("edgebroker").setLevel(config.log_level.upper())
+            log.info("configuration reloaded from %s", config.source or "defaults")
+        sdnotify.notify("READY=1")
+
+    def _apply_limits(self, config: Config) -> None:
+        """Server-side limits on reload: the accept rate, the per-connection output bound, the
+        descriptors reserved for max_connections."""
+        limits = config.limits
+        reserve_descriptors(limits.max_connections + SPARE_DESCRIPTORS)
+        self.warn_open_files()
+        gate = self.accept_gate
+        if not limits.max_connection_rate:
+            self.accept_gate = None
+        elif gate is None:
+            self.accept_gate = self._make_accept_gate(config)
+        else:
+            gate.rate = limits.max_connection_rate
+            gate.burst = limits.connection_burst
+        for transport in self.loop.transports:
+            transport.max_pending = limits.max_pending_write_bytes
+
+    def reload_security(self, config: Config) -> None:
+        """Re-read certificates, password and ACL files (SIGHUP). New connections use them;
+        open TLS connections keep their session; ACL decisions of connected clients and stored
+        sessions follow the re-read ACL. Nothing changes unless every file reads cleanly."""
+        running = []        # (index in the new file, its ListenerConfig) per running listener
+        new = config.listeners
+        for i, listener in enumerate(self.listeners):
+            address = listener.config.address
+            if i < len(new) and new[i].address == address:
+                running.append((i, new[i]))
+            else:   # moved in the file, or gone from it (then the running settings stay)
+                running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
+                                    (i, listener.config)))
+        security = self._security(config, running)
+        acl_moves = {}
+        for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
+            old_acl = listener.policy.acl if listener.policy is not None else None
+            if old_acl is not None:
+                acl_moves[id(old_acl)] = policy.acl
+            listener.config = lc
+            listener.set_security(tls, policy)
+        self.authenticator.configure(config.max_login_failures, config.login_failure_window)
+        for session in self.broker.sessions.values():
+            view = session.acl
+            if view is None or id(view.acl) not in acl_moves:
+                continue
+            acl = acl_moves[id(view.acl)]
+            if acl is None:             # the listener no longer has an ACL file
+                session.acl = None
+                if session.client is not None:
+                    session.client.acl = None
+            else:
+                view.rebind(acl)
+        files = sorted({f for _, p in security for f in (p.settings.password_file,
+                                                          p.settings.acl_file) if f})
+        tls_names = [x.address for x in self.listeners if x.tls is not None]
+        log.info("reload: re-read %s", ", ".join(
+            [f"certificates of {n}" for n in tls_names] + files) or "no security files")
+
+    def shutdown(self) -> None:
+        """Stop accepting, send what is queued (bounded in time), close everything."""
+        sdnotify.notify("STOPPING=1")
+        log.info("stopping: draining %d connections", len(self.loop.transports))
+        for listener in self.listeners:
+            listener.close()
+        self.listeners.clear()
+        if self.admin is not None:
+            self.admin.close()
+        if self.metrics is not None:
+            self.metrics.stop()
+        # Everything received is written and synced, so the acknowledgements
+        # still waiting can go out before the connections close.
+        self.broker.end_pass()
+        self.flusher.stop()
+        loop = self.loop
+        loop.drain_wakeups(0)
+        self.broker.journal.durable(self.log.durable_offset)
+        loop.flush_dirty()
+        loop.drain(DRAIN_SECONDS)
+        self.authenticator.close()
+        self.broker.close_all()
+        loop.flush_dirty()
+        for transport in list(loop.transports):
+            transport.shutdown()
+        self.snapshots.stop(final=snap.encode(self.broker.capture()))
+        self.log.close()
+        loop.close()
+        log.info("stopped")

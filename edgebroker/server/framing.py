@@ -1,0 +1,168 @@
+"""The framing layer: how MQTT bytes are carried over a connection's byte stream.
+
+A connection is a byte stream (server/transport.py's ``Transport`` on a plain
+socket, or server/tls.py's ``TLSTransport`` with its non-blocking handshake)
+and a framing, composed when the connection is accepted (``App.add_connection``):
+
+- raw MQTT: no layer at all. The stream is the core's transport and hands the
+  bytes it reads to the core's ``Client``, after first-byte sniffing
+  (server/sniff.py). This is the hot path: nothing stands between the socket
+  and the core.
+- a ``Framing`` over a sans-I/O endpoint (WebSocket: server/websocket.py's
+  ``WebSocketEndpoint``): the ``Framing`` is the core's transport, and the
+  stream's receiver in place of the ``Client``. Bytes read go through
+  ``endpoint.receive(data)``, which gives the MQTT bytes they carried (``mqtt``),
+  the bytes to send back (``send``: a handshake reply, an HTTP refusal, a pong, a
+  close frame) and why to close (``close``; ``open`` once the handshake is done);
+  a connection the broker ends gets ``endpoint.close_frame()`` first; what
+  the core writes goes out behind ``endpoint.frame_head(n)``, the header of one
+  frame of ``n`` bytes. A log-backed PUBLISH keeps its zero-copy path: the frame
+  header goes in front of the chunk's head and the payload still leaves with
+  sendfile (over TLS the stream reads it instead, as it does for raw MQTT).
+
+Either stream takes either framing, so WebSocket over TLS needs no class of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgebroker.core.timers import Timer
+
+log = logging.getLogger("edgebroker.server")
+
+# Longest wait for the peer's end after the end of a framed stream was sent (Framing.close).
+LINGER = 2.0
+
+
+class _NoLargeReads:
+    """The decoder a stream sees through a framing: never a large read straight into a
+    payload buffer (the bytes must be unframed first), so the stream reads into its buffer
+    and calls ``data_received``."""
+
+    __slots__ = ()
+    room = None
+    read_hint = 0
+
+
+_NO_LARGE_READS = _NoLargeReads()
+
+
+def _forwarded(name: str, settable: bool = False) -> property:
+    """The stream's attribute ``name``, as the framing's."""
+    def get(self):
+        return getattr(self.stream, name)
+
+    def set(self, value):
+        setattr(self.stream, name, value)
+
+    return property(get, set if settable else None, doc=f"The stream's ``{name}``.")
+
+
+class Framing:
+    """A framing between a byte stream (``stream``) and the core's ``Client`` (``client``):
+    to the core it is the transport, to the stream the receiver of bytes."""
+
+    __slots__ = ("stream", "endpoint", "client", "peer", "listener", "lingering")
+
+    decoder = _NO_LARGE_READS
+
+    def __init__(self, stream, endpoint):
+        self.stream = stream
+        self.endpoint = endpoint
+        self.client = None            # the core's Client
+        self.peer = stream.peer
+        self.listener = stream.listener
+        self.lingering = False        # the closing handshake: waiting for the peer's end
+
+    # ----- the stream's side: bytes in --------------------------------------------------
+
+    def data_received(self, data) -> None:
+        if self.lingering:
+            return      # the peer's answer to the close, or what it sent before it
+        got = self.endpoint.receive(bytes(data))    # the endpoint keeps what it holds
+        stream = self.stream
+        if got.send:
+            stream.write(got.send)
+        client = self.client
+        for piece in got.mqtt:
+            client.data_received(piece)
+        if got.close is not None and not stream.closed:
+            if not got.open:
+                log.warning("%s on listener %s refused: %s", stream.peer,
+                            stream.listener_name or "?", got.close)
+            client.connection_lost(got.close)       # closes this (close below)
+            self.close()                            # if the client was closed already
+
+    def writable(self) -> None:
+        self.client.writable()
+
+    def connection_lost(self, reason: str) -> None:
+        self.client.connection_lost(reason)
+
+    def describe(self) -> str:
+        return self.client.describe()
+
+    # ----- the core's side: what it may call on a transport ------------------------------
+
+    def write(self, data) -> None:
+        stream = self.stream
+        stream.write(self.endpoint.frame_head(len(data)))
+        stream.write(data)
+
+    def offer(self, data, rest=None) -> bool:
+        if rest is None:
+            return self.stream.offer(self.endpoint.frame_head(len(data)), data)
+        return self.stream.offer(self.endpoint.frame_head(len(data) + len(rest)) + data, rest)
+
+    def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
+        self.stream.write_file(self.endpoint.frame_head(len(head) + length) + head, fd, position,
+                               length, offset)
+
+    def close(self) -> None:
+        """Close after what is queued. Once the endpoint is open, the closing handshake:
+        its close frame (unless it sent one), the end of the stream, then the peer's end
+        (whatever it sends meanwhile is dropped) or LINGER seconds."""
+        stream = self.stream
+        if self.lingering or stream.closing or stream.closed:
+            return
+        endpoint = self.endpoint
+        if not endpoint.open:
+            stream.close()      # an HTTP refusal, or nothing sent yet
+            return
+        frame = endpoint.close_frame()
+        if frame:
+            stream.write(frame)
+        self.lingering = True
+        if stream.end_output():
+            broker = stream.loop.broker
+            Timer(stream.close).start(broker, broker.clock() + LINGER)
+        else:
+            stream.close()
+
+    def pause_reading(self, reason: str) -> None:
+        self.stream.pause_reading(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        self.stream.resume_reading(reason)
+
+    def wait_for_drain(self) -> None:
+        self.want_drain = True
+
+    def count_publish(self) -> None:
+        self.msgs_out += 1
+
+    # The stream's figures and settings, read (and some set) by the core.
+    listener_name = _forwarded("listener_name")
+    policy = _forwarded("policy")
+    out_bytes = _forwarded("out_bytes")
+    bytes_in = _forwarded("bytes_in")
+    bytes_out = _forwarded("bytes_out")
+    msgs_out = _forwarded("msgs_out", settable=True)
+    want_drain = _forwarded("want_drain", settable=True)
+    max_pending = _forwarded("max_pending", settable=True)
+
+    @property
+    def identity(self):
+        """The TLS client certificate's common name (None on a plain stream)."""
+        return getattr(self.stream, "identity", None)

@@ -1,0 +1,257 @@
+"""The WebSocket framing: MQTT carried in binary WebSocket messages (RFC 6455, MQTT 3.1.1 §6).
+
+``WebSocketEndpoint`` is the server side of one WebSocket connection, sans I/O, in the manner
+of h11: the transport hands it the bytes it read (``receive``) and gets back what they meant
+(``WebSocketInput``): the MQTT bytes the client's binary messages carried, bytes to write to
+the client at once (the handshake reply, an HTTP error reply, pongs, a close frame), and, when
+the connection must end, why. There are no sockets, clocks or threads here, so every rule is
+tested with plain bytes. The protocol itself is python-hyper/wsproto's ``WSConnection``.
+
+Outgoing MQTT bytes are not passed through wsproto, which would copy them: the transport puts
+``frame_head(n)`` (an unmasked, final, binary frame header for n bytes) in front of n bytes it
+already holds, so a log chunk still leaves with ``sendfile``. ``close_frame`` is the close
+frame of a connection the broker ends.
+
+The rules, in the order a connection meets them (docs/protocol.md, "MQTT over WebSockets"):
+
+- CONNECTING: the bytes are the HTTP request head. It must end (an empty line) within
+  ``max_request`` bytes, else 431; its first byte must start an HTTP method (raw MQTT or TLS
+  sent to this listener gets a 400 naming the byte). Bytes after the head are kept and read as
+  WebSocket frames once the upgrade is accepted (a client may send them before the reply).
+- The request must be a WebSocket upgrade (GET, ``Connection: Upgrade``, ``Upgrade:
+  websocket``, ``Sec-WebSocket-Key``, ``Sec-WebSocket-Version: 13``, ``Host``): otherwise 400
+  (426 for another WebSocket version), with a one-line text body saying what is missing.
+- Its path (the query string aside) must be the configured one: otherwise 404.
+- The client must offer the subprotocol ``mqtt`` or ``mqttv3.1`` (MQTT-6.0.0-3); the first of
+  its list that the endpoint supports is chosen. A request offering neither, or none at all,
+  gets 400: Mosquitto (libwebsockets) upgrades such a request to a protocol that never speaks
+  MQTT, so the client waits for nothing; a clear refusal says what to change.
+  No extension (permessage-deflate) is accepted, so outgoing headers can be written directly.
+- OPEN: binary frames carry MQTT bytes in any split; each piece is handed on as it arrives
+  (messages are never gathered whole). A message longer than ``max_message`` is closed with
+  1009. A text frame is a protocol error: close 1003. A ping is answered with a pong, a pong
+  ignored. A close from the client is answered with a close, then the connection ends. A
+  frame wsproto cannot parse (unmasked, bad opcode, oversized control frame) is closed with
+  the code wsproto gives (1002, 1007).
+- CLOSED: after a refusal or a close, further bytes are ignored; the transport closes the
+  connection once ``send`` is written.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Request,
+                            TextMessage)
+from wsproto.utilities import RemoteProtocolError
+
+DEFAULT_PATH = "/mqtt"
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+# The request head (request line and headers): browsers send well under 2 KiB.
+MAX_REQUEST = 8192
+# One WebSocket message: the largest MQTT 3.1.1 packet (remaining length 268,435,455 plus a
+# 5-byte fixed header). MQTT's own max_packet_size bounds each packet a message carries.
+MAX_MESSAGE = 268_435_460
+
+# RFC 6455 §7.4.1 status codes the endpoint sends.
+NORMAL_CLOSURE = 1000
+UNSUPPORTED_DATA = 1003
+MESSAGE_TOO_BIG = 1009
+
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+# A refusal's reason quotes the client's path or subprotocols: cut, for the reply and the log.
+_MAX_REASON = 300
+_REASONS = {400: "Bad Request", 404: "Not Found", 426: "Upgrade Required",
+            431: "Request Header Fields Too Large"}
+
+
+class WebSocketInput:
+    """What one ``receive`` meant.
+
+    ``mqtt``: the MQTT bytes carried by binary messages, in order, in the pieces they arrived
+    in. ``send``: bytes to write to the peer as they are, before anything else. ``close``: why
+    the connection must be closed once ``send`` is written, or None. ``open``: the handshake
+    is done.
+    """
+
+    __slots__ = ("mqtt", "send", "close", "open")
+
+    def __init__(self, mqtt: list, send: bytes, close: str | None, open: bool):
+        self.mqtt = mqtt
+        self.send = send
+        self.close = close
+        self.open = open
+
+    def __repr__(self) -> str:
+        return (f"WebSocketInput(mqtt={self.mqtt!r}, send={self.send!r}, close={self.close!r}, "
+                f"open={self.open!r})")
+
+
+# Frame headers (RFC 6455 §5.2) of unmasked, final (FIN), binary (opcode 2) frames: the first
+# byte 0x82; the second the length when below 126, else 126 and 16 bits, or 127 and 64 bits.
+_SMALL_HEADS = tuple(bytes((0x82, n)) for n in range(126))
+_HEAD_16 = struct.Struct("!BBH").pack
+_HEAD_64 = struct.Struct("!BBQ").pack
+
+
+def frame_head(n: int) -> bytes:
+    """The header of one server-to-client binary frame carrying ``n`` bytes."""
+    if n < 126:
+        return _SMALL_HEADS[n]
+    if n < 65536:
+        return _HEAD_16(0x82, 126, n)
+    return _HEAD_64(0x82, 127, n)
+
+
+def http_reply(status: int, body: str, headers: tuple = ()) -> bytes:
+    """A complete HTTP/1.1 reply with a one-line text body, after which the server closes."""
+    data = (body + "\n").encode()
+    lines = [f"HTTP/1.1 {status} {_REASONS[status]}", "Content-Type: text/plain; charset=utf-8",
+             f"Content-Length: {len(data)}", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
+
+
+class WebSocketEndpoint:
+    """The server side of one WebSocket connection carrying MQTT (module docstring: the rules)."""
+
+    __slots__ = ("path", "subprotocols", "max_message", "max_request", "_ws", "_head", "_open",
+                 "_closed", "_message_len")
+
+    # Called as endpoint.frame_head(n): a plain function, no binding of self.
+    frame_head = staticmethod(frame_head)
+
+    def __init__(self, path: str = DEFAULT_PATH, subprotocols: tuple[str, ...] = SUBPROTOCOLS,
+                 max_message: int = MAX_MESSAGE, max_request: int = MAX_REQUEST):
+        self.path = path
+        self.subprotocols = tuple(subprotocols)
+        self.max_message = max_message
+        self.max_request = max_request
+        self._ws = WSConnection(ConnectionType.SERVER)
+        self._head = bytearray()
+        self._open = False
+        self._closed = False
+        self._message_len = 0      # bytes of the binary message being received so far
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    def receive(self, data: bytes) -> WebSocketInput:
+        """Read ``data`` from the peer; return what it meant (see ``WebSocketInput``)."""
+        if self._closed or not data:
+            return WebSocketInput([], b"", None, self._open)
+        if self._open:
+            self._ws.receive_data(data)
+            return self._frames(b"")
+        return self._handshake(data)
+
+    def close_frame(self, code: int = NORMAL_CLOSURE, reason: str = "") -> bytes:
+        """The close frame that begins a close the broker decided (b"" before the handshake or
+        once a close was sent)."""
+        return self._control(CloseConnection(code=code, reason=reason))
+
+    def _control(self, event) -> bytes:
+        """A pong or close frame, while the connection is open (b"" before the handshake or
+        once a close was sent)."""
+        if self._ws.state is not ConnectionState.OPEN:
+            return b""
+        return self._ws.send(event)
+
+    # -- CONNECTING -------------------------------------------------------------------------------
+
+    def _handshake(self, data: bytes) -> WebSocketInput:
+        head = self._head
+        start = max(0, len(head) - 3)   # the empty line may begin in the bytes held before
+        head += data
+        if head[:1] and not 0x41 <= head[0] <= 0x5A:   # methods are upper-case tokens
+            return self._refuse(400, f"not an HTTP request (first byte 0x{head[0]:02x}; "
+                                     f"this WebSocket listener needs an HTTP upgrade on "
+                                     f"{self.path})")
+        end = _HEAD_END.search(head, start, self.max_request)
+        if end is None:
+            if len(head) > self.max_request:
+                return self._refuse(431, f"HTTP request head longer than {self.max_request} "
+                                         f"bytes")
+            return WebSocketInput([], b"", None, False)
+        rest = bytes(head[end.end():])
+        self._head = bytearray()
+        try:
+            self._ws.receive_data(bytes(head[:end.end()]))
+            request = next((e for e in self._ws.events() if isinstance(e, Request)), None)
+        except UnicodeError as exc:    # a Host header that is not a valid host name
+            return self._refuse(400, f"not a WebSocket upgrade request: bad Host: {exc}")
+        except RemoteProtocolError as exc:
+            # "Bad HTTP message" comes with h11's reason as the exception it was raised in
+            why = f"{exc}: {exc.__context__}" if exc.__context__ is not None else str(exc)
+            hint = exc.event_hint
+            status = getattr(hint, "status_code", 400)
+            extra = tuple((k.decode(), v.decode()) for k, v in getattr(hint, "headers", ()))
+            return self._refuse(status if status in _REASONS else 400,
+                                f"not a WebSocket upgrade request: {why}", extra)
+        if request is None:
+            return self._refuse(400, "not a WebSocket upgrade request: no complete request")
+        path = request.target.partition("?")[0]
+        if path != self.path:
+            return self._refuse(404, f"no WebSocket endpoint at {path!r} (it is at "
+                                     f"{self.path!r})")
+        chosen = next((p for p in request.subprotocols if p in self.subprotocols), None)
+        if chosen is None:
+            offered = ", ".join(request.subprotocols) or "none"
+            return self._refuse(400, f"WebSocket subprotocol {' or '.join(self.subprotocols)} "
+                                     f"required (offered: {offered})")
+        reply = self._ws.send(AcceptConnection(subprotocol=chosen))
+        self._open = True
+        if rest:
+            self._ws.receive_data(rest)
+        return self._frames(reply)
+
+    def _refuse(self, status: int, why: str, headers: tuple = ()) -> WebSocketInput:
+        if len(why) > _MAX_REASON:
+            why = why[:_MAX_REASON - 3] + "..."
+        self._closed = True
+        self._head = bytearray()
+        return WebSocketInput([], http_reply(status, why, headers), f"HTTP {status}: {why}",
+                              False)
+
+    # -- OPEN -------------------------------------------------------------------------------------
+
+    def _frames(self, send: bytes) -> WebSocketInput:
+        """The events of the frames wsproto has parsed; ``send`` is what goes out before."""
+        ws = self._ws
+        mqtt = []
+        out = [send] if send else []
+        close = None
+        for event in ws.events():
+            if isinstance(event, BytesMessage):
+                n = self._message_len + len(event.data)
+                if n > self.max_message:
+                    close = f"WebSocket message longer than {self.max_message} bytes"
+                    out.append(self._control(CloseConnection(MESSAGE_TOO_BIG, "too big")))
+                    break
+                self._message_len = 0 if event.message_finished else n
+                if event.data:
+                    mqtt.append(event.data)
+            elif isinstance(event, Ping):
+                out.append(self._control(event.response()))
+            elif isinstance(event, CloseConnection):
+                if ws.state is ConnectionState.REMOTE_CLOSING:
+                    out.append(ws.send(event.response()))
+                    close = f"WebSocket closed by the client (code {event.code})"
+                elif ws.state is ConnectionState.CLOSED:
+                    close = f"WebSocket close answered by the client (code {event.code})"
+                else:   # a frame wsproto could not parse: still OPEN, we close with its code
+                    out.append(self._control(CloseConnection(event.code, "protocol error")))
+                    close = f"WebSocket protocol error: {event.reason} (close {event.code})"
+                break
+            elif isinstance(event, TextMessage):
+                close = "WebSocket text frame (MQTT travels in binary frames only)"
+                out.append(self._control(CloseConnection(UNSUPPORTED_DATA, "binary only")))
+                break
+            # a Pong needs nothing
+        if close is not None:
+            self._closed = True
+        return WebSocketInput(mqtt, b"".join(out), close, True)
