@@ -1,11 +1,46 @@
 """The commit log: one append-only log of every message, in segments, crash-safe.
 
+``CommitLog`` is the facade: its state (the locks, the offsets, the segment list, the staging
+area) and the public methods the rest of the broker calls. The work lives in one module per
+concept, as functions that take the log as ``self`` and are bound onto ``CommitLog`` as its
+methods under their own names (so a call costs what a method call costs, and ``append``, the
+hot path of every PUBLISH, is no wrapper):
+
+    recovery.py  open: directory lock, offset files, segment scan, index check/rebuild; refresh
+    file_set.py  the ordered segments: find, new, roll, housekeeping, retention, deletion,
+                 descriptor accounting, the uploaded mark
+    appender.py  append (staging), write_pending, seal
+    sync.py      sync (fsync), the recovery point, freeing the room allocated ahead
+    spare.py     the next segment's file, made ahead
+    reader.py    read, read_range, read_since, scan, locate
+    verify.py    verify (the whole log), verify_step (one segment readers wanted checked)
+
 Threads. The core thread appends, writes, reads, rolls and runs retention; it never fsyncs.
 The flusher thread calls ``sync()`` (fsync, outside the lock) and ``verify_step()``; the
 segment-ahead thread ``prepare_spare()``. Any thread may call ``mark_uploaded()``. One lock
 guards what they share: the set of segments written but not yet synced, the written and durable
 offsets, the segment list, the uploaded mark and the file made ahead. The flusher
 syncs through duplicated file descriptors, so the core may seal or delete a segment meanwhile.
+
+Who calls what, and the locks held:
+
+    core thread      append, write_pending (``_lock`` only in _written_to and _seal, where
+                     written records and sealed segments become visible), housekeeping and
+                     _roll (``_lock`` in _new_segment and _delete_segment), _take_spare
+                     (``_lock``), read*/scan/locate (``_lock`` in locate to queue a check),
+                     descriptors_held (``_lock``), close (``_rp_lock`` to set ``_closed``)
+    flusher          sync: ``_sync_lock`` (one sync at a time; ``wait``), ``_lock`` for the
+                     snapshot and again to requeue or to raise the durable offset, fsyncs with
+                     no lock; _set_recovery_point: ``_rp_lock`` (it also guards ``_closed``);
+                     verify_step (``_lock`` around the pick and the result, scan without);
+                     close_retired (``_lock``)
+    segment-ahead    prepare_spare (``_lock`` to check and to install; the allocation without)
+    any thread       mark_uploaded: ``_upload_lock``, inside it ``_lock`` around the reads and
+                     writes of ``_uploaded``; the file is written between the two
+    damage           _remember_damage (``_lock``), from readers, recovery and verify_step
+
+Nesting: ``_lock`` and ``_rp_lock`` are taken inside ``_sync_lock``, ``_lock`` inside
+``_upload_lock``; no other lock is taken while one is held.
 
 Read-only opens (``readonly=True``: ``edgebroker inspect``, the uploader in another process) take
 no lock, change no file, and see what the writer has written so far; ``refresh()`` picks up more.
@@ -24,13 +59,13 @@ from typing import Callable
 
 from edgebroker import _native
 from edgebroker.commitlog import appender, file_set, reader, recovery, spare
+from edgebroker.commitlog import sync as syncing
+from edgebroker.commitlog import verify as verifying
 from edgebroker.commitlog.appender import STAGING_BYTES, Group
 from edgebroker.commitlog.errors import LogError
 from edgebroker.commitlog.format import Damage, LogOptions
-from edgebroker.commitlog.segment import Segment
-from edgebroker.commitlog import sync as syncing
-from edgebroker.commitlog import verify as verifying
 from edgebroker.commitlog.recovery import RecoveryReport
+from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.sync import SyncStillRunning
 from edgebroker.commitlog.verify import VerifyReport
 
@@ -40,7 +75,6 @@ log = logging.getLogger("edgebroker.commitlog")
 # may still wait for the disk).
 CLOSE_SYNC_WAIT = 10.0
 MAX_DAMAGE_KEPT = 1000
-
 
 
 def wall_clock_ms() -> int:
