@@ -10,7 +10,7 @@ from array import array
 
 from edgebroker._native._common import (
     INDEX_ENTRY_SIZE, RECORD_HEADER_SIZE, SCAN_ENTRY_WORDS, FrameSplit, ResyncResult, ScanResult,
-    SendResult,
+    SendResult, stage_clear, stage_segment, stage_start,  # noqa: F401  (stage_*: for both)
 )
 from edgebroker._native._edgebroker_c import ffi, lib  # noqa: F401  (ImportError when not built)
 

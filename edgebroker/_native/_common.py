@@ -1,4 +1,6 @@
-"""What both backends share: constants (equal to csrc/edgebroker_native.h's) and result types."""
+"""What both backends share: constants (equal to csrc/edgebroker_native.h's), result types, and
+the setters of a staging area's fields (the C struct ``eb_appender`` and the twin's ``Appender``
+have the same field names, so one setter serves both)."""
 
 from __future__ import annotations
 
@@ -54,3 +56,28 @@ class SendResult(NamedTuple):
     item: int      # first item not completely sent (len(items) when all were)
     progress: int  # bytes of that item already sent (header first, then the file range)
     error: int     # 0 when everything was sent, errno.EAGAIN when the socket is full, else an errno
+
+
+def stage_segment(state, base_offset: int, segment_bytes: int, first_ts: int, segment_ms: int,
+                  big_payload: int) -> None:
+    """Set up a staging area (``appender(...).state``) for the records of one segment."""
+    state.base_offset = base_offset
+    state.segment_bytes = segment_bytes
+    state.first_ts = first_ts
+    state.segment_ms = segment_ms
+    state.big_payload = big_payload
+
+
+def stage_start(state, next_offset: int, position: int, max_ts: int) -> None:
+    """Where the next staged record goes: its offset, its position in the segment, and the
+    segment's running maximum timestamp so far."""
+    state.next_offset = next_offset
+    state.position = position
+    state.max_ts = max_ts
+
+
+def stage_clear(state) -> None:
+    """Empty a staging area whose records the caller has taken (the segment fields stay)."""
+    state.used = 0
+    state.count = 0
+    state.held_count = 0

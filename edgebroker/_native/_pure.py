@@ -18,6 +18,7 @@ from edgebroker._native._common import (
     FRAMES_MALFORMED, FRAMES_OK, INDEX_ENTRY_SIZE, MAX_PAYLOAD, MAX_RECORD, RECORD_HEADER_SIZE,
     RESYNC_CANDIDATE, RESYNC_FOUND, RESYNC_NONE, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL,
     SCAN_PARTIAL, SEGMENT_HEADER_SIZE, FrameSplit, ResyncResult, ScanResult, SendResult,
+    stage_clear, stage_segment, stage_start,  # noqa: F401  (the same setters for both)
 )
 
 NAME = "python"

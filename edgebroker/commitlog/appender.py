@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 
+from edgebroker import _native
 from edgebroker.commitlog.errors import LogError, LogFullError, LogWriteError
 from edgebroker.commitlog.format import (
     INDEX_ENTRY, INDEX_ENTRY_SIZE, MAX_CLIENT_ID, MAX_PAYLOAD, MAX_TOPIC, RECORD_HEADER_SIZE,
@@ -169,15 +170,10 @@ def open_stage(self, seg: Segment) -> None:
     stage = self._staging.state
     if self._stage_seg is not seg:
         opts = self.options
-        stage.base_offset = seg.base_offset
-        stage.segment_bytes = opts.segment_bytes
-        stage.first_ts = seg.reserved_first_ts
-        stage.segment_ms = opts.segment_ms
-        stage.big_payload = BIG_PAYLOAD
+        _native.stage_segment(stage, seg.base_offset, opts.segment_bytes, seg.reserved_first_ts,
+                              opts.segment_ms, BIG_PAYLOAD)
         self._stage_seg = seg
-    stage.next_offset = self._next
-    stage.position = seg.reserved_size
-    stage.max_ts = seg.reserved_max_ts
+    _native.stage_start(stage, self._next, seg.reserved_size, seg.reserved_max_ts)
     self._stage = stage
 
 
@@ -239,13 +235,11 @@ def take_staged(self, stage, seg: Segment) -> int:
     seg.reserved_size = stage.position
     seg.reserved_count += stage.count
     self._next = stage.next_offset
-    stage.used = 0
-    stage.count = 0
+    _native.stage_clear(stage)
     nbytes = self._held_bytes
     if nbytes:
         self._held.clear()
         self._held_bytes = 0
-        stage.held_count = 0
     return nbytes
 
 
