@@ -2,7 +2,8 @@
  *
  * What is here, and why in C: the loops that touch every byte or every record of the commit log
  * (CRC32C, record validation, index rebuild, topic-filter scans), binary search over the index,
- * MQTT frame splitting, and sending several (header, file range) pairs to a socket in one call.
+ * MQTT frame splitting, sending several (header, file range) pairs to a socket in one call,
+ * and allocating a file's blocks ahead (fallocate).
  * Each function has a pure-Python twin in edgebroker/_native/_pure.py with identical results;
  * the test suite checks the two against each other on random inputs.
  *
@@ -13,6 +14,7 @@
 
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -729,4 +731,17 @@ int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_it
     res->progress = progress;
     res->error = err;
     return err;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Allocating a segment file's blocks ahead                                                      */
+
+int eb_fallocate_keep_size(int fd, int64_t length) {
+#ifdef FALLOC_FL_KEEP_SIZE
+    if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, length) == 0)
+        return 0;
+    return errno ? errno : EIO;
+#else
+    return ENOSYS;
+#endif
 }

@@ -125,3 +125,6 @@ int eb_split_frames(const uint8_t *buf, size_t len, uint32_t *out, size_t max_fr
 
 int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_item,
                   size_t start_progress, int cork, eb_send_result *res);
+/* Allocate the blocks of the file's first `length` bytes ahead, keeping its size (Linux
+ * fallocate with FALLOC_FL_KEEP_SIZE): 0, or the errno (ENOSYS where there is no fallocate). */
+int eb_fallocate_keep_size(int fd, int64_t length);

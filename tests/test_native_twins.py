@@ -559,3 +559,19 @@ def test_append_held_refuses_what_the_log_must_handle():
     with pytest.raises(TypeError):
         C.append_held(a, 1, 0, False, b"", 0, bytearray(b"t"), 1, b"x", 1)
 
+
+
+# ----------------------------------------------------------------------------------- fallocate
+
+@pytest.mark.parametrize("impl", [C, P], ids=["c", "python"])
+def test_fallocate_twins_allocate_ahead_and_keep_the_size(tmp_path, impl):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert impl.fallocate(fd, 1 << 20) == 0
+        st = os.fstat(fd)
+        assert st.st_size == 100 and st.st_blocks * 512 >= 1 << 20
+        assert impl.fallocate(-1, 4096) == errno.EBADF
+    finally:
+        os.close(fd)

@@ -67,6 +67,10 @@ docs/log-format.md):
 ``send_batch(sock, items, start_item=0, start_progress=0, cork=False)``
     ``items``: (header bytes, file fd, file position, length); sends each header then its
     file range (sendfile) to the non-blocking ``sock``, until done or EAGAIN. -> ``SendResult``
+``fallocate(fd, nbytes)``
+    Allocate the blocks of the file's first ``nbytes`` ahead, keeping its size (Linux
+    ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``): 0, or the errno when it cannot (``ENOSYS``
+    where there is no ``fallocate``).
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ from edgebroker.errors import EdgebrokerError
 FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segment",
              "stage_start", "stage_clear", "append_record", "append_held",
              "topic_matches", "scan", "build_index", "resync",
-             "index_check", "index_find_offset", "index_find_time", "split_frames", "send_batch")
+             "index_check", "index_find_offset", "index_find_time", "split_frames", "send_batch",
+             "fallocate")
 CHOICES = ("auto", "c", "python")
 
 

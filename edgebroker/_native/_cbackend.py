@@ -166,6 +166,9 @@ def split_frames(data, max_frames: int = 256) -> FrameSplit:
     return FrameSplit(frames, n, counts[1], status, counts[2])
 
 
+fallocate = lib.eb_fallocate_keep_size
+
+
 def send_batch(sock, items, start_item: int = 0, start_progress: int = 0,
                cork: bool = False) -> SendResult:
     n = len(items)

@@ -8,6 +8,7 @@ at one obvious place.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import socket
@@ -439,3 +440,29 @@ def send_batch(sock: socket.socket, items, start_item: int = 0, start_progress: 
         except OSError:
             pass
     return SendResult(sent, i, progress, err)
+
+
+FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
+
+
+def _libc_fallocate():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    call.restype = ctypes.c_int
+    return call
+
+
+_fallocate = _libc_fallocate()
+
+
+def fallocate(fd: int, nbytes: int) -> int:
+    """The C build's eb_fallocate_keep_size, through ctypes."""
+    if _fallocate is None:
+        return errno.ENOSYS
+    if _fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, nbytes) == 0:
+        return 0
+    return ctypes.get_errno() or errno.EIO
