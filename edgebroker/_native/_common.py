@@ -1,4 +1,5 @@
-"""What both backends share: constants (equal to csrc/edgebroker_native.h's), result types, and
+"""What both backends share: constants (equal to csrc/edgebroker_native.h's; the sizes of the log
+format are defined here once, and commitlog/format.py takes them from here), result types, and
 the setters of a staging area's fields (the C struct ``eb_appender`` and the twin's ``Appender``
 have the same field names, so one setter serves both)."""
 
@@ -23,8 +24,10 @@ RESYNC_CANDIDATE = 2  # a plausible header at `position` whose record (`need` by
 FRAMES_OK = 0
 FRAMES_MALFORMED = 1  # the remaining-length field at `consumed` is longer than 4 bytes
 
+MAX_CLIENT_ID = 65535
+MAX_TOPIC = 65535
 MAX_PAYLOAD = 268_435_455
-MAX_RECORD = RECORD_HEADER_SIZE + 65535 + 65535 + MAX_PAYLOAD
+MAX_RECORD = RECORD_HEADER_SIZE + MAX_CLIENT_ID + MAX_TOPIC + MAX_PAYLOAD
 
 
 class ScanResult(NamedTuple):
