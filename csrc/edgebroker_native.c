@@ -2,8 +2,8 @@
  *
  * What is here, and why in C: the loops that touch every byte or every record of the commit log
  * (CRC32C, record validation, index rebuild, topic-filter scans), binary search over the index,
- * MQTT frame splitting, sending several (header, file range) pairs to a socket in one call,
- * and allocating a file's blocks ahead (fallocate).
+ * sending several (header, file range) pairs to a socket in one call, and allocating a file's
+ * blocks ahead (fallocate).
  * Each function has a pure-Python twin in edgebroker/_native/_pure.py with identical results;
  * the test suite checks the two against each other on random inputs.
  *
@@ -625,52 +625,6 @@ int64_t eb_index_find_time(const uint8_t *index, size_t count, uint64_t timestam
             hi = mid;
     }
     return (int64_t)lo;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* MQTT frame splitting: (first byte, fixed-header length, remaining length) per whole frame.   */
-
-int eb_split_frames(const uint8_t *buf, size_t len, uint32_t *out, size_t max_frames,
-                    size_t *count, size_t *consumed, size_t *need)
-{
-    size_t pos = 0, n = 0;
-    int status = EB_FRAMES_OK;
-    *need = 0;
-    while (n < max_frames) {
-        uint32_t rl = 0;
-        size_t i = 1, total;
-        int complete = 0;
-        if (len - pos < 2)
-            break;
-        while (i <= 4 && pos + i < len) {
-            uint8_t b = buf[pos + i];
-            rl |= (uint32_t)(b & 0x7F) << (7 * (i - 1));
-            i++;
-            if (!(b & 0x80)) {
-                complete = 1;
-                break;
-            }
-        }
-        if (!complete) {
-            if (i > 4) {
-                status = EB_FRAMES_MALFORMED;
-            }
-            break;
-        }
-        total = i + (size_t)rl;
-        if (len - pos < total) {
-            *need = total;
-            break;
-        }
-        out[3 * n] = buf[pos];
-        out[3 * n + 1] = (uint32_t)i;
-        out[3 * n + 2] = rl;
-        n++;
-        pos += total;
-    }
-    *count = n;
-    *consumed = pos;
-    return status;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -62,8 +62,6 @@ docs/log-format.md):
     (consistent leading entries, entries before the first all-zero one).
 ``index_find_offset(index, count, relative_offset)`` / ``index_find_time(index, count, ts)``
     Binary search (lower bound) over index entries.
-``split_frames(data, max_frames=256)``
-    MQTT frames in ``data``: (first byte, header length, remaining length) each. -> ``FrameSplit``
 ``send_batch(sock, items, start_item=0, start_progress=0, cork=False)``
     ``items``: (header bytes, file fd, file position, length); sends each header then its
     file range (sendfile) to the non-blocking ``sock``, until done or EAGAIN. -> ``SendResult``
@@ -84,7 +82,7 @@ from edgebroker.errors import EdgebrokerError
 FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segment",
              "stage_start", "stage_clear", "append_record", "append_held",
              "topic_matches", "scan", "build_index", "resync",
-             "index_check", "index_find_offset", "index_find_time", "split_frames", "send_batch",
+             "index_check", "index_find_offset", "index_find_time", "send_batch",
              "fallocate")
 CHOICES = ("auto", "c", "python")
 

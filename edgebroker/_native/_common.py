@@ -21,9 +21,6 @@ RESYNC_NONE = 0       # no valid record starts in the buffer
 RESYNC_FOUND = 1      # a valid record starts at `position`
 RESYNC_CANDIDATE = 2  # a plausible header at `position` whose record (`need` bytes) ends past the buffer
 
-FRAMES_OK = 0
-FRAMES_MALFORMED = 1  # the remaining-length field at `consumed` is longer than 4 bytes
-
 MAX_CLIENT_ID = 65535
 MAX_TOPIC = 65535
 MAX_PAYLOAD = 268_435_455
@@ -44,14 +41,6 @@ class ResyncResult(NamedTuple):
     status: int    # RESYNC_*
     position: int
     need: int
-
-
-class FrameSplit(NamedTuple):
-    frames: list   # flat: first byte, fixed-header length, remaining length; 3 per frame
-    count: int     # whole frames found
-    consumed: int  # bytes they take
-    status: int    # FRAMES_OK or FRAMES_MALFORMED (at `consumed`)
-    need: int      # total size of the next, incomplete frame when its header is complete; else 0
 
 
 class SendResult(NamedTuple):
