@@ -276,7 +276,7 @@ def write_pending(self) -> int:
         seg = g.segment
         try:
             if not seg.created:
-                seg.create_files(self._take_spare() if seg.fd < 0 else None)
+                seg.create_files(self._spare_files.take() if seg.fd < 0 else None)
             if seg.count + g.count > seg.index_capacity:
                 seg.ensure_index_room(seg.count + g.count)
             self._write_at(seg, g.parts, g.nbytes, seg.size)

@@ -183,7 +183,7 @@ def descriptors_held(self) -> int:
     file made ahead (see make_spares)."""
     with self._lock:
         n = (1 + 2 * len(self._unsynced) + (len(self._retired) if self._retired else 0)
-             + self._spares)
+             + self._spare_files.enabled)
         for seg in self._segments:
             n += (seg.fd >= 0) + (seg.index_fd >= 0) + isinstance(seg.index, mmap.mmap)
     return n

@@ -11,7 +11,7 @@ hot path of every PUBLISH, is no wrapper):
                  descriptor accounting, the uploaded mark
     appender.py  append (staging), write_pending, seal
     sync.py      sync (fsync), the recovery point, freeing the room allocated ahead
-    spare.py     the next segment's file, made ahead
+    spare.py     SpareFiles: the next segment's file, made ahead (its own state, the log's lock)
     reader.py    read, read_range, read_since, scan, locate
     verify.py    verify (the whole log), verify_step (one segment readers wanted checked)
 
@@ -26,9 +26,10 @@ Who calls what, and the locks held:
 
     core thread      append, write_pending (``_lock`` only in _written_to and _seal, where
                      written records and sealed segments become visible), housekeeping and
-                     _roll (``_lock`` in _new_segment and _delete_segment), _take_spare
-                     (``_lock``), read*/scan/locate (``_lock`` in locate to queue a check),
-                     descriptors_held (``_lock``), close (``_rp_lock`` to set ``_closed``)
+                     _roll (``_lock`` in _new_segment and _delete_segment), taking the
+                     spare (``_lock``, in SpareFiles.take), read*/scan/locate (``_lock`` in
+                     locate to queue a check), descriptors_held (``_lock``), close
+                     (``_rp_lock`` to set ``_closed`` and the spare files' ``closed``)
     flusher          sync: ``_sync_lock`` (one sync at a time; ``wait``), ``_lock`` for the
                      snapshot and again to requeue or to raise the durable offset, fsyncs with
                      no lock; _set_recovery_point: ``_rp_lock`` (it also guards ``_closed``);
@@ -58,7 +59,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from edgebroker import _native
-from edgebroker.commitlog import appender, file_set, reader, recovery, spare
+from edgebroker.commitlog import appender, file_set, reader, recovery
 from edgebroker.commitlog import sync as syncing
 from edgebroker.commitlog import verify as verifying
 from edgebroker.commitlog.appender import STAGING_BYTES, Group
@@ -66,6 +67,7 @@ from edgebroker.commitlog.errors import LogError
 from edgebroker.commitlog.format import Damage, LogOptions
 from edgebroker.commitlog.recovery import RecoveryReport
 from edgebroker.commitlog.segment import Segment
+from edgebroker.commitlog.spare import SpareFiles
 from edgebroker.commitlog.sync import SyncStillRunning
 from edgebroker.commitlog.verify import VerifyReport
 
@@ -153,12 +155,8 @@ class CommitLog:
         self._retired: list[int] | None = None
         self._on_retired: Callable[[], None] | None = None
         # The next segment's file, allocated ahead off the core thread (see prepare_spare).
-        self._spare = -1
-        self._spare_path = ""
-        self._spare_count = 0
-        self._spares = False
-        self._on_spare_taken: Callable[[], None] | None = None
-        self.spare_ready = threading.Event()
+        self._spare_files = SpareFiles(directory, options, self._lock, readonly)
+        self.spare_ready = self._spare_files.ready
 
     # =========================================================================================
     # Opening and recovery
@@ -290,11 +288,16 @@ class CommitLog:
     _seal = appender.seal
 
     # -- the next segment's file, allocated ahead (spare.py) ---------------------------------------
-    make_spares = spare.make_spares
-    prepare_spare = spare.prepare_spare
-    _spare_failed = spare.spare_failed
-    _take_spare = spare.take_spare
-    _drop_spare = spare.drop_spare
+    def make_spares(self, on_spare_taken: Callable[[], None] | None = None) -> None:
+        """From now on new segments take the file ``prepare_spare`` made ahead, when there is
+        one; ``on_spare_taken`` is called (on the core thread) when one was taken, to have
+        the next made (see ``SpareFiles.make``)."""
+        self._spare_files.make(on_spare_taken)
+
+    def prepare_spare(self) -> bool | None:
+        """Make the next segment's file ahead (the segment-ahead thread): True when one is
+        ready, False when not now, None when never again (see ``SpareFiles.prepare``)."""
+        return self._spare_files.prepare()
 
     # =========================================================================================
     # Syncing (flusher thread)
@@ -398,7 +401,8 @@ class CommitLog:
                 self._set_recovery_point(tail.base_offset)
         with self._rp_lock:  # a sync finishing late writes no recovery point from now on
             self._closed = True
-        self._drop_spare(unlink=disk_answers)
+            self._spare_files.closed = True
+        self._spare_files.drop(unlink=disk_answers)
         self.close_retired(stop=True)
         self._close_files()
 

@@ -1,9 +1,8 @@
 """The next segment's file, made ahead: created under a temporary name with its blocks allocated
-up to ``segment_bytes`` by the segment-ahead thread (``prepare_spare``, run by
-``flusher.SpareMaker``), taken by the core thread when it creates a new segment
-(``_take_spare``). The lock guards the file made ahead (``_spare``, ``_spare_path``).
-
-The functions take the ``CommitLog`` as ``self`` and are its methods (bound in log.py).
+up to ``segment_bytes`` by the segment-ahead thread (``SpareFiles.prepare``, which
+``CommitLog.prepare_spare`` is, run by ``flusher.SpareMaker``), taken by the core thread when it
+creates a new segment (``take``). The log's lock, shared with ``SpareFiles``, guards the file
+made ahead (``fd``, ``path``).
 """
 
 from __future__ import annotations
@@ -11,9 +10,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 from typing import Callable
 
+from edgebroker.commitlog.format import LogOptions
 from edgebroker.commitlog.segment import preallocate
+from edgebroker.commitlog.sync import close_quietly
 
 log = logging.getLogger("edgebroker.commitlog")
 # The next segment's file, created and allocated ahead by the segment-ahead thread (see
@@ -24,97 +26,110 @@ SPARE_FILE = "next-segment-{}-{}.tmp"
 _SPARE_RETRY = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EINTR))
 
 
-def make_spares(self, on_spare_taken: Callable[[], None] | None = None) -> None:
-    """From now on new segments take the file ``prepare_spare`` made ahead, when there is
-    one; ``on_spare_taken`` is called (on the core thread) when one was taken, to have
-    the next made. Without spares a new segment's blocks are allocated as it is written."""
-    with self._lock:
-        self._spares = True
-        self._on_spare_taken = on_spare_taken
+class SpareFiles:
+    """The next segment's file, made ahead off the core thread (see ``prepare``)."""
 
+    def __init__(self, directory: str, options: LogOptions, lock: threading.Lock,
+                 readonly: bool):
+        self.directory = directory
+        self.options = options
+        self.readonly = readonly
+        self._lock = lock        # the log's lock
+        self.fd = -1
+        self.path = ""
+        self.count = 0
+        self.enabled = False
+        self.on_taken: Callable[[], None] | None = None
+        self.ready = threading.Event()
+        self.closed = False      # set with the log's ``_closed``
 
-def prepare_spare(self) -> bool | None:
-    """Make the next segment's file ahead, unless there is one: created under a temporary
-    name with its blocks allocated up to ``segment_bytes`` (``segment.preallocate``), so
-    that neither the allocation (which may read block bitmaps from the disk) nor its
-    writes' allocations fall on the core thread. The ``segment-ahead`` thread (see
-    ``flusher.SpareMaker``). True when one is ready; False when not now (less free space
-    than twice ``segment_bytes``, so the last free blocks stay for the files that need
-    them; no descriptor free): nothing is kept, a later call tries again; None when never
-    again (closed, or the file system cannot allocate ahead: logged once)."""
-    with self._lock:
-        if self._closed or self.readonly or not self._spares:
-            return None
-        if self._spare >= 0:
-            return True
-    room = self.options.segment_bytes
-    try:
-        st = os.statvfs(self.directory)
-        if st.f_bavail * st.f_frsize < 2 * room:
-            return False
-    except OSError:
-        return False
-    self._spare_count += 1
-    path = os.path.join(self.directory, SPARE_FILE.format(os.getpid(), self._spare_count))
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-    except OSError as exc:
-        return self._spare_failed(exc.errno)
-    err = preallocate(fd, room)
-    if err:
-        self._close_quietly(fd)
-        _unlink_quietly(path)
-        return self._spare_failed(err)
-    with self._lock:
-        if not self._closed and self._spare < 0:
-            self._spare = fd
-            self._spare_path = path
-            self.spare_ready.set()
-            return True
-    self._close_quietly(fd)
-    _unlink_quietly(path)
-    return None if self._closed else True
+    def make(self, on_spare_taken: Callable[[], None] | None = None) -> None:
+        """From now on new segments take the file ``prepare_spare`` made ahead, when there is
+        one; ``on_spare_taken`` is called (on the core thread) when one was taken, to have
+        the next made. Without spares a new segment's blocks are allocated as it is written."""
+        with self._lock:
+            self.enabled = True
+            self.on_taken = on_spare_taken
 
-
-def spare_failed(self, err: int) -> bool | None:
-    if err in _SPARE_RETRY:
-        return False
-    self._spares = False
-    log.warning("%s: not making segment files ahead from now on: %s (each new segment's "
-                "blocks are allocated as it is written)", self.directory, os.strerror(err))
-    return None
-
-
-def take_spare(self) -> tuple[int, str] | None:
-    """The file ``prepare_spare`` made, for a new segment to take (core thread)."""
-    with self._lock:
-        fd = self._spare
-        if fd < 0:
-            return None
-        path = self._spare_path
-        self._spare = -1
-        self.spare_ready.clear()
-        callback = self._on_spare_taken
-    if callback is not None:
+    def prepare(self) -> bool | None:
+        """Make the next segment's file ahead, unless there is one: created under a temporary
+        name with its blocks allocated up to ``segment_bytes`` (``segment.preallocate``), so
+        that neither the allocation (which may read block bitmaps from the disk) nor its
+        writes' allocations fall on the core thread. The ``segment-ahead`` thread (see
+        ``flusher.SpareMaker``). True when one is ready; False when not now (less free space
+        than twice ``segment_bytes``, so the last free blocks stay for the files that need
+        them; no descriptor free): nothing is kept, a later call tries again; None when never
+        again (closed, or the file system cannot allocate ahead: logged once)."""
+        with self._lock:
+            if self.closed or self.readonly or not self.enabled:
+                return None
+            if self.fd >= 0:
+                return True
+        room = self.options.segment_bytes
         try:
-            callback()
-        except Exception:  # the spare is taken all the same
-            log.exception("asking for the next segment's file failed")
-    return fd, path
-
-
-def drop_spare(self, unlink: bool = True) -> None:
-    """Close the file made ahead and remove it (``unlink`` False: a disk that does not
-    answer; the next start removes it)."""
-    with self._lock:
-        fd = self._spare
-        path = self._spare_path
-        self._spare = -1
-        self.spare_ready.clear()
-    if fd >= 0:
-        self._close_quietly(fd)
-        if unlink:
+            st = os.statvfs(self.directory)
+            if st.f_bavail * st.f_frsize < 2 * room:
+                return False
+        except OSError:
+            return False
+        self.count += 1
+        path = os.path.join(self.directory, SPARE_FILE.format(os.getpid(), self.count))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            return self._failed(exc.errno)
+        err = preallocate(fd, room)
+        if err:
+            close_quietly(fd)
             _unlink_quietly(path)
+            return self._failed(err)
+        with self._lock:
+            if not self.closed and self.fd < 0:
+                self.fd = fd
+                self.path = path
+                self.ready.set()
+                return True
+        close_quietly(fd)
+        _unlink_quietly(path)
+        return None if self.closed else True
+
+    def _failed(self, err: int) -> bool | None:
+        if err in _SPARE_RETRY:
+            return False
+        self.enabled = False
+        log.warning("%s: not making segment files ahead from now on: %s (each new segment's "
+                    "blocks are allocated as it is written)", self.directory, os.strerror(err))
+        return None
+
+    def take(self) -> tuple[int, str] | None:
+        """The file ``prepare`` made, for a new segment to take (core thread)."""
+        with self._lock:
+            fd = self.fd
+            if fd < 0:
+                return None
+            path = self.path
+            self.fd = -1
+            self.ready.clear()
+            callback = self.on_taken
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # the spare is taken all the same
+                log.exception("asking for the next segment's file failed")
+        return fd, path
+
+    def drop(self, unlink: bool = True) -> None:
+        """Close the file made ahead and remove it (``unlink`` False: a disk that does not
+        answer; the next start removes it)."""
+        with self._lock:
+            fd = self.fd
+            path = self.path
+            self.fd = -1
+            self.ready.clear()
+        if fd >= 0:
+            close_quietly(fd)
+            if unlink:
+                _unlink_quietly(path)
 
 
 def _unlink_quietly(path: str) -> None:
