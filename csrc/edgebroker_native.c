@@ -2,7 +2,8 @@
  *
  * What is here, and why in C: the loops that touch every byte or every record of the commit log
  * (CRC32C, record validation, index rebuild, topic-filter scans), binary search over the index,
- * MQTT frame splitting, and sending several (header, file range) pairs to a socket in one call.
+ * sending several (header, file range) pairs to a socket in one call, and allocating a file's
+ * blocks ahead (fallocate).
  * Each function has a pure-Python twin in edgebroker/_native/_pure.py with identical results;
  * the test suite checks the two against each other on random inputs.
  *
@@ -13,6 +14,7 @@
 
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -626,52 +628,6 @@ int64_t eb_index_find_time(const uint8_t *index, size_t count, uint64_t timestam
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* MQTT frame splitting: (first byte, fixed-header length, remaining length) per whole frame.   */
-
-int eb_split_frames(const uint8_t *buf, size_t len, uint32_t *out, size_t max_frames,
-                    size_t *count, size_t *consumed, size_t *need)
-{
-    size_t pos = 0, n = 0;
-    int status = EB_FRAMES_OK;
-    *need = 0;
-    while (n < max_frames) {
-        uint32_t rl = 0;
-        size_t i = 1, total;
-        int complete = 0;
-        if (len - pos < 2)
-            break;
-        while (i <= 4 && pos + i < len) {
-            uint8_t b = buf[pos + i];
-            rl |= (uint32_t)(b & 0x7F) << (7 * (i - 1));
-            i++;
-            if (!(b & 0x80)) {
-                complete = 1;
-                break;
-            }
-        }
-        if (!complete) {
-            if (i > 4) {
-                status = EB_FRAMES_MALFORMED;
-            }
-            break;
-        }
-        total = i + (size_t)rl;
-        if (len - pos < total) {
-            *need = total;
-            break;
-        }
-        out[3 * n] = buf[pos];
-        out[3 * n + 1] = (uint32_t)i;
-        out[3 * n + 2] = rl;
-        n++;
-        pos += total;
-    }
-    *count = n;
-    *consumed = pos;
-    return status;
-}
-
-/* ------------------------------------------------------------------------------------------ */
 /* Send batch: for each item, its header bytes with send(MSG_MORE), then its file range with   */
 /* sendfile, to one non-blocking socket. Stops at EAGAIN or an error and says where.            */
 
@@ -729,4 +685,17 @@ int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_it
     res->progress = progress;
     res->error = err;
     return err;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Allocating a segment file's blocks ahead                                                      */
+
+int eb_fallocate_keep_size(int fd, int64_t length) {
+#ifdef FALLOC_FL_KEEP_SIZE
+    if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, length) == 0)
+        return 0;
+    return errno ? errno : EIO;
+#else
+    return ENOSYS;
+#endif
 }

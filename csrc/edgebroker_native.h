@@ -24,9 +24,6 @@
 #define EB_RESYNC_FOUND 1      /* a valid record starts at `position` */
 #define EB_RESYNC_CANDIDATE 2  /* a plausible header at `position`; its record (`need` bytes) ends past the buffer */
 
-/* split_frames status */
-#define EB_FRAMES_OK 0
-#define EB_FRAMES_MALFORMED 1  /* the remaining-length field at `consumed` has more than 4 bytes */
 
 typedef struct {
     uint64_t stop;         /* buffer position where the scan stopped */
@@ -120,8 +117,9 @@ size_t eb_index_check(const uint8_t *index, size_t count, uint64_t segment_size,
 int64_t eb_index_find_offset(const uint8_t *index, size_t count, uint32_t relative_offset);
 int64_t eb_index_find_time(const uint8_t *index, size_t count, uint64_t timestamp_ms);
 
-int eb_split_frames(const uint8_t *buf, size_t len, uint32_t *out, size_t max_frames,
-                    size_t *count, size_t *consumed, size_t *need);
 
 int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_item,
                   size_t start_progress, int cork, eb_send_result *res);
+/* Allocate the blocks of the file's first `length` bytes ahead, keeping its size (Linux
+ * fallocate with FALLOC_FL_KEEP_SIZE): 0, or the errno (ENOSYS where there is no fallocate). */
+int eb_fallocate_keep_size(int fd, int64_t length);

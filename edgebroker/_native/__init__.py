@@ -23,10 +23,19 @@ docs/log-format.md):
     until its next call.
 ``appender(capacity, entries)``
     A staging area for ``append_record``: ``.state`` (its fields are those of the C struct
-    ``eb_appender``, which the caller sets up), ``.data`` and ``.index`` (bytearrays of
+    ``eb_appender``: read them, set them only through the three ``stage_*`` below), ``.data``
+    and ``.index`` (bytearrays of
     ``capacity`` bytes and ``entries`` index entries that the records are built into), and
     ``.held`` (native 64-bit words, one per record of ``append_held``: where in ``.data`` its
     payload goes; ``state.held_count`` of them, room for ``entries``).
+``stage_segment(state, base_offset, segment_bytes, first_ts, segment_ms, big_payload)``
+    Set up a staging area for the records of one segment (its first offset and timestamp, when
+    it rolls, which payloads are not staged).
+``stage_start(state, next_offset, position, max_ts)``
+    Where the next staged record goes: its offset, its position in the segment, the running
+    maximum timestamp.
+``stage_clear(state)``
+    Empty the staging area once the caller has taken its records.
 ``append_record(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len)``
     Build one record (header, client id, topic, payload) and its index entry at the end of
     the staging area; its offset, or -1 when it is not taken (no room, the segment must roll,
@@ -53,11 +62,13 @@ docs/log-format.md):
     (consistent leading entries, entries before the first all-zero one).
 ``index_find_offset(index, count, relative_offset)`` / ``index_find_time(index, count, ts)``
     Binary search (lower bound) over index entries.
-``split_frames(data, max_frames=256)``
-    MQTT frames in ``data``: (first byte, header length, remaining length) each. -> ``FrameSplit``
 ``send_batch(sock, items, start_item=0, start_progress=0, cork=False)``
     ``items``: (header bytes, file fd, file position, length); sends each header then its
     file range (sendfile) to the non-blocking ``sock``, until done or EAGAIN. -> ``SendResult``
+``fallocate(fd, nbytes)``
+    Allocate the blocks of the file's first ``nbytes`` ahead, keeping its size (Linux
+    ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``): 0, or the errno when it cannot (``ENOSYS``
+    where there is no ``fallocate``).
 """
 
 from __future__ import annotations
@@ -68,10 +79,11 @@ import os
 from edgebroker._native._common import *  # noqa: F401,F403  (constants and result types)
 from edgebroker.errors import EdgebrokerError
 
-FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "append_record",
-             "append_held",
+FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segment",
+             "stage_start", "stage_clear", "append_record", "append_held",
              "topic_matches", "scan", "build_index", "resync",
-             "index_check", "index_find_offset", "index_find_time", "split_frames", "send_batch")
+             "index_check", "index_find_offset", "index_find_time", "send_batch",
+             "fallocate")
 CHOICES = ("auto", "c", "python")
 
 

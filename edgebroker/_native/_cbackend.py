@@ -9,8 +9,8 @@ from __future__ import annotations
 from array import array
 
 from edgebroker._native._common import (
-    INDEX_ENTRY_SIZE, RECORD_HEADER_SIZE, SCAN_ENTRY_WORDS, FrameSplit, ResyncResult, ScanResult,
-    SendResult,
+    INDEX_ENTRY_SIZE, RECORD_HEADER_SIZE, SCAN_ENTRY_WORDS, ResyncResult, ScanResult,
+    SendResult, stage_clear, stage_segment, stage_start,  # noqa: F401  (stage_*: for both)
 )
 from edgebroker._native._edgebroker_c import ffi, lib  # noqa: F401  (ImportError when not built)
 
@@ -156,14 +156,7 @@ def index_find_time(index, count: int, timestamp_ms: int) -> int:
     return lib.eb_index_find_time(_ro(index), count, timestamp_ms)
 
 
-def split_frames(data, max_frames: int = 256) -> FrameSplit:
-    frames = array("I", bytes(12 * max_frames))
-    counts = _new("size_t[3]")
-    status = lib.eb_split_frames(_ro(data), len(data), _from_buffer("uint32_t[]", frames) if max_frames
-                                 else ffi.NULL, max_frames, counts, counts + 1, counts + 2)
-    n = counts[0]
-    del frames[3 * n:]
-    return FrameSplit(frames, n, counts[1], status, counts[2])
+fallocate = lib.eb_fallocate_keep_size
 
 
 def send_batch(sock, items, start_item: int = 0, start_progress: int = 0,

@@ -1,4 +1,7 @@
-"""What both backends share: constants (equal to csrc/edgebroker_native.h's) and result types."""
+"""What both backends share: constants (equal to csrc/edgebroker_native.h's; the sizes of the log
+format are defined here once, and commitlog/format.py takes them from here), result types, and
+the setters of a staging area's fields (the C struct ``eb_appender`` and the twin's ``Appender``
+have the same field names, so one setter serves both)."""
 
 from __future__ import annotations
 
@@ -18,11 +21,10 @@ RESYNC_NONE = 0       # no valid record starts in the buffer
 RESYNC_FOUND = 1      # a valid record starts at `position`
 RESYNC_CANDIDATE = 2  # a plausible header at `position` whose record (`need` bytes) ends past the buffer
 
-FRAMES_OK = 0
-FRAMES_MALFORMED = 1  # the remaining-length field at `consumed` is longer than 4 bytes
-
+MAX_CLIENT_ID = 65535
+MAX_TOPIC = 65535
 MAX_PAYLOAD = 268_435_455
-MAX_RECORD = RECORD_HEADER_SIZE + 65535 + 65535 + MAX_PAYLOAD
+MAX_RECORD = RECORD_HEADER_SIZE + MAX_CLIENT_ID + MAX_TOPIC + MAX_PAYLOAD
 
 
 class ScanResult(NamedTuple):
@@ -41,16 +43,33 @@ class ResyncResult(NamedTuple):
     need: int
 
 
-class FrameSplit(NamedTuple):
-    frames: list   # flat: first byte, fixed-header length, remaining length; 3 per frame
-    count: int     # whole frames found
-    consumed: int  # bytes they take
-    status: int    # FRAMES_OK or FRAMES_MALFORMED (at `consumed`)
-    need: int      # total size of the next, incomplete frame when its header is complete; else 0
-
-
 class SendResult(NamedTuple):
     sent: int      # bytes sent by this call
     item: int      # first item not completely sent (len(items) when all were)
     progress: int  # bytes of that item already sent (header first, then the file range)
     error: int     # 0 when everything was sent, errno.EAGAIN when the socket is full, else an errno
+
+
+def stage_segment(state, base_offset: int, segment_bytes: int, first_ts: int, segment_ms: int,
+                  big_payload: int) -> None:
+    """Set up a staging area (``appender(...).state``) for the records of one segment."""
+    state.base_offset = base_offset
+    state.segment_bytes = segment_bytes
+    state.first_ts = first_ts
+    state.segment_ms = segment_ms
+    state.big_payload = big_payload
+
+
+def stage_start(state, next_offset: int, position: int, max_ts: int) -> None:
+    """Where the next staged record goes: its offset, its position in the segment, and the
+    segment's running maximum timestamp so far."""
+    state.next_offset = next_offset
+    state.position = position
+    state.max_ts = max_ts
+
+
+def stage_clear(state) -> None:
+    """Empty a staging area whose records the caller has taken (the segment fields stay)."""
+    state.used = 0
+    state.count = 0
+    state.held_count = 0

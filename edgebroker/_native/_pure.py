@@ -8,6 +8,7 @@ at one obvious place.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import socket
@@ -15,9 +16,10 @@ import struct
 from array import array
 
 from edgebroker._native._common import (
-    FRAMES_MALFORMED, FRAMES_OK, INDEX_ENTRY_SIZE, MAX_PAYLOAD, MAX_RECORD, RECORD_HEADER_SIZE,
+    INDEX_ENTRY_SIZE, MAX_PAYLOAD, MAX_RECORD, RECORD_HEADER_SIZE,
     RESYNC_CANDIDATE, RESYNC_FOUND, RESYNC_NONE, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL,
-    SCAN_PARTIAL, SEGMENT_HEADER_SIZE, FrameSplit, ResyncResult, ScanResult, SendResult,
+    SCAN_PARTIAL, SEGMENT_HEADER_SIZE, ResyncResult, ScanResult, SendResult,
+    stage_clear, stage_segment, stage_start,  # noqa: F401  (the same setters for both)
 )
 
 NAME = "python"
@@ -357,39 +359,6 @@ def index_find_time(index, count: int, timestamp_ms: int) -> int:
     return lo
 
 
-def split_frames(data, max_frames: int = 256) -> FrameSplit:
-    buf = memoryview(data).cast("B")
-    length = len(buf)
-    frames = array("I")
-    pos = n = need = 0
-    status = FRAMES_OK
-    while n < max_frames:
-        if length - pos < 2:
-            break
-        rl = 0
-        i = 1
-        complete = False
-        while i <= 4 and pos + i < length:
-            b = buf[pos + i]
-            rl |= (b & 0x7F) << (7 * (i - 1))
-            i += 1
-            if not b & 0x80:
-                complete = True
-                break
-        if not complete:
-            if i > 4:
-                status = FRAMES_MALFORMED
-            break
-        total = i + rl
-        if length - pos < total:
-            need = total
-            break
-        frames.extend((buf[pos], i, rl))
-        n += 1
-        pos += total
-    return FrameSplit(frames, n, pos, status, need)
-
-
 def send_batch(sock: socket.socket, items, start_item: int = 0, start_progress: int = 0,
                cork: bool = False) -> SendResult:
     sent = 0
@@ -438,3 +407,29 @@ def send_batch(sock: socket.socket, items, start_item: int = 0, start_progress: 
         except OSError:
             pass
     return SendResult(sent, i, progress, err)
+
+
+FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
+
+
+def _libc_fallocate():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    call.restype = ctypes.c_int
+    return call
+
+
+_fallocate = _libc_fallocate()
+
+
+def fallocate(fd: int, nbytes: int) -> int:
+    """The C build's eb_fallocate_keep_size, through ctypes."""
+    if _fallocate is None:
+        return errno.ENOSYS
+    if _fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, nbytes) == 0:
+        return 0
+    return ctypes.get_errno() or errno.EIO

@@ -7,16 +7,14 @@ import struct
 from dataclasses import dataclass
 
 from edgebroker import _native
+from edgebroker._native import (  # noqa: F401  (the sizes are defined once, by the native helper)
+    INDEX_ENTRY_SIZE, MAX_CLIENT_ID, MAX_PAYLOAD, MAX_TOPIC, RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+)
 from edgebroker.commitlog.errors import LogFormatError
 
 FORMAT_VERSION = 1
 MAGIC = b"EDGEBLOG"
-SEGMENT_HEADER_SIZE = 32
-RECORD_HEADER_SIZE = 34
-INDEX_ENTRY_SIZE = 16
-MAX_CLIENT_ID = 65535
-MAX_TOPIC = 65535
-MAX_PAYLOAD = 268_435_455
 SEGMENT_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"
 NAME_DIGITS = 20

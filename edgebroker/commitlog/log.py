@@ -1,11 +1,47 @@
 """The commit log: one append-only log of every message, in segments, crash-safe.
 
+``CommitLog`` is the facade: its state (the locks, the offsets, the segment list, the staging
+area) and the public methods the rest of the broker calls. The work lives in one module per
+concept, as functions that take the log as ``self`` and are bound onto ``CommitLog`` as its
+methods under their own names (so a call costs what a method call costs, and ``append``, the
+hot path of every PUBLISH, is no wrapper):
+
+    recovery.py  open: directory lock, offset files, segment scan, index check/rebuild; refresh
+    file_set.py  the ordered segments: find, new, roll, housekeeping, retention, deletion,
+                 descriptor accounting, the uploaded mark
+    appender.py  append (staging), write_pending, seal
+    sync.py      sync (fsync), the recovery point, freeing the room allocated ahead
+    spare.py     SpareFiles: the next segment's file, made ahead (its own state, the log's lock)
+    reader.py    read, read_range, read_since, scan, locate
+    verify.py    verify (the whole log), verify_step (one segment readers wanted checked)
+
 Threads. The core thread appends, writes, reads, rolls and runs retention; it never fsyncs.
 The flusher thread calls ``sync()`` (fsync, outside the lock) and ``verify_step()``; the
 segment-ahead thread ``prepare_spare()``. Any thread may call ``mark_uploaded()``. One lock
 guards what they share: the set of segments written but not yet synced, the written and durable
 offsets, the segment list, the uploaded mark and the file made ahead. The flusher
 syncs through duplicated file descriptors, so the core may seal or delete a segment meanwhile.
+
+Who calls what, and the locks held:
+
+    core thread      append, write_pending (``_lock`` only in _written_to and _seal, where
+                     written records and sealed segments become visible), housekeeping and
+                     _roll (``_lock`` in _new_segment and _delete_segment), taking the
+                     spare (``_lock``, in SpareFiles.take), read*/scan/locate (``_lock`` in
+                     locate to queue a check), descriptors_held (``_lock``), close
+                     (``_rp_lock`` to set ``_closed`` and the spare files' ``closed``)
+    flusher          sync: ``_sync_lock`` (one sync at a time; ``wait``), ``_lock`` for the
+                     snapshot and again to requeue or to raise the durable offset, fsyncs with
+                     no lock; _set_recovery_point: ``_rp_lock`` (it also guards ``_closed``);
+                     verify_step (``_lock`` around the pick and the result, scan without);
+                     close_retired (``_lock``)
+    segment-ahead    prepare_spare (``_lock`` to check and to install; the allocation without)
+    any thread       mark_uploaded: ``_upload_lock``, inside it ``_lock`` around the reads and
+                     writes of ``_uploaded``; the file is written between the two
+    damage           _remember_damage (``_lock``), from readers, recovery and verify_step
+
+Nesting: ``_lock`` and ``_rp_lock`` are taken inside ``_sync_lock``, ``_lock`` inside
+``_upload_lock``; no other lock is taken while one is held.
 
 Read-only opens (``readonly=True``: ``edgebroker inspect``, the uploader in another process) take
 no lock, change no file, and see what the writer has written so far; ``refresh()`` picks up more.
@@ -15,64 +51,32 @@ The format is documented byte by byte in docs/log-format.md.
 
 from __future__ import annotations
 
-import bisect
-import errno
-import fcntl
-import json
 import logging
-import mmap
 import os
 import threading
 import time
-from array import array
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Callable
 
 from edgebroker import _native
-from edgebroker.commitlog import retention, scanner
-from edgebroker.commitlog.errors import (
-    LogError, LogFullError, LogLockedError, LogWriteError,
-)
-from edgebroker.commitlog.format import (
-    INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, MAX_CLIENT_ID, MAX_PAYLOAD, MAX_TOPIC,
-    RECORD_HEADER, RECORD_HEADER_SIZE, RETAIN_BIT, SEGMENT_HEADER_SIZE, Damage,
-    Location, LogOptions, Record, SegmentInfo, check_segment_header, parse_segment_name,
-    segment_header, write_small_file,
-)
-from edgebroker.commitlog.segment import Segment, preallocate
+from edgebroker.commitlog import appender, file_set, reader, recovery
+from edgebroker.commitlog import sync as syncing
+from edgebroker.commitlog import verify as verifying
+from edgebroker.commitlog.appender import STAGING_BYTES, Group
+from edgebroker.commitlog.errors import LogError
+from edgebroker.commitlog.format import Damage, LogOptions
+from edgebroker.commitlog.recovery import RecoveryReport
+from edgebroker.commitlog.segment import Segment
+from edgebroker.commitlog.spare import SpareFiles
+from edgebroker.commitlog.sync import SyncStillRunning
+from edgebroker.commitlog.verify import VerifyReport
 
 log = logging.getLogger("edgebroker.commitlog")
-# Descriptors a segment holds: its data and index files, and its index map (an mmap keeps a
-# duplicate of the descriptor it maps).
-SEGMENT_DESCRIPTORS = 3
 
-LOCK_FILE = ".lock"
-UPLOADED_FILE = "uploaded"
-RECOVERY_POINT_FILE = "recovery-point"
 # How long close() waits for an fsync another thread started (the flusher, stopped already,
 # may still wait for the disk).
 CLOSE_SYNC_WAIT = 10.0
 MAX_DAMAGE_KEPT = 1000
-# A sealed segment file with more blocks than this past its size still has the room allocated
-# ahead for its writes (a crash came before the flusher freed it).
-ROOM_SLACK = 64 * 1024
-# The next segment's file, created and allocated ahead by the segment-ahead thread (see
-# prepare_spare), named by process and number so that it never reuses the name of one a roll
-# is taking; a leftover of a crash is removed at start like any ".tmp" file.
-SPARE_FILE = "next-segment-{}-{}.tmp"
-# Errors after which making a segment file ahead is tried again later (else: never again).
-_SPARE_RETRY = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EINTR))
-
-_pack_entry = INDEX_ENTRY.pack
-# Payloads of at least this many bytes are written from where they are, not copied (the caller
-# never modifies a payload it appended).
-BIG_PAYLOAD = 16 * 1024
-# The staging area of append (records built in C): a loop pass's worth of small records.
-STAGING_BYTES = 64 * 1024
-# Payload types a group refers to instead of copying (see _Group).
-_HELD_TYPES = (bytes, bytearray)
-IOV_MAX = 1024
-_unpack_record_header = RECORD_HEADER.unpack_from
 
 
 def wall_clock_ms() -> int:
@@ -98,86 +102,6 @@ class LogCounters:
     index_rebuilds: int = 0
 
 
-@dataclass(slots=True)
-class RecoveryReport:
-    """What ``open`` found and did."""
-
-    seconds: float = 0.0
-    segments: int = 0
-    full_scans: int = 0
-    damage: list = field(default_factory=list)          # Damage, corrupt and torn regions
-    index_rebuilt: list = field(default_factory=list)   # (path, reason)
-    header_damage: list = field(default_factory=list)   # (path, problem)
-    removed: list = field(default_factory=list)         # (path, reason)
-
-
-@dataclass(slots=True)
-class VerifyReport:
-    """What ``CommitLog.verify`` found."""
-
-    segments: int = 0
-    records: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    damage: list = field(default_factory=list)          # Damage: records that cannot be read
-    notes: list = field(default_factory=list)           # Damage: incomplete tail of the last segment
-    index_problems: list = field(default_factory=list)  # (path, problem): repaired at next start
-    header_problems: list = field(default_factory=list) # (path, problem)
-
-    @property
-    def ok(self) -> bool:
-        return not self.damage
-
-
-class SyncStillRunning(LogWriteError):
-    """``sync(wait=...)``: the sync another thread runs did not finish in time."""
-
-
-class _Group:
-    """Records appended for one segment and not yet written: their bytes and index entries.
-
-    The bytes are ``parts``: bytearrays that small records are copied into, and large payloads
-    held by reference (``bytes``, or the ``bytearray`` of a large received PUBLISH, which
-    nothing modifies), all written with one ``pwritev``. ``data`` is the bytearray being filled
-    (the last of ``parts``; None when the last part is a held payload, or there is none yet)."""
-
-    __slots__ = ("segment", "parts", "data", "nbytes", "index", "count", "last_offset", "first_ts",
-                 "max_ts")
-
-    def __init__(self, segment: Segment):
-        self.segment = segment
-        self.data: bytearray | None = None
-        self.parts: list = []
-        self.nbytes = 0
-        self.index = bytearray()
-        self.count = 0
-        self.last_offset = -1
-        self.first_ts: int | None = None
-        self.max_ts = 0
-
-    def open_data(self) -> bytearray:
-        """The bytearray being filled; a new last part when there is none."""
-        data = self.data
-        if data is None:
-            self.data = data = bytearray()
-            self.parts.append(data)
-        return data
-
-
-def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
-    """(value, problem): 0 and a description when the file is missing or unreadable."""
-    try:
-        with open(path, "rb") as fh:
-            value = json.loads(fh.read())[key]
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{key} is {value!r}")
-        return value, None
-    except FileNotFoundError:
-        return 0, None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return 0, f"{path}: unreadable ({exc}); using 0"
-
-
 class CommitLog:
     """Use ``CommitLog.open(directory, options)``."""
 
@@ -198,7 +122,7 @@ class CommitLog:
         self._sync_lock = threading.Lock()
         self._segments: list[Segment] = []
         self._bases: list[int] = []
-        self._groups: list[_Group] = []
+        self._groups: list[Group] = []
         self._header = _native.header_writer()  # record headers of append() (core thread)
         # Small records are built in C into a staging area (core thread; see append).
         # ``_stage`` is the open staging area's state, None while records take the long way.
@@ -231,12 +155,8 @@ class CommitLog:
         self._retired: list[int] | None = None
         self._on_retired: Callable[[], None] | None = None
         # The next segment's file, allocated ahead off the core thread (see prepare_spare).
-        self._spare = -1
-        self._spare_path = ""
-        self._spare_count = 0
-        self._spares = False
-        self._on_spare_taken: Callable[[], None] | None = None
-        self.spare_ready = threading.Event()
+        self._spare_files = SpareFiles(directory, options, self._lock, readonly)
+        self.spare_ready = self._spare_files.ready
 
     # =========================================================================================
     # Opening and recovery
@@ -265,294 +185,21 @@ class CommitLog:
             raise
         return self
 
-    def _open(self) -> None:
-        started = time.perf_counter()
-        d = self.directory
-        if self.readonly:
-            if not os.path.isdir(d):
-                raise LogError(f"no commit log at {d}")
-        else:
-            try:
-                os.makedirs(d, mode=0o750, exist_ok=True)
-                self._lock_fd = os.open(os.path.join(d, LOCK_FILE),
-                                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-            except OSError as exc:
-                raise LogError(f"cannot open the commit log directory {d}: {exc.strerror}") from None
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise LogLockedError(f"{d} is in use by another edgebroker process") from None
-        self._dir_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-
-        for name, attr, key in ((UPLOADED_FILE, "_uploaded", "uploaded_offset"),
-                                (RECOVERY_POINT_FILE, "_recovery_point", "recovery_point")):
-            value, problem = _read_offset_file(os.path.join(d, name), key)
-            if problem:
-                log.warning("%s", problem)
-            setattr(self, attr, value)
-
-        names = os.listdir(d)
-        bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
-        if not self.readonly:
-            self._remove_leftovers(names, set(bases))
-        report = self.recovery
-        for i, base in enumerate(bases):
-            seg = Segment(d, base)
-            is_last = i == len(bases) - 1
-            below_recovery_point = not is_last and bases[i + 1] <= self._recovery_point
-            try:
-                self._open_segment(seg, is_last, full_scan=is_last or not below_recovery_point)
-            except FileNotFoundError:
-                if not self.readonly:
-                    raise
-                seg.close()  # deleted by the writer's retention since the listing
-                continue
-            if seg.count == 0 and not is_last:
-                if not self.readonly:
-                    self._remove_files(seg, "no records")
-                seg.close()
-                continue
-            self._segments.append(seg)
-        self._bases = [s.base_offset for s in self._segments]
-        for prev, nxt in zip(self._segments, self._segments[1:]):
-            if prev.next_offset > nxt.base_offset:
-                log.warning("%s holds offsets up to %d, beyond the next segment's base %d; "
-                            "reads of those offsets use the later segment",
-                            prev.path, prev.next_offset - 1, nxt.base_offset)
-
-        floor = max(self._recovery_point, self._uploaded)
-        last_next = self._segments[-1].next_offset if self._segments else 0
-        self._next = self._written = self._durable = max(last_next, floor)
-        if not self.readonly:
-            self._start_appending()
-        report.segments = len(self._segments)
-        report.seconds = time.perf_counter() - started
-        self._log_recovery()
-
-    def _remove_leftovers(self, names: list[str], bases: set[int]) -> None:
-        for name in names:
-            path = os.path.join(self.directory, name)
-            stem, _, ext = name.partition(".")
-            leftover = None
-            if name.endswith(".tmp"):
-                leftover = "unfinished temporary file"
-            elif "." + ext == INDEX_SUFFIX and stem.isdigit() and int(stem) not in bases:
-                leftover = "index without its segment"
-            if leftover:
-                try:
-                    os.unlink(path)
-                    self.recovery.removed.append((path, leftover))
-                except OSError as exc:
-                    log.warning("cannot remove %s (%s): %s", path, leftover, exc.strerror)
-
-    def _remove_files(self, seg: Segment, reason: str) -> None:
-        for path in (seg.path, seg.index_path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("cannot remove %s (%s): %s", path, reason, exc.strerror)
-                return
-        self.recovery.removed.append((seg.path, reason))
-        log.warning("removed %s: %s", seg.path, reason)
-
-    def _open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
-        flags = (os.O_RDONLY if self.readonly else os.O_RDWR) | os.O_CLOEXEC
-        seg.fd = os.open(seg.path, flags)
-        try:
-            seg.index_fd = os.open(seg.index_path, flags)
-        except FileNotFoundError:
-            seg.index_fd = -1
-        seg.created = True
-        seg.sealed = not is_last
-        st = os.fstat(seg.fd)
-        size = st.st_size
-        if not is_last and not self.readonly and st.st_blocks * 512 > size + ROOM_SLACK:
-            # Sealed before a crash that came before the flusher freed its room.
-            self._free_room(seg.fd, size, seg.path)
-        if size < SEGMENT_HEADER_SIZE:
-            # Crashed while creating it: no records. The writer rewrites it at the first append.
-            if size and not self.readonly and is_last:
-                os.ftruncate(seg.fd, 0)
-                self.counters.torn_bytes_truncated += size
-            seg.size = 0
-            seg.set_index(bytearray(), 0)
-            seg.verified = True
-            return
-        problem = check_segment_header(os.pread(seg.fd, SEGMENT_HEADER_SIZE, 0), seg.path,
-                                       seg.base_offset)
-        if problem:
-            self.recovery.header_damage.append((seg.path, problem))
-            log.warning("%s: segment header damaged (%s); its records are still read, each by "
-                        "its own checksum", seg.path, problem)
-            if is_last and not self.readonly:
-                os.pwrite(seg.fd, segment_header(seg.base_offset), 0)
-        seg.size = size
-        if is_last and self.readonly:
-            # The writer may be appending: index what is complete now, quietly.
-            self._rebuild_index(seg, None, report_tail=False)
-        elif full_scan:
-            self.recovery.full_scans += 1
-            self._rebuild_index(seg, None, report_tail=True)
-        else:
-            self._check_index(seg)
-
-    def _check_index(self, seg: Segment) -> None:
-        """A sealed segment below the recovery point: check its index cheaply (structure, and the
-        last entry against its record); rebuild or complete it when that fails."""
-        if seg.index_fd < 0:
-            return self._rebuild_index(seg, "missing", report_tail=True)
-        nbytes = os.fstat(seg.index_fd).st_size
-        if nbytes % INDEX_ENTRY_SIZE:
-            return self._rebuild_index(seg, f"size {nbytes} is not a multiple of {INDEX_ENTRY_SIZE}",
-                                       report_tail=True)
-        n = nbytes // INDEX_ENTRY_SIZE
-        if n == 0:
-            if seg.size > SEGMENT_HEADER_SIZE:
-                return self._rebuild_index(seg, "empty", report_tail=True)
-            seg.set_index(b"", 0)
-            seg.verified = True
-            return None
-        seg.index_file_bytes = nbytes
-        mapped = mmap.mmap(seg.index_fd, n * INDEX_ENTRY_SIZE, access=mmap.ACCESS_READ)
-        valid, nonzero = _native.index_check(mapped, n, seg.size)
-        if valid != nonzero or nonzero == 0:
-            mapped.close()
-            return self._rebuild_index(seg, f"entry {valid} is inconsistent", report_tail=True)
-        seg.set_index(mapped, valid)
-        last_offset, last_pos, _ = seg.entry(valid - 1)
-        record_end = self._valid_record_end(seg, last_pos, last_offset)
-        if record_end is None:
-            return self._rebuild_index(seg, f"its last entry (offset {last_offset}) does not "
-                                            f"point at that record", report_tail=True)
-        if nonzero < n or record_end < seg.size:
-            # Entries missing at the end (or unused room never trimmed): index the rest.
-            entries = bytearray(mapped[:valid * INDEX_ENTRY_SIZE])
-            seg.set_index(entries, valid)
-            added = self._extend_index(seg, record_end, report_tail=True)
-            # Only room never trimmed (a stop between a roll and the flusher's trim): no damage,
-            # rewritten quietly (a read-only reader keeps the entries in memory).
-            self._save_rebuilt_index(seg, f"short by {added} entries" if added else None)
-            return None
-        seg.verified = False
-        return None
-
-    def _valid_record_end(self, seg: Segment, position: int, offset: int) -> int | None:
-        """The end of the record at ``position`` if it is valid and has ``offset``, else None."""
-        head = os.pread(seg.fd, RECORD_HEADER_SIZE, position)
-        if len(head) < RECORD_HEADER_SIZE:
-            return None
-        length = _unpack_record_header(head)[1]
-        if position + length > seg.size or length < RECORD_HEADER_SIZE:
-            return None
-        data = os.pread(seg.fd, length, position)
-        out = array("Q", bytes(8 * _native.SCAN_ENTRY_WORDS))
-        res = _native.scan(data, len(data), position, offset, None, out)
-        if res.matched != 1 or out[0] != offset or res.stop != length:
-            return None
-        return position + length
-
-    def _index_walk(self, seg: Segment, fd: int, start: int, end: int, min_offset: int,
-                    max_ts: int, entries: bytearray) -> tuple[int, list[Damage]]:
-        """Scan [start, end) of ``fd`` appending index entries; -> (entries added, damage)."""
-        out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
-        base = seg.base_offset
-
-        def step(view, avail, base_position, mo, mts):
-            return _native.build_index(view, avail, base_position, base, mo, mts, out)
-
-        added = 0
-        damage = []
-        for event in scanner.walk(fd, start, end, min_offset, max_ts, step, seg.path):
-            if event[0] == scanner.DATA:
-                res = event[2]
-                entries += out[:res.count * INDEX_ENTRY_SIZE]
-                added += res.count
-            else:
-                damage.append(event[1])
-        return added, damage
-
-    def _rebuild_index(self, seg: Segment, reason: str | None, report_tail: bool) -> None:
-        """Index the whole segment by scanning it (every CRC checked)."""
-        entries = bytearray()
-        seg.set_index(entries, 0)
-        seg.next_offset = seg.base_offset
-        seg.max_timestamp = 0
-        self._extend_index(seg, SEGMENT_HEADER_SIZE, report_tail)
-        seg.verified = True
-        self._save_rebuilt_index(seg, reason)
-
-    def _extend_index(self, seg: Segment, start: int, report_tail: bool) -> int:
-        """Scan from ``start`` to the end of the file; index valid records; handle damage."""
-        entries = seg.index
-        assert isinstance(entries, bytearray)
-        end = os.fstat(seg.fd).st_size
-        added, damage = self._index_walk(seg, seg.fd, start, end, seg.next_offset,
-                                         seg.max_timestamp, entries)
-        valid_end = end
-        for d in damage:
-            if d.kind == "torn":
-                valid_end = d.position
-                if not report_tail:
-                    continue
-                if not self.readonly:
-                    os.ftruncate(seg.fd, d.position)
-                    self.counters.torn_bytes_truncated += d.length
-                    log.warning("%s: truncated an incomplete tail of %d bytes at position %d "
-                                "(records from offset %d were never completely written)",
-                                seg.path, d.length, d.position, d.offset)
-                self.recovery.damage.append(d)
-                self._remember_damage(d, log_it=self.readonly)
-            else:
-                self.recovery.damage.append(d)
-                self._report(d)
-        seg.size = valid_end
-        seg.set_index(entries, len(entries) // INDEX_ENTRY_SIZE)
-        return added
-
-    def _save_rebuilt_index(self, seg: Segment, reason: str | None) -> None:
-        if reason is not None:
-            self.counters.index_rebuilds += 1
-            self.recovery.index_rebuilt.append((seg.index_path, reason))
-            log.warning("%s: index %s; rebuilt from the segment%s", seg.index_path, reason,
-                        "" if not self.readonly else " (in memory; the file is left as it is)")
-        if self.readonly:
-            return
-        seg.write_index_file(seg.index, seg.count, self._dir_fd)
-        if seg.sealed:
-            seg.map_index_readonly()
-
-    def _start_appending(self) -> None:
-        """Make the last segment the one appended to, and make what recovery kept durable."""
-        if self._segments:
-            tail = self._segments[-1]
-            for seg in self._segments:
-                if seg.verified:  # scanned at open: it may hold data that was never fsynced
-                    try:
-                        os.fdatasync(seg.fd)
-                    except OSError as exc:
-                        raise LogWriteError.from_os("cannot fsync", seg.path, exc) from None
-            os.fsync(self._dir_fd)
-            self._tail = tail
-            tail.sealed = False
-            self._open_for_append(tail)
-            self._set_recovery_point(tail.base_offset)
-        else:
-            self._tail = self._new_segment(self._next)
-
-    def _open_for_append(self, seg: Segment) -> None:
-        if seg.index_fd < 0:
-            seg.index_fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        seg.open_for_append(self.options.segment_bytes)
-
-    def _log_recovery(self) -> None:
-        r = self.recovery
-        first, nxt = self.first_offset, self._next
-        log.info("commit log %s: %d segments, offsets %d..%d, opened%s in %.3f s "
-                 "(%d scanned record by record, %d damaged regions, %d indexes rebuilt)",
-                 self.directory, r.segments, first, nxt - 1, " read-only" if self.readonly else "",
-                 r.seconds, r.full_scans, len(r.damage), len(r.index_rebuilt))
+    # recovery.py
+    _open = recovery.open_log
+    _remove_leftovers = recovery.remove_leftovers
+    _remove_files = recovery.remove_files
+    _open_segment = recovery.open_segment
+    _check_index = recovery.check_index
+    _valid_record_end = recovery.valid_record_end
+    _index_walk = recovery.index_walk
+    _rebuild_index = recovery.rebuild_index
+    _extend_index = recovery.extend_index
+    _save_rebuilt_index = recovery.save_rebuilt_index
+    _start_appending = recovery.start_appending
+    _open_for_append = recovery.open_for_append
+    _log_recovery = recovery.log_recovery
+    refresh = recovery.refresh
 
     # =========================================================================================
     # Damage bookkeeping
@@ -613,26 +260,6 @@ class CommitLog:
     def segment_count(self) -> int:
         return len(self._segments)
 
-    def descriptors_at_retention(self) -> tuple[int, int]:
-        """(segments, descriptors) of the log once it holds as many segments as
-        ``retention_bytes`` allows (at least what it holds now)."""
-        opts = self.options
-        segments = max(len(self._segments), opts.retention_bytes // opts.segment_bytes + 1)
-        return segments, max(self.descriptors_held(), SEGMENT_DESCRIPTORS * segments + 1)
-
-    def descriptors_held(self) -> int:
-        """Descriptors the log's segments hold now, or may soon: each segment's data and index
-        files and its index map (an mmap keeps a duplicate of the descriptor it maps), those of
-        deleted segments the flusher has not closed yet, the duplicates a sync makes of what it
-        fsyncs (two per segment waiting for one, and the directory's), and the next segment's
-        file made ahead (see make_spares)."""
-        with self._lock:
-            n = (1 + 2 * len(self._unsynced) + (len(self._retired) if self._retired else 0)
-                 + self._spares)
-            for seg in self._segments:
-                n += (seg.fd >= 0) + (seg.index_fd >= 0) + isinstance(seg.index, mmap.mmap)
-        return n
-
     @property
     def uploaded_offset(self) -> int:
         return self._uploaded
@@ -644,1013 +271,91 @@ class CommitLog:
     # Appending and writing (core thread)
     # =========================================================================================
 
-    def append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
-               payload: bytes) -> int:
-        """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``;
-        a large ``payload`` is held by reference until then and must not change.
+    # appender.py
+    append = appender.append
+    _append = appender.append_long
+    _group = appender.group
+    _open_stage = appender.open_stage
+    _close_stage = appender.close_stage
+    _unstage = appender.unstage
+    _staged_parts = appender.staged_parts
+    _take_staged = appender.take_staged
+    _new_group = appender.new_group
+    write_pending = appender.write_pending
+    _write_stage = appender.write_stage
+    _written_to = appender.written_to
+    _write_at = appender.write_at
+    _seal = appender.seal
 
-        While writes are failing, a record that would take the pending bytes past
-        ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
-        stage = self._stage
-        if stage is not None:
-            n = len(payload)
-            if n < BIG_PAYLOAD:
-                if type(payload) is bytes:
-                    # The common record: small, bytes, in the open segment. Built in C
-                    # (header, CRC, index entry) into the staging area, which write_pending
-                    # writes from.
-                    try:
-                        offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
-                                                     len(client_id), topic, len(topic), payload,
-                                                     n)
-                    except (TypeError, OverflowError):  # a client id or topic that is not
-                        offset = -1  # bytes (the C build takes only bytes), a field out of range
-                    if offset >= 0:
-                        return offset
-            elif type(payload) in _HELD_TYPES:
-                # A large payload (a received one is a bytearray): its header, client id and
-                # topic are staged, the payload itself is held and written from where it is.
-                try:
-                    offset = self._append_held(stage, timestamp_ms, qos, retain, client_id,
-                                               len(client_id), topic, len(topic), payload, n)
-                except (TypeError, OverflowError):
-                    offset = -1
-                if offset >= 0:
-                    self._held.append(payload)
-                    self._held_bytes += n
-                    return offset
-        return self._append(timestamp_ms, qos, retain, client_id, topic, payload)
-
-    def _append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
-                payload: bytes) -> int:
-        """``append`` for what the staging area does not take; opens it again afterwards."""
-        if self.readonly or self._closed:
-            raise LogError(f"{self.directory}: the log is {'read-only' if self.readonly else 'closed'}")
-        self._unstage()
-        lc, lt, lp = len(client_id), len(topic), len(payload)
-        if lc > MAX_CLIENT_ID or lt > MAX_TOPIC or lp > MAX_PAYLOAD or not 0 <= qos <= 2 \
-                or timestamp_ms < 0:
-            raise ValueError(f"record out of range: qos {qos}, timestamp {timestamp_ms}, "
-                             f"client id {lc} bytes, topic {lt} bytes, payload {lp} bytes")
-        length = RECORD_HEADER_SIZE + lc + lt + lp
-        if self._failing and self._pending + length > self.options.max_pending_bytes:
-            raise LogFullError(f"{self.directory}: {self._pending} bytes are waiting for the "
-                               f"disk (max_pending_bytes {self.options.max_pending_bytes}); record "
-                               f"not taken")
-        seg = self._tail
-        if seg.full or seg.sealed or (seg.reserved_count and (
-                seg.reserved_size + length > self.options.segment_bytes
-                or timestamp_ms - seg.reserved_first_ts >= self.options.segment_ms)):
-            seg = self._roll()
-        g = self._group(seg, timestamp_ms)
-        offset = self._next
-        data = g.open_data()
-        position = seg.reserved_size
-        data += self._header(offset, timestamp_ms, qos | RETAIN_BIT if retain else qos,
-                             client_id, topic, payload)
-        data += client_id
-        data += topic
-        if lp >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:
-            g.parts.append(payload)
-            g.data = None
-        else:
-            data += payload
-        g.nbytes += length
-        max_ts = seg.reserved_max_ts
-        if timestamp_ms > max_ts:
-            seg.reserved_max_ts = max_ts = timestamp_ms
-        g.max_ts = max_ts
-        g.index += _pack_entry(offset - seg.base_offset, position, max_ts)
-        g.count += 1
-        g.last_offset = offset
-        seg.reserved_size = position + length
-        seg.reserved_count += 1
-        self._pending += length
-        self._next = offset + 1
-        if not self._failing:
-            self._open_stage(seg)
-        return offset
-
-    def _group(self, seg: Segment, timestamp_ms: int) -> _Group:
-        """The group that ``seg``'s next record joins (the last one, or a new one)."""
-        groups = self._groups
-        if groups and groups[-1].segment is seg:
-            return groups[-1]
-        return self._new_group(seg, timestamp_ms)
-
-    def _open_stage(self, seg: Segment) -> None:
-        """Let ``append`` stage the records that follow in ``seg`` (nothing is staged now)."""
-        stage = self._staging.state
-        if self._stage_seg is not seg:
-            opts = self.options
-            stage.base_offset = seg.base_offset
-            stage.segment_bytes = opts.segment_bytes
-            stage.first_ts = seg.reserved_first_ts
-            stage.segment_ms = opts.segment_ms
-            stage.big_payload = BIG_PAYLOAD
-            self._stage_seg = seg
-        stage.next_offset = self._next
-        stage.position = seg.reserved_size
-        stage.max_ts = seg.reserved_max_ts
-        self._stage = stage
-
-    def _close_stage(self) -> None:
-        """Records take the long way until ``_append`` opens the staging area again."""
-        self._unstage()
-        self._stage = None
-        self._stage_seg = None
-
-    def _unstage(self) -> None:
-        """Move the staged records into the write queue (their segment's last group), as if
-        ``_append`` had appended them; each held payload goes right after its record."""
-        stage = self._stage
-        if stage is None or not stage.count:
-            return
-        n, used = stage.count, stage.used
-        seg = self._stage_seg
-        g = self._group(seg, stage.staged_first_ts)
-        for part in self._staged_parts(stage):
-            if type(part) is memoryview:  # staged bytes: copied
-                g.open_data().extend(part)
-            else:  # a held payload: written from where it is
-                g.parts.append(part)
-                g.data = None
-        g.index += self._staged_index[:n * INDEX_ENTRY_SIZE]
-        g.count += n
-        g.last_offset = stage.next_offset - 1
-        g.max_ts = stage.max_ts
-        used += self._take_staged(stage, seg)
-        g.nbytes += used
-        self._pending += used
-
-    def _staged_parts(self, stage) -> list:
-        """The staged records' bytes in write order: views of the staging area, each held
-        payload right after its record's header, client id and topic."""
-        staged = self._staged
-        held = self._held
-        if not held:
-            return [staged[:stage.used]]
-        where = self._staging.held
-        parts = []
-        done = 0
-        for i, payload in enumerate(held):
-            end = where[i]
-            parts.append(staged[done:end])
-            parts.append(payload)
-            done = end
-        if done < stage.used:
-            parts.append(staged[done:stage.used])
-        return parts
-
-    def _take_staged(self, stage, seg: Segment) -> int:
-        """The staged records now count as appended to ``seg`` (the write queue or the file
-        has them): empty the staging area. The bytes of the held payloads it let go."""
-        seg.reserved_max_ts = stage.max_ts
-        seg.reserved_size = stage.position
-        seg.reserved_count += stage.count
-        self._next = stage.next_offset
-        stage.used = 0
-        stage.count = 0
-        nbytes = self._held_bytes
-        if nbytes:
-            self._held.clear()
-            self._held_bytes = 0
-            stage.held_count = 0
-        return nbytes
-
-    def _new_group(self, seg: Segment, timestamp_ms: int) -> _Group:
-        """Start the group of records bound for ``seg``; its first record is ``timestamp_ms``'s."""
-        g = _Group(seg)
-        g.first_ts = timestamp_ms
-        if seg.reserved_first_ts is None:
-            seg.reserved_first_ts = timestamp_ms
-        self._groups.append(g)
-        if seg.reserved_size == 0:
-            header = segment_header(seg.base_offset)
-            g.open_data().extend(header)
-            g.nbytes += len(header)
-            seg.reserved_size = len(header)
-            self._pending += len(header)
-        return g
-
-    def _new_segment(self, base_offset: int) -> Segment:
-        seg = Segment(self.directory, base_offset)
-        seg.verified = True  # everything in it is written by this process
-        with self._lock:
-            self._segments.append(seg)
-            self._bases.append(base_offset)
-        return seg
-
-    # -- the next segment's file, allocated ahead ------------------------------------------------
+    # -- the next segment's file, allocated ahead (spare.py) ---------------------------------------
     def make_spares(self, on_spare_taken: Callable[[], None] | None = None) -> None:
         """From now on new segments take the file ``prepare_spare`` made ahead, when there is
         one; ``on_spare_taken`` is called (on the core thread) when one was taken, to have
-        the next made. Without spares a new segment's blocks are allocated as it is written."""
-        with self._lock:
-            self._spares = True
-            self._on_spare_taken = on_spare_taken
+        the next made (see ``SpareFiles.make``)."""
+        self._spare_files.make(on_spare_taken)
 
     def prepare_spare(self) -> bool | None:
-        """Make the next segment's file ahead, unless there is one: created under a temporary
-        name with its blocks allocated up to ``segment_bytes`` (``segment.preallocate``), so
-        that neither the allocation (which may read block bitmaps from the disk) nor its
-        writes' allocations fall on the core thread. The ``segment-ahead`` thread (see
-        ``flusher.SpareMaker``). True when one is ready; False when not now (less free space
-        than twice ``segment_bytes``, so the last free blocks stay for the files that need
-        them; no descriptor free): nothing is kept, a later call tries again; None when never
-        again (closed, or the file system cannot allocate ahead: logged once)."""
-        with self._lock:
-            if self._closed or self.readonly or not self._spares:
-                return None
-            if self._spare >= 0:
-                return True
-        room = self.options.segment_bytes
-        try:
-            st = os.statvfs(self.directory)
-            if st.f_bavail * st.f_frsize < 2 * room:
-                return False
-        except OSError:
-            return False
-        self._spare_count += 1
-        path = os.path.join(self.directory, SPARE_FILE.format(os.getpid(), self._spare_count))
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-        except OSError as exc:
-            return self._spare_failed(exc.errno)
-        err = preallocate(fd, room)
-        if err:
-            self._close_quietly(fd)
-            self._unlink_quietly(path)
-            return self._spare_failed(err)
-        with self._lock:
-            if not self._closed and self._spare < 0:
-                self._spare = fd
-                self._spare_path = path
-                self.spare_ready.set()
-                return True
-        self._close_quietly(fd)
-        self._unlink_quietly(path)
-        return None if self._closed else True
-
-    def _spare_failed(self, err: int) -> bool | None:
-        if err in _SPARE_RETRY:
-            return False
-        self._spares = False
-        log.warning("%s: not making segment files ahead from now on: %s (each new segment's "
-                    "blocks are allocated as it is written)", self.directory, os.strerror(err))
-        return None
-
-    def _take_spare(self) -> tuple[int, str] | None:
-        """The file ``prepare_spare`` made, for a new segment to take (core thread)."""
-        with self._lock:
-            fd = self._spare
-            if fd < 0:
-                return None
-            path = self._spare_path
-            self._spare = -1
-            self.spare_ready.clear()
-            callback = self._on_spare_taken
-        if callback is not None:
-            try:
-                callback()
-            except Exception:  # the spare is taken all the same
-                log.exception("asking for the next segment's file failed")
-        return fd, path
-
-    def _drop_spare(self, unlink: bool = True) -> None:
-        """Close the file made ahead and remove it (``unlink`` False: a disk that does not
-        answer; the next start removes it)."""
-        with self._lock:
-            fd = self._spare
-            path = self._spare_path
-            self._spare = -1
-            self.spare_ready.clear()
-        if fd >= 0:
-            self._close_quietly(fd)
-            if unlink:
-                self._unlink_quietly(path)
-
-    @staticmethod
-    def _unlink_quietly(path: str) -> None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-    def _roll(self) -> Segment:
-        self._close_stage()
-        old = self._tail
-        old.full = True
-        if not old.sealed and not any(g.segment is old for g in self._groups):
-            self._seal(old)
-        self._tail = self._new_segment(self._next)
-        return self._tail
-
-    def write_pending(self) -> int:
-        """Hand every record appended since the last call to the OS: one ``pwritev`` (one per
-        segment when the records span a roll; more only past 1024 buffers, about 500 large
-        payloads). Never fsyncs. Returns ``written_offset``.
-
-        On a write error (disk full, I/O error) the partial write is truncated away, the records
-        stay pending for the next call, and ``LogWriteError`` says what and where.
-        """
-        stage = self._stage
-        if stage is not None and stage.count and not self._groups and self._write_stage(stage):
-            return self._written
-        self._unstage()
-        while self._groups:
-            g = self._groups[0]
-            seg = g.segment
-            try:
-                if not seg.created:
-                    seg.create_files(self._take_spare() if seg.fd < 0 else None)
-                if seg.count + g.count > seg.index_capacity:
-                    seg.ensure_index_room(seg.count + g.count)
-                self._write_at(seg, g.parts, g.nbytes, seg.size)
-            except LogWriteError as exc:
-                self.counters.write_errors += 1
-                self._close_stage()  # while failing, every append checks max_pending_bytes
-                if not self._failing:
-                    self._failing = True
-                    log.error("commit log write failed: %s; %d records (%d bytes) kept in memory "
-                              "and retried", exc, self._next - self._written, self._pending)
-                raise
-            self._written_to(seg, g.index, g.count, g.nbytes, g.last_offset + 1, g.max_ts,
-                             g.first_ts)
-            self._pending -= g.nbytes
-            self._groups.pop(0)
-            if seg.full and not (self._groups and self._groups[0].segment is seg):
-                self._seal(seg)
-        if self._failing:
-            self._failing = False
-            log.warning("commit log writes work again; everything pending is written")
-        return self._written
-
-    def _write_stage(self, stage) -> bool:
-        """``write_pending``'s common pass: every pending record is staged (no group waits),
-        so they are written straight from the staging area and their held payloads, with no
-        group between. False, having changed nothing, when that pass cannot be taken or the
-        write fails; the long way then writes the same bytes again."""
-        seg = self._stage_seg
-        n = stage.count
-        if not seg.created or seg.count + n > seg.index_capacity:
-            return False
-        nbytes = stage.used + self._held_bytes
-        try:
-            self._write_at(seg, self._staged_parts(stage), nbytes, seg.size)
-        except LogWriteError:
-            return False  # the long way tries again, and reports
-        self._written_to(seg, self._staged_index[:n * INDEX_ENTRY_SIZE], n, nbytes,
-                         stage.next_offset, stage.max_ts, stage.staged_first_ts)
-        self._take_staged(stage, seg)
-        return True
-
-    def _written_to(self, seg: Segment, index, count: int, nbytes: int, next_offset: int,
-                    max_ts: int, first_ts: int) -> None:
-        """``count`` records (``nbytes``, their ``index`` entries) were just written at the end
-        of ``seg``: readers, the flusher and the counters may see them."""
-        start = seg.count * INDEX_ENTRY_SIZE
-        seg.index[start:start + len(index)] = index
-        with self._lock:
-            seg.size += nbytes
-            seg.count += count
-            seg.next_offset = next_offset
-            seg.max_timestamp = max_ts
-            if seg.first_timestamp is None:
-                seg.first_timestamp = first_ts
-            self._written = next_offset
-            self._unsynced[seg.base_offset] = seg
-            self._needs_sync = True
-        counters = self.counters
-        counters.writes += 1
-        counters.appended_records += count
-        counters.appended_bytes += nbytes
-
-    def _write_at(self, seg: Segment, parts: list, nbytes: int, position: int) -> None:
-        if len(parts) <= IOV_MAX:
-            # The common pass: one call (one buffer when the records are small). A short
-            # write or an error goes the long way below, which writes the same bytes again
-            # from the start.
-            try:
-                if (os.pwrite(seg.fd, parts[0], position) if len(parts) == 1 else
-                        os.pwritev(seg.fd, parts, position)) == nbytes:
-                    return
-            except OSError:
-                pass
-        views = [memoryview(p) for p in parts if len(p)]
-        first = 0
-        done = 0
-        try:
-            while first < len(views):
-                n = os.pwritev(seg.fd, views[first:first + IOV_MAX], position + done)
-                if n <= 0:
-                    raise OSError(errno.EIO, os.strerror(errno.EIO))
-                done += n
-                while first < len(views) and n >= len(views[first]):
-                    n -= len(views[first])
-                    first += 1
-                if n:
-                    views[first] = views[first][n:]
-        except OSError as exc:
-            try:
-                os.ftruncate(seg.fd, position)
-            except OSError as exc2:
-                log.error("%s: cannot truncate the partial write back to %d bytes: %s (readers "
-                          "stop at the last valid record; the next start truncates it)",
-                          seg.path, position, exc2.strerror)
-            raise LogWriteError.from_os(f"cannot write {nbytes} bytes at position {position} of",
-                                        seg.path, exc) from None
-        finally:
-            for v in views:
-                v.release()
-
-    def _seal(self, seg: Segment) -> None:
-        """No more appends to ``seg``: map its index read-only; the flusher trims the index
-        file and fsyncs both files."""
-        if seg is self._stage_seg:
-            self._close_stage()
-        trim = -1
-        if seg.created and seg.index_fd >= 0:
-            problem = seg.seal_index()
-            if problem is not None:
-                log.warning("%s: cannot map the sealed index (%s); its %d entries are kept in "
-                            "memory", seg.index_path, problem, seg.count)
-            trim = seg.index_file_bytes
-        with self._lock:
-            seg.sealed = True
-            if seg.created:
-                seg.index_dirty = True
-                seg.index_trim = trim  # with index_dirty: one sync job takes both
-                self._unsynced[seg.base_offset] = seg
-                self._needs_sync = True
-        self.counters.segments_rolled += 1
-        self._apply_retention(self._clock())
+        """Make the next segment's file ahead (the segment-ahead thread): True when one is
+        ready, False when not now, None when never again (see ``SpareFiles.prepare``)."""
+        return self._spare_files.prepare()
 
     # =========================================================================================
     # Syncing (flusher thread)
     # =========================================================================================
 
-    def sync(self, sealed_only: bool = False, wait: float | None = None) -> int:
-        """fsync what was written (``sealed_only``: only sealed segments); -> ``durable_offset``.
-
-        Safe to call from another thread while the core appends, writes and rolls: the lock is
-        held only to take a snapshot; the fsyncs run on duplicated descriptors outside it.
-        Syncs run one at a time; ``wait``: seconds to wait for one that is running (None: as
-        long as it takes), then ``SyncStillRunning``.
-        """
-        if not self._sync_lock.acquire(timeout=-1 if wait is None else wait):
-            raise SyncStillRunning(f"{self.directory}: an fsync of the log has not finished "
-                                   f"after {wait:g} s (the disk does not answer); not waiting "
-                                   f"longer")
-        try:
-            return self._sync(sealed_only)
-        finally:
-            self._sync_lock.release()
-
-    def _sync(self, sealed_only: bool) -> int:
-        with self._lock:
-            if self._closed:
-                return self._durable
-            todo = [s for s in self._unsynced.values() if s.sealed or not sealed_only]
-            for s in todo:
-                del self._unsynced[s.base_offset]
-            self._needs_sync = bool(self._unsynced)
-            target = None if sealed_only else self._written
-            open_segments = [s.base_offset for s in self._segments if not s.sealed]
-            recovery_point = min(open_segments) if open_segments else self._written
-            jobs = []
-            try:
-                for s in todo:
-                    if s.fd < 0:
-                        continue
-                    fd = os.dup(s.fd)
-                    try:
-                        ifd = os.dup(s.index_fd) if s.index_dirty and s.index_fd >= 0 else -1
-                    except OSError:
-                        os.close(fd)
-                        raise
-                    room = s.size if s.sealed and s.preallocated else -1
-                    jobs.append((s, fd, ifd, s.new_file, s.sealed,
-                                 s.index_trim if ifd >= 0 else -1, room))
-                    s.index_dirty = s.new_file = False
-                    if room >= 0:
-                        s.preallocated = False
-                    if ifd >= 0:
-                        s.index_trim = -1
-                dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
-            except OSError:
-                for j in jobs:
-                    self._close_quietly(j[1], j[2])
-                self._requeue(jobs, todo)
-                raise
-        path = self.directory
-        try:
-            for seg, fd, ifd, _new, sealed, trim, room in jobs:
-                path = seg.path
-                if room >= 0:  # first: its last block changes (zeros past the end)
-                    self._free_room(fd, room, path)
-                os.fdatasync(fd)
-                if sealed:
-                    self._drop_cached(fd)
-                if ifd >= 0:
-                    path = seg.index_path
-                    if trim >= 0:
-                        os.ftruncate(ifd, trim)
-                    os.fsync(ifd)
-            if dir_fd >= 0:
-                path = self.directory
-                os.fsync(dir_fd)
-        except OSError as exc:
-            self.counters.fsync_errors += 1
-            with self._lock:
-                self._requeue(jobs, todo)
-            raise LogWriteError.from_os("cannot fsync", path, exc) from None
-        finally:
-            for _seg, fd, ifd, *_ in jobs:
-                self._close_quietly(fd, ifd)
-            if dir_fd >= 0:
-                self._close_quietly(dir_fd)
-        self.counters.fsyncs += len(jobs)
-        with self._lock:
-            if target is not None and target > self._durable:
-                self._durable = target
-            durable = self._durable
-        if any(seg.sealed for seg, *_ in jobs):
-            self._set_recovery_point(recovery_point)
-        return durable
-
-    @staticmethod
-    def _free_room(fd: int, size: int, path: str) -> None:
-        """A segment's blocks allocated ahead past its ``size`` are not needed (it is sealed,
-        or the log closes): free them. A failure only leaves them allocated (the next start
-        tries again, once the segment is sealed)."""
-        try:
-            os.ftruncate(fd, size)
-        except OSError as exc:
-            log.warning("%s: cannot free the blocks allocated ahead past its %d bytes: %s",
-                        path, size, exc.strerror)
-
-    @staticmethod
-    def _drop_cached(fd: int) -> None:
-        """A sealed segment is on disk: let the OS drop its pages from the page cache. The log
-        is written once and read seldom (a backlog, the uploader); kept cached it would push
-        out what the gateway's other programs need, and new pages cost more to write into
-        than recycled ones."""
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass  # advice only
-
-    def _requeue(self, jobs, todo) -> None:
-        for s in todo:
-            self._unsynced.setdefault(s.base_offset, s)
-        for s, _fd, ifd, new, _sealed, trim, room in jobs:
-            if room >= 0:
-                s.preallocated = True  # freed again (or for the first time) by the retry
-            if ifd >= 0:
-                s.index_dirty = True
-            if trim >= 0 and s.index_trim < 0:
-                s.index_trim = trim
-            if new:
-                s.new_file = True
-        self._needs_sync = bool(self._unsynced)
-
-    @staticmethod
-    def _close_quietly(*fds: int) -> None:
-        for fd in fds:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-
-    def _set_recovery_point(self, offset: int) -> None:
-        """Record that every segment below ``offset`` is fsynced (so the next start skips
-        scanning them record by record)."""
-        with self._rp_lock:
-            if offset <= self._recovery_point or self.readonly or self._closed:
-                return
-            path = os.path.join(self.directory, RECOVERY_POINT_FILE)
-            try:
-                write_small_file(path, json.dumps({"recovery_point": offset}).encode() + b"\n",
-                                 self._dir_fd)
-            except OSError as exc:
-                log.warning("cannot write %s: %s (the next start scans more)", path, exc.strerror)
-                return
-            self._recovery_point = offset
-
-    def verify_step(self) -> bool:
-        """Check every record of one segment that a reader wanted checked (flusher, when idle).
-        Returns False when there was nothing to do."""
-        with self._lock:
-            seg = next((s for s in self._verify_wanted if not s.deleted and not s.verified), None)
-            self._verify_wanted = {s for s in self._verify_wanted if not s.deleted and not s.verified}
-            if seg is None or seg.fd < 0:
-                return False
-            fd = os.dup(seg.fd)
-            end = seg.size
-        try:
-            entries = bytearray()
-            _added, damage = self._index_walk(seg, fd, SEGMENT_HEADER_SIZE, end, seg.base_offset,
-                                              0, entries)
-        finally:
-            os.close(fd)
-        for d in damage:
-            self._report(d)
-        with self._lock:
-            self._verify_wanted.discard(seg)
-            if not damage:
-                seg.verified = True
-        return True
+    # sync.py: fsync, the recovery point, freeing the room allocated ahead
+    sync = syncing.sync
+    _sync = syncing.run_sync
+    _requeue = syncing.requeue
+    _set_recovery_point = syncing.set_recovery_point
+    _free_room = staticmethod(syncing.free_room)
+    _close_quietly = staticmethod(syncing.close_quietly)
 
     # =========================================================================================
-    # Rolling by age and retention (core thread)
+    # The segments: find, roll, retention, deletion, descriptors (file_set.py; core thread
+    # but for mark_uploaded, the uploader's, and close_retired, the flusher's)
     # =========================================================================================
 
-    def housekeeping(self) -> None:
-        """Seal the segment being appended to once it is ``segment_ms`` old, and apply retention.
-        Call it now and then from the core (every second or so). Cheap when there is nothing
-        to do; deleting a segment closes its descriptors (see ``Location``)."""
-        if self.readonly or self._closed:
-            return
-        self._unstage()  # staged records count as pending (keep the segment open)
-        now = self._clock()
-        tail = self._tail
-        if (tail.count and not tail.sealed and not tail.full and tail.first_timestamp is not None
-                and now - tail.first_timestamp >= self.options.segment_ms
-                and not any(g.segment is tail for g in self._groups)):
-            tail.full = True
-            self._seal(tail)
-            return
-        self._apply_retention(now)
-
-    def _apply_retention(self, now: int) -> None:
-        opts = self.options
-        for seg, forced, reason in retention.plan(self._segments, self._uploaded, now,
-                                                  opts.retention_bytes, opts.retention_ms):
-            self._delete_segment(seg, forced, reason)
-
-    def _delete_segment(self, seg: Segment, forced: bool, reason: str) -> None:
-        try:
-            os.unlink(seg.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.error("cannot delete %s (%s): %s", seg.path, reason, exc.strerror)
-            return
-        try:
-            os.unlink(seg.index_path)
-        except OSError:
-            pass
-        first = seg.entry(0)[0] if seg.count else seg.base_offset
-        span = f"offsets {first}..{seg.next_offset - 1}, {seg.count} records, {seg.size} bytes"
-        with self._lock:
-            i = self._segments.index(seg)
-            del self._segments[i]
-            del self._bases[i]
-            self._unsynced.pop(seg.base_offset, None)
-            seg.deleted = True
-            retired = self._retired is not None
-            if retired:
-                self._retired += seg.detach()
-        if retired and self._on_retired is not None:
-            self._on_retired()
-        seg.close()
-        self.counters.segments_deleted += 1
-        if forced:
-            self.counters.forced_deletions += 1
-            self.counters.forced_deleted_records += seg.count
-            log.warning("deleted segment %s (%s) before it was uploaded: %s", seg.path, span, reason)
-        else:
-            log.info("deleted segment %s (%s): %s", seg.path, span, reason)
-
-    def defer_closes(self, on_retired: Callable[[], None] | None = None) -> None:
-        """From now on, the descriptors of a deleted segment are closed by ``close_retired``
-        (the flusher thread) rather than by the thread that deletes it (the core), which calls
-        ``on_retired`` to say there are some. Closing the last descriptor of a deleted file
-        frees its blocks, which can wait for the disk (a discard, for instance)."""
-        with self._lock:
-            if self._retired is None:
-                self._retired = []
-            self._on_retired = on_retired
-
-    def close_retired(self, stop: bool = False) -> None:
-        """Close the descriptors that deleted segments left (see ``defer_closes``); ``stop``:
-        and from now on the thread that deletes a segment closes its files again (the flusher
-        thread ends)."""
-        with self._lock:
-            fds = self._retired
-            if stop:
-                self._retired = None
-                self._on_retired = None
-            elif fds:
-                self._retired = []
-        if fds:
-            self._close_quietly(*fds)
-
-    def mark_uploaded(self, up_to_offset: int) -> None:
-        """Every record below ``up_to_offset`` has been uploaded; persisted (fsynced file), so
-        retention may delete those segments. Any thread; not the core (it writes a file)."""
-        if self.readonly:
-            raise LogError(f"{self.directory}: the log is open read-only")
-        with self._upload_lock:
-            with self._lock:
-                up_to_offset = min(up_to_offset, self._written)
-                if up_to_offset <= self._uploaded:
-                    return
-            write_small_file(os.path.join(self.directory, UPLOADED_FILE),
-                             json.dumps({"uploaded_offset": up_to_offset}).encode() + b"\n",
-                             self._dir_fd)
-            with self._lock:
-                self._uploaded = max(self._uploaded, up_to_offset)
+    _segment_index = file_set.segment_index
+    _find = file_set.find
+    _new_segment = file_set.new_segment
+    _roll = file_set.roll
+    housekeeping = file_set.housekeeping
+    _apply_retention = file_set.apply_retention
+    _delete_segment = file_set.delete_segment
+    defer_closes = file_set.defer_closes
+    close_retired = file_set.close_retired
+    mark_uploaded = file_set.mark_uploaded
+    descriptors_at_retention = file_set.descriptors_at_retention
+    descriptors_held = file_set.descriptors_held
+    segments = file_set.segments
 
     # =========================================================================================
     # Reading
     # =========================================================================================
 
-    def _segment_index(self, offset: int) -> int:
-        return bisect.bisect_right(self._bases, offset) - 1
-
-    def _find(self, offset: int) -> tuple[Segment, int] | None:
-        i = self._segment_index(offset)
-        if i < 0:
-            return None
-        seg = self._segments[i]
-        j = seg.find_offset(offset)
-        if j >= seg.count or seg.entry(j)[0] != offset:
-            return None
-        return seg, j
-
-    def read(self, offset: int) -> Record | None:
-        """The record at ``offset``; None when there is none (not written yet, deleted by
-        retention, or damaged: damage is logged once and counted)."""
-        found = self._find(offset)
-        if found is None:
-            return None
-        return self._read_entry(*found)
-
-    def _read_entry(self, seg: Segment, j: int, retry: bool = True) -> Record | None:
-        offset, position, _ = seg.entry(j)
-        end = seg.end_of(j)
-        data = os.pread(seg.fd, end - position, position)
-        out = array("Q", bytes(8 * _native.SCAN_ENTRY_WORDS))
-        res = _native.scan(data, len(data), position, offset, None, out)
-        if res.matched and out[0] == offset:
-            return next(scanner.records_from(memoryview(data), out, 1, position))
-        if retry and not seg.verified and self._repair_index(seg, offset):
-            found = self._find(offset)
-            return self._read_entry(*found, retry=False) if found else None
-        self._report(Damage(seg.path, position, end - position, offset, "corrupt"))
-        return None
-
-    def _repair_index(self, seg: Segment, offset: int) -> bool:
-        """An index entry did not lead to its record: rebuild that index by scanning. True when
-        the index changed."""
-        if seg is self._tail and not self.readonly:
-            return False
-        before = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
-        self._rebuild_index(seg, None, report_tail=False)
-        after = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
-        if before != after:
-            self.counters.index_rebuilds += 1
-            log.warning("%s: an entry did not match its record (offset %d); index rebuilt",
-                        seg.index_path, offset)
-            return True
-        return False
-
-    def read_range(self, start: int, end: int | None = None) -> Iterator[Record]:
-        """Records with ``start <= offset < end`` (to the end of what is written when ``end`` is
-        None), oldest first, damaged records skipped. Records written while iterating are
-        included as long as the iteration has not passed them."""
-        return self._iterate(start, end, None)
-
-    def read_since(self, timestamp_ms: int) -> Iterator[Record]:
-        """Records from the first one whose timestamp is >= ``timestamp_ms`` on (later records
-        follow in log order, whatever their timestamps)."""
-        for seg in list(self._segments):
-            if seg.count and seg.max_timestamp >= timestamp_ms:
-                j = seg.find_time(timestamp_ms)
-                if j < seg.count:
-                    return self._iterate(seg.entry(j)[0], None, None)
-        return iter(())
-
-    def scan(self, topic_filter: bytes | str, start: int | None = None,
-             end: int | None = None) -> Iterator[Record]:
-        """Records whose topic matches the MQTT ``topic_filter`` (matching done by the native
-        helper over the raw segment bytes), oldest first."""
-        if isinstance(topic_filter, str):
-            topic_filter = topic_filter.encode("utf-8")
-        return self._iterate(self.first_offset if start is None else start, end, topic_filter)
-
-    def _iterate(self, start: int, end: int | None, topic_filter: bytes | None) -> Iterator[Record]:
-        i = max(self._segment_index(start), 0)
-        while i < len(self._segments):
-            seg = self._segments[i]
-            if end is not None and seg.base_offset >= end:
-                return
-            j = seg.find_offset(start)
-            if j < seg.count:
-                position = seg.entry(j)[1]
-                fd = os.dup(seg.fd)
-                try:
-                    while True:
-                        limit = seg.size
-                        for rec in self._walk_records(seg, fd, position, limit, max(start, seg.base_offset),
-                                                      topic_filter):
-                            if end is not None and rec.offset >= end:
-                                return
-                            start = rec.offset + 1
-                            yield rec
-                        position = limit
-                        if seg.size == limit or seg.deleted:
-                            break
-                        if self.readonly:
-                            break
-                finally:
-                    os.close(fd)
-            start = max(start, seg.next_offset)
-            i = bisect.bisect_right(self._bases, seg.base_offset)
-
-    def _walk_records(self, seg: Segment, fd: int, position: int, limit: int, min_offset: int,
-                      topic_filter: bytes | None) -> Iterator[Record]:
-        out = scanner.new_scan_buffer()
-        step = scanner.scan_step(topic_filter, out)
-        quiet_tail = self.readonly and seg is self._segments[-1]
-        for event in scanner.walk(fd, position, limit, min_offset, 0, step, seg.path):
-            if event[0] == scanner.DATA:
-                _, view, res, base = event
-                yield from scanner.records_from(view, out, res.matched, base)
-            elif not (quiet_tail and event[1].kind == "torn"):
-                self._report(event[1])
-
-    def locate(self, offset: int) -> Location | None:
-        """Where the payload of ``offset`` is, to send it with ``sendfile`` (see
-        ``_native.send_batch``): the topic, QoS and retain flag for the header, and the file
-        range of the payload. None like ``read``. The record is checked (CRC) first unless its
-        segment was checked whole since open."""
-        found = self._find(offset)
-        if found is None:
-            return None
-        seg, j = found
-        if not seg.verified:
-            rec = self._read_entry(seg, j)
-            if rec is None:
-                return None
-            found = self._find(offset)
-            if found is None:
-                return None
-            seg, j = found
-            with self._lock:
-                self._verify_wanted.add(seg)
-            position = seg.entry(j)[1]
-            payload_position = position + RECORD_HEADER_SIZE + len(rec.client_id) + len(rec.topic)
-            return Location(offset, rec.timestamp_ms, rec.qos, rec.retain, rec.topic, seg.fd,
-                            payload_position, len(rec.payload))
-        position = seg.entry(j)[1]
-        want = min(seg.end_of(j) - position, RECORD_HEADER_SIZE + 256)
-        head = os.pread(seg.fd, want, position)
-        if len(head) < RECORD_HEADER_SIZE:
-            return None
-        _crc, length, rec_offset, ts, attrs, _r, cl, tl, pl = _unpack_record_header(head)
-        if rec_offset != offset:
-            return None
-        topic_start = RECORD_HEADER_SIZE + cl
-        if topic_start + tl > len(head):
-            head = os.pread(seg.fd, topic_start + tl, position)
-        return Location(offset, ts, attrs & 3, bool(attrs & RETAIN_BIT),
-                        bytes(head[topic_start:topic_start + tl]), seg.fd,
-                        position + topic_start + tl, pl)
+    # reader.py: read, read_range, read_since, scan, locate (any thread)
+    read = reader.read
+    _read_entry = reader.read_entry
+    _repair_index = reader.repair_index
+    read_range = reader.read_range
+    read_since = reader.read_since
+    scan = reader.scan
+    _iterate = reader.iterate
+    _walk_records = reader.walk_records
+    locate = reader.locate
 
     # =========================================================================================
     # Inspection
     # =========================================================================================
 
-    def verify(self, progress: Callable[[int, int], None] | None = None) -> "VerifyReport":
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         """Read every segment file whole and check every record's CRC, each header and each
         index against the records. Changes nothing. ``progress(bytes_done, bytes_total)`` is
         called as it goes. Works on a log the broker is writing (up to what exists at the start)."""
-        started = time.perf_counter()
-        report = VerifyReport()
-        segs = list(self._segments)
-        sizes = [os.fstat(s.fd).st_size for s in segs]
-        total = sum(sizes)
-        done = 0
-        for k, (seg, size) in enumerate(zip(segs, sizes)):
-            is_last = k == len(segs) - 1
-            report.segments += 1
-            fd = os.dup(seg.fd)
-            try:
-                if size < SEGMENT_HEADER_SIZE:
-                    if size:
-                        report.header_problems.append((seg.path, f"{size} bytes, no complete header"))
-                    done += size
-                    continue
-                try:
-                    problem = check_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0), seg.path,
-                                                   seg.base_offset)
-                except LogError as exc:
-                    problem = str(exc)
-                if problem:
-                    report.header_problems.append((seg.path, problem))
-                out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
-                entries = bytearray()
-                base = seg.base_offset
-                seg_done = done
+        return verifying.verify_segments(self._segments, progress)
 
-                def step(view, avail, base_position, mo, mts):
-                    res = _native.build_index(view, avail, base_position, base, mo, mts, out)
-                    if progress is not None:
-                        progress(seg_done + base_position + res.stop, total)
-                    return res
-
-                for event in scanner.walk(fd, SEGMENT_HEADER_SIZE, size, base, 0, step, seg.path):
-                    if event[0] == scanner.DATA:
-                        entries += out[:event[2].count * INDEX_ENTRY_SIZE]
-                    elif event[1].kind == "torn" and is_last:
-                        report.notes.append(event[1])
-                    else:
-                        report.damage.append(event[1])
-                report.records += len(entries) // INDEX_ENTRY_SIZE
-                report.bytes += size
-                problem = self._compare_index(seg, entries, is_last)
-                if problem:
-                    report.index_problems.append((seg.index_path, problem))
-            finally:
-                os.close(fd)
-            done += size
-            if progress is not None:
-                progress(done, total)
-        report.seconds = time.perf_counter() - started
-        return report
-
-    @staticmethod
-    def _compare_index(seg: Segment, entries: bytearray, is_last: bool) -> str | None:
-        try:
-            with open(seg.index_path, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            return "missing" if entries else None
-        except OSError as exc:
-            return f"unreadable: {exc.strerror}"
-        n = len(data) // INDEX_ENTRY_SIZE
-        while n and data[(n - 1) * INDEX_ENTRY_SIZE:n * INDEX_ENTRY_SIZE] == bytes(INDEX_ENTRY_SIZE):
-            n -= 1  # room preallocated by the writer
-        have = data[:n * INDEX_ENTRY_SIZE]
-        if have == entries or (is_last and entries.startswith(have)):
-            return None
-        for i in range(min(len(have), len(entries)) // INDEX_ENTRY_SIZE):
-            a = have[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]
-            if a != entries[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]:
-                return f"entry {i} does not match the records (rebuilt at the next start)"
-        return (f"{len(have) // INDEX_ENTRY_SIZE} entries for "
-                f"{len(entries) // INDEX_ENTRY_SIZE} records (rebuilt at the next start)")
-
-    def segments(self) -> list[SegmentInfo]:
-        infos = []
-        tail = self._segments[-1] if self._segments else None
-        for seg in list(self._segments):
-            if not seg.created and not seg.count:
-                continue
-            last_ts = seg.max_timestamp if seg.count else None
-            infos.append(SegmentInfo(
-                seg.base_offset, seg.next_offset, seg.count, seg.size, seg.index_file_bytes,
-                seg.first_timestamp if seg.count else None, last_ts,
-                seg is tail and not seg.sealed, seg.count > 0 and seg.next_offset <= self._uploaded,
-                seg.path))
-        return infos
-
-    def refresh(self) -> None:
-        """Read-only logs: pick up what the writer added (records, segments) and forget
-        segments retention deleted. Writers: nothing to do."""
-        if not self.readonly:
-            return
-        names = os.listdir(self.directory)
-        bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
-        present = set(bases)
-        for seg in list(self._segments):
-            if seg.base_offset not in present:
-                i = self._segments.index(seg)
-                del self._segments[i]
-                del self._bases[i]
-                seg.deleted = True
-                seg.close()
-        known = set(self._bases)
-        if self._segments:
-            self._extend_index(self._segments[-1], self._segments[-1].size or SEGMENT_HEADER_SIZE,
-                               report_tail=False)
-        new = [b for b in bases if b not in known and (not self._bases or b > self._bases[-1])]
-        for k, base in enumerate(new):
-            seg = Segment(self.directory, base)
-            try:
-                self._open_segment(seg, k == len(new) - 1, full_scan=True)
-            except FileNotFoundError:
-                continue
-            if self._segments:
-                self._segments[-1].sealed = True
-            self._segments.append(seg)
-            self._bases.append(base)
-        if self._segments:
-            self._next = self._written = max(self._next, self._segments[-1].next_offset)
+    verify_step = verifying.verify_step
 
     # =========================================================================================
     # Closing
@@ -1696,7 +401,8 @@ class CommitLog:
                 self._set_recovery_point(tail.base_offset)
         with self._rp_lock:  # a sync finishing late writes no recovery point from now on
             self._closed = True
-        self._drop_spare(unlink=disk_answers)
+            self._spare_files.closed = True
+        self._spare_files.drop(unlink=disk_answers)
         self.close_retired(stop=True)
         self._close_files()
 

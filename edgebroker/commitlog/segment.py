@@ -17,7 +17,6 @@ what is left of that room once the segment is sealed.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
@@ -29,32 +28,13 @@ from edgebroker.commitlog.format import (
 )
 
 INDEX_GROW_ENTRIES = 4096
-FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
-
-
-def _libc_fallocate():
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = getattr(libc, "fallocate64", None) or libc.fallocate
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-    call.restype = ctypes.c_int
-    return call
-
-
-_fallocate = _libc_fallocate()
 
 
 def preallocate(fd: int, nbytes: int) -> int:
     """Allocate the blocks of the file's first ``nbytes`` ahead, keeping its size (Linux
     ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``). 0, or the errno when it cannot (a disk too
     full, a file system without it): the writes then allocate as they go."""
-    if _fallocate is None:
-        return errno.ENOSYS
-    if _fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, nbytes) == 0:
-        return 0
-    return ctypes.get_errno() or errno.EIO
+    return _native.fallocate(fd, nbytes)
 
 _unpack_entry = INDEX_ENTRY.unpack_from
 

@@ -118,7 +118,7 @@ def test_a_sealed_index_is_trimmed_by_the_sync_not_at_the_roll(tmp_path):
 
 
 def test_descriptors_held_counts_what_the_segments_hold(tmp_path):
-    """What the broker keeps free for the log (server.loop.socket_room): every descriptor of
+    """What the broker keeps free for the log (server.app.App.socket_room): every descriptor of
     its segments, the one each index map keeps (an mmap duplicates the descriptor it maps),
     and one for a sync's copy of the directory."""
     log = open_log(tmp_path / "log", segment_bytes=4096)

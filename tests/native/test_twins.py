@@ -1,5 +1,5 @@
 """The C helper and its pure-Python twin give identical results (hypothesis, random inputs), and
-both give the right ones (known vectors, an independent model, the MQTT codec).
+both give the right ones (known vectors, an independent model).
 
 These tests call both backends directly, so they need the C build: without it they fail."""
 
@@ -22,9 +22,8 @@ from hypothesis import strategies as st
 from edgebroker._native import _cbackend as C
 from edgebroker._native import _pure as P
 from edgebroker._native._common import (
-    FRAMES_MALFORMED, RESYNC_FOUND, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
+    RESYNC_FOUND, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
 )
-from edgebroker.mqtt import encode
 from edgebroker.mqtt.topics import topic_matches
 
 SETTINGS = settings(max_examples=300, deadline=None,
@@ -223,48 +222,6 @@ def test_scan_statuses_by_hand():
         assert (res.count, res.matched, ents[0]) == (2, 1, 0)
 
 
-# --------------------------------------------------------------------------- frame splitting
-
-def frame(first: int, body: bytes) -> bytes:
-    return encode._frame(first, body)
-
-
-@SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=300)), max_size=10),
-       st.binary(max_size=6), st.integers(0, 12))
-def test_split_frames_twins_and_codec(frames, tail, max_frames):
-    data = b"".join(frame(f, b) for f, b in frames) + tail
-    c, p = C.split_frames(data, max_frames), P.split_frames(data, max_frames)
-    assert (list(c.frames), c.count, c.consumed, c.status, c.need) == \
-        (list(p.frames), p.count, p.consumed, p.status, p.need)
-    n = min(len(frames), max_frames)
-    assert c.count >= n
-    want = []
-    for f, b in frames[:n]:
-        want += [f, len(frame(f, b)) - len(b), len(b)]
-    assert list(c.frames)[:3 * n] == want
-
-
-@SETTINGS
-@given(st.binary(max_size=40), st.integers(0, 8))
-def test_split_frames_twins_on_noise(data, max_frames):
-    c, p = C.split_frames(data, max_frames), P.split_frames(data, max_frames)
-    assert (list(c.frames), c.count, c.consumed, c.status, c.need) == \
-        (list(p.frames), p.count, p.consumed, p.status, p.need)
-
-
-@pytest.mark.parametrize("impl", [C, P], ids=["c", "python"])
-def test_split_frames_by_hand(impl):
-    pub = frame(0x30, b"\x00\x01a" + b"x" * 200)  # two-byte remaining length
-    s = impl.split_frames(b"\xc0\x00" + pub + pub[:5])
-    assert (list(s.frames), s.count, s.consumed, s.status, s.need) == (
-        [0xC0, 2, 0, 0x30, 3, 203], 2, 2 + len(pub), 0, len(pub))
-    s = impl.split_frames(b"\x30\xff\xff\xff\xff\x01")
-    assert (s.count, s.consumed, s.status) == (0, 0, FRAMES_MALFORMED)
-    s = impl.split_frames(b"\x30\xff\xff")  # header not complete yet
-    assert (s.count, s.consumed, s.status, s.need) == (0, 0, 0, 0)
-
-
 # ----------------------------------------------------------------------------- send batches
 
 @pytest.mark.parametrize("impl", [C, P], ids=["c", "python"])
@@ -406,7 +363,7 @@ def test_scan_result_layout_matches_the_header():
     from edgebroker import _native
     for name in ("SEGMENT_HEADER_SIZE", "RECORD_HEADER_SIZE", "INDEX_ENTRY_SIZE", "SCAN_ENTRY_WORDS",
                  "SCAN_END", "SCAN_PARTIAL", "SCAN_BAD", "SCAN_FULL", "RESYNC_NONE", "RESYNC_FOUND",
-                 "RESYNC_CANDIDATE", "FRAMES_OK", "FRAMES_MALFORMED"):
+                 "RESYNC_CANDIDATE"):
         assert getattr(lib, "EB_" + name) == getattr(_native, name), name
 
 
@@ -559,3 +516,19 @@ def test_append_held_refuses_what_the_log_must_handle():
     with pytest.raises(TypeError):
         C.append_held(a, 1, 0, False, b"", 0, bytearray(b"t"), 1, b"x", 1)
 
+
+
+# ----------------------------------------------------------------------------------- fallocate
+
+@pytest.mark.parametrize("impl", [C, P], ids=["c", "python"])
+def test_fallocate_twins_allocate_ahead_and_keep_the_size(tmp_path, impl):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert impl.fallocate(fd, 1 << 20) == 0
+        st = os.fstat(fd)
+        assert st.st_size == 100 and st.st_blocks * 512 >= 1 << 20
+        assert impl.fallocate(-1, 4096) == errno.EBADF
+    finally:
+        os.close(fd)

@@ -1,0 +1,204 @@
+"""The ordered segments of a log: finding the one that holds an offset, new segments, rolling
+(by size in ``_roll``, by age in ``housekeeping``), retention and deleting segments (their
+descriptors closed by the flusher thread once ``defer_closes`` is on), the descriptors the
+segments hold, and the uploaded mark retention waits for.
+
+The lock guards the segment list (``_segments`` and ``_bases``, changed only by the core
+thread, or by ``refresh`` in a read-only log), ``_retired`` and ``_uploaded``.
+
+The functions take the ``CommitLog`` as ``self`` and are its methods (bound in log.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import mmap
+import os
+from typing import Callable
+
+from edgebroker.commitlog import retention
+from edgebroker.commitlog.errors import LogError
+from edgebroker.commitlog.format import SegmentInfo, write_small_file
+from edgebroker.commitlog.recovery import UPLOADED_FILE
+from edgebroker.commitlog.segment import Segment
+
+log = logging.getLogger("edgebroker.commitlog")
+# Descriptors a segment holds: its data and index files, and its index map (an mmap keeps a
+# duplicate of the descriptor it maps).
+SEGMENT_DESCRIPTORS = 3
+
+
+def segment_index(self, offset: int) -> int:
+    return bisect.bisect_right(self._bases, offset) - 1
+
+
+def find(self, offset: int) -> tuple[Segment, int] | None:
+    i = self._segment_index(offset)
+    if i < 0:
+        return None
+    seg = self._segments[i]
+    j = seg.find_offset(offset)
+    if j >= seg.count or seg.entry(j)[0] != offset:
+        return None
+    return seg, j
+
+
+def new_segment(self, base_offset: int) -> Segment:
+    seg = Segment(self.directory, base_offset)
+    seg.verified = True  # everything in it is written by this process
+    with self._lock:
+        self._segments.append(seg)
+        self._bases.append(base_offset)
+    return seg
+
+
+def roll(self) -> Segment:
+    self._close_stage()
+    old = self._tail
+    old.full = True
+    if not old.sealed and not any(g.segment is old for g in self._groups):
+        self._seal(old)
+    self._tail = self._new_segment(self._next)
+    return self._tail
+
+
+def housekeeping(self) -> None:
+    """Seal the segment being appended to once it is ``segment_ms`` old, and apply retention.
+    Call it now and then from the core (every second or so). Cheap when there is nothing
+    to do; deleting a segment closes its descriptors (see ``Location``)."""
+    if self.readonly or self._closed:
+        return
+    self._unstage()  # staged records count as pending (keep the segment open)
+    now = self._clock()
+    tail = self._tail
+    if (tail.count and not tail.sealed and not tail.full and tail.first_timestamp is not None
+            and now - tail.first_timestamp >= self.options.segment_ms
+            and not any(g.segment is tail for g in self._groups)):
+        tail.full = True
+        self._seal(tail)
+        return
+    self._apply_retention(now)
+
+
+def apply_retention(self, now: int) -> None:
+    opts = self.options
+    for seg, forced, reason in retention.plan(self._segments, self._uploaded, now,
+                                              opts.retention_bytes, opts.retention_ms):
+        self._delete_segment(seg, forced, reason)
+
+
+def delete_segment(self, seg: Segment, forced: bool, reason: str) -> None:
+    try:
+        os.unlink(seg.path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.error("cannot delete %s (%s): %s", seg.path, reason, exc.strerror)
+        return
+    try:
+        os.unlink(seg.index_path)
+    except OSError:
+        pass
+    first = seg.entry(0)[0] if seg.count else seg.base_offset
+    span = f"offsets {first}..{seg.next_offset - 1}, {seg.count} records, {seg.size} bytes"
+    with self._lock:
+        i = self._segments.index(seg)
+        del self._segments[i]
+        del self._bases[i]
+        self._unsynced.pop(seg.base_offset, None)
+        seg.deleted = True
+        retired = self._retired is not None
+        if retired:
+            self._retired += seg.detach()
+    if retired and self._on_retired is not None:
+        self._on_retired()
+    seg.close()
+    self.counters.segments_deleted += 1
+    if forced:
+        self.counters.forced_deletions += 1
+        self.counters.forced_deleted_records += seg.count
+        log.warning("deleted segment %s (%s) before it was uploaded: %s", seg.path, span, reason)
+    else:
+        log.info("deleted segment %s (%s): %s", seg.path, span, reason)
+
+
+def defer_closes(self, on_retired: Callable[[], None] | None = None) -> None:
+    """From now on, the descriptors of a deleted segment are closed by ``close_retired``
+    (the flusher thread) rather than by the thread that deletes it (the core), which calls
+    ``on_retired`` to say there are some. Closing the last descriptor of a deleted file
+    frees its blocks, which can wait for the disk (a discard, for instance)."""
+    with self._lock:
+        if self._retired is None:
+            self._retired = []
+        self._on_retired = on_retired
+
+
+def close_retired(self, stop: bool = False) -> None:
+    """Close the descriptors that deleted segments left (see ``defer_closes``); ``stop``:
+    and from now on the thread that deletes a segment closes its files again (the flusher
+    thread ends)."""
+    with self._lock:
+        fds = self._retired
+        if stop:
+            self._retired = None
+            self._on_retired = None
+        elif fds:
+            self._retired = []
+    if fds:
+        self._close_quietly(*fds)
+
+
+def mark_uploaded(self, up_to_offset: int) -> None:
+    """Every record below ``up_to_offset`` has been uploaded; persisted (fsynced file), so
+    retention may delete those segments. Any thread; not the core (it writes a file)."""
+    if self.readonly:
+        raise LogError(f"{self.directory}: the log is open read-only")
+    with self._upload_lock:
+        with self._lock:
+            up_to_offset = min(up_to_offset, self._written)
+            if up_to_offset <= self._uploaded:
+                return
+        write_small_file(os.path.join(self.directory, UPLOADED_FILE),
+                         json.dumps({"uploaded_offset": up_to_offset}).encode() + b"\n",
+                         self._dir_fd)
+        with self._lock:
+            self._uploaded = max(self._uploaded, up_to_offset)
+
+
+def descriptors_at_retention(self) -> tuple[int, int]:
+    """(segments, descriptors) of the log once it holds as many segments as
+    ``retention_bytes`` allows (at least what it holds now)."""
+    opts = self.options
+    segments = max(len(self._segments), opts.retention_bytes // opts.segment_bytes + 1)
+    return segments, max(self.descriptors_held(), SEGMENT_DESCRIPTORS * segments + 1)
+
+
+def descriptors_held(self) -> int:
+    """Descriptors the log's segments hold now, or may soon: each segment's data and index
+    files and its index map (an mmap keeps a duplicate of the descriptor it maps), those of
+    deleted segments the flusher has not closed yet, the duplicates a sync makes of what it
+    fsyncs (two per segment waiting for one, and the directory's), and the next segment's
+    file made ahead (see make_spares)."""
+    with self._lock:
+        n = (1 + 2 * len(self._unsynced) + (len(self._retired) if self._retired else 0)
+             + self._spare_files.enabled)
+        for seg in self._segments:
+            n += (seg.fd >= 0) + (seg.index_fd >= 0) + isinstance(seg.index, mmap.mmap)
+    return n
+
+
+def segments(self) -> list[SegmentInfo]:
+    infos = []
+    tail = self._segments[-1] if self._segments else None
+    for seg in list(self._segments):
+        if not seg.created and not seg.count:
+            continue
+        last_ts = seg.max_timestamp if seg.count else None
+        infos.append(SegmentInfo(
+            seg.base_offset, seg.next_offset, seg.count, seg.size, seg.index_file_bytes,
+            seg.first_timestamp if seg.count else None, last_ts,
+            seg is tail and not seg.sealed, seg.count > 0 and seg.next_offset <= self._uploaded,
+            seg.path))
+    return infos

@@ -1,0 +1,174 @@
+"""Reading the log: one record, a range, from a time on, by topic filter, and where a payload
+lies in its file (for ``sendfile``). Any thread; readers take the lock only to ask the flusher
+to check a segment (``locate``).
+
+The functions take the ``CommitLog`` as ``self`` and are its methods (bound in log.py): they
+read its segment list and offsets, and report damage through it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from array import array
+from typing import Iterator
+
+from edgebroker import _native
+from edgebroker.commitlog import scanner
+from edgebroker.commitlog.format import (
+    INDEX_ENTRY_SIZE, RECORD_HEADER, RECORD_HEADER_SIZE, RETAIN_BIT, Damage, Location, Record,
+)
+from edgebroker.commitlog.segment import Segment
+
+log = logging.getLogger("edgebroker.commitlog")
+_unpack_record_header = RECORD_HEADER.unpack_from
+
+
+def read(self, offset: int) -> Record | None:
+    """The record at ``offset``; None when there is none (not written yet, deleted by
+    retention, or damaged: damage is logged once and counted)."""
+    found = self._find(offset)
+    if found is None:
+        return None
+    return self._read_entry(*found)
+
+
+def read_entry(self, seg: Segment, j: int, retry: bool = True) -> Record | None:
+    offset, position, _ = seg.entry(j)
+    end = seg.end_of(j)
+    data = os.pread(seg.fd, end - position, position)
+    out = array("Q", bytes(8 * _native.SCAN_ENTRY_WORDS))
+    res = _native.scan(data, len(data), position, offset, None, out)
+    if res.matched and out[0] == offset:
+        return next(scanner.records_from(memoryview(data), out, 1, position))
+    if retry and not seg.verified and self._repair_index(seg, offset):
+        found = self._find(offset)
+        return self._read_entry(*found, retry=False) if found else None
+    self._report(Damage(seg.path, position, end - position, offset, "corrupt"))
+    return None
+
+
+def repair_index(self, seg: Segment, offset: int) -> bool:
+    """An index entry did not lead to its record: rebuild that index by scanning. True when
+    the index changed."""
+    if seg is self._tail and not self.readonly:
+        return False
+    before = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
+    self._rebuild_index(seg, None, report_tail=False)
+    after = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
+    if before != after:
+        self.counters.index_rebuilds += 1
+        log.warning("%s: an entry did not match its record (offset %d); index rebuilt",
+                    seg.index_path, offset)
+        return True
+    return False
+
+
+def read_range(self, start: int, end: int | None = None) -> Iterator[Record]:
+    """Records with ``start <= offset < end`` (to the end of what is written when ``end`` is
+    None), oldest first, damaged records skipped. Records written while iterating are
+    included as long as the iteration has not passed them."""
+    return self._iterate(start, end, None)
+
+
+def read_since(self, timestamp_ms: int) -> Iterator[Record]:
+    """Records from the first one whose timestamp is >= ``timestamp_ms`` on (later records
+    follow in log order, whatever their timestamps)."""
+    for seg in list(self._segments):
+        if seg.count and seg.max_timestamp >= timestamp_ms:
+            j = seg.find_time(timestamp_ms)
+            if j < seg.count:
+                return self._iterate(seg.entry(j)[0], None, None)
+    return iter(())
+
+
+def scan(self, topic_filter: bytes | str, start: int | None = None,
+         end: int | None = None) -> Iterator[Record]:
+    """Records whose topic matches the MQTT ``topic_filter`` (matching done by the native
+    helper over the raw segment bytes), oldest first."""
+    if isinstance(topic_filter, str):
+        topic_filter = topic_filter.encode("utf-8")
+    return self._iterate(self.first_offset if start is None else start, end, topic_filter)
+
+
+def iterate(self, start: int, end: int | None, topic_filter: bytes | None) -> Iterator[Record]:
+    i = max(self._segment_index(start), 0)
+    while i < len(self._segments):
+        seg = self._segments[i]
+        if end is not None and seg.base_offset >= end:
+            return
+        j = seg.find_offset(start)
+        if j < seg.count:
+            position = seg.entry(j)[1]
+            fd = os.dup(seg.fd)
+            try:
+                while True:
+                    limit = seg.size
+                    for rec in self._walk_records(seg, fd, position, limit, max(start, seg.base_offset),
+                                                  topic_filter):
+                        if end is not None and rec.offset >= end:
+                            return
+                        start = rec.offset + 1
+                        yield rec
+                    position = limit
+                    if seg.size == limit or seg.deleted:
+                        break
+                    if self.readonly:
+                        break
+            finally:
+                os.close(fd)
+        start = max(start, seg.next_offset)
+        i = bisect.bisect_right(self._bases, seg.base_offset)
+
+
+def walk_records(self, seg: Segment, fd: int, position: int, limit: int, min_offset: int,
+                  topic_filter: bytes | None) -> Iterator[Record]:
+    out = scanner.new_scan_buffer()
+    step = scanner.scan_step(topic_filter, out)
+    quiet_tail = self.readonly and seg is self._segments[-1]
+    for event in scanner.walk(fd, position, limit, min_offset, 0, step, seg.path):
+        if event[0] == scanner.DATA:
+            _, view, res, base = event
+            yield from scanner.records_from(view, out, res.matched, base)
+        elif not (quiet_tail and event[1].kind == "torn"):
+            self._report(event[1])
+
+
+def locate(self, offset: int) -> Location | None:
+    """Where the payload of ``offset`` is, to send it with ``sendfile`` (see
+    ``_native.send_batch``): the topic, QoS and retain flag for the header, and the file
+    range of the payload. None like ``read``. The record is checked (CRC) first unless its
+    segment was checked whole since open."""
+    found = self._find(offset)
+    if found is None:
+        return None
+    seg, j = found
+    if not seg.verified:
+        rec = self._read_entry(seg, j)
+        if rec is None:
+            return None
+        found = self._find(offset)
+        if found is None:
+            return None
+        seg, j = found
+        with self._lock:
+            self._verify_wanted.add(seg)
+        position = seg.entry(j)[1]
+        payload_position = position + RECORD_HEADER_SIZE + len(rec.client_id) + len(rec.topic)
+        return Location(offset, rec.timestamp_ms, rec.qos, rec.retain, rec.topic, seg.fd,
+                        payload_position, len(rec.payload))
+    position = seg.entry(j)[1]
+    want = min(seg.end_of(j) - position, RECORD_HEADER_SIZE + 256)
+    head = os.pread(seg.fd, want, position)
+    if len(head) < RECORD_HEADER_SIZE:
+        return None
+    _crc, length, rec_offset, ts, attrs, _r, cl, tl, pl = _unpack_record_header(head)
+    if rec_offset != offset:
+        return None
+    topic_start = RECORD_HEADER_SIZE + cl
+    if topic_start + tl > len(head):
+        head = os.pread(seg.fd, topic_start + tl, position)
+    return Location(offset, ts, attrs & 3, bool(attrs & RETAIN_BIT),
+                    bytes(head[topic_start:topic_start + tl]), seg.fd,
+                    position + topic_start + tl, pl)

@@ -1,0 +1,402 @@
+"""Opening a log: the directory lock, the offset files, the scan of the segments (record by
+record above the recovery point, a cheap index check below it), index rebuilds, truncating a
+torn tail, and making the last segment the one appended to; the ``RecoveryReport`` of what was
+found and done. Read-only opens (and ``refresh``) change no file.
+
+The functions that take the ``CommitLog`` as ``self`` are its methods (bound in log.py); they
+run in ``CommitLog.open`` before any other thread uses the log, except ``refresh`` (read-only
+logs) and the index repairs readers ask for (``_rebuild_index``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import mmap
+import os
+import time
+from array import array
+from dataclasses import dataclass, field
+
+from edgebroker import _native
+from edgebroker.commitlog import scanner
+from edgebroker.commitlog.errors import LogError, LogLockedError, LogWriteError
+from edgebroker.commitlog.format import (
+    INDEX_ENTRY_SIZE, INDEX_SUFFIX, RECORD_HEADER, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
+    Damage, check_segment_header, parse_segment_name, segment_header,
+)
+from edgebroker.commitlog.segment import Segment
+from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
+
+log = logging.getLogger("edgebroker.commitlog")
+LOCK_FILE = ".lock"
+UPLOADED_FILE = "uploaded"
+# A sealed segment file with more blocks than this past its size still has the room allocated
+# ahead for its writes (a crash came before the flusher freed it).
+ROOM_SLACK = 64 * 1024
+_unpack_record_header = RECORD_HEADER.unpack_from
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What ``open`` found and did."""
+
+    seconds: float = 0.0
+    segments: int = 0
+    full_scans: int = 0
+    damage: list = field(default_factory=list)          # Damage, corrupt and torn regions
+    index_rebuilt: list = field(default_factory=list)   # (path, reason)
+    header_damage: list = field(default_factory=list)   # (path, problem)
+    removed: list = field(default_factory=list)         # (path, reason)
+
+
+def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
+    """(value, problem): 0 and a description when the file is missing or unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            value = json.loads(fh.read())[key]
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} is {value!r}")
+        return value, None
+    except FileNotFoundError:
+        return 0, None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return 0, f"{path}: unreadable ({exc}); using 0"
+
+
+def open_log(self) -> None:
+    """The body of ``CommitLog.open``: recover the log in ``self.directory``."""
+    started = time.perf_counter()
+    d = self.directory
+    if self.readonly:
+        if not os.path.isdir(d):
+            raise LogError(f"no commit log at {d}")
+    else:
+        try:
+            os.makedirs(d, mode=0o750, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(d, LOCK_FILE),
+                                    os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            raise LogError(f"cannot open the commit log directory {d}: {exc.strerror}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LogLockedError(f"{d} is in use by another edgebroker process") from None
+    self._dir_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    for name, attr, key in ((UPLOADED_FILE, "_uploaded", "uploaded_offset"),
+                            (RECOVERY_POINT_FILE, "_recovery_point", "recovery_point")):
+        value, problem = _read_offset_file(os.path.join(d, name), key)
+        if problem:
+            log.warning("%s", problem)
+        setattr(self, attr, value)
+
+    names = os.listdir(d)
+    bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
+    if not self.readonly:
+        self._remove_leftovers(names, set(bases))
+    report = self.recovery
+    for i, base in enumerate(bases):
+        seg = Segment(d, base)
+        is_last = i == len(bases) - 1
+        below_recovery_point = not is_last and bases[i + 1] <= self._recovery_point
+        try:
+            self._open_segment(seg, is_last, full_scan=is_last or not below_recovery_point)
+        except FileNotFoundError:
+            if not self.readonly:
+                raise
+            seg.close()  # deleted by the writer's retention since the listing
+            continue
+        if seg.count == 0 and not is_last:
+            if not self.readonly:
+                self._remove_files(seg, "no records")
+            seg.close()
+            continue
+        self._segments.append(seg)
+    self._bases = [s.base_offset for s in self._segments]
+    for prev, nxt in zip(self._segments, self._segments[1:]):
+        if prev.next_offset > nxt.base_offset:
+            log.warning("%s holds offsets up to %d, beyond the next segment's base %d; "
+                        "reads of those offsets use the later segment",
+                        prev.path, prev.next_offset - 1, nxt.base_offset)
+
+    floor = max(self._recovery_point, self._uploaded)
+    last_next = self._segments[-1].next_offset if self._segments else 0
+    self._next = self._written = self._durable = max(last_next, floor)
+    if not self.readonly:
+        self._start_appending()
+    report.segments = len(self._segments)
+    report.seconds = time.perf_counter() - started
+    self._log_recovery()
+
+
+def remove_leftovers(self, names: list[str], bases: set[int]) -> None:
+    for name in names:
+        path = os.path.join(self.directory, name)
+        stem, _, ext = name.partition(".")
+        leftover = None
+        if name.endswith(".tmp"):
+            leftover = "unfinished temporary file"
+        elif "." + ext == INDEX_SUFFIX and stem.isdigit() and int(stem) not in bases:
+            leftover = "index without its segment"
+        if leftover:
+            try:
+                os.unlink(path)
+                self.recovery.removed.append((path, leftover))
+            except OSError as exc:
+                log.warning("cannot remove %s (%s): %s", path, leftover, exc.strerror)
+
+
+def remove_files(self, seg: Segment, reason: str) -> None:
+    for path in (seg.path, seg.index_path):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove %s (%s): %s", path, reason, exc.strerror)
+            return
+    self.recovery.removed.append((seg.path, reason))
+    log.warning("removed %s: %s", seg.path, reason)
+
+
+def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
+    flags = (os.O_RDONLY if self.readonly else os.O_RDWR) | os.O_CLOEXEC
+    seg.fd = os.open(seg.path, flags)
+    try:
+        seg.index_fd = os.open(seg.index_path, flags)
+    except FileNotFoundError:
+        seg.index_fd = -1
+    seg.created = True
+    seg.sealed = not is_last
+    st = os.fstat(seg.fd)
+    size = st.st_size
+    if not is_last and not self.readonly and st.st_blocks * 512 > size + ROOM_SLACK:
+        # Sealed before a crash that came before the flusher freed its room.
+        self._free_room(seg.fd, size, seg.path)
+    if size < SEGMENT_HEADER_SIZE:
+        # Crashed while creating it: no records. The writer rewrites it at the first append.
+        if size and not self.readonly and is_last:
+            os.ftruncate(seg.fd, 0)
+            self.counters.torn_bytes_truncated += size
+        seg.size = 0
+        seg.set_index(bytearray(), 0)
+        seg.verified = True
+        return
+    problem = check_segment_header(os.pread(seg.fd, SEGMENT_HEADER_SIZE, 0), seg.path,
+                                   seg.base_offset)
+    if problem:
+        self.recovery.header_damage.append((seg.path, problem))
+        log.warning("%s: segment header damaged (%s); its records are still read, each by "
+                    "its own checksum", seg.path, problem)
+        if is_last and not self.readonly:
+            os.pwrite(seg.fd, segment_header(seg.base_offset), 0)
+    seg.size = size
+    if is_last and self.readonly:
+        # The writer may be appending: index what is complete now, quietly.
+        self._rebuild_index(seg, None, report_tail=False)
+    elif full_scan:
+        self.recovery.full_scans += 1
+        self._rebuild_index(seg, None, report_tail=True)
+    else:
+        self._check_index(seg)
+
+
+def check_index(self, seg: Segment) -> None:
+    """A sealed segment below the recovery point: check its index cheaply (structure, and the
+    last entry against its record); rebuild or complete it when that fails."""
+    if seg.index_fd < 0:
+        return self._rebuild_index(seg, "missing", report_tail=True)
+    nbytes = os.fstat(seg.index_fd).st_size
+    if nbytes % INDEX_ENTRY_SIZE:
+        return self._rebuild_index(seg, f"size {nbytes} is not a multiple of {INDEX_ENTRY_SIZE}",
+                                   report_tail=True)
+    n = nbytes // INDEX_ENTRY_SIZE
+    if n == 0:
+        if seg.size > SEGMENT_HEADER_SIZE:
+            return self._rebuild_index(seg, "empty", report_tail=True)
+        seg.set_index(b"", 0)
+        seg.verified = True
+        return None
+    seg.index_file_bytes = nbytes
+    mapped = mmap.mmap(seg.index_fd, n * INDEX_ENTRY_SIZE, access=mmap.ACCESS_READ)
+    valid, nonzero = _native.index_check(mapped, n, seg.size)
+    if valid != nonzero or nonzero == 0:
+        mapped.close()
+        return self._rebuild_index(seg, f"entry {valid} is inconsistent", report_tail=True)
+    seg.set_index(mapped, valid)
+    last_offset, last_pos, _ = seg.entry(valid - 1)
+    record_end = self._valid_record_end(seg, last_pos, last_offset)
+    if record_end is None:
+        return self._rebuild_index(seg, f"its last entry (offset {last_offset}) does not "
+                                        f"point at that record", report_tail=True)
+    if nonzero < n or record_end < seg.size:
+        # Entries missing at the end (or unused room never trimmed): index the rest.
+        entries = bytearray(mapped[:valid * INDEX_ENTRY_SIZE])
+        seg.set_index(entries, valid)
+        added = self._extend_index(seg, record_end, report_tail=True)
+        # Only room never trimmed (a stop between a roll and the flusher's trim): no damage,
+        # rewritten quietly (a read-only reader keeps the entries in memory).
+        self._save_rebuilt_index(seg, f"short by {added} entries" if added else None)
+        return None
+    seg.verified = False
+    return None
+
+
+def valid_record_end(self, seg: Segment, position: int, offset: int) -> int | None:
+    """The end of the record at ``position`` if it is valid and has ``offset``, else None."""
+    head = os.pread(seg.fd, RECORD_HEADER_SIZE, position)
+    if len(head) < RECORD_HEADER_SIZE:
+        return None
+    length = _unpack_record_header(head)[1]
+    if position + length > seg.size or length < RECORD_HEADER_SIZE:
+        return None
+    data = os.pread(seg.fd, length, position)
+    out = array("Q", bytes(8 * _native.SCAN_ENTRY_WORDS))
+    res = _native.scan(data, len(data), position, offset, None, out)
+    if res.matched != 1 or out[0] != offset or res.stop != length:
+        return None
+    return position + length
+
+
+def index_walk(self, seg: Segment, fd: int, start: int, end: int, min_offset: int,
+                max_ts: int, entries: bytearray) -> tuple[int, list[Damage]]:
+    """Scan [start, end) of ``fd`` appending index entries; -> (entries added, damage)."""
+    out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
+    base = seg.base_offset
+
+    def step(view, avail, base_position, mo, mts):
+        return _native.build_index(view, avail, base_position, base, mo, mts, out)
+
+    added = 0
+    damage = []
+    for event in scanner.walk(fd, start, end, min_offset, max_ts, step, seg.path):
+        if event[0] == scanner.DATA:
+            res = event[2]
+            entries += out[:res.count * INDEX_ENTRY_SIZE]
+            added += res.count
+        else:
+            damage.append(event[1])
+    return added, damage
+
+
+def rebuild_index(self, seg: Segment, reason: str | None, report_tail: bool) -> None:
+    """Index the whole segment by scanning it (every CRC checked)."""
+    entries = bytearray()
+    seg.set_index(entries, 0)
+    seg.next_offset = seg.base_offset
+    seg.max_timestamp = 0
+    self._extend_index(seg, SEGMENT_HEADER_SIZE, report_tail)
+    seg.verified = True
+    self._save_rebuilt_index(seg, reason)
+
+
+def extend_index(self, seg: Segment, start: int, report_tail: bool) -> int:
+    """Scan from ``start`` to the end of the file; index valid records; handle damage."""
+    entries = seg.index
+    assert isinstance(entries, bytearray)
+    end = os.fstat(seg.fd).st_size
+    added, damage = self._index_walk(seg, seg.fd, start, end, seg.next_offset,
+                                     seg.max_timestamp, entries)
+    valid_end = end
+    for d in damage:
+        if d.kind == "torn":
+            valid_end = d.position
+            if not report_tail:
+                continue
+            if not self.readonly:
+                os.ftruncate(seg.fd, d.position)
+                self.counters.torn_bytes_truncated += d.length
+                log.warning("%s: truncated an incomplete tail of %d bytes at position %d "
+                            "(records from offset %d were never completely written)",
+                            seg.path, d.length, d.position, d.offset)
+            self.recovery.damage.append(d)
+            self._remember_damage(d, log_it=self.readonly)
+        else:
+            self.recovery.damage.append(d)
+            self._report(d)
+    seg.size = valid_end
+    seg.set_index(entries, len(entries) // INDEX_ENTRY_SIZE)
+    return added
+
+
+def save_rebuilt_index(self, seg: Segment, reason: str | None) -> None:
+    if reason is not None:
+        self.counters.index_rebuilds += 1
+        self.recovery.index_rebuilt.append((seg.index_path, reason))
+        log.warning("%s: index %s; rebuilt from the segment%s", seg.index_path, reason,
+                    "" if not self.readonly else " (in memory; the file is left as it is)")
+    if self.readonly:
+        return
+    seg.write_index_file(seg.index, seg.count, self._dir_fd)
+    if seg.sealed:
+        seg.map_index_readonly()
+
+
+def start_appending(self) -> None:
+    """Make the last segment the one appended to, and make what recovery kept durable."""
+    if self._segments:
+        tail = self._segments[-1]
+        for seg in self._segments:
+            if seg.verified:  # scanned at open: it may hold data that was never fsynced
+                try:
+                    os.fdatasync(seg.fd)
+                except OSError as exc:
+                    raise LogWriteError.from_os("cannot fsync", seg.path, exc) from None
+        os.fsync(self._dir_fd)
+        self._tail = tail
+        tail.sealed = False
+        self._open_for_append(tail)
+        self._set_recovery_point(tail.base_offset)
+    else:
+        self._tail = self._new_segment(self._next)
+
+
+def open_for_append(self, seg: Segment) -> None:
+    if seg.index_fd < 0:
+        seg.index_fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    seg.open_for_append(self.options.segment_bytes)
+
+
+def log_recovery(self) -> None:
+    r = self.recovery
+    first, nxt = self.first_offset, self._next
+    log.info("commit log %s: %d segments, offsets %d..%d, opened%s in %.3f s "
+             "(%d scanned record by record, %d damaged regions, %d indexes rebuilt)",
+             self.directory, r.segments, first, nxt - 1, " read-only" if self.readonly else "",
+             r.seconds, r.full_scans, len(r.damage), len(r.index_rebuilt))
+
+
+def refresh(self) -> None:
+    """Read-only logs: pick up what the writer added (records, segments) and forget
+    segments retention deleted. Writers: nothing to do."""
+    if not self.readonly:
+        return
+    names = os.listdir(self.directory)
+    bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
+    present = set(bases)
+    for seg in list(self._segments):
+        if seg.base_offset not in present:
+            i = self._segments.index(seg)
+            del self._segments[i]
+            del self._bases[i]
+            seg.deleted = True
+            seg.close()
+    known = set(self._bases)
+    if self._segments:
+        self._extend_index(self._segments[-1], self._segments[-1].size or SEGMENT_HEADER_SIZE,
+                           report_tail=False)
+    new = [b for b in bases if b not in known and (not self._bases or b > self._bases[-1])]
+    for k, base in enumerate(new):
+        seg = Segment(self.directory, base)
+        try:
+            self._open_segment(seg, k == len(new) - 1, full_scan=True)
+        except FileNotFoundError:
+            continue
+        if self._segments:
+            self._segments[-1].sealed = True
+        self._segments.append(seg)
+        self._bases.append(base)
+    if self._segments:
+        self._next = self._written = max(self._next, self._segments[-1].next_offset)

@@ -1,0 +1,176 @@
+"""Making what was written durable: fsync (on duplicated descriptors, outside the lock, one sync
+at a time), the recovery point, and freeing the room allocated ahead past a sealed segment.
+The flusher thread calls ``sync``; ``close`` calls it last.
+
+The functions that take the ``CommitLog`` as ``self`` are its methods (bound in log.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from edgebroker.commitlog.errors import LogWriteError
+from edgebroker.commitlog.format import write_small_file
+
+log = logging.getLogger("edgebroker.commitlog")
+RECOVERY_POINT_FILE = "recovery-point"
+
+
+class SyncStillRunning(LogWriteError):
+    """``sync(wait=...)``: the sync another thread runs did not finish in time."""
+
+
+def sync(self, sealed_only: bool = False, wait: float | None = None) -> int:
+    """fsync what was written (``sealed_only``: only sealed segments); -> ``durable_offset``.
+
+    Safe to call from another thread while the core appends, writes and rolls: the lock is
+    held only to take a snapshot; the fsyncs run on duplicated descriptors outside it.
+    Syncs run one at a time; ``wait``: seconds to wait for one that is running (None: as
+    long as it takes), then ``SyncStillRunning``.
+    """
+    if not self._sync_lock.acquire(timeout=-1 if wait is None else wait):
+        raise SyncStillRunning(f"{self.directory}: an fsync of the log has not finished "
+                               f"after {wait:g} s (the disk does not answer); not waiting "
+                               f"longer")
+    try:
+        return self._sync(sealed_only)
+    finally:
+        self._sync_lock.release()
+
+
+def run_sync(self, sealed_only: bool) -> int:
+    """``sync`` with the sync lock held."""
+    with self._lock:
+        if self._closed:
+            return self._durable
+        todo = [s for s in self._unsynced.values() if s.sealed or not sealed_only]
+        for s in todo:
+            del self._unsynced[s.base_offset]
+        self._needs_sync = bool(self._unsynced)
+        target = None if sealed_only else self._written
+        open_segments = [s.base_offset for s in self._segments if not s.sealed]
+        recovery_point = min(open_segments) if open_segments else self._written
+        jobs = []
+        try:
+            for s in todo:
+                if s.fd < 0:
+                    continue
+                fd = os.dup(s.fd)
+                try:
+                    ifd = os.dup(s.index_fd) if s.index_dirty and s.index_fd >= 0 else -1
+                except OSError:
+                    os.close(fd)
+                    raise
+                room = s.size if s.sealed and s.preallocated else -1
+                jobs.append((s, fd, ifd, s.new_file, s.sealed,
+                             s.index_trim if ifd >= 0 else -1, room))
+                s.index_dirty = s.new_file = False
+                if room >= 0:
+                    s.preallocated = False
+                if ifd >= 0:
+                    s.index_trim = -1
+            dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
+        except OSError:
+            for j in jobs:
+                close_quietly(j[1], j[2])
+            self._requeue(jobs, todo)
+            raise
+    path = self.directory
+    try:
+        for seg, fd, ifd, _new, sealed, trim, room in jobs:
+            path = seg.path
+            if room >= 0:  # first: its last block changes (zeros past the end)
+                free_room(fd, room, path)
+            os.fdatasync(fd)
+            if sealed:
+                drop_cached(fd)
+            if ifd >= 0:
+                path = seg.index_path
+                if trim >= 0:
+                    os.ftruncate(ifd, trim)
+                os.fsync(ifd)
+        if dir_fd >= 0:
+            path = self.directory
+            os.fsync(dir_fd)
+    except OSError as exc:
+        self.counters.fsync_errors += 1
+        with self._lock:
+            self._requeue(jobs, todo)
+        raise LogWriteError.from_os("cannot fsync", path, exc) from None
+    finally:
+        for _seg, fd, ifd, *_ in jobs:
+            close_quietly(fd, ifd)
+        if dir_fd >= 0:
+            close_quietly(dir_fd)
+    self.counters.fsyncs += len(jobs)
+    with self._lock:
+        if target is not None and target > self._durable:
+            self._durable = target
+        durable = self._durable
+    if any(seg.sealed for seg, *_ in jobs):
+        self._set_recovery_point(recovery_point)
+    return durable
+
+
+def free_room(fd: int, size: int, path: str) -> None:
+    """A segment's blocks allocated ahead past its ``size`` are not needed (it is sealed,
+    or the log closes): free them. A failure only leaves them allocated (the next start
+    tries again, once the segment is sealed)."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError as exc:
+        log.warning("%s: cannot free the blocks allocated ahead past its %d bytes: %s",
+                    path, size, exc.strerror)
+
+
+def drop_cached(fd: int) -> None:
+    """A sealed segment is on disk: let the OS drop its pages from the page cache. The log
+    is written once and read seldom (a backlog, the uploader); kept cached it would push
+    out what the gateway's other programs need, and new pages cost more to write into
+    than recycled ones."""
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass  # advice only
+
+
+def requeue(self, jobs, todo) -> None:
+    for s in todo:
+        self._unsynced.setdefault(s.base_offset, s)
+    for s, _fd, ifd, new, _sealed, trim, room in jobs:
+        if room >= 0:
+            s.preallocated = True  # freed again (or for the first time) by the retry
+        if ifd >= 0:
+            s.index_dirty = True
+        if trim >= 0 and s.index_trim < 0:
+            s.index_trim = trim
+        if new:
+            s.new_file = True
+    self._needs_sync = bool(self._unsynced)
+
+
+def close_quietly(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def set_recovery_point(self, offset: int) -> None:
+    """Record that every segment below ``offset`` is fsynced (so the next start skips
+    scanning them record by record)."""
+    with self._rp_lock:
+        if offset <= self._recovery_point or self.readonly or self._closed:
+            return
+        path = os.path.join(self.directory, RECOVERY_POINT_FILE)
+        try:
+            write_small_file(path, json.dumps({"recovery_point": offset}).encode() + b"\n",
+                             self._dir_fd)
+        except OSError as exc:
+            log.warning("cannot write %s: %s (the next start scans more)", path, exc.strerror)
+            return
+        self._recovery_point = offset

@@ -1,0 +1,140 @@
+"""Checking a log whole: every segment file read, every record's CRC, each header and each index
+compared with the records (``edgebroker inspect verify``); and the flusher's check of one segment
+a reader wanted checked (``verify_step``). Changes nothing."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from edgebroker import _native
+from edgebroker.commitlog import scanner
+from edgebroker.commitlog.errors import LogError
+from edgebroker.commitlog.format import INDEX_ENTRY_SIZE, SEGMENT_HEADER_SIZE, check_segment_header
+from edgebroker.commitlog.segment import Segment
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What ``CommitLog.verify`` found."""
+
+    segments: int = 0
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    damage: list = field(default_factory=list)          # Damage: records that cannot be read
+    notes: list = field(default_factory=list)           # Damage: incomplete tail of the last segment
+    index_problems: list = field(default_factory=list)  # (path, problem): repaired at next start
+    header_problems: list = field(default_factory=list) # (path, problem)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damage
+
+
+def verify_segments(segments: list[Segment],
+                    progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """``CommitLog.verify`` over ``segments`` (those there when it is called)."""
+    started = time.perf_counter()
+    report = VerifyReport()
+    segs = list(segments)
+    sizes = [os.fstat(s.fd).st_size for s in segs]
+    total = sum(sizes)
+    done = 0
+    for k, (seg, size) in enumerate(zip(segs, sizes)):
+        is_last = k == len(segs) - 1
+        report.segments += 1
+        fd = os.dup(seg.fd)
+        try:
+            if size < SEGMENT_HEADER_SIZE:
+                if size:
+                    report.header_problems.append((seg.path, f"{size} bytes, no complete header"))
+                done += size
+                continue
+            try:
+                problem = check_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0), seg.path,
+                                               seg.base_offset)
+            except LogError as exc:
+                problem = str(exc)
+            if problem:
+                report.header_problems.append((seg.path, problem))
+            out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
+            entries = bytearray()
+            base = seg.base_offset
+            seg_done = done
+
+            def step(view, avail, base_position, mo, mts):
+                res = _native.build_index(view, avail, base_position, base, mo, mts, out)
+                if progress is not None:
+                    progress(seg_done + base_position + res.stop, total)
+                return res
+
+            for event in scanner.walk(fd, SEGMENT_HEADER_SIZE, size, base, 0, step, seg.path):
+                if event[0] == scanner.DATA:
+                    entries += out[:event[2].count * INDEX_ENTRY_SIZE]
+                elif event[1].kind == "torn" and is_last:
+                    report.notes.append(event[1])
+                else:
+                    report.damage.append(event[1])
+            report.records += len(entries) // INDEX_ENTRY_SIZE
+            report.bytes += size
+            problem = compare_index(seg, entries, is_last)
+            if problem:
+                report.index_problems.append((seg.index_path, problem))
+        finally:
+            os.close(fd)
+        done += size
+        if progress is not None:
+            progress(done, total)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def compare_index(seg: Segment, entries: bytearray, is_last: bool) -> str | None:
+    """None when the index file holds ``entries`` (the tail's may hold fewer); else what is wrong."""
+    try:
+        with open(seg.index_path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return "missing" if entries else None
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    n = len(data) // INDEX_ENTRY_SIZE
+    while n and data[(n - 1) * INDEX_ENTRY_SIZE:n * INDEX_ENTRY_SIZE] == bytes(INDEX_ENTRY_SIZE):
+        n -= 1  # room preallocated by the writer
+    have = data[:n * INDEX_ENTRY_SIZE]
+    if have == entries or (is_last and entries.startswith(have)):
+        return None
+    for i in range(min(len(have), len(entries)) // INDEX_ENTRY_SIZE):
+        a = have[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]
+        if a != entries[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]:
+            return f"entry {i} does not match the records (rebuilt at the next start)"
+    return (f"{len(have) // INDEX_ENTRY_SIZE} entries for "
+            f"{len(entries) // INDEX_ENTRY_SIZE} records (rebuilt at the next start)")
+
+
+def verify_step(self) -> bool:
+    """Check every record of one segment that a reader wanted checked (flusher, when idle).
+    Returns False when there was nothing to do."""
+    with self._lock:
+        seg = next((s for s in self._verify_wanted if not s.deleted and not s.verified), None)
+        self._verify_wanted = {s for s in self._verify_wanted if not s.deleted and not s.verified}
+        if seg is None or seg.fd < 0:
+            return False
+        fd = os.dup(seg.fd)
+        end = seg.size
+    try:
+        entries = bytearray()
+        _added, damage = self._index_walk(seg, fd, SEGMENT_HEADER_SIZE, end, seg.base_offset,
+                                          0, entries)
+    finally:
+        os.close(fd)
+    for d in damage:
+        self._report(d)
+    with self._lock:
+        self._verify_wanted.discard(seg)
+        if not damage:
+            seg.verified = True
+    return True
