@@ -88,9 +88,12 @@ class Framing:
         for piece in got.mqtt:
             client.data_received(piece)
         if got.close is not None and not stream.closed:
-            if not got.open:
-                log.warning("%s on listener %s refused: %s", stream.peer,
-                            stream.listener_name or "?", got.close)
+            if not got.open:    # the upgrade was refused: counted, logged once a minute
+                broker = stream.loop.broker
+                broker.refused["websocket"] += 1
+                broker.events.log(logging.WARNING, "websocket", broker.clock(),
+                                  "WebSocket upgrade from %s on listener %s refused: %s",
+                                  stream.peer, stream.listener_name or "?", got.close)
             client.connection_lost(got.close)       # closes this (close below)
             self.close()                            # if the client was closed already
 

@@ -356,13 +356,30 @@ def test_server_closes_with_a_close_frame(wssrv, uid):
     (m.connect("raw-mqtt"), 400, "not an HTTP request (first byte 0x10"),
 ])
 def test_not_a_websocket_upgrade_gets_400(wssrv, request_bytes, status, reason):
-    mark = wssrv.mark()
+    before = wssrv.stats()["refused"]["websocket"]
     c = wssrv.raw(port(wssrv, WS))
     c.send(request_bytes)
     reply = c.read_until_closed()
     assert reply.startswith(f"HTTP/1.1 {status} ".encode()), reply
     assert reason.encode() in reply.partition(b"\r\n\r\n")[2]
-    assert wssrv.wait_log(reason, timeout=5, start=mark), "the refusal's reason is not logged"
+    assert wssrv.stats()["refused"]["websocket"] == before + 1
+
+
+def test_refusals_are_counted_and_logged_once_a_minute(broker):
+    """A port scanner cannot flood the log: the first refusal is logged with its reason, the
+    next ones within the minute only counted (the line after the minute says how many)."""
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "protocol": "websockets",
+                          "allow_anonymous": True}])
+    mark = b.mark()
+    for path in ("/first", "/second"):
+        c = b.raw()
+        c.send(f"GET {path} HTTP/1.1\r\nHost: broker\r\n\r\n".encode())
+        assert c.read_until_closed().startswith(b"HTTP/1.1 400 ")
+    assert b.stats()["refused"]["websocket"] == 2
+    line = b.wait_log("WebSocket upgrade from", timeout=5, start=mark)
+    assert line and "not a WebSocket upgrade request" in line and "refused" in line
+    assert "at most once per 60 s" in line
+    assert b.log_text().count("WebSocket upgrade from") == 1
 
 
 def test_upgrade_on_another_path_gets_404(wssrv):
