@@ -15,6 +15,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -696,6 +700,22 @@ int eb_fallocate_keep_size(int fd, int64_t length) {
         return 0;
     return errno ? errno : EIO;
 #else
+    return ENOSYS;
+#endif
+}
+
+int eb_keep_freed_memory(int64_t trim_threshold, int64_t mmap_threshold) {
+#ifdef __GLIBC__
+    if (trim_threshold < 0 || trim_threshold > INT_MAX || mmap_threshold < 0
+            || mmap_threshold > INT_MAX)
+        return EINVAL;
+    if (!mallopt(M_TRIM_THRESHOLD, (int)trim_threshold)
+            || !mallopt(M_MMAP_THRESHOLD, (int)mmap_threshold))
+        return EINVAL;
+    return 0;
+#else
+    (void)trim_threshold;
+    (void)mmap_threshold;
     return ENOSYS;
 #endif
 }

@@ -123,3 +123,7 @@ int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_it
 /* Allocate the blocks of the file's first `length` bytes ahead, keeping its size (Linux
  * fallocate with FALLOC_FL_KEEP_SIZE): 0, or the errno (ENOSYS where there is no fallocate). */
 int eb_fallocate_keep_size(int fd, int64_t length);
+/* glibc malloc: keep up to trim_threshold bytes of freed heap for reuse instead of giving them
+ * back to the kernel, and take allocations below mmap_threshold from the heap. 0, EINVAL when
+ * a value is refused, ENOSYS without glibc. */
+int eb_keep_freed_memory(int64_t trim_threshold, int64_t mmap_threshold);

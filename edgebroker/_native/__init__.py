@@ -69,6 +69,10 @@ docs/log-format.md):
     Allocate the blocks of the file's first ``nbytes`` ahead, keeping its size (Linux
     ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``): 0, or the errno when it cannot (``ENOSYS``
     where there is no ``fallocate``).
+``keep_freed_memory(trim_threshold, mmap_threshold)``
+    glibc's malloc keeps up to ``trim_threshold`` bytes of freed heap for reuse instead of
+    giving them back to the kernel, and takes allocations below ``mmap_threshold`` from the
+    heap (``mallopt``): 0, ``EINVAL`` for a value it refuses, ``ENOSYS`` without glibc.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segm
              "stage_start", "stage_clear", "append_record", "append_held",
              "topic_matches", "scan", "build_index", "resync",
              "index_check", "index_find_offset", "index_find_time", "send_batch",
-             "fallocate")
+             "fallocate", "keep_freed_memory")
 CHOICES = ("auto", "c", "python")
 
 

@@ -433,3 +433,33 @@ def fallocate(fd: int, nbytes: int) -> int:
     if _fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, nbytes) == 0:
         return 0
     return ctypes.get_errno() or errno.EIO
+
+
+# mallopt parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def _libc_mallopt():
+    try:
+        call = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int)
+    call.restype = ctypes.c_int
+    return call
+
+
+_mallopt = _libc_mallopt()
+
+
+def keep_freed_memory(trim_threshold: int, mmap_threshold: int) -> int:
+    """The C build's eb_keep_freed_memory, through ctypes."""
+    if _mallopt is None:
+        return errno.ENOSYS
+    if not (0 <= trim_threshold <= 0x7FFFFFFF and 0 <= mmap_threshold <= 0x7FFFFFFF):
+        return errno.EINVAL
+    if not _mallopt(_M_TRIM_THRESHOLD, trim_threshold) or \
+            not _mallopt(_M_MMAP_THRESHOLD, mmap_threshold):
+        return errno.EINVAL
+    return 0
