@@ -412,18 +412,20 @@ def send_batch(sock: socket.socket, items, start_item: int = 0, start_progress: 
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 
 
-def _libc_fallocate():
+def _libc_function(names: tuple[str, ...], argtypes: tuple):
+    """The first of ``names`` that the C library has, typed, returning int; None without it."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        call = getattr(libc, "fallocate64", None) or libc.fallocate
-    except (OSError, AttributeError):
+        call = next(getattr(libc, name) for name in names if hasattr(libc, name))
+    except (OSError, StopIteration):
         return None
-    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    call.argtypes = argtypes
     call.restype = ctypes.c_int
     return call
 
 
-_fallocate = _libc_fallocate()
+_fallocate = _libc_function(("fallocate64", "fallocate"),
+                            (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64))
 
 
 def fallocate(fd: int, nbytes: int) -> int:
@@ -438,19 +440,7 @@ def fallocate(fd: int, nbytes: int) -> int:
 # mallopt parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-
-
-def _libc_mallopt():
-    try:
-        call = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = (ctypes.c_int, ctypes.c_int)
-    call.restype = ctypes.c_int
-    return call
-
-
-_mallopt = _libc_mallopt()
+_mallopt = _libc_function(("mallopt",), (ctypes.c_int, ctypes.c_int))
 
 
 def keep_freed_memory(trim_threshold: int, mmap_threshold: int) -> int:
