@@ -3,8 +3,10 @@
 ``CommitLog`` is the facade: its state (the locks, the offsets, the segment list, the staging
 area) and the public methods the rest of the broker calls. The work lives in one module per
 concept, as functions that take the log as ``self`` and are bound onto ``CommitLog`` as its
-methods under their own names (so a call costs what a method call costs, and ``append``, the
-hot path of every PUBLISH, is no wrapper):
+methods (mostly under their own names; ``_open``, ``_append`` and ``_sync`` are ``open_log``,
+``append_long`` and ``run_sync``; ``make_spares``, ``prepare_spare`` and ``verify`` are small
+wrappers), so a call costs what a method call costs, and ``append``, the hot path of every
+PUBLISH, is no wrapper:
 
     recovery.py  open: directory lock, offset files, segment scan, index check/rebuild; refresh
     file_set.py  the ordered segments: find, new, roll, housekeeping, retention, deletion,

@@ -1,6 +1,6 @@
 """The next segment's file, made ahead: created under a temporary name with its blocks allocated
-up to ``segment_bytes`` by the segment-ahead thread (``SpareFiles.prepare``, which
-``CommitLog.prepare_spare`` is, run by ``flusher.SpareMaker``), taken by the core thread when it
+up to ``segment_bytes`` by the segment-ahead thread (``SpareFiles.prepare``, called
+through ``CommitLog.prepare_spare`` by ``flusher.SpareMaker``), taken by the core thread when it
 creates a new segment (``take``). The log's lock, shared with ``SpareFiles``, guards the file
 made ahead (``fd``, ``path``).
 """

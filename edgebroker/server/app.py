@@ -110,6 +110,11 @@ def keep_freed_memory() -> None:
                   os.strerror(err))
 
 
+def _listening(lc) -> tuple:
+    """What a listener's socket was opened with: changed only by a restart."""
+    return lc.address, lc.protocol, lc.websocket_path
+
+
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -376,9 +381,10 @@ class App:
         except Exception:
             log.exception("reload failed, keeping the running configuration")
         else:
-            running = [listener.config.address for listener in self.listeners]
-            if [lc.address for lc in config.listeners] != running:
-                log.warning("reload: listener changes take effect after a restart")
+            running = [_listening(listener.config) for listener in self.listeners]
+            if [_listening(lc) for lc in config.listeners] != running:
+                log.warning("reload: listener changes (addresses, protocol, websocket_path) "
+                            "take effect after a restart")
             try:
                 self.reload_security(config)
             except ConfigError as exc:

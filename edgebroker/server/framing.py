@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.core.timers import Timer
+from edgebroker.server.transport import PAUSE_REASONS
 
 log = logging.getLogger("edgebroker.server")
 
@@ -63,7 +64,8 @@ class Framing:
     """A framing between a byte stream (``stream``) and the core's ``Client`` (``client``):
     to the core it is the transport, to the stream the receiver of bytes."""
 
-    __slots__ = ("stream", "endpoint", "client", "peer", "listener", "lingering")
+    __slots__ = ("stream", "endpoint", "client", "peer", "listener", "lingering", "last_words",
+                 "counted")
 
     decoder = _NO_LARGE_READS
 
@@ -74,15 +76,23 @@ class Framing:
         self.peer = stream.peer
         self.listener = stream.listener
         self.lingering = False        # the closing handshake: waiting for the peer's end
+        self.last_words = b""         # the endpoint's close frame, for close() to send last
+        self.counted = False          # a lingering socket, counted in broker.sockets_open
 
     # ----- the stream's side: bytes in --------------------------------------------------
 
     def data_received(self, data) -> None:
         if self.lingering:
             return      # the peer's answer to the close, or what it sent before it
+        was_open = self.endpoint.open
         got = self.endpoint.receive(bytes(data))    # the endpoint keeps what it holds
         stream = self.stream
-        if got.send:
+        if got.close is not None and was_open:
+            # Its close frame goes after the answers to the packets that came before the
+            # client's close or the bad frame (no data after a close, RFC 6455 5.5.1): close()
+            # writes it. (A handshake, frames and a close in one read still answer after it.)
+            self.last_words = got.send
+        elif got.send:
             stream.write(got.send)
         client = self.client
         for piece in got.mqtt:
@@ -101,6 +111,7 @@ class Framing:
         self.client.writable()
 
     def connection_lost(self, reason: str) -> None:
+        self._uncount()
         self.client.connection_lost(reason)
 
     def describe(self) -> str:
@@ -133,15 +144,32 @@ class Framing:
         if not endpoint.open:
             stream.close()      # an HTTP refusal, or nothing sent yet
             return
-        frame = endpoint.close_frame()
+        frame = self.last_words or endpoint.close_frame()
         if frame:
             stream.write(frame)
         self.lingering = True
         if stream.end_output():
+            # The core counted the socket gone (Client.close); it stays open until the peer's
+            # end or LINGER, so count it while it lingers (accepting leaves the descriptors
+            # the commit log needs). Read on whatever paused reading, to see the peer's end.
             broker = stream.loop.broker
-            Timer(stream.close).start(broker, broker.clock() + LINGER)
+            broker.sockets_open += 1
+            self.counted = True
+            for reason in PAUSE_REASONS:
+                stream.resume_reading(reason)
+            Timer(self._linger_over).start(broker, broker.clock() + LINGER)
         else:
             stream.close()
+
+    def _linger_over(self) -> None:
+        self._uncount()
+        self.stream.close()
+
+    def _uncount(self) -> None:
+        """A lingering socket is closed (the peer's end came, or LINGER passed)."""
+        if self.counted:
+            self.counted = False
+            self.stream.loop.broker.sockets_open -= 1
 
     def pause_reading(self, reason: str) -> None:
         self.stream.pause_reading(reason)

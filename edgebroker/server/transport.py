@@ -19,7 +19,7 @@ is looked up again before use, and dropped if the record is gone.
 The queue is bounded for what may be dropped: ``offer`` (a QoS 0 PUBLISH)
 refuses once ``max_pending`` bytes are waiting (FileChunks count with their
 full length); the core then drops the message or keeps it in the session's
-queue, sets ``want_drain``, and is called back (``client.writable()``) when
+queue, calls ``wait_for_drain()``, and is called back (``client.writable()``) when
 everything has been written.
 
 Before the first bytes reach the core they are sniffed (server/sniff.py): a TLS handshake

@@ -192,3 +192,40 @@ def test_a_peer_that_never_ends_is_closed_after_the_linger(framed):
     timer.expire()
     loop.flush()
     assert stream.closed
+
+
+def framed_bytes(packet: bytes) -> bytes:
+    return struct.pack(">H", len(packet)) + packet
+
+
+def test_answers_to_what_came_before_a_close_go_out_before_the_close_frame(framed):
+    loop, stream, framing, peer = framed
+    peer.send(framed_bytes(m.connect("c1")) + framed_bytes(m.pingreq()) + b"\0\0")
+    stream.on_event(READ)
+    assert framing.client.closed and framing.lingering
+    expected = framed_bytes(m.connack()) + framed_bytes(m.pingresp()) + b"\0\0"
+    closing_handshake(stream, peer, expected)
+
+
+def test_a_lingering_socket_counts_as_open_until_it_closes(framed):
+    loop, stream, framing, peer = framed
+    broker = loop.broker
+    assert broker.sockets_open == 1
+    stream.pause_reading("rate")            # a throttled client ...
+    framing.client.close(will=False)
+    assert framing.lingering and broker.sockets_open == 1
+    assert stream.reading                   # ... is read again, to see the peer's end
+    closing_handshake(stream, peer, b"\0\0")
+    assert broker.sockets_open == 0
+
+
+def test_a_lingering_socket_stops_counting_when_the_linger_ends(framed):
+    loop, stream, framing, peer = framed
+    scheduled = []
+    loop.broker.schedule = scheduled.append
+    framing.client.close(will=False)
+    assert loop.broker.sockets_open == 1
+    [timer] = scheduled
+    timer.expire()
+    loop.flush()
+    assert stream.closed and loop.broker.sockets_open == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -461,3 +462,18 @@ def test_config_check_names_websocket_listeners(tmp_path):
     r = run_cli("config", "check", "-c", str(path))
     assert r.returncode == 0, r.stderr
     assert "127.0.0.1:0 (WebSockets /ws)" in r.stdout
+
+
+def test_reload_says_a_changed_websocket_path_needs_a_restart(broker, uid):
+    listeners = [{"host": "127.0.0.1", "port": 0, "protocol": "websockets",
+                  "allow_anonymous": True}]
+    b = broker(listener=listeners)
+    mark = b.mark()
+    text = b.config_path.read_text()
+    assert 'protocol = "websockets"' in text, text
+    b.config_path.write_text(text.replace('protocol = "websockets"',
+                                          'protocol = "websockets"\nwebsocket_path = "/other"'))
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("take effect after a restart", timeout=5, start=mark)
+    c = ws_client(b, uid, listener=0)       # still served on /mqtt
+    assert c.ping() == []
