@@ -114,9 +114,6 @@ class Framing:
         self._uncount()
         self.client.connection_lost(reason)
 
-    def describe(self) -> str:
-        return self.client.describe()
-
     # ----- the core's side: what it may call on a transport ------------------------------
 
     def write(self, data) -> None:
@@ -178,19 +175,18 @@ class Framing:
         self.stream.resume_reading(reason)
 
     def wait_for_drain(self) -> None:
-        self.want_drain = True
+        self.stream.wait_for_drain()
 
     def count_publish(self) -> None:
-        self.msgs_out += 1
+        self.stream.count_publish()
 
-    # The stream's figures and settings, read (and some set) by the core.
+    # The stream's figures, read by the core, and its output bound (set on reload).
     listener_name = _forwarded("listener_name")
     policy = _forwarded("policy")
     out_bytes = _forwarded("out_bytes")
     bytes_in = _forwarded("bytes_in")
     bytes_out = _forwarded("bytes_out")
-    msgs_out = _forwarded("msgs_out", settable=True)
-    want_drain = _forwarded("want_drain", settable=True)
+    msgs_out = _forwarded("msgs_out")
     max_pending = _forwarded("max_pending", settable=True)
 
     @property
