@@ -156,9 +156,10 @@ class Limits:
     max_inflight_messages: int = _setting(
         20, _between(1, 65535), doc="outgoing QoS 1/2 messages awaiting acknowledgement per session")
     max_queued_messages: int = _setting(
-        1000, _at_least(1),
-        doc="messages queued per session beyond the inflight window or while offline; "
-            "newer messages are dropped when full")
+        0, _at_least(0),
+        doc="messages queued in memory per session beyond the inflight window or while "
+            "offline, dropped past it (queue_full); 0: no such limit, a session that falls "
+            "behind reads from the commit log instead (docs/persistence.md)")
     queue_qos0_messages: bool = _setting(
         False, doc="also queue QoS 0 messages for offline persistent sessions")
     max_connections: int = _setting(
@@ -187,7 +188,21 @@ class Limits:
         1_048_576, _at_least(1),
         doc="bytes (topic + payload) of the outgoing QoS 1/2 window per session")
     max_queued_bytes: int = _setting(
-        4_194_304, _at_least(1), doc="bytes (topic + payload) queued per session")
+        0, _at_least(0),
+        doc="bytes (topic + payload) queued in memory per session; 0: no such limit (as "
+            "max_queued_messages)")
+    max_lag_bytes: int = _setting(
+        268_435_456, _at_least(0),
+        doc="a session reading from the log this many log bytes behind its head skips QoS 0 "
+            "messages (counted as dropped, max_lag); 0: never")
+    max_lag_age: float = _setting(
+        600.0, _at_least(0),
+        doc="seconds: a QoS 0 message this old when a session behind reads it from the log "
+            "is skipped (counted as dropped, max_lag); 0: never")
+    max_session_lag_age: float = _setting(
+        0.0, _at_least(0),
+        doc="seconds: a session cursor on a record older than this moves forward past it, "
+            "QoS 1/2 included (counted as log_gap); 0: never")
     queue_full: str = _setting(
         "drop_new", _one_of("drop_new", "drop_old"),
         doc="which message a full session queue drops: the new one or the oldest queued")

@@ -647,3 +647,21 @@ def run_cli(*args, timeout: float = 15.0) -> subprocess.CompletedProcess:
     return subprocess.run([*broker_command(), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0,
+                      pred=lambda session: True) -> dict:
+    """The snapshot once it lists ``client_id`` with a session entry for which ``pred`` holds
+    (it is written at most 1 s after a change)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        try:
+            with open(f"{data_dir}/sessions.json") as fh:
+                doc = json.load(fh)
+        except (FileNotFoundError, ValueError):
+            doc = {"sessions": []}
+        if any(s["client_id"] == client_id and pred(s) for s in doc["sessions"]):
+            return doc
+        pause.wait(0.05)
+    raise AssertionError(f"no snapshot listing {client_id!r} within {timeout} s")

@@ -381,30 +381,50 @@ def run_verify(args) -> int:
 # ---------------------------------------------------------------------------------- sessions
 
 def run_sessions(args) -> int:
-    """Persistent sessions as of the last snapshot (at most ~1 s old while the broker runs)."""
+    """Persistent sessions as of the last snapshot (at most ~1 s old while the broker runs),
+    with how far each one's cursor is behind the head of the log (read now)."""
     state_dir = os.path.dirname(log_dir(args))
     state = snapshot.read(state_dir)
     if state is None:
         raise EdgebrokerError(f"{os.path.join(state_dir, snapshot.FILENAME)}: no session "
                               f"snapshot (has a broker run with this state directory?)")
     sessions = sorted(state.sessions, key=lambda s: s.client_id)
+    lags = {}
+    if any(s.cursor is not None for s in sessions) and os.path.isdir(log_dir(args)):
+        commit_log = open_log(args)
+        try:
+            now_ms = time.time_ns() // 1_000_000
+            lags = {s.client_id: commit_log.lag(s.cursor, now_ms)
+                    for s in sessions if s.cursor is not None}
+        finally:
+            commit_log.close()
+    none = {"lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
     if args.format == "json":
         _out(json.dumps({
             "written_ms": state.written_ms, "log_next_offset": state.log_next_offset,
             "retained": len(state.retained),
             "sessions": [{"client_id": s.client_id, "subscriptions": s.subscriptions,
                           "inflight": len(s.inflight), "queued": len(s.queue),
-                          "oldest_offset": _oldest(s)} for s in sessions]}, indent=2))
+                          "oldest_offset": _oldest(s), "cursor": s.cursor,
+                          **lags.get(s.client_id, none), "drops": s.drops}
+                         for s in sessions]}, indent=2))
         return 0
-    rows = [["CLIENT ID", "SUBSCRIPTIONS", "INFLIGHT", "QUEUED", "OLDEST OFFSET"]]
+    rows = [["CLIENT ID", "SUBSCRIPTIONS", "INFLIGHT", "QUEUED", "CURSOR", "LAG", "LAG BYTES",
+             "LAG AGE", "DROPPED"]]
     for s in sessions:
         subs = ", ".join(f"{f} (QoS {q})" for f, q in sorted(s.subscriptions.items())) or "-"
-        oldest = _oldest(s)
+        lag = lags.get(s.client_id)
         rows.append([s.client_id, subs, str(len(s.inflight)), str(len(s.queue)),
-                     "-" if oldest is None else str(oldest)])
-    _out(table(rows, right={2, 3, 4}))
-    _out(f"{len(sessions)} persistent sessions, {sum(len(s.queue) + len(s.inflight) for s in sessions)} "
-         f"messages waiting, {len(state.retained)} retained messages; snapshot of "
+                     "-" if s.cursor is None else str(s.cursor),
+                     "-" if lag is None else str(lag["lag_records"]),
+                     "-" if lag is None else human_bytes(lag["lag_bytes"]),
+                     "-" if lag is None else f"{lag['lag_seconds']:.0f} s",
+                     str(sum(s.drops.values()))])
+    _out(table(rows, right={2, 3, 4, 5, 6, 7, 8}))
+    behind = sum(1 for s in sessions if s.cursor is not None)
+    _out(f"{len(sessions)} persistent sessions ({behind} reading from the log), "
+         f"{sum(len(s.queue) + len(s.inflight) for s in sessions)} messages in their queues and "
+         f"windows, {len(state.retained)} retained messages; snapshot of "
          f"{fmt_time(state.written_ms)} at log offset {state.log_next_offset}")
     return 0
 

@@ -85,7 +85,8 @@ def housekeeping(self) -> None:
 def apply_retention(self, now: int) -> None:
     opts = self.options
     for seg, forced, reason in retention.plan(self._segments, self._uploaded, now,
-                                              opts.retention_bytes, opts.retention_ms):
+                                              opts.retention_bytes, opts.retention_ms,
+                                              self.hold_offset):
         self._delete_segment(seg, forced, reason)
 
 

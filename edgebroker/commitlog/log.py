@@ -145,6 +145,10 @@ class CommitLog:
         self._unsynced: dict[int, Segment] = {}
         self._needs_sync = False
         self._uploaded = 0
+        # Age-based retention keeps the segments holding this offset and later ones: the
+        # oldest record a session's cursor still needs (set by the core; the disk limit,
+        # retention_bytes, still deletes them).
+        self.hold_offset = 1 << 63
         self._recovery_point = 0
         self._dir_fd = -1
         self._lock_fd = -1
@@ -346,6 +350,10 @@ class CommitLog:
     _iterate = reader.iterate
     _walk_records = reader.walk_records
     locate = reader.locate
+    read_batch = reader.read_batch
+    bytes_after = reader.bytes_after
+    offset_at_time = reader.offset_at_time
+    lag = reader.lag
 
     # =========================================================================================
     # Inspection

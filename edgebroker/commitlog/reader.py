@@ -172,3 +172,101 @@ def locate(self, offset: int) -> Location | None:
     return Location(offset, ts, attrs & 3, bool(attrs & RETAIN_BIT),
                     bytes(head[topic_start:topic_start + tl]), seg.fd,
                     position + topic_start + tl, pl)
+
+
+# A payload this large or larger is not copied by ``read_batch``: it is sent from the segment
+# file (``locate`` and sendfile).
+COPY_LIMIT = 16 * 1024
+BATCH_CHUNK = 64 * 1024
+
+
+def read_batch(self, start: int, topic_filter: bytes | None, max_records: int, max_bytes: int,
+               max_scan: int, copy_limit: int = COPY_LIMIT) -> tuple[list[tuple], int]:
+    """The records from ``start`` on whose topic matches ``topic_filter`` (None: all), for a
+    session catching up (core.catchup): ``(records, next)``, where each record is ``(offset,
+    timestamp_ms, qos, retain, topic, payload, payload_length)`` (``payload`` None when it is
+    ``copy_limit`` bytes or more: send it from the file) and ``next`` is the offset the next
+    call starts from.
+
+    Whole chunks of the segment are read and validated (CRC) by the native scanner; reading
+    stops after the chunk that reaches ``max_records`` matches, ``max_bytes`` of copied
+    payloads or ``max_scan`` bytes read, and at the end of what is written. Damaged records
+    are skipped (reported once, as by every reader). Core thread."""
+    records: list[tuple] = []
+    copied = 0
+    scanned = 0
+    written = self.written_offset
+    if start < self.first_offset:
+        start = self.first_offset
+    i = max(self._segment_index(start), 0)
+    segments = self._segments
+    out = scanner.new_scan_buffer(1024)
+    step = scanner.scan_step(topic_filter, out)
+    hdr = RECORD_HEADER_SIZE
+    words = _native.SCAN_ENTRY_WORDS
+    while i < len(segments) and start < written:
+        seg = segments[i]
+        if start < seg.base_offset:
+            start = seg.base_offset
+        j = seg.find_offset(start)
+        if j < seg.count:
+            for event in scanner.walk(seg.fd, seg.entry(j)[1], seg.size, start, 0, step,
+                                      seg.path, BATCH_CHUNK):
+                if event[0] != scanner.DATA:
+                    self._report(event[1])
+                    continue
+                _, view, res, base = event
+                for k in range(0, res.matched * words, words):
+                    offset, ts, position, length, meta = out[k:k + words]
+                    p = position - base + hdr
+                    topic_start = p + (meta >> 8 & 0xFFFF)
+                    topic_end = topic_start + (meta >> 24)
+                    n = position - base + length - topic_end
+                    if n < copy_limit:
+                        payload = bytes(view[topic_end:topic_end + n])
+                        copied += n
+                    else:
+                        payload = None
+                    records.append((offset, ts, meta & 3, bool(meta & 4),
+                                    bytes(view[topic_start:topic_end]), payload, n))
+                start = res.next_offset
+                scanned += res.stop
+                if len(records) >= max_records or copied >= max_bytes or scanned >= max_scan:
+                    return records, start
+        start = max(start, seg.next_offset)
+        i += 1
+    return records, start
+
+
+def bytes_after(self, offset: int) -> int:
+    """Bytes of the segment files from the record ``offset`` (or the first one after it) to
+    the end of what is written: how far a reader at ``offset`` is behind. Core thread."""
+    i = max(self._segment_index(offset), 0)
+    segments = self._segments
+    total = 0
+    for seg in segments[i:]:
+        j = seg.find_offset(offset) if offset > seg.base_offset else 0
+        total += seg.size - (seg.entry(j)[1] if j < seg.count else seg.size)
+    return total
+
+
+def offset_at_time(self, timestamp_ms: int) -> int:
+    """The offset of the first record whose timestamp is >= ``timestamp_ms`` (by the running
+    maximum the index keeps), or the next offset when there is none."""
+    for seg in list(self._segments):
+        if seg.count and seg.max_timestamp >= timestamp_ms:
+            j = seg.find_time(timestamp_ms)
+            if j < seg.count:
+                return seg.entry(j)[0]
+    return self.next_offset
+
+
+def lag(self, cursor: int, now_ms: int) -> dict:
+    """How far a reader at ``cursor`` is behind the head: ``lag_records`` (offsets, whatever
+    their topics), ``lag_bytes`` (of the segment files) and ``lag_seconds`` (the age of the
+    record at the cursor)."""
+    offset = max(cursor, self.first_offset)
+    record = self.read(offset) if offset < self.written_offset else None
+    return {"lag_records": max(0, self.next_offset - cursor),
+            "lag_bytes": self.bytes_after(offset),
+            "lag_seconds": max(0.0, (now_ms - record.timestamp_ms) / 1000) if record else 0.0}

@@ -8,7 +8,9 @@ Rules (docs/log-format.md, "Retention"):
   disk limit wins. A segment deleted before it was uploaded is *forced*; the caller counts and
   logs it.
 * Otherwise a segment goes when it was uploaded (every record's offset is below the uploaded
-  mark) and its newest record is ``retention_ms`` or more old.
+  mark), no session still needs it (every record's offset is below ``hold_offset``, the oldest
+  cursor of a session that reads from the log) and its newest record is ``retention_ms`` or
+  more old.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Sequence
 
 
 def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes: int,
-         retention_ms: int) -> list[tuple[object, bool, str]]:
+         retention_ms: int, hold_offset: int = 1 << 63) -> list[tuple[object, bool, str]]:
     """``(segment, forced, reason)`` for each segment to delete, oldest first."""
     victims = []
     total = sum(s.size + s.index_file_bytes for s in segments)
@@ -29,7 +31,8 @@ def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes:
         if total > retention_bytes:
             victims.append((seg, not uploaded, f"the log is over retention_bytes "
                                                f"({total} > {retention_bytes} bytes)"))
-        elif uploaded and (seg.count == 0 or seg.max_timestamp + retention_ms <= now_ms):
+        elif (uploaded and seg.next_offset <= hold_offset
+              and (seg.count == 0 or seg.max_timestamp + retention_ms <= now_ms)):
             victims.append((seg, False, "uploaded, and older than retention_ms"))
         else:
             break

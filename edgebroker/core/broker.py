@@ -7,6 +7,7 @@ them as the broker's own methods, with no extra call or lookup per message):
 
 - ``core.router``: routing, the frame cache, queues and windows, sending from the log;
 - ``core.sessions``: admission, attach/detach, subscriptions, drops;
+- ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
 - ``core.timers``: the deadline heap (keepalive, CONNECT timeout, ``Timer``s) and
   the periodic maintenance;
 - ``core.persistence``: snapshots (capture, restore, replay).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.config import Config
+from edgebroker.core.catchup import CatchUp
 from edgebroker.core.client import Client
 from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
@@ -50,7 +52,7 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker(Router, Sessions, Timers, Persistence):
+class Broker(Router, Sessions, CatchUp, Timers, Persistence):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits
@@ -83,6 +85,7 @@ class Broker(Router, Sessions, Timers, Persistence):
         if self.journal is not None:
             self.acknowledge = self.journal.acknowledge  # one call less per QoS 1/2 PUBLISH
         self._init_persistence(commit_log)
+        self._init_catchup()
         self.sys = SysTopics(self, self.started)
 
     def hit(self, limit: str) -> None:
@@ -96,6 +99,13 @@ class Broker(Router, Sessions, Timers, Persistence):
         self.prompt_gap = prompt_gap(config)
         now = self.clock()
         self.memory.limit = config.limits.memory_limit
+        log_queue = self._log_is_queue(config.limits)
+        if log_queue != self.log_queue:
+            self.log_queue = log_queue
+            log.warning("max_queued_messages/max_queued_bytes %s: sessions that fall behind from "
+                        "now on %s", "cleared" if log_queue else "set",
+                        "read from the commit log" if log_queue else
+                        "queue in memory within them (those already behind read from the log)")
         if config.limits.topic_expiry != old.topic_expiry:
             self._topic_expiry.start(self, now + config.limits.topic_expiry)
         self.sys.configure(now)

@@ -249,7 +249,8 @@ class Client:
                            self.pending_dropped)
             self.pending_dropped = 0
         session = self.session
-        if session is not None and session.client is self and session.queue:
+        if (session is not None and session.client is self
+                and (session.queue or session.cursor is not None)):
             self.broker.pump(session)
 
     def violation(self, exc: ProtocolError) -> None:

@@ -35,6 +35,7 @@ LIMITS = (
     "max_topic_levels", "max_topics", "max_topics_per_client", "max_subscriptions_per_client",
     "max_inflight_messages", "max_inflight_bytes", "max_queued_messages", "max_queued_bytes",
     "max_pending_write_bytes", "messages_rate", "bytes_rate", "memory_limit", "open_files",
+    "max_lag_bytes", "max_lag_age",
 )
 
 # Why a connection was refused (CONNACK != 0, or closed before CONNECT for not speaking MQTT).
@@ -48,7 +49,7 @@ REFUSALS = (
 DROPS = (
     "max_queued_messages", "max_queued_bytes", "max_pending_write_bytes", "max_topics",
     "max_topics_per_client", "max_topic_length", "max_topic_levels", "memory_limit", "sys_topic",
-    "acl",
+    "acl", "max_lag", "log_gap", "not_logged",
 )
 
 

@@ -72,6 +72,8 @@ def snapshot(broker, now: float) -> dict:
         "topics": len(broker.topics),
         "queued_messages": broker.queued_messages,
         "queued_bytes": broker.queued_bytes,
+        "sessions_behind": len(broker.behind),
+        "lag_records_max": _max_lag(broker),
         "throttled_clients": len(broker.throttled),
         "throttled_seconds": throttled,
         "counters": stats.as_dict(),
@@ -84,6 +86,13 @@ def snapshot(broker, now: float) -> dict:
                     "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over},
         "log": broker.journal.figures() if broker.journal is not None else None,
     }
+
+
+def _max_lag(broker) -> int:
+    """Records between the oldest cursor and the head of the log (0: none behind)."""
+    if not broker.behind or broker.journal is None:
+        return 0
+    return broker.journal.log.next_offset - min(s.cursor.offset for s in broker.behind)
 
 
 def client_row(client, now: float) -> dict:
@@ -117,7 +126,12 @@ def client_row(client, now: float) -> dict:
         "queued_bytes": session.queue_bytes if session is not None else 0,
         "subscriptions": len(session.subscriptions) if session is not None else 0,
         "topics_created": client.broker.topics.created_by(client.client_id),
+        # Reading from the log (core.catchup): its cursor (None: in step) and lag.
+        **(client.broker.lag(session) if session is not None else _IN_STEP),
     }
+
+
+_IN_STEP = {"cursor": None, "lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
 
 
 def _rates(client, transport, now: float) -> tuple:

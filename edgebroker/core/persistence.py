@@ -45,7 +45,13 @@ class Persistence:
                 continue
             state = snap.SessionState(session.client_id, dict(session.subscriptions),
                                       awaiting_release=list(session.awaiting_release),
-                                      next_id=session._next_id)
+                                      next_id=session._next_id,
+                                      drops=dict(session.drops) if session.drops else {})
+            cursor = session.cursor
+            if cursor is not None:
+                state.cursor = cursor.offset
+                state.since = dict(cursor.since) if cursor.since else {}
+                state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             for pid, entry in session.inflight.items():
                 ref = entry.message
                 if ref.offset is not None:
@@ -106,6 +112,9 @@ class Persistence:
             if s.awaiting_release:
                 session.own_awaiting_release().update(s.awaiting_release)
             session._next_id = s.next_id
+            if s.drops:
+                session.drops = dict(s.drops)
+            self._restore_cursor(session, s, state.log_next_offset)
         self._snapshot_offset = state.log_next_offset
         if end is not None:
             self.stats.publish_lost += lost
@@ -115,8 +124,27 @@ class Persistence:
                         "sessions that were not yet on disk are lost", state.log_next_offset,
                         end, lost)
 
+    def _restore_cursor(self, session: Session, s: snap.SessionState, snapshot_offset: int) -> None:
+        """A restored session reads from the log: from its cursor, or (in step with the log
+        when the snapshot was taken, or written by a version without cursors) from the
+        snapshot's offset, with the log as the queue; else the replay queues for it."""
+        if self.journal is None or (s.cursor is None and not self.log_queue):
+            return
+        end = self.journal.log.next_offset
+        offset = min(snapshot_offset if s.cursor is None else s.cursor, end)
+        self.fall_behind(session, offset)
+        cursor = session.cursor
+        if s.since:
+            cursor.since = {f: min(o, end) for f, o in s.since.items()}
+        if s.offline:
+            cursor.offline = [list(r) for r in s.offline]
+        if not cursor.offline or cursor.offline[-1][1] is not None:
+            # It was online when the snapshot was taken: offline from there on.
+            cursor.went_offline(min(snapshot_offset, end))
+
     def replay(self, records) -> int:
-        """Route log records written after the snapshot (retained updates, offline queues)."""
+        """Route log records written after the snapshot: retained updates, and the queues of
+        offline sessions that do not read from the log (max_queued_messages/bytes set)."""
         count = 0
         for record in records:
             topic = record.topic.decode("utf-8", "replace")

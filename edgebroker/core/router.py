@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.client import Client
 from edgebroker.core.session import (
     AWAIT_ACK, EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored,
@@ -30,6 +31,7 @@ log = logging.getLogger("edgebroker.broker")
 # each subscriber gets one buffer; larger ones are queued as header + payload
 # to avoid copying them.
 _JOIN_LIMIT = 4096
+_UNBOUNDED = 1 << 62
 
 
 class Router:
@@ -86,7 +88,10 @@ class Router:
             return
         frame0 = rest0 = None
         sent = 0
+        logged = message.offset is not None
         for session, sub_qos in targets:
+            if session.cursor is not None and logged:
+                continue  # behind: it reads this message from the log (core.catchup)
             acl = session.acl
             if acl is not None:
                 allowed = acl.reads.get(topic)
@@ -113,7 +118,7 @@ class Router:
                     frame0, rest0 = self._frame0(message)
                 # offer() refuses when max_pending_write_bytes are already waiting.
                 if not client.transport.offer(frame0, rest0):
-                    self._drop_pending(client)
+                    self._drop_pending(client, message)
                     continue
                 sent += 1
             elif (client is not None and not session.queue
@@ -140,12 +145,16 @@ class Router:
         self._last_head0 = (topic_bytes, n, head)
         return head, payload
 
-    def _drop_pending(self, client: Client) -> None:
-        """A QoS 0 message not queued: max_pending_write_bytes are waiting on the connection."""
+    def _drop_pending(self, client: Client, message: Message) -> None:
+        """A QoS 0 message the connection cannot take: max_pending_write_bytes are waiting.
+        The session reads it, and what follows, from the log; not logged, it is dropped."""
         self.hit("max_pending_write_bytes")
-        self.drop("max_pending_write_bytes", client.session)
         transport = client.transport
         transport.wait_for_drain()
+        if self.log_queue and message.offset is not None and client.session.cursor is None:
+            self.fall_behind(client.session, message.offset)
+            return
+        self.drop("max_pending_write_bytes", client.session)
         if not client.pending_dropped:
             client.warn_once("max_pending_write_bytes",
                              "%d bytes are waiting to be written (max_pending_write_bytes %d), the "
@@ -218,11 +227,23 @@ class Router:
         return True
 
     def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
-        """Queue for later, within max_queued_messages/bytes (``queue_full`` says what goes)."""
+        """Queue for later: up to a small bound, past which the session reads from the log
+        (core.catchup); with max_queued_messages/bytes set, within them (``queue_full`` says
+        what goes)."""
+        if self.log_queue:
+            if (retain or len(session.queue) < QUEUE_MESSAGES
+                    and session.queue_bytes < QUEUE_BYTES):
+                self._append(session, message, qos, retain)
+            elif message.offset is not None:
+                self.fall_behind(session, message.offset)
+            else:
+                self.drop("not_logged", session)
+            return
         limits = self.limits
         queue = session.queue
-        max_messages = limits.max_queued_messages
-        max_bytes = limits.max_queued_bytes
+        # Set to bound the in-memory queue, each of the two; 0: that one has no bound.
+        max_messages = limits.max_queued_messages or _UNBOUNDED
+        max_bytes = limits.max_queued_bytes or _UNBOUNDED
         if len(queue) >= max_messages or session.queue_bytes >= max_bytes:
             limit = "max_queued_messages" if len(queue) >= max_messages else "max_queued_bytes"
             self.hit(limit)
@@ -248,6 +269,9 @@ class Router:
             session.dropped += dropped
             if limits.queue_full != "drop_old":
                 return
+        self._append(session, message, qos, retain)
+
+    def _append(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         size = message.size
         if session.client is None:
             message = as_stored(message)
@@ -271,24 +295,33 @@ class Router:
         max_pending = transport.max_pending
         sent_bytes = 0
         sent = 0
-        while queue:
-            if transport.out_bytes >= max_pending:
-                transport.wait_for_drain()
+        while True:
+            while queue:
+                if transport.out_bytes >= max_pending:
+                    transport.wait_for_drain()
+                    break
+                message, qos, retain = queue[0]
+                if qos == 0:
+                    queue.popleft()
+                    session.queued_qos0 -= 1
+                    self._write_publish(client, message, 0, retain, False, None)
+                # session.inflight is read each time: _send gives an empty session a dict of
+                # its own.
+                elif (len(session.inflight) < window
+                      and (session.inflight_bytes < window_bytes or not session.inflight)):
+                    queue.popleft()
+                    self._send(session, message, qos, retain)
+                else:
+                    break
+                sent += 1
+                sent_bytes += message.size
+            # Behind: the next batch from the log once the queue is empty and there is room.
+            if (queue or session.cursor is None or client.closed
+                    or transport.out_bytes >= max_pending or len(session.inflight) >= window):
                 break
-            message, qos, retain = queue[0]
-            if qos == 0:
-                queue.popleft()
-                session.queued_qos0 -= 1
-                self._write_publish(client, message, 0, retain, False, None)
-            # session.inflight is read each time: _send gives an empty session a dict of its own.
-            elif (len(session.inflight) < window
-                  and (session.inflight_bytes < window_bytes or not session.inflight)):
-                queue.popleft()
-                self._send(session, message, qos, retain)
-            else:
+            if not self.refill(session):
                 break
-            sent += 1
-            sent_bytes += message.size
+            queue = session.queue
         if sent:
             session.queue_bytes -= sent_bytes
             self.queued_messages -= sent

@@ -7,9 +7,10 @@ messages received but not yet released (for exactly-once delivery).
 
 Queue and window entries refer to a message either as a ``Message`` (in
 memory, while the client is online) or as a ``Stored`` (its commit-log offset
-and size): a session that goes offline keeps those only, so an offline backlog
-costs a few bytes per message while the byte limits still count it, and its
-payloads are later sent straight from the log file.
+and size): a session that goes offline keeps those only, and its payloads are
+later sent straight from the log file. A session that falls behind (or goes
+offline) keeps a ``cursor`` into the log instead of more entries
+(core.catchup): its queue stays small whatever its backlog.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class Outgoing:
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
-                 "queued_qos0", "drops", "acl")
+                 "queued_qos0", "drops", "acl", "cursor")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -139,6 +140,9 @@ class Session:
         self.inflight_bytes = 0                 # ... and over the inflight window
         self.drops: dict[str, int] | None = None  # dropped messages by reason, all time
         self.acl = None     # AclView of the last client, checked before each delivery
+        # Set while the session is behind: it reads from the commit log there instead of
+        # being routed to (core.catchup.Cursor).
+        self.cursor = None
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

@@ -91,6 +91,8 @@ class Sessions:
             session, present = old, True
         if not clean:
             self._snapshot_dirty = True
+        if session.cursor is not None:
+            session.cursor.came_back(self.journal.log.next_offset)
         session.client = client
         self.clients_connected += 1
         address = client.listener_address
@@ -128,12 +130,18 @@ class Sessions:
                       client.describe(), will.topic)
 
     def _go_offline(self, session: Session) -> None:
-        """Keep only log offsets (and sizes) for an offline session: no payload memory."""
+        """Keep only log offsets (and sizes) for an offline session: no payload memory. It
+        reads what arrives meanwhile from the log when it is back (core.catchup)."""
         if session.queue:
             session.queue = deque((as_stored(ref), qos, retain)
                                   for ref, qos, retain in session.queue)
         for entry in session.inflight.values():
             entry.message = as_stored(entry.message)
+        if self.log_queue:
+            head = self.journal.log.next_offset
+            if session.cursor is None:
+                self.fall_behind(session, head)
+            session.cursor.went_offline(head)
         self._snapshot_dirty = True
 
     def drop_session(self, session: Session) -> None:
@@ -149,6 +157,10 @@ class Sessions:
         session.queued_qos0 = 0
         session.inflight.clear()
         session.inflight_bytes = 0
+        if session.cursor is not None:
+            session.cursor = None
+            self.behind.discard(session)
+            self._catch_up_again.discard(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
 
@@ -177,6 +189,14 @@ class Sessions:
                                              "(%d)", topic_filter, problem, getattr(limits, problem))
                 granted.append(P.SUBACK_FAILURE)
                 continue
+            cursor = session.cursor
+            if cursor is not None:
+                # Behind: the new filter matches only records from now on.
+                if topic_filter not in session.subscriptions:
+                    if cursor.since is None:
+                        cursor.since = {}
+                    cursor.since[topic_filter] = self.journal.log.next_offset
+                cursor.cache.clear()
             self.subscriptions.add(topic_filter, session, qos)
             session.own_subscriptions()[topic_filter] = qos
             granted.append(qos)
@@ -215,5 +235,10 @@ class Sessions:
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self.subscriptions.remove(topic_filter, session)
+                cursor = session.cursor
+                if cursor is not None:
+                    cursor.cache.clear()
+                    if cursor.since:
+                        cursor.since.pop(topic_filter, None)
                 if not session.clean:
                     self._snapshot_dirty = True

@@ -28,7 +28,8 @@ from edgebroker.errors import EdgebrokerError
 
 log = logging.getLogger("edgebroker.snapshot")
 
-FORMAT = 1
+FORMAT = 2
+READABLE = (1, 2)  # format 1: no cursors (every session was in step with the log)
 FILENAME = "sessions.json"
 
 
@@ -47,6 +48,13 @@ class SessionState:
     queue: list[tuple[int, int, bool, int]] = field(default_factory=list)
     awaiting_release: list[int] = field(default_factory=list)
     next_id: int = 0
+    # The log offset it reads from when behind (core.catchup), else None; the filters
+    # subscribed while behind with the offset they match from; the offset ranges it was
+    # offline in ([from, to], to None while offline); messages dropped for it, by reason.
+    cursor: int | None = None
+    since: dict[str, int] = field(default_factory=dict)
+    offline: list[list] = field(default_factory=list)
+    drops: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,7 +84,11 @@ def encode(snapshot: Snapshot) -> bytes:
              "inflight": [list(e) for e in s.inflight],
              "queue": [list(e) for e in s.queue],
              "awaiting_release": sorted(s.awaiting_release),
-             "next_id": s.next_id}
+             "next_id": s.next_id,
+             "cursor": s.cursor,
+             "since": sorted(s.since.items()),
+             "offline": [list(r) for r in s.offline],
+             "drops": s.drops}
             for s in snapshot.sessions],
         "retained": [
             {"topic": r.topic, "qos": r.qos, "offset": r.offset,
@@ -106,11 +118,17 @@ def _queue_entry(e) -> tuple[int, int, bool, int]:
     return int(o), int(q), bool(r), int(size)
 
 
+def _offline_range(r) -> list:
+    start, end = r
+    return [int(start), None if end is None else int(end)]
+
+
 def decode(data: bytes, path: str = FILENAME) -> Snapshot:
     try:
         doc = json.loads(data)
-        if doc.get("format") != FORMAT:
-            raise SnapshotError(f"{path}: snapshot format {doc.get('format')!r} is not {FORMAT}")
+        if doc.get("format") not in READABLE:
+            raise SnapshotError(f"{path}: snapshot format {doc.get('format')!r} is not one of "
+                                f"{', '.join(map(str, READABLE))} (written by a newer edgebroker?)")
         snap = Snapshot(log_next_offset=int(doc["log_next_offset"]),
                         written_ms=int(doc.get("written_ms", 0)))
         for s in doc["sessions"]:
@@ -120,7 +138,11 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 inflight=[_inflight_entry(e) for e in s["inflight"]],
                 queue=[_queue_entry(e) for e in s["queue"]],
                 awaiting_release=[int(p) for p in s["awaiting_release"]],
-                next_id=int(s.get("next_id", 0))))
+                next_id=int(s.get("next_id", 0)),
+                cursor=None if s.get("cursor") is None else int(s["cursor"]),
+                since={str(f): int(o) for f, o in s.get("since", ())},
+                offline=[_offline_range(r) for r in s.get("offline", ())],
+                drops={str(k): int(v) for k, v in s.get("drops", {}).items()}))
         for r in doc["retained"]:
             offset = r.get("offset")
             snap.retained.append(RetainedState(

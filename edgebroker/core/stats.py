@@ -32,7 +32,9 @@ class Stats:
                  "keepalive_expired", "connect_timeouts", "takeovers",
                  # security: refused logins and ACL denials, TLS handshakes that failed
                  "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
-                 "acl_deliveries_denied", "tls_handshakes_failed")
+                 "acl_deliveries_denied", "tls_handshakes_failed",
+                 # the log as the queue (core.catchup): sessions that fell behind, caught up
+                 "sessions_fell_behind", "sessions_caught_up")
 
     def __init__(self):
         for name in self.__slots__:

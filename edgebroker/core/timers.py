@@ -124,8 +124,13 @@ class Timers:
         journal = self.journal
         if journal is not None:
             if journal.retry():
-                # Writes work again: the acknowledgements it released go out in this pass.
+                # Writes work again: the acknowledgements it released go out in this pass,
+                # and sessions behind read what could not be written.
                 self.prompt = True
+                self.resume_behind()
+            # Cursors first: they hold segments from age retention (a gap retention made in
+            # this call is seen by the next one, or by the session's next read).
+            self.check_cursors(now)
             try:
                 journal.log.housekeeping()
             except Exception:

@@ -11,6 +11,7 @@ import pytest
 
 import mqttraw as m
 from mqttraw import PUBACK, PUBCOMP, PUBLISH, PUBREC, publish
+from conftest import wait_for_snapshot
 
 
 def restart(broker, b, sig=signal.SIGTERM, **overrides):
@@ -20,22 +21,6 @@ def restart(broker, b, sig=signal.SIGTERM, **overrides):
     return broker(data_dir=b.config["data_dir"], **overrides)
 
 
-def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0,
-                      pred=lambda session: True) -> dict:
-    """The snapshot once it lists ``client_id`` with a session entry for which ``pred`` holds
-    (it is written at most 1 s after a change)."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        try:
-            with open(f"{data_dir}/sessions.json") as fh:
-                doc = json.load(fh)
-        except (FileNotFoundError, ValueError):
-            doc = {"sessions": []}
-        if any(s["client_id"] == client_id and pred(s) for s in doc["sessions"]):
-            return doc
-        pause.wait(0.05)
-    raise AssertionError(f"no snapshot listing {client_id!r} within {timeout} s")
 
 
 def test_persistent_session_and_its_queue_survive_a_restart(broker, uid):
@@ -141,18 +126,26 @@ def test_qos2_id_restored_from_a_snapshot_does_not_swallow_a_new_message(broker,
     assert sub.ping() == []
 
 
-def test_snapshot_entries_past_the_end_of_a_shortened_log_are_not_restored(broker, uid):
+@pytest.mark.parametrize("mode", ["log", "queue"])
+def test_snapshot_entries_past_the_end_of_a_shortened_log_are_not_restored(broker, uid, mode):
     """A power failure can leave the snapshot holding offsets the log no longer has (its last
     records had not reached the disk). Those offsets are given to new messages; the entries
-    must not be restored, or the session would be sent whatever message gets them."""
-    b = broker()
+    (a cursor, or queued offsets with max_queued_messages set) must not lead there, or the
+    session would be sent whatever message gets them."""
+    limits = {"max_queued_messages": 100} if mode == "queue" else {}
+    b = broker(limits=limits)
     data_dir = b.config["data_dir"]
     sub = b.client(f"{uid}-s", clean=False)
     sub.subscribe(f"{uid}/t", qos=1)
     sub.disconnect()
     marker = b"never-on-disk-" + uid.encode()
     b.client(f"{uid}-p").publish(f"{uid}/t", marker, qos=1)
-    wait_for_snapshot(data_dir, f"{uid}-s", pred=lambda s: len(s["queue"]) == 1)
+    if mode == "queue":
+        wait_for_snapshot(data_dir, f"{uid}-s", pred=lambda s: len(s["queue"]) == 1)
+    else:
+        # Taken after the publish (the snapshot's offset is past it), the cursor before it.
+        wait_for_snapshot(data_dir, f"{uid}-s", timeout=40,
+                          pred=lambda s: s["cursor"] == 0 and _snapshot_offset(data_dir) == 1)
     b.stop(signal.SIGKILL)
     # What the disk holds after the power failure: the record torn (its payload not written).
     (seg,) = glob.glob(f"{data_dir}/log/*.seg")
@@ -160,21 +153,38 @@ def test_snapshot_entries_past_the_end_of_a_shortened_log_are_not_restored(broke
         data = fh.read()
         fh.seek(data.index(marker))
         fh.write(b"\0" * len(marker))
-    b2 = broker(data_dir=data_dir)
-    assert b2.wait_log(lambda ln: "1 queued or unacknowledged messages" in ln, timeout=5)
+    b2 = broker(data_dir=data_dir, limits=limits)
+    if mode == "queue":
+        assert b2.wait_log(lambda ln: "1 queued or unacknowledged messages" in ln, timeout=5)
+    else:
+        assert b2.wait_log(lambda ln: "but the log ends at 0" in ln, timeout=5)
     b2.client(f"{uid}-p").publish(f"{uid}/other", b"not for the subscriber", qos=1)
     again = b2.client(f"{uid}-s", clean=False)
     assert again.connack.session_present
     assert again.ping() == []
-    assert b2.stats()["counters"]["publish_lost"] == 1
+    if mode == "queue":
+        assert b2.stats()["counters"]["publish_lost"] == 1
+    # The session goes on with new messages.
+    b2.client(f"{uid}-p").publish(f"{uid}/t", b"after", qos=1)
+    assert again.recv_publish().payload == b"after"
+
+
+def _snapshot_offset(data_dir: str) -> int:
+    with open(f"{data_dir}/sessions.json") as fh:
+        return json.load(fh)["log_next_offset"]
 
 
 @pytest.mark.parametrize("backend", ["c", "python"])
-def test_a_large_backlog_is_sent_from_the_log_in_order(broker, uid, monkeypatch, backend):
-    """An offline queue holds offsets; on reconnect payloads come from the segment file
-    (the native helper's sendfile batch, or its pure-Python twin)."""
+@pytest.mark.parametrize("mode", ["log", "queue"])
+def test_a_large_backlog_is_sent_from_the_log_in_order(broker, uid, monkeypatch, backend, mode):
+    """An offline session reads its backlog from the log by cursor (or, with
+    max_queued_messages set, keeps offsets in its queue); on reconnect large payloads come
+    from the segment file (the native helper's sendfile batch, or its pure-Python twin)."""
     monkeypatch.setenv("EDGEBROKER_NATIVE", backend)
-    b = broker(limits={"max_queued_messages": 2000, "max_inflight_messages": 50})
+    limits = {"max_inflight_messages": 50}
+    if mode == "queue":
+        limits["max_queued_messages"] = 2000
+    b = broker(limits=limits)
     said = {"c": "native helper: C", "python": "native helper: pure Python"}[backend]
     assert any(said in line for line in b.logs), b.logs[:5]
     sub = b.client(f"{uid}-s", clean=False)
@@ -209,9 +219,11 @@ def test_damaged_snapshot_is_set_aside_not_fatal(broker, uid):
     assert not b2.client(f"{uid}-s", clean=False).connack.session_present
 
 
-def test_snapshot_lists_sessions_by_offset(broker, uid):
-    """The snapshot holds offsets into the log, not message copies."""
-    b = broker()
+@pytest.mark.parametrize("mode", ["log", "queue"])
+def test_snapshot_lists_sessions_by_offset(broker, uid, mode):
+    """The snapshot holds offsets into the log, not message copies: an offline session's
+    cursor (or, with max_queued_messages set, its queue of offsets)."""
+    b = broker(limits={"max_queued_messages": 100} if mode == "queue" else {})
     sub = b.client(f"{uid}-s", clean=False)
     sub.subscribe(f"{uid}/t", qos=1)
     sub.disconnect()
@@ -221,7 +233,12 @@ def test_snapshot_lists_sessions_by_offset(broker, uid):
         doc = json.load(fh)
     (session,) = [s for s in doc["sessions"] if s["client_id"] == f"{uid}-s"]
     assert session["subscriptions"] == [[f"{uid}/t", 1]]
-    assert len(session["queue"]) == 1 and isinstance(session["queue"][0][0], int)
+    if mode == "queue":
+        assert len(session["queue"]) == 1 and isinstance(session["queue"][0][0], int)
+        assert session["cursor"] is None
+    else:
+        assert session["queue"] == [] and session["cursor"] == 0
+        assert session["offline"] == [[0, None]]
     assert "p" * 1000 not in json.dumps(doc)
 
 
@@ -245,6 +262,13 @@ def test_inspect_sessions_offline_and_live(broker, uid):
     offline = run_cli("inspect", "sessions", "--data-dir", data_dir)
     assert offline.returncode == 0, offline.stderr
     line = next(ln for ln in offline.stdout.splitlines() if ln.startswith(f"{uid}-s"))
-    assert f"{uid}/b/# (QoS 2)" in line and line.split()[-2] == "3"  # 3 queued
+    # No inflight, none queued, cursor 0, 3 records behind (bytes, age), none dropped.
+    fields = line.split()
+    assert f"{uid}/b/# (QoS 2)" in line and fields[-9:-5] == ["0", "0", "0", "3"], line
+    assert fields[-1] == "0", line
+    as_json = run_cli("inspect", "sessions", "--data-dir", data_dir, "--format", "json")
+    (s,) = [s for s in json.loads(as_json.stdout)["sessions"] if s["client_id"] == f"{uid}-s"]
+    assert s["cursor"] == 0 and s["lag_records"] == 3 and s["lag_bytes"] > 3 * 34, s
+    assert s["lag_seconds"] < 60 and s["drops"] == {}
     missing = run_cli("inspect", "sessions", "--data-dir", str(b.workdir / "nowhere"))
     assert missing.returncode == 1 and "no session snapshot" in missing.stderr

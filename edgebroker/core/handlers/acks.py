@@ -21,7 +21,7 @@ def on_puback(client, p) -> None:
             raise _wrong_ack(p, entry)
         del session.inflight[p.packet_id]
         session.inflight_bytes -= entry.message.size
-        if session.queue:
+        if session.queue or session.cursor is not None:
             client.broker.pump(session)
 
 
@@ -68,5 +68,5 @@ def on_pubcomp(client, p) -> None:
             raise _wrong_ack(p, entry)
         del session.inflight[p.packet_id]
         session.inflight_bytes -= entry.message.size
-        if session.queue:
+        if session.queue or session.cursor is not None:
             client.broker.pump(session)

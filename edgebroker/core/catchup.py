@@ -1,0 +1,317 @@
+"""The log is the queue: a session that falls behind reads the commit log from its cursor.
+
+Every message a client publishes is in the commit log before it is routed. A session that
+cannot take a message now — its window and its small in-memory queue are full, its
+connection has ``max_pending_write_bytes`` waiting, or its client is offline — stops being
+routed to and keeps a ``Cursor`` instead: the log offset of the first message it has not
+been given. Catching up (``refill``, called by ``Router.pump`` when the queue runs dry),
+the broker reads forward from the cursor in batches (``CommitLog.read_batch``: the native
+scanner validates the records and, for a session with one subscription, filters them by
+topic), keeps those that match the session's subscriptions, with the QoS granted, in the
+session's queue, and the pump sends them as the window and the connection allow: payloads
+below ``COPY_LIMIT`` from memory, larger ones straight from the segment file (sendfile).
+When the cursor reaches the head of the log the session is routed to again, in the same
+step of the single-threaded core: no message in between is missed or sent twice.
+
+What a session behind holds in memory does not grow with its backlog: the cursor, the
+subscriptions made while behind (``since``: a filter matches only records from the offset
+it was made at), the offset ranges it was offline in (QoS 0 published then is not sent
+unless ``queue_qos0_messages``), a bounded cache of topic decisions and at most one batch
+of records.
+
+Rules kept (docs/persistence.md):
+
+- order: one session reads the log in offset order, the order messages were accepted;
+- overlapping subscriptions: a record is delivered once, at the highest QoS granted among
+  the session's matching filters (as for live routing);
+- QoS 1/2 are never skipped while their records are in the log; QoS 0 records are skipped
+  (counted as dropped, ``max_lag``, logged once per episode) once the session is more than
+  ``max_lag_bytes`` behind the head or the record is older than ``max_lag_age``;
+- retention deletes segments a cursor needs only when ``retention_bytes`` forces it (age
+  retention waits, see ``hold``); a cursor below the first record kept, or on a record older
+  than ``max_session_lag_age``, moves forward: the records skipped are counted
+  (``log_gap``, per session and broker-wide) and logged with the offsets lost.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgebroker.core.session import Message, Stored
+from edgebroker.core.timers import Timer
+from edgebroker.mqtt.topics import topic_matches
+
+log = logging.getLogger("edgebroker.broker")
+
+# A session's in-memory queue (live messages the window could not take, or a batch read from
+# the log) holds up to this many messages or payload bytes; past it the session reads from the
+# log. Retained messages sent for a new subscription are not bounded by it (the retained store
+# is, by max_topics).
+QUEUE_MESSAGES = 256
+QUEUE_BYTES = 256 * 1024
+# One refill reads at most this many log bytes looking for matching records; a session with a
+# long stretch of records it does not want continues in the next loop pass.
+SCAN_BYTES = 4 * 1024 * 1024
+# Topic decisions cached per session behind (dropped wholesale beyond it).
+CACHE_LIMIT = 1024
+# Offline ranges kept per session (the oldest goes first: its QoS 0 is then sent after all).
+OFFLINE_RANGES = 8
+NO_HOLD = 1 << 63
+
+
+class Cursor:
+    """Where a session behind reads the log from, and what it needs to read it."""
+
+    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped")
+
+    def __init__(self, offset: int, floor: int):
+        self.offset = offset       # the first log offset not yet read for the session
+        self.floor = floor         # the oldest offset it still needs (its queue and window too)
+        self.since: dict[str, int] | None = None    # filter -> offset it was subscribed at
+        self.offline: list[list] | None = None      # [from, to or None] offset ranges
+        self.cache: dict[bytes, tuple] = {}          # topic -> ((since, qos), ...)
+        self.lag_dropped = 0       # QoS 0 skipped past max_lag in the current episode
+
+    def __repr__(self):
+        return f"Cursor({self.offset})"
+
+    def granted(self, session, topic: bytes, offset: int) -> int:
+        """The QoS ``session`` takes the record at ``offset`` on ``topic`` with; -1: none."""
+        entry = self.cache.get(topic)
+        if entry is None:
+            name = topic.decode("utf-8", "replace")
+            since = self.since
+            entry = tuple((since.get(f, 0) if since else 0, q)
+                          for f, q in session.subscriptions.items() if topic_matches(f, name))
+            if len(self.cache) >= CACHE_LIMIT:
+                self.cache.clear()
+            self.cache[topic] = entry
+        best = -1
+        for since, qos in entry:
+            if offset >= since and qos > best:
+                best = qos
+        return best
+
+    def was_offline(self, offset: int) -> bool:
+        for start, end in self.offline:
+            if offset >= start and (end is None or offset < end):
+                return True
+        return False
+
+    def went_offline(self, head: int) -> None:
+        ranges = self.offline
+        if ranges is None:
+            ranges = self.offline = []
+        ranges[:] = [r for r in ranges if r[1] is None or r[1] > self.offset]
+        if len(ranges) >= OFFLINE_RANGES:
+            del ranges[0]
+        ranges.append([head, None])
+
+    def came_back(self, head: int) -> None:
+        if self.offline and self.offline[-1][1] is None:
+            self.offline[-1][1] = head
+
+
+class CatchUp:
+    """Catching up's part of ``Broker`` (a mixin over the broker's state)."""
+
+    def _init_catchup(self) -> None:
+        self.behind: set = set()            # sessions with a cursor
+        self._catch_up_again: set = set()   # online ones to go on with in the next pass
+        self._catch_up_timer = Timer(self._on_catch_up)
+        self._first_offset = 0              # the log's first offset at the last check
+        self._lag_age_due = 0.0
+        self.log_queue = self._log_is_queue(self.limits)
+
+    def _log_is_queue(self, limits) -> bool:
+        """Sessions that fall behind read from the log unless the in-memory queue limits are
+        set (then they keep their Mosquitto meaning: a bounded queue that drops)."""
+        return (self.journal is not None and not limits.max_queued_messages
+                and not limits.max_queued_bytes)
+
+    def fall_behind(self, session, offset: int) -> None:
+        """``session`` reads from ``offset`` on from the log, and is no longer routed to."""
+        floor = offset
+        for ref, _, _ in session.queue:
+            if ref.offset is not None and ref.offset < floor:
+                floor = ref.offset
+        for entry in session.inflight.values():
+            ref = entry.message
+            if ref.offset is not None and ref.offset < floor:
+                floor = ref.offset
+        session.cursor = Cursor(offset, floor)
+        self.behind.add(session)
+        self.stats.sessions_fell_behind += 1
+
+    def _caught_up(self, session) -> None:
+        cursor = session.cursor
+        if cursor.lag_dropped:
+            log.warning("session %r caught up with the log; %d QoS 0 messages were skipped "
+                        "while it was behind by more than max_lag_bytes or max_lag_age",
+                        session.client_id, cursor.lag_dropped)
+        session.cursor = None
+        self.behind.discard(session)
+        self._catch_up_again.discard(session)
+        self.stats.sessions_caught_up += 1
+        if not session.clean:
+            self._snapshot_dirty = True
+
+    def refill(self, session) -> bool:
+        """Read the next batch of ``session``'s records from the log into its queue (the
+        client is online, its queue empty). True when the pump may go on: something was
+        queued, or the session caught up and is routed to again."""
+        cursor = session.cursor
+        journal = self.journal
+        commit_log = journal.log
+        if commit_log.pending_bytes:
+            # Records appended in this pass are written now, so that they can be read.
+            journal.end_pass()
+        first = commit_log.first_offset
+        if cursor.offset < first:
+            self._skip(session, first, "retention deleted the segments it was reading")
+        if cursor.offset >= commit_log.next_offset:
+            self._caught_up(session)
+            return True
+        if cursor.offset >= commit_log.written_offset:
+            return False          # the log cannot write (journal.retry resumes the session)
+        subscriptions = session.subscriptions
+        if not subscriptions:
+            # Nothing can match: what is left of the log is read at once.
+            self._caught_up(session)
+            return True
+        topic_filter = None
+        if len(subscriptions) == 1 and not cursor.since:
+            topic_filter = next(iter(subscriptions)).encode("utf-8")
+        limits = self.limits
+        records, next_offset = commit_log.read_batch(cursor.offset, topic_filter, QUEUE_MESSAGES,
+                                                     QUEUE_BYTES, SCAN_BYTES)
+        lag_bytes = limits.max_lag_bytes
+        drop_qos0 = bool(lag_bytes) and commit_log.bytes_after(cursor.offset) > lag_bytes
+        max_age = limits.max_lag_age
+        too_old = journal.wall_ms() - int(max_age * 1000) if max_age else -1
+        offline = cursor.offline
+        keep_offline_qos0 = limits.queue_qos0_messages and not session.clean
+        acl = session.acl
+        queue = session.own_queue() if records else session.queue
+        queued = queued_bytes = 0
+        lagging = 0
+        for offset, ts, qos, retain, topic, payload, size in records:
+            granted = cursor.granted(session, topic, offset)
+            if granted < 0:
+                continue
+            if granted < qos:
+                qos = granted
+            name = topic.decode("utf-8", "replace")
+            if acl is not None:
+                allowed = acl.reads.get(name)
+                if allowed is None:
+                    allowed = acl.check_read(name)
+                if not allowed:
+                    self.stats.acl_deliveries_denied += 1
+                    continue
+            if qos == 0:
+                if offline and not keep_offline_qos0 and cursor.was_offline(offset):
+                    continue
+                if drop_qos0 or ts < too_old:
+                    lagging += 1
+                    continue
+                session.queued_qos0 += 1
+            if payload is None:
+                ref = Stored(offset, len(topic) + size)
+            else:
+                ref = Message(name, payload, qos, False, offset, topic)
+            queue.append((ref, qos, False))
+            queued += 1
+            queued_bytes += ref.size
+        if lagging:
+            self._lag_drop(session, lagging, drop_qos0)
+        session.queue_bytes += queued_bytes
+        self.queued_messages += queued
+        self.queued_bytes += queued_bytes
+        cursor.offset = next_offset
+        if not session.clean:
+            self._snapshot_dirty = True   # a restart goes on from here
+        if next_offset >= commit_log.next_offset:
+            self._caught_up(session)
+            return True
+        if not queued:
+            # A long stretch of records it does not take: go on in the next pass.
+            self._catch_up_again.add(session)
+            if not self._catch_up_timer.pending:
+                self._catch_up_timer.start(self, self.clock())
+            return False
+        return True
+
+    def _on_catch_up(self) -> None:
+        sessions, self._catch_up_again = self._catch_up_again, set()
+        for session in sessions:
+            if session.client is not None and session.cursor is not None:
+                self.pump(session)
+
+    def resume_behind(self) -> None:
+        """The log writes again: sessions waiting for records it could not write go on."""
+        for session in list(self.behind):
+            if session.client is not None and not session.queue:
+                self.pump(session)
+
+    def _lag_drop(self, session, count: int, by_bytes: bool) -> None:
+        cursor = session.cursor
+        self.drop("max_lag", session, count)
+        self.hit("max_lag_bytes" if by_bytes else "max_lag_age")
+        if not cursor.lag_dropped:
+            limits = self.limits
+            log.warning("session %r is behind the head of the log by more than %s: skipping its "
+                        "QoS 0 messages until it catches up (counted as dropped, max_lag; logged "
+                        "once per episode)", session.client_id,
+                        f"max_lag_bytes ({limits.max_lag_bytes})" if by_bytes
+                        else f"max_lag_age ({limits.max_lag_age:g} s)")
+        cursor.lag_dropped += count
+
+    def _skip(self, session, offset: int, why: str) -> None:
+        """Move ``session``'s cursor forward to ``offset``: a gap, counted and logged."""
+        cursor = session.cursor
+        lost = offset - cursor.offset
+        if lost <= 0:
+            return
+        self.drop("log_gap", session, lost)
+        log.warning("session %r: log records %d to %d are lost to it (%s): it goes on from %d",
+                    session.client_id, cursor.offset, offset - 1, why, offset)
+        cursor.offset = offset
+        if cursor.floor < offset:
+            cursor.floor = offset
+        if not session.clean:
+            self._snapshot_dirty = True
+
+    def check_cursors(self, now: float) -> None:
+        """Periodic (core.timers): hold the segments cursors need from age retention, and
+        move cursors that retention or ``max_session_lag_age`` left behind."""
+        commit_log = self.journal.log if self.journal is not None else None
+        if commit_log is None:
+            return
+        behind = self.behind
+        first = commit_log.first_offset
+        if first > self._first_offset:
+            self._first_offset = first
+            for session in list(behind):
+                if session.cursor.offset < first:
+                    self._skip(session, first, "retention deleted its segments: the log was "
+                                               "over retention_bytes")
+        max_age = self.limits.max_session_lag_age
+        if max_age and behind:
+            oldest = commit_log.offset_at_time(self.journal.wall_ms() - int(max_age * 1000))
+            for session in list(behind):
+                if session.cursor.offset < oldest:
+                    self._skip(session, oldest, f"its cursor was older than max_session_lag_age "
+                                                f"({max_age:g} s)")
+        commit_log.hold_offset = min((s.cursor.floor for s in behind), default=NO_HOLD)
+
+    def lag(self, session) -> dict:
+        """How far ``session`` is behind the head of the log (the admin socket, metrics)."""
+        cursor = session.cursor
+        if cursor is None or self.journal is None:
+            return {"cursor": None, "lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
+        return {"cursor": cursor.offset, **self.journal.log.lag(cursor.offset,
+                                                                self.journal.wall_ms())}
+
+
+__all__ = ["CatchUp", "Cursor", "QUEUE_MESSAGES", "QUEUE_BYTES"]

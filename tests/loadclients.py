@@ -1,0 +1,191 @@
+"""Fast clients for the load tests: a subscriber that reads and acknowledges in bulk, and a
+publisher that keeps a window of unacknowledged QoS 1 messages.
+
+Packets are built with the independent encoder (mqttraw); frames are split here with a
+small parser of our own, not the broker's codec. Every loop is bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import mqttraw as m
+
+_PUBLISH, _PUBREL = 3, 6
+
+
+def _connect(host: str, port: int, client_id: str, clean: bool, rcvbuf: int | None = None):
+    sock = socket.create_connection((host, port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.sendall(m.connect(client_id, clean=clean, keepalive=0))
+    head = _recv_exact(sock, 4)
+    if head[0] != 0x20 or head[3] != 0:
+        raise AssertionError(f"{client_id}: CONNACK {head!r}")
+    return sock, bool(head[2] & 1)
+
+
+def _recv_exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+class BulkSubscriber:
+    """Reads PUBLISH packets in bulk and acknowledges them (QoS 1: PUBACK; QoS 2: PUBREC, then
+    PUBCOMP for each PUBREL), one send per read. ``on_message(topic, payload, qos, retain,
+    dup)`` is called for each PUBLISH, in order, from ``run``'s thread."""
+
+    def __init__(self, host: str, port: int, client_id: str, *, clean: bool = True,
+                 rcvbuf: int | None = None):
+        self.host, self.port, self.client_id = host, port, client_id
+        self.sock, self.session_present = _connect(host, port, client_id, clean, rcvbuf)
+        self.count = 0
+        self.closed = False
+
+    def subscribe(self, *topics: tuple[str, int]) -> list[int]:
+        self.sock.sendall(m.subscribe(1, list(topics)))
+        head = _recv_exact(self.sock, 2)
+        body = _recv_exact(self.sock, head[1])
+        if head[0] != 0x90:
+            raise AssertionError(f"expected SUBACK, got {head!r}")
+        return list(body[2:])
+
+    def run(self, on_message, until, deadline: float, ack: bool = True) -> None:
+        """Read until ``until()`` is true, the connection closes or ``deadline`` passes."""
+        sock = self.sock
+        sock.settimeout(0.2)
+        buf = bytearray()
+        while not until() and time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(1 << 18)
+            except socket.timeout:
+                continue
+            except OSError:
+                self.closed = True
+                return
+            if not chunk:
+                self.closed = True
+                return
+            buf += chunk
+            acks = []
+            pos = 0
+            n = len(buf)
+            while pos + 2 <= n:
+                first = buf[pos]
+                length = 0
+                shift = 0
+                i = pos + 1
+                while True:
+                    if i >= n:
+                        length = -1
+                        break
+                    byte = buf[i]
+                    length |= (byte & 0x7F) << shift
+                    shift += 7
+                    i += 1
+                    if not byte & 0x80:
+                        break
+                if length < 0 or i + length > n:
+                    break
+                body = bytes(buf[i:i + length])
+                pos = i + length
+                ptype = first >> 4
+                if ptype == _PUBLISH:
+                    qos = first >> 1 & 3
+                    tlen = body[0] << 8 | body[1]
+                    p = 2 + tlen
+                    topic = body[2:p]
+                    if qos:
+                        pid = body[p] << 8 | body[p + 1]
+                        p += 2
+                        acks.append(m.puback(pid) if qos == 1 else m.pubrec(pid))
+                    self.count += 1
+                    on_message(topic, body[p:], qos, bool(first & 1), bool(first & 8))
+                elif ptype == _PUBREL:
+                    acks.append(m.pubcomp(body[0] << 8 | body[1]))
+            del buf[:pos]
+            if acks and ack:
+                sock.sendall(b"".join(acks))
+
+    def close(self) -> None:
+        try:
+            self.sock.sendall(m.disconnect())
+        except OSError:
+            pass
+        self.sock.close()
+
+    def abort(self) -> None:
+        self.sock.close()
+
+
+def window_publisher(host: str, port: int, client_id: str, topic: str, payloads, *,
+                     window: int = 100, deadline: float) -> int:
+    """Publish ``payloads`` at QoS 1 with up to ``window`` unacknowledged; the number
+    acknowledged (all of them unless the deadline passed)."""
+    sock, _ = _connect(host, port, client_id, True)
+    sock.settimeout(0.5)
+    payloads = list(payloads)
+    total = len(payloads)
+    sent = acked = 0
+    pending = b""
+    try:
+        while acked < total and time.monotonic() < deadline:
+            room = window - (sent - acked)
+            if room > 0 and sent < total:
+                batch = payloads[sent:sent + room]
+                sock.sendall(b"".join(m.publish(topic, p, qos=1, packet_id=(sent + k) % 65535 + 1)
+                                      for k, p in enumerate(batch)))
+                sent += len(batch)
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                continue
+            if not data:
+                break
+            data = pending + data
+            whole = len(data) // 4 * 4
+            for k in range(0, whole, 4):
+                if data[k] != 0x40:
+                    raise AssertionError(f"{client_id}: expected PUBACK, got {data[k:k + 4]!r}")
+            acked += whole // 4
+            pending = data[whole:]
+    finally:
+        sock.close()
+    return acked
+
+
+def tagged(publisher: int, seq: int, size: int) -> bytes:
+    """A payload that says who sent it and its sequence number (``untag`` reads it back)."""
+    head = struct.pack(">BI", publisher, seq)
+    return head + b"." * max(0, size - len(head))
+
+
+def untag(payload: bytes) -> tuple[int, int]:
+    return struct.unpack_from(">BI", payload)
+
+
+def run_publishers(host: str, port: int, prefix: str, topic: str, publishers: int, each: int,
+                   size: int, window: int, deadline: float) -> list[int]:
+    """``publishers`` threads of ``window_publisher``; the number acknowledged for each."""
+    results = [0] * publishers
+
+    def one(k: int) -> None:
+        results[k] = window_publisher(host, port, f"{prefix}-{k}", topic,
+                                      (tagged(k, i, size) for i in range(each)),
+                                      window=window, deadline=deadline)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(publishers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()) + 5)
+    return results
