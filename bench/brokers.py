@@ -7,6 +7,7 @@ comparison is like for like. Readiness is a bounded TCP-connect poll.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import resource
@@ -188,9 +189,10 @@ class Broker:
     """One broker process for one run.
 
     ``cfg`` adjusts it for one scenario: ``limits`` (edgebroker ``[limits]`` keys over
-    LIMITS and EDGEBROKER_LIMITS; None restores the broker's default), ``log`` (edgebroker
-    ``[log]`` keys), ``mosquitto`` (extra lines of mosquitto.conf), ``nofile`` (open files
-    the process needs: RLIMIT_NOFILE is raised before it starts and inherited).
+    LIMITS and EDGEBROKER_LIMITS, Mosquitto options over LIMITS; None restores the broker's
+    default), ``log`` (edgebroker ``[log]`` keys), ``mosquitto`` (extra lines of
+    mosquitto.conf), ``nofile`` (open files the process needs: RLIMIT_NOFILE is raised before
+    it starts and inherited).
     """
 
     name = "?"
@@ -253,6 +255,31 @@ class Broker:
                 pass
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def admin_stats(self) -> dict | None:
+        """The broker's own figures (edgebroker's admin socket), or None."""
+        return None
+
+    def peak_rss_bytes(self) -> int | None:
+        """The kernel's high-water mark of the broker's RSS (VmHWM) since it started or since
+        ``reset_peak_rss``; None where /proc does not tell."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
+    def reset_peak_rss(self) -> bool:
+        """Reset VmHWM to the current RSS (``clear_refs`` 5); False where that is not allowed."""
+        try:
+            with open(f"/proc/{self.proc.pid}/clear_refs", "w") as fh:
+                fh.write("5")
+            return True
+        except OSError:
+            return False
+
     def log_tail(self, lines: int = 15) -> str:
         try:
             with open(self.log_path, errors="replace") as fh:
@@ -286,6 +313,26 @@ class Edgebroker(Broker):
         return [sys.executable, "-m", "edgebroker", "serve", "-c", cfg,
                 "--listen", f"{self.host}:{self.port}", "--data-dir", os.path.join(self.tmp, "data")]
 
+    def admin_stats(self, timeout: float = 5.0) -> dict | None:
+        """``stats`` from the admin socket (docs/metrics.md): counters, drops by reason,
+        sessions behind; None when it does not answer."""
+        path = os.path.join(self.tmp, "data", "admin.sock")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout)
+                s.connect(path)
+                s.sendall(b'{"cmd": "stats"}\n')
+                buf = b""
+                while not buf.endswith(b"\n"):
+                    chunk = s.recv(1 << 20)
+                    if not chunk:
+                        return None
+                    buf += chunk
+            reply = json.loads(buf)
+        except (OSError, ValueError):
+            return None
+        return reply.get("stats") if reply.get("ok") else None
+
     def env(self) -> dict:
         env = dict(os.environ)
         env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -307,8 +354,9 @@ class Mosquitto(Broker):
                      "log_type warning\n")
             if ACL_FILE:
                 fh.write(f"acl_file {ACL_FILE}\n")
-            for key, value in LIMITS.items():
-                fh.write(f"{key} {value}\n")
+            for key, value in {**LIMITS, **self.cfg.get("limits", {})}.items():
+                if value is not None:
+                    fh.write(f"{key} {value}\n")
             for line in self.cfg.get("mosquitto", ()):
                 fh.write(line + "\n")
         os.chmod(self.tmp, 0o755)    # mosquitto drops privileges when started as root

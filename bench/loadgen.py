@@ -43,11 +43,13 @@ def _child_setup() -> None:
 
 
 def _open(host: str, port: int, client_id: str, extra: bytes = b"", bufsize: int = 1 << 20,
-          rcvbuf: int = 0, stamp_bytes: int = 0) -> tuple[socket.socket, wire.FrameCounter]:
+          rcvbuf: int = 0, stamp_bytes: int = 0,
+          clean: bool = True) -> tuple[socket.socket, wire.FrameCounter]:
     """Connect, send CONNECT (+ extra), wait for CONNACK (and a SUBACK when subscribing).
 
     ``rcvbuf``: SO_RCVBUF set before connecting (a small one makes a stuck subscriber stuck
-    sooner); ``stamp_bytes``: see ``wire.FrameCounter``.
+    sooner); ``stamp_bytes``: see ``wire.FrameCounter``; ``clean``: the CONNECT's clean
+    session flag (the CONNACK's session-present flag is left in ``counter.session_present``).
     """
     sock = socket.socket()
     try:
@@ -59,7 +61,7 @@ def _open(host: str, port: int, client_id: str, extra: bytes = b"", bufsize: int
         sock.close()
         raise
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(wire.connect(client_id) + extra)
+    sock.sendall(wire.connect(client_id, clean=clean) + extra)
     counter = wire.FrameCounter(ack=True, bufsize=bufsize, stamp_bytes=stamp_bytes)
     want = 2 if extra else 1
     deadline = time.monotonic() + CONNECT_TIMEOUT
@@ -70,6 +72,7 @@ def _open(host: str, port: int, client_id: str, extra: bytes = b"", bufsize: int
     ptype, body = counter.control[0]
     if ptype != wire.CONNACK or body[1:2] != b"\x00":
         raise ConnectionError(f"CONNACK refused or unexpected packet: {ptype} {body!r}")
+    counter.session_present = bool(body[0] & 1)
     if extra:
         ptype, body = counter.control[1]
         if ptype != wire.SUBACK or body[2:3] == b"\x80":
@@ -103,11 +106,16 @@ def _finish(sock: socket.socket, deadline: float) -> None:
 # ----- publisher ----------------------------------------------------------------------------------
 
 def publisher(idx: int, host: str, port: int, topic: str, payload_size: int, qos: int, count: int,
-              window: int, time_limit: float, q, go, stop=None, role: str = "pub") -> None:
+              window: int, time_limit: float, q, go, stop=None, role: str = "pub",
+              keyed: bool = False) -> None:
     """Send ``count`` PUBLISHes (QoS 1: at most ``window`` unacknowledged) as fast as the broker
     takes them. With a ``stop`` event (QoS 0 only: the flooder next to a normal pair), it also
     ends when that is set, and then just closes its socket: a throttled flooder has megabytes
-    in the socket buffers that the broker would read at its throttled rate before DISCONNECT."""
+    in the socket buffers that the broker would read at its throttled rate before DISCONNECT.
+
+    ``keyed`` (QoS 1 only): every payload starts with (``idx``, sequence number)
+    (``wire.publish_run_keyed``), so that a keyed subscriber counts distinct messages and
+    duplicates; all ``count`` frames are encoded before "ready"."""
     _child_setup()
     try:
         payload = b"x" * payload_size
@@ -117,6 +125,8 @@ def publisher(idx: int, host: str, port: int, topic: str, payload_size: int, qos
             per_batch = max(1, (64 * 1024) // flen)
             batch = frame * per_batch
             frames = None
+        elif keyed:
+            frames, flen = wire.publish_run_keyed(topic, payload_size, count, idx)
         else:
             frames, flen = wire.publish_run(topic, payload, 1, min(count, 65535))
         sock, _ = _open(host, port, f"b{role}-{idx}-{os.getpid()}")
@@ -225,30 +235,51 @@ def _publish_qos1(sock, frames: bytes, flen: int, count: int, window: int,
 
 def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, qos: int,
                expected: int, time_limit: float, idle_grace: float, q, go, pubs_done,
-               latency: bool = False) -> None:
-    """``nconns`` subscriptions in one process; stops at ``expected`` PUBLISHes in total,
-    at the time limit, or ``idle_grace`` s after the publishers are done and nothing arrives.
+               latency: bool = False, keyed: bool = False, client_id: str | None = None,
+               resume: bool = False) -> None:
+    """``nconns`` subscriptions in one process; stops at ``expected`` PUBLISHes in total
+    (``keyed``: distinct messages), at the time limit, or ``idle_grace`` s after the
+    publishers are done and nothing arrives. QoS 1 PUBLISHes are acknowledged in bulk: every
+    frame a ``recv`` brought is parsed, and one ``sendall`` carries all their PUBACKs.
 
     ``latency``: the payloads start with ``STAMP`` (send time, device, sequence number), as the
     edge workload's devices send them: the result then carries end-to-end latency percentiles
     (receive time of the ``recv`` that brought the message minus its send time) and the
-    number of distinct messages (duplicates are not counted as delivered)."""
+    number of distinct messages (duplicates are not counted as delivered).
+    ``keyed``: the payloads start with ``wire.KEY`` (``publisher(keyed=True)``): the result
+    carries the number of distinct messages (``unique``).
+    ``resume`` (one connection, with ``client_id``): do not subscribe; connect only once ``go``
+    is set, with clean session 0, to take up the persistent session of ``client_id``
+    (``persistent_subscribe``) and its backlog; ``t_go`` in the result is then the time just
+    before the connection was opened."""
     _child_setup()
     conns = []
     try:
         bufsize = (1 << 20) if nconns == 1 else (256 << 10)
-        stamp_bytes = STAMP.size if latency else 0
-        for j in range(nconns):
-            sock, counter = _open(host, port, f"bsub-{idx}-{j}-{os.getpid()}",
-                                  wire.subscribe(1, topic_filter, qos), bufsize,
-                                  stamp_bytes=stamp_bytes)
-            conns.append((sock, counter))
+        stamp_bytes = STAMP.size if latency else wire.KEY.size if keyed else 0
+
+        def open_all() -> None:
+            for j in range(nconns):
+                if resume:
+                    conns.append(_open(host, port, client_id, b"", bufsize,
+                                       stamp_bytes=stamp_bytes, clean=False))
+                else:
+                    conns.append(_open(host, port, client_id or f"bsub-{idx}-{j}-{os.getpid()}",
+                                       wire.subscribe(1, topic_filter, qos), bufsize,
+                                       stamp_bytes=stamp_bytes))
+
+        if resume and (nconns != 1 or not client_id):
+            raise ValueError("resume takes one connection and its client id")
+        if not resume:
+            open_all()
         lat: list[int] = []
         keys: set[int] = set()
         q.put(("ready", "sub", idx))
         if not go.wait(GO_TIMEOUT):
             return
         t_go = time.monotonic()
+        if resume:
+            open_all()
         c0 = time.process_time()
         deadline = t_go + time_limit
         sel = selectors.DefaultSelector()
@@ -265,10 +296,20 @@ def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, q
             sel.register(sock, selectors.EVENT_READ, counter)
         total = 0
         first = last = None
+        for sock, counter in conns:
+            # A resumed session's first messages can come in the read that brought CONNACK.
+            if counter.publishes:
+                total += counter.publishes
+                first = last = time.monotonic()
+                if keyed:
+                    _take_keys(counter, keys)
+                if counter.acks:
+                    sock.sendall(counter.acks)
+                    counter.acks.clear()
         idle_since = None
         open_conns = nconns
         ended = "count"
-        while total < expected:
+        while (len(keys) if keyed else total) < expected:
             before_pass = total
             now = time.monotonic()
             if now >= deadline:
@@ -306,7 +347,9 @@ def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, q
                     if first is None:
                         first = last
                     total += got
-                    if stamp_bytes:
+                    if keyed:
+                        _take_keys(counter, keys)
+                    elif stamp_bytes:
                         _take_stamps(counter, time.monotonic_ns(), lat, keys)
                 if counter.acks:
                     sock.sendall(counter.acks)
@@ -321,8 +364,11 @@ def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, q
                     break
         sel.close()
         res = {"count": total, "first": first, "last": last, "t_go": t_go, "ended": ended,
-               "cpu": time.process_time() - c0, "per_conn": [c.publishes for _, c in conns]}
-        if stamp_bytes:
+               "cpu": time.process_time() - c0, "per_conn": [c.publishes for _, c in conns],
+               "session_present": [c.session_present for _, c in conns]}
+        if keyed:
+            res["unique"] = len(keys)
+        elif stamp_bytes:
             p50, p99, pmax = percentiles(lat, (50, 99, 100))
             res.update(unique=len(keys), latency_ms={"p50": p50 / 1e6, "p99": p99 / 1e6,
                                                      "max": pmax / 1e6} if lat else None)
@@ -347,6 +393,24 @@ def _take_stamps(counter: wire.FrameCounter, t_rx: int, lat: list, keys: set) ->
         arr.byteswap()
     lat.extend(t_rx - t for t in arr[0::2])
     keys.update(arr[1::2])
+
+
+def _take_keys(counter: wire.FrameCounter, keys: set) -> None:
+    """Message keys (source << 32 | sequence) from the captured payload prefixes."""
+    arr = array.array("q", counter.stamps)
+    counter.stamps.clear()
+    if sys.byteorder == "little":
+        arr.byteswap()
+    keys.update(arr)
+
+
+def persistent_subscribe(host: str, port: int, client_id: str, topic_filter: str,
+                         qos: int) -> None:
+    """CONNECT with clean session 0, SUBSCRIBE, DISCONNECT: a persistent session that
+    collects messages while its client is away (``subscriber(resume=True)`` takes it up)."""
+    sock, _ = _open(host, port, client_id, wire.subscribe(1, topic_filter, qos), 4096,
+                    clean=False)
+    _finish(sock, time.monotonic() + CONNECT_TIMEOUT)
 
 
 def percentiles(values, ps) -> list:
@@ -419,21 +483,42 @@ def sink(listen: socket.socket, nconns: int, mode: str, time_limit: float, q) ->
 
 
 def feeder(listen: socket.socket, topic: str, payload_size: int, count: int, time_limit: float,
-           q, go) -> None:
+           q, go, window: int = 0) -> None:
     """Stand in for a broker in front of one subscriber: CONNACK + SUBACK, then ``count``
-    pre-encoded PUBLISH frames as fast as the socket takes them (the subscriber's ceiling)."""
+    pre-encoded PUBLISH frames as fast as the socket takes them (the subscriber's ceiling).
+
+    ``window`` > 0: keyed QoS 1 PUBLISHes instead, at most ``window`` of them unacknowledged
+    (a broker's max_inflight_messages), the next ones sent as the subscriber's PUBACKs come
+    back: the ceiling of a keyed QoS 1 subscriber behind that window."""
     _child_setup()
     try:
         listen.settimeout(CONNECT_TIMEOUT)
         conn, _ = listen.accept()
-        conn.sendall(wire.CONNACK_ACCEPTED + wire.suback(1, 0))
-        frame = wire.publish(topic, b"x" * payload_size)
-        per_batch = max(1, (64 * 1024) // len(frame))
-        batch = frame * per_batch
+        conn.sendall(wire.CONNACK_ACCEPTED + wire.suback(1, 1 if window else 0))
+        if window:
+            # Read CONNECT and SUBSCRIBE, so that what comes back later is PUBACKs only.
+            conn.settimeout(CONNECT_TIMEOUT)
+            hello = wire.FrameCounter(bufsize=4096)
+            while len(hello.control) < 2:
+                if hello.recv_from(conn) == 0:
+                    raise ConnectionError("the subscriber closed before SUBSCRIBE")
+            frames, flen = wire.publish_run_keyed(topic, payload_size, count, 0)
+        else:
+            frame = wire.publish(topic, b"x" * payload_size)
+            per_batch = max(1, (64 * 1024) // len(frame))
+            batch = frame * per_batch
         if not go.wait(GO_TIMEOUT):
             conn.close()
             return
         deadline = time.monotonic() + time_limit
+        if window:
+            try:
+                _publish_qos1(conn, frames, flen, count, window, deadline)
+            except (socket.timeout, OSError):
+                pass
+            conn.close()
+            q.put(("result", "feeder", 0, {}))
+            return
         full, rest = divmod(count, per_batch)
         try:
             for _ in range(full):

@@ -125,7 +125,7 @@ def draw(recs: list[dict], out_dir: str) -> list[str]:
         plt.close(fig)
         written.append(path)
 
-    thr = [n for n in present if SCENARIOS[n]["kind"] in ("pair", "versus")]
+    thr = [n for n in present if SCENARIOS[n]["kind"] in ("pair", "versus", "backlog")]
     if thr:
         fig, axes = _grid(plt, len(thr))
         for ax, name in zip(axes, thr):

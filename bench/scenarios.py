@@ -41,6 +41,11 @@ LOG_RETENTION = 1 << 30    # log.retention_bytes
 LOG_FLUSH_S = 0.1          # log.flush_interval_ms
 LOG_RECORD_EXTRA = 53      # header (34), client id ("bpub-0-<pid>", about 12), topic "bench/0"
 LOG_PASS = 4               # records per write: what one loop pass takes in at 64 KiB
+RSS_SAMPLE = 0.05          # s between RSS samples where the kernel's high-water mark is unknown
+LOG_QUEUE_TIME_LIMIT = 60.0   # burst_qos1, reconnect_backlog: s for the publishers, and the drain
+LOG_QUEUE_IDLE_GRACE = 5.0    # a pause this long in deliveries ends the subscriber (counted as loss)
+INFLIGHT_DEFAULT = 20      # max_inflight_messages: edgebroker's default and Mosquitto's
+SUB_QOS1_CEILING_MAX = 400_000   # messages for the QoS 1 subscriber's ceiling (at most)
 
 
 # ----- targets ----------------------------------------------------------------------------------
@@ -55,6 +60,19 @@ def vs_mosquitto(field: str, op: str, x: float) -> tuple:
 def absolute(field: str, op: str, x: float, agg: str = "median") -> tuple:
     return ("abs", field, op, x, agg)
 
+
+# "The log is the queue" (docs/persistence.md): edgebroker at its DEFAULT configuration (no
+# max_queued_*, max_inflight_messages 20, max_pending_write_bytes 1 MiB: a subscriber that falls
+# behind reads from the commit log), Mosquitto with its queues unlimited so that it drops
+# nothing either (max_queued_messages 0 and max_queued_bytes 0 are "no maximum") and its
+# default window, which is edgebroker's too.
+LOG_QUEUE_CFG = {
+    "edgebroker": {"limits": {"max_inflight_messages": None, "max_queued_messages": None,
+                              "max_queued_bytes": None, "max_pending_write_bytes": None}},
+    "mosquitto": {"limits": {"max_inflight_messages": INFLIGHT_DEFAULT,
+                             "max_queued_messages": 0, "max_queued_bytes": 0}},
+}
+NO_LOSS = absolute("loss_pct", "<=", 0.0, "max")
 
 RSS_PER_CONNECTION_MAX = 1536    # bytes: issue 4 and 6, "1.5 KB" at 10,000 connections
 EDGE_TARGET = [vs_mosquitto("broker_cpu_pct", "<=", 2.0), absolute("value", "<=", 5.0),
@@ -133,6 +151,27 @@ SCENARIOS = {
               f"{FLOOD_RATE:,} (Mosquitto has no publish rate limit)",
         broker_cfg={"edgebroker": {"limits": {"messages_rate": FLOOD_RATE}}},
         target=KEPT_TARGET),
+    "burst_qos1": _pair(
+        "4 publishers (window 100 each) -> 1 QoS 1 subscriber on bench/+, 1,000,000 (× --scale) "
+        "QoS 1 messages of 64 B (keyed: loss and duplicates counted per message); edgebroker at its "
+        "default configuration (log as the queue, max_inflight_messages 20), Mosquitto with "
+        "max_queued_messages 0, max_queued_bytes 0 (no limit) and max_inflight_messages 20 "
+        "(its default and edgebroker's)",
+        4, 1, 1, 1, 64, 250_000, 100, "bench/+", time_limit=LOG_QUEUE_TIME_LIMIT,
+        keyed=True, peak_rss=True, idle_grace=LOG_QUEUE_IDLE_GRACE, broker_cfg=LOG_QUEUE_CFG,
+        target=[vs_mosquitto("value", ">=", 1.0), vs_mosquitto("broker_rss_peak_mb", "<=", 0.25),
+                NO_LOSS]),
+    "reconnect_backlog": dict(
+        kind="backlog", unit="msg/s",
+        about="a persistent (clean session 0) QoS 1 subscriber on bench/+ subscribes and leaves; "
+              "4 publishers (window 100 each) send 1,000,000 (× --scale) QoS 1 messages of 64 B (keyed); it "
+              "reconnects and drains the backlog: msg/s from reconnect to last message; "
+              "edgebroker at its default configuration (log as the queue), Mosquitto with "
+              "max_queued_messages 0, max_queued_bytes 0 (no limit), max_inflight_messages 20 "
+              "(its default and edgebroker's), persistence false",
+        pubs=4, qos=1, payload=64, count=250_000, window=100, sub_filter="bench/+",
+        time_limit=LOG_QUEUE_TIME_LIMIT, idle_grace=LOG_QUEUE_IDLE_GRACE,
+        broker_cfg=LOG_QUEUE_CFG, target=[absolute("value", ">=", 200_000), NO_LOSS]),
 }
 
 
@@ -169,6 +208,60 @@ def _pct(part, whole, digits: int = 3):
     return round(100.0 * part / whole, digits) if whole else None
 
 
+class PeakRss:
+    """The broker's peak RSS over a phase (from construction to ``peak``): the kernel's
+    high-water mark (VmHWM), reset at the start (``clear_refs``); where that does not work,
+    the largest of samples taken every RSS_SAMPLE s by a thread."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.samples = [broker.rss_bytes()]
+        self.done = threading.Event()
+        self.result = None
+        self.thread = None
+        self.hwm = broker.reset_peak_rss() and broker.peak_rss_bytes() is not None
+        if not self.hwm:
+            self.thread = threading.Thread(target=self._sample, name="rss-sampler", daemon=True)
+            self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.done.wait(RSS_SAMPLE):
+            try:
+                self.samples.append(self.broker.rss_bytes())
+            except Exception:       # the broker is gone: the run reports that itself
+                return
+
+    def peak(self) -> tuple[int | None, str]:
+        """(peak RSS in bytes, how it was measured); the first call ends the phase."""
+        if self.result is None:
+            self.done.set()
+            if self.thread is not None:
+                self.thread.join(1.0)
+            got = self.broker.peak_rss_bytes() if self.hwm else None
+            if got is not None:
+                self.result = (got, "VmHWM")
+            else:
+                try:
+                    self.samples.append(self.broker.rss_bytes())
+                except Exception:
+                    pass
+                self.result = (max(self.samples), f"sampled every {RSS_SAMPLE:g} s")
+        return self.result
+
+
+OWN_COUNTERS = ("publish_received", "publish_sent", "publish_dropped", "publish_lost",
+                "publish_not_logged", "sessions_fell_behind", "sessions_caught_up")
+
+
+def own_figures(stats: dict) -> dict:
+    """What edgebroker's admin socket says about drops and sessions behind (the JSON keeps it
+    next to the generator's own count)."""
+    counters = stats.get("counters") or {}
+    return {"dropped": stats.get("dropped"), "sessions_behind": stats.get("sessions_behind"),
+            "lag_records_max": stats.get("lag_records_max"),
+            **{k: counters.get(k) for k in OWN_COUNTERS}}
+
+
 # ----- publishers -> subscribers ----------------------------------------------------------------
 
 def pair_load(spec: dict, broker, args, disturb: str | None = None) -> dict:
@@ -179,8 +272,10 @@ def pair_load(spec: dict, broker, args, disturb: str | None = None) -> dict:
     runs (started with the publishers)."""
     count = scaled(spec, args.scale)
     limit = time_limit(spec, args)
+    keyed = spec.get("keyed", False)
     procs = []
     release = CTX.Event()
+    peak = None
     try:
         inbox = Inbox()
         q = inbox.q
@@ -190,8 +285,9 @@ def pair_load(spec: dict, broker, args, disturb: str | None = None) -> dict:
         per_proc = _split(spec["subs"], spec["sub_procs"])
         for i, n in enumerate(per_proc):
             procs.append(spawn(loadgen.subscriber, i, HOST, broker.port, n, spec["sub_filter"],
-                               spec["qos"], expected_per_conn * n, limit + 5.0, IDLE_GRACE,
-                               q, go, pubs_done))
+                               spec["qos"], expected_per_conn * n, limit + 5.0,
+                               spec.get("idle_grace", IDLE_GRACE), q, go, pubs_done, False,
+                               keyed))
         inbox.wait({"sub": len(per_proc)}, READY_TIMEOUT, broker)
         if disturb == "stuck":
             procs.append(spawn(loadgen.stuck_subscriber, 0, HOST, broker.port,
@@ -203,9 +299,12 @@ def pair_load(spec: dict, broker, args, disturb: str | None = None) -> dict:
             inbox.wait({"flood": 1}, READY_TIMEOUT, broker)
         for i in range(spec["pubs"]):
             procs.append(spawn(loadgen.publisher, i, HOST, broker.port, f"bench/{i}",
-                               spec["payload"], spec["qos"], count, spec["window"], limit, q, go))
+                               spec["payload"], spec["qos"], count, spec["window"], limit, q, go,
+                               None, "pub", keyed))
         inbox.wait({"pub": spec["pubs"]}, READY_TIMEOUT, broker)
         cpu0 = broker.cpu_seconds()
+        if spec.get("peak_rss"):
+            peak = PeakRss(broker)
         go.set()
         t_go = time.monotonic()
         pubs = inbox.wait({"pub": spec["pubs"]}, limit + loadgen.CLOSE_GRACE + 5.0, broker,
@@ -215,16 +314,24 @@ def pair_load(spec: dict, broker, args, disturb: str | None = None) -> dict:
         cpu = broker.cpu_seconds() - cpu0
         rss = broker.rss_bytes()
         wall = time.monotonic() - t_go
+        rss_peak, rss_how = peak.peak() if peak is not None else (None, None)
+        own = broker.admin_stats() if keyed else None
         release.set()
         flood = (inbox.wait({"flood": 1}, 5.0, broker, "result")["flood"][0]
                  if disturb == "flood" else None)
     finally:
         release.set()
+        if peak is not None:
+            peak.peak()
         reap(procs)
 
     sent = sum(p["sent"] for p in pubs)
-    expected = sent * spec["subs"]
-    delivered = sum(s["count"] for s in subs)
+    acked = sum(p["acked"] for p in pubs)
+    # Keyed QoS 1: loss is of acknowledged messages, counted as distinct messages delivered
+    # (a duplicate does not make up for a lost one).
+    expected = (acked if keyed else sent) * spec["subs"]
+    received = sum(s["count"] for s in subs)
+    delivered = sum(s["unique"] for s in subs) if keyed else received
     firsts = [s["first"] for s in subs if s["first"] is not None]
     lasts = [s["last"] for s in subs if s["last"] is not None]
     t_pub0 = min(p["t_start"] for p in pubs)
@@ -259,6 +366,12 @@ def pair_load(spec: dict, broker, args, disturb: str | None = None) -> dict:
         "publishers": spec["pubs"], "subscribers": spec["subs"], "window": spec["window"],
         "time_limit": limit,
     }
+    if keyed:
+        out.update(acked=acked, duplicates=received - delivered)
+    if rss_peak is not None:
+        out.update(broker_rss_peak_mb=round(rss_peak / 2 ** 20, 1), rss_peak_from=rss_how)
+    if own is not None:
+        out["broker_own"] = own_figures(own)
     if flood is not None:
         fspan = flood["t_sent"] - flood["t_start"]
         out["flooder_sent"] = flood["sent"]
@@ -295,6 +408,101 @@ def run_versus(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
                          if rec["value"] and base["value"] else None),
                disturbance=spec["disturb"], order=[v or "without" for v in variants])
     return rec
+
+
+# ----- a persistent subscriber's backlog ---------------------------------------------------------
+
+def run_backlog(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
+    """A persistent QoS 1 subscriber subscribes and leaves; the publishers send the backlog
+    (keyed, with a window); the subscriber reconnects (clean session 0) and drains it.
+
+    Figures: the drain rate (distinct messages / reconnect -> last message), loss of
+    acknowledged messages and duplicates, the broker's RSS with the backlog queued (settled)
+    and its peak during the drain."""
+    count = scaled(spec, args.scale)
+    limit = time_limit(spec, args)
+    grace = spec.get("idle_grace", IDLE_GRACE)
+    client_id = f"bench-backlog-{os.getpid()}-{round_no}"
+    broker = start_broker(broker_cls, broker_cfg(spec, broker_cls))
+    procs = []
+    peak = None
+    try:
+        inbox = Inbox()
+        q = inbox.q
+        loadgen.ping_once(HOST, broker.port, "bench-warmup")
+        rss0, _, _ = settle_rss(broker)
+        loadgen.persistent_subscribe(HOST, broker.port, client_id, spec["sub_filter"], spec["qos"])
+        go = CTX.Event()
+        for i in range(spec["pubs"]):
+            procs.append(spawn(loadgen.publisher, i, HOST, broker.port, f"bench/{i}",
+                               spec["payload"], spec["qos"], count, spec["window"], limit, q, go,
+                               None, "pub", True))
+        inbox.wait({"pub": spec["pubs"]}, READY_TIMEOUT, broker)
+        go.set()
+        pubs = inbox.wait({"pub": spec["pubs"]}, limit + loadgen.CLOSE_GRACE + 5.0, broker,
+                          "result")["pub"]
+        reap(procs)
+        procs = []
+        acked = sum(p["acked"] for p in pubs)
+        rss_backlog, _, settled = settle_rss(broker)
+        own_before = broker.admin_stats()
+
+        # The drain: the subscriber connects when "go" is set (the clock starts just before).
+        drain_go = CTX.Event()
+        done = CTX.Event()
+        done.set()              # nothing more is published: a pause of ``grace`` s ends it
+        procs.append(spawn(loadgen.subscriber, 0, HOST, broker.port, 1, spec["sub_filter"],
+                           spec["qos"], acked, limit, grace, q, drain_go, done, False, True,
+                           client_id, True))
+        inbox.wait({"sub": 1}, READY_TIMEOUT, broker)
+        cpu0 = broker.cpu_seconds()
+        peak = PeakRss(broker)
+        drain_go.set()
+        sub = inbox.wait({"sub": 1}, limit + grace + 10.0, broker, "result")["sub"][0]
+        cpu = broker.cpu_seconds() - cpu0
+        rss_peak, rss_how = peak.peak()
+        rss_end = broker.rss_bytes()
+        own = broker.admin_stats()
+    finally:
+        if peak is not None:
+            peak.peak()
+        reap(procs)
+        stop_broker(broker)
+
+    sent = sum(p["sent"] for p in pubs)
+    t_pub0 = min(p["t_start"] for p in pubs)
+    pub_span = max(p["t_end"] for p in pubs) - t_pub0
+    delivered = sub["unique"]
+    t_connect = sub["t_go"]
+    span = (sub["last"] - t_connect) if sub["last"] is not None else 0.0
+    span_rx = (sub["last"] - sub["first"]) if sub["first"] is not None else 0.0
+    out = {
+        "value": round(delivered / span, 1) if span > 0 and delivered else None,
+        "unit": spec["unit"],
+        "value_first_to_last_rx": round(delivered / span_rx, 1) if span_rx > 0 else None,
+        "delivered": delivered, "duplicates": sub["count"] - delivered, "expected": acked,
+        "sent": sent, "acked": acked, "loss_pct": _pct(acked - delivered, acked),
+        "session_present": all(sub["session_present"]),
+        "drain_s": round(span, 4), "first_delivery_s": (round(sub["first"] - t_connect, 4)
+                                                        if sub["first"] is not None else None),
+        "subscriber_ended": [sub["ended"]],
+        "subscriber_busy_pct": round(100.0 * sub["cpu"] / span, 1) if span > 0 else None,
+        "ingest_rate": round(sent / pub_span, 1) if pub_span > 0 else None,
+        "publisher_timed_out": any(p["timed_out"] for p in pubs),
+        "broker_cpu_s": round(cpu, 3),
+        "broker_cpu_pct": round(100.0 * cpu / span, 1) if span > 0 else None,
+        "rss_before_mb": round(rss0 / 2 ** 20, 1),
+        "broker_rss_backlog_mb": round(rss_backlog / 2 ** 20, 1), "backlog_rss_settled": settled,
+        "broker_rss_peak_mb": round(rss_peak / 2 ** 20, 1), "rss_peak_from": rss_how,
+        "broker_rss_mb": round(rss_end / 2 ** 20, 1),
+        "count_per_publisher": count, "payload": spec["payload"], "qos": spec["qos"],
+        "publishers": spec["pubs"], "window": spec["window"], "time_limit": limit,
+    }
+    if own is not None:
+        out["broker_own"] = own_figures(own)
+    if own_before is not None:
+        out["broker_own_backlog"] = own_figures(own_before)
+    return out
 
 
 # ----- idle connections ---------------------------------------------------------------------------
@@ -437,7 +645,8 @@ def _sleep_until(t: float, broker) -> None:
         time.sleep(min(left, 0.5))
 
 
-RUNNERS = {"pair": run_pair, "versus": run_versus, "idle": run_idle, "edge": run_edge}
+RUNNERS = {"pair": run_pair, "versus": run_versus, "idle": run_idle, "edge": run_edge,
+           "backlog": run_backlog}
 
 
 def run(name: str, broker_cls, round_no: int, args) -> dict:
@@ -458,7 +667,7 @@ def ceiling(args, names: list[str]) -> dict:
     """The generator against stand-ins for the broker that do (almost) nothing, for the parts
     of the generator the chosen scenarios use."""
     specs = [SCENARIOS[n] for n in names]
-    loads = [load_of(s) for s in specs if s["kind"] in ("pair", "versus")]
+    loads = [load_of(s) for s in specs if s["kind"] in ("pair", "versus", "backlog")]
     out = {}
     limit = args.time_limit or DEFAULT_TIME_LIMIT
     wanted = []
@@ -510,6 +719,31 @@ def ceiling(args, names: list[str]) -> dict:
                 reap(procs)
         span = (sub["last"] - sub["first"]) if sub["first"] is not None else 0
         out["subscriber_qos0 msg/s"] = round(sub["count"] / span, 1) if span > 0 else None
+
+    if any(ld.get("keyed") or ld["kind"] == "backlog" for ld in loads):
+        # The keyed QoS 1 subscriber behind a window of INFLIGHT_DEFAULT: a broker that sends
+        # the next messages as PUBACKs free the window cannot deliver faster than this.
+        n = min(4 * scaled(SCENARIOS["burst_qos1"], args.scale), SUB_QOS1_CEILING_MAX)
+        with _listener() as listen:
+            procs = []
+            try:
+                inbox = Inbox()
+                go = CTX.Event()
+                done = CTX.Event()
+                done.set()
+                procs.append(spawn(loadgen.feeder, listen, "bench/0", 64, n, limit, inbox.q, go,
+                                   INFLIGHT_DEFAULT))
+                procs.append(spawn(loadgen.subscriber, 0, HOST, listen.getsockname()[1], 1,
+                                   "bench/+", 1, n, limit, IDLE_GRACE, inbox.q, go, done,
+                                   False, True))
+                inbox.wait({"sub": 1}, READY_TIMEOUT)
+                go.set()
+                sub = inbox.wait({"sub": 1}, limit + 15.0, kind="result")["sub"][0]
+            finally:
+                reap(procs)
+        span = (sub["last"] - sub["first"]) if sub["first"] is not None else 0
+        out[f"subscriber_qos1_w{INFLIGHT_DEFAULT} msg/s"] = (round(sub["unique"] / span, 1)
+                                                             if span > 0 else None)
 
     idle = [s["conns"] for s in specs if s["kind"] == "idle"]
     if idle:

@@ -91,6 +91,28 @@ def publish_run(topic: str, payload: bytes, qos: int, n: int) -> tuple[bytes, in
     return frames, flen
 
 
+KEY = struct.Struct("!II")   # a keyed payload starts with (source, sequence number)
+
+
+def publish_run_keyed(topic: str, payload_size: int, n: int, source: int) -> tuple[bytes, int]:
+    """``n`` QoS 1 PUBLISH frames whose payloads (``payload_size`` bytes, at least 8) start
+    with ``KEY`` (``source``, sequence number 0..n-1): a subscriber that reads the first 8 payload
+    bytes as one big-endian 64-bit number (source << 32 | sequence) tells every message apart
+    and counts duplicates. Packet ids run 1..65535 and wrap (a window below 65535 never holds
+    one twice). Returns (frames, frame_length); frame i starts at i * frame_length."""
+    if payload_size < KEY.size:
+        raise ValueError(f"a keyed payload holds at least {KEY.size} bytes")
+    pad = bytes(payload_size - KEY.size)
+    first = publish(topic, bytes(payload_size), 1, 1)
+    flen = len(first)
+    head = first[: flen - payload_size - 2]
+    pack = KEY.pack
+    frames = b"".join(head + (i % 65535 + 1).to_bytes(2, "big") + pack(source, i) + pad
+                      for i in range(n))
+    assert len(frames) == flen * n
+    return frames, flen
+
+
 class FrameCounter:
     """Counts PUBLISH frames in one connection's byte stream.
 
@@ -241,6 +263,16 @@ def _self_check() -> None:
             pos += step
         assert [int.from_bytes(c.stamps[k:k + 8], "big") for k in range(0, len(c.stamps), 8)] \
             == list(range(3000))
+    # Keyed runs: the keys come back through the counter's payload prefixes, packet ids wrap.
+    keyed, flen = publish_run_keyed("bench/2", 64, 70000, 2)
+    c = FrameCounter(ack=True, stamp_bytes=KEY.size)
+    for pos in range(0, len(keyed), 300000):
+        c.feed(keyed[pos:pos + 300000])
+    assert c.publishes == 70000
+    assert [KEY.unpack_from(c.stamps, k) for k in (0, 8 * 65535, 8 * 69999)] \
+        == [(2, 0), (2, 65535), (2, 69999)]
+    assert [int.from_bytes(c.acks[k + 2:k + 4], "big") for k in (0, 4 * 65534, 4 * 65535)] \
+        == [1, 65535, 1]
     print("wire self-check ok")
 
 

@@ -13,7 +13,7 @@ DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "config.md"
 def test_defaults_listen_on_loopback_only():
     c = config.load(None)
     assert [(lc.host, lc.port) for lc in c.listeners] == [("127.0.0.1", 1883)]
-    assert c.limits.max_inflight_messages == 20 and c.limits.max_queued_messages == 1000
+    assert c.limits.max_inflight_messages == 20 and c.limits.max_queued_messages == 0
 
 
 def test_state_dir_default(monkeypatch, tmp_path):
@@ -41,7 +41,8 @@ def test_full_file(tmp_path):
     ("colour = 1", "colour: unknown setting"),
     ("[limits]\nmax_inflight_messages = 'many'", "limits.max_inflight_messages: expected an integer"),
     ("[limits]\nmax_inflight_messages = 0", "limits.max_inflight_messages: must be between 1 and 65535"),
-    ("[limits]\nmax_queued_messages = 0", "limits.max_queued_messages: must be at least 1"),
+    ("[limits]\nmax_queued_messages = -1", "limits.max_queued_messages: must be at least 0"),
+    ("[limits]\nmax_lag_age = -1", "limits.max_lag_age: must be at least 0"),
     ("[limits]\nqueue_qos0_messages = 1", "limits.queue_qos0_messages: expected a boolean"),
     ("[limits]\nconnect_timeout = true", "limits.connect_timeout: expected a number"),
     ("[limits]\nbogus = 1", "limits.bogus: unknown setting"),

@@ -68,3 +68,41 @@ def test_going_offline_keeps_sizes_and_the_shared_empty_queue():
     (ref, qos, retain), = full.queue
     assert type(ref) is Stored and (ref.offset, ref.size) == (7, message.size)
     assert full.queue_bytes == message.size
+
+
+def test_cursors_survive_the_snapshot_and_format_1_still_loads(tmp_path):
+    """Format 2 keeps a session's cursor, the filters subscribed while behind, its offline
+    ranges and drops; a format 1 snapshot (no cursors) still loads."""
+    import time
+
+    from edgebroker.commitlog.format import LogOptions
+    from edgebroker.commitlog.log import CommitLog
+
+    log = CommitLog.open(str(tmp_path / "log"), LogOptions())
+    for i in range(10):
+        log.append(i, 1, False, b"c", b"a", b"%d" % i)
+    log.write_pending()
+    broker = Broker(config.Config(), time.monotonic, commit_log=log, wall_ms=lambda: 0)
+    state = snap.Snapshot(log_next_offset=8, sessions=[
+        snap.SessionState("behind", {"a": 1, "b": 2}, cursor=3, since={"b": 6},
+                          offline=[[2, 4], [7, None]], drops={"log_gap": 2}),
+        snap.SessionState("in-step", {"a": 1}),
+        snap.SessionState("past-the-end", {"a": 1}, cursor=50)])
+    broker.restore(state)
+    behind = broker.sessions["behind"].cursor
+    assert (behind.offset, behind.since, behind.offline) == (3, {"b": 6}, [[2, 4], [7, None]])
+    assert broker.sessions["behind"].drops == {"log_gap": 2}
+    # In step when the snapshot was taken: offline from its offset on.
+    in_step = broker.sessions["in-step"].cursor
+    assert (in_step.offset, in_step.offline) == (8, [[8, None]])
+    assert broker.sessions["past-the-end"].cursor.offset == 10   # the log ends there
+    again = snap.decode(snap.encode(broker.capture()))
+    by_id = {s.client_id: s for s in again.sessions}
+    assert (by_id["behind"].cursor, by_id["behind"].since) == (3, {"b": 6})
+    assert by_id["behind"].offline == [[2, 4], [7, None]]
+    assert by_id["behind"].drops == {"log_gap": 2}
+    old = snap.decode(b'{"format": 1, "written_ms": 0, "log_next_offset": 0, "retained": [],'
+                      b' "sessions": [{"client_id": "x", "subscriptions": [], "inflight": [],'
+                      b' "queue": [], "awaiting_release": []}]}')
+    assert old.sessions[0].cursor is None and old.sessions[0].offline == []
+    log.close()

@@ -1,0 +1,122 @@
+"""The hand-over between reading the log and live routing, driven in-process with a real
+commit log and fake transports: a subscriber falls behind, publishing goes on while it
+catches up, and it receives every message once, in order, then is routed to again."""
+
+import time
+
+import pytest
+
+import mqttraw as m
+from edgebroker import config
+from edgebroker.commitlog.format import LogOptions
+from edgebroker.commitlog.log import CommitLog
+from edgebroker.core.broker import Broker
+from edgebroker.core.catchup import QUEUE_MESSAGES
+from edgebroker.core.testing import FakeTransport
+
+
+@pytest.fixture
+def core(tmp_path):
+    log = CommitLog.open(str(tmp_path / "log"), LogOptions(segment_bytes=64 * 1024))
+    broker = Broker(config.Config(), time.monotonic, commit_log=log,
+                    wall_ms=lambda: time.time_ns() // 1_000_000)
+    yield broker
+    log.close()
+
+
+def _connect(broker, client_id: str, clean: bool = True, max_pending: int = 1 << 20):
+    transport = FakeTransport(client_id, max_pending=max_pending)
+    client = transport.client = broker.connection_made(transport)
+    client.data_received(m.connect(client_id, clean=clean))
+    return client, transport
+
+
+class Reader:
+    """The subscriber's side: takes what the broker wrote, acknowledges QoS 1."""
+
+    def __init__(self, client, transport):
+        self.client, self.transport = client, transport
+        self.got: list[int] = []
+
+    def read(self, ack: bool = True) -> None:
+        data = b"".join(bytes(x) for x in self.transport.out)
+        assert not self.transport.files      # small payloads come from memory
+        self.transport.flush()
+        acks = []
+        for p in m.split_frames(bytearray(data)):
+            if p.type == m.PUBLISH:
+                self.got.append(int(p.payload))
+                if p.qos == 1:
+                    acks.append(m.puback(p.packet_id))
+        if ack and acks:
+            self.client.data_received(b"".join(acks))
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_subscriber_behind_catches_up_while_publishing_goes_on(core, qos):
+    sub, sub_t = _connect(core, "sub", max_pending=4096)
+    sub.data_received(m.subscribe(1, [("t/#", 1)]))
+    sub_t.flush()
+    reader = Reader(sub, sub_t)
+    pub, pub_t = _connect(core, "pub")
+    sent = 0
+
+    def publish(k: int) -> None:
+        nonlocal sent
+        pub.data_received(b"".join(m.publish(f"t/{i % 3}", b"%d" % i, qos=qos, packet_id=1
+                                             if qos else None) for i in range(sent, sent + k)))
+        pub_t.flush()
+        sent += k
+
+    publish(QUEUE_MESSAGES * 4)              # more than the window, the queue and max_pending
+    session = core.sessions["sub"]
+    assert session.cursor is not None, "the subscriber should be reading from the log"
+    assert len(session.queue) <= QUEUE_MESSAGES
+    rounds = 0
+    while (session.cursor is not None or len(reader.got) < sent) and rounds < 10_000:
+        reader.read()
+        if rounds % 2 == 0 and sent < 5000:
+            publish(7)                       # live traffic during the catch-up
+        core.end_pass()
+        rounds += 1
+    reader.read()
+    assert session.cursor is None and core.behind == set()
+    assert reader.got == list(range(sent)), "every message once, in order"
+    # Routed live again.
+    publish(1)
+    reader.read()
+    assert reader.got[-1] == sent - 1
+    assert core.stats.sessions_fell_behind >= 1 and core.stats.sessions_caught_up >= 1
+    assert sum(core.dropped.values()) == 0
+
+
+def test_unsubscribed_filter_stops_matching_at_once_subscribed_one_from_its_offset(core):
+    sub, sub_t = _connect(core, "sub", clean=False)
+    sub.data_received(m.subscribe(1, [("a", 1), ("b", 1)]))
+    sub.data_received(m.disconnect())
+    pub, pub_t = _connect(core, "pub")
+    n = 3000
+    for i in range(n):
+        pub.data_received(m.publish("a", b"%d" % i, qos=1, packet_id=1))
+        pub.data_received(m.publish("b", b"%d" % (100_000 + i), qos=1, packet_id=1))
+    pub.data_received(m.publish("c", b"999999", qos=1, packet_id=1))  # before subscribing
+    back, back_t = _connect(core, "sub", clean=False)
+    session = core.sessions["sub"]
+    assert session.cursor is not None and session.cursor.offset < 2 * n  # one batch read
+    # Drop "b", add "c"; publish to "c" after that.
+    back.data_received(m.unsubscribe(2, ["b"]))
+    back.data_received(m.subscribe(3, [("c", 1)]))
+    pub.data_received(m.publish("c", b"200000", qos=1, packet_id=1))
+    reader = Reader(back, back_t)
+    for _ in range(1000):
+        reader.read()
+        core.end_pass()
+        if session.cursor is None and not session.queue and not session.inflight:
+            break
+    got = reader.got
+    assert [g for g in got if g < 100_000] == list(range(n))
+    bs = [g - 100_000 for g in got if 100_000 <= g < 200_000]
+    # Those read before the UNSUBSCRIBE still come; none after it.
+    assert bs == list(range(len(bs))) and 0 < len(bs) < n
+    assert got[-1] == 200_000 and 999_999 not in got
+    assert session.cursor is None
