@@ -185,6 +185,11 @@ class CatchUp:
         limits = self.limits
         records, next_offset = commit_log.read_batch(cursor.offset, topic_filter, QUEUE_MESSAGES,
                                                      QUEUE_BYTES, SCAN_BYTES)
+        if next_offset <= cursor.offset:
+            # Nothing could be read from there although it is written (damage the readers
+            # reported): what is left is lost to it, rather than asking again every pass.
+            self._skip(session, commit_log.written_offset, "the log cannot be read there")
+            return True
         lag_bytes = limits.max_lag_bytes
         drop_qos0 = bool(lag_bytes) and commit_log.bytes_after(cursor.offset) > lag_bytes
         max_age = limits.max_lag_age

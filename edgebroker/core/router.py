@@ -316,9 +316,13 @@ class Router:
                 sent += 1
                 sent_bytes += message.size
             # Behind: the next batch from the log once the queue is empty and there is room.
-            if (queue or session.cursor is None or client.closed
-                    or transport.out_bytes >= max_pending or len(session.inflight) >= window):
+            if queue or session.cursor is None or client.closed:
                 break
+            if transport.out_bytes >= max_pending:
+                transport.wait_for_drain()    # the next batch once this much is written
+                break
+            if len(session.inflight) >= window:
+                break                         # ... once an acknowledgement frees the window
             if not self.refill(session):
                 break
             queue = session.queue

@@ -137,11 +137,10 @@ class Sessions:
                                   for ref, qos, retain in session.queue)
         for entry in session.inflight.values():
             entry.message = as_stored(entry.message)
-        if self.log_queue:
-            head = self.journal.log.next_offset
-            if session.cursor is None:
-                self.fall_behind(session, head)
-            session.cursor.went_offline(head)
+        if self.log_queue and session.cursor is None:
+            self.fall_behind(session, self.journal.log.next_offset)
+        if session.cursor is not None:
+            session.cursor.went_offline(self.journal.log.next_offset)
         self._snapshot_dirty = True
 
     def drop_session(self, session: Session) -> None:
