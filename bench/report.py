@@ -80,7 +80,9 @@ def _describe(rec: dict) -> str:
                 f"{fmt(g('value_first_to_last_rx'))}); loss {fmt(g('loss_pct'))}% "
                 f"({g('delivered')}/{g('acked')} acknowledged, {g('duplicates')} dup); "
                 f"rss {g('rss_before_mb')} MB fresh, {g('broker_rss_backlog_mb')} MB with the "
-                f"backlog, peak {g('broker_rss_peak_mb')} MB draining; broker cpu "
+                f"backlog{_parts(g('broker_rss_parts_backlog'))}, peak "
+                f"{g('broker_rss_peak_mb')} MB draining{_parts(g('broker_rss_parts_end'), 'end')}; "
+                f"broker cpu "
                 f"{fmt(g('broker_cpu_pct'))}% draining; subscriber busy "
                 f"{g('subscriber_busy_pct')}%, ended {g('subscriber_ended')}; ingest "
                 f"{fmt(g('ingest_rate'))} msg/s" + _own(rec)
@@ -94,13 +96,22 @@ def _describe(rec: dict) -> str:
             + ("  [publisher hit the time limit]" if g("publisher_timed_out") else ""))
     if "duplicates" in rec:
         line += (f"\n{'':>18}{g('delivered')}/{g('acked')} acknowledged delivered, "
-                 f"{g('duplicates')} dup; peak rss {g('broker_rss_peak_mb')} MB; subscriber "
+                 f"{g('duplicates')} dup; peak rss {g('broker_rss_peak_mb')} MB"
+                 f"{_parts(g('broker_rss_parts_end'), 'end')}; subscriber "
                  f"ended {g('subscriber_ended')}" + _own(rec))
     if kind == "versus":
         line += (f"\n{'':>18}without: {fmt(g('value_without'), g('unit'))} {g('unit')} "
                  f"(loss {fmt(g('loss_pct_without'))}%); kept {fmt(g('kept_pct'))}%"
                  + (f"; flooder {fmt(g('flooder_rate'))} msg/s" if "flooder_rate" in rec else ""))
     return line
+
+
+def _parts(parts, when: str = "") -> str:
+    """" (anon A, file F MB)": how an RSS reading splits (brokers.Broker.rss_parts)."""
+    if not parts:
+        return ""
+    return (f" ({when + ': ' if when else ''}anon {parts.get('anon_mb')}, file "
+            f"{parts.get('file_mb')} MB)")
 
 
 def _own(rec: dict) -> str:

@@ -154,8 +154,8 @@ def _main(args, started: float) -> int:
     state_dir, state_fs = brokers.state_root()
     info.update(nofile=nofile, state_dir=f"{state_dir} ({state_fs})")
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
-    print(f"limits on both brokers: {brokers.LIMITS} (edgebroker also "
-          f"{brokers.EDGEBROKER_LIMITS}, and each scenario's own); loopback only; scale "
+    print(f"limits: Mosquitto {brokers.LIMITS}, edgebroker {brokers.EDGEBROKER_LIMITS or 'its defaults'} "
+          f"(and each scenario's own); loopback only; scale "
           f"{args.scale:g}; rounds {args.rounds}"
           + (f"; time limit {args.time_limit:g} s per run" if args.time_limit else "")
           + (f"; ACL file {brokers.ACL_FILE}" if brokers.ACL_FILE else ""), flush=True)

@@ -43,7 +43,7 @@ LOG_RECORD_EXTRA = 53      # header (34), client id ("bpub-0-<pid>", about 12), 
 LOG_PASS = 4               # records per write: what one loop pass takes in at 64 KiB
 RSS_SAMPLE = 0.05          # s between RSS samples where the kernel's high-water mark is unknown
 LOG_QUEUE_TIME_LIMIT = 60.0   # burst_qos1, reconnect_backlog: s for the publishers, and the drain
-LOG_QUEUE_IDLE_GRACE = 5.0    # a pause this long in deliveries ends the subscriber (counted as loss)
+LOG_QUEUE_IDLE_GRACE = 5.0    # a pause this long in deliveries ends the subscriber (shows as loss)
 INFLIGHT_DEFAULT = 20      # max_inflight_messages: edgebroker's default and Mosquitto's
 SUB_QOS1_CEILING_MAX = 400_000   # messages for the QoS 1 subscriber's ceiling (at most)
 
@@ -152,11 +152,11 @@ SCENARIOS = {
         broker_cfg={"edgebroker": {"limits": {"messages_rate": FLOOD_RATE}}},
         target=KEPT_TARGET),
     "burst_qos1": _pair(
-        "4 publishers (window 100 each) -> 1 QoS 1 subscriber on bench/+, 1,000,000 (× --scale) "
-        "QoS 1 messages of 64 B (keyed: loss and duplicates counted per message); edgebroker at its "
-        "default configuration (log as the queue, max_inflight_messages 20), Mosquitto with "
-        "max_queued_messages 0, max_queued_bytes 0 (no limit) and max_inflight_messages 20 "
-        "(its default and edgebroker's)",
+        "4 publishers (window 100 each) -> 1 QoS 1 subscriber on bench/+, 1,000,000 "
+        "(× --scale) QoS 1 messages of 64 B (keyed: loss and duplicates counted per message); "
+        "edgebroker at its default configuration (log as the queue, max_inflight_messages 20), "
+        "Mosquitto with max_queued_messages 0, max_queued_bytes 0 (no limit) and "
+        "max_inflight_messages 20 (its default and edgebroker's)",
         4, 1, 1, 1, 64, 250_000, 100, "bench/+", time_limit=LOG_QUEUE_TIME_LIMIT,
         keyed=True, peak_rss=True, idle_grace=LOG_QUEUE_IDLE_GRACE, broker_cfg=LOG_QUEUE_CFG,
         target=[vs_mosquitto("value", ">=", 1.0), vs_mosquitto("broker_rss_peak_mb", "<=", 0.25),
@@ -164,8 +164,9 @@ SCENARIOS = {
     "reconnect_backlog": dict(
         kind="backlog", unit="msg/s",
         about="a persistent (clean session 0) QoS 1 subscriber on bench/+ subscribes and leaves; "
-              "4 publishers (window 100 each) send 1,000,000 (× --scale) QoS 1 messages of 64 B (keyed); it "
-              "reconnects and drains the backlog: msg/s from reconnect to last message; "
+              "4 publishers (window 100 each) send 1,000,000 (× --scale) QoS 1 messages of "
+              "64 B (keyed); it reconnects and drains the backlog: msg/s from reconnect to last "
+              "message; "
               "edgebroker at its default configuration (log as the queue), Mosquitto with "
               "max_queued_messages 0, max_queued_bytes 0 (no limit), max_inflight_messages 20 "
               "(its default and edgebroker's), persistence false",
@@ -315,6 +316,7 @@ def pair_load(spec: dict, broker, args, disturb: str | None = None) -> dict:
         rss = broker.rss_bytes()
         wall = time.monotonic() - t_go
         rss_peak, rss_how = peak.peak() if peak is not None else (None, None)
+        rss_parts = broker.rss_parts() if peak is not None else None
         own = broker.admin_stats() if keyed else None
         release.set()
         flood = (inbox.wait({"flood": 1}, 5.0, broker, "result")["flood"][0]
@@ -369,7 +371,8 @@ def pair_load(spec: dict, broker, args, disturb: str | None = None) -> dict:
     if keyed:
         out.update(acked=acked, duplicates=received - delivered)
     if rss_peak is not None:
-        out.update(broker_rss_peak_mb=round(rss_peak / 2 ** 20, 1), rss_peak_from=rss_how)
+        out.update(broker_rss_peak_mb=round(rss_peak / 2 ** 20, 1), rss_peak_from=rss_how,
+                   broker_rss_parts_end=rss_parts)
     if own is not None:
         out["broker_own"] = own_figures(own)
     if flood is not None:
@@ -445,6 +448,7 @@ def run_backlog(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
         procs = []
         acked = sum(p["acked"] for p in pubs)
         rss_backlog, _, settled = settle_rss(broker)
+        parts_backlog = broker.rss_parts()
         own_before = broker.admin_stats()
 
         # The drain: the subscriber connects when "go" is set (the clock starts just before).
@@ -462,6 +466,7 @@ def run_backlog(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
         cpu = broker.cpu_seconds() - cpu0
         rss_peak, rss_how = peak.peak()
         rss_end = broker.rss_bytes()
+        parts_end = broker.rss_parts()
         own = broker.admin_stats()
     finally:
         if peak is not None:
@@ -495,6 +500,7 @@ def run_backlog(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
         "broker_rss_backlog_mb": round(rss_backlog / 2 ** 20, 1), "backlog_rss_settled": settled,
         "broker_rss_peak_mb": round(rss_peak / 2 ** 20, 1), "rss_peak_from": rss_how,
         "broker_rss_mb": round(rss_end / 2 ** 20, 1),
+        "broker_rss_parts_backlog": parts_backlog, "broker_rss_parts_end": parts_end,
         "count_per_publisher": count, "payload": spec["payload"], "qos": spec["qos"],
         "publishers": spec["pubs"], "window": spec["window"], "time_limit": limit,
     }
