@@ -669,6 +669,30 @@ def run(name: str, broker_cls, round_no: int, args) -> dict:
 
 # ----- generator ceiling ------------------------------------------------------------------------
 
+def _subscriber_ceiling(n: int, limit: float, qos: int, feeder_extra: tuple,
+                        sub_extra: tuple) -> tuple[dict, float]:
+    """One subscriber process against a stand-in feeding it ``n`` messages: (its result,
+    seconds from its first message to its last)."""
+    with _listener() as listen:
+        procs = []
+        try:
+            inbox = Inbox()
+            go = CTX.Event()
+            done = CTX.Event()
+            done.set()
+            procs.append(spawn(loadgen.feeder, listen, "bench/0", 64, n, limit, inbox.q, go,
+                               *feeder_extra))
+            procs.append(spawn(loadgen.subscriber, 0, HOST, listen.getsockname()[1], 1,
+                               "bench/+", qos, n, limit, IDLE_GRACE, inbox.q, go, done,
+                               *sub_extra))
+            inbox.wait({"sub": 1}, READY_TIMEOUT)
+            go.set()
+            sub = inbox.wait({"sub": 1}, limit + 15.0, kind="result")["sub"][0]
+        finally:
+            reap(procs)
+    return sub, (sub["last"] - sub["first"]) if sub["first"] is not None else 0
+
+
 def ceiling(args, names: list[str]) -> dict:
     """The generator against stand-ins for the broker that do (almost) nothing, for the parts
     of the generator the chosen scenarios use."""
@@ -708,46 +732,14 @@ def ceiling(args, names: list[str]) -> dict:
 
     if any(ld["qos"] == 0 for ld in loads):
         n = 4 * scaled(SCENARIOS["fanin_qos0"], args.scale)
-        with _listener() as listen:
-            procs = []
-            try:
-                inbox = Inbox()
-                go = CTX.Event()
-                done = CTX.Event()
-                done.set()
-                procs.append(spawn(loadgen.feeder, listen, "bench/0", 64, n, limit, inbox.q, go))
-                procs.append(spawn(loadgen.subscriber, 0, HOST, listen.getsockname()[1], 1,
-                                   "bench/+", 0, n, limit, IDLE_GRACE, inbox.q, go, done))
-                inbox.wait({"sub": 1}, READY_TIMEOUT)
-                go.set()
-                sub = inbox.wait({"sub": 1}, limit + 15.0, kind="result")["sub"][0]
-            finally:
-                reap(procs)
-        span = (sub["last"] - sub["first"]) if sub["first"] is not None else 0
+        sub, span = _subscriber_ceiling(n, limit, 0, (), ())
         out["subscriber_qos0 msg/s"] = round(sub["count"] / span, 1) if span > 0 else None
 
     if any(ld.get("keyed") or ld["kind"] == "backlog" for ld in loads):
         # The keyed QoS 1 subscriber behind a window of INFLIGHT_DEFAULT: a broker that sends
         # the next messages as PUBACKs free the window cannot deliver faster than this.
         n = min(4 * scaled(SCENARIOS["burst_qos1"], args.scale), SUB_QOS1_CEILING_MAX)
-        with _listener() as listen:
-            procs = []
-            try:
-                inbox = Inbox()
-                go = CTX.Event()
-                done = CTX.Event()
-                done.set()
-                procs.append(spawn(loadgen.feeder, listen, "bench/0", 64, n, limit, inbox.q, go,
-                                   INFLIGHT_DEFAULT))
-                procs.append(spawn(loadgen.subscriber, 0, HOST, listen.getsockname()[1], 1,
-                                   "bench/+", 1, n, limit, IDLE_GRACE, inbox.q, go, done,
-                                   False, True))
-                inbox.wait({"sub": 1}, READY_TIMEOUT)
-                go.set()
-                sub = inbox.wait({"sub": 1}, limit + 15.0, kind="result")["sub"][0]
-            finally:
-                reap(procs)
-        span = (sub["last"] - sub["first"]) if sub["first"] is not None else 0
+        sub, span = _subscriber_ceiling(n, limit, 1, (INFLIGHT_DEFAULT,), (False, True))
         out[f"subscriber_qos1_w{INFLIGHT_DEFAULT} msg/s"] = (round(sub["unique"] / span, 1)
                                                              if span > 0 else None)
 
