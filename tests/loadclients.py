@@ -42,12 +42,18 @@ def _recv_exact(sock, n: int) -> bytes:
 class BulkSubscriber:
     """Reads PUBLISH packets in bulk and acknowledges them (QoS 1: PUBACK; QoS 2: PUBREC, then
     PUBCOMP for each PUBREL), one send per read. ``on_message(topic, payload, qos, retain,
-    dup)`` is called for each PUBLISH, in order, from ``run``'s thread."""
+    dup)`` is called for each PUBLISH, in order, from ``run``'s thread.
+
+    ``qos2_ids``: the packet ids of QoS 2 messages received and not yet released, kept by the
+    caller across connections as a client's session state. Given, a QoS 2 PUBLISH whose id is
+    in it is not passed on (the receiver's side of exactly once, the specification's method
+    B): the id is added at the first PUBLISH and removed at its PUBREL."""
 
     def __init__(self, host: str, port: int, client_id: str, *, clean: bool = True,
-                 rcvbuf: int | None = None):
+                 rcvbuf: int | None = None, qos2_ids: set[int] | None = None):
         self.host, self.port, self.client_id = host, port, client_id
         self.sock, self.session_present = _connect(host, port, client_id, clean, rcvbuf)
+        self.qos2_ids = qos2_ids
         self.count = 0
         self.closed = False
 
@@ -63,6 +69,7 @@ class BulkSubscriber:
         """Read until ``until()`` is true, the connection closes or ``deadline`` passes."""
         sock = self.sock
         sock.settimeout(0.2)
+        held = self.qos2_ids
         buf = bytearray()
         while not until() and time.monotonic() < deadline:
             try:
@@ -108,10 +115,17 @@ class BulkSubscriber:
                         pid = body[p] << 8 | body[p + 1]
                         p += 2
                         acks.append(m.puback(pid) if qos == 1 else m.pubrec(pid))
+                        if qos == 2 and held is not None:
+                            if pid in held:
+                                continue     # a re-send of one received: not again
+                            held.add(pid)
                     self.count += 1
                     on_message(topic, body[p:], qos, bool(first & 1), bool(first & 8))
                 elif ptype == _PUBREL:
-                    acks.append(m.pubcomp(body[0] << 8 | body[1]))
+                    pid = body[0] << 8 | body[1]
+                    if held is not None:
+                        held.discard(pid)
+                    acks.append(m.pubcomp(pid))
             del buf[:pos]
             if acks and ack:
                 sock.sendall(b"".join(acks))
@@ -128,9 +142,10 @@ class BulkSubscriber:
 
 
 def window_publisher(host: str, port: int, client_id: str, topic: str, payloads, *,
-                     window: int = 100, deadline: float) -> int:
-    """Publish ``payloads`` at QoS 1 with up to ``window`` unacknowledged; the number
-    acknowledged (all of them unless the deadline passed)."""
+                     window: int = 100, deadline: float, qos: int = 1) -> int:
+    """Publish ``payloads`` at QoS 1 (or 2: PUBREL for each PUBREC) with up to ``window``
+    unacknowledged; the number acknowledged, by PUBACK or PUBCOMP (all of them unless the
+    deadline passed)."""
     sock, _ = _connect(host, port, client_id, True)
     sock.settimeout(0.5)
     payloads = list(payloads)
@@ -142,7 +157,7 @@ def window_publisher(host: str, port: int, client_id: str, topic: str, payloads,
             room = window - (sent - acked)
             if room > 0 and sent < total:
                 batch = payloads[sent:sent + room]
-                sock.sendall(b"".join(m.publish(topic, p, qos=1, packet_id=(sent + k) % 65535 + 1)
+                sock.sendall(b"".join(m.publish(topic, p, qos=qos, packet_id=(sent + k) % 65535 + 1)
                                       for k, p in enumerate(batch)))
                 sent += len(batch)
             try:
@@ -153,10 +168,17 @@ def window_publisher(host: str, port: int, client_id: str, topic: str, payloads,
                 break
             data = pending + data
             whole = len(data) // 4 * 4
+            releases = []
             for k in range(0, whole, 4):
-                if data[k] != 0x40:
-                    raise AssertionError(f"{client_id}: expected PUBACK, got {data[k:k + 4]!r}")
-            acked += whole // 4
+                kind = data[k]
+                if kind == 0x50 and qos == 2:
+                    releases.append(m.pubrel(data[k + 2] << 8 | data[k + 3]))
+                elif kind == (0x40 if qos == 1 else 0x70):
+                    acked += 1
+                else:
+                    raise AssertionError(f"{client_id}: unexpected {data[k:k + 4]!r} (QoS {qos})")
+            if releases:
+                sock.sendall(b"".join(releases))
             pending = data[whole:]
     finally:
         sock.close()

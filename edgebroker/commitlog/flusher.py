@@ -49,6 +49,9 @@ class Flusher(threading.Thread):
         self.durability = durability
         self.interval = flush_interval_ms / 1000.0
         self.on_durable = on_durable
+        # Called before each fsync of the log for acknowledgements (not with "none"): the
+        # broker's QoS 2 exchange journal (core.exchanges), which must not lag the log.
+        self.also_sync: Callable[[], None] | None = None
         self.syncs = 0
         self.errors = 0
         self._cond = threading.Condition()
@@ -155,6 +158,8 @@ class Flusher(threading.Thread):
         if sealed_only and not self.log.needs_sync():
             return
         self._last_sync = time.monotonic()
+        if not sealed_only and self.also_sync is not None:
+            self.also_sync()
         try:
             durable = self.log.sync(sealed_only=sealed_only)
         except (OSError, LogError) as exc:

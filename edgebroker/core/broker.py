@@ -10,7 +10,8 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
 - ``core.timers``: the deadline heap (keepalive, CONNECT timeout, ``Timer``s) and
   the periodic maintenance;
-- ``core.persistence``: snapshots (capture, restore, replay).
+- ``core.persistence``: snapshots (capture, restore, replay), with ``core.exchanges``
+  (the QoS 2 exchanges of persistent sessions, journaled between snapshots).
 
 Per-packet handlers are in ``core.handlers`` (tables in ``core.dispatch``); a
 connection's own state in ``core.client``; the transport seam in
@@ -84,6 +85,9 @@ class Broker(Router, Sessions, CatchUp, Timers, Persistence):
                         if commit_log is not None else None)
         if self.journal is not None:
             self.acknowledge = self.journal.acknowledge  # one call less per QoS 1/2 PUBLISH
+        # Persistent sessions' QoS 2 exchanges (core.exchanges.ExchangeJournal), set by the
+        # server with the state directory; None: not journaled (in-process use).
+        self.exchanges = None
         self._init_persistence(commit_log)
         self._init_catchup()
         self.sys = SysTopics(self, self.started)
@@ -116,5 +120,19 @@ class Broker(Router, Sessions, CatchUp, Timers, Persistence):
         client.transport.write(frame)
 
     def end_pass(self) -> None:
-        if self.journal is not None:
-            self.journal.end_pass()
+        """The end of a loop pass, before it sends: the log's records to the OS, the QoS 1/2
+        messages they hold to their subscribers, the QoS 2 exchanges that moved to their
+        journal."""
+        journal = self.journal
+        if journal is not None:
+            journal.end_pass()
+            if self.unrouted:
+                self.route_written()
+        self.before_send()
+
+    def before_send(self) -> None:
+        """Something is sent now (the end of the pass, or a connection that must be sent to
+        in its middle): first the QoS 2 exchange records that cover it (core.exchanges)."""
+        exchanges = self.exchanges
+        if exchanges is not None and exchanges.lines:
+            exchanges.write()

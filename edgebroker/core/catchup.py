@@ -62,7 +62,7 @@ NO_HOLD = 1 << 63
 class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
-    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped")
+    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "done")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -71,6 +71,9 @@ class Cursor:
         self.offline: list[list] | None = None      # [from, to or None] offset ranges
         self.cache: dict[bytes, tuple] = {}          # topic -> ((since, qos), ...)
         self.lag_dropped = 0       # QoS 0 skipped past max_lag in the current episode
+        # After a restart: offsets of QoS 2 messages the session was sent after the snapshot
+        # (core.exchanges), not to be sent again; None once the cursor is past them all.
+        self.done: set[int] | None = None
 
     def __repr__(self):
         return f"Cursor({self.offset})"
@@ -169,7 +172,10 @@ class CatchUp:
         first = commit_log.first_offset
         if cursor.offset < first:
             self._skip(session, first, "retention deleted the segments it was reading")
-        if cursor.offset >= commit_log.next_offset:
+        # Where live routing takes over: the head of the log, or the first message logged
+        # but not yet routed (Router.live_offset).
+        head = self.live_offset()
+        if cursor.offset >= head:
             self._caught_up(session)
             return True
         if cursor.offset >= commit_log.written_offset:
@@ -185,6 +191,9 @@ class CatchUp:
         limits = self.limits
         records, next_offset = commit_log.read_batch(cursor.offset, topic_filter, QUEUE_MESSAGES,
                                                      QUEUE_BYTES, SCAN_BYTES)
+        if next_offset > head:
+            records = [r for r in records if r[0] < head]
+            next_offset = head
         if next_offset <= cursor.offset:
             # Nothing could be read from there although it is written (damage the readers
             # reported): what is left is lost to it, rather than asking again every pass.
@@ -200,7 +209,10 @@ class CatchUp:
         queue = session.own_queue() if records else session.queue
         queued = queued_bytes = 0
         lagging = 0
+        done = cursor.done
         for offset, ts, qos, retain, topic, payload, size in records:
+            if done is not None and offset in done:
+                continue      # sent before a restart, its exchange journaled (see Cursor.done)
             granted = cursor.granted(session, topic, offset)
             if granted < 0:
                 continue
@@ -234,9 +246,11 @@ class CatchUp:
         self.queued_messages += queued
         self.queued_bytes += queued_bytes
         cursor.offset = next_offset
+        if done is not None and next_offset > max(done):
+            cursor.done = None
         if not session.clean:
             self._snapshot_dirty = True   # a restart goes on from here
-        if next_offset >= commit_log.next_offset:
+        if next_offset >= head:
             self._caught_up(session)
             return True
         if not queued:
@@ -284,6 +298,7 @@ class CatchUp:
         cursor.offset = offset
         if cursor.floor < offset:
             cursor.floor = offset
+        session.saved = None
         if not session.clean:
             self._snapshot_dirty = True
 

@@ -45,6 +45,9 @@ class Journal:
         self._after_fsync = durability == "sync"
         self._gate = commit_log.durable_offset if self._after_fsync else commit_log.written_offset
         self._paused: set = set()            # clients not read while the log cannot write
+        # The QoS 2 exchange journal (core.exchanges), written before each log write: a
+        # received QoS 2 message's record never reaches the disk before its packet id does.
+        self.exchanges = None
 
     @property
     def acks_waiting(self) -> int:
@@ -109,6 +112,9 @@ class Journal:
         message's record is still in memory."""
         if self.failing or not self.log.pending_bytes:
             return
+        exchanges = self.exchanges
+        if exchanges is not None and exchanges.lines:
+            exchanges.write()
         self._write()
 
     def _write(self) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.core import snapshot as snap
-from edgebroker.core.session import Message, Outgoing, Session, Stored
+from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session, Stored
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -33,40 +33,74 @@ class Persistence:
         self._snapshot_dirty = False
         self._snapshot_at = self.started      # when the last snapshot was taken
         self._snapshot_offset = commit_log.next_offset if commit_log is not None else 0
+        self._retained_saved: dict[str, snap.RetainedState] = {}  # topic -> state (capture)
 
     def capture(self) -> snap.Snapshot:
-        """The state a restart needs: persistent sessions by log offset, retained messages."""
+        """The state a restart needs: persistent sessions by log offset, retained messages.
+
+        An immutable view, encoded and written by the snapshot writer's thread: the core only
+        takes what changed. An offline session's state is reused from the last snapshot until
+        it changes (``Session.saved``, cleared where it does); a retained message's, until its
+        topic is set again (``RetainedTree.changed``). The QoS 2 exchange journal starts a new
+        file here: the snapshot names it, and a restart applies it (``apply_exchanges``)."""
         journal = self.journal
         next_offset = journal.log.next_offset if journal is not None else 0
-        result = snap.Snapshot(log_next_offset=next_offset,
+        # Sessions in step with the log and retained messages have everything routed before
+        # the live offset; a restart replays from there.
+        result = snap.Snapshot(log_next_offset=self.live_offset() if journal is not None else 0,
                                written_ms=journal.wall_ms() if journal is not None else 0)
+        if self.exchanges is not None:
+            result.exchanges = self.exchanges.rotate()
+        sessions = result.sessions
         for session in self.sessions.values():
             if session.clean:
                 continue
-            state = snap.SessionState(session.client_id, dict(session.subscriptions),
-                                      awaiting_release=list(session.awaiting_release),
-                                      next_id=session._next_id,
-                                      drops=dict(session.drops) if session.drops else {})
-            cursor = session.cursor
-            if cursor is not None:
-                state.cursor = cursor.offset
-                state.since = dict(cursor.since) if cursor.since else {}
-                state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
-            for pid, entry in session.inflight.items():
-                ref = entry.message
-                if ref.offset is not None:
-                    state.inflight.append((pid, ref.offset, entry.qos, entry.retain, entry.state,
-                                           ref.size))
-            for ref, qos, retain in session.queue:
-                if ref.offset is not None:
-                    state.queue.append((ref.offset, qos, retain, ref.size))
-            result.sessions.append(state)
-        for message in self.retained.match("#"):
-            result.retained.append(snap.RetainedState(message.topic, message.payload,
-                                                      message.qos, message.offset))
+            state = session.saved
+            if (state is None or session.client is not None
+                    or session.cursor is not None and state.cursor != session.cursor.offset):
+                state = self._session_state(session)
+                if session.client is None:
+                    session.saved = state
+            sessions.append(state)
+        retained = self.retained
+        saved = self._retained_saved
+        if retained.changed:
+            changed, retained.changed = retained.changed, set()
+            for topic in changed:
+                message = retained.get(topic)
+                if message is None or topic.startswith("$SYS"):  # $SYS: published anew
+                    saved.pop(topic, None)
+                else:
+                    saved[topic] = snap.RetainedState(message.topic, message.payload,
+                                                      message.qos, message.offset)
+        result.retained = list(saved.values())
         self._snapshot_dirty = False
         self._snapshot_offset = next_offset
         return result
+
+    @staticmethod
+    def _session_state(session: Session) -> snap.SessionState:
+        state = snap.SessionState(session.client_id, dict(session.subscriptions),
+                                  awaiting_release=list(session.awaiting_release),
+                                  next_id=session._next_id,
+                                  drops=dict(session.drops) if session.drops else {})
+        cursor = session.cursor
+        if cursor is not None:
+            state.cursor = cursor.offset
+            state.since = dict(cursor.since) if cursor.since else {}
+            state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
+            if cursor.done:
+                state.done = sorted(cursor.done)
+        for pid, entry in session.inflight.items():
+            ref = entry.message
+            if ref.offset is not None:
+                state.inflight.append((pid, ref.offset, entry.qos, entry.retain, entry.state,
+                                       ref.size))
+        if session.queue:
+            # The entries as they are (a copy of the deque in one call; their messages never
+            # change): the writer takes offsets and sizes from them (snapshot.queue_entry).
+            state.queue = list(session.queue)
+        return state
 
     def restore(self, state: snap.Snapshot) -> None:
         """Load a snapshot into an empty broker (at start, before any client connects).
@@ -138,9 +172,80 @@ class Persistence:
             cursor.since = {f: min(o, end) for f, o in s.since.items()}
         if s.offline:
             cursor.offline = [list(r) for r in s.offline]
+        if s.done:
+            cursor.done = {o for o in s.done if o >= cursor.offset}
         if not cursor.offline or cursor.offline[-1][1] is not None:
             # It was online when the snapshot was taken: offline from there on.
             cursor.went_offline(min(snapshot_offset, end))
+
+    def apply_exchanges(self, records) -> None:
+        """The QoS 2 exchanges journaled after the snapshot (core.exchanges), in order, applied
+        to the sessions it restored (after ``restore`` and ``replay``): windows and inbound
+        packet ids as they were at the crash, and the messages already sent kept from being
+        sent again. Records of sessions the snapshot does not hold are left out (a session
+        made after it is not restored), and so are offsets past the log's end (records a
+        power cut took: their messages get other offsets)."""
+        end = self.journal.log.next_offset
+        sessions = self.sessions
+        sent: dict[Session, set[int]] = {}
+        for record in records:
+            kind, client_id = record[0], record[1]
+            session = sessions.get(client_id)
+            if session is None:
+                continue
+            if kind == "D":
+                self.drop_session(session)
+                sent.pop(session, None)
+            elif kind == "O":
+                _, _, pid, offset, size, retain = record
+                if offset >= end:
+                    continue
+                inflight = session.own_inflight()
+                old = inflight.pop(pid, None)
+                if old is not None:
+                    session.inflight_bytes -= old.message.size
+                inflight[pid] = Outgoing(Stored(offset, size), 2, bool(retain))
+                session.inflight_bytes += size
+                sent.setdefault(session, set()).add(offset)
+            elif kind == "R":
+                entry = session.inflight.pop(record[2], None)
+                if entry is not None:
+                    entry.state = AWAIT_COMP
+                    session.inflight[record[2]] = entry     # PUBRELs in PUBREC order
+            elif kind == "C":
+                entry = session.inflight.pop(record[2], None)
+                if entry is not None:
+                    session.inflight_bytes -= entry.message.size
+            elif kind == "I":
+                if record[3] < end:
+                    session.own_awaiting_release().add(record[2])
+            elif kind == "F":
+                session.awaiting_release.discard(record[2])
+        for session, offsets in sent.items():
+            self._forget_sent(session, offsets)
+        if records:
+            log.info("applied %d QoS 2 exchange records written after the snapshot",
+                     len(records))
+
+    def _forget_sent(self, session: Session, offsets: set[int]) -> None:
+        """Keep messages sent before the crash from going out again: out of the restored
+        queue, and skipped by the cursor (``Cursor.done``)."""
+        session.saved = None
+        if any(ref.offset in offsets for ref, _, _ in session.queue):
+            kept = [e for e in session.queue if e[0].offset not in offsets]
+            gone = len(session.queue) - len(kept)
+            size = sum(e[0].size for e in session.queue if e[0].offset in offsets)
+            session.queue.clear()
+            session.queue.extend(kept)
+            session.queue_bytes -= size
+            self.queued_messages -= gone
+            self.queued_bytes -= size
+        cursor = session.cursor
+        if cursor is not None:
+            ahead = {o for o in offsets if o >= cursor.offset}
+            if ahead:
+                cursor.done = ahead if cursor.done is None else cursor.done | ahead
+            cursor.floor = min([cursor.floor, *offsets])
 
     def replay(self, records) -> int:
         """Route log records written after the snapshot: retained updates, and the queues of

@@ -1,7 +1,9 @@
 """Routing: where a message goes, and how it is written on each subscriber's connection.
 
 The path of one PUBLISH: ``publish`` logs it (``core.journal``), then ``_route``
-stores it if retained and delivers it to every matching subscription. A QoS 0
+stores it if retained and delivers it to every matching subscription: QoS 0 at once, QoS
+1/2 once the record is written to the OS (``route_written``, at the end of the loop pass),
+so that a message its publisher may send again after a crash was never delivered. A QoS 0
 frame is encoded once per message (``_frame0``, the frame cache) and offered to
 each subscriber's transport; a QoS 1/2 message goes into the session's window
 (``_send``) or, when the window, the queue or the transport's ``max_pending``
@@ -15,6 +17,7 @@ the segment file (``_write_from_log``).
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.client import Client
@@ -46,6 +49,9 @@ class Router:
         self.queued_messages = 0          # in all sessions' queues
         self.queued_bytes = 0
         self._lost_warned = False
+        # QoS 1/2 messages logged but not yet routed: their records are not yet written to
+        # the OS (see publish).
+        self.unrouted: deque[Message] = deque()
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, client) -> int | None:
         """A client's (or a will's) PUBLISH: counted, logged, then routed.
@@ -64,9 +70,35 @@ class Router:
             self._last_topic = (topic, message.topic_bytes)
         journal = self.journal
         if journal is not None:
-            message.offset = journal.append(client, message.topic_bytes, payload, qos, retain)
+            offset = message.offset = journal.append(client, message.topic_bytes, payload, qos,
+                                                     retain)
+            if qos or self.unrouted and offset is not None:
+                # Routed once its record is written (``route_written``): a crash before then
+                # cannot have delivered a message its publisher will send again. QoS 0 goes
+                # at once unless it would overtake such a message (order per topic).
+                self.unrouted.append(message)
+                return offset
         self._route(message)
         return message.offset
+
+    def live_offset(self) -> int:
+        """The first log offset not yet routed live: the head of the log, or the first
+        message waiting for its record to be written (``route_written``). A session that
+        starts reading the log (offline, behind) starts there; one catching up hands over
+        to live routing there."""
+        unrouted = self.unrouted
+        return unrouted[0].offset if unrouted else self.journal.log.next_offset
+
+    def route_written(self) -> None:
+        """Route the QoS 1/2 messages whose records the OS now has (in the order they were
+        published); those still in memory (the log cannot write) wait. Each leaves
+        ``unrouted`` as it is routed: its first entry is where a session catching up hands
+        over to live routing (core.catchup)."""
+        unrouted = self.unrouted
+        written = self.journal.log.written_offset
+        route = self._route
+        while unrouted and unrouted[0].offset < written:
+            route(unrouted.popleft())
 
     def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         """The broker's own messages ($SYS): routed, not logged."""
@@ -184,6 +216,10 @@ class Router:
                 inflight = session.own_inflight()
             inflight[pid] = Outgoing(ref, qos, retain)
             session.inflight_bytes += ref.size
+            if qos == 2 and not session.clean and self.exchanges is not None:
+                offset = ref.offset
+                if offset is not None:
+                    self.exchanges.sent(session.client_id, pid, offset, ref.size, retain)
 
     def _write_publish(self, client, message, qos, retain, dup, pid) -> bool:
         """Queue one PUBLISH on the client's transport; False if its log record is gone."""
@@ -275,6 +311,7 @@ class Router:
         size = message.size
         if session.client is None:
             message = as_stored(message)
+            session.saved = None
         session.own_queue().append((message, qos, retain))
         if qos == 0:
             session.queued_qos0 += 1

@@ -120,7 +120,7 @@ class Outgoing:
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
-                 "queued_qos0", "drops", "acl", "cursor")
+                 "queued_qos0", "drops", "acl", "cursor", "saved")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -143,6 +143,9 @@ class Session:
         # Set while the session is behind: it reads from the commit log there instead of
         # being routed to (core.catchup.Cursor).
         self.cursor = None
+        # What the last snapshot took of it while offline (core.persistence), reused while
+        # it does not change; None: to be taken again.
+        self.saved = None
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

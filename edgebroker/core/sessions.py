@@ -67,6 +67,7 @@ class Sessions:
         self.stats.publish_dropped += count
         self.dropped[reason] += count
         if session is not None:
+            session.saved = None
             drops = session.drops
             if drops is None:
                 drops = session.drops = {}
@@ -92,7 +93,7 @@ class Sessions:
         if not clean:
             self._snapshot_dirty = True
         if session.cursor is not None:
-            session.cursor.came_back(self.journal.log.next_offset)
+            session.cursor.came_back(self.live_offset())
         session.client = client
         self.clients_connected += 1
         address = client.listener_address
@@ -138,14 +139,17 @@ class Sessions:
         for entry in session.inflight.values():
             entry.message = as_stored(entry.message)
         if self.log_queue and session.cursor is None:
-            self.fall_behind(session, self.journal.log.next_offset)
+            self.fall_behind(session, self.live_offset())
         if session.cursor is not None:
-            session.cursor.went_offline(self.journal.log.next_offset)
+            session.cursor.went_offline(self.live_offset())
+        session.saved = None
         self._snapshot_dirty = True
 
     def drop_session(self, session: Session) -> None:
         if not session.clean:
             self._snapshot_dirty = True
+            if self.exchanges is not None:
+                self.exchanges.ended(session.client_id)
         for topic_filter in session.subscriptions:
             self.subscriptions.remove(topic_filter, session)
         session.subscriptions.clear()
@@ -194,7 +198,7 @@ class Sessions:
                 if topic_filter not in session.subscriptions:
                     if cursor.since is None:
                         cursor.since = {}
-                    cursor.since[topic_filter] = self.journal.log.next_offset
+                    cursor.since[topic_filter] = self.live_offset()
                 cursor.cache.clear()
             self.subscriptions.add(topic_filter, session, qos)
             session.own_subscriptions()[topic_filter] = qos

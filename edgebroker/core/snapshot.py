@@ -4,7 +4,8 @@ A snapshot is one JSON document (format below, documented in
 docs/persistence.md) written to ``<state_dir>/sessions.json`` by a writer
 thread: a temporary file, fsync, rename, fsync of the directory, so a crash
 leaves either the old or the new snapshot, never a torn one. The core thread
-only serializes; it never touches the disk.
+only takes an immutable view of what changed (core.persistence.capture); the
+writer encodes it and touches the disk.
 
 Messages are referenced by commit-log offset, never copied: a session's
 queue and unacknowledged window are lists of offsets (with each message's
@@ -22,8 +23,10 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
+from edgebroker.core import exchanges
 from edgebroker.errors import EdgebrokerError
 
 log = logging.getLogger("edgebroker.snapshot")
@@ -31,6 +34,7 @@ log = logging.getLogger("edgebroker.snapshot")
 FORMAT = 2
 READABLE = (1, 2)  # format 1: no cursors (every session was in step with the log)
 FILENAME = "sessions.json"
+YIELD_EVERY = 32   # encodings between two yields of the interpreter (see _joined)
 
 
 class SnapshotError(EdgebrokerError):
@@ -44,8 +48,10 @@ class SessionState:
     # (packet id, log offset, qos, retain, state, size) in send order.
     inflight: list[tuple[int, int, int, bool, int, int]] = field(default_factory=list)
     # (log offset, qos, retain, size) oldest first. ``size`` is the message's
-    # topic + payload bytes (Message.size), counted by the byte limits.
-    queue: list[tuple[int, int, bool, int]] = field(default_factory=list)
+    # topic + payload bytes (Message.size), counted by the byte limits. A state the broker
+    # took (core.persistence) holds the queue's own (message, qos, retain) entries instead,
+    # and the writer reads them (``queue_entries``): the loop thread copies no more.
+    queue: list[tuple] = field(default_factory=list)
     awaiting_release: list[int] = field(default_factory=list)
     next_id: int = 0
     # The log offset it reads from when behind (core.catchup), else None; the filters
@@ -55,6 +61,11 @@ class SessionState:
     since: dict[str, int] = field(default_factory=dict)
     offline: list[list] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)
+    # Offsets past the cursor of QoS 2 messages it was sent before a restart (Cursor.done).
+    done: list[int] = field(default_factory=list)
+    # Its JSON, once the writer encoded it (an offline session's state is reused by the next
+    # snapshots while it does not change, and so is this).
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -63,6 +74,7 @@ class RetainedState:
     payload: bytes
     qos: int
     offset: int | None
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -71,31 +83,74 @@ class Snapshot:
     written_ms: int = 0
     sessions: list[SessionState] = field(default_factory=list)
     retained: list[RetainedState] = field(default_factory=list)
+    # The first QoS 2 exchange journal generation to apply after it (core.exchanges); None:
+    # none (a snapshot written before the journal, or without one).
+    exchanges: int | None = None
 
 
-def encode(snapshot: Snapshot) -> bytes:
-    doc = {
-        "format": FORMAT,
-        "written_ms": snapshot.written_ms,
-        "log_next_offset": snapshot.log_next_offset,
-        "sessions": [
+def _dumps(doc) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def queue_entries(s: SessionState) -> list[tuple[int, int, bool, int]]:
+    """``s.queue`` as (log offset, qos, retain, size), whichever form it holds; entries of
+    messages not in the log ($SYS) are left out."""
+    queue = s.queue
+    if not queue or type(queue[0][0]) is int:
+        return queue
+    return [(ref.offset, qos, retain, ref.size) for ref, qos, retain in queue
+            if ref.offset is not None]
+
+
+def _session_json(s: SessionState) -> bytes:
+    if s.encoded is None:
+        s.encoded = _dumps(
             {"client_id": s.client_id,
              "subscriptions": sorted(s.subscriptions.items()),
              "inflight": [list(e) for e in s.inflight],
-             "queue": [list(e) for e in s.queue],
+             "queue": [list(e) for e in queue_entries(s)],
              "awaiting_release": sorted(s.awaiting_release),
              "next_id": s.next_id,
              "cursor": s.cursor,
              "since": sorted(s.since.items()),
              "offline": [list(r) for r in s.offline],
-             "drops": s.drops}
-            for s in snapshot.sessions],
-        "retained": [
-            {"topic": r.topic, "qos": r.qos, "offset": r.offset,
-             "payload": base64.b64encode(r.payload).decode("ascii")}
-            for r in snapshot.retained],
-    }
-    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+             "drops": s.drops,
+             **({"done": s.done} if s.done else {})})
+    return s.encoded
+
+
+def _retained_json(r: RetainedState) -> bytes:
+    if r.encoded is None:
+        r.encoded = _dumps({"topic": r.topic, "qos": r.qos, "offset": r.offset,
+                            "payload": base64.b64encode(r.payload).decode("ascii")})
+    return r.encoded
+
+
+def encode(snapshot: Snapshot) -> bytes:
+    """The JSON document, one small encoding per session and retained message (each kept on
+    its state for the next snapshots), so that the thread encoding it never holds the
+    interpreter for long at a time."""
+    head = {"format": FORMAT, "written_ms": snapshot.written_ms,
+            "log_next_offset": snapshot.log_next_offset}
+    if snapshot.exchanges is not None:
+        head["exchanges"] = snapshot.exchanges
+    return b"".join((_dumps(head)[:-1], b',"sessions":[',
+                     _joined(snapshot.sessions, _session_json), b'],"retained":[',
+                     _joined(snapshot.retained, _retained_json), b"]}"))
+
+
+def _joined(states, to_json) -> bytes:
+    parts = []
+    encoded = 0
+    for state in states:
+        if state.encoded is None:
+            encoded += 1
+            if encoded % YIELD_EVERY == 0:
+                # Let the loop thread have the interpreter (it waits up to the switch
+                # interval otherwise, 5 ms, each time it wants it back).
+                time.sleep(0)
+        parts.append(to_json(state))
+    return b",".join(parts)
 
 
 def _inflight_entry(e) -> tuple[int, int, int, bool, int, int]:
@@ -129,8 +184,10 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
         if doc.get("format") not in READABLE:
             raise SnapshotError(f"{path}: snapshot format {doc.get('format')!r} is not one of "
                                 f"{', '.join(map(str, READABLE))} (written by a newer edgebroker?)")
+        exchanges = doc.get("exchanges")
         snap = Snapshot(log_next_offset=int(doc["log_next_offset"]),
-                        written_ms=int(doc.get("written_ms", 0)))
+                        written_ms=int(doc.get("written_ms", 0)),
+                        exchanges=None if exchanges is None else int(exchanges))
         for s in doc["sessions"]:
             snap.sessions.append(SessionState(
                 client_id=str(s["client_id"]),
@@ -142,7 +199,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 cursor=None if s.get("cursor") is None else int(s["cursor"]),
                 since={str(f): int(o) for f, o in s.get("since", ())},
                 offline=[_offline_range(r) for r in s.get("offline", ())],
-                drops={str(k): int(v) for k, v in s.get("drops", {}).items()}))
+                drops={str(k): int(v) for k, v in s.get("drops", {}).items()},
+                done=[int(o) for o in s.get("done", ())]))
         for r in doc["retained"]:
             offset = r.get("offset")
             snap.retained.append(RetainedState(
@@ -190,7 +248,8 @@ def write_atomically(state_dir: str, data: bytes) -> None:
 
 
 class SnapshotWriter(threading.Thread):
-    """Writes the newest submitted snapshot; older unwritten ones are skipped."""
+    """Encodes and writes the newest submitted snapshot (older unwritten ones are skipped),
+    then deletes the QoS 2 exchange journal files it made obsolete."""
 
     def __init__(self, state_dir: str):
         super().__init__(name="snapshot", daemon=True)
@@ -198,16 +257,16 @@ class SnapshotWriter(threading.Thread):
         self.written = 0
         self.failures = 0
         self._cond = threading.Condition()
-        self._pending: bytes | None = None
+        self._pending: Snapshot | None = None
         self._stopping = False
         self._failing = False
 
-    def submit(self, data: bytes) -> None:
+    def submit(self, data: Snapshot) -> None:
         with self._cond:
             self._pending = data
             self._cond.notify()
 
-    def stop(self, final: bytes | None = None, timeout: float = 10.0) -> None:
+    def stop(self, final: Snapshot | None = None, timeout: float = 10.0) -> None:
         """Write ``final`` (if given) and anything pending, then end the thread."""
         with self._cond:
             if final is not None:
@@ -237,9 +296,9 @@ class SnapshotWriter(threading.Thread):
                     if self._pending is None:
                         return
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, snapshot: Snapshot) -> None:
         try:
-            write_atomically(self.state_dir, data)
+            write_atomically(self.state_dir, encode(snapshot))
         except OSError as exc:
             self.failures += 1
             if not self._failing:
@@ -252,3 +311,5 @@ class SnapshotWriter(threading.Thread):
         if self._failing:
             self._failing = False
             log.warning("session snapshot written again in %s", self.state_dir)
+        if snapshot.exchanges is not None:
+            exchanges.remove_before(self.state_dir, snapshot.exchanges)

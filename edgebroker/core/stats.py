@@ -34,7 +34,9 @@ class Stats:
                  "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
                  "acl_deliveries_denied", "tls_handshakes_failed",
                  # the log as the queue (core.catchup): sessions that fell behind, caught up
-                 "sessions_fell_behind", "sessions_caught_up")
+                 "sessions_fell_behind", "sessions_caught_up",
+                 # QoS 2 exchange journal writes that failed (core.exchanges)
+                 "exchange_write_errors")
 
     def __init__(self):
         for name in self.__slots__:

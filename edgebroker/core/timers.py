@@ -15,7 +15,6 @@ from __future__ import annotations
 import heapq
 import logging
 
-from edgebroker.core import snapshot as snap
 from edgebroker.core.persistence import SNAPSHOT_DEBOUNCE, SNAPSHOT_EVERY
 
 log = logging.getLogger("edgebroker.broker")
@@ -138,9 +137,11 @@ class Timers:
         if self.submit_snapshot is None:
             return
         next_offset = journal.log.next_offset if journal is not None else 0
+        exchanges = self.exchanges
         if ((self._snapshot_dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
-                or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)):
-            self.submit_snapshot(snap.encode(self.capture()))
+                or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)
+                or exchanges is not None and exchanges.full):
+            self.submit_snapshot(self.capture())
             self._snapshot_at = now
 
     def _on_housekeeping(self) -> None:

@@ -131,6 +131,9 @@ class RetainedTree:
     def __init__(self):
         self._root = _RNode()
         self.count = 0
+        # Topics set or deleted since the owner last took this set (the broker's snapshot
+        # takes only what changed); at most one entry per topic.
+        self.changed: set[str] = set()
 
     def set(self, topic: str, value: Any) -> None:
         node = self._root
@@ -142,6 +145,7 @@ class RetainedTree:
         if node.value is None:
             self.count += 1
         node.value = value
+        self.changed.add(topic)
 
     def get(self, topic: str) -> Any:
         node = self._root
@@ -163,6 +167,7 @@ class RetainedTree:
             return False
         path[-1].value = None
         self.count -= 1
+        self.changed.add(topic)
         for depth in range(len(levels), 0, -1):
             node = path[depth]
             if node.value is not None or node.children:

@@ -30,6 +30,7 @@ from edgebroker.commitlog import CommitLog, Flusher, LogOptions
 from edgebroker.config import Config
 from edgebroker.core import snapshot as snap
 from edgebroker.core.broker import Broker
+from edgebroker.core.exchanges import ExchangeJournal, load as load_exchanges
 from edgebroker.core.limits import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError
@@ -183,6 +184,9 @@ class App:
         self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,
                                on_durable=self._on_durable)
         self.broker.journal.flusher = self.flusher
+        exchanges = ExchangeJournal(self.state_dir, self.broker.stats)
+        self.broker.exchanges = self.broker.journal.exchanges = exchanges
+        self.flusher.also_sync = exchanges.sync
         self.snapshots = snap.SnapshotWriter(self.state_dir)
         self.broker.submit_snapshot = self.snapshots.submit
         self.loop.broker = self.broker
@@ -207,12 +211,14 @@ class App:
             self.broker.restore(state)
             start = max(state.log_next_offset, self.log.first_offset)
             replayed = self.broker.replay(self.log.read_range(start))
+            if state.exchanges is not None:
+                self.broker.apply_exchanges(load_exchanges(self.state_dir, state.exchanges))
             log.info("restored %d persistent sessions and %d retained messages; replayed %d log "
                      "records from offset %d in %.3f s", len(state.sessions),
                      self.broker.retained.count, replayed, start, time.monotonic() - started)
         # A snapshot exists from now on, so a crash before the first change
         # still replays the log from here.
-        self.snapshots.submit(snap.encode(self.broker.capture()))
+        self.snapshots.submit(self.broker.capture())
 
     def _on_durable(self, offset: int) -> None:
         """Flusher thread: everything below ``offset`` is on disk."""
@@ -480,7 +486,8 @@ class App:
         loop.flush_dirty()
         for transport in list(loop.transports):
             transport.shutdown()
-        self.snapshots.stop(final=snap.encode(self.broker.capture()))
+        self.snapshots.stop(final=self.broker.capture())
+        self.broker.exchanges.close()
         self.log.close()
         loop.close()
         log.info("stopped")

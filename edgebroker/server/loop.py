@@ -153,6 +153,7 @@ class Loop:
         handshakes = self.handshakes
         journal = broker.journal
         commit_log = journal.log if journal is not None else None
+        exchanges = broker.exchanges
         on_error = self._internal_error
         held = 0           # passes whose log write and output wait for more input (see below)
         hold_end = 0.0     # ... at the latest until then (see hold_window)
@@ -198,8 +199,8 @@ class Loop:
                     record_pass(clock() - start)
                     continue
             held = 0
-            if pending:
-                journal.end_pass()
+            if pending or broker.unrouted or exchanges is not None and exchanges.lines:
+                broker.end_pass()
             if self.dirty:
                 self.flush_dirty()
             # Cleared after the flush: a connection it drained may have let queued messages

@@ -174,6 +174,7 @@ class TLSTransport(Transport):
         if state is OPEN:
             if self.write_wants_read and mask & _READ:
                 self.write_wants_read = False
+                self.loop.broker.before_send()
                 self.flush()
             if self.read_wants_write and mask & _WRITE and not self.closed:
                 self.read_wants_write = False
@@ -181,6 +182,7 @@ class TLSTransport(Transport):
             if mask & _READ and self.reading and not self.closing and not self.closed:
                 self.read()
             if mask & _WRITE and self.out and not self.closed:
+                self.loop.broker.before_send()
                 self.flush()
         elif state is PEEK:
             self._peek()

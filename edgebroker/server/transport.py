@@ -169,6 +169,7 @@ class Transport:
             # left bytes queued): one failing send per message would cost the whole loop.
             if self.events & _WRITE:
                 return False
+            self.loop.broker.before_send()
             self.flush(early=True)
             if self.out_bytes >= self.max_pending:
                 return False
@@ -201,6 +202,7 @@ class Transport:
         """Send what is queued now, then the end of the stream (FIN), reading on: True when
         done. A closing handshake (server/framing.py) then waits for the peer's end."""
         if self.out:
+            self.loop.broker.before_send()
             self.flush(early=True)
         if self.out or self.closed:
             return False
@@ -269,6 +271,7 @@ class Transport:
                         return
                     self.client.data_received(loop.view[:n])
         if mask & _WRITE and not self.closed:
+            self.loop.broker.before_send()
             self.flush()
 
     # The transport itself is the selector key's callback: a bound method per connection

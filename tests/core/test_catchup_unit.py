@@ -65,6 +65,7 @@ def test_a_subscriber_behind_catches_up_while_publishing_goes_on(core, qos):
         nonlocal sent
         pub.data_received(b"".join(m.publish(f"t/{i % 3}", b"%d" % i, qos=qos, packet_id=1
                                              if qos else None) for i in range(sent, sent + k)))
+        core.end_pass()                      # the loop pass ends: QoS 1/2 is routed once written
         pub_t.flush()
         sent += k
 
@@ -100,6 +101,7 @@ def test_unsubscribed_filter_stops_matching_at_once_subscribed_one_from_its_offs
         pub.data_received(m.publish("a", b"%d" % i, qos=1, packet_id=1))
         pub.data_received(m.publish("b", b"%d" % (100_000 + i), qos=1, packet_id=1))
     pub.data_received(m.publish("c", b"999999", qos=1, packet_id=1))  # before subscribing
+    core.end_pass()                          # the loop pass ends: the records are written
     back, back_t = _connect(core, "sub", clean=False)
     session = core.sessions["sub"]
     assert session.cursor is not None and session.cursor.offset < 2 * n  # one batch read

@@ -50,12 +50,16 @@ def on_pubrec(client, p) -> None:
         # PUBRELs go out (and are re-sent) in PUBREC order (MQTT-4.6.0-4).
         del inflight[pid]
         inflight[pid] = entry
+        _journal(client, "released", pid)
     client.answer(encode_ack(P.PUBREL, pid))
     client.broker.stats.packets_sent += 1
 
 
 def on_pubrel(client, p) -> None:
-    client.session.awaiting_release.discard(p.packet_id)
+    awaiting = client.session.awaiting_release
+    if p.packet_id in awaiting:
+        awaiting.discard(p.packet_id)
+        _journal(client, "freed", p.packet_id)
     client.answer(encode_ack(P.PUBCOMP, p.packet_id))
     client.broker.stats.packets_sent += 1
 
@@ -67,6 +71,15 @@ def on_pubcomp(client, p) -> None:
         if entry.qos != 2 or entry.state != AWAIT_COMP:
             raise _wrong_ack(p, entry)
         del session.inflight[p.packet_id]
+        _journal(client, "completed", p.packet_id)
         session.inflight_bytes -= entry.message.size
         if session.queue or session.cursor is not None:
             client.broker.pump(session)
+
+
+def _journal(client, step: str, pid: int) -> None:
+    """A persistent session's QoS 2 exchange moved: journaled (core.exchanges)."""
+    session = client.session
+    exchanges = client.broker.exchanges
+    if exchanges is not None and not session.clean:
+        getattr(exchanges, step)(session.client_id, pid)

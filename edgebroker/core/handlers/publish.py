@@ -55,7 +55,10 @@ def on_publish(client, p: P.Publish) -> None:
                 if pid in awaiting:
                     _reused_id(client, pid)
                 offset = publish(topic, p.payload, 2, p.retain, client)
-                client.session.own_awaiting_release().add(pid)
+                session = client.session
+                session.own_awaiting_release().add(pid)
+                if offset is not None and not session.clean and broker.exchanges is not None:
+                    broker.exchanges.received(session.client_id, pid, offset)
             broker.acknowledge(client, offset, encode_ack(P.PUBREC, pid))
     except LogFullError:
         # Not logged, so neither routed nor acknowledged: the client sends

@@ -1,0 +1,190 @@
+"""Exactly once across a crash: persistent sessions' QoS 2 exchanges, journaled as they move.
+
+The snapshot (core.persistence) is taken at most about once a second. On its own, a crash
+would forget the QoS 2 exchanges that moved since: a message the subscriber already has would
+be read from the log again and sent with a new packet id (delivered twice), and a PUBLISH
+whose PUBREC had not gone out would be logged again when its publisher re-sends it. What a
+restart needs to prevent both is appended here, one record per step, before the packet that
+depends on it leaves the broker:
+
+- ``O`` a QoS 2 message sent to a session: client id, packet id, log offset, size, retain;
+- ``R`` its PUBREC came: PUBREL goes out (re-sent after a restart, never the PUBLISH);
+- ``C`` its PUBCOMP came: the exchange is over;
+- ``I`` a QoS 2 PUBLISH from a session's client, logged at an offset: its packet id awaits
+  PUBREL (a re-send with DUP is then not logged again);
+- ``F`` that PUBREL came;
+- ``D`` the session ended (a clean session took its client id).
+
+Clean sessions are not journaled (nothing of them survives a restart). A record is one JSON
+array per line, in ``exchanges-<generation>.jsonl`` in the state directory. Each snapshot
+starts a new generation and names it; once that snapshot is on disk the snapshot writer
+deletes the older files. At start the files from the snapshot's generation on are applied
+to what the snapshot restored (``Persistence.apply_exchanges``), and the records of each
+session's QoS 2 messages keep its catch-up from sending them again.
+
+Records are gathered during a loop pass and written with one ``os.write`` at its end, before
+the loop sends (``Broker.end_pass``), and before any send in the middle of a pass
+(``Broker.before_send``). With the operating system they survive a crash of the process; the
+flusher thread fsyncs the file with the log (docs/persistence.md says what a power cut can
+take). A failing write is logged once per failing spell and counted
+(``exchange_write_errors``): until writes work again a crash may repeat a QoS 2 message, as
+it would without the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+
+log = logging.getLogger("edgebroker.broker")
+
+PREFIX = "exchanges-"
+SUFFIX = ".jsonl"
+_NAME = re.compile(r"exchanges-(\d+)\.jsonl\Z")
+# The journal asks for a snapshot (which starts a new file) once its file holds this much.
+SNAPSHOT_BYTES = 4 * 1024 * 1024
+
+
+def path(state_dir: str, generation: int) -> str:
+    return os.path.join(state_dir, f"{PREFIX}{generation}{SUFFIX}")
+
+
+def generations(state_dir: str) -> list[int]:
+    """The generations of the journal files in ``state_dir``, ascending."""
+    try:
+        names = os.listdir(state_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
+
+
+def load(state_dir: str, first: int) -> list[list]:
+    """The records of the files from generation ``first`` on, in order. A line a crash cut
+    short (the last of a file) is left out; so is a damaged one, with a warning."""
+    records = []
+    for generation in generations(state_dir):
+        if generation < first:
+            continue
+        name = path(state_dir, generation)
+        with open(name, "rb") as fh:
+            lines = fh.read().split(b"\n")
+        last = len(lines) - 1
+        for number, line in enumerate(lines):
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+                if not isinstance(record, list) or len(record) < 2:
+                    raise ValueError("not a record")
+            except ValueError:
+                if number != last:   # an unterminated last line: the write a crash cut off
+                    log.warning("%s line %d: damaged QoS 2 exchange record skipped", name,
+                                number + 1)
+                continue
+            records.append(record)
+    return records
+
+
+def remove_before(state_dir: str, generation: int) -> None:
+    """Delete the files a snapshot of ``generation`` made obsolete (snapshot writer thread)."""
+    for old in generations(state_dir):
+        if old >= generation:
+            break
+        try:
+            os.unlink(path(state_dir, old))
+        except OSError as exc:
+            log.warning("cannot delete %s: %s", path(state_dir, old), exc.strerror or exc)
+
+
+class ExchangeJournal:
+    """The current journal file and the records of this pass not yet written to it."""
+
+    def __init__(self, state_dir: str, stats):
+        self.state_dir = state_dir
+        self.stats = stats
+        existing = generations(state_dir)
+        # A new file for this run: never append after a line a crash may have cut short.
+        self.generation = existing[-1] + 1 if existing else 1
+        self.lines: list[str] = []
+        self.size = 0           # bytes written to the current file
+        self.fd = -1            # opened at the first write
+        self.failing = False
+
+    # ----- records (the core thread, while handling packets) ----------------------------------
+
+    def sent(self, client_id: str, pid: int, offset: int, size: int, retain: bool) -> None:
+        self.lines.append(json.dumps(["O", client_id, pid, offset, size, retain]))
+
+    def released(self, client_id: str, pid: int) -> None:
+        self.lines.append(json.dumps(["R", client_id, pid]))
+
+    def completed(self, client_id: str, pid: int) -> None:
+        self.lines.append(json.dumps(["C", client_id, pid]))
+
+    def received(self, client_id: str, pid: int, offset: int) -> None:
+        self.lines.append(json.dumps(["I", client_id, pid, offset]))
+
+    def freed(self, client_id: str, pid: int) -> None:
+        self.lines.append(json.dumps(["F", client_id, pid]))
+
+    def ended(self, client_id: str) -> None:
+        self.lines.append(json.dumps(["D", client_id]))
+
+    # ----- the file -------------------------------------------------------------------------
+
+    def write(self) -> None:
+        """Hand this pass's records to the OS (before anything they cover is sent)."""
+        data = ("\n".join(self.lines) + "\n").encode("utf-8")
+        self.lines = []
+        try:
+            if self.fd < 0:
+                self.fd = os.open(path(self.state_dir, self.generation),
+                                  os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            self.stats.exchange_write_errors += 1
+            if not self.failing:
+                self.failing = True
+                log.error("cannot write the QoS 2 exchange journal %s: %s; until it works again "
+                          "a crash may deliver a QoS 2 message twice", path(self.state_dir,
+                                                                            self.generation),
+                          exc.strerror or exc)
+            return
+        self.size += len(data)
+        if self.failing:
+            self.failing = False
+            log.warning("the QoS 2 exchange journal is written again")
+
+    @property
+    def full(self) -> bool:
+        """The current file is big enough that a snapshot should start a new one."""
+        return self.size >= SNAPSHOT_BYTES
+
+    def rotate(self) -> int:
+        """A snapshot is taken now: what it does not cover goes to a new file. Returns the
+        generation it names (the first file to apply after it)."""
+        if self.lines:
+            self.write()
+        self.close()
+        if self.size:
+            self.generation += 1
+            self.size = 0
+        return self.generation
+
+    def sync(self) -> None:
+        """fsync the current file (the flusher thread, with the log's fsync)."""
+        fd = self.fd
+        if fd >= 0:
+            try:
+                os.fdatasync(fd)
+            except OSError:
+                pass  # closed by a rotation meanwhile, or failing: the next one retries
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)

@@ -1,0 +1,104 @@
+"""QoS 2 exactly once across a crash: the exchange journal (core.exchanges, docs/persistence.md).
+
+A crash comes right after a step of a QoS 2 exchange, before a snapshot covers it; after the
+restart the exchange goes on where it was. (The catch-up of a long backlog killed halfway is
+in test_log_queue.py.)"""
+
+import glob
+import os
+import signal
+import threading
+import time
+
+import mqttraw as m
+from conftest import wait_for_snapshot
+from mqttraw import PUBCOMP, PUBLISH, PUBREC, PUBREL
+
+
+def _restart(broker, b):
+    data_dir = b.config["data_dir"]
+    b.stop(signal.SIGKILL)
+    return broker(data_dir=data_dir)
+
+
+def test_a_received_qos2_message_is_not_logged_again_after_a_crash(broker, uid):
+    """PUBREC went out, then the crash: the publisher (which did not see the PUBREC) sends the
+    PUBLISH again with DUP. It is acknowledged, not logged and delivered a second time."""
+    b = broker()
+    data_dir = b.config["data_dir"]
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=2)
+    pub = b.client(f"{uid}-p", clean=False)
+    wait_for_snapshot(data_dir, f"{uid}-p")              # no session changes after this one
+    pub.send(m.publish(f"{uid}/t", b"once", qos=2, packet_id=3))
+    assert pub.expect(PUBREC).packet_id == 3
+    assert sub.recv_publish(ack=False).payload == b"once"
+    b2 = _restart(broker, b)
+    pub = b2.client(f"{uid}-p", clean=False)
+    pub.send(m.publish(f"{uid}/t", b"once", qos=2, packet_id=3, dup=True))
+    assert pub.expect(PUBREC).packet_id == 3
+    pub.send(m.pubrel(3))
+    assert pub.expect(PUBCOMP).packet_id == 3
+    sub = b2.client(f"{uid}-s", clean=False)
+    again = sub.recv_publish(ack=False)          # the unacknowledged delivery, re-sent ...
+    assert (again.payload, again.dup) == (b"once", True)
+    sub.ack(again)
+    assert sub.ping() == [], "the re-sent PUBLISH was logged and delivered again"
+
+
+def test_an_outgoing_exchange_goes_on_from_the_step_it_reached(broker, uid):
+    """Three QoS 2 messages to a subscriber: one finished, one with PUBREC answered, one not
+    acknowledged; then the crash. After it: PUBREL again for the second, the third again
+    with its packet id and DUP, nothing for the first, and nothing sent twice."""
+    b = broker()
+    data_dir = b.config["data_dir"]
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=2)
+    pub = b.client(f"{uid}-p")
+    wait_for_snapshot(data_dir, f"{uid}-s", pred=lambda s: s["subscriptions"])
+    for text in (b"one", b"two", b"three"):
+        pub.publish(f"{uid}/t", text, qos=2)
+    one, two, three = (sub.expect(PUBLISH) for _ in range(3))
+    sub.ack(one)                                          # PUBREC, PUBREL, PUBCOMP
+    sub.send(m.pubrec(two.packet_id))
+    assert sub.expect(PUBREL).packet_id == two.packet_id
+    assert sub.ping() == []
+    b2 = _restart(broker, b)
+    sub = b2.client(f"{uid}-s", clean=False)
+    assert sub.connack.session_present
+    got = [sub.recv_packet() for _ in range(2)]
+    kinds = {p.type: p for p in got}
+    assert set(kinds) == {PUBLISH, PUBREL}, got
+    assert kinds[PUBREL].packet_id == two.packet_id
+    resent = kinds[PUBLISH]
+    assert (resent.payload, resent.packet_id, resent.dup) == (b"three", three.packet_id, True)
+    sub.send(m.pubcomp(two.packet_id))
+    sub.ack(resent)
+    assert sub.ping() == [], "a finished exchange was sent again"
+
+
+def test_a_snapshot_retires_the_journal_files_before_it(broker, uid):
+    b = broker()
+    data_dir = b.config["data_dir"]
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=2)
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/t", b"x", qos=2)
+    sub.recv_publish()
+    files = glob.glob(os.path.join(data_dir, "exchanges-*.jsonl"))
+    assert files, "the exchange was journaled"
+    # A session change makes a snapshot, which starts a new file and retires the old one.
+    b.client(f"{uid}-other", clean=False).disconnect()
+    wait_for_snapshot(data_dir, f"{uid}-other")
+    newest = max(map(_generation, files))
+    deadline = time.monotonic() + 5          # deleted just after the snapshot is renamed
+    while time.monotonic() < deadline:
+        left = glob.glob(os.path.join(data_dir, "exchanges-*.jsonl"))
+        if all(_generation(f) > newest for f in left):
+            break
+        threading.Event().wait(0.05)
+    assert all(_generation(f) > newest for f in left), left
+
+
+def _generation(path: str) -> int:
+    return int(os.path.basename(path)[len("exchanges-"):-len(".jsonl")])
