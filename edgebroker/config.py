@@ -176,7 +176,9 @@ class Limits:
         128, _at_least(1), doc="most levels in a topic name or filter")
     max_topics: int = _setting(
         100_000, _at_least(1),
-        doc="distinct topics the broker tracks; publishes to new ones are refused")
+        doc="distinct topics the broker tracks; when full, a new topic evicts one not "
+            "published to lately without a retained message (all retained: a retained "
+            "publish to a new topic is refused)")
     max_topics_per_client: int = _setting(
         10_000, _at_least(1), doc="tracked topics one client id may have created")
     topic_expiry: float = _setting(

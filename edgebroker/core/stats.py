@@ -34,7 +34,9 @@ class Stats:
                  "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
                  "acl_deliveries_denied", "tls_handshakes_failed",
                  # the log as the queue (core.catchup): sessions that fell behind, caught up
-                 "sessions_fell_behind", "sessions_caught_up")
+                 "sessions_fell_behind", "sessions_caught_up",
+                 # the topic table (core.limits.TopicTable): topics evicted for new ones
+                 "topics_evicted")
 
     def __init__(self):
         for name in self.__slots__:
@@ -104,6 +106,7 @@ class SysTopics:
         for reason, count in broker.dropped.items():
             pub(f"$SYS/broker/publish/messages/dropped/{reason}", count)
         pub("$SYS/broker/topics/count", len(broker.topics))
+        pub("$SYS/broker/topics/evicted", broker.stats.topics_evicted)
         pub("$SYS/broker/store/messages/count", broker.queued_messages)
         pub("$SYS/broker/store/messages/bytes", broker.queued_bytes)
         pub("$SYS/broker/clients/throttled", len(broker.throttled))
