@@ -164,6 +164,14 @@ class Limits:
         False, doc="also queue QoS 0 messages for offline persistent sessions")
     max_connections: int = _setting(
         10_000, _at_least(1), doc="connected clients, broker-wide; over it CONNACK 3 then close")
+    max_sessions: int = _setting(
+        20_000, _at_least(1),
+        doc="persistent sessions (clean session 0), connected or offline; a CONNECT that "
+            "would create one more gets CONNACK 3")
+    persistent_client_expiration: float = _setting(
+        0.0, _at_least(0),
+        doc="seconds: an offline persistent session not resumed within this time is removed; "
+            "0: never")
     max_connection_rate: float = _setting(
         500.0, _at_least(0),
         doc="new connections accepted per second (token bucket); over it accepting pauses; "

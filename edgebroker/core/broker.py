@@ -132,6 +132,8 @@ class Broker(Router, Sessions, CatchUp, Timers, Persistence):
                         "queue in memory within them (those already behind read from the log)")
         if config.limits.topic_expiry != old.topic_expiry:
             self._topic_expiry.start(self, now + config.limits.topic_expiry)
+        if config.limits.persistent_client_expiration != old.persistent_client_expiration:
+            self.expire_sessions_again()
         self.sys.configure(now)
 
     def acknowledge(self, client, offset: int | None, frame: bytes) -> None:

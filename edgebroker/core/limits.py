@@ -40,21 +40,21 @@ LIMITS = (
     "max_topic_levels", "max_topics", "max_topics_per_client", "max_subscriptions_per_client",
     "max_inflight_messages", "max_inflight_bytes", "max_queued_messages", "max_queued_bytes",
     "max_pending_write_bytes", "messages_rate", "bytes_rate", "memory_limit", "open_files",
-    "max_lag_bytes", "max_lag_age",
+    "max_lag_bytes", "max_lag_age", "max_sessions",
 )
 
 # Why a connection was refused (CONNACK != 0, or closed before CONNECT for not speaking MQTT).
 REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
     "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
-    "websocket",
+    "websocket", "max_sessions",
 )
 
 # Why an application message was dropped (not delivered to one subscriber, or not routed).
 DROPS = (
     "max_queued_messages", "max_queued_bytes", "max_pending_write_bytes", "max_topics",
     "max_topics_per_client", "max_topic_length", "max_topic_levels", "memory_limit", "sys_topic",
-    "acl", "max_lag", "log_gap", "not_logged",
+    "acl", "max_lag", "log_gap", "not_logged", "session_expired",
 )
 
 

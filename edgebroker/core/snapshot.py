@@ -55,6 +55,9 @@ class SessionState:
     since: dict[str, int] = field(default_factory=dict)
     offline: list[list] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)
+    # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
+    # expiration counts from it; snapshots written before it was kept have none).
+    offline_ms: int | None = None
 
 
 @dataclass
@@ -88,7 +91,8 @@ def encode(snapshot: Snapshot) -> bytes:
              "cursor": s.cursor,
              "since": sorted(s.since.items()),
              "offline": [list(r) for r in s.offline],
-             "drops": s.drops}
+             "drops": s.drops,
+             "offline_ms": s.offline_ms}
             for s in snapshot.sessions],
         "retained": [
             {"topic": r.topic, "qos": r.qos, "offset": r.offset,
@@ -142,7 +146,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 cursor=None if s.get("cursor") is None else int(s["cursor"]),
                 since={str(f): int(o) for f, o in s.get("since", ())},
                 offline=[_offline_range(r) for r in s.get("offline", ())],
-                drops={str(k): int(v) for k, v in s.get("drops", {}).items()}))
+                drops={str(k): int(v) for k, v in s.get("drops", {}).items()},
+                offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"])))
         for r in doc["retained"]:
             offset = r.get("offset")
             snap.retained.append(RetainedState(

@@ -36,7 +36,9 @@ class Stats:
                  # the log as the queue (core.catchup): sessions that fell behind, caught up
                  "sessions_fell_behind", "sessions_caught_up",
                  # the topic table (core.limits.TopicTable): topics evicted for new ones
-                 "topics_evicted")
+                 "topics_evicted",
+                 # offline persistent sessions removed by persistent_client_expiration
+                 "sessions_expired")
 
     def __init__(self):
         for name in self.__slots__:

@@ -240,7 +240,7 @@ def test_render_has_help_and_type_before_every_sample():
                                     "bytes_sent", "sockets_accepted", "connects_accepted",
                                     "protocol_errors", "keepalive_expired", "takeovers",
                                     "sessions_fell_behind", "sessions_caught_up",
-                                    "topics_evicted")},
+                                    "topics_evicted", "sessions_expired")},
         "limit_hits": L.zero_counts(L.LIMITS), "refused": L.zero_counts(L.REFUSALS),
         "dropped": L.zero_counts(L.DROPS),
         "loop": {"pass_p50_seconds": 0.001, "pass_p99_seconds": 0.01, "passes": 10,
