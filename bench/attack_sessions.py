@@ -51,16 +51,13 @@ def leave_sessions(port: int, count: int, timeout: float) -> tuple[int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repo", help="run the broker from this checkout (default: this one)")
     ap.add_argument("--sessions", type=int, default=10_000)
     ap.add_argument("--expiration", type=float, default=0.0,
                     help="persistent_client_expiration (s); 0: not set")
     ap.add_argument("--limits", action="append", default=[], metavar="KEY=INT",
                     help="another [limits] value, e.g. max_sessions=10000")
     ap.add_argument("--timeout", type=float, default=300.0)
-    args = ap.parse_args()
-    if args.repo:
-        brokers.REPO = os.path.abspath(args.repo)
+    args = brokers.parse_with_repo(ap)
     limits = {"max_connection_rate": 0}
     if args.expiration:
         limits["persistent_client_expiration"] = args.expiration

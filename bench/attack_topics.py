@@ -74,14 +74,11 @@ def well_behaved(port: int, new_topics: int, timeout: float) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repo", help="run the broker from this checkout (default: this one)")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--per-client", type=int, default=10_000)
     ap.add_argument("--new-topics", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=30.0)
-    args = ap.parse_args()
-    if args.repo:
-        brokers.REPO = os.path.abspath(args.repo)
+    args = brokers.parse_with_repo(ap)
     broker = brokers.Edgebroker().start()
     try:
         took = flood(broker.port, args.clients, args.per_client, args.timeout)

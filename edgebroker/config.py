@@ -281,10 +281,13 @@ class Config:
     password_file: str = _setting("", doc="file of username:hash lines; clients must log in")
     acl_file: str = _setting("", doc="Mosquitto-format ACL file: which topics each client may use")
     max_login_failures: int = _setting(
-        10, _at_least(1), doc="failed logins from one address within login_failure_window "
-                              "before its logins are refused outright")
+        10, _at_least(1), doc="failed logins in a row for one user name from one address "
+                              "before its password checks are delayed (1 s, doubling); ten "
+                              "times as many from one address (any user names) within "
+                              "login_failure_window and only known passwords pass")
     login_failure_window: float = _setting(
-        60.0, _at_least(0.001), doc="seconds over which failed logins are counted")
+        60.0, _at_least(0.001),
+        doc="seconds: the longest delay, and how long failed logins are remembered")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))
     limits: Limits = field(default_factory=Limits)
     log: LogConfig = field(default_factory=LogConfig)

@@ -33,6 +33,8 @@ class Stats:
                  # security: refused logins and ACL denials, TLS handshakes that failed
                  "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
                  "acl_deliveries_denied", "tls_handshakes_failed",
+                 # passwords hashed to check a login (security.authenticator)
+                 "password_checks",
                  # the log as the queue (core.catchup): sessions that fell behind, caught up
                  "sessions_fell_behind", "sessions_caught_up",
                  # the topic table (core.limits.TopicTable): topics evicted for new ones
@@ -70,6 +72,7 @@ _SECURITY = (
     ("$SYS/broker/security/acl/subscribe/denied", "acl_subscribe_denied"),
     ("$SYS/broker/security/acl/deliveries/denied", "acl_deliveries_denied"),
     ("$SYS/broker/security/tls/handshakes/failed", "tls_handshakes_failed"),
+    ("$SYS/broker/security/password/checks", "password_checks"),
 )
 
 
