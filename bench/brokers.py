@@ -383,3 +383,14 @@ class Mosquitto(Broker):
 
 
 BROKERS = {"edgebroker": Edgebroker, "mosquitto": Mosquitto}
+
+
+def parse_with_repo(ap) -> "argparse.Namespace":
+    """Parse ``ap``'s arguments plus ``--repo DIR``, which makes the brokers run from another
+    checkout (for a before figure); the attack scripts (bench/attack_*.py) use it."""
+    global REPO
+    ap.add_argument("--repo", help="run the broker from this checkout (default: this one)")
+    args = ap.parse_args()
+    if args.repo:
+        REPO = os.path.abspath(args.repo)
+    return args

@@ -164,6 +164,14 @@ class Limits:
         False, doc="also queue QoS 0 messages for offline persistent sessions")
     max_connections: int = _setting(
         10_000, _at_least(1), doc="connected clients, broker-wide; over it CONNACK 3 then close")
+    max_sessions: int = _setting(
+        20_000, _at_least(1),
+        doc="persistent sessions (clean session 0), connected or offline; a CONNECT that "
+            "would create one more gets CONNACK 3")
+    persistent_client_expiration: float = _setting(
+        0.0, _at_least(0),
+        doc="seconds: an offline persistent session not resumed within this time is removed; "
+            "0: never")
     max_connection_rate: float = _setting(
         500.0, _at_least(0),
         doc="new connections accepted per second (token bucket); over it accepting pauses; "
@@ -176,7 +184,9 @@ class Limits:
         128, _at_least(1), doc="most levels in a topic name or filter")
     max_topics: int = _setting(
         100_000, _at_least(1),
-        doc="distinct topics the broker tracks; publishes to new ones are refused")
+        doc="distinct topics the broker tracks; when full, a new topic evicts one not "
+            "published to lately without a retained message (all retained: a retained "
+            "publish to a new topic is refused)")
     max_topics_per_client: int = _setting(
         10_000, _at_least(1), doc="tracked topics one client id may have created")
     topic_expiry: float = _setting(
@@ -271,10 +281,13 @@ class Config:
     password_file: str = _setting("", doc="file of username:hash lines; clients must log in")
     acl_file: str = _setting("", doc="Mosquitto-format ACL file: which topics each client may use")
     max_login_failures: int = _setting(
-        10, _at_least(1), doc="failed logins from one address within login_failure_window "
-                              "before its logins are refused outright")
+        10, _at_least(1), doc="failed logins in a row for one user name from one address "
+                              "before its password checks are delayed (1 s, doubling); ten "
+                              "times as many from one address (any user names) within "
+                              "login_failure_window and only known passwords pass")
     login_failure_window: float = _setting(
-        60.0, _at_least(0.001), doc="seconds over which failed logins are counted")
+        60.0, _at_least(0.001),
+        doc="seconds: the longest delay, and how long failed logins are remembered")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))
     limits: Limits = field(default_factory=Limits)
     log: LogConfig = field(default_factory=LogConfig)

@@ -25,6 +25,7 @@ dropped message by reason in ``dropped`` (and in ``stats.publish_dropped``).
 
 from __future__ import annotations
 
+import heapq
 import logging
 
 from edgebroker.config import Config
@@ -95,6 +96,29 @@ class Broker(Router, Sessions, CatchUp, Timers, Persistence):
     def hit(self, limit: str) -> None:
         self.limit_hits[limit] += 1
 
+    def has_retained(self, topic: str) -> bool:
+        return self.retained.get(topic) is not None
+
+    def admit_topic(self, topic: str, client, retain: bool) -> str | None:
+        """A PUBLISH to a topic not in ``known_topics``: the topic table's answer (None:
+        admitted), with its evictions counted and logged."""
+        topics = self.topics
+        evicted = topics.evicted
+        refused = topics.admit(topic, client.client_id, self.limits, self.memory.over,
+                               self.has_retained, retain)
+        self.known_topics = topics.current  # a full table may have started a new period
+        if topics.evicted != evicted:
+            self.stats.topics_evicted += topics.evicted - evicted
+            top = heapq.nlargest(3, topics.per_client.items(), key=lambda item: item[1])
+            self.events.log(
+                logging.WARNING, "topics_evicted", self.clock(),
+                "topic table full (max_topics %d): topics not published to lately (and "
+                "without a retained message) make room for new ones, such as %r from %s; "
+                "an evicted topic is admitted again when next published to. Most topics "
+                "tracked per client id: %s", self.limits.max_topics, topic, client.describe(),
+                ", ".join(f"{cid!r} {count}" for cid, count in top))
+        return refused
+
     def apply_config(self, config: Config) -> None:
         """Settings that take effect without a restart (SIGHUP)."""
         old = self.limits
@@ -112,6 +136,8 @@ class Broker(Router, Sessions, CatchUp, Timers, Persistence):
                         "queue in memory within them (those already behind read from the log)")
         if config.limits.topic_expiry != old.topic_expiry:
             self._topic_expiry.start(self, now + config.limits.topic_expiry)
+        if config.limits.persistent_client_expiration != old.persistent_client_expiration:
+            self.expire_sessions_again()
         self.sys.configure(now)
 
     def acknowledge(self, client, offset: int | None, frame: bytes) -> None:

@@ -9,10 +9,15 @@ tested with plain numbers:
   is available again.
 - ``PublishRate``: the messages and bytes buckets of one client.
 - ``TopicTable``: the distinct topics the broker tracks, who created them, and
-  their expiry. Two generations: a topic published to in the current period
-  is in ``current`` (one dict lookup per PUBLISH on the hot path); at each
-  rotation the previous generation (topics idle for a whole period) is
-  forgotten unless retained. No pass ever scans topics that are in use.
+  their expiry. It is a cache of admission decisions (a topic published to in
+  the current period is in ``current``: one dict lookup per PUBLISH on the hot
+  path) and the bound on retained messages, the only per-topic state that
+  lasts. Generations: at each rotation the previous one (topics idle for a
+  whole period) is forgotten unless retained; when the table is full a new
+  topic evicts one not published to lately instead of being refused, so the
+  clients that create topics fastest are refused by their own
+  ``max_topics_per_client``, not everyone by ``max_topics``. No pass ever
+  scans topics that are in use.
 - ``EventLog``: one log line per event kind per period, with the number of
   suppressed repeats, so a flood of refusals cannot flood the log.
 
@@ -35,21 +40,21 @@ LIMITS = (
     "max_topic_levels", "max_topics", "max_topics_per_client", "max_subscriptions_per_client",
     "max_inflight_messages", "max_inflight_bytes", "max_queued_messages", "max_queued_bytes",
     "max_pending_write_bytes", "messages_rate", "bytes_rate", "memory_limit", "open_files",
-    "max_lag_bytes", "max_lag_age",
+    "max_lag_bytes", "max_lag_age", "max_sessions",
 )
 
 # Why a connection was refused (CONNACK != 0, or closed before CONNECT for not speaking MQTT).
 REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
     "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
-    "websocket",
+    "websocket", "max_sessions",
 )
 
 # Why an application message was dropped (not delivered to one subscriber, or not routed).
 DROPS = (
     "max_queued_messages", "max_queued_bytes", "max_pending_write_bytes", "max_topics",
     "max_topics_per_client", "max_topic_length", "max_topic_levels", "memory_limit", "sys_topic",
-    "acl", "max_lag", "log_gap", "not_logged",
+    "acl", "max_lag", "log_gap", "not_logged", "session_expired",
 )
 
 
@@ -136,21 +141,39 @@ def _resume_need(bucket: TokenBucket) -> float:
 
 
 class TopicTable:
-    """The distinct topic names the broker tracks (see the module doc for the generations)."""
+    """The distinct topic names the broker tracks (see the module doc): admitted names, so
+    that a PUBLISH to one costs a dictionary lookup, and who created each.
 
-    __slots__ = ("current", "previous", "per_client")
+    Three dicts, topic -> creator's client id: ``current`` (published to since the last
+    rotation: the hot path's view), ``previous`` (published to in the period before, not
+    since) and ``kept`` (idle topics holding a retained message, never evicted). When the
+    table is full, a new topic takes the place of one from ``previous`` (``evict``); with
+    ``previous`` empty the period ends early (``current`` becomes ``previous``, in O(1)).
+    So a topic nobody published to lately goes first, and only the retained messages, the
+    one per-topic state that lasts, can fill the table.
+    """
+
+    __slots__ = ("current", "previous", "kept", "per_client", "evicted")
 
     def __init__(self):
         self.current: dict[str, str] = {}    # topic -> client id that created it
         self.previous: dict[str, str] = {}
+        self.kept: dict[str, str] = {}       # idle, with a retained message
         self.per_client: dict[str, int] = {}  # client id -> tracked topics it created
+        self.evicted = 0                      # topics evicted for a new one, ever
 
     def __len__(self) -> int:
-        return len(self.current) + len(self.previous)
+        return len(self.current) + len(self.previous) + len(self.kept)
 
-    def admit(self, topic: str, client_id: str, limits, memory_over: bool) -> str | None:
-        """A PUBLISH to ``topic`` (not in ``current``): None if admitted, else the refusing limit."""
+    def admit(self, topic: str, client_id: str, limits, memory_over: bool, retained,
+              retain: bool) -> str | None:
+        """A PUBLISH to ``topic`` (not in ``current``): None if admitted, else the refusing
+        limit. ``retained(topic)`` says whether a topic holds a retained message; ``retain``
+        whether this PUBLISH would store one. Admitting may end the period early (``current``
+        is then a new dict)."""
         creator = self.previous.pop(topic, None)
+        if creator is None:
+            creator = self.kept.pop(topic, None)
         if creator is not None:
             self.current[topic] = creator
             return None
@@ -159,33 +182,62 @@ class TopicTable:
             return problem
         if memory_over:
             return "memory_limit"
-        if len(self.current) + len(self.previous) >= limits.max_topics:
-            return "max_topics"
         created = self.per_client.get(client_id, 0)
         if created >= limits.max_topics_per_client:
             return "max_topics_per_client"
+        if len(self) >= limits.max_topics and not self.evict(retained):
+            # Every tracked topic holds a retained message: a retained PUBLISH would add
+            # one more, anything else is routed without being tracked.
+            return "max_topics" if retain else None
         self.current[topic] = client_id
         self.per_client[client_id] = created + 1
         return None
 
-    def rotate(self, keep) -> int:
-        """Forget the topics not published to since the last rotation (unless ``keep(topic)``)."""
+    def evict(self, retained) -> bool:
+        """Forget one topic without a retained message, the least recently published to as
+        far as the generations tell; False if every tracked topic holds one. Each topic is
+        looked at once per period, so the cost is O(1) per admitted topic."""
+        previous = self.previous
+        while True:
+            if not previous:
+                if not self.current:
+                    return False
+                previous = self.previous = self.current
+                self.current = {}
+            topic, creator = previous.popitem()
+            if retained(topic):
+                self.kept[topic] = creator
+                continue
+            self._release(creator)
+            self.evicted += 1
+            return True
+
+    def rotate(self, retained) -> int:
+        """Forget the topics not published to since the last rotation, and idle ones whose
+        retained message is gone; returns how many."""
         forgotten = self.previous
         self.previous = self.current
         self.current = {}
-        per_client = self.per_client
+        kept = self.kept
         dropped = 0
-        for topic, creator in forgotten.items():
-            if keep(topic):
-                self.previous[topic] = creator
-                continue
+        for topic in [t for t in kept if not retained(t)]:
+            self._release(kept.pop(topic))
             dropped += 1
-            left = per_client[creator] - 1
-            if left:
-                per_client[creator] = left
+        for topic, creator in forgotten.items():
+            if retained(topic):
+                kept[topic] = creator
             else:
-                del per_client[creator]
+                self._release(creator)
+                dropped += 1
         return dropped
+
+    def _release(self, creator: str) -> None:
+        per_client = self.per_client
+        left = per_client[creator] - 1
+        if left:
+            per_client[creator] = left
+        else:
+            del per_client[creator]
 
     def created_by(self, client_id: str) -> int:
         return self.per_client.get(client_id, 0)

@@ -52,13 +52,14 @@ class Persistence:
         if self.exchanges is not None:
             result.exchanges = self.exchanges.rotate()
         sessions = result.sessions
+        now = self.clock()
         for session in self.sessions.values():
             if session.clean:
                 continue
             state = session.saved
             if (state is None or session.client is not None
                     or session.cursor is not None and state.cursor != session.cursor.offset):
-                state = self._session_state(session)
+                state = self._session_state(session, now, result.written_ms)
                 if session.client is None:
                     session.saved = state
             sessions.append(state)
@@ -79,11 +80,13 @@ class Persistence:
         return result
 
     @staticmethod
-    def _session_state(session: Session) -> snap.SessionState:
+    def _session_state(session: Session, now: float, written_ms: int) -> snap.SessionState:
         state = snap.SessionState(session.client_id, dict(session.subscriptions),
                                   awaiting_release=list(session.awaiting_release),
                                   next_id=session._next_id,
                                   drops=dict(session.drops) if session.drops else {})
+        if session.offline_at is not None:
+            state.offline_ms = written_ms - int((now - session.offline_at) * 1000)
         cursor = session.cursor
         if cursor is not None:
             state.cursor = cursor.offset
@@ -113,6 +116,7 @@ class Persistence:
         if end is None or state.log_next_offset <= end:
             end = None  # every offset in the snapshot is in the log (or retention took it)
         lost = 0
+        now, wall_ms = self.clock(), self.journal.wall_ms() if self.journal else state.written_ms
         for r in state.retained:
             offset = r.offset if end is None or r.offset is None or r.offset < end else None
             self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset))
@@ -123,6 +127,12 @@ class Persistence:
                 lost += len(s.inflight) - len(kept) + len(s.queue) - len(queue)
                 s.inflight, s.queue = kept, queue
             session = self.sessions[s.client_id] = Session(s.client_id, clean=False)
+            self.persistent_sessions += 1
+            # Offline since it went (or since the snapshot, if it was connected then): the
+            # time the broker was down counts toward persistent_client_expiration.
+            since_ms = state.written_ms if s.offline_ms is None else s.offline_ms
+            session.offline_at = now - max(0, wall_ms - since_ms) / 1000
+            self._expire_later(session)
             if s.subscriptions:
                 subscriptions = session.own_subscriptions()
                 for topic_filter, qos in s.subscriptions.items():

@@ -120,7 +120,7 @@ class Outgoing:
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
-                 "queued_qos0", "drops", "acl", "cursor", "saved")
+                 "queued_qos0", "drops", "acl", "cursor", "saved", "offline_at", "expiry")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -146,6 +146,11 @@ class Session:
         # What the last snapshot took of it while offline (core.persistence), reused while
         # it does not change; None: to be taken again.
         self.saved = None
+        # A persistent session's time (the broker's clock) since it is offline, else None;
+        # and the Timer that removes it when it has been offline too long (``expiry.when``
+        # is its expiry time, core.sessions).
+        self.offline_at: float | None = None
+        self.expiry = None
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

@@ -1,10 +1,14 @@
 """Sessions and connections: admission, attach/detach, subscribe/unsubscribe, drops.
 
 A connection becomes a ``Client`` (``connection_made``); a valid CONNECT is
-admitted (memory_limit, max_connections, the listener's cap) and attached to its
-session, taking it over from an older connection with the same client id. A
-clean session goes with its connection; a persistent one goes offline, keeping
-only log offsets (and sizes) of what it still has to receive. Subscriptions are
+admitted (memory_limit, max_connections, the listener's cap, max_sessions for a
+new persistent session) and attached to its session, taking it over from an
+older connection with the same client id. A clean session goes with its
+connection; a persistent one goes offline, keeping only log offsets (and sizes)
+of what it still has to receive, until it comes back or has been offline for
+persistent_client_expiration (``_expire_later``: a ``Timer`` per offline session
+in the broker's deadline heap, due at the session's expiry time, so nothing ever
+scans the sessions; MQTT 5's Session Expiry Interval sets that time the same way). Subscriptions are
 made within the topic limits and max_subscriptions_per_client (a refused filter
 gets 0x80), and retained messages follow for each granted filter. Every dropped
 message is counted by reason (``drop``), broker-wide and on its session.
@@ -15,15 +19,22 @@ from __future__ import annotations
 import logging
 
 from collections import deque
+from functools import partial
 
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core.client import Client
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
+from edgebroker.core.timers import Timer
 from edgebroker.core.transport import Transport
 from edgebroker.mqtt import packets as P
 
 log = logging.getLogger("edgebroker.broker")
+
+# Expiry timers of removed sessions kept for the next session that goes offline: a removed
+# session's timer may still sit in the deadline heap until its old time, and reusing it adds
+# no entry there (so a client cycling persistent and clean sessions grows nothing).
+SPARE_TIMERS = 1024
 
 
 class Sessions:
@@ -34,6 +45,8 @@ class Sessions:
         self.clients_connected = 0
         self.sockets_open = 0
         self.listener_connected: dict[str, int] = {}
+        self.persistent_sessions = 0          # sessions with clean session 0 (max_sessions)
+        self._spare_timers: list[Timer] = []
 
     def connection_made(self, transport: Transport) -> Client:
         self.stats.sockets_accepted += 1
@@ -42,7 +55,7 @@ class Sessions:
         self.schedule(client)
         return client
 
-    def admission(self, client: Client, client_id: str) -> tuple[str, str] | None:
+    def admission(self, client: Client, client_id: str, clean: bool) -> tuple[str, str] | None:
         """Why a valid CONNECT cannot be accepted now: (limit, explanation), or None."""
         old = self.sessions.get(client_id)
         old_client = old.client if old is not None else None
@@ -60,6 +73,10 @@ class Sessions:
             if count >= cap:
                 return "listener_max_connections", (f"{count} clients connected on listener "
                                                     f"{address} (its max_connections)")
+        if (not clean and (old is None or old.clean)
+                and self.persistent_sessions >= limits.max_sessions):
+            return "max_sessions", (f"{self.persistent_sessions} persistent sessions "
+                                    f"(max_sessions); existing ones may still reconnect")
         return None
 
     def drop(self, reason: str, session: Session | None, count: int = 1) -> None:
@@ -88,8 +105,13 @@ class Sessions:
             old = None
         if old is None:
             session = self.sessions[client_id] = Session(client_id, clean)
+            if not clean:
+                self.persistent_sessions += 1
         else:
             session, present = old, True
+            session.offline_at = None
+            if session.expiry is not None:
+                session.expiry.cancel()
         if not clean:
             self._snapshot_dirty = True
         if session.cursor is not None:
@@ -143,13 +165,63 @@ class Sessions:
         if session.cursor is not None:
             session.cursor.went_offline(self.live_offset())
         session.saved = None
+        session.offline_at = self.clock()
+        self._expire_later(session)
         self._snapshot_dirty = True
+
+    def _expire_later(self, session: Session) -> None:
+        """Set an offline persistent session's expiry time from ``offline_at`` (none while
+        persistent_client_expiration is 0)."""
+        expiration = self.limits.persistent_client_expiration
+        timer = session.expiry
+        if not expiration:
+            if timer is not None:
+                timer.cancel()
+            return
+        if timer is None:
+            spare = self._spare_timers
+            timer = session.expiry = spare.pop() if spare else Timer(None)
+            timer.callback = partial(self._expire_session, session)
+        timer.start(self, session.offline_at + expiration)
+
+    def expire_sessions_again(self) -> None:
+        """persistent_client_expiration changed (a reload): every offline session's expiry
+        time follows (one pass over the sessions, at the reload only)."""
+        for session in self.sessions.values():
+            if session.offline_at is not None:
+                self._expire_later(session)
+
+    def _expire_session(self, session: Session) -> None:
+        """An offline persistent session reached its expiry time: removed, as if it had never
+        been (Mosquitto's persistent_client_expiration)."""
+        if session.client is not None or self.sessions.get(session.client_id) is not session:
+            return
+        held = len(session.queue) + len(session.inflight)
+        cursor = session.cursor
+        unread = self.journal.log.next_offset - cursor.offset if cursor is not None else 0
+        offline = self.clock() - session.offline_at
+        self.stats.sessions_expired += 1
+        if held:
+            self.drop("session_expired", None, held)
+        self.drop_session(session)
+        self.events.log(logging.INFO, "session_expired", self.clock(),
+                        "persistent session %r removed: offline for %.0f s "
+                        "(persistent_client_expiration %g s), with %d queued or unacknowledged "
+                        "messages and %d log records after its cursor", session.client_id,
+                        offline, self.limits.persistent_client_expiration, held, unread)
 
     def drop_session(self, session: Session) -> None:
         if not session.clean:
             self._snapshot_dirty = True
             if self.exchanges is not None:
                 self.exchanges.ended(session.client_id)
+        timer = session.expiry
+        if timer is not None:
+            session.expiry = None
+            timer.cancel()
+            timer.callback = None
+            if len(self._spare_timers) < SPARE_TIMERS:
+                self._spare_timers.append(timer)
         for topic_filter in session.subscriptions:
             self.subscriptions.remove(topic_filter, session)
         session.subscriptions.clear()
@@ -166,6 +238,8 @@ class Sessions:
             self._catch_up_again.discard(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            if not session.clean:
+                self.persistent_sessions -= 1
 
     def close_all(self) -> None:
         """Close every connection (at shutdown): no wills, sessions kept."""

@@ -63,6 +63,9 @@ class SessionState:
     drops: dict[str, int] = field(default_factory=dict)
     # Offsets past the cursor of QoS 2 messages it was sent before a restart (Cursor.done).
     done: list[int] = field(default_factory=list)
+    # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
+    # expiration counts from it; snapshots written before it was kept have none).
+    offline_ms: int | None = None
     # Its JSON, once the writer encoded it (an offline session's state is reused by the next
     # snapshots while it does not change, and so is this).
     encoded: bytes | None = field(default=None, compare=False, repr=False)
@@ -115,6 +118,7 @@ def _session_json(s: SessionState) -> bytes:
              "since": sorted(s.since.items()),
              "offline": [list(r) for r in s.offline],
              "drops": s.drops,
+             "offline_ms": s.offline_ms,
              **({"done": s.done} if s.done else {})})
     return s.encoded
 
@@ -200,7 +204,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 since={str(f): int(o) for f, o in s.get("since", ())},
                 offline=[_offline_range(r) for r in s.get("offline", ())],
                 drops={str(k): int(v) for k, v in s.get("drops", {}).items()},
-                done=[int(o) for o in s.get("done", ())]))
+                done=[int(o) for o in s.get("done", ())],
+                offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"])))
         for r in doc["retained"]:
             offset = r.get("offset")
             snap.retained.append(RetainedState(

@@ -33,10 +33,16 @@ class Stats:
                  # security: refused logins and ACL denials, TLS handshakes that failed
                  "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
                  "acl_deliveries_denied", "tls_handshakes_failed",
+                 # passwords hashed to check a login (security.authenticator)
+                 "password_checks",
                  # the log as the queue (core.catchup): sessions that fell behind, caught up
                  "sessions_fell_behind", "sessions_caught_up",
                  # QoS 2 exchange journal writes that failed (core.exchanges)
-                 "exchange_write_errors")
+                 "exchange_write_errors",
+                 # the topic table (core.limits.TopicTable): topics evicted for new ones
+                 "topics_evicted",
+                 # offline persistent sessions removed by persistent_client_expiration
+                 "sessions_expired")
 
     def __init__(self):
         for name in self.__slots__:
@@ -68,6 +74,7 @@ _SECURITY = (
     ("$SYS/broker/security/acl/subscribe/denied", "acl_subscribe_denied"),
     ("$SYS/broker/security/acl/deliveries/denied", "acl_deliveries_denied"),
     ("$SYS/broker/security/tls/handshakes/failed", "tls_handshakes_failed"),
+    ("$SYS/broker/security/password/checks", "password_checks"),
 )
 
 
@@ -106,6 +113,7 @@ class SysTopics:
         for reason, count in broker.dropped.items():
             pub(f"$SYS/broker/publish/messages/dropped/{reason}", count)
         pub("$SYS/broker/topics/count", len(broker.topics))
+        pub("$SYS/broker/topics/evicted", broker.stats.topics_evicted)
         pub("$SYS/broker/store/messages/count", broker.queued_messages)
         pub("$SYS/broker/store/messages/bytes", broker.queued_bytes)
         pub("$SYS/broker/clients/throttled", len(broker.throttled))

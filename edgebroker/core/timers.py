@@ -158,8 +158,7 @@ class Timers:
     def _on_topic_expiry(self) -> None:
         now = self.clock()
         self._topic_expiry.start(self, now + self.limits.topic_expiry)
-        retained = self.retained
-        forgotten = self.topics.rotate(lambda topic: retained.get(topic) is not None)
+        forgotten = self.topics.rotate(self.has_retained)
         self.known_topics = self.topics.current
         if forgotten:
             log.debug("forgot %d topics idle for over topic_expiry (%g s)", forgotten,

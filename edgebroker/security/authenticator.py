@@ -1,4 +1,4 @@
-"""Password checks off the core thread, with a cache and a per-address failure limit.
+"""Password checks off the core thread, with a cache and throttles on failed logins.
 
 A password hash is deliberately slow (tens of milliseconds, more on a
 Raspberry Pi), so the core thread never computes one. ``verify`` hands the
@@ -11,13 +11,27 @@ the workers only compute hashes (``hashlib`` releases the GIL while it does).
 - Cache: a successful check is remembered under an HMAC (random per-process
   key) of user name, stored hash and password, so a reconnect costs no hash,
   and a changed password file (new hash) or a different password misses the
-  cache and is checked again. Only successes are cached.
-- Failure limit: an address with ``max_failures`` failed logins within
-  ``window`` seconds (checks still running count too) is refused without a
-  check until the window has passed, so a burst of bad logins cannot keep the
-  workers busy for everyone else.
+  cache and is checked again. Only successes are cached. A password found in
+  the cache is accepted whatever the throttles below say: it is known right.
+- Throttle per (address, user name): the first ``max_failures`` failed logins
+  in a row (each less than ``window`` after the one before; checks still
+  running count too) are checked as they come; after that the pair gets one
+  check at a time, the next no sooner than 1 s after its last failure,
+  doubling with each further failure up to ``window``; attempts meanwhile are
+  refused without a check. The pair is forgotten once a ``window`` has passed
+  since its next check was due. So guessing one user's password from one
+  address costs the attacker minutes per guess, and it neither stops other
+  user names from that address nor a password that succeeded before.
+- Throttle per address: ``ADDRESS_FACTOR`` x ``max_failures`` failed logins
+  from one address within ``window`` (any user names: guessing names as well
+  as passwords) and further checks from it are refused until the window
+  started by its first failure has passed (cached passwords still pass), so
+  a burst of bad logins cannot keep the workers busy for everyone else.
 - At most ``MAX_PENDING`` checks wait at once; beyond that new logins are
   refused as "server unavailable".
+- Memory: at most ``PAIRS_LIMIT`` pairs and ``HOSTS_LIMIT`` addresses are
+  remembered; past that the ones whose throttle is over go first, then the
+  oldest, down to half the limit.
 """
 
 from __future__ import annotations
@@ -38,12 +52,20 @@ WORKERS = 2
 MAX_PENDING = 1024
 CACHE_LIMIT = 10_000
 HOSTS_LIMIT = 10_000
+PAIRS_LIMIT = 10_000
+ADDRESS_FACTOR = 10   # failed logins per address within the window, in max_failures
 
 OK = "ok"
 WRONG = "wrong password"
 UNKNOWN = "unknown user"
 BLOCKED = "blocked"
 BUSY = "busy"
+
+
+class _Counts:
+    """Counted password checks when no broker counters are attached (``stats``)."""
+
+    password_checks = 0
 
 
 class Authenticator:
@@ -54,11 +76,16 @@ class Authenticator:
         self.max_failures = max_failures
         self.window = window
         self.workers = workers
+        self.stats = _Counts()   # anything with ``password_checks``: the broker's Stats
         self._pool: ThreadPoolExecutor | None = None
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._key = os.urandom(32)
         self._cache: set[bytes] = set()
-        self._failures: dict[str, collections.deque] = {}
+        # (address, user name) -> [failed logins in a row, time of the last one]
+        self._pairs: dict[tuple[str, str], list] = {}
+        # address -> [failed logins since ``start``, start]
+        self._hosts: dict[str, list] = {}
+        self._pending_by_pair: collections.Counter = collections.Counter()
         self._pending_by_host: collections.Counter = collections.Counter()
         self.pending = 0
 
@@ -68,17 +95,41 @@ class Authenticator:
 
     # ----- the loop's side ------------------------------------------------------------------
 
-    def blocked(self, host: str) -> bool:
-        """True if ``host`` has used up its failed logins for now."""
-        return self._recent_failures(host) + self._pending_by_host[host] >= self.max_failures
+    def throttled(self, host: str, username: str) -> str | None:
+        """Why a password check for ``username`` from ``host`` may not start now, or None."""
+        now = self.clock()
+        pending = self._pending_by_host[host]
+        failures = self._host_failures(host, now)
+        limit = ADDRESS_FACTOR * self.max_failures
+        if failures + pending >= limit:
+            return (f"too many failed logins from {host} ({limit} within {self.window:g} s, any "
+                    f"user names); only passwords that succeeded before are accepted from it "
+                    f"for now")
+        pair = (host, username)
+        pending = self._pending_by_pair[pair]
+        count, last = self._pair(pair, now)
+        if count + pending < self.max_failures:
+            return None
+        if pending:
+            return (f"{count} failed logins in a row for user {username!r} from {host}; a "
+                    f"check for it is running")
+        wait = last + self.delay(count) - now
+        if wait > 0:
+            return (f"{count} failed logins in a row for user {username!r} from {host}; its "
+                    f"next password check in {wait:.1f} s")
+        return None
+
+    def delay(self, failures: int) -> float:
+        """Seconds after a pair's last failure before its next check, with ``failures`` in a
+        row: none below ``max_failures``, then 1 s doubling up to ``window``."""
+        if failures < self.max_failures:
+            return 0.0
+        return min(2.0 ** min(failures - self.max_failures, 62), self.window)
 
     def verify(self, host: str, username: str, entry, password: bytes, done) -> None:
         """Check ``password`` for ``username`` (``entry`` = (hash string, parsed) or None for an
         unknown user); ``done(result)`` runs on the loop thread, now or after a worker's check,
-        with OK, WRONG, UNKNOWN, BLOCKED or BUSY."""
-        if self.blocked(host):
-            done(BLOCKED)
-            return
+        with OK, WRONG, UNKNOWN, BLOCKED (``throttled`` says why) or BUSY."""
         if entry is not None:
             key = self._cache_key(username, entry[0], password)
             if key in self._cache:
@@ -89,11 +140,16 @@ class Authenticator:
         else:
             key = None
             parsed = passwords.dummy_hash()   # unknown users cost as much as known ones
+        if self.throttled(host, username) is not None:
+            done(BLOCKED)
+            return
         if self.pending >= MAX_PENDING:
             done(BUSY)
             return
         self.pending += 1
         self._pending_by_host[host] += 1
+        self._pending_by_pair[host, username] += 1
+        self.stats.password_checks += 1
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers,
                                             thread_name_prefix="edgebroker-auth")
@@ -110,9 +166,8 @@ class Authenticator:
             except queue.Empty:
                 return
             self.pending -= 1
-            self._pending_by_host[host] -= 1
-            if self._pending_by_host[host] <= 0:
-                del self._pending_by_host[host]
+            _release(self._pending_by_host, host)
+            _release(self._pending_by_pair, (host, username))
             log.debug("user %r: password check done in %.0f ms (%d waiting)", username,
                       (self.clock() - started) * 1000, self.pending)
             if ok and key is not None:
@@ -121,7 +176,7 @@ class Authenticator:
                 self._cache.add(key)
                 result = OK
             else:
-                self._failed(host)
+                self.record_failure(host, username)
                 result = UNKNOWN if key is None else WRONG
             try:
                 done(result)
@@ -155,29 +210,59 @@ class Authenticator:
         msg = b"\0".join((username.encode("utf-8"), stored.encode("ascii", "replace"), password))
         return hmac.new(self._key, msg, hashlib.sha256).digest()
 
-    def _recent_failures(self, host: str) -> int:
-        times = self._failures.get(host)
-        if not times:
-            return 0
-        horizon = self.clock() - self.window
-        while times and times[0] <= horizon:
-            times.popleft()
-        if not times:
-            del self._failures[host]
-            return 0
-        return len(times)
+    def _pair(self, pair: tuple[str, str], now: float) -> tuple[int, float]:
+        """(failed logins in a row, time of the last) of a pair; forgotten a ``window`` after
+        its next check was due."""
+        state = self._pairs.get(pair)
+        if state is None:
+            return 0, 0.0
+        count, last = state
+        if now - last >= self.window + self.delay(count):
+            del self._pairs[pair]
+            return 0, 0.0
+        return count, last
 
-    def _failed(self, host: str) -> None:
-        times = self._failures.get(host)
-        if times is None:
-            if len(self._failures) >= HOSTS_LIMIT:
-                for other in list(self._failures):
-                    self._recent_failures(other)
-                if len(self._failures) >= HOSTS_LIMIT:
-                    self._failures.clear()
-            times = self._failures[host] = collections.deque(maxlen=max(self.max_failures, 1))
-        times.append(self.clock())
+    def _host_failures(self, host: str, now: float) -> int:
+        state = self._hosts.get(host)
+        if state is None:
+            return 0
+        if now - state[1] >= self.window:
+            del self._hosts[host]
+            return 0
+        return state[0]
 
-    def record_failure(self, host: str) -> None:
-        """A failed login that needed no hash (e.g. no password given) counts too."""
-        self._failed(host)
+    def record_failure(self, host: str, username: str) -> None:
+        """A failed login: a wrong password, an unknown user, or no password given (which
+        needs no hash but counts the same)."""
+        now = self.clock()
+        pair = (host, username)
+        count, _ = self._pair(pair, now)
+        if count == 0 and len(self._pairs) >= PAIRS_LIMIT:
+            self._make_room(self._pairs, lambda key: self._pair(key, now), PAIRS_LIMIT)
+        self._pairs[pair] = [count + 1, now]
+        failures = self._host_failures(host, now)
+        if failures == 0:
+            if len(self._hosts) >= HOSTS_LIMIT:
+                self._make_room(self._hosts, lambda key: self._host_failures(key, now),
+                                HOSTS_LIMIT)
+            self._hosts[host] = [1, now]
+        else:
+            self._hosts[host][0] = failures + 1
+
+    @staticmethod
+    def _make_room(table: dict, refresh, limit: int) -> None:
+        """Drop the entries whose throttle is over (``refresh`` forgets them), then the oldest
+        until at most half of ``limit`` are left: the next pass is ``limit / 2`` new entries
+        away, so its cost is O(1) per entry."""
+        for key in list(table):
+            refresh(key)
+        extra = len(table) - limit // 2
+        if extra > 0:
+            for key in list(table)[:extra]:
+                del table[key]
+
+
+def _release(counter: collections.Counter, key) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]

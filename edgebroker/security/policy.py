@@ -9,9 +9,11 @@ as MQTT 3.1.1 defines the CONNACK return codes:
 - 4 (bad user name or password): a user name with a wrong or missing
   password, or a user name the password file does not list.
 - 5 (not authorized): no user name where anonymous clients are not allowed,
-  an address over its failed-login limit, a certificate without a common
-  name where it is the user name, or a will topic the ACL does not let the
-  client write.
+  a user name throttled after failed logins from the client's address (or an
+  address throttled after failed logins for many user names), unless the
+  password is one that succeeded before (``authenticator``), a certificate
+  without a common name where it is the user name, or a will topic the ACL
+  does not let the client write.
 - 3 (server unavailable): too many password checks already waiting.
 
 Only a verified user name counts: with no password file (and no certificate
@@ -37,7 +39,7 @@ UNAVAILABLE = 3
 
 
 def peer_host(peer: str) -> str:
-    """The address part of ``HOST:PORT`` / ``[V6]:PORT`` (the failed-login limit's key)."""
+    """The address part of ``HOST:PORT`` / ``[V6]:PORT`` (the failed-login throttles' key)."""
     if peer.startswith("unix"):
         return "unix"
     host, sep, _ = peer.rpartition(":")
@@ -100,10 +102,10 @@ class ListenerPolicy:
         auth = self.authenticator
         entry = self.passwords.lookup(username)
         if connect.password is None:
-            if auth.blocked(host):
+            if auth.throttled(host, username) is not None:
                 self._blocked(client, username, host)
                 return
-            auth.record_failure(host)
+            auth.record_failure(host, username)
             client.auth_done(BAD_CREDENTIALS, "no password given", username, None)
             return
 
@@ -120,10 +122,8 @@ class ListenerPolicy:
         auth.verify(host, username, entry, connect.password, done)
 
     def _blocked(self, client, username, host: str) -> None:
-        auth = self.authenticator
-        client.auth_done(NOT_AUTHORIZED,
-                         f"too many failed logins from {host} ({auth.max_failures} within "
-                         f"{auth.window:g} s); not checked", username, None)
+        why = self.authenticator.throttled(host, username) or "failed logins"
+        client.auth_done(NOT_AUTHORIZED, f"{why}; not checked", username, None)
 
     def _accept(self, client, username: str | None) -> None:
         view = self.acl.view(client.client_id, username) if self.acl is not None else None

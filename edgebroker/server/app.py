@@ -181,6 +181,7 @@ class App:
         self.log = CommitLog.open(os.path.join(self.state_dir, "log"),
                                   LogOptions.from_config(config.log), clock_ms=wall_ms)
         self.broker = Broker(config, self.clock, commit_log=self.log, wall_ms=wall_ms)
+        self.authenticator.stats = self.broker.stats   # it counts the password checks there
         self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,
                                on_durable=self._on_durable)
         self.broker.journal.flusher = self.flusher

@@ -9,32 +9,71 @@ def delivered(sub) -> list[bytes]:
     return [p.payload for p in sub.ping()]
 
 
-def test_max_topics_qos0_dropped_qos1_disconnects(broker, uid, paho):
+def test_a_topic_flood_does_not_lock_other_clients_out_of_new_topics(broker, uid):
+    """Issue 26, item 3, scaled down: flooding client ids fill the topic table; a
+    well-behaved client still publishes to new topics (QoS 0 delivered, QoS 1 acknowledged),
+    because a new topic evicts one not published to lately; the flooders are refused by
+    their own max_topics_per_client."""
+    b = broker(limits={"max_topics": 40, "max_topics_per_client": 10})
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/good/#", qos=1)
+    mark = b.mark()
+    for f in range(8):                          # 8 x 20 new topics, twice what the table holds
+        flooder = b.client(f"{uid}-flood{f}")
+        flooder.send(b"".join(m.publish(f"{uid}/flood/{f}/{i}", b"x") for i in range(20)))
+        assert flooder.ping() == []
+        assert b.client_row(f"{uid}-flood{f}")["drops"] == {"max_topics_per_client": 10}
+    assert b.stats()["topics"] == 40
+    good = b.client(f"{uid}-good")
+    for i in range(3):
+        good.publish(f"{uid}/good/q0/{i}", b"q0-%d" % i)
+    assert good.ping() == []
+    assert delivered(sub) == [b"q0-0", b"q0-1", b"q0-2"]
+    for i in range(3):
+        good.publish(f"{uid}/good/q1/{i}", b"q1-%d" % i, qos=1)  # waits for its PUBACK
+    assert [p.payload for p in sub.ping()] == [b"q1-0", b"q1-1", b"q1-2"]
+    s = b.stats()
+    assert s["topics"] == 40
+    assert s["limit_hits"]["max_topics"] == 0 and s["dropped"]["max_topics"] == 0
+    assert s["dropped"]["max_topics_per_client"] == s["limit_hits"]["max_topics_per_client"] == 80
+    assert s["counters"]["topics_evicted"] == 8 * 10 - 40 + 6
+    row = b.client_row(f"{uid}-good")
+    assert row["drops"] == {} and row["topics_created"] == 6
+    lines = [ln for ln in b.logs[mark:] if "topic table full" in ln]
+    assert len(lines) == 1 and "max_topics 40" in lines[0] and f"{uid}-flood" in lines[0]
+    good.disconnect()
+
+
+def test_a_table_full_of_retained_topics_refuses_only_new_retained_topics(broker, uid):
+    """Retained messages are what max_topics bounds: with every place taken by one, a new
+    retained topic is refused (QoS 0: dropped; QoS 1: the connection closes), a message
+    that is not retained is still routed."""
     b = broker(limits={"max_topics": 3})
-    sub = paho(b.port, client_id=f"{uid}-sub")
-    sub.subscribe(f"{uid}/#", qos=1)
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/#")
     pub = b.client(f"{uid}-pub")
-    other = b.client(f"{uid}-other")
     mark = b.mark()
     for i in range(3):
-        pub.publish(f"{uid}/t{i}", b"ok%d" % i)
-    pub.publish(f"{uid}/t3", b"over")           # QoS 0 to a 4th topic: dropped
-    pub.publish(f"{uid}/t4", b"over again")     # logged once only
-    pub.publish(f"{uid}/t0", b"known")          # known topics keep working
+        pub.publish(f"{uid}/r{i}", b"r%d" % i, retain=True)
+    pub.publish(f"{uid}/r3", b"over", retain=True)       # dropped
+    pub.publish(f"{uid}/r4", b"over again", retain=True)  # logged once only
+    pub.publish(f"{uid}/plain", b"plain")                 # not retained: routed
+    pub.publish(f"{uid}/r0", b"known", retain=True)       # known topics keep working
     assert pub.ping() == []
-    got = [sub.get().payload for _ in range(4)]
-    assert got == [b"ok0", b"ok1", b"ok2", b"known"]
+    assert delivered(sub) == [b"r0", b"r1", b"r2", b"plain", b"known"]
     lines = [ln for ln in b.logs[mark:] if "refused: max_topics" in ln]
-    assert len(lines) == 1 and f"'{uid}/t3'" in lines[0] and f"{uid}-pub" in lines[0]
-    # QoS 1 to a new topic: no PUBACK, the connection is closed (3.1.1 has no negative ack).
-    other.send(m.publish(f"{uid}/t5", b"q1", qos=1, packet_id=7))
+    assert len(lines) == 1 and f"'{uid}/r3'" in lines[0] and f"{uid}-pub" in lines[0]
+    # QoS 1 to a new retained topic: no PUBACK, the connection is closed (no negative ack).
+    other = b.client(f"{uid}-other")
+    other.send(m.publish(f"{uid}/r5", b"q1", qos=1, retain=True, packet_id=7))
     assert other.expect_closed(5)
     assert not any(p.type == PUBACK for p in other.before_close)
     s = b.stats()
-    assert s["topics"] == 3
+    assert s["topics"] == 3 and s["retained_messages"] == 3
     assert s["limit_hits"]["max_topics"] == 3 and s["dropped"]["max_topics"] == 3
+    assert s["counters"]["topics_evicted"] == 0
     assert b.client_row(f"{uid}-pub")["drops"] == {"max_topics": 2}
-    assert sub.messages.empty()
+    assert delivered(sub) == []
 
 
 def test_max_topics_per_client_counts_per_client_id(broker, uid):
@@ -61,22 +100,18 @@ def test_max_topics_per_client_counts_per_client_id(broker, uid):
 
 
 def test_idle_topics_are_forgotten_retained_ones_kept(broker, uid):
-    b = broker(log_level="debug", limits={"max_topics": 2, "topic_expiry": 1})
-    sub = b.client(f"{uid}-sub")
-    sub.subscribe(f"{uid}/#")
+    b = broker(log_level="debug", limits={"topic_expiry": 1})
     pub = b.client(f"{uid}-pub")
     pub.publish(f"{uid}/kept", b"r", retain=True)
     pub.publish(f"{uid}/idle", b"i")
-    pub.publish(f"{uid}/new", b"refused")
     assert pub.ping() == []
-    assert delivered(sub) == [b"r", b"i"]
+    assert b.stats()["topics"] == 2
     mark = b.mark()
-    # One topic idle for two expiry periods is forgotten (logged at debug level).
+    # One topic idle for two expiry periods is forgotten (logged at debug level), and its
+    # place in its creator's max_topics_per_client is free again.
     assert b.wait_log("forgot 1 topics", timeout=5, start=mark)
-    pub.publish(f"{uid}/new", b"accepted")
-    assert pub.ping() == []
-    assert delivered(sub) == [b"accepted"]
-    assert b.stats()["topics"] == 2  # kept (retained) + new
+    assert b.stats()["topics"] == 1
+    assert b.client_row(f"{uid}-pub")["topics_created"] == 1
 
 
 def test_topic_length_and_levels(broker, uid):

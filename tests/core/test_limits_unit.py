@@ -74,18 +74,62 @@ def test_a_throttled_client_resumes_with_20_ms_of_its_rate_back():
 
 # ----- topic table --------------------------------------------------------------------------
 
+def _none_retained(topic):
+    return False
+
+
 def test_topic_table_limits_in_order():
     t = L.TopicTable()
     limits = lim(max_topics=3, max_topics_per_client=2, max_topic_levels=3, max_topic_length=10)
-    assert t.admit("a/b/c/d", "x", limits, False) == "max_topic_levels"
-    assert t.admit("a" * 11, "x", limits, False) == "max_topic_length"
-    assert t.admit("a", "x", limits, True) == "memory_limit"
-    assert t.admit("a", "x", limits, False) is None
-    assert t.admit("b", "x", limits, False) is None
-    assert t.admit("c", "x", limits, False) == "max_topics_per_client"
-    assert t.admit("c", "y", limits, False) is None
-    assert t.admit("d", "y", limits, False) == "max_topics"
-    assert len(t) == 3 and t.created_by("x") == 2 and t.created_by("y") == 1
+
+    def admit(topic, client_id, memory_over=False):
+        return t.admit(topic, client_id, limits, memory_over, _none_retained, False)
+
+    assert admit("a/b/c/d", "x") == "max_topic_levels"
+    assert admit("a" * 11, "x") == "max_topic_length"
+    assert admit("a", "x", memory_over=True) == "memory_limit"
+    assert admit("a", "x") is None
+    assert admit("b", "x") is None
+    assert admit("c", "x") == "max_topics_per_client"
+    assert admit("c", "y") is None
+    assert len(t) == 3 and t.created_by("x") == 2 and t.created_by("y") == 1 and t.evicted == 0
+
+
+def test_a_full_topic_table_evicts_topics_not_published_to_lately_and_not_retained():
+    t = L.TopicTable()
+    limits = lim(max_topics=4, max_topics_per_client=10)
+    retained = {"r"}.__contains__
+
+    def admit(topic, client_id="x", retain=False):
+        return t.admit(topic, client_id, limits, False, retained, retain)
+
+    for topic in ("r", "a", "b"):
+        assert admit(topic) is None
+    assert t.rotate(retained) == 0                   # r, a, b: published to last period
+    assert admit("a") is None                         # a again: current
+    assert admit("c", "y") is None                    # the table is full now (r, a, b, c)
+    assert admit("d", "y") is None                    # evicts b, idle since the rotation
+    assert t.evicted == 1 and set(t.previous) == {"r"} and set(t.current) == {"a", "c", "d"}
+    assert len(t) == 4 and t.created_by("x") == 2 and t.created_by("y") == 2
+    # r is retained: kept, not evicted; previous is then empty, so the period ends early
+    # (current becomes previous) and its topics go: d, c, a.
+    assert admit("e", "z") is None and admit("f", "z") is None and admit("g", "z") is None
+    assert t.evicted == 4 and len(t) == 4 and set(t.kept) == {"r"}
+    assert set(t.current) == {"e", "f", "g"} and t.per_client == {"x": 1, "z": 3}
+
+
+def test_a_topic_table_full_of_retained_topics_refuses_only_retained_publishes():
+    t = L.TopicTable()
+    limits = lim(max_topics=2, max_topics_per_client=10)
+    retained = {"r1", "r2"}.__contains__
+    assert t.admit("r1", "x", limits, False, retained, True) is None
+    assert t.admit("r2", "x", limits, False, retained, True) is None
+    assert t.admit("r3", "x", limits, False, retained, True) == "max_topics"
+    # Not retained: routed, but not tracked (nothing of it stays in the broker).
+    assert t.admit("n", "x", limits, False, retained, False) is None
+    assert len(t) == 2 and "n" not in t.current and t.evicted == 0
+    assert t.admit("r1", "x", limits, False, retained, True) is None  # known: back to current
+    assert set(t.current) == {"r1"} and set(t.kept) == {"r2"}
 
 
 def test_topic_length_counts_utf8_bytes():
@@ -100,14 +144,15 @@ def test_topic_table_forgets_idle_topics_after_two_rotations_unless_kept():
     t = L.TopicTable()
     limits = lim(max_topics=10)
     for topic in ("busy", "idle", "kept"):
-        assert t.admit(topic, "x", limits, False) is None
-    assert t.rotate(lambda topic: False) == 0          # nothing is old enough yet
-    assert t.admit("busy", "x", limits, False) is None  # published again: back to current
+        assert t.admit(topic, "x", limits, False, _none_retained, False) is None
+    assert t.rotate(_none_retained) == 0               # nothing is old enough yet
+    assert t.admit("busy", "x", limits, False, _none_retained, False) is None  # back to current
     assert t.rotate(lambda topic: topic == "kept") == 1  # "idle" goes, "kept" is retained
-    assert set(t.current) == set() and set(t.previous) == {"busy", "kept"}
+    assert set(t.current) == set() and set(t.previous) == {"busy"} and set(t.kept) == {"kept"}
     assert t.created_by("x") == 2
-    t.rotate(lambda topic: False)
-    t.rotate(lambda topic: False)
+    t.rotate(lambda topic: topic == "kept")
+    assert set(t.kept) == {"kept"} and t.created_by("x") == 1
+    t.rotate(_none_retained)                           # its retained message was cleared
     assert len(t) == 0 and t.per_client == {}
 
 
@@ -195,7 +240,8 @@ def test_render_has_help_and_type_before_every_sample():
                                     "bytes_sent", "sockets_accepted", "connects_accepted",
                                     "protocol_errors", "keepalive_expired", "takeovers",
                                     "sessions_fell_behind", "sessions_caught_up",
-                                    "exchange_write_errors")},
+                                    "exchange_write_errors", "topics_evicted",
+                                    "sessions_expired", "password_checks")},
         "limit_hits": L.zero_counts(L.LIMITS), "refused": L.zero_counts(L.REFUSALS),
         "dropped": L.zero_counts(L.DROPS),
         "loop": {"pass_p50_seconds": 0.001, "pass_p99_seconds": 0.01, "passes": 10,

@@ -63,7 +63,8 @@ def test_prometheus_endpoint(broker, uid):
     stalled = socket.create_connection((host, int(port)))
     pub = b.client(f"{uid}-p")
     pub.publish(f"{uid}/a", b"x")
-    pub.publish(f"{uid}/b", b"over max_topics")
+    pub.publish(f"{uid}/b", b"evicts a", retain=True)
+    pub.publish(f"{uid}/c", b"over max_topics: b is retained", retain=True)
     assert pub.ping() == []
     stalled.close()
 
@@ -71,10 +72,11 @@ def test_prometheus_endpoint(broker, uid):
     deadline = time.monotonic() + 5
     while True:
         now = scrape(url)
-        if now["edgebroker_publish_received_total", None] >= 2 or time.monotonic() > deadline:
+        if now["edgebroker_publish_received_total", None] >= 3 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert now["edgebroker_publish_received_total", None] == 2
+    assert now["edgebroker_publish_received_total", None] == 3
+    assert now["edgebroker_topics_evicted_total", None] == 1
     assert now["edgebroker_clients_connected", None] == 1
     assert now["edgebroker_topics", None] == 1
     assert now["edgebroker_limit_hits_total", "max_topics"] == 1
@@ -104,8 +106,8 @@ def test_sys_limits_refusals_drops_and_per_client_figures(broker):
     b = broker(sys_interval=1, sys_client_metrics=True, limits={"max_topics": 1})
     watcher = b.client("watcher")
     odd = b.client("dev/7+x#")              # needs escaping to be one topic level
-    odd.publish("t/1", b"a")
-    odd.publish("t/2", b"dropped: max_topics")
+    odd.publish("t/1", b"a", retain=True)
+    odd.publish("t/2", b"dropped: max_topics", retain=True)
     odd.publish("$SYS/x", b"dropped: sys_topic")
     assert odd.ping() == []
     watcher.subscribe("$SYS/broker/#")
@@ -113,7 +115,8 @@ def test_sys_limits_refusals_drops_and_per_client_figures(broker):
     topics = ([f"$SYS/broker/limits/{name}" for name in LIMITS]
               + [f"$SYS/broker/connections/refused/{r}" for r in REFUSALS]
               + [f"$SYS/broker/publish/messages/dropped/{r}" for r in DROPS]
-              + ["$SYS/broker/topics/count", "$SYS/broker/store/messages/count",
+              + ["$SYS/broker/topics/count", "$SYS/broker/topics/evicted",
+                 "$SYS/broker/store/messages/count",
                  "$SYS/broker/store/messages/bytes", "$SYS/broker/clients/throttled",
                  "$SYS/broker/loop/pass/p50", "$SYS/broker/loop/pass/p99",
                  f"{base}/messages/received", f"{base}/messages/dropped",
@@ -123,6 +126,7 @@ def test_sys_limits_refusals_drops_and_per_client_figures(broker):
     assert number(seen["$SYS/broker/publish/messages/dropped/max_topics"].payload) == 1
     assert number(seen["$SYS/broker/publish/messages/dropped/sys_topic"].payload) == 1
     assert number(seen["$SYS/broker/topics/count"].payload) == 1
+    assert number(seen["$SYS/broker/topics/evicted"].payload) == 0
     assert number(seen[f"{base}/messages/received"].payload) == 3
     assert number(seen[f"{base}/messages/dropped"].payload) == 2
     # Broker-wide figures are retained; per-client ones are not (no trace once a client goes).

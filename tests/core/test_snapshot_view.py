@@ -167,7 +167,8 @@ def test_pingreq_stays_prompt_while_snapshots_are_taken(broker, uid, mode):
     p99 = rtts[int(len(rtts) * 0.99)]
     print(f"\nPINGREQ round trips: {len(rtts)}, p50 {rtts[len(rtts) // 2] * 1000:.2f} ms, "
           f"p99 {p99 * 1000:.2f} ms, max {rtts[-1] * 1000:.2f} ms")
-    assert rtts[-1] < 0.5, f"a PINGREQ waited {rtts[-1]:.3f} s"
+    # Generous (a shared machine can stall any process): before, the memory mode stalled 2.5 s.
+    assert rtts[-1] < 1.0, f"a PINGREQ waited {rtts[-1]:.3f} s"
     # The sessions are all in the snapshot, each with its cursor.
     doc = json.loads(open(os.path.join(b.config["data_dir"], "sessions.json"), "rb").read())
     ours = [s for s in doc["sessions"] if s["client_id"].startswith(f"{uid}-")

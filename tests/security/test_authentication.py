@@ -2,6 +2,7 @@
 the worker pool under a burst of bad logins, the per-address failure limit, reloads."""
 
 import signal
+import threading
 import time
 
 import pytest
@@ -153,30 +154,87 @@ def test_burst_of_bad_logins_leaves_other_clients_served(broker, tmp_path, uid):
     assert good.ping() == []
 
 
-def test_failed_logins_limited_per_address(broker, tmp_path, uid):
-    pw = write_passwords(tmp_path / "passwd", {"alice": ALICE_PW})
-    b = broker(password_file=str(pw), max_login_failures=3,
-               listener=[{"host": "127.0.0.1", "port": 0},
-                         {"host": "127.0.0.1", "port": 0, "allow_anonymous": True,
-                          "password_file": ""}], sys_interval=0.5)
+def _throttled_broker(broker, tmp_path, failures=3):
+    pw = write_passwords(tmp_path / "passwd", {"alice": ALICE_PW, "bob": "bob-pw",
+                                                "carol": "carol-pw"})
+    return broker(password_file=str(pw), max_login_failures=failures, sys_interval=0.5,
+                  listener=[{"host": "127.0.0.1", "port": 0},
+                            {"host": "127.0.0.1", "port": 0, "allow_anonymous": True,
+                             "password_file": ""}])
+
+
+def test_wrong_passwords_for_one_user_do_not_lock_out_others_from_the_same_address(
+        broker, tmp_path, uid):
+    """Issue 26, item 7: failed logins are throttled per (address, user name) with growing
+    delays. Another user from the same address is not affected; the attacked user's right
+    password is refused only while the pair's delay runs, and once it has succeeded it is
+    accepted at once, however many wrong ones keep coming."""
+    b = _throttled_broker(broker, tmp_path)
     src = {"source": "127.0.0.2"}
     for i in range(3):
         b.client(f"{uid}-{i}", username="alice", password="wrong", transport=src, expect_rc=4)
     mark = b.mark()
     c = b.client(f"{uid}-right", username="alice", password=ALICE_PW, transport=src, expect_rc=5)
     assert c.expect_closed(5)
-    assert b.wait_log(f"client '{uid}-right' (user 'alice') from 127.0.0.2:{c.local_port}: refused "
-                      f"(CONNACK 5): too many failed logins from 127.0.0.2 (3 within 60 s)",
+    line = b.wait_log(f"client '{uid}-right' (user 'alice') from 127.0.0.2:{c.local_port}: "
+                      f"refused (CONNACK 5): 3 failed logins in a row for user 'alice' from "
+                      f"127.0.0.2; its next password check in", start=mark)
+    assert line and "; not checked" in line
+    # Another user from the same address, and the same user from another address: served.
+    assert b.client(f"{uid}-bob", username="bob", password="bob-pw", transport=src).ping() == []
+    # The delay (1 s after the third failure) passes: the next attempt is checked.
+    wait = float(line.split("next password check in ")[1].split(" s")[0])
+    threading.Event().wait(wait + 0.05)
+    assert b.client(f"{uid}-later", username="alice", password=ALICE_PW,
+                    transport=src).ping() == []
+    # More wrong passwords keep the pair throttled, but the right one, known from its
+    # success, is accepted without a check.
+    for i in range(5):
+        c = b.raw(**src)
+        assert c.connect(f"{uid}-w{i}", username="alice", password=f"wrong-{i}").rc in (4, 5)
+    checks = b.stats()["counters"]["password_checks"]
+    assert b.client(f"{uid}-again", username="alice", password=ALICE_PW,
+                    transport=src).ping() == []
+    assert b.stats()["counters"]["password_checks"] == checks
+
+
+def test_a_brute_force_computes_very_few_hashes(broker, tmp_path, uid):
+    b = _throttled_broker(broker, tmp_path)
+    attempts = []
+    started = time.monotonic()
+    for batch in range(10):                     # 300 guesses, 30 connections at a time
+        conns = [b.raw(source="127.0.0.3") for _ in range(30)]
+        for i, c in enumerate(conns):
+            c.send(m.connect(f"{uid}-b{batch}-{i}", username="alice",
+                             password=f"guess-{batch}-{i}"))
+        attempts += [c.expect(m.CONNACK, timeout=20).rc for c in conns]
+    took = time.monotonic() - started
+    checks = b.stats()["counters"]["password_checks"]
+    # 3 checks, then one more 1 s after the last failure, 2 s after that, 4 s after that...
+    allowed = 3 + sum(1 for k in range(8) if 2 ** (k + 1) - 1 <= took + 1)
+    assert 3 <= checks <= allowed, (checks, took)
+    assert attempts.count(4) == checks and attempts.count(5) == 300 - checks
+    assert wait_counter(b, "password/checks", lambda v: v == checks, b.listeners[1][1])
+
+
+def test_failed_logins_for_many_user_names_throttle_the_address(broker, tmp_path, uid):
+    """Guessing user names as well as passwords: after 10 x max_login_failures failures
+    from an address within the window, only passwords that succeeded before are accepted
+    from it."""
+    b = _throttled_broker(broker, tmp_path)
+    src = {"source": "127.0.0.4"}
+    assert b.client(f"{uid}-bob", username="bob", password="bob-pw", transport=src).ping() == []
+    conns = [b.raw(source="127.0.0.4") for _ in range(40)]
+    for i, c in enumerate(conns):
+        c.send(m.connect(f"{uid}-s{i}", username=f"user{i}", password="guess"))
+    codes = [c.expect(m.CONNACK, timeout=20).rc for c in conns]
+    assert codes.count(4) == 30 and codes.count(5) == 10, codes
+    mark = b.mark()
+    b.client(f"{uid}-carol", username="carol", password="carol-pw", transport=src, expect_rc=5)
+    assert b.wait_log("too many failed logins from 127.0.0.4 (30 within 60 s, any user names)",
                       start=mark)
-    # Another address is not affected.
-    assert b.client(f"{uid}-elsewhere", username="alice", password=ALICE_PW).ping() == []
-    # A concurrent burst from a third address: at most 3 checks, the rest refused outright.
-    burst = [b.raw(source="127.0.0.3") for _ in range(12)]
-    for i, c in enumerate(burst):
-        c.send(m.connect(f"{uid}-burst{i}", username="alice", password="wrong"))
-    codes = sorted(c.expect(m.CONNACK, timeout=20).rc for c in burst)
-    assert codes.count(4) <= 3 and codes.count(5) >= 9, codes
-    assert wait_counter(b, "logins/refused", lambda v: v >= 10, b.listeners[1][1])
+    assert b.client(f"{uid}-bob2", username="bob", password="bob-pw", transport=src).ping() == []
+    assert b.client(f"{uid}-carol2", username="carol", password="carol-pw").ping() == []
 
 
 def test_connect_timeout_keeps_running_while_authenticating(broker, tmp_path, uid):

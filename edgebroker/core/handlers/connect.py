@@ -1,7 +1,7 @@
 """CONNECT and the connection's life: admission, the password check's answer, PINGREQ, DISCONNECT.
 
 A valid CONNECT is checked against the limits (client id, keepalive, the
-broker's admission: memory, max_connections, the listener's cap), then decided
+broker's admission: memory, max_connections, the listener's cap, max_sessions), then decided
 by the listener's policy when there is one: while the password check runs the
 client is "authenticating" (``Client.enter_authenticating``), the socket is not
 read, and packets already received are held (``hold``) and replayed in order
@@ -49,7 +49,7 @@ def on_connect(client, p: P.Connect) -> None:
     if p.keepalive > limits.max_keepalive:
         return refuse(client, 2, f"keepalive {p.keepalive} s is above max_keepalive "
                                  f"({limits.max_keepalive} s)", "max_keepalive")
-    full = broker.admission(client, client_id)
+    full = broker.admission(client, client_id, p.clean_session)
     if full is not None:
         limit, why = full
         broker.events.log(logging.WARNING, limit, client.last_seen,

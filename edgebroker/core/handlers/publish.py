@@ -111,7 +111,7 @@ def _publisher(client, p: P.Publish):
         if not allowed:
             return _drop_denied_publish
     if not known:
-        refused = broker.topics.admit(topic, client.client_id, broker.limits, broker.memory.over)
+        refused = broker.admit_topic(topic, client, p.retain)
         if refused is not None:
             _refuse_publish(client, p, refused)
             return None
