@@ -20,6 +20,7 @@ from edgebroker import _native
 from edgebroker.commitlog.format import (
     FORMAT_VERSION as LOG_FORMAT_VERSION, RECORD_HEADER, RECORD_HEADER_SIZE, Record,
 )
+from edgebroker.config import check_gateway_id
 from edgebroker.errors import EdgebrokerError
 
 MAGIC = b"EDGEBBAT"
@@ -31,24 +32,11 @@ ZSTD_LEVEL = 3
 # CRC32C of the raw bytes, CRC32C of the header (bytes 0-83 and the gateway id)
 _FIXED = struct.Struct("<8sHHHHQQQQQQQQII")
 FIXED_SIZE = _FIXED.size  # 88
-MAX_GATEWAY_ID = 64
-GATEWAY_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 READ_CHUNK = 1024 * 1024
 
 
 class BatchFormatError(EdgebrokerError):
     """A batch file that cannot be read as it is; the message names the file."""
-
-
-def check_gateway_id(gateway_id: str) -> str | None:
-    """None when ``gateway_id`` may name a gateway; else what is wrong with it."""
-    if not 1 <= len(gateway_id) <= MAX_GATEWAY_ID:
-        return f"must be 1 to {MAX_GATEWAY_ID} characters long"
-    if any(ch not in GATEWAY_ID_CHARS for ch in gateway_id):
-        return "may hold only letters A-Z and a-z, digits, '.', '_' and '-'"
-    if gateway_id[0] in ".-":
-        return "must not start with '.' or '-'"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
