@@ -259,7 +259,46 @@ class LogConfig:
         doc="the log's size limit; over it the oldest segments go, uploaded or not")
     retention_ms: int = _setting(
         604_800_000, _at_least(1000),
-        doc="an uploaded segment is deleted once its newest record is this old (ms)")
+        doc="a segment is deleted once its newest record is this old (ms) and, with uploading, "
+            "it was uploaded")
+
+
+def check_upload_url(value):
+    """Empty (no uploading) or a sink URL this edgebroker has."""
+    if not value:
+        return None
+    scheme, sep, rest = value.partition("://")
+    if scheme == "s3" and sep:
+        return "the s3 sink is not built yet; use file:///path/to/landing"
+    if scheme != "file" or not sep or not rest.startswith("/") or rest == "/":
+        return "expected file:///path/to/landing (an absolute folder path, three slashes)"
+    return None
+
+
+def check_gateway_id(value):
+    """None when ``value`` may name a gateway (in object names and batch headers), else what is
+    wrong with it."""
+    if not value:
+        return "must not be empty"
+    if (len(value) > 64 or value[0] in ".-"
+            or any(not (ch.isascii() and (ch.isalnum() or ch in "._-")) for ch in value)):
+        return ("must be 1 to 64 of the letters A-Z and a-z, digits, '.', '_' and '-', not "
+                "starting with '.' or '-'")
+    return None
+
+
+@dataclass(frozen=True)
+class UploadConfig:
+    url: str = _setting(
+        "", check_upload_url, doc="where batches of the log go: file:///path/to/landing; empty: no uploading")
+    gateway_id: str = _setting(
+        "", lambda v: check_gateway_id(v) if v else None, doc="this gateway's name in object names (empty: the machine id, else the host name)")
+    batch_bytes: int = _setting(
+        8 * MiB, _between(4096, 1024 * MiB), doc="a batch holds at most this many bytes of records")
+    batch_max_age: float = _setting(
+        60.0, _between(1, 86400), doc="a batch is cut at most this many seconds after its oldest record")
+    upload_bandwidth: int = _setting(
+        0, _at_least(0), doc="bytes per second the uploads may send on average; 0: unlimited")
 
 
 @dataclass(frozen=True)
@@ -292,6 +331,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     log: LogConfig = field(default_factory=LogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    upload: UploadConfig = field(default_factory=UploadConfig)
     source: str = field(default="", compare=False)
 
     @property
@@ -352,6 +392,8 @@ def _build(cls, table: Any, prefix: str):
             values[name] = _build_metrics(raw)
         elif cls is Config and name == "log":
             values[name] = _build_log(raw)
+        elif cls is Config and name == "upload":
+            values[name] = _build(UploadConfig, raw, "upload.")
         else:
             value = _coerce(raw, hints[name], key)
             check = f.metadata.get("check")
@@ -487,7 +529,8 @@ def describe() -> list[tuple[str, Any, str]]:
     """(key, default, meaning) for every setting, for docs and `config check`."""
     rows = []
     for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits),
-                        ("log.", LogConfig), ("metrics.", MetricsConfig)):
+                        ("log.", LogConfig), ("metrics.", MetricsConfig),
+                        ("upload.", UploadConfig)):
         for f in dataclasses.fields(cls):
             if "doc" in f.metadata:
                 rows.append((prefix + f.name, f.default, f.metadata["doc"]))

@@ -104,7 +104,8 @@ def test_parse_address_errors(text):
 
 # The docs/config.md section that lists the keys with each prefix.
 DOC_SECTIONS = {"": "## Top level", "listener.": "## `[[listener]]`", "limits.": "## `[limits]`",
-                "log.": "## `[log]`", "metrics.": "## `[metrics]`"}
+                "log.": "## `[log]`", "metrics.": "## `[metrics]`",
+                "upload.": "## `[upload]`"}
 
 
 def _doc_section(docs: str, heading: str) -> str:

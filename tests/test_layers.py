@@ -14,6 +14,7 @@ LAYERS = [
     {"edgebroker.mqtt"},
     {"edgebroker._native"},
     {"edgebroker.commitlog"},
+    {"edgebroker.uploader"},
     {"edgebroker.security"},
     {"edgebroker.core"},
     {"edgebroker.server"},

@@ -180,6 +180,7 @@ def format_stats(s: dict) -> str:
         f"p99 {loop['pass_p99_seconds'] * 1000:.3f} ms, {loop['passes']} passes",
         f"process     {memory}",
         f"log         {_log_line(s.get('log'))}",
+        f"upload      {upload_line(s.get('upload'))}",
         f"limits hit  {_nonzero(s['limit_hits'])}",
         f"refused     {_nonzero(s['refused'])}",
         f"dropped     {_nonzero(s['dropped'])}",
@@ -194,6 +195,18 @@ def _log_line(fig: dict | None) -> str:
     return (f"durability {fig['durability']}, next offset {fig['next_offset']}, written "
             f"{fig['written_offset']}, fsynced {fig['durable_offset']}, {fig['acks_waiting']} acks "
             f"waiting, {fig['fsyncs']} fsyncs ({fig['fsync_errors']} failed){state}")
+
+
+def upload_line(fig: dict | None) -> str:
+    if fig is None:
+        return "off"
+    alarm = f" ALARM: {fig['last_error']}" if fig["alarm"] else ""
+    last = f"; last error: {fig['last_error']}" if fig["last_error"] and not alarm else ""
+    return (f"to {fig['url']} as {fig['gateway_id']}, {fig['state']}, mark "
+            f"{fig['uploaded_offset']}; shipped {fig['batches']} batches, {fig['records']} "
+            f"records, {_size(fig['bytes'])}; backlog {fig['backlog_batches']} batches, "
+            f"{_size(fig['backlog_bytes'])}, oldest {_duration(fig['backlog_age_seconds'])}, lag "
+            f"{fig['lag_seconds']:.1f} s; {fig['retries']} retries{alarm}{last}")
 
 
 # ----- clients -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.cli import config_check, inspect, passwd, serve
+from edgebroker.cli import config_check, inspect, passwd, serve, upload
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_check.add_parser(commands)
     inspect.add_parser(commands)   # offline log commands and the live ones (inspect_live)
     passwd.add_parser(commands)
+    upload.add_parser(commands)
     return parser
 
 

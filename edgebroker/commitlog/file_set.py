@@ -20,7 +20,9 @@ from typing import Callable
 
 from edgebroker.commitlog import retention
 from edgebroker.commitlog.errors import LogError
-from edgebroker.commitlog.format import SegmentInfo, write_small_file
+from edgebroker.commitlog.format import (
+    SEGMENT_HEADER_SIZE, SegmentInfo, UploadSource, write_small_file,
+)
 from edgebroker.commitlog.recovery import UPLOADED_FILE
 from edgebroker.commitlog.segment import Segment
 
@@ -73,8 +75,11 @@ def housekeeping(self) -> None:
     self._unstage()  # staged records count as pending (keep the segment open)
     now = self._clock()
     tail = self._tail
+    max_age = self.options.segment_ms
+    if self.upload_age_ms is not None:
+        max_age = min(max_age, self.upload_age_ms)
     if (tail.count and not tail.sealed and not tail.full and tail.first_timestamp is not None
-            and now - tail.first_timestamp >= self.options.segment_ms
+            and now - tail.first_timestamp >= max_age
             and not any(g.segment is tail for g in self._groups)):
         tail.full = True
         self._seal(tail)
@@ -84,7 +89,9 @@ def housekeeping(self) -> None:
 
 def apply_retention(self, now: int) -> None:
     opts = self.options
-    for seg, forced, reason in retention.plan(self._segments, self._uploaded, now,
+    # Without an uploader nothing is ever uploaded: retention by age applies to every segment.
+    uploaded = self._uploaded if opts.wait_for_upload else 1 << 63
+    for seg, forced, reason in retention.plan(self._segments, uploaded, now,
                                               opts.retention_bytes, opts.retention_ms,
                                               self.hold_offset):
         self._delete_segment(seg, forced, reason)
@@ -153,9 +160,12 @@ def close_retired(self, stop: bool = False) -> None:
 
 def mark_uploaded(self, up_to_offset: int) -> None:
     """Every record below ``up_to_offset`` has been uploaded; persisted (fsynced file), so
-    retention may delete those segments. Any thread; not the core (it writes a file)."""
+    retention may delete those segments. Any thread; not the core (it writes a file): the
+    uploader thread of the broker that writes the log. A read-only log refuses (LogError): the
+    mark belongs to the process that holds the log's lock."""
     if self.readonly:
-        raise LogError(f"{self.directory}: the log is open read-only")
+        raise LogError(f"{self.directory}: the log is open read-only; only the broker that "
+                       f"writes it advances the uploaded mark")
     with self._upload_lock:
         with self._lock:
             up_to_offset = min(up_to_offset, self._written)
@@ -166,6 +176,50 @@ def mark_uploaded(self, up_to_offset: int) -> None:
                          self._dir_fd)
         with self._lock:
             self._uploaded = max(self._uploaded, up_to_offset)
+
+
+def upload_source(self, start: int) -> UploadSource | None:
+    """The sealed and fsynced segment holding the first record at or after ``start``, for the
+    uploader (any thread): None when that record is not in such a segment yet."""
+    with self._lock:
+        durable = self._durable
+        for seg in self._segments:
+            if seg.next_offset <= start or not seg.count:
+                continue
+            if not seg.sealed or seg.next_offset > durable or seg.fd < 0:
+                return None
+            j = seg.find_offset(start)
+            if j >= seg.count:
+                continue
+            return UploadSource(seg.path, os.dup(seg.fd), seg.entry(j)[1], seg.size,
+                                seg.next_offset, self._tail is not seg)
+    return None
+
+
+def upload_backlog(self, start: int) -> tuple[int, int, int | None, int]:
+    """What is not uploaded from ``start`` on (any thread): ``(sealed segments, bytes of the
+    segment files, timestamp of the oldest record or None, largest timestamp)``."""
+    segments = 0
+    nbytes = 0
+    oldest = None
+    newest = 0
+    with self._lock:
+        for seg in self._segments:
+            if seg.next_offset <= start or not seg.count:
+                continue
+            if seg.base_offset >= start or not seg.sealed:
+                position, ts = SEGMENT_HEADER_SIZE, seg.first_timestamp
+            else:
+                j = seg.find_offset(start)
+                if j >= seg.count:
+                    continue
+                _, position, ts = seg.entry(j)
+            segments += seg.sealed
+            nbytes += max(seg.size - position, 0)
+            if oldest is None:
+                oldest = ts
+            newest = max(newest, seg.max_timestamp)
+    return segments, nbytes, oldest, newest
 
 
 def descriptors_at_retention(self) -> tuple[int, int]:

@@ -42,6 +42,8 @@ class LogOptions:
     retention_ms: int = 7 * 24 * 3600 * 1000
     # While writes fail, records beyond this many pending bytes are refused (LogFullError).
     max_pending_bytes: int = 32 * MiB
+    # Retention waits for the uploaded mark (an uploader is configured); False: it does not.
+    wait_for_upload: bool = True
 
     def __post_init__(self):
         if not 4096 <= self.segment_bytes <= GiB:
@@ -54,10 +56,12 @@ class LogOptions:
                              f"segment_bytes ({self.segment_bytes})")
 
     @classmethod
-    def from_config(cls, log_config) -> "LogOptions":
-        """From the ``[log]`` table of edgebroker.config (a ``config.LogConfig``)."""
+    def from_config(cls, log_config, uploading: bool = True) -> "LogOptions":
+        """From the ``[log]`` table of edgebroker.config (a ``config.LogConfig``); ``uploading``:
+        an uploader is configured (``[upload] url``), so retention waits for it."""
         return cls(segment_bytes=log_config.segment_bytes, segment_ms=log_config.segment_ms,
-                   retention_bytes=log_config.retention_bytes, retention_ms=log_config.retention_ms)
+                   retention_bytes=log_config.retention_bytes, retention_ms=log_config.retention_ms,
+                   wait_for_upload=uploading)
 
 
 @dataclass(slots=True)
@@ -104,6 +108,20 @@ class SegmentInfo:
     active: bool              # the segment being appended to
     uploaded: bool
     path: str
+
+
+@dataclass(slots=True)
+class UploadSource:
+    """A sealed, fsynced segment for the uploader: ``fd`` is a duplicate of its descriptor
+    (the caller closes it; the file stays readable if retention deletes it meanwhile),
+    ``position`` where the first record to upload starts, ``size`` where its records end."""
+
+    path: str
+    fd: int
+    position: int
+    size: int
+    next_offset: int
+    rolled: bool    # a newer segment follows (False: sealed by age, the log's last one)
 
 
 @dataclass(slots=True)

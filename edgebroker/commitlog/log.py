@@ -19,7 +19,7 @@ PUBLISH, is no wrapper:
 
 Threads. The core thread appends, writes, reads, rolls and runs retention; it never fsyncs.
 The flusher thread calls ``sync()`` (fsync, outside the lock) and ``verify_step()``; the
-segment-ahead thread ``prepare_spare()``. Any thread may call ``mark_uploaded()``. One lock
+segment-ahead thread ``prepare_spare()``; the uploader thread ``mark_uploaded()``. One lock
 guards what they share: the set of segments written but not yet synced, the written and durable
 offsets, the segment list, the uploaded mark and the file made ahead. The flusher
 syncs through duplicated file descriptors, so the core may seal or delete a segment meanwhile.
@@ -38,15 +38,19 @@ Who calls what, and the locks held:
                      verify_step (``_lock`` around the pick and the result, scan without);
                      close_retired (``_lock``)
     segment-ahead    prepare_spare (``_lock`` to check and to install; the allocation without)
-    any thread       mark_uploaded: ``_upload_lock``, inside it ``_lock`` around the reads and
-                     writes of ``_uploaded``; the file is written between the two
+    uploader         mark_uploaded: ``_upload_lock``, inside it ``_lock`` around the reads and
+                     writes of ``_uploaded``; the file is written between the two;
+                     upload_source and upload_backlog (``_lock``)
     damage           _remember_damage (``_lock``), from readers, recovery and verify_step
 
 Nesting: ``_lock`` and ``_rp_lock`` are taken inside ``_sync_lock``, ``_lock`` inside
 ``_upload_lock``; no other lock is taken while one is held.
 
-Read-only opens (``readonly=True``: ``edgebroker inspect``, the uploader in another process) take
+Read-only opens (``readonly=True``: ``edgebroker inspect``, ``edgebroker upload status``) take
 no lock, change no file, and see what the writer has written so far; ``refresh()`` picks up more.
+They cannot advance the uploaded mark: the uploader is a thread of the broker that writes the
+log (edgebroker/uploader/), which reads sealed segments through ``upload_source`` and calls
+``mark_uploaded``.
 
 The format is documented byte by byte in docs/log-format.md.
 """
@@ -149,6 +153,10 @@ class CommitLog:
         # oldest record a session's cursor still needs (set by the core; the disk limit,
         # retention_bytes, still deletes them).
         self.hold_offset = 1 << 63
+        # Set by the broker when it uploads (``[upload] batch_max_age``): housekeeping also seals
+        # the segment being written once its first record is this old, so a batch cut by age
+        # is a sealed segment's end.
+        self.upload_age_ms: int | None = None
         self._recovery_point = 0
         self._dir_fd = -1
         self._lock_fd = -1
@@ -332,6 +340,8 @@ class CommitLog:
     defer_closes = file_set.defer_closes
     close_retired = file_set.close_retired
     mark_uploaded = file_set.mark_uploaded
+    upload_source = file_set.upload_source
+    upload_backlog = file_set.upload_backlog
     descriptors_at_retention = file_set.descriptors_at_retention
     descriptors_held = file_set.descriptors_held
     segments = file_set.segments

@@ -8,7 +8,7 @@ Rules (docs/log-format.md, "Retention"):
   disk limit wins. A segment deleted before it was uploaded is *forced*; the caller counts and
   logs it.
 * Otherwise a segment goes when it was uploaded (every record's offset is below the uploaded
-  mark), no session still needs it (every record's offset is below ``hold_offset``, the oldest
+  mark; the caller passes ``1 << 63`` when no uploader is configured), no session still needs it (every record's offset is below ``hold_offset``, the oldest
   cursor of a session that reads from the log) and its newest record is ``retention_ms`` or
   more old.
 """
@@ -33,7 +33,8 @@ def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes:
                                                f"({total} > {retention_bytes} bytes)"))
         elif (uploaded and seg.next_offset <= hold_offset
               and (seg.count == 0 or seg.max_timestamp + retention_ms <= now_ms)):
-            victims.append((seg, False, "uploaded, and older than retention_ms"))
+            victims.append((seg, False, "older than retention_ms" + (
+                ", and uploaded" if uploaded_offset < 1 << 63 else " (no uploader)")))
         else:
             break
         total -= seg_bytes

@@ -89,6 +89,9 @@ class Broker(Router, Sessions, CatchUp, Timers, Persistence):
         # Persistent sessions' QoS 2 exchanges (core.exchanges.ExchangeJournal), set by the
         # server with the state directory; None: not journaled (in-process use).
         self.exchanges = None
+        # The uploader's figures for the stats (uploader.Uploader.figures, any thread), set by
+        # the server when [upload] url is set; None: no uploading.
+        self.upload_figures = None
         self._init_persistence(commit_log)
         self._init_catchup()
         self.sys = SysTopics(self, self.started)

@@ -85,6 +85,7 @@ def snapshot(broker, now: float) -> dict:
         "process": {"rss_bytes": guard.rss, "cpu_seconds": guard.cpu_seconds,
                     "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over},
         "log": broker.journal.figures() if broker.journal is not None else None,
+        "upload": broker.upload_figures() if broker.upload_figures is not None else None,
     }
 
 

@@ -42,6 +42,7 @@ from edgebroker.server.listeners import ACCEPT_PAUSE, Listener, UnixListener
 from edgebroker.server.loop import Loop, hold_window
 from edgebroker.server.tls import TLSServer, TLSTransport
 from edgebroker.server.transport import Transport
+from edgebroker.uploader.uploader import Uploader
 
 log = logging.getLogger("edgebroker.server")
 
@@ -140,6 +141,7 @@ class App:
         self.listeners: list[Listener] = []
         self.accept_gate = self._make_accept_gate(config)
         self._wake_timer = Timer(self._on_wake_timer)  # makes select return for paused listeners
+        self.uploader = None  # uploader.Uploader, with [upload] url
         self.admin = None     # server.admin.AdminServer
         self.metrics = None   # server.metrics_http.MetricsServer
         self.authenticator = Authenticator(loop.wake, clock, config.max_login_failures,
@@ -164,6 +166,8 @@ class App:
         loop.install_signal_handlers()
         self.flusher.start()
         self.snapshots.start()
+        if self.uploader is not None:
+            self.uploader.start()
         sdnotify.notify("READY=1\nSTATUS=serving MQTT")
         log.info("edgebroker %s ready", __version__)
         loop.run()
@@ -178,8 +182,9 @@ class App:
         certificate, say) stops the start before any state is touched."""
         config = self.config
         _native.log_backend()
+        uploading = bool(config.upload.url)
         self.log = CommitLog.open(os.path.join(self.state_dir, "log"),
-                                  LogOptions.from_config(config.log), clock_ms=wall_ms)
+                                  LogOptions.from_config(config.log, uploading), clock_ms=wall_ms)
         self.broker = Broker(config, self.clock, commit_log=self.log, wall_ms=wall_ms)
         self.authenticator.stats = self.broker.stats   # it counts the password checks there
         self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,
@@ -194,6 +199,9 @@ class App:
         self.loop.log = self.log
         self._restore()
         self.warn_open_files()
+        if uploading:
+            self.uploader = Uploader(self.log, self.state_dir, config.upload, clock_ms=wall_ms)
+            self.broker.upload_figures = self.uploader.figures
 
     def _restore(self) -> None:
         """Sessions and retained messages from the snapshot, then the log written after it."""
@@ -392,6 +400,8 @@ class App:
             if [_listening(lc) for lc in config.listeners] != running:
                 log.warning("reload: listener changes (addresses, protocol, websocket_path) "
                             "take effect after a restart")
+            if config.upload != self.config.upload:
+                log.warning("reload: [upload] changes take effect after a restart")
             try:
                 self.reload_security(config)
             except ConfigError as exc:
@@ -476,6 +486,8 @@ class App:
         # Everything received is written and synced, so the acknowledgements
         # still waiting can go out before the connections close.
         self.broker.end_pass()
+        if self.uploader is not None:
+            self.uploader.stop()
         self.flusher.stop()
         loop = self.loop
         loop.drain_wakeups(0)

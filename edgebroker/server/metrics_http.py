@@ -115,6 +115,32 @@ METRICS = (
      lambda s: int(s["process"]["memory_over_limit"])),
 )
 
+# With [upload] url: (name, type, help, key of snapshot["upload"]).
+UPLOAD_METRICS = (
+    ("edgebroker_upload_batches_total", "counter", "Batches the uploader stored.", "batches"),
+    ("edgebroker_upload_records_total", "counter", "Log records the uploader stored.", "records"),
+    ("edgebroker_upload_bytes_total", "counter", "Compressed batch bytes the uploader stored.",
+     "bytes"),
+    ("edgebroker_upload_retries_total", "counter", "Failed batch uploads that were retried.",
+     "retries"),
+    ("edgebroker_upload_permanent_errors_total", "counter",
+     "Uploads that failed in a way retrying does not cure (they raise the alarm).",
+     "permanent_errors"),
+    ("edgebroker_upload_alarm", "gauge",
+     "1 while the last upload failed permanently (the data stays in the log).", "alarm"),
+    ("edgebroker_upload_gap_offsets_total", "counter",
+     "Offsets reported as never uploaded (deleted by retention_bytes before upload, damaged).",
+     "gap_offsets"),
+    ("edgebroker_upload_backlog_bytes", "gauge", "Bytes of the log not uploaded yet.",
+     "backlog_bytes"),
+    ("edgebroker_upload_backlog_batches", "gauge", "About how many batches the backlog makes.",
+     "backlog_batches"),
+    ("edgebroker_upload_backlog_age_seconds", "gauge",
+     "Age of the oldest record not uploaded yet (0: none).", "backlog_age_seconds"),
+    ("edgebroker_upload_lag_seconds", "gauge",
+     "Record time between the newest record in the log and the newest uploaded.", "lag_seconds"),
+)
+
 # (name, help, snapshot key, label name) -- one sample per known name, zeros included.
 LABELLED = (
     ("edgebroker_limit_hits_total", "Times each limit was reached (docs/limits.md).",
@@ -149,6 +175,11 @@ def render(snapshot: dict) -> str:
         out.append(f"# TYPE {name} counter")
         for item, value in sorted(snapshot[key].items()):
             out.append(f'{name}{{{label}="{item}"}} {_number(value)}')
+    upload = snapshot.get("upload")
+    for name, kind, help_text, key in UPLOAD_METRICS if upload else ():
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        out.append(f"{name} {_number(upload[key])}")
     loop = snapshot["loop"]
     name = "edgebroker_loop_pass_seconds"
     out.append(f"# HELP {name} Time the core loop spent per pass (work, not waiting); "

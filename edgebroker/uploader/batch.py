@@ -1,0 +1,203 @@
+"""The upload batch format (docs/upload-format.md): one zstd frame holding a header and the
+exact record bytes of one contiguous offset range of the commit log.
+
+``write_batch`` streams the records through the compressor (memory bounded by the chunks it is
+given); ``read_batch_file`` reads one batch file back, checking everything it can (magic,
+version, both CRC32Cs, every record's CRC, the counts and ranges the header claims), and names
+the file in every error.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import BinaryIO, Iterable
+
+import zstandard
+
+from edgebroker import _native
+from edgebroker.commitlog.format import (
+    FORMAT_VERSION as LOG_FORMAT_VERSION, RECORD_HEADER, RECORD_HEADER_SIZE, Record,
+)
+from edgebroker.config import check_gateway_id
+from edgebroker.errors import EdgebrokerError
+
+MAGIC = b"EDGEBBAT"
+BATCH_VERSION = 1
+SUFFIX = ".ebb.zst"
+ZSTD_LEVEL = 3
+# magic, batch version, header length, log format version, gateway id length, first offset,
+# last offset, record count, min timestamp, max timestamp, raw length, gap first, gap length,
+# CRC32C of the raw bytes, CRC32C of the header (bytes 0-83 and the gateway id)
+_FIXED = struct.Struct("<8sHHHHQQQQQQQQII")
+FIXED_SIZE = _FIXED.size  # 88
+READ_CHUNK = 1024 * 1024
+
+
+class BatchFormatError(EdgebrokerError):
+    """A batch file that cannot be read as it is; the message names the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    gateway_id: str
+    first_offset: int
+    last_offset: int
+    record_count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+    raw_length: int
+    raw_crc32c: int
+    gap_first: int = 0    # offsets before this batch that no batch holds: [gap_first,
+    gap_length: int = 0   # gap_first + gap_length); 0: none
+    log_format_version: int = LOG_FORMAT_VERSION
+    version: int = BATCH_VERSION
+
+    def encode(self) -> bytes:
+        gid = self.gateway_id.encode("ascii")
+        fixed = _FIXED.pack(MAGIC, self.version, FIXED_SIZE + len(gid), self.log_format_version,
+                            len(gid), self.first_offset, self.last_offset, self.record_count,
+                            self.min_timestamp_ms, self.max_timestamp_ms, self.raw_length,
+                            self.gap_first, self.gap_length, self.raw_crc32c, 0)
+        crc = _native.crc32c(gid, _native.crc32c(fixed[:84]))
+        return fixed[:84] + struct.pack("<I", crc) + gid
+
+
+def object_name(prefix: str, gateway_id: str, first: int, last: int, first_ts_ms: int) -> str:
+    """``<prefix>/gateway=<id>/date=<YYYY-MM-DD>/<first:020>-<last:020>.ebb.zst``, the date (UTC)
+    from ``first_ts_ms``, the first record's timestamp."""
+    day = datetime.fromtimestamp(first_ts_ms / 1000, timezone.utc).strftime("%Y-%m-%d")
+    name = f"gateway={gateway_id}/date={day}/{first:020d}-{last:020d}{SUFFIX}"
+    prefix = prefix.strip("/")
+    return f"{prefix}/{name}" if prefix else name
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    # Fixed parameters: the same records always compress to the same bytes (with the same
+    # zstd library), so a retry rewrites an object with the very bytes it has.
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True,
+                                    write_content_size=True, threads=0)
+
+
+def write_batch(out: BinaryIO, header: BatchHeader, chunks: Iterable[bytes]) -> int:
+    """Write the batch (header, then ``chunks``: the raw record bytes, ``header.raw_length`` in
+    all) to ``out`` as one zstd frame; the number of compressed bytes written."""
+    head = header.encode()
+    total = len(head) + header.raw_length
+    writer = _compressor().stream_writer(out, size=total, closefd=False)
+    writer.write(head)
+    given = 0
+    for chunk in chunks:
+        given += len(chunk)
+        writer.write(chunk)
+    if given != header.raw_length:
+        raise ValueError(f"the header says {header.raw_length} raw bytes, {given} were given")
+    writer.flush(zstandard.FLUSH_FRAME)
+    written = writer.tell()
+    writer.close()
+    return written
+
+
+def _read_exactly(reader, n: int, path: str, what: str) -> bytes:
+    parts = []
+    left = n
+    while left:
+        chunk = reader.read(min(left, READ_CHUNK))
+        if not chunk:
+            raise BatchFormatError(f"{path}: ends inside {what} ({n - left} of {n} bytes)")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def decode_header(data: bytes, path: str) -> BatchHeader:
+    """The header at the start of ``data`` (the decompressed batch)."""
+    if len(data) < FIXED_SIZE:
+        raise BatchFormatError(f"{path}: {len(data)} bytes, shorter than a batch header")
+    (magic, version, hlen, log_version, gid_len, first, last, count, min_ts, max_ts, raw_len,
+     gap_first, gap_len, raw_crc, head_crc) = _FIXED.unpack_from(data)
+    if magic != MAGIC:
+        raise BatchFormatError(f"{path}: not an edgebroker upload batch (magic {magic!r})")
+    if version != BATCH_VERSION:
+        raise BatchFormatError(f"{path}: batch format version {version}; this edgebroker reads "
+                               f"version {BATCH_VERSION} (written by a newer edgebroker?)")
+    if hlen != FIXED_SIZE + gid_len or len(data) < hlen:
+        raise BatchFormatError(f"{path}: header length {hlen} does not fit a gateway id of "
+                               f"{gid_len} bytes")
+    gid = bytes(data[FIXED_SIZE:hlen])
+    if _native.crc32c(gid, _native.crc32c(bytes(data[:84]))) != head_crc:
+        raise BatchFormatError(f"{path}: header checksum mismatch")
+    if log_version != LOG_FORMAT_VERSION:
+        raise BatchFormatError(f"{path}: records of log format version {log_version}; this "
+                               f"edgebroker reads version {LOG_FORMAT_VERSION}")
+    return BatchHeader(gid.decode("ascii", "replace"), first, last, count, min_ts, max_ts,
+                       raw_len, raw_crc, gap_first, gap_len, log_version, version)
+
+
+def parse_records(raw: bytes, header: BatchHeader, path: str) -> list[Record]:
+    """The records of a batch's raw bytes, each checked (lengths, CRC) against the header."""
+    records = []
+    view = memoryview(raw)
+    pos = 0
+    previous = -1
+    while pos < len(raw):
+        if len(raw) - pos < RECORD_HEADER_SIZE:
+            raise BatchFormatError(f"{path}: record at raw position {pos} is cut short")
+        crc, length, offset, ts, attrs, reserved, cl, tl, pl = RECORD_HEADER.unpack_from(raw, pos)
+        where = f"{path}: record at raw position {pos} (offset {offset})"
+        if (length != RECORD_HEADER_SIZE + cl + tl + pl or pos + length > len(raw)
+                or attrs & 0xF8 or attrs & 3 == 3 or reserved):
+            raise BatchFormatError(f"{where}: malformed header")
+        if _native.crc32c(view[pos + 4:pos + length]) != crc:
+            raise BatchFormatError(f"{where}: checksum mismatch")
+        if offset <= previous or not header.first_offset <= offset <= header.last_offset:
+            raise BatchFormatError(f"{where}: offset out of order or outside "
+                                   f"{header.first_offset}..{header.last_offset}")
+        previous = offset
+        p = pos + RECORD_HEADER_SIZE
+        records.append(Record(offset, ts, attrs & 3, bool(attrs & 4), bytes(view[p:p + cl]),
+                              bytes(view[p + cl:p + cl + tl]), bytes(view[p + cl + tl:pos + length])))
+        pos += length
+    if len(records) != header.record_count:
+        raise BatchFormatError(f"{path}: {len(records)} records, the header says "
+                               f"{header.record_count}")
+    if records and (records[0].offset != header.first_offset
+                    or records[-1].offset != header.last_offset):
+        raise BatchFormatError(f"{path}: records {records[0].offset}..{records[-1].offset}, the "
+                               f"header says {header.first_offset}..{header.last_offset}")
+    stamps = [r.timestamp_ms for r in records]
+    if stamps and (min(stamps) != header.min_timestamp_ms or max(stamps) != header.max_timestamp_ms):
+        raise BatchFormatError(f"{path}: timestamps {min(stamps)}..{max(stamps)}, the header says "
+                               f"{header.min_timestamp_ms}..{header.max_timestamp_ms}")
+    return records
+
+
+def read_batch_file(path: str) -> tuple[BatchHeader, list[Record]]:
+    """Read the batch file at ``path``: its header and its records, everything checked;
+    ``BatchFormatError`` naming the file for anything wrong (an unknown batch or log format
+    version included)."""
+    try:
+        with open(path, "rb") as fh:
+            reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+            first = reader.read(FIXED_SIZE)
+            if len(first) < FIXED_SIZE:
+                raise BatchFormatError(f"{path}: {len(first)} bytes, shorter than a batch header")
+            hlen = struct.unpack_from("<H", first, 10)[0]
+            head = first + _read_exactly(reader, max(hlen - FIXED_SIZE, 0), path, "the header")
+            header = decode_header(head, path)
+            raw = _read_exactly(reader, header.raw_length, path, "the records")
+            if reader.read(1):
+                raise BatchFormatError(f"{path}: bytes after the {header.raw_length} raw bytes "
+                                       f"the header announces")
+    except zstandard.ZstdError as exc:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
+    except OSError as exc:
+        raise BatchFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if _native.crc32c(raw) != header.raw_crc32c:
+        raise BatchFormatError(f"{path}: the records' checksum does not match the header")
+    return header, parse_records(raw, header, path)
+
+
+__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "write_batch", "object_name",
+           "check_gateway_id", "MAGIC", "BATCH_VERSION", "SUFFIX"]

@@ -1,0 +1,345 @@
+"""The uploader: a thread of ``edgebroker serve`` that ships the commit log in batches.
+
+Each round it takes the first record not uploaded yet (the log's uploaded mark), finds it in a
+sealed, fsynced segment (``CommitLog.upload_source``: a duplicate descriptor, so the core may
+delete the file meanwhile), cuts a batch there (``cutter.plan``: up to ``batch_bytes`` of
+records or the segment's end), records the batch's range in the intent file (fsynced), writes
+the batch file into ``<state dir>/upload/`` and has the sink store it under its deterministic
+name, retrying with full-jitter exponential back-off; then it advances the uploaded mark.
+
+Batches cut by age: the broker sets ``CommitLog.upload_age_ms`` so the log seals its segment
+being written once the first record is ``batch_max_age`` old, and that segment's end ends the
+batch. The intent file makes a crash harmless: after a restart the batch is cut again from the
+range the intent names (even if ``batch_bytes`` changed), so the object gets the same name and
+the same bytes, and the landing area holds every record once.
+
+The thread only reads sealed segment files and calls ``upload_source``, ``upload_backlog`` and
+``mark_uploaded`` (each takes the log's lock briefly); it never waits for the core thread.
+Memory: the batch is streamed (1 MiB reads through the compressor), whatever ``batch_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from edgebroker.commitlog.format import write_small_file
+from edgebroker.errors import ConfigError
+from edgebroker.uploader import cutter
+from edgebroker.uploader.batch import check_gateway_id
+from edgebroker.uploader.sinks import PermanentSinkError, SinkError, TransientSinkError, open_sink
+
+log = logging.getLogger("edgebroker.upload")
+
+UPLOAD_DIR = "upload"
+INTENT_FILE = "intent"
+SPOOL_FILE = "batch.ebb.zst.tmp"
+MACHINE_ID = "/etc/machine-id"
+POLL_SECONDS = 0.5
+BACKOFF_BASE = 1.0
+BACKOFF_CAP = 60.0
+STOP_WAIT = 10.0
+
+
+class Stopped(Exception):
+    """The broker is stopping: leave the batch as it is (the intent file keeps its range)."""
+
+
+def default_gateway_id(machine_id_path: str = MACHINE_ID) -> str:
+    """The machine id (systemd's /etc/machine-id), else the host name."""
+    try:
+        with open(machine_id_path, encoding="ascii") as fh:
+            text = fh.read().strip()
+        if text and check_gateway_id(text) is None:
+            return text
+    except (OSError, UnicodeDecodeError):
+        pass
+    return socket.gethostname().split(".")[0]
+
+
+def gateway_id_of(upload_config) -> str:
+    gid = upload_config.gateway_id or default_gateway_id()
+    problem = check_gateway_id(gid)
+    if problem:
+        how = "" if upload_config.gateway_id else " (taken from the machine id or host name: set it)"
+        raise ConfigError(f"upload.gateway_id: {gid!r} {problem}{how}")
+    return gid
+
+
+@dataclass(slots=True)
+class Intent:
+    first: int
+    last: int
+    gap_first: int
+    gap_length: int
+    key: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"first": self.first, "last": self.last, "gap_first": self.gap_first,
+                           "gap_length": self.gap_length, "key": self.key}).encode() + b"\n"
+
+
+def read_intent(upload_dir: str) -> Intent | None:
+    """The intent file's batch (None when there is none or it cannot be read: logged)."""
+    path = os.path.join(upload_dir, INTENT_FILE)
+    try:
+        with open(path, "rb") as fh:
+            d = json.loads(fh.read())
+        return Intent(int(d["first"]), int(d["last"]), int(d["gap_first"]), int(d["gap_length"]),
+                      str(d["key"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("%s: unreadable (%s); the next batch is cut afresh", path, exc)
+        return None
+
+
+class TokenBucket:
+    """``rate`` bytes per second on average, bursts up to one second's worth (a larger
+    request runs the bucket into debt, repaid before the next one goes)."""
+
+    def __init__(self, rate: int, wait, clock=time.monotonic):
+        self.rate = rate
+        self.tokens = float(rate)
+        self.clock = clock
+        self.last = clock()
+        self.wait = wait   # wait(seconds) -> True when stopping
+
+    def take(self, n: int) -> None:
+        if not self.rate:
+            return
+        now = self.clock()
+        self.tokens = min(float(self.rate), self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens < 0 and self.wait(-self.tokens / self.rate):
+            raise Stopped
+        self.tokens -= n
+
+
+class Uploader:
+    def __init__(self, commit_log, state_dir: str, upload_config, clock_ms=None):
+        self.log = commit_log
+        self.config = upload_config
+        self.gateway_id = gateway_id_of(upload_config)
+        self.sink = open_sink(upload_config.url)
+        self.prefix = ""
+        self.dir = os.path.join(state_dir, UPLOAD_DIR)
+        self.spool = os.path.join(self.dir, SPOOL_FILE)
+        self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dir_fd = -1
+        self.bucket = TokenBucket(upload_config.upload_bandwidth, self._stop.wait)
+        self._lock = threading.Lock()
+        self._logged_error = ""
+        self.intent: Intent | None = None
+        # figures (read by figures(), any thread)
+        self.batches = 0
+        self.bytes_raw = 0
+        self.bytes_shipped = 0     # compressed bytes stored by the sink
+        self.records = 0
+        self.retries = 0
+        self.permanent_errors = 0
+        self.alarm = False
+        self.last_error = ""
+        self.last_error_time = 0.0
+        self.last_success_time = 0.0
+        self.gap_offsets = 0
+        self.backlog = (0, 0, None, 0)
+        self.shipped_max_ts = 0
+        self.state = "idle"
+
+    # -- life ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.intent = read_intent(self.dir)
+        self.log.upload_age_ms = int(self.config.batch_max_age * 1000)
+        log.info("uploading the log to %s as gateway %s (batches of up to %d bytes or %g s%s)",
+                 self.sink.name, self.gateway_id, self.config.batch_bytes,
+                 self.config.batch_max_age,
+                 f", at most {self.config.upload_bandwidth} bytes/s"
+                 if self.config.upload_bandwidth else "")
+        self._thread = threading.Thread(target=self._run, name="edgebroker-uploader", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT)
+            if self._thread.is_alive():
+                log.warning("the uploader did not stop within %g s (a sink that does not "
+                            "answer); the intent file keeps its batch for the next start",
+                            STOP_WAIT)
+        self.sink.close()
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                worked = self.step()
+                failures = 0
+            except Stopped:
+                return
+            except Exception as exc:  # a bug or a local disk error: keep the thread alive
+                failures += 1
+                self._note_error(f"uploader: {exc}", permanent=False)
+                log.exception("uploader round failed; retrying")
+                if self._stop.wait(_backoff(failures)):
+                    return
+                continue
+            if not worked and self._stop.wait(POLL_SECONDS):
+                return
+
+    # -- one round -------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Ship one batch if one is ready: True when one was shipped."""
+        mark = self.log.uploaded_offset
+        self.backlog = self.log.upload_backlog(mark)
+        intent = self.intent
+        if intent is not None and intent.last < mark:
+            intent = self.intent = None   # shipped, and the mark says so
+        start = mark
+        while True:
+            src = self.log.upload_source(start)
+            if src is None:
+                self.state = "idle" if not self.alarm else "alarm"
+                return False
+            try:
+                batch = cutter.plan(src, start, self.config.batch_bytes,
+                                    intent.last if intent is not None else None, self._damaged)
+                if intent is not None and (batch.first, batch.last) != (intent.first, intent.last):
+                    log.warning("the intent file names offsets %d..%d but the log now holds "
+                                "%d..%d there (deleted by retention_bytes?); cutting afresh",
+                                intent.first, intent.last, batch.first, batch.last)
+                    intent = self.intent = None
+                    batch = cutter.plan(src, start, self.config.batch_bytes, None, self._damaged)
+                if not batch.count:  # nothing valid left in this segment: look further on
+                    start = src.next_offset
+                    continue
+                gap = (mark, batch.first - mark) if batch.first > mark else (0, 0)
+                key = cutter.key_for(batch, self.prefix, self.gateway_id)
+                if intent is None:
+                    intent = Intent(batch.first, batch.last, gap[0], gap[1], key)
+                    write_small_file(os.path.join(self.dir, INTENT_FILE), intent.encode(),
+                                     self._dir_fd)
+                    self.intent = intent
+                gap = (intent.gap_first, intent.gap_length)
+                header = cutter.header_for(batch, src.fd, self.gateway_id, *gap)
+                size = cutter.build(batch, src.fd, header, self.spool)
+            finally:
+                os.close(src.fd)
+            break
+        if gap[1]:
+            log.warning("offsets %d..%d were never uploaded (deleted by retention_bytes before "
+                        "upload, or damaged); the batch %s reports the gap", gap[0],
+                        gap[0] + gap[1] - 1, key)
+        self._ship(key, size)
+        self.log.mark_uploaded(batch.last + 1)
+        with self._lock:
+            self.batches += 1
+            self.records += batch.count
+            self.bytes_raw += batch.raw_length
+            self.bytes_shipped += size
+            self.gap_offsets += gap[1]
+            self.shipped_max_ts = max(self.shipped_max_ts, batch.max_ts)
+            self.last_success_time = time.time()
+        log.debug("shipped %s: %d records, %d bytes (%d raw)", key, batch.count, size,
+                  batch.raw_length)
+        return True
+
+    def _damaged(self, damage) -> None:
+        log.warning("%s; not uploaded", damage.describe())
+
+    def _ship(self, key: str, size: int) -> None:
+        """Store the batch file under ``key``, retrying until it is stored (or the broker
+        stops): transient errors with full-jitter back-off (1 s base, 60 s cap), permanent ones
+        raise the alarm and are retried every 60 s (someone may fix the landing area)."""
+        attempt = 0
+        while True:
+            self.state = "uploading" if not self.alarm else "alarm"
+            try:
+                self.sink.put(key, self.spool, size, self.bucket.take)
+            except PermanentSinkError as exc:
+                self._note_error(str(exc), permanent=True)
+                delay = BACKOFF_CAP
+            except (TransientSinkError, SinkError) as exc:
+                self._note_error(str(exc), permanent=False)
+                attempt += 1
+                delay = _backoff(attempt)
+            else:
+                if self.alarm or attempt:
+                    log.info("upload of %s succeeded after %d retries; uploading resumed", key,
+                             attempt)
+                self.alarm = False
+                self._logged_error = ""
+                return
+            with self._lock:
+                self.retries += 1
+            self.state = "alarm" if self.alarm else "retrying"
+            if self._stop.wait(delay):
+                raise Stopped
+
+    def _note_error(self, message: str, permanent: bool) -> None:
+        with self._lock:
+            self.last_error = message
+            self.last_error_time = time.time()
+            if permanent:
+                self.permanent_errors += 1
+                self.alarm = True
+        if message != self._logged_error:  # each distinct error logged once
+            self._logged_error = message
+            if permanent:
+                log.error("upload alarm: %s; the data stays in the log (retried every %g s)",
+                          message, BACKOFF_CAP)
+            else:
+                log.warning("upload failed: %s; retrying with back-off", message)
+
+    # -- figures ---------------------------------------------------------------------------------
+    def figures(self) -> dict:
+        """The uploader's side of the stats (any thread)."""
+        segments, nbytes, oldest, newest = self.backlog
+        now = self.clock_ms()
+        with self._lock:
+            lag = 0.0
+            if nbytes and newest:
+                lag = max(0.0, (newest - max(self.shipped_max_ts, oldest or 0)) / 1000)
+            return {
+                "url": self.sink.name, "gateway_id": self.gateway_id, "state": self.state,
+                "uploaded_offset": self.log.uploaded_offset,
+                "batches": self.batches, "records": self.records, "bytes": self.bytes_shipped,
+                "bytes_raw": self.bytes_raw, "retries": self.retries,
+                "permanent_errors": self.permanent_errors, "alarm": self.alarm,
+                "last_error": self.last_error, "last_error_time": self.last_error_time,
+                "last_success_time": self.last_success_time, "gap_offsets": self.gap_offsets,
+                "backlog_segments": segments, "backlog_bytes": nbytes,
+                "backlog_batches": backlog_batches(nbytes, segments, self.config.batch_bytes),
+                "backlog_age_seconds": max(0.0, (now - oldest) / 1000) if oldest is not None else 0.0,
+                "lag_seconds": lag,
+            }
+
+
+def backlog_batches(nbytes: int, sealed: int, batch_bytes: int) -> int:
+    """About how many batches the backlog makes: one per ``batch_bytes`` and one more for each
+    sealed segment's remainder (a batch never spans two segments)."""
+    if not nbytes:
+        return 0
+    return max(-(-nbytes // batch_bytes), sealed)
+
+
+def _backoff(attempt: int) -> float:
+    """Full jitter: a uniform delay up to 1 s × 2^(attempt-1), capped at 60 s."""
+    return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(attempt - 1, 0)))
+
+
+__all__ = ["Uploader", "Intent", "read_intent", "TokenBucket", "default_gateway_id",
+           "gateway_id_of", "backlog_batches", "UPLOAD_DIR", "INTENT_FILE"]

@@ -1,0 +1,134 @@
+"""The upload batch format (docs/upload-format.md): the golden batches in golden/ (made by
+make_golden.py there) are what the writer produces byte for byte, the reader decodes them, and
+every kind of damage or unknown version is refused with an error naming the file."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from edgebroker import _native
+from edgebroker.uploader.batch import (
+    BatchFormatError, BatchHeader, check_gateway_id, object_name, read_batch_file,
+)
+
+from .golden.make_golden import BATCHES, GATEWAY, record, write
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+@pytest.mark.parametrize("name", sorted(BATCHES))
+def test_writer_reproduces_the_golden_batch_byte_for_byte(tmp_path, name):
+    write(name, tmp_path / name)
+    assert (tmp_path / name).read_bytes() == (GOLDEN / name).read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(BATCHES))
+def test_reader_decodes_the_golden_batch(name):
+    offsets, gap_first, gap_length = BATCHES[name]
+    header, records = read_batch_file(str(GOLDEN / name))
+    assert (header.gateway_id, header.first_offset, header.last_offset, header.record_count) == \
+        (GATEWAY, offsets[0], offsets[-1], len(offsets))
+    assert (header.gap_first, header.gap_length) == (gap_first, gap_length)
+    assert (header.version, header.log_format_version) == (1, 1)
+    got = [(r.offset, r.timestamp_ms, r.qos, r.retain, r.client_id, r.topic, r.payload)
+           for r in records]
+    assert got == [(i, *record(i)) for i in offsets]
+    assert header.min_timestamp_ms == record(offsets[0])[0]
+    assert header.max_timestamp_ms == record(offsets[-1])[0]
+
+
+def test_standard_zstd_tool_decompresses_a_batch_to_header_and_records(tmp_path):
+    """A batch is one plain zstd frame: `zstd -d` gives the header then the record bytes."""
+    out = tmp_path / "b.ebb"
+    subprocess.run(["zstd", "-q", "-d", str(GOLDEN / "v1-plain.ebb.zst"), "-o", str(out)],
+                   check=True)
+    data = out.read_bytes()
+    assert data[:8] == b"EDGEBBAT"
+    hlen = struct.unpack_from("<H", data, 10)[0]
+    assert hlen == 88 + len(GATEWAY) and data[88:hlen] == GATEWAY.encode()
+    raw_len, = struct.unpack_from("<Q", data, 56)
+    assert len(data) == hlen + raw_len
+    assert _native.crc32c(data[hlen:]) == struct.unpack_from("<I", data, 80)[0]
+
+
+def _rewrite(tmp_path: Path, change) -> str:
+    """The plain golden batch, decompressed, changed by ``change(bytearray)``, recompressed."""
+    data = bytearray(zstandard.ZstdDecompressor().decompress(
+        (GOLDEN / "v1-plain.ebb.zst").read_bytes()))
+    change(data)
+    path = tmp_path / "changed.ebb.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(bytes(data)))
+    return str(path)
+
+
+def _fix_header_crc(data: bytearray) -> None:
+    hlen = struct.unpack_from("<H", data, 10)[0]
+    struct.pack_into("<I", data, 84, _native.crc32c(bytes(data[88:hlen]),
+                                                    _native.crc32c(bytes(data[:84]))))
+
+
+def _set(fmt: str, at: int, value, fix_crc: bool = True):
+    def change(data: bytearray) -> None:
+        struct.pack_into(fmt, data, at, value)
+        if fix_crc:
+            _fix_header_crc(data)
+    return change
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set("<H", 8, 2), "batch format version 2; this edgebroker reads version 1"),
+    (_set("<H", 12, 7), "log format version 7"),
+    (_set("<8s", 0, b"NOTABAT!"), "not an edgebroker upload batch"),
+    (_set("<Q", 16, 1, fix_crc=False), "header checksum mismatch"),
+    (_set("<I", 80, 12345), "the records' checksum does not match"),
+    (_set("<Q", 32, 11), "11"),
+    (lambda d: d.__setitem__(slice(len(d) - 1, None), b"?"), "checksum"),
+    (lambda d: d.extend(b"junk"), "bytes after"),
+    (lambda d: d.__delitem__(slice(len(d) - 5, None)), "ends inside the records"),
+])
+def test_damage_and_unknown_versions_are_refused_naming_the_file(tmp_path, change, message):
+    path = _rewrite(tmp_path, change)
+    with pytest.raises(BatchFormatError) as err:
+        read_batch_file(path)
+    assert str(err.value).startswith(path + ":") and message in str(err.value)
+
+
+def test_not_zstd_or_missing_file(tmp_path):
+    bad = tmp_path / "x.ebb.zst"
+    bad.write_bytes(b"hello, not zstd at all")
+    with pytest.raises(BatchFormatError, match=f"{bad}: not a valid zstd stream"):
+        read_batch_file(str(bad))
+    truncated = tmp_path / "t.ebb.zst"
+    truncated.write_bytes((GOLDEN / "v1-plain.ebb.zst").read_bytes()[:-20])
+    with pytest.raises(BatchFormatError, match=str(truncated)):
+        read_batch_file(str(truncated))
+    with pytest.raises(BatchFormatError, match="cannot read"):
+        read_batch_file(str(tmp_path / "missing.ebb.zst"))
+
+
+def test_object_name_is_deterministic_and_dated_by_the_first_record_in_utc():
+    # 1700000000000 ms is 2023-11-14T22:13:20Z
+    assert object_name("", "gw-1", 5, 42, 1_700_000_000_000) == \
+        "gateway=gw-1/date=2023-11-14/00000000000000000005-00000000000000000042.ebb.zst"
+    assert object_name("/land/", "gw-1", 0, 0, 1_700_006_400_000).startswith(
+        "land/gateway=gw-1/date=2023-11-15/")
+
+
+@pytest.mark.parametrize("gid, ok", [("gw-1", True), ("a" * 64, True), ("0123abcdef.x_y", True),
+                                     ("", False), ("a" * 65, False), ("gw/1", False),
+                                     ("gw 1", False), (".hidden", False), ("-x", False),
+                                     ("gé", False)])
+def test_gateway_id_check(gid, ok):
+    assert (check_gateway_id(gid) is None) == ok
+
+
+def test_header_round_trip():
+    h = BatchHeader("g", 1, 2, 2, 10, 20, 100, 0xDEADBEEF, 0, 0)
+    from edgebroker.uploader.batch import decode_header
+    assert decode_header(h.encode(), "x") == h

@@ -1,0 +1,246 @@
+"""The uploader thread of a real broker process shipping its log to a `dir` landing folder:
+batches cut by size, by age and at segment ends; deterministic names; every record landed once
+and none missing across SIGKILLs at several points; a permanent error keeps the data and raises
+the alarm; the bandwidth cap; retention without an uploader."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from edgebroker.uploader.batch import object_name, read_batch_file
+
+import mqttraw
+from conftest import run_cli
+
+GATEWAY = "gw-test"
+TIMEOUT = 30.0
+
+
+def upload_config(landing: Path, **kw) -> dict:
+    return {"url": f"file://{landing}", "gateway_id": GATEWAY, **kw}
+
+
+def payload(i: int, size: int = 100) -> bytes:
+    return (b"m%06d-" % i).ljust(size, b"x")
+
+
+def publish(b, first: int, n: int, size: int = 100, make=payload) -> None:
+    """QoS 1 publishes ``first..first+n-1``, all PUBACKs received (the records are written)."""
+    c = b.client(f"pub-{first}")
+    frames = b"".join(mqttraw.publish(f"t/{i % 7}", make(i, size), qos=1, packet_id=1 + i % 60000)
+                      for i in range(first, first + n))
+    c.send(frames)
+    for _ in range(n):
+        c.expect(mqttraw.PUBACK, timeout=TIMEOUT)
+    c.close()
+
+
+def landed(landing: Path) -> dict[str, tuple]:
+    """name relative to the landing folder -> (header, records) of every batch there."""
+    return {str(p.relative_to(landing)): read_batch_file(str(p))
+            for p in sorted(landing.rglob("*.ebb.zst"))}
+
+
+def landed_offsets(landing: Path) -> list[int]:
+    return sorted(r.offset for _, records in landed(landing).values() for r in records)
+
+
+def wait_until(pred, timeout: float = TIMEOUT, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    pause = 0.02
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def uploaded(b) -> int:
+    return b.stats()["upload"]["uploaded_offset"]
+
+
+def check_exactly_once(landing: Path, n: int, make=payload, size: int = 100) -> None:
+    offsets = landed_offsets(landing)
+    assert offsets == list(range(n)), "every record once, none missing"
+    for name, (header, records) in landed(landing).items():
+        assert name == object_name("", GATEWAY, header.first_offset, header.last_offset,
+                                   records[0].timestamp_ms)
+        for r in records:
+            assert r.payload == make(r.offset, size) and r.topic == b"t/%d" % (r.offset % 7)
+    assert not [p for p in landing.rglob(".*.tmp")], "no temporary file left"
+
+
+def test_batches_cut_by_size_and_at_segment_ends(broker, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    b = broker(log={"segment_bytes": 32768},
+               upload=upload_config(landing, batch_bytes=8192, batch_max_age=86400))
+    publish(b, 0, 1000)   # ~140 bytes a record: 4 full segments and some
+    segs = sorted(int(p.stem) for p in (Path(b.config["data_dir"]) / "log").glob("*.seg"))
+    assert len(segs) >= 5
+    tail = segs[-1]
+    wait_until(lambda: uploaded(b) == tail, what="every sealed segment uploaded")
+    assert landed_offsets(landing) == list(range(tail)), "the segment being written waits"
+    ends = set(segs)
+    for header, records in landed(landing).values():
+        assert header.raw_length <= 8192
+        base = max(s for s in segs if s <= header.first_offset)
+        assert header.last_offset < min(s for s in segs + [1 << 62] if s > base), \
+            "a batch never spans two segments"
+        if header.last_offset + 1 not in ends:   # cut by size: the next record did not fit
+            assert header.raw_length > 8192 - 200
+    fig = b.stats()["upload"]
+    assert fig["records"] == tail and fig["batches"] == len(landed(landing))
+    assert fig["backlog_bytes"] > 0 and not fig["alarm"]
+    assert fig["backlog_batches"] == -(-fig["backlog_bytes"] // 8192)
+    b.stop()
+
+
+def test_batch_cut_by_age_and_deterministic_names(broker, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    b = broker(upload=upload_config(landing, batch_max_age=1))
+    publish(b, 0, 5)
+    wait_until(lambda: uploaded(b) == 5, what="the quiet segment sealed by age and uploaded")
+    publish(b, 5, 3)
+    wait_until(lambda: uploaded(b) == 8, what="the second batch")
+    batches = landed(landing)
+    assert [(h.first_offset, h.last_offset, h.record_count) for h, _ in batches.values()] == \
+        [(0, 4, 5), (5, 7, 3)]
+    day = time.strftime("%Y-%m-%d", time.gmtime(batches[sorted(batches)[0]][1][0].timestamp_ms / 1000))
+    assert sorted(batches)[0] == f"gateway={GATEWAY}/date={day}/{0:020d}-{4:020d}.ebb.zst"
+    check_exactly_once(landing, 8)
+    fig = b.stats()["upload"]
+    assert (fig["batches"], fig["records"], fig["backlog_bytes"], fig["retries"]) == (2, 8, 0, 0)
+    assert fig["bytes"] == sum(p.stat().st_size for p in landing.rglob("*.ebb.zst"))
+    live = run_cli("upload", "status", "--data-dir", b.config["data_dir"])
+    assert live.returncode == 0 and "broker running" in live.stdout and "mark 8" in live.stdout
+    b.stop()
+    off = run_cli("upload", "status", "--data-dir", b.config["data_dir"])
+    assert off.returncode == 0 and "uploaded up to offset 8" in off.stdout, off.stdout + off.stderr
+
+
+def test_permanent_error_keeps_the_data_raises_the_alarm_and_lands_once_after_restart(
+        broker, tmp_path):
+    """The landing path is a file (a check that works as root): the batch is not written, the
+    alarm is raised and logged once, the data stays; SIGKILL (the intent written, the object
+    not) and a restart with the folder fixed land every record once."""
+    landing = tmp_path / "landing"
+    landing.write_text("not a folder")
+    data = str(tmp_path / "data")
+    cfg = dict(data_dir=data, upload=upload_config(landing, batch_max_age=1))
+    b = broker(**cfg)
+    publish(b, 0, 20)
+    wait_until(lambda: b.stats()["upload"]["alarm"], what="the alarm")
+    fig = b.stats()["upload"]
+    assert fig["uploaded_offset"] == 0 and fig["permanent_errors"] >= 1
+    assert "not a folder" in fig["last_error"] and str(landing) in fig["last_error"]
+    assert fig["backlog_bytes"] > 0
+    assert sum("upload alarm" in line for line in b.logs) == 1
+    assert (Path(data) / "upload" / "intent").exists()
+    b.stop(signal.SIGKILL)
+    landing.unlink()
+    landing.mkdir()
+    b = broker(**cfg)
+    wait_until(lambda: uploaded(b) == 20, what="upload after the fix")
+    check_exactly_once(landing, 20)
+    b.stop()
+
+
+def test_sigkill_after_the_write_before_the_mark_rewrites_the_same_object(broker, tmp_path):
+    """The mark cannot be written (its temporary name is a folder): the object is stored but the
+    mark stays. After SIGKILL and a restart the same object is written again, same name, same
+    bytes, and the mark moves on."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    data = tmp_path / "data"
+    cfg = dict(data_dir=str(data), upload=upload_config(landing, batch_max_age=1))
+    b = broker(**cfg)
+    (data / "log" / "uploaded.tmp").mkdir()
+    publish(b, 0, 10)
+    wait_until(lambda: list(landing.rglob("*.ebb.zst")), what="the object")
+    wait_until(lambda: b.wait_log(lambda line: "uploader round failed" in line, timeout=0.01),
+               what="the failed mark")
+    assert uploaded(b) == 0
+    (obj,) = landing.rglob("*.ebb.zst")
+    before = obj.read_bytes()
+    b.stop(signal.SIGKILL)
+    (data / "log" / "uploaded.tmp").rmdir()
+    b = broker(**cfg)
+    wait_until(lambda: uploaded(b) == 10, what="the mark after the restart")
+    assert b.stats()["upload"]["batches"] == 1, "the batch was shipped again"
+    assert obj.read_bytes() == before
+    check_exactly_once(landing, 10)
+    b.stop()
+
+
+def test_sigkill_at_random_points_under_load_lands_every_record_once(broker, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    cfg = dict(data_dir=str(tmp_path / "data"), log={"segment_bytes": 16384},
+               upload=upload_config(landing, batch_bytes=4096, batch_max_age=1))
+    rng = random.Random(23)
+    total = 0
+    for round_ in range(5):
+        b = broker(**cfg)
+        n = rng.randrange(100, 400)
+        publish(b, total, n)
+        total += n
+        have = len(list(landing.rglob("*.ebb.zst")))
+        target = have + rng.randrange(1, 6)
+        # kill while batches are going out: somewhere in the cut, the write or the mark
+        wait_until(lambda: len(list(landing.rglob("*.ebb.zst"))) >= target or uploaded(b) == total,
+                   what="some batches landed")
+        b.stop(signal.SIGKILL)
+    b = broker(**cfg)
+    wait_until(lambda: uploaded(b) == total, what="everything uploaded after the last restart")
+    check_exactly_once(landing, total)
+    b.stop()
+
+
+def test_bandwidth_cap_is_respected_on_average(broker, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    rate = 100_000
+    b = broker(log={"segment_bytes": 1 << 20},
+               upload=upload_config(landing, batch_bytes=65536, batch_max_age=1,
+                                    upload_bandwidth=rate))
+    noise = random.Random(5)
+    blobs = {}
+
+    def make(i: int, size: int) -> bytes:   # incompressible: the uplink carries ~all of it
+        if i not in blobs:
+            blobs[i] = (b"m%06d-" % i) + noise.randbytes(size - 8)
+        return blobs[i]
+
+    publish(b, 0, 600, size=1000, make=make)
+    first = wait_until(lambda: sorted(landing.rglob("*.ebb.zst")), what="the first batch")
+    t0 = time.monotonic()
+    wait_until(lambda: uploaded(b) == 600, timeout=60, what="everything uploaded")
+    elapsed = time.monotonic() - t0
+    sizes = sum(p.stat().st_size for p in landing.rglob("*.ebb.zst"))
+    after_first = sizes - first[0].stat().st_size
+    # the bucket holds one second's worth at most: the rest goes at the rate, or slower
+    assert elapsed >= (after_first - rate) / rate * 0.9, (elapsed, after_first)
+    assert elapsed < after_first / rate * 3 + 10
+    check_exactly_once(landing, 600, make=make, size=1000)
+    b.stop()
+
+
+def test_retention_by_age_applies_without_an_uploader(broker, tmp_path):
+    b = broker(log={"segment_bytes": 4096, "retention_ms": 1000, "segment_ms": 1000})
+    publish(b, 0, 100)
+    logdir = Path(b.config["data_dir"]) / "log"
+    wait_until(lambda: b.wait_log(lambda line: "(no uploader)" in line, timeout=0.01),
+               what="a segment deleted by age")
+    assert "before it was uploaded" not in b.log_text()
+    assert len(list(logdir.glob("*.seg"))) < 100 * 140 // 4096
+    assert b.stats()["upload"] is None
+    b.stop()
