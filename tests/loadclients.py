@@ -145,22 +145,33 @@ def window_publisher(host: str, port: int, client_id: str, topic: str, payloads,
                 sock.sendall(b"".join(m.publish(topic, p, qos=1, packet_id=(sent + k) % 65535 + 1)
                                       for k, p in enumerate(batch)))
                 sent += len(batch)
-            try:
-                data = sock.recv(65536)
-            except socket.timeout:
-                continue
-            if not data:
+            got = read_acks(sock, pending)
+            if got is None:
                 break
-            data = pending + data
-            whole = len(data) // 4 * 4
-            for k in range(0, whole, 4):
-                if data[k] != 0x40:
-                    raise AssertionError(f"{client_id}: expected PUBACK, got {data[k:k + 4]!r}")
-            acked += whole // 4
-            pending = data[whole:]
+            acks, pending = got
+            for kind, pid in acks:
+                if kind != 0x40:
+                    raise AssertionError(f"{client_id}: expected PUBACK, got {kind:#x} {pid}")
+            acked += len(acks)
     finally:
         sock.close()
     return acked
+
+
+def read_acks(sock, pending: bytes) -> tuple[list[tuple[int, int]], bytes] | None:
+    """What the next ``recv`` brings of the 4-byte acknowledgements (PUBACK, PUBREC, PUBREL,
+    PUBCOMP) a publisher gets: ([(first byte, packet id)...], the bytes of an incomplete
+    one, to pass to the next call); no acknowledgement on a timeout; None once the
+    connection is closed."""
+    try:
+        data = sock.recv(65536)
+    except socket.timeout:
+        return [], pending
+    if not data:
+        return None
+    data = pending + data
+    whole = len(data) // 4 * 4
+    return [(data[k], data[k + 2] << 8 | data[k + 3]) for k in range(0, whole, 4)], data[whole:]
 
 
 def tagged(publisher: int, seq: int, size: int) -> bytes:
