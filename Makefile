@@ -11,8 +11,11 @@ JS := tests/js
 ARGS ?=
 # make bench SCENARIOS=fanin_qos0,edge_10000 runs a subset (bench/run.py --list names them all).
 SCENARIOS ?=
+# make fuzz: how many inputs, from which seed (CI runs 200,000 from seed 26).
+FUZZ_INPUTS ?= 1000000
+FUZZ_SEED ?= 26
 
-.PHONY: run test bench bench-plot install install-test system-deps build-deps clean
+.PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +73,11 @@ run: install
 
 test: install-test
 	$(BIN)/python -m pytest $(ARGS)
+
+# The fuzz test of the suite, longer (README.md).
+fuzz: install-test
+	EDGEBROKER_FUZZ_INPUTS=$(FUZZ_INPUTS) EDGEBROKER_FUZZ_SEED=$(FUZZ_SEED) \
+	  $(BIN)/python -m pytest -q -s tests/server/test_fuzz.py $(ARGS)
 
 # matplotlib is for the benchmark plots only: installed here, never by make test.
 $(VENV)/.installed-bench: $(VENV)/.installed-test

@@ -160,29 +160,39 @@ def window_publisher(host: str, port: int, client_id: str, topic: str, payloads,
                 sock.sendall(b"".join(m.publish(topic, p, qos=qos, packet_id=(sent + k) % 65535 + 1)
                                       for k, p in enumerate(batch)))
                 sent += len(batch)
-            try:
-                data = sock.recv(65536)
-            except socket.timeout:
-                continue
-            if not data:
+            got = read_acks(sock, pending)
+            if got is None:
                 break
-            data = pending + data
-            whole = len(data) // 4 * 4
+            acks, pending = got
             releases = []
-            for k in range(0, whole, 4):
-                kind = data[k]
+            for kind, pid in acks:
                 if kind == 0x50 and qos == 2:
-                    releases.append(m.pubrel(data[k + 2] << 8 | data[k + 3]))
+                    releases.append(m.pubrel(pid))
                 elif kind == (0x40 if qos == 1 else 0x70):
                     acked += 1
                 else:
-                    raise AssertionError(f"{client_id}: unexpected {data[k:k + 4]!r} (QoS {qos})")
+                    raise AssertionError(f"{client_id}: unexpected {kind:#x} {pid} (QoS {qos})")
             if releases:
                 sock.sendall(b"".join(releases))
-            pending = data[whole:]
     finally:
         sock.close()
     return acked
+
+
+def read_acks(sock, pending: bytes) -> tuple[list[tuple[int, int]], bytes] | None:
+    """What the next ``recv`` brings of the 4-byte acknowledgements (PUBACK, PUBREC, PUBREL,
+    PUBCOMP) a publisher gets: ([(first byte, packet id)...], the bytes of an incomplete
+    one, to pass to the next call); no acknowledgement on a timeout; None once the
+    connection is closed."""
+    try:
+        data = sock.recv(65536)
+    except socket.timeout:
+        return [], pending
+    if not data:
+        return None
+    data = pending + data
+    whole = len(data) // 4 * 4
+    return [(data[k], data[k + 2] << 8 | data[k + 3]) for k in range(0, whole, 4)], data[whole:]
 
 
 def tagged(publisher: int, seq: int, size: int) -> bytes:

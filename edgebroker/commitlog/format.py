@@ -191,6 +191,12 @@ def write_small_file(path: str, data: bytes, dir_fd: int | None = None) -> None:
             n = os.write(fd, view)
             view = view[n:]
         os.fsync(fd)
+    except OSError:
+        try:
+            os.unlink(tmp)  # (its blocks: a full disk needs them back)
+        except OSError:
+            pass
+        raise
     finally:
         os.close(fd)
     os.rename(tmp, path)

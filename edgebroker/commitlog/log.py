@@ -26,8 +26,9 @@ syncs through duplicated file descriptors, so the core may seal or delete a segm
 
 Who calls what, and the locks held:
 
-    core thread      append, write_pending (``_lock`` only in _written_to and _seal, where
-                     written records and sealed segments become visible), housekeeping and
+    core thread      append, write_pending and write_before_stop (``_lock`` only in
+                     _written_to and _seal, where written records and sealed segments
+                     become visible), housekeeping and
                      _roll (``_lock`` in _new_segment and _delete_segment), taking the
                      spare (``_lock``, in SpareFiles.take), read*/scan/locate (``_lock`` in
                      locate to queue a check), descriptors_held (``_lock``), close
@@ -381,6 +382,33 @@ class CommitLog:
     # Closing
     # =========================================================================================
 
+    def write_before_stop(self, wait: float,
+                          sleep: Callable[[float], None] = time.sleep) -> LogError | None:
+        """At a stop, while writes fail (a full disk): write what is pending. First the file
+        made ahead for the next segment (see spare.py) gives its blocks back, the room the
+        write needs most likely; then the write is tried every 0.1 s for up to ``wait``
+        seconds (room may come back meanwhile). None once nothing is left pending, else the
+        last write's error (core thread)."""
+        deadline = time.monotonic() + wait
+        freed = False
+        while True:
+            self._close_stage()
+            if not self._groups:
+                return None
+            try:
+                self.write_pending()
+                return None
+            except LogError as exc:
+                if not freed and self._spare_files.fd >= 0:
+                    freed = True
+                    self._spare_files.drop()
+                    log.warning("closing the commit log: %s; freed the next segment's file "
+                                "made ahead and trying again", exc)
+                    continue
+                if time.monotonic() >= deadline:
+                    return exc
+            sleep(0.1)
+
     def close(self, sync: bool = True) -> None:
         """Write what is pending (best effort), fsync (unless ``sync`` is False), trim the index,
         release the directory."""
@@ -389,9 +417,12 @@ class CommitLog:
         disk_answers = True
         if not self.readonly:
             try:
-                self._close_stage()
-                if self._groups:
-                    self.write_pending()
+                failed = self.write_before_stop(0)
+                if failed is not None:
+                    log.error("closing the commit log: %d records (offsets %d..%d, %d bytes) "
+                              "are lost, none of them acknowledged: %s",
+                              self._next - self._written, self._written, self._next - 1,
+                              self._pending, failed)
                 if sync:
                     self.sync(wait=CLOSE_SYNC_WAIT)
             except SyncStillRunning as exc:

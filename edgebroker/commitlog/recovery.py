@@ -329,7 +329,14 @@ def save_rebuilt_index(self, seg: Segment, reason: str | None) -> None:
                     "" if not self.readonly else " (in memory; the file is left as it is)")
     if self.readonly:
         return
-    seg.write_index_file(seg.index, seg.count, self._dir_fd)
+    try:
+        seg.write_index_file(seg.index, seg.count, self._dir_fd)
+    except OSError as exc:
+        # A full disk (a start on one, say): the entries stay in memory, which is all readers
+        # and the writer need; the file is written again by the next start that has room.
+        log.warning("%s: cannot save the index (%s); its %d entries are kept in memory",
+                    seg.index_path, exc.strerror or exc, seg.count)
+        return
     if seg.sealed:
         seg.map_index_readonly()
 
@@ -347,15 +354,20 @@ def start_appending(self) -> None:
         os.fsync(self._dir_fd)
         self._tail = tail
         tail.sealed = False
-        self._open_for_append(tail)
+        try:
+            self._open_for_append(tail)
+        except LogWriteError as exc:
+            # Started on a full disk: serve all the same. The first write fails as it would
+            # in a running broker, and the journal then holds records and acknowledgements
+            # until the retries find room (docs/persistence.md, "A full disk").
+            log.warning("commit log %s: no room to append yet (%s); starting anyway: "
+                        "records wait in memory until writes work", self.directory, exc)
         self._set_recovery_point(tail.base_offset)
     else:
         self._tail = self._new_segment(self._next)
 
 
 def open_for_append(self, seg: Segment) -> None:
-    if seg.index_fd < 0:
-        seg.index_fd = os.open(seg.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
     seg.open_for_append(self.options.segment_bytes)
 
 

@@ -165,14 +165,16 @@ class Segment:
         self.new_file = True
 
     def open_for_append(self, room: int = 0) -> None:
-        """Make an existing segment (the last one at recovery) the one appended to."""
-        self.ensure_index_room(self.count + 1)
-        self.allocate_room(room)
+        """Make an existing segment (the last one at recovery) the one appended to. Appends
+        may follow even when this raises ``LogWriteError`` (no room for the index: a full
+        disk); the first write then tries again."""
         self.reserved_size = self.size
         self.reserved_count = self.count
         self.reserved_max_ts = self.max_timestamp
         self.reserved_first_ts = self.first_timestamp
         self.created = True
+        self.ensure_index_room(self.count + 1)
+        self.allocate_room(room)
 
     def allocate_room(self, room: int) -> None:
         """Allocate the segment file's blocks up to ``room`` bytes ahead of the writes (see
@@ -197,6 +199,9 @@ class Segment:
         capacity = max(entries, self.index_capacity * 2, INDEX_GROW_ENTRIES)
         nbytes = capacity * INDEX_ENTRY_SIZE
         try:
+            if self.index_fd < 0:
+                self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                        0o640)
             os.posix_fallocate(self.index_fd, 0, nbytes)
         except OSError as exc:
             raise LogWriteError.from_os("cannot grow index", self.index_path, exc) from None

@@ -17,7 +17,10 @@ When the disk is full or failing, records stay in memory (bounded by the log's
 ``max_pending_bytes``) and are retried every second. Meanwhile nothing can be
 acknowledged, and a client that publishes at QoS 1/2 is no longer read (TCP
 back-pressure) until writes work again; QoS 0 messages are still routed to
-live subscribers but not logged (counted).
+live subscribers but not logged (counted). A broker started on a full disk
+runs the same way (the log opens without the room it would allocate ahead).
+At a stop while failing, the server gives the write a bounded time
+(``CommitLog.write_before_stop``); ``retry`` then releases what it wrote.
 """
 
 from __future__ import annotations
@@ -144,6 +147,8 @@ class Journal:
             return False
         if self.log.pending_bytes and not self._write():
             return False
+        if not self._after_fsync:  # (written by the log's own retry at a stop)
+            self._release(self.log.written_offset)
         self.failing = False
         paused, self._paused = self._paused, set()
         log.warning("commit log writes work again; resuming %d paused publishers", len(paused))

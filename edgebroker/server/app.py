@@ -48,6 +48,9 @@ log = logging.getLogger("edgebroker.server")
 
 # At shutdown, keep flushing queued output for at most this long.
 DRAIN_SECONDS = 2.0
+# At a stop while the commit log cannot write (a full disk): how long what waits in memory
+# may wait for room (docs/persistence.md, "A full disk or a failing disk").
+STOP_WRITE_SECONDS = 5.0
 # After the connection rate limit paused accepting, resume once this many seconds' worth
 # of tokens are back (fewer, shorter pauses would only cost more wake-ups).
 ACCEPT_RESUME_SECONDS = 0.02
@@ -485,6 +488,12 @@ class App:
             self.metrics.stop()
         # Everything received is written and synced, so the acknowledgements
         # still waiting can go out before the connections close.
+        journal = self.broker.journal
+        if journal.failing:
+            log.warning("stopping while the commit log cannot write: %d bytes of records wait; "
+                        "trying for up to %g s", self.log.pending_bytes, STOP_WRITE_SECONDS)
+            self.log.write_before_stop(STOP_WRITE_SECONDS)
+            journal.retry()
         self.broker.end_pass()
         if self.uploader is not None:
             self.uploader.stop()

@@ -19,7 +19,7 @@ from edgebroker.commitlog import CommitLog, Flusher, LogFullError, LogWriteError
 
 from diskfull import fill, fill_up, in_private_mount_namespace, mount_tmpfs
 
-from .logutil import open_log, segment_files
+from .logutil import append_n, open_log, segment_files
 
 @pytest.mark.parametrize("payload_size", [3000, 40_000])  # copied / written from where it is
 def test_disk_full_loses_nothing_and_recovers(tmp_path, request, payload_size):
@@ -171,3 +171,58 @@ def test_no_segment_file_is_made_ahead_while_little_space_is_free(tmp_path, requ
     assert [n for n in os.listdir(mnt / "log") if n.startswith("next-segment-")]
     log.close()
     assert not [n for n in os.listdir(mnt / "log") if n.endswith(".tmp")]
+
+
+def test_open_on_a_full_disk(tmp_path, request, caplog):
+    """A log reopened on a full disk opens (the rebuilt index stays in memory, the index
+    room waits): its records read, a write fails like any write on a full disk, and
+    succeeds once space returns; nothing is damaged."""
+    if not in_private_mount_namespace(request):
+        return
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "1m")
+    log = open_log(mnt / "log", segment_bytes=64 * 1024)
+    offsets = append_n(log, 50)
+    log.write_pending()
+    log.close()
+    fill_up(mnt / "filler")
+    log = open_log(mnt / "log", segment_bytes=64 * 1024)   # before: LogError, No space left
+    assert "no room to append yet" in caplog.text and "kept in memory" in caplog.text
+    assert [r.offset for r in log.read_range(0)] == offsets
+    off = log.append(2, 1, False, b"c", b"t", b"z" * 5000)
+    with pytest.raises(LogWriteError) as info:
+        log.write_pending()
+    assert info.value.errno == errno.ENOSPC
+    (mnt / "filler").unlink()
+    assert log.write_pending() == off + 1
+    log.close()
+    log = open_log(mnt / "log", segment_bytes=64 * 1024)
+    assert log.recovery.damage == [] and log.read(off).payload == b"z" * 5000
+    assert [r.offset for r in log.read_range(0)] == offsets + [off]
+    report = log.verify()
+    assert not report.damage and not report.index_problems, report
+    log.close()
+
+
+def test_close_while_full_writes_into_the_segment_file_made_ahead(tmp_path, request, caplog):
+    """At close, records that a full disk kept in memory get the blocks of the next
+    segment's file made ahead (freed for them): nothing is lost."""
+    if not in_private_mount_namespace(request):
+        return
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "1m")
+    log = open_log(mnt / "log", segment_bytes=256 * 1024)
+    first = log.append(1000, 1, False, b"d", b"t", b"first")
+    log.write_pending()                  # (a first segment would take the file made ahead)
+    log.make_spares()
+    assert log.prepare_spare() is True
+    fill_up(mnt / "filler")
+    log.append(9999, 1, False, b"d", b"t", b"last" * 2000)
+    with pytest.raises(LogWriteError):
+        log.write_pending()
+    log.close()
+    assert "freed the next segment's file made ahead" in caplog.text
+    assert "are lost" not in caplog.text
+    log = open_log(mnt / "log", segment_bytes=256 * 1024)
+    assert [r.payload for r in log.read_range(first)] == [b"first", b"last" * 2000]
+    log.close()

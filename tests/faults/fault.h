@@ -1,4 +1,5 @@
-/* What the fault shims share: whether a descriptor is one to fail now. */
+/* What the fault shims share: whether a descriptor is one to fail now, and the interposed
+ * fsync() and fdatasync(). */
 
 #ifndef EB_FAULT_H
 #define EB_FAULT_H
@@ -10,7 +11,7 @@
 
 /* True while the file named by $EB_FAULT_FLAG exists, for a descriptor whose path (read from
  * /proc/self/fd) contains $EB_FAULT_PATH. */
-static int failing(int fd)
+static inline int failing(int fd)
 {
     const char *flag = getenv("EB_FAULT_FLAG"), *match = getenv("EB_FAULT_PATH");
     char link[64], path[4096];
@@ -24,5 +25,19 @@ static int failing(int fd)
     path[n] = '\0';
     return strstr(path, match) != NULL;
 }
+
+/* Define fsync() and fdatasync() as calls of `handler(fd, &real, name)`: `real` holds libc's
+ * function of that name once the handler looked it up (dlsym(RTLD_NEXT, name)). */
+#define EB_INTERPOSE_SYNC(handler)                                                             \
+    int fsync(int fd)                                                                          \
+    {                                                                                          \
+        static int (*real)(int);                                                               \
+        return handler(fd, &real, "fsync");                                                    \
+    }                                                                                          \
+    int fdatasync(int fd)                                                                      \
+    {                                                                                          \
+        static int (*real)(int);                                                               \
+        return handler(fd, &real, "fdatasync");                                                \
+    }
 
 #endif

@@ -36,14 +36,4 @@ static int sync_call(int fd, int (**real)(int), const char *name)
     return (*real)(fd);
 }
 
-int fsync(int fd)
-{
-    static int (*real)(int);
-    return sync_call(fd, &real, "fsync");
-}
-
-int fdatasync(int fd)
-{
-    static int (*real)(int);
-    return sync_call(fd, &real, "fdatasync");
-}
+EB_INTERPOSE_SYNC(sync_call)
