@@ -114,30 +114,53 @@ class TLSServer:
 
 
 class HandshakeTimers:
-    """Deadlines of TLS handshakes in progress (a heap; finished ones are skipped lazily)."""
+    """Deadlines of TLS handshakes in progress: a heap of ``[deadline, sequence, transport]``.
+
+    A handshake that ends (done, failed or closed) lets go of its entry (``done``): the
+    entry's transport becomes None, so a finished connection is not held until its deadline,
+    and the heap is rebuilt without such entries once they are more than half of it."""
 
     def __init__(self):
-        self.heap: list = []  # (deadline, sequence, transport); the loop checks it is empty
+        self.heap: list = []  # the loop checks it is empty
         self._seq = itertools.count()
+        self._done = 0        # entries whose transport is None
 
     def __bool__(self) -> bool:
         return bool(self.heap)
 
     def add(self, transport: "TLSTransport", deadline: float) -> None:
-        heapq.heappush(self.heap, (deadline, next(self._seq), transport))
+        transport.handshake_entry = entry = [deadline, next(self._seq), transport]
+        heapq.heappush(self.heap, entry)
+
+    def done(self, transport: "TLSTransport") -> None:
+        entry = transport.handshake_entry
+        if entry is None:
+            return
+        transport.handshake_entry = None
+        entry[2] = None
+        self._done += 1
+        heap = self.heap
+        if self._done * 2 > len(heap):
+            heap[:] = [e for e in heap if e[2] is not None]
+            heapq.heapify(heap)
+            self._done = 0
 
     def next_deadline(self) -> float | None:
         heap = self.heap
-        while heap and (heap[0][2].closed or heap[0][2].state is OPEN):
+        while heap and heap[0][2] is None:
             heapq.heappop(heap)
+            self._done -= 1
         return heap[0][0] if heap else None
 
     def expire(self, now: float) -> None:
         heap = self.heap
         while heap and heap[0][0] <= now:
-            _, _, transport = heapq.heappop(heap)
-            if not transport.closed and transport.state is not OPEN:
-                transport.handshake_timed_out()
+            transport = heapq.heappop(heap)[2]
+            if transport is None:
+                self._done -= 1
+                continue
+            transport.handshake_entry = None
+            transport.handshake_timed_out()
 
 
 def _common_name(cert: dict | None) -> str | None:
@@ -152,7 +175,7 @@ def _common_name(cert: dict | None) -> str | None:
 
 class TLSTransport(Transport):
     __slots__ = ("server", "state", "identity", "read_wants_write", "write_wants_read",
-                 "chunk_pending")
+                 "chunk_pending", "handshake_entry")
 
     def __init__(self, loop, sock: socket.socket, peer: str, server: TLSServer, listener=None,
                  max_pending: int = DEFAULT_MAX_PENDING):
@@ -163,6 +186,7 @@ class TLSTransport(Transport):
         self.read_wants_write = False
         self.write_wants_read = False
         self.chunk_pending = False      # out[0] must be offered again as it is
+        self.handshake_entry = None     # its entry in loop.handshakes until the handshake ends
         loop.handshakes.add(self, loop.clock() + server.handshake_timeout)
 
     # ----- events -----------------------------------------------------------------------
@@ -238,6 +262,7 @@ class TLSTransport(Transport):
             self._fail(exc.strerror or str(exc), quiet=True)
             return
         self.state = OPEN
+        self.loop.handshakes.done(self)
         sock = self.sock
         try:
             self.identity = _common_name(sock.getpeercert())
@@ -385,6 +410,7 @@ class TLSTransport(Transport):
                 self.sock.unwrap()  # non-blocking: sends close_notify, then wants to read
             except (ssl.SSLError, OSError, ValueError):
                 pass
+        self.loop.handshakes.done(self)
         super().shutdown()
 
     def update_events(self) -> None:

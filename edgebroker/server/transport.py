@@ -460,13 +460,18 @@ class Transport:
         """The socket failed or the peer closed it: tell the core, release the socket."""
         if self.closed:
             return
+        client = self.client
         self.shutdown()
-        self.client.connection_lost(reason)
+        client.connection_lost(reason)
 
     def shutdown(self) -> None:
+        """Close the socket, and let go of the receiver (``client``): a closed connection
+        and its client are freed as soon as nothing else holds them, without waiting for
+        the garbage collector to find the cycle."""
         if self.closed:
             return
         self.closed = True
+        self.client = None
         self.out = NO_OUTPUT
         self.out_bytes = 0
         self.loop.forget(self)
