@@ -169,9 +169,10 @@ class Client:
         if not self.connected:
             broker.stats.connect_timeouts += 1
             broker.hit("connect_timeout")
-            log.info("%s: %s within %g s; closing", self.describe(),
-                     "password check not finished" if self.pending_connect else "no CONNECT",
-                     broker.limits.connect_timeout)
+            broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
+                                "%s: %s within %g s; closing", self.describe(),
+                                "password check not finished" if self.pending_connect
+                                else "no CONNECT", broker.limits.connect_timeout)
             self.close(will=False)
         else:
             broker.stats.keepalive_expired += 1
@@ -265,16 +266,22 @@ class Client:
         broker = self.broker
         code = None if self.connected else CONNACK_CODES_311.get(exc.reason)
         if code is not None:
-            log.info("%s: refused (CONNACK %d): %s", self.describe(), code, exc)
+            reason = ("protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
+                      else "client_id")
+            broker.peer_log.log(log, logging.INFO, reason, self.peer,
+                                "%s: refused (CONNACK %d): %s", self.describe(), code, exc)
             broker.stats.connections_refused += 1
-            broker.refused["protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
-                           else "client_id"] += 1
+            broker.refused[reason] += 1
             self.answer(encode(P.Connack(False, code)))
         else:
             broker.stats.protocol_errors += 1
+            kind = "protocol_error"
             if exc.rule == "max_packet_size":
                 broker.hit("max_packet_size")
-            log.warning("%s: protocol violation: %s; closing connection", self.describe(), exc)
+                kind = "max_packet_size"
+            broker.peer_log.log(log, logging.WARNING, kind, self.peer,
+                                "%s: protocol violation: %s; closing connection",
+                                self.describe(), exc)
         self.close(will=True)
 
     def answer(self, frame: bytes) -> None:

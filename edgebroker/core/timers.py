@@ -24,6 +24,7 @@ import heapq
 import logging
 
 from edgebroker.core import snapshot as snap
+from edgebroker.core.limits import PEER_LOG_PERIOD
 from edgebroker.core.persistence import SNAPSHOT_DEBOUNCE, SNAPSHOT_EVERY
 
 log = logging.getLogger("edgebroker.broker")
@@ -106,6 +107,8 @@ class Timers:
         self._housekeeping.start(self, self.started + HOUSEKEEPING_INTERVAL)
         self._topic_expiry = Timer(self._on_topic_expiry)
         self._topic_expiry.start(self, self.started + self.limits.topic_expiry)
+        self._peer_log_period = Timer(self._on_peer_log_period)
+        self._peer_log_period.start(self, self.started + self._peer_log_every())
         self._maintenance_due = self.started + MAINTENANCE_INTERVAL
 
     def schedule(self, client) -> None:
@@ -214,6 +217,16 @@ class Timers:
         elif changed is False:
             log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
                         "connections and topics", self.memory.rss, self.memory.limit)
+
+    def _peer_log_every(self) -> float:
+        """Seconds between the peer log's summaries (core.limits.PeerLog; 0: it counts nothing,
+        and is looked at once a minute)."""
+        return self.peer_log.period or PEER_LOG_PERIOD
+
+    def _on_peer_log_period(self) -> None:
+        now = self.clock()
+        self._peer_log_period.start(self, now + self._peer_log_every())
+        self.peer_log.flush(now)
 
     def _on_topic_expiry(self) -> None:
         now = self.clock()

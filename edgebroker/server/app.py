@@ -483,4 +483,5 @@ class App:
         self.snapshots.stop(final=snap.encode(self.broker.capture()))
         self.log.close()
         loop.close()
+        self.broker.peer_log.flush(self.clock())    # what was only counted so far
         log.info("stopped")

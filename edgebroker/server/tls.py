@@ -282,15 +282,19 @@ class TLSTransport(Transport):
             log.debug("TLS handshake with %s on listener %s failed: %s", self.peer,
                       self.server.name, why)
         else:
-            log.warning("TLS handshake with %s on listener %s failed: %s; closing", self.peer,
-                        self.server.name, why)
+            self.loop.broker.peer_log.log(
+                log, logging.WARNING, "tls_handshake", self.peer,
+                "TLS handshake with %s on listener %s failed: %s; closing", self.peer,
+                self.server.name, why)
         self.lost(f"TLS handshake failed: {why}")
 
     def handshake_timed_out(self) -> None:
-        self.loop.broker.stats.tls_handshakes_failed += 1
-        log.warning("TLS handshake with %s on listener %s not finished within %g s "
-                    "(handshake_timeout); closing", self.peer, self.server.name,
-                    self.server.handshake_timeout)
+        broker = self.loop.broker
+        broker.stats.tls_handshakes_failed += 1
+        broker.peer_log.log(log, logging.WARNING, "tls_handshake_timeout", self.peer,
+                            "TLS handshake with %s on listener %s not finished within %g s "
+                            "(handshake_timeout); closing", self.peer, self.server.name,
+                            self.server.handshake_timeout)
         self.lost("TLS handshake timeout")
 
     # ----- reading and writing ------------------------------------------------------------
