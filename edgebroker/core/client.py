@@ -42,7 +42,7 @@ class Client:
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
                  "rate", "throttled_until", "throttle_start", "throttled_time",
                  "pending_dropped", "warned", "rate_sample",
-                 "username", "acl", "pending_connect", "held", "denied_logged")
+                 "username", "acl", "pending_connect", "held", "denied_logged", "refusal")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
@@ -78,6 +78,7 @@ class Client:
         self.pending_connect = None   # the CONNECT while its password check runs
         self.held = None              # packets received meanwhile
         self.denied_logged = None     # topics whose denied PUBLISH was logged
+        self.refusal = None           # (limit, why): refuse its CONNECT (Sessions.admission)
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
@@ -172,7 +173,7 @@ class Client:
             broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
                                 "%s: %s within %g s; closing", self.describe(),
                                 "password check not finished" if self.pending_connect
-                                else "no CONNECT", broker.limits.connect_timeout)
+                                else "no CONNECT", self.connect_deadline - self.created)
             self.close(will=False)
         else:
             broker.stats.keepalive_expired += 1

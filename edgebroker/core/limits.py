@@ -45,7 +45,7 @@ LIMITS = (
 REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
     "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
-    "websocket",
+    "websocket", "open_files",
 )
 
 # Why an application message was dropped (not delivered to one subscriber, or not routed).

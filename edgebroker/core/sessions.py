@@ -25,6 +25,10 @@ from edgebroker.mqtt import packets as P
 
 log = logging.getLogger("edgebroker.broker")
 
+# Seconds a connection accepted only to be refused (``connection_made``'s ``refusal``) waits
+# for its CONNECT: it holds a descriptor kept for refusing the next callers.
+REFUSAL_WAIT = 2.0
+
 
 class Sessions:
     """Sessions' part of ``Broker`` (a mixin over the broker's state)."""
@@ -35,15 +39,24 @@ class Sessions:
         self.sockets_open = 0
         self.listener_connected: dict[str, int] = {}
 
-    def connection_made(self, transport: Transport) -> Client:
+    def connection_made(self, transport: Transport,
+                        refusal: tuple[str, str] | None = None) -> Client:
+        """A new connection's client; ``refusal``: (limit, why) the server accepted it only to
+        refuse its CONNECT with CONNACK 3 (it waits at most REFUSAL_WAIT for it)."""
         self.stats.sockets_accepted += 1
         self.sockets_open += 1
-        client = Client(self, transport, self.clock())
+        now = self.clock()
+        client = Client(self, transport, now)
+        if refusal is not None:
+            client.refusal = refusal
+            client.connect_deadline = min(client.connect_deadline, now + REFUSAL_WAIT)
         self.schedule(client)
         return client
 
     def admission(self, client: Client, client_id: str) -> tuple[str, str] | None:
         """Why a valid CONNECT cannot be accepted now: (limit, explanation), or None."""
+        if client.refusal is not None:
+            return client.refusal
         old = self.sessions.get(client_id)
         old_client = old.client if old is not None else None
         limits = self.limits

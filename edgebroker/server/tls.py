@@ -74,6 +74,11 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
     """The server SSLContext of a TLS listener; ConfigError naming the key on a problem."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = _VERSIONS[lc.tls_version]
+    # A client's end of the TCP stream without a close_notify (it shut down its writing side
+    # after CONNECT, or closed its socket) reads as the end of its data, as a close_notify
+    # does, and leaves the connection able to send: the answers already queued (a CONNACK)
+    # still go out. Otherwise OpenSSL 3 fails the connection at that read.
+    ctx.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
     try:
         ctx.load_cert_chain(lc.certfile, lc.keyfile or None)
     except FileNotFoundError as exc:
@@ -314,9 +319,11 @@ class TLSTransport(Transport):
                 self._want(self.events | _WRITE)
                 return
             except ssl.SSLZeroReturnError:
-                self.lost("closed by peer")  # with its close_notify: answered with ours
+                self.ended("closed by peer")  # with its close_notify: answered with ours
                 return
-            except ssl.SSLEOFError:  # closed without a close_notify
+            except ssl.SSLEOFError:
+                # Its end of the TCP stream without a close_notify, with an OpenSSL that
+                # cannot ignore it (see make_context): nothing more can be sent.
                 self._gone("closed by peer")
                 return
             except ssl.SSLError as exc:
@@ -328,7 +335,7 @@ class TLSTransport(Transport):
                 self._gone(exc.strerror or str(exc))
                 return
             if n == 0:  # the client's close_notify: answered with ours
-                self.lost("closed by peer")
+                self.ended("closed by peer")
                 return
             loop.broker.stats.bytes_received += n
             self.bytes_in += n

@@ -525,3 +525,40 @@ def test_handshake_timers_let_go_of_finished_handshakes():
     timers.done(pending[8])                 # ended meanwhile: nothing to do
     timers.expire(200.0)
     assert timed_out == [pending[8], pending[9]] and not timers
+
+
+@pytest.mark.parametrize("close_notify", [False, True], ids=["fin", "close_notify"])
+def test_a_client_that_half_closes_after_connect_gets_its_connack(tlssrv, pki, uid,
+                                                                   close_notify):
+    """CONNECT, then the end of the client's side (a TCP FIN alone, or a close_notify first):
+    the CONNACK still comes, then the broker closes."""
+    raw = socket.create_connection(("127.0.0.1", port(tlssrv, 3)), timeout=5)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = client_context(pki).wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    while True:
+        try:
+            obj.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            raw.sendall(outgoing.read())
+            chunk = raw.recv(65536)
+            assert chunk, "server closed during the handshake"
+            incoming.write(chunk)
+    obj.write(m.connect(uid))
+    if close_notify:
+        with pytest.raises(ssl.SSLWantReadError):
+            obj.unwrap()
+    raw.sendall(outgoing.read())
+    raw.shutdown(socket.SHUT_WR)
+    buf = bytearray()
+    while len(buf) < 4:
+        try:
+            buf += obj.read(4096)
+        except ssl.SSLWantReadError:
+            chunk = raw.recv(65536)
+            assert chunk, f"closed without a CONNACK (got {bytes(buf)!r})"
+            incoming.write(chunk)
+        except ssl.SSLZeroReturnError:
+            break
+    assert bytes(buf[:4]) == m.connack(False, 0)
+    raw.close()
