@@ -327,6 +327,10 @@ class Config:
     login_failure_window: float = _setting(
         60.0, _at_least(0.001),
         doc="seconds: the longest delay, and how long failed logins are remembered")
+    refusal_log_interval: float = _setting(
+        60.0, _at_least(0), doc="after a refused or misbehaving connection is logged, further "
+                                "ones of its kind from its address are only counted for this "
+                                "many seconds, then one line gives their number; 0: log each")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))
     limits: Limits = field(default_factory=Limits)
     log: LogConfig = field(default_factory=LogConfig)

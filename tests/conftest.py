@@ -83,6 +83,9 @@ def default_config(tmp: Path) -> dict:
         "data_dir": str(tmp / "data"),
         "log_level": "info",
         "sys_interval": 0,
+        # Every test client comes from 127.0.0.1: log each refused or misbehaving connection,
+        # so that a test finds its own line (tests of the per-address summaries set it).
+        "refusal_log_interval": 0,
         "listener": [{"host": "127.0.0.1", "port": 0}],
     }
 

@@ -33,7 +33,7 @@ from edgebroker.core.catchup import CatchUp
 from edgebroker.core.client import Client
 from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
-    DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, TopicTable, zero_counts,
+    DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, PeerLog, TopicTable, zero_counts,
 )
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.persistence import Persistence
@@ -79,6 +79,8 @@ class Broker(Router, Sessions, CatchUp, Timers, Persistence):
         self.dropped = zero_counts(DROPS)
         self.pass_times = PassTimes()     # filled by the server loop
         self.events = EventLog(log)
+        # The lines of refused and misbehaving connections.
+        self.peer_log = PeerLog(self.started, config.refusal_log_interval)
         self.memory = MemoryGuard(self.limits.memory_limit)
         self.memory.check()
         self._init_timers()
@@ -141,6 +143,10 @@ class Broker(Router, Sessions, CatchUp, Timers, Persistence):
             self._topic_expiry.start(self, now + config.limits.topic_expiry)
         if config.limits.persistent_client_expiration != old.persistent_client_expiration:
             self.expire_sessions_again()
+        if config.refusal_log_interval != self.peer_log.period:
+            self.peer_log.flush(now)
+            self.peer_log.period = config.refusal_log_interval
+            self._peer_log_period.start(self, now + self._peer_log_every())
         self.sys.configure(now)
 
     def acknowledge(self, client, offset: int | None, frame: bytes) -> None:

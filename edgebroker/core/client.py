@@ -27,7 +27,7 @@ from edgebroker.mqtt.stream import Decoder
 from edgebroker.core.dispatch import AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED_RATED
 from edgebroker.core.handlers import connect
 from edgebroker.core.handlers.connect import connections_log
-from edgebroker.core.transport import Transport
+from edgebroker.core.transport import CLOSED, Transport
 
 log = logging.getLogger("edgebroker.client")
 
@@ -38,11 +38,11 @@ _PROGRESS_BYTES = 1024
 class Client:
     __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "client_id_bytes",
                  "session", "connected",
-                 "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_at",
+                 "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_entry",
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
                  "rate", "throttled_until", "throttle_start", "throttled_time",
                  "pending_dropped", "warned", "rate_sample",
-                 "username", "acl", "pending_connect", "held", "denied_logged")
+                 "username", "acl", "pending_connect", "held", "denied_logged", "refusal")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
@@ -59,7 +59,7 @@ class Client:
         self.keepalive = 0
         self.last_seen = now
         self.connect_deadline = now + broker.limits.connect_timeout
-        self.timer_at = None          # deadline of this client's entry in the timer heap
+        self.timer_entry = None       # this client's entry in the timer heap (core.timers)
         self.protocol_level = 0
         self._handlers = BEFORE_CONNECT
         listener = transport.listener
@@ -78,6 +78,7 @@ class Client:
         self.pending_connect = None   # the CONNECT while its password check runs
         self.held = None              # packets received meanwhile
         self.denied_logged = None     # topics whose denied PUBLISH was logged
+        self.refusal = None           # (limit, why): refuse its CONNECT (Sessions.admission)
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
@@ -169,9 +170,10 @@ class Client:
         if not self.connected:
             broker.stats.connect_timeouts += 1
             broker.hit("connect_timeout")
-            log.info("%s: %s within %g s; closing", self.describe(),
-                     "password check not finished" if self.pending_connect else "no CONNECT",
-                     broker.limits.connect_timeout)
+            broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
+                                "%s: %s within %g s; closing", self.describe(),
+                                "password check not finished" if self.pending_connect
+                                else "no CONNECT", self.connect_deadline - self.created)
             self.close(will=False)
         else:
             broker.stats.keepalive_expired += 1
@@ -182,13 +184,15 @@ class Client:
     # ----- closing ----------------------------------------------------------------------
 
     def close(self, *, will: bool) -> None:
+        """Close the connection (publishing the will if ``will``) and let go of everything
+        it held: nothing of a closed client stays in the broker (its timer-heap entry goes,
+        its transport is replaced by ``CLOSED``), so it is freed at once."""
         if self.closed:
             return
         self.closed = self.halted = True
-        # A closed client may sit in the timer heap until its deadline: let go
-        # of its buffers now.
         self.decoder = None
         broker = self.broker
+        broker.unschedule(self)
         broker.sockets_open -= 1
         try:
             if self.throttled_until:
@@ -196,8 +200,11 @@ class Client:
             if self.connected:
                 broker.detach(self, publish_will=will)
         finally:
-            self.will = None
-            self.transport.close()
+            self.will = self.pending_connect = self.held = None
+            if broker.journal is not None:
+                broker.journal.forget(self)
+            transport, self.transport = self.transport, CLOSED
+            transport.close()
 
     # ----- limits -----------------------------------------------------------------------
 
@@ -254,19 +261,28 @@ class Client:
             self.broker.pump(session)
 
     def violation(self, exc: ProtocolError) -> None:
+        # The decoder keeps the error it raised; its traceback holds the frames that handled
+        # this client, a cycle that would keep the closed client until a garbage collection.
+        exc.with_traceback(None)
         broker = self.broker
         code = None if self.connected else CONNACK_CODES_311.get(exc.reason)
         if code is not None:
-            log.info("%s: refused (CONNACK %d): %s", self.describe(), code, exc)
+            reason = ("protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
+                      else "client_id")
+            broker.peer_log.log(log, logging.INFO, reason, self.peer,
+                                "%s: refused (CONNACK %d): %s", self.describe(), code, exc)
             broker.stats.connections_refused += 1
-            broker.refused["protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
-                           else "client_id"] += 1
+            broker.refused[reason] += 1
             self.answer(encode(P.Connack(False, code)))
         else:
             broker.stats.protocol_errors += 1
+            kind = "protocol_error"
             if exc.rule == "max_packet_size":
                 broker.hit("max_packet_size")
-            log.warning("%s: protocol violation: %s; closing connection", self.describe(), exc)
+                kind = "max_packet_size"
+            broker.peer_log.log(log, logging.WARNING, kind, self.peer,
+                                "%s: protocol violation: %s; closing connection",
+                                self.describe(), exc)
         self.close(will=True)
 
     def answer(self, frame: bytes) -> None:

@@ -168,6 +168,12 @@ class Journal:
                 "fsyncs": flusher.syncs if flusher is not None else 0,
                 "fsync_errors": flusher.errors if flusher is not None else 0}
 
+    def forget(self, client) -> None:
+        """A closed client: no longer one to resume (its waiting acknowledgements are
+        skipped when they come due)."""
+        if self._paused:
+            self._paused.discard(client)
+
     def pause(self, client) -> None:
         if client is not None and client not in self._paused and not client.closed:
             self._paused.add(client)

@@ -19,7 +19,10 @@ tested with plain numbers:
   ``max_topics_per_client``, not everyone by ``max_topics``. No pass ever
   scans topics that are in use.
 - ``EventLog``: one log line per event kind per period, with the number of
-  suppressed repeats, so a flood of refusals cannot flood the log.
+  suppressed repeats, for broker-wide events (a connection flood).
+- ``PeerLog``: the lines about refused or misbehaving connections, one per
+  kind and source address per period, then a count, so that an attack cannot
+  flood the log.
 
 Names of limits (``LIMITS``), refusal reasons (``REFUSALS``) and drop
 reasons (``DROPS``) are listed here once; metrics, $SYS and the admin socket
@@ -47,7 +50,7 @@ LIMITS = (
 REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
     "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
-    "websocket", "max_sessions",
+    "websocket", "max_sessions", "open_files",
 )
 
 # Why an application message was dropped (not delivered to one subscriber, or not routed).
@@ -278,6 +281,120 @@ class EventLog:
             message += " (repeats are logged at most once per %.0f s)"
             args = (*args, self.period)
         self.logger.log(level, message, *args)
+
+
+# What ``PeerLog`` counts, by kind: the words of its summary lines ("N more <these> from ...").
+PEER_EVENTS = {
+    "protocol_error": "protocol violations",
+    "max_packet_size": "packets over max_packet_size",
+    "connect_timeout": "connections closed for connect_timeout (no CONNECT, or a password "
+                       "check not finished)",
+    "auth": "CONNECTs refused for their user name or password (CONNACK 4 or 5)",
+    "client_id": "CONNECTs refused for their client id",
+    "protocol_version": "CONNECTs refused for their protocol version",
+    "max_client_id_length": "CONNECTs refused for max_client_id_length",
+    "max_keepalive": "CONNECTs refused for max_keepalive",
+    "max_connections": "CONNECTs refused for max_connections",
+    "listener_max_connections": "CONNECTs refused for a listener's max_connections",
+    "memory_limit": "CONNECTs refused for memory_limit",
+    "open_files": "connections refused for the open files limit",
+    "tls": "TLS handshakes on a plain MQTT listener",
+    "http": "HTTP requests on an MQTT listener",
+    "not_mqtt": "connections not starting with CONNECT",
+    "websocket": "refused WebSocket upgrades",
+    "tls_handshake": "failed TLS handshakes",
+    "tls_handshake_timeout": "TLS handshakes not finished within handshake_timeout",
+}
+
+# PeerLog's period (seconds), and how many (kind, source address) pairs it tracks at most.
+PEER_LOG_PERIOD = 60.0
+PEER_LOG_SOURCES = 1000
+
+
+def source_of(peer: str) -> str:
+    """The source address of a connection named ``peer`` (server/transport.py's
+    ``format_peer``, or a Unix listener's peer): the host without the port; for a Unix socket
+    its path and the connecting process's uid."""
+    if peer.startswith("["):
+        end = peer.find("]")
+        return peer[1:end] if end > 0 else peer
+    if peer.startswith("unix:"):
+        at = peer.find(" (pid ")
+        uid = peer.rfind(", uid ")
+        if at < 0 or uid < at:
+            return peer
+        return f"{peer[:at]} (uid {peer[uid + 6:].rstrip(')')})"
+    host, colon, port = peer.rpartition(":")
+    return host if colon and port.isdigit() else peer
+
+
+class PeerLog:
+    """The log lines of refused or misbehaving connections, by kind and source address.
+
+    The first line of a kind (``PEER_EVENTS``) from an address is logged at once, in full;
+    further ones from the same address are only counted until the period ends (``flush``,
+    every ``period`` seconds), which logs one line per (kind, address) that had more: "N more
+    <kind> from <address> in the last 60 s". An address quiet for a whole period is forgotten,
+    so its next line is logged in full again. At most ``max_sources`` (kind, address) pairs
+    are tracked; lines from further addresses are counted per kind, the first of each logged
+    in full, and summed up in one line per kind. Metrics count every event; this only decides
+    what is written."""
+
+    __slots__ = ("period", "max_sources", "_seen", "_others", "_since")
+
+    def __init__(self, now: float, period: float = PEER_LOG_PERIOD,
+                 max_sources: int = PEER_LOG_SOURCES):
+        """``period`` 0: every line is logged (nothing is counted or tracked)."""
+        self.period = period
+        self.max_sources = max_sources
+        self._seen: dict[tuple[str, str], list] = {}   # (kind, source) -> [more, logger, level]
+        self._others: dict[str, list] = {}             # kind -> [more, logger, level]
+        self._since = now
+
+    def log(self, logger: logging.Logger, level: int, kind: str, peer: str, message: str,
+            *args) -> None:
+        if self.period <= 0:
+            logger.log(level, message, *args)
+            return
+        key = (kind, source_of(peer))
+        seen = self._seen
+        entry = seen.get(key)
+        if entry is not None:
+            entry[0] += 1
+            return
+        if len(seen) < self.max_sources:
+            seen[key] = [0, logger, level]
+        else:
+            other = self._others.get(kind)
+            if other is not None:
+                other[0] += 1
+                return
+            self._others[kind] = [0, logger, level]
+        logger.log(level, message, *args)
+
+    def flush(self, now: float) -> None:
+        """The end of a period: one line per (kind, address) with lines only counted."""
+        elapsed = now - self._since
+        self._since = now
+        seen = self._seen
+        for key, entry in list(seen.items()):
+            more, logger, level = entry
+            if not more:
+                del seen[key]
+                continue
+            entry[0] = 0
+            kind, source = key
+            logger.log(level, "%d more %s from %s in the last %.0f s (counted, not logged)",
+                       more, PEER_EVENTS.get(kind, kind), source, elapsed)
+        for kind, (more, logger, level) in self._others.items():
+            if more:
+                logger.log(level, "%d more %s from addresses not tracked (over %d addresses "
+                           "were tracked) in the last %.0f s (counted, not logged)", more,
+                           PEER_EVENTS.get(kind, kind), self.max_sources, elapsed)
+        self._others.clear()
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 class MemoryGuard:

@@ -61,6 +61,7 @@ def snapshot(broker, now: float) -> dict:
     throttled = broker.throttled_seconds
     for client in broker.throttled:
         throttled += now - client.throttle_start
+    timer_entries, timer_entries_dead = broker.timer_figures()
     return {
         "version": __version__,
         "uptime_seconds": now - broker.started,
@@ -76,6 +77,8 @@ def snapshot(broker, now: float) -> dict:
         "lag_records_max": _max_lag(broker),
         "throttled_clients": len(broker.throttled),
         "throttled_seconds": throttled,
+        "timer_entries": timer_entries,
+        "timer_entries_dead": timer_entries_dead,
         "counters": stats.as_dict(),
         "limit_hits": dict(broker.limit_hits),
         "refused": dict(broker.refused),

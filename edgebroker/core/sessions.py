@@ -35,6 +35,9 @@ log = logging.getLogger("edgebroker.broker")
 # session's timer may still sit in the deadline heap until its old time, and reusing it adds
 # no entry there (so a client cycling persistent and clean sessions grows nothing).
 SPARE_TIMERS = 1024
+# Seconds a connection accepted only to be refused (``connection_made``'s ``refusal``) waits
+# for its CONNECT: it holds a descriptor kept for refusing the next callers.
+REFUSAL_WAIT = 2.0
 
 
 class Sessions:
@@ -48,15 +51,24 @@ class Sessions:
         self.persistent_sessions = 0          # sessions with clean session 0 (max_sessions)
         self._spare_timers: list[Timer] = []
 
-    def connection_made(self, transport: Transport) -> Client:
+    def connection_made(self, transport: Transport,
+                        refusal: tuple[str, str] | None = None) -> Client:
+        """A new connection's client; ``refusal``: (limit, why) the server accepted it only to
+        refuse its CONNECT with CONNACK 3 (it waits at most REFUSAL_WAIT for it)."""
         self.stats.sockets_accepted += 1
         self.sockets_open += 1
-        client = Client(self, transport, self.clock())
+        now = self.clock()
+        client = Client(self, transport, now)
+        if refusal is not None:
+            client.refusal = refusal
+            client.connect_deadline = min(client.connect_deadline, now + REFUSAL_WAIT)
         self.schedule(client)
         return client
 
     def admission(self, client: Client, client_id: str, clean: bool) -> tuple[str, str] | None:
         """Why a valid CONNECT cannot be accepted now: (limit, explanation), or None."""
+        if client.refusal is not None:
+            return client.refusal
         old = self.sessions.get(client_id)
         old_client = old.client if old is not None else None
         limits = self.limits

@@ -1,13 +1,21 @@
 """The broker's deadline heap: keepalive and CONNECT timeouts, and the broker's own timers.
 
 Keepalive and CONNECT timeouts live in one deadline heap with at most one
-entry per client; an entry that comes due early (the client was active since)
+live entry per client; an entry that comes due early (the client was active since)
 is pushed back to its real deadline, so no pass ever scans all clients. The
 same heap runs ``Timer``s: throttled clients' resumes, the memory check, topic
 expiry, and the server's own (admin idle, metrics, listener wake-ups). The
 server layer calls ``tick`` when ``next_deadline`` comes due; ``tick`` also runs
 the $SYS report and the periodic maintenance (log housekeeping, retrying a
 failing disk, snapshots).
+
+An entry is a two-item list ``[due, owner]``, and the owner (a client or a
+``Timer``) knows its live entry (``timer_entry``). A client that closes leaves
+the heap at once (``unschedule``): its entry's owner becomes ``DEAD``, so the
+heap no longer holds the client (a keepalive of 65535 s would otherwise keep a
+closed connection's objects for 27 hours), and when dead entries are more than
+half of the heap it is rebuilt without them, so they cost at most as many
+small lists as there are live entries.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import heapq
 import logging
 
+from edgebroker.core.limits import PEER_LOG_PERIOD
 from edgebroker.core.persistence import SNAPSHOT_DEBOUNCE, SNAPSHOT_EVERY
 
 log = logging.getLogger("edgebroker.broker")
@@ -27,30 +36,51 @@ HOUSEKEEPING_INTERVAL = 1.0
 MAINTENANCE_INTERVAL = 1.0
 
 
+class _Dead:
+    """The owner of a heap entry whose client or ``Timer`` left the heap."""
+
+    __slots__ = ()
+    closed = True
+
+    def __lt__(self, other) -> bool:
+        return id(self) < id(other)  # equal deadlines in the heap (see Client.__lt__)
+
+    def __repr__(self) -> str:
+        return "DEAD"
+
+
+DEAD = _Dead()
+
+
 class Timer:
     """A callback run once at ``when`` by the broker's deadline heap.
 
     It follows the heap's protocol (``deadline``, ``expire``, ``closed``,
-    ``timer_at``), so timers and clients share one heap and one ``tick``.
+    ``timer_entry``), so timers and clients share one heap and one ``tick``.
     """
 
-    __slots__ = ("when", "callback", "timer_at", "closed")
+    __slots__ = ("when", "callback", "timer_entry", "closed", "heap")
 
     def __init__(self, callback):
         self.callback = callback
         self.when: float | None = None
-        self.timer_at: float | None = None
+        self.timer_entry: list | None = None
         self.closed = False
+        self.heap = None        # the broker whose heap it was started in
 
     def __lt__(self, other) -> bool:
         return id(self) < id(other)  # equal deadlines in the heap (see Client.__lt__)
 
     def start(self, broker, when: float) -> None:
         self.when = when
+        self.heap = broker
         broker.schedule(self)
 
     def cancel(self) -> None:
+        """Not to run: it leaves the heap at once (with what its callback holds)."""
         self.when = None
+        if self.timer_entry is not None:
+            self.heap.unschedule(self)
 
     @property
     def pending(self) -> bool:
@@ -70,21 +100,50 @@ class Timers:
     def _init_timers(self) -> None:
         """The heap and the broker's own timers (once ``started``, ``limits`` and ``memory``
         are set)."""
-        self._timers: list = []  # (due, client or Timer); equal dues are ordered by __lt__
+        self._timers: list = []  # [due, client or Timer or DEAD]; equal dues ordered by __lt__
+        self._timers_dead = 0    # entries whose owner is DEAD
         self._housekeeping = Timer(self._on_housekeeping)
         self._housekeeping.start(self, self.started + HOUSEKEEPING_INTERVAL)
         self._topic_expiry = Timer(self._on_topic_expiry)
         self._topic_expiry.start(self, self.started + self.limits.topic_expiry)
+        self._peer_log_period = Timer(self._on_peer_log_period)
+        self._peer_log_period.start(self, self.started + self._peer_log_every())
         self._maintenance_due = self.started + MAINTENANCE_INTERVAL
 
     def schedule(self, client) -> None:
-        """Put a client (or a ``Timer``) in the heap at its ``deadline()``, unless it is there earlier."""
+        """Put a client (or a ``Timer``) in the heap at its ``deadline()``, unless it is there
+        earlier (an entry due later is replaced)."""
         due = client.deadline()
         if due is None:
             return
-        if client.timer_at is None or due < client.timer_at:
-            client.timer_at = due
-            heapq.heappush(self._timers, (due, client))
+        entry = client.timer_entry
+        if entry is not None:
+            if entry[0] <= due:
+                return
+            entry[1] = DEAD
+            self._timers_dead += 1
+        client.timer_entry = entry = [due, client]
+        heapq.heappush(self._timers, entry)
+
+    def unschedule(self, client) -> None:
+        """Take a closed client (or a ``Timer``) out of the heap: its entry no longer refers
+        to it; the heap is rebuilt without such entries once they are more than half of it."""
+        entry = client.timer_entry
+        if entry is None:
+            return
+        client.timer_entry = None
+        entry[1] = DEAD
+        self._timers_dead = dead = self._timers_dead + 1
+        timers = self._timers
+        if dead * 2 > len(timers):
+            # In place: tick may be going through this very list.
+            timers[:] = [e for e in timers if e[1] is not DEAD]
+            heapq.heapify(timers)
+            self._timers_dead = 0
+
+    def timer_figures(self) -> tuple[int, int]:
+        """(entries in the heap, entries whose client or timer left it)."""
+        return len(self._timers), self._timers_dead
 
     def next_deadline(self) -> float:
         due = self._maintenance_due
@@ -97,8 +156,12 @@ class Timers:
     def tick(self, now: float) -> None:
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, client = heapq.heappop(timers)
-            client.timer_at = None
+            entry = heapq.heappop(timers)
+            client = entry[1]
+            if client is DEAD:
+                self._timers_dead -= 1
+                continue
+            client.timer_entry = None
             if client.closed:
                 continue
             due = client.deadline()
@@ -111,8 +174,9 @@ class Timers:
                     log.exception("internal error expiring %s", client.callback
                                   if type(client) is Timer else client.describe())
             else:
-                client.timer_at = due
-                heapq.heappush(timers, (due, client))
+                entry[0] = due
+                client.timer_entry = entry
+                heapq.heappush(timers, entry)
         if self.sys.next_due is not None and self.sys.next_due <= now:
             self.sys.publish(now)
         if self._maintenance_due <= now:
@@ -154,6 +218,16 @@ class Timers:
         elif changed is False:
             log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
                         "connections and topics", self.memory.rss, self.memory.limit)
+
+    def _peer_log_every(self) -> float:
+        """Seconds between the peer log's summaries (core.limits.PeerLog; 0: it counts nothing,
+        and is looked at once a minute)."""
+        return self.peer_log.period or PEER_LOG_PERIOD
+
+    def _on_peer_log_period(self) -> None:
+        now = self.clock()
+        self._peer_log_period.start(self, now + self._peer_log_every())
+        self.peer_log.flush(now)
 
     def _on_topic_expiry(self) -> None:
         now = self.clock()

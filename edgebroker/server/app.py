@@ -38,7 +38,9 @@ from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server import sdnotify
 from edgebroker.server.framing import Framing
-from edgebroker.server.listeners import ACCEPT_PAUSE, Listener, UnixListener
+from edgebroker.server.listeners import (
+    ACCEPT_PAUSE, RESERVED_DESCRIPTORS, DescriptorReserve, Listener, UnixListener,
+)
 from edgebroker.server.loop import Loop, hold_window
 from edgebroker.server.tls import TLSServer, TLSTransport
 from edgebroker.server.transport import Transport
@@ -134,10 +136,12 @@ class App:
         self.reload_config = reload_config
         reserve_descriptors(config.limits.max_connections + SPARE_DESCRIPTORS)
         self.open_files = open_files_limit()
-        self.descriptors_short = False  # accepting stopped for want of descriptors (logged)
+        self.descriptors_short = False  # refusing callers for want of descriptors (logged)
+        self.reserve = DescriptorReserve()
         self.loop = loop = Loop(config.coalesce_ms, clock)
         loop.on_wake = self._on_wake
         loop.on_reload = self.reload
+        loop.on_reserve_freed = self._reserve_freed
         self.selector = loop.selector
         self.state_dir = config.state_dir()
         self._durable: deque[int] = deque()   # offsets reported by the flusher thread
@@ -334,23 +338,63 @@ class App:
 
     def socket_room(self) -> int:
         """How many sockets connections may hold: the open files limit, less what the commit
-        log holds and the broker's own (OWN_DESCRIPTORS). Past it a roll of the log, the
-        flusher, the snapshot or the admin socket would find no descriptor free."""
-        return self.open_files - OWN_DESCRIPTORS - self.log.descriptors_held()
+        log holds, the broker's own (OWN_DESCRIPTORS) and the reserve for refusing callers.
+        Past it a roll of the log, the flusher, the snapshot or the admin socket would find no
+        descriptor free."""
+        return (self.open_files - OWN_DESCRIPTORS - RESERVED_DESCRIPTORS
+                - self.log.descriptors_held())
 
-    def out_of_descriptors(self, listener: Listener, room: int) -> None:
-        """Connections hold every descriptor they may: stop accepting on ``listener`` for a
-        while (the kernel keeps new connections waiting); counted, logged once per episode."""
-        self.broker.hit("open_files")
+    def refuse_one(self, listener: Listener, room: int, error: str | None) -> bool:
+        """No descriptor is free for a caller (``error``: accept's, else connections hold
+        ``room``): accept one with a descriptor of the reserve, to be refused with CONNACK 3
+        once its CONNECT arrives (core.sessions). False when none was accepted: nobody is
+        waiting, or every reserved descriptor is refusing someone (then ``listener`` pauses
+        until one is free again, or ACCEPT_PAUSE). Logged once per episode."""
+        if not self.reserve.take():
+            self.broker.hit("open_files")   # a caller waits in the listen backlog
+            listener.pause(self.clock() + ACCEPT_PAUSE)
+            return False
+        try:
+            fd, addr = listener.sock._accept()
+        except OSError as exc:
+            self.reserve.give_back()
+            if not isinstance(exc, (BlockingIOError, InterruptedError)):
+                self.accept_failed(listener, exc.strerror or str(exc))
+            return False
+        why = (f"accept failed ({error})" if error else
+               f"{self.broker.sockets_open} sockets open, all that the open files limit "
+               f"({self.open_files}) leaves")
         if not self.descriptors_short:
             self.descriptors_short = True
-            log.warning("%d sockets open, all that the open files limit (%d) leaves beside the "
-                        "commit log's %d descriptors (%d segments) and the broker's own %d: not "
-                        "accepting connections until some close; raise the limit (systemd "
-                        "LimitNOFILE=, ulimit -n) for more", self.broker.sockets_open,
-                        self.open_files, self.open_files - OWN_DESCRIPTORS - room,
-                        self.log.segment_count, OWN_DESCRIPTORS)
-        listener.pause(self.clock() + ACCEPT_PAUSE)
+            log.warning("%s beside the commit log's %d descriptors (%d segments), the broker's "
+                        "own %d and %d in reserve: refusing new connections (CONNACK 3) until "
+                        "some close; raise the limit (systemd LimitNOFILE=, ulimit -n) for more",
+                        why, self.log.descriptors_held(), self.log.segment_count,
+                        OWN_DESCRIPTORS, RESERVED_DESCRIPTORS)
+        conn = socket.socket(listener.family, socket.SOCK_STREAM, 0, fileno=fd)
+        transport = self.add_connection(
+            conn, listener.peer_name(conn, addr), listener,
+            refusal=("open_files", f"{why}; raise the open files limit"))
+        self.loop.reserved.add(transport)
+        return True
+
+    def accept_failed(self, listener: Listener, error: str) -> None:
+        """accept() failed for want of kernel memory (or of a reserved descriptor): stop
+        accepting on ``listener`` for ACCEPT_PAUSE; logged at most once a minute."""
+        now = self.clock()
+        self.broker.events.log(logging.ERROR, "accept", now, "accept on %s: %s; pausing "
+                               "accepts for %.1f s", listener.address, error, ACCEPT_PAUSE)
+        listener.pause(now + ACCEPT_PAUSE)
+
+    def _reserve_freed(self) -> None:
+        """A connection accepted with a reserved descriptor closed: its placeholder is open
+        again; listeners paused for want of one accept (and refuse) the next callers now."""
+        self.reserve.give_back()
+        if self.descriptors_short:
+            for listener in self.listeners:
+                if listener.paused_until and (self.accept_gate is None
+                                              or self.accept_gate.tokens >= 1.0):
+                    listener.resume()
 
     def warn_open_files(self) -> None:
         """At start and reload: say when the open files limit leaves room for fewer sockets
@@ -366,8 +410,10 @@ class App:
                         self.open_files, max(room, 0), segments, log_need, wanted,
                         wanted + OWN_DESCRIPTORS + log_need + SPARE_DESCRIPTORS // 4)
 
-    def add_connection(self, sock: socket.socket, peer: str,
-                       listener: Listener | None = None) -> None:
+    def add_connection(self, sock: socket.socket, peer: str, listener: Listener | None = None,
+                       refusal: tuple[str, str] | None = None):
+        """Serve an accepted socket; ``refusal``: (limit, why) to refuse its CONNECT with
+        CONNACK 3. Returns its stream (server/transport.py)."""
         sock.setblocking(False)       # TCP_NODELAY comes from the listening socket
         max_pending = self.config.limits.max_pending_write_bytes
         if listener is not None and listener.tls is not None:
@@ -380,11 +426,12 @@ class App:
         self.selector.register(sock, selectors.EVENT_READ, transport)
         framing = listener.framing if listener is not None else None
         if framing is None:     # raw MQTT: the stream is the core's transport
-            transport.client = self.broker.connection_made(transport)
+            transport.client = self.broker.connection_made(transport, refusal)
         else:                   # a framing between the stream and the core (server/framing.py)
             transport.sniff = None
             transport.client = framed = Framing(transport, framing())
-            framed.client = self.broker.connection_made(framed)
+            framed.client = self.broker.connection_made(framed, refusal)
+        return transport
 
     # ----- reload and shutdown ---------------------------------------------------------
 
@@ -512,4 +559,6 @@ class App:
         self.broker.exchanges.close()
         self.log.close()
         loop.close()
+        self.reserve.close()
+        self.broker.peer_log.flush(self.clock())    # what was only counted so far
         log.info("stopped")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.core.timers import Timer
+from edgebroker.errors import ProtocolError
 from edgebroker.server.transport import PAUSE_REASONS
 
 log = logging.getLogger("edgebroker.server")
@@ -98,13 +99,17 @@ class Framing:
         for piece in got.mqtt:
             client.data_received(piece)
         if got.close is not None and not stream.closed:
-            if not got.open:    # the upgrade was refused: counted, logged once a minute
+            if not got.open:    # the upgrade was refused: counted, logged (core.limits.PeerLog)
                 broker = stream.loop.broker
                 broker.refused["websocket"] += 1
-                broker.events.log(logging.WARNING, "websocket", broker.clock(),
-                                  "WebSocket upgrade from %s on listener %s refused: %s",
-                                  stream.peer, stream.listener_name or "?", got.close)
-            client.connection_lost(got.close)       # closes this (close below)
+                broker.peer_log.log(log, logging.WARNING, "websocket", stream.peer,
+                                    "WebSocket upgrade from %s on listener %s refused: %s",
+                                    stream.peer, stream.listener_name or "?", got.close)
+            if got.fault and not client.closed:
+                # A frame that breaks RFC 6455: a protocol violation like a bad MQTT packet.
+                client.violation(ProtocolError(got.close))
+            else:
+                client.connection_lost(got.close)   # closes this (close below)
             self.close()                            # if the client was closed already
 
     def writable(self) -> None:

@@ -6,6 +6,13 @@ listeners a ``TLSServer``) and hands each accepted connection to the app
 (``add_connection``), a bounded number per pass; it can be paused (the connection rate
 limit, a shortage of descriptors) and resumed.
 
+When connections hold every descriptor they may (``App.socket_room``), or accept fails for
+want of one (EMFILE, ENFILE), a caller is not left waiting: a descriptor of the
+``DescriptorReserve`` (placeholders opened at start) is closed to accept it, the core refuses
+its CONNECT with CONNACK 3 and closes it, and the placeholder is opened again
+(``App.refuse_one``). Only while every reserved descriptor is refusing someone do new callers
+wait in the listen backlog.
+
 ``UnixListener``: a listener on a Unix-domain socket (local clients only, access by file
 permissions). The socket file is created with ``unix_socket_mode`` permissions (default
 0660: the broker's user and group). A file left at the path by a broker that
@@ -36,8 +43,12 @@ log = logging.getLogger("edgebroker.server")
 
 ACCEPTS_PER_PASS = 64
 LISTEN_BACKLOG = 1024
-# After EMFILE/ENFILE, stop accepting for this long instead of spinning.
+# Without a descriptor to accept with (ENOBUFS, ENOMEM; or every reserved one refusing a
+# caller), stop accepting for this long instead of spinning.
 ACCEPT_PAUSE = 0.5
+# Descriptors kept open (on /dev/null) to accept and refuse callers when connections hold
+# every other one.
+RESERVED_DESCRIPTORS = 4
 
 
 def framing_for(config: ListenerConfig):
@@ -47,6 +58,46 @@ def framing_for(config: ListenerConfig):
     if config.protocol != "websockets":
         return None
     return functools.partial(WebSocketEndpoint, config.websocket_path)
+
+
+class DescriptorReserve:
+    """Descriptors held open (on /dev/null) to be closed when a caller must be accepted and
+    none is free, one per caller (``take``), and opened again when its connection closes
+    (``give_back``)."""
+
+    def __init__(self, size: int = RESERVED_DESCRIPTORS):
+        self.size = size
+        self.fds: list[int] = []
+        self.lent = 0           # taken and not given back: refusing a caller
+        self.fill()
+
+    def fill(self) -> None:
+        """Open placeholders up to ``size`` (less those lent), as far as descriptors allow."""
+        while len(self.fds) + self.lent < self.size:
+            try:
+                self.fds.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError:
+                return
+
+    def take(self) -> bool:
+        """Free one descriptor for a caller: False when none is held."""
+        if not self.fds:
+            self.fill()
+            if not self.fds:
+                return False
+        os.close(self.fds.pop())
+        self.lent += 1
+        return True
+
+    def give_back(self) -> None:
+        """A descriptor taken is free again (its connection closed): hold it once more."""
+        self.lent -= 1
+        self.fill()
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
 
 
 class Listener:
@@ -120,9 +171,13 @@ class Listener:
                 app.accept_gate_closed()
                 return
             if broker.sockets_open >= room:
-                if i == 0:      # the readiness event says a caller is waiting
-                    app.out_of_descriptors(self, room)
-                return
+                # Connections hold every descriptor they may: refuse a caller with one held
+                # in reserve (none may be waiting, the readiness event was for the last).
+                if not app.refuse_one(self, room, None):
+                    return
+                if gate is not None:
+                    gate.tokens -= 1.0
+                continue
             try:
                 # Not sock.accept(): it asks the listening socket for its family and type,
                 # each made an enum member, for every connection (2 of its 6 µs).
@@ -130,10 +185,14 @@ class Listener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.error("accept on %s: %s; pausing accepts for %.1f s",
-                              self.address, exc.strerror, ACCEPT_PAUSE)
-                    self.pause(app.clock() + ACCEPT_PAUSE)
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    if not app.refuse_one(self, room, exc.strerror):
+                        return
+                    if gate is not None:
+                        gate.tokens -= 1.0
+                    continue
+                if exc.errno in (errno.ENOBUFS, errno.ENOMEM):
+                    app.accept_failed(self, exc.strerror)
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue

@@ -71,6 +71,10 @@ class Loop:
         self.log = None       # commitlog.CommitLog (log_generation, locate)
         self.on_wake = None   # called after each wake-up (the app's deliveries)
         self.on_reload = None  # called on SIGHUP
+        # Connections accepted with a reserved descriptor (server/listeners.py), and what to
+        # call when one closes.
+        self.reserved: set[Transport] = set()
+        self.on_reserve_freed = None
         self._stop = False
         self._reload = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -118,6 +122,12 @@ class Loop:
 
     def forget(self, transport: Transport) -> None:
         self.transports.discard(transport)
+
+    def released(self, transport: Transport) -> None:
+        """``transport``'s socket is closed."""
+        if self.reserved and transport in self.reserved:
+            self.reserved.discard(transport)
+            self.on_reserve_freed()   # its descriptor is free again
         try:
             self.selector.unregister(transport.sock)
         except (KeyError, ValueError):

@@ -81,6 +81,13 @@ METRICS = (
     ("edgebroker_throttled_seconds_total", "counter",
      "Seconds clients spent throttled (not read) for their publish rate.",
      lambda s: s["throttled_seconds"]),
+    ("edgebroker_timer_entries", "gauge",
+     "Entries in the broker's deadline heap (keepalive, CONNECT timeout, timers).",
+     lambda s: s["timer_entries"]),
+    ("edgebroker_timer_entries_dead", "gauge",
+     "Deadline heap entries no longer used (left by closed clients and cancelled timers, or "
+     "replaced by an earlier deadline); at most half the heap.",
+     lambda s: s["timer_entries_dead"]),
     ("edgebroker_packets_received_total", "counter", "MQTT packets received.",
      _counter("packets_received")),
     ("edgebroker_packets_sent_total", "counter", "MQTT packets sent.", _counter("packets_sent")),

@@ -18,6 +18,8 @@ import logging
 
 from edgebroker.mqtt import packets as P
 
+log = logging.getLogger("edgebroker.server")
+
 # A TLS record of type handshake starts with this byte.
 TLS_HANDSHAKE = 0x16
 
@@ -59,23 +61,23 @@ def sniff(transport, data) -> bool:
     broker = transport.loop.broker
     broker.refused[kind] += 1
     where = transport.listener_name or "?"
-    now = broker.clock()
+    peer = transport.peer
     if kind == "tls":
-        broker.events.log(logging.WARNING, "tls", now,
-                          "TLS handshake received on plain MQTT listener %s from %s — use the "
-                          "TLS listener or disable TLS in the client", where, transport.peer)
+        broker.peer_log.log(log, logging.WARNING, "tls", peer,
+                            "TLS handshake received on plain MQTT listener %s from %s — use the "
+                            "TLS listener or disable TLS in the client", where, peer)
     elif kind == "http":
         transport.write(HTTP_REPLY)
-        broker.events.log(logging.WARNING, "http", now,
-                          "HTTP request (%r) received on MQTT listener %s from %s; replied "
-                          "400 and closed", head.split(b" ")[0].decode("ascii", "replace"),
-                          where, transport.peer)
+        broker.peer_log.log(log, logging.WARNING, "http", peer,
+                            "HTTP request (%r) received on MQTT listener %s from %s; replied "
+                            "400 and closed", head.split(b" ")[0].decode("ascii", "replace"),
+                            where, peer)
     else:
         shown = bytes(head + bytes(data[_SNIFF_BYTES:16]))[:16]
-        broker.events.log(logging.WARNING, "not_mqtt", now,
-                          "connection on MQTT listener %s from %s does not start with CONNECT "
-                          "(first bytes: %s) [MQTT-3.1.0-1]; closed", where, transport.peer,
-                          shown.hex(" "))
+        broker.peer_log.log(log, logging.WARNING, "not_mqtt", peer,
+                            "connection on MQTT listener %s from %s does not start with CONNECT "
+                            "(first bytes: %s) [MQTT-3.1.0-1]; closed", where, peer,
+                            shown.hex(" "))
     transport.close()
     transport.client.connection_lost(f"refused: {kind}")
     return False

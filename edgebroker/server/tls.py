@@ -74,6 +74,11 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
     """The server SSLContext of a TLS listener; ConfigError naming the key on a problem."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = _VERSIONS[lc.tls_version]
+    # A client's end of the TCP stream without a close_notify (it shut down its writing side
+    # after CONNECT, or closed its socket) reads as the end of its data, as a close_notify
+    # does, and leaves the connection able to send: the answers already queued (a CONNACK)
+    # still go out. Otherwise OpenSSL 3 fails the connection at that read.
+    ctx.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
     try:
         ctx.load_cert_chain(lc.certfile, lc.keyfile or None)
     except FileNotFoundError as exc:
@@ -114,30 +119,53 @@ class TLSServer:
 
 
 class HandshakeTimers:
-    """Deadlines of TLS handshakes in progress (a heap; finished ones are skipped lazily)."""
+    """Deadlines of TLS handshakes in progress: a heap of ``[deadline, sequence, transport]``.
+
+    A handshake that ends (done, failed or closed) lets go of its entry (``done``): the
+    entry's transport becomes None, so a finished connection is not held until its deadline,
+    and the heap is rebuilt without such entries once they are more than half of it."""
 
     def __init__(self):
-        self.heap: list = []  # (deadline, sequence, transport); the loop checks it is empty
+        self.heap: list = []  # the loop checks it is empty
         self._seq = itertools.count()
+        self._done = 0        # entries whose transport is None
 
     def __bool__(self) -> bool:
         return bool(self.heap)
 
     def add(self, transport: "TLSTransport", deadline: float) -> None:
-        heapq.heappush(self.heap, (deadline, next(self._seq), transport))
+        transport.handshake_entry = entry = [deadline, next(self._seq), transport]
+        heapq.heappush(self.heap, entry)
+
+    def done(self, transport: "TLSTransport") -> None:
+        entry = transport.handshake_entry
+        if entry is None:
+            return
+        transport.handshake_entry = None
+        entry[2] = None
+        self._done += 1
+        heap = self.heap
+        if self._done * 2 > len(heap):
+            heap[:] = [e for e in heap if e[2] is not None]
+            heapq.heapify(heap)
+            self._done = 0
 
     def next_deadline(self) -> float | None:
         heap = self.heap
-        while heap and (heap[0][2].closed or heap[0][2].state is OPEN):
+        while heap and heap[0][2] is None:
             heapq.heappop(heap)
+            self._done -= 1
         return heap[0][0] if heap else None
 
     def expire(self, now: float) -> None:
         heap = self.heap
         while heap and heap[0][0] <= now:
-            _, _, transport = heapq.heappop(heap)
-            if not transport.closed and transport.state is not OPEN:
-                transport.handshake_timed_out()
+            transport = heapq.heappop(heap)[2]
+            if transport is None:
+                self._done -= 1
+                continue
+            transport.handshake_entry = None
+            transport.handshake_timed_out()
 
 
 def _common_name(cert: dict | None) -> str | None:
@@ -152,7 +180,7 @@ def _common_name(cert: dict | None) -> str | None:
 
 class TLSTransport(Transport):
     __slots__ = ("server", "state", "identity", "read_wants_write", "write_wants_read",
-                 "chunk_pending")
+                 "chunk_pending", "handshake_entry")
 
     def __init__(self, loop, sock: socket.socket, peer: str, server: TLSServer, listener=None,
                  max_pending: int = DEFAULT_MAX_PENDING):
@@ -163,6 +191,7 @@ class TLSTransport(Transport):
         self.read_wants_write = False
         self.write_wants_read = False
         self.chunk_pending = False      # out[0] must be offered again as it is
+        self.handshake_entry = None     # its entry in loop.handshakes until the handshake ends
         loop.handshakes.add(self, loop.clock() + server.handshake_timeout)
 
     # ----- events -----------------------------------------------------------------------
@@ -240,6 +269,7 @@ class TLSTransport(Transport):
             self._fail(exc.strerror or str(exc), quiet=True)
             return
         self.state = OPEN
+        self.loop.handshakes.done(self)
         sock = self.sock
         try:
             self.identity = _common_name(sock.getpeercert())
@@ -259,15 +289,19 @@ class TLSTransport(Transport):
             log.debug("TLS handshake with %s on listener %s failed: %s", self.peer,
                       self.server.name, why)
         else:
-            log.warning("TLS handshake with %s on listener %s failed: %s; closing", self.peer,
-                        self.server.name, why)
+            self.loop.broker.peer_log.log(
+                log, logging.WARNING, "tls_handshake", self.peer,
+                "TLS handshake with %s on listener %s failed: %s; closing", self.peer,
+                self.server.name, why)
         self.lost(f"TLS handshake failed: {why}")
 
     def handshake_timed_out(self) -> None:
-        self.loop.broker.stats.tls_handshakes_failed += 1
-        log.warning("TLS handshake with %s on listener %s not finished within %g s "
-                    "(handshake_timeout); closing", self.peer, self.server.name,
-                    self.server.handshake_timeout)
+        broker = self.loop.broker
+        broker.stats.tls_handshakes_failed += 1
+        broker.peer_log.log(log, logging.WARNING, "tls_handshake_timeout", self.peer,
+                            "TLS handshake with %s on listener %s not finished within %g s "
+                            "(handshake_timeout); closing", self.peer, self.server.name,
+                            self.server.handshake_timeout)
         self.lost("TLS handshake timeout")
 
     # ----- reading and writing ------------------------------------------------------------
@@ -287,9 +321,11 @@ class TLSTransport(Transport):
                 self._want(self.events | _WRITE)
                 return
             except ssl.SSLZeroReturnError:
-                self.lost("closed by peer")  # with its close_notify: answered with ours
+                self.ended("closed by peer")  # with its close_notify: answered with ours
                 return
-            except ssl.SSLEOFError:  # closed without a close_notify
+            except ssl.SSLEOFError:
+                # Its end of the TCP stream without a close_notify, with an OpenSSL that
+                # cannot ignore it (see make_context): nothing more can be sent.
                 self._gone("closed by peer")
                 return
             except ssl.SSLError as exc:
@@ -301,7 +337,7 @@ class TLSTransport(Transport):
                 self._gone(exc.strerror or str(exc))
                 return
             if n == 0:  # the client's close_notify: answered with ours
-                self.lost("closed by peer")
+                self.ended("closed by peer")
                 return
             loop.broker.stats.bytes_received += n
             self.bytes_in += n
@@ -387,6 +423,7 @@ class TLSTransport(Transport):
                 self.sock.unwrap()  # non-blocking: sends close_notify, then wants to read
             except (ssl.SSLError, OSError, ValueError):
                 pass
+        self.loop.handshakes.done(self)
         super().shutdown()
 
     def update_events(self) -> None:

@@ -332,7 +332,7 @@ class Transport:
             self.lost(exc.strerror or str(exc))
             return 0
         if n == 0:
-            self.lost("closed by peer")
+            self.ended("closed by peer")
             return 0
         self.loop.broker.stats.bytes_received += n
         self.bytes_in += n
@@ -459,22 +459,39 @@ class Transport:
         chunk.fd, chunk.position, chunk.generation = where.fd, where.payload_position, generation
         return True
 
+    def ended(self, reason: str) -> None:
+        """The peer ended its side of the stream (it may still read): tell the core, send
+        what is queued (the CONNACK of a client that sent CONNECT and shut down its writing
+        side), then close, at the end of this pass."""
+        if self.closed or self.closing:
+            return
+        client = self.client
+        self.close()
+        client.connection_lost(reason)
+
     def lost(self, reason: str) -> None:
-        """The socket failed or the peer closed it: tell the core, release the socket."""
+        """The socket failed: tell the core, release the socket (nothing more can be sent)."""
         if self.closed:
             return
+        client = self.client
         self.shutdown()
-        self.client.connection_lost(reason)
+        client.connection_lost(reason)
 
     def shutdown(self) -> None:
+        """Close the socket, and let go of the receiver (``client``): a closed connection
+        and its client are freed as soon as nothing else holds them, without waiting for
+        the garbage collector to find the cycle."""
         if self.closed:
             return
         self.closed = True
+        self.client = None
         self.out = NO_OUTPUT
         self.out_bytes = 0
-        self.loop.forget(self)
+        loop = self.loop
+        loop.forget(self)
         try:
             self.sock.close()
         except OSError as exc:  # pragma: no cover - close on a socket we own
             if exc.errno != errno.EBADF:
                 log.debug("close %s: %s", self.peer, exc)
+        loop.released(self)

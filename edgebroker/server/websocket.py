@@ -74,20 +74,23 @@ class WebSocketInput:
     ``mqtt``: the MQTT bytes carried by binary messages, in order, in the pieces they arrived
     in. ``send``: bytes to write to the peer as they are, before anything else. ``close``: why
     the connection must be closed once ``send`` is written, or None. ``open``: the handshake
-    is done.
+    is done. ``fault``: the close is the peer's fault (a refused request, a frame that breaks
+    the rules), not its own close.
     """
 
-    __slots__ = ("mqtt", "send", "close", "open")
+    __slots__ = ("mqtt", "send", "close", "open", "fault")
 
-    def __init__(self, mqtt: list, send: bytes, close: str | None, open: bool):
+    def __init__(self, mqtt: list, send: bytes, close: str | None, open: bool,
+                 fault: bool = False):
         self.mqtt = mqtt
         self.send = send
         self.close = close
         self.open = open
+        self.fault = fault
 
     def __repr__(self) -> str:
         return (f"WebSocketInput(mqtt={self.mqtt!r}, send={self.send!r}, close={self.close!r}, "
-                f"open={self.open!r})")
+                f"open={self.open!r}, fault={self.fault!r})")
 
 
 # Frame headers (RFC 6455 §5.2) of unmasked, final (FIN), binary (opcode 2) frames: the first
@@ -215,7 +218,7 @@ class WebSocketEndpoint:
         self._closed = True
         self._head = bytearray()
         return WebSocketInput([], http_reply(status, why, headers), f"HTTP {status}: {why}",
-                              False)
+                              False, True)
 
     # -- OPEN -------------------------------------------------------------------------------------
 
@@ -225,6 +228,7 @@ class WebSocketEndpoint:
         mqtt = []
         out = [send] if send else []
         close = None
+        fault = True            # unless the client closed
         for event in ws.events():
             if isinstance(event, BytesMessage):
                 n = self._message_len + len(event.data)
@@ -241,8 +245,10 @@ class WebSocketEndpoint:
                 if ws.state is ConnectionState.REMOTE_CLOSING:
                     out.append(ws.send(event.response()))
                     close = f"WebSocket closed by the client (code {event.code})"
+                    fault = False
                 elif ws.state is ConnectionState.CLOSED:
                     close = f"WebSocket close answered by the client (code {event.code})"
+                    fault = False
                 else:   # a frame wsproto could not parse: still OPEN, we close with its code
                     out.append(self._control(CloseConnection(event.code, "protocol error")))
                     close = f"WebSocket protocol error: {event.reason} (close {event.code})"
@@ -254,4 +260,4 @@ class WebSocketEndpoint:
             # a Pong needs nothing
         if close is not None:
             self._closed = True
-        return WebSocketInput(mqtt, b"".join(out), close, True)
+        return WebSocketInput(mqtt, b"".join(out), close, True, close is not None and fault)

@@ -234,7 +234,7 @@ def test_render_has_help_and_type_before_every_sample():
         "version": "1.2.3", "uptime_seconds": 1.5, "clients_connected": 2, "sockets_open": 3,
         "sessions": 2, "subscriptions": 1, "retained_messages": 0, "topics": 4,
         "queued_messages": 0, "queued_bytes": 0, "throttled_clients": 0, "throttled_seconds": 0.0,
-        "sessions_behind": 1, "lag_records_max": 42,
+        "sessions_behind": 1, "lag_records_max": 42, "timer_entries": 5, "timer_entries_dead": 1,
         "counters": {k: 1 for k in ("packets_received", "packets_sent", "publish_received",
                                     "publish_sent", "publish_dropped", "bytes_received",
                                     "bytes_sent", "sockets_accepted", "connects_accepted",

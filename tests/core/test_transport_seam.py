@@ -10,7 +10,7 @@ import typing
 from pathlib import Path
 
 from edgebroker.core.testing import FakeTransport
-from edgebroker.core.transport import Transport
+from edgebroker.core.transport import CLOSED, Transport
 from edgebroker.server.framing import Framing
 from edgebroker.server.tls import TLSTransport
 from edgebroker.server.transport import Transport as StreamTransport
@@ -56,6 +56,6 @@ def _has(cls_or_obj, name: str) -> bool:
 
 
 def test_every_transport_has_every_member():
-    for impl in (StreamTransport, TLSTransport, Framing, FakeTransport()):
+    for impl in (StreamTransport, TLSTransport, Framing, FakeTransport(), CLOSED):
         missing = sorted(name for name in MEMBERS if not _has(impl, name))
         assert not missing, f"{impl} lacks {missing}"

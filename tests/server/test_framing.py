@@ -71,6 +71,9 @@ class FakeLoop:
         except (KeyError, ValueError):
             pass
 
+    def released(self, transport):
+        pass
+
     def flush(self):
         for t in self.dirty:
             t.dirty = False
@@ -146,7 +149,8 @@ def test_log_backed_output_keeps_its_file_range_behind_the_frame_header(framed, 
 
 
 def closing_handshake(stream, peer, expected):
-    """The peer gets ``expected``, then the end of the stream; its end closes the stream."""
+    """The peer gets ``expected``, then the end of the stream; its end closes the stream (at
+    the end of the loop's pass)."""
     assert recv_all(peer, len(expected)) == expected
     assert peer.recv(10) == b""                 # the broker's end (FIN), reading on
     assert not stream.closed
@@ -155,6 +159,7 @@ def closing_handshake(stream, peer, expected):
     assert not stream.closed
     peer.shutdown(socket.SHUT_WR)
     stream.on_event(READ)
+    stream.loop.flush()
     assert stream.closed
 
 

@@ -493,3 +493,74 @@ def test_a_burst_past_max_pending_to_a_tls_subscriber_reads_from_the_log(broker,
         assert got == sorted(got) and 0 < len(got) < n
         assert stats["dropped"]["max_pending_write_bytes"] == n - len(got)
     assert b.alive()
+
+
+class _Handshaking:
+    """What HandshakeTimers uses of a TLSTransport."""
+
+    def __init__(self, timed_out: list):
+        self.handshake_entry = None
+        self.timed_out = timed_out
+
+    def handshake_timed_out(self):
+        self.timed_out.append(self)
+
+
+def test_handshake_timers_let_go_of_finished_handshakes():
+    # A handshake that ends leaves the heap's entry at once (a closed TLS connection is not
+    # held until its handshake deadline); the heap is rebuilt once such entries are half of it.
+    from edgebroker.server.tls import HandshakeTimers
+    timers = HandshakeTimers()
+    timed_out = []
+    pending = [_Handshaking(timed_out) for _ in range(10)]
+    for i, t in enumerate(pending):
+        timers.add(t, 100.0 + i)
+    for t in pending[:8]:
+        timers.done(t)
+        assert t.handshake_entry is None
+    live = [entry[2] for entry in timers.heap if entry[2] is not None]
+    assert sorted(live, key=pending.index) == pending[8:]
+    assert len(timers.heap) <= 2 * len(live)
+    assert timers.next_deadline() == 108.0
+    timers.expire(108.5)
+    assert timed_out == [pending[8]]
+    timers.done(pending[8])                 # ended meanwhile: nothing to do
+    timers.expire(200.0)
+    assert timed_out == [pending[8], pending[9]] and not timers
+
+
+@pytest.mark.parametrize("close_notify", [False, True], ids=["fin", "close_notify"])
+def test_a_client_that_half_closes_after_connect_gets_its_connack(tlssrv, pki, uid,
+                                                                   close_notify):
+    """CONNECT, then the end of the client's side (a TCP FIN alone, or a close_notify first):
+    the CONNACK still comes, then the broker closes."""
+    raw = socket.create_connection(("127.0.0.1", port(tlssrv, 3)), timeout=5)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = client_context(pki).wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    while True:
+        try:
+            obj.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            raw.sendall(outgoing.read())
+            chunk = raw.recv(65536)
+            assert chunk, "server closed during the handshake"
+            incoming.write(chunk)
+    obj.write(m.connect(uid))
+    if close_notify:
+        with pytest.raises(ssl.SSLWantReadError):
+            obj.unwrap()
+    raw.sendall(outgoing.read())
+    raw.shutdown(socket.SHUT_WR)
+    buf = bytearray()
+    while len(buf) < 4:
+        try:
+            buf += obj.read(4096)
+        except ssl.SSLWantReadError:
+            chunk = raw.recv(65536)
+            assert chunk, f"closed without a CONNACK (got {bytes(buf)!r})"
+            incoming.write(chunk)
+        except ssl.SSLZeroReturnError:
+            break
+    assert bytes(buf[:4]) == m.connack(False, 0)
+    raw.close()

@@ -370,9 +370,11 @@ def test_not_a_websocket_upgrade_gets_400(wssrv, request_bytes, status, reason):
 
 
 def test_refusals_are_counted_and_logged_once_a_minute(broker):
-    """A port scanner cannot flood the log: the first refusal is logged with its reason, the
-    next ones within the minute only counted (the line after the minute says how many)."""
-    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "protocol": "websockets",
+    """A port scanner cannot flood the log: the first refusal from an address is logged with
+    its reason, the next ones within the minute only counted (a line at the end of the minute
+    says how many: tests/core/test_refusal_log.py)."""
+    b = broker(refusal_log_interval=60,
+               listener=[{"host": "127.0.0.1", "port": 0, "protocol": "websockets",
                           "allow_anonymous": True}])
     mark = b.mark()
     for path in ("/first", "/second"):
@@ -382,7 +384,6 @@ def test_refusals_are_counted_and_logged_once_a_minute(broker):
     assert b.stats()["refused"]["websocket"] == 2
     line = b.wait_log("WebSocket upgrade from", timeout=5, start=mark)
     assert line and "not a WebSocket upgrade request" in line and "refused" in line
-    assert "at most once per 60 s" in line
     assert b.log_text().count("WebSocket upgrade from") == 1
 
 

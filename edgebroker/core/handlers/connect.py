@@ -52,8 +52,9 @@ def on_connect(client, p: P.Connect) -> None:
     full = broker.admission(client, client_id, p.clean_session)
     if full is not None:
         limit, why = full
-        broker.events.log(logging.WARNING, limit, client.last_seen,
-                          "%s refused (CONNACK 3, server unavailable): %s", client.describe(), why)
+        broker.peer_log.log(log, logging.WARNING, limit, client.peer,
+                            "%s refused (CONNACK 3, server unavailable): %s", client.describe(),
+                            why)
         client.answer(encode(P.Connack(False, 3)))
         broker.stats.connections_refused += 1
         broker.refused[limit] += 1
@@ -137,8 +138,9 @@ def accept(client, p: P.Connect) -> None:
 
 
 def refuse(client, code: int, why: str, reason: str = "client_id") -> None:
-    log.info("%s: refused (CONNACK %d): %s", client.describe(), code, why)
     broker = client.broker
+    broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (CONNACK %d): %s",
+                        client.describe(), code, why)
     broker.stats.connections_refused += 1
     broker.refused[reason] += 1
     if reason in broker.limit_hits:
