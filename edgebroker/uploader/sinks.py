@@ -5,10 +5,14 @@ A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle)`` 
 ``put`` copies the local batch file ``path`` (``size`` bytes) to the object ``key``, calling
 ``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap), and raises
 ``TransientSinkError`` (retried without limit) or ``PermanentSinkError`` (an alarm; retried
-rarely, the data kept). ``open_sink(url)`` picks the sink from ``[upload] url``:
+rarely, the data kept). ``uploader.open_sink(config)`` picks the sink from ``[upload] url``:
 
 * ``file:///path/to/landing``: ``DirSink``, a local or mounted folder.
-* ``s3://bucket/prefix``: not built yet (the next step of issue 23).
+* ``s3://bucket/prefix``: ``S3Sink`` (s3.py), any S3-compatible object store.
+
+A sink may also have ``reachable()``: after a ``TransientSinkError`` whose ``unreachable`` is
+true (no answer at all), the uploader calls it every few seconds while it backs off and retries
+as soon as it returns True, so uploading resumes soon after the link returns.
 """
 
 from __future__ import annotations
@@ -16,10 +20,8 @@ from __future__ import annotations
 import errno
 import os
 from typing import Callable, Protocol
-from urllib.parse import unquote, urlsplit
 
-from edgebroker.config import check_upload_url
-from edgebroker.errors import ConfigError, EdgebrokerError
+from edgebroker.errors import EdgebrokerError
 
 COPY_CHUNK = 256 * 1024
 
@@ -34,6 +36,7 @@ class SinkError(EdgebrokerError):
 
 class TransientSinkError(SinkError):
     """Worth retrying as it is (a full disk, an I/O error, a folder not mounted yet)."""
+    unreachable = False
 
 
 class PermanentSinkError(SinkError):
@@ -46,13 +49,6 @@ class Sink(Protocol):
     def put(self, key: str, path: str, size: int, throttle: Callable[[int], None]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def open_sink(url: str) -> "Sink":
-    problem = check_upload_url(url) if url else "empty: no uploading"
-    if problem:
-        raise ConfigError(f"upload.url: {problem}, got {url!r}")
-    return DirSink(unquote(urlsplit(url).path))
 
 
 class DirSink:
@@ -134,5 +130,5 @@ class DirSink:
         pass
 
 
-__all__ = ["Sink", "DirSink", "open_sink", "SinkError", "TransientSinkError",
+__all__ = ["Sink", "DirSink", "SinkError", "TransientSinkError",
            "PermanentSinkError"]
