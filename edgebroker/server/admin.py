@@ -9,8 +9,8 @@ the command's name (``stats``) for quick use with ``socat``:
 
     {"cmd": "stats"}                                     -> {"ok": true, "stats": {...}}
     {"cmd": "clients", "sort": "msgs_in_rate", "limit": 20}
-    {"cmd": "upload_pause"}, {"cmd": "upload_resume"}  -> {"ok": true, "changed": bool, ...}
-    {"cmd": "upload_pause"} / {"cmd": "upload_resume"}   -> {"ok": true, "changed": bool, "upload": {...}}
+                                                         -> {"ok": true, "total": N, "clients": [...]}
+    {"cmd": "upload_pause"} (or "upload_resume")         -> {"ok": true, "changed": bool, "upload": {...}}
     {"cmd": "help"}                                      -> {"ok": true, "commands": {...}}
 
 Errors: ``{"ok": false, "error": "..."}``. ``docs/metrics.md`` describes the
