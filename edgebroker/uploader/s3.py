@@ -10,7 +10,8 @@ A put is idempotent, as the uploader needs (sinks.py): the object is written wit
 ``If-None-Match: *`` (the store refuses to replace an object) and a 412 answer is a success
 when the object there has the same size and checksum (HEAD: ``x-amz-meta-ebb-sha256``, the
 SHA-256 of the whole object that every put stores, else the ETag, which is the MD5 for a
-single-part put). A store that does not know conditional puts either ignores the header (a retry
+single-part put); or when its ``x-amz-meta-ebb-records`` names the same records (offsets, raw
+length and CRC32C: the same batch compressed by another zstd release). A store that does not know conditional puts either ignores the header (a retry
 then rewrites the same bytes under the same name) or answers 501, after which puts go
 unconditionally. Above ``multipart_bytes`` the object goes in parts of that size
 (CreateMultipartUpload, UploadPart, CompleteMultipartUpload with ``If-None-Match: *``); a
@@ -44,6 +45,7 @@ IO_TIMEOUT = 30.0        # seconds a connect or one read/write may take
 PROBE_TIMEOUT = 2.0
 CHUNK = 256 * 1024
 SHA_META = "x-amz-meta-ebb-sha256"
+RECORDS_META = "x-amz-meta-ebb-records"   # first-last-raw length-raw CRC32C of the batch
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 # Answers worth retrying as they are: overload, throttling, a request that took too long.
 TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
@@ -153,13 +155,16 @@ class S3Sink:
         self.name = f"s3://{self.bucket}/{self.prefix}" + (
             f" at {config.endpoint_url}" if config.endpoint_url else f" ({self.region})")
         self.conditional = True
+        self._records = ""
         self._conn: http.client.HTTPConnection | None = None
         self._ssl = ssl.create_default_context() if self.https else None
 
     # -- the uploader's side ---------------------------------------------------------------------
-    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None]) -> None:
+    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
+            records_id: str = "") -> None:
         name = f"{self.prefix}/{key}" if self.prefix else key
         sha, md5 = _digests(path, size)
+        self._records = records_id
         if size > self.multipart_bytes:
             if self._same(name, size, sha, None):
                 return
@@ -183,7 +188,7 @@ class S3Sink:
     # -- puts ------------------------------------------------------------------------------------
     def _single(self, name, path, size, sha, md5, throttle) -> None:
         headers = {"Content-Length": str(size), "Content-MD5": base64.b64encode(md5).decode(),
-                   "Content-Type": "application/zstd", SHA_META: sha}
+                   "Content-Type": "application/zstd", **self._meta(sha)}
         if self.conditional:
             headers["If-None-Match"] = "*"
         r = self._request("PUT", name, {}, headers, sha, body=(path, 0, size), throttle=throttle)
@@ -201,7 +206,7 @@ class S3Sink:
 
     def _multipart(self, name, path, size, sha, throttle) -> None:
         r = self._request("POST", name, {"uploads": ""},
-                          {"Content-Type": "application/zstd", SHA_META: sha}, EMPTY_SHA256)
+                          {"Content-Type": "application/zstd", **self._meta(sha)}, EMPTY_SHA256)
         if r.status != 200:
             raise self._error("CreateMultipartUpload", name, r)
         upload_id = _text(r.body, "UploadId")
@@ -249,14 +254,19 @@ class S3Sink:
         except Exception:
             pass
 
+    def _meta(self, sha: str) -> dict[str, str]:
+        return {SHA_META: sha, **({RECORDS_META: self._records} if self._records else {})}
+
     def _same(self, name: str, size: int, sha: str, md5_hex: str | None) -> bool:
         """True when ``name`` exists with this size and checksum (ours in the metadata, else
-        the single-part ETag)."""
+        the single-part ETag), or holds the same records by its metadata."""
         r = self._request("HEAD", name, {}, {}, EMPTY_SHA256)
         if r.status == 404:
             return False
         if r.status != 200:
             raise self._error("HEAD", name, r)
+        if self._records and r.headers.get(RECORDS_META) == self._records:
+            return True   # the same records (perhaps compressed by another zstd release)
         if int(r.headers.get("content-length", -1)) != size:
             return False
         theirs = r.headers.get(SHA_META)
@@ -365,4 +375,4 @@ def _describe(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
-__all__ = ["S3Sink", "S3Unreachable", "sign_v4", "credentials", "SHA_META"]
+__all__ = ["S3Sink", "S3Unreachable", "sign_v4", "credentials", "SHA_META", "RECORDS_META"]

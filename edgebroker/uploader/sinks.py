@@ -1,9 +1,12 @@
 """Where batches go: a sink stores one object under a key, idempotently (the same key with the
 same bytes again is a success and leaves one object).
 
-A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle)`` and ``close()``.
-``put`` copies the local batch file ``path`` (``size`` bytes) to the object ``key``, calling
-``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap), and raises
+A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle, records_id)`` and
+``close()``. ``put`` copies the local batch file ``path`` (``size`` bytes) to the object ``key``,
+calling ``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap); ``records_id`` names
+the records the batch holds (offsets, raw length, CRC32C), so a sink that finds an object with
+other bytes under the name can tell the same records compressed by another zstd release from
+a conflict. It raises
 ``TransientSinkError`` (retried without limit) or ``PermanentSinkError`` (an alarm; retried
 rarely, the data kept). ``uploader.open_sink(config)`` picks the sink from ``[upload] url``:
 
@@ -46,7 +49,8 @@ class PermanentSinkError(SinkError):
 class Sink(Protocol):
     name: str
 
-    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None]) -> None: ...
+    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
+            records_id: str = "") -> None: ...
 
     def close(self) -> None: ...
 
@@ -61,7 +65,8 @@ class DirSink:
         self.root = root
         self.name = f"file://{root}"
 
-    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None]) -> None:
+    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
+            records_id: str = "") -> None:
         dest = os.path.join(self.root, key)
         folder, base = os.path.split(dest)
         tmp = os.path.join(folder, f".{base}.tmp")

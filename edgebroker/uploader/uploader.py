@@ -176,6 +176,7 @@ class Uploader:
         self.last_error = ""
         self.last_error_time = 0.0
         self.last_success_time = 0.0
+        self.retry_at = 0.0        # wall time of the next try while backing off, else 0
         self.gap_offsets = 0
         self.backlog = (0, 0, None, 0)
         self.shipped_max_ts = 0
@@ -322,7 +323,8 @@ class Uploader:
             log.warning("offsets %d..%d were never uploaded (deleted by retention_bytes before "
                         "upload, or damaged); the batch %s reports the gap", gap[0],
                         gap[0] + gap[1] - 1, key)
-        self._ship(key, size)
+        self._ship(key, size, f"{header.first_offset}-{header.last_offset}-{header.raw_length}-"
+                              f"{header.raw_crc32c:08x}")
         self.log.mark_uploaded(batch.last + 1)
         with self._lock:
             self.batches += 1
@@ -339,7 +341,7 @@ class Uploader:
     def _damaged(self, damage) -> None:
         log.warning("%s; not uploaded", damage.describe())
 
-    def _ship(self, key: str, size: int) -> None:
+    def _ship(self, key: str, size: int, records_id: str) -> None:
         """Store the batch file under ``key``, retrying until it is stored (or the broker
         stops): transient errors with full-jitter back-off (1 s base, 60 s cap), permanent ones
         raise the alarm and are retried every 60 s (someone may fix the landing area)."""
@@ -349,7 +351,7 @@ class Uploader:
             self.state = "uploading" if not self.alarm else "alarm"
             unreachable = False
             try:
-                self.sink.put(key, self.spool, size, self.bucket.take)
+                self.sink.put(key, self.spool, size, self.bucket.take, records_id)
             except PermanentSinkError as exc:
                 self._note_error(str(exc), permanent=True)
                 if self.once:
@@ -378,16 +380,20 @@ class Uploader:
         PROBE_SECONDS whether the link is back and end the wait when it is. True: stopping."""
         probe = getattr(self.sink, "reachable", None) if unreachable else None
         deadline = time.monotonic() + delay
+        self.retry_at = time.time() + delay
         self._kick = False
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or self.paused or self._kick:
-                return self._stop.is_set()
-            if self._wait(min(left, PROBE_SECONDS) if probe else left):
-                return True
-            if probe is not None and deadline - time.monotonic() > 0 and probe():
-                log.info("the upload store answers again; retrying now")
-                return self._stop.is_set()
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.paused or self._kick:
+                    return self._stop.is_set()
+                if self._wait(min(left, PROBE_SECONDS) if probe else left):
+                    return True
+                if probe is not None and deadline - time.monotonic() > 0 and probe():
+                    log.info("the upload store answers again; retrying now")
+                    return self._stop.is_set()
+        finally:
+            self.retry_at = 0.0
 
     def _note_error(self, message: str, permanent: bool) -> None:
         with self._lock:
@@ -423,6 +429,7 @@ class Uploader:
                 "permanent_errors": self.permanent_errors, "alarm": self.alarm,
                 "last_error": self.last_error, "last_error_time": self.last_error_time,
                 "last_success_time": self.last_success_time, "gap_offsets": self.gap_offsets,
+                "retry_in_seconds": max(0.0, self.retry_at - time.time()) if self.retry_at else 0.0,
                 "backlog_segments": segments, "backlog_bytes": nbytes,
                 "backlog_batches": backlog_batches(nbytes, segments, self.config.batch_bytes),
                 "backlog_age_seconds": max(0.0, (now - oldest) / 1000) if oldest is not None else 0.0,

@@ -12,7 +12,9 @@ import datetime
 import hashlib
 import os
 import random
+import pty
 import signal
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -30,7 +32,7 @@ from edgebroker.uploader.batch import object_name, read_batch_file
 from edgebroker.uploader.s3 import EMPTY_SHA256, SHA_META, S3Sink, sign_v4
 from edgebroker.uploader.sinks import PermanentSinkError
 
-from conftest import run_cli
+from conftest import REPO, broker_command, run_cli
 from .test_uploader import GATEWAY, kill_while_shipping, payload, publish, uploaded, wait_until
 
 BUCKET = "landing"
@@ -104,6 +106,9 @@ def check_exactly_once_s3(store, tmp_path, n: int) -> None:
         head = store.s3.head_object(Bucket=BUCKET, Key=key)
         body = store.objects()[key]
         assert head["Metadata"]["ebb-sha256"] == hashlib.sha256(body).hexdigest()
+        assert head["Metadata"]["ebb-records"] == (
+            f"{header.first_offset}-{header.last_offset}-{header.raw_length}-"
+            f"{header.raw_crc32c:08x}")
 
 
 def test_signature_is_the_one_botocore_computes():
@@ -134,20 +139,25 @@ class Counting(S3Sink):
         return r
 
 
-def test_conditional_put_412_same_bytes_is_success_other_bytes_is_refused(store, tmp_path):
+def test_conditional_put_412_same_bytes_or_records_is_success_other_bytes_refused(store,
+                                                                                  tmp_path):
     sink = Counting(f"s3://{BUCKET}/{PREFIX}", UploadConfig(**{
         k: v for k, v in s3_config(store).items() if k != "gateway_id"}))
     batch = tmp_path / "b"
     batch.write_bytes(os.urandom(5000))
-    sink.put("k/one.ebb.zst", str(batch), 5000, lambda n: None)
+    sink.put("k/one.ebb.zst", str(batch), 5000, lambda n: None, "0-9-900-0badf00d")
     assert sink.calls == [("PUT", (), 200)]
     sink.calls.clear()
-    sink.put("k/one.ebb.zst", str(batch), 5000, lambda n: None)   # the retry after a crash
+    sink.put("k/one.ebb.zst", str(batch), 5000, lambda n: None, "0-9-900-0badf00d")   # a retry
     assert sink.calls == [("PUT", (), 412), ("HEAD", (), 200)], "412, then the HEAD agrees"
     other = tmp_path / "c"
-    other.write_bytes(os.urandom(5000))
+    other.write_bytes(os.urandom(4000))
+    sink.calls.clear()
+    # other bytes, the same records: the batch compressed by another zstd release
+    sink.put("k/one.ebb.zst", str(other), 4000, lambda n: None, "0-9-900-0badf00d")
+    assert sink.calls == [("PUT", (), 412), ("HEAD", (), 200)]
     with pytest.raises(PermanentSinkError, match="already exists with other bytes"):
-        sink.put("k/one.ebb.zst", str(other), 5000, lambda n: None)
+        sink.put("k/one.ebb.zst", str(other), 4000, lambda n: None, "0-9-900-12345678")
     assert store.objects()[f"{PREFIX}/k/one.ebb.zst"] == batch.read_bytes(), "not replaced"
     head = store.s3.head_object(Bucket=BUCKET, Key=f"{PREFIX}/k/one.ebb.zst")
     assert head["ETag"].strip('"') == hashlib.md5(batch.read_bytes()).hexdigest()
@@ -238,15 +248,19 @@ def test_link_down_then_back_resumes_within_30_s(broker, store, tmp_path):
     wait_until(lambda: uploaded(b) == 5, what="the first batch")
     store.stop()
     publish(b, 5, 5)
-    # four failed tries: the next back-off may be up to 16 s, the one after up to 32 s
-    wait_until(lambda: b.stats()["upload"]["retries"] >= 4, timeout=60, what="failed retries")
-    fig = b.stats()["upload"]
+    # until a back-off of more than 6 s is under way (the probe runs every 3 s)
+    fig = wait_until(lambda: (lambda f: f if f["retry_in_seconds"] > 6 else None)(
+        b.stats()["upload"]), timeout=90, what="a long back-off")
     assert fig["state"] == "retrying" and not fig["alarm"] and "no answer" in fig["last_error"]
-    assert fig["uploaded_offset"] == 5
+    assert fig["uploaded_offset"] == 5 and fig["retries"] >= 1
     store.start()
     back = time.monotonic()
     wait_until(lambda: uploaded(b) == 10, timeout=30, what="uploading resumed")
-    assert time.monotonic() - back < 30
+    took = time.monotonic() - back
+    assert took < fig["retry_in_seconds"], "resumed before the back-off ran out"
+    assert b.wait_log(lambda line: "the upload store answers again" in line, timeout=5)
+    print(f"uploading resumed {took:.1f} s after the store came back "
+          f"(the back-off had {fig['retry_in_seconds']:.1f} s to go)")
     check_exactly_once_s3(store, tmp_path, 10)
     b.stop()
 
@@ -301,6 +315,27 @@ def test_pause_holds_uploads_and_resume_ships_them(broker, store, tmp_path):
     b.stop()
 
 
+def run_on_terminal(*args, timeout: float = 60.0) -> tuple[int, str, str]:
+    """``edgebroker ARGS`` with standard error on a pseudo-terminal: (exit status, standard
+    output, what the terminal showed)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*broker_command(), *args], cwd=REPO, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    shown = bytearray()
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:   # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    stdout, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, stdout, shown.decode(errors="replace")
+
+
 def test_run_once_ships_what_is_sealed_and_refuses_while_a_broker_runs(broker, store,
                                                                           tmp_path):
     data = tmp_path / "data"
@@ -317,14 +352,17 @@ def test_run_once_ships_what_is_sealed_and_refuses_while_a_broker_runs(broker, s
     segs = sorted(int(p.stem) for p in (data / "log").glob("*.seg"))
     sealed_end = segs[-1]
     assert len(segs) >= 3
-    done = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert f"uploaded up to offset {sealed_end}" in done.stdout, done.stdout
-    assert "\r" not in done.stderr, "no progress line when stderr is not a terminal"
+    rc, stdout, terminal = run_on_terminal("upload", "run", "--once", "-c", str(config))
+    assert rc == 0, terminal
+    assert f"uploaded up to offset {sealed_end}" in stdout, stdout
     batches = landed_s3(store, tmp_path)
+    progress = [line for line in terminal.split("\r") if line.startswith("shipped ")]
+    assert [int(line.split()[1]) for line in progress] == list(range(1, len(batches) + 1)), \
+        "a progress line on the terminal, rewritten after each batch"
     assert sorted(r.offset for _, rs in batches.values() for r in rs) == list(range(sealed_end))
     status = run_cli("upload", "status", "--data-dir", str(data))
     assert f"uploaded up to offset {sealed_end}" in status.stdout
     again = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
     assert again.returncode == 0 and again.stdout.startswith("shipped 0 batches")
+    assert "\r" not in again.stderr, "no progress line when stderr is not a terminal"
     assert len(store.objects()) == len(batches)
