@@ -3,13 +3,15 @@ started by the test on a free port; boto3, moto's own client, checks what landed
 signature against botocore's; deterministic names; conditional puts (moto answers 412 to
 ``If-None-Match: *`` on PutObject and CompleteMultipartUpload) counted as success for the same
 bytes, refused for other bytes; multipart above ``multipart_bytes``; every record once across
-SIGKILLs; the link down then back; a missing bucket (permanent: alarm, data kept); pause and
-resume; ``upload run --once``."""
+SIGKILLs; the link down then back; a missing bucket and a wrong secret (permanent: alarm, data
+kept; moto checks signatures and permissions with an IAM user there); pause and resume;
+``upload run --once``."""
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import os
 import random
 import pty
@@ -25,6 +27,7 @@ import pytest
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from moto.core.authorization import disable_iam_authentication, enable_iam_authentication
 from moto.server import ThreadedMotoServer
 
 from edgebroker.config import UploadConfig
@@ -77,6 +80,21 @@ def store():
     s.s3.create_bucket(Bucket=BUCKET)
     yield s
     s.stop()
+
+
+@pytest.fixture
+def iam_key(store):
+    """Moto checking signatures and permissions (in this process, where its server runs): an
+    IAM user allowed s3:*, its (access key id, secret)."""
+    iam = boto3.client("iam", endpoint_url=store.url, region_name="us-east-1",
+                       aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+    iam.create_user(UserName="gateway")
+    iam.put_user_policy(UserName="gateway", PolicyName="landing", PolicyDocument=json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="gateway")["AccessKey"]
+    with enable_iam_authentication():
+        yield key["AccessKeyId"], key["SecretAccessKey"]
 
 
 def s3_config(store, bucket=BUCKET, **kw) -> dict:
@@ -164,11 +182,13 @@ def test_conditional_put_412_same_bytes_or_records_is_success_other_bytes_refuse
     sink.close()
 
 
-def test_multipart_above_multipart_bytes(store, tmp_path):
+def test_multipart_above_multipart_bytes(store, iam_key, tmp_path):
     """multipart_bytes lowered to its minimum, 5 MiB (S3's smallest part): an 11 MiB batch file
-    goes in three parts; a re-put finds it by HEAD and sends nothing."""
+    goes in three parts; a re-put finds it by HEAD and sends nothing. Moto checks every
+    request's signature."""
     sent = []
     cfg = {k: v for k, v in s3_config(store).items() if k != "gateway_id"}
+    cfg["access_key_id"], cfg["secret_access_key"] = iam_key
     sink = Counting(f"s3://{BUCKET}/{PREFIX}", UploadConfig(**cfg, multipart_bytes=5 << 20))
     size = 11 << 20
     batch = tmp_path / "big"
@@ -179,10 +199,11 @@ def test_multipart_above_multipart_bytes(store, tmp_path):
         ("PUT", ("partNumber", "uploadId")), ("PUT", ("partNumber", "uploadId")),
         ("POST", ("uploadId",))]
     assert sum(sent) == size, "every byte through the throttle"
-    head = store.s3.head_object(Bucket=BUCKET, Key=f"{PREFIX}/k/big.ebb.zst")
+    with disable_iam_authentication():   # for boto3, with moto's dummy keys
+        head = store.s3.head_object(Bucket=BUCKET, Key=f"{PREFIX}/k/big.ebb.zst")
+        assert store.objects()[f"{PREFIX}/k/big.ebb.zst"] == batch.read_bytes()
     assert head["ContentLength"] == size and head["ETag"].strip('"').endswith("-3")
     assert head["Metadata"]["ebb-sha256"] == hashlib.sha256(batch.read_bytes()).hexdigest()
-    assert store.objects()[f"{PREFIX}/k/big.ebb.zst"] == batch.read_bytes()
     sink.calls.clear()
     sink.put("k/big.ebb.zst", str(batch), size, sent.append)
     assert sink.calls == [("HEAD", (), 200)], "already there: nothing sent again"
@@ -284,6 +305,29 @@ def test_missing_bucket_raises_the_alarm_keeps_the_data_and_resume_retries_at_on
     assert not b.stats()["upload"]["alarm"]
     assert sorted(store.objects("no-such-bucket")) and not store.objects()
     b.stop()
+
+
+def test_wrong_secret_raises_the_alarm_keeps_the_data_and_the_right_one_lands_it(
+        broker, store, iam_key, tmp_path):
+    """Moto checks signatures: with a wrong secret every put is refused (403
+    SignatureDoesNotMatch, permanent: the alarm, logged once, the data kept); after a restart
+    with the right one, every record lands once."""
+    key_id, secret = iam_key
+    data = str(tmp_path / "data")
+    up = s3_config(store, batch_max_age=1, access_key_id=key_id, secret_access_key="wrong")
+    b = broker(data_dir=data, upload=up)
+    publish(b, 0, 7)
+    wait_until(lambda: b.stats()["upload"]["alarm"], what="the alarm")
+    fig = b.stats()["upload"]
+    assert "403 SignatureDoesNotMatch" in fig["last_error"] and fig["uploaded_offset"] == 0
+    assert fig["backlog_bytes"] > 0 and sum("upload alarm" in line for line in b.logs) == 1
+    b.stop()
+    b = broker(data_dir=data, upload=dict(up, secret_access_key=secret))
+    wait_until(lambda: uploaded(b) == 7, what="the upload with the right secret")
+    assert not b.stats()["upload"]["alarm"]
+    b.stop()
+    with disable_iam_authentication():
+        check_exactly_once_s3(store, tmp_path, 7)
 
 
 def test_pause_holds_uploads_and_resume_ships_them(broker, store, tmp_path):
