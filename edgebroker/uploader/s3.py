@@ -304,10 +304,13 @@ class S3Sink:
             if body is None and data == b"" and method in ("POST", "PUT"):
                 conn.putheader("Content-Length", "0")
             conn.endheaders()
-            if body is not None:
-                self._send_file(conn, *body, throttle)
-            elif data:
-                conn.send(data)
+            try:
+                if body is not None:
+                    self._send_file(conn, *body, throttle)
+                elif data:
+                    conn.send(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass   # the store may have answered early (403, 400) and closed: read it below
             resp = conn.getresponse()
             payload = resp.read()
             answer = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload)

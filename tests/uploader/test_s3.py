@@ -210,6 +210,23 @@ def test_multipart_above_multipart_bytes(store, iam_key, tmp_path):
     sink.close()
 
 
+def test_broker_ships_a_large_batch_as_multipart(broker, store, tmp_path):
+    """Six incompressible messages of 1,000,000 bytes make one batch of about 6 MB, over
+    multipart_bytes = 5 MiB: two parts."""
+    blobs = {i: random.Random(i).randbytes(1_000_000) for i in range(6)}
+    b = broker(upload=s3_config(store, batch_max_age=1, multipart_bytes=5 << 20))
+    publish(b, 0, 6, size=1_000_000, make=lambda i, size: blobs[i])
+    wait_until(lambda: uploaded(b) == 6, what="the large batch")
+    ((key, (header, records)),) = landed_s3(store, tmp_path).items()
+    assert [r.payload for r in records] == [blobs[i] for i in range(6)]
+    head = store.s3.head_object(Bucket=BUCKET, Key=key)
+    assert head["ContentLength"] > 5 << 20 and head["ETag"].strip('"').endswith("-2")
+    assert head["Metadata"]["ebb-records"].startswith("0-5-")
+    fig = b.stats()["upload"]
+    assert (fig["batches"], fig["retries"], fig["bytes"]) == (1, 0, head["ContentLength"])
+    b.stop()
+
+
 def test_batches_land_with_deterministic_names_credentials_from_the_environment(
         broker, store, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
