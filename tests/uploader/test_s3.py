@@ -32,8 +32,8 @@ from moto.server import ThreadedMotoServer
 
 from edgebroker.config import UploadConfig
 from edgebroker.uploader.batch import object_name, read_batch_file
-from edgebroker.uploader.s3 import EMPTY_SHA256, SHA_META, S3Sink, sign_v4
-from edgebroker.uploader.sinks import PermanentSinkError
+from edgebroker.uploader.s3 import EMPTY_SHA256, SHA_META, Response, S3Sink, sign_v4
+from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError
 
 from conftest import REPO, broker_command, run_cli
 from .test_uploader import GATEWAY, kill_while_shipping, payload, publish, uploaded, wait_until
@@ -142,6 +142,23 @@ def test_signature_is_the_one_botocore_computes():
                        "AK", "SK", "TOKEN", when)
         assert ours["Authorization"] == req.headers["Authorization"]
         assert ours["x-amz-security-token"] == "TOKEN"
+
+
+def test_errors_are_classified_transient_or_permanent(store):
+    sink = S3Sink(f"s3://{BUCKET}/{PREFIX}", UploadConfig(**{
+        k: v for k, v in s3_config(store).items() if k != "gateway_id"}))
+
+    def answer(status, code=""):
+        body = f"<Error><Code>{code}</Code><Message>m</Message></Error>".encode() if code else b""
+        return sink._error("PUT", "k", Response(status, {}, body))
+
+    for status, code in ((500, "InternalError"), (503, "SlowDown"), (503, ""), (429, ""),
+                         (408, ""), (400, "RequestTimeout"), (400, "SlowDown")):
+        assert type(answer(status, code)) is TransientSinkError, (status, code)
+    for status, code in ((403, "AccessDenied"), (403, "InvalidAccessKeyId"), (404, "NoSuchBucket"),
+                         (400, "InvalidBucketName"), (403, "RequestTimeTooSkewed"), (405, "")):
+        assert type(answer(status, code)) is PermanentSinkError, (status, code)
+    assert "403 AccessDenied (m)" in str(answer(403, "AccessDenied"))
 
 
 class Counting(S3Sink):
@@ -406,6 +423,8 @@ def test_run_once_ships_what_is_sealed_and_refuses_while_a_broker_runs(broker, s
     up = s3_config(store, batch_bytes=4096)
     config.write_text(f'data_dir = "{data}"\n[log]\nsegment_bytes = 8192\n[upload]\n' + "".join(
         f'{k} = "{v}"\n' if isinstance(v, str) else f"{k} = {v}\n" for k, v in up.items()))
+    off = run_cli("upload", "pause", "--data-dir", str(data))
+    assert off.returncode != 0 and "uploading is off" in off.stderr, off.stderr
     busy = run_cli("upload", "run", "--once", "-c", str(config))
     assert busy.returncode != 0 and "a running broker owns the log" in busy.stderr, busy.stderr
     assert not store.objects()
