@@ -244,6 +244,22 @@ def test_broker_ships_a_large_batch_as_multipart(broker, store, tmp_path):
     b.stop()
 
 
+def test_no_credentials_is_a_clear_error_at_start(broker, store, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = s3_config(store)
+    del cfg["access_key_id"], cfg["secret_access_key"]
+    b = broker(upload=cfg, wait=False)
+    assert b.proc.wait(15) != 0
+    b.stopped = True
+    assert b.wait_log("no credentials were given: set upload.access_key_id and "
+                      "upload.secret_access_key, or AWS_ACCESS_KEY_ID")
+    half = broker(upload=dict(cfg, access_key_id=KEY_ID), wait=False)
+    assert half.proc.wait(15) != 0
+    half.stopped = True
+    assert half.wait_log("access_key_id and secret_access_key go together")
+
+
 def test_batches_land_with_deterministic_names_credentials_from_the_environment(
         broker, store, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
