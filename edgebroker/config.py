@@ -326,6 +326,9 @@ class UploadConfig:
     session_token: str = _setting("", doc="s3: session token of temporary credentials "
                                           "(empty: $AWS_SESSION_TOKEN when the keys come from "
                                           "the environment)")
+    ca_file: str = _setting(
+        "", doc="s3 over https: PEM file of the CA certificates the store's certificate is "
+                "checked against (empty: $AWS_CA_BUNDLE, else the system's)")
     multipart_bytes: int = _setting(
         16 * MiB, _between(5 * MiB, 5 * 1024 * MiB),
         doc="s3: a batch file larger than this goes as a multipart upload in parts of this size")

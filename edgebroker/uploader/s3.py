@@ -20,7 +20,8 @@ failed one is aborted when possible, and a HEAD first skips an object already th
 Errors: no answer, a reset, a timeout, 5xx, 429 and the throttling codes are transient
 (``TransientSinkError``; ``unreachable`` when no HTTP answer came, so the uploader may probe the
 link and retry as soon as it is back); every other 4xx but 412 (bad credentials, no such
-bucket, access denied) is permanent (``PermanentSinkError``, the alarm).
+bucket, access denied) is permanent (``PermanentSinkError``, the alarm), and so is a store
+certificate that does not verify (another TLS failure is transient).
 """
 
 from __future__ import annotations
@@ -157,7 +158,14 @@ class S3Sink:
         self.conditional = True
         self._records = ""
         self._conn: http.client.HTTPConnection | None = None
-        self._ssl = ssl.create_default_context() if self.https else None
+        self._ssl = None
+        if self.https:
+            cafile = config.ca_file or environ.get("AWS_CA_BUNDLE") or None
+            try:
+                self._ssl = ssl.create_default_context(cafile=cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"upload.ca_file: cannot read the CA certificates {cafile}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
 
     # -- the uploader's side ---------------------------------------------------------------------
     def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
@@ -317,6 +325,15 @@ class S3Sink:
             if resp.will_close:
                 self.close()
             return answer
+        except ssl.SSLCertVerificationError as exc:
+            self.close()
+            raise PermanentSinkError(f"{self.name}: {method} {name}: the store's certificate is "
+                                     f"not trusted ({exc.verify_message}; see upload.ca_file)"
+                                     ) from None
+        except ssl.SSLError as exc:
+            self.close()
+            raise TransientSinkError(f"{self.name}: {method} {name}: TLS with {self.host} "
+                                     f"failed: {exc}") from None
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise S3Unreachable(f"{self.name}: {method} {name}: no answer from "

@@ -16,6 +16,7 @@ import os
 import random
 import pty
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -28,13 +29,17 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from moto.core.authorization import disable_iam_authentication, enable_iam_authentication
+from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
+                                           create_backend_app)
 from moto.server import ThreadedMotoServer
+from werkzeug.serving import make_server
 
 from edgebroker.config import UploadConfig
 from edgebroker.uploader.batch import object_name, read_batch_file
 from edgebroker.uploader.s3 import EMPTY_SHA256, SHA_META, Response, S3Sink, sign_v4
 from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError
 
+from certs import make_pki
 from conftest import REPO, broker_command, run_cli
 from .test_uploader import GATEWAY, kill_while_shipping, payload, publish, uploaded, wait_until
 
@@ -43,20 +48,42 @@ PREFIX = "edge/v1"
 KEY_ID, SECRET = "AKIDTEST", "secret-test"
 
 
+class TLSMotoServer(ThreadedMotoServer):
+    """Moto's threaded server over https, with the certificate and key given."""
+
+    def __init__(self, cert: Path, key: Path, **kw):
+        super().__init__(**kw)
+        self._tls = (str(cert), str(key))
+
+    def _server_entry(self) -> None:
+        self._server = make_server(self._ip_address, self._port,
+                                   DomainDispatcherApplication(create_backend_app), True,
+                                   request_handler=MotoRequestHandler, ssl_context=self._tls)
+        self._server_ready_event.set()
+        self._server.serve_forever()
+
+
 class Store:
     """A moto server on 127.0.0.1 (stop() and start() again on the same port keep its
-    buckets: moto's state lives in this process)."""
+    buckets: moto's state lives in this process); over https with ``tls`` (cert, key, CA)."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
         self.port = 0
         self.server = None
+        self.tls = tls
         self.start()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.s3 = boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
-                               aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+                               aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                               verify=str(tls[2]) if tls else None)
 
     def start(self):
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        if self.tls:
+            self.server = TLSMotoServer(self.tls[0], self.tls[1], ip_address="127.0.0.1",
+                                        port=self.port, verbose=False)
+        else:
+            self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
+                                             verbose=False)
         self.server.start()
         self.port = self.server.get_host_and_port()[1]
 
@@ -73,10 +100,14 @@ class Store:
 
 @pytest.fixture
 def store():
-    s = Store()
+    yield from _fresh(Store())
+
+
+def _fresh(s: Store):
     # moto keeps its buckets in this process: start each test empty
+    tls = ssl.create_default_context(cafile=str(s.tls[2])) if s.tls else None
     urllib.request.urlopen(urllib.request.Request(s.url + "/moto-api/reset", method="POST"),
-                           timeout=10).close()
+                           timeout=10, context=tls).close()
     s.s3.create_bucket(Bucket=BUCKET)
     yield s
     s.stop()
@@ -225,6 +256,26 @@ def test_multipart_above_multipart_bytes(store, iam_key, tmp_path):
     sink.put("k/big.ebb.zst", str(batch), size, sent.append)
     assert sink.calls == [("HEAD", (), 200)], "already there: nothing sent again"
     sink.close()
+
+
+def test_https_store_checked_against_ca_file(broker, tmp_path):
+    """A store over https with a private CA: with ca_file the batches land; with another CA
+    the certificate is refused: the alarm (someone must fix ca_file), the data kept."""
+    pki = make_pki(tmp_path / "pki")
+    for store in _fresh(Store(tls=(pki.server.cert, pki.server.key, pki.ca.cert))):
+        b = broker(upload=s3_config(store, batch_max_age=1, ca_file=str(pki.ca.cert)))
+        publish(b, 0, 5)
+        wait_until(lambda: uploaded(b) == 5, what="the batch over https")
+        check_exactly_once_s3(store, tmp_path, 5)
+        b.stop()
+        wrong = broker(upload=s3_config(store, batch_max_age=1,
+                                        ca_file=str(pki.other_ca.cert)))
+        publish(wrong, 0, 3)
+        wait_until(lambda: wrong.stats()["upload"]["alarm"], what="a refused certificate")
+        fig = wrong.stats()["upload"]
+        assert "certificate is not trusted" in fig["last_error"] and "ca_file" in fig["last_error"]
+        assert fig["uploaded_offset"] == 0 and fig["backlog_bytes"] > 0
+        wrong.stop()
 
 
 def test_broker_ships_a_large_batch_as_multipart(broker, store, tmp_path):
