@@ -147,6 +147,10 @@ class S3Sink:
             self.https = ep.scheme == "https"
             self.host = ep.netloc
             self.base = ep.path.rstrip("/") + "/" + self.bucket   # path style
+        elif "." in self.bucket:   # AWS, path style: a dotted name breaks the wildcard certificate
+            self.https = True
+            self.host = f"s3.{self.region}.amazonaws.com"
+            self.base = "/" + self.bucket
         else:   # AWS: virtual-hosted style
             self.https = True
             self.host = f"{self.bucket}.s3.{self.region}.amazonaws.com"

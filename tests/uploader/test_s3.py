@@ -192,6 +192,21 @@ def test_errors_are_classified_transient_or_permanent(store):
     assert "403 AccessDenied (m)" in str(answer(403, "AccessDenied"))
 
 
+def test_addressing_path_style_with_an_endpoint_virtual_hosted_on_aws():
+    def sink(url, **kw):
+        return S3Sink(url, UploadConfig(url=url, access_key_id="a", secret_access_key="b", **kw))
+
+    minio = sink("s3://landing/x", endpoint_url="http://10.0.0.5:9000")
+    assert (minio.host, minio.base, minio.address, minio.https) == (
+        "10.0.0.5:9000", "/landing", ("10.0.0.5", 9000), False)
+    aws = sink("s3://landing/x", region="eu-west-1")
+    assert (aws.host, aws.base, aws.address, aws.https) == (
+        "landing.s3.eu-west-1.amazonaws.com", "", ("landing.s3.eu-west-1.amazonaws.com", 443),
+        True)
+    dotted = sink("s3://my.landing/x", region="eu-west-1")
+    assert (dotted.host, dotted.base) == ("s3.eu-west-1.amazonaws.com", "/my.landing")
+
+
 class Counting(S3Sink):
     """The sink, remembering each request's method and answer status."""
 
