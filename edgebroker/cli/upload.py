@@ -1,28 +1,33 @@
-"""`edgebroker upload status`: how far the log is uploaded.
+"""`edgebroker upload status|pause|resume|run --once`: the upload of the log.
 
 While the broker runs, it is asked through its admin socket (the uploader's figures: state,
 shipped, backlog, retries, last error, alarm). When no broker answers, the log directory is read
 (read-only) and the upload mark and intent file tell what was shipped and what is left; the
 retries and errors of past runs are in the broker's log, not on disk.
 
-Not built yet (issue 23): ``upload run --once`` and ``upload pause|resume``.
+``pause`` and ``resume`` ask the running broker through its admin socket. ``run --once`` ships
+every batch sealed now from a log no broker holds (it takes the log's lock, as ``serve`` does)
+and exits; while a broker runs on the state directory the lock is taken and it refuses, naming
+the broker's commands instead. On a terminal it shows a progress line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from edgebroker import config as configuration
 from edgebroker.cli import inspect, inspect_live
-from edgebroker.errors import EdgebrokerError
+from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.server.admin import socket_path
 from edgebroker.uploader.uploader import UPLOAD_DIR, read_intent
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("upload", help="the upload of the log upstream (status)")
+    p = commands.add_parser("upload", help="the upload of the log upstream (status, pause, "
+                                                  "resume, run --once)")
     sub = p.add_subparsers(dest="upload_command", metavar="WHAT", required=True)
     sp = sub.add_parser("status", help="uploaded mark, backlog, last error (asks the running "
                                        "broker, else reads the log directory)")
@@ -30,6 +35,19 @@ def add_parser(commands) -> None:
     sp.add_argument("-c", "--config", metavar="FILE", help="take data_dir from this config file")
     sp.add_argument("--format", choices=("text", "json"), default="text")
     sp.set_defaults(run=run_status)
+    for name, what in (("pause", "stop uploading on the running broker (until resume)"),
+                       ("resume", "go on uploading on the running broker")):
+        cp = sub.add_parser(name, help=what)
+        cp.add_argument("--data-dir", metavar="DIR", help="state directory (default: as serve)")
+        cp.add_argument("-c", "--config", metavar="FILE", help="take data_dir from this file")
+        cp.set_defaults(run=run_control, action=name)
+    rp = sub.add_parser("run", help="ship what is sealed now and exit (no broker running)")
+    rp.add_argument("--once", action="store_true", required=True,
+                    help="ship every sealed batch, then exit (the only mode)")
+    rp.add_argument("-c", "--config", metavar="FILE", required=True,
+                    help="the broker's config file ([upload] url, credentials, data_dir)")
+    rp.add_argument("--data-dir", metavar="DIR", help="state directory (overrides the file's)")
+    rp.set_defaults(run=run_once)
 
 
 def _state_dir(args) -> str:
@@ -98,4 +116,65 @@ def run_status(args) -> int:
     if intent is not None and not intent["shipped"]:
         print(f"in flight   {intent['key']} (offsets {intent['first']}..{intent['last']}): "
               f"shipped again at the next start")
+    return 0
+
+
+def run_control(args) -> int:
+    """``upload pause`` / ``upload resume`` through the admin socket."""
+    path = socket_path(_state_dir(args))
+    client = inspect_live.AdminClient(path)
+    try:
+        reply = client.ask({"cmd": f"upload_{args.action}"})
+    finally:
+        client.close()
+    done = "paused" if args.action == "pause" else "resumed"
+    print(f"upload {done}" if reply["changed"] else f"upload was already {done}")
+    print(f"upload {inspect_live.upload_line(reply['upload'])}")
+    return 0
+
+
+def run_once(args) -> int:
+    """Ship the sealed batches of a log no broker holds, then exit (0: all shipped)."""
+    from edgebroker.commitlog import CommitLog, LogLockedError, LogOptions
+    from edgebroker.uploader.uploader import Uploader
+    config = configuration.load(args.config)
+    if not config.upload.url:
+        raise ConfigError(f"{args.config}: [upload] url is not set: nowhere to upload to")
+    state_dir = args.data_dir or config.state_dir()
+    log_dir = os.path.join(state_dir, "log")
+    if not os.path.isdir(log_dir):
+        raise EdgebrokerError(f"no commit log at {log_dir} (use --data-dir)")
+    inspect._ensure_stderr_logging()
+    try:
+        cl = CommitLog.open(log_dir, LogOptions.from_config(config.log, True))
+    except LogLockedError:
+        raise EdgebrokerError(
+            f"a running broker owns the log in {log_dir}: its uploader ships the batches; use "
+            f"`edgebroker upload status|pause|resume --data-dir {state_dir}` instead") from None
+    tty = sys.stderr.isatty()
+    started = time.monotonic()
+
+    def progress(fig: dict) -> None:
+        if tty:
+            print(f"\rshipped {fig['batches']} batches, {fig['records']} records, "
+                  f"{fig['bytes']} bytes; left {fig['backlog_bytes']} bytes of sealed and "
+                  f"open segments   ", end="", file=sys.stderr, flush=True)
+
+    try:
+        uploader = Uploader(cl, state_dir, config.upload)
+        try:
+            shipped = uploader.run_once(progress)
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            print("interrupted; the batch in flight goes again at the next run", file=sys.stderr)
+            return 130
+        fig = uploader.figures()
+    finally:
+        cl.close()
+    if tty and shipped:
+        print(file=sys.stderr)
+    print(f"shipped {shipped} batches ({fig['records']} records, {fig['bytes']} bytes) to "
+          f"{fig['url']} in {time.monotonic() - started:.1f} s; uploaded up to offset "
+          f"{fig['uploaded_offset']}; {fig['backlog_bytes']} bytes wait in the segment being "
+          f"written")
     return 0

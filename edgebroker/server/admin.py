@@ -10,6 +10,7 @@ the command's name (``stats``) for quick use with ``socat``:
     {"cmd": "stats"}                                     -> {"ok": true, "stats": {...}}
     {"cmd": "clients", "sort": "msgs_in_rate", "limit": 20}
                                                          -> {"ok": true, "total": N, "clients": [...]}
+    {"cmd": "upload_pause"} (or "upload_resume")         -> {"ok": true, "changed": bool, "upload": {...}}
     {"cmd": "help"}                                      -> {"ok": true, "commands": {...}}
 
 Errors: ``{"ok": false, "error": "..."}``. ``docs/metrics.md`` describes the
@@ -43,6 +44,8 @@ COMMANDS = {
     "stats": "broker-wide figures: connections, messages, limits hit, refusals, drops, loop, process",
     "clients": "connected clients with counters and rates; args: sort (one of "
                + ", ".join(metrics.SORT_KEYS) + "), limit (0: all; default 20)",
+    "upload_pause": "stop starting uploads and retries (a put in flight finishes)",
+    "upload_resume": "go on uploading at once",
     "help": "this list",
 }
 
@@ -129,6 +132,12 @@ class AdminServer:
                 return {"ok": False, "error": "limit must be a whole number >= 0 (0: all)"}
             total, rows = metrics.client_rows(broker, now, sort, limit)
             return {"ok": True, "total": total, "clients": rows}
+        if command in ("upload_pause", "upload_resume"):
+            uploader = getattr(self.loop, "uploader", None)
+            if uploader is None:
+                return {"ok": False, "error": "uploading is off ([upload] url is not set)"}
+            changed = uploader.pause() if command == "upload_pause" else uploader.resume()
+            return {"ok": True, "changed": changed, "upload": uploader.figures()}
         if command == "help":
             return {"ok": True, "commands": COMMANDS}
         return {"ok": False, "error": f"unknown command {command!r}; try \"help\""}

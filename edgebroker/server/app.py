@@ -209,6 +209,7 @@ class App:
         if uploading:
             self.uploader = Uploader(self.log, self.state_dir, config.upload, clock_ms=wall_ms)
             self.broker.upload_figures = self.uploader.figures
+            self.loop.uploader = self.uploader
 
     def _restore(self) -> None:
         """Sessions and retained messages from the snapshot, then the log written after it."""

@@ -69,6 +69,7 @@ class Loop:
         self.transports: set[Transport] = set()
         self.broker = None    # core.broker.Broker, once the app opened storage
         self.log = None       # commitlog.CommitLog (log_generation, locate)
+        self.uploader = None  # uploader.Uploader with [upload] url (the admin socket's controls)
         self.on_wake = None   # called after each wake-up (the app's deliveries)
         self.on_reload = None  # called on SIGHUP
         # Connections accepted with a reserved descriptor (server/listeners.py), and what to

@@ -135,6 +135,8 @@ UPLOAD_METRICS = (
      "permanent_errors"),
     ("edgebroker_upload_alarm", "gauge",
      "1 while the last upload failed permanently (the data stays in the log).", "alarm"),
+    ("edgebroker_upload_paused", "gauge",
+     "1 while uploading is paused (edgebroker upload pause).", "paused"),
     ("edgebroker_upload_gap_offsets_total", "counter",
      "Offsets reported as never uploaded (deleted by retention_bytes before upload, damaged).",
      "gap_offsets"),

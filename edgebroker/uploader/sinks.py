@@ -1,14 +1,21 @@
 """Where batches go: a sink stores one object under a key, idempotently (the same key with the
 same bytes again is a success and leaves one object).
 
-A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle)`` and ``close()``.
-``put`` copies the local batch file ``path`` (``size`` bytes) to the object ``key``, calling
-``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap), and raises
+A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle, records_id)`` and
+``close()``. ``put`` copies the local batch file ``path`` (``size`` bytes) to the object ``key``,
+calling ``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap); ``records_id`` names
+the records the batch holds (offsets, raw length, CRC32C), so a sink that finds an object with
+other bytes under the name can tell the same records compressed by another zstd release from
+a conflict. It raises
 ``TransientSinkError`` (retried without limit) or ``PermanentSinkError`` (an alarm; retried
-rarely, the data kept). ``open_sink(url)`` picks the sink from ``[upload] url``:
+rarely, the data kept). ``uploader.open_sink(config)`` picks the sink from ``[upload] url``:
 
 * ``file:///path/to/landing``: ``DirSink``, a local or mounted folder.
-* ``s3://bucket/prefix``: not built yet (the next step of issue 23).
+* ``s3://bucket/prefix``: ``S3Sink`` (s3.py), any S3-compatible object store.
+
+A sink may also have ``reachable()``: after a ``TransientSinkError`` whose ``unreachable`` is
+true (no answer at all), the uploader calls it every few seconds while it backs off and retries
+as soon as it returns True, so uploading resumes soon after the link returns.
 """
 
 from __future__ import annotations
@@ -16,10 +23,8 @@ from __future__ import annotations
 import errno
 import os
 from typing import Callable, Protocol
-from urllib.parse import unquote, urlsplit
 
-from edgebroker.config import check_upload_url
-from edgebroker.errors import ConfigError, EdgebrokerError
+from edgebroker.errors import EdgebrokerError
 
 COPY_CHUNK = 256 * 1024
 
@@ -34,6 +39,7 @@ class SinkError(EdgebrokerError):
 
 class TransientSinkError(SinkError):
     """Worth retrying as it is (a full disk, an I/O error, a folder not mounted yet)."""
+    unreachable = False
 
 
 class PermanentSinkError(SinkError):
@@ -43,16 +49,10 @@ class PermanentSinkError(SinkError):
 class Sink(Protocol):
     name: str
 
-    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None]) -> None: ...
+    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
+            records_id: str = "") -> None: ...
 
     def close(self) -> None: ...
-
-
-def open_sink(url: str) -> "Sink":
-    problem = check_upload_url(url) if url else "empty: no uploading"
-    if problem:
-        raise ConfigError(f"upload.url: {problem}, got {url!r}")
-    return DirSink(unquote(urlsplit(url).path))
 
 
 class DirSink:
@@ -65,7 +65,8 @@ class DirSink:
         self.root = root
         self.name = f"file://{root}"
 
-    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None]) -> None:
+    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
+            records_id: str = "") -> None:
         dest = os.path.join(self.root, key)
         folder, base = os.path.split(dest)
         tmp = os.path.join(folder, f".{base}.tmp")
@@ -134,5 +135,5 @@ class DirSink:
         pass
 
 
-__all__ = ["Sink", "DirSink", "open_sink", "SinkError", "TransientSinkError",
+__all__ = ["Sink", "DirSink", "SinkError", "TransientSinkError",
            "PermanentSinkError"]

@@ -13,6 +13,11 @@ batch. The intent file makes a crash harmless: after a restart the batch is cut 
 range the intent names (even if ``batch_bytes`` changed), so the object gets the same name and
 the same bytes, and the landing area holds every record once.
 
+Pause and resume (``edgebroker upload pause|resume``, through the admin socket): a paused
+uploader starts no new put and no retry; a put in flight finishes. ``run_once`` (the CLI's
+``upload run --once``, on a log no broker holds) ships every sealed batch in the caller's thread
+and returns; a permanent error ends it.
+
 The thread only reads sealed segment files and calls ``upload_source``, ``upload_backlog`` and
 ``mark_uploaded`` (each takes the log's lock briefly); it never waits for the core thread.
 Memory: the batch is streamed (1 MiB reads through the compressor), whatever ``batch_bytes``.
@@ -28,12 +33,15 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from edgebroker.commitlog.format import write_small_file
+from edgebroker.config import check_upload_url
 from edgebroker.errors import ConfigError
 from edgebroker.uploader import cutter
 from edgebroker.uploader.batch import check_gateway_id
-from edgebroker.uploader.sinks import PermanentSinkError, SinkError, TransientSinkError, open_sink
+from edgebroker.uploader.s3 import S3Sink
+from edgebroker.uploader.sinks import DirSink, PermanentSinkError, SinkError, TransientSinkError
 
 log = logging.getLogger("edgebroker.upload")
 
@@ -45,6 +53,9 @@ POLL_SECONDS = 0.5
 BACKOFF_BASE = 1.0
 BACKOFF_CAP = 60.0
 STOP_WAIT = 10.0
+# While backing off after "no answer" errors, the sink's reachable() is asked this often, so
+# uploading resumes within seconds of the link's return (not after a back-off of up to 60 s).
+PROBE_SECONDS = 3.0
 
 
 class Stopped(Exception):
@@ -70,6 +81,17 @@ def gateway_id_of(upload_config) -> str:
         how = "" if upload_config.gateway_id else " (taken from the machine id or host name: set it)"
         raise ConfigError(f"upload.gateway_id: {gid!r} {problem}{how}")
     return gid
+
+
+def open_sink(config):
+    """The sink of ``[upload]`` (``config``: an UploadConfig): ``file://`` or ``s3://``."""
+    url = config.url
+    problem = check_upload_url(url) if url else "empty: no uploading"
+    if problem:
+        raise ConfigError(f"upload.url: {problem}, got {url!r}")
+    if url.startswith("s3://"):
+        return S3Sink(url, config)
+    return DirSink(unquote(urlsplit(url).path))
 
 
 @dataclass(slots=True)
@@ -127,12 +149,16 @@ class Uploader:
         self.log = commit_log
         self.config = upload_config
         self.gateway_id = gateway_id_of(upload_config)
-        self.sink = open_sink(upload_config.url)
+        self.sink = open_sink(upload_config)
         self.prefix = ""
         self.dir = os.path.join(state_dir, UPLOAD_DIR)
         self.spool = os.path.join(self.dir, SPOOL_FILE)
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._stop = threading.Event()
+        self._wake = threading.Event()   # set by stop, resume and pause: a wait ends early
+        self.paused = False
+        self._kick = False               # set by resume: a back-off in progress ends now
+        self.once = False                # run_once: a permanent error raises instead of retrying
         self._thread: threading.Thread | None = None
         self._dir_fd = -1
         self.bucket = TokenBucket(upload_config.upload_bandwidth, self._stop.wait)
@@ -150,6 +176,7 @@ class Uploader:
         self.last_error = ""
         self.last_error_time = 0.0
         self.last_success_time = 0.0
+        self.retry_at = 0.0        # wall time of the next try while backing off, else 0
         self.gap_offsets = 0
         self.backlog = (0, 0, None, 0)
         self.shipped_max_ts = 0
@@ -171,6 +198,7 @@ class Uploader:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(STOP_WAIT)
             if self._thread.is_alive():
@@ -194,15 +222,67 @@ class Uploader:
                 failures += 1
                 self._note_error(f"uploader: {exc}", permanent=False)
                 log.exception("uploader round failed; retrying")
-                if self._stop.wait(_backoff(failures)):
+                if self._wait(_backoff(failures)):
                     return
                 continue
-            if not worked and self._stop.wait(POLL_SECONDS):
+            if not worked and self._wait(POLL_SECONDS):
                 return
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, less when woken (pause, resume, stop); True when stopping."""
+        self._wake.wait(seconds)
+        self._wake.clear()
+        return self._stop.is_set()
+
+    def _hold_while_paused(self) -> None:
+        while self.paused:
+            self.state = "paused"
+            self.backlog = self.log.upload_backlog(self.log.uploaded_offset)   # for the figures
+            if self._wait(POLL_SECONDS):
+                raise Stopped
+
+    # -- run-time controls (any thread) ---------------------------------------------------------
+    def pause(self) -> bool:
+        """Stop starting puts and retries; True when it was running."""
+        was, self.paused = self.paused, True
+        self._wake.set()
+        if not was:
+            log.info("uploading paused (edgebroker upload resume goes on)")
+        return not was
+
+    def resume(self) -> bool:
+        """Go on at once (a back-off in progress is cut short); True when it was paused."""
+        was, self.paused = self.paused, False
+        self._kick = True
+        self._wake.set()
+        if was:
+            log.info("uploading resumed")
+        return was
+
+    def run_once(self, progress=None) -> int:
+        """Ship every batch sealed now, in this thread; the number shipped. ``progress(figures)``
+        after each batch. Transient errors are retried with back-off (Ctrl-C ends the wait);
+        a permanent one raises PermanentSinkError."""
+        os.makedirs(self.dir, exist_ok=True)
+        self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.intent = read_intent(self.dir)
+        self.once = True
+        shipped = 0
+        try:
+            while self.step():
+                shipped += 1
+                if progress is not None:
+                    progress(self.figures())
+        finally:
+            self.sink.close()
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+        return shipped
 
     # -- one round -------------------------------------------------------------------------------
     def step(self) -> bool:
         """Ship one batch if one is ready: True when one was shipped."""
+        self._hold_while_paused()
         mark = self.log.uploaded_offset
         self.backlog = self.log.upload_backlog(mark)
         intent = self.intent
@@ -243,7 +323,8 @@ class Uploader:
             log.warning("offsets %d..%d were never uploaded (deleted by retention_bytes before "
                         "upload, or damaged); the batch %s reports the gap", gap[0],
                         gap[0] + gap[1] - 1, key)
-        self._ship(key, size)
+        self._ship(key, size, f"{header.first_offset}-{header.last_offset}-{header.raw_length}-"
+                              f"{header.raw_crc32c:08x}")
         self.log.mark_uploaded(batch.last + 1)
         with self._lock:
             self.batches += 1
@@ -260,22 +341,27 @@ class Uploader:
     def _damaged(self, damage) -> None:
         log.warning("%s; not uploaded", damage.describe())
 
-    def _ship(self, key: str, size: int) -> None:
+    def _ship(self, key: str, size: int, records_id: str) -> None:
         """Store the batch file under ``key``, retrying until it is stored (or the broker
         stops): transient errors with full-jitter back-off (1 s base, 60 s cap), permanent ones
         raise the alarm and are retried every 60 s (someone may fix the landing area)."""
         attempt = 0
         while True:
+            self._hold_while_paused()
             self.state = "uploading" if not self.alarm else "alarm"
+            unreachable = False
             try:
-                self.sink.put(key, self.spool, size, self.bucket.take)
+                self.sink.put(key, self.spool, size, self.bucket.take, records_id)
             except PermanentSinkError as exc:
                 self._note_error(str(exc), permanent=True)
+                if self.once:
+                    raise
                 delay = BACKOFF_CAP
             except (TransientSinkError, SinkError) as exc:
                 self._note_error(str(exc), permanent=False)
                 attempt += 1
                 delay = _backoff(attempt)
+                unreachable = getattr(exc, "unreachable", False)
             else:
                 if self.alarm or attempt:
                     log.info("upload of %s succeeded after %d retries; uploading resumed", key,
@@ -286,8 +372,28 @@ class Uploader:
             with self._lock:
                 self.retries += 1
             self.state = "alarm" if self.alarm else "retrying"
-            if self._stop.wait(delay):
+            if self._back_off(delay, unreachable):
                 raise Stopped
+
+    def _back_off(self, delay: float, unreachable: bool) -> bool:
+        """Wait ``delay`` s before the next try; after "no answer" errors ask the sink every
+        PROBE_SECONDS whether the link is back and end the wait when it is. True: stopping."""
+        probe = getattr(self.sink, "reachable", None) if unreachable else None
+        deadline = time.monotonic() + delay
+        self.retry_at = time.time() + delay
+        self._kick = False
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.paused or self._kick:
+                    return self._stop.is_set()
+                if self._wait(min(left, PROBE_SECONDS) if probe else left):
+                    return True
+                if probe is not None and deadline - time.monotonic() > 0 and probe():
+                    log.info("the upload store answers again; retrying now")
+                    return self._stop.is_set()
+        finally:
+            self.retry_at = 0.0
 
     def _note_error(self, message: str, permanent: bool) -> None:
         with self._lock:
@@ -314,13 +420,16 @@ class Uploader:
             if nbytes and newest:
                 lag = max(0.0, (newest - max(self.shipped_max_ts, oldest or 0)) / 1000)
             return {
-                "url": self.sink.name, "gateway_id": self.gateway_id, "state": self.state,
+                "url": self.sink.name, "gateway_id": self.gateway_id,
+                "state": "paused" if self.paused and self.state != "uploading" else self.state,
+                "paused": self.paused,
                 "uploaded_offset": self.log.uploaded_offset,
                 "batches": self.batches, "records": self.records, "bytes": self.bytes_shipped,
                 "bytes_raw": self.bytes_raw, "retries": self.retries,
                 "permanent_errors": self.permanent_errors, "alarm": self.alarm,
                 "last_error": self.last_error, "last_error_time": self.last_error_time,
                 "last_success_time": self.last_success_time, "gap_offsets": self.gap_offsets,
+                "retry_in_seconds": max(0.0, self.retry_at - time.time()) if self.retry_at else 0.0,
                 "backlog_segments": segments, "backlog_bytes": nbytes,
                 "backlog_batches": backlog_batches(nbytes, segments, self.config.batch_bytes),
                 "backlog_age_seconds": max(0.0, (now - oldest) / 1000) if oldest is not None else 0.0,
@@ -341,5 +450,5 @@ def _backoff(attempt: int) -> float:
     return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(attempt - 1, 0)))
 
 
-__all__ = ["Uploader", "Intent", "read_intent", "TokenBucket", "default_gateway_id",
+__all__ = ["Uploader", "open_sink", "Intent", "read_intent", "TokenBucket", "default_gateway_id",
            "gateway_id_of", "backlog_batches", "UPLOAD_DIR", "INTENT_FILE"]

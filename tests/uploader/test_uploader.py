@@ -181,28 +181,36 @@ def test_sigkill_after_the_write_before_the_mark_rewrites_the_same_object(broker
     b.stop()
 
 
+def kill_while_shipping(broker, cfg: dict, count_objects, rounds: int, seed: int,
+                        most: int) -> int:
+    """``rounds`` times: start a broker, publish 100 to ``most`` records, SIGKILL it once one
+    to five more objects landed (somewhere in the cut, the put or the mark); then a last broker
+    ships the rest. The number of records published."""
+    rng = random.Random(seed)
+    total = 0
+    for _ in range(rounds):
+        b = broker(**cfg)
+        n = rng.randrange(100, most)
+        publish(b, total, n)
+        total += n
+        target = count_objects() + rng.randrange(1, 6)
+        wait_until(lambda: count_objects() >= target or uploaded(b) == total,
+                   what="some batches landed")
+        b.stop(signal.SIGKILL)
+    b = broker(**cfg)
+    wait_until(lambda: uploaded(b) == total, what="everything uploaded after the last restart")
+    b.stop()
+    return total
+
+
 def test_sigkill_at_random_points_under_load_lands_every_record_once(broker, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()
     cfg = dict(data_dir=str(tmp_path / "data"), log={"segment_bytes": 16384},
                upload=upload_config(landing, batch_bytes=4096, batch_max_age=1))
-    rng = random.Random(23)
-    total = 0
-    for round_ in range(5):
-        b = broker(**cfg)
-        n = rng.randrange(100, 400)
-        publish(b, total, n)
-        total += n
-        have = len(list(landing.rglob("*.ebb.zst")))
-        target = have + rng.randrange(1, 6)
-        # kill while batches are going out: somewhere in the cut, the write or the mark
-        wait_until(lambda: len(list(landing.rglob("*.ebb.zst"))) >= target or uploaded(b) == total,
-                   what="some batches landed")
-        b.stop(signal.SIGKILL)
-    b = broker(**cfg)
-    wait_until(lambda: uploaded(b) == total, what="everything uploaded after the last restart")
+    total = kill_while_shipping(broker, cfg, lambda: len(list(landing.rglob("*.ebb.zst"))),
+                                rounds=5, seed=23, most=400)
     check_exactly_once(landing, total)
-    b.stop()
 
 
 def test_bandwidth_cap_is_respected_on_average(broker, tmp_path):

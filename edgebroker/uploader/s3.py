@@ -1,0 +1,402 @@
+"""The ``s3`` sink: batches stored in any S3-compatible object store (AWS S3, MinIO, Ceph RGW).
+
+A small S3 client of its own on the standard library (``http.client``, ``hmac``, ``hashlib``),
+signing every request with AWS Signature Version 4: the gateway needs four S3 calls (PutObject,
+HeadObject and the three multipart calls) and no new dependency for them. boto3 with botocore
+and s3transfer weigh 34 MB installed, minio-py with its dependencies 19 MB (16 MB of it
+pycryptodome), against the 15 MB budget of the whole gateway binary (docs/upload.md).
+
+A put is idempotent, as the uploader needs (sinks.py): the object is written with
+``If-None-Match: *`` (the store refuses to replace an object) and a 412 answer is a success
+when the object there has the same size and checksum (HEAD: ``x-amz-meta-ebb-sha256``, the
+SHA-256 of the whole object that every put stores, else the ETag, which is the MD5 for a
+single-part put); or when its ``x-amz-meta-ebb-records`` names the same records (offsets, raw
+length and CRC32C: the same batch compressed by another zstd release). A store that does not know conditional puts either ignores the header (a retry
+then rewrites the same bytes under the same name) or answers 501, after which puts go
+unconditionally. Above ``multipart_bytes`` the object goes in parts of that size
+(CreateMultipartUpload, UploadPart, CompleteMultipartUpload with ``If-None-Match: *``); a
+failed one is aborted when possible, and a HEAD first skips an object already there.
+
+Errors: no answer, a reset, a timeout, 5xx, 429 and the throttling codes are transient
+(``TransientSinkError``; ``unreachable`` when no HTTP answer came, so the uploader may probe the
+link and retry as soon as it is back); every other 4xx but 412 (bad credentials, no such
+bucket, access denied) is permanent (``PermanentSinkError``, the alarm), and so is a store
+certificate that does not verify (another TLS failure is transient).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import hmac
+import http.client
+import os
+import socket
+import ssl
+from typing import Callable
+from urllib.parse import quote, urlsplit
+from xml.etree import ElementTree
+
+from edgebroker.errors import ConfigError
+from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError
+
+MiB = 1024 * 1024
+IO_TIMEOUT = 30.0        # seconds a connect or one read/write may take
+PROBE_TIMEOUT = 2.0
+CHUNK = 256 * 1024
+SHA_META = "x-amz-meta-ebb-sha256"
+RECORDS_META = "x-amz-meta-ebb-records"   # first-last-raw length-raw CRC32C of the batch
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+# Answers worth retrying as they are: overload, throttling, a request that took too long.
+TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                             "InternalError", "ServiceUnavailable", "RequestLimitExceeded",
+                             "TooManyRequests", "OperationAborted"})
+
+
+class S3Unreachable(TransientSinkError):
+    """No HTTP answer (refused, reset, timed out, name not resolved): the link is down."""
+    unreachable = True
+
+
+def credentials(config, environ=os.environ) -> tuple[str, str, str]:
+    """(access key id, secret, session token) from ``[upload]``, else the AWS variables."""
+    if config.access_key_id or config.secret_access_key:
+        if not (config.access_key_id and config.secret_access_key):
+            raise ConfigError("upload: access_key_id and secret_access_key go together "
+                              "(one of them is empty)")
+        return config.access_key_id, config.secret_access_key, config.session_token
+    key, secret = environ.get("AWS_ACCESS_KEY_ID", ""), environ.get("AWS_SECRET_ACCESS_KEY", "")
+    if not (key and secret):
+        raise ConfigError("upload.url is s3:// but no credentials were given: set "
+                          "upload.access_key_id and upload.secret_access_key, or "
+                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment")
+    return key, secret, environ.get("AWS_SESSION_TOKEN", "")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _hmac(key: bytes, text: str) -> bytes:
+    return hmac.new(key, text.encode(), hashlib.sha256).digest()
+
+
+def sign_v4(method: str, host: str, path: str, query: dict[str, str], headers: dict[str, str],
+            payload_sha256: str, region: str, key_id: str, secret: str, token: str,
+            now: datetime.datetime, service: str = "s3") -> dict[str, str]:
+    """The headers to send: ``headers`` plus host, x-amz-date, x-amz-content-sha256, the session
+    token if any, and Authorization (AWS Signature Version 4, header form). ``path`` is already
+    URI-encoded, as sent."""
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    day = amz_date[:8]
+    out = dict(headers)
+    out["host"] = host
+    out["x-amz-date"] = amz_date
+    out["x-amz-content-sha256"] = payload_sha256
+    if token:
+        out["x-amz-security-token"] = token
+    canon = {k.lower(): " ".join(str(v).strip().split()) for k, v in out.items()}
+    names = sorted(canon)
+    canonical_query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
+                               for k, v in sorted(query.items()))
+    canonical = "\n".join([method, path, canonical_query,
+                           "".join(f"{n}:{canon[n]}\n" for n in names), ";".join(names),
+                           payload_sha256])
+    scope = f"{day}/{region}/{service}/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, _sha256(canonical.encode())])
+    key = _hmac(_hmac(_hmac(_hmac(("AWS4" + secret).encode(), day), region), service),
+                "aws4_request")
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    out["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={key_id}/{scope}, "
+                            f"SignedHeaders={';'.join(names)}, Signature={signature}")
+    return out
+
+
+class Response:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def code(self) -> str:
+        """The S3 error code of an error answer ("" when there is none)."""
+        try:
+            return ElementTree.fromstring(self.body).findtext("Code") or ""
+        except ElementTree.ParseError:
+            return ""
+
+    def message(self) -> str:
+        try:
+            return ElementTree.fromstring(self.body).findtext("Message") or ""
+        except ElementTree.ParseError:
+            return ""
+
+
+class S3Sink:
+    def __init__(self, url: str, config, environ=os.environ):
+        parts = urlsplit(url)
+        self.bucket = parts.netloc
+        self.prefix = parts.path.strip("/")
+        self.region = (config.region or environ.get("AWS_REGION")
+                       or environ.get("AWS_DEFAULT_REGION") or "us-east-1")
+        self.key_id, self.secret, self.token = credentials(config, environ)
+        self.multipart_bytes = config.multipart_bytes
+        if config.endpoint_url:
+            ep = urlsplit(config.endpoint_url)
+            self.https = ep.scheme == "https"
+            self.host = ep.netloc
+            self.base = ep.path.rstrip("/") + "/" + self.bucket   # path style
+        elif "." in self.bucket:   # AWS, path style: a dotted name breaks the wildcard certificate
+            self.https = True
+            self.host = f"s3.{self.region}.amazonaws.com"
+            self.base = "/" + self.bucket
+        else:   # AWS: virtual-hosted style
+            self.https = True
+            self.host = f"{self.bucket}.s3.{self.region}.amazonaws.com"
+            self.base = ""
+        self.address = (ep.hostname if config.endpoint_url else self.host,
+                        (ep.port if config.endpoint_url else None) or (443 if self.https else 80))
+        self.name = f"s3://{self.bucket}/{self.prefix}" + (
+            f" at {config.endpoint_url}" if config.endpoint_url else f" ({self.region})")
+        self.conditional = True
+        self._records = ""
+        self._conn: http.client.HTTPConnection | None = None
+        self._ssl = None
+        if self.https:
+            cafile = config.ca_file or environ.get("AWS_CA_BUNDLE") or None
+            try:
+                self._ssl = ssl.create_default_context(cafile=cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"upload.ca_file: cannot read the CA certificates {cafile}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+
+    # -- the uploader's side ---------------------------------------------------------------------
+    def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
+            records_id: str = "") -> None:
+        name = f"{self.prefix}/{key}" if self.prefix else key
+        sha, md5 = _digests(path, size)
+        self._records = records_id
+        if size > self.multipart_bytes:
+            if self._same(name, size, sha, None):
+                return
+            self._multipart(name, path, size, sha, throttle)
+        else:
+            self._single(name, path, size, sha, md5, throttle)
+
+    def reachable(self) -> bool:
+        """True when a TCP connection to the store opens (a cheap test that the link is back)."""
+        try:
+            socket.create_connection(self.address, timeout=PROBE_TIMEOUT).close()
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- puts ------------------------------------------------------------------------------------
+    def _single(self, name, path, size, sha, md5, throttle) -> None:
+        headers = {"Content-Length": str(size), "Content-MD5": base64.b64encode(md5).decode(),
+                   "Content-Type": "application/zstd", **self._meta(sha)}
+        if self.conditional:
+            headers["If-None-Match"] = "*"
+        r = self._request("PUT", name, {}, headers, sha, body=(path, 0, size), throttle=throttle)
+        if r.status == 200:
+            return
+        if r.status == 501 and self.conditional:
+            self.conditional = False    # the store does not take If-None-Match on a put
+            return self._single(name, path, size, sha, md5, throttle)
+        if r.status == 412:
+            if self._same(name, size, sha, md5.hex()):
+                return
+            raise PermanentSinkError(f"{self.name}: {name} already exists with other bytes "
+                                     f"(another gateway with the same gateway_id?)")
+        raise self._error("PUT", name, r)
+
+    def _multipart(self, name, path, size, sha, throttle) -> None:
+        r = self._request("POST", name, {"uploads": ""},
+                          {"Content-Type": "application/zstd", **self._meta(sha)}, EMPTY_SHA256)
+        if r.status != 200:
+            raise self._error("CreateMultipartUpload", name, r)
+        upload_id = _text(r.body, "UploadId")
+        try:
+            etags = []
+            part_size = self.multipart_bytes
+            for number, offset in enumerate(range(0, size, part_size), 1):
+                length = min(part_size, size - offset)
+                psha, pmd5 = _digests(path, length, offset)
+                r = self._request("PUT", name, {"partNumber": str(number), "uploadId": upload_id},
+                                  {"Content-Length": str(length),
+                                   "Content-MD5": base64.b64encode(pmd5).decode()},
+                                  psha, body=(path, offset, length), throttle=throttle)
+                if r.status != 200:
+                    raise self._error(f"UploadPart {number}", name, r)
+                etags.append(r.headers.get("etag", ""))
+            body = ("<CompleteMultipartUpload>" + "".join(
+                f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>"
+                for n, e in enumerate(etags, 1)) + "</CompleteMultipartUpload>").encode()
+            headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
+            if self.conditional:
+                headers["If-None-Match"] = "*"
+            r = self._request("POST", name, {"uploadId": upload_id}, headers, _sha256(body),
+                              data=body)
+            # an error may also come inside a 200 answer
+            if r.status == 200 and b"<Error>" not in r.body:
+                return
+            if r.status == 412:
+                self._abort(name, upload_id)
+                if self._same(name, size, sha, None):
+                    return
+                raise PermanentSinkError(f"{self.name}: {name} already exists with other bytes "
+                                         f"(another gateway with the same gateway_id?)")
+            raise self._error("CompleteMultipartUpload", name,
+                              Response(500 if r.status == 200 else r.status, r.headers, r.body))
+        except BaseException:
+            self._abort(name, upload_id)
+            raise
+
+    def _abort(self, name: str, upload_id: str) -> None:
+        """Best effort: a multipart upload left behind is removed by the bucket's lifecycle rule
+        (docs/upload.md), or by the next abort."""
+        try:
+            self._request("DELETE", name, {"uploadId": upload_id}, {}, EMPTY_SHA256)
+        except Exception:
+            pass
+
+    def _meta(self, sha: str) -> dict[str, str]:
+        return {SHA_META: sha, **({RECORDS_META: self._records} if self._records else {})}
+
+    def _same(self, name: str, size: int, sha: str, md5_hex: str | None) -> bool:
+        """True when ``name`` exists with this size and checksum (ours in the metadata, else
+        the single-part ETag), or holds the same records by its metadata."""
+        r = self._request("HEAD", name, {}, {}, EMPTY_SHA256)
+        if r.status == 404:
+            return False
+        if r.status != 200:
+            raise self._error("HEAD", name, r)
+        if self._records and r.headers.get(RECORDS_META) == self._records:
+            return True   # the same records (perhaps compressed by another zstd release)
+        if int(r.headers.get("content-length", -1)) != size:
+            return False
+        theirs = r.headers.get(SHA_META)
+        if theirs is not None:
+            return theirs == sha
+        return md5_hex is not None and r.headers.get("etag", "").strip('"') == md5_hex
+
+    def _error(self, what: str, name: str, r: Response):
+        code = r.code()
+        detail = f"{r.status} {code or http.client.responses.get(r.status, '')}".strip()
+        message = r.message()
+        text = (f"{self.name}: {what} {name}: {detail}" + (f" ({message})" if message else ""))
+        if r.status >= 500 or r.status in (408, 429) or code in TRANSIENT_CODES:
+            return TransientSinkError(text)
+        return PermanentSinkError(text)
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def _request(self, method: str, name: str, query: dict[str, str], headers: dict[str, str],
+                 payload_sha256: str, body: tuple[str, int, int] | None = None,
+                 data: bytes = b"", throttle: Callable[[int], None] | None = None) -> Response:
+        path = quote(f"{self.base}/{name}", safe="/-_.~")
+        if not self.base and not path.startswith("/"):
+            path = "/" + path
+        signed = sign_v4(method, self.host, path, query, headers, payload_sha256, self.region,
+                         self.key_id, self.secret, self.token,
+                         datetime.datetime.now(datetime.timezone.utc))
+        target = path + ("?" + "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
+                                        if v else quote(k, safe='-_.~')
+                                        for k, v in sorted(query.items())) if query else "")
+        try:
+            conn = self._connection()
+            conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            for k, v in signed.items():
+                conn.putheader(k, v)
+            if body is None and data == b"" and method in ("POST", "PUT"):
+                conn.putheader("Content-Length", "0")
+            conn.endheaders()
+            try:
+                if body is not None:
+                    self._send_file(conn, *body, throttle)
+                elif data:
+                    conn.send(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass   # the store may have answered early (403, 400) and closed: read it below
+            resp = conn.getresponse()
+            payload = resp.read()
+            answer = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload)
+            if resp.will_close:
+                self.close()
+            return answer
+        except ssl.SSLCertVerificationError as exc:
+            self.close()
+            raise PermanentSinkError(f"{self.name}: {method} {name}: the store's certificate is "
+                                     f"not trusted ({exc.verify_message}; see upload.ca_file)"
+                                     ) from None
+        except ssl.SSLError as exc:
+            self.close()
+            raise TransientSinkError(f"{self.name}: {method} {name}: TLS with {self.host} "
+                                     f"failed: {exc}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            raise S3Unreachable(f"{self.name}: {method} {name}: no answer from "
+                                f"{self.host}: {_describe(exc)}") from None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            host, port = self.address
+            if self.https:
+                self._conn = http.client.HTTPSConnection(host, port, timeout=IO_TIMEOUT,
+                                                         context=self._ssl)
+            else:
+                self._conn = http.client.HTTPConnection(host, port, timeout=IO_TIMEOUT)
+        return self._conn
+
+    @staticmethod
+    def _send_file(conn, path: str, offset: int, length: int, throttle) -> None:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            left = length
+            while left:
+                chunk = fh.read(min(CHUNK, left))
+                if not chunk:
+                    raise OSError(f"{path} ends before {offset + length} bytes")
+                if throttle is not None:
+                    throttle(len(chunk))
+                conn.send(chunk)
+                left -= len(chunk)
+
+
+def _digests(path: str, length: int, offset: int = 0) -> tuple[str, bytes]:
+    """(SHA-256 hex, MD5 digest) of ``length`` bytes of ``path`` from ``offset``."""
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        left = length
+        while left:
+            chunk = fh.read(min(CHUNK * 4, left))
+            if not chunk:
+                raise TransientSinkError(f"{path}: the batch file ends before {offset + length} "
+                                         f"bytes")
+            sha.update(chunk)
+            md5.update(chunk)
+            left -= len(chunk)
+    return sha.hexdigest(), md5.digest()
+
+
+def _text(body: bytes, tag: str) -> str:
+    root = ElementTree.fromstring(body)
+    for el in root.iter():
+        if el.tag == tag or el.tag.endswith("}" + tag):
+            return el.text or ""
+    raise TransientSinkError(f"no {tag} in the store's answer")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, socket.timeout):
+        return f"timed out after {IO_TIMEOUT:g} s"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+__all__ = ["S3Sink", "S3Unreachable", "sign_v4", "credentials", "SHA_META", "RECORDS_META"]
