@@ -78,6 +78,12 @@ _SECURITY = (
 )
 
 
+# The uploader's figures published under $SYS/broker/upload/ (docs/metrics.md).
+_UPLOAD = ("state", "paused", "alarm", "uploaded_offset", "batches", "records", "bytes",
+           "retries", "permanent_errors", "gap_offsets", "backlog_batches", "backlog_bytes",
+           "backlog_age_seconds", "lag_seconds")
+
+
 class SysTopics:
     """Publishes $SYS/broker/... as retained QoS 0 messages every ``sys_interval``."""
 
@@ -103,6 +109,18 @@ class SysTopics:
 
     def _publish(self, topic: str, value, retain: bool = True) -> None:
         self.broker.route(topic, str(value).encode(), 0, retain)
+
+    def _publish_upload(self, figures: dict) -> None:
+        """The uploader's figures (edgebroker.uploader) under $SYS/broker/upload/."""
+        pub = self._publish
+        for name in _UPLOAD:
+            value = figures[name]
+            if type(value) is bool:
+                value = int(value)
+            elif type(value) is float:
+                value = f"{value:.1f}"
+            pub(f"$SYS/broker/upload/{name}", value)
+        pub("$SYS/broker/upload/last_error", figures["last_error"] or "")
 
     def _publish_limits(self, broker) -> None:
         pub = self._publish
@@ -187,6 +205,8 @@ class SysTopics:
         pub("$SYS/broker/process/rss", rss)
         pub("$SYS/broker/process/cpu", f"{cpu:.1f}")
         self._publish_limits(broker)
+        if broker.upload_figures is not None:
+            self._publish_upload(broker.upload_figures())
         if broker.config.sys_client_metrics:
             self._publish_clients(broker, now)
         self._last = now

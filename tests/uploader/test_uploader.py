@@ -106,7 +106,7 @@ def test_batches_cut_by_size_and_at_segment_ends(broker, tmp_path):
 def test_batch_cut_by_age_and_deterministic_names(broker, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()
-    b = broker(upload=upload_config(landing, batch_max_age=1))
+    b = broker(upload=upload_config(landing, batch_max_age=1), sys_interval=1)
     publish(b, 0, 5)
     wait_until(lambda: uploaded(b) == 5, what="the quiet segment sealed by age and uploaded")
     publish(b, 5, 3)
@@ -122,6 +122,17 @@ def test_batch_cut_by_age_and_deterministic_names(broker, tmp_path):
     assert fig["bytes"] == sum(p.stat().st_size for p in landing.rglob("*.ebb.zst"))
     live = run_cli("upload", "status", "--data-dir", b.config["data_dir"])
     assert live.returncode == 0 and "broker running" in live.stdout and "mark 8" in live.stdout
+    # The same figures in $SYS (published every sys_interval, retained).
+    watcher = b.client("sys-watcher")
+    watcher.subscribe("$SYS/broker/upload/#")
+    seen = {}
+    deadline = time.monotonic() + 10
+    want = {"batches": b"2", "records": b"8", "uploaded_offset": b"8", "alarm": b"0",
+            "backlog_bytes": b"0", "last_error": b""}
+    while time.monotonic() < deadline and any(seen.get(k) != v for k, v in want.items()):
+        p = watcher.recv_publish(timeout=5)      # the retained ones first, then each interval's
+        seen[p.topic.rsplit("/", 1)[1]] = p.payload
+    assert {k: seen.get(k) for k in want} == want, seen
     b.stop()
     off = run_cli("upload", "status", "--data-dir", b.config["data_dir"])
     assert off.returncode == 0 and "uploaded up to offset 8" in off.stdout, off.stdout + off.stderr
