@@ -15,7 +15,7 @@ SCENARIOS ?=
 FUZZ_INPUTS ?= 1000000
 FUZZ_SEED ?= 26
 
-.PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean
+.PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean dist dist-measure
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,8 +71,32 @@ $(JS)/node_modules/.installed: $(JS)/package.json $(JS)/package-lock.json | syst
 run: install
 	$(BIN)/edgebroker serve $(ARGS)
 
-test: install-test
+# The frozen binary's smoke test (tests/packaging/) runs dist/edgebroker: built first, and
+# rebuilt only when the sources, the spec or the interpreter's packages change.
+test: install-test dist
 	$(BIN)/python -m pytest $(ARGS)
+
+# ----- the one-file binary (packaging/, docs/deploy.md) ------------------------------------
+PYINSTALLER := pyinstaller==6.22.3 pyinstaller-hooks-contrib==2026.9
+DIST_SOURCES := $(shell find edgebroker -name '*.py') packaging/edgebroker.spec packaging/entry.py \
+	$(wildcard packaging/hooks/*.py)
+
+$(VENV)/.installed-dist: $(VENV)/.installed
+	$(BIN)/python -m pip install -q $(PYINSTALLER)
+	touch $@
+
+dist: dist/edgebroker
+
+dist/edgebroker: $(DIST_SOURCES) $(VENV)/.installed $(VENV)/.installed-dist
+	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN --distpath dist \
+	  --workpath build/pyinstaller packaging/edgebroker.spec
+	./dist/edgebroker --version | grep -q 'native backend: c' || \
+	  { ./dist/edgebroker --version; echo "dist/edgebroker does not run the C helper"; exit 1; }
+	touch $@
+
+# Size, start to READY=1 and idle RSS of dist/edgebroker against their budgets.
+dist-measure: dist
+	$(BIN)/python packaging/measure.py dist/edgebroker
 
 # The fuzz test of the suite, longer (README.md).
 fuzz: install-test

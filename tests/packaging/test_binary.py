@@ -1,0 +1,76 @@
+"""Smoke test of the one-file binary dist/edgebroker (packaging/, docs/deploy.md).
+
+The binary runs the same CLI as ``python -m edgebroker``, so the ``broker`` fixture starts it
+through EDGEBROKER_TEST_BROKER. ``make dist`` builds it when missing or older than the sources
+(``make test`` has already done so; a direct pytest run builds it here, about 10 s).
+"""
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from conftest import REPO
+
+BINARY = REPO / "dist" / "edgebroker"
+
+
+@pytest.fixture(scope="module")
+def binary():
+    r = subprocess.run(["make", "-s", "dist"], cwd=REPO, capture_output=True, text=True,
+                       timeout=900, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"make dist failed:\n{r.stdout}\n{r.stderr}"
+    assert BINARY.is_file() and os.access(BINARY, os.X_OK)
+    return BINARY
+
+
+def run_binary(binary, *args, env=None):
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL, env=env)
+
+
+def test_version_says_c_backend(binary, tmp_path):
+    # Its own TMPDIR: the binary unpacks there (and removes what it unpacked on exit).
+    r = run_binary(binary, "--version", env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    import edgebroker
+
+    assert r.stdout.startswith(f"edgebroker {edgebroker.__version__} (native backend: c, "), r.stdout
+    assert r.stdout.rstrip().endswith("; frozen binary)"), r.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_qos_0_1_2_inspect_and_sigterm(binary, broker, mosq, monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEBROKER_TEST_BROKER", str(binary))
+    unpack = tmp_path / "unpack"
+    unpack.mkdir()
+    monkeypatch.setenv("TMPDIR", str(unpack))
+    b = broker()
+    assert b.cmd[0] == str(binary)
+    assert any("native helper: C" in ln for ln in b.logs), b.log_text()
+    assert len(list(unpack.iterdir())) == 1, "the binary did not unpack into $TMPDIR"
+
+    sub = mosq("sub", b.port, "-d", "-t", "smoke/#", "-q", "2", "-v", "-C", "3", "-W", "20")
+    sub.wait_line(lambda ln: "received SUBACK" in ln)
+    for qos in (0, 1, 2):
+        pub = mosq("pub", b.port, "-t", f"smoke/q{qos}", "-m", f"payload {qos}", "-q", str(qos))
+        assert pub.wait() == 0, pub.out.text()
+    assert sub.wait() == 0, sub.out.text()
+    received = [ln for ln in sub.lines if ln.startswith("smoke/")]
+    assert received == ["smoke/q0 payload 0", "smoke/q1 payload 1", "smoke/q2 payload 2"]
+
+    data_dir = b.config["data_dir"]
+    r = run_binary(binary, "inspect", "segments", "--data-dir", data_dir, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    segments = json.loads(r.stdout)
+    assert sum(s["records"] for s in segments) == 3, segments
+    r = run_binary(binary, "inspect", "tail", "--data-dir", data_dir)
+    assert r.returncode == 0, r.stderr
+    for qos in (0, 1, 2):
+        assert f"smoke/q{qos}" in r.stdout and f"payload {qos}" in r.stdout, r.stdout
+
+    assert b.stop(signal.SIGTERM) == 0, b.log_text()
+    assert b.logs[-1].endswith("stopped"), b.log_text()
+    assert list(unpack.iterdir()) == [], "the binary left its unpacked files behind"
