@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
+from fakesystemd import systemd  # noqa: F401  (the fixture)
 
 BINARY = REPO / "dist" / "edgebroker"
 
@@ -74,3 +75,33 @@ def test_serve_qos_0_1_2_inspect_and_sigterm(binary, broker, mosq, monkeypatch, 
     assert b.stop(signal.SIGTERM) == 0, b.log_text()
     assert b.logs[-1].endswith("stopped"), b.log_text()
     assert list(unpack.iterdir()) == [], "the binary left its unpacked files behind"
+
+
+def test_under_systemd_notify_watchdog_of_the_bootloader(binary, systemd, tmp_path):
+    """As systemd runs it: the unit's main process is the bootloader, so WATCHDOG_PID names it
+    (the shell's pid, kept by exec) while the broker runs in its child; the child's READY=1,
+    WATCHDOG=1 (for its parent's pid) and STATUS reach the socket (NotifyAccess=all in the
+    unit), and the bootloader passes SIGHUP (reload) and SIGTERM on."""
+    env = dict(os.environ, WATCHDOG_USEC="400000", TMPDIR=str(tmp_path))
+    log = open(tmp_path / "stderr.txt", "wb")
+    proc = subprocess.Popen(
+        ["sh", "-c", 'WATCHDOG_PID=$$ exec "$0" "$@"', str(binary), "serve",
+         "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
+        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        systemd.wait_for(lambda ln: ln == "READY=1")
+        assert any(s.startswith("STATUS=") for s in
+                   systemd.wait_for(lambda ln: ln == "WATCHDOG=1"))
+        proc.send_signal(signal.SIGHUP)
+        systemd.wait_for(lambda ln: ln == "RELOADING=1")
+        systemd.wait_for(lambda ln: ln == "READY=1")
+        proc.send_signal(signal.SIGTERM)
+        systemd.wait_for(lambda ln: ln == "STOPPING=1")
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+    text = (tmp_path / "stderr.txt").read_text()
+    assert "configuration reloaded" in text and text.rstrip().endswith("stopped"), text
