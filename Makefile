@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := mosquitto-clients
+APT_PACKAGES := mosquitto-clients systemd
 # MQTT.js (npm) for the WebSocket tests: installed into tests/js/node_modules, never globally.
 JS := tests/js
 ARGS ?=
@@ -49,7 +49,8 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test system-deps $(JS)/node_modules/.installed
 
-# Debian packages the tests drive (mosquitto_pub/mosquitto_sub; node and npm for MQTT.js),
+# Debian packages the tests drive (mosquitto_pub/mosquitto_sub; systemd-analyze, offline, for
+# the unit in systemd/; node and npm for MQTT.js),
 # installed when missing. Node and npm are looked for as commands, so a node installed some
 # other way (NodeSource's nodejs package, which holds npm and conflicts with Debian's) is used.
 system-deps:
@@ -71,7 +72,7 @@ $(JS)/node_modules/.installed: $(JS)/package.json $(JS)/package-lock.json | syst
 run: install
 	$(BIN)/edgebroker serve $(ARGS)
 
-# The frozen binary's smoke test (tests/packaging/) runs dist/edgebroker: built first, and
+# The frozen binary's smoke test (tests/frozen/) runs dist/edgebroker: built first, and
 # rebuilt only when the sources, the spec or the interpreter's packages change.
 test: install-test dist
 	$(BIN)/python -m pytest $(ARGS)

@@ -1,5 +1,5 @@
 """A stand-in for systemd's notification socket (sd_notify), for tests/server/test_sdnotify.py
-and tests/packaging/test_binary.py."""
+and tests/frozen/test_binary.py."""
 
 import os
 import socket

@@ -12,20 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
 from fakesystemd import systemd  # noqa: F401  (the fixture)
-
-BINARY = REPO / "dist" / "edgebroker"
-
-
-@pytest.fixture(scope="module")
-def binary():
-    r = subprocess.run(["make", "-s", "dist"], cwd=REPO, capture_output=True, text=True,
-                       timeout=900, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, f"make dist failed:\n{r.stdout}\n{r.stderr}"
-    assert BINARY.is_file() and os.access(BINARY, os.X_OK)
-    return BINARY
-
 
 def run_binary(binary, *args, env=None):
     return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30,
