@@ -1,18 +1,29 @@
 """Smoke test of the one-file binary dist/edgebroker (packaging/, docs/deploy.md).
 
 The binary runs the same CLI as ``python -m edgebroker``, so the ``broker`` fixture starts it
-through EDGEBROKER_TEST_BROKER. ``make dist`` builds it when missing or older than the sources
-(``make test`` has already done so; a direct pytest run builds it here, about 10 s).
+through EDGEBROKER_TEST_BROKER; the ``binary`` fixture (conftest.py) builds it when needed.
 """
 
 import json
 import os
 import signal
 import subprocess
+import threading
+import time
 
-import pytest
-
+from edgebroker.uploader.batch import read_batch_file
 from fakesystemd import systemd  # noqa: F401  (the fixture)
+
+
+def wait_for(pred, what: str, timeout: float = 20.0):
+    """``pred()`` once true, looked at every 50 ms for at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not (value := pred()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        pause.wait(0.05)
+    return value
+
 
 def run_binary(binary, *args, env=None):
     return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30,
@@ -35,7 +46,10 @@ def test_serve_qos_0_1_2_inspect_and_sigterm(binary, broker, mosq, monkeypatch, 
     unpack = tmp_path / "unpack"
     unpack.mkdir()
     monkeypatch.setenv("TMPDIR", str(unpack))
-    b = broker()
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    # The uploader too (zstandard in the binary): a batch once the log is 1 s quiet.
+    b = broker(upload={"url": f"file://{landing}", "gateway_id": "gw-smoke", "batch_max_age": 1})
     assert b.cmd[0] == str(binary)
     assert any("native helper: C" in ln for ln in b.logs), b.log_text()
     assert len(list(unpack.iterdir())) == 1, "the binary did not unpack into $TMPDIR"
@@ -58,6 +72,12 @@ def test_serve_qos_0_1_2_inspect_and_sigterm(binary, broker, mosq, monkeypatch, 
     assert r.returncode == 0, r.stderr
     for qos in (0, 1, 2):
         assert f"smoke/q{qos}" in r.stdout and f"payload {qos}" in r.stdout, r.stdout
+
+    # The batch the binary wrote, read back with this checkout's reader.
+    batches = wait_for(lambda: sorted(landing.rglob("*.ebb.zst")), "an uploaded batch")
+    records = [r for path in batches for r in read_batch_file(str(path))[1]]
+    assert [(r.topic, r.payload) for r in records] == \
+        [(f"smoke/q{qos}".encode(), f"payload {qos}".encode()) for qos in (0, 1, 2)], records
 
     assert b.stop(signal.SIGTERM) == 0, b.log_text()
     assert b.logs[-1].endswith("stopped"), b.log_text()
