@@ -15,7 +15,8 @@ SCENARIOS ?=
 FUZZ_INPUTS ?= 1000000
 FUZZ_SEED ?= 26
 
-.PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean dist dist-measure
+.PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean dist dist-measure \
+	dist-arm64 test-arm64
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +96,18 @@ dist/edgebroker: $(DIST_SOURCES) $(VENV)/.installed $(VENV)/.installed-dist
 	  { ./dist/edgebroker --version; echo "dist/edgebroker does not run the C helper"; exit 1; }
 	touch $@
 
+# The arm64 binary, built in a Debian bookworm arm64 root file system under qemu-user (root and
+# the network the first time; the root file systems are cached under ~/.cache/edgebroker/).
+EDGEBROKER_CACHE ?= $(HOME)/.cache/edgebroker
+dist-arm64:
+	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) packaging/arm64.sh build
+
+# The smoke test of tests/frozen/ on it, through qemu-user, its libraries from a root file
+# system without Python.
+test-arm64: install-test dist-arm64
+	EDGEBROKER_BINARY=dist-arm64/edgebroker QEMU_LD_PREFIX=$(EDGEBROKER_CACHE)/bookworm-arm64-run \
+	  $(BIN)/python -m pytest tests/frozen/test_binary.py $(ARGS)
+
 # Size, start to READY=1 and idle RSS of dist/edgebroker against their budgets.
 dist-measure: dist
 	$(BIN)/python packaging/measure.py dist/edgebroker
@@ -118,4 +131,4 @@ bench-plot: $(VENV)/.installed-bench
 	$(BIN)/python bench/plot.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis $(JS)/node_modules
+	rm -rf $(VENV) build dist dist-arm64 *.egg-info .pytest_cache .hypothesis $(JS)/node_modules
