@@ -1,10 +1,10 @@
 # PyInstaller hook for edgebroker._native (packaging/edgebroker.spec).
 #
-# The package picks its backend at import time (importlib-free, but inside a try), so
-# PyInstaller's import scan does not follow it: name the compiled cffi module, and cffi's own
-# C extension `_cffi_backend` that the compiled module imports from C (invisible to the scan).
-# Without `_cffi_backend` the binary stops at start with "No module named '_cffi_backend'"
-# (or, under EDGEBROKER_NATIVE=auto, silently runs the slow pure-Python twin).
+# The package chooses its backend at run time (edgebroker/_native/__init__.py imports the
+# compiled module inside a try, falling back to the pure-Python twin), and the compiled cffi
+# module imports cffi's C extension `_cffi_backend` from C, where PyInstaller's scan of Python
+# imports cannot see it. Both are named here: without `_cffi_backend` the compiled module does
+# not load, and the binary would run the slow twin (`make dist` checks that `--version` says C).
 hiddenimports = [
     "_cffi_backend",
     "edgebroker._native._edgebroker_c",
