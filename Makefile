@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := mosquitto-clients
+APT_PACKAGES := mosquitto-clients systemd
 # MQTT.js (npm) for the WebSocket tests: installed into tests/js/node_modules, never globally.
 JS := tests/js
 ARGS ?=
@@ -15,7 +15,8 @@ SCENARIOS ?=
 FUZZ_INPUTS ?= 1000000
 FUZZ_SEED ?= 26
 
-.PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean
+.PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean dist dist-measure \
+	dist-arm64 test-arm64
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +50,8 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test system-deps $(JS)/node_modules/.installed
 
-# Debian packages the tests drive (mosquitto_pub/mosquitto_sub; node and npm for MQTT.js),
+# Debian packages the tests drive (mosquitto_pub/mosquitto_sub; systemd-analyze, offline, for
+# the unit in systemd/; node and npm for MQTT.js),
 # installed when missing. Node and npm are looked for as commands, so a node installed some
 # other way (NodeSource's nodejs package, which holds npm and conflicts with Debian's) is used.
 system-deps:
@@ -71,8 +73,44 @@ $(JS)/node_modules/.installed: $(JS)/package.json $(JS)/package-lock.json | syst
 run: install
 	$(BIN)/edgebroker serve $(ARGS)
 
-test: install-test
+# The frozen binary's smoke test (tests/frozen/) runs dist/edgebroker: built first, and
+# rebuilt only when the sources, the spec or the interpreter's packages change.
+test: install-test dist
 	$(BIN)/python -m pytest $(ARGS)
+
+# ----- the one-file binary (packaging/, docs/deploy.md) ------------------------------------
+PYINSTALLER := pyinstaller==6.22.3 pyinstaller-hooks-contrib==2026.9
+DIST_SOURCES := $(shell find edgebroker -name '*.py') packaging/edgebroker.spec packaging/entry.py \
+	$(wildcard packaging/hooks/*.py)
+
+$(VENV)/.installed-dist: $(VENV)/.installed
+	$(BIN)/python -m pip install -q $(PYINSTALLER)
+	touch $@
+
+dist: dist/edgebroker
+
+dist/edgebroker: $(DIST_SOURCES) $(VENV)/.installed $(VENV)/.installed-dist
+	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN --distpath dist \
+	  --workpath build/pyinstaller packaging/edgebroker.spec
+	./dist/edgebroker --version | grep -q 'native backend: c' || \
+	  { ./dist/edgebroker --version; echo "dist/edgebroker does not run the C helper"; exit 1; }
+	touch $@
+
+# The arm64 binary, built in a Debian bookworm arm64 root file system under qemu-user (root and
+# the network the first time; the root file systems are cached under ~/.cache/edgebroker/).
+EDGEBROKER_CACHE ?= $(HOME)/.cache/edgebroker
+dist-arm64:
+	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) packaging/arm64.sh build
+
+# The smoke test of tests/frozen/ on it, through qemu-user, its libraries from a root file
+# system without Python.
+test-arm64: install-test dist-arm64
+	EDGEBROKER_BINARY=dist-arm64/edgebroker QEMU_LD_PREFIX=$(EDGEBROKER_CACHE)/bookworm-arm64-run \
+	  $(BIN)/python -m pytest tests/frozen/test_binary.py $(ARGS)
+
+# Size, start to READY=1 and idle RSS of dist/edgebroker against their budgets.
+dist-measure: dist
+	$(BIN)/python packaging/measure.py dist/edgebroker
 
 # The fuzz test of the suite, longer (README.md).
 fuzz: install-test
@@ -93,4 +131,4 @@ bench-plot: $(VENV)/.installed-bench
 	$(BIN)/python bench/plot.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis $(JS)/node_modules
+	rm -rf $(VENV) build dist dist-arm64 *.egg-info .pytest_cache .hypothesis $(JS)/node_modules

@@ -15,10 +15,31 @@ from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.cli import config_check, inspect, passwd, serve, upload
 
 
+def version_line() -> str:
+    """``edgebroker 0.1.0 (native backend: c, CRC32C: sse4.2; frozen binary)``."""
+    from edgebroker import _native
+    backend = f"native backend: {_native.BACKEND}"
+    if _native.BACKEND == "c":
+        backend += f", CRC32C: {_native.CRC_METHOD}"
+    elif _native.FALLBACK_REASON:
+        backend += f" ({_native.FALLBACK_REASON})"
+    build = "frozen binary" if getattr(sys, "frozen", False) else f"Python {sys.version.split()[0]}"
+    return f"edgebroker {__version__} ({backend}; {build})"
+
+
+class VersionAction(argparse.Action):
+    """--version: loads the native helper only when asked, to name the backend it runs."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgebroker", description="MQTT broker for edge gateways with a durable commit log.")
-    parser.add_argument("--version", action="version", version=f"edgebroker {__version__}")
+    parser.add_argument("--version", action=VersionAction, nargs=0,
+                        help="print the version and the native backend in use, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.add_parser(commands)
     config_check.add_parser(commands)

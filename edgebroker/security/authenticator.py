@@ -37,8 +37,6 @@ the workers only compute hashes (``hashlib`` releases the GIL while it does).
 from __future__ import annotations
 
 import collections
-import hashlib
-import hmac
 import logging
 import os
 import queue
@@ -207,6 +205,8 @@ class Authenticator:
     # ----- bookkeeping ----------------------------------------------------------------------
 
     def _cache_key(self, username: str, stored: str, password: bytes) -> bytes:
+        import hashlib          # only with a password file (see passwords.py)
+        import hmac
         msg = b"\0".join((username.encode("utf-8"), stored.encode("ascii", "replace"), password))
         return hmac.new(self._key, msg, hashlib.sha256).digest()
 

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import os
 import stat
 import tempfile
@@ -75,6 +73,7 @@ def hash_password(password: str | bytes, scheme: str = "scrypt") -> str:
         return (f"{SCRYPT_PREFIX}v={SCRYPT_VERSION}$ln={SCRYPT_LN},r={SCRYPT_R},p={SCRYPT_P}"
                 f"${_b64_nopad(salt)}${_b64_nopad(digest)}")
     if scheme == "pbkdf2":
+        import hashlib
         salt = os.urandom(12)
         digest = hashlib.pbkdf2_hmac("sha512", pw, salt, PBKDF2_ITERATIONS, 64)
         return (f"{PBKDF2_PREFIX}{PBKDF2_ITERATIONS}${base64.b64encode(salt).decode()}"
@@ -83,6 +82,7 @@ def hash_password(password: str | bytes, scheme: str = "scrypt") -> str:
 
 
 def _scrypt(pw: bytes, salt: bytes, ln: int, r: int, p: int, dklen: int) -> bytes:
+    import hashlib
     n = 1 << ln
     maxmem = 128 * r * (n + p + 2) + (1 << 20)
     return hashlib.scrypt(pw, salt=salt, n=n, r=r, p=p, maxmem=maxmem, dklen=dklen)
@@ -129,6 +129,10 @@ def parse_hash(stored: str) -> tuple:
 
 def verify_password(stored: str | tuple, password: bytes | str) -> bool:
     """True if ``password`` matches ``stored`` (a hash string or ``parse_hash`` result)."""
+    # hashlib and hmac are imported where used: they load OpenSSL (about 4 MiB of memory),
+    # which a broker without a password file does without (docs/deploy.md, idle RSS).
+    import hashlib
+    import hmac
     parsed = parse_hash(stored) if isinstance(stored, str) else stored
     pw = password.encode("utf-8") if isinstance(password, str) else bytes(password)
     if parsed[0] == "scrypt":

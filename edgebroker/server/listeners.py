@@ -37,7 +37,6 @@ from edgebroker.errors import EdgebrokerError
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server.tls import TLSServer
 from edgebroker.server.transport import format_peer
-from edgebroker.server.websocket import WebSocketEndpoint
 
 log = logging.getLogger("edgebroker.server")
 
@@ -57,6 +56,8 @@ def framing_for(config: ListenerConfig):
     MQTT (the stream serves the core itself)."""
     if config.protocol != "websockets":
         return None
+    # Imported here: wsproto costs about 1 MiB of memory, for WebSocket listeners only.
+    from edgebroker.server.websocket import WebSocketEndpoint
     return functools.partial(WebSocketEndpoint, config.websocket_path)
 
 

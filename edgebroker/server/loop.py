@@ -158,8 +158,10 @@ class Loop:
         broker = self.broker
         dispatch = self.selector.dispatch
         clock = self.clock
-        watchdog = sdnotify.watchdog_interval()
-        next_watchdog = clock() + watchdog if watchdog else None
+        # STATUS= and WATCHDOG=1 for systemd: from this loop, so a hung loop stops them.
+        notifier = sdnotify.Notifier.from_env(clock())
+        next_notify = clock() + notifier.interval if notifier is not None else float("inf")
+        stats = broker.stats
         record_pass = broker.pass_times.add
         handshakes = self.handshakes
         journal = broker.journal
@@ -183,7 +185,7 @@ class Loop:
                     ready = dispatch(wait if wait > 0.0 else 0.0, on_error)
             else:
                 due = self._deadline()
-                ready = dispatch(min(MAX_WAIT, max(0.0, due - clock())), on_error)
+                ready = dispatch(min(MAX_WAIT, max(0.0, min(due, next_notify) - clock())), on_error)
             start = clock()
             now = start
             if now >= due:
@@ -217,13 +219,15 @@ class Loop:
             # Cleared after the flush: a connection it drained may have let queued messages
             # out (Broker.pump), which the flush sent too.
             broker.prompt = False
-            if next_watchdog is not None and now >= next_watchdog:
-                sdnotify.notify("WATCHDOG=1")
-                next_watchdog = now + watchdog
+            if now >= next_notify:
+                notifier.tick(now, len(self.transports), stats.publish_received, stats.publish_sent)
+                next_notify = now + notifier.interval
             if self._reload:
                 self._reload = False
                 self.on_reload()
             record_pass(clock() - start)
+        if notifier is not None:
+            notifier.close()
 
     def _deadline(self) -> float:
         """When the next timer (the broker's or a TLS handshake's) is due."""

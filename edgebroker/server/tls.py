@@ -36,7 +36,6 @@ import logging
 import os
 import selectors
 import socket
-import ssl
 
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
@@ -52,7 +51,18 @@ _WRITE = selectors.EVENT_WRITE
 # GONE: the peer closed or the connection failed; no close_notify is sent to it.
 PEEK, HANDSHAKE, OPEN, GONE = "peek", "handshake", "open", "gone"
 
-_VERSIONS = {"tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
+# The ssl module, imported by make_context (load_ssl): it loads OpenSSL, about 5 MiB of memory
+# that a broker without TLS listeners does without (docs/deploy.md, idle RSS). Every TLS
+# listener, and so every TLSTransport, gets its context from make_context first.
+ssl = None
+
+
+def load_ssl():
+    global ssl
+    if ssl is None:
+        import ssl as module
+        ssl = module
+    return ssl
 
 # OpenSSL reasons worth a plain-language hint in the log.
 _HINTS = {
@@ -72,8 +82,10 @@ _HINTS = {
 
 def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
     """The server SSLContext of a TLS listener; ConfigError naming the key on a problem."""
+    load_ssl()
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = _VERSIONS[lc.tls_version]
+    ctx.minimum_version = {"tlsv1.2": ssl.TLSVersion.TLSv1_2,
+                           "tlsv1.3": ssl.TLSVersion.TLSv1_3}[lc.tls_version]
     # A client's end of the TCP stream without a close_notify (it shut down its writing side
     # after CONNECT, or closed its socket) reads as the end of its data, as a close_notify
     # does, and leaves the connection able to send: the answers already queued (a CONNACK)

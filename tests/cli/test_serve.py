@@ -15,13 +15,23 @@ from mqttraw import ConnectionClosed
 # ---------------------------------------------------------------------------------------------
 
 def test_version():
+    """The version and the native backend this installation runs (C here: it is built)."""
     r = run_cli("--version")
     assert r.returncode == 0, r.stderr
     out = (r.stdout + r.stderr).strip()
-    assert re.fullmatch(r"edgebroker \d+\.\d+\.\d+\S*", out), out
     import edgebroker
 
-    assert out == f"edgebroker {edgebroker.__version__}"
+    assert re.fullmatch(r"edgebroker \d+\.\d+\.\d+\S* \(native backend: c, CRC32C: \S+; Python [\d.]+\)",
+                        out), out
+    assert out.startswith(f"edgebroker {edgebroker.__version__} ")
+
+
+def test_version_names_the_fallback(monkeypatch):
+    """With the pure-Python twin, --version says so and why."""
+    monkeypatch.setenv("EDGEBROKER_NATIVE", "python")
+    r = run_cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert "(native backend: python (EDGEBROKER_NATIVE=python); Python " in r.stdout, r.stdout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,7 @@
+"""The frozen binary's entry point: the same `edgebroker` command as the installed one."""
+
+import sys
+
+from edgebroker.cli.main import main
+
+sys.exit(main())

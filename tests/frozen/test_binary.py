@@ -1,0 +1,114 @@
+"""Smoke test of the one-file binary dist/edgebroker (packaging/, docs/deploy.md).
+
+The binary runs the same CLI as ``python -m edgebroker``, so the ``broker`` fixture starts it
+through EDGEBROKER_TEST_BROKER; the ``binary`` fixture (conftest.py) builds it when needed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from edgebroker.uploader.batch import read_batch_file
+from fakesystemd import systemd  # noqa: F401  (the fixture)
+
+
+def wait_for(pred, what: str, timeout: float = 20.0):
+    """``pred()`` once true, looked at every 50 ms for at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not (value := pred()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        pause.wait(0.05)
+    return value
+
+
+def run_binary(binary, *args, env=None):
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL, env=env)
+
+
+def test_version_says_c_backend(binary, tmp_path):
+    # Its own TMPDIR: the binary unpacks there (and removes what it unpacked on exit).
+    r = run_binary(binary, "--version", env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    import edgebroker
+
+    assert r.stdout.startswith(f"edgebroker {edgebroker.__version__} (native backend: c, "), r.stdout
+    assert r.stdout.rstrip().endswith("; frozen binary)"), r.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_qos_0_1_2_inspect_and_sigterm(binary, broker, mosq, monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEBROKER_TEST_BROKER", str(binary))
+    unpack = tmp_path / "unpack"
+    unpack.mkdir()
+    monkeypatch.setenv("TMPDIR", str(unpack))
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    # The uploader too (zstandard in the binary): a batch once the log is 1 s quiet.
+    b = broker(upload={"url": f"file://{landing}", "gateway_id": "gw-smoke", "batch_max_age": 1})
+    assert b.cmd[0] == str(binary)
+    assert any("native helper: C" in ln for ln in b.logs), b.log_text()
+    assert len(list(unpack.iterdir())) == 1, "the binary did not unpack into $TMPDIR"
+
+    sub = mosq("sub", b.port, "-d", "-t", "smoke/#", "-q", "2", "-v", "-C", "3", "-W", "20")
+    sub.wait_line(lambda ln: "received SUBACK" in ln)
+    for qos in (0, 1, 2):
+        pub = mosq("pub", b.port, "-t", f"smoke/q{qos}", "-m", f"payload {qos}", "-q", str(qos))
+        assert pub.wait() == 0, pub.out.text()
+    assert sub.wait() == 0, sub.out.text()
+    received = [ln for ln in sub.lines if ln.startswith("smoke/")]
+    assert received == ["smoke/q0 payload 0", "smoke/q1 payload 1", "smoke/q2 payload 2"]
+
+    data_dir = b.config["data_dir"]
+    r = run_binary(binary, "inspect", "segments", "--data-dir", data_dir, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    segments = json.loads(r.stdout)
+    assert sum(s["records"] for s in segments) == 3, segments
+    r = run_binary(binary, "inspect", "tail", "--data-dir", data_dir)
+    assert r.returncode == 0, r.stderr
+    for qos in (0, 1, 2):
+        assert f"smoke/q{qos}" in r.stdout and f"payload {qos}" in r.stdout, r.stdout
+
+    # The batch the binary wrote, read back with this checkout's reader.
+    batches = wait_for(lambda: sorted(landing.rglob("*.ebb.zst")), "an uploaded batch")
+    records = [r for path in batches for r in read_batch_file(str(path))[1]]
+    assert [(r.topic, r.payload) for r in records] == \
+        [(f"smoke/q{qos}".encode(), f"payload {qos}".encode()) for qos in (0, 1, 2)], records
+
+    assert b.stop(signal.SIGTERM) == 0, b.log_text()
+    assert b.logs[-1].endswith("stopped"), b.log_text()
+    assert list(unpack.iterdir()) == [], "the binary left its unpacked files behind"
+
+
+def test_under_systemd_notify_watchdog_of_the_bootloader(binary, systemd, tmp_path):
+    """As systemd runs it: the unit's main process is the bootloader, so WATCHDOG_PID names it
+    (the shell's pid, kept by exec) while the broker runs in its child; the child's READY=1,
+    WATCHDOG=1 (for its parent's pid) and STATUS reach the socket (NotifyAccess=all in the
+    unit), and the bootloader passes SIGHUP (reload) and SIGTERM on."""
+    env = dict(os.environ, WATCHDOG_USEC="400000", TMPDIR=str(tmp_path))
+    log = open(tmp_path / "stderr.txt", "wb")
+    proc = subprocess.Popen(
+        ["sh", "-c", 'WATCHDOG_PID=$$ exec "$0" "$@"', str(binary), "serve",
+         "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
+        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        systemd.wait_for(lambda ln: ln == "READY=1")
+        assert any(s.startswith("STATUS=") for s in
+                   systemd.wait_for(lambda ln: ln == "WATCHDOG=1"))
+        proc.send_signal(signal.SIGHUP)
+        systemd.wait_for(lambda ln: ln == "RELOADING=1")
+        systemd.wait_for(lambda ln: ln == "READY=1")
+        proc.send_signal(signal.SIGTERM)
+        systemd.wait_for(lambda ln: ln == "STOPPING=1")
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+    text = (tmp_path / "stderr.txt").read_text()
+    assert "configuration reloaded" in text and text.rstrip().endswith("stopped"), text

@@ -1,0 +1,75 @@
+"""systemd/edgebroker.service: what it must say, `systemd-analyze verify` (no output at all:
+typos only warn) with the real binary in ExecStart, and `systemd-analyze security` at 2.0
+("OK") or better. systemd-analyze runs offline: no systemd needs to run here."""
+
+import os
+import re
+import subprocess
+
+from conftest import REPO
+
+UNIT = REPO / "systemd" / "edgebroker.service"
+EXAMPLE_CONFIG = REPO / "systemd" / "edgebroker.toml"
+
+
+def settings() -> dict[str, list[str]]:
+    """[Service] settings: name -> values, in order (a setting may repeat)."""
+    found: dict[str, list[str]] = {}
+    section = None
+    for line in UNIT.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = line
+            continue
+        if section == "[Service]":
+            key, _, value = line.partition("=")
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def test_unit_settings():
+    s = settings()
+    one = {k: v[-1] for k, v in s.items()}
+    assert one["Type"] == "notify" and one["NotifyAccess"] == "all"
+    assert one["ExecStart"].startswith("/usr/local/bin/edgebroker serve")
+    assert "-HUP $MAINPID" in one["ExecReload"]
+    assert one["Restart"] == "on-failure"
+    assert int(one["WatchdogSec"].rstrip("s")) > 0
+    assert one["StateDirectory"] == "edgebroker"
+    assert one["RuntimeDirectory"] == "edgebroker"
+    assert "TMPDIR=%t/edgebroker" in s["Environment"]
+    assert one["LimitNOFILE"] == "65536"
+    assert one["DynamicUser"] == "yes"
+    for key in ("ProtectHome", "PrivateTmp", "NoNewPrivileges"):
+        assert one[key] == "yes", key
+    assert one["ProtectSystem"] == "strict"
+    assert s["CapabilityBoundingSet"] == [""]
+    assert one["RestrictAddressFamilies"].split() == ["AF_INET", "AF_INET6", "AF_UNIX"]
+    assert s["SystemCallFilter"][0] == "@system-service"
+
+
+def test_verify_says_nothing(binary, tmp_path):
+    unit = tmp_path / "edgebroker.service"
+    unit.write_text(UNIT.read_text().replace("ExecStart=/usr/local/bin/edgebroker ",
+                                             f"ExecStart={binary} "))
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stdout + r.stderr
+
+
+def test_security_exposure_at_most_2():
+    r = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--threshold=20",
+                        "--no-pager", str(UNIT)], capture_output=True, text=True, timeout=60)
+    found = re.search(r"Overall exposure level for edgebroker\.service: (\d+\.\d+)", r.stdout)
+    assert found, r.stdout + r.stderr
+    assert float(found[1]) <= 2.0 and r.returncode == 0, r.stdout
+
+
+def test_example_configuration_checks(binary, tmp_path):
+    r = subprocess.run([str(binary), "config", "check", "-c", str(EXAMPLE_CONFIG)],
+                       capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, STATE_DIRECTORY=str(tmp_path), TMPDIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    assert f"state directory: {tmp_path}" in r.stdout, r.stdout
