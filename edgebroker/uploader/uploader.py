@@ -40,7 +40,6 @@ from edgebroker.config import check_upload_url
 from edgebroker.errors import ConfigError
 from edgebroker.uploader import cutter
 from edgebroker.uploader.batch import check_gateway_id
-from edgebroker.uploader.s3 import S3Sink
 from edgebroker.uploader.sinks import DirSink, PermanentSinkError, SinkError, TransientSinkError
 
 log = logging.getLogger("edgebroker.upload")
@@ -90,6 +89,9 @@ def open_sink(config):
     if problem:
         raise ConfigError(f"upload.url: {problem}, got {url!r}")
     if url.startswith("s3://"):
+        # Imported here: http.client brings ssl and hashlib (OpenSSL, 3 MiB of RSS) into a
+        # broker that would otherwise not load them (tests/server/test_lazy_imports.py).
+        from edgebroker.uploader.s3 import S3Sink
         return S3Sink(url, config)
     return DirSink(unquote(urlsplit(url).path))
 
