@@ -219,5 +219,4 @@ def read_batch_bytes(blob: bytes, path: str) -> tuple[BatchHeader, list[Record]]
 
 
 __all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_batch_bytes", "write_batch",
-           "object_name",
-           "check_gateway_id", "MAGIC", "BATCH_VERSION", "SUFFIX"]
+           "object_name", "check_gateway_id", "MAGIC", "BATCH_VERSION", "SUFFIX"]

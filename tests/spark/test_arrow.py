@@ -32,13 +32,13 @@ def test_golden_batches_read_into_arrow_equal_the_records(name):
     assert batch_to_arrow(blob, name)[1].equals(table)
 
 
-def _rewrite(header: BatchHeader, raw: bytes) -> bytes:
+def rewrite(header: BatchHeader, raw: bytes) -> bytes:
     out = io.BytesIO()
     write_batch(out, header, [raw])
     return out.getvalue()
 
 
-def _golden_raw() -> tuple[BatchHeader, bytes]:
+def golden_raw() -> tuple[BatchHeader, bytes]:
     import zstandard
     data = zstandard.ZstdDecompressor().decompress((GOLDEN / "v1-plain.ebb.zst").read_bytes())
     header, _ = read_batch_file(str(GOLDEN / "v1-plain.ebb.zst"))
@@ -46,19 +46,19 @@ def _golden_raw() -> tuple[BatchHeader, bytes]:
 
 
 def test_an_unknown_log_format_version_is_refused_naming_the_file_and_version():
-    header, raw = _golden_raw()
+    header, raw = golden_raw()
     fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
-    blob = _rewrite(BatchHeader(**{**fields, "log_format_version": 2}), raw)
+    blob = rewrite(BatchHeader(**{**fields, "log_format_version": 2}), raw)
     with pytest.raises(BatchFormatError, match=r"^future\.ebb\.zst: records of log format "
                                                r"version 2; this edgebroker reads version 1"):
         batch_to_arrow(blob, "future.ebb.zst")
 
 
 def test_damage_is_refused_naming_the_file():
-    header, raw = _golden_raw()
+    header, raw = golden_raw()
     damaged = bytearray(raw)
     damaged[-1] ^= 0xFF   # the last payload byte: the records' CRC no longer matches
     with pytest.raises(BatchFormatError, match=r"^bad\.ebb\.zst: the records' checksum"):
-        batch_to_arrow(_rewrite(header, bytes(damaged)), "bad.ebb.zst")
+        batch_to_arrow(rewrite(header, bytes(damaged)), "bad.ebb.zst")
     with pytest.raises(BatchFormatError, match=r"^cut\.ebb\.zst: not a valid zstd stream"):
         batch_to_arrow((GOLDEN / "v1-plain.ebb.zst").read_bytes()[:-20], "cut.ebb.zst")
