@@ -42,10 +42,14 @@ _BATCH_FIELDS = [("kind", pa.string()), ("path", pa.string()), ("batch_first", p
                  ("batch_last", pa.int64()), ("record_count", pa.int64()),
                  ("gap_first", pa.int64()), ("gap_length", pa.int64()), ("error", pa.string())]
 DECODED_SCHEMA = pa.schema(list(MESSAGE_SCHEMA) + _BATCH_FIELDS)
-_DECODED_DDL = ("gateway string, offset long, timestamp timestamp, date date, topic string, "
-                "qos byte, retain boolean, client_id string, payload binary, kind string, "
-                "path string, batch_first long, batch_last long, record_count long, "
-                "gap_first long, gap_length long, error string")
+# Read back with this schema, not an inferred one: partition discovery would make a gateway id
+# of digits an integer.
+MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, topic string, "
+                "qos byte, retain boolean, client_id string, payload binary")
+HOURLY_DDL = ("date date, gateway string, topic string, hour timestamp, messages long, "
+              "bytes long, first_time timestamp, last_time timestamp")
+_DECODED_DDL = (MESSAGES_DDL + ", kind string, path string, batch_first long, batch_last long, "
+                "record_count long, gap_first long, gap_length long, error string")
 
 
 def _summary_row(kind: str, path: str, header=None, error: str | None = None) -> pa.RecordBatch:
@@ -105,6 +109,10 @@ class _Fs:
             raise OSError(f"cannot move {src} to {dst}")
 
 
+def _messages(spark, path: str):
+    return spark.read.schema(MESSAGES_DDL).parquet(path)
+
+
 def _in_partitions(df, touched):
     """``df`` restricted to the (date, gateway) partitions in ``touched`` (pruned by Spark)."""
     from pyspark.sql import functions as F
@@ -156,7 +164,7 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
             .dropDuplicates(["gateway", "offset"]))
     touched = [(r.date, r.gateway) for r in msgs.select("date", "gateway").distinct().collect()]
     if touched and fs.exists(tables["messages"]):
-        existing = _in_partitions(spark.read.parquet(tables["messages"]), touched)
+        existing = _in_partitions(_messages(spark, tables["messages"]), touched)
         msgs = msgs.join(existing.select("gateway", "offset"), ["gateway", "offset"], "left_anti")
     msgs = msgs.persist(StorageLevel.MEMORY_AND_DISK)
     added = msgs.count()
@@ -165,7 +173,7 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
     if added:
         (msgs.repartition("date", "gateway").write.mode("append").partitionBy("date", "gateway")
          .parquet(tables["messages"]))
-        hourly = (_in_partitions(spark.read.parquet(tables["messages"]), touched)
+        hourly = (_in_partitions(_messages(spark, tables["messages"]), touched)
                   .groupBy("date", "gateway", "topic",
                            F.date_trunc("hour", "timestamp").alias("hour"))
                   .agg(F.count(F.lit(1)).alias("messages"),

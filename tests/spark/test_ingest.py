@@ -10,7 +10,7 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from edgebroker.spark.ingest import ingest_once
+from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, ingest_once
 from edgebroker.uploader.batch import BatchHeader, read_batch_file
 
 from spark.test_arrow import golden_raw, rewrite
@@ -24,7 +24,9 @@ def batches(landing: Path) -> list[Path]:
 
 
 def table(spark, warehouse: Path, name: str) -> list:
-    return spark.read.parquet(str(warehouse / name)).collect()
+    schema = {"messages": MESSAGES_DDL, "topic_hourly": HOURLY_DDL}.get(name)
+    reader = spark.read.schema(schema) if schema else spark.read
+    return reader.parquet(str(warehouse / name)).collect()
 
 
 def expected_hourly(landing_batches: list[Path]) -> dict:
@@ -140,6 +142,18 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     assert sorted(r.offset for r in table(spark, warehouse, "messages")) == \
         list(range(10)) + [r.offset for r in gap_records]
 
+    # A gateway id of digits stays a string in the partitioned tables: its batch and then a
+    # copy of it (the copy's rows are all found in messages).
+    numeric = landing / "gateway=4711" / "date=2023-11-14"
+    numeric.mkdir(parents=True)
+    (numeric / f"{0:020d}-{9:020d}.ebb.zst").write_bytes(
+        rewrite(BatchHeader(**{**fields, "gateway_id": "4711"}), raw))
     again = ingest_once(spark, str(landing), str(warehouse))
-    assert (again["files_new"], again["gaps_added"], again["quarantined"]) == (0, 0, [])
+    assert (again["files_new"], again["rows_added"], again["gaps_added"], again["quarantined"]) \
+        == (1, 10, 0, [])
+    shutil.copy(numeric / f"{0:020d}-{9:020d}.ebb.zst", numeric / "copy.ebb.zst")
+    copied = ingest_once(spark, str(landing), str(warehouse))
+    assert (copied["files_new"], copied["rows_added"], copied["duplicates"]) == (1, 0, 10)
     assert len(table(spark, warehouse, "gaps")) == 1
+    assert sum(r.messages for r in table(spark, warehouse, "topic_hourly")
+               if r.gateway == "4711") == 10
