@@ -101,12 +101,19 @@ class _Fs:
         path = self._path(p)
         return bool(path.getFileSystem(self.conf).exists(path))
 
-    def move(self, src: str, dst: str) -> None:
-        s, d = self._path(src), self._path(dst)
+    def move(self, src: str, dst: str) -> str:
+        """Move ``src`` to ``dst``, or to ``dst.1``, ``dst.2``... when that name is taken (the
+        same bad batch uploaded again); the name it got."""
+        s = self._path(src)
         fs = s.getFileSystem(self.conf)
-        fs.mkdirs(d.getParent())
-        if not fs.rename(s, d):
-            raise OSError(f"cannot move {src} to {dst}")
+        fs.mkdirs(self._path(dst).getParent())
+        name, n = dst, 0
+        while fs.exists(self._path(name)):
+            n += 1
+            name = f"{dst}.{n}"
+        if not fs.rename(s, self._path(name)):
+            raise OSError(f"cannot move {src} to {name}")
+        return name
 
 
 def _messages(spark, path: str):
@@ -204,8 +211,7 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
     for r in bad:
         rel = r.path[len(landing_q) + 1:] if r.path.startswith(landing_q + "/") else \
             r.path.rsplit("/", 1)[-1]
-        dst = f"{warehouse}/_quarantine/{rel}"
-        fs.move(r.path, dst)
+        dst = fs.move(r.path, f"{warehouse}/_quarantine/{rel}")
         log.error("quarantined %s (moved to %s): %s", r.path, dst, r.error)
         moved.append((r.path, dst, r.error, now))
         report["quarantined"].append({"path": r.path, "moved_to": dst, "error": r.error})

@@ -155,5 +155,10 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     copied = ingest_once(spark, str(landing), str(warehouse))
     assert (copied["files_new"], copied["rows_added"], copied["duplicates"]) == (1, 0, 10)
     assert len(table(spark, warehouse, "gaps")) == 1
+    # The same bad batch uploaded again: quarantined beside the first one, under a new name.
+    (day / moved.name).write_bytes(bytes(damaged))
+    [q2] = ingest_once(spark, str(landing), str(warehouse))["quarantined"]
+    assert q2["moved_to"] == q["moved_to"] + ".1" and moved.read_bytes() == bytes(damaged)
+    assert Path(str(moved) + ".1").read_bytes() == bytes(damaged)
     assert sum(r.messages for r in table(spark, warehouse, "topic_hourly")
                if r.gateway == "4711") == 10
