@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     from edgebroker.spark.ingest import ingest_once
 
     spark = (SparkSession.builder.appName("edgebroker-ingest")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+             .getOrCreate())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -187,8 +187,9 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
                        F.sum(F.length("payload")).alias("bytes"),
                        F.min("timestamp").alias("first_time"),
                        F.max("timestamp").alias("last_time")))
-        (hourly.repartition("date", "gateway").write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
-         .partitionBy("date", "gateway").parquet(tables["topic_hourly"]))
+        (hourly.repartition("date", "gateway").write.mode("overwrite")
+         .option("partitionOverwriteMode", "dynamic").partitionBy("date", "gateway")
+         .parquet(tables["topic_hourly"]))
     msgs.unpersist()
 
     gaps = {(r.gateway, r.gap_first): (r.gap_length, r.path) for r in good if r.gap_length}
