@@ -43,7 +43,7 @@ build-deps:
 	fi
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,spark]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -54,8 +54,10 @@ install-test: $(VENV)/.installed-test system-deps $(JS)/node_modules/.installed
 # the unit in systemd/; node and npm for MQTT.js),
 # installed when missing. Node and npm are looked for as commands, so a node installed some
 # other way (NodeSource's nodejs package, which holds npm and conflicts with Debian's) is used.
+# Java runs the Spark tests (tests/spark/, PySpark on local[2]): a java command, or Java 17.
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
 	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \

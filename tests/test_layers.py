@@ -15,6 +15,7 @@ LAYERS = [
     {"edgebroker._native"},
     {"edgebroker.commitlog"},
     {"edgebroker.uploader"},
+    {"edgebroker.spark"},     # the central side: below the uploader, and nothing else imports it
     {"edgebroker.security"},
     {"edgebroker.core"},
     {"edgebroker.server"},
@@ -83,6 +84,13 @@ def test_every_module_imports_only_its_layer_and_those_above():
             if _layer(t) > _layer(name):
                 wrong.append(f"{name} imports {t}")
     assert not wrong, "imports from a lower layer:\n" + "\n".join(wrong)
+
+
+def test_nothing_of_the_gateway_imports_the_spark_package():
+    wrong = [f"{name} imports {t}" for name, targets in sorted(_graph().items())
+             if not name.startswith("edgebroker.spark")
+             for t in sorted(targets) if t.startswith("edgebroker.spark")]
+    assert not wrong, "the gateway must run without pyspark:\n" + "\n".join(wrong)
 
 
 def test_no_import_cycle():

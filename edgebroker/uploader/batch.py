@@ -194,10 +194,29 @@ def read_batch_file(path: str) -> tuple[BatchHeader, list[Record]]:
         raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
     except OSError as exc:
         raise BatchFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return header, _checked_records(raw, header, path)
+
+
+def _checked_records(raw: bytes, header: BatchHeader, path: str) -> list[Record]:
     if _native.crc32c(raw) != header.raw_crc32c:
         raise BatchFormatError(f"{path}: the records' checksum does not match the header")
-    return header, parse_records(raw, header, path)
+    return parse_records(raw, header, path)
 
 
-__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "write_batch", "object_name",
-           "check_gateway_id", "MAGIC", "BATCH_VERSION", "SUFFIX"]
+def read_batch_bytes(blob: bytes, path: str) -> tuple[BatchHeader, list[Record]]:
+    """``read_batch_file`` for a batch already in memory (``blob``: the compressed file, as the
+    Spark reader gets it from Hadoop's file systems); ``path`` names it in errors."""
+    try:
+        data = zstandard.ZstdDecompressor().decompress(blob)
+    except zstandard.ZstdError as exc:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
+    header = decode_header(data, path)
+    hlen = struct.unpack_from("<H", data, 10)[0]   # checked by decode_header
+    if len(data) != hlen + header.raw_length:
+        raise BatchFormatError(f"{path}: {len(data) - hlen} record bytes, the header announces "
+                               f"{header.raw_length}")
+    return header, _checked_records(data[hlen:], header, path)
+
+
+__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_batch_bytes", "write_batch",
+           "object_name", "check_gateway_id", "MAGIC", "BATCH_VERSION", "SUFFIX"]

@@ -1,0 +1,68 @@
+"""``edgebroker-spark ingest --landing PATH --warehouse PATH [--checkpoint PATH]
+[--once | --continuous [--interval S]]``: the ingest job (edgebroker.spark.ingest) as a command,
+run directly (Spark in local mode unless ``PYSPARK_SUBMIT_ARGS`` says otherwise) or with
+``spark-submit path/to/edgebroker/spark/cli.py ingest ...``. The master is never set here: it
+comes from spark-submit or the Spark configuration. Each pass prints its report as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgebroker-spark",
+                                description="Turn edgebroker upload batches into Parquet tables.")
+    sub = p.add_subparsers(dest="command", required=True)
+    ing = sub.add_parser("ingest", help="ingest a landing area of upload batches")
+    ing.add_argument("--landing", required=True, help="the landing area (path or URI)")
+    ing.add_argument("--warehouse", required=True, help="where the Parquet tables go")
+    ing.add_argument("--checkpoint", help="the job's bookkeeping (default <warehouse>/_checkpoint)")
+    mode = ing.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="one pass, then exit (the default)")
+    mode.add_argument("--continuous", action="store_true",
+                      help="a pass every --interval seconds until SIGTERM or Ctrl-C")
+    ing.add_argument("--interval", type=float, default=60.0,
+                     help="seconds between passes with --continuous (default 60)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.interval <= 0:
+        print("edgebroker-spark: --interval must be positive", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # Run directly (not by spark-submit), the Python workers use this interpreter, which has
+    # pyarrow and edgebroker; spark-submit users set PYSPARK_PYTHON themselves.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from edgebroker.spark.ingest import ingest_once
+
+    spark = (SparkSession.builder.appName("edgebroker-ingest")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+             .getOrCreate())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while True:
+            report = ingest_once(spark, args.landing, args.warehouse, args.checkpoint)
+            print(json.dumps(report), flush=True)
+            if not args.continuous or stop.wait(args.interval):
+                return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The ingest job on Spark local[2], on batches written by a real broker's uploader: the tables
+hold every record once; a re-run, a batch copied under another name and a lost checkpoint add
+no row; topic_hourly equals a count done in Python; a corrupt batch and one of an unknown log
+format version are quarantined and the rest ingested; header gaps land in `gaps`."""
+
+from __future__ import annotations
+
+import shutil
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, ingest_once
+from edgebroker.uploader.batch import BatchHeader, read_batch_file
+
+from spark.test_arrow import golden_raw, rewrite
+from uploader.test_uploader import GATEWAY, publish, upload_config, uploaded, wait_until
+
+GOLDEN = Path(__file__).resolve().parents[1] / "uploader" / "golden"
+
+
+def batches(landing: Path) -> list[Path]:
+    return sorted(landing.rglob("*.ebb.zst"))
+
+
+def table(spark, warehouse: Path, name: str) -> list:
+    schema = {"messages": MESSAGES_DDL, "topic_hourly": HOURLY_DDL}.get(name)
+    reader = spark.read.schema(schema) if schema else spark.read
+    return reader.parquet(str(warehouse / name)).collect()
+
+
+def expected_hourly(landing_batches: list[Path]) -> dict:
+    """(gateway, topic, hour) -> [messages, bytes, first ms, last ms], counted in Python."""
+    out: dict = defaultdict(lambda: [0, 0, None, None])
+    for path in landing_batches:
+        header, records = read_batch_file(str(path))
+        for r in records:
+            hour = r.timestamp_ms // 3_600_000 * 3_600_000
+            e = out[(header.gateway_id, r.topic.decode(), hour)]
+            e[0] += 1
+            e[1] += len(r.payload)
+            e[2] = r.timestamp_ms if e[2] is None else min(e[2], r.timestamp_ms)
+            e[3] = r.timestamp_ms if e[3] is None else max(e[3], r.timestamp_ms)
+    return dict(out)
+
+
+def ms(t: datetime) -> int:
+    return round(t.timestamp() * 1000)
+
+
+def test_broker_batches_ingested_once_however_often_they_are_read(spark, broker, tmp_path):
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    landing.mkdir()
+    b = broker(upload=upload_config(landing, batch_max_age=1))
+    publish(b, 0, 300, size=80)
+    wait_until(lambda: uploaded(b) == 300, what="the first batch")
+    publish(b, 300, 200, size=120)
+    wait_until(lambda: uploaded(b) == 500, what="the second batch")
+    b.stop()
+    files = batches(landing)
+    assert len(files) >= 2
+
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert report["files_new"] == len(files) and report["batches"] == len(files)
+    assert (report["records"], report["rows_added"], report["duplicates"]) == (500, 500, 0)
+    assert report["quarantined"] == [] and report["gaps_added"] == 0
+
+    rows = sorted(table(spark, warehouse, "messages"), key=lambda r: r.offset)
+    assert [r.offset for r in rows] == list(range(500))
+    want = {r.offset: r for f in files for r in read_batch_file(str(f))[1]}
+    for row in rows:
+        r = want[row.offset]
+        assert row.gateway == GATEWAY and ms(row.timestamp) == r.timestamp_ms
+        assert row.date == datetime.fromtimestamp(r.timestamp_ms / 1000, timezone.utc).date()
+        assert (row.topic, row.client_id) == (r.topic.decode(), r.client_id.decode())
+        assert (row.qos, row.retain, bytes(row.payload)) == (r.qos, r.retain, r.payload)
+
+    hourly = {(r.gateway, r.topic, ms(r.hour)): [r.messages, r.bytes, ms(r.first_time),
+                                                 ms(r.last_time)]
+              for r in table(spark, warehouse, "topic_hourly")}
+    assert hourly == expected_hourly(files)
+
+    # A re-run finds nothing new.
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_listed"], again["files_new"], again["rows_added"]) == (len(files), 0, 0)
+
+    # The same batch under another name (a copy, or a re-upload under another prefix): read,
+    # every row a duplicate, none added.
+    copy = landing / "gateway=elsewhere" / "copy.ebb.zst"
+    copy.parent.mkdir()
+    shutil.copy(files[0], copy)
+    dup = ingest_once(spark, str(landing), str(warehouse))
+    first_count = read_batch_file(str(files[0]))[0].record_count
+    assert (dup["files_new"], dup["batches"], dup["rows_added"], dup["duplicates"]) == \
+        (1, 1, 0, first_count)
+
+    # The checkpoint lost: every file is read again, the anti-join on (gateway, offset) adds
+    # nothing.
+    shutil.rmtree(warehouse / "_checkpoint")
+    lost = ingest_once(spark, str(landing), str(warehouse))
+    assert (lost["files_new"], lost["records"], lost["rows_added"], lost["duplicates"]) == \
+        (len(files) + 1, 500 + first_count, 0, 500 + first_count)
+    assert spark.read.parquet(str(warehouse / "messages")).count() == 500
+    assert {(r.gateway, r.topic, ms(r.hour)): r.messages
+            for r in table(spark, warehouse, "topic_hourly")} == \
+        {k: v[0] for k, v in expected_hourly(files).items()}
+
+
+def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spark, tmp_path):
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    shutil.copy(GOLDEN / "v1-gap.ebb.zst", day / f"{20:020d}-{23:020d}.ebb.zst")
+    damaged = bytearray((GOLDEN / "v1-plain.ebb.zst").read_bytes())
+    damaged[len(damaged) // 2] ^= 0x55
+    (day / f"{30:020d}-{39:020d}.ebb.zst").write_bytes(bytes(damaged))
+    header, raw = golden_raw()
+    fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
+    future = day / f"{40:020d}-{49:020d}.ebb.zst"   # records of a log format this one predates
+    future.write_bytes(rewrite(BatchHeader(**{**fields, "log_format_version": 2}), raw))
+
+    report = ingest_once(spark, str(landing), str(warehouse))
+    gap_header, gap_records = read_batch_file(str(GOLDEN / "v1-gap.ebb.zst"))
+    assert report["batches"] == 2 and report["rows_added"] == 10 + len(gap_records)
+    q, qf = report["quarantined"]
+    assert qf["error"] == (f"{qf['path']}: records of log format version 2; this edgebroker "
+                           f"reads version 1")
+    assert (warehouse / "_quarantine" / future.relative_to(landing)).exists()
+    assert q["path"].endswith(f"{30:020d}-{39:020d}.ebb.zst")
+    assert q["error"].startswith(q["path"] + ": ")
+    moved = warehouse / "_quarantine" / "gateway=gw-golden" / "date=2023-11-14" / \
+        f"{30:020d}-{39:020d}.ebb.zst"
+    assert moved.read_bytes() == bytes(damaged) and not (day / moved.name).exists()
+    assert sorted((r.path, r.error) for r in table(spark, warehouse, "quarantine")) == \
+        [(q["path"], q["error"]), (qf["path"], qf["error"])]
+
+    [gap] = table(spark, warehouse, "gaps")
+    assert (gap.gateway, gap.gap_first, gap.gap_length, gap.gap_last) == \
+        ("gw-golden", gap_header.gap_first, gap_header.gap_length,
+         gap_header.gap_first + gap_header.gap_length - 1)
+    assert sorted(r.offset for r in table(spark, warehouse, "messages")) == \
+        list(range(10)) + [r.offset for r in gap_records]
+
+    # A gateway id of digits stays a string in the partitioned tables: its batch and then a
+    # copy of it (the copy's rows are all found in messages).
+    numeric = landing / "gateway=4711" / "date=2023-11-14"
+    numeric.mkdir(parents=True)
+    (numeric / f"{0:020d}-{9:020d}.ebb.zst").write_bytes(
+        rewrite(BatchHeader(**{**fields, "gateway_id": "4711"}), raw))
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["gaps_added"], again["quarantined"]) \
+        == (1, 10, 0, [])
+    shutil.copy(numeric / f"{0:020d}-{9:020d}.ebb.zst", numeric / "copy.ebb.zst")
+    copied = ingest_once(spark, str(landing), str(warehouse))
+    assert (copied["files_new"], copied["rows_added"], copied["duplicates"]) == (1, 0, 10)
+    assert len(table(spark, warehouse, "gaps")) == 1
+    # The same bad batch uploaded again: quarantined beside the first one, under a new name.
+    (day / moved.name).write_bytes(bytes(damaged))
+    [q2] = ingest_once(spark, str(landing), str(warehouse))["quarantined"]
+    assert q2["moved_to"] == q["moved_to"] + ".1" and moved.read_bytes() == bytes(damaged)
+    assert Path(str(moved) + ".1").read_bytes() == bytes(damaged)
+    assert sum(r.messages for r in table(spark, warehouse, "topic_hourly")
+               if r.gateway == "4711") == 10
