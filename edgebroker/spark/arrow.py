@@ -3,18 +3,27 @@ tests and notebooks: ``read_batch(path)`` or ``batch_to_arrow(blob, name)``.
 
 The checks are those of ``edgebroker.uploader.batch`` (magic, batch and log format versions,
 both CRC32Cs, every record's CRC, counts and ranges): a batch format or log format version this
-edgebroker does not know is refused there with a ``BatchFormatError`` naming the file. The
-columns are built from whole arrays (one conversion per column, the date and the timestamp
-computed on the arrays), not row by row.
+edgebroker does not know is refused there with a ``BatchFormatError`` naming the file.
+
+``batch_to_arrow`` does not go record by record in Python: the records are walked by the
+broker's own scanner (``_native.scan``, C: lengths, attributes, offsets in order, every record's
+CRC32C), which gives each record's offset, timestamp, position and field lengths; the columns
+are then cut out of the raw bytes with numpy over the whole batch. Anything the scan or the
+header checks refuse is read again by ``parse_records``, record by record, for its exact error.
 """
 
 from __future__ import annotations
 
+from array import array
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from edgebroker import _native
+from edgebroker.commitlog.format import RECORD_HEADER_SIZE
 from edgebroker.uploader.batch import (
-    BatchFormatError, BatchHeader, read_batch_bytes, read_batch_file,
+    BatchFormatError, BatchHeader, parse_records, read_batch_file, read_batch_raw,
 )
 
 MS_PER_DAY = 86_400_000
@@ -32,6 +41,12 @@ SCHEMA = pa.schema([
 ])
 
 
+def _times(stamps: pa.Array) -> list[pa.Array]:
+    """The timestamp and date columns of milliseconds since the epoch."""
+    return [pc.multiply(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
+            pc.divide(stamps, MS_PER_DAY).cast(pa.int32()).cast(pa.date32())]
+
+
 def _table(header: BatchHeader, records: list, name: str) -> pa.Table:
     stamps = pa.array([r.timestamp_ms for r in records], pa.int64())
     try:
@@ -42,8 +57,7 @@ def _table(header: BatchHeader, records: list, name: str) -> pa.Table:
     columns = [
         pa.array([header.gateway_id] * len(records), pa.string()),
         pa.array([r.offset for r in records], pa.int64()),
-        pc.multiply(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
-        pc.divide(stamps, MS_PER_DAY).cast(pa.int32()).cast(pa.date32()),
+        *_times(stamps),
         topics,
         pa.array([r.qos for r in records], pa.int8()),
         pa.array([r.retain for r in records], pa.bool_()),
@@ -53,11 +67,67 @@ def _table(header: BatchHeader, records: list, name: str) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
+def _cut(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """A binary array of the byte ranges [starts, starts + lengths) of ``buf``."""
+    offsets = np.zeros(len(starts) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    index = np.arange(int(offsets[-1]), dtype=np.int64)
+    index += np.repeat(starts - offsets[:-1], lengths)
+    return pa.Array.from_buffers(pa.binary(), len(starts),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(buf[index])])
+
+
+def _scanned_table(header: BatchHeader, raw: bytes, name: str) -> pa.Table | None:
+    """The messages of ``raw`` from one scan of the records, or None when the scan or a header
+    check refuses them (``parse_records`` then says why)."""
+    count = header.record_count
+    words = _native.SCAN_ENTRY_WORDS
+    out = array("Q", bytes(8 * words * (count + 1)))
+    res = _native.scan(raw, len(raw), 0, header.first_offset, None, out)
+    if res.status != _native.SCAN_END or res.matched != count or len(raw) >= 2**31:
+        return None
+    if not count:
+        return _table(header, [], name)
+    entries = np.frombuffer(out, np.int64, words * count).reshape(count, words)
+    offsets, stamps = entries[:, 0], entries[:, 1]
+    position, length, meta = entries[:, 2], entries[:, 3], entries[:, 4]
+    if (offsets[-1] != header.last_offset or offsets[0] != header.first_offset
+            or stamps.min() != header.min_timestamp_ms or stamps.max() != header.max_timestamp_ms):
+        return None
+    attrs = meta & 0xFF
+    cid_len = (meta >> 8) & 0xFFFF
+    topic_len = (meta >> 24) & 0xFFFF
+    cid_at = position + RECORD_HEADER_SIZE
+    topic_at = cid_at + cid_len
+    payload_at = topic_at + topic_len
+    buf = np.frombuffer(raw, np.uint8)
+    try:
+        topics = _cut(buf, topic_at, topic_len).cast(pa.string())
+        clients = _cut(buf, cid_at, cid_len).cast(pa.string())
+    except pa.ArrowInvalid as exc:
+        raise BatchFormatError(f"{name}: a topic or client id is not UTF-8: {exc}") from None
+    stamps = pa.array(stamps)
+    columns = [
+        pa.repeat(pa.scalar(header.gateway_id, pa.string()), count),
+        pa.array(offsets),
+        *_times(stamps),
+        topics,
+        pa.array((attrs & 3).astype(np.int8)),
+        pa.array((attrs & 4) != 0),
+        clients,
+        _cut(buf, payload_at, position + length - payload_at),
+    ]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
 def batch_to_arrow(blob: bytes, name: str) -> tuple[BatchHeader, pa.Table]:
     """The header and the messages of the batch file whose bytes are ``blob`` (``name`` names
     it in errors); ``BatchFormatError`` for anything wrong."""
-    header, records = read_batch_bytes(blob, name)
-    return header, _table(header, records, name)
+    header, raw = read_batch_raw(blob, name)
+    table = _scanned_table(header, raw, name)
+    if table is None:
+        table = _table(header, parse_records(raw, header, name), name)
+    return header, table
 
 
 def read_batch(path: str) -> tuple[BatchHeader, pa.Table]:

@@ -194,18 +194,26 @@ def read_batch_file(path: str) -> tuple[BatchHeader, list[Record]]:
         raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
     except OSError as exc:
         raise BatchFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return header, _checked_records(raw, header, path)
+    _check_raw(raw, header, path)
+    return header, parse_records(raw, header, path)
 
 
-def _checked_records(raw: bytes, header: BatchHeader, path: str) -> list[Record]:
+def _check_raw(raw: bytes, header: BatchHeader, path: str) -> None:
     if _native.crc32c(raw) != header.raw_crc32c:
         raise BatchFormatError(f"{path}: the records' checksum does not match the header")
-    return parse_records(raw, header, path)
 
 
 def read_batch_bytes(blob: bytes, path: str) -> tuple[BatchHeader, list[Record]]:
     """``read_batch_file`` for a batch already in memory (``blob``: the compressed file, as the
     Spark reader gets it from Hadoop's file systems); ``path`` names it in errors."""
+    header, raw = read_batch_raw(blob, path)
+    return header, parse_records(raw, header, path)
+
+
+def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, bytes]:
+    """The header and the raw record bytes of the batch in ``blob``, everything but the
+    records themselves checked (the records' CRC32C included); ``parse_records`` or a faster
+    walk of its own does the rest."""
     try:
         data = zstandard.ZstdDecompressor().decompress(blob)
     except zstandard.ZstdError as exc:
@@ -215,8 +223,11 @@ def read_batch_bytes(blob: bytes, path: str) -> tuple[BatchHeader, list[Record]]
     if len(data) != hlen + header.raw_length:
         raise BatchFormatError(f"{path}: {len(data) - hlen} record bytes, the header announces "
                                f"{header.raw_length}")
-    return header, _checked_records(data[hlen:], header, path)
+    raw = data[hlen:]
+    _check_raw(raw, header, path)
+    return header, raw
 
 
-__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_batch_bytes", "write_batch",
+__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_batch_bytes", "read_batch_raw",
+           "parse_records", "write_batch",
            "object_name", "check_gateway_id", "MAGIC", "BATCH_VERSION", "SUFFIX"]

@@ -62,3 +62,53 @@ def test_damage_is_refused_naming_the_file():
         batch_to_arrow(rewrite(header, bytes(damaged)), "bad.ebb.zst")
     with pytest.raises(BatchFormatError, match=r"^cut\.ebb\.zst: not a valid zstd stream"):
         batch_to_arrow((GOLDEN / "v1-plain.ebb.zst").read_bytes()[:-20], "cut.ebb.zst")
+
+
+def build(records: list[tuple], gateway: str = "gw-1") -> tuple[BatchHeader, bytes]:
+    """(offset, timestamp ms, qos, retain, client id, topic, payload) tuples as a batch's raw
+    bytes, each record laid out as docs/log-format.md says."""
+    from edgebroker import _native
+    raw = b"".join(bytes(_native.record_header(o, ts, q | (4 if r else 0), c, t, p)) + c + t + p
+                   for o, ts, q, r, c, t, p in records)
+    stamps = [rec[1] for rec in records]
+    return BatchHeader(gateway, records[0][0], records[-1][0], len(records), min(stamps),
+                       max(stamps), len(raw), _native.crc32c(raw)), raw
+
+
+def test_the_whole_batch_decode_equals_the_record_by_record_one():
+    from edgebroker.spark.arrow import _table
+    from edgebroker.uploader.batch import parse_records
+    records = [(10 + 2 * i, 1_700_000_000_000 + (i * 7919) % 100_000, i % 3, i % 5 == 0,
+                b"" if i % 7 == 0 else f"client-{i}".encode(),
+                f"t/\u00e9t\u00e9/{i % 13}".encode() * (1 + i % 3),
+                bytes(range(i % 256)) * (i % 4)) for i in range(500)]
+    header, raw = build(records)
+    _, table = batch_to_arrow(rewrite(header, raw), "many.ebb.zst")
+    assert table.equals(_table(header, parse_records(raw, header, "many.ebb.zst"), "x"))
+    assert table.column("payload")[0].as_py() == b"" and table.column("client_id")[0].as_py() == ""
+    assert table.column("topic")[1].as_py() == "t/\u00e9t\u00e9/1" * 2
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("record_crc", r"^d\.ebb\.zst: record at raw position \d+ \(offset 3\): checksum mismatch"),
+    ("count", r"^d\.ebb\.zst: 5 records, the header says 6"),
+    ("max_ts", r"^d\.ebb\.zst: timestamps 1000\.\.1004, the header says 1000\.\.1005"),
+    ("not_utf8", r"^d\.ebb\.zst: a topic or client id is not UTF-8"),
+])
+def test_a_bad_record_in_a_good_frame_is_refused_with_what_and_where(damage, message):
+    records = [(i, 1000 + i, 1, False, b"c", b"t/\xff" if damage == "not_utf8" and i == 2
+                else b"t", b"payload") for i in range(5)]
+    header, raw = build(records)
+    fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
+    if damage == "record_crc":
+        raw = bytearray(raw)
+        raw[3 * len(raw) // 5 + 40] ^= 1   # a byte of record 3 (all records are the same size)
+        raw = bytes(raw)
+        from edgebroker import _native
+        fields["raw_crc32c"] = _native.crc32c(raw)
+    elif damage == "count":
+        fields["record_count"] = 6
+    elif damage == "max_ts":
+        fields["max_timestamp_ms"] = 1005
+    with pytest.raises(BatchFormatError, match=message):
+        batch_to_arrow(rewrite(BatchHeader(**fields), raw), "d.ebb.zst")
