@@ -67,14 +67,15 @@ def _table(header: BatchHeader, records: list, name: str) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
-def _cut(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """A binary array of the byte ranges [starts, starts + lengths) of ``buf``."""
-    offsets = np.zeros(len(starts) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    index = np.arange(int(offsets[-1]), dtype=np.int64)
-    index += np.repeat(starts - offsets[:-1], lengths)
-    return pa.Array.from_buffers(pa.binary(), len(starts),
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(buf[index])])
+def _cut(raw: pa.Buffer, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """A binary array of the byte ranges [starts, starts + lengths) of ``raw``, in order and
+    apart: seen with the gaps between them, they make one binary array over ``raw`` without a
+    copy (offsets start, end, next start...), of which Arrow takes every other value."""
+    bounds = np.empty(2 * len(starts), np.int32)
+    bounds[0::2] = starts
+    bounds[1::2] = starts + lengths
+    spans = pa.Array.from_buffers(pa.binary(), len(bounds) - 1, [None, pa.py_buffer(bounds), raw])
+    return spans.take(pa.array(np.arange(0, len(bounds), 2)))
 
 
 def _scanned_table(header: BatchHeader, raw: bytes, name: str) -> pa.Table | None:
@@ -100,7 +101,7 @@ def _scanned_table(header: BatchHeader, raw: bytes, name: str) -> pa.Table | Non
     cid_at = position + RECORD_HEADER_SIZE
     topic_at = cid_at + cid_len
     payload_at = topic_at + topic_len
-    buf = np.frombuffer(raw, np.uint8)
+    buf = pa.py_buffer(raw)
     try:
         topics = _cut(buf, topic_at, topic_len).cast(pa.string())
         clients = _cut(buf, cid_at, cid_len).cast(pa.string())

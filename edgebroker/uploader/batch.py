@@ -210,7 +210,7 @@ def read_batch_bytes(blob: bytes, path: str) -> tuple[BatchHeader, list[Record]]
     return header, parse_records(raw, header, path)
 
 
-def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, bytes]:
+def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
     """The header and the raw record bytes of the batch in ``blob``, everything but the
     records themselves checked (the records' CRC32C included); ``parse_records`` or a faster
     walk of its own does the rest."""
@@ -223,7 +223,7 @@ def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, bytes]:
     if len(data) != hlen + header.raw_length:
         raise BatchFormatError(f"{path}: {len(data) - hlen} record bytes, the header announces "
                                f"{header.raw_length}")
-    raw = data[hlen:]
+    raw = memoryview(data)[hlen:]   # not copied
     _check_raw(raw, header, path)
     return header, raw
 
