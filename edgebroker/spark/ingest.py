@@ -75,7 +75,7 @@ def decode_files(batches):
                 yield _summary_row("error", path, error=str(exc))
                 continue
             n = table.num_rows
-            extra = [pa.array(["message"] * n, pa.string()), pa.array([path] * n, pa.string())]
+            extra = [pa.repeat(pa.scalar(v, pa.string()), n) for v in ("message", path)]
             extra += [pa.nulls(n, t) for _, t in _BATCH_FIELDS[2:]]
             for rb_out in pa.Table.from_arrays(table.columns + extra,
                                                schema=DECODED_SCHEMA).to_batches():
@@ -167,9 +167,11 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
     report["batches"] = len(good)
     report["records"] = sum(r.record_count for r in good)
 
-    msgs = (decoded.where(F.col("kind") == "message").select(*MESSAGE_COLUMNS)
-            .dropDuplicates(["gateway", "offset"]))
-    touched = [(r.date, r.gateway) for r in msgs.select("date", "gateway").distinct().collect()]
+    rows = decoded.where(F.col("kind") == "message").select(*MESSAGE_COLUMNS)
+    # The partitions from the decoded rows, not the deduplicated ones: the same set, without
+    # shuffling every message once more for it.
+    touched = [(r.date, r.gateway) for r in rows.select("date", "gateway").distinct().collect()]
+    msgs = rows.dropDuplicates(["gateway", "offset"])
     if touched and fs.exists(tables["messages"]):
         existing = _in_partitions(_messages(spark, tables["messages"]), touched)
         msgs = msgs.join(existing.select("gateway", "offset"), ["gateway", "offset"], "left_anti")
