@@ -75,8 +75,10 @@ def decode_files(batches):
                 yield _summary_row("error", path, error=str(exc))
                 continue
             n = table.num_rows
-            extra = [pa.repeat(pa.scalar(v, pa.string()), n) for v in ("message", path)]
-            extra += [pa.nulls(n, t) for _, t in _BATCH_FIELDS[2:]]
+            # A message row's path is null (its batch's summary row has it): 2M copies of a
+            # long URI would only weigh on the cached rows.
+            extra = [pa.repeat(pa.scalar("message", pa.string()), n)]
+            extra += [pa.nulls(n, t) for _, t in _BATCH_FIELDS[1:]]
             for rb_out in pa.Table.from_arrays(table.columns + extra,
                                                schema=DECODED_SCHEMA).to_batches():
                 yield rb_out
