@@ -30,6 +30,7 @@ import time
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_to_arrow
 from edgebroker.uploader.batch import SUFFIX, BatchFormatError
@@ -52,9 +53,10 @@ _DECODED_DDL = (MESSAGES_DDL + ", kind string, path string, batch_first long, ba
                 "record_count long, gap_first long, gap_length long, error string")
 
 
-def _summary_row(kind: str, path: str, header=None, error: str | None = None) -> pa.RecordBatch:
+def _summary_row(kind: str, path: str, header=None, error: str | None = None,
+                 day=None) -> pa.RecordBatch:
     row = {name: [None] for name in DECODED_SCHEMA.names}
-    row.update(kind=[kind], path=[path], error=[error])
+    row.update(kind=[kind], path=[path], error=[error], date=[day])
     if header is not None:
         row.update(gateway=[header.gateway_id], batch_first=[header.first_offset],
                    batch_last=[header.last_offset], record_count=[header.record_count],
@@ -64,7 +66,8 @@ def _summary_row(kind: str, path: str, header=None, error: str | None = None) ->
 
 def decode_files(batches):
     """mapInArrow function: (path, content) record batches in, decoded rows out: the messages of
-    each readable batch file and one summary row per file."""
+    each readable batch file, one summary row per file (kind "batch" or "error") and one row
+    of kind "date" per day the file's messages fall in (the partitions the run touches)."""
     for rb in batches:
         paths = rb.column("path").to_pylist()
         contents = rb.column("content")
@@ -76,12 +79,14 @@ def decode_files(batches):
                 continue
             n = table.num_rows
             # A message row's path is null (its batch's summary row has it): 2M copies of a
-            # long URI would only weigh on the cached rows.
+            # long URI would only weigh on the shuffles.
             extra = [pa.repeat(pa.scalar("message", pa.string()), n)]
             extra += [pa.nulls(n, t) for _, t in _BATCH_FIELDS[1:]]
             for rb_out in pa.Table.from_arrays(table.columns + extra,
                                                schema=DECODED_SCHEMA).to_batches():
                 yield rb_out
+            for day in pc.unique(table.column("date")).to_pylist():
+                yield _summary_row("date", path, header, day=day)
             yield _summary_row("batch", path, header)
 
 
@@ -160,20 +165,20 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
 
+    # Not cached: decoding again (about 1M records/s per core) costs less than caching every
+    # message; the first pass keeps only the summary and date rows.
     decoded = (spark.read.format("binaryFile").load(new).select("path", "content")
-               .mapInArrow(decode_files, _DECODED_DDL)
-               .persist(StorageLevel.MEMORY_AND_DISK))
-    summary = decoded.where(F.col("kind") != "message").drop(*MESSAGE_COLUMNS[1:]).collect()
+               .mapInArrow(decode_files, _DECODED_DDL))
+    summary = (decoded.where(F.col("kind") != "message")
+               .drop(*(c for c in MESSAGE_COLUMNS if c not in ("gateway", "date"))).collect())
     good = [r for r in summary if r.kind == "batch"]
     bad = [r for r in summary if r.kind == "error"]
+    touched = sorted({(r.date, r.gateway) for r in summary if r.kind == "date"})
     report["batches"] = len(good)
     report["records"] = sum(r.record_count for r in good)
 
-    rows = decoded.where(F.col("kind") == "message").select(*MESSAGE_COLUMNS)
-    # The partitions from the decoded rows, not the deduplicated ones: the same set, without
-    # shuffling every message once more for it.
-    touched = [(r.date, r.gateway) for r in rows.select("date", "gateway").distinct().collect()]
-    msgs = rows.dropDuplicates(["gateway", "offset"])
+    msgs = (decoded.where(F.col("kind") == "message").select(*MESSAGE_COLUMNS)
+            .dropDuplicates(["gateway", "offset"]))
     if touched and fs.exists(tables["messages"]):
         existing = _in_partitions(_messages(spark, tables["messages"]), touched)
         msgs = msgs.join(existing.select("gateway", "offset"), ["gateway", "offset"], "left_anti")
@@ -231,6 +236,5 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
                                "path string, gateway string, batch_first long, batch_last long, "
                                "record_count long, ingested_at timestamp")
          .coalesce(1).write.mode("append").parquet(files_table))
-    decoded.unpersist()
     report["seconds"] = round(time.monotonic() - t0, 3)
     return report
