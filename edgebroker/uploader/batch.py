@@ -228,6 +228,6 @@ def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
     return header, raw
 
 
-__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_batch_bytes", "read_batch_raw",
-           "parse_records", "write_batch",
-           "object_name", "check_gateway_id", "MAGIC", "BATCH_VERSION", "SUFFIX"]
+__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_batch_bytes",
+           "read_batch_raw", "parse_records", "write_batch", "object_name", "check_gateway_id",
+           "MAGIC", "BATCH_VERSION", "SUFFIX"]
