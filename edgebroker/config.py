@@ -16,54 +16,16 @@ from dataclasses import dataclass, field
 import typing
 from typing import Any
 
+from edgebroker.config_fields import (
+    MiB, at_least, between, octal_mode, one_of, setting, url_path,
+)
 from edgebroker.errors import ConfigError
+from edgebroker.upload_config import UploadConfig
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 1883
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PACKET_SIZE_311 = 268_435_455  # largest remaining length 3.1.1 can encode, plus header
-
-
-def _at_least(minimum):
-    def check(value):
-        if value < minimum:
-            return f"must be at least {minimum}"
-        return None
-    return check
-
-
-def _between(low, high):
-    def check(value):
-        if not low <= value <= high:
-            return f"must be between {low} and {high}"
-        return None
-    return check
-
-
-def _one_of(*choices):
-    def check(value):
-        if value not in choices:
-            return "must be one of " + ", ".join(repr(c) for c in choices)
-        return None
-    return check
-
-
-def _setting(default, check=None, doc=""):
-    """A dataclass field carrying its validation and its one-line meaning."""
-    return field(default=default, metadata={"check": check, "doc": doc})
-
-
-def _octal_mode(value):
-    if not value or any(ch not in "01234567" for ch in value) or int(value, 8) > 0o777:
-        return "must be octal permission digits such as \"0660\""
-    return None
-
-
-def _url_path(value):
-    if (not value.startswith("/") or "?" in value or "#" in value
-            or any(not "!" <= ch <= "~" for ch in value)):
-        return "must be a URL path such as \"/mqtt\" (a leading /, printable ASCII, no ? or #)"
-    return None
 
 
 TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
@@ -72,40 +34,40 @@ PROTOCOLS = ("mqtt", "websockets")
 
 @dataclass(frozen=True)
 class ListenerConfig:
-    host: str = _setting(DEFAULT_HOST, doc="address to bind; \"::\" or \"0.0.0.0\" for all")
-    port: int = _setting(DEFAULT_PORT, _between(0, 65535), doc="TCP port; 0 picks a free port")
-    max_connections: int = _setting(
-        0, _at_least(0),
+    host: str = setting(DEFAULT_HOST, doc="address to bind; \"::\" or \"0.0.0.0\" for all")
+    port: int = setting(DEFAULT_PORT, between(0, 65535), doc="TCP port; 0 picks a free port")
+    max_connections: int = setting(
+        0, at_least(0),
         doc="connected clients on this listener; over it CONNACK 3; 0: only limits.max_connections")
     # What the connections speak: MQTT, or MQTT over WebSockets (wss with a certfile).
-    protocol: str = _setting(
-        "mqtt", _one_of(*PROTOCOLS),
+    protocol: str = setting(
+        "mqtt", one_of(*PROTOCOLS),
         doc="\"mqtt\", or \"websockets\": MQTT over WebSockets (wss when certfile is set)")
-    websocket_path: str = _setting(
-        "/mqtt", _url_path, doc="with protocol websockets: the URL path of the HTTP upgrade")
+    websocket_path: str = setting(
+        "/mqtt", url_path, doc="with protocol websockets: the URL path of the HTTP upgrade")
     # Unix-domain socket listener (instead of host/port).
-    unix_socket: str = _setting("", doc="path of a Unix-domain socket to listen on instead of TCP")
-    unix_socket_mode: str = _setting(
-        "0660", _octal_mode, doc="permissions of the Unix socket file (octal)")
+    unix_socket: str = setting("", doc="path of a Unix-domain socket to listen on instead of TCP")
+    unix_socket_mode: str = setting(
+        "0660", octal_mode, doc="permissions of the Unix socket file (octal)")
     # TLS: a listener with a certfile speaks MQTT over TLS.
-    certfile: str = _setting("", doc="PEM server certificate (chain); makes this a TLS listener")
-    keyfile: str = _setting("", doc="PEM private key of certfile (empty: the key is in certfile)")
-    cafile: str = _setting("", doc="PEM CA certificate(s) that client certificates must chain to")
-    require_certificate: bool = _setting(
+    certfile: str = setting("", doc="PEM server certificate (chain); makes this a TLS listener")
+    keyfile: str = setting("", doc="PEM private key of certfile (empty: the key is in certfile)")
+    cafile: str = setting("", doc="PEM CA certificate(s) that client certificates must chain to")
+    require_certificate: bool = setting(
         False, doc="clients must present a certificate signed by cafile")
-    use_identity_as_username: bool = _setting(
+    use_identity_as_username: bool = setting(
         False, doc="the client certificate's common name is the user name (no password)")
-    tls_version: str = _setting(
-        "tlsv1.2", _one_of(*TLS_VERSIONS), doc="lowest TLS version accepted")
-    ciphers: str = _setting("", doc="OpenSSL cipher list for TLS 1.2 (empty: Python's default)")
-    handshake_timeout: float = _setting(
-        10.0, _at_least(0.001), doc="seconds a TLS handshake may take before the socket is closed")
+    tls_version: str = setting(
+        "tlsv1.2", one_of(*TLS_VERSIONS), doc="lowest TLS version accepted")
+    ciphers: str = setting("", doc="OpenSSL cipher list for TLS 1.2 (empty: Python's default)")
+    handshake_timeout: float = setting(
+        10.0, at_least(0.001), doc="seconds a TLS handshake may take before the socket is closed")
     # Authentication overrides (None: the top-level setting applies).
-    allow_anonymous: bool | None = _setting(
+    allow_anonymous: bool | None = setting(
         None, doc="overrides the top-level allow_anonymous for this listener")
-    password_file: str | None = _setting(
+    password_file: str | None = setting(
         None, doc="overrides the top-level password_file; \"\" for none on this listener")
-    acl_file: str | None = _setting(
+    acl_file: str | None = setting(
         None, doc="overrides the top-level acl_file; \"\" for none on this listener")
 
     @property
@@ -142,226 +104,154 @@ class AuthSettings:
 
 @dataclass(frozen=True)
 class Limits:
-    connect_timeout: float = _setting(
-        10.0, _at_least(0.001), doc="seconds a new connection has to send CONNECT")
-    max_keepalive: int = _setting(
-        65535, _between(0, 65535),
+    connect_timeout: float = setting(
+        10.0, at_least(0.001), doc="seconds a new connection has to send CONNECT")
+    max_keepalive: int = setting(
+        65535, between(0, 65535),
         doc="largest keepalive (s) a client may ask for; a larger one gets CONNACK 2")
-    max_packet_size: int = _setting(
-        1_048_576, _between(2, MAX_PACKET_SIZE_311),
+    max_packet_size: int = setting(
+        1_048_576, between(2, MAX_PACKET_SIZE_311),
         doc="largest packet (bytes, whole packet) accepted; larger closes the connection")
-    max_client_id_length: int = _setting(
-        65535, _between(23, 65535),
+    max_client_id_length: int = setting(
+        65535, between(23, 65535),
         doc="longest client id (bytes); longer gets CONNACK 2 (at least 23, MQTT-3.1.3-5)")
-    max_inflight_messages: int = _setting(
-        20, _between(1, 65535), doc="outgoing QoS 1/2 messages awaiting acknowledgement per session")
-    max_queued_messages: int = _setting(
-        0, _at_least(0),
+    max_inflight_messages: int = setting(
+        20, between(1, 65535), doc="outgoing QoS 1/2 messages awaiting acknowledgement per session")
+    max_queued_messages: int = setting(
+        0, at_least(0),
         doc="messages queued in memory per session beyond the inflight window or while "
             "offline, dropped past it (queue_full); 0: no such limit, a session that falls "
             "behind reads from the commit log instead (docs/persistence.md)")
-    queue_qos0_messages: bool = _setting(
+    queue_qos0_messages: bool = setting(
         False, doc="also queue QoS 0 messages for offline persistent sessions")
-    max_connections: int = _setting(
-        10_000, _at_least(1), doc="connected clients, broker-wide; over it CONNACK 3 then close")
-    max_sessions: int = _setting(
-        20_000, _at_least(1),
+    max_connections: int = setting(
+        10_000, at_least(1), doc="connected clients, broker-wide; over it CONNACK 3 then close")
+    max_sessions: int = setting(
+        20_000, at_least(1),
         doc="persistent sessions (clean session 0), connected or offline; a CONNECT that "
             "would create one more gets CONNACK 3")
-    persistent_client_expiration: float = _setting(
-        0.0, _at_least(0),
+    persistent_client_expiration: float = setting(
+        0.0, at_least(0),
         doc="seconds: an offline persistent session not resumed within this time is removed; "
             "0: never")
-    max_connection_rate: float = _setting(
-        500.0, _at_least(0),
+    max_connection_rate: float = setting(
+        500.0, at_least(0),
         doc="new connections accepted per second (token bucket); over it accepting pauses; "
             "0: no limit")
-    connection_burst: int = _setting(
-        1000, _at_least(1), doc="connections accepted at once before max_connection_rate applies")
-    max_topic_length: int = _setting(
-        65535, _between(1, 65535), doc="longest topic name or filter (bytes)")
-    max_topic_levels: int = _setting(
-        128, _at_least(1), doc="most levels in a topic name or filter")
-    max_topics: int = _setting(
-        100_000, _at_least(1),
+    connection_burst: int = setting(
+        1000, at_least(1), doc="connections accepted at once before max_connection_rate applies")
+    max_topic_length: int = setting(
+        65535, between(1, 65535), doc="longest topic name or filter (bytes)")
+    max_topic_levels: int = setting(
+        128, at_least(1), doc="most levels in a topic name or filter")
+    max_topics: int = setting(
+        100_000, at_least(1),
         doc="distinct topics the broker tracks; when full, a new topic evicts one not "
             "published to lately without a retained message (all retained: a retained "
             "publish to a new topic is refused)")
-    max_topics_per_client: int = _setting(
-        10_000, _at_least(1), doc="tracked topics one client id may have created")
-    topic_expiry: float = _setting(
-        3600.0, _at_least(1),
+    max_topics_per_client: int = setting(
+        10_000, at_least(1), doc="tracked topics one client id may have created")
+    topic_expiry: float = setting(
+        3600.0, at_least(1),
         doc="seconds without a publish after which a topic (not retained) is forgotten")
-    max_subscriptions_per_client: int = _setting(
-        1000, _at_least(1), doc="topic filters per session; more get SUBACK 0x80")
-    max_inflight_bytes: int = _setting(
-        1_048_576, _at_least(1),
+    max_subscriptions_per_client: int = setting(
+        1000, at_least(1), doc="topic filters per session; more get SUBACK 0x80")
+    max_inflight_bytes: int = setting(
+        1_048_576, at_least(1),
         doc="bytes (topic + payload) of the outgoing QoS 1/2 window per session")
-    max_queued_bytes: int = _setting(
-        0, _at_least(0),
+    max_queued_bytes: int = setting(
+        0, at_least(0),
         doc="bytes (topic + payload) queued in memory per session; 0: no such limit (as "
             "max_queued_messages)")
-    max_lag_bytes: int = _setting(
-        268_435_456, _at_least(0),
+    max_lag_bytes: int = setting(
+        268_435_456, at_least(0),
         doc="a session reading from the log this many log bytes behind its head skips QoS 0 "
             "messages (counted as dropped, max_lag); 0: never")
-    max_lag_age: float = _setting(
-        600.0, _at_least(0),
+    max_lag_age: float = setting(
+        600.0, at_least(0),
         doc="seconds: a QoS 0 message this old when a session behind reads it from the log "
             "is skipped (counted as dropped, max_lag); 0: never")
-    max_session_lag_age: float = _setting(
-        0.0, _at_least(0),
+    max_session_lag_age: float = setting(
+        0.0, at_least(0),
         doc="seconds: a session cursor on a record older than this moves forward past it, "
             "QoS 1/2 included (counted as log_gap); 0: never")
-    queue_full: str = _setting(
-        "drop_new", _one_of("drop_new", "drop_old"),
+    queue_full: str = setting(
+        "drop_new", one_of("drop_new", "drop_old"),
         doc="which message a full session queue drops: the new one or the oldest queued")
-    messages_rate: float = _setting(
-        0.0, _at_least(0), doc="PUBLISH packets per second per client; 0: no limit")
-    messages_burst: int = _setting(
-        0, _at_least(0), doc="PUBLISH packets a client may send at once; 0: one second's worth")
-    bytes_rate: float = _setting(
-        0.0, _at_least(0),
+    messages_rate: float = setting(
+        0.0, at_least(0), doc="PUBLISH packets per second per client; 0: no limit")
+    messages_burst: int = setting(
+        0, at_least(0), doc="PUBLISH packets a client may send at once; 0: one second's worth")
+    bytes_rate: float = setting(
+        0.0, at_least(0),
         doc="published bytes (topic + payload) per second per client; 0: no limit")
-    bytes_burst: int = _setting(
-        0, _at_least(0), doc="published bytes a client may send at once; 0: one second's worth")
-    max_pending_write_bytes: int = _setting(
-        1_048_576, _at_least(1),
+    bytes_burst: int = setting(
+        0, at_least(0), doc="published bytes a client may send at once; 0: one second's worth")
+    max_pending_write_bytes: int = setting(
+        1_048_576, at_least(1),
         doc="bytes waiting to be written to one connection; beyond it QoS 0 is dropped")
-    memory_limit: int = _setting(
-        0, _at_least(0),
+    memory_limit: int = setting(
+        0, at_least(0),
         doc="resident memory (bytes) above which new connections and topics are refused; 0: off")
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    listen: str = _setting(
+    listen: str = setting(
         "", doc="HOST:PORT of the Prometheus text endpoint (/metrics); empty: off")
 
 
 DURABILITY = ("none", "batch", "sync")
-MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    durability: str = _setting(
-        "batch", _one_of(*DURABILITY),
+    durability: str = setting(
+        "batch", one_of(*DURABILITY),
         doc="when QoS 1/2 publishes are acknowledged: none, batch or sync (docs/config.md)")
-    flush_interval_ms: int = _setting(
-        100, _between(1, 60_000), doc="with durability batch: records are fsynced at most this many ms after the write")
-    segment_bytes: int = _setting(
-        16 * MiB, _between(4096, 1024 * MiB), doc="a segment is rolled before it grows past this")
-    segment_ms: int = _setting(
-        600_000, _at_least(1000), doc="a segment is rolled once its first record is this old (ms)")
-    retention_bytes: int = _setting(
-        1024 * MiB, _at_least(4096),
+    flush_interval_ms: int = setting(
+        100, between(1, 60_000), doc="with durability batch: records are fsynced at most this many ms after the write")
+    segment_bytes: int = setting(
+        16 * MiB, between(4096, 1024 * MiB), doc="a segment is rolled before it grows past this")
+    segment_ms: int = setting(
+        600_000, at_least(1000), doc="a segment is rolled once its first record is this old (ms)")
+    retention_bytes: int = setting(
+        1024 * MiB, at_least(4096),
         doc="the log's size limit; over it the oldest segments go, uploaded or not")
-    retention_ms: int = _setting(
-        604_800_000, _at_least(1000),
+    retention_ms: int = setting(
+        604_800_000, at_least(1000),
         doc="a segment is deleted once its newest record is this old (ms) and, with uploading, "
             "it was uploaded")
 
 
-def check_upload_url(value):
-    """Empty (no uploading) or a sink URL this edgebroker has."""
-    if not value:
-        return None
-    scheme, sep, rest = value.partition("://")
-    if scheme == "s3" and sep:
-        bucket = rest.partition("/")[0]
-        if not (3 <= len(bucket) <= 63) or any(
-                not (ch.islower() or ch.isdigit() or ch in ".-") or not ch.isascii()
-                for ch in bucket):
-            return ("expected s3://bucket/prefix with a bucket name of 3 to 63 lower-case "
-                    "letters, digits, '.' and '-'")
-        return None
-    if scheme != "file" or not sep or not rest.startswith("/") or rest == "/":
-        return "expected file:///path/to/landing (an absolute folder path, three slashes)"
-    return None
-
-
-def check_gateway_id(value):
-    """None when ``value`` may name a gateway (in object names and batch headers), else what is
-    wrong with it."""
-    if not value:
-        return "must not be empty"
-    if (len(value) > 64 or value[0] in ".-"
-            or any(not (ch.isascii() and (ch.isalnum() or ch in "._-")) for ch in value)):
-        return ("must be 1 to 64 of the letters A-Z and a-z, digits, '.', '_' and '-', not "
-                "starting with '.' or '-'")
-    return None
-
-
-def _check_endpoint_url(value):
-    if not value:
-        return None
-    scheme, sep, rest = value.partition("://")
-    if scheme not in ("http", "https") or not sep or not rest or rest.startswith("/"):
-        return "expected http://host:port or https://host:port"
-    return None
-
-
-@dataclass(frozen=True)
-class UploadConfig:
-    url: str = _setting(
-        "", check_upload_url, doc="where batches of the log go: file:///path/to/landing or "
-                                 "s3://bucket/prefix; empty: no uploading")
-    gateway_id: str = _setting(
-        "", lambda v: check_gateway_id(v) if v else None, doc="this gateway's name in object names (empty: the machine id, else the host name)")
-    batch_bytes: int = _setting(
-        8 * MiB, _between(4096, 1024 * MiB), doc="a batch holds at most this many bytes of records")
-    batch_max_age: float = _setting(
-        60.0, _between(1, 86400), doc="a batch is cut at most this many seconds after its oldest record")
-    upload_bandwidth: int = _setting(
-        0, _at_least(0), doc="bytes per second the uploads may send on average; 0: unlimited")
-    endpoint_url: str = _setting(
-        "", _check_endpoint_url, doc="s3: the store's address, http(s)://host:port (MinIO, Ceph); "
-                                     "empty: AWS S3 in region")
-    region: str = _setting("", doc="s3: the region signed for (empty: $AWS_REGION, "
-                                   "$AWS_DEFAULT_REGION, else us-east-1)")
-    access_key_id: str = _setting("", doc="s3: access key id (empty: $AWS_ACCESS_KEY_ID)")
-    secret_access_key: str = _setting(
-        "", doc="s3: secret access key (empty: $AWS_SECRET_ACCESS_KEY)")
-    session_token: str = _setting("", doc="s3: session token of temporary credentials "
-                                          "(empty: $AWS_SESSION_TOKEN when the keys come from "
-                                          "the environment)")
-    ca_file: str = _setting(
-        "", doc="s3 over https: PEM file of the CA certificates the store's certificate is "
-                "checked against (empty: $AWS_CA_BUNDLE, else the system's)")
-    multipart_bytes: int = _setting(
-        16 * MiB, _between(5 * MiB, 5 * 1024 * MiB),
-        doc="s3: a batch file larger than this goes as a multipart upload in parts of this size")
-
-
 @dataclass(frozen=True)
 class Config:
-    data_dir: str = _setting("", doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
-    log_level: str = _setting("info", _one_of(*LOG_LEVELS), doc="debug, info, warning or error")
-    sys_interval: float = _setting(
-        10.0, _at_least(0), doc="seconds between $SYS publications; 0 turns them off")
-    allow_zero_length_clientid: bool = _setting(
+    data_dir: str = setting("", doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
+    log_level: str = setting("info", one_of(*LOG_LEVELS), doc="debug, info, warning or error")
+    sys_interval: float = setting(
+        10.0, at_least(0), doc="seconds between $SYS publications; 0 turns them off")
+    allow_zero_length_clientid: bool = setting(
         True, doc="accept an empty client id (with clean session) and assign one")
-    auto_id_prefix: str = _setting("auto-", doc="prefix of assigned client ids")
-    sys_client_metrics: bool = _setting(
+    auto_id_prefix: str = setting("auto-", doc="prefix of assigned client ids")
+    sys_client_metrics: bool = setting(
         False, doc="also publish $SYS/broker/clients/<id>/... for every connected client")
-    coalesce_ms: float = _setting(
-        1.0, _between(0, 100), doc="how long the loop may hold the log write and the sends of "
+    coalesce_ms: float = setting(
+        1.0, between(0, 100), doc="how long the loop may hold the log write and the sends of "
                                    "messages from slow publishers to gather more; 0: never")
-    allow_anonymous: bool | None = _setting(
+    allow_anonymous: bool | None = setting(
         None, doc="accept clients without a user name; unset: true unless a password file applies")
-    password_file: str = _setting("", doc="file of username:hash lines; clients must log in")
-    acl_file: str = _setting("", doc="Mosquitto-format ACL file: which topics each client may use")
-    max_login_failures: int = _setting(
-        10, _at_least(1), doc="failed logins in a row for one user name from one address "
+    password_file: str = setting("", doc="file of username:hash lines; clients must log in")
+    acl_file: str = setting("", doc="Mosquitto-format ACL file: which topics each client may use")
+    max_login_failures: int = setting(
+        10, at_least(1), doc="failed logins in a row for one user name from one address "
                               "before its password checks are delayed (1 s, doubling); ten "
                               "times as many from one address (any user names) within "
                               "login_failure_window and only known passwords pass")
-    login_failure_window: float = _setting(
-        60.0, _at_least(0.001),
+    login_failure_window: float = setting(
+        60.0, at_least(0.001),
         doc="seconds: the longest delay, and how long failed logins are remembered")
-    refusal_log_interval: float = _setting(
-        60.0, _at_least(0), doc="after a refused or misbehaving connection is logged, further "
+    refusal_log_interval: float = setting(
+        60.0, at_least(0), doc="after a refused or misbehaving connection is logged, further "
                                 "ones of its kind from its address are only counted for this "
                                 "many seconds, then one line gives their number; 0: log each")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))

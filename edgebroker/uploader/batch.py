@@ -20,7 +20,7 @@ from edgebroker import _native
 from edgebroker.commitlog.format import (
     FORMAT_VERSION as LOG_FORMAT_VERSION, RECORD_HEADER, RECORD_HEADER_SIZE, Record,
 )
-from edgebroker.config import check_gateway_id
+from edgebroker.upload_config import check_gateway_id
 from edgebroker.errors import EdgebrokerError
 
 MAGIC = b"EDGEBBAT"

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from edgebroker.commitlog.format import write_small_file
-from edgebroker.config import check_upload_url
+from edgebroker.upload_config import check_upload_url
 from edgebroker.errors import ConfigError
 from edgebroker.uploader import cutter
 from edgebroker.uploader.batch import check_gateway_id

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import open_files_allowed
 from edgebroker.config import ListenerConfig
-from edgebroker.server.app import reserve_descriptors
+from edgebroker.server.descriptors import reserve_descriptors
 from edgebroker.server.listeners import Listener
 
 
@@ -65,7 +65,7 @@ def files_3000():
 
 def test_reserve_descriptors_grows_the_table_once(files_3000):
     # A fresh process, so that nothing else grew its table before.
-    code = ("from edgebroker.server.app import reserve_descriptors\n"
+    code = ("from edgebroker.server.descriptors import reserve_descriptors\n"
             "def size():\n"
             "    return int([l for l in open('/proc/self/status') if l.startswith('FDSize:')][0]"
             ".split()[1])\n"

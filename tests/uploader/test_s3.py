@@ -34,7 +34,7 @@ from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequ
 from moto.server import ThreadedMotoServer
 from werkzeug.serving import make_server
 
-from edgebroker.config import UploadConfig
+from edgebroker.upload_config import UploadConfig
 from edgebroker.uploader.batch import object_name, read_batch_file
 from edgebroker.uploader.s3 import EMPTY_SHA256, SHA_META, Response, S3Sink, sign_v4
 from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError

@@ -1,0 +1,79 @@
+"""The ``[upload]`` section: where the log's batches go (edgebroker.uploader, docs/upload.md),
+and the checks of its URL and gateway id, which the uploader uses too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgebroker.config_fields import MiB, at_least, between, setting
+
+
+def check_upload_url(value):
+    """Empty (no uploading) or a sink URL this edgebroker has."""
+    if not value:
+        return None
+    scheme, sep, rest = value.partition("://")
+    if scheme == "s3" and sep:
+        bucket = rest.partition("/")[0]
+        if not (3 <= len(bucket) <= 63) or any(
+                not (ch.islower() or ch.isdigit() or ch in ".-") or not ch.isascii()
+                for ch in bucket):
+            return ("expected s3://bucket/prefix with a bucket name of 3 to 63 lower-case "
+                    "letters, digits, '.' and '-'")
+        return None
+    if scheme != "file" or not sep or not rest.startswith("/") or rest == "/":
+        return "expected file:///path/to/landing (an absolute folder path, three slashes)"
+    return None
+
+
+def check_gateway_id(value):
+    """None when ``value`` may name a gateway (in object names and batch headers), else what is
+    wrong with it."""
+    if not value:
+        return "must not be empty"
+    if (len(value) > 64 or value[0] in ".-"
+            or any(not (ch.isascii() and (ch.isalnum() or ch in "._-")) for ch in value)):
+        return ("must be 1 to 64 of the letters A-Z and a-z, digits, '.', '_' and '-', not "
+                "starting with '.' or '-'")
+    return None
+
+
+def _check_endpoint_url(value):
+    if not value:
+        return None
+    scheme, sep, rest = value.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or rest.startswith("/"):
+        return "expected http://host:port or https://host:port"
+    return None
+
+
+@dataclass(frozen=True)
+class UploadConfig:
+    url: str = setting(
+        "", check_upload_url, doc="where batches of the log go: file:///path/to/landing or "
+                                 "s3://bucket/prefix; empty: no uploading")
+    gateway_id: str = setting(
+        "", lambda v: check_gateway_id(v) if v else None, doc="this gateway's name in object names (empty: the machine id, else the host name)")
+    batch_bytes: int = setting(
+        8 * MiB, between(4096, 1024 * MiB), doc="a batch holds at most this many bytes of records")
+    batch_max_age: float = setting(
+        60.0, between(1, 86400), doc="a batch is cut at most this many seconds after its oldest record")
+    upload_bandwidth: int = setting(
+        0, at_least(0), doc="bytes per second the uploads may send on average; 0: unlimited")
+    endpoint_url: str = setting(
+        "", _check_endpoint_url, doc="s3: the store's address, http(s)://host:port (MinIO, Ceph); "
+                                     "empty: AWS S3 in region")
+    region: str = setting("", doc="s3: the region signed for (empty: $AWS_REGION, "
+                                   "$AWS_DEFAULT_REGION, else us-east-1)")
+    access_key_id: str = setting("", doc="s3: access key id (empty: $AWS_ACCESS_KEY_ID)")
+    secret_access_key: str = setting(
+        "", doc="s3: secret access key (empty: $AWS_SECRET_ACCESS_KEY)")
+    session_token: str = setting("", doc="s3: session token of temporary credentials "
+                                          "(empty: $AWS_SESSION_TOKEN when the keys come from "
+                                          "the environment)")
+    ca_file: str = setting(
+        "", doc="s3 over https: PEM file of the CA certificates the store's certificate is "
+                "checked against (empty: $AWS_CA_BUNDLE, else the system's)")
+    multipart_bytes: int = setting(
+        16 * MiB, between(5 * MiB, 5 * 1024 * MiB),
+        doc="s3: a batch file larger than this goes as a multipart upload in parts of this size")
