@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -35,9 +34,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from edgebroker import _native  # noqa: E402
 from edgebroker.uploader.batch import BatchHeader, object_name, write_batch  # noqa: E402
+from sparklocal import local_session  # noqa: E402  (the tests' local[2] session)
 
 GATEWAY = "gw-bench"
 BATCH_RAW = 8 * 1024 * 1024
@@ -94,20 +95,8 @@ def make_inputs(root: Path, n: int) -> tuple[Path, Path, int]:
 
 
 def session():
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local[2]").appName("edgebroker-spark-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "2g")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_session("edgebroker-spark-bench", **{"spark.ui.showConsoleProgress": "false",
+                                                      "spark.driver.memory": "2g"})
 
 
 def ours_e2e(spark, landing: Path, warehouse: Path) -> int:

@@ -44,12 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from edgebroker.spark.ingest import ingest_once
+    from edgebroker.spark.ingest import SESSION_CONFIG, ingest_once
 
-    spark = (SparkSession.builder.appName("edgebroker-ingest")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-             .getOrCreate())
+    builder = SparkSession.builder.appName("edgebroker-ingest")
+    for key, value in SESSION_CONFIG.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

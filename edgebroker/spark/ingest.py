@@ -38,6 +38,11 @@ from edgebroker.uploader.batch import SUFFIX, BatchFormatError
 log = logging.getLogger("edgebroker.spark")
 
 MESSAGE_COLUMNS = MESSAGE_SCHEMA.names
+# What the job needs of its session: hours and dates in UTC, timestamps written as Parquet
+# TIMESTAMP_MICROS rather than the legacy INT96. cli.py sets them; a caller of ingest_once
+# with a session of its own sets them too (docs/spark.md).
+SESSION_CONFIG = {"spark.sql.session.timeZone": "UTC",
+                  "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
 # One row per batch file (kind "batch" or "error") besides the message rows (kind "message").
 _BATCH_FIELDS = [("kind", pa.string()), ("path", pa.string()), ("batch_first", pa.int64()),
                  ("batch_last", pa.int64()), ("record_count", pa.int64()),
