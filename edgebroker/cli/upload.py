@@ -22,7 +22,6 @@ from edgebroker import config as configuration
 from edgebroker.cli import inspect, inspect_live
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.server.admin import socket_path
-from edgebroker.uploader.uploader import UPLOAD_DIR, read_intent
 
 
 def add_parser(commands) -> None:
@@ -80,6 +79,7 @@ def offline_status(state_dir: str) -> dict:
         mark = cl.uploaded_offset
         segments, nbytes, oldest, _newest = cl.upload_backlog(mark)
         records = max(0, cl.next_offset - max(mark, cl.first_offset))
+        from edgebroker.uploader.uploader import UPLOAD_DIR, read_intent  # zstandard: on use
         intent = read_intent(os.path.join(state_dir, UPLOAD_DIR))
         return {"running": False, "uploaded_offset": mark, "next_offset": cl.next_offset,
                 "backlog_records": records, "backlog_bytes": nbytes,

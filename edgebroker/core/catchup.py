@@ -57,6 +57,8 @@ CACHE_LIMIT = 1024
 # Offline ranges kept per session (the oldest goes first: its QoS 0 is then sent after all).
 OFFLINE_RANGES = 8
 NO_HOLD = 1 << 63
+# ``CatchUp.lag`` of a session in step with the log (no cursor); read only.
+IN_STEP = {"cursor": None, "lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
 
 
 class Cursor:
@@ -123,7 +125,6 @@ class CatchUp:
         self._catch_up_again: set = set()   # online ones to go on with in the next pass
         self._catch_up_timer = Timer(self._on_catch_up)
         self._first_offset = 0              # the log's first offset at the last check
-        self._lag_age_due = 0.0
         self.log_queue = self._log_is_queue(self.limits)
 
     def _log_is_queue(self, limits) -> bool:
@@ -329,9 +330,9 @@ class CatchUp:
         """How far ``session`` is behind the head of the log (the admin socket, metrics)."""
         cursor = session.cursor
         if cursor is None or self.journal is None:
-            return {"cursor": None, "lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
+            return IN_STEP
         return {"cursor": cursor.offset, **self.journal.log.lag(cursor.offset,
                                                                 self.journal.wall_ms())}
 
 
-__all__ = ["CatchUp", "Cursor", "QUEUE_MESSAGES", "QUEUE_BYTES"]
+__all__ = ["CatchUp", "Cursor", "IN_STEP", "QUEUE_MESSAGES", "QUEUE_BYTES"]

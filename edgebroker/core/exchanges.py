@@ -22,9 +22,11 @@ deletes the older files. At start the files from the snapshot's generation on ar
 to what the snapshot restored (``Persistence.apply_exchanges``), and the records of each
 session's QoS 2 messages keep its catch-up from sending them again.
 
-Records are gathered during a loop pass and written with one ``os.write`` at its end, before
-the loop sends (``Broker.end_pass``), and before any send in the middle of a pass
-(``Broker.before_send``). With the operating system they survive a crash of the process; the
+Records are gathered and written with one ``os.write`` before anything they cover can be
+sent: ahead of each log write (``Journal.end_pass``: an inbound QoS 2 message's id never
+reaches the disk after its record), and ahead of every flush of a connection
+(``Broker.before_send``, called by the transports' ``flush``), which covers the records
+routing made after the log write. With the operating system they survive a crash of the process; the
 flusher thread fsyncs the file with the log (docs/persistence.md says what a power cut can
 take). A failing write is logged once per failing spell and counted
 (``exchange_write_errors``): until writes work again a crash may repeat a QoS 2 message, as

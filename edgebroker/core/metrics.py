@@ -131,11 +131,8 @@ def client_row(client, now: float) -> dict:
         "subscriptions": len(session.subscriptions) if session is not None else 0,
         "topics_created": client.broker.topics.created_by(client.client_id),
         # Reading from the log (core.catchup): its cursor (None: in step) and lag.
-        **(client.broker.lag(session) if session is not None else _IN_STEP),
+        **(client.broker.lag(session) if session is not None else IN_STEP),
     }
-
-
-_IN_STEP = {"cursor": None, "lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
 
 
 def _rates(client, transport, now: float) -> tuple:

@@ -8,7 +8,7 @@ connection; a persistent one goes offline, keeping only log offsets (and sizes)
 of what it still has to receive, until it comes back or has been offline for
 persistent_client_expiration (``_expire_later``: a ``Timer`` per offline session
 in the broker's deadline heap, due at the session's expiry time, so nothing ever
-scans the sessions; MQTT 5's Session Expiry Interval sets that time the same way). Subscriptions are
+scans the sessions; MQTT 5's Session Expiry Interval is to set that time). Subscriptions are
 made within the topic limits and max_subscriptions_per_client (a refused filter
 gets 0x80), and retained messages follow for each granted filter. Every dropped
 message is counted by reason (``drop``), broker-wide and on its session.

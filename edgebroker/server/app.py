@@ -43,7 +43,6 @@ from edgebroker.server.listeners import DescriptorReserve, Listener, UnixListene
 from edgebroker.server.loop import Loop, hold_window
 from edgebroker.server.tls import TLSServer, TLSTransport
 from edgebroker.server.transport import Transport
-from edgebroker.uploader.uploader import Uploader
 
 log = logging.getLogger("edgebroker.server")
 
@@ -165,6 +164,8 @@ class App(DescriptorRoom):
         self._restore()
         self.warn_open_files()
         if uploading:
+            # Imported only with an uploader: it brings zstandard's C extension.
+            from edgebroker.uploader.uploader import Uploader
             self.uploader = Uploader(self.log, self.state_dir, config.upload, clock_ms=wall_ms)
             self.broker.upload_figures = self.uploader.figures
             self.loop.uploader = self.uploader

@@ -215,7 +215,6 @@ class TLSTransport(Transport):
         if state is OPEN:
             if self.write_wants_read and mask & _READ:
                 self.write_wants_read = False
-                self.loop.broker.before_send()
                 self.flush()
             if self.read_wants_write and mask & _WRITE and not self.closed:
                 self.read_wants_write = False
@@ -223,7 +222,6 @@ class TLSTransport(Transport):
             if mask & _READ and self.reading and not self.closing and not self.closed:
                 self.read()
             if mask & _WRITE and self.out and not self.closed:
-                self.loop.broker.before_send()
                 self.flush()
         elif state is PEEK:
             self._peek()
@@ -368,6 +366,7 @@ class TLSTransport(Transport):
         record split over passes and its errors stay with the pass's own flush."""
         if early or self.state is not OPEN:
             return
+        self.loop.broker.before_send()   # QoS 2 exchange records first (core.exchanges)
         out = self.out
         sock = self.sock
         sent_total = 0

@@ -169,7 +169,6 @@ class Transport:
             # left bytes queued): one failing send per message would cost the whole loop.
             if self.events & _WRITE:
                 return False
-            self.loop.broker.before_send()
             self.flush(early=True)
             if self.out_bytes >= self.max_pending:
                 return False
@@ -202,7 +201,6 @@ class Transport:
         """Send what is queued now, then the end of the stream (FIN), reading on: True when
         done. A closing handshake (server/framing.py) then waits for the peer's end."""
         if self.out:
-            self.loop.broker.before_send()
             self.flush(early=True)
         if self.out or self.closed:
             return False
@@ -271,7 +269,6 @@ class Transport:
                         return
                     self.client.data_received(loop.view[:n])
         if mask & _WRITE and not self.closed:
-            self.loop.broker.before_send()
             self.flush()
 
     # The transport itself is the selector key's callback: a bound method per connection
@@ -342,7 +339,9 @@ class Transport:
         """Send as much of the queue as the socket takes, without blocking.
 
         ``early``: in the middle of a pass (routing); errors and a drained queue are left
-        for the pass's own flush to report."""
+        for the pass's own flush to report. The QoS 2 exchange records of what is queued
+        are written first (``Broker.before_send``, core.exchanges)."""
+        self.loop.broker.before_send()
         out = self.out
         if len(out) == 1 and type(out[0]) is not FileChunk:
             # The commonest flush: one acknowledgement, or one delivery.

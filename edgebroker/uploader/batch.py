@@ -203,13 +203,6 @@ def _check_raw(raw: bytes, header: BatchHeader, path: str) -> None:
         raise BatchFormatError(f"{path}: the records' checksum does not match the header")
 
 
-def read_batch_bytes(blob: bytes, path: str) -> tuple[BatchHeader, list[Record]]:
-    """``read_batch_file`` for a batch already in memory (``blob``: the compressed file, as the
-    Spark reader gets it from Hadoop's file systems); ``path`` names it in errors."""
-    header, raw = read_batch_raw(blob, path)
-    return header, parse_records(raw, header, path)
-
-
 def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
     """The header and the raw record bytes of the batch in ``blob``, everything but the
     records themselves checked (the records' CRC32C included); ``parse_records`` or a faster
@@ -228,6 +221,6 @@ def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
     return header, raw
 
 
-__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_batch_bytes",
+__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file",
            "read_batch_raw", "parse_records", "write_batch", "object_name", "check_gateway_id",
            "MAGIC", "BATCH_VERSION", "SUFFIX"]

@@ -1,7 +1,7 @@
 """The ``s3`` sink: batches stored in any S3-compatible object store (AWS S3, MinIO, Ceph RGW).
 
 A small S3 client of its own on the standard library (``http.client``, ``hmac``, ``hashlib``),
-signing every request with AWS Signature Version 4: the gateway needs four S3 calls (PutObject,
+signing every request with AWS Signature Version 4: the gateway needs five S3 calls (PutObject,
 HeadObject and the three multipart calls) and no new dependency for them. boto3 with botocore
 and s3transfer weigh 34 MB installed, minio-py with its dependencies 19 MB (16 MB of it
 pycryptodome), against the 15 MB budget of the whole gateway binary (docs/upload.md).
