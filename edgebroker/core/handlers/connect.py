@@ -15,7 +15,7 @@ import logging
 import uuid
 
 from edgebroker import logs
-from edgebroker.errors import ProtocolError
+from edgebroker.errors import UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
 from edgebroker.core.limits import PublishRate
@@ -28,6 +28,11 @@ _CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
 
 
 def on_connect(client, p: P.Connect) -> None:
+    if p.protocol_level == P.PROTOCOL_5:
+        # The codec reads 5.0; the rest of the broker does not speak it yet.
+        return client.violation(ProtocolError(
+            "CONNECT with protocol 'MQTT' level 5 (supported: level 4)", rule="MQTT-3.1.2-2",
+            reason=UNSUPPORTED_PROTOCOL_VERSION))
     broker = client.broker
     limits = broker.limits
     client_id = p.client_id

@@ -15,7 +15,7 @@ import logging
 
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.decode import check_code_points
+from edgebroker.mqtt.fields import check_code_points
 from edgebroker.mqtt.encode import encode_ack, encode_puback
 
 log = logging.getLogger("edgebroker.client")
