@@ -112,6 +112,10 @@ class Limits:
     max_packet_size: int = setting(
         1_048_576, between(2, MAX_PACKET_SIZE_311),
         doc="largest packet (bytes, whole packet) accepted; larger closes the connection")
+    max_topic_alias: int = setting(
+        10, between(0, 65535),
+        doc="MQTT 5.0: topic aliases a client may set (the CONNACK's Topic Alias Maximum); "
+            "0: none")
     max_client_id_length: int = setting(
         65535, between(23, 65535),
         doc="longest client id (bytes); longer gets CONNACK 2 (at least 23, MQTT-3.1.3-5)")

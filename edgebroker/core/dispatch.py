@@ -15,6 +15,8 @@ connection's state changes, so no handler checks the state. State rules, in pros
   later packets are held and replayed in order once CONNACK 0 is sent.
 - With messages_rate or bytes_rate set, PUBLISH is charged to the client's
   publish rate after it is handled (``CONNECTED_RATED``).
+- An MQTT 5.0 connection has tables of its own (``CONNECTED5``): its PUBLISH, PUBREC,
+  SUBSCRIBE, UNSUBSCRIBE and DISCONNECT say more, and AUTH exists.
 """
 
 from __future__ import annotations
@@ -67,3 +69,22 @@ for _t in P.SERVER_TO_CLIENT_ONLY:
 # The same, with the publish rate charged (limits.messages_rate / bytes_rate set).
 CONNECTED_RATED = dict(CONNECTED)
 CONNECTED_RATED[P.PUBLISH] = publish.on_publish_rated
+
+
+def on_auth(client, p) -> None:
+    raise ProtocolError("AUTH on a connection whose CONNECT had no Authentication Method",
+                        rule="MQTT-4.12.0-1", reason=PROTOCOL_ERROR)
+
+
+# MQTT 5.0 connections (core.mqtt5): the packets whose 5.0 form asks for more.
+CONNECTED5 = dict(CONNECTED)
+CONNECTED5.update({
+    P.PUBLISH: publish.on_publish5,
+    P.PUBREC: acks.on_pubrec5,
+    P.SUBSCRIBE: subscribe.on_subscribe5,
+    P.UNSUBSCRIBE: subscribe.on_unsubscribe5,
+    P.DISCONNECT: connect.on_disconnect5,
+    P.AUTH: on_auth,
+})
+CONNECTED5_RATED = dict(CONNECTED5)
+CONNECTED5_RATED[P.PUBLISH] = publish.on_publish5_rated

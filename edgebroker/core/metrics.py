@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 
 from edgebroker import __version__
+from edgebroker.core.catchup import IN_STEP
 from edgebroker.core.limits import DROPS, LIMITS, REFUSALS
 
 RING = 1024  # a power of two

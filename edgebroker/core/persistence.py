@@ -87,6 +87,9 @@ class Persistence:
                                   drops=dict(session.drops) if session.drops else {})
         if session.offline_at is not None:
             state.offline_ms = written_ms - int((now - session.offline_at) * 1000)
+        state.expiry_interval = session.expiry_interval
+        if session.sub5:
+            state.sub5 = {f: list(v) for f, v in session.sub5.items()}
         cursor = session.cursor
         if cursor is not None:
             state.cursor = cursor.offset
@@ -132,6 +135,9 @@ class Persistence:
             # time the broker was down counts toward persistent_client_expiration.
             since_ms = state.written_ms if s.offline_ms is None else s.offline_ms
             session.offline_at = now - max(0, wall_ms - since_ms) / 1000
+            session.expiry_interval = s.expiry_interval
+            if s.sub5:
+                session.sub5 = {f: (o, i) for f, (o, i) in s.sub5.items()}
             self._expire_later(session)
             if s.subscriptions:
                 subscriptions = session.own_subscriptions()

@@ -22,7 +22,9 @@ from collections import deque
 from functools import partial
 
 from edgebroker.commitlog.errors import LogFullError
+from edgebroker.errors import SESSION_TAKEN_OVER
 from edgebroker.core.client import Client
+from edgebroker.core.mqtt5 import NEVER_EXPIRES, message_properties
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
@@ -102,17 +104,25 @@ class Sessions:
                 drops = session.drops = {}
             drops[reason] = drops.get(reason, 0) + count
 
-    def attach(self, client: Client, client_id: str, clean: bool) -> tuple[Session, bool]:
-        """Bind a newly connected client to its session; returns (session, present)."""
+    def attach(self, client: Client, client_id: str, clean: bool,
+               clean_start: bool | None = None) -> tuple[Session, bool]:
+        """Bind a newly connected client to its session; returns (session, present).
+
+        ``clean``: the session ends with the connection (3.1.1 clean session 1, 5.0 Session
+        Expiry Interval 0); ``clean_start`` (5.0; 3.1.1: ``clean``): an existing session is
+        discarded rather than resumed."""
+        if clean_start is None:
+            clean_start = clean
         old = self.sessions.get(client_id)
         if old is not None and old.client is not None:
             log.info("client %r from %s takes over the session; closing the connection from %s",
                      client_id, client.peer, old.client.peer)
             self.stats.takeovers += 1
-            old.client.close(will=True)
+            old.client.close(will=True, reason=SESSION_TAKEN_OVER,
+                             why=f"client id {client_id!r} connected again from {client.peer}")
             old = self.sessions.get(client_id)
         present = False
-        if old is not None and (clean or old.clean):
+        if old is not None and (clean_start or old.clean):
             self.drop_session(old)
             old = None
         if old is None:
@@ -124,6 +134,8 @@ class Sessions:
             session.offline_at = None
             if session.expiry is not None:
                 session.expiry.cancel()
+            if clean:  # 5.0: resumed, to end with this connection
+                self._make_clean(session)
         if not clean:
             self._snapshot_dirty = True
         if session.cursor is not None:
@@ -158,8 +170,10 @@ class Sessions:
                         client.describe(), will.topic)
             return
         log.info("publishing will of %s on %r", client.describe(), will.topic)
+        properties, expires = message_properties(will.properties, self.clock())
         try:
-            self.publish(will.topic, will.payload, will.qos, will.retain, client)
+            self.publish(will.topic, will.payload, will.qos, will.retain, client, properties,
+                         expires)
         except LogFullError:
             log.error("will of %s on %r lost: the commit log cannot take it",
                       client.describe(), will.topic)
@@ -181,10 +195,35 @@ class Sessions:
         self._expire_later(session)
         self._snapshot_dirty = True
 
+    def set_session_expiry(self, session: Session, expiry: int) -> None:
+        """A 5.0 client changed its Session Expiry Interval (DISCONNECT): 0 ends the session
+        with the connection."""
+        session.expiry_interval = expiry
+        session.saved = None
+        if expiry == 0:
+            self._make_clean(session)
+        elif not session.clean:
+            self._snapshot_dirty = True
+
+    def _make_clean(self, session: Session) -> None:
+        """A persistent session is now to end with its connection (5.0)."""
+        if session.clean:
+            return
+        session.clean = True
+        self.persistent_sessions -= 1
+        self._snapshot_dirty = True
+        if self.exchanges is not None:
+            self.exchanges.ended(session.client_id)
+
     def _expire_later(self, session: Session) -> None:
-        """Set an offline persistent session's expiry time from ``offline_at`` (none while
-        persistent_client_expiration is 0)."""
-        expiration = self.limits.persistent_client_expiration
+        """Set an offline persistent session's expiry time from ``offline_at``: its Session
+        Expiry Interval (5.0), else persistent_client_expiration; none for 0 (3.1.1) or
+        0xFFFFFFFF (5.0)."""
+        expiration = session.expiry_interval
+        if expiration is None:
+            expiration = self.limits.persistent_client_expiration
+        elif expiration == NEVER_EXPIRES:
+            expiration = 0
         timer = session.expiry
         if not expiration:
             if timer is not None:
@@ -205,7 +244,7 @@ class Sessions:
 
     def _expire_session(self, session: Session) -> None:
         """An offline persistent session reached its expiry time: removed, as if it had never
-        been (Mosquitto's persistent_client_expiration)."""
+        been (Mosquitto's persistent_client_expiration; 5.0's Session Expiry Interval)."""
         if session.client is not None or self.sessions.get(session.client_id) is not session:
             return
         held = len(session.queue) + len(session.inflight)
@@ -216,11 +255,13 @@ class Sessions:
         if held:
             self.drop("session_expired", None, held)
         self.drop_session(session)
+        interval = session.expiry_interval
+        setting = (f"its session expiry interval {interval} s" if interval is not None else
+                   f"persistent_client_expiration {self.limits.persistent_client_expiration:g} s")
         self.events.log(logging.INFO, "session_expired", self.clock(),
-                        "persistent session %r removed: offline for %.0f s "
-                        "(persistent_client_expiration %g s), with %d queued or unacknowledged "
-                        "messages and %d log records after its cursor", session.client_id,
-                        offline, self.limits.persistent_client_expiration, held, unread)
+                        "persistent session %r removed: offline for %.0f s (%s), with %d queued "
+                        "or unacknowledged messages and %d log records after its cursor",
+                        session.client_id, offline, setting, held, unread)
 
     def drop_session(self, session: Session) -> None:
         if not session.clean:

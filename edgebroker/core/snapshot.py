@@ -66,6 +66,10 @@ class SessionState:
     # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
     # expiration counts from it; snapshots written before it was kept have none).
     offline_ms: int | None = None
+    # MQTT 5.0: its Session Expiry Interval (None: 3.1.1) and its subscriptions' options
+    # beyond the QoS: filter -> [options byte, subscription identifier].
+    expiry_interval: int | None = None
+    sub5: dict[str, list[int]] = field(default_factory=dict)
     # Its JSON, once the writer encoded it (an offline session's state is reused by the next
     # snapshots while it does not change, and so is this).
     encoded: bytes | None = field(default=None, compare=False, repr=False)
@@ -119,7 +123,9 @@ def _session_json(s: SessionState) -> bytes:
              "offline": [list(r) for r in s.offline],
              "drops": s.drops,
              "offline_ms": s.offline_ms,
-             **({"done": s.done} if s.done else {})})
+             **({"done": s.done} if s.done else {}),
+             **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
+             **({"sub5": sorted(s.sub5.items())} if s.sub5 else {})})
     return s.encoded
 
 
@@ -205,7 +211,9 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 offline=[_offline_range(r) for r in s.get("offline", ())],
                 drops={str(k): int(v) for k, v in s.get("drops", {}).items()},
                 done=[int(o) for o in s.get("done", ())],
-                offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"])))
+                offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
+                expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
+                sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())}))
         for r in doc["retained"]:
             offset = r.get("offset")
             snap.retained.append(RetainedState(

@@ -15,9 +15,15 @@ import logging
 import uuid
 
 from edgebroker import logs
-from edgebroker.errors import UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
+from edgebroker.errors import (
+    BAD_AUTHENTICATION_METHOD, DISCONNECT_WITH_WILL, PROTOCOL_ERROR, SERVER_UNAVAILABLE,
+    ProtocolError,
+)
 from edgebroker.mqtt import packets as P
+from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
+from edgebroker.mqtt.encode5 import encode_connack5
+from edgebroker.core import mqtt5
 from edgebroker.core.limits import PublishRate
 
 log = logging.getLogger("edgebroker.client")
@@ -28,15 +34,17 @@ _CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
 
 
 def on_connect(client, p: P.Connect) -> None:
-    if p.protocol_level == P.PROTOCOL_5:
-        # The codec reads 5.0; the rest of the broker does not speak it yet.
-        return client.violation(ProtocolError(
-            "CONNECT with protocol 'MQTT' level 5 (supported: level 4)", rule="MQTT-3.1.2-2",
-            reason=UNSUPPORTED_PROTOCOL_VERSION))
     broker = client.broker
     limits = broker.limits
     client_id = p.client_id
     client.protocol_level = p.protocol_level
+    v5 = p.protocol_level == P.PROTOCOL_5
+    if v5:
+        conn = client.v5 = mqtt5.Conn5(p.properties)
+        if p.properties is not None and Q.AUTH_METHOD in p.properties:
+            return refuse(client, 0, f"authentication method "
+                          f"{p.properties[Q.AUTH_METHOD]!r} is not supported", "auth",
+                          reason5=BAD_AUTHENTICATION_METHOD)
     if len(client_id.encode("utf-8")) > limits.max_client_id_length:
         client.client_id = client_id[:64]
         return refuse(client, 2, f"client id longer than max_client_id_length "
@@ -44,23 +52,28 @@ def on_connect(client, p: P.Connect) -> None:
     if not client_id:
         if p.protocol_level == P.PROTOCOL_31:
             return refuse(client, 2, "empty client id (MQTT 3.1 requires 1-23 characters)")
-        if not p.clean_session:
+        if not p.clean_session and not v5:
             return refuse(client, 2, "empty client id with clean session 0 (MQTT-3.1.3-8)")
         if not broker.config.allow_zero_length_clientid:
             return refuse(client, 2, "empty client id and allow_zero_length_clientid is false")
         client_id = broker.config.auto_id_prefix + uuid.uuid4().hex
     client.client_id = client_id
     client.client_id_bytes = client_id.encode("utf-8")
-    if p.keepalive > limits.max_keepalive:
+    if p.keepalive > limits.max_keepalive and not v5:
+        # (5.0: the CONNACK's Server Keep Alive says the broker's maximum instead.)
         return refuse(client, 2, f"keepalive {p.keepalive} s is above max_keepalive "
                                  f"({limits.max_keepalive} s)", "max_keepalive")
-    full = broker.admission(client, client_id, p.clean_session)
+    # Kept past the connection: 3.1.1 clean session 0, 5.0 a Session Expiry Interval.
+    persistent = (mqtt5.session_expiry(conn, limits.persistent_client_expiration) > 0 if v5
+                  else not p.clean_session)
+    full = broker.admission(client, client_id, not persistent)
     if full is not None:
         limit, why = full
         broker.peer_log.log(log, logging.WARNING, limit, client.peer,
                             "%s refused (CONNACK 3, server unavailable): %s", client.describe(),
                             why)
-        client.answer(encode(P.Connack(False, 3)))
+        client.answer(mqtt5.refusal_frame(mqtt5.ADMISSION_REASONS.get(
+            limit, SERVER_UNAVAILABLE), why) if v5 else encode(P.Connack(False, 3)))
         broker.stats.connections_refused += 1
         broker.refused[limit] += 1
         broker.hit(limit)
@@ -125,32 +138,56 @@ def accept(client, p: P.Connect) -> None:
     broker = client.broker
     client_id = client.client_id
     client.rate = PublishRate.for_limits(broker.limits, broker.clock())
-    session, present = broker.attach(client, client_id, p.clean_session)
+    conn = client.v5
+    if conn is None:
+        session, present = broker.attach(client, client_id, p.clean_session)
+    else:
+        expiry = mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration)
+        session, present = broker.attach(client, client_id, expiry == 0, p.clean_session)
+        session.expiry_interval = expiry
     client.session = session
     session.acl = client.acl
     client.connected = True
     client.connect_deadline = 0.0  # no longer needed: its float goes (24 bytes a connection)
     client.enter_connected()
-    # MQTT 3.1 has no session present flag: that byte is reserved there.
-    client.answer(_CONNACK_ACCEPTED[present and p.protocol_level != P.PROTOCOL_31])
+    if conn is None:
+        # MQTT 3.1 has no session present flag: that byte is reserved there.
+        client.answer(_CONNACK_ACCEPTED[present and p.protocol_level != P.PROTOCOL_31])
+        detail = f"clean session {p.clean_session:d}"
+    else:
+        max_keepalive = broker.limits.max_keepalive
+        keepalive = None
+        if p.keepalive > max_keepalive:
+            keepalive = client.keepalive = max_keepalive
+        assigned = client_id if not p.client_id else None
+        client.answer(encode_connack5(present, 0, mqtt5.connack_properties(
+            broker, client, assigned, keepalive, expiry)))
+        detail = f"clean start {p.clean_session:d}, session expiry {expiry}"
     broker.stats.packets_sent += 1
-    connections_log.info("%s connected (protocol %d, clean session %d, keepalive %d%s)",
-                         client.describe(), p.protocol_level, p.clean_session, p.keepalive,
+    connections_log.info("%s connected (protocol %d, %s, keepalive %d%s)",
+                         client.describe(), p.protocol_level, detail, client.keepalive,
                          ", session resumed" if present else "")
     broker.schedule(client)
     if present:
         broker.resume(session)
 
 
-def refuse(client, code: int, why: str, reason: str = "client_id") -> None:
+def refuse(client, code: int, why: str, reason: str = "client_id", *, reason5: int = 0) -> None:
+    """Refuse a CONNECT: 3.1.1 CONNACK ``code``; a 5.0 client gets ``reason5`` or the reason
+    code that says the same as ``code``, with ``why`` as the Reason String."""
     broker = client.broker
-    broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (CONNACK %d): %s",
-                        client.describe(), code, why)
+    if client.v5 is not None:
+        code = reason5 or mqtt5.CONNACK_REASONS[code]
+        frame = mqtt5.refusal_frame(code, why)
+    else:
+        frame = encode(P.Connack(False, code))
+    broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (CONNACK %s): %s",
+                        client.describe(), f"{code:#04x}" if client.v5 else code, why)
     broker.stats.connections_refused += 1
     broker.refused[reason] += 1
     if reason in broker.limit_hits:
         broker.hit(reason)
-    client.answer(encode(P.Connack(False, code)))
+    client.answer(frame)
     client.close(will=False)
 
 
@@ -162,3 +199,19 @@ def on_pingreq(client, p) -> None:
 def on_disconnect(client, p) -> None:
     connections_log.info("%s disconnected", client.describe())
     client.close(will=False)
+
+
+def on_disconnect5(client, p: P.Disconnect) -> None:
+    """A 5.0 DISCONNECT: reason 0x04 keeps the will; a Session Expiry Interval changes the
+    session's (not from 0 to more: MQTT-3.14.2-2)."""
+    props = p.properties
+    if props is not None and Q.SESSION_EXPIRY in props:
+        expiry = props[Q.SESSION_EXPIRY]
+        session = client.session
+        if session.expiry_interval == 0 and expiry:
+            raise ProtocolError("DISCONNECT sets a Session Expiry Interval after CONNECT set "
+                                "0", rule="MQTT-3.14.2-2", reason=PROTOCOL_ERROR)
+        client.broker.set_session_expiry(session, mqtt5.session_expiry_cap(
+            expiry, client.broker.limits.persistent_client_expiration))
+    connections_log.info("%s disconnected (reason %#04x)", client.describe(), p.reason_code)
+    client.close(will=p.reason_code == DISCONNECT_WITH_WILL)
