@@ -94,7 +94,7 @@ def listen_fds(environ: MutableMapping[str, str] = os.environ) -> list[PassedSoc
     for i, name in enumerate(labels):
         fd = FIRST_FD + i
         try:
-            passed.append(_adopt(fd, name))
+            passed.append(adopt(fd, name))
         except ValueError as exc:
             problems.append(str(exc))
     if problems:
@@ -104,7 +104,7 @@ def listen_fds(environ: MutableMapping[str, str] = os.environ) -> list[PassedSoc
     return passed
 
 
-def _adopt(fd: int, name: str) -> PassedSocket:
+def adopt(fd: int, name: str) -> PassedSocket:
     """Descriptor ``fd`` as a non-blocking, close-on-exec listening socket; ValueError naming
     what it is instead."""
     what = f"fd {fd} ({name!r})"

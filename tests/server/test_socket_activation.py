@@ -11,6 +11,7 @@ import socket
 import pytest
 
 import mqttraw as m
+from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
 from edgebroker.server import activation
 from fakesystemd import SocketUnit
@@ -163,3 +164,31 @@ def test_variables_removed_and_sockets_for_another_process_left_alone(monkeypatc
     with pytest.raises(ConfigError, match="LISTEN_FDS='two' is not a number of descriptors"):
         activation.listen_fds()
     assert "LISTEN_FDS" not in os.environ and "LISTEN_PID" not in os.environ
+
+
+def test_the_same_address_however_the_listener_writes_it(tmp_path):
+    """The rule in this process: a listener's host is compared as the broker would bind it
+    ("localhost", an IPv6 address written another way, "::" for a port alone)."""
+    socks = []
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        s = socket.socket(family)
+        s.bind((host, 0))
+        s.listen(1)
+        socks.append(s)
+    path = str(tmp_path / "mqtt.sock")
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(path)
+    unix.listen(1)
+    socks.append(unix)
+    v4, v6 = (s.getsockname()[1] for s in socks[:2])
+    passed = [activation.adopt(s.detach(), name) for s, name in zip(socks, ("a", "b", "c"))]
+    try:
+        listeners = [ListenerConfig(unix_socket=str(tmp_path / "." / "mqtt.sock")),
+                     ListenerConfig(host="0:0::1", port=v6),
+                     ListenerConfig(host="localhost", port=v4)]
+        assert activation.match(listeners, passed) == [p.sock for p in reversed(passed)]
+        every_address = activation.listener_key(ListenerConfig(host="::", port=1883))
+        assert activation.listen_stream(every_address) == "[::]:1883"
+    finally:
+        for p in passed:
+            p.sock.close()
