@@ -303,3 +303,18 @@ def test_config_check_without_a_file_checks_what_serve_runs(tmp_path):
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout == (f"built-in defaults: OK (listeners: 127.0.0.1:1883; state directory: "
                         f"{tmp_path / 'state'})\n")
+
+
+# ----------------------------------------------------------------------------- start-up log
+
+def test_start_up_log_says_empty_for_an_empty_log(broker, tmp_path, uid):
+    """It said `offsets 0..-1`."""
+    data = str(tmp_path / "data")
+    b = broker(data_dir=data)
+    line = b.wait_log("commit log ")
+    assert ": 1 segments, empty (next offset 0), opened in " in line, line
+    b.client(uid).publish(f"{uid}/t", b"x", qos=1)
+    assert b.stop() == 0
+    b = broker(data_dir=data)
+    line = b.wait_log("commit log ")
+    assert ": 1 segments, offsets 0..0, opened in " in line, line
