@@ -87,7 +87,15 @@ class EdgebrokerError(Exception):
 
 
 class ConfigError(EdgebrokerError):
-    """A configuration file or option is wrong; the message names the key."""
+    """A configuration file or option is wrong; the message names the key. One error may
+    carry several problems, one message each (``config.load`` reports all those of a file)."""
+
+    def __init__(self, *problems: str, partial=None):
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+        # config.load: what the valid keys make (the wrong ones left at their defaults), for
+        # `config check` to go on checking the files it names.
+        self.partial = partial
 
 
 class ProtocolError(EdgebrokerError):

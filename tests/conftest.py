@@ -658,6 +658,13 @@ def run_cli(*args, timeout: float = 15.0) -> subprocess.CompletedProcess:
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
+def sigint_ignored(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT (its SigIgn mask in /proc)."""
+    with open(f"/proc/{pid}/status") as fh:
+        mask = next(int(line.split()[1], 16) for line in fh if line.startswith("SigIgn:"))
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
 def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0,
                       pred=lambda session: True) -> dict:
     """The snapshot once it lists ``client_id`` with a session entry for which ``pred`` holds

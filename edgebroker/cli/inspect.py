@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 
 from edgebroker import config as configuration
 from edgebroker.cli import inspect_live
+from edgebroker.cli.options import add_format
 from edgebroker.core import snapshot
 from edgebroker.errors import EdgebrokerError
 
@@ -45,7 +46,7 @@ def add_parser(commands) -> None:
     def common(sp):
         sp.add_argument("--data-dir", metavar="DIR", help="state directory (default: as serve)")
         sp.add_argument("-c", "--config", metavar="FILE", help="take data_dir from this config file")
-        sp.add_argument("--format", choices=("text", "json"), default="text")
+        add_format(sp)
 
     sp = sub.add_parser("segments", help="segment files: offsets, records, bytes, times, uploaded")
     common(sp)
@@ -289,10 +290,7 @@ def run_tail(args) -> int:
                     next_offset = r.offset + 1
                 next_offset = max(next_offset, log.next_offset)
                 sys.stdout.flush()
-        except KeyboardInterrupt:
-            return 0
-        except BrokenPipeError:
-            _quiet_broken_pipe()
+        except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the way to end --follow
             return 0
     finally:
         log.close()
@@ -302,12 +300,6 @@ def run_tail(args) -> int:
 def _matches(flt: bytes, topic: bytes) -> bool:
     from edgebroker import _native
     return _native.topic_matches(flt, topic)
-
-
-def _quiet_broken_pipe() -> None:
-    # The reader (head, less) went away: stop without a traceback at interpreter exit.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
 
 
 # ------------------------------------------------------------------------------------ verify

@@ -1,18 +1,32 @@
 """`edgebroker` command line: one small module per command.
 
 Every command is a plain function taking parsed arguments and returning an
-exit code; this module only parses and turns the project's errors into one
-clear line on stderr (exit 2 for configuration errors, 1 for the rest).
+exit code; this module only parses and turns the project's errors into clear
+lines on stderr (exit 2 for configuration errors, one line per problem; 1 for
+the rest, one line).
+
+Exit codes of every command: 0 done, 1 an error, 2 a configuration or usage error, 130
+interrupted (SIGINT or SIGTERM; ``tail --follow`` and ``clients --watch`` end with 0, being
+meant to run until stopped), 141 (128 + SIGPIPE, what a shell shows for a Unix tool that
+wrote to a closed pipe) when the reader of stdout or stderr went away (``| head``): quietly,
+without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.cli import config_check, inspect, passwd, serve, upload
+from edgebroker.cli.options import CommandParser
+
+
+CLOSED_PIPE = 141   # 128 + SIGPIPE
 
 
 def version_line() -> str:
@@ -40,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="edgebroker", description="MQTT broker for edge gateways with a durable commit log.")
     parser.add_argument("--version", action=VersionAction, nargs=0,
                         help="print the version and the native backend in use, and exit")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                     parser_class=CommandParser)
     serve.add_parser(commands)
     config_check.add_parser(commands)
     inspect.add_parser(commands)   # offline log commands and the live ones (inspect_live)
@@ -50,14 +65,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()   # a reader gone shows here, not as a traceback at exit
+    except BrokenPipeError:
+        if not _quiet_closed_pipes():
+            raise
+        return CLOSED_PIPE
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "serve":   # serve has its own SIGTERM handling (server/app.py)
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.run(args)
     except ConfigError as exc:
-        print(f"edgebroker: config error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"edgebroker: config error: {problem}", file=sys.stderr)
         return 2
     except EdgebrokerError as exc:
         print(f"edgebroker: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _interrupt(signum, frame):
+    """SIGTERM ends a command as Ctrl-C does, also where SIGINT is ignored (a background job
+    of a script, some CI runners): ``tail --follow`` and ``clients --watch`` end with 0."""
+    raise KeyboardInterrupt
+
+
+def _quiet_closed_pipes() -> bool:
+    """Whether stdout or stderr is a pipe or socket whose reader has gone (``| head``); each
+    such one is pointed at /dev/null, so that nothing more (a traceback at exit) is written."""
+    closed = False
+    poller = select.poll()
+    for fd in (1, 2):
+        poller.register(fd, 0)
+    for fd, events in poller.poll(0):
+        if events & (select.POLLERR | select.POLLHUP):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+            closed = True
+    return closed

@@ -1,6 +1,7 @@
 """`edgebroker passwd`: add, change, delete and upgrade users in a password file.
 
-    edgebroker passwd FILE USER              set USER's password (asked twice, not shown)
+    edgebroker passwd FILE USER              set USER's password (asked twice, not shown;
+                                             read from stdin when it is not a terminal)
     edgebroker passwd -b FILE USER PASSWORD  the same, password on the command line (scripts)
     edgebroker passwd -D FILE USER           delete USER
     edgebroker passwd -U FILE                hash every plain-text user:password line
@@ -15,6 +16,7 @@ PBKDF2-SHA512 format instead. A running broker reads the file again on SIGHUP.
 from __future__ import annotations
 
 import getpass
+import sys
 
 from edgebroker.errors import EdgebrokerError
 from edgebroker.security import passwords
@@ -59,6 +61,10 @@ def _expect(args, *, user: bool, password: bool, usage: str) -> None:
 
 
 def prompt() -> str:
+    """The password, asked twice on a terminal; from stdin when it is not one (a pipe or a
+    file: ``echo "$PW" | edgebroker passwd FILE USER``)."""
+    if not sys.stdin.isatty():
+        return read_stdin()
     try:
         first = getpass.getpass("Password: ")
         second = getpass.getpass("Reenter password: ")
@@ -67,6 +73,18 @@ def prompt() -> str:
     if first != second:
         raise EdgebrokerError("passwd: the passwords do not match; nothing changed")
     return first
+
+
+def read_stdin() -> str:
+    """The first line of stdin, without its line end. A second line, if any, must repeat it
+    (input made for the two prompts)."""
+    lines = sys.stdin.read().splitlines()
+    if not lines:
+        raise EdgebrokerError("passwd: no password on stdin (it is not a terminal: give the "
+                              "password as its first line)")
+    if len(lines) > 1 and lines[1] != lines[0]:
+        raise EdgebrokerError("passwd: the two lines on stdin differ; nothing changed")
+    return lines[0]
 
 
 def _user_of(line: str) -> str | None:

@@ -374,9 +374,10 @@ def open_for_append(self, seg: Segment) -> None:
 def log_recovery(self) -> None:
     r = self.recovery
     first, nxt = self.first_offset, self._next
-    log.info("commit log %s: %d segments, offsets %d..%d, opened%s in %.3f s "
+    held = f"offsets {first}..{nxt - 1}" if nxt > first else f"empty (next offset {nxt})"
+    log.info("commit log %s: %d segments, %s, opened%s in %.3f s "
              "(%d scanned record by record, %d damaged regions, %d indexes rebuilt)",
-             self.directory, r.segments, first, nxt - 1, " read-only" if self.readonly else "",
+             self.directory, r.segments, held, " read-only" if self.readonly else "",
              r.seconds, r.full_scans, len(r.damage), len(r.index_rebuilt))
 
 

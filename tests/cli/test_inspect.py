@@ -11,11 +11,13 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
 
 from commitlog.logutil import append_n, flip_byte, open_log, parse_segment, segment_files
+from conftest import sigint_ignored
 
 # Each test runs on the C helper and on its pure-Python twin, as the commit log's own tests do.
 pytestmark = pytest.mark.usefixtures("native_backend")
@@ -120,34 +122,70 @@ def test_tail_payload_rendering(tmp_path):
     assert js[1]["payload"] == "héllo\nworld"
 
 
+@contextmanager
+def following(data_dir, sigint):
+    """``inspect tail --follow`` started with SIGINT set to ``sigint`` (SIG_DFL: Ctrl-C works;
+    SIG_IGN: as a background job of a script, under nohup from one, or some CI runners), not
+    whatever the test runner passed down; its stdout lines collect in ``proc.lines``."""
+    proc = subprocess.Popen([sys.executable, "-m", "edgebroker", "inspect", "tail", "--data-dir",
+                             str(data_dir), "--follow", "--format", "json", "-n", "2"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+    proc.lines = []
+    reader = threading.Thread(target=lambda: proc.lines.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        reader.join(5)
+
+
+def wait_lines(proc, n: int, deadline: float) -> None:
+    while len(proc.lines) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(proc.lines) >= n, f"{len(proc.lines)} lines, expected {n}"
+
+
 def test_tail_follow_while_a_writer_appends_and_rolls(tmp_path):
     log = open_log(tmp_path / "data" / "log", segment_bytes=4096)
     append_n(log, 5)
     log.write_pending()
-    proc = subprocess.Popen([sys.executable, "-m", "edgebroker", "inspect", "tail", "--data-dir",
-                             str(tmp_path / "data"), "--follow", "--format", "json", "-n", "2"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
+    with closing(log), following(tmp_path / "data", signal.SIG_DFL) as proc:
         deadline = time.monotonic() + 20
-        while len(lines) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_lines(proc, 2, deadline)
         for _ in range(10):  # 150 more records, several rolls, while it follows
             append_n(log, 15)
             log.write_pending()
             time.sleep(0.1)
-        while len(lines) < 152 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_lines(proc, 152, deadline)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    reader.join(5)
-    assert [json.loads(ln)["offset"] for ln in lines] == list(range(3, 155))
+    assert [json.loads(ln)["offset"] for ln in proc.lines] == list(range(3, 155))
+
+
+def test_tail_follow_stops_on_sigterm_where_sigint_is_ignored(tmp_path):
+    """Started with SIGINT ignored, `tail --follow` could not be stopped but by SIGKILL;
+    SIGTERM ends it cleanly (exit 0, every record printed)."""
+    log = open_log(tmp_path / "data" / "log")
+    append_n(log, 5)
+    log.write_pending()
+    with closing(log), following(tmp_path / "data", signal.SIG_IGN) as proc:
+        deadline = time.monotonic() + 20
+        wait_lines(proc, 2, deadline)
+        assert sigint_ignored(proc.pid)
+        proc.send_signal(signal.SIGINT)          # ignored: it goes on following
+        append_n(log, 3)
+        log.write_pending()
+        wait_lines(proc, 5, deadline)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    assert [json.loads(ln)["offset"] for ln in proc.lines] == list(range(3, 8))
+    assert proc.stderr.read() == ""
 
 
 def test_verify_ok_and_progress_on_a_terminal(data_dir):

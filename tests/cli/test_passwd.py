@@ -4,6 +4,8 @@ upgrade, atomic 0600 writes, and the broker accepting what it wrote."""
 import os
 import pty
 import select
+import signal
+import subprocess
 import sys
 import time
 
@@ -15,10 +17,14 @@ class Terminal:
     """``python -m edgebroker ARGS`` on a pseudo-terminal (its controlling terminal, as for a
     person typing), so getpass really turns echo off."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, stdin_fd: int | None = None):
+        """``stdin_fd``: the child's stdin instead of the terminal (still its controlling
+        terminal)."""
         pid, fd = pty.fork()
         if pid == 0:                                        # the child: exec at once
             try:
+                if stdin_fd is not None:
+                    os.dup2(stdin_fd, 0)
                 os.chdir(REPO)
                 os.execv(sys.executable, [sys.executable, "-m", "edgebroker", *args])
             finally:
@@ -52,6 +58,8 @@ class Terminal:
             ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
             if ready and not self._read():
                 break
+        else:
+            os.kill(self.pid, signal.SIGKILL)               # still waiting: fail, not hang
         _, status = os.waitpid(self.pid, 0)
         os.close(self.fd)
         return os.waitstatus_to_exitcode(status)
@@ -163,3 +171,43 @@ def test_usage_errors(tmp_path):
     r = run_cli("passwd", "-b", "-D", path, "alice")
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
     assert not os.path.exists(path)
+
+
+def piped(path, user: str, stdin: str) -> subprocess.CompletedProcess:
+    """``printf STDIN | edgebroker passwd FILE USER`` with no controlling terminal (cron, CI,
+    ssh without a tty), where getpass warned (GetPassWarning) and read the wrong lines."""
+    return subprocess.run([sys.executable, "-m", "edgebroker", "passwd", str(path), user],
+                          cwd=REPO, input=stdin, capture_output=True, text=True, timeout=30,
+                          start_new_session=True)
+
+
+def test_password_piped_without_a_terminal(tmp_path):
+    path = tmp_path / "passwd"
+    r = piped(path, "alice", "S3cret pw\n")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout == f"{path}: user 'alice' added\n"
+    assert verify_password(PasswordFile.load(str(path)).lookup("alice")[1], "S3cret pw")
+    r = piped(path, "bob", "b-pw\nb-pw\n")              # input made for the two prompts
+    assert (r.returncode, r.stderr) == (0, "")
+    assert verify_password(PasswordFile.load(str(path)).lookup("bob")[1], "b-pw")
+    before = path.read_text()
+    r = piped(path, "bob", "one\nother\n")
+    assert r.returncode == 1
+    assert r.stderr == "edgebroker: passwd: the two lines on stdin differ; nothing changed\n"
+    r = piped(path, "carol", "")
+    assert r.returncode == 1 and "no password on stdin" in r.stderr
+    assert path.read_text() == before
+
+
+def test_password_piped_in_a_terminal_session(tmp_path):
+    """`echo PW | edgebroker passwd FILE USER` typed in a shell: stdin is the pipe, not the
+    terminal (getpass read the terminal, waiting for someone to type)."""
+    path = tmp_path / "passwd"
+    r, w = os.pipe()
+    os.write(w, b"from-the-pipe\n")
+    os.close(w)
+    term = Terminal("passwd", str(path), "dave", stdin_fd=r)
+    os.close(r)
+    assert term.wait() == 0, term.output
+    assert b"Password" not in term.output and b"from-the-pipe" not in term.output
+    assert verify_password(PasswordFile.load(str(path)).lookup("dave")[1], "from-the-pipe")
