@@ -170,7 +170,8 @@ class Router:
                     continue
                 sent += 1
             elif (client is not None and not session.queue
-                  and len(session.inflight) < self.limits.max_inflight_messages
+                  and len(session.inflight) < (session.receive_max
+                                               or self.limits.max_inflight_messages)
                   and session.inflight_bytes < self.limits.max_inflight_bytes
                   and client.transport.out_bytes < client.transport.max_pending):
                 self._send(session, message, q, retain_out)
@@ -214,7 +215,7 @@ class Router:
         """A QoS 1/2 message that cannot be sent now: count why, then queue it."""
         client = session.client
         if client is not None and not session.queue:
-            if len(session.inflight) >= self.limits.max_inflight_messages:
+            if len(session.inflight) >= (session.receive_max or self.limits.max_inflight_messages):
                 self.hit("max_inflight_messages")
             elif session.inflight_bytes >= self.limits.max_inflight_bytes:
                 self.hit("max_inflight_bytes")
@@ -351,7 +352,7 @@ class Router:
             return
         queue = session.queue
         limits = self.limits
-        window = limits.max_inflight_messages
+        window = session.receive_max or limits.max_inflight_messages
         window_bytes = limits.max_inflight_bytes
         transport = client.transport
         max_pending = transport.max_pending

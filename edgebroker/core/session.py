@@ -128,7 +128,7 @@ class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
                  "queued_qos0", "drops", "acl", "cursor", "saved", "offline_at", "expiry",
-                 "expiry_interval", "sub5")
+                 "expiry_interval", "sub5", "receive_max")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -164,6 +164,9 @@ class Session:
         # filter -> (options byte, subscription identifier or 0), for filters with any.
         self.expiry_interval: int | None = None
         self.sub5: dict[str, tuple[int, int]] | None = None
+        # The 5.0 client's Receive Maximum when below max_inflight_messages: its window
+        # (0: max_inflight_messages).
+        self.receive_max = 0
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

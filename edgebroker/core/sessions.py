@@ -355,7 +355,8 @@ class Sessions:
                     self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
                 elif qos == 0:
                     self._write_publish(client, message, 0, True, False, None)
-                elif (not session.queue and len(session.inflight) < self.limits.max_inflight_messages
+                elif (not session.queue and len(session.inflight) < (
+                        session.receive_max or self.limits.max_inflight_messages)
                       and session.inflight_bytes < self.limits.max_inflight_bytes):
                     self._send(session, message, qos, True)
                 else:
