@@ -21,7 +21,8 @@ from mqtt.test_codec import (
     read_like_the_transport, read_repeat, same, short_bytes, topic_filters, topic_names,
 )
 from edgebroker.errors import (
-    MALFORMED_PACKET, PACKET_TOO_LARGE, PROTOCOL_ERROR, TOPIC_NAME_INVALID, ProtocolError,
+    MALFORMED_PACKET, PACKET_TOO_LARGE, PROTOCOL_ERROR, TOPIC_NAME_INVALID,
+    UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode5 import encode5
@@ -612,6 +613,10 @@ def test_suback_and_unsuback_need_a_reason_code():
     for data in (m5.suback5(1, []), m5.unsuback5(1, []), m5.suback5(1, [], {U: [("k", "v")]})):
         with pytest.raises(ProtocolError):
             dec(data)
+    # nor does the broker write one without (an Unsuback made the 3.1.1 way has none)
+    for packet in (Unsuback(5), Unsuback(5, []), Suback(5, [])):
+        with pytest.raises(ValueError, match="reason code per topic filter"):
+            encode5(packet)
 
 
 # ----------------------------------------------------------------------------- lengths
@@ -734,6 +739,8 @@ V5_CONNECT_CASES = [
     (m5.connect5("c", will=("w/+", b"x")), None, TOPIC_NAME_INVALID),
     # user name and will flags set, neither field there
     (m5.connect5("c", flags_override=0x84), None, MALFORMED_PACKET),
+    # level 5 is "MQTT" only
+    (m5.connect5("c", proto_name=b"MQIsdp"), "MQTT-3.1.2-2", UNSUPPORTED_PROTOCOL_VERSION),
 ]
 
 
