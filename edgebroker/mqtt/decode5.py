@@ -15,7 +15,7 @@ from edgebroker.errors import (
     NO_SUBSCRIPTION_EXISTED, PACKET_ID_NOT_FOUND, REASON_NAMES, REAUTHENTICATE, SUCCESS,
 )
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.connect import check_auth, decode_connect
+from edgebroker.mqtt.connect import decode_connect
 from edgebroker.mqtt.decode import DECODERS, FIRST_BYTE_ERRORS
 from edgebroker.mqtt.fields import (
     malformed, no_trailing, protocol_error, read_packet_id, read_str,
@@ -24,7 +24,7 @@ from edgebroker.mqtt.packets import (
     Auth, Connack, Disconnect, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe, Unsuback,
     Unsubscribe,
 )
-from edgebroker.mqtt.properties import decode_properties
+from edgebroker.mqtt.properties import AUTH_METHOD, decode_properties
 from edgebroker.mqtt.topics import validate_topic_filter
 
 # The reason codes each packet may carry (section 2.4 and each packet's table).
@@ -39,9 +39,11 @@ REASONS = {
     P.SUBACK: frozenset((SUCCESS, GRANTED_QOS_1, GRANTED_QOS_2, 0x80, 0x83, 0x87, 0x8F, 0x91,
                          0x97, 0x9E, 0xA1, 0xA2)),
     P.UNSUBACK: frozenset((SUCCESS, NO_SUBSCRIPTION_EXISTED, 0x80, 0x83, 0x87, 0x8F, 0x91)),
-    P.DISCONNECT: frozenset((SUCCESS, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D,
-                             0x8E, 0x8F, 0x90, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98, 0x99, 0x9A,
-                             0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2)),
+    # Table 3-10, and 0x8C (Bad authentication method), which section 2.4 also gives
+    # DISCONNECT (a failed re-authentication ends with it).
+    P.DISCONNECT: frozenset((SUCCESS, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8C,
+                             0x8D, 0x8E, 0x8F, 0x90, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98, 0x99,
+                             0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2)),
     P.AUTH: frozenset((SUCCESS, CONTINUE_AUTHENTICATION, REAUTHENTICATE)),
 }
 
@@ -62,6 +64,9 @@ def _dec_connack(b0: int, buf: bytes, p: int, end: int) -> Connack:
         raise malformed(f"CONNACK with reserved acknowledge flag bits set ({ack_flags:#04x})",
                         rule="MQTT-3.2.2-1")
     code = _reason(P.CONNACK, buf[p + 1])
+    if ack_flags and code:
+        raise protocol_error(f"CONNACK with reason code {code:#04x} and Session Present 1",
+                             "MQTT-3.2.2-6")
     if end - p == 2:  # a 3.1.1-sized CONNACK: the property length is not optional in 5.0
         raise malformed("CONNACK ends before its properties")
     props, p = decode_properties(buf, p + 2, end, P.CONNACK)
@@ -87,16 +92,20 @@ def _make_ack_decoder(cls):
 
 
 def check_subscription_options(options: int, topic_filter: str) -> None:
-    """Reserved bits and Retain Handling 3 in a 5.0 subscription options byte."""
-    if options & 3 == 3:
-        raise malformed(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: QoS 3",
-                        rule="MQTT-3.8.3-2")
+    """Reserved bits (malformed), QoS 3, Retain Handling 3 and No Local on a shared
+    subscription (protocol errors) in a 5.0 subscription options byte (section 3.8.3.1)."""
     if options & 0xC0:
         raise malformed(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: reserved bits "
                         f"set", rule="MQTT-3.8.3-5")
+    if options & 3 == 3:
+        raise protocol_error(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: QoS 3",
+                             "MQTT-3.8.3.1")
     if options & P.SUB_RETAIN_HANDLING == P.SUB_RETAIN_HANDLING:
         raise protocol_error(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: Retain "
                              f"Handling 3", "MQTT-3.8.3.1")
+    if options & P.SUB_NO_LOCAL and topic_filter.startswith("$share/"):
+        raise protocol_error(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: No Local "
+                             f"on a shared subscription", "MQTT-3.8.3-4")
 
 
 def _dec_subscribe(b0: int, buf: bytes, p: int, end: int) -> Subscribe:
@@ -161,8 +170,9 @@ def _make_reasoned_decoder(cls):
         if end - p > 1:
             props, q = decode_properties(buf, p + 1, end, ptype)
             no_trailing(q, end, name)
-        if ptype == P.AUTH:
-            check_auth(props, name)
+        if ptype == P.AUTH and (props is None or AUTH_METHOD not in props):
+            # Only the empty AUTH (Success, no properties) may leave it out.
+            raise protocol_error("AUTH with no Authentication Method", "MQTT-3.15.2.2.2")
         return cls(code, props)
     return decode
 
@@ -171,7 +181,7 @@ def _make_reasoned_decoder(cls):
 FIRST_BYTE_ERRORS5 = list(FIRST_BYTE_ERRORS)
 for _b in range(0xF0, 0x100):
     FIRST_BYTE_ERRORS5[_b] = None if _b == 0xF0 else malformed(
-        f"AUTH with fixed-header flags {_b & 15:04b} (must be 0000)", rule="MQTT-2.2.2-1")
+        f"AUTH with fixed-header flags {_b & 15:04b} (must be 0000)", rule="MQTT-3.15.1-1")
 del _b
 
 # Indexed by packet type; PUBLISH is decoded inline in Decoder._frames.

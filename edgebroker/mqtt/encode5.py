@@ -85,9 +85,17 @@ def _subscribe(p: Subscribe) -> bytes:
     return frame(0x82, b"".join(body))
 
 
+def _reason_codes(p, codes) -> bytes:
+    # One per topic filter (MQTT-3.9.3-1, MQTT-3.11.3-1): a 5.0 UNSUBACK made the 3.1.1 way
+    # (no reason codes) would be a frame every 5.0 receiver refuses.
+    if not codes:
+        raise ValueError(f"a 5.0 {P.NAMES[p.type]} needs a reason code per topic filter")
+    return bytes(codes)
+
+
 def _suback(p: Suback) -> bytes:
     return frame(0x90, _pack_u16(p.packet_id) + encode_properties(p.properties)
-                 + bytes(p.return_codes))
+                 + _reason_codes(p, p.return_codes))
 
 
 def _unsubscribe(p: Unsubscribe) -> bytes:
@@ -97,7 +105,7 @@ def _unsubscribe(p: Unsubscribe) -> bytes:
 
 def _unsuback(p) -> bytes:
     return frame(0xB0, _pack_u16(p.packet_id) + encode_properties(p.properties)
-                 + bytes(p.reason_codes or ()))
+                 + _reason_codes(p, p.reason_codes))
 
 
 def _connack(p: Connack) -> bytes:

@@ -81,7 +81,9 @@ def read_u32(buf: bytes, p: int, end: int, what: str) -> int:
 
 
 def read_varint(buf: bytes, p: int, end: int, what: str) -> tuple[int, int]:
-    """A variable byte integer (section 1.5.5): at most four bytes, 7 bits each."""
+    """A variable byte integer (section 1.5.5): at most four bytes, 7 bits each, and no more
+    of them than the value needs (a last byte of 0 after the first is refused, as Mosquitto
+    does; the remaining length, read elsewhere, keeps the leniency of 3.1.1)."""
     value = 0
     for shift in (0, 7, 14, 21):
         if p >= end:
@@ -90,5 +92,8 @@ def read_varint(buf: bytes, p: int, end: int, what: str) -> tuple[int, int]:
         p += 1
         value |= (b & 0x7F) << shift
         if b < 0x80:
+            if b == 0 and shift:
+                raise malformed(f"{what} is encoded in more bytes than its value needs",
+                                rule="MQTT-1.5.5-1")
             return value, p
     raise malformed(f"{what} has a continuation bit in its 4th byte", rule="MQTT-1.5.5-1")

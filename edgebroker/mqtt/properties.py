@@ -10,8 +10,9 @@ matching subscription) and one int in a SUBSCRIBE.
 Rules the decoder applies (each error names the rule): an identifier unknown, or not allowed
 in the packet, or a value running past the end, makes the packet malformed (section 2.2.2.2);
 a property given twice where only User Property and a PUBLISH's Subscription Identifiers may
-repeat, a byte flag other than 0 or 1, and a zero where zero has no meaning (Receive Maximum,
-Maximum Packet Size, Topic Alias, Subscription Identifier) are protocol errors.
+repeat, a byte flag other than 0 or 1, a zero where zero has no meaning (Receive Maximum,
+Maximum Packet Size, Topic Alias, Subscription Identifier) and a Response Topic with a
+wildcard character are protocol errors.
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ def decode_properties(buf: bytes, p: int, end: int, where: int) -> tuple[dict | 
             raise protocol_error(f"{label} is {value} (must be 0 or 1)", "MQTT-2.2.2.2")
         if value == 0 and ident in _NOT_ZERO:
             raise protocol_error(f"{label} is 0", _NOT_ZERO[ident])
+        if ident == RESPONSE_TOPIC and ("+" in value or "#" in value):
+            raise protocol_error(f"{label} {value!r} contains a wildcard character",
+                                 "MQTT-3.3.2-14")
         if ident == SUBSCRIPTION_ID and where == P.PUBLISH:
             props.setdefault(SUBSCRIPTION_ID, []).append(value)
             continue

@@ -54,6 +54,8 @@ LARGE_FRAME = 16 * 1024
 # payload, too, goes straight into its own buffer rather than through the shared one.
 LARGE_READ = 4096
 REPEAT_FRAMES = 16  # at most this many frames alike in one read (repeat_buffers)
+# The 4-byte acknowledgements of 5.0 (an UNSUBACK there has properties and reason codes).
+ACKS5 = {b0: cls for b0, cls in ACKS.items() if b0 != 0xB0}
 
 
 class _Large:
@@ -112,7 +114,7 @@ class Decoder:
         if (len(data) == 4 and self._gen is None and not self._buf and self._large is None
                 and self._ready is None):
             # The commonest read of a QoS 1 subscriber: one PUBACK.
-            ack = ACKS.get(data[0])
+            ack = (ACKS5 if self.protocol else ACKS).get(data[0])
             if ack is not None and data[1] == 2 and (data[2] or data[3]):
                 self.read_hint = 0
                 return (ack(data[2] << 8 | data[3]),)
@@ -400,8 +402,8 @@ class Decoder:
                     if v5:
                         if end > n:  # a large frame: its properties must have arrived
                             q = _properties_end(buf, te, n, end)
-                            if q > n:
-                                need = min(q, end) - pos
+                            if n < q <= end:  # (past the end: decode_properties refuses it)
+                                need = q - pos
                                 break
                         props, q = decode_properties(buf, te, end, PUBLISH)
                         if not topic and (props is None or TOPIC_ALIAS not in props):
@@ -476,9 +478,10 @@ def _properties_end(buf: bytes, p: int, n: int, end: int) -> int:
     return q + length
 
 
-def decode_one(data) -> object:
-    """Decode exactly one complete frame; anything more or less is malformed."""
-    decoder = Decoder()
+def decode_one(data, protocol: int = 0) -> object:
+    """Decode exactly one complete frame (5.0 rules with ``protocol`` 5); anything more or
+    less is malformed."""
+    decoder = Decoder(protocol=protocol)
     found = list(decoder.feed(data))
     if len(found) != 1 or decoder.buffered:
         if not found:

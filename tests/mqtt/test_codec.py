@@ -68,7 +68,8 @@ def fields(packet):
     for name in names:
         value = getattr(packet, name)
         if isinstance(value, Will):
-            value = ("Will", value.topic, value.payload, value.qos, value.retain)
+            value = ("Will", value.topic, value.payload, value.qos, value.retain,
+                     value.properties)
         values.append((name, value))
     return (type(packet).__name__, tuple(values))
 
@@ -82,8 +83,8 @@ def decode_all(data, decoder=None):
     return list(decoder.feed(data))
 
 
-def feed_in_pieces(data: bytes, cuts) -> list:
-    decoder = Decoder()
+def feed_in_pieces(data: bytes, cuts, decoder=None) -> list:
+    decoder = decoder or Decoder()
     out = []
     start = 0
     for cut in sorted(cuts) + [len(data)]:
@@ -681,11 +682,12 @@ def test_hypothesis_any_split_gives_the_same_packets(packets, data):
     assert same(feed_in_pieces(stream, cuts), packets)
 
 
-def _decode_anything(data: bytes, max_packet_size: int = 1 << 16) -> None:
-    """Feed data whole and byte-wise; only ProtocolError may escape, and both agree."""
+def _decode_anything(data: bytes, max_packet_size: int = 1 << 16, protocol: int = 0) -> list:
+    """Feed data whole and byte-wise; only ProtocolError may escape, and both agree. The
+    packets and the error's rule (or None)."""
     results = []
     for step in (len(data) or 1, 1, 7):
-        decoder = Decoder(max_packet_size=max_packet_size)
+        decoder = Decoder(max_packet_size=max_packet_size, protocol=protocol)
         got, error = [], None
         try:
             for i in range(0, len(data), step):
@@ -694,6 +696,7 @@ def _decode_anything(data: bytes, max_packet_size: int = 1 << 16) -> None:
             error = exc.rule
         results.append(([fields(p) for p in got], error))
     assert results[0] == results[1] == results[2]
+    return results[0]
 
 
 @settings(max_examples=500, deadline=None)
@@ -712,7 +715,12 @@ def test_hypothesis_random_bodies_raise_only_protocol_error(first, body):
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(any_packet, min_size=1, max_size=3), st.data())
 def test_hypothesis_mutated_frames_raise_only_protocol_error(packets, data):
-    stream = bytearray(b"".join(encode(p) for p in packets))
+    stream = mutate(bytearray(b"".join(encode(p) for p in packets)), data)
+    _decode_anything(bytes(stream), max_packet_size=1 << 12)
+
+
+def mutate(stream: bytearray, data) -> bytearray:
+    """One to four random changes to ``stream`` (``data``: hypothesis's st.data())."""
     for _ in range(data.draw(st.integers(1, 4))):
         kind = data.draw(st.sampled_from(["flip", "set", "insert", "delete", "truncate"]))
         if not stream:
@@ -728,7 +736,7 @@ def test_hypothesis_mutated_frames_raise_only_protocol_error(packets, data):
             del stream[at]
         else:
             del stream[at:]
-    _decode_anything(bytes(stream), max_packet_size=1 << 12)
+    return stream
 
 
 # ----------------------------------------------------------------------------- large PUBLISH
