@@ -239,6 +239,10 @@ class Config:
     allow_zero_length_clientid: bool = setting(
         True, doc="accept an empty client id (with clean session) and assign one")
     auto_id_prefix: str = setting("auto-", doc="prefix of assigned client ids")
+    shared_subscriptions: bool = setting(
+        True, doc="accept shared subscriptions ($share/<name>/<filter>, from 3.1.1 and 5.0 "
+                  "clients); false: refused (SUBACK 0x9E, 3.1.1: 0x80), and the 5.0 CONNACK "
+                  "says Shared Subscription Available 0")
     sys_client_metrics: bool = setting(
         False, doc="also publish $SYS/broker/clients/<id>/... for every connected client")
     coalesce_ms: float = setting(

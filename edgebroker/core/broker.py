@@ -9,6 +9,7 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.router5``: what a PUBLISH to an MQTT 5.0 subscriber carries, and its options;
 - ``core.sessions``: admission, attach/detach, subscriptions, drops;
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
+- ``core.shared``: shared subscriptions: groups, the choice of member, hand-over;
 - ``core.timers``: the deadline heap (keepalive, CONNECT timeout, ``Timer``s) and
   the periodic maintenance;
 - ``core.persistence``: snapshots (capture, restore, replay), with ``core.exchanges``
@@ -41,6 +42,7 @@ from edgebroker.core.persistence import Persistence
 from edgebroker.core.router import Router
 from edgebroker.core.router5 import Router5
 from edgebroker.core.sessions import Sessions
+from edgebroker.core.shared import Shared
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.core.timers import Timers
 
@@ -56,7 +58,7 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker(Router, Router5, Sessions, CatchUp, Timers, Persistence):
+class Broker(Router, Router5, Sessions, CatchUp, Timers, Persistence, Shared):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits
@@ -71,6 +73,7 @@ class Broker(Router, Router5, Sessions, CatchUp, Timers, Persistence):
         self.prompt_gap = prompt_gap(config)
         self._init_sessions()
         self._init_router()
+        self._init_shared()
         self.stats = Stats()
         self.topics = TopicTable()
         self.known_topics = self.topics.current  # the hot path's view (see _on_topic_expiry)

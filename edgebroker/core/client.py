@@ -270,7 +270,7 @@ class Client:
             self.pending_dropped = 0
         session = self.session
         if (session is not None and session.client is self
-                and (session.queue or session.cursor is not None)):
+                and (session.queue or session.cursor is not None or session.shared)):
             self.broker.pump(session)
 
     def violation(self, exc: ProtocolError) -> None:

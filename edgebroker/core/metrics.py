@@ -69,7 +69,8 @@ def snapshot(broker, now: float) -> dict:
         "clients_connected": broker.clients_connected,
         "sockets_open": broker.sockets_open,
         "sessions": len(broker.sessions),
-        "subscriptions": broker.subscriptions.count,
+        "subscriptions": broker.subscriptions.count + broker.shared_members,
+        **broker.shared_figures(),
         "retained_messages": broker.retained.count,
         "topics": len(broker.topics),
         "queued_messages": broker.queued_messages,
@@ -129,11 +130,16 @@ def client_row(client, now: float) -> dict:
         "inflight": len(session.inflight) if session is not None else 0,
         "queued": len(session.queue) if session is not None else 0,
         "queued_bytes": session.queue_bytes if session is not None else 0,
-        "subscriptions": len(session.subscriptions) if session is not None else 0,
+        "subscriptions": _subscriptions(session) if session is not None else 0,
         "topics_created": client.broker.topics.created_by(client.client_id),
         # Reading from the log (core.catchup): its cursor (None: in step) and lag.
         **(client.broker.lag(session) if session is not None else IN_STEP),
     }
+
+
+def _subscriptions(session) -> int:
+    """Its subscriptions, shared ones included."""
+    return len(session.subscriptions) + (len(session.shared) if session.shared else 0)
 
 
 def _rates(client, transport, now: float) -> tuple:
@@ -164,7 +170,7 @@ _KEYS = {  # the sort key alone, without building a whole row
     "pending_write_bytes": lambda c, now: c.transport.out_bytes,
     "queued": lambda c, now: len(c.session.queue),
     "inflight": lambda c, now: len(c.session.inflight),
-    "subscriptions": lambda c, now: len(c.session.subscriptions),
+    "subscriptions": lambda c, now: _subscriptions(c.session),
     "connected_seconds": lambda c, now: now - c.created,
 }
 

@@ -73,7 +73,8 @@ def connack_properties(broker, client, assigned_id: str | None, keepalive: int |
     if limits.max_topic_alias:
         props[Q.TOPIC_ALIAS_MAXIMUM] = limits.max_topic_alias
     props[Q.MAXIMUM_PACKET_SIZE] = limits.max_packet_size
-    props[Q.SHARED_SUB_AVAILABLE] = 0
+    if not broker.config.shared_subscriptions:
+        props[Q.SHARED_SUB_AVAILABLE] = 0   # available (1) is the default
     return props
 
 

@@ -15,6 +15,7 @@ import logging
 
 from edgebroker.core import snapshot as snap
 from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session, Stored
+from edgebroker.mqtt.topics import is_shared
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -60,6 +61,8 @@ class Persistence:
             if (state is None or session.client is not None
                     or session.cursor is not None and state.cursor != session.cursor.offset):
                 state = self._session_state(session, now, result.written_ms)
+                if session.shared is not None:
+                    self.shared_session_state(session, state)
                 if session.client is None:
                     session.saved = state
             sessions.append(state)
@@ -75,6 +78,7 @@ class Persistence:
                     saved[topic] = snap.RetainedState(message.topic, message.payload,
                                                       message.qos, message.offset)
         result.retained = list(saved.values())
+        result.shared = self.capture_shared()
         self._snapshot_dirty = False
         self._snapshot_offset = next_offset
         return result
@@ -137,11 +141,15 @@ class Persistence:
             session.offline_at = now - max(0, wall_ms - since_ms) / 1000
             session.expiry_interval = s.expiry_interval
             if s.sub5:
-                session.sub5 = {f: (o, i) for f, (o, i) in s.sub5.items()}
+                session.sub5 = {f: (o, i) for f, (o, i) in s.sub5.items()
+                                if not is_shared(f)} or None
             self._expire_later(session)
             if s.subscriptions:
                 subscriptions = session.own_subscriptions()
                 for topic_filter, qos in s.subscriptions.items():
+                    if is_shared(topic_filter):
+                        self.restore_member(session, topic_filter, qos, s.sub5.get(topic_filter))
+                        continue
                     self.subscriptions.add(topic_filter, session, qos)
                     subscriptions[topic_filter] = qos
             if s.inflight:
@@ -165,6 +173,7 @@ class Persistence:
             if s.drops:
                 session.drops = dict(s.drops)
             self._restore_cursor(session, s, state.log_next_offset)
+        lost += self.restore_shared(state.shared, end)
         self._snapshot_offset = state.log_next_offset
         if end is not None:
             self.stats.publish_lost += lost
@@ -239,6 +248,8 @@ class Persistence:
                 session.awaiting_release.discard(record[2])
         for session, offsets in sent.items():
             self._forget_sent(session, offsets)
+        if sent and self.groups:
+            self.forget_shared_sent(set().union(*sent.values()))
         if records:
             log.info("applied %d QoS 2 exchange records written after the snapshot",
                      len(records))

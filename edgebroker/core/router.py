@@ -35,7 +35,16 @@ log = logging.getLogger("edgebroker.broker")
 # each subscriber gets one buffer; larger ones are queued as header + payload
 # to avoid copying them.
 _JOIN_LIMIT = 4096
-_UNBOUNDED = 1 << 62
+
+
+def queue_limit(limits, count: int, size: int) -> str | None:
+    """The limit an in-memory queue of ``count`` messages and ``size`` bytes is at (when
+    max_queued_messages/bytes bound it: not the log as the queue), or None."""
+    if limits.max_queued_messages and count >= limits.max_queued_messages:
+        return "max_queued_messages"
+    if limits.max_queued_bytes and size >= limits.max_queued_bytes:
+        return "max_queued_bytes"
+    return None
 
 
 class Router:
@@ -120,6 +129,8 @@ class Router:
             else:
                 self.retained.delete(topic)
         targets = self.subscriptions.match(topic)
+        if self.groups and self.route_shared(message) and not targets:
+            return      # shared subscriptions only (core.shared)
         if not targets:
             stats.publish_unrouted += 1
             return
@@ -224,24 +235,29 @@ class Router:
                 client.transport.wait_for_drain()
         self._enqueue(session, message, qos, retain)
 
-    def _send(self, session: Session, ref, qos: int, retain: bool) -> None:
-        """Send a QoS 1/2 message in the session's window (the client is online)."""
+    def _send(self, session: Session, ref, qos: int, retain: bool,
+              ids: bytes | None = None) -> Outgoing | None:
+        """Send a QoS 1/2 message in the session's window (the client is online); its window
+        entry, None when it was not sent (``_write_publish``)."""
         pid = session.allocate_id()
-        if self._write_publish(session.client, ref, qos, retain, False, pid):
+        if self._write_publish(session.client, ref, qos, retain, False, pid, ids):
             inflight = session.inflight
             if inflight is EMPTY_DICT:
                 inflight = session.own_inflight()
-            inflight[pid] = Outgoing(ref, qos, retain)
+            entry = inflight[pid] = Outgoing(ref, qos, retain)
             session.inflight_bytes += ref.size
             if qos == 2 and not session.clean and self.exchanges is not None:
                 offset = ref.offset
                 if offset is not None:
                     self.exchanges.sent(session.client_id, pid, offset, ref.size, retain)
+            return entry
+        return None
 
-    def _write_publish(self, client, message, qos, retain, dup, pid) -> bool:
-        """Queue one PUBLISH on the client's transport; False if its log record is gone."""
+    def _write_publish(self, client, message, qos, retain, dup, pid, ids=None) -> bool:
+        """Queue one PUBLISH on the client's transport; False if its log record is gone.
+        ``ids``: a 5.0 client's Subscription Identifiers (``_write_publish5``)."""
         if client.v5 is not None:
-            return self._write_publish5(client, message, qos, retain, dup, pid)
+            return self._write_publish5(client, message, qos, retain, dup, pid, ids)
         if type(message) is not Message:
             return self._write_from_log(client, message, qos, retain, dup, pid)
         payload = message.payload
@@ -303,15 +319,12 @@ class Router:
             return
         limits = self.limits
         queue = session.queue
-        # Set to bound the in-memory queue, each of the two; 0: that one has no bound.
-        max_messages = limits.max_queued_messages or _UNBOUNDED
-        max_bytes = limits.max_queued_bytes or _UNBOUNDED
-        if len(queue) >= max_messages or session.queue_bytes >= max_bytes:
-            limit = "max_queued_messages" if len(queue) >= max_messages else "max_queued_bytes"
+        limit = queue_limit(limits, len(queue), session.queue_bytes)
+        if limit is not None:
             self.hit(limit)
             if limits.queue_full == "drop_old":
                 dropped = 0
-                while queue and (len(queue) >= max_messages or session.queue_bytes >= max_bytes):
+                while queue and queue_limit(limits, len(queue), session.queue_bytes):
                     old, old_qos, _ = queue.popleft()
                     if old_qos == 0:
                         session.queued_qos0 -= 1
@@ -400,6 +413,8 @@ class Router:
             log.warning("session %r: queue drained; %d messages were dropped while it was full",
                         session.client_id, session.dropped)
             session.dropped = 0
+        if session.shared:
+            self.pump_shared(session)    # its shared subscriptions' backlogs (core.shared)
 
     def resume(self, session: Session) -> None:
         """A persistent session's client is back: re-send the window, then the queue."""

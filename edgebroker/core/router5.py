@@ -62,9 +62,12 @@ def subscription_ids(session, topic: str) -> bytes:
 class Router5:
     """The 5.0 part of ``Broker``'s routing (a mixin over the broker's state)."""
 
-    def _write_publish5(self, client, ref, qos: int, retain: bool, dup: bool, pid) -> bool:
+    def _write_publish5(self, client, ref, qos: int, retain: bool, dup: bool, pid,
+                        ids: bytes | None = None) -> bool:
         """Queue one PUBLISH for a 5.0 client; False when it is not sent (its record gone,
-        expired, too large for the client)."""
+        expired, too large for the client). ``ids``: its Subscription Identifier properties
+        when given (a shared subscription's, core.shared), else those of the session's
+        matching filters."""
         if type(ref) is Message:
             topic_bytes, topic, payload = ref.topic_bytes, ref.topic, ref.payload
             props, expires = ref.properties, ref.expires
@@ -84,7 +87,7 @@ class Router5:
                 self.drop("message_expired", client.session)
                 return False
             props += b"\x02" + int(-(-left // 1)).to_bytes(4, "big")
-        props += subscription_ids(client.session, topic)
+        props += subscription_ids(client.session, topic) if ids is None else ids
         section = varint(len(props)) + props
         head = encode_publish_head5(topic_bytes, size, qos, retain, dup, pid, section)
         conn = client.v5

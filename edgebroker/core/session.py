@@ -115,20 +115,21 @@ AWAIT_COMP = 1     # PUBREL sent, waiting for PUBCOMP
 
 
 class Outgoing:
-    __slots__ = ("message", "qos", "retain", "state")
+    __slots__ = ("message", "qos", "retain", "state", "group")
 
     def __init__(self, message, qos: int, retain: bool):
         self.message = message
         self.qos = qos
         self.retain = retain
         self.state = AWAIT_ACK
+        self.group = None   # the shared subscription group it came from (core.shared)
 
 
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
                  "queued_qos0", "drops", "acl", "cursor", "saved", "offline_at", "expiry",
-                 "expiry_interval", "sub5", "receive_max")
+                 "expiry_interval", "sub5", "receive_max", "shared")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -167,6 +168,9 @@ class Session:
         # The 5.0 client's Receive Maximum when below max_inflight_messages: its window
         # (0: max_inflight_messages).
         self.receive_max = 0
+        # Its shared subscriptions: "$share/<name>/<filter>" -> core.shared.Member; None
+        # until it makes one.
+        self.shared: dict | None = None
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

@@ -181,6 +181,8 @@ class Sessions:
     def _go_offline(self, session: Session) -> None:
         """Keep only log offsets (and sizes) for an offline session: no payload memory. It
         reads what arrives meanwhile from the log when it is back (core.catchup)."""
+        if session.shared is not None:
+            self.hand_over(session, False)   # its shared QoS 1 messages to other members
         if session.queue:
             session.queue = deque((as_stored(ref), qos, retain)
                                   for ref, qos, retain in session.queue)
@@ -264,6 +266,8 @@ class Sessions:
                         session.client_id, offline, setting, held, unread)
 
     def drop_session(self, session: Session) -> None:
+        if session.shared is not None:
+            self.leave_shared(session)
         if not session.clean:
             self._snapshot_dirty = True
             if self.exchanges is not None:
@@ -306,17 +310,9 @@ class Sessions:
     def subscribe(self, session: Session, topics: list[tuple[str, int]]) -> list[int]:
         """Add subscriptions; a filter over a limit gets 0x80 (counted, logged once per client)."""
         granted = []
-        limits = self.limits
         for topic_filter, qos in topics:
-            problem = check_topic(topic_filter, limits)
-            if (problem is None and topic_filter not in session.subscriptions
-                    and len(session.subscriptions) >= limits.max_subscriptions_per_client):
-                problem = "max_subscriptions_per_client"
-            if problem is not None:
-                self.hit(problem)
-                if session.client is not None:
-                    session.client.warn_once(problem, "subscription to %r refused (SUBACK 0x80): %s "
-                                             "(%d)", topic_filter, problem, getattr(limits, problem))
+            if self.over_limit(session, topic_filter, topic_filter,
+                               topic_filter not in session.subscriptions):
                 granted.append(P.SUBACK_FAILURE)
                 continue
             cursor = session.cursor
@@ -333,6 +329,25 @@ class Sessions:
         if not session.clean:
             self._snapshot_dirty = True
         return granted
+
+    def over_limit(self, session: Session, topic_filter: str, checked: str, new: bool) -> bool:
+        """True when a subscription to ``topic_filter`` is over a limit: the topic limits on
+        ``checked`` (the filter itself, or the one inside a shared subscription), and
+        max_subscriptions_per_client (shared ones count) for a ``new`` one. Counted, logged
+        once per client."""
+        limits = self.limits
+        problem = check_topic(checked, limits)
+        if (problem is None and new
+                and len(session.subscriptions) + (len(session.shared) if session.shared else 0)
+                >= limits.max_subscriptions_per_client):
+            problem = "max_subscriptions_per_client"
+        if problem is None:
+            return False
+        self.hit(problem)
+        if session.client is not None:
+            session.client.warn_once(problem, "subscription to %r refused (SUBACK 0x80): %s (%d)",
+                                     topic_filter, problem, getattr(limits, problem))
+        return True
 
     def send_retained(self, session: Session, topics, granted: list[int]) -> None:
         """Retained messages for new (or replaced) subscriptions, retain flag set."""

@@ -85,11 +85,23 @@ class RetainedState:
 
 
 @dataclass
+class GroupState:
+    """A shared subscription group's backlog (core.shared): its members are the sessions
+    whose ``subscriptions`` hold its key."""
+    key: str                        # "$share/<ShareName>/<filter>"
+    cursor: int | None = None       # the log offset it reads from when behind
+    # (log offset, qos, retain, size), handed out first; with the QoS 1 messages its online
+    # members had not acknowledged (a restart gives them to a member anew).
+    queue: list[tuple[int, int, bool, int]] = field(default_factory=list)
+
+
+@dataclass
 class Snapshot:
     log_next_offset: int = 0
     written_ms: int = 0
     sessions: list[SessionState] = field(default_factory=list)
     retained: list[RetainedState] = field(default_factory=list)
+    shared: list[GroupState] = field(default_factory=list)
     # The first QoS 2 exchange journal generation to apply after it (core.exchanges); None:
     # none (a snapshot written before the journal, or without one).
     exchanges: int | None = None
@@ -144,9 +156,14 @@ def encode(snapshot: Snapshot) -> bytes:
             "log_next_offset": snapshot.log_next_offset}
     if snapshot.exchanges is not None:
         head["exchanges"] = snapshot.exchanges
+    shared = b""
+    if snapshot.shared:
+        shared = b',"shared":' + _dumps([{"key": g.key, "cursor": g.cursor,
+                                           "queue": [list(e) for e in g.queue]}
+                                          for g in snapshot.shared])
     return b"".join((_dumps(head)[:-1], b',"sessions":[',
                      _joined(snapshot.sessions, _session_json), b'],"retained":[',
-                     _joined(snapshot.retained, _retained_json), b"]}"))
+                     _joined(snapshot.retained, _retained_json), b"]", shared, b"}"))
 
 
 def _joined(states, to_json) -> bytes:
@@ -220,6 +237,10 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 topic=str(r["topic"]), qos=int(r["qos"]),
                 payload=base64.b64decode(r["payload"], validate=True),
                 offset=None if offset is None else int(offset)))
+        for g in doc.get("shared", ()):
+            snap.shared.append(GroupState(
+                key=str(g["key"]), cursor=None if g.get("cursor") is None else int(g["cursor"]),
+                queue=[_queue_entry(e) for e in g["queue"]]))
     except SnapshotError:
         raise
     except (ValueError, KeyError, TypeError) as exc:

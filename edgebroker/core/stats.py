@@ -42,7 +42,10 @@ class Stats:
                  # the topic table (core.limits.TopicTable): topics evicted for new ones
                  "topics_evicted",
                  # offline persistent sessions removed by persistent_client_expiration
-                 "sessions_expired")
+                 "sessions_expired",
+                 # shared subscriptions (core.shared): QoS 1 messages handed over to another
+                 # member, groups that started reading from the log, and caught up
+                 "shared_handed_over", "shared_fell_behind", "shared_caught_up")
 
     def __init__(self):
         for name in self.__slots__:
@@ -176,7 +179,13 @@ class SysTopics:
         pub("$SYS/broker/clients/total", len(broker.sessions))
         pub("$SYS/broker/clients/disconnected",
             sum(1 for s in broker.sessions.values() if s.client is None))
-        pub("$SYS/broker/subscriptions/count", broker.subscriptions.count)
+        pub("$SYS/broker/subscriptions/count", broker.subscriptions.count + broker.shared_members)
+        shared = broker.shared_figures()
+        pub("$SYS/broker/shared_subscriptions/count", shared["shared_subscriptions"])
+        pub("$SYS/broker/shared_subscriptions/groups", shared["shared_groups"])
+        pub("$SYS/broker/shared_subscriptions/queued", shared["shared_queued_messages"])
+        pub("$SYS/broker/shared_subscriptions/behind", shared["shared_groups_behind"])
+        pub("$SYS/broker/shared_subscriptions/handed_over", counts["shared_handed_over"])
         pub("$SYS/broker/retained messages/count", broker.retained.count)
         pub("$SYS/broker/messages/received", counts["packets_received"])
         pub("$SYS/broker/messages/sent", counts["packets_sent"])

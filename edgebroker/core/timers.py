@@ -194,6 +194,7 @@ class Timers:
             # Cursors first: they hold segments from age retention (a gap retention made in
             # this call is seen by the next one, or by the session's next read).
             self.check_cursors(now)
+            self.check_shared_cursors()
             try:
                 journal.log.housekeeping()
             except Exception:

@@ -14,9 +14,12 @@ and encode to at most 65535 bytes of UTF-8 [MQTT-4.7.3-3].
 
 from __future__ import annotations
 
-from edgebroker.errors import MALFORMED_PACKET, TOPIC_NAME_INVALID, ProtocolError
+from edgebroker.errors import (
+    MALFORMED_PACKET, TOPIC_FILTER_INVALID, TOPIC_NAME_INVALID, ProtocolError,
+)
 
 MAX_TOPIC_BYTES = 65535
+SHARE_PREFIX = "$share/"
 
 
 def _check_common(text: str, what: str, reason: int) -> None:
@@ -85,3 +88,28 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if level != "+" and level != t_levels[i]:
             return False
     return len(f_levels) == n_topic
+
+
+def is_shared(topic_filter: str) -> bool:
+    """True if the filter asks for a shared subscription (MQTT 5.0 section 4.8.2): it starts
+    with ``$share/``; ``parse_shared`` says whether the rest is valid."""
+    return topic_filter.startswith(SHARE_PREFIX)
+
+
+def parse_shared(topic_filter: str) -> tuple[str, str]:
+    """(ShareName, the filter inside) of a valid ``$share/<ShareName>/<filter>``, already
+    valid as a topic filter as a whole. Raises ProtocolError (reason 0x8F, Topic Filter
+    invalid) when the ShareName is empty or contains "+" or "#", or no filter follows it
+    (MQTT-4.8.2-1, MQTT-4.8.2-2)."""
+    rest = topic_filter[len(SHARE_PREFIX):]
+    share, slash, inner = rest.partition("/")
+    if not share:
+        raise ProtocolError(f"shared subscription {topic_filter!r} has an empty ShareName",
+                            rule="MQTT-4.8.2-1", reason=TOPIC_FILTER_INVALID)
+    if "+" in share or "#" in share:
+        raise ProtocolError(f"shared subscription {topic_filter!r}: the ShareName contains "
+                            f"'+' or '#'", rule="MQTT-4.8.2-2", reason=TOPIC_FILTER_INVALID)
+    if not slash or not inner:
+        raise ProtocolError(f"shared subscription {topic_filter!r}: no topic filter after "
+                            f"the ShareName", rule="MQTT-4.8.2-2", reason=TOPIC_FILTER_INVALID)
+    return share, inner

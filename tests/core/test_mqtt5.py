@@ -132,7 +132,7 @@ def test_connack_says_what_the_broker_offers(srv, v5):
     got = c.connack
     assert got.TopicAliasMaximum == 10
     assert got.MaximumPacketSize == 1_048_576
-    assert got.SharedSubscriptionAvailable == 0
+    assert not hasattr(got, "SharedSubscriptionAvailable")   # 1, the default: available
     assert got.AssignedClientIdentifier.startswith("auto-")
     assert srv.wait_log(lambda line: "protocol 5, clean start 1, session expiry 0" in line)
 
@@ -255,11 +255,12 @@ def test_payload_format_invalid_gets_puback_0x99(srv, v5, uid):
     assert srv.stats()["dropped"]["payload_format"] >= 1
 
 
-def test_unsubscribe_reason_codes_and_shared_subscriptions_not_yet(srv, v5, uid):
+def test_unsubscribe_reason_codes(srv, v5, uid):
     c = v5(srv.port)
     c.subscribe(f"{uid}/a")
-    assert c.unsubscribe(f"{uid}/a", f"{uid}/never") == [0x00, 0x11]
-    assert c.subscribe(f"$share/g/{uid}/a", qos=1) == [0x9E]
+    c.subscribe(f"$share/g/{uid}/a", qos=1)
+    assert c.unsubscribe(f"{uid}/a", f"{uid}/never", f"$share/g/{uid}/a",
+                         f"$share/h/{uid}/a") == [0x00, 0x11, 0x00, 0x11]
 
 
 def test_authentication_method_is_refused_with_0x8c(srv, uid):

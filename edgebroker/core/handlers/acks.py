@@ -21,7 +21,7 @@ def on_puback(client, p) -> None:
             raise _wrong_ack(p, entry)
         del session.inflight[p.packet_id]
         session.inflight_bytes -= entry.message.size
-        if session.queue or session.cursor is not None:
+        if session.queue or session.cursor is not None or session.shared:
             client.broker.pump(session)
 
 
@@ -92,7 +92,7 @@ def _complete(client, session, pid: int, entry) -> None:
     del session.inflight[pid]
     _journal(client, "completed", pid)
     session.inflight_bytes -= entry.message.size
-    if session.queue or session.cursor is not None:
+    if session.queue or session.cursor is not None or session.shared:
         client.broker.pump(session)
 
 

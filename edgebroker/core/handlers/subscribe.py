@@ -3,6 +3,11 @@
 The broker makes the subscriptions (limits: ``Broker.subscribe``); under an ACL
 each filter the ACL does not allow gets 0x80 in the SUBACK. Retained messages for
 the granted filters follow the SUBACK (``Broker.send_retained``).
+
+A ``$share/<ShareName>/<filter>`` filter is a shared subscription (core.shared), from 3.1.1
+and 5.0 clients alike: the ACL is asked about the filter inside it; a bad ShareName gets 0x8F
+(3.1.1: 0x80), and so does every one when ``shared_subscriptions`` is off (0x9E); no retained
+messages follow. What waits in its group may be sent once the SUBACK is out.
 """
 
 from __future__ import annotations
@@ -11,34 +16,47 @@ import logging
 
 from edgebroker.errors import (
     NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-    SUCCESS, ProtocolError,
+    SUCCESS, TOPIC_FILTER_INVALID, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode import encode, encode_ack
 from edgebroker.mqtt.encode5 import encode5
+from edgebroker.mqtt.topics import is_shared, parse_shared
 
 log = logging.getLogger("edgebroker.client")
 
 
 def on_subscribe(client, p: P.Subscribe) -> None:
     broker = client.broker
-    if client.acl is None:
-        granted = broker.subscribe(client.session, p.topics)
+    topics = p.topics
+    shared = any(is_shared(f) for f, _ in topics)
+    if client.acl is None and not shared:
+        granted = broker.subscribe(client.session, topics)
     else:
-        granted = _subscribe_allowed(client, p.topics)
+        granted = _subscribe_each(client, topics)
     client.answer(encode(P.Suback(p.packet_id, granted)))
     broker.stats.packets_sent += 1
-    broker.send_retained(client.session, p.topics, granted)
+    if shared:
+        # No retained messages for shared subscriptions; their groups' backlogs may go out.
+        broker.send_retained(client.session, topics, [
+            P.SUBACK_FAILURE if is_shared(f) else g for (f, _), g in zip(topics, granted)])
+        broker.pump_shared(client.session)
+    else:
+        broker.send_retained(client.session, topics, granted)
 
 
-def _subscribe_allowed(client, topics) -> list[int]:
-    """SUBSCRIBE under an ACL: each denied filter gets 0x80, the others are made."""
+def _subscribe_each(client, topics) -> list[int]:
+    """SUBSCRIBE under an ACL or with shared subscriptions: each denied or refused filter
+    gets 0x80, the others are made."""
     broker = client.broker
     acl = client.acl
     granted = []
     for topic_filter, qos in topics:
-        if acl.can_subscribe(topic_filter):
+        if is_shared(topic_filter):
+            code = _subscribe_shared(client, topic_filter, qos, 0, 0)
+            granted.append(code if code < 0x80 else P.SUBACK_FAILURE)
+        elif acl is None or acl.can_subscribe(topic_filter):
             granted.extend(broker.subscribe(client.session, [(topic_filter, qos)]))
         else:
             broker.stats.acl_subscribe_denied += 1
@@ -57,13 +75,16 @@ def on_subscribe5(client, p: P.Subscribe) -> None:
     acl = client.acl
     sub_id = p.properties.get(Q.SUBSCRIPTION_ID, 0) if p.properties is not None else 0
     codes = []
+    shared = False
     retained = []            # (filter, granted QoS) whose retained messages follow
     for topic_filter, options in p.topics:
-        if topic_filter.startswith("$share/"):
+        if is_shared(topic_filter):
             if options & P.SUB_NO_LOCAL:
                 raise ProtocolError(f"SUBSCRIBE to shared subscription {topic_filter!r} with "
                                     f"No Local", rule="MQTT-3.8.3-4", reason=PROTOCOL_ERROR)
-            codes.append(SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
+            codes.append(_subscribe_shared(client, topic_filter, options & 3,
+                                           options & P.SUB_RETAIN_AS_PUBLISHED, sub_id))
+            shared = True
             continue
         if acl is not None and not acl.can_subscribe(topic_filter):
             broker.stats.acl_subscribe_denied += 1
@@ -84,6 +105,29 @@ def on_subscribe5(client, p: P.Subscribe) -> None:
     broker.stats.packets_sent += 1
     if retained:
         broker.send_retained(session, retained, [g for _, g in retained])
+    if shared:
+        broker.pump_shared(session)
+
+
+def _subscribe_shared(client, topic_filter: str, qos: int, options: int, sub_id: int) -> int:
+    """A shared subscription: the granted QoS, or the 5.0 reason code that says why not."""
+    broker = client.broker
+    if not broker.config.shared_subscriptions:
+        log.info("%s: shared subscription %r refused: shared_subscriptions is off",
+                 client.describe(), topic_filter)
+        return SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+    try:
+        _, inner = parse_shared(topic_filter)
+    except ProtocolError as exc:
+        log.warning("%s: %s; refused in the SUBACK", client.describe(), exc)
+        return TOPIC_FILTER_INVALID
+    acl = client.acl
+    if acl is not None and not acl.can_subscribe(inner):
+        broker.stats.acl_subscribe_denied += 1
+        log.warning("%s: shared subscription %r denied by the ACL (to %r)",
+                    client.describe(), topic_filter, inner)
+        return NOT_AUTHORIZED
+    return broker.subscribe_shared(client.session, topic_filter, qos, options, sub_id)
 
 
 def _set_options(session, topic_filter: str, options: int, sub_id: int) -> None:
@@ -101,9 +145,11 @@ def _set_options(session, topic_filter: str, options: int, sub_id: int) -> None:
 def on_unsubscribe5(client, p: P.Unsubscribe) -> None:
     """A 5.0 UNSUBSCRIBE: 0x11 for a filter the session had no subscription to."""
     session = client.session
-    codes = [SUCCESS if f in session.subscriptions else NO_SUBSCRIPTION_EXISTED
+    broker = client.broker
+    codes = [SUCCESS if (broker.unsubscribe_shared(session, f) if is_shared(f)
+                         else f in session.subscriptions) else NO_SUBSCRIPTION_EXISTED
              for f in p.topics]
-    client.broker.unsubscribe(session, p.topics)
+    broker.unsubscribe(session, p.topics)
     for topic_filter in p.topics:
         _set_options(session, topic_filter, 0, 0)
     client.answer(encode5(P.Unsuback(p.packet_id, codes)))
@@ -111,6 +157,9 @@ def on_unsubscribe5(client, p: P.Unsubscribe) -> None:
 
 
 def on_unsubscribe(client, p: P.Unsubscribe) -> None:
+    for topic_filter in p.topics:
+        if is_shared(topic_filter):
+            client.broker.unsubscribe_shared(client.session, topic_filter)
     client.broker.unsubscribe(client.session, p.topics)
     client.answer(encode_ack(P.UNSUBACK, p.packet_id))
     client.broker.stats.packets_sent += 1

@@ -1,0 +1,560 @@
+"""Shared subscriptions: ``$share/<ShareName>/<filter>`` (MQTT 5.0 section 4.8.2; 3.1.1
+clients may use them too, as with Mosquitto and EMQX).
+
+The sessions subscribed to one ``$share/<ShareName>/<filter>`` are the members of one
+``Group``. Each message that matches the filter goes to one member only, at the lower of the
+message's QoS and the QoS that member was granted:
+
+- Choice: round-robin over the members, skipping those that cannot take it now (offline, a
+  full window, ``max_pending_write_bytes`` waiting, its own queue not empty, or its ACL does not
+  let it read the topic). A slow member therefore never holds the others back.
+- No member can take a QoS 1/2 message: it waits in the group's backlog, handed out as members
+  acknowledge, drain or come back (``pump_shared``, called by ``Router.pump``). The backlog is
+  the log, as for sessions (core.catchup), but one per group: up to QUEUE_MESSAGES /
+  QUEUE_BYTES in memory, past it the group keeps a cursor into the commit log and reads the
+  records matching its filter from there (``_refill``), so memory stays bounded and nothing is
+  dropped while the records are in the log. A cursor per member would deliver each message
+  to every member. With max_queued_messages/bytes set (no log as queue) the backlog is
+  bounded by them instead and what does not fit is dropped (counted under that limit).
+  A QoS 0 message no member can take now is dropped (``shared_no_room``).
+- Hand-over: when a member's connection ends (disconnect, takeover, keep alive; its session
+  persistent or not), its unacknowledged QoS 1 messages of shared groups go back to the front
+  of their group's backlog and are sent anew (DUP 0) to another member. QoS 2 messages stay
+  with the session: delivery completes when it reconnects (MQTT-4.8.2-4); if the session
+  ends first they are not sent to anyone else (MQTT-4.8.2-5, counted: ``shared_left``).
+  An unsubscribing member keeps what it was sent (MQTT-3.10.4-3).
+- A group exists while it has members; when the last one leaves, its backlog is dropped
+  (counted: ``shared_left``).
+
+Retained messages are not sent for a shared subscription (MQTT 5.0 section 3.3.1.3 sends them
+for non-shared ones only). The trie of groups (``shared_trie``) is apart from the sessions'
+trie, and a session's shared subscriptions (``Session.shared``) apart from its
+``subscriptions``: catching up from the log (core.catchup) never sees them. docs/protocol.md
+("Shared subscriptions") says what the broker does and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from edgebroker.core.catchup import NO_HOLD, QUEUE_BYTES, QUEUE_MESSAGES, SCAN_BYTES
+from edgebroker.core.router import queue_limit
+from edgebroker.errors import ProtocolError
+from edgebroker.core.session import AWAIT_ACK, Message, Stored
+from edgebroker.core.snapshot import GroupState
+from edgebroker.core.timers import Timer
+from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.properties import varint
+from edgebroker.mqtt.topics import parse_shared
+from edgebroker.mqtt.trie import SubscriptionTrie
+
+log = logging.getLogger("edgebroker.broker")
+
+_DENIED = object()      # _pick: every member's ACL refuses the topic
+
+
+class Member:
+    """One session's subscription to a group."""
+
+    __slots__ = ("session", "group", "qos", "options", "sub_id", "ids")
+
+    def __init__(self, session, group: "Group", qos: int, options: int, sub_id: int):
+        self.session = session
+        self.group = group
+        self.set(qos, options, sub_id)
+
+    def set(self, qos: int, options: int, sub_id: int) -> None:
+        self.qos = qos
+        self.options = options          # 5.0 options beyond the QoS (Retain As Published)
+        self.sub_id = sub_id
+        # The Subscription Identifier property a 5.0 member's PUBLISH carries (only this
+        # subscription's: the message reaches it through this subscription alone).
+        self.ids = b"\x0b" + varint(sub_id) if sub_id else b""
+
+
+class Group:
+    """The members of one shared subscription and the messages none could take yet."""
+
+    __slots__ = ("key", "name", "filter", "filter_bytes", "members", "ring", "turn", "queue",
+                 "queue_bytes", "cursor", "done", "gap_warned")
+
+    def __init__(self, key: str, name: str, topic_filter: str):
+        self.key = key                  # "$share/<name>/<filter>"
+        self.name = name
+        self.filter = topic_filter
+        self.filter_bytes = topic_filter.encode("utf-8")
+        self.members: dict = {}         # session -> Member
+        self.ring: list[Member] = []    # round-robin order
+        self.turn = 0                   # index in ring of the next member to try first
+        # The backlog: (Message or Stored, QoS of the message, retain flag, topic or None).
+        self.queue: deque[tuple] = deque()
+        self.queue_bytes = 0
+        self.cursor: int | None = None  # behind: the log offset it reads from next
+        self.done: set[int] | None = None  # offsets a member was sent before a restart
+
+    def __repr__(self):
+        return f"Group({self.key!r}, {len(self.members)} members)"
+
+    @property
+    def backlog(self) -> bool:
+        return bool(self.queue) or self.cursor is not None
+
+    def floor(self) -> int:
+        """The oldest log offset the group still needs (retention holds it)."""
+        floor = NO_HOLD if self.cursor is None else self.cursor
+        for ref, _, _, _ in self.queue:
+            if ref.offset is not None and ref.offset < floor:
+                floor = ref.offset
+        return floor
+
+
+class Shared:
+    """Shared subscriptions' part of ``Broker`` (a mixin over the broker's state)."""
+
+    def _init_shared(self) -> None:
+        self.groups: dict[str, Group] = {}     # key -> group
+        self.shared_trie = SubscriptionTrie()  # filter -> groups
+        self.shared_members = 0                # (session, group) pairs
+        self._shared_again: set[Group] = set()  # groups behind to read on in the next pass
+        self._shared_timer = Timer(self._on_shared_again)
+
+    # ----- membership ----------------------------------------------------------------------
+
+    def subscribe_shared(self, session, key: str, qos: int, options: int = 0,
+                         sub_id: int = 0) -> int:
+        """Make (or change) ``session``'s subscription to ``key`` ($share/<name>/<filter>,
+        valid): the granted QoS, or 0x80 over a limit (as ``subscribe``)."""
+        name, topic_filter = parse_shared(key)
+        shared = session.shared
+        if self.over_limit(session, key, topic_filter, shared is None or key not in shared):
+            return P.SUBACK_FAILURE
+        member = shared.get(key) if shared else None
+        if member is not None:
+            member.set(qos, options, sub_id)
+        else:
+            group = self.groups.get(key)
+            if group is None:
+                group = self.groups[key] = Group(key, name, topic_filter)
+                self.shared_trie.add(topic_filter, group, 2)
+            member = Member(session, group, qos, options, sub_id)
+            group.members[session] = member
+            group.ring.append(member)
+            if shared is None:
+                shared = session.shared = {}
+            shared[key] = member
+            self.shared_members += 1
+        if not session.clean:
+            self._snapshot_dirty = True
+        return qos
+
+    def unsubscribe_shared(self, session, key: str) -> bool:
+        """End ``session``'s subscription to ``key``; False if it had none. What it was sent
+        and has not acknowledged stays with it (MQTT-3.10.4-3)."""
+        shared = session.shared
+        member = shared.pop(key, None) if shared else None
+        if member is None:
+            return False
+        group = member.group
+        del group.members[session]
+        ring = group.ring
+        i = ring.index(member)
+        del ring[i]
+        if i < group.turn:
+            group.turn -= 1
+        self.shared_members -= 1
+        if not session.clean:
+            self._snapshot_dirty = True
+        if not group.members:
+            self._end_group(group)
+        return True
+
+    def _end_group(self, group: Group) -> None:
+        """The last member left: the group and its backlog go (counted, logged)."""
+        del self.groups[group.key]
+        self.shared_trie.remove(group.filter, group)
+        self._shared_again.discard(group)
+        queued = len(group.queue)
+        if queued:
+            self.drop("shared_left", None, queued)
+        if queued or group.cursor is not None:
+            log.warning("shared subscription %r: its last member left; %d queued messages "
+                        "dropped%s", group.key, queued,
+                        "" if group.cursor is None else
+                        f", and the records after log offset {group.cursor} it had still to "
+                        f"read are not delivered to it")
+        group.queue.clear()
+        group.cursor = None
+
+    def hand_over(self, session, ending: bool) -> None:
+        """``session``'s connection ended (``ending``: and so does the session): its
+        unacknowledged QoS 1 messages of groups go back to them for another member (DUP 0,
+        as new messages); its QoS 2 ones stay (MQTT-4.8.2-4), or are lost with the session
+        (MQTT-4.8.2-5)."""
+        inflight = session.inflight
+        back: dict[Group, list] = {}
+        lost = 0
+        for pid, entry in list(inflight.items()):
+            group = entry.group
+            if group is None or entry.state != AWAIT_ACK:
+                continue
+            if entry.qos == 2 and not ending:
+                continue
+            del inflight[pid]
+            session.inflight_bytes -= entry.message.size
+            if entry.qos == 2 or self.groups.get(group.key) is not group:
+                lost += 1
+            else:
+                back.setdefault(group, []).append(entry)
+        if lost:
+            self.drop("shared_left", session, lost)
+            log.warning("session %r ended with %d unacknowledged messages of shared "
+                        "subscriptions that cannot go to another member (QoS 2, MQTT-4.8.2-5, "
+                        "or the group is gone); dropped", session.client_id, lost)
+        for group, entries in back.items():
+            queue = group.queue
+            for entry in reversed(entries):
+                ref = entry.message
+                queue.appendleft((ref, 1, entry.retain,
+                                  ref.topic if type(ref) is Message else None))
+                group.queue_bytes += ref.size
+            self.stats.shared_handed_over += len(entries)
+            log.info("session %r left shared subscription %r with %d unacknowledged QoS 1 "
+                     "messages: they go to another member", session.client_id, group.key,
+                     len(entries))
+            self._drain(group)
+
+    def leave_shared(self, session) -> None:
+        """``session`` ends: hand over what it was sent, then leave every group."""
+        self.hand_over(session, True)
+        for key in list(session.shared):
+            self.unsubscribe_shared(session, key)
+
+    # ----- delivery ------------------------------------------------------------------------
+
+    def route_shared(self, message: Message) -> bool:
+        """Give ``message`` to one member of each group whose filter matches its topic;
+        False when none does."""
+        groups = self.shared_trie.match(message.topic)
+        if not groups:
+            return False
+        for group, _ in groups:
+            self._share(group, message)
+        return True
+
+    def _share(self, group: Group, message: Message) -> None:
+        qos = message.qos
+        topic = message.topic
+        if qos == 0:
+            member = self._pick(group, 0, topic)
+            if member is _DENIED:
+                self.stats.acl_deliveries_denied += 1
+            elif member is None:
+                self.drop("shared_no_room", None)
+            else:
+                self._give(member, message, 0, message.retain)
+            return
+        if group.cursor is not None and message.offset is not None:
+            return      # behind: it reads this record from the log (_refill)
+        if not group.queue:
+            member = self._pick(group, qos, topic)
+            if member is _DENIED:
+                self.stats.acl_deliveries_denied += 1
+                return
+            if member is not None:
+                self._give(member, message, qos, message.retain)
+                return
+        self._queue(group, message, qos, topic)
+
+    def _pick(self, group: Group, qos: int, topic: str | None):
+        """The next member round-robin that can take a message of ``qos`` on ``topic`` now;
+        None: none can now; _DENIED: no member may read the topic."""
+        ring = group.ring
+        n = len(ring)
+        if not n:
+            return None
+        limits = self.limits
+        start = group.turn % n
+        allowed = False
+        for i in range(n):
+            member = ring[(start + i) % n]
+            session = member.session
+            acl = session.acl
+            if acl is not None and topic is not None and not acl.can_read(topic):
+                continue
+            allowed = True
+            client = session.client
+            if client is None:
+                continue
+            transport = client.transport
+            if transport.out_bytes >= transport.max_pending:
+                transport.wait_for_drain()     # Client.writable -> pump -> pump_shared
+                continue
+            if (qos and member.qos
+                    and (session.queue
+                         or len(session.inflight) >= (session.receive_max
+                                                      or limits.max_inflight_messages)
+                         or session.inflight_bytes >= limits.max_inflight_bytes)):
+                continue
+            group.turn = (start + i + 1) % n
+            return member
+        return None if allowed else _DENIED
+
+    def _give(self, member: Member, ref, qos: int, retain: bool) -> None:
+        """Send to ``member`` (it has room: ``_pick``), at the lower of the two QoS."""
+        session = member.session
+        if member.qos < qos:
+            qos = member.qos
+        retain = retain and bool(member.options & P.SUB_RETAIN_AS_PUBLISHED)
+        if qos == 0:
+            self._write_publish(session.client, ref, 0, retain, False, None, member.ids)
+            return
+        entry = self._send(session, ref, qos, retain, member.ids)
+        if entry is not None:
+            entry.group = member.group
+
+    def _queue(self, group: Group, message: Message, qos: int, topic: str) -> None:
+        """No member can take ``message`` now: into the backlog, or past its bound, the group
+        reads the log from this record on."""
+        queue = group.queue
+        if self.log_queue:
+            if len(queue) < QUEUE_MESSAGES and group.queue_bytes < QUEUE_BYTES:
+                queue.append((message, qos, message.retain, topic))
+                group.queue_bytes += message.size
+            elif message.offset is not None:
+                group.cursor = message.offset
+                self.stats.shared_fell_behind += 1
+            else:
+                self.drop("not_logged", None)
+            return
+        limit = queue_limit(self.limits, len(queue), group.queue_bytes)
+        if limit is not None:
+            self.hit(limit)
+            self.drop(limit, None)
+            return
+        queue.append((message, qos, message.retain, topic))
+        group.queue_bytes += message.size
+
+    def pump_shared(self, session) -> None:
+        """``session`` may have room now (an acknowledgement, its output drained, it came
+        back or subscribed): its groups hand out what waits."""
+        if not session.shared:
+            return
+        for member in list(session.shared.values()):
+            group = member.group
+            if group.backlog:
+                self._drain(group)
+
+    def _drain(self, group: Group) -> None:
+        """Hand out the backlog to members with room, round-robin, reading on from the log."""
+        queue = group.queue
+        while True:
+            while queue:
+                ref, qos, retain, topic = queue[0]
+                member = self._pick(group, qos, topic)
+                if member is None:
+                    return
+                queue.popleft()
+                group.queue_bytes -= ref.size
+                if member is _DENIED:
+                    self.stats.acl_deliveries_denied += 1
+                    continue
+                self._give(member, ref, qos, retain)
+            if group.cursor is None or not self._refill(group):
+                return
+
+    def _refill(self, group: Group) -> bool:
+        """The next batch of the group's records from the log into its (empty) backlog. True
+        when draining may go on: something was queued, or it caught up."""
+        journal = self.journal
+        commit_log = journal.log
+        if commit_log.pending_bytes:
+            journal.end_pass()
+        first = commit_log.first_offset
+        if group.cursor < first:
+            self._skip_shared(group, first, "retention deleted the segments it was reading")
+        head = self.live_offset()
+        cursor = group.cursor
+        if cursor >= head:
+            self._shared_caught_up(group)
+            return True
+        if cursor >= commit_log.written_offset:
+            return False     # the log cannot write: the next acknowledgement or pass retries
+        records, next_offset = commit_log.read_batch(cursor, group.filter_bytes, QUEUE_MESSAGES,
+                                                     QUEUE_BYTES, SCAN_BYTES)
+        if next_offset > head:
+            records = [r for r in records if r[0] < head]
+            next_offset = head
+        if next_offset <= cursor:
+            self._skip_shared(group, commit_log.written_offset, "the log cannot be read there")
+            return True
+        done = group.done
+        queue = group.queue
+        queued = 0
+        for offset, _, qos, retain, topic, payload, size in records:
+            if qos == 0 or done is not None and offset in done:
+                continue
+            if payload is None:
+                ref = Stored(offset, len(topic) + size)
+                name = None
+            else:
+                name = topic.decode("utf-8", "replace")
+                ref = Message(name, payload, qos, retain, offset, topic)
+            queue.append((ref, qos, retain, name))
+            group.queue_bytes += ref.size
+            queued += 1
+        group.cursor = next_offset
+        if done is not None and next_offset > max(done):
+            group.done = None
+        if next_offset >= head:
+            self._shared_caught_up(group)
+            return True
+        if not queued:
+            # A long stretch of records it does not take: go on in the next pass.
+            self._shared_again.add(group)
+            if not self._shared_timer.pending:
+                self._shared_timer.start(self, self.clock())
+            return False
+        return True
+
+    def _shared_caught_up(self, group: Group) -> None:
+        group.cursor = None
+        self.stats.shared_caught_up += 1
+
+    def _on_shared_again(self) -> None:
+        groups, self._shared_again = self._shared_again, set()
+        for group in groups:
+            if group.cursor is not None and self.groups.get(group.key) is group:
+                self._drain(group)
+
+    def _skip_shared(self, group: Group, offset: int, why: str) -> None:
+        lost = offset - group.cursor
+        if lost <= 0:
+            return
+        self.drop("log_gap", None, lost)
+        log.warning("shared subscription %r: log records %d to %d are lost to it (%s): it "
+                    "goes on from %d", group.key, group.cursor, offset - 1, why, offset)
+        group.cursor = offset
+
+    def check_shared_cursors(self) -> None:
+        """Periodic, after ``check_cursors``: move group cursors that retention or
+        ``max_session_lag_age`` left behind, and hold the segments the groups need."""
+        journal = self.journal
+        if journal is None or not self.groups:
+            return
+        commit_log = journal.log
+        first = commit_log.first_offset
+        max_age = self.limits.max_session_lag_age
+        oldest = (commit_log.offset_at_time(journal.wall_ms() - int(max_age * 1000))
+                  if max_age else 0)
+        hold = commit_log.hold_offset
+        for group in self.groups.values():
+            if group.cursor is not None:
+                if group.cursor < first:
+                    self._skip_shared(group, first, "retention deleted its segments: the log "
+                                                    "was over retention_bytes")
+                if group.cursor < oldest:
+                    self._skip_shared(group, oldest, f"its cursor was older than "
+                                                     f"max_session_lag_age ({max_age:g} s)")
+            if group.backlog:
+                floor = group.floor()
+                if floor < hold:
+                    hold = floor
+        commit_log.hold_offset = hold
+
+    # ----- figures, snapshots ------------------------------------------------------------------
+
+    def shared_figures(self) -> dict:
+        groups = self.groups.values()
+        return {"shared_groups": len(self.groups),
+                "shared_subscriptions": self.shared_members,
+                "shared_queued_messages": sum(len(g.queue) for g in groups),
+                "shared_groups_behind": sum(1 for g in groups if g.cursor is not None)}
+
+    def _returning(self, member: Member) -> list:
+        """A member's unacknowledged QoS 1 messages of its group, which a restart gives back
+        to the group (as the member's disconnect would)."""
+        group = member.group
+        return [entry for entry in member.session.inflight.values()
+                if entry.group is group and entry.qos == 1 and entry.state == AWAIT_ACK]
+
+    def shared_session_state(self, session, state) -> None:
+        """A persistent session's snapshot state gets its shared subscriptions (with their
+        5.0 options) and loses the QoS 1 messages its groups get back (``capture_shared``)."""
+        returning = set()
+        for key, member in session.shared.items():
+            state.subscriptions[key] = member.qos
+            if member.options or member.sub_id:
+                state.sub5[key] = [member.options, member.sub_id]
+            if self.groups.get(key) is member.group:
+                returning.update(id(entry) for entry in self._returning(member))
+        if returning:
+            kept = {pid for pid, entry in session.inflight.items() if id(entry) not in returning}
+            state.inflight = [e for e in state.inflight if e[0] in kept]
+
+    def capture_shared(self) -> list[GroupState]:
+        """The groups' backlogs for a snapshot, each led by its online members' unacknowledged
+        QoS 1 messages."""
+        states = []
+        for group in self.groups.values():
+            entries = [(entry.message.offset, 1, entry.retain, entry.message.size)
+                       for member in group.ring if member.session.client is not None
+                       for entry in self._returning(member)
+                       if entry.message.offset is not None]
+            entries += [(ref.offset, qos, retain, ref.size) for ref, qos, retain, _ in group.queue
+                        if ref.offset is not None]
+            if entries or group.cursor is not None:
+                states.append(GroupState(group.key, group.cursor, entries))
+        return states
+
+    def restore_member(self, session, key: str, qos: int, options5) -> None:
+        """A restored session's shared subscription (from its ``subscriptions``)."""
+        options, sub_id = options5 if options5 else (0, 0)
+        try:
+            self.subscribe_shared(session, key, qos, options, sub_id)
+        except ProtocolError as exc:
+            log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
+                        session.client_id, key, exc)
+
+    def restore_shared(self, states: list[GroupState], end: int | None) -> int:
+        """The groups' backlogs from a snapshot (after their members). ``end``: the log's end
+        when it ends before the snapshot's offsets (a power cut); entries past it are lost.
+        Returns how many entries were lost."""
+        lost = 0
+        log_end = self.journal.log.next_offset if self.journal is not None else 0
+        for state in states:
+            group = self.groups.get(state.key)
+            queue = [e for e in state.queue if end is None or e[0] < end]
+            lost += len(state.queue) - len(queue)
+            if group is None:
+                if queue:
+                    self.drop("shared_left", None, len(queue))
+                    log.warning("shared subscription %r in the snapshot has no persistent member "
+                                "left: %d queued messages dropped", state.key, len(queue))
+                continue
+            for offset, qos, retain, size in queue:
+                group.queue.append((Stored(offset, size), qos, retain, None))
+                group.queue_bytes += size
+            if state.cursor is not None:
+                group.cursor = min(state.cursor, log_end)
+        return lost
+
+    def forget_shared_sent(self, offsets: set[int]) -> None:
+        """After a restart: QoS 2 messages a member was sent before the crash (the exchange
+        journal) are not handed out again by their group's backlog."""
+        if not offsets:
+            return
+        for group in self.groups.values():
+            queue = group.queue
+            if any(ref.offset in offsets for ref, _, _, _ in queue):
+                kept = [e for e in queue if e[0].offset not in offsets]
+                queue.clear()
+                queue.extend(kept)
+                group.queue_bytes = sum(e[0].size for e in kept)
+            if group.cursor is not None:
+                ahead = {o for o in offsets if o >= group.cursor}
+                if ahead:
+                    group.done = ahead if group.done is None else group.done | ahead
+
+
+__all__ = ["Group", "Member", "Shared"]
