@@ -6,8 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgebroker.errors import MALFORMED_PACKET, TOPIC_NAME_INVALID, ProtocolError
-from edgebroker.mqtt.topics import topic_matches, validate_topic_filter, validate_topic_name
+from edgebroker.errors import (
+    MALFORMED_PACKET, TOPIC_FILTER_INVALID, TOPIC_NAME_INVALID, ProtocolError,
+)
+from edgebroker.mqtt.topics import (
+    is_shared, parse_shared, topic_matches, validate_topic_filter, validate_topic_name,
+)
 
 # ----------------------------------------------------------------------------- validators
 
@@ -190,3 +194,40 @@ def test_validators_raise_only_protocol_error(text):
             validate(text)
         except ProtocolError:
             pass
+
+
+# ----------------------------------------------------------------------------- shared subscriptions
+
+
+@pytest.mark.parametrize("text, share, inner", [
+    ("$share/g/a", "g", "a"),
+    ("$share/g/#", "g", "#"),
+    ("$share/g/+/b/#", "g", "+/b/#"),
+    ("$share/g//", "g", "/"),
+    ("$share/g/$SYS/x", "g", "$SYS/x"),
+    ("$share/$share/a/b", "$share", "a/b"),
+    ("$share/ü€/a", "ü€", "a"),
+])
+def test_shared_subscription_names(text, share, inner):
+    validate_topic_filter(text)
+    assert is_shared(text)
+    assert parse_shared(text) == (share, inner)
+
+
+@pytest.mark.parametrize("text, rule", [
+    ("$share//a", "MQTT-4.8.2-1"),
+    ("$share/+/a", "MQTT-4.8.2-2"),
+    ("$share/#", "MQTT-4.8.2-2"),
+    ("$share/g", "MQTT-4.8.2-2"),
+    ("$share/g/", "MQTT-4.8.2-2"),
+])
+def test_bad_shared_subscription_names(text, rule):
+    validate_topic_filter(text)       # a well-formed filter: only its share is wrong
+    with pytest.raises(ProtocolError) as info:
+        parse_shared(text)
+    assert (info.value.rule, info.value.reason) == (rule, TOPIC_FILTER_INVALID)
+
+
+@pytest.mark.parametrize("text", ["$share", "$shared/g/a", "share/g/a", "$SHARE/g/a", "a/$share/g"])
+def test_not_shared(text):
+    assert not is_shared(text)
