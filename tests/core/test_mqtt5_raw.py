@@ -1,0 +1,115 @@
+"""MQTT 5.0 against a real broker, from the independent raw-socket client (tests/mqttraw5.py):
+Receive Maximum, Message Expiry while queued, the client's Maximum Packet Size, Will Delay
+Interval, Subscription Identifier in a client's PUBLISH."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import mqttraw5 as R
+from conftest import _open_clients
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def raw5(b, client_id, **kw) -> R.RawClient5:
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    connack = c.connect(client_id, **kw)
+    assert connack.reason == 0, connack
+    return c
+
+
+def quiet(c, wait: float = 0.0) -> bool:
+    """Nothing arrived for ``c`` after ``wait`` s (time for a deadline to pass), up to the
+    answer to a PINGREQ sent then."""
+    time.sleep(wait)
+    return c.ping() == []
+
+
+def publishes(c, n, timeout=5.0) -> list:
+    return [c.wait_for(lambda p: p.type == R.PUBLISH, timeout) for _ in range(n)]
+
+
+def test_receive_maximum_bounds_the_messages_in_flight(srv, uid):
+    sub = raw5(srv, f"{uid}-s", props={R.RECEIVE_MAXIMUM: 2})
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = raw5(srv, f"{uid}-p")
+    for i in range(5):
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    first = publishes(sub, 2)
+    assert [p.payload for p in first] == [b"0", b"1"]
+    assert quiet(sub)                       # the third waits for an acknowledgement
+    sub.ack(first[0])
+    (third,) = publishes(sub, 1)
+    assert third.payload == b"2"
+    for p in [first[1], third]:
+        sub.ack(p)
+    assert [p.payload for p in publishes(sub, 2)] == [b"3", b"4"]
+
+
+def test_message_expiry_while_queued(srv, uid):
+    sub = raw5(srv, f"{uid}-s", props={R.RECEIVE_MAXIMUM: 1})
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = raw5(srv, f"{uid}-p")
+    pub.publish(f"{uid}/t", b"first", qos=1)
+    pub.publish(f"{uid}/t", b"short", qos=1, props={R.MESSAGE_EXPIRY: 1})
+    pub.publish(f"{uid}/t", b"long", qos=1, props={R.MESSAGE_EXPIRY: 600})
+    (first,) = publishes(sub, 1)
+    before = srv.stats()["dropped"]["message_expired"]
+    # The queued ones wait behind the unacknowledged first until "short" has expired.
+    assert quiet(sub, 1.2)
+    sub.ack(first)
+    (nxt,) = publishes(sub, 1)
+    assert nxt.payload == b"long"
+    assert 598 <= nxt.properties[R.MESSAGE_EXPIRY] <= 600
+    assert srv.stats()["dropped"]["message_expired"] == before + 1
+
+
+def test_a_message_larger_than_the_clients_maximum_packet_size_is_not_sent(srv, uid):
+    sub = raw5(srv, f"{uid}-s", props={R.MAXIMUM_PACKET_SIZE: 100})
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = raw5(srv, f"{uid}-p")
+    pub.publish(f"{uid}/t", b"x" * 200, qos=1)
+    pub.publish(f"{uid}/t", b"small", qos=1)
+    (p,) = publishes(sub, 1)
+    assert p.payload == b"small"
+    assert srv.stats()["dropped"]["packet_too_large"] >= 1
+
+
+def test_will_delay_interval(srv, uid):
+    watcher = raw5(srv, f"{uid}-w")
+    watcher.subscribe(f"{uid}/will", qos=1)
+    will = (f"{uid}/will", b"gone", 1, False, {R.WILL_DELAY: 1})
+    expiry = {R.SESSION_EXPIRY: 60}
+    # Back within the delay: no will.
+    c = raw5(srv, f"{uid}-c", props=expiry, will=will)
+    c.close()                                    # no DISCONNECT: the will is due
+    back = raw5(srv, f"{uid}-c", clean_start=False, props=expiry, will=will)
+    assert quiet(watcher, 1.5)
+    # Not back: published after the delay.
+    back.close()
+    mark = srv.mark()
+    (p,) = publishes(watcher, 1, timeout=5)
+    assert p.payload == b"gone"
+    assert srv.wait_log(lambda line: "publishing will of" in line, start=mark)
+
+
+def test_will_delay_ends_with_the_session(srv, uid):
+    """A session ending before the delay (here: Session Expiry Interval 0) sends the will."""
+    watcher = raw5(srv, f"{uid}-w")
+    watcher.subscribe(f"{uid}/will", qos=1)
+    c = raw5(srv, f"{uid}-c", will=(f"{uid}/will", b"now", 1, False, {R.WILL_DELAY: 300}))
+    c.close()
+    (p,) = publishes(watcher, 1, timeout=5)
+    assert p.payload == b"now"
+
+
+def test_subscription_identifier_in_a_clients_publish_is_a_protocol_error(srv, uid):
+    c = raw5(srv, f"{uid}-c")
+    c.send(R.publish5(f"{uid}/t", b"x", 0, props={R.SUBSCRIPTION_ID: 5}))
+    d = c.expect_disconnect()
+    assert d.reason == 0x82
+    assert "MQTT-3.3.4-6" in d.properties[R.REASON_STRING]
