@@ -21,6 +21,8 @@ from edgebroker import __version__
 from edgebroker.core.catchup import IN_STEP
 from edgebroker.core.limits import DROPS, LIMITS, REFUSALS
 
+PROTOCOL_NAMES = {3: "3.1", 4: "3.1.1", 5: "5.0"}
+
 RING = 1024  # a power of two
 
 
@@ -112,6 +114,8 @@ def client_row(client, now: float) -> dict:
         "id": client.client_id,
         "peer": client.peer,
         "listener": client.listener_address,
+        # The MQTT version spoken: "3.1", "3.1.1" or "5.0".
+        "protocol": PROTOCOL_NAMES.get(client.protocol_level, str(client.protocol_level)),
         "connected_seconds": now - client.created,
         "msgs_in": client.msgs_in,
         "msgs_out": transport.msgs_out,
