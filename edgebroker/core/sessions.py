@@ -352,6 +352,8 @@ class Sessions:
                         cursor.since = {}
                     cursor.since[topic_filter] = self.live_offset()
                 cursor.cache.clear()
+            if qos > limits.max_qos:
+                qos = limits.max_qos
             self.subscriptions.add(topic_filter, session, qos)
             session.own_subscriptions()[topic_filter] = qos
             granted.append(qos)

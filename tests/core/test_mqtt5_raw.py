@@ -113,3 +113,28 @@ def test_subscription_identifier_in_a_clients_publish_is_a_protocol_error(srv, u
     d = c.expect_disconnect()
     assert d.reason == 0x82
     assert "MQTT-3.3.4-6" in d.properties[R.REASON_STRING]
+
+
+def test_max_qos_and_retain_available(broker, uid):
+    b = broker(limits={"max_qos": 1, "retain_available": False})
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    connack = c.connect(f"{uid}-c")
+    assert connack.properties[R.MAXIMUM_QOS] == 1
+    assert connack.properties[R.RETAIN_AVAILABLE] == 0
+    assert c.subscribe(f"{uid}/t", qos=2).codes == [1]     # granted at most max_qos
+    c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=3))
+    assert c.expect_disconnect().reason == 0x9B
+    r = R.RawClient5(b.host, b.port)
+    _open_clients.append(r)
+    r.connect(f"{uid}-r")
+    r.send(R.publish5(f"{uid}/t", b"x", 0, retain=True))
+    assert r.expect_disconnect().reason == 0x9A
+    w = R.RawClient5(b.host, b.port)
+    _open_clients.append(w)
+    assert w.connect(f"{uid}-w", will=(f"{uid}/w", b"x", 2)).reason == 0x9B
+    old = b.raw()
+    old.send(R.mqttraw.connect(f"{uid}-old"))
+    old.expect(R.CONNACK)
+    old.send(R.mqttraw.publish(f"{uid}/t", b"x", 0, retain=True))
+    assert old.expect_closed()

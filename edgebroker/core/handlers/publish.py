@@ -16,8 +16,8 @@ import logging
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core import mqtt5
 from edgebroker.errors import (
-    NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QUOTA_EXCEEDED, TOPIC_ALIAS_INVALID,
-    ProtocolError,
+    NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
+    RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
@@ -41,6 +41,9 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expires: float = 0
         # PUBACK: no coalescing delay for it (Broker.prompt).
         broker.prompt = True
     topic = p.topic
+    if p.retain and not broker.limits.retain_available:
+        raise ProtocolError("retained PUBLISH and retain_available is false",
+                            rule="retain_available", reason=RETAIN_NOT_SUPPORTED)
     if topic in broker.known_topics and client.acl is None:
         publish = broker.publish  # the common case: only admitted topics are known
     else:
@@ -92,6 +95,13 @@ def _charge(client, p: P.Publish) -> None:
 def on_publish5(client, p: P.Publish) -> None:
     """A 5.0 PUBLISH: its Topic Alias resolved (or set), its properties checked and kept for
     the subscribers; refusals answered with a reason code where QoS > 0 has one."""
+    limits = client.broker.limits
+    if p.qos > limits.max_qos:
+        raise ProtocolError(f"PUBLISH with QoS {p.qos}, above the Maximum QoS ({limits.max_qos})",
+                            rule="MQTT-3.2.2-11", reason=QOS_NOT_SUPPORTED)
+    if p.retain and not limits.retain_available:
+        raise ProtocolError("retained PUBLISH while Retain Available is 0",
+                            rule="MQTT-3.3.1-8", reason=RETAIN_NOT_SUPPORTED)
     props = p.properties
     if props is not None:
         alias = props.get(Q.TOPIC_ALIAS)
