@@ -121,6 +121,10 @@ class Limits:
     retain_available: bool = setting(
         True, doc="retained messages: false refuses a retained PUBLISH or will (MQTT 5.0: "
                   "0x9A; 3.1.1: the connection closes) and says so in the 5.0 CONNACK")
+    receive_maximum: int = setting(
+        65535, between(1, 65535),
+        doc="MQTT 5.0: QoS 2 messages a client may have awaiting PUBREL (the CONNACK's Receive "
+            "Maximum); one more gets DISCONNECT 0x93")
     max_topic_alias: int = setting(
         10, between(0, 65535),
         doc="MQTT 5.0: topic aliases a client may set (the CONNACK's Topic Alias Maximum); "

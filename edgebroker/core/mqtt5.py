@@ -74,6 +74,8 @@ def connack_properties(broker, client, assigned_id: str | None, keepalive: int |
         props[Q.TOPIC_ALIAS_MAXIMUM] = limits.max_topic_alias
     props[Q.MAXIMUM_PACKET_SIZE] = limits.max_packet_size
     props[Q.SHARED_SUB_AVAILABLE] = 0
+    if limits.receive_maximum < 65535:
+        props[Q.RECEIVE_MAXIMUM] = limits.receive_maximum
     if limits.max_qos < 2:
         props[Q.MAXIMUM_QOS] = limits.max_qos
     if not limits.retain_available:

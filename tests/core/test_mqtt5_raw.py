@@ -138,3 +138,19 @@ def test_max_qos_and_retain_available(broker, uid):
     old.expect(R.CONNACK)
     old.send(R.mqttraw.publish(f"{uid}/t", b"x", 0, retain=True))
     assert old.expect_closed()
+
+
+def test_the_brokers_receive_maximum(broker, uid):
+    b = broker(limits={"receive_maximum": 2})
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    assert c.connect(f"{uid}-c").properties[R.RECEIVE_MAXIMUM] == 2
+    for pid in (1, 2):                      # two QoS 2 exchanges left awaiting PUBREL
+        c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=pid))
+        c.wait_for(lambda p, pid=pid: p.type == R.PUBREC and p.packet_id == pid)
+    c.send(R.pubrel5(1))                    # one ends: room for one more
+    c.wait_for(lambda p: p.type == R.PUBCOMP)
+    c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=3))
+    c.wait_for(lambda p: p.type == R.PUBREC and p.packet_id == 3)
+    c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=4))
+    assert c.expect_disconnect().reason == 0x93

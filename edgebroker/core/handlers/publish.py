@@ -17,7 +17,7 @@ from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core import mqtt5
 from edgebroker.errors import (
     NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
-    RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError,
+    RECEIVE_MAXIMUM_EXCEEDED, RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
@@ -102,6 +102,11 @@ def on_publish5(client, p: P.Publish) -> None:
     if p.retain and not limits.retain_available:
         raise ProtocolError("retained PUBLISH while Retain Available is 0",
                             rule="MQTT-3.3.1-8", reason=RETAIN_NOT_SUPPORTED)
+    if (p.qos == 2 and len(client.session.awaiting_release) >= limits.receive_maximum
+            and p.packet_id not in client.session.awaiting_release):
+        raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
+                            f"({limits.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-9",
+                            reason=RECEIVE_MAXIMUM_EXCEEDED)
     props = p.properties
     if props is not None:
         alias = props.get(Q.TOPIC_ALIAS)
