@@ -125,6 +125,9 @@ class Limits:
         65535, between(1, 65535),
         doc="MQTT 5.0: QoS 2 messages a client may have awaiting PUBREL (the CONNACK's Receive "
             "Maximum); one more gets DISCONNECT 0x93")
+    outbound_topic_aliases: bool = setting(
+        False, doc="MQTT 5.0: give the first topics sent to a client topic aliases (up to its "
+                   "Topic Alias Maximum), sending an empty topic name after the first message")
     max_topic_alias: int = setting(
         10, between(0, 65535),
         doc="MQTT 5.0: topic aliases a client may set (the CONNACK's Topic Alias Maximum); "

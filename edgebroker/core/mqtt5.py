@@ -32,7 +32,7 @@ class Conn5:
     """A 5.0 connection's own state (``Client.v5``)."""
 
     __slots__ = ("receive_maximum", "max_packet_size", "topic_alias_maximum", "aliases",
-                 "problem_info", "session_expiry")
+                 "problem_info", "session_expiry", "out_aliases")
 
     def __init__(self, props: dict | None):
         props = props or {}
@@ -43,6 +43,7 @@ class Conn5:
         self.problem_info = props.get(Q.REQUEST_PROBLEM_INFO, 1) == 1
         self.session_expiry = props.get(Q.SESSION_EXPIRY, 0)
         self.aliases: dict[int, str] | None = None   # inbound: alias -> topic name
+        self.out_aliases: dict[bytes, int] | None = None  # outbound: topic -> alias
 
 
 def session_expiry(conn: Conn5, cap: float) -> int:

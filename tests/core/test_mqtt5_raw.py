@@ -154,3 +154,24 @@ def test_the_brokers_receive_maximum(broker, uid):
     c.wait_for(lambda p: p.type == R.PUBREC and p.packet_id == 3)
     c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=4))
     assert c.expect_disconnect().reason == 0x93
+
+
+def test_outbound_topic_aliases(broker, uid):
+    b = broker(limits={"outbound_topic_aliases": True})
+    sub = R.RawClient5(b.host, b.port)
+    _open_clients.append(sub)
+    sub.connect(f"{uid}-s", props={R.TOPIC_ALIAS_MAXIMUM: 2})
+    sub.subscribe(f"{uid}/#", qos=0)
+    plain = R.RawClient5(b.host, b.port)        # announces no Topic Alias Maximum: no aliases
+    _open_clients.append(plain)
+    plain.connect(f"{uid}-plain")
+    plain.subscribe(f"{uid}/#", qos=0)
+    pub = raw5(b, f"{uid}-p")
+    topics = [f"{uid}/a", f"{uid}/b", f"{uid}/c", f"{uid}/a", f"{uid}/b", f"{uid}/c"]
+    for t in topics:
+        pub.publish(t, b"x", qos=1)
+    got = publishes(sub, 6)
+    seen = [(p.topic, p.properties.get(R.TOPIC_ALIAS)) for p in got]
+    assert seen == [(f"{uid}/a", 1), (f"{uid}/b", 2), (f"{uid}/c", None),
+                    ("", 1), ("", 2), (f"{uid}/c", None)]
+    assert [p.topic for p in publishes(plain, 6)] == topics
