@@ -228,3 +228,34 @@ def test_inspect_verify_on_the_golden_variants(tmp_path, name, rc, verdict):
     assert r.returncode == rc, r.stdout + r.stderr
     assert verdict in r.stdout
     assert files(GOLDEN / name) == before
+
+
+def _doc_blocks() -> list[bytes]:
+    """The hex dumps in docs/log-format.md's code blocks (the leading two-digit hex tokens of
+    each line; what follows them is commentary)."""
+    import re
+    text = (Path(__file__).resolve().parents[2] / "docs" / "log-format.md").read_text()
+    out = []
+    for block in re.findall(r"```\n(.*?)```", text, re.S):
+        data = bytearray()
+        for line in block.splitlines():
+            for token in line.split():
+                if not re.fullmatch(r"[0-9a-f]{2}", token):
+                    break
+                data.append(int(token, 16))
+        if data:
+            out.append(bytes(data))
+    return out
+
+
+def test_the_examples_in_the_format_document_are_what_the_code_writes():
+    from edgebroker.commitlog.format import segment_header
+    from edgebroker.mqtt import properties as p
+    props = p.encode_body({p.CONTENT_TYPE: "text/plain", p.USER_PROPERTY: [("unit", "C")]})
+    plain = _native.record_header(5, 1700000000123, 5, b"dev-1", b"a/b", b"21.5")
+    with_props = _native.record_header(6, 1700000000456, 1, b"dev-1", b"a/b", b"21.5", props)
+    blocks = _doc_blocks()
+    assert plain + b"dev-1a/b21.5" in blocks
+    assert with_props + b"dev-1a/b" + props + b"21.5" in blocks
+    assert segment_header(0) in blocks
+    assert (GOLDEN / "v1" / "00000000000000000000.seg").read_bytes()[:32] in blocks
