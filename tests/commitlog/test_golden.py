@@ -259,3 +259,40 @@ def test_the_examples_in_the_format_document_are_what_the_code_writes():
     assert with_props + b"dev-1a/b" + props + b"21.5" in blocks
     assert segment_header(0) in blocks
     assert (GOLDEN / "v1" / "00000000000000000000.seg").read_bytes()[:32] in blocks
+
+
+def test_a_version_1_last_segment_without_records_becomes_version_2(tmp_path):
+    """Only a header (a version 1 broker stopped right after a roll): nothing to keep, so the
+    segment takes a version 2 header and the records with properties go into it."""
+    d = tmp_path / "log"
+    d.mkdir()
+    (d / "00000000000000000000.seg").write_bytes(
+        (GOLDEN / "v1" / "00000000000000000000.seg").read_bytes()[:32])
+    log = CommitLog.open(str(d))
+    log.append(*record2(1))
+    log.write_pending()
+    log.close()
+    assert versions(d) == [2]
+    log = CommitLog.open(str(d), readonly=True)
+    assert [with_properties(r) for r in log.read_range(0)] == [(0, *record2(1))]
+    log.close()
+
+
+def test_log_properties_keep_the_message_s_and_drop_one_hop_s(tmp_path):
+    """What the core stores (core.journal.log_properties): the properties as sent, minus
+    Topic Alias and Subscription Identifier; read back as they were."""
+    from edgebroker.core.journal import log_properties
+    from edgebroker.mqtt import properties as p
+    sent = {p.TOPIC_ALIAS: 7, p.CONTENT_TYPE: "text/plain", p.SUBSCRIPTION_ID: [3, 9],
+            p.USER_PROPERTY: [("b", "2"), ("a", "1")], p.MESSAGE_EXPIRY: 60}
+    stored = log_properties(sent)
+    kept = {p.CONTENT_TYPE: "text/plain", p.USER_PROPERTY: [("b", "2"), ("a", "1")],
+            p.MESSAGE_EXPIRY: 60}
+    assert p.decode_body(stored) == kept and list(p.decode_body(stored)) == list(kept)
+    assert log_properties({p.TOPIC_ALIAS: 7}) == log_properties(None) == b""
+    log = CommitLog.open(str(tmp_path / "log"))
+    log.append(1, 1, False, b"c", b"t", b"x", stored)
+    log.append(2, 1, False, b"c", b"t", b"y", log_properties({p.TOPIC_ALIAS: 7}))
+    log.write_pending()
+    assert [(r.payload, r.properties) for r in log.read_range(0)] == [(b"x", stored), (b"y", b"")]
+    log.close()
