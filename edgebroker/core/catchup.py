@@ -211,7 +211,7 @@ class CatchUp:
         queued = queued_bytes = 0
         lagging = 0
         done = cursor.done
-        for offset, ts, qos, retain, topic, payload, size in records:
+        for offset, ts, qos, retain, topic, payload, size, _properties in records:
             if done is not None and offset in done:
                 continue      # sent before a restart, its exchange journaled (see Cursor.done)
             granted = cursor.granted(session, topic, offset)
