@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 
+from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt.topics import topic_matches
@@ -211,7 +212,8 @@ class CatchUp:
         queued = queued_bytes = 0
         lagging = 0
         done = cursor.done
-        for offset, ts, qos, retain, topic, payload, size, _properties in records:
+        v5 = session.client.v5 is not None
+        for offset, ts, qos, retain, topic, payload, size, properties in records:
             if done is not None and offset in done:
                 continue      # sent before a restart, its exchange journaled (see Cursor.done)
             granted = cursor.granted(session, topic, offset)
@@ -236,6 +238,9 @@ class CatchUp:
                 session.queued_qos0 += 1
             if payload is None:
                 ref = Stored(offset, len(topic) + size)
+            elif properties and v5:  # (a 3.1.1 subscriber gets none)
+                ref = Message(name, payload, qos, False, offset, topic, "", *stored_properties(
+                    properties, ts, journal.wall_ms(), self.clock()))
             else:
                 ref = Message(name, payload, qos, False, offset, topic)
             queue.append((ref, qos, False))

@@ -11,6 +11,7 @@ leaves a choice.
 from __future__ import annotations
 
 from edgebroker import errors as E
+from edgebroker.errors import ProtocolError
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode5 import encode_connack5, encode_disconnect5
 
@@ -88,16 +89,31 @@ def connack_properties(broker, client, assigned_id: str | None, keepalive: int |
 _NOT_FORWARDED = (Q.TOPIC_ALIAS, Q.SUBSCRIPTION_ID, Q.MESSAGE_EXPIRY, Q.WILL_DELAY)
 
 
-def message_properties(props: dict | None, now: float) -> tuple[bytes, float]:
-    """A PUBLISH's (or will's) properties as a ``Message`` keeps them: (the encoded
-    properties to forward, the broker-clock time it expires at or 0)."""
+def message_properties(props: dict | None) -> tuple[bytes, int | None]:
+    """A PUBLISH's (or will's) properties as the broker keeps them: (the encoded properties
+    to forward, without Message Expiry Interval; that interval in seconds, or None)."""
     if props is None:
-        return b"", 0.0
+        return b"", None
     interval = props.get(Q.MESSAGE_EXPIRY)
-    expires = now + interval if interval is not None else 0.0
     if any(k in props for k in _NOT_FORWARDED):
         props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
-    return Q.encode_body(props), expires
+    return Q.encode_body(props), interval
+
+
+def stored_properties(stored: bytes, timestamp_ms: int, wall_ms: int,
+                      now: float) -> tuple[bytes, float]:
+    """A log record's properties (as docs/log-format.md stores them) -> (the encoded
+    properties to forward, the broker-clock time it expires at, 0 for never). ``wall_ms``
+    and ``now`` are the same moment on the wall clock and the broker's clock. Bytes that do
+    not decode are forwarded as none."""
+    try:
+        props = Q.decode_body(stored)
+    except ProtocolError:
+        return b"", 0.0
+    forward, interval = message_properties(props)
+    if interval is None:
+        return forward, 0.0
+    return forward, now + (timestamp_ms - wall_ms) / 1000 + interval
 
 
 def reason_string(conn: Conn5 | None, text: str, props: dict | None = None) -> dict | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode5 import encode_publish_head5
@@ -78,7 +79,9 @@ class Router5:
                 return False
             topic_bytes = where.topic
             topic = topic_bytes.decode("utf-8", "replace")
-            props, expires = b"", 0.0
+            props, expires = (stored_properties(where.properties, where.timestamp_ms,
+                                                self.journal.wall_ms(), self.clock())
+                              if where.properties else (b"", 0.0))
             size = where.payload_length
         if expires:
             left = expires - self.clock()

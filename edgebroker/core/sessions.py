@@ -191,10 +191,10 @@ class Sessions:
                         client.describe(), will.topic)
             return
         log.info("publishing will of %s on %r", client.describe(), will.topic)
-        properties, expires = message_properties(will.properties, self.clock())
+        properties, expiry = message_properties(will.properties)
         try:
             self.publish(will.topic, will.payload, will.qos, will.retain, client, properties,
-                         expires)
+                         expiry)
         except LogFullError:
             log.error("will of %s on %r lost: the commit log cannot take it",
                       client.describe(), will.topic)

@@ -175,3 +175,27 @@ def test_outbound_topic_aliases(broker, uid):
     assert seen == [(f"{uid}/a", 1), (f"{uid}/b", 2), (f"{uid}/c", None),
                     ("", 1), ("", 2), (f"{uid}/c", None)]
     assert [p.topic for p in publishes(plain, 6)] == topics
+
+
+def test_an_offline_session_reads_properties_and_expiry_back_from_the_log(srv, uid):
+    expiry = {R.SESSION_EXPIRY: 300}
+    sub = raw5(srv, f"{uid}-s", props=expiry)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    pub = raw5(srv, f"{uid}-p")
+    pub.publish(f"{uid}/t", b"gone soon", qos=1, props={R.MESSAGE_EXPIRY: 1})
+    pub.publish(f"{uid}/t", b"x" * 5000, qos=1, props=[
+        (R.USER_PROPERTY, ("k", "1")), (R.MESSAGE_EXPIRY, 600), (R.USER_PROPERTY, ("k", "2")),
+        (R.CONTENT_TYPE, "text/plain")])
+    pub.publish(f"{uid}/t", b"small", qos=1, props={R.USER_PROPERTY: ("size", "small")})
+    time.sleep(1.2)                      # the first one's expiry passes while it is offline
+    back = raw5(srv, f"{uid}-s", clean_start=False, props=expiry)
+    p, small = publishes(back, 2)
+    assert small.payload == b"small" and small.properties[R.USER_PROPERTY] == [("size", "small")]
+    back.ack(small)
+    assert p.payload == b"x" * 5000
+    assert p.properties[R.USER_PROPERTY] == [("k", "1"), ("k", "2")]
+    assert p.properties[R.CONTENT_TYPE] == "text/plain"
+    assert 598 <= p.properties[R.MESSAGE_EXPIRY] <= 600
+    back.ack(p)
+    assert quiet(back)

@@ -32,7 +32,7 @@ log = logging.getLogger("edgebroker.client")
 _DENIALS_LOGGED = 16
 
 
-def on_publish(client, p: P.Publish, properties: bytes = b"", expires: float = 0.0) -> None:
+def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None = None) -> None:
     broker = client.broker
     qos = p.qos
     client.msgs_in += 1
@@ -52,11 +52,11 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expires: float = 0
             return
     try:
         if qos == 0:
-            publish(topic, p.payload, 0, p.retain, client, properties, expires)
+            publish(topic, p.payload, 0, p.retain, client, properties, expiry)
             return
         pid = p.packet_id
         if qos == 1:
-            offset = publish(topic, p.payload, 1, p.retain, client, properties, expires)
+            offset = publish(topic, p.payload, 1, p.retain, client, properties, expiry)
             broker.acknowledge(client, offset, encode_puback(pid))
         else:
             # Exactly once: route on first receipt, ignore re-sends (DUP set) until PUBREL.
@@ -65,7 +65,7 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expires: float = 0
             if pid not in awaiting or not p.dup:
                 if pid in awaiting:
                     _reused_id(client, pid)
-                offset = publish(topic, p.payload, 2, p.retain, client, properties, expires)
+                offset = publish(topic, p.payload, 2, p.retain, client, properties, expiry)
                 session = client.session
                 session.own_awaiting_release().add(pid)
                 if offset is not None and not session.clean and broker.exchanges is not None:
@@ -130,8 +130,8 @@ def on_publish5(client, p: P.Publish) -> None:
             if p.qos:
                 _answer5(client, p, NOT_AUTHORIZED, f"publish to {p.topic!r} not authorized")
             return
-    properties, expires = mqtt5.message_properties(props, broker.clock())
-    on_publish(client, p, properties, expires)
+    properties, expiry = mqtt5.message_properties(props)
+    on_publish(client, p, properties, expiry)
 
 
 def on_publish5_rated(client, p: P.Publish) -> None:
