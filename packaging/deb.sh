@@ -59,7 +59,8 @@ case "$ARCH" in
 esac
 found=$(od -An -tu2 -j18 -N2 "$BINARY" | tr -d ' ')
 [ "$(head -c4 "$BINARY" | od -An -c | tr -d ' ')" = '177ELF' ] && [ "$found" = "$machine" ] || \
-    { echo "$0: $BINARY is not an ELF executable for $ARCH (e_machine $found, wanted $machine)" >&2; exit 1; }
+    { echo "$0: $BINARY: no ELF executable for $ARCH (e_machine $found, not $machine)" >&2
+      exit 1; }
 
 VERSION=$(deb_version)
 [ -n "$VERSION" ] || { echo "$0: no __version__ in edgebroker/__init__.py" >&2; exit 1; }
@@ -79,15 +80,17 @@ install -m 0755 "$BINARY" "$ROOT/usr/bin/edgebroker"
 packaged_unit() {
     awk -v name="$(basename "$1")" '
         !body && /^#/ { next }
-        !body { print "# " name " of the Debian package edgebroker (docs/deploy.md). Changes: a drop-in,"
-                print "# systemctl edit " name " (this file is replaced on upgrade)."
+        !body { print "# " name " of the Debian package edgebroker (docs/deploy.md)."
+                print "# Changes: a drop-in (systemctl edit " name "); this file is replaced"
+                print "# on upgrade."
                 body = 1 }
         { gsub("/usr/local/bin/edgebroker", "/usr/bin/edgebroker"); print }' "$1"
 }
 packaged_unit "$UNITS_DIR/edgebroker.service" > "$ROOT/lib/systemd/system/edgebroker.service"
 grep -q '^ExecStart=/usr/bin/edgebroker serve -c /etc/edgebroker/edgebroker.toml' \
     "$ROOT/lib/systemd/system/edgebroker.service" || \
-    { echo "$0: the packaged unit does not run /usr/bin/edgebroker with /etc/edgebroker/edgebroker.toml" >&2; exit 1; }
+    { echo "$0: the packaged unit does not run /usr/bin/edgebroker serve -c" \
+           "/etc/edgebroker/edgebroker.toml" >&2; exit 1; }
 UNITS=edgebroker.service
 if [ -f "$UNITS_DIR/edgebroker.socket" ]; then
     packaged_unit "$UNITS_DIR/edgebroker.socket" > "$ROOT/lib/systemd/system/edgebroker.socket"

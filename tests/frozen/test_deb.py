@@ -101,7 +101,8 @@ def test_control_version_architecture_depends(unpacked, binary):
 
 
 def test_configuration_is_the_commented_default_and_a_conffile(unpacked):
-    assert (unpacked / "DEBIAN/conffiles").read_text().split() == ["/etc/edgebroker/edgebroker.toml"]
+    conffiles = (unpacked / "DEBIAN/conffiles").read_text().split()
+    assert conffiles == ["/etc/edgebroker/edgebroker.toml"]
     packaged = (unpacked / "etc/edgebroker/edgebroker.toml").read_text()
     assert packaged == (SYSTEMD / "edgebroker.toml").read_text()
     assert packaged.startswith("# /etc/edgebroker/edgebroker.toml")
