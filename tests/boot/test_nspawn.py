@@ -145,7 +145,7 @@ def container(tmp_path_factory, port, package):
     root = work / "root"
     root.mkdir()
     # The cached tree stays as it is: an overlay takes the container's writes (about 10 MB);
-    # where the kernel refuses one, a copy (250 MB, some 10 s each way).
+    # where the kernel refuses one, a copy (200 MB, some 10 s each way).
     (work / "upper").mkdir()
     (work / "overlay-work").mkdir()
     overlay = subprocess.run(
@@ -303,10 +303,13 @@ def test_remove_stops_and_keeps_state_purge_removes_it(container, port):
     assert connect_refused(port)
     assert not (container.root / "usr/bin/edgebroker").exists()
     assert (state / "log").is_dir() and (container.root / "etc/edgebroker/edgebroker.toml").exists()
+    # Masked while its file is gone; still enabled, for a reinstall.
+    etc = container.root / "etc/systemd/system"
+    assert os.readlink(etc / UNIT) == "/dev/null"
+    assert os.path.lexists(etc / "multi-user.target.wants" / UNIT)
 
     container.run("apt-get", "purge", "-y", "-q", "edgebroker", timeout=120)
     assert not state.exists() and not os.path.lexists(container.root / "var/lib/edgebroker")
     assert not (container.root / "etc/edgebroker/edgebroker.toml").exists()
-    etc = container.root / "etc/systemd/system"
     assert not os.path.lexists(etc / "multi-user.target.wants" / UNIT)
     assert not os.path.lexists(etc / UNIT), "a mask left behind"
