@@ -130,6 +130,14 @@ def upgrade_package(package, tmp_path_factory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
+def units(package) -> list[str]:
+    """The package's systemd units: the service, and the socket when systemd/ had one."""
+    listing = subprocess.run(["dpkg-deb", "--contents", str(package)], capture_output=True,
+                             text=True, check=True, timeout=60).stdout
+    return re.findall(r"lib/systemd/system/(edgebroker\.\w+)$", listing, flags=re.M)
+
+
+@pytest.fixture(scope="module")
 def port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -137,7 +145,7 @@ def port() -> int:
 
 
 @pytest.fixture(scope="module")
-def container(tmp_path_factory, port, package):
+def container(tmp_path_factory, port, package, units):
     root_fs = subprocess.run([str(REPO / "packaging" / "boot-root.sh")], capture_output=True,
                              text=True, timeout=900, stdin=subprocess.DEVNULL)
     assert root_fs.returncode == 0, root_fs.stderr
@@ -162,6 +170,13 @@ def container(tmp_path_factory, port, package):
     assert ours != config
     (root / "etc" / "edgebroker").mkdir()
     (root / "etc" / "edgebroker" / "edgebroker.toml").write_text(ours)
+    if "edgebroker.socket" in units:
+        # The socket's address must be the listener's (systemd/edgebroker.socket): a drop-in,
+        # as an administrator would change it.
+        dropin = root / "etc/systemd/system/edgebroker.socket.d"
+        dropin.mkdir(parents=True)
+        (dropin / "port.conf").write_text(
+            f"[Socket]\nListenStream=\nListenStream=127.0.0.1:{port}\n")
     shutil.copy(package, root / "root" / package.name)
     c = Container(root, work / "console.log")
     try:
@@ -191,7 +206,7 @@ def round_trip(mosq, port: int, topic: str, message: str) -> None:
     assert f"{topic} {message}" in sub.lines, sub.out.text()
 
 
-def test_install_starts_the_service_on_readiness(container, package, port, mosq):
+def test_install_starts_the_service_on_readiness(container, package, units, port, mosq):
     config = container.root / "etc/edgebroker/edgebroker.toml"
     provisioned = config.read_text()
     # The documented command; the provisioned configuration is kept (--force-confold: dpkg
@@ -204,7 +219,9 @@ def test_install_starts_the_service_on_readiness(container, package, port, mosq)
                               "edgebroker").stdout
     assert "/etc/edgebroker/edgebroker.toml" in conffiles
 
-    assert container.run("systemctl", "is-enabled", UNIT).stdout.strip() == "enabled"
+    for unit in units:
+        assert container.run("systemctl", "is-enabled", unit).stdout.strip() == "enabled", unit
+        assert container.run("systemctl", "is-active", unit).stdout.strip() == "active", unit
     s = container.show("Type", "ActiveState", "SubState", "StatusText", "FragmentPath", "MainPID")
     # Type=notify: "active (running)" only once READY=1 arrived (the broker sends it when its
     # listeners accept), with the broker's STATUS= line.
@@ -295,7 +312,7 @@ def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_p
     assert "boot/retained kept across the upgrade" in sub.lines, sub.out.text()
 
 
-def test_remove_stops_and_keeps_state_purge_removes_it(container, port):
+def test_remove_stops_and_keeps_state_purge_removes_it(container, port, units):
     state = container.root / "var/lib/private/edgebroker"
     assert (state / "log").is_dir()
     container.run("apt-get", "remove", "-y", "-q", "edgebroker", timeout=120)
@@ -303,13 +320,14 @@ def test_remove_stops_and_keeps_state_purge_removes_it(container, port):
     assert connect_refused(port)
     assert not (container.root / "usr/bin/edgebroker").exists()
     assert (state / "log").is_dir() and (container.root / "etc/edgebroker/edgebroker.toml").exists()
-    # Masked while its file is gone; still enabled, for a reinstall.
+    # Masked while their files are gone; still enabled, for a reinstall.
     etc = container.root / "etc/systemd/system"
-    assert os.readlink(etc / UNIT) == "/dev/null"
+    for unit in units:
+        assert os.readlink(etc / unit) == "/dev/null", unit
     assert os.path.lexists(etc / "multi-user.target.wants" / UNIT)
 
     container.run("apt-get", "purge", "-y", "-q", "edgebroker", timeout=120)
     assert not state.exists() and not os.path.lexists(container.root / "var/lib/edgebroker")
     assert not (container.root / "etc/edgebroker/edgebroker.toml").exists()
-    assert not os.path.lexists(etc / "multi-user.target.wants" / UNIT)
-    assert not os.path.lexists(etc / UNIT), "a mask left behind"
+    # No enablement link nor mask left (the drop-in directory is the administrator's).
+    assert [str(p) for p in etc.rglob("edgebroker.*") if p.is_symlink()] == []
