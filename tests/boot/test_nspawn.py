@@ -75,8 +75,8 @@ class Container:
             assert r.returncode == 0, self.diagnose(r)
         return r
 
-    def show(self, *props: str) -> dict[str, str]:
-        out = self.run("systemctl", "show", UNIT, *(f"--property={p}" for p in props)).stdout
+    def show(self, *props: str, unit: str = UNIT) -> dict[str, str]:
+        out = self.run("systemctl", "show", unit, *(f"--property={p}" for p in props)).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     def journal(self) -> str:
@@ -229,7 +229,10 @@ def test_install_starts_the_service_on_readiness(container, package, units, port
     assert s["FragmentPath"] == "/lib/systemd/system/edgebroker.service"
     assert s["StatusText"], s
     journal = container.journal()
-    assert f"listening on 127.0.0.1:{port}" in journal, journal
+    listening = re.search(rf"listening on 127\.0\.0\.1:{port}\b.*", journal)
+    assert listening, journal
+    if "edgebroker.socket" in units:
+        assert "socket from systemd" in listening[0], listening[0]
     assert "configuration /etc/edgebroker/edgebroker.toml" in journal, journal
     assert "Started edgebroker.service" in journal, journal
     exe = container.run("readlink", f"/proc/{s['MainPID']}/exe").stdout.strip()
@@ -287,7 +290,8 @@ def records(container) -> int:
     return sum(s["records"] for s in json.loads(out))
 
 
-def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_package, port, mosq):
+def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_package, units,
+                                                             port, mosq):
     package, version = upgrade_package
     config = container.root / "etc/edgebroker/edgebroker.toml"
     provisioned = config.read_text()
@@ -295,6 +299,8 @@ def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_p
     logged = records(container)
     assert logged == 4, logged
     before = container.show("MainPID", "InvocationID")
+    socket_units = [u for u in units if u.endswith(".socket")]
+    sockets = [container.show("InvocationID", unit=u) for u in socket_units]
     shutil.copy(package, container.root / "root" / package.name)
     container.run("apt", "install", "-y", "-q", f"/root/{package.name}", timeout=180)
     assert container.run("dpkg-query", "--showformat=${Version}", "--show",
@@ -303,6 +309,8 @@ def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_p
     assert (after["ActiveState"], after["SubState"]) == ("active", "running"), after
     # Restarted: a new invocation, running the new file (not the replaced one, "(deleted)").
     assert after["InvocationID"] != before["InvocationID"] and after["MainPID"] != before["MainPID"]
+    # The socket unit (when packaged) listened throughout: the same invocation.
+    assert [container.show("InvocationID", unit=u) for u in socket_units] == sockets
     exe = container.run("readlink", f"/proc/{after['MainPID']}/exe").stdout.strip()
     assert exe == "/usr/bin/edgebroker"
     assert config.read_text() == provisioned
