@@ -17,6 +17,7 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 if [ ! -f "$ROOT/.ready" ]; then
     command -v debootstrap >/dev/null || {
         echo "installing Debian packages: debootstrap" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >&2
     }
     mkdir -p "$CACHE"
