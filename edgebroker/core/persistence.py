@@ -89,7 +89,7 @@ class Persistence:
             state.offline_ms = written_ms - int((now - session.offline_at) * 1000)
         cursor = session.cursor
         if cursor is not None:
-            state.cursor = cursor.offset
+            state.cursor = cursor.unsent()    # what it read and did not send is read again
             state.since = dict(cursor.since) if cursor.since else {}
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:

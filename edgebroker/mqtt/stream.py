@@ -32,6 +32,9 @@ Every rule violation names the specification's conformance id in ``rule``
 
 from __future__ import annotations
 
+import sys
+from array import array
+
 from edgebroker.errors import PACKET_TOO_LARGE, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.decode import (
@@ -47,6 +50,7 @@ LARGE_FRAME = 16 * 1024
 # payload, too, goes straight into its own buffer rather than through the shared one.
 LARGE_READ = 4096
 REPEAT_FRAMES = 16  # at most this many frames alike in one read (repeat_buffers)
+_LITTLE = sys.byteorder == "little"
 
 
 class _Large:
@@ -132,6 +136,27 @@ class Decoder:
         self._src = data
         self._gen = gen = self._frames(first, data)
         return gen
+
+    def pubacks(self, data):
+        """The packet identifiers of ``data`` when it is two or more whole PUBACKs and nothing
+        else (a QoS 1 subscriber acknowledging what one read brought), with nothing buffered:
+        an ``array('H')``, in order. None otherwise (``feed`` decodes it, and finds any
+        violation)."""
+        n = len(data)
+        if (n < 8 or n & 3 or self._gen is not None or self._buf or self._large is not None
+                or self._ready is not None or self._error is not None):
+            return None
+        raw = bytes(data)
+        k = n >> 2
+        if raw[0::4] != b"\x40" * k or raw[1::4] != b"\x02" * k:
+            return None
+        pids = array("H", raw)[1::2]
+        if _LITTLE:
+            pids.byteswap()
+        if 0 in pids:
+            return None         # a violation (MQTT-2.3.1-1): feed reports it
+        self.read_hint = 0
+        return pids
 
     def filled(self, n: int):
         """``n`` bytes were received into ``room``: what is now complete (the packet in a
