@@ -277,6 +277,11 @@ def read_run(self, start: int, topic_filter: bytes | None, max_scan: int,
             used = res.matched * words
             if max(out[3:used:words]) - RECORD_HEADER_SIZE >= copy_limit:
                 return None
+            if len(view.obj) > BATCH_CHUNK:
+                # The walk's buffer grew for a large record of another topic: keep their span
+                # only, not that buffer.
+                low, high = out[2] - base, out[used - 3] + out[used - 2] - base
+                view, base = bytes(view[low:high]), base + low
             return (view, base, out[:used], res.matched), res.next_offset
         start = res.next_offset
         scanned += res.stop
