@@ -673,6 +673,54 @@ int64_t eb_index_find_time(const uint8_t *index, size_t count, uint64_t timestam
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* PUBLISH frames for records a session catching up reads from the log (core/catchup.py)        */
+
+int64_t eb_publish_frames(const uint8_t *buf, size_t buf_len, uint64_t base_position,
+                          const uint64_t *entries, size_t n, const uint8_t *qos,
+                          const uint16_t *pids, uint8_t *out, size_t out_cap)
+{
+    size_t used = 0, i;
+    for (i = 0; i < n; i++) {
+        const uint64_t *e = entries + i * EB_SCAN_ENTRY_WORDS;
+        uint64_t at = e[2] - base_position, length = e[3];
+        uint64_t cid_len = e[4] >> 8 & 0xFFFF, topic_len = e[4] >> 24 & 0xFFFF;
+        uint64_t payload_len, remaining;
+        unsigned q = qos[i];
+        const uint8_t *topic;
+        uint8_t *o;
+        if (q == 255)
+            continue;
+        if (q > 2 || e[2] < base_position || at > buf_len || length > buf_len - at
+            || length < HDR + cid_len + topic_len)
+            return -1;
+        payload_len = length - HDR - cid_len - topic_len;
+        remaining = 2 + topic_len + (q ? 2 : 0) + payload_len;
+        if (remaining > 268435455u || out_cap - used < 5 + remaining)
+            return -1;
+        topic = buf + at + HDR + cid_len;
+        o = out + used;
+        *o++ = (uint8_t)(0x30 | q << 1);
+        do {
+            uint8_t byte = remaining & 0x7F;
+            remaining >>= 7;
+            *o++ = remaining ? byte | 0x80 : byte;
+        } while (remaining);
+        *o++ = (uint8_t)(topic_len >> 8);
+        *o++ = (uint8_t)topic_len;
+        memcpy(o, topic, topic_len);
+        o += topic_len;
+        if (q) {
+            *o++ = (uint8_t)(pids[i] >> 8);
+            *o++ = (uint8_t)pids[i];
+        }
+        memcpy(o, topic + topic_len, payload_len);
+        o += payload_len;
+        used = (size_t)(o - out);
+    }
+    return (int64_t)used;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Send batch: for each item, its header bytes with send(MSG_MORE), then its file range with   */
 /* sendfile, to one non-blocking socket. Stops at EAGAIN or an error and says where.            */
 

@@ -128,6 +128,17 @@ int64_t eb_index_find_offset(const uint8_t *index, size_t count, uint32_t relati
 int64_t eb_index_find_time(const uint8_t *index, size_t count, uint64_t timestamp_ms);
 
 
+/* MQTT PUBLISH frames for `n` scan entries (EB_SCAN_ENTRY_WORDS words each, from eb_scan over
+ * `buf`, whose first byte is at file position `base_position`): for entry i, skipped when
+ * qos[i] is 255, else a PUBLISH with QoS qos[i] (0, 1 or 2; retain and DUP 0), the record's
+ * topic, packet identifier pids[i] (QoS 1 and 2 only) and the record's payload, one after
+ * another in `out`. The bytes written, or -1 when an entry does not lie in `buf`, a QoS is
+ * not 0 to 2 or 255, or `out` (`out_cap` bytes) is too small: every frame is shorter than its
+ * record, so the records' total length always fits. */
+int64_t eb_publish_frames(const uint8_t *buf, size_t buf_len, uint64_t base_position,
+                          const uint64_t *entries, size_t n, const uint8_t *qos,
+                          const uint16_t *pids, uint8_t *out, size_t out_cap);
+
 int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_item,
                   size_t start_progress, int cork, eb_send_result *res);
 /* Allocate the blocks of the file's first `length` bytes ahead, keeping its size (Linux

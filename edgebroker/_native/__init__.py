@@ -68,6 +68,14 @@ docs/log-format.md):
     (consistent leading entries, entries before the first all-zero one).
 ``index_find_offset(index, count, relative_offset)`` / ``index_find_time(index, count, ts)``
     Binary search (lower bound) over index entries.
+``publish_frames(buf, base_position, entries, first, n, qos, pids, capacity)``
+    MQTT PUBLISH frames, one after another, for the ``n`` scan entries from ``first`` on
+    (``entries``: ``scan`` output over ``buf``, which starts at file position
+    ``base_position``): entry i with QoS ``qos[i]`` (a bytearray: 0, 1, 2, or 255 to skip it;
+    retain and DUP 0), its record's topic, packet identifier ``pids[i]`` (``array('H')``;
+    QoS 1 and 2) and its record's payload. ``capacity``: at least the records' total length
+    (every frame is shorter than its record). ``ValueError`` for an entry outside ``buf`` or
+    the arrays, a QoS not 0 to 2 or 255, or too small a capacity.
 ``send_batch(sock, items, start_item=0, start_progress=0, cork=False)``
     ``items``: (header bytes, file fd, file position, length); sends each header then its
     file range (sendfile) to the non-blocking ``sock``, until done or EAGAIN. -> ``SendResult``
@@ -92,7 +100,7 @@ from edgebroker.errors import EdgebrokerError
 FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segment",
              "stage_start", "stage_clear", "append_record", "append_held",
              "topic_matches", "scan", "build_index", "resync",
-             "index_check", "index_find_offset", "index_find_time", "send_batch",
+             "index_check", "index_find_offset", "index_find_time", "publish_frames", "send_batch",
              "fallocate", "keep_freed_memory")
 CHOICES = ("auto", "c", "python")
 

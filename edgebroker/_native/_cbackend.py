@@ -37,6 +37,7 @@ def _chars(data):
 
 
 _unpack = ffi.unpack
+_buffer = ffi.buffer
 _eb_record_header = lib.eb_record_header
 
 
@@ -165,6 +166,27 @@ def index_find_offset(index, count: int, relative_offset: int) -> int:
 
 def index_find_time(index, count: int, timestamp_ms: int) -> int:
     return lib.eb_index_find_time(_ro(index), count, timestamp_ms)
+
+
+_eb_publish_frames = lib.eb_publish_frames
+
+
+def publish_frames(buf, base_position: int, entries: array, first: int, n: int, qos, pids,
+                   capacity: int) -> bytes:
+    if first < 0 or n < 0 or (first + n) * SCAN_ENTRY_WORDS > len(entries) or \
+            first + n > len(qos) or first + n > len(pids):
+        raise ValueError(f"publish_frames: entries {first} to {first + n} are not all there")
+    if not n:
+        return b""
+    out = _new("uint8_t[]", capacity or 1)
+    used = _eb_publish_frames(_ro(buf), len(buf), base_position,
+                              _from_buffer("uint64_t[]", entries) + first * SCAN_ENTRY_WORDS, n,
+                              _from_buffer("uint8_t[]", qos) + first,
+                              _from_buffer("uint16_t[]", pids) + first, out, capacity)
+    if used < 0:
+        raise ValueError("publish_frames: an entry outside the buffer, a QoS not 0 to 2 or "
+                         "255, or too small a capacity")
+    return _buffer(out, used)[:]
 
 
 fallocate = lib.eb_fallocate_keep_size

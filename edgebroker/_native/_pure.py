@@ -446,6 +446,46 @@ def send_batch(sock: socket.socket, items, start_item: int = 0, start_progress: 
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 
 
+def publish_frames(buf, base_position: int, entries: array, first: int, n: int, qos, pids,
+                   capacity: int) -> bytes:
+    if first < 0 or n < 0 or (first + n) * SCAN_ENTRY_WORDS > len(entries) or \
+            first + n > len(qos) or first + n > len(pids):
+        raise ValueError(f"publish_frames: entries {first} to {first + n} are not all there")
+    mv = memoryview(buf).cast("B")
+    out = bytearray()
+    for i in range(first, first + n):
+        e = i * SCAN_ENTRY_WORDS
+        position, length, meta = entries[e + 2], entries[e + 3], entries[e + 4]
+        at = position - base_position
+        cid_len, topic_len = meta >> 8 & 0xFFFF, meta >> 24 & 0xFFFF
+        q = qos[i]
+        if q == 255:
+            continue
+        if (q > 2 or position < base_position or at > len(mv) or length > len(mv) - at
+                or length < HDR + cid_len + topic_len):
+            raise ValueError("publish_frames: an entry outside the buffer, a QoS not 0 to 2 "
+                             "or 255, or too small a capacity")
+        payload_len = length - HDR - cid_len - topic_len
+        remaining = 2 + topic_len + (2 if q else 0) + payload_len
+        if remaining > MAX_PAYLOAD or capacity - len(out) < 5 + remaining:
+            raise ValueError("publish_frames: an entry outside the buffer, a QoS not 0 to 2 "
+                             "or 255, or too small a capacity")
+        topic = at + HDR + cid_len
+        out.append(0x30 | q << 1)
+        while True:
+            byte = remaining & 0x7F
+            remaining >>= 7
+            out.append(byte | 0x80 if remaining else byte)
+            if not remaining:
+                break
+        out += topic_len.to_bytes(2, "big")
+        out += mv[topic:topic + topic_len]
+        if q:
+            out += pids[i].to_bytes(2, "big")
+        out += mv[topic + topic_len:topic + topic_len + payload_len]
+    return bytes(out)
+
+
 def _libc_function(names: tuple[str, ...], argtypes: tuple):
     """The first of ``names`` that the C library has, typed, returning int; None without it."""
     try:

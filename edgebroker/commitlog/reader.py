@@ -192,6 +192,35 @@ COPY_LIMIT = 16 * 1024
 BATCH_CHUNK = 64 * 1024
 
 
+def scanned_chunks(self, start: int, topic_filter: bytes | None, out) -> Iterator[tuple]:
+    """The segments from ``start`` on, up to what is written, read in chunks and scanned into
+    ``out`` (``scanner.new_scan_buffer``): ``(view, result, base)`` after each scan (``view`` is
+    reused: use it before resuming), and ``(None, next, None)`` at the end of each segment
+    (``next``: the offset a reader goes on from). Damaged records are skipped (reported
+    once, as by every reader). Core thread."""
+    written = self.written_offset
+    i = max(self._segment_index(start), 0)
+    segments = self._segments
+    while i < len(segments) and start < written:
+        seg = segments[i]
+        if start < seg.base_offset:
+            start = seg.base_offset
+        j = seg.find_offset(start)
+        if j < seg.count:
+            step = scanner.scan_step(topic_filter, out, seg.version)
+            for event in scanner.walk(seg.fd, seg.entry(j)[1], seg.size, start, 0, step,
+                                      seg.path, BATCH_CHUNK, seg.version):
+                if event[0] != scanner.DATA:
+                    self._report(event[1])
+                    continue
+                _, view, res, base = event
+                start = res.next_offset
+                yield view, res, base
+        start = max(start, seg.next_offset)
+        yield None, start, None
+        i += 1
+
+
 def read_batch(self, start: int, topic_filter: bytes | None, max_records: int, max_bytes: int,
                max_scan: int, copy_limit: int = COPY_LIMIT) -> tuple[list[tuple], int]:
     """The records from ``start`` on whose topic matches ``topic_filter`` (None: all), for a
@@ -207,53 +236,77 @@ def read_batch(self, start: int, topic_filter: bytes | None, max_records: int, m
     records: list[tuple] = []
     copied = 0
     scanned = 0
-    written = self.written_offset
-    if start < self.first_offset:
-        start = self.first_offset
-    i = max(self._segment_index(start), 0)
-    segments = self._segments
+    start = max(start, self.first_offset)
     out = scanner.new_scan_buffer(1024)
     hdr = RECORD_HEADER_SIZE
     words = _native.SCAN_ENTRY_WORDS
-    while i < len(segments) and start < written:
-        seg = segments[i]
-        if start < seg.base_offset:
-            start = seg.base_offset
-        j = seg.find_offset(start)
-        if j < seg.count:
-            step = scanner.scan_step(topic_filter, out, seg.version)
-            for event in scanner.walk(seg.fd, seg.entry(j)[1], seg.size, start, 0, step,
-                                      seg.path, BATCH_CHUNK, seg.version):
-                if event[0] != scanner.DATA:
-                    self._report(event[1])
-                    continue
-                _, view, res, base = event
-                for k in range(0, res.matched * words, words):
-                    offset, ts, position, length, meta = out[k:k + words]
-                    p = position - base + hdr
-                    r = 0
-                    if meta & ATTR_PROPERTIES:
-                        r = _u32_from(view, p)[0]
-                        p += PROPERTIES_LENGTH_SIZE
-                    topic_start = p + (meta >> 8 & 0xFFFF)
-                    topic_end = topic_start + (meta >> 24)
-                    payload_start = topic_end + r
-                    n = position - base + length - payload_start
-                    if n < copy_limit:
-                        payload = bytes(view[payload_start:payload_start + n])
-                        copied += n
-                    else:
-                        payload = None
-                    records.append((offset, ts, meta & 3, bool(meta & 4),
-                                    bytes(view[topic_start:topic_end]), payload, n,
-                                    bytes(view[topic_end:payload_start]) if r else b""))
-                start = res.next_offset
-                scanned += res.stop
-                if len(records) >= max_records or copied >= max_bytes or scanned >= max_scan:
-                    return records, start
-        start = max(start, seg.next_offset)
-        i += 1
+    for view, res, base in self._scanned_chunks(start, topic_filter, out):
+        if view is None:
+            start = res
+            continue
+        for k in range(0, res.matched * words, words):
+            offset, ts, position, length, meta = out[k:k + words]
+            p = position - base + hdr
+            r = 0
+            if meta & ATTR_PROPERTIES:
+                r = _u32_from(view, p)[0]
+                p += PROPERTIES_LENGTH_SIZE
+            topic_start = p + (meta >> 8 & 0xFFFF)
+            topic_end = topic_start + (meta >> 24)
+            payload_start = topic_end + r
+            n = position - base + length - payload_start
+            if n < copy_limit:
+                payload = bytes(view[payload_start:payload_start + n])
+                copied += n
+            else:
+                payload = None
+            records.append((offset, ts, meta & 3, bool(meta & 4),
+                            bytes(view[topic_start:topic_end]), payload, n,
+                            bytes(view[topic_end:payload_start]) if r else b""))
+        start = res.next_offset
+        scanned += res.stop
+        if len(records) >= max_records or copied >= max_bytes or scanned >= max_scan:
+            break
     return records, start
+
+
+def read_run(self, start: int, topic_filter: bytes | None, max_scan: int,
+             copy_limit: int = COPY_LIMIT) -> tuple[tuple | None, int] | None:
+    """The matching records of the first chunk from ``start`` on that holds any, as the
+    native scanner found them, for a session catching up (core.catchup): ``((data, base,
+    entries, count), next)``, where ``data`` holds the chunk read from file position ``base``,
+    ``entries`` the scanner's ``count`` entries (``_native.SCAN_ENTRY_WORDS`` words each:
+    offset, timestamp, position, length, meta) and ``next`` is the offset the next call
+    starts from; ``(None, next)`` when nothing matched in ``max_scan`` bytes or up to what is
+    written. None when a matching record's payload may be ``copy_limit`` bytes or more (such
+    payloads are sent from the file: ``read_batch`` reads them). One chunk is read per call
+    and nothing is made per record. Damaged records are skipped (reported once). Core thread."""
+    scanned = 0
+    start = max(start, self.first_offset)
+    out = scanner.new_scan_buffer(1024)
+    words = _native.SCAN_ENTRY_WORDS
+    for view, res, base in self._scanned_chunks(start, topic_filter, out):
+        if view is None:
+            start = res
+            continue
+        if res.matched:
+            # The chunks' buffer is not read into again once the walk is left here: the run
+            # keeps it.
+            used = res.matched * words
+            if (max(out[3:used:words]) - RECORD_HEADER_SIZE >= copy_limit
+                    or any(meta & ATTR_PROPERTIES for meta in out[4:used:words])):
+                return None   # (records with properties: read_batch reads them)
+            if len(view.obj) > BATCH_CHUNK:
+                # The walk's buffer grew for a large record of another topic: keep their span
+                # only, not that buffer.
+                low, high = out[2] - base, out[used - 3] + out[used - 2] - base
+                view, base = bytes(view[low:high]), base + low
+            return (view, base, out[:used], res.matched), res.next_offset
+        start = res.next_offset
+        scanned += res.stop
+        if scanned >= max_scan:
+            break
+    return None, start
 
 
 def bytes_after(self, offset: int) -> int:

@@ -92,7 +92,7 @@ class Persistence:
             state.sub5 = {f: list(v) for f, v in session.sub5.items()}
         cursor = session.cursor
         if cursor is not None:
-            state.cursor = cursor.offset
+            state.cursor = cursor.unsent()    # what it read and did not send is read again
             state.since = dict(cursor.since) if cursor.since else {}
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:

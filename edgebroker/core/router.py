@@ -390,6 +390,13 @@ class Router:
                 break
             if len(session.inflight) >= window:
                 break                         # ... once an acknowledgement frees the window
+            cursor = session.cursor
+            if cursor.run is not None:
+                # Records read from the log as a run (core.catchup.Run), sent all at once.
+                if not self.send_run(session, cursor.run):
+                    break
+                cursor.run = None
+                continue
             if not self.refill(session):
                 break
             queue = session.queue

@@ -26,6 +26,8 @@ from edgebroker._native._common import (
 )
 from edgebroker.mqtt.topics import topic_matches
 
+import mqttraw
+
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 REC = struct.Struct("<IIQQBBHHI")
@@ -297,6 +299,53 @@ def test_scan_of_records_with_properties_by_hand():
         bad[24] |= 0x10
         res, _ = run_scan(impl, with_crc(bad), first, 0, None, 10, 0, version=2)
         assert (res.status, res.stop) == (SCAN_BAD, 0)
+
+
+# ------------------------------------------------------------------- PUBLISH frames from a scan
+
+VALID_RECORD = st.tuples(st.integers(0, 2**40), st.sampled_from([0, 1, 2, 4, 5, 6]),
+                         st.binary(max_size=6), st.sampled_from([b"a", b"a/b", b"b/c", b"x" * 200]),
+                         st.one_of(st.binary(max_size=60), st.just(b"p" * 200)))
+
+
+@SETTINGS
+@given(st.lists(VALID_RECORD, min_size=1, max_size=10), st.data())
+def test_publish_frames_twins_and_an_independent_decoder(specs, draw):
+    body = make_records(specs, 7)
+    out = array("Q", bytes(8 * SCAN_ENTRY_WORDS * 16))
+    n = C.scan(body, len(body), 1000, 7, None, out).matched
+    assert n == len(specs)
+    first = draw.draw(st.integers(0, n))
+    count = draw.draw(st.integers(0, n - first))
+    qos = bytearray(draw.draw(st.lists(st.sampled_from([0, 1, 2, 255]), min_size=n, max_size=n)))
+    pids = array("H", draw.draw(st.lists(st.integers(1, 65535), min_size=n, max_size=n)))
+    capacity = sum(34 + len(c) + len(t) + len(p) for _, _, c, t, p in specs[first:first + count])
+    frames = C.publish_frames(body, 1000, out, first, count, qos, pids, capacity)
+    assert frames == P.publish_frames(body, 1000, out, first, count, qos, pids, capacity)
+    got = mqttraw.split_frames(bytearray(frames))
+    want = [(t.decode(), p, qos[i], pids[i] if qos[i] else None)
+            for i, (_, _, _, t, p) in enumerate(specs) if first <= i < first + count and qos[i] != 255]
+    assert [(f.topic, f.payload, f.qos, f.packet_id) for f in got] == want
+    assert all(f.type == mqttraw.PUBLISH and not f.retain and not f.dup for f in got)
+
+
+def test_publish_frames_refuses_what_is_not_there():
+    body = make_records([(5, 1, b"c", b"a/b", b"xyz"), (6, 0, b"", b"b", b"")])
+    out = array("Q", bytes(8 * SCAN_ENTRY_WORDS * 4))
+    C.scan(body, len(body), 1000, 0, None, out)
+    pids = array("H", [1, 2])
+    for impl in (C, P):
+        assert impl.publish_frames(body, 1000, out, 0, 0, bytearray(2), pids, 0) == b""
+        with pytest.raises(ValueError):
+            impl.publish_frames(body, 1000, out, 1, 2, bytearray(2), pids, 100)  # past the arrays
+        with pytest.raises(ValueError):
+            impl.publish_frames(body, 1000, out, 0, 1, bytearray([3, 0]), pids, 100)  # QoS 3
+        with pytest.raises(ValueError):
+            impl.publish_frames(body, 1000, out, 0, 2, bytearray(2), pids, 10)  # no room
+        with pytest.raises(ValueError):
+            impl.publish_frames(body[:40], 1000, out, 0, 1, bytearray(2), pids, 100)  # cut short
+        with pytest.raises(ValueError):
+            impl.publish_frames(body, 1001, out, 0, 1, bytearray(2), pids, 100)  # not in buf
 
 
 # ----------------------------------------------------------------------------- send batches
