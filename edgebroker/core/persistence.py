@@ -72,8 +72,11 @@ class Persistence:
                 if message is None or topic.startswith("$SYS"):  # $SYS: published anew
                     saved.pop(topic, None)
                 else:
+                    expires_ms = (None if not message.expires else
+                                  result.written_ms + int((message.expires - now) * 1000))
                     saved[topic] = snap.RetainedState(message.topic, message.payload,
-                                                      message.qos, message.offset)
+                                                      message.qos, message.offset,
+                                                      message.properties, expires_ms)
         result.retained = list(saved.values())
         self._snapshot_dirty = False
         self._snapshot_offset = next_offset
@@ -122,7 +125,9 @@ class Persistence:
         now, wall_ms = self.clock(), self.journal.wall_ms() if self.journal else state.written_ms
         for r in state.retained:
             offset = r.offset if end is None or r.offset is None or r.offset < end else None
-            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset))
+            expires = 0.0 if r.expires_ms is None else now + (r.expires_ms - wall_ms) / 1000
+            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset, None, "",
+                                               r.properties, expires))
         for s in state.sessions:
             if end is not None:
                 kept = [e for e in s.inflight if e[1] < end]

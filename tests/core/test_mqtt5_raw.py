@@ -199,3 +199,25 @@ def test_an_offline_session_reads_properties_and_expiry_back_from_the_log(srv, u
     assert 598 <= p.properties[R.MESSAGE_EXPIRY] <= 600
     back.ack(p)
     assert quiet(back)
+
+
+def test_a_retained_message_keeps_its_properties_and_expiry_across_a_restart(broker, uid):
+    b = broker()
+    pub = raw5(b, f"{uid}-p")
+    pub.publish(f"{uid}/r", b"kept", qos=1, retain=True,
+                props=[(R.CONTENT_TYPE, "text/plain"), (R.USER_PROPERTY, ("a", "1")),
+                       (R.MESSAGE_EXPIRY, 600)])
+    pub.publish(f"{uid}/gone", b"short", qos=1, retain=True, props={R.MESSAGE_EXPIRY: 1})
+    pub.disconnect()
+    b.stop()
+    time.sleep(1.1)                      # the second one's expiry passes while it is down
+    b2 = broker(data_dir=str(b.workdir / "data"))
+    sub = raw5(b2, f"{uid}-s")
+    sub.subscribe(f"{uid}/#", qos=1)
+    (p,) = publishes(sub, 1)
+    assert (p.topic, p.payload, p.retain) == (f"{uid}/r", b"kept", True)
+    assert p.properties[R.CONTENT_TYPE] == "text/plain"
+    assert p.properties[R.USER_PROPERTY] == [("a", "1")]
+    assert 590 <= p.properties[R.MESSAGE_EXPIRY] <= 600
+    sub.ack(p)
+    assert quiet(sub)
