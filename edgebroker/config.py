@@ -114,6 +114,20 @@ class Limits:
     max_packet_size: int = setting(
         1_048_576, between(2, MAX_PACKET_SIZE_311),
         doc="largest packet (bytes, whole packet) accepted; larger closes the connection")
+    max_qos: int = setting(
+        2, between(0, 2),
+        doc="highest QoS granted to a subscription; MQTT 5.0 clients are told (Maximum QoS) "
+            "and a 5.0 PUBLISH or will above it is refused (0x9B)")
+    retain_available: bool = setting(
+        True, doc="retained messages: false refuses a retained PUBLISH or will (MQTT 5.0: "
+                  "0x9A; 3.1.1: the connection closes) and says so in the 5.0 CONNACK")
+    receive_maximum: int = setting(
+        65535, between(1, 65535),
+        doc="MQTT 5.0: QoS 2 messages a client may have awaiting PUBREL (the CONNACK's Receive "
+            "Maximum); one more gets DISCONNECT 0x93")
+    outbound_topic_aliases: bool = setting(
+        False, doc="MQTT 5.0: give the first topics sent to a client topic aliases (up to its "
+                   "Topic Alias Maximum), sending an empty topic name after the first message")
     max_topic_alias: int = setting(
         10, between(0, 65535),
         doc="MQTT 5.0: topic aliases a client may set (the CONNACK's Topic Alias Maximum); "

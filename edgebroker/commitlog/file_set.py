@@ -192,7 +192,7 @@ def upload_source(self, start: int) -> UploadSource | None:
             if j >= seg.count:
                 continue
             return UploadSource(seg.path, os.dup(seg.fd), seg.entry(j)[1], seg.size,
-                                seg.next_offset, self._tail is not seg)
+                                seg.next_offset, self._tail is not seg, seg.version)
     return None
 
 

@@ -31,7 +31,7 @@ from edgebroker.core import mqtt5
 from edgebroker.core.dispatch import (
     AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED5, CONNECTED5_RATED, CONNECTED_RATED,
 )
-from edgebroker.core.handlers import connect
+from edgebroker.core.handlers import acks, connect
 from edgebroker.core.handlers.connect import connections_log
 from edgebroker.core.transport import CLOSED, Transport
 
@@ -112,7 +112,23 @@ class Client:
             # bytes) in the decoder until the throttle ends.
             self.decoder.keep(data)
             return
-        self._handle(self.decoder.feed(data), len(data))
+        n = len(data)
+        if n >= 8 and data[0] == 0x40 and self._handlers[P.PUBACK] is acks.on_puback:
+            pids = self.decoder.pubacks(data)
+            if pids is not None:
+                self._acks_received(pids)
+                return
+        self._handle(self.decoder.feed(data), n)
+
+    def _acks_received(self, pids) -> None:
+        """A read of PUBACKs only (``Decoder.pubacks``): handled together."""
+        broker = self.broker
+        try:
+            acks.on_pubacks(self, pids)
+        except ProtocolError as exc:
+            self.violation(exc)
+        broker.stats.packets_received += len(pids)
+        self.last_seen = broker.clock()
 
     def payload_received(self, n: int) -> None:
         """``n`` bytes of a large PUBLISH were received straight into ``decoder.room``."""

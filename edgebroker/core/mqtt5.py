@@ -11,6 +11,7 @@ leaves a choice.
 from __future__ import annotations
 
 from edgebroker import errors as E
+from edgebroker.errors import ProtocolError
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode5 import encode_connack5, encode_disconnect5
 
@@ -32,7 +33,7 @@ class Conn5:
     """A 5.0 connection's own state (``Client.v5``)."""
 
     __slots__ = ("receive_maximum", "max_packet_size", "topic_alias_maximum", "aliases",
-                 "problem_info", "session_expiry")
+                 "problem_info", "session_expiry", "out_aliases")
 
     def __init__(self, props: dict | None):
         props = props or {}
@@ -43,6 +44,7 @@ class Conn5:
         self.problem_info = props.get(Q.REQUEST_PROBLEM_INFO, 1) == 1
         self.session_expiry = props.get(Q.SESSION_EXPIRY, 0)
         self.aliases: dict[int, str] | None = None   # inbound: alias -> topic name
+        self.out_aliases: dict[bytes, int] | None = None  # outbound: topic -> alias
 
 
 def session_expiry(conn: Conn5, cap: float) -> int:
@@ -75,6 +77,12 @@ def connack_properties(broker, client, assigned_id: str | None, keepalive: int |
     props[Q.MAXIMUM_PACKET_SIZE] = limits.max_packet_size
     if not broker.config.shared_subscriptions:
         props[Q.SHARED_SUB_AVAILABLE] = 0   # available (1) is the default
+    if limits.receive_maximum < 65535:
+        props[Q.RECEIVE_MAXIMUM] = limits.receive_maximum
+    if limits.max_qos < 2:
+        props[Q.MAXIMUM_QOS] = limits.max_qos
+    if not limits.retain_available:
+        props[Q.RETAIN_AVAILABLE] = 0
     return props
 
 
@@ -82,16 +90,31 @@ def connack_properties(broker, client, assigned_id: str | None, keepalive: int |
 _NOT_FORWARDED = (Q.TOPIC_ALIAS, Q.SUBSCRIPTION_ID, Q.MESSAGE_EXPIRY, Q.WILL_DELAY)
 
 
-def message_properties(props: dict | None, now: float) -> tuple[bytes, float]:
-    """A PUBLISH's (or will's) properties as a ``Message`` keeps them: (the encoded
-    properties to forward, the broker-clock time it expires at or 0)."""
+def message_properties(props: dict | None) -> tuple[bytes, int | None]:
+    """A PUBLISH's (or will's) properties as the broker keeps them: (the encoded properties
+    to forward, without Message Expiry Interval; that interval in seconds, or None)."""
     if props is None:
-        return b"", 0.0
+        return b"", None
     interval = props.get(Q.MESSAGE_EXPIRY)
-    expires = now + interval if interval is not None else 0.0
     if any(k in props for k in _NOT_FORWARDED):
         props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
-    return Q.encode_body(props), expires
+    return Q.encode_body(props), interval
+
+
+def stored_properties(stored: bytes, timestamp_ms: int, wall_ms: int,
+                      now: float) -> tuple[bytes, float]:
+    """A log record's properties (as docs/log-format.md stores them) -> (the encoded
+    properties to forward, the broker-clock time it expires at, 0 for never). ``wall_ms``
+    and ``now`` are the same moment on the wall clock and the broker's clock. Bytes that do
+    not decode are forwarded as none."""
+    try:
+        props = Q.decode_body(stored)
+    except ProtocolError:
+        return b"", 0.0
+    forward, interval = message_properties(props)
+    if interval is None:
+        return forward, 0.0
+    return forward, now + (timestamp_ms - wall_ms) / 1000 + interval
 
 
 def reason_string(conn: Conn5 | None, text: str, props: dict | None = None) -> dict | None:

@@ -75,8 +75,11 @@ class Persistence:
                 if message is None or topic.startswith("$SYS"):  # $SYS: published anew
                     saved.pop(topic, None)
                 else:
+                    expires_ms = (None if not message.expires else
+                                  result.written_ms + int((message.expires - now) * 1000))
                     saved[topic] = snap.RetainedState(message.topic, message.payload,
-                                                      message.qos, message.offset)
+                                                      message.qos, message.offset,
+                                                      message.properties, expires_ms)
         result.retained = list(saved.values())
         result.shared = self.capture_shared()
         self._snapshot_dirty = False
@@ -96,7 +99,7 @@ class Persistence:
             state.sub5 = {f: list(v) for f, v in session.sub5.items()}
         cursor = session.cursor
         if cursor is not None:
-            state.cursor = cursor.offset
+            state.cursor = cursor.unsent()    # what it read and did not send is read again
             state.since = dict(cursor.since) if cursor.since else {}
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:
@@ -126,7 +129,9 @@ class Persistence:
         now, wall_ms = self.clock(), self.journal.wall_ms() if self.journal else state.written_ms
         for r in state.retained:
             offset = r.offset if end is None or r.offset is None or r.offset < end else None
-            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset))
+            expires = 0.0 if r.expires_ms is None else now + (r.expires_ms - wall_ms) / 1000
+            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset, None, "",
+                                               r.properties, expires))
         for s in state.sessions:
             if end is not None:
                 kept = [e for e in s.inflight if e[1] < end]

@@ -64,9 +64,10 @@ class Router:
         self.unrouted: deque[Message] = deque()
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, client,
-                properties: bytes = b"", expires: float = 0.0) -> int | None:
+                properties: bytes = b"", expiry: int | None = None) -> int | None:
         """A client's (or a will's) PUBLISH: counted, logged, then routed. ``properties``,
-        ``expires``: a 5.0 message's (core.session.Message).
+        ``expiry``: a 5.0 message's, to forward, and its Message Expiry Interval (s); the log
+        keeps both (core.mqtt5.message_properties).
 
         Returns the log offset (None when not logged). Raises LogFullError when
         the log cannot take a QoS 1/2 message: it is then not routed either.
@@ -75,6 +76,7 @@ class Router:
         # A client sending to one topic over and over (the decoder hands its large frames the
         # same topic string each time): its UTF-8 bytes are encoded once.
         last = self._last_topic
+        expires = 0.0 if expiry is None else self.clock() + expiry
         if topic is last[0]:
             message = Message(topic, payload, qos, retain, None, last[1], client.client_id,
                               properties, expires)
@@ -82,10 +84,12 @@ class Router:
             message = Message(topic, payload, qos, retain, None, None, client.client_id,
                               properties, expires)
             self._last_topic = (topic, message.topic_bytes)
+        if expiry is not None:
+            properties += b"\x02" + expiry.to_bytes(4, "big")
         journal = self.journal
         if journal is not None:
             offset = message.offset = journal.append(client, message.topic_bytes, payload, qos,
-                                                     retain)
+                                                     retain, properties)
             if qos or self.unrouted and offset is not None:
                 # Routed once its record is written (``route_written``): a crash before then
                 # cannot have delivered a message its publisher will send again. QoS 0 goes
@@ -399,6 +403,13 @@ class Router:
                 break
             if len(session.inflight) >= window:
                 break                         # ... once an acknowledgement frees the window
+            cursor = session.cursor
+            if cursor.run is not None:
+                # Records read from the log as a run (core.catchup.Run), sent all at once.
+                if not self.send_run(session, cursor.run):
+                    break
+                cursor.run = None
+                continue
             if not self.refill(session):
                 break
             queue = session.queue

@@ -4,7 +4,9 @@ A 5.0 subscriber's PUBLISH carries the message's properties as its publisher sen
 the hop's own: Topic Alias, Subscription Identifier), the Message Expiry Interval counted
 down to what is left, and the Subscription Identifiers of the subscriptions that match (the
 session's filters with one, matched when the message is written, so that a subscription
-changed meanwhile gives its current identifier). A message past its expiry is not sent
+changed meanwhile gives its current identifier). With ``outbound_topic_aliases``, the first
+topics a connection receives (up to its Topic Alias Maximum) get an alias each, and later
+messages to them carry the alias and an empty topic name. A message past its expiry is not sent
 (counted in ``message_expired``), nor one larger than the client's Maximum Packet Size
 (``packet_too_large``): both count as delivered for the window, as the specification says.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode5 import encode_publish_head5
@@ -79,7 +82,9 @@ class Router5:
                 return False
             topic_bytes = where.topic
             topic = topic_bytes.decode("utf-8", "replace")
-            props, expires = b"", 0.0
+            props, expires = (stored_properties(where.properties, where.timestamp_ms,
+                                                self.journal.wall_ms(), self.clock())
+                              if where.properties else (b"", 0.0))
             size = where.payload_length
         if expires:
             left = expires - self.clock()
@@ -88,15 +93,30 @@ class Router5:
                 return False
             props += b"\x02" + int(-(-left // 1)).to_bytes(4, "big")
         props += subscription_ids(client.session, topic) if ids is None else ids
-        section = varint(len(props)) + props
-        head = encode_publish_head5(topic_bytes, size, qos, retain, dup, pid, section)
         conn = client.v5
+        alias = new_alias = 0
+        name = topic_bytes
+        if conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
+            aliases = conn.out_aliases
+            alias = aliases.get(topic_bytes, 0) if aliases is not None else 0
+            if alias:
+                name = b""           # the alias stands for the topic
+            elif aliases is None or len(aliases) < conn.topic_alias_maximum:
+                alias = new_alias = len(aliases) + 1 if aliases is not None else 1
+            if alias:
+                props += b"\x23" + alias.to_bytes(2, "big")
+        section = varint(len(props)) + props
+        head = encode_publish_head5(name, size, qos, retain, dup, pid, section)
         if conn.max_packet_size and len(head) + size > conn.max_packet_size:
             self.drop("packet_too_large", client.session)
             client.warn_once("packet_too_large", "a PUBLISH of %d bytes is larger than its "
                              "Maximum Packet Size (%d); not sent", len(head) + size,
                              conn.max_packet_size)
             return False
+        if new_alias:  # set only by a PUBLISH that goes out
+            if conn.out_aliases is None:
+                conn.out_aliases = {}
+            conn.out_aliases[topic_bytes] = new_alias
         transport = client.transport
         transport.count_publish()
         if where is not None:

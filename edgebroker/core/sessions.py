@@ -25,6 +25,7 @@ from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import SESSION_TAKEN_OVER
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import NEVER_EXPIRES, message_properties
+from edgebroker.mqtt.properties import WILL_DELAY
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
@@ -134,6 +135,9 @@ class Sessions:
             session.offline_at = None
             if session.expiry is not None:
                 session.expiry.cancel()
+            if session.will_timer is not None:  # back within the Will Delay Interval
+                session.will_timer.cancel()
+                session.will_timer = None
             if clean:  # 5.0: resumed, to end with this connection
                 self._make_clean(session)
         if not clean:
@@ -164,16 +168,33 @@ class Sessions:
         will = client.will
         if not publish_will or will is None:
             return
+        delay = will.properties.get(WILL_DELAY, 0) if will.properties is not None else 0
+        if delay and session is not None and session.client is None and not session.clean:
+            # 5.0 Will Delay Interval: published when it has passed or the session ends,
+            # whichever comes first; not if the session is resumed before.
+            timer = session.will_timer = Timer(partial(self._will_due, session, client, will))
+            timer.start(self, self.clock() + delay)
+            log.info("will of %s on %r delayed %d s (Will Delay Interval)", client.describe(),
+                     will.topic, delay)
+            return
+        self._publish_will(client, will)
+
+    def _will_due(self, session: Session, client: Client, will) -> None:
+        """A delayed will's time has come, or its session ends first."""
+        session.will_timer = None
+        self._publish_will(client, will)
+
+    def _publish_will(self, client: Client, will) -> None:
         if will.topic.startswith("$SYS"):
             self.drop("sys_topic", None)
             log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
                         client.describe(), will.topic)
             return
         log.info("publishing will of %s on %r", client.describe(), will.topic)
-        properties, expires = message_properties(will.properties, self.clock())
+        properties, expiry = message_properties(will.properties)
         try:
             self.publish(will.topic, will.payload, will.qos, will.retain, client, properties,
-                         expires)
+                         expiry)
         except LogFullError:
             log.error("will of %s on %r lost: the commit log cannot take it",
                       client.describe(), will.topic)
@@ -266,6 +287,10 @@ class Sessions:
                         session.client_id, offline, setting, held, unread)
 
     def drop_session(self, session: Session) -> None:
+        will_timer = session.will_timer
+        if will_timer is not None:  # the session ends before its will's delay: sent now
+            will_timer.cancel()
+            will_timer.callback()
         if session.shared is not None:
             self.leave_shared(session)
         if not session.clean:
@@ -323,6 +348,8 @@ class Sessions:
                         cursor.since = {}
                     cursor.since[topic_filter] = self.live_offset()
                 cursor.cache.clear()
+            if qos > self.limits.max_qos:
+                qos = self.limits.max_qos
             self.subscriptions.add(topic_filter, session, qos)
             session.own_subscriptions()[topic_filter] = qos
             granted.append(qos)

@@ -39,6 +39,7 @@ import logging
 from collections import deque
 
 from edgebroker.core.catchup import NO_HOLD, QUEUE_BYTES, QUEUE_MESSAGES, SCAN_BYTES
+from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.router import queue_limit
 from edgebroker.errors import ProtocolError
 from edgebroker.core.session import AWAIT_ACK, Message, Stored
@@ -129,6 +130,8 @@ class Shared:
         shared = session.shared
         if self.over_limit(session, key, topic_filter, shared is None or key not in shared):
             return P.SUBACK_FAILURE
+        if qos > self.limits.max_qos:
+            qos = self.limits.max_qos
         member = shared.get(key) if shared else None
         if member is not None:
             member.set(qos, options, sub_id)
@@ -393,7 +396,7 @@ class Shared:
         done = group.done
         queue = group.queue
         queued = 0
-        for offset, _, qos, retain, topic, payload, size in records:
+        for offset, ts, qos, retain, topic, payload, size, properties in records:
             if qos == 0 or done is not None and offset in done:
                 continue
             if payload is None:
@@ -401,7 +404,9 @@ class Shared:
                 name = None
             else:
                 name = topic.decode("utf-8", "replace")
-                ref = Message(name, payload, qos, retain, offset, topic)
+                ref = (Message(name, payload, qos, retain, offset, topic, "", *stored_properties(
+                    properties, ts, journal.wall_ms(), self.clock())) if properties
+                       else Message(name, payload, qos, retain, offset, topic))
             queue.append((ref, qos, retain, name))
             group.queue_bytes += ref.size
             queued += 1

@@ -81,6 +81,10 @@ class RetainedState:
     payload: bytes
     qos: int
     offset: int | None
+    # MQTT 5.0: its properties to forward (Message.properties) and the wall-clock time (ms)
+    # its Message Expiry Interval ends, None for never.
+    properties: bytes = b""
+    expires_ms: int | None = None
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
@@ -144,7 +148,11 @@ def _session_json(s: SessionState) -> bytes:
 def _retained_json(r: RetainedState) -> bytes:
     if r.encoded is None:
         r.encoded = _dumps({"topic": r.topic, "qos": r.qos, "offset": r.offset,
-                            "payload": base64.b64encode(r.payload).decode("ascii")})
+                            "payload": base64.b64encode(r.payload).decode("ascii"),
+                            **({"properties": base64.b64encode(r.properties).decode("ascii")}
+                               if r.properties else {}),
+                            **({"expires_ms": r.expires_ms} if r.expires_ms is not None
+                               else {})})
     return r.encoded
 
 
@@ -236,7 +244,9 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
             snap.retained.append(RetainedState(
                 topic=str(r["topic"]), qos=int(r["qos"]),
                 payload=base64.b64decode(r["payload"], validate=True),
-                offset=None if offset is None else int(offset)))
+                offset=None if offset is None else int(offset),
+                properties=base64.b64decode(r.get("properties", ""), validate=True),
+                expires_ms=None if r.get("expires_ms") is None else int(r["expires_ms"])))
         for g in doc.get("shared", ()):
             snap.shared.append(GroupState(
                 key=str(g["key"]), cursor=None if g.get("cursor") is None else int(g["cursor"]),

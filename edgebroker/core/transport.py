@@ -44,8 +44,8 @@ class Transport(Protocol):
     def wait_for_drain(self) -> None:
         """Call ``client.writable()`` once everything queued is written."""
 
-    def count_publish(self) -> None:
-        """Count a PUBLISH queued with ``write`` or ``write_file`` in ``msgs_out``."""
+    def count_publish(self, n: int = 1) -> None:
+        """Count ``n`` PUBLISHes queued with ``write`` or ``write_file`` in ``msgs_out``."""
 
     def pause_reading(self, reason: str) -> None:
         """Stop reading for ``reason`` ("auth", "rate", "log"); other reasons are independent."""
@@ -83,7 +83,7 @@ class ClosedTransport:
     def wait_for_drain(self) -> None:
         pass
 
-    def count_publish(self) -> None:
+    def count_publish(self, n: int = 1) -> None:
         pass
 
     def pause_reading(self, reason: str) -> None:

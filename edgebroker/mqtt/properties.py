@@ -233,6 +233,16 @@ def encode_body(props: dict | None) -> bytes:
     return b"".join(parts)
 
 
+def decode_body(body, where: int = P.PUBLISH) -> dict | None:
+    """Properties kept without their length in front (``encode_body``'s output, as the commit
+    log stores a message's: docs/log-format.md), decoded as ``decode_properties`` does, with
+    its errors (ProtocolError naming what is wrong); None for none."""
+    if not body:
+        return None
+    buf = varint(len(body)) + bytes(body)
+    return decode_properties(buf, 0, len(buf), where)[0]
+
+
 def encode_properties(props: dict | None) -> bytes:
     """The property section: its length, then the properties."""
     if not props:

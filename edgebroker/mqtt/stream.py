@@ -36,6 +36,9 @@ Every rule violation names the specification's conformance id in ``rule``
 
 from __future__ import annotations
 
+import sys
+from array import array
+
 from edgebroker.errors import PACKET_TOO_LARGE, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.decode import (
@@ -56,6 +59,7 @@ LARGE_READ = 4096
 REPEAT_FRAMES = 16  # at most this many frames alike in one read (repeat_buffers)
 # The 4-byte acknowledgements of 5.0 (an UNSUBACK there has properties and reason codes).
 ACKS5 = {b0: cls for b0, cls in ACKS.items() if b0 != 0xB0}
+_LITTLE = sys.byteorder == "little"
 
 
 class _Large:
@@ -143,6 +147,27 @@ class Decoder:
         self._src = data
         self._gen = gen = self._frames(first, data)
         return gen
+
+    def pubacks(self, data):
+        """The packet identifiers of ``data`` when it is two or more whole PUBACKs and nothing
+        else (a QoS 1 subscriber acknowledging what one read brought), with nothing buffered:
+        an ``array('H')``, in order. None otherwise (``feed`` decodes it, and finds any
+        violation)."""
+        n = len(data)
+        if (n < 8 or n & 3 or self._gen is not None or self._buf or self._large is not None
+                or self._ready is not None or self._error is not None):
+            return None
+        raw = bytes(data)
+        k = n >> 2
+        if raw[0::4] != b"\x40" * k or raw[1::4] != b"\x02" * k:
+            return None
+        pids = array("H", raw)[1::2]
+        if _LITTLE:
+            pids.byteswap()
+        if 0 in pids:
+            return None         # a violation (MQTT-2.3.1-1): feed reports it
+        self.read_hint = 0
+        return pids
 
     def filled(self, n: int):
         """``n`` bytes were received into ``room``: what is now complete (the packet in a

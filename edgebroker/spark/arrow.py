@@ -21,12 +21,29 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from edgebroker import _native
-from edgebroker.commitlog.format import RECORD_HEADER_SIZE
+from edgebroker.commitlog.format import ATTR_PROPERTIES, PROPERTIES_LENGTH_SIZE, RECORD_HEADER_SIZE
+from edgebroker.errors import ProtocolError
+from edgebroker.mqtt import properties as mqtt_properties
 from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, parse_records, read_batch_file, read_batch_raw,
 )
 
 MS_PER_DAY = 86_400_000
+
+# A message's MQTT 5.0 properties (log format version 2; docs/spark.md): null when it has none.
+PROPERTIES_TYPE = pa.struct([
+    ("payload_format", pa.int8()),
+    ("message_expiry", pa.int64()),
+    ("content_type", pa.string()),
+    ("response_topic", pa.string()),
+    ("correlation_data", pa.binary()),
+    ("user_properties", pa.list_(pa.struct([("name", pa.string()), ("value", pa.string())]))),
+])
+_PROPERTY_FIELDS = {mqtt_properties.PAYLOAD_FORMAT: "payload_format",
+                    mqtt_properties.MESSAGE_EXPIRY: "message_expiry",
+                    mqtt_properties.CONTENT_TYPE: "content_type",
+                    mqtt_properties.RESPONSE_TOPIC: "response_topic",
+                    mqtt_properties.CORRELATION_DATA: "correlation_data"}
 
 SCHEMA = pa.schema([
     ("gateway", pa.string()),
@@ -38,6 +55,7 @@ SCHEMA = pa.schema([
     ("retain", pa.bool_()),
     ("client_id", pa.string()),
     ("payload", pa.binary()),
+    ("properties", PROPERTIES_TYPE),
 ])
 
 
@@ -45,6 +63,27 @@ def _times(stamps: pa.Array) -> list[pa.Array]:
     """The timestamp and date columns of milliseconds since the epoch."""
     return [pc.multiply(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
             pc.divide(stamps, MS_PER_DAY).cast(pa.int32()).cast(pa.date32())]
+
+
+def _properties_row(raw, offset: int, name: str) -> dict:
+    """One message's stored properties as a ``PROPERTIES_TYPE`` value."""
+    try:
+        props = mqtt_properties.decode_body(raw) or {}
+    except ProtocolError as exc:
+        raise BatchFormatError(f"{name}: record at offset {offset}: its properties do not "
+                               f"decode: {exc}") from None
+    row = {field: props.get(ident) for ident, field in _PROPERTY_FIELDS.items()}
+    row["user_properties"] = [{"name": k, "value": v}
+                              for k, v in props.get(mqtt_properties.USER_PROPERTY, ())]
+    return row
+
+
+def _properties_column(rows: list) -> pa.Array:
+    """``rows``: (offset, stored properties) of the messages that have some, or None."""
+    if all(row is None for row in rows):
+        return pa.nulls(len(rows), PROPERTIES_TYPE)
+    return pa.array([None if row is None else _properties_row(*row) for row in rows],
+                    PROPERTIES_TYPE)
 
 
 def _table(header: BatchHeader, records: list, name: str) -> pa.Table:
@@ -63,6 +102,8 @@ def _table(header: BatchHeader, records: list, name: str) -> pa.Table:
         pa.array([r.retain for r in records], pa.bool_()),
         clients,
         pa.array([r.payload for r in records], pa.binary()),
+        _properties_column([(r.properties, r.offset, name) if r.properties else None
+                            for r in records]),
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
@@ -84,7 +125,8 @@ def _scanned_table(header: BatchHeader, raw: bytes, name: str) -> pa.Table | Non
     count = header.record_count
     words = _native.SCAN_ENTRY_WORDS
     out = array("Q", bytes(8 * words * (count + 1)))
-    res = _native.scan(raw, len(raw), 0, header.first_offset, None, out)
+    res = _native.scan(raw, len(raw), 0, header.first_offset, None, out, 0,
+                       header.log_format_version)
     if res.status != _native.SCAN_END or res.matched != count or len(raw) >= 2**31:
         return None
     if not count:
@@ -98,9 +140,16 @@ def _scanned_table(header: BatchHeader, raw: bytes, name: str) -> pa.Table | Non
     attrs = meta & 0xFF
     cid_len = (meta >> 8) & 0xFFFF
     topic_len = (meta >> 24) & 0xFFFF
-    cid_at = position + RECORD_HEADER_SIZE
+    has_props = (attrs & ATTR_PROPERTIES) != 0
+    props_len = np.zeros(count, np.int64)
+    if has_props.any():  # R, a u32 right after the 34-byte header (log format version 2)
+        at = position[has_props] + RECORD_HEADER_SIZE
+        b = np.frombuffer(raw, np.uint8)
+        props_len[has_props] = sum(b[at + k].astype(np.int64) << (8 * k) for k in range(4))
+    cid_at = position + RECORD_HEADER_SIZE + PROPERTIES_LENGTH_SIZE * has_props
     topic_at = cid_at + cid_len
-    payload_at = topic_at + topic_len
+    props_at = topic_at + topic_len
+    payload_at = props_at + props_len
     buf = pa.py_buffer(raw)
     try:
         topics = _cut(buf, topic_at, topic_len).cast(pa.string())
@@ -117,6 +166,9 @@ def _scanned_table(header: BatchHeader, raw: bytes, name: str) -> pa.Table | Non
         pa.array((attrs & 4) != 0),
         clients,
         _cut(buf, payload_at, position + length - payload_at),
+        _properties_column([(raw[props_at[i]:payload_at[i]], int(offsets[i]), name)
+                            if has_props[i] else None for i in range(count)]
+                           if has_props.any() else [None] * count),
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 

@@ -2,7 +2,8 @@
 (``<prefix>/gateway=<id>/date=<YYYY-MM-DD>/<first:020>-<last:020>.ebb.zst``) into Parquet tables
 under a warehouse folder (docs/spark.md):
 
-* ``messages`` (gateway, offset, timestamp, date, topic, qos, retain, client_id, payload),
+* ``messages`` (gateway, offset, timestamp, date, topic, qos, retain, client_id, payload,
+  properties: the MQTT 5.0 ones, a struct, null for none),
   partitioned by date and gateway, one row per (gateway, offset) however often a batch is
   uploaded, copied or read;
 * ``topic_hourly`` (gateway, topic, hour, messages, bytes, first_time, last_time), recomputed
@@ -51,7 +52,10 @@ DECODED_SCHEMA = pa.schema(list(MESSAGE_SCHEMA) + _BATCH_FIELDS)
 # Read back with this schema, not an inferred one: partition discovery would make a gateway id
 # of digits an integer.
 MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, topic string, "
-                "qos byte, retain boolean, client_id string, payload binary")
+                "qos byte, retain boolean, client_id string, payload binary, "
+                "properties struct<payload_format: byte, message_expiry: long, "
+                "content_type: string, response_topic: string, correlation_data: binary, "
+                "user_properties: array<struct<name: string, value: string>>>")
 HOURLY_DDL = ("date date, gateway string, topic string, hour timestamp, messages long, "
               "bytes long, first_time timestamp, last_time timestamp")
 _DECODED_DDL = (MESSAGES_DDL + ", kind string, path string, batch_first long, batch_last long, "

@@ -122,6 +122,45 @@ def test_tail_payload_rendering(tmp_path):
     assert js[1]["payload"] == "héllo\nworld"
 
 
+def test_tail_shows_properties_decoded(tmp_path):
+    """A record with MQTT 5.0 properties (format version 2): named as in the specification,
+    in the order stored, in text and json; one without shows none; property bytes that do
+    not decode (they are stored as the core gave them) are shown as an error, not a crash."""
+    from edgebroker.mqtt import properties as p
+    stored = p.encode_body({p.PAYLOAD_FORMAT: 1, p.MESSAGE_EXPIRY: 3600,
+                            p.CONTENT_TYPE: "text/plain", p.RESPONSE_TOPIC: "reply/dev",
+                            p.CORRELATION_DATA: b"\x00\x01",
+                            p.USER_PROPERTY: [("unit", "C"), ("unit", "K")]})
+    log = open_log(tmp_path / "data" / "log")
+    log.append(T0, 1, False, b"dev", b"a/b", b"21.5", stored)
+    log.append(T0, 0, False, b"dev", b"a/b", b"22.0")
+    log.append(T0, 0, False, b"dev", b"a/b", b"23.0", b"\x7f\x00")
+    log.write_pending()
+    log.close()
+    d = str(tmp_path / "data")
+    r = inspect("tail", "--data-dir", d)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0].endswith(
+        "q1 a/b [dev] {Payload Format Indicator: 1, Message Expiry Interval: 3600, "
+        "Content Type: text/plain, Response Topic: reply/dev, Correlation Data: 0x0001, "
+        "User Property: unit=C, User Property: unit=K} 21.5")
+    assert out[1].endswith("a/b [dev] 22.0")
+    assert "{2 bytes of properties do not decode: " in out[2] and "0x7f" in out[2]
+    assert out[2].endswith("} 23.0")
+    js = [json.loads(ln) for ln in inspect("tail", "--data-dir", d, "--format", "json").stdout.splitlines()]
+    assert js[0]["properties"] == {
+        "Payload Format Indicator": 1, "Message Expiry Interval": 3600,
+        "Content Type": "text/plain", "Response Topic": "reply/dev", "Correlation Data": "AAE=",
+        "User Property": [["unit", "C"], ["unit", "K"]]}
+    assert list(js[0]["properties"]) == ["Payload Format Indicator", "Message Expiry Interval",
+                                         "Content Type", "Response Topic", "Correlation Data",
+                                         "User Property"]
+    assert "properties" not in js[1] and "properties_error" not in js[1]
+    assert js[2]["properties_error"].startswith("2 bytes of properties do not decode: ")
+    assert js[2]["payload"] == "23.0"
+
+
 @contextmanager
 def following(data_dir, sigint):
     """``inspect tail --follow`` started with SIGINT set to ``sigint`` (SIG_DFL: Ctrl-C works;

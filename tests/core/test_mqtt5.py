@@ -135,6 +135,7 @@ def test_connack_says_what_the_broker_offers(srv, v5):
     assert not hasattr(got, "SharedSubscriptionAvailable")   # 1, the default: available
     assert got.AssignedClientIdentifier.startswith("auto-")
     assert srv.wait_log(lambda line: "protocol 5, clean start 1, session expiry 0" in line)
+    assert srv.client_row(got.AssignedClientIdentifier)["protocol"] == "5.0"
 
 
 def test_properties_reach_a_5_0_subscriber_and_a_3_1_1_one_gets_the_message(srv, v5, paho, uid):

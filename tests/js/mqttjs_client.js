@@ -4,10 +4,12 @@
 //   {"op": "connect", "url": "ws://127.0.0.1:PORT/mqtt", "options": {...}, "ca": "ca.crt"}
 //       -> {"event": "connect", "sessionPresent": false} or {"event": "error", "message": ...}
 //   {"op": "subscribe", "topic": "t", "qos": 1}  -> {"event": "suback", "granted": [1]}
-//   {"op": "publish", "topic": "t", "payload_hex": "6869", "qos": 1, "retain": false}
+//   {"op": "publish", "topic": "t", "payload_hex": "6869", "qos": 1, "retain": false,
+//    "properties": {...}}  (MQTT 5.0, MQTT.js names; correlationData in hex)
 //       -> {"event": "published"} (QoS 1/2: once acknowledged)
 //   {"op": "end"}   -> DISCONNECT, then {"event": "end"} and exit 0
-// and, whenever one arrives: {"event": "message", "topic", "payload_hex", "qos", "retain"};
+// and, whenever one arrives: {"event": "message", "topic", "payload_hex", "qos", "retain",
+// "properties"} (5.0: MQTT.js names, binary values in hex; else null);
 // {"event": "close"} when the connection closes. Options go to mqtt.connect as they are
 // ("will" payloads as text); reconnecting is off so that a refusal shows as it is.
 'use strict';
@@ -26,6 +28,16 @@ function fail(op, err) {
   emit({ event: 'error', op, message: String((err && err.message) || err) });
 }
 
+// MQTT 5.0 properties as JSON: binary values (Buffers) as hex strings.
+function plain(props) {
+  if (!props) return null;
+  const out = {};
+  for (const [k, v] of Object.entries(props)) {
+    out[k] = Buffer.isBuffer(v) ? v.toString('hex') : v;
+  }
+  return out;
+}
+
 function connect(cmd) {
   const options = Object.assign({ reconnectPeriod: 0, connectTimeout: 10000 }, cmd.options || {});
   if (cmd.ca) {
@@ -37,7 +49,7 @@ function connect(cmd) {
   client.on('close', () => emit({ event: 'close' }));
   client.on('message', (topic, payload, packet) => emit({
     event: 'message', topic, payload_hex: payload.toString('hex'), qos: packet.qos,
-    retain: packet.retain,
+    retain: packet.retain, properties: plain(packet.properties),
   }));
 }
 
@@ -51,7 +63,14 @@ const handlers = {
   },
   publish(cmd) {
     const payload = Buffer.from(cmd.payload_hex || '', 'hex');
-    client.publish(cmd.topic, payload, { qos: cmd.qos || 0, retain: !!cmd.retain }, (err) => {
+    const opts = { qos: cmd.qos || 0, retain: !!cmd.retain };
+    if (cmd.properties) {
+      opts.properties = Object.assign({}, cmd.properties);
+      if (opts.properties.correlationData) {
+        opts.properties.correlationData = Buffer.from(opts.properties.correlationData, 'hex');
+      }
+    }
+    client.publish(cmd.topic, payload, opts, (err) => {
       if (err) return fail('publish', err);
       emit({ event: 'published' });
     });

@@ -118,14 +118,16 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     header, raw = golden_raw()
     fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
     future = day / f"{40:020d}-{49:020d}.ebb.zst"   # records of a log format this one predates
-    future.write_bytes(rewrite(BatchHeader(**{**fields, "log_format_version": 2}), raw))
+    future.write_bytes(rewrite(BatchHeader(**{**fields, "log_format_version": 3}), raw))
+    # Log format version 2, with MQTT 5.0 properties, beside the version 1 batches.
+    shutil.copy(GOLDEN / "v2-props.ebb.zst", day / f"{30:020d}-{39:020d}-v2.ebb.zst")
 
     report = ingest_once(spark, str(landing), str(warehouse))
     gap_header, gap_records = read_batch_file(str(GOLDEN / "v1-gap.ebb.zst"))
-    assert report["batches"] == 2 and report["rows_added"] == 10 + len(gap_records)
+    assert report["batches"] == 3 and report["rows_added"] == 20 + len(gap_records)
     q, qf = report["quarantined"]
-    assert qf["error"] == (f"{qf['path']}: records of log format version 2; this edgebroker "
-                           f"reads version 1")
+    assert qf["error"] == (f"{qf['path']}: records of log format version 3; this edgebroker "
+                           f"reads versions 1, 2")
     assert (warehouse / "_quarantine" / future.relative_to(landing)).exists()
     assert q["path"].endswith(f"{30:020d}-{39:020d}.ebb.zst")
     assert q["error"].startswith(q["path"] + ": ")
@@ -139,8 +141,16 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     assert (gap.gateway, gap.gap_first, gap.gap_length, gap.gap_last) == \
         ("gw-golden", gap_header.gap_first, gap_header.gap_length,
          gap_header.gap_first + gap_header.gap_length - 1)
-    assert sorted(r.offset for r in table(spark, warehouse, "messages")) == \
-        list(range(10)) + [r.offset for r in gap_records]
+    messages = {r.offset: r for r in table(spark, warehouse, "messages")}
+    assert sorted(messages) == list(range(10)) + [r.offset for r in gap_records] + \
+        list(range(30, 40))
+    assert all(messages[i].properties is None for i in range(10))
+    props = messages[31].properties
+    assert (props.payload_format, props.message_expiry, props.content_type,
+            props.response_topic, bytes(props.correlation_data)) == \
+        (1, 631, "application/json", "reply/31", b"\xc0\x1f")
+    assert [(u.name, u.value) for u in props.user_properties] == [("unit", "C"), ("seq", "31")]
+    assert messages[30].properties is None and messages[32].properties.message_expiry is None
 
     # A gateway id of digits stays a string in the partitioned tables: its batch and then a
     # copy of it (the copy's rows are all found in messages).

@@ -25,6 +25,26 @@ def on_puback(client, p) -> None:
             client.broker.pump(session)
 
 
+def on_pubacks(client, pids) -> None:
+    """PUBACKs that came in one read (``Decoder.pubacks``): each as ``on_puback``, and the
+    queue moves on once, after all of them."""
+    session = client.session
+    inflight = session.inflight
+    freed = 0
+    try:
+        for pid in pids:
+            entry = inflight.get(pid)
+            if entry is not None:
+                if entry.qos != 1:
+                    raise _wrong_ack(P.Puback(pid), entry)
+                del inflight[pid]
+                freed += entry.message.size
+    finally:
+        session.inflight_bytes -= freed
+    if session.queue or session.cursor is not None or session.shared:
+        client.broker.pump(session)
+
+
 def _wrong_ack(p, entry) -> ProtocolError:
     """An acknowledgement that does not fit the message sent with its packet id (a PUBACK
     for QoS 2, a PUBREC for QoS 1, a PUBCOMP before PUBREC): closed, as Mosquitto does."""

@@ -16,7 +16,8 @@ import uuid
 
 from edgebroker import logs
 from edgebroker.errors import (
-    BAD_AUTHENTICATION_METHOD, DISCONNECT_WITH_WILL, PROTOCOL_ERROR, SERVER_UNAVAILABLE,
+    BAD_AUTHENTICATION_METHOD, DISCONNECT_WITH_WILL, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
+    RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE,
     ProtocolError,
 )
 from edgebroker.mqtt import packets as P
@@ -45,6 +46,18 @@ def on_connect(client, p: P.Connect) -> None:
             return refuse(client, 0, f"authentication method "
                           f"{p.properties[Q.AUTH_METHOD]!r} is not supported", "auth",
                           reason5=BAD_AUTHENTICATION_METHOD)
+    will = p.will
+    if will is not None and (will.retain and not limits.retain_available
+                             or will.qos > limits.max_qos):
+        why = ("a retained will and retain_available is false" if will.qos <= limits.max_qos
+               else f"will QoS {will.qos} is above max_qos ({limits.max_qos})")
+        if v5:
+            return refuse(client, 0, why, "client_id", reason5=RETAIN_NOT_SUPPORTED
+                          if will.qos <= limits.max_qos else QOS_NOT_SUPPORTED)
+        # 3.1.1 has no CONNACK code for it: closed, as Mosquitto does.
+        return client.violation(ProtocolError(f"CONNECT refused: {why}", rule="max_qos"
+                                              if will.qos > limits.max_qos
+                                              else "retain_available"))
     if len(client_id.encode("utf-8")) > limits.max_client_id_length:
         client.client_id = client_id[:64]
         return refuse(client, 2, f"client id longer than max_client_id_length "

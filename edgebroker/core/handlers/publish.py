@@ -16,8 +16,8 @@ import logging
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core import mqtt5
 from edgebroker.errors import (
-    NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QUOTA_EXCEEDED, TOPIC_ALIAS_INVALID,
-    ProtocolError,
+    NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
+    RECEIVE_MAXIMUM_EXCEEDED, RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
@@ -32,7 +32,7 @@ log = logging.getLogger("edgebroker.client")
 _DENIALS_LOGGED = 16
 
 
-def on_publish(client, p: P.Publish, properties: bytes = b"", expires: float = 0.0) -> None:
+def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None = None) -> None:
     broker = client.broker
     qos = p.qos
     client.msgs_in += 1
@@ -41,6 +41,9 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expires: float = 0
         # PUBACK: no coalescing delay for it (Broker.prompt).
         broker.prompt = True
     topic = p.topic
+    if p.retain and not broker.limits.retain_available:
+        raise ProtocolError("retained PUBLISH and retain_available is false",
+                            rule="retain_available", reason=RETAIN_NOT_SUPPORTED)
     if topic in broker.known_topics and client.acl is None:
         publish = broker.publish  # the common case: only admitted topics are known
     else:
@@ -49,11 +52,11 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expires: float = 0
             return
     try:
         if qos == 0:
-            publish(topic, p.payload, 0, p.retain, client, properties, expires)
+            publish(topic, p.payload, 0, p.retain, client, properties, expiry)
             return
         pid = p.packet_id
         if qos == 1:
-            offset = publish(topic, p.payload, 1, p.retain, client, properties, expires)
+            offset = publish(topic, p.payload, 1, p.retain, client, properties, expiry)
             broker.acknowledge(client, offset, encode_puback(pid))
         else:
             # Exactly once: route on first receipt, ignore re-sends (DUP set) until PUBREL.
@@ -62,7 +65,7 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expires: float = 0
             if pid not in awaiting or not p.dup:
                 if pid in awaiting:
                     _reused_id(client, pid)
-                offset = publish(topic, p.payload, 2, p.retain, client, properties, expires)
+                offset = publish(topic, p.payload, 2, p.retain, client, properties, expiry)
                 session = client.session
                 session.own_awaiting_release().add(pid)
                 if offset is not None and not session.clean and broker.exchanges is not None:
@@ -92,6 +95,18 @@ def _charge(client, p: P.Publish) -> None:
 def on_publish5(client, p: P.Publish) -> None:
     """A 5.0 PUBLISH: its Topic Alias resolved (or set), its properties checked and kept for
     the subscribers; refusals answered with a reason code where QoS > 0 has one."""
+    limits = client.broker.limits
+    if p.qos > limits.max_qos:
+        raise ProtocolError(f"PUBLISH with QoS {p.qos}, above the Maximum QoS ({limits.max_qos})",
+                            rule="MQTT-3.2.2-11", reason=QOS_NOT_SUPPORTED)
+    if p.retain and not limits.retain_available:
+        raise ProtocolError("retained PUBLISH while Retain Available is 0",
+                            rule="MQTT-3.3.1-8", reason=RETAIN_NOT_SUPPORTED)
+    if (p.qos == 2 and len(client.session.awaiting_release) >= limits.receive_maximum
+            and p.packet_id not in client.session.awaiting_release):
+        raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
+                            f"({limits.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-9",
+                            reason=RECEIVE_MAXIMUM_EXCEEDED)
     props = p.properties
     if props is not None:
         alias = props.get(Q.TOPIC_ALIAS)
@@ -115,8 +130,8 @@ def on_publish5(client, p: P.Publish) -> None:
             if p.qos:
                 _answer5(client, p, NOT_AUTHORIZED, f"publish to {p.topic!r} not authorized")
             return
-    properties, expires = mqtt5.message_properties(props, broker.clock())
-    on_publish(client, p, properties, expires)
+    properties, expiry = mqtt5.message_properties(props)
+    on_publish(client, p, properties, expiry)
 
 
 def on_publish5_rated(client, p: P.Publish) -> None:
