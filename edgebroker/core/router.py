@@ -433,7 +433,9 @@ class Router:
         gone = []
         for pid, entry in session.inflight.items():
             if entry.state == AWAIT_ACK:
-                if not self._write_publish(client, entry.message, entry.qos, entry.retain, True, pid):
+                ids = None if entry.group is None else self.shared_ids(session, entry.group)
+                if not self._write_publish(client, entry.message, entry.qos, entry.retain, True,
+                                           pid, ids):
                     gone.append(pid)
             else:
                 client.transport.write(encode_ack(P.PUBREL, pid))

@@ -340,6 +340,12 @@ class Shared:
         queue.append((message, qos, message.retain, topic))
         group.queue_bytes += message.size
 
+    def shared_ids(self, session, group: Group) -> bytes | None:
+        """The Subscription Identifier a message of ``group`` carries to ``session`` when it is
+        sent again (None: no longer a member, the session's matching filters' then)."""
+        member = session.shared.get(group.key) if session.shared else None
+        return member.ids if member is not None else None
+
     def pump_shared(self, session) -> None:
         """``session`` may have room now (an acknowledgement, its output drained, it came
         back or subscribed): its groups hand out what waits."""

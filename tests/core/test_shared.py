@@ -178,6 +178,31 @@ def test_backlog_beyond_memory_is_read_from_the_log_in_order(broker, uid):
     assert c.recv_publish().payload == b"live"
 
 
+def test_a_5_0_backlog_read_from_the_log_keeps_its_properties(broker, uid):
+    """Large messages overflow the backlog's 256 KiB: the rest is read back from the log
+    (log format 2), each with its publisher's properties and the member's identifier."""
+    b = broker(limits={"max_inflight_messages": 1})
+    c = raw5(b)
+    c.connect(f"{uid}-m")
+    assert c.subscribe(f"$share/g/{uid}/t", qos=1, props={m5.SUBSCRIPTION_ID: 3}).codes == [1]
+    pub = raw5(b)
+    pub.connect(f"{uid}-p")
+    for i in range(6):
+        pub.publish(f"{uid}/t", bytes([i]) * 100_000, qos=1,
+                    props={m5.USER_PROPERTY: [("n", str(i))], m5.CONTENT_TYPE: "x/y"})
+    assert b.stats()["counters"]["shared_fell_behind"] == 1
+    got = []
+    for _ in range(6):
+        p = c.recv_publish()          # acknowledged: the next one may come
+        got.append(p)
+    assert [p.payload[:1] for p in got] == [bytes([i]) for i in range(6)]
+    for i, p in enumerate(got):
+        assert p.properties[m5.USER_PROPERTY] == [("n", str(i))]
+        assert p.properties[m5.CONTENT_TYPE] == "x/y"
+        assert p.properties[m5.SUBSCRIPTION_ID] == [3]
+    assert publishes(c) == []
+
+
 def test_qos0_with_no_member_online_is_dropped_and_counted(broker, uid):
     b = broker()
     share = f"$share/g/{uid}/t"
@@ -223,6 +248,23 @@ def test_qos2_stays_with_its_member_and_is_lost_with_its_session(broker, uid):
     assert b.stats()["dropped"]["shared_left"] == 1
     keeper = b.client(f"{uid}-keep", clean=False)
     assert publishes(keeper) == []
+
+
+def test_qos2_sent_again_to_a_5_0_member_carries_its_identifier(srv, uid):
+    c = raw5(srv)
+    c.connect(f"{uid}-m", clean_start=False, props={m5.SESSION_EXPIRY: 60})
+    assert c.subscribe(f"$share/g/{uid}/t", qos=2, props={m5.SUBSCRIPTION_ID: 4}).codes == [2]
+    srv.client(f"{uid}-p").publish(f"{uid}/t", b"once", qos=2)
+    (first,) = publishes(c)
+    assert first.properties[m5.SUBSCRIPTION_ID] == [4]
+    c.close()
+    c = raw5(srv)
+    assert c.connect(f"{uid}-m", clean_start=False,
+                     props={m5.SESSION_EXPIRY: 60}).session_present
+    again = c.recv_publish()
+    assert (again.payload, again.dup, again.packet_id) == (b"once", True, first.packet_id)
+    assert again.properties[m5.SUBSCRIPTION_ID] == [4]
+    c.disconnect(props={m5.SESSION_EXPIRY: 0})
 
 
 def test_mixed_3_1_1_and_5_0_paho_members(srv, paho, uid):
