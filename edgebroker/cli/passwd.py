@@ -12,7 +12,9 @@ users' lines are kept as they are. Hashes are scrypt by default
 (docs/security.md describes the format); ``--hash pbkdf2`` writes Mosquitto's
 PBKDF2-SHA512 format instead. Beside the hash, as a third field, go the user's
 SCRAM-SHA-256 keys (``--scram-iterations``, default 4096), so the user can also
-log in by SCRAM (MQTT 5.0 enhanced authentication) without sending the password.
+log in by SCRAM (MQTT 5.0 enhanced authentication) without sending the password;
+``--no-scram`` leaves them out (they make a stolen file cheaper to attack than the
+hash alone: docs/security.md).
 A running broker reads the file again on SIGHUP.
 """
 
@@ -41,6 +43,9 @@ def add_parser(commands) -> None:
     p.add_argument("--scram-iterations", type=int, default=scram.DEFAULT_ITERATIONS,
                    metavar="N", help=f"iteration count of the SCRAM-SHA-256 keys written beside "
                                      f"the hash (default and minimum {scram.MIN_ITERATIONS})")
+    p.add_argument("--no-scram", dest="scram", action="store_false",
+                   help="write the hash alone, without SCRAM-SHA-256 keys (the user then logs "
+                        "in with its password only)")
     p.add_argument("file", metavar="FILE")
     p.add_argument("user", metavar="USER", nargs="?")
     p.add_argument("password", metavar="PASSWORD", nargs="?")
@@ -48,8 +53,8 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    iterations = args.scram_iterations
-    if not scram.MIN_ITERATIONS <= iterations <= scram.MAX_ITERATIONS:
+    iterations = args.scram_iterations if args.scram else 0
+    if args.scram and not scram.MIN_ITERATIONS <= iterations <= scram.MAX_ITERATIONS:
         raise EdgebrokerError(f"passwd: --scram-iterations must be {scram.MIN_ITERATIONS} to "
                               f"{scram.MAX_ITERATIONS} (RFC 7677's minimum is 4096)")
     if args.upgrade:
@@ -106,9 +111,11 @@ def _user_of(line: str) -> str | None:
 
 def entry(user: str, password: str, scheme: str = "scrypt",
           iterations: int = scram.DEFAULT_ITERATIONS) -> str:
-    """A password file line: ``user:hash:SCRAM keys``."""
-    return (f"{user}:{passwords.hash_password(password, scheme)}:"
-            f"{scram.format_keys(scram.derive(password, iterations=iterations))}")
+    """A password file line: ``user:hash:SCRAM keys`` (``user:hash`` when ``iterations`` is 0)."""
+    line = f"{user}:{passwords.hash_password(password, scheme)}"
+    if not iterations:
+        return line
+    return f"{line}:{scram.format_keys(scram.derive(password, iterations=iterations))}"
 
 
 def set_password(path: str, user: str, password: str, scheme: str = "scrypt",

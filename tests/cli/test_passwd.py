@@ -172,6 +172,11 @@ def test_scram_keys_are_written_beside_the_hash(tmp_path):
     assert verify_password(f.lookup("bob")[1], "b-pw")
     r = run_cli("passwd", "--scram-iterations", "1000", "-b", str(path), "carol", "c-pw")
     assert r.returncode == 1 and "--scram-iterations must be 4096 to" in r.stderr
+    r = run_cli("passwd", "--no-scram", "-b", str(path), "alice", "a-pw2")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in path.read_text().splitlines() if ln.startswith("alice:"))
+    assert line.count(":") == 1 and line.startswith("alice:$scrypt$")
+    assert "no SCRAM keys" in PasswordFile.load(str(path)).scram_keys("alice")
 
 
 def test_upgrade_writes_scram_keys_for_plain_lines_only(tmp_path):
