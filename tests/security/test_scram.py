@@ -15,6 +15,7 @@ from conftest import _close_all_clients, _open_clients, _start, _teardown
 from edgebroker.security.passwords import hash_password
 from scramclient import METHOD, Scram, keys_field
 from secfiles import MOSQUITTO_HASH, MOSQUITTO_PASSWORD, write_acl
+from server.test_websocket_clients import mqttjs  # noqa: F401 (the MQTT.js fixture)
 
 PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "erin": "erin-pw"}
 OLD_USER, OLD_PW = "olduser", "old-pw"      # added before SCRAM keys were written
@@ -327,6 +328,24 @@ def test_failed_reauthentication_gets_disconnect_0x87_and_the_will(srv5, uid, us
                          start=mark)
     assert watcher.recv_publish().payload == b"gone"
     assert counters(srv5)["scram_failed"] == before["scram_failed"] + 1
+
+
+def test_mqttjs_logs_in_by_scram(srv5, mqttjs, uid):
+    """A real 5.0 client (MQTT.js, its handleAuth answering the AUTH) logs in and is served."""
+    js = mqttjs()
+    url = f"mqtt://127.0.0.1:{srv5.port}"
+    js.send("connect", url=url, options={"protocolVersion": 5, "clientId": uid},
+            scram={"user": "alice", "password": PASSWORDS["alice"]})
+    assert js.wait("connect")["scramVerified"] is True
+    assert js.subscribe("alice/js", qos=1) == [1]
+    js.publish("alice/js", b"over scram", qos=1)
+    assert js.message()["payload"] == b"over scram"
+    js.end()
+    bad = mqttjs()
+    bad.send("connect", url=url, options={"protocolVersion": 5, "clientId": f"{uid}-bad"},
+             scram={"user": "alice", "password": "wrong"})
+    with pytest.raises(AssertionError, match="Bad User Name or Password"):
+        bad.wait("connect")
 
 
 # ---------------------------------------------------------------------------------------------
