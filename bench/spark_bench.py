@@ -43,6 +43,7 @@ from sparklocal import local_session  # noqa: E402  (the tests' local[2] session
 GATEWAY = "gw-bench"
 BATCH_RAW = 8 * 1024 * 1024
 T0_MS = 1_767_225_600_000   # 2026-01-01T00:00:00Z
+WARM_UP = 100_000           # records of the warm-up inputs
 JSON_DDL = ("gateway string, offset long, timestamp timestamp, topic string, qos byte, "
             "retain boolean, client_id string, payload string")
 
@@ -58,8 +59,14 @@ def record(i: int) -> tuple:
 
 
 def make_inputs(root: Path, n: int) -> tuple[Path, Path, int]:
-    """Landing folder of batches and folder of JSON-lines files; the number of batches."""
-    landing, jdir = root / "landing", root / "json"
+    """Landing folder of batches and folder of JSON-lines files; the number of batches. Made
+    once for each number of records in a --dir, then reused."""
+    root.mkdir(parents=True, exist_ok=True)
+    landing, jdir, made = root / "landing", root / "json", root / f"made-{n}"
+    if made.exists():
+        return landing, jdir, int(made.read_text())
+    shutil.rmtree(landing, ignore_errors=True)
+    shutil.rmtree(jdir, ignore_errors=True)
     landing.mkdir()
     jdir.mkdir()
     batches = 0
@@ -91,6 +98,7 @@ def make_inputs(root: Path, n: int) -> tuple[Path, Path, int]:
             write_batch(fh, header, [raw])
         (jdir / f"{first:020d}.json").write_text("\n".join(rows) + "\n")
         batches += 1
+    made.write_text(str(batches))
     return landing, jdir, batches
 
 
@@ -106,35 +114,32 @@ def ours_e2e(spark, landing: Path, warehouse: Path) -> int:
 
 def json_e2e(spark, jdir: Path, warehouse: Path) -> int:
     """The JSON equivalent of ingest_once's table work: messages (deduplicated, partitioned
-    by date and gateway) and topic_hourly from it."""
-    from pyspark import StorageLevel
+    by date and gateway) and topic_hourly from it. Like ingest_once it writes the messages
+    without a shuffle to group them by partition first (files per partition: the writing
+    tasks that hold some of its rows), and counts the rows it added from what it wrote."""
     from pyspark.sql import functions as F
     from edgebroker.spark.ingest import MESSAGE_COLUMNS, MESSAGES_DDL
     msgs = (spark.read.schema(JSON_DDL).json(str(jdir))
             .withColumn("payload", F.unbase64("payload"))
             .withColumn("date", F.to_date("timestamp"))
-            .select(*MESSAGE_COLUMNS).dropDuplicates(["gateway", "offset"])
-            .persist(StorageLevel.MEMORY_AND_DISK))
-    added = msgs.count()
-    (msgs.repartition("date", "gateway").write.mode("append").partitionBy("date", "gateway")
-     .parquet(str(warehouse / "messages")))
-    hourly = (spark.read.schema(MESSAGES_DDL).parquet(str(warehouse / "messages"))
+            .select(*MESSAGE_COLUMNS).dropDuplicates(["gateway", "offset"]))
+    msgs.write.mode("append").partitionBy("date", "gateway").parquet(str(warehouse / "messages"))
+    written = spark.read.schema(MESSAGES_DDL).parquet(str(warehouse / "messages"))
+    hourly = (written
               .groupBy("date", "gateway", "topic", F.date_trunc("hour", "timestamp").alias("hour"))
               .agg(F.count(F.lit(1)).alias("messages"), F.sum(F.length("payload")).alias("bytes"),
                    F.min("timestamp").alias("first_time"), F.max("timestamp").alias("last_time")))
     (hourly.repartition("date", "gateway").write.mode("overwrite")
      .option("partitionOverwriteMode", "dynamic").partitionBy("date", "gateway")
      .parquet(str(warehouse / "topic_hourly")))
-    msgs.unpersist()
-    return added
+    return written.count()   # the warehouse is new: every row in it was added
 
 
 def ours_decode(spark, landing: Path) -> int:
-    from pyspark.sql import functions as F
-    from edgebroker.spark.ingest import _DECODED_DDL, decode_files
+    from edgebroker.spark.ingest import MESSAGES_DDL, decode_files
     return (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
             .load(str(landing)).select("path", "content")
-            .mapInArrow(decode_files, _DECODED_DDL).where(F.col("kind") == "message").count())
+            .mapInArrow(decode_files, MESSAGES_DDL).count())
 
 
 def json_decode(spark, jdir: Path) -> int:
@@ -149,7 +154,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
+    ap.add_argument("--dir", help="work directory, kept with its inputs for the next run "
+                    "(default: a temporary one, removed after)")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="spark-bench-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -161,8 +167,15 @@ def main() -> None:
               f"{sum(p.stat().st_size for p in jdir.glob('*.json')) / 2**20:.1f} MiB JSON "
               f"({time.monotonic() - t:.0f} s to make)", flush=True)
         spark = session()
-        ours_decode(spark, landing)     # warm up the JVM and the Python workers once
-        json_decode(spark, jdir)
+        # Warm up the JVM (its JIT, the Parquet writer) and the Python workers: every timed
+        # step once on a small copy of the inputs, so the first round is not the slowest.
+        wlanding, wjdir, _ = make_inputs(root / "warm-up", WARM_UP)
+        ours_e2e(spark, wlanding, root / "warm-up" / "wh-ours")
+        json_e2e(spark, wjdir, root / "warm-up" / "wh-json")
+        ours_decode(spark, wlanding)
+        json_decode(spark, wjdir)
+        for wh in ("wh-ours", "wh-json"):
+            shutil.rmtree(root / "warm-up" / wh)
         rates = {k: [] for k in ("ours_e2e", "json_e2e", "ours_decode", "json_decode")}
         for rnd in range(args.rounds):
             runs = [("ours_e2e", lambda w: ours_e2e(spark, landing, w)),
