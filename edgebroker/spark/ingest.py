@@ -177,7 +177,22 @@ def _in_partitions(df, touched):
 
 def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = None) -> dict:
     """One pass over ``landing``: every batch file not ingested yet goes into the tables under
-    ``warehouse``; what it did, as a dict (files, rows added, duplicates, quarantined, gaps)."""
+    ``warehouse``; what it did, as a dict (files, rows added, duplicates, quarantined, gaps).
+
+    For the run, one batch file goes to ``mapInArrow`` in each Arrow record batch (Spark's
+    ``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000 rows by default: here every file
+    of a task at once): an executor's Python then decodes a file while its JVM reads the next,
+    and holds one file's bytes rather than a whole split's. The setting is put back after."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "1")
+    try:
+        return _ingest(spark, landing, warehouse, checkpoint)
+    finally:
+        spark.conf.set(key, before)
+
+
+def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
