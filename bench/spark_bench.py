@@ -212,9 +212,10 @@ def main() -> None:
             verdict = ""
             if key == "e2e":
                 verdict = f" (target >= 1.5x: {'met' if ours / other >= 1.5 else 'NOT met'})"
+            each = " ".join(f"{r:.2f}" for r in rounds)
             print(f"{what}: ours {ours:,.0f} rows/s, JSON {other:,.0f} rows/s, ratio "
-                  f"{ours / other:.2f}x{verdict}; per round "
-                  f"{' '.join(f'{r:.2f}' for r in rounds)}, median {statistics.median(rounds):.2f}x")
+                  f"{ours / other:.2f}x{verdict}; per round {each}, median "
+                  f"{statistics.median(rounds):.2f}x")
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
