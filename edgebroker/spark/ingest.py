@@ -218,9 +218,9 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
 
-    # Two passes over the new files, nothing cached: the first checks and decodes every file
-    # but keeps only its summary rows; the second decodes the readable ones again (about 1M
-    # records/s per core) straight into the write.
+    # Two passes over the new files, nothing cached: the first checks every file whole
+    # (batch_days: no columns built) and keeps only its summary rows; the second decodes the
+    # readable ones (about 1M records/s per core) straight into the write.
     files = spark.read.format("binaryFile").load(new).select("path", "content")
     summary = files.mapInArrow(summarize_files, _SUMMARY_DDL).collect()
     good = [r for r in summary if r.kind == "batch"]
