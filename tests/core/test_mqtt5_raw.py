@@ -221,6 +221,13 @@ def test_a_retained_message_keeps_its_properties_and_expiry_across_a_restart(bro
     assert 590 <= p.properties[R.MESSAGE_EXPIRY] <= 600
     sub.ack(p)
     assert quiet(sub)
+    old = b2.raw()                       # a 3.1.1 subscriber: the expired one is gone for it too
+    old.send(R.mqttraw.connect(f"{uid}-old"))
+    old.expect(R.CONNACK)
+    old.send(R.mqttraw.subscribe(1, [(f"{uid}/#", 1)]))
+    old.expect(R.SUBACK)
+    got = old.wait_for(lambda q: q.type == R.PUBLISH)
+    assert got.topic == f"{uid}/r" and old.ping() == []
 
 
 def test_no_local_holds_for_a_session_reading_back_from_the_log(srv, uid):
