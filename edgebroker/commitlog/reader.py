@@ -222,12 +222,14 @@ def scanned_chunks(self, start: int, topic_filter: bytes | None, out) -> Iterato
 
 
 def read_batch(self, start: int, topic_filter: bytes | None, max_records: int, max_bytes: int,
-               max_scan: int, copy_limit: int = COPY_LIMIT) -> tuple[list[tuple], int]:
+               max_scan: int, copy_limit: int = COPY_LIMIT,
+               client_ids: bool = False) -> tuple[list[tuple], int]:
     """The records from ``start`` on whose topic matches ``topic_filter`` (None: all), for a
     session catching up (core.catchup): ``(records, next)``, where each record is ``(offset,
     timestamp_ms, qos, retain, topic, payload, payload_length, properties)`` (``payload`` None
     when it is ``copy_limit`` bytes or more: send it from the file; ``properties`` as in
-    ``Record``) and ``next`` is the offset the next call starts from.
+    ``Record``), with ``client_ids`` the publisher's client id after them, and ``next`` is the
+    offset the next call starts from.
 
     Whole chunks of the segment are read and validated (CRC) by the native scanner; reading
     stops after the chunk that reaches ``max_records`` matches, ``max_bytes`` of copied
@@ -260,9 +262,11 @@ def read_batch(self, start: int, topic_filter: bytes | None, max_records: int, m
                 copied += n
             else:
                 payload = None
-            records.append((offset, ts, meta & 3, bool(meta & 4),
-                            bytes(view[topic_start:topic_end]), payload, n,
-                            bytes(view[topic_end:payload_start]) if r else b""))
+            record = (offset, ts, meta & 3, bool(meta & 4), bytes(view[topic_start:topic_end]),
+                      payload, n, bytes(view[topic_end:payload_start]) if r else b"")
+            if client_ids:
+                record += (bytes(view[p:p + (meta >> 8 & 0xFFFF)]),)
+            records.append(record)
         start = res.next_offset
         scanned += res.stop
         if len(records) >= max_records or copied >= max_bytes or scanned >= max_scan:

@@ -42,6 +42,7 @@ from bisect import bisect_left
 from edgebroker import _native
 from edgebroker.commitlog.format import RECORD_HEADER_SIZE
 from edgebroker.core.mqtt5 import stored_properties
+from edgebroker.core.router5 import options5_for
 from edgebroker.core.session import EMPTY_DICT, Message, Outgoing, Stored
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt.topics import topic_matches
@@ -258,8 +259,10 @@ class CatchUp:
                 if found is not None:
                     return self._take_run(session, found, head, subscriptions[
                         next(iter(subscriptions))])
+        sub5 = session.sub5   # 5.0 options (No Local, Retain As Published): core.router5
         records, next_offset = commit_log.read_batch(cursor.offset, topic_filter, QUEUE_MESSAGES,
-                                                     QUEUE_BYTES, SCAN_BYTES)
+                                                     QUEUE_BYTES, SCAN_BYTES,
+                                                     client_ids=sub5 is not None)
         if next_offset > head:
             records = [r for r in records if r[0] < head]
             next_offset = head
@@ -280,7 +283,8 @@ class CatchUp:
         lagging = 0
         done = cursor.done
         v5 = session.client.v5 is not None
-        for offset, ts, qos, retain, topic, payload, size, properties in records:
+        own_id = session.client_id.encode("utf-8")
+        for offset, ts, qos, retain, topic, payload, size, properties, *publisher in records:
             if done is not None and offset in done:
                 continue      # sent before a restart, its exchange journaled (see Cursor.done)
             granted = cursor.granted(session, topic, offset)
@@ -289,6 +293,13 @@ class CatchUp:
             if granted < qos:
                 qos = granted
             name = topic.decode("utf-8", "replace")
+            retain_out = False
+            if sub5 is not None:
+                best, retain_out = options5_for(session, name, retain, publisher[0] == own_id)
+                if best < 0:
+                    continue
+                if best < qos:
+                    qos = best
             if acl is not None:
                 allowed = acl.reads.get(name)
                 if allowed is None:
@@ -310,7 +321,7 @@ class CatchUp:
                     properties, ts, journal.wall_ms(), self.clock()))
             else:
                 ref = Message(name, payload, qos, False, offset, topic)
-            queue.append((ref, qos, False))
+            queue.append((ref, qos, retain_out))
             queued += 1
             queued_bytes += ref.size
         if lagging:

@@ -29,9 +29,10 @@ from edgebroker.mqtt.encode import encode
 from edgebroker.mqtt.stream import Decoder
 from edgebroker.core import mqtt5
 from edgebroker.core.dispatch import (
-    AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED5, CONNECTED5_RATED, CONNECTED_RATED,
+    AUTH_EXCHANGE, AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED5, CONNECTED5_RATED,
+    CONNECTED_RATED,
 )
-from edgebroker.core.handlers import acks, connect
+from edgebroker.core.handlers import acks, auth, connect
 from edgebroker.core.handlers.connect import connections_log
 from edgebroker.core.transport import CLOSED, Transport
 
@@ -197,8 +198,11 @@ class Client:
             broker.hit("connect_timeout")
             broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
                                 "%s: %s within %g s; closing", self.describe(),
-                                "password check not finished" if self.pending_connect
-                                else "no CONNECT", self.connect_deadline - self.created)
+                                "no CONNECT" if self.pending_connect is None
+                                else "authentication exchange not finished"
+                                if self.v5 is not None and self.v5.auth is not None
+                                else "password check not finished",
+                                self.connect_deadline - self.created)
             self.close(will=False)
         else:
             broker.stats.keepalive_expired += 1
@@ -351,6 +355,10 @@ class Client:
         """CONNECT waits for its password check: later packets are held."""
         self._handlers = AUTHENTICATING
 
+    def enter_auth_exchange(self) -> None:
+        """CONNECT named an Authentication Method: only AUTH (and DISCONNECT) until CONNACK."""
+        self._handlers = AUTH_EXCHANGE
+
     def enter_connected(self) -> None:
         """CONNECT accepted (``rate`` set first: with one, PUBLISH is charged)."""
         if self.v5 is None:
@@ -360,3 +368,5 @@ class Client:
 
     # The policy's decision on the pending CONNECT (security/ calls ``client.auth_done``).
     auth_done = connect.auth_done
+    # A 5.0 CONNECT with an Authentication Method (connect.on_connect calls it).
+    begin_auth = auth.begin

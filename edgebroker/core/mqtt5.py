@@ -33,7 +33,8 @@ class Conn5:
     """A 5.0 connection's own state (``Client.v5``)."""
 
     __slots__ = ("receive_maximum", "max_packet_size", "topic_alias_maximum", "aliases",
-                 "problem_info", "session_expiry", "out_aliases")
+                 "problem_info", "session_expiry", "out_aliases", "auth_method", "auth",
+                 "auth_reply")
 
     def __init__(self, props: dict | None):
         props = props or {}
@@ -45,6 +46,11 @@ class Conn5:
         self.session_expiry = props.get(Q.SESSION_EXPIRY, 0)
         self.aliases: dict[int, str] | None = None   # inbound: alias -> topic name
         self.out_aliases: dict[bytes, int] | None = None  # outbound: topic -> alias
+        # Enhanced authentication (core/handlers/auth.py): the method the CONNECT named, the
+        # exchange running (at CONNECT or a re-authentication), the data for the CONNACK.
+        self.auth_method: str | None = None
+        self.auth = None
+        self.auth_reply: bytes | None = None
 
 
 def session_expiry(conn: Conn5, cap: float) -> int:
@@ -83,6 +89,10 @@ def connack_properties(broker, client, assigned_id: str | None, keepalive: int |
         props[Q.MAXIMUM_QOS] = limits.max_qos
     if not limits.retain_available:
         props[Q.RETAIN_AVAILABLE] = 0
+    if conn.auth_method is not None:       # MQTT-4.12.0-5
+        props[Q.AUTH_METHOD] = conn.auth_method
+        if conn.auth_reply is not None:
+            props[Q.AUTH_DATA] = conn.auth_reply
     return props
 
 

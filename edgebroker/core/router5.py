@@ -34,8 +34,13 @@ _JOIN_LIMIT = 4096
 def options5(session, message: Message) -> tuple[int, bool]:
     """(the highest QoS among the session's matching subscriptions that take the message,
     -1 when none does; the retain flag to send a live message with)."""
-    topic = message.topic
-    own = message.client_id == session.client_id
+    return options5_for(session, message.topic, message.retain,
+                        message.client_id == session.client_id)
+
+
+def options5_for(session, topic: str, retain_flag: bool, own: bool) -> tuple[int, bool]:
+    """``options5`` for a message to ``topic`` with ``retain_flag``, published by the session
+    itself when ``own`` (a record read back from the log, too)."""
     best = -1
     retain = False
     sub5 = session.sub5
@@ -48,7 +53,7 @@ def options5(session, message: Message) -> tuple[int, bool]:
         if qos > best:
             best = qos
         if options & P.SUB_RETAIN_AS_PUBLISHED:
-            retain = message.retain
+            retain = retain_flag
     return best, retain
 
 

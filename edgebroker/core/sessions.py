@@ -383,7 +383,13 @@ class Sessions:
         for (topic_filter, _), max_qos in zip(topics, granted):
             if max_qos == P.SUBACK_FAILURE:
                 continue
-            for message in self.retained.match(topic_filter):
+            for message in list(self.retained.match(topic_filter)):
+                if message.expires and message.expires <= self.clock():
+                    # A 5.0 retained message past its Message Expiry Interval: gone, for
+                    # every subscriber.
+                    self.retained.delete(message.topic)
+                    self.drop("message_expired", session)
+                    continue
                 if acl is not None and not acl.can_read(message.topic):
                     self.stats.acl_deliveries_denied += 1
                     continue

@@ -18,6 +18,7 @@ class Listener(Protocol):
 
     address: str            # as written in the configuration; "" when not on a listener
     max_connections: int    # the listener's own cap (0: none)
+    policy: object | None   # its ListenerPolicy now (a reload replaces it), or None
 
 
 class Transport(Protocol):

@@ -10,6 +10,8 @@ broker's own scanner (``_native.scan``, C: lengths, attributes, offsets in order
 CRC32C), which gives each record's offset, timestamp, position and field lengths; the columns
 are then cut out of the raw bytes with numpy over the whole batch. Anything the scan or the
 header checks refuse is read again by ``parse_records``, record by record, for its exact error.
+``batch_days`` makes the same checks but builds no columns: the header and the days the
+messages fall in (the ingest job's first pass).
 """
 
 from __future__ import annotations
@@ -119,48 +121,69 @@ def _cut(raw: pa.Buffer, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
     return spans.take(pa.array(np.arange(0, len(bounds), 2)))
 
 
-def _scanned_table(header: BatchHeader, raw: bytes, name: str) -> pa.Table | None:
-    """The messages of ``raw`` from one scan of the records, or None when the scan or a header
-    check refuses them (``parse_records`` then says why)."""
+def _scan(header: BatchHeader, raw: bytes) -> np.ndarray | None:
+    """One row per record (offset, timestamp, position, length, meta) from one scan of
+    ``raw``; None when there are no records, or when the scan or a header check refuses them
+    (``parse_records`` then reads them or says why)."""
     count = header.record_count
     words = _native.SCAN_ENTRY_WORDS
     out = array("Q", bytes(8 * words * (count + 1)))
     res = _native.scan(raw, len(raw), 0, header.first_offset, None, out, 0,
                        header.log_format_version)
-    if res.status != _native.SCAN_END or res.matched != count or len(raw) >= 2**31:
+    if (not count or res.status != _native.SCAN_END or res.matched != count
+            or len(raw) >= 2**31):
         return None
-    if not count:
-        return _table(header, [], name)
     entries = np.frombuffer(out, np.int64, words * count).reshape(count, words)
-    offsets, stamps = entries[:, 0], entries[:, 1]
-    position, length, meta = entries[:, 2], entries[:, 3], entries[:, 4]
-    if (offsets[-1] != header.last_offset or offsets[0] != header.first_offset
-            or stamps.min() != header.min_timestamp_ms or stamps.max() != header.max_timestamp_ms):
+    if (entries[-1, 0] != header.last_offset or entries[0, 0] != header.first_offset
+            or entries[:, 1].min() != header.min_timestamp_ms
+            or entries[:, 1].max() != header.max_timestamp_ms):
         return None
-    attrs = meta & 0xFF
+    return entries
+
+
+def _layout(raw: bytes, entries: np.ndarray) -> tuple:
+    """Where each scanned record's fields lie in ``raw``: (client id, topic, properties,
+    payload) start positions, with the client id and topic lengths and which records have
+    properties (log format version 2: R, a u32 right after the 34-byte header)."""
+    position, meta = entries[:, 2], entries[:, 4]
     cid_len = (meta >> 8) & 0xFFFF
     topic_len = (meta >> 24) & 0xFFFF
-    has_props = (attrs & ATTR_PROPERTIES) != 0
-    props_len = np.zeros(count, np.int64)
-    if has_props.any():  # R, a u32 right after the 34-byte header (log format version 2)
+    has_props = ((meta & 0xFF) & ATTR_PROPERTIES) != 0
+    props_len = np.zeros(len(entries), np.int64)
+    if has_props.any():
         at = position[has_props] + RECORD_HEADER_SIZE
         b = np.frombuffer(raw, np.uint8)
         props_len[has_props] = sum(b[at + k].astype(np.int64) << (8 * k) for k in range(4))
     cid_at = position + RECORD_HEADER_SIZE + PROPERTIES_LENGTH_SIZE * has_props
     topic_at = cid_at + cid_len
     props_at = topic_at + topic_len
-    payload_at = props_at + props_len
-    buf = pa.py_buffer(raw)
+    return cid_at, cid_len, topic_at, topic_len, props_at, props_at + props_len, has_props
+
+
+def _texts(buf: pa.Buffer, layout: tuple, name: str) -> tuple[pa.Array, pa.Array]:
+    """The topics and client ids of the scanned records, checked to be UTF-8."""
+    cid_at, cid_len, topic_at, topic_len = layout[:4]
     try:
-        topics = _cut(buf, topic_at, topic_len).cast(pa.string())
-        clients = _cut(buf, cid_at, cid_len).cast(pa.string())
+        return (_cut(buf, topic_at, topic_len).cast(pa.string()),
+                _cut(buf, cid_at, cid_len).cast(pa.string()))
     except pa.ArrowInvalid as exc:
         raise BatchFormatError(f"{name}: a topic or client id is not UTF-8: {exc}") from None
-    stamps = pa.array(stamps)
+
+
+def _scanned_table(header: BatchHeader, entries: np.ndarray, raw: bytes, name: str) -> pa.Table:
+    """The messages of ``raw`` from its scan ``entries``."""
+    count = len(entries)
+    offsets, stamps = entries[:, 0], entries[:, 1]
+    position, length, meta = entries[:, 2], entries[:, 3], entries[:, 4]
+    attrs = meta & 0xFF
+    layout = _layout(raw, entries)
+    props_at, payload_at, has_props = layout[4:]
+    buf = pa.py_buffer(raw)
+    topics, clients = _texts(buf, layout, name)
     columns = [
         pa.repeat(pa.scalar(header.gateway_id, pa.string()), count),
         pa.array(offsets),
-        *_times(stamps),
+        *_times(pa.array(stamps)),
         topics,
         pa.array((attrs & 3).astype(np.int8)),
         pa.array((attrs & 4) != 0),
@@ -177,10 +200,29 @@ def batch_to_arrow(blob: bytes, name: str) -> tuple[BatchHeader, pa.Table]:
     """The header and the messages of the batch file whose bytes are ``blob`` (``name`` names
     it in errors); ``BatchFormatError`` for anything wrong."""
     header, raw = read_batch_raw(blob, name)
-    table = _scanned_table(header, raw, name)
-    if table is None:
-        table = _table(header, parse_records(raw, header, name), name)
-    return header, table
+    entries = _scan(header, raw)
+    if entries is None:
+        return header, _table(header, parse_records(raw, header, name), name)
+    return header, _scanned_table(header, entries, raw, name)
+
+
+def batch_days(blob: bytes, name: str) -> tuple[BatchHeader, list]:
+    """The header of the batch file whose bytes are ``blob`` and the UTC days its messages
+    fall in (``datetime.date``, sorted), with every check ``batch_to_arrow`` makes but
+    without building the columns; ``BatchFormatError`` for anything wrong."""
+    header, raw = read_batch_raw(blob, name)
+    entries = _scan(header, raw)
+    if entries is None:
+        dates = _table(header, parse_records(raw, header, name), name).column("date")
+    else:
+        layout = _layout(raw, entries)
+        _texts(pa.py_buffer(raw), layout, name)
+        props_at, payload_at, has_props = layout[4:]
+        if has_props.any():  # properties that do not decode refuse the batch here too
+            _properties_column([(raw[props_at[i]:payload_at[i]], int(entries[i, 0]), name)
+                                for i in np.flatnonzero(has_props)])
+        dates = _times(pa.array(entries[:, 1]))[1]
+    return header, sorted(pc.unique(dates).to_pylist())
 
 
 def read_batch(path: str) -> tuple[BatchHeader, pa.Table]:

@@ -221,3 +221,46 @@ def test_a_retained_message_keeps_its_properties_and_expiry_across_a_restart(bro
     assert 590 <= p.properties[R.MESSAGE_EXPIRY] <= 600
     sub.ack(p)
     assert quiet(sub)
+    old = b2.raw()                       # a 3.1.1 subscriber: the expired one is gone for it too
+    old.send(R.mqttraw.connect(f"{uid}-old"))
+    old.expect(R.CONNACK)
+    old.send(R.mqttraw.subscribe(1, [(f"{uid}/#", 1)]))
+    old.expect(R.SUBACK)
+    got = old.wait_for(lambda q: q.type == R.PUBLISH)
+    assert got.topic == f"{uid}/r" and old.ping() == []
+
+
+def test_no_local_holds_for_a_session_reading_back_from_the_log(srv, uid):
+    """Behind (its window of 1 full, its queue past its bound: it reads the log from a
+    cursor), a session publishes on its own No Local subscription: that record is skipped
+    when it catches up; another client's on the same topic is not."""
+    c = raw5(srv, f"{uid}-c", props={R.RECEIVE_MAXIMUM: 1})
+    c.subscribe((f"{uid}/own", R.NO_LOCAL | 1), (f"{uid}/other", 1))
+    other = raw5(srv, f"{uid}-o")
+    n = 300
+    for i in range(n):
+        other.send(R.publish5(f"{uid}/other", b"%d" % i, 1, packet_id=i % 60000 + 1))
+    c.publish(f"{uid}/own", b"mine", qos=1)
+    other.publish(f"{uid}/own", b"theirs", qos=1)
+    assert srv.client_row(f"{uid}-c")["cursor"] is not None     # behind: reading the log
+    got = []
+    for _ in range(n + 1):
+        (p,) = publishes(c, 1)
+        got.append(p.payload)
+        c.ack(p)
+    assert got[-1] == b"theirs" and b"mine" not in got
+    assert got[:n] == [b"%d" % i for i in range(n)]
+    assert quiet(c)
+
+
+def test_retain_as_published_holds_for_messages_read_back_from_the_log(srv, uid):
+    expiry = {R.SESSION_EXPIRY: 300}
+    c = raw5(srv, f"{uid}-c", props=expiry)
+    c.subscribe((f"{uid}/rap", R.RETAIN_AS_PUBLISHED | 1), (f"{uid}/plain", 1))
+    c.disconnect()
+    other = raw5(srv, f"{uid}-o")
+    other.publish(f"{uid}/rap", b"kept", qos=1, retain=True)
+    other.publish(f"{uid}/plain", b"kept too", qos=1, retain=True)
+    back = raw5(srv, f"{uid}-c", clean_start=False, props=expiry)
+    got = publishes(back, 2)
+    assert [(p.topic, p.retain) for p in got] == [(f"{uid}/rap", True), (f"{uid}/plain", False)]

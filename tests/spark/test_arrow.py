@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgebroker.spark.arrow import SCHEMA, batch_to_arrow, read_batch
+from edgebroker.spark.arrow import SCHEMA, batch_days, batch_to_arrow, read_batch
 from edgebroker.uploader.batch import BatchFormatError, BatchHeader, read_batch_file, write_batch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "uploader" / "golden"
@@ -112,7 +112,7 @@ def test_the_whole_batch_decode_equals_the_record_by_record_one():
     from edgebroker.spark.arrow import _table
     from edgebroker.uploader.batch import parse_records
     from edgebroker.mqtt import properties as p
-    records = [(10 + 2 * i, 1_700_000_000_000 + (i * 7919) % 100_000, i % 3, i % 5 == 0,
+    records = [(10 + 2 * i, 1_700_000_000_000 + (i * 7919) % 100_000 * 1000, i % 3, i % 5 == 0,
                 b"" if i % 7 == 0 else f"client-{i}".encode(),
                 f"t/\u00e9t\u00e9/{i % 13}".encode() * (1 + i % 3),
                 bytes(range(i % 256)) * (i % 4),
@@ -127,6 +127,10 @@ def test_the_whole_batch_decode_equals_the_record_by_record_one():
     assert table.column("payload")[5].as_py() == bytes(range(5))
     assert table.column("payload")[0].as_py() == b"" and table.column("client_id")[0].as_py() == ""
     assert table.column("topic")[1].as_py() == "t/\u00e9t\u00e9/1" * 2
+    # The first pass's check: the same header, the days of the records (spread over three).
+    days_header, days = batch_days(rewrite(header, raw), "many.ebb.zst")
+    assert days_header == header
+    assert days == sorted(set(table.column("date").to_pylist())) and len(days) == 3
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -150,8 +154,11 @@ def test_a_bad_record_in_a_good_frame_is_refused_with_what_and_where(damage, mes
         fields["record_count"] = 6
     elif damage == "max_ts":
         fields["max_timestamp_ms"] = 1005
+    blob = rewrite(BatchHeader(**fields), raw)
     with pytest.raises(BatchFormatError, match=message):
-        batch_to_arrow(rewrite(BatchHeader(**fields), raw), "d.ebb.zst")
+        batch_to_arrow(blob, "d.ebb.zst")
+    with pytest.raises(BatchFormatError, match=message):   # the ingest job's first pass
+        batch_days(blob, "d.ebb.zst")
 
 
 def test_properties_that_do_not_decode_are_refused_naming_the_file_and_offset():
@@ -163,3 +170,6 @@ def test_properties_that_do_not_decode_are_refused_naming_the_file_and_offset():
     with pytest.raises(BatchFormatError, match=r"^p\.ebb\.zst: record at offset 2: its "
                                                r"properties do not decode: .*0x7f"):
         batch_to_arrow(rewrite(header, raw), "p.ebb.zst")
+    with pytest.raises(BatchFormatError, match=r"^p\.ebb\.zst: record at offset 2: its "
+                                               r"properties do not decode"):
+        batch_days(rewrite(header, raw), "p.ebb.zst")    # the ingest job's first pass

@@ -10,10 +10,10 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, ingest_once
-from edgebroker.uploader.batch import BatchHeader, read_batch_file
+from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, clean_batches, ingest_once
+from edgebroker.uploader.batch import BatchHeader, object_name, read_batch_file
 
-from spark.test_arrow import golden_raw, rewrite
+from spark.test_arrow import build, golden_raw, rewrite
 from uploader.test_uploader import GATEWAY, publish, upload_config, uploaded, wait_until
 
 GOLDEN = Path(__file__).resolve().parents[1] / "uploader" / "golden"
@@ -172,3 +172,57 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     assert Path(str(moved) + ".1").read_bytes() == bytes(damaged)
     assert sum(r.messages for r in table(spark, warehouse, "topic_hourly")
                if r.gateway == "4711") == 10
+
+
+def test_batches_that_overlap_in_part_add_only_their_new_offsets(spark, tmp_path):
+    """Range-level deduplication: a batch whose range overlaps nothing goes in whole; one that
+    overlaps rows already in messages, or another new batch, adds only the offsets not there."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    t0 = 1_700_000_000_000
+
+    def land(first: int, last: int, gateway: str = "gw-a") -> None:
+        records = [(o, t0 + o * 60_000, o % 3, False, b"c", f"t/{o % 2}".encode(),
+                    b"p" * (o % 7)) for o in range(first, last + 1)]
+        header, raw = build(records, gateway)
+        path = landing / object_name("", gateway, first, last, t0 + first * 60_000)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rewrite(header, raw))
+
+    def offsets(gateway: str) -> list:
+        return sorted(r.offset for r in table(spark, warehouse, "messages") if r.gateway == gateway)
+
+    land(0, 9)
+    first = ingest_once(spark, str(landing), str(warehouse))
+    assert (first["rows_added"], first["duplicates"]) == (10, 0)
+    # 5..14 overlaps 0..9 in messages; 30..39 and 35..44 overlap each other; 20..24 and the
+    # other gateway's 0..9 overlap nothing.
+    land(5, 14)
+    land(20, 24)
+    land(30, 39)
+    land(35, 44)
+    land(0, 9, "gw-b")
+    second = ingest_once(spark, str(landing), str(warehouse))
+    assert (second["files_new"], second["records"]) == (5, 10 + 5 + 10 + 10 + 10)
+    assert (second["rows_added"], second["duplicates"]) == (5 + 5 + 15 + 10, 5 + 5)
+    assert offsets("gw-a") == list(range(15)) + list(range(20, 25)) + list(range(30, 45))
+    assert offsets("gw-b") == list(range(10))
+    want: dict = defaultdict(lambda: [0, 0])
+    for gateway, offs in (("gw-a", offsets("gw-a")), ("gw-b", range(10))):
+        for o in offs:
+            e = want[(gateway, f"t/{o % 2}", (t0 + o * 60_000) // 3_600_000 * 3_600_000)]
+            e[0] += 1
+            e[1] += o % 7
+    assert {(r.gateway, r.topic, ms(r.hour)): [r.messages, r.bytes]
+            for r in table(spark, warehouse, "topic_hourly")} == dict(want)
+
+
+def test_a_batch_goes_in_without_deduplication_only_when_its_range_overlaps_nothing():
+    from collections import namedtuple
+    B = namedtuple("B", "path gateway batch_first batch_last")
+    batches = [B("a", "g1", 0, 9), B("b", "g1", 10, 19), B("c", "g1", 19, 25),
+               B("d", "g1", 40, 49), B("e", "g1", 30, 100), B("f", "g1", 200, 210),
+               B("g", "g2", 0, 9), B("h", "g2", 100, 109), B("i", "g3", 5, 5)]
+    # Offsets already in messages: g1 150..199 (f starts after), g2 5..50 (g reaches into it).
+    assert clean_batches(batches, {"g1": (150, 199), "g2": (5, 50)}) == {"a", "f", "h", "i"}
+    assert clean_batches(batches, {}) == {"a", "f", "g", "h", "i"}
+    assert clean_batches([], {"g1": (0, 1)}) == set()

@@ -16,7 +16,7 @@ import uuid
 
 from edgebroker import logs
 from edgebroker.errors import (
-    BAD_AUTHENTICATION_METHOD, DISCONNECT_WITH_WILL, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
+    DISCONNECT_WITH_WILL, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
     RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE,
     ProtocolError,
 )
@@ -42,10 +42,6 @@ def on_connect(client, p: P.Connect) -> None:
     v5 = p.protocol_level == P.PROTOCOL_5
     if v5:
         conn = client.v5 = mqtt5.Conn5(p.properties)
-        if p.properties is not None and Q.AUTH_METHOD in p.properties:
-            return refuse(client, 0, f"authentication method "
-                          f"{p.properties[Q.AUTH_METHOD]!r} is not supported", "auth",
-                          reason5=BAD_AUTHENTICATION_METHOD)
     will = p.will
     if will is not None and (will.retain and not limits.retain_available
                              or will.qos > limits.max_qos):
@@ -94,6 +90,9 @@ def on_connect(client, p: P.Connect) -> None:
         return
     client.keepalive = p.keepalive
     client.will = p.will
+    if v5 and p.properties is not None and Q.AUTH_METHOD in p.properties:
+        client.begin_auth(p)        # enhanced authentication: core/handlers/auth.py
+        return
     policy = getattr(client.transport, "policy", None)
     if policy is not None:
         client.pending_connect = p
@@ -154,6 +153,7 @@ def accept(client, p: P.Connect) -> None:
     conn = client.v5
     if conn is None:
         session, present = broker.attach(client, client_id, p.clean_session)
+        session.expiry_interval = None  # (a 5.0 client's before): persistent_client_expiration
     else:
         expiry = mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration)
         session, present = broker.attach(client, client_id, expiry == 0, p.clean_session)
@@ -187,13 +187,15 @@ def accept(client, p: P.Connect) -> None:
         broker.resume(session)
 
 
-def refuse(client, code: int, why: str, reason: str = "client_id", *, reason5: int = 0) -> None:
+def refuse(client, code: int, why: str, reason: str = "client_id", *, reason5: int = 0,
+           told: str | None = None) -> None:
     """Refuse a CONNECT: 3.1.1 CONNACK ``code``; a 5.0 client gets ``reason5`` or the reason
-    code that says the same as ``code``, with ``why`` as the Reason String."""
+    code that says the same as ``code``, with ``why`` (or ``told``, when the client is to
+    learn less than the log) as the Reason String."""
     broker = client.broker
     if client.v5 is not None:
         code = reason5 or mqtt5.CONNACK_REASONS[code]
-        frame = mqtt5.refusal_frame(code, why)
+        frame = mqtt5.refusal_frame(code, told or why)
     else:
         frame = encode(P.Connack(False, code))
     broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (CONNACK %s): %s",
