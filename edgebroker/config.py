@@ -9,9 +9,8 @@ Mosquitto's where Mosquitto has the setting. docs/config.md lists them all.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
-import tomllib
+import socket
 from dataclasses import dataclass, field
 import typing
 from typing import Any
@@ -28,6 +27,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PACKET_SIZE_311 = 268_435_455  # largest remaining length 3.1.1 can encode, plus header
 
 
+IPV6_LOOPBACK = bytes(15) + b"\1"   # ::1
 TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
 PROTOCOLS = ("mqtt", "websockets")
 
@@ -86,9 +86,15 @@ class ListenerConfig:
             return True
         if self.host == "localhost":
             return True
+        # A literal 127.0.0.0/8 or ::1 address (read with socket's parser: the ipaddress
+        # module would cost the broker memory all its life).
         try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
+            return socket.inet_pton(socket.AF_INET, self.host)[0] == 127
+        except (OSError, ValueError):
+            pass
+        try:
+            return socket.inet_pton(socket.AF_INET6, self.host) == IPV6_LOOPBACK
+        except (OSError, ValueError):
             return False
 
 
@@ -423,6 +429,8 @@ def load(path: str | None) -> Config:
     """Read and validate a config file; ``None`` gives the embedded defaults."""
     if path is None:
         return Config()
+    import tomllib   # here: a broker started without a file never loads the TOML parser
+
     try:
         with open(path, "rb") as fh:
             table = tomllib.load(fh)

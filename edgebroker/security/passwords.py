@@ -25,7 +25,6 @@ import base64
 import binascii
 import os
 import stat
-import tempfile
 
 from edgebroker.errors import ConfigError
 
@@ -253,6 +252,8 @@ def write_atomic(path: str, lines: list[str]) -> None:
         old = os.stat(path)
     except FileNotFoundError:
         old = None
+    import tempfile   # here: the broker never writes a password file (idle memory)
+
     fd, tmp = tempfile.mkstemp(prefix=".passwd-", dir=directory)   # created with mode 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
