@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from edgebroker import __version__
@@ -46,16 +47,47 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, given the terminal's width as shutil.get_terminal_size finds it ($COLUMNS,
+    else standard output's terminal, else 80 columns): left to itself, argparse imports shutil
+    (and with it bz2 and lzma, 0.7 MiB the broker would keep) for every parser it builds."""
+
+    def __init__(self, prog, indent_increment=2, max_help_position=24, width=None):
+        if width is None:
+            width = terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """With HelpFormatter; the command parsers (add_subparsers) are of this class too."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+def terminal_columns() -> int:
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 def chosen_command(argv: list[str]) -> str | None:
     """The command named by ``argv`` (its first word that is not an option), or None."""
     word = next((a for a in argv if not a.startswith("-")), None)
     return word if word in COMMANDS else None
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> ArgumentParser:
     """The parser of every command, or with ``argv`` naming one, of that command only (the
     top-level help, a missing or an unknown command: every command)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="edgebroker", description="MQTT broker for edge gateways with a durable commit log.")
     parser.add_argument("--version", action=VersionAction, nargs=0,
                         help="print the version and the native backend in use, and exit")
