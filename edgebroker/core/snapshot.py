@@ -18,7 +18,7 @@ segment holding one may be deleted by retention long before it is replaced.
 
 from __future__ import annotations
 
-import base64
+import binascii   # base64 of retained payloads (the base64 module over it: more memory)
 import json
 import logging
 import os
@@ -126,7 +126,7 @@ def _session_json(s: SessionState) -> bytes:
 def _retained_json(r: RetainedState) -> bytes:
     if r.encoded is None:
         r.encoded = _dumps({"topic": r.topic, "qos": r.qos, "offset": r.offset,
-                            "payload": base64.b64encode(r.payload).decode("ascii")})
+                            "payload": binascii.b2a_base64(r.payload, newline=False).decode()})
     return r.encoded
 
 
@@ -210,7 +210,7 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
             offset = r.get("offset")
             snap.retained.append(RetainedState(
                 topic=str(r["topic"]), qos=int(r["qos"]),
-                payload=base64.b64decode(r["payload"], validate=True),
+                payload=binascii.a2b_base64(r["payload"], strict_mode=True),
                 offset=None if offset is None else int(offset)))
     except SnapshotError:
         raise
