@@ -12,14 +12,16 @@ import dataclasses
 import os
 import socket
 from dataclasses import dataclass, field
-import typing
-from typing import Any
 
 from edgebroker.config_fields import (
     MiB, at_least, between, octal_mode, one_of, setting, url_path,
 )
 from edgebroker.errors import ConfigError
 from edgebroker.upload_config import UploadConfig
+
+TYPE_CHECKING = False   # typing is imported by type checkers only (the broker's memory)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 1883
@@ -293,11 +295,13 @@ class Config:
 
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+# A plain setting's type by its annotation, a string (``from __future__ import annotations``).
+# "bool | None" style: None is the unset default, never a TOML value.
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 
-def _coerce(value: Any, kind: Any, key: str) -> Any:
-    # "bool | None" style hints: None is the unset default, never a TOML value.
-    kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+def _coerce(value: Any, annotation: str, key: str) -> Any:
+    kind = _TYPES[annotation.removesuffix(" | None")]
     # bool is an int in Python; a TOML boolean is never accepted as a number.
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -310,7 +314,6 @@ def _build(cls, table: Any, prefix: str):
     if not isinstance(table, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {table!r}")
     known = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
-    hints = typing.get_type_hints(cls)
     values = {}
     for name, raw in table.items():
         key = f"{prefix}{name}"
@@ -328,7 +331,7 @@ def _build(cls, table: Any, prefix: str):
         elif cls is Config and name == "upload":
             values[name] = _build(UploadConfig, raw, "upload.")
         else:
-            value = _coerce(raw, hints[name], key)
+            value = _coerce(raw, f.type, key)
             check = f.metadata.get("check")
             problem = check(value) if check else None
             if problem:

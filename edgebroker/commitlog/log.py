@@ -62,8 +62,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from edgebroker import _native
 from edgebroker.commitlog import appender, file_set, reader, recovery

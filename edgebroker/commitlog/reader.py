@@ -12,7 +12,7 @@ import bisect
 import logging
 import os
 from array import array
-from typing import Iterator
+from collections.abc import Iterator
 
 from edgebroker import _native
 from edgebroker.commitlog import scanner

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from edgebroker import _native
 from edgebroker._native import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from edgebroker import _native
 from edgebroker.commitlog import scanner
