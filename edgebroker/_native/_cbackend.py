@@ -158,6 +158,7 @@ def index_find_time(index, count: int, timestamp_ms: int) -> int:
 
 fallocate = lib.eb_fallocate_keep_size
 keep_freed_memory = lib.eb_keep_freed_memory
+release_freed_memory = lib.eb_release_freed_memory
 
 
 def send_batch(sock, items, start_item: int = 0, start_progress: int = 0,
