@@ -19,7 +19,6 @@ Use it to compare two checkouts (``--repo``) on one machine, a few runs each, al
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import importlib.util
 import os
@@ -43,7 +42,7 @@ def fake_transport_class():
 
 
 def run(devices: int, rounds: int, state_dir: str) -> float:
-    from edgebroker import config as configuration
+    from edgebroker import config as configuration, records
     from edgebroker.commitlog.format import LogOptions
     from edgebroker.commitlog.log import CommitLog
     from edgebroker.core.broker import Broker
@@ -51,7 +50,7 @@ def run(devices: int, rounds: int, state_dir: str) -> float:
     from edgebroker.mqtt.packets import Connect, Puback, Publish, Subscribe
 
     cfg = configuration.Config()
-    cfg = dataclasses.replace(cfg, limits=dataclasses.replace(
+    cfg = records.replace(cfg, limits=records.replace(
         cfg.limits, max_connections=devices + 10))
     log = CommitLog.open(os.path.join(state_dir, "log"), LogOptions())
     broker = Broker(cfg, time.monotonic, commit_log=log,

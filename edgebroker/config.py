@@ -8,15 +8,15 @@ Mosquitto's where Mosquitto has the setting. docs/config.md lists them all.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
-from dataclasses import dataclass, field
 
+from edgebroker import records
 from edgebroker.config_fields import (
     MiB, at_least, between, octal_mode, one_of, setting, url_path,
 )
 from edgebroker.errors import ConfigError
+from edgebroker.records import field, record
 from edgebroker.upload_config import UploadConfig
 
 TYPE_CHECKING = False   # typing is imported by type checkers only (the broker's memory)
@@ -34,7 +34,7 @@ TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
 PROTOCOLS = ("mqtt", "websockets")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ListenerConfig:
     host: str = setting(DEFAULT_HOST, doc="address to bind; \"::\" or \"0.0.0.0\" for all")
     port: int = setting(DEFAULT_PORT, between(0, 65535), doc="TCP port; 0 picks a free port")
@@ -100,7 +100,7 @@ class ListenerConfig:
             return False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AuthSettings:
     """The authentication settings in force on one listener (top level + its overrides)."""
     allow_anonymous: bool
@@ -110,7 +110,7 @@ class AuthSettings:
     explicit_anonymous: bool    # allow_anonymous was set, not derived
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Limits:
     connect_timeout: float = setting(
         10.0, at_least(0.001), doc="seconds a new connection has to send CONNECT")
@@ -203,7 +203,7 @@ class Limits:
         doc="resident memory (bytes) above which new connections and topics are refused; 0: off")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MetricsConfig:
     listen: str = setting(
         "", doc="HOST:PORT of the Prometheus text endpoint (/metrics); empty: off")
@@ -212,7 +212,7 @@ class MetricsConfig:
 DURABILITY = ("none", "batch", "sync")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LogConfig:
     durability: str = setting(
         "batch", one_of(*DURABILITY),
@@ -232,7 +232,7 @@ class LogConfig:
             "it was uploaded")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Config:
     data_dir: str = setting("", doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
     log_level: str = setting("info", one_of(*LOG_LEVELS), doc="debug, info, warning or error")
@@ -313,7 +313,7 @@ def _coerce(value: Any, annotation: str, key: str) -> Any:
 def _build(cls, table: Any, prefix: str):
     if not isinstance(table, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {table!r}")
-    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    known = {f.name: f for f in records.fields(cls) if f.name != "source"}
     values = {}
     for name, raw in table.items():
         key = f"{prefix}{name}"
@@ -425,7 +425,7 @@ def check_authentication(config: Config) -> None:
 
 def from_dict(table: dict, source: str = "") -> Config:
     config = _build(Config, table, "")
-    return dataclasses.replace(config, source=source)
+    return records.replace(config, source=source)
 
 
 def load(path: str | None) -> Config:
@@ -469,7 +469,7 @@ def describe() -> list[tuple[str, Any, str]]:
     for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits),
                         ("log.", LogConfig), ("metrics.", MetricsConfig),
                         ("upload.", UploadConfig)):
-        for f in dataclasses.fields(cls):
+        for f in records.fields(cls):
             if "doc" in f.metadata:
                 rows.append((prefix + f.name, f.default, f.metadata["doc"]))
     return rows

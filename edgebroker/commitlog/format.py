@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 
 from edgebroker import _native
 from edgebroker._native import (  # noqa: F401  (the sizes are defined once, by the native helper)
@@ -12,6 +11,7 @@ from edgebroker._native import (  # noqa: F401  (the sizes are defined once, by 
     SEGMENT_HEADER_SIZE,
 )
 from edgebroker.commitlog.errors import LogFormatError
+from edgebroker.records import record
 
 FORMAT_VERSION = 1
 MAGIC = b"EDGEBLOG"
@@ -31,7 +31,7 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LogOptions:
     """How the log rolls and what it keeps. Defaults suit a Raspberry Pi with an SD card
     (docs/config.md explains each; ``[log]`` in the configuration file sets them)."""
@@ -64,7 +64,7 @@ class LogOptions:
                    wait_for_upload=uploading)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Record:
     """One message in the log."""
 
@@ -77,7 +77,7 @@ class Record:
     payload: bytes
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Location:
     """Where a record's payload lies in its segment file, for ``sendfile``.
 
@@ -94,7 +94,7 @@ class Location:
     payload_length: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class SegmentInfo:
     """One segment, as ``CommitLog.segments()`` and ``edgebroker inspect segments`` show it."""
 
@@ -110,7 +110,7 @@ class SegmentInfo:
     path: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class UploadSource:
     """A sealed, fsynced segment for the uploader: ``fd`` is a duplicate of its descriptor
     (the caller closes it; the file stays readable if retention deletes it meanwhile),
@@ -124,7 +124,7 @@ class UploadSource:
     rolled: bool    # a newer segment follows (False: sealed by age, the log's last one)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Damage:
     """A region of a segment that is not a valid record, found by a scan."""
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from edgebroker import _native
 from edgebroker.commitlog import scanner
 from edgebroker.commitlog.errors import LogError
 from edgebroker.commitlog.format import INDEX_ENTRY_SIZE, SEGMENT_HEADER_SIZE, check_segment_header
 from edgebroker.commitlog.segment import Segment
+from edgebroker.records import field, record
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class VerifyReport:
     """What ``CommitLog.verify`` found."""
 

@@ -24,10 +24,10 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
 from edgebroker.core import exchanges
 from edgebroker.errors import EdgebrokerError
+from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.snapshot")
 
@@ -41,7 +41,7 @@ class SnapshotError(EdgebrokerError):
     """The snapshot file exists but cannot be used; the message says why and where."""
 
 
-@dataclass
+@record
 class SessionState:
     client_id: str
     subscriptions: dict[str, int] = field(default_factory=dict)
@@ -71,7 +71,7 @@ class SessionState:
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass
+@record
 class RetainedState:
     topic: str
     payload: bytes
@@ -80,7 +80,7 @@ class RetainedState:
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass
+@record
 class Snapshot:
     log_next_offset: int = 0
     written_ms: int = 0

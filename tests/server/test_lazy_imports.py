@@ -25,6 +25,7 @@ NEVER_PLAIN = {
     "typing", "tomllib",                           # no config file: no TOML parser
     "tempfile", "shutil", "random", "bz2", "lzma", "uuid", "platform", "ipaddress", "base64",
     "subprocess", "multiprocessing", "ctypes", "pickle", "zipfile",
+    "dataclasses", "inspect", "ast", "dis",       # edgebroker.records instead
 }
 MODULES_AT_EXIT = Path(__file__).resolve().parents[1] / "modules_at_exit.py"
 
@@ -78,13 +79,13 @@ def test_plain_broker_imports_only_what_it_uses(broker, monkeypatch, tmp_path):
 
 
 def test_what_is_configured_is_imported(broker, monkeypatch, tmp_path):
-    """The other side: a WebSocket listener brings wsproto, a password file (and a login)
-    hashlib and the password check workers, a config file the TOML parser."""
+    """The other side: a WebSocket listener brings wsproto (and with it dataclasses), a password
+    file (and a login) hashlib and the password check workers, a config file the TOML parser."""
     passwords = write_passwords(tmp_path / "passwd", {"alice": "secret"})
     loaded = modules_of_a_life(
         broker, monkeypatch, tmp_path / "modules", password_file=str(passwords),
         listener=[{"host": "127.0.0.1", "port": 0},
                   {"host": "127.0.0.1", "port": 0, "protocol": "websockets"}],
         client={"username": "alice", "password": "secret"})
-    assert {"wsproto", "hashlib", "concurrent.futures", "tomllib"} <= loaded
+    assert {"wsproto", "dataclasses", "hashlib", "concurrent.futures", "tomllib"} <= loaded
     assert among(loaded, {"ssl", "psutil", "zstandard", "edgebroker.cli.inspect"}) == []
