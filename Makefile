@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := mosquitto-clients systemd
+APT_PACKAGES := mosquitto-clients systemd lintian systemd-container
 # MQTT.js (npm) for the WebSocket tests: installed into tests/js/node_modules, never globally.
 JS := tests/js
 ARGS ?=
@@ -16,7 +16,7 @@ FUZZ_INPUTS ?= 1000000
 FUZZ_SEED ?= 26
 
 .PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean dist dist-measure \
-	dist-arm64 test-arm64
+	dist-arm64 test-arm64 deb deb-arm64 test-boot
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,8 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test system-deps $(JS)/node_modules/.installed
 
 # Debian packages the tests drive (mosquitto_pub/mosquitto_sub; systemd-analyze, offline, for
-# the unit in systemd/; node and npm for MQTT.js),
+# the unit in systemd/; lintian for the Debian package; systemd-nspawn for the boot test;
+# node and npm for MQTT.js),
 # installed when missing. Node and npm are looked for as commands, so a node installed some
 # other way (NodeSource's nodejs package, which holds npm and conflicts with Debian's) is used.
 # Java runs the Spark tests (tests/spark/, PySpark on local[2]): a java command, or Java 17.
@@ -75,9 +76,10 @@ $(JS)/node_modules/.installed: $(JS)/package.json $(JS)/package-lock.json | syst
 run: install
 	$(BIN)/edgebroker serve $(ARGS)
 
-# The frozen binary's smoke test (tests/frozen/) runs dist/edgebroker: built first, and
-# rebuilt only when the sources, the spec or the interpreter's packages change.
-test: install-test dist
+# The frozen binary's smoke test (tests/frozen/) runs dist/edgebroker and lints the Debian
+# package: built first, and rebuilt only when the sources, the spec or the interpreter's
+# packages change.
+test: install-test dist deb
 	$(BIN)/python -m pytest $(ARGS)
 
 # ----- the one-file binary (packaging/, docs/deploy.md) ------------------------------------
@@ -107,10 +109,40 @@ dist-arm64:
 	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) packaging/arm64.sh build
 
 # The smoke test of tests/frozen/ on it, through qemu-user, its libraries from a root file
-# system without Python.
-test-arm64: install-test dist-arm64
+# system without Python; and its Debian package's test.
+test-arm64: install-test dist-arm64 deb-arm64
 	EDGEBROKER_BINARY=dist-arm64/edgebroker QEMU_LD_PREFIX=$(EDGEBROKER_CACHE)/bookworm-arm64-run \
-	  $(BIN)/python -m pytest tests/frozen/test_binary.py $(ARGS)
+	  EDGEBROKER_DEB=dist/edgebroker_$(DEB_VERSION)_arm64.deb \
+	  $(BIN)/python -m pytest tests/frozen/test_binary.py tests/frozen/test_deb.py $(ARGS)
+
+# ----- the Debian package (packaging/deb.sh, docs/deploy.md) ---------------------------------
+# dist/edgebroker_<version>_<arch>.deb: the binary, the units of systemd/ (the socket when there
+# is one), the configuration as a conffile. DEB_VERSION=... builds another version.
+ifndef DEB_VERSION
+DEB_VERSION := $(shell packaging/deb.sh --version)
+endif
+DEB_ARCH := $(shell dpkg --print-architecture)
+DEB := dist/edgebroker_$(DEB_VERSION)_$(DEB_ARCH).deb
+DEB_SOURCES := packaging/deb.sh $(wildcard packaging/debian/*) systemd/edgebroker.service \
+	systemd/edgebroker.toml $(wildcard systemd/edgebroker.socket)
+
+deb: $(DEB)
+
+$(DEB): dist/edgebroker $(DEB_SOURCES)
+	DEB_VERSION=$(DEB_VERSION) packaging/deb.sh dist/edgebroker $(DEB_ARCH) dist
+
+# From make dist-arm64's binary; its C library's version from the root file system it was built in.
+deb-arm64: dist-arm64
+	DEB_VERSION=$(DEB_VERSION) packaging/deb.sh dist-arm64/edgebroker arm64 dist \
+	  $(EDGEBROKER_CACHE)/bookworm-arm64
+
+# The package in a booted Debian bookworm (systemd-nspawn --boot): install, MQTT, reload, the
+# watchdog, upgrade, remove and purge (tests/boot/). Root; the root file system is made once
+# (packaging/boot-root.sh, about 2 minutes) and cached under $(EDGEBROKER_CACHE).
+test-boot: install-test deb
+	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) packaging/boot-root.sh
+	$(SUDO) env EDGEBROKER_BOOT_TEST=1 EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) \
+	  EDGEBROKER_DEB=$(DEB) $(BIN)/python -m pytest tests/boot $(ARGS)
 
 # Size, start to READY=1 and idle RSS of dist/edgebroker against their budgets.
 dist-measure: dist

@@ -30,7 +30,13 @@ STOP_TIMEOUT = 5.0
 # (With Mosquitto's defaults, 20 in flight and 1000 queued, or even with 100,000 queued,
 # Mosquitto drops about a quarter of the QoS 1 fan-in messages: it acknowledges
 # publishers faster than it delivers to the one subscriber.)
-LIMITS = {"max_inflight_messages": 1000, "max_queued_messages": 1_000_000}
+# The QoS 1/2 window is 20, Mosquitto's default and edgebroker's, so that both brokers have
+# the same (it was 1000 for Mosquitto only, against edgebroker's 20); run.py --inflight N
+# gives both N.
+LIMITS = {"max_inflight_messages": 20, "max_queued_messages": 1_000_000}
+# run.py --inflight: max_inflight_messages for both brokers in every scenario (None: LIMITS
+# for Mosquitto, the default for edgebroker, and each scenario's own).
+INFLIGHT: int | None = None
 # edgebroker's: none. At its defaults a subscriber that falls behind reads from the commit
 # log (docs/persistence.md), so nothing is dropped; setting max_queued_* would switch it to
 # in-memory queues that drop (Mosquitto's meaning), which is not what users run.
@@ -312,6 +318,14 @@ def _toml(value) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
+def _limits(base: dict, cfg: dict) -> dict:
+    """A broker's limits: ``base``, then the scenario's own, then ``INFLIGHT``."""
+    limits = {**base, **cfg.get("limits", {})}
+    if INFLIGHT is not None:
+        limits["max_inflight_messages"] = INFLIGHT
+    return limits
+
+
 class Edgebroker(Broker):
     name = "edgebroker"
 
@@ -321,7 +335,7 @@ class Edgebroker(Broker):
             if ACL_FILE:
                 fh.write(f"acl_file = {ACL_FILE!r}\n")
             fh.write("[limits]\n")
-            for key, value in {**EDGEBROKER_LIMITS, **self.cfg.get("limits", {})}.items():
+            for key, value in _limits(EDGEBROKER_LIMITS, self.cfg).items():
                 if value is not None:
                     fh.write(f"{key} = {_toml(value)}\n")
             if self.cfg.get("log"):
@@ -372,7 +386,7 @@ class Mosquitto(Broker):
                      "log_type warning\n")
             if ACL_FILE:
                 fh.write(f"acl_file {ACL_FILE}\n")
-            for key, value in {**LIMITS, **self.cfg.get("limits", {})}.items():
+            for key, value in _limits(LIMITS, self.cfg).items():
                 if value is not None:
                     fh.write(f"{key} {value}\n")
             for line in self.cfg.get("mosquitto", ()):

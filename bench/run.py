@@ -99,6 +99,9 @@ def parse_args(argv):
     p.add_argument("--acl", metavar="FILE",
                    help="run both brokers with this ACL file (Mosquitto's format; the load "
                         "generator's clients are anonymous)")
+    p.add_argument("--inflight", type=int, metavar="N",
+                   help="max_inflight_messages for both brokers in every scenario (default: "
+                        "20 for both, Mosquitto's default and edgebroker's)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = p.parse_args(argv)
     if args.acl:
@@ -119,6 +122,10 @@ def parse_args(argv):
         p.error("--scale must be in (0, 10]")
     if args.time_limit is not None and not 1 <= args.time_limit <= 300:
         p.error("--time-limit must be 1..300 s")
+    if args.inflight is not None:
+        if not 1 <= args.inflight <= 65535:
+            p.error("--inflight must be 1..65535")
+        brokers.INFLIGHT = args.inflight
     return args
 
 
@@ -155,7 +162,9 @@ def _main(args, started: float) -> int:
     info.update(nofile=nofile, state_dir=f"{state_dir} ({state_fs})")
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
     print(f"limits: Mosquitto {brokers.LIMITS}, edgebroker {brokers.EDGEBROKER_LIMITS or 'its defaults'} "
-          f"(and each scenario's own); loopback only; scale "
+          f"(and each scenario's own)"
+          + (f"; max_inflight_messages {brokers.INFLIGHT} for both" if brokers.INFLIGHT else "")
+          + "; loopback only; scale "
           f"{args.scale:g}; rounds {args.rounds}"
           + (f"; time limit {args.time_limit:g} s per run" if args.time_limit else "")
           + (f"; ACL file {brokers.ACL_FILE}" if brokers.ACL_FILE else ""), flush=True)

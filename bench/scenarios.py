@@ -661,7 +661,8 @@ def run(name: str, broker_cls, round_no: int, args) -> dict:
     before = cpu_snapshot()
     rec.update(RUNNERS[spec["kind"]](name, spec, broker_cls, round_no, args))
     # The machine is shared: CPU that processes outside this benchmark used during the run.
-    rec.update(other_cpu_pct=others_cpu_pct(before), limits=brokers.LIMITS, acl_file=brokers.ACL_FILE,
+    rec.update(other_cpu_pct=others_cpu_pct(before), limits=brokers.LIMITS,
+               inflight=brokers.INFLIGHT, acl_file=brokers.ACL_FILE,
                edgebroker_limits=brokers.EDGEBROKER_LIMITS,
                broker_cfg=broker_cfg(spec, broker_cls))
     return rec

@@ -256,29 +256,40 @@ const char *eb_crc32c_method(void) { return crc_method; }
 /* Records                                                                                     */
 
 #define HDR EB_RECORD_HEADER_SIZE
+#define PROPS EB_ATTR_PROPERTIES
 #define MAX_PAYLOAD 268435455u
-#define MAX_RECORD ((uint64_t)HDR + 65535u + 65535u + MAX_PAYLOAD)
+#define MAX_RECORD ((uint64_t)HDR + EB_PROPERTIES_LENGTH_SIZE + 65535u + 65535u + MAX_PAYLOAD)
 
-void eb_record_header(char *out_, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
-                      const char *client_id, size_t client_id_len,
-                      const char *topic, size_t topic_len,
-                      const char *payload, size_t payload_len)
+/* The header of a record (format version 2): the 34 fixed bytes and, when there are properties,
+ * their length R (u32) right after them, with the properties bit set in the attributes. Returns
+ * the header's size: 34, or 38 with properties. */
+size_t eb_record_header(char *out_, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
+                        const char *client_id, size_t client_id_len,
+                        const char *topic, size_t topic_len,
+                        const char *payload, size_t payload_len,
+                        const char *properties, size_t properties_len)
 {
     uint8_t *out = (uint8_t *)out_;
+    size_t head = properties_len ? HDR + EB_PROPERTIES_LENGTH_SIZE : HDR;
     uint32_t c;
-    st32(out + 4, (uint32_t)(HDR + client_id_len + topic_len + payload_len));
+    attributes &= ~(uint32_t)PROPS;
+    st32(out + 4, (uint32_t)(head + client_id_len + topic_len + properties_len + payload_len));
     st64(out + 8, offset);
     st64(out + 16, timestamp_ms);
-    out[24] = (uint8_t)attributes;
+    out[24] = (uint8_t)(properties_len ? attributes | PROPS : attributes);
     out[25] = 0;
     st16(out + 26, (uint16_t)client_id_len);
     st16(out + 28, (uint16_t)topic_len);
     st32(out + 30, (uint32_t)payload_len);
-    c = crc_update(0xFFFFFFFFu, out + 4, HDR - 4);
+    if (properties_len)
+        st32(out + HDR, (uint32_t)properties_len);
+    c = crc_update(0xFFFFFFFFu, out + 4, head - 4);
     c = crc_update(c, (const uint8_t *)client_id, client_id_len);
     c = crc_update(c, (const uint8_t *)topic, topic_len);
+    c = crc_update(c, (const uint8_t *)properties, properties_len);
     c = crc_update(c, (const uint8_t *)payload, payload_len);
     st32(out, ~c);
+    return head;
 }
 
 /* The record just built at the end of the staging area (`nbytes` of it there, `length` in the
@@ -302,79 +313,107 @@ static int64_t staged(eb_appender *a, int64_t timestamp_ms, uint64_t nbytes, uin
 }
 
 /* The checks every staged record passes (`nbytes` of it staged, `length` in the segment; -1
- * when it fails one), then its header, client id and topic at the end of the staging area. */
+ * when it fails one), then its header, client id, topic and properties at the end of the
+ * staging area. */
 static uint8_t *begin_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
                              const char *client_id, size_t client_id_len,
                              const char *topic, size_t topic_len,
                              const char *payload, size_t payload_len,
+                             const char *properties, size_t properties_len,
                              uint64_t nbytes, uint64_t length)
 {
     uint64_t offset = a->next_offset, rel = offset - a->base_offset;
     uint8_t *out;
+    size_t head;
     if (timestamp_ms < 0 || qos < 0 || qos > 2 || client_id_len > 0xFFFFu || topic_len > 0xFFFFu
+        || properties_len > MAX_PAYLOAD
         || a->used + nbytes > a->capacity
         || a->count >= a->index_capacity || a->position + length > a->segment_bytes
         || timestamp_ms - a->first_ts >= a->segment_ms
         || rel > 0xFFFFFFFFu || a->position > 0xFFFFFFFFu)
         return NULL;
     out = a->buf + a->used;
-    eb_record_header((char *)out, offset, (uint64_t)timestamp_ms,
-                     (uint32_t)(qos | (retain ? 0x04 : 0)), client_id, client_id_len,
-                     topic, topic_len, payload, payload_len);
-    memcpy(out + HDR, client_id, client_id_len);
-    memcpy(out + HDR + client_id_len, topic, topic_len);
+    head = eb_record_header((char *)out, offset, (uint64_t)timestamp_ms,
+                            (uint32_t)(qos | (retain ? 0x04 : 0)), client_id, client_id_len,
+                            topic, topic_len, payload, payload_len, properties, properties_len);
+    memcpy(out + head, client_id, client_id_len);
+    memcpy(out + head + client_id_len, topic, topic_len);
+    memcpy(out + head + client_id_len + topic_len, properties, properties_len);
     return out;
+}
+
+/* Bytes of a record before its payload: header, client id, topic, properties. */
+static inline uint64_t record_prefix(size_t client_id_len, size_t topic_len, size_t properties_len)
+{
+    return (uint64_t)HDR + client_id_len + topic_len
+           + (properties_len ? EB_PROPERTIES_LENGTH_SIZE + (uint64_t)properties_len : 0);
 }
 
 int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
                          const char *client_id, size_t client_id_len,
                          const char *topic, size_t topic_len,
-                         const char *payload, size_t payload_len)
+                         const char *payload, size_t payload_len,
+                         const char *properties, size_t properties_len)
 {
-    uint64_t length = (uint64_t)HDR + client_id_len + topic_len + payload_len;
+    uint64_t length = record_prefix(client_id_len, topic_len, properties_len) + payload_len;
     uint8_t *out;
     if (payload_len >= a->big_payload)
         return -1;
     out = begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
-                       payload, payload_len, length, length);
+                       payload, payload_len, properties, properties_len, length, length);
     if (out == NULL)
         return -1;
-    memcpy(out + HDR + client_id_len + topic_len, payload, payload_len);
+    memcpy(out + length - payload_len, payload, payload_len);
     return staged(a, timestamp_ms, length, length);
 }
 
 int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
                        const char *client_id, size_t client_id_len,
                        const char *topic, size_t topic_len,
-                       const char *payload, size_t payload_len)
+                       const char *payload, size_t payload_len,
+                       const char *properties, size_t properties_len)
 {
-    uint64_t prefix = (uint64_t)HDR + client_id_len + topic_len;
+    uint64_t prefix = record_prefix(client_id_len, topic_len, properties_len);
     uint64_t length = prefix + payload_len;
     if (payload_len > MAX_PAYLOAD || a->held_count >= a->held_capacity
         || begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
-                        payload, payload_len, prefix, length) == NULL)
+                        payload, payload_len, properties, properties_len, prefix, length) == NULL)
         return -1;
     a->held[a->held_count++] = a->used + prefix;
     return staged(a, timestamp_ms, prefix, length);
 }
 
 /* The checks on a record header that need no CRC: its length fields agree, the attribute byte
- * uses only the QoS (not 3) and retain bits, the reserved byte is zero, and the offset is at least
- * min_offset and less than min_offset + 2^32. Returns the record length, or 0 when implausible. */
-static uint64_t plausible(const uint8_t *p, uint64_t min_offset)
+ * uses only the QoS (not 3), retain and (format version 2) properties bits, the reserved byte is
+ * zero, and the offset is at least min_offset and less than min_offset + 2^32. A record with
+ * properties has its length R after the header: here only room for R >= 1 (the bit is set
+ * only when there are properties) is checked, props_ok checks R once the record is whole. Returns the record length, or 0 when implausible. */
+static uint64_t plausible(const uint8_t *p, uint64_t min_offset, int version)
 {
     uint32_t length = ld32(p + 4);
     uint64_t offset = ld64(p + 8);
     uint8_t attrs = p[24];
+    uint64_t fields = (uint64_t)HDR + ld16(p + 26) + ld16(p + 28) + ld32(p + 30);
     if (length < HDR || (uint64_t)length > MAX_RECORD)
         return 0;
-    if ((uint64_t)HDR + ld16(p + 26) + ld16(p + 28) + ld32(p + 30) != length)
+    if (attrs & PROPS) {
+        if (version < 2 || fields + EB_PROPERTIES_LENGTH_SIZE >= length)
+            return 0;
+    } else if (fields != length)
         return 0;
-    if ((attrs & 0xF8) || (attrs & 3) == 3 || p[25])
+    if ((attrs & 0xF0) || (attrs & 3) == 3 || p[25])
         return 0;
     if (offset < min_offset || offset - min_offset > 0xFFFFFFFFu)
         return 0;
     return length;
+}
+
+/* A whole record of `length` bytes at p that passed plausible(): its properties length R, when
+ * it has properties, is what the other lengths leave of the record. */
+static int props_ok(const uint8_t *p, uint64_t length)
+{
+    return !(p[24] & PROPS) || (uint64_t)ld32(p + HDR) == length - HDR - EB_PROPERTIES_LENGTH_SIZE
+           - ld16(p + 26) - ld16(p + 28) - ld32(p + 30);
 }
 
 static int crc_ok(const uint8_t *p, uint32_t length)
@@ -420,7 +459,7 @@ int eb_topic_matches(const uint8_t *f, size_t flen, const uint8_t *t, size_t tle
 /* One step of a scan: classify the bytes at buf[pos]. Returns EB_SCAN_END when a valid record of
  * *length bytes starts there, else EB_SCAN_PARTIAL (with *need) or EB_SCAN_BAD. */
 static int step(const uint8_t *buf, size_t buf_len, uint64_t avail, size_t pos, uint64_t min_offset,
-                uint32_t *length, uint64_t *need)
+                int version, uint32_t *length, uint64_t *need)
 {
     uint64_t left = avail - pos;
     uint64_t len;
@@ -430,21 +469,21 @@ static int step(const uint8_t *buf, size_t buf_len, uint64_t avail, size_t pos, 
         *need = HDR;
         return EB_SCAN_PARTIAL;
     }
-    len = plausible(buf + pos, min_offset);
+    len = plausible(buf + pos, min_offset, version);
     if (!len || len > left)
         return EB_SCAN_BAD;
     if (len > buf_len - pos) {
         *need = len;
         return EB_SCAN_PARTIAL;
     }
-    if (!crc_ok(buf + pos, (uint32_t)len))
+    if (!props_ok(buf + pos, len) || !crc_ok(buf + pos, (uint32_t)len))
         return EB_SCAN_BAD;
     *length = (uint32_t)len;
     return EB_SCAN_END;
 }
 
 int eb_scan(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t base_position,
-            uint64_t min_offset, const uint8_t *filter, size_t filter_len, int use_filter,
+            uint64_t min_offset, int version, const uint8_t *filter, size_t filter_len, int use_filter,
             uint64_t *out, size_t max_out, eb_scan_result *res)
 {
     size_t pos = 0;
@@ -459,11 +498,13 @@ int eb_scan(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t base_po
             status = EB_SCAN_END;
             break;
         }
-        status = step(buf, buf_len, avail, pos, min_offset, &length, &need);
+        status = step(buf, buf_len, avail, pos, min_offset, version, &length, &need);
         if (status != EB_SCAN_END)
             break;
         p = buf + pos;
-        if (!use_filter || eb_topic_matches(filter, filter_len, p + HDR + ld16(p + 26), ld16(p + 28))) {
+        if (!use_filter || eb_topic_matches(filter, filter_len,
+                                            p + HDR + (p[24] & PROPS ? EB_PROPERTIES_LENGTH_SIZE : 0)
+                                            + ld16(p + 26), ld16(p + 28))) {
             uint64_t *e;
             if (matched == max_out) {
                 status = EB_SCAN_FULL;
@@ -494,7 +535,7 @@ int eb_scan(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t base_po
 }
 
 int eb_build_index(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t base_position,
-                   uint64_t base_offset, uint64_t min_offset, uint64_t max_timestamp,
+                   uint64_t base_offset, uint64_t min_offset, int version, uint64_t max_timestamp,
                    uint8_t *out, size_t max_entries, eb_scan_result *res)
 {
     size_t pos = 0;
@@ -516,7 +557,7 @@ int eb_build_index(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t 
             status = EB_SCAN_FULL;
             break;
         }
-        status = step(buf, buf_len, avail, pos, min_offset, &length, &need);
+        status = step(buf, buf_len, avail, pos, min_offset, version, &length, &need);
         if (status != EB_SCAN_END)
             break;
         p = buf + pos;
@@ -545,12 +586,12 @@ int eb_build_index(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t 
 }
 
 int eb_resync(const uint8_t *buf, size_t buf_len, uint64_t avail, size_t start,
-              uint64_t min_offset, uint64_t *position, uint64_t *need)
+              uint64_t min_offset, int version, uint64_t *position, uint64_t *need)
 {
     if (avail < buf_len)
         buf_len = (size_t)avail;
     for (size_t p = start; p + HDR <= buf_len; p++) {
-        uint64_t len = plausible(buf + p, min_offset);
+        uint64_t len = plausible(buf + p, min_offset, version);
         if (!len || len > avail - p)
             continue;
         if (len > buf_len - p) {
@@ -558,7 +599,7 @@ int eb_resync(const uint8_t *buf, size_t buf_len, uint64_t avail, size_t start,
             *need = len;
             return EB_RESYNC_CANDIDATE;
         }
-        if (crc_ok(buf + p, (uint32_t)len)) {
+        if (props_ok(buf + p, len) && crc_ok(buf + p, (uint32_t)len)) {
             *position = p;
             *need = 0;
             return EB_RESYNC_FOUND;
@@ -629,6 +670,54 @@ int64_t eb_index_find_time(const uint8_t *index, size_t count, uint64_t timestam
             hi = mid;
     }
     return (int64_t)lo;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* PUBLISH frames for records a session catching up reads from the log (core/catchup.py)        */
+
+int64_t eb_publish_frames(const uint8_t *buf, size_t buf_len, uint64_t base_position,
+                          const uint64_t *entries, size_t n, const uint8_t *qos,
+                          const uint16_t *pids, uint8_t *out, size_t out_cap)
+{
+    size_t used = 0, i;
+    for (i = 0; i < n; i++) {
+        const uint64_t *e = entries + i * EB_SCAN_ENTRY_WORDS;
+        uint64_t at = e[2] - base_position, length = e[3];
+        uint64_t cid_len = e[4] >> 8 & 0xFFFF, topic_len = e[4] >> 24 & 0xFFFF;
+        uint64_t payload_len, remaining;
+        unsigned q = qos[i];
+        const uint8_t *topic;
+        uint8_t *o;
+        if (q == 255)
+            continue;
+        if (q > 2 || e[2] < base_position || at > buf_len || length > buf_len - at
+            || length < HDR + cid_len + topic_len)
+            return -1;
+        payload_len = length - HDR - cid_len - topic_len;
+        remaining = 2 + topic_len + (q ? 2 : 0) + payload_len;
+        if (remaining > 268435455u || out_cap - used < 5 + remaining)
+            return -1;
+        topic = buf + at + HDR + cid_len;
+        o = out + used;
+        *o++ = (uint8_t)(0x30 | q << 1);
+        do {
+            uint8_t byte = remaining & 0x7F;
+            remaining >>= 7;
+            *o++ = remaining ? byte | 0x80 : byte;
+        } while (remaining);
+        *o++ = (uint8_t)(topic_len >> 8);
+        *o++ = (uint8_t)topic_len;
+        memcpy(o, topic, topic_len);
+        o += topic_len;
+        if (q) {
+            *o++ = (uint8_t)(pids[i] >> 8);
+            *o++ = (uint8_t)pids[i];
+        }
+        memcpy(o, topic + topic_len, payload_len);
+        o += payload_len;
+        used = (size_t)(o - out);
+    }
+    return (int64_t)used;
 }
 
 /* ------------------------------------------------------------------------------------------ */

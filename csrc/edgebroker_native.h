@@ -12,6 +12,9 @@
 #define EB_RECORD_HEADER_SIZE 34
 #define EB_INDEX_ENTRY_SIZE 16
 #define EB_SCAN_ENTRY_WORDS 5
+#define EB_FORMAT_VERSION 2          /* segments this code writes; it reads 1 and 2 */
+#define EB_ATTR_PROPERTIES 0x08      /* attributes bit 3 (version 2): a u32 properties length */
+#define EB_PROPERTIES_LENGTH_SIZE 4  /* follows the 34-byte header, properties after the topic */
 
 /* scan / build_index status */
 #define EB_SCAN_END 0      /* every byte up to `avail` was a valid record */
@@ -79,44 +82,62 @@ typedef struct {
 uint32_t eb_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
 const char *eb_crc32c_method(void);
 
-/* char pointers here, so that Python bytes pass straight through cffi (the append hot path) */
-void eb_record_header(char *out, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
-                      const char *client_id, size_t client_id_len,
-                      const char *topic, size_t topic_len,
-                      const char *payload, size_t payload_len);
+/* char pointers here, so that Python bytes pass straight through cffi (the append hot path).
+ * Writes 34 bytes, or 38 when there are properties (their length after the fixed header, the
+ * properties bit set): returns which. */
+size_t eb_record_header(char *out, uint64_t offset, uint64_t timestamp_ms, uint32_t attributes,
+                        const char *client_id, size_t client_id_len,
+                        const char *topic, size_t topic_len,
+                        const char *payload, size_t payload_len,
+                        const char *properties, size_t properties_len);
 
 /* Stage one record: its offset, or -1 when it is not taken here (it does not fit, the segment
  * must roll, the payload is big, or a field is out of range) and the log's own path decides. */
 int64_t eb_append_record(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
                          const char *client_id, size_t client_id_len,
                          const char *topic, size_t topic_len,
-                         const char *payload, size_t payload_len);
+                         const char *payload, size_t payload_len,
+                         const char *properties, size_t properties_len);
 
 /* Stage a record whose payload the log holds by reference and writes right after it: the header
- * (its CRC covers the payload too), the client id and the topic; and list it in `held`. Its
- * offset, or -1 as for eb_append_record (never for the payload's size), or when `held` is full. */
+ * (its CRC covers the payload too), the client id, the topic and the properties; and list it in
+ * `held`. Its offset, or -1 as for eb_append_record (never for the payload's size), or when
+ * `held` is full. */
 int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain,
                        const char *client_id, size_t client_id_len,
                        const char *topic, size_t topic_len,
-                       const char *payload, size_t payload_len);
+                       const char *payload, size_t payload_len,
+                       const char *properties, size_t properties_len);
 
 int eb_topic_matches(const uint8_t *filter, size_t filter_len, const uint8_t *topic, size_t topic_len);
 
+/* `version`: the segment's format version; records with properties are valid only in 2. */
 int eb_scan(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t base_position,
-            uint64_t min_offset, const uint8_t *filter, size_t filter_len, int use_filter,
-            uint64_t *out, size_t max_out, eb_scan_result *res);
+            uint64_t min_offset, int version, const uint8_t *filter, size_t filter_len,
+            int use_filter, uint64_t *out, size_t max_out, eb_scan_result *res);
 
 int eb_build_index(const uint8_t *buf, size_t buf_len, uint64_t avail, uint64_t base_position,
-                   uint64_t base_offset, uint64_t min_offset, uint64_t max_timestamp,
+                   uint64_t base_offset, uint64_t min_offset, int version, uint64_t max_timestamp,
                    uint8_t *out, size_t max_entries, eb_scan_result *res);
 
 int eb_resync(const uint8_t *buf, size_t buf_len, uint64_t avail, size_t start,
-              uint64_t min_offset, uint64_t *position, uint64_t *need);
+              uint64_t min_offset, int version, uint64_t *position, uint64_t *need);
 
 size_t eb_index_check(const uint8_t *index, size_t count, uint64_t segment_size, size_t *nonzero);
 int64_t eb_index_find_offset(const uint8_t *index, size_t count, uint32_t relative_offset);
 int64_t eb_index_find_time(const uint8_t *index, size_t count, uint64_t timestamp_ms);
 
+
+/* MQTT PUBLISH frames for `n` scan entries (EB_SCAN_ENTRY_WORDS words each, from eb_scan over
+ * `buf`, whose first byte is at file position `base_position`): for entry i, skipped when
+ * qos[i] is 255, else a PUBLISH with QoS qos[i] (0, 1 or 2; retain and DUP 0), the record's
+ * topic, packet identifier pids[i] (QoS 1 and 2 only) and the record's payload, one after
+ * another in `out`. The bytes written, or -1 when an entry does not lie in `buf`, a QoS is
+ * not 0 to 2 or 255, or `out` (`out_cap` bytes) is too small: every frame is shorter than its
+ * record, so the records' total length always fits. */
+int64_t eb_publish_frames(const uint8_t *buf, size_t buf_len, uint64_t base_position,
+                          const uint64_t *entries, size_t n, const uint8_t *qos,
+                          const uint16_t *pids, uint8_t *out, size_t out_cap);
 
 int eb_send_batch(int sock, const eb_send_item *items, size_t n, size_t start_item,
                   size_t start_progress, int cork, eb_send_result *res);

@@ -2,7 +2,8 @@
 
 The file format is TOML. Every key has a type, a default and a check; an
 unknown key, a wrong type or a bad value raises ``ConfigError`` naming the
-key (``limits.max_inflight_messages``) and the problem. Names follow
+key (``limits.max_inflight_messages``) and the problem, every problem of the
+file at once (an unknown key with the likely one it meant). Names follow
 Mosquitto's where Mosquitto has the setting. docs/config.md lists them all.
 """
 
@@ -120,6 +121,24 @@ class Limits:
     max_packet_size: int = setting(
         1_048_576, between(2, MAX_PACKET_SIZE_311),
         doc="largest packet (bytes, whole packet) accepted; larger closes the connection")
+    max_qos: int = setting(
+        2, between(0, 2),
+        doc="highest QoS granted to a subscription; MQTT 5.0 clients are told (Maximum QoS) "
+            "and a 5.0 PUBLISH or will above it is refused (0x9B)")
+    retain_available: bool = setting(
+        True, doc="retained messages: false refuses a retained PUBLISH or will (MQTT 5.0: "
+                  "0x9A; 3.1.1: the connection closes) and says so in the 5.0 CONNACK")
+    receive_maximum: int = setting(
+        65535, between(1, 65535),
+        doc="MQTT 5.0: QoS 2 messages a client may have awaiting PUBREL (the CONNACK's Receive "
+            "Maximum); one more gets DISCONNECT 0x93")
+    outbound_topic_aliases: bool = setting(
+        False, doc="MQTT 5.0: give the first topics sent to a client topic aliases (up to its "
+                   "Topic Alias Maximum), sending an empty topic name after the first message")
+    max_topic_alias: int = setting(
+        10, between(0, 65535),
+        doc="MQTT 5.0: topic aliases a client may set (the CONNACK's Topic Alias Maximum); "
+            "0: none")
     max_client_id_length: int = setting(
         65535, between(23, 65535),
         doc="longest client id (bytes); longer gets CONNACK 2 (at least 23, MQTT-3.1.3-5)")
@@ -311,94 +330,136 @@ def _coerce(value: Any, annotation: str, key: str) -> Any:
 
 
 def _build(cls, table: Any, prefix: str):
+    """``cls`` from a TOML table; ConfigError with every problem of the table."""
     if not isinstance(table, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {table!r}")
-    known = {f.name: f for f in records.fields(cls) if f.name != "source"}
+    problems: list[str] = []
     values = {}
     for name, raw in table.items():
-        key = f"{prefix}{name}"
-        f = known.get(name)
-        if f is None:
-            raise ConfigError(f"{key}: unknown setting")
-        if cls is Config and name == "listener":
-            values[name] = _build_listeners(raw)
-        elif cls is Config and name == "limits":
-            values[name] = _build(Limits, raw, "limits.")
-        elif cls is Config and name == "metrics":
-            values[name] = _build_metrics(raw)
-        elif cls is Config and name == "log":
-            values[name] = _build_log(raw)
-        elif cls is Config and name == "upload":
-            values[name] = _build(UploadConfig, raw, "upload.")
-        else:
-            value = _coerce(raw, f.type, key)
-            check = f.metadata.get("check")
-            problem = check(value) if check else None
-            if problem:
-                raise ConfigError(f"{key}: {problem}, got {raw!r}")
-            values[name] = value
+        try:
+            values[name] = _build_value(cls, name, raw, prefix)
+        except ConfigError as exc:
+            problems += exc.problems
+            if exc.partial is not None:
+                values[name] = exc.partial
+    if problems:
+        raise ConfigError(*problems, partial=cls(**values))
     return cls(**values)
 
 
-def _build_log(raw: Any) -> LogConfig:
-    log = _build(LogConfig, raw, "log.")
+def _build_value(cls, name: str, raw: Any, prefix: str) -> Any:
+    key = f"{prefix}{name}"
+    f = _fields(cls).get(name)
+    if f is None:
+        raise ConfigError(f"{key}: unknown setting{_did_you_mean(cls, name, prefix)}")
+    if cls is Config and name == "listener":
+        return _build_listeners(raw)
+    if cls is Config and name in _SECTIONS:
+        section = _build(_SECTIONS[name], raw, f"{name}.")
+        problems = _SECTION_CHECKS[name](section) if name in _SECTION_CHECKS else []
+        if problems:
+            raise ConfigError(*problems, partial=section)
+        return section
+    value = _coerce(raw, f.type, key)
+    check = f.metadata.get("check")
+    problem = check(value) if check else None
+    if problem:
+        raise ConfigError(f"{key}: {problem}, got {raw!r}")
+    return value
+
+
+def _fields(cls) -> dict:
+    return {f.name: f for f in records.fields(cls) if f.name != "source"}
+
+
+def _did_you_mean(cls, name: str, prefix: str) -> str:
+    """``; did you mean KEY?`` for a key the user likely meant: a close one in the same table,
+    else the same or a close one in another table (a key put under the wrong [table])."""
+    import difflib   # here: only a config file with an unknown key needs it
+    close = difflib.get_close_matches(name, _fields(cls), n=1)
+    if close:
+        return f"; did you mean {prefix}{close[0]}?"
+    tables = [("", Config, "a top-level setting: put it above the first [table]"),
+              ("listener.", ListenerConfig, "a setting of a [[listener]] table")]
+    tables += [(f"{n}.", c, f"a setting of the [{n}] table") for n, c in _SECTIONS.items()]
+    for other_prefix, other, where in tables:
+        if other is not cls:
+            close = difflib.get_close_matches(name, _fields(other), n=1, cutoff=0.8)
+            if close:
+                return f"; did you mean {other_prefix}{close[0]}? ({where})"
+    return ""
+
+
+def _log_problems(log: LogConfig) -> list[str]:
     if log.retention_bytes < log.segment_bytes:
-        raise ConfigError(f"log.retention_bytes: must be at least log.segment_bytes "
-                          f"({log.segment_bytes}), got {log.retention_bytes}")
-    return log
+        return [f"log.retention_bytes: must be at least log.segment_bytes "
+                f"({log.segment_bytes}), got {log.retention_bytes}"]
+    return []
 
 
 def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
     if not isinstance(raw, list) or not raw:
         raise ConfigError("listener: expected one or more [[listener]] tables")
-    listeners = tuple(_build(ListenerConfig, item, f"listener[{i}].") for i, item in enumerate(raw))
+    problems: list[str] = []
+    listeners = []
     seen = set()
-    for i, (lst, item) in enumerate(zip(listeners, raw)):
-        _check_listener(lst, item, f"listener[{i}]")
+    for i, item in enumerate(raw):
+        try:
+            lst = _build(ListenerConfig, item, f"listener[{i}].")
+        except ConfigError as exc:
+            problems += exc.problems
+            continue
+        problems += _listener_problems(lst, item, f"listener[{i}]")
         where = lst.unix_socket or (lst.host, lst.port)
         if (lst.port or lst.unix_socket) and where in seen:
-            raise ConfigError(f"listener[{i}]: {lst.address} is listed twice")
+            problems.append(f"listener[{i}]: {lst.address} is listed twice")
         seen.add(where)
-    return listeners
+        listeners.append(lst)
+    if problems:
+        raise ConfigError(*problems, partial=tuple(listeners) or None)
+    return tuple(listeners)
 
 
-def _build_metrics(raw: Any) -> MetricsConfig:
-    metrics = _build(MetricsConfig, raw, "metrics.")
+def _metrics_problems(metrics: MetricsConfig) -> list[str]:
     if metrics.listen:
         try:
             parse_address(metrics.listen)
         except ConfigError:
-            raise ConfigError(f"metrics.listen: expected HOST:PORT, got {metrics.listen!r}") from None
-    return metrics
+            return [f"metrics.listen: expected HOST:PORT, got {metrics.listen!r}"]
+    return []
 
 
 _TLS_ONLY = ("keyfile", "cafile", "require_certificate", "use_identity_as_username",
              "tls_version", "ciphers", "handshake_timeout")
 
 
-def _check_listener(lst: ListenerConfig, given: dict, name: str) -> None:
-    """Rules between the keys of one [[listener]] table."""
+def _listener_problems(lst: ListenerConfig, given: dict, name: str) -> list[str]:
+    """What breaks the rules between the keys of one [[listener]] table."""
+    problems = []
     if "websocket_path" in given and lst.protocol != "websockets":
-        raise ConfigError(f"{name}.websocket_path: only with protocol = \"websockets\"")
+        problems.append(f"{name}.websocket_path: only with protocol = \"websockets\"")
     if lst.unix_socket:
-        for key in ("host", "port", "certfile") + _TLS_ONLY:
-            if key in given:
-                raise ConfigError(f"{name}.{key}: not used with unix_socket (a Unix socket "
-                                  f"listener has no address, port or TLS)")
-        return
+        problems += [f"{name}.{key}: not used with unix_socket (a Unix socket listener has no "
+                     f"address, port or TLS)"
+                     for key in ("host", "port", "certfile") + _TLS_ONLY if key in given]
+        return problems
     if "unix_socket_mode" in given:
-        raise ConfigError(f"{name}.unix_socket_mode: only with unix_socket")
+        problems.append(f"{name}.unix_socket_mode: only with unix_socket")
     if not lst.certfile:
-        for key in _TLS_ONLY:
-            if key in given:
-                raise ConfigError(f"{name}.{key}: needs certfile (TLS settings apply only to "
-                                  f"a TLS listener)")
-        return
+        problems += [f"{name}.{key}: needs certfile (TLS settings apply only to a TLS listener)"
+                     for key in _TLS_ONLY if key in given]
+        return problems
     if lst.require_certificate and not lst.cafile:
-        raise ConfigError(f"{name}.require_certificate: needs cafile (the CA that signs the "
-                          f"client certificates)")
+        problems.append(f"{name}.require_certificate: needs cafile (the CA that signs the "
+                        f"client certificates)")
     if lst.use_identity_as_username and not lst.require_certificate:
-        raise ConfigError(f"{name}.use_identity_as_username: needs require_certificate = true")
+        problems.append(f"{name}.use_identity_as_username: needs require_certificate = true")
+    return problems
+
+
+# The sections of Config, and the rules between the keys of one.
+_SECTIONS = {"limits": Limits, "log": LogConfig, "metrics": MetricsConfig, "upload": UploadConfig}
+_SECTION_CHECKS = {"log": _log_problems, "metrics": _metrics_problems}
 
 
 def check_authentication(config: Config) -> None:
@@ -408,19 +469,22 @@ def check_authentication(config: Config) -> None:
     set explicitly, a password file, or client-certificate identities; and a
     listener must let some client in.
     """
+    problems = []
     for lc in config.listeners:
         auth = config.auth(lc)
         if auth.password_file or auth.identity_as_username:
             continue
         if not auth.allow_anonymous:
-            raise ConfigError(
+            problems.append(
                 f"listener {lc.address}: allow_anonymous is false and there is no password_file "
                 f"or use_identity_as_username, so no client could connect")
-        if not auth.explicit_anonymous and not lc.is_local():
-            raise ConfigError(
+        elif not auth.explicit_anonymous and not lc.is_local():
+            problems.append(
                 f"listener {lc.address} is reachable from the network and has no "
                 f"authentication: set password_file (clients log in) or allow_anonymous = true "
                 f"(anyone may connect), at the top level or in its [[listener]] table")
+    if problems:
+        raise ConfigError(*problems)
 
 
 def from_dict(table: dict, source: str = "") -> Config:
@@ -448,7 +512,9 @@ def load(path: str | None) -> Config:
     try:
         return from_dict(table, source=path)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        partial = exc.partial and records.replace(exc.partial, source=path)
+        raise ConfigError(*(f"{path}: {problem}" for problem in exc.problems),
+                          partial=partial) from None
 
 
 def parse_address(text: str) -> ListenerConfig:

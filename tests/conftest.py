@@ -178,7 +178,9 @@ def broker_command() -> list[str]:
 
 class Broker:
     def __init__(self, workdir: Path, config: dict | None, args=(), raw_config: str | None = None,
-                 config_path: Path | None = None):
+                 config_path: Path | None = None, wrap=None, pass_fds=()):
+        """``wrap``: a function of the command giving the command to run (as
+        fakesystemd.SocketUnit.wrap), with ``pass_fds`` for Popen."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -190,12 +192,12 @@ class Broker:
         else:
             self.config_path = None
         cmd += list(args)
-        self.cmd = cmd
+        self.cmd = cmd = wrap(cmd) if wrap is not None else cmd
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.stdout_file = open(workdir / "stdout.txt", "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                      stdout=self.stdout_file, stderr=subprocess.PIPE, text=True,
-                                     errors="replace")
+                                     errors="replace", pass_fds=pass_fds)
         self._stderr = LineCollector(self.proc.stderr)
         _live_brokers.append(self)
         self.listeners: list[tuple[str, int]] = []
@@ -341,11 +343,12 @@ class Broker:
         return found[0]
 
 
-def _start(workdir: Path, overrides: dict, args=(), raw_config=None, wait=True, config_file=True) -> Broker:
+def _start(workdir: Path, overrides: dict, args=(), raw_config=None, wait=True, config_file=True,
+           wrap=None, pass_fds=()) -> Broker:
     """A broker on ``default_config`` + ``overrides`` (also for module-scoped fixtures of
     other test modules, with ``_teardown`` to stop it)."""
     cfg = merge_config(default_config(workdir), overrides) if config_file else None
-    b = Broker(workdir, cfg, args=args, raw_config=raw_config)
+    b = Broker(workdir, cfg, args=args, raw_config=raw_config, wrap=wrap, pass_fds=pass_fds)
     if wait:
         b.wait_ready()
     return b
@@ -405,9 +408,12 @@ def broker(tmp_path):
     started: list[Broker] = []
     counter = itertools.count()
 
-    def start(*, args=(), raw_config=None, wait=True, config_file=True, **overrides) -> Broker:
-        """``config_file=False`` starts without ``-c`` (then pass ``--listen``/``--data-dir``)."""
-        b = _start(tmp_path / f"broker{next(counter)}", overrides, args, raw_config, wait, config_file)
+    def start(*, args=(), raw_config=None, wait=True, config_file=True, wrap=None, pass_fds=(),
+              **overrides) -> Broker:
+        """``config_file=False`` starts without ``-c`` (then pass ``--listen``/``--data-dir``);
+        ``wrap``, ``pass_fds``: see Broker."""
+        b = _start(tmp_path / f"broker{next(counter)}", overrides, args, raw_config, wait,
+                   config_file, wrap, pass_fds)
         started.append(b)
         return b
 
@@ -650,6 +656,13 @@ def run_cli(*args, timeout: float = 15.0) -> subprocess.CompletedProcess:
     return subprocess.run([*broker_command(), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def sigint_ignored(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT (its SigIgn mask in /proc)."""
+    with open(f"/proc/{pid}/status") as fh:
+        mask = next(int(line.split()[1], 16) for line in fh if line.startswith("SigIgn:"))
+    return bool(mask & (1 << (signal.SIGINT - 1)))
 
 
 def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0,

@@ -88,10 +88,11 @@ def packet(ptype: int, flags: int = 0, body: bytes = b"", remaining_length: int 
 def connect(client_id: str | bytes = "", clean: bool = True, keepalive: int = 60, will=None,
             username: str | bytes | None = None, password: str | bytes | None = None,
             proto_name: bytes = b"MQTT", level: int = 4, flags_override: int | None = None,
-            header_flags: int = 0) -> bytes:
+            header_flags: int = 0, properties: bytes = b"") -> bytes:
     """CONNECT (section 3.1). ``will`` is (topic, payload[, qos[, retain]]).
 
-    For protocol level 3 pass ``proto_name=b"MQIsdp", level=3``.
+    For protocol level 3 pass ``proto_name=b"MQIsdp", level=3``. For 5.0 (mqttraw5.connect5)
+    ``properties`` is the encoded property section, and the will's is the will's fifth item.
     """
     flags = 0x02 if clean else 0
     payload = mqtt_str(client_id)
@@ -100,7 +101,7 @@ def connect(client_id: str | bytes = "", clean: bool = True, keepalive: int = 60
         qos = rest[0] if len(rest) > 0 else 0
         retain = rest[1] if len(rest) > 1 else False
         flags |= 0x04 | ((qos & 0x03) << 3) | (0x20 if retain else 0)
-        payload += mqtt_str(topic) + mqtt_str(message)
+        payload += (rest[2] if len(rest) > 2 else b"") + mqtt_str(topic) + mqtt_str(message)
     if username is not None:
         flags |= 0x80
         payload += mqtt_str(username)
@@ -109,7 +110,8 @@ def connect(client_id: str | bytes = "", clean: bool = True, keepalive: int = 60
         payload += mqtt_str(password)
     if flags_override is not None:
         flags = flags_override
-    body = mqtt_str(proto_name) + bytes([level & 0xFF, flags & 0xFF]) + struct.pack("!H", keepalive) + payload
+    body = (mqtt_str(proto_name) + bytes([level & 0xFF, flags & 0xFF]) + struct.pack("!H", keepalive)
+            + properties + payload)
     return packet(CONNECT, header_flags, body)
 
 
@@ -265,8 +267,10 @@ class Packet:
         return f"<{self.name} flags={self.flags:#x} body={self.body!r}>"
 
 
-def split_frames(buf: bytearray) -> list[Packet]:
-    """Remove and decode every complete frame at the start of ``buf``."""
+def split_frames(buf: bytearray, packet_class=None) -> list[Packet]:
+    """Remove and decode every complete frame at the start of ``buf`` (as ``packet_class``
+    objects: ``Packet`` by default; mqttraw5 passes its own)."""
+    cls = Packet if packet_class is None else packet_class
     out = []
     while True:
         if len(buf) < 2:
@@ -288,7 +292,7 @@ def split_frames(buf: bytearray) -> list[Packet]:
         first = buf[0]
         body = bytes(buf[i:i + length])
         del buf[:i + length]
-        out.append(Packet(first >> 4, first & 0x0F, body))
+        out.append(cls(first >> 4, first & 0x0F, body))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,6 +310,8 @@ class RawClient:
     ``publish()`` waits for its PUBACK) are kept and returned by later ``recv_packet`` calls,
     in arrival order.
     """
+
+    packet_class = Packet  # what received frames are parsed as (mqttraw5.RawClient5: 5.0)
 
     def __init__(self, host: str, port: int, timeout: float = 5.0, *, unix_path: str | None = None,
                  source: str | None = None, ssl_context=None, server_hostname: str | None = None,
@@ -384,7 +390,7 @@ class RawClient:
             self._eof = True
             raise ConnectionClosed("server closed the connection")
         self._buf += data
-        self._pending.extend(split_frames(self._buf))
+        self._pending.extend(split_frames(self._buf, self.packet_class))
         return True
 
     def recv_packet(self, timeout: float = 5.0) -> Packet:

@@ -16,8 +16,9 @@ docs/log-format.md):
 
 ``crc32c(data, crc=0)``
     CRC32C (Castagnoli) of ``data``, continuing from ``crc``.
-``record_header(offset, timestamp_ms, attributes, client_id, topic, payload)``
-    The 34 header bytes of a log record, CRC included.
+``record_header(offset, timestamp_ms, attributes, client_id, topic, payload, properties=b"")``
+    The header of a log record, CRC included: 34 bytes, or 38 with ``properties`` (format
+    version 2: the properties bit set in the attributes, their length after the 34 bytes).
 ``header_writer()``
     A ``record_header`` for one thread's hot path, whose result (bytes-like) is valid only
     until its next call.
@@ -36,32 +37,45 @@ docs/log-format.md):
     maximum timestamp.
 ``stage_clear(state)``
     Empty the staging area once the caller has taken its records.
-``append_record(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len)``
-    Build one record (header, client id, topic, payload) and its index entry at the end of
+``append_record(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len, properties, properties_len)``
+    Build one record (header, client id, topic, properties, payload; ``properties`` ``b""``
+    for none) and its index entry at the end of
     the staging area; its offset, or -1 when it is not taken (no room, the segment must roll,
-    payload of ``big_payload`` bytes or more, a field out of range). ``client_id``, ``topic``
-    and ``payload`` must be ``bytes`` in the C build (``TypeError`` otherwise).
-``append_held(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len)``
+    payload of ``big_payload`` bytes or more, a field out of range). ``client_id``, ``topic``,
+    ``payload`` and ``properties`` must be ``bytes`` in the C build (``TypeError`` otherwise).
+``append_held(state, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len, payload, payload_len, properties, properties_len)``
     Stage a record whose payload the caller holds and writes right after it (a large one):
-    its header (CRC included), client id and topic, and list it in ``.held``. Its offset, or
-    -1 as for ``append_record`` (never for the payload's size), or when ``.held`` is full.
-    ``client_id`` and ``topic`` must be ``bytes`` in the C build (``TypeError`` otherwise);
+    its header (CRC included), client id, topic and properties, and list it in ``.held``. Its
+    offset, or -1 as for ``append_record`` (never for the payload's size), or when ``.held``
+    is full. ``client_id``, ``topic`` and ``properties`` must be ``bytes`` in the C build
+    (``TypeError`` otherwise);
     ``payload`` may be any buffer (``append_held`` of the C build converts it).
 ``topic_matches(topic_filter, topic)``
     MQTT filter matching on bytes, like ``mqtt.topics.topic_matches``.
-``scan(buf, avail, base_position, min_offset, topic_filter, out, max_timestamp=0)``
+``scan(buf, avail, base_position, min_offset, topic_filter, out, max_timestamp=0, version=2)``
     Validate the records in ``buf`` (``avail`` = bytes that exist from buf[0] on, in
-    the file; may exceed ``len(buf)``); write 5 words per record whose topic matches
+    the file; may exceed ``len(buf)``) by the rules of segment format ``version`` (a record
+    with properties is damage in version 1); write 5 words per record whose topic matches
     into ``out`` (``array('Q')``): offset, timestamp, position, length, meta
-    (attributes | client id length << 8 | topic length << 24). -> ``ScanResult``
-``build_index(buf, avail, base_position, base_offset, min_offset, max_timestamp, out)``
+    (attributes | client id length << 8 | topic length << 24). A record whose attributes
+    have ``ATTR_PROPERTIES`` has its properties length (u32) at position + 34, and its
+    client id starts 4 bytes later. -> ``ScanResult``
+``build_index(buf, avail, base_position, base_offset, min_offset, max_timestamp, out, max_entries=None, version=2)``
     The same walk, writing 16-byte index entries into ``out``. -> ``ScanResult``
-``resync(buf, avail, start, min_offset)``
+``resync(buf, avail, start, min_offset, version=2)``
     The first position >= ``start`` where a valid record begins. -> ``ResyncResult``
 ``index_check(index, count, segment_size)``
     (consistent leading entries, entries before the first all-zero one).
 ``index_find_offset(index, count, relative_offset)`` / ``index_find_time(index, count, ts)``
     Binary search (lower bound) over index entries.
+``publish_frames(buf, base_position, entries, first, n, qos, pids, capacity)``
+    MQTT PUBLISH frames, one after another, for the ``n`` scan entries from ``first`` on
+    (``entries``: ``scan`` output over ``buf``, which starts at file position
+    ``base_position``): entry i with QoS ``qos[i]`` (a bytearray: 0, 1, 2, or 255 to skip it;
+    retain and DUP 0), its record's topic, packet identifier ``pids[i]`` (``array('H')``;
+    QoS 1 and 2) and its record's payload. ``capacity``: at least the records' total length
+    (every frame is shorter than its record). ``ValueError`` for an entry outside ``buf`` or
+    the arrays, a QoS not 0 to 2 or 255, or too small a capacity.
 ``send_batch(sock, items, start_item=0, start_progress=0, cork=False)``
     ``items``: (header bytes, file fd, file position, length); sends each header then its
     file range (sendfile) to the non-blocking ``sock``, until done or EAGAIN. -> ``SendResult``
@@ -89,7 +103,7 @@ from edgebroker.errors import EdgebrokerError
 FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segment",
              "stage_start", "stage_clear", "append_record", "append_held",
              "topic_matches", "scan", "build_index", "resync",
-             "index_check", "index_find_offset", "index_find_time", "send_batch",
+             "index_check", "index_find_offset", "index_find_time", "publish_frames", "send_batch",
              "fallocate", "keep_freed_memory", "release_freed_memory")
 CHOICES = ("auto", "c", "python")
 

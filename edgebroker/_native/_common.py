@@ -11,6 +11,9 @@ SEGMENT_HEADER_SIZE = 32
 RECORD_HEADER_SIZE = 34
 INDEX_ENTRY_SIZE = 16
 SCAN_ENTRY_WORDS = 5  # offset, timestamp_ms, position, length, meta
+FORMAT_VERSION = 2    # of the segments written; version 1 segments are read too
+ATTR_PROPERTIES = 0x08  # attributes bit 3 (version 2): the record has properties ...
+PROPERTIES_LENGTH_SIZE = 4  # ... and their length (u32) follows the 34-byte header
 
 SCAN_END = 0      # every byte up to `avail` was a valid record
 SCAN_PARTIAL = 1  # the record at `stop` continues past the buffer: read `need` bytes from there
@@ -24,7 +27,7 @@ RESYNC_CANDIDATE = 2  # a plausible header at `position` whose record (`need` by
 MAX_CLIENT_ID = 65535
 MAX_TOPIC = 65535
 MAX_PAYLOAD = 268_435_455
-MAX_RECORD = RECORD_HEADER_SIZE + MAX_CLIENT_ID + MAX_TOPIC + MAX_PAYLOAD
+MAX_RECORD = RECORD_HEADER_SIZE + PROPERTIES_LENGTH_SIZE + MAX_CLIENT_ID + MAX_TOPIC + MAX_PAYLOAD
 
 
 # The result types: collections.namedtuple, as typing.NamedTuple would be (typing is not

@@ -15,7 +15,8 @@ import struct
 from array import array
 
 from edgebroker._native._common import (
-    INDEX_ENTRY_SIZE, MAX_PAYLOAD, MAX_RECORD, RECORD_HEADER_SIZE,
+    ATTR_PROPERTIES, FORMAT_VERSION, INDEX_ENTRY_SIZE, MAX_PAYLOAD, MAX_RECORD,
+    PROPERTIES_LENGTH_SIZE, RECORD_HEADER_SIZE,
     RESYNC_CANDIDATE, RESYNC_FOUND, RESYNC_NONE, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL,
     SCAN_PARTIAL, SEGMENT_HEADER_SIZE, ResyncResult, ScanResult, SendResult,
     stage_clear, stage_segment, stage_start,  # noqa: F401  (the same setters for both)
@@ -25,6 +26,8 @@ NAME = "python"
 CRC_METHOD = "table"
 
 HDR = RECORD_HEADER_SIZE
+PROPS = ATTR_PROPERTIES
+RLEN = PROPERTIES_LENGTH_SIZE
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -61,12 +64,20 @@ def crc32c(data, crc: int = 0) -> int:
     return _update(crc ^ 0xFFFFFFFF, memoryview(data).cast("B")) ^ 0xFFFFFFFF
 
 
-def record_header(offset: int, timestamp_ms: int, attributes: int, client_id, topic, payload) -> bytes:
-    tail = _HEAD_TAIL.pack(HDR + len(client_id) + len(topic) + len(payload), offset, timestamp_ms,
-                           attributes, 0, len(client_id), len(topic), len(payload))
+def record_header(offset: int, timestamp_ms: int, attributes: int, client_id, topic, payload,
+                  properties=b"") -> bytes:
+    rl = len(properties)
+    head = HDR + RLEN if rl else HDR
+    attributes &= ~PROPS & 0xFF
+    tail = _HEAD_TAIL.pack(head + len(client_id) + len(topic) + rl + len(payload), offset,
+                           timestamp_ms, attributes | PROPS if rl else attributes, 0,
+                           len(client_id), len(topic), len(payload))
+    if rl:
+        tail += _U32.pack(rl)
     c = _update(0xFFFFFFFF, tail)
     c = _update(c, client_id)
     c = _update(c, topic)
+    c = _update(c, properties)
     c = _update(c, payload)
     return _U32.pack(c ^ 0xFFFFFFFF) + tail
 
@@ -114,13 +125,15 @@ def appender(capacity: int, entries: int) -> Staging:
 
 
 def _begin_record(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
-                  topic, topic_len: int, payload, nbytes: int, length: int) -> int:
+                  topic, topic_len: int, payload, properties, properties_len: int, nbytes: int,
+                  length: int) -> int:
     """The checks every staged record passes (``nbytes`` of it staged, ``length`` in the
-    segment; -1 when it fails one), then its header, client id and topic at the end of the
-    staging area; where it starts there."""
+    segment; -1 when it fails one), then its header, client id, topic and properties at the
+    end of the staging area; where it starts there."""
     offset = a.next_offset
     rel = offset - a.base_offset
     if (timestamp_ms < 0 or qos < 0 or qos > 2 or client_id_len > 0xFFFF or topic_len > 0xFFFF
+            or properties_len > MAX_PAYLOAD
             or a.used + nbytes > a.capacity
             or a.count >= a.index_capacity or a.position + length > a.segment_bytes
             or timestamp_ms - a.first_ts >= a.segment_ms
@@ -128,18 +141,24 @@ def _begin_record(a: Appender, timestamp_ms: int, qos: int, retain, client_id, c
         return -1
     out = a.used
     head = record_header(offset, timestamp_ms, qos | (0x04 if retain else 0), client_id, topic,
-                         payload) + bytes(client_id) + bytes(topic)
+                         payload, properties) + bytes(client_id) + bytes(topic) + bytes(properties)
     a.buf[out:out + len(head)] = head
     return out
 
 
+def _prefix(client_id_len: int, topic_len: int, properties_len: int) -> int:
+    """Bytes of a record before its payload: header, client id, topic, properties."""
+    return HDR + client_id_len + topic_len + (RLEN + properties_len if properties_len else 0)
+
+
 def append_record(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
-                  topic, topic_len: int, payload, payload_len: int) -> int:
-    length = HDR + client_id_len + topic_len + payload_len
+                  topic, topic_len: int, payload, payload_len: int, properties,
+                  properties_len: int) -> int:
+    length = _prefix(client_id_len, topic_len, properties_len) + payload_len
     if payload_len >= a.big_payload:
         return -1
     out = _begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
-                        payload, length, length)
+                        payload, properties, properties_len, length, length)
     if out < 0:
         return -1
     a.buf[out + length - payload_len:out + length] = bytes(payload)
@@ -164,13 +183,14 @@ def _staged(a: Appender, timestamp_ms: int, nbytes: int, length: int) -> int:
 
 
 def append_held(a: Appender, timestamp_ms: int, qos: int, retain, client_id, client_id_len: int,
-                topic, topic_len: int, payload, payload_len: int) -> int:
-    prefix = HDR + client_id_len + topic_len
+                topic, topic_len: int, payload, payload_len: int, properties,
+                properties_len: int) -> int:
+    prefix = _prefix(client_id_len, topic_len, properties_len)
     length = prefix + payload_len
     if payload_len > MAX_PAYLOAD or a.held_count >= a.held_capacity:
         return -1
     out = _begin_record(a, timestamp_ms, qos, retain, client_id, client_id_len, topic, topic_len,
-                        payload, prefix, length)
+                        payload, properties, properties_len, prefix, length)
     if out < 0:
         return -1
     _HELD.pack_into(a.held, 8 * a.held_count, out + prefix)
@@ -197,42 +217,54 @@ def topic_matches(topic_filter: bytes, topic: bytes) -> bool:
     return len(f_levels) == n_topic
 
 
-def _plausible(buf, p: int, min_offset: int) -> int:
+def _plausible(buf, p: int, min_offset: int, version: int) -> int:
     length, offset, _ts, attrs, reserved, cid_len, topic_len, payload_len = _PLAUS.unpack_from(buf, p + 4)
+    fields = HDR + cid_len + topic_len + payload_len
     if length < HDR or length > MAX_RECORD:
         return 0
-    if HDR + cid_len + topic_len + payload_len != length:
+    if attrs & PROPS:
+        if version < 2 or fields + RLEN >= length:  # (R >= 1: the bit means properties)
+            return 0
+    elif fields != length:
         return 0
-    if attrs & 0xF8 or attrs & 3 == 3 or reserved:
+    if attrs & 0xF0 or attrs & 3 == 3 or reserved:
         return 0
     if offset < min_offset or offset - min_offset > 0xFFFFFFFF:
         return 0
     return length
 
 
+def _props_ok(buf, p: int, length: int) -> bool:
+    """A whole record that passed ``_plausible``: R is what the other lengths leave of it."""
+    if not buf[p + 24] & PROPS:
+        return True
+    return _u32_from(buf, p + HDR)[0] == (length - HDR - RLEN - _u16_from(buf, p + 26)[0]
+                                          - _u16_from(buf, p + 28)[0] - _u32_from(buf, p + 30)[0])
+
+
 def _crc_ok(buf, p: int, length: int) -> bool:
     return _update(0xFFFFFFFF, buf[p + 4:p + length]) ^ 0xFFFFFFFF == _u32_from(buf, p)[0]
 
 
-def _step(buf, buf_len: int, avail: int, pos: int, min_offset: int):
+def _step(buf, buf_len: int, avail: int, pos: int, min_offset: int, version: int):
     """(status, length, need) for the bytes at ``pos``; status SCAN_END means a valid record."""
     left = avail - pos
     if buf_len - pos < HDR:
         if left < HDR:
             return SCAN_BAD, 0, 0
         return SCAN_PARTIAL, 0, HDR
-    length = _plausible(buf, pos, min_offset)
+    length = _plausible(buf, pos, min_offset, version)
     if not length or length > left:
         return SCAN_BAD, 0, 0
     if length > buf_len - pos:
         return SCAN_PARTIAL, 0, length
-    if not _crc_ok(buf, pos, length):
+    if not _props_ok(buf, pos, length) or not _crc_ok(buf, pos, length):
         return SCAN_BAD, 0, 0
     return SCAN_END, length, 0
 
 
 def scan(buf, avail: int, base_position: int, min_offset: int, topic_filter, out: array,
-         max_timestamp: int = 0) -> ScanResult:
+         max_timestamp: int = 0, version: int = FORMAT_VERSION) -> ScanResult:
     mv = memoryview(buf).cast("B")
     buf_len = min(len(mv), avail)
     max_out = len(out) // SCAN_ENTRY_WORDS
@@ -241,13 +273,13 @@ def scan(buf, avail: int, base_position: int, min_offset: int, topic_filter, out
         if pos == avail:
             status = SCAN_END
             break
-        status, length, need = _step(mv, buf_len, avail, pos, min_offset)
+        status, length, need = _step(mv, buf_len, avail, pos, min_offset, version)
         if status != SCAN_END:
             break
         offset, ts = _u64_from(mv, pos + 8)[0], _u64_from(mv, pos + 16)[0]
         cid_len, topic_len = _u16_from(mv, pos + 26)[0], _u16_from(mv, pos + 28)[0]
-        if topic_filter is None or topic_matches(
-                topic_filter, bytes(mv[pos + HDR + cid_len:pos + HDR + cid_len + topic_len])):
+        t = pos + HDR + (RLEN if mv[pos + 24] & PROPS else 0) + cid_len
+        if topic_filter is None or topic_matches(topic_filter, bytes(mv[t:t + topic_len])):
             if matched == max_out:
                 status = SCAN_FULL
                 break
@@ -268,7 +300,8 @@ def scan(buf, avail: int, base_position: int, min_offset: int, topic_filter, out
 
 
 def build_index(buf, avail: int, base_position: int, base_offset: int, min_offset: int,
-                max_timestamp: int, out, max_entries: int | None = None) -> ScanResult:
+                max_timestamp: int, out, max_entries: int | None = None,
+                version: int = FORMAT_VERSION) -> ScanResult:
     mv = memoryview(buf).cast("B")
     buf_len = min(len(mv), avail)
     if max_entries is None:
@@ -284,7 +317,7 @@ def build_index(buf, avail: int, base_position: int, base_offset: int, min_offse
         if count == max_entries:
             status = SCAN_FULL
             break
-        status, length, need = _step(mv, buf_len, avail, pos, min_offset)
+        status, length, need = _step(mv, buf_len, avail, pos, min_offset, version)
         if status != SCAN_END:
             break
         offset, ts = _u64_from(mv, pos + 8)[0], _u64_from(mv, pos + 16)[0]
@@ -301,16 +334,17 @@ def build_index(buf, avail: int, base_position: int, base_offset: int, min_offse
                       min_offset, max_timestamp)
 
 
-def resync(buf, avail: int, start: int, min_offset: int) -> ResyncResult:
+def resync(buf, avail: int, start: int, min_offset: int,
+           version: int = FORMAT_VERSION) -> ResyncResult:
     mv = memoryview(buf).cast("B")
     buf_len = min(len(mv), avail)
     for p in range(start, buf_len - HDR + 1):
-        length = _plausible(mv, p, min_offset)
+        length = _plausible(mv, p, min_offset, version)
         if not length or length > avail - p:
             continue
         if length > buf_len - p:
             return ResyncResult(RESYNC_CANDIDATE, p, length)
-        if _crc_ok(mv, p, length):
+        if _props_ok(mv, p, length) and _crc_ok(mv, p, length):
             return ResyncResult(RESYNC_FOUND, p, 0)
     return ResyncResult(RESYNC_NONE, 0, 0)
 
@@ -409,6 +443,46 @@ def send_batch(sock: socket.socket, items, start_item: int = 0, start_progress: 
 
 
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
+
+
+def publish_frames(buf, base_position: int, entries: array, first: int, n: int, qos, pids,
+                   capacity: int) -> bytes:
+    if first < 0 or n < 0 or (first + n) * SCAN_ENTRY_WORDS > len(entries) or \
+            first + n > len(qos) or first + n > len(pids):
+        raise ValueError(f"publish_frames: entries {first} to {first + n} are not all there")
+    mv = memoryview(buf).cast("B")
+    out = bytearray()
+    for i in range(first, first + n):
+        e = i * SCAN_ENTRY_WORDS
+        position, length, meta = entries[e + 2], entries[e + 3], entries[e + 4]
+        at = position - base_position
+        cid_len, topic_len = meta >> 8 & 0xFFFF, meta >> 24 & 0xFFFF
+        q = qos[i]
+        if q == 255:
+            continue
+        if (q > 2 or position < base_position or at > len(mv) or length > len(mv) - at
+                or length < HDR + cid_len + topic_len):
+            raise ValueError("publish_frames: an entry outside the buffer, a QoS not 0 to 2 "
+                             "or 255, or too small a capacity")
+        payload_len = length - HDR - cid_len - topic_len
+        remaining = 2 + topic_len + (2 if q else 0) + payload_len
+        if remaining > MAX_PAYLOAD or capacity - len(out) < 5 + remaining:
+            raise ValueError("publish_frames: an entry outside the buffer, a QoS not 0 to 2 "
+                             "or 255, or too small a capacity")
+        topic = at + HDR + cid_len
+        out.append(0x30 | q << 1)
+        while True:
+            byte = remaining & 0x7F
+            remaining >>= 7
+            out.append(byte | 0x80 if remaining else byte)
+            if not remaining:
+                break
+        out += topic_len.to_bytes(2, "big")
+        out += mv[topic:topic + topic_len]
+        if q:
+            out += pids[i].to_bytes(2, "big")
+        out += mv[topic + topic_len:topic + topic_len + payload_len]
+    return bytes(out)
 
 
 try:

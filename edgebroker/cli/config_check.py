@@ -1,39 +1,86 @@
 """`edgebroker config check`: validate a configuration file and say so.
 
 Besides the keys, it applies the safe-default rules for listeners and reads
-every certificate, password and ACL file the configuration names.
+every certificate, password and ACL file the configuration names. It reports
+every problem at once, one line each naming the file, the key and what is
+wrong (an unknown key with the one it likely meant). Without ``-c`` it checks
+what ``serve`` without ``-c`` runs: the built-in defaults.
 """
 
 from __future__ import annotations
 
-import time
+import json
 
 from edgebroker import config as configuration
-from edgebroker.security.authenticator import Authenticator
-from edgebroker.security.policy import ListenerPolicy
+from edgebroker.cli.options import add_format
+from edgebroker.errors import ConfigError
+from edgebroker.security.acl import Acl
+from edgebroker.security.passwords import PasswordFile
 from edgebroker.server.tls import make_context
+
+DEFAULTS = "built-in defaults"
 
 
 def add_parser(commands) -> None:
     p = commands.add_parser("config", help="configuration tools")
     sub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    check = sub.add_parser("check", help="validate a configuration file")
-    check.add_argument("-c", "--config", metavar="FILE", required=True)
+    check = sub.add_parser(
+        "check", help="validate a configuration file (every problem at once)",
+        description="Check a configuration file as serve reads it: keys, values, listeners, "
+                    "and the certificate, password and ACL files it names.")
+    check.add_argument("-c", "--config", metavar="FILE",
+                       help="the file to check (default: none, as serve: the built-in defaults)")
+    add_format(check)
     check.set_defaults(run=run)
 
 
-def run(args) -> int:
-    config = configuration.load(args.config)
-    configuration.check_authentication(config)
-    authenticator = Authenticator(lambda: None, time.monotonic)
-    files: dict = {}
+def problems_of(config: configuration.Config) -> list[str]:
+    """What would stop ``serve`` after the file itself was read: the safe defaults for
+    listeners, and each certificate, password and ACL file (each file once)."""
+    problems: list[str] = []
+    _collect(problems, configuration.check_authentication, config)
+    files_read = set()
     for i, lc in enumerate(config.listeners):
         if lc.tls:
-            make_context(lc, f"listener[{i}]")
-        ListenerPolicy.build(lc, config.auth(lc), authenticator, files)
-    listeners = ", ".join(lc.address + (" (TLS)" if lc.tls else "")
-                          + (f" (WebSockets {lc.websocket_path})"
-                             if lc.protocol == "websockets" else "")
-                          for lc in config.listeners)
-    print(f"{args.config}: OK (listeners: {listeners}; state directory: {config.state_dir()})")
+            _collect(problems, make_context, lc, f"listener[{i}]")
+        auth = config.auth(lc)
+        for load, path in ((PasswordFile.load, auth.password_file), (Acl.load, auth.acl_file)):
+            if path and (load, path) not in files_read:
+                files_read.add((load, path))
+                _collect(problems, load, path)
+    return problems
+
+
+def _collect(problems: list[str], check, *args) -> None:
+    try:
+        check(*args)
+    except ConfigError as exc:
+        problems += exc.problems
+
+
+def run(args) -> int:
+    where = args.config or DEFAULTS
+    try:
+        config = configuration.load(args.config)
+        problems = []
+    except ConfigError as exc:
+        # Each names the file already; the files the valid keys name are checked still.
+        config, problems = exc.partial, exc.problems
+    if config is not None:
+        problems += [f"{where}: {p}" for p in problems_of(config)]
+    if args.format == "json":
+        print(json.dumps({
+            "file": args.config, "ok": not problems, "problems": problems,
+            "listeners": [] if config is None else [_listener(lc) for lc in config.listeners],
+            "state_dir": None if config is None else config.state_dir()}, indent=2))
+        return 2 if problems else 0
+    if problems:
+        raise ConfigError(*problems)
+    listeners = ", ".join(_listener(lc) for lc in config.listeners)
+    print(f"{where}: OK (listeners: {listeners}; state directory: {config.state_dir()})")
     return 0
+
+
+def _listener(lc: configuration.ListenerConfig) -> str:
+    return (lc.address + (" (TLS)" if lc.tls else "")
+            + (f" (WebSockets {lc.websocket_path})" if lc.protocol == "websockets" else ""))

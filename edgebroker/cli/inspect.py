@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 
 from edgebroker import config as configuration
 from edgebroker.cli import inspect_live
+from edgebroker.cli.options import add_format
 from edgebroker.core import snapshot
 from edgebroker.errors import EdgebrokerError
 
@@ -45,7 +46,7 @@ def add_parser(commands) -> None:
     def common(sp):
         sp.add_argument("--data-dir", metavar="DIR", help="state directory (default: as serve)")
         sp.add_argument("-c", "--config", metavar="FILE", help="take data_dir from this config file")
-        sp.add_argument("--format", choices=("text", "json"), default="text")
+        add_format(sp)
 
     sp = sub.add_parser("segments", help="segment files: offsets, records, bytes, times, uploaded")
     common(sp)
@@ -239,10 +240,57 @@ def render_payload(payload: bytes, limit: int) -> str:
     return text
 
 
+def decoded_properties(raw: bytes) -> tuple[dict | None, str | None]:
+    """(properties by identifier, None) of a record's stored properties (None, None without
+    any), or (None, what is wrong) for bytes that do not decode."""
+    from edgebroker.errors import ProtocolError
+    from edgebroker.mqtt.properties import decode_body
+    try:
+        return decode_body(raw), None
+    except ProtocolError as exc:
+        return None, f"{len(raw)} bytes of properties do not decode: {exc}"
+
+
+def properties_json(props: dict) -> dict:
+    """Names (mqtt.properties.PROPERTIES) to values; binary data in base64; User Property a
+    list of [name, value] pairs in order."""
+    import base64
+    from edgebroker.mqtt.properties import PROPERTIES
+    out = {}
+    for ident, value in props.items():
+        if isinstance(value, bytes):
+            value = base64.b64encode(value).decode()
+        elif isinstance(value, list):
+            value = [list(v) if isinstance(v, tuple) else v for v in value]
+        out[PROPERTIES[ident][0]] = value
+    return out
+
+
+def properties_text(props: dict) -> str:
+    """``{Content Type: text/plain, User Property: unit=C, Correlation Data: 0x0001}``."""
+    from edgebroker.mqtt.properties import PROPERTIES
+    parts = []
+    for ident, value in props.items():
+        name = PROPERTIES[ident][0]
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, tuple):
+                v = f"{v[0]}={v[1]}"
+            elif isinstance(v, bytes):
+                v = "0x" + v.hex()
+            parts.append(f"{name}: {v}")
+    return "{" + ", ".join(parts) + "}"
+
+
 def record_json(r) -> str:
     obj = {"offset": r.offset, "timestamp_ms": r.timestamp_ms, "time": fmt_time(r.timestamp_ms),
            "qos": r.qos, "retain": r.retain, "client_id": r.client_id.decode("utf-8", "replace"),
            "topic": r.topic.decode("utf-8", "replace")}
+    if r.properties:
+        props, error = decoded_properties(r.properties)
+        if error is None:
+            obj["properties"] = properties_json(props)
+        else:
+            obj["properties_error"] = error
     try:
         obj["payload"] = r.payload.decode("utf-8")
     except UnicodeDecodeError:
@@ -252,9 +300,13 @@ def record_json(r) -> str:
 
 
 def record_text(r, limit: int) -> str:
+    props = ""
+    if r.properties:
+        decoded, error = decoded_properties(r.properties)
+        props = properties_text(decoded) + " " if error is None else f"{{{error}}} "
     return (f"{r.offset} {fmt_time(r.timestamp_ms)} q{r.qos}{' r' if r.retain else ''} "
             f"{r.topic.decode('utf-8', 'replace')} [{r.client_id.decode('utf-8', 'replace')}] "
-            f"{render_payload(r.payload, limit)}")
+            f"{props}{render_payload(r.payload, limit)}")
 
 
 def run_tail(args) -> int:
@@ -289,10 +341,7 @@ def run_tail(args) -> int:
                     next_offset = r.offset + 1
                 next_offset = max(next_offset, log.next_offset)
                 sys.stdout.flush()
-        except KeyboardInterrupt:
-            return 0
-        except BrokenPipeError:
-            _quiet_broken_pipe()
+        except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the way to end --follow
             return 0
     finally:
         log.close()
@@ -302,12 +351,6 @@ def run_tail(args) -> int:
 def _matches(flt: bytes, topic: bytes) -> bool:
     from edgebroker import _native
     return _native.topic_matches(flt, topic)
-
-
-def _quiet_broken_pipe() -> None:
-    # The reader (head, less) went away: stop without a traceback at interpreter exit.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
 
 
 # ------------------------------------------------------------------------------------ verify

@@ -17,6 +17,7 @@ import sys
 import time
 
 from edgebroker import config as configuration
+from edgebroker.cli.options import add_format
 from edgebroker.core.metrics import SORT_KEYS
 from edgebroker.errors import EdgebrokerError
 from edgebroker.server.admin import socket_path
@@ -38,7 +39,8 @@ def add_subcommands(inspect_commands) -> None:
     clients.add_argument("--limit", type=_count, default=20, metavar="N",
                          help="show the first N clients (default 20; 0: all)")
     clients.add_argument("--watch", type=_seconds, nargs="?", const=2.0, default=None,
-                         metavar="SECONDS", help="refresh every SECONDS (default 2) until Ctrl-C")
+                         metavar="SECONDS",
+                         help="refresh every SECONDS (default 2) until Ctrl-C or SIGTERM")
     clients.add_argument("--iterations", type=_count, default=0, metavar="N",
                          help="with --watch: stop after N refreshes (default: never)")
     clients.set_defaults(run=run_clients)
@@ -48,7 +50,7 @@ def _add_common(p) -> None:
     p.add_argument("-c", "--config", metavar="FILE", help="configuration file (for data_dir)")
     p.add_argument("--data-dir", metavar="DIR", help="state directory of the running broker")
     p.add_argument("--socket", metavar="PATH", help="admin socket path (instead of the above)")
-    p.add_argument("--json", action="store_true", help="print the broker's JSON reply")
+    add_format(p)
 
 
 def _count(text: str) -> int:
@@ -119,7 +121,7 @@ def run_stats(args) -> int:
         reply = client.ask({"cmd": "stats"})
     finally:
         client.close()
-    if args.json:
+    if args.format == "json":
         print(json.dumps(reply["stats"], indent=2, sort_keys=True))
     else:
         print(format_stats(reply["stats"]))
@@ -212,7 +214,7 @@ def upload_line(fig: dict | None) -> str:
 # ----- clients -----------------------------------------------------------------------------
 
 COLUMNS = (  # header, width, row key, format
-    ("CLIENT ID", 24, "id", "s"), ("PEER", 21, "peer", "s"),
+    ("CLIENT ID", 24, "id", "s"), ("PEER", 21, "peer", "s"), ("MQTT", 4, "protocol", "s"),
     ("IN/s", 9, "msgs_in_rate", ".1f"), ("OUT/s", 9, "msgs_out_rate", ".1f"),
     ("IN B/s", 10, "bytes_in_rate", ".0f"), ("OUT B/s", 10, "bytes_out_rate", ".0f"),
     ("IN", 9, "msgs_in", "d"), ("OUT", 9, "msgs_out", "d"), ("DROPPED", 8, "dropped", "d"),
@@ -248,18 +250,22 @@ def run_clients(args) -> int:
     try:
         while True:
             reply = client.ask(request)
-            if args.json:
+            if args.format == "json":
                 text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
             else:
                 text = format_clients(reply, args.sort)
             if clear:
                 sys.stdout.write("\x1b[H\x1b[2J")
-            if args.watch is not None and not args.json:
+            if args.watch is not None and args.format == "text":
                 print(time.strftime("%H:%M:%S"))
             print(text, flush=True)
             done += 1
             if args.watch is None or (args.iterations and done >= args.iterations):
                 return 0
             time.sleep(args.watch)
+    except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the way to end --watch
+        if args.watch is None:
+            raise
+        return 0
     finally:
         client.close()

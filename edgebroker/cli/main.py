@@ -1,8 +1,15 @@
 """`edgebroker` command line: one small module per command.
 
 Every command is a plain function taking parsed arguments and returning an
-exit code; this module only parses and turns the project's errors into one
-clear line on stderr (exit 2 for configuration errors, 1 for the rest).
+exit code; this module only parses and turns the project's errors into clear
+lines on stderr (exit 2 for configuration errors, one line per problem; 1 for
+the rest, one line).
+
+Exit codes of every command: 0 done, 1 an error, 2 a configuration or usage error, 130
+interrupted (SIGINT or SIGTERM; ``tail --follow`` and ``clients --watch`` end with 0, being
+meant to run until stopped), 141 (128 + SIGPIPE, what a shell shows for a Unix tool that
+wrote to a closed pipe) when the reader of stdout or stderr went away (``| head``): quietly,
+without a traceback.
 """
 
 from __future__ import annotations
@@ -10,10 +17,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
+import signal
 import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
+from edgebroker.cli.options import CommandParser, HelpFormatter
 
 # The commands and their modules (edgebroker.cli.<module>), in the order of the help. Only the
 # chosen command's module is imported: `serve` does not carry the others' imports (json,
@@ -25,6 +35,8 @@ COMMANDS = {
     "passwd": "passwd",
     "upload": "upload",
 }
+
+CLOSED_PIPE = 141   # 128 + SIGPIPE
 
 
 def version_line() -> str:
@@ -47,35 +59,12 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
-class HelpFormatter(argparse.HelpFormatter):
-    """argparse's, given the terminal's width as shutil.get_terminal_size finds it ($COLUMNS,
-    else standard output's terminal, else 80 columns): left to itself, argparse imports shutil
-    (and with it bz2 and lzma, 0.7 MiB the broker would keep) for every parser it builds."""
-
-    def __init__(self, prog, indent_increment=2, max_help_position=24, width=None):
-        if width is None:
-            width = terminal_columns() - 2
-        super().__init__(prog, indent_increment, max_help_position, width)
-
-
 class ArgumentParser(argparse.ArgumentParser):
-    """With HelpFormatter; the command parsers (add_subparsers) are of this class too."""
+    """The top-level parser, with HelpFormatter (the command parsers are CommandParser, which
+    has it too)."""
 
     def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
-
-
-def terminal_columns() -> int:
-    try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-    return columns or 80
 
 
 def chosen_command(argv: list[str]) -> str | None:
@@ -91,7 +80,8 @@ def build_parser(argv: list[str] | None = None) -> ArgumentParser:
         prog="edgebroker", description="MQTT broker for edge gateways with a durable commit log.")
     parser.add_argument("--version", action=VersionAction, nargs=0,
                         help="print the version and the native backend in use, and exit")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                     parser_class=CommandParser)
     chosen = None if argv is None else chosen_command(argv)
     for name, module in COMMANDS.items():
         if chosen in (None, name):
@@ -100,15 +90,52 @@ def build_parser(argv: list[str] | None = None) -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()   # a reader gone shows here, not as a traceback at exit
+    except BrokenPipeError:
+        if not _quiet_closed_pipes():
+            raise
+        return CLOSED_PIPE
+
+
+def _run(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    if args.command != "serve":   # serve has its own SIGTERM handling (server/app.py)
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.run(args)
     except ConfigError as exc:
-        print(f"edgebroker: config error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"edgebroker: config error: {problem}", file=sys.stderr)
         return 2
     except EdgebrokerError as exc:
         print(f"edgebroker: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _interrupt(signum, frame):
+    """SIGTERM ends a command as Ctrl-C does, also where SIGINT is ignored (a background job
+    of a script, some CI runners): ``tail --follow`` and ``clients --watch`` end with 0."""
+    raise KeyboardInterrupt
+
+
+def _quiet_closed_pipes() -> bool:
+    """Whether stdout or stderr is a pipe or socket whose reader has gone (``| head``); each
+    such one is pointed at /dev/null, so that nothing more (a traceback at exit) is written."""
+    closed = False
+    poller = select.poll()
+    for fd in (1, 2):
+        poller.register(fd, 0)
+    for fd, events in poller.poll(0):
+        if events & (select.POLLERR | select.POLLHUP):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+            closed = True
+    return closed

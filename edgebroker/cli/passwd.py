@@ -1,6 +1,7 @@
 """`edgebroker passwd`: add, change, delete and upgrade users in a password file.
 
-    edgebroker passwd FILE USER              set USER's password (asked twice, not shown)
+    edgebroker passwd FILE USER              set USER's password (asked twice, not shown;
+                                             read from stdin when it is not a terminal)
     edgebroker passwd -b FILE USER PASSWORD  the same, password on the command line (scripts)
     edgebroker passwd -D FILE USER           delete USER
     edgebroker passwd -U FILE                hash every plain-text user:password line
@@ -9,15 +10,21 @@ The file is created when missing. Every change replaces it atomically (a
 temporary file, fsynced, renamed over) with mode 0600; comment lines and other
 users' lines are kept as they are. Hashes are scrypt by default
 (docs/security.md describes the format); ``--hash pbkdf2`` writes Mosquitto's
-PBKDF2-SHA512 format instead. A running broker reads the file again on SIGHUP.
+PBKDF2-SHA512 format instead. Beside the hash, as a third field, go the user's
+SCRAM-SHA-256 keys (``--scram-iterations``, default 4096), so the user can also
+log in by SCRAM (MQTT 5.0 enhanced authentication) without sending the password;
+``--no-scram`` leaves them out (they make a stolen file cheaper to attack than the
+hash alone: docs/security.md).
+A running broker reads the file again on SIGHUP.
 """
 
 from __future__ import annotations
 
 import getpass
+import sys
 
 from edgebroker.errors import EdgebrokerError
-from edgebroker.security import passwords
+from edgebroker.security import passwords, scram
 
 
 def add_parser(commands) -> None:
@@ -33,6 +40,12 @@ def add_parser(commands) -> None:
                       help="hash the plain-text passwords of a user:password file")
     p.add_argument("--hash", choices=("scrypt", "pbkdf2"), default="scrypt",
                    help="hash to write (default scrypt)")
+    p.add_argument("--scram-iterations", type=int, default=scram.DEFAULT_ITERATIONS,
+                   metavar="N", help=f"iteration count of the SCRAM-SHA-256 keys written beside "
+                                     f"the hash (default and minimum {scram.MIN_ITERATIONS})")
+    p.add_argument("--no-scram", dest="scram", action="store_false",
+                   help="write the hash alone, without SCRAM-SHA-256 keys (the user then logs "
+                        "in with its password only)")
     p.add_argument("file", metavar="FILE")
     p.add_argument("user", metavar="USER", nargs="?")
     p.add_argument("password", metavar="PASSWORD", nargs="?")
@@ -40,17 +53,21 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
+    iterations = args.scram_iterations if args.scram else 0
+    if args.scram and not scram.MIN_ITERATIONS <= iterations <= scram.MAX_ITERATIONS:
+        raise EdgebrokerError(f"passwd: --scram-iterations must be {scram.MIN_ITERATIONS} to "
+                              f"{scram.MAX_ITERATIONS} (RFC 7677's minimum is 4096)")
     if args.upgrade:
         _expect(args, user=False, password=False, usage="-U FILE")
-        return upgrade(args.file, args.hash)
+        return upgrade(args.file, args.hash, iterations)
     if args.delete:
         _expect(args, user=True, password=False, usage="-D FILE USER")
         return delete(args.file, args.user)
     if args.batch:
         _expect(args, user=True, password=True, usage="-b FILE USER PASSWORD")
-        return set_password(args.file, args.user, args.password, args.hash)
+        return set_password(args.file, args.user, args.password, args.hash, iterations)
     _expect(args, user=True, password=False, usage="FILE USER")
-    return set_password(args.file, args.user, prompt(), args.hash)
+    return set_password(args.file, args.user, prompt(), args.hash, iterations)
 
 
 def _expect(args, *, user: bool, password: bool, usage: str) -> None:
@@ -59,6 +76,10 @@ def _expect(args, *, user: bool, password: bool, usage: str) -> None:
 
 
 def prompt() -> str:
+    """The password, asked twice on a terminal; from stdin when it is not one (a pipe or a
+    file: ``echo "$PW" | edgebroker passwd FILE USER``)."""
+    if not sys.stdin.isatty():
+        return read_stdin()
     try:
         first = getpass.getpass("Password: ")
         second = getpass.getpass("Reenter password: ")
@@ -69,6 +90,18 @@ def prompt() -> str:
     return first
 
 
+def read_stdin() -> str:
+    """The first line of stdin, without its line end. A second line, if any, must repeat it
+    (input made for the two prompts)."""
+    lines = sys.stdin.read().splitlines()
+    if not lines:
+        raise EdgebrokerError("passwd: no password on stdin (it is not a terminal: give the "
+                              "password as its first line)")
+    if len(lines) > 1 and lines[1] != lines[0]:
+        raise EdgebrokerError("passwd: the two lines on stdin differ; nothing changed")
+    return lines[0]
+
+
 def _user_of(line: str) -> str | None:
     if not line.strip() or line.lstrip().startswith("#"):
         return None
@@ -76,21 +109,31 @@ def _user_of(line: str) -> str | None:
     return user if sep else None
 
 
-def set_password(path: str, user: str, password: str, scheme: str = "scrypt") -> int:
+def entry(user: str, password: str, scheme: str = "scrypt",
+          iterations: int = scram.DEFAULT_ITERATIONS) -> str:
+    """A password file line: ``user:hash:SCRAM keys`` (``user:hash`` when ``iterations`` is 0)."""
+    line = f"{user}:{passwords.hash_password(password, scheme)}"
+    if not iterations:
+        return line
+    return f"{line}:{scram.format_keys(scram.derive(password, iterations=iterations))}"
+
+
+def set_password(path: str, user: str, password: str, scheme: str = "scrypt",
+                 iterations: int = scram.DEFAULT_ITERATIONS) -> int:
     problem = passwords.check_username(user)
     if problem:
         raise EdgebrokerError(f"passwd: {problem}")
     if not password:
         raise EdgebrokerError("passwd: the password is empty; nothing changed")
     lines = _read(path)
-    entry = f"{user}:{passwords.hash_password(password, scheme)}"
+    new = entry(user, password, scheme, iterations)
     for i, line in enumerate(lines):
         if _user_of(line) == user:
-            lines[i] = entry
+            lines[i] = new
             action = "changed"
             break
     else:
-        lines.append(entry)
+        lines.append(new)
         action = "added"
     _write(path, lines)
     print(f"{path}: user {user!r} {action}")
@@ -107,7 +150,7 @@ def delete(path: str, user: str) -> int:
     return 0
 
 
-def upgrade(path: str, scheme: str = "scrypt") -> int:
+def upgrade(path: str, scheme: str = "scrypt", iterations: int = scram.DEFAULT_ITERATIONS) -> int:
     lines = _read(path, must_exist=True)
     hashed = kept = 0
     for i, line in enumerate(lines):
@@ -119,7 +162,7 @@ def upgrade(path: str, scheme: str = "scrypt") -> int:
             raise EdgebrokerError(f"passwd: {path} line {i + 1}: {problem}; nothing changed")
         secret = line.partition(":")[2]
         try:
-            passwords.parse_hash(secret.strip())
+            passwords.parse_hash(secret.partition(":")[0].strip())
             kept += 1               # already a hash: running -U twice changes nothing
             continue
         except passwords.HashError:
@@ -127,7 +170,7 @@ def upgrade(path: str, scheme: str = "scrypt") -> int:
         if not secret:
             raise EdgebrokerError(f"passwd: {path} line {i + 1}: user {user!r} has an empty "
                                   f"password; nothing changed")
-        lines[i] = f"{user}:{passwords.hash_password(secret, scheme)}"
+        lines[i] = entry(user, secret, scheme, iterations)
         hashed += 1
     _write(path, lines)
     print(f"{path}: {hashed} password(s) hashed, {kept} already hashed")

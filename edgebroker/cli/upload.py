@@ -20,6 +20,7 @@ import time
 
 from edgebroker import config as configuration
 from edgebroker.cli import inspect, inspect_live
+from edgebroker.cli.options import add_format
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.server.admin import socket_path
 
@@ -32,13 +33,14 @@ def add_parser(commands) -> None:
                                        "broker, else reads the log directory)")
     sp.add_argument("--data-dir", metavar="DIR", help="state directory (default: as serve)")
     sp.add_argument("-c", "--config", metavar="FILE", help="take data_dir from this config file")
-    sp.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(sp)
     sp.set_defaults(run=run_status)
     for name, what in (("pause", "stop uploading on the running broker (until resume)"),
                        ("resume", "go on uploading on the running broker")):
         cp = sub.add_parser(name, help=what)
         cp.add_argument("--data-dir", metavar="DIR", help="state directory (default: as serve)")
         cp.add_argument("-c", "--config", metavar="FILE", help="take data_dir from this file")
+        add_format(cp)
         cp.set_defaults(run=run_control, action=name)
     rp = sub.add_parser("run", help="ship what is sealed now and exit (no broker running)")
     rp.add_argument("--once", action="store_true", required=True,
@@ -46,6 +48,7 @@ def add_parser(commands) -> None:
     rp.add_argument("-c", "--config", metavar="FILE", required=True,
                     help="the broker's config file ([upload] url, credentials, data_dir)")
     rp.add_argument("--data-dir", metavar="DIR", help="state directory (overrides the file's)")
+    add_format(rp)
     rp.set_defaults(run=run_once)
 
 
@@ -127,6 +130,9 @@ def run_control(args) -> int:
         reply = client.ask({"cmd": f"upload_{args.action}"})
     finally:
         client.close()
+    if args.format == "json":
+        print(json.dumps({"changed": reply["changed"], "upload": reply["upload"]}))
+        return 0
     done = "paused" if args.action == "pause" else "resumed"
     print(f"upload {done}" if reply["changed"] else f"upload was already {done}")
     print(f"upload {inspect_live.upload_line(reply['upload'])}")
@@ -173,6 +179,10 @@ def run_once(args) -> int:
         cl.close()
     if tty and shipped:
         print(file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps({"shipped_batches": shipped,
+                          "seconds": round(time.monotonic() - started, 3), **fig}))
+        return 0
     print(f"shipped {shipped} batches ({fig['records']} records, {fig['bytes']} bytes) to "
           f"{fig['url']} in {time.monotonic() - started:.1f} s; uploaded up to offset "
           f"{fig['uploaded_offset']}; {fig['backlog_bytes']} bytes wait in the segment being "

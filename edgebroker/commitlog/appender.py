@@ -19,8 +19,8 @@ import os
 from edgebroker import _native
 from edgebroker.commitlog.errors import LogError, LogFullError, LogWriteError
 from edgebroker.commitlog.format import (
-    INDEX_ENTRY, INDEX_ENTRY_SIZE, MAX_CLIENT_ID, MAX_PAYLOAD, MAX_TOPIC, RECORD_HEADER_SIZE,
-    RETAIN_BIT, segment_header,
+    INDEX_ENTRY, INDEX_ENTRY_SIZE, MAX_CLIENT_ID, MAX_PAYLOAD, MAX_TOPIC, PROPERTIES_LENGTH_SIZE,
+    RECORD_HEADER_SIZE, RETAIN_BIT, segment_header,
 )
 from edgebroker.commitlog.segment import Segment
 
@@ -69,9 +69,11 @@ class Group:
 
 
 def append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
-           payload: bytes) -> int:
+           payload: bytes, properties: bytes = b"") -> int:
     """Buffer one record; returns its offset. Nothing reaches the OS until ``write_pending``;
-    a large ``payload`` is held by reference until then and must not change.
+    a large ``payload`` is held by reference until then and must not change. ``properties``:
+    the message's MQTT 5.0 properties as the log keeps them (``Record.properties``), stored
+    as they are.
 
     While writes are failing, a record that would take the pending bytes past
     ``options.max_pending_bytes`` is refused with ``LogFullError`` (not taken, no offset)."""
@@ -86,8 +88,8 @@ def append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, to
                 try:
                     offset = self._append_record(stage, timestamp_ms, qos, retain, client_id,
                                                  len(client_id), topic, len(topic), payload,
-                                                 n)
-                except (TypeError, OverflowError):  # a client id or topic that is not
+                                                 n, properties, len(properties))
+                except (TypeError, OverflowError):  # a client id, topic or properties not
                     offset = -1  # bytes (the C build takes only bytes), a field out of range
                 if offset >= 0:
                     return offset
@@ -96,28 +98,30 @@ def append(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, to
             # topic are staged, the payload itself is held and written from where it is.
             try:
                 offset = self._append_held(stage, timestamp_ms, qos, retain, client_id,
-                                           len(client_id), topic, len(topic), payload, n)
+                                           len(client_id), topic, len(topic), payload, n,
+                                           properties, len(properties))
             except (TypeError, OverflowError):
                 offset = -1
             if offset >= 0:
                 self._held.append(payload)
                 self._held_bytes += n
                 return offset
-    return self._append(timestamp_ms, qos, retain, client_id, topic, payload)
+    return self._append(timestamp_ms, qos, retain, client_id, topic, payload, properties)
 
 
 def append_long(self, timestamp_ms: int, qos: int, retain: bool, client_id: bytes, topic: bytes,
-            payload: bytes) -> int:
+                payload: bytes, properties: bytes = b"") -> int:
     """``append`` for what the staging area does not take; opens it again afterwards."""
     if self.readonly or self._closed:
         raise LogError(f"{self.directory}: the log is {'read-only' if self.readonly else 'closed'}")
     self._unstage()
-    lc, lt, lp = len(client_id), len(topic), len(payload)
-    if lc > MAX_CLIENT_ID or lt > MAX_TOPIC or lp > MAX_PAYLOAD or not 0 <= qos <= 2 \
-            or timestamp_ms < 0:
+    lc, lt, lp, lr = len(client_id), len(topic), len(payload), len(properties)
+    if lc > MAX_CLIENT_ID or lt > MAX_TOPIC or lp > MAX_PAYLOAD or lr > MAX_PAYLOAD \
+            or not 0 <= qos <= 2 or timestamp_ms < 0:
         raise ValueError(f"record out of range: qos {qos}, timestamp {timestamp_ms}, "
-                         f"client id {lc} bytes, topic {lt} bytes, payload {lp} bytes")
-    length = RECORD_HEADER_SIZE + lc + lt + lp
+                         f"client id {lc} bytes, topic {lt} bytes, payload {lp} bytes, "
+                         f"properties {lr} bytes")
+    length = RECORD_HEADER_SIZE + lc + lt + lp + (PROPERTIES_LENGTH_SIZE + lr if lr else 0)
     if self._failing and self._pending + length > self.options.max_pending_bytes:
         raise LogFullError(f"{self.directory}: {self._pending} bytes are waiting for the "
                            f"disk (max_pending_bytes {self.options.max_pending_bytes}); record "
@@ -132,9 +136,10 @@ def append_long(self, timestamp_ms: int, qos: int, retain: bool, client_id: byte
     data = g.open_data()
     position = seg.reserved_size
     data += self._header(offset, timestamp_ms, qos | RETAIN_BIT if retain else qos,
-                         client_id, topic, payload)
+                         client_id, topic, payload, properties)
     data += client_id
     data += topic
+    data += properties
     if lp >= BIG_PAYLOAD and type(payload) in _HELD_TYPES:
         g.parts.append(payload)
         g.data = None

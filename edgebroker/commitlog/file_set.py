@@ -109,8 +109,8 @@ def delete_segment(self, seg: Segment, forced: bool, reason: str) -> None:
         os.unlink(seg.index_path)
     except OSError:
         pass
-    first = seg.entry(0)[0] if seg.count else seg.base_offset
-    span = f"offsets {first}..{seg.next_offset - 1}, {seg.count} records, {seg.size} bytes"
+    span = (f"offsets {seg.entry(0)[0]}..{seg.next_offset - 1}, {seg.count} records"
+            if seg.count else "empty") + f", {seg.size} bytes"
     with self._lock:
         i = self._segments.index(seg)
         del self._segments[i]
@@ -192,7 +192,7 @@ def upload_source(self, start: int) -> UploadSource | None:
             if j >= seg.count:
                 continue
             return UploadSource(seg.path, os.dup(seg.fd), seg.entry(j)[1], seg.size,
-                                seg.next_offset, self._tail is not seg)
+                                seg.next_offset, self._tail is not seg, seg.version)
     return None
 
 

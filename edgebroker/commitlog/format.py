@@ -7,13 +7,15 @@ import struct
 
 from edgebroker import _native
 from edgebroker._native import (  # noqa: F401  (the sizes are defined once, by the native helper)
-    INDEX_ENTRY_SIZE, MAX_CLIENT_ID, MAX_PAYLOAD, MAX_TOPIC, RECORD_HEADER_SIZE,
-    SEGMENT_HEADER_SIZE,
+    ATTR_PROPERTIES, FORMAT_VERSION, INDEX_ENTRY_SIZE, MAX_CLIENT_ID, MAX_PAYLOAD, MAX_TOPIC,
+    PROPERTIES_LENGTH_SIZE, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
 )
 from edgebroker.commitlog.errors import LogFormatError
 from edgebroker.records import record
 
-FORMAT_VERSION = 1
+# Segments are written in FORMAT_VERSION (2: records may carry MQTT 5.0 properties); these are
+# read. A version 1 record is a version 2 record without properties.
+READ_VERSIONS = (1, 2)
 MAGIC = b"EDGEBLOG"
 SEGMENT_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"
@@ -75,11 +77,15 @@ class Record:
     client_id: bytes
     topic: bytes
     payload: bytes
+    # The message's MQTT 5.0 properties as stored (the property encoding without its length
+    # in front; mqtt.properties.decode_body reads them); b"" when it has none.
+    properties: bytes = b""
 
 
 @record(slots=True)
 class Location:
-    """Where a record's payload lies in its segment file, for ``sendfile``.
+    """Where a record's payload lies in its segment file, for ``sendfile``, and the rest of
+    what a PUBLISH of it needs (topic, QoS, retain flag, properties as in ``Record``).
 
     ``fd`` stays open until the segment is deleted by retention, which only happens in
     ``housekeeping()``: use a Location before the next call of it."""
@@ -92,6 +98,7 @@ class Location:
     fd: int
     payload_position: int
     payload_length: int
+    properties: bytes = b""
 
 
 @record(slots=True)
@@ -122,6 +129,7 @@ class UploadSource:
     size: int
     next_offset: int
     rolled: bool    # a newer segment follows (False: sealed by age, the log's last one)
+    version: int = FORMAT_VERSION  # the segment's format version (its records' rules)
 
 
 @record(slots=True)
@@ -160,25 +168,30 @@ def segment_header(base_offset: int) -> bytes:
     return head[:28] + struct.pack("<I", crc)
 
 
-def check_segment_header(data: bytes, path: str, base_offset: int) -> str | None:
-    """None when the header is right; a description when it is damaged. Raises LogFormatError
-    for a header that is intact but says something this code cannot use."""
+def check_segment_header(data: bytes, path: str, base_offset: int) -> tuple[str | None, int]:
+    """(problem, version): problem None when the header is right, a description when it is
+    damaged; version the segment's format version, by whose rules its records are read
+    (FORMAT_VERSION for a damaged header: version 2 reads every version 1 record too).
+    Raises LogFormatError for a header that is intact but says something this code cannot
+    use."""
     if len(data) < SEGMENT_HEADER_SIZE:
-        return f"header is {len(data)} bytes, expected {SEGMENT_HEADER_SIZE}"
+        return f"header is {len(data)} bytes, expected {SEGMENT_HEADER_SIZE}", FORMAT_VERSION
     magic, version, hlen, _r1, base, _r2, crc = _SEGMENT_HEADER.unpack_from(data)
     if _native.crc32c(data[:28]) != crc:
-        return "header checksum mismatch" + (f" (magic {magic!r})" if magic != MAGIC else "")
+        return ("header checksum mismatch" + (f" (magic {magic!r})" if magic != MAGIC else ""),
+                FORMAT_VERSION)
     if magic != MAGIC:
         raise LogFormatError(f"{path}: not an edgebroker log segment (magic {magic!r})")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise LogFormatError(f"{path}: segment format version {version}; this edgebroker reads "
-                             f"version {FORMAT_VERSION} (written by a newer edgebroker?)")
+                             f"versions {', '.join(map(str, READ_VERSIONS))} (written by a "
+                             f"newer edgebroker?)")
     if hlen != SEGMENT_HEADER_SIZE:
         raise LogFormatError(f"{path}: header length {hlen}, expected {SEGMENT_HEADER_SIZE}")
     if base != base_offset:
         raise LogFormatError(f"{path}: the header says base offset {base}, the file name "
                              f"{base_offset}; was the file renamed?")
-    return None
+    return None, version
 
 
 def write_small_file(path: str, data: bytes, dir_fd: int | None = None) -> None:

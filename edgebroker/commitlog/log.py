@@ -361,7 +361,9 @@ class CommitLog:
     _iterate = reader.iterate
     _walk_records = reader.walk_records
     locate = reader.locate
+    _scanned_chunks = reader.scanned_chunks
     read_batch = reader.read_batch
+    read_run = reader.read_run
     bytes_after = reader.bytes_after
     offset_at_time = reader.offset_at_time
     lag = reader.lag

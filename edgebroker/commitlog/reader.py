@@ -11,18 +11,21 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import struct
 from array import array
 from collections.abc import Iterator
 
 from edgebroker import _native
 from edgebroker.commitlog import scanner
 from edgebroker.commitlog.format import (
-    INDEX_ENTRY_SIZE, RECORD_HEADER, RECORD_HEADER_SIZE, RETAIN_BIT, Damage, Location, Record,
+    ATTR_PROPERTIES, INDEX_ENTRY_SIZE, PROPERTIES_LENGTH_SIZE, RECORD_HEADER, RECORD_HEADER_SIZE,
+    RETAIN_BIT, Damage, Location, Record,
 )
 from edgebroker.commitlog.segment import Segment
 
 log = logging.getLogger("edgebroker.commitlog")
 _unpack_record_header = RECORD_HEADER.unpack_from
+_u32_from = struct.Struct("<I").unpack_from
 
 
 def read(self, offset: int) -> Record | None:
@@ -39,7 +42,7 @@ def read_entry(self, seg: Segment, j: int, retry: bool = True) -> Record | None:
     end = seg.end_of(j)
     data = os.pread(seg.fd, end - position, position)
     out = array("Q", bytes(8 * _native.SCAN_ENTRY_WORDS))
-    res = _native.scan(data, len(data), position, offset, None, out)
+    res = _native.scan(data, len(data), position, offset, None, out, 0, seg.version)
     if res.matched and out[0] == offset:
         return next(scanner.records_from(memoryview(data), out, 1, position))
     if retry and not seg.verified and self._repair_index(seg, offset):
@@ -125,9 +128,10 @@ def iterate(self, start: int, end: int | None, topic_filter: bytes | None) -> It
 def walk_records(self, seg: Segment, fd: int, position: int, limit: int, min_offset: int,
                   topic_filter: bytes | None) -> Iterator[Record]:
     out = scanner.new_scan_buffer()
-    step = scanner.scan_step(topic_filter, out)
+    step = scanner.scan_step(topic_filter, out, seg.version)
     quiet_tail = self.readonly and seg is self._segments[-1]
-    for event in scanner.walk(fd, position, limit, min_offset, 0, step, seg.path):
+    for event in scanner.walk(fd, position, limit, min_offset, 0, step, seg.path,
+                              version=seg.version):
         if event[0] == scanner.DATA:
             _, view, res, base = event
             yield from scanner.records_from(view, out, res.matched, base)
@@ -137,8 +141,8 @@ def walk_records(self, seg: Segment, fd: int, position: int, limit: int, min_off
 
 def locate(self, offset: int) -> Location | None:
     """Where the payload of ``offset`` is, to send it with ``sendfile`` (see
-    ``_native.send_batch``): the topic, QoS and retain flag for the header, and the file
-    range of the payload. None like ``read``. The record is checked (CRC) first unless its
+    ``_native.send_batch``): the topic, QoS, retain flag and properties for the header, and
+    the file range of the payload. None like ``read``. The record is checked (CRC) first unless its
     segment was checked whole since open."""
     found = self._find(offset)
     if found is None:
@@ -155,9 +159,11 @@ def locate(self, offset: int) -> Location | None:
         with self._lock:
             self._verify_wanted.add(seg)
         position = seg.entry(j)[1]
-        payload_position = position + RECORD_HEADER_SIZE + len(rec.client_id) + len(rec.topic)
+        props = rec.properties
+        payload_position = (position + RECORD_HEADER_SIZE + len(rec.client_id) + len(rec.topic)
+                            + (PROPERTIES_LENGTH_SIZE + len(props) if props else 0))
         return Location(offset, rec.timestamp_ms, rec.qos, rec.retain, rec.topic, seg.fd,
-                        payload_position, len(rec.payload))
+                        payload_position, len(rec.payload), props)
     position = seg.entry(j)[1]
     want = min(seg.end_of(j) - position, RECORD_HEADER_SIZE + 256)
     head = os.pread(seg.fd, want, position)
@@ -167,11 +173,17 @@ def locate(self, offset: int) -> Location | None:
     if rec_offset != offset:
         return None
     topic_start = RECORD_HEADER_SIZE + cl
-    if topic_start + tl > len(head):
-        head = os.pread(seg.fd, topic_start + tl, position)
+    rl = 0
+    if attrs & ATTR_PROPERTIES:
+        rl = length - PROPERTIES_LENGTH_SIZE - topic_start - tl - pl  # (checked by the scan)
+        topic_start += PROPERTIES_LENGTH_SIZE
+    payload_start = topic_start + tl + rl
+    if payload_start > len(head):
+        head = os.pread(seg.fd, payload_start, position)
     return Location(offset, ts, attrs & 3, bool(attrs & RETAIN_BIT),
                     bytes(head[topic_start:topic_start + tl]), seg.fd,
-                    position + topic_start + tl, pl)
+                    position + payload_start, pl,
+                    bytes(head[topic_start + tl:payload_start]) if rl else b"")
 
 
 # A payload this large or larger is not copied by ``read_batch``: it is sent from the segment
@@ -180,13 +192,44 @@ COPY_LIMIT = 16 * 1024
 BATCH_CHUNK = 64 * 1024
 
 
+def scanned_chunks(self, start: int, topic_filter: bytes | None, out) -> Iterator[tuple]:
+    """The segments from ``start`` on, up to what is written, read in chunks and scanned into
+    ``out`` (``scanner.new_scan_buffer``): ``(view, result, base)`` after each scan (``view`` is
+    reused: use it before resuming), and ``(None, next, None)`` at the end of each segment
+    (``next``: the offset a reader goes on from). Damaged records are skipped (reported
+    once, as by every reader). Core thread."""
+    written = self.written_offset
+    i = max(self._segment_index(start), 0)
+    segments = self._segments
+    while i < len(segments) and start < written:
+        seg = segments[i]
+        if start < seg.base_offset:
+            start = seg.base_offset
+        j = seg.find_offset(start)
+        if j < seg.count:
+            step = scanner.scan_step(topic_filter, out, seg.version)
+            for event in scanner.walk(seg.fd, seg.entry(j)[1], seg.size, start, 0, step,
+                                      seg.path, BATCH_CHUNK, seg.version):
+                if event[0] != scanner.DATA:
+                    self._report(event[1])
+                    continue
+                _, view, res, base = event
+                start = res.next_offset
+                yield view, res, base
+        start = max(start, seg.next_offset)
+        yield None, start, None
+        i += 1
+
+
 def read_batch(self, start: int, topic_filter: bytes | None, max_records: int, max_bytes: int,
-               max_scan: int, copy_limit: int = COPY_LIMIT) -> tuple[list[tuple], int]:
+               max_scan: int, copy_limit: int = COPY_LIMIT,
+               client_ids: bool = False) -> tuple[list[tuple], int]:
     """The records from ``start`` on whose topic matches ``topic_filter`` (None: all), for a
     session catching up (core.catchup): ``(records, next)``, where each record is ``(offset,
-    timestamp_ms, qos, retain, topic, payload, payload_length)`` (``payload`` None when it is
-    ``copy_limit`` bytes or more: send it from the file) and ``next`` is the offset the next
-    call starts from.
+    timestamp_ms, qos, retain, topic, payload, payload_length, properties)`` (``payload`` None
+    when it is ``copy_limit`` bytes or more: send it from the file; ``properties`` as in
+    ``Record``), with ``client_ids`` the publisher's client id after them, and ``next`` is the
+    offset the next call starts from.
 
     Whole chunks of the segment are read and validated (CRC) by the native scanner; reading
     stops after the chunk that reaches ``max_records`` matches, ``max_bytes`` of copied
@@ -195,47 +238,79 @@ def read_batch(self, start: int, topic_filter: bytes | None, max_records: int, m
     records: list[tuple] = []
     copied = 0
     scanned = 0
-    written = self.written_offset
-    if start < self.first_offset:
-        start = self.first_offset
-    i = max(self._segment_index(start), 0)
-    segments = self._segments
+    start = max(start, self.first_offset)
     out = scanner.new_scan_buffer(1024)
-    step = scanner.scan_step(topic_filter, out)
     hdr = RECORD_HEADER_SIZE
     words = _native.SCAN_ENTRY_WORDS
-    while i < len(segments) and start < written:
-        seg = segments[i]
-        if start < seg.base_offset:
-            start = seg.base_offset
-        j = seg.find_offset(start)
-        if j < seg.count:
-            for event in scanner.walk(seg.fd, seg.entry(j)[1], seg.size, start, 0, step,
-                                      seg.path, BATCH_CHUNK):
-                if event[0] != scanner.DATA:
-                    self._report(event[1])
-                    continue
-                _, view, res, base = event
-                for k in range(0, res.matched * words, words):
-                    offset, ts, position, length, meta = out[k:k + words]
-                    p = position - base + hdr
-                    topic_start = p + (meta >> 8 & 0xFFFF)
-                    topic_end = topic_start + (meta >> 24)
-                    n = position - base + length - topic_end
-                    if n < copy_limit:
-                        payload = bytes(view[topic_end:topic_end + n])
-                        copied += n
-                    else:
-                        payload = None
-                    records.append((offset, ts, meta & 3, bool(meta & 4),
-                                    bytes(view[topic_start:topic_end]), payload, n))
-                start = res.next_offset
-                scanned += res.stop
-                if len(records) >= max_records or copied >= max_bytes or scanned >= max_scan:
-                    return records, start
-        start = max(start, seg.next_offset)
-        i += 1
+    for view, res, base in self._scanned_chunks(start, topic_filter, out):
+        if view is None:
+            start = res
+            continue
+        for k in range(0, res.matched * words, words):
+            offset, ts, position, length, meta = out[k:k + words]
+            p = position - base + hdr
+            r = 0
+            if meta & ATTR_PROPERTIES:
+                r = _u32_from(view, p)[0]
+                p += PROPERTIES_LENGTH_SIZE
+            topic_start = p + (meta >> 8 & 0xFFFF)
+            topic_end = topic_start + (meta >> 24)
+            payload_start = topic_end + r
+            n = position - base + length - payload_start
+            if n < copy_limit:
+                payload = bytes(view[payload_start:payload_start + n])
+                copied += n
+            else:
+                payload = None
+            record = (offset, ts, meta & 3, bool(meta & 4), bytes(view[topic_start:topic_end]),
+                      payload, n, bytes(view[topic_end:payload_start]) if r else b"")
+            if client_ids:
+                record += (bytes(view[p:p + (meta >> 8 & 0xFFFF)]),)
+            records.append(record)
+        start = res.next_offset
+        scanned += res.stop
+        if len(records) >= max_records or copied >= max_bytes or scanned >= max_scan:
+            break
     return records, start
+
+
+def read_run(self, start: int, topic_filter: bytes | None, max_scan: int,
+             copy_limit: int = COPY_LIMIT) -> tuple[tuple | None, int] | None:
+    """The matching records of the first chunk from ``start`` on that holds any, as the
+    native scanner found them, for a session catching up (core.catchup): ``((data, base,
+    entries, count), next)``, where ``data`` holds the chunk read from file position ``base``,
+    ``entries`` the scanner's ``count`` entries (``_native.SCAN_ENTRY_WORDS`` words each:
+    offset, timestamp, position, length, meta) and ``next`` is the offset the next call
+    starts from; ``(None, next)`` when nothing matched in ``max_scan`` bytes or up to what is
+    written. None when a matching record's payload may be ``copy_limit`` bytes or more (such
+    payloads are sent from the file: ``read_batch`` reads them). One chunk is read per call
+    and nothing is made per record. Damaged records are skipped (reported once). Core thread."""
+    scanned = 0
+    start = max(start, self.first_offset)
+    out = scanner.new_scan_buffer(1024)
+    words = _native.SCAN_ENTRY_WORDS
+    for view, res, base in self._scanned_chunks(start, topic_filter, out):
+        if view is None:
+            start = res
+            continue
+        if res.matched:
+            # The chunks' buffer is not read into again once the walk is left here: the run
+            # keeps it.
+            used = res.matched * words
+            if (max(out[3:used:words]) - RECORD_HEADER_SIZE >= copy_limit
+                    or any(meta & ATTR_PROPERTIES for meta in out[4:used:words])):
+                return None   # (records with properties: read_batch reads them)
+            if len(view.obj) > BATCH_CHUNK:
+                # The walk's buffer grew for a large record of another topic: keep their span
+                # only, not that buffer.
+                low, high = out[2] - base, out[used - 3] + out[used - 2] - base
+                view, base = bytes(view[low:high]), base + low
+            return (view, base, out[:used], res.matched), res.next_offset
+        start = res.next_offset
+        scanned += res.stop
+        if scanned >= max_scan:
+            break
+    return None, start
 
 
 def bytes_after(self, offset: int) -> int:

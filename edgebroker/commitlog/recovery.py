@@ -22,8 +22,8 @@ from edgebroker import _native
 from edgebroker.commitlog import scanner
 from edgebroker.commitlog.errors import LogError, LogLockedError, LogWriteError
 from edgebroker.commitlog.format import (
-    INDEX_ENTRY_SIZE, INDEX_SUFFIX, RECORD_HEADER, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
-    Damage, check_segment_header, parse_segment_name, segment_header,
+    FORMAT_VERSION, INDEX_ENTRY_SIZE, INDEX_SUFFIX, RECORD_HEADER, RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE, Damage, check_segment_header, parse_segment_name, segment_header,
 )
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
@@ -184,12 +184,13 @@ def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
         seg.set_index(bytearray(), 0)
         seg.verified = True
         return
-    problem = check_segment_header(os.pread(seg.fd, SEGMENT_HEADER_SIZE, 0), seg.path,
-                                   seg.base_offset)
+    problem, seg.version = check_segment_header(os.pread(seg.fd, SEGMENT_HEADER_SIZE, 0),
+                                                seg.path, seg.base_offset)
     if problem:
         self.recovery.header_damage.append((seg.path, problem))
         log.warning("%s: segment header damaged (%s); its records are still read, each by "
-                    "its own checksum", seg.path, problem)
+                    "its own checksum (by the rules of format version %d)", seg.path, problem,
+                    seg.version)
         if is_last and not self.readonly:
             os.pwrite(seg.fd, segment_header(seg.base_offset), 0)
     seg.size = size
@@ -254,7 +255,7 @@ def valid_record_end(self, seg: Segment, position: int, offset: int) -> int | No
         return None
     data = os.pread(seg.fd, length, position)
     out = array("Q", bytes(8 * _native.SCAN_ENTRY_WORDS))
-    res = _native.scan(data, len(data), position, offset, None, out)
+    res = _native.scan(data, len(data), position, offset, None, out, 0, seg.version)
     if res.matched != 1 or out[0] != offset or res.stop != length:
         return None
     return position + length
@@ -265,13 +266,16 @@ def index_walk(self, seg: Segment, fd: int, start: int, end: int, min_offset: in
     """Scan [start, end) of ``fd`` appending index entries; -> (entries added, damage)."""
     out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
     base = seg.base_offset
+    version = seg.version
 
     def step(view, avail, base_position, mo, mts):
-        return _native.build_index(view, avail, base_position, base, mo, mts, out)
+        return _native.build_index(view, avail, base_position, base, mo, mts, out,
+                                   version=version)
 
     added = 0
     damage = []
-    for event in scanner.walk(fd, start, end, min_offset, max_ts, step, seg.path):
+    for event in scanner.walk(fd, start, end, min_offset, max_ts, step, seg.path,
+                              version=version):
         if event[0] == scanner.DATA:
             res = event[2]
             entries += out[:res.count * INDEX_ENTRY_SIZE]
@@ -342,7 +346,9 @@ def save_rebuilt_index(self, seg: Segment, reason: str | None) -> None:
 
 
 def start_appending(self) -> None:
-    """Make the last segment the one appended to, and make what recovery kept durable."""
+    """Make the last segment the one appended to, and make what recovery kept durable. A last
+    segment of an older format version with records in it stays as it is (sealed): the
+    records from now on go to a new segment of the current version."""
     if self._segments:
         tail = self._segments[-1]
         for seg in self._segments:
@@ -352,6 +358,17 @@ def start_appending(self) -> None:
                 except OSError as exc:
                     raise LogWriteError.from_os("cannot fsync", seg.path, exc) from None
         os.fsync(self._dir_fd)
+        if tail.version != FORMAT_VERSION and tail.count:
+            log.info("commit log %s: %s is format version %d (an older edgebroker's): kept as "
+                     "it is; new records start a version %d segment", self.directory,
+                     tail.path, tail.version, FORMAT_VERSION)
+            tail.sealed = True
+            self._tail = self._new_segment(self._next)
+            self._set_recovery_point(self._tail.base_offset)
+            return
+        if tail.version != FORMAT_VERSION:  # a header and no records: made current
+            os.pwrite(tail.fd, segment_header(tail.base_offset), 0)
+            tail.version = FORMAT_VERSION
         self._tail = tail
         tail.sealed = False
         try:
@@ -374,9 +391,10 @@ def open_for_append(self, seg: Segment) -> None:
 def log_recovery(self) -> None:
     r = self.recovery
     first, nxt = self.first_offset, self._next
-    log.info("commit log %s: %d segments, offsets %d..%d, opened%s in %.3f s "
+    held = f"offsets {first}..{nxt - 1}" if nxt > first else f"empty (next offset {nxt})"
+    log.info("commit log %s: %d segments, %s, opened%s in %.3f s "
              "(%d scanned record by record, %d damaged regions, %d indexes rebuilt)",
-             self.directory, r.segments, first, nxt - 1, " read-only" if self.readonly else "",
+             self.directory, r.segments, held, " read-only" if self.readonly else "",
              r.seconds, r.full_scans, len(r.damage), len(r.index_rebuilt))
 
 

@@ -10,6 +10,7 @@ region in between: ``corrupt`` when a valid record follows, ``torn`` when nothin
 from __future__ import annotations
 
 import os
+import struct
 from array import array
 from collections.abc import Callable, Iterator
 
@@ -18,8 +19,11 @@ from edgebroker._native import (
     RESYNC_CANDIDATE, RESYNC_FOUND, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
     ScanResult,
 )
-from edgebroker.commitlog.format import RECORD_HEADER_SIZE, Damage, Record
+from edgebroker.commitlog.format import (
+    ATTR_PROPERTIES, FORMAT_VERSION, PROPERTIES_LENGTH_SIZE, RECORD_HEADER_SIZE, Damage, Record,
+)
 
+_u32_from = struct.Struct("<I").unpack_from
 CHUNK = 1024 * 1024
 SCAN_BATCH = 4096  # entries per scan call
 
@@ -41,9 +45,10 @@ def _pread_into(fd: int, buf: bytearray, want: int, pos: int) -> int:
     return got
 
 
-def find_next_valid(fd: int, start: int, end: int, min_offset: int,
-                    chunk: int = CHUNK) -> int | None:
-    """The position of the first valid record in [start, end) with offset >= min_offset."""
+def find_next_valid(fd: int, start: int, end: int, min_offset: int, chunk: int = CHUNK,
+                    version: int = FORMAT_VERSION) -> int | None:
+    """The position of the first valid record in [start, end) with offset >= min_offset, by
+    the rules of segment format ``version``."""
     buf = bytearray(chunk)
     pos = start
     while pos < end:
@@ -54,7 +59,7 @@ def find_next_valid(fd: int, start: int, end: int, min_offset: int,
         view = memoryview(buf)[:n]
         rel = 0
         while True:
-            res = _native.resync(view, end - pos, rel, min_offset)
+            res = _native.resync(view, end - pos, rel, min_offset, version)
             if res.status == RESYNC_FOUND:
                 return pos + res.position
             if res.status != RESYNC_CANDIDATE:
@@ -62,7 +67,7 @@ def find_next_valid(fd: int, start: int, end: int, min_offset: int,
             # A plausible header whose record continues past this chunk: read it whole.
             whole = bytearray(res.need)
             if _pread_into(fd, whole, res.need, pos + res.position) == res.need:
-                check = _native.resync(whole, res.need, 0, min_offset)
+                check = _native.resync(whole, res.need, 0, min_offset, version)
                 if check.status == RESYNC_FOUND and check.position == 0:
                     return pos + res.position
             rel = res.position + 1
@@ -74,8 +79,9 @@ def find_next_valid(fd: int, start: int, end: int, min_offset: int,
 
 
 def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, step: Step,
-         path: str = "", chunk: int = CHUNK) -> Iterator[tuple]:
-    """Walk the records in [start, end) of ``fd``.
+         path: str = "", chunk: int = CHUNK, version: int = FORMAT_VERSION) -> Iterator[tuple]:
+    """Walk the records in [start, end) of ``fd``, a segment of format ``version`` (``step``
+    validates by the same version's rules).
 
     Yields ``(DATA, view, result, base_position)`` after each step call that passed over records
     (``view`` is reused: use it before resuming) and ``(BAD, Damage)`` for each invalid region.
@@ -107,7 +113,7 @@ def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, ste
         if res.status == SCAN_FULL:
             continue
         assert res.status == SCAN_BAD
-        nxt = find_next_valid(fd, pos + 1, end, min_offset, chunk)
+        nxt = find_next_valid(fd, pos + 1, end, min_offset, chunk, version)
         if nxt is None:
             yield BAD, Damage(path, pos, end - pos, min_offset, "torn")
             break
@@ -115,9 +121,10 @@ def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, ste
         pos = nxt
 
 
-def scan_step(topic_filter: bytes | None, out: array) -> Step:
+def scan_step(topic_filter: bytes | None, out: array, version: int = FORMAT_VERSION) -> Step:
     def step(view, avail, base_position, min_offset, max_timestamp):
-        return _native.scan(view, avail, base_position, min_offset, topic_filter, out, max_timestamp)
+        return _native.scan(view, avail, base_position, min_offset, topic_filter, out,
+                            max_timestamp, version)
     return step
 
 
@@ -130,11 +137,17 @@ def records_from(view: memoryview, out: array, matched: int, base_position: int)
     hdr = RECORD_HEADER_SIZE
     for i in range(0, matched * SCAN_ENTRY_WORDS, SCAN_ENTRY_WORDS):
         offset, ts, position, length, meta = out[i:i + SCAN_ENTRY_WORDS]
-        p = position - base_position + hdr
+        start = position - base_position
+        p = start + hdr
+        r = 0
+        if meta & ATTR_PROPERTIES:  # R, then the client id
+            r = _u32_from(view, p)[0]
+            p += PROPERTIES_LENGTH_SIZE
         cid_end = p + (meta >> 8 & 0xFFFF)
         topic_end = cid_end + (meta >> 24)
         yield Record(offset, ts, meta & 3, bool(meta & 4), bytes(view[p:cid_end]),
-                     bytes(view[cid_end:topic_end]), bytes(view[topic_end:p - hdr + length]))
+                     bytes(view[cid_end:topic_end]), bytes(view[topic_end + r:start + length]),
+                     bytes(view[topic_end:topic_end + r]))
 
 
 __all__ = ["walk", "find_next_valid", "scan_step", "new_scan_buffer", "records_from", "DATA", "BAD",

@@ -24,7 +24,7 @@ import os
 from edgebroker import _native
 from edgebroker.commitlog.errors import LogWriteError
 from edgebroker.commitlog.format import (
-    INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, SEGMENT_SUFFIX, segment_name,
+    FORMAT_VERSION, INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, SEGMENT_SUFFIX, segment_name,
 )
 
 INDEX_GROW_ENTRIES = 4096
@@ -46,7 +46,7 @@ class Segment:
         "created", "new_file", "index_dirty", "deleted", "index_file_bytes", "index_trim",
         # writer's reservations for records appended but not yet written
         "reserved_size", "reserved_count", "reserved_max_ts", "reserved_first_ts", "full",
-        "preallocated",
+        "preallocated", "version",
     )
 
     def __init__(self, directory: str, base_offset: int):
@@ -77,6 +77,7 @@ class Segment:
         self.reserved_first_ts: int | None = None
         self.full = False          # no more appends: seal once its pending records are written
         self.preallocated = False  # blocks past ``size`` allocated ahead (see preallocate)
+        self.version = FORMAT_VERSION  # its format version: the rules its records are read by
 
     def __repr__(self) -> str:
         return f"<Segment {self.base_offset} records={self.count} size={self.size}>"

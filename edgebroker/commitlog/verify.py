@@ -11,7 +11,9 @@ from collections.abc import Callable
 from edgebroker import _native
 from edgebroker.commitlog import scanner
 from edgebroker.commitlog.errors import LogError
-from edgebroker.commitlog.format import INDEX_ENTRY_SIZE, SEGMENT_HEADER_SIZE, check_segment_header
+from edgebroker.commitlog.format import (
+    FORMAT_VERSION, INDEX_ENTRY_SIZE, SEGMENT_HEADER_SIZE, check_segment_header,
+)
 from edgebroker.commitlog.segment import Segment
 from edgebroker.records import field, record
 
@@ -53,9 +55,10 @@ def verify_segments(segments: list[Segment],
                     report.header_problems.append((seg.path, f"{size} bytes, no complete header"))
                 done += size
                 continue
+            version = FORMAT_VERSION
             try:
-                problem = check_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0), seg.path,
-                                               seg.base_offset)
+                problem, version = check_segment_header(os.pread(fd, SEGMENT_HEADER_SIZE, 0),
+                                                        seg.path, seg.base_offset)
             except LogError as exc:
                 problem = str(exc)
             if problem:
@@ -66,12 +69,14 @@ def verify_segments(segments: list[Segment],
             seg_done = done
 
             def step(view, avail, base_position, mo, mts):
-                res = _native.build_index(view, avail, base_position, base, mo, mts, out)
+                res = _native.build_index(view, avail, base_position, base, mo, mts, out,
+                                          version=version)
                 if progress is not None:
                     progress(seg_done + base_position + res.stop, total)
                 return res
 
-            for event in scanner.walk(fd, SEGMENT_HEADER_SIZE, size, base, 0, step, seg.path):
+            for event in scanner.walk(fd, SEGMENT_HEADER_SIZE, size, base, 0, step, seg.path,
+                                      version=version):
                 if event[0] == scanner.DATA:
                     entries += out[:event[2].count * INDEX_ENTRY_SIZE]
                 elif event[1].kind == "torn" and is_last:

@@ -6,6 +6,7 @@ takes its methods from one module per concept (mixins, so the hot path calls
 them as the broker's own methods, with no extra call or lookup per message):
 
 - ``core.router``: routing, the frame cache, queues and windows, sending from the log;
+- ``core.router5``: what a PUBLISH to an MQTT 5.0 subscriber carries, and its options;
 - ``core.sessions``: admission, attach/detach, subscriptions, drops;
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
 - ``core.timers``: the deadline heap (keepalive, CONNECT timeout, ``Timer``s) and
@@ -38,6 +39,7 @@ from edgebroker.core.limits import (
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.persistence import Persistence
 from edgebroker.core.router import Router
+from edgebroker.core.router5 import Router5
 from edgebroker.core.sessions import Sessions
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.core.timers import Timers
@@ -54,7 +56,7 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker(Router, Sessions, CatchUp, Timers, Persistence):
+class Broker(Router, Router5, Sessions, CatchUp, Timers, Persistence):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits

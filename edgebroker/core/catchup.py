@@ -36,8 +36,14 @@ Rules kept (docs/persistence.md):
 from __future__ import annotations
 
 import logging
+from array import array
+from bisect import bisect_left
 
-from edgebroker.core.session import Message, Stored
+from edgebroker import _native
+from edgebroker.commitlog.format import RECORD_HEADER_SIZE
+from edgebroker.core.mqtt5 import stored_properties
+from edgebroker.core.router5 import options5_for
+from edgebroker.core.session import EMPTY_DICT, Message, Outgoing, Stored
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt.topics import topic_matches
 
@@ -64,7 +70,7 @@ IN_STEP = {"cursor": None, "lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
 class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
-    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "done")
+    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "done", "run")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -76,9 +82,23 @@ class Cursor:
         # After a restart: offsets of QoS 2 messages the session was sent after the snapshot
         # (core.exchanges), not to be sent again; None once the cursor is past them all.
         self.done: set[int] | None = None
+        # Records read (offsets below ``offset``) and not yet sent, or None (see Run).
+        self.run: Run | None = None
 
     def __repr__(self):
         return f"Cursor({self.offset})"
+
+    def unsent(self) -> int:
+        """Where a reader that lost what is in memory goes on from: the first record of the
+        run not yet sent, else ``offset`` (what the snapshot keeps)."""
+        run = self.run
+        return run.offsets[run.i] if run is not None and run.i < run.n else self.offset
+
+    def drop_run(self) -> None:
+        """Let go of the records read and not yet sent: they are read again."""
+        if self.run is not None:
+            self.offset = self.unsent()
+            self.run = None
 
     def granted(self, session, topic: bytes, offset: int) -> int:
         """The QoS ``session`` takes the record at ``offset`` on ``topic`` with; -1: none."""
@@ -104,6 +124,7 @@ class Cursor:
         return False
 
     def went_offline(self, head: int) -> None:
+        self.drop_run()
         ranges = self.offline
         if ranges is None:
             ranges = self.offline = []
@@ -115,6 +136,47 @@ class Cursor:
     def came_back(self, head: int) -> None:
         if self.offline and self.offline[-1][1] is None:
             self.offline[-1][1] = head
+
+
+class Run:
+    """Records a session catching up read from the log and has not all been sent yet: the
+    scanner's entries (``_native.scan``) for the records of one chunk of a segment that match
+    its one subscription, over the chunk itself (``data``, from file position ``base``). Nothing
+    is made per record until it is sent; then ``Broker.send_run`` builds the PUBLISH frames
+    of all that the window and the connection take with one native call
+    (``_native.publish_frames``) and one write. Held on ``Cursor.run``; the cursor's offset is
+    already past it (as past the records of a batch in the session's queue)."""
+
+    __slots__ = ("data", "base", "entries", "n", "i", "offsets", "metas", "lengths", "times",
+                 "qos", "pids", "top", "skip_offline", "drop_qos0", "too_old")
+
+    def __init__(self, data, base: int, entries, n: int, top: int):
+        self.data = data
+        self.base = base
+        self.entries = entries
+        self.n = n                    # records in the run
+        self.i = 0                    # the first not yet sent
+        words = _native.SCAN_ENTRY_WORDS
+        self.offsets = entries[0::words]
+        self.times = entries[1::words]
+        self.lengths = entries[3::words]
+        self.metas = entries[4::words]
+        self.qos = bytearray(n)       # per record as sent: 0-2, or 255 (skipped)
+        self.pids = array("H", bytes(2 * n))  # packet ids as sent (QoS 1 and 2)
+        self.top = top                # the QoS the subscription granted
+        # QoS 0 records: skipped silently when published while the session was offline
+        # (skip_offline, see Cursor.was_offline), as dropped past max_lag (counted).
+        self.skip_offline = False
+        self.drop_qos0 = False
+        self.too_old = -1
+
+
+def waiting(session) -> int:
+    """Messages ``session`` holds for its client beyond the window: its queue, and what its
+    cursor read from the log and has not sent (its run)."""
+    cursor = session.cursor
+    run = cursor.run if cursor is not None else None
+    return len(session.queue) + (run.n - run.i if run is not None else 0)
 
 
 class CatchUp:
@@ -187,11 +249,20 @@ class CatchUp:
             self._caught_up(session)
             return True
         topic_filter = None
+        limits = self.limits
         if len(subscriptions) == 1 and not cursor.since:
             topic_filter = next(iter(subscriptions)).encode("utf-8")
-        limits = self.limits
+            if session.acl is None and cursor.done is None and session.client.v5 is None:
+                # The scanner's filter is the whole decision: the records go out as a run
+                # (3.1.1 frames: a 5.0 client's PUBLISH has more to say, core.router5).
+                found = commit_log.read_run(cursor.offset, topic_filter, SCAN_BYTES)
+                if found is not None:
+                    return self._take_run(session, found, head, subscriptions[
+                        next(iter(subscriptions))])
+        sub5 = session.sub5   # 5.0 options (No Local, Retain As Published): core.router5
         records, next_offset = commit_log.read_batch(cursor.offset, topic_filter, QUEUE_MESSAGES,
-                                                     QUEUE_BYTES, SCAN_BYTES)
+                                                     QUEUE_BYTES, SCAN_BYTES,
+                                                     client_ids=sub5 is not None)
         if next_offset > head:
             records = [r for r in records if r[0] < head]
             next_offset = head
@@ -211,7 +282,9 @@ class CatchUp:
         queued = queued_bytes = 0
         lagging = 0
         done = cursor.done
-        for offset, ts, qos, retain, topic, payload, size in records:
+        v5 = session.client.v5 is not None
+        own_id = session.client_id.encode("utf-8")
+        for offset, ts, qos, retain, topic, payload, size, properties, *publisher in records:
             if done is not None and offset in done:
                 continue      # sent before a restart, its exchange journaled (see Cursor.done)
             granted = cursor.granted(session, topic, offset)
@@ -220,6 +293,13 @@ class CatchUp:
             if granted < qos:
                 qos = granted
             name = topic.decode("utf-8", "replace")
+            retain_out = False
+            if sub5 is not None:
+                best, retain_out = options5_for(session, name, retain, publisher[0] == own_id)
+                if best < 0:
+                    continue
+                if best < qos:
+                    qos = best
             if acl is not None:
                 allowed = acl.reads.get(name)
                 if allowed is None:
@@ -236,9 +316,12 @@ class CatchUp:
                 session.queued_qos0 += 1
             if payload is None:
                 ref = Stored(offset, len(topic) + size)
+            elif properties and v5:  # (a 3.1.1 subscriber gets none)
+                ref = Message(name, payload, qos, False, offset, topic, "", *stored_properties(
+                    properties, ts, journal.wall_ms(), self.clock()))
             else:
                 ref = Message(name, payload, qos, False, offset, topic)
-            queue.append((ref, qos, False))
+            queue.append((ref, qos, retain_out))
             queued += 1
             queued_bytes += ref.size
         if lagging:
@@ -261,6 +344,131 @@ class CatchUp:
                 self._catch_up_timer.start(self, self.clock())
             return False
         return True
+
+    def _take_run(self, session, found: tuple, head: int, top: int) -> bool:
+        """``refill`` with what ``CommitLog.read_run`` found: the run becomes the cursor's
+        (records from ``head`` on are left to live routing). As ``refill``'s result."""
+        cursor = session.cursor
+        commit_log = self.journal.log
+        found_run, next_offset = found
+        if next_offset > head:
+            next_offset = head
+        if next_offset <= cursor.offset:
+            self._skip(session, commit_log.written_offset, "the log cannot be read there")
+            return True
+        run = None
+        if found_run is not None:
+            data, base, entries, n = found_run
+            run = Run(data, base, entries, n, top)
+            if run.offsets[n - 1] >= head:
+                run.n = bisect_left(run.offsets, head, 0, n)
+            if run.n:
+                limits = self.limits
+                lag_bytes = limits.max_lag_bytes
+                run.drop_qos0 = (bool(lag_bytes)
+                                 and commit_log.bytes_after(cursor.offset) > lag_bytes)
+                max_age = limits.max_lag_age
+                if max_age:
+                    run.too_old = self.journal.wall_ms() - int(max_age * 1000)
+                run.skip_offline = bool(cursor.offline) and not (limits.queue_qos0_messages
+                                                                 and not session.clean)
+                cursor.run = run
+            else:
+                run = None
+        cursor.offset = next_offset
+        if not session.clean:
+            self._snapshot_dirty = True   # a restart goes on from here
+        if run is not None:
+            return True
+        if next_offset >= head:
+            self._caught_up(session)
+            return True
+        # A long stretch of records it does not take: go on in the next pass.
+        self._catch_up_again.add(session)
+        if not self._catch_up_timer.pending:
+            self._catch_up_timer.start(self, self.clock())
+        return False
+
+    def send_run(self, session, run: Run) -> bool:
+        """Send what the window and the connection take of ``run`` (the client is online and
+        its queue empty): the PUBLISH frames of all of it in one write. True when all of the
+        run is sent."""
+        client = session.client
+        transport = client.transport
+        limits = self.limits
+        window = limits.max_inflight_messages
+        window_bytes = limits.max_inflight_bytes
+        inflight = session.inflight
+        if inflight is EMPTY_DICT:
+            inflight = session.own_inflight()
+        held = len(inflight)
+        held_bytes = session.inflight_bytes
+        room = transport.max_pending - transport.out_bytes
+        first = i = run.i
+        n = run.n
+        offsets, metas, lengths = run.offsets, run.metas, run.lengths
+        qos, pids, top = run.qos, run.pids, run.top
+        pid = session._next_id
+        journal_qos2 = not session.clean and self.exchanges is not None
+        hdr = RECORD_HEADER_SIZE
+        sent = lagging = 0
+        while i < n:
+            meta = metas[i]
+            q = meta & 3
+            if q > top:
+                q = top
+            size = lengths[i] - hdr - (meta >> 8 & 0xFFFF)
+            if q:
+                if held >= window or held_bytes >= window_bytes and held or room <= 0:
+                    break
+                while True:      # the next packet id not in use (Session.allocate_id)
+                    pid = pid + 1 if pid < 65535 else 1
+                    if pid not in inflight:
+                        break
+                inflight[pid] = Outgoing(Stored(offsets[i], size), q, False)
+                held += 1
+                held_bytes += size
+                pids[i] = pid
+                if q == 2 and journal_qos2:
+                    self.exchanges.sent(session.client_id, pid, offsets[i], size, False)
+            elif (run.skip_offline and session.cursor.was_offline(offsets[i])
+                  or run.drop_qos0 or run.times[i] < run.too_old):
+                # As refill: published while the session was offline (not kept), or past
+                # max_lag (counted).
+                if not run.skip_offline or not session.cursor.was_offline(offsets[i]):
+                    lagging += 1
+                qos[i] = 255
+                i += 1
+                continue
+            elif room <= 0:
+                break
+            qos[i] = q
+            room -= size
+            sent += 1
+            i += 1
+        session._next_id = pid
+        session.inflight_bytes = held_bytes
+        run.i = i
+        if i > first:
+            entries = run.entries
+            words = _native.SCAN_ENTRY_WORDS
+            start, last = first * words, (i - 1) * words
+            # Every frame is shorter than its record: the records' span is room enough.
+            frames = _native.publish_frames(run.data, run.base, entries, first, i - first, qos,
+                                            pids, entries[last + 2] + entries[last + 3]
+                                            - entries[start + 2])
+            if sent:
+                transport.write(frames)
+                transport.count_publish(sent)
+                self.stats.publish_sent += sent
+                self.prompt = True
+            if not session.clean:
+                self._snapshot_dirty = True   # the snapshot's cursor (Cursor.unsent) moved
+        if lagging:
+            self._lag_drop(session, lagging, run.drop_qos0)
+        if room <= 0:
+            transport.wait_for_drain()
+        return i >= n
 
     def _on_catch_up(self) -> None:
         sessions, self._catch_up_again = self._catch_up_again, set()
@@ -290,6 +498,7 @@ class CatchUp:
     def _skip(self, session, offset: int, why: str) -> None:
         """Move ``session``'s cursor forward to ``offset``: a gap, counted and logged."""
         cursor = session.cursor
+        cursor.drop_run()      # what it read and did not send is gone too, where it is lost
         lost = offset - cursor.offset
         if lost <= 0:
             return
@@ -335,4 +544,4 @@ class CatchUp:
                                                                 self.journal.wall_ms())}
 
 
-__all__ = ["CatchUp", "Cursor", "IN_STEP", "QUEUE_MESSAGES", "QUEUE_BYTES"]
+__all__ = ["CatchUp", "Cursor", "IN_STEP", "QUEUE_MESSAGES", "QUEUE_BYTES", "Run", "waiting"]

@@ -20,12 +20,19 @@ from __future__ import annotations
 
 import logging
 
-from edgebroker.errors import CONNACK_CODES_311, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
+from edgebroker.errors import (
+    CONNACK_CODES_311, KEEP_ALIVE_TIMEOUT, UNSPECIFIED_ERROR,
+    UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
+)
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode
 from edgebroker.mqtt.stream import Decoder
-from edgebroker.core.dispatch import AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED_RATED
-from edgebroker.core.handlers import connect
+from edgebroker.core import mqtt5
+from edgebroker.core.dispatch import (
+    AUTH_EXCHANGE, AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED5, CONNECTED5_RATED,
+    CONNECTED_RATED,
+)
+from edgebroker.core.handlers import acks, auth, connect
 from edgebroker.core.handlers.connect import connections_log
 
 TYPE_CHECKING = False   # typing (core.transport's Protocol) for type checkers only: memory
@@ -36,6 +43,8 @@ log = logging.getLogger("edgebroker.client")
 
 # Bytes of a partly received packet that count as activity for keepalive.
 _PROGRESS_BYTES = 1024
+# The reason codes a refusing 5.0 CONNACK may carry for a protocol violation.
+CONNACK_REASONS5 = frozenset((0x81, 0x82, 0x84, 0x85, 0x95))
 
 
 class ClosedTransport:
@@ -64,7 +73,7 @@ class ClosedTransport:
     def wait_for_drain(self) -> None:
         pass
 
-    def count_publish(self) -> None:
+    def count_publish(self, n: int = 1) -> None:
         pass
 
     def pause_reading(self, reason: str) -> None:
@@ -87,7 +96,7 @@ class Client:
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
                  "rate", "throttled_until", "throttle_start", "throttled_time",
                  "pending_dropped", "warned", "rate_sample",
-                 "username", "acl", "pending_connect", "held", "denied_logged", "refusal")
+                 "username", "acl", "pending_connect", "held", "denied_logged", "refusal", "v5")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
@@ -124,6 +133,7 @@ class Client:
         self.held = None              # packets received meanwhile
         self.denied_logged = None     # topics whose denied PUBLISH was logged
         self.refusal = None           # (limit, why): refuse its CONNECT (Sessions.admission)
+        self.v5 = None                # core.mqtt5.Conn5 for an MQTT 5.0 connection
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
@@ -148,7 +158,23 @@ class Client:
             # bytes) in the decoder until the throttle ends.
             self.decoder.keep(data)
             return
-        self._handle(self.decoder.feed(data), len(data))
+        n = len(data)
+        if n >= 8 and data[0] == 0x40 and self._handlers[P.PUBACK] is acks.on_puback:
+            pids = self.decoder.pubacks(data)
+            if pids is not None:
+                self._acks_received(pids)
+                return
+        self._handle(self.decoder.feed(data), n)
+
+    def _acks_received(self, pids) -> None:
+        """A read of PUBACKs only (``Decoder.pubacks``): handled together."""
+        broker = self.broker
+        try:
+            acks.on_pubacks(self, pids)
+        except ProtocolError as exc:
+            self.violation(exc)
+        broker.stats.packets_received += len(pids)
+        self.last_seen = broker.clock()
 
     def payload_received(self, n: int) -> None:
         """``n`` bytes of a large PUBLISH were received straight into ``decoder.room``."""
@@ -217,23 +243,30 @@ class Client:
             broker.hit("connect_timeout")
             broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
                                 "%s: %s within %g s; closing", self.describe(),
-                                "password check not finished" if self.pending_connect
-                                else "no CONNECT", self.connect_deadline - self.created)
+                                "no CONNECT" if self.pending_connect is None
+                                else "authentication exchange not finished"
+                                if self.v5 is not None and self.v5.auth is not None
+                                else "password check not finished",
+                                self.connect_deadline - self.created)
             self.close(will=False)
         else:
             broker.stats.keepalive_expired += 1
             log.info("%s: keepalive expired (no packet for 1.5 x %d s); closing",
                      self.describe(), self.keepalive)
-            self.close(will=True)
+            self.close(will=True, reason=KEEP_ALIVE_TIMEOUT, why="keep alive timeout")
 
     # ----- closing ----------------------------------------------------------------------
 
-    def close(self, *, will: bool) -> None:
+    def close(self, *, will: bool, reason: int = 0, why: str = "") -> None:
         """Close the connection (publishing the will if ``will``) and let go of everything
         it held: nothing of a closed client stays in the broker (its timer-heap entry goes,
-        its transport is replaced by ``CLOSED``), so it is freed at once."""
+        its transport is replaced by ``CLOSED``), so it is freed at once. A 5.0 client is
+        first sent a DISCONNECT with ``reason`` when one is given (session taken over,
+        keepalive timeout, server shutting down)."""
         if self.closed:
             return
+        if reason and self.v5 is not None and self.connected:
+            self.transport.write(mqtt5.disconnect_frame(reason, why))
         self.closed = self.halted = True
         self.decoder = None
         broker = self.broker
@@ -310,6 +343,8 @@ class Client:
         # this client, a cycle that would keep the closed client until a garbage collection.
         exc.with_traceback(None)
         broker = self.broker
+        if self.v5 is not None:
+            return self._violation5(exc)
         code = None if self.connected else CONNACK_CODES_311.get(exc.reason)
         if code is not None:
             reason = ("protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
@@ -320,14 +355,36 @@ class Client:
             broker.refused[reason] += 1
             self.answer(encode(P.Connack(False, code)))
         else:
-            broker.stats.protocol_errors += 1
-            kind = "protocol_error"
-            if exc.rule == "max_packet_size":
-                broker.hit("max_packet_size")
-                kind = "max_packet_size"
-            broker.peer_log.log(log, logging.WARNING, kind, self.peer,
-                                "%s: protocol violation: %s; closing connection",
-                                self.describe(), exc)
+            self._log_violation(exc, "closing connection")
+        self.close(will=True)
+
+    def _log_violation(self, exc: ProtocolError, then: str) -> None:
+        broker = self.broker
+        broker.stats.protocol_errors += 1
+        kind = "protocol_error"
+        if exc.rule == "max_packet_size":
+            broker.hit("max_packet_size")
+            kind = "max_packet_size"
+        broker.peer_log.log(log, logging.WARNING, kind, self.peer,
+                            "%s: protocol violation: %s; %s", self.describe(), exc, then)
+
+    def _violation5(self, exc: ProtocolError) -> None:
+        """A 5.0 client broke the protocol: a CONNACK (before CONNECT was accepted) or a
+        DISCONNECT with the reason code, and why, then the connection closes."""
+        broker = self.broker
+        reason = exc.reason
+        if not self.connected:
+            if reason not in CONNACK_REASONS5:
+                reason = UNSPECIFIED_ERROR
+            broker.stats.connections_refused += 1
+            kind = "protocol_version" if reason == UNSUPPORTED_PROTOCOL_VERSION else "client_id"
+            broker.refused[kind] += 1
+            broker.peer_log.log(log, logging.INFO, kind, self.peer,
+                                "%s: refused (CONNACK %#04x): %s", self.describe(), reason, exc)
+            self.answer(mqtt5.refusal_frame(reason, str(exc)))
+        else:
+            self._log_violation(exc, f"DISCONNECT {reason:#04x} and closing")
+            self.answer(mqtt5.disconnect_frame(reason, str(exc)))
         self.close(will=True)
 
     def answer(self, frame: bytes) -> None:
@@ -343,9 +400,18 @@ class Client:
         """CONNECT waits for its password check: later packets are held."""
         self._handlers = AUTHENTICATING
 
+    def enter_auth_exchange(self) -> None:
+        """CONNECT named an Authentication Method: only AUTH (and DISCONNECT) until CONNACK."""
+        self._handlers = AUTH_EXCHANGE
+
     def enter_connected(self) -> None:
         """CONNECT accepted (``rate`` set first: with one, PUBLISH is charged)."""
-        self._handlers = CONNECTED if self.rate is None else CONNECTED_RATED
+        if self.v5 is None:
+            self._handlers = CONNECTED if self.rate is None else CONNECTED_RATED
+        else:
+            self._handlers = CONNECTED5 if self.rate is None else CONNECTED5_RATED
 
     # The policy's decision on the pending CONNECT (security/ calls ``client.auth_done``).
     auth_done = connect.auth_done
+    # A 5.0 CONNECT with an Authentication Method (connect.on_connect calls it).
+    begin_auth = auth.begin

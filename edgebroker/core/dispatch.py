@@ -15,13 +15,17 @@ connection's state changes, so no handler checks the state. State rules, in pros
   later packets are held and replayed in order once CONNACK 0 is sent.
 - With messages_rate or bytes_rate set, PUBLISH is charged to the client's
   publish rate after it is handled (``CONNECTED_RATED``).
+- An MQTT 5.0 connection has tables of its own (``CONNECTED5``): its PUBLISH, PUBREC,
+  SUBSCRIBE, UNSUBSCRIBE and DISCONNECT say more, and AUTH exists (re-authentication).
+- A 5.0 CONNECT with an Authentication Method runs its exchange before CONNACK
+  (``AUTH_EXCHANGE``): only AUTH and DISCONNECT are legal until then (MQTT-3.1.2-30).
 """
 
 from __future__ import annotations
 
 from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
 from edgebroker.mqtt import packets as P
-from edgebroker.core.handlers import acks, connect, publish, subscribe
+from edgebroker.core.handlers import acks, auth, connect, publish, subscribe
 
 
 def on_second_connect(client, p) -> None:
@@ -67,3 +71,25 @@ for _t in P.SERVER_TO_CLIENT_ONLY:
 # The same, with the publish rate charged (limits.messages_rate / bytes_rate set).
 CONNECTED_RATED = dict(CONNECTED)
 CONNECTED_RATED[P.PUBLISH] = publish.on_publish_rated
+
+
+# CONNECT with an Authentication Method, its exchange running (core/handlers/auth.py).
+AUTH_EXCHANGE = {t: auth.before_connack for t in P.NAMES}
+AUTH_EXCHANGE[P.CONNECT] = on_second_connect
+AUTH_EXCHANGE[P.AUTH] = auth.on_auth_exchange
+AUTH_EXCHANGE[P.DISCONNECT] = auth.on_disconnect_exchange
+for _t in P.SERVER_TO_CLIENT_ONLY:
+    AUTH_EXCHANGE[_t] = server_only
+
+# MQTT 5.0 connections (core.mqtt5): the packets whose 5.0 form asks for more.
+CONNECTED5 = dict(CONNECTED)
+CONNECTED5.update({
+    P.PUBLISH: publish.on_publish5,
+    P.PUBREC: acks.on_pubrec5,
+    P.SUBSCRIBE: subscribe.on_subscribe5,
+    P.UNSUBSCRIBE: subscribe.on_unsubscribe5,
+    P.DISCONNECT: connect.on_disconnect5,
+    P.AUTH: auth.on_auth,
+})
+CONNECTED5_RATED = dict(CONNECTED5)
+CONNECTED5_RATED[P.PUBLISH] = publish.on_publish5_rated

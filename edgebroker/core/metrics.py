@@ -18,7 +18,10 @@ from __future__ import annotations
 import heapq
 
 from edgebroker import __version__
+from edgebroker.core.catchup import IN_STEP, waiting
 from edgebroker.core.limits import DROPS, LIMITS, REFUSALS
+
+PROTOCOL_NAMES = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 
 RING = 1024  # a power of two
 
@@ -111,6 +114,8 @@ def client_row(client, now: float) -> dict:
         "id": client.client_id,
         "peer": client.peer,
         "listener": client.listener_address,
+        # The MQTT version spoken: "3.1", "3.1.1" or "5.0".
+        "protocol": PROTOCOL_NAMES.get(client.protocol_level, str(client.protocol_level)),
         "connected_seconds": now - client.created,
         "msgs_in": client.msgs_in,
         "msgs_out": transport.msgs_out,
@@ -126,7 +131,7 @@ def client_row(client, now: float) -> dict:
         "throttled_seconds": throttled,
         "pending_write_bytes": transport.out_bytes,
         "inflight": len(session.inflight) if session is not None else 0,
-        "queued": len(session.queue) if session is not None else 0,
+        "queued": waiting(session) if session is not None else 0,
         "queued_bytes": session.queue_bytes if session is not None else 0,
         "subscriptions": len(session.subscriptions) if session is not None else 0,
         "topics_created": client.broker.topics.created_by(client.client_id),
@@ -161,7 +166,7 @@ _KEYS = {  # the sort key alone, without building a whole row
     "throttled_seconds": lambda c, now: c.throttled_time + (
         now - c.throttle_start if c.throttled_until else 0.0),
     "pending_write_bytes": lambda c, now: c.transport.out_bytes,
-    "queued": lambda c, now: len(c.session.queue),
+    "queued": lambda c, now: waiting(c.session),
     "inflight": lambda c, now: len(c.session.inflight),
     "subscriptions": lambda c, now: len(c.session.subscriptions),
     "connected_seconds": lambda c, now: now - c.created,

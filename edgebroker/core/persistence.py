@@ -72,8 +72,11 @@ class Persistence:
                 if message is None or topic.startswith("$SYS"):  # $SYS: published anew
                     saved.pop(topic, None)
                 else:
+                    expires_ms = (None if not message.expires else
+                                  result.written_ms + int((message.expires - now) * 1000))
                     saved[topic] = snap.RetainedState(message.topic, message.payload,
-                                                      message.qos, message.offset)
+                                                      message.qos, message.offset,
+                                                      message.properties, expires_ms)
         result.retained = list(saved.values())
         self._snapshot_dirty = False
         self._snapshot_offset = next_offset
@@ -87,9 +90,12 @@ class Persistence:
                                   drops=dict(session.drops) if session.drops else {})
         if session.offline_at is not None:
             state.offline_ms = written_ms - int((now - session.offline_at) * 1000)
+        state.expiry_interval = session.expiry_interval
+        if session.sub5:
+            state.sub5 = {f: list(v) for f, v in session.sub5.items()}
         cursor = session.cursor
         if cursor is not None:
-            state.cursor = cursor.offset
+            state.cursor = cursor.unsent()    # what it read and did not send is read again
             state.since = dict(cursor.since) if cursor.since else {}
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:
@@ -119,7 +125,9 @@ class Persistence:
         now, wall_ms = self.clock(), self.journal.wall_ms() if self.journal else state.written_ms
         for r in state.retained:
             offset = r.offset if end is None or r.offset is None or r.offset < end else None
-            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset))
+            expires = 0.0 if r.expires_ms is None else now + (r.expires_ms - wall_ms) / 1000
+            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset, None, "",
+                                               r.properties, expires))
         for s in state.sessions:
             if end is not None:
                 kept = [e for e in s.inflight if e[1] < end]
@@ -132,6 +140,9 @@ class Persistence:
             # time the broker was down counts toward persistent_client_expiration.
             since_ms = state.written_ms if s.offline_ms is None else s.offline_ms
             session.offline_at = now - max(0, wall_ms - since_ms) / 1000
+            session.expiry_interval = s.expiry_interval
+            if s.sub5:
+                session.sub5 = {f: (o, i) for f, (o, i) in s.sub5.items()}
             self._expire_later(session)
             if s.subscriptions:
                 subscriptions = session.own_subscriptions()

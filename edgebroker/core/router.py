@@ -21,6 +21,7 @@ from collections import deque
 
 from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.client import Client
+from edgebroker.core.router5 import options5
 from edgebroker.core.session import (
     AWAIT_ACK, EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored,
 )
@@ -53,8 +54,11 @@ class Router:
         # the OS (see publish).
         self.unrouted: deque[Message] = deque()
 
-    def publish(self, topic: str, payload: bytes, qos: int, retain: bool, client) -> int | None:
-        """A client's (or a will's) PUBLISH: counted, logged, then routed.
+    def publish(self, topic: str, payload: bytes, qos: int, retain: bool, client,
+                properties: bytes = b"", expiry: int | None = None) -> int | None:
+        """A client's (or a will's) PUBLISH: counted, logged, then routed. ``properties``,
+        ``expiry``: a 5.0 message's, to forward, and its Message Expiry Interval (s); the log
+        keeps both (core.mqtt5.message_properties).
 
         Returns the log offset (None when not logged). Raises LogFullError when
         the log cannot take a QoS 1/2 message: it is then not routed either.
@@ -63,15 +67,20 @@ class Router:
         # A client sending to one topic over and over (the decoder hands its large frames the
         # same topic string each time): its UTF-8 bytes are encoded once.
         last = self._last_topic
+        expires = 0.0 if expiry is None else self.clock() + expiry
         if topic is last[0]:
-            message = Message(topic, payload, qos, retain, None, last[1])
+            message = Message(topic, payload, qos, retain, None, last[1], client.client_id,
+                              properties, expires)
         else:
-            message = Message(topic, payload, qos, retain)
+            message = Message(topic, payload, qos, retain, None, None, client.client_id,
+                              properties, expires)
             self._last_topic = (topic, message.topic_bytes)
+        if expiry is not None:
+            properties += b"\x02" + expiry.to_bytes(4, "big")
         journal = self.journal
         if journal is not None:
             offset = message.offset = journal.append(client, message.topic_bytes, payload, qos,
-                                                     retain)
+                                                     retain, properties)
             if qos or self.unrouted and offset is not None:
                 # Routed once its record is written (``route_written``): a crash before then
                 # cannot have delivered a message its publisher will send again. QoS 0 goes
@@ -133,6 +142,13 @@ class Router:
                     stats.acl_deliveries_denied += 1
                     continue
             q = qos if qos < sub_qos else sub_qos
+            retain_out = False
+            if session.sub5 is not None:
+                # 5.0 options: No Local, Retain As Published (core.router5).
+                best, retain_out = options5(session, message)
+                if best < 0:
+                    continue
+                q = qos if qos < best else best
             client = session.client
             if q == 0:
                 if client is None or session.queue:
@@ -146,6 +162,10 @@ class Router:
                     if session.queued_qos0:
                         self._enqueue(session, message, 0, False)
                         continue
+                if client.v5 is not None:
+                    if self._offer5(client, message, retain_out) is False:
+                        self._drop_pending(client, message)
+                    continue
                 if frame0 is None:
                     frame0, rest0 = self._frame0(message)
                 # offer() refuses when max_pending_write_bytes are already waiting.
@@ -154,12 +174,13 @@ class Router:
                     continue
                 sent += 1
             elif (client is not None and not session.queue
-                  and len(session.inflight) < self.limits.max_inflight_messages
+                  and len(session.inflight) < (session.receive_max
+                                               or self.limits.max_inflight_messages)
                   and session.inflight_bytes < self.limits.max_inflight_bytes
                   and client.transport.out_bytes < client.transport.max_pending):
-                self._send(session, message, q, False)
+                self._send(session, message, q, retain_out)
             else:
-                self._defer(session, message, q, False)
+                self._defer(session, message, q, retain_out)
         stats.publish_sent += sent
 
     def _frame0(self, message: Message) -> tuple:
@@ -198,7 +219,7 @@ class Router:
         """A QoS 1/2 message that cannot be sent now: count why, then queue it."""
         client = session.client
         if client is not None and not session.queue:
-            if len(session.inflight) >= self.limits.max_inflight_messages:
+            if len(session.inflight) >= (session.receive_max or self.limits.max_inflight_messages):
                 self.hit("max_inflight_messages")
             elif session.inflight_bytes >= self.limits.max_inflight_bytes:
                 self.hit("max_inflight_bytes")
@@ -223,6 +244,8 @@ class Router:
 
     def _write_publish(self, client, message, qos, retain, dup, pid) -> bool:
         """Queue one PUBLISH on the client's transport; False if its log record is gone."""
+        if client.v5 is not None:
+            return self._write_publish5(client, message, qos, retain, dup, pid)
         if type(message) is not Message:
             return self._write_from_log(client, message, qos, retain, dup, pid)
         payload = message.payload
@@ -240,6 +263,19 @@ class Router:
     def _write_from_log(self, client, stored: Stored, qos, retain, dup, pid) -> bool:
         """Header from memory, payload straight from the segment file (sendfile)."""
         offset = stored.offset
+        where = self._locate(client, offset)
+        if where is None:
+            return False
+        head = encode_publish_head(where.topic, where.payload_length, qos, retain, dup, pid)
+        transport = client.transport
+        transport.count_publish()
+        transport.write_file(head, where.fd, where.payload_position, where.payload_length, offset)
+        self.stats.publish_sent += 1
+        return True
+
+    def _locate(self, client, offset: int):
+        """Where the record at ``offset`` is, to send it from (None, counted and logged
+        once, when it is no longer in the log)."""
         journal = self.journal
         if journal is not None and offset >= journal.log.written_offset:
             # Logged earlier in this run of passes and not yet handed to the OS (see
@@ -254,13 +290,7 @@ class Router:
                             "(deleted by retention or damaged); skipped (counted in "
                             "$SYS/broker/publish/messages/lost; logged once)", offset,
                             client.describe())
-            return False
-        head = encode_publish_head(where.topic, where.payload_length, qos, retain, dup, pid)
-        transport = client.transport
-        transport.count_publish()
-        transport.write_file(head, where.fd, where.payload_position, where.payload_length, offset)
-        self.stats.publish_sent += 1
-        return True
+        return where
 
     def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         """Queue for later: up to a small bound, past which the session reads from the log
@@ -326,7 +356,7 @@ class Router:
             return
         queue = session.queue
         limits = self.limits
-        window = limits.max_inflight_messages
+        window = session.receive_max or limits.max_inflight_messages
         window_bytes = limits.max_inflight_bytes
         transport = client.transport
         max_pending = transport.max_pending
@@ -360,6 +390,13 @@ class Router:
                 break
             if len(session.inflight) >= window:
                 break                         # ... once an acknowledgement frees the window
+            cursor = session.cursor
+            if cursor.run is not None:
+                # Records read from the log as a run (core.catchup.Run), sent all at once.
+                if not self.send_run(session, cursor.run):
+                    break
+                cursor.run = None
+                continue
             if not self.refill(session):
                 break
             queue = session.queue

@@ -64,10 +64,12 @@ EMPTY_DICT = _SharedEmptyDict()
 class Message:
     """One application message as routed: shared by every subscriber it reaches."""
 
-    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "size", "offset")
+    __slots__ = ("topic", "payload", "qos", "retain", "topic_bytes", "size", "offset",
+                 "client_id", "properties", "expires")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool,
-                 offset: int | None = None, topic_bytes: bytes | None = None):
+                 offset: int | None = None, topic_bytes: bytes | None = None,
+                 client_id: str = "", properties: bytes = b"", expires: float = 0.0):
         self.topic = topic
         self.payload = payload
         self.qos = qos
@@ -76,6 +78,11 @@ class Message:
         # What the byte limits (inflight, queued, publish rate) count: topic + payload.
         self.size = len(self.topic_bytes) + len(payload)
         self.offset = offset       # position in the commit log; None if not logged ($SYS)
+        self.client_id = client_id  # the publisher's ("": the broker's own)
+        # MQTT 5.0: its properties to forward (encoded, without Message Expiry Interval, which
+        # ``expires`` holds as the broker clock's time it expires at; 0: never).
+        self.properties = properties
+        self.expires = expires
 
 
 class Stored:
@@ -120,7 +127,8 @@ class Outgoing:
 class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
-                 "queued_qos0", "drops", "acl", "cursor", "saved", "offline_at", "expiry")
+                 "queued_qos0", "drops", "acl", "cursor", "saved", "offline_at", "expiry",
+                 "expiry_interval", "sub5", "receive_max", "will_timer")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -151,6 +159,16 @@ class Session:
         # is its expiry time, core.sessions).
         self.offline_at: float | None = None
         self.expiry = None
+        # MQTT 5.0: its Session Expiry Interval (s; 0xFFFFFFFF never), else None (3.1.1:
+        # persistent_client_expiration); and the subscriptions' options beyond the QoS:
+        # filter -> (options byte, subscription identifier or 0), for filters with any.
+        self.expiry_interval: int | None = None
+        self.sub5: dict[str, tuple[int, int]] | None = None
+        # The 5.0 client's Receive Maximum when below max_inflight_messages: its window
+        # (0: max_inflight_messages).
+        self.receive_max = 0
+        # The Timer of its last connection's will while its Will Delay Interval runs.
+        self.will_timer = None
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

@@ -22,7 +22,10 @@ from collections import deque
 from functools import partial
 
 from edgebroker.commitlog.errors import LogFullError
+from edgebroker.errors import SESSION_TAKEN_OVER
 from edgebroker.core.client import Client
+from edgebroker.core.mqtt5 import NEVER_EXPIRES, message_properties
+from edgebroker.mqtt.properties import WILL_DELAY
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
@@ -105,17 +108,25 @@ class Sessions:
                 drops = session.drops = {}
             drops[reason] = drops.get(reason, 0) + count
 
-    def attach(self, client: Client, client_id: str, clean: bool) -> tuple[Session, bool]:
-        """Bind a newly connected client to its session; returns (session, present)."""
+    def attach(self, client: Client, client_id: str, clean: bool,
+               clean_start: bool | None = None) -> tuple[Session, bool]:
+        """Bind a newly connected client to its session; returns (session, present).
+
+        ``clean``: the session ends with the connection (3.1.1 clean session 1, 5.0 Session
+        Expiry Interval 0); ``clean_start`` (5.0; 3.1.1: ``clean``): an existing session is
+        discarded rather than resumed."""
+        if clean_start is None:
+            clean_start = clean
         old = self.sessions.get(client_id)
         if old is not None and old.client is not None:
             log.info("client %r from %s takes over the session; closing the connection from %s",
                      client_id, client.peer, old.client.peer)
             self.stats.takeovers += 1
-            old.client.close(will=True)
+            old.client.close(will=True, reason=SESSION_TAKEN_OVER,
+                             why=f"client id {client_id!r} connected again from {client.peer}")
             old = self.sessions.get(client_id)
         present = False
-        if old is not None and (clean or old.clean):
+        if old is not None and (clean_start or old.clean):
             self.drop_session(old)
             old = None
         if old is None:
@@ -127,6 +138,11 @@ class Sessions:
             session.offline_at = None
             if session.expiry is not None:
                 session.expiry.cancel()
+            if session.will_timer is not None:  # back within the Will Delay Interval
+                session.will_timer.cancel()
+                session.will_timer = None
+            if clean:  # 5.0: resumed, to end with this connection
+                self._make_clean(session)
         if not clean:
             self._snapshot_dirty = True
         if session.cursor is not None:
@@ -155,14 +171,33 @@ class Sessions:
         will = client.will
         if not publish_will or will is None:
             return
+        delay = will.properties.get(WILL_DELAY, 0) if will.properties is not None else 0
+        if delay and session is not None and session.client is None and not session.clean:
+            # 5.0 Will Delay Interval: published when it has passed or the session ends,
+            # whichever comes first; not if the session is resumed before.
+            timer = session.will_timer = Timer(partial(self._will_due, session, client, will))
+            timer.start(self, self.clock() + delay)
+            log.info("will of %s on %r delayed %d s (Will Delay Interval)", client.describe(),
+                     will.topic, delay)
+            return
+        self._publish_will(client, will)
+
+    def _will_due(self, session: Session, client: Client, will) -> None:
+        """A delayed will's time has come, or its session ends first."""
+        session.will_timer = None
+        self._publish_will(client, will)
+
+    def _publish_will(self, client: Client, will) -> None:
         if will.topic.startswith("$SYS"):
             self.drop("sys_topic", None)
             log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
                         client.describe(), will.topic)
             return
         log.info("publishing will of %s on %r", client.describe(), will.topic)
+        properties, expiry = message_properties(will.properties)
         try:
-            self.publish(will.topic, will.payload, will.qos, will.retain, client)
+            self.publish(will.topic, will.payload, will.qos, will.retain, client, properties,
+                         expiry)
         except LogFullError:
             log.error("will of %s on %r lost: the commit log cannot take it",
                       client.describe(), will.topic)
@@ -184,10 +219,35 @@ class Sessions:
         self._expire_later(session)
         self._snapshot_dirty = True
 
+    def set_session_expiry(self, session: Session, expiry: int) -> None:
+        """A 5.0 client changed its Session Expiry Interval (DISCONNECT): 0 ends the session
+        with the connection."""
+        session.expiry_interval = expiry
+        session.saved = None
+        if expiry == 0:
+            self._make_clean(session)
+        elif not session.clean:
+            self._snapshot_dirty = True
+
+    def _make_clean(self, session: Session) -> None:
+        """A persistent session is now to end with its connection (5.0)."""
+        if session.clean:
+            return
+        session.clean = True
+        self.persistent_sessions -= 1
+        self._snapshot_dirty = True
+        if self.exchanges is not None:
+            self.exchanges.ended(session.client_id)
+
     def _expire_later(self, session: Session) -> None:
-        """Set an offline persistent session's expiry time from ``offline_at`` (none while
-        persistent_client_expiration is 0)."""
-        expiration = self.limits.persistent_client_expiration
+        """Set an offline persistent session's expiry time from ``offline_at``: its Session
+        Expiry Interval (5.0), else persistent_client_expiration; none for 0 (3.1.1) or
+        0xFFFFFFFF (5.0)."""
+        expiration = session.expiry_interval
+        if expiration is None:
+            expiration = self.limits.persistent_client_expiration
+        elif expiration == NEVER_EXPIRES:
+            expiration = 0
         timer = session.expiry
         if not expiration:
             if timer is not None:
@@ -208,7 +268,7 @@ class Sessions:
 
     def _expire_session(self, session: Session) -> None:
         """An offline persistent session reached its expiry time: removed, as if it had never
-        been (Mosquitto's persistent_client_expiration)."""
+        been (Mosquitto's persistent_client_expiration; 5.0's Session Expiry Interval)."""
         if session.client is not None or self.sessions.get(session.client_id) is not session:
             return
         held = len(session.queue) + len(session.inflight)
@@ -219,13 +279,19 @@ class Sessions:
         if held:
             self.drop("session_expired", None, held)
         self.drop_session(session)
+        interval = session.expiry_interval
+        setting = (f"its session expiry interval {interval} s" if interval is not None else
+                   f"persistent_client_expiration {self.limits.persistent_client_expiration:g} s")
         self.events.log(logging.INFO, "session_expired", self.clock(),
-                        "persistent session %r removed: offline for %.0f s "
-                        "(persistent_client_expiration %g s), with %d queued or unacknowledged "
-                        "messages and %d log records after its cursor", session.client_id,
-                        offline, self.limits.persistent_client_expiration, held, unread)
+                        "persistent session %r removed: offline for %.0f s (%s), with %d queued "
+                        "or unacknowledged messages and %d log records after its cursor",
+                        session.client_id, offline, setting, held, unread)
 
     def drop_session(self, session: Session) -> None:
+        will_timer = session.will_timer
+        if will_timer is not None:  # the session ends before its will's delay: sent now
+            will_timer.cancel()
+            will_timer.callback()
         if not session.clean:
             self._snapshot_dirty = True
             if self.exchanges is not None:
@@ -289,6 +355,8 @@ class Sessions:
                         cursor.since = {}
                     cursor.since[topic_filter] = self.live_offset()
                 cursor.cache.clear()
+            if qos > limits.max_qos:
+                qos = limits.max_qos
             self.subscriptions.add(topic_filter, session, qos)
             session.own_subscriptions()[topic_filter] = qos
             granted.append(qos)
@@ -303,7 +371,13 @@ class Sessions:
         for (topic_filter, _), max_qos in zip(topics, granted):
             if max_qos == P.SUBACK_FAILURE:
                 continue
-            for message in self.retained.match(topic_filter):
+            for message in list(self.retained.match(topic_filter)):
+                if message.expires and message.expires <= self.clock():
+                    # A 5.0 retained message past its Message Expiry Interval: gone, for
+                    # every subscriber.
+                    self.retained.delete(message.topic)
+                    self.drop("message_expired", session)
+                    continue
                 if acl is not None and not acl.can_read(message.topic):
                     self.stats.acl_deliveries_denied += 1
                     continue
@@ -317,7 +391,8 @@ class Sessions:
                     self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
                 elif qos == 0:
                     self._write_publish(client, message, 0, True, False, None)
-                elif (not session.queue and len(session.inflight) < self.limits.max_inflight_messages
+                elif (not session.queue and len(session.inflight) < (
+                        session.receive_max or self.limits.max_inflight_messages)
                       and session.inflight_bytes < self.limits.max_inflight_bytes):
                     self._send(session, message, qos, True)
                 else:

@@ -66,6 +66,10 @@ class SessionState:
     # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
     # expiration counts from it; snapshots written before it was kept have none).
     offline_ms: int | None = None
+    # MQTT 5.0: its Session Expiry Interval (None: 3.1.1) and its subscriptions' options
+    # beyond the QoS: filter -> [options byte, subscription identifier].
+    expiry_interval: int | None = None
+    sub5: dict[str, list[int]] = field(default_factory=dict)
     # Its JSON, once the writer encoded it (an offline session's state is reused by the next
     # snapshots while it does not change, and so is this).
     encoded: bytes | None = field(default=None, compare=False, repr=False)
@@ -77,6 +81,10 @@ class RetainedState:
     payload: bytes
     qos: int
     offset: int | None
+    # MQTT 5.0: its properties to forward (Message.properties) and the wall-clock time (ms)
+    # its Message Expiry Interval ends, None for never.
+    properties: bytes = b""
+    expires_ms: int | None = None
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
@@ -119,14 +127,21 @@ def _session_json(s: SessionState) -> bytes:
              "offline": [list(r) for r in s.offline],
              "drops": s.drops,
              "offline_ms": s.offline_ms,
-             **({"done": s.done} if s.done else {})})
+             **({"done": s.done} if s.done else {}),
+             **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
+             **({"sub5": sorted(s.sub5.items())} if s.sub5 else {})})
     return s.encoded
 
 
 def _retained_json(r: RetainedState) -> bytes:
     if r.encoded is None:
         r.encoded = _dumps({"topic": r.topic, "qos": r.qos, "offset": r.offset,
-                            "payload": binascii.b2a_base64(r.payload, newline=False).decode()})
+                            "payload": binascii.b2a_base64(r.payload, newline=False).decode(),
+                            **({"properties": binascii.b2a_base64(r.properties,
+                                                                  newline=False).decode()}
+                               if r.properties else {}),
+                            **({"expires_ms": r.expires_ms} if r.expires_ms is not None
+                               else {})})
     return r.encoded
 
 
@@ -205,13 +220,17 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 offline=[_offline_range(r) for r in s.get("offline", ())],
                 drops={str(k): int(v) for k, v in s.get("drops", {}).items()},
                 done=[int(o) for o in s.get("done", ())],
-                offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"])))
+                offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
+                expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
+                sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())}))
         for r in doc["retained"]:
             offset = r.get("offset")
             snap.retained.append(RetainedState(
                 topic=str(r["topic"]), qos=int(r["qos"]),
                 payload=binascii.a2b_base64(r["payload"], strict_mode=True),
-                offset=None if offset is None else int(offset)))
+                offset=None if offset is None else int(offset),
+                properties=binascii.a2b_base64(r.get("properties", ""), strict_mode=True),
+                expires_ms=None if r.get("expires_ms") is None else int(r["expires_ms"])))
     except SnapshotError:
         raise
     except (ValueError, KeyError, TypeError) as exc:

@@ -36,6 +36,8 @@ class Stats:
                  "acl_deliveries_denied", "tls_handshakes_failed",
                  # passwords hashed to check a login (security.authenticator)
                  "password_checks",
+                 # SCRAM-SHA-256 exchanges that ended (core/handlers/auth.py), re-auth too
+                 "scram_succeeded", "scram_failed",
                  # the log as the queue (core.catchup): sessions that fell behind, caught up
                  "sessions_fell_behind", "sessions_caught_up",
                  # QoS 2 exchange journal writes that failed (core.exchanges)
@@ -76,6 +78,8 @@ _SECURITY = (
     ("$SYS/broker/security/acl/deliveries/denied", "acl_deliveries_denied"),
     ("$SYS/broker/security/tls/handshakes/failed", "tls_handshakes_failed"),
     ("$SYS/broker/security/password/checks", "password_checks"),
+    ("$SYS/broker/security/scram/succeeded", "scram_succeeded"),
+    ("$SYS/broker/security/scram/failed", "scram_failed"),
 )
 
 

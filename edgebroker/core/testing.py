@@ -53,8 +53,8 @@ class FakeTransport:
     def wait_for_drain(self) -> None:
         self.want_drain = True
 
-    def count_publish(self) -> None:
-        self.msgs_out += 1
+    def count_publish(self, n: int = 1) -> None:
+        self.msgs_out += n
 
     def pause_reading(self, reason: str) -> None:
         self.paused.add(reason)

@@ -20,6 +20,7 @@ class Listener(Protocol):
 
     address: str            # as written in the configuration; "" when not on a listener
     max_connections: int    # the listener's own cap (0: none)
+    policy: object | None   # its ListenerPolicy now (a reload replaces it), or None
 
 
 class Transport(Protocol):
@@ -46,8 +47,8 @@ class Transport(Protocol):
     def wait_for_drain(self) -> None:
         """Call ``client.writable()`` once everything queued is written."""
 
-    def count_publish(self) -> None:
-        """Count a PUBLISH queued with ``write`` or ``write_file`` in ``msgs_out``."""
+    def count_publish(self, n: int = 1) -> None:
+        """Count ``n`` PUBLISHes queued with ``write`` or ``write_file`` in ``msgs_out``."""
 
     def pause_reading(self, reason: str) -> None:
         """Stop reading for ``reason`` ("auth", "rate", "log"); other reasons are independent."""

@@ -8,18 +8,17 @@ path, is decoded there inline. Every rule violation names the specification's co
 
 from __future__ import annotations
 
-import re
-
-from edgebroker.errors import (
-    MALFORMED_PACKET, PROTOCOL_ERROR, TOPIC_NAME_INVALID, UNSUPPORTED_PROTOCOL_VERSION,
-    ProtocolError,
-)
+from edgebroker.errors import TOPIC_NAME_INVALID, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.packets import (
-    Connack, Connect, Disconnect, Pingreq, Pingresp, Puback, Pubcomp, Pubrec, Pubrel, Suback,
-    Subscribe, Unsuback, Unsubscribe, Will,
+    Connack, Disconnect, Pingreq, Pingresp, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe,
+    Unsuback, Unsubscribe,
 )
-from edgebroker.mqtt.topics import validate_topic_filter, validate_topic_name
+from edgebroker.mqtt.connect import decode_connect
+from edgebroker.mqtt.fields import (
+    malformed, read_packet_id, read_str,
+)
+from edgebroker.mqtt.topics import validate_topic_filter
 
 _SUBACK_CODES = frozenset({0, 1, 2, P.SUBACK_FAILURE})
 
@@ -30,10 +29,6 @@ _REQUIRED_FLAGS = {
     P.PINGRESP: 0, P.DISCONNECT: 0,
 }
 
-
-
-def malformed(message: str, rule: str = "MQTT-2.2.3") -> ProtocolError:
-    return ProtocolError(message, rule=rule, reason=MALFORMED_PACKET)
 
 
 def _first_byte_error(b0: int) -> ProtocolError | None:
@@ -57,114 +52,6 @@ def _first_byte_error(b0: int) -> ProtocolError | None:
 
 # Indexed by the first byte of a frame: None when acceptable, else the error to raise.
 FIRST_BYTE_ERRORS = [_first_byte_error(b) for b in range(256)]
-
-
-def _read_u16(buf: bytes, p: int, end: int, what: str, before: str = "", after: str = "") -> int:
-    # The field's name is put together only for the error message.
-    if p + 2 > end:
-        raise malformed(f"{before}{what}{after} runs past the end of the packet")
-    return buf[p] << 8 | buf[p + 1]
-
-
-def _read_binary(buf: bytes, p: int, end: int, what: str) -> tuple[bytes, int]:
-    n = _read_u16(buf, p, end, what, before="length of ")
-    q = p + 2 + n
-    if q > end:
-        raise malformed(f"{what} ({n} bytes) runs past the end of the packet")
-    return buf[p + 2:q], q
-
-
-# Code points a string should not hold (section 1.5.3; a receiver may close the connection,
-# and Mosquitto does): the control characters U+0001..U+001F and U+007F..U+009F, and the
-# non-characters (U+FDD0..U+FDEF, and the last two of every plane). U+0000 is ruled out apart.
-_DISCOURAGED = re.compile("[\\x01-\\x1f\\x7f-\\x9f\\ufdd0-\\ufdef" + "".join(
-    f"\\U{plane << 16 | 0xFFFE:08x}\\U{plane << 16 | 0xFFFF:08x}" for plane in range(17)) + "]")
-
-
-def check_code_points(text: str, what: str) -> None:
-    """Raise ProtocolError when ``text`` holds a control character or a non-character."""
-    found = _DISCOURAGED.search(text)
-    if found is not None:
-        code = ord(found.group())
-        kind = "a control character" if code <= 0x9F else "a non-character"
-        raise malformed(f"{what} contains U+{code:04X}, {kind}", rule="MQTT-1.5.3")
-
-
-def _read_str(buf: bytes, p: int, end: int, what: str) -> tuple[str, int]:
-    raw, q = _read_binary(buf, p, end, what)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise malformed(f"{what} is not well-formed UTF-8", rule="MQTT-1.5.3-1") from None
-    if "\x00" in text:
-        raise malformed(f"{what} contains U+0000", rule="MQTT-1.5.3-2")
-    check_code_points(text, what)
-    return text, q
-
-
-def _read_packet_id(buf: bytes, p: int, end: int, name: str) -> int:
-    pid = _read_u16(buf, p, end, name, after=" packet identifier")
-    if pid == 0:
-        raise malformed(f"{name} with packet identifier 0", rule="MQTT-2.3.1-1")
-    return pid
-
-
-def _no_trailing(p: int, end: int, name: str) -> None:
-    if p != end:
-        raise malformed(f"{name} has {end - p} bytes after its last field")
-
-
-def _dec_connect(b0: int, buf: bytes, p: int, end: int) -> Connect:
-    name, p = _read_binary(buf, p, end, "CONNECT protocol name")
-    if name != b"MQTT" and name != b"MQIsdp":
-        raise ProtocolError(f"CONNECT with unknown protocol name {name!r}",
-                            rule="MQTT-3.1.2-1", reason=PROTOCOL_ERROR)
-    if p >= end:
-        raise malformed("CONNECT ends before the protocol level")
-    level = buf[p]
-    expected = P.PROTOCOL_311 if name == b"MQTT" else P.PROTOCOL_31
-    if level != expected:
-        raise ProtocolError(f"CONNECT with protocol {name.decode()!r} level {level} "
-                            f"(supported: level {expected})",
-                            rule="MQTT-3.1.2-2", reason=UNSUPPORTED_PROTOCOL_VERSION)
-    if p + 1 >= end:
-        raise malformed("CONNECT ends before the connect flags")
-    flags = buf[p + 1]
-    if flags & 0x01:
-        raise malformed("CONNECT with reserved connect flag bit 0 set", rule="MQTT-3.1.2-3")
-    will_flag = flags & 0x04
-    will_qos = flags >> 3 & 3
-    will_retain = flags & 0x20
-    if not will_flag:
-        if will_qos:
-            raise malformed(f"CONNECT with will QoS {will_qos} but no will flag",
-                             rule="MQTT-3.1.2-13")
-        if will_retain:
-            raise malformed("CONNECT with will retain but no will flag", rule="MQTT-3.1.2-15")
-    elif will_qos == 3:
-        raise malformed("CONNECT with will QoS 3", rule="MQTT-3.1.2-14")
-    has_user = flags & 0x80
-    has_password = flags & 0x40
-    if has_password and not has_user:
-        raise malformed("CONNECT with password flag but no username flag",
-                         rule="MQTT-3.1.2-22")
-    keepalive = _read_u16(buf, p + 2, end, "CONNECT keep alive")
-    p += 4
-    client_id, p = _read_str(buf, p, end, "CONNECT client identifier")
-    will = None
-    if will_flag:
-        will_topic, p = _read_str(buf, p, end, "CONNECT will topic")
-        validate_topic_name(will_topic)
-        will_payload, p = _read_binary(buf, p, end, "CONNECT will message")
-        will = Will(will_topic, will_payload, will_qos, bool(will_retain))
-    username = password = None
-    if has_user:
-        username, p = _read_str(buf, p, end, "CONNECT user name")
-    if has_password:
-        password, p = _read_binary(buf, p, end, "CONNECT password")
-    _no_trailing(p, end, "CONNECT")
-    return Connect(client_id, bool(flags & 0x02), keepalive, will, username, password,
-                   level, name.decode("ascii"))
 
 
 def _dec_connack(b0: int, buf: bytes, p: int, end: int) -> Connack:
@@ -201,13 +88,13 @@ def _make_id_only_decoder(cls):
 
 
 def _dec_subscribe(b0: int, buf: bytes, p: int, end: int) -> Subscribe:
-    pid = _read_packet_id(buf, p, end, "SUBSCRIBE")
+    pid = read_packet_id(buf, p, end, "SUBSCRIBE")
     p += 2
     if p == end:
         raise malformed("SUBSCRIBE with no topic filters", rule="MQTT-3.8.3-3")
     topics = []
     while p < end:
-        topic_filter, p = _read_str(buf, p, end, "SUBSCRIBE topic filter")
+        topic_filter, p = read_str(buf, p, end, "SUBSCRIBE topic filter")
         validate_topic_filter(topic_filter)
         if p >= end:
             raise malformed(f"SUBSCRIBE topic filter {topic_filter!r} has no requested QoS")
@@ -222,7 +109,7 @@ def _dec_subscribe(b0: int, buf: bytes, p: int, end: int) -> Subscribe:
 
 
 def _dec_suback(b0: int, buf: bytes, p: int, end: int) -> Suback:
-    pid = _read_packet_id(buf, p, end, "SUBACK")
+    pid = read_packet_id(buf, p, end, "SUBACK")
     codes = list(buf[p + 2:end])
     if not codes:
         raise malformed("SUBACK with no return codes", rule="MQTT-3.9.3")
@@ -234,19 +121,19 @@ def _dec_suback(b0: int, buf: bytes, p: int, end: int) -> Suback:
 
 
 def _dec_unsubscribe(b0: int, buf: bytes, p: int, end: int) -> Unsubscribe:
-    pid = _read_packet_id(buf, p, end, "UNSUBSCRIBE")
+    pid = read_packet_id(buf, p, end, "UNSUBSCRIBE")
     p += 2
     if p == end:
         raise malformed("UNSUBSCRIBE with no topic filters", rule="MQTT-3.10.3-2")
     topics = []
     while p < end:
-        topic_filter, p = _read_str(buf, p, end, "UNSUBSCRIBE topic filter")
+        topic_filter, p = read_str(buf, p, end, "UNSUBSCRIBE topic filter")
         validate_topic_filter(topic_filter)
         topics.append(topic_filter)
     return Unsubscribe(pid, topics)
 
 
-def _make_empty_decoder(cls):
+def make_empty_decoder(cls):
     name = P.NAMES[cls.type]
     instance = cls()  # immutable and field-less: share one
 
@@ -262,7 +149,7 @@ ACKS = {0x40: Puback, 0x50: Pubrec, 0x62: Pubrel, 0x70: Pubcomp, 0xB0: Unsuback}
 
 # Indexed by packet type; PUBLISH (3) is decoded inline in Decoder._frames.
 DECODERS = [None] * 16
-DECODERS[P.CONNECT] = _dec_connect
+DECODERS[P.CONNECT] = decode_connect
 DECODERS[P.CONNACK] = _dec_connack
 DECODERS[P.SUBSCRIBE] = _dec_subscribe
 DECODERS[P.SUBACK] = _dec_suback
@@ -270,7 +157,7 @@ DECODERS[P.UNSUBSCRIBE] = _dec_unsubscribe
 for _cls in (Puback, Pubrec, Pubrel, Pubcomp, Unsuback):
     DECODERS[_cls.type] = _make_id_only_decoder(_cls)
 for _cls in (Pingreq, Pingresp, Disconnect):
-    DECODERS[_cls.type] = _make_empty_decoder(_cls)
+    DECODERS[_cls.type] = make_empty_decoder(_cls)
 del _cls
 
 

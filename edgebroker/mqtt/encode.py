@@ -14,6 +14,7 @@ from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.packets import (
     MAX_REMAINING_LENGTH, Connack, Connect, Publish, Subscribe, Suback, Unsubscribe,
 )
+from edgebroker.mqtt.properties import encode_properties
 
 _U16 = struct.Struct("!H")
 _ACK = struct.Struct("!BBH")
@@ -23,7 +24,7 @@ _pack_ack = _ACK.pack
 _pack_head_small = _HEAD_SMALL.pack
 
 
-def _remaining_length(n: int) -> bytes:
+def remaining_length(n: int) -> bytes:
     # Written out per length (7 bits a byte, the high bit says another follows): a 64 KiB
     # payload's header is encoded once per message.
     if n < 128:
@@ -40,16 +41,16 @@ def _remaining_length(n: int) -> bytes:
 _RL1 = [bytes((i,)) for i in range(128)]
 
 
-def _frame(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + _remaining_length(len(body)) + body
+def frame(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + remaining_length(len(body)) + body
 
 
-def _str(s: str) -> bytes:
+def string_field(s: str) -> bytes:
     raw = s.encode("utf-8")
-    return _binary(raw)
+    return binary_field(raw)
 
 
-def _binary(raw: bytes) -> bytes:
+def binary_field(raw: bytes) -> bytes:
     if len(raw) > 0xFFFF:
         raise ValueError(f"field of {len(raw)} bytes does not fit a 2-byte length")
     return _pack_u16(len(raw)) + raw
@@ -67,12 +68,12 @@ def encode_publish_head(topic_bytes: bytes, payload_len: int, qos: int, retain: 
         rl = tlen + 4 + payload_len
         if rl < 128:
             return _pack_head_small(first, rl, tlen) + topic_bytes + _pack_u16(packet_id)
-        return b"".join((bytes((first,)), _remaining_length(rl), _pack_u16(tlen), topic_bytes,
+        return b"".join((bytes((first,)), remaining_length(rl), _pack_u16(tlen), topic_bytes,
                          _pack_u16(packet_id)))
     rl = tlen + 2 + payload_len
     if rl < 128:
         return _pack_head_small(first, rl, tlen) + topic_bytes
-    return b"".join((bytes((first,)), _remaining_length(rl), _pack_u16(tlen), topic_bytes))
+    return b"".join((bytes((first,)), remaining_length(rl), _pack_u16(tlen), topic_bytes))
 
 
 _ACK_FIRST = {
@@ -98,23 +99,30 @@ PINGREQ_BYTES = b"\xc0\x00"
 DISCONNECT_BYTES = b"\xe0\x00"
 
 
-def _enc_connect(p: Connect) -> bytes:
+def encode_connect(p: Connect) -> bytes:
+    """A CONNECT of ``p.protocol_level`` (3, 4 or 5: 5.0 adds the property sections)."""
     flags = 0x02 if p.clean_session else 0
-    parts = [_str(p.protocol_name), bytes((p.protocol_level,)), b"", _pack_u16(p.keepalive),
-             _str(p.client_id)]
+    v5 = p.protocol_level == P.PROTOCOL_5
+    parts = [string_field(p.protocol_name), bytes((p.protocol_level,)), b"",
+             _pack_u16(p.keepalive)]
+    if v5:
+        parts.append(encode_properties(p.properties))
+    parts.append(string_field(p.client_id))
     will = p.will
     if will is not None:
         flags |= 0x04 | will.qos << 3 | (0x20 if will.retain else 0)
-        parts.append(_str(will.topic))
-        parts.append(_binary(will.payload))
+        if v5:
+            parts.append(encode_properties(will.properties))
+        parts.append(string_field(will.topic))
+        parts.append(binary_field(will.payload))
     if p.username is not None:
         flags |= 0x80
-        parts.append(_str(p.username))
+        parts.append(string_field(p.username))
     if p.password is not None:
         flags |= 0x40
-        parts.append(_binary(p.password))
+        parts.append(binary_field(p.password))
     parts[2] = bytes((flags,))
-    return _frame(0x10, b"".join(parts))
+    return frame(0x10, b"".join(parts))
 
 
 def _enc_connack(p: Connack) -> bytes:
@@ -134,21 +142,21 @@ def _enc_id_only(p) -> bytes:
 def _enc_subscribe(p: Subscribe) -> bytes:
     body = [_pack_u16(p.packet_id)]
     for topic_filter, qos in p.topics:
-        body.append(_str(topic_filter))
+        body.append(string_field(topic_filter))
         body.append(bytes((qos,)))
-    return _frame(0x82, b"".join(body))
+    return frame(0x82, b"".join(body))
 
 
 def _enc_suback(p: Suback) -> bytes:
-    return _frame(0x90, _pack_u16(p.packet_id) + bytes(p.return_codes))
+    return frame(0x90, _pack_u16(p.packet_id) + bytes(p.return_codes))
 
 
 def _enc_unsubscribe(p: Unsubscribe) -> bytes:
-    return _frame(0xA2, _pack_u16(p.packet_id) + b"".join(_str(t) for t in p.topics))
+    return frame(0xA2, _pack_u16(p.packet_id) + b"".join(string_field(t) for t in p.topics))
 
 
 _ENCODERS = {
-    P.CONNECT: _enc_connect, P.CONNACK: _enc_connack, P.PUBLISH: _enc_publish,
+    P.CONNECT: encode_connect, P.CONNACK: _enc_connack, P.PUBLISH: _enc_publish,
     P.PUBACK: _enc_id_only, P.PUBREC: _enc_id_only, P.PUBREL: _enc_id_only,
     P.PUBCOMP: _enc_id_only, P.SUBSCRIBE: _enc_subscribe, P.SUBACK: _enc_suback,
     P.UNSUBSCRIBE: _enc_unsubscribe, P.UNSUBACK: _enc_id_only,

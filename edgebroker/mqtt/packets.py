@@ -1,7 +1,9 @@
 """MQTT control packets as plain objects (no I/O, no encoding here).
 
-Field names follow the 3.1.1 specification. Strings are ``str`` (already
-validated UTF-8); binary fields (payloads, passwords) are ``bytes``.
+Field names follow the 3.1.1 specification; the fields only MQTT 5.0 has (reason codes,
+``properties``: see mqtt/properties.py) keep their defaults (0, None) in 3.1.1 packets.
+Strings are ``str`` (already validated UTF-8); binary fields (payloads, passwords) are
+``bytes``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ UNSUBACK = 11
 PINGREQ = 12
 PINGRESP = 13
 DISCONNECT = 14
+AUTH = 15  # MQTT 5.0 only
 
 MAX_REMAINING_LENGTH = 268435455  # four bytes of variable-length integer
 MAX_PACKET_SIZE = MAX_REMAINING_LENGTH + 5
@@ -29,7 +32,7 @@ NAMES = {
     CONNECT: "CONNECT", CONNACK: "CONNACK", PUBLISH: "PUBLISH", PUBACK: "PUBACK",
     PUBREC: "PUBREC", PUBREL: "PUBREL", PUBCOMP: "PUBCOMP", SUBSCRIBE: "SUBSCRIBE",
     SUBACK: "SUBACK", UNSUBSCRIBE: "UNSUBSCRIBE", UNSUBACK: "UNSUBACK",
-    PINGREQ: "PINGREQ", PINGRESP: "PINGRESP", DISCONNECT: "DISCONNECT",
+    PINGREQ: "PINGREQ", PINGRESP: "PINGRESP", DISCONNECT: "DISCONNECT", AUTH: "AUTH",
 }
 
 # Packets only a server may send; a server receiving one closes the connection.
@@ -37,8 +40,14 @@ SERVER_TO_CLIENT_ONLY = frozenset({CONNACK, SUBACK, UNSUBACK, PINGRESP})
 
 SUBACK_FAILURE = 0x80
 
+# MQTT 5.0 subscription options (section 3.8.3.1), beside the QoS in the low two bits.
+SUB_NO_LOCAL = 0x04
+SUB_RETAIN_AS_PUBLISHED = 0x08
+SUB_RETAIN_HANDLING = 0x30  # >> 4: 0 send retained, 1 only if new, 2 never
+
 PROTOCOL_311 = 4   # "MQTT", level 4
 PROTOCOL_31 = 3    # "MQIsdp", level 3
+PROTOCOL_5 = 5     # "MQTT", level 5
 
 
 def _all_slots(cls) -> tuple[str, ...]:
@@ -64,7 +73,8 @@ class Packet:
         return type(self) is type(other) and self._fields() == other._fields()
 
     def __hash__(self):
-        return hash((type(self), self._fields()))
+        return hash((type(self), tuple(f for f in self._fields() if type(f) is not dict
+                                       and type(f) is not list)))
 
     def __repr__(self):
         inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._field_names)
@@ -72,34 +82,40 @@ class Packet:
 
 
 class Will:
-    __slots__ = ("topic", "payload", "qos", "retain")
+    __slots__ = ("topic", "payload", "qos", "retain", "properties")
 
-    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False):
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                 properties: dict | None = None):
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
+        self.properties = properties
+
+    def _key(self):
+        return self.topic, self.payload, self.qos, self.retain, self.properties
 
     def __eq__(self, other):
-        return isinstance(other, Will) and (self.topic, self.payload, self.qos, self.retain) == (
-            other.topic, other.payload, other.qos, other.retain)
+        return isinstance(other, Will) and self._key() == other._key()
 
     def __hash__(self):
         return hash((self.topic, self.payload, self.qos, self.retain))
 
     def __repr__(self):
-        return f"Will({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain})"
+        props = f", properties={self.properties!r}" if self.properties else ""
+        return (f"Will({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain}"
+                f"{props})")
 
 
 class Connect(Packet):
     __slots__ = ("client_id", "clean_session", "keepalive", "will", "username", "password",
-                 "protocol_level", "protocol_name")
+                 "protocol_level", "protocol_name", "properties")
     type = CONNECT
 
     def __init__(self, client_id: str = "", clean_session: bool = True, keepalive: int = 60,
                  will: Will | None = None, username: str | None = None,
                  password: bytes | None = None, protocol_level: int = PROTOCOL_311,
-                 protocol_name: str | None = None):
+                 protocol_name: str | None = None, properties: dict | None = None):
         self.client_id = client_id
         self.clean_session = clean_session
         self.keepalive = keepalive
@@ -110,36 +126,45 @@ class Connect(Packet):
         if protocol_name is None:
             protocol_name = "MQIsdp" if protocol_level == PROTOCOL_31 else "MQTT"
         self.protocol_name = protocol_name
+        self.properties = properties
 
 
 class Connack(Packet):
-    __slots__ = ("session_present", "return_code")
+    __slots__ = ("session_present", "return_code", "properties")
     type = CONNACK
 
-    def __init__(self, session_present: bool = False, return_code: int = 0):
+    def __init__(self, session_present: bool = False, return_code: int = 0,
+                 properties: dict | None = None):
         self.session_present = session_present
-        self.return_code = return_code
+        self.return_code = return_code  # MQTT 5.0: the reason code
+        self.properties = properties
 
 
 class Publish(Packet):
-    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id")
+    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
     type = PUBLISH
 
     def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
-                 dup: bool = False, packet_id: int | None = None):
+                 dup: bool = False, packet_id: int | None = None,
+                 properties: dict | None = None):
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
         self.dup = dup
         self.packet_id = packet_id
+        self.properties = properties
 
 
 class _IdOnly(Packet):
-    __slots__ = ("packet_id",)
+    """PUBACK, PUBREC, PUBREL, PUBCOMP: a packet identifier (and in 5.0 a reason code and
+    properties)."""
+    __slots__ = ("packet_id", "reason_code", "properties")
 
-    def __init__(self, packet_id: int):
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: dict | None = None):
         self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = properties
 
 
 class Puback(_IdOnly):
@@ -162,36 +187,50 @@ class Pubcomp(_IdOnly):
     type = PUBCOMP
 
 
-class Unsuback(_IdOnly):
-    __slots__ = ()
+class Unsuback(Packet):
+    __slots__ = ("packet_id", "reason_codes", "properties")
     type = UNSUBACK
+
+    def __init__(self, packet_id: int, reason_codes: list[int] | None = None,
+                 properties: dict | None = None):
+        self.packet_id = packet_id
+        self.reason_codes = reason_codes  # MQTT 5.0 only: one per topic filter
+        self.properties = properties
 
 
 class Subscribe(Packet):
-    __slots__ = ("packet_id", "topics")
+    """``topics``: (topic filter, subscription options byte). The byte's low two bits are the
+    requested QoS, the rest is 0 in 3.1.1; in 5.0 bit 2 is No Local, bit 3 Retain As
+    Published, bits 4-5 Retain Handling (``SUB_*`` below)."""
+    __slots__ = ("packet_id", "topics", "properties")
     type = SUBSCRIBE
 
-    def __init__(self, packet_id: int, topics: list[tuple[str, int]]):
+    def __init__(self, packet_id: int, topics: list[tuple[str, int]],
+                 properties: dict | None = None):
         self.packet_id = packet_id
         self.topics = list(topics)
+        self.properties = properties
 
 
 class Suback(Packet):
-    __slots__ = ("packet_id", "return_codes")
+    __slots__ = ("packet_id", "return_codes", "properties")
     type = SUBACK
 
-    def __init__(self, packet_id: int, return_codes: list[int]):
+    def __init__(self, packet_id: int, return_codes: list[int],
+                 properties: dict | None = None):
         self.packet_id = packet_id
-        self.return_codes = list(return_codes)
+        self.return_codes = list(return_codes)  # MQTT 5.0: the reason codes
+        self.properties = properties
 
 
 class Unsubscribe(Packet):
-    __slots__ = ("packet_id", "topics")
+    __slots__ = ("packet_id", "topics", "properties")
     type = UNSUBSCRIBE
 
-    def __init__(self, packet_id: int, topics: list[str]):
+    def __init__(self, packet_id: int, topics: list[str], properties: dict | None = None):
         self.packet_id = packet_id
         self.topics = list(topics)
+        self.properties = properties
 
 
 class _Empty(Packet):
@@ -208,6 +247,20 @@ class Pingresp(_Empty):
     type = PINGRESP
 
 
-class Disconnect(_Empty):
+class _Reasoned(Packet):
+    """DISCONNECT and AUTH: in 5.0 a reason code and properties, both optional (0, None)."""
+    __slots__ = ("reason_code", "properties")
+
+    def __init__(self, reason_code: int = 0, properties: dict | None = None):
+        self.reason_code = reason_code
+        self.properties = properties
+
+
+class Disconnect(_Reasoned):
     __slots__ = ()
     type = DISCONNECT
+
+
+class Auth(_Reasoned):
+    __slots__ = ()
+    type = AUTH

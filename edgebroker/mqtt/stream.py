@@ -1,4 +1,4 @@
-"""A connection's incoming bytes -> MQTT 3.1.1 / 3.1 packets, with no I/O.
+"""A connection's incoming bytes -> MQTT packets (3.1, 3.1.1 and 5.0), with no I/O.
 
 ``Decoder.feed(data)`` takes any split of the incoming byte stream and returns
 a generator of the complete packets found so far, in order.
@@ -25,6 +25,10 @@ Decoder rules (the broker relies on these):
   becomes the packet's payload: nothing modifies it afterwards. ``read_hint``
   suggests a short read after such a packet, so that the next one's payload
   also goes straight to its own buffer.
+* The version: a server's decoder reads 3.1.1 rules until it hands out a CONNECT of
+  level 5, and 5.0 rules from the next frame on (``protocol``); a client's decoder is made
+  with the version it asked for. A 5.0 PUBLISH carries its properties (a dict that the
+  packets of a repeated large frame share: consumers do not change a packet's properties).
 
 Every rule violation names the specification's conformance id in ``rule``
 (section numbers such as ``MQTT-2.2.3`` where the spec has no numbered rule).
@@ -32,12 +36,18 @@ Every rule violation names the specification's conformance id in ``rule``
 
 from __future__ import annotations
 
+import sys
+from array import array
+
 from edgebroker.errors import PACKET_TOO_LARGE, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.decode import (
     ACKS, DECODERS, FIRST_BYTE_ERRORS, long_remaining_length, malformed, publish_topic_error,
 )
-from edgebroker.mqtt.packets import MAX_PACKET_SIZE, Publish
+from edgebroker.mqtt.decode5 import DECODERS5, FIRST_BYTE_ERRORS5
+from edgebroker.mqtt.fields import protocol_error, read_varint
+from edgebroker.mqtt.packets import MAX_PACKET_SIZE, PROTOCOL_5, PUBLISH, Publish
+from edgebroker.mqtt.properties import TOPIC_ALIAS, decode_properties
 
 # A PUBLISH of at least this many bytes whose end has not arrived yet is received into a
 # payload buffer of its own (``Decoder.room``), which becomes the packet's payload. The
@@ -47,28 +57,33 @@ LARGE_FRAME = 16 * 1024
 # payload, too, goes straight into its own buffer rather than through the shared one.
 LARGE_READ = 4096
 REPEAT_FRAMES = 16  # at most this many frames alike in one read (repeat_buffers)
+# The 4-byte acknowledgements of 5.0 (an UNSUBACK there has properties and reason codes).
+ACKS5 = {b0: cls for b0, cls in ACKS.items() if b0 != 0xB0}
+_LITTLE = sys.byteorder == "little"
 
 
 class _Large:
     """A large PUBLISH being received: the packet, its payload buffer (so far) and size."""
 
-    __slots__ = ("packet", "header", "got", "total")
+    __slots__ = ("packet", "header", "got", "total", "tail")
 
-    def __init__(self, packet: Publish, header: bytes, got: int, total: int):
+    def __init__(self, packet: Publish, header: bytes, got: int, total: int, tail: int = 0):
         self.packet = packet   # packet.payload: a bytearray, filled up to ``got``
         self.header = header   # the bytes of the frame before the payload
         self.got = got
         self.total = total
+        self.tail = tail       # header bytes after the packet identifier (5.0: properties)
 
 
 class Decoder:
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
     __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen", "_src", "_large",
-                 "_ready", "room", "read_hint", "_shape", "_repeat")
+                 "_ready", "room", "read_hint", "_shape", "_repeat", "protocol")
 
-    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE):
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, protocol: int = 0):
         self.max_packet_size = max_packet_size
+        self.protocol = protocol  # 5 once 5.0 rules apply (see the module doc); else 0
         self._buf = b""          # bytes not yet decoded (a bytearray while a frame is partial)
         self._need = 0           # don't try to decode before _buf holds this many bytes
         self._error: ProtocolError | None = None
@@ -80,8 +95,8 @@ class Decoder:
         self.read_hint = 0       # bytes the next read should take (0: as many as it can)
         # The last large PUBLISH that arrived whole: its header (the frame's bytes before the
         # payload, without a packet identifier), payload size and, when the one before was
-        # alike, what the next is expected to be: (header, topic, first byte, payload size),
-        # or None (see repeat_buffers).
+        # alike, what the next is expected to be: (header, topic, first byte, payload size,
+        # header bytes after the packet identifier, properties), or None (repeat_buffers).
         self._shape: tuple | None = None
         self._repeat = 1         # frames repeat_buffers offers room for (see _repeat_filled)
 
@@ -103,7 +118,7 @@ class Decoder:
         if (len(data) == 4 and self._gen is None and not self._buf and self._large is None
                 and self._ready is None):
             # The commonest read of a QoS 1 subscriber: one PUBACK.
-            ack = ACKS.get(data[0])
+            ack = (ACKS5 if self.protocol else ACKS).get(data[0])
             if ack is not None and data[1] == 2 and (data[2] or data[3]):
                 self.read_hint = 0
                 return (ack(data[2] << 8 | data[3]),)
@@ -132,6 +147,27 @@ class Decoder:
         self._src = data
         self._gen = gen = self._frames(first, data)
         return gen
+
+    def pubacks(self, data):
+        """The packet identifiers of ``data`` when it is two or more whole PUBACKs and nothing
+        else (a QoS 1 subscriber acknowledging what one read brought), with nothing buffered:
+        an ``array('H')``, in order. None otherwise (``feed`` decodes it, and finds any
+        violation)."""
+        n = len(data)
+        if (n < 8 or n & 3 or self._gen is not None or self._buf or self._large is not None
+                or self._ready is not None or self._error is not None):
+            return None
+        raw = bytes(data)
+        k = n >> 2
+        if raw[0::4] != b"\x40" * k or raw[1::4] != b"\x02" * k:
+            return None
+        pids = array("H", raw)[1::2]
+        if _LITTLE:
+            pids.byteswap()
+        if 0 in pids:
+            return None         # a violation (MQTT-2.3.1-1): feed reports it
+        self.read_hint = 0
+        return pids
 
     def filled(self, n: int):
         """``n`` bytes were received into ``room``: what is now complete (the packet in a
@@ -196,10 +232,12 @@ class Decoder:
         packet = large.packet
         header = large.header
         b0 = header[0]
-        key = header[:-2] if b0 & 6 else header
+        tail = large.tail
+        at = len(header) - 2 - tail  # where its packet identifier is
+        key = header[:at] + header[at + 2:] if b0 & 6 else header
         last = self._shape
         # Two alike in a row: the next is read as another (repeat_buffers).
-        expect = ((header, packet.topic, b0, large.total)
+        expect = ((header, packet.topic, b0, large.total, tail, packet.properties)
                   if last is not None and last[0] == key and last[1] == large.total else None)
         self._shape = (key, large.total, expect)
         return packet
@@ -279,23 +317,25 @@ class Decoder:
 
     def _repeated_one(self, head, payload, n: int):
         shape = self._shape
-        want, topic, b0, size = shape[2]
+        want, topic, b0, size, tail, props = shape[2]
         h = len(want)
         pid = None
         if n >= h:
             if b0 & 6:
                 # Only the packet identifier may differ; feed checks a zero one.
-                pid = head[h - 2] << 8 | head[h - 1]
-                same = pid != 0 and head[:h - 2] == want[:h - 2]
+                at = h - 2 - tail
+                pid = head[at] << 8 | head[at + 1]
+                same = pid != 0 and head[:at] == want[:at] and head[at + 2:] == want[at + 2:]
             else:
                 same = head == want
             # (A maximum lowered by a reload below the frame's size: feed refuses it.)
             if same and h + size <= self.max_packet_size:
-                packet = Publish(topic, payload, b0 >> 1 & 3, b0 & 1 == 1, b0 & 8 == 8, pid)
+                packet = Publish(topic, payload, b0 >> 1 & 3, b0 & 1 == 1, b0 & 8 == 8, pid,
+                                 props)
                 got = n - h
                 if got == size:
                     return (packet,)
-                self._large = _Large(packet, want, got, size)
+                self._large = _Large(packet, want, got, size, tail)
                 self.room = memoryview(payload)[got:]
                 return _NOTHING
         self._shape = (shape[0], shape[1], None)  # not until two alike again
@@ -321,8 +361,9 @@ class Decoder:
         pos = 0
         need = 0
         max_size = self.max_packet_size
-        first_byte_errors = FIRST_BYTE_ERRORS
-        decoders = DECODERS
+        v5 = self.protocol == PROTOCOL_5
+        first_byte_errors = FIRST_BYTE_ERRORS5 if v5 else FIRST_BYTE_ERRORS
+        decoders = DECODERS5 if v5 else DECODERS
         publish = Publish
         try:
             if first is not None:
@@ -372,7 +413,7 @@ class Decoder:
                     except UnicodeDecodeError:
                         raise malformed("PUBLISH topic name is not well-formed UTF-8",
                                          rule="MQTT-1.5.3-1") from None
-                    if ts == te or "+" in topic or "#" in topic or "\x00" in topic:
+                    if ts == te and not v5 or "+" in topic or "#" in topic or "\x00" in topic:
                         raise publish_topic_error(topic)
                     pid = None
                     if b0 & 6:
@@ -381,18 +422,42 @@ class Decoder:
                             raise malformed("PUBLISH with QoS > 0 and packet identifier 0",
                                              rule="MQTT-2.3.1-1")
                         te += 2
+                    props = None
+                    tail = 0
+                    if v5:
+                        if end > n:  # a large frame: its properties must have arrived
+                            q = _properties_end(buf, te, n, end)
+                            if n < q <= end:  # (past the end: decode_properties refuses it)
+                                need = q - pos
+                                break
+                        props, q = decode_properties(buf, te, end, PUBLISH)
+                        if not topic and (props is None or TOPIC_ALIAS not in props):
+                            raise protocol_error("PUBLISH with an empty topic name and no "
+                                                 "Topic Alias", "MQTT-3.3.2.3.4")
+                        tail = q - te
+                        te = q
                     if end > n:  # large and incomplete: its payload goes to a buffer of its own
                         self._receive_large(publish(topic, None, b0 >> 1 & 3, b0 & 1 == 1,
-                                                    b0 & 8 == 8, pid), buf, pos, te, n, end)
+                                                    b0 & 8 == 8, pid, props),
+                                            buf, pos, te, n, end, tail)
                         pos = n
                         break
-                    if pid is None:
+                    if props is not None:
+                        packet = publish(topic, buf[te:end], b0 >> 1 & 3, b0 & 1 == 1,
+                                         b0 & 8 == 8, pid, props)
+                    elif pid is None:
                         packet = publish(topic, buf[te:end], 0, b0 & 1 == 1)
                     else:
                         packet = publish(topic, buf[te:end], b0 >> 1 & 3, b0 & 1 == 1,
                                          b0 & 8 == 8, pid)
                 else:
                     packet = decoders[b0 >> 4](b0, buf, p, end)
+                    if b0 == 0x10 and packet.protocol_level == PROTOCOL_5 and not v5:
+                        # From the next frame on, 5.0 rules.
+                        self.protocol = PROTOCOL_5
+                        v5 = True
+                        first_byte_errors = FIRST_BYTE_ERRORS5
+                        decoders = DECODERS5
                 pos = end
                 yield packet
         except ProtocolError as exc:
@@ -408,7 +473,7 @@ class Decoder:
             self._gen = None  # a finished generator holds its frame (~400 bytes per connection)
 
     def _receive_large(self, packet: Publish, buf: bytes, pos: int, start: int, n: int,
-                       end: int) -> None:
+                       end: int, tail: int = 0) -> None:
         """The frame at ``pos`` ends at ``end``, past the ``n`` bytes of ``buf`` (bytes); its
         payload starts at ``start``."""
         got = n - start
@@ -420,16 +485,28 @@ class Decoder:
         payload = bytearray(min(total, max(2 * got, LARGE_READ, last)))
         payload[:got] = memoryview(buf)[start:n]
         packet.payload = payload
-        self._large = _Large(packet, buf[pos:start], got, total)
+        self._large = _Large(packet, buf[pos:start], got, total, tail)
         self.room = memoryview(payload)[got:]
 
 
 _NOTHING = iter(())
 
 
-def decode_one(data) -> object:
-    """Decode exactly one complete frame; anything more or less is malformed."""
-    decoder = Decoder()
+def _properties_end(buf: bytes, p: int, n: int, end: int) -> int:
+    """Where the property section at ``p`` of a frame ending at ``end`` ends, when ``buf``
+    holds ``n`` bytes so far: past ``n`` when more must arrive first (at least ``n + 1``);
+    ``p`` when what has arrived is already wrong (the decoding says what)."""
+    try:
+        length, q = read_varint(buf, p, min(n, end), "PUBLISH properties length")
+    except ProtocolError:
+        return p if n >= end or n - p >= 4 else n + 1
+    return q + length
+
+
+def decode_one(data, protocol: int = 0) -> object:
+    """Decode exactly one complete frame (5.0 rules with ``protocol`` 5); anything more or
+    less is malformed."""
+    decoder = Decoder(protocol=protocol)
     found = list(decoder.feed(data))
     if len(found) != 1 or decoder.buffered:
         if not found:

@@ -13,6 +13,8 @@ the workers only compute hashes (``hashlib`` releases the GIL while it does).
   and a changed password file (new hash) or a different password misses the
   cache and is checked again. Only successes are cached. A password found in
   the cache is accepted whatever the throttles below say: it is known right.
+  A SCRAM login (``policy``) is remembered alike, under its stored keys and
+  the client key its proof revealed (``known``, ``remember``).
 - Throttle per (address, user name): the first ``max_failures`` failed logins
   in a row (each less than ``window`` after the one before; checks still
   running count too) are checked as they come; after that the pair gets one
@@ -77,6 +79,7 @@ class Authenticator:
         self._pool = None   # a ThreadPoolExecutor, from the first check on
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._key = os.urandom(32)
+        self.scram_secret = os.urandom(32)   # the salts of SCRAM users without keys
         self._cache: set[bytes] = set()
         # (address, user name) -> [failed logins in a row, time of the last one]
         self._pairs: dict[tuple[str, str], list] = {}
@@ -170,9 +173,7 @@ class Authenticator:
             log.debug("user %r: password check done in %.0f ms (%d waiting)", username,
                       (self.clock() - started) * 1000, self.pending)
             if ok and key is not None:
-                if len(self._cache) >= CACHE_LIMIT:
-                    self._cache.clear()
-                self._cache.add(key)
+                self._remember(key)
                 result = OK
             else:
                 self.record_failure(host, username)
@@ -181,6 +182,18 @@ class Authenticator:
                 done(result)
             except Exception:
                 log.exception("internal error after a password check for %r", username)
+
+    def known(self, username: str, stored: str, secret: bytes) -> bool:
+        """Whether ``secret`` succeeded for ``username`` with ``stored`` since the start."""
+        return self._cache_key(username, stored, secret) in self._cache
+
+    def remember(self, username: str, stored: str, secret: bytes) -> None:
+        self._remember(self._cache_key(username, stored, secret))
+
+    def _remember(self, key: bytes) -> None:
+        if len(self._cache) >= CACHE_LIMIT:
+            self._cache.clear()
+        self._cache.add(key)
 
     def close(self) -> None:
         if self._pool is not None:

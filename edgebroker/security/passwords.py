@@ -1,4 +1,5 @@
-"""Password hashes and the password file (``username:hash`` per line).
+"""Password hashes and the password file (``username:hash`` per line, or
+``username:hash:scram`` with the user's SCRAM-SHA-256 keys: ``security/scram.py``).
 
 Two hash formats are understood, both with a per-user random salt:
 
@@ -17,6 +18,11 @@ Two hash formats are understood, both with a per-user random salt:
 Comparison is constant time (``hmac.compare_digest``). Plain-text passwords
 are never accepted in a password file; ``edgebroker passwd -U`` converts a
 file of plain ``user:password`` lines.
+
+The third field, when present, holds the keys SCRAM-SHA-256 needs (a hash of
+either format cannot give them): ``edgebroker passwd`` writes it. Mosquitto
+reads a line's first two fields only, so a ``--hash pbkdf2`` file with it still
+loads there; users without it log in with their password alone.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import os
 import stat
 
 from edgebroker.errors import ConfigError
+from edgebroker.security import scram
 
 SCRYPT_PREFIX = "$scrypt$"
 PBKDF2_PREFIX = "$7$"
@@ -193,12 +200,14 @@ def check_permissions(path: str, key: str) -> None:
 
 
 class PasswordFile:
-    """The parsed ``password_file``: user name -> parsed hash."""
+    """The parsed ``password_file``: user name -> parsed hash, and SCRAM keys."""
 
-    def __init__(self, path: str, entries: dict[str, tuple], raw: dict[str, str]):
+    def __init__(self, path: str, entries: dict[str, tuple], raw: dict[str, str],
+                 scram_keys: dict[str, tuple[str, scram.Keys]] | None = None):
         self.path = path
         self.entries = entries
         self.raw = raw                          # user -> hash string (the cache key)
+        self.scram = scram_keys or {}           # user -> (stored field, its Keys)
         self.weak = sorted(u for u, h in entries.items() if is_weak(h))
 
     def __len__(self):
@@ -210,6 +219,16 @@ class PasswordFile:
         if parsed is None:
             return None
         return self.raw[username], parsed
+
+    def scram_keys(self, username: str) -> scram.Keys | str:
+        """``username``'s SCRAM keys, or why there are none (``scram.Lookup``)."""
+        found = self.scram.get(username)
+        if found is not None:
+            return found[1]
+        if username in self.entries:
+            return ("no SCRAM keys for this user (added before edgebroker passwd wrote them: "
+                    "set its password again with edgebroker passwd; its password login works)")
+        return "unknown user"
 
     @classmethod
     def load(cls, path: str, key: str = "password_file") -> "PasswordFile":
@@ -223,6 +242,7 @@ class PasswordFile:
             raise ConfigError(f"{key}: {path}: not UTF-8 text") from None
         entries: dict[str, tuple] = {}
         raw: dict[str, str] = {}
+        keys: dict[str, tuple[str, scram.Keys]] = {}
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
@@ -235,6 +255,7 @@ class PasswordFile:
                 raise ConfigError(f"{where}: {problem}")
             if username in entries:
                 raise ConfigError(f"{where}: user {username!r} is listed twice")
+            stored, sep, field = stored.partition(":")
             stored = stored.strip()
             try:
                 entries[username] = parse_hash(stored)
@@ -245,7 +266,14 @@ class PasswordFile:
                             f"'edgebroker passwd -U {path}' to hash them")
                 raise ConfigError(f"{where}: user {username!r}: {exc}{hint}") from None
             raw[username] = stored
-        return cls(path, entries, raw)
+            if sep:
+                field = field.strip()
+                try:
+                    keys[username] = (field, scram.parse_keys(field))
+                except scram.FormatError as exc:
+                    raise ConfigError(f"{where}: user {username!r}: {exc} (the third field "
+                                      f"holds the SCRAM keys)") from None
+        return cls(path, entries, raw, keys)
 
 
 def write_atomic(path: str, lines: list[str]) -> None:

@@ -19,6 +19,13 @@ as MQTT 3.1.1 defines the CONNACK return codes:
 Only a verified user name counts: with no password file (and no certificate
 identity) on the listener, a user name in CONNECT is logged but the client is
 treated as anonymous, so it cannot claim another user's ACL rules.
+
+SCRAM-SHA-256 (MQTT 5.0 enhanced authentication; the exchange is
+``security.scram``, its packets ``core/handlers/auth.py``) checks the same
+password file's users, under the same throttles and cache, and gives the same
+outcomes: 0 with the user's ACL view, 4 for a wrong proof, an unknown user or
+one without SCRAM keys, 5 for a throttled user or address or a message the
+exchange cannot accept.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import logging
 from edgebroker.config import AuthSettings, ListenerConfig
 from edgebroker.security import authenticator as A
 from edgebroker.security.acl import Acl
+from edgebroker.security import scram
 from edgebroker.security.passwords import PasswordFile
 
 log = logging.getLogger("edgebroker.security")
@@ -121,10 +129,51 @@ class ListenerPolicy:
 
         auth.verify(host, username, entry, connect.password, done)
 
+    # ----- SCRAM-SHA-256 ------------------------------------------------------------------
+
+    def scram_refusal(self) -> str | None:
+        """Why SCRAM-SHA-256 cannot be used on this listener, or None."""
+        if self.identity_as_username:
+            return (f"listener {self.name} takes the user name from the client certificate; "
+                    f"SCRAM-SHA-256 is not offered there")
+        if self.passwords is None:
+            return f"SCRAM-SHA-256 needs a password_file on listener {self.name}"
+        return None
+
+    def scram_exchange(self) -> scram.Exchange:
+        """A new exchange against this listener's password file (``scram_refusal`` is None)."""
+        return scram.Exchange(self.passwords.scram_keys, self.authenticator.scram_secret)
+
+    def scram_outcome(self, client, exchange: scram.Exchange,
+                      failure: scram.Failure | None) -> tuple[int, str]:
+        """The decision on an exchange that ended (``failure`` None: the proof was right):
+        (ACCEPTED, ""), (BAD_CREDENTIALS, why) or (NOT_AUTHORIZED, why). A wrong proof counts
+        as a failed login for the throttles; a client key that succeeded before is accepted
+        whatever they say, as a known password is."""
+        if failure is not None and not failure.credentials:
+            return NOT_AUTHORIZED, str(failure)
+        username = exchange.username
+        host = peer_host(client.peer)
+        auth = self.authenticator
+        stored = scram.format_keys(exchange.keys)
+        if failure is None and auth.known(username, stored, exchange.client_key):
+            return ACCEPTED, ""
+        blocked = auth.throttled(host, username)
+        if blocked is not None:
+            return NOT_AUTHORIZED, f"{blocked}; not checked"
+        if failure is not None:
+            auth.record_failure(host, username)
+            return BAD_CREDENTIALS, str(failure)
+        auth.remember(username, stored, exchange.client_key)
+        return ACCEPTED, ""
+
+    def view(self, client, username: str | None):
+        """The client's AclView (None without an ACL file)."""
+        return self.acl.view(client.client_id, username) if self.acl is not None else None
+
     def _blocked(self, client, username, host: str) -> None:
         why = self.authenticator.throttled(host, username) or "failed logins"
         client.auth_done(NOT_AUTHORIZED, f"{why}; not checked", username, None)
 
     def _accept(self, client, username: str | None) -> None:
-        view = self.acl.view(client.client_id, username) if self.acl is not None else None
-        client.auth_done(ACCEPTED, "", username, view)
+        client.auth_done(ACCEPTED, "", username, self.view(client, username))

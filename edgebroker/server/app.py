@@ -34,7 +34,7 @@ from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
-from edgebroker.server import sdnotify
+from edgebroker.server import activation, sdnotify
 from edgebroker.server.framing import Framing
 from edgebroker.server.descriptors import (
     SPARE_DESCRIPTORS, DescriptorRoom, open_files_limit, reserve_descriptors,
@@ -209,8 +209,12 @@ class App(DescriptorRoom):
         config = self.config
         # Read every certificate, password and ACL file before binding anything.
         security = self._security(config, [(i, lc) for i, lc in enumerate(config.listeners)])
-        for lc, (tls, policy) in zip(config.listeners, security):
-            listener = UnixListener(self, lc) if lc.unix_socket else Listener(self, lc)
+        # Socket activation: the listening sockets systemd holds, when it passed them.
+        passed = activation.listen_fds()
+        socks = (activation.match(config.listeners, passed) if passed is not None
+                 else [None] * len(config.listeners))
+        for lc, (tls, policy), sock in zip(config.listeners, security, socks):
+            listener = UnixListener(self, lc, sock) if lc.unix_socket else Listener(self, lc, sock)
             listener.set_security(tls, policy)
             self.listeners.append(listener)
             self.selector.register(listener.sock, selectors.EVENT_READ, listener.on_event)

@@ -182,8 +182,8 @@ class Framing:
     def wait_for_drain(self) -> None:
         self.stream.wait_for_drain()
 
-    def count_publish(self) -> None:
-        self.stream.count_publish()
+    def count_publish(self, n: int = 1) -> None:
+        self.stream.count_publish(n)
 
     # The stream's figures, read by the core, and its output bound (set on reload).
     listener_name = _forwarded("listener_name")

@@ -19,6 +19,9 @@ permissions). The socket file is created with ``unix_socket_mode`` permissions (
 died is replaced; a socket some process still answers on, or any other kind of
 file, stops the start with a message. The file is removed at shutdown.
 Peers are logged as ``unix:PATH`` with the connecting process's pid and uid.
+
+Under socket activation a listener takes the socket systemd passed (server/activation.py)
+instead of binding: a Unix socket file is then systemd's, left in place at shutdown.
 """
 
 from __future__ import annotations
@@ -101,24 +104,34 @@ class DescriptorReserve:
         self.fds.clear()
 
 
+def _bind_tcp(config: ListenerConfig) -> socket.socket:
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((config.host, config.port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise EdgebrokerError(f"cannot listen on {config.address}: {exc.strerror or exc}") from None
+    return sock
+
+
 class Listener:
-    def __init__(self, app, config: ListenerConfig):
+    """``sock``: a listening socket passed by systemd (server/activation.py), used as it is;
+    without it the listener binds its address."""
+
+    def __init__(self, app, config: ListenerConfig, sock: socket.socket | None = None):
         self.app = app
         self.config = config
-        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            # Accepted connections inherit it (Linux, the BSDs): no setsockopt per connection.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.bind((config.host, config.port))
-            sock.listen(LISTEN_BACKLOG)
-        except OSError as exc:
-            sock.close()
-            raise EdgebrokerError(f"cannot listen on {config.address}: {exc.strerror or exc}") from None
+        self.passed = sock is not None
+        if sock is None:
+            sock = _bind_tcp(config)
+        # Accepted connections inherit it (Linux, the BSDs): no setsockopt per connection.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
         self.sock = sock
-        self.family = family
+        self.family = sock.family
         host, port = sock.getsockname()[:2]
         self.address = format_peer((host, port))
         self.paused_until = 0.0
@@ -143,7 +156,7 @@ class Listener:
 
     def describe(self) -> str:
         """``ADDRESS`` plus what protects it, for the "listening on" line."""
-        parts = []
+        parts = ["socket from systemd"] if self.passed else []
         if self.framing is not None:
             parts.append(f"WebSockets {self.config.websocket_path}")
         if self.tls is not None:
@@ -250,32 +263,42 @@ def _remove_stale(path: str) -> None:
     raise EdgebrokerError(f"cannot listen on unix:{path}: another process is listening there")
 
 
+def _bind_unix(path: str, mode: int) -> socket.socket:
+    _remove_stale(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o777 & ~mode)   # no moment with looser permissions
+    try:
+        sock.bind(path)
+        os.chmod(path, mode)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise EdgebrokerError(f"cannot listen on unix:{path}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old_umask)
+    return sock
+
+
 class UnixListener(Listener):
-    def __init__(self, app, config: ListenerConfig):
+    """A socket file systemd made (``sock`` given) is its: its permissions are the socket
+    unit's ``SocketMode=``, and it stays at shutdown."""
+
+    def __init__(self, app, config: ListenerConfig, sock: socket.socket | None = None):
         self.app = app
         self.config = config
         self.path = config.unix_socket
-        mode = int(config.unix_socket_mode, 8)
-        _remove_stale(self.path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o777 & ~mode)   # no moment with looser permissions
-        try:
-            sock.bind(self.path)
-            os.chmod(self.path, mode)
-            sock.listen(LISTEN_BACKLOG)
-        except OSError as exc:
-            sock.close()
-            raise EdgebrokerError(f"cannot listen on unix:{self.path}: "
-                                  f"{exc.strerror or exc}") from None
-        finally:
-            os.umask(old_umask)
+        self.passed = sock is not None
+        if sock is None:
+            sock = _bind_unix(self.path, int(config.unix_socket_mode, 8))
+            self.stat = os.stat(self.path)
+        else:
+            self.stat = None
         sock.setblocking(False)
         self.sock = sock
         self.family = socket.AF_UNIX
         self.address = f"unix:{self.path}"
         self.paused_until = 0.0
         self.framing = framing_for(config)
-        self.stat = os.stat(self.path)
 
     def peer_name(self, conn: socket.socket, addr) -> str:
         try:
@@ -287,6 +310,8 @@ class UnixListener(Listener):
 
     def close(self) -> None:
         super().close()
+        if self.stat is None:
+            return
         try:
             st = os.stat(self.path)
             if (st.st_ino, st.st_dev) == (self.stat.st_ino, self.stat.st_dev):

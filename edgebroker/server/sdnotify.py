@@ -46,17 +46,22 @@ def notify(message: str) -> bool:
     return True
 
 
+def for_this_process(pid: str) -> bool:
+    """Whether ``pid`` (WATCHDOG_PID, LISTEN_PID) names this process: its own pid, or in the
+    one-file binary its parent's (the bootloader, the unit's main process)."""
+    if pid == str(os.getpid()):
+        return True
+    return bool(getattr(sys, "frozen", False)) and pid == str(os.getppid())
+
+
 def watchdog_interval() -> float | None:
     """Seconds between WATCHDOG=1 pings (half of WatchdogSec), or None."""
     usec = os.environ.get("WATCHDOG_USEC")
     pid = os.environ.get("WATCHDOG_PID")
     if not usec:
         return None
-    if pid and pid != str(os.getpid()):
-        # Not for this process, unless it is the one-file binary's interpreter and the pid is
-        # its bootloader's (the unit's main process).
-        if not (getattr(sys, "frozen", False) and pid == str(os.getppid())):
-            return None
+    if pid and not for_this_process(pid):
+        return None
     try:
         usec = int(usec)
     except ValueError:

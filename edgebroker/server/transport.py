@@ -152,10 +152,10 @@ class Transport:
         once everything queued is written."""
         self.want_drain = True
 
-    def count_publish(self) -> None:
-        """Count a PUBLISH the core queued with ``write`` or ``write_file`` (``offer`` counts
-        its own)."""
-        self.msgs_out += 1
+    def count_publish(self, n: int = 1) -> None:
+        """Count ``n`` PUBLISHes the core queued with ``write`` or ``write_file`` (``offer``
+        counts its own)."""
+        self.msgs_out += n
 
     def offer(self, data, rest=None) -> bool:
         """Queue one PUBLISH frame (``data``, then ``rest`` unless None) unless ``max_pending``

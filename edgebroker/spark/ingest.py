@@ -2,7 +2,8 @@
 (``<prefix>/gateway=<id>/date=<YYYY-MM-DD>/<first:020>-<last:020>.ebb.zst``) into Parquet tables
 under a warehouse folder (docs/spark.md):
 
-* ``messages`` (gateway, offset, timestamp, date, topic, qos, retain, client_id, payload),
+* ``messages`` (gateway, offset, timestamp, date, topic, qos, retain, client_id, payload,
+  properties: the MQTT 5.0 ones, a struct, null for none),
   partitioned by date and gateway, one row per (gateway, offset) however often a batch is
   uploaded, copied or read;
 * ``topic_hourly`` (gateway, topic, hour, messages, bytes, first_time, last_time), recomputed
@@ -18,9 +19,12 @@ files are read with Spark's ``binaryFile`` source (any Hadoop file system: local
 to Python and takes Arrow record batches back (``edgebroker.spark.arrow``).
 
 The checkpoint folder holds ``files``: the batch files already ingested, which a run lists and
-does not read again. The rows themselves are deduplicated against ``messages`` (an anti-join on
-(gateway, offset) over the partitions the new rows fall in), so a batch copied under another
-name, or read again after a crash between the two writes, adds no row.
+does not read again. The rows themselves are deduplicated on (gateway, offset) against
+``messages`` and among the new batches, so a batch copied under another name, or read again
+after a crash between the two writes, adds no row: a batch whose offset range (from its header)
+overlaps no other new batch and no offset ``messages`` holds for its gateway in the partitions
+its rows fall in goes in whole, without a shuffle; the rows of the other batches are
+deduplicated row by row (dropDuplicates, then an anti-join with ``messages``).
 """
 
 from __future__ import annotations
@@ -30,9 +34,8 @@ import time
 from datetime import datetime, timezone
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_to_arrow
+from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_days, batch_to_arrow
 from edgebroker.uploader.batch import SUFFIX, BatchFormatError
 
 log = logging.getLogger("edgebroker.spark")
@@ -43,56 +46,90 @@ MESSAGE_COLUMNS = MESSAGE_SCHEMA.names
 # with a session of its own sets them too (docs/spark.md).
 SESSION_CONFIG = {"spark.sql.session.timeZone": "UTC",
                   "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-# One row per batch file (kind "batch" or "error") besides the message rows (kind "message").
-_BATCH_FIELDS = [("kind", pa.string()), ("path", pa.string()), ("batch_first", pa.int64()),
-                 ("batch_last", pa.int64()), ("record_count", pa.int64()),
-                 ("gap_first", pa.int64()), ("gap_length", pa.int64()), ("error", pa.string())]
-DECODED_SCHEMA = pa.schema(list(MESSAGE_SCHEMA) + _BATCH_FIELDS)
+# The first pass's rows: per batch file one of kind "batch" (its header) or "error", and one of
+# kind "date" per day its messages fall in (the partitions the file touches).
+SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("path", pa.string()),
+                            ("gateway", pa.string()), ("date", pa.date32()),
+                            ("batch_first", pa.int64()), ("batch_last", pa.int64()),
+                            ("record_count", pa.int64()), ("gap_first", pa.int64()),
+                            ("gap_length", pa.int64()), ("error", pa.string())])
+_SUMMARY_DDL = ("kind string, path string, gateway string, date date, batch_first long, "
+                "batch_last long, record_count long, gap_first long, gap_length long, "
+                "error string")
 # Read back with this schema, not an inferred one: partition discovery would make a gateway id
 # of digits an integer.
 MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, topic string, "
-                "qos byte, retain boolean, client_id string, payload binary")
+                "qos byte, retain boolean, client_id string, payload binary, "
+                "properties struct<payload_format: byte, message_expiry: long, "
+                "content_type: string, response_topic: string, correlation_data: binary, "
+                "user_properties: array<struct<name: string, value: string>>>")
 HOURLY_DDL = ("date date, gateway string, topic string, hour timestamp, messages long, "
               "bytes long, first_time timestamp, last_time timestamp")
-_DECODED_DDL = (MESSAGES_DDL + ", kind string, path string, batch_first long, batch_last long, "
-                "record_count long, gap_first long, gap_length long, error string")
 
 
 def _summary_row(kind: str, path: str, header=None, error: str | None = None,
-                 day=None) -> pa.RecordBatch:
-    row = {name: [None] for name in DECODED_SCHEMA.names}
-    row.update(kind=[kind], path=[path], error=[error], date=[day])
+                 day=None) -> dict:
+    row = dict.fromkeys(SUMMARY_SCHEMA.names)
+    row.update(kind=kind, path=path, error=error, date=day)
     if header is not None:
-        row.update(gateway=[header.gateway_id], batch_first=[header.first_offset],
-                   batch_last=[header.last_offset], record_count=[header.record_count],
-                   gap_first=[header.gap_first], gap_length=[header.gap_length])
-    return pa.RecordBatch.from_pydict(row, schema=DECODED_SCHEMA)
+        row.update(gateway=header.gateway_id, batch_first=header.first_offset,
+                   batch_last=header.last_offset, record_count=header.record_count,
+                   gap_first=header.gap_first, gap_length=header.gap_length)
+    return row
+
+
+def _files(batches):
+    """(path, content bytes) of each file in mapInArrow's (path, content) record batches."""
+    for rb in batches:
+        contents = rb.column("content")
+        for i, path in enumerate(rb.column("path").to_pylist()):
+            yield path, contents[i].as_py()
+
+
+def summarize_files(batches):
+    """mapInArrow function, the first pass: (path, content) record batches in, a few rows per
+    file out (SUMMARY_SCHEMA): each file is checked whole, its columns are not built."""
+    for path, blob in _files(batches):
+        try:
+            header, days = batch_days(blob, path)
+        except BatchFormatError as exc:
+            rows = [_summary_row("error", path, error=str(exc))]
+        else:
+            rows = [_summary_row("batch", path, header)]
+            rows += [_summary_row("date", path, header, day=day) for day in days]
+        yield pa.RecordBatch.from_pylist(rows, schema=SUMMARY_SCHEMA)
 
 
 def decode_files(batches):
-    """mapInArrow function: (path, content) record batches in, decoded rows out: the messages of
-    each readable batch file, one summary row per file (kind "batch" or "error") and one row
-    of kind "date" per day the file's messages fall in (the partitions the run touches)."""
-    for rb in batches:
-        paths = rb.column("path").to_pylist()
-        contents = rb.column("content")
-        for i, path in enumerate(paths):
-            try:
-                header, table = batch_to_arrow(contents[i].as_py(), path)
-            except BatchFormatError as exc:
-                yield _summary_row("error", path, error=str(exc))
-                continue
-            n = table.num_rows
-            # A message row's path is null (its batch's summary row has it): 2M copies of a
-            # long URI would only weigh on the shuffles.
-            extra = [pa.repeat(pa.scalar("message", pa.string()), n)]
-            extra += [pa.nulls(n, t) for _, t in _BATCH_FIELDS[1:]]
-            for rb_out in pa.Table.from_arrays(table.columns + extra,
-                                               schema=DECODED_SCHEMA).to_batches():
-                yield rb_out
-            for day in pc.unique(table.column("date")).to_pylist():
-                yield _summary_row("date", path, header, day=day)
-            yield _summary_row("batch", path, header)
+    """mapInArrow function, the second pass: (path, content) record batches in, the messages
+    of each file out (MESSAGE_SCHEMA). The files are those the first pass found readable: one
+    that no longer is (changed in between) fails the job with its error."""
+    for path, blob in _files(batches):
+        yield from batch_to_arrow(blob, path)[1].to_batches()
+
+
+def clean_batches(batches: list, existing: dict) -> set:
+    """The paths of the ``batches`` (rows with path, gateway, batch_first, batch_last) whose
+    offset range overlaps no other batch of the list and no range in ``existing`` (gateway ->
+    (smallest, largest) offset already in ``messages`` in the partitions the batches touch).
+    Such a batch adds every one of its records (a batch's offsets are strictly increasing,
+    checked when it is decoded), so its rows need no deduplication; the others do."""
+    by_gateway: dict = {}
+    for b in batches:
+        by_gateway.setdefault(b.gateway, []).append(b)
+    clean = set()
+    for gateway, group in by_gateway.items():
+        group.sort(key=lambda b: (b.batch_first, b.batch_last))
+        low, high = existing.get(gateway, (None, None))
+        reach = -1   # the largest last offset of the batches before (sorted by first offset)
+        for i, b in enumerate(group):
+            overlaps = (reach >= b.batch_first
+                        or (i + 1 < len(group) and group[i + 1].batch_first <= b.batch_last)
+                        or (low is not None and b.batch_first <= high and b.batch_last >= low))
+            reach = max(reach, b.batch_last)
+            if not overlaps:
+                clean.add(b.path)
+    return clean
 
 
 class _Fs:
@@ -144,7 +181,22 @@ def _in_partitions(df, touched):
 
 def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = None) -> dict:
     """One pass over ``landing``: every batch file not ingested yet goes into the tables under
-    ``warehouse``; what it did, as a dict (files, rows added, duplicates, quarantined, gaps)."""
+    ``warehouse``; what it did, as a dict (files, rows added, duplicates, quarantined, gaps).
+
+    For the run, one batch file goes to ``mapInArrow`` in each Arrow record batch (Spark's
+    ``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000 rows by default: here every file
+    of a task at once): an executor's Python then decodes a file while its JVM reads the next,
+    and holds one file's bytes rather than a whole split's. The setting is put back after."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "1")
+    try:
+        return _ingest(spark, landing, warehouse, checkpoint)
+    finally:
+        spark.conf.set(key, before)
+
+
+def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -170,30 +222,58 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
 
-    # Not cached: decoding again (about 1M records/s per core) costs less than caching every
-    # message; the first pass keeps only the summary and date rows.
-    decoded = (spark.read.format("binaryFile").load(new).select("path", "content")
-               .mapInArrow(decode_files, _DECODED_DDL))
-    summary = (decoded.where(F.col("kind") != "message")
-               .drop(*(c for c in MESSAGE_COLUMNS if c not in ("gateway", "date"))).collect())
+    # Two passes over the new files, nothing cached: the first checks every file whole
+    # (batch_days: no columns built) and keeps only its summary rows; the second decodes the
+    # readable ones (about 1M records/s per core) straight into the write.
+    files = spark.read.format("binaryFile").load(new).select("path", "content")
+    summary = files.mapInArrow(summarize_files, _SUMMARY_DDL).collect()
     good = [r for r in summary if r.kind == "batch"]
     bad = [r for r in summary if r.kind == "error"]
     touched = sorted({(r.date, r.gateway) for r in summary if r.kind == "date"})
     report["batches"] = len(good)
     report["records"] = sum(r.record_count for r in good)
 
-    msgs = (decoded.where(F.col("kind") == "message").select(*MESSAGE_COLUMNS)
-            .dropDuplicates(["gateway", "offset"]))
+    # Deduplication on (gateway, offset) by offset ranges first: the offsets already in
+    # `messages` in the partitions the new rows fall in (a record's partition is fixed by its
+    # own timestamp, so a copy of it can only be there), as one range per gateway.
+    existing = None
     if touched and fs.exists(tables["messages"]):
         existing = _in_partitions(_messages(spark, tables["messages"]), touched)
-        msgs = msgs.join(existing.select("gateway", "offset"), ["gateway", "offset"], "left_anti")
-    msgs = msgs.persist(StorageLevel.MEMORY_AND_DISK)
-    added = msgs.count()
+    ranges = {}
+    if existing is not None:
+        ranges = {r.gateway: (r.low, r.high) for r in existing.groupBy("gateway")
+                  .agg(F.min("offset").alias("low"), F.max("offset").alias("high")).collect()
+                  if r.low is not None}
+    clean = clean_batches(good, ranges)
+    overlapping = sorted(r.path for r in good if r.path not in clean)
+    log.info("%d new batches: %d need no deduplication, %d overlap another batch or messages",
+             len(good), len(clean), len(overlapping))
+
+    def decoded(paths):
+        # The files listed once more (a Spark job of its own beyond 32 paths) only for a part.
+        chosen = files if len(paths) == len(new) else \
+            spark.read.format("binaryFile").load(paths).select("path", "content")
+        return chosen.mapInArrow(decode_files, MESSAGES_DDL)
+
+    # The rows of a batch that overlaps nothing all go in as they are (no shuffle); the rows of
+    # the others are deduplicated among themselves and anti-joined with `messages`.
+    added = sum(r.record_count for r in good if r.path in clean)
+    parts, dedup = [], None
+    if clean:
+        parts.append(decoded(sorted(clean)))
+    if overlapping:
+        dedup = decoded(overlapping).dropDuplicates(["gateway", "offset"])
+        if existing is not None:
+            dedup = dedup.join(existing.select("gateway", "offset"), ["gateway", "offset"],
+                               "left_anti")
+        dedup = dedup.persist(StorageLevel.MEMORY_AND_DISK)
+        added += dedup.count()
+        parts.append(dedup)
     report["rows_added"] = added
     report["duplicates"] = report["records"] - added
     if added:
-        (msgs.repartition("date", "gateway").write.mode("append").partitionBy("date", "gateway")
-         .parquet(tables["messages"]))
+        rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])
         hourly = (_in_partitions(_messages(spark, tables["messages"]), touched)
                   .groupBy("date", "gateway", "topic",
                            F.date_trunc("hour", "timestamp").alias("hour"))
@@ -204,7 +284,8 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
         (hourly.repartition("date", "gateway").write.mode("overwrite")
          .option("partitionOverwriteMode", "dynamic").partitionBy("date", "gateway")
          .parquet(tables["topic_hourly"]))
-    msgs.unpersist()
+    if dedup is not None:
+        dedup.unpersist()
 
     gaps = {(r.gateway, r.gap_first): (r.gap_length, r.path) for r in good if r.gap_length}
     if gaps and fs.exists(tables["gaps"]):

@@ -18,7 +18,8 @@ import zstandard
 
 from edgebroker import _native
 from edgebroker.commitlog.format import (
-    FORMAT_VERSION as LOG_FORMAT_VERSION, RECORD_HEADER, RECORD_HEADER_SIZE, Record,
+    ATTR_PROPERTIES, FORMAT_VERSION as LOG_FORMAT_VERSION, PROPERTIES_LENGTH_SIZE, READ_VERSIONS,
+    RECORD_HEADER, RECORD_HEADER_SIZE, Record,
 )
 from edgebroker.upload_config import check_gateway_id
 from edgebroker.errors import EdgebrokerError
@@ -51,7 +52,7 @@ class BatchHeader:
     raw_crc32c: int
     gap_first: int = 0    # offsets before this batch that no batch holds: [gap_first,
     gap_length: int = 0   # gap_first + gap_length); 0: none
-    log_format_version: int = LOG_FORMAT_VERSION
+    log_format_version: int = LOG_FORMAT_VERSION  # of the segment its records come from
     version: int = BATCH_VERSION
 
     def encode(self) -> bytes:
@@ -128,9 +129,10 @@ def decode_header(data: bytes, path: str) -> BatchHeader:
     gid = bytes(data[FIXED_SIZE:hlen])
     if _native.crc32c(gid, _native.crc32c(bytes(data[:84]))) != head_crc:
         raise BatchFormatError(f"{path}: header checksum mismatch")
-    if log_version != LOG_FORMAT_VERSION:
+    if log_version not in READ_VERSIONS:
         raise BatchFormatError(f"{path}: records of log format version {log_version}; this "
-                               f"edgebroker reads version {LOG_FORMAT_VERSION}")
+                               f"edgebroker reads versions "
+                               f"{', '.join(map(str, READ_VERSIONS))}")
     return BatchHeader(gid.decode("ascii", "replace"), first, last, count, min_ts, max_ts,
                        raw_len, raw_crc, gap_first, gap_len, log_version, version)
 
@@ -146,8 +148,15 @@ def parse_records(raw: bytes, header: BatchHeader, path: str) -> list[Record]:
             raise BatchFormatError(f"{path}: record at raw position {pos} is cut short")
         crc, length, offset, ts, attrs, reserved, cl, tl, pl = RECORD_HEADER.unpack_from(raw, pos)
         where = f"{path}: record at raw position {pos} (offset {offset})"
-        if (length != RECORD_HEADER_SIZE + cl + tl + pl or pos + length > len(raw)
-                or attrs & 0xF8 or attrs & 3 == 3 or reserved):
+        p = pos + RECORD_HEADER_SIZE
+        rl = 0
+        if attrs & ATTR_PROPERTIES and header.log_format_version >= 2 \
+                and len(raw) - p >= PROPERTIES_LENGTH_SIZE:
+            rl = int.from_bytes(raw[p:p + PROPERTIES_LENGTH_SIZE], "little")
+            p += PROPERTIES_LENGTH_SIZE
+        if (length != p - pos + cl + tl + rl + pl or pos + length > len(raw)
+                or attrs & ATTR_PROPERTIES and not rl
+                or attrs & 0xF0 or attrs & 3 == 3 or reserved):
             raise BatchFormatError(f"{where}: malformed header")
         if _native.crc32c(view[pos + 4:pos + length]) != crc:
             raise BatchFormatError(f"{where}: checksum mismatch")
@@ -155,9 +164,10 @@ def parse_records(raw: bytes, header: BatchHeader, path: str) -> list[Record]:
             raise BatchFormatError(f"{where}: offset out of order or outside "
                                    f"{header.first_offset}..{header.last_offset}")
         previous = offset
-        p = pos + RECORD_HEADER_SIZE
-        records.append(Record(offset, ts, attrs & 3, bool(attrs & 4), bytes(view[p:p + cl]),
-                              bytes(view[p + cl:p + cl + tl]), bytes(view[p + cl + tl:pos + length])))
+        t, q = p + cl, p + cl + tl
+        records.append(Record(offset, ts, attrs & 3, bool(attrs & 4), bytes(view[p:t]),
+                              bytes(view[t:q]), bytes(view[q + rl:pos + length]),
+                              bytes(view[q:q + rl])))
         pos += length
     if len(records) != header.record_count:
         raise BatchFormatError(f"{path}: {len(records)} records, the header says "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from edgebroker import _native
 from edgebroker.commitlog import scanner
-from edgebroker.commitlog.format import Damage, UploadSource
+from edgebroker.commitlog.format import FORMAT_VERSION, Damage, UploadSource
 from edgebroker.uploader.batch import BatchHeader, object_name, write_batch
 
 READ_CHUNK = 1024 * 1024
@@ -33,6 +33,7 @@ class Plan:
     max_ts: int = 0
     raw_length: int = 0
     spans: list[list[int]] = field(default_factory=list)  # [position, length], in file order
+    log_format_version: int = FORMAT_VERSION  # of the segment the records come from
 
     def add(self, offset: int, ts: int, position: int, length: int) -> None:
         if self.count == 0:
@@ -54,10 +55,11 @@ def plan(src: UploadSource, start: int, max_bytes: int, last: int | None,
     included when given (an intent's range), else as many records as fit in ``max_bytes``
     (at least one) up to the segment's end. ``report(Damage)`` is told of damaged regions."""
     out = scanner.new_scan_buffer()
-    step = scanner.scan_step(None, out)
+    step = scanner.scan_step(None, out, src.version)
     words = _native.SCAN_ENTRY_WORDS
-    batch = Plan()
-    for event in scanner.walk(src.fd, src.position, src.size, start, 0, step, src.path):
+    batch = Plan(log_format_version=src.version)
+    for event in scanner.walk(src.fd, src.position, src.size, start, 0, step, src.path,
+                              version=src.version):
         if event[0] != scanner.DATA:
             report(event[1])
             continue
@@ -91,7 +93,8 @@ def header_for(batch: Plan, fd: int, gateway_id: str, gap_first: int, gap_length
     for chunk in _chunks(fd, batch.spans):
         crc = _native.crc32c(chunk, crc)
     return BatchHeader(gateway_id, batch.first, batch.last, batch.count, batch.min_ts,
-                       batch.max_ts, batch.raw_length, crc, gap_first, gap_length)
+                       batch.max_ts, batch.raw_length, crc, gap_first, gap_length,
+                       batch.log_format_version)
 
 
 def build(batch: Plan, fd: int, header: BatchHeader, path: str) -> int:

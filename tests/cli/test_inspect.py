@@ -11,11 +11,13 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
 
 from commitlog.logutil import append_n, flip_byte, open_log, parse_segment, segment_files
+from conftest import sigint_ignored
 
 # Each test runs on the C helper and on its pure-Python twin, as the commit log's own tests do.
 pytestmark = pytest.mark.usefixtures("native_backend")
@@ -120,34 +122,109 @@ def test_tail_payload_rendering(tmp_path):
     assert js[1]["payload"] == "héllo\nworld"
 
 
+def test_tail_shows_properties_decoded(tmp_path):
+    """A record with MQTT 5.0 properties (format version 2): named as in the specification,
+    in the order stored, in text and json; one without shows none; property bytes that do
+    not decode (they are stored as the core gave them) are shown as an error, not a crash."""
+    from edgebroker.mqtt import properties as p
+    stored = p.encode_body({p.PAYLOAD_FORMAT: 1, p.MESSAGE_EXPIRY: 3600,
+                            p.CONTENT_TYPE: "text/plain", p.RESPONSE_TOPIC: "reply/dev",
+                            p.CORRELATION_DATA: b"\x00\x01",
+                            p.USER_PROPERTY: [("unit", "C"), ("unit", "K")]})
+    log = open_log(tmp_path / "data" / "log")
+    log.append(T0, 1, False, b"dev", b"a/b", b"21.5", stored)
+    log.append(T0, 0, False, b"dev", b"a/b", b"22.0")
+    log.append(T0, 0, False, b"dev", b"a/b", b"23.0", b"\x7f\x00")
+    log.write_pending()
+    log.close()
+    d = str(tmp_path / "data")
+    r = inspect("tail", "--data-dir", d)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0].endswith(
+        "q1 a/b [dev] {Payload Format Indicator: 1, Message Expiry Interval: 3600, "
+        "Content Type: text/plain, Response Topic: reply/dev, Correlation Data: 0x0001, "
+        "User Property: unit=C, User Property: unit=K} 21.5")
+    assert out[1].endswith("a/b [dev] 22.0")
+    assert "{2 bytes of properties do not decode: " in out[2] and "0x7f" in out[2]
+    assert out[2].endswith("} 23.0")
+    js = [json.loads(ln) for ln in inspect("tail", "--data-dir", d, "--format", "json").stdout.splitlines()]
+    assert js[0]["properties"] == {
+        "Payload Format Indicator": 1, "Message Expiry Interval": 3600,
+        "Content Type": "text/plain", "Response Topic": "reply/dev", "Correlation Data": "AAE=",
+        "User Property": [["unit", "C"], ["unit", "K"]]}
+    assert list(js[0]["properties"]) == ["Payload Format Indicator", "Message Expiry Interval",
+                                         "Content Type", "Response Topic", "Correlation Data",
+                                         "User Property"]
+    assert "properties" not in js[1] and "properties_error" not in js[1]
+    assert js[2]["properties_error"].startswith("2 bytes of properties do not decode: ")
+    assert js[2]["payload"] == "23.0"
+
+
+@contextmanager
+def following(data_dir, sigint):
+    """``inspect tail --follow`` started with SIGINT set to ``sigint`` (SIG_DFL: Ctrl-C works;
+    SIG_IGN: as a background job of a script, under nohup from one, or some CI runners), not
+    whatever the test runner passed down; its stdout lines collect in ``proc.lines``."""
+    proc = subprocess.Popen([sys.executable, "-m", "edgebroker", "inspect", "tail", "--data-dir",
+                             str(data_dir), "--follow", "--format", "json", "-n", "2"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+    proc.lines = []
+    reader = threading.Thread(target=lambda: proc.lines.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        reader.join(5)
+
+
+def wait_lines(proc, n: int, deadline: float) -> None:
+    while len(proc.lines) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(proc.lines) >= n, f"{len(proc.lines)} lines, expected {n}"
+
+
 def test_tail_follow_while_a_writer_appends_and_rolls(tmp_path):
     log = open_log(tmp_path / "data" / "log", segment_bytes=4096)
     append_n(log, 5)
     log.write_pending()
-    proc = subprocess.Popen([sys.executable, "-m", "edgebroker", "inspect", "tail", "--data-dir",
-                             str(tmp_path / "data"), "--follow", "--format", "json", "-n", "2"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
+    with closing(log), following(tmp_path / "data", signal.SIG_DFL) as proc:
         deadline = time.monotonic() + 20
-        while len(lines) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_lines(proc, 2, deadline)
         for _ in range(10):  # 150 more records, several rolls, while it follows
             append_n(log, 15)
             log.write_pending()
             time.sleep(0.1)
-        while len(lines) < 152 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_lines(proc, 152, deadline)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    reader.join(5)
-    assert [json.loads(ln)["offset"] for ln in lines] == list(range(3, 155))
+    assert [json.loads(ln)["offset"] for ln in proc.lines] == list(range(3, 155))
+
+
+def test_tail_follow_stops_on_sigterm_where_sigint_is_ignored(tmp_path):
+    """Started with SIGINT ignored, `tail --follow` could not be stopped but by SIGKILL;
+    SIGTERM ends it cleanly (exit 0, every record printed)."""
+    log = open_log(tmp_path / "data" / "log")
+    append_n(log, 5)
+    log.write_pending()
+    with closing(log), following(tmp_path / "data", signal.SIG_IGN) as proc:
+        deadline = time.monotonic() + 20
+        wait_lines(proc, 2, deadline)
+        assert sigint_ignored(proc.pid)
+        proc.send_signal(signal.SIGINT)          # ignored: it goes on following
+        append_n(log, 3)
+        log.write_pending()
+        wait_lines(proc, 5, deadline)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    assert [json.loads(ln)["offset"] for ln in proc.lines] == list(range(3, 8))
+    assert proc.stderr.read() == ""
 
 
 def test_verify_ok_and_progress_on_a_terminal(data_dir):

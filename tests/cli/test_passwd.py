@@ -1,24 +1,33 @@
 """`edgebroker passwd` end to end: the prompt on a real terminal (pty), batch mode, delete,
 upgrade, atomic 0600 writes, and the broker accepting what it wrote."""
 
+import base64
 import os
 import pty
 import select
+import signal
+import subprocess
 import sys
 import time
 
-from conftest import REPO, run_cli
+import mqttraw as m
+from conftest import REPO, Proc, run_cli
 from edgebroker.security.passwords import PasswordFile, verify_password
+from scramclient import stored_keys
 
 
 class Terminal:
     """``python -m edgebroker ARGS`` on a pseudo-terminal (its controlling terminal, as for a
     person typing), so getpass really turns echo off."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, stdin_fd: int | None = None):
+        """``stdin_fd``: the child's stdin instead of the terminal (still its controlling
+        terminal)."""
         pid, fd = pty.fork()
         if pid == 0:                                        # the child: exec at once
             try:
+                if stdin_fd is not None:
+                    os.dup2(stdin_fd, 0)
                 os.chdir(REPO)
                 os.execv(sys.executable, [sys.executable, "-m", "edgebroker", *args])
             finally:
@@ -52,6 +61,8 @@ class Terminal:
             ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
             if ready and not self._read():
                 break
+        else:
+            os.kill(self.pid, signal.SIGKILL)               # still waiting: fail, not hang
         _, status = os.waitpid(self.pid, 0)
         os.close(self.fd)
         return os.waitstatus_to_exitcode(status)
@@ -131,6 +142,74 @@ def test_pbkdf2_option_writes_mosquitto_format(tmp_path):
     assert stored.startswith("$7$210000$") and verify_password(parsed, "d-pw")
 
 
+def scram_field(path, user: str) -> list[str]:
+    """The parts of ``user``'s SCRAM keys field: ['', 'scram-sha-256', 'v=1', 'i=N', SALT,
+    STOREDKEY, SERVERKEY]."""
+    line = next(ln for ln in path.read_text().splitlines() if ln.startswith(user + ":"))
+    fields = line.split(":")
+    assert len(fields) == 3, line
+    return fields[2].split("$")
+
+
+def test_scram_keys_are_written_beside_the_hash(tmp_path):
+    """The third field is what docs/security.md describes, byte for byte: checked against keys
+    the test computes itself from the salt and iteration count."""
+    path = tmp_path / "passwd"
+    assert run_cli("passwd", "-b", str(path), "alice", "a-pw").returncode == 0
+    r = run_cli("passwd", "--scram-iterations", "8192", "--hash", "pbkdf2", "-b", str(path),
+                "bob", "b-pw")
+    assert r.returncode == 0, r.stderr
+    for user, password, iterations in (("alice", "a-pw", 4096), ("bob", "b-pw", 8192)):
+        parts = scram_field(path, user)
+        assert parts[:4] == ["", "scram-sha-256", "v=1", f"i={iterations}"]
+        salt = base64.b64decode(parts[4], validate=True)
+        assert len(salt) == 16
+        stored, server = stored_keys(password, salt, iterations)
+        assert parts[5:] == [base64.b64encode(stored).decode(), base64.b64encode(server).decode()]
+    assert scram_field(path, "alice")[4] != scram_field(path, "bob")[4]      # salt per user
+    f = PasswordFile.load(str(path))
+    assert verify_password(f.lookup("alice")[1], "a-pw")
+    assert verify_password(f.lookup("bob")[1], "b-pw")
+    r = run_cli("passwd", "--scram-iterations", "1000", "-b", str(path), "carol", "c-pw")
+    assert r.returncode == 1 and "--scram-iterations must be 4096 to" in r.stderr
+    r = run_cli("passwd", "--no-scram", "-b", str(path), "alice", "a-pw2")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in path.read_text().splitlines() if ln.startswith("alice:"))
+    assert line.count(":") == 1 and line.startswith("alice:$scrypt$")
+    assert "no SCRAM keys" in PasswordFile.load(str(path)).scram_keys("alice")
+
+
+def test_upgrade_writes_scram_keys_for_plain_lines_only(tmp_path):
+    path = tmp_path / "passwd"
+    path.write_text("alice:a-pw\n")
+    os.chmod(path, 0o600)
+    assert run_cli("passwd", "-U", str(path)).returncode == 0
+    salt = base64.b64decode(scram_field(path, "alice")[4])
+    assert scram_field(path, "alice")[5] == base64.b64encode(
+        stored_keys("a-pw", salt, 4096)[0]).decode()
+
+
+def test_a_pbkdf2_file_with_scram_keys_still_loads_in_mosquitto(tmp_path):
+    """Mosquitto reads a line's first two fields: the SCRAM keys do not stop it (2.0.11 here)."""
+    path = tmp_path / "passwd"
+    assert run_cli("passwd", "--hash", "pbkdf2", "-b", str(path), "dave", "d-pw").returncode == 0
+    sock = tmp_path / "mosquitto.sock"
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"user root\nlistener 0 {sock}\npassword_file {path}\n"
+                    f"allow_anonymous false\n")
+    proc = Proc(["mosquitto", "-c", str(conf), "-v"])
+    try:
+        proc.wait_line(lambda line: line.endswith(" running"))
+        good = m.RawClient("", 0, unix_path=str(sock))
+        assert good.connect("d1", username="dave", password="d-pw").rc == 0
+        bad = m.RawClient("", 0, unix_path=str(sock))
+        assert bad.connect("d2", username="dave", password="wrong").rc == 5
+        good.close()
+        bad.close()
+    finally:
+        proc.kill(signal.SIGTERM)
+
+
 def test_writes_are_atomic_and_keep_the_owner(tmp_path):
     path = tmp_path / "passwd"
     assert run_cli("passwd", "-b", str(path), "alice", "x").returncode == 0
@@ -163,3 +242,43 @@ def test_usage_errors(tmp_path):
     r = run_cli("passwd", "-b", "-D", path, "alice")
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
     assert not os.path.exists(path)
+
+
+def piped(path, user: str, stdin: str) -> subprocess.CompletedProcess:
+    """``printf STDIN | edgebroker passwd FILE USER`` with no controlling terminal (cron, CI,
+    ssh without a tty), where getpass warned (GetPassWarning) and read the wrong lines."""
+    return subprocess.run([sys.executable, "-m", "edgebroker", "passwd", str(path), user],
+                          cwd=REPO, input=stdin, capture_output=True, text=True, timeout=30,
+                          start_new_session=True)
+
+
+def test_password_piped_without_a_terminal(tmp_path):
+    path = tmp_path / "passwd"
+    r = piped(path, "alice", "S3cret pw\n")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout == f"{path}: user 'alice' added\n"
+    assert verify_password(PasswordFile.load(str(path)).lookup("alice")[1], "S3cret pw")
+    r = piped(path, "bob", "b-pw\nb-pw\n")              # input made for the two prompts
+    assert (r.returncode, r.stderr) == (0, "")
+    assert verify_password(PasswordFile.load(str(path)).lookup("bob")[1], "b-pw")
+    before = path.read_text()
+    r = piped(path, "bob", "one\nother\n")
+    assert r.returncode == 1
+    assert r.stderr == "edgebroker: passwd: the two lines on stdin differ; nothing changed\n"
+    r = piped(path, "carol", "")
+    assert r.returncode == 1 and "no password on stdin" in r.stderr
+    assert path.read_text() == before
+
+
+def test_password_piped_in_a_terminal_session(tmp_path):
+    """`echo PW | edgebroker passwd FILE USER` typed in a shell: stdin is the pipe, not the
+    terminal (getpass read the terminal, waiting for someone to type)."""
+    path = tmp_path / "passwd"
+    r, w = os.pipe()
+    os.write(w, b"from-the-pipe\n")
+    os.close(w)
+    term = Terminal("passwd", str(path), "dave", stdin_fd=r)
+    os.close(r)
+    assert term.wait() == 0, term.output
+    assert b"Password" not in term.output and b"from-the-pipe" not in term.output
+    assert verify_password(PasswordFile.load(str(path)).lookup("dave")[1], "from-the-pipe")

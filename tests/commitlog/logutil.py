@@ -72,10 +72,16 @@ def parse_segment(path: Path) -> list[dict]:
         crc, length, offset, ts, attrs, reserved, cl, tl, pl = REC.unpack_from(data, pos)
         if length < 34 or pos + length > len(data) or crc != crc32c(data[pos + 4:pos + length]):
             break
-        body = data[pos + 34:pos + length]
+        head = 34
+        rl = 0
+        if attrs & 8:  # format version 2: properties, their length R after the 34 bytes
+            rl = int.from_bytes(data[pos + 34:pos + 38], "little")
+            head = 38
+        body = data[pos + head:pos + length]
         out.append(dict(offset=offset, timestamp_ms=ts, qos=attrs & 3, retain=bool(attrs & 4),
-                        client_id=body[:cl], topic=body[cl:cl + tl], payload=body[cl + tl:],
-                        position=pos, payload_position=pos + 34 + cl + tl))
+                        client_id=body[:cl], topic=body[cl:cl + tl],
+                        properties=body[cl + tl:cl + tl + rl], payload=body[cl + tl + rl:],
+                        position=pos, payload_position=pos + head + cl + tl + rl))
         pos += length
     return out
 

@@ -550,10 +550,11 @@ def test_segment_written_by_a_newer_version_is_refused(tmp_path):
     log.close()
     seg = segment_files(tmp_path / "log")[0]
     data = bytearray(seg.read_bytes())
-    data[8] = 2  # version 2, with a matching header checksum
+    data[8] = 3  # version 3, with a matching header checksum
     data[28:32] = crc32c(bytes(data[:28])).to_bytes(4, "little")
     seg.write_bytes(bytes(data))
-    with pytest.raises(LogFormatError, match=r"format version 2; this edgebroker reads version 1"):
+    with pytest.raises(LogFormatError, match=r"format version 3; this edgebroker reads versions "
+                                             r"1, 2 \(written by a newer edgebroker\?\)"):
         open_log(tmp_path / "log")
 
 
@@ -580,8 +581,10 @@ def test_staged_appends_write_what_the_long_way_writes(tmp_path):
             payload = bytearray(b"b%d" % i) * rnd.randrange(5)  # not bytes: the long way
         else:
             payload = b"p%d-" % i * rnd.randrange(30)
+        props = rnd.choice([b"", b"", b"\x01\x01", b"\x26\x00\x01k\x00\x03v%02d" % (i % 100),
+                            bytearray(b"\x02\x00\x00\x0e\x10")])  # (not bytes: the long way)
         args = (max(ts, 0), rnd.randrange(3), rnd.random() < 0.2, b"dev-%d" % (i % 9),
-                b"site/%d/x" % (i % 4), payload)
+                b"site/%d/x" % (i % 4), payload, props)
         got = [log.append(*args) for log in logs]
         assert got[0] == got[1] == i
         staged_some = staged_some or logs[0]._stage is not None and logs[0]._stage.count > 0
@@ -596,16 +599,52 @@ def test_staged_appends_write_what_the_long_way_writes(tmp_path):
             for log in logs:
                 log.housekeeping()
     assert staged_some and held_some
-    reads = [[as_tuple(r) for r in (log.write_pending(), log.read_range(0))[1]] for log in logs]
+    reads = [[(*as_tuple(r), r.properties) for r in (log.write_pending(), log.read_range(0))[1]]
+             for log in logs]
     assert reads[0] == reads[1] and len(reads[0]) == 600
+    assert sum(1 for r in reads[0] if r[7]) > 200
     for log in logs:
         log.close()
     files = [sorted(p.name for p in (tmp_path / name).iterdir()) for name in ("staged", "long")]
     assert files[0] == files[1] and len([f for f in files[0] if f.endswith(".seg")]) > 3
     for name in files[0]:
         assert (tmp_path / "staged" / name).read_bytes() == (tmp_path / "long" / name).read_bytes(), name
-    parsed = [rec["offset"] for f in segment_files(tmp_path / "staged") for rec in parse_segment(f)]
-    assert parsed == list(range(600))
+    parsed = [(rec["offset"], rec["properties"], rec["payload"])
+              for f in segment_files(tmp_path / "staged") for rec in parse_segment(f)]
+    assert parsed == [(r[0], r[7], r[6]) for r in reads[0]]
+
+
+def test_properties_round_trip_through_every_append_and_read_path(tmp_path):
+    """Properties of a small record (staged in C), of a large one (staged, payload held), of
+    one taken the long way, and none at all: read back by read, read_range, scan, read_batch
+    and locate; the records without are byte for byte version 1 records."""
+    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    props = b"\x03\x00\x10application/json\x26\x00\x04unit\x00\x01C"
+    big = os.urandom(20_000)
+    log.append(T0, 1, False, b"c", b"a/small", b"{}", props)
+    log.append(T0, 2, True, b"c", b"a/big", bytearray(big), props)
+    log.append(T0, 0, False, b"c", b"a/none", b"plain")
+    log.append(T0, 0, False, b"c", b"a/long", b"x", bytearray(props))
+    log.write_pending()
+    want = [(0, props, b"{}"), (1, props, big), (2, b"", b"plain"), (3, props, b"x")]
+    assert [(r.offset, r.properties, r.payload) for r in log.read_range(0)] == want
+    assert [(r.offset, r.properties) for r in log.scan(b"a/+")] == [w[:2] for w in want]
+    assert (log.read(1).properties, log.read(1).retain, log.read(1).qos) == (props, True, 2)
+    records, _ = log.read_batch(0, b"a/#", 10, 1 << 20, 1 << 20, copy_limit=4096)
+    assert [(r[0], r[4], r[5], r[6], r[7]) for r in records] == [
+        (0, b"a/small", b"{}", 2, props), (1, b"a/big", None, 20_000, props),
+        (2, b"a/none", b"plain", 5, b""), (3, b"a/long", b"x", 1, props)]
+    where = log.locate(1)
+    assert (where.topic, where.properties, where.payload_length) == (b"a/big", props, 20_000)
+    assert os.pread(where.fd, 20_000, where.payload_position) == big
+    log.close()
+    recs = parse_segment(segment_files(tmp_path / "log")[0])
+    assert [(r["offset"], r["properties"]) for r in recs] == [w[:2] for w in want]
+    seg = segment_files(tmp_path / "log")[0].read_bytes()
+    assert seg[8:10] == b"\x02\x00"  # format version 2
+    plain = recs[2]
+    assert seg[plain["position"]:plain["payload_position"] + 5] == _native.record_header(
+        2, T0, 0, b"c", b"a/none", b"plain") + b"ca/noneplain"
 
 
 

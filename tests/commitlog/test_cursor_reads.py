@@ -4,6 +4,10 @@ native backends)."""
 
 from __future__ import annotations
 
+from array import array
+
+import mqttraw
+from edgebroker import _native
 from edgebroker.commitlog import retention
 
 from .logutil import Clock, append_n, open_log, payload_for, topic_for
@@ -55,6 +59,41 @@ def test_read_batch_leaves_large_payloads_in_the_file(tmp_path):
     assert nxt == 2
     where = log.locate(0)
     assert where.payload_length == 5000
+    log.close()
+
+
+def _runs(log, start=0, topic_filter=None, copy_limit=16384):
+    """Every record from ``start`` by repeated read_run calls, as (offset, topic, payload)."""
+    got, spans = [], []
+    while start < log.next_offset:
+        found = log.read_run(start, topic_filter, 1 << 20, copy_limit)
+        assert found is not None
+        run, start = found
+        if run is None:
+            continue
+        data, base, entries, n = run
+        spans.append(len(data.obj) if isinstance(data, memoryview) else len(data))  # held
+        frames = _native.publish_frames(data, base, entries, 0, n, bytearray(n), array("H", bytes(2 * n)),
+                                        len(data))
+        for f in mqttraw.split_frames(bytearray(frames)):
+            got.append((f.topic.encode(), f.payload))
+        got_offsets = list(entries[0::_native.SCAN_ENTRY_WORDS])
+        assert got_offsets == sorted(got_offsets)
+    return got, spans
+
+
+def test_read_run_reads_what_read_batch_reads_and_keeps_only_the_chunk(tmp_path):
+    log = open_log(tmp_path / "log", segment_bytes=1 << 20)
+    append_n(log, 300)
+    log.append(T0, 1, False, b"c", b"other", b"O" * 200_000)   # read with the run, not kept
+    append_n(log, 300)
+    log.write_pending()
+    want = [(topic_for(i), payload_for(i)) for i in range(601) if i != 300 and i % 3 == 1]
+    got, spans = _runs(log, 0, b"site/1/#")
+    assert got == want
+    assert max(spans) <= 64 * 1024, "a run holds at most one chunk's memory"
+    # A matching payload of copy_limit bytes or more: read_batch's (sendfile) path.
+    assert log.read_run(300, b"other", 8192, copy_limit=4096) is None
     log.close()
 
 

@@ -122,3 +122,67 @@ def test_unsubscribed_filter_stops_matching_at_once_subscribed_one_from_its_offs
     assert bs == list(range(len(bs))) and 0 < len(bs) < n
     assert got[-1] == 200_000 and 999_999 not in got
     assert session.cursor is None
+
+
+def _frames(transport) -> list:
+    data = bytearray(b"".join(bytes(x) for x in transport.out))
+    assert not transport.files               # small payloads come from memory
+    transport.flush()
+    return m.split_frames(data)
+
+
+def test_a_returning_session_drains_its_backlog_in_runs_at_the_granted_qos(core):
+    """One subscription: the backlog is read as runs (core.catchup.Run) and sent as the window
+    allows, QoS 2 records downgraded to the granted 1, QoS 0 published while the session was
+    offline left out (queue_qos0_messages is off); each read's PUBACKs are handled together;
+    the snapshot's cursor is the first record read and not yet sent."""
+    sub, _ = _connect(core, "sub", clean=False)
+    sub.data_received(m.subscribe(1, [("d/+", 1)]))
+    sub.data_received(m.disconnect())
+    pub, _ = _connect(core, "pub")
+    n = 3000
+    for i in range(n):
+        qos = (0, 1, 2)[i % 3]
+        pub.data_received(m.publish(f"d/{i % 5}", b"%d" % i, qos=qos,
+                                    packet_id=1 + i % 1000 if qos else None))
+        pub.data_received(m.publish("other", b"x", qos=1, packet_id=1))   # not matched
+        if qos == 2:
+            pub.data_received(m.pubrel(1 + i % 1000))
+    core.end_pass()
+    back, back_t = _connect(core, "sub", clean=False)
+    session = core.sessions["sub"]
+    window = core.limits.max_inflight_messages
+    got, rounds, largest = [], 0, 0
+    while (session.cursor is not None or session.inflight) and rounds < 10_000:
+        frames = [f for f in _frames(back_t) if f.type == m.PUBLISH]
+        largest = max(largest, len(frames))
+        if rounds == 3:
+            cursor = session.cursor
+            assert cursor.run is not None and cursor.run.i < cursor.run.n
+            saved = [s for s in core.capture().sessions if s.client_id == "sub"][0]
+            assert saved.cursor == cursor.run.offsets[cursor.run.i] < cursor.offset
+        got += [(int(f.payload), f.qos, f.topic) for f in frames]
+        if frames:
+            back.data_received(b"".join(m.puback(f.packet_id) for f in frames))
+        core.end_pass()
+        rounds += 1
+    want = [i for i in range(n) if i % 3]
+    assert [g[0] for g in got] == want, "the QoS 1 and 2 messages, once each, in order"
+    assert {g[1] for g in got} == {1} and all(g[2] == f"d/{g[0] % 5}" for g in got)
+    assert largest == window, "the window filled, never overfilled"
+    assert session.cursor is None and not session.inflight and session.inflight_bytes == 0
+    assert core.stats.packets_received >= len(want)
+
+
+def test_a_puback_for_a_qos2_message_among_others_closes_the_connection(core):
+    sub, sub_t = _connect(core, "sub")
+    sub.data_received(m.subscribe(1, [("q", 2)]))
+    pub, _ = _connect(core, "pub")
+    pub.data_received(m.publish("q", b"1", qos=1, packet_id=1))
+    pub.data_received(m.publish("q", b"2", qos=2, packet_id=2))
+    core.end_pass()
+    frames = [f for f in _frames(sub_t) if f.type == m.PUBLISH]
+    assert [f.qos for f in frames] == [1, 2]
+    errors = core.stats.protocol_errors
+    sub.data_received(b"".join(m.puback(f.packet_id) for f in frames))
+    assert core.stats.protocol_errors == errors + 1 and sub_t.closing

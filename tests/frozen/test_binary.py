@@ -11,8 +11,9 @@ import subprocess
 import threading
 import time
 
+import mqttraw as m
 from edgebroker.uploader.batch import read_batch_file
-from fakesystemd import systemd  # noqa: F401  (the fixture)
+from fakesystemd import SocketUnit, systemd  # noqa: F401  (the fixture)
 
 
 def wait_for(pred, what: str, timeout: float = 20.0):
@@ -112,3 +113,27 @@ def test_under_systemd_notify_watchdog_of_the_bootloader(binary, systemd, tmp_pa
         log.close()
     text = (tmp_path / "stderr.txt").read_text()
     assert "configuration reloaded" in text and text.rstrip().endswith("stopped"), text
+
+
+def test_socket_activation_through_the_bootloader(binary, broker, monkeypatch, tmp_path):
+    """As systemd starts it with edgebroker.socket: LISTEN_PID names the bootloader (the
+    wrapper's pid, kept by exec) and the broker, its child, takes the sockets; callers that
+    connect while it is stopped are served by the next start."""
+    monkeypatch.setenv("EDGEBROKER_TEST_BROKER", str(binary))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    unit = SocketUnit()
+    try:
+        port = unit.listen_tcp("mqtt")
+        config = dict(listener=[{"host": "127.0.0.1", "port": port}],
+                      data_dir=str(tmp_path / "state"))
+        first = broker(wrap=unit.wrap, pass_fds=unit.fds, **config)
+        assert first.wait_log(f"listening on 127.0.0.1:{port} (socket from systemd", 0)
+        assert first.client("before").ping() == []
+        assert first.stop() == 0
+        waiting = m.RawClient("127.0.0.1", port)     # queued by the kernel, not refused
+        waiting.send(m.connect("while-stopped"))
+        broker(wrap=unit.wrap, pass_fds=unit.fds, **config)
+        assert waiting.expect(m.CONNACK, timeout=10).rc == 0
+        waiting.close()
+    finally:
+        unit.close()

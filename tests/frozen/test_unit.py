@@ -1,29 +1,35 @@
-"""systemd/edgebroker.service: what it must say, `systemd-analyze verify` (no output at all:
-typos only warn) with the real binary in ExecStart, and `systemd-analyze security` at 2.0
-("OK") or better. systemd-analyze runs offline: no systemd needs to run here."""
+"""systemd/edgebroker.service and edgebroker.socket: what they must say, `systemd-analyze
+verify` (no output at all: typos only warn) of the service alone and of the pair, with the real
+binary in ExecStart, and `systemd-analyze security` of the service at 2.0 ("OK") or better.
+systemd-analyze runs offline: no systemd needs to run here."""
 
 import os
 import re
 import subprocess
 
+import pytest
+
 from conftest import REPO
+from edgebroker import config as configuration
+from edgebroker.server import activation
 
 UNIT = REPO / "systemd" / "edgebroker.service"
+SOCKET_UNIT = REPO / "systemd" / "edgebroker.socket"
 EXAMPLE_CONFIG = REPO / "systemd" / "edgebroker.toml"
 
 
-def settings() -> dict[str, list[str]]:
-    """[Service] settings: name -> values, in order (a setting may repeat)."""
+def settings(unit=UNIT, wanted: str = "[Service]") -> dict[str, list[str]]:
+    """The settings of section ``wanted``: name -> values, in order (a setting may repeat)."""
     found: dict[str, list[str]] = {}
     section = None
-    for line in UNIT.read_text().splitlines():
+    for line in unit.read_text().splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         if line.startswith("["):
             section = line
             continue
-        if section == "[Service]":
+        if section == wanted:
             key, _, value = line.partition("=")
             found.setdefault(key, []).append(value)
     return found
@@ -50,12 +56,33 @@ def test_unit_settings():
     assert s["SystemCallFilter"][0] == "@system-service"
 
 
-def test_verify_says_nothing(binary, tmp_path):
-    unit = tmp_path / "edgebroker.service"
-    unit.write_text(UNIT.read_text().replace("ExecStart=/usr/local/bin/edgebroker ",
-                                             f"ExecStart={binary} "))
-    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
-                       timeout=60)
+def test_socket_unit_settings():
+    """Accept=no, a name, and a ListenStream= for each listener of the example configuration
+    (by the broker's own rule: the same address), nothing more; the service does not need it."""
+    s = settings(SOCKET_UNIT, "[Socket]")
+    one = {k: v[-1] for k, v in s.items()}
+    assert one["Accept"] == "no" and one["FileDescriptorName"] == "mqtt"
+    assert one["BindIPv6Only"] == "both" and int(one["Backlog"]) >= 1024
+    streams = s["ListenStream"]
+    listeners = configuration.load(str(EXAMPLE_CONFIG)).listeners
+    assert sorted(streams) == sorted(activation.listen_stream(activation.listener_key(lc))
+                                     for lc in listeners), streams
+    assert settings(SOCKET_UNIT, "[Install]")["WantedBy"] == ["sockets.target"]
+    unit = settings(UNIT, "[Unit]")
+    for key in ("Requires", "BindsTo", "Requisite", "Wants"):
+        assert not any("edgebroker.socket" in v for v in unit.get(key, [])), key
+    assert "Sockets" not in settings()
+
+
+@pytest.mark.parametrize("units", [("edgebroker.service",),
+                                   ("edgebroker.socket", "edgebroker.service")])
+def test_verify_says_nothing(binary, tmp_path, units):
+    service = tmp_path / "edgebroker.service"
+    service.write_text(UNIT.read_text().replace("ExecStart=/usr/local/bin/edgebroker ",
+                                                f"ExecStart={binary} "))
+    (tmp_path / "edgebroker.socket").write_text(SOCKET_UNIT.read_text())
+    r = subprocess.run(["systemd-analyze", "verify", *(str(tmp_path / u) for u in units)],
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stdout + r.stderr
 
 

@@ -26,6 +26,8 @@ from edgebroker._native._common import (
 )
 from edgebroker.mqtt.topics import topic_matches
 
+import mqttraw
+
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 REC = struct.Struct("<IIQQBBHHI")
@@ -82,6 +84,26 @@ def test_record_header_twins(offset, ts, attrs, cid, topic, payload):
     assert crc == P.crc32c(head[4:] + cid + topic + payload)
 
 
+@SETTINGS
+@given(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2, 4, 5, 6, 8, 13]),
+       st.binary(max_size=40), st.binary(max_size=40), st.binary(max_size=300),
+       st.binary(min_size=1, max_size=300))
+def test_record_header_with_properties_twins(offset, attrs, cid, topic, payload, props):
+    """Format version 2: the properties bit set, R after the 34 bytes, the CRC over client
+    id, topic, properties and payload in that order."""
+    head = C.record_header(offset, 7, attrs, cid, topic, payload, props)
+    assert head == P.record_header(offset, 7, attrs, cid, topic, payload, props)
+    crc, length, o, t, a, r, cl, tl, pl = REC.unpack(head[:34])
+    assert len(head) == 38 and head[34:] == struct.pack("<I", len(props))
+    assert (length, o, a, r, cl, tl, pl) == (
+        38 + len(cid) + len(topic) + len(props) + len(payload), offset, (attrs & 7) | 8, 0,
+        len(cid), len(topic), len(payload))
+    assert crc == P.crc32c(head[4:] + cid + topic + props + payload)
+    # No properties: the version 1 header, the bit cleared whatever the caller passed.
+    assert C.record_header(offset, 7, attrs, cid, topic, payload, b"") == \
+        P.record_header(offset, 7, attrs & 7, cid, topic, payload)
+
+
 # ------------------------------------------------------------------------------- topic filters
 
 LEVEL = st.sampled_from(["a", "b", "", "+", "#", "$x", "ab", "a+", "#b"])
@@ -115,16 +137,21 @@ def test_topic_matches_table(f, t, want):
 # -------------------------------------------------------------------------- record scanning
 
 def make_records(specs, start_offset=0):
-    """A segment body (no header) from (timestamp, attrs, cid, topic, payload) specs."""
+    """A segment body (no header) from (timestamp, attrs, cid, topic, payload[, properties])
+    specs."""
     out = bytearray()
-    for k, (ts, attrs, cid, topic, payload) in enumerate(specs):
-        out += P.record_header(start_offset + k, ts, attrs, cid, topic, payload) + cid + topic + payload
+    for k, (ts, attrs, cid, topic, payload, *props) in enumerate(specs):
+        props = props[0] if props else b""
+        out += P.record_header(start_offset + k, ts, attrs, cid, topic, payload, props) + cid \
+            + topic + props + payload
     return bytes(out)
 
 
 RECORD_SPEC = st.tuples(st.integers(0, 2**40), st.sampled_from([0, 1, 2, 4, 5, 6]),
                         st.binary(max_size=6), st.sampled_from([b"a", b"a/b", b"b/c", b"$s/a", b""]),
-                        st.binary(max_size=60))
+                        st.binary(max_size=60),
+                        st.sampled_from([b"", b"", b"\x01\x01", b"\x02\x00\x00\x00\x3c",
+                                         b"\x26\x00\x01k\x00\x01v" * 3]))
 
 
 @st.composite
@@ -146,9 +173,10 @@ def damaged_segment(draw):
     return bytes(data)
 
 
-def run_scan(impl, data, buf_len, min_offset, flt, max_out, ts):
+def run_scan(impl, data, buf_len, min_offset, flt, max_out, ts, version=2):
     out = array("Q", bytes(8 * SCAN_ENTRY_WORDS * max_out))
-    res = impl.scan(memoryview(data)[:buf_len], len(data), 1000, min_offset, flt, out, ts)
+    res = impl.scan(memoryview(data)[:buf_len], len(data), 1000, min_offset, flt, out, ts,
+                    version)
     return res, list(out[:res.matched * SCAN_ENTRY_WORDS])
 
 
@@ -160,8 +188,9 @@ def test_scan_twins(data, draw):
     flt = draw.draw(st.sampled_from([None, b"#", b"a/#", b"+/b", b"a", b"$s/+"]))
     max_out = draw.draw(st.integers(0, 15))
     ts = draw.draw(st.integers(0, 2**41))
-    assert run_scan(C, data, buf_len, min_offset, flt, max_out, ts) == \
-        run_scan(P, data, buf_len, min_offset, flt, max_out, ts)
+    version = draw.draw(st.sampled_from([1, 2]))
+    assert run_scan(C, data, buf_len, min_offset, flt, max_out, ts, version) == \
+        run_scan(P, data, buf_len, min_offset, flt, max_out, ts, version)
 
 
 @SETTINGS
@@ -171,15 +200,17 @@ def test_build_index_resync_and_index_check_twins(data, draw):
     min_offset = draw.draw(st.integers(0, 8))
     base = draw.draw(st.integers(0, 3))
     max_entries = draw.draw(st.integers(0, 15))
+    version = draw.draw(st.sampled_from([1, 2]))
     results = []
     for impl in (C, P):
         out = bytearray(16 * max_entries)
-        res = impl.build_index(memoryview(data)[:buf_len], len(data), 32, base, min_offset, 7, out)
+        res = impl.build_index(memoryview(data)[:buf_len], len(data), 32, base, min_offset, 7, out,
+                               version=version)
         results.append((res, bytes(out[:16 * res.count])))
     assert results[0] == results[1]
     start = draw.draw(st.integers(0, max(len(data), 0)))
-    assert C.resync(data[:buf_len], len(data), start, min_offset) == \
-        P.resync(data[:buf_len], len(data), start, min_offset)
+    assert C.resync(data[:buf_len], len(data), start, min_offset, version) == \
+        P.resync(data[:buf_len], len(data), start, min_offset, version)
     index = results[0][1] + bytes(16 * draw.draw(st.integers(0, 2)))
     size = draw.draw(st.integers(0, 32 + len(data) + 10))
     n = len(index) // 16
@@ -220,6 +251,101 @@ def test_scan_statuses_by_hand():
         assert impl.resync(body, len(body), 1, 1) == (RESYNC_FOUND, first, 0)
         res, ents = run_scan(impl, body, len(body), 0, b"a/#", 10, 0)
         assert (res.count, res.matched, ents[0]) == (2, 1, 0)
+
+
+def with_crc(record: bytearray) -> bytes:
+    """``record`` with its CRC made right again: damage only the other rules can find."""
+    record[:4] = struct.pack("<I", P.crc32c(bytes(record[4:])))
+    return bytes(record)
+
+
+def test_scan_of_records_with_properties_by_hand():
+    """Version 2: the properties bit, R after the header, the topic after the client id as
+    ever; in a version 1 segment the same record is damage; an R that the other lengths
+    contradict is damage even with a right CRC."""
+    props = b"\x03\x00\x04json"
+    body = make_records([(5, 1, b"c", b"a/b", b"xyz", props), (6, 0, b"", b"b", b"", b"")])
+    first = 38 + 1 + 3 + len(props) + 3
+    assert body[24] == 1 | 8 and body[34:38] == struct.pack("<I", len(props))
+    for impl in (C, P):
+        res, ents = run_scan(impl, body, len(body), 0, None, 10, 0, version=2)
+        assert (res.status, res.stop, res.count) == (SCAN_END, len(body), 2)
+        assert ents[:5] == [0, 5, 1000, first, 1 | 8 | 1 << 8 | 3 << 24]
+        res, ents = run_scan(impl, body, len(body), 0, b"a/+", 10, 0, version=2)
+        assert (res.matched, ents[0]) == (1, 0)
+        res, _ = run_scan(impl, body, 37, 0, None, 10, 0, version=2)  # R not in the buffer yet
+        assert (res.status, res.need) == (SCAN_PARTIAL, first)
+        res, _ = run_scan(impl, body, len(body), 0, None, 10, 0, version=1)
+        assert (res.status, res.stop, res.count) == (SCAN_BAD, 0, 0)
+        assert impl.resync(body, len(body), 0, 0, 1) == (RESYNC_FOUND, first, 0)
+        assert impl.resync(body, len(body), 0, 0, 2) == (RESYNC_FOUND, 0, 0)
+        for r in (len(props) - 1, len(props) + 1, 0xFFFFFFFF):
+            bad = bytearray(body[:first])
+            bad[34:38] = struct.pack("<I", r)
+            bad = with_crc(bad) + body[first:]
+            res, _ = run_scan(impl, bad, len(bad), 0, None, 10, 0, version=2)
+            assert (res.status, res.stop) == (SCAN_BAD, 0), r
+            assert impl.resync(bad, len(bad), 0, 0, 2) == (RESYNC_FOUND, first, 0)
+        # Lengths that leave no room for R, or R = 0 (the bit is set only with properties):
+        # implausible from the header alone.
+        for length in (34 + 1 + 3 + 3 + 3, 38 + 1 + 3 + 3):
+            bad = bytearray(body[:length])
+            bad[4:8] = struct.pack("<I", length)
+            bad[34:38] = struct.pack("<I", max(length - 38 - 1 - 3 - 3, 0))
+            res, _ = run_scan(impl, with_crc(bad), length, 0, None, 10, 0, version=2)
+            assert (res.status, res.stop) == (SCAN_BAD, 0), length
+        # Bits 4-7 stay reserved in version 2.
+        bad = bytearray(body[:first])
+        bad[24] |= 0x10
+        res, _ = run_scan(impl, with_crc(bad), first, 0, None, 10, 0, version=2)
+        assert (res.status, res.stop) == (SCAN_BAD, 0)
+
+
+# ------------------------------------------------------------------- PUBLISH frames from a scan
+
+VALID_RECORD = st.tuples(st.integers(0, 2**40), st.sampled_from([0, 1, 2, 4, 5, 6]),
+                         st.binary(max_size=6), st.sampled_from([b"a", b"a/b", b"b/c", b"x" * 200]),
+                         st.one_of(st.binary(max_size=60), st.just(b"p" * 200)))
+
+
+@SETTINGS
+@given(st.lists(VALID_RECORD, min_size=1, max_size=10), st.data())
+def test_publish_frames_twins_and_an_independent_decoder(specs, draw):
+    body = make_records(specs, 7)
+    out = array("Q", bytes(8 * SCAN_ENTRY_WORDS * 16))
+    n = C.scan(body, len(body), 1000, 7, None, out).matched
+    assert n == len(specs)
+    first = draw.draw(st.integers(0, n))
+    count = draw.draw(st.integers(0, n - first))
+    qos = bytearray(draw.draw(st.lists(st.sampled_from([0, 1, 2, 255]), min_size=n, max_size=n)))
+    pids = array("H", draw.draw(st.lists(st.integers(1, 65535), min_size=n, max_size=n)))
+    capacity = sum(34 + len(c) + len(t) + len(p) for _, _, c, t, p in specs[first:first + count])
+    frames = C.publish_frames(body, 1000, out, first, count, qos, pids, capacity)
+    assert frames == P.publish_frames(body, 1000, out, first, count, qos, pids, capacity)
+    got = mqttraw.split_frames(bytearray(frames))
+    want = [(t.decode(), p, qos[i], pids[i] if qos[i] else None)
+            for i, (_, _, _, t, p) in enumerate(specs) if first <= i < first + count and qos[i] != 255]
+    assert [(f.topic, f.payload, f.qos, f.packet_id) for f in got] == want
+    assert all(f.type == mqttraw.PUBLISH and not f.retain and not f.dup for f in got)
+
+
+def test_publish_frames_refuses_what_is_not_there():
+    body = make_records([(5, 1, b"c", b"a/b", b"xyz"), (6, 0, b"", b"b", b"")])
+    out = array("Q", bytes(8 * SCAN_ENTRY_WORDS * 4))
+    C.scan(body, len(body), 1000, 0, None, out)
+    pids = array("H", [1, 2])
+    for impl in (C, P):
+        assert impl.publish_frames(body, 1000, out, 0, 0, bytearray(2), pids, 0) == b""
+        with pytest.raises(ValueError):
+            impl.publish_frames(body, 1000, out, 1, 2, bytearray(2), pids, 100)  # past the arrays
+        with pytest.raises(ValueError):
+            impl.publish_frames(body, 1000, out, 0, 1, bytearray([3, 0]), pids, 100)  # QoS 3
+        with pytest.raises(ValueError):
+            impl.publish_frames(body, 1000, out, 0, 2, bytearray(2), pids, 10)  # no room
+        with pytest.raises(ValueError):
+            impl.publish_frames(body[:40], 1000, out, 0, 1, bytearray(2), pids, 100)  # cut short
+        with pytest.raises(ValueError):
+            impl.publish_frames(body, 1001, out, 0, 1, bytearray(2), pids, 100)  # not in buf
 
 
 # ----------------------------------------------------------------------------- send batches
@@ -374,6 +500,9 @@ def test_header_writer_gives_record_header_until_its_next_call():
         assert first == P.record_header(1, 2, 1, b"c", b"t", b"p" * 5)
         assert bytes(header(9, 8, 0, b"", bytearray(b"x/y"), memoryview(b"q"))) == \
             P.record_header(9, 8, 0, b"", b"x/y", b"q")
+        assert bytes(header(9, 8, 0, b"", b"x/y", b"q", b"\x01\x01")) == \
+            P.record_header(9, 8, 0, b"", b"x/y", b"q", b"\x01\x01")
+        assert len(header(9, 8, 0, b"", b"x/y", b"q")) == 34
 
 
 # ------------------------------------------------------------------ the log's staging area
@@ -392,7 +521,8 @@ def _staging(impl, capacity, entries, base, position, segment_bytes, first_ts, s
 
 
 RECORD_ARGS = st.tuples(st.integers(-5, 3000), st.integers(-1, 3), st.booleans(),
-                        st.binary(max_size=20), st.binary(max_size=30), st.binary(max_size=260))
+                        st.binary(max_size=20), st.binary(max_size=30), st.binary(max_size=260),
+                        st.sampled_from([b"", b"", b"\x01\x01", b"\x26\x00\x01k\x00\x02vv" * 5]))
 
 
 @SETTINGS
@@ -401,9 +531,9 @@ RECORD_ARGS = st.tuples(st.integers(-5, 3000), st.integers(-1, 3), st.booleans()
 def test_append_record_twins(records, capacity, entries, segment_bytes, first_ts, segment_ms):
     stagings = [_staging(impl, capacity, entries, 1000, 40, segment_bytes, first_ts, segment_ms,
                          first_ts) for impl in (C, P)]
-    for ts, qos, retain, cid, topic, payload in records:
+    for ts, qos, retain, cid, topic, payload, props in records:
         got = [impl.append_record(s.state, ts, qos, retain, cid, len(cid), topic, len(topic),
-                                  payload, len(payload))
+                                  payload, len(payload), props, len(props))
                for impl, s in zip((C, P), stagings)]
         assert got[0] == got[1]
         c, p = (s.state for s in stagings)
@@ -426,7 +556,7 @@ def test_append_record_refuses_what_the_log_must_handle():
 
         def add(ts=550, qos=1, retain=False, cid=b"c", topic=b"t/1", payload=b"x" * 10):
             return impl.append_record(a, ts, qos, retain, cid, len(cid), topic, len(topic),
-                                      payload, len(payload))
+                                      payload, len(payload), b"", 0)
         assert add() == 1003 and a.position == 40 + 48 and a.max_ts == 600  # 48-byte records
         assert add(ts=-1) == -1                      # negative timestamp
         assert add(qos=3) == -1 and add(qos=-1) == -1
@@ -439,10 +569,22 @@ def test_append_record_refuses_what_the_log_must_handle():
         assert [a.used, a.count, a.next_offset, a.position] == [48 * 4, 4, 1007, 40 + 48 * 4]
         # A record that would end past segment_bytes: the segment rolls first.
         s = _staging(impl, 300, 4, 1000, 900, 1000, 500, 1000, 600)
-        assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 65, 65) == 1003
-        assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 1, 1) == -1
+        assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 65, 65,
+                                  b"", 0) == 1003
+        assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 1, 1,
+                                  b"", 0) == -1
+        # Properties count in the record's length: 38 + 1 + 4 + 1 bytes, then no room for 1 more.
+        s = _staging(impl, 300, 4, 1000, 900, 1000, 500, 1000, 600)
+        assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x", 1,
+                                  b"\x01\x01" * 2, 4) == 1003 and s.state.position == 944
+        assert s.data[:44] == P.record_header(1003, 550, 0, b"", b"t", b"x", b"\x01\x01" * 2) \
+            + b"t" + b"\x01\x01" * 2 + b"x"
+        assert impl.append_record(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 17, 17,
+                                  b"\x01\x01", 2) == -1
     with pytest.raises(TypeError):  # the C build takes bytes only; the log sends others the long way
-        C.append_record(a, 1, 0, False, b"", 0, b"t", 1, bytearray(b"x"), 1)
+        C.append_record(a, 1, 0, False, b"", 0, b"t", 1, bytearray(b"x"), 1, b"", 0)
+    with pytest.raises(TypeError):
+        C.append_record(a, 1, 0, False, b"", 0, b"t", 1, b"x", 1, bytearray(b"\x01\x01"), 2)
 
 
 @SETTINGS
@@ -458,16 +600,17 @@ def test_append_held_twins(records, capacity, entries, segment_bytes, first_ts, 
     file = bytearray()  # what the log writes: staged bytes, each held payload after its record
     taken = 0           # staged bytes already in ``file``
     held_count = 0
-    for held, (ts, qos, retain, cid, topic, payload), held_len in records:
+    for held, (ts, qos, retain, cid, topic, payload, props), held_len in records:
         c, p = (s.state for s in stagings)
         used = c.used
         if held:
             body = bytearray(random.Random(held_len).randbytes(held_len))  # as received
             got = [impl.append_held(s.state, ts, qos, retain, cid, len(cid), topic, len(topic),
-                                    body, held_len) for impl, s in zip((C, P), stagings)]
+                                    body, held_len, props, len(props))
+                   for impl, s in zip((C, P), stagings)]
         else:
             got = [impl.append_record(s.state, ts, qos, retain, cid, len(cid), topic,
-                                      len(topic), payload, len(payload))
+                                      len(topic), payload, len(payload), props, len(props))
                    for impl, s in zip((C, P), stagings)]
         assert got[0] == got[1]
         assert [getattr(c, f) for f in STAGE_FIELDS] == [getattr(p, f) for f in STAGE_FIELDS]
@@ -497,7 +640,7 @@ def test_append_held_refuses_what_the_log_must_handle():
 
         def held(ts=550, qos=0, cid=b"c", topic=b"t/1", size=70_000):
             return impl.append_held(a, ts, qos, False, cid, len(cid), topic, len(topic),
-                                    bytes(size), size)
+                                    bytes(size), size, b"", 0)
         assert held() == 1003                       # 38 bytes staged, 70,038 in the segment
         assert [a.used, a.position] == [38, 40 + 70_038]
         assert held(size=30_000) == -1              # past segment_bytes: the segment rolls
@@ -511,10 +654,19 @@ def test_append_held_refuses_what_the_log_must_handle():
         # The held list has room for as many records as the index: when it is full, -1.
         s = _staging(impl, 1000, 4, 1000, 40, 100_000, 500, 1000, 600)
         s.state.held_capacity = 1
-        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 9, 9) == 1003
-        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 9, 9) == -1
+        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 9, 9,
+                                b"", 0) == 1003
+        assert impl.append_held(s.state, 550, 0, False, b"", 0, b"t", 1, b"x" * 9, 9,
+                                b"", 0) == -1
+        # With properties: staged after the topic, the held payload goes after them.
+        s = _staging(impl, 1000, 4, 1000, 40, 100_000, 500, 1000, 600)
+        assert impl.append_held(s.state, 550, 0, False, b"c", 1, b"t", 1, bytes(9), 9,
+                                b"\x01\x01", 2) == 1003
+        assert s.held[0] == s.state.used == 38 + 1 + 1 + 2
+        assert s.data[:42] == P.record_header(1003, 550, 0, b"c", b"t", bytes(9), b"\x01\x01") \
+            + b"ct\x01\x01"
     with pytest.raises(TypeError):
-        C.append_held(a, 1, 0, False, b"", 0, bytearray(b"t"), 1, b"x", 1)
+        C.append_held(a, 1, 0, False, b"", 0, bytearray(b"t"), 1, b"x", 1, b"", 0)
 
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from edgebroker.errors import ConfigError
 from edgebroker.security import passwords as pw
+from scramclient import keys_field, stored_keys
 
 # Written by Debian's mosquitto_passwd 2.0.11 (`mosquitto_passwd -c -b FILE alice secret`).
 MOSQUITTO_LINE = ("alice:$7$101$JH+6Hli0CqyukLgm$5MJFOzylJBakHveFzrL4Wu33qGGjvOqnzFfeGHUEpQfEBL6e"
@@ -82,8 +83,28 @@ def test_file_load(tmp_path):
     assert f.weak == ["bob"]
 
 
+def test_file_with_scram_keys_beside_some_hashes(tmp_path):
+    """A third field holds SCRAM keys; lines without one (older users, Mosquitto's) load as
+    before and say why they have no keys."""
+    field = keys_field("a", b"s" * 16, 8192)
+    path = write(tmp_path / "pw", f"alice:{pw.hash_password('a')}:{field}\n"
+                                  f"{MOSQUITTO_LINE.replace('alice', 'bob')}\n"
+                                  f"carol:{pw.hash_password('c')}\n")
+    f = pw.PasswordFile.load(path)
+    assert len(f) == 3 and pw.verify_password(f.lookup("alice")[1], "a")
+    keys = f.scram_keys("alice")
+    assert (keys.salt, keys.iterations) == (b"s" * 16, 8192)
+    assert (keys.stored_key, keys.server_key) == stored_keys("a", b"s" * 16, 8192)
+    assert "no SCRAM keys" in f.scram_keys("bob") and "edgebroker passwd" in f.scram_keys("carol")
+    assert f.scram_keys("dave") == "unknown user"
+
+
 @pytest.mark.parametrize("text, words", [
     ("alice\n", "line 1: expected username:hash"),
+    ("alice:{h}:$scram-sha-256$v=1$i=4096$AA==$AA==$AA==\n",
+     "line 1: user 'alice': SCRAM keys: StoredKey and ServerKey must be 32 bytes (the third "
+     "field holds the SCRAM keys)"),
+    ("alice:{h}:junk\n", "line 1: user 'alice': SCRAM keys: expected"),
     ("# c\nalice:plain\n", "line 2: user 'alice': not a hash"),
     (":$scrypt$x\n", "user name is empty"),
     ("alice:{h}\nalice:{h}\n", "line 2: user 'alice' is listed twice"),

@@ -132,8 +132,10 @@ class MqttJs:
         self.send("subscribe", topic=topic, qos=qos)
         return self.wait("suback")["granted"]
 
-    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
-        self.send("publish", topic=topic, payload_hex=payload.hex(), qos=qos, retain=retain)
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                properties: dict | None = None) -> None:
+        self.send("publish", topic=topic, payload_hex=payload.hex(), qos=qos, retain=retain,
+                  properties=properties)
         self.wait("published")
 
     def message(self, timeout: float = 10.0) -> dict:
@@ -481,3 +483,32 @@ def test_reload_says_a_changed_websocket_path_needs_a_restart(broker, uid):
     assert b.wait_log("take effect after a restart", timeout=5, start=mark)
     c = ws_client(b, uid, listener=0)       # still served on /mqtt
     assert c.ping() == []
+
+
+def test_mqttjs_speaks_mqtt_5_over_tcp_and_websocket(broker, mqttjs, uid):
+    """MQTT.js with protocolVersion 5 on both transports: properties go through, a 3.1.1
+    MQTT.js on the same topic gets the message."""
+    b = broker(listener=[
+        {"host": "127.0.0.1", "port": 0},
+        {"host": "127.0.0.1", "port": 0, "protocol": "websockets"}])
+    tcp, ws = port(b, 0), port(b, 1)
+    sub = mqttjs()
+    sub.connect(f"mqtt://127.0.0.1:{tcp}", clientId=f"{uid}-s", protocolVersion=5)
+    assert sub.subscribe(f"{uid}/t", 1) == [1]
+    old = mqttjs()
+    old.connect(f"ws://127.0.0.1:{ws}/mqtt", clientId=f"{uid}-old")
+    assert old.subscribe(f"{uid}/t", 1) == [1]
+    pub = mqttjs()
+    pub.connect(f"ws://127.0.0.1:{ws}/mqtt", clientId=f"{uid}-p", protocolVersion=5)
+    pub.publish(f"{uid}/t", b"21.5", 1, properties={
+        "contentType": "text/plain", "responseTopic": f"{uid}/r", "correlationData": "0102",
+        "userProperties": {"unit": "C"}, "messageExpiryInterval": 60})
+    m = sub.message()
+    assert (m["topic"], m["payload"], m["qos"]) == (f"{uid}/t", b"21.5", 1)
+    props = m["properties"]
+    assert props["contentType"] == "text/plain" and props["responseTopic"] == f"{uid}/r"
+    assert props["correlationData"] == "0102" and props["userProperties"] == {"unit": "C"}
+    assert 58 <= props["messageExpiryInterval"] <= 60
+    assert old.message()["payload"] == b"21.5"
+    for c in (sub, old, pub):
+        c.end()

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from edgebroker.spark.arrow import SCHEMA, batch_to_arrow, read_batch
+from edgebroker.spark.arrow import SCHEMA, batch_days, batch_to_arrow, read_batch
 from edgebroker.uploader.batch import BatchFormatError, BatchHeader, read_batch_file, write_batch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "uploader" / "golden"
 
 
-@pytest.mark.parametrize("name", ["v1-plain.ebb.zst", "v1-gap.ebb.zst"])
+@pytest.mark.parametrize("name", ["v1-plain.ebb.zst", "v1-gap.ebb.zst", "v2-props.ebb.zst"])
 def test_golden_batches_read_into_arrow_equal_the_records(name):
     path = str(GOLDEN / name)
     header, table = read_batch(path)
@@ -28,8 +28,40 @@ def test_golden_batches_read_into_arrow_equal_the_records(name):
         assert row["date"] == row["timestamp"].date()
         assert (row["topic"], row["client_id"]) == (r.topic.decode(), r.client_id.decode())
         assert (row["qos"], row["retain"], row["payload"]) == (r.qos, r.retain, r.payload)
+        assert row["properties"] == properties_row(r.properties)
     blob = (GOLDEN / name).read_bytes()
     assert batch_to_arrow(blob, name)[1].equals(table)
+
+
+def properties_row(stored: bytes) -> dict | None:
+    """What the ``properties`` column should hold, from the stored bytes by the mqtt module."""
+    from edgebroker.mqtt import properties as p
+    props = p.decode_body(stored)
+    if props is None:
+        return None
+    return {"payload_format": props.get(p.PAYLOAD_FORMAT),
+            "message_expiry": props.get(p.MESSAGE_EXPIRY),
+            "content_type": props.get(p.CONTENT_TYPE),
+            "response_topic": props.get(p.RESPONSE_TOPIC),
+            "correlation_data": props.get(p.CORRELATION_DATA),
+            "user_properties": [{"name": k, "value": v}
+                                for k, v in props.get(p.USER_PROPERTY, [])]}
+
+
+def test_golden_v2_batch_has_the_properties_column_filled():
+    header, table = read_batch(str(GOLDEN / "v2-props.ebb.zst"))
+    assert header.log_format_version == 2
+    rows = {row["offset"]: row["properties"] for row in table.to_pylist()}
+    assert rows[30] is None                      # one in three has none
+    assert rows[31] == {"payload_format": 1, "message_expiry": 631,
+                        "content_type": "application/json", "response_topic": "reply/31",
+                        "correlation_data": b"\xc0\x1f",
+                        "user_properties": [{"name": "unit", "value": "C"},
+                                            {"name": "seq", "value": "31"}]}
+    assert rows[32]["content_type"] == "application/json" and rows[32]["message_expiry"] is None
+    # The version 1 batches: the column is there, all null.
+    _, old = read_batch(str(GOLDEN / "v1-plain.ebb.zst"))
+    assert old.column("properties").null_count == old.num_rows
 
 
 def rewrite(header: BatchHeader, raw: bytes) -> bytes:
@@ -48,9 +80,9 @@ def golden_raw() -> tuple[BatchHeader, bytes]:
 def test_an_unknown_log_format_version_is_refused_naming_the_file_and_version():
     header, raw = golden_raw()
     fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
-    blob = rewrite(BatchHeader(**{**fields, "log_format_version": 2}), raw)
+    blob = rewrite(BatchHeader(**{**fields, "log_format_version": 3}), raw)
     with pytest.raises(BatchFormatError, match=r"^future\.ebb\.zst: records of log format "
-                                               r"version 2; this edgebroker reads version 1"):
+                                               r"version 3; this edgebroker reads versions 1, 2"):
         batch_to_arrow(blob, "future.ebb.zst")
 
 
@@ -65,11 +97,12 @@ def test_damage_is_refused_naming_the_file():
 
 
 def build(records: list[tuple], gateway: str = "gw-1") -> tuple[BatchHeader, bytes]:
-    """(offset, timestamp ms, qos, retain, client id, topic, payload) tuples as a batch's raw
-    bytes, each record laid out as docs/log-format.md says."""
+    """(offset, timestamp ms, qos, retain, client id, topic, payload[, properties]) tuples as
+    a batch's raw bytes (log format version 2), each record laid out as docs/log-format.md
+    says."""
     from edgebroker import _native
-    raw = b"".join(bytes(_native.record_header(o, ts, q | (4 if r else 0), c, t, p)) + c + t + p
-                   for o, ts, q, r, c, t, p in records)
+    raw = b"".join(bytes(_native.record_header(o, ts, q | (4 if r else 0), c, t, p, *props)) + c
+                   + t + b"".join(props) + p for o, ts, q, r, c, t, p, *props in records)
     stamps = [rec[1] for rec in records]
     return BatchHeader(gateway, records[0][0], records[-1][0], len(records), min(stamps),
                        max(stamps), len(raw), _native.crc32c(raw)), raw
@@ -78,15 +111,26 @@ def build(records: list[tuple], gateway: str = "gw-1") -> tuple[BatchHeader, byt
 def test_the_whole_batch_decode_equals_the_record_by_record_one():
     from edgebroker.spark.arrow import _table
     from edgebroker.uploader.batch import parse_records
-    records = [(10 + 2 * i, 1_700_000_000_000 + (i * 7919) % 100_000, i % 3, i % 5 == 0,
+    from edgebroker.mqtt import properties as p
+    records = [(10 + 2 * i, 1_700_000_000_000 + (i * 7919) % 100_000 * 1000, i % 3, i % 5 == 0,
                 b"" if i % 7 == 0 else f"client-{i}".encode(),
                 f"t/\u00e9t\u00e9/{i % 13}".encode() * (1 + i % 3),
-                bytes(range(i % 256)) * (i % 4)) for i in range(500)]
+                bytes(range(i % 256)) * (i % 4),
+                p.encode_body({p.MESSAGE_EXPIRY: i, p.USER_PROPERTY: [("k", "v" * (i % 9))]}
+                              if i % 4 else None)) for i in range(500)]
     header, raw = build(records)
     _, table = batch_to_arrow(rewrite(header, raw), "many.ebb.zst")
     assert table.equals(_table(header, parse_records(raw, header, "many.ebb.zst"), "x"))
+    assert table.column("properties")[0].as_py() is None
+    assert table.column("properties")[5].as_py()["user_properties"] == [
+        {"name": "k", "value": "v" * 5}]
+    assert table.column("payload")[5].as_py() == bytes(range(5))
     assert table.column("payload")[0].as_py() == b"" and table.column("client_id")[0].as_py() == ""
     assert table.column("topic")[1].as_py() == "t/\u00e9t\u00e9/1" * 2
+    # The first pass's check: the same header, the days of the records (spread over three).
+    days_header, days = batch_days(rewrite(header, raw), "many.ebb.zst")
+    assert days_header == header
+    assert days == sorted(set(table.column("date").to_pylist())) and len(days) == 3
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -110,5 +154,22 @@ def test_a_bad_record_in_a_good_frame_is_refused_with_what_and_where(damage, mes
         fields["record_count"] = 6
     elif damage == "max_ts":
         fields["max_timestamp_ms"] = 1005
+    blob = rewrite(BatchHeader(**fields), raw)
     with pytest.raises(BatchFormatError, match=message):
-        batch_to_arrow(rewrite(BatchHeader(**fields), raw), "d.ebb.zst")
+        batch_to_arrow(blob, "d.ebb.zst")
+    with pytest.raises(BatchFormatError, match=message):   # the ingest job's first pass
+        batch_days(blob, "d.ebb.zst")
+
+
+def test_properties_that_do_not_decode_are_refused_naming_the_file_and_offset():
+    """The log stores properties as the core gave them; a reader that shows them says where
+    bytes that are not MQTT 5.0 properties are (the batch is then quarantined by ingest)."""
+    records = [(i, 1000 + i, 0, False, b"c", b"t", b"x", b"\x7f\x00" if i == 2 else b"")
+               for i in range(4)]
+    header, raw = build(records)
+    with pytest.raises(BatchFormatError, match=r"^p\.ebb\.zst: record at offset 2: its "
+                                               r"properties do not decode: .*0x7f"):
+        batch_to_arrow(rewrite(header, raw), "p.ebb.zst")
+    with pytest.raises(BatchFormatError, match=r"^p\.ebb\.zst: record at offset 2: its "
+                                               r"properties do not decode"):
+        batch_days(rewrite(header, raw), "p.ebb.zst")    # the ingest job's first pass

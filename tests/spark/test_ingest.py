@@ -10,10 +10,10 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, ingest_once
-from edgebroker.uploader.batch import BatchHeader, read_batch_file
+from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, clean_batches, ingest_once
+from edgebroker.uploader.batch import BatchHeader, object_name, read_batch_file
 
-from spark.test_arrow import golden_raw, rewrite
+from spark.test_arrow import build, golden_raw, rewrite
 from uploader.test_uploader import GATEWAY, publish, upload_config, uploaded, wait_until
 
 GOLDEN = Path(__file__).resolve().parents[1] / "uploader" / "golden"
@@ -118,14 +118,16 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     header, raw = golden_raw()
     fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
     future = day / f"{40:020d}-{49:020d}.ebb.zst"   # records of a log format this one predates
-    future.write_bytes(rewrite(BatchHeader(**{**fields, "log_format_version": 2}), raw))
+    future.write_bytes(rewrite(BatchHeader(**{**fields, "log_format_version": 3}), raw))
+    # Log format version 2, with MQTT 5.0 properties, beside the version 1 batches.
+    shutil.copy(GOLDEN / "v2-props.ebb.zst", day / f"{30:020d}-{39:020d}-v2.ebb.zst")
 
     report = ingest_once(spark, str(landing), str(warehouse))
     gap_header, gap_records = read_batch_file(str(GOLDEN / "v1-gap.ebb.zst"))
-    assert report["batches"] == 2 and report["rows_added"] == 10 + len(gap_records)
+    assert report["batches"] == 3 and report["rows_added"] == 20 + len(gap_records)
     q, qf = report["quarantined"]
-    assert qf["error"] == (f"{qf['path']}: records of log format version 2; this edgebroker "
-                           f"reads version 1")
+    assert qf["error"] == (f"{qf['path']}: records of log format version 3; this edgebroker "
+                           f"reads versions 1, 2")
     assert (warehouse / "_quarantine" / future.relative_to(landing)).exists()
     assert q["path"].endswith(f"{30:020d}-{39:020d}.ebb.zst")
     assert q["error"].startswith(q["path"] + ": ")
@@ -139,8 +141,16 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     assert (gap.gateway, gap.gap_first, gap.gap_length, gap.gap_last) == \
         ("gw-golden", gap_header.gap_first, gap_header.gap_length,
          gap_header.gap_first + gap_header.gap_length - 1)
-    assert sorted(r.offset for r in table(spark, warehouse, "messages")) == \
-        list(range(10)) + [r.offset for r in gap_records]
+    messages = {r.offset: r for r in table(spark, warehouse, "messages")}
+    assert sorted(messages) == list(range(10)) + [r.offset for r in gap_records] + \
+        list(range(30, 40))
+    assert all(messages[i].properties is None for i in range(10))
+    props = messages[31].properties
+    assert (props.payload_format, props.message_expiry, props.content_type,
+            props.response_topic, bytes(props.correlation_data)) == \
+        (1, 631, "application/json", "reply/31", b"\xc0\x1f")
+    assert [(u.name, u.value) for u in props.user_properties] == [("unit", "C"), ("seq", "31")]
+    assert messages[30].properties is None and messages[32].properties.message_expiry is None
 
     # A gateway id of digits stays a string in the partitioned tables: its batch and then a
     # copy of it (the copy's rows are all found in messages).
@@ -162,3 +172,57 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     assert Path(str(moved) + ".1").read_bytes() == bytes(damaged)
     assert sum(r.messages for r in table(spark, warehouse, "topic_hourly")
                if r.gateway == "4711") == 10
+
+
+def test_batches_that_overlap_in_part_add_only_their_new_offsets(spark, tmp_path):
+    """Range-level deduplication: a batch whose range overlaps nothing goes in whole; one that
+    overlaps rows already in messages, or another new batch, adds only the offsets not there."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    t0 = 1_700_000_000_000
+
+    def land(first: int, last: int, gateway: str = "gw-a") -> None:
+        records = [(o, t0 + o * 60_000, o % 3, False, b"c", f"t/{o % 2}".encode(),
+                    b"p" * (o % 7)) for o in range(first, last + 1)]
+        header, raw = build(records, gateway)
+        path = landing / object_name("", gateway, first, last, t0 + first * 60_000)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rewrite(header, raw))
+
+    def offsets(gateway: str) -> list:
+        return sorted(r.offset for r in table(spark, warehouse, "messages") if r.gateway == gateway)
+
+    land(0, 9)
+    first = ingest_once(spark, str(landing), str(warehouse))
+    assert (first["rows_added"], first["duplicates"]) == (10, 0)
+    # 5..14 overlaps 0..9 in messages; 30..39 and 35..44 overlap each other; 20..24 and the
+    # other gateway's 0..9 overlap nothing.
+    land(5, 14)
+    land(20, 24)
+    land(30, 39)
+    land(35, 44)
+    land(0, 9, "gw-b")
+    second = ingest_once(spark, str(landing), str(warehouse))
+    assert (second["files_new"], second["records"]) == (5, 10 + 5 + 10 + 10 + 10)
+    assert (second["rows_added"], second["duplicates"]) == (5 + 5 + 15 + 10, 5 + 5)
+    assert offsets("gw-a") == list(range(15)) + list(range(20, 25)) + list(range(30, 45))
+    assert offsets("gw-b") == list(range(10))
+    want: dict = defaultdict(lambda: [0, 0])
+    for gateway, offs in (("gw-a", offsets("gw-a")), ("gw-b", range(10))):
+        for o in offs:
+            e = want[(gateway, f"t/{o % 2}", (t0 + o * 60_000) // 3_600_000 * 3_600_000)]
+            e[0] += 1
+            e[1] += o % 7
+    assert {(r.gateway, r.topic, ms(r.hour)): [r.messages, r.bytes]
+            for r in table(spark, warehouse, "topic_hourly")} == dict(want)
+
+
+def test_a_batch_goes_in_without_deduplication_only_when_its_range_overlaps_nothing():
+    from collections import namedtuple
+    B = namedtuple("B", "path gateway batch_first batch_last")
+    batches = [B("a", "g1", 0, 9), B("b", "g1", 10, 19), B("c", "g1", 19, 25),
+               B("d", "g1", 40, 49), B("e", "g1", 30, 100), B("f", "g1", 200, 210),
+               B("g", "g2", 0, 9), B("h", "g2", 100, 109), B("i", "g3", 5, 5)]
+    # Offsets already in messages: g1 150..199 (f starts after), g2 5..50 (g reaches into it).
+    assert clean_batches(batches, {"g1": (150, 199), "g2": (5, 50)}) == {"a", "f", "h", "i"}
+    assert clean_batches(batches, {}) == {"a", "f", "g", "h", "i"}
+    assert clean_batches([], {"g1": (0, 1)}) == set()

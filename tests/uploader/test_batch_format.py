@@ -17,7 +17,9 @@ from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, check_gateway_id, object_name, read_batch_file,
 )
 
-from .golden.make_golden import BATCHES, GATEWAY, record, write
+from edgebroker.mqtt.properties import decode_body
+
+from .golden.make_golden import BATCHES, GATEWAY, properties, record, write
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
@@ -30,15 +32,15 @@ def test_writer_reproduces_the_golden_batch_byte_for_byte(tmp_path, name):
 
 @pytest.mark.parametrize("name", sorted(BATCHES))
 def test_reader_decodes_the_golden_batch(name):
-    offsets, gap_first, gap_length = BATCHES[name]
+    offsets, gap_first, gap_length, version = BATCHES[name]
     header, records = read_batch_file(str(GOLDEN / name))
     assert (header.gateway_id, header.first_offset, header.last_offset, header.record_count) == \
         (GATEWAY, offsets[0], offsets[-1], len(offsets))
     assert (header.gap_first, header.gap_length) == (gap_first, gap_length)
-    assert (header.version, header.log_format_version) == (1, 1)
-    got = [(r.offset, r.timestamp_ms, r.qos, r.retain, r.client_id, r.topic, r.payload)
-           for r in records]
-    assert got == [(i, *record(i)) for i in offsets]
+    assert (header.version, header.log_format_version) == (1, version)
+    got = [(r.offset, r.timestamp_ms, r.qos, r.retain, r.client_id, r.topic, r.payload,
+            decode_body(r.properties)) for r in records]
+    assert got == [(i, *record(i), properties(i, version)) for i in offsets]
     assert header.min_timestamp_ms == record(offsets[0])[0]
     assert header.max_timestamp_ms == record(offsets[-1])[0]
 
@@ -132,3 +134,16 @@ def test_header_round_trip():
     h = BatchHeader("g", 1, 2, 2, 10, 20, 100, 0xDEADBEEF, 0, 0)
     from edgebroker.uploader.batch import decode_header
     assert decode_header(h.encode(), "x") == h
+
+
+def test_records_with_properties_need_log_format_version_2(tmp_path):
+    """The golden version 2 batch relabelled as version 1: its records with properties are
+    malformed there (attributes bit 3 is reserved in version 1)."""
+    data = bytearray(zstandard.ZstdDecompressor().decompress(
+        (GOLDEN / "v2-props.ebb.zst").read_bytes()))
+    _set("<H", 12, 1)(data)
+    path = tmp_path / "relabelled.ebb.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(bytes(data)))
+    with pytest.raises(BatchFormatError, match=r"relabelled\.ebb\.zst: record at raw position "
+                                               r"\d+ \(offset 31\): malformed header"):
+        read_batch_file(str(path))

@@ -527,4 +527,7 @@ def test_run_once_ships_what_is_sealed_and_refuses_while_a_broker_runs(broker, s
     again = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
     assert again.returncode == 0 and again.stdout.startswith("shipped 0 batches")
     assert "\r" not in again.stderr, "no progress line when stderr is not a terminal"
+    again = json.loads(run_cli("upload", "run", "--once", "-c", str(config), "--format", "json",
+                               timeout=60).stdout)
+    assert (again["shipped_batches"], again["uploaded_offset"]) == (0, sealed_end)
     assert len(store.objects()) == len(batches)

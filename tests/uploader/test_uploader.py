@@ -263,3 +263,25 @@ def test_retention_by_age_applies_without_an_uploader(broker, tmp_path):
     assert len(list(logdir.glob("*.seg"))) < 100 * 140 // 4096
     assert b.stats()["upload"] is None
     b.stop()
+
+
+def test_a_log_written_before_format_version_2_is_uploaded_with_its_version(broker, tmp_path):
+    """The upgrade: a data directory whose log is version 1 (tests/commitlog/golden/v1, 60
+    records) under a broker that writes version 2. The old segments are shipped as batches
+    saying log format 1, the records published since as batches saying 2; every record once."""
+    golden = Path(__file__).resolve().parents[1] / "commitlog" / "golden" / "v1"
+    data = tmp_path / "data"
+    shutil.copytree(golden, data / "log")
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    b = broker(data_dir=str(data), upload=upload_config(landing, batch_max_age=1))
+    publish(b, 60, 5)
+    wait_until(lambda: uploaded(b) == 65, what="the old segments and the new one uploaded")
+    versions = {}
+    for header, records in landed(landing).values():
+        for r in records:
+            versions[r.offset] = header.log_format_version
+    assert versions == {i: 1 if i < 60 else 2 for i in range(65)}
+    assert [r.payload for _, records in landed(landing).values() for r in records
+            if r.offset >= 60] == [payload(i) for i in range(60, 65)]
+    b.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_ack
-from edgebroker.core.session import AWAIT_COMP
+from edgebroker.core.session import AWAIT_ACK, AWAIT_COMP
 
 
 def on_puback(client, p) -> None:
@@ -23,6 +23,26 @@ def on_puback(client, p) -> None:
         session.inflight_bytes -= entry.message.size
         if session.queue or session.cursor is not None:
             client.broker.pump(session)
+
+
+def on_pubacks(client, pids) -> None:
+    """PUBACKs that came in one read (``Decoder.pubacks``): each as ``on_puback``, and the
+    queue moves on once, after all of them."""
+    session = client.session
+    inflight = session.inflight
+    freed = 0
+    try:
+        for pid in pids:
+            entry = inflight.get(pid)
+            if entry is not None:
+                if entry.qos != 1:
+                    raise _wrong_ack(P.Puback(pid), entry)
+                del inflight[pid]
+                freed += entry.message.size
+    finally:
+        session.inflight_bytes -= freed
+    if session.queue or session.cursor is not None:
+        client.broker.pump(session)
 
 
 def _wrong_ack(p, entry) -> ProtocolError:
@@ -55,6 +75,20 @@ def on_pubrec(client, p) -> None:
     client.broker.stats.packets_sent += 1
 
 
+def on_pubrec5(client, p) -> None:
+    """A 5.0 PUBREC: a reason code of 0x80 or more ends the exchange there (no PUBREL,
+    MQTT-4.3.3); else as in 3.1.1."""
+    if p.reason_code < 0x80:
+        return on_pubrec(client, p)
+    session = client.session
+    entry = session.inflight.get(p.packet_id)
+    if entry is None:
+        return
+    if entry.qos != 2 or entry.state != AWAIT_ACK:
+        raise _wrong_ack(p, entry)
+    _complete(client, session, p.packet_id, entry)
+
+
 def on_pubrel(client, p) -> None:
     awaiting = client.session.awaiting_release
     if p.packet_id in awaiting:
@@ -70,11 +104,16 @@ def on_pubcomp(client, p) -> None:
     if entry is not None:
         if entry.qos != 2 or entry.state != AWAIT_COMP:
             raise _wrong_ack(p, entry)
-        del session.inflight[p.packet_id]
-        _journal(client, "completed", p.packet_id)
-        session.inflight_bytes -= entry.message.size
-        if session.queue or session.cursor is not None:
-            client.broker.pump(session)
+        _complete(client, session, p.packet_id, entry)
+
+
+def _complete(client, session, pid: int, entry) -> None:
+    """A QoS 2 exchange the broker started is over: its id is free, the queue moves on."""
+    del session.inflight[pid]
+    _journal(client, "completed", pid)
+    session.inflight_bytes -= entry.message.size
+    if session.queue or session.cursor is not None:
+        client.broker.pump(session)
 
 
 def _journal(client, step: str, pid: int) -> None:

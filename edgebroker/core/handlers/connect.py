@@ -15,9 +15,16 @@ import logging
 import os
 
 from edgebroker import logs
-from edgebroker.errors import ProtocolError
+from edgebroker.errors import (
+    DISCONNECT_WITH_WILL, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
+    RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE,
+    ProtocolError,
+)
 from edgebroker.mqtt import packets as P
+from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
+from edgebroker.mqtt.encode5 import encode_connack5
+from edgebroker.core import mqtt5
 from edgebroker.core.limits import PublishRate
 
 log = logging.getLogger("edgebroker.client")
@@ -32,6 +39,21 @@ def on_connect(client, p: P.Connect) -> None:
     limits = broker.limits
     client_id = p.client_id
     client.protocol_level = p.protocol_level
+    v5 = p.protocol_level == P.PROTOCOL_5
+    if v5:
+        conn = client.v5 = mqtt5.Conn5(p.properties)
+    will = p.will
+    if will is not None and (will.retain and not limits.retain_available
+                             or will.qos > limits.max_qos):
+        why = ("a retained will and retain_available is false" if will.qos <= limits.max_qos
+               else f"will QoS {will.qos} is above max_qos ({limits.max_qos})")
+        if v5:
+            return refuse(client, 0, why, "client_id", reason5=RETAIN_NOT_SUPPORTED
+                          if will.qos <= limits.max_qos else QOS_NOT_SUPPORTED)
+        # 3.1.1 has no CONNACK code for it: closed, as Mosquitto does.
+        return client.violation(ProtocolError(f"CONNECT refused: {why}", rule="max_qos"
+                                              if will.qos > limits.max_qos
+                                              else "retain_available"))
     if len(client_id.encode("utf-8")) > limits.max_client_id_length:
         client.client_id = client_id[:64]
         return refuse(client, 2, f"client id longer than max_client_id_length "
@@ -39,7 +61,7 @@ def on_connect(client, p: P.Connect) -> None:
     if not client_id:
         if p.protocol_level == P.PROTOCOL_31:
             return refuse(client, 2, "empty client id (MQTT 3.1 requires 1-23 characters)")
-        if not p.clean_session:
+        if not p.clean_session and not v5:
             return refuse(client, 2, "empty client id with clean session 0 (MQTT-3.1.3-8)")
         if not broker.config.allow_zero_length_clientid:
             return refuse(client, 2, "empty client id and allow_zero_length_clientid is false")
@@ -47,16 +69,21 @@ def on_connect(client, p: P.Connect) -> None:
         client_id = broker.config.auto_id_prefix + os.urandom(16).hex()
     client.client_id = client_id
     client.client_id_bytes = client_id.encode("utf-8")
-    if p.keepalive > limits.max_keepalive:
+    if p.keepalive > limits.max_keepalive and not v5:
+        # (5.0: the CONNACK's Server Keep Alive says the broker's maximum instead.)
         return refuse(client, 2, f"keepalive {p.keepalive} s is above max_keepalive "
                                  f"({limits.max_keepalive} s)", "max_keepalive")
-    full = broker.admission(client, client_id, p.clean_session)
+    # Kept past the connection: 3.1.1 clean session 0, 5.0 a Session Expiry Interval.
+    persistent = (mqtt5.session_expiry(conn, limits.persistent_client_expiration) > 0 if v5
+                  else not p.clean_session)
+    full = broker.admission(client, client_id, not persistent)
     if full is not None:
         limit, why = full
         broker.peer_log.log(log, logging.WARNING, limit, client.peer,
                             "%s refused (CONNACK 3, server unavailable): %s", client.describe(),
                             why)
-        client.answer(encode(P.Connack(False, 3)))
+        client.answer(mqtt5.refusal_frame(mqtt5.ADMISSION_REASONS.get(
+            limit, SERVER_UNAVAILABLE), why) if v5 else encode(P.Connack(False, 3)))
         broker.stats.connections_refused += 1
         broker.refused[limit] += 1
         broker.hit(limit)
@@ -64,6 +91,9 @@ def on_connect(client, p: P.Connect) -> None:
         return
     client.keepalive = p.keepalive
     client.will = p.will
+    if v5 and p.properties is not None and Q.AUTH_METHOD in p.properties:
+        client.begin_auth(p)        # enhanced authentication: core/handlers/auth.py
+        return
     policy = getattr(client.transport, "policy", None)
     if policy is not None:
         client.pending_connect = p
@@ -121,32 +151,60 @@ def accept(client, p: P.Connect) -> None:
     broker = client.broker
     client_id = client.client_id
     client.rate = PublishRate.for_limits(broker.limits, broker.clock())
-    session, present = broker.attach(client, client_id, p.clean_session)
+    conn = client.v5
+    if conn is None:
+        session, present = broker.attach(client, client_id, p.clean_session)
+    else:
+        expiry = mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration)
+        session, present = broker.attach(client, client_id, expiry == 0, p.clean_session)
+        session.expiry_interval = expiry
     client.session = session
     session.acl = client.acl
+    window = conn.receive_maximum if conn is not None else 65535
+    session.receive_max = window if window < broker.limits.max_inflight_messages else 0
     client.connected = True
     client.connect_deadline = 0.0  # no longer needed: its float goes (24 bytes a connection)
     client.enter_connected()
-    # MQTT 3.1 has no session present flag: that byte is reserved there.
-    client.answer(_CONNACK_ACCEPTED[present and p.protocol_level != P.PROTOCOL_31])
+    if conn is None:
+        # MQTT 3.1 has no session present flag: that byte is reserved there.
+        client.answer(_CONNACK_ACCEPTED[present and p.protocol_level != P.PROTOCOL_31])
+        detail = f"clean session {p.clean_session:d}"
+    else:
+        max_keepalive = broker.limits.max_keepalive
+        keepalive = None
+        if p.keepalive > max_keepalive:
+            keepalive = client.keepalive = max_keepalive
+        assigned = client_id if not p.client_id else None
+        client.answer(encode_connack5(present, 0, mqtt5.connack_properties(
+            broker, client, assigned, keepalive, expiry)))
+        detail = f"clean start {p.clean_session:d}, session expiry {expiry}"
     broker.stats.packets_sent += 1
-    connections_log.info("%s connected (protocol %d, clean session %d, keepalive %d%s)",
-                         client.describe(), p.protocol_level, p.clean_session, p.keepalive,
+    connections_log.info("%s connected (protocol %d, %s, keepalive %d%s)",
+                         client.describe(), p.protocol_level, detail, client.keepalive,
                          ", session resumed" if present else "")
     broker.schedule(client)
     if present:
         broker.resume(session)
 
 
-def refuse(client, code: int, why: str, reason: str = "client_id") -> None:
+def refuse(client, code: int, why: str, reason: str = "client_id", *, reason5: int = 0,
+           told: str | None = None) -> None:
+    """Refuse a CONNECT: 3.1.1 CONNACK ``code``; a 5.0 client gets ``reason5`` or the reason
+    code that says the same as ``code``, with ``why`` (or ``told``, when the client is to
+    learn less than the log) as the Reason String."""
     broker = client.broker
-    broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (CONNACK %d): %s",
-                        client.describe(), code, why)
+    if client.v5 is not None:
+        code = reason5 or mqtt5.CONNACK_REASONS[code]
+        frame = mqtt5.refusal_frame(code, told or why)
+    else:
+        frame = encode(P.Connack(False, code))
+    broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (CONNACK %s): %s",
+                        client.describe(), f"{code:#04x}" if client.v5 else code, why)
     broker.stats.connections_refused += 1
     broker.refused[reason] += 1
     if reason in broker.limit_hits:
         broker.hit(reason)
-    client.answer(encode(P.Connack(False, code)))
+    client.answer(frame)
     client.close(will=False)
 
 
@@ -158,3 +216,19 @@ def on_pingreq(client, p) -> None:
 def on_disconnect(client, p) -> None:
     connections_log.info("%s disconnected", client.describe())
     client.close(will=False)
+
+
+def on_disconnect5(client, p: P.Disconnect) -> None:
+    """A 5.0 DISCONNECT: reason 0x04 keeps the will; a Session Expiry Interval changes the
+    session's (not from 0 to more: MQTT-3.14.2-2)."""
+    props = p.properties
+    if props is not None and Q.SESSION_EXPIRY in props:
+        expiry = props[Q.SESSION_EXPIRY]
+        session = client.session
+        if session.expiry_interval == 0 and expiry:
+            raise ProtocolError("DISCONNECT sets a Session Expiry Interval after CONNECT set "
+                                "0", rule="MQTT-3.14.2-2", reason=PROTOCOL_ERROR)
+        client.broker.set_session_expiry(session, mqtt5.session_expiry_cap(
+            expiry, client.broker.limits.persistent_client_expiration))
+    connections_log.info("%s disconnected (reason %#04x)", client.describe(), p.reason_code)
+    client.close(will=p.reason_code == DISCONNECT_WITH_WILL)

@@ -14,9 +14,17 @@ from __future__ import annotations
 import logging
 
 from edgebroker.commitlog.errors import LogFullError
+from edgebroker.core import mqtt5
+from edgebroker.errors import (
+    NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
+    RECEIVE_MAXIMUM_EXCEEDED, RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError,
+)
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.decode import check_code_points
+from edgebroker.mqtt import properties as Q
+from edgebroker.mqtt.fields import check_code_points
 from edgebroker.mqtt.encode import encode_ack, encode_puback
+from edgebroker.mqtt.encode5 import encode_ack5
+from edgebroker.mqtt.properties import payload_utf8_error
 
 log = logging.getLogger("edgebroker.client")
 
@@ -24,7 +32,7 @@ log = logging.getLogger("edgebroker.client")
 _DENIALS_LOGGED = 16
 
 
-def on_publish(client, p: P.Publish) -> None:
+def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None = None) -> None:
     broker = client.broker
     qos = p.qos
     client.msgs_in += 1
@@ -33,6 +41,9 @@ def on_publish(client, p: P.Publish) -> None:
         # PUBACK: no coalescing delay for it (Broker.prompt).
         broker.prompt = True
     topic = p.topic
+    if p.retain and not broker.limits.retain_available:
+        raise ProtocolError("retained PUBLISH and retain_available is false",
+                            rule="retain_available", reason=RETAIN_NOT_SUPPORTED)
     if topic in broker.known_topics and client.acl is None:
         publish = broker.publish  # the common case: only admitted topics are known
     else:
@@ -41,11 +52,11 @@ def on_publish(client, p: P.Publish) -> None:
             return
     try:
         if qos == 0:
-            publish(topic, p.payload, 0, p.retain, client)
+            publish(topic, p.payload, 0, p.retain, client, properties, expiry)
             return
         pid = p.packet_id
         if qos == 1:
-            offset = publish(topic, p.payload, 1, p.retain, client)
+            offset = publish(topic, p.payload, 1, p.retain, client, properties, expiry)
             broker.acknowledge(client, offset, encode_puback(pid))
         else:
             # Exactly once: route on first receipt, ignore re-sends (DUP set) until PUBREL.
@@ -54,7 +65,7 @@ def on_publish(client, p: P.Publish) -> None:
             if pid not in awaiting or not p.dup:
                 if pid in awaiting:
                     _reused_id(client, pid)
-                offset = publish(topic, p.payload, 2, p.retain, client)
+                offset = publish(topic, p.payload, 2, p.retain, client, properties, expiry)
                 session = client.session
                 session.own_awaiting_release().add(pid)
                 if offset is not None and not session.clean and broker.exchanges is not None:
@@ -70,11 +81,102 @@ def on_publish(client, p: P.Publish) -> None:
 def on_publish_rated(client, p: P.Publish) -> None:
     """PUBLISH when messages_rate or bytes_rate is set: handled, then charged."""
     on_publish(client, p)
+    _charge(client, p)
+
+
+def _charge(client, p: P.Publish) -> None:
     if client.closed:
         return
     over = client.rate.charge(len(p.payload) + len(p.topic.encode()), client.last_seen)
     if over is not None:
         client.throttle(*over)  # this message went through; reading stops after it
+
+
+def on_publish5(client, p: P.Publish) -> None:
+    """A 5.0 PUBLISH: its Topic Alias resolved (or set), its properties checked and kept for
+    the subscribers; refusals answered with a reason code where QoS > 0 has one."""
+    limits = client.broker.limits
+    if p.qos > limits.max_qos:
+        raise ProtocolError(f"PUBLISH with QoS {p.qos}, above the Maximum QoS ({limits.max_qos})",
+                            rule="MQTT-3.2.2-11", reason=QOS_NOT_SUPPORTED)
+    if p.retain and not limits.retain_available:
+        raise ProtocolError("retained PUBLISH while Retain Available is 0",
+                            rule="MQTT-3.3.1-8", reason=RETAIN_NOT_SUPPORTED)
+    if (p.qos == 2 and len(client.session.awaiting_release) >= limits.receive_maximum
+            and p.packet_id not in client.session.awaiting_release):
+        raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
+                            f"({limits.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-9",
+                            reason=RECEIVE_MAXIMUM_EXCEEDED)
+    props = p.properties
+    if props is not None:
+        alias = props.get(Q.TOPIC_ALIAS)
+        if alias is not None:
+            p.topic = _alias(client, p.topic, alias)
+        if Q.SUBSCRIPTION_ID in props:
+            raise ProtocolError("PUBLISH from a client with a Subscription Identifier",
+                                rule="MQTT-3.3.4-6", reason=PROTOCOL_ERROR)
+        if props.get(Q.PAYLOAD_FORMAT) == 1:
+            problem = payload_utf8_error(p.payload)
+            if problem is not None:
+                return _refuse5(client, p, PAYLOAD_FORMAT_INVALID, "payload_format",
+                                problem + " (Payload Format Indicator 1)")
+    broker = client.broker
+    if p.topic not in broker.known_topics or client.acl is not None:
+        publish = _publisher(client, p)
+        if publish is None:
+            return
+        if publish is _drop_sys_publish or publish is _drop_denied_publish:  # counted, refused
+            publish(p.topic, p.payload, p.qos, p.retain, client)
+            if p.qos:
+                _answer5(client, p, NOT_AUTHORIZED, f"publish to {p.topic!r} not authorized")
+            return
+    properties, expiry = mqtt5.message_properties(props)
+    on_publish(client, p, properties, expiry)
+
+
+def on_publish5_rated(client, p: P.Publish) -> None:
+    on_publish5(client, p)
+    _charge(client, p)
+
+
+def _alias(client, topic: str, alias: int) -> str:
+    """The topic a 5.0 PUBLISH with Topic Alias ``alias`` goes to (setting the alias when it
+    names a topic)."""
+    maximum = client.broker.limits.max_topic_alias
+    if alias > maximum:
+        raise ProtocolError(f"PUBLISH with Topic Alias {alias}, above the Topic Alias Maximum "
+                            f"({maximum})", rule="MQTT-3.3.2-9", reason=TOPIC_ALIAS_INVALID)
+    conn = client.v5
+    if topic:
+        if conn.aliases is None:
+            conn.aliases = {}
+        conn.aliases[alias] = topic
+        return topic
+    known = conn.aliases.get(alias) if conn.aliases is not None else None
+    if known is None:
+        raise ProtocolError(f"PUBLISH with an empty topic name and Topic Alias {alias}, which "
+                            f"names no topic yet", rule="MQTT-3.3.4", reason=PROTOCOL_ERROR)
+    return known
+
+
+def _refuse5(client, p: P.Publish, reason: int, drop: str, why: str) -> None:
+    """A 5.0 PUBLISH refused: QoS 0 closes the connection with DISCONNECT ``reason`` (it has
+    no acknowledgement to say it in); QoS 1/2 get it in their PUBACK/PUBREC."""
+    broker = client.broker
+    broker.stats.publish_received += 1
+    broker.drop(drop, client.session)
+    if not p.qos:
+        raise ProtocolError(why, rule="MQTT-3.3.2.3.2", reason=reason)
+    client.warn_once(drop, "PUBLISH to %r refused (reason %#04x): %s", p.topic, reason, why)
+    _answer5(client, p, reason, why)
+
+
+def _answer5(client, p: P.Publish, reason: int, why: str) -> None:
+    """PUBACK or PUBREC with a refusing reason code (a refused QoS 2 exchange ends there)."""
+    kind = P.PUBACK if p.qos == 1 else P.PUBREC
+    frame = encode_ack5(kind, p.packet_id, reason, mqtt5.reason_string(client.v5, why))
+    client.broker.acknowledge(client, None, frame)
+    client.broker.stats.packets_sent += 1
 
 
 def _reused_id(client, pid: int) -> None:
@@ -118,7 +220,7 @@ def _publisher(client, p: P.Publish):
     return broker.publish
 
 
-def _drop_sys_publish(topic: str, payload: bytes, qos: int, retain: bool, client) -> None:
+def _drop_sys_publish(topic: str, payload: bytes, qos: int, retain: bool, client, *_) -> None:
     broker = client.broker
     broker.stats.publish_received += 1
     broker.drop("sys_topic", client.session)
@@ -126,7 +228,8 @@ def _drop_sys_publish(topic: str, payload: bytes, qos: int, retain: bool, client
                      "broker", topic)
 
 
-def _drop_denied_publish(topic: str, payload: bytes, qos: int, retain: bool, client) -> None:
+def _drop_denied_publish(topic: str, payload: bytes, qos: int, retain: bool, client,
+                         *_) -> None:
     broker = client.broker
     stats = broker.stats
     stats.publish_received += 1
@@ -155,6 +258,11 @@ def _refuse_publish(client, p: P.Publish, limit: str) -> None:
     if p.qos == 0:
         client.warn_once(limit, "publish to new topic %r refused: %s (%d); QoS 0 messages to "
                          "new topics are dropped", p.topic, limit, value)
+        return
+    if client.v5 is not None:
+        client.warn_once(limit, "publish to new topic %r refused: %s (%d); answered with "
+                         "reason 0x97 (quota exceeded)", p.topic, limit, value)
+        _answer5(client, p, QUOTA_EXCEEDED, f"new topic refused: {limit} ({value})")
         return
     log.warning("%s: publish to new topic %r refused: %s (%d); closing the connection "
                 "(QoS %d: MQTT 3.1.1 has no negative acknowledgement)", client.describe(),

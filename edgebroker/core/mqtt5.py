@@ -1,0 +1,146 @@
+"""What an MQTT 5.0 connection adds to a ``Client``: the limits its CONNECT set (the client's
+Receive Maximum, Maximum Packet Size, Topic Alias Maximum, Request Problem Information), its
+inbound topic aliases and Session Expiry Interval, and the broker's 5.0 answers: the
+CONNACK's properties, refusals with reason codes, and DISCONNECTs the server sends.
+
+A 3.1.1 connection has none of this (``Client.v5`` is None): its packets never reach the
+code here. docs/protocol.md ("MQTT 5.0") says what the broker does where the specification
+leaves a choice.
+"""
+
+from __future__ import annotations
+
+from edgebroker import errors as E
+from edgebroker.errors import ProtocolError
+from edgebroker.mqtt import properties as Q
+from edgebroker.mqtt.encode5 import encode_connack5, encode_disconnect5
+
+NEVER_EXPIRES = 0xFFFFFFFF
+
+# A 3.1.1 CONNACK refusal code -> the 5.0 reason code that says the same.
+CONNACK_REASONS = {
+    1: E.UNSUPPORTED_PROTOCOL_VERSION, 2: E.CLIENT_ID_NOT_VALID, 3: E.SERVER_UNAVAILABLE,
+    4: E.BAD_USERNAME_OR_PASSWORD, 5: E.NOT_AUTHORIZED,
+}
+# Limits that refuse a CONNECT (Sessions.admission) -> a more precise 5.0 reason code.
+ADMISSION_REASONS = {
+    "memory_limit": E.SERVER_BUSY, "max_connections": E.QUOTA_EXCEEDED,
+    "listener_max_connections": E.QUOTA_EXCEEDED, "max_sessions": E.QUOTA_EXCEEDED,
+}
+
+
+class Conn5:
+    """A 5.0 connection's own state (``Client.v5``)."""
+
+    __slots__ = ("receive_maximum", "max_packet_size", "topic_alias_maximum", "aliases",
+                 "problem_info", "session_expiry", "out_aliases", "auth_method", "auth",
+                 "auth_reply")
+
+    def __init__(self, props: dict | None):
+        props = props or {}
+        # What the client accepts: the broker sends no more than this (flow control, sizes).
+        self.receive_maximum = props.get(Q.RECEIVE_MAXIMUM, 65535)
+        self.max_packet_size = props.get(Q.MAXIMUM_PACKET_SIZE, 0)   # 0: the protocol's limit
+        self.topic_alias_maximum = props.get(Q.TOPIC_ALIAS_MAXIMUM, 0)
+        self.problem_info = props.get(Q.REQUEST_PROBLEM_INFO, 1) == 1
+        self.session_expiry = props.get(Q.SESSION_EXPIRY, 0)
+        self.aliases: dict[int, str] | None = None   # inbound: alias -> topic name
+        self.out_aliases: dict[bytes, int] | None = None  # outbound: topic -> alias
+        # Enhanced authentication (core/handlers/auth.py): the method the CONNECT named, the
+        # exchange running (at CONNECT or a re-authentication), the data for the CONNACK.
+        self.auth_method: str | None = None
+        self.auth = None
+        self.auth_reply: bytes | None = None
+
+
+def session_expiry(conn: Conn5, cap: float) -> int:
+    """The Session Expiry Interval the broker grants at CONNECT (``session_expiry_cap``)."""
+    return session_expiry_cap(conn.session_expiry, cap)
+
+
+def session_expiry_cap(wanted: int, cap: float) -> int:
+    """A Session Expiry Interval the client asked for, at most ``cap`` seconds
+    (persistent_client_expiration) when that is set."""
+    if cap and wanted and (wanted == NEVER_EXPIRES or wanted > cap):
+        return max(1, int(cap))
+    return wanted
+
+
+def connack_properties(broker, client, assigned_id: str | None, keepalive: int | None,
+                       expiry: int) -> dict:
+    """The properties of an accepting CONNACK: what differs from the protocol's defaults."""
+    limits = broker.limits
+    props: dict = {}
+    conn = client.v5
+    if expiry != conn.session_expiry:
+        props[Q.SESSION_EXPIRY] = expiry
+    if assigned_id is not None:
+        props[Q.ASSIGNED_CLIENT_ID] = assigned_id
+    if keepalive is not None:
+        props[Q.SERVER_KEEP_ALIVE] = keepalive
+    if limits.max_topic_alias:
+        props[Q.TOPIC_ALIAS_MAXIMUM] = limits.max_topic_alias
+    props[Q.MAXIMUM_PACKET_SIZE] = limits.max_packet_size
+    props[Q.SHARED_SUB_AVAILABLE] = 0
+    if limits.receive_maximum < 65535:
+        props[Q.RECEIVE_MAXIMUM] = limits.receive_maximum
+    if limits.max_qos < 2:
+        props[Q.MAXIMUM_QOS] = limits.max_qos
+    if not limits.retain_available:
+        props[Q.RETAIN_AVAILABLE] = 0
+    if conn.auth_method is not None:       # MQTT-4.12.0-5
+        props[Q.AUTH_METHOD] = conn.auth_method
+        if conn.auth_reply is not None:
+            props[Q.AUTH_DATA] = conn.auth_reply
+    return props
+
+
+# Properties of one hop or of the will only: never forwarded with a message.
+_NOT_FORWARDED = (Q.TOPIC_ALIAS, Q.SUBSCRIPTION_ID, Q.MESSAGE_EXPIRY, Q.WILL_DELAY)
+
+
+def message_properties(props: dict | None) -> tuple[bytes, int | None]:
+    """A PUBLISH's (or will's) properties as the broker keeps them: (the encoded properties
+    to forward, without Message Expiry Interval; that interval in seconds, or None)."""
+    if props is None:
+        return b"", None
+    interval = props.get(Q.MESSAGE_EXPIRY)
+    if any(k in props for k in _NOT_FORWARDED):
+        props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
+    return Q.encode_body(props), interval
+
+
+def stored_properties(stored: bytes, timestamp_ms: int, wall_ms: int,
+                      now: float) -> tuple[bytes, float]:
+    """A log record's properties (as docs/log-format.md stores them) -> (the encoded
+    properties to forward, the broker-clock time it expires at, 0 for never). ``wall_ms``
+    and ``now`` are the same moment on the wall clock and the broker's clock. Bytes that do
+    not decode are forwarded as none."""
+    try:
+        props = Q.decode_body(stored)
+    except ProtocolError:
+        return b"", 0.0
+    forward, interval = message_properties(props)
+    if interval is None:
+        return forward, 0.0
+    return forward, now + (timestamp_ms - wall_ms) / 1000 + interval
+
+
+def reason_string(conn: Conn5 | None, text: str, props: dict | None = None) -> dict | None:
+    """``props`` with a Reason String, when the client did not ask for no problem
+    information (only CONNACK, PUBLISH and DISCONNECT carry one regardless)."""
+    if conn is not None and not conn.problem_info:
+        return props
+    props = dict(props) if props else {}
+    props[Q.REASON_STRING] = text[:200]
+    return props
+
+
+def refusal_frame(reason: int, why: str) -> bytes:
+    """A refusing CONNACK (reason code >= 0x80) saying why."""
+    return encode_connack5(False, reason, {Q.REASON_STRING: why[:200]})
+
+
+def disconnect_frame(reason: int, why: str) -> bytes:
+    """A DISCONNECT the server sends before closing, saying why."""
+    return encode_disconnect5(reason, {Q.REASON_STRING: why[:200]} if why else None)

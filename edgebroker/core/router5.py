@@ -1,0 +1,139 @@
+"""Delivery to MQTT 5.0 subscribers: what their PUBLISH carries beyond 3.1.1's.
+
+A 5.0 subscriber's PUBLISH carries the message's properties as its publisher sent them (minus
+the hop's own: Topic Alias, Subscription Identifier), the Message Expiry Interval counted
+down to what is left, and the Subscription Identifiers of the subscriptions that match (the
+session's filters with one, matched when the message is written, so that a subscription
+changed meanwhile gives its current identifier). With ``outbound_topic_aliases``, the first
+topics a connection receives (up to its Topic Alias Maximum) get an alias each, and later
+messages to them carry the alias and an empty topic name. A message past its expiry is not sent
+(counted in ``message_expired``), nor one larger than the client's Maximum Packet Size
+(``packet_too_large``): both count as delivered for the window, as the specification says.
+
+At routing (``options5``), a session's 5.0 subscription options decide whether it gets the
+message at all (No Local: not its own messages, unless another of its matching subscriptions
+lacks the option) and the retain flag of a live message (Retain As Published).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgebroker.core.mqtt5 import stored_properties
+from edgebroker.core.session import Message
+from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.encode5 import encode_publish_head5
+from edgebroker.mqtt.properties import varint
+from edgebroker.mqtt.topics import topic_matches
+
+log = logging.getLogger("edgebroker.broker")
+
+_JOIN_LIMIT = 4096
+
+
+def options5(session, message: Message) -> tuple[int, bool]:
+    """(the highest QoS among the session's matching subscriptions that take the message,
+    -1 when none does; the retain flag to send a live message with)."""
+    return options5_for(session, message.topic, message.retain,
+                        message.client_id == session.client_id)
+
+
+def options5_for(session, topic: str, retain_flag: bool, own: bool) -> tuple[int, bool]:
+    """``options5`` for a message to ``topic`` with ``retain_flag``, published by the session
+    itself when ``own`` (a record read back from the log, too)."""
+    best = -1
+    retain = False
+    sub5 = session.sub5
+    for topic_filter, qos in session.subscriptions.items():
+        if not topic_matches(topic_filter, topic):
+            continue
+        options = sub5.get(topic_filter, (0, 0))[0]
+        if own and options & P.SUB_NO_LOCAL:
+            continue
+        if qos > best:
+            best = qos
+        if options & P.SUB_RETAIN_AS_PUBLISHED:
+            retain = retain_flag
+    return best, retain
+
+
+def subscription_ids(session, topic: str) -> bytes:
+    """The Subscription Identifier properties of the session's filters matching ``topic``."""
+    sub5 = session.sub5
+    if not sub5:
+        return b""
+    found = [b"\x0b" + varint(sid) for f, (_, sid) in sub5.items()
+             if sid and topic_matches(f, topic)]
+    return b"".join(found)
+
+
+class Router5:
+    """The 5.0 part of ``Broker``'s routing (a mixin over the broker's state)."""
+
+    def _write_publish5(self, client, ref, qos: int, retain: bool, dup: bool, pid) -> bool:
+        """Queue one PUBLISH for a 5.0 client; False when it is not sent (its record gone,
+        expired, too large for the client)."""
+        if type(ref) is Message:
+            topic_bytes, topic, payload = ref.topic_bytes, ref.topic, ref.payload
+            props, expires = ref.properties, ref.expires
+            size = len(payload)
+            where = None
+        else:
+            where = self._locate(client, ref.offset)
+            if where is None:
+                return False
+            topic_bytes = where.topic
+            topic = topic_bytes.decode("utf-8", "replace")
+            props, expires = (stored_properties(where.properties, where.timestamp_ms,
+                                                self.journal.wall_ms(), self.clock())
+                              if where.properties else (b"", 0.0))
+            size = where.payload_length
+        if expires:
+            left = expires - self.clock()
+            if left <= 0:
+                self.drop("message_expired", client.session)
+                return False
+            props += b"\x02" + int(-(-left // 1)).to_bytes(4, "big")
+        props += subscription_ids(client.session, topic)
+        conn = client.v5
+        alias = new_alias = 0
+        name = topic_bytes
+        if conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
+            aliases = conn.out_aliases
+            alias = aliases.get(topic_bytes, 0) if aliases is not None else 0
+            if alias:
+                name = b""           # the alias stands for the topic
+            elif aliases is None or len(aliases) < conn.topic_alias_maximum:
+                alias = new_alias = len(aliases) + 1 if aliases is not None else 1
+            if alias:
+                props += b"\x23" + alias.to_bytes(2, "big")
+        section = varint(len(props)) + props
+        head = encode_publish_head5(name, size, qos, retain, dup, pid, section)
+        if conn.max_packet_size and len(head) + size > conn.max_packet_size:
+            self.drop("packet_too_large", client.session)
+            client.warn_once("packet_too_large", "a PUBLISH of %d bytes is larger than its "
+                             "Maximum Packet Size (%d); not sent", len(head) + size,
+                             conn.max_packet_size)
+            return False
+        if new_alias:  # set only by a PUBLISH that goes out
+            if conn.out_aliases is None:
+                conn.out_aliases = {}
+            conn.out_aliases[topic_bytes] = new_alias
+        transport = client.transport
+        transport.count_publish()
+        if where is not None:
+            transport.write_file(head, where.fd, where.payload_position, size, ref.offset)
+        elif size <= _JOIN_LIMIT:
+            transport.write(head + payload)
+        else:
+            transport.write(head)
+            transport.write(payload)
+        self.stats.publish_sent += 1
+        return True
+
+    def _offer5(self, client, message: Message, retain: bool) -> bool | None:
+        """A QoS 0 message to a 5.0 client, refused (False) when max_pending_write_bytes are
+        waiting; None when it is not sent (expired, too large)."""
+        if client.transport.out_bytes >= client.transport.max_pending:
+            return False
+        return True if self._write_publish5(client, message, 0, retain, False, None) else None

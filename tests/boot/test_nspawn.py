@@ -1,0 +1,341 @@
+"""The Debian package in a booted Debian bookworm (make test-boot; docs/deploy.md): a copy of
+the cached root file system (packaging/boot-root.sh) booted with ``systemd-nspawn --boot``, its
+own systemd as PID 1. The tests run in order, as one gateway's life: install with
+``apt install ./edgebroker_*.deb``, the service active (running) once the broker's READY=1
+came, MQTT from this machine (the container shares its network: loopback, a free port set in
+/etc/edgebroker/edgebroker.toml), ``systemctl reload``, the watchdog restarting a stopped
+broker, an upgrade to the same package with a higher version, remove, purge.
+
+systemctl and apt run inside through ``nsenter`` into the container's namespaces. The
+container is started with ``--register=no --keep-unit``: this machine has no systemd of its
+own for systemd-nspawn to register with (without them it stops at "Failed to open system
+bus")."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from frozen.test_binary import wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BOOT_TIMEOUT = 90.0
+UNIT = "edgebroker.service"
+
+
+class Container:
+    """A booted copy of a root file system; ``run`` executes a command inside it."""
+
+    def __init__(self, root: Path, log: Path):
+        self.root = root
+        self.name = f"edgebroker-boot-{uuid.uuid4().hex[:8]}"
+        self.log = open(log, "wb")
+        self.logpath = log
+        self.proc = subprocess.Popen(
+            ["systemd-nspawn", "--boot", f"--directory={root}", f"--machine={self.name}",
+             "--register=no", "--keep-unit", "--console=pipe", "--link-journal=no"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        self.leader = wait_for(self._leader, "container PID 1 running systemd", BOOT_TIMEOUT)
+        # Its manager's socket, then the end of the boot.
+        wait_for(lambda: Path(f"/proc/{self.leader}/root/run/systemd/private").exists(),
+                 "systemd manager socket in the container", BOOT_TIMEOUT)
+        r = self.run("systemctl", "is-system-running", "--wait", check=False, timeout=BOOT_TIMEOUT)
+        assert r.stdout.strip() in ("running", "degraded"), self.diagnose(r)
+
+    def _leader(self) -> int | None:
+        assert self.proc.poll() is None, f"systemd-nspawn exited:\n{self.logpath.read_text()}"
+        try:
+            pid = int(Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+                      .split()[0])
+            return pid if os.readlink(f"/proc/{pid}/exe").endswith("/systemd") else None
+        except (FileNotFoundError, IndexError, ValueError):
+            return None
+
+    def run(self, *cmd: str, check: bool = True,
+            timeout: float = 60.0) -> subprocess.CompletedProcess:
+        r = subprocess.run(
+            ["nsenter", f"--target={self.leader}", "--all", "--",
+             "env", "-i", f"PATH={PATH}", "HOME=/root", "LANG=C.UTF-8",
+             "DEBIAN_FRONTEND=noninteractive", "SYSTEMD_PAGER=", *cmd],
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check:
+            assert r.returncode == 0, self.diagnose(r)
+        return r
+
+    def show(self, *props: str, unit: str = UNIT) -> dict[str, str]:
+        out = self.run("systemctl", "show", unit, *(f"--property={p}" for p in props)).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def journal(self) -> str:
+        return self.run("journalctl", "--unit", UNIT, "--no-pager", "--output=short-precise").stdout
+
+    def diagnose(self, r: subprocess.CompletedProcess) -> str:
+        status = subprocess.run(
+            ["nsenter", f"--target={self.leader}", "--all", "--", "systemctl", "status",
+             "--no-pager", UNIT], capture_output=True, text=True, timeout=30)
+        return (f"{r.args}: exit {r.returncode}\n{r.stdout}\n{r.stderr}\n"
+                f"--- systemctl status {UNIT}\n{status.stdout}{status.stderr}")
+
+    def stop(self) -> None:
+        """Power off (nspawn turns SIGTERM into an orderly shutdown), SIGKILL after 60 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        # What nspawn cannot remove itself here ("Attempted to remove disk file system under
+        # /run/systemd/nspawn/propagate/...": /run of this machine is no tmpfs).
+        shutil.rmtree(f"/run/systemd/nspawn/propagate/{self.name}", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def package() -> Path:
+    given = os.environ.get("EDGEBROKER_DEB")
+    assert given, "EDGEBROKER_DEB names the package to install (make test-boot sets it)"
+    path = Path(given).resolve()
+    assert path.is_file(), f"EDGEBROKER_DEB={given}: no such file"
+    return path
+
+
+@pytest.fixture(scope="module")
+def upgrade_package(package, tmp_path_factory) -> tuple[Path, str]:
+    """The same package with a higher version: its control file's Version + "+boot1"."""
+    work = tmp_path_factory.mktemp("upgrade")
+    subprocess.run(["dpkg-deb", "--raw-extract", str(package), str(work / "root")], check=True,
+                   timeout=120)
+    control = work / "root" / "DEBIAN" / "control"
+    text = control.read_text()
+    version = re.search(r"(?m)^Version: (\S+)$", text)[1] + "+boot1"
+    control.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {version}", text))
+    out = work / f"edgebroker_{version}.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build",
+                    str(work / "root"), str(out)], check=True, capture_output=True, timeout=300)
+    return out, version
+
+
+@pytest.fixture(scope="module")
+def units(package) -> list[str]:
+    """The package's systemd units: the service, and the socket when systemd/ had one."""
+    listing = subprocess.run(["dpkg-deb", "--contents", str(package)], capture_output=True,
+                             text=True, check=True, timeout=60).stdout
+    return re.findall(r"lib/systemd/system/(edgebroker\.\w+)$", listing, flags=re.M)
+
+
+@pytest.fixture(scope="module")
+def port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory, port, package, units):
+    root_fs = subprocess.run([str(REPO / "packaging" / "boot-root.sh")], capture_output=True,
+                             text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert root_fs.returncode == 0, root_fs.stderr
+    work = tmp_path_factory.mktemp("boot")
+    root = work / "root"
+    root.mkdir()
+    # The cached tree stays as it is: an overlay takes the container's writes (about 10 MB);
+    # where the kernel refuses one, a copy (200 MB, some 10 s each way).
+    (work / "upper").mkdir()
+    (work / "overlay-work").mkdir()
+    overlay = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={root_fs.stdout.strip()},"
+         f"upperdir={work / 'upper'},workdir={work / 'overlay-work'}", str(root)],
+        capture_output=True, text=True, timeout=60).returncode == 0
+    if not overlay:
+        subprocess.run(["cp", "-a", "--reflink=auto", f"{root_fs.stdout.strip()}/.", str(root)],
+                       check=True, timeout=300)
+    # The configuration as an administrator would have provisioned it before the install: the
+    # commented default with a free port of this machine (the container shares its network).
+    config = (REPO / "systemd" / "edgebroker.toml").read_text()
+    ours = re.sub(r"(?m)^port = 1883$", f"port = {port}", config, count=1)
+    assert ours != config
+    (root / "etc" / "edgebroker").mkdir()
+    (root / "etc" / "edgebroker" / "edgebroker.toml").write_text(ours)
+    if "edgebroker.socket" in units:
+        # The socket's address must be the listener's (systemd/edgebroker.socket): a drop-in,
+        # as an administrator would change it.
+        dropin = root / "etc/systemd/system/edgebroker.socket.d"
+        dropin.mkdir(parents=True)
+        (dropin / "port.conf").write_text(
+            f"[Socket]\nListenStream=\nListenStream=127.0.0.1:{port}\n")
+    shutil.copy(package, root / "root" / package.name)
+    c = Container(root, work / "console.log")
+    try:
+        yield c
+    finally:
+        c.stop()
+        if overlay:
+            subprocess.run(["umount", str(root)], check=True, timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def connect_refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+
+
+def round_trip(mosq, port: int, topic: str, message: str) -> None:
+    """A QoS 1 PUBLISH from mosquitto_pub reaches a mosquitto_sub subscribed at QoS 1."""
+    sub = mosq("sub", port, "-d", "-t", topic, "-q", "1", "-v", "-C", "1", "-W", "20")
+    sub.wait_line(lambda ln: "received SUBACK" in ln)
+    pub = mosq("pub", port, "-t", topic, "-m", message, "-q", "1")
+    assert pub.wait() == 0, pub.out.text()
+    assert sub.wait(25) == 0, sub.out.text()
+    assert f"{topic} {message}" in sub.lines, sub.out.text()
+
+
+def test_install_starts_the_service_on_readiness(container, package, units, port, mosq):
+    config = container.root / "etc/edgebroker/edgebroker.toml"
+    provisioned = config.read_text()
+    # The documented command; the provisioned configuration is kept (--force-confold: dpkg
+    # would otherwise ask whether to replace it).
+    r = container.run("apt", "install", "-y", "-q", "-o", "Dpkg::Options::=--force-confold",
+                      f"/root/{package.name}", timeout=180)
+    assert "Setting up edgebroker" in r.stdout, r.stdout
+    assert config.read_text() == provisioned
+    conffiles = container.run("dpkg-query", "--showformat=${Conffiles}", "--show",
+                              "edgebroker").stdout
+    assert "/etc/edgebroker/edgebroker.toml" in conffiles
+
+    for unit in units:
+        assert container.run("systemctl", "is-enabled", unit).stdout.strip() == "enabled", unit
+        assert container.run("systemctl", "is-active", unit).stdout.strip() == "active", unit
+    s = container.show("Type", "ActiveState", "SubState", "StatusText", "FragmentPath", "MainPID")
+    # Type=notify: "active (running)" only once READY=1 arrived (the broker sends it when its
+    # listeners accept), with the broker's STATUS= line.
+    assert (s["Type"], s["ActiveState"], s["SubState"]) == ("notify", "active", "running"), s
+    assert s["FragmentPath"] == "/lib/systemd/system/edgebroker.service"
+    assert s["StatusText"], s
+    journal = container.journal()
+    listening = re.search(rf"listening on 127\.0\.0\.1:{port}\b.*", journal)
+    assert listening, journal
+    if "edgebroker.socket" in units:
+        assert "socket from systemd" in listening[0], listening[0]
+    assert "configuration /etc/edgebroker/edgebroker.toml" in journal, journal
+    assert "Started edgebroker.service" in journal, journal
+    exe = container.run("readlink", f"/proc/{s['MainPID']}/exe").stdout.strip()
+    assert exe == "/usr/bin/edgebroker"
+
+    round_trip(mosq, port, "boot/install", "hello from the host")
+    # Retained, for the upgrade to keep.
+    pub = mosq("pub", port, "-t", "boot/retained", "-m", "kept across the upgrade", "-q", "1", "-r")
+    assert pub.wait() == 0, pub.out.text()
+
+
+def test_reload_rereads_the_configuration(container, port, mosq):
+    before = container.show("MainPID", "NRestarts")
+    line = "configuration reloaded from /etc/edgebroker/edgebroker.toml"
+    reloaded = container.journal().count(line)
+    container.run("systemctl", "reload", UNIT)
+    wait_for(lambda: container.journal().count(line) == reloaded + 1, "the reload's log line", 30)
+    after = container.show("MainPID", "NRestarts", "ActiveState", "SubState")
+    assert after["MainPID"] == before["MainPID"] and after["NRestarts"] == before["NRestarts"]
+    assert (after["ActiveState"], after["SubState"]) == ("active", "running"), after
+    round_trip(mosq, port, "boot/reload", "after reload")
+
+
+def test_watchdog_restarts_a_stopped_broker(container, port, mosq):
+    """The core loop's WATCHDOG=1 pings stop when the broker process (the bootloader's child:
+    the bootloader itself only waits) is SIGSTOPped; after WatchdogSec systemd kills the
+    service and Restart=on-failure starts it again."""
+    s = container.show("MainPID", "NRestarts", "WatchdogUSec")
+    # The unit's own value, not shortened for the test.
+    watchdog = re.search(r"(?m)^WatchdogSec=(\d+)s$", (REPO / "systemd" / UNIT).read_text())[1]
+    assert s["WatchdogUSec"] == f"{watchdog}s", s
+    main = s["MainPID"]
+    broker = container.run("cat", f"/proc/{main}/task/{main}/children").stdout.split()
+    assert len(broker) == 1, broker
+    t0 = time.monotonic()
+    container.run("kill", "-STOP", broker[0])
+    restarted = wait_for(lambda: (lambda a: a if a["NRestarts"] == str(int(s["NRestarts"]) + 1)
+                                  and (a["ActiveState"], a["SubState"]) == ("active", "running")
+                                  else None)(container.show("NRestarts", "ActiveState", "SubState",
+                                                            "MainPID", "Result")),
+                         "restart by the watchdog", int(watchdog) + 60)
+    elapsed = time.monotonic() - t0
+    assert restarted["MainPID"] != main, restarted
+    journal = container.journal()
+    assert f"Watchdog timeout (limit {watchdog}s)!" in journal, journal
+    assert "Failed with result 'watchdog'" in journal, journal
+    # Not before the watchdog's time: the pings did keep it alive until the stop.
+    assert elapsed >= int(watchdog) * 0.75, elapsed
+    round_trip(mosq, port, "boot/watchdog", "after the watchdog restart")
+
+
+def records(container) -> int:
+    out = container.run("edgebroker", "inspect", "segments", "--data-dir", "/var/lib/edgebroker",
+                        "--format", "json").stdout
+    return sum(s["records"] for s in json.loads(out))
+
+
+def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_package, units,
+                                                             port, mosq):
+    package, version = upgrade_package
+    config = container.root / "etc/edgebroker/edgebroker.toml"
+    provisioned = config.read_text()
+    # The four messages published so far: install, retained, reload, watchdog.
+    logged = records(container)
+    assert logged == 4, logged
+    before = container.show("MainPID", "InvocationID")
+    socket_units = [u for u in units if u.endswith(".socket")]
+    sockets = [container.show("InvocationID", unit=u) for u in socket_units]
+    shutil.copy(package, container.root / "root" / package.name)
+    container.run("apt", "install", "-y", "-q", f"/root/{package.name}", timeout=180)
+    assert container.run("dpkg-query", "--showformat=${Version}", "--show",
+                         "edgebroker").stdout == version
+    after = container.show("MainPID", "InvocationID", "ActiveState", "SubState")
+    assert (after["ActiveState"], after["SubState"]) == ("active", "running"), after
+    # Restarted: a new invocation, running the new file (not the replaced one, "(deleted)").
+    assert after["InvocationID"] != before["InvocationID"] and after["MainPID"] != before["MainPID"]
+    # The socket unit (when packaged) listened throughout: the same invocation.
+    assert [container.show("InvocationID", unit=u) for u in socket_units] == sockets
+    exe = container.run("readlink", f"/proc/{after['MainPID']}/exe").stdout.strip()
+    assert exe == "/usr/bin/edgebroker"
+    assert config.read_text() == provisioned
+    assert records(container) == logged
+    sub = mosq("sub", port, "-t", "boot/retained", "-q", "1", "-v", "-C", "1", "-W", "20")
+    assert sub.wait(25) == 0, sub.out.text()
+    assert "boot/retained kept across the upgrade" in sub.lines, sub.out.text()
+
+
+def test_remove_stops_and_keeps_state_purge_removes_it(container, port, units):
+    state = container.root / "var/lib/private/edgebroker"
+    assert (state / "log").is_dir()
+    container.run("apt-get", "remove", "-y", "-q", "edgebroker", timeout=120)
+    assert container.run("systemctl", "is-active", UNIT, check=False).stdout.strip() == "inactive"
+    assert connect_refused(port)
+    assert not (container.root / "usr/bin/edgebroker").exists()
+    assert (state / "log").is_dir() and (container.root / "etc/edgebroker/edgebroker.toml").exists()
+    # Masked while their files are gone; still enabled, for a reinstall.
+    etc = container.root / "etc/systemd/system"
+    for unit in units:
+        assert os.readlink(etc / unit) == "/dev/null", unit
+    assert os.path.lexists(etc / "multi-user.target.wants" / UNIT)
+
+    container.run("apt-get", "purge", "-y", "-q", "edgebroker", timeout=120)
+    assert not state.exists() and not os.path.lexists(container.root / "var/lib/edgebroker")
+    assert not (container.root / "etc/edgebroker/edgebroker.toml").exists()
+    # No enablement link nor mask left (the drop-in directory is the administrator's).
+    assert [str(p) for p in etc.rglob("edgebroker.*") if p.is_symlink()] == []

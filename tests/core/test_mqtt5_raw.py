@@ -1,0 +1,266 @@
+"""MQTT 5.0 against a real broker, from the independent raw-socket client (tests/mqttraw5.py):
+Receive Maximum, Message Expiry while queued, the client's Maximum Packet Size, Will Delay
+Interval, Subscription Identifier in a client's PUBLISH."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import mqttraw5 as R
+from conftest import _open_clients
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def raw5(b, client_id, **kw) -> R.RawClient5:
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    connack = c.connect(client_id, **kw)
+    assert connack.reason == 0, connack
+    return c
+
+
+def quiet(c, wait: float = 0.0) -> bool:
+    """Nothing arrived for ``c`` after ``wait`` s (time for a deadline to pass), up to the
+    answer to a PINGREQ sent then."""
+    time.sleep(wait)
+    return c.ping() == []
+
+
+def publishes(c, n, timeout=5.0) -> list:
+    return [c.wait_for(lambda p: p.type == R.PUBLISH, timeout) for _ in range(n)]
+
+
+def test_receive_maximum_bounds_the_messages_in_flight(srv, uid):
+    sub = raw5(srv, f"{uid}-s", props={R.RECEIVE_MAXIMUM: 2})
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = raw5(srv, f"{uid}-p")
+    for i in range(5):
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    first = publishes(sub, 2)
+    assert [p.payload for p in first] == [b"0", b"1"]
+    assert quiet(sub)                       # the third waits for an acknowledgement
+    sub.ack(first[0])
+    (third,) = publishes(sub, 1)
+    assert third.payload == b"2"
+    for p in [first[1], third]:
+        sub.ack(p)
+    assert [p.payload for p in publishes(sub, 2)] == [b"3", b"4"]
+
+
+def test_message_expiry_while_queued(srv, uid):
+    sub = raw5(srv, f"{uid}-s", props={R.RECEIVE_MAXIMUM: 1})
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = raw5(srv, f"{uid}-p")
+    pub.publish(f"{uid}/t", b"first", qos=1)
+    pub.publish(f"{uid}/t", b"short", qos=1, props={R.MESSAGE_EXPIRY: 1})
+    pub.publish(f"{uid}/t", b"long", qos=1, props={R.MESSAGE_EXPIRY: 600})
+    (first,) = publishes(sub, 1)
+    before = srv.stats()["dropped"]["message_expired"]
+    # The queued ones wait behind the unacknowledged first until "short" has expired.
+    assert quiet(sub, 1.2)
+    sub.ack(first)
+    (nxt,) = publishes(sub, 1)
+    assert nxt.payload == b"long"
+    assert 598 <= nxt.properties[R.MESSAGE_EXPIRY] <= 600
+    assert srv.stats()["dropped"]["message_expired"] == before + 1
+
+
+def test_a_message_larger_than_the_clients_maximum_packet_size_is_not_sent(srv, uid):
+    sub = raw5(srv, f"{uid}-s", props={R.MAXIMUM_PACKET_SIZE: 100})
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = raw5(srv, f"{uid}-p")
+    pub.publish(f"{uid}/t", b"x" * 200, qos=1)
+    pub.publish(f"{uid}/t", b"small", qos=1)
+    (p,) = publishes(sub, 1)
+    assert p.payload == b"small"
+    assert srv.stats()["dropped"]["packet_too_large"] >= 1
+
+
+def test_will_delay_interval(srv, uid):
+    watcher = raw5(srv, f"{uid}-w")
+    watcher.subscribe(f"{uid}/will", qos=1)
+    will = (f"{uid}/will", b"gone", 1, False, {R.WILL_DELAY: 1})
+    expiry = {R.SESSION_EXPIRY: 60}
+    # Back within the delay: no will.
+    c = raw5(srv, f"{uid}-c", props=expiry, will=will)
+    c.close()                                    # no DISCONNECT: the will is due
+    back = raw5(srv, f"{uid}-c", clean_start=False, props=expiry, will=will)
+    assert quiet(watcher, 1.5)
+    # Not back: published after the delay.
+    back.close()
+    mark = srv.mark()
+    (p,) = publishes(watcher, 1, timeout=5)
+    assert p.payload == b"gone"
+    assert srv.wait_log(lambda line: "publishing will of" in line, start=mark)
+
+
+def test_will_delay_ends_with_the_session(srv, uid):
+    """A session ending before the delay (here: Session Expiry Interval 0) sends the will."""
+    watcher = raw5(srv, f"{uid}-w")
+    watcher.subscribe(f"{uid}/will", qos=1)
+    c = raw5(srv, f"{uid}-c", will=(f"{uid}/will", b"now", 1, False, {R.WILL_DELAY: 300}))
+    c.close()
+    (p,) = publishes(watcher, 1, timeout=5)
+    assert p.payload == b"now"
+
+
+def test_subscription_identifier_in_a_clients_publish_is_a_protocol_error(srv, uid):
+    c = raw5(srv, f"{uid}-c")
+    c.send(R.publish5(f"{uid}/t", b"x", 0, props={R.SUBSCRIPTION_ID: 5}))
+    d = c.expect_disconnect()
+    assert d.reason == 0x82
+    assert "MQTT-3.3.4-6" in d.properties[R.REASON_STRING]
+
+
+def test_max_qos_and_retain_available(broker, uid):
+    b = broker(limits={"max_qos": 1, "retain_available": False})
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    connack = c.connect(f"{uid}-c")
+    assert connack.properties[R.MAXIMUM_QOS] == 1
+    assert connack.properties[R.RETAIN_AVAILABLE] == 0
+    assert c.subscribe(f"{uid}/t", qos=2).codes == [1]     # granted at most max_qos
+    c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=3))
+    assert c.expect_disconnect().reason == 0x9B
+    r = R.RawClient5(b.host, b.port)
+    _open_clients.append(r)
+    r.connect(f"{uid}-r")
+    r.send(R.publish5(f"{uid}/t", b"x", 0, retain=True))
+    assert r.expect_disconnect().reason == 0x9A
+    w = R.RawClient5(b.host, b.port)
+    _open_clients.append(w)
+    assert w.connect(f"{uid}-w", will=(f"{uid}/w", b"x", 2)).reason == 0x9B
+    old = b.raw()
+    old.send(R.mqttraw.connect(f"{uid}-old"))
+    old.expect(R.CONNACK)
+    old.send(R.mqttraw.publish(f"{uid}/t", b"x", 0, retain=True))
+    assert old.expect_closed()
+
+
+def test_the_brokers_receive_maximum(broker, uid):
+    b = broker(limits={"receive_maximum": 2})
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    assert c.connect(f"{uid}-c").properties[R.RECEIVE_MAXIMUM] == 2
+    for pid in (1, 2):                      # two QoS 2 exchanges left awaiting PUBREL
+        c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=pid))
+        c.wait_for(lambda p, pid=pid: p.type == R.PUBREC and p.packet_id == pid)
+    c.send(R.pubrel5(1))                    # one ends: room for one more
+    c.wait_for(lambda p: p.type == R.PUBCOMP)
+    c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=3))
+    c.wait_for(lambda p: p.type == R.PUBREC and p.packet_id == 3)
+    c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=4))
+    assert c.expect_disconnect().reason == 0x93
+
+
+def test_outbound_topic_aliases(broker, uid):
+    b = broker(limits={"outbound_topic_aliases": True})
+    sub = R.RawClient5(b.host, b.port)
+    _open_clients.append(sub)
+    sub.connect(f"{uid}-s", props={R.TOPIC_ALIAS_MAXIMUM: 2})
+    sub.subscribe(f"{uid}/#", qos=0)
+    plain = R.RawClient5(b.host, b.port)        # announces no Topic Alias Maximum: no aliases
+    _open_clients.append(plain)
+    plain.connect(f"{uid}-plain")
+    plain.subscribe(f"{uid}/#", qos=0)
+    pub = raw5(b, f"{uid}-p")
+    topics = [f"{uid}/a", f"{uid}/b", f"{uid}/c", f"{uid}/a", f"{uid}/b", f"{uid}/c"]
+    for t in topics:
+        pub.publish(t, b"x", qos=1)
+    got = publishes(sub, 6)
+    seen = [(p.topic, p.properties.get(R.TOPIC_ALIAS)) for p in got]
+    assert seen == [(f"{uid}/a", 1), (f"{uid}/b", 2), (f"{uid}/c", None),
+                    ("", 1), ("", 2), (f"{uid}/c", None)]
+    assert [p.topic for p in publishes(plain, 6)] == topics
+
+
+def test_an_offline_session_reads_properties_and_expiry_back_from_the_log(srv, uid):
+    expiry = {R.SESSION_EXPIRY: 300}
+    sub = raw5(srv, f"{uid}-s", props=expiry)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    pub = raw5(srv, f"{uid}-p")
+    pub.publish(f"{uid}/t", b"gone soon", qos=1, props={R.MESSAGE_EXPIRY: 1})
+    pub.publish(f"{uid}/t", b"x" * 5000, qos=1, props=[
+        (R.USER_PROPERTY, ("k", "1")), (R.MESSAGE_EXPIRY, 600), (R.USER_PROPERTY, ("k", "2")),
+        (R.CONTENT_TYPE, "text/plain")])
+    pub.publish(f"{uid}/t", b"small", qos=1, props={R.USER_PROPERTY: ("size", "small")})
+    time.sleep(1.2)                      # the first one's expiry passes while it is offline
+    back = raw5(srv, f"{uid}-s", clean_start=False, props=expiry)
+    p, small = publishes(back, 2)
+    assert small.payload == b"small" and small.properties[R.USER_PROPERTY] == [("size", "small")]
+    back.ack(small)
+    assert p.payload == b"x" * 5000
+    assert p.properties[R.USER_PROPERTY] == [("k", "1"), ("k", "2")]
+    assert p.properties[R.CONTENT_TYPE] == "text/plain"
+    assert 598 <= p.properties[R.MESSAGE_EXPIRY] <= 600
+    back.ack(p)
+    assert quiet(back)
+
+
+def test_a_retained_message_keeps_its_properties_and_expiry_across_a_restart(broker, uid):
+    b = broker()
+    pub = raw5(b, f"{uid}-p")
+    pub.publish(f"{uid}/r", b"kept", qos=1, retain=True,
+                props=[(R.CONTENT_TYPE, "text/plain"), (R.USER_PROPERTY, ("a", "1")),
+                       (R.MESSAGE_EXPIRY, 600)])
+    pub.publish(f"{uid}/gone", b"short", qos=1, retain=True, props={R.MESSAGE_EXPIRY: 1})
+    pub.disconnect()
+    b.stop()
+    time.sleep(1.1)                      # the second one's expiry passes while it is down
+    b2 = broker(data_dir=str(b.workdir / "data"))
+    sub = raw5(b2, f"{uid}-s")
+    sub.subscribe(f"{uid}/#", qos=1)
+    (p,) = publishes(sub, 1)
+    assert (p.topic, p.payload, p.retain) == (f"{uid}/r", b"kept", True)
+    assert p.properties[R.CONTENT_TYPE] == "text/plain"
+    assert p.properties[R.USER_PROPERTY] == [("a", "1")]
+    assert 590 <= p.properties[R.MESSAGE_EXPIRY] <= 600
+    sub.ack(p)
+    assert quiet(sub)
+    old = b2.raw()                       # a 3.1.1 subscriber: the expired one is gone for it too
+    old.send(R.mqttraw.connect(f"{uid}-old"))
+    old.expect(R.CONNACK)
+    old.send(R.mqttraw.subscribe(1, [(f"{uid}/#", 1)]))
+    old.expect(R.SUBACK)
+    got = old.wait_for(lambda q: q.type == R.PUBLISH)
+    assert got.topic == f"{uid}/r" and old.ping() == []
+
+
+def test_no_local_holds_for_a_session_reading_back_from_the_log(srv, uid):
+    """Behind (its window of 1 full, its queue past its bound: it reads the log from a
+    cursor), a session publishes on its own No Local subscription: that record is skipped
+    when it catches up; another client's on the same topic is not."""
+    c = raw5(srv, f"{uid}-c", props={R.RECEIVE_MAXIMUM: 1})
+    c.subscribe((f"{uid}/own", R.NO_LOCAL | 1), (f"{uid}/other", 1))
+    other = raw5(srv, f"{uid}-o")
+    n = 300
+    for i in range(n):
+        other.send(R.publish5(f"{uid}/other", b"%d" % i, 1, packet_id=i % 60000 + 1))
+    c.publish(f"{uid}/own", b"mine", qos=1)
+    other.publish(f"{uid}/own", b"theirs", qos=1)
+    assert srv.client_row(f"{uid}-c")["cursor"] is not None     # behind: reading the log
+    got = []
+    for _ in range(n + 1):
+        (p,) = publishes(c, 1)
+        got.append(p.payload)
+        c.ack(p)
+    assert got[-1] == b"theirs" and b"mine" not in got
+    assert got[:n] == [b"%d" % i for i in range(n)]
+    assert quiet(c)
+
+
+def test_retain_as_published_holds_for_messages_read_back_from_the_log(srv, uid):
+    expiry = {R.SESSION_EXPIRY: 300}
+    c = raw5(srv, f"{uid}-c", props=expiry)
+    c.subscribe((f"{uid}/rap", R.RETAIN_AS_PUBLISHED | 1), (f"{uid}/plain", 1))
+    c.disconnect()
+    other = raw5(srv, f"{uid}-o")
+    other.publish(f"{uid}/rap", b"kept", qos=1, retain=True)
+    other.publish(f"{uid}/plain", b"kept too", qos=1, retain=True)
+    back = raw5(srv, f"{uid}-c", clean_start=False, props=expiry)
+    got = publishes(back, 2)
+    assert [(p.topic, p.retain) for p in got] == [(f"{uid}/rap", True), (f"{uid}/plain", False)]
