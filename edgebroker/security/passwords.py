@@ -32,7 +32,9 @@ import os
 import stat
 
 from edgebroker.errors import ConfigError
-from edgebroker.security import scram
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # security.scram: imported by a file with SCRAM keys (load)
+    from edgebroker.security import scram
 
 SCRYPT_PREFIX = "$scrypt$"
 PBKDF2_PREFIX = "$7$"
@@ -267,6 +269,7 @@ class PasswordFile:
                 raise ConfigError(f"{where}: user {username!r}: {exc}{hint}") from None
             raw[username] = stored
             if sep:
+                from edgebroker.security import scram
                 field = field.strip()
                 try:
                     keys[username] = (field, scram.parse_keys(field))

@@ -24,6 +24,9 @@ NEVER_PLAIN = {
     "edgebroker.cli.passwd", "edgebroker.cli.config_check", "getpass",
     "typing", "tomllib",                           # no config file: no TOML parser
     "tempfile", "shutil", "random", "bz2", "lzma", "uuid", "platform", "ipaddress", "base64",
+    "difflib",                                     # a config key's "did you mean"
+    "edgebroker.security.scram", "secrets",        # SCRAM exchanges, password files
+    "stringprep", "unicodedata",
     "subprocess", "multiprocessing", "ctypes", "pickle", "zipfile",
     "dataclasses", "inspect", "ast", "dis",       # edgebroker.records instead
 }
