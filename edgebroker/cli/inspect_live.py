@@ -214,7 +214,7 @@ def upload_line(fig: dict | None) -> str:
 # ----- clients -----------------------------------------------------------------------------
 
 COLUMNS = (  # header, width, row key, format
-    ("CLIENT ID", 24, "id", "s"), ("PEER", 21, "peer", "s"), ("MQTT", 4, "protocol", "s"),
+    ("CLIENT ID", 24, "id", "s"), ("PEER", 21, "peer", "s"), ("MQTT", 5, "protocol", "s"),
     ("IN/s", 9, "msgs_in_rate", ".1f"), ("OUT/s", 9, "msgs_out_rate", ".1f"),
     ("IN B/s", 10, "bytes_in_rate", ".0f"), ("OUT B/s", 10, "bytes_out_rate", ".0f"),
     ("IN", 9, "msgs_in", "d"), ("OUT", 9, "msgs_out", "d"), ("DROPPED", 8, "dropped", "d"),

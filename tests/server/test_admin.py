@@ -76,9 +76,10 @@ def test_inspect_clients_sorted_limited_and_watched(broker, uid):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "2 clients connected; sorted by msgs_in"
-    assert lines[1].split()[:3] == ["CLIENT", "ID", "PEER"]
+    assert lines[1].split()[:4] == ["CLIENT", "ID", "PEER", "MQTT"]
     assert len(lines) == 3 and lines[2].startswith(f"{uid}-busy")
-    assert lines[2].split()[6:8] == ["50", "0"]  # IN, OUT
+    assert lines[2].split()[2] == "3.1.1"
+    assert lines[2].split()[7:9] == ["50", "0"]  # IN, OUT
     r = run_cli("inspect", "clients", "--data-dir", data, "--sort", "id", "--json")
     rows = json.loads(r.stdout)["clients"]
     assert [row["id"] for row in rows] == [f"{uid}-busy", f"{uid}-calm"]

@@ -154,6 +154,7 @@ def accept(client, p: P.Connect) -> None:
     conn = client.v5
     if conn is None:
         session, present = broker.attach(client, client_id, p.clean_session)
+        session.expiry_interval = None  # (a 5.0 client's before): persistent_client_expiration
     else:
         expiry = mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration)
         session, present = broker.attach(client, client_id, expiry == 0, p.clean_session)
