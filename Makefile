@@ -93,8 +93,10 @@ $(VENV)/.installed-dist: $(VENV)/.installed
 
 dist: dist/edgebroker
 
+# PYTHONNODEBUGRANGES=1: the modules are compiled without the column positions of tracebacks'
+# ^^^ markers (smaller code objects: the binary's memory and size, docs/deploy.md).
 dist/edgebroker: $(DIST_SOURCES) $(VENV)/.installed $(VENV)/.installed-dist
-	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN --distpath dist \
+	PYTHONNODEBUGRANGES=1 $(BIN)/pyinstaller --noconfirm --clean --log-level WARN --distpath dist \
 	  --workpath build/pyinstaller packaging/edgebroker.spec
 	./dist/edgebroker --version | grep -q 'native backend: c' || \
 	  { ./dist/edgebroker --version; echo "dist/edgebroker does not run the C helper"; exit 1; }

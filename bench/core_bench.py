@@ -26,7 +26,6 @@ got with one read's worth of PUBACKs. The figure is the CPU time per message of 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import importlib.util
 import os
@@ -50,7 +49,7 @@ def fake_transport_class():
 
 
 def run(devices: int, rounds: int, state_dir: str) -> float:
-    from edgebroker import config as configuration
+    from edgebroker import config as configuration, records
     from edgebroker.commitlog.format import LogOptions
     from edgebroker.commitlog.log import CommitLog
     from edgebroker.core.broker import Broker
@@ -58,7 +57,7 @@ def run(devices: int, rounds: int, state_dir: str) -> float:
     from edgebroker.mqtt.packets import Connect, Puback, Publish, Subscribe
 
     cfg = configuration.Config()
-    cfg = dataclasses.replace(cfg, limits=dataclasses.replace(
+    cfg = records.replace(cfg, limits=records.replace(
         cfg.limits, max_connections=devices + 10))
     log = CommitLog.open(os.path.join(state_dir, "log"), LogOptions())
     broker = Broker(cfg, time.monotonic, commit_log=log,

@@ -808,3 +808,12 @@ int eb_keep_freed_memory(int64_t trim_threshold, int64_t mmap_threshold) {
     return ENOSYS;
 #endif
 }
+
+int eb_release_freed_memory(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+    return 0;
+#else
+    return ENOSYS;
+#endif
+}

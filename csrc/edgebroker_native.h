@@ -148,3 +148,6 @@ int eb_fallocate_keep_size(int fd, int64_t length);
  * back to the kernel, and take allocations below mmap_threshold from the heap. 0, EINVAL when
  * a value is refused, ENOSYS without glibc. */
 int eb_keep_freed_memory(int64_t trim_threshold, int64_t mmap_threshold);
+/* glibc malloc: give the kernel back every whole page of freed heap, whatever the trim
+ * threshold (malloc_trim(0)), once, as after start-up. 0, ENOSYS without glibc. */
+int eb_release_freed_memory(void);

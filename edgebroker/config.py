@@ -9,20 +9,20 @@ Mosquitto's where Mosquitto has the setting. docs/config.md lists them all.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import ipaddress
 import os
-import tomllib
-from dataclasses import dataclass, field
-import typing
-from typing import Any
+import socket
 
+from edgebroker import records
 from edgebroker.config_fields import (
     MiB, at_least, between, octal_mode, one_of, setting, url_path,
 )
 from edgebroker.errors import ConfigError
+from edgebroker.records import field, record
 from edgebroker.upload_config import UploadConfig
+
+TYPE_CHECKING = False   # typing is imported by type checkers only (the broker's memory)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 1883
@@ -30,11 +30,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PACKET_SIZE_311 = 268_435_455  # largest remaining length 3.1.1 can encode, plus header
 
 
+IPV6_LOOPBACK = bytes(15) + b"\1"   # ::1
 TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
 PROTOCOLS = ("mqtt", "websockets")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ListenerConfig:
     host: str = setting(DEFAULT_HOST, doc="address to bind; \"::\" or \"0.0.0.0\" for all")
     port: int = setting(DEFAULT_PORT, between(0, 65535), doc="TCP port; 0 picks a free port")
@@ -88,13 +89,19 @@ class ListenerConfig:
             return True
         if self.host == "localhost":
             return True
+        # A literal 127.0.0.0/8 or ::1 address (read with socket's parser: the ipaddress
+        # module would cost the broker memory all its life).
         try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
+            return socket.inet_pton(socket.AF_INET, self.host)[0] == 127
+        except (OSError, ValueError):
+            pass
+        try:
+            return socket.inet_pton(socket.AF_INET6, self.host) == IPV6_LOOPBACK
+        except (OSError, ValueError):
             return False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AuthSettings:
     """The authentication settings in force on one listener (top level + its overrides)."""
     allow_anonymous: bool
@@ -104,7 +111,7 @@ class AuthSettings:
     explicit_anonymous: bool    # allow_anonymous was set, not derived
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Limits:
     connect_timeout: float = setting(
         10.0, at_least(0.001), doc="seconds a new connection has to send CONNECT")
@@ -215,7 +222,7 @@ class Limits:
         doc="resident memory (bytes) above which new connections and topics are refused; 0: off")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MetricsConfig:
     listen: str = setting(
         "", doc="HOST:PORT of the Prometheus text endpoint (/metrics); empty: off")
@@ -224,7 +231,7 @@ class MetricsConfig:
 DURABILITY = ("none", "batch", "sync")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LogConfig:
     durability: str = setting(
         "batch", one_of(*DURABILITY),
@@ -244,7 +251,7 @@ class LogConfig:
             "it was uploaded")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Config:
     data_dir: str = setting("", doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
     log_level: str = setting("info", one_of(*LOG_LEVELS), doc="debug, info, warning or error")
@@ -311,11 +318,13 @@ class Config:
 
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+# A plain setting's type by its annotation, a string (``from __future__ import annotations``).
+# "bool | None" style: None is the unset default, never a TOML value.
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 
-def _coerce(value: Any, kind: Any, key: str) -> Any:
-    # "bool | None" style hints: None is the unset default, never a TOML value.
-    kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+def _coerce(value: Any, annotation: str, key: str) -> Any:
+    kind = _TYPES[annotation.removesuffix(" | None")]
     # bool is an int in Python; a TOML boolean is never accepted as a number.
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -355,7 +364,7 @@ def _build_value(cls, name: str, raw: Any, prefix: str) -> Any:
         if problems:
             raise ConfigError(*problems, partial=section)
         return section
-    value = _coerce(raw, typing.get_type_hints(cls)[name], key)
+    value = _coerce(raw, f.type, key)
     check = f.metadata.get("check")
     problem = check(value) if check else None
     if problem:
@@ -364,12 +373,13 @@ def _build_value(cls, name: str, raw: Any, prefix: str) -> Any:
 
 
 def _fields(cls) -> dict:
-    return {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    return {f.name: f for f in records.fields(cls) if f.name != "source"}
 
 
 def _did_you_mean(cls, name: str, prefix: str) -> str:
     """``; did you mean KEY?`` for a key the user likely meant: a close one in the same table,
     else the same or a close one in another table (a key put under the wrong [table])."""
+    import difflib   # here: only a config file with an unknown key needs it
     close = difflib.get_close_matches(name, _fields(cls), n=1)
     if close:
         return f"; did you mean {prefix}{close[0]}?"
@@ -483,13 +493,15 @@ def check_authentication(config: Config) -> None:
 
 def from_dict(table: dict, source: str = "") -> Config:
     config = _build(Config, table, "")
-    return dataclasses.replace(config, source=source)
+    return records.replace(config, source=source)
 
 
 def load(path: str | None) -> Config:
     """Read and validate a config file; ``None`` gives the embedded defaults."""
     if path is None:
         return Config()
+    import tomllib   # here: a broker started without a file never loads the TOML parser
+
     try:
         with open(path, "rb") as fh:
             table = tomllib.load(fh)
@@ -504,7 +516,7 @@ def load(path: str | None) -> Config:
     try:
         return from_dict(table, source=path)
     except ConfigError as exc:
-        partial = exc.partial and dataclasses.replace(exc.partial, source=path)
+        partial = exc.partial and records.replace(exc.partial, source=path)
         raise ConfigError(*(f"{path}: {problem}" for problem in exc.problems),
                           partial=partial) from None
 
@@ -527,7 +539,7 @@ def describe() -> list[tuple[str, Any, str]]:
     for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits),
                         ("log.", LogConfig), ("metrics.", MetricsConfig),
                         ("upload.", UploadConfig)):
-        for f in dataclasses.fields(cls):
+        for f in records.fields(cls):
             if "doc" in f.metadata:
                 rows.append((prefix + f.name, f.default, f.metadata["doc"]))
     return rows

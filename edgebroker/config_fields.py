@@ -1,9 +1,9 @@
-"""The pieces every configuration section is built from: a setting (a dataclass field with its
+"""The pieces every configuration section is built from: a setting (a record field with its
 check and its one-line meaning, edgebroker.config) and the checks settings share."""
 
 from __future__ import annotations
 
-from dataclasses import field
+from edgebroker.records import field
 
 MiB = 1024 * 1024
 
@@ -33,7 +33,7 @@ def one_of(*choices):
 
 
 def setting(default, check=None, doc=""):
-    """A dataclass field carrying its validation and its one-line meaning."""
+    """A record field (edgebroker.records) carrying its validation and its one-line meaning."""
     return field(default=default, metadata={"check": check, "doc": doc})
 
 

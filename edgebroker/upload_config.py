@@ -3,9 +3,9 @@ and the checks of its URL and gateway id, which the uploader uses too."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from edgebroker.config_fields import MiB, at_least, between, setting
+from edgebroker.records import record
 
 
 def check_upload_url(value):
@@ -47,7 +47,7 @@ def _check_endpoint_url(value):
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class UploadConfig:
     url: str = setting(
         "", check_upload_url, doc="where batches of the log go: file:///path/to/landing or "

@@ -74,7 +74,7 @@ build() {
     (cd "$HERE" && tar -c --exclude=__pycache__ --exclude='*.so' edgebroker csrc packaging \
         setup.py setup.cfg pyproject.toml README.md MANIFEST.in) | tar -x -C "$ROOT/src"
     in_root "cd /src && /opt/venv/bin/pip install -q --no-deps --no-build-isolation -e . \
-             && /opt/venv/bin/pyinstaller --noconfirm --clean --log-level WARN \
+             && PYTHONNODEBUGRANGES=1 /opt/venv/bin/pyinstaller --noconfirm --clean --log-level WARN \
                 --distpath /src/dist --workpath /src/build packaging/edgebroker.spec \
              && ./dist/edgebroker --version"
     mkdir -p "$HERE/dist-arm64"

@@ -102,6 +102,17 @@ def test_parse_address_errors(text):
         config.parse_address(text)
 
 
+@pytest.mark.parametrize("host, local", [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("0:0:0:0:0:0:0:1", True),
+    ("localhost", True), ("0.0.0.0", False), ("::", False), ("192.168.1.2", False),
+    ("128.0.0.1", False), ("::2", False), ("::ffff:127.0.0.1", False), ("gateway.lan", False),
+    ("127.1", False), ("", False),
+])
+def test_listener_is_local_on_loopback_addresses_only(host, local):
+    """Which listeners need allow_anonymous set explicitly when they have no authentication."""
+    assert config.ListenerConfig(host=host).is_local() is local
+
+
 # The docs/config.md section that lists the keys with each prefix.
 DOC_SECTIONS = {"": "## Top level", "listener.": "## `[[listener]]`", "limits.": "## `[limits]`",
                 "log.": "## `[log]`", "metrics.": "## `[metrics]`",

@@ -87,6 +87,9 @@ docs/log-format.md):
     glibc's malloc keeps up to ``trim_threshold`` bytes of freed heap for reuse instead of
     giving them back to the kernel, and takes allocations below ``mmap_threshold`` from the
     heap (``mallopt``): 0, ``EINVAL`` for a value it refuses, ``ENOSYS`` without glibc.
+``release_freed_memory()``
+    glibc's malloc gives the kernel back every whole page of freed heap, whatever the trim
+    threshold (``malloc_trim(0)``): 0, ``ENOSYS`` without glibc.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segm
              "stage_start", "stage_clear", "append_record", "append_held",
              "topic_matches", "scan", "build_index", "resync",
              "index_check", "index_find_offset", "index_find_time", "publish_frames", "send_batch",
-             "fallocate", "keep_freed_memory")
+             "fallocate", "keep_freed_memory", "release_freed_memory")
 CHOICES = ("auto", "c", "python")
 
 

@@ -191,6 +191,7 @@ def publish_frames(buf, base_position: int, entries: array, first: int, n: int, 
 
 fallocate = lib.eb_fallocate_keep_size
 keep_freed_memory = lib.eb_keep_freed_memory
+release_freed_memory = lib.eb_release_freed_memory
 
 
 def send_batch(sock, items, start_item: int = 0, start_progress: int = 0,

@@ -5,7 +5,7 @@ have the same field names, so one setter serves both)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
 SEGMENT_HEADER_SIZE = 32
 RECORD_HEADER_SIZE = 34
@@ -30,27 +30,30 @@ MAX_PAYLOAD = 268_435_455
 MAX_RECORD = RECORD_HEADER_SIZE + PROPERTIES_LENGTH_SIZE + MAX_CLIENT_ID + MAX_TOPIC + MAX_PAYLOAD
 
 
-class ScanResult(NamedTuple):
-    status: int         # SCAN_*
-    stop: int           # buffer position where the scan stopped
-    need: int           # SCAN_PARTIAL: bytes needed from `stop`
-    count: int          # valid records passed over
-    matched: int        # entries written to the output
-    next_offset: int    # one past the last valid record's offset (or the min_offset given)
-    max_timestamp: int  # largest timestamp seen (or the value given)
+# The result types: collections.namedtuple, as typing.NamedTuple would be (typing is not
+# imported at run time: it costs the broker memory).
+ScanResult = namedtuple("ScanResult", (
+    "status",          # SCAN_*
+    "stop",            # buffer position where the scan stopped
+    "need",            # SCAN_PARTIAL: bytes needed from `stop`
+    "count",           # valid records passed over
+    "matched",         # entries written to the output
+    "next_offset",     # one past the last valid record's offset (or the min_offset given)
+    "max_timestamp",   # largest timestamp seen (or the value given)
+))
 
+ResyncResult = namedtuple("ResyncResult", (
+    "status",          # RESYNC_*
+    "position",
+    "need",
+))
 
-class ResyncResult(NamedTuple):
-    status: int    # RESYNC_*
-    position: int
-    need: int
-
-
-class SendResult(NamedTuple):
-    sent: int      # bytes sent by this call
-    item: int      # first item not completely sent (len(items) when all were)
-    progress: int  # bytes of that item already sent (header first, then the file range)
-    error: int     # 0 when everything was sent, errno.EAGAIN when the socket is full, else an errno
+SendResult = namedtuple("SendResult", (
+    "sent",            # bytes sent by this call
+    "item",            # first item not completely sent (len(items) when all were)
+    "progress",        # bytes of that item already sent (header first, then the file range)
+    "error",           # 0 when all was sent, errno.EAGAIN when the socket is full, else an errno
+))
 
 
 def stage_segment(state, base_offset: int, segment_bytes: int, first_ts: int, segment_ms: int,

@@ -8,7 +8,6 @@ at one obvious place.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import socket
@@ -486,20 +485,28 @@ def publish_frames(buf, base_position: int, entries: array, first: int, n: int, 
     return bytes(out)
 
 
-def _libc_function(names: tuple[str, ...], argtypes: tuple):
-    """The first of ``names`` that the C library has, typed, returning int; None without it."""
+try:
+    import ctypes
+except ImportError:   # the one-file binary is built without it (its C build runs there)
+    ctypes = None
+
+
+def _libc_function(names: tuple[str, ...], argtypes: tuple[str, ...]):
+    """The first of ``names`` that the C library has, typed (``argtypes``: names of ctypes
+    types), returning int; None without it (or without ctypes)."""
+    if ctypes is None:
+        return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         call = next(getattr(libc, name) for name in names if hasattr(libc, name))
     except (OSError, StopIteration):
         return None
-    call.argtypes = argtypes
+    call.argtypes = tuple(getattr(ctypes, name) for name in argtypes)
     call.restype = ctypes.c_int
     return call
 
 
-_fallocate = _libc_function(("fallocate64", "fallocate"),
-                            (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64))
+_fallocate = _libc_function(("fallocate64", "fallocate"), ("c_int", "c_int", "c_int64", "c_int64"))
 
 
 def fallocate(fd: int, nbytes: int) -> int:
@@ -514,7 +521,8 @@ def fallocate(fd: int, nbytes: int) -> int:
 # mallopt parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-_mallopt = _libc_function(("mallopt",), (ctypes.c_int, ctypes.c_int))
+_mallopt = _libc_function(("mallopt",), ("c_int", "c_int"))
+_malloc_trim = _libc_function(("malloc_trim",), ("c_size_t",))
 
 
 def keep_freed_memory(trim_threshold: int, mmap_threshold: int) -> int:
@@ -526,4 +534,12 @@ def keep_freed_memory(trim_threshold: int, mmap_threshold: int) -> int:
     if not _mallopt(_M_TRIM_THRESHOLD, trim_threshold) or \
             not _mallopt(_M_MMAP_THRESHOLD, mmap_threshold):
         return errno.EINVAL
+    return 0
+
+
+def release_freed_memory() -> int:
+    """The C build's eb_release_freed_memory, through ctypes."""
+    if _malloc_trim is None:
+        return errno.ENOSYS
+    _malloc_trim(0)
     return 0

@@ -15,6 +15,7 @@ without a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import select
 import signal
@@ -22,9 +23,18 @@ import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.cli import config_check, inspect, passwd, serve, upload
-from edgebroker.cli.options import CommandParser
+from edgebroker.cli.options import CommandParser, HelpFormatter
 
+# The commands and their modules (edgebroker.cli.<module>), in the order of the help. Only the
+# chosen command's module is imported: `serve` does not carry the others' imports (json,
+# getpass, the inspect and upload code) through its life (idle memory: docs/deploy.md).
+COMMANDS = {
+    "serve": "serve",
+    "config": "config_check",
+    "inspect": "inspect",        # offline log commands and the live ones (inspect_live)
+    "passwd": "passwd",
+    "upload": "upload",
+}
 
 CLOSED_PIPE = 141   # 128 + SIGPIPE
 
@@ -49,18 +59,33 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class ArgumentParser(argparse.ArgumentParser):
+    """The top-level parser, with HelpFormatter (the command parsers are CommandParser, which
+    has it too)."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The command named by ``argv`` (its first word that is not an option), or None."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in COMMANDS else None
+
+
+def build_parser(argv: list[str] | None = None) -> ArgumentParser:
+    """The parser of every command, or with ``argv`` naming one, of that command only (the
+    top-level help, a missing or an unknown command: every command)."""
+    parser = ArgumentParser(
         prog="edgebroker", description="MQTT broker for edge gateways with a durable commit log.")
     parser.add_argument("--version", action=VersionAction, nargs=0,
                         help="print the version and the native backend in use, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                      parser_class=CommandParser)
-    serve.add_parser(commands)
-    config_check.add_parser(commands)
-    inspect.add_parser(commands)   # offline log commands and the live ones (inspect_live)
-    passwd.add_parser(commands)
-    upload.add_parser(commands)
+    chosen = None if argv is None else chosen_command(argv)
+    for name, module in COMMANDS.items():
+        if chosen in (None, name):
+            importlib.import_module(f"edgebroker.cli.{module}").add_parser(commands)
     return parser
 
 
@@ -77,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     if args.command != "serve":   # serve has its own SIGTERM handling (server/app.py)
         signal.signal(signal.SIGTERM, _interrupt)
     try:

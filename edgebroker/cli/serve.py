@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
-from edgebroker import config as configuration, logs
+from edgebroker import config as configuration, logs, records
 from edgebroker.errors import ConfigError
 from edgebroker.server.app import App
 
@@ -27,7 +26,7 @@ def load(args) -> configuration.Config:
         changes["listener"] = tuple(configuration.parse_address(a) for a in args.listen)
     if args.data_dir:
         changes["data_dir"] = args.data_dir
-    config = dataclasses.replace(config, **changes) if changes else config
+    config = records.replace(config, **changes) if changes else config
     configuration.check_authentication(config)
     return config
 

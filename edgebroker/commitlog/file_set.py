@@ -16,7 +16,7 @@ import json
 import logging
 import mmap
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from edgebroker.commitlog import retention
 from edgebroker.commitlog.errors import LogError

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 
 from edgebroker import _native
 from edgebroker._native import (  # noqa: F401  (the sizes are defined once, by the native helper)
@@ -12,6 +11,7 @@ from edgebroker._native import (  # noqa: F401  (the sizes are defined once, by 
     PROPERTIES_LENGTH_SIZE, RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE,
 )
 from edgebroker.commitlog.errors import LogFormatError
+from edgebroker.records import record
 
 # Segments are written in FORMAT_VERSION (2: records may carry MQTT 5.0 properties); these are
 # read. A version 1 record is a version 2 record without properties.
@@ -33,7 +33,7 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LogOptions:
     """How the log rolls and what it keeps. Defaults suit a Raspberry Pi with an SD card
     (docs/config.md explains each; ``[log]`` in the configuration file sets them)."""
@@ -66,7 +66,7 @@ class LogOptions:
                    wait_for_upload=uploading)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Record:
     """One message in the log."""
 
@@ -82,7 +82,7 @@ class Record:
     properties: bytes = b""
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Location:
     """Where a record's payload lies in its segment file, for ``sendfile``, and the rest of
     what a PUBLISH of it needs (topic, QoS, retain flag, properties as in ``Record``).
@@ -101,7 +101,7 @@ class Location:
     properties: bytes = b""
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class SegmentInfo:
     """One segment, as ``CommitLog.segments()`` and ``edgebroker inspect segments`` show it."""
 
@@ -117,7 +117,7 @@ class SegmentInfo:
     path: str
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class UploadSource:
     """A sealed, fsynced segment for the uploader: ``fd`` is a duplicate of its descriptor
     (the caller closes it; the file stays readable if retention deletes it meanwhile),
@@ -132,7 +132,7 @@ class UploadSource:
     version: int = FORMAT_VERSION  # the segment's format version (its records' rules)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Damage:
     """A region of a segment that is not a valid record, found by a scan."""
 

@@ -62,8 +62,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from edgebroker import _native
 from edgebroker.commitlog import appender, file_set, reader, recovery
@@ -77,6 +76,7 @@ from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.spare import SpareFiles
 from edgebroker.commitlog.sync import SyncStillRunning
 from edgebroker.commitlog.verify import VerifyReport
+from edgebroker.records import record
 
 log = logging.getLogger("edgebroker.commitlog")
 
@@ -90,7 +90,7 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LogCounters:
     """Everything the log counts (for $SYS and metrics)."""
 

@@ -13,7 +13,7 @@ import logging
 import os
 import struct
 from array import array
-from typing import Iterator
+from collections.abc import Iterator
 
 from edgebroker import _native
 from edgebroker.commitlog import scanner

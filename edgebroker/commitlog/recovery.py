@@ -17,7 +17,6 @@ import mmap
 import os
 import time
 from array import array
-from dataclasses import dataclass, field
 
 from edgebroker import _native
 from edgebroker.commitlog import scanner
@@ -28,6 +27,7 @@ from edgebroker.commitlog.format import (
 )
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
+from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.commitlog")
 LOCK_FILE = ".lock"
@@ -38,7 +38,7 @@ ROOM_SLACK = 64 * 1024
 _unpack_record_header = RECORD_HEADER.unpack_from
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class RecoveryReport:
     """What ``open`` found and did."""
 

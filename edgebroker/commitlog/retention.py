@@ -15,7 +15,7 @@ Rules (docs/log-format.md, "Retention"):
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes: int,

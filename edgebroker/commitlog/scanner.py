@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import struct
 from array import array
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from edgebroker import _native
 from edgebroker._native import (

@@ -11,7 +11,7 @@ import errno
 import logging
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from edgebroker.commitlog.format import LogOptions
 from edgebroker.commitlog.segment import preallocate

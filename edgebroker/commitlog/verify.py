@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from edgebroker import _native
 from edgebroker.commitlog import scanner
@@ -16,9 +15,10 @@ from edgebroker.commitlog.format import (
     FORMAT_VERSION, INDEX_ENTRY_SIZE, SEGMENT_HEADER_SIZE, check_segment_header,
 )
 from edgebroker.commitlog.segment import Segment
+from edgebroker.records import field, record
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class VerifyReport:
     """What ``CommitLog.verify`` found."""
 

@@ -29,8 +29,11 @@ from edgebroker.mqtt.properties import WILL_DELAY
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
-from edgebroker.core.transport import Transport
 from edgebroker.mqtt import packets as P
+
+TYPE_CHECKING = False   # typing (core.transport's Protocol) for type checkers only: memory
+if TYPE_CHECKING:
+    from edgebroker.core.transport import Transport
 
 log = logging.getLogger("edgebroker.broker")
 

@@ -18,16 +18,16 @@ segment holding one may be deleted by retention long before it is replaced.
 
 from __future__ import annotations
 
-import base64
+import binascii   # base64 of retained payloads (the base64 module over it: more memory)
 import json
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
 from edgebroker.core import exchanges
 from edgebroker.errors import EdgebrokerError
+from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.snapshot")
 
@@ -41,7 +41,7 @@ class SnapshotError(EdgebrokerError):
     """The snapshot file exists but cannot be used; the message says why and where."""
 
 
-@dataclass
+@record
 class SessionState:
     client_id: str
     subscriptions: dict[str, int] = field(default_factory=dict)
@@ -75,7 +75,7 @@ class SessionState:
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass
+@record
 class RetainedState:
     topic: str
     payload: bytes
@@ -88,7 +88,7 @@ class RetainedState:
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass
+@record
 class GroupState:
     """A shared subscription group's backlog (core.shared): its members are the sessions
     whose ``subscriptions`` hold its key."""
@@ -99,7 +99,7 @@ class GroupState:
     queue: list[tuple[int, int, bool, int]] = field(default_factory=list)
 
 
-@dataclass
+@record
 class Snapshot:
     log_next_offset: int = 0
     written_ms: int = 0
@@ -148,8 +148,9 @@ def _session_json(s: SessionState) -> bytes:
 def _retained_json(r: RetainedState) -> bytes:
     if r.encoded is None:
         r.encoded = _dumps({"topic": r.topic, "qos": r.qos, "offset": r.offset,
-                            "payload": base64.b64encode(r.payload).decode("ascii"),
-                            **({"properties": base64.b64encode(r.properties).decode("ascii")}
+                            "payload": binascii.b2a_base64(r.payload, newline=False).decode(),
+                            **({"properties": binascii.b2a_base64(r.properties,
+                                                                  newline=False).decode()}
                                if r.properties else {}),
                             **({"expires_ms": r.expires_ms} if r.expires_ms is not None
                                else {})})
@@ -243,9 +244,9 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
             offset = r.get("offset")
             snap.retained.append(RetainedState(
                 topic=str(r["topic"]), qos=int(r["qos"]),
-                payload=base64.b64decode(r["payload"], validate=True),
+                payload=binascii.a2b_base64(r["payload"], strict_mode=True),
                 offset=None if offset is None else int(offset),
-                properties=base64.b64decode(r.get("properties", ""), validate=True),
+                properties=binascii.a2b_base64(r.get("properties", ""), strict_mode=True),
                 expires_ms=None if r.get("expires_ms") is None else int(r["expires_ms"])))
         for g in doc.get("shared", ()):
             snap.shared.append(GroupState(

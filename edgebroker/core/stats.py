@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 
-import psutil
-
 from edgebroker import __version__
+
+# The shortest time $SYS/broker/process/cpu is measured over (CPU time counts in 10 ms ticks).
+CPU_SPAN = 0.5
 
 
 class Stats:
@@ -100,8 +101,12 @@ class SysTopics:
         self._last = now
         self._last_counts = broker.stats.as_dict()
         self._loads = {(name, window): 0.0 for name, _ in _LOADS for window, _ in _WINDOWS}
-        self._process = broker.memory.process  # one psutil.Process per broker
-        self._process.cpu_percent()  # first call primes the CPU measurement
+        self._usage = broker.memory.usage  # one reader of this process's figures per broker
+        figures = self._usage.read()
+        # $SYS/broker/process/cpu: percent of one core over at least CPU_SPAN seconds, from
+        # this mark (when, CPU seconds then) on (as psutil's cpu_percent between two calls).
+        self._cpu_mark = (now, figures[1] if figures else None)
+        self._cpu = 0.0
         self.configure(now, first=True)
 
     def configure(self, now: float, first: bool = False) -> None:
@@ -209,14 +214,17 @@ class SysTopics:
                 value = self._loads[name, window] * weight + rate * 60.0 * (1.0 - weight)
                 self._loads[name, window] = value
                 pub(f"$SYS/broker/load/{name}/{window}", f"{value:.2f}")
-        try:
-            with self._process.oneshot():
-                rss = self._process.memory_info().rss
-                cpu = self._process.cpu_percent()
-        except psutil.Error:
-            rss, cpu = 0, 0.0
+        figures = self._usage.read()
+        rss = 0
+        if figures is not None:
+            rss, cpu_seconds = figures
+            since, before = self._cpu_mark
+            if before is None or now - since >= CPU_SPAN:
+                if before is not None:
+                    self._cpu = (cpu_seconds - before) / (now - since) * 100.0
+                self._cpu_mark = (now, cpu_seconds)
         pub("$SYS/broker/process/rss", rss)
-        pub("$SYS/broker/process/cpu", f"{cpu:.1f}")
+        pub("$SYS/broker/process/cpu", f"{self._cpu:.1f}")
         self._publish_limits(broker)
         if broker.upload_figures is not None:
             self._publish_upload(broker.upload_figures())

@@ -5,7 +5,9 @@ The core never touches a socket and never writes a transport's fields: it queues
 (``wait_for_drain``), counts the PUBLISH packets it writes itself (``count_publish``),
 pauses and resumes reading for a named reason, and closes. It reads a few figures for
 limits, metrics and the admin view. ``server.transport.Transport`` implements this
-protocol; so does ``core.testing.FakeTransport``, for unit tests and bench/.
+protocol; so does ``core.testing.FakeTransport``, for unit tests and bench/, and
+``core.client.ClosedTransport``, a closed client's. The core imports this module for type
+checkers only (``typing`` is not loaded at run time: the broker's memory, docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -56,45 +58,3 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Close once what is queued is sent."""
-
-
-class ClosedTransport:
-    """The transport of a closed client (``Client.close``): writes go nowhere, figures are 0.
-
-    A closed client lets go of its real transport, so the client and the server's connection
-    objects refer to each other no longer: each is freed as soon as the last reference to it
-    goes, not at the next full garbage collection."""
-
-    __slots__ = ()
-    peer = ""
-    listener = None
-    policy = None
-    max_pending = 0
-    out_bytes = msgs_out = bytes_in = bytes_out = 0
-
-    def write(self, data) -> None:
-        pass
-
-    def offer(self, data, rest=None) -> bool:
-        return True     # taken and dropped, as a closing transport does
-
-    def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
-        pass
-
-    def wait_for_drain(self) -> None:
-        pass
-
-    def count_publish(self, n: int = 1) -> None:
-        pass
-
-    def pause_reading(self, reason: str) -> None:
-        pass
-
-    def resume_reading(self, reason: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-CLOSED = ClosedTransport()

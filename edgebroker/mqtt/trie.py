@@ -14,7 +14,11 @@ topic name starting with ``$``.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+
+TYPE_CHECKING = False   # typing is imported by type checkers only (the broker's memory)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Cached lookups are dropped wholesale beyond this many topics, which bounds
 # memory when devices publish to very many distinct topics.

@@ -42,7 +42,6 @@ import collections
 import logging
 import os
 import queue
-from concurrent.futures import ThreadPoolExecutor
 
 from edgebroker.security import passwords
 
@@ -77,7 +76,7 @@ class Authenticator:
         self.window = window
         self.workers = workers
         self.stats = _Counts()   # anything with ``password_checks``: the broker's Stats
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = None   # a ThreadPoolExecutor, from the first check on
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._key = os.urandom(32)
         self.scram_secret = os.urandom(32)   # the salts of SCRAM users without keys
@@ -152,6 +151,8 @@ class Authenticator:
         self._pending_by_pair[host, username] += 1
         self.stats.password_checks += 1
         if self._pool is None:
+            # Imported here: a broker without password files never loads concurrent.futures.
+            from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(max_workers=self.workers,
                                             thread_name_prefix="edgebroker-auth")
         future = self._pool.submit(passwords.verify_password, parsed, password)

@@ -27,14 +27,14 @@ loads there; users without it log in with their password alone.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import os
 import stat
-import tempfile
 
 from edgebroker.errors import ConfigError
-from edgebroker.security import scram
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # security.scram: imported by a file with SCRAM keys (load)
+    from edgebroker.security import scram
 
 SCRYPT_PREFIX = "$scrypt$"
 PBKDF2_PREFIX = "$7$"
@@ -60,13 +60,19 @@ class HashError(ValueError):
     """A stored hash is not in a format this module understands."""
 
 
+# Base64 through binascii: the base64 module is a layer over it that the broker would keep
+# imported (memory) for two functions.
+def _b64(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
 def _b64_nopad(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii").rstrip("=")
+    return _b64(data).rstrip("=")
 
 
 def _unb64(text: str) -> bytes:
     try:
-        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+        return binascii.a2b_base64(text + "=" * (-len(text) % 4), strict_mode=True)
     except (binascii.Error, ValueError):
         raise HashError("bad base64") from None
 
@@ -83,8 +89,7 @@ def hash_password(password: str | bytes, scheme: str = "scrypt") -> str:
         import hashlib
         salt = os.urandom(12)
         digest = hashlib.pbkdf2_hmac("sha512", pw, salt, PBKDF2_ITERATIONS, 64)
-        return (f"{PBKDF2_PREFIX}{PBKDF2_ITERATIONS}${base64.b64encode(salt).decode()}"
-                f"${base64.b64encode(digest).decode()}")
+        return f"{PBKDF2_PREFIX}{PBKDF2_ITERATIONS}${_b64(salt)}${_b64(digest)}"
     raise ValueError(f"unknown hash scheme {scheme!r}")
 
 
@@ -264,6 +269,7 @@ class PasswordFile:
                 raise ConfigError(f"{where}: user {username!r}: {exc}{hint}") from None
             raw[username] = stored
             if sep:
+                from edgebroker.security import scram
                 field = field.strip()
                 try:
                     keys[username] = (field, scram.parse_keys(field))
@@ -281,6 +287,8 @@ def write_atomic(path: str, lines: list[str]) -> None:
         old = os.stat(path)
     except FileNotFoundError:
         old = None
+    import tempfile   # here: the broker never writes a password file (idle memory)
+
     fd, tmp = tempfile.mkstemp(prefix=".passwd-", dir=directory)   # created with mode 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

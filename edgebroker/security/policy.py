@@ -35,7 +35,9 @@ import logging
 from edgebroker.config import AuthSettings, ListenerConfig
 from edgebroker.security import authenticator as A
 from edgebroker.security.acl import Acl
-from edgebroker.security import scram
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # security.scram: imported by the exchanges (core/handlers/auth.py)
+    from edgebroker.security import scram
 from edgebroker.security.passwords import PasswordFile
 
 log = logging.getLogger("edgebroker.security")
@@ -142,6 +144,7 @@ class ListenerPolicy:
 
     def scram_exchange(self) -> scram.Exchange:
         """A new exchange against this listener's password file (``scram_refusal`` is None)."""
+        from edgebroker.security import scram
         return scram.Exchange(self.passwords.scram_keys, self.authenticator.scram_secret)
 
     def scram_outcome(self, client, exchange: scram.Exchange,
@@ -155,6 +158,7 @@ class ListenerPolicy:
         username = exchange.username
         host = peer_host(client.peer)
         auth = self.authenticator
+        from edgebroker.security import scram
         stored = scram.format_keys(exchange.keys)
         if failure is None and auth.known(username, stored, exchange.client_key):
             return ACCEPTED, ""

@@ -24,10 +24,10 @@ import logging
 import os
 import socket
 from collections.abc import MutableMapping, Sequence
-from dataclasses import dataclass
 
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
+from edgebroker.records import record
 from edgebroker.server.sdnotify import for_this_process
 from edgebroker.server.transport import format_peer
 
@@ -37,7 +37,7 @@ FIRST_FD = 3    # SD_LISTEN_FDS_START
 RULE = "each socket serves the listener bound to the same address"
 
 
-@dataclass
+@record
 class PassedSocket:
     fd: int
     name: str

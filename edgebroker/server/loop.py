@@ -17,6 +17,7 @@ what a wake-up delivers (``on_wake``) and what SIGHUP does (``on_reload``).
 from __future__ import annotations
 
 import logging
+import mmap
 import selectors
 import signal
 import socket
@@ -62,7 +63,10 @@ class Loop:
         self.clock = clock
         self.hold_window = hold_window(coalesce_ms)  # seconds (see run)
         self.selector = make_poller()
-        self.buffer = bytearray(READ_BUFFER)
+        # Anonymous memory, not a bytearray (which zeroes all of it): a page becomes resident
+        # only once a read reaches it, so an idle broker or one of small packets does not
+        # hold the whole READ_BUFFER (docs/deploy.md, idle RSS).
+        self.buffer = mmap.mmap(-1, READ_BUFFER)
         self.large_budget = LARGE_PASS_BYTES  # left of this pass's large reads (see run)
         self.view = memoryview(self.buffer)
         self.dirty: list[Transport] = []

@@ -26,6 +26,19 @@ def test_version():
     assert out.startswith(f"edgebroker {edgebroker.__version__} ")
 
 
+@pytest.mark.parametrize("columns", [60, 200])
+def test_help_names_every_command_at_the_terminal_width(monkeypatch, columns):
+    """The top-level help lists every command (each parser comes from its command's module),
+    wrapped at $COLUMNS as argparse wraps it (the width is found without argparse's shutil)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    r = run_cli("--help")
+    assert r.returncode == 0, r.stderr
+    for command in ("serve", "config", "inspect", "passwd", "upload"):
+        assert re.search(rf"^ +{command} +\S", r.stdout, re.M), r.stdout
+    longest = max(len(line) for line in r.stdout.splitlines())
+    assert longest <= columns - 2 and (columns < 100 or longest > 60), r.stdout
+
+
 def test_version_names_the_fallback(monkeypatch):
     """With the pure-Python twin, --version says so and why."""
     monkeypatch.setenv("EDGEBROKER_NATIVE", "python")

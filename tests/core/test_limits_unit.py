@@ -271,3 +271,24 @@ def test_render_has_help_and_type_before_every_sample():
             assert name.startswith("edgebroker_")
     assert 'edgebroker_limit_hits_total{limit="max_topics"} 0' in text
     assert 'edgebroker_loop_pass_seconds{quantile="0.99"} 0.01' in text
+
+
+# ----- this process's figures (memory_limit, $SYS/broker/process/*) --------------------------
+
+def test_process_usage_reads_the_figures_psutil_gives():
+    """On Linux from /proc, without psutil: the same RSS and CPU time as psutil's."""
+    import psutil
+    usage = L.ProcessUsage()
+    assert usage.read == usage._read_proc                 # this machine is Linux: /proc
+    proc = psutil.Process()
+    sum(i * i for i in range(300_000))                    # some CPU time to see
+    before = proc.cpu_times()
+    rss, cpu = usage.read()
+    after = proc.cpu_times()
+    assert before.user + before.system - 0.01 <= cpu <= after.user + after.system + 0.01
+    ballast = bytearray(8 << 20)                          # 8 MiB touched: RSS grows by that
+    ballast[::4096] = b"x" * len(range(0, len(ballast), 4096))
+    grown, _ = usage.read()
+    assert abs(grown - proc.memory_info().rss) < 1 << 20
+    assert grown - rss >= 7 << 20
+    del ballast

@@ -10,7 +10,8 @@ import typing
 from pathlib import Path
 
 from edgebroker.core.testing import FakeTransport
-from edgebroker.core.transport import CLOSED, Transport
+from edgebroker.core.client import CLOSED
+from edgebroker.core.transport import Transport
 from edgebroker.server.framing import Framing
 from edgebroker.server.tls import TLSTransport
 from edgebroker.server.transport import Transport as StreamTransport

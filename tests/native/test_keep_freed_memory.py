@@ -45,3 +45,42 @@ def test_freed_buffers_are_reused_instead_of_faulted_in_again(module):
     pages_per_round = 32 * 65536 // 4096
     assert kept < 2 * pages_per_round, (kept, default)          # the first round's, about
     assert default > 10 * pages_per_round, (kept, default)      # new pages in every round
+
+
+# 32 MiB of heap freed in 64 KiB holes between blocks still in use (kept by keep_freed_memory:
+# nothing goes back by itself), then released; prints the resident bytes that went back.
+RELEASE = """
+import os
+from edgebroker._native import {module} as impl
+assert impl.keep_freed_memory(64 << 20, 4 << 20) == 0
+def resident():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+pairs = [(bytearray(65536), bytearray(1024)) for _ in range(512)]
+still_used = [small for _, small in pairs]
+del pairs
+kept = resident()
+assert impl.release_freed_memory() == 0
+print(kept - resident())
+"""
+
+
+@pytest.mark.parametrize("module", ["_cbackend", "_pure"])
+def test_release_gives_freed_heap_back(module):
+    """release_freed_memory (App.start calls it once before READY=1) gives back the whole
+    pages of freed heap that keep_freed_memory would keep."""
+    out = subprocess.run([sys.executable, "-c", RELEASE.format(module=module)],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert int(out.stdout) > 24 << 20, out.stdout
+
+
+def test_twin_without_ctypes():
+    """The one-file binary is built without ctypes (packaging/edgebroker.spec): the twin still
+    imports there, and the three calls that need the C library say ENOSYS."""
+    code = ("import sys; sys.modules['ctypes'] = None\n"
+            "from edgebroker._native import _pure as P\n"
+            "print(P.keep_freed_memory(8 << 20, 4 << 20), P.release_freed_memory(), "
+            "P.fallocate(0, 4096))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.split() == [str(errno.ENOSYS)] * 3

@@ -1,8 +1,36 @@
-"""A broker without TLS listeners or password files does not load OpenSSL (`ssl`, `hashlib`):
-about 5 MiB of memory a gateway keeps (docs/deploy.md, idle RSS). Seen in the process's
-memory map, where each extension module loaded is a file."""
+"""A broker imports only what its configuration uses: without TLS listeners or password files
+it does not load OpenSSL (`ssl`, `hashlib`: about 5 MiB of memory a gateway keeps), without a
+WebSocket listener no wsproto, and never the modules of the other commands, psutil (Linux:
+/proc), typing or the standard library's heavier helpers (docs/deploy.md, idle RSS; the budget
+itself is measured by `make dist-measure`). Seen in the process's memory map, where each
+extension module loaded is a file, and in the modules it imported over its life."""
 
 import os
+import site
+import sys
+from pathlib import Path
+
+from secfiles import write_passwords
+
+# Modules (and their submodules) a plain broker never imports: one MQTT listener, no config
+# file, password file or [upload]. What they would cost: docs/deploy.md, "Budgets".
+NEVER_PLAIN = {
+    "ssl", "_ssl", "hashlib", "hmac",              # TLS listeners, password files
+    "wsproto", "h11",                              # WebSocket listeners
+    "concurrent.futures",                          # password checks
+    "zstandard", "edgebroker.uploader",            # [upload] url
+    "psutil",                                      # /proc on Linux
+    "edgebroker.cli.inspect", "edgebroker.cli.inspect_live", "edgebroker.cli.upload",
+    "edgebroker.cli.passwd", "edgebroker.cli.config_check", "getpass",
+    "typing", "tomllib",                           # no config file: no TOML parser
+    "tempfile", "shutil", "random", "bz2", "lzma", "uuid", "platform", "ipaddress", "base64",
+    "difflib",                                     # a config key's "did you mean"
+    "edgebroker.security.scram", "secrets",        # SCRAM exchanges, password files
+    "stringprep", "unicodedata",
+    "subprocess", "multiprocessing", "ctypes", "pickle", "zipfile",
+    "dataclasses", "inspect", "ast", "dis",       # edgebroker.records instead
+}
+MODULES_AT_EXIT = Path(__file__).resolve().parents[1] / "modules_at_exit.py"
 
 
 def loaded_extensions(pid: int) -> set[str]:
@@ -23,3 +51,44 @@ def test_no_openssl_without_tls_or_passwords(broker):
     loaded = loaded_extensions(b.proc.pid)
     assert "_cffi_backend" in loaded, sorted(loaded)        # the map is read right
     assert not {"_ssl", "_hashlib", "libssl", "libcrypto"} & loaded, sorted(loaded)
+
+
+def among(loaded: set[str], names: set[str]) -> list[str]:
+    """The modules of ``loaded`` that are one of ``names`` or inside one of them."""
+    return sorted(m for m in loaded if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def modules_of_a_life(broker, monkeypatch, out: Path, **start) -> set[str]:
+    """The modules a broker started with ``start`` imported from its start to its exit, after
+    serving a client (``client``: its CONNECT's login) that connects with an empty client id
+    (assigned one) and publishes at QoS 1."""
+    monkeypatch.setenv("EDGEBROKER_TEST_BROKER", f"{sys.executable} -S {MODULES_AT_EXIT} {out}")
+    monkeypatch.setenv("EDGEBROKER_TEST_SITE", os.pathsep.join(site.getsitepackages()))
+    login = start.pop("client", {})
+    b = broker(**start)
+    c = b.client("", **login)
+    c.publish("lazy/t", b"x", qos=1)
+    c.disconnect()
+    assert b.stop() == 0
+    return set(out.read_text().split())
+
+
+def test_plain_broker_imports_only_what_it_uses(broker, monkeypatch, tmp_path):
+    loaded = modules_of_a_life(broker, monkeypatch, tmp_path / "modules", config_file=False,
+                               args=["--listen", "127.0.0.1:0", "--data-dir",
+                                     str(tmp_path / "data")])
+    assert {"edgebroker.server.app", "json", "logging"} <= loaded     # the list is the broker's
+    assert among(loaded, NEVER_PLAIN) == []
+
+
+def test_what_is_configured_is_imported(broker, monkeypatch, tmp_path):
+    """The other side: a WebSocket listener brings wsproto (and with it dataclasses), a password
+    file (and a login) hashlib and the password check workers, a config file the TOML parser."""
+    passwords = write_passwords(tmp_path / "passwd", {"alice": "secret"})
+    loaded = modules_of_a_life(
+        broker, monkeypatch, tmp_path / "modules", password_file=str(passwords),
+        listener=[{"host": "127.0.0.1", "port": 0},
+                  {"host": "127.0.0.1", "port": 0, "protocol": "websockets"}],
+        client={"username": "alice", "password": "secret"})
+    assert {"wsproto", "dataclasses", "hashlib", "concurrent.futures", "tomllib"} <= loaded
+    assert among(loaded, {"ssl", "psutil", "zstandard", "edgebroker.cli.inspect"}) == []

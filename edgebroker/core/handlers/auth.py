@@ -31,7 +31,12 @@ from edgebroker.errors import (
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode5 import encode_auth
-from edgebroker.security import scram
+# security.scram (with its hashing, nonces and SASLprep) is imported where an exchange needs
+# it: a broker whose clients never send an Authentication Method does without it (idle
+# memory, docs/deploy.md).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from edgebroker.security import scram
 from edgebroker.core.handlers import connect
 
 log = logging.getLogger("edgebroker.client")
@@ -44,6 +49,7 @@ _TOLD = "bad user name or password"
 
 def unusable(policy, method: str) -> str | None:
     """Why ``method`` cannot authenticate on a listener with ``policy``, or None."""
+    from edgebroker.security import scram   # here: see the note at the imports
     if method != scram.METHOD:
         return f"authentication method {method!r} is not supported (only {scram.METHOD})"
     if policy is None:
@@ -54,6 +60,7 @@ def unusable(policy, method: str) -> str | None:
 def begin(client, p: P.Connect) -> None:
     """A 5.0 CONNECT with an Authentication Method, past the limits: refuse the method (0x8C)
     or answer the client-first-message."""
+    from edgebroker.security import scram   # here: see the note at the imports
     method = p.properties[Q.AUTH_METHOD]
     policy = client.transport.policy
     why = unusable(policy, method)
@@ -102,6 +109,7 @@ def on_disconnect_exchange(client, p: P.Disconnect) -> None:
 
 def on_auth(client, p: P.Auth) -> None:
     """AUTH on a connected 5.0 connection: re-authentication (section 4.12.1)."""
+    from edgebroker.security import scram   # here: see the note at the imports
     conn = client.v5
     if conn.auth_method is None:
         raise ProtocolError("AUTH on a connection whose CONNECT had no Authentication Method",
@@ -141,6 +149,7 @@ def on_auth(client, p: P.Auth) -> None:
 # ----- the outcomes -------------------------------------------------------------------------
 
 def _connect_outcome(client, policy, exchange, failure, reply) -> None:
+    from edgebroker.security import scram   # here: see the note at the imports
     conn = client.v5
     conn.auth = None
     code, why = policy.scram_outcome(client, exchange, failure)
@@ -164,6 +173,7 @@ def _connect_outcome(client, policy, exchange, failure, reply) -> None:
 
 
 def _reauth_outcome(client, policy, exchange, failure, reply) -> None:
+    from edgebroker.security import scram   # here: see the note at the imports
     conn = client.v5
     conn.auth = None
     code, why = policy.scram_outcome(client, exchange, failure)
@@ -183,6 +193,7 @@ def _reauth_outcome(client, policy, exchange, failure, reply) -> None:
 
 def _reauth_failed(client, reason: int, why: str, told: str) -> None:
     """A failed re-authentication: DISCONNECT ``reason`` and close (MQTT-4.12.1-2)."""
+    from edgebroker.security import scram   # here: see the note at the imports
     broker = client.broker
     broker.stats.scram_failed += 1
     broker.peer_log.log(log, logging.INFO, "auth", client.peer,
@@ -202,6 +213,7 @@ def _same_method(conn, p: P.Auth, rule: str) -> None:
 
 def _first(conn, policy, p) -> tuple[scram.Exchange, bytes | None, scram.Failure | None]:
     """A new exchange (``conn.auth``) fed the client-first-message of CONNECT or AUTH ``p``."""
+    from edgebroker.security import scram   # here: see the note at the imports
     exchange = conn.auth = policy.scram_exchange()
     try:
         return exchange, exchange.first(p.properties.get(Q.AUTH_DATA)), None
@@ -210,6 +222,7 @@ def _first(conn, policy, p) -> tuple[scram.Exchange, bytes | None, scram.Failure
 
 
 def _final(exchange, p: P.Auth) -> tuple[bytes | None, scram.Failure | None]:
+    from edgebroker.security import scram   # here: see the note at the imports
     try:
         return exchange.final(p.properties.get(Q.AUTH_DATA)), None
     except scram.Failure as exc:
