@@ -1,6 +1,7 @@
 """The limits' building blocks with plain numbers: no sockets, times passed in."""
 
 import logging
+import mmap
 import re
 
 import pytest
@@ -286,9 +287,12 @@ def test_process_usage_reads_the_figures_psutil_gives():
     rss, cpu = usage.read()
     after = proc.cpu_times()
     assert before.user + before.system - 0.01 <= cpu <= after.user + after.system + 0.01
-    ballast = bytearray(8 << 20)                          # 8 MiB touched: RSS grows by that
-    ballast[::4096] = b"x" * len(range(0, len(ballast), 4096))
+    # 8 MiB of new pages touched (an anonymous mapping of its own: memory the allocator kept
+    # from earlier tests could already be resident): RSS grows by that.
+    ballast = mmap.mmap(-1, 8 << 20)
+    for at in range(0, 8 << 20, 4096):
+        ballast[at] = 1
     grown, _ = usage.read()
     assert abs(grown - proc.memory_info().rss) < 1 << 20
     assert grown - rss >= 7 << 20
-    del ballast
+    ballast.close()
