@@ -10,6 +10,11 @@ messages to them carry the alias and an empty topic name. A message past its exp
 (counted in ``message_expired``), nor one larger than the client's Maximum Packet Size
 (``packet_too_large``): both count as delivered for the window, as the specification says.
 
+When none of that applies to a subscriber (no expiry, no Subscription Identifier, no outbound
+alias), its PUBLISH differs from the other subscribers' only in the packet identifier: the
+parts around it are made once for the message being routed (``Router5._shared5``) and reused
+for every such subscriber, as the 3.1.1 path encodes a QoS 0 frame once per message.
+
 At routing (``options5``), a session's 5.0 subscription options decide whether it gets the
 message at all (No Local: not its own messages, unless another of its matching subscriptions
 lacks the option) and the retain flag of a live message (Retain As Published).
@@ -18,10 +23,12 @@ lacks the option) and the retain flag of a live message (Retain As Published).
 from __future__ import annotations
 
 import logging
+import struct
 
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message
 from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.encode import encode_publish_head
 from edgebroker.mqtt.encode5 import encode_publish_head5
 from edgebroker.mqtt.properties import varint
 from edgebroker.mqtt.topics import topic_matches
@@ -29,6 +36,7 @@ from edgebroker.mqtt.topics import topic_matches
 log = logging.getLogger("edgebroker.broker")
 
 _JOIN_LIMIT = 4096
+_pack_u16 = struct.Struct("!H").pack
 
 
 def options5(session, message: Message) -> tuple[int, bool]:
@@ -65,9 +73,46 @@ def subscription_ids(session, topic: str) -> bytes:
 class Router5:
     """The 5.0 part of ``Broker``'s routing (a mixin over the broker's state)."""
 
+    # The PUBLISH parts of the message routed last, for subscribers with nothing of their own
+    # in it (``_plain5``): (message, first byte, frame before the packet identifier, the frame
+    # from after it up to the payload, and for QoS 0 the frame as ``transport.offer`` takes it:
+    # frame and None, or head and payload for a large payload). The last message only.
+    _last5: tuple = (None, -1, b"", b"", None, None)
+
+    def _shared5(self, message: Message, qos: int, retain: bool, dup: bool) -> tuple:
+        """``_last5`` for ``message`` sent with these flags (made when it is another)."""
+        first = 0x30 | qos << 1 | retain | dup << 3
+        last = self._last5
+        if last[0] is message and last[1] == first:
+            return last
+        props = message.properties
+        payload = message.payload
+        section = varint(len(props)) + props
+        # A 5.0 PUBLISH is a 3.1.1 one whose payload starts with the property section.
+        pre = encode_publish_head(message.topic_bytes, len(section) + len(payload), qos,
+                                  retain, dup, 1 if qos else None)
+        data = rest = None
+        if qos:
+            pre = pre[:-2]
+        elif len(payload) <= _JOIN_LIMIT:
+            data = b"".join((pre, section, payload))
+        else:
+            data, rest = pre + section, payload
+        self._last5 = last = (message, first, pre, section, data, rest)
+        return last
+
+    def _plain5(self, client, message: Message) -> bool:
+        """Nothing of ``message``'s PUBLISH to ``client`` is its own but the packet id: no
+        expiry to count down, no Subscription Identifier, no outbound topic alias."""
+        return (not message.expires and client.session.sub5 is None
+                and not (client.v5.topic_alias_maximum and self.limits.outbound_topic_aliases))
+
     def _write_publish5(self, client, ref, qos: int, retain: bool, dup: bool, pid) -> bool:
         """Queue one PUBLISH for a 5.0 client; False when it is not sent (its record gone,
         expired, too large for the client)."""
+        if type(ref) is Message and self._plain5(client, ref):
+            return self._write_shared5(client, ref, qos, retain, dup, pid)
+        conn = client.v5
         if type(ref) is Message:
             topic_bytes, topic, payload = ref.topic_bytes, ref.topic, ref.payload
             props, expires = ref.properties, ref.expires
@@ -90,7 +135,6 @@ class Router5:
                 return False
             props += b"\x02" + int(-(-left // 1)).to_bytes(4, "big")
         props += subscription_ids(client.session, topic)
-        conn = client.v5
         alias = new_alias = 0
         name = topic_bytes
         if conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
@@ -104,11 +148,7 @@ class Router5:
                 props += b"\x23" + alias.to_bytes(2, "big")
         section = varint(len(props)) + props
         head = encode_publish_head5(name, size, qos, retain, dup, pid, section)
-        if conn.max_packet_size and len(head) + size > conn.max_packet_size:
-            self.drop("packet_too_large", client.session)
-            client.warn_once("packet_too_large", "a PUBLISH of %d bytes is larger than its "
-                             "Maximum Packet Size (%d); not sent", len(head) + size,
-                             conn.max_packet_size)
+        if self._too_large5(client, len(head) + size):
             return False
         if new_alias:  # set only by a PUBLISH that goes out
             if conn.out_aliases is None:
@@ -126,9 +166,58 @@ class Router5:
         self.stats.publish_sent += 1
         return True
 
+    def _write_shared5(self, client, message: Message, qos: int, retain: bool, dup: bool,
+                       pid) -> bool:
+        """``_write_publish5`` for a subscriber with nothing of its own in the PUBLISH."""
+        _, _, pre, post, data, rest = self._shared5(message, qos, retain, dup)
+        payload = message.payload
+        if self._too_large5(client, len(pre) + len(post) + len(payload) + (2 if qos else 0)):
+            return False
+        transport = client.transport
+        transport.count_publish()
+        if data is not None:
+            transport.write(data)
+            if rest is not None:
+                transport.write(rest)
+        elif len(payload) > _JOIN_LIMIT:
+            transport.write(b"".join((pre, _pack_u16(pid), post)))
+            transport.write(payload)
+        else:
+            transport.write(b"".join((pre, _pack_u16(pid), post, payload)))
+        self.stats.publish_sent += 1
+        return True
+
+    def _too_large5(self, client, size: int) -> bool:
+        """A PUBLISH of ``size`` bytes is above the client's Maximum Packet Size: counted and
+        logged once, not sent."""
+        conn = client.v5
+        if not conn.max_packet_size or size <= conn.max_packet_size:
+            return False
+        self.drop("packet_too_large", client.session)
+        client.warn_once("packet_too_large", "a PUBLISH of %d bytes is larger than its "
+                         "Maximum Packet Size (%d); not sent", size, conn.max_packet_size)
+        return True
+
     def _offer5(self, client, message: Message, retain: bool) -> bool | None:
         """A QoS 0 message to a 5.0 client, refused (False) when max_pending_write_bytes are
         waiting; None when it is not sent (expired, too large)."""
-        if client.transport.out_bytes >= client.transport.max_pending:
+        transport = client.transport
+        if transport.out_bytes >= transport.max_pending:
             return False
-        return True if self._write_publish5(client, message, 0, retain, False, None) else None
+        conn = client.v5
+        # ``_plain5``, written out: this runs for every 5.0 subscriber of every message.
+        if (message.expires or client.session.sub5 is not None
+                or conn.topic_alias_maximum and self.limits.outbound_topic_aliases):
+            return True if self._write_publish5(client, message, 0, retain, False, None) else None
+        # The fan-out path: the frame made once for the message; the transport counts it
+        # (below max_pending, as checked above, offer queues it whatever it holds).
+        last = self._last5
+        if last[0] is not message or last[1] != (0x31 if retain else 0x30):
+            last = self._shared5(message, 0, retain, False)
+        data, rest = last[4], last[5]
+        if conn.max_packet_size and self._too_large5(
+                client, len(data) + (len(rest) if rest is not None else 0)):
+            return None
+        transport.offer(data, rest)
+        self.stats.publish_sent += 1
+        return True
