@@ -125,6 +125,9 @@ SCENARIOS = {
     "fanout_qos0": _pair("1 publisher -> 50 subscribers on bench/0, QoS 0, 64 B payloads",
                          1, 50, 2, 0, 64, 50_000, 0, "bench/0",
                          target=[vs_mosquitto("value", ">=", 0.5)]),
+    "fanout_qos1": _pair("1 publisher (window 100) -> 50 QoS 1 subscribers on bench/0, 64 B "
+                         "payloads; edgebroker's default durability (\"batch\")",
+                         1, 50, 2, 1, 64, 20_000, 100, "bench/0"),
     "fanin_qos1_none": _fanin_qos1("none"),
     "fanin_qos1_batch": _fanin_qos1("batch", [vs_mosquitto("value", ">=", 0.5)]),
     "fanin_qos1_sync": _fanin_qos1("sync"),
