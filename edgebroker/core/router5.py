@@ -74,17 +74,14 @@ class Router5:
     """The 5.0 part of ``Broker``'s routing (a mixin over the broker's state)."""
 
     # The PUBLISH parts of the message routed last, for subscribers with nothing of their own
-    # in it (``_plain5``): (message, first byte, frame before the packet identifier, the frame
-    # from after it up to the payload, and for QoS 0 the frame as ``transport.offer`` takes it:
-    # frame and None, or head and payload for a large payload). The last message only.
+    # in it (``_write_publish5``): (message, first byte, frame before the packet identifier,
+    # the frame from after it up to the payload, and for QoS 0 the frame as
+    # ``transport.offer`` takes it: frame and None, or head and payload for a large payload).
+    # The last message only.
     _last5: tuple = (None, -1, b"", b"", None, None)
 
     def _shared5(self, message: Message, qos: int, retain: bool, dup: bool) -> tuple:
-        """``_last5`` for ``message`` sent with these flags (made when it is another)."""
-        first = 0x30 | qos << 1 | retain | dup << 3
-        last = self._last5
-        if last[0] is message and last[1] == first:
-            return last
+        """Make ``_last5`` for ``message`` sent with these flags."""
         props = message.properties
         payload = message.payload
         section = varint(len(props)) + props
@@ -98,20 +95,44 @@ class Router5:
             data = b"".join((pre, section, payload))
         else:
             data, rest = pre + section, payload
+        first = 0x30 | qos << 1 | retain | dup << 3
         self._last5 = last = (message, first, pre, section, data, rest)
         return last
-
-    def _plain5(self, client, message: Message) -> bool:
-        """Nothing of ``message``'s PUBLISH to ``client`` is its own but the packet id: no
-        expiry to count down, no Subscription Identifier, no outbound topic alias."""
-        return (not message.expires and client.session.sub5 is None
-                and not (client.v5.topic_alias_maximum and self.limits.outbound_topic_aliases))
 
     def _write_publish5(self, client, ref, qos: int, retain: bool, dup: bool, pid) -> bool:
         """Queue one PUBLISH for a 5.0 client; False when it is not sent (its record gone,
         expired, too large for the client)."""
-        if type(ref) is Message and self._plain5(client, ref):
-            return self._write_shared5(client, ref, qos, retain, dup, pid)
+        conn = client.v5
+        # Nothing of the PUBLISH is this subscriber's own but the packet id (no expiry to count
+        # down, no Subscription Identifier, no outbound alias): the parts made once per message.
+        if (type(ref) is not Message or ref.expires or client.session.sub5 is not None
+                or conn.topic_alias_maximum and self.limits.outbound_topic_aliases):
+            return self._write_own5(client, ref, qos, retain, dup, pid)
+        last = self._last5
+        if last[0] is not ref or last[1] != 0x30 | qos << 1 | retain | dup << 3:
+            last = self._shared5(ref, qos, retain, dup)
+        _, _, pre, post, data, rest = last
+        payload = ref.payload
+        if conn.max_packet_size and self._too_large5(
+                client, len(pre) + len(post) + len(payload) + (2 if qos else 0)):
+            return False
+        transport = client.transport
+        transport.count_publish()
+        if data is not None:
+            transport.write(data)
+            if rest is not None:
+                transport.write(rest)
+        elif len(payload) > _JOIN_LIMIT:
+            transport.write(b"".join((pre, _pack_u16(pid), post)))
+            transport.write(payload)
+        else:
+            transport.write(b"".join((pre, _pack_u16(pid), post, payload)))
+        self.stats.publish_sent += 1
+        return True
+
+    def _write_own5(self, client, ref, qos: int, retain: bool, dup: bool, pid) -> bool:
+        """``_write_publish5`` for a PUBLISH with parts of the subscriber's own, or a record
+        read back from the log."""
         conn = client.v5
         if type(ref) is Message:
             topic_bytes, topic, payload = ref.topic_bytes, ref.topic, ref.payload
@@ -148,7 +169,7 @@ class Router5:
                 props += b"\x23" + alias.to_bytes(2, "big")
         section = varint(len(props)) + props
         head = encode_publish_head5(name, size, qos, retain, dup, pid, section)
-        if self._too_large5(client, len(head) + size):
+        if conn.max_packet_size and self._too_large5(client, len(head) + size):
             return False
         if new_alias:  # set only by a PUBLISH that goes out
             if conn.out_aliases is None:
@@ -166,32 +187,11 @@ class Router5:
         self.stats.publish_sent += 1
         return True
 
-    def _write_shared5(self, client, message: Message, qos: int, retain: bool, dup: bool,
-                       pid) -> bool:
-        """``_write_publish5`` for a subscriber with nothing of its own in the PUBLISH."""
-        _, _, pre, post, data, rest = self._shared5(message, qos, retain, dup)
-        payload = message.payload
-        if self._too_large5(client, len(pre) + len(post) + len(payload) + (2 if qos else 0)):
-            return False
-        transport = client.transport
-        transport.count_publish()
-        if data is not None:
-            transport.write(data)
-            if rest is not None:
-                transport.write(rest)
-        elif len(payload) > _JOIN_LIMIT:
-            transport.write(b"".join((pre, _pack_u16(pid), post)))
-            transport.write(payload)
-        else:
-            transport.write(b"".join((pre, _pack_u16(pid), post, payload)))
-        self.stats.publish_sent += 1
-        return True
-
     def _too_large5(self, client, size: int) -> bool:
-        """A PUBLISH of ``size`` bytes is above the client's Maximum Packet Size: counted and
-        logged once, not sent."""
+        """A PUBLISH of ``size`` bytes is above the client's Maximum Packet Size (which it
+        announced): counted and logged once, not sent."""
         conn = client.v5
-        if not conn.max_packet_size or size <= conn.max_packet_size:
+        if size <= conn.max_packet_size:
             return False
         self.drop("packet_too_large", client.session)
         client.warn_once("packet_too_large", "a PUBLISH of %d bytes is larger than its "
@@ -205,10 +205,10 @@ class Router5:
         if transport.out_bytes >= transport.max_pending:
             return False
         conn = client.v5
-        # ``_plain5``, written out: this runs for every 5.0 subscriber of every message.
+        # As in _write_publish5, written out: this runs for every subscriber of every message.
         if (message.expires or client.session.sub5 is not None
                 or conn.topic_alias_maximum and self.limits.outbound_topic_aliases):
-            return True if self._write_publish5(client, message, 0, retain, False, None) else None
+            return True if self._write_own5(client, message, 0, retain, False, None) else None
         # The fan-out path: the frame made once for the message; the transport counts it
         # (below max_pending, as checked above, offer queues it whatever it holds).
         last = self._last5
