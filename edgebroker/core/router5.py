@@ -10,10 +10,11 @@ messages to them carry the alias and an empty topic name. A message past its exp
 (counted in ``message_expired``), nor one larger than the client's Maximum Packet Size
 (``packet_too_large``): both count as delivered for the window, as the specification says.
 
-When none of that applies to a subscriber (no expiry, no Subscription Identifier, no outbound
-alias), its PUBLISH differs from the other subscribers' only in the packet identifier: the
-parts around it are made once for the message being routed (``Router5._shared5``) and reused
-for every such subscriber, as the 3.1.1 path encodes a QoS 0 frame once per message.
+When neither expiry nor an outbound alias applies, a subscriber's PUBLISH differs from the
+other subscribers' only in the packet identifier and its Subscription Identifiers: the parts
+around the packet identifier are made once for the message being routed (``Router5._shared5``)
+and reused for every subscriber with the same identifiers (most have none, or the same small
+number), as the 3.1.1 path encodes a QoS 0 frame once per message.
 
 At routing (``options5``), a session's 5.0 subscription options decide whether it gets the
 message at all (No Local: not its own messages, unless another of its matching subscriptions
@@ -74,15 +75,17 @@ class Router5:
     """The 5.0 part of ``Broker``'s routing (a mixin over the broker's state)."""
 
     # The PUBLISH parts of the message routed last, for subscribers with nothing of their own
-    # in it (``_write_publish5``): (message, first byte, frame before the packet identifier,
-    # the frame from after it up to the payload, and for QoS 0 the frame as
-    # ``transport.offer`` takes it: frame and None, or head and payload for a large payload).
-    # The last message only.
-    _last5: tuple = (None, -1, b"", b"", None, None)
+    # in it but their Subscription Identifiers (``_write_publish5``): (message, first byte,
+    # the Subscription Identifier properties, frame before the packet identifier, the frame
+    # from after it up to the payload, and for QoS 0 the frame as ``transport.offer`` takes
+    # it: frame and None, or head and payload for a large payload). The last message only;
+    # subscribers whose identifiers are the same (often 1, or none) share it.
+    _last5: tuple = (None, -1, b"", b"", b"", None, None)
 
-    def _shared5(self, message: Message, qos: int, retain: bool, dup: bool) -> tuple:
-        """Make ``_last5`` for ``message`` sent with these flags."""
-        props = message.properties
+    def _shared5(self, message: Message, qos: int, retain: bool, dup: bool,
+                 ids: bytes) -> tuple:
+        """Make ``_last5`` for ``message`` sent with these flags and identifiers."""
+        props = message.properties + ids
         payload = message.payload
         section = varint(len(props)) + props
         # A 5.0 PUBLISH is a 3.1.1 one whose payload starts with the property section.
@@ -96,22 +99,26 @@ class Router5:
         else:
             data, rest = pre + section, payload
         first = 0x30 | qos << 1 | retain | dup << 3
-        self._last5 = last = (message, first, pre, section, data, rest)
+        self._last5 = last = (message, first, ids, pre, section, data, rest)
         return last
 
     def _write_publish5(self, client, ref, qos: int, retain: bool, dup: bool, pid) -> bool:
         """Queue one PUBLISH for a 5.0 client; False when it is not sent (its record gone,
         expired, too large for the client)."""
         conn = client.v5
-        # Nothing of the PUBLISH is this subscriber's own but the packet id (no expiry to count
-        # down, no Subscription Identifier, no outbound alias): the parts made once per message.
-        if (type(ref) is not Message or ref.expires or client.session.sub5 is not None
+        # Nothing of the PUBLISH is this subscriber's own but the packet id and Subscription
+        # Identifiers (no expiry to count down, no outbound alias): the parts made once per
+        # message (and identifiers).
+        if (type(ref) is not Message or ref.expires
                 or conn.topic_alias_maximum and self.limits.outbound_topic_aliases):
             return self._write_own5(client, ref, qos, retain, dup, pid)
+        session = client.session
+        ids = b"" if session.sub5 is None else subscription_ids(session, ref.topic)
         last = self._last5
-        if last[0] is not ref or last[1] != 0x30 | qos << 1 | retain | dup << 3:
-            last = self._shared5(ref, qos, retain, dup)
-        _, _, pre, post, data, rest = last
+        if (last[0] is not ref or last[1] != 0x30 | qos << 1 | retain | dup << 3
+                or last[2] != ids):
+            last = self._shared5(ref, qos, retain, dup, ids)
+        _, _, _, pre, post, data, rest = last
         payload = ref.payload
         if conn.max_packet_size and self._too_large5(
                 client, len(pre) + len(post) + len(payload) + (2 if qos else 0)):
@@ -206,15 +213,16 @@ class Router5:
             return False
         conn = client.v5
         # As in _write_publish5, written out: this runs for every subscriber of every message.
-        if (message.expires or client.session.sub5 is not None
-                or conn.topic_alias_maximum and self.limits.outbound_topic_aliases):
+        if message.expires or conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
             return True if self._write_own5(client, message, 0, retain, False, None) else None
+        session = client.session
+        ids = b"" if session.sub5 is None else subscription_ids(session, message.topic)
         # The fan-out path: the frame made once for the message; the transport counts it
         # (below max_pending, as checked above, offer queues it whatever it holds).
         last = self._last5
-        if last[0] is not message or last[1] != (0x31 if retain else 0x30):
-            last = self._shared5(message, 0, retain, False)
-        data, rest = last[4], last[5]
+        if last[0] is not message or last[1] != (0x31 if retain else 0x30) or last[2] != ids:
+            last = self._shared5(message, 0, retain, False, ids)
+        data, rest = last[5], last[6]
         if conn.max_packet_size and self._too_large5(
                 client, len(data) + (len(rest) if rest is not None else 0)):
             return None
