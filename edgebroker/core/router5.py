@@ -38,6 +38,21 @@ log = logging.getLogger("edgebroker.broker")
 
 _JOIN_LIMIT = 4096
 _pack_u16 = struct.Struct("!H").pack
+# Which (filter, topic) pairs match, remembered: options5 and subscription_ids ask it for every
+# 5.0 subscriber with options or identifiers, of every message. At most this many pairs.
+_MATCHES_LIMIT = 1024
+_matches: dict = {}
+
+
+def _matching(topic_filter: str, topic: str) -> bool:
+    """``topic_matches``, remembered (a function of the two strings)."""
+    key = (topic_filter, topic)
+    found = _matches.get(key)
+    if found is None:
+        if len(_matches) >= _MATCHES_LIMIT:
+            _matches.clear()
+        found = _matches[key] = topic_matches(topic_filter, topic)
+    return found
 
 
 def options5(session, message: Message) -> tuple[int, bool]:
@@ -49,7 +64,7 @@ def options5(session, message: Message) -> tuple[int, bool]:
     retain = False
     sub5 = session.sub5
     for topic_filter, qos in session.subscriptions.items():
-        if not topic_matches(topic_filter, topic):
+        if not _matching(topic_filter, topic):
             continue
         options = sub5.get(topic_filter, (0, 0))[0]
         if own and options & P.SUB_NO_LOCAL:
@@ -67,7 +82,7 @@ def subscription_ids(session, topic: str) -> bytes:
     if not sub5:
         return b""
     found = [b"\x0b" + varint(sid) for f, (_, sid) in sub5.items()
-             if sid and topic_matches(f, topic)]
+             if sid and _matching(f, topic)]
     return b"".join(found)
 
 

@@ -432,7 +432,10 @@ class Decoder:
                             if n < q <= end:  # (past the end: decode_properties refuses it)
                                 need = q - pos
                                 break
-                        props, q = _publish_properties(buf, te, end)
+                        if te < end and buf[te] == 0:  # no properties: the usual case
+                            q = te + 1
+                        else:
+                            props, q = _publish_properties(buf, te, end)
                         if not topic and (props is None or TOPIC_ALIAS not in props):
                             raise protocol_error("PUBLISH with an empty topic name and no "
                                                  "Topic Alias", "MQTT-3.3.2.3.4")
@@ -505,9 +508,9 @@ def _publish_properties(buf: bytes, p: int, end: int) -> tuple[dict | None, int]
     """``decode_properties`` of a PUBLISH's property section at ``p``; the last one's
     properties when the section is the same bytes (decoding is a function of them)."""
     global _last_properties
-    length = buf[p] if p < end else 0
-    if not length:
-        return decode_properties(buf, p, end, PUBLISH)
+    if p >= end:
+        return decode_properties(buf, p, end, PUBLISH)     # (it says what is wrong)
+    length = buf[p]
     q = p + 1 + length
     last = _last_properties
     if length < 0x80 and q <= end and buf[p:q] == last[0]:
