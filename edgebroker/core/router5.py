@@ -130,11 +130,25 @@ class Router5:
         session = client.session
         ids = b"" if session.sub5 is None else subscription_ids(session, ref.topic)
         last = self._last5
+        payload = ref.payload
         if (last[0] is not ref or last[1] != 0x30 | qos << 1 | retain | dup << 3
                 or last[2] != ids):
+            if qos:
+                # The first subscriber of a message (often its only one, as for a record read
+                # back from the log): its own frame; the parts are made for a second one.
+                props = ref.properties + ids
+                section = varint(len(props)) + props
+                head = encode_publish_head(ref.topic_bytes, len(section) + len(payload), qos,
+                                           retain, dup, pid) + section
+                if conn.max_packet_size and self._too_large5(client, len(head) + len(payload)):
+                    return False
+                self._last5 = (ref, 0x30 | qos << 1 | retain | dup << 3, ids, None, b"", None,
+                               None)
+                return self._write_head5(client, head, payload)
+            last = self._shared5(ref, qos, retain, dup, ids)
+        elif last[3] is None:
             last = self._shared5(ref, qos, retain, dup, ids)
         _, _, _, pre, post, data, rest = last
-        payload = ref.payload
         if conn.max_packet_size and self._too_large5(
                 client, len(pre) + len(post) + len(payload) + (2 if qos else 0)):
             return False
@@ -149,6 +163,18 @@ class Router5:
             transport.write(payload)
         else:
             transport.write(b"".join((pre, _pack_u16(pid), post, payload)))
+        self.stats.publish_sent += 1
+        return True
+
+    def _write_head5(self, client, head: bytes, payload) -> bool:
+        """Queue a PUBLISH made of ``head`` and ``payload``."""
+        transport = client.transport
+        transport.count_publish()
+        if len(payload) <= _JOIN_LIMIT:
+            transport.write(head + payload)
+        else:
+            transport.write(head)
+            transport.write(payload)
         self.stats.publish_sent += 1
         return True
 
@@ -197,15 +223,11 @@ class Router5:
             if conn.out_aliases is None:
                 conn.out_aliases = {}
             conn.out_aliases[topic_bytes] = new_alias
+        if where is None:
+            return self._write_head5(client, head, payload)
         transport = client.transport
         transport.count_publish()
-        if where is not None:
-            transport.write_file(head, where.fd, where.payload_position, size, ref.offset)
-        elif size <= _JOIN_LIMIT:
-            transport.write(head + payload)
-        else:
-            transport.write(head)
-            transport.write(payload)
+        transport.write_file(head, where.fd, where.payload_position, size, ref.offset)
         self.stats.publish_sent += 1
         return True
 
