@@ -35,6 +35,30 @@ DRAIN_AFTER = 0.002
 # one clock for all processes of the machine), device number, sequence number; zeros follow.
 STAMP = struct.Struct("!qII")
 
+# What the clients speak (run.py --protocol, --properties): set with ``use_protocol`` by the
+# orchestrator before it starts a run's generator processes, which inherit it (fork).
+LEVEL = wire.V311
+PUBLISH_PROPS: bytes | None = None   # 5.0: the property section of every PUBLISH sent
+SUB_ID = 0             # 5.0: the Subscription Identifier of every SUBSCRIBE (0: none)
+# 5.0: the Session Expiry Interval (s) of a session that outlives its connection (a client
+# connecting with clean = False: reconnect_backlog's subscriber); 3.1.1 has clean session 0.
+SESSION_EXPIRY = 3600
+
+
+def use_protocol(level: int, flavour: str = "none") -> None:
+    """Make the clients started from now on speak MQTT 3.1.1 (``level`` 4) or 5.0 (5), with
+    ``flavour``'s properties (``wire.FLAVOURS``) on 5.0."""
+    global LEVEL, PUBLISH_PROPS, SUB_ID
+    if level not in (wire.V311, wire.V5):
+        raise ValueError(f"protocol level {level}: 4 (3.1.1) or 5 (5.0)")
+    LEVEL = level
+    PUBLISH_PROPS, SUB_ID = wire.FLAVOURS[flavour] if level == wire.V5 else (None, 0)
+
+
+def subscribe_frame(topic_filter: str, qos: int) -> bytes:
+    """The SUBSCRIBE (packet id 1) a generator client sends, in the protocol in use."""
+    return wire.subscribe(1, topic_filter, qos, LEVEL, SUB_ID)
+
 
 def _child_setup() -> None:
     # Ctrl-C goes to the whole process group; the orchestrator cleans up its children.
@@ -61,8 +85,9 @@ def _open(host: str, port: int, client_id: str, extra: bytes = b"", bufsize: int
         sock.close()
         raise
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(wire.connect(client_id, clean=clean) + extra)
-    counter = wire.FrameCounter(ack=True, bufsize=bufsize, stamp_bytes=stamp_bytes)
+    sock.sendall(wire.connect(client_id, clean=clean, level=LEVEL,
+                              session_expiry=0 if clean else SESSION_EXPIRY) + extra)
+    counter = wire.FrameCounter(ack=True, bufsize=bufsize, stamp_bytes=stamp_bytes, level=LEVEL)
     want = 2 if extra else 1
     deadline = time.monotonic() + CONNECT_TIMEOUT
     while len(counter.control) < want:
@@ -70,12 +95,12 @@ def _open(host: str, port: int, client_id: str, extra: bytes = b"", bufsize: int
         if counter.recv_from(sock) == 0:
             raise ConnectionError("closed by the broker during CONNECT/SUBSCRIBE")
     ptype, body = counter.control[0]
-    if ptype != wire.CONNACK or body[1:2] != b"\x00":
+    if ptype != wire.CONNACK or wire.connack_code(body)[0] != 0:
         raise ConnectionError(f"CONNACK refused or unexpected packet: {ptype} {body!r}")
-    counter.session_present = bool(body[0] & 1)
+    counter.session_present = wire.connack_code(body)[1]
     if extra:
         ptype, body = counter.control[1]
-        if ptype != wire.SUBACK or body[2:3] == b"\x80":
+        if ptype != wire.SUBACK or any(c >= 0x80 for c in wire.suback_codes(body, LEVEL)):
             raise ConnectionError(f"SUBSCRIBE refused: {ptype} {body!r}")
     counter.control.clear()
     return sock, counter
@@ -119,16 +144,17 @@ def publisher(idx: int, host: str, port: int, topic: str, payload_size: int, qos
     _child_setup()
     try:
         payload = b"x" * payload_size
+        props = PUBLISH_PROPS
         if qos == 0:
-            frame = wire.publish(topic, payload)
+            frame = wire.publish(topic, payload, props=props)
             flen = len(frame)
             per_batch = max(1, (64 * 1024) // flen)
             batch = frame * per_batch
             frames = None
         elif keyed:
-            frames, flen = wire.publish_run_keyed(topic, payload_size, count, idx)
+            frames, flen = wire.publish_run_keyed(topic, payload_size, count, idx, props)
         else:
-            frames, flen = wire.publish_run(topic, payload, 1, min(count, 65535))
+            frames, flen = wire.publish_run(topic, payload, 1, min(count, 65535), props)
         sock, _ = _open(host, port, f"b{role}-{idx}-{os.getpid()}")
         q.put(("ready", role, idx))
         if not go.wait(GO_TIMEOUT):
@@ -196,7 +222,7 @@ def _flood(sock, batch: bytes, flen: int, deadline: float, stop) -> tuple[int, b
 
 def _publish_qos1(sock, frames: bytes, flen: int, count: int, window: int,
                   deadline: float) -> tuple[int, int, bool]:
-    """Keep ``window`` QoS 1 PUBLISHes unacknowledged; count PUBACKs (4-byte frames)."""
+    """Keep ``window`` QoS 1 PUBLISHes unacknowledged; count PUBACKs (``wire.acks_in``)."""
     view = memoryview(frames)
     nbuf = len(frames) // flen
     sent = acked = 0
@@ -223,11 +249,8 @@ def _publish_qos1(sock, frames: bytes, flen: int, count: int, window: int,
             raise ConnectionError("broker closed the connection")
         if rem:
             data = rem + data
-        n = len(data) >> 2
-        if data[0:4 * n:4].count(0x40) != n:
-            raise ConnectionError("expected only PUBACKs from the broker")
+        n, rem = wire.acks_in(data)
         acked += n
-        rem = data[4 * n:]
     return sent, acked, False
 
 
@@ -265,7 +288,7 @@ def subscriber(idx: int, host: str, port: int, nconns: int, topic_filter: str, q
                                        stamp_bytes=stamp_bytes, clean=False))
                 else:
                     conns.append(_open(host, port, client_id or f"bsub-{idx}-{j}-{os.getpid()}",
-                                       wire.subscribe(1, topic_filter, qos), bufsize,
+                                       subscribe_frame(topic_filter, qos), bufsize,
                                        stamp_bytes=stamp_bytes))
 
         if resume and (nconns != 1 or not client_id):
@@ -408,7 +431,7 @@ def persistent_subscribe(host: str, port: int, client_id: str, topic_filter: str
                          qos: int) -> None:
     """CONNECT with clean session 0, SUBSCRIBE, DISCONNECT: a persistent session that
     collects messages while its client is away (``subscriber(resume=True)`` takes it up)."""
-    sock, _ = _open(host, port, client_id, wire.subscribe(1, topic_filter, qos), 4096,
+    sock, _ = _open(host, port, client_id, subscribe_frame(topic_filter, qos), 4096,
                     clean=False)
     _finish(sock, time.monotonic() + CONNECT_TIMEOUT)
 
@@ -447,8 +470,8 @@ def sink(listen: socket.socket, nconns: int, mode: str, time_limit: float, q) ->
         for _ in range(nconns):
             conn, _ = listen.accept()
             conn.settimeout(10.0)
-            conn.sendall(wire.CONNACK_ACCEPTED)
-            sel.register(conn, selectors.EVENT_READ, wire.FrameCounter(ack=True))
+            conn.sendall(wire.connack(LEVEL))
+            sel.register(conn, selectors.EVENT_READ, wire.FrameCounter(ack=True, level=LEVEL))
         received = 0
         publishes = 0
         open_conns = nconns
@@ -494,7 +517,7 @@ def feeder(listen: socket.socket, topic: str, payload_size: int, count: int, tim
     try:
         listen.settimeout(CONNECT_TIMEOUT)
         conn, _ = listen.accept()
-        conn.sendall(wire.CONNACK_ACCEPTED + wire.suback(1, 1 if window else 0))
+        conn.sendall(wire.connack(LEVEL) + wire.suback(1, 1 if window else 0, LEVEL))
         if window:
             # Read CONNECT and SUBSCRIBE, so that what comes back later is PUBACKs only.
             conn.settimeout(CONNECT_TIMEOUT)
@@ -502,9 +525,9 @@ def feeder(listen: socket.socket, topic: str, payload_size: int, count: int, tim
             while len(hello.control) < 2:
                 if hello.recv_from(conn) == 0:
                     raise ConnectionError("the subscriber closed before SUBSCRIBE")
-            frames, flen = wire.publish_run_keyed(topic, payload_size, count, 0)
+            frames, flen = wire.publish_run_keyed(topic, payload_size, count, 0, PUBLISH_PROPS)
         else:
-            frame = wire.publish(topic, b"x" * payload_size)
+            frame = wire.publish(topic, b"x" * payload_size, props=PUBLISH_PROPS)
             per_batch = max(1, (64 * 1024) // len(frame))
             batch = frame * per_batch
         if not go.wait(GO_TIMEOUT):
@@ -579,15 +602,17 @@ def open_many(host: str, port: int, client_ids, keepalive: int, window: int, dea
                     err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                     if err:
                         raise ConnectionError(f"connect: {os.strerror(err)}")
-                    sock.send(wire.connect(state[0], keepalive))
+                    sock.send(wire.connect(state[0], keepalive, level=LEVEL))
                     sel.modify(sock, selectors.EVENT_READ, state)
                     continue
                 data = sock.recv(16)
                 if not data:
                     raise ConnectionError("closed by the broker before CONNACK")
                 state[1] += data
-                if len(state[1]) >= 4:
-                    if state[1] != wire.CONNACK_ACCEPTED:
+                got = wire.split_frame(state[1])
+                if got is not None:
+                    if (got[0] != 0x20 or wire.connack_code(got[1])[0] != 0
+                            or got[2] != len(state[1])):
                         raise ConnectionError(f"CONNACK refused or unexpected: {state[1]!r}")
                     sel.unregister(sock)
                     pending -= 1
@@ -678,9 +703,12 @@ def devices(idx: int, host: str, port: int, procs: int, n_devices: int, seconds:
         mine = device_ids(idx, procs, n_devices)
         cids = [f"dev-{d:05d}" for d in mine]
         pad = bytes(payload_size - STAMP.size)
-        # Everything before the packet id (the remaining length counts the whole payload).
-        prefixes = [wire.publish(f"devices/{d:05d}/telemetry", bytes(payload_size), 1, 1)
-                    [:-(payload_size + 2)] for d in mine]
+        # Everything before the packet id (the remaining length counts the whole payload),
+        # and what comes between it and the payload (5.0's property section).
+        parts = [wire.publish_parts(f"devices/{d:05d}/telemetry", payload_size, 1,
+                                    props=PUBLISH_PROPS) for d in mine]
+        prefixes = [head for head, _ in parts]
+        section = parts[0][1] if parts else b""
         t0 = time.monotonic()
         slow = open_many(host, port, cids, 600, window, t0 + time_limit, socks)
         connect_s = time.monotonic() - t0
@@ -707,7 +735,7 @@ def devices(idx: int, host: str, port: int, procs: int, n_devices: int, seconds:
             if now >= due:
                 t_ns = mono_ns()
                 seq = sec
-                frame = prefixes[k] + (seq % 65535 + 1).to_bytes(2, "big") \
+                frame = prefixes[k] + (seq % 65535 + 1).to_bytes(2, "big") + section \
                     + pack(t_ns, mine[k], seq) + pad
                 if socks[k].send(frame) != len(frame):
                     raise ConnectionError("a device's socket buffer is full (the broker stopped "
@@ -743,7 +771,7 @@ ACK_GRACE = 5.0     # how long devices wait for their last PUBACKs after the sen
 
 
 def _read_acks(sel, wait: float, rem: dict) -> int:
-    """Read PUBACKs (4-byte frames) from the readable device sockets; returns how many."""
+    """Read PUBACKs (``wire.acks_in``) from the readable device sockets; returns how many."""
     n = 0
     for key, _ in sel.select(wait):
         try:
@@ -754,12 +782,10 @@ def _read_acks(sel, wait: float, rem: dict) -> int:
             raise ConnectionError("the broker closed a device connection")
         if key.data in rem:
             data = rem.pop(key.data) + data
-        k = len(data) >> 2
-        if data[0:4 * k:4].count(0x40) != k:
-            raise ConnectionError(f"expected only PUBACKs, got {data[:16]!r}")
+        k, rest = wire.acks_in(data)
         n += k
-        if len(data) & 3:
-            rem[key.data] = data[4 * k:]
+        if rest:
+            rem[key.data] = rest
     return n
 
 
@@ -770,7 +796,7 @@ def stuck_subscriber(idx: int, host: str, port: int, topic_filter: str, qos: int
     sock = None
     try:
         sock, _ = _open(host, port, f"bstuck-{idx}-{os.getpid()}",
-                        wire.subscribe(1, topic_filter, qos), 4096, rcvbuf=rcvbuf)
+                        subscribe_frame(topic_filter, qos), 4096, rcvbuf=rcvbuf)
         q.put(("ready", "stuck", idx))
         release.wait(GO_TIMEOUT)
     except Exception:
@@ -802,7 +828,7 @@ def acceptor(listen: socket.socket, nconns: int, time_limit: float, q) -> None:
                             break
                         conn.setblocking(False)
                         sel.register(conn, selectors.EVENT_READ,
-                                     wire.FrameCounter(ack=True, bufsize=4096))
+                                     wire.FrameCounter(ack=True, bufsize=4096, level=LEVEL))
                     continue
                 conn = key.fileobj
                 before = counter.publishes
@@ -821,7 +847,7 @@ def acceptor(listen: socket.socket, nconns: int, time_limit: float, q) -> None:
                 out = counter.acks
                 for ptype, _ in counter.control:
                     if ptype == wire.CONNECT:
-                        out += wire.CONNACK_ACCEPTED
+                        out += wire.connack(LEVEL)
                     elif ptype == wire.PINGREQ:
                         out += wire.PINGRESP_BYTES
                 counter.control.clear()

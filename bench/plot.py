@@ -45,7 +45,8 @@ def load(results_dir: str) -> list[dict]:
 def choose_run(records: list[dict], run_id: str | None) -> list[dict]:
     runs: dict[str, list] = {}
     for r in records:
-        if "run" in r:
+        # The plots show the runs with MQTT 3.1.1 clients (run.py --protocol 5 runs are not drawn).
+        if "run" in r and r.get("protocol", 4) == 4 and r.get("properties", "none") == "none":
             runs.setdefault(r["run"], []).append(r)
     if run_id:
         return runs.get(run_id, [])

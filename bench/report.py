@@ -9,7 +9,7 @@ import os
 import statistics
 
 import loadgen
-from scenarios import SCENARIOS
+from scenarios import SCENARIOS, V311_PLAIN, variant_label
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 SIGN = {">=": "≥", ">": ">", "<=": "≤", "<": "<"}
@@ -227,14 +227,23 @@ def _log_disk(ok: list) -> float | None:
     return None
 
 
-def summarize(records: list[dict], names: list[str], broker_names: list[str]) -> list[dict]:
-    """One row per scenario and broker: medians over the rounds that produced a figure."""
+def _variant(rec: dict) -> tuple:
+    """(protocol level, properties flavour) of a record (records before 5.0: 3.1.1)."""
+    return rec.get("protocol", 4), rec.get("properties", "none")
+
+
+def summarize(records: list[dict], names: list[str], broker_names: list[str],
+              variants: list[tuple] = (V311_PLAIN,)) -> list[dict]:
+    """One row per scenario, MQTT version (``variants``: run.py --protocol, --properties) and
+    broker: medians over the rounds that produced a figure. A row of 5.0 clients shows the
+    version after the scenario's name."""
     rows = []
-    for name in names:
+    for name, variant in ((n, v) for n in names for v in variants):
         spec = SCENARIOS[name]
+        mine = [r for r in records if r["scenario"] == name and _variant(r) == variant]
         by_broker = {}
         for b in broker_names:
-            rs = [r for r in records if r["scenario"] == name and r["broker"] == b]
+            rs = [r for r in mine if r["broker"] == b]
             if rs:
                 by_broker[b] = [r for r in rs if "error" not in r and r.get("value") is not None]
         medians = {b: _median(ok, "value") for b, ok in by_broker.items()}
@@ -242,13 +251,16 @@ def summarize(records: list[dict], names: list[str], broker_names: list[str]) ->
             if b not in by_broker:
                 continue
             ok = by_broker[b]
-            n = sum(1 for r in records if r["scenario"] == name and r["broker"] == b)
-            row = {"scenario": name, "unit": spec["unit"], "broker": b, "ok": f"{len(ok)}/{n}",
+            n = sum(1 for r in mine if r["broker"] == b)
+            label = name if variant == V311_PLAIN else f"{name} {variant_label(*variant)}"
+            row = {"scenario": label, "unit": spec["unit"], "broker": b, "ok": f"{len(ok)}/{n}",
                    "median": medians[b], "min": None, "max": None, "loss": None, "cpu": None,
-                   "rss": None, "ratio": None, "target": "", "met": "", "notes": ""}
+                   "rss": None, "ratio": None, "target": "", "met": "", "notes": "",
+                   "name": name, "variant": variant, "loss_max": None}
             if ok:
                 vals = [r["value"] for r in ok]
                 row.update(min=min(vals), max=max(vals), loss=_median(ok, "loss_pct"),
+                           loss_max=_agg(ok, "loss_pct", "max"),
                            cpu=_median(ok, "broker_cpu_pct"),
                            # the peak where the scenario measures one
                            rss=max(r.get("broker_rss_peak_mb") or r.get("broker_rss_mb") or 0
@@ -298,23 +310,61 @@ def _cells(row: dict) -> list[str]:
     return out
 
 
-def text_table(rows: list[dict]) -> str:
-    cells = [_cells(r) for r in rows]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h, _) in enumerate(COLUMNS)]
+def text_table(rows: list[dict], columns: list = COLUMNS) -> str:
+    cells = [_cells(r) if columns is COLUMNS else [r[k] for k, _, _ in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h, _) in enumerate(columns)]
     # The last column (notes) is not padded.
     widths[-1] = 0
 
     def line(values):
-        return " ".join(f"{v:{a}{w}}" for v, w, (_, _, a) in zip(values, widths, COLUMNS)).rstrip()
-    head = line([h for _, h, _ in COLUMNS])
+        return " ".join(f"{v:{a}{w}}" for v, w, (_, _, a) in zip(values, widths, columns)).rstrip()
+    head = line([h for _, h, _ in columns])
     return "\n".join([head, "-" * len(head)] + [line(c) for c in cells])
 
 
-def markdown_table(rows: list[dict]) -> str:
-    head = "| " + " | ".join(h for _, h, _ in COLUMNS) + " |"
-    sep = "|" + "|".join("---:" if a == ">" else "---" for _, _, a in COLUMNS) + "|"
-    body = ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
+def markdown_table(rows: list[dict], columns: list = COLUMNS) -> str:
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    sep = "|" + "|".join("---:" if a == ">" else "---" for _, _, a in columns) + "|"
+    cells = [_cells(r) if columns is COLUMNS else [r[k] for k, _, _ in columns] for r in rows]
+    body = ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
     return "\n".join([head, sep] + body)
+
+
+# ----- MQTT versions side by side (run.py --protocol 4,5) ---------------------------------------
+
+VERSION_COLUMNS = [("scenario", "scenario", "<"), ("mqtt", "mqtt", "<"),
+                   ("edge", "edgebroker", ">"), ("mosq", "mosquitto", ">"),
+                   ("ratio", "edge/mosq", ">"), ("edge_v", "edge/edge 3.1.1", ">"),
+                   ("mosq_v", "mosq/mosq 3.1.1", ">"), ("loss", "loss % (edge, mosq)", "<")]
+
+
+def version_rows(rows: list[dict], variants: list[tuple]) -> list[dict]:
+    """Per scenario and MQTT version: both brokers' medians, edgebroker/Mosquitto, and each
+    broker's median against its own with 3.1.1 clients (when 3.1.1 ran too)."""
+    def ratio(a, b):
+        return f"{a / b:.3f}" if a is not None and b else ""
+
+    by = {(r["name"], r["variant"], r["broker"]): r for r in rows}
+    out = []
+    for name in dict.fromkeys(r["name"] for r in rows):
+        for variant in variants:
+            e, m = by.get((name, variant, "edgebroker")), by.get((name, variant, "mosquitto"))
+            if e is None and m is None:
+                continue
+            e0, m0 = by.get((name, V311_PLAIN, "edgebroker")), by.get((name, V311_PLAIN,
+                                                                        "mosquitto"))
+            unit = SCENARIOS[name]["unit"]
+            med = {k: (x or {}).get("median") for k, x in (("e", e), ("m", m), ("e0", e0),
+                                                          ("m0", m0))}
+            loss = ", ".join("-" if x is None or x["loss_max"] is None else f"{x['loss_max']:g}"
+                             for x in (e, m))
+            out.append({"scenario": name, "mqtt": variant_label(*variant),
+                        "edge": fmt(med["e"], unit), "mosq": fmt(med["m"], unit),
+                        "ratio": ratio(med["e"], med["m"]),
+                        "edge_v": "" if variant == V311_PLAIN else ratio(med["e"], med["e0"]),
+                        "mosq_v": "" if variant == V311_PLAIN else ratio(med["m"], med["m0"]),
+                        "loss": loss})
+    return out
 
 
 def update_results_md(path: str, section: str) -> None:

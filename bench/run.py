@@ -3,6 +3,7 @@
 
     python3 bench/run.py [--scenarios fanin_qos0,edge_10000,...] [--rounds 3]
                          [--brokers edgebroker,mosquitto] [--scale 1.0] [--list]
+                         [--protocol 4|5|4,5] [--properties none,message,subid,all]
 
 Loopback only; every run is bounded in message count and time; every child
 process (brokers, publishers, subscribers, clients) is stopped at the end, also on
@@ -28,6 +29,7 @@ sys.path.insert(0, HERE)
 import brokers  # noqa: E402
 import report  # noqa: E402
 import scenarios  # noqa: E402
+import wire  # noqa: E402
 from procs import RunError, reap, stop_brokers  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
 
@@ -102,8 +104,32 @@ def parse_args(argv):
     p.add_argument("--inflight", type=int, metavar="N",
                    help="max_inflight_messages for both brokers in every scenario (default: "
                         "20 for both, Mosquitto's default and edgebroker's)")
+    p.add_argument("--protocol", default="4",
+                   help="MQTT version of the load generator's clients: 4 (3.1.1, the default), "
+                        "5 (5.0), or 4,5: each scenario and round runs with both, side by side "
+                        "(also written 3.1.1 and 5.0)")
+    p.add_argument("--properties", default="none",
+                   help="what 5.0 clients send (comma-separated, one set of runs each): none "
+                        "(empty property sections, the default), message (every PUBLISH with a "
+                        "Content Type and one User Property), subid (a Subscription Identifier "
+                        "on every SUBSCRIBE, which the broker adds to what it sends), all "
+                        "(message and subid)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = p.parse_args(argv)
+    levels = []
+    for item in (x.strip() for x in args.protocol.split(",") if x.strip()):
+        level = {"4": 4, "3.1.1": 4, "5": 5, "5.0": 5}.get(item)
+        if level is None:
+            p.error(f"--protocol {item}: 4 (3.1.1) or 5 (5.0)")
+        if level not in levels:
+            levels.append(level)
+    flavours = [x.strip() for x in args.properties.split(",") if x.strip()]
+    bad = [f for f in flavours if f not in wire.FLAVOURS]
+    if bad or not flavours or not levels:
+        p.error(f"--properties: one or more of {', '.join(wire.FLAVOURS)}")
+    if 5 not in levels and flavours != ["none"]:
+        p.error("--properties applies to 5.0 clients: add --protocol 5 (or 4,5)")
+    args.variants = [(level, f) for level in levels for f in (flavours if level == 5 else ["none"])]
     if args.acl:
         if not os.path.isfile(args.acl):
             p.error(f"--acl {args.acl}: no such file")
@@ -167,49 +193,67 @@ def _main(args, started: float) -> int:
           + "; loopback only; scale "
           f"{args.scale:g}; rounds {args.rounds}"
           + (f"; time limit {args.time_limit:g} s per run" if args.time_limit else "")
-          + (f"; ACL file {brokers.ACL_FILE}" if brokers.ACL_FILE else ""), flush=True)
+          + (f"; ACL file {brokers.ACL_FILE}" if brokers.ACL_FILE else "")
+          + "; MQTT " + ", ".join(scenarios.variant_label(*v) for v in args.variants),
+          flush=True)
 
     day = datetime.date.today().isoformat()
     os.makedirs(args.results, exist_ok=True)
     out_path = os.path.join(args.results, f"{day}.jsonl")
     run_id = datetime.datetime.now().isoformat(timespec="seconds")
 
-    gen = None
-    if not args.no_ceiling:
+    gens = {}
+    for variant in ([] if args.no_ceiling else args.variants):
+        label = scenarios.variant_label(*variant)
         try:
-            gen = scenarios.ceiling(args, args.scenario_list)
-            print("generator ceiling (stand-ins instead of a broker): "
-                  + "; ".join(f"{k} {report.fmt(v)}" for k, v in gen.items()), flush=True)
+            gen = gens[variant] = scenarios.ceiling(args, args.scenario_list, variant)
+            print("generator ceiling (stand-ins instead of a broker"
+                  + (f"; MQTT {label}" if args.variants != [scenarios.V311_PLAIN] else "")
+                  + "): " + "; ".join(f"{k} {report.fmt(v)}" for k, v in gen.items()),
+                  flush=True)
         except (RunError, OSError, RuntimeError) as exc:
-            print(f"generator ceiling failed: {exc}", file=sys.stderr)
+            print(f"generator ceiling ({label}) failed: {exc}", file=sys.stderr)
+    gen = gens.get(args.variants[0])
 
     records = []
     with open(out_path, "a") as out:
         for name in args.scenario_list:
             print(f"\n{name}: {SCENARIOS[name]['about']}", flush=True)
             for rnd in range(1, args.rounds + 1):
-                for bname in args.broker_list:
-                    try:
-                        rec = scenarios.run(name, brokers.BROKERS[bname], rnd, args)
-                    except (RunError, OSError, RuntimeError) as exc:
-                        rec = {"scenario": name, "kind": SCENARIOS[name]["kind"],
-                               "broker": bname, "round": rnd, "error": str(exc)[:2000]}
-                    print(f"  round {rnd} {bname:<10} {report.describe(rec)}", flush=True)
-                    rec.update(run=run_id, date=day, machine=info, generator_ceiling=gen,
-                               scale=args.scale, rounds=args.rounds)
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
-                    records.append(rec)
+                for variant in args.variants:
+                    label = ("" if args.variants == [scenarios.V311_PLAIN]
+                             else f" {scenarios.variant_label(*variant):<7}")
+                    for bname in args.broker_list:
+                        try:
+                            rec = scenarios.run(name, brokers.BROKERS[bname], rnd, args, variant)
+                        except (RunError, OSError, RuntimeError) as exc:
+                            rec = {"scenario": name, "kind": SCENARIOS[name]["kind"],
+                                   "broker": bname, "round": rnd, "protocol": variant[0],
+                                   "properties": variant[1], "error": str(exc)[:2000]}
+                        print(f"  round {rnd} {bname:<10}{label} {report.describe(rec)}",
+                              flush=True)
+                        rec.update(run=run_id, date=day, machine=info,
+                                   generator_ceiling=gens.get(variant), scale=args.scale,
+                                   rounds=args.rounds)
+                        out.write(json.dumps(rec) + "\n")
+                        out.flush()
+                        records.append(rec)
 
     elapsed = time.monotonic() - started
-    rows = report.summarize(records, args.scenario_list, args.broker_list)
+    rows = report.summarize(records, args.scenario_list, args.broker_list, args.variants)
     print("\nsummary (median/min/max over rounds; edge/mosq = edgebroker median / mosquitto "
           "median; target and met: the issues' targets, checked on edgebroker's figures)")
     print(report.text_table(rows))
+    if len(args.variants) > 1:
+        print("\nMQTT versions side by side (ratios of the medians above; loss: the worst "
+              "round's %)")
+        print(report.text_table(report.version_rows(rows, args.variants),
+                                report.VERSION_COLUMNS))
     print(f"\nelapsed {elapsed:.0f} s ({elapsed / 60:.1f} min); results appended to "
           f"{os.path.relpath(out_path)}")
     full = (set(args.scenario_list) == set(SCENARIOS) and len(args.broker_list) == 2
-            and args.scale == 1.0 and args.rounds >= 3 and not args.time_limit)
+            and args.scale == 1.0 and args.rounds >= 3 and not args.time_limit
+            and args.variants == [scenarios.V311_PLAIN])
     if args.results_md == "always" or (args.results_md == "auto" and full):
         report.update_results_md(RESULTS_MD, results_section(args, info, gen, rows, run_id,
                                                              elapsed))

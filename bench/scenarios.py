@@ -125,6 +125,9 @@ SCENARIOS = {
     "fanout_qos0": _pair("1 publisher -> 50 subscribers on bench/0, QoS 0, 64 B payloads",
                          1, 50, 2, 0, 64, 50_000, 0, "bench/0",
                          target=[vs_mosquitto("value", ">=", 0.5)]),
+    "fanout_qos1": _pair("1 publisher (window 100) -> 50 QoS 1 subscribers on bench/0, 64 B "
+                         "payloads; edgebroker's default durability (\"batch\")",
+                         1, 50, 2, 1, 64, 20_000, 100, "bench/0"),
     "fanin_qos1_none": _fanin_qos1("none"),
     "fanin_qos1_batch": _fanin_qos1("batch", [vs_mosquitto("value", ">=", 0.5)]),
     "fanin_qos1_sync": _fanin_qos1("sync"),
@@ -655,9 +658,23 @@ RUNNERS = {"pair": run_pair, "versus": run_versus, "idle": run_idle, "edge": run
            "backlog": run_backlog}
 
 
-def run(name: str, broker_cls, round_no: int, args) -> dict:
+V311_PLAIN = (4, "none")    # the default variant: MQTT 3.1.1 clients
+
+
+def variant_label(level: int, flavour: str = "none") -> str:
+    """"3.1.1", "5.0", or "5.0+<flavour>" (run.py --protocol, --properties)."""
+    if level == 4:
+        return "3.1.1"
+    return "5.0" if flavour == "none" else f"5.0+{flavour}"
+
+
+def run(name: str, broker_cls, round_no: int, args, variant: tuple = V311_PLAIN) -> dict:
+    """One run of scenario ``name`` against a fresh ``broker_cls``, its clients speaking
+    ``variant`` (protocol level, properties flavour: ``loadgen.use_protocol``)."""
     spec = SCENARIOS[name]
-    rec = {"scenario": name, "kind": spec["kind"], "broker": broker_cls.name, "round": round_no}
+    loadgen.use_protocol(*variant)
+    rec = {"scenario": name, "kind": spec["kind"], "broker": broker_cls.name, "round": round_no,
+           "protocol": variant[0], "properties": variant[1]}
     before = cpu_snapshot()
     rec.update(RUNNERS[spec["kind"]](name, spec, broker_cls, round_no, args))
     # The machine is shared: CPU that processes outside this benchmark used during the run.
@@ -694,9 +711,10 @@ def _subscriber_ceiling(n: int, limit: float, qos: int, feeder_extra: tuple,
     return sub, (sub["last"] - sub["first"]) if sub["first"] is not None else 0
 
 
-def ceiling(args, names: list[str]) -> dict:
+def ceiling(args, names: list[str], variant: tuple = V311_PLAIN) -> dict:
     """The generator against stand-ins for the broker that do (almost) nothing, for the parts
-    of the generator the chosen scenarios use."""
+    of the generator the chosen scenarios use, its clients speaking ``variant``."""
+    loadgen.use_protocol(*variant)
     specs = [SCENARIOS[n] for n in names]
     loads = [load_of(s) for s in specs if s["kind"] in ("pair", "versus", "backlog")]
     out = {}

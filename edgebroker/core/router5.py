@@ -10,6 +10,12 @@ messages to them carry the alias and an empty topic name. A message past its exp
 (counted in ``message_expired``), nor one larger than the client's Maximum Packet Size
 (``packet_too_large``): both count as delivered for the window, as the specification says.
 
+When neither expiry nor an outbound alias applies, a subscriber's PUBLISH differs from the
+other subscribers' only in the packet identifier and its Subscription Identifiers: the parts
+around the packet identifier are made once for the message being routed (``Router5._shared5``)
+and reused for every subscriber with the same identifiers (most have none, or the same small
+number), as the 3.1.1 path encodes a QoS 0 frame once per message.
+
 At routing (``options5``), a session's 5.0 subscription options decide whether it gets the
 message at all (No Local: not its own messages, unless another of its matching subscriptions
 lacks the option) and the retain flag of a live message (Retain As Published).
@@ -18,10 +24,12 @@ lacks the option) and the retain flag of a live message (Retain As Published).
 from __future__ import annotations
 
 import logging
+import struct
 
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message
 from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.encode import encode_publish_head
 from edgebroker.mqtt.encode5 import encode_publish_head5
 from edgebroker.mqtt.properties import varint
 from edgebroker.mqtt.topics import topic_matches
@@ -29,6 +37,22 @@ from edgebroker.mqtt.topics import topic_matches
 log = logging.getLogger("edgebroker.broker")
 
 _JOIN_LIMIT = 4096
+_pack_u16 = struct.Struct("!H").pack
+# Which (filter, topic) pairs match, remembered: options5 and subscription_ids ask it for every
+# 5.0 subscriber with options or identifiers, of every message. At most this many pairs.
+_MATCHES_LIMIT = 1024
+_matches: dict = {}
+
+
+def _matching(topic_filter: str, topic: str) -> bool:
+    """``topic_matches``, remembered (a function of the two strings)."""
+    key = (topic_filter, topic)
+    found = _matches.get(key)
+    if found is None:
+        if len(_matches) >= _MATCHES_LIMIT:
+            _matches.clear()
+        found = _matches[key] = topic_matches(topic_filter, topic)
+    return found
 
 
 def options5(session, message: Message) -> tuple[int, bool]:
@@ -45,7 +69,7 @@ def options5_for(session, topic: str, retain_flag: bool, own: bool) -> tuple[int
     retain = False
     sub5 = session.sub5
     for topic_filter, qos in session.subscriptions.items():
-        if not topic_matches(topic_filter, topic):
+        if not _matching(topic_filter, topic):
             continue
         options = sub5.get(topic_filter, (0, 0))[0]
         if own and options & P.SUB_NO_LOCAL:
@@ -63,12 +87,40 @@ def subscription_ids(session, topic: str) -> bytes:
     if not sub5:
         return b""
     found = [b"\x0b" + varint(sid) for f, (_, sid) in sub5.items()
-             if sid and topic_matches(f, topic)]
+             if sid and _matching(f, topic)]
     return b"".join(found)
 
 
 class Router5:
     """The 5.0 part of ``Broker``'s routing (a mixin over the broker's state)."""
+
+    # The PUBLISH parts of the message routed last, for subscribers with nothing of their own
+    # in it but their Subscription Identifiers (``_write_publish5``): (message, first byte,
+    # the Subscription Identifier properties, frame before the packet identifier, the frame
+    # from after it up to the payload, and for QoS 0 the frame as ``transport.offer`` takes
+    # it: frame and None, or head and payload for a large payload). The last message only;
+    # subscribers whose identifiers are the same (often 1, or none) share it.
+    _last5: tuple = (None, -1, b"", b"", b"", None, None)
+
+    def _shared5(self, message: Message, qos: int, retain: bool, dup: bool,
+                 ids: bytes) -> tuple:
+        """Make ``_last5`` for ``message`` sent with these flags and identifiers."""
+        props = message.properties + ids
+        payload = message.payload
+        section = varint(len(props)) + props
+        # A 5.0 PUBLISH is a 3.1.1 one whose payload starts with the property section.
+        pre = encode_publish_head(message.topic_bytes, len(section) + len(payload), qos,
+                                  retain, dup, 1 if qos else None)
+        data = rest = None
+        if qos:
+            pre = pre[:-2]
+        elif len(payload) <= _JOIN_LIMIT:
+            data = b"".join((pre, section, payload))
+        else:
+            data, rest = pre + section, payload
+        first = 0x30 | qos << 1 | retain | dup << 3
+        self._last5 = last = (message, first, ids, pre, section, data, rest)
+        return last
 
     def _write_publish5(self, client, ref, qos: int, retain: bool, dup: bool, pid,
                         ids: bytes | None = None) -> bool:
@@ -76,6 +128,70 @@ class Router5:
         expired, too large for the client). ``ids``: its Subscription Identifier properties
         when given (a shared subscription's, core.shared), else those of the session's
         matching filters."""
+        conn = client.v5
+        # Nothing of the PUBLISH is this subscriber's own but the packet id and Subscription
+        # Identifiers (no expiry to count down, no outbound alias): the parts made once per
+        # message (and identifiers).
+        if (type(ref) is not Message or ref.expires
+                or conn.topic_alias_maximum and self.limits.outbound_topic_aliases):
+            return self._write_own5(client, ref, qos, retain, dup, pid, ids)
+        session = client.session
+        if ids is None:
+            ids = b"" if session.sub5 is None else subscription_ids(session, ref.topic)
+        last = self._last5
+        payload = ref.payload
+        if (last[0] is not ref or last[1] != 0x30 | qos << 1 | retain | dup << 3
+                or last[2] != ids):
+            if qos:
+                # The first subscriber of a message (often its only one, as for a record read
+                # back from the log): its own frame; the parts are made for a second one.
+                props = ref.properties + ids
+                section = varint(len(props)) + props
+                head = encode_publish_head(ref.topic_bytes, len(section) + len(payload), qos,
+                                           retain, dup, pid) + section
+                if conn.max_packet_size and self._too_large5(client, len(head) + len(payload)):
+                    return False
+                self._last5 = (ref, 0x30 | qos << 1 | retain | dup << 3, ids, None, b"", None,
+                               None)
+                return self._write_head5(client, head, payload)
+            last = self._shared5(ref, qos, retain, dup, ids)
+        elif last[3] is None:
+            last = self._shared5(ref, qos, retain, dup, ids)
+        _, _, _, pre, post, data, rest = last
+        if conn.max_packet_size and self._too_large5(
+                client, len(pre) + len(post) + len(payload) + (2 if qos else 0)):
+            return False
+        transport = client.transport
+        transport.count_publish()
+        if data is not None:
+            transport.write(data)
+            if rest is not None:
+                transport.write(rest)
+        elif len(payload) > _JOIN_LIMIT:
+            transport.write(b"".join((pre, _pack_u16(pid), post)))
+            transport.write(payload)
+        else:
+            transport.write(b"".join((pre, _pack_u16(pid), post, payload)))
+        self.stats.publish_sent += 1
+        return True
+
+    def _write_head5(self, client, head: bytes, payload) -> bool:
+        """Queue a PUBLISH made of ``head`` and ``payload``."""
+        transport = client.transport
+        transport.count_publish()
+        if len(payload) <= _JOIN_LIMIT:
+            transport.write(head + payload)
+        else:
+            transport.write(head)
+            transport.write(payload)
+        self.stats.publish_sent += 1
+        return True
+
+    def _write_own5(self, client, ref, qos: int, retain: bool, dup: bool, pid,
+                    ids: bytes | None = None) -> bool:
+        """``_write_publish5`` for a PUBLISH with parts of the subscriber's own, or a record
+        read back from the log."""
+        conn = client.v5
         if type(ref) is Message:
             topic_bytes, topic, payload = ref.topic_bytes, ref.topic, ref.payload
             props, expires = ref.properties, ref.expires
@@ -98,7 +214,6 @@ class Router5:
                 return False
             props += b"\x02" + int(-(-left // 1)).to_bytes(4, "big")
         props += subscription_ids(client.session, topic) if ids is None else ids
-        conn = client.v5
         alias = new_alias = 0
         name = topic_bytes
         if conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
@@ -112,31 +227,52 @@ class Router5:
                 props += b"\x23" + alias.to_bytes(2, "big")
         section = varint(len(props)) + props
         head = encode_publish_head5(name, size, qos, retain, dup, pid, section)
-        if conn.max_packet_size and len(head) + size > conn.max_packet_size:
-            self.drop("packet_too_large", client.session)
-            client.warn_once("packet_too_large", "a PUBLISH of %d bytes is larger than its "
-                             "Maximum Packet Size (%d); not sent", len(head) + size,
-                             conn.max_packet_size)
+        if conn.max_packet_size and self._too_large5(client, len(head) + size):
             return False
         if new_alias:  # set only by a PUBLISH that goes out
             if conn.out_aliases is None:
                 conn.out_aliases = {}
             conn.out_aliases[topic_bytes] = new_alias
+        if where is None:
+            return self._write_head5(client, head, payload)
         transport = client.transport
         transport.count_publish()
-        if where is not None:
-            transport.write_file(head, where.fd, where.payload_position, size, ref.offset)
-        elif size <= _JOIN_LIMIT:
-            transport.write(head + payload)
-        else:
-            transport.write(head)
-            transport.write(payload)
+        transport.write_file(head, where.fd, where.payload_position, size, ref.offset)
         self.stats.publish_sent += 1
+        return True
+
+    def _too_large5(self, client, size: int) -> bool:
+        """A PUBLISH of ``size`` bytes is above the client's Maximum Packet Size (which it
+        announced): counted and logged once, not sent."""
+        conn = client.v5
+        if size <= conn.max_packet_size:
+            return False
+        self.drop("packet_too_large", client.session)
+        client.warn_once("packet_too_large", "a PUBLISH of %d bytes is larger than its "
+                         "Maximum Packet Size (%d); not sent", size, conn.max_packet_size)
         return True
 
     def _offer5(self, client, message: Message, retain: bool) -> bool | None:
         """A QoS 0 message to a 5.0 client, refused (False) when max_pending_write_bytes are
         waiting; None when it is not sent (expired, too large)."""
-        if client.transport.out_bytes >= client.transport.max_pending:
+        transport = client.transport
+        if transport.out_bytes >= transport.max_pending:
             return False
-        return True if self._write_publish5(client, message, 0, retain, False, None) else None
+        conn = client.v5
+        # As in _write_publish5, written out: this runs for every subscriber of every message.
+        if message.expires or conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
+            return True if self._write_own5(client, message, 0, retain, False, None) else None
+        session = client.session
+        ids = b"" if session.sub5 is None else subscription_ids(session, message.topic)
+        # The fan-out path: the frame made once for the message; the transport counts it
+        # (below max_pending, as checked above, offer queues it whatever it holds).
+        last = self._last5
+        if last[0] is not message or last[1] != (0x31 if retain else 0x30) or last[2] != ids:
+            last = self._shared5(message, 0, retain, False, ids)
+        data, rest = last[5], last[6]
+        if conn.max_packet_size and self._too_large5(
+                client, len(data) + (len(rest) if rest is not None else 0)):
+            return None
+        transport.offer(data, rest)
+        self.stats.publish_sent += 1
+        return True

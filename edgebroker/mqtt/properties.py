@@ -110,9 +110,9 @@ def where_name(where: int) -> str:
 def decode_properties(buf: bytes, p: int, end: int, where: int) -> tuple[dict | None, int]:
     """The property section at ``buf[p]`` (its length, then the properties) of a packet of
     type ``where`` (or ``WILL``): (properties or None, position after the section)."""
-    what = where_name(where)
     if p < end and buf[p] == 0:  # no properties: the usual case
         return None, p + 1
+    what = where_name(where)
     length, p = read_varint(buf, p, end, f"{what} length")
     stop = p + length
     if stop > end:

@@ -28,7 +28,9 @@ Decoder rules (the broker relies on these):
 * The version: a server's decoder reads 3.1.1 rules until it hands out a CONNECT of
   level 5, and 5.0 rules from the next frame on (``protocol``); a client's decoder is made
   with the version it asked for. A 5.0 PUBLISH carries its properties (a dict that the
-  packets of a repeated large frame share: consumers do not change a packet's properties).
+  packets of a repeated large frame share, and PUBLISHes whose property section is the same
+  bytes as the last one decoded, on any connection: consumers do not change a packet's
+  properties).
 
 Every rule violation names the specification's conformance id in ``rule``
 (section numbers such as ``MQTT-2.2.3`` where the spec has no numbered rule).
@@ -430,7 +432,10 @@ class Decoder:
                             if n < q <= end:  # (past the end: decode_properties refuses it)
                                 need = q - pos
                                 break
-                        props, q = decode_properties(buf, te, end, PUBLISH)
+                        if te < end and buf[te] == 0:  # no properties: the usual case
+                            q = te + 1
+                        else:
+                            props, q = _publish_properties(buf, te, end)
                         if not topic and (props is None or TOPIC_ALIAS not in props):
                             raise protocol_error("PUBLISH with an empty topic name and no "
                                                  "Topic Alias", "MQTT-3.3.2.3.4")
@@ -490,6 +495,30 @@ class Decoder:
 
 
 _NOTHING = iter(())
+
+
+# The last PUBLISH property section decoded (its bytes, length included) and its properties:
+# a device sends the same Content Type and User Properties with every message, and decoding
+# them (each string checked) costs more than the rest of the PUBLISH. Sections shorter than
+# 128 bytes (a 1-byte length) are remembered.
+_last_properties: tuple = (b"", None)
+
+
+def _publish_properties(buf: bytes, p: int, end: int) -> tuple[dict | None, int]:
+    """``decode_properties`` of a PUBLISH's property section at ``p``; the last one's
+    properties when the section is the same bytes (decoding is a function of them)."""
+    global _last_properties
+    if p >= end:
+        return decode_properties(buf, p, end, PUBLISH)     # (it says what is wrong)
+    length = buf[p]
+    q = p + 1 + length
+    last = _last_properties
+    if length < 0x80 and q <= end and buf[p:q] == last[0]:
+        return last[1], q
+    props, q = decode_properties(buf, p, end, PUBLISH)
+    if length < 0x80:
+        _last_properties = (buf[p:q], props)
+    return props, q
 
 
 def _properties_end(buf: bytes, p: int, n: int, end: int) -> int:

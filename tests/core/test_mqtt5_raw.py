@@ -264,3 +264,61 @@ def test_retain_as_published_holds_for_messages_read_back_from_the_log(srv, uid)
     back = raw5(srv, f"{uid}-c", clean_start=False, props=expiry)
     got = publishes(back, 2)
     assert [(p.topic, p.retain) for p in got] == [(f"{uid}/rap", True), (f"{uid}/plain", False)]
+
+
+def test_one_message_to_many_5_0_subscribers_each_gets_its_own_publish(srv, uid):
+    # The broker makes the parts of a PUBLISH that no subscriber changes once per message
+    # (core/router5.py), for subscribers with the same Subscription Identifiers; each
+    # subscriber's frame must still carry its own packet id, QoS, retain flag and Subscription
+    # Identifiers, for small and large payloads, message after message.
+    t = f"{uid}/t"
+    q1 = raw5(srv, f"{uid}-q1")
+    q1.subscribe(t, qos=1)
+    later = raw5(srv, f"{uid}-later")          # its packet ids run one ahead of q1's
+    later.subscribe(f"{uid}/warm", t, qos=1)
+    q0 = raw5(srv, f"{uid}-q0")
+    q0.subscribe(t, qos=0)
+    sid = raw5(srv, f"{uid}-sid")
+    sid.subscribe(t, qos=1, props={R.SUBSCRIPTION_ID: 7})
+    sid_b = raw5(srv, f"{uid}-sid-b")             # the same identifier, on QoS 0
+    sid_b.subscribe(t, qos=0, props={R.SUBSCRIPTION_ID: 7})
+    sid_c = raw5(srv, f"{uid}-sid-c")             # another (two bytes long)
+    sid_c.subscribe(t, qos=0, props={R.SUBSCRIPTION_ID: 300})
+    rap = raw5(srv, f"{uid}-rap")
+    rap.subscribe((t, 1 | R.RETAIN_AS_PUBLISHED))
+    limited = raw5(srv, f"{uid}-limited", props={R.MAXIMUM_PACKET_SIZE: 200})
+    limited.subscribe(t, qos=0)
+    too_large = srv.stats()["dropped"]["packet_too_large"]
+    pub = raw5(srv, f"{uid}-p")
+    pub.publish(f"{uid}/warm", b"w", qos=1)
+    later.ack(publishes(later, 1)[0])
+    props = [(R.CONTENT_TYPE, "text/plain"), (R.USER_PROPERTY, ("a", "1")),
+             (R.USER_PROPERTY, ("b", "2"))]
+    sent = [(b"small", False), (b"L" * 5000, True), (b"next", False)]
+    for payload, retain in sent:
+        pub.publish(t, payload, qos=1, retain=retain, props=props)
+    clients = {"q1": q1, "later": later, "q0": q0, "sid": sid, "sid-b": sid_b, "sid-c": sid_c,
+               "rap": rap}
+    ids = {"sid": [7], "sid-b": [7], "sid-c": [300]}
+    got = {name: publishes(c, 3) for name, c in clients.items()}
+    for name, ps in got.items():
+        assert [p.payload for p in ps] == [s for s, _ in sent], name
+        for p, (_, retain) in zip(ps, sent):
+            assert p.topic == t
+            assert p.properties[R.CONTENT_TYPE] == "text/plain"
+            assert p.properties[R.USER_PROPERTY] == [("a", "1"), ("b", "2")]
+            assert p.properties.get(R.SUBSCRIPTION_ID) == ids.get(name)
+            assert p.qos == (0 if name in ("q0", "sid-b", "sid-c") else 1)
+            assert p.retain == (retain and name == "rap"), name
+    small = publishes(limited, 2)          # the large one is not sent to it, and counted
+    assert [(p.payload, p.qos, p.retain) for p in small] == [(b"small", 0, False),
+                                                             (b"next", 0, False)]
+    assert small[0].properties[R.USER_PROPERTY] == [("a", "1"), ("b", "2")]
+    assert srv.stats()["dropped"]["packet_too_large"] == too_large + 1
+    assert [p.packet_id for p in got["q1"]] == [1, 2, 3]
+    assert [p.packet_id for p in got["later"]] == [2, 3, 4]
+    for name, c in clients.items():
+        for p in got[name]:
+            c.ack(p)
+        assert quiet(c)
+    assert quiet(limited)

@@ -545,6 +545,25 @@ def test_user_property_names_and_values_are_checked_too(raw, side):
         raises5(_with_section(where, section), MALFORMED_PACKET)
 
 
+def test_publishes_with_the_same_property_section_in_a_row_decode_alike():
+    # The decoder remembers the last PUBLISH property section it decoded (mqtt/stream.py):
+    # another one of the same bytes, on any connection, gets the same properties; one that
+    # differs, even by a byte in a string it checks, is decoded (and refused) on its own.
+    props = [(m5.CONTENT_TYPE, "text/plain"), (U, ("k", "1")), (U, ("k", "2"))]
+    other = [(m5.CONTENT_TYPE, "text/plaiN"), (U, ("k", "1")), (U, ("k", "2"))]
+    frames = [m5.publish5("a/b", b"%d" % i, 1, packet_id=i + 1, props=p)
+              for i, p in enumerate([props, props, other, props])]
+    want = [broker_props(p) for p in (props, props, other, props)]
+    for decoder in (Decoder(protocol=V5), Decoder(protocol=V5)):
+        got = decode_all(b"".join(frames), decoder)
+        assert [g.properties for g in got] == want
+        assert [g.payload for g in got] == [b"0", b"1", b"2", b"3"]
+    bad = m5.publish5("a/b", b"x", 1, packet_id=5,
+                      props=[(m5.CONTENT_TYPE, "text/pla\x00n"), (U, ("k", "1")), (U, ("k", "2"))])
+    assert len(bad) == len(frames[0])          # a section of the same length
+    raises5(frames[0] + bad, MALFORMED_PACKET, "MQTT-1.5.3-2")
+
+
 def test_binary_properties_hold_any_bytes():
     data, expected = with_props(m5.PUBLISH, [(m5.CORRELATION_DATA, b"\x00\xff\xfe\x00")])
     check_round_trip(data, expected)

@@ -92,6 +92,11 @@ def _charge(client, p: P.Publish) -> None:
         client.throttle(*over)  # this message went through; reading stops after it
 
 
+# The properties of the last 5.0 PUBLISH and what message_properties made of them (the
+# decoder hands PUBLISHes with the same property section as the last one the same dict).
+_last_forwarded: tuple = (None, b"", None)
+
+
 def on_publish5(client, p: P.Publish) -> None:
     """A 5.0 PUBLISH: its Topic Alias resolved (or set), its properties checked and kept for
     the subscribers; refusals answered with a reason code where QoS > 0 has one."""
@@ -130,7 +135,13 @@ def on_publish5(client, p: P.Publish) -> None:
             if p.qos:
                 _answer5(client, p, NOT_AUTHORIZED, f"publish to {p.topic!r} not authorized")
             return
-    properties, expiry = mqtt5.message_properties(props)
+    global _last_forwarded
+    last = _last_forwarded
+    if props is last[0]:     # the decoder's dict for the same section as the last PUBLISH's
+        properties, expiry = last[1], last[2]
+    else:
+        properties, expiry = mqtt5.message_properties(props)
+        _last_forwarded = (props, properties, expiry)
     on_publish(client, p, properties, expiry)
 
 
