@@ -9,7 +9,9 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.router5``: what a PUBLISH to an MQTT 5.0 subscriber carries, and its options;
 - ``core.sessions``: admission, attach/detach, subscriptions, drops;
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
+  ``core.catchup_run`` the runs a session with one subscription sends at once;
 - ``core.shared``: shared subscriptions: groups, the choice of member, hand-over;
+  ``core.shared_backlog`` a group's backlog read from the log;
 - ``core.timers``: the deadline heap (keepalive, CONNECT timeout, ``Timer``s) and
   the periodic maintenance;
 - ``core.persistence``: snapshots (capture, restore, replay), with ``core.exchanges``
@@ -32,6 +34,7 @@ import logging
 
 from edgebroker.config import Config
 from edgebroker.core.catchup import CatchUp
+from edgebroker.core.catchup_run import CatchUpRuns
 from edgebroker.core.client import Client
 from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
@@ -43,6 +46,7 @@ from edgebroker.core.router import Router
 from edgebroker.core.router5 import Router5
 from edgebroker.core.sessions import Sessions
 from edgebroker.core.shared import Shared
+from edgebroker.core.shared_backlog import SharedBacklog
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.core.timers import Timers
 
@@ -58,7 +62,8 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker(Router, Router5, Sessions, CatchUp, Timers, Persistence, Shared):
+class Broker(Router, Router5, Sessions, CatchUp, CatchUpRuns, Timers, Persistence,
+             Shared, SharedBacklog):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits

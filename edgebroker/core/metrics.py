@@ -18,7 +18,8 @@ from __future__ import annotations
 import heapq
 
 from edgebroker import __version__
-from edgebroker.core.catchup import IN_STEP, waiting
+from edgebroker.core.catchup import IN_STEP
+from edgebroker.core.catchup_run import waiting
 from edgebroker.core.limits import DROPS, LIMITS, REFUSALS
 
 PROTOCOL_NAMES = {3: "3.1", 4: "3.1.1", 5: "5.0"}

@@ -405,7 +405,7 @@ class Router:
                 break                         # ... once an acknowledgement frees the window
             cursor = session.cursor
             if cursor.run is not None:
-                # Records read from the log as a run (core.catchup.Run), sent all at once.
+                # Records read from the log as a run (core.catchup_run.Run), sent all at once.
                 if not self.send_run(session, cursor.run):
                     break
                 cursor.run = None

@@ -132,7 +132,7 @@ def _frames(transport) -> list:
 
 
 def test_a_returning_session_drains_its_backlog_in_runs_at_the_granted_qos(core):
-    """One subscription: the backlog is read as runs (core.catchup.Run) and sent as the window
+    """One subscription: the backlog is read as runs (core.catchup_run.Run) and sent as the window
     allows, QoS 2 records downgraded to the granted 1, QoS 0 published while the session was
     offline left out (queue_qos0_messages is off); each read's PUBACKs are handled together;
     the snapshot's cursor is the first record read and not yet sent."""

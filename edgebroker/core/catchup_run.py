@@ -1,0 +1,192 @@
+"""Catching up in runs: a session behind with one subscription sends the log's records with
+nothing made per record.
+
+``CatchUp.refill`` hands what ``CommitLog.read_run`` found to ``_take_run``: the scanner's
+entries over one chunk become the cursor's ``Run``, and ``send_run`` builds the PUBLISH
+frames of all that the window and the connection take with one native call
+(``_native.publish_frames``) and one write. Runs are for 3.1.1 subscribers and records
+without properties (core.catchup says when); everything else goes through ``refill``'s
+batches.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+
+from edgebroker import _native
+from edgebroker.commitlog.format import RECORD_HEADER_SIZE
+from edgebroker.core.session import EMPTY_DICT, Outgoing, Stored
+
+
+class Run:
+    """Records a session catching up read from the log and has not all been sent yet: the
+    scanner's entries (``_native.scan``) for the records of one chunk of a segment that match
+    its one subscription, over the chunk itself (``data``, from file position ``base``). Nothing
+    is made per record until it is sent; then ``Broker.send_run`` builds the PUBLISH frames
+    of all that the window and the connection take with one native call
+    (``_native.publish_frames``) and one write. Held on ``Cursor.run``; the cursor's offset is
+    already past it (as past the records of a batch in the session's queue)."""
+
+    __slots__ = ("data", "base", "entries", "n", "i", "offsets", "metas", "lengths", "times",
+                 "qos", "pids", "top", "skip_offline", "drop_qos0", "too_old")
+
+    def __init__(self, data, base: int, entries, n: int, top: int):
+        self.data = data
+        self.base = base
+        self.entries = entries
+        self.n = n                    # records in the run
+        self.i = 0                    # the first not yet sent
+        words = _native.SCAN_ENTRY_WORDS
+        self.offsets = entries[0::words]
+        self.times = entries[1::words]
+        self.lengths = entries[3::words]
+        self.metas = entries[4::words]
+        self.qos = bytearray(n)       # per record as sent: 0-2, or 255 (skipped)
+        self.pids = array("H", bytes(2 * n))  # packet ids as sent (QoS 1 and 2)
+        self.top = top                # the QoS the subscription granted
+        # QoS 0 records: skipped silently when published while the session was offline
+        # (skip_offline, see Cursor.was_offline), as dropped past max_lag (counted).
+        self.skip_offline = False
+        self.drop_qos0 = False
+        self.too_old = -1
+
+
+def waiting(session) -> int:
+    """Messages ``session`` holds for its client beyond the window: its queue, and what its
+    cursor read from the log and has not sent (its run)."""
+    cursor = session.cursor
+    run = cursor.run if cursor is not None else None
+    return len(session.queue) + (run.n - run.i if run is not None else 0)
+
+
+
+
+class CatchUpRuns:
+    """Runs' part of ``Broker`` (a mixin over the broker's state, beside ``CatchUp``)."""
+
+    def _take_run(self, session, found: tuple, head: int, top: int) -> bool:
+        """``refill`` with what ``CommitLog.read_run`` found: the run becomes the cursor's
+        (records from ``head`` on are left to live routing). As ``refill``'s result."""
+        cursor = session.cursor
+        commit_log = self.journal.log
+        found_run, next_offset = found
+        if next_offset > head:
+            next_offset = head
+        if next_offset <= cursor.offset:
+            self._skip(session, commit_log.written_offset, "the log cannot be read there")
+            return True
+        run = None
+        if found_run is not None:
+            data, base, entries, n = found_run
+            run = Run(data, base, entries, n, top)
+            if run.offsets[n - 1] >= head:
+                run.n = bisect_left(run.offsets, head, 0, n)
+            if run.n:
+                limits = self.limits
+                lag_bytes = limits.max_lag_bytes
+                run.drop_qos0 = (bool(lag_bytes)
+                                 and commit_log.bytes_after(cursor.offset) > lag_bytes)
+                max_age = limits.max_lag_age
+                if max_age:
+                    run.too_old = self.journal.wall_ms() - int(max_age * 1000)
+                run.skip_offline = bool(cursor.offline) and not (limits.queue_qos0_messages
+                                                                 and not session.clean)
+                cursor.run = run
+            else:
+                run = None
+        cursor.offset = next_offset
+        if not session.clean:
+            self._snapshot_dirty = True   # a restart goes on from here
+        if run is not None:
+            return True
+        if next_offset >= head:
+            self._caught_up(session)
+            return True
+        # A long stretch of records it does not take: go on in the next pass.
+        self._catch_up_again.add(session)
+        if not self._catch_up_timer.pending:
+            self._catch_up_timer.start(self, self.clock())
+        return False
+
+    def send_run(self, session, run: Run) -> bool:
+        """Send what the window and the connection take of ``run`` (the client is online and
+        its queue empty): the PUBLISH frames of all of it in one write. True when all of the
+        run is sent."""
+        client = session.client
+        transport = client.transport
+        limits = self.limits
+        window = limits.max_inflight_messages
+        window_bytes = limits.max_inflight_bytes
+        inflight = session.inflight
+        if inflight is EMPTY_DICT:
+            inflight = session.own_inflight()
+        held = len(inflight)
+        held_bytes = session.inflight_bytes
+        room = transport.max_pending - transport.out_bytes
+        first = i = run.i
+        n = run.n
+        offsets, metas, lengths = run.offsets, run.metas, run.lengths
+        qos, pids, top = run.qos, run.pids, run.top
+        pid = session._next_id
+        journal_qos2 = not session.clean and self.exchanges is not None
+        hdr = RECORD_HEADER_SIZE
+        sent = lagging = 0
+        while i < n:
+            meta = metas[i]
+            q = meta & 3
+            if q > top:
+                q = top
+            size = lengths[i] - hdr - (meta >> 8 & 0xFFFF)
+            if q:
+                if held >= window or held_bytes >= window_bytes and held or room <= 0:
+                    break
+                while True:      # the next packet id not in use (Session.allocate_id)
+                    pid = pid + 1 if pid < 65535 else 1
+                    if pid not in inflight:
+                        break
+                inflight[pid] = Outgoing(Stored(offsets[i], size), q, False)
+                held += 1
+                held_bytes += size
+                pids[i] = pid
+                if q == 2 and journal_qos2:
+                    self.exchanges.sent(session.client_id, pid, offsets[i], size, False)
+            elif (run.skip_offline and session.cursor.was_offline(offsets[i])
+                  or run.drop_qos0 or run.times[i] < run.too_old):
+                # As refill: published while the session was offline (not kept), or past
+                # max_lag (counted).
+                if not run.skip_offline or not session.cursor.was_offline(offsets[i]):
+                    lagging += 1
+                qos[i] = 255
+                i += 1
+                continue
+            elif room <= 0:
+                break
+            qos[i] = q
+            room -= size
+            sent += 1
+            i += 1
+        session._next_id = pid
+        session.inflight_bytes = held_bytes
+        run.i = i
+        if i > first:
+            entries = run.entries
+            words = _native.SCAN_ENTRY_WORDS
+            start, last = first * words, (i - 1) * words
+            # Every frame is shorter than its record: the records' span is room enough.
+            frames = _native.publish_frames(run.data, run.base, entries, first, i - first, qos,
+                                            pids, entries[last + 2] + entries[last + 3]
+                                            - entries[start + 2])
+            if sent:
+                transport.write(frames)
+                transport.count_publish(sent)
+                self.stats.publish_sent += sent
+                self.prompt = True
+            if not session.clean:
+                self._snapshot_dirty = True   # the snapshot's cursor (Cursor.unsent) moved
+        if lagging:
+            self._lag_drop(session, lagging, run.drop_qos0)
+        if room <= 0:
+            transport.wait_for_drain()
+        return i >= n
+

@@ -1,0 +1,123 @@
+"""A shared subscription group's backlog read from the commit log (core.shared).
+
+Past QUEUE_MESSAGES / QUEUE_BYTES in memory a group keeps a cursor into the log, as a session
+behind does (core.catchup), and reads the records matching its filter from there in batches
+(``_refill``); retention and ``max_session_lag_age`` move a cursor they leave behind, and the
+segments the groups still need are held (``check_shared_cursors``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES, SCAN_BYTES
+from edgebroker.core.mqtt5 import stored_properties
+from edgebroker.core.session import Message, Stored
+from edgebroker.core.shared import Group
+
+log = logging.getLogger("edgebroker.broker")
+
+
+class SharedBacklog:
+    """The log-reading part of ``Broker``'s shared subscriptions (a mixin beside ``Shared``)."""
+
+    def _refill(self, group: Group) -> bool:
+        """The next batch of the group's records from the log into its (empty) backlog. True
+        when draining may go on: something was queued, or it caught up."""
+        journal = self.journal
+        commit_log = journal.log
+        if commit_log.pending_bytes:
+            journal.end_pass()
+        first = commit_log.first_offset
+        if group.cursor < first:
+            self._skip_shared(group, first, "retention deleted the segments it was reading")
+        head = self.live_offset()
+        cursor = group.cursor
+        if cursor >= head:
+            self._shared_caught_up(group)
+            return True
+        if cursor >= commit_log.written_offset:
+            return False     # the log cannot write: the next acknowledgement or pass retries
+        records, next_offset = commit_log.read_batch(cursor, group.filter_bytes, QUEUE_MESSAGES,
+                                                     QUEUE_BYTES, SCAN_BYTES)
+        if next_offset > head:
+            records = [r for r in records if r[0] < head]
+            next_offset = head
+        if next_offset <= cursor:
+            self._skip_shared(group, commit_log.written_offset, "the log cannot be read there")
+            return True
+        done = group.done
+        queue = group.queue
+        queued = 0
+        for offset, ts, qos, retain, topic, payload, size, properties in records:
+            if qos == 0 or done is not None and offset in done:
+                continue
+            if payload is None:
+                ref = Stored(offset, len(topic) + size)
+                name = None
+            else:
+                name = topic.decode("utf-8", "replace")
+                ref = (Message(name, payload, qos, retain, offset, topic, "", *stored_properties(
+                    properties, ts, journal.wall_ms(), self.clock())) if properties
+                       else Message(name, payload, qos, retain, offset, topic))
+            queue.append((ref, qos, retain, name))
+            group.queue_bytes += ref.size
+            queued += 1
+        group.cursor = next_offset
+        if done is not None and next_offset > max(done):
+            group.done = None
+        if next_offset >= head:
+            self._shared_caught_up(group)
+            return True
+        if not queued:
+            # A long stretch of records it does not take: go on in the next pass.
+            self._shared_again.add(group)
+            if not self._shared_timer.pending:
+                self._shared_timer.start(self, self.clock())
+            return False
+        return True
+
+    def _shared_caught_up(self, group: Group) -> None:
+        group.cursor = None
+        self.stats.shared_caught_up += 1
+
+    def _on_shared_again(self) -> None:
+        groups, self._shared_again = self._shared_again, set()
+        for group in groups:
+            if group.cursor is not None and self.groups.get(group.key) is group:
+                self._drain(group)
+
+    def _skip_shared(self, group: Group, offset: int, why: str) -> None:
+        lost = offset - group.cursor
+        if lost <= 0:
+            return
+        self.drop("log_gap", None, lost)
+        log.warning("shared subscription %r: log records %d to %d are lost to it (%s): it "
+                    "goes on from %d", group.key, group.cursor, offset - 1, why, offset)
+        group.cursor = offset
+
+    def check_shared_cursors(self) -> None:
+        """Periodic, after ``check_cursors``: move group cursors that retention or
+        ``max_session_lag_age`` left behind, and hold the segments the groups need."""
+        journal = self.journal
+        if journal is None or not self.groups:
+            return
+        commit_log = journal.log
+        first = commit_log.first_offset
+        max_age = self.limits.max_session_lag_age
+        oldest = (commit_log.offset_at_time(journal.wall_ms() - int(max_age * 1000))
+                  if max_age else 0)
+        hold = commit_log.hold_offset
+        for group in self.groups.values():
+            if group.cursor is not None:
+                if group.cursor < first:
+                    self._skip_shared(group, first, "retention deleted its segments: the log "
+                                                    "was over retention_bytes")
+                if group.cursor < oldest:
+                    self._skip_shared(group, oldest, f"its cursor was older than "
+                                                     f"max_session_lag_age ({max_age:g} s)")
+            if group.backlog:
+                floor = group.floor()
+                if floor < hold:
+                    hold = floor
+        commit_log.hold_offset = hold
