@@ -4,19 +4,20 @@ The file format is TOML. Every key has a type, a default and a check; an
 unknown key, a wrong type or a bad value raises ``ConfigError`` naming the
 key (``limits.max_inflight_messages``) and the problem, every problem of the
 file at once (an unknown key with the likely one it meant). Names follow
-Mosquitto's where Mosquitto has the setting. docs/config.md lists them all.
+Mosquitto's where Mosquitto has the setting. docs/config.md lists them all. A
+``[[listener]]`` table is edgebroker.listener_config's, ``[upload]`` upload_config's.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 
 from edgebroker import records
-from edgebroker.config_fields import (
-    MiB, at_least, between, octal_mode, one_of, setting, url_path,
-)
+from edgebroker.config_fields import MiB, at_least, between, one_of, setting
 from edgebroker.errors import ConfigError
+from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
+    ListenerConfig, listener_problems, parse_address,
+)
 from edgebroker.records import field, record
 from edgebroker.upload_config import UploadConfig
 
@@ -24,81 +25,8 @@ TYPE_CHECKING = False   # typing is imported by type checkers only (the broker's
 if TYPE_CHECKING:
     from typing import Any
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 1883
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PACKET_SIZE_311 = 268_435_455  # largest remaining length 3.1.1 can encode, plus header
-
-
-IPV6_LOOPBACK = bytes(15) + b"\1"   # ::1
-TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
-PROTOCOLS = ("mqtt", "websockets")
-
-
-@record(frozen=True)
-class ListenerConfig:
-    host: str = setting(DEFAULT_HOST, doc="address to bind; \"::\" or \"0.0.0.0\" for all")
-    port: int = setting(DEFAULT_PORT, between(0, 65535), doc="TCP port; 0 picks a free port")
-    max_connections: int = setting(
-        0, at_least(0),
-        doc="connected clients on this listener; over it CONNACK 3; 0: only limits.max_connections")
-    # What the connections speak: MQTT, or MQTT over WebSockets (wss with a certfile).
-    protocol: str = setting(
-        "mqtt", one_of(*PROTOCOLS),
-        doc="\"mqtt\", or \"websockets\": MQTT over WebSockets (wss when certfile is set)")
-    websocket_path: str = setting(
-        "/mqtt", url_path, doc="with protocol websockets: the URL path of the HTTP upgrade")
-    # Unix-domain socket listener (instead of host/port).
-    unix_socket: str = setting("", doc="path of a Unix-domain socket to listen on instead of TCP")
-    unix_socket_mode: str = setting(
-        "0660", octal_mode, doc="permissions of the Unix socket file (octal)")
-    # TLS: a listener with a certfile speaks MQTT over TLS.
-    certfile: str = setting("", doc="PEM server certificate (chain); makes this a TLS listener")
-    keyfile: str = setting("", doc="PEM private key of certfile (empty: the key is in certfile)")
-    cafile: str = setting("", doc="PEM CA certificate(s) that client certificates must chain to")
-    require_certificate: bool = setting(
-        False, doc="clients must present a certificate signed by cafile")
-    use_identity_as_username: bool = setting(
-        False, doc="the client certificate's common name is the user name (no password)")
-    tls_version: str = setting(
-        "tlsv1.2", one_of(*TLS_VERSIONS), doc="lowest TLS version accepted")
-    ciphers: str = setting("", doc="OpenSSL cipher list for TLS 1.2 (empty: Python's default)")
-    handshake_timeout: float = setting(
-        10.0, at_least(0.001), doc="seconds a TLS handshake may take before the socket is closed")
-    # Authentication overrides (None: the top-level setting applies).
-    allow_anonymous: bool | None = setting(
-        None, doc="overrides the top-level allow_anonymous for this listener")
-    password_file: str | None = setting(
-        None, doc="overrides the top-level password_file; \"\" for none on this listener")
-    acl_file: str | None = setting(
-        None, doc="overrides the top-level acl_file; \"\" for none on this listener")
-
-    @property
-    def address(self) -> str:
-        if self.unix_socket:
-            return f"unix:{self.unix_socket}"
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-    @property
-    def tls(self) -> bool:
-        return bool(self.certfile)
-
-    def is_local(self) -> bool:
-        """True for a Unix socket or a loopback address (not reachable from the network)."""
-        if self.unix_socket:
-            return True
-        if self.host == "localhost":
-            return True
-        # A literal 127.0.0.0/8 or ::1 address (read with socket's parser: the ipaddress
-        # module would cost the broker memory all its life).
-        try:
-            return socket.inet_pton(socket.AF_INET, self.host)[0] == 127
-        except (OSError, ValueError):
-            pass
-        try:
-            return socket.inet_pton(socket.AF_INET6, self.host) == IPV6_LOOPBACK
-        except (OSError, ValueError):
-            return False
 
 
 @record(frozen=True)
@@ -413,7 +341,7 @@ def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
         except ConfigError as exc:
             problems += exc.problems
             continue
-        problems += _listener_problems(lst, item, f"listener[{i}]")
+        problems += listener_problems(lst, item, f"listener[{i}]")
         where = lst.unix_socket or (lst.host, lst.port)
         if (lst.port or lst.unix_socket) and where in seen:
             problems.append(f"listener[{i}]: {lst.address} is listed twice")
@@ -431,34 +359,6 @@ def _metrics_problems(metrics: MetricsConfig) -> list[str]:
         except ConfigError:
             return [f"metrics.listen: expected HOST:PORT, got {metrics.listen!r}"]
     return []
-
-
-_TLS_ONLY = ("keyfile", "cafile", "require_certificate", "use_identity_as_username",
-             "tls_version", "ciphers", "handshake_timeout")
-
-
-def _listener_problems(lst: ListenerConfig, given: dict, name: str) -> list[str]:
-    """What breaks the rules between the keys of one [[listener]] table."""
-    problems = []
-    if "websocket_path" in given and lst.protocol != "websockets":
-        problems.append(f"{name}.websocket_path: only with protocol = \"websockets\"")
-    if lst.unix_socket:
-        problems += [f"{name}.{key}: not used with unix_socket (a Unix socket listener has no "
-                     f"address, port or TLS)"
-                     for key in ("host", "port", "certfile") + _TLS_ONLY if key in given]
-        return problems
-    if "unix_socket_mode" in given:
-        problems.append(f"{name}.unix_socket_mode: only with unix_socket")
-    if not lst.certfile:
-        problems += [f"{name}.{key}: needs certfile (TLS settings apply only to a TLS listener)"
-                     for key in _TLS_ONLY if key in given]
-        return problems
-    if lst.require_certificate and not lst.cafile:
-        problems.append(f"{name}.require_certificate: needs cafile (the CA that signs the "
-                        f"client certificates)")
-    if lst.use_identity_as_username and not lst.require_certificate:
-        problems.append(f"{name}.use_identity_as_username: needs require_certificate = true")
-    return problems
 
 
 # The sections of Config, and the rules between the keys of one.
@@ -519,18 +419,6 @@ def load(path: str | None) -> Config:
         partial = exc.partial and records.replace(exc.partial, source=path)
         raise ConfigError(*(f"{path}: {problem}" for problem in exc.problems),
                           partial=partial) from None
-
-
-def parse_address(text: str) -> ListenerConfig:
-    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (all interfaces) for ``--listen``."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--listen {text!r}: expected HOST:PORT")
-    host = host.strip("[]") or "0.0.0.0"
-    port_no = int(port)
-    if port_no > 65535:
-        raise ConfigError(f"--listen {text!r}: port must be between 0 and 65535")
-    return ListenerConfig(host=host, port=port_no)
 
 
 def describe() -> list[tuple[str, Any, str]]:
