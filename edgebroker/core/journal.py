@@ -29,21 +29,8 @@ import logging
 from collections import deque
 
 from edgebroker.commitlog.errors import LogFullError, LogWriteError
-from edgebroker.mqtt.properties import SUBSCRIPTION_ID, TOPIC_ALIAS, encode_body
 
 log = logging.getLogger("edgebroker.journal")
-# PUBLISH properties that belong to one hop (a connection's alias, the subscriptions of one
-# receiver), not to the message: the log does not keep them.
-HOP_PROPERTIES = frozenset((TOPIC_ALIAS, SUBSCRIPTION_ID))
-
-
-def log_properties(props: dict | None) -> bytes:
-    """What the log keeps of a received PUBLISH's properties (decoded, mqtt.properties): the
-    property encoding without its length, in the order they came, minus Topic Alias and
-    Subscription Identifier; b"" when nothing is left (docs/log-format.md)."""
-    if not props:
-        return b""
-    return encode_body({k: v for k, v in props.items() if k not in HOP_PROPERTIES})
 
 
 class Journal:
@@ -72,7 +59,7 @@ class Journal:
     def append(self, client, topic_bytes: bytes, payload: bytes, qos: int, retain: bool,
                properties: bytes = b"") -> int | None:
         """Log one message; its offset, or None when it is not logged. ``properties``: its
-        MQTT 5.0 properties as the log keeps them (``log_properties``), b"" for none.
+        MQTT 5.0 properties as the log keeps them (``core.mqtt5.logged``), b"" for none.
 
         Raises LogFullError when a QoS 1/2 message cannot be held (the disk has
         been failing for a while); the caller must then neither route nor

@@ -111,6 +111,12 @@ def message_properties(props: dict | None) -> tuple[bytes, int | None]:
     return Q.encode_body(props), interval
 
 
+def logged(forward: bytes, interval: int | None) -> bytes:
+    """What the commit log keeps of a message's properties (docs/log-format.md): those it is
+    forwarded with (``message_properties``), then its Message Expiry Interval."""
+    return forward if interval is None else forward + b"\x02" + interval.to_bytes(4, "big")
+
+
 def stored_properties(stored: bytes, timestamp_ms: int, wall_ms: int,
                       now: float) -> tuple[bytes, float]:
     """A log record's properties (as docs/log-format.md stores them) -> (the encoded

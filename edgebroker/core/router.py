@@ -21,6 +21,7 @@ from collections import deque
 
 from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.client import Client
+from edgebroker.core.mqtt5 import logged
 from edgebroker.core.router5 import options5
 from edgebroker.core.session import (
     AWAIT_ACK, EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored,
@@ -85,7 +86,7 @@ class Router:
                               properties, expires)
             self._last_topic = (topic, message.topic_bytes)
         if expiry is not None:
-            properties += b"\x02" + expiry.to_bytes(4, "big")
+            properties = logged(properties, expiry)
         journal = self.journal
         if journal is not None:
             offset = message.offset = journal.append(client, message.topic_bytes, payload, qos,

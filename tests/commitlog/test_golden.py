@@ -279,10 +279,13 @@ def test_a_version_1_last_segment_without_records_becomes_version_2(tmp_path):
 
 
 def test_log_properties_keep_the_message_s_and_drop_one_hop_s(tmp_path):
-    """What the core stores (core.journal.log_properties): the properties as sent, minus
-    Topic Alias and Subscription Identifier; read back as they were."""
-    from edgebroker.core.journal import log_properties
+    """What the core stores (core.mqtt5: message_properties, then logged): the properties as
+    sent, minus Topic Alias and Subscription Identifier; read back as they were."""
+    from edgebroker.core.mqtt5 import logged, message_properties
     from edgebroker.mqtt import properties as p
+
+    def log_properties(props):
+        return logged(*message_properties(props))
     sent = {p.TOPIC_ALIAS: 7, p.CONTENT_TYPE: "text/plain", p.SUBSCRIPTION_ID: [3, 9],
             p.USER_PROPERTY: [("b", "2"), ("a", "1")], p.MESSAGE_EXPIRY: 60}
     stored = log_properties(sent)
