@@ -681,3 +681,20 @@ def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0,
             return doc
         pause.wait(0.05)
     raise AssertionError(f"no snapshot listing {client_id!r} within {timeout} s")
+
+
+@pytest.fixture
+def mosquitto_broker(tmp_path):
+    """Factory: ``mosquitto_broker(persistence=True, extra=[...])`` -> a running Mosquitto on a
+    free loopback port (tests/mosquitto.py); all are stopped at the end of the test."""
+    from mosquitto import MosquittoBroker
+    made: list = []
+
+    def start(**kw):
+        m = MosquittoBroker(tmp_path / f"mosquitto{len(made)}", **kw).start()
+        made.append(m)
+        return m
+
+    yield start
+    for m in made:
+        m.stop(kill=True)
