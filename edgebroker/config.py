@@ -5,7 +5,8 @@ unknown key, a wrong type or a bad value raises ``ConfigError`` naming the
 key (``limits.max_inflight_messages``) and the problem, every problem of the
 file at once (an unknown key with the likely one it meant). Names follow
 Mosquitto's where Mosquitto has the setting. docs/config.md lists them all. A
-``[[listener]]`` table is edgebroker.listener_config's, ``[upload]`` upload_config's.
+``[[listener]]`` table is edgebroker.listener_config's, ``[upload]`` upload_config's, a
+``[[bridge]]`` table bridge_config's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 
 from edgebroker import records
+from edgebroker.bridge_config import BridgeConfig, TopicRule, bridge_problems
 from edgebroker.config_fields import MiB, at_least, between, one_of, setting
 from edgebroker.errors import ConfigError
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
@@ -218,6 +220,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     upload: UploadConfig = field(default_factory=UploadConfig)
+    bridge: tuple[BridgeConfig, ...] = field(default=())
     source: str = field(default="", compare=False)
 
     @property
@@ -286,6 +289,11 @@ def _build_value(cls, name: str, raw: Any, prefix: str) -> Any:
         raise ConfigError(f"{key}: unknown setting{_did_you_mean(cls, name, prefix)}")
     if cls is Config and name == "listener":
         return _build_listeners(raw)
+    if cls is Config and name == "bridge":
+        return _build_bridges(raw)
+    if cls is BridgeConfig and name == "topic":
+        return _build_list(TopicRule, raw, key, "topic rules: a list of tables such as "
+                                                "{pattern = \"a/#\", direction = \"out\"}")
     if cls is Config and name in _SECTIONS:
         section = _build(_SECTIONS[name], raw, f"{name}.")
         problems = _SECTION_CHECKS[name](section) if name in _SECTION_CHECKS else []
@@ -312,7 +320,8 @@ def _did_you_mean(cls, name: str, prefix: str) -> str:
     if close:
         return f"; did you mean {prefix}{close[0]}?"
     tables = [("", Config, "a top-level setting: put it above the first [table]"),
-              ("listener.", ListenerConfig, "a setting of a [[listener]] table")]
+              ("listener.", ListenerConfig, "a setting of a [[listener]] table"),
+              ("bridge.", BridgeConfig, "a setting of a [[bridge]] table")]
     tables += [(f"{n}.", c, f"a setting of the [{n}] table") for n, c in _SECTIONS.items()]
     for other_prefix, other, where in tables:
         if other is not cls:
@@ -350,6 +359,36 @@ def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
     if problems:
         raise ConfigError(*problems, partial=tuple(listeners) or None)
     return tuple(listeners)
+
+
+def _build_list(cls, raw: Any, key: str, expected: str) -> tuple:
+    """A list of tables (``key[i].setting``), every problem of every table at once."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{key}: expected {expected}")
+    problems: list[str] = []
+    items = []
+    for i, item in enumerate(raw):
+        try:
+            items.append(_build(cls, item, f"{key}[{i}]."))
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(*problems, partial=tuple(items))
+    return tuple(items)
+
+
+def _build_bridges(raw: Any) -> tuple[BridgeConfig, ...]:
+    bridges = _build_list(BridgeConfig, raw, "bridge", "one or more [[bridge]] tables")
+    problems: list[str] = []
+    names = set()
+    for i, (bridge, given) in enumerate(zip(bridges, raw)):
+        problems += bridge_problems(bridge, given, f"bridge[{i}]")
+        if bridge.name in names:
+            problems.append(f"bridge[{i}].name: {bridge.name!r} is used by another bridge")
+        names.add(bridge.name)
+    if problems:
+        raise ConfigError(*problems, partial=bridges)
+    return bridges
 
 
 def _metrics_problems(metrics: MetricsConfig) -> list[str]:
@@ -426,7 +465,8 @@ def describe() -> list[tuple[str, Any, str]]:
     rows = []
     for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits),
                         ("log.", LogConfig), ("metrics.", MetricsConfig),
-                        ("upload.", UploadConfig)):
+                        ("upload.", UploadConfig), ("bridge.", BridgeConfig),
+                        ("bridge.topic.", TopicRule)):
         for f in records.fields(cls):
             if "doc" in f.metadata:
                 rows.append((prefix + f.name, f.default, f.metadata["doc"]))

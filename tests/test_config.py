@@ -116,7 +116,8 @@ def test_listener_is_local_on_loopback_addresses_only(host, local):
 # The docs/config.md section that lists the keys with each prefix.
 DOC_SECTIONS = {"": "## Top level", "listener.": "## `[[listener]]`", "limits.": "## `[limits]`",
                 "log.": "## `[log]`", "metrics.": "## `[metrics]`",
-                "upload.": "## `[upload]`"}
+                "upload.": "## `[upload]`", "bridge.": "## `[[bridge]]`",
+                "bridge.topic.": "## `[[bridge]]` topic rules"}
 
 
 def _doc_section(docs: str, heading: str) -> str:

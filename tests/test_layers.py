@@ -11,7 +11,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "edgebroker"
 # Top to bottom: a module may import its own layer's modules and those of the layers above.
 LAYERS = [
     {"edgebroker", "edgebroker.errors", "edgebroker.config", "edgebroker.config_fields",
-     "edgebroker.upload_config", "edgebroker.listener_config", "edgebroker.logs",
+     "edgebroker.upload_config", "edgebroker.listener_config", "edgebroker.bridge_config",
+     "edgebroker.logs",
      "edgebroker.records"},
     {"edgebroker.mqtt"},
     {"edgebroker._native"},
@@ -20,6 +21,7 @@ LAYERS = [
     {"edgebroker.spark"},     # the central side: below the uploader, and nothing else imports it
     {"edgebroker.security"},
     {"edgebroker.core"},
+    {"edgebroker.bridge"},    # upstream MQTT: log consumers over the client library
     {"edgebroker.server"},
     {"edgebroker.cli", "edgebroker.__main__"},
 ]

@@ -183,6 +183,7 @@ def format_stats(s: dict) -> str:
         f"process     {memory}",
         f"log         {_log_line(s.get('log'))}",
         f"upload      {upload_line(s.get('upload'))}",
+        *(f"bridge      {bridge_line(b)}" for b in s.get("bridges") or ()),
         f"limits hit  {_nonzero(s['limit_hits'])}",
         f"refused     {_nonzero(s['refused'])}",
         f"dropped     {_nonzero(s['dropped'])}",
@@ -209,6 +210,15 @@ def upload_line(fig: dict | None) -> str:
             f"records, {_size(fig['bytes'])}; backlog {fig['backlog_batches']} batches, "
             f"{_size(fig['backlog_bytes'])}, oldest {_duration(fig['backlog_age_seconds'])}, lag "
             f"{fig['lag_seconds']:.1f} s; {fig['retries']} retries{alarm}{last}")
+
+
+def bridge_line(fig: dict) -> str:
+    error = f"; last error: {fig['last_error']}" if fig["last_error"] else ""
+    return (f"{fig['name']} to {fig['remote']}, {fig['state']}, cursor {fig['cursor']}; lag "
+            f"{fig['lag_messages']} messages, {_size(fig['lag_bytes'])}, "
+            f"{fig['lag_seconds']:.1f} s; {fig['forwarded']} forwarded, {fig['resent']} resent, "
+            f"{fig['gaps']} gaps ({fig['gap_offsets']} offsets), {fig['received']} received, "
+            f"{fig['reconnects']} reconnects{error}")
 
 
 # ----- clients -----------------------------------------------------------------------------

@@ -104,6 +104,13 @@ class Broker(Router, Router5, Sessions, CatchUp, CatchUpRuns, Timers, Persistenc
         # The uploader's figures for the stats (uploader.Uploader.figures, any thread), set by
         # the server when [upload] url is set; None: no uploading.
         self.upload_figures = None
+        # Readers of the log with cursors of their own beside the sessions (the bridges,
+        # edgebroker.bridge), set by the server: ``on_written()`` after a pass wrote records
+        # (a reader at the head goes on without polling), ``hold()`` the oldest offset it
+        # still needs (age retention keeps it; core.timers).
+        self.log_consumers: list = []
+        # The bridges' figures (edgebroker.bridge.Bridges.figures(wall_ms)), with [[bridge]].
+        self.bridge_figures = None
         self._init_persistence(commit_log)
         self._init_catchup()
         self.sys = SysTopics(self, self.started)
@@ -173,6 +180,8 @@ class Broker(Router, Router5, Sessions, CatchUp, CatchUpRuns, Timers, Persistenc
             journal.end_pass()
             if self.unrouted:
                 self.route_written()
+            for consumer in self.log_consumers:
+                consumer.on_written()
         self.before_send()
 
     def before_send(self) -> None:

@@ -94,6 +94,8 @@ def snapshot(broker, now: float) -> dict:
                     "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over},
         "log": broker.journal.figures() if broker.journal is not None else None,
         "upload": broker.upload_figures() if broker.upload_figures is not None else None,
+        "bridges": (broker.bridge_figures(broker.journal.wall_ms())
+                    if broker.bridge_figures is not None else None),
     }
 
 

@@ -195,6 +195,10 @@ class Timers:
             # this call is seen by the next one, or by the session's next read).
             self.check_cursors(now)
             self.check_shared_cursors()
+            for consumer in self.log_consumers:
+                hold = consumer.hold()
+                if hold < journal.log.hold_offset:
+                    journal.log.hold_offset = hold
             try:
                 journal.log.housekeeping()
             except Exception:

@@ -10,6 +10,7 @@ the command's name (``stats``) for quick use with ``socat``:
     {"cmd": "stats"}                                     -> {"ok": true, "stats": {...}}
     {"cmd": "clients", "sort": "msgs_in_rate", "limit": 20}
                                                          -> {"ok": true, "total": N, "clients": [...]}
+    {"cmd": "bridges"}                                   -> {"ok": true, "bridges": [{...}, ...]}
     {"cmd": "upload_pause"} (or "upload_resume")         -> {"ok": true, "changed": bool, "upload": {...}}
     {"cmd": "help"}                                      -> {"ok": true, "commands": {...}}
 
@@ -44,6 +45,7 @@ COMMANDS = {
     "stats": "broker-wide figures: connections, messages, limits hit, refusals, drops, loop, process",
     "clients": "connected clients with counters and rates; args: sort (one of "
                + ", ".join(metrics.SORT_KEYS) + "), limit (0: all; default 20)",
+    "bridges": "each [[bridge]]: link state, cursor, lag, forwarded, resent, gaps (docs/bridge.md)",
     "upload_pause": "stop starting uploads and retries (a put in flight finishes)",
     "upload_resume": "go on uploading at once",
     "help": "this list",
@@ -132,6 +134,9 @@ class AdminServer:
                 return {"ok": False, "error": "limit must be a whole number >= 0 (0: all)"}
             total, rows = metrics.client_rows(broker, now, sort, limit)
             return {"ok": True, "total": total, "clients": rows}
+        if command == "bridges":
+            figures = broker.bridge_figures
+            return {"ok": True, "bridges": figures(broker.journal.wall_ms()) if figures else []}
         if command in ("upload_pause", "upload_resume"):
             uploader = getattr(self.loop, "uploader", None)
             if uploader is None:

@@ -106,6 +106,8 @@ class App(DescriptorRoom):
         self.accept_gate = self._make_accept_gate(config)
         self._wake_timer = Timer(self._on_wake_timer)  # makes select return for paused listeners
         self.uploader = None  # uploader.Uploader, with [upload] url
+        self.bridges = None   # bridge.bridges.Bridges, with [[bridge]] tables
+        self.bridge_tls: list = []
         self.admin = None     # server.admin.AdminServer
         self.metrics = None   # server.metrics_http.MetricsServer
         self.authenticator = Authenticator(loop.wake, clock, config.max_login_failures,
@@ -116,6 +118,9 @@ class App(DescriptorRoom):
         loop = self.loop
         keep_freed_memory()
         self.open_listeners()
+        if self.config.bridge:    # (the bridges' TLS files are read before any state)
+            from edgebroker.bridge.bridges import tls_contexts
+            self.bridge_tls = tls_contexts(self.config.bridge)
         # The admin socket first: a broker already running on this state directory
         # is refused with one clear line before the commit log (and its lock) is touched.
         self.open_admin(self.state_dir)
@@ -132,6 +137,8 @@ class App(DescriptorRoom):
         self.snapshots.start()
         if self.uploader is not None:
             self.uploader.start()
+        if self.bridges is not None:
+            self.bridges.start()
         # The heap start-up freed (imports, the restore) goes back to the kernel once; from
         # here on malloc keeps what is freed (keep_freed_memory). About 0.5 MiB of the idle
         # broker's memory (docs/deploy.md); ENOSYS without glibc, nothing to do then.
@@ -173,6 +180,10 @@ class App(DescriptorRoom):
             self.uploader = Uploader(self.log, self.state_dir, config.upload, clock_ms=wall_ms)
             self.broker.upload_figures = self.uploader.figures
             self.loop.uploader = self.uploader
+        if config.bridge:
+            from edgebroker.bridge.bridges import Bridges
+            self.bridges = Bridges(config.bridge, self.bridge_tls or [None] * len(config.bridge),
+                                   self.broker, self.loop, self.state_dir)
 
     def _restore(self) -> None:
         """Sessions and retained messages from the snapshot, then the log written after it."""
@@ -294,6 +305,8 @@ class App(DescriptorRoom):
     def _on_wake(self) -> None:
         """After a wake-up: finished password checks, offsets the flusher made durable."""
         self.authenticator.deliver()
+        if self.bridges is not None:
+            self.bridges.deliver()
         durable = self._durable
         if durable:
             newest = 0
@@ -346,6 +359,8 @@ class App(DescriptorRoom):
                             "take effect after a restart")
             if config.upload != self.config.upload:
                 log.warning("reload: [upload] changes take effect after a restart")
+            if config.bridge != self.config.bridge:
+                log.warning("reload: [[bridge]] changes take effect after a restart")
             try:
                 self.reload_security(config)
             except ConfigError as exc:
@@ -436,6 +451,8 @@ class App(DescriptorRoom):
             self.log.write_before_stop(STOP_WRITE_SECONDS)
             journal.retry()
         self.broker.end_pass()
+        if self.bridges is not None:
+            self.bridges.stop()
         if self.uploader is not None:
             self.uploader.stop()
         self.flusher.stop()

@@ -173,6 +173,31 @@ UPLOAD_METRICS = (
     ("edgebroker_upload_lag_seconds", "gauge",
      "Record time between the newest record in the log and the newest uploaded.", "lag_seconds"),
 )
+# With [[bridge]] tables: (name, type, help, key of each snapshot["bridges"] item), one sample
+# per bridge, labelled bridge="NAME".
+BRIDGE_METRICS = (
+    ("edgebroker_bridge_up", "gauge", "1 while the bridge's link is connected.", "up"),
+    ("edgebroker_bridge_forwarded_total", "counter",
+     "Messages the remote acknowledged.", "forwarded"),
+    ("edgebroker_bridge_forwarded_bytes_total", "counter",
+     "Topic and payload bytes of the messages the remote acknowledged.", "forwarded_bytes"),
+    ("edgebroker_bridge_resent_total", "counter",
+     "Messages sent again (after a reconnect or a crash: at least once).", "resent"),
+    ("edgebroker_bridge_gaps_total", "counter",
+     "Times log records were deleted before the bridge forwarded them.", "gaps"),
+    ("edgebroker_bridge_gap_offsets_total", "counter",
+     "Log offsets deleted before the bridge forwarded them.", "gap_offsets"),
+    ("edgebroker_bridge_reconnects_total", "counter", "Connections after the first.",
+     "reconnects"),
+    ("edgebroker_bridge_received_total", "counter",
+     "Messages from the remote published here.", "received"),
+    ("edgebroker_bridge_lag_messages", "gauge",
+     "Log offsets between the bridge's cursor and the head.", "lag_messages"),
+    ("edgebroker_bridge_lag_bytes", "gauge",
+     "Segment bytes between the bridge's cursor and the head.", "lag_bytes"),
+    ("edgebroker_bridge_lag_seconds", "gauge",
+     "Age of the record at the bridge's cursor (0: none waits).", "lag_seconds"),
+)
 
 # (name, help, snapshot key, label name) -- one sample per known name, zeros included.
 LABELLED = (
@@ -213,6 +238,13 @@ def render(snapshot: dict) -> str:
         out.append(f"# HELP {name} {help_text}")
         out.append(f"# TYPE {name} {kind}")
         out.append(f"{name} {_number(upload[key])}")
+    bridges = snapshot.get("bridges")
+    for name, kind, help_text, key in BRIDGE_METRICS if bridges else ():
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        for fig in bridges:
+            value = fig["state"] == "up" if key == "up" else fig[key]
+            out.append(f'{name}{{bridge="{fig["name"]}"}} {_number(value)}')
     loop = snapshot["loop"]
     name = "edgebroker_loop_pass_seconds"
     out.append(f"# HELP {name} Time the core loop spent per pass (work, not waiting); "

@@ -1,0 +1,337 @@
+"""One ``[[bridge]]``: the link to a remote broker, driven by the core loop (no thread).
+
+The parts: ``Link`` (the socket, TLS), the client library's sans-I/O ``Connection`` (MQTT:
+packet ids, the window, resending with DUP after a reconnect, keepalive), ``Outbound`` (the
+log consumer and its cursor), ``Inbound`` (remote messages published here) and the
+checkpoint file. ``Bridge`` moves bytes and events between them:
+
+- bytes from the link go to ``Connection.receive_data``; its events are handled (``Acked``
+  moves the cursor: the request's token is the record's log offset; ``Message`` is published
+  here); what the connection has to send goes to the link at once;
+- the outbound side is *pumped* whenever the window may have room: after acknowledgements,
+  after the link comes up, and after each loop pass that wrote records to the log
+  (``on_written``: the core's after-write hook, so a bridge at the head is woken by the
+  next message, never by polling). A backlog drains at the speed of the window's round trips,
+  within ``bandwidth``;
+- the connection's keepalive deadline, the reconnect back-off, the checkpoint interval and a
+  bandwidth pause are ``Timer``s in the broker's deadline heap.
+
+After the link breaks the connection keeps its in-flight requests and sends them again with
+DUP once the next CONNACK comes (counted as resent); the outbound side sends nothing new
+meanwhile, and the backlog stays in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from edgebroker.bridge import checkpoint
+from edgebroker.bridge.inbound import Inbound, LinkAsPublisher
+from edgebroker.bridge.link import Link, Resolver, numeric_address
+from edgebroker.bridge.outbound import Outbound
+from edgebroker.bridge.rules import Rules
+from edgebroker.bridge_config import split_address
+from edgebroker.client.connection import Connection
+from edgebroker.client.events import (
+    Acked, Connected, ConnectFailed, Disconnected, Message, PingTimeout, Subscribed,
+)
+from edgebroker.core.limits import TokenBucket
+from edgebroker.core.timers import Timer
+from edgebroker.mqtt import packets as P
+
+log = logging.getLogger("edgebroker.bridge")
+
+# Records one pump reads at most before it lets the loop go on (a long stretch of the log
+# that no rule matches is read in later passes).
+READS_PER_PUMP = 4
+# The link's unsent output above which nothing new is handed to it.
+MAX_LINK_OUT = 1024 * 1024
+
+
+class Bridge:
+    def __init__(self, config, broker, selector, wake, state_dir: str, tls_context=None):
+        self.config = config
+        self.name = config.name
+        self.broker = broker
+        self.clock = broker.clock
+        self.selector = selector
+        self.wake = wake
+        self.tls_context = tls_context
+        self.host, self.port = split_address(config.address)
+        self.rules = Rules(config.topic)
+        self.client_id = config.remote_client_id
+        self.path = checkpoint.path_of(state_dir, self.name)
+        self.writer = None          # checkpoint.CheckpointWriter, set by the app
+        self.state = "down"         # down | resolving | connecting | up | stopped
+        self.link: Link | None = None
+        self.resolver: Resolver | None = None
+        self.attempts = 0           # failed connects in a row (the back-off's exponent)
+        self.connects = 0           # successful CONNACKs
+        self.last_error = ""
+        self.bytes_out = 0          # of links closed (the open one's are added in figures)
+        self.bucket = None
+        self.conn = Connection(self.client_id, protocol=config.protocol_version,
+                               clean_start=config.clean_start, keepalive=config.keepalive,
+                               username=config.username or None,
+                               password=config.password.encode() if config.password else None,
+                               max_inflight=config.window, max_queued=config.window)
+        self.publisher = LinkAsPublisher(self.client_id, self)
+        self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
+        self.outbound: Outbound | None = None
+        self._qos0_out = any(rule.qos == 0 for rule in self.rules.out)
+        self._paused_reading: set[str] = set()
+        self._retry = Timer(self._connect)
+        self._tick = Timer(self._on_tick)
+        self._save = Timer(self._on_checkpoint)
+        self._again = Timer(self.pump)
+
+    # ----- start and stop ---------------------------------------------------------------
+
+    def start(self) -> None:
+        journal = self.broker.journal
+        commit_log = journal.log
+        saved = checkpoint.load(self.path)
+        if saved is None:
+            head = commit_log.next_offset
+            saved = (head, head)
+            checkpoint.write(self.path, self.name, head, head)
+            log.info("bridge %s: no checkpoint: it forwards from the head of the log (offset %d)",
+                     self.name, head)
+        cursor, sent = saved
+        self.outbound = Outbound(self.name, commit_log, self.rules,
+                                 self.publisher.client_id_bytes, cursor, sent)
+        if self.config.bandwidth:
+            self.bucket = TokenBucket(self.config.bandwidth, self.config.bandwidth, self.clock())
+        log.info("bridge %s: to %s as %r, from log offset %d (%d to send again)", self.name,
+                 self.config.address, self.client_id, cursor, max(0, sent - cursor))
+        self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
+        self._connect()
+
+    def stop(self) -> tuple:
+        """At shutdown: DISCONNECT, close; returns the final checkpoint (path, name, cursor,
+        sent) for the app to write."""
+        self.state = "stopped"
+        for timer in (self._retry, self._tick, self._save, self._again):
+            timer.cancel()
+        link = self.link
+        if link is not None and not link.closed:
+            if link.up and self.conn.state == "connected":
+                self.conn.disconnect()
+                link.send(self.conn.data_to_send())
+            link.close("the broker stops")
+        ob = self.outbound
+        return self.path, self.name, ob.cursor, ob.sent_to
+
+    # ----- connecting -------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        if self.state == "stopped":
+            return
+        address = numeric_address(self.host, self.port)
+        if address is None:
+            resolver = self.resolver
+            if resolver is None:
+                self.state = "resolving"
+                self.resolver = Resolver(self.host, self.port, self.wake)
+                return
+            self.resolver = None
+            if isinstance(resolver.result, str):
+                return self._failed(resolver.result)
+            address = resolver.result
+        self.state = "connecting"
+        try:
+            self.link = Link(self.selector, self, *address, tls_context=self.tls_context,
+                             server_name=self.host)
+        except OSError as exc:
+            self._failed(f"connect failed: {exc.strerror or exc}")
+
+    def deliver(self) -> None:
+        """After a wake-up: a host name resolved."""
+        if self.resolver is not None and self.resolver.done:
+            self._connect()
+
+    def _failed(self, reason: str) -> None:
+        """The connection attempt or the link failed: try again after a jittered back-off."""
+        if self.state == "stopped":
+            return
+        if self.state == "up":
+            log.warning("bridge %s: link to %s lost (%s); reconnecting", self.name,
+                        self.config.address, reason)
+        elif reason != self.last_error:
+            log.warning("bridge %s: cannot connect to %s (%s); retrying with back-off up to "
+                        "%g s (logged again when the reason changes)", self.name,
+                        self.config.address, reason, self.config.reconnect_max)
+        self.last_error = reason
+        self.state = "down"
+        low, high = self.config.reconnect_min, self.config.reconnect_max
+        cap = min(high, low * 2 ** min(self.attempts, 30))
+        self.attempts += 1
+        self._tick.cancel()
+        self._retry.start(self.broker, self.clock() + random.uniform(low, max(low, cap)))
+
+    # ----- the link's callbacks ---------------------------------------------------------
+
+    def on_up(self) -> None:
+        self.conn.connect(self.clock())
+        self._send()
+
+    def on_data(self, data: bytes) -> None:
+        self._handle(self.conn.receive_data(data, self.clock()))
+        self.pump()
+
+    def on_closed(self, reason: str) -> None:
+        self.bytes_out += self.link.bytes_out if self.link is not None else 0
+        self.link = None
+        if self.conn.state != "closed":
+            self.conn.connection_lost()
+        self._failed(reason)
+
+    # ----- the publisher seam (inbound: a full log pauses reading the link) --------------
+
+    def pause_reading(self, reason: str) -> None:
+        self._paused_reading.add(reason)
+        if self.link is not None:
+            self.link.pause_reading(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        self._paused_reading.discard(reason)
+        if self.link is not None:
+            self.link.resume_reading(reason)
+
+    # ----- MQTT events ------------------------------------------------------------------
+
+    def _handle(self, events) -> None:
+        outbound = self.outbound
+        for event in events:
+            kind = type(event)
+            if kind is Acked:
+                request = event.request
+                if request.kind == "publish":
+                    outbound.acked(request.token)
+                    if event.reason_code >= 0x80:
+                        self.inbound._drop("refused_by_remote", f"(by the remote, reason code "
+                                           f"{event.reason_code:#04x}) a message to "
+                                           f"{request.topic!r}")
+            elif kind is Message:
+                self.inbound.message(event.topic, event.payload, event.qos, event.retain)
+            elif kind is Connected:
+                self._connected(event)
+            elif kind is Subscribed:
+                for (topic_filter, _), code in zip(event.request.filters, event.granted):
+                    if code >= 0x80:
+                        log.warning("bridge %s: the remote refused the subscription to %r "
+                                    "(code %#04x)", self.name, topic_filter, code)
+            elif kind in (ConnectFailed, Disconnected, PingTimeout):
+                reason = (f"{kind.__name__}: {event.reason}" if kind is not PingTimeout
+                          else "no PINGRESP within the keepalive")
+                if self.link is not None:
+                    self.link.close(reason)
+                return
+
+    def _connected(self, event: Connected) -> None:
+        self.state = "up"
+        self.attempts = 0
+        self.connects += 1
+        self.last_error = ""
+        resent = self.conn.inflight
+        self.outbound.resent += resent
+        log.info("bridge %s: connected to %s (session present: %s; %d messages sent again)",
+                 self.name, self.config.address, event.session_present, resent)
+        subscriptions = self.rules.subscriptions()
+        if subscriptions:
+            v5 = self.config.protocol_version == 5
+            # No Local: the remote does not send back what this bridge published there.
+            extra = P.SUB_NO_LOCAL | P.SUB_RETAIN_AS_PUBLISHED if v5 else 0
+            self.conn.subscribe([(f, qos | extra) for f, qos in subscriptions])
+
+    # ----- sending ----------------------------------------------------------------------
+
+    def on_written(self) -> None:
+        """The core wrote records to the log (end of a loop pass): go on if at the head."""
+        if self.state == "up" and self.outbound.read_at < self.broker.journal.log.written_offset:
+            self.pump()
+
+    def pump(self) -> None:
+        """Hand the remote what the window, the link and the bandwidth cap allow."""
+        if self.state != "up" or self.link is None:
+            return
+        conn = self.conn
+        outbound = self.outbound
+        room = self.config.window - conn.inflight - conn.queued
+        reads = 0
+        bucket = self.bucket
+        publish = conn.publish
+        take = outbound.take
+        while room > 0 and self.link.out_bytes < MAX_LINK_OUT:
+            record = take()
+            if record is None:
+                if reads >= READS_PER_PUMP:
+                    if not self._again.pending:
+                        self._again.start(self.broker, self.clock())
+                    break
+                reads += 1
+                if not outbound.read():
+                    break
+                continue
+            offset, topic, payload, qos, retain = record
+            publish(topic, payload, qos, retain, token=offset)
+            room -= 1
+            if bucket is not None and not bucket.spend(len(payload) + len(topic), self.clock()):
+                self._again.start(self.broker, self.clock() + bucket.wait(
+                    min(bucket.burst, max(1.0, bucket.rate * 0.02))))
+                break
+        self._send()
+
+    def _send(self) -> None:
+        conn = self.conn
+        data = conn.data_to_send()
+        link = self.link
+        if data and link is not None:
+            link.send(data)
+        if self._qos0_out and self.state == "up":
+            self._handle(conn.acked_qos0())
+        due = conn.next_deadline()
+        if due is not None and self.state != "stopped":
+            if not self._tick.pending or self._tick.when > due:
+                self._tick.start(self.broker, due)
+
+    def _on_tick(self) -> None:
+        self._handle(self.conn.tick(self.clock()))
+        if self.link is not None:
+            self._send()
+
+    # ----- the cursor on disk and in the log --------------------------------------------
+
+    def _on_checkpoint(self) -> None:
+        self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
+        outbound = self.outbound
+        cursor = outbound.cursor
+        if cursor != outbound.saved or outbound.sent_to > outbound.resend_until:
+            self.writer.submit(self.path, self.name, cursor, outbound.sent_to)
+            outbound.saved = cursor
+            outbound.resend_until = max(outbound.resend_until, outbound.sent_to)
+
+    def hold(self) -> int:
+        """The core's periodic check: a gap retention made is counted; the offset below which
+        the log may delete segments for age without losing what this bridge still needs."""
+        self.outbound.check_gap()
+        return self.outbound.hold()
+
+    def figures(self, wall_ms: int) -> dict:
+        ob = self.outbound
+        lag = self.broker.journal.log.lag(ob.cursor, wall_ms)
+        link = self.link
+        return {
+            "name": self.name, "remote": self.config.address, "client_id": self.client_id,
+            "state": self.state, "cursor": ob.cursor, "saved_cursor": ob.saved,
+            "lag_messages": lag["lag_records"], "lag_bytes": lag["lag_bytes"],
+            "lag_seconds": lag["lag_seconds"], "inflight": self.conn.inflight,
+            "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,
+            "resent": ob.resent, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
+            "connects": self.connects, "reconnects": max(0, self.connects - 1),
+            "received": self.inbound.received, "received_dropped": self.inbound.dropped,
+            "not_sent_back": ob.skipped_own,
+            "bytes_out": self.bytes_out + (link.bytes_out if link is not None else 0),
+            "last_error": self.last_error,
+        }

@@ -1,0 +1,110 @@
+"""A bridge's cursor on disk: ``<state_dir>/bridge-<name>.json``.
+
+``{"version": 1, "bridge": NAME, "cursor": C, "sent": S}``: every record below ``C`` that the
+bridge forwards was acknowledged by the remote; records from ``C`` up to ``S`` had been sent
+and were not yet all acknowledged when the file was written (after a crash they are sent
+again: counted as resent). The file is written to a temporary name, fsynced and renamed over
+the old one, then the folder is fsynced, so a crash leaves the old file or the new one.
+
+The core thread never waits for a disk: ``CheckpointWriter`` is a small thread that writes
+the latest cursor each bridge handed it (a later one replaces one not yet written). At
+shutdown the app writes the final cursors itself (``write``), after the writer stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+log = logging.getLogger("edgebroker.bridge")
+
+VERSION = 1
+
+
+def path_of(state_dir: str, name: str) -> str:
+    return os.path.join(state_dir, f"bridge-{name}.json")
+
+
+def load(path: str) -> tuple[int, int] | None:
+    """(cursor, sent) from the file; None when there is none. A damaged file is renamed to
+    ``.damaged`` and logged: the bridge then starts as a new one (at the head of the log)."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read())
+        cursor, sent = int(data["cursor"]), int(data["sent"])
+        if data.get("version") != VERSION or cursor < 0 or sent < cursor:
+            raise ValueError("unknown version or offsets")
+        return cursor, sent
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        os.replace(path, path + ".damaged")
+        log.error("bridge checkpoint %s cannot be read (%s); moved it to %s.damaged: the bridge "
+                  "starts at the head of the log", path, exc, path)
+        return None
+
+
+def write(path: str, name: str, cursor: int, sent: int) -> None:
+    """Write the checkpoint durably (temp file, fsync, rename, fsync of the folder)."""
+    data = json.dumps({"version": VERSION, "bridge": name, "cursor": cursor,
+                       "sent": max(sent, cursor)}).encode() + b"\n"
+    temp = path + ".tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, path)
+    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+class CheckpointWriter:
+    """The thread that writes bridge checkpoints for the core (latest value wins)."""
+
+    def __init__(self):
+        self._wanted: dict[str, tuple] = {}
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="bridge-checkpoints", daemon=True)
+        self.written = 0
+        self.failures = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, path: str, name: str, cursor: int, sent: int) -> None:
+        with self._cond:
+            self._wanted[path] = (name, cursor, sent)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._wanted and not self._stop:
+                    self._cond.wait()
+                if not self._wanted:
+                    return
+                path, (name, cursor, sent) = self._wanted.popitem()
+            try:
+                write(path, name, cursor, sent)
+                self.written += 1
+            except OSError as exc:
+                self.failures += 1
+                log.error("bridge %s: cannot write its checkpoint %s: %s (the bridge goes on; "
+                          "after a crash it sends again from the last checkpoint written)",
+                          name, path, exc.strerror or exc)
+
+    def stop(self) -> None:
+        """Write what is waiting, then end the thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(10)

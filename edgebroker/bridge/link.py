@@ -1,0 +1,253 @@
+"""A bridge's byte stream to the remote: one non-blocking socket of the core loop (no thread).
+
+``Link`` connects without blocking (``connect_ex``, then write readiness), runs TLS in memory
+(``ssl.SSLObject`` over two ``MemoryBIO``s, so the handshake and records never block the
+loop), and hands its owner what arrives (``on_data``), that it is up (``on_up``) and that it
+closed (``on_closed(reason)``, once). Output is sent at once as far as the socket takes it;
+the rest waits for write readiness. A host name is resolved on a short-lived thread (DNS may
+block); an address in digits needs none.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import selectors
+import socket
+import ssl
+import threading
+
+log = logging.getLogger("edgebroker.bridge")
+
+READ_SIZE = 256 * 1024
+READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+
+
+def numeric_address(host: str, port: int):
+    """(family, sockaddr) when ``host`` is an IP address in digits, else None."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        return family, (host, port)
+    return None
+
+
+class Resolver:
+    """Resolve a host name on a thread; ``result`` is set, then ``wake()`` is called."""
+
+    def __init__(self, host: str, port: int, wake):
+        self.result = None      # (family, sockaddr) or an error text
+        self.done = False
+        thread = threading.Thread(target=self._run, args=(host, port, wake),
+                                  name="bridge-resolve", daemon=True)
+        thread.start()
+
+    def _run(self, host, port, wake) -> None:
+        try:
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            self.result = (info[0][0], info[0][4])
+        except OSError as exc:
+            self.result = f"cannot resolve {host!r}: {exc}"
+        self.done = True
+        wake()
+
+
+def client_context(cafile: str, certfile: str, keyfile: str, verify: bool) -> ssl.SSLContext:
+    """The TLS context of a bridge's link (OSError or ssl.SSLError for a bad file)."""
+    context = ssl.create_default_context(cafile=cafile or None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if certfile:
+        context.load_cert_chain(certfile, keyfile or None)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+class Link:
+    def __init__(self, selector, owner, family, sockaddr, tls_context=None, server_name=None):
+        self.selector = selector
+        self.owner = owner
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.out = bytearray()
+        self.connected = False   # TCP
+        self.up = False          # TCP and TLS: MQTT bytes may flow
+        self.closed = False
+        self.paused: set[str] = set()
+        self.events = WRITE
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.tls = None
+        if tls_context is not None:
+            self._in_bio, self._out_bio = ssl.MemoryBIO(), ssl.MemoryBIO()
+            self.tls = tls_context.wrap_bio(self._in_bio, self._out_bio,
+                                            server_hostname=server_name)
+        err = self.sock.connect_ex(sockaddr)
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            self.sock.close()
+            self.closed = True
+            raise OSError(err, f"connect to {sockaddr}: {errno.errorcode.get(err, err)}")
+        selector.register(self.sock, WRITE, self.on_event)
+
+    # ----- the loop's side --------------------------------------------------------------
+
+    def on_event(self, mask: int) -> None:
+        if self.closed:
+            return
+        if not self.connected and not self._connected():
+            return
+        if mask & READ and not self.closed:
+            self._read()
+        if mask & WRITE and not self.closed:
+            self._flush()
+
+    def _connected(self) -> bool:
+        err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self.close(f"connect failed: {errno.errorcode.get(err, err)} ({err})")
+            return False
+        self.connected = True
+        if self.tls is None:
+            self._now_up()
+        else:
+            self._handshake()
+        self._watch()
+        return not self.closed
+
+    def _handshake(self) -> None:
+        try:
+            self.tls.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLError as exc:
+            self._push_tls()
+            self.close(f"TLS handshake failed: {exc.reason or exc}")
+            return
+        else:
+            self._now_up()
+        self._push_tls()
+
+    def _now_up(self) -> None:
+        self.up = True
+        self.owner.on_up()
+
+    def _read(self) -> None:
+        try:
+            data = self.sock.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.close(f"receive failed: {exc.strerror or exc}")
+            return
+        if not data:
+            self.close("the remote closed the connection")
+            return
+        self.bytes_in += len(data)
+        if self.tls is not None:
+            data = self._unwrap(data)
+            if not data or self.closed:
+                return
+        self.owner.on_data(data)
+
+    def _unwrap(self, data: bytes) -> bytes:
+        self._in_bio.write(data)
+        if not self.up:
+            self._handshake()
+            if not self.up:
+                return b""
+        parts = []
+        try:
+            while True:
+                chunk = self.tls.read(READ_SIZE)
+                if not chunk:
+                    self.close("the remote closed the TLS session")
+                    break
+                parts.append(chunk)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLError as exc:
+            self.close(f"TLS error: {exc.reason or exc}")
+        self._push_tls()
+        return b"".join(parts)
+
+    def _push_tls(self) -> None:
+        pending = self._out_bio.read()
+        if pending:
+            self.out += pending
+            self._flush()
+
+    # ----- the owner's side -------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        if self.tls is not None:
+            try:
+                self.tls.write(data)
+            except ssl.SSLError as exc:
+                self.close(f"TLS error: {exc.reason or exc}")
+                return
+            data = self._out_bio.read()
+        self.out += data
+        self._flush()
+
+    @property
+    def out_bytes(self) -> int:
+        return len(self.out)
+
+    def _flush(self) -> None:
+        if self.connected:
+            out = self.out
+            while out:
+                try:
+                    sent = self.sock.send(out)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    self.close(f"send failed: {exc.strerror or exc}")
+                    return
+                self.bytes_out += sent
+                del out[:sent]
+        self._watch()
+
+    def _watch(self) -> None:
+        if self.closed:
+            return
+        if not self.connected:
+            want = WRITE
+        else:
+            want = (0 if self.paused and self.up else READ) | (WRITE if self.out else 0)
+        if want == self.events:
+            return
+        if not want:        # paused with nothing to send: not watched at all
+            self.selector.unregister(self.sock)
+        elif not self.events:
+            self.selector.register(self.sock, want, self.on_event)
+        else:
+            self.selector.modify(self.sock, want, self.on_event)
+        self.events = want
+
+    def pause_reading(self, reason: str) -> None:
+        self.paused.add(reason)
+        self._watch()
+
+    def resume_reading(self, reason: str) -> None:
+        self.paused.discard(reason)
+        self._watch()
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.up = False
+        if self.events:
+            try:
+                self.selector.unregister(self.sock)
+            except (KeyError, ValueError):
+                pass
+        self.sock.close()
+        self.owner.on_closed(reason)

@@ -1,0 +1,146 @@
+"""A bridge's outbound side: a consumer of the commit log with a cursor of its own.
+
+The bridge reads the records its ``out`` rules match from the log in batches
+(``CommitLog.read_batch``: the native scanner validates them and, with one rule, filters them
+by topic), keeps at most ``READ_AHEAD`` of them in memory, and hands them to the link as the
+window allows. Each record sent is *outstanding* until the remote acknowledges it (PUBACK for
+QoS 1, PUBCOMP for QoS 2); the cursor is the first offset not acknowledged: the oldest
+outstanding record, else the oldest record read and not sent, else where reading goes on.
+So the cursor only moves past the contiguous acknowledged prefix, whatever order the
+acknowledgements come in, and what lies below it was forwarded.
+
+Records the bridge itself published here (its inbound side: the log's publisher id is the
+bridge's client id) are never sent out again: that is the origin marker that keeps a 3.1.1
+bridge from looping (docs/bridge.md).
+
+Memory is O(window + READ_AHEAD) whatever the backlog: the backlog stays in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+log = logging.getLogger("edgebroker.bridge")
+
+# Records read and not yet sent, at most (and their payload bytes).
+READ_AHEAD = 1024
+READ_AHEAD_BYTES = 4 * 1024 * 1024
+# One read looks at most this many log bytes for matching records.
+SCAN_BYTES = 4 * 1024 * 1024
+COPY_ALL = 1 << 62   # read_batch's copy_limit: every payload comes back in memory
+
+
+class Outbound:
+    def __init__(self, name: str, commit_log, rules, own_id: bytes, cursor: int, sent: int):
+        self.name = name
+        self.log = commit_log
+        self.rules = rules
+        self.scan_filter = rules.scan_filter()
+        self.own_id = own_id
+        self.read_at = cursor          # where the next read starts
+        self.saved = cursor            # the cursor in the checkpoint file (what a crash keeps)
+        self.resend_until = sent       # below it, a record sent again is a resend (a crash)
+        self.pending: deque = deque()  # (offset, remote topic, payload, qos, retain)
+        self.pending_bytes = 0
+        self.outstanding: dict[int, int] = {}    # offset -> bytes, in the order sent
+        self.forwarded = 0             # records acknowledged by the remote
+        self.forwarded_bytes = 0
+        self.resent = 0                # records sent again (after a crash or a reconnect)
+        self.gaps = 0                  # times records were lost to the bridge
+        self.gap_offsets = 0           # offsets lost
+        self.skipped_own = 0           # records the bridge published itself (not sent back)
+
+    @property
+    def cursor(self) -> int:
+        """The first offset not acknowledged by the remote."""
+        for offset in self.outstanding:
+            return offset
+        if self.pending:
+            return self.pending[0][0]
+        return self.read_at
+
+    @property
+    def sent_to(self) -> int:
+        """Offsets below this were sent at least once."""
+        return self.pending[0][0] if self.pending else self.read_at
+
+    def at_head(self) -> bool:
+        return not self.pending and self.read_at >= self.log.written_offset
+
+    def check_gap(self) -> None:
+        """Retention deleted records the bridge had not read (only ``retention_bytes`` does
+        that, see ``hold``): go on from the oldest record kept; counted and logged."""
+        first = self.log.first_offset
+        if self.read_at < first:
+            lost = first - self.read_at
+            self.gaps += 1
+            self.gap_offsets += lost
+            log.warning("bridge %s: log records %d to %d were deleted before it forwarded them "
+                        "(the log was over retention_bytes): %d offsets lost to the remote; it "
+                        "goes on from %d", self.name, self.read_at, first - 1, lost, first)
+            self.read_at = first
+            if self.saved < first:
+                self.saved = first
+
+    def hold(self) -> int:
+        """The oldest offset the bridge may need again: the cursor a crash would go back to."""
+        return min(self.saved, self.cursor)
+
+    def read(self) -> bool:
+        """Read the next batch into ``pending`` when it runs low; True when something was read
+        or the read moved on."""
+        if len(self.pending) >= READ_AHEAD // 2 or self.pending_bytes >= READ_AHEAD_BYTES // 2:
+            return False
+        commit_log = self.log
+        self.check_gap()
+        start = self.read_at
+        if start >= commit_log.written_offset:
+            return False
+        records, next_offset = commit_log.read_batch(
+            start, self.scan_filter, READ_AHEAD - len(self.pending),
+            READ_AHEAD_BYTES - self.pending_bytes, SCAN_BYTES, COPY_ALL, client_ids=True)
+        if next_offset <= start:
+            # Written but unreadable (damage the reader reported): past it, counted as a gap.
+            next_offset = commit_log.written_offset
+            self.gaps += 1
+            self.gap_offsets += next_offset - start
+            log.warning("bridge %s: log records %d to %d cannot be read: lost to the remote",
+                        self.name, start, next_offset - 1)
+        outgoing = self.rules.outgoing
+        own = self.own_id
+        pending = self.pending
+        size = 0
+        for offset, _ts, qos, retain, topic, payload, _n, _props, publisher in records:
+            if publisher == own:
+                self.skipped_own += 1
+                continue
+            found = outgoing(topic)
+            if found is None:
+                continue
+            remote_topic, rule_qos = found
+            pending.append((offset, remote_topic, payload, rule_qos, retain))
+            size += len(payload)
+        self.pending_bytes += size
+        self.read_at = next_offset
+        return True
+
+    def take(self):
+        """The next record to send (offset, remote topic, payload, qos, retain), now
+        outstanding; None when none is read."""
+        if not self.pending:
+            return None
+        record = self.pending.popleft()
+        n = len(record[2])
+        self.pending_bytes -= n
+        offset = record[0]
+        self.outstanding[offset] = n + len(record[1])
+        if offset < self.resend_until:
+            self.resent += 1
+        return record
+
+    def acked(self, offset: int) -> None:
+        size = self.outstanding.pop(offset, None)
+        if size is not None:
+            self.forwarded += 1
+            self.forwarded_bytes += size

@@ -1,0 +1,146 @@
+"""A ``[[bridge]]`` table of the configuration: a link to a remote MQTT broker (edgebroker.bridge,
+docs/bridge.md), its topic rules (``topic`` = a list of tables, like Mosquitto's ``topic``
+lines), and the rules between its keys. ``edgebroker.config`` builds bridges from the file
+with these."""
+
+from __future__ import annotations
+
+from edgebroker.config_fields import at_least, between, one_of, setting
+from edgebroker.records import record
+
+DIRECTIONS = ("out", "in", "both")
+
+
+def check_bridge_name(value):
+    """A bridge's name is part of its checkpoint file's name and of its metrics' labels."""
+    if (not value or len(value) > 64
+            or any(not (ch.isascii() and (ch.isalnum() or ch in "_-")) for ch in value)):
+        return "must be 1 to 64 of the letters A-Z and a-z, digits, '_' and '-'"
+    return None
+
+
+def check_remote_address(value):
+    host, sep, port = value.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        return "expected HOST:PORT (a port between 1 and 65535; [V6]:PORT for IPv6)"
+    return None
+
+
+def split_address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _check_filter(value):
+    if not value:
+        return "must not be empty"
+    levels = value.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return "'#' must be a whole level and the last one"
+        if "+" in level and level != "+":
+            return "'+' must be a whole level"
+    return None
+
+
+def _check_prefix(value):
+    if "#" in value or "+" in value:
+        return "must not contain the wildcards '#' or '+'"
+    return None
+
+
+@record(frozen=True)
+class TopicRule:
+    pattern: str = setting("", _check_filter, doc="topic filter, without the prefixes "
+                                                   "(\"sensors/#\")")
+    direction: str = setting("out", one_of(*DIRECTIONS),
+                             doc="out: local to remote; in: remote to local; both")
+    qos: int = setting(1, between(0, 2), doc="QoS of the forwarded PUBLISH (out) and of the "
+                                             "remote subscription (in)")
+    local_prefix: str = setting("", _check_prefix, doc="put before the pattern on this broker")
+    remote_prefix: str = setting("", _check_prefix, doc="put before the pattern on the remote")
+
+    @property
+    def local_filter(self) -> str:
+        return self.local_prefix + self.pattern
+
+    @property
+    def remote_filter(self) -> str:
+        return self.remote_prefix + self.pattern
+
+    @property
+    def outbound(self) -> bool:
+        return self.direction != "in"
+
+    @property
+    def inbound(self) -> bool:
+        return self.direction != "out"
+
+
+@record(frozen=True)
+class BridgeConfig:
+    name: str = setting("", check_bridge_name,
+                        doc="the bridge's name: in its checkpoint file (bridge-NAME.json), logs "
+                            "and metrics; unique")
+    address: str = setting("", check_remote_address,
+                           doc="the remote broker, HOST:PORT (a name is resolved off the core "
+                               "thread)")
+    client_id: str = setting("", doc="client id on the remote (empty: edgebroker-bridge-NAME); "
+                                     "also the publisher id of what the bridge publishes here")
+    protocol_version: int = setting(
+        4, one_of(4, 5), doc="4: MQTT 3.1.1, 5: MQTT 5.0 (No Local on the remote subscriptions)")
+    username: str = setting("", doc="user name on the remote (empty: none)")
+    password: str = setting("", doc="password on the remote (with username)")
+    keepalive: int = setting(60, between(0, 65535), doc="seconds; 0: no keepalive")
+    clean_start: bool = setting(
+        False, doc="a new session on the remote at each connect (false: the remote keeps the "
+                   "bridge's subscriptions and QoS 1/2 messages while the link is down)")
+    cafile: str = setting("", doc="PEM CA certificate(s) the remote's certificate must chain "
+                                  "to; makes the link TLS")
+    certfile: str = setting("", doc="PEM client certificate for the remote (with cafile)")
+    keyfile: str = setting("", doc="PEM key of certfile (empty: the key is in certfile)")
+    tls_verify: bool = setting(True, doc="check the remote's certificate and host name "
+                                         "(false: encrypted but not authenticated)")
+    window: int = setting(100, between(1, 65535),
+                          doc="QoS 1/2 messages sent and not yet acknowledged by the remote")
+    bandwidth: int = setting(0, at_least(0), doc="bytes per second the bridge may send on "
+                                                 "average; 0: unlimited")
+    checkpoint_interval: float = setting(
+        1.0, between(0.01, 3600), doc="seconds between writes of the bridge's cursor; after a "
+                                      "crash what was acknowledged since is sent again")
+    reconnect_min: float = setting(1.0, between(0.01, 3600),
+                                   doc="seconds: the first reconnect back-off")
+    reconnect_max: float = setting(60.0, between(0.01, 86400),
+                                   doc="seconds: the longest reconnect back-off (full jitter)")
+    topic: tuple[TopicRule, ...] = setting((), doc="topic rules: a list of tables {pattern, "
+                                                   "direction, qos, local_prefix, remote_prefix}")
+
+    @property
+    def remote_client_id(self) -> str:
+        return self.client_id or f"edgebroker-bridge-{self.name}"
+
+
+_TLS_ONLY = ("certfile", "keyfile", "tls_verify")
+
+
+def bridge_problems(bridge: BridgeConfig, given: dict, name: str) -> list[str]:
+    """What breaks the rules between the keys of one [[bridge]] table."""
+    problems = []
+    for key in ("name", "address"):
+        if key not in given:
+            problems.append(f"{name}.{key}: required")
+    if not bridge.topic and "topic" not in given:
+        problems.append(f"{name}.topic: required (at least one topic rule)")
+    problems += [f"{name}.topic[{j}].pattern: required" for j, rule in enumerate(bridge.topic)
+                 if not rule.pattern]
+    if not bridge.cafile:
+        problems += [f"{name}.{key}: needs cafile (TLS settings apply only to a TLS link)"
+                     for key in _TLS_ONLY if key in given]
+    if bridge.keyfile and not bridge.certfile:
+        problems.append(f"{name}.keyfile: needs certfile")
+    if bridge.password and not bridge.username:
+        problems.append(f"{name}.password: needs username")
+    if bridge.reconnect_max < bridge.reconnect_min:
+        problems.append(f"{name}.reconnect_max: must be at least reconnect_min "
+                        f"({bridge.reconnect_min:g}), got {bridge.reconnect_max:g}")
+    return problems

@@ -1,0 +1,75 @@
+"""[[bridge]] tables: what they read as, and errors that name the table and the key."""
+
+import pytest
+
+from edgebroker import config
+from edgebroker.errors import ConfigError
+
+GOOD = ('[[bridge]]\nname = "up"\naddress = "127.0.0.1:1883"\n'
+        'topic = [{pattern = "sensors/#", direction = "both", qos = 2, remote_prefix = "gw1/"}]\n')
+
+
+def test_a_bridge_table(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD + '[[bridge]]\nname = "second"\naddress = "[::1]:8883"\n'
+                           'protocol_version = 5\ncafile = "/etc/ca.pem"\nwindow = 10\n'
+                           'topic = [{pattern = "a/+/b"}]\n')
+    first, second = config.load(str(path)).bridge
+    assert (first.name, first.address, first.window, first.checkpoint_interval) == \
+        ("up", "127.0.0.1:1883", 100, 1.0)
+    rule, = first.topic
+    assert (rule.direction, rule.qos, rule.local_filter, rule.remote_filter) == \
+        ("both", 2, "sensors/#", "gw1/sensors/#")
+    assert first.remote_client_id == "edgebroker-bridge-up"
+    assert (second.protocol_version, second.cafile, second.topic[0].direction) == \
+        (5, "/etc/ca.pem", "out")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[bridge]\nname = "x"', "bridge: expected one or more [[bridge]] tables"),
+    ('[[bridge]]\nname = "x"\ntopic = [{pattern = "a"}]', "bridge[0].address: required"),
+    ('[[bridge]]\naddress = "h:1"\ntopic = [{pattern = "a"}]', "bridge[0].name: required"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"', "bridge[0].topic: required"),
+    ('[[bridge]]\nname = "a b"\naddress = "h:1"\ntopic = [{pattern = "a"}]',
+     "bridge[0].name: must be 1 to 64 of the letters"),
+    ('[[bridge]]\nname = "x"\naddress = "host"\ntopic = [{pattern = "a"}]',
+     "bridge[0].address: expected HOST:PORT"),
+    ('[[bridge]]\nname = "x"\naddress = "h:0"\ntopic = [{pattern = "a"}]',
+     "bridge[0].address: expected HOST:PORT"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a/#/b"}]',
+     "bridge[0].topic[0].pattern: '#' must be a whole level and the last one"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a", direction = "up"}]',
+     "bridge[0].topic[0].direction: must be one of 'out', 'in', 'both'"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a", qos = 3}]',
+     "bridge[0].topic[0].qos: must be between 0 and 2"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{direction = "in"}]',
+     "bridge[0].topic[0].pattern: required"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a", remote_prefix = "+/"}]',
+     "bridge[0].topic[0].remote_prefix: must not contain the wildcards"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = "a/# out"',
+     "bridge[0].topic: expected topic rules: a list of tables"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a", qoss = 1}]',
+     "bridge[0].topic[0].qoss: unknown setting; did you mean bridge[0].topic[0].qos?"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nwindow = 0',
+     "bridge[0].window: must be between 1 and 65535"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nprotocol_version = 3',
+     "bridge[0].protocol_version: must be one of 4, 5"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\ncertfile = "c.pem"',
+     "bridge[0].certfile: needs cafile"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\npassword = "p"',
+     "bridge[0].password: needs username"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nreconnect_min = 5\n'
+     'reconnect_max = 2', "bridge[0].reconnect_max: must be at least reconnect_min (5)"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\n'
+     '[[bridge]]\nname = "x"\naddress = "h:2"\ntopic = [{pattern = "b"}]',
+     "bridge[1].name: 'x' is used by another bridge"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nwindw = 5',
+     "bridge[0].windw: unknown setting; did you mean bridge[0].window?"),
+])
+def test_errors_name_the_table_and_key(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        config.load(str(path))
+    assert str(info.value).startswith(str(path) + ": ")
+    assert message in str(info.value)
