@@ -15,6 +15,7 @@ LAYERS = [
      "edgebroker.logs",
      "edgebroker.records"},
     {"edgebroker.mqtt"},
+    {"edgebroker.client"},    # the client library: imports errors, config and mqt/ only
     {"edgebroker._native"},
     {"edgebroker.commitlog"},
     {"edgebroker.uploader"},
