@@ -1,0 +1,93 @@
+"""What the bridge tests share: a pipelined QoS 1 publisher over the raw client, a remote
+subscriber that keeps every payload it gets, the bridge's figures, its config table."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import mqttraw
+
+PIPELINE = 1000     # QoS 1 PUBLISHes sent before their PUBACKs are read
+
+
+def bridge_table(remote_port: int, rules: list[dict], **settings) -> dict:
+    """A [[bridge]] table to ``127.0.0.1:remote_port`` that reconnects quickly."""
+    return {"name": "up", "address": f"127.0.0.1:{remote_port}", "reconnect_min": 0.05,
+            "reconnect_max": 0.5, "topic": rules, **settings}
+
+
+def publish_range(client: mqttraw.RawClient, topic: str, start: int, end: int,
+                  timeout: float = 60.0) -> None:
+    """Publish payloads ``str(i)`` for ``start <= i < end`` with QoS 1, PIPELINE at a time;
+    returns once every one was acknowledged."""
+    deadline = time.monotonic() + timeout
+    for low in range(start, end, PIPELINE):
+        high = min(end, low + PIPELINE)
+        pids = set()
+        frames = []
+        for i in range(low, high):
+            pid = client.next_pid()
+            pids.add(pid)
+            frames.append(mqttraw.publish(topic, str(i).encode(), 1, packet_id=pid))
+        client.send(b"".join(frames))
+        while pids:
+            p = client.wait_for(lambda p: p.type == mqttraw.PUBACK,
+                                max(0.1, deadline - time.monotonic()))
+            pids.discard(p.packet_id)
+
+
+class Received:
+    """The payloads (as ints) a paho subscriber got, in order, drained from its queue."""
+
+    def __init__(self, paho_client):
+        self.client = paho_client
+        self.order: list[int] = []
+        self.seen: set[int] = set()
+
+    def drain(self, wait: float = 0.0) -> int:
+        try:
+            while True:
+                msg = self.client.messages.get(timeout=wait) if wait else \
+                    self.client.messages.get_nowait()
+                value = int(msg.payload)
+                self.order.append(value)
+                self.seen.add(value)
+                wait = 0.0
+        except Exception:   # queue.Empty
+            return len(self.seen)
+
+    def wait_distinct(self, n: int, timeout: float) -> bool:
+        """Until ``n`` distinct payloads arrived (bounded)."""
+        deadline = time.monotonic() + timeout
+        while len(self.seen) < n and time.monotonic() < deadline:
+            self.drain(wait=0.2)
+        return len(self.seen) >= n
+
+    def duplicates(self) -> list[int]:
+        counts: dict[int, int] = {}
+        for value in self.order:
+            counts[value] = counts.get(value, 0) + 1
+        return sorted(v for v, c in counts.items() if c > 1)
+
+
+def figures(broker, name: str = "up") -> dict:
+    found = [b for b in broker.admin("bridges")["bridges"] if b["name"] == name]
+    assert found, f"no bridge {name!r}"
+    return found[0]
+
+
+def wait_figure(broker, pred, timeout: float = 10.0, name: str = "up") -> dict:
+    """The bridge's figures once ``pred(figures)`` holds (bounded; fails with the last ones)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fig = figures(broker, name)
+        if pred(fig):
+            return fig
+        assert time.monotonic() < deadline, f"bridge figures never matched: {fig}"
+        time.sleep(0.05)
+
+
+def checkpoint(data_dir: str | Path, name: str = "up") -> dict:
+    return json.loads((Path(data_dir) / f"bridge-{name}.json").read_text())
