@@ -234,7 +234,7 @@ class Bridge:
         self.attempts = 0
         self.connects += 1
         self.last_error = ""
-        resent = self.conn.inflight
+        resent = len(self.outbound.outstanding)   # sent before, sent again with DUP now
         self.outbound.resent += resent
         log.info("bridge %s: connected to %s (session present: %s; %d messages sent again)",
                  self.name, self.config.address, event.session_present, resent)
