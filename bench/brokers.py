@@ -198,7 +198,8 @@ class Broker:
 
     ``cfg`` adjusts it for one scenario: ``limits`` (edgebroker ``[limits]`` keys over
     EDGEBROKER_LIMITS, Mosquitto options over LIMITS; None restores the broker's
-    default), ``log`` (edgebroker ``[log]`` keys), ``mosquitto`` (extra lines of
+    default), ``log`` (edgebroker ``[log]`` keys), ``toml`` (edgebroker: more tables as
+    TOML text), ``mosquitto`` (extra lines of
     mosquitto.conf), ``nofile`` (open files the process needs: RLIMIT_NOFILE is raised before
     it starts and inherited).
     """
@@ -342,6 +343,7 @@ class Edgebroker(Broker):
                 fh.write("[log]\n")
                 for key, value in self.cfg["log"].items():
                     fh.write(f"{key} = {_toml(value)}\n")
+            fh.write(self.cfg.get("toml", ""))    # more tables, as TOML text ([[bridge]])
         return [sys.executable, "-m", "edgebroker", "serve", "-c", cfg,
                 "--listen", f"{self.host}:{self.port}", "--data-dir", os.path.join(self.tmp, "data")]
 

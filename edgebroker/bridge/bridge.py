@@ -261,6 +261,9 @@ class Bridge:
         room = self.config.window - conn.inflight - conn.queued
         reads = 0
         bucket = self.bucket
+        if bucket is not None and bucket.refill(self.clock()) < 1.0:
+            self._wait_for_bandwidth()
+            room = 0
         publish = conn.publish
         take = outbound.take
         while room > 0 and self.link.out_bytes < MAX_LINK_OUT:
@@ -278,10 +281,16 @@ class Bridge:
             publish(topic, payload, qos, retain, token=offset)
             room -= 1
             if bucket is not None and not bucket.spend(len(payload) + len(topic), self.clock()):
-                self._again.start(self.broker, self.clock() + bucket.wait(
-                    min(bucket.burst, max(1.0, bucket.rate * 0.02))))
+                self._wait_for_bandwidth()
                 break
         self._send()
+
+    def _wait_for_bandwidth(self) -> None:
+        """Over ``bandwidth``: go on once 20 ms' worth of it is back (at least one byte)."""
+        bucket = self.bucket
+        if not self._again.pending:
+            self._again.start(self.broker, self.clock() + bucket.wait(
+                min(bucket.burst, max(1.0, bucket.rate * 0.02))))
 
     def _send(self) -> None:
         conn = self.conn
