@@ -1,0 +1,56 @@
+"""A bridge over TLS: the remote's certificate checked against cafile, a client certificate
+presented; a remote whose certificate another CA signed is refused; unusable TLS files stop
+the start with a line naming the bridge."""
+
+from __future__ import annotations
+
+import pytest
+from certs import make_pki
+
+from .helpers import bridge_table, figures, wait_figure
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _tls_remote(broker, server, client_ca):
+    """An edgebroker on TLS only, with ``server``'s certificate, that wants client
+    certificates signed by ``client_ca``."""
+    return broker(listener=[{"host": "127.0.0.1", "port": 0, "certfile": str(server.cert),
+                             "keyfile": str(server.key), "cafile": str(client_ca.cert),
+                             "require_certificate": True, "use_identity_as_username": True}],
+                  allow_anonymous=False)
+
+
+def test_forwards_over_tls_with_a_client_certificate(broker, pki):
+    central = _tls_remote(broker, pki.server, pki.ca)
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
+    gw = broker(bridge=[bridge_table(central.port, rules, cafile=str(pki.ca.cert),
+                                     certfile=str(pki.client.cert), keyfile=str(pki.client.key))])
+    wait_figure(gw, lambda f: f["state"] == "up")
+    assert central.wait_log(lambda ln: "'edgebroker-bridge-up'" in ln and "connected" in ln, 5)
+    gw.client("pub").publish("s/1", b"over tls", qos=1)
+    fig = wait_figure(gw, lambda f: f["forwarded"] == 1)
+    assert fig["last_error"] == ""
+
+
+def test_a_remote_certificate_from_another_ca_is_refused(broker, pki):
+    central = _tls_remote(broker, pki.other_server, pki.ca)
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
+    gw = broker(bridge=[bridge_table(central.port, rules, cafile=str(pki.ca.cert),
+                                     certfile=str(pki.client.cert), keyfile=str(pki.client.key))])
+    line = gw.wait_log(lambda ln: "bridge up: cannot connect to" in ln, 10)
+    assert line is not None and "TLS handshake failed" in line and "CERTIFICATE_VERIFY_FAILED" in line
+    assert figures(gw)["state"] != "up"
+
+
+def test_unusable_tls_files_stop_the_start(broker, tmp_path):
+    missing = tmp_path / "nowhere.pem"
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
+    gw = broker(wait=False, bridge=[bridge_table(1883, rules, cafile=str(missing))])
+    assert gw.proc.wait(15) != 0
+    gw.stopped = True
+    assert gw.wait_log(lambda ln: "bridge[0] (up): cannot use its TLS files" in ln
+                       and str(missing) in ln, 5)
