@@ -92,3 +92,16 @@ def test_records_deleted_under_the_cursor_are_a_gap(tmp_path, caplog):
     assert sent[0][0] == first and out.gaps == 1 and out.gap_offsets == first
     assert f"log records 0 to {first - 1} were deleted before it forwarded them" in caplog.text
     log.close()
+
+
+def test_records_not_yet_written_in_an_empty_log_are_no_gap(tmp_path):
+    log = _log(tmp_path / "log", [])
+    out = Outbound("up", log, Rules([TopicRule(pattern="a/#")]), BRIDGE_ID, 0, 0)
+    for _ in range(3):
+        log.append(1_700_000_000_000, 1, False, b"dev", b"a/x", b"p")
+    assert log.written_offset == 0 and log.first_offset == 3   # appended, not yet written
+    out.check_gap()
+    assert out.gaps == 0 and out.read_at == 0
+    log.write_pending()
+    assert [r[0] for r in _drain(out)] == [0, 1, 2]
+    log.close()
