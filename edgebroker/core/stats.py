@@ -91,6 +91,10 @@ _UPLOAD = ("state", "paused", "alarm", "uploaded_offset", "batches", "records", 
            "retries", "permanent_errors", "gap_offsets", "backlog_batches", "backlog_bytes",
            "backlog_age_seconds", "lag_seconds")
 
+# Each bridge's figures published under $SYS/broker/bridge/<name>/ (docs/metrics.md).
+_BRIDGE = ("state", "cursor", "lag_messages", "lag_bytes", "lag_seconds", "forwarded",
+           "resent", "gaps", "gap_offsets", "reconnects", "received")
+
 
 class SysTopics:
     """Publishes $SYS/broker/... as retained QoS 0 messages every ``sys_interval``."""
@@ -228,6 +232,12 @@ class SysTopics:
         self._publish_limits(broker)
         if broker.upload_figures is not None:
             self._publish_upload(broker.upload_figures())
+        if broker.bridge_figures is not None:
+            for fig in broker.bridge_figures(broker.journal.wall_ms()):
+                for name in _BRIDGE:
+                    value = fig[name]
+                    pub(f"$SYS/broker/bridge/{fig['name']}/{name}",
+                        f"{value:.1f}" if type(value) is float else value)
         if broker.config.sys_client_metrics:
             self._publish_clients(broker, now)
         self._last = now

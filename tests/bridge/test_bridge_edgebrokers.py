@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import bridge_table, figures, wait_figure
+from .helpers import bridge_table, wait_figure
 
 
 @pytest.mark.parametrize("version", [5, 4])

@@ -8,6 +8,8 @@ import re
 import signal
 import time
 
+from conftest import run_cli
+
 from .helpers import (
     Received, bridge_table, checkpoint, figures, publish_range, wait_figure,
 )
@@ -128,6 +130,12 @@ def test_inbound_rules_and_prefixes(broker, mosquitto_broker, paho):
     assert gw.wait_log(lambda ln: "bridge up: dropped a message for '$SYS/sys/x': $SYS topics "
                                   "are written only by the broker" in ln, 5)
     assert gw.stats()["dropped"]["bridge_in"] == 1
+    # The operator's view: a line per bridge in `inspect stats`.
+    out = run_cli("inspect", "stats", "--data-dir", gw.config["data_dir"])
+    assert out.returncode == 0, out.stderr
+    assert re.search(rf"bridge +up to 127\.0\.0\.1:{remote.port}, up, cursor \d+; lag 0 "
+                     r"messages, .*1 forwarded, 0 resent, 0 gaps \(0 offsets\), 1 received, "
+                     r"0 reconnects", out.stdout), out.stdout
 
 
 def test_retention_forced_under_the_cursor_is_a_counted_logged_gap(broker, mosquitto_broker,

@@ -27,13 +27,21 @@ def _tls_remote(broker, server, client_ca):
 def test_forwards_over_tls_with_a_client_certificate(broker, pki):
     central = _tls_remote(broker, pki.server, pki.ca)
     rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
-    gw = broker(bridge=[bridge_table(central.port, rules, cafile=str(pki.ca.cert),
+    gw = broker(sys_interval=0.2,
+                bridge=[bridge_table(central.port, rules, cafile=str(pki.ca.cert),
                                      certfile=str(pki.client.cert), keyfile=str(pki.client.key))])
     wait_figure(gw, lambda f: f["state"] == "up")
     assert central.wait_log(lambda ln: "'edgebroker-bridge-up'" in ln and "connected" in ln, 5)
     gw.client("pub").publish("s/1", b"over tls", qos=1)
     fig = wait_figure(gw, lambda f: f["forwarded"] == 1)
     assert fig["last_error"] == ""
+    # The figures under $SYS too.
+    watcher = gw.client("sys-watcher")
+    watcher.subscribe("$SYS/broker/bridge/up/+", qos=0)
+    seen = {}
+    while seen.get("forwarded") != b"1" or seen.get("state") != b"up":
+        p = watcher.recv_publish(5)
+        seen[p.topic.rsplit("/", 1)[1]] = p.payload
 
 
 def test_a_remote_certificate_from_another_ca_is_refused(broker, pki):
