@@ -29,8 +29,10 @@ from collections import deque
 from edgebroker.client import backoff as B
 from edgebroker.client import commands as K
 from edgebroker.client.connection import Connection
-from edgebroker.client.events import Acked, ConnectFailed, Disconnected, Subscribed, Unsubscribed
-from edgebroker.client.requests import ClientError, Request, make_publish
+from edgebroker.client.events import (
+    Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
+)
+from edgebroker.client.requests import ClientError, Request, as_request
 from edgebroker.client.statefile import read_state, write_state
 from edgebroker.client.transport import open_transport
 
@@ -40,35 +42,6 @@ IDLE_POLL = 0.05           # seconds before asking a source that said "nothing f
 READ_SIZE = 1 << 16
 SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered and DISCONNECT
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
-
-
-class RunResult:
-    """What ``run`` did: ``done`` the answers (Acked, Subscribed, Unsubscribed) to the batch's
-    requests, in order; ``pending`` the batch's requests not answered when it returned;
-    ``events`` everything else that happened meanwhile (messages, connection changes)."""
-    __slots__ = ("done", "pending", "events")
-
-    def __init__(self):
-        self.done: list = []
-        self.pending: list = []
-        self.events: list = []
-
-    @property
-    def complete(self) -> bool:
-        return not self.pending
-
-    def __repr__(self) -> str:
-        return (f"RunResult({len(self.done)} done, {len(self.pending)} pending, "
-                f"{len(self.events)} other events)")
-
-
-def _as_request(item) -> Request:
-    if isinstance(item, Request):
-        return item
-    if isinstance(item, tuple):
-        return make_publish(*item)
-    raise ClientError(f"a request must be a Request or a (topic, payload[, qos[, retain]]) "
-                      f"tuple, not {type(item).__name__}")
 
 
 class EventLoop:
@@ -353,7 +326,7 @@ class EventLoop:
                     throttle.tokens += 1.0
                 self._idle_until = now + IDLE_POLL
                 return
-            req = submit(item if type(item) is Request else _as_request(item))
+            req = submit(item if type(item) is Request else as_request(item))
             if watch is not None:
                 watch[id(req)] = req
             if not n & 255:
