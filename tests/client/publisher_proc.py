@@ -5,9 +5,10 @@
         state file STATE_FILE (loaded when it exists). With STOP_AFTER > 0, shuts down after
         that many acknowledgements and prints "next <i>" (the first message not yet taken from
         the generator); else runs until all are acknowledged and prints "done".
-    publisher_proc.py spool HOST PORT SPOOL_PATH COUNT QOS
-        Appends COUNT messages to the spool when COUNT > 0, then sends from the spool until
-        nothing is left unanswered, printing "acked <n>" as it goes and "done" at the end.
+    publisher_proc.py spool HOST PORT SPOOL_PATH COUNT QOS RATE
+        Appends COUNT messages to the spool when COUNT > 0, then sends from the spool (at most
+        RATE a second when RATE > 0) until nothing is left unanswered, printing "acked <n>"
+        as it goes and "done" at the end.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ def state_mode(host, port, state_file, first, last, qos, stop_after) -> None:
     print(f"next {taken[0]}" if stop_after else "done", flush=True)
 
 
-def spool_mode(host, port, path, count, qos) -> None:
+def spool_mode(host, port, path, count, qos, rate) -> None:
     spool = Spool(path)
     for i in range(count):
         spool.append("restart/t", b"m%d" % i, qos)
     loop = EventLoop(host, port, client_id="spool-pub", reconnect="always", backoff_base=0.05,
                      backoff_cap=0.5, max_inflight=10, max_queued=50, requests=spool)
+    if rate:
+        loop.throttle(rate)
     acked = 0
     while spool.unacked:
         event = loop.poll(30)
