@@ -189,10 +189,14 @@ class EventLoop:
         return doc
 
     def close(self) -> None:
-        """Close the transport and the loop's own sockets (no DISCONNECT: see shutdown)."""
+        """Close the transport and the loop's own sockets (no DISCONNECT: see shutdown).
+        The loop is over; closing again does nothing."""
+        if self._finished and self._selector is None:
+            return
         self._drop_transport()
         self._finished = True
         self._selector.close()
+        self._selector = None
         self.commands.close()
 
     def __enter__(self):
@@ -226,8 +230,8 @@ class EventLoop:
             self._retry_at = now
         elif what == K.SHUTDOWN:
             self._close_politely(now)
-            self._finished = True
             self.final_state = self.save_state(command[1] if len(command) > 1 else None)
+            self.close()
 
     def _close_politely(self, now: float) -> None:
         """DISCONNECT after what is buffered, for at most SHUTDOWN_FLUSH seconds; then close."""
@@ -401,6 +405,7 @@ class EventLoop:
                               selectors.EVENT_READ | (selectors.EVENT_WRITE if self._out else 0))
         for key, mask in self._selector.select(timeout):
             if key.fileobj is self.commands:
+                self.commands.woken()
                 continue
             if mask & selectors.EVENT_WRITE:
                 self._flush(self._clock())
