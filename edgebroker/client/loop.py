@@ -347,28 +347,22 @@ class EventLoop:
         if transport is None:
             return
         out = self._out
-        if data:
-            if out:
-                out += data
-            else:
-                try:
-                    n = transport.send(data)
-                except BlockingIOError:
-                    n = 0
-                except OSError as exc:
-                    self._lost(f"send: {exc}")
-                    return
-                if n < len(data):
-                    out += memoryview(data)[n:]
-        elif out:
-            try:
-                n = transport.send(out)
-            except BlockingIOError:
-                n = 0
-            except OSError as exc:
-                self._lost(f"send: {exc}")
-                return
+        if out:
+            out += data             # behind what is waiting already
+            data = out
+        elif not data:
+            return
+        try:
+            n = transport.send(data)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            self._lost(f"send: {exc}")
+            return
+        if data is out:
             del out[:n]
+        elif n < len(data):
+            out += memoryview(data)[n:]
 
     def _answered(self, events: list) -> None:
         self._events.extend(events)
