@@ -14,6 +14,7 @@ LAYERS = [
      "edgebroker.upload_config", "edgebroker.listener_config", "edgebroker.logs",
      "edgebroker.records"},
     {"edgebroker.mqtt"},
+    {"edgebroker.client"},    # the client library: imports errors, config and mqt/ only
     {"edgebroker._native"},
     {"edgebroker.commitlog"},
     {"edgebroker.uploader"},

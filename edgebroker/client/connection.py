@@ -1,0 +1,488 @@
+"""An MQTT client connection with no I/O (3.1, 3.1.1 and 5.0): bytes in, events out, bytes to
+send; no sockets, clocks or threads (the caller passes ``now``). The event loop
+(client/loop.py), the asyncio adapter and the bridge drive it. The contract is
+/work/notes/client-api.md's; docs/client.md says what it chose where MQTT is silent.
+
+The states and their moves are client/states.py's; packets from the server are handled in
+client/incoming.py; the state file is client/state.py's.
+
+Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the
+window (the smaller of ``max_inflight`` and the server's Receive Maximum) and what follows it
+waits behind it. Nothing is lost on "disconnected": in-flight and queued requests wait for
+the next connection, and ``save()`` writes them out for a later process (``load``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from edgebroker.errors import (
+    PACKET_TOO_LARGE, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, RETAIN_NOT_SUPPORTED, ProtocolError,
+)
+from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
+from edgebroker.client.incoming import HANDLERS, on_ack
+from edgebroker.client.requests import (
+    PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE, ClientError, QueueFull, Request,
+)
+from edgebroker.client.state import load_state, save_state
+from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
+from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.encode import (
+    DISCONNECT_BYTES, PINGREQ_BYTES, encode, encode_ack, encode_connect, encode_publish_head,
+)
+from edgebroker.mqtt.encode5 import encode5, encode_disconnect5, encode_publish_head5
+from edgebroker.mqtt.properties import (
+    MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM, encode_properties,
+)
+from edgebroker.mqtt.stream import Decoder
+from edgebroker.mqtt.topics import validate_topic_filter, validate_topic_name
+
+__all__ = ["Connection", "Request", "ClientError", "QueueFull"]
+
+_VALID_TOPICS_KEPT = 4096   # topics already checked, remembered (then the set starts again)
+
+
+def _payload_bytes(payload) -> bytes:
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    raise ClientError(f"payload must be bytes or str, not {type(payload).__name__}")
+
+
+class Connection:
+    """One client's MQTT session over successive transports (see the module doc)."""
+
+    def __init__(self, client_id: str = "", protocol: int = P.PROTOCOL_311, *,
+                 clean_start: bool = True, keepalive: int = 60, username: str | None = None,
+                 password: bytes | str | None = None, will: P.Will | None = None,
+                 properties: dict | None = None, max_inflight: int = 100,
+                 max_queued: int = 1000, connect_timeout: float = 30.0):
+        if protocol not in (P.PROTOCOL_31, P.PROTOCOL_311, P.PROTOCOL_5):
+            raise ClientError(f"protocol must be 3 (3.1), 4 (3.1.1) or 5, not {protocol!r}")
+        if not 0 <= keepalive <= 0xFFFF:
+            raise ClientError(f"keepalive {keepalive} is outside 0..65535 seconds")
+        if not 1 <= max_inflight <= 0xFFFF:
+            raise ClientError(f"max_inflight {max_inflight} is outside 1..65535")
+        if max_queued < 0:
+            raise ClientError(f"max_queued {max_queued} is negative")
+        if properties and protocol != P.PROTOCOL_5:
+            raise ClientError("CONNECT properties need protocol 5")
+        self.client_id = client_id
+        self.protocol = protocol
+        self.clean_start = clean_start
+        self.keepalive = keepalive
+        self.username = username
+        self.password = password.encode("utf-8") if isinstance(password, str) else password
+        self.will = will
+        self.properties = properties
+        self.max_inflight = max_inflight
+        self.max_queued = max_queued
+        self.connect_timeout = connect_timeout
+        self.state = DISCONNECTED
+        self._v5 = protocol == P.PROTOCOL_5
+        props = properties or {}
+        self._alias_max = props.get(TOPIC_ALIAS_MAXIMUM, 0)      # we accept from the server
+        self._receive_max = props.get(RECEIVE_MAXIMUM, 0xFFFF)   # incoming QoS 2 at once
+        self._max_packet = props.get(MAXIMUM_PACKET_SIZE, P.MAX_PACKET_SIZE)
+        self._decoder: Decoder | None = None
+        self._out: list = []             # frames (and payloads) for data_to_send
+        self._queue: deque = deque()     # requests not sent yet, in order
+        self._inflight: dict = {}        # packet id -> request sent, not acknowledged (in order)
+        self._n_pub = 0                  # QoS 1/2 PUBLISHes among them (the window's count)
+        self._window = max_inflight
+        self._next_pid = 1
+        self._incoming_qos2: set = set()  # the server's QoS 2 ids given out, PUBREL awaited
+        self._qos0_out: list = []        # QoS 0 requests in _out, not handed out yet
+        self._events: list = []          # events made outside receive_data/tick
+        self._closing: bytes | None = None  # the DISCONNECT to send last (disconnect())
+        self._aliases: dict = {}
+        self._topics_ok: set = set()
+        self._ka = keepalive
+        self._last_sent = self._last_recv = 0.0
+        self._sent_untimed = False       # data handed out with no ``now`` (tick dates it)
+        self._ping_due: float | None = None
+        self._connack_due = 0.0
+        self._server_max_qos = 2
+        self._server_retain = True
+        self._server_max_packet = 0      # 0: no limit said
+        self.duplicates_dropped = 0      # QoS 2 PUBLISHes again before their PUBREL
+        self.unexpected_acks = 0         # acknowledgements for no request of ours
+
+    # -- figures ----------------------------------------------------------------------------
+    @property
+    def inflight(self) -> int:
+        """Requests sent and not acknowledged (QoS 1/2 PUBLISH, SUBSCRIBE, UNSUBSCRIBE)."""
+        return len(self._inflight)
+
+    @property
+    def queued(self) -> int:
+        """Requests not sent yet."""
+        return len(self._queue)
+
+    @property
+    def can_publish(self) -> bool:
+        """False while ``max_queued`` requests wait: a new one would raise QueueFull."""
+        return len(self._queue) < self.max_queued
+
+    @property
+    def window(self) -> int:
+        """How many QoS 1/2 PUBLISHes may be in flight at once on this connection."""
+        return self._window
+
+    # -- the moves ----------------------------------------------------------------------------
+    def _move(self, state: str) -> None:
+        if state not in MOVES[self.state]:
+            raise ClientError(f"connection cannot go from {self.state} to {state}")
+        self.state = state
+
+    def connect(self, now: float) -> None:
+        """Start a connection on a fresh transport: CONNECT is queued for data_to_send."""
+        self._move(CONNECTING)
+        v5 = self._v5
+        self._decoder = Decoder(self._max_packet, P.PROTOCOL_5 if v5 else 0)
+        self._out = [encode_connect(P.Connect(
+            self.client_id, self.clean_start, self.keepalive, self.will, self.username,
+            self.password, self.protocol, properties=self.properties))]
+        self._closing = None
+        self._aliases = {}
+        self._ping_due = None
+        self._sent_untimed = False
+        self._last_sent = self._last_recv = now
+        self._connack_due = now + self.connect_timeout
+        self._ka = self.keepalive
+        self._window = self.max_inflight
+        self._server_max_qos, self._server_retain, self._server_max_packet = 2, True, 0
+
+    def connection_lost(self) -> None:
+        """The transport closed or broke: requests are kept for the next ``connect``."""
+        if self.state in (CONNECTING, CONNECTED):
+            self._lose()
+            self._out = []
+
+    def _lose(self) -> None:
+        self._move(CLOSED if self._closing is not None else DISCONNECTED)
+        self._closing = None
+        self._decoder = None
+        self._ping_due = None
+        if self._qos0_out:      # never handed out: they go first next time
+            self._queue.extendleft(reversed(self._qos0_out))
+            self._qos0_out = []
+
+    def disconnect(self, reason_code: int = 0, properties: dict | None = None) -> None:
+        """End the connection: DISCONNECT is the last thing data_to_send hands out; then the
+        state is "closed". Requests not acknowledged are kept (``save``)."""
+        if self.state in (DISCONNECTED, CLOSED):
+            self._move(CLOSED)
+            return
+        self._closing = (encode_disconnect5(reason_code, properties) if self._v5
+                         else DISCONNECT_BYTES)
+
+    # -- requests -----------------------------------------------------------------------------
+    def publish(self, topic: str, payload=b"", qos: int = 0, retain: bool = False,
+                properties: dict | None = None, token=None) -> Request:
+        """A PUBLISH: sent at once when connected and nothing waits before it, else queued.
+        QueueFull when ``max_queued`` requests wait already."""
+        if type(payload) is not bytes:
+            payload = _payload_bytes(payload)
+        if topic not in self._topics_ok:
+            self._check_topic(topic)
+        if qos not in (0, 1, 2):
+            raise ClientError(f"QoS must be 0, 1 or 2, not {qos!r}")
+        if properties and not self._v5:
+            raise ClientError("PUBLISH properties need protocol 5")
+        queue = self._queue
+        if len(queue) >= self.max_queued:
+            raise QueueFull(f"{len(queue)} requests are queued already (max_queued)")
+        req = Request(PUBLISH, token, topic, payload, qos, retain, properties)
+        if (queue or self.state is not CONNECTED or self._closing is not None
+                or qos and self._n_pub >= self._window):
+            queue.append(req)
+        elif qos:
+            if not self._send_publish(req):
+                queue.append(req)
+        else:
+            self._send_qos0(req)
+        return req
+
+    def _check_topic(self, topic) -> None:
+        if not isinstance(topic, str):
+            raise ClientError(f"topic must be a str, not {type(topic).__name__}")
+        try:
+            validate_topic_name(topic)
+        except ProtocolError as exc:
+            raise ClientError(f"cannot publish to {topic!r}: {exc}") from None
+        if len(self._topics_ok) >= _VALID_TOPICS_KEPT:
+            self._topics_ok = set()
+        self._topics_ok.add(topic)
+
+    def subscribe(self, filters, properties: dict | None = None, token=None) -> Request:
+        """A SUBSCRIBE of ``filters``: (filter, QoS or 5.0 options byte) pairs, or filters
+        alone (QoS 0). Subscribed comes with the granted codes."""
+        items = []
+        for item in filters:
+            topic_filter, options = (item, 0) if isinstance(item, str) else item
+            self._check_filter(topic_filter)
+            if (not isinstance(options, int) or options & 3 == 3 or options > 2 and not self._v5
+                    or options & 0xC0 or options & P.SUB_RETAIN_HANDLING == 0x30):
+                raise ClientError(f"subscription options {options!r} for {topic_filter!r} "
+                                  f"are not valid (QoS 0-2; 5.0 option bits)")
+            items.append((topic_filter, options))
+        return self._request(SUBSCRIBE, items, properties, token)
+
+    def unsubscribe(self, filters, properties: dict | None = None, token=None) -> Request:
+        """An UNSUBSCRIBE of ``filters``; Unsubscribed comes with its reason codes (5.0)."""
+        items = []
+        for topic_filter in filters:
+            self._check_filter(topic_filter)
+            items.append(topic_filter)
+        return self._request(UNSUBSCRIBE, items, properties, token)
+
+    def _check_filter(self, topic_filter) -> None:
+        try:
+            validate_topic_filter(topic_filter)
+        except (ProtocolError, TypeError, AttributeError) as exc:
+            raise ClientError(f"topic filter {topic_filter!r} is not valid: {exc}") from None
+
+    def _request(self, kind: str, items: list, properties, token) -> Request:
+        if not items:
+            raise ClientError(f"{kind} needs at least one topic filter")
+        if properties and not self._v5:
+            raise ClientError(f"{kind.upper()} properties need protocol 5")
+        if len(self._queue) >= self.max_queued:
+            raise QueueFull(f"{len(self._queue)} requests are queued already (max_queued)")
+        req = Request(kind, token, filters=items, properties=properties)
+        if self._queue or self.state is not CONNECTED or self._closing is not None:
+            self._queue.append(req)
+        elif not self._send_other(req):
+            self._queue.append(req)
+        return req
+
+    # -- sending --------------------------------------------------------------------------------
+    def _new_pid(self) -> int | None:
+        pid = self._next_pid
+        inflight = self._inflight
+        if pid in inflight:
+            for _ in range(0xFFFF):
+                pid = pid % 0xFFFF + 1
+                if pid not in inflight:
+                    break
+            else:
+                return None
+        self._next_pid = pid % 0xFFFF + 1
+        return pid
+
+    def _encode_publish(self, req: Request, dup: bool) -> list:
+        payload = req.payload
+        if self._v5:
+            head = encode_publish_head5(req.topic.encode(), len(payload), req.qos, req.retain,
+                                        dup, req.packet_id, encode_properties(req.properties))
+        else:
+            head = encode_publish_head(req.topic.encode(), len(payload), req.qos, req.retain,
+                                       dup, req.packet_id)
+        return [head, payload] if payload else [head]
+
+    def _refused(self, req: Request) -> int:
+        """A reason code when the server said it takes no such PUBLISH (5.0 CONNACK), else 0."""
+        if req.qos > self._server_max_qos:
+            return QOS_NOT_SUPPORTED
+        if req.retain and not self._server_retain:
+            return RETAIN_NOT_SUPPORTED
+        return 0
+
+    def _send_qos0(self, req: Request) -> None:
+        frame = self._encode_publish(req, False)
+        if self._server_max_packet or not self._server_retain:
+            code = self._refused(req) or (PACKET_TOO_LARGE if self._server_max_packet and sum(
+                map(len, frame)) > self._server_max_packet else 0)
+            if code:
+                self._events.append(Acked(req, code))
+                return
+        self._out.extend(frame)
+        self._qos0_out.append(req)
+
+    def _send_publish(self, req: Request) -> bool:
+        """Send a QoS 1/2 PUBLISH for the first time; False when no packet id is free."""
+        code = self._refused(req)
+        if code:
+            self._events.append(Acked(req, code))
+            return True
+        pid = self._new_pid()
+        if pid is None:
+            return False
+        req.packet_id = pid
+        frame = self._encode_publish(req, False)
+        if self._server_max_packet and sum(map(len, frame)) > self._server_max_packet:
+            req.packet_id = None
+            self._next_pid = pid         # not used after all
+            self._events.append(Acked(req, PACKET_TOO_LARGE))
+            return True
+        self._inflight[pid] = req
+        self._n_pub += 1
+        self._out.extend(frame)
+        return True
+
+    def _send_other(self, req: Request) -> bool:
+        pid = self._new_pid()
+        if pid is None:
+            return False
+        req.packet_id = pid
+        self._inflight[pid] = req
+        self._out.append(self._encode_other(req))
+        return True
+
+    def _encode_other(self, req: Request) -> bytes:
+        cls = P.Subscribe if req.kind is SUBSCRIBE else P.Unsubscribe
+        packet = cls(req.packet_id, req.filters, req.properties)
+        return encode5(packet) if self._v5 else encode(packet)
+
+    def _pump(self) -> None:
+        """Send queued requests, in order, while the window allows."""
+        queue = self._queue
+        while queue and self._closing is None:
+            req = queue[0]
+            if req.kind is PUBLISH:
+                if not req.qos:
+                    queue.popleft()
+                    self._send_qos0(req)
+                    continue
+                if self._n_pub >= self._window or not self._send_publish(req):
+                    return
+            elif not self._send_other(req):
+                return
+            queue.popleft()
+
+    def _resend(self) -> None:
+        """After CONNACK: what is in flight again, DUP=1, in the order first sent."""
+        out = self._out
+        for pid, req in self._inflight.items():
+            if req.kind is not PUBLISH:
+                out.append(self._encode_other(req))
+            elif req.stage == STAGE_PUBREL:
+                out.append(encode_ack(P.PUBREL, pid))
+            else:
+                out.extend(self._encode_publish(req, True))
+
+    def data_to_send(self, now: float | None = None) -> bytes:
+        """The bytes to write (b"" if none); the caller writes them all. ``now`` dates them
+        for the keepalive (without it, the next ``tick`` does)."""
+        out = self._out
+        closing = self._closing
+        if closing is not None:
+            out.append(closing)
+        if not out:
+            return b""
+        data = out[0] if len(out) == 1 else b"".join(out)
+        self._out = []
+        if self._qos0_out:
+            self._events.extend(map(Acked, self._qos0_out))
+            self._qos0_out = []
+        if now is None:
+            self._sent_untimed = True
+        else:
+            self._last_sent = now
+        if closing is not None:
+            self._lose()        # -> closed
+        return data
+
+    def acked_qos0(self) -> list:
+        """The events made since the last call of this, ``receive_data`` or ``tick``: QoS 0
+        requests handed out (Acked), publishes refused before sending."""
+        events = self._events
+        self._events = []
+        return events
+
+    # -- time -----------------------------------------------------------------------------------
+    def tick(self, now: float) -> list:
+        """Keepalive and the CONNACK deadline: PINGREQ when nothing went out, or nothing came
+        in, for the keepalive; PingTimeout when its PINGRESP is not back a keepalive later."""
+        events = self._events
+        self._events = []
+        state = self.state
+        if state is CONNECTING:
+            if now >= self._connack_due:
+                events.append(ConnectFailed(None, f"no CONNACK within {self.connect_timeout} s"))
+                self._lose()
+            return events
+        if state is not CONNECTED or not self._ka:
+            return events
+        if self._sent_untimed:
+            self._last_sent = now
+            self._sent_untimed = False
+        if self._ping_due is not None:
+            if now >= self._ping_due:
+                events.append(PingTimeout())
+                self._lose()
+                self._out = []
+            return events
+        ka = self._ka
+        if now - self._last_sent >= ka or now - self._last_recv >= ka:
+            self._out.append(PINGREQ_BYTES)
+            self._ping_due = now + ka
+        return events
+
+    def next_deadline(self) -> float | None:
+        """The ``now`` at which ``tick`` next has work, or None."""
+        if self.state is CONNECTING:
+            return self._connack_due
+        if self.state is not CONNECTED or not self._ka:
+            return None
+        if self._ping_due is not None:
+            return self._ping_due
+        return min(self._last_sent, self._last_recv) + self._ka
+
+    # -- receiving ------------------------------------------------------------------------------
+    def receive_data(self, data, now: float) -> list:
+        """Decode the server's bytes (any split): the events, in order. Acknowledgements the
+        server is owed are queued for data_to_send. A protocol error of the server gives
+        Disconnected and state "disconnected" (the caller closes the transport)."""
+        events = self._events
+        self._events = []
+        state = self.state
+        if state is not CONNECTED and state is not CONNECTING:
+            return events
+        self._last_recv = now
+        decoder = self._decoder
+        try:
+            if state is CONNECTED and len(data) >= 8:
+                pids = decoder.pubacks(data)
+                if pids is not None:
+                    for pid in pids:
+                        on_ack(self, P.Puback(pid), events)
+                    if self._queue:
+                        self._pump()
+                    return events
+            for packet in decoder.feed(data):
+                handler = HANDLERS[self.state].get(packet.type)
+                if handler is None:
+                    raise ProtocolError(
+                        f"{P.NAMES[packet.type]} from the server while {self.state}",
+                        rule="MQTT-4.8.0-1", reason=PROTOCOL_ERROR)
+                handler(self, packet, events)
+                if self.state is not CONNECTED and self.state is not CONNECTING:
+                    break
+        except ProtocolError as exc:
+            self._protocol_error(exc, events)
+            return events
+        if self._queue and self.state is CONNECTED:
+            self._pump()
+        return events
+
+    def _protocol_error(self, exc: ProtocolError, events: list) -> None:
+        reason = exc.reason
+        self._lose()
+        self._out = [encode_disconnect5(reason)] if self._v5 else []
+        events.append(Disconnected(reason, f"the server broke the protocol: {exc}"))
+
+    # -- state across processes -------------------------------------------------------------
+    def save(self) -> dict:
+        """The session as JSON-able data (docs/client.md, "The state file"): what is in flight
+        and queued, packet ids, the server's QoS 2 ids awaiting PUBREL. The password and the
+        will are not kept: pass them to ``load``."""
+        return save_state(self)
+
+    @classmethod
+    def load(cls, doc: dict, **options) -> "Connection":
+        """A connection with ``save()``'s session; ``options`` (password, will, ...) are
+        given to the constructor over what ``doc`` says. ValueError names what is wrong."""
+        return load_state(cls, doc, options)

@@ -1,0 +1,174 @@
+"""What a client connection does with each packet from the server: plain functions
+``handler(conn, packet, events)`` in a table per state (``CONNECTING``, ``CONNECTED``), which
+Connection.receive_data dispatches through; a packet not in its state's table is a protocol
+error of the server. Each handler appends its events and queues what the server is owed."""
+
+from __future__ import annotations
+
+from edgebroker.errors import (
+    PACKET_ID_NOT_FOUND, PROTOCOL_ERROR, REASON_NAMES, RECEIVE_MAXIMUM_EXCEEDED,
+    TOPIC_ALIAS_INVALID, ProtocolError,
+)
+from edgebroker.client.events import (
+    Acked, ConnectFailed, Connected, Disconnected, Message, Subscribed, Unsubscribed,
+)
+from edgebroker.client.requests import PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE
+from edgebroker.client.states import CONNECTED, CONNECTING
+from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.encode import encode_ack, encode_puback
+from edgebroker.mqtt.encode5 import encode_ack5
+from edgebroker.mqtt.properties import (
+    ASSIGNED_CLIENT_ID, MAXIMUM_PACKET_SIZE, MAXIMUM_QOS, REASON_STRING, RECEIVE_MAXIMUM,
+    RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, TOPIC_ALIAS,
+)
+
+# 3.1.1 CONNACK return codes (section 3.2.2.3).
+_CONNACK_311 = {1: "unacceptable protocol version", 2: "identifier rejected",
+                3: "server unavailable", 4: "bad user name or password", 5: "not authorized"}
+
+
+def on_connack(conn, p: P.Connack, events: list) -> None:
+    code = p.return_code
+    if code:
+        if conn._v5:
+            reason = REASON_NAMES.get(code, "refused")
+            text = (p.properties or {}).get(REASON_STRING)
+            reason = f"{reason}: {text}" if text else reason
+        else:
+            reason = _CONNACK_311.get(code, f"return code {code}")
+        conn._lose()
+        conn._out = []
+        events.append(ConnectFailed(code, reason))
+        return
+    conn._move(CONNECTED)
+    props = p.properties
+    if props:
+        conn._window = min(conn.max_inflight, props.get(RECEIVE_MAXIMUM, 0xFFFF))
+        conn._server_max_qos = props.get(MAXIMUM_QOS, 2)
+        conn._server_retain = bool(props.get(RETAIN_AVAILABLE, 1))
+        conn._server_max_packet = props.get(MAXIMUM_PACKET_SIZE, 0)
+        conn._ka = props.get(SERVER_KEEP_ALIVE, conn.keepalive)
+        conn.client_id = props.get(ASSIGNED_CLIENT_ID, conn.client_id)
+    if not p.session_present:
+        conn._incoming_qos2.clear()   # a new session: no PUBREL will come for them
+    events.append(Connected(p.session_present, code, props))
+    conn._resend()
+    conn._pump()
+
+
+def on_publish(conn, p: P.Publish, events: list) -> None:
+    topic = p.topic
+    props = p.properties
+    if props is not None and TOPIC_ALIAS in props:
+        topic = _alias(conn, topic, props[TOPIC_ALIAS])
+    qos = p.qos
+    if qos == 1:
+        conn._out.append(encode_puback(p.packet_id))
+    elif qos == 2:
+        pid = p.packet_id
+        conn._out.append(encode_ack(P.PUBREC, pid))
+        if pid in conn._incoming_qos2:
+            conn.duplicates_dropped += 1
+            return
+        if len(conn._incoming_qos2) >= conn._receive_max:
+            raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
+                                f"({conn._receive_max})", rule="MQTT-3.3.4-9",
+                                reason=RECEIVE_MAXIMUM_EXCEEDED)
+        conn._incoming_qos2.add(pid)
+    events.append(Message(topic, p.payload, qos, p.retain, p.dup, props, p.packet_id))
+
+
+def _alias(conn, topic: str, alias: int) -> str:
+    if alias > conn._alias_max:
+        raise ProtocolError(f"PUBLISH with Topic Alias {alias}, above the Topic Alias "
+                            f"Maximum the client sent ({conn._alias_max})",
+                            rule="MQTT-3.3.2-10", reason=TOPIC_ALIAS_INVALID)
+    if topic:
+        conn._aliases[alias] = topic
+        return topic
+    known = conn._aliases.get(alias)
+    if known is None:
+        raise ProtocolError(f"PUBLISH with an empty topic name and Topic Alias {alias}, "
+                            f"which names no topic yet", rule="MQTT-3.3.4",
+                            reason=PROTOCOL_ERROR)
+    return known
+
+
+def on_ack(conn, p, events: list) -> None:
+    """PUBACK (QoS 1) and PUBCOMP (QoS 2): the request is done."""
+    pid = p.packet_id
+    req = conn._inflight.get(pid)
+    if req is None or req.kind is not PUBLISH or req.qos != (1 if p.type == P.PUBACK else 2):
+        conn.unexpected_acks += 1
+        return
+    del conn._inflight[pid]
+    conn._n_pub -= 1
+    events.append(Acked(req, p.reason_code))
+
+
+def on_pubrec(conn, p: P.Pubrec, events: list) -> None:
+    pid = p.packet_id
+    req = conn._inflight.get(pid)
+    if req is None or req.kind is not PUBLISH or req.qos != 2:
+        conn.unexpected_acks += 1
+        if p.reason_code < 0x80:   # let the server end its exchange (5.0: not found)
+            conn._out.append(encode_ack5(P.PUBREL, pid, PACKET_ID_NOT_FOUND) if conn._v5
+                             else encode_ack(P.PUBREL, pid))
+        return
+    if p.reason_code >= 0x80:      # refused: the exchange ends here (5.0)
+        del conn._inflight[pid]
+        conn._n_pub -= 1
+        events.append(Acked(req, p.reason_code))
+        return
+    req.stage = STAGE_PUBREL
+    conn._out.append(encode_ack(P.PUBREL, pid))
+
+
+def on_pubrel(conn, p: P.Pubrel, events: list) -> None:
+    pid = p.packet_id
+    if pid in conn._incoming_qos2:
+        conn._incoming_qos2.discard(pid)
+        conn._out.append(encode_ack(P.PUBCOMP, pid))
+    else:
+        conn._out.append(encode_ack5(P.PUBCOMP, pid, PACKET_ID_NOT_FOUND) if conn._v5
+                         else encode_ack(P.PUBCOMP, pid))
+
+
+def on_suback(conn, p, events: list) -> None:
+    pid = p.packet_id
+    req = conn._inflight.get(pid)
+    want = SUBSCRIBE if p.type == P.SUBACK else UNSUBSCRIBE
+    if req is None or req.kind is not want:
+        conn.unexpected_acks += 1
+        return
+    codes = p.return_codes if want is SUBSCRIBE else (p.reason_codes or [])
+    if codes and len(codes) != len(req.filters):
+        raise ProtocolError(f"{P.NAMES[p.type]} with {len(codes)} codes for "
+                            f"{len(req.filters)} topic filters", rule="MQTT-3.9.3-1",
+                            reason=PROTOCOL_ERROR)
+    del conn._inflight[pid]
+    events.append((Subscribed if want is SUBSCRIBE else Unsubscribed)(req, codes))
+
+
+def on_pingresp(conn, p, events: list) -> None:
+    conn._ping_due = None
+
+
+def on_disconnect(conn, p: P.Disconnect, events: list) -> None:
+    code = p.reason_code
+    reason = REASON_NAMES.get(code, "unknown") if conn._v5 else "DISCONNECT from the server"
+    text = (p.properties or {}).get(REASON_STRING)
+    conn._lose()
+    conn._out = []
+    events.append(Disconnected(code, f"{reason}: {text}" if text else reason))
+
+
+# State -> packet type -> handler: what the server may send in each state.
+HANDLERS = {
+    CONNECTING: {P.CONNACK: on_connack, P.DISCONNECT: on_disconnect},
+    CONNECTED: {
+        P.PUBLISH: on_publish, P.PUBACK: on_ack, P.PUBREC: on_pubrec, P.PUBREL: on_pubrel,
+        P.PUBCOMP: on_ack, P.SUBACK: on_suback, P.UNSUBACK: on_suback,
+        P.PINGRESP: on_pingresp, P.DISCONNECT: on_disconnect,
+    },
+}

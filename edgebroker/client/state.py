@@ -1,0 +1,62 @@
+"""A client connection's session as JSON-able data, and back (``Connection.save``/``load``):
+the state file's form, docs/client.md "The state file" (tests/client/golden/ has one)."""
+
+from __future__ import annotations
+
+from edgebroker.client.requests import (
+    PUBLISH, STAGE_PUBLISH, from_state, properties_from_state, properties_to_state, to_state,
+)
+from edgebroker.mqtt import packets as P
+
+STATE_FORMAT = "edgebroker-client-state"
+STATE_VERSION = 1
+
+
+def save_state(conn) -> dict:
+    """``conn``'s session (see Connection.save)."""
+    queued = [*conn._qos0_out, *conn._queue]
+    return {
+        "format": STATE_FORMAT, "version": STATE_VERSION,
+        "client_id": conn.client_id, "protocol": conn.protocol,
+        "clean_start": conn.clean_start, "keepalive": conn.keepalive,
+        "username": conn.username, "properties": properties_to_state(conn.properties),
+        "max_inflight": conn.max_inflight, "max_queued": conn.max_queued,
+        "next_packet_id": conn._next_pid,
+        "inflight": [to_state(r) for r in conn._inflight.values()],
+        "queued": [to_state(r) for r in queued],
+        "incoming_qos2": sorted(conn._incoming_qos2),
+    }
+
+
+def load_state(cls, doc: dict, options: dict):
+    """A ``cls`` (Connection) with the session ``doc`` holds (see Connection.load)."""
+    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+        raise ValueError(f"not a client state (format is not {STATE_FORMAT!r})")
+    if doc.get("version") != STATE_VERSION:
+        raise ValueError(f"client state version {doc.get('version')!r} is not "
+                         f"{STATE_VERSION} (written by another edgebroker?)")
+    kw = {k: doc[k] for k in ("client_id", "protocol", "clean_start", "keepalive",
+                              "username", "max_inflight", "max_queued") if k in doc}
+    kw["properties"] = properties_from_state(doc.get("properties"))
+    kw.update(options)
+    client_id = kw.pop("client_id", "")
+    protocol = kw.pop("protocol", P.PROTOCOL_311)
+    conn = cls(client_id, protocol, **kw)
+    for item in doc.get("inflight", ()):
+        req = from_state(item)
+        if req.packet_id is None or req.packet_id in conn._inflight:
+            raise ValueError(f"state file in-flight request {item!r}: no packet_id, or "
+                             f"one given twice")
+        if req.kind is PUBLISH and not req.qos:
+            raise ValueError(f"state file in-flight request {item!r}: QoS 0")
+        conn._inflight[req.packet_id] = req
+        conn._n_pub += req.kind is PUBLISH
+    for item in doc.get("queued", ()):
+        req = from_state(item)
+        req.packet_id = None
+        req.stage = STAGE_PUBLISH
+        conn._queue.append(req)
+    conn._incoming_qos2 = {int(pid) for pid in doc.get("incoming_qos2", ())}
+    pid = doc.get("next_packet_id", 1)
+    conn._next_pid = pid if isinstance(pid, int) and 0 < pid < 0x10000 else 1
+    return conn

@@ -1,0 +1,30 @@
+"""A client connection's states (``Connection.state``) and the moves between them.
+
+States and the moves between them (``MOVES``; any other move is the caller's error):
+
+* disconnected -> connecting: ``connect(now)`` on a fresh transport queues CONNECT.
+* connecting -> connected: a CONNACK with success. The PUBLISHes not yet acknowledged are
+  sent again with DUP=1 (a PUBREL for those the server already has), SUBSCRIBE/UNSUBSCRIBE
+  too, all in the order first sent; then the queued requests, whatever ``clean_start``
+  and Session Present say (as Mosquitto's and paho's clients do: at least once).
+* connecting -> disconnected: a refusal (ConnectFailed), no CONNACK within
+  ``connect_timeout``, a server DISCONNECT or protocol error, ``connection_lost()``.
+* connected -> disconnected: a server DISCONNECT (Disconnected), a protocol error of the
+  server (Disconnected; in 5.0 a DISCONNECT with the reason code is queued), no PINGRESP
+  within the keepalive (PingTimeout), ``connection_lost()``.
+* connecting/connected -> closed: ``disconnect()`` queues DISCONNECT; "closed" once
+  ``data_to_send`` has handed it out. disconnected -> closed: ``disconnect()`` at once.
+* closed -> connecting: ``connect(now)`` again.
+"""
+
+DISCONNECTED = "disconnected"
+CONNECTING = "connecting"
+CONNECTED = "connected"
+CLOSED = "closed"
+
+MOVES = {
+    DISCONNECTED: frozenset((CONNECTING, CLOSED)),
+    CONNECTING: frozenset((CONNECTED, DISCONNECTED, CLOSED)),
+    CONNECTED: frozenset((DISCONNECTED, CLOSED)),
+    CLOSED: frozenset((CONNECTING, CLOSED)),
+}

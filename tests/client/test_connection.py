@@ -1,0 +1,593 @@
+"""The sans-I/O client connection (edgebroker/client/connection.py), driven with the server's
+bytes built by the independent encoders tests/mqttraw.py and tests/mqttraw5.py; what the
+client sends is read back with their parsers. Every state move, both QoS flows, the window,
+retransmission, refusal, server limits and malformed server bytes."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+import mqttraw as m
+import mqttraw5 as m5
+from edgebroker.client.connection import ClientError, Connection, QueueFull
+from edgebroker.client.events import (
+    Acked, ConnectFailed, Connected, Disconnected, Message, PingTimeout, Subscribed,
+    Unsubscribed,
+)
+from edgebroker.mqtt.packets import Will
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def sent(c: Connection, now: float | None = 0.0) -> list:
+    """What the connection hands out, parsed by the independent decoder."""
+    buf = bytearray(c.data_to_send(now))
+    frames = m5.split_frames5(buf) if c.protocol == 5 else m.split_frames(buf)
+    assert not buf, f"a partial frame handed out: {bytes(buf)!r}"
+    return frames
+
+
+def pid(p) -> int:
+    """A packet's identifier (the 3.1.1 parser leaves SUBSCRIBE's in the body)."""
+    return p.packet_id if p.packet_id is not None else int.from_bytes(p.body[:2], "big")
+
+
+def connected(protocol: int = 4, connack: bytes | None = None, **kw) -> Connection:
+    c = Connection("c1", protocol, **kw)
+    c.connect(0.0)
+    c.data_to_send(0.0)
+    if connack is None:
+        connack = m5.connack5() if protocol == 5 else m.connack()
+    events = c.receive_data(connack, 0.0)
+    assert [type(e) for e in events] == [Connected]
+    assert c.state == "connected"
+    return c
+
+
+# -- CONNECT and CONNACK --------------------------------------------------------------------
+
+def test_connect_bytes_311_31_and_5():
+    c = Connection("dev-1", 4, keepalive=30, clean_start=False, username="u", password="p",
+                   will=Will("w/t", b"gone", 1, True))
+    c.connect(0.0)
+    assert c.state == "connecting"
+    assert c.data_to_send() == m.connect("dev-1", clean=False, keepalive=30,
+                                         will=("w/t", b"gone", 1, True), username="u",
+                                         password="p")
+    c = Connection("old", 3)
+    c.connect(0.0)
+    assert c.data_to_send() == m.connect_v31("old")
+    c = Connection("five", 5, properties={0x11: 300, 0x22: 4})
+    c.connect(0.0)
+    (p,) = sent(c)
+    assert (p.type, p.level, p.client_id, p.properties) == (
+        m.CONNECT, 5, "five", {m5.SESSION_EXPIRY: 300, m5.TOPIC_ALIAS_MAXIMUM: 4})
+
+
+def test_connack_refused_311_and_5():
+    c = Connection("c", 4)
+    c.connect(0.0)
+    c.data_to_send()
+    assert c.receive_data(m.connack(rc=5), 1.0) == [ConnectFailed(5, "not authorized")]
+    assert c.state == "disconnected" and c.data_to_send() == b""
+    c = Connection("c", 5)
+    c.connect(0.0)
+    c.data_to_send()
+    events = c.receive_data(m5.connack5(reason=0x86, props={m5.REASON_STRING: "no"}), 1.0)
+    assert events == [ConnectFailed(0x86, "Bad User Name or Password: no")]
+    assert c.state == "disconnected"
+    # Connecting again on a new transport is allowed.
+    c.connect(2.0)
+    assert c.state == "connecting"
+
+
+def test_no_connack_in_time():
+    c = Connection("c", 4, connect_timeout=5)
+    c.connect(10.0)
+    c.data_to_send(10.0)
+    assert c.next_deadline() == 15.0
+    assert c.tick(14.9) == []
+    assert c.tick(15.0) == [ConnectFailed(None, "no CONNACK within 5 s")]
+    assert c.state == "disconnected" and c.next_deadline() is None
+
+
+def test_connack_properties_5():
+    c = connected(5, m5.connack5(props={m5.RECEIVE_MAXIMUM: 1, m5.SERVER_KEEP_ALIVE: 7,
+                                        m5.ASSIGNED_CLIENT_ID: "auto-1"}))
+    assert c.window == 1 and c.client_id == "auto-1"
+    assert c.next_deadline() == 7.0
+
+
+def test_illegal_moves_are_the_callers_error():
+    c = connected()
+    with pytest.raises(ClientError, match="from connected to connecting"):
+        c.connect(1.0)
+    with pytest.raises(ClientError, match="protocol must be"):
+        Connection("c", 6)
+
+
+def test_packets_out_of_state_are_protocol_errors():
+    c = Connection("c", 5)
+    c.connect(0.0)
+    c.data_to_send()
+    events = c.receive_data(m5.puback5(1), 1.0)     # before CONNACK
+    assert [type(e) for e in events] == [Disconnected] and events[0].reason_code == 0x82
+    assert "PUBACK from the server while connecting" in events[0].reason
+    assert [(p.type, p.reason) for p in sent(c)] == [(m.DISCONNECT, 0x82)]
+    c = connected(5)
+    events = c.receive_data(m5.connack5(), 1.0)     # a second CONNACK
+    assert events[0].reason_code == 0x82 and c.state == "disconnected"
+    c = connected(4)
+    events = c.receive_data(m.subscribe(1, ["a"]), 1.0)   # a client's packet
+    assert type(events[0]) is Disconnected and c.state == "disconnected"
+    assert c.data_to_send() == b""       # 3.1.1 has no DISCONNECT from the client for it
+
+
+# -- publishing -------------------------------------------------------------------------------
+
+def test_qos0_bytes_and_acked_once_handed_out():
+    c = connected()
+    req = c.publish("a/b", b"x", token="t0")
+    assert c.acked_qos0() == []                      # not handed out yet
+    assert c.data_to_send() == m.publish("a/b", b"x")
+    assert c.acked_qos0() == [Acked(req, 0)]
+    assert req.packet_id is None and req.token == "t0"
+    c.publish("a/b", "text", retain=True)
+    assert c.data_to_send() == m.publish("a/b", b"text", retain=True)
+    assert [type(e) for e in c.receive_data(m.pingresp(), 1.0)] == [Acked]
+
+
+def test_qos1_flow():
+    c = connected()
+    req = c.publish("t", b"p", qos=1)
+    assert c.data_to_send() == m.publish("t", b"p", qos=1, packet_id=1)
+    assert c.inflight == 1
+    assert c.receive_data(m.puback(2), 1.0) == [] and c.unexpected_acks == 1
+    assert c.receive_data(m.puback(1), 1.0) == [Acked(req, 0)]
+    assert c.inflight == 0
+
+
+def test_qos2_flow_and_refused_pubrec_5():
+    c = connected()
+    req = c.publish("t", b"p", qos=2)
+    assert c.data_to_send() == m.publish("t", b"p", qos=2, packet_id=1)
+    assert c.receive_data(m.pubrec(1), 1.0) == []
+    assert c.data_to_send() == m.pubrel(1)
+    assert c.receive_data(m.pubcomp(1), 1.0) == [Acked(req, 0)]
+    assert c.inflight == 0
+    c = connected(5)
+    req = c.publish("t", b"p", qos=2)
+    sent(c)
+    assert c.receive_data(m5.pubrec5(1, 0x87), 1.0) == [Acked(req, 0x87)]
+    assert c.data_to_send() == b"" and c.inflight == 0
+    # A PUBREC for no exchange of ours: PUBREL "not found", so the server can finish.
+    c.receive_data(m5.pubrec5(9), 1.0)
+    assert [(p.type, p.packet_id, p.reason) for p in sent(c)] == [(m.PUBREL, 9, 0x92)]
+
+
+def test_puback_with_reason_5():
+    c = connected(5)
+    req = c.publish("t", b"p", qos=1, properties={m5.CONTENT_TYPE: "text/plain"})
+    (p,) = sent(c)
+    assert p.properties == {m5.CONTENT_TYPE: "text/plain"}
+    assert c.receive_data(m5.puback5(1, 0x10), 1.0) == [Acked(req, 0x10)]
+
+
+def test_window_and_queue_bound():
+    c = connected(max_inflight=2, max_queued=2)
+    reqs = [c.publish("t", str(i), qos=1) for i in range(4)]
+    assert [p.packet_id for p in sent(c)] == [1, 2]
+    assert (c.inflight, c.queued, c.can_publish) == (2, 2, False)
+    with pytest.raises(QueueFull):
+        c.publish("t", b"more", qos=1)
+    with pytest.raises(QueueFull):
+        c.subscribe(["x"])
+    assert c.receive_data(m.puback(1), 1.0) == [Acked(reqs[0], 0)]
+    assert [(p.packet_id, p.payload) for p in sent(c)] == [(3, b"2")]
+    # A QoS 0 behind a waiting QoS 1 waits too: the order is kept.
+    q0 = c.publish("t", b"zero")
+    assert c.data_to_send() == b""
+    c.receive_data(m.puback(2) + m.puback(3), 1.0)
+    assert [(p.qos, p.payload) for p in sent(c)] == [(1, b"3"), (0, b"zero")]
+    assert Acked(q0, 0) in c.acked_qos0()
+
+
+def test_server_receive_maximum_is_the_window():
+    c = connected(5, m5.connack5(props={m5.RECEIVE_MAXIMUM: 1}), max_inflight=10)
+    c.publish("t", b"1", qos=1)
+    c.publish("t", b"2", qos=2)
+    assert [p.payload for p in sent(c)] == [b"1"]
+    c.receive_data(m5.puback5(1), 1.0)
+    assert [p.payload for p in sent(c)] == [b"2"]
+
+
+def test_packet_ids_in_use_are_skipped():
+    state = Connection("c", 4).save()
+    state["inflight"] = [{"kind": "publish", "packet_id": pid, "topic": "t", "payload": "",
+                          "qos": 1, "retain": False} for pid in (65535, 1, 2)]
+    state["next_packet_id"] = 65535
+    c = Connection.load(state)
+    c.connect(0.0)
+    c.data_to_send()
+    c.receive_data(m.connack(), 0.0)
+    assert [p.packet_id for p in sent(c)] == [65535, 1, 2]   # resent
+    c.publish("t", b"new", qos=1)
+    assert [p.packet_id for p in sent(c)] == [3]
+
+
+def test_bad_requests_name_what_is_wrong():
+    c = connected()
+    for args, what in [(("a/+", b""), "wildcard"), (("", b""), "empty"),
+                       (("t", 5), "payload must be"), ((b"t", b""), "topic must be a str")]:
+        with pytest.raises(ClientError, match=what):
+            c.publish(*args)
+    with pytest.raises(ClientError, match="QoS must be"):
+        c.publish("t", b"", qos=3)
+    with pytest.raises(ClientError, match="need protocol 5"):
+        c.publish("t", b"", properties={m5.CONTENT_TYPE: "x"})
+    with pytest.raises(ClientError, match="not valid"):
+        c.subscribe([("a/#/b", 0)])
+    with pytest.raises(ClientError, match="options"):
+        c.subscribe([("a", 4)])
+    with pytest.raises(ClientError, match="at least one"):
+        c.unsubscribe([])
+
+
+def test_server_limits_refuse_before_sending_5():
+    c = connected(5, m5.connack5(props={m5.MAXIMUM_QOS: 1, m5.RETAIN_AVAILABLE: 0,
+                                        m5.MAXIMUM_PACKET_SIZE: 64}))
+    r2 = c.publish("t", b"", qos=2)
+    rr = c.publish("t", b"", retain=True)
+    big = c.publish("t", b"x" * 100, qos=1)
+    ok = c.publish("t", b"fine", qos=1)
+    assert [(p.qos, p.payload) for p in sent(c)] == [(1, b"fine")]
+    assert c.acked_qos0() == [Acked(r2, 0x9B), Acked(rr, 0x9A), Acked(big, 0x95)]
+    assert ok.packet_id == 1 and c.inflight == 1
+
+
+# -- receiving --------------------------------------------------------------------------------
+
+def test_incoming_qos0_1_2():
+    c = connected()
+    assert c.receive_data(m.publish("a", b"0", retain=True), 1.0) == [
+        Message("a", b"0", 0, True, False, None, None)]
+    assert c.receive_data(m.publish("a", b"1", qos=1, packet_id=7), 1.0) == [
+        Message("a", b"1", 1, False, False, None, 7)]
+    assert c.data_to_send() == m.puback(7)
+    first = c.receive_data(m.publish("a", b"2", qos=2, packet_id=8), 1.0)
+    assert first == [Message("a", b"2", 2, False, False, None, 8)]
+    assert c.data_to_send() == m.pubrec(8)
+    # Sent again before PUBREL: not given out again; PUBREC again.
+    assert c.receive_data(m.publish("a", b"2", qos=2, dup=True, packet_id=8), 1.0) == []
+    assert c.data_to_send() == m.pubrec(8) and c.duplicates_dropped == 1
+    assert c.receive_data(m.pubrel(8), 1.0) == []
+    assert c.data_to_send() == m.pubcomp(8)
+    # After PUBREL the id is free: a new message.
+    assert len(c.receive_data(m.publish("a", b"3", qos=2, packet_id=8), 1.0)) == 1
+
+
+def test_incoming_qos2_survives_reconnect_with_session():
+    c = connected()
+    c.receive_data(m.publish("a", b"2", qos=2, packet_id=8), 1.0)
+    c.connection_lost()
+    c.connect(2.0)
+    c.data_to_send()
+    c.receive_data(m.connack(session_present=True), 2.0)
+    assert c.receive_data(m.publish("a", b"2", qos=2, dup=True, packet_id=8), 2.0) == []
+    # Without a session the server sends no PUBREL: the ids are forgotten.
+    c.connection_lost()
+    c.connect(3.0)
+    c.receive_data(m.connack(session_present=False), 3.0)
+    assert c.save()["incoming_qos2"] == []
+
+
+def test_pubrel_for_unknown_id():
+    c = connected(5)
+    c.receive_data(m5.pubrel5(4), 1.0)
+    assert [(p.type, p.packet_id, p.reason) for p in sent(c)] == [(m.PUBCOMP, 4, 0x92)]
+
+
+def test_topic_alias_from_the_server_5():
+    c = connected(5, properties={m5.TOPIC_ALIAS_MAXIMUM: 2})
+    first = c.receive_data(m5.publish5("long/topic", b"1", props={m5.TOPIC_ALIAS: 2}), 1.0)
+    again = c.receive_data(m5.publish5("", b"2", props={m5.TOPIC_ALIAS: 2}), 1.0)
+    assert [e.topic for e in first + again] == ["long/topic", "long/topic"]
+    events = c.receive_data(m5.publish5("x", b"3", props={m5.TOPIC_ALIAS: 3}), 1.0)
+    assert [(type(e), e.reason_code) for e in events] == [(Disconnected, 0x94)]
+    assert [(p.type, p.reason) for p in sent(c)] == [(m.DISCONNECT, 0x94)]
+    c = connected(5, properties={m5.TOPIC_ALIAS_MAXIMUM: 2})
+    events = c.receive_data(m5.publish5("", b"3", props={m5.TOPIC_ALIAS: 1}), 1.0)
+    assert events[0].reason_code == 0x82 and "names no topic yet" in events[0].reason
+
+
+def test_subscribe_and_unsubscribe_311():
+    c = connected()
+    sub = c.subscribe([("a/#", 1), "b"], token="s")
+    assert c.data_to_send() == m.subscribe(1, [("a/#", 1), ("b", 0)])
+    assert c.receive_data(m.suback(1, (1, 0x80)), 1.0) == [Subscribed(sub, [1, 0x80])]
+    uns = c.unsubscribe(["a/#"])
+    assert c.data_to_send() == m.unsubscribe(2, ["a/#"])
+    assert c.receive_data(m.unsuback(2), 1.0) == [Unsubscribed(uns, [])]
+    c.subscribe(["a", "b"])
+    events = c.receive_data(m.suback(3, (0,)), 1.0)       # one code for two filters
+    assert events[0].reason_code == 0x82 and "MQTT-3.9.3-1" in events[0].reason
+
+
+def test_subscribe_and_unsubscribe_5():
+    c = connected(5)
+    sub = c.subscribe([("a", 1 | m5.NO_LOCAL)], properties={m5.SUBSCRIPTION_ID: 5})
+    (p,) = sent(c)
+    assert (p.topics, p.properties) == ([("a", 5)], {m5.SUBSCRIPTION_ID: 5})
+    assert c.receive_data(m5.suback5(1, (1,)), 1.0) == [Subscribed(sub, [1])]
+    uns = c.unsubscribe(["a"])
+    sent(c)
+    assert c.receive_data(m5.unsuback5(2, (0x11,)), 1.0) == [Unsubscribed(uns, [0x11])]
+
+
+def test_server_disconnect():
+    c = connected(5)
+    c.publish("t", b"", qos=1)
+    events = c.receive_data(m5.disconnect5(0x8B, {m5.REASON_STRING: "bye"}), 1.0)
+    assert events == [Disconnected(0x8B, "Server shutting down: bye")]
+    assert c.state == "disconnected" and c.inflight == 1   # kept for the next connection
+    c = connected(4)
+    assert c.receive_data(m.disconnect(), 1.0) == [Disconnected(0, "DISCONNECT from the server")]
+
+
+@pytest.mark.parametrize("bad, rule", [
+    (m.packet(0, 0, b""), "MQTT-2.2.1"),                          # reserved type
+    (m.publish("a", b"", flags=0x06), "MQTT-3.3.1-4"),             # QoS 3
+    (m.publish("a/+", b""), "MQTT-3.3.2-2"),                       # wildcard topic
+    (m.puback(0), "MQTT-2.3.1-1"),                                 # packet id 0
+    (m.packet(m.PUBACK, 0, b"\x00\x01\x00"), "MQTT-2.2.3"),        # 3.1.1 PUBACK too long
+    (m.frame(0x30, b"\xff\xff\xff\xff"), "MQTT-2.2.3"),            # 5-byte remaining length
+    (m.pubrel(1, flags=0), "MQTT-2.2.2-1"),                        # reserved flags
+])
+def test_malformed_server_bytes_311(bad, rule):
+    c = connected()
+    c.publish("t", b"", qos=1)
+    c.data_to_send()
+    before = m.publish("ok", b"1")
+    events = c.receive_data(before + bad + m.puback(1), 1.0)
+    assert events[0] == Message("ok", b"1", 0, False, False, None, None)
+    assert [type(e) for e in events[1:]] == [Disconnected]
+    assert rule in events[1].reason and events[1].reason_code in (0x81, 0x82, 0x90)
+    assert c.state == "disconnected" and c.inflight == 1     # the PUBACK after it is not read
+    assert c.receive_data(m.puback(1), 2.0) == []             # nothing more is read
+
+
+def test_malformed_5_gets_a_disconnect_with_the_reason():
+    c = connected(5)
+    events = c.receive_data(m5.puback5(1, 0x05), 1.0)     # a reason PUBACK cannot carry
+    assert events[0].reason_code == 0x82
+    assert [(p.type, p.reason) for p in sent(c)] == [(m.DISCONNECT, 0x82)]
+
+
+def test_any_split_of_the_stream_gives_the_same_events():
+    stream = (m.connack() + m.publish("a", b"x" * 300, qos=1, packet_id=3) + m.puback(1)
+              + m.publish("b", b"", qos=2, packet_id=4) + m.pubrel(4) + m.pingresp())
+
+    def run(chunks):
+        c = Connection("c", 4)
+        c.connect(0.0)
+        c.data_to_send()
+        c.publish("t", b"", qos=1)
+        events, out = [], b""
+        for chunk in chunks:
+            events += c.receive_data(chunk, 1.0)
+            out += c.data_to_send()
+        return [repr(e) for e in events], out
+
+    whole = run([stream])
+    assert whole == run([stream[i:i + 1] for i in range(len(stream))])
+    assert whole == run([stream[:7], stream[7:200], stream[200:]])
+    assert len(whole[0]) == 4      # Connected, Message, Acked, Message
+
+
+def test_many_pubacks_in_one_read():
+    c = connected(max_inflight=50)
+    reqs = [c.publish("t", b"", qos=1) for i in range(50)]
+    c.data_to_send()
+    events = c.receive_data(b"".join(m.puback(i) for i in range(1, 51)), 1.0)
+    assert events == [Acked(r, 0) for r in reqs]
+
+
+# -- keepalive --------------------------------------------------------------------------------
+
+def test_pingreq_when_nothing_went_out_even_while_messages_come_in():
+    c = connected(keepalive=10)
+    assert c.next_deadline() == 10.0
+    for t in range(1, 10):
+        c.receive_data(m.publish("a", b"m"), float(t))
+        assert c.tick(float(t)) == [] and c.data_to_send(float(t)) == b""
+    c.tick(10.0)
+    assert c.data_to_send(10.0) == m.pingreq()
+    assert c.next_deadline() == 20.0                         # the PINGRESP is due
+    c.receive_data(m.pingresp(), 11.0)
+    assert c.next_deadline() == 20.0                         # min(sent 10, received 11) + 10
+
+
+def test_pingreq_when_nothing_came_in():
+    c = connected(keepalive=10)
+    for t in range(1, 11):
+        c.publish("t", b"", qos=0)
+        c.data_to_send(float(t))
+    c.tick(10.0)
+    assert c.data_to_send(10.0) == m.pingreq()
+
+
+def test_no_pingresp_is_a_dead_link():
+    c = connected(keepalive=10)
+    c.publish("t", b"", qos=1)
+    c.data_to_send(0.0)
+    c.tick(10.0)
+    assert c.data_to_send(10.0) == m.pingreq()
+    assert c.tick(19.9) == []
+    assert c.tick(20.0) == [PingTimeout()]
+    assert c.state == "disconnected" and c.inflight == 1
+    c.connection_lost()                                      # the loop's call: no harm
+    assert c.state == "disconnected"
+
+
+def test_keepalive_0_never_pings():
+    c = connected(keepalive=0)
+    assert c.next_deadline() is None and c.tick(1e6) == [] and c.data_to_send() == b""
+
+
+# -- reconnection and retransmission ------------------------------------------------------------
+
+def test_resent_with_dup_in_order_after_reconnect():
+    c = connected(max_inflight=4)
+    a = c.publish("t", b"a", qos=1)
+    b = c.publish("t", b"b", qos=2)
+    s = c.subscribe([("f", 1)])
+    d = c.publish("t", b"d", qos=2)
+    e = c.publish("t", b"e", qos=1)
+    c.publish("t", b"z", qos=1)        # queued: the window is 4
+    sent(c)
+    c.receive_data(m.pubrec(2), 1.0)       # b: the server has it
+    c.connection_lost()
+    assert c.state == "disconnected"
+    c.publish("t", b"late", qos=0)  # kept in the queue while disconnected
+    c.connect(2.0)
+    assert [p.type for p in sent(c)] == [m.CONNECT]
+    assert c.receive_data(m.connack(session_present=True), 2.0) == [Connected(True, 0, None)]
+    got = [(p.type, pid(p), getattr(p, "dup", None), getattr(p, "payload", None))
+           for p in sent(c)]
+    assert got == [(m.PUBLISH, 1, True, b"a"), (m.PUBREL, 2, None, None),
+                   (m.SUBSCRIBE, 3, None, None), (m.PUBLISH, 4, True, b"d"),
+                   (m.PUBLISH, 5, True, b"e")]
+    c.receive_data(m.puback(1), 3.0)
+    assert [(p.packet_id, p.payload, p.dup) for p in sent(c)] == [(6, b"z", False),
+                                                                 (None, b"late", False)]
+    assert [a.packet_id, b.packet_id, s.packet_id, d.packet_id, e.packet_id] == [1, 2, 3, 4, 5]
+
+
+def test_qos0_not_handed_out_before_the_loss_is_sent_after():
+    c = connected()
+    c.publish("t", b"lost?")
+    c.connection_lost()
+    assert c.queued == 1 and c.acked_qos0() == []
+    c.connect(1.0)
+    c.data_to_send()
+    c.receive_data(m.connack(), 1.0)
+    assert c.data_to_send() == m.publish("t", b"lost?")
+
+
+def test_requests_made_while_connecting_wait_for_connack():
+    c = Connection("c", 4)
+    c.connect(0.0)
+    c.publish("t", b"early", qos=1)
+    assert c.data_to_send() == m.connect("c")
+    c.receive_data(m.connack(), 1.0)
+    assert c.data_to_send() == m.publish("t", b"early", qos=1, packet_id=1)
+
+
+# -- disconnect ---------------------------------------------------------------------------------
+
+def test_disconnect_is_sent_last_then_closed():
+    c = connected(5)
+    c.publish("t", b"x")
+    c.disconnect(0x04)
+    c.publish("t", b"after", qos=1)        # kept, not sent
+    assert [(p.type, p.reason) for p in sent(c)] == [(m.PUBLISH, None), (m.DISCONNECT, 0x04)]
+    assert c.state == "closed" and c.queued == 1
+    q0 = c.acked_qos0()
+    assert [(type(e), e.request.payload) for e in q0] == [(Acked, b"x")]
+    assert c.receive_data(m5.puback5(1), 1.0) == []      # closed: nothing more is read
+    c.connect(2.0)                          # closed -> connecting
+    assert c.state == "connecting"
+    d = Connection("c", 4)
+    d.disconnect()
+    assert d.state == "closed"
+
+
+def test_disconnect_while_the_link_is_down_before_it_went_out():
+    c = connected()
+    c.disconnect()
+    c.connection_lost()
+    assert c.state == "closed"
+
+
+# -- state across processes ---------------------------------------------------------------------
+
+def _busy_connection() -> Connection:
+    c = Connection("gw-1", 5, clean_start=False, keepalive=30, username="dev",
+                   properties={0x11: 3600, 0x26: [("site", "north")]}, max_inflight=2)
+    c.connect(0.0)
+    c.data_to_send()
+    c.receive_data(m5.connack5(), 0.0)
+    c.publish("s/1", b"\x00\x01", qos=1, token="r1")
+    c.publish("s/2", b"two", qos=2, token=7, properties={m5.CORRELATION_DATA: b"\xff"})
+    c.publish("s/3", b"three", qos=1, token=object())      # not a JSON token: left out
+    c.subscribe([("cmd/#", 2)], token="sub")
+    c.receive_data(m5.publish5("in", b"", qos=2, packet_id=9), 0.0)
+    c.receive_data(m5.pubrec5(2), 0.0)
+    c.data_to_send()
+    return c
+
+
+def test_state_golden_file():
+    doc = _busy_connection().save()
+    golden = json.loads((GOLDEN / "state-v1.json").read_text())
+    assert doc == golden
+    assert json.loads(json.dumps(doc)) == doc
+    assert Connection.load(golden).save() == golden
+
+
+def test_loaded_state_resumes_in_another_connection():
+    state = json.loads(json.dumps(_busy_connection().save()))
+    c = Connection.load(state, password=b"secret")
+    assert (c.client_id, c.protocol, c.inflight, c.queued, c.password) == (
+        "gw-1", 5, 2, 2, b"secret")
+    c.connect(5.0)
+    (p,) = sent(c)
+    assert (p.clean_start, p.password, p.properties[m5.SESSION_EXPIRY]) == (False, b"secret", 3600)
+    c.receive_data(m5.connack5(session_present=True), 5.0)
+    got = [(p.type, p.packet_id, getattr(p, "payload", None)) for p in sent(c)]
+    assert got == [(m.PUBLISH, 1, b"\x00\x01"), (m.PUBREL, 2, None)]
+    # The server's QoS 2 message given out before the restart is not given out again.
+    assert c.receive_data(m5.publish5("in", b"", qos=2, dup=True, packet_id=9), 5.0) == []
+    assert [(p.type, p.packet_id) for p in sent(c)] == [(m.PUBREC, 9)]
+    events = c.receive_data(m5.puback5(1) + m5.pubcomp5(2), 6.0)
+    assert [(e.request.token, e.request.payload) for e in events] == [("r1", b"\x00\x01"),
+                                                                     (7, b"two")]
+    assert events[1].request.properties == {m5.CORRELATION_DATA: b"\xff"}
+    got = [(p.type, p.packet_id) for p in sent(c)]
+    assert got == [(m.PUBLISH, 3), (m.SUBSCRIBE, 4)]
+
+
+@pytest.mark.parametrize("change, what", [
+    ({"format": "other"}, "not a client state"),
+    ({"version": 2}, "version 2"),
+    ({"inflight": [{"kind": "publish", "topic": "t", "payload": "", "qos": 1,
+                    "retain": False}]}, "no packet_id"),
+    ({"queued": [{"kind": "nope"}]}, "unknown request kind"),
+    ({"queued": [{"kind": "publish", "topic": "t", "payload": "!!", "qos": 0,
+                  "retain": False}]}, "state file request"),
+])
+def test_bad_state_is_refused_with_a_reason(change, what):
+    doc = {**Connection("c", 4).save(), **change}
+    with pytest.raises(ValueError, match=what):
+        Connection.load(doc)
+
+
+# -- no I/O ---------------------------------------------------------------------------------------
+
+def test_the_sans_io_modules_import_no_io():
+    root = Path(__file__).resolve().parents[2] / "edgebroker" / "client"
+    banned = {"socket", "selectors", "threading", "time", "ssl", "asyncio", "select", "os"}
+    for name in ("connection.py", "events.py", "requests.py", "incoming.py", "state.py",
+                 "states.py"):
+        tree = ast.parse((root / name).read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+        assert not imported & banned, f"{name} imports {imported & banned}"
