@@ -22,7 +22,8 @@ from edgebroker.errors import (
 from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
 from edgebroker.client.incoming import HANDLERS, on_ack
 from edgebroker.client.requests import (
-    PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE, ClientError, QueueFull, Request,
+    PUBLISH, STAGE_PUBREL, SUBSCRIBE, ClientError, QueueFull, Request, make_publish,
+    make_subscribe, make_unsubscribe,
 )
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
@@ -35,20 +36,8 @@ from edgebroker.mqtt.properties import (
     MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM, encode_properties,
 )
 from edgebroker.mqtt.stream import Decoder
-from edgebroker.mqtt.topics import validate_topic_filter, validate_topic_name
 
 __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
-
-_VALID_TOPICS_KEPT = 4096   # topics already checked, remembered (then the set starts again)
-
-
-def _payload_bytes(payload) -> bytes:
-    if isinstance(payload, str):
-        return payload.encode("utf-8")
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return bytes(payload)
-    raise ClientError(f"payload must be bytes or str, not {type(payload).__name__}")
-
 
 class Connection:
     """One client's MQTT session over successive transports (see the module doc)."""
@@ -97,7 +86,6 @@ class Connection:
         self._events: list = []          # events made outside receive_data/tick
         self._closing: bytes | None = None  # the DISCONNECT to send last (disconnect())
         self._aliases: dict = {}
-        self._topics_ok: set = set()
         self._ka = keepalive
         self._last_sent = self._last_recv = 0.0
         self._sent_untimed = False       # data handed out with no ``now`` (tick dates it)
@@ -183,79 +171,36 @@ class Connection:
                 properties: dict | None = None, token=None) -> Request:
         """A PUBLISH: sent at once when connected and nothing waits before it, else queued.
         QueueFull when ``max_queued`` requests wait already."""
-        if type(payload) is not bytes:
-            payload = _payload_bytes(payload)
-        if topic not in self._topics_ok:
-            self._check_topic(topic)
-        if qos not in (0, 1, 2):
-            raise ClientError(f"QoS must be 0, 1 or 2, not {qos!r}")
-        if properties and not self._v5:
-            raise ClientError("PUBLISH properties need protocol 5")
-        queue = self._queue
-        if len(queue) >= self.max_queued:
-            raise QueueFull(f"{len(queue)} requests are queued already (max_queued)")
-        req = Request(PUBLISH, token, topic, payload, qos, retain, properties)
-        if (queue or self.state is not CONNECTED or self._closing is not None
-                or qos and self._n_pub >= self._window):
-            queue.append(req)
-        elif qos:
-            if not self._send_publish(req):
-                queue.append(req)
-        else:
-            self._send_qos0(req)
-        return req
-
-    def _check_topic(self, topic) -> None:
-        if not isinstance(topic, str):
-            raise ClientError(f"topic must be a str, not {type(topic).__name__}")
-        try:
-            validate_topic_name(topic)
-        except ProtocolError as exc:
-            raise ClientError(f"cannot publish to {topic!r}: {exc}") from None
-        if len(self._topics_ok) >= _VALID_TOPICS_KEPT:
-            self._topics_ok = set()
-        self._topics_ok.add(topic)
+        return self.submit(make_publish(topic, payload, qos, retain, properties, token))
 
     def subscribe(self, filters, properties: dict | None = None, token=None) -> Request:
         """A SUBSCRIBE of ``filters``: (filter, QoS or 5.0 options byte) pairs, or filters
         alone (QoS 0). Subscribed comes with the granted codes."""
-        items = []
-        for item in filters:
-            topic_filter, options = (item, 0) if isinstance(item, str) else item
-            self._check_filter(topic_filter)
-            if (not isinstance(options, int) or options & 3 == 3 or options > 2 and not self._v5
-                    or options & 0xC0 or options & P.SUB_RETAIN_HANDLING == 0x30):
-                raise ClientError(f"subscription options {options!r} for {topic_filter!r} "
-                                  f"are not valid (QoS 0-2; 5.0 option bits)")
-            items.append((topic_filter, options))
-        return self._request(SUBSCRIBE, items, properties, token)
+        return self.submit(make_subscribe(filters, properties, token))
 
     def unsubscribe(self, filters, properties: dict | None = None, token=None) -> Request:
         """An UNSUBSCRIBE of ``filters``; Unsubscribed comes with its reason codes (5.0)."""
-        items = []
-        for topic_filter in filters:
-            self._check_filter(topic_filter)
-            items.append(topic_filter)
-        return self._request(UNSUBSCRIBE, items, properties, token)
+        return self.submit(make_unsubscribe(filters, properties, token))
 
-    def _check_filter(self, topic_filter) -> None:
-        try:
-            validate_topic_filter(topic_filter)
-        except (ProtocolError, TypeError, AttributeError) as exc:
-            raise ClientError(f"topic filter {topic_filter!r} is not valid: {exc}") from None
-
-    def _request(self, kind: str, items: list, properties, token) -> Request:
-        if not items:
-            raise ClientError(f"{kind} needs at least one topic filter")
-        if properties and not self._v5:
-            raise ClientError(f"{kind.upper()} properties need protocol 5")
-        if len(self._queue) >= self.max_queued:
-            raise QueueFull(f"{len(self._queue)} requests are queued already (max_queued)")
-        req = Request(kind, token, filters=items, properties=properties)
-        if self._queue or self.state is not CONNECTED or self._closing is not None:
-            self._queue.append(req)
-        elif not self._send_other(req):
-            self._queue.append(req)
+    def submit(self, req: Request) -> Request:
+        """Send or queue a request made by requests.py's ``publish``/``subscribe``/
+        ``unsubscribe`` (how the event loop takes them from the user's iterable)."""
+        queue = self._queue
+        if len(queue) >= self.max_queued:
+            raise QueueFull(f"{len(queue)} requests are queued already (max_queued)")
+        if not self._v5 and (req.properties or req.kind is SUBSCRIBE and any(
+                options > 2 for _, options in req.filters)):
+            raise ClientError(f"{req.kind} with properties or subscription options needs "
+                              f"protocol 5")
+        if queue or self.state is not CONNECTED or self._closing is not None:
+            queue.append(req)
+        elif req.kind is not PUBLISH:
+            if not self._send_other(req):
+                queue.append(req)
+        elif not req.qos:
+            self._send_qos0(req)
+        elif self._n_pub >= self._window or not self._send_publish(req):
+            queue.append(req)
         return req
 
     # -- sending --------------------------------------------------------------------------------

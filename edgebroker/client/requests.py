@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 
-from edgebroker.errors import EdgebrokerError
+from edgebroker.errors import EdgebrokerError, ProtocolError
+from edgebroker.mqtt.packets import SUB_RETAIN_HANDLING
+from edgebroker.mqtt.topics import validate_topic_filter, validate_topic_name
 
 PUBLISH = "publish"
 SUBSCRIBE = "subscribe"
@@ -52,6 +54,73 @@ class Request:
             return (f"Request(publish {self.topic!r} qos={self.qos} pid={self.packet_id} "
                     f"token={self.token!r} {len(self.payload)} bytes)")
         return f"Request({self.kind} {self.filters!r} pid={self.packet_id} token={self.token!r})"
+
+
+# Topics already checked, remembered (up to this many; then the set starts again).
+_VALID_TOPICS_KEPT = 4096
+_topics_ok: set = set()
+
+
+def make_publish(topic: str, payload=b"", qos: int = 0, retain: bool = False,
+                 properties: dict | None = None, token=None) -> Request:
+    """A publish request (not sent yet: ``Connection.submit`` or the event loop sends it);
+    ClientError names what is wrong. ``payload``: bytes-like, or str (sent as UTF-8)."""
+    global _topics_ok
+    if type(payload) is not bytes:
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8")
+        elif isinstance(payload, (bytearray, memoryview)):
+            payload = bytes(payload)
+        else:
+            raise ClientError(f"payload must be bytes or str, not {type(payload).__name__}")
+    if topic not in _topics_ok:
+        if not isinstance(topic, str):
+            raise ClientError(f"topic must be a str, not {type(topic).__name__}")
+        try:
+            validate_topic_name(topic)
+        except ProtocolError as exc:
+            raise ClientError(f"cannot publish to {topic!r}: {exc}") from None
+        if len(_topics_ok) >= _VALID_TOPICS_KEPT:
+            _topics_ok = set()
+        _topics_ok.add(topic)
+    if qos not in (0, 1, 2):
+        raise ClientError(f"QoS must be 0, 1 or 2, not {qos!r}")
+    return Request(PUBLISH, token, topic, payload, qos, retain, properties)
+
+
+def _check_filter(topic_filter) -> None:
+    try:
+        validate_topic_filter(topic_filter)
+    except (ProtocolError, TypeError, AttributeError) as exc:
+        raise ClientError(f"topic filter {topic_filter!r} is not valid: {exc}") from None
+
+
+def make_subscribe(filters, properties: dict | None = None, token=None) -> Request:
+    """A subscribe request: ``filters`` are (filter, QoS or 5.0 options byte) pairs, or
+    filters alone (QoS 0)."""
+    items = []
+    for item in filters:
+        topic_filter, options = (item, 0) if isinstance(item, str) else item
+        _check_filter(topic_filter)
+        if (not isinstance(options, int) or options & 3 == 3 or options & 0xC0
+                or options & SUB_RETAIN_HANDLING == SUB_RETAIN_HANDLING):
+            raise ClientError(f"subscription options {options!r} for {topic_filter!r} "
+                              f"are not valid (QoS 0-2; 5.0 option bits)")
+        items.append((topic_filter, options))
+    if not items:
+        raise ClientError("subscribe needs at least one topic filter")
+    return Request(SUBSCRIBE, token, filters=items, properties=properties)
+
+
+def make_unsubscribe(filters, properties: dict | None = None, token=None) -> Request:
+    """An unsubscribe request for ``filters``."""
+    items = []
+    for topic_filter in filters:
+        _check_filter(topic_filter)
+        items.append(topic_filter)
+    if not items:
+        raise ClientError("unsubscribe needs at least one topic filter")
+    return Request(UNSUBSCRIBE, token, filters=items, properties=properties)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -227,8 +227,10 @@ def test_bad_requests_name_what_is_wrong():
             c.publish(*args)
     with pytest.raises(ClientError, match="QoS must be"):
         c.publish("t", b"", qos=3)
-    with pytest.raises(ClientError, match="need protocol 5"):
+    with pytest.raises(ClientError, match="needs protocol 5"):
         c.publish("t", b"", properties={m5.CONTENT_TYPE: "x"})
+    with pytest.raises(ClientError, match="needs protocol 5"):
+        c.subscribe([("a", 1 | m5.NO_LOCAL)])
     with pytest.raises(ClientError, match="not valid"):
         c.subscribe([("a/#/b", 0)])
     with pytest.raises(ClientError, match="options"):
