@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import socket
 
+from edgebroker.client.transport import connect_socket
+
 # Bytes offered to SSL_write per send: records of 16 KiB, a few per system call.
 CHUNK = 256 * 1024
 
@@ -93,37 +95,14 @@ def _why(exc: BaseException) -> str:
     return f"{text} ({reason})" if reason and reason not in text else text
 
 
-def connect_tcp(host: str, port: int, timeout: float, unix_path: str | None = None):
-    """A connected, still blocking socket (TCP with TCP_NODELAY, or Unix with ``unix_path``);
-    OSError naming the address when it cannot be made within ``timeout``."""
-    if unix_path:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(unix_path)
-        except OSError as exc:
-            sock.close()
-            raise ConnectionError(f"cannot connect to unix:{unix_path}: "
-                                  f"{exc.strerror or exc}") from None
-        return sock
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except socket.timeout:
-        raise ConnectionError(f"cannot connect to {host}:{port}: no answer within "
-                              f"{timeout:g} s") from None
-    except OSError as exc:
-        raise ConnectionError(f"cannot connect to {host}:{port}: "
-                              f"{exc.strerror or exc}") from None
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
 def open_tls(host: str, port: int, *, timeout: float, context=None,
              server_name: str | None = None, unix_path: str | None = None) -> "TLSTransport":
     """Connect and handshake within ``timeout`` seconds; the non-blocking transport."""
     ssl = _ssl()
     context = context or tls_context()
-    sock = connect_tcp(host, port, timeout, unix_path)
+    sock, _ = connect_socket(host, port, timeout, unix_path)
+    if not unix_path:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     name = server_name or (host if context.check_hostname else None)
     try:
         sock.settimeout(timeout)

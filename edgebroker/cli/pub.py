@@ -1,0 +1,136 @@
+"""`edgebroker pub`: publish messages and exit, as mosquitto_pub does (its options, its exit codes;
+docs/client-cli.md), on edgebroker.client. Usable against any MQTT broker.
+
+The message is ``-m TEXT``, ``-f FILE``, ``-n`` (empty), ``-s`` (all of stdin) or, with ``-l``,
+each line of stdin (blank lines are not sent, as mosquitto_pub); ``--repeat N`` sends it N
+times, ``--repeat-delay S`` apart. The command exits once every message is acknowledged
+(QoS 1/2) or written (QoS 0), and then sends DISCONNECT. A message the broker refuses (a 5.0
+reason code of 0x80 or more) is reported and gives exit code 1.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+
+from edgebroker.cli.mqtt_options import Exit, Link, add_options, make_client, run_command, url_topic
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("pub", add_help=False,
+                            help="publish MQTT messages to any broker (mosquitto_pub's options)")
+    add_options(p)
+    p.add_argument("-t", "--topic", help="the topic to publish to")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("-m", "--message", help="the message")
+    what.add_argument("-f", "--file", help="send the file's contents as one message")
+    what.add_argument("-n", "--null-message", action="store_true", help="an empty message")
+    what.add_argument("-s", "--stdin-file", action="store_true", help="stdin as one message")
+    what.add_argument("-l", "--stdin-line", action="store_true", help="each line of stdin "
+                                                                      "as a message")
+    p.add_argument("-r", "--retain", action="store_true")
+    p.add_argument("-M", "--max-inflight", type=int, default=20, metavar="N",
+                   help="QoS 1/2 messages in flight at once (default 20)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N", help="send N times")
+    p.add_argument("--repeat-delay", type=float, default=0.0, metavar="S",
+                   help="seconds between repeats")
+    p.set_defaults(run=lambda args: run_command(publish, args))
+
+
+def _messages(args):
+    """The payloads to send, lazily (``-l`` reads stdin as lines come)."""
+    if args.stdin_line:
+        yield from _stdin_lines()
+        return
+    if args.message is not None:
+        payload = args.message.encode()
+    elif args.file:
+        try:
+            with open(args.file, "rb") as fh:
+                payload = fh.read()
+        except OSError as exc:
+            raise Exit(1, f"Error: cannot read {args.file}: {exc.strerror}") from None
+    elif args.stdin_file:
+        payload = sys.stdin.buffer.read()
+    elif args.null_message:
+        payload = b""
+    else:
+        raise Exit(2, "edgebroker pub: give a message: -m, -f, -n, -s or -l")
+    for _ in range(max(args.repeat, 1)):
+        yield payload
+
+
+def _stdin_lines():
+    """Lines of stdin without their end of line; None while none is ready (so that the
+    link keeps running: keepalive, acknowledgements)."""
+    fd = sys.stdin.fileno()
+    held = b""
+    while True:
+        if not select.select([fd], [], [], 0.05)[0]:
+            yield None
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            if held.rstrip(b"\r"):
+                yield held.rstrip(b"\r")
+            return
+        lines = (held + chunk).split(b"\n")
+        held = lines.pop()
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if line:
+                yield line
+
+
+def publish(args) -> int:
+    topic = args.topic or url_topic(args)
+    if not topic:
+        raise Exit(2, "edgebroker pub: a topic is needed (-t, or the path of -L)")
+    messages = _messages(args)
+    dialer, conn = make_client(args, "pub")
+    link = Link(dialer, conn, args.debug)
+    deadline = time.monotonic() + args.timeout
+    link.open(deadline)
+    from edgebroker.client.connection import ClientError
+    from edgebroker.client.events import Acked
+    failed = 0
+    open_requests = 0
+    done = False
+    next_at = 0.0
+    try:
+        while not done or open_requests:
+            # offer messages while the connection takes them (back-pressure: max_queued)
+            while not done and conn.can_publish and time.monotonic() >= next_at:
+                try:
+                    payload = next(messages)
+                except StopIteration:
+                    done = True
+                    break
+                if payload is None:     # -l: no line yet
+                    break
+                try:
+                    conn.publish(topic, payload, args.qos, args.retain)
+                except ClientError as exc:
+                    raise Exit(1, f"Error: {exc}") from None
+                open_requests += 1
+                link.say(f"sending PUBLISH (q{args.qos}, r{int(args.retain)}, '{topic}', "
+                         f"... ({len(payload)} bytes))")
+                if args.repeat_delay and args.repeat > 1:
+                    next_at = time.monotonic() + args.repeat_delay
+            wait = None if done else time.monotonic() + 0.05
+            for event in link.step(wait):
+                if isinstance(event, Acked):
+                    open_requests -= 1
+                    code = event.reason_code
+                    if code >= 0x80:
+                        failed += 1
+                        print(f"Warning: Publish to {topic} failed: reason code {code:#04x}",
+                              file=sys.stderr)
+                    elif event.request.qos:
+                        link.say(f"received {'PUBACK' if event.request.qos == 1 else 'PUBCOMP'}"
+                                 f" (Mid: {event.request.packet_id}, RC:{code})")
+    finally:
+        link.close(time.monotonic() + 2)
+    return 1 if failed else 0
