@@ -110,6 +110,7 @@ class AsyncClient:
         self._closed = False
         self._dialing: asyncio.Task | None = None
         self._open: set = set()          # the futures of requests not answered yet
+        self._flush_soon = False         # a _flush is scheduled (call_soon)
 
     # -- the connection -------------------------------------------------------------------------
 
@@ -361,8 +362,14 @@ class AsyncClient:
         fut = self._loop.create_future()
         self.connection.publish(topic, payload, qos, retain, properties, token=fut)
         self._open.add(fut)
-        self._flush()
+        if not self._flush_soon:        # one write for the publishes of this loop pass
+            self._flush_soon = True
+            self._loop.call_soon(self._deferred_flush)
         return fut
+
+    def _deferred_flush(self) -> None:
+        self._flush_soon = False
+        self._flush()
 
     async def publish(self, topic: str, payload=b"", qos: int = 0, retain: bool = False,
                       properties: dict | None = None) -> Acked:
