@@ -1,0 +1,54 @@
+"""When the event loop connects again: the reconnection policy and full-jitter back-off.
+
+Policies: ``never`` (a lost or refused connection ends the loop), ``after_first_success``
+(the first connection must succeed; after that every loss is followed by a new attempt: the
+default, so a wrong address fails at once), ``always`` (attempts never stop, also before a
+first success: a device that starts while its link is down).
+
+Back-off ("full jitter"): the n-th attempt in a row waits a random time between 0 and
+``min(cap, base * 2**n)`` seconds; a CONNACK with success starts the count again. Random
+delays keep a fleet of devices that lost the same link from reconnecting in step.
+"""
+
+from __future__ import annotations
+
+import random
+
+NEVER = "never"
+AFTER_FIRST_SUCCESS = "after_first_success"
+ALWAYS = "always"
+POLICIES = (NEVER, AFTER_FIRST_SUCCESS, ALWAYS)
+
+
+class Backoff:
+    __slots__ = ("policy", "base", "cap", "attempts", "connected_once", "_random")
+
+    def __init__(self, policy: str = AFTER_FIRST_SUCCESS, base: float = 0.5,
+                 cap: float = 30.0, rng=random.random):
+        if policy not in POLICIES:
+            raise ValueError(f"reconnect policy must be one of {', '.join(POLICIES)}, "
+                             f"not {policy!r}")
+        if not 0 < base <= cap:
+            raise ValueError(f"back-off base {base} and cap {cap}: need 0 < base <= cap")
+        self.policy = policy
+        self.base = base
+        self.cap = cap
+        self.attempts = 0          # failed attempts (or losses) since the last success
+        self.connected_once = False
+        self._random = rng
+
+    def succeeded(self) -> None:
+        self.attempts = 0
+        self.connected_once = True
+
+    def again(self) -> bool:
+        """Whether to connect again after a failure or a loss."""
+        if self.policy == ALWAYS:
+            return True
+        return self.policy == AFTER_FIRST_SUCCESS and self.connected_once
+
+    def delay(self) -> float:
+        """The wait before the next attempt (counts this failure)."""
+        ceiling = min(self.cap, self.base * 2 ** min(self.attempts, 32))
+        self.attempts += 1
+        return self._random() * ceiling

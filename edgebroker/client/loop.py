@@ -1,0 +1,515 @@
+"""The synchronous event loop of the client library: one Connection (connection.py) over one
+transport at a time (transport.py), driven by a selector in the caller's thread. It starts
+no thread.
+
+``EventLoop`` takes requests from any iterable the user gives (``requests=`` or
+``set_source``): a list, a generator, an iterator over a queue, a Spool (spool.py). It reads
+the next one only while the connection can take it (fewer than ``max_queued`` waiting and
+the loop's output buffer under ``OUTPUT_HIGH``): that is the producer's back-pressure, so a
+generator is never read ahead by more than in-flight + queued requests. An item ``None``
+means "nothing for now" (the loop asks again ``IDLE_POLL`` seconds later, or at once after
+``commands.wake()``). A request is a ``requests.make_publish/make_subscribe/...`` result or
+a tuple ``(topic, payload[, qos[, retain]])``. A source with an ``acked(request)`` method is
+told of each request answered (the spool removes it).
+
+The loop is an iterator of events (events.py): messages, acknowledgements with their
+request, connection changes. ``run(requests, timeout)`` sends a bounded batch and returns
+when every request is answered or the time is up. Commands: commands.py. Reconnection and
+back-off: backoff.py. The state file: statefile.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import selectors
+import time
+from collections import deque
+
+from edgebroker.client import backoff as B
+from edgebroker.client import commands as K
+from edgebroker.client.connection import Connection
+from edgebroker.client.events import Acked, ConnectFailed, Disconnected, Subscribed, Unsubscribed
+from edgebroker.client.requests import ClientError, Request, make_publish
+from edgebroker.client.statefile import read_state, write_state
+from edgebroker.client.transport import open_transport
+
+OUTPUT_HIGH = 1 << 20      # bytes waiting for the socket above which no request is taken
+PULL_BATCH = 1000          # requests taken per pass at most (then the bytes go out)
+IDLE_POLL = 0.05           # seconds before asking a source that said "nothing for now" again
+READ_SIZE = 1 << 16
+SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered and DISCONNECT
+_ANSWERS = (Acked, Subscribed, Unsubscribed)
+
+
+class RunResult:
+    """What ``run`` did: ``done`` the answers (Acked, Subscribed, Unsubscribed) to the batch's
+    requests, in order; ``pending`` the batch's requests not answered when it returned;
+    ``events`` everything else that happened meanwhile (messages, connection changes)."""
+    __slots__ = ("done", "pending", "events")
+
+    def __init__(self):
+        self.done: list = []
+        self.pending: list = []
+        self.events: list = []
+
+    @property
+    def complete(self) -> bool:
+        return not self.pending
+
+    def __repr__(self) -> str:
+        return (f"RunResult({len(self.done)} done, {len(self.pending)} pending, "
+                f"{len(self.events)} other events)")
+
+
+def _as_request(item) -> Request:
+    if isinstance(item, Request):
+        return item
+    if isinstance(item, tuple):
+        return make_publish(*item)
+    raise ClientError(f"a request must be a Request or a (topic, payload[, qos[, retain]]) "
+                      f"tuple, not {type(item).__name__}")
+
+
+class EventLoop:
+    """See the module doc. ``options`` go to the Connection (keepalive, clean_start, username,
+    password, will, properties, max_inflight, max_queued)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 1883, *, client_id: str = "",
+                 protocol: int = 4, unix_path: str | None = None, requests=None,
+                 reconnect: str = B.AFTER_FIRST_SUCCESS, backoff_base: float = 0.5,
+                 backoff_cap: float = 30.0, connect_timeout: float = 10.0, state_file=None,
+                 connection: Connection | None = None, transport_options: dict | None = None,
+                 transport_factory=None, clock=time.monotonic, rng=random.random, **options):
+        self.host, self.port, self.unix_path = host, port, unix_path
+        self.state_file = os.fspath(state_file) if state_file is not None else None
+        self.connect_timeout = connect_timeout
+        self.backoff = B.Backoff(reconnect, backoff_base, backoff_cap, rng)
+        self._clock = clock
+        self._transport_options = transport_options or {}
+        self._factory = transport_factory
+        if connection is None:
+            connection = self._load(client_id, protocol, options)
+        self.conn = connection
+        self.commands = K.Commands()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.commands, selectors.EVENT_READ)
+        self._transport = None
+        self._mask = 0
+        self._out = bytearray()
+        self._events: deque = deque()
+        self._source = None
+        self._source_done = True
+        self._idle_until = 0.0
+        self._more = False                # the source has more that could be taken now
+        self._watch: dict | None = None   # run(): the batch's requests not answered yet
+        self._retry_at = 0.0
+        self._paused = False
+        self._throttle: K.Throttle | None = None
+        self._rate: float | None = None
+        self._stopped = False             # disconnect(): no connection until reconnect()
+        self._finished = False            # shutdown() or the policy: the iteration is over
+        self.final_state: dict | None = None
+        if requests is not None:
+            self.set_source(requests)
+
+    def _load(self, client_id: str, protocol: int, options: dict) -> Connection:
+        conn_timeout = options.pop("connack_timeout", 30.0)
+        doc = read_state(self.state_file) if self.state_file else None
+        if doc is None:
+            return Connection(client_id, protocol, connect_timeout=conn_timeout, **options)
+        if client_id and doc.get("client_id") != client_id:
+            raise ClientError(f"state file {self.state_file} is client {doc.get('client_id')!r}"
+                              f"'s, not {client_id!r}")
+        return Connection.load(doc, connect_timeout=conn_timeout, **options)
+
+    # -- the user's side ----------------------------------------------------------------------
+    def set_source(self, requests) -> None:
+        """Take requests from ``requests`` (any iterable) from now on."""
+        self._source = iter(requests)
+        self._source_done = False
+        self._idle_until = 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        event = self.poll()
+        if event is None:
+            raise StopIteration
+        return event
+
+    def poll(self, timeout: float | None = None):
+        """The next event; None when ``timeout`` seconds passed without one, or when the loop
+        is over (shut down, disconnected by command, or the policy gave up)."""
+        events = self._events
+        deadline = None if timeout is None else self._clock() + timeout
+        while not events:
+            if self._finished or self._stopped and not self._transport:
+                return None
+            self._pass(self._clock(), deadline)
+            if not events and (deadline is not None and self._clock() >= deadline
+                               or self._batch_done()):
+                return None
+        return events.popleft()
+
+    def _batch_done(self) -> bool:
+        return self._watch is not None and self._source_done and not self._watch
+
+    def run(self, requests, timeout: float | None = None) -> RunResult:
+        """Send ``requests`` (a bounded iterable) and return once each is answered (QoS 0:
+        handed to the transport), or ``timeout`` seconds have passed, or the loop is over."""
+        result = RunResult()
+        before = (self._source, self._source_done)
+        self.set_source(requests)
+        self._watch = watch = {}
+        deadline = None if timeout is None else self._clock() + timeout
+        try:
+            while not (self._source_done and not watch):
+                left = None if deadline is None else deadline - self._clock()
+                if left is not None and left <= 0:
+                    break
+                event = self.poll(left)
+                if event is None:
+                    if self._finished or self._stopped:
+                        break
+                    continue
+                if type(event) in _ANSWERS and watch.pop(id(event.request), None) is not None:
+                    result.done.append(event)
+                else:
+                    result.events.append(event)
+        finally:
+            self._watch = None
+            self._source, self._source_done = before
+        result.pending = list(watch.values())
+        return result
+
+    # -- commands (also through self.commands, from anywhere) ---------------------------------
+    def pause(self) -> None:
+        self._apply(K.PAUSE)
+
+    def resume(self) -> None:
+        self._apply(K.RESUME)
+
+    def throttle(self, rate: float | None) -> None:
+        self.commands.throttle(rate)     # checks the rate
+        self._apply_asked()
+
+    def disconnect(self) -> None:
+        self._apply(K.DISCONNECT)
+
+    def reconnect(self) -> None:
+        self._apply(K.RECONNECT)
+
+    def shutdown(self, state_file=None) -> dict:
+        """Disconnect (DISCONNECT sent when connected), end the iteration and return the
+        state (``Connection.save()``); written to ``state_file`` or the loop's own, if any."""
+        self._apply(K.SHUTDOWN, state_file)
+        return self.final_state
+
+    def save_state(self, state_file=None) -> dict:
+        """Write the state now (a checkpoint) and return it."""
+        doc = self.conn.save()
+        path = state_file or self.state_file
+        if path:
+            write_state(path, doc)
+        return doc
+
+    def close(self) -> None:
+        """Close the transport and the loop's own sockets (no DISCONNECT: see shutdown)."""
+        self._drop_transport()
+        self._finished = True
+        self._selector.close()
+        self.commands.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _apply(self, *command) -> None:
+        self._do(command, self._clock())
+
+    def _apply_asked(self) -> None:
+        now = self._clock()
+        for command in self.commands.take():
+            self._do(command, now)
+
+    def _do(self, command: tuple, now: float) -> None:
+        what = command[0]
+        if what == K.PAUSE:
+            self._paused = True
+        elif what == K.RESUME:
+            self._paused = False
+        elif what == K.THROTTLE:
+            self._rate = command[1]
+            self._throttle = None if command[1] is None else K.Throttle(command[1], now)
+        elif what == K.DISCONNECT:
+            self._stopped = True
+            self._close_politely(now)
+        elif what == K.RECONNECT:
+            self._stopped = False
+            self._retry_at = now
+        elif what == K.SHUTDOWN:
+            self._close_politely(now)
+            self._finished = True
+            self.final_state = self.save_state(command[1] if len(command) > 1 else None)
+
+    def _close_politely(self, now: float) -> None:
+        """DISCONNECT after what is buffered, for at most SHUTDOWN_FLUSH seconds; then close."""
+        conn = self.conn
+        if self._transport is not None and conn.state in ("connected", "connecting"):
+            conn.disconnect()
+            self._out += conn.data_to_send(now)
+            self._answered(conn.acked_qos0())
+            self._drain(now + SHUTDOWN_FLUSH)
+        elif conn.state != "closed":
+            conn.disconnect()
+        self._drop_transport()
+
+    def _drain(self, deadline: float) -> None:
+        out = self._out
+        transport = self._transport
+        while out:
+            try:
+                n = transport.send(out)
+            except BlockingIOError:
+                left = deadline - self._clock()
+                if left <= 0:
+                    return
+                with selectors.DefaultSelector() as sel:
+                    sel.register(transport, selectors.EVENT_WRITE)
+                    sel.select(left)
+                continue
+            except OSError:
+                return
+            del out[:n]
+
+    # -- one pass -------------------------------------------------------------------------------
+    def _pass(self, now: float, deadline: float | None) -> None:
+        self._apply_asked()
+        if self._finished:
+            return
+        conn = self.conn
+        if self._transport is None:
+            self._take_requests(now)       # while the link is down: into the queue
+            if self._stopped or self._paused or now < self._retry_at:
+                self._wait(now, deadline)
+                return
+            self._open(now)
+            return
+        if not self._paused:
+            self._take_requests(now)
+            self._flush(now)
+        self._wait(now, deadline)
+        now = self._clock()
+        if not self._paused and self._transport is not None:
+            if conn.state in ("connected", "connecting"):
+                self._answered(conn.tick(now))
+            self._flush(now)
+        self._check_state(now)
+
+    def _open(self, now: float) -> None:
+        try:
+            if self._factory is not None:
+                transport = self._factory(self.connect_timeout)
+            else:
+                transport = open_transport(self.host, self.port, timeout=self.connect_timeout,
+                                           unix_path=self.unix_path, **self._transport_options)
+        except OSError as exc:
+            self._events.append(ConnectFailed(None, str(exc)))
+            self._after_loss(self._clock())
+            return
+        now = self._clock()
+        self._transport = transport
+        self._out.clear()
+        self._mask = 0
+        self.conn.connect(now)
+        self._flush(now)
+
+    def _take_requests(self, now: float) -> None:
+        source = self._source
+        if source is None or self._source_done or now < self._idle_until:
+            return
+        conn = self.conn
+        out = self._out
+        watch = self._watch
+        throttle = self._throttle
+        submit = conn.submit
+        self._more = False
+        for n in range(1, PULL_BATCH + 1):
+            if not conn.can_publish or len(out) >= OUTPUT_HIGH:
+                return
+            if throttle is not None and not throttle.take(now):
+                return
+            try:
+                item = next(source)
+            except StopIteration:
+                self._source_done = True
+                return
+            if item is None:
+                if throttle is not None:
+                    throttle.tokens += 1.0
+                self._idle_until = now + IDLE_POLL
+                return
+            req = submit(item if type(item) is Request else _as_request(item))
+            if watch is not None:
+                watch[id(req)] = req
+            if not n & 255:
+                self._flush(now)       # a batch's bytes leave in pieces of 256 requests
+        self._more = True              # PULL_BATCH taken: come back without waiting
+
+    def _flush(self, now: float) -> None:
+        conn = self.conn
+        data = conn.data_to_send(now)
+        events = conn.acked_qos0()
+        if events:
+            self._answered(events)
+        transport = self._transport
+        if transport is None:
+            return
+        out = self._out
+        if data:
+            if out:
+                out += data
+            else:
+                try:
+                    n = transport.send(data)
+                except BlockingIOError:
+                    n = 0
+                except OSError as exc:
+                    self._lost(f"send: {exc}")
+                    return
+                if n < len(data):
+                    out += memoryview(data)[n:]
+        elif out:
+            try:
+                n = transport.send(out)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                self._lost(f"send: {exc}")
+                return
+            del out[:n]
+
+    def _answered(self, events: list) -> None:
+        self._events.extend(events)
+        acked = getattr(self._source, "acked", None)
+        if acked is not None:
+            for event in events:
+                if type(event) in _ANSWERS:
+                    acked(event.request)
+
+    def _wait(self, now: float, deadline: float | None) -> None:
+        transport = self._transport
+        timeout = None if deadline is None else max(0.0, deadline - now)
+
+        def sooner(at):
+            nonlocal timeout
+            if at is not None:
+                left = max(0.0, at - now)
+                timeout = left if timeout is None else min(timeout, left)
+
+        if transport is None:
+            if not self._stopped and not self._paused:
+                sooner(self._retry_at)
+        elif not self._paused:
+            sooner(self.conn.next_deadline())
+            if self._source is not None and not self._source_done:
+                sooner(self._idle_until if now < self._idle_until else None)
+                if self._throttle is not None:
+                    sooner(self._throttle.ready_at())
+            if transport.pending() or self._more:
+                timeout = 0.0
+        if self._events or self._batch_done():
+            timeout = 0.0           # events to hand out, or run() is over: only look
+        self._watch_transport(0 if self._paused or transport is None else
+                              selectors.EVENT_READ | (selectors.EVENT_WRITE if self._out else 0))
+        for key, mask in self._selector.select(timeout):
+            if key.fileobj is self.commands:
+                continue
+            if mask & selectors.EVENT_WRITE:
+                self._flush(self._clock())
+            if mask & selectors.EVENT_READ and self._transport is not None:
+                self._read()
+        if (not self._paused and self._transport is not None and self._transport.pending()):
+            self._read()
+
+    def _watch_transport(self, mask: int) -> None:
+        if mask == self._mask:
+            return
+        transport = self._transport
+        if self._mask and mask:
+            self._selector.modify(transport, mask)
+        elif mask:
+            self._selector.register(transport, mask)
+        else:
+            self._selector.unregister(transport)
+        self._mask = mask
+
+    def _read(self) -> None:
+        transport = self._transport
+        try:
+            data = transport.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lost(f"receive: {exc}")
+            return
+        if not data:
+            self._lost("connection closed by the server")
+            return
+        events = self.conn.receive_data(data, self._clock())
+        if events:
+            self._answered(events)
+        while self._transport is not None and transport.pending():
+            events = self.conn.receive_data(transport.recv(READ_SIZE), self._clock())
+            if events:
+                self._answered(events)
+
+    def _check_state(self, now: float) -> None:
+        state = self.conn.state
+        if self._transport is None or state in ("connected", "connecting"):
+            if state == "connected" and (self.backoff.attempts
+                                         or not self.backoff.connected_once):
+                self.backoff.succeeded()
+            return
+        # The connection ended (refused, server DISCONNECT, protocol error, ping timeout):
+        # what it still has to say (a 5.0 DISCONNECT) goes out first, briefly.
+        self._out += self.conn.data_to_send(now)
+        self._drain(now + 0.1)
+        self._drop_transport()
+        if state == "disconnected":
+            self._after_loss(now)
+
+    def _lost(self, reason: str) -> None:
+        conn = self.conn
+        was = conn.state
+        conn.connection_lost()
+        self._drop_transport()
+        if was == "connecting":
+            self._events.append(ConnectFailed(None, reason))
+        elif was == "connected":
+            self._events.append(Disconnected(None, reason))
+        if conn.state == "disconnected":
+            self._after_loss(self._clock())
+
+    def _after_loss(self, now: float) -> None:
+        if self._stopped:
+            return
+        if self.backoff.again():
+            self._retry_at = now + self.backoff.delay()
+        else:
+            self._finished = True
+
+    def _drop_transport(self) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        if self._mask:
+            self._selector.unregister(transport)
+            self._mask = 0
+        transport.close()
+        self._transport = None
+        self._out.clear()

@@ -1,0 +1,178 @@
+"""A disk-backed request source for producers that must never block: ``Spool.append`` writes
+a request to a file (whether or not the link is up) and returns; the event loop takes the
+spool as its source (``EventLoop(requests=spool)``), gets the requests in the order they
+were appended, and tells the spool each one answered (``acked``), which is then left out
+for good. After a crash (SIGKILL, power cut with ``fsync=True``) a new Spool on the same
+path gives again every request not answered: at least once, none lost.
+
+Files (docs/client.md "The spool"): ``PATH`` holds the requests, appended as records
+``length (4 bytes, big-endian) | CRC-32 of the body (4 bytes) | body``, the body being the
+state file's JSON form of a request (requests.to_state) with its sequence number ``seq``;
+``PATH.acked`` holds the sequence numbers answered, 8 bytes each, big-endian. A record cut
+short by a crash, or whose CRC does not match, ends the file: it is cut off at open. When
+at least ``COMPACT_AFTER`` answered records make up half the file, the unanswered ones are
+written to a new file (temporary, fsync, rename) and ``PATH.acked`` is emptied.
+
+Iterating never ends: when nothing is waiting it yields None ("nothing for now").
+``append`` may be called from another thread than the loop's (a lock guards the files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import zlib
+from collections import deque
+
+from edgebroker.client.requests import Request, from_state, make_publish, to_state
+
+COMPACT_AFTER = 1000
+_HEAD = struct.Struct(">II")
+_SEQ = struct.Struct(">Q")
+
+
+class Spool:
+    def __init__(self, path, *, fsync: bool = False):
+        """``fsync``: each append and acknowledgement is on disk before the call returns
+        (survives a power cut; slower). Without it a process crash loses nothing, the
+        operating system having the bytes."""
+        self.path = os.fspath(path)
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._waiting: deque = deque()      # (seq, record doc) not yet handed to the loop
+        self._out: dict = {}                # id(request) -> (seq, request) handed out
+        self._acked_in_file = 0
+        self._records_in_file = 0
+        self._next_seq = 1
+        self._open()
+
+    # -- the producer's side ----------------------------------------------------------------
+    def append(self, request_or_topic, payload=b"", qos: int = 0, retain: bool = False,
+               properties: dict | None = None, token=None) -> int:
+        """Keep a request (a Request, or the arguments of make_publish); its sequence
+        number."""
+        req = (request_or_topic if isinstance(request_or_topic, Request)
+               else make_publish(request_or_topic, payload, qos, retain, properties, token))
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            doc = to_state(req)
+            doc.pop("packet_id", None)
+            doc["seq"] = seq
+            body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+            self._write(self._data_fd, _HEAD.pack(len(body), zlib.crc32(body)) + body)
+            self._records_in_file += 1
+            self._waiting.append((seq, doc))
+        return seq
+
+    @property
+    def unacked(self) -> int:
+        """Requests appended and not answered yet (waiting, or handed to the loop)."""
+        with self._lock:
+            return len(self._waiting) + len(self._out)
+
+    # -- the loop's side --------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._lock:
+            if not self._waiting:
+                return None
+            seq, doc = self._waiting.popleft()
+        req = from_state(doc)
+        self._out[id(req)] = (seq, req)
+        return req
+
+    def acked(self, request) -> None:
+        """``request`` (one this spool gave) was answered: never give it again."""
+        with self._lock:
+            found = self._out.pop(id(request), None)
+            if found is None:
+                return
+            self._write(self._ack_fd, _SEQ.pack(found[0]))
+            self._acked_in_file += 1
+            if (self._acked_in_file >= COMPACT_AFTER
+                    and 2 * self._acked_in_file >= self._records_in_file):
+                self._compact()
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in (self._data_fd, self._ack_fd):
+                os.close(fd)
+            self._data_fd = self._ack_fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- files --------------------------------------------------------------------------------
+    def _write(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if self.fsync:
+            os.fsync(fd)
+
+    def _open(self) -> None:
+        records, good = self._read_records()
+        acked = set()
+        try:
+            with open(self.path + ".acked", "rb") as fh:
+                raw = fh.read()
+            acked = {_SEQ.unpack_from(raw, i)[0] for i in range(0, len(raw) - 7, 8)}
+        except FileNotFoundError:
+            pass
+        self._data_fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        os.ftruncate(self._data_fd, good)     # a record cut short by a crash
+        self._ack_fd = os.open(self.path + ".acked", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                               0o600)
+        self._records_in_file = len(records)
+        self._acked_in_file = sum(1 for seq, _ in records if seq in acked)
+        self._waiting = deque((seq, doc) for seq, doc in records if seq not in acked)
+        # Past every number used, also those only the .acked file still names.
+        self._next_seq = max([0, *acked, *(seq for seq, _ in records)]) + 1
+
+    def _read_records(self) -> tuple[list, int]:
+        """The whole records of the file, and where the last one ends."""
+        try:
+            with open(self.path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return [], 0
+        records = []
+        pos = 0
+        while pos + _HEAD.size <= len(raw):
+            length, crc = _HEAD.unpack_from(raw, pos)
+            body = raw[pos + _HEAD.size:pos + _HEAD.size + length]
+            if len(body) < length or zlib.crc32(body) != crc:
+                break
+            doc = json.loads(body)
+            records.append((doc["seq"], doc))
+            pos += _HEAD.size + length
+        return records, pos
+
+    def _compact(self) -> None:
+        keep = sorted([*((seq, doc) for seq, doc in self._waiting),
+                       *((seq, to_state(req) | {"seq": seq}) for seq, req in self._out.values())],
+                      key=lambda item: item[0])
+        tmp = self.path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for seq, doc in keep:
+                doc = {k: v for k, v in doc.items() if k != "packet_id"}
+                body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+                self._write(fd, _HEAD.pack(len(body), zlib.crc32(body)) + body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        os.close(self._data_fd)
+        self._data_fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        os.ftruncate(self._ack_fd, 0)
+        self._records_in_file = len(keep)
+        self._acked_in_file = 0
