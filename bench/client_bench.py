@@ -11,9 +11,11 @@ that every message arrived: loss is printed. The figure is messages per second o
 publisher, from its first publish to its last acknowledgement; the summary gives the ratio
 edgebroker.client / paho (target: at least 3).
 
-edgebroker.client runs through the asyncio adapter (client/aio.py) and through the sans-I/O
-Connection driven by the CLI's Link (cli/mqtt_options.py, thread-free); paho through its
-network thread (loop_start) with max_inflight 100, waiting on the last MessageInfo.
+edgebroker.client runs through the asyncio adapter (client/aio.py, ``publish_nowait`` while
+the connection can take a request) and through the synchronous event loop (client/loop.py, no
+threads: ``run()`` of a generator of N ``(topic, payload, qos)`` tuples, over the Dialer of
+client/address.py); paho through its network thread (loop_start) with max_inflight 100,
+waiting on the last MessageInfo.
 """
 
 from __future__ import annotations
@@ -112,29 +114,25 @@ def run_aio(port: int, qos: int, n: int) -> float:
 
 
 def run_sync(port: int, qos: int, n: int) -> float:
-    from edgebroker.cli.mqtt_options import Link
     from edgebroker.client.address import Dialer
-    from edgebroker.client.connection import Connection
-    from edgebroker.client.events import Acked
-    conn = Connection("bench-sync", max_inflight=WINDOW, max_queued=1000)
-    link = Link(Dialer(f"mqtt://127.0.0.1:{port}"), conn)
-    link.open(time.monotonic() + 10)
-    start = time.perf_counter()
-    sent = acked = 0
-    while acked < n:
-        while sent < n and conn.can_publish:
-            conn.publish(TOPIC, PAYLOAD, qos)
-            sent += 1
-        for event in link.step(time.monotonic() + 1):
-            if type(event) is Acked:
-                acked += 1
-    elapsed = time.perf_counter() - start
-    link.close(time.monotonic() + 2)
+    from edgebroker.client.events import Connected
+    from edgebroker.client.loop import EventLoop
+    with EventLoop(client_id="bench-sync", transport_factory=Dialer(f"mqtt://127.0.0.1:{port}"),
+                   reconnect="never", max_inflight=WINDOW, max_queued=1000) as loop:
+        for event in loop:
+            if type(event) is Connected:
+                break
+        start = time.perf_counter()
+        result = loop.run(((TOPIC, PAYLOAD, qos) for _ in range(n)), timeout=120)
+        elapsed = time.perf_counter() - start
+        if not result.complete:
+            raise RuntimeError(f"sync loop: {len(result.pending)} publishes not answered")
+        loop.shutdown()
     return elapsed
 
 
 CLIENTS = {"paho": run_paho, "edgebroker.client (aio)": run_aio,
-           "edgebroker.client (sans-I/O + Link)": run_sync}
+           "edgebroker.client (sync loop)": run_sync}
 
 
 def main() -> int:

@@ -1,22 +1,25 @@
 """What `edgebroker pub` and `edgebroker sub` share: mosquitto_pub/sub's connection options, the
-client they make (a Dialer and a Connection of edgebroker.client), and the link that drives it.
+client they make (a Dialer and a Connection of edgebroker.client), and the event loop that
+drives it (``Session``).
 
 The options and their defaults are mosquitto_pub/sub's (docs/client-cli.md lists them and the
 few differences). Exit codes as theirs: 0 done; the CONNACK's return or reason code when the
 broker refuses the connection (5 not authorised in 3.1.1, 135 in 5.0); 1 for a network, TLS
 or protocol error; 27 when ``sub -W`` times out; usage errors are the project's 2.
 
-``Link`` drives one client without threads: one ``select.poll`` per step over the transport
-(read, and write while bytes wait), with the keepalive ticked at the connection's deadlines.
+``Session`` runs edgebroker.client's synchronous event loop (client/loop.py: no threads) over
+the Dialer's transports (TCP, TLS, WebSocket, Unix). As mosquitto_pub/sub, a command whose
+first connection fails exits with its code; once connected, a lost link is connected again
+(policy ``after_first_success``, back-off 0.5 s doubling up to 5 s, with full jitter), and
+the requests not yet acknowledged are sent again on the new connection.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import select
+import re
 import sys
-import time
 
 from edgebroker.errors import REASON_NAMES
 from edgebroker.mqtt import packets as P
@@ -26,7 +29,10 @@ _REFUSED_311 = {1: "unacceptable protocol version", 2: "identifier rejected",
                 3: "broker unavailable", 4: "bad user name or password", 5: "not authorised"}
 PROTOCOLS = {"5": 5, "mqttv5": 5, "311": 4, "mqttv311": 4, "31": 3, "mqttv31": 3}
 TIMED_OUT = 27      # mosquitto_sub -W (ETIMEDOUT)
-READ_SIZE = 256 * 1024
+# Reconnection after a loss: full-jitter back-off from 0.5 s, waits of at most 5 s (libmosquitto
+# retries every second by default; a command line user waits for the broker to come back).
+RECONNECT_BASE = 0.5
+RECONNECT_CAP = 5.0
 
 
 class Exit(Exception):
@@ -127,124 +133,68 @@ def make_client(args, tool: str):
 def refusal(code: int | None, reason: str, protocol: int) -> Exit:
     """The Exit of a refused connection: mosquitto's line and code."""
     if code is None:
-        return Exit(1, f"Error: {reason}")
+        return Exit(1, f"Error: {_plain(reason)}")
     if protocol == 5:
         return Exit(code, f"Connection error: {REASON_NAMES.get(code, reason)}")
     return Exit(code, f"Connection error: Connection Refused: "
                       f"{_REFUSED_311.get(code, reason)}.")
 
 
-class Link:
-    """One client's connection, driven step by step without threads (module docstring)."""
+class Session:
+    """The event loop of one command (client/loop.py, no threads) over the Dialer's
+    transports: reconnects after a loss once a first connection succeeded (mosquitto's
+    clients do), prints the connection's changes with ``-d``, and turns a failed first
+    connection into its Exit."""
 
-    def __init__(self, dialer, conn, debug: bool = False):
-        self.dial = dialer
-        self.conn = conn
-        self.debug = debug
-        self.transport = None
-        self._out = bytearray()
-        self._poll = None
+    def __init__(self, args, tool: str):
+        from edgebroker.client.backoff import AFTER_FIRST_SUCCESS
+        from edgebroker.client.loop import EventLoop
+        dialer, self.conn = make_client(args, tool)
+        self.loop = EventLoop(transport_factory=dialer, connection=self.conn,
+                              reconnect=AFTER_FIRST_SUCCESS, connect_timeout=args.timeout,
+                              backoff_base=RECONNECT_BASE, backoff_cap=RECONNECT_CAP)
+        self.debug = args.debug
+        self.up_once = False      # a CONNACK with success came (then losses reconnect)
+        self.say("sending CONNECT")
 
     def say(self, text: str) -> None:
         if self.debug:
             name = self.conn.client_id or "(null)"
             print(f"Client {name} {text}", file=sys.stderr, flush=True)
 
-    def open(self, deadline: float):
-        """Connect; the Connected event, or Exit (refused: the CONNACK's code; else 1)."""
-        from edgebroker.client.events import ConnectFailed, Connected, Disconnected
+    def next(self, timeout: float | None = None):
+        """The loop's next event (None when ``timeout`` s passed without one); Exit when the
+        first connection fails."""
+        from edgebroker.client.events import ConnectFailed, Connected, Disconnected, PingTimeout
+        event = self.loop.poll(timeout)
+        kind = type(event)
+        if kind is Connected:
+            self.up_once = True
+            self.say(f"received CONNACK ({event.reason_code})")
+        elif kind is ConnectFailed:
+            if not self.up_once:
+                raise refusal(event.reason_code, event.reason, self.conn.protocol)
+            self.say(f"could not connect again ({_plain(event.reason)}); trying again")
+        elif kind is Disconnected or kind is PingTimeout:
+            reason = "no PINGRESP in time" if kind is PingTimeout else _plain(event.reason)
+            if not self.up_once:
+                raise Exit(1, f"Error: {reason}")
+            self.say(f"lost the connection ({reason}); reconnecting")
+        return event
+
+    def close(self) -> None:
+        """DISCONNECT after what is buffered (for 2 s at most), then close."""
         try:
-            self.transport = self.dial()
-        except OSError as exc:
-            raise Exit(1, f"Error: {exc.strerror or exc}") from None
-        self._poll = select.poll()
-        self.conn.connect(time.monotonic())
-        self.say("sending CONNECT")
-        while True:
-            for event in self.step(deadline):
-                if isinstance(event, Connected):
-                    self.say(f"received CONNACK ({event.reason_code})")
-                    return event
-                if isinstance(event, ConnectFailed):
-                    raise refusal(event.reason_code, event.reason, self.conn.protocol)
-                if isinstance(event, Disconnected):
-                    raise Exit(1, f"Error: {event.reason}")
-            if time.monotonic() >= deadline:
-                raise Exit(1, "Error: no CONNACK in time")
+            if self.conn.state == "connected":
+                self.say("sending DISCONNECT")
+            self.loop.disconnect()
+        finally:
+            self.loop.close()
 
-    def flush(self) -> list:
-        """Write what the connection has to send; the QoS 0 Acked events."""
-        conn = self.conn
-        data = conn.data_to_send(time.monotonic())
-        if data:
-            self._out += data
-        out = self._out
-        try:
-            while out:
-                del out[:self.transport.send(out)]
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            raise Exit(1, f"Error: write failed: {exc}") from None
-        return conn.acked_qos0()
 
-    def step(self, deadline: float | None) -> list:
-        """Flush, wait (until a read, the keepalive's deadline or ``deadline``), read, tick:
-        the events. Exit(1) when the link ends."""
-        conn = self.conn
-        events = self.flush()
-        t = self.transport
-        if events or t.pending():
-            wait = 0
-        else:
-            due = [d for d in (deadline, conn.next_deadline()) if d is not None]
-            wait = max(0.0, min(due) - time.monotonic()) if due else None
-        poll = self._poll
-        poll.register(t.fileno(), select.POLLIN | (select.POLLOUT if self._out else 0))
-        ready = poll.poll(None if wait is None else wait * 1000) if wait != 0 else []
-        now = time.monotonic()
-        if ready or t.pending():
-            while True:
-                try:
-                    data = t.recv(READ_SIZE)
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    raise Exit(1, f"Error: connection lost: {exc}") from None
-                if not data:
-                    if conn.state == "closed":
-                        break
-                    raise Exit(1, "Error: the broker closed the connection")
-                events += conn.receive_data(data, now)
-                if not t.pending():
-                    break
-        events += conn.tick(now)
-        events += self.flush()
-        from edgebroker.client.events import Disconnected, PingTimeout
-        for event in events:
-            if isinstance(event, Disconnected) and self.conn.state != "connecting":
-                raise Exit(1, f"Error: disconnected by the broker: {event.reason}")
-            if isinstance(event, PingTimeout):
-                raise Exit(1, "Error: the broker did not answer a PINGREQ in time")
-        return events
-
-    def close(self, deadline: float) -> None:
-        """DISCONNECT once everything before it is written, then close."""
-        if self.transport is None:
-            return
-        if self.conn.state == "connected":
-            self.conn.disconnect()
-            self.say("sending DISCONNECT")
-            try:
-                self.flush()
-                while self._out and time.monotonic() < deadline:
-                    self._poll.register(self.transport.fileno(), select.POLLOUT)
-                    self._poll.poll(max(0, deadline - time.monotonic()) * 1000)
-                    self.flush()
-            except Exit:
-                pass
-        self.transport.close()
-        self.transport = None
+def _plain(reason: str | None) -> str:
+    """An OSError's text without its "[Errno N] " (the address and cause are in the rest)."""
+    return re.sub(r"^\[Errno -?\d+\] ", "", reason or "")
 
 
 def run_command(body, args) -> int:

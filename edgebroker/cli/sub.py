@@ -5,7 +5,9 @@ Each message is printed as its payload (``-v``: the topic, a space, the payload)
 newline (``-N``: none), flushed at once. ``-C N`` exits after N messages, ``-W S`` after S
 seconds with code 27, ``-E`` once the subscriptions are acknowledged. ``-R`` skips retained
 messages, ``-T FILTER`` (repeatable) skips topics matching it, ``-U FILTER`` unsubscribes.
-Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub.
+Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub. A link lost after the first
+connection is connected again (mqtt_options.Session), and the filters are subscribed again
+when the broker did not keep the session.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from __future__ import annotations
 import sys
 import time
 
-from edgebroker.cli.mqtt_options import (TIMED_OUT, Exit, Link, add_options, make_client,
-                                         run_command, url_topic)
+from edgebroker.cli.mqtt_options import (TIMED_OUT, Exit, Session, add_options, run_command,
+                                         url_topic)
 
 
 def add_parser(commands) -> None:
@@ -45,60 +47,67 @@ def add_parser(commands) -> None:
 
 
 def subscribe(args) -> int:
-    from edgebroker.client.events import Message, Subscribed, Unsubscribed
+    from edgebroker.client.events import Connected, Message, Subscribed, Unsubscribed
     from edgebroker.mqtt.topics import topic_matches
     filters = list(args.topic) or [t for t in [url_topic(args)] if t]
     if not filters and not args.unsubscribe:
         raise Exit(2, "edgebroker sub: a topic is needed (-t, or the path of -L)")
-    dialer, conn = make_client(args, "sub")
-    link = Link(dialer, conn, args.debug)
-    start = time.monotonic()
-    end = start + args.wait if args.wait else None
+    session = Session(args, "sub")
+    conn = session.conn
+    end = time.monotonic() + args.wait if args.wait else None
     out = sys.stdout.buffer
     newline = b"" if args.no_newline else b"\n"
     printed = 0
+    waiting = set()         # the SUBSCRIBE/UNSUBSCRIBE requests not answered yet
+
+    def subscribe_filters():
+        waiting.add(conn.subscribe([(f, args.qos) for f in filters]))
+        session.say(f"sending SUBSCRIBE ({', '.join(filters)}, QoS: {args.qos})")
+
+    # queued now, sent once the CONNACK came
+    if args.unsubscribe:
+        waiting.add(conn.unsubscribe(args.unsubscribe))
+    if filters:
+        subscribe_filters()
     try:
-        link.open(min(start + args.timeout, end or float("inf")))
-        if args.unsubscribe:
-            conn.unsubscribe(args.unsubscribe)
-        if filters:
-            conn.subscribe([(f, args.qos) for f in filters])
-            link.say(f"sending SUBSCRIBE ({', '.join(filters)}, QoS: {args.qos})")
-        waiting = bool(filters) + bool(args.unsubscribe)
         while True:
-            if end is not None and time.monotonic() >= end:
+            left = None if end is None else end - time.monotonic()
+            event = session.next(left) if left is None or left > 0 else None
+            if event is None:
                 if not args.quiet:
                     print("Timed out", file=sys.stderr)
                 return TIMED_OUT
-            for event in link.step(end):
-                if type(event) is Message:
-                    if args.no_retained and event.retain:
-                        continue
-                    if args.retained_only and not event.retain:
-                        return 0
-                    if any(topic_matches(f, event.topic) for f in args.filter_out):
-                        continue
-                    link.say(f"received PUBLISH (d{int(event.dup)}, q{event.qos}, "
-                             f"r{int(event.retain)}, '{event.topic}', ... "
-                             f"({len(event.payload)} bytes))")
-                    head = event.topic.encode() + b" " if args.verbose else b""
-                    out.write(head + event.payload + newline)
-                    out.flush()
-                    printed += 1
-                    if args.count and printed >= args.count:
-                        return 0
-                elif isinstance(event, Subscribed):
-                    waiting -= 1
-                    link.say(f"received SUBACK: {event.granted}")
+            kind = type(event)
+            if kind is Message:
+                if args.no_retained and event.retain:
+                    continue
+                if args.retained_only and not event.retain:
+                    return 0
+                if any(topic_matches(f, event.topic) for f in args.filter_out):
+                    continue
+                session.say(f"received PUBLISH (d{int(event.dup)}, q{event.qos}, "
+                            f"r{int(event.retain)}, '{event.topic}', ... "
+                            f"({len(event.payload)} bytes))")
+                head = event.topic.encode() + b" " if args.verbose else b""
+                out.write(head + event.payload + newline)
+                out.flush()
+                printed += 1
+                if args.count and printed >= args.count:
+                    return 0
+            elif kind is Connected:
+                # A new session (the broker forgot ours): subscribe again, as mosquitto_sub
+                # does; a SUBSCRIBE still unanswered is sent again by the connection itself.
+                if filters and not event.session_present and not waiting:
+                    subscribe_filters()
+            elif kind is Subscribed or kind is Unsubscribed:
+                waiting.discard(event.request)
+                if kind is Subscribed:
+                    session.say(f"received SUBACK: {event.granted}")
                     if all(code >= 0x80 for code in event.granted):
                         raise Exit(1, "All subscription requests were denied.")
-                    if args.exit_after_subscribe and not waiting:
-                        return 0
-                elif isinstance(event, Unsubscribed):
-                    waiting -= 1
-                    if args.exit_after_subscribe and not waiting:
-                        return 0
+                if args.exit_after_subscribe and not waiting:
+                    return 0
     except KeyboardInterrupt:
         return 0
     finally:
-        link.close(time.monotonic() + 2)
+        session.close()

@@ -116,22 +116,24 @@ class Dialer:
             from edgebroker.client.tls import tls_context
             self.context = tls_context(cafile, certfile, keyfile, verify)
 
-    def __call__(self):
-        """A new transport, connected (and upgraded) within the timeout; OSError (a
-        ConnectionError naming the address, a TimeoutError) when it cannot be made."""
+    def __call__(self, timeout: float | None = None):
+        """A new transport, connected (and upgraded) within ``timeout`` seconds (the
+        Dialer's by default); OSError (a ConnectionError naming the address, a TimeoutError)
+        when it cannot be made. Its signature is the event loop's ``transport_factory``
+        (client/loop.py): ``EventLoop(transport_factory=Dialer(url), ...)``."""
         a = self.address
+        timeout = self.timeout if timeout is None else timeout
         if self.context is not None:
             from edgebroker.client.tls import open_tls
-            stream = open_tls(a.host, a.port, timeout=self.timeout, context=self.context,
+            stream = open_tls(a.host, a.port, timeout=timeout, context=self.context,
                               server_name=self.server_name, unix_path=a.unix_path)
         else:
             from edgebroker.client.transport import open_transport
-            stream = open_transport(a.host, a.port, timeout=self.timeout,
-                                    unix_path=a.unix_path)
+            stream = open_transport(a.host, a.port, timeout=timeout, unix_path=a.unix_path)
         if not a.websocket:
             return stream
         from edgebroker.client.websocket import open_websocket
-        return open_websocket(stream, a.host, a.port, timeout=self.timeout, path=a.path,
+        return open_websocket(stream, a.host, a.port, timeout=timeout, path=a.path,
                               headers=self.headers)
 
     def __repr__(self) -> str:
