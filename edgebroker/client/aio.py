@@ -24,8 +24,9 @@ requests (``publish_nowait`` raises QueueFull instead); the socket is no longer 
 instead of growing memory.
 
 Reconnection (``reconnect``): ``"never"``, ``"after_first_success"`` (the default) or
-``"always"`` (also while the first connection fails), with full-jitter back-off between
-``backoff[0]`` and ``backoff[1]`` seconds.
+``"always"`` (also while the first connection fails), with full-jitter back-off from
+``backoff[0]`` doubling up to ``backoff[1]`` seconds: client/backoff.py's, as the synchronous
+loop's.
 In-flight and queued requests carry over: their futures complete on a later connection. When
 the client gives up, or on ``close()``, the futures still open fail with ``ClientClosed``.
 """
@@ -34,8 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import random
 
+from edgebroker.client import backoff as B
 from edgebroker.client.address import Dialer
 from edgebroker.client.connection import Connection, QueueFull
 from edgebroker.client.events import (Acked, ConnectFailed, Connected, Disconnected, Message,
@@ -44,22 +45,6 @@ from edgebroker.errors import EdgebrokerError
 
 READ_SIZE = 256 * 1024
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
-RECONNECT_POLICIES = ("never", "after_first_success", "always")
-
-
-class Backoff:
-    """Full-jitter exponential back-off: the n-th wait is uniform in [0, min(cap, base*2^n)]."""
-
-    def __init__(self, base: float = 0.1, cap: float = 30.0):
-        self.base, self.cap, self.attempt = base, cap, 0
-
-    def next(self) -> float:
-        delay = random.uniform(0, min(self.cap, self.base * 2 ** self.attempt))
-        self.attempt = min(self.attempt + 1, 32)
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 class ConnectError(EdgebrokerError):
@@ -78,20 +63,18 @@ class AsyncClient:
     """One MQTT client on an asyncio loop (module docstring)."""
 
     def __init__(self, address, client_id: str = "", *, timeout: float = 10.0,
-                 reconnect: str = "after_first_success", backoff: tuple = (0.1, 30.0),
+                 reconnect: str = B.AFTER_FIRST_SUCCESS, backoff: tuple = (0.1, 30.0),
                  max_messages: int = 1000, tls: dict | None = None, **connection):
         """``address``: a URL (client/address.py), an ``Address``, or a callable making a
         transport; ``tls``: Dialer's TLS options (cafile, certfile, keyfile, verify,
         server_name); ``connection``: Connection's options (protocol, clean_start,
-        keepalive, username, password, will, properties, max_inflight, max_queued)."""
-        if reconnect not in RECONNECT_POLICIES:
-            raise ValueError(f"reconnect must be one of {', '.join(RECONNECT_POLICIES)}, "
-                             f"not {reconnect!r}")
+        keepalive, username, password, will, properties, max_inflight, max_queued);
+        ``reconnect`` and ``backoff`` (base, cap): the policy and back-off of backoff.py,
+        the synchronous loop's."""
+        self.backoff = B.Backoff(reconnect, *backoff)     # ValueError for a wrong policy
         self.dial = address if callable(address) else Dialer(address, timeout=timeout,
                                                              **(tls or {}))
         self.connection = Connection(client_id, **connection)
-        self.reconnect = reconnect
-        self.backoff = Backoff(*backoff)
         self.max_messages = max_messages
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport = None
@@ -105,7 +88,6 @@ class AsyncClient:
         self._wake = asyncio.Event()     # something for the iterator, or the end
         self._space = asyncio.Event()    # the connection can take a request again
         self._drained = asyncio.Event()  # nothing left to write
-        self._connected_once = False
         self._first: asyncio.Future | None = None   # the first connect's outcome
         self._closed = False
         self._dialing: asyncio.Task | None = None
@@ -140,8 +122,8 @@ class AsyncClient:
 
     async def _retry(self, error: ConnectError) -> bool:
         """After a failed attempt: wait the back-off and say to go on, or give up (False)."""
-        if self.reconnect == "always" or self._connected_once and self.reconnect != "never":
-            await asyncio.sleep(self.backoff.next())
+        if self.backoff.again():
+            await asyncio.sleep(self.backoff.delay())
             return not self._closed
         self._give_up(error)
         return False
@@ -304,8 +286,7 @@ class AsyncClient:
                 continue
             self._post(event)
             if isinstance(event, Connected):
-                self._connected_once = True
-                self.backoff.reset()
+                self.backoff.succeeded()
                 if not self._first.done():
                     self._first.set_result(event)
                 self._space.set()
