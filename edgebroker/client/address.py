@@ -14,8 +14,9 @@ URL are percent-decoded. An IPv6 host is written in brackets (``mqtt://[::1]:188
 
 ``Dialer(address, timeout=..., cafile=..., ...)`` makes a new transport for the address each
 time it is called (the first connection and every reconnection), with the interface of
-client/transport.py: plain TCP and Unix sockets through ``open_transport``, TLS through
-client/tls.py, WebSocket through client/websocket.py over either. The TLS context is built once,
+client/transport.py: plain TCP and Unix sockets (client/transport.py), TLS through
+client/tls.py, WebSocket through client/websocket.py over either. ``await
+dialer.open_async()`` makes the same transport on an asyncio loop without blocking it. The TLS context is built once,
 so a bad CA or certificate file is reported when the Dialer is made.
 """
 
@@ -121,20 +122,37 @@ class Dialer:
         Dialer's by default); OSError (a ConnectionError naming the address, a TimeoutError)
         when it cannot be made. Its signature is the event loop's ``transport_factory``
         (client/loop.py): ``EventLoop(transport_factory=Dialer(url), ...)``."""
+        from edgebroker.client.handshake import drive
+        from edgebroker.client.transport import connect_socket
         a = self.address
         timeout = self.timeout if timeout is None else timeout
+        sock, peer = connect_socket(a.host, a.port, timeout, a.unix_path)
+        return drive(self._set_up(sock, peer), sock.fileno(), timeout)
+
+    async def open_async(self, timeout: float | None = None):
+        """``self()`` on the running asyncio loop, which it never blocks and which needs no
+        thread for it (client/handshake.py; a host name is resolved by asyncio's resolver)."""
+        from edgebroker.client.handshake import connect_async, drive_async
+        a = self.address
+        timeout = self.timeout if timeout is None else timeout
+        sock, peer = await connect_async(a.host, a.port, timeout, a.unix_path)
+        return await drive_async(self._set_up(sock, peer), sock.fileno(), timeout)
+
+    def _set_up(self, sock, peer: str):
+        """The connected socket's TLS handshake and WebSocket upgrade, as the address asks,
+        as a client/handshake.py generator; returns the transport."""
+        a = self.address
         if self.context is not None:
-            from edgebroker.client.tls import open_tls
-            stream = open_tls(a.host, a.port, timeout=timeout, context=self.context,
-                              server_name=self.server_name, unix_path=a.unix_path)
+            from edgebroker.client.tls import tls_handshake
+            stream = yield from tls_handshake(sock, a.host, a.port, self.context,
+                                              self.server_name)
         else:
-            from edgebroker.client.transport import open_transport
-            stream = open_transport(a.host, a.port, timeout=timeout, unix_path=a.unix_path)
-        if not a.websocket:
-            return stream
-        from edgebroker.client.websocket import open_websocket
-        return open_websocket(stream, a.host, a.port, timeout=timeout, path=a.path,
-                              headers=self.headers)
+            from edgebroker.client.transport import TCPTransport
+            stream = TCPTransport(sock, peer)
+        if a.websocket:
+            from edgebroker.client.websocket import websocket_upgrade
+            stream = yield from websocket_upgrade(stream, a.host, a.port, a.path, self.headers)
+        return stream
 
     def __repr__(self) -> str:
         return f"Dialer({str(self.address)!r})"

@@ -15,8 +15,11 @@ complete the future of their request (the request's token *is* that future); eve
 else (``Message``, ``Connected``, ``ConnectFailed``, ``Disconnected``, ``PingTimeout``) goes
 to the client's own queue, which ``async for event in client`` reads. Bytes the connection
 has to send are written after each step, and the keepalive runs on one ``call_at`` timer at
-``next_deadline()``. The connection (the TCP connect, the TLS and WebSocket handshakes) is
-made in the loop's default executor, so the event loop never blocks on it.
+``next_deadline()``. The connection is made on the loop itself, without a thread
+(``Dialer.open_async``: ``sock_connect``, then the TLS handshake and the WebSocket upgrade as
+the synchronous Dialer does them, client/handshake.py); only a host name is resolved by
+asyncio's resolver, and a transport maker given as ``address`` (a plain callable, which may
+block) runs in the loop's default executor.
 
 Back-pressure, both ways: ``publish`` waits while the connection holds ``max_queued``
 requests (``publish_nowait`` raises QueueFull instead); the socket is no longer read while
@@ -109,7 +112,10 @@ class AsyncClient:
         loop = self._loop
         while not self._closed:
             try:
-                transport = await loop.run_in_executor(None, self.dial)
+                if isinstance(self.dial, Dialer):
+                    transport = await self.dial.open_async()
+                else:                   # the caller's own (blocking) transport maker
+                    transport = await loop.run_in_executor(None, self.dial)
             except OSError as exc:
                 if not await self._retry(ConnectError(str(exc))):
                     return

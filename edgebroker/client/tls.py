@@ -1,8 +1,10 @@
 """The client's TLS byte stream: MQTT over TLS (mqtts://), or the stream under wss://.
 
 ``open_tls(host, port, timeout=..., context=...)`` connects, does the TLS handshake with the
-timeout (certificate checks included), then makes the socket non-blocking and returns a
-``TLSTransport``, which has the interface of the plain TCP transport (client/transport.py):
+timeout (certificate checks included) on the non-blocking socket and returns a
+``TLSTransport``, which has the interface of the plain TCP transport (client/transport.py).
+The handshake itself is ``tls_handshake``, a client/handshake.py generator, which the
+asyncio adapter runs on its loop. The transport:
 
 - ``fileno()``: the socket, for the event loop's selector.
 - ``send(data) -> int``: the number of bytes taken (a prefix of ``data``); BlockingIOError when
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import socket
 
+from edgebroker.client.handshake import READ, WRITE, drive
 from edgebroker.client.transport import connect_socket
 
 # Bytes offered to SSL_write per send: records of 16 KiB, a few per system call.
@@ -98,27 +101,45 @@ def _why(exc: BaseException) -> str:
 def open_tls(host: str, port: int, *, timeout: float, context=None,
              server_name: str | None = None, unix_path: str | None = None) -> "TLSTransport":
     """Connect and handshake within ``timeout`` seconds; the non-blocking transport."""
+    sock, _ = connect_socket(host, port, timeout, unix_path)
+    return drive(tls_handshake(sock, host, port, context, server_name), sock.fileno(), timeout)
+
+
+def tls_handshake(sock, host: str, port: int, context=None, server_name: str | None = None):
+    """The handshake on the connected socket ``sock`` as a client/handshake.py generator
+    (yields READ/WRITE, returns the TLSTransport); TLSError with the reason and its hint.
+    The socket is closed when the handshake fails."""
     ssl = _ssl()
     context = context or tls_context()
-    sock, _ = connect_socket(host, port, timeout, unix_path)
-    if not unix_path:
+    sock.setblocking(False)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     name = server_name or (host if context.check_hostname else None)
+    where = f"TLS handshake with {host}:{port}"
     try:
-        sock.settimeout(timeout)
-        tls = context.wrap_socket(sock, server_hostname=name or host or None)
-    except socket.timeout:
+        tls = context.wrap_socket(sock, server_hostname=name or host or None,
+                                  do_handshake_on_connect=False)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                yield READ
+            except ssl.SSLWantWriteError:
+                yield WRITE
+    except TimeoutError:              # thrown in by the driver
         sock.close()
-        raise TLSError(f"TLS handshake with {host}:{port}: no answer within "
-                       f"{timeout:g} s") from None
+        raise TLSError(f"{where}: no answer in time") from None
     except ssl.SSLError as exc:
         sock.close()
-        raise TLSError(f"TLS handshake with {host}:{port}: {_why(exc)}") from None
+        raise TLSError(f"{where}: {_why(exc)}") from None
     except OSError as exc:
         sock.close()
-        raise TLSError(f"TLS handshake with {host}:{port}: the server closed the connection "
+        raise TLSError(f"{where}: the server closed the connection "
                        f"({exc.strerror or exc}); is it a TLS port?") from None
-    tls.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
     return TLSTransport(tls)
 
 

@@ -3,7 +3,9 @@
 ``open_websocket(stream, host, port, path=..., timeout=...)`` takes a connected, non-blocking
 byte stream (the plain TCP transport, or client/tls.py's ``TLSTransport`` for wss://), makes
 the HTTP upgrade within the timeout (``GET path``, subprotocol ``mqtt``), and returns a
-``WebSocketTransport`` with the same interface as the stream (client/transport.py):
+``WebSocketTransport`` with the same interface as the stream (client/transport.py). The
+upgrade itself is ``websocket_upgrade``, a client/handshake.py generator, which the asyncio
+adapter runs on its loop. The transport:
 
 - ``send(data) -> int``: ``data`` goes out as one masked binary frame (a client's frames are
   masked, RFC 6455 §5.3). The return value counts the bytes of ``data`` whose frame bytes the
@@ -28,8 +30,7 @@ wsproto is imported when a WebSocket connection is made, not by ``edgebroker.cli
 
 from __future__ import annotations
 
-import select
-import time
+from edgebroker.client.handshake import READ, WRITE, drive
 
 DEFAULT_PATH = "/mqtt"
 SUBPROTOCOL = "mqtt"
@@ -52,51 +53,39 @@ class WebSocketRefused(ConnectionError):
         self.status = status
 
 
-def wait_ready(fd: int, write: bool, deadline: float, what: str) -> None:
-    """Block until ``fd`` is readable (or writable), or TimeoutError naming ``what`` once the
-    monotonic ``deadline`` has passed."""
-    left = deadline - time.monotonic()
-    if left > 0:
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT if write else select.POLLIN)
-        if poller.poll(left * 1000):
-            return
-    raise TimeoutError(f"{what}: no answer in time")
-
-
-def write_all(stream, data: bytes, deadline: float, what: str) -> None:
-    """All of ``data`` to a non-blocking stream by ``deadline``."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[stream.send(view):]
-        except BlockingIOError:
-            wait_ready(stream.fileno(), True, deadline, what)
-
-
 def open_websocket(stream, host: str, port: int | None, *, timeout: float,
                    path: str = DEFAULT_PATH, headers: list | None = None) -> "WebSocketTransport":
     """The upgrade on ``stream`` within ``timeout`` s; WebSocketRefused on an HTTP refusal,
     ConnectionError on anything else that ends it. ``stream`` is closed on failure."""
+    return drive(websocket_upgrade(stream, host, port, path, headers), stream.fileno(), timeout)
+
+
+def websocket_upgrade(stream, host: str, port: int | None, path: str = DEFAULT_PATH,
+                      headers: list | None = None):
+    """The upgrade as a client/handshake.py generator (yields READ/WRITE while the stream
+    would block, returns the WebSocketTransport); the errors of ``open_websocket``."""
     from wsproto import ConnectionType, WSConnection
     from wsproto.events import AcceptConnection, RejectConnection, RejectData, Request
     from wsproto.utilities import ProtocolError
 
     where = f"{host}:{port}{path}" if port else f"{host}{path}"
-    deadline = time.monotonic() + timeout
     ws = WSConnection(ConnectionType.CLIENT)
     status, body, accepted = None, b"", None
     try:
         authority = host if port in (None, 80, 443) else f"{host}:{port}"
-        write_all(stream, ws.send(Request(host=authority, target=path,
-                                          subprotocols=[SUBPROTOCOL],
-                                          extra_headers=list(headers or ()))),
-                  deadline, f"WebSocket upgrade on {where}")
+        request = memoryview(ws.send(Request(host=authority, target=path,
+                                             subprotocols=[SUBPROTOCOL],
+                                             extra_headers=list(headers or ()))))
+        while request:
+            try:
+                request = request[stream.send(request):]
+            except BlockingIOError:
+                yield WRITE
         while accepted is None:
             try:
                 data = stream.recv(READ_SIZE)
             except BlockingIOError:
-                wait_ready(stream.fileno(), False, deadline, f"WebSocket upgrade on {where}")
+                yield READ
                 continue
             if not data:
                 if status is not None:
@@ -123,6 +112,9 @@ def open_websocket(stream, host: str, port: int | None, *, timeout: float,
         stream.close()
         raise ConnectionError(f"WebSocket upgrade on {where}: not a WebSocket answer "
                               f"({exc})") from None
+    except TimeoutError:              # thrown in by the driver
+        stream.close()
+        raise TimeoutError(f"WebSocket upgrade on {where}: no answer in time") from None
     except BaseException:
         stream.close()
         raise

@@ -1,11 +1,14 @@
 """The asyncio adapter (client/aio.py) against the real broker: QoS 0/1/2 both ways with a
-future per request; every transport (mqtt://, ws://, mqtts://, unix); the link cut by the
+future per request; every transport (mqtt://, ws://, mqtts://, unix), connected without a
+thread, and a silent server's handshake timing out without blocking the loop; the link cut by the
 broker's stop and restart with every QoS 1 message arriving; back-pressure (publish waits at
 max_queued; reading pauses at max_messages); a refusal; the reconnect policy "never"."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 
 import pytest
 
@@ -82,8 +85,11 @@ def test_every_transport(asrv, pki, uid, where):
                "unix": f"unix:{asrv.unix_paths[0]}"}[where]
 
     async def main():
+        threads = threading.active_count()
         async with AsyncClient(address, f"{uid}-{where}",
                                tls={"cafile": str(pki.ca.cert)}) as c:
+            # connected (TCP, TLS handshake, WebSocket upgrade) on the loop: no thread
+            assert threading.active_count() == threads
             await c.subscribe([(f"{uid}/t", 1)])
             handles = [c.publish_nowait(f"{uid}/t", b"%d" % i, qos=1) for i in range(50)]
             acks = await asyncio.gather(*handles)
@@ -92,6 +98,35 @@ def test_every_transport(asrv, pki, uid, where):
             assert got == [b"%d" % i for i in range(50)]
 
     run(main())
+
+
+@pytest.mark.parametrize("scheme, step", [("ws", "WebSocket upgrade on"),
+                                          ("mqtts", "TLS handshake with")])
+def test_a_silent_server_times_out_without_blocking_the_loop(scheme, step):
+    """A server that accepts and says nothing: the handshake fails at the timeout with the
+    step named, and the event loop ran other tasks meanwhile."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        async def main():
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            task = asyncio.ensure_future(ticker())
+            with pytest.raises(ConnectError, match=f"{step} 127.0.0.1:{port}.*no answer"):
+                await AsyncClient(f"{scheme}://127.0.0.1:{port}", reconnect="never",
+                                  timeout=0.3).connect()
+            task.cancel()
+            assert ticks >= 10
+
+        run(main())
 
 
 def test_refused_connection_raises_with_the_reason_code(broker, uid, tmp_path):
