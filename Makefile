@@ -15,7 +15,7 @@ SCENARIOS ?=
 FUZZ_INPUTS ?= 1000000
 FUZZ_SEED ?= 26
 
-.PHONY: run test fuzz bench bench-plot install install-test system-deps build-deps clean dist dist-measure \
+.PHONY: run test fuzz bench bench-client bench-plot install install-test system-deps build-deps clean dist dist-measure \
 	dist-arm64 test-arm64 deb deb-arm64 test-boot
 
 $(BIN)/python:
@@ -161,6 +161,11 @@ $(VENV)/.installed-bench: $(VENV)/.installed-test
 # Installs Mosquitto (Debian package) itself when missing; see bench/README.md.
 bench: install-test $(VENV)/.installed-bench
 	$(BIN)/python bench/run.py $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(ARGS)
+	$(BIN)/python bench/client_bench.py --brokers edgebroker,mosquitto
+
+# One client's publish rate: edgebroker.client next to paho-mqtt (bench/client_bench.py).
+bench-client: install-test
+	$(BIN)/python bench/client_bench.py --brokers edgebroker,mosquitto $(CLIENT_ARGS)
 
 # PNGs of the newest full run in bench/results/ into bench/plots/ (ARGS="--run ID" for another).
 bench-plot: $(VENV)/.installed-bench

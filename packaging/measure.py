@@ -7,7 +7,8 @@ accept), taken from a notification socket this script binds, as systemd would (b
 --runs after one warm-up start, so the unpacking reads from the page cache: "warm").
 Idle RSS: the sum over the binary's two processes (the bootloader and the interpreter it
 starts) one second after READY=1, with no client and no configuration file (each process's
-figure is shown too, and the same with systemd/edgebroker.toml, as the unit runs it). PSS, for
+figure is shown too), and the same with systemd/edgebroker.toml, as the unit runs it: both
+within the budget. PSS, for
 information: the pair's memory with the pages of the libraries both map counted once. Needs
 psutil.
 """
@@ -79,7 +80,8 @@ def main() -> int:
         _, each_config, _ = start_once(args.binary, work, 1.0, EXAMPLE_CONFIG)
     starts.sort()
     rss = sum(each)
-    ok = size <= SIZE_BUDGET and starts[0] <= START_BUDGET and rss <= RSS_BUDGET
+    ok = (size <= SIZE_BUDGET and starts[0] <= START_BUDGET
+          and max(rss, sum(each_config)) <= RSS_BUDGET)
     mib = 2 ** 20
     print(f"binary size      {size / 1e6:6.1f} MB   (budget 15 MB)")
     print(f"start to READY   {starts[0]:6.3f} s    best of {len(starts)}, median "
@@ -87,7 +89,8 @@ def main() -> int:
     print(f"idle RSS         {rss / mib:6.2f} MiB = {rss / 1e6:.2f} MB, both processes: "
           f"bootloader {each[0] / mib:.2f}, broker {sum(each[1:]) / mib:.2f} (budget 20 MB)")
     print(f"  with -c systemd/edgebroker.toml {sum(each_config) / mib:.2f} MiB = "
-          f"{sum(each_config) / 1e6:.2f} MB; PSS of the two {pss / mib:.2f} MiB")
+          f"{sum(each_config) / 1e6:.2f} MB (budget 20 MB, as the unit runs it); PSS of the "
+          f"two {pss / mib:.2f} MiB")
     print("within budget" if ok else "OVER BUDGET")
     return 0 if ok else 1
 

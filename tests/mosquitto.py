@@ -19,6 +19,7 @@ from pathlib import Path
 
 READY_TIMEOUT = 15.0
 _LISTENING = re.compile(r"Opening ipv4 listen socket on port (\d+)")
+_RUNNING = re.compile(r"mosquitto version \S+ running")
 
 
 def free_port() -> int:
@@ -41,6 +42,10 @@ class MosquittoBroker:
                  f"persistence_location {self.workdir}/", "autosave_interval 1",
                  "log_dest stderr", "log_type error", "log_type warning", "log_type notice",
                  "log_type information", *extra]
+        if os.geteuid() == 0:
+            # As root Mosquitto drops to its own user, which cannot enter pytest's private
+            # temporary directories: it could not save its persistence file.
+            lines.append("user root")
         self.conf.write_text("\n".join(lines) + "\n")
         os.chmod(self.conf, 0o644)
         self.proc: subprocess.Popen | None = None
@@ -54,7 +59,10 @@ class MosquittoBroker:
                                      text=True, errors="replace")
         from conftest import LineCollector   # the broker fixture's stderr collector
         self.out = LineCollector(self.proc.stderr)
+        # "Opening ... listen socket" comes before the socket listens; "running" after.
         line = self.out.wait(lambda ln: _LISTENING.search(ln) is not None, READY_TIMEOUT)
+        if line is not None:
+            line = self.out.wait(lambda ln: _RUNNING.search(ln) is not None, READY_TIMEOUT)
         if line is None:
             self.proc.kill()
             self.proc.wait(5)

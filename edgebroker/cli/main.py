@@ -34,6 +34,8 @@ COMMANDS = {
     "inspect": "inspect",        # offline log commands and the live ones (inspect_live)
     "passwd": "passwd",
     "upload": "upload",
+    "pub": "pub",                # an MQTT client: mosquitto_pub's options
+    "sub": "sub",                # an MQTT client: mosquitto_sub's options
 }
 
 CLOSED_PIPE = 141   # 128 + SIGPIPE

@@ -6,7 +6,6 @@ import os
 
 from edgebroker import config as configuration, logs, records
 from edgebroker.errors import ConfigError
-from edgebroker.server.app import App
 
 
 def add_parser(commands) -> None:
@@ -45,5 +44,8 @@ def run(args) -> int:
     logs.install(config.log_level)
     state_dir = config.state_dir()
     prepare_state_dir(state_dir)
+    # Imported after the configuration is read: the TOML parser's memory, freed again
+    # (config._read_toml), is then not interleaved with the broker's modules.
+    from edgebroker.server.app import App
     App(config, reload_config=lambda: load(args)).start()
     return 0

@@ -64,13 +64,18 @@ class Commands:
         """Disconnect, save the state (to ``state_file`` or the loop's), end the iteration."""
         self._ask(SHUTDOWN, state_file)
 
-    def take(self) -> list:
-        """The commands asked since the last call (the loop's)."""
+    def woken(self) -> None:
+        """Empty the wake-up socket (the loop's, when its selector says it is readable)."""
         try:
             while self._reader.recv(4096):
                 pass
-        except (BlockingIOError, OSError):
+        except OSError:     # BlockingIOError: empty
             pass
+
+    def take(self) -> list:
+        """The commands asked since the last call (the loop's)."""
+        if not self._asked:
+            return []
         asked = []
         while self._asked:
             asked.append(self._asked.popleft())

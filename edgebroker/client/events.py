@@ -104,3 +104,23 @@ class PingTimeout(Event):
     """No PINGRESP within the keepalive after a PINGREQ: the link is taken as dead (the
     connection is then "disconnected"; the loop closes the transport and reconnects)."""
     __slots__ = ()
+
+
+class RunResult:
+    """What ``run`` did: ``done`` the answers (Acked, Subscribed, Unsubscribed) to the batch's
+    requests, in order; ``pending`` the batch's requests not answered when it returned;
+    ``events`` everything else that happened meanwhile (messages, connection changes)."""
+    __slots__ = ("done", "pending", "events")
+
+    def __init__(self):
+        self.done: list = []
+        self.pending: list = []
+        self.events: list = []
+
+    @property
+    def complete(self) -> bool:
+        return not self.pending
+
+    def __repr__(self) -> str:
+        return (f"RunResult({len(self.done)} done, {len(self.pending)} pending, "
+                f"{len(self.events)} other events)")

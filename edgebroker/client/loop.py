@@ -29,8 +29,10 @@ from collections import deque
 from edgebroker.client import backoff as B
 from edgebroker.client import commands as K
 from edgebroker.client.connection import Connection
-from edgebroker.client.events import Acked, ConnectFailed, Disconnected, Subscribed, Unsubscribed
-from edgebroker.client.requests import ClientError, Request, make_publish
+from edgebroker.client.events import (
+    Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
+)
+from edgebroker.client.requests import ClientError, Request, as_request
 from edgebroker.client.statefile import read_state, write_state
 from edgebroker.client.transport import open_transport
 
@@ -40,35 +42,6 @@ IDLE_POLL = 0.05           # seconds before asking a source that said "nothing f
 READ_SIZE = 1 << 16
 SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered and DISCONNECT
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
-
-
-class RunResult:
-    """What ``run`` did: ``done`` the answers (Acked, Subscribed, Unsubscribed) to the batch's
-    requests, in order; ``pending`` the batch's requests not answered when it returned;
-    ``events`` everything else that happened meanwhile (messages, connection changes)."""
-    __slots__ = ("done", "pending", "events")
-
-    def __init__(self):
-        self.done: list = []
-        self.pending: list = []
-        self.events: list = []
-
-    @property
-    def complete(self) -> bool:
-        return not self.pending
-
-    def __repr__(self) -> str:
-        return (f"RunResult({len(self.done)} done, {len(self.pending)} pending, "
-                f"{len(self.events)} other events)")
-
-
-def _as_request(item) -> Request:
-    if isinstance(item, Request):
-        return item
-    if isinstance(item, tuple):
-        return make_publish(*item)
-    raise ClientError(f"a request must be a Request or a (topic, payload[, qos[, retain]]) "
-                      f"tuple, not {type(item).__name__}")
 
 
 class EventLoop:
@@ -216,10 +189,14 @@ class EventLoop:
         return doc
 
     def close(self) -> None:
-        """Close the transport and the loop's own sockets (no DISCONNECT: see shutdown)."""
+        """Close the transport and the loop's own sockets (no DISCONNECT: see shutdown).
+        The loop is over; closing again does nothing."""
+        if self._finished and self._selector is None:
+            return
         self._drop_transport()
         self._finished = True
         self._selector.close()
+        self._selector = None
         self.commands.close()
 
     def __enter__(self):
@@ -253,8 +230,8 @@ class EventLoop:
             self._retry_at = now
         elif what == K.SHUTDOWN:
             self._close_politely(now)
-            self._finished = True
             self.final_state = self.save_state(command[1] if len(command) > 1 else None)
+            self.close()
 
     def _close_politely(self, now: float) -> None:
         """DISCONNECT after what is buffered, for at most SHUTDOWN_FLUSH seconds; then close."""
@@ -353,7 +330,7 @@ class EventLoop:
                     throttle.tokens += 1.0
                 self._idle_until = now + IDLE_POLL
                 return
-            req = submit(item if type(item) is Request else _as_request(item))
+            req = submit(item if type(item) is Request else as_request(item))
             if watch is not None:
                 watch[id(req)] = req
             if not n & 255:
@@ -370,28 +347,22 @@ class EventLoop:
         if transport is None:
             return
         out = self._out
-        if data:
-            if out:
-                out += data
-            else:
-                try:
-                    n = transport.send(data)
-                except BlockingIOError:
-                    n = 0
-                except OSError as exc:
-                    self._lost(f"send: {exc}")
-                    return
-                if n < len(data):
-                    out += memoryview(data)[n:]
-        elif out:
-            try:
-                n = transport.send(out)
-            except BlockingIOError:
-                n = 0
-            except OSError as exc:
-                self._lost(f"send: {exc}")
-                return
+        if out:
+            out += data             # behind what is waiting already
+            data = out
+        elif not data:
+            return
+        try:
+            n = transport.send(data)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            self._lost(f"send: {exc}")
+            return
+        if data is out:
             del out[:n]
+        elif n < len(data):
+            out += memoryview(data)[n:]
 
     def _answered(self, events: list) -> None:
         self._events.extend(events)
@@ -428,6 +399,7 @@ class EventLoop:
                               selectors.EVENT_READ | (selectors.EVENT_WRITE if self._out else 0))
         for key, mask in self._selector.select(timeout):
             if key.fileobj is self.commands:
+                self.commands.woken()
                 continue
             if mask & selectors.EVENT_WRITE:
                 self._flush(self._clock())

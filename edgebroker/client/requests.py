@@ -88,6 +88,16 @@ def make_publish(topic: str, payload=b"", qos: int = 0, retain: bool = False,
     return Request(PUBLISH, token, topic, payload, qos, retain, properties)
 
 
+def as_request(item) -> Request:
+    """A Request as it is, or a publish from a (topic, payload[, qos[, retain]]) tuple."""
+    if isinstance(item, Request):
+        return item
+    if isinstance(item, tuple):
+        return make_publish(*item)
+    raise ClientError(f"a request must be a Request or a (topic, payload[, qos[, retain]]) "
+                      f"tuple, not {type(item).__name__}")
+
+
 def _check_filter(topic_filter) -> None:
     try:
         validate_topic_filter(topic_filter)

@@ -7,26 +7,11 @@ from __future__ import annotations
 import json
 import os
 
+from edgebroker.files import replace_file
+
 
 def write_state(path, doc: dict) -> None:
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.tmp"
-    data = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_file(os.fspath(path), json.dumps(doc, separators=(",", ":")).encode("utf-8"))
 
 
 def read_state(path) -> dict | None:

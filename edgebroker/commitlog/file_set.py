@@ -21,9 +21,10 @@ from collections.abc import Callable
 from edgebroker.commitlog import retention
 from edgebroker.commitlog.errors import LogError
 from edgebroker.commitlog.format import (
-    SEGMENT_HEADER_SIZE, SegmentInfo, UploadSource, write_small_file,
+    SEGMENT_HEADER_SIZE, SegmentInfo, UploadSource,
 )
 from edgebroker.commitlog.recovery import UPLOADED_FILE
+from edgebroker.files import write_small_file
 from edgebroker.commitlog.segment import Segment
 
 log = logging.getLogger("edgebroker.commitlog")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import struct
 
 from edgebroker import _native
@@ -192,26 +191,3 @@ def check_segment_header(data: bytes, path: str, base_offset: int) -> tuple[str 
         raise LogFormatError(f"{path}: the header says base offset {base}, the file name "
                              f"{base_offset}; was the file renamed?")
     return None, version
-
-
-def write_small_file(path: str, data: bytes, dir_fd: int | None = None) -> None:
-    """Replace ``path`` atomically: write a temporary file, fsync it, rename it, fsync the dir."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    except OSError:
-        try:
-            os.unlink(tmp)  # (its blocks: a full disk needs them back)
-        except OSError:
-            pass
-        raise
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    if dir_fd is not None:
-        os.fsync(dir_fd)

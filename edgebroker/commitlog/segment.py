@@ -23,6 +23,7 @@ import os
 
 from edgebroker import _native
 from edgebroker.commitlog.errors import LogWriteError
+from edgebroker.files import write_small_file
 from edgebroker.commitlog.format import (
     FORMAT_VERSION, INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, SEGMENT_SUFFIX, segment_name,
 )
@@ -222,7 +223,6 @@ class Segment:
 
     def write_index_file(self, entries, count: int, dir_fd: int | None) -> None:
         """Replace the index file with ``count`` entries (temporary file, fsync, rename)."""
-        from edgebroker.commitlog.format import write_small_file
         data = bytes(memoryview(entries)[:count * INDEX_ENTRY_SIZE])
         write_small_file(self.index_path, data, dir_fd)
         if self.index_fd >= 0:

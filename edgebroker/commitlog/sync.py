@@ -12,7 +12,7 @@ import logging
 import os
 
 from edgebroker.commitlog.errors import LogWriteError
-from edgebroker.commitlog.format import write_small_file
+from edgebroker.files import write_small_file
 
 log = logging.getLogger("edgebroker.commitlog")
 RECOVERY_POINT_FILE = "recovery-point"

@@ -27,6 +27,7 @@ import time
 
 from edgebroker.core import exchanges
 from edgebroker.errors import EdgebrokerError
+from edgebroker.files import replace_file
 from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.snapshot")
@@ -272,26 +273,6 @@ def read(state_dir: str) -> Snapshot | None:
     return decode(data, path)
 
 
-def write_atomically(state_dir: str, data: bytes) -> None:
-    """Temporary file, fsync, rename, fsync the directory."""
-    path = os.path.join(state_dir, FILENAME)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(state_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 class SnapshotWriter(threading.Thread):
     """Encodes and writes the newest submitted snapshot (older unwritten ones are skipped),
     then deletes the QoS 2 exchange journal files it made obsolete."""
@@ -343,7 +324,7 @@ class SnapshotWriter(threading.Thread):
 
     def _write(self, snapshot: Snapshot) -> None:
         try:
-            write_atomically(self.state_dir, encode(snapshot))
+            replace_file(os.path.join(self.state_dir, FILENAME), encode(snapshot))
         except OSError as exc:
             self.failures += 1
             if not self._failing:

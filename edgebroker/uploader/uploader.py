@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from edgebroker.commitlog.format import write_small_file
+from edgebroker.files import write_small_file
 from edgebroker.upload_config import check_upload_url
 from edgebroker.errors import ConfigError
 from edgebroker.uploader import cutter

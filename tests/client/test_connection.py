@@ -593,3 +593,25 @@ def test_the_sans_io_modules_import_no_io():
             elif isinstance(node, ast.ImportFrom) and node.module:
                 imported.add(node.module.split(".")[0])
         assert not imported & banned, f"{name} imports {imported & banned}"
+
+
+def test_disconnect_and_loss_before_connack():
+    c = Connection("c", 5)
+    c.connect(0.0)
+    c.disconnect(0x04)
+    assert [(p.type, getattr(p, "reason", None)) for p in sent(c)] == [
+        (m.CONNECT, None), (m.DISCONNECT, 0x04)]
+    assert c.state == "closed"
+    c = Connection("c", 4)
+    c.connect(0.0)
+    c.publish("t", b"q", qos=1)
+    c.connection_lost()
+    assert (c.state, c.queued, c.data_to_send()) == ("disconnected", 1, b"")
+
+
+def test_incoming_qos2_beyond_our_receive_maximum_5():
+    c = connected(5, properties={m5.RECEIVE_MAXIMUM: 2})
+    c.receive_data(m5.publish5("a", b"", qos=2, packet_id=1)
+                   + m5.publish5("a", b"", qos=2, packet_id=2), 1.0)
+    events = c.receive_data(m5.publish5("a", b"", qos=2, packet_id=3), 1.0)
+    assert [(type(e), e.reason_code) for e in events] == [(Disconnected, 0x93)]

@@ -6,6 +6,7 @@ itself is measured by `make dist-measure`). Seen in the process's memory map, wh
 extension module loaded is a file, and in the modules it imported over its life."""
 
 import os
+import signal
 import site
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ NEVER_PLAIN = {
     "psutil",                                      # /proc on Linux
     "edgebroker.cli.inspect", "edgebroker.cli.inspect_live", "edgebroker.cli.upload",
     "edgebroker.cli.passwd", "edgebroker.cli.config_check", "getpass",
-    "typing", "tomllib",                           # no config file: no TOML parser
+    "typing", "tomllib", "datetime",               # the TOML parser, unloaded once read
     "tempfile", "shutil", "random", "bz2", "lzma", "uuid", "platform", "ipaddress", "base64",
     "difflib",                                     # a config key's "did you mean"
     "edgebroker.security.scram", "secrets",        # SCRAM exchanges, password files
@@ -81,14 +82,34 @@ def test_plain_broker_imports_only_what_it_uses(broker, monkeypatch, tmp_path):
     assert among(loaded, NEVER_PLAIN) == []
 
 
+def test_a_config_file_leaves_no_toml_parser_behind(broker, monkeypatch, tmp_path):
+    """The TOML parser and what only it imports (typing, datetime) are unloaded once the file
+    is read (config._read_toml), and also after a reload (SIGHUP) reads it again."""
+    monkeypatch.setenv("EDGEBROKER_TEST_BROKER",
+                       f"{sys.executable} -S {MODULES_AT_EXIT} {tmp_path / 'modules'}")
+    monkeypatch.setenv("EDGEBROKER_TEST_SITE", os.pathsep.join(site.getsitepackages()))
+    b = broker()
+    assert b.config_path is not None
+    mark = b.mark()
+    b.proc.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", timeout=10, start=mark), b.log_text()
+    c = b.client("")
+    c.publish("lazy/t", b"x", qos=1)
+    c.disconnect()
+    assert b.stop() == 0
+    loaded = set((tmp_path / "modules").read_text().split())
+    assert "edgebroker.server.app" in loaded
+    assert among(loaded, NEVER_PLAIN) == []
+
+
 def test_what_is_configured_is_imported(broker, monkeypatch, tmp_path):
     """The other side: a WebSocket listener brings wsproto (and with it dataclasses), a password
-    file (and a login) hashlib and the password check workers, a config file the TOML parser."""
+    file (and a login) hashlib and the password check workers."""
     passwords = write_passwords(tmp_path / "passwd", {"alice": "secret"})
     loaded = modules_of_a_life(
         broker, monkeypatch, tmp_path / "modules", password_file=str(passwords),
         listener=[{"host": "127.0.0.1", "port": 0},
                   {"host": "127.0.0.1", "port": 0, "protocol": "websockets"}],
         client={"username": "alice", "password": "secret"})
-    assert {"wsproto", "dataclasses", "hashlib", "concurrent.futures", "tomllib"} <= loaded
+    assert {"wsproto", "dataclasses", "hashlib", "concurrent.futures"} <= loaded
     assert among(loaded, {"ssl", "psutil", "zstandard", "edgebroker.cli.inspect"}) == []

@@ -1,0 +1,152 @@
+"""`edgebroker pub`: publish messages and exit, as mosquitto_pub does (its options, its exit codes;
+docs/client-cli.md), on edgebroker.client. Usable against any MQTT broker.
+
+The message is ``-m TEXT``, ``-f FILE``, ``-n`` (empty), ``-s`` (all of stdin) or, with ``-l``,
+each line of stdin (blank lines are not sent, as mosquitto_pub); ``--repeat N`` sends it N
+times, ``--repeat-delay S`` apart. The command exits once every message is acknowledged
+(QoS 1/2) or written (QoS 0), and then sends DISCONNECT. The messages go through the event
+loop (client/loop.py), which takes them as the connection can; when the link is lost after
+the first connection, it connects again and sends what was not acknowledged (``-l`` keeps
+reading stdin across it: no QoS 1/2 line is lost). A message the broker refuses (a 5.0
+reason code of 0x80 or more) is reported and gives exit code 1.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import select
+import sys
+import time
+
+from edgebroker.cli.mqtt_options import Exit, Session, add_options, run_command, url_topic
+
+END_CHECK = 0.1     # seconds between looks at "every message sent and answered"
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("pub", add_help=False,
+                            help="publish MQTT messages to any broker (mosquitto_pub's options)")
+    add_options(p)
+    p.add_argument("-t", "--topic", help="the topic to publish to")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("-m", "--message", help="the message")
+    what.add_argument("-f", "--file", help="send the file's contents as one message")
+    what.add_argument("-n", "--null-message", action="store_true", help="an empty message")
+    what.add_argument("-s", "--stdin-file", action="store_true", help="stdin as one message")
+    what.add_argument("-l", "--stdin-line", action="store_true", help="each line of stdin "
+                                                                      "as a message")
+    p.add_argument("-r", "--retain", action="store_true")
+    p.add_argument("-M", "--max-inflight", type=int, default=20, metavar="N",
+                   help="QoS 1/2 messages in flight at once (default 20)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N", help="send N times")
+    p.add_argument("--repeat-delay", type=float, default=0.0, metavar="S",
+                   help="seconds between repeats")
+    p.set_defaults(run=lambda args: run_command(publish, args))
+
+
+def _messages(args):
+    """The payloads to send: read now (a file that cannot be read fails before connecting),
+    except ``-l``'s lines, read as they come."""
+    if args.stdin_line:
+        return _stdin_lines()
+    if args.message is not None:
+        payload = args.message.encode()
+    elif args.file:
+        try:
+            with open(args.file, "rb") as fh:
+                payload = fh.read()
+        except OSError as exc:
+            raise Exit(1, f"Error: cannot read {args.file}: {exc.strerror}") from None
+    elif args.stdin_file:
+        payload = sys.stdin.buffer.read()
+    elif args.null_message:
+        payload = b""
+    else:
+        raise Exit(2, "edgebroker pub: give a message: -m, -f, -n, -s or -l")
+    return itertools.repeat(payload, max(args.repeat, 1))
+
+
+def _stdin_lines():
+    """Lines of stdin without their end of line; None while none is ready (the event loop
+    then runs on, keepalive and acknowledgements included, and asks again 50 ms later)."""
+    fd = sys.stdin.fileno()
+    held = b""
+    while True:
+        if not select.select([fd], [], [], 0)[0]:
+            yield None
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            if held.rstrip(b"\r"):
+                yield held.rstrip(b"\r")
+            return
+        lines = (held + chunk).split(b"\n")
+        held = lines.pop()
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if line:
+                yield line
+
+
+class _Requests:
+    """The PUBLISH requests of the messages, for the event loop to take as the connection can
+    (back-pressure: at most max_queued wait); counts those not yet answered."""
+
+    def __init__(self, args, topic: str, messages, session):
+        self.args, self.topic, self.session = args, topic, session
+        self.messages = messages
+        self.open = 0           # taken by the loop, not answered yet
+        self.ended = False      # every message was taken
+
+    def __iter__(self):
+        from edgebroker.client.requests import ClientError, make_publish
+        args, topic, say = self.args, self.topic, self.session.say
+        delay = args.repeat_delay if args.repeat > 1 else 0.0
+        next_at = 0.0
+        for payload in self.messages:
+            while payload is not None and delay and time.monotonic() < next_at:
+                yield None      # --repeat-delay: nothing yet
+            if payload is None:
+                yield None
+                continue
+            try:
+                request = make_publish(topic, payload, args.qos, args.retain)
+            except ClientError as exc:
+                raise Exit(1, f"Error: {exc}") from None
+            self.open += 1
+            say(f"sending PUBLISH (q{args.qos}, r{int(args.retain)}, '{topic}', ... "
+                f"({len(payload)} bytes))")
+            yield request
+            next_at = time.monotonic() + delay
+        self.ended = True
+
+
+def publish(args) -> int:
+    topic = args.topic or url_topic(args)
+    if not topic:
+        raise Exit(2, "edgebroker pub: a topic is needed (-t, or the path of -L)")
+    messages = _messages(args)
+    session = Session(args, "pub")
+    requests = _Requests(args, topic, messages, session)
+    session.loop.set_source(requests)
+    from edgebroker.client.events import Acked
+    failed = 0
+    try:
+        while not (requests.ended and not requests.open):
+            # a short wait: the end of the messages is seen by the loop, without an event
+            event = session.next(END_CHECK)
+            if type(event) is not Acked:
+                continue
+            requests.open -= 1
+            code = event.reason_code
+            if code >= 0x80:
+                failed += 1
+                print(f"Warning: Publish to {topic} failed: reason code {code:#04x}",
+                      file=sys.stderr)
+            elif event.request.qos:
+                session.say(f"received {'PUBACK' if event.request.qos == 1 else 'PUBCOMP'}"
+                            f" (Mid: {event.request.packet_id}, RC:{code})")
+    finally:
+        session.close()
+    return 1 if failed else 0

@@ -1,0 +1,113 @@
+"""`edgebroker sub`: subscribe and print the messages, as mosquitto_sub does (its options, its
+exit codes; docs/client-cli.md), on edgebroker.client. Usable against any MQTT broker.
+
+Each message is printed as its payload (``-v``: the topic, a space, the payload), then a
+newline (``-N``: none), flushed at once. ``-C N`` exits after N messages, ``-W S`` after S
+seconds with code 27, ``-E`` once the subscriptions are acknowledged. ``-R`` skips retained
+messages, ``-T FILTER`` (repeatable) skips topics matching it, ``-U FILTER`` unsubscribes.
+Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub. A link lost after the first
+connection is connected again (mqtt_options.Session), and the filters are subscribed again
+when the broker did not keep the session.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from edgebroker.cli.mqtt_options import (TIMED_OUT, Exit, Session, add_options, run_command,
+                                         url_topic)
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("sub", add_help=False,
+                            help="subscribe and print MQTT messages from any broker "
+                                 "(mosquitto_sub's options)")
+    add_options(p)
+    p.add_argument("-t", "--topic", action="append", default=[],
+                   help="a filter to subscribe to (repeatable)")
+    p.add_argument("-T", "--filter-out", action="append", default=[], metavar="FILTER",
+                   help="do not print topics matching FILTER (repeatable)")
+    p.add_argument("-U", "--unsubscribe", action="append", default=[], metavar="FILTER",
+                   help="unsubscribe from FILTER first (repeatable)")
+    p.add_argument("-C", "--count", type=int, default=0, metavar="N",
+                   help="exit after N messages")
+    p.add_argument("-W", "--wait", type=float, default=0.0, metavar="S",
+                   help="exit (code 27) after S seconds")
+    p.add_argument("-E", "--exit-after-subscribe", action="store_true",
+                   help="exit once the subscriptions are acknowledged")
+    p.add_argument("-R", "--no-retained", action="store_true",
+                   help="do not print retained (stale) messages")
+    p.add_argument("--retained-only", action="store_true",
+                   help="print only retained messages; exit at the first other one")
+    p.add_argument("-N", "--no-newline", action="store_true",
+                   help="no newline after each payload")
+    p.add_argument("-v", "--verbose", action="store_true", help="print the topic too")
+    p.set_defaults(run=lambda args: run_command(subscribe, args))
+
+
+def subscribe(args) -> int:
+    from edgebroker.client.events import Connected, Message, Subscribed, Unsubscribed
+    from edgebroker.mqtt.topics import topic_matches
+    filters = list(args.topic) or [t for t in [url_topic(args)] if t]
+    if not filters and not args.unsubscribe:
+        raise Exit(2, "edgebroker sub: a topic is needed (-t, or the path of -L)")
+    session = Session(args, "sub")
+    conn = session.conn
+    end = time.monotonic() + args.wait if args.wait else None
+    out = sys.stdout.buffer
+    newline = b"" if args.no_newline else b"\n"
+    printed = 0
+    waiting = set()         # the SUBSCRIBE/UNSUBSCRIBE requests not answered yet
+
+    def subscribe_filters():
+        waiting.add(conn.subscribe([(f, args.qos) for f in filters]))
+        session.say(f"sending SUBSCRIBE ({', '.join(filters)}, QoS: {args.qos})")
+
+    # queued now, sent once the CONNACK came
+    if args.unsubscribe:
+        waiting.add(conn.unsubscribe(args.unsubscribe))
+    if filters:
+        subscribe_filters()
+    try:
+        while True:
+            left = None if end is None else end - time.monotonic()
+            event = session.next(left) if left is None or left > 0 else None
+            if event is None:
+                if not args.quiet:
+                    print("Timed out", file=sys.stderr)
+                return TIMED_OUT
+            kind = type(event)
+            if kind is Message:
+                if args.no_retained and event.retain:
+                    continue
+                if args.retained_only and not event.retain:
+                    return 0
+                if any(topic_matches(f, event.topic) for f in args.filter_out):
+                    continue
+                session.say(f"received PUBLISH (d{int(event.dup)}, q{event.qos}, "
+                            f"r{int(event.retain)}, '{event.topic}', ... "
+                            f"({len(event.payload)} bytes))")
+                head = event.topic.encode() + b" " if args.verbose else b""
+                out.write(head + event.payload + newline)
+                out.flush()
+                printed += 1
+                if args.count and printed >= args.count:
+                    return 0
+            elif kind is Connected:
+                # A new session (the broker forgot ours): subscribe again, as mosquitto_sub
+                # does; a SUBSCRIBE still unanswered is sent again by the connection itself.
+                if filters and not event.session_present and not waiting:
+                    subscribe_filters()
+            elif kind is Subscribed or kind is Unsubscribed:
+                waiting.discard(event.request)
+                if kind is Subscribed:
+                    session.say(f"received SUBACK: {event.granted}")
+                    if all(code >= 0x80 for code in event.granted):
+                        raise Exit(1, "All subscription requests were denied.")
+                if args.exit_after_subscribe and not waiting:
+                    return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        session.close()

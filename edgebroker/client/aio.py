@@ -1,0 +1,433 @@
+"""The asyncio adapter: the sans-I/O ``Connection`` (client/connection.py) driven by an asyncio
+event loop, over the same transports as the synchronous loop (TCP, TLS, WebSocket, Unix).
+
+    async with AsyncClient("mqtt://127.0.0.1:1883", "sensor-7") as client:
+        await client.subscribe([("cmd/#", 1)])
+        ack = await client.publish("temp", b"21.5", qos=1)    # returns once PUBACK came
+        handle = client.publish_nowait("temp", b"21.6", qos=1) # a future per request
+        async for event in client:                             # Message, Connected, ...
+            ...
+
+How it works: the transport is non-blocking; its socket is watched with ``add_reader`` and,
+only while bytes wait to go out, ``add_writer``. Every read is handed to the connection and
+the events it gives are dispatched at once: ``Acked``, ``Subscribed`` and ``Unsubscribed``
+complete the future of their request (the request's token *is* that future); everything
+else (``Message``, ``Connected``, ``ConnectFailed``, ``Disconnected``, ``PingTimeout``) goes
+to the client's own queue, which ``async for event in client`` reads. Bytes the connection
+has to send are written after each step, and the keepalive runs on one ``call_at`` timer at
+``next_deadline()``. The connection is made on the loop itself, without a thread
+(``Dialer.open_async``: ``sock_connect``, then the TLS handshake and the WebSocket upgrade as
+the synchronous Dialer does them, client/handshake.py); only a host name is resolved by
+asyncio's resolver, and a transport maker given as ``address`` (a plain callable, which may
+block) runs in the loop's default executor.
+
+Back-pressure, both ways: ``publish`` waits while the connection holds ``max_queued``
+requests (``publish_nowait`` raises QueueFull instead); the socket is no longer read while
+``max_messages`` messages wait in the queue unread, so a slow consumer slows the server (TCP)
+instead of growing memory.
+
+Reconnection (``reconnect``): ``"never"``, ``"after_first_success"`` (the default) or
+``"always"`` (also while the first connection fails), with full-jitter back-off from
+``backoff[0]`` doubling up to ``backoff[1]`` seconds: client/backoff.py's, as the synchronous
+loop's.
+In-flight and queued requests carry over: their futures complete on a later connection. When
+the client gives up, or on ``close()``, the futures still open fail with ``ClientClosed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from edgebroker.client import backoff as B
+from edgebroker.client.address import Dialer
+from edgebroker.client.connection import Connection, QueueFull
+from edgebroker.client.events import (Acked, ConnectFailed, Connected, Disconnected, Message,
+                                      PingTimeout, Subscribed, Unsubscribed)
+from edgebroker.errors import EdgebrokerError
+
+READ_SIZE = 256 * 1024
+_ANSWERS = (Acked, Subscribed, Unsubscribed)
+
+
+class ConnectError(EdgebrokerError):
+    """The connection could not be made (refused by the server, or the network)."""
+
+    def __init__(self, message: str, reason_code: int | None = None):
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+class ClientClosed(EdgebrokerError):
+    """The client was closed, or gave up reconnecting, before the request was answered."""
+
+
+class AsyncClient:
+    """One MQTT client on an asyncio loop (module docstring)."""
+
+    def __init__(self, address, client_id: str = "", *, timeout: float = 10.0,
+                 reconnect: str = B.AFTER_FIRST_SUCCESS, backoff: tuple = (0.1, 30.0),
+                 max_messages: int = 1000, tls: dict | None = None, **connection):
+        """``address``: a URL (client/address.py), an ``Address``, or a callable making a
+        transport; ``tls``: Dialer's TLS options (cafile, certfile, keyfile, verify,
+        server_name); ``connection``: Connection's options (protocol, clean_start,
+        keepalive, username, password, will, properties, max_inflight, max_queued);
+        ``reconnect`` and ``backoff`` (base, cap): the policy and back-off of backoff.py,
+        the synchronous loop's."""
+        self.backoff = B.Backoff(reconnect, *backoff)     # ValueError for a wrong policy
+        self.dial = address if callable(address) else Dialer(address, timeout=timeout,
+                                                             **(tls or {}))
+        self.connection = Connection(client_id, **connection)
+        self.max_messages = max_messages
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._transport = None
+        self._out = bytearray()
+        self._writing = False
+        self._reading = False
+        self._timer = None
+        self._timer_at = None
+        self._events: collections.deque = collections.deque()
+        self._messages = 0               # Message events in _events
+        self._wake = asyncio.Event()     # something for the iterator, or the end
+        self._space = asyncio.Event()    # the connection can take a request again
+        self._drained = asyncio.Event()  # nothing left to write
+        self._first: asyncio.Future | None = None   # the first connect's outcome
+        self._closed = False
+        self._dialing: asyncio.Task | None = None
+        self._open: set = set()          # the futures of requests not answered yet
+        self._flush_soon = False         # a _flush is scheduled (call_soon)
+
+    # -- the connection -------------------------------------------------------------------------
+
+    async def connect(self) -> Connected:
+        """Connect (and keep reconnecting per the policy); the server's Connected event.
+        ConnectError when the first connection fails and the policy gives up."""
+        self._loop = asyncio.get_running_loop()
+        self._first = self._loop.create_future()
+        self._dialing = self._loop.create_task(self._dial_until_up())
+        return await self._first
+
+    async def _dial_until_up(self) -> None:
+        """Make transports until one is up (or the policy gives up)."""
+        loop = self._loop
+        while not self._closed:
+            try:
+                if isinstance(self.dial, Dialer):
+                    transport = await self.dial.open_async()
+                else:                   # the caller's own (blocking) transport maker
+                    transport = await loop.run_in_executor(None, self.dial)
+            except OSError as exc:
+                if not await self._retry(ConnectError(str(exc))):
+                    return
+                continue
+            if self._closed:
+                transport.close()
+                return
+            self._attach(transport)
+            return
+
+    async def _retry(self, error: ConnectError) -> bool:
+        """After a failed attempt: wait the back-off and say to go on, or give up (False)."""
+        if self.backoff.again():
+            await asyncio.sleep(self.backoff.delay())
+            return not self._closed
+        self._give_up(error)
+        return False
+
+    def _attach(self, transport) -> None:
+        self._transport = transport
+        self._out = bytearray()
+        self._drained.set()
+        self.connection.connect(self._loop.time())
+        self._resume_reading()
+        self._flush()
+
+    def _resume_reading(self) -> None:
+        if not self._reading and self._transport is not None:
+            self._loop.add_reader(self._transport.fileno(), self._readable)
+            self._reading = True
+
+    def _pause_reading(self) -> None:
+        if self._reading:
+            self._loop.remove_reader(self._transport.fileno())
+            self._reading = False
+
+    def _detach(self) -> None:
+        """Let go of the transport (closed or broken); the connection keeps its requests."""
+        t = self._transport
+        if t is None:
+            return
+        self._pause_reading()
+        if self._writing:
+            self._loop.remove_writer(t.fileno())
+            self._writing = False
+        t.close()
+        self._transport = None
+        self._out = bytearray()
+        self._drained.set()
+        self.connection.connection_lost()
+
+    def _lost(self, reason: str, event=None) -> None:
+        """The link ended (EOF, error, server DISCONNECT, ping timeout): reconnect or stop."""
+        self._detach()
+        if not self._closed:
+            self._post(event or Disconnected(None, reason))
+        if not self._closed and (self._dialing is None or self._dialing.done()):
+            self._dialing = self._loop.create_task(self._reconnect(reason))
+
+    async def _reconnect(self, reason: str) -> None:
+        if await self._retry(ConnectError(f"connection lost: {reason}")):
+            await self._dial_until_up()
+
+    def _give_up(self, error: Exception) -> None:
+        if self._first is not None and not self._first.done():
+            self._first.set_exception(error)
+        self._finish(error)
+
+    def _finish(self, error: Exception) -> None:
+        """No more connections: open requests fail, the iterator ends."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._detach()
+        for fut in self._open:
+            if not fut.done():
+                fut.set_exception(ClientClosed(f"request not answered: {error}"))
+        self._open.clear()
+        self._space.set()
+        self._wake.set()
+
+    # -- reading and writing ----------------------------------------------------------------------
+
+    def _readable(self) -> None:
+        t = self._transport
+        conn = self.connection
+        now = self._loop.time()
+        while True:
+            try:
+                data = t.recv(READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                self._lost(f"read failed: {exc}")
+                return
+            if not data:
+                self._lost("closed by the server")
+                return
+            self._dispatch(conn.receive_data(data, now))
+            if self._transport is not t or not self._reading or not t.pending():
+                break
+        self._flush()
+
+    def _flush(self) -> None:
+        t = self._transport
+        if t is None:
+            return
+        conn = self.connection
+        data = conn.data_to_send(self._loop.time())
+        if data:
+            self._out += data
+            self._drained.clear()
+        if self._out and not self._writing:
+            self._write()
+        events = conn.acked_qos0()
+        if events:
+            self._dispatch(events)
+        if conn.state == "closed" and not self._out:
+            self._detach()
+        self._schedule()
+
+    def _write(self) -> None:
+        t = self._transport
+        out = self._out
+        try:
+            while out:
+                del out[:t.send(out)]
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            self._lost(f"write failed: {exc}")
+            return
+        if out and not self._writing:
+            self._loop.add_writer(t.fileno(), self._writable)
+            self._writing = True
+        elif not out:
+            if self._writing:
+                self._loop.remove_writer(t.fileno())
+                self._writing = False
+            self._drained.set()
+
+    def _writable(self) -> None:
+        self._write()
+        if self._transport is not None and self.connection.state == "closed" and not self._out:
+            self._detach()
+
+    def _schedule(self) -> None:
+        """The keepalive timer at the connection's next deadline (kept when not later)."""
+        deadline = self.connection.next_deadline()
+        if deadline is None or self._timer_at is not None and self._timer_at <= deadline:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = self._timer_at = None
+        self._dispatch(self.connection.tick(self._loop.time()))
+        self._flush()
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def _dispatch(self, events: list) -> None:
+        for event in events:
+            if isinstance(event, _ANSWERS):
+                fut = event.request.token
+                if fut in self._open:
+                    self._open.discard(fut)
+                    if not fut.done():
+                        fut.set_result(event)
+                self._space.set()
+                continue
+            self._post(event)
+            if isinstance(event, Connected):
+                self.backoff.succeeded()
+                if not self._first.done():
+                    self._first.set_result(event)
+                self._space.set()
+            elif isinstance(event, ConnectFailed):
+                self._detach()
+                error = ConnectError(f"connection refused: {event.reason}", event.reason_code)
+                self._dialing = self._loop.create_task(self._after_refusal(error))
+            elif isinstance(event, (Disconnected, PingTimeout)):
+                why = "no PINGRESP in time" if isinstance(event, PingTimeout) else event.reason
+                self._detach()
+                if not self._closed:
+                    self._dialing = self._loop.create_task(self._reconnect(why))
+
+    async def _after_refusal(self, error: ConnectError) -> None:
+        if await self._retry(error):
+            await self._dial_until_up()
+
+    def _post(self, event) -> None:
+        self._events.append(event)
+        if type(event) is Message:
+            self._messages += 1
+            if self._messages >= self.max_messages:
+                self._pause_reading()
+        self._wake.set()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        while not self._events:
+            if self._closed:
+                raise StopAsyncIteration
+            self._wake.clear()
+            await self._wake.wait()
+        event = self._events.popleft()
+        if type(event) is Message:
+            self._messages -= 1
+            if not self._reading and self._messages <= self.max_messages // 2:
+                self._resume_reading()
+                self._loop.call_soon(self._readable_if_attached)
+        return event
+
+    def _readable_if_attached(self) -> None:
+        if self._transport is not None and self._reading and self._transport.pending():
+            self._readable()
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def publish_nowait(self, topic: str, payload=b"", qos: int = 0, retain: bool = False,
+                       properties: dict | None = None) -> asyncio.Future:
+        """Queue a PUBLISH; the future of its Acked event. QueueFull when ``max_queued``
+        requests wait (``publish`` waits instead)."""
+        self._check_open()
+        fut = self._loop.create_future()
+        self.connection.publish(topic, payload, qos, retain, properties, token=fut)
+        self._open.add(fut)
+        if not self._flush_soon:        # one write for the publishes of this loop pass
+            self._flush_soon = True
+            self._loop.call_soon(self._deferred_flush)
+        return fut
+
+    def _deferred_flush(self) -> None:
+        self._flush_soon = False
+        self._flush()
+
+    async def publish(self, topic: str, payload=b"", qos: int = 0, retain: bool = False,
+                      properties: dict | None = None) -> Acked:
+        """PUBLISH and wait for its acknowledgement (QoS 0: until its bytes are handed to the
+        transport); the Acked event (``reason_code`` >= 0x80: refused)."""
+        await self._wait_space()
+        return await self.publish_nowait(topic, payload, qos, retain, properties)
+
+    async def subscribe(self, filters, properties: dict | None = None) -> Subscribed:
+        """SUBSCRIBE ``[(filter, qos), ...]`` (or one filter string, QoS 0); the SUBACK."""
+        if isinstance(filters, str):
+            filters = [(filters, 0)]
+        await self._wait_space()
+        fut = self._loop.create_future()
+        self.connection.subscribe(list(filters), properties, token=fut)
+        self._open.add(fut)
+        self._flush()
+        return await fut
+
+    async def unsubscribe(self, filters, properties: dict | None = None) -> Unsubscribed:
+        if isinstance(filters, str):
+            filters = [filters]
+        await self._wait_space()
+        fut = self._loop.create_future()
+        self.connection.unsubscribe(list(filters), properties, token=fut)
+        self._open.add(fut)
+        self._flush()
+        return await fut
+
+    async def _wait_space(self) -> None:
+        self._check_open()
+        while not self.connection.can_publish:
+            self._space.clear()
+            await self._space.wait()
+            self._check_open()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("the client is closed")
+        if self._loop is None:
+            raise ClientClosed("connect() first")
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    async def disconnect(self, reason_code: int = 0, timeout: float = 10.0) -> None:
+        """Send DISCONNECT once what is queued before it is written, then close. Requests
+        not acknowledged stay in ``connection`` (``connection.save()``)."""
+        if self._closed:
+            return
+        if self._transport is not None and self.connection.state == "connected":
+            self.connection.disconnect(reason_code)
+            self._flush()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the link at once; open futures fail with ClientClosed."""
+        if self._dialing is not None and not self._dialing.done():
+            self._dialing.cancel()
+        if not self._closed:
+            self._finish(ClientClosed("closed"))
+
+    async def __aenter__(self) -> "AsyncClient":
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.disconnect()
+
+
+__all__ = ["AsyncClient", "ClientClosed", "ConnectError", "QueueFull"]

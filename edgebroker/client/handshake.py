@@ -1,0 +1,107 @@
+"""Connection set-up written once for both event loops: the TLS handshake (client/tls.py) and the
+WebSocket upgrade (client/websocket.py) are generators over a non-blocking socket that yield
+``READ`` or ``WRITE`` when they must wait, and return the transport when done. ``drive`` runs
+one by blocking on the socket (the synchronous Dialer, client/address.py); ``drive_async``
+runs one on an asyncio loop (``add_reader``/``add_writer``: no thread), as the asyncio
+adapter's connect does. A wait past the deadline is thrown into the generator as a
+TimeoutError, so the step closes its socket and words its own error.
+
+``connect_async`` is the TCP (or Unix) connect on an asyncio loop (``sock_connect``): no thread
+for a numeric address or a Unix path; a host name is resolved by the loop's ``getaddrinfo``
+(a thread of the loop's default executor, as ``asyncio.open_connection`` resolves names).
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+
+READ = "read"
+WRITE = "write"
+
+
+def drive(steps, fd: int, timeout: float):
+    """Run the generator ``steps`` to its end within ``timeout`` seconds, blocking on ``fd``;
+    its return value."""
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    try:
+        want = next(steps)
+        while True:
+            poller.register(fd, select.POLLOUT if want == WRITE else select.POLLIN)
+            left = deadline - time.monotonic()
+            if left > 0 and poller.poll(left * 1000):
+                want = steps.send(None)
+            else:
+                want = steps.throw(TimeoutError("no answer in time"))
+    except StopIteration as done:
+        return done.value
+
+
+async def drive_async(steps, fd: int, timeout: float):
+    """``drive`` on the running asyncio loop, without blocking it."""
+    import asyncio
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        want = next(steps)
+        while True:
+            ready = loop.create_future()
+            watch, unwatch = ((loop.add_writer, loop.remove_writer) if want == WRITE
+                              else (loop.add_reader, loop.remove_reader))
+            watch(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                want = steps.throw(TimeoutError("no answer in time"))
+                continue
+            finally:
+                unwatch(fd)
+            want = steps.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+async def connect_async(host: str, port: int, timeout: float,
+                        unix_path: str | None = None) -> tuple[socket.socket, str]:
+    """A non-blocking stream socket connected within ``timeout`` seconds, and its name; OSError
+    naming the address (as client/transport.py's ``connect_socket``) when it cannot be."""
+    import asyncio
+    loop = asyncio.get_running_loop()
+    where = f"unix:{unix_path}" if unix_path else f"{host}:{port}"
+    if unix_path:
+        targets = [(socket.AF_UNIX, unix_path)]
+    else:
+        try:
+            infos = await asyncio.wait_for(_resolve(loop, host, port), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"connect to {where}: name not resolved in {timeout:g} s") \
+                from None
+        except OSError as exc:
+            raise OSError(exc.errno, f"connect to {where}: {exc.strerror or exc}") from None
+        targets = [(family, address) for family, _, _, _, address in infos]
+    error: OSError = OSError(f"connect to {where}: no address")
+    for family, address in targets:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
+            return sock, where
+        except asyncio.TimeoutError:
+            sock.close()
+            error = TimeoutError(f"connect to {where}: no answer within {timeout:g} s")
+        except OSError as exc:
+            sock.close()
+            error = OSError(exc.errno, f"connect to {where}: {exc.strerror or exc}")
+    raise error
+
+
+async def _resolve(loop, host: str, port: int) -> list:
+    """getaddrinfo: at once for a numeric address; through the loop's resolver (a thread of
+    its default executor) for a name."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                  flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        return await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)

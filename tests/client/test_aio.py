@@ -1,0 +1,259 @@
+"""The asyncio adapter (client/aio.py) against the real broker: QoS 0/1/2 both ways with a
+future per request; every transport (mqtt://, ws://, mqtts://, unix), connected without a
+thread, and a silent server's handshake timing out without blocking the loop; the link cut by the
+broker's stop and restart with every QoS 1 message arriving; back-pressure (publish waits at
+max_queued; reading pauses at max_messages); a refusal; the reconnect policy "never"."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+import mqttraw as m
+from certs import make_pki
+from conftest import _start, _teardown
+
+from edgebroker.client.aio import AsyncClient, ClientClosed, ConnectError
+from edgebroker.client.events import Connected, Disconnected, Message
+
+TCP, WS, TLS = range(3)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def asrv(tmp_path_factory, pki):
+    d = tmp_path_factory.mktemp("aio")
+    b = _start(d, {"listener": [
+        {"host": "127.0.0.1", "port": 0},
+        {"host": "127.0.0.1", "port": 0, "protocol": "websockets"},
+        {"host": "127.0.0.1", "port": 0, "certfile": str(pki.server.cert),
+         "keyfile": str(pki.server.key)},
+        {"unix_socket": str(d / "mqtt.sock")},
+    ]})
+    yield b
+    _teardown([b])
+
+
+def run(coro, timeout=20):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def url(b, i, scheme="mqtt"):
+    return f"{scheme}://127.0.0.1:{b.listeners[i][1]}"
+
+
+async def next_message(client) -> Message:
+    async for event in client:
+        if isinstance(event, Message):
+            return event
+    raise AssertionError("the client ended without a message")
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_publish_and_receive_at_every_qos(asrv, uid, protocol):
+    raw = asrv.client(f"{uid}-raw")
+    raw.subscribe(f"{uid}/out/#", qos=2)
+
+    async def main():
+        async with AsyncClient(url(asrv, TCP), f"{uid}-a", protocol=protocol) as c:
+            sub = await c.subscribe([(f"{uid}/in/#", 2)])
+            assert sub.granted == [2]
+            for qos in (0, 1, 2):
+                ack = await c.publish(f"{uid}/out/{qos}", f"q{qos}".encode(), qos=qos)
+                assert ack.reason_code == 0 and ack.request.qos == qos
+            for qos in (0, 1, 2):
+                raw.publish(f"{uid}/in/{qos}", f"r{qos}".encode(), qos=qos)
+                got = await next_message(c)
+                assert (got.topic, got.payload, got.qos) == (f"{uid}/in/{qos}",
+                                                              f"r{qos}".encode(), qos)
+
+    run(main())
+    got = sorted((p.topic, p.payload) for p in (raw.recv_publish() for _ in range(3)))
+    assert got == [(f"{uid}/out/{q}", f"q{q}".encode()) for q in (0, 1, 2)]
+
+
+@pytest.mark.parametrize("where", ["ws", "mqtts", "unix"])
+def test_every_transport(asrv, pki, uid, where):
+    address = {"ws": url(asrv, WS, "ws"), "mqtts": url(asrv, TLS, "mqtts"),
+               "unix": f"unix:{asrv.unix_paths[0]}"}[where]
+
+    async def main():
+        threads = threading.active_count()
+        async with AsyncClient(address, f"{uid}-{where}",
+                               tls={"cafile": str(pki.ca.cert)}) as c:
+            # connected (TCP, TLS handshake, WebSocket upgrade) on the loop: no thread
+            assert threading.active_count() == threads
+            await c.subscribe([(f"{uid}/t", 1)])
+            handles = [c.publish_nowait(f"{uid}/t", b"%d" % i, qos=1) for i in range(50)]
+            acks = await asyncio.gather(*handles)
+            assert [a.request.payload for a in acks] == [b"%d" % i for i in range(50)]
+            got = [(await next_message(c)).payload for _ in range(50)]
+            assert got == [b"%d" % i for i in range(50)]
+
+    run(main())
+
+
+@pytest.mark.parametrize("scheme, step", [("ws", "WebSocket upgrade on"),
+                                          ("mqtts", "TLS handshake with")])
+def test_a_silent_server_times_out_without_blocking_the_loop(scheme, step):
+    """A server that accepts and says nothing: the handshake fails at the timeout with the
+    step named, and the event loop ran other tasks meanwhile."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        async def main():
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            task = asyncio.ensure_future(ticker())
+            with pytest.raises(ConnectError, match=f"{step} 127.0.0.1:{port}.*no answer"):
+                await AsyncClient(f"{scheme}://127.0.0.1:{port}", reconnect="never",
+                                  timeout=0.3).connect()
+            task.cancel()
+            assert ticks >= 10
+
+        run(main())
+
+
+def test_refused_connection_raises_with_the_reason_code(broker, uid, tmp_path):
+    from secfiles import write_passwords
+    b = broker(password_file=str(write_passwords(tmp_path / "pw", {"alice": "secret"})))
+
+    async def main():
+        with pytest.raises(ConnectError) as info:
+            await AsyncClient(url(b, 0), f"{uid}-x", username="alice",
+                              password="wrong").connect()
+        assert info.value.reason_code == 4
+        async with AsyncClient(url(b, 0), f"{uid}-y", username="alice",
+                               password="secret") as c:
+            assert (await c.publish(f"{uid}/t", b"ok", qos=1)).reason_code == 0
+
+    run(main())
+
+
+def test_no_server_and_policy_never_fails_at_once(uid):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]           # bound, not listening: refused
+
+    async def main():
+        with pytest.raises(ConnectError, match=f"127.0.0.1:{port}"):
+            await AsyncClient(f"mqtt://127.0.0.1:{port}", uid, reconnect="never").connect()
+
+    run(main())
+
+
+def test_broker_restart_loses_no_qos1_message(broker, uid):
+    """Publishing goes on while the broker stops and starts again on the same port: every
+    QoS 1 publish is answered, and the subscriber (persistent session) gets them all."""
+    b = broker()
+    port = b.port
+    raw = b.client(f"{uid}-sub", clean=False)
+    raw.subscribe(f"{uid}/t", qos=1)
+    raw.close()
+    n = 200
+    restarted = []
+
+    async def watch(c, events):
+        async for event in c:
+            events.append(event)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        c = AsyncClient(f"mqtt://127.0.0.1:{port}", f"{uid}-pub", clean_start=False,
+                        backoff=(0.05, 0.5), keepalive=5)
+        await c.connect()
+        events = []
+        watcher = asyncio.ensure_future(watch(c, events))
+        handles = [c.publish_nowait(f"{uid}/t", b"%d" % i, qos=1) for i in range(n // 2)]
+        await asyncio.gather(*handles[:10])
+        await loop.run_in_executor(None, b.stop)
+        handles += [c.publish_nowait(f"{uid}/t", b"%d" % i, qos=1) for i in range(n // 2, n)]
+        # back on the same port and state directory
+        restarted.append(await loop.run_in_executor(None, lambda: broker(
+            listener=[{"host": "127.0.0.1", "port": port}], data_dir=b.config["data_dir"])))
+        acks = await asyncio.gather(*handles)
+        assert all(a.reason_code == 0 for a in acks)
+        await c.disconnect()
+        await watcher
+        return events
+
+    kinds = [type(e) for e in run(main(), 40)]
+    assert kinds[:2] == [Connected, Disconnected] and kinds.count(Connected) >= 2, kinds
+    sub = restarted[0].client(f"{uid}-sub", clean=False)
+    got = set()
+    while len(got) < n:
+        got.add(int(sub.recv_publish(timeout=10).payload))
+    assert got == set(range(n))
+
+
+def test_publish_waits_at_max_queued(asrv, uid):
+    async def main():
+        async with AsyncClient(url(asrv, TCP), f"{uid}-q", max_inflight=1,
+                               max_queued=5) as c:
+            tasks = [asyncio.ensure_future(c.publish(f"{uid}/t", b"x", qos=1))
+                     for _ in range(50)]
+            high = 0
+            while not all(t.done() for t in tasks):
+                high = max(high, c.connection.queued)
+                await asyncio.sleep(0)
+            assert high <= 5
+            assert all(t.result().reason_code == 0 for t in tasks)
+
+    run(main())
+
+
+def test_reading_pauses_while_messages_wait_unread(asrv, uid):
+    """With max_messages 10, the client stops reading once 10 wait unread (a read of 256 KiB
+    may bring up to 64 more of these 4 KiB messages); the rest wait in the broker, and all
+    come, in order, once the consumer reads."""
+    n, size = 300, 4096
+
+    async def main():
+        async with AsyncClient(url(asrv, TCP), f"{uid}-slow", max_messages=10) as c:
+            await c.subscribe([(f"{uid}/t", 1)])
+            pub = asrv.client(f"{uid}-p")
+            for i in range(n):
+                pub.send(m.publish(f"{uid}/t", b"%d " % i + bytes(size), qos=1,
+                                   packet_id=i % 65535 + 1))
+            deadline = asyncio.get_running_loop().time() + 10
+            while c._reading and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            assert not c._reading
+            assert 10 <= c._messages <= 10 + 65
+            got = [int((await next_message(c)).payload.split()[0]) for _ in range(n)]
+            assert got == list(range(n))
+
+    run(main())
+
+
+def test_close_fails_open_requests(asrv, uid):
+    async def main():
+        c = AsyncClient(url(asrv, TCP), f"{uid}-c")
+        await c.connect()
+        await c.subscribe([(f"{uid}/never", 1)])
+        c.connection.max_inflight = 1
+        fut = c.publish_nowait(f"{uid}/t", b"x", qos=1)
+        await c.close()
+        with pytest.raises(ClientClosed):
+            await fut
+        with pytest.raises(ClientClosed):
+            c.publish_nowait(f"{uid}/t", b"y")
+        assert [type(e) async for e in c] == [Connected]     # what came, then the end
+
+    run(main())

@@ -1,0 +1,157 @@
+"""`edgebroker pub` and `edgebroker sub` as processes, against edgebroker and a real Mosquitto:
+messages at QoS 0/1/2 (-m, -l, -f, -n, -r), -v/-N/-R/-C/-W/-E, refusals and their exit
+codes (mosquitto's), TLS (--cafile) and -L URLs (mqtt://, ws://, wss://), and mosquitto_sub /
+mosquitto_pub on the other end."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from certs import make_pki
+from conftest import REPO, Proc, _start, _teardown, broker_command
+from secfiles import write_passwords
+
+TCP, TLS, WS, WSS, AUTH = range(5)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def csrv(tmp_path_factory, pki):
+    d = tmp_path_factory.mktemp("cli")
+    tls = {"certfile": str(pki.server.cert), "keyfile": str(pki.server.key)}
+    pw = write_passwords(d / "pw", {"alice": "secret"})
+    anonymous = {"allow_anonymous": True, "password_file": ""}
+    b = _start(d, {"password_file": str(pw), "listener": [
+        {"host": "127.0.0.1", "port": 0, **anonymous},
+        {"host": "127.0.0.1", "port": 0, **tls, **anonymous},
+        {"host": "127.0.0.1", "port": 0, "protocol": "websockets", **anonymous},
+        {"host": "127.0.0.1", "port": 0, "protocol": "websockets", **tls, **anonymous},
+        {"host": "127.0.0.1", "port": 0},
+    ]})
+    yield b
+    _teardown([b])
+
+
+def port(b, i=TCP):
+    return b.listeners[i][1]
+
+
+def eb(*args, stdin: bytes | None = None, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([*broker_command(), *args], cwd=REPO, input=stdin,
+                          capture_output=True, timeout=timeout)
+
+
+def eb_sub(*args) -> Proc:
+    """A running `edgebroker sub` whose output lines are collected."""
+    return Proc(["stdbuf", "-oL", *broker_command(), "sub", *args])
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_pub_to_sub_on_edgebroker(csrv, uid, qos):
+    sub = eb_sub("-h", "127.0.0.1", "-p", str(port(csrv)), "-t", f"{uid}/#", "-q", str(qos),
+                 "-v", "-C", "3", "-i", f"{uid}-s", "-d")
+    sub.wait_line("received SUBACK")
+    r = eb("pub", "-h", "127.0.0.1", "-p", str(port(csrv)), "-t", f"{uid}/a", "-m", "one",
+           "-q", str(qos))
+    assert r.returncode == 0, r.stderr
+    r = eb("pub", "-p", str(port(csrv)), "-h", "127.0.0.1", "-t", f"{uid}/b", "-l",
+           "-q", str(qos), stdin=b"two\n\nthree\n")
+    assert r.returncode == 0, r.stderr
+    assert sub.wait() == 0
+    printed = [ln for ln in sub.lines if not ln.startswith("Client ")]
+    assert printed == [f"{uid}/a one", f"{uid}/b two", f"{uid}/b three"]
+
+
+def test_retained_file_and_null_message(csrv, uid, tmp_path):
+    body = bytes(range(256)) * 40
+    (tmp_path / "body").write_bytes(body)
+    r = eb("pub", "-h", "127.0.0.1", "-p", str(port(csrv)), "-t", f"{uid}/r", "-f",
+           str(tmp_path / "body"), "-r", "-q", "1")
+    assert r.returncode == 0, r.stderr
+    r = eb("sub", "-h", "127.0.0.1", "-p", str(port(csrv)), "-t", f"{uid}/r", "-C", "1",
+           "-N", "-W", "10")
+    assert (r.returncode, r.stdout) == (0, body)
+    # -R skips the retained message: nothing until -W
+    r = eb("sub", "-h", "127.0.0.1", "-p", str(port(csrv)), "-t", f"{uid}/r", "-R",
+           "-W", "0.5")
+    assert (r.returncode, r.stdout, r.stderr) == (27, b"", b"Timed out\n")
+    assert eb("pub", "-h", "127.0.0.1", "-p", str(port(csrv)), "-t", f"{uid}/r", "-n",
+              "-r").returncode == 0
+    r = eb("sub", "-h", "127.0.0.1", "-p", str(port(csrv)), "-t", f"{uid}/r", "-W", "0.5")
+    assert (r.returncode, r.stdout) == (27, b"")     # the retained message is cleared
+
+
+def test_refusals_exit_with_the_connack_code(csrv, uid):
+    args = ["-h", "127.0.0.1", "-p", str(port(csrv, AUTH)), "-t", f"{uid}/x", "-m", "m"]
+    r = eb("pub", *args, "-u", "alice", "-P", "wrong")
+    assert r.returncode == 4, r.stderr
+    assert b"Connection Refused: bad user name or password" in r.stderr
+    r = eb("pub", *args, "-V", "5")
+    assert r.returncode == 0x87 and b"Not authorized" in r.stderr
+    assert eb("pub", *args, "-u", "alice", "-P", "secret").returncode == 0
+    r = eb("pub", "-h", "127.0.0.1", "-p", "1", "-t", "x", "-m", "m")
+    assert r.returncode == 1 and b"Error: connect to 127.0.0.1:1: Connection refused" in r.stderr
+    r = eb("pub", "-h", "127.0.0.1", "-p", str(port(csrv)), "-t", "x/#", "-m", "m")
+    assert r.returncode == 1 and b"wildcard" in r.stderr
+    r = eb("sub", "-p", str(port(csrv)), "-c", "-t", "x")
+    assert r.returncode == 2 and b"-c needs a client id" in r.stderr
+
+
+@pytest.mark.parametrize("scheme, listener", [("mqtts", TLS), ("ws", WS), ("wss", WSS)])
+def test_url_schemes(csrv, pki, uid, scheme, listener):
+    topic = f"{uid}/{scheme}"
+    base = f"{scheme}://127.0.0.1:{port(csrv, listener)}"
+    url = f"{base}/{topic}" if scheme == "mqtts" else base
+    tls = ["--cafile", str(pki.ca.cert)] if scheme != "ws" else []
+    topic_args = [] if scheme == "mqtts" else ["-t", topic]
+    sub = eb_sub("-L", url, *topic_args, *tls, "-C", "1", "-d")
+    sub.wait_line("received SUBACK")
+    r = eb("pub", "-L", url, *topic_args, *tls, "-m", scheme, "-q", "1")
+    assert r.returncode == 0, r.stderr
+    assert sub.wait() == 0
+    assert [ln for ln in sub.lines if not ln.startswith("Client ")] == [scheme]
+
+
+def test_tls_port_with_cafile_and_the_wrong_ca(csrv, pki, uid):
+    args = ["-h", "127.0.0.1", "-p", str(port(csrv, TLS)), "-t", f"{uid}/t", "-m", "x"]
+    assert eb("pub", *args, "--cafile", str(pki.ca.cert)).returncode == 0
+    r = eb("pub", *args, "--cafile", str(pki.other_ca.cert))
+    assert r.returncode == 1 and b"CERTIFICATE_VERIFY_FAILED" in r.stderr
+    assert eb("pub", *args, "--insecure").returncode == 0
+
+
+def test_against_mosquitto_with_its_own_tools(mosquitto_broker, mosq, uid):
+    """edgebroker pub/sub against Mosquitto, with mosquitto_sub/mosquitto_pub on the other
+    end, at QoS 1 and 2, 3.1.1 and 5.0."""
+    mb = mosquitto_broker(persistence=False)
+    msub = mosq("sub", mb.port, "-t", f"{uid}/#", "-v", "-q", "2", "-C", "2", "-d")
+    msub.wait_line("SUBACK")
+    for v, qos in (("311", "1"), ("5", "2")):
+        r = eb("pub", "-h", "127.0.0.1", "-p", str(mb.port), "-t", f"{uid}/{v}", "-m", v,
+               "-q", qos, "-V", v)
+        assert r.returncode == 0, r.stderr
+    assert msub.wait() == 0
+    assert [ln for ln in msub.lines if ln.startswith(uid)] == [f"{uid}/311 311", f"{uid}/5 5"]
+    sub = eb_sub("-h", "127.0.0.1", "-p", str(mb.port), "-t", f"{uid}/m", "-q", "2",
+                 "-V", "5", "-C", "2", "-d")
+    sub.wait_line("received SUBACK")
+    mosq("pub", mb.port, "-t", f"{uid}/m", "-m", "from-mosquitto", "-q", "2").wait()
+    mosq("pub", mb.port, "-t", f"{uid}/m", "-m", "again", "-q", "1", "-V", "5").wait()
+    assert sub.wait() == 0
+    assert [ln for ln in sub.lines if not ln.startswith("Client ")] == ["from-mosquitto",
+                                                                         "again"]
+    r = eb("sub", "-h", "127.0.0.1", "-p", str(mb.port), "-t", f"{uid}/none", "-W", "0.3")
+    assert r.returncode == 27
+
+
+def test_mosquitto_refusal_codes(mosquitto_broker, uid, tmp_path):
+    mb = mosquitto_broker(persistence=False, extra=["allow_anonymous false"])
+    for v, code in (("311", 5), ("5", 135)):
+        r = eb("pub", "-h", "127.0.0.1", "-p", str(mb.port), "-t", "x", "-m", "y", "-V", v)
+        assert r.returncode == code, r.stderr

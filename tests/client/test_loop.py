@@ -1,0 +1,251 @@
+"""The client's synchronous event loop against real brokers: edgebroker (the ``broker``
+fixture) and Mosquitto (``mosquitto_broker``). QoS 0/1/2 both ways in 3.1.1 and 5.0, the
+link cut and restored, the state file and the spool across a process restart, keepalive on a
+silently dropped link, no thread started, the producer's back-pressure bound, commands."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from edgebroker.client.events import (
+    Acked, ConnectFailed, Connected, Disconnected, Message, PingTimeout,
+)
+from edgebroker.client.loop import EventLoop
+from edgebroker.client.requests import make_publish, make_subscribe
+from edgebroker.client.statefile import read_state
+
+from relay import Relay
+
+FAST = {"backoff_base": 0.05, "backoff_cap": 0.3}
+
+
+def loop_for(remote, client_id: str, **kw) -> EventLoop:
+    lp = EventLoop(remote.host, remote.port, client_id=client_id, **kw)
+    return lp
+
+
+def wait_event(lp: EventLoop, pred, timeout: float = 10.0, sink: list | None = None):
+    """The first event of ``lp`` for which ``pred`` holds (the others go to ``sink``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no such event within {timeout} s; others: {sink}"
+        event = lp.poll(left)
+        if event is not None and pred(event):
+            return event
+        if sink is not None and event is not None:
+            sink.append(event)
+
+
+def drive(loops: dict, until, timeout: float = 30.0, step=None) -> None:
+    """Poll each loop in turn (events into its list) until ``until()``."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, f"not done within {timeout} s: " + "; ".join(
+            f"{lp.conn.client_id} {lp.conn.state} inflight {lp.conn.inflight} queued "
+            f"{lp.conn.queued}, last events {sink[-3:]}" for lp, sink in loops.items())
+        for lp, sink in loops.items():
+            while not until() and (event := lp.poll(0.01)) is not None:
+                sink.append(event)
+        if step is not None:
+            step()
+
+
+def messages(lp: EventLoop, n: int, timeout: float = 20.0, others: list | None = None) -> list:
+    """The next ``n`` messages of ``lp`` (other events go to ``others``)."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{len(got)} of {n} messages within {timeout} s"
+        event = lp.poll(left)
+        if type(event) is Message:
+            got.append(event)
+        elif event is not None and others is not None:
+            others.append(event)
+    return got
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_qos_0_1_2_both_ways(remote, protocol, uid):
+    sub = loop_for(remote, f"{uid}s", protocol=protocol)
+    res = sub.run([make_subscribe([(f"{uid}/#", 2)])], timeout=10)
+    assert res.complete and res.done[0].granted == [2], res.events
+    pub = loop_for(remote, f"{uid}p", protocol=protocol)
+    props = {0x26: [("k", "v")]} if protocol == 5 else None
+    batch = [make_publish(f"{uid}/q{q}", b"%d:%d" % (q, i), q, properties=props, token=(q, i))
+             for q in (0, 1, 2) for i in range(100)]
+    res = pub.run(batch, timeout=20)
+    assert res.complete, res
+    assert [e.request.token for e in res.done] == [r.token for r in batch]
+    assert all(type(e) is Acked and e.reason_code == 0 for e in res.done)
+    received = messages(sub, 300)
+    for q in (0, 1, 2):
+        mine = [e for e in received if e.topic == f"{uid}/q{q}"]
+        assert [e.payload for e in mine] == [b"%d:%d" % (q, i) for i in range(100)]
+        assert {e.qos for e in mine} == {q}
+    if protocol == 5:
+        assert received[0].properties[0x26] == [("k", "v")]
+    # Every QoS 2 exchange toward the subscriber ends (PUBREL, PUBCOMP).
+    drive({sub: []}, lambda: not sub.conn.save()["incoming_qos2"], 10)
+    pub.close()
+    sub.close()
+
+
+def test_link_cut_and_restored_nothing_lost(remote, uid):
+    """The broker stops mid-stream and comes back on the same port: every QoS 1/2 message
+    the publisher's generator gave arrives at the persistent subscriber."""
+    n = 300
+    sub = loop_for(remote, f"{uid}s", clean_start=False, reconnect="always", **FAST)
+    assert sub.run([make_subscribe([(f"{uid}/t", 1)])], timeout=10).complete
+    pub = loop_for(remote, f"{uid}p", clean_start=False, reconnect="always", max_inflight=20,
+                   max_queued=50, **FAST)
+    pub.set_source(make_publish(f"{uid}/t", b"%d" % i, 1 + i % 2) for i in range(n))
+    pub.throttle(300)      # so that the broker stops mid-stream
+    pub_events: list = []
+    sub_events: list = []
+    loops = {pub: pub_events, sub: sub_events}
+
+    def acked():
+        return sum(type(e) is Acked for e in pub_events)
+
+    drive(loops, lambda: acked() >= 60)
+    remote.stop()
+    drive(loops, lambda: any(type(e) in (Disconnected, ConnectFailed) for e in pub_events)
+          and any(type(e) in (Disconnected, ConnectFailed) for e in sub_events))
+    # While the link is down the producer fills the queue, and no further.
+    drive(loops, lambda: pub.conn.queued == 50)
+    remote.start()
+    pub.throttle(None)
+    drive(loops, lambda: len({e.payload for e in sub_events if type(e) is Message}) == n, 60)
+    assert {e.payload for e in sub_events if type(e) is Message} == {b"%d" % i
+                                                                    for i in range(n)}
+    drive(loops, lambda: acked() == n)
+    assert [type(e) for e in pub_events if type(e) is Connected][-1] is Connected
+    pub.close()
+    sub.close()
+
+
+def test_keepalive_detects_a_silently_dropped_link(broker, uid):
+    b = broker()
+    relay = Relay(b.host, b.port)
+    try:
+        lp = EventLoop("127.0.0.1", relay.port, client_id=f"{uid}k", keepalive=1,
+                       reconnect="always", **FAST)
+        wait_event(lp, lambda e: type(e) is Connected)
+        relay.freeze()            # nothing passes any more; nothing is closed either
+        others: list = []
+        # Messages keep being sent (so the outgoing side is never idle): PINGREQ anyway.
+        lp.set_source(make_publish(f"{uid}/x", b"p") for _ in range(10))
+        wait_event(lp, lambda e: type(e) is PingTimeout, 10, others)
+        wait_event(lp, lambda e: type(e) is Connected, 10, others)
+        assert relay.accepted == 2
+        res = lp.run([make_publish(f"{uid}/x", b"after", 1)], timeout=10)
+        assert res.complete and res.done[0].reason_code == 0
+        lp.close()
+    finally:
+        relay.close()
+
+
+def test_back_pressure_bound_on_a_generator(broker, uid):
+    b = broker()
+    relay = Relay(b.host, b.port)
+    taken = [0]
+
+    def producer():
+        for i in range(1000):
+            taken[0] += 1
+            yield make_publish(f"{uid}/bp", b"%d" % i, 1)
+
+    try:
+        lp = EventLoop("127.0.0.1", relay.port, client_id=f"{uid}b", max_inflight=5,
+                       max_queued=10)
+        wait_event(lp, lambda e: type(e) is Connected)
+        relay.freeze()
+        lp.set_source(producer())
+        for _ in range(5):
+            assert lp.poll(0.1) is None          # no acknowledgement can come back
+        assert taken[0] == 15 and lp.conn.inflight == 5 and lp.conn.queued == 10
+        relay.thaw()
+        acked = 0
+        while acked < 1000:
+            event = lp.poll(10)
+            assert event is not None, f"stuck at {acked} acknowledged"
+            acked += type(event) is Acked
+            assert taken[0] - acked <= 15
+        lp.close()
+    finally:
+        relay.close()
+
+
+def test_the_sync_loop_starts_no_thread(broker, uid, monkeypatch, tmp_path):
+    b = broker()
+    before = threading.enumerate()
+
+    def refuse(self, *a, **kw):
+        raise AssertionError(f"the event loop started a thread: {self!r}")
+
+    started = []
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    threading.settrace(lambda *a: started.append(threading.current_thread()))
+    try:
+        lp = EventLoop(b.host, b.port, client_id=f"{uid}n", state_file=tmp_path / "st.json")
+        assert lp.run([make_subscribe([(f"{uid}/#", 2)])], timeout=10).complete
+        res = lp.run([make_publish(f"{uid}/a", b"%d" % q, q) for q in (0, 1, 2)], timeout=10)
+        assert res.complete
+        got = [e for e in res.events if type(e) is Message]     # run() hands them back
+        got += messages(lp, 3 - len(got))
+        assert sorted(e.payload for e in got) == [b"0", b"1", b"2"]
+        lp.pause()
+        lp.resume()
+        lp.throttle(1000.0)
+        state = lp.shutdown()
+        assert state["client_id"] == f"{uid}n"
+        lp.close()
+    finally:
+        threading.settrace(None)
+    assert threading.enumerate() == before
+    assert started == []          # settrace hooks run in threads started after it was set
+
+
+def test_pause_resume_disconnect_reconnect_shutdown(broker, uid, tmp_path):
+    b = broker()
+    sub = EventLoop(b.host, b.port, client_id=f"{uid}s")
+    assert sub.run([make_subscribe([(f"{uid}/#", 1)])], timeout=10).complete
+    pub = EventLoop(b.host, b.port, client_id=f"{uid}p")
+    sub.commands.pause()                      # the command object: as from elsewhere
+    assert pub.run([make_publish(f"{uid}/a", b"%d" % i, 1) for i in range(5)], 10).complete
+    assert sub.poll(0.3) is None              # paused: nothing is read
+    sub.resume()
+    assert [e.payload for e in messages(sub, 5)] == [b"%d" % i for i in range(5)]
+    sub.disconnect()
+    assert sub.poll(1) is None and sub.conn.state == "closed"   # the iteration ends
+    assert list(sub) == []
+    pub.run([make_publish(f"{uid}/a", b"while away", 1)], 10)
+    sub.reconnect()
+    wait_event(sub, lambda e: type(e) is Connected)
+    path = tmp_path / "sub.json"
+    pub.throttle(None)
+    state = sub.shutdown(path)
+    assert read_state(path) == state and state["client_id"] == f"{uid}s"
+    assert sub.poll(0.1) is None
+    pub.close()
+    sub.close()
+
+
+def test_policies_when_nothing_listens(uid):
+    from mosquitto import free_port
+    port = free_port()
+    lp = EventLoop("127.0.0.1", port, client_id=f"{uid}x", reconnect="after_first_success")
+    events = list(lp)
+    assert [type(e) for e in events] == [ConnectFailed]
+    assert f"127.0.0.1:{port}" in events[0].reason and events[0].reason_code is None
+    lp.close()
+    lp = EventLoop("127.0.0.1", port, client_id=f"{uid}y", reconnect="always", **FAST)
+    res = lp.run([make_publish(f"{uid}/t", b"kept", 1)], timeout=0.5)
+    assert [r.payload for r in res.pending] == [b"kept"] and lp.conn.queued == 1
+    assert len(res.events) >= 2 and all(type(e) is ConnectFailed for e in res.events)
+    lp.close()

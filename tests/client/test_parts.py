@@ -1,0 +1,119 @@
+"""The event loop's parts on their own: the spool's files, the back-off, the throttle, the
+state file's writing."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from edgebroker.client import spool as S
+from edgebroker.client.backoff import Backoff
+from edgebroker.client.commands import Throttle
+from edgebroker.client.requests import make_subscribe
+from edgebroker.client.spool import Spool
+from edgebroker.client.statefile import read_state, write_state
+
+
+def drain(spool) -> list:
+    out = []
+    while (req := next(spool)) is not None:
+        out.append(req)
+    return out
+
+
+def test_spool_gives_in_order_and_forgets_what_was_answered(tmp_path):
+    path = tmp_path / "spool"
+    with Spool(path) as sp:
+        for i in range(5):
+            sp.append("t", b"%d" % i, 1, token=f"k{i}")
+        sp.append(make_subscribe([("f/#", 1)]))
+        reqs = drain(sp)
+        assert [r.payload for r in reqs[:5]] == [b"0", b"1", b"2", b"3", b"4"]
+        assert reqs[5].kind == "subscribe" and reqs[0].token == "k0"
+        assert sp.unacked == 6
+        sp.acked(reqs[1])
+        sp.acked(reqs[3])
+        sp.acked(reqs[3])            # twice: no harm
+        assert sp.unacked == 4 and next(sp) is None
+    with Spool(path) as sp:          # another process: what was not answered, in order
+        again = drain(sp)
+        assert [r.payload for r in again] == [b"0", b"2", b"4", b""]
+        assert sp.unacked == 4
+
+
+def test_spool_cuts_a_record_a_crash_left_half_written(tmp_path):
+    path = tmp_path / "spool"
+    with Spool(path) as sp:
+        sp.append("t", b"whole", 1)
+        sp.append("t", b"cut", 1)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:
+        fh.truncate(size - 3)
+    with Spool(path) as sp:
+        assert [r.payload for r in drain(sp)] == [b"whole"]
+        sp.append("t", b"after", 1)
+    with Spool(path) as sp:
+        assert [r.payload for r in drain(sp)] == [b"whole", b"after"]
+    with open(path, "r+b") as fh:    # a flipped bit: the CRC ends the file there
+        fh.seek(10)
+        byte = fh.read(1)
+        fh.seek(10)
+        fh.write(bytes((byte[0] ^ 1,)))
+    with Spool(path) as sp:
+        assert drain(sp) == []
+
+
+def test_spool_compacts_and_keeps_numbers_rising(tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "COMPACT_AFTER", 4)
+    path = tmp_path / "spool"
+    with Spool(path) as sp:
+        for i in range(6):
+            sp.append("t", b"%d" % i, 1)
+        reqs = drain(sp)
+        before = os.path.getsize(path)
+        for r in reqs[:4]:
+            sp.acked(r)
+        assert os.path.getsize(path) < before                 # rewritten without them
+        assert os.path.getsize(f"{path}.acked") == 0
+        seq = sp.append("t", b"6", 1)
+        assert seq == 7
+        sp.acked(reqs[4])
+    with Spool(path) as sp:
+        assert [r.payload for r in drain(sp)] == [b"5", b"6"]
+        assert sp.append("t", b"7", 1) == 8
+
+
+def test_backoff_full_jitter_and_policies():
+    b = Backoff("after_first_success", base=0.5, cap=4.0, rng=lambda: 1.0)
+    assert not b.again()                       # never connected: give up
+    assert [b.delay() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    b.succeeded()
+    assert b.again() and b.delay() == 0.5
+    low = Backoff("always", rng=lambda: 0.0)
+    assert low.again() and low.delay() == 0.0
+    assert not Backoff("never").again()
+    with pytest.raises(ValueError, match="one of never"):
+        Backoff("sometimes")
+
+
+def test_throttle_token_bucket():
+    t = Throttle(10.0, now=0.0)
+    assert t.take(0.0) and not t.take(0.0)
+    assert t.ready_at() == pytest.approx(0.1)
+    assert not t.take(0.05) and t.take(0.1)
+    assert sum(t.take(5.0 + i * 1e-6) for i in range(20)) == 10     # a second's burst at most
+
+
+def test_state_file_written_whole(tmp_path):
+    path = tmp_path / "state.json"
+    assert read_state(path) is None
+    write_state(path, {"a": 1})
+    (tmp_path / "state.json.tmp").write_text("{half")    # a crash while writing the next
+    assert read_state(path) == {"a": 1}
+    write_state(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2} and not (tmp_path / "state.json.tmp").exists()
+    path.write_text("{nope")
+    with pytest.raises(ValueError, match="state.json: not JSON"):
+        read_state(path)
