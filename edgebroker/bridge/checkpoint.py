@@ -18,6 +18,8 @@ import logging
 import os
 import threading
 
+from edgebroker.files import replace_file
+
 log = logging.getLogger("edgebroker.bridge")
 
 VERSION = 1
@@ -47,22 +49,11 @@ def load(path: str) -> tuple[int, int] | None:
 
 
 def write(path: str, name: str, cursor: int, sent: int) -> None:
-    """Write the checkpoint durably (temp file, fsync, rename, fsync of the folder)."""
+    """Write the checkpoint durably (edgebroker.files: temp file, fsync, rename, fsync of the
+    folder)."""
     data = json.dumps({"version": VERSION, "bridge": name, "cursor": cursor,
                        "sent": max(sent, cursor)}).encode() + b"\n"
-    temp = path + ".tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
-    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    replace_file(path, data)
 
 
 class CheckpointWriter:
