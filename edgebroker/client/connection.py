@@ -22,8 +22,8 @@ from edgebroker.errors import (
 from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
 from edgebroker.client.incoming import HANDLERS, on_ack
 from edgebroker.client.requests import (
-    PUBLISH, STAGE_PUBREL, SUBSCRIBE, ClientError, QueueFull, Request, make_publish,
-    make_subscribe, make_unsubscribe,
+    PUBLISH, STAGE_PUBLISH, STAGE_PUBREL, SUBSCRIBE, ClientError, QueueFull, Request,
+    make_publish, make_subscribe, make_unsubscribe,
 )
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
@@ -248,6 +248,7 @@ class Connection:
 
     def _send_publish(self, req: Request) -> bool:
         """Send a QoS 1/2 PUBLISH for the first time; False when no packet id is free."""
+        req.stage = STAGE_PUBLISH        # whatever a request given again said
         code = self._refused(req)
         if code:
             self._events.append(Acked(req, code))

@@ -31,6 +31,17 @@ from edgebroker.client.requests import Request, from_state, make_publish, to_sta
 COMPACT_AFTER = 1000
 _HEAD = struct.Struct(">II")
 _SEQ = struct.Struct(">Q")
+# What a request's state-file form says about one connection's exchange, not kept in the
+# spool: a request given again starts afresh (a new packet id, PUBLISH first).
+_PER_CONNECTION = ("packet_id", "stage")
+
+
+def _record(doc: dict, seq: int) -> dict:
+    """The body of ``doc``'s spool record (numbered ``seq``)."""
+    for key in _PER_CONNECTION:
+        doc.pop(key, None)
+    doc["seq"] = seq
+    return doc
 
 
 class Spool:
@@ -58,9 +69,7 @@ class Spool:
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
-            doc = to_state(req)
-            doc.pop("packet_id", None)
-            doc["seq"] = seq
+            doc = _record(to_state(req), seq)
             body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
             self._write(self._data_fd, _HEAD.pack(len(body), zlib.crc32(body)) + body)
             self._records_in_file += 1
@@ -158,13 +167,12 @@ class Spool:
 
     def _compact(self) -> None:
         keep = sorted([*((seq, doc) for seq, doc in self._waiting),
-                       *((seq, to_state(req) | {"seq": seq}) for seq, req in self._out.values())],
+                       *((seq, _record(to_state(req), seq)) for seq, req in self._out.values())],
                       key=lambda item: item[0])
         tmp = self.path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             for seq, doc in keep:
-                doc = {k: v for k, v in doc.items() if k != "packet_id"}
                 body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
                 self._write(fd, _HEAD.pack(len(body), zlib.crc32(body)) + body)
             os.fsync(fd)

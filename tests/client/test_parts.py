@@ -117,3 +117,51 @@ def test_state_file_written_whole(tmp_path):
     path.write_text("{nope")
     with pytest.raises(ValueError, match="state.json: not JSON"):
         read_state(path)
+
+
+def test_spool_keeps_no_qos2_stage_and_a_request_given_again_starts_with_publish(tmp_path,
+                                                                                monkeypatch):
+    """A QoS 2 request past PUBREC when the spool compacts is written without its stage (nor
+    packet id): given again after a restart, it is sent as a PUBLISH, and again as a PUBLISH
+    (DUP) when the link drops before PUBREC, never as a lone PUBREL."""
+    import mqttraw as m
+    from edgebroker.client.connection import Connection
+    from edgebroker.client.events import Acked
+    monkeypatch.setattr(S, "COMPACT_AFTER", 2)
+    path = tmp_path / "spool"
+    sp = Spool(path)
+    for i in range(3):
+        sp.append("t", b"m%d" % i, qos=2)
+    c = Connection("c", 4, keepalive=0, clean_start=False)
+    c.connect(0.0)
+    c.data_to_send(0.0)
+    c.receive_data(m.connack(), 0.0)
+    for req in drain(sp):
+        c.submit(req)
+    c.data_to_send(0.0)
+    c.receive_data(m.pubrec(3) + m.pubrec(1) + m.pubrec(2), 0.0)   # m2: PUBREL stage
+    c.data_to_send(0.0)
+    for event in c.receive_data(m.pubcomp(1) + m.pubcomp(2), 0.0):
+        assert isinstance(event, Acked)
+        sp.acked(event.request)                                     # -> compaction
+    assert os.path.getsize(f"{path}.acked") == 0
+    with open(path, "rb") as fh:
+        body = json.loads(fh.read()[8:])
+    assert body == {"kind": "publish", "topic": "t", "payload": "bTI=", "qos": 2,
+                    "retain": False, "seq": 3}
+    sp.close()
+
+    sp = Spool(path)                                # a new process
+    c = Connection("c", 4, keepalive=0, clean_start=False)
+    c.connect(0.0)
+    c.data_to_send(0.0)
+    c.receive_data(m.connack(), 0.0)
+    [req] = drain(sp)
+    c.submit(req)
+    assert c.data_to_send(0.0) == m.publish("t", b"m2", qos=2, packet_id=1)
+    c.connection_lost()                             # before PUBREC
+    c.connect(1.0)
+    c.data_to_send(1.0)
+    c.receive_data(m.connack(session_present=True), 1.0)
+    assert c.data_to_send(1.0) == m.publish("t", b"m2", qos=2, packet_id=1, dup=True)
+    sp.close()
