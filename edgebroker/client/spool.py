@@ -8,10 +8,13 @@ path gives again every request not answered: at least once, none lost.
 Files (docs/client.md "The spool"): ``PATH`` holds the requests, appended as records
 ``length (4 bytes, big-endian) | CRC-32 of the body (4 bytes) | body``, the body being the
 state file's JSON form of a request (requests.to_state) with its sequence number ``seq``;
-``PATH.acked`` holds the sequence numbers answered, 8 bytes each, big-endian. A record cut
-short by a crash, or whose CRC does not match, ends the file: it is cut off at open. When
-at least ``COMPACT_AFTER`` answered records make up half the file, the unanswered ones are
-written to a new file (temporary, fsync, rename) and ``PATH.acked`` is emptied.
+``PATH.acked`` holds the sequence numbers answered, 8 bytes each, big-endian. The first
+record that is not whole and sound (cut short by a crash, a CRC that does not match, length
+0 as in a file grown but never written before a power cut, a body that is not a numbered
+request) ends the file: it is cut off there at open, as is a number of ``PATH.acked`` cut
+short. When at least ``COMPACT_AFTER`` answered records make up half the file, the
+unanswered ones are written to a new file with one fsync, renamed over ``PATH`` and the
+directory fsynced (files.replace_file); then ``PATH.acked`` is emptied.
 
 Iterating never ends: when nothing is waiting it yields None ("nothing for now").
 ``append`` may be called from another thread than the loop's (a lock guards the files).
@@ -27,6 +30,7 @@ import zlib
 from collections import deque
 
 from edgebroker.client.requests import Request, from_state, make_publish, to_state
+from edgebroker.files import replace_file
 
 COMPACT_AFTER = 1000
 _HEAD = struct.Struct(">II")
@@ -42,6 +46,12 @@ def _record(doc: dict, seq: int) -> dict:
         doc.pop(key, None)
     doc["seq"] = seq
     return doc
+
+
+def _frame(doc: dict) -> bytes:
+    """A record as the file holds it: length, CRC-32, body."""
+    body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    return _HEAD.pack(len(body), zlib.crc32(body)) + body
 
 
 class Spool:
@@ -70,8 +80,7 @@ class Spool:
             seq = self._next_seq
             self._next_seq += 1
             doc = _record(to_state(req), seq)
-            body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-            self._write(self._data_fd, _HEAD.pack(len(body), zlib.crc32(body)) + body)
+            self._write(self._data_fd, _frame(doc))
             self._records_in_file += 1
             self._waiting.append((seq, doc))
         return seq
@@ -135,11 +144,13 @@ class Spool:
                 raw = fh.read()
             acked = {_SEQ.unpack_from(raw, i)[0] for i in range(0, len(raw) - 7, 8)}
         except FileNotFoundError:
-            pass
+            raw = b""
         self._data_fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         os.ftruncate(self._data_fd, good)     # a record cut short by a crash
         self._ack_fd = os.open(self.path + ".acked", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                                0o600)
+        if len(raw) % _SEQ.size:              # a number cut short: the next ones stay aligned
+            os.ftruncate(self._ack_fd, len(raw) - len(raw) % _SEQ.size)
         self._records_in_file = len(records)
         self._acked_in_file = sum(1 for seq, _ in records if seq in acked)
         self._waiting = deque((seq, doc) for seq, doc in records if seq not in acked)
@@ -147,7 +158,10 @@ class Spool:
         self._next_seq = max([0, *acked, *(seq for seq, _ in records)]) + 1
 
     def _read_records(self) -> tuple[list, int]:
-        """The whole records of the file, and where the last one ends."""
+        """The whole records of the file, and where the last one ends. The first record that
+        is not whole and sound (length 0, as a file grown by a crash but never written
+        shows, cut short, a CRC that does not match, a body that is not a numbered request)
+        ends the valid part."""
         try:
             with open(self.path, "rb") as fh:
                 raw = fh.read()
@@ -158,9 +172,14 @@ class Spool:
         while pos + _HEAD.size <= len(raw):
             length, crc = _HEAD.unpack_from(raw, pos)
             body = raw[pos + _HEAD.size:pos + _HEAD.size + length]
-            if len(body) < length or zlib.crc32(body) != crc:
+            if not length or len(body) < length or zlib.crc32(body) != crc:
                 break
-            doc = json.loads(body)
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                break
+            if not isinstance(doc, dict) or type(doc.get("seq")) is not int:
+                break
             records.append((doc["seq"], doc))
             pos += _HEAD.size + length
         return records, pos
@@ -169,16 +188,8 @@ class Spool:
         keep = sorted([*((seq, doc) for seq, doc in self._waiting),
                        *((seq, _record(to_state(req), seq)) for seq, req in self._out.values())],
                       key=lambda item: item[0])
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            for seq, doc in keep:
-                body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-                self._write(fd, _HEAD.pack(len(body), zlib.crc32(body)) + body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        # One write and one fsync, the rename, the directory fsynced.
+        replace_file(self.path, b"".join(_frame(doc) for _, doc in keep))
         os.close(self._data_fd)
         self._data_fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         os.ftruncate(self._ack_fd, 0)

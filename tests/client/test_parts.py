@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
 
 import pytest
 
@@ -165,3 +167,69 @@ def test_spool_keeps_no_qos2_stage_and_a_request_given_again_starts_with_publish
     c.receive_data(m.connack(session_present=True), 1.0)
     assert c.data_to_send(1.0) == m.publish("t", b"m2", qos=2, packet_id=1, dup=True)
     sp.close()
+
+
+def test_spool_a_zero_tail_ends_the_file(tmp_path):
+    """A tail of zeros (the file grew, its blocks were never written: a power cut) reads as
+    length 0: the end of the valid part, cut off at open; the records before it stay."""
+    path = tmp_path / "spool"
+    with Spool(path) as sp:
+        sp.append("t", b"a", 1)
+        sp.append("t", b"b", 1)
+    size = os.path.getsize(path)
+    with open(path, "ab") as fh:
+        fh.write(b"\0" * 16)
+    with Spool(path) as sp:
+        assert [r.payload for r in drain(sp)] == [b"a", b"b"]
+        assert os.path.getsize(path) == size
+        sp.append("t", b"c", 1)
+    for body in (b"{not json", b'{"kind":"publish"}', b"[3]"):   # sound CRC, no request
+        with open(path, "ab") as fh:
+            fh.write(struct.pack(">II", len(body), zlib.crc32(body)) + body)
+        with Spool(path) as sp:
+            assert [r.payload for r in drain(sp)] == [b"a", b"b", b"c"]
+
+
+def test_spool_a_torn_acked_number_is_cut_off(tmp_path):
+    """A number of PATH.acked cut short (a torn 8-byte write) is cut off at open, so the
+    numbers written after it are read right."""
+    path = tmp_path / "spool"
+    with Spool(path) as sp:
+        for i in range(300):
+            sp.append("t", b"%d" % i, 1)
+        sp.acked(next(sp))                                    # seq 1
+    with open(f"{path}.acked", "ab") as fh:
+        fh.write(b"\0\0\0")
+    with Spool(path) as sp:
+        assert sp.unacked == 299
+        assert os.path.getsize(f"{path}.acked") == 8
+        for _ in range(2):
+            sp.acked(next(sp))                                # seq 2 and 3
+    raw = open(f"{path}.acked", "rb").read()
+    assert [struct.unpack_from(">Q", raw, i)[0] for i in range(0, len(raw), 8)] == [1, 2, 3]
+    with Spool(path) as sp:
+        assert sp.unacked == 297
+        assert next(sp).payload == b"3"
+
+
+def test_spool_compaction_replaces_the_file_durably_with_one_fsync(tmp_path, monkeypatch):
+    """Compaction goes through edgebroker.files.replace_file: the new file fsynced once (not
+    per record), renamed, the directory fsynced."""
+    monkeypatch.setattr(S, "COMPACT_AFTER", 4)
+    calls = []
+    real_replace, real_fsync = S.replace_file, os.fsync
+    monkeypatch.setattr(S, "replace_file", lambda p, data: (calls.append(p),
+                                                             real_replace(p, data)))
+    fsyncs = []
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    path = tmp_path / "spool"
+    with Spool(path) as sp:
+        for i in range(20):
+            sp.append("t", b"%d" % i, 1)
+        reqs = drain(sp)
+        for r in reqs[:10]:
+            sp.acked(r)
+    assert calls == [str(path)]
+    assert len(fsyncs) == 2                 # the file once, its directory once
+    with Spool(path) as sp:
+        assert [r.payload for r in drain(sp)] == [b"%d" % i for i in range(10, 20)]
