@@ -298,10 +298,25 @@ class Connection:
                 return
             queue.popleft()
 
-    def _resend(self) -> None:
-        """After CONNACK: what is in flight again, DUP=1, in the order first sent."""
+    def _resend(self, session_present: bool) -> None:
+        """After CONNACK, what was sent and not answered. Session Present 1: sent again in
+        the order first sent, DUP=1 (PUBREL for a QoS 2 publish past PUBREC). Session
+        Present 0: the server has no session, so ours is discarded (MQTT-3.2.2-5, 4.4.0-1):
+        every request not answered goes back to the front of the queue and is sent as a new
+        one (DUP=0, a new packet id, a QoS 2 publish from its PUBLISH even past PUBREC: at
+        least once rather than lost)."""
+        inflight = self._inflight
+        if not session_present:
+            if inflight:
+                for req in inflight.values():
+                    req.packet_id = None
+                    req.stage = STAGE_PUBLISH
+                self._queue.extendleft(reversed(inflight.values()))
+                inflight.clear()
+                self._n_pub = 0
+            return
         out = self._out
-        for pid, req in self._inflight.items():
+        for pid, req in inflight.items():
             if req.kind is not PUBLISH:
                 out.append(self._encode_other(req))
             elif req.stage == STAGE_PUBREL:

@@ -52,7 +52,7 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
     if not p.session_present:
         conn._incoming_qos2.clear()   # a new session: no PUBREL will come for them
     events.append(Connected(p.session_present, code, props))
-    conn._resend()
+    conn._resend(p.session_present)
     conn._pump()
 
 

@@ -3,10 +3,12 @@
 States and the moves between them (``MOVES``; any other move is the caller's error):
 
 * disconnected -> connecting: ``connect(now)`` on a fresh transport queues CONNECT.
-* connecting -> connected: a CONNACK with success. The PUBLISHes not yet acknowledged are
-  sent again with DUP=1 (a PUBREL for those the server already has), SUBSCRIBE/UNSUBSCRIBE
-  too, all in the order first sent; then the queued requests, whatever ``clean_start``
-  and Session Present say (as Mosquitto's and paho's clients do: at least once).
+* connecting -> connected: a CONNACK with success. With Session Present 1 the PUBLISHes
+  not yet acknowledged are sent again with DUP=1 (a PUBREL for those the server already
+  has), SUBSCRIBE/UNSUBSCRIBE too, all in the order first sent; with Session Present 0 the
+  server has no session, so they all go out again as new requests (DUP=0, new packet ids,
+  a QoS 2 publish from its PUBLISH even past PUBREC: at least once). Then the queued
+  requests.
 * connecting -> disconnected: a refusal (ConnectFailed), no CONNACK within
   ``connect_timeout``, a server DISCONNECT or protocol error, ``connection_lost()``.
 * connected -> disconnected: a server DISCONNECT (Disconnected), a protocol error of the

@@ -469,6 +469,46 @@ def test_resent_with_dup_in_order_after_reconnect():
     assert [a.packet_id, b.packet_id, s.packet_id, d.packet_id, e.packet_id] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_session_present_0_sends_what_was_unanswered_as_new_requests(protocol):
+    """No session on the server (Session Present 0): ours is discarded, and every request
+    not answered goes out again as a new one, in order, before the queued ones: PUBLISH
+    with DUP=0 and a new packet id, a QoS 2 publish past PUBREC from its PUBLISH too (at
+    least once), SUBSCRIBE again. The server's QoS 2 ids awaiting PUBREL are forgotten."""
+    v5 = protocol == 5
+    pubrec, puback, pubcomp = ((m5.pubrec5, m5.puback5, m5.pubcomp5) if v5
+                               else (m.pubrec, m.puback, m.pubcomp))
+    publish = m5.publish5 if v5 else m.publish
+    c = connected(protocol, max_inflight=3)
+    a = c.publish("t", b"a", qos=2)
+    s = c.subscribe([("f", 1)])
+    b = c.publish("t", b"b", qos=1)
+    c.publish("t", b"c", qos=1)
+    z = c.publish("t", b"z", qos=1)     # queued: the window is 3
+    sent(c)
+    c.receive_data(pubrec(1), 0.0)       # a: the server has it, PUBREL sent
+    assert [p.type for p in sent(c)] == [m.PUBREL]
+    c.receive_data(puback(3), 0.0)       # b answered; z goes out (5)
+    assert [(pid(p), p.payload) for p in sent(c)] == [(5, b"z")]
+    c.receive_data(publish("in", b"", qos=2, packet_id=9), 0.0)
+    c.connection_lost()
+    c.connect(1.0)
+    sent(c)
+    assert c.receive_data(m5.connack5() if v5 else m.connack(), 1.0) == [
+        Connected(False, 0, None)]
+    got = [(p.type, pid(p), getattr(p, "dup", None), getattr(p, "payload", None))
+           for p in sent(c)]
+    assert got == [(m.PUBLISH, 6, False, b"a"), (m.SUBSCRIBE, 7, None, None),
+                   (m.PUBLISH, 8, False, b"c"), (m.PUBLISH, 9, False, b"z")]
+    assert a.stage == 0 and c.inflight == 4 and c.queued == 0
+    assert c.receive_data(pubrec(6), 1.0) == []
+    assert [(p.type, pid(p)) for p in sent(c)] == [(m.PUBREL, 6)]
+    assert c.receive_data(pubcomp(6), 1.0) == [Acked(a, 0)]
+    assert [z.packet_id, s.packet_id, b.packet_id] == [9, 7, 3]
+    events = c.receive_data(publish("in", b"new", qos=2, packet_id=9), 1.0)
+    assert [(type(e), e.payload) for e in events] == [(Message, b"new")]
+
+
 def test_qos0_not_handed_out_before_the_loss_is_sent_after():
     c = connected()
     c.publish("t", b"lost?")
