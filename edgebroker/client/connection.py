@@ -79,6 +79,7 @@ class Connection:
         self._queue: deque = deque()     # requests not sent yet, in order
         self._inflight: dict = {}        # packet id -> request sent, not acknowledged (in order)
         self._n_pub = 0                  # QoS 1/2 PUBLISHes among them (the window's count)
+        self._resend_wait: deque = deque()  # in flight, to send again when the window allows
         self._window = max_inflight
         self._next_pid = 1
         self._incoming_qos2: set = set()  # the server's QoS 2 ids given out, PUBREL awaited
@@ -192,7 +193,8 @@ class Connection:
                 options > 2 for _, options in req.filters)):
             raise ClientError(f"{req.kind} with properties or subscription options needs "
                               f"protocol 5")
-        if queue or self.state is not CONNECTED or self._closing is not None:
+        if (queue or self._resend_wait or self.state is not CONNECTED
+                or self._closing is not None):
             queue.append(req)
         elif req.kind is not PUBLISH:
             if not self._send_other(req):
@@ -283,7 +285,15 @@ class Connection:
         return encode5(packet) if self._v5 else encode(packet)
 
     def _pump(self) -> None:
-        """Send queued requests, in order, while the window allows."""
+        """Send queued requests, in order, while the window allows (first those in flight
+        whose sending again waits for it)."""
+        wait = self._resend_wait
+        while wait and self._closing is None:
+            req = wait[0]
+            if req.kind is PUBLISH and self._n_pub >= self._window:
+                return
+            wait.popleft()
+            self._send_again(req)
         queue = self._queue
         while queue and self._closing is None:
             req = queue[0]
@@ -314,15 +324,37 @@ class Connection:
                 self._queue.extendleft(reversed(inflight.values()))
                 inflight.clear()
                 self._n_pub = 0
+            self._resend_wait.clear()
             return
-        out = self._out
-        for pid, req in inflight.items():
-            if req.kind is not PUBLISH:
-                out.append(self._encode_other(req))
-            elif req.stage == STAGE_PUBREL:
-                out.append(encode_ack(P.PUBREL, pid))
+        # In order while the window (perhaps smaller now) allows; the rest by _pump.
+        self._n_pub = 0
+        wait = self._resend_wait
+        wait.clear()
+        for req in inflight.values():
+            if wait or req.kind is PUBLISH and self._n_pub >= self._window:
+                wait.append(req)
             else:
-                out.extend(self._encode_publish(req, True))
+                self._send_again(req)
+
+    def _send_again(self, req: Request) -> None:
+        """A request in flight again, on a connection that kept the session."""
+        if req.kind is not PUBLISH:
+            self._out.append(self._encode_other(req))
+            return
+        self._n_pub += 1
+        if req.stage == STAGE_PUBREL:
+            self._out.append(encode_ack(P.PUBREL, req.packet_id))
+        else:
+            self._out.extend(self._encode_publish(req, True))
+
+    def _answered(self, req: Request) -> None:
+        """``req``, in flight, got its last answer."""
+        del self._inflight[req.packet_id]
+        wait = self._resend_wait
+        if wait and req in wait:        # answered before it was sent again (odd, harmless)
+            wait.remove(req)
+        elif req.kind is PUBLISH:
+            self._n_pub -= 1
 
     def data_to_send(self, now: float | None = None) -> bytes:
         """The bytes to write (b"" if none); the caller writes them all. ``now`` dates them
@@ -410,7 +442,7 @@ class Connection:
                 if pids is not None:
                     for pid in pids:
                         on_ack(self, P.Puback(pid), events)
-                    if self._queue:
+                    if self._queue or self._resend_wait:
                         self._pump()
                     return events
             for packet in decoder.feed(data):
@@ -425,7 +457,7 @@ class Connection:
         except ProtocolError as exc:
             self._protocol_error(exc, events)
             return events
-        if self._queue and self.state is CONNECTED:
+        if (self._queue or self._resend_wait) and self.state is CONNECTED:
             self._pump()
         return events
 

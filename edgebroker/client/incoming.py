@@ -101,8 +101,7 @@ def on_ack(conn, p, events: list) -> None:
     if req is None or req.kind is not PUBLISH or req.qos != (1 if p.type == P.PUBACK else 2):
         conn.unexpected_acks += 1
         return
-    del conn._inflight[pid]
-    conn._n_pub -= 1
+    conn._answered(req)
     events.append(Acked(req, p.reason_code))
 
 
@@ -116,8 +115,7 @@ def on_pubrec(conn, p: P.Pubrec, events: list) -> None:
                              else encode_ack(P.PUBREL, pid))
         return
     if p.reason_code >= 0x80:      # refused: the exchange ends here (5.0)
-        del conn._inflight[pid]
-        conn._n_pub -= 1
+        conn._answered(req)
         events.append(Acked(req, p.reason_code))
         return
     req.stage = STAGE_PUBREL
@@ -146,7 +144,7 @@ def on_suback(conn, p, events: list) -> None:
         raise ProtocolError(f"{P.NAMES[p.type]} with {len(codes)} codes for "
                             f"{len(req.filters)} topic filters", rule="MQTT-3.9.3-1",
                             reason=PROTOCOL_ERROR)
-    del conn._inflight[pid]
+    conn._answered(req)
     events.append((Subscribed if want is SUBSCRIBE else Unsubscribed)(req, codes))
 
 

@@ -509,6 +509,53 @@ def test_session_present_0_sends_what_was_unanswered_as_new_requests(protocol):
     assert [(type(e), e.payload) for e in events] == [(Message, b"new")]
 
 
+def test_resending_keeps_to_a_smaller_window():
+    """After a reconnect the window may be smaller (the server's Receive Maximum, or a state
+    loaded with a smaller max_inflight): only that many are sent again at once, the rest in
+    order as acknowledgements make room, then the queued requests."""
+    c = connected(5, clean_start=False, max_inflight=10)
+    reqs = [c.publish("t", b"%d" % i, qos=1 if i != 2 else 2) for i in range(6)]
+    s = c.subscribe([("f", 1)])
+    c.publish("t", b"6", qos=1)
+    assert len(sent(c)) == 8
+    c.connection_lost()
+    c.publish("t", b"late", qos=1)
+    c.connect(1.0)
+    sent(c)
+    c.receive_data(m5.connack5(True, props={m5.RECEIVE_MAXIMUM: 2}), 1.0)
+    assert c.window == 2
+    assert [(pid(p), p.dup) for p in sent(c)] == [(1, True), (2, True)]
+    assert c.publish("t", b"later", qos=0) and sent(c) == []     # behind them, in order
+    c.receive_data(m5.puback5(2), 1.0)
+    assert [(pid(p), p.dup) for p in sent(c)] == [(3, True)]
+    c.receive_data(m5.pubrec5(3), 1.0)
+    assert [(p.type, pid(p)) for p in sent(c)] == [(m.PUBREL, 3)]
+    c.receive_data(m5.puback5(1) + m5.pubcomp5(3), 1.0)
+    assert [(pid(p), p.dup) for p in sent(c)] == [(4, True), (5, True)]
+    events = c.receive_data(m5.puback5(4) + m5.puback5(5), 1.0)
+    assert [e.request for e in events] == reqs[3:5]
+    got = [(p.type, pid(p), getattr(p, "dup", None), getattr(p, "payload", None))
+           for p in sent(c)]
+    assert got == [(m.PUBLISH, 6, True, b"5"), (m.SUBSCRIBE, 7, None, None),
+                   (m.PUBLISH, 8, True, b"6")]
+    c.receive_data(m5.puback5(6) + m5.suback5(7, [1]), 1.0)
+    assert [(p.packet_id, p.dup, p.payload) for p in sent(c)] == [(9, False, b"late"),
+                                                                 (None, False, b"later")]
+    assert s.packet_id == 7 and c.inflight == 2
+
+    saved = connected(4, clean_start=False, max_inflight=5)
+    for i in range(5):
+        saved.publish("t", b"%d" % i, qos=1)
+    sent(saved)
+    c = Connection.load(saved.save(), max_inflight=2)      # a smaller window on load
+    c.connect(0.0)
+    sent(c)
+    c.receive_data(m.connack(session_present=True), 0.0)
+    assert [(pid(p), p.dup) for p in sent(c)] == [(1, True), (2, True)]
+    c.receive_data(m.puback(1), 0.0)
+    assert [(pid(p), p.dup) for p in sent(c)] == [(3, True)]
+
+
 def test_qos0_not_handed_out_before_the_loss_is_sent_after():
     c = connected()
     c.publish("t", b"lost?")
