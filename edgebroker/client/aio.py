@@ -22,9 +22,20 @@ asyncio's resolver, and a transport maker given as ``address`` (a plain callable
 block) runs in the loop's default executor.
 
 Back-pressure, both ways: ``publish`` waits while the connection holds ``max_queued``
-requests (``publish_nowait`` raises QueueFull instead); the socket is no longer read while
-``max_messages`` messages wait in the queue unread, so a slow consumer slows the server (TCP)
-instead of growing memory.
+requests (``publish_nowait`` raises QueueFull instead). Messages the consumer has not read
+yet are held in the client's queue; once ``max_messages`` of them (or ``max_message_bytes``
+of topics and payloads) wait unread, the socket is no longer read, so a slow consumer slows
+the server (TCP) instead of growing memory, but only while no answer from the server is
+awaited (the CONNACK, the acknowledgement of a request sent, a PINGRESP). While one is, the
+socket is read and decoded on, messages held past the bound, so that an answer never waits
+behind unread messages: a program that publishes to a topic it subscribes to, and awaits
+the acknowledgement before reading its messages, does not deadlock, and the keepalive does
+not fail for a PINGRESP left unread. Reading stops again when those answers are in (it
+starts again when half the bound is free). So memory past the bound is what the server
+sends before the answers awaited (at most what the link and both ends' buffers hold when it
+sends them) and at most one read (``READ_SIZE``); a program that keeps publishing and never
+reads its messages still grows it by what it gets back, as it must (MQTT cannot hold back
+an acknowledgement behind a message, and a QoS 1/2 message read is acknowledged).
 
 Reconnection (``reconnect``): ``"never"``, ``"after_first_success"`` (the default) or
 ``"always"`` (also while the first connection fails), with full-jitter back-off from
@@ -67,18 +78,24 @@ class AsyncClient:
 
     def __init__(self, address, client_id: str = "", *, timeout: float = 10.0,
                  reconnect: str = B.AFTER_FIRST_SUCCESS, backoff: tuple = (0.1, 30.0),
-                 max_messages: int = 1000, tls: dict | None = None, **connection):
+                 max_messages: int = 1000, max_message_bytes: int = 16 << 20,
+                 tls: dict | None = None, **connection):
         """``address``: a URL (client/address.py), an ``Address``, or a callable making a
         transport; ``tls``: Dialer's TLS options (cafile, certfile, keyfile, verify,
         server_name); ``connection``: Connection's options (protocol, clean_start,
         keepalive, username, password, will, properties, max_inflight, max_queued);
         ``reconnect`` and ``backoff`` (base, cap): the policy and back-off of backoff.py,
-        the synchronous loop's."""
+        the synchronous loop's; ``max_messages``, ``max_message_bytes``: the bound of
+        messages held unread (module doc)."""
+        if max_messages < 1 or max_message_bytes < 1:
+            raise ValueError(f"max_messages ({max_messages}) and max_message_bytes "
+                             f"({max_message_bytes}) must be at least 1")
         self.backoff = B.Backoff(reconnect, *backoff)     # ValueError for a wrong policy
         self.dial = address if callable(address) else Dialer(address, timeout=timeout,
                                                              **(tls or {}))
         self.connection = Connection(client_id, **connection)
         self.max_messages = max_messages
+        self.max_message_bytes = max_message_bytes
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport = None
         self._out = bytearray()
@@ -88,6 +105,7 @@ class AsyncClient:
         self._timer_at = None
         self._events: collections.deque = collections.deque()
         self._messages = 0               # Message events in _events
+        self._message_bytes = 0          # their topics and payloads
         self._wake = asyncio.Event()     # something for the iterator, or the end
         self._space = asyncio.Event()    # the connection can take a request again
         self._drained = asyncio.Event()  # nothing left to write
@@ -139,8 +157,7 @@ class AsyncClient:
         self._out = bytearray()
         self._drained.set()
         self.connection.connect(self._loop.time())
-        self._resume_reading()
-        self._flush()
+        self._flush()                   # CONNACK awaited: reading (_read_as_bound)
 
     def _resume_reading(self) -> None:
         if not self._reading and self._transport is not None:
@@ -151,6 +168,28 @@ class AsyncClient:
         if self._reading:
             self._loop.remove_reader(self._transport.fileno())
             self._reading = False
+
+    def _held_back(self, part: int = 1) -> bool:
+        """Messages held unread reach the bound (``part`` 2: half of it)."""
+        return (self._messages * part >= self.max_messages
+                or self._message_bytes * part >= self.max_message_bytes)
+
+    def _awaiting(self) -> bool:
+        """An answer from the server is awaited: CONNACK, an acknowledgement, PINGRESP."""
+        conn = self.connection
+        return conn.state == "connecting" or conn.inflight > 0 or conn.ping_outstanding
+
+    def _read_as_bound(self) -> None:
+        """Read the socket unless messages held unread reach the bound and no answer is
+        awaited (module doc); once paused, read again when half the bound is free."""
+        if self._transport is None:
+            return
+        if self._reading:
+            if self._held_back() and not self._awaiting():
+                self._pause_reading()
+        elif self._awaiting() or not self._held_back(2):
+            self._resume_reading()
+            self._loop.call_soon(self._readable_if_attached)
 
     def _detach(self) -> None:
         """Let go of the transport (closed or broken); the connection keeps its requests."""
@@ -216,7 +255,8 @@ class AsyncClient:
                 self._lost("closed by the server")
                 return
             self._dispatch(conn.receive_data(data, now))
-            if self._transport is not t or not self._reading or not t.pending():
+            if (self._transport is not t or not t.pending()
+                    or self._held_back() and not self._awaiting()):
                 break
         self._flush()
 
@@ -236,6 +276,7 @@ class AsyncClient:
             self._dispatch(events)
         if conn.state == "closed" and not self._out:
             self._detach()
+        self._read_as_bound()
         self._schedule()
 
     def _write(self) -> None:
@@ -314,8 +355,7 @@ class AsyncClient:
         self._events.append(event)
         if type(event) is Message:
             self._messages += 1
-            if self._messages >= self.max_messages:
-                self._pause_reading()
+            self._message_bytes += len(event.topic) + len(event.payload)
         self._wake.set()
 
     def __aiter__(self):
@@ -330,9 +370,9 @@ class AsyncClient:
         event = self._events.popleft()
         if type(event) is Message:
             self._messages -= 1
-            if not self._reading and self._messages <= self.max_messages // 2:
-                self._resume_reading()
-                self._loop.call_soon(self._readable_if_attached)
+            self._message_bytes -= len(event.topic) + len(event.payload)
+            if not self._reading:
+                self._read_as_bound()
         return event
 
     def _readable_if_attached(self) -> None:

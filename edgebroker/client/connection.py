@@ -115,6 +115,11 @@ class Connection:
         return len(self._queue) < self.max_queued
 
     @property
+    def ping_outstanding(self) -> bool:
+        """A PINGREQ went out and its PINGRESP has not come back yet."""
+        return self._ping_due is not None
+
+    @property
     def window(self) -> int:
         """How many QoS 1/2 PUBLISHes may be in flight at once on this connection."""
         return self._window

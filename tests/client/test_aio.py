@@ -218,14 +218,17 @@ def test_publish_waits_at_max_queued(asrv, uid):
     run(main())
 
 
-def test_reading_pauses_while_messages_wait_unread(asrv, uid):
-    """With max_messages 10, the client stops reading once 10 wait unread (a read of 256 KiB
-    may bring up to 64 more of these 4 KiB messages); the rest wait in the broker, and all
-    come, in order, once the consumer reads."""
+@pytest.mark.parametrize("bound", [{"max_messages": 10},
+                                   {"max_message_bytes": 10 * 4100}])
+def test_reading_pauses_while_messages_wait_unread(asrv, uid, bound):
+    """With max_messages 10 (or max_message_bytes of about 10 of these messages), the client
+    stops reading once 10 wait unread (a read of 256 KiB may bring up to 64 more of these
+    4 KiB messages); the rest wait in the broker, and all come, in order, once the consumer
+    reads."""
     n, size = 300, 4096
 
     async def main():
-        async with AsyncClient(url(asrv, TCP), f"{uid}-slow", max_messages=10) as c:
+        async with AsyncClient(url(asrv, TCP), f"{uid}-slow", **bound) as c:
             await c.subscribe([(f"{uid}/t", 1)])
             pub = asrv.client(f"{uid}-p")
             for i in range(n):
@@ -240,6 +243,53 @@ def test_reading_pauses_while_messages_wait_unread(asrv, uid):
             assert got == list(range(n))
 
     run(main())
+
+
+async def until(pred, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def test_answers_are_read_while_messages_wait_unread(mosquitto_broker, uid):
+    """Publishing to a topic the client subscribes to, awaiting each acknowledgement before
+    reading any message, with max_messages 5: the socket is read on while an answer is
+    awaited, so all 10 publishes are acknowledged (the acknowledgement came behind the
+    unread messages: reading paused there and the client hung). Once nothing is awaited
+    reading pauses; the keepalive (1 s) goes on while paused, its PINGRESPs read (no false
+    PingTimeout, the server does not drop us); after the server's restart the new
+    connection reads its CONNACK and pauses again. The messages then all come, in order."""
+    mq = mosquitto_broker(extra=["max_inflight_messages 0", "max_queued_messages 0"])
+    topic = f"{uid}/t"
+
+    async def main():
+        c = AsyncClient(f"mqtt://127.0.0.1:{mq.port}", uid, keepalive=1, max_messages=5,
+                        reconnect="always", backoff=(0.05, 0.5), clean_start=False)
+        await c.connect()
+        await c.subscribe([(topic, 1)])
+        for i in range(10):
+            ack = await asyncio.wait_for(c.publish(topic, b"%d" % i, qos=1), 5)
+            assert ack.reason_code == 0
+        await until(lambda: c._messages == 10)
+        await until(lambda: not c._reading)         # nothing awaited: paused
+        # Three keepalives while paused (a time, not a condition: that nothing goes wrong).
+        await asyncio.sleep(3.5)
+        assert c.connection.state == "connected" and not c._reading
+        assert [type(e).__name__ for e in c._events].count("Message") == 10
+        assert not [e for e in c._events if not isinstance(e, (Connected, Message))]
+        mq.stop()
+        mq.start()
+        await until(lambda: sum(isinstance(e, Connected) for e in c._events) == 2)
+        await until(lambda: not c._reading)         # CONNACK read, then paused again
+        assert c._messages == 10
+        got = [(await next_message(c)).payload for _ in range(10)]
+        assert got == [b"%d" % i for i in range(10)]
+        ack = await asyncio.wait_for(c.publish(topic, b"after", qos=1), 5)
+        assert ack.reason_code == 0 and (await next_message(c)).payload == b"after"
+        await c.close()
+
+    run(main(), timeout=40)
 
 
 def test_close_fails_open_requests(asrv, uid):
