@@ -343,9 +343,27 @@ class AsyncClient:
                 self._dialing = self._loop.create_task(self._after_refusal(error))
             elif isinstance(event, (Disconnected, PingTimeout)):
                 why = "no PINGRESP in time" if isinstance(event, PingTimeout) else event.reason
+                self._say_last()
                 self._detach()
                 if not self._closed:
                     self._dialing = self._loop.create_task(self._reconnect(why))
+
+    def _say_last(self) -> None:
+        """The connection ended on our side (a protocol error of the server): what it still
+        has to say (5.0: DISCONNECT with the reason code) is written, as far as the socket
+        takes it without waiting, before the transport is let go (as the synchronous loop
+        does)."""
+        t = self._transport
+        data = self.connection.data_to_send(self._loop.time())
+        if t is None or not data:
+            return
+        out = self._out
+        out += data
+        try:
+            while out:
+                del out[:t.send(out)]
+        except OSError:                 # BlockingIOError too: no waiting for it
+            pass
 
     async def _after_refusal(self, error: ConnectError) -> None:
         if await self._retry(error):

@@ -53,8 +53,9 @@ class Connection:
             raise ClientError(f"keepalive {keepalive} is outside 0..65535 seconds")
         if not 1 <= max_inflight <= 0xFFFF:
             raise ClientError(f"max_inflight {max_inflight} is outside 1..65535")
-        if max_queued < 0:
-            raise ClientError(f"max_queued {max_queued} is negative")
+        if max_queued < 1:
+            raise ClientError(f"max_queued {max_queued} is below 1 (the queue must take at "
+                              f"least one request: every request passes through it)")
         if properties and protocol != P.PROTOCOL_5:
             raise ClientError("CONNECT properties need protocol 5")
         self.client_id = client_id

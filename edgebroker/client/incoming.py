@@ -40,6 +40,9 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
         conn._out = []
         events.append(ConnectFailed(code, reason))
         return
+    if p.session_present and conn.clean_start:
+        raise ProtocolError("CONNACK with Session Present 1 in answer to a clean start",
+                            rule="MQTT-3.2.2-4", reason=PROTOCOL_ERROR)
     conn._move(CONNECTED)
     props = p.properties
     if props:
@@ -101,6 +104,9 @@ def on_ack(conn, p, events: list) -> None:
     if req is None or req.kind is not PUBLISH or req.qos != (1 if p.type == P.PUBACK else 2):
         conn.unexpected_acks += 1
         return
+    if req.qos == 2 and req.stage != STAGE_PUBREL:
+        raise ProtocolError(f"PUBCOMP for packet identifier {pid} before its PUBREC (no "
+                            f"PUBREL was sent)", rule="MQTT-4.3.3", reason=PROTOCOL_ERROR)
     conn._answered(req)
     events.append(Acked(req, p.reason_code))
 

@@ -292,6 +292,41 @@ def test_answers_are_read_while_messages_wait_unread(mosquitto_broker, uid):
     run(main(), timeout=40)
 
 
+def test_protocol_error_sends_the_5_disconnect_before_closing(uid):
+    """A server that breaks the protocol (a second CONNACK) gets the 5.0 DISCONNECT with the
+    reason code (Protocol Error) before the client closes, as from the synchronous loop."""
+    import mqttraw5 as m5
+
+    async def main():
+        got = asyncio.get_running_loop().create_future()
+
+        async def serve(reader, writer):
+            await reader.read(4096)                      # CONNECT
+            writer.write(m5.connack5() + m5.connack5())
+            await writer.drain()
+            data = b""
+            while chunk := await reader.read(4096):      # until the client closes
+                data += chunk
+            got.set_result(data)
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        c = AsyncClient(f"mqtt://127.0.0.1:{port}", uid, protocol=5, reconnect="never")
+        await c.connect()
+        data = await asyncio.wait_for(got, 10)
+        frames = m5.split_frames5(bytearray(data))
+        assert [(p.type, p.reason) for p in frames] == [(m.DISCONNECT, 0x82)]
+        event = await c.__anext__()
+        while isinstance(event, Connected):
+            event = await c.__anext__()
+        assert isinstance(event, Disconnected) and event.reason_code == 0x82
+        await c.close()
+        server.close()
+
+    run(main())
+
+
 def test_close_fails_open_requests(asrv, uid):
     async def main():
         c = AsyncClient(url(asrv, TCP), f"{uid}-c")

@@ -237,6 +237,8 @@ def test_bad_requests_name_what_is_wrong():
         c.subscribe([("a", 4)])
     with pytest.raises(ClientError, match="at least one"):
         c.unsubscribe([])
+    with pytest.raises(ClientError, match="max_queued 0 is below 1"):
+        Connection("c", 4, max_queued=0)       # would refuse every request (QueueFull)
 
 
 def test_server_limits_refuse_before_sending_5():
@@ -273,7 +275,7 @@ def test_incoming_qos0_1_2():
 
 
 def test_incoming_qos2_survives_reconnect_with_session():
-    c = connected()
+    c = connected(clean_start=False)
     c.receive_data(m.publish("a", b"2", qos=2, packet_id=8), 1.0)
     c.connection_lost()
     c.connect(2.0)
@@ -369,6 +371,40 @@ def test_malformed_5_gets_a_disconnect_with_the_reason():
     assert [(p.type, p.reason) for p in sent(c)] == [(m.DISCONNECT, 0x82)]
 
 
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_pubcomp_before_pubrec_is_a_protocol_error(protocol):
+    """A PUBCOMP for a QoS 2 publish still awaiting its PUBREC (no PUBREL sent) does not
+    end it: the server broke the protocol."""
+    c = connected(protocol)
+    req = c.publish("t", b"x", qos=2)
+    sent(c)
+    events = c.receive_data(m5.pubcomp5(1) if protocol == 5 else m.pubcomp(1), 1.0)
+    assert [type(e) for e in events] == [Disconnected]
+    assert events[0].reason_code == 0x82 and "before its PUBREC" in events[0].reason
+    assert c.state == "disconnected" and c.inflight == 1 and req.packet_id == 1
+    assert [(p.type, p.reason) for p in sent(c)] == ([(m.DISCONNECT, 0x82)] if protocol == 5
+                                                     else [])
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_session_present_in_answer_to_a_clean_start_is_a_protocol_error(protocol):
+    """MQTT-3.2.2-4: a client with no session that gets Session Present 1 closes."""
+    c = Connection("c", protocol)              # clean_start=True
+    c.connect(0.0)
+    sent(c)
+    events = c.receive_data(m5.connack5(True) if protocol == 5 else m.connack(True), 0.0)
+    assert [type(e) for e in events] == [Disconnected]
+    assert events[0].reason_code == 0x82 and "Session Present 1" in events[0].reason
+    assert c.state == "disconnected"
+    assert [(p.type, p.reason) for p in sent(c)] == ([(m.DISCONNECT, 0x82)] if protocol == 5
+                                                     else [])
+    d = Connection("c", protocol, clean_start=False)
+    d.connect(0.0)
+    sent(d)
+    assert d.receive_data(m5.connack5(True) if protocol == 5 else m.connack(True),
+                          0.0) == [Connected(True, 0, None)]
+
+
 def test_any_split_of_the_stream_gives_the_same_events():
     stream = (m.connack() + m.publish("a", b"x" * 300, qos=1, packet_id=3) + m.puback(1)
               + m.publish("b", b"", qos=2, packet_id=4) + m.pubrel(4) + m.pingresp())
@@ -443,7 +479,7 @@ def test_keepalive_0_never_pings():
 # -- reconnection and retransmission ------------------------------------------------------------
 
 def test_resent_with_dup_in_order_after_reconnect():
-    c = connected(max_inflight=4)
+    c = connected(max_inflight=4, clean_start=False)
     a = c.publish("t", b"a", qos=1)
     b = c.publish("t", b"b", qos=2)
     s = c.subscribe([("f", 1)])
