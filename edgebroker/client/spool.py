@@ -73,7 +73,8 @@ class Spool:
     def append(self, request_or_topic, payload=b"", qos: int = 0, retain: bool = False,
                properties: dict | None = None, token=None) -> int:
         """Keep a request (a Request, or the arguments of make_publish); its sequence
-        number."""
+        number (unique among the requests not answered; after compaction and a reopen a
+        number of an answered request may come again: docs/client.md)."""
         req = (request_or_topic if isinstance(request_or_topic, Request)
                else make_publish(request_or_topic, payload, qos, retain, properties, token))
         with self._lock:

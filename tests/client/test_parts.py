@@ -85,6 +85,18 @@ def test_spool_compacts_and_keeps_numbers_rising(tmp_path, monkeypatch):
     with Spool(path) as sp:
         assert [r.payload for r in drain(sp)] == [b"5", b"6"]
         assert sp.append("t", b"7", 1) == 8
+    # Once compaction has removed the answered 7 to 9 and emptied PATH.acked, a Spool opened
+    # later starts past what the files still hold: those numbers come again (as
+    # docs/client.md says), never one a file still names.
+    with Spool(path) as sp:
+        reqs = drain(sp)                                  # seq 6, 7, 8
+        assert sp.append("t", b"8", 1) == 9
+        for r in [*reqs[1:], next(sp)]:
+            sp.acked(r)                                   # 7, 8, 9: compaction
+        assert os.path.getsize(f"{path}.acked") == 0
+    with Spool(path) as sp:
+        assert [r.payload for r in drain(sp)] == [b"5"]
+        assert sp.append("t", b"again", 1) == 7
 
 
 def test_backoff_full_jitter_and_policies():
