@@ -44,6 +44,11 @@ SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered 
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
 
 
+def _why(exc: OSError) -> str:
+    """An OSError's text without Python's "[Errno N] " (its message names the address)."""
+    return exc.strerror or str(exc)
+
+
 class EventLoop:
     """See the module doc. ``options`` go to the Connection (keepalive, clean_start, username,
     password, will, properties, max_inflight, max_queued)."""
@@ -295,7 +300,7 @@ class EventLoop:
                 transport = open_transport(self.host, self.port, timeout=self.connect_timeout,
                                            unix_path=self.unix_path, **self._transport_options)
         except OSError as exc:
-            self._events.append(ConnectFailed(None, str(exc)))
+            self._events.append(ConnectFailed(None, _why(exc)))
             self._after_loss(self._clock())
             return
         now = self._clock()
@@ -357,7 +362,7 @@ class EventLoop:
         except BlockingIOError:
             n = 0
         except OSError as exc:
-            self._lost(f"send: {exc}")
+            self._lost(f"send: {_why(exc)}")
             return
         if data is out:
             del out[:n]
@@ -427,7 +432,7 @@ class EventLoop:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._lost(f"receive: {exc}")
+            self._lost(f"receive: {_why(exc)}")
             return
         if not data:
             self._lost("connection closed by the server")
