@@ -14,8 +14,9 @@ told of each request answered (the spool removes it).
 
 The loop is an iterator of events (events.py): messages, acknowledgements with their
 request, connection changes. ``run(requests, timeout)`` sends a bounded batch and returns
-when every request is answered or the time is up. Commands: commands.py. Reconnection and
-back-off: backoff.py. The state file: statefile.py.
+when every request is answered or the time is up. ``loop.idle``: the source is used up and
+every request answered; with ``end_when_idle`` the iteration ends then. Commands:
+commands.py. Reconnection and back-off: backoff.py. The state file: statefile.py.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class EventLoop:
                  reconnect: str = B.AFTER_FIRST_SUCCESS, backoff_base: float = 0.5,
                  backoff_cap: float = 30.0, connect_timeout: float = 10.0, state_file=None,
                  connection: Connection | None = None, transport_options: dict | None = None,
-                 transport_factory=None, clock=time.monotonic, rng=random.random, **options):
+                 transport_factory=None, end_when_idle: bool = False, clock=time.monotonic,
+                 rng=random.random, **options):
         self.host, self.port, self.unix_path = host, port, unix_path
         self.state_file = os.fspath(state_file) if state_file is not None else None
         self.connect_timeout = connect_timeout
@@ -87,6 +89,7 @@ class EventLoop:
         self._rate: float | None = None
         self._stopped = False             # disconnect(): no connection until reconnect()
         self._finished = False            # shutdown() or the policy: the iteration is over
+        self.end_when_idle = end_when_idle
         self.final_state: dict | None = None
         if requests is not None:
             self.set_source(requests)
@@ -108,6 +111,13 @@ class EventLoop:
         self._source_done = False
         self._idle_until = 0.0
 
+    @property
+    def idle(self) -> bool:
+        """The source is used up (or there is none) and every request is answered: none
+        queued, none in flight (QoS 0: its bytes handed to the transport)."""
+        conn = self.conn
+        return self._source_done and not conn.queued and not conn.inflight
+
     def __iter__(self):
         return self
 
@@ -119,11 +129,14 @@ class EventLoop:
 
     def poll(self, timeout: float | None = None):
         """The next event; None when ``timeout`` seconds passed without one, or when the loop
-        is over (shut down, disconnected by command, or the policy gave up)."""
+        is over (shut down, disconnected by command, or the policy gave up), or, with
+        ``end_when_idle``, once the loop is ``idle`` and its events are handed out."""
         events = self._events
         deadline = None if timeout is None else self._clock() + timeout
         while not events:
             if self._finished or self._stopped and not self._transport:
+                return None
+            if self.end_when_idle and self.idle:
                 return None
             self._pass(self._clock(), deadline)
             if not events and (deadline is not None and self._clock() >= deadline
@@ -398,8 +411,8 @@ class EventLoop:
                     sooner(self._throttle.ready_at())
             if transport.pending() or self._more:
                 timeout = 0.0
-        if self._events or self._batch_done():
-            timeout = 0.0           # events to hand out, or run() is over: only look
+        if self._events or self._batch_done() or self.end_when_idle and self.idle:
+            timeout = 0.0           # events to hand out, or run() or the work is over: look
         self._watch_transport(0 if self._paused or transport is None else
                               selectors.EVENT_READ | (selectors.EVENT_WRITE if self._out else 0))
         for key, mask in self._selector.select(timeout):

@@ -251,3 +251,28 @@ def test_policies_when_nothing_listens(uid):
     assert [r.payload for r in res.pending] == [b"kept"] and lp.conn.queued == 1
     assert len(res.events) >= 2 and all(type(e) is ConnectFailed for e in res.events)
     lp.close()
+
+
+def test_end_when_idle_ends_the_iteration_once_every_request_is_answered(remote, uid):
+    sub = loop_for(remote, f"{uid}s")
+    assert sub.run([make_subscribe([(f"{uid}/#", 2)])], timeout=10).complete
+    assert sub.idle                                     # no source, nothing in flight
+    batch = [make_publish(f"{uid}/q{q}", b"%d" % q, q, token=q) for q in (0, 1, 2)]
+    lp = loop_for(remote, f"{uid}p", requests=iter(batch), end_when_idle=True)
+    assert not lp.idle                                  # the source is not read yet
+    started = time.monotonic()
+    events = []
+    while (event := lp.poll(30)) is not None:          # ends by itself, not by the timeout
+        events.append(event)
+    assert time.monotonic() - started < 15
+    assert lp.idle and lp.conn.state == "connected"
+    assert [type(e) for e in events] == [Connected, Acked, Acked, Acked]
+    assert sorted(e.request.token for e in events[1:]) == [0, 1, 2]
+    assert list(lp) == []                               # the iteration too
+    lp.set_source([make_publish(f"{uid}/q1", b"again", 1)])     # more work: not idle
+    assert not lp.idle
+    assert [type(e) for e in lp] == [Acked] and lp.idle
+    got = sorted(e.payload for e in messages(sub, 4))
+    assert got == [b"0", b"1", b"2", b"again"]
+    lp.close()
+    sub.close()
