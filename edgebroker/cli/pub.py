@@ -66,7 +66,8 @@ def _messages(args):
 
 def _stdin_lines():
     """Lines of stdin without their end of line; None while none is ready (the event loop
-    then runs on, keepalive and acknowledgements included, and asks again 50 ms later)."""
+    then runs on, keepalive and acknowledgements included, and asks again when stdin is
+    readable: it watches stdin's descriptor, ``set_source(watch=)``)."""
     fd = sys.stdin.fileno()
     held = b""
     while True:
@@ -116,7 +117,8 @@ def publish(args) -> int:
     session = Session(args, "pub")
     loop = session.loop
     loop.end_when_idle = True       # poll() says None once every message is answered
-    loop.set_source(_requests(args, topic, messages, session))
+    loop.set_source(_requests(args, topic, messages, session),
+                    watch=sys.stdin.fileno() if args.stdin_line else None)
     from edgebroker.client.events import Acked
     failed = 0
     try:

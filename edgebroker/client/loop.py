@@ -8,7 +8,7 @@ the next one only while the connection can take it (fewer than ``max_queued`` wa
 the loop's output buffer under ``OUTPUT_HIGH``): that is the producer's back-pressure, so a
 generator is never read ahead by more than in-flight + queued requests. An item ``None``
 means "nothing for now" (the loop asks again ``IDLE_POLL`` seconds later, or at once after
-``commands.wake()``). A request is a ``requests.make_publish/make_subscribe/...`` result or
+``commands.wake()``, or, for a source with a descriptor to watch, when it is readable). A request is a ``requests.make_publish/make_subscribe/...`` result or
 a tuple ``(topic, payload[, qos[, retain]])``. A source with an ``acked(request)`` method is
 told of each request answered (the spool removes it).
 
@@ -43,6 +43,8 @@ IDLE_POLL = 0.05           # seconds before asking a source that said "nothing f
 READ_SIZE = 1 << 16
 SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered and DISCONNECT
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
+_NEVER = float("inf")       # _idle_until while the source waits for its descriptor
+_SOURCE = "source"          # the selector key's data of the source's descriptor
 
 
 def _why(exc: OSError) -> str:
@@ -80,6 +82,8 @@ class EventLoop:
         self._events: deque = deque()
         self._source = None
         self._source_done = True
+        self._source_fd = None            # set_source(watch=): asked again when readable
+        self._fd_watched: int | None = None     # the descriptor registered for it
         self._idle_until = 0.0
         self._more = False                # the source has more that could be taken now
         self._watch: dict | None = None   # run(): the batch's requests not answered yet
@@ -105,11 +109,18 @@ class EventLoop:
         return Connection.load(doc, connect_timeout=conn_timeout, **options)
 
     # -- the user's side ----------------------------------------------------------------------
-    def set_source(self, requests) -> None:
-        """Take requests from ``requests`` (any iterable) from now on."""
+    def set_source(self, requests, watch=None) -> None:
+        """Take requests from ``requests`` (any iterable) from now on. ``watch``: a file
+        descriptor (or an object with ``fileno()``; by default the source's own, if it has
+        one) after whose ``None`` the source is asked again when it is readable, not
+        ``IDLE_POLL`` seconds later."""
         self._source = iter(requests)
         self._source_done = False
         self._idle_until = 0.0
+        if watch is None and callable(getattr(requests, "fileno", None)):
+            watch = requests
+        self._source_fd = (None if watch is None else
+                           watch if isinstance(watch, int) else watch.fileno())
 
     @property
     def idle(self) -> bool:
@@ -151,7 +162,7 @@ class EventLoop:
         """Send ``requests`` (a bounded iterable) and return once each is answered (QoS 0:
         handed to the transport), or ``timeout`` seconds have passed, or the loop is over."""
         result = RunResult()
-        before = (self._source, self._source_done)
+        before = (self._source, self._source_done, self._source_fd)
         self.set_source(requests)
         self._watch = watch = {}
         deadline = None if timeout is None else self._clock() + timeout
@@ -171,7 +182,7 @@ class EventLoop:
                     result.events.append(event)
         finally:
             self._watch = None
-            self._source, self._source_done = before
+            self._source, self._source_done, self._source_fd = before
         result.pending = list(watch.values())
         return result
 
@@ -346,7 +357,8 @@ class EventLoop:
             if item is None:
                 if throttle is not None:
                     throttle.tokens += 1.0
-                self._idle_until = now + IDLE_POLL
+                # asked again when the watched descriptor is readable, or a bit later
+                self._idle_until = _NEVER if self._source_fd is not None else now + IDLE_POLL
                 return
             req = submit(item if type(item) is Request else as_request(item))
             if watch is not None:
@@ -393,6 +405,8 @@ class EventLoop:
     def _wait(self, now: float, deadline: float | None) -> None:
         transport = self._transport
         timeout = None if deadline is None else max(0.0, deadline - now)
+        self._watch_source(not self._paused and not self._source_done
+                           and self._idle_until is _NEVER, now)
 
         def sooner(at):
             nonlocal timeout
@@ -406,7 +420,7 @@ class EventLoop:
         elif not self._paused:
             sooner(self.conn.next_deadline())
             if self._source is not None and not self._source_done:
-                sooner(self._idle_until if now < self._idle_until else None)
+                sooner(self._idle_until if now < self._idle_until < _NEVER else None)
                 if self._throttle is not None:
                     sooner(self._throttle.ready_at())
             if transport.pending() or self._more:
@@ -418,6 +432,10 @@ class EventLoop:
         for key, mask in self._selector.select(timeout):
             if key.fileobj is self.commands:
                 self.commands.woken()
+                self._idle_until = 0.0      # wake(): ask the source again at once
+                continue
+            if key.data is _SOURCE:
+                self._idle_until = 0.0
                 continue
             if mask & selectors.EVENT_WRITE:
                 self._flush(self._clock())
@@ -437,6 +455,25 @@ class EventLoop:
         else:
             self._selector.unregister(transport)
         self._mask = mask
+
+    def _watch_source(self, want: bool, now: float) -> None:
+        """Watch the source's descriptor while the source waits for it."""
+        fd = self._source_fd if want else None
+        watched = self._fd_watched
+        if fd == watched:
+            return
+        if watched is not None:
+            self._selector.unregister(watched)
+            self._fd_watched = None
+        if fd is not None:
+            try:
+                self._selector.register(fd, selectors.EVENT_READ, _SOURCE)
+            except (OSError, ValueError):
+                # a regular file (epoll refuses it) is always readable: ask again in a while
+                self._source_fd = None
+                self._idle_until = now + IDLE_POLL
+                return
+            self._fd_watched = fd
 
     def _read(self) -> None:
         transport = self._transport

@@ -5,6 +5,8 @@ silently dropped link, no thread started, the producer's back-pressure bound, co
 
 from __future__ import annotations
 
+import os
+import select
 import threading
 import time
 
@@ -276,3 +278,43 @@ def test_end_when_idle_ends_the_iteration_once_every_request_is_answered(remote,
     assert got == [b"0", b"1", b"2", b"again"]
     lp.close()
     sub.close()
+
+
+def test_a_source_waiting_on_a_descriptor_is_asked_again_when_it_is_readable(broker, uid,
+                                                                             tmp_path):
+    b = broker()
+    r, w = os.pipe()
+    asked = [0]
+
+    def lines():
+        while True:
+            asked[0] += 1
+            if not select.select([r], [], [], 0)[0]:
+                yield None                      # nothing for now
+                continue
+            data = os.read(r, 100)
+            if not data:
+                return
+            yield make_publish(f"{uid}/l", data, 1)
+
+    lp = EventLoop(b.host, b.port, client_id=f"{uid}w", end_when_idle=True)
+    lp.set_source(lines(), watch=r)
+    wait_event(lp, lambda e: type(e) is Connected)
+    before = asked[0]
+    assert lp.poll(0.5) is None                 # the time is up; nothing came
+    assert asked[0] == before                   # not asked every IDLE_POLL (10 times)
+    lp.commands.wake()                          # wake(): asked again at once
+    assert lp.poll(0.2) is None and asked[0] == before + 1
+    os.write(w, b"one")
+    event = wait_event(lp, lambda e: type(e) is Acked, 5)
+    assert event.request.payload == b"one" and event.reason_code == 0
+    os.close(w)                                 # EOF: the source ends, the loop is idle
+    assert list(lp) == [] and lp.idle
+    os.close(r)
+    # A regular file cannot be watched (epoll refuses it): asked again IDLE_POLL later.
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    with open(path, "rb") as fh:
+        lp.set_source(iter([None, make_publish(f"{uid}/l", b"two", 1)]), watch=fh)
+        assert [(type(e), e.request.payload) for e in lp] == [(Acked, b"two")]
+    lp.close()
