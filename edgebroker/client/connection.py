@@ -22,8 +22,8 @@ from edgebroker.errors import (
 from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
 from edgebroker.client.incoming import HANDLERS, on_ack
 from edgebroker.client.requests import (
-    PUBLISH, STAGE_PUBREL, SUBSCRIBE, ClientError, QueueFull, Request, make_publish,
-    make_subscribe, make_unsubscribe,
+    PUBLISH, RESUBSCRIBE, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE, ClientError, QueueFull,
+    Request, make_publish, make_subscribe, make_unsubscribe,
 )
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
@@ -46,7 +46,8 @@ class Connection:
                  clean_start: bool = True, keepalive: int = 60, username: str | None = None,
                  password: bytes | str | None = None, will: P.Will | None = None,
                  properties: dict | None = None, max_inflight: int = 100,
-                 max_queued: int = 1000, connect_timeout: float = 30.0):
+                 max_queued: int = 1000, connect_timeout: float = 30.0,
+                 resubscribe: bool = False):
         if protocol not in (P.PROTOCOL_31, P.PROTOCOL_311, P.PROTOCOL_5):
             raise ClientError(f"protocol must be 3 (3.1), 4 (3.1.1) or 5, not {protocol!r}")
         if not 0 <= keepalive <= 0xFFFF:
@@ -68,6 +69,10 @@ class Connection:
         self.max_inflight = max_inflight
         self.max_queued = max_queued
         self.connect_timeout = connect_timeout
+        # After a CONNACK with Session Present 0 on a reconnect: SUBSCRIBE again what the
+        # server had acknowledged (the event loop and the asyncio adapter set it; the bridge
+        # subscribes on Connected itself).
+        self.resubscribe = resubscribe
         self.state = DISCONNECTED
         self._v5 = protocol == P.PROTOCOL_5
         props = properties or {}
@@ -82,6 +87,7 @@ class Connection:
         self._window = max_inflight
         self._next_pid = 1
         self._incoming_qos2: set = set()  # the server's QoS 2 ids given out, PUBREL awaited
+        self._subscriptions: dict = {}   # filter -> (options, properties) the server granted
         self._qos0_out: list = []        # QoS 0 requests in _out, not handed out yet
         self._events: list = []          # events made outside receive_data/tick
         self._closing: bytes | None = None  # the DISCONNECT to send last (disconnect())
@@ -296,6 +302,23 @@ class Connection:
             elif not self._send_other(req):
                 return
             queue.popleft()
+
+    def _subscribe_again(self) -> None:
+        """After a CONNACK without a session: SUBSCRIBE again the filters the server had
+        granted (but those of an UNSUBSCRIBE sent again), one request per set of properties,
+        after what is sent again and before the queue (token RESUBSCRIBE)."""
+        leaving = {f for req in self._inflight.values() if req.kind is UNSUBSCRIBE
+                   for f in req.filters}
+        groups: dict = {}
+        for topic_filter, (options, props) in self._subscriptions.items():
+            if topic_filter not in leaving:
+                groups.setdefault(id(props), (props, []))[1].append((topic_filter, options))
+        waiting = []
+        for props, filters in groups.values():
+            req = Request(SUBSCRIBE, RESUBSCRIBE, filters=filters, properties=props)
+            if not self._send_other(req):
+                waiting.append(req)
+        self._queue.extendleft(reversed(waiting))
 
     def _resend(self) -> None:
         """After CONNACK: what is in flight again, DUP=1, in the order first sent."""

@@ -54,15 +54,18 @@ def _why(exc: OSError) -> str:
 
 class EventLoop:
     """See the module doc. ``options`` go to the Connection (keepalive, clean_start, username,
-    password, will, properties, max_inflight, max_queued)."""
+    password, will, properties, max_inflight, max_queued). ``resubscribe``: after a
+    reconnection on which the server has no session, SUBSCRIBE again what it had granted
+    (Connection's option; set on a ``connection`` given too)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 1883, *, client_id: str = "",
                  protocol: int = 4, unix_path: str | None = None, requests=None,
                  reconnect: str = B.AFTER_FIRST_SUCCESS, backoff_base: float = 0.5,
                  backoff_cap: float = 30.0, connect_timeout: float = 10.0, state_file=None,
                  connection: Connection | None = None, transport_options: dict | None = None,
-                 transport_factory=None, end_when_idle: bool = False, clock=time.monotonic,
-                 rng=random.random, **options):
+                 transport_factory=None, end_when_idle: bool = False,
+                 resubscribe: bool = True, clock=time.monotonic, rng=random.random,
+                 **options):
         self.host, self.port, self.unix_path = host, port, unix_path
         self.state_file = os.fspath(state_file) if state_file is not None else None
         self.connect_timeout = connect_timeout
@@ -72,6 +75,7 @@ class EventLoop:
         self._factory = transport_factory
         if connection is None:
             connection = self._load(client_id, protocol, options)
+        connection.resubscribe = resubscribe    # set on a connection given too
         self.conn = connection
         self.commands = K.Commands()
         self._selector = selectors.DefaultSelector()

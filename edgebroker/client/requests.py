@@ -14,6 +14,9 @@ PUBLISH = "publish"
 SUBSCRIBE = "subscribe"
 UNSUBSCRIBE = "unsubscribe"
 
+# The token of the SUBSCRIBE a connection makes again itself (Connection's ``resubscribe``).
+RESUBSCRIBE = "edgebroker.client:resubscribe"
+
 # Where a QoS 2 publish is: PUBLISH sent (or to send), waiting for PUBREC; PUBREL sent (the
 # server has the message), waiting for PUBCOMP.
 STAGE_PUBLISH = 0

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from edgebroker.client.events import (
-    Acked, ConnectFailed, Connected, Disconnected, Message, PingTimeout,
+    Acked, ConnectFailed, Connected, Disconnected, Message, PingTimeout, Subscribed,
 )
 from edgebroker.client.loop import EventLoop
-from edgebroker.client.requests import make_publish, make_subscribe
+from edgebroker.client.requests import RESUBSCRIBE, make_publish, make_subscribe
 from edgebroker.client.statefile import read_state
 
 from relay import Relay
@@ -318,3 +318,23 @@ def test_a_source_waiting_on_a_descriptor_is_asked_again_when_it_is_readable(bro
         lp.set_source(iter([None, make_publish(f"{uid}/l", b"two", 1)]), watch=fh)
         assert [(type(e), e.request.payload) for e in lp] == [(Acked, b"two")]
     lp.close()
+
+
+def test_subscriptions_made_again_after_a_broker_restart(remote, uid):
+    """The broker restarts without the session (clean start): the loop subscribes again by
+    itself (resubscribe=True, its default) and messages published after it arrive."""
+    sub = loop_for(remote, f"{uid}s", reconnect="always", **FAST)
+    assert sub.run([make_subscribe([(f"{uid}/#", 1)])], timeout=10).complete
+    remote.stop()
+    wait_event(sub, lambda e: type(e) in (Disconnected, ConnectFailed))
+    remote.start()
+    connected = wait_event(sub, lambda e: type(e) is Connected, 20)
+    assert not connected.session_present
+    again = wait_event(sub, lambda e: type(e) is Subscribed)
+    assert again.request.token == RESUBSCRIBE and again.granted == [1]
+    assert again.request.filters == [(f"{uid}/#", 1)]
+    pub = loop_for(remote, f"{uid}p")
+    assert pub.run([make_publish(f"{uid}/after", b"back", 1)], timeout=10).complete
+    assert [e.payload for e in messages(sub, 1)] == [b"back"]
+    pub.close()
+    sub.close()
