@@ -29,13 +29,14 @@ from collections import deque
 
 from edgebroker.client import backoff as B
 from edgebroker.client import commands as K
+from edgebroker.client.address import Address, Dialer
 from edgebroker.client.connection import Connection
 from edgebroker.client.events import (
     Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
 )
 from edgebroker.client.requests import ClientError, Request, as_request
+from edgebroker.client.handshake import WRITE
 from edgebroker.client.statefile import read_state, write_state
-from edgebroker.client.transport import open_transport
 
 OUTPUT_HIGH = 1 << 20      # bytes waiting for the socket above which no request is taken
 PULL_BATCH = 1000          # requests taken per pass at most (then the bytes go out)
@@ -45,6 +46,7 @@ SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered 
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
 _NEVER = float("inf")       # _idle_until while the source waits for its descriptor
 _SOURCE = "source"          # the selector key's data of the source's descriptor
+_DIAL = "dial"              # ... of the socket being connected
 
 
 def _why(exc: OSError) -> str:
@@ -56,7 +58,13 @@ class EventLoop:
     """See the module doc. ``options`` go to the Connection (keepalive, clean_start, username,
     password, will, properties, max_inflight, max_queued). ``resubscribe``: after a
     reconnection on which the server has no session, SUBSCRIBE again what it had granted
-    (Connection's option; set on a ``connection`` given too)."""
+    (Connection's option; set on a ``connection`` given too).
+
+    The transport: address.py's ``Dialer`` for ``host``/``port`` (or ``unix_path``) with
+    ``transport_options`` as its options (``tls=True``, ``cafile``, ``certfile``, ``keyfile``,
+    ``verify``, ``server_name``), or ``transport_factory`` (a Dialer for any URL, whose
+    ``steps`` the loop runs in its selector within ``connect_timeout``; any other callable
+    ``factory(timeout) -> transport`` is called and may wait)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 1883, *, client_id: str = "",
                  protocol: int = 4, unix_path: str | None = None, requests=None,
@@ -71,8 +79,15 @@ class EventLoop:
         self.connect_timeout = connect_timeout
         self.backoff = B.Backoff(reconnect, backoff_base, backoff_cap, rng)
         self._clock = clock
-        self._transport_options = transport_options or {}
+        if transport_factory is None:
+            address = (Address("unix", unix_path=unix_path) if unix_path
+                       else Address("mqtt", host, port))
+            transport_factory = Dialer(address, timeout=connect_timeout,
+                                       **(transport_options or {}))
         self._factory = transport_factory
+        self._dialing = None              # the Dialer's steps while a connection is made
+        self._dial_fd: int | None = None  # the descriptor they wait on (registered)
+        self._dial_until = 0.0
         if connection is None:
             connection = self._load(client_id, protocol, options)
         connection.resubscribe = resubscribe    # set on a connection given too
@@ -304,10 +319,16 @@ class EventLoop:
         conn = self.conn
         if self._transport is None:
             self._take_requests(now)       # while the link is down: into the queue
-            if self._stopped or self._paused or now < self._retry_at:
-                self._wait(now, deadline)
-                return
-            self._open(now)
+            if self._dialing is None:
+                if self._stopped or self._paused or now < self._retry_at:
+                    self._wait(now, deadline)
+                    return
+                self._open(now)
+                if self._dialing is None:
+                    return                 # connected at once, or failed
+            self._wait(now, deadline)      # the dial's socket is watched there
+            if self._dialing is not None and self._clock() >= self._dial_until:
+                self._dial_step(TimeoutError("no answer in time"))
             return
         if not self._paused:
             self._take_requests(now)
@@ -321,16 +342,59 @@ class EventLoop:
         self._check_state(now)
 
     def _open(self, now: float) -> None:
-        try:
-            if self._factory is not None:
-                transport = self._factory(self.connect_timeout)
-            else:
-                transport = open_transport(self.host, self.port, timeout=self.connect_timeout,
-                                           unix_path=self.unix_path, **self._transport_options)
-        except OSError as exc:
-            self._events.append(ConnectFailed(None, _why(exc)))
-            self._after_loss(self._clock())
+        """Start a connection: a Dialer's steps run in the selector (no wait here but a host
+        name's resolution); another transport_factory is called (and may wait)."""
+        steps = getattr(self._factory, "steps", None)
+        if steps is not None:
+            self._dialing = steps()
+            self._dial_until = now + self.connect_timeout
+            self._dial_step()
             return
+        try:
+            transport = self._factory(self.connect_timeout)
+        except OSError as exc:
+            self._dial_failed(exc)
+            return
+        self._attach(transport)
+
+    def _dial_step(self, error: TimeoutError | None = None) -> None:
+        """Run the dial to its next wait (its socket is then watched), or to its end."""
+        steps = self._dialing
+        self._watch_dial(None)
+        try:
+            if error is not None:
+                want, fd = steps.throw(error)
+            else:
+                want, fd = steps.send(None)
+        except StopIteration as done:
+            self._dialing = None
+            self._attach(done.value)
+            return
+        except OSError as exc:
+            self._dialing = None
+            self._dial_failed(exc)
+            return
+        self._watch_dial(fd, selectors.EVENT_WRITE if want == WRITE else selectors.EVENT_READ)
+
+    def _watch_dial(self, fd: int | None, mask: int = 0) -> None:
+        if self._dial_fd is not None:
+            self._selector.unregister(self._dial_fd)
+            self._dial_fd = None
+        if fd is not None:
+            self._selector.register(fd, mask, _DIAL)
+            self._dial_fd = fd
+
+    def _stop_dialing(self) -> None:
+        if self._dialing is not None:
+            self._watch_dial(None)
+            self._dialing.close()       # the steps close their socket
+            self._dialing = None
+
+    def _dial_failed(self, exc: OSError) -> None:
+        self._events.append(ConnectFailed(None, _why(exc)))
+        self._after_loss(self._clock())
+
+    def _attach(self, transport) -> None:
         now = self._clock()
         self._transport = transport
         self._out.clear()
@@ -418,7 +482,9 @@ class EventLoop:
                 left = max(0.0, at - now)
                 timeout = left if timeout is None else min(timeout, left)
 
-        if transport is None:
+        if self._dialing is not None:
+            sooner(self._dial_until)
+        elif transport is None:
             if not self._stopped and not self._paused:
                 sooner(self._retry_at)
         elif not self._paused:
@@ -440,6 +506,10 @@ class EventLoop:
                 continue
             if key.data is _SOURCE:
                 self._idle_until = 0.0
+                continue
+            if key.data is _DIAL:
+                if self._dialing is not None:
+                    self._dial_step()
                 continue
             if mask & selectors.EVENT_WRITE:
                 self._flush(self._clock())
@@ -535,6 +605,7 @@ class EventLoop:
             self._finished = True
 
     def _drop_transport(self) -> None:
+        self._stop_dialing()
         transport = self._transport
         if transport is None:
             return
