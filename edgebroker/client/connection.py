@@ -39,6 +39,8 @@ from edgebroker.mqtt.stream import Decoder
 
 __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
 
+QOS0_HEADS_KEPT = 256    # QoS 0 PUBLISH heads kept (then the cache starts again)
+
 class Connection:
     """One client's MQTT session over successive transports (see the module doc)."""
 
@@ -89,6 +91,7 @@ class Connection:
         self._incoming_qos2: set = set()  # the server's QoS 2 ids given out, PUBREL awaited
         self._subscriptions: dict = {}   # filter -> (options, properties) the server granted
         self._qos0_out: list = []        # QoS 0 requests in _out, not handed out yet
+        self._qos0_heads: dict = {}      # (topic, length, retain) -> QoS 0 PUBLISH head
         self._events: list = []          # events made outside receive_data/tick
         self._closing: bytes | None = None  # the DISCONNECT to send last (disconnect())
         self._aliases: dict = {}
@@ -242,7 +245,19 @@ class Connection:
         return 0
 
     def _send_qos0(self, req: Request) -> None:
-        frame = self._encode_publish(req, False)
+        # A QoS 0 PUBLISH's head depends on its topic, length and retain flag only (without
+        # properties): kept, so that a stream to a few topics is not encoded per message.
+        payload = req.payload
+        key = (req.topic, len(payload), req.retain)
+        head = self._qos0_heads.get(key) if req.properties is None else None
+        if head is None:
+            frame = self._encode_publish(req, False)
+            if req.properties is None:
+                if len(self._qos0_heads) >= QOS0_HEADS_KEPT:
+                    self._qos0_heads.clear()
+                self._qos0_heads[key] = frame[0]
+        else:
+            frame = [head, payload] if payload else [head]
         if self._server_max_packet or not self._server_retain:
             code = self._refused(req) or (PACKET_TOO_LARGE if self._server_max_packet and sum(
                 map(len, frame)) > self._server_max_packet else 0)

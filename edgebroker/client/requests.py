@@ -93,10 +93,10 @@ def make_publish(topic: str, payload=b"", qos: int = 0, retain: bool = False,
 
 def as_request(item) -> Request:
     """A Request as it is, or a publish from a (topic, payload[, qos[, retain]]) tuple."""
+    if type(item) is tuple or isinstance(item, tuple):
+        return make_publish(*item)
     if isinstance(item, Request):
         return item
-    if isinstance(item, tuple):
-        return make_publish(*item)
     raise ClientError(f"a request must be a Request or a (topic, payload[, qos[, retain]]) "
                       f"tuple, not {type(item).__name__}")
 
