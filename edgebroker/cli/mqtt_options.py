@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 from edgebroker.errors import REASON_NAMES
@@ -133,7 +132,7 @@ def make_client(args, tool: str):
 def refusal(code: int | None, reason: str, protocol: int) -> Exit:
     """The Exit of a refused connection: mosquitto's line and code."""
     if code is None:
-        return Exit(1, f"Error: {_plain(reason)}")
+        return Exit(1, f"Error: {reason}")
     if protocol == 5:
         return Exit(code, f"Connection error: {REASON_NAMES.get(code, reason)}")
     return Exit(code, f"Connection error: Connection Refused: "
@@ -174,9 +173,9 @@ class Session:
         elif kind is ConnectFailed:
             if not self.up_once:
                 raise refusal(event.reason_code, event.reason, self.conn.protocol)
-            self.say(f"could not connect again ({_plain(event.reason)}); trying again")
+            self.say(f"could not connect again ({event.reason}); trying again")
         elif kind is Disconnected or kind is PingTimeout:
-            reason = "no PINGRESP in time" if kind is PingTimeout else _plain(event.reason)
+            reason = "no PINGRESP in time" if kind is PingTimeout else event.reason
             if not self.up_once:
                 raise Exit(1, f"Error: {reason}")
             self.say(f"lost the connection ({reason}); reconnecting")
@@ -190,11 +189,6 @@ class Session:
             self.loop.disconnect()
         finally:
             self.loop.close()
-
-
-def _plain(reason: str | None) -> str:
-    """An OSError's text without its "[Errno N] " (the address and cause are in the rest)."""
-    return re.sub(r"^\[Errno -?\d+\] ", "", reason or "")
 
 
 def run_command(body, args) -> int:

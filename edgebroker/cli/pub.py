@@ -21,9 +21,6 @@ import time
 
 from edgebroker.cli.mqtt_options import Exit, Session, add_options, run_command, url_topic
 
-END_CHECK = 0.1     # seconds between looks at "every message sent and answered"
-
-
 def add_parser(commands) -> None:
     p = commands.add_parser("pub", add_help=False,
                             help="publish MQTT messages to any broker (mosquitto_pub's options)")
@@ -69,7 +66,8 @@ def _messages(args):
 
 def _stdin_lines():
     """Lines of stdin without their end of line; None while none is ready (the event loop
-    then runs on, keepalive and acknowledgements included, and asks again 50 ms later)."""
+    then runs on, keepalive and acknowledgements included, and asks again when stdin is
+    readable: it watches stdin's descriptor, ``set_source(watch=)``)."""
     fd = sys.stdin.fileno()
     held = b""
     while True:
@@ -89,37 +87,26 @@ def _stdin_lines():
                 yield line
 
 
-class _Requests:
-    """The PUBLISH requests of the messages, for the event loop to take as the connection can
-    (back-pressure: at most max_queued wait); counts those not yet answered."""
-
-    def __init__(self, args, topic: str, messages, session):
-        self.args, self.topic, self.session = args, topic, session
-        self.messages = messages
-        self.open = 0           # taken by the loop, not answered yet
-        self.ended = False      # every message was taken
-
-    def __iter__(self):
-        from edgebroker.client.requests import ClientError, make_publish
-        args, topic, say = self.args, self.topic, self.session.say
-        delay = args.repeat_delay if args.repeat > 1 else 0.0
-        next_at = 0.0
-        for payload in self.messages:
-            while payload is not None and delay and time.monotonic() < next_at:
-                yield None      # --repeat-delay: nothing yet
-            if payload is None:
-                yield None
-                continue
-            try:
-                request = make_publish(topic, payload, args.qos, args.retain)
-            except ClientError as exc:
-                raise Exit(1, f"Error: {exc}") from None
-            self.open += 1
-            say(f"sending PUBLISH (q{args.qos}, r{int(args.retain)}, '{topic}', ... "
-                f"({len(payload)} bytes))")
-            yield request
-            next_at = time.monotonic() + delay
-        self.ended = True
+def _requests(args, topic: str, messages, session):
+    """The PUBLISH requests of the messages, for the event loop to take as the connection
+    can (back-pressure: at most max_queued wait)."""
+    from edgebroker.client.requests import ClientError, make_publish
+    delay = args.repeat_delay if args.repeat > 1 else 0.0
+    next_at = 0.0
+    for payload in messages:
+        while payload is not None and delay and time.monotonic() < next_at:
+            yield None          # --repeat-delay: nothing yet
+        if payload is None:
+            yield None
+            continue
+        try:
+            request = make_publish(topic, payload, args.qos, args.retain)
+        except ClientError as exc:
+            raise Exit(1, f"Error: {exc}") from None
+        session.say(f"sending PUBLISH (q{args.qos}, r{int(args.retain)}, '{topic}', ... "
+                    f"({len(payload)} bytes))")
+        yield request
+        next_at = time.monotonic() + delay
 
 
 def publish(args) -> int:
@@ -128,17 +115,16 @@ def publish(args) -> int:
         raise Exit(2, "edgebroker pub: a topic is needed (-t, or the path of -L)")
     messages = _messages(args)
     session = Session(args, "pub")
-    requests = _Requests(args, topic, messages, session)
-    session.loop.set_source(requests)
+    loop = session.loop
+    loop.end_when_idle = True       # poll() says None once every message is answered
+    loop.set_source(_requests(args, topic, messages, session),
+                    watch=sys.stdin.fileno() if args.stdin_line else None)
     from edgebroker.client.events import Acked
     failed = 0
     try:
-        while not (requests.ended and not requests.open):
-            # a short wait: the end of the messages is seen by the loop, without an event
-            event = session.next(END_CHECK)
+        while (event := session.next()) is not None:
             if type(event) is not Acked:
                 continue
-            requests.open -= 1
             code = event.reason_code
             if code >= 0x80:
                 failed += 1
@@ -147,6 +133,8 @@ def publish(args) -> int:
             elif event.request.qos:
                 session.say(f"received {'PUBACK' if event.request.qos == 1 else 'PUBCOMP'}"
                             f" (Mid: {event.request.packet_id}, RC:{code})")
+        if not loop.idle:
+            raise Exit(1, "Error: the connection ended before every message was sent")
     finally:
         session.close()
     return 1 if failed else 0

@@ -6,8 +6,8 @@ newline (``-N``: none), flushed at once. ``-C N`` exits after N messages, ``-W S
 seconds with code 27, ``-E`` once the subscriptions are acknowledged. ``-R`` skips retained
 messages, ``-T FILTER`` (repeatable) skips topics matching it, ``-U FILTER`` unsubscribes.
 Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub. A link lost after the first
-connection is connected again (mqtt_options.Session), and the filters are subscribed again
-when the broker did not keep the session.
+connection is connected again (mqtt_options.Session), and the event loop subscribes again
+to the filters when the broker did not keep the session (its ``resubscribe``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def add_parser(commands) -> None:
 
 
 def subscribe(args) -> int:
-    from edgebroker.client.events import Connected, Message, Subscribed, Unsubscribed
+    from edgebroker.client.events import Message, Subscribed, Unsubscribed
     from edgebroker.mqtt.topics import topic_matches
     filters = list(args.topic) or [t for t in [url_topic(args)] if t]
     if not filters and not args.unsubscribe:
@@ -60,15 +60,13 @@ def subscribe(args) -> int:
     printed = 0
     waiting = set()         # the SUBSCRIBE/UNSUBSCRIBE requests not answered yet
 
-    def subscribe_filters():
-        waiting.add(conn.subscribe([(f, args.qos) for f in filters]))
-        session.say(f"sending SUBSCRIBE ({', '.join(filters)}, QoS: {args.qos})")
-
-    # queued now, sent once the CONNACK came
+    # queued now, sent once the CONNACK came; made again by the event loop itself after a
+    # reconnection to a broker that forgot the session (its resubscribe option)
     if args.unsubscribe:
         waiting.add(conn.unsubscribe(args.unsubscribe))
     if filters:
-        subscribe_filters()
+        waiting.add(conn.subscribe([(f, args.qos) for f in filters]))
+        session.say(f"sending SUBSCRIBE ({', '.join(filters)}, QoS: {args.qos})")
     try:
         while True:
             left = None if end is None else end - time.monotonic()
@@ -94,11 +92,6 @@ def subscribe(args) -> int:
                 printed += 1
                 if args.count and printed >= args.count:
                     return 0
-            elif kind is Connected:
-                # A new session (the broker forgot ours): subscribe again, as mosquitto_sub
-                # does; a SUBSCRIBE still unanswered is sent again by the connection itself.
-                if filters and not event.session_present and not waiting:
-                    subscribe_filters()
             elif kind is Subscribed or kind is Unsubscribed:
                 waiting.discard(event.request)
                 if kind is Subscribed:

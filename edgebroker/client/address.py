@@ -16,8 +16,10 @@ URL are percent-decoded. An IPv6 host is written in brackets (``mqtt://[::1]:188
 time it is called (the first connection and every reconnection), with the interface of
 client/transport.py: plain TCP and Unix sockets (client/transport.py), TLS through
 client/tls.py, WebSocket through client/websocket.py over either. ``await
-dialer.open_async()`` makes the same transport on an asyncio loop without blocking it. The TLS context is built once,
-so a bad CA or certificate file is reported when the Dialer is made.
+dialer.open_async()`` makes the same transport on an asyncio loop without blocking it;
+``dialer.steps()`` is the same as a generator that the synchronous event loop drives in its
+own selector (client/handshake.py). The TLS context is built once, so a bad CA or
+certificate file is reported when the Dialer is made.
 """
 
 from __future__ import annotations
@@ -120,14 +122,24 @@ class Dialer:
     def __call__(self, timeout: float | None = None):
         """A new transport, connected (and upgraded) within ``timeout`` seconds (the
         Dialer's by default); OSError (a ConnectionError naming the address, a TimeoutError)
-        when it cannot be made. Its signature is the event loop's ``transport_factory``
-        (client/loop.py): ``EventLoop(transport_factory=Dialer(url), ...)``."""
+        when it cannot be made. A Dialer is the event loop's ``transport_factory``
+        (client/loop.py: ``EventLoop(transport_factory=Dialer(url), ...)``), which runs its
+        ``steps`` instead of this call, so as not to wait."""
         from edgebroker.client.handshake import drive
         from edgebroker.client.transport import connect_socket
         a = self.address
         timeout = self.timeout if timeout is None else timeout
         sock, peer = connect_socket(a.host, a.port, timeout, a.unix_path)
         return drive(self._set_up(sock, peer), sock.fileno(), timeout)
+
+    def steps(self):
+        """``self()`` as a generator of ``(READ or WRITE, fd)`` steps returning the transport
+        (client/handshake.py), which never waits in a call but for a host name's resolution:
+        the synchronous event loop drives it in its selector, with its own deadline."""
+        from edgebroker.client.handshake import connect_steps, on_fd
+        a = self.address
+        sock, peer = yield from connect_steps(a.host, a.port, a.unix_path)
+        return (yield from on_fd(self._set_up(sock, peer), sock.fileno()))
 
     async def open_async(self, timeout: float | None = None):
         """``self()`` on the running asyncio loop, which it never blocks and which needs no

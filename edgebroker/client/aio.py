@@ -83,7 +83,8 @@ class AsyncClient:
         """``address``: a URL (client/address.py), an ``Address``, or a callable making a
         transport; ``tls``: Dialer's TLS options (cafile, certfile, keyfile, verify,
         server_name); ``connection``: Connection's options (protocol, clean_start,
-        keepalive, username, password, will, properties, max_inflight, max_queued);
+        keepalive, username, password, will, properties, max_inflight, max_queued,
+        resubscribe: True here);
         ``reconnect`` and ``backoff`` (base, cap): the policy and back-off of backoff.py,
         the synchronous loop's; ``max_messages``, ``max_message_bytes``: the bound of
         messages held unread (module doc)."""
@@ -93,6 +94,7 @@ class AsyncClient:
         self.backoff = B.Backoff(reconnect, *backoff)     # ValueError for a wrong policy
         self.dial = address if callable(address) else Dialer(address, timeout=timeout,
                                                              **(tls or {}))
+        connection.setdefault("resubscribe", True)     # as the synchronous loop
         self.connection = Connection(client_id, **connection)
         self.max_messages = max_messages
         self.max_message_bytes = max_message_bytes

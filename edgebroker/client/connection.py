@@ -22,8 +22,8 @@ from edgebroker.errors import (
 from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
 from edgebroker.client.incoming import HANDLERS, on_ack
 from edgebroker.client.requests import (
-    PUBLISH, STAGE_PUBLISH, STAGE_PUBREL, SUBSCRIBE, ClientError, QueueFull, Request,
-    make_publish, make_subscribe, make_unsubscribe,
+    PUBLISH, RESUBSCRIBE, STAGE_PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE,
+    ClientError, QueueFull, Request, make_publish, make_subscribe, make_unsubscribe,
 )
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
@@ -39,6 +39,8 @@ from edgebroker.mqtt.stream import Decoder
 
 __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
 
+QOS0_HEADS_KEPT = 256    # QoS 0 PUBLISH heads kept (then the cache starts again)
+
 class Connection:
     """One client's MQTT session over successive transports (see the module doc)."""
 
@@ -46,7 +48,8 @@ class Connection:
                  clean_start: bool = True, keepalive: int = 60, username: str | None = None,
                  password: bytes | str | None = None, will: P.Will | None = None,
                  properties: dict | None = None, max_inflight: int = 100,
-                 max_queued: int = 1000, connect_timeout: float = 30.0):
+                 max_queued: int = 1000, connect_timeout: float = 30.0,
+                 resubscribe: bool = False):
         if protocol not in (P.PROTOCOL_31, P.PROTOCOL_311, P.PROTOCOL_5):
             raise ClientError(f"protocol must be 3 (3.1), 4 (3.1.1) or 5, not {protocol!r}")
         if not 0 <= keepalive <= 0xFFFF:
@@ -69,6 +72,10 @@ class Connection:
         self.max_inflight = max_inflight
         self.max_queued = max_queued
         self.connect_timeout = connect_timeout
+        # After a CONNACK with Session Present 0 on a reconnect: SUBSCRIBE again what the
+        # server had acknowledged (the event loop and the asyncio adapter set it; the bridge
+        # subscribes on Connected itself).
+        self.resubscribe = resubscribe
         self.state = DISCONNECTED
         self._v5 = protocol == P.PROTOCOL_5
         props = properties or {}
@@ -84,7 +91,9 @@ class Connection:
         self._window = max_inflight
         self._next_pid = 1
         self._incoming_qos2: set = set()  # the server's QoS 2 ids given out, PUBREL awaited
+        self._subscriptions: dict = {}   # filter -> (options, properties) the server granted
         self._qos0_out: list = []        # QoS 0 requests in _out, not handed out yet
+        self._qos0_heads: dict = {}      # (topic, length, retain) -> QoS 0 PUBLISH head
         self._events: list = []          # events made outside receive_data/tick
         self._closing: bytes | None = None  # the DISCONNECT to send last (disconnect())
         self._aliases: dict = {}
@@ -244,7 +253,19 @@ class Connection:
         return 0
 
     def _send_qos0(self, req: Request) -> None:
-        frame = self._encode_publish(req, False)
+        # A QoS 0 PUBLISH's head depends on its topic, length and retain flag only (without
+        # properties): kept, so that a stream to a few topics is not encoded per message.
+        payload = req.payload
+        key = (req.topic, len(payload), req.retain)
+        head = self._qos0_heads.get(key) if req.properties is None else None
+        if head is None:
+            frame = self._encode_publish(req, False)
+            if req.properties is None:
+                if len(self._qos0_heads) >= QOS0_HEADS_KEPT:
+                    self._qos0_heads.clear()
+                self._qos0_heads[key] = frame[0]
+        else:
+            frame = [head, payload] if payload else [head]
         if self._server_max_packet or not self._server_retain:
             code = self._refused(req) or (PACKET_TOO_LARGE if self._server_max_packet and sum(
                 map(len, frame)) > self._server_max_packet else 0)
@@ -313,6 +334,24 @@ class Connection:
             elif not self._send_other(req):
                 return
             queue.popleft()
+
+    def _subscribe_again(self) -> None:
+        """After a CONNACK without a session: SUBSCRIBE again the filters the server had
+        granted (but those of an UNSUBSCRIBE not yet answered), one request per set of
+        properties, before anything queued: the requests not answered, which ``_resend`` put
+        back at the front of the queue, follow (token RESUBSCRIBE)."""
+        leaving = {f for req in (*self._inflight.values(), *self._queue)
+                   if req.kind is UNSUBSCRIBE for f in req.filters}
+        groups: dict = {}
+        for topic_filter, (options, props) in self._subscriptions.items():
+            if topic_filter not in leaving:
+                groups.setdefault(id(props), (props, []))[1].append((topic_filter, options))
+        waiting = []
+        for props, filters in groups.values():
+            req = Request(SUBSCRIBE, RESUBSCRIBE, filters=filters, properties=props)
+            if not self._send_other(req):
+                waiting.append(req)
+        self._queue.extendleft(reversed(waiting))
 
     def _resend(self, session_present: bool) -> None:
         """After CONNACK, what was sent and not answered. Session Present 1: sent again in

@@ -6,6 +6,12 @@ runs one on an asyncio loop (``add_reader``/``add_writer``: no thread), as the a
 adapter's connect does. A wait past the deadline is thrown into the generator as a
 TimeoutError, so the step closes its socket and words its own error.
 
+``connect_steps`` is the TCP (or Unix) connect as such a generator (``connect_ex`` on a
+non-blocking socket, then a wait for it to be writable), for the synchronous event loop,
+which drives it and the handshakes after it in its own selector (address.py's
+``Dialer.steps``): its steps yield ``(READ or WRITE, fd)``, as the socket may change from one
+address of a name to the next; ``on_fd`` turns a handshake generator into such steps.
+
 ``connect_async`` is the TCP (or Unix) connect on an asyncio loop (``sock_connect``): no thread
 for a numeric address or a Unix path; a host name is resolved by the loop's ``getaddrinfo``
 (a thread of the loop's default executor, as ``asyncio.open_connection`` resolves names).
@@ -13,6 +19,8 @@ for a numeric address or a Unix path; a host name is resolved by the loop's ``ge
 
 from __future__ import annotations
 
+import errno
+import os
 import select
 import socket
 import time
@@ -63,24 +71,87 @@ async def drive_async(steps, fd: int, timeout: float):
         return done.value
 
 
+def connect_steps(host: str, port: int, unix_path: str | None = None):
+    """Connect a non-blocking stream socket without waiting in a call: yields ``(WRITE,
+    fd)`` while a connect is in progress (the driver steps it again when ``fd`` is writable,
+    or throws TimeoutError in at its deadline); returns (socket, name). OSError naming the
+    address (as transport.py's ``connect_socket``) when no address takes the connection.
+    A host name is resolved by getaddrinfo, which waits (a numeric address does not)."""
+    where = _where(host, port, unix_path)
+    try:
+        targets = _targets(unix_path or socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    except OSError as exc:
+        raise _failed(where, exc) from None
+    error: OSError = OSError(f"connect to {where}: no address")
+    for family, address in targets:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            code = sock.connect_ex(address)
+            if code == errno.EINPROGRESS:
+                yield WRITE, sock.fileno()
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        except TimeoutError:              # thrown in by the driver
+            sock.close()
+            raise TimeoutError(f"connect to {where}: timed out") from None
+        except BaseException:
+            sock.close()
+            raise
+        if code == 0:
+            return sock, where
+        sock.close()
+        error = OSError(code, f"connect to {where}: {os.strerror(code)}")
+    raise error
+
+
+def _where(host: str, port: int, unix_path: str | None) -> str:
+    return f"unix:{unix_path}" if unix_path else f"{host}:{port}"
+
+
+def _targets(unix_path_or_infos) -> list:
+    """(family, address) pairs to try: a Unix path's, or getaddrinfo's."""
+    if isinstance(unix_path_or_infos, str):
+        return [(socket.AF_UNIX, unix_path_or_infos)]
+    return [(family, address) for family, _, _, _, address in unix_path_or_infos]
+
+
+def _failed(where: str, exc: OSError) -> OSError:
+    return OSError(exc.errno, f"connect to {where}: {exc.strerror or exc}")
+
+
+def on_fd(steps, fd: int):
+    """The READ/WRITE generator ``steps`` over the descriptor ``fd``, as ``(want, fd)``
+    steps (a TimeoutError thrown in goes to ``steps``); its return value."""
+    try:
+        want = next(steps)
+        while True:
+            try:
+                yield want, fd
+            except TimeoutError as exc:
+                want = steps.throw(exc)
+            else:
+                want = steps.send(None)
+    except StopIteration as done:
+        return done.value
+    finally:
+        steps.close()           # given up half-way: the step closes its socket
+
+
 async def connect_async(host: str, port: int, timeout: float,
                         unix_path: str | None = None) -> tuple[socket.socket, str]:
     """A non-blocking stream socket connected within ``timeout`` seconds, and its name; OSError
     naming the address (as client/transport.py's ``connect_socket``) when it cannot be."""
     import asyncio
     loop = asyncio.get_running_loop()
-    where = f"unix:{unix_path}" if unix_path else f"{host}:{port}"
-    if unix_path:
-        targets = [(socket.AF_UNIX, unix_path)]
-    else:
-        try:
-            infos = await asyncio.wait_for(_resolve(loop, host, port), timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"connect to {where}: name not resolved in {timeout:g} s") \
-                from None
-        except OSError as exc:
-            raise OSError(exc.errno, f"connect to {where}: {exc.strerror or exc}") from None
-        targets = [(family, address) for family, _, _, _, address in infos]
+    where = _where(host, port, unix_path)
+    try:
+        targets = _targets(unix_path or await asyncio.wait_for(_resolve(loop, host, port),
+                                                               timeout))
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"connect to {where}: name not resolved in {timeout:g} s") \
+            from None
+    except OSError as exc:
+        raise _failed(where, exc) from None
     error: OSError = OSError(f"connect to {where}: no address")
     for family, address in targets:
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -93,7 +164,7 @@ async def connect_async(host: str, port: int, timeout: float,
             error = TimeoutError(f"connect to {where}: no answer within {timeout:g} s")
         except OSError as exc:
             sock.close()
-            error = OSError(exc.errno, f"connect to {where}: {exc.strerror or exc}")
+            error = _failed(where, exc)
     raise error
 
 

@@ -56,6 +56,8 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
         conn._incoming_qos2.clear()   # a new session: no PUBREL will come for them
     events.append(Connected(p.session_present, code, props))
     conn._resend(p.session_present)
+    if not p.session_present and conn.resubscribe and conn._subscriptions:
+        conn._subscribe_again()
     conn._pump()
 
 
@@ -151,7 +153,19 @@ def on_suback(conn, p, events: list) -> None:
                             f"{len(req.filters)} topic filters", rule="MQTT-3.9.3-1",
                             reason=PROTOCOL_ERROR)
     conn._answered(req)
-    events.append((Subscribed if want is SUBSCRIBE else Unsubscribed)(req, codes))
+    known = conn._subscriptions
+    if want is SUBSCRIBE:
+        for (topic_filter, options), code in zip(req.filters, codes):
+            if code < 0x80:
+                known[topic_filter] = (options, req.properties)
+            else:
+                known.pop(topic_filter, None)
+        events.append(Subscribed(req, codes))
+    else:
+        for i, topic_filter in enumerate(req.filters):
+            if i >= len(codes) or codes[i] < 0x80:
+                known.pop(topic_filter, None)
+        events.append(Unsubscribed(req, codes))
 
 
 def on_pingresp(conn, p, events: list) -> None:

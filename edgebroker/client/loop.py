@@ -8,14 +8,15 @@ the next one only while the connection can take it (fewer than ``max_queued`` wa
 the loop's output buffer under ``OUTPUT_HIGH``): that is the producer's back-pressure, so a
 generator is never read ahead by more than in-flight + queued requests. An item ``None``
 means "nothing for now" (the loop asks again ``IDLE_POLL`` seconds later, or at once after
-``commands.wake()``). A request is a ``requests.make_publish/make_subscribe/...`` result or
+``commands.wake()``, or, for a source with a descriptor to watch, when it is readable). A request is a ``requests.make_publish/make_subscribe/...`` result or
 a tuple ``(topic, payload[, qos[, retain]])``. A source with an ``acked(request)`` method is
 told of each request answered (the spool removes it).
 
 The loop is an iterator of events (events.py): messages, acknowledgements with their
 request, connection changes. ``run(requests, timeout)`` sends a bounded batch and returns
-when every request is answered or the time is up. Commands: commands.py. Reconnection and
-back-off: backoff.py. The state file: statefile.py.
+when every request is answered or the time is up. ``loop.idle``: the source is used up and
+every request answered; with ``end_when_idle`` the iteration ends then. Commands:
+commands.py. Reconnection and back-off: backoff.py. The state file: statefile.py.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from collections import deque
 
 from edgebroker.client import backoff as B
 from edgebroker.client import commands as K
+from edgebroker.client.address import Address, Dialer
 from edgebroker.client.connection import Connection
 from edgebroker.client.events import (
     Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
 )
 from edgebroker.client.requests import ClientError, Request, as_request
+from edgebroker.client.handshake import WRITE
 from edgebroker.client.statefile import read_state, write_state
-from edgebroker.client.transport import open_transport
 
 OUTPUT_HIGH = 1 << 20      # bytes waiting for the socket above which no request is taken
 PULL_BATCH = 1000          # requests taken per pass at most (then the bytes go out)
@@ -42,27 +44,53 @@ IDLE_POLL = 0.05           # seconds before asking a source that said "nothing f
 READ_SIZE = 1 << 16
 SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered and DISCONNECT
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
+_NEVER = float("inf")       # _idle_until while the source waits for its descriptor
+_SOURCE = "source"          # the selector key's data of the source's descriptor
+_DIAL = "dial"              # ... of the socket being connected
+
+
+def _why(exc: OSError) -> str:
+    """An OSError's text without Python's "[Errno N] " (its message names the address)."""
+    return exc.strerror or str(exc)
 
 
 class EventLoop:
     """See the module doc. ``options`` go to the Connection (keepalive, clean_start, username,
-    password, will, properties, max_inflight, max_queued)."""
+    password, will, properties, max_inflight, max_queued). ``resubscribe``: after a
+    reconnection on which the server has no session, SUBSCRIBE again what it had granted
+    (Connection's option; set on a ``connection`` given too).
+
+    The transport: address.py's ``Dialer`` for ``host``/``port`` (or ``unix_path``) with
+    ``transport_options`` as its options (``tls=True``, ``cafile``, ``certfile``, ``keyfile``,
+    ``verify``, ``server_name``), or ``transport_factory`` (a Dialer for any URL, whose
+    ``steps`` the loop runs in its selector within ``connect_timeout``; any other callable
+    ``factory(timeout) -> transport`` is called and may wait)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 1883, *, client_id: str = "",
                  protocol: int = 4, unix_path: str | None = None, requests=None,
                  reconnect: str = B.AFTER_FIRST_SUCCESS, backoff_base: float = 0.5,
                  backoff_cap: float = 30.0, connect_timeout: float = 10.0, state_file=None,
                  connection: Connection | None = None, transport_options: dict | None = None,
-                 transport_factory=None, clock=time.monotonic, rng=random.random, **options):
+                 transport_factory=None, end_when_idle: bool = False,
+                 resubscribe: bool = True, clock=time.monotonic, rng=random.random,
+                 **options):
         self.host, self.port, self.unix_path = host, port, unix_path
         self.state_file = os.fspath(state_file) if state_file is not None else None
         self.connect_timeout = connect_timeout
         self.backoff = B.Backoff(reconnect, backoff_base, backoff_cap, rng)
         self._clock = clock
-        self._transport_options = transport_options or {}
+        if transport_factory is None:
+            address = (Address("unix", unix_path=unix_path) if unix_path
+                       else Address("mqtt", host, port))
+            transport_factory = Dialer(address, timeout=connect_timeout,
+                                       **(transport_options or {}))
         self._factory = transport_factory
+        self._dialing = None              # the Dialer's steps while a connection is made
+        self._dial_fd: int | None = None  # the descriptor they wait on (registered)
+        self._dial_until = 0.0
         if connection is None:
             connection = self._load(client_id, protocol, options)
+        connection.resubscribe = resubscribe    # set on a connection given too
         self.conn = connection
         self.commands = K.Commands()
         self._selector = selectors.DefaultSelector()
@@ -73,6 +101,8 @@ class EventLoop:
         self._events: deque = deque()
         self._source = None
         self._source_done = True
+        self._source_fd = None            # set_source(watch=): asked again when readable
+        self._fd_watched: int | None = None     # the descriptor registered for it
         self._idle_until = 0.0
         self._more = False                # the source has more that could be taken now
         self._watch: dict | None = None   # run(): the batch's requests not answered yet
@@ -82,6 +112,7 @@ class EventLoop:
         self._rate: float | None = None
         self._stopped = False             # disconnect(): no connection until reconnect()
         self._finished = False            # shutdown() or the policy: the iteration is over
+        self.end_when_idle = end_when_idle
         self.final_state: dict | None = None
         if requests is not None:
             self.set_source(requests)
@@ -97,11 +128,25 @@ class EventLoop:
         return Connection.load(doc, connect_timeout=conn_timeout, **options)
 
     # -- the user's side ----------------------------------------------------------------------
-    def set_source(self, requests) -> None:
-        """Take requests from ``requests`` (any iterable) from now on."""
+    def set_source(self, requests, watch=None) -> None:
+        """Take requests from ``requests`` (any iterable) from now on. ``watch``: a file
+        descriptor (or an object with ``fileno()``; by default the source's own, if it has
+        one) after whose ``None`` the source is asked again when it is readable, not
+        ``IDLE_POLL`` seconds later."""
         self._source = iter(requests)
         self._source_done = False
         self._idle_until = 0.0
+        if watch is None and callable(getattr(requests, "fileno", None)):
+            watch = requests
+        self._source_fd = (None if watch is None else
+                           watch if isinstance(watch, int) else watch.fileno())
+
+    @property
+    def idle(self) -> bool:
+        """The source is used up (or there is none) and every request is answered: none
+        queued, none in flight (QoS 0: its bytes handed to the transport)."""
+        conn = self.conn
+        return self._source_done and not conn.queued and not conn.inflight
 
     def __iter__(self):
         return self
@@ -114,11 +159,14 @@ class EventLoop:
 
     def poll(self, timeout: float | None = None):
         """The next event; None when ``timeout`` seconds passed without one, or when the loop
-        is over (shut down, disconnected by command, or the policy gave up)."""
+        is over (shut down, disconnected by command, or the policy gave up), or, with
+        ``end_when_idle``, once the loop is ``idle`` and its events are handed out."""
         events = self._events
         deadline = None if timeout is None else self._clock() + timeout
         while not events:
             if self._finished or self._stopped and not self._transport:
+                return None
+            if self.end_when_idle and self.idle:
                 return None
             self._pass(self._clock(), deadline)
             if not events and (deadline is not None and self._clock() >= deadline
@@ -133,7 +181,7 @@ class EventLoop:
         """Send ``requests`` (a bounded iterable) and return once each is answered (QoS 0:
         handed to the transport), or ``timeout`` seconds have passed, or the loop is over."""
         result = RunResult()
-        before = (self._source, self._source_done)
+        before = (self._source, self._source_done, self._source_fd)
         self.set_source(requests)
         self._watch = watch = {}
         deadline = None if timeout is None else self._clock() + timeout
@@ -153,7 +201,7 @@ class EventLoop:
                     result.events.append(event)
         finally:
             self._watch = None
-            self._source, self._source_done = before
+            self._source, self._source_done, self._source_fd = before
         result.pending = list(watch.values())
         return result
 
@@ -271,10 +319,16 @@ class EventLoop:
         conn = self.conn
         if self._transport is None:
             self._take_requests(now)       # while the link is down: into the queue
-            if self._stopped or self._paused or now < self._retry_at:
-                self._wait(now, deadline)
-                return
-            self._open(now)
+            if self._dialing is None:
+                if self._stopped or self._paused or now < self._retry_at:
+                    self._wait(now, deadline)
+                    return
+                self._open(now)
+                if self._dialing is None:
+                    return                 # connected at once, or failed
+            self._wait(now, deadline)      # the dial's socket is watched there
+            if self._dialing is not None and self._clock() >= self._dial_until:
+                self._dial_step(TimeoutError("no answer in time"))
             return
         if not self._paused:
             self._take_requests(now)
@@ -288,16 +342,59 @@ class EventLoop:
         self._check_state(now)
 
     def _open(self, now: float) -> None:
-        try:
-            if self._factory is not None:
-                transport = self._factory(self.connect_timeout)
-            else:
-                transport = open_transport(self.host, self.port, timeout=self.connect_timeout,
-                                           unix_path=self.unix_path, **self._transport_options)
-        except OSError as exc:
-            self._events.append(ConnectFailed(None, str(exc)))
-            self._after_loss(self._clock())
+        """Start a connection: a Dialer's steps run in the selector (no wait here but a host
+        name's resolution); another transport_factory is called (and may wait)."""
+        steps = getattr(self._factory, "steps", None)
+        if steps is not None:
+            self._dialing = steps()
+            self._dial_until = now + self.connect_timeout
+            self._dial_step()
             return
+        try:
+            transport = self._factory(self.connect_timeout)
+        except OSError as exc:
+            self._dial_failed(exc)
+            return
+        self._attach(transport)
+
+    def _dial_step(self, error: TimeoutError | None = None) -> None:
+        """Run the dial to its next wait (its socket is then watched), or to its end."""
+        steps = self._dialing
+        self._watch_dial(None)
+        try:
+            if error is not None:
+                want, fd = steps.throw(error)
+            else:
+                want, fd = steps.send(None)
+        except StopIteration as done:
+            self._dialing = None
+            self._attach(done.value)
+            return
+        except OSError as exc:
+            self._dialing = None
+            self._dial_failed(exc)
+            return
+        self._watch_dial(fd, selectors.EVENT_WRITE if want == WRITE else selectors.EVENT_READ)
+
+    def _watch_dial(self, fd: int | None, mask: int = 0) -> None:
+        if self._dial_fd is not None:
+            self._selector.unregister(self._dial_fd)
+            self._dial_fd = None
+        if fd is not None:
+            self._selector.register(fd, mask, _DIAL)
+            self._dial_fd = fd
+
+    def _stop_dialing(self) -> None:
+        if self._dialing is not None:
+            self._watch_dial(None)
+            self._dialing.close()       # the steps close their socket
+            self._dialing = None
+
+    def _dial_failed(self, exc: OSError) -> None:
+        self._events.append(ConnectFailed(None, _why(exc)))
+        self._after_loss(self._clock())
+
+    def _attach(self, transport) -> None:
         now = self._clock()
         self._transport = transport
         self._out.clear()
@@ -328,7 +425,8 @@ class EventLoop:
             if item is None:
                 if throttle is not None:
                     throttle.tokens += 1.0
-                self._idle_until = now + IDLE_POLL
+                # asked again when the watched descriptor is readable, or a bit later
+                self._idle_until = _NEVER if self._source_fd is not None else now + IDLE_POLL
                 return
             req = submit(item if type(item) is Request else as_request(item))
             if watch is not None:
@@ -357,7 +455,7 @@ class EventLoop:
         except BlockingIOError:
             n = 0
         except OSError as exc:
-            self._lost(f"send: {exc}")
+            self._lost(f"send: {_why(exc)}")
             return
         if data is out:
             del out[:n]
@@ -375,6 +473,8 @@ class EventLoop:
     def _wait(self, now: float, deadline: float | None) -> None:
         transport = self._transport
         timeout = None if deadline is None else max(0.0, deadline - now)
+        self._watch_source(not self._paused and not self._source_done
+                           and self._idle_until is _NEVER, now)
 
         def sooner(at):
             nonlocal timeout
@@ -382,24 +482,34 @@ class EventLoop:
                 left = max(0.0, at - now)
                 timeout = left if timeout is None else min(timeout, left)
 
-        if transport is None:
+        if self._dialing is not None:
+            sooner(self._dial_until)
+        elif transport is None:
             if not self._stopped and not self._paused:
                 sooner(self._retry_at)
         elif not self._paused:
             sooner(self.conn.next_deadline())
             if self._source is not None and not self._source_done:
-                sooner(self._idle_until if now < self._idle_until else None)
+                sooner(self._idle_until if now < self._idle_until < _NEVER else None)
                 if self._throttle is not None:
                     sooner(self._throttle.ready_at())
             if transport.pending() or self._more:
                 timeout = 0.0
-        if self._events or self._batch_done():
-            timeout = 0.0           # events to hand out, or run() is over: only look
+        if self._events or self._batch_done() or self.end_when_idle and self.idle:
+            timeout = 0.0           # events to hand out, or run() or the work is over: look
         self._watch_transport(0 if self._paused or transport is None else
                               selectors.EVENT_READ | (selectors.EVENT_WRITE if self._out else 0))
         for key, mask in self._selector.select(timeout):
             if key.fileobj is self.commands:
                 self.commands.woken()
+                self._idle_until = 0.0      # wake(): ask the source again at once
+                continue
+            if key.data is _SOURCE:
+                self._idle_until = 0.0
+                continue
+            if key.data is _DIAL:
+                if self._dialing is not None:
+                    self._dial_step()
                 continue
             if mask & selectors.EVENT_WRITE:
                 self._flush(self._clock())
@@ -420,6 +530,25 @@ class EventLoop:
             self._selector.unregister(transport)
         self._mask = mask
 
+    def _watch_source(self, want: bool, now: float) -> None:
+        """Watch the source's descriptor while the source waits for it."""
+        fd = self._source_fd if want else None
+        watched = self._fd_watched
+        if fd == watched:
+            return
+        if watched is not None:
+            self._selector.unregister(watched)
+            self._fd_watched = None
+        if fd is not None:
+            try:
+                self._selector.register(fd, selectors.EVENT_READ, _SOURCE)
+            except (OSError, ValueError):
+                # a regular file (epoll refuses it) is always readable: ask again in a while
+                self._source_fd = None
+                self._idle_until = now + IDLE_POLL
+                return
+            self._fd_watched = fd
+
     def _read(self) -> None:
         transport = self._transport
         try:
@@ -427,7 +556,7 @@ class EventLoop:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._lost(f"receive: {exc}")
+            self._lost(f"receive: {_why(exc)}")
             return
         if not data:
             self._lost("connection closed by the server")
@@ -476,6 +605,7 @@ class EventLoop:
             self._finished = True
 
     def _drop_transport(self) -> None:
+        self._stop_dialing()
         transport = self._transport
         if transport is None:
             return

@@ -14,6 +14,9 @@ PUBLISH = "publish"
 SUBSCRIBE = "subscribe"
 UNSUBSCRIBE = "unsubscribe"
 
+# The token of the SUBSCRIBE a connection makes again itself (Connection's ``resubscribe``).
+RESUBSCRIBE = "edgebroker.client:resubscribe"
+
 # Where a QoS 2 publish is: PUBLISH sent (or to send), waiting for PUBREC; PUBREL sent (the
 # server has the message), waiting for PUBCOMP.
 STAGE_PUBLISH = 0
@@ -90,10 +93,10 @@ def make_publish(topic: str, payload=b"", qos: int = 0, retain: bool = False,
 
 def as_request(item) -> Request:
     """A Request as it is, or a publish from a (topic, payload[, qos[, retain]]) tuple."""
+    if type(item) is tuple or isinstance(item, tuple):
+        return make_publish(*item)
     if isinstance(item, Request):
         return item
-    if isinstance(item, tuple):
-        return make_publish(*item)
     raise ClientError(f"a request must be a Request or a (topic, payload[, qos[, retain]]) "
                       f"tuple, not {type(item).__name__}")
 

@@ -69,7 +69,8 @@ def connect_socket(host: str, port: int, timeout: float,
 
 
 def open_transport(host: str, port: int, *, timeout: float, unix_path: str | None = None):
-    """A connected transport for the event loop. TLS and WebSocket transports are added here
-    by keyword (their modules make them over ``connect_socket``'s socket)."""
+    """A plain TCP (or Unix) transport, connected within ``timeout`` seconds. TLS and
+    WebSocket transports are made by address.py's ``Dialer`` (over ``connect_socket``'s
+    socket, or, in the event loop, ``Dialer.steps`` without waiting)."""
     sock, peer = connect_socket(host, port, timeout, unix_path)
     return TCPTransport(sock, peer)

@@ -14,6 +14,7 @@ import pytest
 import mqttraw as m
 import mqttraw5 as m5
 from edgebroker.client.connection import ClientError, Connection, QueueFull
+from edgebroker.client.requests import RESUBSCRIBE
 from edgebroker.client.events import (
     Acked, ConnectFailed, Connected, Disconnected, Message, PingTimeout, Subscribed,
     Unsubscribed,
@@ -738,3 +739,57 @@ def test_incoming_qos2_beyond_our_receive_maximum_5():
                    + m5.publish5("a", b"", qos=2, packet_id=2), 1.0)
     events = c.receive_data(m5.publish5("a", b"", qos=2, packet_id=3), 1.0)
     assert [(type(e), e.reason_code) for e in events] == [(Disconnected, 0x93)]
+
+
+def test_subscriptions_made_again_when_the_server_has_no_session():
+    c = connected(resubscribe=True, clean_start=False)
+    c.subscribe([("a/#", 1), ("b", 2), ("no", 1)])
+    (p,) = sent(c)
+    c.receive_data(m.suback(pid(p), (1, 2, 0x80)), 1.0)      # "no" refused
+    c.unsubscribe(["b"])
+    (p,) = sent(c)
+    c.receive_data(m.unsuback(pid(p)), 1.0)
+    c.publish("t", b"x", 1)                                   # in flight across the losses
+    sent(c)
+    c.connection_lost()
+    c.connect(2.0)
+    c.data_to_send()
+    c.receive_data(m.connack(session_present=True), 2.0)     # the session is kept: no need
+    assert [p.type for p in sent(c)] == [m.PUBLISH]
+    c.connection_lost()
+    c.connect(3.0)
+    c.data_to_send()
+    c.receive_data(m.connack(session_present=False), 3.0)    # forgotten: made again
+    data = c.data_to_send()
+    frames = m.split_frames(bytearray(data))
+    # The subscriptions first; the publish not answered follows as a new one (no session).
+    assert [f.type for f in frames] == [m.SUBSCRIBE, m.PUBLISH] and not frames[1].dup
+    assert data.startswith(m.subscribe(pid(frames[0]), [("a/#", 1)]))
+    (event,) = c.receive_data(m.suback(pid(frames[0]), (1,)), 3.0)
+    assert type(event) is Subscribed and event.granted == [1]
+    assert event.request.token == RESUBSCRIBE
+    # Connection's default (the bridge subscribes on Connected itself): not made again.
+    c = connected()
+    c.subscribe([("a/#", 1)])
+    (p,) = sent(c)
+    c.receive_data(m.suback(pid(p), (1,)), 1.0)
+    c.connection_lost()
+    c.connect(2.0)
+    c.data_to_send()
+    c.receive_data(m.connack(session_present=False), 2.0)
+    assert sent(c) == []
+    # An UNSUBSCRIBE in flight across the loss is sent again; its filter is not subscribed.
+    c = connected(resubscribe=True)
+    c.subscribe([("a/#", 1), ("b", 1)])
+    (p,) = sent(c)
+    c.receive_data(m.suback(pid(p), (1, 1)), 1.0)
+    c.unsubscribe(["a/#"])
+    (p,) = sent(c)
+    c.connection_lost()
+    c.connect(2.0)
+    c.data_to_send()
+    c.receive_data(m.connack(session_present=False), 2.0)
+    data = c.data_to_send()
+    frames = m.split_frames(bytearray(data))
+    assert [f.type for f in frames] == [m.SUBSCRIBE, m.UNSUBSCRIBE]
+    assert data.startswith(m.subscribe(pid(frames[0]), [("b", 1)]))

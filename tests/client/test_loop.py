@@ -5,16 +5,18 @@ silently dropped link, no thread started, the producer's back-pressure bound, co
 
 from __future__ import annotations
 
+import os
+import select
 import threading
 import time
 
 import pytest
 
 from edgebroker.client.events import (
-    Acked, ConnectFailed, Connected, Disconnected, Message, PingTimeout,
+    Acked, ConnectFailed, Connected, Disconnected, Message, PingTimeout, Subscribed,
 )
 from edgebroker.client.loop import EventLoop
-from edgebroker.client.requests import make_publish, make_subscribe
+from edgebroker.client.requests import RESUBSCRIBE, make_publish, make_subscribe
 from edgebroker.client.statefile import read_state
 
 from relay import Relay
@@ -242,10 +244,97 @@ def test_policies_when_nothing_listens(uid):
     lp = EventLoop("127.0.0.1", port, client_id=f"{uid}x", reconnect="after_first_success")
     events = list(lp)
     assert [type(e) for e in events] == [ConnectFailed]
-    assert f"127.0.0.1:{port}" in events[0].reason and events[0].reason_code is None
+    # the reason as said to a person: the address and the cause, no "[Errno 111]"
+    assert events[0].reason == f"connect to 127.0.0.1:{port}: Connection refused"
+    assert events[0].reason_code is None
     lp.close()
     lp = EventLoop("127.0.0.1", port, client_id=f"{uid}y", reconnect="always", **FAST)
     res = lp.run([make_publish(f"{uid}/t", b"kept", 1)], timeout=0.5)
     assert [r.payload for r in res.pending] == [b"kept"] and lp.conn.queued == 1
     assert len(res.events) >= 2 and all(type(e) is ConnectFailed for e in res.events)
     lp.close()
+
+
+def test_end_when_idle_ends_the_iteration_once_every_request_is_answered(remote, uid):
+    sub = loop_for(remote, f"{uid}s")
+    assert sub.run([make_subscribe([(f"{uid}/#", 2)])], timeout=10).complete
+    assert sub.idle                                     # no source, nothing in flight
+    batch = [make_publish(f"{uid}/q{q}", b"%d" % q, q, token=q) for q in (0, 1, 2)]
+    lp = loop_for(remote, f"{uid}p", requests=iter(batch), end_when_idle=True)
+    assert not lp.idle                                  # the source is not read yet
+    started = time.monotonic()
+    events = []
+    while (event := lp.poll(30)) is not None:          # ends by itself, not by the timeout
+        events.append(event)
+    assert time.monotonic() - started < 15
+    assert lp.idle and lp.conn.state == "connected"
+    assert [type(e) for e in events] == [Connected, Acked, Acked, Acked]
+    assert sorted(e.request.token for e in events[1:]) == [0, 1, 2]
+    assert list(lp) == []                               # the iteration too
+    lp.set_source([make_publish(f"{uid}/q1", b"again", 1)])     # more work: not idle
+    assert not lp.idle
+    assert [type(e) for e in lp] == [Acked] and lp.idle
+    got = sorted(e.payload for e in messages(sub, 4))
+    assert got == [b"0", b"1", b"2", b"again"]
+    lp.close()
+    sub.close()
+
+
+def test_a_source_waiting_on_a_descriptor_is_asked_again_when_it_is_readable(broker, uid,
+                                                                             tmp_path):
+    b = broker()
+    r, w = os.pipe()
+    asked = [0]
+
+    def lines():
+        while True:
+            asked[0] += 1
+            if not select.select([r], [], [], 0)[0]:
+                yield None                      # nothing for now
+                continue
+            data = os.read(r, 100)
+            if not data:
+                return
+            yield make_publish(f"{uid}/l", data, 1)
+
+    lp = EventLoop(b.host, b.port, client_id=f"{uid}w", end_when_idle=True)
+    lp.set_source(lines(), watch=r)
+    wait_event(lp, lambda e: type(e) is Connected)
+    before = asked[0]
+    assert lp.poll(0.5) is None                 # the time is up; nothing came
+    assert asked[0] == before                   # not asked every IDLE_POLL (10 times)
+    lp.commands.wake()                          # wake(): asked again at once
+    assert lp.poll(0.2) is None and asked[0] == before + 1
+    os.write(w, b"one")
+    event = wait_event(lp, lambda e: type(e) is Acked, 5)
+    assert event.request.payload == b"one" and event.reason_code == 0
+    os.close(w)                                 # EOF: the source ends, the loop is idle
+    assert list(lp) == [] and lp.idle
+    os.close(r)
+    # A regular file cannot be watched (epoll refuses it): asked again IDLE_POLL later.
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    with open(path, "rb") as fh:
+        lp.set_source(iter([None, make_publish(f"{uid}/l", b"two", 1)]), watch=fh)
+        assert [(type(e), e.request.payload) for e in lp] == [(Acked, b"two")]
+    lp.close()
+
+
+def test_subscriptions_made_again_after_a_broker_restart(remote, uid):
+    """The broker restarts without the session (clean start): the loop subscribes again by
+    itself (resubscribe=True, its default) and messages published after it arrive."""
+    sub = loop_for(remote, f"{uid}s", reconnect="always", **FAST)
+    assert sub.run([make_subscribe([(f"{uid}/#", 1)])], timeout=10).complete
+    remote.stop()
+    wait_event(sub, lambda e: type(e) in (Disconnected, ConnectFailed))
+    remote.start()
+    connected = wait_event(sub, lambda e: type(e) is Connected, 20)
+    assert not connected.session_present
+    again = wait_event(sub, lambda e: type(e) is Subscribed)
+    assert again.request.token == RESUBSCRIBE and again.granted == [1]
+    assert again.request.filters == [(f"{uid}/#", 1)]
+    pub = loop_for(remote, f"{uid}p")
+    assert pub.run([make_publish(f"{uid}/after", b"back", 1)], timeout=10).complete
+    assert [e.payload for e in messages(sub, 1)] == [b"back"]
+    pub.close()
+    sub.close()

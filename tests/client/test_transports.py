@@ -20,6 +20,11 @@ from certs import make_pki
 from conftest import _start, _teardown
 
 from .blocking import raw_over
+from edgebroker.client.address import Dialer
+from edgebroker.client.events import ConnectFailed
+from edgebroker.client.events import Message as LoopMessage
+from edgebroker.client.loop import EventLoop
+from edgebroker.client.requests import make_publish, make_subscribe
 from edgebroker.client.tls import TLSError, open_tls, tls_context
 from edgebroker.client.websocket import WebSocketRefused, open_websocket
 
@@ -283,3 +288,43 @@ def test_websocket_text_frame_closes_with_1003():
     server.thread.join(5)
     assert [e.code for e in server.received if isinstance(e, CloseConnection)] == [1003]
     t.close()
+
+
+# -- the synchronous event loop's dial (Dialer.steps in its selector) -----------------------
+
+def test_the_event_loop_dials_tls_and_websocket_in_its_selector(tsrv, pki, uid):
+    ca = str(pki.ca.cert)
+    loops = [EventLoop("127.0.0.1", port(tsrv, TLS), client_id=f"{uid}t",
+                       transport_options={"tls": True, "cafile": ca}),
+             EventLoop(client_id=f"{uid}w", transport_factory=Dialer(
+                 f"wss://127.0.0.1:{port(tsrv, WSS)}", cafile=ca))]
+    for i, lp in enumerate(loops):
+        res = lp.run([make_subscribe([(f"{uid}/{i}", 1)]),
+                      make_publish(f"{uid}/{i}", b"over %d" % i, 1)], timeout=10)
+        assert res.complete, res
+        got = [e for e in res.events if type(e) is LoopMessage]
+        while not got:
+            event = lp.poll(10)
+            assert event is not None, "the message did not come back"
+            got += [event] if type(event) is LoopMessage else []
+        assert got[0].payload == b"over %d" % i
+        lp.close()
+
+
+def test_the_event_loop_is_not_held_by_a_silent_tls_server(uid):
+    """The server takes the TCP connection (its backlog) and never answers the TLS
+    handshake: the loop goes on (its poll returns, the source is read) until the connect
+    timeout, then reports the handshake's failure."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        where = f"127.0.0.1:{server.getsockname()[1]}"
+        lp = EventLoop("127.0.0.1", server.getsockname()[1], client_id=uid,
+                       transport_options={"tls": True, "verify": False}, connect_timeout=2,
+                       reconnect="never")
+        lp.set_source([make_publish(f"{uid}/q", b"queued", 1)])
+        assert lp.poll(0.3) is None          # not a ConnectFailed after a 2 s wait in a call
+        assert lp.conn.queued == 1 and lp.conn.state == "disconnected"
+        events = list(lp)                    # the policy "never": the failure ends it
+        assert [type(e) for e in events] == [ConnectFailed]
+        assert events[0].reason == f"TLS handshake with {where}: no answer in time"
+        assert lp.shutdown()["queued"][0]["topic"] == f"{uid}/q"
+        lp.close()
