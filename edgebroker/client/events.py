@@ -108,19 +108,23 @@ class PingTimeout(Event):
 
 class RunResult:
     """What ``run`` did: ``done`` the answers (Acked, Subscribed, Unsubscribed) to the batch's
-    requests, in order; ``pending`` the batch's requests not answered when it returned;
+    requests, in order; ``pending`` the batch's requests taken and not answered when it
+    returned; ``rest`` an iterator over those it had not taken yet (empty when all were);
     ``events`` everything else that happened meanwhile (messages, connection changes)."""
-    __slots__ = ("done", "pending", "events")
+    __slots__ = ("done", "pending", "rest", "taken_all", "events")
 
     def __init__(self):
         self.done: list = []
         self.pending: list = []
+        self.rest = iter(())
+        self.taken_all = True
         self.events: list = []
 
     @property
     def complete(self) -> bool:
-        return not self.pending
+        """Every request of the batch taken and answered."""
+        return not self.pending and self.taken_all
 
     def __repr__(self) -> str:
         return (f"RunResult({len(self.done)} done, {len(self.pending)} pending, "
-                f"{len(self.events)} other events)")
+                f"{'' if self.taken_all else 'more not taken, '}{len(self.events)} other events)")

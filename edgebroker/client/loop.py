@@ -16,7 +16,8 @@ The loop is an iterator of events (events.py): messages, acknowledgements with t
 request, connection changes. ``run(requests, timeout)`` sends a bounded batch and returns
 when every request is answered or the time is up. ``loop.idle``: the source is used up and
 every request answered; with ``end_when_idle`` the iteration ends then. Commands:
-commands.py. Reconnection and back-off: backoff.py. The state file: statefile.py.
+commands.py (carried out by loop_commands.py). Connecting: loop_dial.py. Reconnection and
+back-off: backoff.py. The state file: statefile.py.
 """
 
 from __future__ import annotations
@@ -35,26 +36,20 @@ from edgebroker.client.events import (
     Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
 )
 from edgebroker.client.requests import ClientError, Request, as_request
-from edgebroker.client.handshake import WRITE
-from edgebroker.client.statefile import read_state, write_state
+from edgebroker.client.loop_commands import LoopCommands
+from edgebroker.client.loop_dial import DIAL, LoopDialing, why
+from edgebroker.client.statefile import read_state
 
 OUTPUT_HIGH = 1 << 20      # bytes waiting for the socket above which no request is taken
 PULL_BATCH = 1000          # requests taken per pass at most (then the bytes go out)
 IDLE_POLL = 0.05           # seconds before asking a source that said "nothing for now" again
 READ_SIZE = 1 << 16
-SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered and DISCONNECT
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
 _NEVER = float("inf")       # _idle_until while the source waits for its descriptor
 _SOURCE = "source"          # the selector key's data of the source's descriptor
-_DIAL = "dial"              # ... of the socket being connected
 
 
-def _why(exc: OSError) -> str:
-    """An OSError's text without Python's "[Errno N] " (its message names the address)."""
-    return exc.strerror or str(exc)
-
-
-class EventLoop:
+class EventLoop(LoopCommands, LoopDialing):
     """See the module doc. ``options`` go to the Connection (keepalive, clean_start, username,
     password, will, properties, max_inflight, max_queued). ``resubscribe``: after a
     reconnection on which the server has no session, SUBSCRIBE again what it had granted
@@ -101,6 +96,7 @@ class EventLoop:
         self._events: deque = deque()
         self._source = None
         self._source_done = True
+        self._acked = None                # the source's acked(request), if it has one
         self._source_fd = None            # set_source(watch=): asked again when readable
         self._fd_watched: int | None = None     # the descriptor registered for it
         self._idle_until = 0.0
@@ -125,7 +121,12 @@ class EventLoop:
         if client_id and doc.get("client_id") != client_id:
             raise ClientError(f"state file {self.state_file} is client {doc.get('client_id')!r}"
                               f"'s, not {client_id!r}")
-        return Connection.load(doc, connect_timeout=conn_timeout, **options)
+        conn = Connection.load(doc, connect_timeout=conn_timeout, **options)
+        # Used once: a later process must not load it again after this one went on (its
+        # server QoS 2 identifiers, long completed, would drop new messages as duplicates).
+        # It stays beside, for a look, until the next one is loaded.
+        os.replace(self.state_file, self.state_file + ".loaded")
+        return conn
 
     # -- the user's side ----------------------------------------------------------------------
     def set_source(self, requests, watch=None) -> None:
@@ -136,6 +137,8 @@ class EventLoop:
         self._source = iter(requests)
         self._source_done = False
         self._idle_until = 0.0
+        self._more = False
+        self._acked = getattr(requests, "acked", None)
         if watch is None and callable(getattr(requests, "fileno", None)):
             watch = requests
         self._source_fd = (None if watch is None else
@@ -181,8 +184,10 @@ class EventLoop:
         """Send ``requests`` (a bounded iterable) and return once each is answered (QoS 0:
         handed to the transport), or ``timeout`` seconds have passed, or the loop is over."""
         result = RunResult()
-        before = (self._source, self._source_done, self._source_fd)
+        before = (self._source, self._source_done, self._source_fd, self._acked)
         self.set_source(requests)
+        self._acked = before[3]        # the batch's answers are run()'s: the source's stay its
+        batch = self._source
         self._watch = watch = {}
         deadline = None if timeout is None else self._clock() + timeout
         try:
@@ -201,115 +206,13 @@ class EventLoop:
                     result.events.append(event)
         finally:
             self._watch = None
-            self._source, self._source_done, self._source_fd = before
+            done = self._source_done
+            self._source, self._source_done, self._source_fd, self._acked = before
+            self._more = False
         result.pending = list(watch.values())
+        if not done:
+            result.rest, result.taken_all = batch, False
         return result
-
-    # -- commands (also through self.commands, from anywhere) ---------------------------------
-    def pause(self) -> None:
-        self._apply(K.PAUSE)
-
-    def resume(self) -> None:
-        self._apply(K.RESUME)
-
-    def throttle(self, rate: float | None) -> None:
-        self.commands.throttle(rate)     # checks the rate
-        self._apply_asked()
-
-    def disconnect(self) -> None:
-        self._apply(K.DISCONNECT)
-
-    def reconnect(self) -> None:
-        self._apply(K.RECONNECT)
-
-    def shutdown(self, state_file=None) -> dict:
-        """Disconnect (DISCONNECT sent when connected), end the iteration and return the
-        state (``Connection.save()``); written to ``state_file`` or the loop's own, if any."""
-        self._apply(K.SHUTDOWN, state_file)
-        return self.final_state
-
-    def save_state(self, state_file=None) -> dict:
-        """Write the state now (a checkpoint) and return it."""
-        doc = self.conn.save()
-        path = state_file or self.state_file
-        if path:
-            write_state(path, doc)
-        return doc
-
-    def close(self) -> None:
-        """Close the transport and the loop's own sockets (no DISCONNECT: see shutdown).
-        The loop is over; closing again does nothing."""
-        if self._finished and self._selector is None:
-            return
-        self._drop_transport()
-        self._finished = True
-        self._selector.close()
-        self._selector = None
-        self.commands.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _apply(self, *command) -> None:
-        self._do(command, self._clock())
-
-    def _apply_asked(self) -> None:
-        now = self._clock()
-        for command in self.commands.take():
-            self._do(command, now)
-
-    def _do(self, command: tuple, now: float) -> None:
-        what = command[0]
-        if what == K.PAUSE:
-            self._paused = True
-        elif what == K.RESUME:
-            self._paused = False
-        elif what == K.THROTTLE:
-            self._rate = command[1]
-            self._throttle = None if command[1] is None else K.Throttle(command[1], now)
-        elif what == K.DISCONNECT:
-            self._stopped = True
-            self._close_politely(now)
-        elif what == K.RECONNECT:
-            self._stopped = False
-            self._retry_at = now
-        elif what == K.SHUTDOWN:
-            self._close_politely(now)
-            self.final_state = self.save_state(command[1] if len(command) > 1 else None)
-            self.close()
-
-    def _close_politely(self, now: float) -> None:
-        """DISCONNECT after what is buffered, for at most SHUTDOWN_FLUSH seconds; then close."""
-        conn = self.conn
-        if self._transport is not None and conn.state in ("connected", "connecting"):
-            conn.disconnect()
-            self._out += conn.data_to_send(now)
-            self._answered(conn.acked_qos0())
-            self._drain(now + SHUTDOWN_FLUSH)
-        elif conn.state != "closed":
-            conn.disconnect()
-        self._drop_transport()
-
-    def _drain(self, deadline: float) -> None:
-        out = self._out
-        transport = self._transport
-        while out:
-            try:
-                n = transport.send(out)
-            except BlockingIOError:
-                left = deadline - self._clock()
-                if left <= 0:
-                    return
-                with selectors.DefaultSelector() as sel:
-                    sel.register(transport, selectors.EVENT_WRITE)
-                    sel.select(left)
-                continue
-            except OSError:
-                return
-            del out[:n]
 
     # -- one pass -------------------------------------------------------------------------------
     def _pass(self, now: float, deadline: float | None) -> None:
@@ -340,59 +243,6 @@ class EventLoop:
                 self._answered(conn.tick(now))
             self._flush(now)
         self._check_state(now)
-
-    def _open(self, now: float) -> None:
-        """Start a connection: a Dialer's steps run in the selector (no wait here but a host
-        name's resolution); another transport_factory is called (and may wait)."""
-        steps = getattr(self._factory, "steps", None)
-        if steps is not None:
-            self._dialing = steps()
-            self._dial_until = now + self.connect_timeout
-            self._dial_step()
-            return
-        try:
-            transport = self._factory(self.connect_timeout)
-        except OSError as exc:
-            self._dial_failed(exc)
-            return
-        self._attach(transport)
-
-    def _dial_step(self, error: TimeoutError | None = None) -> None:
-        """Run the dial to its next wait (its socket is then watched), or to its end."""
-        steps = self._dialing
-        self._watch_dial(None)
-        try:
-            if error is not None:
-                want, fd = steps.throw(error)
-            else:
-                want, fd = steps.send(None)
-        except StopIteration as done:
-            self._dialing = None
-            self._attach(done.value)
-            return
-        except OSError as exc:
-            self._dialing = None
-            self._dial_failed(exc)
-            return
-        self._watch_dial(fd, selectors.EVENT_WRITE if want == WRITE else selectors.EVENT_READ)
-
-    def _watch_dial(self, fd: int | None, mask: int = 0) -> None:
-        if self._dial_fd is not None:
-            self._selector.unregister(self._dial_fd)
-            self._dial_fd = None
-        if fd is not None:
-            self._selector.register(fd, mask, _DIAL)
-            self._dial_fd = fd
-
-    def _stop_dialing(self) -> None:
-        if self._dialing is not None:
-            self._watch_dial(None)
-            self._dialing.close()       # the steps close their socket
-            self._dialing = None
-
-    def _dial_failed(self, exc: OSError) -> None:
-        self._events.append(ConnectFailed(None, _why(exc)))
-        self._after_loss(self._clock())
 
     def _attach(self, transport) -> None:
         now = self._clock()
@@ -455,7 +305,7 @@ class EventLoop:
         except BlockingIOError:
             n = 0
         except OSError as exc:
-            self._lost(f"send: {_why(exc)}")
+            self._lost(f"send: {why(exc)}")
             return
         if data is out:
             del out[:n]
@@ -463,11 +313,14 @@ class EventLoop:
             out += memoryview(data)[n:]
 
     def _answered(self, events: list) -> None:
+        """Events to hand out; the source that gave a request answered is told (acked), also
+        while run() has a batch of its own (whose requests are not the source's)."""
         self._events.extend(events)
-        acked = getattr(self._source, "acked", None)
+        acked = self._acked
         if acked is not None:
+            batch = self._watch
             for event in events:
-                if type(event) in _ANSWERS:
+                if type(event) in _ANSWERS and (batch is None or id(event.request) not in batch):
                     acked(event.request)
 
     def _wait(self, now: float, deadline: float | None) -> None:
@@ -507,7 +360,7 @@ class EventLoop:
             if key.data is _SOURCE:
                 self._idle_until = 0.0
                 continue
-            if key.data is _DIAL:
+            if key.data is DIAL:
                 if self._dialing is not None:
                     self._dial_step()
                 continue
@@ -556,7 +409,7 @@ class EventLoop:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._lost(f"receive: {_why(exc)}")
+            self._lost(f"receive: {why(exc)}")
             return
         if not data:
             self._lost("connection closed by the server")

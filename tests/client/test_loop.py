@@ -338,3 +338,61 @@ def test_subscriptions_made_again_after_a_broker_restart(remote, uid):
     assert [e.payload for e in messages(sub, 1)] == [b"back"]
     pub.close()
     sub.close()
+
+
+def test_run_reports_what_it_did_not_take_and_leaves_no_busy_loop(broker, uid):
+    """A batch larger than the queue with a timeout too short for it: the requests never
+    taken are in ``rest`` (none silently dropped), and after run() the loop waits in its
+    selector again (``poll`` over an idle link takes little CPU)."""
+    b = broker()
+    lp = EventLoop(b.host, b.port, client_id=f"{uid}p", max_queued=10, max_inflight=10)
+    assert lp.run([make_subscribe([(f"{uid}/none", 0)])], timeout=10).complete
+    lp.pause()                                   # nothing goes out: the queue fills
+    res = lp.run((make_publish(f"{uid}/a", b"%d" % i, 1) for i in range(50)), timeout=0.2)
+    assert not res.complete and not res.taken_all
+    rest = list(res.rest)
+    assert len(res.pending) + len(rest) == 50
+    assert [r.payload for r in res.pending + rest] == [b"%d" % i for i in range(50)]
+    lp.resume()
+    assert lp.run(rest, timeout=10).complete
+    cpu = time.process_time()
+    end = time.monotonic() + 0.5
+    while (left := end - time.monotonic()) > 0:
+        lp.poll(left)                            # an idle link: nothing comes
+    assert time.process_time() - cpu < 0.25, "the loop spun instead of waiting"
+    lp.close()
+
+
+def test_a_spool_hears_of_its_answers_during_run(broker, uid, tmp_path):
+    from edgebroker.client.spool import Spool
+    b = broker()
+    spool = Spool(tmp_path / "spool")
+    for i in range(200):
+        spool.append(f"{uid}/s", b"%d" % i, 1)
+    lp = EventLoop(b.host, b.port, client_id=f"{uid}p", requests=spool, max_inflight=20)
+    wait_event(lp, lambda e: type(e) is Acked)           # the spool's publishes flow
+    res = lp.run([make_subscribe([(f"{uid}/other", 1)])], timeout=10)
+    assert res.complete and [type(e) for e in res.done] == [Subscribed]
+    drive({lp: []}, lambda: spool.unacked == 0, timeout=20)    # every answer reached it
+    lp.close()
+    spool.close()
+
+
+def test_a_state_file_is_used_once(broker, uid, tmp_path):
+    """Loaded, it is put aside (``.loaded``): a process killed after loading it leaves none for
+    the next, whose stale server QoS 2 identifiers would drop new messages."""
+    b = broker()
+    path = tmp_path / "state.json"
+    first = EventLoop(b.host, b.port, client_id=f"{uid}c", clean_start=False,
+                      state_file=path)
+    assert first.run([make_subscribe([(f"{uid}/#", 2)])], timeout=10).complete
+    first.shutdown()
+    assert path.exists()
+    second = EventLoop(b.host, b.port, client_id=f"{uid}c", clean_start=False,
+                       state_file=path)
+    assert not path.exists() and (tmp_path / "state.json.loaded").exists()
+    second.close()                                     # as if killed: no new state file
+    third = EventLoop(b.host, b.port, client_id=f"{uid}c", clean_start=False,
+                      state_file=path)
+    assert third.conn.inflight == 0 and third.conn.queued == 0
+    third.close()
