@@ -24,8 +24,8 @@ from edgebroker.commitlog.format import (
     SEGMENT_HEADER_SIZE, SegmentInfo, UploadSource,
 )
 from edgebroker.commitlog.recovery import UPLOADED_FILE
-from edgebroker.files import write_small_file
 from edgebroker.commitlog.segment import Segment
+from edgebroker.files import write_small_file
 
 log = logging.getLogger("edgebroker.commitlog")
 # Descriptors a segment holds: its data and index files, and its index map (an mmap keeps a

@@ -23,10 +23,10 @@ import os
 
 from edgebroker import _native
 from edgebroker.commitlog.errors import LogWriteError
-from edgebroker.files import write_small_file
 from edgebroker.commitlog.format import (
     FORMAT_VERSION, INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, SEGMENT_SUFFIX, segment_name,
 )
+from edgebroker.files import write_small_file
 
 INDEX_GROW_ENTRIES = 4096
 

@@ -257,10 +257,12 @@ def test_retention_by_age_applies_without_an_uploader(broker, tmp_path):
     b = broker(log={"segment_bytes": 4096, "retention_ms": 1000, "segment_ms": 1000})
     publish(b, 0, 100)
     logdir = Path(b.config["data_dir"]) / "log"
-    wait_until(lambda: b.wait_log(lambda line: "(no uploader)" in line, timeout=0.01),
-               what="a segment deleted by age")
+    # Segments go as they come of age, one maintenance pass at a time (on a loaded machine
+    # the 100 messages may span more than retention_ms): wait for the count, not one line.
+    wait_until(lambda: len(list(logdir.glob("*.seg"))) < 100 * 140 // 4096,
+               what="segments deleted by age")
+    assert b.wait_log(lambda line: "(no uploader)" in line, timeout=5)
     assert "before it was uploaded" not in b.log_text()
-    assert len(list(logdir.glob("*.seg"))) < 100 * 140 // 4096
     assert b.stats()["upload"] is None
     b.stop()
 
