@@ -75,7 +75,8 @@ class Bridge:
                                clean_start=config.clean_start, keepalive=config.keepalive,
                                username=config.username or None,
                                password=config.password.encode() if config.password else None,
-                               max_inflight=config.window, max_queued=config.window)
+                               max_inflight=config.window, max_queued=config.window,
+                               auto_ack=False)   # inbound: acknowledged once logged
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
         self.outbound: Outbound | None = None
@@ -196,8 +197,17 @@ class Bridge:
 
     def resume_reading(self, reason: str) -> None:
         self._paused_reading.discard(reason)
+        if reason == "log" and self.inbound.held:
+            self.inbound.retry()
         if self.link is not None:
             self.link.resume_reading(reason)
+
+    def write(self, message: Message) -> None:
+        """The journal's acknowledgement seam (``Journal.acknowledge``): the record of an
+        inbound ``message`` is safe under ``durability``, or the message was dropped here;
+        acknowledge it to the remote (PUBACK, PUBREC)."""
+        if self.conn.ack(message) and self.link is not None:
+            self._send()
 
     # ----- MQTT events ------------------------------------------------------------------
 
@@ -214,7 +224,7 @@ class Bridge:
                                            f"{event.reason_code:#04x}) a message to "
                                            f"{request.topic!r}")
             elif kind is Message:
-                self.inbound.message(event.topic, event.payload, event.qos, event.retain)
+                self.inbound.message(event)
             elif kind is Connected:
                 self._connected(event)
             elif kind is Subscribed:
