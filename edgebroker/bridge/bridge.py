@@ -100,6 +100,7 @@ class Bridge:
             log.info("bridge %s: no checkpoint: it forwards from the head of the log (offset %d)",
                      self.name, head)
         cursor, sent = saved
+        self.writer.on_disk[self.path] = cursor
         self.outbound = Outbound(self.name, commit_log, self.rules,
                                  self.publisher.client_id_bytes, cursor, sent)
         if self.config.bandwidth:
@@ -344,6 +345,7 @@ class Bridge:
         return {
             "name": self.name, "remote": self.config.address, "client_id": self.client_id,
             "state": self.state, "cursor": ob.cursor, "saved_cursor": ob.saved,
+            "checkpoint_cursor": self.writer.on_disk.get(self.path, ob.saved),
             "lag_messages": lag["lag_records"], "lag_bytes": lag["lag_bytes"],
             "lag_seconds": lag["lag_seconds"], "inflight": self.conn.inflight,
             "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,
