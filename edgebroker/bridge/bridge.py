@@ -105,7 +105,9 @@ class Bridge:
                                  self.publisher.client_id_bytes, cursor, sent)
         if self.config.bandwidth:
             self.bucket = TokenBucket(self.config.bandwidth, self.config.bandwidth, self.clock())
-        log.info("bridge %s: to %s as %r, from log offset %d (%d to send again)", self.name,
+        log.info("bridge %s: to %s as %r, from log offset %d (%d sent before, counted as "
+                 "resent when sent again; more may have been sent after that checkpoint)",
+                 self.name,
                  self.config.address, self.client_id, cursor, max(0, sent - cursor))
         self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
         self._connect()
