@@ -22,9 +22,9 @@ def bridge_table(remote_port: int, rules: list[dict], **settings) -> dict:
 
 
 def publish_range(client: mqttraw.RawClient, topic: str, start: int, end: int,
-                  timeout: float = 60.0) -> None:
-    """Publish payloads ``str(i)`` for ``start <= i < end`` with QoS 1, PIPELINE at a time;
-    returns once every one was acknowledged."""
+                  timeout: float = 60.0, size: int = 0) -> None:
+    """Publish payloads ``str(i)`` (zero-padded to ``size`` bytes) for ``start <= i < end``
+    with QoS 1, PIPELINE at a time; returns once every one was acknowledged."""
     deadline = time.monotonic() + timeout
     for low in range(start, end, PIPELINE):
         high = min(end, low + PIPELINE)
@@ -33,7 +33,8 @@ def publish_range(client: mqttraw.RawClient, topic: str, start: int, end: int,
         for i in range(low, high):
             pid = client.next_pid()
             pids.add(pid)
-            frames.append(mqttraw.publish(topic, str(i).encode(), 1, packet_id=pid))
+            frames.append(mqttraw.publish(topic, str(i).encode().zfill(size), 1,
+                                          packet_id=pid))
         client.send(b"".join(frames))
         while pids:
             p = client.wait_for(lambda p: p.type == mqttraw.PUBACK,
