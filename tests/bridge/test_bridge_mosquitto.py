@@ -4,6 +4,7 @@ retention_bytes deletes what the bridge had not forwarded."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -150,6 +151,17 @@ def test_inbound_rules_and_prefixes(broker, mosquitto_broker, paho):
     assert re.search(rf"bridge +up to 127\.0\.0\.1:{remote.port}, up, cursor \d+; lag 0 "
                      r"messages, .*1 forwarded, 0 resent, 0 gaps \(0 offsets\), 1 received, "
                      r"0 reconnects", out.stdout), out.stdout
+    # `inspect bridges`: a table row per bridge, and the admin reply as JSON.
+    out = run_cli("inspect", "bridges", "--data-dir", gw.config["data_dir"])
+    assert out.returncode == 0, out.stderr
+    head, row = out.stdout.splitlines()
+    assert head.split()[:4] == ["BRIDGE", "REMOTE", "STATE", "CURSOR"]
+    assert row.split()[:3] == ["up", f"127.0.0.1:{remote.port}", "up"], out.stdout
+    # INFLIGHT, FORWARDED, RESENT, GAPS, RECEIVED, RECONNECTS
+    assert row.split()[-6:] == ["0", "1", "0", "0", "1", "0"], out.stdout
+    out = run_cli("inspect", "bridges", "--data-dir", gw.config["data_dir"], "--format", "json")
+    (fig,) = json.loads(out.stdout)["bridges"]
+    assert (fig["name"], fig["state"], fig["forwarded"], fig["received"]) == ("up", "up", 1, 1)
 
 
 def test_retention_forced_under_the_cursor_is_a_counted_logged_gap(broker, mosquitto_broker,
@@ -174,3 +186,7 @@ def test_retention_forced_under_the_cursor_is_a_counted_logged_gap(broker, mosqu
     remote.start()
     fig = wait_figure(gw, lambda f: f["lag_messages"] == 0 and f["inflight"] == 0, timeout=20)
     assert fig["forwarded"] > 0 and fig["forwarded"] + fig["gap_offsets"] == 2000, fig
+    out = run_cli("inspect", "bridges", "--data-dir", gw.config["data_dir"])
+    assert (f"up: {fig['gap_offsets']} log offsets lost to the remote in {fig['gaps']} gaps "
+            f"(retention_bytes)"
+            in out.stdout), out.stdout
