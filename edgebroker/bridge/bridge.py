@@ -75,7 +75,8 @@ class Bridge:
                                clean_start=config.clean_start, keepalive=config.keepalive,
                                username=config.username or None,
                                password=config.password.encode() if config.password else None,
-                               max_inflight=config.window, max_queued=config.window)
+                               max_inflight=config.window, max_queued=config.window,
+                               auto_ack=False)   # inbound: acknowledged once logged
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
         self.outbound: Outbound | None = None
@@ -99,11 +100,14 @@ class Bridge:
             log.info("bridge %s: no checkpoint: it forwards from the head of the log (offset %d)",
                      self.name, head)
         cursor, sent = saved
+        self.writer.on_disk[self.path] = cursor
         self.outbound = Outbound(self.name, commit_log, self.rules,
                                  self.publisher.client_id_bytes, cursor, sent)
         if self.config.bandwidth:
             self.bucket = TokenBucket(self.config.bandwidth, self.config.bandwidth, self.clock())
-        log.info("bridge %s: to %s as %r, from log offset %d (%d to send again)", self.name,
+        log.info("bridge %s: to %s as %r, from log offset %d (%d sent before, counted as "
+                 "resent when sent again; more may have been sent after that checkpoint)",
+                 self.name,
                  self.config.address, self.client_id, cursor, max(0, sent - cursor))
         self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
         self._connect()
@@ -196,8 +200,17 @@ class Bridge:
 
     def resume_reading(self, reason: str) -> None:
         self._paused_reading.discard(reason)
+        if reason == "log" and self.inbound.held:
+            self.inbound.retry()
         if self.link is not None:
             self.link.resume_reading(reason)
+
+    def write(self, message: Message) -> None:
+        """The journal's acknowledgement seam (``Journal.acknowledge``): the record of an
+        inbound ``message`` is safe under ``durability``, or the message was dropped here;
+        acknowledge it to the remote (PUBACK, PUBREC)."""
+        if self.conn.ack(message) and self.link is not None:
+            self._send()
 
     # ----- MQTT events ------------------------------------------------------------------
 
@@ -214,7 +227,7 @@ class Bridge:
                                            f"{event.reason_code:#04x}) a message to "
                                            f"{request.topic!r}")
             elif kind is Message:
-                self.inbound.message(event.topic, event.payload, event.qos, event.retain)
+                self.inbound.message(event)
             elif kind is Connected:
                 self._connected(event)
             elif kind is Subscribed:
@@ -334,6 +347,7 @@ class Bridge:
         return {
             "name": self.name, "remote": self.config.address, "client_id": self.client_id,
             "state": self.state, "cursor": ob.cursor, "saved_cursor": ob.saved,
+            "checkpoint_cursor": self.writer.on_disk.get(self.path, ob.saved),
             "lag_messages": lag["lag_records"], "lag_bytes": lag["lag_bytes"],
             "lag_seconds": lag["lag_seconds"], "inflight": self.conn.inflight,
             "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,

@@ -66,6 +66,9 @@ class CheckpointWriter:
         self._thread = threading.Thread(target=self._run, name="bridge-checkpoints", daemon=True)
         self.written = 0
         self.failures = 0
+        # path -> the cursor of the last checkpoint this thread wrote (what a crash now keeps;
+        # read by the core for the figures: one dict item, set whole)
+        self.on_disk: dict[str, int] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -85,6 +88,7 @@ class CheckpointWriter:
                 path, (name, cursor, sent) = self._wanted.popitem()
             try:
                 write(path, name, cursor, sent)
+                self.on_disk[path] = cursor
                 self.written += 1
             except OSError as exc:
                 self.failures += 1

@@ -11,9 +11,18 @@ logged once per bridge and reason.
 The publisher id written in the log is the bridge's client id: that is the origin marker
 the outbound side reads to never send such a record back out (docs/bridge.md).
 
+A QoS 1/2 message is acknowledged to the remote (PUBACK, PUBREC: the connection runs with
+``auto_ack=False``) only once its record is safe under ``durability``, through the journal's
+own gate (``Journal.acknowledge``, as a client's PUBACK): the journal hands the ``Message``
+back to ``LinkAsPublisher.transport.write`` (``Bridge.write``). So a crash or a
+power cut before the write leaves the message unacknowledged, and the remote sends it again.
+A message dropped here is acknowledged at once (behind the ones waiting): it is not wanted.
+
 When the commit log cannot take a QoS 1/2 message (a full or failing disk) the journal
 pauses its publisher: here that stops reading the link (``LinkAsPublisher.pause_reading``),
-so the remote holds what follows, and the message itself is counted as dropped.
+so the remote holds what follows. The messages already read are held in order, not
+acknowledged (at most one read of the link), and published again when the log writes again
+(``retry``).
 """
 
 from __future__ import annotations
@@ -50,31 +59,55 @@ class Inbound:
         self.publisher = publisher
         self.received = 0        # messages from the remote published here
         self.dropped = 0
+        self.held: list = []     # Messages the log could not take, in order (see retry)
         self._warned: set[str] = set()
 
-    def message(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+    def message(self, event) -> None:
+        """A ``Message`` event from the remote: published here, acknowledged when written."""
+        if self.held:
+            self.held.append(event)      # behind those waiting for the log
+            return
+        topic, payload, qos, retain = event.topic, event.payload, event.qos, event.retain
         local = self.rules.incoming(topic)
         if local is None:
-            return self._drop("unasked", f"a message on {topic!r}, which no in rule matches")
+            return self._drop(event, "unasked", f"a message on {topic!r}, which no in rule "
+                                                f"matches")
         if local.startswith("$SYS"):
-            return self._drop("sys_topic", f"a message for {local!r}: $SYS topics are "
-                                           f"written only by the broker")
+            return self._drop(event, "sys_topic", f"a message for {local!r}: $SYS topics are "
+                                                  f"written only by the broker")
         broker = self.broker
         if retain and not broker.limits.retain_available:
-            return self._drop("retain_available", f"a retained message for {local!r} while "
-                                                  f"retain_available is false")
+            return self._drop(event, "retain_available", f"a retained message for {local!r} "
+                                                         f"while retain_available is false")
         if local not in broker.known_topics:
             refused = broker.admit_topic(local, self.publisher, retain)
             if refused is not None:
-                return self._drop(refused, f"a message for the new topic {local!r}: {refused}")
+                return self._drop(event, refused, f"a message for the new topic {local!r}: "
+                                                  f"{refused}")
         try:
-            broker.publish(local, payload, qos, retain, self.publisher)
+            offset = broker.publish(local, payload, qos, retain, self.publisher)
         except LogFullError:
-            return self._drop("log_full", f"a QoS {qos} message for {local!r}: the commit log "
-                                          f"cannot write (reading the link pauses until it can)")
+            self.held.append(event)
+            if "log_full" not in self._warned:
+                self._warned.add("log_full")
+                log.warning("bridge %s: the commit log cannot take a QoS %d message for %r: "
+                            "held, not acknowledged, and reading the link paused until the "
+                            "log writes again (logged once)", self.name, qos, local)
+            return
         self.received += 1
+        if qos:
+            broker.acknowledge(self.publisher, offset, event)
 
-    def _drop(self, reason: str, what: str) -> None:
+    def retry(self) -> None:
+        """The log writes again: publish the held messages, in order (those the log still
+        cannot take are held again)."""
+        held, self.held = self.held, []
+        for event in held:
+            self.message(event)
+
+    def _drop(self, event, reason: str, what: str) -> None:
+        if event.qos:   # not wanted here: acknowledged, behind the acknowledgements waiting
+            self.broker.acknowledge(self.publisher, None, event)
         self.dropped += 1
         self.broker.drop("bridge_in", None, 1)
         if reason not in self._warned:

@@ -71,9 +71,7 @@ class Outbound:
     def check_gap(self) -> None:
         """Retention deleted records the bridge had not read (only ``retention_bytes`` does
         that, see ``hold``): go on from the oldest record kept; counted and logged."""
-        commit_log = self.log
-        # (An empty log's first offset is its next one, records not yet written included.)
-        first = min(commit_log.first_offset, commit_log.written_offset)
+        first = self.log.first_offset
         if self.read_at < first:
             lost = first - self.read_at
             self.gaps += 1

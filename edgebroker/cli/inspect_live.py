@@ -1,11 +1,11 @@
-"""`edgebroker inspect stats|clients`: ask the running broker through its admin socket.
+"""`edgebroker inspect stats|clients|bridges`: ask the running broker through its admin socket.
 
 The socket is ``<state directory>/admin.sock``; the state directory comes from
 ``--data-dir``, else ``data_dir`` of ``-c FILE``, else the same default as
 ``serve`` ($STATE_DIRECTORY, else ./edgebroker-data). ``--socket PATH`` names
 the socket directly.
 
-``add_subcommands(inspect_subparsers)`` adds both commands under an existing
+``add_subcommands(inspect_subparsers)`` adds these commands under an existing
 ``inspect`` parser (the offline ``inspect`` commands live in their own module).
 """
 
@@ -44,6 +44,11 @@ def add_subcommands(inspect_commands) -> None:
     clients.add_argument("--iterations", type=_count, default=0, metavar="N",
                          help="with --watch: stop after N refreshes (default: never)")
     clients.set_defaults(run=run_clients)
+
+    bridges = inspect_commands.add_parser(
+        "bridges", help="the running broker's bridges: link, cursor, checkpoint, lag, resends")
+    _add_common(bridges)
+    bridges.set_defaults(run=run_bridges)
 
 
 def _add_common(p) -> None:
@@ -115,12 +120,17 @@ class AdminClient:
 
 # ----- stats -------------------------------------------------------------------------------
 
-def run_stats(args) -> int:
+def ask_once(args, request: dict) -> dict:
+    """One request on a connection of its own (the reply, ``ok`` checked)."""
     client = AdminClient(admin_path(args))
     try:
-        reply = client.ask({"cmd": "stats"})
+        return client.ask(request)
     finally:
         client.close()
+
+
+def run_stats(args) -> int:
+    reply = ask_once(args, {"cmd": "stats"})
     if args.format == "json":
         print(json.dumps(reply["stats"], indent=2, sort_keys=True))
     else:
@@ -233,22 +243,30 @@ COLUMNS = (  # header, width, row key, format
 )
 
 
+def table_head(columns) -> str:
+    return "  ".join(f"{title:<{w}}" if fmt == "s" else f"{title:>{w}}"
+                     for title, w, _, fmt in columns)
+
+
+def table_row(columns, row: dict) -> str:
+    """One row: text cut to its column (ending in ~), numbers right-aligned."""
+    cells = []
+    for _, width, key, fmt in columns:
+        value = row[key]
+        if fmt == "s":
+            text = str(value)
+            if len(text) > width:
+                text = text[:width - 1] + "~"
+            cells.append(f"{text:<{width}}")
+        else:
+            cells.append(f"{value:>{width}{fmt}}")
+    return "  ".join(cells)
+
+
 def format_clients(reply: dict, sort: str) -> str:
-    head = "  ".join(f"{title:<{w}}" if fmt == "s" else f"{title:>{w}}"
-                     for title, w, _, fmt in COLUMNS)
-    lines = [f"{reply['total']} clients connected; sorted by {sort}", head]
+    lines = [f"{reply['total']} clients connected; sorted by {sort}", table_head(COLUMNS)]
     for row in reply["clients"]:
-        cells = []
-        for _, width, key, fmt in COLUMNS:
-            value = row[key]
-            if fmt == "s":
-                text = str(value)
-                if len(text) > width:
-                    text = text[:width - 1] + "~"
-                cells.append(f"{text:<{width}}")
-            else:
-                cells.append(f"{value:>{width}{fmt}}")
-        lines.append("  ".join(cells) + ("  (throttled)" if row["throttled"] else ""))
+        lines.append(table_row(COLUMNS, row) + ("  (throttled)" if row["throttled"] else ""))
     return "\n".join(lines)
 
 
@@ -279,3 +297,38 @@ def run_clients(args) -> int:
         return 0
     finally:
         client.close()
+
+
+# ----- bridges -----------------------------------------------------------------------------
+
+BRIDGE_COLUMNS = (  # header, width, row key, format
+    ("BRIDGE", 12, "name", "s"), ("REMOTE", 21, "remote", "s"), ("STATE", 10, "state", "s"),
+    ("CURSOR", 10, "cursor", "d"), ("ON DISK", 10, "checkpoint_cursor", "d"),
+    ("LAG", 9, "lag_messages", "d"), ("LAG B", 10, "lag_bytes", "d"),
+    ("LAG s", 7, "lag_seconds", ".1f"), ("INFLIGHT", 8, "inflight", "d"),
+    ("FORWARDED", 10, "forwarded", "d"), ("RESENT", 8, "resent", "d"), ("GAPS", 5, "gaps", "d"),
+    ("RECEIVED", 9, "received", "d"), ("RECONNECTS", 10, "reconnects", "d"),
+)
+
+
+def format_bridges(bridges: list[dict]) -> str:
+    if not bridges:
+        return "no bridges ([[bridge]] tables in the configuration: docs/bridge.md)"
+    lines = [table_head(BRIDGE_COLUMNS)]
+    for row in bridges:
+        lines.append(table_row(BRIDGE_COLUMNS, row))
+        if row["gaps"]:
+            lines.append(f"  {row['name']}: {row['gap_offsets']} log offsets lost to the "
+                         f"remote in {row['gaps']} gaps (retention_bytes)")
+        if row["last_error"]:
+            lines.append(f"  {row['name']}: last error: {row['last_error']}")
+    return "\n".join(lines)
+
+
+def run_bridges(args) -> int:
+    reply = ask_once(args, {"cmd": "bridges"})
+    if args.format == "json":
+        print(json.dumps({"bridges": reply["bridges"]}, indent=2, sort_keys=True))
+    else:
+        print(format_bridges(reply["bridges"]))
+    return 0

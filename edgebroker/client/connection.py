@@ -30,6 +30,7 @@ from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import (
     DISCONNECT_BYTES, PINGREQ_BYTES, encode, encode_ack, encode_connect, encode_publish_head,
+    encode_puback,
 )
 from edgebroker.mqtt.encode5 import encode5, encode_disconnect5, encode_publish_head5
 from edgebroker.mqtt.properties import (
@@ -49,7 +50,7 @@ class Connection:
                  password: bytes | str | None = None, will: P.Will | None = None,
                  properties: dict | None = None, max_inflight: int = 100,
                  max_queued: int = 1000, connect_timeout: float = 30.0,
-                 resubscribe: bool = False):
+                 resubscribe: bool = False, auto_ack: bool = True):
         if protocol not in (P.PROTOCOL_31, P.PROTOCOL_311, P.PROTOCOL_5):
             raise ClientError(f"protocol must be 3 (3.1), 4 (3.1.1) or 5, not {protocol!r}")
         if not 0 <= keepalive <= 0xFFFF:
@@ -76,6 +77,8 @@ class Connection:
         # server had acknowledged (the event loop and the asyncio adapter set it; the bridge
         # subscribes on Connected itself).
         self.resubscribe = resubscribe
+        # False: an incoming QoS 1/2 message is acknowledged by ack(message), not on arrival.
+        self.auto_ack = auto_ack
         self.state = DISCONNECTED
         self._v5 = protocol == P.PROTOCOL_5
         props = properties or {}
@@ -92,6 +95,7 @@ class Connection:
         self._next_pid = 1
         self._incoming_qos2: set = set()  # the server's QoS 2 ids given out, PUBREL awaited
         self._subscriptions: dict = {}   # filter -> (options, properties) the server granted
+        self._unacked: dict = {}         # packet id -> Message given out, ack() awaited
         self._qos0_out: list = []        # QoS 0 requests in _out, not handed out yet
         self._qos0_heads: dict = {}      # (topic, length, retain) -> QoS 0 PUBLISH head
         self._events: list = []          # events made outside receive_data/tick
@@ -169,6 +173,8 @@ class Connection:
         self._closing = None
         self._decoder = None
         self._ping_due = None
+        if self._unacked:       # QoS 1 is sent again by the server, under a new Message
+            self._unacked = {pid: m for pid, m in self._unacked.items() if m.qos == 2}
         if self._qos0_out:      # never handed out: they go first next time
             self._queue.extendleft(reversed(self._qos0_out))
             self._qos0_out = []
@@ -181,6 +187,26 @@ class Connection:
             return
         self._closing = (encode_disconnect5(reason_code, properties) if self._v5
                          else DISCONNECT_BYTES)
+
+    def ack(self, message) -> bool:
+        """With ``auto_ack=False``: acknowledge a QoS 1/2 ``Message`` this connection gave out
+        (PUBACK for QoS 1, PUBREC for QoS 2), once the caller has made it safe. False when
+        there is nothing to acknowledge: QoS 0, acknowledged already, or a QoS 1 message of a
+        connection that was lost since (the server sends it again, as a new Message). A QoS 2
+        message acknowledged while disconnected is answered when the server sends it again."""
+        pid = message.packet_id
+        if not message.qos or self._unacked.get(pid) is not message:
+            return False
+        del self._unacked[pid]
+        if self.state is CONNECTED:
+            self._out.append(encode_puback(pid) if message.qos == 1
+                             else encode_ack(P.PUBREC, pid))
+        return True
+
+    @property
+    def unacked(self) -> int:
+        """Incoming QoS 1/2 messages given out and not yet acknowledged (``auto_ack=False``)."""
+        return len(self._unacked)
 
     # -- requests -----------------------------------------------------------------------------
     def publish(self, topic: str, payload=b"", qos: int = 0, retain: bool = False,

@@ -54,6 +54,7 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
         conn.client_id = props.get(ASSIGNED_CLIENT_ID, conn.client_id)
     if not p.session_present:
         conn._incoming_qos2.clear()   # a new session: no PUBREL will come for them
+        conn._unacked.clear()         # nor a resend to acknowledge
     events.append(Connected(p.session_present, code, props))
     conn._resend(p.session_present)
     if not p.session_present and conn.resubscribe and conn._subscriptions:
@@ -67,20 +68,28 @@ def on_publish(conn, p: P.Publish, events: list) -> None:
     if props is not None and TOPIC_ALIAS in props:
         topic = _alias(conn, topic, props[TOPIC_ALIAS])
     qos = p.qos
+    pid = p.packet_id
+    auto = conn.auto_ack
     if qos == 1:
-        conn._out.append(encode_puback(p.packet_id))
+        if auto:
+            conn._out.append(encode_puback(pid))
     elif qos == 2:
-        pid = p.packet_id
-        conn._out.append(encode_ack(P.PUBREC, pid))
         if pid in conn._incoming_qos2:
             conn.duplicates_dropped += 1
+            if pid not in conn._unacked:   # (not yet acknowledged: ack() sends the PUBREC)
+                conn._out.append(encode_ack(P.PUBREC, pid))
             return
         if len(conn._incoming_qos2) >= conn._receive_max:
             raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
                                 f"({conn._receive_max})", rule="MQTT-3.3.4-9",
                                 reason=RECEIVE_MAXIMUM_EXCEEDED)
         conn._incoming_qos2.add(pid)
-    events.append(Message(topic, p.payload, qos, p.retain, p.dup, props, p.packet_id))
+        if auto:
+            conn._out.append(encode_ack(P.PUBREC, pid))
+    message = Message(topic, p.payload, qos, p.retain, p.dup, props, pid)
+    if qos and not auto:
+        conn._unacked[pid] = message
+    events.append(message)
 
 
 def _alias(conn, topic: str, alias: int) -> str:
@@ -134,6 +143,7 @@ def on_pubrel(conn, p: P.Pubrel, events: list) -> None:
     pid = p.packet_id
     if pid in conn._incoming_qos2:
         conn._incoming_qos2.discard(pid)
+        conn._unacked.pop(pid, None)   # (a PUBREL before our PUBREC: the exchange ends)
         conn._out.append(encode_ack(P.PUBCOMP, pid))
     else:
         conn._out.append(encode_ack5(P.PUBCOMP, pid, PACKET_ID_NOT_FOUND) if conn._v5

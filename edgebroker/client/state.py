@@ -24,7 +24,8 @@ def save_state(conn) -> dict:
         "next_packet_id": conn._next_pid,
         "inflight": [to_state(r) for r in conn._inflight.values()],
         "queued": [to_state(r) for r in queued],
-        "incoming_qos2": sorted(conn._incoming_qos2),
+        # (one given out and not yet acknowledged is given out again when it is sent again)
+        "incoming_qos2": sorted(conn._incoming_qos2 - conn._unacked.keys()),
     }
 
 

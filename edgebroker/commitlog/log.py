@@ -265,11 +265,14 @@ class CommitLog:
 
     @property
     def first_offset(self) -> int:
-        """The oldest record's offset still in the log (``next_offset`` when it is empty)."""
+        """The oldest record's offset still in the log. With no record written it is
+        ``written_offset``: the first record appended and not yet written (held while the disk
+        fails, or waiting for the pass's write), else the next one. Never ``next_offset``
+        past such records: a reader behind would take them for deleted (issue 22)."""
         for seg in self._segments:
             if seg.count:
                 return seg.entry(0)[0]
-        return self.next_offset
+        return self._written
 
     @property
     def segment_count(self) -> int:

@@ -327,13 +327,14 @@ def bytes_after(self, offset: int) -> int:
 
 def offset_at_time(self, timestamp_ms: int) -> int:
     """The offset of the first record whose timestamp is >= ``timestamp_ms`` (by the running
-    maximum the index keeps), or the next offset when there is none."""
+    maximum the index keeps), or ``written_offset`` when no written record is: records
+    appended and not yet written are not indexed, so they count as new enough."""
     for seg in list(self._segments):
         if seg.count and seg.max_timestamp >= timestamp_ms:
             j = seg.find_time(timestamp_ms)
             if j < seg.count:
                 return seg.entry(j)[0]
-    return self.next_offset
+    return self._written
 
 
 def lag(self, cursor: int, now_ms: int) -> dict:

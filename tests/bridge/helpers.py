@@ -1,13 +1,16 @@
 """What the bridge tests share: a pipelined QoS 1 publisher over the raw client, a remote
-subscriber that keeps every payload it gets, the bridge's figures, its config table."""
+subscriber that keeps every payload it gets, the bridge's figures, its config table, and a
+remote the test plays itself (``FakeRemote``: every byte the bridge gets is the test's)."""
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
 import mqttraw
+from client.blocking import raw_over
 
 PIPELINE = 1000     # QoS 1 PUBLISHes sent before their PUBACKs are read
 
@@ -19,9 +22,9 @@ def bridge_table(remote_port: int, rules: list[dict], **settings) -> dict:
 
 
 def publish_range(client: mqttraw.RawClient, topic: str, start: int, end: int,
-                  timeout: float = 60.0) -> None:
-    """Publish payloads ``str(i)`` for ``start <= i < end`` with QoS 1, PIPELINE at a time;
-    returns once every one was acknowledged."""
+                  timeout: float = 60.0, size: int = 0) -> None:
+    """Publish payloads ``str(i)`` (zero-padded to ``size`` bytes) for ``start <= i < end``
+    with QoS 1, PIPELINE at a time; returns once every one was acknowledged."""
     deadline = time.monotonic() + timeout
     for low in range(start, end, PIPELINE):
         high = min(end, low + PIPELINE)
@@ -30,7 +33,8 @@ def publish_range(client: mqttraw.RawClient, topic: str, start: int, end: int,
         for i in range(low, high):
             pid = client.next_pid()
             pids.add(pid)
-            frames.append(mqttraw.publish(topic, str(i).encode(), 1, packet_id=pid))
+            frames.append(mqttraw.publish(topic, str(i).encode().zfill(size), 1,
+                                          packet_id=pid))
         client.send(b"".join(frames))
         while pids:
             p = client.wait_for(lambda p: p.type == mqttraw.PUBACK,
@@ -91,3 +95,33 @@ def wait_figure(broker, pred, timeout: float = 10.0, name: str = "up") -> dict:
 
 def checkpoint(data_dir: str | Path, name: str = "up") -> dict:
     return json.loads((Path(data_dir) / f"bridge-{name}.json").read_text())
+
+
+class FakeRemote:
+    """A listening socket on loopback that the test answers as an MQTT 3.1.1 server."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.ends: list[mqttraw.RawClient] = []
+
+    def accept(self, session_present: bool = False, timeout: float = 10.0) -> mqttraw.RawClient:
+        """The remote's end of the bridge's next connection (a RawClient over the accepted
+        socket): its CONNECT answered (CONNACK), then its SUBSCRIBE
+        (SUBACK granting what it asked)."""
+        self.server.settimeout(timeout)
+        sock, _ = self.server.accept()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        end = raw_over(None)          # RawClient's fields, then the accepted socket
+        end.sock = sock
+        self.ends.append(end)
+        end.expect(mqttraw.CONNECT, timeout)
+        end.send(mqttraw.connack(session_present))
+        sub = end.expect(mqttraw.SUBSCRIBE, timeout)
+        end.send(mqttraw.suback(int.from_bytes(sub.body[:2], "big"), [sub.body[-1]]))
+        return end
+
+    def close(self) -> None:
+        for end in self.ends:
+            end.close()
+        self.server.close()

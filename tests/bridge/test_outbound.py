@@ -99,7 +99,8 @@ def test_records_not_yet_written_in_an_empty_log_are_no_gap(tmp_path):
     out = Outbound("up", log, Rules([TopicRule(pattern="a/#")]), BRIDGE_ID, 0, 0)
     for _ in range(3):
         log.append(1_700_000_000_000, 1, False, b"dev", b"a/x", b"p")
-    assert log.written_offset == 0 and log.first_offset == 3   # appended, not yet written
+    assert log.written_offset == 0 and log.next_offset == 3   # appended, not yet written
+    assert log.first_offset == 0     # the first record appended (issue 22)
     out.check_gap()
     assert out.gaps == 0 and out.read_at == 0
     log.write_pending()

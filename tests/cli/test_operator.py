@@ -82,7 +82,8 @@ def test_every_command_that_prints_a_report_lists_format():
 
     found = {" ".join(path): p for path, p in leaves(build_parser(), [])}
     assert sorted(found) == [
-        "config check", "inspect clients", "inspect segments", "inspect sessions",
+        "config check", "inspect bridges", "inspect clients", "inspect segments",
+        "inspect sessions",
         "inspect stats", "inspect tail", "inspect topics", "inspect verify", "passwd", "pub",
         "serve", "sub", "upload pause", "upload resume", "upload run", "upload status"]
     for name, parser in found.items():
@@ -160,6 +161,7 @@ def test_every_command_is_quiet_on_a_closed_pipe(broker, tmp_path, uid):
     pw = tmp_path / "passwd"
     commands = [
         ["inspect", "stats", "--data-dir", data], ["inspect", "clients", "--data-dir", data],
+        ["inspect", "bridges", "--data-dir", data],
         ["inspect", "segments", "--data-dir", data], ["inspect", "topics", "--data-dir", data],
         ["inspect", "tail", "--data-dir", data], ["inspect", "verify", "--data-dir", data],
         ["upload", "status", "--data-dir", data], ["config", "check", "-c", str(b.config_path)],

@@ -290,6 +290,62 @@ def test_incoming_qos2_survives_reconnect_with_session():
     assert c.save()["incoming_qos2"] == []
 
 
+def test_auto_ack_false_acknowledges_on_ack_only():
+    """auto_ack=False: a QoS 1/2 message is acknowledged by ack(message) (PUBACK, PUBREC),
+    not on arrival; QoS 2 is still given out once; ack() of QoS 0 or twice does nothing."""
+    c = connected(auto_ack=False)
+    (m0,) = c.receive_data(m.publish("a", b"0"), 1.0)
+    (m1,) = c.receive_data(m.publish("a", b"1", qos=1, packet_id=7), 1.0)
+    (m2,) = c.receive_data(m.publish("a", b"2", qos=2, packet_id=8), 1.0)
+    assert (m1.packet_id, m2.packet_id, c.unacked) == (7, 8, 2)
+    assert c.data_to_send() == b"", "nothing acknowledged before ack()"
+    # Sent again before it was acknowledged: not given out again, and no PUBREC yet.
+    assert c.receive_data(m.publish("a", b"2", qos=2, dup=True, packet_id=8), 1.0) == []
+    assert c.data_to_send() == b"" and c.duplicates_dropped == 1
+    assert c.ack(m0) is False
+    assert c.ack(m2) is True and c.ack(m1) is True
+    assert [(p.type, p.packet_id) for p in sent(c)] == [(m.PUBREC, 8), (m.PUBACK, 7)]
+    assert c.ack(m1) is False and c.ack(m2) is False and c.unacked == 0
+    assert c.data_to_send() == b""
+    # Acknowledged, sent again before PUBREL (our PUBREC lost): PUBREC at once, as usual.
+    assert c.receive_data(m.publish("a", b"2", qos=2, dup=True, packet_id=8), 1.0) == []
+    assert c.data_to_send() == m.pubrec(8)
+    assert c.receive_data(m.pubrel(8), 1.0) == [] and c.data_to_send() == m.pubcomp(8)
+    c5 = connected(5, auto_ack=False)
+    (m5_1,) = c5.receive_data(m5.publish5("b", b"x", qos=1, packet_id=3), 1.0)
+    assert c5.data_to_send() == b"" and c5.ack(m5_1)
+    assert [(p.type, p.packet_id) for p in sent(c5)] == [(m.PUBACK, 3)]
+
+
+def test_auto_ack_false_across_a_lost_connection():
+    """A QoS 1 message of a lost connection is not acknowledged on the next one (the server
+    sends it again: that one is acknowledged); a QoS 2 one acknowledged while down is
+    answered when it is sent again; one not acknowledged is not in the state file."""
+    c = connected(auto_ack=False, clean_start=False)
+    (old1,) = c.receive_data(m.publish("a", b"1", qos=1, packet_id=7), 1.0)
+    (old2,) = c.receive_data(m.publish("a", b"2", qos=2, packet_id=8), 1.0)
+    assert c.save()["incoming_qos2"] == [], "given out, not acknowledged: not kept"
+    c.connection_lost()
+    assert c.ack(old2) is True and c.ack(old1) is False
+    c.connect(2.0)
+    c.data_to_send()
+    c.receive_data(m.connack(session_present=True), 2.0)
+    # The server uses id 7 again for the QoS 1 message it sends again (its resend).
+    (new1,) = c.receive_data(m.publish("a", b"1", qos=1, dup=True, packet_id=7), 2.0)
+    assert c.receive_data(m.publish("a", b"2", qos=2, dup=True, packet_id=8), 2.0) == []
+    assert c.data_to_send() == m.pubrec(8), "QoS 1 waits for its ack(); QoS 2 is answered"
+    assert c.ack(old1) is False and c.ack(new1) is True
+    assert c.data_to_send() == m.puback(7)
+    assert c.save()["incoming_qos2"] == [8]
+    # A QoS 2 message not acknowledged when the session is gone: nothing to acknowledge.
+    (m3,) = c.receive_data(m.publish("a", b"3", qos=2, packet_id=9), 2.0)
+    c.connection_lost()
+    c.connect(3.0)
+    c.data_to_send()
+    c.receive_data(m.connack(session_present=False), 3.0)
+    assert c.ack(m3) is False and c.unacked == 0 and c.data_to_send() == b""
+
+
 def test_pubrel_for_unknown_id():
     c = connected(5)
     c.receive_data(m5.pubrel5(4), 1.0)

@@ -186,3 +186,57 @@ def test_a_puback_for_a_qos2_message_among_others_closes_the_connection(core):
     errors = core.stats.protocol_errors
     sub.data_received(b"".join(m.puback(f.packet_id) for f in frames))
     assert core.stats.protocol_errors == errors + 1 and sub_t.closing
+
+
+def test_records_appended_not_yet_written_never_skip_a_session_behind(tmp_path):
+    """Issue 22: the periodic cursor check may run in a pass whose records are appended and
+    not yet written (the loop's timers run before its end_pass). An offline session behind at
+    an empty log, and one behind older records than max_session_lag_age, must keep those
+    records: no log_gap, every QoS 1 message delivered once the session is back."""
+    wall = [1_700_000_000_000]
+    log = CommitLog.open(str(tmp_path / "log"), LogOptions(segment_bytes=64 * 1024))
+    conf = config.from_dict({"limits": {"max_session_lag_age": 60.0}})
+    core = Broker(conf, time.monotonic, commit_log=log, wall_ms=lambda: wall[0])
+    try:
+        for name in ("empty", "aged"):
+            sub, _ = _connect(core, name, clean=False)
+            sub.data_received(m.subscribe(1, [(f"{name}/#", 1)]))
+            sub.data_received(m.disconnect())
+        assert log.next_offset == 0 and all(core.sessions[n].cursor is not None
+                                            for n in ("empty", "aged"))
+        pub, _ = _connect(core, "pub")
+
+        def publish(topic: str, start: int, end: int) -> None:
+            pub.data_received(b"".join(m.publish(topic, b"%d" % i, qos=1, packet_id=1)
+                                       for i in range(start, end)))
+
+        def read_back(name: str) -> list[int]:
+            back, back_t = _connect(core, name, clean=False)
+            reader = Reader(back, back_t)
+            for _ in range(20):
+                reader.read()
+                core.end_pass()
+            return reader.got
+
+        # 1. The log is empty; three records are appended, the check runs before the write.
+        publish("empty/t", 0, 3)
+        assert log.written_offset == 0 and log.next_offset == 3
+        core.check_cursors(time.monotonic())
+        core.end_pass()
+        assert core.sessions["empty"].cursor.offset == 0
+        assert core.dropped.get("log_gap", 0) == 0
+        assert read_back("empty") == [0, 1, 2]
+        # 2. Written records, all older than max_session_lag_age, then new ones appended and
+        # checked before their write: the old ones go (a counted gap), the new ones stay.
+        publish("aged/t", 3, 8)
+        core.end_pass()
+        wall[0] += 120_000
+        publish("aged/t", 8, 11)
+        assert log.written_offset == 8 and log.next_offset == 11
+        core.check_cursors(time.monotonic())
+        core.end_pass()
+        assert core.sessions["aged"].cursor.offset == 8, "only the aged records are skipped"
+        assert core.dropped.get("log_gap", 0) == 8      # offsets 0..7
+        assert read_back("aged") == [8, 9, 10]
+    finally:
+        log.close()
