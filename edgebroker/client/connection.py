@@ -4,7 +4,8 @@ send; no sockets, clocks or threads (the caller passes ``now``). The event loop
 /work/notes/client-api.md's; docs/client.md says what it chose where MQTT is silent.
 
 The states and their moves are client/states.py's; packets from the server are handled in
-client/incoming.py; the state file is client/state.py's.
+client/incoming.py, what is sent again after a reconnection in client/resume.py; the state
+file is client/state.py's.
 
 Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the
 window (the smaller of ``max_inflight`` and the server's Receive Maximum) and what follows it
@@ -22,9 +23,10 @@ from edgebroker.errors import (
 from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
 from edgebroker.client.incoming import HANDLERS, on_ack
 from edgebroker.client.requests import (
-    PUBLISH, RESUBSCRIBE, STAGE_PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE,
-    ClientError, QueueFull, Request, make_publish, make_subscribe, make_unsubscribe,
+    PUBLISH, STAGE_PUBLISH, SUBSCRIBE, ClientError, QueueFull, Request, make_publish,
+    make_subscribe, make_unsubscribe,
 )
+from edgebroker.client.resume import send_again
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
 from edgebroker.mqtt import packets as P
@@ -346,7 +348,7 @@ class Connection:
             if req.kind is PUBLISH and self._n_pub >= self._window:
                 return
             wait.popleft()
-            self._send_again(req)
+            send_again(self, req)
         queue = self._queue
         while queue and self._closing is None:
             req = queue[0]
@@ -360,63 +362,6 @@ class Connection:
             elif not self._send_other(req):
                 return
             queue.popleft()
-
-    def _subscribe_again(self) -> None:
-        """After a CONNACK without a session: SUBSCRIBE again the filters the server had
-        granted (but those of an UNSUBSCRIBE not yet answered), one request per set of
-        properties, before anything queued: the requests not answered, which ``_resend`` put
-        back at the front of the queue, follow (token RESUBSCRIBE)."""
-        leaving = {f for req in (*self._inflight.values(), *self._queue)
-                   if req.kind is UNSUBSCRIBE for f in req.filters}
-        groups: dict = {}
-        for topic_filter, (options, props) in self._subscriptions.items():
-            if topic_filter not in leaving:
-                groups.setdefault(id(props), (props, []))[1].append((topic_filter, options))
-        waiting = []
-        for props, filters in groups.values():
-            req = Request(SUBSCRIBE, RESUBSCRIBE, filters=filters, properties=props)
-            if not self._send_other(req):
-                waiting.append(req)
-        self._queue.extendleft(reversed(waiting))
-
-    def _resend(self, session_present: bool) -> None:
-        """After CONNACK, what was sent and not answered. Session Present 1: sent again in
-        the order first sent, DUP=1 (PUBREL for a QoS 2 publish past PUBREC). Session
-        Present 0: the server has no session, so ours is discarded (MQTT-3.2.2-5, 4.4.0-1):
-        every request not answered goes back to the front of the queue and is sent as a new
-        one (DUP=0, a new packet id, a QoS 2 publish from its PUBLISH even past PUBREC: at
-        least once rather than lost)."""
-        inflight = self._inflight
-        if not session_present:
-            if inflight:
-                for req in inflight.values():
-                    req.packet_id = None
-                    req.stage = STAGE_PUBLISH
-                self._queue.extendleft(reversed(inflight.values()))
-                inflight.clear()
-                self._n_pub = 0
-            self._resend_wait.clear()
-            return
-        # In order while the window (perhaps smaller now) allows; the rest by _pump.
-        self._n_pub = 0
-        wait = self._resend_wait
-        wait.clear()
-        for req in inflight.values():
-            if wait or req.kind is PUBLISH and self._n_pub >= self._window:
-                wait.append(req)
-            else:
-                self._send_again(req)
-
-    def _send_again(self, req: Request) -> None:
-        """A request in flight again, on a connection that kept the session."""
-        if req.kind is not PUBLISH:
-            self._out.append(self._encode_other(req))
-            return
-        self._n_pub += 1
-        if req.stage == STAGE_PUBREL:
-            self._out.append(encode_ack(P.PUBREL, req.packet_id))
-        else:
-            self._out.extend(self._encode_publish(req, True))
 
     def _answered(self, req: Request) -> None:
         """``req``, in flight, got its last answer."""

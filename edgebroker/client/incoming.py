@@ -13,6 +13,7 @@ from edgebroker.client.events import (
     Acked, ConnectFailed, Connected, Disconnected, Message, Subscribed, Unsubscribed,
 )
 from edgebroker.client.requests import PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE
+from edgebroker.client.resume import resend, subscribe_again
 from edgebroker.client.states import CONNECTED, CONNECTING
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_ack, encode_puback
@@ -56,9 +57,9 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
         conn._incoming_qos2.clear()   # a new session: no PUBREL will come for them
         conn._unacked.clear()         # nor a resend to acknowledge
     events.append(Connected(p.session_present, code, props))
-    conn._resend(p.session_present)
+    resend(conn, p.session_present)
     if not p.session_present and conn.resubscribe and conn._subscriptions:
-        conn._subscribe_again()
+        subscribe_again(conn)
     conn._pump()
 
 
