@@ -1,7 +1,7 @@
 """One ``[[bridge]]``: the link to a remote broker, driven by the core loop (no thread).
 
 The parts: ``Link`` (the socket, TLS), the client library's sans-I/O ``Connection`` (MQTT:
-packet ids, the window, resending with DUP after a reconnect, keepalive), ``Outbound`` (the
+packet ids, the window, resending after a reconnect, keepalive), ``Outbound`` (the
 log consumer and its cursor), ``Inbound`` (remote messages published here) and the
 checkpoint file. ``Bridge`` moves bytes and events between them:
 
@@ -16,8 +16,9 @@ checkpoint file. ``Bridge`` moves bytes and events between them:
 - the connection's keepalive deadline, the reconnect back-off, the checkpoint interval and a
   bandwidth pause are ``Timer``s in the broker's deadline heap.
 
-After the link breaks the connection keeps its in-flight requests and sends them again with
-DUP once the next CONNACK comes (counted as resent); the outbound side sends nothing new
+After the link breaks the connection keeps its in-flight requests and sends them again once
+the next CONNACK comes (counted as resent): with DUP when the remote kept the session, as new
+messages when it did not (client/resume.py); the outbound side sends nothing new
 meanwhile, and the backlog stays in the log.
 """
 
@@ -247,7 +248,7 @@ class Bridge:
         self.attempts = 0
         self.connects += 1
         self.last_error = ""
-        resent = len(self.outbound.outstanding)   # sent before, sent again with DUP now
+        resent = len(self.outbound.outstanding)   # sent before, sent again now
         self.outbound.resent += resent
         log.info("bridge %s: connected to %s (session present: %s; %d messages sent again)",
                  self.name, self.config.address, event.session_present, resent)
