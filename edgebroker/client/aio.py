@@ -327,12 +327,14 @@ class AsyncClient:
         for event in events:
             if isinstance(event, _ANSWERS):
                 fut = event.request.token
+                self._space.set()
                 if fut in self._open:
                     self._open.discard(fut)
                     if not fut.done():
                         fut.set_result(event)
-                self._space.set()
-                continue
+                    continue
+                # An answer to a request of the client's own (a SUBSCRIBE made again after
+                # a reconnection without a session, token RESUBSCRIBE): an event like others.
             self._post(event)
             if isinstance(event, Connected):
                 self.backoff.succeeded()

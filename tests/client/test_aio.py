@@ -342,3 +342,30 @@ def test_close_fails_open_requests(asrv, uid):
         assert [type(e) async for e in c] == [Connected]     # what came, then the end
 
     run(main())
+
+
+def test_subscriptions_made_again_are_events_and_messages_flow(mosquitto_broker, uid):
+    """Mosquitto without persistence forgets the session when it restarts: the client
+    subscribes again by itself, the answer is a Subscribed event (token RESUBSCRIBE), and a
+    message published after the restart arrives."""
+    from edgebroker.client.events import Subscribed
+    from edgebroker.client.requests import RESUBSCRIBE
+    mq = mosquitto_broker(persistence=False)
+    topic = f"{uid}/r"
+
+    async def main():
+        c = AsyncClient(f"mqtt://127.0.0.1:{mq.port}", uid, reconnect="always",
+                        backoff=(0.05, 0.5), clean_start=False)
+        await c.connect()
+        await c.subscribe([(topic, 1)])
+        mq.stop()
+        mq.start()
+        async for event in c:
+            if isinstance(event, Subscribed):
+                assert event.request.token is RESUBSCRIBE and event.granted == [1]
+                break
+        ack = await asyncio.wait_for(c.publish(topic, b"after", qos=1), 5)
+        assert ack.reason_code == 0 and (await next_message(c)).payload == b"after"
+        await c.close()
+
+    run(main(), timeout=30)
