@@ -58,9 +58,7 @@ def _bridge(gateway) -> dict | None:
 
 
 def run_bridge_drain(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
-    if broker_cls.name != "edgebroker":
-        return {"value": None, "unit": spec["unit"],
-                "note": "not applicable: Mosquitto is the remote end of the bridge"}
+    assert broker_cls.name == "edgebroker", "Mosquitto is the remote end of the bridge"
     count = max(1, int(spec["count"] * args.scale))
     limit = args.time_limit or spec["time_limit"]
     remote = brokers.Mosquitto({"mosquitto": ["max_queued_messages 0"]})

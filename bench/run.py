@@ -224,6 +224,8 @@ def _main(args, started: float) -> int:
                     label = ("" if args.variants == [scenarios.V311_PLAIN]
                              else f" {scenarios.variant_label(*variant):<7}")
                     for bname in args.broker_list:
+                        if bname not in SCENARIOS[name].get("brokers", (bname,)):
+                            continue       # not for this broker (bridge_drain: the remote)
                         try:
                             rec = scenarios.run(name, brokers.BROKERS[bname], rnd, args, variant)
                         except (RunError, OSError, RuntimeError) as exc:

@@ -178,7 +178,7 @@ SCENARIOS = {
         time_limit=LOG_QUEUE_TIME_LIMIT, idle_grace=LOG_QUEUE_IDLE_GRACE,
         broker_cfg=LOG_QUEUE_CFG, target=[absolute("value", ">=", 200_000), NO_LOSS]),
     "bridge_drain": dict(
-        kind="bridge", unit="msg/s",
+        kind="bridge", unit="msg/s", brokers=("edgebroker",),   # Mosquitto is the remote
         about="a backlog of 1,000,000 (× --scale) QoS 0 messages of 64 B in edgebroker's log, "
               "drained by a [[bridge]] (QoS 1, window 100) to a loopback Mosquitto started "
               "after the backlog was logged: msg/s from its start to the last acknowledgement; "
