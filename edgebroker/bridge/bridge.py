@@ -9,7 +9,8 @@ checkpoint file. ``Bridge`` moves bytes and events between them:
   moves the cursor: the request's token is the record's log offset; ``Message`` is published
   here); what the connection has to send goes to the link at once;
 - the outbound side is *pumped* whenever the window may have room: after acknowledgements,
-  after the link comes up, and after each loop pass that wrote records to the log
+  after the link comes up, when the link's buffer drained (``on_drained``: a QoS 0 backlog
+  takes no place in the window), and after each loop pass that wrote records to the log
   (``on_written``: the core's after-write hook, so a bridge at the head is woken by the
   next message, never by polling). A backlog drains at the speed of the window's round trips,
   within ``bandwidth``;
@@ -368,24 +369,29 @@ class Bridge:
             self.pump()
 
     def pump(self) -> None:
-        """Hand the remote what the window, the link and the bandwidth cap allow."""
+        """Hand the remote what the window, the link and the bandwidth cap allow. Only QoS
+        1/2 messages take a place in the window; QoS 0 ones are limited by the link's
+        buffer alone: when it is full the link says when it drained (``on_drained``)."""
         if self.state != "up" or self.link is None:
             return
         conn = self.conn
         outbound = self.outbound
         room = self.config.window - conn.inflight - conn.queued
-        if self._busy:      # a "later" refusal: nothing new until it was sent again
-            room = 0
+        # Bytes that may still be handed to the link in this pass.
+        limit = MAX_LINK_OUT - self.link.out_bytes
         reads = 0
         bucket = self.bucket
-        if bucket is not None and bucket.refill(self.clock()) < 1.0:
-            self._wait_for_bandwidth()
-            room = 0
+        # A "later" refusal (nothing new until it was sent again), or over the bandwidth.
+        blocked = bool(self._busy) or bucket is not None and bucket.refill(self.clock()) < 1.0
+        if blocked:
+            if not self._busy:
+                self._wait_for_bandwidth()
+            limit = 0
         publish = conn.publish
-        take = outbound.take
-        while room > 0 and self.link.out_bytes < MAX_LINK_OUT:
-            record = take()
-            if record is None:
+        pending = outbound.pending
+        max_qos = self.max_qos
+        while limit > 0:
+            if not pending:
                 if reads >= READS_PER_PUMP:
                     if not self._again.pending:
                         self._again.start(self.broker, self.clock())
@@ -394,17 +400,35 @@ class Bridge:
                 if not outbound.read():
                     break
                 continue
-            offset, topic, payload, qos, retain = record
-            if qos > self.max_qos:
-                qos = self.max_qos
+            qos = min(pending[0][3], max_qos)
+            if qos and room <= 0 or not conn.can_publish:
+                break       # the window is full: an acknowledgement calls pump again
+            offset, topic, payload, _, retain = outbound.take()
             if retain and not self.retain_available:
                 retain = False
             publish(topic, payload, qos, retain, token=offset)
-            room -= 1
-            if bucket is not None and not bucket.spend(len(payload) + len(topic), self.clock()):
+            if qos:
+                room -= 1
+            size = len(payload) + len(topic)
+            limit -= size
+            if bucket is not None and not bucket.spend(size, self.clock()):
                 self._wait_for_bandwidth()
                 break
         self._send()
+        link = self.link
+        if not blocked and limit <= 0 and link is not None and (
+                pending or not outbound.at_head()):
+            # Stopped by the link's buffer with work left: go on when it drained (half
+            # empty), or at once when the socket took it all already.
+            if link.out_bytes >= MAX_LINK_OUT // 2:
+                link.drained_below = MAX_LINK_OUT // 2
+            elif not self._again.pending:
+                self._again.start(self.broker, self.clock())
+
+    def on_drained(self) -> None:
+        """The link's unsent output fell below ``drained_below``: hand it more."""
+        if not self._again.pending:
+            self._again.start(self.broker, self.clock())
 
     def _wait_for_bandwidth(self) -> None:
         """Over ``bandwidth``: go on once 20 ms' worth of it is back (at least one byte)."""
