@@ -100,6 +100,7 @@ class Bridge:
         self._busy_times = 0             # such refusals since one was accepted (back-off)
         self._busy_retry = Timer(self._send_busy_again)
         self._warned: set = set()        # what was logged once
+        self._sent_before = 0            # publishes in flight when the link was lost
 
     # ----- start and stop ---------------------------------------------------------------
 
@@ -203,6 +204,9 @@ class Bridge:
         self.link = None
         if self.conn.state != "closed":
             self.conn.connection_lost()
+        # Sent on this link and not acknowledged: sent again after the next CONNACK (those
+        # still queued in the connection were never sent: not resends).
+        self._sent_before = self.conn.inflight_publishes
         self._failed(reason)
 
     # ----- the publisher seam (inbound: a full log pauses reading the link) --------------
@@ -336,7 +340,7 @@ class Bridge:
         self.attempts = 0
         self.connects += 1
         self.last_error = ""
-        resent = len(self.outbound.outstanding)   # sent before, sent again now
+        resent, self._sent_before = self._sent_before, 0   # sent before, sent again now
         self.outbound.resent += resent
         log.info("bridge %s: connected to %s (session present: %s; %d messages sent again)",
                  self.name, self.config.address, event.session_present, resent)
