@@ -44,7 +44,7 @@ from edgebroker.errors import (
     PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED, SERVER_BUSY,
 )
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.properties import MAXIMUM_QOS, RETAIN_AVAILABLE
+from edgebroker.mqtt.properties import MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -352,6 +352,10 @@ class Bridge:
             self._once(("max_qos", self.max_qos), "bridge %s: the remote's Maximum QoS is %d: "
                        "out rules with QoS %d are sent at QoS %d (logged once)", self.name,
                        self.max_qos, top, self.max_qos)
+        if props.get(SERVER_KEEP_ALIVE) == 0:
+            self._once("keepalive", "bridge %s: the remote set Server Keep Alive 0: no "
+                       "keepalive on this link, so a silently broken link is not noticed "
+                       "(logged once)", self.name)
         if not self.retain_available and self.rules.out:
             self._once("retain", "bridge %s: the remote does not take retained messages "
                        "(Retain Available 0): they are sent without the retain flag (logged "
