@@ -41,7 +41,8 @@ from edgebroker.client.events import (
 from edgebroker.core.limits import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import (
-    PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED, SERVER_BUSY,
+    PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED,
+    SERVER_BUSY,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.properties import MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE
@@ -499,7 +500,8 @@ class Bridge:
             "lag_messages": lag["lag_records"], "lag_bytes": lag["lag_bytes"],
             "lag_seconds": lag["lag_seconds"], "inflight": self.conn.inflight,
             "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,
-            "resent": ob.resent, "refused": ob.refused, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
+            "resent": ob.resent, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
+            "refused": ob.refused,
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
             "not_sent_back": ob.skipped_own,

@@ -5,8 +5,8 @@
 loop), and hands its owner what arrives (``on_data``), that it is up (``on_up``) and that it
 closed (``on_closed(reason)``, once). Output is sent at once as far as the socket takes it;
 the rest waits for write readiness; when the owner set ``drained_below``, it is told once
-(``on_drained``) that the unsent output fell below that many bytes. A host name is resolved on a short-lived thread (DNS may
-block); an address in digits needs none.
+(``on_drained``) that the unsent output fell below that many bytes. A host name is resolved
+on a short-lived thread (DNS may block); an address in digits needs none.
 """
 
 from __future__ import annotations
