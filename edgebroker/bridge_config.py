@@ -49,6 +49,13 @@ def _check_prefix(value):
     return None
 
 
+def _check_keepalive(value):
+    if value == 0:
+        return ("must be 1 to 65535 seconds: 0 (no keepalive) is refused for a bridge, whose "
+                "link would then stay half-open for ever after a silent network failure")
+    return between(1, 65535)(value)
+
+
 @record(frozen=True)
 class TopicRule:
     pattern: str = setting("", _check_filter, doc="topic filter, without the prefixes "
@@ -91,7 +98,9 @@ class BridgeConfig:
         4, one_of(4, 5), doc="4: MQTT 3.1.1, 5: MQTT 5.0 (No Local on the remote subscriptions)")
     username: str = setting("", doc="user name on the remote (empty: none)")
     password: str = setting("", doc="password on the remote (with username)")
-    keepalive: int = setting(60, between(0, 65535), doc="seconds; 0: no keepalive")
+    keepalive: int = setting(60, _check_keepalive,
+                             doc="seconds (1 to 65535): PINGREQ when idle, reconnect without "
+                                 "PINGRESP; 0 is refused")
     clean_start: bool = setting(
         False, doc="a new session on the remote at each connect (false: the remote keeps the "
                    "bridge's subscriptions and QoS 1/2 messages while the link is down)")

@@ -9,7 +9,8 @@ checkpoint file. ``Bridge`` moves bytes and events between them:
   moves the cursor: the request's token is the record's log offset; ``Message`` is published
   here); what the connection has to send goes to the link at once;
 - the outbound side is *pumped* whenever the window may have room: after acknowledgements,
-  after the link comes up, and after each loop pass that wrote records to the log
+  after the link comes up, when the link's buffer drained (``on_drained``: a QoS 0 backlog
+  takes no place in the window), and after each loop pass that wrote records to the log
   (``on_written``: the core's after-write hook, so a bridge at the head is woken by the
   next message, never by polling). A backlog drains at the speed of the window's round trips,
   within ``bandwidth``;
@@ -39,7 +40,12 @@ from edgebroker.client.events import (
 )
 from edgebroker.core.limits import TokenBucket
 from edgebroker.core.timers import Timer
+from edgebroker.errors import (
+    PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED,
+    SERVER_BUSY,
+)
 from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.properties import MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -48,6 +54,8 @@ log = logging.getLogger("edgebroker.bridge")
 READS_PER_PUMP = 4
 # The link's unsent output above which nothing new is handed to it.
 MAX_LINK_OUT = 1024 * 1024
+# A refusal that says "later": the message is sent again after a back-off, not skipped.
+REFUSED_FOR_NOW = (QUOTA_EXCEEDED, SERVER_BUSY)
 
 
 class Bridge:
@@ -81,12 +89,19 @@ class Bridge:
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
         self.outbound: Outbound | None = None
-        self._qos0_out = any(rule.qos == 0 for rule in self.rules.out)
         self._paused_reading: set[str] = set()
         self._retry = Timer(self._connect)
         self._tick = Timer(self._on_tick)
         self._save = Timer(self._on_checkpoint)
         self._again = Timer(self.pump)
+        # The refusal path (docs/bridge.md, "Refused messages").
+        self.max_qos = 2                 # the remote's Maximum QoS (5.0 CONNACK)
+        self.retain_available = True     # the remote's Retain Available (5.0 CONNACK)
+        self._busy: list = []            # requests refused with 0x89/0x97, to send again
+        self._busy_times = 0             # such refusals since one was accepted (back-off)
+        self._busy_retry = Timer(self._send_busy_again)
+        self._warned: set = set()        # what was logged once
+        self._sent_before = 0            # publishes in flight when the link was lost
 
     # ----- start and stop ---------------------------------------------------------------
 
@@ -117,7 +132,7 @@ class Bridge:
         """At shutdown: DISCONNECT, close; returns the final checkpoint (path, name, cursor,
         sent) for the app to write."""
         self.state = "stopped"
-        for timer in (self._retry, self._tick, self._save, self._again):
+        for timer in (self._retry, self._tick, self._save, self._again, self._busy_retry):
             timer.cancel()
         link = self.link
         if link is not None and not link.closed:
@@ -190,6 +205,9 @@ class Bridge:
         self.link = None
         if self.conn.state != "closed":
             self.conn.connection_lost()
+        # Sent on this link and not acknowledged: sent again after the next CONNACK (those
+        # still queued in the connection were never sent: not resends).
+        self._sent_before = self.conn.inflight_publishes
         self._failed(reason)
 
     # ----- the publisher seam (inbound: a full log pauses reading the link) --------------
@@ -216,42 +234,135 @@ class Bridge:
     # ----- MQTT events ------------------------------------------------------------------
 
     def _handle(self, events) -> None:
-        outbound = self.outbound
+        """Each event in turn; a failure handling one is logged and the next ones are still
+        handled (a bug must not freeze the cursor behind the rest of the batch)."""
         for event in events:
-            kind = type(event)
-            if kind is Acked:
-                request = event.request
-                if request.kind == "publish":
-                    outbound.acked(request.token)
-                    if event.reason_code >= 0x80:
-                        self.inbound._drop("refused_by_remote", f"(by the remote, reason code "
-                                           f"{event.reason_code:#04x}) a message to "
-                                           f"{request.topic!r}")
-            elif kind is Message:
-                self.inbound.message(event)
-            elif kind is Connected:
-                self._connected(event)
-            elif kind is Subscribed:
-                for (topic_filter, _), code in zip(event.request.filters, event.granted):
-                    if code >= 0x80:
-                        log.warning("bridge %s: the remote refused the subscription to %r "
-                                    "(code %#04x)", self.name, topic_filter, code)
-            elif kind in (ConnectFailed, Disconnected, PingTimeout):
-                reason = (f"{kind.__name__}: {event.reason}" if kind is not PingTimeout
-                          else "no PINGRESP within the keepalive")
-                if self.link is not None:
-                    self.link.close(reason)
-                return
+            try:
+                if self._event(event):
+                    return
+            except Exception:
+                what = type(event).__name__
+                if ("error", what) not in self._warned:
+                    self._warned.add(("error", what))
+                    log.exception("bridge %s: internal error handling %r (the other events "
+                                  "go on; logged once per event kind)", self.name, event)
+
+    def _event(self, event) -> bool:
+        """Handle one event; True when the link closed (the rest of the batch is void)."""
+        kind = type(event)
+        if kind is Acked:
+            request = event.request
+            if request.kind == "publish":
+                if event.reason_code < 0x80:
+                    self.outbound.acked(request.token)
+                    if request.qos:
+                        self._busy_times = 0
+                else:
+                    self._refused(request, event.reason_code)
+        elif kind is Message:
+            self.inbound.message(event)
+        elif kind is Connected:
+            self._connected(event)
+        elif kind is Subscribed:
+            for (topic_filter, _), code in zip(event.request.filters, event.granted):
+                if code >= 0x80:
+                    log.warning("bridge %s: the remote refused the subscription to %r "
+                                "(code %#04x)", self.name, topic_filter, code)
+        elif kind in (ConnectFailed, Disconnected, PingTimeout):
+            reason = (f"{kind.__name__}: {event.reason}" if kind is not PingTimeout
+                      else "no PINGRESP within the keepalive")
+            if self.link is not None:
+                self.link.send(self.conn.data_to_send())   # a protocol error's DISCONNECT
+                self.link.close(reason)
+            return True
+        return False
+
+    # ----- refused messages -------------------------------------------------------------
+
+    def _refused(self, request, code: int) -> None:
+        """A message the remote refused (a 5.0 reason code >= 0x80 in PUBACK, PUBREC) or the
+        client library refused before sending (what the remote's CONNACK said it does not
+        take). "Later" codes: sent again after a back-off, the cursor waits; QoS or retain
+        not supported: sent again within what the remote takes; the rest: skipped, counted."""
+        offset, topic = request.token, request.topic
+        name = REASON_NAMES.get(code, "refused")
+        if code in REFUSED_FOR_NOW:
+            self._busy.append(request)
+            self._busy_times += 1
+            self._once(("busy", code), "bridge %s: the remote answered %#04x (%s) to the message "
+                       "at offset %d for %r: it is sent again after a back-off, and nothing new "
+                       "meanwhile; the cursor waits (logged once per code)",
+                       self.name, code, name, offset, topic)
+            if not self._busy_retry.pending:
+                low, high = self.config.reconnect_min, self.config.reconnect_max
+                cap = min(high, low * 2 ** min(self._busy_times - 1, 30))
+                self._busy_retry.start(self.broker, self.clock() + random.uniform(low, cap))
+            return
+        if code == QOS_NOT_SUPPORTED or code == RETAIN_NOT_SUPPORTED:
+            # Asked before the CONNACK that says so (pump sends within it): again, within it.
+            qos = min(request.qos - (code == QOS_NOT_SUPPORTED), self.max_qos)
+            retain = request.retain and code != RETAIN_NOT_SUPPORTED and self.retain_available
+            self.conn.publish(topic, request.payload, qos, retain, token=offset)
+            return
+        if self.outbound.refuse(offset):
+            self.broker.drop("bridge_refused", None, 1)
+            self._once(("refused", code), "bridge %s: the message at offset %d for %r was "
+                       "refused %s (reason code %#04x, %s): skipped, counted as refused "
+                       "(bridge_refused); logged once per reason code", self.name, offset,
+                       topic, "before sending, over the remote's Maximum Packet Size"
+                       if code == PACKET_TOO_LARGE else "by the remote", code, name)
+
+    def _send_busy_again(self) -> None:
+        """The back-off after a "later" refusal is over: the refused messages go again, in
+        log order (counted as resent), then what follows (``pump``). Not while the link is
+        down: ``_connected`` calls this again."""
+        if self.state != "up" or self.link is None:
+            return
+        busy = sorted(self._busy, key=lambda request: request.token)
+        self._busy = []
+        conn = self.conn
+        for i, request in enumerate(busy):
+            if not conn.can_publish:
+                self._busy = busy[i:]
+                self._busy_retry.start(self.broker, self.clock() + self.config.reconnect_min)
+                break
+            conn.publish(request.topic, request.payload, request.qos, request.retain,
+                         token=request.token)
+            self.outbound.resent += 1
+        self.pump()
+
+    def _once(self, key, message: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
 
     def _connected(self, event: Connected) -> None:
         self.state = "up"
         self.attempts = 0
         self.connects += 1
         self.last_error = ""
-        resent = len(self.outbound.outstanding)   # sent before, sent again now
+        resent, self._sent_before = self._sent_before, 0   # sent before, sent again now
         self.outbound.resent += resent
         log.info("bridge %s: connected to %s (session present: %s; %d messages sent again)",
                  self.name, self.config.address, event.session_present, resent)
+        props = event.properties or {}
+        self.max_qos = props.get(MAXIMUM_QOS, 2)
+        self.retain_available = bool(props.get(RETAIN_AVAILABLE, 1))
+        top = max((rule.qos for rule in self.rules.out), default=0)
+        if top > self.max_qos:
+            self._once(("max_qos", self.max_qos), "bridge %s: the remote's Maximum QoS is %d: "
+                       "out rules with QoS %d are sent at QoS %d (logged once)", self.name,
+                       self.max_qos, top, self.max_qos)
+        if props.get(SERVER_KEEP_ALIVE) == 0:
+            self._once("keepalive", "bridge %s: the remote set Server Keep Alive 0: no "
+                       "keepalive on this link, so a silently broken link is not noticed "
+                       "(logged once)", self.name)
+        if not self.retain_available and self.rules.out:
+            self._once("retain", "bridge %s: the remote does not take retained messages "
+                       "(Retain Available 0): they are sent without the retain flag (logged "
+                       "once)", self.name)
+        if self._busy and not self._busy_retry.pending:
+            self._busy_retry.start(self.broker, self.clock())
         subscriptions = self.rules.subscriptions()
         if subscriptions:
             v5 = self.config.protocol_version == 5
@@ -267,22 +378,29 @@ class Bridge:
             self.pump()
 
     def pump(self) -> None:
-        """Hand the remote what the window, the link and the bandwidth cap allow."""
+        """Hand the remote what the window, the link and the bandwidth cap allow. Only QoS
+        1/2 messages take a place in the window; QoS 0 ones are limited by the link's
+        buffer alone: when it is full the link says when it drained (``on_drained``)."""
         if self.state != "up" or self.link is None:
             return
         conn = self.conn
         outbound = self.outbound
         room = self.config.window - conn.inflight - conn.queued
+        # Bytes that may still be handed to the link in this pass.
+        limit = MAX_LINK_OUT - self.link.out_bytes
         reads = 0
         bucket = self.bucket
-        if bucket is not None and bucket.refill(self.clock()) < 1.0:
-            self._wait_for_bandwidth()
-            room = 0
+        # A "later" refusal (nothing new until it was sent again), or over the bandwidth.
+        blocked = bool(self._busy) or bucket is not None and bucket.refill(self.clock()) < 1.0
+        if blocked:
+            if not self._busy:
+                self._wait_for_bandwidth()
+            limit = 0
         publish = conn.publish
-        take = outbound.take
-        while room > 0 and self.link.out_bytes < MAX_LINK_OUT:
-            record = take()
-            if record is None:
+        pending = outbound.pending
+        max_qos = self.max_qos
+        while limit > 0:
+            if not pending:
                 if reads >= READS_PER_PUMP:
                     if not self._again.pending:
                         self._again.start(self.broker, self.clock())
@@ -291,13 +409,35 @@ class Bridge:
                 if not outbound.read():
                     break
                 continue
-            offset, topic, payload, qos, retain = record
+            qos = min(pending[0][3], max_qos)
+            if qos and room <= 0 or not conn.can_publish:
+                break       # the window is full: an acknowledgement calls pump again
+            offset, topic, payload, _, retain = outbound.take()
+            if retain and not self.retain_available:
+                retain = False
             publish(topic, payload, qos, retain, token=offset)
-            room -= 1
-            if bucket is not None and not bucket.spend(len(payload) + len(topic), self.clock()):
+            if qos:
+                room -= 1
+            size = len(payload) + len(topic)
+            limit -= size
+            if bucket is not None and not bucket.spend(size, self.clock()):
                 self._wait_for_bandwidth()
                 break
         self._send()
+        link = self.link
+        if not blocked and limit <= 0 and link is not None and (
+                pending or not outbound.at_head()):
+            # Stopped by the link's buffer with work left: go on when it drained (half
+            # empty), or at once when the socket took it all already.
+            if link.out_bytes >= MAX_LINK_OUT // 2:
+                link.drained_below = MAX_LINK_OUT // 2
+            elif not self._again.pending:
+                self._again.start(self.broker, self.clock())
+
+    def on_drained(self) -> None:
+        """The link's unsent output fell below ``drained_below``: hand it more."""
+        if not self._again.pending:
+            self._again.start(self.broker, self.clock())
 
     def _wait_for_bandwidth(self) -> None:
         """Over ``bandwidth``: go on once 20 ms' worth of it is back (at least one byte)."""
@@ -308,12 +448,20 @@ class Bridge:
 
     def _send(self) -> None:
         conn = self.conn
-        data = conn.data_to_send()
-        link = self.link
-        if data and link is not None:
-            link.send(data)
-        if self._qos0_out and self.state == "up":
-            self._handle(conn.acked_qos0())
+        while True:
+            data = conn.data_to_send()
+            link = self.link
+            if data and link is not None:
+                link.send(data)
+            if self.state != "up":
+                break
+            # Events made outside receive_data: QoS 0 handed out, publishes the client
+            # library refused before sending (acked_qos0 drains them all). Handling them
+            # may send again (a QoS downgraded): until nothing more comes.
+            events = conn.acked_qos0()
+            if not events:
+                break
+            self._handle(events)
         due = conn.next_deadline()
         if due is not None and self.state != "stopped":
             if not self._tick.pending or self._tick.when > due:
@@ -353,6 +501,7 @@ class Bridge:
             "lag_seconds": lag["lag_seconds"], "inflight": self.conn.inflight,
             "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,
             "resent": ob.resent, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
+            "refused": ob.refused,
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
             "not_sent_back": ob.skipped_own,

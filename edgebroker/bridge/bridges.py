@@ -58,7 +58,8 @@ class Bridges:
             bridge.deliver()
 
     def figures(self, wall_ms: int) -> list[dict]:
-        return [bridge.figures(wall_ms) for bridge in self.items]
+        """Those started (the metrics endpoint asks once before the bridges start)."""
+        return [bridge.figures(wall_ms) for bridge in self.items if bridge.outbound is not None]
 
     def stop(self) -> None:
         """Close the links and write each bridge's final cursor (durably, before returning)."""

@@ -4,8 +4,9 @@
 (``ssl.SSLObject`` over two ``MemoryBIO``s, so the handshake and records never block the
 loop), and hands its owner what arrives (``on_data``), that it is up (``on_up``) and that it
 closed (``on_closed(reason)``, once). Output is sent at once as far as the socket takes it;
-the rest waits for write readiness. A host name is resolved on a short-lived thread (DNS may
-block); an address in digits needs none.
+the rest waits for write readiness; when the owner set ``drained_below``, it is told once
+(``on_drained``) that the unsent output fell below that many bytes. A host name is resolved
+on a short-lived thread (DNS may block); an address in digits needs none.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Link:
         self.events = WRITE
         self.bytes_in = 0
         self.bytes_out = 0
+        self.drained_below = 0   # > 0: call owner.on_drained() once out is shorter than this
         self.tls = None
         if tls_context is not None:
             self._in_bio, self._out_bio = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -212,6 +214,9 @@ class Link:
                     return
                 self.bytes_out += sent
                 del out[:sent]
+            if self.drained_below and len(out) < self.drained_below:
+                self.drained_below = 0
+                self.owner.on_drained()
         self._watch()
 
     def _watch(self) -> None:

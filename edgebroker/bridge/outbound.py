@@ -47,6 +47,7 @@ class Outbound:
         self.forwarded = 0             # records acknowledged by the remote
         self.forwarded_bytes = 0
         self.resent = 0                # records sent again (after a crash or a reconnect)
+        self.refused = 0               # records the remote (or the client library) refused
         self.gaps = 0                  # times records were lost to the bridge
         self.gap_offsets = 0           # offsets lost
         self.skipped_own = 0           # records the bridge published itself (not sent back)
@@ -144,3 +145,11 @@ class Outbound:
         if size is not None:
             self.forwarded += 1
             self.forwarded_bytes += size
+
+    def refuse(self, offset: int) -> bool:
+        """The record at ``offset`` will never be accepted by the remote: the cursor moves
+        past it, counted as refused (not forwarded). False when it was not outstanding."""
+        if self.outstanding.pop(offset, None) is None:
+            return False
+        self.refused += 1
+        return True

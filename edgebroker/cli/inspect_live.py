@@ -227,6 +227,7 @@ def bridge_line(fig: dict) -> str:
     return (f"{fig['name']} to {fig['remote']}, {fig['state']}, cursor {fig['cursor']}; lag "
             f"{fig['lag_messages']} messages, {_size(fig['lag_bytes'])}, "
             f"{fig['lag_seconds']:.1f} s; {fig['forwarded']} forwarded, {fig['resent']} resent, "
+            f"{fig['refused']} refused, "
             f"{fig['gaps']} gaps ({fig['gap_offsets']} offsets), {fig['received']} received, "
             f"{fig['reconnects']} reconnects{error}")
 
@@ -306,7 +307,8 @@ BRIDGE_COLUMNS = (  # header, width, row key, format
     ("CURSOR", 10, "cursor", "d"), ("ON DISK", 10, "checkpoint_cursor", "d"),
     ("LAG", 9, "lag_messages", "d"), ("LAG B", 10, "lag_bytes", "d"),
     ("LAG s", 7, "lag_seconds", ".1f"), ("INFLIGHT", 8, "inflight", "d"),
-    ("FORWARDED", 10, "forwarded", "d"), ("RESENT", 8, "resent", "d"), ("GAPS", 5, "gaps", "d"),
+    ("FORWARDED", 10, "forwarded", "d"), ("RESENT", 8, "resent", "d"),
+    ("REFUSED", 8, "refused", "d"), ("GAPS", 5, "gaps", "d"),
     ("RECEIVED", 9, "received", "d"), ("RECONNECTS", 10, "reconnects", "d"),
 )
 

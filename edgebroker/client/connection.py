@@ -121,6 +121,12 @@ class Connection:
         return len(self._inflight)
 
     @property
+    def inflight_publishes(self) -> int:
+        """QoS 1/2 PUBLISHes sent and not acknowledged: after a reconnection they are the
+        ones sent again (other requests in flight are SUBSCRIBE, UNSUBSCRIBE)."""
+        return sum(1 for req in self._inflight.values() if req.kind is PUBLISH)
+
+    @property
     def queued(self) -> int:
         """Requests not sent yet."""
         return len(self._queue)

@@ -93,7 +93,7 @@ _UPLOAD = ("state", "paused", "alarm", "uploaded_offset", "batches", "records", 
 
 # Each bridge's figures published under $SYS/broker/bridge/<name>/ (docs/metrics.md).
 _BRIDGE = ("state", "cursor", "lag_messages", "lag_bytes", "lag_seconds", "forwarded",
-           "resent", "gaps", "gap_offsets", "reconnects", "received")
+           "resent", "refused", "gaps", "gap_offsets", "reconnects", "received")
 
 
 class SysTopics:

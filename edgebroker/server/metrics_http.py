@@ -183,6 +183,8 @@ BRIDGE_METRICS = (
      "Topic and payload bytes of the messages the remote acknowledged.", "forwarded_bytes"),
     ("edgebroker_bridge_resent_total", "counter",
      "Messages sent again (after a reconnect or a crash: at least once).", "resent"),
+    ("edgebroker_bridge_refused_total", "counter",
+     "Messages the remote refused (or the client library, before sending): skipped.", "refused"),
     ("edgebroker_bridge_gaps_total", "counter",
      "Times log records were deleted before the bridge forwarded them.", "gaps"),
     ("edgebroker_bridge_gap_offsets_total", "counter",

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import mqttraw
+import mqttraw5
 from client.blocking import raw_over
 
 PIPELINE = 1000     # QoS 1 PUBLISHes sent before their PUBACKs are read
@@ -125,3 +126,22 @@ class FakeRemote:
         for end in self.ends:
             end.close()
         self.server.close()
+
+
+class FakeRemote5(FakeRemote):
+    """``FakeRemote`` speaking MQTT 5.0 (frames built and parsed with mqttraw5): ``accept``
+    answers the bridge's CONNECT with ``connack`` (default: success, no properties) and
+    expects no SUBSCRIBE (for bridges with out rules only)."""
+
+    def accept(self, connack: bytes | None = None,
+               timeout: float = 10.0) -> mqttraw5.RawClient5:
+        self.server.settimeout(timeout)
+        sock, _ = self.server.accept()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        end = raw_over(None)
+        end.__class__ = mqttraw5.RawClient5     # the same fields; 5.0 frames
+        end.sock = sock
+        self.ends.append(end)
+        end.expect(mqttraw5.CONNECT, timeout)
+        end.send(mqttraw5.connack5() if connack is None else connack)
+        return end

@@ -52,6 +52,9 @@ def test_a_bridge_table(tmp_path):
      "bridge[0].topic[0].qoss: unknown setting; did you mean bridge[0].topic[0].qos?"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nwindow = 0',
      "bridge[0].window: must be between 1 and 65535"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nkeepalive = 0',
+     "bridge[0].keepalive: must be 1 to 65535 seconds: 0 (no keepalive) is refused for a "
+     "bridge, whose link would then stay half-open for ever"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nprotocol_version = 3',
      "bridge[0].protocol_version: must be one of 4, 5"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\ncertfile = "c.pem"',

@@ -149,7 +149,7 @@ def test_inbound_rules_and_prefixes(broker, mosquitto_broker, paho):
     out = run_cli("inspect", "stats", "--data-dir", gw.config["data_dir"])
     assert out.returncode == 0, out.stderr
     assert re.search(rf"bridge +up to 127\.0\.0\.1:{remote.port}, up, cursor \d+; lag 0 "
-                     r"messages, .*1 forwarded, 0 resent, 0 gaps \(0 offsets\), 1 received, "
+                     r"messages, .*1 forwarded, 0 resent, 0 refused, 0 gaps \(0 offsets\), 1 received, "
                      r"0 reconnects", out.stdout), out.stdout
     # `inspect bridges`: a table row per bridge, and the admin reply as JSON.
     out = run_cli("inspect", "bridges", "--data-dir", gw.config["data_dir"])
@@ -157,8 +157,8 @@ def test_inbound_rules_and_prefixes(broker, mosquitto_broker, paho):
     head, row = out.stdout.splitlines()
     assert head.split()[:4] == ["BRIDGE", "REMOTE", "STATE", "CURSOR"]
     assert row.split()[:3] == ["up", f"127.0.0.1:{remote.port}", "up"], out.stdout
-    # INFLIGHT, FORWARDED, RESENT, GAPS, RECEIVED, RECONNECTS
-    assert row.split()[-6:] == ["0", "1", "0", "0", "1", "0"], out.stdout
+    # INFLIGHT, FORWARDED, RESENT, REFUSED, GAPS, RECEIVED, RECONNECTS
+    assert row.split()[-7:] == ["0", "1", "0", "0", "0", "1", "0"], out.stdout
     out = run_cli("inspect", "bridges", "--data-dir", gw.config["data_dir"], "--format", "json")
     (fig,) = json.loads(out.stdout)["bridges"]
     assert (fig["name"], fig["state"], fig["forwarded"], fig["received"]) == ("up", "up", 1, 1)

@@ -103,6 +103,20 @@ def test_connack_properties_5():
     assert c.next_deadline() == 7.0
 
 
+def test_connack_with_receive_maximum_0_is_a_protocol_error_5():
+    """MQTT-3.2.2.3.3: a window of 0 could never send a QoS 1/2 PUBLISH; the connection
+    does not go "connected": DISCONNECT 0x82 is handed out, the caller closes."""
+    c = Connection("c1", 5)
+    c.connect(0.0)
+    c.data_to_send(0.0)
+    events = c.receive_data(m5.connack5(props={m5.RECEIVE_MAXIMUM: 0}), 1.0)
+    assert [type(e) for e in events] == [Disconnected]
+    assert events[0].reason_code == 0x82 and "Receive Maximum is 0" in events[0].reason
+    assert c.state == "disconnected"
+    (out,) = sent(c)
+    assert (out.type, out.reason) == (m5.DISCONNECT, 0x82)
+
+
 def test_illegal_moves_are_the_callers_error():
     c = connected()
     with pytest.raises(ClientError, match="from connected to connecting"):
