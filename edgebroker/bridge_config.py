@@ -5,6 +5,8 @@ with these."""
 
 from __future__ import annotations
 
+import socket
+
 from edgebroker.config_fields import at_least, between, one_of, setting
 from edgebroker.records import record
 
@@ -85,8 +87,10 @@ class BridgeConfig:
     address: str = setting("", check_remote_address,
                            doc="the remote broker, HOST:PORT (a name is resolved off the core "
                                "thread)")
-    client_id: str = setting("", doc="client id on the remote (empty: edgebroker-bridge-NAME); "
-                                     "also the publisher id of what the bridge publishes here")
+    client_id: str = setting("", doc="client id on the remote (empty: HOSTNAME.NAME, as "
+                                     "Mosquitto); also the publisher id of what the bridge "
+                                     "publishes here. Two bridges with one client id take over "
+                                     "each other's session on the remote")
     protocol_version: int = setting(
         4, one_of(4, 5), doc="4: MQTT 3.1.1, 5: MQTT 5.0 (No Local on the remote subscriptions)")
     username: str = setting("", doc="user name on the remote (empty: none)")
@@ -94,7 +98,13 @@ class BridgeConfig:
     keepalive: int = setting(60, between(0, 65535), doc="seconds; 0: no keepalive")
     clean_start: bool = setting(
         False, doc="a new session on the remote at each connect (false: the remote keeps the "
-                   "bridge's subscriptions and QoS 1/2 messages while the link is down)")
+                   "bridge's subscriptions and QoS 1/2 messages while the link is down; on "
+                   "MQTT 5.0 for session_expiry seconds)")
+    session_expiry: int = setting(
+        0xFFFFFFFF, between(0, 0xFFFFFFFF),
+        doc="MQTT 5.0 with clean_start false: the Session Expiry Interval sent in CONNECT, "
+            "seconds the remote keeps the session after the link drops (4294967295: never "
+            "expires, as Mosquitto's bridge keeps its session; 0: ends with the link)")
     cafile: str = setting("", doc="PEM CA certificate(s) the remote's certificate must chain "
                                   "to; makes the link TLS")
     certfile: str = setting("", doc="PEM client certificate for the remote (with cafile)")
@@ -117,7 +127,7 @@ class BridgeConfig:
 
     @property
     def remote_client_id(self) -> str:
-        return self.client_id or f"edgebroker-bridge-{self.name}"
+        return self.client_id or f"{socket.gethostname()}.{self.name}"
 
 
 _TLS_ONLY = ("certfile", "keyfile", "tls_verify")

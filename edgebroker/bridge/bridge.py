@@ -40,6 +40,7 @@ from edgebroker.client.events import (
 from edgebroker.core.limits import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.properties import SESSION_EXPIRY
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -72,10 +73,15 @@ class Bridge:
         self.last_error = ""
         self.bytes_out = 0          # of links closed (the open one's are added in figures)
         self.bucket = None
+        # MQTT 5.0 keeps no session without a Session Expiry Interval (0 when absent): with
+        # clean_start false the bridge asks for session_expiry (default: never expires).
+        keep = config.protocol_version == 5 and not config.clean_start and config.session_expiry
         self.conn = Connection(self.client_id, protocol=config.protocol_version,
                                clean_start=config.clean_start, keepalive=config.keepalive,
                                username=config.username or None,
                                password=config.password.encode() if config.password else None,
+                               properties={SESSION_EXPIRY: config.session_expiry} if keep
+                               else None,
                                max_inflight=config.window, max_queued=config.window,
                                auto_ack=False)   # inbound: acknowledged once logged
         self.publisher = LinkAsPublisher(self.client_id, self)
