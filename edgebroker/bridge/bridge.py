@@ -89,6 +89,7 @@ class Bridge:
         self.outbound: Outbound | None = None
         self._qos0_out = any(rule.qos == 0 for rule in self.rules.out)
         self._paused_reading: set[str] = set()
+        self.checkpoint_ahead = 0   # starts with a checkpoint past the log's end
         self._retry = Timer(self._connect)
         self._tick = Timer(self._on_tick)
         self._save = Timer(self._on_checkpoint)
@@ -107,6 +108,16 @@ class Bridge:
             log.info("bridge %s: no checkpoint: it forwards from the head of the log (offset %d)",
                      self.name, head)
         cursor, sent = saved
+        head = commit_log.next_offset
+        if cursor > head:
+            # The log came back shorter than the checkpoint (a power cut took its tail, or it
+            # was replaced): new records get those offsets again and must be forwarded.
+            self.checkpoint_ahead += 1
+            log.warning("bridge %s: its checkpoint (offset %d) is past the end of the log "
+                        "(next offset %d): the log lost its tail (a power cut?); it goes on "
+                        "from %d (counted in checkpoint_ahead)", self.name, cursor, head, head)
+            cursor = head
+        sent = max(cursor, min(sent, head))
         self.writer.on_disk[self.path] = cursor
         self.outbound = Outbound(self.name, commit_log, self.rules,
                                  self.publisher.client_id_bytes, cursor, sent)
@@ -335,11 +346,19 @@ class Bridge:
     def _on_checkpoint(self) -> None:
         self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
         outbound = self.outbound
-        cursor = outbound.cursor
-        if cursor != outbound.saved or outbound.sent_to > outbound.resend_until:
-            self.writer.submit(self.path, self.name, cursor, outbound.sent_to)
+        # Never ahead of what survives a power cut: records are forwarded once written, before
+        # their fsync, and a checkpoint past the durable log would skip the records that take
+        # those offsets again after one. (durability none fsyncs only sealed segments and
+        # promises nothing across a power cut: there the start's check covers it.)
+        journal = self.broker.journal
+        durable = (journal.log.durable_offset if journal.durability != "none"
+                   else journal.log.written_offset)
+        cursor = min(outbound.cursor, durable)
+        sent = max(cursor, min(outbound.sent_to, durable))
+        if cursor != outbound.saved or sent > outbound.resend_until:
+            self.writer.submit(self.path, self.name, cursor, sent)
             outbound.saved = cursor
-            outbound.resend_until = max(outbound.resend_until, outbound.sent_to)
+            outbound.resend_until = max(outbound.resend_until, sent)
 
     def hold(self) -> int:
         """The core's periodic check: a gap retention made is counted; the offset below which
@@ -359,6 +378,7 @@ class Bridge:
             "lag_seconds": lag["lag_seconds"], "inflight": self.conn.inflight,
             "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,
             "resent": ob.resent, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
+            "checkpoint_ahead": self.checkpoint_ahead,
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
             "not_sent_back": ob.skipped_own,
