@@ -118,6 +118,10 @@ class BridgeConfig:
     checkpoint_interval: float = setting(
         1.0, between(0.01, 3600), doc="seconds between writes of the bridge's cursor; after a "
                                       "crash what was acknowledged since is sent again")
+    connect_timeout: float = setting(
+        30.0, between(0.1, 3600), doc="seconds from the start of a connect to the remote's "
+                                      "CONNACK (TCP connect, TLS handshake, MQTT CONNECT); "
+                                      "then the attempt fails and is retried with back-off")
     reconnect_min: float = setting(1.0, between(0.01, 3600),
                                    doc="seconds: the first reconnect back-off")
     reconnect_max: float = setting(60.0, between(0.01, 86400),

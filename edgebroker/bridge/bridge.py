@@ -83,6 +83,7 @@ class Bridge:
                                properties={SESSION_EXPIRY: config.session_expiry} if keep
                                else None,
                                max_inflight=config.window, max_queued=config.window,
+                               connect_timeout=config.connect_timeout,
                                auto_ack=False)   # inbound: acknowledged once logged
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
@@ -94,6 +95,7 @@ class Bridge:
         self._tick = Timer(self._on_tick)
         self._save = Timer(self._on_checkpoint)
         self._again = Timer(self.pump)
+        self._give_up = Timer(self._connect_expired)   # connect_timeout, from _connect on
 
     # ----- start and stop ---------------------------------------------------------------
 
@@ -134,7 +136,7 @@ class Bridge:
         """At shutdown: DISCONNECT, close; returns the final checkpoint (path, name, cursor,
         sent) for the app to write."""
         self.state = "stopped"
-        for timer in (self._retry, self._tick, self._save, self._again):
+        for timer in (self._retry, self._tick, self._save, self._again, self._give_up):
             timer.cancel()
         link = self.link
         if link is not None and not link.closed:
@@ -162,11 +164,22 @@ class Bridge:
                 return self._failed(resolver.result)
             address = resolver.result
         self.state = "connecting"
+        # One deadline for the whole attempt: TCP connect, TLS handshake, CONNECT/CONNACK.
+        self._give_up.start(self.broker, self.clock() + self.config.connect_timeout)
         try:
             self.link = Link(self.selector, self, *address, tls_context=self.tls_context,
                              server_name=self.host)
         except OSError as exc:
             self._failed(f"connect failed: {exc.strerror or exc}")
+
+    def _connect_expired(self) -> None:
+        link = self.link
+        if self.state != "connecting" or link is None:
+            return
+        stage = ("the TCP connect" if not link.connected else
+                 "the TLS handshake" if not link.up else "the CONNACK")
+        link.close(f"no connection within connect_timeout ({self.config.connect_timeout:g} s): "
+                   f"{stage} did not finish")
 
     def deliver(self) -> None:
         """After a wake-up: a host name resolved."""
@@ -186,6 +199,7 @@ class Bridge:
                         self.config.address, reason, self.config.reconnect_max)
         self.last_error = reason
         self.state = "down"
+        self._give_up.cancel()
         low, high = self.config.reconnect_min, self.config.reconnect_max
         cap = min(high, low * 2 ** min(self.attempts, 30))
         self.attempts += 1
@@ -261,6 +275,7 @@ class Bridge:
                 return
 
     def _connected(self, event: Connected) -> None:
+        self._give_up.cancel()
         self.state = "up"
         self.attempts = 0
         self.connects += 1
