@@ -38,6 +38,7 @@ from edgebroker.client.events import (
     Acked, Connected, ConnectFailed, Disconnected, Message, PingTimeout, Subscribed,
 )
 from edgebroker.core.limits import TokenBucket
+from edgebroker.errors import PACKET_TOO_LARGE
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.properties import SESSION_EXPIRY
@@ -84,6 +85,7 @@ class Bridge:
                                else None,
                                max_inflight=config.window, max_queued=config.window,
                                connect_timeout=config.connect_timeout,
+                               max_packet_size=broker.limits.max_packet_size,
                                auto_ack=False)   # inbound: acknowledged once logged
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
@@ -270,6 +272,9 @@ class Bridge:
             elif kind in (ConnectFailed, Disconnected, PingTimeout):
                 reason = (f"{kind.__name__}: {event.reason}" if kind is not PingTimeout
                           else "no PINGRESP within the keepalive")
+                if (kind is Disconnected and event.reason_code == PACKET_TOO_LARGE
+                        and event.reason.startswith("the server broke")):   # not its DISCONNECT
+                    self.inbound.too_large(event.reason)
                 if self.link is not None:
                     self.link.close(reason)
                 return
