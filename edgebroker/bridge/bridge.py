@@ -223,6 +223,9 @@ class Bridge:
         self.link = None
         if self.conn.state != "closed":
             self.conn.connection_lost()
+        if not self.config.clean_start and (self.config.protocol_version == 4
+                                            or self.config.session_expiry):
+            self.inbound.link_lost()    # the remote kept the session: it sends them again
         self._failed(reason)
 
     # ----- the publisher seam (inbound: a full log pauses reading the link) --------------
@@ -285,6 +288,9 @@ class Bridge:
         self.attempts = 0
         self.connects += 1
         self.last_error = ""
+        # The log still cannot write: the new link is not read either (past its CONNACK).
+        for why in self._paused_reading:
+            self.link.pause_reading(why)
         resent = len(self.outbound.outstanding)   # sent before, sent again now
         self.outbound.resent += resent
         log.info("bridge %s: connected to %s (session present: %s; %d messages sent again)",
@@ -401,6 +407,7 @@ class Bridge:
             "checkpoint_ahead": self.checkpoint_ahead,
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
+            "received_held": len(self.inbound.held),
             "not_sent_back": ob.skipped_own,
             "bytes_out": self.bytes_out + (link.bytes_out if link is not None else 0),
             "last_error": self.last_error,

@@ -106,6 +106,14 @@ class Inbound:
         if qos:
             broker.acknowledge(self.publisher, offset, event)
 
+    def link_lost(self) -> None:
+        """The link broke and the remote keeps the session: held QoS 1 messages cannot be
+        acknowledged any more, and the remote sends them again on the next link (a new
+        ``Message``): not kept, so none is published twice. QoS 2 ones stay (the connection gives their identifier out once, and answers
+        it when acknowledged); QoS 0 ones are never sent again."""
+        if self.held:
+            self.held = [event for event in self.held if event.qos != 1]
+
     def retry(self) -> None:
         """The log writes again: publish the held messages, in order (those the log still
         cannot take are held again)."""
