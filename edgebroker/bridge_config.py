@@ -5,6 +5,8 @@ with these."""
 
 from __future__ import annotations
 
+import socket
+
 from edgebroker.config_fields import at_least, between, one_of, setting
 from edgebroker.records import record
 
@@ -92,8 +94,10 @@ class BridgeConfig:
     address: str = setting("", check_remote_address,
                            doc="the remote broker, HOST:PORT (a name is resolved off the core "
                                "thread)")
-    client_id: str = setting("", doc="client id on the remote (empty: edgebroker-bridge-NAME); "
-                                     "also the publisher id of what the bridge publishes here")
+    client_id: str = setting("", doc="client id on the remote (empty: HOSTNAME.NAME, as "
+                                     "Mosquitto); also the publisher id of what the bridge "
+                                     "publishes here. Two bridges with one client id take over "
+                                     "each other's session on the remote")
     protocol_version: int = setting(
         4, one_of(4, 5), doc="4: MQTT 3.1.1, 5: MQTT 5.0 (No Local on the remote subscriptions)")
     username: str = setting("", doc="user name on the remote (empty: none)")
@@ -103,7 +107,13 @@ class BridgeConfig:
                                  "PINGRESP; 0 is refused")
     clean_start: bool = setting(
         False, doc="a new session on the remote at each connect (false: the remote keeps the "
-                   "bridge's subscriptions and QoS 1/2 messages while the link is down)")
+                   "bridge's subscriptions and QoS 1/2 messages while the link is down; on "
+                   "MQTT 5.0 for session_expiry seconds)")
+    session_expiry: int = setting(
+        0xFFFFFFFF, between(0, 0xFFFFFFFF),
+        doc="MQTT 5.0 with clean_start false: the Session Expiry Interval sent in CONNECT, "
+            "seconds the remote keeps the session after the link drops (4294967295: never "
+            "expires, as Mosquitto's bridge keeps its session; 0: ends with the link)")
     cafile: str = setting("", doc="PEM CA certificate(s) the remote's certificate must chain "
                                   "to; makes the link TLS")
     certfile: str = setting("", doc="PEM client certificate for the remote (with cafile)")
@@ -117,6 +127,10 @@ class BridgeConfig:
     checkpoint_interval: float = setting(
         1.0, between(0.01, 3600), doc="seconds between writes of the bridge's cursor; after a "
                                       "crash what was acknowledged since is sent again")
+    connect_timeout: float = setting(
+        30.0, between(0.1, 3600), doc="seconds from the start of a connect to the remote's "
+                                      "CONNACK (TCP connect, TLS handshake, MQTT CONNECT); "
+                                      "then the attempt fails and is retried with back-off")
     reconnect_min: float = setting(1.0, between(0.01, 3600),
                                    doc="seconds: the first reconnect back-off")
     reconnect_max: float = setting(60.0, between(0.01, 86400),
@@ -126,7 +140,7 @@ class BridgeConfig:
 
     @property
     def remote_client_id(self) -> str:
-        return self.client_id or f"edgebroker-bridge-{self.name}"
+        return self.client_id or f"{socket.gethostname()}.{self.name}"
 
 
 _TLS_ONLY = ("certfile", "keyfile", "tls_verify")

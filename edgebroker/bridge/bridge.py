@@ -45,7 +45,9 @@ from edgebroker.errors import (
     SERVER_BUSY,
 )
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.properties import MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE
+from edgebroker.mqtt.properties import (
+    MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, SESSION_EXPIRY,
+)
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -80,16 +82,24 @@ class Bridge:
         self.last_error = ""
         self.bytes_out = 0          # of links closed (the open one's are added in figures)
         self.bucket = None
+        # MQTT 5.0 keeps no session without a Session Expiry Interval (0 when absent): with
+        # clean_start false the bridge asks for session_expiry (default: never expires).
+        keep = config.protocol_version == 5 and not config.clean_start and config.session_expiry
         self.conn = Connection(self.client_id, protocol=config.protocol_version,
                                clean_start=config.clean_start, keepalive=config.keepalive,
                                username=config.username or None,
                                password=config.password.encode() if config.password else None,
+                               properties={SESSION_EXPIRY: config.session_expiry} if keep
+                               else None,
                                max_inflight=config.window, max_queued=config.window,
+                               connect_timeout=config.connect_timeout,
+                               max_packet_size=broker.limits.max_packet_size,
                                auto_ack=False)   # inbound: acknowledged once logged
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
         self.outbound: Outbound | None = None
         self._paused_reading: set[str] = set()
+        self.checkpoint_ahead = 0   # starts with a checkpoint past the log's end
         self._retry = Timer(self._connect)
         self._tick = Timer(self._on_tick)
         self._save = Timer(self._on_checkpoint)
@@ -102,6 +112,7 @@ class Bridge:
         self._busy_retry = Timer(self._send_busy_again)
         self._warned: set = set()        # what was logged once
         self._sent_before = 0            # publishes in flight when the link was lost
+        self._give_up = Timer(self._connect_expired)   # connect_timeout, from _connect on
 
     # ----- start and stop ---------------------------------------------------------------
 
@@ -116,6 +127,16 @@ class Bridge:
             log.info("bridge %s: no checkpoint: it forwards from the head of the log (offset %d)",
                      self.name, head)
         cursor, sent = saved
+        head = commit_log.next_offset
+        if cursor > head:
+            # The log came back shorter than the checkpoint (a power cut took its tail, or it
+            # was replaced): new records get those offsets again and must be forwarded.
+            self.checkpoint_ahead += 1
+            log.warning("bridge %s: its checkpoint (offset %d) is past the end of the log "
+                        "(next offset %d): the log lost its tail (a power cut?); it goes on "
+                        "from %d (counted in checkpoint_ahead)", self.name, cursor, head, head)
+            cursor = head
+        sent = max(cursor, min(sent, head))
         self.writer.on_disk[self.path] = cursor
         self.outbound = Outbound(self.name, commit_log, self.rules,
                                  self.publisher.client_id_bytes, cursor, sent)
@@ -132,7 +153,8 @@ class Bridge:
         """At shutdown: DISCONNECT, close; returns the final checkpoint (path, name, cursor,
         sent) for the app to write."""
         self.state = "stopped"
-        for timer in (self._retry, self._tick, self._save, self._again, self._busy_retry):
+        for timer in (self._retry, self._tick, self._save, self._again, self._busy_retry,
+                      self._give_up):
             timer.cancel()
         link = self.link
         if link is not None and not link.closed:
@@ -160,11 +182,22 @@ class Bridge:
                 return self._failed(resolver.result)
             address = resolver.result
         self.state = "connecting"
+        # One deadline for the whole attempt: TCP connect, TLS handshake, CONNECT/CONNACK.
+        self._give_up.start(self.broker, self.clock() + self.config.connect_timeout)
         try:
             self.link = Link(self.selector, self, *address, tls_context=self.tls_context,
                              server_name=self.host)
         except OSError as exc:
             self._failed(f"connect failed: {exc.strerror or exc}")
+
+    def _connect_expired(self) -> None:
+        link = self.link
+        if self.state != "connecting" or link is None:
+            return
+        stage = ("the TCP connect" if not link.connected else
+                 "the TLS handshake" if not link.up else "the CONNACK")
+        link.close(f"no connection within connect_timeout ({self.config.connect_timeout:g} s): "
+                   f"{stage} did not finish")
 
     def deliver(self) -> None:
         """After a wake-up: a host name resolved."""
@@ -184,6 +217,7 @@ class Bridge:
                         self.config.address, reason, self.config.reconnect_max)
         self.last_error = reason
         self.state = "down"
+        self._give_up.cancel()
         low, high = self.config.reconnect_min, self.config.reconnect_max
         cap = min(high, low * 2 ** min(self.attempts, 30))
         self.attempts += 1
@@ -208,6 +242,9 @@ class Bridge:
         # Sent on this link and not acknowledged: sent again after the next CONNACK (those
         # still queued in the connection were never sent: not resends).
         self._sent_before = self.conn.inflight_publishes
+        if not self.config.clean_start and (self.config.protocol_version == 4
+                                            or self.config.session_expiry):
+            self.inbound.link_lost()    # the remote kept the session: it sends them again
         self._failed(reason)
 
     # ----- the publisher seam (inbound: a full log pauses reading the link) --------------
@@ -271,6 +308,9 @@ class Bridge:
         elif kind in (ConnectFailed, Disconnected, PingTimeout):
             reason = (f"{kind.__name__}: {event.reason}" if kind is not PingTimeout
                       else "no PINGRESP within the keepalive")
+            if (kind is Disconnected and event.reason_code == PACKET_TOO_LARGE
+                    and event.reason.startswith("the server broke")):   # not its DISCONNECT
+                self.inbound.too_large(event.reason)
             if self.link is not None:
                 self.link.send(self.conn.data_to_send())   # a protocol error's DISCONNECT
                 self.link.close(reason)
@@ -337,10 +377,14 @@ class Bridge:
             log.warning(message, *args)
 
     def _connected(self, event: Connected) -> None:
+        self._give_up.cancel()
         self.state = "up"
         self.attempts = 0
         self.connects += 1
         self.last_error = ""
+        # The log still cannot write: the new link is not read either (past its CONNACK).
+        for why in self._paused_reading:
+            self.link.pause_reading(why)
         resent, self._sent_before = self._sent_before, 0   # sent before, sent again now
         self.outbound.resent += resent
         log.info("bridge %s: connected to %s (session present: %s; %d messages sent again)",
@@ -477,11 +521,19 @@ class Bridge:
     def _on_checkpoint(self) -> None:
         self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
         outbound = self.outbound
-        cursor = outbound.cursor
-        if cursor != outbound.saved or outbound.sent_to > outbound.resend_until:
-            self.writer.submit(self.path, self.name, cursor, outbound.sent_to)
+        # Never ahead of what survives a power cut: records are forwarded once written, before
+        # their fsync, and a checkpoint past the durable log would skip the records that take
+        # those offsets again after one. (durability none fsyncs only sealed segments and
+        # promises nothing across a power cut: there the start's check covers it.)
+        journal = self.broker.journal
+        durable = (journal.log.durable_offset if journal.durability != "none"
+                   else journal.log.written_offset)
+        cursor = min(outbound.cursor, durable)
+        sent = max(cursor, min(outbound.sent_to, durable))
+        if cursor != outbound.saved or sent > outbound.resend_until:
+            self.writer.submit(self.path, self.name, cursor, sent)
             outbound.saved = cursor
-            outbound.resend_until = max(outbound.resend_until, outbound.sent_to)
+            outbound.resend_until = max(outbound.resend_until, sent)
 
     def hold(self) -> int:
         """The core's periodic check: a gap retention made is counted; the offset below which
@@ -502,8 +554,10 @@ class Bridge:
             "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,
             "resent": ob.resent, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
             "refused": ob.refused,
+            "checkpoint_ahead": self.checkpoint_ahead,
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
+            "received_held": len(self.inbound.held),
             "not_sent_back": ob.skipped_own,
             "bytes_out": self.bytes_out + (link.bytes_out if link is not None else 0),
             "last_error": self.last_error,

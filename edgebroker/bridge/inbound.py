@@ -4,8 +4,10 @@ Each message goes through the core's own publish path (``Broker.publish``: logge
 to the local subscribers, retained when flagged) under the local topic its ``in`` rule maps
 it to, with the limits a client's PUBLISH meets: ``$SYS`` topics are dropped, a topic not
 yet known must be admitted by the topic table (max_topics, max_topics_per_client: the
-bridge's client id counts as one client), a retained message is dropped when
-``retain_available`` is false. Each drop is counted (``dropped``, reason ``bridge_in``) and
+bridge's client id counts as one client) and hold no control character or non-character
+(``check_code_points``), a retained message is dropped when ``retain_available`` is false.
+A packet over ``max_packet_size`` (the connection's decoder limit) closes the link
+(``too_large``). Each drop is counted (``dropped``, reason ``bridge_in``) and
 logged once per bridge and reason.
 
 The publisher id written in the log is the bridge's client id: that is the origin marker
@@ -30,6 +32,8 @@ from __future__ import annotations
 import logging
 
 from edgebroker.commitlog.errors import LogFullError
+from edgebroker.errors import ProtocolError
+from edgebroker.mqtt.fields import check_code_points
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -80,6 +84,10 @@ class Inbound:
             return self._drop(event, "retain_available", f"a retained message for {local!r} "
                                                          f"while retain_available is false")
         if local not in broker.known_topics:
+            try:    # as a client's PUBLISH: checked once per topic, when it is new
+                check_code_points(local, "topic")
+            except ProtocolError as exc:
+                return self._drop(event, "code_points", f"a message for {local!r}: {exc}")
             refused = broker.admit_topic(local, self.publisher, retain)
             if refused is not None:
                 return self._drop(event, refused, f"a message for the new topic {local!r}: "
@@ -98,6 +106,14 @@ class Inbound:
         if qos:
             broker.acknowledge(self.publisher, offset, event)
 
+    def link_lost(self) -> None:
+        """The link broke and the remote keeps the session: held QoS 1 messages cannot be
+        acknowledged any more, and the remote sends them again on the next link (a new
+        ``Message``): not kept, so none is published twice. QoS 2 ones stay (the connection gives their identifier out once, and answers
+        it when acknowledged); QoS 0 ones are never sent again."""
+        if self.held:
+            self.held = [event for event in self.held if event.qos != 1]
+
     def retry(self) -> None:
         """The log writes again: publish the held messages, in order (those the log still
         cannot take are held again)."""
@@ -105,9 +121,18 @@ class Inbound:
         for event in held:
             self.message(event)
 
+    def too_large(self, what: str) -> None:
+        """The remote sent a packet over ``max_packet_size`` (the link is closed: the rest of
+        that packet cannot be skipped); a message lost here, as far as this side knows."""
+        self._count("packet_too_large", f"a packet from the remote ({what}); the link is "
+                                        f"closed and connects again")
+
     def _drop(self, event, reason: str, what: str) -> None:
         if event.qos:   # not wanted here: acknowledged, behind the acknowledgements waiting
             self.broker.acknowledge(self.publisher, None, event)
+        self._count(reason, what)
+
+    def _count(self, reason: str, what: str) -> None:
         self.dropped += 1
         self.broker.drop("bridge_in", None, 1)
         if reason not in self._warned:

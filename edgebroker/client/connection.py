@@ -52,7 +52,8 @@ class Connection:
                  password: bytes | str | None = None, will: P.Will | None = None,
                  properties: dict | None = None, max_inflight: int = 100,
                  max_queued: int = 1000, connect_timeout: float = 30.0,
-                 resubscribe: bool = False, auto_ack: bool = True):
+                 resubscribe: bool = False, auto_ack: bool = True,
+                 max_packet_size: int | None = None):
         if protocol not in (P.PROTOCOL_31, P.PROTOCOL_311, P.PROTOCOL_5):
             raise ClientError(f"protocol must be 3 (3.1), 4 (3.1.1) or 5, not {protocol!r}")
         if not 0 <= keepalive <= 0xFFFF:
@@ -64,6 +65,14 @@ class Connection:
                               f"least one request: every request passes through it)")
         if properties and protocol != P.PROTOCOL_5:
             raise ClientError("CONNECT properties need protocol 5")
+        if max_packet_size is not None:
+            # The largest packet taken from the server (the decoder's limit); on 5.0 the
+            # server is told (Maximum Packet Size) unless the properties say it already.
+            if not 2 <= max_packet_size <= P.MAX_PACKET_SIZE:
+                raise ClientError(f"max_packet_size {max_packet_size} is outside "
+                                  f"2..{P.MAX_PACKET_SIZE}")
+            if protocol == P.PROTOCOL_5:
+                properties = {MAXIMUM_PACKET_SIZE: max_packet_size, **(properties or {})}
         self.client_id = client_id
         self.protocol = protocol
         self.clean_start = clean_start
@@ -86,7 +95,7 @@ class Connection:
         props = properties or {}
         self._alias_max = props.get(TOPIC_ALIAS_MAXIMUM, 0)      # we accept from the server
         self._receive_max = props.get(RECEIVE_MAXIMUM, 0xFFFF)   # incoming QoS 2 at once
-        self._max_packet = props.get(MAXIMUM_PACKET_SIZE, P.MAX_PACKET_SIZE)
+        self._max_packet = props.get(MAXIMUM_PACKET_SIZE, max_packet_size or P.MAX_PACKET_SIZE)
         self._decoder: Decoder | None = None
         self._out: list = []             # frames (and payloads) for data_to_send
         self._queue: deque = deque()     # requests not sent yet, in order

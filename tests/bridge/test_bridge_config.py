@@ -1,5 +1,7 @@
 """[[bridge]] tables: what they read as, and errors that name the table and the key."""
 
+import socket
+
 import pytest
 
 from edgebroker import config
@@ -20,7 +22,8 @@ def test_a_bridge_table(tmp_path):
     rule, = first.topic
     assert (rule.direction, rule.qos, rule.local_filter, rule.remote_filter) == \
         ("both", 2, "sensors/#", "gw1/sensors/#")
-    assert first.remote_client_id == "edgebroker-bridge-up"
+    # Mosquitto's default: HOSTNAME.NAME, so identical gateways do not share one session.
+    assert first.remote_client_id == f"{socket.gethostname()}.up"
     assert (second.protocol_version, second.cafile, second.topic[0].direction) == \
         (5, "/etc/ca.pem", "out")
 

@@ -14,7 +14,7 @@ import mqttraw as m
 from core.test_disk_full import _log_payloads, _small_disk
 from diskfull import fill_up, in_private_mount_namespace
 
-from .helpers import FakeRemote, bridge_table, wait_figure
+from .helpers import FakeRemote, bridge_table, figures, wait_figure
 
 RULES = [{"pattern": "cmd/#", "direction": "in", "qos": 1}]
 # Large enough to need pages the full disk cannot give (tests/core/test_disk_full.py).
@@ -78,5 +78,43 @@ def test_inbound_acknowledged_once_written_and_resent_after_a_sigkill(broker, tm
         assert fig["received_dropped"] == 0
         assert gw.stop() == 0
         assert _log_payloads(data_dir) == ["one", BIG.decode(), third.decode()]
+    finally:
+        remote.close()
+
+
+def test_reconnects_while_the_disk_is_full_keep_reading_paused(broker, tmp_path, request):
+    """While the log cannot write the link is not read, so its PINGRESP is not either: the
+    keepalive drops the link and the bridge connects again. Each new link is not read
+    either (past its CONNACK): what the remote sends waits there, not in the gateway's
+    memory, however many times the link is made again."""
+    if not in_private_mount_namespace(request):
+        return
+    small, data_dir = _small_disk(tmp_path)
+    remote = FakeRemote()
+    try:
+        gw = broker(data_dir=data_dir, bridge=[bridge_table(remote.port, RULES, keepalive=1)])
+        end = remote.accept()
+        wait_figure(gw, lambda f: f["state"] == "up")
+        fill_up(small / "filler")
+        mark = gw.mark()
+        end.send(m.publish("cmd/a", BIG, qos=1, packet_id=1))
+        assert gw.wait_log(lambda ln: "commit log cannot write" in ln, 5, mark)
+        wait_figure(gw, lambda f: f["received"] == 1)   # waits for the disk, not acknowledged
+        for connects in (2, 3):
+            # No PINGRESP is read: the link is dropped and made again (keepalive 1 s).
+            new = remote.accept(session_present=True)
+            end.close()
+            end = new
+            wait_figure(gw, lambda f: f["connects"] == connects)
+            # The remote sends the unacknowledged message again, and more: none is read.
+            end.send(m.publish("cmd/a", BIG, qos=1, dup=True, packet_id=1)
+                     + b"".join(m.publish("cmd/b", b"%d" % i, qos=1, packet_id=2 + i)
+                                for i in range(20)))
+        fig = figures(gw)
+        assert (fig["received"], fig["received_held"], fig["connects"]) == (1, 0, 3), fig
+        os.unlink(small / "filler")
+        assert gw.wait_log(lambda ln: "writes work again" in ln, 5, mark)
+        assert gw.stop() == 0
+        assert _log_payloads(data_dir)[0] == BIG.decode()
     finally:
         remote.close()

@@ -4,6 +4,8 @@ the start with a line naming the bridge."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from certs import make_pki
 
@@ -31,7 +33,7 @@ def test_forwards_over_tls_with_a_client_certificate(broker, pki):
                 bridge=[bridge_table(central.port, rules, cafile=str(pki.ca.cert),
                                      certfile=str(pki.client.cert), keyfile=str(pki.client.key))])
     wait_figure(gw, lambda f: f["state"] == "up")
-    assert central.wait_log(lambda ln: "'edgebroker-bridge-up'" in ln and "connected" in ln, 5)
+    assert central.wait_log(lambda ln: f"'{socket.gethostname()}.up'" in ln and "connected" in ln, 5)
     gw.client("pub").publish("s/1", b"over tls", qos=1)
     fig = wait_figure(gw, lambda f: f["forwarded"] == 1)
     assert fig["last_error"] == ""

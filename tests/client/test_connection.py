@@ -863,3 +863,19 @@ def test_subscriptions_made_again_when_the_server_has_no_session():
     frames = m.split_frames(bytearray(data))
     assert [f.type for f in frames] == [m.SUBSCRIBE, m.UNSUBSCRIBE]
     assert data.startswith(m.subscribe(pid(frames[0]), [("b", 1)]))
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_max_packet_size_bounds_what_the_server_may_send(protocol):
+    c = Connection("c", protocol, max_packet_size=64)
+    c.connect(0.0)
+    (connect,) = sent(c)
+    if protocol == 5:
+        assert connect.properties[0x27] == 64        # Maximum Packet Size told to the server
+    c.receive_data(m5.connack5() if protocol == 5 else m.connack(False), 0.0)
+    # A header saying 256 MiB follow: refused at once, nothing buffered.
+    (event,) = c.receive_data(b"\x30\xff\xff\xff\x7f", 0.0)
+    assert type(event) is Disconnected and event.reason_code == 0x95
+    assert "exceeds the maximum packet size 64" in event.reason
+    with pytest.raises(ClientError, match="max_packet_size 1 is outside"):
+        Connection("c", protocol, max_packet_size=1)

@@ -1,0 +1,111 @@
+"""The bridge's checkpoint against the commit log: never ahead of what the log has on disk (a
+power cut that takes the log's tail must not leave a cursor past it), a checkpoint past the
+log's end at the start is moved back to it, counted and logged; over a real log (unit), and
+through a real broker whose checkpoint is past its log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import mqttraw as m
+
+from edgebroker.bridge import checkpoint
+from edgebroker.bridge.bridge import Bridge
+from edgebroker.bridge_config import BridgeConfig, TopicRule
+
+from .helpers import FakeRemote, bridge_table, figures, wait_figure
+from .test_outbound import _log
+
+
+def _bridge(tmp_path, commit_log, durability="batch") -> Bridge:
+    """A Bridge over ``commit_log`` with the broker reduced to what the checkpoint needs
+    (no link: connecting is not part of these tests)."""
+    broker = SimpleNamespace(clock=lambda: 0.0, schedule=lambda timer: None,
+                             unschedule=lambda timer: None,
+                             journal=SimpleNamespace(log=commit_log, durability=durability),
+                             limits=SimpleNamespace(max_packet_size=1 << 20))
+    config = BridgeConfig(name="up", address="127.0.0.1:1", topic=(TopicRule(pattern="a/#"),))
+    bridge = Bridge(config, broker, None, None, str(tmp_path))
+    bridge.writer = checkpoint.CheckpointWriter()     # not started: submit() keeps the value
+    bridge._connect = lambda: None
+    return bridge
+
+
+def _submitted(bridge) -> tuple | None:
+    wanted = bridge.writer._wanted.pop(bridge.path, None)
+    return wanted[1:] if wanted else None
+
+
+def test_the_checkpoint_never_gets_ahead_of_the_durable_log(tmp_path):
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 10)     # written, not fsynced
+    assert (log.written_offset, log.durable_offset) == (10, 0)
+    bridge = _bridge(tmp_path, log)
+    checkpoint.write(bridge.path, "up", 0, 0)
+    bridge.start()
+    ob = bridge.outbound
+    assert ob.cursor == 0
+    ob.read()
+    while ob.take() is not None:
+        pass
+    for offset in range(10):
+        ob.acked(offset)
+    assert ob.cursor == 10
+    bridge._on_checkpoint()
+    assert _submitted(bridge) is None and ob.saved == 0   # nothing past the durable offset
+    log.sync()
+    assert log.durable_offset == 10
+    bridge._on_checkpoint()
+    assert _submitted(bridge) == (10, 10) and ob.saved == 10
+    log.close()
+
+
+def test_a_checkpoint_past_the_end_of_the_log_goes_back_to_it(tmp_path, caplog):
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 5)
+    bridge = _bridge(tmp_path, log)
+    checkpoint.write(bridge.path, "up", 50, 60)      # the log lost its tail after this
+    bridge.start()
+    assert (bridge.outbound.cursor, bridge.outbound.sent_to) == (5, 5)
+    assert bridge.checkpoint_ahead == 1
+    assert "its checkpoint (offset 50) is past the end of the log (next offset 5)" in caplog.text
+    log.append(1_700_000_000_000, 1, False, b"dev", b"a/x", b"new")
+    log.write_pending()
+    bridge.outbound.read()
+    assert bridge.outbound.take()[0] == 5           # the new record is forwarded
+    log.close()
+
+
+def test_a_broker_whose_checkpoint_is_past_its_log_forwards_new_messages(broker):
+    remote = FakeRemote()
+    try:
+        table = bridge_table(remote.port, [{"pattern": "s/#", "direction": "both"}])
+        gw = broker(bridge=[table])
+        remote.accept()
+        wait_figure(gw, lambda f: f["state"] == "up")
+        data_dir = gw.config["data_dir"]
+        assert gw.stop() == 0
+        # What a power cut can leave: the checkpoint fsynced at 50, the log's tail lost.
+        path = Path(data_dir) / "bridge-up.json"
+        doc = json.loads(path.read_text())
+        assert doc["cursor"] < 50
+        path.write_text(json.dumps({**doc, "cursor": 50, "sent": 50}))
+        gw = broker(bridge=[table], data_dir=data_dir)
+        end = remote.accept()
+        fig = wait_figure(gw, lambda f: f["state"] == "up")
+        assert fig["checkpoint_ahead"] == 1
+        assert gw.wait_log(lambda ln: "its checkpoint (offset 50) is past the end of the log"
+                           in ln, 5)
+        pub = gw.client("pub")
+        for i in range(5):
+            pub.publish("s/x", str(i).encode(), qos=1)
+        got = []
+        while len(got) < 5:
+            p = end.expect(m.PUBLISH, 5)
+            got.append(p.payload)
+            end.send(m.puback(p.packet_id))
+        assert got == [b"0", b"1", b"2", b"3", b"4"]
+        wait_figure(gw, lambda f: f["forwarded"] == 5)
+        assert gw.stop() == 0
+    finally:
+        remote.close()

@@ -1,0 +1,90 @@
+"""What the remote sends meets the limits a client's PUBLISH meets: a packet over the broker's
+max_packet_size closes the link (it is never buffered), a topic with a control character is
+dropped; each is counted (dropped, bridge_in) and logged once. On MQTT 5.0 the CONNECT tells
+the remote the Maximum Packet Size and asks it to keep the session (Session Expiry
+Interval)."""
+
+from __future__ import annotations
+
+import socket
+
+import mqttraw as m
+import mqttraw5 as m5
+
+from .helpers import FakeRemote, bridge_table, figures, wait_figure
+
+RULES = [{"pattern": "cmd/#", "direction": "in", "qos": 1}]
+MAX_PACKET = 4096
+
+
+def test_a_v5_connect_states_the_maximum_packet_size_and_the_session_expiry(broker):
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        broker(limits={"max_packet_size": MAX_PACKET},
+               bridge=[bridge_table(server.getsockname()[1], RULES, protocol_version=5)])
+        server.settimeout(10)
+        conn, _ = server.accept()
+        conn.settimeout(10)
+        buf = bytearray()
+        frames = []
+        while not frames:
+            data = conn.recv(65536)
+            assert data, "closed before CONNECT"
+            buf += data
+            frames = m5.split_frames5(buf)
+        connect = frames[0]
+        assert connect.type == m.CONNECT and not connect.clean_start
+        assert connect.properties[0x27] == MAX_PACKET            # Maximum Packet Size
+        assert connect.properties[0x11] == 0xFFFFFFFF            # Session Expiry: never
+        conn.close()
+    finally:
+        server.close()
+
+
+def test_an_oversized_packet_closes_the_link_and_is_counted(broker):
+    remote = FakeRemote()
+    try:
+        gw = broker(limits={"max_packet_size": MAX_PACKET},
+                    bridge=[bridge_table(remote.port, RULES)])
+        for data in (m.publish("cmd/a", b"x" * MAX_PACKET, qos=1, packet_id=1),
+                     b"\x30\xff\xff\xff\x7f"):     # says 256 MiB follow: not waited for
+            end = remote.accept()
+            wait_figure(gw, lambda f: f["state"] == "up")
+            end.send(data)
+            assert end.expect_closed(5)
+            assert not [p for p in end.before_close if p.type == m.PUBACK]
+        end = remote.accept()
+        fig = wait_figure(gw, lambda f: f["state"] == "up")
+        assert fig["received"] == 0 and fig["received_dropped"] == 2
+        assert gw.stats()["dropped"]["bridge_in"] == 2
+        lines = [ln for ln in gw.logs if "a packet from the remote" in ln]
+        assert len(lines) == 1 and "exceeds the maximum packet size 4096" in lines[0], lines
+        # A message within the limit still goes through.
+        end.send(m.publish("cmd/a", b"x" * 100, qos=1, packet_id=2))
+        assert end.expect(m.PUBACK).packet_id == 2
+        wait_figure(gw, lambda f: f["received"] == 1)
+    finally:
+        remote.close()
+
+
+def test_a_topic_with_a_control_character_is_dropped_and_counted(broker):
+    remote = FakeRemote()
+    try:
+        gw = broker(bridge=[bridge_table(remote.port, RULES)])
+        end = remote.accept()
+        wait_figure(gw, lambda f: f["state"] == "up")
+        local = gw.client("local")
+        local.subscribe("cmd/#", qos=1)
+        for pid in (1, 2):
+            end.send(m.publish("cmd/a\x01b", b"bad", qos=1, packet_id=pid))
+            assert end.expect(m.PUBACK).packet_id == pid     # not wanted here: acknowledged
+        end.send(m.publish("cmd/ok", b"good", qos=1, packet_id=3))
+        assert end.expect(m.PUBACK).packet_id == 3
+        assert local.recv_publish().payload == b"good"
+        fig = figures(gw)
+        assert (fig["received"], fig["received_dropped"]) == (1, 2)
+        assert gw.stats()["dropped"]["bridge_in"] == 2
+        lines = [ln for ln in gw.logs if "contains U+0001, a control character" in ln]
+        assert len(lines) == 1 and "'cmd/a\\x01b'" in lines[0], lines
+    finally:
+        remote.close()
