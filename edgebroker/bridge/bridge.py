@@ -1,9 +1,9 @@
 """One ``[[bridge]]``: the link to a remote broker, driven by the core loop (no thread).
 
 The parts: ``Link`` (the socket, TLS), the client library's sans-I/O ``Connection`` (MQTT:
-packet ids, the window, resending after a reconnect, keepalive), ``Outbound`` (the
-log consumer and its cursor), ``Inbound`` (remote messages published here) and the
-checkpoint file. ``Bridge`` moves bytes and events between them:
+packet ids, the window, resending after a reconnect, keepalive), ``Outbound`` (the log
+consumer and its cursor), ``Inbound`` (remote messages published here), the checkpoint file
+and, in refusals.py, what the remote refuses. ``Bridge`` moves bytes and events between them:
 
 - bytes from the link go to ``Connection.receive_data``; its events are handled (``Acked``
   moves the cursor: the request's token is the record's log offset; ``Message`` is published
@@ -19,8 +19,7 @@ checkpoint file. ``Bridge`` moves bytes and events between them:
 
 After the link breaks the connection keeps its in-flight requests and sends them again once
 the next CONNACK comes (counted as resent): with DUP when the remote kept the session, as new
-messages when it did not (client/resume.py); the outbound side sends nothing new
-meanwhile, and the backlog stays in the log.
+messages when it did not (client/resume.py); nothing new meanwhile: the backlog waits in the log.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from edgebroker.bridge import checkpoint
 from edgebroker.bridge.inbound import Inbound, LinkAsPublisher
 from edgebroker.bridge.link import Link, Resolver, numeric_address
 from edgebroker.bridge.outbound import Outbound
+from edgebroker.bridge.refusals import Refusals
 from edgebroker.bridge.rules import Rules
 from edgebroker.bridge_config import split_address
 from edgebroker.client.connection import Connection
@@ -40,10 +40,7 @@ from edgebroker.client.events import (
 )
 from edgebroker.core.limits import TokenBucket
 from edgebroker.core.timers import Timer
-from edgebroker.errors import (
-    PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED,
-    SERVER_BUSY,
-)
+from edgebroker.errors import PACKET_TOO_LARGE
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.properties import (
     MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, SESSION_EXPIRY,
@@ -56,11 +53,9 @@ log = logging.getLogger("edgebroker.bridge")
 READS_PER_PUMP = 4
 # The link's unsent output above which nothing new is handed to it.
 MAX_LINK_OUT = 1024 * 1024
-# A refusal that says "later": the message is sent again after a back-off, not skipped.
-REFUSED_FOR_NOW = (QUOTA_EXCEEDED, SERVER_BUSY)
 
 
-class Bridge:
+class Bridge(Refusals):
     def __init__(self, config, broker, selector, wake, state_dir: str, tls_context=None):
         self.config = config
         self.name = config.name
@@ -316,65 +311,6 @@ class Bridge:
                 self.link.close(reason)
             return True
         return False
-
-    # ----- refused messages -------------------------------------------------------------
-
-    def _refused(self, request, code: int) -> None:
-        """A message the remote refused (a 5.0 reason code >= 0x80 in PUBACK, PUBREC) or the
-        client library refused before sending (what the remote's CONNACK said it does not
-        take). "Later" codes: sent again after a back-off, the cursor waits; QoS or retain
-        not supported: sent again within what the remote takes; the rest: skipped, counted."""
-        offset, topic = request.token, request.topic
-        name = REASON_NAMES.get(code, "refused")
-        if code in REFUSED_FOR_NOW:
-            self._busy.append(request)
-            self._busy_times += 1
-            self._once(("busy", code), "bridge %s: the remote answered %#04x (%s) to the message "
-                       "at offset %d for %r: it is sent again after a back-off, and nothing new "
-                       "meanwhile; the cursor waits (logged once per code)",
-                       self.name, code, name, offset, topic)
-            if not self._busy_retry.pending:
-                low, high = self.config.reconnect_min, self.config.reconnect_max
-                cap = min(high, low * 2 ** min(self._busy_times - 1, 30))
-                self._busy_retry.start(self.broker, self.clock() + random.uniform(low, cap))
-            return
-        if code == QOS_NOT_SUPPORTED or code == RETAIN_NOT_SUPPORTED:
-            # Asked before the CONNACK that says so (pump sends within it): again, within it.
-            qos = min(request.qos - (code == QOS_NOT_SUPPORTED), self.max_qos)
-            retain = request.retain and code != RETAIN_NOT_SUPPORTED and self.retain_available
-            self.conn.publish(topic, request.payload, qos, retain, token=offset)
-            return
-        if self.outbound.refuse(offset):
-            self.broker.drop("bridge_refused", None, 1)
-            self._once(("refused", code), "bridge %s: the message at offset %d for %r was "
-                       "refused %s (reason code %#04x, %s): skipped, counted as refused "
-                       "(bridge_refused); logged once per reason code", self.name, offset,
-                       topic, "before sending, over the remote's Maximum Packet Size"
-                       if code == PACKET_TOO_LARGE else "by the remote", code, name)
-
-    def _send_busy_again(self) -> None:
-        """The back-off after a "later" refusal is over: the refused messages go again, in
-        log order (counted as resent), then what follows (``pump``). Not while the link is
-        down: ``_connected`` calls this again."""
-        if self.state != "up" or self.link is None:
-            return
-        busy = sorted(self._busy, key=lambda request: request.token)
-        self._busy = []
-        conn = self.conn
-        for i, request in enumerate(busy):
-            if not conn.can_publish:
-                self._busy = busy[i:]
-                self._busy_retry.start(self.broker, self.clock() + self.config.reconnect_min)
-                break
-            conn.publish(request.topic, request.payload, request.qos, request.retain,
-                         token=request.token)
-            self.outbound.resent += 1
-        self.pump()
-
-    def _once(self, key, message: str, *args) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, *args)
 
     def _connected(self, event: Connected) -> None:
         self._give_up.cancel()

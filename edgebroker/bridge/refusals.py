@@ -1,0 +1,81 @@
+"""Messages a bridge's remote refuses (``Bridge`` takes these methods; docs/bridge.md,
+"Refused messages"): a 5.0 reason code of 0x80 or more in a PUBACK or PUBREC, or a refusal
+of the client library before sending (what the remote's CONNACK said it does not take).
+Quota exceeded and server busy: sent again after a back-off, the cursor waits; QoS or
+retain not supported: sent again within what the remote takes; the rest: skipped, counted
+(``bridge_refused``), logged once per reason code."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from edgebroker.errors import (
+    PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED,
+    SERVER_BUSY,
+)
+
+log = logging.getLogger("edgebroker.bridge")
+
+# The codes after which a message is sent again later, not skipped.
+REFUSED_FOR_NOW = (QUOTA_EXCEEDED, SERVER_BUSY)
+
+
+class Refusals:
+    """The refusal path of ``Bridge`` (a mixin over its state)."""
+    def _refused(self, request, code: int) -> None:
+        """A message the remote refused (a 5.0 reason code >= 0x80 in PUBACK, PUBREC) or the
+        client library refused before sending (what the remote's CONNACK said it does not
+        take). "Later" codes: sent again after a back-off, the cursor waits; QoS or retain
+        not supported: sent again within what the remote takes; the rest: skipped, counted."""
+        offset, topic = request.token, request.topic
+        name = REASON_NAMES.get(code, "refused")
+        if code in REFUSED_FOR_NOW:
+            self._busy.append(request)
+            self._busy_times += 1
+            self._once(("busy", code), "bridge %s: the remote answered %#04x (%s) to the message "
+                       "at offset %d for %r: it is sent again after a back-off, and nothing new "
+                       "meanwhile; the cursor waits (logged once per code)",
+                       self.name, code, name, offset, topic)
+            if not self._busy_retry.pending:
+                low, high = self.config.reconnect_min, self.config.reconnect_max
+                cap = min(high, low * 2 ** min(self._busy_times - 1, 30))
+                self._busy_retry.start(self.broker, self.clock() + random.uniform(low, cap))
+            return
+        if code == QOS_NOT_SUPPORTED or code == RETAIN_NOT_SUPPORTED:
+            # Asked before the CONNACK that says so (pump sends within it): again, within it.
+            qos = min(request.qos - (code == QOS_NOT_SUPPORTED), self.max_qos)
+            retain = request.retain and code != RETAIN_NOT_SUPPORTED and self.retain_available
+            self.conn.publish(topic, request.payload, qos, retain, token=offset)
+            return
+        if self.outbound.refuse(offset):
+            self.broker.drop("bridge_refused", None, 1)
+            self._once(("refused", code), "bridge %s: the message at offset %d for %r was "
+                       "refused %s (reason code %#04x, %s): skipped, counted as refused "
+                       "(bridge_refused); logged once per reason code", self.name, offset,
+                       topic, "before sending, over the remote's Maximum Packet Size"
+                       if code == PACKET_TOO_LARGE else "by the remote", code, name)
+
+    def _send_busy_again(self) -> None:
+        """The back-off after a "later" refusal is over: the refused messages go again, in
+        log order (counted as resent), then what follows (``pump``). Not while the link is
+        down: ``_connected`` calls this again."""
+        if self.state != "up" or self.link is None:
+            return
+        busy = sorted(self._busy, key=lambda request: request.token)
+        self._busy = []
+        conn = self.conn
+        for i, request in enumerate(busy):
+            if not conn.can_publish:
+                self._busy = busy[i:]
+                self._busy_retry.start(self.broker, self.clock() + self.config.reconnect_min)
+                break
+            conn.publish(request.topic, request.payload, request.qos, request.retain,
+                         token=request.token)
+            self.outbound.resent += 1
+        self.pump()
+
+    def _once(self, key, message: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
