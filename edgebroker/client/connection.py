@@ -24,20 +24,17 @@ from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTim
 from edgebroker.client.incoming import HANDLERS, on_ack
 from edgebroker.client.requests import (
     PUBLISH, STAGE_PUBLISH, SUBSCRIBE, ClientError, QueueFull, Request, make_publish,
-    make_subscribe, make_unsubscribe,
+    make_subscribe, make_unsubscribe, other_frame, publish_frame,
 )
 from edgebroker.client.resume import send_again
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import (
-    DISCONNECT_BYTES, PINGREQ_BYTES, encode, encode_ack, encode_connect, encode_publish_head,
-    encode_puback,
+    DISCONNECT_BYTES, PINGREQ_BYTES, encode_ack, encode_connect, encode_puback,
 )
-from edgebroker.mqtt.encode5 import encode5, encode_disconnect5, encode_publish_head5
-from edgebroker.mqtt.properties import (
-    MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM, encode_properties,
-)
+from edgebroker.mqtt.encode5 import encode_disconnect5
+from edgebroker.mqtt.properties import MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM
 from edgebroker.mqtt.stream import Decoder
 
 __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
@@ -277,16 +274,6 @@ class Connection:
         self._next_pid = pid % 0xFFFF + 1
         return pid
 
-    def _encode_publish(self, req: Request, dup: bool) -> list:
-        payload = req.payload
-        if self._v5:
-            head = encode_publish_head5(req.topic.encode(), len(payload), req.qos, req.retain,
-                                        dup, req.packet_id, encode_properties(req.properties))
-        else:
-            head = encode_publish_head(req.topic.encode(), len(payload), req.qos, req.retain,
-                                       dup, req.packet_id)
-        return [head, payload] if payload else [head]
-
     def _refused(self, req: Request) -> int:
         """A reason code when the server said it takes no such PUBLISH (5.0 CONNACK), else 0."""
         if req.qos > self._server_max_qos:
@@ -302,7 +289,7 @@ class Connection:
         key = (req.topic, len(payload), req.retain)
         head = self._qos0_heads.get(key) if req.properties is None else None
         if head is None:
-            frame = self._encode_publish(req, False)
+            frame = publish_frame(req, self._v5, False)
             if req.properties is None:
                 if len(self._qos0_heads) >= QOS0_HEADS_KEPT:
                     self._qos0_heads.clear()
@@ -329,7 +316,7 @@ class Connection:
         if pid is None:
             return False
         req.packet_id = pid
-        frame = self._encode_publish(req, False)
+        frame = publish_frame(req, self._v5, False)
         if self._server_max_packet and sum(map(len, frame)) > self._server_max_packet:
             req.packet_id = None
             self._next_pid = pid         # not used after all
@@ -346,13 +333,8 @@ class Connection:
             return False
         req.packet_id = pid
         self._inflight[pid] = req
-        self._out.append(self._encode_other(req))
+        self._out.append(other_frame(req, self._v5))
         return True
-
-    def _encode_other(self, req: Request) -> bytes:
-        cls = P.Subscribe if req.kind is SUBSCRIBE else P.Unsubscribe
-        packet = cls(req.packet_id, req.filters, req.properties)
-        return encode5(packet) if self._v5 else encode(packet)
 
     def _pump(self) -> None:
         """Send queued requests, in order, while the window allows (first those in flight

@@ -1,5 +1,6 @@
 """What the user asks a client connection to do (``Request``), the errors of asking wrongly,
-and a request's form in the state file (``to_state``/``from_state``, docs/client.md).
+a request's packet (``publish_frame``, ``other_frame``) and its form in the state file
+(``to_state``/``from_state``, docs/client.md).
 """
 
 from __future__ import annotations
@@ -7,7 +8,11 @@ from __future__ import annotations
 import base64
 
 from edgebroker.errors import EdgebrokerError, ProtocolError
+from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.encode import encode, encode_publish_head
+from edgebroker.mqtt.encode5 import encode5, encode_publish_head5
 from edgebroker.mqtt.packets import SUB_RETAIN_HANDLING
+from edgebroker.mqtt.properties import encode_properties
 from edgebroker.mqtt.topics import validate_topic_filter, validate_topic_name
 
 PUBLISH = "publish"
@@ -215,3 +220,22 @@ def from_state(doc: dict) -> Request:
             raise ValueError(f"state file request {doc!r}: packet_id out of range")
         req.packet_id = pid
     return req
+
+
+def publish_frame(req: Request, v5: bool, dup: bool) -> list:
+    """A publish request's PUBLISH: its head and, when there is one, its payload."""
+    payload = req.payload
+    if v5:
+        head = encode_publish_head5(req.topic.encode(), len(payload), req.qos, req.retain,
+                                    dup, req.packet_id, encode_properties(req.properties))
+    else:
+        head = encode_publish_head(req.topic.encode(), len(payload), req.qos, req.retain, dup,
+                                   req.packet_id)
+    return [head, payload] if payload else [head]
+
+
+def other_frame(req: Request, v5: bool) -> bytes:
+    """A subscribe or unsubscribe request's SUBSCRIBE or UNSUBSCRIBE."""
+    cls = P.Subscribe if req.kind is SUBSCRIBE else P.Unsubscribe
+    packet = cls(req.packet_id, req.filters, req.properties)
+    return encode5(packet) if v5 else encode(packet)

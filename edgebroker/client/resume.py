@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from edgebroker.client.requests import (
     PUBLISH, RESUBSCRIBE, STAGE_PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE, Request,
+    other_frame, publish_frame,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_ack
@@ -64,10 +65,10 @@ def resend(conn, session_present: bool) -> None:
 def send_again(conn, req: Request) -> None:
     """A request in flight again, on a connection that kept the session."""
     if req.kind is not PUBLISH:
-        conn._out.append(conn._encode_other(req))
+        conn._out.append(other_frame(req, conn._v5))
         return
     conn._n_pub += 1
     if req.stage == STAGE_PUBREL:
         conn._out.append(encode_ack(P.PUBREL, req.packet_id))
     else:
-        conn._out.extend(conn._encode_publish(req, True))
+        conn._out.extend(publish_frame(req, conn._v5, True))
