@@ -87,6 +87,9 @@ class Broker(Router, Router5, Sessions, CatchUp, CatchUpRuns, Timers, Persistenc
         self.limit_hits = zero_counts(LIMITS)
         self.refused = zero_counts(REFUSALS)
         self.dropped = zero_counts(DROPS)
+        # The Timers of wills waiting out their Will Delay Interval (5.0), by session: kept
+        # here, not on every session (a slot each: memory per connection, bench idle_10000).
+        self.will_timers: dict = {}
         self.pass_times = PassTimes()     # filled by the server loop
         self.events = EventLog(log)
         # The lines of refused and misbehaving connections.

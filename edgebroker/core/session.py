@@ -129,8 +129,7 @@ class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
                  "queued_qos0", "drops", "acl", "cursor", "saved", "offline_at", "expiry",
-                 "expiry_interval", "sub5", "receive_max", "shared",
-                 "will_timer")
+                 "expiry_interval", "sub5", "receive_max", "shared")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -169,8 +168,6 @@ class Session:
         # The 5.0 client's Receive Maximum when below max_inflight_messages: its window
         # (0: max_inflight_messages).
         self.receive_max = 0
-        # The Timer of its last connection's will while its Will Delay Interval runs.
-        self.will_timer = None
         # Its shared subscriptions: "$share/<name>/<filter>" -> core.shared.Member; None
         # until it makes one.
         self.shared: dict | None = None

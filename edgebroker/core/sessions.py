@@ -138,9 +138,9 @@ class Sessions:
             session.offline_at = None
             if session.expiry is not None:
                 session.expiry.cancel()
-            if session.will_timer is not None:  # back within the Will Delay Interval
-                session.will_timer.cancel()
-                session.will_timer = None
+            will_timer = self.will_timers.pop(session, None)
+            if will_timer is not None:   # back within the Will Delay Interval
+                will_timer.cancel()
             if clean:  # 5.0: resumed, to end with this connection
                 self._make_clean(session)
         if not clean:
@@ -175,7 +175,8 @@ class Sessions:
         if delay and session is not None and session.client is None and not session.clean:
             # 5.0 Will Delay Interval: published when it has passed or the session ends,
             # whichever comes first; not if the session is resumed before.
-            timer = session.will_timer = Timer(partial(self._will_due, session, client, will))
+            timer = self.will_timers[session] = Timer(partial(self._will_due, session, client,
+                                                              will))
             timer.start(self, self.clock() + delay)
             log.info("will of %s on %r delayed %d s (Will Delay Interval)", client.describe(),
                      will.topic, delay)
@@ -184,7 +185,7 @@ class Sessions:
 
     def _will_due(self, session: Session, client: Client, will) -> None:
         """A delayed will's time has come, or its session ends first."""
-        session.will_timer = None
+        self.will_timers.pop(session, None)
         self._publish_will(client, will)
 
     def _publish_will(self, client: Client, will) -> None:
@@ -290,7 +291,7 @@ class Sessions:
                         session.client_id, offline, setting, held, unread)
 
     def drop_session(self, session: Session) -> None:
-        will_timer = session.will_timer
+        will_timer = self.will_timers.get(session)
         if will_timer is not None:  # the session ends before its will's delay: sent now
             will_timer.cancel()
             will_timer.callback()
