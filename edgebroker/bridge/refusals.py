@@ -23,6 +23,7 @@ REFUSED_FOR_NOW = (QUOTA_EXCEEDED, SERVER_BUSY)
 
 class Refusals:
     """The refusal path of ``Bridge`` (a mixin over its state)."""
+
     def _refused(self, request, code: int) -> None:
         """A message the remote refused (a 5.0 reason code >= 0x80 in PUBACK, PUBREC) or the
         client library refused before sending (what the remote's CONNACK said it does not

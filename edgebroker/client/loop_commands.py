@@ -16,6 +16,7 @@ SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered 
 
 class LoopCommands:
     """The commands' part of ``EventLoop`` (a mixin over its state)."""
+
     def pause(self) -> None:
         self._apply(K.PAUSE)
 

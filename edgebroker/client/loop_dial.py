@@ -20,6 +20,7 @@ def why(exc: OSError) -> str:
 
 class LoopDialing:
     """The connecting part of ``EventLoop`` (a mixin over its state)."""
+
     def _open(self, now: float) -> None:
         """Start a connection: a Dialer's steps run in the selector (no wait here but a host
         name's resolution); another transport_factory is called (and may wait)."""
