@@ -109,8 +109,9 @@ class Inbound:
     def link_lost(self) -> None:
         """The link broke and the remote keeps the session: held QoS 1 messages cannot be
         acknowledged any more, and the remote sends them again on the next link (a new
-        ``Message``): not kept, so none is published twice. QoS 2 ones stay (the connection gives their identifier out once, and answers
-        it when acknowledged); QoS 0 ones are never sent again."""
+        ``Message``): not kept, so none is published twice. QoS 2 ones stay (the connection
+        gives their identifier out once, and answers it when acknowledged); QoS 0 ones are
+        never sent again."""
         if self.held:
             self.held = [event for event in self.held if event.qos != 1]
 
