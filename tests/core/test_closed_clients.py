@@ -121,6 +121,8 @@ def test_rounds_of_long_keepalive_clients_leave_nothing_behind(broker, uid):
         assert stats["timer_entries_dead"] <= live
         rss.append(proc.memory_info().rss)
     # From the second round on (the first one warms the allocator up): 300 clients a round,
-    # and before the fix 340-1,100 bytes each stayed.
+    # and before the fix 340-1,100 bytes each stayed. Without a leak the allocator's pages
+    # still move by 8-60 KiB over two rounds (measured, ten runs): the bound is 200 bytes a
+    # client, clear of that and well under the leak's.
     grown = rss[-1] - rss[1]
-    assert grown < 100 * CLIENTS * (ROUNDS - 2), [x // 1024 for x in rss]
+    assert grown < 200 * CLIENTS * (ROUNDS - 2), [x // 1024 for x in rss]
