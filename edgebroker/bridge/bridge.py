@@ -34,6 +34,7 @@ from edgebroker.bridge.outbound import Outbound
 from edgebroker.bridge.refusals import Refusals
 from edgebroker.bridge.rules import Rules
 from edgebroker.bridge_config import split_address
+from edgebroker.client.backoff import ceiling
 from edgebroker.client.connection import Connection
 from edgebroker.client.events import (
     Acked, Connected, ConnectFailed, Disconnected, Message, PingTimeout, Subscribed,
@@ -213,8 +214,8 @@ class Bridge(Refusals):
         self.last_error = reason
         self.state = "down"
         self._give_up.cancel()
-        low, high = self.config.reconnect_min, self.config.reconnect_max
-        cap = min(high, low * 2 ** min(self.attempts, 30))
+        low = self.config.reconnect_min
+        cap = ceiling(self.attempts, low, self.config.reconnect_max)
         self.attempts += 1
         self._tick.cancel()
         self._retry.start(self.broker, self.clock() + random.uniform(low, max(low, cap)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 
+from edgebroker.client.backoff import ceiling
 from edgebroker.errors import (
     PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED,
     SERVER_BUSY,
@@ -39,8 +40,8 @@ class Refusals:
                        "meanwhile; the cursor waits (logged once per code)",
                        self.name, code, name, offset, topic)
             if not self._busy_retry.pending:
-                low, high = self.config.reconnect_min, self.config.reconnect_max
-                cap = min(high, low * 2 ** min(self._busy_times - 1, 30))
+                low = self.config.reconnect_min
+                cap = ceiling(self._busy_times - 1, low, self.config.reconnect_max)
                 self._busy_retry.start(self.broker, self.clock() + random.uniform(low, cap))
             return
         if code == QOS_NOT_SUPPORTED or code == RETAIN_NOT_SUPPORTED:

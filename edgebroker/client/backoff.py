@@ -20,6 +20,12 @@ ALWAYS = "always"
 POLICIES = (NEVER, AFTER_FIRST_SUCCESS, ALWAYS)
 
 
+def ceiling(attempts: int, base: float, cap: float) -> float:
+    """The longest wait after ``attempts`` failures in a row: ``base`` doubled that many
+    times, at most ``cap`` (the bridge's reconnection and refusal back-offs too)."""
+    return min(cap, base * 2 ** min(attempts, 32))
+
+
 class Backoff:
     __slots__ = ("policy", "base", "cap", "attempts", "connected_once", "_random")
 
@@ -49,6 +55,6 @@ class Backoff:
 
     def delay(self) -> float:
         """The wait before the next attempt (counts this failure)."""
-        ceiling = min(self.cap, self.base * 2 ** min(self.attempts, 32))
+        longest = ceiling(self.attempts, self.base, self.cap)
         self.attempts += 1
-        return self._random() * ceiling
+        return self._random() * longest
