@@ -96,7 +96,7 @@ class Client:
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
                  "rate", "throttled_until", "throttle_start", "throttled_time",
                  "pending_dropped", "warned", "rate_sample",
-                 "username", "acl", "pending_connect", "held", "denied_logged", "refusal", "v5")
+                 "username", "acl", "pending", "refusal", "v5")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
@@ -125,13 +125,13 @@ class Client:
         self.throttle_start = 0.0
         self.throttled_time = 0.0     # seconds throttled, throttles that ended
         self.pending_dropped = 0      # QoS 0 dropped since the output last drained
-        self.warned = None            # what was already logged once for this connection
+        self.warned = None            # what was logged once for this connection (warn_once,
+                                      # and ("acl", topic) for a denied PUBLISH)
         self.rate_sample = None       # (time, totals, rates) for core.metrics
         self.username = None          # the verified user name (None: anonymous)
         self.acl = None               # this client's AclView, or None without an ACL file
-        self.pending_connect = None   # the CONNECT while its password check runs
-        self.held = None              # packets received meanwhile
-        self.denied_logged = None     # topics whose denied PUBLISH was logged
+        self.pending = None           # [CONNECT, packets received meanwhile] while its
+                                      # password check or authentication exchange runs
         self.refusal = None           # (limit, why): refuse its CONNECT (Sessions.admission)
         self.v5 = None                # core.mqtt5.Conn5 for an MQTT 5.0 connection
 
@@ -243,7 +243,7 @@ class Client:
             broker.hit("connect_timeout")
             broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
                                 "%s: %s within %g s; closing", self.describe(),
-                                "no CONNECT" if self.pending_connect is None
+                                "no CONNECT" if self.pending is None
                                 else "authentication exchange not finished"
                                 if self.v5 is not None and self.v5.auth is not None
                                 else "password check not finished",
@@ -278,7 +278,7 @@ class Client:
             if self.connected:
                 broker.detach(self, publish_will=will)
         finally:
-            self.will = self.pending_connect = self.held = None
+            self.will = self.pending = None
             if broker.journal is not None:
                 broker.journal.forget(self)
             transport, self.transport = self.transport, CLOSED

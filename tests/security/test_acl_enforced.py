@@ -107,6 +107,21 @@ def test_denied_publish_dropped_silently_and_counted(aclsrv, uid):
     assert sum("denied by the ACL; dropped" in ln for ln in aclsrv.logs[mark:]) == 1
 
 
+def test_denied_publishes_to_many_topics_are_logged_for_sixteen_then_once(aclsrv, uid):
+    bob = login(aclsrv, "bob", f"{uid}-b")
+    mark = aclsrv.mark()
+    for i in range(20):
+        bob.publish(f"alice/{uid}/t{i}", b"x", qos=1)
+    bob.publish(f"alice/{uid}/t0", b"x", qos=1)
+    assert bob.ping() == []
+    aclsrv.wait_log("more publishes denied by the ACL; counted, no longer logged", start=mark)
+    lines = aclsrv.logs[mark:]
+    logged = [ln for ln in lines if f"{uid}-b" in ln and "denied by the ACL; dropped" in ln]
+    assert len(logged) == 16, logged
+    assert all(f"'alice/{uid}/t{i}'" in logged[i] for i in range(16))
+    assert sum("more publishes denied" in ln for ln in lines) == 1
+
+
 def test_read_checked_at_delivery(aclsrv, uid):
     """A subscription granted under a deny rule that covers part of it gets everything else."""
     alice = login(aclsrv, "alice", f"{uid}-a")

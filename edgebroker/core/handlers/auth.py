@@ -69,7 +69,7 @@ def begin(client, p: P.Connect) -> None:
         return
     conn = client.v5
     conn.auth_method = method
-    client.pending_connect = p
+    client.pending = [p]
     exchange, reply, failure = _first(conn, policy, p)
     if failure is None and p.username is not None and p.username != exchange.username:
         failure = scram.Failure(f"the CONNECT's User Name {p.username!r} is not the SCRAM "
@@ -157,7 +157,7 @@ def _connect_outcome(client, policy, exchange, failure, reply) -> None:
     username = exchange.username
     if code:
         stats.scram_failed += 1
-        client.pending_connect = None
+        client.pending = None
         client.username = username
         if code == _BAD_CREDENTIALS:
             stats.logins_failed += 1

@@ -96,11 +96,10 @@ def on_connect(client, p: P.Connect) -> None:
         return
     policy = getattr(client.transport, "policy", None)
     if policy is not None:
-        client.pending_connect = p
-        client.held = []
+        client.pending = [p]
         client.enter_authenticating()
         policy.authenticate(client, p)        # calls auth_done, now or later
-        if client.pending_connect is not None and not client.closed:
+        if client.pending is not None and not client.closed:
             client.transport.pause_reading("auth")  # until the password check is back
         return
     accept(client, p)
@@ -108,11 +107,11 @@ def on_connect(client, p: P.Connect) -> None:
 
 def auth_done(client, code: int, why: str, username, acl) -> None:
     """The policy's decision on the pending CONNECT (0 or a CONNACK refusal code)."""
-    p = client.pending_connect
-    if p is None or client.closed:
+    pending = client.pending
+    if pending is None or client.closed:
         return                      # timed out or closed while the check ran
-    client.pending_connect = None
-    held, client.held = client.held, None
+    client.pending = None
+    p, held = pending[0], pending[1:]
     client.username = username
     stats = client.broker.stats
     if code:
@@ -144,7 +143,7 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
 
 def hold(client, p) -> None:
     """A packet that arrived while CONNECT waits for its password check."""
-    client.held.append(p)
+    client.pending.append(p)
 
 
 def accept(client, p: P.Connect) -> None:

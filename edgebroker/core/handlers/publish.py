@@ -246,17 +246,19 @@ def _drop_denied_publish(topic: str, payload: bytes, qos: int, retain: bool, cli
     stats.publish_received += 1
     stats.acl_publish_denied += 1
     broker.drop("acl", client.session)
-    logged = client.denied_logged
+    logged = client.warned      # shared with warn_once: ("acl", topic) per topic logged
     if logged is None:
-        logged = client.denied_logged = set()
-    if topic in logged or len(logged) > _DENIALS_LOGGED:
+        logged = client.warned = set()
+    key = ("acl", topic)
+    if key in logged or "acl_denials" in logged:
         return
-    logged.add(topic)
-    if len(logged) > _DENIALS_LOGGED:
+    if sum(type(k) is tuple for k in logged) >= _DENIALS_LOGGED:
+        logged.add("acl_denials")
         log.warning("%s: more publishes denied by the ACL; counted, no longer logged for "
                     "this connection", client.describe())
-    else:
-        log.warning("%s: publish to %r denied by the ACL; dropped", client.describe(), topic)
+        return
+    logged.add(key)
+    log.warning("%s: publish to %r denied by the ACL; dropped", client.describe(), topic)
 
 
 def _refuse_publish(client, p: P.Publish, limit: str) -> None:
