@@ -67,19 +67,20 @@ _LITTLE = sys.byteorder == "little"
 class Decoder(RepeatedFrames):
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
-    __slots__ = ("max_packet_size", "_buf", "_need", "_error", "_gen", "_src", "_large",
-                 "_ready", "room", "read_hint", "_shape", "_repeat", "protocol")
+    __slots__ = ("max_packet_size", "_buf", "_need", "_gen", "_src", "_large", "_ready",
+                 "room", "read_hint", "_shape", "_repeat", "protocol")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, protocol: int = 0):
         self.max_packet_size = max_packet_size
         self.protocol = protocol  # 5 once 5.0 rules apply (see the module doc); else 0
         self._buf = b""          # bytes not yet decoded (a bytearray while a frame is partial)
         self._need = 0           # don't try to decode before _buf holds this many bytes
-        self._error: ProtocolError | None = None
         self._gen = None         # the generator of the last feed, maybe not exhausted
         self._src = None         # its input while it has not started
         self._large: LargeFrame | None = None   # a large PUBLISH whose payload is arriving
-        self._ready: Publish | None = None  # a completed large PUBLISH not handed out yet
+        # A completed large PUBLISH not handed out yet; or, once a violation was found, its
+        # ProtocolError, which every later feed raises again.
+        self._ready: Publish | ProtocolError | None = None
         self.room: memoryview | None = None  # where the rest of that payload goes (recv_into)
         self.read_hint = 0       # bytes the next read should take (0: as many as it can)
         # The last large PUBLISH that arrived whole: its header (the frame's bytes before the
@@ -102,8 +103,9 @@ class Decoder(RepeatedFrames):
         The generator decodes from ``data`` itself: exhaust it, or close it after taking a
         packet, before ``data``'s buffer changes (closing keeps the untaken bytes). One that
         has not started holds ``data`` as it is until the next call."""
-        if self._error is not None:
-            raise self._error
+        ready = self._ready
+        if ready is not None and isinstance(ready, ProtocolError):
+            raise ready
         if (len(data) == 4 and self._gen is None and not self._buf and self._large is None
                 and self._ready is None):
             # The commonest read of a QoS 1 subscriber: one PUBACK.
@@ -144,7 +146,7 @@ class Decoder(RepeatedFrames):
         violation)."""
         n = len(data)
         if (n < 8 or n & 3 or self._gen is not None or self._buf or self._large is not None
-                or self._ready is not None or self._error is not None):
+                or self._ready is not None):
             return None
         raw = bytes(data)
         k = n >> 2
@@ -343,7 +345,7 @@ class Decoder(RepeatedFrames):
                 pos = end
                 yield packet
         except ProtocolError as exc:
-            self._error = exc
+            self._ready = exc   # the decoder stops here: every later feed raises it
             pos = n
             raise
         finally:
