@@ -199,6 +199,10 @@ class Config:
     coalesce_ms: float = setting(
         1.0, between(0, 100), doc="how long the loop may hold the log write and the sends of "
                                    "messages from slow publishers to gather more; 0: never")
+    busy_poll_us: float = setting(
+        200.0, between(0, 10000), doc="microseconds the loop polls without sleeping for the "
+                                       "acknowledgements of messages a session catching up "
+                                       "from the log was just sent; 0: never")
     allow_anonymous: bool | None = setting(
         None, doc="accept clients without a user name; unset: true unless a password file applies")
     password_file: str = setting("", doc="file of username:hash lines; clients must log in")

@@ -121,7 +121,7 @@ class CatchUpRuns:
         inflight = session.inflight
         if inflight is EMPTY_DICT:
             inflight = session.own_inflight()
-        held = len(inflight)
+        held = was_held = len(inflight)
         held_bytes = session.inflight_bytes
         room = transport.max_pending - transport.out_bytes
         first = i = run.i
@@ -182,6 +182,8 @@ class CatchUpRuns:
                 transport.count_publish(sent)
                 self.stats.publish_sent += sent
                 self.prompt = True
+                if held > was_held:
+                    self.awaiting_acks = True    # see server.loop.BusyPoll
             if not session.clean:
                 self._snapshot_dirty = True   # the snapshot's cursor (Cursor.unsent) moved
         if lagging:

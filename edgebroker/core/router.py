@@ -376,6 +376,7 @@ class Router:
         max_pending = transport.max_pending
         sent_bytes = 0
         sent = 0
+        acked = False     # QoS 1 or 2 sent: acknowledgements to wait for
         while True:
             while queue:
                 if transport.out_bytes >= max_pending:
@@ -392,6 +393,7 @@ class Router:
                       and (session.inflight_bytes < window_bytes or not session.inflight)):
                     queue.popleft()
                     self._send(session, message, qos, retain)
+                    acked = True
                 else:
                     break
                 sent += 1
@@ -421,6 +423,8 @@ class Router:
             # A subscriber working through its queue is held back by its window, not by
             # its reading: the next part goes out in this pass (see ``prompt``).
             self.prompt = True
+            if acked and session.cursor is not None:
+                self.awaiting_acks = True     # catching up: see server.loop.BusyPoll
         if not queue and session.dropped:
             log.warning("session %r: queue drained; %d messages were dropped while it was full",
                         session.client_id, session.dropped)

@@ -95,7 +95,7 @@ class App(DescriptorRoom):
         self.open_files = open_files_limit()
         self.descriptors_short = False  # refusing callers for want of descriptors (logged)
         self.reserve = DescriptorReserve()
-        self.loop = loop = Loop(config.coalesce_ms, clock)
+        self.loop = loop = Loop(config.coalesce_ms, clock, config.busy_poll_us)
         loop.on_wake = self._on_wake
         loop.on_reload = self.reload
         loop.on_reserve_freed = self._reserve_freed
@@ -369,6 +369,7 @@ class App(DescriptorRoom):
                 return
             self.config = config
             self.loop.hold_window = hold_window(config.coalesce_ms)
+            self.loop.busy_poll.seconds = config.busy_poll_us / 1e6
             self.broker.apply_config(config)
             self._apply_limits(config)
             logging.getLogger("edgebroker").setLevel(config.log_level.upper())

@@ -240,3 +240,28 @@ def test_records_appended_not_yet_written_never_skip_a_session_behind(tmp_path):
         assert read_back("aged") == [8, 9, 10]
     finally:
         log.close()
+
+
+def test_a_catch_up_that_sent_qos1_asks_the_loop_to_wait_for_acknowledgements(core):
+    """``awaiting_acks`` (the loop's busy poll, server.loop.BusyPoll): set when a session
+    catching up was sent QoS 1 messages, not for QoS 0 alone nor for live routing."""
+    for name, qos in (("s1", 1), ("s0", 0)):
+        sub, _ = _connect(core, name, clean=False)
+        sub.data_received(m.subscribe(1, [(f"{name}/x", qos)]))
+        sub.data_received(m.disconnect())
+    pub, _ = _connect(core, "pub")
+    for i in range(100):
+        pub.data_received(m.publish("s1/x", b"%d" % i, qos=1, packet_id=1 + i))
+        pub.data_received(m.publish("s0/x", b"%d" % i, qos=1, packet_id=1 + i))
+    core.end_pass()
+    assert core.awaiting_acks is False, "nobody was sent anything"
+    _connect(core, "s0", clean=False)
+    assert core.sessions["s0"].cursor is None or core.sessions["s0"].cursor.run is None
+    assert core.awaiting_acks is False, "QoS 0 needs no acknowledgement"
+    back, back_t = _connect(core, "s1", clean=False)
+    assert core.awaiting_acks is True
+    core.awaiting_acks = False
+    frames = [f for f in _frames(back_t) if f.type == m.PUBLISH]
+    assert len(frames) == core.limits.max_inflight_messages
+    back.data_received(b"".join(m.puback(f.packet_id) for f in frames))
+    assert core.awaiting_acks is True, "the acknowledgements let the next ones out"
