@@ -76,10 +76,10 @@ class Broker(Router, Router5, Sessions, CatchUp, CatchUpRuns, Timers, Persistenc
         # before: the delay then costs no client more than 1/PROMPT_GAP_FACTOR of its rate.
         self.prompt = False
         self.prompt_gap = prompt_gap(config)
-        # Set when a session catching up from the log was sent QoS 1 or 2 messages in this
-        # pass: the loop may poll for their acknowledgements a little before it sleeps
-        # (server.loop.BusyPoll); cleared by the loop.
-        self.awaiting_acks = False
+        # The transport of a session catching up from the log that was sent QoS 1 or 2
+        # messages in this pass: the loop may poll for its acknowledgements a little before
+        # it sleeps (server.loop.BusyPoll); cleared by the loop.
+        self.awaiting_acks = None
         self._init_sessions()
         self._init_router()
         self._init_shared()

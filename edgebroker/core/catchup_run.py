@@ -183,7 +183,7 @@ class CatchUpRuns:
                 self.stats.publish_sent += sent
                 self.prompt = True
                 if held > was_held:
-                    self.awaiting_acks = True    # see server.loop.BusyPoll
+                    self.awaiting_acks = transport    # see server.loop.BusyPoll
             if not session.clean:
                 self._snapshot_dirty = True   # the snapshot's cursor (Cursor.unsent) moved
         if lagging:

@@ -424,7 +424,7 @@ class Router:
             # its reading: the next part goes out in this pass (see ``prompt``).
             self.prompt = True
             if acked and session.cursor is not None:
-                self.awaiting_acks = True     # catching up: see server.loop.BusyPoll
+                self.awaiting_acks = transport    # catching up: see server.loop.BusyPoll
         if not queue and session.dropped:
             log.warning("session %r: queue drained; %d messages were dropped while it was full",
                         session.client_id, session.dropped)

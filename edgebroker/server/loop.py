@@ -55,8 +55,8 @@ def hold_window(coalesce_ms: float) -> float:
     return seconds - min(seconds / 2, 0.0005)
 
 
-# Passes a busy poll that found nothing skips before it tries again: 2**misses - 1, the
-# misses in a row counted up to this (so at most 63 passes).
+# Passes a busy poll skips after a miss (see BusyPoll): 2**misses - 1, the misses in a row
+# counted up to this (so at most 63 passes).
 BUSY_POLL_MAX_MISSES = 6
 
 
@@ -68,23 +68,29 @@ class BusyPoll:
     a loop that sleeps in ``epoll_wait`` between rounds must be woken for each one, which
     costs a process switch and, between cores, an interrupt: on a 2-core VM that wake-up is
     about as long as the rest of the round. Polling without sleeping for up to ``seconds``
-    takes the acknowledgements as they arrive. A poll that finds nothing makes the next ones
-    rarer (it is skipped for 1, 3, 7 ... up to 63 passes), so a subscriber far away (whose
-    acknowledgements take longer than ``seconds``) costs a poll now and then, not one per
-    round trip; one that finds something makes them every pass again."""
+    takes the acknowledgements as they arrive.
+
+    A poll ends as soon as any socket is ready (it is handled in the pass, as after a
+    sleep). It is a hit when the awaited connection received something, else a miss; a
+    miss makes the next polls rarer (skipped for 1, 3, 7 ... up to 63 passes), a hit makes
+    them every pass again. So a subscriber far away (whose acknowledgements take longer
+    than ``seconds``) costs a poll now and then, not one per round trip, and a broker busy
+    with other clients (whose input would wake it anyway) does not spin between their
+    packets."""
 
     __slots__ = ("seconds", "misses", "skip", "hits", "missed")
 
     def __init__(self, busy_poll_us: float):
         self.seconds = busy_poll_us / 1e6
-        self.misses = 0      # polls in a row that found nothing (at most BUSY_POLL_MAX_MISSES)
+        self.misses = 0      # misses in a row (at most BUSY_POLL_MAX_MISSES)
         self.skip = 0        # passes to let go by before the next poll
-        self.hits = 0        # polls that found a socket ready (figures for tests and tuning)
-        self.missed = 0      # ... that found none
+        self.hits = 0        # polls in which the awaited connection sent something
+        self.missed = 0      # ... and those in which it did not
 
-    def poll(self, dispatch, on_error, clock, due: float) -> int:
+    def poll(self, dispatch, on_error, clock, due: float, awaited) -> int:
         """Dispatch what becomes ready within ``seconds`` (and before ``due``, the next
-        timer) without sleeping: how many sockets were ready, 0 when none (or skipped)."""
+        timer) without sleeping: how many sockets were ready, 0 when none (or skipped).
+        ``awaited``: the transport whose input (``bytes_in``) makes it a hit."""
         if not self.seconds:
             return 0
         if self.skip:
@@ -93,19 +99,20 @@ class BusyPoll:
         until = clock() + self.seconds
         if due < until:
             until = due
+        before = awaited.bytes_in
         while True:
             ready = dispatch(0.0, on_error)
-            if ready:
-                self.hits += 1
-                self.misses = 0
-                return ready
-            if clock() >= until:
+            if ready or clock() >= until:
                 break
+        if awaited.bytes_in != before:
+            self.hits += 1
+            self.misses = 0
+            return ready
         self.missed += 1
         if self.misses < BUSY_POLL_MAX_MISSES:
             self.misses += 1
         self.skip = (1 << self.misses) - 1
-        return 0
+        return ready
 
 
 class Loop:
@@ -244,11 +251,12 @@ class Loop:
             else:
                 due = self._deadline()
                 ready = 0
-                if broker.awaiting_acks:
+                awaited = broker.awaiting_acks
+                if awaited is not None:
                     # A session catching up waits for acknowledgements: look for them a
                     # little before sleeping (BusyPoll).
-                    broker.awaiting_acks = False
-                    ready = self.busy_poll.poll(dispatch, on_error, clock, due)
+                    broker.awaiting_acks = None
+                    ready = self.busy_poll.poll(dispatch, on_error, clock, due, awaited)
                 if not ready:
                     ready = dispatch(min(MAX_WAIT, max(0.0, min(due, next_notify) - clock())),
                                      on_error)
