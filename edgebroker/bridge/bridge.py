@@ -2,8 +2,9 @@
 
 The parts: ``Link`` (the socket, TLS), the client library's sans-I/O ``Connection`` (MQTT:
 packet ids, the window, resending after a reconnect, keepalive), ``Outbound`` (the log
-consumer and its cursor), ``Inbound`` (remote messages published here), the checkpoint file
-and, in refusals.py, what the remote refuses. ``Bridge`` moves bytes and events between them:
+consumer and its cursor), ``Inbound`` (remote messages published here), the checkpoint file,
+in pump.py how the backlog is handed to the remote, and in refusals.py what the remote
+refuses. ``Bridge`` moves bytes and events between them:
 
 - bytes from the link go to ``Connection.receive_data``; its events are handled (``Acked``
   moves the cursor: the request's token is the record's log offset; ``Message`` is published
@@ -31,6 +32,7 @@ from edgebroker.bridge import checkpoint
 from edgebroker.bridge.inbound import Inbound, LinkAsPublisher
 from edgebroker.bridge.link import Link, Resolver, numeric_address
 from edgebroker.bridge.outbound import Outbound
+from edgebroker.bridge.pump import Pumping
 from edgebroker.bridge.refusals import Refusals
 from edgebroker.bridge.rules import Rules
 from edgebroker.bridge_config import split_address
@@ -49,14 +51,8 @@ from edgebroker.mqtt.properties import (
 
 log = logging.getLogger("edgebroker.bridge")
 
-# Records one pump reads at most before it lets the loop go on (a long stretch of the log
-# that no rule matches is read in later passes).
-READS_PER_PUMP = 4
-# The link's unsent output above which nothing new is handed to it.
-MAX_LINK_OUT = 1024 * 1024
 
-
-class Bridge(Refusals):
+class Bridge(Refusals, Pumping):
     def __init__(self, config, broker, selector, wake, state_dir: str, tls_context=None):
         self.config = config
         self.name = config.name
@@ -357,75 +353,6 @@ class Bridge(Refusals):
         """The core wrote records to the log (end of a loop pass): go on if at the head."""
         if self.state == "up" and self.outbound.read_at < self.broker.journal.log.written_offset:
             self.pump()
-
-    def pump(self) -> None:
-        """Hand the remote what the window, the link and the bandwidth cap allow. Only QoS
-        1/2 messages take a place in the window; QoS 0 ones are limited by the link's
-        buffer alone: when it is full the link says when it drained (``on_drained``)."""
-        if self.state != "up" or self.link is None:
-            return
-        conn = self.conn
-        outbound = self.outbound
-        room = self.config.window - conn.inflight - conn.queued
-        # Bytes that may still be handed to the link in this pass.
-        limit = MAX_LINK_OUT - self.link.out_bytes
-        reads = 0
-        bucket = self.bucket
-        # A "later" refusal (nothing new until it was sent again), or over the bandwidth.
-        blocked = bool(self._busy) or bucket is not None and bucket.refill(self.clock()) < 1.0
-        if blocked:
-            if not self._busy:
-                self._wait_for_bandwidth()
-            limit = 0
-        publish = conn.publish
-        pending = outbound.pending
-        max_qos = self.max_qos
-        while limit > 0:
-            if not pending:
-                if reads >= READS_PER_PUMP:
-                    if not self._again.pending:
-                        self._again.start(self.broker, self.clock())
-                    break
-                reads += 1
-                if not outbound.read():
-                    break
-                continue
-            qos = min(pending[0][3], max_qos)
-            if qos and room <= 0 or not conn.can_publish:
-                break       # the window is full: an acknowledgement calls pump again
-            offset, topic, payload, _, retain = outbound.take()
-            if retain and not self.retain_available:
-                retain = False
-            publish(topic, payload, qos, retain, token=offset)
-            if qos:
-                room -= 1
-            size = len(payload) + len(topic)
-            limit -= size
-            if bucket is not None and not bucket.spend(size, self.clock()):
-                self._wait_for_bandwidth()
-                break
-        self._send()
-        link = self.link
-        if not blocked and limit <= 0 and link is not None and (
-                pending or not outbound.at_head()):
-            # Stopped by the link's buffer with work left: go on when it drained (half
-            # empty), or at once when the socket took it all already.
-            if link.out_bytes >= MAX_LINK_OUT // 2:
-                link.drained_below = MAX_LINK_OUT // 2
-            elif not self._again.pending:
-                self._again.start(self.broker, self.clock())
-
-    def on_drained(self) -> None:
-        """The link's unsent output fell below ``drained_below``: hand it more."""
-        if not self._again.pending:
-            self._again.start(self.broker, self.clock())
-
-    def _wait_for_bandwidth(self) -> None:
-        """Over ``bandwidth``: go on once 20 ms' worth of it is back (at least one byte)."""
-        bucket = self.bucket
-        if not self._again.pending:
-            self._again.start(self.broker, self.clock() + bucket.wait(
-                min(bucket.burst, max(1.0, bucket.rate * 0.02))))
 
     def _send(self) -> None:
         conn = self.conn

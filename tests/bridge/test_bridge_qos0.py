@@ -8,7 +8,7 @@ import time
 
 import mqttraw
 
-from edgebroker.bridge.bridge import MAX_LINK_OUT
+from edgebroker.bridge.pump import MAX_LINK_OUT
 
 from .helpers import FakeRemote, bridge_table, figures, publish_range, wait_figure
 
