@@ -80,7 +80,5 @@ class Pumping:
 
     def _wait_for_bandwidth(self) -> None:
         """Over ``bandwidth``: go on once 20 ms' worth of it is back (at least one byte)."""
-        bucket = self.bucket
         if not self._again.pending:
-            self._again.start(self.broker, self.clock() + bucket.wait(
-                min(bucket.burst, max(1.0, bucket.rate * 0.02))))
+            self._again.start(self.broker, self.clock() + self.bucket.wait_for_share(0.02))

@@ -96,6 +96,12 @@ class TokenBucket:
         missing = need - self.tokens
         return missing / self.rate if missing > 0 else 0.0
 
+    def wait_for_share(self, seconds: float) -> float:
+        """Seconds until ``seconds``' worth of the rate is stored (at least one token, at
+        most the burst): when to go on after the bucket ran dry, so that a paused reader or
+        sender is not woken for every single token."""
+        return self.wait(min(float(self.burst), max(1.0, self.rate * seconds)))
+
 
 # A throttled client is read again once this many seconds' worth of its rate is back (at most
 # its burst): waking it for every single token would cost two epoll_ctl and a timer each time.
@@ -131,17 +137,13 @@ class PublishRate:
         over = None
         bucket = self.messages
         if bucket is not None and not bucket.spend(1, now):
-            over = ("messages_rate", bucket.wait(_resume_need(bucket)))
+            over = ("messages_rate", bucket.wait_for_share(RESUME_SECONDS))
         bucket = self.bytes
         if bucket is not None and not bucket.spend(size, now):
-            wait = bucket.wait(_resume_need(bucket))
+            wait = bucket.wait_for_share(RESUME_SECONDS)
             if over is None or wait > over[1]:
                 over = ("bytes_rate", wait)
         return over
-
-
-def _resume_need(bucket: TokenBucket) -> float:
-    return min(float(bucket.burst), max(1.0, bucket.rate * RESUME_SECONDS))
 
 
 class TopicTable:

@@ -273,8 +273,7 @@ class App(DescriptorRoom):
         gate = self.accept_gate
         broker = self.broker
         now = self.clock()
-        need = min(float(gate.burst), max(1.0, gate.rate * ACCEPT_RESUME_SECONDS))
-        until = now + gate.wait(need)
+        until = now + gate.wait_for_share(ACCEPT_RESUME_SECONDS)
         broker.hit("max_connection_rate")
         broker.events.log(logging.WARNING, "max_connection_rate", now,
                           "new connections arrive faster than max_connection_rate (%g/s, burst %d):"
