@@ -189,7 +189,9 @@ def format_stats(s: dict) -> str:
         f"{c['packets_received']} packets in, {c['packets_sent']} out",
         f"connects    {c['connects_accepted']} accepted, {c['sockets_accepted']} sockets accepted",
         f"loop        pass p50 {loop['pass_p50_seconds'] * 1000:.3f} ms, "
-        f"p99 {loop['pass_p99_seconds'] * 1000:.3f} ms, {loop['passes']} passes",
+        f"p99 {loop['pass_p99_seconds'] * 1000:.3f} ms, {loop['passes']} passes, "
+        f"busy polls {loop['busy_polls_hit']} hit / {loop['busy_polls_missed']} "
+        "missed",
         f"process     {memory}",
         f"log         {_log_line(s.get('log'))}",
         f"upload      {upload_line(s.get('upload'))}",

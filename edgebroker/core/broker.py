@@ -80,6 +80,7 @@ class Broker(Router, Router5, Sessions, CatchUp, CatchUpRuns, Timers, Persistenc
         # messages in this pass: the loop may poll for its acknowledgements a little before
         # it sleeps (server.loop.BusyPoll); cleared by the loop.
         self.awaiting_acks = None
+        self.busy_poll = None   # ... and that BusyPoll, for its figures (metrics.snapshot)
         self._init_sessions()
         self._init_router()
         self._init_shared()

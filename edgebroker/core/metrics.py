@@ -66,6 +66,7 @@ def snapshot(broker, now: float) -> dict:
     for client in broker.throttled:
         throttled += now - client.throttle_start
     timer_entries, timer_entries_dead = broker.timer_figures()
+    busy_poll = broker.busy_poll
     return {
         "version": __version__,
         "uptime_seconds": now - broker.started,
@@ -89,7 +90,9 @@ def snapshot(broker, now: float) -> dict:
         "refused": dict(broker.refused),
         "dropped": dict(broker.dropped),
         "loop": {"pass_p50_seconds": p50, "pass_p99_seconds": p99,
-                 "passes": broker.pass_times.count, "busy_seconds": broker.pass_times.total},
+                 "passes": broker.pass_times.count, "busy_seconds": broker.pass_times.total,
+                 "busy_polls_hit": busy_poll.hits if busy_poll is not None else 0,
+                 "busy_polls_missed": busy_poll.missed if busy_poll is not None else 0},
         "process": {"rss_bytes": guard.rss, "cpu_seconds": guard.cpu_seconds,
                     "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over},
         "log": broker.journal.figures() if broker.journal is not None else None,

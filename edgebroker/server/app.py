@@ -171,6 +171,7 @@ class App(DescriptorRoom):
         self.snapshots = snap.SnapshotWriter(self.state_dir)
         self.broker.submit_snapshot = self.snapshots.submit
         self.loop.broker = self.broker
+        self.broker.busy_poll = self.loop.busy_poll
         self.loop.log = self.log
         self._restore()
         self.warn_open_files()

@@ -259,6 +259,12 @@ def render(snapshot: dict) -> str:
     out.append(f'{name}{{quantile="0.99"}} {_number(loop["pass_p99_seconds"])}')
     out.append(f"{name}_sum {_number(loop['busy_seconds'])}")
     out.append(f"{name}_count {_number(loop['passes'])}")
+    name = "edgebroker_loop_busy_polls_total"
+    out.append(f"# HELP {name} Polls for a catching-up session's acknowledgements before "
+               "sleeping (busy_poll_us), by whether they came in time.")
+    out.append(f"# TYPE {name} counter")
+    out.append(f'{name}{{result="hit"}} {_number(loop["busy_polls_hit"])}')
+    out.append(f'{name}{{result="miss"}} {_number(loop["busy_polls_missed"])}')
     return "\n".join(out) + "\n"
 
 

@@ -250,7 +250,7 @@ def test_render_has_help_and_type_before_every_sample():
         "limit_hits": L.zero_counts(L.LIMITS), "refused": L.zero_counts(L.REFUSALS),
         "dropped": L.zero_counts(L.DROPS),
         "loop": {"pass_p50_seconds": 0.001, "pass_p99_seconds": 0.01, "passes": 10,
-                 "busy_seconds": 0.02},
+                 "busy_seconds": 0.02, "busy_polls_hit": 7, "busy_polls_missed": 2},
         "process": {"rss_bytes": 100, "cpu_seconds": 0.5, "memory_limit_bytes": 0,
                     "memory_over_limit": False},
     }
@@ -272,6 +272,8 @@ def test_render_has_help_and_type_before_every_sample():
             assert name.startswith("edgebroker_")
     assert 'edgebroker_limit_hits_total{limit="max_topics"} 0' in text
     assert 'edgebroker_loop_pass_seconds{quantile="0.99"} 0.01' in text
+    assert 'edgebroker_loop_busy_polls_total{result="hit"} 7' in text
+    assert 'edgebroker_loop_busy_polls_total{result="miss"} 2' in text
 
 
 # ----- this process's figures (memory_limit, $SYS/broker/process/*) --------------------------

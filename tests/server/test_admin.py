@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import socket
 import stat
 
@@ -57,6 +58,7 @@ def test_inspect_stats(broker, uid):
     assert r.returncode == 0, r.stderr
     assert "clients     1 connected" in r.stdout and "publish     1 received" in r.stdout
     assert "loop        pass p50" in r.stdout and "limits hit  none" in r.stdout
+    assert re.search(r"busy polls \d+ hit / \d+ missed", r.stdout)
     assert "log         durability batch, next offset 1, written 1," in r.stdout
     r = run_cli("inspect", "stats", "-c", str(b.config_path), "--json")
     assert r.returncode == 0, r.stderr

@@ -2,6 +2,7 @@
 at most its time and the next timer, and backs off after polls in which the awaited
 connection sent nothing."""
 
+import mqttraw as m
 from edgebroker.server.loop import BUSY_POLL_MAX_MISSES, BusyPoll
 
 
@@ -92,3 +93,27 @@ def test_zero_turns_it_off():
     t = FakeTime(ready_on={1})
     assert t.poll(BusyPoll(0)) == 0
     assert t.calls == 0
+
+
+def test_a_catch_up_from_the_log_polls_and_its_polls_are_counted(broker, uid):
+    """A persistent QoS 1 subscriber drains a backlog from the log window by window: the
+    loop polls for its acknowledgements, and the polls are counted in the stats (hit or miss
+    depends on how fast this client answers, so only their sum is asserted; the Prometheus
+    lines are checked in tests/core/test_limits_unit.py)."""
+    b = broker()
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    pub = b.client(f"{uid}-p")
+    n = 200
+    pub.send(b"".join(m.publish(f"{uid}/t", b"%04d" % i, 1, packet_id=i + 1) for i in range(n)))
+    for _ in range(n):
+        pub.expect(m.PUBACK)
+    before = b.stats()["loop"]
+    assert before["busy_polls_hit"] + before["busy_polls_missed"] == 0
+    sub = b.client(f"{uid}-s", clean=False)
+    got = [int(sub.recv_publish().payload) for _ in range(n)]
+    assert got == list(range(n))
+    loop = b.stats()["loop"]
+    polls = loop["busy_polls_hit"] + loop["busy_polls_missed"]
+    assert polls >= 1       # 200 messages at a window of 20: ten rounds, the first polls
