@@ -273,9 +273,12 @@ def own_figures(stats: dict) -> dict:
     """What edgebroker's admin socket says about drops and sessions behind (the JSON keeps it
     next to the generator's own count)."""
     counters = stats.get("counters") or {}
+    loop = stats.get("loop") or {}
     return {"dropped": stats.get("dropped"), "sessions_behind": stats.get("sessions_behind"),
             "lag_records_max": stats.get("lag_records_max"),
-            **{k: counters.get(k) for k in OWN_COUNTERS}}
+            **{k: counters.get(k) for k in OWN_COUNTERS},
+            **{k: loop.get(k) for k in ("passes", "busy_seconds", "busy_polls_hit",
+                                        "busy_polls_missed")}}
 
 
 # ----- publishers -> subscribers ----------------------------------------------------------------

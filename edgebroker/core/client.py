@@ -70,6 +70,9 @@ class ClosedTransport:
     def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
         pass
 
+    def send_now(self) -> None:
+        pass
+
     def wait_for_drain(self) -> None:
         pass
 

@@ -26,6 +26,7 @@ class FakeTransport:
         self.bytes_in = 0
         self.bytes_out = 0
         self.want_drain = False
+        self.sent_now = 0           # send_now calls
         self.closing = False
         self.paused: set[str] = set()
 
@@ -49,6 +50,10 @@ class FakeTransport:
     def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
         self.files.append((bytes(head), fd, position, length))
         self.out_bytes += len(head) + length
+
+    def send_now(self) -> None:
+        """Counted (``sent_now``); what was written stays in ``out``, each write an item."""
+        self.sent_now += 1
 
     def wait_for_drain(self) -> None:
         self.want_drain = True

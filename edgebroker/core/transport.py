@@ -44,6 +44,11 @@ class Transport(Protocol):
     def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
         """Queue a PUBLISH whose payload is a range of a commit-log segment (record ``offset``)."""
 
+    def send_now(self) -> None:
+        """Send what is queued now, in the middle of a pass, as far as the socket takes it
+        without blocking; the rest, and errors, are left for the pass's own flush (a TLS
+        connection leaves all of it there)."""
+
     def wait_for_drain(self) -> None:
         """Call ``client.writable()`` once everything queued is written."""
 

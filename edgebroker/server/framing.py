@@ -131,6 +131,9 @@ class Framing:
             return self.stream.offer(self.endpoint.frame_head(len(data)), data)
         return self.stream.offer(self.endpoint.frame_head(len(data) + len(rest)) + data, rest)
 
+    def send_now(self) -> None:
+        self.stream.send_now()
+
     def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
         self.stream.write_file(self.endpoint.frame_head(len(head) + length) + head, fd, position,
                                length, offset)

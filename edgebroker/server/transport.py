@@ -147,6 +147,9 @@ class Transport:
         if not self.closed:
             self._queue(data, len(data))
 
+    def send_now(self) -> None:
+        self.flush(early=True)
+
     def wait_for_drain(self) -> None:
         """The core was refused (or held back) by ``max_pending``: call ``client.writable()``
         once everything queued is written."""

@@ -265,3 +265,29 @@ def test_a_catch_up_that_sent_qos1_asks_the_loop_to_wait_for_acknowledgements(co
     assert len(frames) == core.limits.max_inflight_messages
     back.data_received(b"".join(m.puback(f.packet_id) for f in frames))
     assert core.awaiting_acks is back_t, "the acknowledgements let the next ones out"
+
+
+def test_a_window_of_a_run_is_written_in_pieces_each_sent_at_once(core):
+    """core.catchup_run.RUN_PIECES: the window of 20 is written as three writes of 7, 7 and
+    6 PUBLISHes, the first two sent at once (``send_now``) so the subscriber can start on
+    them; acknowledging 7 lets one piece of 7 out, in order and without a gap."""
+    sub, _ = _connect(core, "s", clean=False)
+    sub.data_received(m.subscribe(1, [("s/x", 1)]))
+    sub.data_received(m.disconnect())
+    pub, _ = _connect(core, "pub")
+    for i in range(100):
+        pub.data_received(m.publish("s/x", b"%d" % i, qos=1, packet_id=1 + i))
+    core.end_pass()
+    back, back_t = _connect(core, "s", clean=False)
+    writes = [[p for p in m.split_frames(bytearray(bytes(x))) if p.type == m.PUBLISH]
+              for x in back_t.out]
+    pieces = [len(w) for w in writes if w]
+    assert pieces == [7, 7, 6]
+    assert back_t.sent_now == 2, "the last piece waits for the pass's flush"
+    first = [p for w in writes for p in w]
+    assert [int(p.payload) for p in first] == list(range(20))
+    back_t.flush()
+    back.data_received(b"".join(m.puback(p.packet_id) for p in first[:7]))
+    more = [p for p in _frames(back_t) if p.type == m.PUBLISH]
+    assert [int(p.payload) for p in more] == list(range(20, 27))
+    assert back_t.sent_now == 2, "one piece fills the window: nothing sent early"
