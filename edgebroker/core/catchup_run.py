@@ -3,8 +3,8 @@ nothing made per record.
 
 ``CatchUp.refill`` hands what ``CommitLog.read_run`` found to ``_take_run``: the scanner's
 entries over one chunk become the cursor's ``Run``, and ``send_run`` builds the PUBLISH
-frames of all that the window and the connection take with one native call
-(``_native.publish_frames``) and one write. Runs are for 3.1.1 subscribers and records
+frames of what the window and the connection take with one native call
+(``_native.publish_frames``) and one write per piece (WINDOW_PIECES). Runs are for 3.1.1 subscribers and records
 without properties (core.catchup says when); everything else goes through ``refill``'s
 batches.
 """
@@ -18,12 +18,12 @@ from edgebroker import _native
 from edgebroker.commitlog.format import RECORD_HEADER_SIZE
 from edgebroker.core.session import EMPTY_DICT, Outgoing, Stored
 
-# A window's worth of a run is written in this many pieces, each sent at once: the
-# subscriber starts on the first while the broker makes the next, and acknowledges in
-# pieces too, so the two keep working side by side rather than taking turns (a window of
-# 20 at the default: about 1.3x the drain rate of one write per window on a 2-core VM,
-# bench/RESULTS.md).
-RUN_PIECES = 3
+# A window's worth of QoS 1/2 messages (of a run here, of a queue in Router.pump) is
+# written in this many pieces, each sent at once: the subscriber starts on the first while
+# the broker makes the next, and acknowledges in pieces too, so the two keep working side
+# by side rather than taking turns (a window of 20 at the default: about 1.2-1.3x the drain
+# rate of one write per window on a 2-core VM, bench/RESULTS.md).
+WINDOW_PIECES = 3
 
 
 class Run:
@@ -31,8 +31,8 @@ class Run:
     scanner's entries (``_native.scan``) for the records of one chunk of a segment that match
     its one subscription, over the chunk itself (``data``, from file position ``base``). Nothing
     is made per record until it is sent; then ``Broker.send_run`` builds the PUBLISH frames
-    of all that the window and the connection take with one native call
-    (``_native.publish_frames``) and one write. Held on ``Cursor.run``; the cursor's offset is
+    of what the window and the connection take, one native call
+    (``_native.publish_frames``) and one write per piece. Held on ``Cursor.run``; the cursor's offset is
     already past it (as past the records of a batch in the session's queue)."""
 
     __slots__ = ("data", "base", "entries", "n", "i", "offsets", "metas", "lengths", "times",
@@ -118,14 +118,14 @@ class CatchUpRuns:
 
     def send_run(self, session, run: Run) -> bool:
         """Send what the window and the connection take of ``run`` (the client is online and
-        its queue empty): the PUBLISH frames of each piece (RUN_PIECES) in one write, sent at
+        its queue empty): the PUBLISH frames of each piece (WINDOW_PIECES) in one write, sent at
         once. True when all of the run is sent."""
         client = session.client
         transport = client.transport
         limits = self.limits
         window = limits.max_inflight_messages
         window_bytes = limits.max_inflight_bytes
-        piece = -(-window // RUN_PIECES)
+        piece = -(-window // WINDOW_PIECES)
         inflight = session.inflight
         if inflight is EMPTY_DICT:
             inflight = session.own_inflight()

@@ -20,6 +20,7 @@ import logging
 from collections import deque
 
 from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES
+from edgebroker.core.catchup_run import WINDOW_PIECES
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import logged
 from edgebroker.core.router5 import options5
@@ -377,6 +378,8 @@ class Router:
         sent_bytes = 0
         sent = 0
         acked = False     # QoS 1 or 2 sent: acknowledgements to wait for
+        piece = -(-window // WINDOW_PIECES)
+        burst = 0         # ... since the last piece was sent (WINDOW_PIECES)
         while True:
             while queue:
                 if transport.out_bytes >= max_pending:
@@ -394,6 +397,10 @@ class Router:
                     queue.popleft()
                     self._send(session, message, qos, retain)
                     acked = True
+                    burst += 1
+                    if burst == piece:
+                        burst = 0
+                        transport.send_now()
                 else:
                     break
                 sent += 1

@@ -268,7 +268,7 @@ def test_a_catch_up_that_sent_qos1_asks_the_loop_to_wait_for_acknowledgements(co
 
 
 def test_a_window_of_a_run_is_written_in_pieces_each_sent_at_once(core):
-    """core.catchup_run.RUN_PIECES: the window of 20 is written as three writes of 7, 7 and
+    """core.catchup_run.WINDOW_PIECES: the window of 20 is written as three writes of 7, 7 and
     6 PUBLISHes, the first two sent at once (``send_now``) so the subscriber can start on
     them; acknowledging 7 lets one piece of 7 out, in order and without a gap."""
     sub, _ = _connect(core, "s", clean=False)
@@ -291,3 +291,23 @@ def test_a_window_of_a_run_is_written_in_pieces_each_sent_at_once(core):
     more = [p for p in _frames(back_t) if p.type == m.PUBLISH]
     assert [int(p.payload) for p in more] == list(range(20, 27))
     assert back_t.sent_now == 2, "one piece fills the window: nothing sent early"
+
+
+def test_a_window_from_the_queue_is_sent_in_pieces_too(core):
+    """A session with two subscriptions catches up through its queue (a batch read from the
+    log, not a run): Router.pump sends each third of the window at once as well."""
+    sub, _ = _connect(core, "s", clean=False)
+    sub.data_received(m.subscribe(1, [("s/x", 1), ("s/y", 1)]))
+    sub.data_received(m.disconnect())
+    pub, _ = _connect(core, "pub")
+    for i in range(100):
+        pub.data_received(m.publish("s/x" if i % 2 else "s/y", b"%d" % i, qos=1,
+                                    packet_id=1 + i))
+    core.end_pass()
+    back, back_t = _connect(core, "s", clean=False)
+    assert back_t.sent_now == 2         # after 7 and after 14 of the window of 20
+    first = [p for p in _frames(back_t) if p.type == m.PUBLISH]
+    assert [int(p.payload) for p in first] == list(range(20))
+    back.data_received(b"".join(m.puback(p.packet_id) for p in first[:7]))
+    assert back_t.sent_now == 3
+    assert [int(p.payload) for p in _frames(back_t) if p.type == m.PUBLISH] == list(range(20, 27))
