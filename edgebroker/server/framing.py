@@ -131,9 +131,6 @@ class Framing:
             return self.stream.offer(self.endpoint.frame_head(len(data)), data)
         return self.stream.offer(self.endpoint.frame_head(len(data) + len(rest)) + data, rest)
 
-    def send_now(self) -> None:
-        self.stream.send_now()
-
     def write_file(self, head: bytes, fd: int, position: int, length: int, offset: int) -> None:
         self.stream.write_file(self.endpoint.frame_head(len(head) + length) + head, fd, position,
                                length, offset)
@@ -187,6 +184,9 @@ class Framing:
 
     def count_publish(self, n: int = 1) -> None:
         self.stream.count_publish(n)
+
+    def send_now(self) -> None:
+        self.stream.send_now()
 
     # The stream's figures, read by the core, and its output bound (set on reload).
     listener_name = _forwarded("listener_name")
