@@ -92,6 +92,7 @@ class Bridge(Refusals, Pumping):
         self.outbound: Outbound | None = None
         self._paused_reading: set[str] = set()
         self.checkpoint_ahead = 0   # starts with a checkpoint past the log's end
+        self.checkpoint_damaged = 0  # ... with one that could not be read (started at the head)
         self._retry = Timer(self._connect)
         self._tick = Timer(self._on_tick)
         self._save = Timer(self._on_checkpoint)
@@ -111,7 +112,11 @@ class Bridge(Refusals, Pumping):
     def start(self) -> None:
         journal = self.broker.journal
         commit_log = journal.log
-        saved = checkpoint.load(self.path)
+        try:
+            saved = checkpoint.load(self.path)
+        except checkpoint.Damaged:
+            self.checkpoint_damaged += 1
+            saved = None
         if saved is None:
             head = commit_log.next_offset
             saved = (head, head)
@@ -419,6 +424,8 @@ class Bridge(Refusals, Pumping):
             "resent": ob.resent, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
             "refused": ob.refused,
             "checkpoint_ahead": self.checkpoint_ahead,
+            "checkpoint_damaged": self.checkpoint_damaged,
+            "checkpoint_failures": self.writer.failed.get(self.path, 0),
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
             "received_held": len(self.inbound.held),

@@ -29,9 +29,14 @@ def path_of(state_dir: str, name: str) -> str:
     return os.path.join(state_dir, f"bridge-{name}.json")
 
 
+class Damaged(Exception):
+    """The checkpoint file could not be read; it was moved to ``.damaged`` and logged."""
+
+
 def load(path: str) -> tuple[int, int] | None:
     """(cursor, sent) from the file; None when there is none. A damaged file is renamed to
-    ``.damaged`` and logged: the bridge then starts as a new one (at the head of the log)."""
+    ``.damaged``, logged, and raises ``Damaged``: the bridge then starts at the head of the
+    log, as a new one, and counts it (``checkpoint_damaged``)."""
     try:
         with open(path, "rb") as fh:
             data = json.loads(fh.read())
@@ -44,8 +49,9 @@ def load(path: str) -> tuple[int, int] | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         os.replace(path, path + ".damaged")
         log.error("bridge checkpoint %s cannot be read (%s); moved it to %s.damaged: the bridge "
-                  "starts at the head of the log", path, exc, path)
-        return None
+                  "starts at the head of the log, and what was logged since its last "
+                  "checkpoint is not forwarded (counted in checkpoint_damaged)", path, exc, path)
+        raise Damaged(path) from exc
 
 
 def write(path: str, name: str, cursor: int, sent: int) -> None:
@@ -66,6 +72,9 @@ class CheckpointWriter:
         self._thread = threading.Thread(target=self._run, name="bridge-checkpoints", daemon=True)
         self.written = 0
         self.failures = 0
+        # path -> writes of that checkpoint that failed (the bridge's checkpoint_failures;
+        # read by the core: one dict item, set whole)
+        self.failed: dict[str, int] = {}
         # path -> the cursor of the last checkpoint this thread wrote (what a crash now keeps;
         # read by the core for the figures: one dict item, set whole)
         self.on_disk: dict[str, int] = {}
@@ -92,6 +101,7 @@ class CheckpointWriter:
                 self.written += 1
             except OSError as exc:
                 self.failures += 1
+                self.failed[path] = self.failed.get(path, 0) + 1
                 log.error("bridge %s: cannot write its checkpoint %s: %s (the bridge goes on; "
                           "after a crash it sends again from the last checkpoint written)",
                           name, path, exc.strerror or exc)

@@ -324,6 +324,12 @@ def format_bridges(bridges: list[dict]) -> str:
         if row["gaps"]:
             lines.append(f"  {row['name']}: {row['gap_offsets']} log offsets lost to the "
                          f"remote in {row['gaps']} gaps (retention_bytes)")
+        if row["checkpoint_damaged"]:
+            lines.append(f"  {row['name']}: started {row['checkpoint_damaged']} time(s) at the "
+                         "head of the log, its checkpoint damaged (bridge-*.json.damaged)")
+        if row["checkpoint_failures"]:
+            lines.append(f"  {row['name']}: {row['checkpoint_failures']} checkpoint writes "
+                         "failed")
         if row["last_error"]:
             lines.append(f"  {row['name']}: last error: {row['last_error']}")
     return "\n".join(lines)

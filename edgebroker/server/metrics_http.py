@@ -192,6 +192,13 @@ BRIDGE_METRICS = (
     ("edgebroker_bridge_checkpoint_ahead_total", "counter",
      "Starts with a checkpoint past the log's end (the log lost its tail).",
      "checkpoint_ahead"),
+    ("edgebroker_bridge_checkpoint_damaged_total", "counter",
+     "Starts with a checkpoint that could not be read: the bridge went on from the log's "
+     "head, and what was logged since that checkpoint was not forwarded.",
+     "checkpoint_damaged"),
+    ("edgebroker_bridge_checkpoint_failures_total", "counter",
+     "Checkpoint writes that failed (after a crash the bridge goes back to the last one "
+     "written).", "checkpoint_failures"),
     ("edgebroker_bridge_reconnects_total", "counter", "Connections after the first.",
      "reconnects"),
     ("edgebroker_bridge_received_total", "counter",

@@ -1,7 +1,8 @@
 """The bridge's checkpoint against the commit log: never ahead of what the log has on disk (a
 power cut that takes the log's tail must not leave a cursor past it), a checkpoint past the
-log's end at the start is moved back to it, counted and logged; over a real log (unit), and
-through a real broker whose checkpoint is past its log."""
+log's end at the start is moved back to it, counted and logged; a damaged one is moved aside
+and counted, and so are failed writes; over a real log (unit), and through a real broker
+whose checkpoint is past its log."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import mqttraw as m
 from edgebroker.bridge import checkpoint
 from edgebroker.bridge.bridge import Bridge
 from edgebroker.bridge_config import BridgeConfig, TopicRule
+from edgebroker.cli.inspect_live import format_bridges
 
-from .helpers import FakeRemote, bridge_table, figures, wait_figure
+from .helpers import FakeRemote, bridge_table, wait_figure
 from .test_outbound import _log
 
 
@@ -109,3 +111,41 @@ def test_a_broker_whose_checkpoint_is_past_its_log_forwards_new_messages(broker)
         assert gw.stop() == 0
     finally:
         remote.close()
+
+
+def test_a_damaged_checkpoint_is_moved_aside_counted_and_the_bridge_starts_at_the_head(
+        tmp_path, caplog):
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 5)
+    bridge = _bridge(tmp_path, log)
+    Path(bridge.path).write_text('{"version": 1, "cursor": ')     # cut short
+    bridge.start()
+    assert bridge.checkpoint_damaged == 1 and bridge.checkpoint_ahead == 0
+    assert Path(bridge.path + ".damaged").read_text() == '{"version": 1, "cursor": '
+    assert json.loads(Path(bridge.path).read_text())["cursor"] == 5   # a new one, at the head
+    assert bridge.outbound.cursor == 5
+    assert "cannot be read" in caplog.text and "counted in checkpoint_damaged" in caplog.text
+    fig = bridge.figures(0)
+    assert (fig["checkpoint_damaged"], fig["checkpoint_failures"]) == (1, 0)
+    assert ("up: started 1 time(s) at the head of the log, its checkpoint damaged"
+            in format_bridges([fig]))
+    log.close()
+
+
+def test_failed_checkpoint_writes_are_counted_per_bridge(tmp_path, caplog):
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 2)
+    bridge = _bridge(tmp_path, log)
+    bridge.start()
+    writer = bridge.writer = checkpoint.CheckpointWriter()
+    writer.start()
+    bridge.path = str(tmp_path / "no-such-folder" / "bridge-up.json")    # cannot be written
+    other = str(tmp_path / "bridge-other.json")
+    writer.submit(bridge.path, "up", 1, 1)
+    writer.submit(other, "other", 4, 4)
+    writer.stop()
+    assert writer.failed == {bridge.path: 1} and writer.failures == 1
+    assert writer.on_disk == {other: 4}
+    assert "bridge up: cannot write its checkpoint" in caplog.text
+    fig = bridge.figures(0)
+    assert fig["checkpoint_failures"] == 1
+    assert "up: 1 checkpoint writes failed" in format_bridges([fig])
+    log.close()

@@ -68,6 +68,8 @@ def test_refused_for_good_is_skipped_counted_and_logged_once(broker):
             assert time.monotonic() < deadline, samples
             time.sleep(0.1)
         assert samples["edgebroker_messages_dropped_total", "bridge_refused"] == 4
+        assert samples["edgebroker_bridge_checkpoint_damaged_total", "up"] == 0
+        assert samples["edgebroker_bridge_checkpoint_failures_total", "up"] == 0
         out = run_cli("inspect", "bridges", "--data-dir", gw.config["data_dir"],
                       "--format", "json")
         assert json.loads(out.stdout)["bridges"][0]["refused"] == 4
