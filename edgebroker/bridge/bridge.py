@@ -41,7 +41,7 @@ from edgebroker.client.connection import Connection
 from edgebroker.client.events import (
     Acked, Connected, ConnectFailed, Disconnected, Message, PingTimeout, Subscribed,
 )
-from edgebroker.core.limits import TokenBucket
+from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import PACKET_TOO_LARGE
 from edgebroker.mqtt import packets as P

@@ -29,7 +29,7 @@ from edgebroker.config import Config
 from edgebroker.core import snapshot as snap
 from edgebroker.core.broker import Broker
 from edgebroker.core.exchanges import ExchangeJournal, load as load_exchanges
-from edgebroker.core.limits import TokenBucket
+from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError
 from edgebroker.security.authenticator import Authenticator

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from edgebroker.files import write_small_file
+from edgebroker.rates import TokenBucket
 from edgebroker.upload_config import check_upload_url
 from edgebroker.errors import ConfigError
 from edgebroker.uploader import cutter
@@ -124,26 +125,24 @@ def read_intent(upload_dir: str) -> Intent | None:
         return None
 
 
-class TokenBucket:
-    """``rate`` bytes per second on average, bursts up to one second's worth (a larger
-    request runs the bucket into debt, repaid before the next one goes)."""
+class Throttle:
+    """``rate`` bytes per second on average (0: no limit), bursts up to one second's worth:
+    a larger request runs the bucket into debt, repaid (the uploader thread waits) before
+    the next one goes."""
 
     def __init__(self, rate: int, wait, clock=time.monotonic):
-        self.rate = rate
-        self.tokens = float(rate)
         self.clock = clock
-        self.last = clock()
+        self.bucket = TokenBucket(rate, rate, clock()) if rate else None
         self.wait = wait   # wait(seconds) -> True when stopping
 
     def take(self, n: int) -> None:
-        if not self.rate:
+        bucket = self.bucket
+        if bucket is None:
             return
-        now = self.clock()
-        self.tokens = min(float(self.rate), self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens < 0 and self.wait(-self.tokens / self.rate):
+        bucket.refill(self.clock())
+        if bucket.tokens < 0 and self.wait(bucket.wait(0.0)):
             raise Stopped
-        self.tokens -= n
+        bucket.tokens -= n
 
 
 class Uploader:
@@ -163,7 +162,7 @@ class Uploader:
         self.once = False                # run_once: a permanent error raises instead of retrying
         self._thread: threading.Thread | None = None
         self._dir_fd = -1
-        self.bucket = TokenBucket(upload_config.upload_bandwidth, self._stop.wait)
+        self.throttle = Throttle(upload_config.upload_bandwidth, self._stop.wait)
         self._lock = threading.Lock()
         self._logged_error = ""
         self.intent: Intent | None = None
@@ -353,7 +352,7 @@ class Uploader:
             self.state = "uploading" if not self.alarm else "alarm"
             unreachable = False
             try:
-                self.sink.put(key, self.spool, size, self.bucket.take, records_id)
+                self.sink.put(key, self.spool, size, self.throttle.take, records_id)
             except PermanentSinkError as exc:
                 self._note_error(str(exc), permanent=True)
                 if self.once:
@@ -452,5 +451,5 @@ def _backoff(attempt: int) -> float:
     return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(attempt - 1, 0)))
 
 
-__all__ = ["Uploader", "open_sink", "Intent", "read_intent", "TokenBucket", "default_gateway_id",
+__all__ = ["Uploader", "open_sink", "Intent", "read_intent", "Throttle", "default_gateway_id",
            "gateway_id_of", "backlog_batches", "UPLOAD_DIR", "INTENT_FILE"]

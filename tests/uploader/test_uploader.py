@@ -12,7 +12,10 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from edgebroker.uploader.batch import object_name, read_batch_file
+from edgebroker.uploader.uploader import Stopped, Throttle
 
 import mqttraw
 from conftest import run_cli
@@ -251,6 +254,27 @@ def test_bandwidth_cap_is_respected_on_average(broker, tmp_path):
     assert elapsed < after_first / rate * 3 + 10
     check_exactly_once(landing, 600, make=make, size=1000)
     b.stop()
+
+
+def test_the_throttle_lets_a_burst_through_then_waits_out_the_debt():
+    """uploader.Throttle over rates.TokenBucket: a second's worth goes at once, a request
+    past it runs into debt, and the next one waits until the debt is repaid."""
+    now = [0.0]
+    waits = []
+    throttle = Throttle(1000, lambda s: waits.append(s) or False, clock=lambda: now[0])
+    throttle.take(1000)
+    throttle.take(500)          # into debt: -500
+    assert waits == []
+    throttle.take(10)           # waits 0.5 s for the debt
+    assert waits == [0.5]
+    now[0] = 10.0               # long idle: back to one second's worth, no more
+    throttle.take(1000)
+    assert waits == [0.5]
+    stopping = Throttle(1000, lambda s: True, clock=lambda: 0.0)
+    stopping.take(2000)
+    with pytest.raises(Stopped):
+        stopping.take(1)        # the wait says the uploader is stopping
+    Throttle(0, None).take(10**9)   # 0: no limit, never waits
 
 
 def test_retention_by_age_applies_without_an_uploader(broker, tmp_path):
