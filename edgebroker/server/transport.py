@@ -148,7 +148,10 @@ class Transport:
             self._queue(data, len(data))
 
     def send_now(self) -> None:
-        self.flush(early=True)
+        """Send what is queued now, in the middle of a pass (``flush(early=True)``): what
+        the socket does not take, and errors, are left for the pass's own flush."""
+        if self.out and not self.closed:
+            self.flush(early=True)
 
     def wait_for_drain(self) -> None:
         """The core was refused (or held back) by ``max_pending``: call ``client.writable()``
