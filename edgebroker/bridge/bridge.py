@@ -120,9 +120,13 @@ class Bridge(Refusals, Pumping):
         if saved is None:
             head = commit_log.next_offset
             saved = (head, head)
-            checkpoint.write(self.path, self.name, head, head)
-            log.info("bridge %s: no checkpoint: it forwards from the head of the log (offset %d)",
-                     self.name, head)
+            log.info("bridge %s: %s: it forwards from the head of the log (offset %d)",
+                     self.name, "its checkpoint was damaged" if self.checkpoint_damaged
+                     else "no checkpoint", head)
+            try:
+                checkpoint.write(self.path, self.name, head, head)
+            except OSError as exc:
+                self.writer.count_failure(self.path, self.name, exc)
         cursor, sent = saved
         head = commit_log.next_offset
         if cursor > head:

@@ -100,11 +100,15 @@ class CheckpointWriter:
                 self.on_disk[path] = cursor
                 self.written += 1
             except OSError as exc:
-                self.failures += 1
-                self.failed[path] = self.failed.get(path, 0) + 1
-                log.error("bridge %s: cannot write its checkpoint %s: %s (the bridge goes on; "
-                          "after a crash it sends again from the last checkpoint written)",
-                          name, path, exc.strerror or exc)
+                self.count_failure(path, name, exc)
+
+    def count_failure(self, path: str, name: str, exc: OSError) -> None:
+        """A write of ``path`` failed (on this thread, or the bridge's first one at start)."""
+        self.failures += 1
+        self.failed[path] = self.failed.get(path, 0) + 1
+        log.error("bridge %s: cannot write its checkpoint %s: %s (the bridge goes on; after a "
+                  "crash it sends again from the last checkpoint written)", name, path,
+                  exc.strerror or exc)
 
     def stop(self) -> None:
         """Write what is waiting, then end the thread."""

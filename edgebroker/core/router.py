@@ -400,7 +400,8 @@ class Router:
                     burst += 1
                     if burst == piece:
                         burst = 0
-                        transport.send_now()
+                        if len(session.inflight) < window:
+                            transport.send_now()    # the last piece goes with the pass
                 else:
                     break
                 sent += 1
@@ -415,7 +416,8 @@ class Router:
                 break                         # ... once an acknowledgement frees the window
             cursor = session.cursor
             if cursor.run is not None:
-                # Records read from the log as a run (core.catchup_run.Run), sent all at once.
+                # Records read from the log as a run (core.catchup_run.Run), sent a piece
+                # (one native call, one write) at a time.
                 if not self.send_run(session, cursor.run):
                     break
                 cursor.run = None

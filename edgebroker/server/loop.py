@@ -209,7 +209,9 @@ class Loop:
                 if transport.closed:
                     continue
                 try:
-                    if transport.out:
+                    if transport.out or transport.want_drain:
+                        # (An early send in the pass may have emptied the queue of a
+                        # transport whose drain the core waits for.)
                         transport.flush()
                     if transport.closing:
                         transport.shutdown()

@@ -150,7 +150,8 @@ class Transport:
     def send_now(self) -> None:
         """Send what is queued now, in the middle of a pass (``flush(early=True)``): what
         the socket does not take, and errors, are left for the pass's own flush."""
-        if self.out and not self.closed:
+        if self.out and not self.closed and not self.events & _WRITE:
+            # (Not while the socket is full: its last send left bytes queued, see offer.)
             self.flush(early=True)
 
     def wait_for_drain(self) -> None:

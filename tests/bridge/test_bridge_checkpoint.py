@@ -7,6 +7,7 @@ whose checkpoint is past its log."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -118,12 +119,14 @@ def test_a_damaged_checkpoint_is_moved_aside_counted_and_the_bridge_starts_at_th
     log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 5)
     bridge = _bridge(tmp_path, log)
     Path(bridge.path).write_text('{"version": 1, "cursor": ')     # cut short
+    caplog.set_level(logging.INFO, "edgebroker.bridge")
     bridge.start()
     assert bridge.checkpoint_damaged == 1 and bridge.checkpoint_ahead == 0
     assert Path(bridge.path + ".damaged").read_text() == '{"version": 1, "cursor": '
     assert json.loads(Path(bridge.path).read_text())["cursor"] == 5   # a new one, at the head
     assert bridge.outbound.cursor == 5
     assert "cannot be read" in caplog.text and "counted in checkpoint_damaged" in caplog.text
+    assert "bridge up: its checkpoint was damaged: it forwards from the head" in caplog.text
     fig = bridge.figures(0)
     assert (fig["checkpoint_damaged"], fig["checkpoint_failures"]) == (1, 0)
     assert ("up: started 1 time(s) at the head of the log, its checkpoint damaged"
@@ -148,4 +151,18 @@ def test_failed_checkpoint_writes_are_counted_per_bridge(tmp_path, caplog):
     fig = bridge.figures(0)
     assert fig["checkpoint_failures"] == 1
     assert "up: 1 checkpoint writes failed" in format_bridges([fig])
+    log.close()
+
+
+def test_a_first_checkpoint_that_cannot_be_written_is_counted_and_the_bridge_starts(
+        tmp_path, caplog):
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 3)
+    bridge = _bridge(tmp_path, log)
+    bridge.path = str(tmp_path / "no-such-folder" / "bridge-up.json")
+    caplog.set_level(logging.INFO, "edgebroker.bridge")
+    bridge.start()
+    assert bridge.outbound.cursor == 3
+    assert bridge.figures(0)["checkpoint_failures"] == 1
+    assert "bridge up: no checkpoint: it forwards from the head" in caplog.text
+    assert "bridge up: cannot write its checkpoint" in caplog.text
     log.close()

@@ -309,5 +309,26 @@ def test_a_window_from_the_queue_is_sent_in_pieces_too(core):
     first = [p for p in _frames(back_t) if p.type == m.PUBLISH]
     assert [int(p.payload) for p in first] == list(range(20))
     back.data_received(b"".join(m.puback(p.packet_id) for p in first[:7]))
-    assert back_t.sent_now == 3
+    assert back_t.sent_now == 2, "one piece fills the window: nothing sent early"
     assert [int(p.payload) for p in _frames(back_t) if p.type == m.PUBLISH] == list(range(20, 27))
+
+
+def test_pieces_count_qos_1_and_2_only_and_skip_what_an_offline_session_does_not_keep(core):
+    """A run mixing QoS 0 records (published while the session was offline: not kept, as
+    Mosquitto does by default) with QoS 1 ones: the skipped records are not sent and do not
+    count in a piece, which still holds 7 QoS 1 messages, in order."""
+    sub, _ = _connect(core, "s", clean=False)
+    sub.data_received(m.subscribe(1, [("s/x", 1)]))
+    sub.data_received(m.disconnect())
+    pub, _ = _connect(core, "pub")
+    for i in range(100):
+        pub.data_received(m.publish("s/x", b"%d" % i, qos=i % 2, packet_id=1 + i))
+    core.end_pass()
+    back, back_t = _connect(core, "s", clean=False)
+    writes = [[p for p in m.split_frames(bytearray(bytes(x))) if p.type == m.PUBLISH]
+              for x in back_t.out]
+    assert [len(w) for w in writes if w] == [7, 7, 6]
+    got = [p for w in writes for p in w]
+    assert [int(p.payload) for p in got] == list(range(1, 40, 2))
+    assert {p.qos for p in got} == {1}
+    assert len({p.packet_id for p in got}) == 20
