@@ -19,9 +19,10 @@ from edgebroker.commitlog.format import RECORD_HEADER_SIZE
 from edgebroker.core.session import EMPTY_DICT, Outgoing, Stored
 
 # A window's worth of QoS 1/2 messages (of a run here, of a queue in Router.pump) is
-# written in this many pieces, each sent at once: the subscriber starts on the first while
+# written in this many pieces, each but the one that fills the window sent at once (the
+# last goes with the loop pass's flush): the subscriber starts on the first while
 # the broker makes the next, and acknowledges in pieces too, so the two keep working side
-# by side rather than taking turns (a window of 20 at the default: about 1.2-1.3x the drain
+# by side rather than taking turns (a window of 20 at the default: about 1.1-1.3x the drain
 # rate of one write per window on a 2-core VM, bench/RESULTS.md).
 WINDOW_PIECES = 3
 
