@@ -5,10 +5,9 @@ The plain stream is the base behaviour, and the hot path: ``TLSTransport`` (serv
 overrides how bytes are read and written, and a framing other than raw MQTT (WebSocket) sits
 between the stream and the core (server/framing.py).
 
-Writes are queued and flushed by the loop once per pass with one ``sendmsg``
-over all queued buffers (no per-message syscalls). Only the unsent remainder
-stays queued, and the socket is registered for write readiness only while
-something is queued.
+Writes are queued and flushed by the loop once per pass with one ``sendmsg`` over all queued
+buffers (no per-message syscalls; ``send_now`` and ``offer`` may send earlier in a pass). Only
+the unsent remainder stays queued; the socket is watched for writing only while it has some.
 
 ``write_file`` queues a header from memory plus a byte range of a commit-log
 segment: a backlog is sent with the native helper's sendfile batch, payloads
@@ -148,10 +147,8 @@ class Transport:
             self._queue(data, len(data))
 
     def send_now(self) -> None:
-        """Send what is queued now, in the middle of a pass (``flush(early=True)``): what
-        the socket does not take, and errors, are left for the pass's own flush."""
+        """``flush(early=True)``, unless nothing is queued or the socket is full (see offer)."""
         if self.out and not self.closed and not self.events & _WRITE:
-            # (Not while the socket is full: its last send left bytes queued, see offer.)
             self.flush(early=True)
 
     def wait_for_drain(self) -> None:
