@@ -4,9 +4,9 @@ nothing made per record.
 ``CatchUp.refill`` hands what ``CommitLog.read_run`` found to ``_take_run``: the scanner's
 entries over one chunk become the cursor's ``Run``, and ``send_run`` builds the PUBLISH
 frames of what the window and the connection take with one native call
-(``_native.publish_frames``) and one write per piece (WINDOW_PIECES). Runs are for 3.1.1 subscribers and records
-without properties (core.catchup says when); everything else goes through ``refill``'s
-batches.
+(``_native.publish_frames``) and one write per piece (WINDOW_PIECES). Runs are for 3.1.1
+subscribers and records without properties (core.catchup says when); everything else goes
+through ``refill``'s batches.
 """
 
 from __future__ import annotations
@@ -27,14 +27,20 @@ from edgebroker.core.session import EMPTY_DICT, Outgoing, Stored
 WINDOW_PIECES = 3
 
 
+def piece_of(window: int) -> int:
+    """QoS 1/2 messages per piece of a window (WINDOW_PIECES)."""
+    return -(-window // WINDOW_PIECES)
+
+
 class Run:
     """Records a session catching up read from the log and has not all been sent yet: the
     scanner's entries (``_native.scan``) for the records of one chunk of a segment that match
     its one subscription, over the chunk itself (``data``, from file position ``base``). Nothing
     is made per record until it is sent; then ``Broker.send_run`` builds the PUBLISH frames
     of what the window and the connection take, one native call
-    (``_native.publish_frames``) and one write per piece. Held on ``Cursor.run``; the cursor's offset is
-    already past it (as past the records of a batch in the session's queue)."""
+    (``_native.publish_frames``) and one write per piece. Held on ``Cursor.run``; the
+    cursor's offset is already past it (as past the records of a batch in the session's
+    queue)."""
 
     __slots__ = ("data", "base", "entries", "n", "i", "offsets", "metas", "lengths", "times",
                  "qos", "pids", "top", "skip_offline", "drop_qos0", "too_old")
@@ -119,14 +125,14 @@ class CatchUpRuns:
 
     def send_run(self, session, run: Run) -> bool:
         """Send what the window and the connection take of ``run`` (the client is online and
-        its queue empty): the PUBLISH frames of each piece (WINDOW_PIECES) in one write, sent at
-        once. True when all of the run is sent."""
+        its queue empty): the PUBLISH frames of each piece (WINDOW_PIECES) in one write, each
+        sent at once but the one that fills the window. True when all of the run is sent."""
         client = session.client
         transport = client.transport
         limits = self.limits
         window = limits.max_inflight_messages
         window_bytes = limits.max_inflight_bytes
-        piece = -(-window // WINDOW_PIECES)
+        piece = piece_of(window)
         inflight = session.inflight
         if inflight is EMPTY_DICT:
             inflight = session.own_inflight()

@@ -20,7 +20,7 @@ import logging
 from collections import deque
 
 from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES
-from edgebroker.core.catchup_run import WINDOW_PIECES
+from edgebroker.core.catchup_run import piece_of
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import logged
 from edgebroker.core.router5 import options5
@@ -378,7 +378,7 @@ class Router:
         sent_bytes = 0
         sent = 0
         acked = False     # QoS 1 or 2 sent: acknowledgements to wait for
-        piece = -(-window // WINDOW_PIECES)
+        piece = piece_of(window)
         burst = 0         # ... since the last piece was sent (WINDOW_PIECES)
         while True:
             while queue:

@@ -147,7 +147,9 @@ class Transport:
             self._queue(data, len(data))
 
     def send_now(self) -> None:
-        """``flush(early=True)``, unless nothing is queued or the socket is full (see offer)."""
+        """``flush(early=True)``, unless nothing is queued or the socket is full: while it
+        waits to take more (its last send left bytes queued), a failing send per call would
+        cost the whole loop."""
         if self.out and not self.closed and not self.events & _WRITE:
             self.flush(early=True)
 
@@ -169,11 +171,8 @@ class Transport:
         if self.out_bytes >= self.max_pending:
             # One pass may route many reads to this connection before the loop flushes it:
             # send now what the socket takes, so that only a client that does not read
-            # loses messages. Not while waiting for the socket to take more (its last send
-            # left bytes queued): one failing send per message would cost the whole loop.
-            if self.events & _WRITE:
-                return False
-            self.flush(early=True)
+            # loses messages.
+            self.send_now()
             if self.out_bytes >= self.max_pending:
                 return False
         self.msgs_out += 1

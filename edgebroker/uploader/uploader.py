@@ -139,10 +139,10 @@ class Throttle:
         bucket = self.bucket
         if bucket is None:
             return
-        bucket.refill(self.clock())
-        if bucket.tokens < 0 and self.wait(bucket.wait(0.0)):
+        now = self.clock()
+        if bucket.refill(now) < 0 and self.wait(bucket.wait(0.0)):
             raise Stopped
-        bucket.tokens -= n
+        bucket.spend(n, now)
 
 
 class Uploader:
