@@ -73,7 +73,7 @@ class CheckpointWriter:
         self.written = 0
         self.failures = 0
         # path -> writes of that checkpoint that failed (the bridge's checkpoint_failures;
-        # read by the core: one dict item, set whole)
+        # updated under the lock by count_failure; read by the core: one dict item)
         self.failed: dict[str, int] = {}
         # path -> the cursor of the last checkpoint this thread wrote (what a crash now keeps;
         # read by the core for the figures: one dict item, set whole)
@@ -103,9 +103,11 @@ class CheckpointWriter:
                 self.count_failure(path, name, exc)
 
     def count_failure(self, path: str, name: str, exc: OSError) -> None:
-        """A write of ``path`` failed (on this thread, or the bridge's first one at start)."""
-        self.failures += 1
-        self.failed[path] = self.failed.get(path, 0) + 1
+        """A write of ``path`` failed (on this thread, or the bridge's first one at start, on
+        the core thread: the counts are updated under the lock)."""
+        with self._cond:
+            self.failures += 1
+            self.failed[path] = self.failed.get(path, 0) + 1
         log.error("bridge %s: cannot write its checkpoint %s: %s (the bridge goes on; after a "
                   "crash it sends again from the last checkpoint written)", name, path,
                   exc.strerror or exc)
