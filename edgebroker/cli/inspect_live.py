@@ -191,7 +191,7 @@ def format_stats(s: dict) -> str:
         f"loop        pass p50 {loop['pass_p50_seconds'] * 1000:.3f} ms, "
         f"p99 {loop['pass_p99_seconds'] * 1000:.3f} ms, {loop['passes']} passes, "
         f"busy polls {loop['busy_polls_hit']} hit / {loop['busy_polls_missed']} "
-        "missed",
+        f"missed, {_contention_words(loop)}",
         f"process     {memory}",
         f"log         {_log_line(s.get('log'))}",
         f"upload      {upload_line(s.get('upload'))}",
@@ -201,6 +201,14 @@ def format_stats(s: dict) -> str:
         f"dropped     {_nonzero(s['dropped'])}",
     ]
     return "\n".join(lines)
+
+
+def _contention_words(loop: dict) -> str:
+    """The loop's wait for a CPU (server/contention.py)."""
+    now = "CPU-CONTENDED now (no busy polls, no early sends)" if loop["cpu_contended"] else \
+        "not CPU-contended"
+    return (f"{now}, {loop['cpu_contention_episodes']} episodes "
+            f"({loop['cpu_contended_seconds']:.1f} s)")
 
 
 def _log_line(fig: dict | None) -> str:

@@ -81,6 +81,7 @@ class Broker(Router, Router5, Sessions, CatchUp, CatchUpRuns, Timers, Persistenc
         # it sleeps (server.loop.BusyPoll); cleared by the loop.
         self.awaiting_acks = None
         self.busy_poll = None   # ... and that BusyPoll, for its figures (metrics.snapshot)
+        self.cpu_contention = None  # the loop's server.contention.CpuContention (figures)
         self._init_sessions()
         self._init_router()
         self._init_shared()

@@ -67,6 +67,7 @@ def snapshot(broker, now: float) -> dict:
         throttled += now - client.throttle_start
     timer_entries, timer_entries_dead = broker.timer_figures()
     busy_poll = broker.busy_poll
+    contention = broker.cpu_contention
     return {
         "version": __version__,
         "uptime_seconds": now - broker.started,
@@ -92,7 +93,8 @@ def snapshot(broker, now: float) -> dict:
         "loop": {"pass_p50_seconds": p50, "pass_p99_seconds": p99,
                  "passes": broker.pass_times.count, "busy_seconds": broker.pass_times.total,
                  "busy_polls_hit": busy_poll.hits if busy_poll is not None else 0,
-                 "busy_polls_missed": busy_poll.missed if busy_poll is not None else 0},
+                 "busy_polls_missed": busy_poll.missed if busy_poll is not None else 0,
+                 **_contention(contention)},
         "process": {"rss_bytes": guard.rss, "cpu_seconds": guard.cpu_seconds,
                     "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over},
         "log": broker.journal.figures() if broker.journal is not None else None,
@@ -210,3 +212,14 @@ def client_rows(broker, now: float, sort: str = "msgs_in_rate", limit: int = 0) 
 
 def all_names() -> dict[str, tuple[str, ...]]:
     return {"limits": LIMITS, "refusals": REFUSALS, "drops": DROPS}
+
+
+def _contention(contention) -> dict:
+    """Whether the loop waits for a CPU (server/contention.py; nothing without a loop)."""
+    if contention is None:
+        return {"cpu_contended": False, "cpu_contention_episodes": 0,
+                "cpu_contended_seconds": 0.0, "cpu_wait_share": 0.0}
+    return {"cpu_contended": contention.contended,
+            "cpu_contention_episodes": contention.episodes,
+            "cpu_contended_seconds": contention.seconds,
+            "cpu_wait_share": contention.wait_share}

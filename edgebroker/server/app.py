@@ -172,6 +172,7 @@ class App(DescriptorRoom):
         self.broker.submit_snapshot = self.snapshots.submit
         self.loop.broker = self.broker
         self.broker.busy_poll = self.loop.busy_poll
+        self.broker.cpu_contention = self.loop.contention
         self.loop.log = self.log
         self._restore()
         self.warn_open_files()

@@ -23,6 +23,7 @@ import signal
 import socket
 
 from edgebroker.server import sdnotify
+from edgebroker.server.contention import CpuContention
 from edgebroker.server.framing import Framing
 from edgebroker.server.poller import make_poller
 from edgebroker.server.tls import HandshakeTimers
@@ -76,12 +77,14 @@ class BusyPoll:
     them every pass again. So a subscriber far away (whose acknowledgements take longer
     than ``seconds``) costs a poll now and then, not one per round trip, and a broker busy
     with other clients (whose input would wake it anyway) does not spin between their
-    packets."""
+    packets. No polls while the loop waits for a CPU (``contention``, server/contention.py):
+    they would spin on a CPU the subscriber needs."""
 
-    __slots__ = ("seconds", "misses", "skip", "hits", "missed")
+    __slots__ = ("seconds", "contention", "misses", "skip", "hits", "missed")
 
-    def __init__(self, busy_poll_us: float):
+    def __init__(self, busy_poll_us: float, contention: CpuContention | None = None):
         self.seconds = busy_poll_us / 1e6
+        self.contention = contention if contention is not None else CpuContention(path="")
         self.misses = 0      # misses in a row (at most BUSY_POLL_MAX_MISSES)
         self.skip = 0        # passes to let go by before the next poll
         self.hits = 0        # polls in which the awaited connection sent something
@@ -91,7 +94,7 @@ class BusyPoll:
         """Dispatch what becomes ready within ``seconds`` (and before ``due``, the next
         timer) without sleeping: how many sockets were ready, 0 when none (or skipped).
         ``awaited``: the transport whose input (``bytes_in``) makes it a hit."""
-        if not self.seconds:
+        if not self.seconds or self.contention.contended:
             return 0
         if self.skip:
             self.skip -= 1
@@ -122,7 +125,9 @@ class Loop:
     def __init__(self, coalesce_ms: float, clock, busy_poll_us: float = 0.0):
         self.clock = clock
         self.hold_window = hold_window(coalesce_ms)  # seconds (see run)
-        self.busy_poll = BusyPoll(busy_poll_us)
+        # While the loop waits for a CPU: no busy poll, no early sends (server/contention.py)
+        self.contention = CpuContention()
+        self.busy_poll = BusyPoll(busy_poll_us, self.contention)
         self.selector = make_poller()
         # Anonymous memory, not a bytearray (which zeroes all of it): a page becomes resident
         # only once a read reaches it, so an idle broker or one of small packets does not
@@ -235,6 +240,7 @@ class Loop:
         commit_log = journal.log if journal is not None else None
         exchanges = broker.exchanges
         on_error = self._internal_error
+        contention = self.contention
         held = 0           # passes whose log write and output wait for more input (see below)
         hold_end = 0.0     # ... at the latest until then (see hold_window)
         due = 0.0
@@ -298,12 +304,15 @@ class Loop:
             if now >= next_notify:
                 notifier.tick(now, len(self.transports), stats.publish_received, stats.publish_sent)
                 next_notify = now + notifier.interval
+            if now >= contention.next_check:
+                contention.check(now)
             if self._reload:
                 self._reload = False
                 self.on_reload()
             record_pass(clock() - start)
         if notifier is not None:
             notifier.close()
+        contention.close()
 
     def _deadline(self) -> float:
         """When the next timer (the broker's or a TLS handshake's) is due."""

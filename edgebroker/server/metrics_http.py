@@ -272,7 +272,25 @@ def render(snapshot: dict) -> str:
     out.append(f"# TYPE {name} counter")
     out.append(f'{name}{{result="hit"}} {_number(loop["busy_polls_hit"])}')
     out.append(f'{name}{{result="miss"}} {_number(loop["busy_polls_missed"])}')
+    for name, kind, help_text, key in _CONTENTION:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        out.append(f"{name} {_number(loop[key])}")
     return "\n".join(out) + "\n"
+
+
+# The loop's wait for a CPU (server/contention.py): name, type, help, key of snapshot["loop"].
+_CONTENTION = (
+    ("edgebroker_loop_cpu_contended", "gauge", "1 while the core thread waits for a CPU for 10 % "
+     "or more of the time it wants one (busy polls and early sends are then off).",
+     "cpu_contended"),
+    ("edgebroker_loop_cpu_contention_episodes_total", "counter", "Times the core thread "
+     "became CPU-contended.", "cpu_contention_episodes"),
+    ("edgebroker_loop_cpu_contended_seconds_total", "counter", "Time the core thread was "
+     "CPU-contended.", "cpu_contended_seconds"),
+    ("edgebroker_loop_cpu_wait_ratio", "gauge", "Share of the time the core thread wanted a "
+     "CPU that it waited for one, over the last check's half second.", "cpu_wait_share"),
+)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

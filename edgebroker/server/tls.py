@@ -362,14 +362,16 @@ class TLSTransport(Transport):
         self.write(head + os.pread(fd, length, position))
 
     def flush(self, early: bool = False) -> None:
-        """``early`` (``Transport.offer`` in the middle of a pass): no early send on TLS; a
-        record split over passes and its errors stay with the pass's own flush."""
-        if early or self.state is not OPEN:
+        """Send what the socket takes, in chunks of up to ``CHUNK`` bytes (a chunk the TLS
+        layer did not take whole is offered again, unchanged). ``early`` (``send_now``, in
+        the middle of a pass): errors and a drained queue are left for the pass's flush."""
+        if self.state is not OPEN:
             return
         self.loop.broker.before_send()   # QoS 2 exchange records first (core.exchanges)
         out = self.out
         sock = self.sock
         sent_total = 0
+        error = None
         while out:
             if not self.chunk_pending and len(out) > 1 and len(out[0]) < CHUNK:
                 size = k = 0
@@ -391,11 +393,8 @@ class TLSTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
-                self.out_bytes -= sent_total
-                self.bytes_out += sent_total
-                self.loop.broker.stats.bytes_sent += sent_total
-                self._gone(exc.strerror or getattr(exc, "reason", None) or str(exc))
-                return
+                error = exc.strerror or getattr(exc, "reason", None) or str(exc)
+                break
             self.chunk_pending = False
             sent_total += sent
             if sent < len(data):
@@ -407,11 +406,15 @@ class TLSTransport(Transport):
         self.out_bytes -= sent_total
         self.bytes_out += sent_total
         self.loop.broker.stats.bytes_sent += sent_total
+        if error is not None:
+            if not early:
+                self._gone(error)
+            return
         want = (_READ if self.reading or self.write_wants_read else 0)
         if out or self.read_wants_write:
             want |= _WRITE
         self._want(want)
-        if not out and self.want_drain and not self.closed:
+        if not early and not out and self.want_drain and not self.closed:
             self.drained()
 
     def end_output(self) -> bool:

@@ -44,11 +44,10 @@ from edgebroker.server.sniff import sniff
 
 log = logging.getLogger("edgebroker.server")
 
-# Linux IOV_MAX is 1024; stay under it.
 # Reads per readiness event while large packets arrive (each read is one packet or less, or
 # several alike ones); no more after the connection's share of the pass (Loop.large_budget).
 _LARGE_READS = 8
-_MAX_IOV = 512
+_MAX_IOV = 512  # buffers per sendmsg: under Linux's IOV_MAX (1024)
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
 # Used until the loop sets the configured limit.max_pending_write_bytes.
@@ -146,11 +145,12 @@ class Transport:
         if not self.closed:
             self._queue(data, len(data))
 
-    def send_now(self) -> None:
-        """``flush(early=True)``, unless nothing is queued or the socket is full: while it
-        waits to take more (its last send left bytes queued), a failing send per call would
-        cost the whole loop."""
-        if self.out and not self.closed and not self.events & _WRITE:
+    def send_now(self, always: bool = False) -> None:
+        """``flush(early=True)`` in the middle of a pass, unless nothing is queued, the socket
+        is full (a failing send per call would cost the whole loop) or, unless ``always``
+        (``offer``), the loop waits for a CPU (server/contention.py: the pass's flush sends)."""
+        if (self.out and not self.closed and not self.events & _WRITE
+                and (always or not self.loop.contention.contended)):
             self.flush(early=True)
 
     def wait_for_drain(self) -> None:
@@ -172,7 +172,7 @@ class Transport:
             # One pass may route many reads to this connection before the loop flushes it:
             # send now what the socket takes, so that only a client that does not read
             # loses messages.
-            self.send_now()
+            self.send_now(always=True)
             if self.out_bytes >= self.max_pending:
                 return False
         self.msgs_out += 1

@@ -250,7 +250,9 @@ def test_render_has_help_and_type_before_every_sample():
         "limit_hits": L.zero_counts(L.LIMITS), "refused": L.zero_counts(L.REFUSALS),
         "dropped": L.zero_counts(L.DROPS),
         "loop": {"pass_p50_seconds": 0.001, "pass_p99_seconds": 0.01, "passes": 10,
-                 "busy_seconds": 0.02, "busy_polls_hit": 7, "busy_polls_missed": 2},
+                 "busy_seconds": 0.02, "busy_polls_hit": 7, "busy_polls_missed": 2,
+                 "cpu_contended": True, "cpu_contention_episodes": 3,
+                 "cpu_contended_seconds": 4.5, "cpu_wait_share": 0.25},
         "process": {"rss_bytes": 100, "cpu_seconds": 0.5, "memory_limit_bytes": 0,
                     "memory_over_limit": False},
     }
@@ -274,6 +276,10 @@ def test_render_has_help_and_type_before_every_sample():
     assert 'edgebroker_loop_pass_seconds{quantile="0.99"} 0.01' in text
     assert 'edgebroker_loop_busy_polls_total{result="hit"} 7' in text
     assert 'edgebroker_loop_busy_polls_total{result="miss"} 2' in text
+    assert "edgebroker_loop_cpu_contended 1" in text.splitlines()
+    assert "edgebroker_loop_cpu_contention_episodes_total 3" in text.splitlines()
+    assert "edgebroker_loop_cpu_contended_seconds_total 4.5" in text.splitlines()
+    assert "edgebroker_loop_cpu_wait_ratio 0.25" in text.splitlines()
 
 
 # ----- this process's figures (memory_limit, $SYS/broker/process/*) --------------------------

@@ -58,7 +58,8 @@ def test_inspect_stats(broker, uid):
     assert r.returncode == 0, r.stderr
     assert "clients     1 connected" in r.stdout and "publish     1 received" in r.stdout
     assert "loop        pass p50" in r.stdout and "limits hit  none" in r.stdout
-    assert re.search(r"busy polls \d+ hit / \d+ missed", r.stdout)
+    assert re.search(r"busy polls \d+ hit / \d+ missed, (not CPU-contended|CPU-CONTENDED now "
+                     r"\(no busy polls, no early sends\)), \d+ episodes \(\d+\.\d s\)", r.stdout)
     assert "log         durability batch, next offset 1, written 1," in r.stdout
     r = run_cli("inspect", "stats", "-c", str(b.config_path), "--json")
     assert r.returncode == 0, r.stderr

@@ -116,4 +116,6 @@ def test_a_catch_up_from_the_log_polls_and_its_polls_are_counted(broker, uid):
     assert got == list(range(n))
     loop = b.stats()["loop"]
     polls = loop["busy_polls_hit"] + loop["busy_polls_missed"]
-    assert polls >= 1       # 200 messages at a window of 20: ten rounds, the first polls
+    # 200 messages at a window of 20: ten rounds, the first polls (not while the loop waits for
+    # a CPU, which a busy machine may make it do: tests/server/test_cpu_contention.py)
+    assert polls >= 1 or loop["cpu_contention_episodes"] >= 1, loop
