@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -177,6 +179,14 @@ SCENARIOS = {
         pubs=4, qos=1, payload=64, count=250_000, window=100, sub_filter="bench/+",
         time_limit=LOG_QUEUE_TIME_LIMIT, idle_grace=LOG_QUEUE_IDLE_GRACE,
         broker_cfg=LOG_QUEUE_CFG, target=[absolute("value", ">=", 200_000), NO_LOSS]),
+    "reconnect_backlog_busy": dict(
+        kind="backlog", unit="msg/s", busy=1,
+        about="reconnect_backlog with one more busy process (a Python loop, bounded by the "
+              "time limit) running through the drain, as other programs on a gateway: every "
+              "CPU of this 2-core machine is then wanted (docs/persistence.md, \"Busy CPUs\")",
+        pubs=4, qos=1, payload=64, count=250_000, window=100, sub_filter="bench/+",
+        time_limit=LOG_QUEUE_TIME_LIMIT, idle_grace=LOG_QUEUE_IDLE_GRACE,
+        broker_cfg=LOG_QUEUE_CFG, target=[NO_LOSS]),
     "bridge_drain": dict(
         kind="bridge", unit="msg/s", brokers=("edgebroker",),   # Mosquitto is the remote
         about="a backlog of 1,000,000 (× --scale) QoS 0 messages of 64 B in edgebroker's log, "
@@ -446,6 +456,7 @@ def run_backlog(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
     client_id = f"bench-backlog-{os.getpid()}-{round_no}"
     broker = start_broker(broker_cls, broker_cfg(spec, broker_cls))
     procs = []
+    busy = []
     peak = None
     try:
         inbox = Inbox()
@@ -477,6 +488,7 @@ def run_backlog(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
                            spec["qos"], acked, limit, grace, q, drain_go, done, False, True,
                            client_id, True))
         inbox.wait({"sub": 1}, READY_TIMEOUT, broker)
+        busy = [busy_process(limit + grace + 10.0) for _ in range(spec.get("busy", 0))]
         cpu0 = broker.cpu_seconds()
         peak = PeakRss(broker)
         drain_go.set()
@@ -489,6 +501,9 @@ def run_backlog(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
     finally:
         if peak is not None:
             peak.peak()
+        for p in busy:
+            p.kill()
+            p.wait(10)
         reap(procs)
         stop_broker(broker)
 
@@ -521,12 +536,19 @@ def run_backlog(name: str, spec: dict, broker_cls, round_no: int, args) -> dict:
         "broker_rss_parts_backlog": parts_backlog, "broker_rss_parts_end": parts_end,
         "count_per_publisher": count, "payload": spec["payload"], "qos": spec["qos"],
         "publishers": spec["pubs"], "window": spec["window"], "time_limit": limit,
+        "busy_processes": len(busy),
     }
     if own is not None:
         out["broker_own"] = own_figures(own)
     if own_before is not None:
         out["broker_own_backlog"] = own_figures(own_before)
     return out
+
+
+def busy_process(seconds: float) -> subprocess.Popen:
+    """A process that keeps one CPU busy for at most ``seconds`` (reconnect_backlog_busy)."""
+    return subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + "
+                             f"{seconds}\nwhile time.monotonic() < end: pass"])
 
 
 # ----- idle connections ---------------------------------------------------------------------------
