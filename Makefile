@@ -109,11 +109,15 @@ dist-arm64:
 	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) packaging/arm64.sh build
 
 # The smoke test of tests/frozen/ on it, through qemu-user, its libraries from a root file
-# system without Python; and its Debian package's test.
+# system without Python; its Debian package's test; and the package booted as test-boot does,
+# in an arm64 Debian bookworm whose programs qemu-user runs (tests/boot/, docs/deploy.md).
 test-arm64: install-test dist-arm64 deb-arm64
 	EDGEBROKER_BINARY=dist-arm64/edgebroker QEMU_LD_PREFIX=$(EDGEBROKER_CACHE)/bookworm-arm64-run \
 	  EDGEBROKER_DEB=dist/edgebroker_$(DEB_VERSION)_arm64.deb \
 	  $(BIN)/python -m pytest tests/frozen/test_binary.py tests/frozen/test_deb.py $(ARGS)
+	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) EDGEBROKER_BOOT_ARCH=arm64 packaging/boot-root.sh
+	$(SUDO) env EDGEBROKER_BOOT_TEST=1 EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) \
+	  EDGEBROKER_DEB=dist/edgebroker_$(DEB_VERSION)_arm64.deb $(BIN)/python -m pytest tests/boot $(ARGS)
 
 # ----- the Debian package (packaging/deb.sh, docs/deploy.md) ---------------------------------
 # dist/edgebroker_<version>_<arch>.deb: the binary, the units of systemd/ (the socket when there

@@ -9,7 +9,16 @@ broker, an upgrade to the same package with a higher version, remove, purge.
 systemctl and apt run inside through ``nsenter`` into the container's namespaces. The
 container is started with ``--register=no --keep-unit``: this machine has no systemd of its
 own for systemd-nspawn to register with (without them it stops at "Failed to open system
-bus")."""
+bus").
+
+A package of another architecture (make test-boot-arm64: arm64 on an x86_64 machine) boots a
+root file system of its own architecture, every program in it run by qemu-user through
+binfmt_misc. Three things differ there, and only there: /proc/PID/exe names the emulator (the
+program is the file it mapped, see ``Container.program``); the container's systemd does not
+take nspawn's power-off signal (qemu-user moves real-time signals), so ``stop`` asks it with
+``systemctl poweroff``; and the unit's ``PrivateUsers=yes`` cannot be set up
+(``unshare(CLONE_NEWUSER)`` needs a single-threaded process, and the emulator has threads of
+its own), so a drop-in turns it off, as the one line of the unit not tested there."""
 
 from __future__ import annotations
 
@@ -36,11 +45,17 @@ BOOT_TIMEOUT = 90.0
 UNIT = "edgebroker.service"
 
 
+def emulated(pid: int) -> bool:
+    """Whether this machine's process ``pid`` is a program run by qemu-user."""
+    return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("qemu-")
+
+
 class Container:
     """A booted copy of a root file system; ``run`` executes a command inside it."""
 
     def __init__(self, root: Path, log: Path):
         self.root = root
+        self.emulated = False
         self.name = f"edgebroker-boot-{uuid.uuid4().hex[:8]}"
         self.log = open(log, "wb")
         self.logpath = log
@@ -49,6 +64,7 @@ class Container:
              "--register=no", "--keep-unit", "--console=pipe", "--link-journal=no"],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         self.leader = wait_for(self._leader, "container PID 1 running systemd", BOOT_TIMEOUT)
+        self.emulated = emulated(self.leader)
         # Its manager's socket, then the end of the boot.
         wait_for(lambda: Path(f"/proc/{self.leader}/root/run/systemd/private").exists(),
                  "systemd manager socket in the container", BOOT_TIMEOUT)
@@ -60,7 +76,10 @@ class Container:
         try:
             pid = int(Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
                       .split()[0])
-            return pid if os.readlink(f"/proc/{pid}/exe").endswith("/systemd") else None
+            program = os.readlink(f"/proc/{pid}/exe")
+            if emulated(pid):   # argv: the emulator, the program, its own argv
+                program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1].decode()
+            return pid if program.endswith("/systemd") else None
         except (FileNotFoundError, IndexError, ValueError):
             return None
 
@@ -74,6 +93,19 @@ class Container:
         if check:
             assert r.returncode == 0, self.diagnose(r)
         return r
+
+    def program(self, pid: str) -> str:
+        """The file the container's process ``pid`` runs, as its /proc/PID/exe names it (with
+        " (deleted)" once that file was replaced); under qemu-user the file it mapped (its
+        /proc/PID/maps names it the same way), not the emulator's."""
+        exe = self.run("readlink", f"/proc/{pid}/exe").stdout.strip()
+        if not self.emulated:
+            return exe
+        for line in self.run("cat", f"/proc/{pid}/maps").stdout.splitlines():
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/") and fields[5] != exe:
+                return fields[5]
+        raise AssertionError(f"no file mapped by {pid}")
 
     def show(self, *props: str, unit: str = UNIT) -> dict[str, str]:
         out = self.run("systemctl", "show", unit, *(f"--property={p}" for p in props)).stdout
@@ -90,9 +122,13 @@ class Container:
                 f"--- systemctl status {UNIT}\n{status.stdout}{status.stderr}")
 
     def stop(self) -> None:
-        """Power off (nspawn turns SIGTERM into an orderly shutdown), SIGKILL after 60 s."""
+        """Power off (nspawn turns SIGTERM into an orderly shutdown; an emulated systemd is
+        asked with systemctl), SIGKILL after 60 s."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            if self.emulated:
+                self.run("systemctl", "--no-block", "poweroff", check=False)
+            else:
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
@@ -146,8 +182,14 @@ def port() -> int:
 
 @pytest.fixture(scope="module")
 def container(tmp_path_factory, port, package, units):
+    arch = subprocess.run(["dpkg-deb", "--field", str(package), "Architecture"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
+                            check=True, timeout=60).stdout.strip()
+    # A root file system of the package's architecture (run by qemu-user when not this one's).
     root_fs = subprocess.run([str(REPO / "packaging" / "boot-root.sh")], capture_output=True,
-                             text=True, timeout=900, stdin=subprocess.DEVNULL)
+                             text=True, timeout=900, stdin=subprocess.DEVNULL,
+                             env={**os.environ, "EDGEBROKER_BOOT_ARCH": arch})
     assert root_fs.returncode == 0, root_fs.stderr
     work = tmp_path_factory.mktemp("boot")
     root = work / "root"
@@ -177,6 +219,11 @@ def container(tmp_path_factory, port, package, units):
         dropin.mkdir(parents=True)
         (dropin / "port.conf").write_text(
             f"[Socket]\nListenStream=\nListenStream=127.0.0.1:{port}\n")
+    if arch != native:
+        # Under qemu-user systemd cannot make the unit's user namespace (see the module's doc).
+        dropin = root / "etc/systemd/system/edgebroker.service.d"
+        dropin.mkdir(parents=True)
+        (dropin / "qemu-user.conf").write_text("[Service]\nPrivateUsers=no\n")
     shutil.copy(package, root / "root" / package.name)
     c = Container(root, work / "console.log")
     try:
@@ -235,8 +282,7 @@ def test_install_starts_the_service_on_readiness(container, package, units, port
         assert "socket from systemd" in listening[0], listening[0]
     assert "configuration /etc/edgebroker/edgebroker.toml" in journal, journal
     assert "Started edgebroker.service" in journal, journal
-    exe = container.run("readlink", f"/proc/{s['MainPID']}/exe").stdout.strip()
-    assert exe == "/usr/bin/edgebroker"
+    assert container.program(s["MainPID"]) == "/usr/bin/edgebroker"
 
     round_trip(mosq, port, "boot/install", "hello from the host")
     # Retained, for the upgrade to keep.
@@ -311,8 +357,7 @@ def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_p
     assert after["InvocationID"] != before["InvocationID"] and after["MainPID"] != before["MainPID"]
     # The socket unit (when packaged) listened throughout: the same invocation.
     assert [container.show("InvocationID", unit=u) for u in socket_units] == sockets
-    exe = container.run("readlink", f"/proc/{after['MainPID']}/exe").stdout.strip()
-    assert exe == "/usr/bin/edgebroker"
+    assert container.program(after["MainPID"]) == "/usr/bin/edgebroker"
     assert config.read_text() == provisioned
     assert records(container) == logged
     sub = mosq("sub", port, "-t", "boot/retained", "-q", "1", "-v", "-C", "1", "-W", "20")
