@@ -115,9 +115,7 @@ test-arm64: install-test dist-arm64 deb-arm64
 	EDGEBROKER_BINARY=dist-arm64/edgebroker QEMU_LD_PREFIX=$(EDGEBROKER_CACHE)/bookworm-arm64-run \
 	  EDGEBROKER_DEB=dist/edgebroker_$(DEB_VERSION)_arm64.deb \
 	  $(BIN)/python -m pytest tests/frozen/test_binary.py tests/frozen/test_deb.py $(ARGS)
-	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) EDGEBROKER_BOOT_ARCH=arm64 packaging/boot-root.sh
-	$(SUDO) env EDGEBROKER_BOOT_TEST=1 EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) \
-	  EDGEBROKER_DEB=dist/edgebroker_$(DEB_VERSION)_arm64.deb $(BIN)/python -m pytest tests/boot $(ARGS)
+	$(call boot_test,arm64,dist/edgebroker_$(DEB_VERSION)_arm64.deb)
 
 # ----- the Debian package (packaging/deb.sh, docs/deploy.md) ---------------------------------
 # dist/edgebroker_<version>_<arch>.deb: the binary, the units of systemd/ (the socket when there
@@ -144,9 +142,14 @@ deb-arm64: dist-arm64
 # watchdog, upgrade, remove and purge (tests/boot/). Root; the root file system is made once
 # (packaging/boot-root.sh, about 2 minutes) and cached under $(EDGEBROKER_CACHE).
 test-boot: install-test deb
-	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) packaging/boot-root.sh
+	$(call boot_test,$(DEB_ARCH),$(DEB))
+
+# The boot test of package $(2), architecture $(1) (test-boot; test-arm64 under qemu-user).
+define boot_test
+	$(SUDO) env EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) EDGEBROKER_BOOT_ARCH=$(1) packaging/boot-root.sh
 	$(SUDO) env EDGEBROKER_BOOT_TEST=1 EDGEBROKER_CACHE=$(EDGEBROKER_CACHE) \
-	  EDGEBROKER_DEB=$(DEB) $(BIN)/python -m pytest tests/boot $(ARGS)
+	  EDGEBROKER_DEB=$(2) $(BIN)/python -m pytest tests/boot $(ARGS)
+endef
 
 # Size, start to READY=1 and idle RSS of dist/edgebroker against their budgets.
 dist-measure: dist

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The root file system of the boot test (make test-boot, tests/boot/, docs/deploy.md): Debian
-# bookworm for this machine's architecture, or for $EDGEBROKER_BOOT_ARCH (make test-boot-arm64:
+# bookworm for this machine's architecture, or for $EDGEBROKER_BOOT_ARCH (make test-arm64:
 # arm64, run by qemu-user through binfmt_misc, which packaging/arm64.sh sets up), minbase plus
 # what booting it with systemd-nspawn needs (systemd, systemd-sysv, dbus) and what the package
 # depends on (procps: the unit's /bin/kill), so the test installs the package without the

@@ -205,6 +205,8 @@ def format_stats(s: dict) -> str:
 
 def _contention_words(loop: dict) -> str:
     """The loop's wait for a CPU (server/contention.py)."""
+    if "cpu_contended" not in loop:
+        return "CPU contention not reported"      # a broker from before the figures
     now = "CPU-CONTENDED now (no busy polls, no early sends)" if loop["cpu_contended"] else \
         "not CPU-contended"
     return (f"{now}, {loop['cpu_contention_episodes']} episodes "

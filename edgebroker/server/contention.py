@@ -29,8 +29,9 @@ MIN_DEMAND = 0.01     # the loop wanted a CPU at least this share of the period 
 class CpuContention:
     """``contended``: the loop waited for a CPU for ``ENTER`` of its time or more in the last
     period (and not below ``LEAVE`` since). Checked at most every ``CHECK_SECONDS`` by
-    ``check``, on the loop's own thread (the file names the thread that opens it). Without
-    the file (a kernel without scheduler statistics) it never says contended."""
+    ``check``, on the loop's own thread (the file names the thread that opens it). A period
+    in which the loop hardly wanted a CPU ends contention. Without the file (a kernel without
+    scheduler statistics) it never says contended."""
 
     __slots__ = ("path", "fd", "contended", "episodes", "wait_share", "next_check", "_last",
                  "seconds")
@@ -57,12 +58,13 @@ class CpuContention:
         if last is None or now <= last[0]:
             return False
         period = now - last[0]
-        if self.contended:
-            self.seconds += period
         ran, waited = run - last[1], wait - last[2]
         wanted = ran + waited
         if wanted < MIN_DEMAND * period * 1e9:
-            return False          # too idle a period to tell
+            # Too idle a period to tell: an idle loop is not kept from anything.
+            return self._leave("the core thread is idle")
+        if self.contended:
+            self.seconds += period
         self.wait_share = share = waited / wanted
         if not self.contended and share >= ENTER:
             self.contended = True
@@ -71,12 +73,17 @@ class CpuContention:
                      "polling and early sends to sessions catching up are off until that is "
                      "below %.0f%% (episode %d)", share * 100, LEAVE * 100, self.episodes)
             return True
-        if self.contended and share < LEAVE:
-            self.contended = False
-            log.debug("the core thread waits for a CPU %.0f%% of the time: busy polling and "
-                      "early sends are back on", share * 100)
-            return True
+        if share < LEAVE:
+            return self._leave(f"the core thread waits for a CPU {share:.0%} of the time")
         return False
+
+    def _leave(self, why: str) -> bool:
+        """No longer contended (True when it was)."""
+        if not self.contended:
+            return False
+        self.contended = False
+        log.debug("%s: busy polling and early sends are back on", why)
+        return True
 
     def _read(self) -> tuple[int, int] | None:
         if not self.path:
@@ -89,6 +96,7 @@ class CpuContention:
         except (OSError, ValueError, IndexError):
             self.close()
             self.path = ""        # not again
+            self.contended = False
             return None
 
     def close(self) -> None:

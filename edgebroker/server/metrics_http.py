@@ -281,15 +281,16 @@ def render(snapshot: dict) -> str:
 
 # The loop's wait for a CPU (server/contention.py): name, type, help, key of snapshot["loop"].
 _CONTENTION = (
-    ("edgebroker_loop_cpu_contended", "gauge", "1 while the core thread waits for a CPU for 10 % "
-     "or more of the time it wants one (busy polls and early sends are then off).",
-     "cpu_contended"),
+    ("edgebroker_loop_cpu_contended", "gauge", "1 from when the core thread waited for a CPU "
+     "10 % or more of the time it wanted one until that is below 5 % (busy polls and early "
+     "sends are off meanwhile).", "cpu_contended"),
     ("edgebroker_loop_cpu_contention_episodes_total", "counter", "Times the core thread "
      "became CPU-contended.", "cpu_contention_episodes"),
     ("edgebroker_loop_cpu_contended_seconds_total", "counter", "Time the core thread was "
      "CPU-contended.", "cpu_contended_seconds"),
     ("edgebroker_loop_cpu_wait_ratio", "gauge", "Share of the time the core thread wanted a "
-     "CPU that it waited for one, over the last check's half second.", "cpu_wait_share"),
+     "CPU that it waited for one, over the last check's period (0.2 s or more) in which it "
+     "was busy enough to tell.", "cpu_wait_share"),
 )
 
 

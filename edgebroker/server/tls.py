@@ -406,10 +406,11 @@ class TLSTransport(Transport):
         self.out_bytes -= sent_total
         self.bytes_out += sent_total
         self.loop.broker.stats.bytes_sent += sent_total
-        if error is not None:
-            if not early:
-                self._gone(error)
+        if error is not None and not early:
+            self._gone(error)
             return
+        # Early, a failed send leaves its bytes queued: watched for writing, the next send is
+        # the pass's (Transport.send_now), which reports the error.
         want = (_READ if self.reading or self.write_wants_read else 0)
         if out or self.read_wants_write:
             want |= _WRITE

@@ -11,7 +11,7 @@ container is started with ``--register=no --keep-unit``: this machine has no sys
 own for systemd-nspawn to register with (without them it stops at "Failed to open system
 bus").
 
-A package of another architecture (make test-boot-arm64: arm64 on an x86_64 machine) boots a
+A package of another architecture (make test-arm64: arm64 on an x86_64 machine) boots a
 root file system of its own architecture, every program in it run by qemu-user through
 binfmt_misc. Three things differ there, and only there: /proc/PID/exe names the emulator (the
 program is the file it mapped, see ``Container.program``); the container's systemd does not

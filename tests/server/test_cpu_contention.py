@@ -73,14 +73,17 @@ def test_it_enters_at_a_tenth_of_waiting_and_leaves_below_a_twentieth(figures, c
     assert [r.getMessage() for r in caplog.records] == [
         "the core thread waited for a CPU 20% of the time it wanted one: busy polling and "
         "early sends to sessions catching up are off until that is below 5% (episode 1)"]
-    # Between the two marks it stays; an idle period (under MIN_DEMAND of the period) says
-    # nothing either way; below 5 % it leaves.
-    idle = C.MIN_DEMAND * C.CHECK_SECONDS * 1000 / 4
-    assert periods(c, figures, 100.4, (92, 8), (idle, idle), (99, 1)) == [False, False, True]
+    # Between the two marks it stays; below 5 % it leaves.
+    assert periods(c, figures, 100.4, (92, 8), (99, 1)) == [False, True]
     assert not c.contended and c.episodes == 1
-    assert c.seconds == pytest.approx(3 * C.CHECK_SECONDS)
-    # And again: a second episode.
-    assert periods(c, figures, 101.0, (50, 50)) == [True] and c.episodes == 2
+    assert c.seconds == pytest.approx(2 * C.CHECK_SECONDS)
+    # A second episode, ended by a period in which the loop hardly wanted a CPU (under
+    # MIN_DEMAND of it: an idle loop is kept from nothing), which is not counted as contended.
+    idle = C.MIN_DEMAND * C.CHECK_SECONDS * 1000 / 4
+    assert periods(c, figures, 100.8, (50, 50), (idle, idle)) == [True, True]
+    assert not c.contended and c.episodes == 2
+    assert c.seconds == pytest.approx(2 * C.CHECK_SECONDS)
+    assert periods(c, figures, 101.2, (idle, idle)) == [False]
 
 
 def test_without_the_kernel_figures_it_never_says_contended(tmp_path):
@@ -92,13 +95,24 @@ def test_without_the_kernel_figures_it_never_says_contended(tmp_path):
         assert not c.contended and c.path == "" and c.fd == -1
 
 
+def test_figures_that_go_away_end_contention(figures):
+    c = CpuContention(str(figures.path))
+    c.check(1.0)
+    periods(c, figures, 1.0, (50, 50))
+    assert c.contended
+    figures.path.unlink()
+    c.close()                     # (the open file would still be read)
+    assert c.check(1.4) is False and not c.contended and c.path == ""
+
+
 def test_the_real_file_is_this_threads_and_grows():
     c = CpuContention()
     run, wait = c._read()
-    deadline = time.process_time() + 0.05
-    while time.process_time() < deadline:
+    deadline = time.thread_time() + 0.05
+    while time.thread_time() < deadline:
         pass
-    assert c._read()[0] - run >= 40 * MS
+    # (the kernel brings the figure up to date at its ticks: up to 10 ms behind)
+    assert c._read()[0] - run >= 25 * MS
     c.close()
 
 
@@ -146,7 +160,8 @@ def test_a_core_thread_sharing_its_cpu_is_contended_until_it_has_it_again(broker
     broker busy: the stats, `inspect stats` and the log say so; once the busy process ends,
     the loop is not contended any more and the episode's time is counted."""
     b = broker()
-    cpu = min(os.sched_getaffinity(0))
+    cpus = os.sched_getaffinity(b.proc.pid)
+    cpu = min(cpus)
     os.sched_setaffinity(b.proc.pid, {cpu})     # the main thread: the loop's
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -167,13 +182,14 @@ def test_a_core_thread_sharing_its_cpu_is_contended_until_it_has_it_again(broker
                 assert time.monotonic() < deadline, f"not {what} within 30 s: {loop}"
 
         loop = busy_until(lambda s: s["cpu_contended"], "contended")
-        assert loop["cpu_contention_episodes"] >= 1 and loop["cpu_wait_share"] >= C.ENTER
+        assert loop["cpu_contention_episodes"] >= 1
         assert b.wait_log(lambda ln: "the core thread waited for a CPU" in ln)
         r = run_cli("inspect", "stats", "--data-dir", b.config["data_dir"])
         assert "CPU-CONTENDED now (no busy polls, no early sends)" in r.stdout, r.stdout
     finally:
         hog.kill()
         hog.wait(10)
+        os.sched_setaffinity(b.proc.pid, cpus)
     loop = busy_until(lambda s: not s["cpu_contended"], "back to not contended")
-    assert loop["cpu_contended_seconds"] > 0 and loop["cpu_wait_share"] < C.LEAVE
+    assert loop["cpu_contended_seconds"] > 0
     assert b.alive()
