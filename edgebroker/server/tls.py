@@ -409,8 +409,8 @@ class TLSTransport(Transport):
         if error is not None and not early:
             self._gone(error)
             return
-        # Early, a failed send leaves its bytes queued: watched for writing, the next send is
-        # the pass's (Transport.send_now), which reports the error.
+        # Early, a failed send leaves its bytes queued and the socket watched for writing:
+        # send_now tries no more, and the pass's flush reports the error.
         want = (_READ if self.reading or self.write_wants_read else 0)
         if out or self.read_wants_write:
             want |= _WRITE
