@@ -71,7 +71,6 @@ class CheckpointWriter:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="bridge-checkpoints", daemon=True)
         self.written = 0
-        self.failures = 0
         # path -> writes of that checkpoint that failed (the bridge's checkpoint_failures;
         # updated under the lock by count_failure; read by the core: one dict item)
         self.failed: dict[str, int] = {}
@@ -102,11 +101,16 @@ class CheckpointWriter:
             except OSError as exc:
                 self.count_failure(path, name, exc)
 
+    @property
+    def failures(self) -> int:
+        """Failed writes of every checkpoint."""
+        with self._cond:
+            return sum(self.failed.values())
+
     def count_failure(self, path: str, name: str, exc: OSError) -> None:
         """A write of ``path`` failed (on this thread, or the bridge's first one at start, on
         the core thread: the counts are updated under the lock)."""
         with self._cond:
-            self.failures += 1
             self.failed[path] = self.failed.get(path, 0) + 1
         log.error("bridge %s: cannot write its checkpoint %s: %s (the bridge goes on; after a "
                   "crash it sends again from the last checkpoint written)", name, path,

@@ -1,10 +1,14 @@
 """The selector loop: one thread owns every socket; it only runs passes.
 
-One pass: wait (until the next timer at most) → accept a bounded number of
-connections per listener → read each readable socket once into a shared
-buffer and hand the bytes to the core → run due timers → flush every
-connection written to in this pass with one ``sendmsg`` each → act on signal
-flags. Signal handlers only set flags; ``signal.set_wakeup_fd`` and a
+One pass: wait (until the next timer at most; a short busy poll first while a
+session catching up waits for acknowledgements, ``BusyPoll``) → accept a bounded
+number of connections per listener → read each readable socket once into a
+shared buffer and hand the bytes to the core → run due timers → flush every
+connection written to in this pass with one ``sendmsg`` each (a catching-up
+session's first pieces may have gone earlier, ``Transport.send_now``) → act on
+signal flags; every 0.2 s, look at the loop thread's wait for a CPU, which
+stops the busy poll and the early pieces while it is long
+(server/contention.py). Signal handlers only set flags; ``signal.set_wakeup_fd`` and a
 socketpair wake the loop (other threads write one byte to the same pair).
 The duration of each pass (events, timers and flushing; not the wait) goes
 into ``broker.pass_times``.

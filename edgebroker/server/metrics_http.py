@@ -37,6 +37,10 @@ def _value(key):
     return lambda s: s[key]
 
 
+def _loop(key):
+    return lambda s: s["loop"][key]
+
+
 # (name, type, help, value from the snapshot) -- one sample each.
 METRICS = (
     ("edgebroker_uptime_seconds", "gauge", "Seconds since the broker started.",
@@ -144,6 +148,17 @@ METRICS = (
     ("edgebroker_memory_over_limit", "gauge",
      "1 while memory is above limits.memory_limit (new connections and topics refused).",
      lambda s: int(s["process"]["memory_over_limit"])),
+    # The loop's wait for a CPU (server/contention.py).
+    ("edgebroker_loop_cpu_contended", "gauge", "1 from when the core thread waited for a CPU "
+     "10 % or more of the time it wanted one until that is below 5 % or the loop is idle "
+     "(busy polls and early sends are off meanwhile).", _loop("cpu_contended")),
+    ("edgebroker_loop_cpu_contention_episodes_total", "counter", "Times the core thread "
+     "became CPU-contended.", _loop("cpu_contention_episodes")),
+    ("edgebroker_loop_cpu_contended_seconds_total", "counter", "Time the core thread was "
+     "CPU-contended.", _loop("cpu_contended_seconds")),
+    ("edgebroker_loop_cpu_wait_ratio", "gauge", "Share of the time the core thread wanted a "
+     "CPU that it waited for one, over the last check's period (0.2 s or more) in which it "
+     "was busy enough to tell.", _loop("cpu_wait_share")),
 )
 
 # With [upload] url: (name, type, help, key of snapshot["upload"]).
@@ -272,26 +287,7 @@ def render(snapshot: dict) -> str:
     out.append(f"# TYPE {name} counter")
     out.append(f'{name}{{result="hit"}} {_number(loop["busy_polls_hit"])}')
     out.append(f'{name}{{result="miss"}} {_number(loop["busy_polls_missed"])}')
-    for name, kind, help_text, key in _CONTENTION:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.append(f"{name} {_number(loop[key])}")
     return "\n".join(out) + "\n"
-
-
-# The loop's wait for a CPU (server/contention.py): name, type, help, key of snapshot["loop"].
-_CONTENTION = (
-    ("edgebroker_loop_cpu_contended", "gauge", "1 from when the core thread waited for a CPU "
-     "10 % or more of the time it wanted one until that is below 5 % (busy polls and early "
-     "sends are off meanwhile).", "cpu_contended"),
-    ("edgebroker_loop_cpu_contention_episodes_total", "counter", "Times the core thread "
-     "became CPU-contended.", "cpu_contention_episodes"),
-    ("edgebroker_loop_cpu_contended_seconds_total", "counter", "Time the core thread was "
-     "CPU-contended.", "cpu_contended_seconds"),
-    ("edgebroker_loop_cpu_wait_ratio", "gauge", "Share of the time the core thread wanted a "
-     "CPU that it waited for one, over the last check's period (0.2 s or more) in which it "
-     "was busy enough to tell.", "cpu_wait_share"),
-)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
