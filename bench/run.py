@@ -27,7 +27,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import brokers  # noqa: E402
+import ceiling  # noqa: E402
 import report  # noqa: E402
+import runners  # noqa: E402
 import scenarios  # noqa: E402
 import wire  # noqa: E402
 from procs import RunError, reap, stop_brokers  # noqa: E402
@@ -206,7 +208,7 @@ def _main(args, started: float) -> int:
     for variant in ([] if args.no_ceiling else args.variants):
         label = scenarios.variant_label(*variant)
         try:
-            gen = gens[variant] = scenarios.ceiling(args, args.scenario_list, variant)
+            gen = gens[variant] = ceiling.ceiling(args, args.scenario_list, variant)
             print("generator ceiling (stand-ins instead of a broker"
                   + (f"; MQTT {label}" if args.variants != [scenarios.V311_PLAIN] else "")
                   + "): " + "; ".join(f"{k} {report.fmt(v)}" for k, v in gen.items()),
@@ -227,7 +229,7 @@ def _main(args, started: float) -> int:
                         if bname not in SCENARIOS[name].get("brokers", (bname,)):
                             continue       # not for this broker (bridge_drain: the remote)
                         try:
-                            rec = scenarios.run(name, brokers.BROKERS[bname], rnd, args, variant)
+                            rec = runners.run(name, brokers.BROKERS[bname], rnd, args, variant)
                         except (RunError, OSError, RuntimeError) as exc:
                             rec = {"scenario": name, "kind": SCENARIOS[name]["kind"],
                                    "broker": bname, "round": rnd, "protocol": variant[0],

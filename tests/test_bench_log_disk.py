@@ -1,4 +1,4 @@
-"""The benchmark's log-disk ceiling (bench/scenarios.py, log_disk_ceiling): it writes what it
+"""The benchmark's log-disk ceiling (bench/ceiling.py, log_disk_ceiling): it writes what it
 says, rolls and deletes its files like the log, and leaves nothing behind (no file, no
 descriptor, no thread)."""
 
@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import scenarios  # noqa: E402
+import ceiling  # noqa: E402
 
 
 def _open_fds(under) -> set:
@@ -28,9 +28,9 @@ def _open_fds(under) -> set:
 def test_log_disk_ceiling_rolls_deletes_and_cleans_up(tmp_path, monkeypatch):
     # Small files and retention, so that 300 records of 64 KiB (about 20 MB) roll 19 times
     # and delete 17 files on the way.
-    monkeypatch.setattr(scenarios, "LOG_SEGMENT", 1 << 20)
-    monkeypatch.setattr(scenarios, "LOG_RETENTION", 2 << 20)
-    monkeypatch.setattr(scenarios, "LOG_FLUSH_S", 0.005)
+    monkeypatch.setattr(ceiling, "LOG_SEGMENT", 1 << 20)
+    monkeypatch.setattr(ceiling, "LOG_RETENTION", 2 << 20)
+    monkeypatch.setattr(ceiling, "LOG_FLUSH_S", 0.005)
     deleted = []
     present = []   # files in the run's directory at each deletion
     real_unlink = os.unlink
@@ -43,7 +43,7 @@ def test_log_disk_ceiling_rolls_deletes_and_cleans_up(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "unlink", unlink)
     threads = threading.active_count()
 
-    out = scenarios.log_disk_ceiling(300, 65536, directory=str(tmp_path))
+    out = ceiling.log_disk_ceiling(300, 65536, directory=str(tmp_path))
 
     assert set(out) == {"log disk, 64 KiB records MB/s", "log disk write CPU us/record"}
     assert out["log disk, 64 KiB records MB/s"] > 0
@@ -59,7 +59,7 @@ def test_log_disk_ceiling_rolls_deletes_and_cleans_up(tmp_path, monkeypatch):
 
 
 def test_log_disk_ceiling_names_other_sizes(tmp_path):
-    out = scenarios.log_disk_ceiling(20, 512, directory=str(tmp_path))
+    out = ceiling.log_disk_ceiling(20, 512, directory=str(tmp_path))
     assert "log disk, 512 B records MB/s" in out
     assert list(tmp_path.iterdir()) == []
 

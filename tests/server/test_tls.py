@@ -1,6 +1,8 @@
 """TLS listeners: raw, paho-mqtt and mosquitto_pub/sub clients; client certificates (required,
 missing, wrong CA, identity as user name); stalled handshakes; plain MQTT on the TLS port and
-TLS on the plain port; large writes; certificate reload on SIGHUP."""
+TLS on the plain port; close_notify; certificate reload on SIGHUP; configuration errors.
+Deliveries over TLS (large writes, backlogs, bursts) are in test_tls_delivery.py; the fixtures
+``pki`` and ``tlssrv`` in conftest.py."""
 
 import shutil
 import signal
@@ -11,62 +13,13 @@ import time
 import pytest
 
 import mqttraw as m
-from certs import make_pki
-from conftest import _close_all_clients, _start, _teardown, run_cli, toml_dumps
+from conftest import _start, _teardown, run_cli, toml_dumps
 from mqttraw import ConnectionClosed
-from secfiles import wait_counter, write_acl, write_passwords
+from secfiles import wait_counter
+from server.conftest import PASSWORDS, client_context, port, tls_client
 
-PASSWORDS = {"alice": "alice-tls-pw", "held": "used-once-so-never-cached"}
 # What a client sees when the server ends a failed handshake: an alert, a reset or EOF.
 TLS_FAILURES = (ssl.SSLError, ConnectionClosed, ConnectionResetError, BrokenPipeError, TimeoutError)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def tlssrv(tmp_path_factory, pki):
-    """0: plain, anonymous, no ACL.  1: TLS + password.  2: TLS, client certificate required,
-    its CN is the user name, ACL.  3: TLS 1.3 only, handshake_timeout 0.5 s, anonymous."""
-    d = tmp_path_factory.mktemp("tls")
-    pw = write_passwords(d / "passwd", PASSWORDS)
-    acl = write_acl(d / "acl", "pattern readwrite devices/%u/#\n")
-    server = {"certfile": str(pki.server.cert), "keyfile": str(pki.server.key)}
-    # The byte limits high enough that the large-message test (3.6 MB of QoS 1 to one reader at
-    # once, then QoS 0 behind it) tests TLS writes, not the limits (docs/limits.md: beyond them
-    # QoS 1 waits in the queue while QoS 0 goes on, or is dropped).
-    limits = {"max_inflight_bytes": 16 << 20, "max_pending_write_bytes": 16 << 20}
-    b = _start(d, {"password_file": str(pw), "sys_interval": 0.5, "limits": limits, "listener": [
-        {"host": "127.0.0.1", "port": 0, "allow_anonymous": True, "password_file": ""},
-        {"host": "127.0.0.1", "port": 0, **server},
-        {"host": "127.0.0.1", "port": 0, **server, "cafile": str(pki.ca.cert),
-         "require_certificate": True, "use_identity_as_username": True, "acl_file": str(acl)},
-        {"host": "127.0.0.1", "port": 0, **server, "tls_version": "tlsv1.3",
-         "handshake_timeout": 0.5, "allow_anonymous": True, "password_file": ""},
-    ]})
-    yield b
-    _close_all_clients()
-    _teardown([b])
-
-
-def port(b, i):
-    return b.listeners[i][1]
-
-
-def client_context(pki, cert=None, ca=None, max_version=None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(ca or pki.ca.cert))
-    if cert is not None:
-        ctx.load_cert_chain(str(cert.cert), str(cert.key))
-    if max_version is not None:
-        ctx.maximum_version = max_version
-    return ctx
-
-
-def tls_client(b, pki, listener, client_id, cert=None, expect_rc=0, **kw):
-    return b.client(client_id, port=port(b, listener), expect_rc=expect_rc,
-                    transport={"ssl_context": client_context(pki, cert)}, **kw)
 
 
 def test_listening_lines_describe_security(tlssrv):
@@ -349,45 +302,6 @@ def test_a_client_close_notify_is_answered(tlssrv, pki, uid):
     c.publish(f"{uid}/t", b"x", qos=1)
 
 
-def test_large_and_many_messages_over_tls(tlssrv, pki, uid):
-    """Whole-chunk and partial TLS writes: big payloads and long runs of small ones, in order."""
-    sub = tls_client(tlssrv, pki, 1, f"{uid}-s", username="alice", password=PASSWORDS["alice"])
-    sub.subscribe(f"{uid}/t", qos=1)
-    pub = tlssrv.client(f"{uid}-p", port=port(tlssrv, 0))
-    big = [bytes([i]) * 900_000 for i in range(4)]
-    for payload in big:
-        pub.publish(f"{uid}/t", payload, qos=1)
-    for i in range(2000):
-        pub.publish(f"{uid}/t", b"%d" % i)
-    for payload in big:
-        assert sub.recv_publish(timeout=10).payload == payload
-    assert [int(sub.recv_publish(timeout=10).payload) for _ in range(2000)] == list(range(2000))
-
-
-def test_a_persistent_tls_subscriber_catches_up_a_backlog_in_order(tlssrv, pki, uid):
-    """An offline QoS 1 backlog drained over TLS: the window's pieces go out as TLS records
-    in the middle of a pass (send_now), whole or in part; every message arrives once, in
-    order, QoS 1 and QoS 2 alike."""
-    kw = {"username": "alice", "password": PASSWORDS["alice"], "clean": False}
-    sub = tls_client(tlssrv, pki, 1, f"{uid}-s", **kw)
-    sub.subscribe(f"{uid}/t", qos=2)
-    sub.disconnect()
-    pub = tlssrv.client(f"{uid}-p", port=port(tlssrv, 0))
-    n = 3000
-    pub.send(b"".join(m.publish(f"{uid}/t", b"%05d" % i + b"." * 1500, 1 + i % 2,
-                                packet_id=i + 1) for i in range(n)))
-    recs = [p for p in (pub.recv_packet(10) for _ in range(n)) if p.type == m.PUBREC]
-    assert len(recs) == n // 2
-    pub.send(b"".join(m.pubrel(p.packet_id) for p in recs))
-    assert all(pub.recv_packet(10).type == m.PUBCOMP for _ in recs)
-    sub = tls_client(tlssrv, pki, 1, f"{uid}-s", **kw)
-    assert sub.connack.session_present
-    got = [sub.recv_publish(timeout=10) for _ in range(n)]
-    assert [int(p.payload[:5]) for p in got] == list(range(n))
-    assert [p.qos for p in got] == [1 + i % 2 for i in range(n)]
-    assert sub.ping() == []
-
-
 # ---------------------------------------------------------------------------------------------
 # Certificate reload and configuration errors
 # ---------------------------------------------------------------------------------------------
@@ -479,46 +393,6 @@ def test_key_in_certfile(broker, tmp_path, pki, uid):
     both.write_bytes(pki.server.cert.read_bytes() + pki.server.key.read_bytes())
     b = broker(listener=[{"host": "127.0.0.1", "port": 0, "certfile": str(both)}])
     assert b.client(uid, transport={"ssl_context": client_context(pki)}).ping() == []
-
-
-@pytest.mark.parametrize("mode", ["log", "queue"])
-def test_a_burst_past_max_pending_to_a_tls_subscriber_reads_from_the_log(broker, pki, uid, mode):
-    """One pass routes more than max_pending_write_bytes to a TLS subscriber whose socket
-    takes little (it sends what the socket takes first, as on plain TCP): it falls behind
-    and gets the rest from the commit log, in order, nothing dropped. With max_queued_messages
-    set (the in-memory queue of Mosquitto's meaning) the QoS 0 messages beyond it are dropped
-    and counted instead. Either way the publisher and the broker carry on."""
-    limits = {"max_pending_write_bytes": 8192}
-    if mode == "queue":
-        limits["max_queued_messages"] = 100
-    b = broker(limits=limits, listener=[
-        {"host": "127.0.0.1", "port": 0},
-        {"host": "127.0.0.1", "port": 0, "certfile": str(pki.server.cert),
-         "keyfile": str(pki.server.key)}])
-    sub = tls_client(b, pki, 1, f"{uid}-s", rcvbuf=4096)
-    sub.subscribe(f"{uid}/t")
-    pub = b.raw(port=port(b, 0))
-    pub.connect(f"{uid}-p")
-    n = 3000
-    pub.send(b"".join(m.publish(f"{uid}/t", b"%04d" % i + b"." * 996) for i in range(n)))
-    assert pub.ping(timeout=10) == []           # the publisher's connection is still served
-    got = []
-    wait = 10 if mode == "log" else 1   # "queue": a second without a message ends the drops
-    while len(got) < n:
-        try:
-            got.append(int(sub.recv_publish(timeout=wait).payload[:4]))
-        except (AssertionError, TimeoutError):
-            break
-    stats = b.stats()
-    assert stats["limit_hits"]["max_pending_write_bytes"] > 0
-    if mode == "log":
-        assert got == list(range(n))
-        assert stats["dropped"]["max_pending_write_bytes"] == 0
-        assert stats["counters"]["sessions_fell_behind"] >= 1
-    else:
-        assert got == sorted(got) and 0 < len(got) < n
-        assert stats["dropped"]["max_pending_write_bytes"] == n - len(got)
-    assert b.alive()
 
 
 class _Handshaking:
