@@ -9,6 +9,7 @@ without loss. Readiness is a bounded TCP-connect poll.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -401,7 +402,7 @@ class Mosquitto(Broker):
 BROKERS = {"edgebroker": Edgebroker, "mosquitto": Mosquitto}
 
 
-def parse_with_repo(ap) -> "argparse.Namespace":
+def parse_with_repo(ap: argparse.ArgumentParser) -> argparse.Namespace:
     """Parse ``ap``'s arguments plus ``--repo DIR``, which makes the brokers run from another
     checkout (for a before figure); the attack scripts (bench/attack_*.py) use it."""
     global REPO

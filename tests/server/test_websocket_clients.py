@@ -22,7 +22,6 @@ import pytest
 from wsproto.events import CloseConnection, Message, Ping
 
 import mqttraw as m
-from certs import make_pki
 from conftest import REPO, LineCollector, _close_all_clients, _start, _teardown, run_cli
 from secfiles import write_acl, write_passwords
 from wsclient import HandshakeRefused, WebSocketSocket, over_websocket
@@ -32,11 +31,6 @@ PASSWORDS = {"alice": "alice-ws-pw"}
 # Listeners of the shared broker, by index.
 TCP, WS, WSS, WS_CUSTOM, WS_UNIX = range(5)
 CUSTOM_PATH = "/custom/mqtt"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
