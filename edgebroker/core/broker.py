@@ -8,6 +8,7 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.router``: routing, the frame cache, queues and windows, sending from the log;
 - ``core.router5``: what a PUBLISH to an MQTT 5.0 subscriber carries, and its options;
 - ``core.sessions``: admission, attach/detach, subscriptions, drops;
+- ``core.resume``: a persistent session's window sent again when its client is back;
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
   ``core.catchup_run`` the runs a session with one subscription sends at once;
 - ``core.shared``: shared subscriptions: groups, the choice of member, hand-over;
@@ -42,6 +43,7 @@ from edgebroker.core.limits import (
 )
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.persistence import Persistence
+from edgebroker.core.resume import Resume
 from edgebroker.core.router import Router
 from edgebroker.core.router5 import Router5
 from edgebroker.core.sessions import Sessions
@@ -62,7 +64,7 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker(Router, Router5, Sessions, CatchUp, CatchUpRuns, Timers, Persistence,
+class Broker(Router, Router5, Resume, Sessions, CatchUp, CatchUpRuns, Timers, Persistence,
              Shared, SharedBacklog):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config

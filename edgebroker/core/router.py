@@ -24,11 +24,8 @@ from edgebroker.core.catchup_run import piece_of
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import logged
 from edgebroker.core.router5 import options5
-from edgebroker.core.session import (
-    AWAIT_ACK, EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored,
-)
-from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.encode import encode_ack, encode_publish_head
+from edgebroker.core.session import EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored
+from edgebroker.mqtt.encode import encode_publish_head
 from edgebroker.mqtt.trie import RetainedTree, SubscriptionTrie
 
 log = logging.getLogger("edgebroker.broker")
@@ -61,6 +58,9 @@ class Router:
         self.queued_messages = 0          # in all sessions' queues
         self.queued_bytes = 0
         self._lost_warned = False
+        # Sessions resumed with more unacknowledged messages than their window: the packet
+        # ids still to send again (core.resume).
+        self.resends: dict[Session, deque[int]] = {}
         # QoS 1/2 messages logged but not yet routed: their records are not yet written to
         # the OS (see publish).
         self.unrouted: deque[Message] = deque()
@@ -217,10 +217,18 @@ class Router:
         self.hit("max_pending_write_bytes")
         transport = client.transport
         transport.wait_for_drain()
-        if self.log_queue and message.offset is not None and client.session.cursor is None:
-            self.fall_behind(client.session, message.offset)
-            return
-        self.drop("max_pending_write_bytes", client.session)
+        session = client.session
+        if self.log_queue:
+            if message.offset is not None:
+                if session.cursor is None:
+                    self.fall_behind(session, message.offset)
+                    return
+            elif session.cursor is not None:
+                # Behind already, so it loses nothing the log holds: only this message,
+                # which the log does not hold.
+                self.drop("not_logged", session)
+                return
+        self.drop("max_pending_write_bytes", session)
         if not client.pending_dropped:
             client.warn_once("max_pending_write_bytes",
                              "%d bytes are waiting to be written (max_pending_write_bytes %d), the "
@@ -369,9 +377,11 @@ class Router:
         client = session.client
         if client is None:
             return
-        queue = session.queue
         limits = self.limits
         window = session.receive_max or limits.max_inflight_messages
+        if self.resends and session in self.resends:
+            self.resend_more(session, window)
+        queue = session.queue
         window_bytes = limits.max_inflight_bytes
         transport = client.transport
         max_pending = transport.max_pending
@@ -440,19 +450,3 @@ class Router:
             session.dropped = 0
         if session.shared:
             self.pump_shared(session)    # its shared subscriptions' backlogs (core.shared)
-
-    def resume(self, session: Session) -> None:
-        """A persistent session's client is back: re-send the window, then the queue."""
-        client = session.client
-        gone = []
-        for pid, entry in session.inflight.items():
-            if entry.state == AWAIT_ACK:
-                ids = None if entry.group is None else self.shared_ids(session, entry.group)
-                if not self._write_publish(client, entry.message, entry.qos, entry.retain, True,
-                                           pid, ids):
-                    gone.append(pid)
-            else:
-                client.transport.write(encode_ack(P.PUBREL, pid))
-        for pid in gone:
-            session.inflight_bytes -= session.inflight.pop(pid).message.size
-        self.pump(session)

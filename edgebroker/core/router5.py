@@ -8,7 +8,8 @@ changed meanwhile gives its current identifier). With ``outbound_topic_aliases``
 topics a connection receives (up to its Topic Alias Maximum) get an alias each, and later
 messages to them carry the alias and an empty topic name. A message past its expiry is not sent
 (counted in ``message_expired``), nor one larger than the client's Maximum Packet Size
-(``packet_too_large``): both count as delivered for the window, as the specification says.
+(``packet_too_large``): both count as delivered for the window, as the specification says. A
+message sent before and not acknowledged (DUP) is sent again even past its expiry.
 
 When neither expiry nor an outbound alias applies, a subscriber's PUBLISH differs from the
 other subscribers' only in the packet identifier and its Subscription Identifiers: the parts
@@ -210,8 +211,13 @@ class Router5:
         if expires:
             left = expires - self.clock()
             if left <= 0:
-                self.drop("message_expired", client.session)
-                return False
+                if not dup:
+                    self.drop("message_expired", client.session)
+                    return False
+                # Sent before and not acknowledged: its delivery has started, so it goes
+                # again (MQTT-3.3.2-5 deletes only copies not yet sent; the client may hold
+                # a QoS 2 packet id for it), with the shortest interval there is.
+                left = 1
             props += b"\x02" + int(-(-left // 1)).to_bytes(4, "big")
         props += subscription_ids(client.session, topic) if ids is None else ids
         alias = new_alias = 0

@@ -217,6 +217,7 @@ class Sessions:
             self.fall_behind(session, self.live_offset())
         if session.cursor is not None:
             session.cursor.went_offline(self.live_offset())
+        self.resends.pop(session, None)    # sent again when it is back (Router.resume)
         session.saved = None
         session.offline_at = self.clock()
         self._expire_later(session)
@@ -318,6 +319,7 @@ class Sessions:
         session.queued_qos0 = 0
         session.inflight.clear()
         session.inflight_bytes = 0
+        self.resends.pop(session, None)
         if session.cursor is not None:
             session.cursor = None
             self.behind.discard(session)

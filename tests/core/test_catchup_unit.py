@@ -7,6 +7,7 @@ import time
 import pytest
 
 import mqttraw as m
+import mqttraw5 as R
 from edgebroker import config
 from edgebroker.commitlog.format import LogOptions
 from edgebroker.commitlog.log import CommitLog
@@ -332,3 +333,45 @@ def test_pieces_count_qos_1_and_2_only_and_skip_what_an_offline_session_does_not
     assert [int(p.payload) for p in got] == list(range(1, 40, 2))
     assert {p.qos for p in got} == {1}
     assert len({p.packet_id for p in got}) == 20
+
+
+def test_an_unlogged_message_for_a_session_behind_is_dropped_as_not_logged(core):
+    """A session behind loses nothing the log holds; a message the log does not hold ($SYS)
+    that its full connection cannot take is dropped as ``not_logged`` (docs/limits.md), not
+    as ``max_pending_write_bytes``."""
+    sub, sub_t = _connect(core, "sub", max_pending=2000)
+    sub.data_received(m.subscribe(1, [("t", 0), ("$SYS/x", 0)]))
+    sub_t.flush()
+    pub, _ = _connect(core, "pub")
+    for i in range(50):
+        pub.data_received(m.publish("t", b"%d" % i + b"." * 100, qos=0))
+    assert core.sessions["sub"].cursor is not None       # behind: its output is full
+    before = dict(core.dropped)
+    core.route("$SYS/x", b"figures", 0, False)
+    assert {k: n - before.get(k, 0) for k, n in core.dropped.items()
+            if n != before.get(k, 0)} == {"not_logged": 1}
+
+
+def test_no_local_holds_while_a_session_a_5_0_client_made_catches_up_over_3_1_1(core):
+    """A session made by a 5.0 client with No Local on its one filter, resumed by a 3.1.1
+    client: catching up, it is not sent its own messages (the run path, which leaves the
+    decision to the scanner's filter, is not taken for it)."""
+    t5 = FakeTransport("s")
+    c5 = t5.client = core.connection_made(t5)
+    c5.data_received(R.connect5("s", clean_start=True, props={R.SESSION_EXPIRY: 300}))
+    c5.data_received(R.subscribe5(1, [("t", 1 | R.NO_LOCAL)]))
+    c5.data_received(R.disconnect5())
+    back, back_t = _connect(core, "s", clean=False)
+    other, _ = _connect(core, "other")
+    for i in range(600):                  # window and queue full: it reads the log
+        other.data_received(m.publish("t", b"%d" % (1000 + i), qos=1, packet_id=1 + i))
+    core.end_pass()
+    assert core.sessions["s"].cursor is not None
+    for i in range(5):                    # its own, read back from the log
+        back.data_received(m.publish("t", b"%d" % i, qos=1, packet_id=1 + i))
+    core.end_pass()
+    reader = Reader(back, back_t)
+    for _ in range(300):
+        reader.read()
+        core.end_pass()
+    assert reader.got == list(range(1000, 1600))

@@ -1,6 +1,6 @@
 """MQTT 5.0 against a real broker, from the independent raw-socket client (tests/mqttraw5.py):
 Receive Maximum, Message Expiry while queued, the client's Maximum Packet Size, Will Delay
-Interval, Subscription Identifier in a client's PUBLISH."""
+Interval, Subscription Identifier in a client's PUBLISH, a resumed window and Receive Maximum."""
 
 from __future__ import annotations
 
@@ -322,3 +322,57 @@ def test_one_message_to_many_5_0_subscribers_each_gets_its_own_publish(srv, uid)
             c.ack(p)
         assert quiet(c)
     assert quiet(limited)
+
+
+def test_a_session_resumed_with_a_smaller_receive_maximum_gets_its_window_in_turn(broker, uid):
+    """MQTT-3.3.4-9: a client back with Receive Maximum 2 has 10 unacknowledged QoS 1
+    messages: 2 are sent again at once (DUP, their packet ids), the others as acknowledgements
+    make room, in order and before a message published since."""
+    b = broker()
+    keep = {R.SESSION_EXPIRY: 300}
+    sub = raw5(b, f"{uid}-s", props=keep)
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = raw5(b, f"{uid}-p")
+    for i in range(10):
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    first = publishes(sub, 10)
+    ids = {p.payload: p.packet_id for p in first}
+    sub.abort()                                   # none acknowledged
+    back = raw5(b, f"{uid}-s", clean_start=False, props={**keep, R.RECEIVE_MAXIMUM: 2})
+    pub.publish(f"{uid}/t", b"new", qos=1)
+    got = [p for p in back.ping() if p.type == R.PUBLISH]
+    assert [(p.payload, p.dup, p.packet_id) for p in got] == [
+        (b"0", True, ids[b"0"]), (b"1", True, ids[b"1"])]
+    while len(got) < 11:
+        assert len(got) < 20
+        back.ack(got[-2])
+        (p,) = publishes(back, 1)
+        got.append(p)
+        # Never more than two unacknowledged.
+        assert quiet(back)
+    assert [p.payload for p in got] == [b"%d" % i for i in range(10)] + [b"new"]
+    assert all(p.dup and p.packet_id == ids[p.payload] for p in got[:10])
+    assert not got[10].dup
+
+
+def test_an_unacknowledged_qos_2_message_is_sent_again_after_its_expiry(broker, uid):
+    """MQTT-3.3.2-5 deletes only copies whose delivery has not started: a QoS 2 PUBLISH sent
+    and not acknowledged goes again, DUP, with its packet id (the client may hold that id),
+    though its Message Expiry Interval has passed meanwhile."""
+    b = broker()
+    keep = {R.SESSION_EXPIRY: 300}
+    sub = raw5(b, f"{uid}-s", props=keep)
+    sub.subscribe(f"{uid}/t", qos=2)
+    pub = raw5(b, f"{uid}-p")
+    pub.publish(f"{uid}/t", b"once", qos=2, props={R.MESSAGE_EXPIRY: 1})
+    (first,) = publishes(sub, 1)
+    sub.abort()                                   # no PUBREC
+    expired = b.stats()["dropped"].get("message_expired", 0)
+    time.sleep(1.2)
+    back = raw5(b, f"{uid}-s", clean_start=False, props=keep)
+    (again,) = publishes(back, 1)
+    assert (again.payload, again.dup, again.packet_id) == (b"once", True, first.packet_id)
+    assert again.properties[R.MESSAGE_EXPIRY] == 1
+    back.ack(again)                               # PUBREC, PUBREL, PUBCOMP
+    assert quiet(back)
+    assert b.stats()["dropped"].get("message_expired", 0) == expired
