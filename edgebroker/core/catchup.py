@@ -135,6 +135,20 @@ class Cursor:
             self.offline[-1][1] = head
 
 
+def needed_from(session, offset: int) -> int:
+    """The oldest log offset ``session`` still needs: ``offset`` (where its cursor reads
+    on), or an older message in its queue or window."""
+    floor = offset
+    for ref, _, _ in session.queue:
+        if ref.offset is not None and ref.offset < floor:
+            floor = ref.offset
+    for entry in session.inflight.values():
+        ref = entry.message
+        if ref.offset is not None and ref.offset < floor:
+            floor = ref.offset
+    return floor
+
+
 class CatchUp:
     """Catching up's part of ``Broker`` (a mixin over the broker's state)."""
 
@@ -153,15 +167,7 @@ class CatchUp:
 
     def fall_behind(self, session, offset: int) -> None:
         """``session`` reads from ``offset`` on from the log, and is no longer routed to."""
-        floor = offset
-        for ref, _, _ in session.queue:
-            if ref.offset is not None and ref.offset < floor:
-                floor = ref.offset
-        for entry in session.inflight.values():
-            ref = entry.message
-            if ref.offset is not None and ref.offset < floor:
-                floor = ref.offset
-        session.cursor = Cursor(offset, floor)
+        session.cursor = Cursor(offset, needed_from(session, offset))
         self.behind.add(session)
         self.stats.sessions_fell_behind += 1
 
@@ -366,7 +372,16 @@ class CatchUp:
                 if session.cursor.offset < oldest:
                     self._skip(session, oldest, f"its cursor was older than max_session_lag_age "
                                                 f"({max_age:g} s)")
-        commit_log.hold_offset = min((s.cursor.floor for s in behind), default=NO_HOLD)
+        hold = NO_HOLD
+        for session in behind:
+            cursor = session.cursor
+            if session.client is not None:
+                # Reading and acknowledging: what it needs moves on. (Offline, it stays
+                # where it was when the session was last seen here online.)
+                cursor.floor = needed_from(session, cursor.unsent())
+            if cursor.floor < hold:
+                hold = cursor.floor
+        commit_log.hold_offset = hold
 
     def lag(self, session) -> dict:
         """How far ``session`` is behind the head of the log (the admin socket, metrics)."""

@@ -231,6 +231,40 @@ def test_retention_forced_under_a_cursor_reports_the_gap_and_delivery_goes_on(br
     assert again.recv_publish().payload == b"live"
 
 
+def test_age_retention_frees_what_a_session_behind_has_read_and_had_acknowledged(broker, uid):
+    """A session that is still behind holds from age retention only what it still needs
+    (its cursor, its window): the segments it has read past and had acknowledged go."""
+    b = broker(log={"segment_bytes": 4096, "segment_ms": 1000, "retention_ms": 1000})
+    log_dir = os.path.join(b.config["data_dir"], "log")
+
+    def segments():
+        return sorted(n for n in os.listdir(log_dir) if n.endswith(".seg"))
+
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    pub = b.client(f"{uid}-p")
+    n = 1000
+    pub.send(b"".join(m.publish(f"{uid}/t", b"%04d" % i + b"." * 100, qos=1,
+                                packet_id=1 + i) for i in range(n)))
+    pub.ping(timeout=20)
+    before = segments()
+    # Back: it reads and acknowledges 900, then stops acknowledging (so it stays behind).
+    again = b.client(f"{uid}-s", clean=False)
+    got = [int(again.recv_publish(timeout=5, ack=True).payload[:4]) for _ in range(900)]
+    assert got == list(range(900))
+    deadline = time.monotonic() + 20
+    while len(segments()) >= len(before) // 2:
+        assert time.monotonic() < deadline, (len(before), segments())
+        time.sleep(0.1)
+    assert b.client_row(f"{uid}-s")["cursor"] is not None       # still behind
+    # What it still needs was kept: the rest comes, once it acknowledges again.
+    rest = []
+    while len(rest) < n - 900:
+        rest.append(int(again.recv_publish(timeout=5, ack=True).payload[:4]))
+    assert rest == list(range(900, n))
+
+
 def test_max_session_lag_age_moves_an_old_cursor_forward(broker, uid):
     b = broker(limits={"max_session_lag_age": 1.0})
     sub = b.client(f"{uid}-s", clean=False)
