@@ -154,7 +154,9 @@ class CatchUp:
 
     def _init_catchup(self) -> None:
         self.behind: set = set()            # sessions with a cursor
-        self._catch_up_again: set = set()   # online ones to go on with in the next pass
+        # Online sessions to go on with in the next pass (behind, or with room made in
+        # their window by Router.record_gone).
+        self._catch_up_again: set = set()
         self._catch_up_timer = Timer(self._on_catch_up)
         self._first_offset = 0              # the log's first offset at the last check
         self.log_queue = self._log_is_queue(self.limits)
@@ -312,7 +314,7 @@ class CatchUp:
     def _on_catch_up(self) -> None:
         sessions, self._catch_up_again = self._catch_up_again, set()
         for session in sessions:
-            if session.client is not None and session.cursor is not None:
+            if session.client is not None:
                 self.pump(session)
 
     def resume_behind(self) -> None:

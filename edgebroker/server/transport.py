@@ -456,7 +456,7 @@ class Transport:
                 raise _Unrecoverable(f"log record {chunk.offset} deleted while being sent")
             self.out.remove(chunk)
             self.out_bytes -= len(chunk)
-            self.loop.broker.stats.publish_lost += 1
+            self.loop.broker.record_gone(self.client, chunk.offset)   # counted, window
             return False
         chunk.fd, chunk.position, chunk.generation = where.fd, where.payload_position, generation
         return True
