@@ -386,12 +386,13 @@ class CatchUp:
         commit_log.hold_offset = hold
 
     def lag(self, session) -> dict:
-        """How far ``session`` is behind the head of the log (the admin socket, metrics)."""
+        """How far ``session`` is behind the head of the log (the admin socket, metrics),
+        from the first record it has not been sent (records read ahead in a run count)."""
         cursor = session.cursor
         if cursor is None or self.journal is None:
             return IN_STEP
-        return {"cursor": cursor.offset, **self.journal.log.lag(cursor.offset,
-                                                                self.journal.wall_ms())}
+        unsent = cursor.unsent()
+        return {"cursor": unsent, **self.journal.log.lag(unsent, self.journal.wall_ms())}
 
 
 __all__ = ["CatchUp", "Cursor", "IN_STEP", "QUEUE_MESSAGES", "QUEUE_BYTES"]
