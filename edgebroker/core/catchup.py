@@ -135,16 +135,17 @@ class Cursor:
             self.offline[-1][1] = head
 
 
-def needed_from(session, offset: int) -> int:
+def needed_from(session, offset: int, first: int) -> int:
     """The oldest log offset ``session`` still needs: ``offset`` (where its cursor reads
-    on), or an older message in its queue or window."""
+    on), or an older message in its queue or window that the log still holds (from
+    ``first``: a retained message queued at SUBSCRIBE may be older than the log)."""
     floor = offset
     for ref, _, _ in session.queue:
-        if ref.offset is not None and ref.offset < floor:
+        if ref.offset is not None and first <= ref.offset < floor:
             floor = ref.offset
     for entry in session.inflight.values():
         ref = entry.message
-        if ref.offset is not None and ref.offset < floor:
+        if ref.offset is not None and first <= ref.offset < floor:
             floor = ref.offset
     return floor
 
@@ -155,7 +156,7 @@ class CatchUp:
     def _init_catchup(self) -> None:
         self.behind: set = set()            # sessions with a cursor
         # Online sessions to go on with in the next pass (behind, or with room made in
-        # their window by Router.record_gone).
+        # their window by Resume.let_go_of_gone).
         self._catch_up_again: set = set()
         self._catch_up_timer = Timer(self._on_catch_up)
         self._first_offset = 0              # the log's first offset at the last check
@@ -169,7 +170,8 @@ class CatchUp:
 
     def fall_behind(self, session, offset: int) -> None:
         """``session`` reads from ``offset`` on from the log, and is no longer routed to."""
-        session.cursor = Cursor(offset, needed_from(session, offset))
+        session.cursor = Cursor(offset, needed_from(session, offset,
+                                                    self.journal.log.first_offset))
         self.behind.add(session)
         self.stats.sessions_fell_behind += 1
 
@@ -312,6 +314,8 @@ class CatchUp:
         return True
 
     def _on_catch_up(self) -> None:
+        if self.records_gone:
+            self.let_go_of_gone()         # (core.resume)
         sessions, self._catch_up_again = self._catch_up_again, set()
         for session in sessions:
             if session.client is not None:
@@ -374,13 +378,16 @@ class CatchUp:
                 if session.cursor.offset < oldest:
                     self._skip(session, oldest, f"its cursor was older than max_session_lag_age "
                                                 f"({max_age:g} s)")
+        # A connected session reads and is acknowledged: what it needs moves on (offline,
+        # it stays where _go_offline left it). Worked out again only for cursors that hold
+        # records age retention would delete, so that it costs nothing most of the time.
+        due = commit_log.offset_at_time(self.journal.wall_ms()
+                                        - commit_log.options.retention_ms)
         hold = NO_HOLD
         for session in behind:
             cursor = session.cursor
-            if session.client is not None:
-                # Reading and acknowledging: what it needs moves on. (Offline, it stays
-                # where it was when the session was last seen here online.)
-                cursor.floor = needed_from(session, cursor.unsent())
+            if cursor.floor < due and session.client is not None:
+                cursor.floor = needed_from(session, cursor.unsent(), first)
             if cursor.floor < hold:
                 hold = cursor.floor
         commit_log.hold_offset = hold

@@ -24,9 +24,7 @@ from edgebroker.core.catchup_run import piece_of
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import logged
 from edgebroker.core.router5 import options5
-from edgebroker.core.session import (
-    AWAIT_ACK, EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored,
-)
+from edgebroker.core.session import EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored
 from edgebroker.mqtt.encode import encode_publish_head
 from edgebroker.mqtt.trie import RetainedTree, SubscriptionTrie
 
@@ -61,8 +59,10 @@ class Router:
         self.queued_bytes = 0
         self._lost_warned = False
         # Sessions resumed with more unacknowledged messages than their window: the packet
-        # ids still to send again (core.resume).
+        # ids still to send again; and (client, log offset) of PUBLISHes whose record went
+        # before they were sent, to let go of in the next pass (core.resume).
         self.resends: dict[Session, deque[int]] = {}
+        self.records_gone: list[tuple] = []
         # QoS 1/2 messages logged but not yet routed: their records are not yet written to
         # the OS (see publish).
         self.unrouted: deque[Message] = deque()
@@ -311,10 +311,11 @@ class Router:
             journal.end_pass()
         where = journal.log.locate(offset) if journal is not None else None
         if where is None:
-            self._count_lost(client, offset)
+            self.count_lost(client, offset)
         return where
 
-    def _count_lost(self, client, offset: int) -> None:
+    def count_lost(self, client, offset: int) -> None:
+        """A message's record is gone when it is to be sent: counted, logged once."""
         self.stats.publish_lost += 1
         if not self._lost_warned:
             self._lost_warned = True
@@ -322,29 +323,6 @@ class Router:
                         "(deleted by retention or damaged); skipped (counted in "
                         "$SYS/broker/publish/messages/lost; logged once)", offset,
                         client.describe())
-
-    def record_gone(self, client, offset: int) -> None:
-        """Its transport dropped a PUBLISH whose log record retention deleted before it went
-        out (server.transport): counted in publish_lost; a QoS 1/2 message frees its place
-        in the window (the client never got it, so its packet id is free), and the session
-        goes on in the next pass."""
-        if client is None:
-            self.stats.publish_lost += 1
-            return
-        self._count_lost(client, offset)
-        session = client.session
-        if session is None:
-            return
-        for pid, entry in session.inflight.items():
-            if entry.state == AWAIT_ACK and entry.message.offset == offset:
-                del session.inflight[pid]
-                session.inflight_bytes -= entry.message.size
-                if entry.qos == 2 and self.exchanges is not None and not session.clean:
-                    self.exchanges.completed(session.client_id, pid)
-                self._catch_up_again.add(session)
-                if not self._catch_up_timer.pending:
-                    self._catch_up_timer.start(self, self.clock())
-                return
 
     def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         """Queue for later: up to a small bound, past which the session reads from the log

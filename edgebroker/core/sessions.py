@@ -23,6 +23,7 @@ from functools import partial
 
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import SESSION_TAKEN_OVER
+from edgebroker.core.catchup import needed_from
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import NEVER_EXPIRES, message_properties
 from edgebroker.mqtt.properties import WILL_DELAY
@@ -215,9 +216,11 @@ class Sessions:
             entry.message = as_stored(entry.message)
         if self.log_queue and session.cursor is None:
             self.fall_behind(session, self.live_offset())
-        if session.cursor is not None:
-            session.cursor.went_offline(self.live_offset())
-        self.resends.pop(session, None)    # sent again when it is back (Router.resume)
+        cursor = session.cursor
+        if cursor is not None:
+            cursor.went_offline(self.live_offset())
+            cursor.floor = needed_from(session, cursor.unsent(), self.journal.log.first_offset)
+        self.resends.pop(session, None)    # sent again when it is back (Resume.resume)
         session.saved = None
         session.offline_at = self.clock()
         self._expire_later(session)

@@ -456,7 +456,8 @@ class Transport:
                 raise _Unrecoverable(f"log record {chunk.offset} deleted while being sent")
             self.out.remove(chunk)
             self.out_bytes -= len(chunk)
-            self.loop.broker.record_gone(self.client, chunk.offset)   # counted, window
+            receiver = self.client                # the core's Client, or a Framing over it
+            self.loop.broker.record_gone(getattr(receiver, "client", receiver), chunk.offset)
             return False
         chunk.fd, chunk.position, chunk.generation = where.fd, where.payload_position, generation
         return True

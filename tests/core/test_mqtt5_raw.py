@@ -324,11 +324,15 @@ def test_one_message_to_many_5_0_subscribers_each_gets_its_own_publish(srv, uid)
     assert quiet(limited)
 
 
-def test_a_session_resumed_with_a_smaller_receive_maximum_gets_its_window_in_turn(broker, uid):
+@pytest.mark.parametrize("limits", [{}, {"max_queued_messages": 100}],
+                         ids=["log-queue", "max_queued"])
+def test_a_session_resumed_with_a_smaller_receive_maximum_gets_its_window_in_turn(broker, uid,
+                                                                                   limits):
     """MQTT-3.3.4-9: a client back with Receive Maximum 2 has 10 unacknowledged QoS 1
     messages: 2 are sent again at once (DUP, their packet ids), the others as acknowledgements
-    make room, in order and before a message published since."""
-    b = broker()
+    make room, in order and before a message published since; with the log as the queue, and
+    with max_queued_messages set (no cursor), where nothing newer comes to move it on."""
+    b = broker(limits=limits)
     keep = {R.SESSION_EXPIRY: 300}
     sub = raw5(b, f"{uid}-s", props=keep)
     sub.subscribe(f"{uid}/t", qos=1)
@@ -339,20 +343,22 @@ def test_a_session_resumed_with_a_smaller_receive_maximum_gets_its_window_in_tur
     ids = {p.payload: p.packet_id for p in first}
     sub.abort()                                   # none acknowledged
     back = raw5(b, f"{uid}-s", clean_start=False, props={**keep, R.RECEIVE_MAXIMUM: 2})
-    pub.publish(f"{uid}/t", b"new", qos=1)
+    newer = [] if limits else [b"new"]
+    for payload in newer:
+        pub.publish(f"{uid}/t", payload, qos=1)
     got = [p for p in back.ping() if p.type == R.PUBLISH]
     assert [(p.payload, p.dup, p.packet_id) for p in got] == [
         (b"0", True, ids[b"0"]), (b"1", True, ids[b"1"])]
-    while len(got) < 11:
+    while len(got) < 10 + len(newer):
         assert len(got) < 20
         back.ack(got[-2])
         (p,) = publishes(back, 1)
         got.append(p)
         # Never more than two unacknowledged.
         assert quiet(back)
-    assert [p.payload for p in got] == [b"%d" % i for i in range(10)] + [b"new"]
+    assert [p.payload for p in got] == [b"%d" % i for i in range(10)] + newer
     assert all(p.dup and p.packet_id == ids[p.payload] for p in got[:10])
-    assert not got[10].dup
+    assert not any(p.dup for p in got[10:])
 
 
 def test_an_unacknowledged_qos_2_message_is_sent_again_after_its_expiry(broker, uid):

@@ -1,6 +1,7 @@
-"""Fixtures and helpers of the TLS tests (test_tls.py, test_tls_delivery.py): ``pki``, a fresh
-set of certificates, and ``tlssrv``, a broker with a plain and three TLS listeners (each test
-module that uses them gets its own); ``tls_client`` connects to one of its listeners."""
+"""Fixtures and helpers of the TLS tests (test_tls.py, test_tls_delivery.py; ``pki`` also of
+test_websocket_clients.py): ``pki``, a fresh set of certificates, and ``tlssrv``, a broker with
+a plain and three TLS listeners (each test module that uses them gets its own);
+``tls_client`` connects to one of its listeners."""
 
 import ssl
 

@@ -21,7 +21,7 @@ def on_puback(client, p) -> None:
             raise _wrong_ack(p, entry)
         del session.inflight[p.packet_id]
         session.inflight_bytes -= entry.message.size
-        if session.queue or session.cursor is not None or session.shared:
+        if _more(client, session):
             client.broker.pump(session)
 
 
@@ -41,8 +41,15 @@ def on_pubacks(client, pids) -> None:
                 freed += entry.message.size
     finally:
         session.inflight_bytes -= freed
-    if session.queue or session.cursor is not None or session.shared:
+    if _more(client, session):
         client.broker.pump(session)
+
+
+def _more(client, session) -> bool:
+    """Whether a place freed in the window lets more go out: a queue, the log (a cursor),
+    shared subscriptions' backlogs, or the rest of a resumed window (core.resume)."""
+    return bool(session.queue or session.cursor is not None or session.shared
+                or session in client.broker.resends)
 
 
 def _wrong_ack(p, entry) -> ProtocolError:
@@ -112,7 +119,7 @@ def _complete(client, session, pid: int, entry) -> None:
     del session.inflight[pid]
     _journal(client, "completed", pid)
     session.inflight_bytes -= entry.message.size
-    if session.queue or session.cursor is not None or session.shared:
+    if _more(client, session):
         client.broker.pump(session)
 
 
