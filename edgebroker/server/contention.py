@@ -21,8 +21,6 @@ log = logging.getLogger("edgebroker.loop")
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
 CHECK_SECONDS = 0.2   # how often the loop looks
-FIRST_SECONDS = 0.05  # ... at first, when a catch-up begins after an idle period
-FIRST_PERIODS = 2     # ... for this many periods
 ENTER = 0.10          # waited this share of the time it wanted a CPU (run + wait): contended
 LEAVE = 0.05          # ... below this share again: not contended
 MIN_DEMAND = 0.01     # the loop wanted a CPU at least this share of the period for it to count
@@ -32,11 +30,11 @@ class CpuContention:
     """``contended``: the loop waited for a CPU for ``ENTER`` of its time or more in the last
     period (and not below ``LEAVE`` since). Checked at most every ``CHECK_SECONDS`` by
     ``check``, on the loop's own thread (the file names the thread that opens it). A period
-    in which the loop hardly wanted a CPU ends contention (and makes it ``idle``). Without the
-    file (a kernel without scheduler statistics) it never says contended."""
+    in which the loop hardly wanted a CPU ends contention. Without the file (a kernel without
+    scheduler statistics) it never says contended."""
 
     __slots__ = ("path", "fd", "contended", "episodes", "wait_share", "next_check", "_last",
-                 "seconds", "idle", "first")
+                 "seconds")
 
     def __init__(self, path: str = SCHEDSTAT):
         self.path = path
@@ -47,28 +45,11 @@ class CpuContention:
         self.wait_share = 0.0     # the last period's share of waiting
         self.next_check = 0.0
         self._last: tuple[float, int, int] | None = None   # (clock, run ns, wait ns)
-        self.idle = True          # no period with enough demand since the last idle one
-        self.first = 0            # periods left of FIRST_SECONDS (see begin)
-
-    def begin(self, now: float) -> None:
-        """A session begins catching up (the loop calls this while ``idle``): its first
-        ``FIRST_PERIODS`` periods last ``FIRST_SECONDS``. So a drain on a busy machine is
-        gated after 50 ms, not after up to two whole periods of which the first was mostly
-        idle time. And the wait a drain often begins with on an idle machine, while the
-        scheduler still has broker and subscriber on one CPU, ends the gate 50 ms later."""
-        self.idle = False
-        figures = self._read()
-        if figures is not None:
-            self._last = (now, *figures)
-            self.next_check = now + FIRST_SECONDS
-            self.first = FIRST_PERIODS
 
     def check(self, now: float) -> bool:
         """Read the thread's figures (the loop calls this when ``now`` reaches
         ``next_check``): True when ``contended`` changed."""
-        if self.first:
-            self.first -= 1
-        self.next_check = now + (FIRST_SECONDS if self.first else CHECK_SECONDS)
+        self.next_check = now + CHECK_SECONDS
         figures = self._read()
         if figures is None:
             return False
@@ -81,9 +62,7 @@ class CpuContention:
         wanted = ran + waited
         if wanted < MIN_DEMAND * period * 1e9:
             # Too idle a period to tell: an idle loop is not kept from anything.
-            self.idle = True
             return self._leave("the core thread is idle")
-        self.idle = False
         if self.contended:
             self.seconds += period
         self.wait_share = share = waited / wanted

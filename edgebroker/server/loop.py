@@ -6,8 +6,8 @@ number of connections per listener → read each readable socket once into a
 shared buffer and hand the bytes to the core → run due timers → flush every
 connection written to in this pass with one ``sendmsg`` each (a catching-up
 session's first pieces may have gone earlier, ``Transport.send_now``) → act on
-signal flags; every 0.2 s (50 ms as a catch-up begins), look at the loop thread's
-wait for a CPU, which stops the busy poll and the early pieces while it is long
+signal flags; every 0.2 s, look at the loop thread's wait for a CPU, which
+stops the busy poll and the early pieces while it is long
 (server/contention.py). Signal handlers only set flags; ``signal.set_wakeup_fd`` and a
 socketpair wake the loop (other threads write one byte to the same pair).
 The duration of each pass (events, timers and flushing; not the wait) goes
@@ -268,8 +268,6 @@ class Loop:
                     # A session catching up waits for acknowledgements: look for them a
                     # little before sleeping (BusyPoll).
                     broker.awaiting_acks = None
-                    if contention.idle:
-                        contention.begin(clock())
                     ready = self.busy_poll.poll(dispatch, on_error, clock, due, awaited)
                 if not ready:
                     ready = dispatch(min(MAX_WAIT, max(0.0, min(due, next_notify) - clock())),

@@ -157,8 +157,8 @@ METRICS = (
     ("edgebroker_loop_cpu_contended_seconds_total", "counter", "Time the core thread was "
      "CPU-contended.", _loop("cpu_contended_seconds")),
     ("edgebroker_loop_cpu_wait_ratio", "gauge", "Share of the time the core thread wanted a "
-     "CPU that it waited for one, over the last check's period (0.2 s; 50 ms as a catch-up "
-     "begins) in which it was busy enough to tell.", _loop("cpu_wait_share")),
+     "CPU that it waited for one, over the last check's period (0.2 s or more) in which it "
+     "was busy enough to tell.", _loop("cpu_wait_share")),
 )
 
 # With [upload] url: (name, type, help, key of snapshot["upload"]).

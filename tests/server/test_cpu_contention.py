@@ -86,39 +86,6 @@ def test_it_enters_at_a_tenth_of_waiting_and_leaves_below_a_twentieth(figures, c
     assert periods(c, figures, 101.2, (idle, idle)) == [False]
 
 
-def test_a_catch_up_after_an_idle_period_is_checked_after_its_first_50_ms(figures, caplog):
-    """After an idle period the next whole period would be mostly idle time: a catch-up that
-    begins then is measured on its own, in FIRST_PERIODS periods of FIRST_SECONDS."""
-    c = CpuContention(str(figures.path))
-    assert c.idle                                      # nothing measured yet
-    idle = C.MIN_DEMAND * C.CHECK_SECONDS * 1000 / 4
-    c.check(10.0)
-    periods(c, figures, 10.0, (idle, idle))
-    assert c.idle and not c.contended
-    # A catch-up begins 0.01 s into the next period; its first 50 ms wait 40 %.
-    c.begin(10.21)
-    assert not c.idle and c.next_check == pytest.approx(10.21 + C.FIRST_SECONDS)
-    figures.add(30, 20)
-    with caplog.at_level("INFO", logger="edgebroker.loop"):
-        assert c.check(10.26) is True and c.contended
-    assert c.wait_share == pytest.approx(0.4) and c.episodes == 1
-    assert "40% of the time" in caplog.records[0].getMessage()
-    # A wait that passes (the scheduler spreading broker and subscriber over the CPUs)
-    # ends it 50 ms later ...
-    assert c.next_check == pytest.approx(10.26 + C.FIRST_SECONDS)
-    figures.add(49, 1)
-    assert c.check(10.31) is True and not c.contended
-    assert c.seconds == pytest.approx(C.FIRST_SECONDS)
-    # ... and from there on the periods are whole again.
-    assert c.next_check == pytest.approx(10.31 + C.CHECK_SECONDS)
-    periods(c, figures, 10.31, (99, 1))
-    assert not c.idle and not c.contended
-    # Without the kernel's figures it is only no longer idle.
-    blind = CpuContention(path="")
-    blind.begin(1.0)
-    assert not blind.idle and blind.next_check == 0.0 and not blind.contended
-
-
 def test_without_the_kernel_figures_it_never_says_contended(tmp_path):
     missing = CpuContention(str(tmp_path / "none"))
     garbage = tmp_path / "garbage"
