@@ -275,6 +275,12 @@ class S3Sink:
         r = self._request("HEAD", name, {}, {}, EMPTY_SHA256)
         if r.status == 404:
             return False
+        if r.status == 403:
+            raise PermanentSinkError(
+                f"{self.name}: HEAD {name}: 403 {r.code() or 'Forbidden'}: the key may not read "
+                f"objects, so a batch sent again (after a crash, or a reply lost) cannot be "
+                f"recognised as the one already stored: grant s3:GetObject on the prefix as well "
+                f"as s3:PutObject (docs/upload.md)")
         if r.status != 200:
             raise self._error("HEAD", name, r)
         if self._records and r.headers.get(RECORDS_META) == self._records:

@@ -113,19 +113,25 @@ def _fresh(s: Store):
     s.stop()
 
 
+def iam_user(store, name: str, action: str) -> tuple[str, str]:
+    """An IAM user of moto's allowed ``action`` on everything: (access key id, secret)."""
+    iam = boto3.client("iam", endpoint_url=store.url, region_name="us-east-1",
+                       aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+    iam.create_user(UserName=name)
+    iam.put_user_policy(UserName=name, PolicyName="landing", PolicyDocument=json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": action, "Resource": "*"}]}))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
 @pytest.fixture
 def iam_key(store):
     """Moto checking signatures and permissions (in this process, where its server runs): an
     IAM user allowed s3:*, its (access key id, secret)."""
-    iam = boto3.client("iam", endpoint_url=store.url, region_name="us-east-1",
-                       aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
-    iam.create_user(UserName="gateway")
-    iam.put_user_policy(UserName="gateway", PolicyName="landing", PolicyDocument=json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName="gateway")["AccessKey"]
+    key = iam_user(store, "gateway", "s3:*")
     with enable_iam_authentication():
-        yield key["AccessKeyId"], key["SecretAccessKey"]
+        yield key
 
 
 def s3_config(store, bucket=BUCKET, **kw) -> dict:
@@ -243,6 +249,26 @@ def test_conditional_put_412_same_bytes_or_records_is_success_other_bytes_refuse
     head = store.s3.head_object(Bucket=BUCKET, Key=f"{PREFIX}/k/one.ebb.zst")
     assert head["ETag"].strip('"') == hashlib.md5(batch.read_bytes()).hexdigest()
     sink.close()
+
+
+def test_a_key_that_may_only_put_gets_a_clear_alarm_on_a_batch_sent_again(store, tmp_path):
+    """A key with s3:PutObject alone: the first put lands; the same batch sent again (after
+    a crash between put and mark) gets 412, and the HEAD that would recognise it gets 403:
+    a permanent error that says which permission is missing."""
+    key_id, secret = iam_user(store, "writer", "s3:PutObject")
+    config = {**s3_config(store), "access_key_id": key_id, "secret_access_key": secret}
+    del config["gateway_id"]
+    batch = tmp_path / "b"
+    batch.write_bytes(os.urandom(3000))
+    with enable_iam_authentication():
+        sink = Counting(f"s3://{BUCKET}/{PREFIX}", UploadConfig(**config))
+        sink.put("k/one.ebb.zst", str(batch), 3000, lambda n: None, "0-9-900-0badf00d")
+        with pytest.raises(PermanentSinkError, match="grant s3:GetObject") as raised:
+            sink.put("k/one.ebb.zst", str(batch), 3000, lambda n: None, "0-9-900-0badf00d")
+        sink.close()
+    assert sink.calls == [("PUT", (), 200), ("PUT", (), 412), ("HEAD", (), 403)]
+    assert f"HEAD {PREFIX}/k/one.ebb.zst: 403 Forbidden" in str(raised.value)
+    assert store.objects()[f"{PREFIX}/k/one.ebb.zst"] == batch.read_bytes()
 
 
 def test_multipart_above_multipart_bytes(store, iam_key, tmp_path):
