@@ -156,6 +156,14 @@ def bridge_problems(bridge: BridgeConfig, given: dict, name: str) -> list[str]:
         problems.append(f"{name}.topic: required (at least one topic rule)")
     problems += [f"{name}.topic[{j}].pattern: required" for j, rule in enumerate(bridge.topic)
                  if not rule.pattern]
+    for j, rule in enumerate(bridge.topic):
+        for key, prefix, joined in (("local_prefix", rule.local_prefix, rule.local_filter),
+                                    ("remote_prefix", rule.remote_prefix, rule.remote_filter)):
+            problem = _check_filter(joined) if prefix and rule.pattern else None
+            if problem:
+                problems.append(f"{name}.topic[{j}].{key}: {prefix!r} before the pattern "
+                                f"{rule.pattern!r} makes the filter {joined!r}, where {problem} "
+                                f"(end the prefix with '/')")
     if not bridge.cafile:
         problems += [f"{name}.{key}: needs cafile (TLS settings apply only to a TLS link)"
                      for key in _TLS_ONLY if key in given]

@@ -123,20 +123,20 @@ class Bridge(Refusals, Pumping):
             log.info("bridge %s: %s: it forwards from the head of the log (offset %d)",
                      self.name, "its checkpoint was damaged" if self.checkpoint_damaged
                      else "no checkpoint", head)
-            try:
-                checkpoint.write(self.path, self.name, head, head)
-            except OSError as exc:
-                self.writer.count_failure(self.path, self.name, exc)
+            self._write_start(head)
         cursor, sent = saved
         head = commit_log.next_offset
         if cursor > head:
             # The log came back shorter than the checkpoint (a power cut took its tail, or it
-            # was replaced): new records get those offsets again and must be forwarded.
+            # was replaced): new records get those offsets again and must be forwarded. The
+            # file says so at once: else a crash after the log grew past the old cursor
+            # would go on from there, past records never forwarded.
             self.checkpoint_ahead += 1
             log.warning("bridge %s: its checkpoint (offset %d) is past the end of the log "
                         "(next offset %d): the log lost its tail (a power cut?); it goes on "
                         "from %d (counted in checkpoint_ahead)", self.name, cursor, head, head)
             cursor = head
+            self._write_start(head)
         sent = max(cursor, min(sent, head))
         self.writer.on_disk[self.path] = cursor
         self.outbound = Outbound(self.name, commit_log, self.rules,
@@ -149,6 +149,13 @@ class Bridge(Refusals, Pumping):
                  self.config.address, self.client_id, cursor, max(0, sent - cursor))
         self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
         self._connect()
+
+    def _write_start(self, cursor: int) -> None:
+        """The checkpoint the bridge starts from, written before it goes on."""
+        try:
+            checkpoint.write(self.path, self.name, cursor, cursor)
+        except OSError as exc:
+            self.writer.count_failure(self.path, self.name, exc)
 
     def stop(self) -> tuple:
         """At shutdown: DISCONNECT, close; returns the final checkpoint (path, name, cursor,

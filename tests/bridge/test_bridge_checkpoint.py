@@ -79,6 +79,27 @@ def test_a_checkpoint_past_the_end_of_the_log_goes_back_to_it(tmp_path, caplog):
     log.close()
 
 
+def test_a_checkpoint_moved_back_to_the_end_of_the_log_is_written_at_once(tmp_path):
+    """Nothing is acknowledged upstream (the link is down) while the log grows past the old
+    checkpoint: a restart then goes on from where the log ended at the start, not from the
+    old checkpoint, past records never forwarded."""
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 5)
+    log.sync()
+    bridge = _bridge(tmp_path, log)
+    checkpoint.write(bridge.path, "up", 50, 50)
+    bridge.start()
+    assert json.loads(Path(bridge.path).read_text())["cursor"] == 5
+    for _ in range(60):
+        log.append(1_700_000_000_000, 1, False, b"dev", b"a/x", b"new")
+    log.write_pending()
+    log.sync()
+    bridge._on_checkpoint()
+    again = _bridge(tmp_path, log)                  # a crash, and a restart
+    again.start()
+    assert again.outbound.cursor == 5 and again.checkpoint_ahead == 0
+    log.close()
+
+
 def test_a_broker_whose_checkpoint_is_past_its_log_forwards_new_messages(broker):
     remote = FakeRemote()
     try:

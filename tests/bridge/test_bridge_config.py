@@ -49,6 +49,12 @@ def test_a_bridge_table(tmp_path):
      "bridge[0].topic[0].pattern: required"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a", remote_prefix = "+/"}]',
      "bridge[0].topic[0].remote_prefix: must not contain the wildcards"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "#", local_prefix = "dev"}]',
+     "bridge[0].topic[0].local_prefix: 'dev' before the pattern '#' makes the filter 'dev#', "
+     "where '#' must be a whole level and the last one (end the prefix with '/')"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "+/t", remote_prefix = "s"}]',
+     "bridge[0].topic[0].remote_prefix: 's' before the pattern '+/t' makes the filter 's+/t', "
+     "where '+' must be a whole level"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = "a/# out"',
      "bridge[0].topic: expected topic rules: a list of tables"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a", qoss = 1}]',
