@@ -319,9 +319,10 @@ class Bridge(Refusals, Pumping):
             if (kind is Disconnected and event.reason_code == PACKET_TOO_LARGE
                     and event.reason.startswith("the server broke")):   # not its DISCONNECT
                 self.inbound.too_large(event.reason)
-            if self.link is not None:
-                self.link.send(self.conn.data_to_send())   # a protocol error's DISCONNECT
-                self.link.close(reason)
+            link = self.link     # (a send that fails closes it, and self.link is None then)
+            if link is not None:
+                link.send(self.conn.data_to_send())   # a protocol error's DISCONNECT
+                link.close(reason)
             return True
         return False
 
