@@ -411,16 +411,21 @@ class Bridge(Refusals, Pumping):
                    else journal.log.written_offset)
         cursor = min(outbound.cursor, durable)
         sent = max(cursor, min(outbound.sent_to, durable))
-        if cursor != outbound.saved or sent > outbound.resend_until:
+        # (A write that failed left the file behind what was handed to the writer: again.)
+        if (cursor != outbound.saved or sent > outbound.resend_until
+                or self.writer.on_disk.get(self.path) != outbound.saved):
             self.writer.submit(self.path, self.name, cursor, sent)
             outbound.saved = cursor
             outbound.resend_until = max(outbound.resend_until, sent)
 
     def hold(self) -> int:
         """The core's periodic check: a gap retention made is counted; the offset below which
-        the log may delete segments for age without losing what this bridge still needs."""
+        the log may delete segments for age without losing what this bridge still needs
+        (from the checkpoint on disk, which a crash goes back to, where a write failed)."""
         self.outbound.check_gap()
-        return self.outbound.hold()
+        hold = self.outbound.hold()
+        on_disk = self.writer.on_disk.get(self.path, hold)
+        return on_disk if on_disk < hold else hold
 
     def figures(self, wall_ms: int) -> dict:
         ob = self.outbound

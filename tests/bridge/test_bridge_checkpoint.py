@@ -187,3 +187,30 @@ def test_a_first_checkpoint_that_cannot_be_written_is_counted_and_the_bridge_sta
     assert "bridge up: no checkpoint: it forwards from the head" in caplog.text
     assert "bridge up: cannot write its checkpoint" in caplog.text
     log.close()
+
+
+def test_a_checkpoint_write_that_failed_is_tried_again_and_holds_the_log_meanwhile(tmp_path):
+    """The file stays at 0 while writes of cursor 5 fail: age retention may delete only
+    below 0 (a crash goes back there), and the next checkpoint tick tries again."""
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 5)
+    log.sync()
+    bridge = _bridge(tmp_path, log)
+    checkpoint.write(bridge.path, "up", 0, 0)
+    bridge.start()
+    ob = bridge.outbound
+    ob.read()
+    while ob.take() is not None:
+        pass
+    for offset in range(5):
+        ob.acked(offset)
+    bridge._on_checkpoint()
+    assert _submitted(bridge) == (5, 5)       # handed to the writer, whose write fails:
+    assert bridge.writer.on_disk[bridge.path] == 0
+    assert bridge.hold() == 0
+    bridge._on_checkpoint()
+    assert _submitted(bridge) == (5, 5)       # again
+    bridge.writer.on_disk[bridge.path] = 5    # written
+    assert bridge.hold() == 5
+    bridge._on_checkpoint()
+    assert _submitted(bridge) is None
+    log.close()
