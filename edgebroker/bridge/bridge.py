@@ -424,8 +424,7 @@ class Bridge(Refusals, Pumping):
         (from the checkpoint on disk, which a crash goes back to, where a write failed)."""
         self.outbound.check_gap()
         hold = self.outbound.hold()
-        on_disk = self.writer.on_disk.get(self.path, hold)
-        return on_disk if on_disk < hold else hold
+        return min(hold, self.writer.on_disk.get(self.path, hold))
 
     def figures(self, wall_ms: int) -> dict:
         ob = self.outbound

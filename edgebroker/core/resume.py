@@ -95,10 +95,9 @@ class Resume:
         """A transport dropped a PUBLISH it was to send from the log, whose record retention
         deleted meanwhile (server.transport): counted and logged; its place in the window is
         let go of in the next pass (not in the middle of this one's sends)."""
-        if receiver is None:
-            self.stats.publish_lost += 1
-            return
         self.count_lost(receiver, offset)
+        if receiver is None:
+            return
         self.records_gone.append((receiver, offset))
         if not self._catch_up_timer.pending:
             self._catch_up_timer.start(self, self.clock())

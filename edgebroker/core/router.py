@@ -315,14 +315,15 @@ class Router:
         return where
 
     def count_lost(self, client, offset: int) -> None:
-        """A message's record is gone when it is to be sent: counted, logged once."""
+        """A message's record is gone when it is to be sent: counted, logged once
+        (``client`` None: its connection closed meanwhile)."""
         self.stats.publish_lost += 1
         if not self._lost_warned:
             self._lost_warned = True
             log.warning("queued message at log offset %d for %s is no longer in the log "
                         "(deleted by retention or damaged); skipped (counted in "
                         "$SYS/broker/publish/messages/lost; logged once)", offset,
-                        client.describe())
+                        client.describe() if client is not None else "a closed connection")
 
     def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         """Queue for later: up to a small bound, past which the session reads from the log
