@@ -126,9 +126,12 @@ def delete_segment(self, seg: Segment, forced: bool, reason: str) -> None:
     seg.close()
     self.counters.segments_deleted += 1
     if forced:
+        # the records at or past the uploaded mark (the segment may hold the mark)
+        lost = min(seg.count, max(0, seg.next_offset - self._uploaded))
         self.counters.forced_deletions += 1
-        self.counters.forced_deleted_records += seg.count
-        log.warning("deleted segment %s (%s) before it was uploaded: %s", seg.path, span, reason)
+        self.counters.forced_deleted_records += lost
+        log.warning("deleted segment %s (%s) before it was uploaded: %s; %d of its records "
+                    "were not uploaded", seg.path, span, reason, lost)
     else:
         log.info("deleted segment %s (%s): %s", seg.path, span, reason)
 

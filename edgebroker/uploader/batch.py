@@ -86,6 +86,7 @@ def write_batch(out: BinaryIO, header: BatchHeader, chunks: Iterable[bytes]) -> 
     all) to ``out`` as one zstd frame; the number of compressed bytes written."""
     head = header.encode()
     total = len(head) + header.raw_length
+    start = out.tell()
     writer = _compressor().stream_writer(out, size=total, closefd=False)
     writer.write(head)
     given = 0
@@ -94,10 +95,10 @@ def write_batch(out: BinaryIO, header: BatchHeader, chunks: Iterable[bytes]) -> 
         writer.write(chunk)
     if given != header.raw_length:
         raise ValueError(f"the header says {header.raw_length} raw bytes, {given} were given")
-    writer.flush(zstandard.FLUSH_FRAME)
-    written = writer.tell()
+    # close() ends the frame; flush(FLUSH_FRAME) before it would make close() add a second,
+    # empty frame after it.
     writer.close()
-    return written
+    return out.tell() - start
 
 
 def _read_exactly(reader, n: int, path: str, what: str) -> bytes:

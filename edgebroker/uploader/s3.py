@@ -221,7 +221,7 @@ class S3Sink:
                           {"Content-Type": "application/zstd", **self._meta(sha)}, EMPTY_SHA256)
         if r.status != 200:
             raise self._error("CreateMultipartUpload", name, r)
-        upload_id = _text(r.body, "UploadId")
+        upload_id = _text(r.body, "UploadId", f"{self.name}: CreateMultipartUpload {name}")
         try:
             etags = []
             part_size = self.multipart_bytes
@@ -391,12 +391,18 @@ def _digests(path: str, length: int, offset: int = 0) -> tuple[str, bytes]:
     return sha.hexdigest(), md5.digest()
 
 
-def _text(body: bytes, tag: str) -> str:
-    root = ElementTree.fromstring(body)
+def _text(body: bytes, tag: str, what: str) -> str:
+    """The text of the first ``tag`` element of an XML answer; TransientSinkError naming
+    ``what`` (the request) when there is none or the answer is not XML."""
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError:
+        raise TransientSinkError(f"{what}: the store's answer is not XML: {body[:80]!r}"
+                                 ) from None
     for el in root.iter():
         if el.tag == tag or el.tag.endswith("}" + tag):
             return el.text or ""
-    raise TransientSinkError(f"no {tag} in the store's answer")
+    raise TransientSinkError(f"{what}: no {tag} in the store's answer")
 
 
 def _describe(exc: BaseException) -> str:

@@ -40,7 +40,8 @@ from edgebroker.rates import TokenBucket
 from edgebroker.upload_config import check_upload_url
 from edgebroker.errors import ConfigError
 from edgebroker.uploader import cutter
-from edgebroker.uploader.batch import check_gateway_id
+from edgebroker.uploader.batch import (BatchFormatError, BatchHeader, check_gateway_id,
+                                       read_batch_file)
 from edgebroker.uploader.sinks import DirSink, PermanentSinkError, SinkError, TransientSinkError
 
 log = logging.getLogger("edgebroker.upload")
@@ -289,6 +290,10 @@ class Uploader:
         intent = self.intent
         if intent is not None and intent.last < mark:
             intent = self.intent = None   # shipped, and the mark says so
+        if intent is not None and self.log.first_offset > intent.first:
+            if self._ship_spool(intent):
+                return True
+            intent = None
         start = mark
         while True:
             src = self.log.upload_source(start)
@@ -324,19 +329,47 @@ class Uploader:
             log.warning("offsets %d..%d were never uploaded (deleted by retention_bytes before "
                         "upload, or damaged); the batch %s reports the gap", gap[0],
                         gap[0] + gap[1] - 1, key)
+        self._ship_and_mark(key, size, header)
+        return True
+
+    def _ship_and_mark(self, key: str, size: int, header: BatchHeader) -> None:
         self._ship(key, size, f"{header.first_offset}-{header.last_offset}-{header.raw_length}-"
                               f"{header.raw_crc32c:08x}")
-        self.log.mark_uploaded(batch.last + 1)
+        self.log.mark_uploaded(header.last_offset + 1)
         with self._lock:
             self.batches += 1
-            self.records += batch.count
-            self.bytes_raw += batch.raw_length
+            self.records += header.record_count
+            self.bytes_raw += header.raw_length
             self.bytes_shipped += size
-            self.gap_offsets += gap[1]
-            self.shipped_max_ts = max(self.shipped_max_ts, batch.max_ts)
+            self.gap_offsets += header.gap_length
+            self.shipped_max_ts = max(self.shipped_max_ts, header.max_timestamp_ms)
             self.last_success_time = time.time()
-        log.debug("shipped %s: %d records, %d bytes (%d raw)", key, batch.count, size,
-                  batch.raw_length)
+        log.debug("shipped %s: %d records, %d bytes (%d raw)", key, header.record_count, size,
+                  header.raw_length)
+
+    def _ship_spool(self, intent: Intent) -> bool:
+        """The log no longer holds the intent's records: ``retention_bytes`` deleted them while
+        the broker was down between a put and its mark. Ship the batch file built for them
+        again when it is whole (the store may hold it already), rather than report records
+        that may be stored as a gap; False when it is not whole (then the put never began)."""
+        self.intent = None
+        try:
+            header, _ = read_batch_file(self.spool)
+        except BatchFormatError as exc:
+            log.warning("the log no longer holds offsets %d..%d of the intent file, and their "
+                        "batch file is not whole (%s): they count as a gap", intent.first,
+                        intent.last, exc)
+            return False
+        if ((header.first_offset, header.last_offset, header.gateway_id)
+                != (intent.first, intent.last, self.gateway_id)):
+            log.warning("the log no longer holds offsets %d..%d of the intent file, and the "
+                        "batch file holds %d..%d: they count as a gap", intent.first,
+                        intent.last, header.first_offset, header.last_offset)
+            return False
+        log.info("the log no longer holds offsets %d..%d of the intent file (deleted by "
+                 "retention_bytes); shipping their batch file %s again", intent.first,
+                 intent.last, intent.key)
+        self._ship_and_mark(intent.key, os.path.getsize(self.spool), header)
         return True
 
     def _damaged(self, damage) -> None:

@@ -482,6 +482,23 @@ def test_retention_by_age_waits_for_the_newest_record(tmp_path):
     log.close()
 
 
+def test_a_forced_deletion_counts_only_the_records_not_uploaded(tmp_path):
+    """The uploaded mark in the middle of the first segment: a deletion by retention_bytes
+    counts the records from the mark on as lost to the upload, not the whole segment."""
+    log = open_log(tmp_path / "log", segment_bytes=4096, retention_bytes=1 << 30)
+    append_n(log, 600)
+    log.write_pending()
+    first = log.segments()[0]
+    mark = first.base_offset + first.records // 2
+    log.mark_uploaded(mark)
+    log.close()
+    log = open_log(tmp_path / "log", segment_bytes=4096, retention_bytes=12288)
+    log.housekeeping()
+    assert log.counters.forced_deletions >= 1
+    assert log.counters.forced_deleted_records == log.first_offset - mark
+    log.close()
+
+
 def test_retention_bytes_forces_deletion_counted_and_logged(tmp_path, caplog):
     log = open_log(tmp_path / "log", segment_bytes=4096, retention_bytes=12288)
     with caplog.at_level("WARNING", logger="edgebroker.commitlog"):

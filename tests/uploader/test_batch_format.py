@@ -15,11 +15,12 @@ import zstandard
 from edgebroker import _native
 from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, check_gateway_id, object_name, read_batch_file,
+    write_batch,
 )
 
 from edgebroker.mqtt.properties import decode_body
 
-from .golden.make_golden import BATCHES, GATEWAY, properties, record, write
+from .golden.make_golden import BATCHES, GATEWAY, properties, record, record_bytes, write
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
@@ -28,6 +29,25 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 def test_writer_reproduces_the_golden_batch_byte_for_byte(tmp_path, name):
     write(name, tmp_path / name)
     assert (tmp_path / name).read_bytes() == (GOLDEN / name).read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(BATCHES))
+def test_a_batch_file_is_one_frame_of_the_size_the_writer_returns(tmp_path, name):
+    """Nothing after the frame (an empty second frame once followed it in the batch file,
+    though the put sent only the size returned)."""
+    offsets, gap_first, gap_length, version = BATCHES[name]
+    raw = b"".join(record_bytes(i, version) for i in offsets)
+    header = BatchHeader(GATEWAY, offsets[0], offsets[-1], len(offsets), 0, 0, len(raw),
+                         _native.crc32c(raw), gap_first, gap_length, version)
+    path = tmp_path / name
+    with open(path, "wb") as fh:
+        fh.write(b"before")                      # the size counts from where the frame starts
+        size = write_batch(fh, header, [raw[:3], raw[3:]])
+    data = path.read_bytes()[len(b"before"):]
+    assert size == len(data)
+    d = zstandard.ZstdDecompressor().decompressobj()
+    assert len(d.decompress(data)) == len(header.encode()) + len(raw)
+    assert d.eof and d.unused_data == b""
 
 
 @pytest.mark.parametrize("name", sorted(BATCHES))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import http.server
 import json
 import os
 import random
@@ -18,6 +19,7 @@ import pty
 import signal
 import ssl
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -269,6 +271,48 @@ def test_a_key_that_may_only_put_gets_a_clear_alarm_on_a_batch_sent_again(store,
     assert sink.calls == [("PUT", (), 200), ("PUT", (), 412), ("HEAD", (), 403)]
     assert f"HEAD {PREFIX}/k/one.ebb.zst: 403 Forbidden" in str(raised.value)
     assert store.objects()[f"{PREFIX}/k/one.ebb.zst"] == batch.read_bytes()
+
+
+def test_an_answer_that_is_not_xml_is_a_transient_error_naming_the_request(tmp_path):
+    """Something in front of the store (a proxy's login page) answers 200 with HTML to
+    CreateMultipartUpload: a transient error that names the request and shows the answer,
+    not a traceback."""
+
+    class NotAStore(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):
+            body = b"<html><body>proxy login</body>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotAStore)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        sink = S3Sink(f"s3://{BUCKET}/{PREFIX}", UploadConfig(
+            url=f"s3://{BUCKET}/{PREFIX}", endpoint_url=url, region="us-east-1",
+            access_key_id=KEY_ID, secret_access_key=SECRET, multipart_bytes=5 << 20))
+        batch = tmp_path / "big"
+        batch.write_bytes(bytes(6 << 20))
+        with pytest.raises(TransientSinkError) as err:
+            sink.put("k/big.ebb.zst", str(batch), 6 << 20, lambda n: None)
+        assert f"CreateMultipartUpload {PREFIX}/k/big.ebb.zst" in str(err.value)
+        assert "not XML" in str(err.value) and "proxy login" in str(err.value)
+        sink.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_multipart_above_multipart_bytes(store, iam_key, tmp_path):

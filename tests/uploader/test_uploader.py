@@ -195,6 +195,46 @@ def test_sigkill_after_the_write_before_the_mark_rewrites_the_same_object(broker
     b.stop()
 
 
+def test_a_batch_stored_before_a_crash_whose_records_retention_deleted_is_not_a_gap(
+        broker, tmp_path):
+    """The object is stored, the mark is not (its temporary name is a folder), SIGKILL. The
+    broker then runs without an uploader and ``retention_bytes`` deletes the batch's segment.
+    With the uploader back, the batch file kept for the intent is shipped again (same name,
+    same bytes) and only the records deleted after it count as a gap."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    data = tmp_path / "data"
+    log_cfg = {"segment_bytes": 4096}
+    cfg = dict(data_dir=str(data), log=log_cfg, upload=upload_config(landing, batch_max_age=1))
+    b = broker(**cfg)
+    (data / "log" / "uploaded.tmp").mkdir()
+    publish(b, 0, 10)
+    wait_until(lambda: list(landing.rglob("*.ebb.zst")), what="the object")
+    (obj,) = landing.rglob("*.ebb.zst")
+    before = obj.read_bytes()
+    assert (data / "upload" / "intent").exists()
+    publish(b, 10, 140)                            # about 20 KB: five segments more
+    b.stop(signal.SIGKILL)
+    (data / "log" / "uploaded.tmp").rmdir()
+    small = {"segment_bytes": 4096, "retention_bytes": 8192}
+    b = broker(data_dir=str(data), log=small)
+    logdir = data / "log"
+    wait_until(lambda: min(int(p.stem) for p in logdir.glob("*.seg")) > 10,
+               what="the batch's segment deleted by retention_bytes")
+    b.stop()
+    first = min(int(p.stem) for p in logdir.glob("*.seg"))
+    b = broker(**{**cfg, "log": small})
+    wait_until(lambda: uploaded(b) == 150, what="the rest uploaded")
+    assert obj.read_bytes() == before, "the same object, the same bytes"
+    batches = landed(landing)
+    gaps = [(h.gap_first, h.gap_length) for h, _ in batches.values() if h.gap_length]
+    assert gaps == [(10, first - 10)], gaps
+    assert b.stats()["upload"]["gap_offsets"] == first - 10
+    assert b.wait_log(lambda line: "shipping their batch file" in line, timeout=5)
+    assert landed_offsets(landing) == list(range(10)) + list(range(first, 150))
+    b.stop()
+
+
 def kill_while_shipping(broker, cfg: dict, count_objects, rounds: int, seed: int,
                         most: int) -> int:
     """``rounds`` times: start a broker, publish 100 to ``most`` records, SIGKILL it once one
