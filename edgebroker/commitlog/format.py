@@ -98,6 +98,7 @@ class Location:
     payload_position: int
     payload_length: int
     properties: bytes = b""
+    client_id: bytes = b""      # the publisher's
 
 
 @record(slots=True)

@@ -163,7 +163,7 @@ def locate(self, offset: int) -> Location | None:
         payload_position = (position + RECORD_HEADER_SIZE + len(rec.client_id) + len(rec.topic)
                             + (PROPERTIES_LENGTH_SIZE + len(props) if props else 0))
         return Location(offset, rec.timestamp_ms, rec.qos, rec.retain, rec.topic, seg.fd,
-                        payload_position, len(rec.payload), props)
+                        payload_position, len(rec.payload), props, rec.client_id)
     position = seg.entry(j)[1]
     want = min(seg.end_of(j) - position, RECORD_HEADER_SIZE + 256)
     head = os.pread(seg.fd, want, position)
@@ -183,7 +183,8 @@ def locate(self, offset: int) -> Location | None:
     return Location(offset, ts, attrs & 3, bool(attrs & RETAIN_BIT),
                     bytes(head[topic_start:topic_start + tl]), seg.fd,
                     position + payload_start, pl,
-                    bytes(head[topic_start + tl:payload_start]) if rl else b"")
+                    bytes(head[topic_start + tl:payload_start]) if rl else b"",
+                    bytes(head[RECORD_HEADER_SIZE:RECORD_HEADER_SIZE + cl]))
 
 
 # A payload this large or larger is not copied by ``read_batch``: it is sent from the segment

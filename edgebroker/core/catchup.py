@@ -262,8 +262,10 @@ class CatchUp:
                 qos = granted
             name = topic.decode("utf-8", "replace")
             retain_out = False
+            own = False
             if sub5 is not None:
-                best, retain_out = options5_for(session, name, retain, publisher[0] == own_id)
+                own = publisher[0] == own_id
+                best, retain_out = options5_for(session, name, retain, own)
                 if best < 0:
                     continue
                 if best < qos:
@@ -285,10 +287,12 @@ class CatchUp:
             if payload is None:
                 ref = Stored(offset, len(topic) + size)
             elif properties and v5:  # (a 3.1.1 subscriber gets none)
-                ref = Message(name, payload, qos, False, offset, topic, "", *stored_properties(
-                    properties, ts, journal.wall_ms(), self.clock()))
+                ref = Message(name, payload, qos, False, offset, topic,
+                              session.client_id if own else "", *stored_properties(
+                                  properties, ts, journal.wall_ms(), self.clock()))
             else:
-                ref = Message(name, payload, qos, False, offset, topic)
+                ref = Message(name, payload, qos, False, offset, topic,
+                              session.client_id if own else "")
             queue.append((ref, qos, retain_out))
             queued += 1
             queued_bytes += ref.size

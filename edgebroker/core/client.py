@@ -269,7 +269,7 @@ class Client:
         if self.closed:
             return
         if reason and self.v5 is not None and self.connected:
-            self.transport.write(mqtt5.disconnect_frame(reason, why))
+            self.transport.write(mqtt5.disconnect_frame(self.v5, reason, why))
         self.closed = self.halted = True
         self.decoder = None
         broker = self.broker
@@ -384,10 +384,10 @@ class Client:
             broker.refused[kind] += 1
             broker.peer_log.log(log, logging.INFO, kind, self.peer,
                                 "%s: refused (CONNACK %#04x): %s", self.describe(), reason, exc)
-            self.answer(mqtt5.refusal_frame(reason, str(exc)))
+            self.answer(mqtt5.refusal_frame(self.v5, reason, str(exc)))
         else:
             self._log_violation(exc, f"DISCONNECT {reason:#04x} and closing")
-            self.answer(mqtt5.disconnect_frame(reason, str(exc)))
+            self.answer(mqtt5.disconnect_frame(self.v5, reason, str(exc)))
         self.close(will=True)
 
     def answer(self, frame: bytes) -> None:

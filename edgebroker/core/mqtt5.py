@@ -13,7 +13,7 @@ from __future__ import annotations
 from edgebroker import errors as E
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt import properties as Q
-from edgebroker.mqtt.encode5 import encode_connack5, encode_disconnect5
+from edgebroker.mqtt.encode5 import encode_ack5, encode_connack5, encode_disconnect5
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -143,11 +143,30 @@ def reason_string(conn: Conn5 | None, text: str, props: dict | None = None) -> d
     return props
 
 
-def refusal_frame(reason: int, why: str) -> bytes:
+def within(conn: Conn5 | None, build, props: dict | None) -> bytes:
+    """``build(props)``, or ``build(None)`` when that frame is larger than the client's
+    Maximum Packet Size: the Reason String is left out rather than exceed it (MQTT-3.1.2-24,
+    MQTT-3.2.2-19, MQTT-3.4.2-2, MQTT-3.5.2-2, MQTT-3.14.2-3)."""
+    frame = build(props)
+    if props and conn is not None and conn.max_packet_size and len(frame) > conn.max_packet_size:
+        return build(None)
+    return frame
+
+
+def refusal_frame(conn: Conn5 | None, reason: int, why: str) -> bytes:
     """A refusing CONNACK (reason code >= 0x80) saying why."""
-    return encode_connack5(False, reason, {Q.REASON_STRING: why[:200]})
+    return within(conn, lambda props: encode_connack5(False, reason, props),
+                  {Q.REASON_STRING: why[:200]})
 
 
-def disconnect_frame(reason: int, why: str) -> bytes:
+def disconnect_frame(conn: Conn5 | None, reason: int, why: str) -> bytes:
     """A DISCONNECT the server sends before closing, saying why."""
-    return encode_disconnect5(reason, {Q.REASON_STRING: why[:200]} if why else None)
+    return within(conn, lambda props: encode_disconnect5(reason, props),
+                  {Q.REASON_STRING: why[:200]} if why else None)
+
+
+def refusing_ack(conn: Conn5 | None, kind: int, packet_id: int, reason: int, why: str) -> bytes:
+    """A PUBACK or PUBREC with a refusing reason code, saying why when the client wants
+    problem information."""
+    return within(conn, lambda props: encode_ack5(kind, packet_id, reason, props),
+                  reason_string(conn, why))

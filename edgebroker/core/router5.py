@@ -82,13 +82,14 @@ def options5_for(session, topic: str, retain_flag: bool, own: bool) -> tuple[int
     return best, retain
 
 
-def subscription_ids(session, topic: str) -> bytes:
-    """The Subscription Identifier properties of the session's filters matching ``topic``."""
+def subscription_ids(session, topic: str, own: bool) -> bytes:
+    """The Subscription Identifier properties of the session's filters matching ``topic``
+    that take the message: not a No Local one for the session's own message (``own``)."""
     sub5 = session.sub5
     if not sub5:
         return b""
-    found = [b"\x0b" + varint(sid) for f, (_, sid) in sub5.items()
-             if sid and _matching(f, topic)]
+    found = [b"\x0b" + varint(sid) for f, (options, sid) in sub5.items()
+             if sid and _matching(f, topic) and not (own and options & P.SUB_NO_LOCAL)]
     return b"".join(found)
 
 
@@ -138,7 +139,8 @@ class Router5:
             return self._write_own5(client, ref, qos, retain, dup, pid, ids)
         session = client.session
         if ids is None:
-            ids = b"" if session.sub5 is None else subscription_ids(session, ref.topic)
+            ids = b"" if session.sub5 is None else subscription_ids(
+                session, ref.topic, ref.client_id == session.client_id)
         last = self._last5
         payload = ref.payload
         if (last[0] is not ref or last[1] != 0x30 | qos << 1 | retain | dup << 3
@@ -219,7 +221,12 @@ class Router5:
                 # a QoS 2 packet id for it), with the shortest interval there is.
                 left = 1
             props += b"\x02" + int(-(-left // 1)).to_bytes(4, "big")
-        props += subscription_ids(client.session, topic) if ids is None else ids
+        if ids is None:
+            session = client.session
+            own = (ref.client_id == session.client_id if where is None
+                   else where.client_id == session.client_id.encode("utf-8"))
+            ids = subscription_ids(session, topic, own)
+        props += ids
         alias = new_alias = 0
         name = topic_bytes
         if conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
@@ -269,7 +276,8 @@ class Router5:
         if message.expires or conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
             return True if self._write_own5(client, message, 0, retain, False, None) else None
         session = client.session
-        ids = b"" if session.sub5 is None else subscription_ids(session, message.topic)
+        ids = b"" if session.sub5 is None else subscription_ids(
+            session, message.topic, message.client_id == session.client_id)
         # The fan-out path: the frame made once for the message; the transport counts it
         # (below max_pending, as checked above, offer queues it whatever it holds).
         last = self._last5

@@ -1,6 +1,7 @@
 """MQTT 5.0 against a real broker, from the independent raw-socket client (tests/mqttraw5.py):
 Receive Maximum, Message Expiry while queued, the client's Maximum Packet Size, Will Delay
-Interval, Subscription Identifier in a client's PUBLISH, a resumed window and Receive Maximum."""
+Interval, Subscription Identifier in a client's PUBLISH, a resumed window and Receive Maximum,
+Reason Strings within the client's Maximum Packet Size, No Local and Subscription Identifiers."""
 
 from __future__ import annotations
 
@@ -77,6 +78,37 @@ def test_a_message_larger_than_the_clients_maximum_packet_size_is_not_sent(srv, 
     (p,) = publishes(sub, 1)
     assert p.payload == b"small"
     assert srv.stats()["dropped"]["packet_too_large"] >= 1
+
+
+def frame_size(p) -> int:
+    """Bytes of the frame ``p`` was read from."""
+    return 1 + len(R.varint(len(p.body))) + len(p.body)
+
+
+def test_reason_strings_are_left_out_rather_than_exceed_the_clients_maximum_packet_size(
+        broker, uid):
+    """MQTT-3.1.2-24 and the Reason String rules of CONNACK (3.2.2-19), PUBACK (3.4.2-2) and
+    DISCONNECT (3.14.2-3): a client with a Maximum Packet Size of 16 gets the reason codes,
+    without the Reason Strings that would make the packets larger; a client without one
+    gets the Reason String."""
+    b = broker(limits={"max_qos": 1})
+    small = {R.MAXIMUM_PACKET_SIZE: 16}
+    refused = R.RawClient5(b.host, b.port)
+    _open_clients.append(refused)
+    ack = refused.connect(f"{uid}-r", props=small, will=(f"{uid}/w", b"x", 2))
+    assert ack.reason == 0x9B and frame_size(ack) <= 16, ack            # QoS not supported
+    c = raw5(b, uid, props=small)
+    ack = c.publish("$SYS/x", b"x", qos=1)
+    assert ack.reason == 0x87 and frame_size(ack) <= 16, ack            # not authorized
+    told = raw5(b, f"{uid}-t")
+    assert told.publish("$SYS/x", b"x", qos=1).properties.get(R.REASON_STRING)
+    raw5(b, uid)                                                        # takes the session over
+    d = c.expect_disconnect()
+    assert d.reason == 0x8E and frame_size(d) <= 16, d
+    c = raw5(b, f"{uid}-2", props=small)
+    c.send(R.publish5(f"{uid}/t", b"x", 0, props={R.SUBSCRIPTION_ID: 5}))
+    d = c.expect_disconnect()
+    assert d.reason == 0x82 and frame_size(d) <= 16, d                  # protocol error
 
 
 def test_will_delay_interval(srv, uid):
@@ -251,6 +283,34 @@ def test_no_local_holds_for_a_session_reading_back_from_the_log(srv, uid):
     assert got[-1] == b"theirs" and b"mine" not in got
     assert got[:n] == [b"%d" % i for i in range(n)]
     assert quiet(c)
+
+
+@pytest.mark.parametrize("behind", [False, True], ids=["live", "from-the-log"])
+@pytest.mark.parametrize("size", [3, 20_000], ids=["small", "sent-from-the-segment"])
+def test_a_no_local_subscriptions_identifier_is_not_sent_with_the_sessions_own_message(
+        srv, uid, behind, size):
+    """MQTT-3.3.4-3: a PUBLISH carries the identifiers of the subscriptions that take it. The
+    session's own message reaches it through ``#`` (identifier 7), not through its No Local
+    subscription (identifier 5), live and read back from the log (a payload of 16 KiB or
+    more goes from the segment file)."""
+    c = raw5(srv, f"{uid}-c", props={R.RECEIVE_MAXIMUM: 1})
+    c.subscribe((f"{uid}/t", R.NO_LOCAL | 1), props={R.SUBSCRIPTION_ID: 5})
+    c.subscribe((f"{uid}/#", 1), props={R.SUBSCRIPTION_ID: 7})
+    n = 300 if behind else 0
+    other = raw5(srv, f"{uid}-o")
+    for i in range(n):
+        other.send(R.publish5(f"{uid}/x", b"%d" % i, 1, packet_id=i % 60000 + 1))
+    mine = b"m" * size
+    c.publish(f"{uid}/t", mine, qos=1)
+    other.publish(f"{uid}/t", b"theirs", qos=1)
+    if behind:
+        assert srv.client_row(f"{uid}-c")["cursor"] is not None     # reading the log
+    got = []
+    for _ in range(n + 2):
+        (p,) = publishes(c, 1)
+        got.append((p.payload, p.properties.get(R.SUBSCRIPTION_ID)))
+        c.ack(p)
+    assert got[n:] == [(mine, [7]), (b"theirs", [5, 7])]
 
 
 def test_retain_as_published_holds_for_messages_read_back_from_the_log(srv, uid):

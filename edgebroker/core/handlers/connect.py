@@ -82,7 +82,7 @@ def on_connect(client, p: P.Connect) -> None:
         broker.peer_log.log(log, logging.WARNING, limit, client.peer,
                             "%s refused (CONNACK 3, server unavailable): %s", client.describe(),
                             why)
-        client.answer(mqtt5.refusal_frame(mqtt5.ADMISSION_REASONS.get(
+        client.answer(mqtt5.refusal_frame(client.v5, mqtt5.ADMISSION_REASONS.get(
             limit, SERVER_UNAVAILABLE), why) if v5 else encode(P.Connack(False, 3)))
         broker.stats.connections_refused += 1
         broker.refused[limit] += 1
@@ -195,7 +195,7 @@ def refuse(client, code: int, why: str, reason: str = "client_id", *, reason5: i
     broker = client.broker
     if client.v5 is not None:
         code = reason5 or mqtt5.CONNACK_REASONS[code]
-        frame = mqtt5.refusal_frame(code, told or why)
+        frame = mqtt5.refusal_frame(client.v5, code, told or why)
     else:
         frame = encode(P.Connack(False, code))
     broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (CONNACK %s): %s",

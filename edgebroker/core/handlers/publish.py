@@ -23,7 +23,6 @@ from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.fields import check_code_points
 from edgebroker.mqtt.encode import encode_ack, encode_puback
-from edgebroker.mqtt.encode5 import encode_ack5
 from edgebroker.mqtt.properties import payload_utf8_error
 
 log = logging.getLogger("edgebroker.client")
@@ -185,7 +184,7 @@ def _refuse5(client, p: P.Publish, reason: int, drop: str, why: str) -> None:
 def _answer5(client, p: P.Publish, reason: int, why: str) -> None:
     """PUBACK or PUBREC with a refusing reason code (a refused QoS 2 exchange ends there)."""
     kind = P.PUBACK if p.qos == 1 else P.PUBREC
-    frame = encode_ack5(kind, p.packet_id, reason, mqtt5.reason_string(client.v5, why))
+    frame = mqtt5.refusing_ack(client.v5, kind, p.packet_id, reason, why)
     client.broker.acknowledge(client, None, frame)
     client.broker.stats.packets_sent += 1
 
