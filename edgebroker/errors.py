@@ -109,6 +109,7 @@ class ProtocolError(EdgebrokerError):
         super().__init__(message)
         self.rule = rule
         self.reason = reason
+        self.connect5 = False   # raised by a CONNECT of protocol level 5: answered in 5.0
 
     def __str__(self) -> str:
         text = super().__str__()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.errors import (
-    CONNACK_CODES_311, KEEP_ALIVE_TIMEOUT, UNSPECIFIED_ERROR,
+    CLIENT_ID_NOT_VALID, CONNACK_CODES_311, KEEP_ALIVE_TIMEOUT, UNSPECIFIED_ERROR,
     UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
@@ -346,7 +346,7 @@ class Client:
         # this client, a cycle that would keep the closed client until a garbage collection.
         exc.with_traceback(None)
         broker = self.broker
-        if self.v5 is not None:
+        if self.v5 is not None or exc.connect5 and not self.connected:
             return self._violation5(exc)
         code = None if self.connected else CONNACK_CODES_311.get(exc.reason)
         if code is not None:
@@ -379,11 +379,16 @@ class Client:
         if not self.connected:
             if reason not in CONNACK_REASONS5:
                 reason = UNSPECIFIED_ERROR
-            broker.stats.connections_refused += 1
-            kind = "protocol_version" if reason == UNSUPPORTED_PROTOCOL_VERSION else "client_id"
-            broker.refused[kind] += 1
-            broker.peer_log.log(log, logging.INFO, kind, self.peer,
-                                "%s: refused (CONNACK %#04x): %s", self.describe(), reason, exc)
+            if reason in (UNSUPPORTED_PROTOCOL_VERSION, CLIENT_ID_NOT_VALID):
+                broker.stats.connections_refused += 1
+                kind = ("protocol_version" if reason == UNSUPPORTED_PROTOCOL_VERSION
+                        else "client_id")
+                broker.refused[kind] += 1
+                broker.peer_log.log(log, logging.INFO, kind, self.peer,
+                                    "%s: refused (CONNACK %#04x): %s", self.describe(), reason,
+                                    exc)
+            else:   # a CONNECT that breaks the protocol, as in 3.1.1 (no CONNACK code there)
+                self._log_violation(exc, f"CONNACK {reason:#04x} and closing")
             self.answer(mqtt5.refusal_frame(self.v5, reason, str(exc)))
         else:
             self._log_violation(exc, f"DISCONNECT {reason:#04x} and closing")

@@ -42,6 +42,14 @@ def decode_connect(b0: int, buf: bytes, p: int, end: int) -> Connect:
         raise ProtocolError(f"CONNECT with protocol {name.decode()!r} level {level} "
                             f"(supported: level {' or '.join(map(str, supported))})",
                             rule="MQTT-3.1.2-2", reason=UNSUPPORTED_PROTOCOL_VERSION)
+    try:
+        return _decode_from_level(buf, p, end, name, level)
+    except ProtocolError as exc:
+        exc.connect5 = level == P.PROTOCOL_5    # the refusal goes in 5.0's CONNACK
+        raise
+
+
+def _decode_from_level(buf: bytes, p: int, end: int, name: bytes, level: int) -> Connect:
     if p + 1 >= end:
         raise malformed("CONNECT ends before the connect flags")
     flags = buf[p + 1]

@@ -111,6 +111,20 @@ def test_reason_strings_are_left_out_rather_than_exceed_the_clients_maximum_pack
     assert d.reason == 0x82 and frame_size(d) <= 16, d                  # protocol error
 
 
+def test_a_malformed_5_0_connect_gets_a_5_0_connack_saying_why(srv, uid):
+    """A 5.0 CONNECT that does not decode (a Topic Alias among its properties, MQTT-2.2.2.2)
+    is answered with CONNACK 0x81 and a Reason String, then closed, and counted as a
+    protocol error."""
+    before = srv.stats()["counters"]["protocol_errors"]
+    c = R.RawClient5(srv.host, srv.port)
+    _open_clients.append(c)
+    c.send(R.connect5(uid, props={R.TOPIC_ALIAS: 1}))
+    assert c.expect_closed()
+    (ack,) = [p for p in c.before_close if p.type == R.CONNACK]
+    assert ack.reason == 0x81 and "Topic Alias" in ack.properties[R.REASON_STRING], ack
+    assert srv.stats()["counters"]["protocol_errors"] == before + 1
+
+
 def test_will_delay_interval(srv, uid):
     watcher = raw5(srv, f"{uid}-w")
     watcher.subscribe(f"{uid}/will", qos=1)
@@ -299,7 +313,7 @@ def test_a_no_local_subscriptions_identifier_is_not_sent_with_the_sessions_own_m
     n = 300 if behind else 0
     other = raw5(srv, f"{uid}-o")
     for i in range(n):
-        other.send(R.publish5(f"{uid}/x", b"%d" % i, 1, packet_id=i % 60000 + 1))
+        other.publish(f"{uid}/x", b"%d" % i, qos=1)       # each acknowledged: logged first
     mine = b"m" * size
     c.publish(f"{uid}/t", mine, qos=1)
     other.publish(f"{uid}/t", b"theirs", qos=1)
