@@ -128,7 +128,7 @@ def stored_properties(stored: bytes, timestamp_ms: int, wall_ms: int,
     except ProtocolError:
         return b"", 0.0
     forward, interval = message_properties(props)
-    if interval is None:
+    if not interval:        # none, or 0: read as none (Router.publish)
         return forward, 0.0
     return forward, now + (timestamp_ms - wall_ms) / 1000 + interval
 

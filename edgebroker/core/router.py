@@ -80,7 +80,8 @@ class Router:
         # A client sending to one topic over and over (the decoder hands its large frames the
         # same topic string each time): its UTF-8 bytes are encoded once.
         last = self._last_topic
-        expires = 0.0 if expiry is None else self.clock() + expiry
+        # A Message Expiry Interval of 0 is read as none, as Mosquitto does (the log keeps it)
+        expires = self.clock() + expiry if expiry else 0.0
         if topic is last[0]:
             message = Message(topic, payload, qos, retain, None, last[1], client.client_id,
                               properties, expires)

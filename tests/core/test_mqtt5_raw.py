@@ -125,6 +125,23 @@ def test_a_malformed_5_0_connect_gets_a_5_0_connack_saying_why(srv, uid):
     assert srv.stats()["counters"]["protocol_errors"] == before + 1
 
 
+def test_a_message_expiry_interval_of_0_is_read_as_none(srv, uid):
+    """As Mosquitto reads it: the message goes to the subscriber without the property, and a
+    retained one stays for a later subscriber."""
+    sub = raw5(srv, f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=1)
+    pub = raw5(srv, f"{uid}-p")
+    pub.publish(f"{uid}/t", b"zero", qos=1, props={R.MESSAGE_EXPIRY: 0})
+    pub.publish(f"{uid}/r", b"kept", qos=1, retain=True, props={R.MESSAGE_EXPIRY: 0})
+    (p,) = publishes(sub, 1)
+    assert p.payload == b"zero" and R.MESSAGE_EXPIRY not in p.properties, p
+    sub.ack(p)
+    time.sleep(1.1)                      # past any interval rounded up from 0
+    sub.subscribe(f"{uid}/r", qos=1)
+    (r,) = publishes(sub, 1)
+    assert r.payload == b"kept" and r.retain and R.MESSAGE_EXPIRY not in r.properties, r
+
+
 def test_will_delay_interval(srv, uid):
     watcher = raw5(srv, f"{uid}-w")
     watcher.subscribe(f"{uid}/will", qos=1)
