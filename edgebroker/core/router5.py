@@ -234,7 +234,10 @@ class Router5:
             alias = aliases.get(topic_bytes, 0) if aliases is not None else 0
             if alias:
                 name = b""           # the alias stands for the topic
-            elif aliases is None or len(aliases) < conn.topic_alias_maximum:
+            elif where is None and (aliases is None
+                                    or len(aliases) < conn.topic_alias_maximum):
+                # (Not for a payload sent from the segment: the transport drops that PUBLISH
+                # if retention deletes its record first, and the alias would go with it.)
                 alias = new_alias = len(aliases) + 1 if aliases is not None else 1
             if alias:
                 props += b"\x23" + alias.to_bytes(2, "big")

@@ -240,6 +240,35 @@ def test_outbound_topic_aliases(broker, uid):
     assert [p.topic for p in publishes(plain, 6)] == topics
 
 
+def test_a_payload_sent_from_the_segment_sets_no_topic_alias(broker, uid):
+    """A PUBLISH whose payload goes from the segment file (16 KiB or more, read back from the
+    log) may be dropped by the transport if retention deletes its record before it leaves:
+    it carries its topic and sets no alias that the next PUBLISHes would rely on. A message
+    whose payload is in memory sets one."""
+    b = broker(limits={"outbound_topic_aliases": True})
+    expiry = {R.SESSION_EXPIRY: 300, R.TOPIC_ALIAS_MAXIMUM: 2}
+    sub = raw5(b, f"{uid}-s", props=expiry)
+    sub.subscribe(f"{uid}/#", qos=1)
+    sub.disconnect()
+    pub = raw5(b, f"{uid}-p")
+    big = b"b" * 20_000
+    pub.publish(f"{uid}/big", big, qos=1)
+    pub.publish(f"{uid}/big", big, qos=1)
+    pub.publish(f"{uid}/small", b"s", qos=1)
+    sub = R.RawClient5(b.host, b.port)
+    _open_clients.append(sub)
+    assert sub.connect(f"{uid}-s", clean_start=False, props=expiry).session_present
+    got = []
+    for p in publishes(sub, 3):
+        got.append((p.topic, p.properties.get(R.TOPIC_ALIAS), len(p.payload)))
+        sub.ack(p)
+    pub.publish(f"{uid}/small", b"s", qos=1)
+    (live,) = publishes(sub, 1)
+    got.append((live.topic, live.properties.get(R.TOPIC_ALIAS), len(live.payload)))
+    assert got == [(f"{uid}/big", None, 20_000), (f"{uid}/big", None, 20_000),
+                   (f"{uid}/small", 1, 1), ("", 1, 1)]
+
+
 def test_an_offline_session_reads_properties_and_expiry_back_from_the_log(srv, uid):
     expiry = {R.SESSION_EXPIRY: 300}
     sub = raw5(srv, f"{uid}-s", props=expiry)
