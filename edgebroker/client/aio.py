@@ -43,6 +43,8 @@ Reconnection (``reconnect``): ``"never"``, ``"after_first_success"`` (the defaul
 loop's.
 In-flight and queued requests carry over: their futures complete on a later connection. When
 the client gives up, or on ``close()``, the futures still open fail with ``ClientClosed``.
+An error that is not the network's (a host name that cannot be looked up) is not tried
+again: the client gives up at once (client/aio_dial.py, which makes the connections).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import collections
 
 from edgebroker.client import backoff as B
 from edgebroker.client.address import Dialer
+from edgebroker.client.aio_dial import AsyncDialing, ConnectError
 from edgebroker.client.connection import Connection, QueueFull
 from edgebroker.client.events import (Acked, ConnectFailed, Connected, Disconnected, Message,
                                       PingTimeout, Subscribed, Unsubscribed)
@@ -61,19 +64,11 @@ READ_SIZE = 256 * 1024
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
 
 
-class ConnectError(EdgebrokerError):
-    """The connection could not be made (refused by the server, or the network)."""
-
-    def __init__(self, message: str, reason_code: int | None = None):
-        super().__init__(message)
-        self.reason_code = reason_code
-
-
 class ClientClosed(EdgebrokerError):
     """The client was closed, or gave up reconnecting, before the request was answered."""
 
 
-class AsyncClient:
+class AsyncClient(AsyncDialing):
     """One MQTT client on an asyncio loop (module docstring)."""
 
     def __init__(self, address, client_id: str = "", *, timeout: float = 10.0,
@@ -124,35 +119,8 @@ class AsyncClient:
         ConnectError when the first connection fails and the policy gives up."""
         self._loop = asyncio.get_running_loop()
         self._first = self._loop.create_future()
-        self._dialing = self._loop.create_task(self._dial_until_up())
+        self._start_dialing(self._dial_until_up())
         return await self._first
-
-    async def _dial_until_up(self) -> None:
-        """Make transports until one is up (or the policy gives up)."""
-        loop = self._loop
-        while not self._closed:
-            try:
-                if isinstance(self.dial, Dialer):
-                    transport = await self.dial.open_async()
-                else:                   # the caller's own (blocking) transport maker
-                    transport = await loop.run_in_executor(None, self.dial)
-            except OSError as exc:
-                if not await self._retry(ConnectError(str(exc))):
-                    return
-                continue
-            if self._closed:
-                transport.close()
-                return
-            self._attach(transport)
-            return
-
-    async def _retry(self, error: ConnectError) -> bool:
-        """After a failed attempt: wait the back-off and say to go on, or give up (False)."""
-        if self.backoff.again():
-            await asyncio.sleep(self.backoff.delay())
-            return not self._closed
-        self._give_up(error)
-        return False
 
     def _attach(self, transport) -> None:
         self._transport = transport
@@ -214,11 +182,7 @@ class AsyncClient:
         if not self._closed:
             self._post(event or Disconnected(None, reason))
         if not self._closed and (self._dialing is None or self._dialing.done()):
-            self._dialing = self._loop.create_task(self._reconnect(reason))
-
-    async def _reconnect(self, reason: str) -> None:
-        if await self._retry(ConnectError(f"connection lost: {reason}")):
-            await self._dial_until_up()
+            self._start_dialing(self._reconnect(reason))
 
     def _give_up(self, error: Exception) -> None:
         if self._first is not None and not self._first.done():
@@ -344,13 +308,13 @@ class AsyncClient:
             elif isinstance(event, ConnectFailed):
                 self._detach()
                 error = ConnectError(f"connection refused: {event.reason}", event.reason_code)
-                self._dialing = self._loop.create_task(self._after_refusal(error))
+                self._start_dialing(self._after_refusal(error))
             elif isinstance(event, (Disconnected, PingTimeout)):
                 why = "no PINGRESP in time" if isinstance(event, PingTimeout) else event.reason
                 self._say_last()
                 self._detach()
                 if not self._closed:
-                    self._dialing = self._loop.create_task(self._reconnect(why))
+                    self._start_dialing(self._reconnect(why))
 
     def _say_last(self) -> None:
         """The connection ended on our side (a protocol error of the server): what it still
@@ -368,10 +332,6 @@ class AsyncClient:
                 del out[:t.send(out)]
         except OSError:                 # BlockingIOError too: no waiting for it
             pass
-
-    async def _after_refusal(self, error: ConnectError) -> None:
-        if await self._retry(error):
-            await self._dial_until_up()
 
     def _post(self, event) -> None:
         self._events.append(event)

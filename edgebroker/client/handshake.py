@@ -12,6 +12,9 @@ which drives it and the handshakes after it in its own selector (address.py's
 ``Dialer.steps``): its steps yield ``(READ or WRITE, fd)``, as the socket may change from one
 address of a name to the next; ``on_fd`` turns a handshake generator into such steps.
 
+Both raise address.py's AddressError (not an OSError) for a host name that cannot be looked
+up at all (getaddrinfo's UnicodeError: an empty label, one too long), which no attempt mends.
+
 ``connect_async`` is the TCP (or Unix) connect on an asyncio loop (``sock_connect``): no thread
 for a numeric address or a Unix path; a host name is resolved by the loop's ``getaddrinfo``
 (a thread of the loop's default executor, as ``asyncio.open_connection`` resolves names).
@@ -24,6 +27,8 @@ import os
 import select
 import socket
 import time
+
+from edgebroker.client.address import AddressError
 
 READ = "read"
 WRITE = "write"
@@ -82,6 +87,8 @@ def connect_steps(host: str, port: int, unix_path: str | None = None):
         targets = _targets(unix_path or socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
     except OSError as exc:
         raise _failed(where, exc) from None
+    except UnicodeError as exc:
+        raise not_a_host_name(where, exc) from None
     error: OSError = OSError(f"connect to {where}: no address")
     for family, address in targets:
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -119,6 +126,13 @@ def _failed(where: str, exc: OSError) -> OSError:
     return OSError(exc.errno, f"connect to {where}: {exc.strerror or exc}")
 
 
+def not_a_host_name(where: str, exc: UnicodeError) -> AddressError:
+    """getaddrinfo's UnicodeError for a name IDNA cannot encode (an empty label, one over 63
+    characters): no attempt can succeed, so not an OSError (which the loops try again)."""
+    return AddressError(f"connect to {where}: not a host name that can be looked up "
+                        f"({exc})")
+
+
 def on_fd(steps, fd: int):
     """The READ/WRITE generator ``steps`` over the descriptor ``fd``, as ``(want, fd)``
     steps (a TimeoutError thrown in goes to ``steps``); its return value."""
@@ -152,6 +166,8 @@ async def connect_async(host: str, port: int, timeout: float,
             from None
     except OSError as exc:
         raise _failed(where, exc) from None
+    except UnicodeError as exc:
+        raise not_a_host_name(where, exc) from None
     error: OSError = OSError(f"connect to {where}: no address")
     for family, address in targets:
         sock = socket.socket(family, socket.SOCK_STREAM)

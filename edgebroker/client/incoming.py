@@ -44,6 +44,9 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
     if p.session_present and conn.clean_start:
         raise ProtocolError("CONNACK with Session Present 1 in answer to a clean start",
                             rule="MQTT-3.2.2-4", reason=PROTOCOL_ERROR)
+    # A 3.1 CONNACK has no Session Present flag (the byte is reserved, 0), yet a 3.1 server
+    # keeps the session of a client that connects with cleansession 0: it is taken as kept.
+    present = p.session_present or conn.protocol == P.PROTOCOL_31 and not conn.clean_start
     conn._move(CONNECTED)
     props = p.properties
     if props:
@@ -53,12 +56,12 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
         conn._server_max_packet = props.get(MAXIMUM_PACKET_SIZE, 0)
         conn._ka = props.get(SERVER_KEEP_ALIVE, conn.keepalive)
         conn.client_id = props.get(ASSIGNED_CLIENT_ID, conn.client_id)
-    if not p.session_present:
+    if not present:
         conn._incoming_qos2.clear()   # a new session: no PUBREL will come for them
         conn._unacked.clear()         # nor a resend to acknowledge
-    events.append(Connected(p.session_present, code, props))
-    resend(conn, p.session_present)
-    if not p.session_present and conn.resubscribe and conn._subscriptions:
+    events.append(Connected(present, code, props))
+    resend(conn, present)
+    if not present and conn.resubscribe and conn._subscriptions:
         subscribe_again(conn)
     conn._pump()
 

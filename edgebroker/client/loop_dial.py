@@ -1,12 +1,15 @@
 """Making the event loop's connection (client/loop.py's ``EventLoop`` takes these methods):
 a Dialer's steps (address.py, handshake.py: the TCP connect, then TLS and the WebSocket
 upgrade) run in the loop's selector, one wait at a time, within ``connect_timeout``; any
-other transport factory is called and may wait."""
+other transport factory is called and may wait. A failure is a ConnectFailed event, then the
+policy applies; but an address no attempt can reach (AddressError: a host name that cannot
+be looked up) ends the loop at once."""
 
 from __future__ import annotations
 
 import selectors
 
+from edgebroker.client.address import AddressError
 from edgebroker.client.events import ConnectFailed
 from edgebroker.client.handshake import WRITE
 
@@ -35,6 +38,9 @@ class LoopDialing:
         except OSError as exc:
             self._dial_failed(exc)
             return
+        except AddressError as exc:
+            self._dial_impossible(exc)
+            return
         self._attach(transport)
 
     def _dial_step(self, error: TimeoutError | None = None) -> None:
@@ -53,6 +59,10 @@ class LoopDialing:
         except OSError as exc:
             self._dialing = None
             self._dial_failed(exc)
+            return
+        except AddressError as exc:
+            self._dialing = None
+            self._dial_impossible(exc)
             return
         self._watch_dial(fd, selectors.EVENT_WRITE if want == WRITE else selectors.EVENT_READ)
 
@@ -73,3 +83,10 @@ class LoopDialing:
     def _dial_failed(self, exc: OSError) -> None:
         self._events.append(ConnectFailed(None, why(exc)))
         self._after_loss(self._clock())
+
+    def _dial_impossible(self, exc: AddressError) -> None:
+        """An address no attempt can reach (a host name that cannot be looked up): its
+        ConnectFailed, and the loop ends whatever the policy (the asyncio adapter's connect
+        raises ConnectError alike)."""
+        self._events.append(ConnectFailed(None, str(exc)))
+        self._finished = True

@@ -16,6 +16,10 @@ short. When at least ``COMPACT_AFTER`` answered records make up half the file, t
 unanswered ones are written to a new file with one fsync, renamed over ``PATH`` and the
 directory fsynced (files.replace_file); then ``PATH.acked`` is emptied.
 
+An append or acknowledgement whose write fails (disk full, a file size limit, an I/O
+error) raises that OSError and leaves the files as they were: the request is not kept (not
+answered, for ``acked``), and what is written later is read back whole.
+
 Iterating never ends: when nothing is waiting it yields None ("nothing for now").
 ``append`` may be called from another thread than the loop's (a lock guards the files).
 """
@@ -79,9 +83,9 @@ class Spool:
                else make_publish(request_or_topic, payload, qos, retain, properties, token))
         with self._lock:
             seq = self._next_seq
-            self._next_seq += 1
             doc = _record(to_state(req), seq)
             self._write(self._data_fd, _frame(doc))
+            self._next_seq += 1
             self._records_in_file += 1
             self._waiting.append((seq, doc))
         return seq
@@ -108,10 +112,11 @@ class Spool:
     def acked(self, request) -> None:
         """``request`` (one this spool gave) was answered: never give it again."""
         with self._lock:
-            found = self._out.pop(id(request), None)
+            found = self._out.get(id(request))
             if found is None:
                 return
-            self._write(self._ack_fd, _SEQ.pack(found[0]))
+            self._write(self._ack_fd, _SEQ.pack(found[0]))     # an error: still out
+            del self._out[id(request)]
             self._acked_in_file += 1
             if (self._acked_in_file >= COMPACT_AFTER
                     and 2 * self._acked_in_file >= self._records_in_file):
@@ -131,11 +136,19 @@ class Spool:
 
     # -- files --------------------------------------------------------------------------------
     def _write(self, fd: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if self.fsync:
-            os.fsync(fd)
+        """Append ``data`` whole, or not at all: a write that fails part way (ENOSPC, EFBIG,
+        EIO) is cut off again before the error is raised, so that no later record (or
+        number) lands behind a torn one, which the next open would cut off with them."""
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, size)
+            raise
 
     def _open(self) -> None:
         records, good = self._read_records()

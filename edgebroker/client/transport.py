@@ -50,7 +50,8 @@ class TCPTransport:
 def connect_socket(host: str, port: int, timeout: float,
                    unix_path: str | None = None) -> tuple[socket.socket, str]:
     """A stream socket connected to ``host``:``port`` (or ``unix_path``) within ``timeout``
-    seconds, and a name for it; OSError (with the address in its message) when it cannot."""
+    seconds, and a name for it; OSError (with the address in its message) when it cannot;
+    AddressError for a host name that cannot be looked up."""
     if unix_path:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -65,6 +66,9 @@ def connect_socket(host: str, port: int, timeout: float,
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
         raise OSError(exc.errno, f"connect to {host}:{port}: {exc.strerror or exc}") from None
+    except UnicodeError as exc:
+        from edgebroker.client.handshake import not_a_host_name
+        raise not_a_host_name(f"{host}:{port}", exc) from None
     return sock, f"{host}:{port}"
 
 

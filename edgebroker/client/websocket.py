@@ -13,7 +13,9 @@ adapter runs on its loop. The transport:
   written at the next ``send``, which is then given the caller's unsent bytes (as the event
   loop does): they are the frame's remaining payload, so they are not framed again. So the
   caller sees the usual partial writes and keeps watching write readiness until its bytes,
-  and so the whole frame, are out. BlockingIOError when nothing could be taken.
+  and so the whole frame, are out. BlockingIOError when nothing could be taken;
+  BrokenPipeError once the connection is closed (the server's close read, or its end) and
+  no frame is left half-written: the event loops read it as the link's loss, as a socket's.
 - ``recv(n) -> bytes``: the payload of the binary frames that arrived, in any split (a
   message is not gathered whole). A ping is answered with a pong; a close from the server is
   answered with a close and read as the end of the stream (b""); so is the stream's own end.
@@ -131,15 +133,17 @@ class WebSocketTransport:
     """An open WebSocket connection carrying MQTT (module docstring)."""
 
     __slots__ = ("stream", "ws", "_held", "_frame", "_frame_head", "_control", "_closed",
-                 "_events", "_states")
+                 "_events", "_states", "_local_error")
 
     def __init__(self, stream, ws):
         from wsproto import events
         from wsproto.connection import ConnectionState
+        from wsproto.utilities import LocalProtocolError
         self.stream = stream
         self.ws = ws
         self._events = events
         self._states = ConnectionState
+        self._local_error = LocalProtocolError
         self._held = bytearray()    # payload decoded, not yet returned by recv
         self._frame = b""           # the frame being written (its unwritten part)
         self._frame_head = 0        # bytes of it (header included) not yet covering payload
@@ -158,8 +162,13 @@ class WebSocketTransport:
         if self._control and not self._frame:
             self._flush_control()
         if not self._frame:
+            if self._closed or self.ws.state is not self._states.OPEN:
+                raise BrokenPipeError("the WebSocket connection is closed")
             payload = bytes(data[:FRAME])
-            frame = self.ws.send(self._events.Message(data=payload))
+            try:
+                frame = self.ws.send(self._events.Message(data=payload))
+            except self._local_error as exc:
+                raise ConnectionError(f"WebSocket: {exc}") from None
             self._frame = frame
             self._frame_head = len(frame) - len(payload)
         taken = self._write_frame()
@@ -227,7 +236,8 @@ class WebSocketTransport:
             if isinstance(event, events.BytesMessage):
                 self._held += event.data
             elif isinstance(event, events.Ping):
-                self._control += self.ws.send(event.response())
+                if self.ws.state is self._states.OPEN:     # no pong once closing
+                    self._control += self.ws.send(event.response())
             elif isinstance(event, events.CloseConnection):
                 if self.ws.state is self._states.REMOTE_CLOSING:
                     self._control += self.ws.send(event.response())

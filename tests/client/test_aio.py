@@ -369,3 +369,59 @@ def test_subscriptions_made_again_are_events_and_messages_flow(mosquitto_broker,
         await c.close()
 
     run(main(), timeout=30)
+
+
+@pytest.mark.parametrize("host", ["a..b", "x" * 64 + ".example"], ids=["empty-label", "long"])
+def test_a_host_name_that_cannot_be_looked_up_fails_at_once_in_both_loops(uid, host):
+    """getaddrinfo's UnicodeError is not the network's: connect() raises ConnectError naming
+    the host, whatever the policy (the dialing task died of it and connect() waited
+    forever), and the synchronous loop ends with a ConnectFailed saying the same (its poll
+    raised the UnicodeError)."""
+    import re
+    from edgebroker.client.events import ConnectFailed
+    from edgebroker.client.loop import EventLoop
+
+    async def main():
+        c = AsyncClient(f"mqtt://{host}:1883", uid, reconnect="always")
+        with pytest.raises(ConnectError, match=re.escape(f"connect to {host}:1883: not a host")):
+            await c.connect()
+        return [e async for e in c]
+
+    events = run(main(), timeout=10)
+    assert [type(e) for e in events] == [ConnectFailed]
+    lp = EventLoop(host, 1883, client_id=uid, reconnect="always")
+    got = [lp.poll(5), lp.poll(5)]
+    lp.close()
+    assert [type(e) for e in got] == [ConnectFailed, type(None)]
+    assert got[0].reason == events[0].reason
+
+
+def test_a_reconnection_that_fails_unexpectedly_ends_the_client_not_its_task_alone(broker, uid):
+    """The transport maker (given as ``address``) raises an error that is not an OSError on
+    the reconnection after the broker took the connection over: the client gives up (a
+    ConnectFailed naming the error, the iteration ends) instead of waiting forever on a
+    dialing task that died unseen."""
+    from edgebroker.client.events import ConnectFailed
+    from edgebroker.client.transport import open_transport
+    b = broker()
+    calls = []
+
+    def make():
+        calls.append(len(calls))
+        if len(calls) > 1:
+            raise RuntimeError("no second transport")
+        return open_transport("127.0.0.1", b.port, timeout=5)
+
+    async def main():
+        c = AsyncClient(make, uid, backoff=(0.01, 0.05))
+        await c.connect()
+        taker = m.RawClient("127.0.0.1", b.port)
+        taker.connect(uid)                      # the same client id: the broker drops ours
+        events = [e async for e in c]
+        taker.close()
+        return events
+
+    events = run(main(), timeout=10)
+    assert [type(e) for e in events] == [Connected, Disconnected, ConnectFailed]
+    assert "RuntimeError: no second transport" in events[-1].reason
+    assert len(calls) == 2

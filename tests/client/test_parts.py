@@ -224,6 +224,60 @@ def test_spool_a_torn_acked_number_is_cut_off(tmp_path):
         assert next(sp).payload == b"3"
 
 
+# Run in a child process: RLIMIT_FSIZE (SIGXFSZ ignored) makes a write past the limit fail
+# with EFBIG after the bytes below it are written, as a disk filling up does; the child then
+# ends without closing the spool, as a crash.
+_WRITE_ERROR_CHILD = """
+import json, os, resource, signal, sys
+from edgebroker.client.spool import Spool
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+def limited(size, call):
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        call()
+    except OSError as exc:
+        return exc.strerror
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+path = sys.argv[1]
+sp = Spool(path)
+sp.append("t", b"one", 1)
+append_error = limited(os.path.getsize(path) + 20, lambda: sp.append("t", b"x" * 1000, 1))
+sp.append("t", b"three", 1)
+sp.append("t", b"four", 1)
+one, three, four = next(sp), next(sp), next(sp)
+sp.acked(one)
+ack_error = limited(8 + 4, lambda: sp.acked(three))
+sp.acked(four)
+print(json.dumps([append_error, ack_error, sp.unacked]))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_spool_a_write_that_fails_part_way_leaves_no_torn_record(tmp_path):
+    """An append and an acknowledgement whose write fails half-way (EFBIG here; ENOSPC and
+    EIO alike) raise and leave nothing behind: the appends and acknowledgements after them
+    are read back after a crash. (The torn record ended the file at the next open, losing
+    the requests appended after it; a torn number shifted every later one.)"""
+    import subprocess
+    import sys
+    import edgebroker
+    path = tmp_path / "spool"
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(edgebroker.__file__)))
+    child = subprocess.run([sys.executable, "-c", _WRITE_ERROR_CHILD, str(path)], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    append_error, ack_error, unacked = json.loads(child.stdout)
+    assert append_error == ack_error == "File too large"
+    assert unacked == 1                           # "three": its acknowledgement failed
+    assert os.path.getsize(f"{path}.acked") == 16  # 1 and 4, whole
+    with Spool(path) as sp:
+        assert [r.payload for r in drain(sp)] == [b"three"]
+        assert sp.append("t", b"five", 1) == 4      # the failed append used no number
+
+
 def test_spool_compaction_replaces_the_file_durably_with_one_fsync(tmp_path, monkeypatch):
     """Compaction goes through edgebroker.files.replace_file: the new file fsynced once (not
     per record), renamed, the directory fsynced."""

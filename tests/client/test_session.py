@@ -2,7 +2,9 @@
 sans-I/O connection driven over a plain socket, a subscriber speaking MQTT through the tests'
 own encoder (tests/mqttraw.py). With Session Present 1 a QoS 2 publish past PUBREC is
 finished with PUBREL; with Session Present 0 the server has forgotten it, so the client sends
-it again as a new PUBLISH: it arrives (at least once) instead of being lost."""
+it again as a new PUBLISH: it arrives (at least once) instead of being lost. A QoS 2 message
+the server sends again on the next connection is given out once. Each in 3.1.1 and in 3.1,
+whose CONNACK has no Session Present flag (the session is taken as kept)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 import mqttraw as m
 from edgebroker.client.connection import Connection
-from edgebroker.client.events import Acked, Connected
+from edgebroker.client.events import Acked, Connected, Message, Subscribed
 
 TIMEOUT = 10.0
 
@@ -33,16 +35,7 @@ def link(conn: Connection, remote, now: float) -> tuple[socket.socket, list]:
 
 def until_acked(conn: Connection, s: socket.socket, now: float, request) -> list:
     """Write what the connection has to send and read until ``request`` is acknowledged."""
-    events: list = []
-    while not any(isinstance(e, Acked) and e.request is request for e in events):
-        data = conn.data_to_send(now)
-        if data:
-            s.sendall(data)
-        got = s.recv(4096)
-        assert got, "the server closed the connection"
-        events += conn.receive_data(got, now)
-    s.sendall(conn.data_to_send(now))
-    return events
+    return exchange(conn, s, now, lambda e: isinstance(e, Acked) and e.request is request)
 
 
 def received(sub: m.RawClient, last: bytes) -> list:
@@ -59,9 +52,15 @@ def received(sub: m.RawClient, last: bytes) -> list:
     return payloads
 
 
+# 3.1 (level 3): its CONNACK has no Session Present flag, yet the server keeps the session
+# of a client connecting with cleansession 0; the client takes it as kept.
+PROTOCOLS = pytest.mark.parametrize("protocol", [4, 3], ids=["3.1.1", "3.1"])
+
+
+@PROTOCOLS
 @pytest.mark.parametrize("clean_start", [True, False], ids=["session-present-0",
                                                             "session-present-1"])
-def test_qos2_past_pubrec_survives_a_reconnect(remote, uid, clean_start):
+def test_qos2_past_pubrec_survives_a_reconnect(remote, uid, clean_start, protocol):
     topic = f"{uid}/t"
     sub = m.RawClient(remote.host, remote.port)
     sub.send(m.connect(f"{uid}s"))
@@ -69,7 +68,7 @@ def test_qos2_past_pubrec_survives_a_reconnect(remote, uid, clean_start):
     sub.send(m.subscribe(1, [(topic, 2)]))
     sub.expect(m.SUBACK)
 
-    conn = Connection(f"{uid}p", 4, keepalive=0, clean_start=clean_start)
+    conn = Connection(f"{uid}p", protocol, keepalive=0, clean_start=clean_start)
     s, _ = link(conn, remote, 0.0)
     req = conn.publish(topic, b"hello", qos=2)
     s.sendall(conn.data_to_send(0.0))
@@ -105,3 +104,52 @@ def test_qos2_past_pubrec_survives_a_reconnect(remote, uid, clean_start):
         assert got == [b"hello", b"marker"]
     s.close()
     sub.close()
+
+
+@PROTOCOLS
+def test_incoming_qos2_sent_again_after_a_reconnect_is_given_out_once(remote, uid, protocol):
+    """The link breaks after a QoS 2 message was given out and before its PUBREC went out;
+    the server, which kept the session (cleansession 0), sends it again (DUP) on the next
+    connection: it is dropped as a duplicate (PUBREC, PUBREL, PUBCOMP), not given out
+    twice. (3.1: the CONNACK's 0 was read as "session lost", the identifier forgotten.)"""
+    topic = f"{uid}/in"
+    conn = Connection(f"{uid}s", protocol, keepalive=0, clean_start=False)
+    s, _ = link(conn, remote, 0.0)
+    conn.subscribe([(topic, 2)])
+    exchange(conn, s, 0.0, lambda e: isinstance(e, Subscribed))
+    pub = m.RawClient(remote.host, remote.port)
+    pub.connect(f"{uid}p")
+    pub.publish(topic, b"once", qos=2)
+    given = exchange(conn, s, 0.0, lambda e: isinstance(e, Message), send_last=False)
+    s.close()                        # the PUBREC owed is lost with the link
+    conn.connection_lost()
+
+    s, events = link(conn, remote, 1.0)
+    given += events
+    if not any(isinstance(e, Message) for e in events):      # the resent PUBLISH
+        given += exchange(conn, s, 1.0, lambda e: isinstance(e, Message),
+                          until=lambda: conn.duplicates_dropped)
+    pub.publish(topic, b"marker", qos=2)
+    given += exchange(conn, s, 1.0, lambda e: isinstance(e, Message) and e.payload == b"marker")
+    assert [e.payload for e in given if isinstance(e, Message)] == [b"once", b"marker"]
+    assert conn.duplicates_dropped == 1
+    assert [e.session_present for e in events if isinstance(e, Connected)] == [True]
+    s.close()
+    pub.close()
+
+
+def exchange(conn: Connection, s: socket.socket, now: float, done, until=None,
+             send_last: bool = True) -> list:
+    """Write what the connection has to send and read until an event is ``done`` (or
+    ``until()``); what it owes then is sent unless not ``send_last``."""
+    events: list = []
+    while not any(done(e) for e in events) and not (until and until()):
+        data = conn.data_to_send(now)
+        if data:
+            s.sendall(data)
+        got = s.recv(4096)
+        assert got, "the server closed the connection"
+        events += conn.receive_data(got, now)
+    if send_last:
+        s.sendall(conn.data_to_send(now))
+    return events

@@ -7,6 +7,7 @@ broker never sends: pings, a text frame, a server's close."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 
@@ -288,6 +289,61 @@ def test_websocket_text_frame_closes_with_1003():
     server.thread.join(5)
     assert [e.code for e in server.received if isinstance(e, CloseConnection)] == [1003]
     t.close()
+
+
+def publish_then_close(conn, ws, server):
+    """CONNACK, a QoS 1 PUBLISH (the client owes a PUBACK) and the server's close frame, in
+    one write; then read until the client ends the connection."""
+    server.wait_for(conn, ws, BytesMessage)                      # CONNECT
+    conn.sendall(ws.send(Message(data=m.connack()))
+                 + ws.send(Message(data=m.publish("ws/t", b"last", qos=1, packet_id=7)))
+                 + ws.send(CloseConnection(1000)))
+    for _ in range(100):
+        data = conn.recv(65536)
+        if not data:
+            break
+        ws.receive_data(data)
+        server.received += ws.events()
+
+
+def test_the_event_loop_reads_a_close_behind_a_publish_as_the_links_end():
+    """The PUBACK owed goes to a WebSocket closed by the server: BrokenPipeError (an OSError)
+    from the transport, the link's loss for the loop, not wsproto's LocalProtocolError out of
+    poll(). The message is given out, the close answered."""
+    server = HandMadeServer(publish_then_close)
+    lp = EventLoop(client_id="wsclose", reconnect="never",
+                   transport_factory=Dialer(f"ws://127.0.0.1:{server.port}"))
+    events = []
+    for _ in range(20):
+        event = lp.poll(5)
+        if event is None:
+            break
+        events.append(event)
+    lp.close()
+    server.thread.join(5)
+    assert [type(e).__name__ for e in events] == ["Connected", "Message", "Disconnected"]
+    assert events[1].payload == b"last"
+    assert [e.code for e in server.received if isinstance(e, CloseConnection)] == [1000]
+
+
+def test_the_asyncio_client_reads_a_close_behind_a_publish_as_the_links_end():
+    """As above, through the asyncio adapter: no exception escapes its write callback."""
+    from edgebroker.client.aio import AsyncClient
+    server = HandMadeServer(publish_then_close)
+    errors = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: errors.append(ctx))
+        c = AsyncClient(f"ws://127.0.0.1:{server.port}", "wsclose-aio", reconnect="never")
+        await c.connect()
+        return [event async for event in c]
+
+    events = asyncio.run(asyncio.wait_for(main(), 10))
+    server.thread.join(5)
+    assert not errors, [str(e.get("exception") or e.get("message")) for e in errors]
+    assert [type(e).__name__ for e in events] == ["Connected", "Message", "Disconnected"]
+    assert events[1].payload == b"last"
+    assert [e.code for e in server.received if isinstance(e, CloseConnection)] == [1000]
 
 
 # -- the synchronous event loop's dial (Dialer.steps in its selector) -----------------------
