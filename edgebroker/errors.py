@@ -98,6 +98,11 @@ class ConfigError(EdgebrokerError):
         self.partial = partial
 
 
+class AddressError(EdgebrokerError):
+    """A broker address the client library cannot read, or a host name that cannot be looked
+    up (client/address.py, client/handshake.py)."""
+
+
 class ProtocolError(EdgebrokerError):
     """The peer broke the MQTT protocol; the connection must be closed.
 

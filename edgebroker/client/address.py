@@ -27,16 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from edgebroker.errors import EdgebrokerError
+from edgebroker.errors import AddressError
 
 DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
 TLS_SCHEMES = ("mqtts", "wss")
 WS_SCHEMES = ("ws", "wss")
 DEFAULT_WS_PATH = "/mqtt"
-
-
-class AddressError(EdgebrokerError):
-    """A broker address that cannot be read."""
 
 
 @dataclass

@@ -28,7 +28,7 @@ import select
 import socket
 import time
 
-from edgebroker.client.address import AddressError
+from edgebroker.errors import AddressError
 
 READ = "read"
 WRITE = "write"
