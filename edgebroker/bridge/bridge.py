@@ -361,7 +361,9 @@ class Bridge(Refusals, Pumping):
         if subscriptions:
             v5 = self.config.protocol_version == 5
             # No Local: the remote does not send back what this bridge published there.
-            extra = P.SUB_NO_LOCAL | P.SUB_RETAIN_AS_PUBLISHED if v5 else 0
+            # Retain Handling 1: its retained messages come only with a new subscription,
+            # not again at each reconnect to a session the remote kept.
+            extra = (P.SUB_NO_LOCAL | P.SUB_RETAIN_AS_PUBLISHED | 1 << 4) if v5 else 0
             self.conn.subscribe([(f, qos | extra) for f, qos in subscriptions])
 
     # ----- sending ----------------------------------------------------------------------
