@@ -104,7 +104,7 @@ class Bridge(Refusals, Pumping):
         self._busy_times = 0             # such refusals since one was accepted (back-off)
         self._busy_retry = Timer(self._send_busy_again)
         self._warned: set = set()        # what was logged once
-        self._sent_before = 0            # publishes in flight when the link was lost
+        self._sent_before = (0, 0)       # publishes in flight at the link's loss, past PUBREC
         self._give_up = Timer(self._connect_expired)   # connect_timeout, from _connect on
 
     # ----- start and stop ---------------------------------------------------------------
@@ -335,7 +335,8 @@ class Bridge(Refusals, Pumping):
         # The log still cannot write: the new link is not read either (past its CONNACK).
         for why in self._paused_reading:
             self.link.pause_reading(why)
-        resent, self._sent_before = self._sent_before, 0   # sent before, sent again now
+        (sent, released), self._sent_before = self._sent_before, (0, 0)
+        resent = sent - released if event.session_present else sent   # sent again now
         self.outbound.resent += resent
         log.info("bridge %s: connected to %s (session present: %s; %d messages sent again)",
                  self.name, self.config.address, event.session_present, resent)

@@ -113,11 +113,11 @@ class Outbound:
         pending = self.pending
         size = 0
         for offset, _ts, qos, retain, topic, payload, _n, _props, publisher in records:
-            if publisher == own:
-                self.skipped_own += 1
-                continue
             found = outgoing(topic)
             if found is None:
+                continue
+            if publisher == own:      # (counted only when an out rule would have sent it)
+                self.skipped_own += 1
                 continue
             remote_topic, rule_qos = found
             pending.append((offset, remote_topic, payload, rule_qos, retain))

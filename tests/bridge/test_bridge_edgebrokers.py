@@ -51,3 +51,23 @@ def test_both_ways_without_loops(broker, version):
     assert at_gw.recv_publish(5).payload == b"centre end"
     fig = wait_figure(gw, lambda f: f["received"] == received + 1)
     assert fig["forwarded"] == 2 and fig["not_sent_back"] == received + 1
+
+
+def test_messages_that_came_in_on_topics_no_out_rule_sends_are_not_counted_as_not_sent_back(
+        broker):
+    """``not_sent_back`` counts the bridge's own records an out rule would have sent: with
+    two out rules (the log is read without a topic filter) the messages of an in rule on
+    other topics are not among them."""
+    central = broker()
+    rules = [{"pattern": "t/#", "direction": "out", "qos": 1},
+             {"pattern": "u/#", "direction": "out", "qos": 1},
+             {"pattern": "cmd/#", "direction": "in", "qos": 1}]
+    gw = broker(bridge=[bridge_table(central.port, rules, protocol_version=4)])
+    wait_figure(gw, lambda f: f["state"] == "up" and f["inflight"] == 0)
+    pub = central.client("central-pub")
+    for i in range(3):
+        pub.publish(f"cmd/{i}", b"in", qos=1)
+    gw.client("gw-pub").publish("t/a", b"out", qos=1)
+    fig = wait_figure(gw, lambda f: f["received"] == 3 and f["forwarded"] == 1
+                      and f["lag_messages"] == 0)
+    assert fig["not_sent_back"] == 0

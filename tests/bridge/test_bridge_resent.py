@@ -35,3 +35,36 @@ def test_only_what_was_sent_before_counts_as_resent(broker):
         assert (fig["forwarded"], fig["resent"]) == (5, 2), fig
     finally:
         remote.close()
+
+
+def test_a_qos_2_message_past_pubrec_is_not_counted_as_resent(broker):
+    """After a reconnect to a session the remote kept, a QoS 2 message past PUBREC gets its
+    PUBREL again, not its PUBLISH: only the other one counts as resent."""
+    remote = FakeRemote5()
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 2}]
+    try:
+        gw = broker(bridge=[bridge_table(remote.port, rules, protocol_version=5,
+                                         session_expiry=300)])
+        end = remote.accept()
+        wait_figure(gw, lambda f: f["state"] == "up")
+        pub = gw.client("pub")
+        for i in range(2):
+            pub.publish("s/x", str(i).encode(), qos=1)
+        first = [end.expect(m5.PUBLISH) for _ in range(2)]
+        end.send(m5.pubrec5(first[0].packet_id))
+        assert end.expect(m5.PUBREL).packet_id == first[0].packet_id
+        mark = gw.mark()
+        end.close()
+        end = remote.accept(m5.connack5(session_present=True))
+        assert end.expect(m5.PUBREL).packet_id == first[0].packet_id
+        again = end.expect(m5.PUBLISH)
+        assert (again.payload, again.dup) == (b"1", True)
+        line = gw.wait_log(lambda ln: "bridge up: connected to" in ln, 5, mark)
+        assert "1 messages sent again" in line, line
+        end.send(m5.pubcomp5(first[0].packet_id) + m5.pubrec5(again.packet_id))
+        end.expect(m5.PUBREL)
+        end.send(m5.pubcomp5(again.packet_id))
+        fig = wait_figure(gw, lambda f: f["cursor"] == 2)
+        assert (fig["forwarded"], fig["resent"]) == (2, 1), fig
+    finally:
+        remote.close()
