@@ -249,7 +249,7 @@ class Bridge(Refusals, Pumping):
             self.conn.connection_lost()
         # Sent on this link and not acknowledged: sent again after the next CONNACK (those
         # still queued in the connection were never sent: not resends).
-        self._sent_before = self.conn.inflight_publishes
+        self._sent_before = (self.conn.inflight_publishes, self.conn.inflight_past_pubrec)
         if not self.config.clean_start and (self.config.protocol_version == 4
                                             or self.config.session_expiry):
             self.inbound.link_lost()    # the remote kept the session: it sends them again

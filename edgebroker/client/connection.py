@@ -127,12 +127,16 @@ class Connection:
         return len(self._inflight)
 
     @property
-    def inflight_publishes(self) -> tuple[int, int]:
-        """(QoS 1/2 PUBLISHes sent and not acknowledged, those of them past PUBREC): after a
-        reconnection all are sent again, or all but the second, whose PUBREL goes instead,
-        when the server kept the session (other requests in flight: SUBSCRIBE, UNSUBSCRIBE)."""
-        stages = [req.stage for req in self._inflight.values() if req.kind is PUBLISH]
-        return len(stages), sum(1 for stage in stages if stage != STAGE_PUBLISH)
+    def inflight_publishes(self) -> int:
+        """QoS 1/2 PUBLISHes sent and not acknowledged: after a reconnection they are the
+        ones sent again (other requests in flight are SUBSCRIBE, UNSUBSCRIBE)."""
+        return sum(1 for req in self._inflight.values() if req.kind is PUBLISH)
+
+    @property
+    def inflight_past_pubrec(self) -> int:
+        """Of ``inflight_publishes``, the QoS 2 past PUBREC (their PUBREL goes again)."""
+        return sum(1 for r in self._inflight.values()
+                   if r.kind is PUBLISH and r.stage != STAGE_PUBLISH)
 
     @property
     def queued(self) -> int:
