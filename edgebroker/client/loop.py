@@ -8,9 +8,11 @@ the next one only while the connection can take it (fewer than ``max_queued`` wa
 the loop's output buffer under ``OUTPUT_HIGH``): that is the producer's back-pressure, so a
 generator is never read ahead by more than in-flight + queued requests. An item ``None``
 means "nothing for now" (the loop asks again ``IDLE_POLL`` seconds later, or at once after
-``commands.wake()``, or, for a source with a descriptor to watch, when it is readable). A request is a ``requests.make_publish/make_subscribe/...`` result or
-a tuple ``(topic, payload[, qos[, retain]])``. A source with an ``acked(request)`` method is
-told of each request answered (the spool removes it).
+``commands.wake()``, or, for a source with a descriptor to watch, when it is readable). A
+request is a ``requests.make_publish/make_subscribe/...`` result or a tuple
+``(topic, payload[, qos[, retain]])``. A source with an ``acked(request)`` method is told of
+each request answered (the spool removes it); one the connection can never send (5.0
+properties over 3.1.1) is answered as refused (reason code 0x80).
 
 The loop is an iterator of events (events.py): messages, acknowledgements with their
 request, connection changes. ``run(requests, timeout)`` sends a bounded batch and returns
@@ -35,7 +37,7 @@ from edgebroker.client.connection import Connection
 from edgebroker.client.events import (
     Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
 )
-from edgebroker.client.requests import ClientError, Request, as_request
+from edgebroker.client.requests import PUBLISH, SUBSCRIBE, ClientError, Request, as_request
 from edgebroker.client.loop_commands import LoopCommands
 from edgebroker.client.loop_dial import DIAL, LoopDialing, why
 from edgebroker.client.statefile import read_state
@@ -46,6 +48,7 @@ IDLE_POLL = 0.05           # seconds before asking a source that said "nothing f
 READ_SIZE = 1 << 16
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
 _NEVER = float("inf")       # _idle_until while the source waits for its descriptor
+_REFUSED = 0x80             # "unspecified error", valid in SUBACK of 3.1.1 and 5.0 alike
 _SOURCE = "source"          # the selector key's data of the source's descriptor
 
 
@@ -278,7 +281,14 @@ class EventLoop(LoopCommands, LoopDialing):
                 # asked again when the watched descriptor is readable, or a bit later
                 self._idle_until = _NEVER if self._source_fd is not None else now + IDLE_POLL
                 return
-            req = submit(item if type(item) is Request else as_request(item))
+            req = item if type(item) is Request else as_request(item)
+            try:
+                submit(req)
+            except ClientError:
+                # Never sendable on this connection (5.0 properties over 3.1.1): answered as
+                # refused, so a spool lets it go rather than give it again at every start.
+                self._answered([_refused(req)])
+                continue
             if watch is not None:
                 watch[id(req)] = req
             if not n & 255:
@@ -468,3 +478,11 @@ class EventLoop(LoopCommands, LoopDialing):
         transport.close()
         self._transport = None
         self._out.clear()
+
+
+def _refused(req: Request):
+    """The answer to a request the connection refuses to send (reason code 0x80)."""
+    if req.kind is PUBLISH:
+        return Acked(req, _REFUSED)
+    codes = [_REFUSED] * len(req.filters)
+    return Subscribed(req, codes) if req.kind is SUBSCRIBE else Unsubscribed(req, codes)

@@ -396,3 +396,30 @@ def test_a_state_file_is_used_once(broker, uid, tmp_path):
                       state_file=path)
     assert third.conn.inflight == 0 and third.conn.queued == 0
     third.close()
+
+
+def test_a_spooled_request_3_1_1_cannot_send_is_answered_as_refused_not_given_again(
+        broker, uid, tmp_path):
+    """A publish with 5.0 properties and a subscribe with 5.0 options in the spool of a 3.1.1
+    client: each is answered as refused (0x80) and the spool lets it go; the requests around
+    them go as usual, and a spool opened again has nothing left to give."""
+    from edgebroker.client.spool import Spool
+    b = broker()
+    spool = Spool(tmp_path / "spool")
+    spool.append(f"{uid}/a", b"before", 1)
+    spool.append(make_publish(f"{uid}/a", b"5.0 only", 1, properties={0x26: [("k", "v")]}))
+    spool.append(make_subscribe([(f"{uid}/x", 1 | 0x04)]))           # No Local
+    spool.append(f"{uid}/a", b"after", 1)
+    lp = EventLoop(b.host, b.port, client_id=f"{uid}p", protocol=4, requests=spool)
+    events: list = []
+    drive({lp: events}, lambda: spool.unacked == 0 and sum(
+        type(e) in (Acked, Subscribed) for e in events) == 4, timeout=20)
+    answers = [(type(e).__name__, getattr(e, "reason_code", None), getattr(e, "granted", None))
+               for e in events if type(e) in (Acked, Subscribed)]
+    assert sorted(answers, key=str) == sorted([
+        ("Acked", 0, None), ("Acked", 0x80, None), ("Subscribed", None, [0x80]),
+        ("Acked", 0, None)], key=str)
+    lp.close()
+    spool.close()
+    with Spool(tmp_path / "spool") as again:
+        assert again.unacked == 0 and next(iter(again)) is None
