@@ -150,9 +150,10 @@ class EventLoop(LoopCommands, LoopDialing):
     @property
     def idle(self) -> bool:
         """The source is used up (or there is none) and every request is answered: none
-        queued, none in flight (QoS 0: its bytes handed to the transport)."""
+        queued, none in flight (QoS 0: its bytes handed to the transport), and no bytes wait
+        in the loop for the socket."""
         conn = self.conn
-        return self._source_done and not conn.queued and not conn.inflight
+        return self._source_done and not conn.queued and not conn.inflight and not self._out
 
     def __iter__(self):
         return self

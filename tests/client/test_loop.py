@@ -423,3 +423,49 @@ def test_a_spooled_request_3_1_1_cannot_send_is_answered_as_refused_not_given_ag
     spool.close()
     with Spool(tmp_path / "spool") as again:
         assert again.unacked == 0 and next(iter(again)) is None
+
+
+def test_the_loop_is_not_idle_while_its_own_buffer_holds_bytes(broker, uid):
+    """A QoS 0 publish is answered once the connection handed its bytes out, but the socket
+    (a small send buffer, a link that stopped forwarding) took only part of them: the rest
+    waits in the loop. Until it is written the loop is not ``idle``, so ``end_when_idle``
+    does not end and a ``close()`` then would not cut the message."""
+    import socket
+    from edgebroker.client.transport import TCPTransport
+    b = broker()
+    sub = b.client(f"{uid}s")
+    sub.subscribe(f"{uid}/big", qos=0)
+    relay = Relay(b.host, b.port)
+    go = threading.Event()
+    big = b"x" * 900_000
+
+    def source():
+        while not go.is_set():
+            yield None
+        yield make_publish(f"{uid}/big", big, 0)
+
+    def dial(timeout: float):
+        s = socket.socket()
+        s.settimeout(timeout)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        s.connect(("127.0.0.1", relay.port))
+        return TCPTransport(s, "relay")
+
+    try:
+        lp = EventLoop(client_id=f"{uid}p", transport_factory=dial, requests=source(),
+                       end_when_idle=True)
+        wait_event(lp, lambda e: type(e) is Connected)
+        relay.freeze()
+        go.set()
+        wait_event(lp, lambda e: type(e) is Acked)        # handed out by the connection
+        assert lp.poll(0.3) is None
+        assert not lp.idle, "900 kB cannot all be in a frozen link's buffers"
+        relay.thaw()
+        deadline = time.monotonic() + 20
+        while not lp.idle:
+            assert time.monotonic() < deadline, "the loop's bytes never left"
+            lp.poll(0.05)
+        lp.close()
+        assert sub.recv_publish(10).payload == big
+    finally:
+        relay.close()
