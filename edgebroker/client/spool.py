@@ -105,8 +105,8 @@ class Spool:
             if not self._waiting:
                 return None
             seq, doc = self._waiting.popleft()
-        req = from_state(doc)
-        self._out[id(req)] = (seq, req)
+            req = from_state(doc)
+            self._out[id(req)] = (seq, req)   # (under the lock: unacked never misses it)
         return req
 
     def acked(self, request) -> None:
