@@ -10,6 +10,8 @@ leaves a choice.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from edgebroker import errors as E
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt import properties as Q
@@ -29,15 +31,27 @@ ADMISSION_REASONS = {
 }
 
 
+class Told(NamedTuple):
+    """The broker's limits a 5.0 CONNACK announces (``Conn5.told``)."""
+    max_qos: int
+    retain_available: bool
+    receive_maximum: int
+    max_topic_alias: int
+
+
 class Conn5:
     """A 5.0 connection's own state (``Client.v5``)."""
 
     __slots__ = ("receive_maximum", "max_packet_size", "topic_alias_maximum", "aliases",
                  "problem_info", "session_expiry", "out_aliases", "auth_method", "auth",
-                 "auth_reply")
+                 "auth_reply", "told")
 
-    def __init__(self, props: dict | None):
+    def __init__(self, props: dict | None, limits):
         props = props or {}
+        # What the CONNACK tells the client, kept for the connection's life: a reload that
+        # changes these limits applies to connections made after it (the client was told).
+        self.told = Told(limits.max_qos, limits.retain_available, limits.receive_maximum,
+                         limits.max_topic_alias)
         # What the client accepts: the broker sends no more than this (flow control, sizes).
         self.receive_maximum = props.get(Q.RECEIVE_MAXIMUM, 65535)
         self.max_packet_size = props.get(Q.MAXIMUM_PACKET_SIZE, 0)   # 0: the protocol's limit
@@ -78,16 +92,17 @@ def connack_properties(broker, client, assigned_id: str | None, keepalive: int |
         props[Q.ASSIGNED_CLIENT_ID] = assigned_id
     if keepalive is not None:
         props[Q.SERVER_KEEP_ALIVE] = keepalive
-    if limits.max_topic_alias:
-        props[Q.TOPIC_ALIAS_MAXIMUM] = limits.max_topic_alias
+    told = conn.told
+    if told.max_topic_alias:
+        props[Q.TOPIC_ALIAS_MAXIMUM] = told.max_topic_alias
     props[Q.MAXIMUM_PACKET_SIZE] = limits.max_packet_size
     if not broker.config.shared_subscriptions:
         props[Q.SHARED_SUB_AVAILABLE] = 0   # available (1) is the default
-    if limits.receive_maximum < 65535:
-        props[Q.RECEIVE_MAXIMUM] = limits.receive_maximum
-    if limits.max_qos < 2:
-        props[Q.MAXIMUM_QOS] = limits.max_qos
-    if not limits.retain_available:
+    if told.receive_maximum < 65535:
+        props[Q.RECEIVE_MAXIMUM] = told.receive_maximum
+    if told.max_qos < 2:
+        props[Q.MAXIMUM_QOS] = told.max_qos
+    if not told.retain_available:
         props[Q.RETAIN_AVAILABLE] = 0
     if conn.auth_method is not None:       # MQTT-4.12.0-5
         props[Q.AUTH_METHOD] = conn.auth_method

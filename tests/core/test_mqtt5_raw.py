@@ -142,6 +142,38 @@ def test_a_message_expiry_interval_of_0_is_read_as_none(srv, uid):
     assert r.payload == b"kept" and r.retain and R.MESSAGE_EXPIRY not in r.properties, r
 
 
+def test_a_reload_that_lowers_the_announced_limits_applies_to_connections_made_after_it(
+        broker, uid):
+    """Maximum QoS, Retain Available, Receive Maximum and Topic Alias Maximum are in the
+    CONNACK: a client told 2, 1, 3 and 2 keeps them after a reload lowers them all; a client
+    connecting after the reload is told the new ones, and held to them."""
+    import signal
+    from conftest import toml_dumps
+    limits = {"max_qos": 2, "retain_available": True, "receive_maximum": 3,
+              "max_topic_alias": 2}
+    b = broker(limits=limits)
+    before = raw5(b, f"{uid}-before")
+    lower = {"max_qos": 1, "retain_available": False, "receive_maximum": 1,
+             "max_topic_alias": 1}
+    mark = b.mark()
+    b.config_path.write_text(toml_dumps(dict(b.config, limits=lower)))
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", timeout=5, start=mark)
+    for i in range(3):                       # QoS 2, retained, 3 awaiting PUBREL, alias 2
+        before.send(R.publish5(f"{uid}/t", b"%d" % i, 2, retain=True, packet_id=i + 1,
+                               props={R.TOPIC_ALIAS: 2}))
+    recs = [before.wait_for(lambda p: p.type == R.PUBREC) for _ in range(3)]
+    assert [p.reason for p in recs] == [0, 0, 0]
+    after = R.RawClient5(b.host, b.port)
+    _open_clients.append(after)
+    ack = after.connect(f"{uid}-after")
+    assert (ack.properties[R.MAXIMUM_QOS], ack.properties[R.RETAIN_AVAILABLE],
+            ack.properties[R.RECEIVE_MAXIMUM], ack.properties[R.TOPIC_ALIAS_MAXIMUM]) == (
+                1, 0, 1, 1)
+    after.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=1))
+    assert after.expect_disconnect().reason == 0x9B          # QoS not supported
+
+
 def test_will_delay_interval(srv, uid):
     watcher = raw5(srv, f"{uid}-w")
     watcher.subscribe(f"{uid}/will", qos=1)

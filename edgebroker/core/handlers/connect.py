@@ -41,7 +41,7 @@ def on_connect(client, p: P.Connect) -> None:
     client.protocol_level = p.protocol_level
     v5 = p.protocol_level == P.PROTOCOL_5
     if v5:
-        conn = client.v5 = mqtt5.Conn5(p.properties)
+        conn = client.v5 = mqtt5.Conn5(p.properties, limits)
     will = p.will
     if will is not None and (will.retain and not limits.retain_available
                              or will.qos > limits.max_qos):

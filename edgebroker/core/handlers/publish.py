@@ -40,7 +40,7 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None
         # PUBACK: no coalescing delay for it (Broker.prompt).
         broker.prompt = True
     topic = p.topic
-    if p.retain and not broker.limits.retain_available:
+    if p.retain and not broker.limits.retain_available and client.v5 is None:  # (5.0: above)
         raise ProtocolError("retained PUBLISH and retain_available is false",
                             rule="retain_available", reason=RETAIN_NOT_SUPPORTED)
     if topic in broker.known_topics and client.acl is None:
@@ -99,17 +99,17 @@ _last_forwarded: tuple = (None, b"", None)
 def on_publish5(client, p: P.Publish) -> None:
     """A 5.0 PUBLISH: its Topic Alias resolved (or set), its properties checked and kept for
     the subscribers; refusals answered with a reason code where QoS > 0 has one."""
-    limits = client.broker.limits
-    if p.qos > limits.max_qos:
-        raise ProtocolError(f"PUBLISH with QoS {p.qos}, above the Maximum QoS ({limits.max_qos})",
+    told = client.v5.told        # what its CONNACK said, whatever a reload changed since
+    if p.qos > told.max_qos:
+        raise ProtocolError(f"PUBLISH with QoS {p.qos}, above the Maximum QoS ({told.max_qos})",
                             rule="MQTT-3.2.2-11", reason=QOS_NOT_SUPPORTED)
-    if p.retain and not limits.retain_available:
+    if p.retain and not told.retain_available:
         raise ProtocolError("retained PUBLISH while Retain Available is 0",
                             rule="MQTT-3.3.1-8", reason=RETAIN_NOT_SUPPORTED)
-    if (p.qos == 2 and len(client.session.awaiting_release) >= limits.receive_maximum
+    if (p.qos == 2 and len(client.session.awaiting_release) >= told.receive_maximum
             and p.packet_id not in client.session.awaiting_release):
         raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
-                            f"({limits.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-9",
+                            f"({told.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-9",
                             reason=RECEIVE_MAXIMUM_EXCEEDED)
     props = p.properties
     if props is not None:
@@ -152,7 +152,7 @@ def on_publish5_rated(client, p: P.Publish) -> None:
 def _alias(client, topic: str, alias: int) -> str:
     """The topic a 5.0 PUBLISH with Topic Alias ``alias`` goes to (setting the alias when it
     names a topic)."""
-    maximum = client.broker.limits.max_topic_alias
+    maximum = client.v5.told.max_topic_alias
     if alias > maximum:
         raise ProtocolError(f"PUBLISH with Topic Alias {alias}, above the Topic Alias Maximum "
                             f"({maximum})", rule="MQTT-3.3.2-9", reason=TOPIC_ALIAS_INVALID)
