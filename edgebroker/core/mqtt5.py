@@ -10,8 +10,6 @@ leaves a choice.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from edgebroker import errors as E
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt import properties as Q
@@ -31,12 +29,18 @@ ADMISSION_REASONS = {
 }
 
 
-class Told(NamedTuple):
-    """The broker's limits a 5.0 CONNACK announces (``Conn5.told``)."""
-    max_qos: int
-    retain_available: bool
-    receive_maximum: int
-    max_topic_alias: int
+class Told:
+    """The broker's limits a 5.0 CONNACK announces (``Conn5.told``). (A plain class: the
+    typing module's NamedTuple would cost the broker memory, tests/server/test_lazy_imports.)"""
+
+    __slots__ = ("max_qos", "retain_available", "receive_maximum", "max_topic_alias")
+
+    def __init__(self, max_qos: int, retain_available: bool, receive_maximum: int,
+                 max_topic_alias: int):
+        self.max_qos = max_qos
+        self.retain_available = retain_available
+        self.receive_maximum = receive_maximum
+        self.max_topic_alias = max_topic_alias
 
 
 class Conn5:
