@@ -269,6 +269,7 @@ PEER_EVENTS = {
     "websocket": "refused WebSocket upgrades",
     "tls_handshake": "failed TLS handshakes",
     "tls_handshake_timeout": "TLS handshakes not finished within handshake_timeout",
+    "held_output": "connections not read while replies they do not read wait",
 }
 
 # PeerLog's period (seconds), and how many (kind, source address) pairs it tracks at most.
@@ -277,7 +278,7 @@ PEER_LOG_SOURCES = 1000
 
 
 def source_of(peer: str) -> str:
-    """The source address of a connection named ``peer`` (server/transport.py's
+    """The source address of a connection named ``peer`` (server/peers.py's
     ``format_peer``, or a Unix listener's peer): the host without the port; for a Unix socket
     its path and the connecting process's uid."""
     if peer.startswith("["):

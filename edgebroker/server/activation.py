@@ -29,7 +29,7 @@ from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
 from edgebroker.records import record
 from edgebroker.server.sdnotify import for_this_process
-from edgebroker.server.transport import format_peer
+from edgebroker.server.peers import format_peer
 
 log = logging.getLogger("edgebroker.server")
 

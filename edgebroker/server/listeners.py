@@ -39,7 +39,7 @@ from edgebroker.config import ListenerConfig
 from edgebroker.errors import EdgebrokerError
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server.tls import TLSServer
-from edgebroker.server.transport import format_peer
+from edgebroker.server.peers import format_peer
 
 log = logging.getLogger("edgebroker.server")
 

@@ -415,7 +415,10 @@ class TLSTransport(Transport):
         if out or self.read_wants_write:
             want |= _WRITE
         self._want(want)
-        if not early and not out and self.want_drain and not self.closed:
+        if early:
+            return
+        self.hold_input()
+        if not out and self.want_drain and not self.closed:
             self.drained()
 
     def end_output(self) -> bool:

@@ -9,27 +9,23 @@ Writes are queued and flushed by the loop once per pass with one ``sendmsg`` ove
 buffers (no per-message syscalls; ``send_now`` and ``offer`` may send earlier in a pass). Only
 the unsent remainder stays queued; the socket is watched for writing only while it has some.
 
-``write_file`` queues a header from memory plus a byte range of a commit-log
-segment: a backlog is sent with the native helper's sendfile batch, payloads
-never passing through Python. A queued range names its record's offset; if
-retention deleted segments meanwhile (their descriptors are closed), the range
-is looked up again before use, and dropped if the record is gone.
+``write_file`` queues a header from memory plus a byte range of a commit-log segment
+(server/filechunk.py), sent with sendfile; dropped if retention deleted its record.
 
-The queue is bounded for what may be dropped: ``offer`` (a QoS 0 PUBLISH)
-refuses once ``max_pending`` bytes are waiting (FileChunks count with their
-full length); the core then drops the message or keeps it in the session's
-queue, calls ``wait_for_drain()``, and is called back (``client.writable()``) when
-everything has been written.
+The queue is bounded for what may be dropped: ``offer`` (a QoS 0 PUBLISH) refuses once
+``max_pending`` bytes are waiting (FileChunks count with their full length); the core then
+drops the message or keeps it in the session's queue, calls ``wait_for_drain()``, and is
+called back (``client.writable()``) when everything has been written. Replies are bounded
+by not reading a client that does not read them (``hold_input``).
 
 Before the first bytes reach the core they are sniffed (server/sniff.py): a TLS handshake
 or an HTTP request on a plain MQTT port is refused with a clear log line.
 
-The core may pause reading for one of several independent reasons
-(``pause_reading(reason)``): ``"auth"`` while a CONNECT waits for its password
-check, ``"rate"`` while a publisher is over its publish rate, ``"log"`` while
-the commit log cannot write. The socket is read again only once every reason
-is resumed; meanwhile it is not watched for input, so the peer's further bytes
-stay in the kernel and TCP slows it (and only it) down.
+The core may pause reading for one of several independent reasons (``pause_reading``):
+``"auth"`` while a CONNECT waits for its password check, ``"rate"`` while a publisher is over
+its publish rate, ``"log"`` while the commit log cannot write (``"output"``: see above). The
+socket is read again only once every reason is resumed; meanwhile it is not watched for
+input, so the peer's further bytes stay in the kernel and TCP slows it (and only it) down.
 """
 
 from __future__ import annotations
@@ -40,6 +36,7 @@ import selectors
 import socket
 
 from edgebroker import _native
+from edgebroker.server.filechunk import FileChunk
 from edgebroker.server.sniff import sniff
 
 log = logging.getLogger("edgebroker.server")
@@ -57,36 +54,16 @@ DEFAULT_MAX_PENDING = 1 << 20
 NO_OUTPUT: tuple = ()
 
 # Why reading may be paused: one bit each, so one holder cannot resume another's pause.
-PAUSE_REASONS = {"auth": 1, "rate": 2, "log": 4}
+PAUSE_REASONS = {"auth": 1, "rate": 2, "log": 4, "output": 8}
+# Output no reading client leaves queued (the replies to a flood of requests it does not
+# read: PINGRESPs, acknowledgements, pongs): past it the connection is not read until its
+# output is written (``hold_input``).
+HELD_WRITES = 65536
+HELD_FACTOR = 8            # times max_pending, in bytes
 
 
 class _Unrecoverable(Exception):
     """The connection's output cannot be completed; it must be closed."""
-
-
-class FileChunk:
-    """A queued PUBLISH whose payload is a range of a log segment file."""
-
-    __slots__ = ("head", "fd", "position", "length", "offset", "generation")
-
-    def __init__(self, head: bytes, fd: int, position: int, length: int, offset: int,
-                 generation: int):
-        self.head = head
-        self.fd = fd
-        self.position = position
-        self.length = length
-        self.offset = offset
-        self.generation = generation
-
-    def __len__(self) -> int:
-        return len(self.head) + self.length
-
-
-def format_peer(addr) -> str:
-    if isinstance(addr, tuple):
-        host, port = addr[0], addr[1]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return str(addr) or "unix"
 
 
 class Transport:
@@ -372,8 +349,31 @@ class Transport:
         self.update_events()  # early, what is left waits for the socket (see offer)
         if early:
             return
+        self.hold_input()
         if self.out is NO_OUTPUT and self.want_drain and not self.closed:
             self.drained()
+
+    def hold_input(self) -> None:
+        """After a pass's flush: a client with more output queued than a reading client
+        leaves is not read until all of it is written; counted and logged."""
+        out = self.out
+        if not out:
+            if self.paused & 8:
+                self.resume_reading("output")
+            return
+        if self.paused & 8 or (len(out) < HELD_WRITES
+                               and self.out_bytes < HELD_FACTOR * self.max_pending):
+            return
+        self.pause_reading("output")
+        broker = self.loop.broker
+        broker.hit("max_pending_write_bytes")
+        client = self.client
+        broker.peer_log.log(log, logging.WARNING, "held_output", self.peer,
+                            "%s: %d bytes in %d writes wait for the client to read them "
+                            "(bound: %d writes or %d bytes); not reading it until they are "
+                            "written", client.describe() if client is not None else self.peer,
+                            self.out_bytes, len(out), HELD_WRITES,
+                            HELD_FACTOR * self.max_pending)
 
     def _send_queue(self, out: list) -> tuple[int, str | None]:
         """Send what the socket takes of ``out``: (bytes sent, the error that stopped it)."""
