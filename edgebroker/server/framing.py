@@ -105,8 +105,9 @@ class Framing:
                 broker.peer_log.log(log, logging.WARNING, "websocket", stream.peer,
                                     "WebSocket upgrade from %s on listener %s refused: %s",
                                     stream.peer, stream.listener_name or "?", got.close)
-            if got.fault and not client.closed:
-                # A frame that breaks RFC 6455: a protocol violation like a bad MQTT packet.
+            if got.fault and got.open and not client.closed:
+                # A frame that breaks RFC 6455: a protocol violation like a bad MQTT packet
+                # (a refused upgrade is a refused connection, counted above).
                 client.violation(ProtocolError(got.close))
             else:
                 client.connection_lost(got.close)   # closes this (close below)

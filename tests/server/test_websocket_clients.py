@@ -356,13 +356,16 @@ def test_server_closes_with_a_close_frame(wssrv, uid):
     (m.connect("raw-mqtt"), 400, "not an HTTP request (first byte 0x10"),
 ])
 def test_not_a_websocket_upgrade_gets_400(wssrv, request_bytes, status, reason):
-    before = wssrv.stats()["refused"]["websocket"]
+    """Counted once, as a refused connection, not also as a protocol violation."""
+    before = wssrv.stats()
     c = wssrv.raw(port(wssrv, WS))
     c.send(request_bytes)
     reply = c.read_until_closed()
     assert reply.startswith(f"HTTP/1.1 {status} ".encode()), reply
     assert reason.encode() in reply.partition(b"\r\n\r\n")[2]
-    assert wssrv.stats()["refused"]["websocket"] == before + 1
+    after = wssrv.stats()
+    assert after["refused"]["websocket"] == before["refused"]["websocket"] + 1
+    assert after["counters"]["protocol_errors"] == before["counters"]["protocol_errors"]
 
 
 def test_refusals_are_counted_and_logged_once_a_minute(broker):
