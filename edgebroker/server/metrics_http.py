@@ -16,6 +16,7 @@ import http.server
 import logging
 import socket
 import threading
+import time
 
 from edgebroker import config as configuration
 from edgebroker.core import metrics
@@ -25,7 +26,9 @@ from edgebroker.errors import ConfigError, EdgebrokerError
 log = logging.getLogger("edgebroker.metrics")
 
 SNAPSHOT_INTERVAL = 1.0
-REQUEST_TIMEOUT = 5.0
+REQUEST_TIMEOUT = 5.0           # seconds one read or write of a request may take
+REQUEST_DEADLINE = 10.0         # seconds a whole request may take
+MAX_REQUESTS = 8                # requests served at once
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -309,13 +312,51 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         log.debug("metrics: %s %s", self.address_string(), format % args)
 
 
-class _Server(http.server.HTTPServer):
+class _Server(http.server.ThreadingHTTPServer):
+    """One thread per request, at most MAX_REQUESTS at once (more are closed at once), each
+    given REQUEST_DEADLINE in all: a slow or idle connection cannot hold up the scrapes (a
+    read timeout alone lets a peer that sends a byte every few seconds hold one for good)."""
+
     allow_reuse_address = True
+    daemon_threads = True
 
     def __init__(self, address, family, owner):
         self.address_family = family
         self.owner = owner
+        self._slots = threading.BoundedSemaphore(MAX_REQUESTS)
+        self._deadlines: dict = {}       # request socket -> when it is cut off
+        self._lock = threading.Lock()
         super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            log.debug("metrics: %d requests at once; closing the one from %s", MAX_REQUESTS,
+                      client_address)
+            self.shutdown_request(request)
+            return
+        with self._lock:
+            self._deadlines[request] = time.monotonic() + REQUEST_DEADLINE
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                self._deadlines.pop(request, None)
+            self._slots.release()
+
+    def service_actions(self):
+        """(serve_forever's loop, every poll interval): cut off requests past their deadline;
+        the handler's blocked read then ends."""
+        now = time.monotonic()
+        with self._lock:
+            late = [sock for sock, deadline in self._deadlines.items() if deadline <= now]
+        for sock in late:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class MetricsServer:

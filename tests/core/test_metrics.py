@@ -43,6 +43,37 @@ def scrape(url: str) -> dict:
     return samples
 
 
+def test_slow_or_idle_connections_do_not_hold_up_the_scrapes(broker):
+    """Idle connections and one that sends a byte every 2 s (each read within the 5 s read
+    timeout): scrapes go on meanwhile, and the slow one is cut off after 10 s in all."""
+    b = broker(metrics={"listen": "127.0.0.1:0"})
+    host, port = METRICS_RE.search(b.wait_log(METRICS_RE)).groups()
+    url = f"http://{host}:{port}/metrics"
+    idle = [socket.create_connection((host, int(port))) for _ in range(3)]
+    slow = socket.create_connection((host, int(port)))
+    slow.sendall(b"G")
+    start = time.monotonic()
+    cut = None
+    for _ in range(8):                                    # 16 s at most
+        assert scrape(url)[("edgebroker_info", edgebroker.__version__)] == 1
+        time.sleep(2)
+        try:
+            slow.sendall(b"E")
+        except OSError:
+            cut = time.monotonic() - start
+            break
+        slow.settimeout(0.01)
+        try:
+            if slow.recv(1) == b"":
+                cut = time.monotonic() - start
+                break
+        except socket.timeout:
+            pass
+    assert cut is not None and 9 < cut < 20, cut
+    for sock in idle + [slow]:
+        sock.close()
+
+
 def test_prometheus_endpoint(broker, uid):
     b = broker(metrics={"listen": "127.0.0.1:0"}, limits={"max_topics": 1})
     line = b.wait_log(METRICS_RE)
