@@ -85,13 +85,14 @@ class Framing:
     def data_received(self, data) -> None:
         if self.lingering:
             return      # the peer's answer to the close, or what it sent before it
-        was_open = self.endpoint.open
         got = self.endpoint.receive(bytes(data))    # the endpoint keeps what it holds
         stream = self.stream
-        if got.close is not None and was_open:
+        if got.reply:
+            stream.write(got.reply)                 # the handshake's answer, first
+        if got.close is not None and got.open:
             # Its close frame goes after the answers to the packets that came before the
-            # client's close or the bad frame (no data after a close, RFC 6455 5.5.1): close()
-            # writes it. (A handshake, frames and a close in one read still answer after it.)
+            # client's close or the bad frame (no data after a close, RFC 6455 5.5.1), also
+            # when the handshake came in the same read: close() writes it.
             self.last_words = got.send
         elif got.send:
             stream.write(got.send)

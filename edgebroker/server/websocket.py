@@ -72,21 +72,24 @@ class WebSocketInput:
     """What one ``receive`` meant.
 
     ``mqtt``: the MQTT bytes carried by binary messages, in order, in the pieces they arrived
-    in. ``send``: bytes to write to the peer as they are, before anything else. ``close``: why
-    the connection must be closed once ``send`` is written, or None. ``open``: the handshake
-    is done. ``fault``: the close is the peer's fault (a refused request, a frame that breaks
-    the rules), not its own close.
+    in. ``reply``: the handshake's answer, to write first. ``send``: bytes to write to the
+    peer as they are, before anything else but ``reply`` (with ``close`` on an open
+    connection: its close frame, which goes after the answers to ``mqtt``, as no data may
+    follow a close, RFC 6455 5.5.1). ``close``: why the connection must be closed once
+    ``send`` is written, or None. ``open``: the handshake is done. ``fault``: the close is the
+    peer's fault (a refused request, a frame that breaks the rules), not its own close.
     """
 
-    __slots__ = ("mqtt", "send", "close", "open", "fault")
+    __slots__ = ("mqtt", "send", "close", "open", "fault", "reply")
 
     def __init__(self, mqtt: list, send: bytes, close: str | None, open: bool,
-                 fault: bool = False):
+                 fault: bool = False, reply: bytes = b""):
         self.mqtt = mqtt
         self.send = send
         self.close = close
         self.open = open
         self.fault = fault
+        self.reply = reply
 
     def __repr__(self) -> str:
         return (f"WebSocketInput(mqtt={self.mqtt!r}, send={self.send!r}, close={self.close!r}, "
@@ -222,11 +225,11 @@ class WebSocketEndpoint:
 
     # -- OPEN -------------------------------------------------------------------------------------
 
-    def _frames(self, send: bytes) -> WebSocketInput:
-        """The events of the frames wsproto has parsed; ``send`` is what goes out before."""
+    def _frames(self, reply: bytes = b"") -> WebSocketInput:
+        """The events of the frames wsproto has parsed; ``reply``: the handshake's answer."""
         ws = self._ws
         mqtt = []
-        out = [send] if send else []
+        out = []
         close = None
         fault = True            # unless the client closed
         for event in ws.events():
@@ -260,4 +263,5 @@ class WebSocketEndpoint:
             # a Pong needs nothing
         if close is not None:
             self._closed = True
-        return WebSocketInput(mqtt, b"".join(out), close, True, close is not None and fault)
+        return WebSocketInput(mqtt, b"".join(out), close, True, close is not None and fault,
+                              reply)

@@ -326,6 +326,34 @@ def test_ping_is_answered_and_a_close_is_answered_then_closed(wssrv, uid):
     assert ws.wait_close() == 1000
 
 
+def test_upgrade_connect_and_close_in_one_write_get_the_connack_before_the_close(wssrv, uid):
+    """No data frame after a close frame (RFC 6455 5.5.1), also when the handshake, a CONNECT
+    and the client's close come in one read: 101, then the CONNACK, then the close."""
+    key = b"dGhlIHNhbXBsZSBub25jZQ=="
+    upgrade = (b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
+               b"Upgrade: websocket\r\nSec-WebSocket-Key: " + key + b"\r\n"
+               b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n")
+
+    def masked(opcode: int, payload: bytes) -> bytes:     # a client frame, under 126 bytes
+        mask = b"\x01\x02\x03\x04"
+        return (bytes((0x80 | opcode, 0x80 | len(payload))) + mask
+                + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+    c = wssrv.raw(port(wssrv, WS))
+    c.send(upgrade + masked(2, m.connect(uid)) + masked(8, (1000).to_bytes(2, "big")))
+    reply = c.read_until_closed()
+    head, _, frames = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101 ")
+    opcodes, payloads, i = [], [], 0
+    while i + 2 <= len(frames):                             # server frames: unmasked, short
+        n = frames[i + 1] & 0x7F
+        opcodes.append(frames[i] & 0x0F)
+        payloads.append(frames[i + 2:i + 2 + n])
+        i += 2 + n
+    assert opcodes == [2, 8], opcodes
+    assert payloads[0][:1] == bytes((m.CONNACK << 4,))
+
+
 def test_websocket_close_without_disconnect_publishes_the_will(wssrv, uid):
     tcp = wssrv.client(f"{uid}-tcp", port=port(wssrv, TCP))
     tcp.subscribe(f"{uid}/will")

@@ -32,8 +32,8 @@ def opened(**kw):
     ep = WebSocketEndpoint(**kw)
     client, request = client_request()
     got = ep.receive(request)
-    assert got.open and got.close is None and got.mqtt == []
-    [accept] = events(client, got.send)
+    assert got.open and got.close is None and got.mqtt == [] and got.send == b""
+    [accept] = events(client, got.reply)
     assert isinstance(accept, AcceptConnection) and accept.subprotocol == "mqtt"
     return ep, client
 
@@ -50,7 +50,7 @@ def binary(client, data, finished=True):
 def feed_bytewise(ep, data):
     """Feed one byte at a time; the inputs that carried something."""
     results = [ep.receive(data[i:i + 1]) for i in range(len(data))]
-    return [r for r in results if r.mqtt or r.send or r.close]
+    return [r for r in results if r.mqtt or r.send or r.reply or r.close]
 
 
 def refusal(got):
@@ -68,20 +68,21 @@ def test_upgrade_fed_whole():
     ep = WebSocketEndpoint()
     got = ep.receive(UPGRADE)
     assert got.open and ep.open and got.close is None and got.mqtt == []
-    assert got.send.startswith(b"HTTP/1.1 101 ")
+    assert got.reply.startswith(b"HTTP/1.1 101 ") and got.send == b""
     # RFC 6455 §1.3's worked example of the accept token
-    assert b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" in got.send
-    assert b"Sec-WebSocket-Protocol: mqtt\r\n" in got.send
-    assert b"Sec-WebSocket-Extensions" not in got.send
+    assert b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" in got.reply
+    assert b"Sec-WebSocket-Protocol: mqtt\r\n" in got.reply
+    assert b"Sec-WebSocket-Extensions" not in got.reply
 
 
 def test_upgrade_fed_byte_by_byte():
     ep = WebSocketEndpoint()
     for i in range(len(UPGRADE) - 1):
         got = ep.receive(UPGRADE[i:i + 1])
-        assert (got.mqtt, got.send, got.close, got.open) == ([], b"", None, False), i
+        assert (got.mqtt, got.send, got.reply, got.close, got.open) == (
+            [], b"", b"", None, False), i
     got = ep.receive(UPGRADE[-1:])
-    assert got.open and got.send.startswith(b"HTTP/1.1 101 ")
+    assert got.open and got.reply.startswith(b"HTTP/1.1 101 ")
 
 
 def test_frames_sent_with_the_request_are_read_after_the_upgrade():
@@ -89,7 +90,7 @@ def test_frames_sent_with_the_request_are_read_after_the_upgrade():
     client, request = client_request()
     got = ep.receive(request + binary(masked_frames(), CONNECT))
     assert got.open and got.mqtt == [CONNECT] and got.close is None
-    assert isinstance(events(client, got.send)[0], AcceptConnection)
+    assert isinstance(events(client, got.reply)[0], AcceptConnection) and got.send == b""
 
 
 def test_junk_after_the_request_is_a_websocket_protocol_error():
@@ -97,7 +98,8 @@ def test_junk_after_the_request_is_a_websocket_protocol_error():
     client, request = client_request()
     got = ep.receive(request + b"\x82\x03abc")       # an unmasked client frame (RFC 6455 §5.1)
     assert got.open and got.mqtt == [] and "protocol error" in got.close
-    accept, close = events(client, got.send)
+    [accept] = events(client, got.reply)         # the answer first, the close frame apart
+    [close] = events(client, got.send)
     assert isinstance(accept, AcceptConnection)
     assert isinstance(close, CloseConnection) and close.code == 1002
 
@@ -114,7 +116,7 @@ def test_lone_newlines_end_the_head():
 def test_subprotocol_chosen_from_the_clients_list(offered, chosen):
     client, request = client_request(subprotocols=offered)
     got = WebSocketEndpoint().receive(request)
-    [accept] = events(client, got.send)
+    [accept] = events(client, got.reply)
     assert accept.subprotocol == chosen
 
 
@@ -130,7 +132,7 @@ def test_request_without_the_mqtt_subprotocol_is_refused(offered):
 def test_configured_path_and_subprotocols():
     ep = WebSocketEndpoint(path="/ws", subprotocols=("mqtt",))
     client, request = client_request(target="/ws?client=1", subprotocols=["mqttv3.1", "mqtt"])
-    [accept] = events(client, ep.receive(request).send)
+    [accept] = events(client, ep.receive(request).reply)
     assert accept.subprotocol == "mqtt"
 
 
@@ -349,7 +351,7 @@ def test_reads_as_bytearray_or_memoryview():
     client, request = client_request()
     assert ep.receive(bytearray(request[:20])).send == b""
     got = ep.receive(memoryview(request[20:]))
-    assert got.open and isinstance(events(client, got.send)[0], AcceptConnection)
+    assert got.open and isinstance(events(client, got.reply)[0], AcceptConnection)
     got = ep.receive(memoryview(bytearray(binary(client, CONNECT))))
     assert got.mqtt == [CONNECT] and type(got.mqtt[0]) is bytes
 
