@@ -352,24 +352,26 @@ class Uploader:
         the broker was down between a put and its mark. Ship the batch file built for them
         again when it is whole (the store may hold it already), rather than report records
         that may be stored as a gap; False when it is not whole (then the put never began)."""
-        self.intent = None
         try:
             header, _ = read_batch_file(self.spool)
         except BatchFormatError as exc:
             log.warning("the log no longer holds offsets %d..%d of the intent file, and their "
                         "batch file is not whole (%s): they count as a gap", intent.first,
                         intent.last, exc)
+            self.intent = None
             return False
         if ((header.first_offset, header.last_offset, header.gateway_id)
                 != (intent.first, intent.last, self.gateway_id)):
             log.warning("the log no longer holds offsets %d..%d of the intent file, and the "
                         "batch file holds %d..%d: they count as a gap", intent.first,
                         intent.last, header.first_offset, header.last_offset)
+            self.intent = None
             return False
         log.info("the log no longer holds offsets %d..%d of the intent file (deleted by "
                  "retention_bytes); shipping their batch file %s again", intent.first,
                  intent.last, intent.key)
         self._ship_and_mark(intent.key, os.path.getsize(self.spool), header)
+        self.intent = None
         return True
 
     def _damaged(self, damage) -> None:
