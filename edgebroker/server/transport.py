@@ -367,7 +367,7 @@ class Transport:
         self.pause_reading("output")
         broker = self.loop.broker
         broker.hit("max_pending_write_bytes")
-        client = self.client
+        client = getattr(self.client, "client", self.client)   # (under a Framing, its client)
         broker.peer_log.log(log, logging.WARNING, "held_output", self.peer,
                             "%s: %d bytes in %d writes wait for the client to read them "
                             "(bound: %d writes or %d bytes); not reading it until they are "

@@ -7,6 +7,7 @@ answered and it is read again."""
 from __future__ import annotations
 
 import select
+import socket
 import time
 
 import mqttraw as m
@@ -52,3 +53,30 @@ def test_a_client_that_does_not_read_its_replies_is_not_read_meanwhile(broker, u
             got += len(data)
     assert got == expected
     assert b.client_row(f"{uid}-flood")["pending_write_bytes"] == 0
+
+
+def test_a_websocket_client_that_does_not_read_its_pongs_is_not_read_meanwhile(broker):
+    """The same before any CONNECT, over WebSocket: pings whose pongs are not read."""
+    b = broker(limits={"max_pending_write_bytes": MAX_PENDING},
+               listener=[{"host": "127.0.0.1", "port": 0},
+                         {"host": "127.0.0.1", "port": 0, "protocol": "websockets"}])
+    mark = b.mark()
+    sock = socket.create_connection((b.host, b.listeners[1][1]))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
+                 b"Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n")
+    ping = bytes((0x89, 0x80 | 125)) + b"\0\0\0\0" + b"x" * 125    # masked with zeros
+    chunk = ping * 500
+    sock.setblocking(False)
+    sent = 0
+    deadline = time.monotonic() + 20
+    while sent < 64 << 20 and time.monotonic() < deadline:
+        if not select.select([], [sock], [], 1.0)[1]:
+            break
+        sent += sock.send(chunk[sent % len(chunk):])
+    assert sent < 64 << 20, "the broker read 64 MiB of pings whose pongs were not read"
+    line = b.wait_log(lambda ln: "wait for the client to read them" in ln, 10, mark)
+    assert line and "before CONNECT" in line, line
+    assert "internal error" not in b.log_text()
+    sock.close()
