@@ -55,11 +55,11 @@ NO_OUTPUT: tuple = ()
 
 # Why reading may be paused: one bit each, so one holder cannot resume another's pause.
 PAUSE_REASONS = {"auth": 1, "rate": 2, "log": 4, "output": 8}
-# Output no reading client leaves queued (the replies to a flood of requests it does not
-# read: PINGRESPs, acknowledgements, pongs): past it the connection is not read until its
-# output is written (``hold_input``).
+# Output no reading client leaves queued (replies to a flood of requests it does not read:
+# PINGRESPs, acknowledgements, pongs): past it, it is not read until that is written.
 HELD_WRITES = 65536
 HELD_FACTOR = 8            # times max_pending, in bytes
+_HELD = PAUSE_REASONS["output"]
 
 
 class _Unrecoverable(Exception):
@@ -354,14 +354,14 @@ class Transport:
             self.drained()
 
     def hold_input(self) -> None:
-        """After a pass's flush: a client with more output queued than a reading client
-        leaves is not read until all of it is written; counted and logged."""
+        """After a pass's flush: a client with more output queued than HELD_* is not read
+        until all of it is written (counted, logged); then it is read again."""
         out = self.out
         if not out:
-            if self.paused & 8:
+            if self.paused & _HELD:
                 self.resume_reading("output")
             return
-        if self.paused & 8 or (len(out) < HELD_WRITES
+        if self.paused & _HELD or (len(out) < HELD_WRITES
                                and self.out_bytes < HELD_FACTOR * self.max_pending):
             return
         self.pause_reading("output")
