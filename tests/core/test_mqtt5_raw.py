@@ -174,6 +174,14 @@ def test_a_reload_that_lowers_the_announced_limits_applies_to_connections_made_a
     assert after.expect_disconnect().reason == 0x9B          # QoS not supported
 
 
+def test_a_filter_listed_twice_in_an_unsubscribe_is_removed_once(srv, uid):
+    """The first removes it (0x00); the second finds no subscription (0x11)."""
+    c = raw5(srv, uid)
+    c.subscribe((f"{uid}/a", 1))
+    ack = c.unsubscribe(f"{uid}/a", f"{uid}/a", f"{uid}/b")
+    assert list(ack.codes) == [0x00, 0x11, 0x11]
+
+
 def test_will_delay_interval(srv, uid):
     watcher = raw5(srv, f"{uid}-w")
     watcher.subscribe(f"{uid}/will", qos=1)

@@ -143,12 +143,17 @@ def _set_options(session, topic_filter: str, options: int, sub_id: int) -> None:
 
 
 def on_unsubscribe5(client, p: P.Unsubscribe) -> None:
-    """A 5.0 UNSUBSCRIBE: 0x11 for a filter the session had no subscription to."""
+    """A 5.0 UNSUBSCRIBE: 0x11 for a filter the session had no subscription to (also for
+    a filter listed again: the filters are taken in turn, and the first removed it)."""
     session = client.session
     broker = client.broker
-    codes = [SUCCESS if (broker.unsubscribe_shared(session, f) if is_shared(f)
-                         else f in session.subscriptions) else NO_SUBSCRIPTION_EXISTED
-             for f in p.topics]
+    codes = []
+    seen = set()
+    for f in p.topics:
+        found = (broker.unsubscribe_shared(session, f) if is_shared(f)
+                 else f in session.subscriptions and f not in seen)
+        seen.add(f)
+        codes.append(SUCCESS if found else NO_SUBSCRIPTION_EXISTED)
     broker.unsubscribe(session, p.topics)
     for topic_filter in p.topics:
         _set_options(session, topic_filter, 0, 0)
