@@ -223,9 +223,9 @@ class Router5:
             props += b"\x02" + int(-(-left // 1)).to_bytes(4, "big")
         if ids is None:
             session = client.session
-            own = (ref.client_id == session.client_id if where is None
-                   else where.client_id == session.client_id.encode("utf-8"))
-            ids = subscription_ids(session, topic, own)
+            ids = b"" if session.sub5 is None else subscription_ids(
+                session, topic, ref.client_id == session.client_id if where is None
+                else where.client_id == client.client_id_bytes)
         props += ids
         alias = new_alias = 0
         name = topic_bytes

@@ -417,7 +417,8 @@ class TLSTransport(Transport):
         self._want(want)
         if early:
             return
-        self.hold_input()
+        if out or self.paused:
+            self.hold_input()
         if not out and self.want_drain and not self.closed:
             self.drained()
 

@@ -349,13 +349,13 @@ class Transport:
         self.update_events()  # early, what is left waits for the socket (see offer)
         if early:
             return
-        self.hold_input()
+        if self.out or self.paused:     # (most flushes leave neither: no call)
+            self.hold_input()
         if self.out is NO_OUTPUT and self.want_drain and not self.closed:
             self.drained()
 
     def hold_input(self) -> None:
-        """After a pass's flush: a client with more output queued than HELD_* is not read
-        until all of it is written (counted, logged); then it is read again."""
+        """After a flush: not read while more than HELD_* waits for it (counted, logged)."""
         out = self.out
         if not out:
             if self.paused & _HELD:
