@@ -20,7 +20,8 @@ The rules, in the order a connection meets them (docs/protocol.md, "MQTT over We
   WebSocket frames once the upgrade is accepted (a client may send them before the reply).
 - The request must be a WebSocket upgrade (GET, ``Connection: Upgrade``, ``Upgrade:
   websocket``, ``Sec-WebSocket-Key``, ``Sec-WebSocket-Version: 13``, ``Host``): otherwise 400
-  (426 for another WebSocket version), with a one-line text body saying what is missing.
+  (426 for another WebSocket version), with a one-line text body saying what is missing. The
+  key must come once and be the base64 of 16 bytes (wsproto takes any).
 - Its path (the query string aside) must be the configured one: otherwise 404.
 - The client must offer the subprotocol ``mqtt`` or ``mqttv3.1`` (MQTT-6.0.0-3); the first of
   its list that the endpoint supports is chosen. A request offering neither, or none at all,
@@ -39,6 +40,7 @@ The rules, in the order a connection meets them (docs/protocol.md, "MQTT over We
 
 from __future__ import annotations
 
+import binascii
 import re
 import struct
 
@@ -62,10 +64,27 @@ UNSUPPORTED_DATA = 1003
 MESSAGE_TOO_BIG = 1009
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
+_KEY = re.compile(rb"^sec-websocket-key[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
 # A refusal's reason quotes the client's path or subprotocols: cut, for the reply and the log.
 _MAX_REASON = 300
 _REASONS = {400: "Bad Request", 404: "Not Found", 426: "Upgrade Required",
             431: "Request Header Fields Too Large"}
+
+
+def key_problem(head) -> str | None:
+    """What is wrong with the request head's ``Sec-WebSocket-Key`` (one header, the base64
+    of 16 bytes, RFC 6455 4.2.1 item 5; wsproto takes any), or None."""
+    keys = _KEY.findall(head)
+    if len(keys) != 1:
+        return f"Sec-WebSocket-Key given {len(keys)} times (once required)"
+    try:
+        key = binascii.a2b_base64(keys[0], strict_mode=True)
+    except binascii.Error:
+        key = b""
+    if len(key) != 16:
+        return (f"Sec-WebSocket-Key {keys[0][:40].decode('latin-1')!r} is not the base64 of "
+                f"16 bytes")
+    return None
 
 
 class WebSocketInput:
@@ -200,6 +219,9 @@ class WebSocketEndpoint:
                                 f"not a WebSocket upgrade request: {why}", extra)
         if request is None:
             return self._refuse(400, "not a WebSocket upgrade request: no complete request")
+        problem = key_problem(head[:end.end()])
+        if problem is not None:
+            return self._refuse(400, f"not a WebSocket upgrade request: {problem}")
         path = request.target.partition("?")[0]
         if path != self.path:
             return self._refuse(404, f"no WebSocket endpoint at {path!r} (it is at "

@@ -165,6 +165,29 @@ def test_not_an_upgrade_gets_400(request_bytes, missing):
     assert got.close == "HTTP 400: " + body.strip()
 
 
+KEY = b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+
+
+@pytest.mark.parametrize("keys, why", [
+    (b"Sec-WebSocket-Key: \r\n", "Sec-WebSocket-Key '' is not the base64 of 16 bytes"),
+    (KEY + KEY, "Sec-WebSocket-Key given 2 times"),
+    (KEY + b"sec-websocket-key: a2V5a2V5a2V5a2V5a2V5aw==\r\n", "given 2 times"),
+    (b"Sec-WebSocket-Key: a2V5a2V5a2V5a2V5a2V5\r\n", "'a2V5a2V5a2V5a2V5a2V5' is not the"),
+    (b"Sec-WebSocket-Key: not base64!!\r\n", "'not base64!!' is not the base64"),
+])
+def test_key_must_be_one_base64_of_16_bytes(keys, why):
+    got = WebSocketEndpoint().receive(UPGRADE.replace(KEY, keys))
+    status, body = refusal(got)
+    assert status == "HTTP/1.1 400 Bad Request"
+    assert body.startswith("not a WebSocket upgrade request: ") and why in body, body
+
+
+def test_key_with_spaces_around_it_is_accepted():
+    got = WebSocketEndpoint().receive(
+        UPGRADE.replace(KEY, b"sec-websocket-key:   dGhlIHNhbXBsZSBub25jZQ==  \r\n"))
+    assert got.open and got.reply.startswith(b"HTTP/1.1 101 ") and got.close is None
+
+
 def test_other_websocket_version_gets_426_naming_13():
     got = WebSocketEndpoint().receive(
         UPGRADE.replace(b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 8"))
