@@ -16,7 +16,9 @@ the command's name (``stats``) for quick use with ``socat``:
 
 Errors: ``{"ok": false, "error": "..."}``. ``docs/metrics.md`` describes the
 fields. At most ``MAX_CONNECTIONS`` callers at a time; a request line is at
-most ``MAX_LINE`` bytes; a caller silent for ``IDLE_TIMEOUT`` s is dropped.
+most ``MAX_LINE`` bytes; a caller silent for ``IDLE_TIMEOUT`` s is dropped. At most
+``MAX_REQUESTS_PER_PASS`` requests of one connection are answered per loop pass, and the
+next ones only once the caller has taken the replies to those.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ log = logging.getLogger("edgebroker.admin")
 SOCKET_NAME = "admin.sock"
 MAX_CONNECTIONS = 8
 MAX_LINE = 64 * 1024
+# Request lines answered per connection per loop pass.
+MAX_REQUESTS_PER_PASS = 16
 IDLE_TIMEOUT = 60.0
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_PATH = 107
@@ -211,6 +215,8 @@ class AdminConnection:
         if mask & selectors.EVENT_READ and not self.closing:
             self._read()
         if mask & selectors.EVENT_WRITE and self.sock.fileno() != -1:
+            if not self.out and not self.closing:
+                self._answer()  # requests left from the last read
             self._flush()
 
     def _read(self) -> None:
@@ -225,7 +231,14 @@ class AdminConnection:
             return
         self._touch()
         self.inbuf += data
-        while True:
+        self._answer()
+        self._flush()
+
+    def _answer(self) -> None:
+        """Answer up to ``MAX_REQUESTS_PER_PASS`` complete request lines; the rest wait for
+        the next pass (``_flush`` asks for it), so one read full of requests cannot hold the
+        loop, and the replies wait in memory no further ahead of the caller than that."""
+        for _ in range(MAX_REQUESTS_PER_PASS):
             end = self.inbuf.find(b"\n")
             if end < 0:
                 break
@@ -237,11 +250,12 @@ class AdminConnection:
                 log.exception("admin socket: internal error answering %r", line[:200])
                 reply = {"ok": False, "error": "internal error (logged by the broker)"}
             self.out += _encode(reply)
+        else:
+            return
         if len(self.inbuf) > MAX_LINE:
             self.out += _encode({"ok": False, "error": f"request line longer than {MAX_LINE} bytes"})
             self.inbuf.clear()
             self.closing = True
-        self._flush()
 
     def _flush(self) -> None:
         if self.out:
@@ -258,7 +272,10 @@ class AdminConnection:
         if not self.out and self.closing:
             self.close()
             return
-        want = selectors.EVENT_WRITE if self.out else selectors.EVENT_READ
+        # Writable while replies or complete requests wait (the next pass answers those);
+        # readable, for more requests, once none do.
+        want = (selectors.EVENT_WRITE if self.out or b"\n" in self.inbuf
+                else selectors.EVENT_READ)
         if want != self.events:
             self.events = want
             self.server.loop.selector.modify(self.sock, want, self.on_event)

@@ -7,6 +7,8 @@ import re
 import socket
 import stat
 
+import psutil
+
 import mqttraw as m
 from conftest import run_cli
 
@@ -46,6 +48,29 @@ def test_admin_request_line_is_bounded(broker):
     replies = ask_raw(b.admin_path, b"x" * 70_000)
     assert replies and "longer than" in replies[0]["error"]
     assert b.stats()["clients_connected"] == 0  # still serving
+
+
+def test_a_burst_of_requests_is_answered_as_the_caller_reads_them(broker):
+    """10,000 requests in one write, their caller not reading: the broker answers a few per
+    pass and goes on only as the replies are taken, so another caller is served meanwhile and
+    the replies do not pile up in the broker's memory (each `stats` reply is about 2 KB)."""
+    b = broker()
+    proc = psutil.Process(b.proc.pid)
+    before = proc.memory_info().rss
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(b.admin_path))
+        s.sendall(b"stats\n" * 10_000)
+        assert b.stats()["clients_connected"] == 0    # another caller, served meanwhile
+        grown = proc.memory_info().rss - before
+        buf = b""
+        while buf.count(b"\n") < 10_000:
+            chunk = s.recv(1 << 20)
+            assert chunk, f"closed after {len(buf.splitlines())} replies"
+            buf += chunk
+    replies = [json.loads(line) for line in buf.splitlines()]
+    assert len(replies) == 10_000 and all(r["ok"] and "stats" in r for r in replies)
+    assert grown < 8 << 20, f"RSS grew {grown >> 20} MB while the replies waited"
 
 
 def test_inspect_stats(broker, uid):
