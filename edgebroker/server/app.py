@@ -160,6 +160,10 @@ class App(DescriptorRoom):
         uploading = bool(config.upload.url)
         self.log = CommitLog.open(os.path.join(self.state_dir, "log"),
                                   LogOptions.from_config(config.log, uploading), clock_ms=wall_ms)
+        # Age retention deletes nothing until the core's first maintenance has worked out
+        # what the cursors restored below and the bridges' checkpoints need (a roll in the
+        # first second would delete their segments); retention_bytes still applies.
+        self.log.hold_offset = 0
         self.broker = Broker(config, self.clock, commit_log=self.log, wall_ms=wall_ms)
         self.authenticator.stats = self.broker.stats   # it counts the password checks there
         self.flusher = Flusher(self.log, config.log.durability, config.log.flush_interval_ms,

@@ -265,6 +265,32 @@ def test_age_retention_frees_what_a_session_behind_has_read_and_had_acknowledged
     assert rest == list(range(900, n))
 
 
+def test_age_retention_right_after_a_restart_keeps_what_a_restored_session_needs(broker, uid):
+    """The first publish after a restart rolls the tail segment by age, and the roll applies
+    age retention: at that moment the cursors restored from the snapshot hold their segments
+    already (they were deleted when the hold waited for the broker's first maintenance)."""
+    opts = {"segment_bytes": 4096, "segment_ms": 1000, "retention_ms": 1000}
+    b = broker(log=opts)
+    data_dir = b.config["data_dir"]
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    pub = b.client(f"{uid}-p")
+    n = 100                                      # about 5 segments
+    for i in range(n):
+        pub.publish(f"{uid}/t", b"%04d" % i + b"." * 200, qos=1)
+    b.stop()
+    time.sleep(1.2)                              # every record is now past retention_ms
+    b2 = broker(data_dir=data_dir, log=opts)
+    mark = b2.mark()
+    b2.client(f"{uid}-p").publish(f"{uid}/other", b"rolls the tail", qos=1)
+    again = b2.client(f"{uid}-s", clean=False)
+    got = [int(again.recv_publish(timeout=5, ack=True).payload[:4]) for _ in range(n)]
+    assert got == list(range(n))
+    assert not [ln for ln in b2.logs[mark:] if "lost to it" in ln]
+    assert b2.client_row(f"{uid}-s")["drops"] == {}
+
+
 def test_max_session_lag_age_moves_an_old_cursor_forward(broker, uid):
     b = broker(limits={"max_session_lag_age": 1.0})
     sub = b.client(f"{uid}-s", clean=False)
