@@ -218,6 +218,9 @@ def _offline_range(r) -> list:
 def decode(data: bytes, path: str = FILENAME) -> Snapshot:
     try:
         doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise SnapshotError(f"{path}: damaged snapshot (a JSON {type(doc).__name__}, "
+                                f"not an object)")
         if doc.get("format") not in READABLE:
             raise SnapshotError(f"{path}: snapshot format {doc.get('format')!r} is not one of "
                                 f"{', '.join(map(str, READABLE))} (written by a newer edgebroker?)")
@@ -255,7 +258,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 queue=[_queue_entry(e) for e in g["queue"]]))
     except SnapshotError:
         raise
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        # a field of the wrong JSON type, or nested too deep to parse
         raise SnapshotError(f"{path}: damaged snapshot ({type(exc).__name__}: {exc})") from None
     return snap
 

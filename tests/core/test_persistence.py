@@ -205,17 +205,30 @@ def test_a_large_backlog_is_sent_from_the_log_in_order(broker, uid, monkeypatch,
     assert again.ping() == []
 
 
-def test_damaged_snapshot_is_set_aside_not_fatal(broker, uid):
+def _drops_a_list(doc: bytes) -> bytes:
+    d = json.loads(doc)
+    d["sessions"][0]["drops"] = []
+    return json.dumps(d).encode()
+
+
+@pytest.mark.parametrize("damage", [lambda doc: b"{not json", lambda doc: b"null",
+                                    lambda doc: b"[]", lambda doc: b"[" * 100_000,
+                                    _drops_a_list],
+                         ids=["not-json", "null", "list", "deep", "drops-a-list"])
+def test_damaged_snapshot_is_set_aside_not_fatal(broker, uid, damage):
+    """Not JSON, or JSON of the wrong shape: moved aside, the broker starts without it."""
     b = broker()
     b.client(f"{uid}-s", clean=False).subscribe(f"{uid}/t")
     b.stop()
     data_dir = b.config["data_dir"]
+    with open(f"{data_dir}/sessions.json", "rb") as fh:
+        damaged = damage(fh.read())
     with open(f"{data_dir}/sessions.json", "wb") as fh:
-        fh.write(b"{not json")
+        fh.write(damaged)
     b2 = broker(data_dir=data_dir)
     assert b2.wait_log(lambda line: "sessions.json" in line and "damaged" in line)
     with open(f"{data_dir}/sessions.json.damaged", "rb") as fh:
-        assert fh.read() == b"{not json"
+        assert fh.read() == damaged
     assert not b2.client(f"{uid}-s", clean=False).connack.session_present
 
 
