@@ -113,6 +113,7 @@ class ExchangeJournal:
         self.size = 0           # bytes written to the current file
         self.fd = -1            # opened at the first write
         self.failing = False
+        self.torn = False       # the file may end in part of a line (see _cut_back)
 
     # ----- records (the core thread, while handling packets) ----------------------------------
 
@@ -140,6 +141,8 @@ class ExchangeJournal:
         """Hand this pass's records to the OS (before anything they cover is sent)."""
         data = ("\n".join(self.lines) + "\n").encode("utf-8")
         self.lines = []
+        if self.torn:  # a part line the last failure could not cut off: end it first
+            data = b"\n" + data
         try:
             if self.fd < 0:
                 self.fd = os.open(path(self.state_dir, self.generation),
@@ -149,6 +152,7 @@ class ExchangeJournal:
                 view = view[os.write(self.fd, view):]
         except OSError as exc:
             self.stats.exchange_write_errors += 1
+            self._cut_back()
             if not self.failing:
                 self.failing = True
                 log.error("cannot write the QoS 2 exchange journal %s: %s; until it works again "
@@ -156,10 +160,24 @@ class ExchangeJournal:
                                                                             self.generation),
                           exc.strerror or exc)
             return
-        self.size += len(data)
+        if self.torn:
+            self.torn = False
+            self.size = os.fstat(self.fd).st_size
+        else:
+            self.size += len(data)
         if self.failing:
             self.failing = False
             log.warning("the QoS 2 exchange journal is written again")
+
+    def _cut_back(self) -> None:
+        """A failed write may have left part of a line: cut the file back to its whole lines,
+        so that the next record written is not glued to it (and lost at load)."""
+        if self.fd < 0:
+            return
+        try:
+            os.ftruncate(self.fd, self.size)
+        except OSError:
+            self.torn = True
 
     @property
     def full(self) -> bool:
@@ -172,9 +190,10 @@ class ExchangeJournal:
         if self.lines:
             self.write()
         self.close()
-        if self.size:
+        if self.size or self.torn:
             self.generation += 1
             self.size = 0
+            self.torn = False
         return self.generation
 
     def sync(self) -> None:
