@@ -54,6 +54,7 @@ _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": DENY
 
 CLIENT_ID = "%c"
 USERNAME = "%u"
+_PLACEHOLDERS = (CLIENT_ID, USERNAME)
 # Decisions cached per client view; dropped wholesale beyond this many topics.
 CACHE_LIMIT = 4096
 
@@ -76,11 +77,14 @@ def _add(root: _Node, levels: list[str], bits: int) -> None:
     node.bits |= bits
 
 
-def _collect(node: _Node, levels: list[str], i: int, dollar: bool, cid, user) -> int:
+def _collect(node: _Node, levels: list[str], i: int, dollar: bool, cid, user,
+             patterns: bool = False) -> int:
     """OR of the access bits of every rule below ``node`` that covers ``levels[i:]``.
 
     ``levels`` is a topic name or a topic filter: a rule covers it when the rule
     matches every topic the filter can match (for a topic name: simply matches).
+    ``patterns``: ``node`` is in the pattern rules, whose ``%c`` and ``%u`` levels stand for
+    ``cid`` and ``user`` only (a topic level that is ``%c`` itself does not match them).
     """
     children = node.children
     if not children:
@@ -99,20 +103,20 @@ def _collect(node: _Node, levels: list[str], i: int, dollar: bool, cid, user) ->
     if wild:
         plus = children.get("+")
         if plus is not None:
-            bits |= _collect(plus, levels, i + 1, dollar, cid, user)
+            bits |= _collect(plus, levels, i + 1, dollar, cid, user, patterns)
     if level == "+":
         return bits                 # a literal or %c/%u rule level covers one value only
-    child = children.get(level)
+    child = children.get(level) if not patterns or level not in _PLACEHOLDERS else None
     if child is not None:
-        bits |= _collect(child, levels, i + 1, dollar, cid, user)
+        bits |= _collect(child, levels, i + 1, dollar, cid, user, patterns)
     if cid is not None and level == cid:
         child = children.get(CLIENT_ID)
         if child is not None:
-            bits |= _collect(child, levels, i + 1, dollar, cid, user)
+            bits |= _collect(child, levels, i + 1, dollar, cid, user, patterns)
     if user is not None and level == user:
         child = children.get(USERNAME)
         if child is not None:
-            bits |= _collect(child, levels, i + 1, dollar, cid, user)
+            bits |= _collect(child, levels, i + 1, dollar, cid, user, patterns)
     return bits
 
 
@@ -121,8 +125,10 @@ def _allowed(bits: int, want: int) -> bool:
 
 
 def _safe_name(name: str | None) -> str | None:
-    """A client id or user name usable in a pattern level, or None."""
-    if name is None or not name or "/" in name or "+" in name or "#" in name:
+    """A client id or user name usable in a pattern level, or None: not one with a topic
+    separator or wildcard, nor one starting with ``$`` (as the first level it would reach
+    ``$SYS`` topics, which wildcards never do)."""
+    if not name or name[0] == "$" or "/" in name or "+" in name or "#" in name:
         return None
     return name
 
@@ -215,22 +221,25 @@ class Acl:
         bits = _collect(tree, levels, 0, dollar, None, None) if tree is not None else 0
         if self.has_patterns:
             bits |= _collect(self.patterns, levels, 0, dollar,
-                             _safe_name(client_id), _safe_name(username))
+                             _safe_name(client_id), _safe_name(username), True)
         return bits
 
-    def view(self, client_id: str, username: str | None) -> "AclView":
-        return AclView(self, client_id, username)
+    def view(self, client_id: str, username: str | None, listener: str = "") -> "AclView":
+        return AclView(self, client_id, username, listener)
 
 
 class AclView:
-    """One client's view of the ACL, with its read and write decisions cached per topic."""
+    """One client's view of the ACL, with its read and write decisions cached per topic.
+    ``listener``: the address of the listener it came in on (a reload rebinds the view to
+    that listener's ACL)."""
 
-    __slots__ = ("acl", "client_id", "username", "reads", "writes")
+    __slots__ = ("acl", "client_id", "username", "listener", "reads", "writes")
 
-    def __init__(self, acl: Acl, client_id: str, username: str | None):
+    def __init__(self, acl: Acl, client_id: str, username: str | None, listener: str = ""):
         self.acl = acl
         self.client_id = client_id
         self.username = username
+        self.listener = listener
         self.reads: dict[str, bool] = {}
         self.writes: dict[str, bool] = {}
 

@@ -173,7 +173,9 @@ class ListenerPolicy:
 
     def view(self, client, username: str | None):
         """The client's AclView (None without an ACL file)."""
-        return self.acl.view(client.client_id, username) if self.acl is not None else None
+        if self.acl is None:
+            return None
+        return self.acl.view(client.client_id, username, client.listener_address)
 
     def _blocked(self, client, username, host: str) -> None:
         why = self.authenticator.throttled(host, username) or "failed logins"

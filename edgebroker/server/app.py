@@ -412,30 +412,45 @@ class App(DescriptorRoom):
                 running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
                                     (i, listener.config)))
         security = self._security(config, running)
-        acl_moves = {}
         for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
-            old_acl = listener.policy.acl if listener.policy is not None else None
-            if old_acl is not None:
-                acl_moves[id(old_acl)] = policy.acl
             listener.config = lc
             listener.set_security(tls, policy)
         self.authenticator.configure(config.max_login_failures, config.login_failure_window)
-        for session in self.broker.sessions.values():
-            view = session.acl
-            if view is None or id(view.acl) not in acl_moves:
-                continue
-            acl = acl_moves[id(view.acl)]
-            if acl is None:             # the listener no longer has an ACL file
-                session.acl = None
-                if session.client is not None:
-                    session.client.acl = None
-            else:
-                view.rebind(acl)
+        self._rebind_acls()
         files = sorted({f for _, p in security for f in (p.settings.password_file,
                                                           p.settings.acl_file) if f})
         tls_names = [x.address for x in self.listeners if x.tls is not None]
         log.info("reload: re-read %s", ", ".join(
             [f"certificates of {n}" for n in tls_names] + files) or "no security files")
+
+    def _rebind_acls(self) -> None:
+        """After a reload: each session follows the ACL of the listener its client came in on
+        (the ACL file re-read, another one, or none any more). A connected client whose
+        listener has an ACL file now and had none gets a view of it; an offline session
+        without one gets it when its client comes back."""
+        acls = {listener.address: listener.policy.acl for listener in self.listeners
+                if listener.policy is not None}
+        for session in self.broker.sessions.values():
+            client = session.client
+            view = session.acl
+            if client is not None:
+                address, username = client.listener_address, client.username
+            elif view is not None:
+                address, username = view.listener, view.username
+            else:
+                continue
+            if address not in acls:
+                continue        # a bridge's inbound side, or a listener no longer served
+            acl = acls[address]
+            if acl is None:
+                view = None
+            elif view is None:
+                view = acl.view(session.client_id, username, address)
+            else:
+                view.rebind(acl)
+            session.acl = view
+            if client is not None:
+                client.acl = view
 
     def shutdown(self) -> None:
         """Stop accepting, send what is queued (bounded in time), close everything."""

@@ -6,7 +6,7 @@ import signal
 import pytest
 
 import mqttraw as m
-from conftest import _close_all_clients, _start, _teardown
+from conftest import _close_all_clients, _start, _teardown, toml_dumps
 from secfiles import wait_counter, write_acl, write_passwords
 
 PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw"}
@@ -245,3 +245,54 @@ def test_acl_reload_applies_to_connected_clients(broker, tmp_path, uid):
     line = b.wait_log("reload failed", start=mark)
     assert line and "line 2: unknown keyword 'nonsense'" in line, line
     assert alice.subscribe("shared/y").codes == [0x80]
+
+
+def _reload(b, config: dict) -> None:
+    b.config_path.write_text(toml_dumps(config))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload: re-read" in ln, start=mark)
+
+
+def test_reload_taking_the_acl_off_one_listener_leaves_it_on_the_other(broker, tmp_path, uid):
+    """Two listeners share one ACL file; a reload takes it off the second. The clients of the
+    first still get its rules (they followed whatever the last listener reloaded got)."""
+    pw = write_passwords(tmp_path / "passwd", PASSWORDS)
+    acl = write_acl(tmp_path / "acl", ACL)
+    config = {"password_file": str(pw), "acl_file": str(acl),
+              "listener": [{"host": "127.0.0.1", "port": 0},
+                           {"host": "127.0.0.1", "port": 0}]}
+    b = broker(**config)
+    alice = login(b, "alice", f"{uid}-a")
+    assert alice.subscribe("alice/#").codes == [0]
+    ports = [port for _, port in b.listeners]
+    config["listener"][1]["acl_file"] = ""
+    _reload(b, config)
+    admin = login(b, "admin", f"{uid}-adm")
+    admin.publish("alice/secret/x", b"denied", qos=1)
+    admin.publish("alice/open", b"allowed", qos=1)
+    assert publishes(alice) == [("alice/open", b"allowed", False)]
+    assert alice.subscribe("bob/#").codes == [0x80]
+    # The second listener's clients have no ACL now.
+    free = login(b, "alice", f"{uid}-a2", port=ports[1])
+    assert free.subscribe("bob/#").codes == [0]
+
+
+def test_reload_adding_an_acl_file_restricts_connected_clients(broker, tmp_path, uid):
+    """A listener without an ACL file gets one: its connected clients follow it at once,
+    for deliveries on subscriptions made before and for their publishes."""
+    pw = write_passwords(tmp_path / "passwd", PASSWORDS)
+    config = {"password_file": str(pw), "listener": [{"host": "127.0.0.1", "port": 0}]}
+    b = broker(**config)
+    alice = login(b, "alice", f"{uid}-a")
+    assert alice.subscribe("#").codes == [0]
+    spy = login(b, "bob", f"{uid}-b")
+    assert spy.subscribe("bob/#").codes == [0]
+    config["acl_file"] = str(write_acl(tmp_path / "acl", ACL))
+    _reload(b, config)
+    admin = login(b, "admin", f"{uid}-adm")
+    admin.publish("other/topic", b"not for alice", qos=1)
+    admin.publish("alice/x", b"for alice", qos=1)
+    assert publishes(alice) == [("alice/x", b"for alice", False)]
+    alice.publish("bob/x", b"alice may not write here", qos=1)
+    assert publishes(spy) == []

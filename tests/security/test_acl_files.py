@@ -150,6 +150,26 @@ def test_view_cache_follows_rebind():
     assert not view.can_read("a") and view.can_read("b")
 
 
+def test_a_topic_level_that_is_a_placeholder_is_only_text():
+    """A topic level "%c" or "%u" is not the client's id or user name: pattern rules do not
+    match it for other clients, nor for anonymous ones."""
+    acl = Acl.parse("pattern readwrite devices/%c/#\npattern read config/%u/#")
+    assert acl.view("dev1", None).can_write("devices/dev1/x")
+    assert not acl.view("attacker", None).can_write("devices/%c/x")
+    assert not acl.view("attacker", None).can_subscribe("config/%u/#")
+    assert not acl.view("attacker", "bob").can_read("config/%u/x")
+    assert acl.view("%c", None).can_write("devices/%c/x")      # its own id, odd as it is
+
+
+def test_names_starting_with_dollar_never_fill_a_pattern():
+    """A client id or user name "$SYS" would make `%c/#` a rule for $SYS topics."""
+    acl = Acl.parse("pattern readwrite %c/#\npattern read %u/#\npattern readwrite d/%c/#")
+    assert acl.view("dev1", "u").can_read("dev1/x")
+    assert not acl.view("$SYS", None).can_read("$SYS/broker/uptime")
+    assert not acl.view("c", "$SYS").can_read("$SYS/broker/uptime")
+    assert not acl.view("$x", None).can_write("d/$x/y")
+
+
 def test_many_users_compile_into_separate_trees():
     """Rules of other users are never walked: 20,000 users, each with their own rules."""
     text = "\n".join(f"user u{i}\ntopic readwrite u{i}/#\ntopic deny u{i}/x" for i in range(20000))
@@ -164,7 +184,7 @@ def test_many_users_compile_into_separate_trees():
 # The compiled matcher against a brute-force evaluation of every rule
 # ---------------------------------------------------------------------------------------------
 
-LEVELS = ["a", "b", "", "$s"]
+LEVELS = ["a", "b", "", "$s", "%c", "%u"]     # "%c" in a topic is just text
 RULE_LEVELS = ["a", "b", "", "+", "%c", "%u"]
 ACCESS = ["read", "write", "readwrite", "deny", ""]
 BITS = {"read": 1, "write": 2, "readwrite": 3, "deny": 4, "": 3}
@@ -176,7 +196,7 @@ rule_filter = st.builds(
 rule = st.tuples(st.sampled_from(["topic", "pattern"]), st.sampled_from([None, "u1", "u2"]),
                  st.sampled_from(ACCESS), rule_filter)
 topic_name = st.lists(st.sampled_from(LEVELS), min_size=1, max_size=4).map("/".join)
-names = st.sampled_from([None, "a", "b", "x/y", "+", "#", ""])
+names = st.sampled_from([None, "a", "b", "x/y", "+", "#", "", "$s", "%c"])
 
 
 def _text(rules) -> str:
@@ -190,7 +210,7 @@ def _text(rules) -> str:
 
 
 def _safe(name):
-    return name if name and not any(ch in name for ch in "/+#") else None
+    return name if name and name[0] != "$" and not any(ch in name for ch in "/+#") else None
 
 
 def _reference(rules, topic, client_id, username) -> int:
