@@ -126,10 +126,12 @@ class Authenticator:
             return 0.0
         return min(2.0 ** min(failures - self.max_failures, 62), self.window)
 
-    def verify(self, host: str, username: str, entry, password: bytes, done) -> None:
+    def verify(self, host: str, username: str, entry, password: bytes, done,
+               dummy: tuple | None = None) -> None:
         """Check ``password`` for ``username`` (``entry`` = (hash string, parsed) or None for an
-        unknown user); ``done(result)`` runs on the loop thread, now or after a worker's check,
-        with OK, WRONG, UNKNOWN, BLOCKED (``throttled`` says why) or BUSY."""
+        unknown user, checked against ``dummy``: the password file's ``dummy()``);
+        ``done(result)`` runs on the loop thread, now or after a worker's check, with OK,
+        WRONG, UNKNOWN, BLOCKED (``throttled`` says why) or BUSY."""
         if entry is not None:
             key = self._cache_key(username, entry[0], password)
             if key in self._cache:
@@ -139,7 +141,8 @@ class Authenticator:
             parsed = entry[1]
         else:
             key = None
-            parsed = passwords.dummy_hash()   # unknown users cost as much as known ones
+            # unknown users cost as much as known ones
+            parsed = dummy if dummy is not None else passwords.dummy_hash()
         if self.throttled(host, username) is not None:
             done(BLOCKED)
             return

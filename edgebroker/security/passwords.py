@@ -211,6 +211,7 @@ class PasswordFile:
         self.raw = raw                          # user -> hash string (the cache key)
         self.scram = scram_keys or {}           # user -> (stored field, its Keys)
         self.weak = sorted(u for u, h in entries.items() if is_weak(h))
+        self._dummy: tuple | None = None
 
     def __len__(self):
         return len(self.entries)
@@ -221,6 +222,26 @@ class PasswordFile:
         if parsed is None:
             return None
         return self.raw[username], parsed
+
+    def dummy(self) -> tuple:
+        """A parsed hash to check unknown users against: the scheme and parameters most of
+        the file's users have, a random salt and digest. An unknown user then costs what a
+        known one does, whichever hash the file uses (so the time of a refusal does not
+        tell which user names exist)."""
+        if self._dummy is None:
+            shapes: dict[tuple, tuple] = {}
+            counts: dict[tuple, int] = {}
+            for parsed in self.entries.values():
+                shape = parsed[:-2]     # the scheme and its parameters
+                shapes.setdefault(shape, parsed)
+                counts[shape] = counts.get(shape, 0) + 1
+            if counts:
+                sample = shapes[max(counts, key=counts.__getitem__)]
+                self._dummy = sample[:-2] + (os.urandom(len(sample[-2])),
+                                             os.urandom(len(sample[-1])))
+            else:
+                self._dummy = dummy_hash()
+        return self._dummy
 
     def scram_keys(self, username: str) -> scram.Keys | str:
         """``username``'s SCRAM keys, or why there are none (``scram.Lookup``)."""

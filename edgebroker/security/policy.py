@@ -129,7 +129,8 @@ class ListenerPolicy:
             else:
                 client.auth_done(BAD_CREDENTIALS, result, username, None)
 
-        auth.verify(host, username, entry, connect.password, done)
+        auth.verify(host, username, entry, connect.password, done,
+                    None if entry is not None else self.passwords.dummy())
 
     # ----- SCRAM-SHA-256 ------------------------------------------------------------------
 

@@ -83,6 +83,23 @@ def test_file_load(tmp_path):
     assert f.weak == ["bob"]
 
 
+def test_unknown_users_are_checked_against_the_files_own_hash(tmp_path):
+    """The hash an unknown user's password is checked against has the scheme and parameters
+    most of the file's users have (with scrypt's always, a file of PBKDF2 hashes answered an
+    unknown user sooner than a known one), and matches no password."""
+    pbkdf2 = [pw.hash_password(str(i), "pbkdf2") for i in range(2)]
+    lines = [f"u{i}:{h}" for i, h in enumerate(pbkdf2)] + [f"s:{pw.hash_password('x')}",
+                                                             MOSQUITTO_LINE]
+    f = pw.PasswordFile.load(write(tmp_path / "pw", "\n".join(lines) + "\n"))
+    dummy = f.dummy()
+    assert dummy[:2] == ("pbkdf2", pw.PBKDF2_ITERATIONS) and dummy is f.dummy()
+    known = f.lookup("u0")[1]
+    assert len(dummy[2]) == len(known[2]) and len(dummy[3]) == len(known[3])
+    assert dummy[2:] != known[2:] and not pw.verify_password(dummy, "0")
+    scrypt_file = pw.PasswordFile.load(write(tmp_path / "pw2", f"a:{pw.hash_password('x')}\n"))
+    assert scrypt_file.dummy()[:4] == ("scrypt", 14, 8, 1)
+
+
 def test_file_with_scram_keys_beside_some_hashes(tmp_path):
     """A third field holds SCRAM keys; lines without one (older users, Mosquitto's) load as
     before and say why they have no keys."""
