@@ -17,22 +17,19 @@ from __future__ import annotations
 
 from collections import deque
 
-from edgebroker.errors import (
-    PACKET_TOO_LARGE, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, RETAIN_NOT_SUPPORTED, ProtocolError,
-)
+from edgebroker.errors import (PACKET_TOO_LARGE, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
+                               RETAIN_NOT_SUPPORTED, ProtocolError)
 from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
 from edgebroker.client.incoming import HANDLERS, on_ack
-from edgebroker.client.requests import (
-    PUBLISH, STAGE_PUBLISH, SUBSCRIBE, ClientError, QueueFull, Request, make_publish,
-    make_subscribe, make_unsubscribe, other_frame, publish_frame,
-)
+from edgebroker.client.requests import (PUBLISH, STAGE_PUBLISH, SUBSCRIBE, ClientError,
+                                        QueueFull, Request, make_publish, make_subscribe,
+                                        make_unsubscribe, other_frame, publish_frame)
 from edgebroker.client.resume import send_again
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.encode import (
-    DISCONNECT_BYTES, PINGREQ_BYTES, encode_ack, encode_connect, encode_puback,
-)
+from edgebroker.mqtt.encode import (DISCONNECT_BYTES, PINGREQ_BYTES, encode_ack,
+                                    encode_connect, encode_puback)
 from edgebroker.mqtt.encode5 import encode_disconnect5
 from edgebroker.mqtt.properties import MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM
 from edgebroker.mqtt.stream import Decoder
@@ -110,7 +107,8 @@ class Connection:
         self._closing: bytes | None = None  # the DISCONNECT to send last (disconnect())
         self._aliases: dict = {}
         self._ka = keepalive
-        self._last_sent = self._last_recv = 0.0
+        # moved_at: when the transport last took bytes (the loop sets it; see tick)
+        self._last_sent = self._last_recv = self.moved_at = 0.0
         self._sent_untimed = False       # data handed out with no ``now`` (tick dates it)
         self._ping_due: float | None = None
         self._connack_due = 0.0
@@ -128,15 +126,13 @@ class Connection:
 
     @property
     def inflight_publishes(self) -> int:
-        """QoS 1/2 PUBLISHes sent and not acknowledged: after a reconnection they are the
-        ones sent again (other requests in flight are SUBSCRIBE, UNSUBSCRIBE)."""
+        """QoS 1/2 PUBLISHes sent, not acknowledged (sent again after a reconnection)."""
         return sum(1 for req in self._inflight.values() if req.kind is PUBLISH)
 
     @property
     def inflight_past_pubrec(self) -> int:
         """Of ``inflight_publishes``, the QoS 2 past PUBREC (their PUBREL goes again)."""
-        return sum(1 for r in self._inflight.values()
-                   if r.kind is PUBLISH and r.stage != STAGE_PUBLISH)
+        return sum(r.kind is PUBLISH and r.stage != STAGE_PUBLISH for r in self._inflight.values())
 
     @property
     def queued(self) -> int:
@@ -176,7 +172,7 @@ class Connection:
         self._aliases = {}
         self._ping_due = None
         self._sent_untimed = False
-        self._last_sent = self._last_recv = now
+        self._last_sent = self._last_recv = self.moved_at = now
         self._connack_due = now + self.connect_timeout
         self._ka = self.keepalive
         self._window = self.max_inflight
@@ -407,7 +403,8 @@ class Connection:
     # -- time -----------------------------------------------------------------------------------
     def tick(self, now: float) -> list:
         """Keepalive and the CONNACK deadline: PINGREQ when nothing went out, or nothing came
-        in, for the keepalive; PingTimeout when its PINGRESP is not back a keepalive later."""
+        in, for the keepalive; PingTimeout when its PINGRESP is not back, nor any byte moved
+        either way (``moved_at``), for a keepalive."""
         events = self._events
         self._events = []
         state = self.state
@@ -422,7 +419,10 @@ class Connection:
             self._last_sent = now
             self._sent_untimed = False
         if self._ping_due is not None:
-            if now >= self._ping_due:
+            alive = self.moved_at if self.moved_at > self._last_recv else self._last_recv
+            if now >= self._ping_due and now < alive + self._ka:
+                self._ping_due = alive + self._ka       # slow, not dead
+            elif now >= self._ping_due:
                 events.append(PingTimeout())
                 self._lose()
                 self._out = []

@@ -318,6 +318,8 @@ class EventLoop(LoopCommands, LoopDialing):
         except OSError as exc:
             self._lost(f"send: {why(exc)}")
             return
+        if n:
+            conn.moved_at = now     # the link moves: a PINGREQ behind these bytes is not late
         if data is out:
             del out[:n]
         elif n < len(data):

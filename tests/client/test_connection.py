@@ -542,6 +542,23 @@ def test_no_pingresp_is_a_dead_link():
     assert c.state == "disconnected"
 
 
+def test_pingreq_behind_bytes_still_moving_is_not_late():
+    """On a slow link the PINGREQ may wait behind other bytes in the loop's buffer: while bytes
+    keep leaving (``moved_at``, set by the loop) or coming in, its PINGRESP is not late; a
+    keepalive with neither is a dead link."""
+    c = connected(keepalive=10)
+    c.publish("t", b"", qos=1)
+    c.data_to_send(0.0)
+    c.tick(10.0)
+    assert c.data_to_send(10.0) == m.pingreq()
+    c.moved_at = 14.0                       # the transport took more of the buffer
+    assert c.tick(20.0) == [] and c.state == "connected"
+    assert c.next_deadline() == 24.0
+    c.receive_data(m.suback(99, [0])[:1], 22.0)      # a byte of something coming in
+    assert c.tick(24.0) == [] and c.next_deadline() == 32.0
+    assert c.tick(32.0) == [PingTimeout()] and c.state == "disconnected"
+
+
 def test_keepalive_0_never_pings():
     c = connected(keepalive=0)
     assert c.next_deadline() is None and c.tick(1e6) == [] and c.data_to_send() == b""
