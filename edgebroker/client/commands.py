@@ -18,6 +18,7 @@ THROTTLE = "throttle"
 DISCONNECT = "disconnect"
 RECONNECT = "reconnect"
 SHUTDOWN = "shutdown"
+SAVE = "save"
 
 
 class Commands:
@@ -63,6 +64,11 @@ class Commands:
     def shutdown(self, state_file=None) -> None:
         """Disconnect, save the state (to ``state_file`` or the loop's), end the iteration."""
         self._ask(SHUTDOWN, state_file)
+
+    def save_state(self, state_file=None) -> None:
+        """Write the state file (``state_file`` or the loop's) at the loop's next pass: a
+        checkpoint taken between two passes, never while the loop changes the state."""
+        self._ask(SAVE, state_file)
 
     def woken(self) -> None:
         """Empty the wake-up socket (the loop's, when its selector says it is readable)."""

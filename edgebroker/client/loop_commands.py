@@ -40,7 +40,8 @@ class LoopCommands:
         return self.final_state
 
     def save_state(self, state_file=None) -> dict:
-        """Write the state now (a checkpoint) and return it."""
+        """Write the state now (a checkpoint) and return it. On the loop's thread only
+        (between events): from another thread, ``loop.commands.save_state()``."""
         doc = self.conn.save()
         path = state_file or self.state_file
         if path:
@@ -87,6 +88,8 @@ class LoopCommands:
         elif what == K.RECONNECT:
             self._stopped = False
             self._retry_at = now
+        elif what == K.SAVE:
+            self.save_state(command[1])
         elif what == K.SHUTDOWN:
             self._close_politely(now)
             self.final_state = self.save_state(command[1] if len(command) > 1 else None)

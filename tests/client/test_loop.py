@@ -5,6 +5,7 @@ silently dropped link, no thread started, the producer's back-pressure bound, co
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import threading
@@ -376,6 +377,30 @@ def test_a_spool_hears_of_its_answers_during_run(broker, uid, tmp_path):
     drive({lp: []}, lambda: spool.unacked == 0, timeout=20)    # every answer reached it
     lp.close()
     spool.close()
+
+
+def test_a_checkpoint_asked_from_another_thread_is_written_by_the_loop(broker, uid, tmp_path):
+    """``loop.commands.save_state()`` from another thread: the loop writes the state file at
+    its next pass, with what is queued then (the loop's own save_state would race it)."""
+    b = broker()
+    path = tmp_path / "checkpoint.json"
+    lp = EventLoop(b.host, b.port, client_id=f"{uid}c", clean_start=False, max_inflight=1)
+    wait_event(lp, lambda e: type(e) is Connected)
+    lp.pause()                              # nothing leaves: the requests stay queued
+    for i in range(3):
+        lp.conn.publish(f"{uid}/t", b"%d" % i, qos=1)
+    asker = threading.Thread(target=lp.commands.save_state, args=(path,))
+    asker.start()
+    asker.join()
+    assert not path.exists()                # asked, not done: the loop does it
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert time.monotonic() < deadline, "the loop never wrote the checkpoint"
+        lp.poll(0.05)
+    doc = json.loads(path.read_text())
+    assert doc["client_id"] == f"{uid}c"
+    assert len(doc["queued"]) + len(doc["inflight"]) == 3, doc
+    lp.close()
 
 
 def test_a_state_file_is_used_once(broker, uid, tmp_path):
