@@ -16,9 +16,10 @@ short. When at least ``COMPACT_AFTER`` answered records make up half the file, t
 unanswered ones are written to a new file with one fsync, renamed over ``PATH`` and the
 directory fsynced (files.replace_file); then ``PATH.acked`` is emptied.
 
-An append or acknowledgement whose write fails (disk full, a file size limit, an I/O
-error) raises that OSError and leaves the files as they were: the request is not kept (not
-answered, for ``acked``), and what is written later is read back whole.
+An append whose write fails (disk full, a file size limit, an I/O error) raises that
+OSError and leaves the file as it was: the request is not kept, and what is written later is
+read back whole. An acknowledgement whose write fails does not raise (the loop calls
+``acked``): its number waits in memory and is written with the next one.
 
 Iterating never ends: when nothing is waiting it yields None ("nothing for now").
 ``append`` may be called from another thread than the loop's (a lock guards the files).
@@ -27,6 +28,7 @@ Iterating never ends: when nothing is waiting it yields None ("nothing for now")
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import threading
@@ -35,6 +37,8 @@ from collections import deque
 
 from edgebroker.client.requests import Request, from_state, make_publish, to_state
 from edgebroker.files import replace_file
+
+log = logging.getLogger("edgebroker.client.spool")
 
 COMPACT_AFTER = 1000
 _HEAD = struct.Struct(">II")
@@ -71,6 +75,8 @@ class Spool:
         self._acked_in_file = 0
         self._records_in_file = 0
         self._next_seq = 1
+        self._unwritten: list = []          # numbers of answers PATH.acked could not take yet
+        self._ack_failing = False
         self._open()
 
     # -- the producer's side ----------------------------------------------------------------
@@ -110,20 +116,48 @@ class Spool:
         return req
 
     def acked(self, request) -> None:
-        """``request`` (one this spool gave) was answered: never give it again."""
+        """``request`` (one this spool gave) was answered: never give it again. Never raises
+        (the loop calls it): while its number cannot be written (disk full) the numbers
+        wait in memory and go with the next answer, or at ``close``, with one warning per
+        failing spell. A crash meanwhile gives those requests again: duplicates, no loss."""
         with self._lock:
-            found = self._out.get(id(request))
+            found = self._out.pop(id(request), None)
             if found is None:
                 return
-            self._write(self._ack_fd, _SEQ.pack(found[0]))     # an error: still out
-            del self._out[id(request)]
-            self._acked_in_file += 1
+            self._unwritten.append(found[0])
+            if not self._write_acks():
+                return
             if (self._acked_in_file >= COMPACT_AFTER
                     and 2 * self._acked_in_file >= self._records_in_file):
-                self._compact()
+                try:
+                    self._compact()
+                except OSError as exc:
+                    log.warning("%s: cannot compact the spool (%s); tried again later",
+                                self.path, exc.strerror or exc)
+
+    def _write_acks(self) -> bool:
+        """Write the numbers of the answers not written yet; False while that fails."""
+        unwritten = self._unwritten
+        try:
+            self._write(self._ack_fd, b"".join(map(_SEQ.pack, unwritten)))
+        except OSError as exc:
+            if not self._ack_failing:
+                self._ack_failing = True
+                log.warning("%s.acked: cannot write (%s); %d answers kept in memory until it "
+                            "works (a crash meanwhile gives those requests again)", self.path,
+                            exc.strerror or exc, len(unwritten))
+            return False
+        if self._ack_failing:
+            self._ack_failing = False
+            log.warning("%s.acked: written again (%d answers)", self.path, len(unwritten))
+        self._acked_in_file += len(unwritten)
+        unwritten.clear()
+        return True
 
     def close(self) -> None:
         with self._lock:
+            if self._unwritten and self._data_fd >= 0:
+                self._write_acks()              # a last try
             for fd in (self._data_fd, self._ack_fd):
                 os.close(fd)
             self._data_fd = self._ack_fd = -1
