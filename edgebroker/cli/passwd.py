@@ -180,7 +180,7 @@ def upgrade(path: str, scheme: str = "scrypt", iterations: int = scram.DEFAULT_I
 def _read(path: str, must_exist: bool = False) -> list[str]:
     try:
         with open(path, encoding="utf-8") as fh:
-            return fh.read().splitlines()
+            return passwords.lines_of(fh.read())
     except FileNotFoundError:
         if must_exist:
             raise EdgebrokerError(f"passwd: {path}: file not found") from None

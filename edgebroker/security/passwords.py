@@ -173,15 +173,38 @@ def is_weak(parsed: tuple) -> bool:
 
 # --------------------------------------------------------------------------- the file
 
+def _breaks_lines(ch: str) -> bool:
+    """Whether ``ch`` is a control character (Unicode category Cc: U+0000..U+001F,
+    U+007F..U+009F) or a line or paragraph separator (Zl, Zp: U+2028, U+2029). These include
+    every character str.splitlines ends a line at, so another tool, or an editor, that reads
+    the file by lines cannot cut a user's line in two."""
+    code = ord(ch)
+    return code < 0x20 or 0x7F <= code <= 0x9F or code == 0x2028 or code == 0x2029
+
+
 def check_username(username: str) -> str | None:
     """Why ``username`` cannot be stored in a password file, or None."""
     if not username:
         return "the user name is empty"
     if ":" in username:
         return "a user name cannot contain ':'"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in username):
-        return "a user name cannot contain control characters"
+    bad = next((ch for ch in username if _breaks_lines(ch)), None)
+    if bad is not None:
+        return (f"a user name cannot contain control characters or line separators "
+                f"(it has U+{ord(bad):04X})")
+    if username.lstrip().startswith("#"):
+        return "a user name cannot start with '#' (the line would be a comment)"
     return None
+
+
+def lines_of(text: str) -> list[str]:
+    """The lines of a password file: split at "\n" only (a "\r" before it is dropped), not
+    at every line break str.splitlines knows (U+2028 and others, which user names cannot
+    hold, but comments can)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def check_permissions(path: str, key: str) -> None:
@@ -245,7 +268,7 @@ class PasswordFile:
         entries: dict[str, tuple] = {}
         raw: dict[str, str] = {}
         keys: dict[str, tuple[str, scram.Keys]] = {}
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(lines_of(text), 1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
             username, sep, stored = line.partition(":")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import mqttraw as m
 from conftest import REPO, Proc, run_cli
 from edgebroker.security.passwords import PasswordFile, verify_password
@@ -242,6 +244,42 @@ def test_usage_errors(tmp_path):
     r = run_cli("passwd", "-b", "-D", path, "alice")
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
     assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("user, words", [
+    ("bob\u2028x", "cannot contain control characters or line separators (it has U+2028)"),
+    ("bob\u2029x", "(it has U+2029)"),
+    ("bob\x85x", "(it has U+0085)"),
+    ("bob\x0bx", "(it has U+000B)"),
+    ("#admin", "a user name cannot start with '#' (the line would be a comment)"),
+    ("  #admin", "a user name cannot start with '#'"),
+])
+def test_user_names_the_file_cannot_hold_are_refused(tmp_path, user, words):
+    """A user name the loader would read as two lines (str.splitlines) or as a comment: the
+    file stays as it was, and still loads."""
+    path = tmp_path / "passwd"
+    assert run_cli("passwd", "-b", str(path), "alice", "a-pw").returncode == 0
+    before = path.read_bytes()
+    r = run_cli("passwd", "-b", str(path), user, "b-pw")
+    assert r.returncode == 1, r.stderr
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert path.read_bytes() == before
+    assert sorted(PasswordFile.load(str(path)).entries) == ["alice"]
+
+
+def test_comments_with_unicode_line_breaks_are_kept_whole(tmp_path):
+    """passwd reads the file by "\\n" as the broker does: a comment holding U+2028 or U+0085
+    is kept as one line, not cut into a comment and a line the broker refuses."""
+    path = tmp_path / "passwd"
+    comment = "# gateway \u2028 users \x85 (caf\u00e9)"
+    path.write_text(comment + "\r\n")
+    os.chmod(path, 0o600)
+    r = run_cli("passwd", "-b", str(path), "alice", "a-pw")
+    assert r.returncode == 0, r.stderr
+    lines = path.read_text().split("\n")
+    assert lines[0] == comment and lines[1].startswith("alice:$scrypt$") and lines[2:] == [""]
+    f = PasswordFile.load(str(path))
+    assert verify_password(f.lookup("alice")[1], "a-pw")
 
 
 def piped(path, user: str, stdin: str) -> subprocess.CompletedProcess:
