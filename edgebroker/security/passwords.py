@@ -303,8 +303,11 @@ class PasswordFile:
 
 
 def write_atomic(path: str, lines: list[str]) -> None:
-    """Replace ``path`` with ``lines``: temporary file (mode 0600) in the same directory,
-    fsync, rename over, fsync the directory. Keeps the old owner and group when allowed."""
+    """Replace ``path`` with ``lines``: temporary file in the same directory, fsync, rename
+    over, fsync the directory. Keeps the old owner and group when allowed, and the old mode
+    less group-write and every bit for others (``old & 0o640``: a 0640 file for the broker's
+    group stays 0640); a new file is 0600. Group read is kept only when the group is kept: a
+    file that could not be given its old group gets no group bits."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         old = os.stat(path)
@@ -317,12 +320,16 @@ def write_atomic(path: str, lines: list[str]) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write("".join(line + "\n" for line in lines))
             fh.flush()
-            os.fchmod(fh.fileno(), 0o600)
+            mode = 0o600
             if old is not None:
                 try:
                     os.fchown(fh.fileno(), old.st_uid, old.st_gid)
                 except PermissionError:
                     pass
+                mode = stat.S_IMODE(old.st_mode) & 0o640
+                if os.fstat(fh.fileno()).st_gid != old.st_gid:
+                    mode &= 0o600
+            os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:

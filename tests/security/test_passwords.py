@@ -187,6 +187,6 @@ def test_write_atomic_mode_and_replace(tmp_path):
     inode = path.stat().st_ino
     pw.write_atomic(str(path), ["a:1", "# b"])
     assert path.read_text() == "a:1\n# b\n"
-    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.stat().st_mode & 0o777 == 0o640        # others' bits cleared, group read kept
     assert path.stat().st_ino != inode, "not replaced by rename"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pw"], "temporary file left behind"
