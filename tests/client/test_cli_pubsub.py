@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from certs import make_pki
+from certs import encrypted_copy, make_pki
 from conftest import REPO, Proc, _start, _teardown, broker_command
 from secfiles import write_passwords
 
@@ -124,6 +124,18 @@ def test_tls_port_with_cafile_and_the_wrong_ca(csrv, pki, uid):
     r = eb("pub", *args, "--cafile", str(pki.other_ca.cert))
     assert r.returncode == 1 and b"CERTIFICATE_VERIFY_FAILED" in r.stderr
     assert eb("pub", *args, "--insecure").returncode == 0
+
+
+def test_an_encrypted_client_key_is_refused_without_asking(pki, tmp_path):
+    """--key of a key with a pass phrase: OpenSSL asked on the terminal; now one line, exit 1,
+    before connecting (port 1: nothing listens)."""
+    key = encrypted_copy(pki.client.key, tmp_path / "client-enc.key")
+    r = eb("pub", "-h", "127.0.0.1", "-p", "1", "-t", "t", "-m", "x", "--cafile",
+           str(pki.ca.cert), "--cert", str(pki.client.cert), "--key", str(key), timeout=15)
+    assert r.returncode == 1
+    assert r.stderr.decode() == (f"Error: client certificate {pki.client.cert}: key {key}: the "
+                                 f"private key is encrypted (edgebroker takes no pass phrase): "
+                                 f"decrypt it with openssl pkey -in {key} -out PLAIN.key\n")
 
 
 def test_against_mosquitto_with_its_own_tools(mosquitto_broker, mosq, uid):
