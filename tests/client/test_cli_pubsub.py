@@ -103,6 +103,39 @@ def test_refusals_exit_with_the_connack_code(csrv, uid):
     assert r.returncode == 2 and b"-c needs a client id" in r.stderr
 
 
+@pytest.mark.parametrize("tool, args, message", [
+    ("pub", ["-L", "mqtt://[::1"], "pub: -L 'mqtt://[::1': not a URL (Invalid IPv6 URL)"),
+    ("sub", ["-L", "mqtt://[::1/t"], "sub: -L 'mqtt://[::1/t': not a URL (Invalid IPv6 URL)"),
+    ("pub", ["-L", "mqtt://h:99999/t"], "pub: -L 'mqtt://h:99999/t': the port is not a number "
+                                        "from 0 to 65535"),
+    ("sub", ["-L", "mqtt://h:x/t"], "sub: -L 'mqtt://h:x/t': the port is not a number"),
+    ("pub", ["-L", "ftp://h/t"], "pub: -L 'ftp://h/t': unknown scheme ftp://"),
+    ("sub", ["-L", "mqtt:///t"], "sub: -L 'mqtt:///t': no host"),
+    ("pub", ["-t", "t", "-k", "70000"], "pub: -k 70000: the keepalive is 0 to 65535 seconds"),
+    ("sub", ["-t", "t", "-k", "-1"], "sub: -k -1: the keepalive is 0 to 65535 seconds"),
+    ("pub", ["-t", "t", "-p", "99999"], "pub: -p 99999: a port is 1 to 65535"),
+    ("pub", ["-t", "t", "-M", "70000"], "pub: -M 70000: messages in flight are 1 to 65535"),
+    ("pub", ["-t", "t", "--will-topic", "a/#"],
+     "pub: --will-topic: topic name 'a/#' contains a wildcard character [MQTT-4.7.1-1]"),
+    ("sub", ["-t", "t", "--will-topic", "a/+/b"], "sub: --will-topic: topic name 'a/+/b' "
+                                                  "contains a wildcard character"),
+    ("sub", ["-t", "t", "-T", "a/#/b"],
+     "sub: -T: topic filter 'a/#/b': '#' must be the whole last level [MQTT-4.7.1-2]"),
+    ("sub", ["-t", "t", "-T", "a/b+"], "sub: -T: topic filter 'a/b+': '+' must fill a whole"),
+])
+def test_option_values_no_connection_can_use_are_usage_errors(tool, args, message):
+    """Exit 2 (docs/client-cli.md: usage errors) with one line, before connecting: nothing
+    listens on port 1, so a connection attempt would say "Connection refused" instead."""
+    extra = ["-m", "x"] if tool == "pub" else []
+    port = [] if "-L" in args or "-p" in args else ["-p", "1"]
+    r = eb(tool, "-h", "127.0.0.1", *port, *args, *extra, timeout=15)
+    assert (r.returncode, r.stdout) == (2, b""), r.stderr
+    lines = r.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"edgebroker {message}"), r.stderr
+    r = eb(tool, "-h", "127.0.0.1", *port, *args, *extra, "--quiet", timeout=15)
+    assert (r.returncode, r.stderr) == (2, b"")
+
+
 @pytest.mark.parametrize("scheme, listener", [("mqtts", TLS), ("ws", WS), ("wss", WSS)])
 def test_url_schemes(csrv, pki, uid, scheme, listener):
     topic = f"{uid}/{scheme}"
