@@ -36,6 +36,18 @@ def _write_key(path: Path, key) -> Path:
     return path
 
 
+def encrypted_copy(key: Path, dest: Path, traditional: bool = False) -> Path:
+    """``key`` encrypted with the pass phrase "secret": PKCS#8 (``ENCRYPTED PRIVATE KEY``) or,
+    with ``traditional``, OpenSSL's older PEM (``Proc-Type: 4,ENCRYPTED``)."""
+    loaded = serialization.load_pem_private_key(key.read_bytes(), None)
+    fmt = (serialization.PrivateFormat.TraditionalOpenSSL if traditional
+           else serialization.PrivateFormat.PKCS8)
+    dest.write_bytes(loaded.private_bytes(serialization.Encoding.PEM, fmt,
+                                          serialization.BestAvailableEncryption(b"secret")))
+    dest.chmod(0o600)
+    return dest
+
+
 def _write_cert(path: Path, cert: x509.Certificate) -> Path:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return path

@@ -18,6 +18,7 @@ log = logging.getLogger("edgebroker.bridge")
 def tls_contexts(bridges) -> list:
     """The TLS context of each bridge (None without ``cafile``); ConfigError naming the
     bridge's key when a certificate or key file cannot be used."""
+    from edgebroker.client.tls import EncryptedKey
     contexts = []
     problems = []
     for i, bc in enumerate(bridges):
@@ -26,6 +27,10 @@ def tls_contexts(bridges) -> list:
             continue
         try:
             contexts.append(client_context(bc.cafile, bc.certfile, bc.keyfile, bc.tls_verify))
+        except EncryptedKey as exc:
+            key = "keyfile" if bc.keyfile else "certfile"
+            problems.append(f"bridge[{i}] ({bc.name}).{key}: {exc}")
+            contexts.append(None)
         except (OSError, ssl.SSLError) as exc:
             problems.append(f"bridge[{i}] ({bc.name}): cannot use its TLS files (cafile "
                             f"{bc.cafile!r}, certfile {bc.certfile!r}, keyfile {bc.keyfile!r}): "

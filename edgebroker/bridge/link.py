@@ -56,11 +56,13 @@ class Resolver:
 
 
 def client_context(cafile: str, certfile: str, keyfile: str, verify: bool) -> ssl.SSLContext:
-    """The TLS context of a bridge's link (OSError or ssl.SSLError for a bad file)."""
+    """The TLS context of a bridge's link (OSError or ssl.SSLError for a bad file,
+    client.tls.EncryptedKey for a key that needs a pass phrase)."""
+    from edgebroker.client.tls import load_cert_chain
     context = ssl.create_default_context(cafile=cafile or None)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if certfile:
-        context.load_cert_chain(certfile, keyfile or None)
+        load_cert_chain(context, certfile, keyfile)
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

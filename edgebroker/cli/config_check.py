@@ -1,7 +1,8 @@
 """`edgebroker config check`: validate a configuration file and say so.
 
-Besides the keys, it applies the safe-default rules for listeners and reads
-every certificate, password and ACL file the configuration names. It reports
+Besides the keys, it applies the safe-default rules for listeners, checks that serve
+could create or write the state directory (creating nothing), and reads every certificate,
+password and ACL file the configuration names. It reports
 every problem at once, one line each naming the file, the key and what is
 wrong (an unknown key with the one it likely meant). Without ``-c`` it checks
 what ``serve`` without ``-c`` runs: the built-in defaults.
@@ -13,6 +14,7 @@ import json
 
 from edgebroker import config as configuration
 from edgebroker.cli.options import add_format
+from edgebroker.cli.serve import check_state_dir
 from edgebroker.errors import ConfigError
 from edgebroker.security.acl import Acl
 from edgebroker.security.passwords import PasswordFile
@@ -36,9 +38,11 @@ def add_parser(commands) -> None:
 
 def problems_of(config: configuration.Config) -> list[str]:
     """What would stop ``serve`` after the file itself was read: the safe defaults for
-    listeners, and each certificate, password and ACL file (each file once)."""
+    listeners, a state directory serve could not create or write (nothing is created), and
+    each certificate, password and ACL file (each file once)."""
     problems: list[str] = []
     _collect(problems, configuration.check_authentication, config)
+    _collect(problems, check_state_dir, config.state_dir())
     files_read = set()
     for i, lc in enumerate(config.listeners):
         if lc.tls:

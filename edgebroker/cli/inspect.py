@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 
 from edgebroker import config as configuration
 from edgebroker.cli import inspect_live
-from edgebroker.cli.options import add_format
+from edgebroker.cli.options import add_format, count
 from edgebroker.core import snapshot
 from edgebroker.errors import EdgebrokerError
 
@@ -69,7 +69,7 @@ def add_parser(commands) -> None:
     sp.add_argument("-n", "--lines", type=int, default=10, metavar="N",
                     help="without --from/--since: the last N records (default 10)")
     sp.add_argument("-f", "--follow", action="store_true", help="keep printing new records")
-    sp.add_argument("--max-payload", type=int, default=200, metavar="CHARS",
+    sp.add_argument("--max-payload", type=count, default=200, metavar="CHARS",
                     help="text format: cut payloads longer than this (0: never)")
     sp.set_defaults(run=run_tail)
 

@@ -5,7 +5,8 @@ drives it (``Session``).
 The options and their defaults are mosquitto_pub/sub's (docs/client-cli.md lists them and the
 few differences). Exit codes as theirs: 0 done; the CONNACK's return or reason code when the
 broker refuses the connection (5 not authorised in 3.1.1, 135 in 5.0); 1 for a network, TLS
-or protocol error; 27 when ``sub -W`` times out; usage errors are the project's 2.
+or protocol error; 27 when ``sub -W`` times out; usage errors are the project's 2
+(``check_options``: before anything is read or sent).
 
 ``Session`` runs edgebroker.client's synchronous event loop (client/loop.py: no threads) over
 the Dialer's transports (TCP, TLS, WebSocket, Unix). As mosquitto_pub/sub, a command whose
@@ -79,22 +80,50 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="seconds to connect and to finish (default 10)")
 
 
-def url_topic(args) -> str | None:
+def check_options(args, tool: str) -> None:
+    """Exit(2), a usage error, for an option value no connection could use: a -L URL that does
+    not parse, a port or keepalive out of range, a --will-topic that is not a topic name."""
+    from edgebroker.errors import ProtocolError
+    from edgebroker.mqtt.topics import validate_topic_name
+    if args.url:
+        _parse_url(args, tool)
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise Exit(2, f"edgebroker {tool}: -p {args.port}: a port is 1 to 65535")
+    if not 0 <= args.keepalive <= 65535:
+        raise Exit(2, f"edgebroker {tool}: -k {args.keepalive}: the keepalive is 0 to 65535 "
+                      f"seconds")
+    if args.will_topic:
+        try:
+            validate_topic_name(args.will_topic)
+        except ProtocolError as exc:
+            raise Exit(2, f"edgebroker {tool}: --will-topic: {exc}") from None
+
+
+def _parse_url(args, tool: str):
+    from edgebroker.client.address import parse_url
+    from edgebroker.errors import AddressError
+    try:
+        return parse_url(args.url)
+    except AddressError as exc:
+        raise Exit(2, f"edgebroker {tool}: -L {exc}") from None
+
+
+def url_topic(args, tool: str) -> str | None:
     """The topic of an mqtt[s]:// -L URL (mosquitto's form), or None."""
     if not args.url:
         return None
-    from edgebroker.client.address import parse_url
-    address = parse_url(args.url)
+    address = _parse_url(args, tool)
     return address.path or None if not address.websocket else None
 
 
 def make_client(args, tool: str):
-    """(Dialer, Connection) from the options; Exit(2) for options that do not fit."""
-    from edgebroker.client.address import Address, Dialer, parse_url
+    """(Dialer, Connection) from the options (``check_options`` passed); Exit(2) for options
+    that do not fit together."""
+    from edgebroker.client.address import Address, Dialer
     from edgebroker.client.connection import Connection
     protocol = PROTOCOLS[args.protocol_version]
     if args.url:
-        address = parse_url(args.url)
+        address = _parse_url(args, tool)
         username = args.username or address.username
         password = args.password or address.password
     elif args.unix:

@@ -55,3 +55,14 @@ def add_format(parser: argparse.ArgumentParser) -> None:
                         help="text for people (default) or json for scripts")
     parser.add_argument("--json", dest="format", action="store_const", const="json",
                         help=argparse.SUPPRESS)
+
+
+def count(text: str) -> int:
+    """An argparse ``type``: an integer of 0 or more (a negative one is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more")
+    return value

@@ -6,9 +6,10 @@
     edgebroker passwd -D FILE USER           delete USER
     edgebroker passwd -U FILE                hash every plain-text user:password line
 
-The file is created when missing. Every change replaces it atomically (a
-temporary file, fsynced, renamed over) with mode 0600; comment lines and other
-users' lines are kept as they are. Hashes are scrypt by default
+The file is created when missing, with mode 0600. Every change replaces it atomically (a
+temporary file, fsynced, renamed over) keeping its owner, group and mode, less group-write and
+others' bits (``passwords.write_atomic``); comment lines and other users' lines are kept as
+they are. Hashes are scrypt by default
 (docs/security.md describes the format); ``--hash pbkdf2`` writes Mosquitto's
 PBKDF2-SHA512 format instead. Beside the hash, as a third field, go the user's
 SCRAM-SHA-256 keys (``--scram-iterations``, default 4096), so the user can also
@@ -180,7 +181,7 @@ def upgrade(path: str, scheme: str = "scrypt", iterations: int = scram.DEFAULT_I
 def _read(path: str, must_exist: bool = False) -> list[str]:
     try:
         with open(path, encoding="utf-8") as fh:
-            return fh.read().splitlines()
+            return passwords.lines_of(fh.read())
     except FileNotFoundError:
         if must_exist:
             raise EdgebrokerError(f"passwd: {path}: file not found") from None

@@ -19,7 +19,9 @@ import select
 import sys
 import time
 
-from edgebroker.cli.mqtt_options import Exit, Session, add_options, run_command, url_topic
+from edgebroker.cli.mqtt_options import (Exit, Session, add_options, check_options, run_command,
+                                         url_topic)
+
 
 def add_parser(commands) -> None:
     p = commands.add_parser("pub", add_help=False,
@@ -110,7 +112,10 @@ def _requests(args, topic: str, messages, session):
 
 
 def publish(args) -> int:
-    topic = args.topic or url_topic(args)
+    check_options(args, "pub")
+    if not 1 <= args.max_inflight <= 65535 and args.max_inflight != 0:
+        raise Exit(2, f"edgebroker pub: -M {args.max_inflight}: messages in flight are 1 to 65535")
+    topic = args.topic or url_topic(args, "pub")
     if not topic:
         raise Exit(2, "edgebroker pub: a topic is needed (-t, or the path of -L)")
     messages = _messages(args)

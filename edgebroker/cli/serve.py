@@ -31,12 +31,35 @@ def load(args) -> configuration.Config:
 
 
 def prepare_state_dir(path: str) -> None:
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ConfigError(f"data_dir: cannot create {path}: it exists and is not a directory")
     try:
         os.makedirs(path, mode=0o750, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
     if not os.access(path, os.W_OK):
         raise ConfigError(f"data_dir: {path} is not writable")
+
+
+def check_state_dir(path: str) -> None:
+    """The ConfigError ``prepare_state_dir`` would raise for ``path``, found without creating
+    it (``config check``): an existing directory must be writable; else the nearest existing
+    parent must take a new directory, which is tried by making one and removing it at once
+    (the rights alone would not tell: /proc looks writable to root)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ConfigError(f"data_dir: cannot create {path}: it exists and is not a directory")
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"data_dir: {path} is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    import tempfile
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".edgebroker-check-", dir=parent))
+    except OSError as exc:
+        raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
 
 
 def run(args) -> int:

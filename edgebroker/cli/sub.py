@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 import time
 
-from edgebroker.cli.mqtt_options import (TIMED_OUT, Exit, Session, add_options, run_command,
-                                         url_topic)
+from edgebroker.cli.mqtt_options import (TIMED_OUT, Exit, Session, add_options, check_options,
+                                         run_command, url_topic)
 
 
 def add_parser(commands) -> None:
@@ -48,8 +48,15 @@ def add_parser(commands) -> None:
 
 def subscribe(args) -> int:
     from edgebroker.client.events import Message, Subscribed, Unsubscribed
-    from edgebroker.mqtt.topics import topic_matches
-    filters = list(args.topic) or [t for t in [url_topic(args)] if t]
+    from edgebroker.errors import ProtocolError
+    from edgebroker.mqtt.topics import topic_matches, validate_topic_filter
+    check_options(args, "sub")
+    for topic_filter in args.filter_out:
+        try:
+            validate_topic_filter(topic_filter)
+        except ProtocolError as exc:
+            raise Exit(2, f"edgebroker sub: -T: {exc}") from None
+    filters = list(args.topic) or [t for t in [url_topic(args, "sub")] if t]
     if not filters and not args.unsubscribe:
         raise Exit(2, "edgebroker sub: a topic is needed (-t, or the path of -L)")
     session = Session(args, "sub")

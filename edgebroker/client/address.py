@@ -72,7 +72,10 @@ def parse_url(text: str) -> Address:
             raise AddressError(f"{text!r}: a unix: address needs an absolute path "
                                f"(unix:/run/mqtt.sock)")
         return Address("unix", unix_path=path)
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:           # "Invalid IPv6 URL": a bracket not closed
+        raise AddressError(f"{text!r}: not a URL ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS:
         named = f"{parts.scheme}://" if parts.scheme else "(none)"

@@ -49,6 +49,35 @@ class TLSError(ConnectionError):
     """A TLS connection that could not be made: what failed and the hint for it."""
 
 
+class EncryptedKey(ValueError):
+    """A private key that needs a pass phrase (``load_cert_chain``): edgebroker takes none."""
+
+    def __init__(self, path: str):
+        self.path = path
+        super().__init__(f"{path}: the private key is encrypted (edgebroker takes no pass "
+                         f"phrase): decrypt it with openssl pkey -in {path} -out PLAIN.key")
+
+
+class _PassPhraseAsked(Exception):
+    pass
+
+
+def _no_pass_phrase():
+    raise _PassPhraseAsked
+
+
+def load_cert_chain(context, certfile: str, keyfile: str | None = None) -> None:
+    """``context.load_cert_chain`` that never asks for a pass phrase: without a password
+    callback, OpenSSL asks on the terminal for an encrypted key (a broker waits there at its
+    start and at each SIGHUP; without a terminal the error is "Invalid argument"). An
+    encrypted key raises EncryptedKey naming the file that holds it; other errors as
+    load_cert_chain's (OSError, ssl.SSLError). The broker's listeners and bridges use it too."""
+    try:
+        context.load_cert_chain(certfile, keyfile or None, password=_no_pass_phrase)
+    except _PassPhraseAsked:
+        raise EncryptedKey(keyfile or certfile) from None
+
+
 _HINTS = {
     "CERTIFICATE_VERIFY_FAILED": "the server certificate is not signed by a trusted CA "
                                  "(give the CA file that signed it: --cafile)",
@@ -83,7 +112,9 @@ def tls_context(cafile: str | None = None, certfile: str | None = None,
         if not certfile:
             raise TLSError(f"key file {keyfile} given without a certificate file")
         try:
-            ctx.load_cert_chain(certfile, keyfile or None)
+            load_cert_chain(ctx, certfile, keyfile)
+        except EncryptedKey as exc:
+            raise TLSError(f"client certificate {certfile}: key {exc}") from None
         except (OSError, ssl.SSLError) as exc:
             key = keyfile or "in the same file"
             raise TLSError(f"client certificate {certfile} (key {key}): {_why(exc)}") from None

@@ -173,15 +173,38 @@ def is_weak(parsed: tuple) -> bool:
 
 # --------------------------------------------------------------------------- the file
 
+def _breaks_lines(ch: str) -> bool:
+    """Whether ``ch`` is a control character (Unicode category Cc: U+0000..U+001F,
+    U+007F..U+009F) or a line or paragraph separator (Zl, Zp: U+2028, U+2029). These include
+    every character str.splitlines ends a line at, so another tool, or an editor, that reads
+    the file by lines cannot cut a user's line in two."""
+    code = ord(ch)
+    return code < 0x20 or 0x7F <= code <= 0x9F or code == 0x2028 or code == 0x2029
+
+
 def check_username(username: str) -> str | None:
     """Why ``username`` cannot be stored in a password file, or None."""
     if not username:
         return "the user name is empty"
     if ":" in username:
         return "a user name cannot contain ':'"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in username):
-        return "a user name cannot contain control characters"
+    bad = next((ch for ch in username if _breaks_lines(ch)), None)
+    if bad is not None:
+        return (f"a user name cannot contain control characters or line separators "
+                f"(it has U+{ord(bad):04X})")
+    if username.lstrip().startswith("#"):
+        return "a user name cannot start with '#' (the line would be a comment)"
     return None
+
+
+def lines_of(text: str) -> list[str]:
+    """The lines of a password file: split at "\n" only (a "\r" before it is dropped), not
+    at every line break str.splitlines knows (U+2028 and others, which user names cannot
+    hold, but comments can)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def check_permissions(path: str, key: str) -> None:
@@ -266,7 +289,7 @@ class PasswordFile:
         entries: dict[str, tuple] = {}
         raw: dict[str, str] = {}
         keys: dict[str, tuple[str, scram.Keys]] = {}
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(lines_of(text), 1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
             username, sep, stored = line.partition(":")
@@ -301,8 +324,11 @@ class PasswordFile:
 
 
 def write_atomic(path: str, lines: list[str]) -> None:
-    """Replace ``path`` with ``lines``: temporary file (mode 0600) in the same directory,
-    fsync, rename over, fsync the directory. Keeps the old owner and group when allowed."""
+    """Replace ``path`` with ``lines``: temporary file in the same directory, fsync, rename
+    over, fsync the directory. Keeps the old owner and group when allowed, and the old mode
+    less group-write and every bit for others (``old & 0o640``: a 0640 file for the broker's
+    group stays 0640); a new file is 0600. Group read is kept only when the group is kept: a
+    file that could not be given its old group gets no group bits."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         old = os.stat(path)
@@ -315,12 +341,16 @@ def write_atomic(path: str, lines: list[str]) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write("".join(line + "\n" for line in lines))
             fh.flush()
-            os.fchmod(fh.fileno(), 0o600)
+            mode = 0o600
             if old is not None:
                 try:
                     os.fchown(fh.fileno(), old.st_uid, old.st_gid)
                 except PermissionError:
                     pass
+                mode = stat.S_IMODE(old.st_mode) & 0o640
+                if os.fstat(fh.fileno()).st_gid != old.st_gid:
+                    mode &= 0o600
+            os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:

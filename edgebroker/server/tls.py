@@ -83,6 +83,7 @@ _HINTS = {
 def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
     """The server SSLContext of a TLS listener; ConfigError naming the key on a problem."""
     load_ssl()
+    from edgebroker.client.tls import EncryptedKey, load_cert_chain
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = {"tlsv1.2": ssl.TLSVersion.TLSv1_2,
                            "tlsv1.3": ssl.TLSVersion.TLSv1_3}[lc.tls_version]
@@ -92,7 +93,9 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
     # still go out. Otherwise OpenSSL 3 fails the connection at that read.
     ctx.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
     try:
-        ctx.load_cert_chain(lc.certfile, lc.keyfile or None)
+        load_cert_chain(ctx, lc.certfile, lc.keyfile)
+    except EncryptedKey as exc:
+        raise ConfigError(f"{name}.{'keyfile' if lc.keyfile else 'certfile'}: {exc}") from None
     except FileNotFoundError as exc:
         key = "keyfile" if lc.keyfile and exc.filename == lc.keyfile else "certfile"
         raise ConfigError(f"{name}.{key}: {exc.filename or lc.certfile}: file not found") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from certs import make_pki
+from certs import encrypted_copy, make_pki
 
 from .helpers import bridge_table, figures, wait_figure
 
@@ -64,3 +64,17 @@ def test_unusable_tls_files_stop_the_start(broker, tmp_path):
     gw.stopped = True
     assert gw.wait_log(lambda ln: "bridge[0] (up): cannot use its TLS files" in ln
                        and str(missing) in ln, 5)
+
+
+def test_an_encrypted_client_key_stops_the_start_without_asking(broker, pki, tmp_path):
+    """OpenSSL asked for the key's pass phrase on the terminal; the start now stops at once
+    with a line naming the bridge, the key and what to do."""
+    key = encrypted_copy(pki.client.key, tmp_path / "client-enc.key")
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
+    gw = broker(wait=False, bridge=[bridge_table(1883, rules, cafile=str(pki.ca.cert),
+                                                 certfile=str(pki.client.cert), keyfile=str(key))])
+    assert gw.proc.wait(15) == 2
+    gw.stopped = True
+    assert gw.wait_log(lambda ln: f"bridge[0] (up).keyfile: {key}: the private key is encrypted "
+                                  f"(edgebroker takes no pass phrase): decrypt it with openssl "
+                                  f"pkey -in {key} -out PLAIN.key" in ln, 5)

@@ -122,6 +122,17 @@ def test_tail_payload_rendering(tmp_path):
     assert js[1]["payload"] == "héllo\nworld"
 
 
+def test_tail_max_payload_below_0_is_a_usage_error(data_dir):
+    """--max-payload -1 cut the last character of every payload (text[:-1])."""
+    r = inspect("tail", "--data-dir", str(data_dir), "--max-payload", "-1")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith("usage: edgebroker inspect tail ")
+    assert r.stderr.rstrip().endswith(
+        "edgebroker inspect tail: error: argument --max-payload: -1: must be 0 or more")
+    r = inspect("tail", "--data-dir", str(data_dir), "--max-payload", "0", "-n", "1")
+    assert r.returncode == 0 and "..." not in r.stdout, r.stderr
+
+
 def test_tail_shows_properties_decoded(tmp_path):
     """A record with MQTT 5.0 properties (format version 2): named as in the specification,
     in the order stored, in text and json; one without shows none; property bytes that do

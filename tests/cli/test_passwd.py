@@ -1,17 +1,22 @@
 """`edgebroker passwd` end to end: the prompt on a real terminal (pty), batch mode, delete,
-upgrade, atomic 0600 writes, and the broker accepting what it wrote."""
+upgrade, atomic writes (0600, or the old mode less group-write and others), user names the
+file cannot hold, and the broker accepting what it wrote."""
 
 import base64
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
+import pytest
+
 import mqttraw as m
-from conftest import REPO, Proc, run_cli
+from conftest import REPO, Proc, broker_command, run_cli
 from edgebroker.security.passwords import PasswordFile, verify_password
 from scramclient import stored_keys
 
@@ -123,7 +128,7 @@ def test_upgrade_plain_file(tmp_path):
     os.chmod(path, 0o644)
     r = run_cli("passwd", "-U", str(path))
     assert r.returncode == 0 and "2 password(s) hashed, 0 already hashed" in r.stdout, r.stderr
-    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(path).st_mode & 0o777 == 0o640          # others' bits cleared
     upgraded = path.read_text()
     assert "alice pw with spaces" not in upgraded and upgraded.startswith("# plain\n")
     f = PasswordFile.load(str(path))
@@ -224,6 +229,48 @@ def test_writes_are_atomic_and_keep_the_owner(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["passwd"]
 
 
+@pytest.mark.parametrize("before, after", [
+    (0o600, 0o600), (0o640, 0o640), (0o400, 0o400), (0o440, 0o440),
+    (0o644, 0o640), (0o660, 0o640), (0o666, 0o640), (0o604, 0o600), (0o755, 0o640),
+])
+def test_writes_keep_the_mode_less_group_write_and_others(tmp_path, before, after):
+    """docs/security.md: 0640 for a group the broker runs in. Each command keeps that mode
+    (the old one with group-write and others' bits cleared); a new file is 0600."""
+    path = tmp_path / "passwd"
+    assert run_cli("passwd", "-b", str(path), "alice", "a-pw").returncode == 0
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    for args in (["-b", str(path), "bob", "b-pw"], ["-b", str(path), "bob", "b-pw2"],
+                 ["-D", str(path), "bob"], ["-U", str(path)]):
+        os.chmod(path, before)
+        r = run_cli("passwd", *args)
+        assert r.returncode == 0, (args, r.stderr)
+        assert os.stat(path).st_mode & 0o7777 == after, (args, oct(os.stat(path).st_mode))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root to run passwd as another user (setpriv)")
+def test_group_read_is_dropped_when_the_group_cannot_be_kept():
+    """A user who may not give the new file the old group (not a member of it) gets a file of
+    its own group: that group must not get the old file's group read."""
+    directory = tempfile.mkdtemp(prefix="edgebroker-passwd-")    # /tmp: others may enter
+    try:
+        os.chmod(directory, 0o755)
+        os.chown(directory, 65534, 65534)
+        path = os.path.join(directory, "passwd")
+        assert run_cli("passwd", "-b", path, "alice", "a-pw").returncode == 0
+        os.chown(path, 65534, 4322)
+        os.chmod(path, 0o640)
+        r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                            *broker_command(), "passwd", "-b", path, "bob", "b-pw"],
+                           cwd=REPO, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        after = os.stat(path)
+        assert (after.st_uid, after.st_gid) == (65534, 65534)
+        assert after.st_mode & 0o777 == 0o600, oct(after.st_mode)
+    finally:
+        shutil.rmtree(directory)
+
+
 def test_usage_errors(tmp_path):
     path = str(tmp_path / "passwd")
     for args, words in (
@@ -242,6 +289,42 @@ def test_usage_errors(tmp_path):
     r = run_cli("passwd", "-b", "-D", path, "alice")
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
     assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("user, words", [
+    ("bob\u2028x", "cannot contain control characters or line separators (it has U+2028)"),
+    ("bob\u2029x", "(it has U+2029)"),
+    ("bob\x85x", "(it has U+0085)"),
+    ("bob\x0bx", "(it has U+000B)"),
+    ("#admin", "a user name cannot start with '#' (the line would be a comment)"),
+    ("  #admin", "a user name cannot start with '#'"),
+])
+def test_user_names_the_file_cannot_hold_are_refused(tmp_path, user, words):
+    """A user name the loader would read as two lines (str.splitlines) or as a comment: the
+    file stays as it was, and still loads."""
+    path = tmp_path / "passwd"
+    assert run_cli("passwd", "-b", str(path), "alice", "a-pw").returncode == 0
+    before = path.read_bytes()
+    r = run_cli("passwd", "-b", str(path), user, "b-pw")
+    assert r.returncode == 1, r.stderr
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert path.read_bytes() == before
+    assert sorted(PasswordFile.load(str(path)).entries) == ["alice"]
+
+
+def test_comments_with_unicode_line_breaks_are_kept_whole(tmp_path):
+    """passwd reads the file by "\\n" as the broker does: a comment holding U+2028 or U+0085
+    is kept as one line, not cut into a comment and a line the broker refuses."""
+    path = tmp_path / "passwd"
+    comment = "# gateway \u2028 users \x85 (caf\u00e9)"
+    path.write_text(comment + "\r\n")
+    os.chmod(path, 0o600)
+    r = run_cli("passwd", "-b", str(path), "alice", "a-pw")
+    assert r.returncode == 0, r.stderr
+    lines = path.read_text().split("\n")
+    assert lines[0] == comment and lines[1].startswith("alice:$scrypt$") and lines[2:] == [""]
+    f = PasswordFile.load(str(path))
+    assert verify_password(f.lookup("alice")[1], "a-pw")
 
 
 def piped(path, user: str, stdin: str) -> subprocess.CompletedProcess:

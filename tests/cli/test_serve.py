@@ -1,12 +1,17 @@
 """The broker process: CLI, config validation and exit codes, signals, listeners, --version."""
 
+import os
 import re
+import shutil
 import signal
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
 import mqttraw as m
-from conftest import run_cli, toml_dumps
+from conftest import REPO, broker_command, run_cli, toml_dumps
 from mqttraw import ConnectionClosed
 
 
@@ -317,6 +322,58 @@ def test_config_check_command(tmp_path):
     r = run_cli("config", "check", "-c", str(bad))
     assert r.returncode == 2
     assert "limits.max_inflight_messages" in one_error_line(r)
+
+
+def test_config_check_refuses_the_data_dir_serve_refuses(tmp_path):
+    """config check said OK for a data_dir serve could not create (serve: exit 2). It finds the
+    same problem, with serve's words, and leaves nothing behind."""
+    (tmp_path / "file").write_text("")
+    cases = [("/proc/edgebroker-check-test/data", "cannot create /proc/edgebroker-check-test/"
+                                                  "data: No such file or directory"),
+             (str(tmp_path / "file"), f"cannot create {tmp_path / 'file'}: it exists and is "
+                                      f"not a directory"),
+             (str(tmp_path / "file" / "d"), f"cannot create {tmp_path / 'file' / 'd'}: Not a "
+                                            f"directory")]
+    for data_dir, words in cases:
+        path = tmp_path / "c.toml"
+        path.write_text(toml_dumps({**base_config(tmp_path), "data_dir": data_dir}))
+        check = run_cli("config", "check", "-c", str(path))
+        assert check.returncode == 2 and check.stdout == "", check.stdout
+        assert one_error_line(check) == f"edgebroker: config error: {path}: data_dir: {words}"
+        serve = run_cli("serve", "-c", str(path))
+        assert serve.returncode == 2
+        assert one_error_line(serve) == f"edgebroker: config error: data_dir: {words}"
+    missing = tmp_path / "new" / "state"
+    path.write_text(toml_dumps({**base_config(tmp_path), "data_dir": str(missing)}))
+    before = sorted(os.listdir(tmp_path))
+    check = run_cli("config", "check", "-c", str(path))
+    assert check.returncode == 0 and f"state directory: {missing})" in check.stdout, check.stderr
+    assert sorted(os.listdir(tmp_path)) == before, "config check created something"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root to run as another user (setpriv)")
+def test_config_check_refuses_a_data_dir_its_user_cannot_write():
+    """Run as another user (nobody) for whom a root-owned 0755 directory is not writable."""
+    top = Path(tempfile.mkdtemp(prefix="edgebroker-check-"))     # /tmp: others may enter
+    try:
+        os.chmod(top, 0o755)
+        data = top / "data"
+        data.mkdir(mode=0o755)
+        for data_dir, words in ((data, f"{data} is not writable"),
+                                (data / "new", f"cannot create {data / 'new'}: Permission "
+                                               f"denied")):
+            path = top / "c.toml"
+            path.write_text(toml_dumps({**base_config(top), "data_dir": str(data_dir)}))
+            for command in (["config", "check", "-c", str(path)], ["serve", "-c", str(path)]):
+                r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534",
+                                    "--clear-groups", *broker_command(), *command], cwd=REPO,
+                                   capture_output=True, text=True, timeout=30)
+                assert r.returncode == 2, r.stderr
+                assert one_error_line(r).endswith(f"data_dir: {words}")
+        assert sorted(os.listdir(data)) == []
+    finally:
+        shutil.rmtree(top)
 
 
 def test_sighup_with_a_non_utf8_config_keeps_running(broker, uid):

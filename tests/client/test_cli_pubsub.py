@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from certs import make_pki
+from certs import encrypted_copy, make_pki
 from conftest import REPO, Proc, _start, _teardown, broker_command
 from secfiles import write_passwords
 
@@ -103,6 +103,39 @@ def test_refusals_exit_with_the_connack_code(csrv, uid):
     assert r.returncode == 2 and b"-c needs a client id" in r.stderr
 
 
+@pytest.mark.parametrize("tool, args, message", [
+    ("pub", ["-L", "mqtt://[::1"], "pub: -L 'mqtt://[::1': not a URL (Invalid IPv6 URL)"),
+    ("sub", ["-L", "mqtt://[::1/t"], "sub: -L 'mqtt://[::1/t': not a URL (Invalid IPv6 URL)"),
+    ("pub", ["-L", "mqtt://h:99999/t"], "pub: -L 'mqtt://h:99999/t': the port is not a number "
+                                        "from 0 to 65535"),
+    ("sub", ["-L", "mqtt://h:x/t"], "sub: -L 'mqtt://h:x/t': the port is not a number"),
+    ("pub", ["-L", "ftp://h/t"], "pub: -L 'ftp://h/t': unknown scheme ftp://"),
+    ("sub", ["-L", "mqtt:///t"], "sub: -L 'mqtt:///t': no host"),
+    ("pub", ["-t", "t", "-k", "70000"], "pub: -k 70000: the keepalive is 0 to 65535 seconds"),
+    ("sub", ["-t", "t", "-k", "-1"], "sub: -k -1: the keepalive is 0 to 65535 seconds"),
+    ("pub", ["-t", "t", "-p", "99999"], "pub: -p 99999: a port is 1 to 65535"),
+    ("pub", ["-t", "t", "-M", "70000"], "pub: -M 70000: messages in flight are 1 to 65535"),
+    ("pub", ["-t", "t", "--will-topic", "a/#"],
+     "pub: --will-topic: topic name 'a/#' contains a wildcard character [MQTT-4.7.1-1]"),
+    ("sub", ["-t", "t", "--will-topic", "a/+/b"], "sub: --will-topic: topic name 'a/+/b' "
+                                                  "contains a wildcard character"),
+    ("sub", ["-t", "t", "-T", "a/#/b"],
+     "sub: -T: topic filter 'a/#/b': '#' must be the whole last level [MQTT-4.7.1-2]"),
+    ("sub", ["-t", "t", "-T", "a/b+"], "sub: -T: topic filter 'a/b+': '+' must fill a whole"),
+])
+def test_option_values_no_connection_can_use_are_usage_errors(tool, args, message):
+    """Exit 2 (docs/client-cli.md: usage errors) with one line, before connecting: nothing
+    listens on port 1, so a connection attempt would say "Connection refused" instead."""
+    extra = ["-m", "x"] if tool == "pub" else []
+    port = [] if "-L" in args or "-p" in args else ["-p", "1"]
+    r = eb(tool, "-h", "127.0.0.1", *port, *args, *extra, timeout=15)
+    assert (r.returncode, r.stdout) == (2, b""), r.stderr
+    lines = r.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"edgebroker {message}"), r.stderr
+    r = eb(tool, "-h", "127.0.0.1", *port, *args, *extra, "--quiet", timeout=15)
+    assert (r.returncode, r.stderr) == (2, b"")
+
+
 @pytest.mark.parametrize("scheme, listener", [("mqtts", TLS), ("ws", WS), ("wss", WSS)])
 def test_url_schemes(csrv, pki, uid, scheme, listener):
     topic = f"{uid}/{scheme}"
@@ -124,6 +157,18 @@ def test_tls_port_with_cafile_and_the_wrong_ca(csrv, pki, uid):
     r = eb("pub", *args, "--cafile", str(pki.other_ca.cert))
     assert r.returncode == 1 and b"CERTIFICATE_VERIFY_FAILED" in r.stderr
     assert eb("pub", *args, "--insecure").returncode == 0
+
+
+def test_an_encrypted_client_key_is_refused_without_asking(pki, tmp_path):
+    """--key of a key with a pass phrase: OpenSSL asked on the terminal; now one line, exit 1,
+    before connecting (port 1: nothing listens)."""
+    key = encrypted_copy(pki.client.key, tmp_path / "client-enc.key")
+    r = eb("pub", "-h", "127.0.0.1", "-p", "1", "-t", "t", "-m", "x", "--cafile",
+           str(pki.ca.cert), "--cert", str(pki.client.cert), "--key", str(key), timeout=15)
+    assert r.returncode == 1
+    assert r.stderr.decode() == (f"Error: client certificate {pki.client.cert}: key {key}: the "
+                                 f"private key is encrypted (edgebroker takes no pass phrase): "
+                                 f"decrypt it with openssl pkey -in {key} -out PLAIN.key\n")
 
 
 def test_against_mosquitto_with_its_own_tools(mosquitto_broker, mosq, uid):

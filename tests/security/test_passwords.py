@@ -100,6 +100,40 @@ def test_unknown_users_are_checked_against_the_files_own_hash(tmp_path):
     assert scrypt_file.dummy()[:4] == ("scrypt", 14, 8, 1)
 
 
+def test_user_names_that_would_break_the_line_are_refused():
+    """Every character str.splitlines ends a line at, and every one of Unicode categories Cc,
+    Zl and Zp, is refused in a user name; other characters (a no-break space, an accent) are
+    not. A name starting with '#' (after spaces) would read as a comment."""
+    import sys
+    import unicodedata
+    breaking = {chr(c) for c in range(sys.maxunicode + 1)
+                if unicodedata.category(chr(c)) in ("Cc", "Zl", "Zp")}
+    breaking |= {ch for ch in map(chr, range(0x3000)) if len(f"a{ch}b".splitlines()) > 1}
+    assert {"\n", "\r", "\x0b", "\x85", "\u2028", "\u2029"} <= breaking
+    for ch in breaking:
+        assert "line separators" in pw.check_username(f"bob{ch}x"), repr(ch)
+    for name in ("b\u00a0b", "j\u00f6rg", "\u7528\u6237", "a#b", "a b"):
+        assert pw.check_username(name) is None, name
+    for name in ("#admin", "  #admin", "\t#admin"):
+        assert pw.check_username(name) is not None, name
+    assert "cannot start with '#'" in pw.check_username(" #admin")
+
+
+def test_file_lines_end_at_newline_only(tmp_path):
+    """A comment may hold U+2028 and other line breaks str.splitlines knows; "\\r\\n" line ends
+    still load. A user name holding one is refused with its line."""
+    h = pw.hash_password("a")
+    path = write(tmp_path / "pw",
+                 f"# caf\u00e9 \u2028 note\x85 \x0c\r\nalice:{h}\r\n\r\nbob:{h}\n")
+    f = pw.PasswordFile.load(path)
+    assert sorted(f.entries) == ["alice", "bob"] and f.lookup("alice")[0] == h
+    path = write(tmp_path / "pw2", f"alice:{h}\nbob\u2028x:{h}\n")
+    with pytest.raises(ConfigError) as info:
+        pw.PasswordFile.load(path)
+    assert f"{path} line 2: a user name cannot contain control characters or line separators " \
+           f"(it has U+2028)" in str(info.value)
+
+
 def test_file_with_scram_keys_beside_some_hashes(tmp_path):
     """A third field holds SCRAM keys; lines without one (older users, Mosquitto's) load as
     before and say why they have no keys."""
@@ -170,6 +204,6 @@ def test_write_atomic_mode_and_replace(tmp_path):
     inode = path.stat().st_ino
     pw.write_atomic(str(path), ["a:1", "# b"])
     assert path.read_text() == "a:1\n# b\n"
-    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.stat().st_mode & 0o777 == 0o640        # others' bits cleared, group read kept
     assert path.stat().st_ino != inode, "not replaced by rename"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pw"], "temporary file left behind"

@@ -13,6 +13,8 @@ import time
 import pytest
 
 import mqttraw as m
+from certs import encrypted_copy
+from cli.test_passwd import Terminal
 from conftest import _start, _teardown, run_cli, toml_dumps
 from mqttraw import ConnectionClosed
 from secfiles import wait_counter
@@ -376,6 +378,48 @@ def test_tls_config_errors_exit_2(tmp_path, pki, listener, words):
         r = run_cli(*command)
         assert r.returncode == 2, r.stderr
         assert words in one_line(r)
+
+
+ENCRYPTED = "the private key is encrypted (edgebroker takes no pass phrase): decrypt it with " \
+            "openssl pkey -in {key} -out PLAIN.key"
+
+
+@pytest.mark.parametrize("form", ["pkcs8", "traditional", "in certfile"])
+def test_an_encrypted_key_is_refused_without_asking_for_a_pass_phrase(tmp_path, pki, form):
+    """OpenSSL asked for the pass phrase on the terminal (the start waited there; without a
+    terminal: "cannot read: Invalid argument"). serve and config check say what it is, at
+    once, on a terminal or not."""
+    key = encrypted_copy(pki.server.key, tmp_path / "enc.key", traditional=form == "traditional")
+    lc = {"host": "127.0.0.1", "port": 0, "certfile": str(pki.server.cert), "keyfile": str(key)}
+    where = "listener[0].keyfile"
+    if form == "in certfile":
+        both = tmp_path / "both.pem"
+        both.write_bytes(pki.server.cert.read_bytes() + key.read_bytes())
+        lc, key, where = {**lc, "certfile": str(both), "keyfile": ""}, both, "listener[0].certfile"
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [lc]}))
+    words = f"{where}: {key}: " + ENCRYPTED.format(key=key)
+    for command in (["serve", "-c", str(path)], ["config", "check", "-c", str(path)]):
+        r = run_cli(*command)
+        assert r.returncode == 2, r.stderr
+        assert one_line(r).endswith(words), r.stderr
+        term = Terminal(*command)           # the terminal is the controlling one: no prompt
+        assert term.wait(timeout=20) == 2, term.output
+        assert b"pass phrase" not in term.output.replace(b"takes no pass phrase", b"")
+        assert words.encode() in term.output.replace(b"\r\n", b"").replace(b"\n", b"")
+
+
+def test_sighup_with_an_encrypted_key_keeps_the_certificate_in_use(broker, tmp_path, pki, uid):
+    live = tmp_path / "server.key"
+    shutil.copy(pki.server.key, live)
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "certfile": str(pki.server.cert),
+                          "keyfile": str(live)}])
+    encrypted_copy(pki.server.key, live)
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log("reload failed", start=mark)
+    assert line and f"listener[0].keyfile: {live}: " + ENCRYPTED.format(key=live) in line, line
+    assert b.client(uid, transport={"ssl_context": client_context(pki)}).ping() == []
 
 
 def test_config_check_reads_certificates(tmp_path, pki):
