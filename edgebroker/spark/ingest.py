@@ -169,14 +169,18 @@ def _messages(spark, path: str):
     return spark.read.schema(MESSAGES_DDL).parquet(path)
 
 
-def _in_partitions(df, touched):
-    """``df`` restricted to the (date, gateway) partitions in ``touched`` (pruned by Spark)."""
+def _in_partitions(spark, df, touched):
+    """``df`` restricted to the (date, gateway) partitions in ``touched``: first to the days
+    and gateways named (a filter Spark prunes partitions by), then to the pairs themselves by a
+    semi-join with a small table of them. Not one condition per pair: a thousand of those
+    chained with OR overflow the driver's stack when Spark analyses the plan."""
     from pyspark.sql import functions as F
-    cond = None
-    for day, gw in touched:
-        c = (F.col("date") == F.lit(day)) & (F.col("gateway") == F.lit(gw))
-        cond = c if cond is None else cond | c
-    return df.where(cond)
+    days = sorted({day for day, _ in touched})
+    gateways = sorted({gw for _, gw in touched})
+    pairs = spark.createDataFrame(sorted(touched), "date date, gateway string")
+    return (df.where(F.col("date").isin(days) & F.col("gateway").isin(gateways))
+            .join(F.broadcast(pairs), ["date", "gateway"], "left_semi")
+            .select(*df.columns))
 
 
 def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = None) -> dict:
@@ -238,7 +242,7 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # own timestamp, so a copy of it can only be there), as one range per gateway.
     existing = None
     if touched and fs.exists(tables["messages"]):
-        existing = _in_partitions(_messages(spark, tables["messages"]), touched)
+        existing = _in_partitions(spark, _messages(spark, tables["messages"]), touched)
     ranges = {}
     if existing is not None:
         ranges = {r.gateway: (r.low, r.high) for r in existing.groupBy("gateway")
@@ -274,7 +278,7 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     if added:
         rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])
-        hourly = (_in_partitions(_messages(spark, tables["messages"]), touched)
+        hourly = (_in_partitions(spark, _messages(spark, tables["messages"]), touched)
                   .groupBy("date", "gateway", "topic",
                            F.date_trunc("hour", "timestamp").alias("hour"))
                   .agg(F.count(F.lit(1)).alias("messages"),

@@ -10,6 +10,8 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, clean_batches, ingest_once
 from edgebroker.uploader.batch import BatchHeader, object_name, read_batch_file
 
@@ -226,3 +228,34 @@ def test_a_batch_goes_in_without_deduplication_only_when_its_range_overlaps_noth
     assert clean_batches(batches, {"g1": (150, 199), "g2": (5, 50)}) == {"a", "f", "h", "i"}
     assert clean_batches(batches, {}) == {"a", "f", "g", "h", "i"}
     assert clean_batches([], {"g1": (0, 1)}) == set()
+
+
+@pytest.mark.timeout(300)
+def test_a_run_touching_over_a_thousand_partitions_succeeds_and_a_rerun_adds_nothing(
+        spark, tmp_path):
+    """1200 (date, gateway) partitions: 30 gateways, one record a day for 40 days each, gateway
+    g from day g on (so not every pair of a day and a gateway named is touched). The partitions
+    are looked up in `messages` (the second run, checkpoint gone) and in the recount of
+    topic_hourly (both runs); one condition per partition once overflowed the driver's stack."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    t0 = 1_700_000_000_000
+    for g in range(30):
+        gateway = f"gw-{g:02d}"
+        records = [(d, t0 + (g + d) * 86_400_000, 0, False, b"c", b"t", b"p" * g)
+                   for d in range(40)]
+        header, raw = build(records, gateway)
+        path = landing / object_name("", gateway, 0, 39, records[0][1])
+        path.parent.mkdir(parents=True)
+        path.write_bytes(rewrite(header, raw))
+
+    first = ingest_once(spark, str(landing), str(warehouse))
+    assert (first["files_new"], first["rows_added"], first["quarantined"]) == (30, 1200, [])
+    shutil.rmtree(warehouse / "_checkpoint")     # every file read again, found in messages
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["duplicates"]) == (30, 0, 1200)
+    assert spark.read.parquet(str(warehouse / "messages")).count() == 1200
+    hourly = table(spark, warehouse, "topic_hourly")
+    assert sorted((r.gateway, r.date, r.messages, r.bytes) for r in hourly) == sorted(
+        (f"gw-{g:02d}", datetime.fromtimestamp((t0 + (g + d) * 86_400_000) / 1000,
+                                               timezone.utc).date(), 1, g)
+        for g in range(30) for d in range(40))
