@@ -183,6 +183,19 @@ def _in_partitions(spark, df, touched):
             .select(*df.columns))
 
 
+def _write_hourly(spark, tables: dict, touched) -> None:
+    """Count ``messages`` again for the ``touched`` partitions into ``topic_hourly``, replacing
+    those partitions (dynamic partition overwrite) and no other."""
+    from pyspark.sql import functions as F
+    hourly = (_in_partitions(spark, _messages(spark, tables["messages"]), touched)
+              .groupBy("date", "gateway", "topic", F.date_trunc("hour", "timestamp").alias("hour"))
+              .agg(F.count(F.lit(1)).alias("messages"), F.sum(F.length("payload")).alias("bytes"),
+                   F.min("timestamp").alias("first_time"), F.max("timestamp").alias("last_time")))
+    (hourly.repartition("date", "gateway").write.mode("overwrite")
+     .option("partitionOverwriteMode", "dynamic").partitionBy("date", "gateway")
+     .parquet(tables["topic_hourly"]))
+
+
 def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = None) -> dict:
     """One pass over ``landing``: every batch file not ingested yet goes into the tables under
     ``warehouse``; what it did, as a dict (files, rows added, duplicates, quarantined, gaps).
@@ -278,16 +291,10 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     if added:
         rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])
-        hourly = (_in_partitions(spark, _messages(spark, tables["messages"]), touched)
-                  .groupBy("date", "gateway", "topic",
-                           F.date_trunc("hour", "timestamp").alias("hour"))
-                  .agg(F.count(F.lit(1)).alias("messages"),
-                       F.sum(F.length("payload")).alias("bytes"),
-                       F.min("timestamp").alias("first_time"),
-                       F.max("timestamp").alias("last_time")))
-        (hourly.repartition("date", "gateway").write.mode("overwrite")
-         .option("partitionOverwriteMode", "dynamic").partitionBy("date", "gateway")
-         .parquet(tables["topic_hourly"]))
+    if touched:
+        # Also when nothing was added: a run that crashed between the append above and this
+        # write left messages ahead of topic_hourly, and its files are read again.
+        _write_hourly(spark, tables, touched)
     if dedup is not None:
         dedup.unpersist()
 

@@ -218,6 +218,35 @@ def test_batches_that_overlap_in_part_add_only_their_new_offsets(spark, tmp_path
             for r in table(spark, warehouse, "topic_hourly")} == dict(want)
 
 
+
+def test_topic_hourly_is_repaired_by_the_run_after_a_crash_that_left_only_messages(
+        spark, tmp_path):
+    """A crash after the `messages` append and before topic_hourly is written: the next run
+    reads the files again, finds every row in messages (adds none) and still recounts
+    topic_hourly for the partitions its batches touch."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    t0 = 1_700_006_399_000   # 2023-11-14 23:59:59 UTC: the records fall in two days
+    records = [(0, t0, 0, False, b"c", b"a", b"xy"), (1, t0 + 500, 1, False, b"c", b"b", b"z"),
+               (2, t0 + 1500, 0, False, b"c", b"a", b"")]
+    header, raw = build(records, "gw-a")
+    path = landing / object_name("", "gw-a", 0, 2, t0)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(rewrite(header, raw))
+    warehouse.mkdir()
+    (warehouse / "topic_hourly").write_text("a file where the table's folder goes: the "
+                                            "topic_hourly write fails")
+    with pytest.raises(Exception):
+        ingest_once(spark, str(landing), str(warehouse))
+    assert spark.read.parquet(str(warehouse / "messages")).count() == 3
+    (warehouse / "topic_hourly").unlink()
+
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["duplicates"]) == (1, 0, 3)
+    hourly = {(r.gateway, r.topic, ms(r.hour)): [r.messages, r.bytes, ms(r.first_time),
+                                                 ms(r.last_time)]
+              for r in table(spark, warehouse, "topic_hourly")}
+    assert hourly == expected_hourly([path])
+
 def test_a_batch_goes_in_without_deduplication_only_when_its_range_overlaps_nothing():
     from collections import namedtuple
     B = namedtuple("B", "path gateway batch_first batch_last")
