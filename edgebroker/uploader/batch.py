@@ -34,6 +34,14 @@ ZSTD_LEVEL = 3
 _FIXED = struct.Struct("<8sHHHHQQQQQQQQII")
 FIXED_SIZE = _FIXED.size  # 88
 READ_CHUNK = 1024 * 1024
+# The most record bytes a batch holds: the upper bound of batch_bytes (docs/config.md); a record
+# alone, which may make a batch of its own, is smaller (an MQTT packet is at most 256 MiB).
+MAX_RAW_LENGTH = 1024 * 1024 * 1024
+# The most bytes a batch file decompresses to: the longest header and MAX_RAW_LENGTH.
+MAX_BATCH_SIZE = FIXED_SIZE + 64 + MAX_RAW_LENGTH
+# Compressed bytes given to the decompressor at a time for a frame that does not say its size:
+# a step gives at most some tens of MiB, so the size is checked before much is held.
+_UNSIZED_STEP = 1024
 
 
 class BatchFormatError(EdgebrokerError):
@@ -214,12 +222,41 @@ def _check_raw(raw: bytes, header: BatchHeader, path: str) -> None:
         raise BatchFormatError(f"{path}: the records' checksum does not match the header")
 
 
+def _decompress(blob: bytes, path: str) -> bytes:
+    """The content of the one zstd frame ``blob`` must be, refused when the frame declares or
+    holds more than a batch can (before that much is allocated) or when bytes follow it."""
+    size = zstandard.frame_content_size(blob)
+    if size > MAX_BATCH_SIZE:
+        raise BatchFormatError(f"{path}: its zstd frame declares {size} bytes, more than a "
+                               f"batch holds ({MAX_BATCH_SIZE})")
+    if size >= 0:
+        return zstandard.ZstdDecompressor().decompress(blob, allow_extra_data=False)
+    # A frame that does not declare its size (edgebroker always writes it): a bounded read.
+    d = zstandard.ZstdDecompressor().decompressobj(read_across_frames=False)
+    view, parts, total, pos = memoryview(blob), [], 0, 0
+    while not d.eof and pos < len(view):
+        part = d.decompress(view[pos:pos + _UNSIZED_STEP])
+        pos += _UNSIZED_STEP
+        total += len(part)
+        if total > MAX_BATCH_SIZE:
+            raise BatchFormatError(f"{path}: its zstd frame holds more than a batch "
+                                   f"({MAX_BATCH_SIZE} bytes)")
+        parts.append(part)
+    if not d.eof:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: it ends inside its frame")
+    extra = len(d.unused_data) + max(len(view) - pos, 0)
+    if extra:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: {extra} bytes after its "
+                               f"frame")
+    return b"".join(parts)
+
+
 def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
     """The header and the raw record bytes of the batch in ``blob``, everything but the
     records themselves checked (the records' CRC32C included); ``parse_records`` or a faster
     walk of its own does the rest."""
     try:
-        data = zstandard.ZstdDecompressor().decompress(blob)
+        data = _decompress(blob, path)
     except zstandard.ZstdError as exc:
         raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
     header = decode_header(data, path)

@@ -173,3 +173,48 @@ def test_properties_that_do_not_decode_are_refused_naming_the_file_and_offset():
     with pytest.raises(BatchFormatError, match=r"^p\.ebb\.zst: record at offset 2: its "
                                                r"properties do not decode"):
         batch_days(rewrite(header, raw), "p.ebb.zst")    # the ingest job's first pass
+
+
+def good_blob(gateway: str = "gw-1", stamp: int = 1_700_000_000_000) -> bytes:
+    return rewrite(*build([(0, stamp, 0, False, b"c", b"t", b"p"),
+                           (1, stamp + 1, 0, False, b"c", b"t", b"q")], gateway))
+
+
+def refused_by_both(blob: bytes, message: str) -> None:
+    """Both readers of the ingest job (the first pass and the decode) refuse ``blob`` with a
+    BatchFormatError naming it, not some other exception."""
+    for reader in (batch_days, batch_to_arrow):
+        with pytest.raises(BatchFormatError, match=r"^odd\.ebb\.zst: " + message):
+            reader(blob, "odd.ebb.zst")
+
+
+def test_bytes_after_the_frame_are_refused():
+    """Two batches one after the other, or junk after one, once read as the first alone."""
+    good = good_blob()
+    assert batch_to_arrow(good, "g.ebb.zst")[1].num_rows == 2
+    refused_by_both(good + b"JUNK", r"not a valid zstd stream: .*4 bytes of unused data")
+    refused_by_both(good + good, r"not a valid zstd stream: .*unused data")
+
+
+def test_a_frame_declaring_more_than_a_batch_holds_is_refused_before_allocating():
+    # A zstd frame header declaring 2**45 content bytes (8-byte size field), then one empty
+    # last raw block: decompressing would first allocate 32 TiB.
+    frame = bytes([0x28, 0xB5, 0x2F, 0xFD, 0xE0]) + (1 << 45).to_bytes(8, "little") + \
+        bytes([1, 0, 0])
+    refused_by_both(frame, r"its zstd frame declares 35184372088832 bytes, more than a batch "
+                           r"holds \(1073741976\)")
+
+
+def test_a_frame_without_its_size_is_read_with_a_bound(monkeypatch):
+    import zstandard
+    from edgebroker.uploader import batch
+    plain = zstandard.ZstdDecompressor().decompress(good_blob())
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compressobj()
+    unsized = unsized.compress(plain) + unsized.flush()
+    assert zstandard.frame_content_size(unsized) == -1
+    assert batch_to_arrow(unsized, "u.ebb.zst")[1].num_rows == 2
+    refused_by_both(unsized + b"JUNK", r"not a valid zstd stream: 4 bytes after its frame")
+    refused_by_both(unsized[:-3], r"not a valid zstd stream: it ends inside its frame")
+    monkeypatch.setattr(batch, "MAX_BATCH_SIZE", len(plain) - 1)
+    refused_by_both(unsized, rf"its zstd frame holds more than a batch \({len(plain) - 1} ")
+
