@@ -39,6 +39,9 @@ READ_CHUNK = 1024 * 1024
 MAX_RAW_LENGTH = 1024 * 1024 * 1024
 # The most bytes a batch file decompresses to: the longest header and MAX_RAW_LENGTH.
 MAX_BATCH_SIZE = FIXED_SIZE + 64 + MAX_RAW_LENGTH
+# Record timestamps (ms since the epoch, UTC) are before this one, 10000-01-01T00:00:00Z: a
+# date or timestamp column of Python, Arrow or Spark holds them.
+TIMESTAMP_END_MS = 253_402_300_800_000
 # Compressed bytes given to the decompressor at a time for a frame that does not say its size:
 # a step gives at most some tens of MiB, so the size is checked before much is held.
 _UNSIZED_STEP = 1024
@@ -142,7 +145,24 @@ def decode_header(data: bytes, path: str) -> BatchHeader:
         raise BatchFormatError(f"{path}: records of log format version {log_version}; this "
                                f"edgebroker reads versions "
                                f"{', '.join(map(str, READ_VERSIONS))}")
-    return BatchHeader(gid.decode("ascii", "replace"), first, last, count, min_ts, max_ts,
+    gateway = gid.decode("ascii", "replace")
+    problem = check_gateway_id(gateway)
+    if problem:
+        raise BatchFormatError(f"{path}: gateway id {gateway!r} {problem}")
+    # Before anything is allocated by them: the count and the raw length must be possible.
+    if not count:
+        raise BatchFormatError(f"{path}: no records (a batch holds at least one)")
+    if raw_len > MAX_RAW_LENGTH:
+        raise BatchFormatError(f"{path}: raw length {raw_len}, more than a batch holds "
+                               f"({MAX_RAW_LENGTH})")
+    if count * RECORD_HEADER_SIZE > raw_len:
+        raise BatchFormatError(f"{path}: {count} records cannot lie in {raw_len} raw bytes (a "
+                               f"record takes at least {RECORD_HEADER_SIZE})")
+    # Offsets fit a signed 64-bit column; a gap lies before the batch's first offset.
+    if not first <= last < 2**63 or gap_len and gap_first + gap_len > first:
+        raise BatchFormatError(f"{path}: offsets {first}..{last} with a gap of {gap_len} from "
+                               f"{gap_first} are not possible")
+    return BatchHeader(gateway, first, last, count, min_ts, max_ts,
                        raw_len, raw_crc, gap_first, gap_len, log_version, version)
 
 
@@ -173,6 +193,8 @@ def parse_records(raw: bytes, header: BatchHeader, path: str) -> list[Record]:
             raise BatchFormatError(f"{where}: offset out of order or outside "
                                    f"{header.first_offset}..{header.last_offset}")
         previous = offset
+        if ts >= TIMESTAMP_END_MS:
+            raise BatchFormatError(f"{where}: timestamp {ts} ms is not before the year 10000")
         t, q = p + cl, p + cl + tl
         records.append(Record(offset, ts, attrs & 3, bool(attrs & 4), bytes(view[p:t]),
                               bytes(view[t:q]), bytes(view[q + rl:pos + length]),

@@ -218,3 +218,28 @@ def test_a_frame_without_its_size_is_read_with_a_bound(monkeypatch):
     monkeypatch.setattr(batch, "MAX_BATCH_SIZE", len(plain) - 1)
     refused_by_both(unsized, rf"its zstd frame holds more than a batch \({len(plain) - 1} ")
 
+
+def test_a_header_with_impossible_counts_or_a_bad_gateway_id_is_refused():
+    header, raw = build([(5, 1000, 0, False, b"c", b"t", b"p")])
+    fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
+    for change, message in [
+            ({"record_count": 1 << 40}, r"1099511627776 records cannot lie in 37 raw bytes"),
+            ({"record_count": 0}, r"no records \(a batch holds at least one\)"),
+            ({"gateway_id": ""}, r"gateway id '' must not be empty"),
+            ({"gateway_id": "../../x"}, r"gateway id '\.\./\.\./x' must be 1 to 64 of"),
+            ({"first_offset": 1 << 63, "last_offset": 1 << 63}, r"offsets 9223372036854775808"),
+            ({"gap_first": 3, "gap_length": 3}, r"offsets 5\.\.5 with a gap of 3 from 3 are "
+                                                r"not possible")]:
+        refused_by_both(rewrite(BatchHeader(**{**fields, **change}), raw), message)
+
+
+@pytest.mark.parametrize("stamp", [253_402_300_800_000, 10**17, 1 << 63])
+def test_a_timestamp_in_the_year_10000_or_later_is_refused_naming_the_record(stamp):
+    """Such a timestamp has no date (Python's and Spark's stop at 9999) and, from about 10**16
+    ms, no timestamp in microseconds: one reader raised OverflowError, the other wrapped it."""
+    good = 253_402_300_799_999     # 9999-12-31T23:59:59.999Z is read
+    assert batch_days(good_blob(stamp=good - 1), "g.ebb.zst")[1][-1].year == 9999
+    records = [(0, good, 0, False, b"c", b"t", b"p"), (1, stamp, 0, False, b"c", b"t", b"p")]
+    header, raw = build(records)
+    refused_by_both(rewrite(header, raw), rf"record at raw position 37 \(offset 1\): timestamp "
+                                          rf"{stamp} ms is not before the year 10000")
