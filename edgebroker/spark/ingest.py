@@ -94,6 +94,8 @@ def summarize_files(batches):
             header, days = batch_days(blob, path)
         except BatchFormatError as exc:
             rows = [_summary_row("error", path, error=str(exc))]
+        except Exception as exc:  # a reader bug, MemoryError: the file alone is set apart
+            rows = [_summary_row("error", path, error=f"{path}: cannot be read ({exc!r})")]
         else:
             rows = [_summary_row("batch", path, header)]
             rows += [_summary_row("date", path, header, day=day) for day in days]
