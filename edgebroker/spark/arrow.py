@@ -27,7 +27,8 @@ from edgebroker.commitlog.format import ATTR_PROPERTIES, PROPERTIES_LENGTH_SIZE,
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt import properties as mqtt_properties
 from edgebroker.uploader.batch import (
-    BatchFormatError, BatchHeader, parse_records, read_batch_file, read_batch_raw,
+    TIMESTAMP_END_MS, BatchFormatError, BatchHeader, parse_records, read_batch_file,
+    read_batch_raw,
 )
 
 MS_PER_DAY = 86_400_000
@@ -63,7 +64,7 @@ SCHEMA = pa.schema([
 
 def _times(stamps: pa.Array) -> list[pa.Array]:
     """The timestamp and date columns of milliseconds since the epoch."""
-    return [pc.multiply(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
+    return [pc.multiply_checked(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
             pc.divide(stamps, MS_PER_DAY).cast(pa.int32()).cast(pa.date32())]
 
 
@@ -136,7 +137,8 @@ def _scan(header: BatchHeader, raw: bytes) -> np.ndarray | None:
     entries = np.frombuffer(out, np.int64, words * count).reshape(count, words)
     if (entries[-1, 0] != header.last_offset or entries[0, 0] != header.first_offset
             or entries[:, 1].min() != header.min_timestamp_ms
-            or entries[:, 1].max() != header.max_timestamp_ms):
+            or entries[:, 1].max() != header.max_timestamp_ms
+            or entries[:, 1].min() < 0 or entries[:, 1].max() >= TIMESTAMP_END_MS):
         return None
     return entries
 

@@ -34,6 +34,17 @@ ZSTD_LEVEL = 3
 _FIXED = struct.Struct("<8sHHHHQQQQQQQQII")
 FIXED_SIZE = _FIXED.size  # 88
 READ_CHUNK = 1024 * 1024
+# The most record bytes a batch holds: the upper bound of batch_bytes (docs/config.md); a record
+# alone, which may make a batch of its own, is smaller (an MQTT packet is at most 256 MiB).
+MAX_RAW_LENGTH = 1024 * 1024 * 1024
+# The most bytes a batch file decompresses to: the longest header and MAX_RAW_LENGTH.
+MAX_BATCH_SIZE = FIXED_SIZE + 64 + MAX_RAW_LENGTH
+# Record timestamps (ms since the epoch, UTC) are before this one, 10000-01-01T00:00:00Z: a
+# date or timestamp column of Python, Arrow or Spark holds them.
+TIMESTAMP_END_MS = 253_402_300_800_000
+# Compressed bytes given to the decompressor at a time for a frame that does not say its size:
+# a step gives at most some tens of MiB, so the size is checked before much is held.
+_UNSIZED_STEP = 1024
 
 
 class BatchFormatError(EdgebrokerError):
@@ -134,7 +145,24 @@ def decode_header(data: bytes, path: str) -> BatchHeader:
         raise BatchFormatError(f"{path}: records of log format version {log_version}; this "
                                f"edgebroker reads versions "
                                f"{', '.join(map(str, READ_VERSIONS))}")
-    return BatchHeader(gid.decode("ascii", "replace"), first, last, count, min_ts, max_ts,
+    gateway = gid.decode("ascii", "replace")
+    problem = check_gateway_id(gateway)
+    if problem:
+        raise BatchFormatError(f"{path}: gateway id {gateway!r} {problem}")
+    # Before anything is allocated by them: the count and the raw length must be possible.
+    if not count:
+        raise BatchFormatError(f"{path}: no records (a batch holds at least one)")
+    if raw_len > MAX_RAW_LENGTH:
+        raise BatchFormatError(f"{path}: raw length {raw_len}, more than a batch holds "
+                               f"({MAX_RAW_LENGTH})")
+    if count * RECORD_HEADER_SIZE > raw_len:
+        raise BatchFormatError(f"{path}: {count} records cannot lie in {raw_len} raw bytes (a "
+                               f"record takes at least {RECORD_HEADER_SIZE})")
+    # Offsets fit a signed 64-bit column; a gap lies before the batch's first offset.
+    if not first <= last < 2**63 or gap_len and gap_first + gap_len > first:
+        raise BatchFormatError(f"{path}: offsets {first}..{last} with a gap of {gap_len} from "
+                               f"{gap_first} are not possible")
+    return BatchHeader(gateway, first, last, count, min_ts, max_ts,
                        raw_len, raw_crc, gap_first, gap_len, log_version, version)
 
 
@@ -165,6 +193,8 @@ def parse_records(raw: bytes, header: BatchHeader, path: str) -> list[Record]:
             raise BatchFormatError(f"{where}: offset out of order or outside "
                                    f"{header.first_offset}..{header.last_offset}")
         previous = offset
+        if ts >= TIMESTAMP_END_MS:
+            raise BatchFormatError(f"{where}: timestamp {ts} ms is not before the year 10000")
         t, q = p + cl, p + cl + tl
         records.append(Record(offset, ts, attrs & 3, bool(attrs & 4), bytes(view[p:t]),
                               bytes(view[t:q]), bytes(view[q + rl:pos + length]),
@@ -214,12 +244,41 @@ def _check_raw(raw: bytes, header: BatchHeader, path: str) -> None:
         raise BatchFormatError(f"{path}: the records' checksum does not match the header")
 
 
+def _decompress(blob: bytes, path: str) -> bytes:
+    """The content of the one zstd frame ``blob`` must be, refused when the frame declares or
+    holds more than a batch can (before that much is allocated) or when bytes follow it."""
+    size = zstandard.frame_content_size(blob)
+    if size > MAX_BATCH_SIZE:
+        raise BatchFormatError(f"{path}: its zstd frame declares {size} bytes, more than a "
+                               f"batch holds ({MAX_BATCH_SIZE})")
+    if size >= 0:
+        return zstandard.ZstdDecompressor().decompress(blob, allow_extra_data=False)
+    # A frame that does not declare its size (edgebroker always writes it): a bounded read.
+    d = zstandard.ZstdDecompressor().decompressobj(read_across_frames=False)
+    view, parts, total, pos = memoryview(blob), [], 0, 0
+    while not d.eof and pos < len(view):
+        part = d.decompress(view[pos:pos + _UNSIZED_STEP])
+        pos += _UNSIZED_STEP
+        total += len(part)
+        if total > MAX_BATCH_SIZE:
+            raise BatchFormatError(f"{path}: its zstd frame holds more than a batch "
+                                   f"({MAX_BATCH_SIZE} bytes)")
+        parts.append(part)
+    if not d.eof:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: it ends inside its frame")
+    extra = len(d.unused_data) + max(len(view) - pos, 0)
+    if extra:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: {extra} bytes after its "
+                               f"frame")
+    return b"".join(parts)
+
+
 def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
     """The header and the raw record bytes of the batch in ``blob``, everything but the
     records themselves checked (the records' CRC32C included); ``parse_records`` or a faster
     walk of its own does the rest."""
     try:
-        data = zstandard.ZstdDecompressor().decompress(blob)
+        data = _decompress(blob, path)
     except zstandard.ZstdError as exc:
         raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
     header = decode_header(data, path)

@@ -173,3 +173,73 @@ def test_properties_that_do_not_decode_are_refused_naming_the_file_and_offset():
     with pytest.raises(BatchFormatError, match=r"^p\.ebb\.zst: record at offset 2: its "
                                                r"properties do not decode"):
         batch_days(rewrite(header, raw), "p.ebb.zst")    # the ingest job's first pass
+
+
+def good_blob(gateway: str = "gw-1", stamp: int = 1_700_000_000_000) -> bytes:
+    return rewrite(*build([(0, stamp, 0, False, b"c", b"t", b"p"),
+                           (1, stamp + 1, 0, False, b"c", b"t", b"q")], gateway))
+
+
+def refused_by_both(blob: bytes, message: str) -> None:
+    """Both readers of the ingest job (the first pass and the decode) refuse ``blob`` with a
+    BatchFormatError naming it, not some other exception."""
+    for reader in (batch_days, batch_to_arrow):
+        with pytest.raises(BatchFormatError, match=r"^odd\.ebb\.zst: " + message):
+            reader(blob, "odd.ebb.zst")
+
+
+def test_bytes_after_the_frame_are_refused():
+    """Two batches one after the other, or junk after one, once read as the first alone."""
+    good = good_blob()
+    assert batch_to_arrow(good, "g.ebb.zst")[1].num_rows == 2
+    refused_by_both(good + b"JUNK", r"not a valid zstd stream: .*4 bytes of unused data")
+    refused_by_both(good + good, r"not a valid zstd stream: .*unused data")
+
+
+def test_a_frame_declaring_more_than_a_batch_holds_is_refused_before_allocating():
+    # A zstd frame header declaring 2**45 content bytes (8-byte size field), then one empty
+    # last raw block: decompressing would first allocate 32 TiB.
+    frame = bytes([0x28, 0xB5, 0x2F, 0xFD, 0xE0]) + (1 << 45).to_bytes(8, "little") + \
+        bytes([1, 0, 0])
+    refused_by_both(frame, r"its zstd frame declares 35184372088832 bytes, more than a batch "
+                           r"holds \(1073741976\)")
+
+
+def test_a_frame_without_its_size_is_read_with_a_bound(monkeypatch):
+    import zstandard
+    from edgebroker.uploader import batch
+    plain = zstandard.ZstdDecompressor().decompress(good_blob())
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compressobj()
+    unsized = unsized.compress(plain) + unsized.flush()
+    assert zstandard.frame_content_size(unsized) == -1
+    assert batch_to_arrow(unsized, "u.ebb.zst")[1].num_rows == 2
+    refused_by_both(unsized + b"JUNK", r"not a valid zstd stream: 4 bytes after its frame")
+    refused_by_both(unsized[:-3], r"not a valid zstd stream: it ends inside its frame")
+    monkeypatch.setattr(batch, "MAX_BATCH_SIZE", len(plain) - 1)
+    refused_by_both(unsized, rf"its zstd frame holds more than a batch \({len(plain) - 1} ")
+
+
+def test_a_header_with_impossible_counts_or_a_bad_gateway_id_is_refused():
+    header, raw = build([(5, 1000, 0, False, b"c", b"t", b"p")])
+    fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
+    for change, message in [
+            ({"record_count": 1 << 40}, r"1099511627776 records cannot lie in 37 raw bytes"),
+            ({"record_count": 0}, r"no records \(a batch holds at least one\)"),
+            ({"gateway_id": ""}, r"gateway id '' must not be empty"),
+            ({"gateway_id": "../../x"}, r"gateway id '\.\./\.\./x' must be 1 to 64 of"),
+            ({"first_offset": 1 << 63, "last_offset": 1 << 63}, r"offsets 9223372036854775808"),
+            ({"gap_first": 3, "gap_length": 3}, r"offsets 5\.\.5 with a gap of 3 from 3 are "
+                                                r"not possible")]:
+        refused_by_both(rewrite(BatchHeader(**{**fields, **change}), raw), message)
+
+
+@pytest.mark.parametrize("stamp", [253_402_300_800_000, 10**17, 1 << 63])
+def test_a_timestamp_in_the_year_10000_or_later_is_refused_naming_the_record(stamp):
+    """Such a timestamp has no date (Python's and Spark's stop at 9999) and, from about 10**16
+    ms, no timestamp in microseconds: one reader raised OverflowError, the other wrapped it."""
+    good = 253_402_300_799_999     # 9999-12-31T23:59:59.999Z is read
+    assert batch_days(good_blob(stamp=good - 1), "g.ebb.zst")[1][-1].year == 9999
+    records = [(0, good, 0, False, b"c", b"t", b"p"), (1, stamp, 0, False, b"c", b"t", b"p")]
+    header, raw = build(records)
+    refused_by_both(rewrite(header, raw), rf"record at raw position 37 \(offset 1\): timestamp "
+                                          rf"{stamp} ms is not before the year 10000")

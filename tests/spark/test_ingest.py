@@ -1,7 +1,9 @@
 """The ingest job on Spark local[2], on batches written by a real broker's uploader: the tables
 hold every record once; a re-run, a batch copied under another name and a lost checkpoint add
-no row; topic_hourly equals a count done in Python; a corrupt batch and one of an unknown log
-format version are quarantined and the rest ingested; header gaps land in `gaps`."""
+no row; topic_hourly equals a count done in Python, also after a crash between the two writes;
+a run over more than a thousand partitions works; a corrupt batch, one of an unknown log format
+version and odd files (bytes after the frame, impossible headers, far timestamps) are
+quarantined and the rest ingested; header gaps land in `gaps`."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, clean_batches, ingest_once
 from edgebroker.uploader.batch import BatchHeader, object_name, read_batch_file
 
-from spark.test_arrow import build, golden_raw, rewrite
+from spark.test_arrow import build, golden_raw, good_blob, rewrite
 from uploader.test_uploader import GATEWAY, publish, upload_config, uploaded, wait_until
 
 GOLDEN = Path(__file__).resolve().parents[1] / "uploader" / "golden"
@@ -216,6 +220,97 @@ def test_batches_that_overlap_in_part_add_only_their_new_offsets(spark, tmp_path
             for r in table(spark, warehouse, "topic_hourly")} == dict(want)
 
 
+
+def test_topic_hourly_is_repaired_by_the_run_after_a_crash_that_left_only_messages(
+        spark, tmp_path):
+    """A crash after the `messages` append and before topic_hourly is written: the next run
+    reads the files again, finds every row in messages (adds none) and still recounts
+    topic_hourly for the partitions its batches touch."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    t0 = 1_700_006_399_000   # 2023-11-14 23:59:59 UTC: the records fall in two days
+    records = [(0, t0, 0, False, b"c", b"a", b"xy"), (1, t0 + 500, 1, False, b"c", b"b", b"z"),
+               (2, t0 + 1500, 0, False, b"c", b"a", b"")]
+    header, raw = build(records, "gw-a")
+    path = landing / object_name("", "gw-a", 0, 2, t0)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(rewrite(header, raw))
+    warehouse.mkdir()
+    (warehouse / "topic_hourly").write_text("a file where the table's folder goes: the "
+                                            "topic_hourly write fails")
+    with pytest.raises(Exception):
+        ingest_once(spark, str(landing), str(warehouse))
+    assert spark.read.parquet(str(warehouse / "messages")).count() == 3
+    (warehouse / "topic_hourly").unlink()
+
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["duplicates"]) == (1, 0, 3)
+    hourly = {(r.gateway, r.topic, ms(r.hour)): [r.messages, r.bytes, ms(r.first_time),
+                                                 ms(r.last_time)]
+              for r in table(spark, warehouse, "topic_hourly")}
+    assert hourly == expected_hourly([path])
+
+
+def test_odd_files_are_quarantined_each_with_its_reason_and_the_good_one_ingested(
+        spark, tmp_path):
+    """Files that once stopped the whole run (MemoryError, OverflowError in an executor) or
+    went in wrong (bytes after the frame ignored): each is quarantined naming what is wrong."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-1" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    good = good_blob()
+    (day / "good.ebb.zst").write_bytes(good)
+    header, raw = build([(5, 1_700_000_000_000, 0, False, b"c", b"t", b"p")])
+    fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
+    odd = {
+        "junk-after": (good + b"JUNK", "unused data"),
+        "two-batches": (good + rewrite(header, raw), "unused data"),
+        "huge-frame": (bytes([0x28, 0xB5, 0x2F, 0xFD, 0xE0]) + (1 << 45).to_bytes(8, "little")
+                       + bytes([1, 0, 0]), "its zstd frame declares 35184372088832 bytes"),
+        "huge-count": (rewrite(BatchHeader(**{**fields, "record_count": 1 << 40}), raw),
+                       "1099511627776 records cannot lie in 37 raw bytes"),
+        "no-records": (rewrite(BatchHeader(**{**fields, "record_count": 0}), raw),
+                       "no records"),
+        "gateway": (rewrite(BatchHeader(**{**fields, "gateway_id": "../../x"}), raw),
+                    "gateway id '../../x' must be"),
+        "year-10000": (rewrite(*build([(0, 253_402_300_800_000, 0, False, b"c", b"t", b"p")])),
+                       "record at raw position 0 (offset 0): timestamp 253402300800000 ms is "
+                       "not before the year 10000"),
+    }
+    for name, (blob, _) in odd.items():
+        (day / f"{name}.ebb.zst").write_bytes(blob)
+
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert (report["batches"], report["rows_added"]) == (1, 2)
+    errors = {Path(q["path"]).name[:-len(".ebb.zst")]: q["error"] for q in report["quarantined"]}
+    assert sorted(errors) == sorted(odd)
+    for name, (_, reason) in odd.items():
+        path = next(q["path"] for q in report["quarantined"] if q["path"].endswith(f"/{name}"
+                                                                                   ".ebb.zst"))
+        assert errors[name].startswith(f"{path}: ") and reason in errors[name], name
+        assert not (day / f"{name}.ebb.zst").exists()
+    assert sorted(r.offset for r in table(spark, warehouse, "messages")) == [0, 1]
+    assert len(table(spark, warehouse, "quarantine")) == len(odd)
+
+
+def test_any_other_error_from_a_file_makes_an_error_row_naming_it(monkeypatch):
+    """The first pass's function, without Spark: an exception that is not a BatchFormatError
+    (a reader bug, MemoryError) quarantines that file, and the files after it are read."""
+    import pyarrow as pa
+    from edgebroker.spark import ingest
+
+    def days(blob, path):
+        if blob == b"bad":
+            raise MemoryError("no room")
+        return real(blob, path)
+    real = ingest.batch_days
+    monkeypatch.setattr(ingest, "batch_days", days)
+    files = pa.RecordBatch.from_pylist([{"path": "a/bad.ebb.zst", "content": b"bad"},
+                                        {"path": "a/good.ebb.zst", "content": good_blob()}])
+    rows = [row for rb in ingest.summarize_files([files]) for row in rb.to_pylist()]
+    assert [(r["kind"], r["path"], r["error"]) for r in rows] == [
+        ("error", "a/bad.ebb.zst", "a/bad.ebb.zst: cannot be read (MemoryError('no room'))"),
+        ("batch", "a/good.ebb.zst", None), ("date", "a/good.ebb.zst", None)]
+
 def test_a_batch_goes_in_without_deduplication_only_when_its_range_overlaps_nothing():
     from collections import namedtuple
     B = namedtuple("B", "path gateway batch_first batch_last")
@@ -226,3 +321,34 @@ def test_a_batch_goes_in_without_deduplication_only_when_its_range_overlaps_noth
     assert clean_batches(batches, {"g1": (150, 199), "g2": (5, 50)}) == {"a", "f", "h", "i"}
     assert clean_batches(batches, {}) == {"a", "f", "g", "h", "i"}
     assert clean_batches([], {"g1": (0, 1)}) == set()
+
+
+@pytest.mark.timeout(300)
+def test_a_run_touching_over_a_thousand_partitions_succeeds_and_a_rerun_adds_nothing(
+        spark, tmp_path):
+    """1200 (date, gateway) partitions: 30 gateways, one record a day for 40 days each, gateway
+    g from day g on (so not every pair of a day and a gateway named is touched). The partitions
+    are looked up in `messages` (the second run, checkpoint gone) and in the recount of
+    topic_hourly (both runs); one condition per partition once overflowed the driver's stack."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    t0 = 1_700_000_000_000
+    for g in range(30):
+        gateway = f"gw-{g:02d}"
+        records = [(d, t0 + (g + d) * 86_400_000, 0, False, b"c", b"t", b"p" * g)
+                   for d in range(40)]
+        header, raw = build(records, gateway)
+        path = landing / object_name("", gateway, 0, 39, records[0][1])
+        path.parent.mkdir(parents=True)
+        path.write_bytes(rewrite(header, raw))
+
+    first = ingest_once(spark, str(landing), str(warehouse))
+    assert (first["files_new"], first["rows_added"], first["quarantined"]) == (30, 1200, [])
+    shutil.rmtree(warehouse / "_checkpoint")     # every file read again, found in messages
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["duplicates"]) == (30, 0, 1200)
+    assert spark.read.parquet(str(warehouse / "messages")).count() == 1200
+    hourly = table(spark, warehouse, "topic_hourly")
+    assert sorted((r.gateway, r.date, r.messages, r.bytes) for r in hourly) == sorted(
+        (f"gw-{g:02d}", datetime.fromtimestamp((t0 + (g + d) * 86_400_000) / 1000,
+                                               timezone.utc).date(), 1, g)
+        for g in range(30) for d in range(40))

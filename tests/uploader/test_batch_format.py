@@ -113,6 +113,13 @@ def _set(fmt: str, at: int, value, fix_crc: bool = True):
     (lambda d: d.__setitem__(slice(len(d) - 1, None), b"?"), "checksum"),
     (lambda d: d.extend(b"junk"), "bytes after"),
     (lambda d: d.__delitem__(slice(len(d) - 5, None)), "ends inside the records"),
+    # Impossible headers, refused before anything is allocated by their numbers.
+    (_set("<Q", 32, 0), "no records (a batch holds at least one)"),
+    (_set("<Q", 32, 1 << 40), "1099511627776 records cannot lie in 770 raw bytes"),
+    (_set("<Q", 56, (1 << 30) + 1), "raw length 1073741825, more than a batch holds"),
+    (_set("<9s", 88, b"../../xyz"), "gateway id '../../xyz' must be 1 to 64 of"),
+    (_set("<Q", 24, 1 << 63), "offsets 0..9223372036854775808 with a gap of 0 from 0 are not"),
+    (_set("<Q", 72, 1), "offsets 0..9 with a gap of 1 from 0 are not possible"),
 ])
 def test_damage_and_unknown_versions_are_refused_naming_the_file(tmp_path, change, message):
     path = _rewrite(tmp_path, change)
