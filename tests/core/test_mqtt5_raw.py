@@ -259,6 +259,35 @@ def test_the_brokers_receive_maximum(broker, uid):
     assert c.expect_disconnect().reason == 0x93
 
 
+def test_ids_held_from_before_that_the_client_finished_do_not_count_against_it(broker, uid):
+    """Two QoS 2 ids await PUBREL when the client goes; it comes back without resending the
+    PUBRELs (as when a crash kept ids the client had finished). Its new QoS 2 PUBLISHes are
+    taken, an old id forgotten for each (they counted against the Receive Maximum of 2, and
+    the first new one got DISCONNECT 0x93); a late PUBREL still gets its PUBCOMP, and a
+    PUBLISH beyond the window of this connection's own is refused as before."""
+    b = broker(limits={"receive_maximum": 2})
+    keep = {R.SESSION_EXPIRY: 300}
+    sub = raw5(b, f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=2)
+    c = raw5(b, f"{uid}-c", props=keep)
+    for pid in (1, 2):
+        c.send(R.publish5(f"{uid}/t", b"old %d" % pid, 2, packet_id=pid))
+        c.wait_for(lambda p, pid=pid: p.type == R.PUBREC and p.packet_id == pid)
+    c.abort()
+    mark = b.mark()
+    back = raw5(b, f"{uid}-c", clean_start=False, props=keep)
+    for pid in (3, 4):
+        back.send(R.publish5(f"{uid}/t", b"new %d" % pid, 2, packet_id=pid))
+        back.wait_for(lambda p, pid=pid: p.type == R.PUBREC and p.packet_id == pid)
+    assert b.wait_log(lambda ln: "held from before this connection" in ln, start=mark)
+    back.send(R.pubrel5(1))                           # late: answered all the same
+    assert back.wait_for(lambda p: p.type == R.PUBCOMP).packet_id == 1
+    back.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=5))
+    assert back.expect_disconnect().reason == 0x93    # 3 and 4 are this connection's own
+    got = sorted(p.payload for p in publishes(sub, 4))
+    assert got == [b"new 3", b"new 4", b"old 1", b"old 2"]
+
+
 def test_outbound_topic_aliases(broker, uid):
     b = broker(limits={"outbound_topic_aliases": True})
     sub = R.RawClient5(b.host, b.port)

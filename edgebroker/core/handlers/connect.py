@@ -158,6 +158,8 @@ def accept(client, p: P.Connect) -> None:
         expiry = mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration)
         session, present = broker.attach(client, client_id, expiry == 0, p.clean_session)
         session.expiry_interval = expiry
+        if session.awaiting_release:    # held from before: see acks.forget_inherited
+            conn.inherited = set(session.awaiting_release)
     client.session = session
     session.acl = client.acl
     window = conn.receive_maximum if conn is not None else 65535

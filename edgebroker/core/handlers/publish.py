@@ -15,6 +15,7 @@ import logging
 
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core import mqtt5
+from edgebroker.core.handlers.acks import forget_inherited
 from edgebroker.errors import (
     NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
     RECEIVE_MAXIMUM_EXCEEDED, RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError,
@@ -106,8 +107,9 @@ def on_publish5(client, p: P.Publish) -> None:
     if p.retain and not told.retain_available:
         raise ProtocolError("retained PUBLISH while Retain Available is 0",
                             rule="MQTT-3.3.1-8", reason=RETAIN_NOT_SUPPORTED)
-    if (p.qos == 2 and len(client.session.awaiting_release) >= told.receive_maximum
-            and p.packet_id not in client.session.awaiting_release):
+    awaiting = client.session.awaiting_release
+    if (p.qos == 2 and len(awaiting) >= told.receive_maximum and p.packet_id not in awaiting
+            and not forget_inherited(client, awaiting)):
         raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
                             f"({told.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-9",
                             reason=RECEIVE_MAXIMUM_EXCEEDED)
