@@ -385,8 +385,8 @@ int64_t eb_append_held(eb_appender *a, int64_t timestamp_ms, int qos, int retain
 
 /* The checks on a record header that need no CRC: its length fields agree, the attribute byte
  * uses only the QoS (not 3), retain and (format version 2) properties bits, the reserved byte is
- * zero, and the offset is at least min_offset and less than min_offset + 2^32. A record with
- * properties has its length R after the header: here only room for R >= 1 (the bit is set
+ * zero, and the offset is at least min_offset, less than min_offset + 2^32 and below 2^64 - 1.
+ * A record with properties has its length R after the header: here only room for R >= 1 (the bit is set
  * only when there are properties) is checked, props_ok checks R once the record is whole. Returns the record length, or 0 when implausible. */
 static uint64_t plausible(const uint8_t *p, uint64_t min_offset, int version)
 {
@@ -403,8 +403,8 @@ static uint64_t plausible(const uint8_t *p, uint64_t min_offset, int version)
         return 0;
     if ((attrs & 0xF0) || (attrs & 3) == 3 || p[25])
         return 0;
-    if (offset < min_offset || offset - min_offset > 0xFFFFFFFFu)
-        return 0;
+    if (offset < min_offset || offset - min_offset > 0xFFFFFFFFu || offset == UINT64_MAX)
+        return 0;   /* (the last: the next record's offset, offset + 1, would wrap to 0) */
     return length;
 }
 

@@ -140,6 +140,8 @@ def build_index(buf, avail: int, base_position: int, base_offset: int, min_offse
     res = _new("eb_scan_result *")
     if max_entries is None:
         max_entries = len(out) // INDEX_ENTRY_SIZE
+    elif max_entries * INDEX_ENTRY_SIZE > len(out):
+        raise ValueError(f"max_entries {max_entries}: out holds {len(out)} bytes")
     out_c = _from_buffer("uint8_t[]", out, require_writable=True) if len(out) else ffi.NULL
     lib.eb_build_index(_ro(buf), len(buf), avail, base_position, base_offset, min_offset,
                        version, max_timestamp, out_c, max_entries, res)
@@ -154,17 +156,27 @@ def resync(buf, avail: int, start: int, min_offset: int,
     return ResyncResult(status, pos[0], need[0])
 
 
+def _entries(index, count: int) -> None:
+    """The C functions read ``count`` entries: ``index`` must hold them (the twin's struct
+    raises past its end; C would read beyond the buffer)."""
+    if count * INDEX_ENTRY_SIZE > len(index):
+        raise ValueError(f"{count} index entries asked of {len(index)} bytes")
+
+
 def index_check(index, count: int, segment_size: int) -> tuple[int, int]:
+    _entries(index, count)
     nonzero = _new("size_t *")
     valid = lib.eb_index_check(_ro(index), count, segment_size, nonzero)
     return valid, nonzero[0]
 
 
 def index_find_offset(index, count: int, relative_offset: int) -> int:
+    _entries(index, count)
     return lib.eb_index_find_offset(_ro(index), count, relative_offset)
 
 
 def index_find_time(index, count: int, timestamp_ms: int) -> int:
+    _entries(index, count)
     return lib.eb_index_find_time(_ro(index), count, timestamp_ms)
 
 

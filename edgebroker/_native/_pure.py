@@ -229,8 +229,8 @@ def _plausible(buf, p: int, min_offset: int, version: int) -> int:
         return 0
     if attrs & 0xF0 or attrs & 3 == 3 or reserved:
         return 0
-    if offset < min_offset or offset - min_offset > 0xFFFFFFFF:
-        return 0
+    if offset < min_offset or offset - min_offset > 0xFFFFFFFF or offset == 0xFFFFFFFFFFFFFFFF:
+        return 0        # (the last: the next record's offset would not fit in 64 bits)
     return length
 
 

@@ -155,10 +155,12 @@ def segment_name(base_offset: int) -> str:
 
 
 def parse_segment_name(filename: str) -> int | None:
-    """The base offset of a ``<20 digits>.seg`` name, else None."""
+    """The base offset of a ``<20 digits>.seg`` name, else None (also for 20 digits past
+    2^64 - 1: no offset is that large, and the file is left alone as a foreign one)."""
     stem, dot, ext = filename.partition(".")
     if dot and "." + ext == SEGMENT_SUFFIX and len(stem) == NAME_DIGITS and stem.isdigit():
-        return int(stem)
+        base = int(stem)
+        return base if base < 1 << 64 else None
     return None
 
 

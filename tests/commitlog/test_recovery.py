@@ -34,6 +34,21 @@ def offsets(path, **kw):
         log.close()
 
 
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_segment_name_past_the_largest_offset_is_a_foreign_file(tmp_path, readonly):
+    """Twenty digits above 2^64 - 1 name no segment: the file is left alone and the log opens
+    (read-only it raised OverflowError in the C helper; writable, struct.error)."""
+    path = make_log(tmp_path / "log", n=5)
+    stray = path / "99999999999999999999.seg"
+    stray.write_bytes(b"not a segment")
+    log = CommitLog.open(str(path), readonly=True) if readonly else open_log(path)
+    try:
+        assert [r.offset for r in log.read_range(0)] == list(range(5))
+    finally:
+        log.close()
+    assert stray.read_bytes() == b"not a segment"
+
+
 def test_torn_tail_at_every_byte_of_the_last_record(tmp_path):
     src = make_log(tmp_path / "src", n=6)
     seg = segment_files(src)[0]

@@ -253,6 +253,34 @@ def test_scan_statuses_by_hand():
         assert (res.count, res.matched, ents[0]) == (2, 1, 0)
 
 
+def test_the_last_64_bit_offset_is_never_a_records():
+    """A record whose offset is 2^64 - 1 leaves no offset for the next: both refuse it (C
+    took the next offset as 0 and read on, past a record whose offset went backwards)."""
+    last = (1 << 64) - 1
+    body = P.record_header(last, 1, 0, b"", b"a", b"x") + b"ax" + \
+        P.record_header(5, 1, 0, b"", b"a", b"y") + b"ay"
+    low = last - (1 << 32) + 1
+    for impl in (C, P):
+        res, _ = run_scan(impl, body, len(body), low, None, 10, 0)
+        assert (res.status, res.stop, res.count) == (SCAN_BAD, 0, 0)
+        res = impl.build_index(body, len(body), 32, low, low, 0, bytearray(64))
+        assert (res.status, res.count) == (SCAN_BAD, 0)
+
+
+def test_index_entries_asked_beyond_the_buffer_are_refused():
+    """C reads or writes only inside the buffers it is given (the twin's struct raises)."""
+    index = struct.pack("<IIQ", 0, 32, 5)
+    for impl, error in ((C, ValueError), (P, struct.error)):
+        for call in (lambda: impl.index_find_offset(index, 1000, 3),
+                     lambda: impl.index_find_time(index, 1000, 3),
+                     lambda: impl.index_check(index, 1000, 100)):
+            with pytest.raises(error):
+                call()
+    body = make_records([(5, 1, b"c", b"a/b", b"xyz")] * 3)
+    with pytest.raises(ValueError):
+        C.build_index(body, len(body), 32, 0, 0, 0, bytearray(16), max_entries=3)
+
+
 def with_crc(record: bytearray) -> bytes:
     """``record`` with its CRC made right again: damage only the other rules can find."""
     record[:4] = struct.pack("<I", P.crc32c(bytes(record[4:])))
