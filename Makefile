@@ -15,10 +15,10 @@ SCENARIOS ?=
 FUZZ_INPUTS ?= 1000000
 FUZZ_SEED ?= 26
 
-.PHONY: run test fuzz bench bench-client bench-plot install install-test system-deps build-deps clean dist dist-measure \
+.PHONY: run test fuzz bench bench-client bench-plot install install-test system-deps build-deps venv-deps clean dist dist-measure \
 	dist-arm64 test-arm64 deb deb-arm64 test-boot
 
-$(BIN)/python:
+$(BIN)/python: | venv-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 
@@ -29,6 +29,15 @@ $(VENV)/.installed: $(BIN)/python setup.cfg setup.py pyproject.toml csrc/edgebro
 	$(BIN)/python -c 'import edgebroker._native._edgebroker_c' || \
 	  { echo "the C helper did not build (see above)"; exit 1; }
 	touch $@
+
+# `python3 -m venv` needs ensurepip, which Debian ships apart (python3.X-venv): installed when
+# missing. (A pyenv or python.org interpreter has its own.)
+venv-deps:
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { \
+	  pkg=$$($(PYTHON) -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])'); \
+	  echo "installing the Debian package for python3 -m venv: $$pkg"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$pkg; }
 
 # The C helper's build needs a C compiler and the interpreter's headers (Python.h): on Debian
 # gcc and python3-dev, installed when missing. (A pyenv or python.org interpreter has its own.)
