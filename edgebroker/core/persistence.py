@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.core import snapshot as snap
+from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session, Stored
 from edgebroker.mqtt.topics import is_shared
 
@@ -285,6 +286,13 @@ class Persistence:
         count = 0
         for record in records:
             topic = record.topic.decode("utf-8", "replace")
-            self._route(Message(topic, record.payload, record.qos, record.retain, record.offset))
+            # As the publish made it: its publisher (No Local) and 5.0 properties (Message
+            # Expiry Interval counted from the record's time) too.
+            extra = (stored_properties(record.properties, record.timestamp_ms,
+                                       self.journal.wall_ms(), self.clock())
+                     if record.properties else ())
+            self._route(Message(topic, record.payload, record.qos, record.retain, record.offset,
+                                record.topic, record.client_id.decode("utf-8", "replace"),
+                                *extra))
             count += 1
         return count

@@ -5,6 +5,7 @@ Reason Strings within the client's Maximum Packet Size, No Local and Subscriptio
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -286,6 +287,37 @@ def test_ids_held_from_before_that_the_client_finished_do_not_count_against_it(b
     assert back.expect_disconnect().reason == 0x93    # 3 and 4 are this connection's own
     got = sorted(p.payload for p in publishes(sub, 4))
     assert got == [b"new 3", b"new 4", b"old 1", b"old 2"]
+
+
+def test_records_replayed_after_a_crash_keep_their_publisher_and_properties(broker, uid):
+    """Records written after the last snapshot are replayed at the next start after a crash:
+    a retained message keeps its properties and Message Expiry Interval (counted from its
+    publish), and a queued message (max_queued_messages set) its publisher, so No Local holds.
+    Replay made them bare messages: no properties, never expiring, from no one."""
+    limits = {"max_queued_messages": 100}
+    b = broker(limits=limits)
+    data_dir = b.config["data_dir"]
+    keep = {R.SESSION_EXPIRY: 300}
+    x = raw5(b, f"{uid}-x", props=keep)
+    x.subscribe((f"{uid}/t", 1 | R.NO_LOCAL))
+    x.send(R.disconnect5())
+    x.expect_closed()
+    x = raw5(b, f"{uid}-x", clean_start=False, props=keep)
+    x.publish(f"{uid}/t", b"own", qos=1, timeout=30)  # not for itself: No Local
+    x.send(R.disconnect5())
+    x.expect_closed()
+    pub = raw5(b, f"{uid}-p")
+    pub.publish(f"{uid}/r", b"kept", qos=1, retain=True,
+                props={R.CONTENT_TYPE: "text/x", R.MESSAGE_EXPIRY: 3600}, timeout=30)
+    b.stop(signal.SIGKILL)                            # acknowledged: the record is durable
+    b2 = broker(data_dir=data_dir, limits=limits)
+    again = raw5(b2, f"{uid}-x", clean_start=False, props=keep)
+    assert again.ping() == [], "its own message came back after the crash"
+    sub = raw5(b2, f"{uid}-s")
+    sub.subscribe(f"{uid}/r", qos=1)
+    (got,) = publishes(sub, 1)
+    assert got.payload == b"kept" and got.properties[R.CONTENT_TYPE] == "text/x"
+    assert 3500 < got.properties[R.MESSAGE_EXPIRY] <= 3600
 
 
 def test_outbound_topic_aliases(broker, uid):
