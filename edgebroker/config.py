@@ -18,7 +18,7 @@ from edgebroker.bridge_config import BridgeConfig, TopicRule, bridge_problems
 from edgebroker.config_fields import MiB, at_least, between, coerce, one_of, setting
 from edgebroker.errors import ConfigError
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
-    ListenerConfig, listener_problems, parse_address,
+    ListenerConfig, address_problems, listener_problems, parse_address,
 )
 from edgebroker.records import field, record
 from edgebroker.upload_config import UploadConfig
@@ -337,7 +337,6 @@ def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
         raise ConfigError("listener: expected one or more [[listener]] tables")
     problems: list[str] = []
     listeners = []
-    seen = set()
     for i, item in enumerate(raw):
         try:
             lst = _build(ListenerConfig, item, f"listener[{i}].")
@@ -345,10 +344,6 @@ def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
             problems += exc.problems
             continue
         problems += listener_problems(lst, item, f"listener[{i}]")
-        where = lst.unix_socket or (lst.host, lst.port)
-        if (lst.port or lst.unix_socket) and where in seen:
-            problems.append(f"listener[{i}]: {lst.address} is listed twice")
-        seen.add(where)
         listeners.append(lst)
     if problems:
         raise ConfigError(*problems, partial=tuple(listeners) or None)
@@ -424,8 +419,22 @@ def check_authentication(config: Config) -> None:
         raise ConfigError(*problems)
 
 
+def check_addresses(config: Config) -> None:
+    """Listeners and the metrics endpoint that could not all listen (listener_config)."""
+    problems = address_problems(config.listeners, config.metrics.listen)
+    if problems:
+        raise ConfigError(*problems, partial=config)
+
+
 def from_dict(table: dict, source: str = "") -> Config:
-    config = _build(Config, table, "")
+    try:
+        config = _build(Config, table, "")
+    except ConfigError as exc:
+        partial = exc.partial
+        more = [] if partial is None else address_problems(partial.listener,
+                                                           partial.metrics.listen)
+        raise ConfigError(*exc.problems, *more, partial=partial) from None
+    check_addresses(config)
     return records.replace(config, source=source)
 
 

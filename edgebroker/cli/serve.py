@@ -26,6 +26,8 @@ def load(args) -> configuration.Config:
     if args.data_dir:
         changes["data_dir"] = args.data_dir
     config = records.replace(config, **changes) if changes else config
+    if args.listen:     # (those of the file were checked as it was read)
+        configuration.check_addresses(config)
     configuration.check_authentication(config)
     return config
 

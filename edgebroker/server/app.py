@@ -32,6 +32,7 @@ from edgebroker.core.exchanges import ExchangeJournal, load as load_exchanges
 from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError
+from edgebroker.listener_config import ipv4_ports
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server import activation, sdnotify
@@ -230,8 +231,10 @@ class App(DescriptorRoom):
         passed = activation.listen_fds()
         socks = (activation.match(config.listeners, passed) if passed is not None
                  else [None] * len(config.listeners))
+        v4 = ipv4_ports(config.listeners, config.metrics.listen)  # "::" there: V6ONLY
         for lc, (tls, policy), sock in zip(config.listeners, security, socks):
-            listener = UnixListener(self, lc, sock) if lc.unix_socket else Listener(self, lc, sock)
+            listener = (UnixListener(self, lc, sock) if lc.unix_socket
+                        else Listener(self, lc, sock, v6only=lc.port in v4))
             listener.set_security(tls, policy)
             self.listeners.append(listener)
             self.selector.register(listener.sock, selectors.EVENT_READ, listener.on_event)
@@ -266,7 +269,8 @@ class App(DescriptorRoom):
     def open_metrics(self) -> None:
         if self.config.metrics.listen:
             from edgebroker.server.metrics_http import MetricsServer
-            self.metrics = MetricsServer.start(self.loop, self.config.metrics.listen)
+            self.metrics = MetricsServer.start(self.loop, self.config.metrics.listen,
+                                               ipv4_ports(self.config.listeners, ""))
 
     def _make_accept_gate(self, config: Config) -> TokenBucket | None:
         limits = config.limits
