@@ -42,6 +42,7 @@ from edgebroker.server.descriptors import (
 )
 from edgebroker.server.listeners import DescriptorReserve, Listener, UnixListener
 from edgebroker.server.loop import Loop, hold_window
+from edgebroker.server.reload import needs_restart
 from edgebroker.server.tls import TLSServer, TLSTransport
 from edgebroker.server.transport import Transport
 
@@ -75,11 +76,6 @@ def keep_freed_memory() -> None:
                   os.strerror(err))
 
 
-def _listening(lc) -> tuple:
-    """What a listener's socket was opened with: changed only by a restart."""
-    return lc.address, lc.protocol, lc.websocket_path
-
-
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -90,6 +86,7 @@ class App(DescriptorRoom):
 
     def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
         self.config = config
+        self.started = config     # what a reload compares the keys needing a restart with
         self.clock = clock
         self.reload_config = reload_config
         reserve_descriptors(config.limits.max_connections + SPARE_DESCRIPTORS)
@@ -362,14 +359,10 @@ class App(DescriptorRoom):
         except Exception:
             log.exception("reload failed, keeping the running configuration")
         else:
-            running = [_listening(listener.config) for listener in self.listeners]
-            if [_listening(lc) for lc in config.listeners] != running:
-                log.warning("reload: listener changes (addresses, protocol, websocket_path) "
-                            "take effect after a restart")
-            if config.upload != self.config.upload:
-                log.warning("reload: [upload] changes take effect after a restart")
-            if config.bridge != self.config.bridge:
-                log.warning("reload: [[bridge]] changes take effect after a restart")
+            changed = needs_restart(self.started, config)
+            if changed:
+                log.warning("reload: changes to %s take effect after a restart (the running "
+                            "values stay)", ", ".join(changed))
             try:
                 self.reload_security(config)
             except ConfigError as exc:
