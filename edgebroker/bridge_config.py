@@ -152,8 +152,11 @@ def bridge_problems(bridge: BridgeConfig, given: dict, name: str) -> list[str]:
     for key in ("name", "address"):
         if key not in given:
             problems.append(f"{name}.{key}: required")
-    if not bridge.topic and "topic" not in given:
+    if "topic" not in given:
         problems.append(f"{name}.topic: required (at least one topic rule)")
+    elif not bridge.topic:
+        problems.append(f"{name}.topic: bridge {bridge.name!r} has no topic rule (at least one "
+                        f"is required)")
     problems += [f"{name}.topic[{j}].pattern: required" for j, rule in enumerate(bridge.topic)
                  if not rule.pattern]
     for j, rule in enumerate(bridge.topic):

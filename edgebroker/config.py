@@ -15,10 +15,10 @@ import os
 
 from edgebroker import records
 from edgebroker.bridge_config import BridgeConfig, TopicRule, bridge_problems
-from edgebroker.config_fields import MiB, at_least, between, one_of, setting
+from edgebroker.config_fields import MiB, at_least, between, coerce, one_of, setting
 from edgebroker.errors import ConfigError
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
-    ListenerConfig, listener_problems, parse_address,
+    ListenerConfig, address_problems, listener_problems, parse_address,
 )
 from edgebroker.records import field, record
 from edgebroker.upload_config import UploadConfig
@@ -159,6 +159,11 @@ class MetricsConfig:
 
 
 DURABILITY = ("none", "batch", "sync")
+# Upper bounds of [log] (segment_ms goes to the C helper as a 64-bit integer): a year, a
+# century ("for ever") and 1 PiB, beyond any gateway's disk.
+MAX_SEGMENT_MS = 365 * 86_400_000
+MAX_RETENTION_MS = 100 * 365 * 86_400_000
+MAX_RETENTION_BYTES = 1 << 50
 
 
 @record(frozen=True)
@@ -171,12 +176,13 @@ class LogConfig:
     segment_bytes: int = setting(
         16 * MiB, between(4096, 1024 * MiB), doc="a segment is rolled before it grows past this")
     segment_ms: int = setting(
-        600_000, at_least(1000), doc="a segment is rolled once its first record is this old (ms)")
+        600_000, between(1000, MAX_SEGMENT_MS),
+        doc="a segment is rolled once its first record is this old (ms)")
     retention_bytes: int = setting(
-        1024 * MiB, at_least(4096),
+        1024 * MiB, between(4096, MAX_RETENTION_BYTES),
         doc="the log's size limit; over it the oldest segments go, uploaded or not")
     retention_ms: int = setting(
-        604_800_000, at_least(1000),
+        604_800_000, between(1000, MAX_RETENTION_MS),
         doc="a segment is deleted once its newest record is this old (ms) and, with uploading, "
             "it was uploaded")
 
@@ -252,22 +258,6 @@ class Config:
         return os.path.abspath("edgebroker-data")
 
 
-_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-# A plain setting's type by its annotation, a string (``from __future__ import annotations``).
-# "bool | None" style: None is the unset default, never a TOML value.
-_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
-
-
-def _coerce(value: Any, annotation: str, key: str) -> Any:
-    kind = _TYPES[annotation.removesuffix(" | None")]
-    # bool is an int in Python; a TOML boolean is never accepted as a number.
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, kind) and not (kind is not bool and isinstance(value, bool)):
-        return value
-    raise ConfigError(f"{key}: expected {_TYPE_NAMES[kind]}, got {value!r}")
-
-
 def _build(cls, table: Any, prefix: str):
     """``cls`` from a TOML table; ConfigError with every problem of the table."""
     if not isinstance(table, dict):
@@ -304,7 +294,7 @@ def _build_value(cls, name: str, raw: Any, prefix: str) -> Any:
         if problems:
             raise ConfigError(*problems, partial=section)
         return section
-    value = _coerce(raw, f.type, key)
+    value = coerce(raw, f.type, key)
     check = f.metadata.get("check")
     problem = check(value) if check else None
     if problem:
@@ -347,7 +337,6 @@ def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
         raise ConfigError("listener: expected one or more [[listener]] tables")
     problems: list[str] = []
     listeners = []
-    seen = set()
     for i, item in enumerate(raw):
         try:
             lst = _build(ListenerConfig, item, f"listener[{i}].")
@@ -355,10 +344,6 @@ def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
             problems += exc.problems
             continue
         problems += listener_problems(lst, item, f"listener[{i}]")
-        where = lst.unix_socket or (lst.host, lst.port)
-        if (lst.port or lst.unix_socket) and where in seen:
-            problems.append(f"listener[{i}]: {lst.address} is listed twice")
-        seen.add(where)
         listeners.append(lst)
     if problems:
         raise ConfigError(*problems, partial=tuple(listeners) or None)
@@ -434,8 +419,22 @@ def check_authentication(config: Config) -> None:
         raise ConfigError(*problems)
 
 
+def check_addresses(config: Config) -> None:
+    """Listeners and the metrics endpoint that could not all listen (listener_config)."""
+    problems = address_problems(config.listeners, config.metrics.listen)
+    if problems:
+        raise ConfigError(*problems, partial=config)
+
+
 def from_dict(table: dict, source: str = "") -> Config:
-    config = _build(Config, table, "")
+    try:
+        config = _build(Config, table, "")
+    except ConfigError as exc:
+        partial = exc.partial
+        more = [] if partial is None else address_problems(partial.listener,
+                                                           partial.metrics.listen)
+        raise ConfigError(*exc.problems, *more, partial=partial) from None
+    check_addresses(config)
     return records.replace(config, source=source)
 
 
@@ -473,6 +472,8 @@ def _read_toml(path: str) -> dict:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not valid TOML") from None
+    except ValueError:   # an integer of over 4300 digits (int's own limit)
+        raise ConfigError(f"{path}: not valid TOML: an integer of more than 4300 digits") from None
     finally:
         for name in set(sys.modules) - before:
             del sys.modules[name]

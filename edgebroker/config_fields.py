@@ -3,9 +3,38 @@ check and its one-line meaning, edgebroker.config) and the checks settings share
 
 from __future__ import annotations
 
+import math
+
+from edgebroker.errors import ConfigError
 from edgebroker.records import field
 
 MiB = 1024 * 1024
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+# A plain setting's type by its annotation, a string (``from __future__ import annotations``).
+# "bool | None" style: None is the unset default, never a TOML value.
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def coerce(value, annotation: str, key: str):
+    """``value`` as the setting's type, or ConfigError naming ``key``. A TOML integer passes for
+    a number; a boolean is never a number. Numbers must be finite (nan and inf pass no
+    "at least" check, and would stop timers or overflow later) and integers must fit in 64
+    bits (they go to C and to struct fields, and to float)."""
+    kind = _TYPES[annotation.removesuffix(" | None")]
+    whole = kind is float and isinstance(value, int)
+    if isinstance(value, bool) != (kind is bool) or not (isinstance(value, kind) or whole):
+        raise ConfigError(f"{key}: expected {_TYPE_NAMES[kind]}, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not INT64_MIN <= value <= INT64_MAX:
+            digits = str(value)
+            shown = digits if len(digits) <= 24 else f"{digits[:8]}... ({len(digits)} digits)"
+            raise ConfigError(f"{key}: out of range, got {shown} (integers must fit in 64 bits: "
+                              f"{INT64_MIN} to {INT64_MAX})")
+        return float(value) if kind is float else value
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+    return value
 
 
 def at_least(minimum):

@@ -121,3 +121,78 @@ def parse_address(text: str) -> ListenerConfig:
     if port_no > 65535:
         raise ConfigError(f"--listen {text!r}: port must be between 0 and 65535")
     return ListenerConfig(host=host, port=port_no)
+
+
+# ----------------------------------------------------------------------------- overlaps
+# Two sockets cannot bind one port when their addresses overlap: the same address, or a
+# wildcard (0.0.0.0, ::) and any address of its family. "::" takes IPv4 too on Linux (with
+# net.ipv6.bindv6only = 0), unless it is bound IPV6_V6ONLY: the broker does so when an IPv4
+# address shares its port (as Mosquitto binds every IPv6 socket), so "0.0.0.0" and "::" on
+# one port serve IPv4 and IPv6 side by side. Port 0 picks a free port: it overlaps nothing.
+
+def _family_and_address(host: str) -> tuple[int, bytes | str]:
+    """The family the listener binds with (as server/listeners.py) and its address: packed
+    for a literal, else the name as written (a host name is resolved at bind)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return family, socket.inet_pton(family, host or "0.0.0.0")
+    except (OSError, ValueError):
+        return family, host.lower()
+
+
+def bind_entries(listeners, metrics_listen: str) -> list[tuple[str, ListenerConfig]]:
+    """(name in messages, address) of every TCP socket the configuration binds."""
+    entries = [(f"listener[{i}]", lc) for i, lc in enumerate(listeners) if not lc.unix_socket]
+    if metrics_listen:
+        try:
+            entries.append(("metrics.listen", parse_address(metrics_listen)))
+        except ConfigError:
+            pass        # reported as metrics.listen's own problem
+    return entries
+
+
+def ipv4_ports(listeners, metrics_listen: str) -> set[int]:
+    """Ports an IPv4 address is bound on: an IPv6 socket on one of them is bound V6ONLY."""
+    return {lc.port for _, lc in bind_entries(listeners, metrics_listen)
+            if lc.port and ":" not in lc.host}
+
+
+def _overlap(a: ListenerConfig, b: ListenerConfig) -> str:
+    """Why ``a`` and ``b`` cannot both be bound, or ""."""
+    if not a.port or a.port != b.port:
+        return ""
+    family, address = _family_and_address(a.host)
+    other_family, other = _family_and_address(b.host)
+    if family != other_family:
+        return ""        # "::" is bound IPV6_V6ONLY next to an IPv4 address (above)
+    if address == other:
+        return "the same address and port"
+    wildcard = bytes(4 if family == socket.AF_INET else 16)
+    for host, packed in ((a.host, address), (b.host, other)):
+        if packed == wildcard:
+            return (f"{host or '0.0.0.0'} takes every IPv{4 if len(wildcard) == 4 else 6} "
+                    f"address on port {a.port}")
+    return ""
+
+
+def address_problems(listeners, metrics_listen: str) -> list[str]:
+    """Listeners (and the metrics endpoint) whose sockets could not all be bound: the same
+    Unix socket path twice, or TCP addresses that overlap on one port; each named with the
+    entry it overlaps."""
+    problems = []
+    paths: dict[str, int] = {}
+    for i, lc in enumerate(listeners):
+        if lc.unix_socket and paths.setdefault(lc.unix_socket, i) != i:
+            problems.append(f"listener[{i}]: {lc.address} is listed twice")
+    entries = bind_entries(listeners, metrics_listen)
+    for j, (name, lc) in enumerate(entries):
+        for other_name, other in entries[:j]:
+            why = _overlap(lc, other)
+            if why == "the same address and port" and "metrics.listen" not in (name, other_name):
+                problems.append(f"{name}: {lc.address} is listed twice (as {other_name})")
+                break
+            if why:
+                problems.append(f"{name}: {lc.address} overlaps {other_name} ({other.address}): "
+                                f"{why}, so they cannot both listen")
+                break
+    return problems

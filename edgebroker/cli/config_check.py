@@ -14,7 +14,7 @@ import json
 
 from edgebroker import config as configuration
 from edgebroker.cli.options import add_format
-from edgebroker.cli.serve import check_state_dir
+from edgebroker.cli.serve import check_links, check_state_dir
 from edgebroker.errors import ConfigError
 from edgebroker.security.acl import Acl
 from edgebroker.security.passwords import PasswordFile
@@ -38,11 +38,13 @@ def add_parser(commands) -> None:
 
 def problems_of(config: configuration.Config) -> list[str]:
     """What would stop ``serve`` after the file itself was read: the safe defaults for
-    listeners, a state directory serve could not create or write (nothing is created), and
-    each certificate, password and ACL file (each file once)."""
+    listeners, a state directory serve could not create or write (nothing is created), the
+    bridges' TLS files and the uploader's credentials and CA file (``serve.check_links``),
+    and each certificate, password and ACL file (each file once)."""
     problems: list[str] = []
     _collect(problems, configuration.check_authentication, config)
     _collect(problems, check_state_dir, config.state_dir())
+    _collect(problems, check_links, config)
     files_read = set()
     for i, lc in enumerate(config.listeners):
         if lc.tls:

@@ -26,6 +26,8 @@ def load(args) -> configuration.Config:
     if args.data_dir:
         changes["data_dir"] = args.data_dir
     config = records.replace(config, **changes) if changes else config
+    if args.listen:     # (those of the file were checked as it was read)
+        configuration.check_addresses(config)
     configuration.check_authentication(config)
     return config
 
@@ -62,9 +64,31 @@ def check_state_dir(path: str) -> None:
         raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
 
 
+def check_links(config: configuration.Config) -> None:
+    """What would stop the uploader or a bridge at start, before any state is opened: the
+    bridges' TLS files, the uploader's gateway id, credentials and CA file; every problem at
+    once. The modules are imported only when configured, as the broker does."""
+    problems = []
+    if config.bridge:
+        from edgebroker.bridge.bridges import tls_contexts
+        try:
+            tls_contexts(config.bridge)
+        except ConfigError as exc:
+            problems += exc.problems
+    if config.upload.url:
+        from edgebroker.uploader.sinks import check_config
+        try:
+            check_config(config.upload)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(*problems)
+
+
 def run(args) -> int:
     config = load(args)
     logs.install(config.log_level)
+    check_links(config)
     state_dir = config.state_dir()
     prepare_state_dir(state_dir)
     # Imported after the configuration is read: the TOML parser's memory, freed again

@@ -32,6 +32,7 @@ from edgebroker.core.exchanges import ExchangeJournal, load as load_exchanges
 from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError
+from edgebroker.listener_config import ipv4_ports
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server import activation, sdnotify
@@ -41,6 +42,7 @@ from edgebroker.server.descriptors import (
 )
 from edgebroker.server.listeners import DescriptorReserve, Listener, UnixListener
 from edgebroker.server.loop import Loop, hold_window
+from edgebroker.server.reload import needs_restart
 from edgebroker.server.tls import TLSServer, TLSTransport
 from edgebroker.server.transport import Transport
 
@@ -74,11 +76,6 @@ def keep_freed_memory() -> None:
                   os.strerror(err))
 
 
-def _listening(lc) -> tuple:
-    """What a listener's socket was opened with: changed only by a restart."""
-    return lc.address, lc.protocol, lc.websocket_path
-
-
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -89,6 +86,7 @@ class App(DescriptorRoom):
 
     def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
         self.config = config
+        self.started = config     # what a reload compares the keys needing a restart with
         self.clock = clock
         self.reload_config = reload_config
         reserve_descriptors(config.limits.max_connections + SPARE_DESCRIPTORS)
@@ -230,8 +228,10 @@ class App(DescriptorRoom):
         passed = activation.listen_fds()
         socks = (activation.match(config.listeners, passed) if passed is not None
                  else [None] * len(config.listeners))
+        v4 = ipv4_ports(config.listeners, config.metrics.listen)  # "::" there: V6ONLY
         for lc, (tls, policy), sock in zip(config.listeners, security, socks):
-            listener = UnixListener(self, lc, sock) if lc.unix_socket else Listener(self, lc, sock)
+            listener = (UnixListener(self, lc, sock) if lc.unix_socket
+                        else Listener(self, lc, sock, v6only=lc.port in v4))
             listener.set_security(tls, policy)
             self.listeners.append(listener)
             self.selector.register(listener.sock, selectors.EVENT_READ, listener.on_event)
@@ -266,7 +266,8 @@ class App(DescriptorRoom):
     def open_metrics(self) -> None:
         if self.config.metrics.listen:
             from edgebroker.server.metrics_http import MetricsServer
-            self.metrics = MetricsServer.start(self.loop, self.config.metrics.listen)
+            self.metrics = MetricsServer.start(self.loop, self.config.metrics.listen,
+                                               ipv4_ports(self.config.listeners, ""))
 
     def _make_accept_gate(self, config: Config) -> TokenBucket | None:
         limits = config.limits
@@ -358,14 +359,10 @@ class App(DescriptorRoom):
         except Exception:
             log.exception("reload failed, keeping the running configuration")
         else:
-            running = [_listening(listener.config) for listener in self.listeners]
-            if [_listening(lc) for lc in config.listeners] != running:
-                log.warning("reload: listener changes (addresses, protocol, websocket_path) "
-                            "take effect after a restart")
-            if config.upload != self.config.upload:
-                log.warning("reload: [upload] changes take effect after a restart")
-            if config.bridge != self.config.bridge:
-                log.warning("reload: [[bridge]] changes take effect after a restart")
+            changed = needs_restart(self.started, config)
+            if changed:
+                log.warning("reload: changes to %s take effect after a restart (the running "
+                            "values stay)", ", ".join(changed))
             try:
                 self.reload_security(config)
             except ConfigError as exc:

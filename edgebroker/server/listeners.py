@@ -104,11 +104,15 @@ class DescriptorReserve:
         self.fds.clear()
 
 
-def _bind_tcp(config: ListenerConfig) -> socket.socket:
+def _bind_tcp(config: ListenerConfig, v6only: bool) -> socket.socket:
+    """``v6only``: an IPv6 socket takes no IPv4 connections (an IPv4 address shares its port:
+    listener_config, "overlaps")."""
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and v6only:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((config.host, config.port))
         sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
@@ -119,14 +123,15 @@ def _bind_tcp(config: ListenerConfig) -> socket.socket:
 
 class Listener:
     """``sock``: a listening socket passed by systemd (server/activation.py), used as it is;
-    without it the listener binds its address."""
+    without it the listener binds its address (``v6only``: see _bind_tcp)."""
 
-    def __init__(self, app, config: ListenerConfig, sock: socket.socket | None = None):
+    def __init__(self, app, config: ListenerConfig, sock: socket.socket | None = None,
+                 v6only: bool = False):
         self.app = app
         self.config = config
         self.passed = sock is not None
         if sock is None:
-            sock = _bind_tcp(config)
+            sock = _bind_tcp(config, v6only)
         # Accepted connections inherit it (Linux, the BSDs): no setsockopt per connection.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)

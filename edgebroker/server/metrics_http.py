@@ -320,13 +320,19 @@ class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
     daemon_threads = True
 
-    def __init__(self, address, family, owner):
+    def __init__(self, address, family, owner, v6only=False):
         self.address_family = family
         self.owner = owner
+        self.v6only = v6only and family == socket.AF_INET6
         self._slots = threading.BoundedSemaphore(MAX_REQUESTS)
         self._deadlines: dict = {}       # request socket -> when it is cut off
         self._lock = threading.Lock()
         super().__init__(address, _Handler)
+
+    def server_bind(self):
+        if self.v6only:     # an IPv4 listener shares the port (listener_config, "overlaps")
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        super().server_bind()
 
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
@@ -372,14 +378,16 @@ class MetricsServer:
         self.thread.start()
 
     @classmethod
-    def start(cls, loop, listen: str) -> "MetricsServer":
+    def start(cls, loop, listen: str, ipv4_ports=frozenset()) -> "MetricsServer":
+        """``ipv4_ports``: the listeners' IPv4 ports; on one of them an IPv6 address is bound
+        V6ONLY (listener_config, "overlaps")."""
         try:
             where = configuration.parse_address(listen)
         except ConfigError:
             raise ConfigError(f"metrics.listen: expected HOST:PORT, got {listen!r}") from None
         family = socket.AF_INET6 if ":" in where.host else socket.AF_INET
         try:
-            httpd = _Server((where.host, where.port), family, None)
+            httpd = _Server((where.host, where.port), family, None, where.port in ipv4_ports)
         except OSError as exc:
             raise EdgebrokerError(f"cannot listen for metrics on {where.address}: "
                                   f"{exc.strerror or exc}") from None

@@ -63,8 +63,10 @@ def credentials(config, environ=os.environ) -> tuple[str, str, str]:
     """(access key id, secret, session token) from ``[upload]``, else the AWS variables."""
     if config.access_key_id or config.secret_access_key:
         if not (config.access_key_id and config.secret_access_key):
-            raise ConfigError("upload: access_key_id and secret_access_key go together "
-                              "(one of them is empty)")
+            empty, given = (("secret_access_key", "access_key_id") if config.access_key_id
+                            else ("access_key_id", "secret_access_key"))
+            raise ConfigError(f"upload.{empty}: empty while upload.{given} is set: "
+                              f"access_key_id and secret_access_key go together")
         return config.access_key_id, config.secret_access_key, config.session_token
     key, secret = environ.get("AWS_ACCESS_KEY_ID", ""), environ.get("AWS_SECRET_ACCESS_KEY", "")
     if not (key and secret):
@@ -72,6 +74,30 @@ def credentials(config, environ=os.environ) -> tuple[str, str, str]:
                           "upload.access_key_id and upload.secret_access_key, or "
                           "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment")
     return key, secret, environ.get("AWS_SESSION_TOKEN", "")
+
+
+def tls_context(config, environ=os.environ) -> ssl.SSLContext | None:
+    """The context the store's certificate is checked with (None over http): ``ca_file``, else
+    $AWS_CA_BUNDLE, else the system's CA certificates; ConfigError naming upload.ca_file."""
+    if config.endpoint_url and urlsplit(config.endpoint_url).scheme != "https":
+        return None
+    cafile = config.ca_file or environ.get("AWS_CA_BUNDLE") or None
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"upload.ca_file: cannot read the CA certificates {cafile}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def config_problems(config, environ=os.environ) -> list[str]:
+    """What S3Sink(config) would refuse: the credentials, the CA file; all of it at once."""
+    problems = []
+    for check in (credentials, tls_context):
+        try:
+            check(config, environ)
+        except ConfigError as exc:
+            problems += exc.problems
+    return problems
 
 
 def _sha256(data: bytes) -> str:
@@ -162,14 +188,7 @@ class S3Sink:
         self.conditional = True
         self._records = ""
         self._conn: http.client.HTTPConnection | None = None
-        self._ssl = None
-        if self.https:
-            cafile = config.ca_file or environ.get("AWS_CA_BUNDLE") or None
-            try:
-                self._ssl = ssl.create_default_context(cafile=cafile)
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(f"upload.ca_file: cannot read the CA certificates {cafile}: "
-                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+        self._ssl = tls_context(config, environ) if self.https else None
 
     # -- the uploader's side ---------------------------------------------------------------------
     def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],

@@ -29,27 +29,24 @@ import json
 import logging
 import os
 import random
-import socket
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
 from edgebroker.files import write_small_file
 from edgebroker.rates import TokenBucket
-from edgebroker.upload_config import check_upload_url
-from edgebroker.errors import ConfigError
 from edgebroker.uploader import cutter
-from edgebroker.uploader.batch import (BatchFormatError, BatchHeader, check_gateway_id,
-                                       read_batch_file)
-from edgebroker.uploader.sinks import DirSink, PermanentSinkError, SinkError, TransientSinkError
+from edgebroker.uploader.batch import BatchFormatError, BatchHeader, read_batch_file
+from edgebroker.uploader.sinks import (  # noqa: F401  (also the uploader's names)
+    PermanentSinkError, SinkError, TransientSinkError, default_gateway_id, gateway_id_of,
+    open_sink,
+)
 
 log = logging.getLogger("edgebroker.upload")
 
 UPLOAD_DIR = "upload"
 INTENT_FILE = "intent"
 SPOOL_FILE = "batch.ebb.zst.tmp"
-MACHINE_ID = "/etc/machine-id"
 POLL_SECONDS = 0.5
 BACKOFF_BASE = 1.0
 BACKOFF_CAP = 60.0
@@ -61,41 +58,6 @@ PROBE_SECONDS = 3.0
 
 class Stopped(Exception):
     """The broker is stopping: leave the batch as it is (the intent file keeps its range)."""
-
-
-def default_gateway_id(machine_id_path: str = MACHINE_ID) -> str:
-    """The machine id (systemd's /etc/machine-id), else the host name."""
-    try:
-        with open(machine_id_path, encoding="ascii") as fh:
-            text = fh.read().strip()
-        if text and check_gateway_id(text) is None:
-            return text
-    except (OSError, UnicodeDecodeError):
-        pass
-    return socket.gethostname().split(".")[0]
-
-
-def gateway_id_of(upload_config) -> str:
-    gid = upload_config.gateway_id or default_gateway_id()
-    problem = check_gateway_id(gid)
-    if problem:
-        how = "" if upload_config.gateway_id else " (taken from the machine id or host name: set it)"
-        raise ConfigError(f"upload.gateway_id: {gid!r} {problem}{how}")
-    return gid
-
-
-def open_sink(config):
-    """The sink of ``[upload]`` (``config``: an UploadConfig): ``file://`` or ``s3://``."""
-    url = config.url
-    problem = check_upload_url(url) if url else "empty: no uploading"
-    if problem:
-        raise ConfigError(f"upload.url: {problem}, got {url!r}")
-    if url.startswith("s3://"):
-        # Imported here: http.client brings ssl and hashlib (OpenSSL, 3 MiB of RSS) into a
-        # broker that would otherwise not load them (tests/server/test_lazy_imports.py).
-        from edgebroker.uploader.s3 import S3Sink
-        return S3Sink(url, config)
-    return DirSink(unquote(urlsplit(url).path))
 
 
 @dataclass(slots=True)

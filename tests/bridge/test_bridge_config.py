@@ -85,3 +85,16 @@ def test_errors_name_the_table_and_key(tmp_path, text, message):
         config.load(str(path))
     assert str(info.value).startswith(str(path) + ": ")
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("command", [("config", "check"), ("serve",)])
+def test_a_bridge_without_topic_rules_is_refused(tmp_path, command):
+    """`topic = []` was accepted (the docs require a rule): a bridge forwarding nothing."""
+    from conftest import run_cli
+    path = tmp_path / "c.toml"
+    path.write_text(f'data_dir = "{tmp_path / "data"}"\n[[listener]]\nport = 0\n'
+                    f'[[bridge]]\nname = "up"\naddress = "127.0.0.1:1"\ntopic = []\n')
+    r = run_cli(*command, "-c", str(path))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"edgebroker: config error: {path}: bridge[0].topic: bridge 'up' has no "
+                        f"topic rule (at least one is required)\n")

@@ -262,6 +262,39 @@ def test_sighup_applies_changed_limit(broker, uid):
     assert [(p.type, p.rc) for p in c.before_close] == [(m.CONNACK, 2)]
 
 
+def test_sighup_names_the_changes_that_need_a_restart_and_applies_max_connections(
+        broker, tmp_path, uid):
+    """A changed data_dir, [log] or [metrics] was ignored without a word (the docs say the log
+    says so): one warning names them, at each reload (compared with the start). A listener's
+    max_connections applies at once to new connections; those connected stay."""
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "max_connections": 1}],
+               metrics={"listen": "127.0.0.1:0"}, log={"durability": "batch"})
+    first = b.client(f"{uid}-1")
+    assert b.client(f"{uid}-2", expect_rc=3)
+    cfg = dict(b.config, data_dir=str(tmp_path / "elsewhere"), log={"durability": "sync"},
+               listener=[{"host": "127.0.0.1", "port": 0, "max_connections": 2}])
+    del cfg["metrics"]
+    b.config_path.write_text(toml_dumps(cfg))
+    for _ in range(2):
+        mark = b.mark()
+        b.send_signal(signal.SIGHUP)
+        assert b.wait_log("configuration reloaded", timeout=5, start=mark)
+        warnings = [line for line in b.logs[mark:] if "after a restart" in line]
+        assert len(warnings) == 1 and warnings[0].endswith(
+            "WARNING reload: changes to data_dir, [log], [metrics] take effect after a restart "
+            "(the running values stay)"), warnings
+    second = b.client(f"{uid}-3")
+    assert b.client(f"{uid}-4", expect_rc=3)
+    cfg["listener"][0]["max_connections"] = 1
+    b.config_path.write_text(toml_dumps(cfg))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", timeout=5, start=mark)
+    assert first.ping() == [] and second.ping() == []
+    assert b.client(f"{uid}-5", expect_rc=3)
+    assert not (tmp_path / "elsewhere").exists()
+
+
 def test_sighup_with_broken_config_keeps_running(broker, uid):
     b = broker()
     c = b.client(uid)

@@ -1,0 +1,90 @@
+"""Listeners and the metrics endpoint on one port: `config check` and `serve` refuse those that
+could not all listen, naming both entries; "0.0.0.0" and "::" on one port serve IPv4 and IPv6
+side by side (the "::" socket is bound IPV6_V6ONLY, as Mosquitto binds its IPv6 sockets)."""
+
+import socket
+import urllib.request
+
+import pytest
+
+import mqttraw
+from conftest import run_cli, toml_dumps
+
+ERROR = "edgebroker: config error: "
+
+
+def free_port() -> int:
+    """A port free on IPv4 and IPv6 (a test needing two sockets on one port cannot use 0)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.bind(("::", 0))
+        return s.getsockname()[1]
+
+
+def overlaps(port):
+    """(listeners, metrics, the problem) for each way two sockets can overlap."""
+    return [
+        ([("0.0.0.0", port), ("127.0.0.1", port)], "",
+         f"listener[1]: 127.0.0.1:{port} overlaps listener[0] (0.0.0.0:{port}): 0.0.0.0 takes "
+         f"every IPv4 address on port {port}, so they cannot both listen"),
+        ([("127.0.0.1", port), ("0.0.0.0", port)], "",
+         f"listener[1]: 0.0.0.0:{port} overlaps listener[0] (127.0.0.1:{port}): 0.0.0.0 takes "
+         f"every IPv4 address on port {port}, so they cannot both listen"),
+        ([("::1", port), ("::", port)], "",
+         f"listener[1]: [::]:{port} overlaps listener[0] ([::1]:{port}): :: takes every IPv6 "
+         f"address on port {port}, so they cannot both listen"),
+        ([("127.0.0.1", port)], f"127.0.0.1:{port}",
+         f"metrics.listen: 127.0.0.1:{port} overlaps listener[0] (127.0.0.1:{port}): the same "
+         f"address and port, so they cannot both listen"),
+        ([("127.0.0.1", port)], f"0.0.0.0:{port}",
+         f"metrics.listen: 0.0.0.0:{port} overlaps listener[0] (127.0.0.1:{port}): 0.0.0.0 "
+         f"takes every IPv4 address on port {port}, so they cannot both listen"),
+        ([("::", port)], f"[::1]:{port}",
+         f"metrics.listen: [::1]:{port} overlaps listener[0] ([::]:{port}): :: takes every IPv6 "
+         f"address on port {port}, so they cannot both listen"),
+    ]
+
+
+@pytest.mark.parametrize("command", [("config", "check"), ("serve",)])
+@pytest.mark.parametrize("case", range(6))
+def test_overlapping_addresses_are_refused_naming_both(tmp_path, command, case):
+    """config check said OK, then serve failed with "Address already in use" (0.0.0.0 and
+    127.0.0.1 on one port; [metrics] listen on a listener's port)."""
+    port = free_port()
+    listeners, metrics, problem = overlaps(port)[case]
+    cfg = {"data_dir": str(tmp_path / "data"), "allow_anonymous": True,
+           "listener": [{"host": host, "port": p} for host, p in listeners]}
+    if metrics:
+        cfg["metrics"] = {"listen": metrics}
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps(cfg))
+    r = run_cli(*command, "-c", str(path))
+    assert (r.returncode, r.stderr) == (2, f"{ERROR}{path}: {problem}\n")
+
+
+def test_listen_options_that_overlap_are_refused(tmp_path):
+    port = free_port()
+    r = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{port}",
+                "--listen", f":{port}")
+    assert (r.returncode, r.stderr) == (
+        2, f"{ERROR}listener[1]: 0.0.0.0:{port} overlaps listener[0] (127.0.0.1:{port}): 0.0.0.0 "
+           f"takes every IPv4 address on port {port}, so they cannot both listen\n")
+
+
+def test_the_same_port_on_ipv4_and_ipv6_wildcards_serves_both(broker, uid):
+    """0.0.0.0 and :: on one port (and a metrics endpoint on [::] beside an IPv4 listener):
+    serve failed with "Address already in use", the :: socket taking IPv4 too."""
+    port, other = free_port(), free_port()
+    b = broker(allow_anonymous=True, metrics={"listen": f"[::]:{other}"},
+               listener=[{"host": "0.0.0.0", "port": port}, {"host": "::", "port": port},
+                         {"host": "127.0.0.1", "port": other}])
+    assert b.listeners == [("0.0.0.0", port), ("::", port), ("127.0.0.1", other)]
+    for i, (host, p) in enumerate([("127.0.0.1", port), ("::1", port), ("127.0.0.1", other)]):
+        c = mqttraw.RawClient(host, p)
+        try:
+            assert c.connect(f"{uid}-{i}").rc == 0
+        finally:
+            c.close()
+    text = urllib.request.urlopen(f"http://[::1]:{other}/metrics", timeout=5).read().decode()
+    assert "edgebroker_" in text
+    assert b.wait_log(f"client '{uid}-1' from [::1]:")
