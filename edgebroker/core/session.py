@@ -115,7 +115,9 @@ AWAIT_COMP = 1     # PUBREL sent, waiting for PUBCOMP
 
 
 class Outgoing:
-    __slots__ = ("message", "qos", "retain", "state", "group")
+    # group_qos: set with group (core.shared._give), the QoS the group had the message at
+    # (a member may have been sent it lower); unset while group is None.
+    __slots__ = ("message", "qos", "retain", "state", "group", "group_qos")
 
     def __init__(self, message, qos: int, retain: bool):
         self.message = message

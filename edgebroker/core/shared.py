@@ -219,7 +219,9 @@ class Shared:
             queue = group.queue
             for entry in reversed(entries):
                 ref = entry.message
-                queue.appendleft((ref, 1, entry.retain,
+                # At the QoS the group had it at: the next member may be granted more than
+                # this one was (MQTT-3.8.4-8).
+                queue.appendleft((ref, entry.group_qos, entry.retain,
                                   ref.topic if type(ref) is Message else None))
                 group.queue_bytes += ref.size
             self.stats.shared_handed_over += len(entries)
@@ -307,6 +309,7 @@ class Shared:
     def _give(self, member: Member, ref, qos: int, retain: bool) -> None:
         """Send to ``member`` (it has room: ``_pick``), at the lower of the two QoS."""
         session = member.session
+        group_qos = qos
         if member.qos < qos:
             qos = member.qos
         retain = retain and bool(member.options & P.SUB_RETAIN_AS_PUBLISHED)
@@ -316,6 +319,7 @@ class Shared:
         entry = self._send(session, ref, qos, retain, member.ids)
         if entry is not None:
             entry.group = member.group
+            entry.group_qos = group_qos
 
     def _queue(self, group: Group, message: Message, qos: int, topic: str) -> None:
         """No member can take ``message`` now: into the backlog, or past its bound, the group
@@ -408,7 +412,7 @@ class Shared:
         QoS 1 messages."""
         states = []
         for group in self.groups.values():
-            entries = [(entry.message.offset, 1, entry.retain, entry.message.size)
+            entries = [(entry.message.offset, entry.group_qos, entry.retain, entry.message.size)
                        for member in group.ring if member.session.client is not None
                        for entry in self._returning(member)
                        if entry.message.offset is not None]

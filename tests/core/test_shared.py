@@ -132,6 +132,23 @@ def test_hand_over_when_a_member_disconnects_without_acknowledging(srv, uid):
                         f"unacknowledged QoS 1 messages: they go to another member", start=mark)
 
 
+def test_a_message_handed_over_keeps_the_qos_the_group_had_it_at(srv, uid):
+    """A QoS 2 message went to a member granted QoS 1, which left without acknowledging it:
+    the next member, granted QoS 2, gets it at QoS 2 (MQTT-3.8.4-8; it came at QoS 1)."""
+    share = f"$share/g/{uid}/t"
+    low = member(srv, f"{uid}-low", share, qos=1)
+    high = member(srv, f"{uid}-high", share, qos=2)
+    pub = srv.client(f"{uid}-p")
+    for payload in (b"0", b"1"):
+        pub.publish(f"{uid}/t", payload, qos=2)
+    got = collect([low, high], 2, ack=False)
+    (unacked,) = got[low]
+    assert unacked.qos == 1 and [p.qos for p in got[high]] == [2]
+    low.abort()
+    (again,) = collect([high], 1, ack=False)[high]
+    assert again.payload == unacked.payload and again.qos == 2
+
+
 def test_a_member_with_a_full_window_does_not_stall_the_group(broker, uid):
     b = broker(limits={"max_inflight_messages": 3})
     share = f"$share/g/{uid}/t"
