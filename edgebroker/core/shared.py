@@ -365,6 +365,8 @@ class Shared:
         while True:
             while queue:
                 ref, qos, retain, topic = queue[0]
+                if topic is None and any(m.session.acl is not None for m in group.ring):
+                    topic = self._stored_topic(ref)
                 member = self._pick(group, qos, topic)
                 if member is None:
                     return
@@ -376,6 +378,14 @@ class Shared:
                 self._give(member, ref, qos, retain)
             if group.cursor is None or not self._refill(group):
                 return
+
+    def _stored_topic(self, ref) -> str | None:
+        """The topic of a message the group holds only as its log offset (restored from a
+        snapshot, or handed back by a member), for the members' ACLs; None when its record
+        is gone (sending it then counts it lost)."""
+        journal = self.journal
+        where = journal.log.locate(ref.offset) if journal is not None else None
+        return None if where is None else where.topic.decode("utf-8", "replace")
 
     # ----- figures, snapshots ------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ class SharedBacklog:
                 continue
             if payload is None:
                 ref = Stored(offset, len(topic) + size)
-                name = None
+                name = topic.decode("utf-8", "replace")     # for the members' ACLs
             else:
                 name = topic.decode("utf-8", "replace")
                 ref = (Message(name, payload, qos, retain, offset, topic, "", *stored_properties(

@@ -413,6 +413,35 @@ def test_acl_applies_to_the_filter_inside_the_share(broker, tmp_path, uid):
     assert [p.payload for ps in got.values() for p in ps] == [b"s"]
 
 
+def test_acl_applies_to_a_backlog_held_as_log_offsets(broker, tmp_path, uid):
+    """A group's backlog restored from the snapshot holds log offsets, not topics: each is
+    still checked against the member it would go to (it was sent unchecked). Here bob may
+    read jobs/secret and alice may not: while only alice is back it waits for bob (and the
+    backlog behind it, in order)."""
+    pw = write_passwords(tmp_path / "passwd", {"alice": "a-pw", "bob": "b-pw", "pub": "p-pw"})
+    acl = write_acl(tmp_path / "acl", "user alice\ntopic read jobs/#\ntopic deny jobs/secret\n"
+                                      "user bob\ntopic read jobs/#\n"
+                                      "user pub\ntopic readwrite #\n")
+    config = {"password_file": str(pw), "acl_file": str(acl)}
+    b = broker(**config)
+    for user, password in (("alice", "a-pw"), ("bob", "b-pw")):
+        c = b.client(f"{uid}-{user}", username=user, password=password, clean=False)
+        assert c.subscribe("$share/g/jobs/#", qos=1).codes == [1]
+        c.disconnect()
+    pub = b.client(f"{uid}-p", username="pub", password="p-pw")
+    for topic in ("jobs/secret", "jobs/ok"):
+        pub.publish(topic, topic.encode(), qos=1)     # nobody online: the group's backlog
+    assert b.stop() == 0
+    b2 = broker(data_dir=b.config["data_dir"], **config)
+    alice = b2.client(f"{uid}-alice", username="alice", password="a-pw", clean=False)
+    assert alice.connack.session_present
+    assert publishes(alice) == []
+    bob = b2.client(f"{uid}-bob", username="bob", password="b-pw", clean=False)
+    got = collect([alice, bob], 2)
+    assert b"jobs/secret" not in payloads(got[alice])
+    assert sorted(payloads(got[alice] + got[bob])) == [b"jobs/ok", b"jobs/secret"]
+
+
 def test_acl_pattern_readwrite_hash_allows_shared_subscriptions(broker, tmp_path, uid):
     """The issue's case: `pattern readwrite #` refused every $share/... subscription."""
     acl = write_acl(tmp_path / "acl", "pattern readwrite #\n")
