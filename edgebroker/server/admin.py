@@ -30,13 +30,14 @@ import os
 import selectors
 import socket
 
+from edgebroker.config import ADMIN_SOCKET
 from edgebroker.core import metrics
 from edgebroker.core.timers import Timer
 from edgebroker.errors import EdgebrokerError
 
 log = logging.getLogger("edgebroker.admin")
 
-SOCKET_NAME = "admin.sock"
+SOCKET_NAME = ADMIN_SOCKET
 MAX_CONNECTIONS = 8
 MAX_LINE = 64 * 1024
 # Request lines answered per connection per loop pass.

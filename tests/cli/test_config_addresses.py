@@ -62,6 +62,20 @@ def test_overlapping_addresses_are_refused_naming_both(tmp_path, command, case):
     assert (r.returncode, r.stderr) == (2, f"{ERROR}{path}: {problem}\n")
 
 
+@pytest.mark.parametrize("command", [("config", "check"), ("serve",)])
+def test_a_unix_socket_at_the_admin_sockets_path_is_refused(tmp_path, command):
+    """serve said "another broker is running" (it found its own listener's socket there)."""
+    data = tmp_path / "data"
+    cfg = {"data_dir": str(data), "allow_anonymous": True,
+           "listener": [{"unix_socket": str(data / "admin.sock")}]}
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps(cfg))
+    r = run_cli(*command, "-c", str(path))
+    assert (r.returncode, r.stderr) == (
+        2, f"{ERROR}{path}: listener[0]: unix_socket {data / 'admin.sock'} is the path of the "
+           f"broker's admin socket (data_dir/admin.sock); choose another\n")
+
+
 def test_listen_options_that_overlap_are_refused(tmp_path):
     port = free_port()
     r = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{port}",
