@@ -158,7 +158,8 @@ class TopicTable:
             # one more, anything else is routed without being tracked.
             return "max_topics" if retain else None
         self.current[topic] = client_id
-        self.per_client[client_id] = created + 1
+        # Read again: the eviction may have freed one of this client's own places.
+        self.per_client[client_id] = self.per_client.get(client_id, 0) + 1
         return None
 
     def evict(self, retained) -> bool:

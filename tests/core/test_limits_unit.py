@@ -119,6 +119,17 @@ def test_a_full_topic_table_evicts_topics_not_published_to_lately_and_not_retain
     assert set(t.current) == {"e", "f", "g"} and t.per_client == {"x": 1, "z": 3}
 
 
+def test_a_topic_a_client_loses_to_eviction_frees_its_own_place():
+    """One client fills a full table with new topics: each evicts one of its own, so its count
+    stays at the table's size (it grew with every eviction and refused it in the end)."""
+    t = L.TopicTable()
+    limits = lim(max_topics=5, max_topics_per_client=10)
+    never = set().__contains__
+    for i in range(15):
+        assert t.admit(f"dev/{i}", "dev", limits, False, never, False) is None, i
+    assert len(t) == 5 and t.evicted == 10 and t.created_by("dev") == 5
+
+
 def test_a_topic_table_full_of_retained_topics_refuses_only_retained_publishes():
     t = L.TopicTable()
     limits = lim(max_topics=2, max_topics_per_client=10)
