@@ -57,6 +57,26 @@ def test_max_connections_refuses_with_connack_3_and_counts(broker, uid):
     assert s["clients_connected"] == 3
 
 
+@pytest.mark.parametrize("limit", ["max_connections", "max_sessions"])
+def test_logins_checked_side_by_side_do_not_pass_the_limit(broker, uid, tmp_path, limit):
+    """Three CONNECTs with passwords at once, room for one: the password checks run side by
+    side and each CONNECT was admitted before its check, so all three got in (uncounted).
+    The limits are asked again once a check is back: one gets in, two get CONNACK 3."""
+    from secfiles import write_passwords
+    users = {f"u{i}": f"pw{i}" for i in range(3)}
+    pw = write_passwords(tmp_path / "passwd", users)
+    b = broker(password_file=str(pw), limits={limit: 1})
+    clients = [b.raw() for _ in users]
+    for i, (c, (user, password)) in enumerate(zip(clients, users.items())):
+        c.send(m.connect(f"{uid}-{i}", clean=limit != "max_sessions", username=user,
+                         password=password))
+    codes = sorted(c.expect(CONNACK).rc for c in clients)
+    assert codes == [0, 3, 3]
+    s = b.stats()
+    assert s["refused"][limit] == 2 and s["limit_hits"][limit] == 2
+    assert s["clients_connected"] == 1
+
+
 def test_listener_max_connections(broker, uid):
     b = broker(listener=[{"host": "127.0.0.1", "port": 0, "max_connections": 1},
                          {"host": "127.0.0.1", "port": 0}])

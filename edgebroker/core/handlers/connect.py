@@ -41,7 +41,7 @@ def on_connect(client, p: P.Connect) -> None:
     client.protocol_level = p.protocol_level
     v5 = p.protocol_level == P.PROTOCOL_5
     if v5:
-        conn = client.v5 = mqtt5.Conn5(p.properties, limits)
+        client.v5 = mqtt5.Conn5(p.properties, limits)
     will = p.will
     if will is not None and (will.retain and not limits.retain_available
                              or will.qos > limits.max_qos):
@@ -73,21 +73,7 @@ def on_connect(client, p: P.Connect) -> None:
         # (5.0: the CONNACK's Server Keep Alive says the broker's maximum instead.)
         return refuse(client, 2, f"keepalive {p.keepalive} s is above max_keepalive "
                                  f"({limits.max_keepalive} s)", "max_keepalive")
-    # Kept past the connection: 3.1.1 clean session 0, 5.0 a Session Expiry Interval.
-    persistent = (mqtt5.session_expiry(conn, limits.persistent_client_expiration) > 0 if v5
-                  else not p.clean_session)
-    full = broker.admission(client, client_id, not persistent)
-    if full is not None:
-        limit, why = full
-        broker.peer_log.log(log, logging.WARNING, limit, client.peer,
-                            "%s refused (CONNACK 3, server unavailable): %s", client.describe(),
-                            why)
-        client.answer(mqtt5.refusal_frame(client.v5, mqtt5.ADMISSION_REASONS.get(
-            limit, SERVER_UNAVAILABLE), why) if v5 else encode(P.Connack(False, 3)))
-        broker.stats.connections_refused += 1
-        broker.refused[limit] += 1
-        broker.hit(limit)
-        client.close(will=False)
+    if not _admitted(client, p):
         return
     client.keepalive = p.keepalive
     client.will = p.will
@@ -103,6 +89,29 @@ def on_connect(client, p: P.Connect) -> None:
             client.transport.pause_reading("auth")  # until the password check is back
         return
     accept(client, p)
+
+
+def _admitted(client, p) -> bool:
+    """The broker's connection and session limits let the CONNECT in; else it is refused
+    with CONNACK 3 (5.0: the limit's reason code), counted and logged, and False."""
+    broker = client.broker
+    conn = client.v5
+    # Kept past the connection: 3.1.1 clean session 0, 5.0 a Session Expiry Interval.
+    persistent = (mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration) > 0
+                  if conn is not None else not p.clean_session)
+    full = broker.admission(client, client.client_id, not persistent)
+    if full is None:
+        return True
+    limit, why = full
+    broker.peer_log.log(log, logging.WARNING, limit, client.peer,
+                        "%s refused (CONNACK 3, server unavailable): %s", client.describe(), why)
+    client.answer(mqtt5.refusal_frame(conn, mqtt5.ADMISSION_REASONS.get(
+        limit, SERVER_UNAVAILABLE), why) if conn is not None else encode(P.Connack(False, 3)))
+    broker.stats.connections_refused += 1
+    broker.refused[limit] += 1
+    broker.hit(limit)
+    client.close(will=False)
+    return False
 
 
 def auth_done(client, code: int, why: str, username, acl) -> None:
@@ -126,6 +135,9 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
         refuse(client, 5, f"the ACL does not let it publish its will on {p.will.topic!r}", "auth")
         return
     client.acl = acl
+    # Asked again: password checks run side by side, and each CONNECT was admitted alone.
+    if not _admitted(client, p):
+        return
     accept(client, p)
     if client.closed:
         return
