@@ -131,6 +131,10 @@ def test_stuck_qos0_subscriber_is_bounded_and_does_not_slow_a_normal_pair(broker
         assert row["cursor"] is not None and row["lag_records"] > n_flood // 2, row
         assert row["dropped"] == 0 and stats["dropped"]["max_pending_write_bytes"] == 0
         assert stats["sessions_behind"] == 1
+        # The hit is logged once, with whom and from where it reads now.
+        lines = [ln for ln in b.logs[mark:] if "does not read fast enough" in ln]
+        assert len(lines) == 1 and f"{uid}-stuck" in lines[0], lines
+        assert "max_pending_write_bytes" in lines[0] and "from offset" in lines[0]
         # Once it reads again, everything arrives in order: what it had been sent, then the
         # rest from the log, then it is routed to again.
         flood_got, normal_got = [], []
