@@ -41,7 +41,7 @@ from collections import deque
 from edgebroker.core.catchup import NO_HOLD, QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.router import queue_limit
 from edgebroker.errors import ProtocolError
-from edgebroker.core.session import AWAIT_ACK, Message, Stored
+from edgebroker.core.session import AWAIT_ACK, Message
 from edgebroker.core.snapshot import GroupState
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt import packets as P
@@ -77,7 +77,7 @@ class Group:
     """The members of one shared subscription and the messages none could take yet."""
 
     __slots__ = ("key", "name", "filter", "filter_bytes", "members", "ring", "turn", "queue",
-                 "queue_bytes", "cursor", "done", "gap_warned")
+                 "queue_bytes", "cursor", "done", "gap_warned", "dropped", "dropped0")
 
     def __init__(self, key: str, name: str, topic_filter: str):
         self.key = key                  # "$share/<name>/<filter>"
@@ -92,6 +92,10 @@ class Group:
         self.queue_bytes = 0
         self.cursor: int | None = None  # behind: the log offset it reads from next
         self.done: set[int] | None = None  # offsets a member was sent before a restart
+        # Dropped in the current episode: past max_queued_* (until the backlog drains), and
+        # QoS 0 with no member to take it (until one takes one); each episode logged twice.
+        self.dropped = 0
+        self.dropped0 = 0
 
     def __repr__(self):
         return f"Group({self.key!r}, {len(self.members)} members)"
@@ -257,7 +261,16 @@ class Shared:
                 self.stats.acl_deliveries_denied += 1
             elif member is None:
                 self.drop("shared_no_room", None)
+                if not group.dropped0:
+                    log.warning("shared subscription %r: no member can take a QoS 0 message "
+                                "now (none online, or none with room); dropping them until "
+                                "one can", group.key)
+                group.dropped0 += 1
             else:
+                if group.dropped0:
+                    log.warning("shared subscription %r: a member takes QoS 0 messages again; "
+                                "%d were dropped", group.key, group.dropped0)
+                    group.dropped0 = 0
                 self._give(member, message, 0, message.retain)
             return
         if group.cursor is not None and message.offset is not None:
@@ -339,6 +352,11 @@ class Shared:
         if limit is not None:
             self.hit(limit)
             self.drop(limit, None)
+            if not group.dropped:
+                log.warning("shared subscription %r: its backlog is full (%d messages, %d bytes; "
+                            "%s %d); dropping new messages for it until it drains", group.key,
+                            len(queue), group.queue_bytes, limit, getattr(self.limits, limit))
+            group.dropped += 1
             return
         queue.append((message, qos, message.retain, topic))
         group.queue_bytes += message.size
@@ -372,20 +390,16 @@ class Shared:
                     return
                 queue.popleft()
                 group.queue_bytes -= ref.size
+                if not queue and group.dropped:
+                    log.warning("shared subscription %r: its backlog drained; %d messages were "
+                                "dropped", group.key, group.dropped)
+                    group.dropped = 0
                 if member is _DENIED:
                     self.stats.acl_deliveries_denied += 1
                     continue
                 self._give(member, ref, qos, retain)
             if group.cursor is None or not self._refill(group):
                 return
-
-    def _stored_topic(self, ref) -> str | None:
-        """The topic of a message the group holds only as its log offset (restored from a
-        snapshot, or handed back by a member), for the members' ACLs; None when its record
-        is gone (sending it then counts it lost)."""
-        journal = self.journal
-        where = journal.log.locate(ref.offset) if journal is not None else None
-        return None if where is None else where.topic.decode("utf-8", "replace")
 
     # ----- figures, snapshots ------------------------------------------------------------------
 
@@ -440,29 +454,6 @@ class Shared:
         except ProtocolError as exc:
             log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
                         session.client_id, key, exc)
-
-    def restore_shared(self, states: list[GroupState], end: int | None) -> int:
-        """The groups' backlogs from a snapshot (after their members). ``end``: the log's end
-        when it ends before the snapshot's offsets (a power cut); entries past it are lost.
-        Returns how many entries were lost."""
-        lost = 0
-        log_end = self.journal.log.next_offset if self.journal is not None else 0
-        for state in states:
-            group = self.groups.get(state.key)
-            queue = [e for e in state.queue if end is None or e[0] < end]
-            lost += len(state.queue) - len(queue)
-            if group is None:
-                if queue:
-                    self.drop("shared_left", None, len(queue))
-                    log.warning("shared subscription %r in the snapshot has no persistent member "
-                                "left: %d queued messages dropped", state.key, len(queue))
-                continue
-            for offset, qos, retain, size in queue:
-                group.queue.append((Stored(offset, size), qos, retain, None))
-                group.queue_bytes += size
-            if state.cursor is not None:
-                group.cursor = min(state.cursor, log_end)
-        return lost
 
     def forget_shared_sent(self, offsets: set[int]) -> None:
         """After a restart: QoS 2 messages a member was sent before the crash (the exchange

@@ -3,7 +3,9 @@
 Past QUEUE_MESSAGES / QUEUE_BYTES in memory a group keeps a cursor into the log, as a session
 behind does (core.catchup), and reads the records matching its filter from there in batches
 (``_refill``); retention and ``max_session_lag_age`` move a cursor they leave behind, and the
-segments the groups still need are held (``check_shared_cursors``).
+segments the groups still need are held (``check_shared_cursors``). Also what reads a backlog
+held as log offsets: the topics of such messages (``_stored_topic``), and the backlogs a
+snapshot holds (``restore_shared``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES, SCAN_BYTES
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.shared import Group
+from edgebroker.core.snapshot import GroupState
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -121,3 +124,34 @@ class SharedBacklog:
                 if floor < hold:
                     hold = floor
         commit_log.hold_offset = hold
+
+    def _stored_topic(self, ref) -> str | None:
+        """The topic of a message the group holds only as its log offset (restored from a
+        snapshot, or handed back by a member), for the members' ACLs; None when its record
+        is gone (sending it then counts it lost)."""
+        journal = self.journal
+        where = journal.log.locate(ref.offset) if journal is not None else None
+        return None if where is None else where.topic.decode("utf-8", "replace")
+
+    def restore_shared(self, states: list[GroupState], end: int | None) -> int:
+        """The groups' backlogs from a snapshot (after their members). ``end``: the log's end
+        when it ends before the snapshot's offsets (a power cut); entries past it are lost.
+        Returns how many entries were lost."""
+        lost = 0
+        log_end = self.journal.log.next_offset if self.journal is not None else 0
+        for state in states:
+            group = self.groups.get(state.key)
+            queue = [e for e in state.queue if end is None or e[0] < end]
+            lost += len(state.queue) - len(queue)
+            if group is None:
+                if queue:
+                    self.drop("shared_left", None, len(queue))
+                    log.warning("shared subscription %r in the snapshot has no persistent member "
+                                "left: %d queued messages dropped", state.key, len(queue))
+                continue
+            for offset, qos, retain, size in queue:
+                group.queue.append((Stored(offset, size), qos, retain, None))
+                group.queue_bytes += size
+            if state.cursor is not None:
+                group.cursor = min(state.cursor, log_end)
+        return lost

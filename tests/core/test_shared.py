@@ -220,20 +220,52 @@ def test_a_5_0_backlog_read_from_the_log_keeps_its_properties(broker, uid):
     assert publishes(c) == []
 
 
-def test_qos0_with_no_member_online_is_dropped_and_counted(broker, uid):
+def test_qos0_with_no_member_online_is_dropped_counted_and_logged(broker, uid):
+    """Counted each; logged when the dropping starts and, with the count, when it ends."""
     b = broker()
     share = f"$share/g/{uid}/t"
     c = member(b, f"{uid}-m", share, clean=False)
     c.disconnect()
+    mark = b.mark()
     pub = b.client(f"{uid}-p")
     pub.publish(f"{uid}/t", b"q0", qos=0)
+    pub.publish(f"{uid}/t", b"q0 again", qos=0)
     pub.publish(f"{uid}/t", b"q1", qos=1)
     assert pub.ping() == []
-    assert b.stats()["dropped"]["shared_no_room"] == 1
+    assert b.stats()["dropped"]["shared_no_room"] == 2
     back = b.client(f"{uid}-m", clean=False)
     assert back.connack.session_present
     assert payloads([back.recv_publish()]) == [b"q1"]      # the QoS 1 one waited
+    pub.publish(f"{uid}/t", b"q0 taken", qos=0)
+    assert payloads([back.recv_publish()]) == [b"q0 taken"]
     assert publishes(back) == []
+    lines = [ln for ln in b.logs[mark:] if f"shared subscription '{share}'" in ln]
+    assert len(lines) == 2, lines
+    assert "no member can take a QoS 0 message" in lines[0]
+    assert "takes QoS 0 messages again; 2 were dropped" in lines[1]
+
+
+def test_a_full_backlog_drops_counts_and_logs_once_per_episode(broker, uid):
+    """max_queued_messages bounds a group's backlog (set, the log is not the queue): each
+    message past it is counted; the episode is logged when it starts and, with the count,
+    when the backlog drains."""
+    b = broker(limits={"max_queued_messages": 2})
+    share = f"$share/g/{uid}/t"
+    c = member(b, f"{uid}-m", share, clean=False)
+    c.disconnect()
+    mark = b.mark()
+    pub = b.client(f"{uid}-p")
+    for i in range(10):
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    s = b.stats()
+    assert s["dropped"]["max_queued_messages"] == 8 and s["limit_hits"]["max_queued_messages"] == 8
+    back = b.client(f"{uid}-m", clean=False)
+    assert payloads(collect([back], 2)[back]) == [b"0", b"1"]
+    line = b.wait_log("its backlog drained", start=mark)
+    assert line and "8 messages were dropped" in line
+    lines = [ln for ln in b.logs[mark:] if f"shared subscription '{share}'" in ln]
+    assert len(lines) == 2 and "its backlog is full (2 messages" in lines[0], lines
+    assert "max_queued_messages 2" in lines[0]
 
 
 def test_qos2_stays_with_its_member_and_is_lost_with_its_session(broker, uid):
