@@ -326,3 +326,24 @@ def test_plain_text_file_refused_until_upgraded(broker, tmp_path, uid):
     assert b.client(f"{uid}-a", username="alice", password="plain-secret").ping() == []
     assert b.client(f"{uid}-b", username="bob", password="other-secret").ping() == []
     b.client(f"{uid}-c", username="bob", password="plain-secret", expect_rc=4)
+
+
+def test_logins_beyond_the_checks_that_may_wait_are_refused_as_auth(broker, tmp_path, uid):
+    """More logins at once than password checks may wait (MAX_PENDING, lowered to 2 for the
+    test) get CONNACK 3, counted as refused for `auth` (they were counted as `client_id`)."""
+    import sys
+    users = {f"u{i}": f"pw{i}" for i in range(6)}
+    pw = write_passwords(tmp_path / "passwd", users)
+    patch = ("import runpy, sys; import edgebroker.security.authenticator as a; "
+             "a.MAX_PENDING = 2; sys.argv[0] = 'edgebroker'; "
+             "runpy.run_module('edgebroker', run_name='__main__')")
+    b = broker(password_file=str(pw),
+               wrap=lambda cmd: [sys.executable, "-c", patch] + cmd[cmd.index("serve"):])
+    clients = [b.raw() for _ in users]
+    for i, (c, (user, password)) in enumerate(zip(clients, users.items())):
+        c.send(m.connect(f"{uid}-{i}", username=user, password=password))
+    codes = [c.expect(m.CONNACK).rc for c in clients]
+    busy = codes.count(3)
+    assert busy >= 1 and set(codes) <= {0, 3}, codes
+    refused = b.stats()["refused"]
+    assert refused["auth"] == busy and refused.get("client_id", 0) == 0

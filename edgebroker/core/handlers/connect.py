@@ -128,7 +128,8 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
             stats.logins_failed += 1
         else:
             stats.logins_refused += 1
-        refuse(client, code, why, "auth" if code in (4, 5) else "client_id")
+        # (3: too many password checks waiting; 4, 5: the check, or the policy, refused.)
+        refuse(client, code, why, "auth" if code in (3, 4, 5) else "client_id")
         return
     if acl is not None and p.will is not None and not acl.can_write(p.will.topic):
         stats.logins_refused += 1
