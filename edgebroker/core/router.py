@@ -349,6 +349,7 @@ class Router:
         limit = queue_limit(limits, len(queue), session.queue_bytes)
         if limit is not None:
             self.hit(limit)
+            full = len(queue), session.queue_bytes     # for the log line: before any drop
             if limits.queue_full == "drop_old":
                 dropped = 0
                 while queue and queue_limit(limits, len(queue), session.queue_bytes):
@@ -365,8 +366,7 @@ class Router:
                 self.drop(limit, session)
             if not session.dropped:
                 log.warning("session %r: queue full (%d messages, %d bytes; %s); dropping %s "
-                            "messages until it drains", session.client_id, len(queue),
-                            session.queue_bytes, limit,
+                            "messages until it drains", session.client_id, *full, limit,
                             "the oldest" if limits.queue_full == "drop_old" else "new")
             session.dropped += dropped
             if limits.queue_full != "drop_old":

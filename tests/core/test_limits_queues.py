@@ -34,6 +34,7 @@ def test_offline_queue_full_drops_new_or_old(broker, uid, policy, kept):
     assert stats["limit_hits"]["max_queued_messages"] == 3
     line = b.wait_log("queue full", start=mark)
     assert line and f"{uid}-s" in line and ("the oldest" if policy == "drop_old" else "new") in line
+    assert "queue full (3 messages" in line       # as the limit found it, before a drop
     s = b.client(f"{uid}-s", clean=False)
     assert [int(s.recv_publish().payload) for _ in kept] == kept
     assert s.ping() == []
