@@ -76,7 +76,7 @@ def check_links(config: configuration.Config) -> None:
         except ConfigError as exc:
             problems += exc.problems
     if config.upload.url:
-        from edgebroker.uploader.sinks import check_config
+        from edgebroker.uploader.configure import check_config
         try:
             check_config(config.upload)
         except ConfigError as exc:

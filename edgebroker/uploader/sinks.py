@@ -8,7 +8,8 @@ the records the batch holds (offsets, raw length, CRC32C), so a sink that finds 
 other bytes under the name can tell the same records compressed by another zstd release from
 a conflict. It raises
 ``TransientSinkError`` (retried without limit) or ``PermanentSinkError`` (an alarm; retried
-rarely, the data kept). ``open_sink(config)`` (below) picks the sink from ``[upload] url``:
+rarely, the data kept). ``open_sink(config)`` (uploader/configure.py) picks the sink from
+``[upload] url``:
 
 * ``file:///path/to/landing``: ``DirSink``, a local or mounted folder.
 * ``s3://bucket/prefix``: ``S3Sink`` (s3.py), any S3-compatible object store.
@@ -22,15 +23,11 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 from typing import Callable, Protocol
-from urllib.parse import unquote, urlsplit
 
-from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.upload_config import check_gateway_id, check_upload_url
+from edgebroker.errors import EdgebrokerError
 
 COPY_CHUNK = 256 * 1024
-MACHINE_ID = "/etc/machine-id"
 
 # Errors a retry will not cure by itself (someone must change the folder or its permissions).
 PERMANENT_ERRNOS = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
@@ -141,60 +138,3 @@ class DirSink:
 
 __all__ = ["Sink", "DirSink", "SinkError", "TransientSinkError",
            "PermanentSinkError"]
-
-
-def default_gateway_id(machine_id_path: str = MACHINE_ID) -> str:
-    """The machine id (systemd's /etc/machine-id), else the host name."""
-    try:
-        with open(machine_id_path, encoding="ascii") as fh:
-            text = fh.read().strip()
-        if text and check_gateway_id(text) is None:
-            return text
-    except (OSError, UnicodeDecodeError):
-        pass
-    return socket.gethostname().split(".")[0]
-
-
-def gateway_id_of(upload_config) -> str:
-    gid = upload_config.gateway_id or default_gateway_id()
-    problem = check_gateway_id(gid)
-    if problem:
-        how = ("" if upload_config.gateway_id
-               else " (taken from the machine id or host name: set it)")
-        raise ConfigError(f"upload.gateway_id: {gid!r} {problem}{how}")
-    return gid
-
-
-def open_sink(config):
-    """The sink of ``[upload]`` (``config``: an UploadConfig): ``file://`` or ``s3://``."""
-    url = config.url
-    problem = check_upload_url(url) if url else "empty: no uploading"
-    if problem:
-        raise ConfigError(f"upload.url: {problem}, got {url!r}")
-    if url.startswith("s3://"):
-        # Imported here: http.client brings ssl and hashlib (OpenSSL, 3 MiB of RSS) into a
-        # broker that would otherwise not load them (tests/server/test_lazy_imports.py).
-        from edgebroker.uploader.s3 import S3Sink
-        return S3Sink(url, config)
-    return DirSink(unquote(urlsplit(url).path))
-
-
-def check_config(config) -> None:
-    """The ConfigError the uploader would stop the start with (``config``: an UploadConfig):
-    its gateway id, its URL, and for s3 the credentials and CA file, every problem at once.
-    Called by serve before it opens any state, and by ``config check``."""
-    problems = []
-    try:
-        gateway_id_of(config)
-    except ConfigError as exc:
-        problems += exc.problems
-    if config.url.startswith("s3://"):
-        from edgebroker.uploader.s3 import config_problems  # (imported as open_sink does)
-        problems += config_problems(config)
-    else:
-        try:
-            open_sink(config).close()
-        except ConfigError as exc:
-            problems += exc.problems
-    if problems:
-        raise ConfigError(*problems)

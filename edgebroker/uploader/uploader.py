@@ -37,9 +37,11 @@ from edgebroker.files import write_small_file
 from edgebroker.rates import TokenBucket
 from edgebroker.uploader import cutter
 from edgebroker.uploader.batch import BatchFormatError, BatchHeader, read_batch_file
+from edgebroker.uploader.configure import (  # noqa: F401  (also the uploader's names)
+    default_gateway_id, gateway_id_of, open_sink,
+)
 from edgebroker.uploader.sinks import (  # noqa: F401  (also the uploader's names)
-    PermanentSinkError, SinkError, TransientSinkError, default_gateway_id, gateway_id_of,
-    open_sink,
+    PermanentSinkError, SinkError, TransientSinkError,
 )
 
 log = logging.getLogger("edgebroker.upload")
