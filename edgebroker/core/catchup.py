@@ -255,6 +255,7 @@ class CatchUp:
         for offset, ts, qos, retain, topic, payload, size, properties, *publisher in records:
             if done is not None and offset in done:
                 continue      # sent before a restart, its exchange journaled (see Cursor.done)
+            published = qos
             granted = cursor.granted(session, topic, offset)
             if granted < 0:
                 continue
@@ -265,7 +266,7 @@ class CatchUp:
             own = False
             if sub5 is not None:
                 own = publisher[0] == own_id
-                best, retain_out = options5_for(session, name, retain, own)
+                best, retain_out = options5_for(session, name, retain, own, offset)
                 if best < 0:
                     continue
                 if best < qos:
@@ -278,7 +279,10 @@ class CatchUp:
                     self.stats.acl_deliveries_denied += 1
                     continue
             if qos == 0:
-                if offline and not keep_offline_qos0 and cursor.was_offline(offset):
+                # Not kept while offline: a QoS 0 message (a QoS 1/2 one is, though the
+                # subscription's QoS was lowered since).
+                if (offline and not published and not keep_offline_qos0
+                        and cursor.was_offline(offset)):
                     continue
                 if drop_qos0 or ts < too_old:
                     lagging += 1

@@ -171,11 +171,12 @@ class CatchUpRuns:
                     pids[i] = pid
                     if q == 2 and journal_qos2:
                         self.exchanges.sent(session.client_id, pid, offsets[i], size, False)
-                elif (run.skip_offline and session.cursor.was_offline(offsets[i])
-                      or run.drop_qos0 or run.times[i] < run.too_old):
-                    # As refill: published while the session was offline (not kept), or past
-                    # max_lag (counted).
-                    if not run.skip_offline or not session.cursor.was_offline(offsets[i]):
+                elif (run.skip_offline and not meta & 3 and session.cursor.was_offline(
+                        offsets[i]) or run.drop_qos0 or run.times[i] < run.too_old):
+                    # As refill: published at QoS 0 while the session was offline (not kept),
+                    # or past max_lag (counted).
+                    if not (run.skip_offline and not meta & 3
+                            and session.cursor.was_offline(offsets[i])):
                         lagging += 1
                     qos[i] = 255
                     i += 1

@@ -63,14 +63,24 @@ def options5(session, message: Message) -> tuple[int, bool]:
                         message.client_id == session.client_id)
 
 
-def options5_for(session, topic: str, retain_flag: bool, own: bool) -> tuple[int, bool]:
+def _since(session, offset: int | None) -> dict | None:
+    """While ``session`` is behind: the offsets its filters subscribed since then match from
+    (``Cursor.since``), for the record at ``offset``; None when every filter counts."""
+    cursor = session.cursor
+    return cursor.since if cursor is not None and offset is not None else None
+
+
+def options5_for(session, topic: str, retain_flag: bool, own: bool,
+                 offset: int | None = None) -> tuple[int, bool]:
     """``options5`` for a message to ``topic`` with ``retain_flag``, published by the session
-    itself when ``own`` (a record read back from the log, too)."""
+    itself when ``own`` (a record read back from the log, too, at ``offset``: a filter
+    subscribed while the session is behind takes only records from then on)."""
     best = -1
     retain = False
     sub5 = session.sub5
+    since = _since(session, offset)
     for topic_filter, qos in session.subscriptions.items():
-        if not _matching(topic_filter, topic):
+        if not _matching(topic_filter, topic) or since and since.get(topic_filter, 0) > offset:
             continue
         options = sub5.get(topic_filter, (0, 0))[0]
         if own and options & P.SUB_NO_LOCAL:
@@ -82,14 +92,17 @@ def options5_for(session, topic: str, retain_flag: bool, own: bool) -> tuple[int
     return best, retain
 
 
-def subscription_ids(session, topic: str, own: bool) -> bytes:
+def subscription_ids(session, topic: str, own: bool, offset: int | None = None) -> bytes:
     """The Subscription Identifier properties of the session's filters matching ``topic``
-    that take the message: not a No Local one for the session's own message (``own``)."""
+    that take the message: not a No Local one for the session's own message (``own``), nor
+    one subscribed after the record at ``offset`` while the session is behind."""
     sub5 = session.sub5
     if not sub5:
         return b""
+    since = _since(session, offset)
     found = [b"\x0b" + varint(sid) for f, (options, sid) in sub5.items()
-             if sid and _matching(f, topic) and not (own and options & P.SUB_NO_LOCAL)]
+             if sid and _matching(f, topic) and not (own and options & P.SUB_NO_LOCAL)
+             and not (since and since.get(f, 0) > offset)]
     return b"".join(found)
 
 
@@ -140,7 +153,7 @@ class Router5:
         session = client.session
         if ids is None:
             ids = b"" if session.sub5 is None else subscription_ids(
-                session, ref.topic, ref.client_id == session.client_id)
+                session, ref.topic, ref.client_id == session.client_id, ref.offset)
         last = self._last5
         payload = ref.payload
         if (last[0] is not ref or last[1] != 0x30 | qos << 1 | retain | dup << 3
@@ -225,7 +238,7 @@ class Router5:
             session = client.session
             ids = b"" if session.sub5 is None else subscription_ids(
                 session, topic, ref.client_id == session.client_id if where is None
-                else where.client_id == client.client_id_bytes)
+                else where.client_id == client.client_id_bytes, ref.offset)
         props += ids
         alias = new_alias = 0
         name = topic_bytes
