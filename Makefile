@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := mosquitto-clients systemd lintian systemd-container
+APT_PACKAGES := mosquitto-clients systemd lintian systemd-container util-linux
 # MQTT.js (npm) for the WebSocket tests: installed into tests/js/node_modules, never globally.
 JS := tests/js
 ARGS ?=
@@ -61,7 +61,7 @@ install-test: $(VENV)/.installed-test system-deps $(JS)/node_modules/.installed
 
 # Debian packages the tests drive (mosquitto_pub/mosquitto_sub; systemd-analyze, offline, for
 # the unit in systemd/; lintian for the Debian package; systemd-nspawn for the boot test;
-# node and npm for MQTT.js),
+# node and npm for MQTT.js; util-linux for setpriv and unshare, Essential on Debian),
 # installed when missing. Node and npm are looked for as commands, so a node installed some
 # other way (NodeSource's nodejs package, which holds npm and conflicts with Debian's) is used.
 # Java runs the Spark tests (tests/spark/, PySpark on local[2]): a java command, or Java 17.

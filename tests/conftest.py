@@ -17,6 +17,7 @@ import os
 import queue
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,6 +168,14 @@ class LineCollector:
 
 _open_clients: list = []
 _live_brokers: list = []
+
+
+def as_nobody() -> list[str]:
+    """The command prefix that runs a command as the user nobody (setpriv, util-linux), for
+    tests that need a user other than root (root may write anywhere). Only root can."""
+    assert os.geteuid() == 0, "this test runs a command as another user: run the tests as root"
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed to run a command as nobody"
+    return ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
 
 
 def broker_command() -> list[str]:
