@@ -18,7 +18,7 @@ from edgebroker.bridge_config import BridgeConfig, TopicRule, bridge_problems
 from edgebroker.config_fields import MiB, at_least, between, coerce, one_of, setting
 from edgebroker.errors import ConfigError
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
-    ListenerConfig, address_problems, listener_problems, parse_address,
+    ADMIN_SOCKET, ListenerConfig, address_problems, listener_problems, parse_address,
 )
 from edgebroker.records import field, record
 from edgebroker.upload_config import UploadConfig
@@ -419,19 +419,10 @@ def check_authentication(config: Config) -> None:
         raise ConfigError(*problems)
 
 
-# The admin socket's name in the state directory (server/admin.py SOCKET_NAME).
-ADMIN_SOCKET = "admin.sock"
-
-
 def check_addresses(config: Config) -> None:
-    """Listeners and the metrics endpoint that could not all listen (listener_config), and a
-    Unix socket listener at the admin socket's path."""
-    problems = address_problems(config.listeners, config.metrics.listen)
-    admin = os.path.abspath(os.path.join(config.state_dir(), ADMIN_SOCKET))
-    problems += [f"listener[{i}]: unix_socket {lc.unix_socket} is the path of the broker's "
-                 f"admin socket (data_dir/{ADMIN_SOCKET}); choose another"
-                 for i, lc in enumerate(config.listeners)
-                 if lc.unix_socket and os.path.abspath(lc.unix_socket) == admin]
+    """Listeners and the metrics endpoint that could not all listen (listener_config)."""
+    problems = address_problems(config.listeners, config.metrics.listen,
+                                os.path.join(config.state_dir(), ADMIN_SOCKET))
     if problems:
         raise ConfigError(*problems, partial=config)
 

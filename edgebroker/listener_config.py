@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 from edgebroker.config_fields import at_least, between, octal_mode, one_of, setting, url_path
 from edgebroker.errors import ConfigError
 from edgebroker.records import record
 
+# The admin socket's name in the state directory (server/admin.py).
+ADMIN_SOCKET = "admin.sock"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 1883
 IPV6_LOOPBACK = bytes(15) + b"\1"   # ::1
@@ -175,15 +178,19 @@ def _overlap(a: ListenerConfig, b: ListenerConfig) -> str:
     return ""
 
 
-def address_problems(listeners, metrics_listen: str) -> list[str]:
+def address_problems(listeners, metrics_listen: str, admin_socket: str = "") -> list[str]:
     """Listeners (and the metrics endpoint) whose sockets could not all be bound: the same
-    Unix socket path twice, or TCP addresses that overlap on one port; each named with the
-    entry it overlaps."""
+    Unix socket path twice, or at ``admin_socket`` (the broker's own), or TCP addresses that
+    overlap on one port; each named with the entry it overlaps."""
     problems = []
     paths: dict[str, int] = {}
+    admin = os.path.abspath(admin_socket) if admin_socket else None
     for i, lc in enumerate(listeners):
         if lc.unix_socket and paths.setdefault(lc.unix_socket, i) != i:
             problems.append(f"listener[{i}]: {lc.address} is listed twice")
+        elif lc.unix_socket and os.path.abspath(lc.unix_socket) == admin:
+            problems.append(f"listener[{i}]: unix_socket {lc.unix_socket} is the path of the "
+                            f"broker's admin socket (data_dir/{ADMIN_SOCKET}); choose another")
     entries = bind_entries(listeners, metrics_listen)
     for j, (name, lc) in enumerate(entries):
         for other_name, other in entries[:j]:

@@ -30,7 +30,7 @@ import os
 import selectors
 import socket
 
-from edgebroker.config import ADMIN_SOCKET
+from edgebroker.listener_config import ADMIN_SOCKET
 from edgebroker.core import metrics
 from edgebroker.core.timers import Timer
 from edgebroker.errors import EdgebrokerError
