@@ -42,6 +42,19 @@ def every_key_set_to(tmp_path, value_of) -> tuple[str, list[str]]:
     return str(path), keys
 
 
+def assert_every_key_refused(tmp_path, of_kind, value: str, problem: str) -> list[str]:
+    """``config check`` on a file setting every key whose default is ``of_kind`` to ``value``
+    exits 2 with ``problem`` for each; the keys."""
+    path, keys = every_key_set_to(tmp_path, lambda d: value if of_kind(d) else None)
+    r = run_cli("config", "check", "-c", path)
+    assert r.returncode == 2
+    found = problems(r)
+    for key in keys:
+        want = f"{path}: {_index(key)}: {problem}"
+        assert want in found, f"{want!r} not in {found}"
+    return keys
+
+
 def _index(key: str) -> str:
     """The name a problem gives ``key``: the tables of arrays are numbered."""
     for table in ("listener", "bridge"):
@@ -55,29 +68,17 @@ def test_every_float_key_refuses_a_value_that_is_not_finite(tmp_path, word):
     """nan passed every "at least" check (nan < 1 is false): topic_expiry = nan put a nan
     deadline in the timer heap and no timer fired again; messages_rate = inf closed every
     client with an OverflowError. Every float key, in every table, refuses them."""
-    path, keys = every_key_set_to(
-        tmp_path, lambda d: word if isinstance(d, float) and not isinstance(d, bool) else None)
+    keys = assert_every_key_refused(tmp_path, lambda d: type(d) is float, word,
+                                    f"expected a finite number, got {word}")
     assert "limits.topic_expiry" in keys and "bridge.reconnect_max" in keys
-    r = run_cli("config", "check", "-c", path)
-    assert r.returncode == 2
-    found = problems(r)
-    for key in keys:
-        want = f"{path}: {_index(key)}: expected a finite number, got {word}"
-        assert want in found, f"{want!r} not in {found}"
 
 
 def test_every_integer_key_refuses_one_that_does_not_fit_in_64_bits(tmp_path):
     """[log] segment_ms = 2^63 was accepted, then every QoS 1 PUBLISH failed with an
     OverflowError in the C helper; [limits] max_connections = 2^64 too."""
-    path, keys = every_key_set_to(
-        tmp_path, lambda d: str(1 << 63) if type(d) is int else None)
+    keys = assert_every_key_refused(tmp_path, lambda d: type(d) is int, str(1 << 63),
+                                    f"out of range, got {1 << 63} {RANGE}")
     assert "log.segment_ms" in keys and "limits.max_connections" in keys
-    r = run_cli("config", "check", "-c", path)
-    assert r.returncode == 2
-    found = problems(r)
-    for key in keys:
-        want = f"{path}: {_index(key)}: out of range, got {1 << 63} {RANGE}"
-        assert want in found, f"{want!r} not in {found}"
 
 
 @pytest.mark.parametrize("command", [("config", "check"), ("serve",)])
