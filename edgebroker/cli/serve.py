@@ -64,15 +64,17 @@ def check_state_dir(path: str) -> None:
         raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
 
 
-def check_links(config: configuration.Config) -> None:
+def check_links(config: configuration.Config) -> list:
     """What would stop the uploader or a bridge at start, before any state is opened: the
     bridges' TLS files, the uploader's gateway id, credentials and CA file; every problem at
-    once. The modules are imported only when configured, as the broker does."""
+    once. The modules are imported only when configured, as the broker does. Returns the
+    bridges' TLS contexts (bridges.tls_contexts), which the broker then uses."""
     problems = []
+    contexts = []
     if config.bridge:
         from edgebroker.bridge.bridges import tls_contexts
         try:
-            tls_contexts(config.bridge)
+            contexts = tls_contexts(config.bridge)
         except ConfigError as exc:
             problems += exc.problems
     if config.upload.url:
@@ -83,16 +85,17 @@ def check_links(config: configuration.Config) -> None:
             problems += exc.problems
     if problems:
         raise ConfigError(*problems)
+    return contexts
 
 
 def run(args) -> int:
     config = load(args)
     logs.install(config.log_level)
-    check_links(config)
+    bridge_tls = check_links(config)
     state_dir = config.state_dir()
     prepare_state_dir(state_dir)
     # Imported after the configuration is read: the TOML parser's memory, freed again
     # (config._read_toml), is then not interleaved with the broker's modules.
     from edgebroker.server.app import App
-    App(config, reload_config=lambda: load(args)).start()
+    App(config, reload_config=lambda: load(args), bridge_tls=bridge_tls).start()
     return 0

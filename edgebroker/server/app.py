@@ -84,7 +84,10 @@ class App(DescriptorRoom):
     """The composition root: the loop, the commit log and its threads, the broker, the
     listeners and their security, the admin socket and the metrics endpoint."""
 
-    def __init__(self, config: Config, reload_config=None, clock=time.monotonic):
+    def __init__(self, config: Config, reload_config=None, clock=time.monotonic,
+                 bridge_tls: list | None = None):
+        """``bridge_tls``: the bridges' TLS contexts, read by serve's checks before any state
+        (bridge.bridges.tls_contexts)."""
         self.config = config
         self.started = config     # what a reload compares the keys needing a restart with
         self.clock = clock
@@ -105,7 +108,7 @@ class App(DescriptorRoom):
         self._wake_timer = Timer(self._on_wake_timer)  # makes select return for paused listeners
         self.uploader = None  # uploader.Uploader, with [upload] url
         self.bridges = None   # bridge.bridges.Bridges, with [[bridge]] tables
-        self.bridge_tls: list = []
+        self.bridge_tls: list = bridge_tls or []
         self.admin = None     # server.admin.AdminServer
         self.metrics = None   # server.metrics_http.MetricsServer
         self.authenticator = Authenticator(loop.wake, clock, config.max_login_failures,
@@ -116,7 +119,7 @@ class App(DescriptorRoom):
         loop = self.loop
         keep_freed_memory()
         self.open_listeners()
-        if self.config.bridge:    # (the bridges' TLS files are read before any state)
+        if self.config.bridge and not self.bridge_tls:   # (before any state is opened)
             from edgebroker.bridge.bridges import tls_contexts
             self.bridge_tls = tls_contexts(self.config.bridge)
         # The admin socket first: a broker already running on this state directory
