@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := mosquitto-clients systemd lintian systemd-container util-linux
+APT_PACKAGES := mosquitto mosquitto-clients systemd lintian systemd-container util-linux
 # MQTT.js (npm) for the WebSocket tests: installed into tests/js/node_modules, never globally.
 JS := tests/js
 ARGS ?=
@@ -59,7 +59,8 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test system-deps $(JS)/node_modules/.installed
 
-# Debian packages the tests drive (mosquitto_pub/mosquitto_sub; systemd-analyze, offline, for
+# Debian packages the tests drive (the mosquitto broker, the remote of the bridge tests and the
+# other broker of the client tests; mosquitto_pub/mosquitto_sub; systemd-analyze, offline, for
 # the unit in systemd/; lintian for the Debian package; systemd-nspawn for the boot test;
 # node and npm for MQTT.js; util-linux for setpriv and unshare, Essential on Debian),
 # installed when missing. Node and npm are looked for as commands, so a node installed some
