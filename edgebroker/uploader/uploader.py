@@ -171,6 +171,7 @@ class Uploader:
                 log.warning("the uploader did not stop within %g s (a sink that does not "
                             "answer); the intent file keeps its batch for the next start",
                             STOP_WAIT)
+                return      # its sink and directory stay open under it until the exit
         self.sink.close()
         if self._dir_fd >= 0:
             os.close(self._dir_fd)
