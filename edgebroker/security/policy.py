@@ -183,4 +183,7 @@ class ListenerPolicy:
         client.auth_done(NOT_AUTHORIZED, f"{why}; not checked", username, None)
 
     def _accept(self, client, username: str | None) -> None:
-        client.auth_done(ACCEPTED, "", username, self.view(client, username))
+        # The listener's policy now: a reload while the password check ran may have replaced
+        # this one, and its ACL with it.
+        policy = getattr(client.transport, "policy", None) or self
+        client.auth_done(ACCEPTED, "", username, policy.view(client, username))

@@ -336,8 +336,6 @@ class App(DescriptorRoom):
             transport = TLSTransport(self.loop, sock, peer, listener.tls, listener, max_pending)
         else:
             transport = Transport(self.loop, sock, peer, listener, max_pending)
-        if listener is not None:
-            transport.policy = listener.policy
         self.loop.transports.add(transport)
         self.selector.register(sock, selectors.EVENT_READ, transport)
         framing = listener.framing if listener is not None else None

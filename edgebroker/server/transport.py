@@ -68,7 +68,7 @@ class _Unrecoverable(Exception):
 
 class Transport:
     __slots__ = ("loop", "sock", "peer", "client", "out", "out_bytes", "dirty", "closing",
-                 "closed", "events", "policy", "paused", "listener", "want_drain", "max_pending",
+                 "closed", "events", "paused", "listener", "want_drain", "max_pending",
                  "msgs_out", "bytes_in", "bytes_out", "file_progress", "sniff")
 
     def __init__(self, loop, sock: socket.socket, peer: str, listener=None,
@@ -83,7 +83,6 @@ class Transport:
         self.closing = False     # the core asked to close once the queue is sent
         self.closed = False
         self.events = _READ      # what the selector watches (0: unregistered)
-        self.policy = None        # the listener's ListenerPolicy (authentication, ACL)
         self.paused = 0           # PAUSE_REASONS bits of who paused reading (0: reading)
         self.listener = listener  # has .address and .max_connections (server.listeners.Listener)
         self.want_drain = False   # call client.writable() once the queue is empty
@@ -103,6 +102,13 @@ class Transport:
     def listener_name(self) -> str:
         listener = self.listener
         return listener.address if listener is not None else ""
+
+    @property
+    def policy(self):
+        """The listener's ListenerPolicy (authentication, ACL) as it is now: a reload replaces
+        it, also for connections accepted before, whose CONNECT may come after."""
+        listener = self.listener
+        return listener.policy if listener is not None else None
 
     # ----- the core's side --------------------------------------------------------------
 

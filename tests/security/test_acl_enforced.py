@@ -247,6 +247,32 @@ def test_acl_reload_applies_to_connected_clients(broker, tmp_path, uid):
     assert alice.subscribe("shared/y").codes == [0x80]
 
 
+def test_a_login_whose_password_check_spans_a_reload_gets_the_new_acl(broker, tmp_path, uid):
+    pw = write_passwords(tmp_path / "passwd", PASSWORDS)
+    acl = write_acl(tmp_path / "acl", ACL)
+    config = {"password_file": str(pw), "acl_file": str(acl), "max_login_failures": 1000,
+              "sys_interval": 0.2,
+              "listener": [{"host": "127.0.0.1", "port": 0},
+                           {"host": "127.0.0.1", "port": 0, "allow_anonymous": True,
+                            "password_file": "", "acl_file": ""}]}
+    b = broker(**config)
+    # Wrong passwords queued first, so that alice's check waits behind them.
+    bad = [b.raw(source="127.0.0.2") for _ in range(60)]
+    for i, c in enumerate(bad):
+        c.send(m.connect(f"{uid}-bad{i}", username="bob", password=f"guess-{i}"))
+    alice = b.raw()
+    alice.send(m.connect(f"{uid}-a", username="alice", password=PASSWORDS["alice"]))
+    assert wait_counter(b, "password/checks", lambda v: v == 61, b.listeners[1][1]), \
+        "alice's check is queued"
+    write_acl(acl, ACL.replace("topic read shared/#\n", ""))
+    _reload(b, config)
+    assert alice.expect(m.CONNACK, timeout=30).rc == 0
+    reloaded = next(i for i, ln in enumerate(b.logs) if "reload: re-read" in ln)
+    connected = next(i for i, ln in enumerate(b.logs) if f"client '{uid}-a' (user" in ln)
+    assert reloaded < connected, "the check ended after the reload"
+    assert alice.subscribe("shared/#").codes == [0x80]
+
+
 def _reload(b, config: dict) -> None:
     b.config_path.write_text(toml_dumps(config))
     mark = b.mark()

@@ -274,6 +274,19 @@ def test_changed_password_is_checked_again_after_reload(broker, tmp_path, uid):
     assert b.client(f"{uid}-4", username="alice", password="second-pw").ping() == []
 
 
+def test_a_connection_opened_before_a_reload_logs_in_against_the_new_file(broker, tmp_path, uid):
+    pw = tmp_path / "passwd"
+    write_passwords(pw, {"alice": "first-pw"})
+    b = broker(password_file=str(pw))
+    early = [b.raw() for _ in range(2)]      # accepted now, CONNECT after the reload
+    write_passwords(pw, {"alice": "second-pw"})
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(f"reload: re-read {pw}", start=mark)
+    assert early[0].connect(f"{uid}-old", username="alice", password="first-pw").rc == 4
+    assert early[1].connect(f"{uid}-new", username="alice", password="second-pw").rc == 0
+
+
 def test_reload_keeps_old_file_when_new_one_is_unsafe(broker, tmp_path, uid):
     pw = tmp_path / "passwd"
     write_passwords(pw, {"alice": ALICE_PW})

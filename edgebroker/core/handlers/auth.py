@@ -120,7 +120,7 @@ def on_auth(client, p: P.Auth) -> None:
         if conn.auth is not None:
             raise ProtocolError("AUTH 0x19 while a re-authentication is running",
                                 rule="MQTT-4.12.0-3", reason=PROTOCOL_ERROR)
-        policy = _current_policy(client)
+        policy = client.transport.policy
         why = unusable(policy, conn.auth_method)
         if why is not None:
             _reauth_failed(client, BAD_AUTHENTICATION_METHOD, why, why)
@@ -140,7 +140,7 @@ def on_auth(client, p: P.Auth) -> None:
                                 "re-authentication starts with 0x19)", rule="MQTT-4.12.0-3",
                                 reason=PROTOCOL_ERROR)
         reply, failure = _final(exchange, p)
-        _reauth_outcome(client, _current_policy(client), exchange, failure, reply)
+        _reauth_outcome(client, client.transport.policy, exchange, failure, reply)
     else:
         raise ProtocolError("AUTH 0x00 (Success) is sent only by the server",
                             rule="MQTT-3.15.2-1", reason=PROTOCOL_ERROR)
@@ -227,14 +227,6 @@ def _final(exchange, p: P.Auth) -> tuple[bytes | None, scram.Failure | None]:
         return exchange.final(p.properties.get(Q.AUTH_DATA)), None
     except scram.Failure as exc:
         return None, exc
-
-
-def _current_policy(client):
-    """The listener's policy as it is now (a reload may have re-read the password file since
-    the client connected)."""
-    listener = client.transport.listener
-    policy = getattr(listener, "policy", None) if listener is not None else None
-    return policy if policy is not None else client.transport.policy
 
 
 def _send(client, reason: int, data: bytes) -> None:
