@@ -361,6 +361,7 @@ class Sessions:
                 qos = self.limits.max_qos
             self.subscriptions.add(topic_filter, session, qos)
             session.own_subscriptions()[topic_filter] = qos
+            _forget_options(session, topic_filter)  # a 5.0 SUBSCRIBE sets its own after this
             granted.append(qos)
         if not session.clean:
             self._snapshot_dirty = True
@@ -423,6 +424,7 @@ class Sessions:
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self.subscriptions.remove(topic_filter, session)
+                _forget_options(session, topic_filter)
                 cursor = session.cursor
                 if cursor is not None:
                     cursor.cache.clear()
@@ -430,3 +432,11 @@ class Sessions:
                         cursor.since.pop(topic_filter, None)
                 if not session.clean:
                     self._snapshot_dirty = True
+
+
+def _forget_options(session: Session, topic_filter: str) -> None:
+    """Drop a filter's 5.0 options and Subscription Identifier (``Session.sub5``): it was
+    unsubscribed, or subscribed again (a 3.1.1 SUBSCRIBE replaces them with none)."""
+    sub5 = session.sub5
+    if sub5 is not None and sub5.pop(topic_filter, None) is not None and not sub5:
+        session.sub5 = None

@@ -91,13 +91,19 @@ def test_reason_strings_are_left_out_rather_than_exceed_the_clients_maximum_pack
     """MQTT-3.1.2-24 and the Reason String rules of CONNACK (3.2.2-19), PUBACK (3.4.2-2) and
     DISCONNECT (3.14.2-3): a client with a Maximum Packet Size of 16 gets the reason codes,
     without the Reason Strings that would make the packets larger; a client without one
-    gets the Reason String."""
+    gets the Reason String. An accepting CONNACK leaves out what a client may go without."""
     b = broker(limits={"max_qos": 1})
     small = {R.MAXIMUM_PACKET_SIZE: 16}
     refused = R.RawClient5(b.host, b.port)
     _open_clients.append(refused)
     ack = refused.connect(f"{uid}-r", props=small, will=(f"{uid}/w", b"x", 2))
     assert ack.reason == 0x9B and frame_size(ack) <= 16, ack            # QoS not supported
+    tiny = R.RawClient5(b.host, b.port)
+    _open_clients.append(tiny)
+    ack = tiny.connect(f"{uid}-tiny", props={R.MAXIMUM_PACKET_SIZE: 10})
+    # Accepted without Topic Alias Maximum and Maximum Packet Size (13 bytes with them).
+    assert ack.reason == 0 and frame_size(ack) <= 10, ack
+    assert ack.properties == {R.MAXIMUM_QOS: 1}, ack
     c = raw5(b, uid, props=small)
     ack = c.publish("$SYS/x", b"x", qos=1)
     assert ack.reason == 0x87 and frame_size(ack) <= 16, ack            # not authorized
@@ -632,3 +638,52 @@ def test_an_unacknowledged_qos_2_message_is_sent_again_after_its_expiry(broker, 
     back.ack(again)                               # PUBREC, PUBREL, PUBCOMP
     assert quiet(back)
     assert b.stats()["dropped"].get("message_expired", 0) == expired
+
+
+def test_a_3_1_1_subscribe_or_unsubscribe_drops_a_filters_5_0_options_and_identifier(
+        srv, uid):
+    """A 5.0 session (No Local, Retain As Published, Subscription Identifiers) resumed by a
+    3.1.1 client: its SUBSCRIBE replaces the subscription with a plain one (MQTT-3.8.4-3), its
+    UNSUBSCRIBE removes the filter's identifier with it (MQTT-3.3.4-3)."""
+    expiry = {R.SESSION_EXPIRY: 300}
+    c = raw5(srv, f"{uid}-c", props=expiry)
+    c.subscribe((f"{uid}/t", R.NO_LOCAL | R.RETAIN_AS_PUBLISHED | 1),
+                props={R.SUBSCRIPTION_ID: 5})
+    c.subscribe((f"{uid}/#", 1), props={R.SUBSCRIPTION_ID: 1})
+    c.subscribe((f"{uid}/+", 1), props={R.SUBSCRIPTION_ID: 2})
+    c.disconnect()
+    old = srv.client(f"{uid}-c", clean=False)
+    assert old.subscribe(f"{uid}/t", qos=1).codes == [1]
+    assert old.unsubscribe(f"{uid}/#")
+    other = raw5(srv, f"{uid}-o")
+    other.publish(f"{uid}/t", b"retained", qos=1, retain=True)
+    old.publish(f"{uid}/t", b"own", qos=1)
+    got = [old.recv_publish() for _ in range(2)]
+    # Each through two subscriptions of the session, sent once: retain 0 (3.1.1), and the
+    # session's own message comes back (no No Local any more).
+    assert sorted((p.payload, p.retain) for p in got) == [(b"own", False), (b"retained", False)]
+    old.disconnect()
+    back = raw5(srv, f"{uid}-c", clean_start=False, props=expiry)
+    other.publish(f"{uid}/x", b"m", qos=1)
+    (p,) = publishes(back, 1)
+    assert p.payload == b"m" and p.properties.get(R.SUBSCRIPTION_ID) == [2]
+
+
+@pytest.mark.parametrize("prefix", ["auto-", "a-prefix-of-30-bytes-é-long-"])
+def test_an_assigned_client_id_fits_max_client_id_length(broker, uid, prefix):
+    """The client must be able to come back with the id the broker gave it: with
+    max_client_id_length = 23 the random part is 18 hex digits, or 16 and the prefix cut."""
+    b = broker(auto_id_prefix=prefix, limits={"max_client_id_length": 23})
+    expiry = {R.SESSION_EXPIRY: 300}
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    ack = c.connect("", props=expiry)
+    assigned = ack.properties[R.ASSIGNED_CLIENT_ID]
+    assert len(assigned.encode()) <= 23
+    assert assigned.startswith(prefix[:7]) and len(assigned) - len(assigned.rstrip(
+        "0123456789abcdef")) >= 16
+    c.disconnect()
+    back = R.RawClient5(b.host, b.port)
+    _open_clients.append(back)
+    ack = back.connect(assigned, clean_start=False, props=expiry)
+    assert ack.reason == 0 and ack.session_present

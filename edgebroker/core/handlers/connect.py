@@ -23,7 +23,6 @@ from edgebroker.errors import (
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
-from edgebroker.mqtt.encode5 import encode_connack5
 from edgebroker.core import mqtt5
 from edgebroker.core.limits import PublishRate
 
@@ -65,8 +64,7 @@ def on_connect(client, p: P.Connect) -> None:
             return refuse(client, 2, "empty client id with clean session 0 (MQTT-3.1.3-8)")
         if not broker.config.allow_zero_length_clientid:
             return refuse(client, 2, "empty client id and allow_zero_length_clientid is false")
-        # 128 random bits in 32 hex digits, as uuid4's (whose module costs memory to import)
-        client_id = broker.config.auto_id_prefix + os.urandom(16).hex()
+        client_id = _assigned_id(broker.config.auto_id_prefix, limits.max_client_id_length)
     client.client_id = client_id
     client.client_id_bytes = client_id.encode("utf-8")
     if p.keepalive > limits.max_keepalive and not v5:
@@ -89,6 +87,15 @@ def on_connect(client, p: P.Connect) -> None:
             client.transport.pause_reading("auth")  # until the password check is back
         return
     accept(client, p)
+
+
+def _assigned_id(prefix: str, limit: int) -> str:
+    """The prefix and 128 random bits in 32 hex digits, as uuid4's (whose module costs memory
+    to import); fewer digits (at least 16) and then a shorter prefix when the id would be
+    longer than ``max_client_id_length``, which the client must meet coming back with it."""
+    digits = min(32, max(16, limit - len(prefix.encode("utf-8"))))
+    prefix = prefix.encode("utf-8")[:limit - digits].decode("utf-8", "ignore")
+    return prefix + os.urandom(16).hex()[:digits]
 
 
 def _admitted(client, p) -> bool:
@@ -190,7 +197,7 @@ def accept(client, p: P.Connect) -> None:
         if p.keepalive > max_keepalive:
             keepalive = client.keepalive = max_keepalive
         assigned = client_id if not p.client_id else None
-        client.answer(encode_connack5(present, 0, mqtt5.connack_properties(
+        client.answer(mqtt5.accepting_frame(conn, present, mqtt5.connack_properties(
             broker, client, assigned, keepalive, expiry)))
         detail = f"clean start {p.clean_session:d}, session expiry {expiry}"
     broker.stats.packets_sent += 1

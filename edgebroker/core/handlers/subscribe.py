@@ -131,15 +131,14 @@ def _subscribe_shared(client, topic_filter: str, qos: int, options: int, sub_id:
 
 
 def _set_options(session, topic_filter: str, options: int, sub_id: int) -> None:
-    """Keep (or forget) a filter's 5.0 options and identifier: ``sub5`` holds only filters
-    with any, and is None when none has (so 3.1.1-like sessions route the plain way)."""
-    sub5 = session.sub5
+    """Keep a filter's 5.0 options and identifier (``Broker.subscribe`` dropped the old
+    ones): ``sub5`` holds only filters with any, and is None when none has (so 3.1.1-like
+    sessions route the plain way)."""
     if options or sub_id:
+        sub5 = session.sub5
         if sub5 is None:
             sub5 = session.sub5 = {}
         sub5[topic_filter] = (options, sub_id)
-    elif sub5 is not None and sub5.pop(topic_filter, None) is not None and not sub5:
-        session.sub5 = None
 
 
 def on_unsubscribe5(client, p: P.Unsubscribe) -> None:
@@ -154,9 +153,7 @@ def on_unsubscribe5(client, p: P.Unsubscribe) -> None:
                  else f in session.subscriptions and f not in seen)
         seen.add(f)
         codes.append(SUCCESS if found else NO_SUBSCRIPTION_EXISTED)
-    broker.unsubscribe(session, p.topics)
-    for topic_filter in p.topics:
-        _set_options(session, topic_filter, 0, 0)
+    broker.unsubscribe(session, p.topics)       # their options and identifiers too
     client.answer(encode5(P.Unsuback(p.packet_id, codes)))
     client.broker.stats.packets_sent += 1
 
