@@ -54,6 +54,13 @@ class LinkAsPublisher:
     def describe(self) -> str:
         return f"bridge client {self.client_id!r}"
 
+    # The journal's pause while the commit log cannot write: the link is not read.
+    def stop_reading(self, reason: str) -> None:
+        self.transport.pause_reading(reason)
+
+    def read_again(self, reason: str) -> None:
+        self.transport.resume_reading(reason)
+
 
 class Inbound:
     def __init__(self, name: str, broker, rules, publisher: LinkAsPublisher):

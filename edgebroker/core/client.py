@@ -97,7 +97,7 @@ class Client:
                  "session", "connected",
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_entry",
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
-                 "rate", "throttled_until", "throttle_start", "throttled_time",
+                 "rate", "throttled_until", "throttle_start", "throttled_time", "not_read",
                  "pending_dropped", "warned", "rate_sample",
                  "username", "acl", "pending", "refusal", "v5")
 
@@ -127,6 +127,7 @@ class Client:
         self.throttled_until = 0.0    # non-zero while throttled (socket not read)
         self.throttle_start = 0.0
         self.throttled_time = 0.0     # seconds throttled, throttles that ended
+        self.not_read = False         # paused by the broker (commit log): no keepalive check
         self.pending_dropped = 0      # QoS 0 dropped since the output last drained
         self.warned = None            # what was logged once for this connection (warn_once,
                                       # and ("acl", topic) for a denied PUBLISH)
@@ -232,6 +233,8 @@ class Client:
         if self.throttled_until:
             # Keepalive is not checked while we are the ones not reading.
             return self.throttled_until
+        if self.not_read:
+            return None         # nor while the commit log cannot write (read_again)
         if self.keepalive:
             return self.last_seen + 1.5 * self.keepalive
         return None
@@ -321,13 +324,30 @@ class Client:
         self.halted = self.closed
 
     def _unthrottle(self) -> None:
-        """The publish budget has refilled: read again, starting with what is buffered."""
+        """The publish budget has refilled: read again, starting with what is buffered. The
+        keepalive's 1.5 x starts again now: what the client sent meanwhile waits unread."""
         broker = self.broker
-        self._end_throttle(broker.clock())
+        now = broker.clock()
+        self._end_throttle(now)
+        self.last_seen = max(self.last_seen, now)
         self.transport.resume_reading("rate")  # still paused if another reason holds it
         self.data_received(b"")
         if not self.closed:
             broker.schedule(self)
+
+    def stop_reading(self, reason: str) -> None:
+        """Not read for ``reason`` (the commit log cannot write) until ``read_again``; its
+        keepalive is not checked meanwhile, as under its publish rate."""
+        self.not_read = True
+        self.transport.pause_reading(reason)
+
+    def read_again(self, reason: str) -> None:
+        """Read again; the keepalive's 1.5 x starts now (what the client sent meanwhile,
+        its PINGREQs too, is still to be read)."""
+        self.not_read = False
+        self.transport.resume_reading(reason)
+        self.last_seen = max(self.last_seen, self.broker.clock())
+        self.broker.schedule(self)
 
     def writable(self) -> None:
         """The transport has written everything it held (after it was full): send more."""

@@ -157,7 +157,7 @@ class Journal:
         log.warning("commit log writes work again; resuming %d paused publishers", len(paused))
         for client in paused:
             if not client.closed:
-                client.transport.resume_reading("log")
+                client.read_again("log")
         return True
 
     def figures(self) -> dict:
@@ -180,5 +180,5 @@ class Journal:
     def pause(self, client) -> None:
         if client is not None and client not in self._paused and not client.closed:
             self._paused.add(client)
-            client.transport.pause_reading("log")
+            client.stop_reading("log")
             self.stats.publishers_paused += 1

@@ -5,6 +5,7 @@ flowing to live subscribers, and nothing acknowledged is lost."""
 import json
 import os
 import signal
+import time
 
 from conftest import run_cli
 from diskfull import fill_up, in_private_mount_namespace, mount_tmpfs
@@ -114,6 +115,29 @@ def test_start_on_a_full_disk_serves_and_recovers(broker, uid, tmp_path, request
     payloads = _log_payloads(data_dir)
     assert payloads[0] == "kept" and big.decode() in payloads, payloads
     _verifies(data_dir)
+
+
+def test_a_publisher_not_read_while_the_disk_is_full_is_not_cut_off_by_its_keepalive(
+        broker, uid, tmp_path, request):
+    """The broker, not the client, stops reading while the log cannot write: the client's
+    PINGREQs wait in the kernel, and its keepalive (1 s) is not held against it."""
+    if not in_private_mount_namespace(request):
+        return
+    small, data_dir = _small_disk(tmp_path)
+    b = broker(data_dir=data_dir)
+    watcher = b.client(f"{uid}-w")
+    watcher.subscribe(f"{uid}/will")
+    pub = b.client(f"{uid}-p", keepalive=1, will=(f"{uid}/will", b"gone"))
+    fill_up(small / "filler")
+    _held(b, pub, f"{uid}/q1", b"held " * 4000, 3)
+    for _ in range(6):          # 3 s: twice 1.5 x the keepalive
+        time.sleep(0.5)
+        pub.send(pingreq())
+    os.unlink(small / "filler")
+    got = [pub.recv_packet(timeout=5).type for _ in range(7)]
+    assert sorted(got) == [PUBACK] + [PINGRESP] * 6, got
+    assert not any("keepalive expired" in ln for ln in b.logs)
+    assert watcher.ping() == []
 
 
 def test_stop_while_full_writes_when_room_returns(broker, uid, tmp_path, request):

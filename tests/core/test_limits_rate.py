@@ -77,3 +77,28 @@ def test_throttled_longer_than_keepalive_is_not_disconnected(broker, uid):
     assert got == [0, 1, 2, 3]
     assert time.monotonic() - t0 >= 2.5          # 3 s of throttling at 1/s, minus slack
     assert pub.ping() == []                      # still connected
+
+
+def test_one_long_throttle_holds_off_the_keepalive_and_keeps_the_clients_disconnect(broker, uid):
+    """One PUBLISH six times the byte rate: the client is not read for about 5 s, while its
+    keepalive (2 s) would expire three times over. What it sent meanwhile (PINGREQs, then
+    DISCONNECT) is read once the throttle ends: answered, and no will published."""
+    b = broker(limits={"bytes_rate": 1000})
+    watcher = b.client(f"{uid}-w")
+    watcher.subscribe(f"{uid}/will")
+    pub = b.client(f"{uid}-p", keepalive=2, will=(f"{uid}/will", b"gone"))
+    pub.send(m.publish(f"{uid}/big", b"x" * 6000))
+    pings = 0
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:          # 7 PINGREQs, none read while throttled (the
+        time.sleep(0.5)                         # first after the PUBLISH's read)
+        pub.send(m.pingreq())
+        pings += 1
+    mark = b.mark()
+    pub.send(m.disconnect())
+    got = [pub.expect(m.PINGRESP, timeout=10) for _ in range(pings)]
+    assert len(got) == pings
+    assert b.wait_log(f"client '{uid}-p' from 127.0.0.1:{pub.local_port} disconnected",
+                      timeout=10, start=mark)
+    assert not any("keepalive expired" in ln for ln in b.logs)
+    assert watcher.ping() == []                 # no will (MQTT-3.14.4-3)
