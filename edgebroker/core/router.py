@@ -123,6 +123,15 @@ class Router:
         while unrouted and unrouted[0].offset < written:
             route(unrouted.popleft())
 
+    def settle(self) -> None:
+        """Before a SUBSCRIBE or UNSUBSCRIBE changes what matches: the messages received
+        before it are written now and routed to the subscriptions as they stood, as they
+        would have been at the end of the pass (a retained one is then stored for the new
+        subscription's retained messages)."""
+        if self.unrouted:
+            self.journal.end_pass()
+            self.route_written()
+
     def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         """The broker's own messages ($SYS): routed, not logged."""
         self._route(Message(topic, payload, qos, retain))

@@ -628,3 +628,39 @@ def test_whole_session_byte_by_byte(srv, uid):
     assert sorted(p.type for p in got) == sorted([m.PUBREC, PUBLISH, PINGRESP]), got
     delivered = next(p for p in got if p.type == PUBLISH)
     assert (delivered.payload, delivered.qos) == (b"slow", 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packets of one pass: a SUBSCRIBE or UNSUBSCRIBE after a PUBLISH, read together
+# ---------------------------------------------------------------------------------------------
+
+def _one_write(c, *frames) -> list:
+    """Send the frames in one write (the broker reads them in one pass); what came back, up
+    to the answer to a PINGREQ sent with them."""
+    c.send(b"".join(frames) + m.pingreq())
+    got = []
+    while (p := c.recv_packet()).type != PINGRESP:
+        got.append(p)
+    return got
+
+
+def test_a_publish_is_matched_against_the_subscriptions_as_they_were_when_it_arrived(srv, uid):
+    """MQTT-3.3.5-1 and MQTT-3.3.1-8: the broker routes QoS 1/2 messages once their records
+    are written, at the end of a pass; an UNSUBSCRIBE or SUBSCRIBE later in the same pass
+    must not change which subscriptions take a message that came before it."""
+    c = srv.client(uid)
+    assert c.subscribe(f"{uid}/t", qos=1).codes == [1]
+    got = _one_write(c, m.publish(f"{uid}/t", b"while subscribed", qos=1, packet_id=2),
+                     m.unsubscribe(3, [f"{uid}/t"]))
+    assert [(p.type, p.payload if p.type == PUBLISH else p.packet_id) for p in got] == [
+        (m.PUBACK, 2), (PUBLISH, b"while subscribed"), (UNSUBACK, 3)]
+    c.send(m.puback(got[1].packet_id))
+    got = _one_write(c, m.publish(f"{uid}/u", b"before the subscription", qos=1, packet_id=4),
+                     m.subscribe(5, [(f"{uid}/u", 1)]))
+    assert [p.type for p in got] == [m.PUBACK, SUBACK]
+    # A retained message, then a subscription to its topic: sent as retained (RETAIN 1).
+    got = _one_write(c, m.publish(f"{uid}/r", b"state", qos=1, retain=True, packet_id=6),
+                     m.subscribe(7, [(f"{uid}/r", 1)]))
+    assert [(p.type, p.retain if p.type == PUBLISH else None) for p in got] == [
+        (m.PUBACK, None), (SUBACK, None), (PUBLISH, True)]
+    c.send(m.puback(got[2].packet_id) + m.publish(f"{uid}/r", b"", retain=True))

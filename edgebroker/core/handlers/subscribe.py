@@ -29,6 +29,7 @@ log = logging.getLogger("edgebroker.client")
 
 def on_subscribe(client, p: P.Subscribe) -> None:
     broker = client.broker
+    broker.settle()
     topics = p.topics
     shared = any(is_shared(f) for f, _ in topics)
     if client.acl is None and not shared:
@@ -71,6 +72,7 @@ def on_subscribe5(client, p: P.Subscribe) -> None:
     Handling) and a Subscription Identifier kept per filter (``Session.sub5``); each refused
     filter gets the reason code that says why."""
     broker = client.broker
+    broker.settle()
     session = client.session
     acl = client.acl
     sub_id = p.properties.get(Q.SUBSCRIPTION_ID, 0) if p.properties is not None else 0
@@ -146,6 +148,7 @@ def on_unsubscribe5(client, p: P.Unsubscribe) -> None:
     a filter listed again: the filters are taken in turn, and the first removed it)."""
     session = client.session
     broker = client.broker
+    broker.settle()
     codes = []
     seen = set()
     for f in p.topics:
@@ -159,6 +162,7 @@ def on_unsubscribe5(client, p: P.Unsubscribe) -> None:
 
 
 def on_unsubscribe(client, p: P.Unsubscribe) -> None:
+    client.broker.settle()
     for topic_filter in p.topics:
         if is_shared(topic_filter):
             client.broker.unsubscribe_shared(client.session, topic_filter)
