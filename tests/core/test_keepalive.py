@@ -101,14 +101,31 @@ def test_connect_timeout_does_not_close_connected_client(broker, uid):
 
 
 def test_keepalive_above_max_keepalive_refused(broker, uid):
-    """A keepalive larger than limits.max_keepalive gets CONNACK 2 (identifier rejected, as
-    Mosquitto does for 3.1.1) and the connection is closed."""
+    """A keepalive larger than limits.max_keepalive, or 0 once it is set, gets CONNACK 2
+    (identifier rejected, as Mosquitto does for 3.1.1) and the connection is closed."""
     b = broker(limits={"max_keepalive": 10})
     assert b.client(f"{uid}-ok", keepalive=10).ping() == []
-    c = b.raw()
-    c.send(m.connect(f"{uid}-big", keepalive=11))
-    assert c.expect_closed(5)
-    assert [(p.type, p.rc) for p in c.before_close] == [(m.CONNACK, 2)]
+    for keepalive in (11, 0):           # 0: none at all, once max_keepalive is set
+        c = b.raw()
+        c.send(m.connect(f"{uid}-k{keepalive}", keepalive=keepalive))
+        assert c.expect_closed(5)
+        assert [(p.type, p.rc) for p in c.before_close] == [(m.CONNACK, 2)]
+    assert b.wait_log(f"client '{uid}-k0' from 127.0.0.1:{c.local_port}: refused (CONNACK 2): "
+                      f"keepalive 0 (none) and max_keepalive is 10 s")
+    # At the default (65535) a keepalive of 0 is accepted.
+    assert broker().client(f"{uid}-none", keepalive=0).ping() == []
+
+
+def test_a_5_0_client_over_max_keepalive_is_told_the_servers(broker, uid):
+    """5.0: Server Keep Alive in the CONNACK instead of a refusal; also for keepalive 0."""
+    import mqttraw5 as R
+    from conftest import _open_clients
+    b = broker(limits={"max_keepalive": 10})
+    for keepalive, told in ((5, None), (11, 10), (0, 10)):
+        c = R.RawClient5(b.host, b.port)
+        _open_clients.append(c)
+        ack = c.connect(f"{uid}-{keepalive}", keepalive=keepalive)
+        assert ack.reason == 0 and ack.properties.get(R.SERVER_KEEP_ALIVE) == told, ack
 
 
 def test_keepalive_counts_packets_not_bytes(broker, uid):

@@ -67,10 +67,12 @@ def on_connect(client, p: P.Connect) -> None:
         client_id = _assigned_id(broker.config.auto_id_prefix, limits.max_client_id_length)
     client.client_id = client_id
     client.client_id_bytes = client_id.encode("utf-8")
-    if p.keepalive > limits.max_keepalive and not v5:
+    if _over_max_keepalive(p.keepalive, limits.max_keepalive) and not v5:
         # (5.0: the CONNACK's Server Keep Alive says the broker's maximum instead.)
         return refuse(client, 2, f"keepalive {p.keepalive} s is above max_keepalive "
-                                 f"({limits.max_keepalive} s)", "max_keepalive")
+                                 f"({limits.max_keepalive} s)" if p.keepalive else
+                                 f"keepalive 0 (none) and max_keepalive is "
+                                 f"{limits.max_keepalive} s", "max_keepalive")
     if not _admitted(client, p):
         return
     client.keepalive = p.keepalive
@@ -87,6 +89,12 @@ def on_connect(client, p: P.Connect) -> None:
             client.transport.pause_reading("auth")  # until the password check is back
         return
     accept(client, p)
+
+
+def _over_max_keepalive(keepalive: int, limit: int) -> bool:
+    """Above ``max_keepalive``; also 0 (no keepalive at all) once it is set below 65535, as
+    Mosquitto takes it: such a client could stay connected, dead, for ever."""
+    return keepalive > limit or keepalive == 0 and limit < 65535
 
 
 def _assigned_id(prefix: str, limit: int) -> str:
@@ -194,7 +202,7 @@ def accept(client, p: P.Connect) -> None:
     else:
         max_keepalive = broker.limits.max_keepalive
         keepalive = None
-        if p.keepalive > max_keepalive:
+        if _over_max_keepalive(p.keepalive, max_keepalive):
             keepalive = client.keepalive = max_keepalive
         assigned = client_id if not p.client_id else None
         client.answer(mqtt5.accepting_frame(conn, present, mqtt5.connack_properties(
