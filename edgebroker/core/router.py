@@ -388,6 +388,11 @@ class Router:
             message = as_stored(message)
             session.saved = None
         session.own_queue().append((message, qos, retain))
+        if retain and message.offset is not None:
+            pending = session.retained_queued
+            if pending is None:
+                pending = session.retained_queued = set()
+            pending.add(message.offset)
         if qos == 0:
             session.queued_qos0 += 1
         session.queue_bytes += size
@@ -436,6 +441,8 @@ class Router:
                             transport.send_now()    # the last piece goes with the pass
                 else:
                     break
+                if retain and session.retained_queued:
+                    session.retained_queued.discard(message.offset)
                 sent += 1
                 sent_bytes += message.size
             # Behind: the next batch from the log once the queue is empty and there is room.
@@ -466,6 +473,8 @@ class Router:
             self.prompt = True
             if acked and session.cursor is not None:
                 self.awaiting_acks = transport    # catching up: see server.loop.BusyPoll
+        if not queue:
+            session.retained_queued = None
         if not queue and session.dropped:
             log.warning("session %r: queue drained; %d messages were dropped while it was full",
                         session.client_id, session.dropped)

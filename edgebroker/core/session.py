@@ -131,7 +131,7 @@ class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
                  "queued_qos0", "drops", "acl", "cursor", "saved", "offline_at", "expiry",
-                 "expiry_interval", "sub5", "receive_max", "shared")
+                 "expiry_interval", "sub5", "receive_max", "shared", "retained_queued")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -173,6 +173,9 @@ class Session:
         # Its shared subscriptions: "$share/<name>/<filter>" -> core.shared.Member; None
         # until it makes one.
         self.shared: dict | None = None
+        # Log offsets of the retained messages in its queue (sent when it drains), so that
+        # a SUBSCRIBE that asks for them again does not queue them twice; None when none.
+        self.retained_queued: set[int] | None = None
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

@@ -318,6 +318,7 @@ class Sessions:
         self.queued_messages -= len(session.queue)
         self.queued_bytes -= session.queue_bytes
         session.queue = EMPTY_QUEUE
+        session.retained_queued = None
         session.queue_bytes = 0
         session.queued_qos0 = 0
         session.inflight.clear()
@@ -394,6 +395,9 @@ class Sessions:
             if max_qos == P.SUBACK_FAILURE:
                 continue
             for message in list(self.retained.match(topic_filter)):
+                queued = session.retained_queued
+                if queued and message.offset in queued:
+                    continue    # asked for again (the same filter twice, say): that copy goes
                 if message.expires and message.expires <= self.clock():
                     # A 5.0 retained message past its Message Expiry Interval: gone, for
                     # every subscriber.

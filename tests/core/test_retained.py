@@ -1,5 +1,7 @@
 """Retained messages: store, replace, clear, flags on subscribe vs live delivery (3.3.1.3)."""
 
+import time
+
 from mqttraw import PUBLISH, SUBACK
 import mqttraw as m
 
@@ -169,3 +171,33 @@ def test_retained_then_live_order(srv, uid):
     a, b = sub.recv_publish(), sub.recv_publish()
     assert [(a.payload, a.retain), (b.payload, b.retain)] == [(b"stored", True), (b"live", False)]
     assert a.type == b.type == PUBLISH
+
+
+def test_a_filter_asked_for_again_does_not_queue_its_retained_messages_twice(broker, uid):
+    """A client that does not read lists '#' 50 times in one SUBSCRIBE, then subscribes to it
+    twice more: the retained messages past max_pending_write_bytes wait in its queue once
+    each (was: once per filter, 50 x 2,000 entries from a 300-byte packet), and every one of
+    them arrives when it reads."""
+    b = broker(limits={"max_pending_write_bytes": 16 * 1024})
+    pub = b.client(f"{uid}-p")
+    n = 2000
+    pub.send(b"".join(m.publish(f"{uid}/r/{i}", b"v" * 2000, retain=True) for i in range(n)))
+    assert pub.ping(timeout=30) == []
+    lazy = b.client(f"{uid}-lazy", rcvbuf=4096)
+    lazy.send(m.subscribe(1, [(f"{uid}/#", 0)] * 50) + m.subscribe(2, [(f"{uid}/#", 0)])
+              + m.subscribe(3, [(f"{uid}/r/#", 0)]))
+    deadline = time.monotonic() + 10
+    while (row := b.client_row(f"{uid}-lazy"))["subscriptions"] < 2:   # the last one handled
+        assert time.monotonic() < deadline, row
+        time.sleep(0.05)
+    assert 0 < row["queued"] <= n, row
+    topics = set()
+    subacks = 0
+    while len(topics) < n or subacks < 3:
+        p = lazy.recv_packet(timeout=10)
+        if p.type == SUBACK:
+            subacks += 1
+            continue
+        assert p.type == PUBLISH and p.retain, p
+        topics.add(p.topic)
+    assert topics == {f"{uid}/r/{i}" for i in range(n)}
