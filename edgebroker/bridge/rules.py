@@ -6,11 +6,16 @@ A rule's ``pattern`` is matched without the prefixes: going out, a local topic
 ``local_prefix + T`` whose ``T`` matches the pattern is sent as ``remote_prefix + T``; coming
 in, a remote topic ``remote_prefix + T`` is published here as ``local_prefix + T``. The first
 rule that matches decides (as in Mosquitto, where rules are tried in order).
+
+A mapped topic may be no valid topic name (over 65,535 bytes of UTF-8 once the prefix is
+added): ``outgoing`` says why, and the bridge skips that message and counts it
+(``unsendable``).
 """
 
 from __future__ import annotations
 
-from edgebroker.mqtt.topics import topic_matches
+from edgebroker.errors import ProtocolError
+from edgebroker.mqtt.topics import topic_matches, validate_topic_name
 
 # Topic decisions kept (dropped wholesale beyond it): a bridge sees the same topics over and over.
 CACHE_LIMIT = 4096
@@ -29,8 +34,10 @@ class Rules:
             return self.out[0].local_filter.encode("utf-8")
         return None
 
-    def outgoing(self, topic: bytes) -> tuple[str, int] | None:
-        """(remote topic, QoS) for a local record's topic, or None: not forwarded."""
+    def outgoing(self, topic: bytes) -> tuple[str, int, str | None] | None:
+        """(remote topic, QoS, problem) for a local record's topic, or None: no out rule
+        matches it. ``problem``: why the remote topic is no valid topic name (the message
+        cannot be sent), else None."""
         cache = self._out_cache
         found = cache.get(topic, False)
         if found is not False:
@@ -41,7 +48,8 @@ class Rules:
             if name.startswith(rule.local_prefix):
                 rest = name[len(rule.local_prefix):]
                 if rest and topic_matches(rule.pattern, rest):
-                    found = (rule.remote_prefix + rest, rule.qos)
+                    remote = rule.remote_prefix + rest
+                    found = (remote, rule.qos, topic_problem(remote))
                     break
         if len(cache) >= CACHE_LIMIT:
             cache.clear()
@@ -64,3 +72,12 @@ class Rules:
                 if rest and topic_matches(rule.pattern, rest):
                     return rule.local_prefix + rest
         return None
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why ``topic`` is no valid topic name (MQTT 4.7.3), else None."""
+    try:
+        validate_topic_name(topic)
+    except ProtocolError as exc:
+        return str(exc)
+    return None
