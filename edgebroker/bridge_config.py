@@ -11,6 +11,9 @@ from edgebroker.config_fields import at_least, between, one_of, setting
 from edgebroker.records import record
 
 DIRECTIONS = ("out", "in", "both")
+# An MQTT string (a topic, the client id, the user name; the password's binary data) is at
+# most this many bytes (a 2-byte length).
+MAX_FIELD_BYTES = 65535
 
 
 def check_bridge_name(value):
@@ -33,9 +36,27 @@ def split_address(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _check_mqtt_string(value, text: bool = True):
+    """What MQTT forbids in a string field (section 1.5.3): over 65,535 bytes of UTF-8, and
+    (``text``: not the password's binary data) U+0000."""
+    if text and "\x00" in value:
+        return "must not contain U+0000 (MQTT forbids it in its strings)"
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_FIELD_BYTES:
+        return f"is {size} bytes of UTF-8, over MQTT's {MAX_FIELD_BYTES}"
+    return None
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 60 else f"{value[:60]!r}..."
+
+
 def _check_filter(value):
     if not value:
         return "must not be empty"
+    problem = _check_mqtt_string(value)
+    if problem:
+        return problem
     levels = value.split("/")
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != len(levels) - 1):
@@ -48,7 +69,7 @@ def _check_filter(value):
 def _check_prefix(value):
     if "#" in value or "+" in value:
         return "must not contain the wildcards '#' or '+'"
-    return None
+    return _check_mqtt_string(value)
 
 
 def _check_keepalive(value):
@@ -164,14 +185,22 @@ def bridge_problems(bridge: BridgeConfig, given: dict, name: str) -> list[str]:
                                     ("remote_prefix", rule.remote_prefix, rule.remote_filter)):
             problem = _check_filter(joined) if prefix and rule.pattern else None
             if problem:
-                problems.append(f"{name}.topic[{j}].{key}: {prefix!r} before the pattern "
-                                f"{rule.pattern!r} makes the filter {joined!r}, where {problem} "
-                                f"(end the prefix with '/')")
+                how = ("which " if problem.startswith("is ") else "where ") + problem
+                if how.startswith("where "):
+                    how += " (end the prefix with '/')"
+                problems.append(f"{name}.topic[{j}].{key}: {_shown(prefix)} before the pattern "
+                                f"{_shown(rule.pattern)} makes the filter {_shown(joined)}, "
+                                f"{how}")
     if not bridge.cafile:
         problems += [f"{name}.{key}: needs cafile (TLS settings apply only to a TLS link)"
                      for key in _TLS_ONLY if key in given]
     if bridge.keyfile and not bridge.certfile:
         problems.append(f"{name}.keyfile: needs certfile")
+    for key, text in (("client_id", True), ("username", True), ("password", False)):
+        # (checked here: a field's own check would show its value, and this is the password)
+        problem = _check_mqtt_string(getattr(bridge, key), text)
+        if problem:
+            problems.append(f"{name}.{key}: bridge {bridge.name!r}: {problem}")
     if bridge.password and not bridge.username:
         problems.append(f"{name}.password: needs username")
     if bridge.reconnect_max < bridge.reconnect_min:

@@ -298,7 +298,8 @@ def _build_value(cls, name: str, raw: Any, prefix: str) -> Any:
     check = f.metadata.get("check")
     problem = check(value) if check else None
     if problem:
-        raise ConfigError(f"{key}: {problem}, got {raw!r}")
+        shown = repr(raw)
+        raise ConfigError(f"{key}: {problem}, got {shown[:200]}{'...' * (len(shown) > 200)}")
     return value
 
 

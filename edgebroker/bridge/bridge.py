@@ -140,7 +140,8 @@ class Bridge(Refusals, Pumping):
         sent = max(cursor, min(sent, head))
         self.writer.on_disk[self.path] = cursor
         self.outbound = Outbound(self.name, commit_log, self.rules,
-                                 self.publisher.client_id_bytes, cursor, sent)
+                                 self.publisher.client_id_bytes, cursor, sent,
+                                 drop=self._drop)
         if self.config.bandwidth:
             self.bucket = TokenBucket(self.config.bandwidth, self.config.bandwidth, self.clock())
         log.info("bridge %s: to %s as %r, from log offset %d (%d sent before, counted as "
@@ -149,6 +150,10 @@ class Bridge(Refusals, Pumping):
                  self.config.address, self.client_id, cursor, max(0, sent - cursor))
         self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
         self._connect()
+
+    def _drop(self, reason: str, session, count: int) -> None:
+        """A message dropped by the outbound side: the broker's drop reasons count it."""
+        self.broker.drop(reason, session, count)
 
     def _write_start(self, cursor: int) -> None:
         """The checkpoint the bridge starts from, written before it goes on."""
@@ -370,9 +375,18 @@ class Bridge(Refusals, Pumping):
     # ----- sending ----------------------------------------------------------------------
 
     def on_written(self) -> None:
-        """The core wrote records to the log (end of a loop pass): go on if at the head."""
-        if self.state == "up" and self.outbound.read_at < self.broker.journal.log.written_offset:
-            self.pump()
+        """The core wrote records to the log (end of a loop pass): go on if at the head. A
+        failure here is this bridge's internal error, logged once: it never reaches the
+        core's loop pass (``Broker.end_pass``), which would end the broker."""
+        try:
+            if (self.state == "up"
+                    and self.outbound.read_at < self.broker.journal.log.written_offset):
+                self.pump()
+        except Exception:
+            if ("error", "on_written") not in self._warned:
+                self._warned.add(("error", "on_written"))
+                log.exception("bridge %s: internal error forwarding after a loop pass (the "
+                              "broker goes on; logged once)", self.name)
 
     def _send(self) -> None:
         conn = self.conn
@@ -441,7 +455,7 @@ class Bridge(Refusals, Pumping):
             "lag_seconds": lag["lag_seconds"], "inflight": self.conn.inflight,
             "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,
             "resent": ob.resent, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
-            "refused": ob.refused,
+            "refused": ob.refused, "unsendable": ob.unsendable,
             "checkpoint_ahead": self.checkpoint_ahead,
             "checkpoint_damaged": self.checkpoint_damaged,
             "checkpoint_failures": self.writer.failed.get(self.path, 0),

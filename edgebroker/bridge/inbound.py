@@ -3,7 +3,8 @@
 Each message goes through the core's own publish path (``Broker.publish``: logged, routed
 to the local subscribers, retained when flagged) under the local topic its ``in`` rule maps
 it to, with the limits a client's PUBLISH meets: ``$SYS`` topics are dropped, a topic not
-yet known must be admitted by the topic table (max_topics, max_topics_per_client: the
+yet known must be a valid topic name (the prefixes may make it empty or too long), be
+admitted by the topic table (max_topics, max_topics_per_client: the
 bridge's client id counts as one client) and hold no control character or non-character
 (``check_code_points``), a retained message is dropped when ``retain_available`` is false.
 A packet over ``max_packet_size`` (the connection's decoder limit) closes the link
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import logging
 
+from edgebroker.bridge.outbound import shown
+from edgebroker.bridge.rules import topic_problem
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt.fields import check_code_points
@@ -91,6 +94,11 @@ class Inbound:
             return self._drop(event, "retain_available", f"a retained message for {local!r} "
                                                          f"while retain_available is false")
         if local not in broker.known_topics:
+            problem = topic_problem(local)
+            if problem is not None:     # the prefixes made it so (empty, too long)
+                return self._drop(event, "topic_invalid", f"a message on {shown(topic)}: its "
+                                  f"local topic {shown(local)} is no valid topic name "
+                                  f"({problem[:200]})")
             try:    # as a client's PUBLISH: checked once per topic, when it is new
                 check_code_points(local, "topic")
             except ProtocolError as exc:

@@ -13,12 +13,18 @@ Records the bridge itself published here (its inbound side: the log's publisher 
 bridge's client id) are never sent out again: that is the origin marker that keeps a 3.1.1
 bridge from looping (docs/bridge.md).
 
+A record whose remote topic is no valid topic name (``Rules.outgoing`` says why: over 65,535
+bytes once ``remote_prefix`` is added) can never be sent: it is skipped as it is read, so
+the cursor moves past it, counted (``unsendable``, drop reason ``bridge_unsendable``) and
+logged once per episode (a run of them until a message goes out; at most once a minute).
+
 Memory is O(window + READ_AHEAD) whatever the backlog: the backlog stays in the log.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 
 log = logging.getLogger("edgebroker.bridge")
@@ -29,10 +35,23 @@ READ_AHEAD_BYTES = 4 * 1024 * 1024
 # One read looks at most this many log bytes for matching records.
 SCAN_BYTES = 4 * 1024 * 1024
 COPY_ALL = 1 << 62   # read_batch's copy_limit: every payload comes back in memory
+# Seconds between two log lines about unsendable records (each episode is logged, but not
+# more often than this).
+UNSENDABLE_LOG_EVERY = 60.0
+# Characters of a topic shown in a log line.
+SHOWN = 120
+
+
+def shown(topic: str) -> str:
+    """``topic`` for a log line: its start and its size when it is long."""
+    if len(topic) <= SHOWN:
+        return repr(topic)
+    return f"{topic[:SHOWN]!r}... ({len(topic.encode('utf-8', 'replace'))} bytes)"
 
 
 class Outbound:
-    def __init__(self, name: str, commit_log, rules, own_id: bytes, cursor: int, sent: int):
+    def __init__(self, name: str, commit_log, rules, own_id: bytes, cursor: int, sent: int,
+                 drop=None):
         self.name = name
         self.log = commit_log
         self.rules = rules
@@ -51,6 +70,10 @@ class Outbound:
         self.gaps = 0                  # times records were lost to the bridge
         self.gap_offsets = 0           # offsets lost
         self.skipped_own = 0           # records the bridge published itself (not sent back)
+        self.unsendable = 0            # records whose remote topic is no valid topic name
+        self._drop = drop              # Broker.drop (the drop reason), or None
+        self._unsendable_run = 0       # unsendable records since one went out (0: none)
+        self._unsendable_logged = None   # time.monotonic() of the last line about them
 
     @property
     def cursor(self) -> int:
@@ -119,12 +142,36 @@ class Outbound:
             if publisher == own:      # (counted only when an out rule would have sent it)
                 self.skipped_own += 1
                 continue
-            remote_topic, rule_qos = found
+            remote_topic, rule_qos, problem = found
+            if problem is not None:
+                self.skip_unsendable(offset, topic, remote_topic, problem)
+                continue
+            self._unsendable_run = 0
             pending.append((offset, remote_topic, payload, rule_qos, retain))
             size += len(payload)
         self.pending_bytes += size
         self.read_at = next_offset
         return True
+
+    def skip_unsendable(self, offset: int, topic, remote_topic: str, problem: str) -> None:
+        """The record at ``offset`` cannot be sent as ``remote_topic`` (``problem``): not
+        read into ``pending`` (or given up by the pump), counted, logged once per episode."""
+        self.unsendable += 1
+        if self._drop is not None:
+            self._drop("bridge_unsendable", None, 1)
+        self._unsendable_run += 1
+        now = time.monotonic()
+        last = self._unsendable_logged
+        if self._unsendable_run > 1 or last is not None and now - last < UNSENDABLE_LOG_EVERY:
+            return
+        self._unsendable_logged = now
+        if isinstance(topic, bytes):
+            topic = topic.decode("utf-8", "replace")
+        local = f" for {shown(topic)}" if topic is not None else ""
+        log.warning("bridge %s: the message at offset %d%s cannot be forwarded: its remote "
+                    "topic %s is no valid MQTT topic name (%s): skipped, counted as unsendable "
+                    "(bridge_unsendable); logged once per episode, at most once a minute",
+                    self.name, offset, local, shown(remote_topic), problem[:200])
 
     def take(self):
         """The next record to send (offset, remote topic, payload, qos, retain), now
@@ -139,6 +186,18 @@ class Outbound:
         if offset < self.resend_until:
             self.resent += 1
         return record
+
+    def untake(self, record, problem: str | None = None) -> None:
+        """Undo ``take`` of ``record`` (the client library did not take it): back to the
+        front of ``pending`` (QueueFull, ``problem`` None), else skipped as unsendable."""
+        offset = record[0]
+        if self.outstanding.pop(offset, None) is not None and offset < self.resend_until:
+            self.resent -= 1
+        if problem is None:
+            self.pending.appendleft(record)
+            self.pending_bytes += len(record[2])
+        else:
+            self.skip_unsendable(offset, None, record[1], problem)
 
     def acked(self, offset: int) -> None:
         size = self.outstanding.pop(offset, None)

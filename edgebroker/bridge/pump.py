@@ -7,6 +7,8 @@ that no rule matches is read over several)."""
 
 from __future__ import annotations
 
+from edgebroker.client.requests import ClientError, QueueFull
+
 # Records one pump reads at most before it lets the loop go on.
 READS_PER_PUMP = 4
 # The link's unsent output above which nothing new is handed to it.
@@ -51,10 +53,18 @@ class Pumping:
             qos = min(pending[0][3], max_qos)
             if qos and room <= 0 or not conn.can_publish:
                 break       # the window is full: an acknowledgement calls pump again
-            offset, topic, payload, _, retain = outbound.take()
+            record = outbound.take()
+            offset, topic, payload, _, retain = record
             if retain and not self.retain_available:
                 retain = False
-            publish(topic, payload, qos, retain, token=offset)
+            try:    # (the topic was checked as it was read: Outbound.read)
+                publish(topic, payload, qos, retain, token=offset)
+            except QueueFull:
+                outbound.untake(record)
+                break
+            except ClientError as exc:      # never held outstanding: the cursor goes on
+                outbound.untake(record, str(exc))
+                continue
             if qos:
                 room -= 1
             size = len(payload) + len(topic)

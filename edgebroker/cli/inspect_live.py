@@ -334,6 +334,9 @@ def format_bridges(bridges: list[dict]) -> str:
         if row["gaps"]:
             lines.append(f"  {row['name']}: {row['gap_offsets']} log offsets lost to the "
                          f"remote in {row['gaps']} gaps (retention_bytes)")
+        if row["unsendable"]:
+            lines.append(f"  {row['name']}: {row['unsendable']} messages skipped, their remote "
+                         "topic no valid MQTT topic name (unsendable)")
         if row["checkpoint_damaged"]:
             lines.append(f"  {row['name']}: started {row['checkpoint_damaged']} time(s) at the "
                          "head of the log, its checkpoint damaged (bridge-*.json.damaged)")

@@ -55,6 +55,33 @@ def test_a_bridge_table(tmp_path):
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "+/t", remote_prefix = "s"}]',
      "bridge[0].topic[0].remote_prefix: 's' before the pattern '+/t' makes the filter 's+/t', "
      "where '+' must be a whole level"),
+    # What MQTT forbids in its strings, named before the bridge ever runs.
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "s\\u0000/#"}]',
+     "bridge[0].topic[0].pattern: must not contain U+0000 (MQTT forbids it in its strings)"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "s/#", '
+     'remote_prefix = "r\\u0000/"}]',
+     "bridge[0].topic[0].remote_prefix: must not contain U+0000"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "s/#", '
+     'local_prefix = "l\\u0000/"}]',
+     "bridge[0].topic[0].local_prefix: must not contain U+0000"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "%s"}]' % ("p" * 65536),
+     "bridge[0].topic[0].pattern: is 65536 bytes of UTF-8, over MQTT's 65535, got 'ppp"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "%s/#", remote_prefix = '
+     '"%s/"}]' % ("p" * 40000, "r" * 40000),
+     "bridge[0].topic[0].remote_prefix: '" + "r" * 60 + "'... before the pattern '" + "p" * 60
+     + "'... makes the filter '" + "r" * 60 + "'..., which is 80003 bytes of UTF-8, over "
+     "MQTT's 65535"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nclient_id = "%s"'
+     % ("c" * 65536), "bridge[0].client_id: bridge 'x': is 65536 bytes of UTF-8, over MQTT's "
+                      "65535"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\n'
+     'client_id = "a\\u0000b"', "bridge[0].client_id: bridge 'x': must not contain U+0000"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nusername = "%s"'
+     % ("u" * 70000), "bridge[0].username: bridge 'x': is 70000 bytes of UTF-8, over MQTT's "
+                      "65535"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nusername = "u"\n'
+     'password = "%s"' % ("\u00e9" * 40000),
+     "bridge[0].password: bridge 'x': is 80000 bytes of UTF-8, over MQTT's 65535"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = "a/# out"',
      "bridge[0].topic: expected topic rules: a list of tables"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a", qoss = 1}]',

@@ -106,3 +106,25 @@ def test_records_not_yet_written_in_an_empty_log_are_no_gap(tmp_path):
     log.write_pending()
     assert [r[0] for r in _drain(out)] == [0, 1, 2]
     log.close()
+
+
+def test_rules_match_as_their_filters_and_a_topic_that_maps_to_nothing_is_unsendable(tmp_path):
+    """``a/$x``, ``a/`` and ``a`` match the filter ``a/#`` (only a *first* ``$`` is kept from
+    wildcards); ``p`` matches ``p/#`` but has no remote name under an empty remote_prefix:
+    skipped as unsendable, the cursor past it."""
+    log = _log(tmp_path / "log", [(b"dev", t) for t in (
+        b"a/x", b"a/$x", b"a/", b"a", b"$a/x", b"ab", b"p", b"p/q")])
+    rules = Rules([TopicRule(pattern="#", direction="both", local_prefix="a/",
+                             remote_prefix="b/"),
+                   TopicRule(pattern="#", local_prefix="p/")])
+    out = Outbound("up", log, rules, BRIDGE_ID, 0, 0)
+    sent = _drain(out)
+    assert [(r[0], r[1]) for r in sent] == [
+        (0, "b/x"), (1, "b/$x"), (2, "b/"), (3, "b"), (7, "q")]
+    assert out.unsendable == 1
+    for offset in (0, 1, 2, 3, 7):
+        out.acked(offset)
+    assert out.cursor == 8
+    assert [rules.incoming(t) for t in ("b/$in", "b/", "b", "$b/x", "bc")] == [
+        "a/$in", "a/", "a", None, None]
+    log.close()
