@@ -424,8 +424,9 @@ def run_verify(args) -> int:
 # ---------------------------------------------------------------------------------- sessions
 
 def run_sessions(args) -> int:
-    """Persistent sessions as of the last snapshot (at most ~1 s old while the broker runs),
-    with how far each one's cursor is behind the head of the log (read now)."""
+    """Persistent sessions as of the last snapshot (while the broker runs: about 1 s after a
+    session changes, else up to 30 s old; the output says when it was taken), with how far
+    each one's cursor is behind the head of the log (read now)."""
     state_dir = os.path.dirname(log_dir(args))
     state = snapshot.read(state_dir)
     if state is None:
