@@ -155,3 +155,43 @@ def test_every_sort_key(broker, uid):
     assert b.admin("clients", sort="id", limit=1)["clients"][0]["id"] == f"{uid}-a"
     for key in ("msgs_in", "bytes_in", "subscriptions", "msgs_in_rate"):
         assert b.admin("clients", sort=key, limit=1)["clients"][0]["id"] == f"{uid}-z", key
+
+
+def test_a_second_broker_keeps_off_the_admin_socket_of_one_that_does_not_answer(broker, tmp_path):
+    """A running broker that does not accept for a moment (stopped here) with its admin queue
+    full: the probe of a second broker gets no answer, which is not "nobody listens": it
+    refuses to start and leaves the socket file alone."""
+    import signal
+
+    data = tmp_path / "shared"
+    b = broker(data_dir=str(data))
+    inode = os.stat(b.admin_path).st_ino
+    held = []
+    b.send_signal(signal.SIGSTOP)
+    try:
+        for _ in range(64):      # the listen backlog is 8: fill it
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(str(b.admin_path))
+            except BlockingIOError:
+                s.close()
+                break
+            held.append(s)
+        else:
+            raise AssertionError("the admin socket's queue never filled")
+        second = broker(data_dir=str(data), wait=False)
+        assert second.proc.wait(15) == 1
+        second.stopped = True
+        assert second.wait_log("its admin socket") and second.wait_log("does not answer")
+        assert os.stat(b.admin_path).st_ino == inode
+    finally:
+        for s in held:
+            s.close()
+        b.send_signal(signal.SIGCONT)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(b.admin_path))   # blocking: waits for the broker to take the queue
+        s.settimeout(5)
+        s.sendall(b"stats\n")
+        reply = json.loads(s.makefile("rb").readline())
+    assert reply["ok"] and reply["stats"]["clients_connected"] == 0
