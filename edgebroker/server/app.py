@@ -411,7 +411,7 @@ class App(DescriptorRoom):
                                     (i, listener.config)))
         security = self._security(config, running)
         for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
-            listener.config = lc
+            listener.reconfigure(lc)
             listener.set_security(tls, policy)
         self.authenticator.configure(config.max_login_failures, config.login_failure_window)
         self._rebind_acls()

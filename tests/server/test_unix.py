@@ -82,3 +82,21 @@ def test_unix_listener_config_errors(tmp_path):
         cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [listener]}))
         r = run_cli("config", "check", "-c", str(cfg))
         assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
+def test_reload_applies_a_new_unix_socket_mode(broker, tmp_path, uid):
+    """SIGHUP with a tighter unix_socket_mode: the socket file takes it at once (it kept its
+    old mode, with nothing said but "configuration reloaded")."""
+    import signal
+
+    path = tmp_path / "mqtt.sock"
+    b = broker(listener=[unix_listener(path, unix_socket_mode="0666")])
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
+    b.config_path.write_text(toml_dumps({**b.config, "listener": [
+        unix_listener(path, unix_socket_mode="0600")]}))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", start=mark), b.log_text()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert b.wait_log(f"unix:{path} now has mode 0600", start=mark)
+    assert b.client(uid, transport={"unix_path": str(path)}).ping() == []
