@@ -247,13 +247,17 @@ class App(DescriptorRoom):
                             ", ".join(repr(u) for u in passwords.weak))
 
     def _security(self, config: Config, listeners) -> list:
-        """(TLSServer or None, ListenerPolicy) per (index, ListenerConfig); ConfigError."""
+        """(TLSServer or None, ListenerPolicy) per (index, ListenerConfig); ConfigError, naming
+        the configuration file (``config.source``) that names the file it could not use."""
         files: dict = {}
         out = []
-        for i, lc in listeners:
-            tls = TLSServer(lc, f"listener[{i}]") if lc.tls else None
-            policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files)
-            out.append((tls, policy))
+        try:
+            for i, lc in listeners:
+                tls = TLSServer(lc, f"listener[{i}]") if lc.tls else None
+                policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files)
+                out.append((tls, policy))
+        except ConfigError as exc:
+            raise exc.in_file(config.source) from None
         return out
 
     def open_admin(self, state_dir: str) -> None:
