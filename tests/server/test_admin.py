@@ -195,3 +195,35 @@ def test_a_second_broker_keeps_off_the_admin_socket_of_one_that_does_not_answer(
         s.sendall(b"stats\n")
         reply = json.loads(s.makefile("rb").readline())
     assert reply["ok"] and reply["stats"]["clients_connected"] == 0
+
+
+def test_inspect_clients_watch_connects_again_when_the_broker_closed_the_connection(
+        broker, tmp_path, uid):
+    """`--watch` asks on one connection; one the broker closed between two refreshes (the
+    broker drops a connection idle for 60 s; here it restarts) is opened again instead of
+    ending the command with an error. The command is stopped while the broker restarts, so
+    its next refresh comes after."""
+    import signal
+    import subprocess
+
+    from conftest import REPO, broker_command
+
+    data = tmp_path / "shared"
+    b = broker(data_dir=str(data))
+    b.client(uid)
+    cli = subprocess.Popen([*broker_command(), "inspect", "clients", "--data-dir", str(data),
+                            "--watch", "3", "--iterations", "2", "--format", "json"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(cli.stdout.readline())
+        cli.send_signal(signal.SIGSTOP)
+        b.stop()
+        broker(data_dir=str(data))
+        cli.send_signal(signal.SIGCONT)
+        out, err = cli.communicate(timeout=20)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(5)
+    assert cli.returncode == 0, err
+    assert first["total"] == 1 and json.loads(out)["total"] == 0
