@@ -494,5 +494,5 @@ class App(DescriptorRoom):
         self.log.close()
         loop.close()
         self.reserve.close()
-        self.broker.peer_log.flush(self.clock())    # what was only counted so far
+        self.broker.flush_logs(self.clock())    # what the rate-limited logs only counted
         log.info("stopped")
