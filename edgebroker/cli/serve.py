@@ -114,5 +114,4 @@ def run(args) -> int:
     # Imported after the configuration is read: the TOML parser's memory, freed again
     # (config._read_toml), is then not interleaved with the broker's modules.
     from edgebroker.server.app import App
-    App(config, reload_config=lambda: load(args), bridge_tls=bridge_tls).start()
-    return 0
+    return App(config, reload_config=lambda: load(args), bridge_tls=bridge_tls).start()

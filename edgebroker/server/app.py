@@ -114,8 +114,9 @@ class App(DescriptorRoom, Reloading):
         self.authenticator = Authenticator(loop.wake, clock, config.max_login_failures,
                                            config.login_failure_window)
 
-    def start(self) -> None:
-        """Open everything, serve until SIGTERM or SIGINT, shut down."""
+    def start(self) -> int:
+        """Open everything, serve until SIGTERM or SIGINT, shut down. The exit status: 0, or
+        1 when the final session snapshot could not be written (``shutdown``)."""
         loop = self.loop
         keep_freed_memory()
         self.open_listeners()
@@ -147,7 +148,7 @@ class App(DescriptorRoom, Reloading):
         sdnotify.notify("READY=1\nSTATUS=serving MQTT")
         log.info("edgebroker %s ready", __version__)
         loop.run()
-        self.shutdown()
+        return self.shutdown()
 
     # ----- set-up -----------------------------------------------------------------------
 
@@ -353,8 +354,10 @@ class App(DescriptorRoom, Reloading):
 
     # ----- shutdown (reload: server/reload.py) -------------------------------------------
 
-    def shutdown(self) -> None:
-        """Stop accepting, send what is queued (bounded in time), close everything."""
+    def shutdown(self) -> int:
+        """Stop accepting, send what is queued (bounded in time), close everything. 1 when
+        the final session snapshot is not on disk (logged, with what the next start misses:
+        the stop failed, systemd shows it), else 0."""
         sdnotify.notify("STOPPING=1")
         log.info("stopping: draining %d connections", len(self.loop.transports))
         for listener in self.listeners:
@@ -388,10 +391,14 @@ class App(DescriptorRoom, Reloading):
         loop.flush_dirty()
         for transport in list(loop.transports):
             transport.shutdown()
-        self.snapshots.stop(final=self.broker.capture())
+        saved = self.snapshots.stop(final=self.broker.capture())
         self.broker.exchanges.close()
         self.log.close()
         loop.close()
         self.reserve.close()
         self.broker.flush_logs(self.clock())    # what the rate-limited logs only counted
+        if not saved:
+            log.error("stopped without the final session snapshot (exit status 1)")
+            return 1
         log.info("stopped")
+        return 0
