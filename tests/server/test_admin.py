@@ -194,7 +194,11 @@ def test_a_second_broker_keeps_off_the_admin_socket_of_one_that_does_not_answer(
         s.settimeout(5)
         s.sendall(b"stats\n")
         reply = json.loads(s.makefile("rb").readline())
-    assert reply["ok"] and reply["stats"]["clients_connected"] == 0
+    # The first broker answers on its socket (maybe "busy": the held connections it accepted
+    # first may not be closed on its side yet).
+    assert (reply["ok"] and reply["stats"]["clients_connected"] == 0
+            or "busy" in reply.get("error", "")), reply
+    assert b.alive()
 
 
 def test_inspect_clients_watch_connects_again_when_the_broker_closed_the_connection(
