@@ -97,6 +97,14 @@ class ConfigError(EdgebrokerError):
         # `config check` to go on checking the files it names.
         self.partial = partial
 
+    def in_file(self, where: str | None) -> "ConfigError":
+        """The same problems, each prefixed with the configuration file ``where`` (for checks
+        made after the file was read, whose lines name only the key, as `config check` says
+        them); itself for None or "" (no file: the built-in defaults, a command-line option)."""
+        if not where:
+            return self
+        return ConfigError(*(f"{where}: {p}" for p in self.problems))
+
 
 class AddressError(EdgebrokerError):
     """A broker address the client library cannot read, or a host name that cannot be looked

@@ -81,6 +81,10 @@ def admin_path(args) -> str:
     return socket_path(config.state_dir())
 
 
+class ConnectionClosed(EdgebrokerError):
+    """The broker closed the admin connection (it drops one idle for 60 s; a restart)."""
+
+
 class AdminClient:
     """One connection to the admin socket; ``ask`` sends a request and returns the reply."""
 
@@ -103,8 +107,11 @@ class AdminClient:
             while b"\n" not in self.buf:
                 chunk = self.sock.recv(1 << 20)
                 if not chunk:
-                    raise EdgebrokerError(f"the broker closed the admin connection {self.path}")
+                    raise ConnectionClosed(f"the broker closed the admin connection {self.path}")
                 self.buf += chunk
+        except (BrokenPipeError, ConnectionResetError):
+            raise ConnectionClosed(f"the broker closed the admin connection "
+                                   f"{self.path}") from None
         except OSError as exc:
             raise EdgebrokerError(f"admin socket {self.path}: {exc.strerror or exc}") from None
         end = self.buf.index(b"\n")
@@ -290,7 +297,16 @@ def run_clients(args) -> int:
     done = 0
     try:
         while True:
-            reply = client.ask(request)
+            try:
+                reply = client.ask(request)
+            except ConnectionClosed:
+                if not done:
+                    raise
+                # Between refreshes: the broker drops a connection idle for 60 s (a longer
+                # --watch), or it was restarted. A new connection, once.
+                client.close()
+                client = AdminClient(client.path)
+                reply = client.ask(request)
             if args.format == "json":
                 text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
             else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 from edgebroker import config as configuration, logs, records
 from edgebroker.errors import ConfigError
@@ -26,10 +27,23 @@ def load(args) -> configuration.Config:
     if args.data_dir:
         changes["data_dir"] = args.data_dir
     config = records.replace(config, **changes) if changes else config
-    if args.listen:     # (those of the file were checked as it was read)
-        configuration.check_addresses(config)
-    configuration.check_authentication(config)
+    with naming_the_file(None if args.listen else args.config):
+        if args.listen:     # (those of the file were checked as it was read)
+            configuration.check_addresses(config)
+        configuration.check_authentication(config)
     return config
+
+
+@contextmanager
+def naming_the_file(where: str | None):
+    """A ConfigError raised inside, its problems each prefixed with the configuration file
+    ``where`` (``config.load`` names it in its own; checks made after it do not), as `config
+    check` reports them. None: what is checked does not come from a file (no ``-c``, or a
+    command-line option that overrides it)."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise exc.in_file(where) from None
 
 
 def prepare_state_dir(path: str) -> None:
@@ -91,11 +105,13 @@ def check_links(config: configuration.Config) -> list:
 def run(args) -> int:
     config = load(args)
     logs.install(config.log_level)
-    bridge_tls = check_links(config)
+    where = args.config
+    with naming_the_file(where):
+        bridge_tls = check_links(config)
     state_dir = config.state_dir()
-    prepare_state_dir(state_dir)
+    with naming_the_file(None if args.data_dir else where):
+        prepare_state_dir(state_dir)
     # Imported after the configuration is read: the TOML parser's memory, freed again
     # (config._read_toml), is then not interleaved with the broker's modules.
     from edgebroker.server.app import App
-    App(config, reload_config=lambda: load(args), bridge_tls=bridge_tls).start()
-    return 0
+    return App(config, reload_config=lambda: load(args), bridge_tls=bridge_tls).start()

@@ -223,23 +223,28 @@ def check_topic(topic: str, limits) -> str | None:
 
 
 class EventLog:
-    """Logs an event kind at most once per ``period`` seconds, counting the repeats in between."""
+    """Logs an event kind at most once per ``period`` seconds, counting the repeats in between.
+    The next event after the period says how many there were; ``flush`` (the broker's
+    housekeeping, each second, and the shutdown) reports those no event followed."""
 
-    __slots__ = ("logger", "period", "_last", "_suppressed")
+    __slots__ = ("logger", "period", "_last", "_suppressed", "_latest")
 
     def __init__(self, logger: logging.Logger, period: float = 60.0):
         self.logger = logger
         self.period = period
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
+        self._latest: dict[str, tuple] = {}   # kind -> (level, message, args) of the last one
 
     def log(self, level: int, kind: str, now: float, message: str, *args) -> None:
         last = self._last.get(kind)
         if last is not None and now - last < self.period:
             self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            self._latest[kind] = (level, message, args)
             return
         self._last[kind] = now
         repeats = self._suppressed.pop(kind, 0)
+        self._latest.pop(kind, None)
         if repeats:
             message += " (%d more like this in the last %.0f s, not logged)"
             args = (*args, repeats, now - last)
@@ -247,6 +252,22 @@ class EventLog:
             message += " (repeats are logged at most once per %.0f s)"
             args = (*args, self.period)
         self.logger.log(level, message, *args)
+
+    def flush(self, now: float, final: bool = False) -> None:
+        """Log the repeats of each kind whose period is over (``final``: of every kind) with no
+        event since to say them: the last of them, with their number. The next event of the
+        kind is then logged when it comes."""
+        if not self._suppressed:
+            return
+        for kind in list(self._suppressed):
+            last = self._last[kind]
+            if now - last < self.period and not final:
+                continue
+            repeats = self._suppressed.pop(kind)
+            level, message, args = self._latest.pop(kind)
+            self.logger.log(level, message + " (the last of %d like this in the last %.0f s "
+                            "that were not logged when they came)", *args, repeats, now - last)
+            self._last[kind] = now - self.period
 
 
 # What ``PeerLog`` counts, by kind: the words of its summary lines ("N more <these> from ...").

@@ -26,6 +26,7 @@ import threading
 import time
 
 from edgebroker.core import exchanges
+from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
 from edgebroker.errors import EdgebrokerError
 from edgebroker.files import replace_file
 from edgebroker.records import field, record
@@ -279,13 +280,18 @@ def read(state_dir: str) -> Snapshot | None:
 
 class SnapshotWriter(threading.Thread):
     """Encodes and writes the newest submitted snapshot (older unwritten ones are skipped),
-    then deletes the QoS 2 exchange journal files it made obsolete."""
+    then deletes the QoS 2 exchange journal files it made obsolete. Keeps room on the disk for
+    the final snapshot of a stop (core.snapshot_reserve)."""
 
     def __init__(self, state_dir: str):
         super().__init__(name="snapshot", daemon=True)
         self.state_dir = state_dir
         self.written = 0
         self.failures = 0
+        self.reserve = SnapshotReserve(state_dir)
+        # The last snapshot written: its time (ms) and client ids (None: none in this run).
+        self._last: tuple[int, frozenset] | None = None
+        self._final_written = False
         self._cond = threading.Condition()
         self._pending: Snapshot | None = None
         self._stopping = False
@@ -296,8 +302,9 @@ class SnapshotWriter(threading.Thread):
             self._pending = data
             self._cond.notify()
 
-    def stop(self, final: Snapshot | None = None, timeout: float = 10.0) -> None:
-        """Write ``final`` (if given) and anything pending, then end the thread."""
+    def stop(self, final: Snapshot | None = None, timeout: float = 10.0) -> bool:
+        """Write ``final`` (if given) and anything pending, then end the thread. False when
+        the final snapshot is not on disk (logged as an error, with what is lost)."""
         with self._cond:
             if final is not None:
                 self._pending = final
@@ -309,8 +316,10 @@ class SnapshotWriter(threading.Thread):
                 log.error("the session snapshot was not written within %g s (the disk does not "
                           "answer); stopping without it: the next start replays the log from the "
                           "last snapshot written", timeout)
+                return False
         elif self._pending is not None:
-            self._write(self._pending)  # the thread never started
+            self._write(self._pending, final=True)  # the thread never started
+        return self._final_written or final is None
 
     def run(self) -> None:
         while True:
@@ -320,26 +329,76 @@ class SnapshotWriter(threading.Thread):
                 data, self._pending = self._pending, None
                 stopping = self._stopping
             if data is not None:
-                self._write(data)
+                self._write(data, final=stopping)
             if stopping:
                 with self._cond:
                     if self._pending is None:
                         return
 
-    def _write(self, snapshot: Snapshot) -> None:
-        try:
-            replace_file(os.path.join(self.state_dir, FILENAME), encode(snapshot))
-        except OSError as exc:
+    def _write(self, snapshot: Snapshot, final: bool = False) -> None:
+        """``final``: the stop's snapshot: with no room on the disk it takes the reserve's."""
+        path = os.path.join(self.state_dir, FILENAME)
+        data = encode(snapshot)
+        error = _replace(path, data)
+        if error is not None and final and error.errno in NO_ROOM:
+            # The room it needs from the reserve; all of it if that was not enough.
+            for room in (len(data), None):
+                if not self.reserve.release(room):
+                    break
+                log.warning("no room for the final session snapshot in %s: writing it in the "
+                            "space kept for it (%s)", self.state_dir, self.reserve.path)
+                error = _replace(path, data)
+                if error is None or error.errno not in NO_ROOM:
+                    break
+        if error is not None:
             self.failures += 1
-            if not self._failing:
-                self._failing = True
+            if final:
+                self._lost(path, error, snapshot)
+            elif not self._failing:
                 log.error("cannot write the session snapshot in %s: %s; sessions changed since "
                           "the last snapshot would be lost in a crash (will retry)",
-                          self.state_dir, exc.strerror or exc)
+                          self.state_dir, error.strerror or error)
+            self._failing = True
             return
         self.written += 1
+        self._final_written = final
+        self._last = (snapshot.written_ms, frozenset(s.client_id for s in snapshot.sessions))
         if self._failing:
             self._failing = False
-            log.warning("session snapshot written again in %s", self.state_dir)
+            if not final:   # (the final one in the reserve's room said so)
+                log.warning("session snapshot written again in %s", self.state_dir)
         if snapshot.exchanges is not None:
             exchanges.remove_before(self.state_dir, snapshot.exchanges)
+        if not final:
+            self.reserve.keep(len(data))
+
+    def _lost(self, path: str, error: OSError, snapshot: Snapshot) -> None:
+        """The final snapshot could not be written: say what the next start will miss."""
+        if self._last is None:
+            since = ("the snapshot on disk from before this start (if any); every session "
+                     "change of this run is lost")
+        else:
+            written_ms, ids = self._last
+            now = {s.client_id for s in snapshot.sessions}
+            new = sorted(now - ids)
+            gone = sorted(ids - now)
+            since = (f"the snapshot written {max(0, snapshot.written_ms - written_ms) / 1000:.1f}"
+                     f" s before the stop: the {len(now)} persistent sessions have their state "
+                     f"of then (subscriptions, queues, acknowledgements)")
+            if new:
+                since += (f"; {len(new)} made since are lost: "
+                          + ", ".join(repr(c) for c in new[:10])
+                          + (f" and {len(new) - 10} more" if len(new) > 10 else ""))
+            if gone:
+                since += f"; {len(gone)} removed since come back"
+        log.error("cannot write the final session snapshot %s: %s; stopping without it: the "
+                  "next start restores %s, then replays the commit log after it",
+                  path, error.strerror or error, since)
+
+
+def _replace(path: str, data: bytes) -> OSError | None:
+    try:
+        replace_file(path, data)
+    except OSError as exc:
+        return exc
+    return None

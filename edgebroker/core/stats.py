@@ -25,6 +25,9 @@ CPU_SPAN = 0.5
 
 
 class Stats:
+    # ``packets_sent`` holds the packets sent other than PUBLISH (the routing paths count
+    # only ``publish_sent``, once per PUBLISH); ``as_dict``, the one reader, reports it as
+    # every packet sent: the two added.
     __slots__ = ("packets_received", "packets_sent", "publish_received", "publish_sent",
                  "publish_dropped", "publish_unrouted", "publish_lost", "publish_not_logged",
                  "publish_refused", "log_write_failures", "publishers_paused",
@@ -55,7 +58,11 @@ class Stats:
             setattr(self, name, 0)
 
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        """The counters as reported (metrics, $SYS, the admin socket): ``packets_sent`` with
+        the PUBLISH packets in."""
+        counts = {name: getattr(self, name) for name in self.__slots__}
+        counts["packets_sent"] += counts["publish_sent"]
+        return counts
 
 
 # (topic part, counter) pairs that get load averages.

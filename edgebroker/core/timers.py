@@ -216,6 +216,7 @@ class Timers:
     def _on_housekeeping(self) -> None:
         now = self.clock()
         self._housekeeping.start(self, now + HOUSEKEEPING_INTERVAL)
+        self.events.flush(now)      # repeats whose period ended with no event to say them
         changed = self.memory.check()
         if changed is True:
             log.warning("memory use %d bytes is above memory_limit (%d): refusing new connections "
@@ -233,6 +234,12 @@ class Timers:
         now = self.clock()
         self._peer_log_period.start(self, now + self._peer_log_every())
         self.peer_log.flush(now)
+
+    def flush_logs(self, now: float) -> None:
+        """At shutdown: what the rate-limited logs only counted so far (the peer log's counts,
+        the repeats of broker-wide events)."""
+        self.peer_log.flush(now)
+        self.events.flush(now, final=True)
 
     def _on_topic_expiry(self) -> None:
         now = self.clock()

@@ -167,15 +167,27 @@ class AdminServer:
 
 
 def _remove_stale(path: str) -> None:
-    """Remove a socket file left by a broker that died; refuse if a broker still answers."""
+    """Remove a socket file left by a broker that died; refuse if a broker still answers, or
+    if something listens on it without answering (a connection that times out or finds the
+    queue of callers full: a broker whose loop is busy, or stopped, is still there). Only a
+    refused connection (nobody listens) or a file gone meanwhile means a leftover."""
     if not os.path.lexists(path):
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
         probe.connect(path)
-    except OSError:
+    except (ConnectionRefusedError, FileNotFoundError):
         pass  # nobody listens: a leftover
+    except (TimeoutError, BlockingIOError, InterruptedError):
+        raise EdgebrokerError(f"another broker seems to be running with this state directory: "
+                              f"its admin socket {path} is listened on but does not answer (its "
+                              f"queue of callers is full or the process is stopped); not "
+                              f"starting") from None
+    except OSError as exc:
+        raise EdgebrokerError(f"cannot tell whether another broker is running with this state "
+                              f"directory: connecting to its admin socket {path} failed: "
+                              f"{exc.strerror or exc}; not starting") from None
     else:
         raise EdgebrokerError(f"another broker is running with this state directory (its admin "
                               f"socket {path} answers)")

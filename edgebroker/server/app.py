@@ -41,8 +41,8 @@ from edgebroker.server.descriptors import (
     SPARE_DESCRIPTORS, DescriptorRoom, open_files_limit, reserve_descriptors,
 )
 from edgebroker.server.listeners import DescriptorReserve, Listener, UnixListener
-from edgebroker.server.loop import Loop, hold_window
-from edgebroker.server.reload import needs_restart
+from edgebroker.server.loop import Loop
+from edgebroker.server.reload import Reloading
 from edgebroker.server.tls import TLSServer, TLSTransport
 from edgebroker.server.transport import Transport
 
@@ -80,7 +80,7 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class App(DescriptorRoom):
+class App(DescriptorRoom, Reloading):
     """The composition root: the loop, the commit log and its threads, the broker, the
     listeners and their security, the admin socket and the metrics endpoint."""
 
@@ -114,8 +114,9 @@ class App(DescriptorRoom):
         self.authenticator = Authenticator(loop.wake, clock, config.max_login_failures,
                                            config.login_failure_window)
 
-    def start(self) -> None:
-        """Open everything, serve until SIGTERM or SIGINT, shut down."""
+    def start(self) -> int:
+        """Open everything, serve until SIGTERM or SIGINT, shut down. The exit status: 0, or
+        1 when the final session snapshot could not be written (``shutdown``)."""
         loop = self.loop
         keep_freed_memory()
         self.open_listeners()
@@ -147,7 +148,7 @@ class App(DescriptorRoom):
         sdnotify.notify("READY=1\nSTATUS=serving MQTT")
         log.info("edgebroker %s ready", __version__)
         loop.run()
-        self.shutdown()
+        return self.shutdown()
 
     # ----- set-up -----------------------------------------------------------------------
 
@@ -247,13 +248,17 @@ class App(DescriptorRoom):
                             ", ".join(repr(u) for u in passwords.weak))
 
     def _security(self, config: Config, listeners) -> list:
-        """(TLSServer or None, ListenerPolicy) per (index, ListenerConfig); ConfigError."""
+        """(TLSServer or None, ListenerPolicy) per (index, ListenerConfig); ConfigError, naming
+        the configuration file (``config.source``) that names the file it could not use."""
         files: dict = {}
         out = []
-        for i, lc in listeners:
-            tls = TLSServer(lc, f"listener[{i}]") if lc.tls else None
-            policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files)
-            out.append((tls, policy))
+        try:
+            for i, lc in listeners:
+                tls = TLSServer(lc, f"listener[{i}]") if lc.tls else None
+                policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files)
+                out.append((tls, policy))
+        except ConfigError as exc:
+            raise exc.in_file(config.source) from None
         return out
 
     def open_admin(self, state_dir: str) -> None:
@@ -347,111 +352,12 @@ class App(DescriptorRoom):
             framed.client = self.broker.connection_made(framed, refusal)
         return transport
 
-    # ----- reload and shutdown ---------------------------------------------------------
+    # ----- shutdown (reload: server/reload.py) -------------------------------------------
 
-    def reload(self) -> None:
-        if self.reload_config is None:
-            return
-        sdnotify.notify("RELOADING=1")
-        try:
-            config = self.reload_config()
-        except ConfigError as exc:
-            log.error("reload failed, keeping the running configuration: %s", exc)
-        except Exception:
-            log.exception("reload failed, keeping the running configuration")
-        else:
-            changed = needs_restart(self.started, config)
-            if changed:
-                log.warning("reload: changes to %s take effect after a restart (the running "
-                            "values stay)", ", ".join(changed))
-            try:
-                self.reload_security(config)
-            except ConfigError as exc:
-                log.error("reload failed, keeping the running configuration: %s", exc)
-                sdnotify.notify("READY=1")
-                return
-            self.config = config
-            self.loop.hold_window = hold_window(config.coalesce_ms)
-            self.loop.busy_poll.seconds = config.busy_poll_us / 1e6
-            self.broker.apply_config(config)
-            self._apply_limits(config)
-            logging.getLogger("edgebroker").setLevel(config.log_level.upper())
-            log.info("configuration reloaded from %s", config.source or "defaults")
-        sdnotify.notify("READY=1")
-
-    def _apply_limits(self, config: Config) -> None:
-        """Server-side limits on reload: the accept rate, the per-connection output bound, the
-        descriptors reserved for max_connections."""
-        limits = config.limits
-        reserve_descriptors(limits.max_connections + SPARE_DESCRIPTORS)
-        self.warn_open_files()
-        gate = self.accept_gate
-        if not limits.max_connection_rate:
-            self.accept_gate = None
-        elif gate is None:
-            self.accept_gate = self._make_accept_gate(config)
-        else:
-            gate.rate = limits.max_connection_rate
-            gate.burst = limits.connection_burst
-        for transport in self.loop.transports:
-            transport.max_pending = limits.max_pending_write_bytes
-
-    def reload_security(self, config: Config) -> None:
-        """Re-read certificates, password and ACL files (SIGHUP). New connections use them;
-        open TLS connections keep their session; ACL decisions of connected clients and stored
-        sessions follow the re-read ACL. Nothing changes unless every file reads cleanly."""
-        running = []        # (index in the new file, its ListenerConfig) per running listener
-        new = config.listeners
-        for i, listener in enumerate(self.listeners):
-            address = listener.config.address
-            if i < len(new) and new[i].address == address:
-                running.append((i, new[i]))
-            else:   # moved in the file, or gone from it (then the running settings stay)
-                running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
-                                    (i, listener.config)))
-        security = self._security(config, running)
-        for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
-            listener.config = lc
-            listener.set_security(tls, policy)
-        self.authenticator.configure(config.max_login_failures, config.login_failure_window)
-        self._rebind_acls()
-        files = sorted({f for _, p in security for f in (p.settings.password_file,
-                                                          p.settings.acl_file) if f})
-        tls_names = [x.address for x in self.listeners if x.tls is not None]
-        log.info("reload: re-read %s", ", ".join(
-            [f"certificates of {n}" for n in tls_names] + files) or "no security files")
-
-    def _rebind_acls(self) -> None:
-        """After a reload: each session follows the ACL of the listener its client came in on
-        (the ACL file re-read, another one, or none any more). A connected client whose
-        listener has an ACL file now and had none gets a view of it; an offline session
-        without one gets it when its client comes back."""
-        acls = {listener.address: listener.policy.acl for listener in self.listeners
-                if listener.policy is not None}
-        for session in self.broker.sessions.values():
-            client = session.client
-            view = session.acl
-            if client is not None:
-                address, username = client.listener_address, client.username
-            elif view is not None:
-                address, username = view.listener, view.username
-            else:
-                continue
-            if address not in acls:
-                continue        # a bridge's inbound side, or a listener no longer served
-            acl = acls[address]
-            if acl is None:
-                view = None
-            elif view is None:
-                view = acl.view(session.client_id, username, address)
-            else:
-                view.rebind(acl)
-            session.acl = view
-            if client is not None:
-                client.acl = view
-
-    def shutdown(self) -> None:
-        """Stop accepting, send what is queued (bounded in time), close everything."""
+    def shutdown(self) -> int:
+        """Stop accepting, send what is queued (bounded in time), close everything. 1 when
+        the final session snapshot is not on disk (logged, with what the next start misses:
+        the stop failed, systemd shows it), else 0."""
         sdnotify.notify("STOPPING=1")
         log.info("stopping: draining %d connections", len(self.loop.transports))
         for listener in self.listeners:
@@ -485,10 +391,14 @@ class App(DescriptorRoom):
         loop.flush_dirty()
         for transport in list(loop.transports):
             transport.shutdown()
-        self.snapshots.stop(final=self.broker.capture())
+        saved = self.snapshots.stop(final=self.broker.capture())
         self.broker.exchanges.close()
         self.log.close()
         loop.close()
         self.reserve.close()
-        self.broker.peer_log.flush(self.clock())    # what was only counted so far
+        self.broker.flush_logs(self.clock())    # what the rate-limited logs only counted
+        if not saved:
+            log.error("stopped without the final session snapshot (exit status 1)")
+            return 1
         log.info("stopped")
+        return 0

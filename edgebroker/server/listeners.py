@@ -152,6 +152,10 @@ class Listener:
     def peer_name(self, conn: socket.socket, addr) -> str:
         return format_peer(addr)
 
+    def reconfigure(self, config: ListenerConfig) -> None:
+        """A reload: the listener's settings from the file read again (its address stays)."""
+        self.config = config
+
     def set_security(self, tls: TLSServer | None, policy: ListenerPolicy) -> None:
         if tls is not None:
             tls.name = self.address
@@ -304,6 +308,27 @@ class UnixListener(Listener):
         self.address = f"unix:{self.path}"
         self.paused_until = 0.0
         self.framing = framing_for(config)
+
+    def reconfigure(self, config: ListenerConfig) -> None:
+        """A reload: a changed ``unix_socket_mode`` is applied to the socket file at once (who
+        may connect from now on; connections open stay). Not to a file systemd made, nor to
+        one that is no longer the broker's (replaced at the path)."""
+        old = self.config.unix_socket_mode
+        self.config = config
+        if self.stat is None or int(config.unix_socket_mode, 8) == int(old, 8):
+            return
+        mode = int(config.unix_socket_mode, 8)
+        try:
+            st = os.stat(self.path)
+            if (st.st_ino, st.st_dev) != (self.stat.st_ino, self.stat.st_dev):
+                raise OSError(0, "the file at the path is no longer the broker's socket")
+            os.chmod(self.path, mode)
+        except OSError as exc:
+            log.error("reload: cannot give %s the unix_socket_mode %s: %s; its permissions "
+                      "stay as they were", self.address, config.unix_socket_mode,
+                      exc.strerror or exc)
+            return
+        log.info("reload: %s now has mode %s", self.address, config.unix_socket_mode)
 
     def peer_name(self, conn: socket.socket, addr) -> str:
         try:

@@ -1,11 +1,22 @@
-"""What a reload (SIGHUP) cannot apply: the settings the running broker keeps until a restart.
-``App.reload`` (server/app.py) applies the rest and logs one warning naming these."""
+"""A reload (SIGHUP): ``Reloading.reload``, a mixin of ``server.app.App`` over its state (the
+loop, the broker, the listeners, the authenticator), applies what the configuration file says
+now; ``needs_restart`` names the settings the running broker keeps until a restart, logged in
+one warning."""
 
 from __future__ import annotations
+
+import logging
+
+from edgebroker.errors import ConfigError
+from edgebroker.server import sdnotify
+from edgebroker.server.descriptors import SPARE_DESCRIPTORS, reserve_descriptors
+from edgebroker.server.loop import hold_window
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from edgebroker.config import Config
+
+log = logging.getLogger("edgebroker.server")
 
 
 def _listening(lc) -> tuple:
@@ -27,3 +38,108 @@ def needs_restart(started: Config, new: Config) -> list[str]:
         if getattr(new, name) != getattr(started, name):
             changed.append(key)
     return changed
+
+
+class Reloading:
+    """SIGHUP on ``server.app.App``: the configuration read again and applied."""
+
+    def reload(self) -> None:
+        if self.reload_config is None:
+            return
+        sdnotify.notify("RELOADING=1")
+        try:
+            config = self.reload_config()
+        except ConfigError as exc:
+            log.error("reload failed, keeping the running configuration: %s", exc)
+        except Exception:
+            log.exception("reload failed, keeping the running configuration")
+        else:
+            changed = needs_restart(self.started, config)
+            if changed:
+                log.warning("reload: changes to %s take effect after a restart (the running "
+                            "values stay)", ", ".join(changed))
+            try:
+                self.reload_security(config)
+            except ConfigError as exc:
+                log.error("reload failed, keeping the running configuration: %s", exc)
+                sdnotify.notify("READY=1")
+                return
+            self.config = config
+            self.loop.hold_window = hold_window(config.coalesce_ms)
+            self.loop.busy_poll.seconds = config.busy_poll_us / 1e6
+            self.broker.apply_config(config)
+            self._apply_limits(config)
+            logging.getLogger("edgebroker").setLevel(config.log_level.upper())
+            log.info("configuration reloaded from %s", config.source or "defaults")
+        sdnotify.notify("READY=1")
+
+    def _apply_limits(self, config: Config) -> None:
+        """Server-side limits on reload: the accept rate, the per-connection output bound, the
+        descriptors reserved for max_connections."""
+        limits = config.limits
+        reserve_descriptors(limits.max_connections + SPARE_DESCRIPTORS)
+        self.warn_open_files()
+        gate = self.accept_gate
+        if not limits.max_connection_rate:
+            self.accept_gate = None
+        elif gate is None:
+            self.accept_gate = self._make_accept_gate(config)
+        else:
+            gate.rate = limits.max_connection_rate
+            gate.burst = limits.connection_burst
+        for transport in self.loop.transports:
+            transport.max_pending = limits.max_pending_write_bytes
+
+    def reload_security(self, config: Config) -> None:
+        """Re-read certificates, password and ACL files (SIGHUP). New connections use them;
+        open TLS connections keep their session; ACL decisions of connected clients and stored
+        sessions follow the re-read ACL. Nothing changes unless every file reads cleanly."""
+        running = []        # (index in the new file, its ListenerConfig) per running listener
+        new = config.listeners
+        for i, listener in enumerate(self.listeners):
+            address = listener.config.address
+            if i < len(new) and new[i].address == address:
+                running.append((i, new[i]))
+            else:   # moved in the file, or gone from it (then the running settings stay)
+                running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
+                                    (i, listener.config)))
+        security = self._security(config, running)
+        for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
+            listener.reconfigure(lc)
+            listener.set_security(tls, policy)
+        self.authenticator.configure(config.max_login_failures, config.login_failure_window)
+        self._rebind_acls()
+        files = sorted({f for _, p in security for f in (p.settings.password_file,
+                                                          p.settings.acl_file) if f})
+        tls_names = [x.address for x in self.listeners if x.tls is not None]
+        log.info("reload: re-read %s", ", ".join(
+            [f"certificates of {n}" for n in tls_names] + files) or "no security files")
+
+    def _rebind_acls(self) -> None:
+        """After a reload: each session follows the ACL of the listener its client came in on
+        (the ACL file re-read, another one, or none any more). A connected client whose
+        listener has an ACL file now and had none gets a view of it; an offline session
+        without one gets it when its client comes back."""
+        acls = {listener.address: listener.policy.acl for listener in self.listeners
+                if listener.policy is not None}
+        for session in self.broker.sessions.values():
+            client = session.client
+            view = session.acl
+            if client is not None:
+                address, username = client.listener_address, client.username
+            elif view is not None:
+                address, username = view.listener, view.username
+            else:
+                continue
+            if address not in acls:
+                continue        # a bridge's inbound side, or a listener no longer served
+            acl = acls[address]
+            if acl is None:
+                view = None
+            elif view is None:
+                view = acl.view(session.client_id, username, address)
+            else:
+                view.rebind(acl)
+            session.acl = view
+            if client is not None:
+                client.acl = view

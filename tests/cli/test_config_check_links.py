@@ -48,8 +48,7 @@ def test_link_problems_are_found_by_config_check_and_before_serve_opens_its_stat
     data = tmp_path / "data"
     path.write_text(f'data_dir = "{data}"\n[[listener]]\nport = 0\n' + text)
     r = run_cli(*command, "-c", str(path))
-    where = str(path) if command == ("config", "check") else None
-    want = "".join(f"{ERROR}{where + ': ' if where else ''}{p}\n" for p in problems)
+    want = "".join(f"{ERROR}{path}: {p}\n" for p in problems)   # both name the file
     assert (r.returncode, r.stderr) == (2, want)
     assert not (data / "log").exists()
 

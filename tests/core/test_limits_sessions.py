@@ -98,6 +98,26 @@ def test_an_offline_session_expires_and_a_connected_one_does_not(broker, uid):
     assert kept.ping() == []
 
 
+def test_expiries_not_logged_are_reported_at_shutdown(broker, uid):
+    """Sessions expiring together: the first is logged, the others only counted; with no
+    expiry after them the count was never logged (only the next expiry said it). The stop
+    logs the last of them with their number."""
+    b = broker(limits={"persistent_client_expiration": 1})
+    for i in range(3):
+        c = b.client(f"{uid}-{i}", clean=False)
+        c.subscribe(f"{uid}/t", qos=1)
+        c.disconnect()
+    assert b.wait_log(f"persistent session '{uid}-", timeout=10)
+    deadline = time.monotonic() + 10
+    while b.stats()["counters"]["sessions_expired"] < 3:
+        assert time.monotonic() < deadline, "the sessions did not all expire"
+        threading.Event().wait(0.05)
+    mark = b.mark()
+    assert b.stop() == 0
+    line = b.wait_log("that were not logged when they came", start=mark, timeout=1)
+    assert line and f"persistent session '{uid}-" in line and "the last of 2 like this" in line
+
+
 def test_expiry_counts_from_the_disconnect_across_a_restart(broker, uid):
     """The snapshot keeps when each session went offline: after a restart a session offline
     for longer than persistent_client_expiration is removed at once, one offline for less is

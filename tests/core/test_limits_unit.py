@@ -315,3 +315,32 @@ def test_process_usage_reads_the_figures_psutil_gives():
     assert abs(grown - proc.memory_info().rss) < 1 << 20
     assert grown - rss >= 7 << 20
     ballast.close()
+
+
+def test_event_log_reports_repeats_no_event_followed(caplog):
+    """Repeats with no event after them: flush logs the last of them with their number once
+    the period is over (not before), or at once when final (shutdown); the next event of the
+    kind is then logged when it comes."""
+    ev = L.EventLog(logging.getLogger("test.events"), period=60)
+    with caplog.at_level(logging.INFO, logger="test.events"):
+        ev.log(logging.INFO, "expired", 0.0, "removed %s", "s0")
+        for i in range(1, 5):
+            ev.log(logging.INFO, "expired", float(i), "removed %s", f"s{i}")
+        ev.log(logging.WARNING, "flood", 2.0, "refused %s", "a")
+        ev.log(logging.WARNING, "flood", 3.0, "refused %s", "b")
+        ev.flush(59.0)
+        assert len(caplog.records) == 2
+        ev.flush(60.5)
+        assert len(caplog.records) == 3
+        late = caplog.records[2]
+        assert late.levelno == logging.INFO and late.getMessage() == (
+            "removed s4 (the last of 4 like this in the last 60 s that were not logged when "
+            "they came)")
+        ev.flush(61.5)
+        assert len(caplog.records) == 3          # "flood" (from 2.0) not over yet, nothing new
+        ev.log(logging.INFO, "expired", 62.0, "removed %s", "s5")
+        assert caplog.records[3].getMessage() == "removed s5"
+        ev.flush(63.0, final=True)                # shutdown: the flood's repeat, early
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 5 and lines[4].startswith("refused b (the last of 1 like this in the "
+                                                   "last 61 s")

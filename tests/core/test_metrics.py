@@ -168,3 +168,21 @@ def test_sys_limits_refusals_drops_and_per_client_figures(broker):
     assert [p.topic for p in retained if p.retain] == ["$SYS/broker/limits/max_topics"]
     assert 0 <= number(seen["$SYS/broker/loop/pass/p50"].payload) \
         <= number(seen["$SYS/broker/loop/pass/p99"].payload) < 1
+
+
+def test_packets_sent_counts_the_publish_packets_too(broker, uid):
+    """packets_sent ($SYS messages/sent, edgebroker_packets_sent_total) is every MQTT packet
+    sent, as documented: the PUBLISH packets a subscriber got were left out."""
+    b = broker()
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t")
+    pub = b.client(f"{uid}-p")
+    for i in range(20):
+        pub.publish(f"{uid}/t", b"m%d" % i)
+    for _ in range(20):
+        sub.recv_publish()
+    assert sub.ping() == [] and pub.ping() == []
+    counters = b.stats()["counters"]
+    assert counters["publish_sent"] == 20
+    # 2 CONNACK, 1 SUBACK, 20 PUBLISH, 2 PINGRESP
+    assert counters["packets_sent"] == 25, counters

@@ -155,3 +155,79 @@ def test_every_sort_key(broker, uid):
     assert b.admin("clients", sort="id", limit=1)["clients"][0]["id"] == f"{uid}-a"
     for key in ("msgs_in", "bytes_in", "subscriptions", "msgs_in_rate"):
         assert b.admin("clients", sort=key, limit=1)["clients"][0]["id"] == f"{uid}-z", key
+
+
+def test_a_second_broker_keeps_off_the_admin_socket_of_one_that_does_not_answer(broker, tmp_path):
+    """A running broker that does not accept for a moment (stopped here) with its admin queue
+    full: the probe of a second broker gets no answer, which is not "nobody listens": it
+    refuses to start and leaves the socket file alone."""
+    import signal
+
+    data = tmp_path / "shared"
+    b = broker(data_dir=str(data))
+    inode = os.stat(b.admin_path).st_ino
+    held = []
+    b.send_signal(signal.SIGSTOP)
+    try:
+        for _ in range(64):      # the listen backlog is 8: fill it
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(str(b.admin_path))
+            except BlockingIOError:
+                s.close()
+                break
+            held.append(s)
+        else:
+            raise AssertionError("the admin socket's queue never filled")
+        second = broker(data_dir=str(data), wait=False)
+        assert second.proc.wait(15) == 1
+        second.stopped = True
+        assert second.wait_log("its admin socket") and second.wait_log("does not answer")
+        assert os.stat(b.admin_path).st_ino == inode
+    finally:
+        for s in held:
+            s.close()
+        b.send_signal(signal.SIGCONT)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(b.admin_path))   # blocking: waits for the broker to take the queue
+        s.settimeout(5)
+        s.sendall(b"stats\n")
+        reply = json.loads(s.makefile("rb").readline())
+    # The first broker answers on its socket (maybe "busy": the held connections it accepted
+    # first may not be closed on its side yet).
+    assert (reply["ok"] and reply["stats"]["clients_connected"] == 0
+            or "busy" in reply.get("error", "")), reply
+    assert b.alive()
+
+
+def test_inspect_clients_watch_connects_again_when_the_broker_closed_the_connection(
+        broker, tmp_path, uid):
+    """`--watch` asks on one connection; one the broker closed between two refreshes (the
+    broker drops a connection idle for 60 s; here it restarts) is opened again instead of
+    ending the command with an error. The command is stopped while the broker restarts, so
+    its next refresh comes after."""
+    import signal
+    import subprocess
+
+    from conftest import REPO, broker_command
+
+    data = tmp_path / "shared"
+    b = broker(data_dir=str(data))
+    b.client(uid)
+    cli = subprocess.Popen([*broker_command(), "inspect", "clients", "--data-dir", str(data),
+                            "--watch", "3", "--iterations", "2", "--format", "json"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(cli.stdout.readline())
+        cli.send_signal(signal.SIGSTOP)
+        b.stop()
+        broker(data_dir=str(data))
+        cli.send_signal(signal.SIGCONT)
+        out, err = cli.communicate(timeout=20)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(5)
+    assert cli.returncode == 0, err
+    assert first["total"] == 1 and json.loads(out)["total"] == 0

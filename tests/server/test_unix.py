@@ -82,3 +82,44 @@ def test_unix_listener_config_errors(tmp_path):
         cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [listener]}))
         r = run_cli("config", "check", "-c", str(cfg))
         assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
+def test_reload_applies_a_new_unix_socket_mode(broker, tmp_path, uid):
+    """SIGHUP with a tighter unix_socket_mode: the socket file takes it at once (it kept its
+    old mode, with nothing said but "configuration reloaded")."""
+    import signal
+
+    path = tmp_path / "mqtt.sock"
+    b = broker(listener=[unix_listener(path, unix_socket_mode="0666")])
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
+    b.config_path.write_text(toml_dumps({**b.config, "listener": [
+        unix_listener(path, unix_socket_mode="0600")]}))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", start=mark), b.log_text()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert b.wait_log(f"unix:{path} now has mode 0600", start=mark)
+    assert b.client(uid, transport={"unix_path": str(path)}).ping() == []
+
+
+def test_config_check_refuses_unix_socket_paths_serve_cannot_bind(tmp_path):
+    """A path over 107 bytes or in a directory that does not exist: config check said OK and
+    serve could not listen."""
+    long_path = str(tmp_path / ("s" * 120))
+    missing = str(tmp_path / "no-such-dir" / "mqtt.sock")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [
+        unix_listener(long_path), unix_listener(missing)]}))
+    r = run_cli("config", "check", "-c", str(cfg))
+    assert r.returncode == 2, r.stdout
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2, r.stderr
+    assert lines[0] == (f"edgebroker: config error: {cfg}: listener[0].unix_socket: {long_path} "
+                        f"is longer than 107 bytes (a Unix socket's path limit): serve cannot "
+                        f"listen there")
+    assert lines[1] == (f"edgebroker: config error: {cfg}: listener[1].unix_socket: the "
+                        f"directory {tmp_path / 'no-such-dir'} does not exist: serve cannot "
+                        f"listen on {missing}")
+    for listener in (unix_listener(long_path), unix_listener(missing)):
+        cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [listener]}))
+        assert run_cli("serve", "-c", str(cfg)).returncode != 0

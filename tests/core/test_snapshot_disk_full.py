@@ -1,0 +1,71 @@
+"""The final session snapshot of a stop on a full disk (a private tmpfs; see tests/diskfull.py):
+written in the room kept for it (core.snapshot_reserve), or, when even that is missing, an
+error saying what is lost and exit status 1 (docs/persistence.md)."""
+
+import os
+import threading
+import time
+
+from diskfull import fill_up, in_private_mount_namespace, mount_tmpfs
+
+RESERVE = "sessions.json.reserve"
+
+
+def _full_disk_with_a_new_session(broker, uid, tmp_path):
+    """A broker whose disk fills up after its reserve is made, and a persistent session made
+    while it is full (SUBACK sent; no snapshot can hold it): (broker, data_dir, small)."""
+    small = tmp_path / "small"
+    mount_tmpfs(small, "4m")
+    data_dir = str(small / "data")
+    b = broker(data_dir=data_dir)
+    reserve = os.path.join(data_dir, RESERVE)
+    deadline = time.monotonic() + 10
+    while not (os.path.exists(reserve) and os.stat(reserve).st_blocks > 0):
+        assert time.monotonic() < deadline, "no reserve made for the final snapshot"
+        threading.Event().wait(0.05)
+    fill_up(small / "filler")
+    mark = b.mark()
+    late = b.client(f"{uid}-late", clean=False)
+    late.subscribe(f"{uid}/t", qos=1)
+    late.disconnect()
+    assert b.wait_log("cannot write the session snapshot", timeout=10, start=mark)
+    return b, data_dir, small
+
+
+def test_a_stop_on_a_full_disk_writes_the_final_snapshot_in_the_room_kept_for_it(
+        broker, uid, tmp_path, request):
+    """The session made while the disk was full survives the stop (it was gone after the
+    restart, the stop saying only "stopped")."""
+    if not in_private_mount_namespace(request):
+        return
+    b, data_dir, small = _full_disk_with_a_new_session(broker, uid, tmp_path)
+    mark = b.mark()
+    assert b.stop() == 0
+    assert b.wait_log("writing it in the space kept for it", timeout=1, start=mark)
+    assert not any("final session snapshot" in ln and "ERROR" in ln for ln in b.logs[mark:])
+    # Only the room the snapshot needed was cut from the reserve: the rest is still kept.
+    assert os.stat(os.path.join(data_dir, RESERVE)).st_size > 0
+    os.unlink(small / "filler")
+    again = broker(data_dir=data_dir)
+    late = again.raw()
+    assert late.connect(f"{uid}-late", clean=False).session_present
+    again.client(f"{uid}-p").publish(f"{uid}/t", b"to the session", qos=1)
+    assert late.recv_publish().payload == b"to the session"
+
+
+def test_a_stop_that_cannot_write_the_final_snapshot_says_what_is_lost(
+        broker, uid, tmp_path, request):
+    """No room and no reserve (deleted here; as when it could not be made): an error names the
+    snapshot, the error and the sessions lost, and the exit status is 1 (was: "stopped", 0)."""
+    if not in_private_mount_namespace(request):
+        return
+    b, data_dir, small = _full_disk_with_a_new_session(broker, uid, tmp_path)
+    os.unlink(os.path.join(data_dir, RESERVE))
+    fill_up(small / "filler2")
+    mark = b.mark()
+    assert b.stop() == 1
+    line = b.wait_log("cannot write the final session snapshot", timeout=1, start=mark)
+    assert line and "ERROR" in line and os.path.join(data_dir, "sessions.json") in line
+    assert "No space left on device" in line and f"1 made since are lost: '{uid}-late'" in line
+    assert b.wait_log("stopped without the final session snapshot (exit status 1)", timeout=1,
+                      start=mark)
