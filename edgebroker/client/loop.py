@@ -24,6 +24,7 @@ back-off: backoff.py. The state file: statefile.py.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import selectors
@@ -37,10 +38,13 @@ from edgebroker.client.connection import Connection
 from edgebroker.client.events import (
     Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
 )
-from edgebroker.client.requests import PUBLISH, SUBSCRIBE, ClientError, Request, as_request
+from edgebroker.client.requests import ClientError, Request, as_request
+from edgebroker.client.sending import refusal
 from edgebroker.client.loop_commands import LoopCommands
 from edgebroker.client.loop_dial import DIAL, LoopDialing, why
 from edgebroker.client.statefile import read_state
+
+log = logging.getLogger("edgebroker.client")
 
 OUTPUT_HIGH = 1 << 20      # bytes waiting for the socket above which no request is taken
 PULL_BATCH = 1000          # requests taken per pass at most (then the bytes go out)
@@ -48,7 +52,6 @@ IDLE_POLL = 0.05           # seconds before asking a source that said "nothing f
 READ_SIZE = 1 << 16
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
 _NEVER = float("inf")       # _idle_until while the source waits for its descriptor
-_REFUSED = 0x80             # "unspecified error", valid in SUBACK of 3.1.1 and 5.0 alike
 _SOURCE = "source"          # the selector key's data of the source's descriptor
 
 
@@ -285,10 +288,12 @@ class EventLoop(LoopCommands, LoopDialing):
             req = item if type(item) is Request else as_request(item)
             try:
                 submit(req)
-            except ClientError:
-                # Never sendable on this connection (5.0 properties over 3.1.1): answered as
-                # refused, so a spool lets it go rather than give it again at every start.
-                self._answered([_refused(req)])
+            except ClientError as exc:
+                # Never sendable on this connection (5.0 properties over 3.1.1, properties not
+                # valid): answered as refused, so a spool lets it go rather than give it again
+                # at every start.
+                log.warning("%s; answered as refused (0x80)", exc)
+                self._answered([refusal(req)])
                 continue
             if watch is not None:
                 watch[id(req)] = req
@@ -482,10 +487,3 @@ class EventLoop(LoopCommands, LoopDialing):
         self._transport = None
         self._out.clear()
 
-
-def _refused(req: Request):
-    """The answer to a request the connection refuses to send (reason code 0x80)."""
-    if req.kind is PUBLISH:
-        return Acked(req, _REFUSED)
-    codes = [_REFUSED] * len(req.filters)
-    return Subscribed(req, codes) if req.kind is SUBSCRIBE else Unsubscribed(req, codes)

@@ -35,7 +35,8 @@ import threading
 import zlib
 from collections import deque
 
-from edgebroker.client.requests import Request, from_state, make_publish, to_state
+from edgebroker.client.requests import (Request, check_sendable, from_state, make_publish,
+                                        to_state)
 from edgebroker.files import replace_file
 
 log = logging.getLogger("edgebroker.client.spool")
@@ -85,8 +86,11 @@ class Spool:
         """Keep a request (a Request, or the arguments of make_publish); its sequence
         number (unique among the requests not answered; after compaction and a reopen a
         number of an answered request may come again: docs/client.md)."""
-        req = (request_or_topic if isinstance(request_or_topic, Request)
-               else make_publish(request_or_topic, payload, qos, retain, properties, token))
+        if isinstance(request_or_topic, Request):
+            req = request_or_topic
+            check_sendable(req, True)         # ClientError for properties not valid
+        else:
+            req = make_publish(request_or_topic, payload, qos, retain, properties, token)
         with self._lock:
             seq = self._next_seq
             doc = _record(to_state(req), seq)
@@ -108,12 +112,21 @@ class Spool:
 
     def __next__(self):
         with self._lock:
-            if not self._waiting:
-                return None
-            seq, doc = self._waiting.popleft()
-            req = from_state(doc)
-            self._out[id(req)] = (seq, req)   # (under the lock: unacked never misses it)
-        return req
+            while self._waiting:
+                seq, doc = self._waiting.popleft()
+                try:
+                    req = from_state(doc)
+                except ValueError as exc:
+                    # Sound on disk but no request (written by hand, or by another version):
+                    # never sendable, so let go of for good rather than stop the loop.
+                    log.warning("%s: record %d is no request this client can send (%s); "
+                                "skipped and counted as answered", self.path, seq, exc)
+                    self._unwritten.append(seq)
+                    self._write_acks()
+                    continue
+                self._out[id(req)] = (seq, req)   # (under the lock: unacked never misses it)
+                return req
+        return None
 
     def acked(self, request) -> None:
         """``request`` (one this spool gave) was answered: never give it again. Never raises
