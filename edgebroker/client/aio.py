@@ -166,6 +166,7 @@ class AsyncClient(AsyncDialing):
         t = self._transport
         if t is None:
             return
+        self.backoff.lost(self._loop.time())
         self._pause_reading()
         if self._writing:
             self._loop.remove_writer(t.fileno())
@@ -301,7 +302,7 @@ class AsyncClient(AsyncDialing):
                 # a reconnection without a session, token RESUBSCRIBE): an event like others.
             self._post(event)
             if isinstance(event, Connected):
-                self.backoff.succeeded()
+                self.backoff.succeeded(self._loop.time())
                 if not self._first.done():
                     self._first.set_result(event)
                 self._space.set()

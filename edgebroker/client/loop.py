@@ -443,9 +443,8 @@ class EventLoop(LoopCommands, LoopDialing):
     def _check_state(self, now: float) -> None:
         state = self.conn.state
         if self._transport is None or state in ("connected", "connecting"):
-            if state == "connected" and (self.backoff.attempts
-                                         or not self.backoff.connected_once):
-                self.backoff.succeeded()
+            if state == "connected" and self.backoff.up_since is None:
+                self.backoff.succeeded(now)     # (the count starts again once it lasted)
             return
         # The connection ended (refused, server DISCONNECT, protocol error, ping timeout):
         # what it still has to say (a 5.0 DISCONNECT) goes out first, briefly.
@@ -480,6 +479,7 @@ class EventLoop(LoopCommands, LoopDialing):
         transport = self._transport
         if transport is None:
             return
+        self.backoff.lost(self._clock())
         if self._mask:
             self._selector.unregister(transport)
             self._mask = 0
