@@ -112,7 +112,8 @@ class Connection:
         self._closing: bytes | None = None  # the DISCONNECT to send last (disconnect())
         self._aliases: dict = {}
         self._ka = keepalive
-        # moved_at: when the transport last took bytes (the loop sets it; see tick)
+        # moved_at: when bytes that waited in the driver's own buffer (behind a slow link)
+        # last left (the loop sets it; see tick)
         self._last_sent = self._last_recv = self.moved_at = 0.0
         self._sent_untimed = False       # data handed out with no ``now`` (tick dates it)
         self._ping_due: float | None = None
@@ -349,8 +350,8 @@ class Connection:
     # -- time -----------------------------------------------------------------------------------
     def tick(self, now: float) -> list:
         """Keepalive and the CONNACK deadline: PINGREQ when nothing went out, or nothing came
-        in, for the keepalive; PingTimeout when its PINGRESP is not back, nor any byte moved
-        either way (``moved_at``), for a keepalive."""
+        in, for the keepalive; PingTimeout when its PINGRESP is not back, no byte came in, and
+        no byte that waited in the driver's buffer left (``moved_at``), for a keepalive."""
         events = self._events
         self._events = []
         state = self.state

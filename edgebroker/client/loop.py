@@ -311,6 +311,7 @@ class EventLoop(LoopCommands, LoopDialing):
         if transport is None:
             return
         out = self._out
+        waited = bool(out)
         if out:
             out += data             # behind what is waiting already
             data = out
@@ -323,8 +324,11 @@ class EventLoop(LoopCommands, LoopDialing):
         except OSError as exc:
             self._lost(f"send: {why(exc)}")
             return
-        if n:
-            conn.moved_at = now     # the link moves: a PINGREQ behind these bytes is not late
+        if n and waited:
+            # Bytes that waited in this buffer leave: a slow link, not a dead one, so a PINGREQ
+            # behind them is not late. Bytes the socket takes at once do not count: its kernel
+            # buffers take them for a while from a peer that has gone silent too.
+            conn.moved_at = now
         if data is out:
             del out[:n]
         elif n < len(data):
