@@ -3,9 +3,10 @@ exit codes; docs/client-cli.md), on edgebroker.client. Usable against any MQTT b
 
 Each message is printed as its payload (``-v``: the topic, a space, the payload), then a
 newline (``-N``: none), flushed at once; an empty payload as mosquitto_sub prints it: nothing,
-or with ``-v`` the topic and `` (null)`` (nothing with ``-v -N`` either); it counts for ``-C``. ``-C N`` exits after N messages, ``-W S`` after S
-seconds with code 27, ``-E`` once the subscriptions are acknowledged. ``-R`` skips retained
-messages, ``-T FILTER`` (repeatable) skips topics matching it, ``-U FILTER`` unsubscribes.
+or with ``-v`` the topic and `` (null)`` (nothing with ``-v -N`` either); it counts for
+``-C``. ``-C N`` exits after N messages, ``-W S`` after S seconds with code 27, ``-E``
+once the subscriptions are acknowledged. ``-R`` skips retained messages, ``-T FILTER``
+(repeatable) skips topics matching it, ``-U FILTER`` unsubscribes.
 Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub. A link lost after the first
 connection is connected again (mqtt_options.Session), and the event loop subscribes again
 to the filters when the broker did not keep the session (its ``resubscribe``).
