@@ -2,9 +2,11 @@
 exit codes; docs/client-cli.md), on edgebroker.client. Usable against any MQTT broker.
 
 Each message is printed as its payload (``-v``: the topic, a space, the payload), then a
-newline (``-N``: none), flushed at once. ``-C N`` exits after N messages, ``-W S`` after S
-seconds with code 27, ``-E`` once the subscriptions are acknowledged. ``-R`` skips retained
-messages, ``-T FILTER`` (repeatable) skips topics matching it, ``-U FILTER`` unsubscribes.
+newline (``-N``: none), flushed at once; an empty payload as mosquitto_sub prints it: nothing,
+or with ``-v`` the topic and `` (null)`` (nothing with ``-v -N`` either); it counts for
+``-C``. ``-C N`` exits after N messages, ``-W S`` after S seconds with code 27, ``-E``
+once the subscriptions are acknowledged. ``-R`` skips retained messages, ``-T FILTER``
+(repeatable) skips topics matching it, ``-U FILTER`` unsubscribes.
 Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub. A link lost after the first
 connection is connected again (mqtt_options.Session), and the event loop subscribes again
 to the filters when the broker did not keep the session (its ``resubscribe``).
@@ -93,8 +95,11 @@ def subscribe(args) -> int:
                 session.say(f"received PUBLISH (d{int(event.dup)}, q{event.qos}, "
                             f"r{int(event.retain)}, '{event.topic}', ... "
                             f"({len(event.payload)} bytes))")
-                head = event.topic.encode() + b" " if args.verbose else b""
-                out.write(head + event.payload + newline)
+                if event.payload:
+                    head = event.topic.encode() + b" " if args.verbose else b""
+                    out.write(head + event.payload + newline)
+                elif args.verbose and newline:       # as mosquitto_sub: "(null)", or nothing
+                    out.write(event.topic.encode() + b" (null)\n")
                 out.flush()
                 printed += 1
                 if args.count and printed >= args.count:

@@ -42,7 +42,8 @@ Reconnection (``reconnect``): ``"never"``, ``"after_first_success"`` (the defaul
 ``backoff[0]`` doubling up to ``backoff[1]`` seconds: client/backoff.py's, as the synchronous
 loop's.
 In-flight and queued requests carry over: their futures complete on a later connection. When
-the client gives up, or on ``close()``, the futures still open fail with ``ClientClosed``.
+the client gives up, or on ``close()``, the futures still open fail with ``ClientClosed``,
+as does a ``connect()`` still waiting for its first connection.
 An error that is not the network's (a host name that cannot be looked up) is not tried
 again: the client gives up at once (client/aio_dial.py, which makes the connections).
 """
@@ -166,6 +167,7 @@ class AsyncClient(AsyncDialing):
         t = self._transport
         if t is None:
             return
+        self.backoff.lost(self._loop.time())
         self._pause_reading()
         if self._writing:
             self._loop.remove_writer(t.fileno())
@@ -190,8 +192,12 @@ class AsyncClient(AsyncDialing):
         self._finish(error)
 
     def _finish(self, error: Exception) -> None:
-        """No more connections: open requests fail, the iterator ends."""
+        """No more connections: a ``connect()`` still waiting and open requests fail, the
+        iterator ends."""
         self._closed = True
+        if self._first is not None and not self._first.done():
+            self._first.set_exception(ClientClosed(f"closed before a connection was made: "
+                                                   f"{error}"))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -301,7 +307,7 @@ class AsyncClient(AsyncDialing):
                 # a reconnection without a session, token RESUBSCRIBE): an event like others.
             self._post(event)
             if isinstance(event, Connected):
-                self.backoff.succeeded()
+                self.backoff.succeeded(self._loop.time())
                 if not self._first.done():
                     self._first.set_result(event)
                 self._space.set()
@@ -438,7 +444,8 @@ class AsyncClient(AsyncDialing):
         await self.close()
 
     async def close(self) -> None:
-        """Close the link at once; open futures fail with ClientClosed."""
+        """Close the link at once; open futures, and a ``connect()`` still waiting for its
+        first connection, fail with ClientClosed."""
         if self._dialing is not None and not self._dialing.done():
             self._dialing.cancel()
         if not self._closed:

@@ -6,8 +6,11 @@ default, so a wrong address fails at once), ``always`` (attempts never stop, als
 first success: a device that starts while its link is down).
 
 Back-off ("full jitter"): the n-th attempt in a row waits a random time between 0 and
-``min(cap, base * 2**n)`` seconds; a CONNACK with success starts the count again. Random
-delays keep a fleet of devices that lost the same link from reconnecting in step.
+``min(cap, base * 2**n)`` seconds. Random delays keep a fleet of devices that lost the same
+link from reconnecting in step. The count starts again once a connection made (CONNACK with
+success) has lasted ``STABLE_AFTER`` seconds: a server that closes each connection soon
+after its CONNACK (a message it refuses, a client id taken over again and again) meets a
+growing wait, not a reconnection as fast as the link allows.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ NEVER = "never"
 AFTER_FIRST_SUCCESS = "after_first_success"
 ALWAYS = "always"
 POLICIES = (NEVER, AFTER_FIRST_SUCCESS, ALWAYS)
+STABLE_AFTER = 10.0     # seconds a connection must last for the count to start again
 
 
 def ceiling(attempts: int, base: float, cap: float) -> float:
@@ -27,7 +31,7 @@ def ceiling(attempts: int, base: float, cap: float) -> float:
 
 
 class Backoff:
-    __slots__ = ("policy", "base", "cap", "attempts", "connected_once", "_random")
+    __slots__ = ("policy", "base", "cap", "attempts", "connected_once", "up_since", "_random")
 
     def __init__(self, policy: str = AFTER_FIRST_SUCCESS, base: float = 0.5,
                  cap: float = 30.0, rng=random.random):
@@ -41,11 +45,23 @@ class Backoff:
         self.cap = cap
         self.attempts = 0          # failed attempts (or losses) since the last success
         self.connected_once = False
+        self.up_since: float | None = None     # when the connection now up was made
         self._random = rng
 
-    def succeeded(self) -> None:
-        self.attempts = 0
+    def succeeded(self, now: float | None = None) -> None:
+        """A connection was made (CONNACK with success) at ``now``: the count starts again
+        when it ends after ``STABLE_AFTER`` seconds (``lost``); without ``now``, at once."""
         self.connected_once = True
+        if now is None:
+            self.attempts = 0
+        else:
+            self.up_since = now
+
+    def lost(self, now: float) -> None:
+        """The connection ended (any way) at ``now``."""
+        if self.up_since is not None and now - self.up_since >= STABLE_AFTER:
+            self.attempts = 0
+        self.up_since = None
 
     def again(self) -> bool:
         """Whether to connect again after a failure or a loss."""

@@ -4,8 +4,9 @@ send; no sockets, clocks or threads (the caller passes ``now``). The event loop
 /work/notes/client-api.md's; docs/client.md says what it chose where MQTT is silent.
 
 The states and their moves are client/states.py's; packets from the server are handled in
-client/incoming.py, what is sent again after a reconnection in client/resume.py; the state
-file is client/state.py's.
+client/incoming.py, a request's first sending (and the server's limits) in client/sending.py,
+what is sent again after a reconnection in client/resume.py; the state file is
+client/state.py's; 5.0 properties are checked by client/propcheck.py.
 
 Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the
 window (the smaller of ``max_inflight`` and the server's Receive Maximum) and what follows it
@@ -17,26 +18,26 @@ from __future__ import annotations
 
 from collections import deque
 
-from edgebroker.errors import (PACKET_TOO_LARGE, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
-                               RETAIN_NOT_SUPPORTED, ProtocolError)
+from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
 from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
 from edgebroker.client.incoming import HANDLERS, on_ack
 from edgebroker.client.requests import (PUBLISH, STAGE_PUBLISH, SUBSCRIBE, ClientError,
-                                        QueueFull, Request, make_publish, make_subscribe,
-                                        make_unsubscribe, other_frame, publish_frame)
+                                        QueueFull, Request, check_sendable, make_publish,
+                                        make_subscribe, make_unsubscribe)
 from edgebroker.client.resume import send_again
+from edgebroker.client.propcheck import property_problem
+from edgebroker.client.sending import send_other, send_publish, send_qos0
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import (DISCONNECT_BYTES, PINGREQ_BYTES, encode_ack,
                                     encode_connect, encode_puback)
 from edgebroker.mqtt.encode5 import encode_disconnect5
-from edgebroker.mqtt.properties import MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM
+from edgebroker.mqtt.properties import (MAXIMUM_PACKET_SIZE, RECEIVE_MAXIMUM,
+                                        TOPIC_ALIAS_MAXIMUM, WILL)
 from edgebroker.mqtt.stream import Decoder
 
 __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
-
-QOS0_HEADS_KEPT = 256    # QoS 0 PUBLISH heads kept (then the cache starts again)
 
 class Connection:
     """One client's MQTT session over successive transports (see the module doc)."""
@@ -59,6 +60,10 @@ class Connection:
                               f"least one request: every request passes through it)")
         if properties and protocol != P.PROTOCOL_5:
             raise ClientError("CONNECT properties need protocol 5")
+        problem = property_problem(properties, P.CONNECT) or will is not None and (
+            property_problem(will.properties, WILL))
+        if problem:
+            raise ClientError(f"CONNECT: {problem}")
         if max_packet_size is not None:
             # The largest packet taken from the server (the decoder's limit); on 5.0 the
             # server is told (Maximum Packet Size) unless the properties say it already.
@@ -107,7 +112,8 @@ class Connection:
         self._closing: bytes | None = None  # the DISCONNECT to send last (disconnect())
         self._aliases: dict = {}
         self._ka = keepalive
-        # moved_at: when the transport last took bytes (the loop sets it; see tick)
+        # moved_at: when bytes that waited in the driver's own buffer (behind a slow link)
+        # last left (the loop sets it; see tick)
         self._last_sent = self._last_recv = self.moved_at = 0.0
         self._sent_untimed = False       # data handed out with no ``now`` (tick dates it)
         self._ping_due: float | None = None
@@ -246,10 +252,8 @@ class Connection:
         queue = self._queue
         if len(queue) >= self.max_queued:
             raise QueueFull(f"{len(queue)} requests are queued already (max_queued)")
-        if not self._v5 and (req.properties or req.kind is SUBSCRIBE and any(
-                options > 2 for _, options in req.filters)):
-            raise ClientError(f"{req.kind} with properties or subscription options needs "
-                              f"protocol 5")
+        if req.properties is not None or req.kind is SUBSCRIBE and not self._v5:
+            check_sendable(req, self._v5)     # 5.0 over 3.1.1, properties not valid
         if (queue or self._resend_wait or self.state is not CONNECTED
                 or self._closing is not None):
             queue.append(req)
@@ -276,67 +280,10 @@ class Connection:
         self._next_pid = pid % 0xFFFF + 1
         return pid
 
-    def _refused(self, req: Request) -> int:
-        """A reason code when the server said it takes no such PUBLISH (5.0 CONNACK), else 0."""
-        if req.qos > self._server_max_qos:
-            return QOS_NOT_SUPPORTED
-        if req.retain and not self._server_retain:
-            return RETAIN_NOT_SUPPORTED
-        return 0
-
-    def _send_qos0(self, req: Request) -> None:
-        # A QoS 0 PUBLISH's head depends on its topic, length and retain flag only (without
-        # properties): kept, so that a stream to a few topics is not encoded per message.
-        payload = req.payload
-        key = (req.topic, len(payload), req.retain)
-        head = self._qos0_heads.get(key) if req.properties is None else None
-        if head is None:
-            frame = publish_frame(req, self._v5, False)
-            if req.properties is None:
-                if len(self._qos0_heads) >= QOS0_HEADS_KEPT:
-                    self._qos0_heads.clear()
-                self._qos0_heads[key] = frame[0]
-        else:
-            frame = [head, payload] if payload else [head]
-        if self._server_max_packet or not self._server_retain:
-            code = self._refused(req) or (PACKET_TOO_LARGE if self._server_max_packet and sum(
-                map(len, frame)) > self._server_max_packet else 0)
-            if code:
-                self._events.append(Acked(req, code))
-                return
-        self._out.extend(frame)
-        self._qos0_out.append(req)
-
-    def _send_publish(self, req: Request) -> bool:
-        """Send a QoS 1/2 PUBLISH for the first time; False when no packet id is free."""
-        req.stage = STAGE_PUBLISH        # whatever a request given again said
-        code = self._refused(req)
-        if code:
-            self._events.append(Acked(req, code))
-            return True
-        pid = self._new_pid()
-        if pid is None:
-            return False
-        req.packet_id = pid
-        frame = publish_frame(req, self._v5, False)
-        if self._server_max_packet and sum(map(len, frame)) > self._server_max_packet:
-            req.packet_id = None
-            self._next_pid = pid         # not used after all
-            self._events.append(Acked(req, PACKET_TOO_LARGE))
-            return True
-        self._inflight[pid] = req
-        self._n_pub += 1
-        self._out.extend(frame)
-        return True
-
-    def _send_other(self, req: Request) -> bool:
-        pid = self._new_pid()
-        if pid is None:
-            return False
-        req.packet_id = pid
-        self._inflight[pid] = req
-        self._out.append(other_frame(req, self._v5))
-        return True
+    # The first sending of a request (client/sending.py's functions, as methods).
+    _send_qos0 = send_qos0
+    _send_publish = send_publish
+    _send_other = send_other
 
     def _pump(self) -> None:
         """Send queued requests, in order, while the window allows (first those in flight
@@ -403,8 +350,8 @@ class Connection:
     # -- time -----------------------------------------------------------------------------------
     def tick(self, now: float) -> list:
         """Keepalive and the CONNACK deadline: PINGREQ when nothing went out, or nothing came
-        in, for the keepalive; PingTimeout when its PINGRESP is not back, nor any byte moved
-        either way (``moved_at``), for a keepalive."""
+        in, for the keepalive; PingTimeout when its PINGRESP is not back, no byte came in, and
+        no byte that waited in the driver's buffer left (``moved_at``), for a keepalive."""
         events = self._events
         self._events = []
         state = self.state

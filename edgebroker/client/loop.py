@@ -24,6 +24,7 @@ back-off: backoff.py. The state file: statefile.py.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import selectors
@@ -37,10 +38,13 @@ from edgebroker.client.connection import Connection
 from edgebroker.client.events import (
     Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
 )
-from edgebroker.client.requests import PUBLISH, SUBSCRIBE, ClientError, Request, as_request
+from edgebroker.client.requests import ClientError, Request, as_request
+from edgebroker.client.sending import refusal
 from edgebroker.client.loop_commands import LoopCommands
 from edgebroker.client.loop_dial import DIAL, LoopDialing, why
 from edgebroker.client.statefile import read_state
+
+log = logging.getLogger("edgebroker.client")
 
 OUTPUT_HIGH = 1 << 20      # bytes waiting for the socket above which no request is taken
 PULL_BATCH = 1000          # requests taken per pass at most (then the bytes go out)
@@ -48,7 +52,6 @@ IDLE_POLL = 0.05           # seconds before asking a source that said "nothing f
 READ_SIZE = 1 << 16
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
 _NEVER = float("inf")       # _idle_until while the source waits for its descriptor
-_REFUSED = 0x80             # "unspecified error", valid in SUBACK of 3.1.1 and 5.0 alike
 _SOURCE = "source"          # the selector key's data of the source's descriptor
 
 
@@ -285,10 +288,12 @@ class EventLoop(LoopCommands, LoopDialing):
             req = item if type(item) is Request else as_request(item)
             try:
                 submit(req)
-            except ClientError:
-                # Never sendable on this connection (5.0 properties over 3.1.1): answered as
-                # refused, so a spool lets it go rather than give it again at every start.
-                self._answered([_refused(req)])
+            except ClientError as exc:
+                # Never sendable on this connection (5.0 properties over 3.1.1, properties not
+                # valid): answered as refused, so a spool lets it go rather than give it again
+                # at every start.
+                log.warning("%s; answered as refused (0x80)", exc)
+                self._answered([refusal(req)])
                 continue
             if watch is not None:
                 watch[id(req)] = req
@@ -306,6 +311,7 @@ class EventLoop(LoopCommands, LoopDialing):
         if transport is None:
             return
         out = self._out
+        waited = bool(out)
         if out:
             out += data             # behind what is waiting already
             data = out
@@ -318,8 +324,11 @@ class EventLoop(LoopCommands, LoopDialing):
         except OSError as exc:
             self._lost(f"send: {why(exc)}")
             return
-        if n:
-            conn.moved_at = now     # the link moves: a PINGREQ behind these bytes is not late
+        if n and waited:
+            # Bytes that waited in this buffer leave: a slow link, not a dead one, so a PINGREQ
+            # behind them is not late. Bytes the socket takes at once do not count: its kernel
+            # buffers take them for a while from a peer that has gone silent too.
+            conn.moved_at = now
         if data is out:
             del out[:n]
         elif n < len(data):
@@ -438,9 +447,8 @@ class EventLoop(LoopCommands, LoopDialing):
     def _check_state(self, now: float) -> None:
         state = self.conn.state
         if self._transport is None or state in ("connected", "connecting"):
-            if state == "connected" and (self.backoff.attempts
-                                         or not self.backoff.connected_once):
-                self.backoff.succeeded()
+            if state == "connected" and self.backoff.up_since is None:
+                self.backoff.succeeded(now)     # (the count starts again once it lasted)
             return
         # The connection ended (refused, server DISCONNECT, protocol error, ping timeout):
         # what it still has to say (a 5.0 DISCONNECT) goes out first, briefly.
@@ -475,6 +483,7 @@ class EventLoop(LoopCommands, LoopDialing):
         transport = self._transport
         if transport is None:
             return
+        self.backoff.lost(self._clock())
         if self._mask:
             self._selector.unregister(transport)
             self._mask = 0
@@ -482,10 +491,3 @@ class EventLoop(LoopCommands, LoopDialing):
         self._transport = None
         self._out.clear()
 
-
-def _refused(req: Request):
-    """The answer to a request the connection refuses to send (reason code 0x80)."""
-    if req.kind is PUBLISH:
-        return Acked(req, _REFUSED)
-    codes = [_REFUSED] * len(req.filters)
-    return Subscribed(req, codes) if req.kind is SUBSCRIBE else Unsubscribed(req, codes)

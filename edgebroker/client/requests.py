@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 
+from edgebroker.client.propcheck import WHERE, property_problem
 from edgebroker.errors import EdgebrokerError, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode, encode_publish_head
@@ -93,7 +94,26 @@ def make_publish(topic: str, payload=b"", qos: int = 0, retain: bool = False,
         _topics_ok.add(topic)
     if qos not in (0, 1, 2):
         raise ClientError(f"QoS must be 0, 1 or 2, not {qos!r}")
+    if properties is not None:
+        _check_properties(properties, PUBLISH, f"publish to {topic!r}")
     return Request(PUBLISH, token, topic, payload, qos, retain, properties)
+
+
+def _check_properties(props, kind: str, what: str) -> None:
+    problem = property_problem(props, WHERE[kind])
+    if problem:
+        raise ClientError(f"{what}: {problem}")
+
+
+def check_sendable(req: Request, v5: bool) -> None:
+    """ClientError when ``req`` cannot go out on a connection of that protocol: properties
+    or subscription options over 3.1.1, or properties not valid (a Request made by hand)."""
+    if not v5 and (req.properties or req.kind is SUBSCRIBE and any(
+            options > 2 for _, options in req.filters)):
+        raise ClientError(f"{req.kind} with properties or subscription options needs "
+                          f"protocol 5")
+    if req.properties is not None:
+        _check_properties(req.properties, req.kind, repr(req))
 
 
 def as_request(item) -> Request:
@@ -127,6 +147,8 @@ def make_subscribe(filters, properties: dict | None = None, token=None) -> Reque
         items.append((topic_filter, options))
     if not items:
         raise ClientError("subscribe needs at least one topic filter")
+    if properties is not None:
+        _check_properties(properties, SUBSCRIBE, f"subscribe to {items[0][0]!r}")
     return Request(SUBSCRIBE, token, filters=items, properties=properties)
 
 
@@ -138,6 +160,8 @@ def make_unsubscribe(filters, properties: dict | None = None, token=None) -> Req
         items.append(topic_filter)
     if not items:
         raise ClientError("unsubscribe needs at least one topic filter")
+    if properties is not None:
+        _check_properties(properties, UNSUBSCRIBE, f"unsubscribe from {items[0]!r}")
     return Request(UNSUBSCRIBE, token, filters=items, properties=properties)
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from edgebroker.client.requests import (
     PUBLISH, RESUBSCRIBE, STAGE_PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE, Request,
-    other_frame, publish_frame,
 )
+from edgebroker.client.sending import other_or_answer, publish_or_answer
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_ack
 
@@ -55,7 +55,7 @@ def resend(conn, session_present: bool) -> None:
     conn._n_pub = 0
     wait = conn._resend_wait
     wait.clear()
-    for req in inflight.values():
+    for req in list(inflight.values()):     # (send_again may answer one)
         if wait or req.kind is PUBLISH and conn._n_pub >= conn._window:
             wait.append(req)
         else:
@@ -63,12 +63,23 @@ def resend(conn, session_present: bool) -> None:
 
 
 def send_again(conn, req: Request) -> None:
-    """A request in flight again, on a connection that kept the session."""
+    """A request in flight again, on a connection that kept the session. A PUBLISH goes
+    through the checks of its first sending (client/sending.py) against what this server
+    said: one it now refuses (a Maximum Packet Size or Maximum QoS smaller than the one it
+    was sent under, Retain Available 0), or whose packet cannot be made, is answered as its
+    first sending would be and leaves the session, instead of being sent to a server that
+    would close the connection on it, again at every reconnection."""
     if req.kind is not PUBLISH:
-        conn._out.append(other_frame(req, conn._v5))
-        return
-    conn._n_pub += 1
-    if req.stage == STAGE_PUBREL:
-        conn._out.append(encode_ack(P.PUBREL, req.packet_id))
+        frame = other_or_answer(conn, req)
+    elif req.stage == STAGE_PUBREL:
+        frame = [encode_ack(P.PUBREL, req.packet_id)]
     else:
-        conn._out.extend(publish_frame(req, conn._v5, True))
+        frame = publish_or_answer(conn, req, True)
+    if frame is None:
+        del conn._inflight[req.packet_id]
+        return
+    if req.kind is PUBLISH:
+        conn._n_pub += 1
+        conn._out.extend(frame)
+    else:
+        conn._out.append(frame)

@@ -8,11 +8,13 @@ path gives again every request not answered: at least once, none lost.
 Files (docs/client.md "The spool"): ``PATH`` holds the requests, appended as records
 ``length (4 bytes, big-endian) | CRC-32 of the body (4 bytes) | body``, the body being the
 state file's JSON form of a request (requests.to_state) with its sequence number ``seq``;
-``PATH.acked`` holds the sequence numbers answered, 8 bytes each, big-endian. The first
-record that is not whole and sound (cut short by a crash, a CRC that does not match, length
-0 as in a file grown but never written before a power cut, a body that is not a numbered
-request) ends the file: it is cut off there at open, as is a number of ``PATH.acked`` cut
-short. When at least ``COMPACT_AFTER`` answered records make up half the file, the
+``PATH.acked`` holds the sequence numbers answered, 8 bytes each, big-endian. A record that
+is not whole and sound (cut short by a crash, a CRC that does not match, length 0 as in a
+file grown but never written before a power cut, a body that is not a numbered request) is
+cut off at open when no sound record follows it (a torn tail), as is a number of
+``PATH.acked`` cut short; one with sound records after it (damage inside the file) is
+skipped with a warning naming the file and the offset, and the records after it are kept.
+When at least ``COMPACT_AFTER`` answered records make up half the file, the
 unanswered ones are written to a new file with one fsync, renamed over ``PATH`` and the
 directory fsynced (files.replace_file); then ``PATH.acked`` is emptied.
 
@@ -35,7 +37,8 @@ import threading
 import zlib
 from collections import deque
 
-from edgebroker.client.requests import Request, from_state, make_publish, to_state
+from edgebroker.client.requests import (Request, check_sendable, from_state, make_publish,
+                                        to_state)
 from edgebroker.files import replace_file
 
 log = logging.getLogger("edgebroker.client.spool")
@@ -43,6 +46,7 @@ log = logging.getLogger("edgebroker.client.spool")
 COMPACT_AFTER = 1000
 _HEAD = struct.Struct(">II")
 _SEQ = struct.Struct(">Q")
+_BODY_START = b'{"kind":'     # how every record's body begins (requests.to_state's first key)
 # What a request's state-file form says about one connection's exchange, not kept in the
 # spool: a request given again starts afresh (a new packet id, PUBLISH first).
 _PER_CONNECTION = ("packet_id", "stage")
@@ -60,6 +64,37 @@ def _frame(doc: dict) -> bytes:
     """A record as the file holds it: length, CRC-32, body."""
     body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
     return _HEAD.pack(len(body), zlib.crc32(body)) + body
+
+
+def _parse(raw: bytes, pos: int) -> tuple[dict | None, int]:
+    """The record at ``pos`` if it is whole and sound (its body a numbered request), and
+    where it ends; (None, 0) if not."""
+    if pos + _HEAD.size > len(raw):
+        return None, 0
+    length, crc = _HEAD.unpack_from(raw, pos)
+    after = pos + _HEAD.size + length
+    body = raw[pos + _HEAD.size:after]
+    if not length or len(body) < length or zlib.crc32(body) != crc:
+        return None, 0
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None, 0
+    if not isinstance(doc, dict) or type(doc.get("seq")) is not int:
+        return None, 0
+    return doc, after
+
+
+def _next_record(raw: bytes, start: int) -> int | None:
+    """Where the first sound record at or after ``start`` begins, or None. Every body starts
+    with ``_BODY_START`` (JSON escapes the quotes of one inside a string), so only the places
+    it is found are tried."""
+    i = raw.find(_BODY_START, start + _HEAD.size)
+    while i != -1:
+        if _parse(raw, i - _HEAD.size)[0] is not None:
+            return i - _HEAD.size
+        i = raw.find(_BODY_START, i + 1)
+    return None
 
 
 class Spool:
@@ -85,8 +120,11 @@ class Spool:
         """Keep a request (a Request, or the arguments of make_publish); its sequence
         number (unique among the requests not answered; after compaction and a reopen a
         number of an answered request may come again: docs/client.md)."""
-        req = (request_or_topic if isinstance(request_or_topic, Request)
-               else make_publish(request_or_topic, payload, qos, retain, properties, token))
+        if isinstance(request_or_topic, Request):
+            req = request_or_topic
+            check_sendable(req, True)         # ClientError for properties not valid
+        else:
+            req = make_publish(request_or_topic, payload, qos, retain, properties, token)
         with self._lock:
             seq = self._next_seq
             doc = _record(to_state(req), seq)
@@ -108,12 +146,21 @@ class Spool:
 
     def __next__(self):
         with self._lock:
-            if not self._waiting:
-                return None
-            seq, doc = self._waiting.popleft()
-            req = from_state(doc)
-            self._out[id(req)] = (seq, req)   # (under the lock: unacked never misses it)
-        return req
+            while self._waiting:
+                seq, doc = self._waiting.popleft()
+                try:
+                    req = from_state(doc)
+                except ValueError as exc:
+                    # Sound on disk but no request (written by hand, or by another version):
+                    # never sendable, so let go of for good rather than stop the loop.
+                    log.warning("%s: record %d is no request this client can send (%s); "
+                                "skipped and counted as answered", self.path, seq, exc)
+                    self._unwritten.append(seq)
+                    self._write_acks()
+                    continue
+                self._out[id(req)] = (seq, req)   # (under the lock: unacked never misses it)
+                return req
+        return None
 
     def acked(self, request) -> None:
         """``request`` (one this spool gave) was answered: never give it again. Never raises
@@ -206,31 +253,35 @@ class Spool:
         self._next_seq = max([0, *acked, *(seq for seq, _ in records)]) + 1
 
     def _read_records(self) -> tuple[list, int]:
-        """The whole records of the file, and where the last one ends. The first record that
-        is not whole and sound (length 0, as a file grown by a crash but never written
-        shows, cut short, a CRC that does not match, a body that is not a numbered request)
-        ends the valid part."""
+        """The sound records of the file, and where the last one ends (what follows it, a
+        record a crash cut short, is cut off at open). A record that is not whole and sound
+        (length 0, as a file grown by a crash but never written shows, a CRC that does not
+        match, a body that is not a numbered request) with a sound record somewhere after it
+        is damage inside the file: skipped with a warning naming the file and the offset,
+        and the records after it are kept."""
         try:
             with open(self.path, "rb") as fh:
                 raw = fh.read()
         except FileNotFoundError:
             return [], 0
         records = []
-        pos = 0
-        while pos + _HEAD.size <= len(raw):
-            length, crc = _HEAD.unpack_from(raw, pos)
-            body = raw[pos + _HEAD.size:pos + _HEAD.size + length]
-            if not length or len(body) < length or zlib.crc32(body) != crc:
+        pos = end = 0
+        while pos < len(raw):
+            doc, after = _parse(raw, pos)
+            if doc is not None:
+                records.append((doc["seq"], doc))
+                pos = end = after
+                continue
+            found = _next_record(raw, pos + 1)
+            if found is None:
+                log.warning("%s: the %d bytes from offset %d are no whole record (a write a "
+                            "crash cut short): cut off", self.path, len(raw) - pos, pos)
                 break
-            try:
-                doc = json.loads(body)
-            except ValueError:
-                break
-            if not isinstance(doc, dict) or type(doc.get("seq")) is not int:
-                break
-            records.append((doc["seq"], doc))
-            pos += _HEAD.size + length
-        return records, pos
+            log.warning("%s: %d bytes at offset %d are no sound record (damaged on disk): "
+                        "skipped; the records after them, from offset %d, are kept",
+                        self.path, found - pos, pos, found)
+            pos = found
+        return records, end
 
     def _compact(self) -> None:
         keep = sorted([*((seq, doc) for seq, doc in self._waiting),

@@ -3,10 +3,16 @@ the state file's form, docs/client.md "The state file" (tests/client/golden/ has
 
 from __future__ import annotations
 
+import logging
+
 from edgebroker.client.requests import (
-    PUBLISH, STAGE_PUBLISH, from_state, properties_from_state, properties_to_state, to_state,
+    PUBLISH, STAGE_PUBLISH, ClientError, check_sendable, from_state, properties_from_state,
+    properties_to_state, to_state,
 )
+from edgebroker.client.sending import refusal
 from edgebroker.mqtt import packets as P
+
+log = logging.getLogger("edgebroker.client")
 
 STATE_FORMAT = "edgebroker-client-state"
 STATE_VERSION = 1
@@ -27,6 +33,20 @@ def save_state(conn) -> dict:
         # (one given out and not yet acknowledged is given out again when it is sent again)
         "incoming_qos2": sorted(conn._incoming_qos2 - conn._unacked.keys()),
     }
+
+
+def _sendable(conn, req) -> bool:
+    """Whether a request of the state file can go out on ``conn``; if not (properties a
+    client cannot send, from a version without the checks, or 5.0 ones over 3.1.1) it is
+    answered as refused (0x80) at once, logged, and not kept: the server would close the
+    connection on it, at every reconnection."""
+    try:
+        check_sendable(req, conn._v5)
+    except ClientError as exc:
+        log.warning("state file: %s; answered as refused (0x80)", exc)
+        conn._events.append(refusal(req))
+        return False
+    return True
 
 
 def load_state(cls, doc: dict, options: dict):
@@ -50,13 +70,15 @@ def load_state(cls, doc: dict, options: dict):
                              f"one given twice")
         if req.kind is PUBLISH and not req.qos:
             raise ValueError(f"state file in-flight request {item!r}: QoS 0")
-        conn._inflight[req.packet_id] = req
-        conn._n_pub += req.kind is PUBLISH
+        if _sendable(conn, req):
+            conn._inflight[req.packet_id] = req
+            conn._n_pub += req.kind is PUBLISH
     for item in doc.get("queued", ()):
         req = from_state(item)
         req.packet_id = None
         req.stage = STAGE_PUBLISH
-        conn._queue.append(req)
+        if _sendable(conn, req):
+            conn._queue.append(req)
     conn._incoming_qos2 = {int(pid) for pid in doc.get("incoming_qos2", ())}
     pid = doc.get("next_packet_id", 1)
     conn._next_pid = pid if isinstance(pid, int) and 0 < pid < 0x10000 else 1

@@ -425,3 +425,38 @@ def test_a_reconnection_that_fails_unexpectedly_ends_the_client_not_its_task_alo
     assert [type(e) for e in events] == [Connected, Disconnected, ConnectFailed]
     assert "RuntimeError: no second transport" in events[-1].reason
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("server", ["refusing", "silent"])
+def test_close_while_connect_is_pending_ends_connect(uid, server):
+    """``close()`` from another task while ``connect()`` waits (policy "always": between
+    refused attempts, or for the CONNACK of a server that says nothing): ``connect()`` raises
+    ClientClosed at once (it waited for ever)."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        if server == "silent":
+            srv.listen()
+        port = srv.getsockname()[1]            # refusing: bound, not listening
+
+        async def main():
+            c = AsyncClient(f"mqtt://127.0.0.1:{port}", uid, reconnect="always",
+                            backoff=(0.05, 0.2))
+            task = asyncio.ensure_future(c.connect())
+            if server == "silent":
+                srv.setblocking(False)
+                peer, _ = await asyncio.get_running_loop().sock_accept(srv)
+                assert await asyncio.get_running_loop().sock_recv(peer, 1024)   # CONNECT
+            else:
+                for _ in range(500):               # two attempts refused, at most 5 s
+                    if c.backoff.attempts >= 2:
+                        break
+                    await asyncio.sleep(0.01)
+                assert c.backoff.attempts >= 2
+            assert not task.done()
+            await c.close()
+            with pytest.raises(ClientClosed, match="closed before a connection was made"):
+                await asyncio.wait_for(task, 3)
+            if server == "silent":
+                peer.close()
+
+        run(main())

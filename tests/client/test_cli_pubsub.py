@@ -200,3 +200,29 @@ def test_mosquitto_refusal_codes(mosquitto_broker, uid, tmp_path):
     for v, code in (("311", 5), ("5", 135)):
         r = eb("pub", "-h", "127.0.0.1", "-p", str(mb.port), "-t", "x", "-m", "y", "-V", v)
         assert r.returncode == code, r.stderr
+
+
+@pytest.mark.parametrize("options, printed", [
+    (["-v"], "{t} (null)\n{t} a\n{t} (null)\n"), ([], "a\n"), (["-v", "-N"], "{t} a"),
+    (["-N"], "a"),
+], ids=["v", "plain", "v-N", "N"])
+def test_an_empty_payload_prints_as_mosquitto_sub_prints_it(mosquitto_broker, mosq, uid,
+                                                            options, printed):
+    """Empty, "a", empty to a topic: `edgebroker sub` prints byte for byte what mosquitto_sub
+    2.0 prints (-v: "topic (null)"; without -v: nothing, no empty line; it printed
+    "topic " and an empty line), and -C counts the empty ones."""
+    mb = mosquitto_broker(persistence=False, extra=["log_type subscribe"])
+    args = ["-h", "127.0.0.1", "-p", str(mb.port), "-t", f"{uid}/e", "-C", "3", *options]
+    procs = {}
+    for name, command in (("theirs", ["mosquitto_sub"]), ("ours", [*broker_command(), "sub"])):
+        procs[name] = subprocess.Popen([*command, *args, "-i", f"{uid}-{name}"], cwd=REPO,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert mb.out.wait(lambda ln: f"{uid}-{name} 0 {uid}/e" in ln, 10), mb.log_text()
+    for payload in (["-n"], ["-m", "a"], ["-n"]):
+        mosq("pub", mb.port, "-t", f"{uid}/e", "-q", "1", *payload).wait()
+    out = {}
+    for name, proc in procs.items():
+        out[name], err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+    assert out["theirs"] == printed.format(t=f"{uid}/e").encode()
+    assert out["ours"] == out["theirs"]

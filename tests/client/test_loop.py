@@ -494,3 +494,32 @@ def test_the_loop_is_not_idle_while_its_own_buffer_holds_bytes(broker, uid):
         assert sub.recv_publish(10).payload == big
     finally:
         relay.close()
+
+
+def test_keepalive_finds_a_silent_link_while_qos0_keeps_flowing(broker, uid):
+    """The link goes silent (the relay forwards nothing and closes nothing) while QoS 0
+    messages keep going out: the kernel's buffers keep taking their bytes, which is no sign
+    of life; no byte comes back, so the PINGREQ's PINGRESP is late within two keepalives
+    (it used to count each write as the link moving, and never found it)."""
+    b = broker()
+    relay = Relay(b.host, b.port)
+    try:
+        lp = EventLoop("127.0.0.1", relay.port, client_id=f"{uid}k", keepalive=1,
+                       reconnect="never")
+        wait_event(lp, lambda e: type(e) is Connected)
+
+        def stream():
+            for _ in range(2000):              # 20 a second (IDLE_POLL after each None)
+                yield make_publish(f"{uid}/x", b"x" * 100)
+                yield None
+
+        relay.freeze()
+        frozen_at = time.monotonic()
+        lp.set_source(stream())
+        others: list = []
+        wait_event(lp, lambda e: type(e) is PingTimeout, 8, others)
+        assert time.monotonic() - frozen_at < 3.5
+        assert sum(type(e) is Acked for e in others) > 10     # it kept flowing meanwhile
+        lp.close()
+    finally:
+        relay.close()
