@@ -124,5 +124,6 @@ class Limits:
         doc="bytes waiting to be written to one connection; beyond it QoS 0 is dropped")
     memory_limit: int = setting(
         0, at_least(0),
-        doc="resident memory (bytes) above which new connections and topics are refused; 0: off")
+        doc="resident memory (bytes) above which new connections, topics and subscriptions are "
+            "refused; 0: off")
 
