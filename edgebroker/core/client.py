@@ -35,6 +35,7 @@ from edgebroker.core.dispatch import (
 )
 from edgebroker.core.handlers import acks, auth, connect
 from edgebroker.core.handlers.connect import connections_log
+from edgebroker.core.limits import connect_size_limit
 
 TYPE_CHECKING = False   # typing (core.transport's Protocol) for type checkers only: memory
 if TYPE_CHECKING:
@@ -106,7 +107,8 @@ class Client:
         self.broker = broker
         self.transport = transport
         self.peer = transport.peer
-        self.decoder = Decoder(max_packet_size=broker.limits.max_packet_size)
+        # Up to the largest valid CONNECT until one arrives (core.handlers.connect raises it).
+        self.decoder = Decoder(max_packet_size=connect_size_limit(broker.limits))
         self.client_id = ""
         self.client_id_bytes = b""
         self.session = None

@@ -109,6 +109,22 @@ class PublishRate:
         return over
 
 
+# What a CONNECT may hold beyond its client id and will topic: a will payload, a user name and
+# a password of up to 65,535 bytes each (2 length bytes each), and 64 KiB for MQTT 5.0
+# properties (CONNECT and will) and the fixed and variable headers.
+_CONNECT_FIELDS = 3 * (2 + 65535) + 65536 + 15
+
+
+def connect_size_limit(limits) -> int:
+    """The largest packet read from a connection before its CONNECT has arrived: the largest
+    CONNECT the limits let through (a client id of max_client_id_length, a will topic of
+    max_topic_length, ``_CONNECT_FIELDS``), or max_packet_size if smaller. So a caller that
+    has not connected holds at most that much of the broker's memory until connect_timeout,
+    not max_packet_size (docs/limits.md)."""
+    return min(limits.max_packet_size, 2 + limits.max_client_id_length + 2
+               + limits.max_topic_length + _CONNECT_FIELDS)
+
+
 class ControlRate:
     """``control_rate``/``control_burst``: the packets a client sends that are neither PUBLISH
     nor one of its acknowledgements (PINGREQ, SUBSCRIBE, UNSUBSCRIBE, AUTH, and a PUBREL or
