@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "edgebroker"
 LAYERS = [
     {"edgebroker", "edgebroker.errors", "edgebroker.config", "edgebroker.config_fields",
      "edgebroker.upload_config", "edgebroker.listener_config", "edgebroker.bridge_config",
+     "edgebroker.limits_config",
      "edgebroker.logs", "edgebroker.records", "edgebroker.files", "edgebroker.rates"},
     {"edgebroker.mqtt"},
     {"edgebroker.client"},    # the client library: imports errors, config and mqt/ only

@@ -181,7 +181,7 @@ def format_stats(s: dict) -> str:
     else:
         memory += _size(limit)
         if proc["memory_over_limit"]:
-            memory += " (OVER: refusing new connections and topics)"
+            memory += " (OVER: refusing new connections, topics and subscriptions)"
     lines = [
         f"edgebroker {s['version']}, up {_duration(s['uptime_seconds'])}",
         f"clients     {s['clients_connected']} connected, {s['sockets_open']} sockets, "

@@ -40,7 +40,8 @@ from edgebroker.core.catchup_run import CatchUpRuns
 from edgebroker.core.client import Client
 from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
-    DROPS, LIMITS, REFUSALS, EventLog, MemoryGuard, PeerLog, TopicTable, zero_counts,
+    DROPS, LIMITS, REFUSALS, ControlRate, EventLog, MemoryGuard, PeerLog, TopicTable,
+    zero_counts,
 )
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.persistence import Persistence
@@ -105,6 +106,7 @@ class Broker(Router, Router5, Resume, Sessions, CatchUp, CatchUpRuns, Timers, Pe
         self.peer_log = PeerLog(self.started, config.refusal_log_interval)
         self.memory = MemoryGuard(self.limits.memory_limit)
         self.memory.check()
+        self.control = ControlRate.for_limits(self.limits)  # None: no control_rate
         self._init_timers()
         self.journal = (Journal(commit_log, config.log.durability, wall_ms, self.stats)
                         if commit_log is not None else None)
@@ -161,6 +163,7 @@ class Broker(Router, Router5, Resume, Sessions, CatchUp, CatchUpRuns, Timers, Pe
         self.prompt_gap = prompt_gap(config)
         now = self.clock()
         self.memory.limit = config.limits.memory_limit
+        self.control = ControlRate.for_limits(config.limits)  # at once, for every client
         log_queue = self._log_is_queue(config.limits)
         if log_queue != self.log_queue:
             self.log_queue = log_queue

@@ -42,6 +42,7 @@ from edgebroker.core.router5 import options5_for
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt.topics import topic_matches
+from edgebroker.mqtt.trie import CACHED_TOPIC_LENGTH
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -54,7 +55,8 @@ QUEUE_BYTES = 256 * 1024
 # One refill reads at most this many log bytes looking for matching records; a session with a
 # long stretch of records it does not want continues in the next loop pass.
 SCAN_BYTES = 4 * 1024 * 1024
-# Topic decisions cached per session behind (dropped wholesale beyond it).
+# Topic decisions cached per session behind (dropped wholesale beyond it; topics of up to
+# CACHED_TOPIC_LENGTH bytes).
 CACHE_LIMIT = 1024
 # Offline ranges kept per session (the oldest goes first: its QoS 0 is then sent after all).
 OFFLINE_RANGES = 8
@@ -105,9 +107,10 @@ class Cursor:
             since = self.since
             entry = tuple((since.get(f, 0) if since else 0, q)
                           for f, q in session.subscriptions.items() if topic_matches(f, name))
-            if len(self.cache) >= CACHE_LIMIT:
-                self.cache.clear()
-            self.cache[topic] = entry
+            if len(topic) <= CACHED_TOPIC_LENGTH:     # (as the subscription trie's cache)
+                if len(self.cache) >= CACHE_LIMIT:
+                    self.cache.clear()
+                self.cache[topic] = entry
         best = -1
         for since, qos in entry:
             if offset >= since and qos > best:

@@ -8,8 +8,9 @@ states the rules). It never touches a socket: it writes bytes to its transport
 
 - Any violation closes the connection and, once connected, publishes the
   will (``violation``).
-- A client over its publish rate is throttled (``throttle``): its socket is
-  not read until its bucket refills (a timer in the broker's heap), so TCP
+- A client over its publish rate, or over its control packet rate (PINGREQ,
+  SUBSCRIBE, ...: ``charge_control``), is throttled (``throttle``): its socket is
+  not read until its budget refills (a timer in the broker's heap), so TCP
   pushes back on it alone.
 - Reading may be paused for several reasons at once (the password check,
   the publish rate, a commit log that cannot write); each holder resumes only
@@ -34,6 +35,7 @@ from edgebroker.core.dispatch import (
 )
 from edgebroker.core.handlers import acks, auth, connect
 from edgebroker.core.handlers.connect import connections_log
+from edgebroker.core.limits import connect_size_limit
 
 TYPE_CHECKING = False   # typing (core.transport's Protocol) for type checkers only: memory
 if TYPE_CHECKING:
@@ -98,14 +100,15 @@ class Client:
                  "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_entry",
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
                  "rate", "throttled_until", "throttle_start", "throttled_time", "not_read",
-                 "pending_dropped", "warned", "rate_sample",
+                 "pending_dropped", "warned", "rate_sample", "control_due",
                  "username", "acl", "pending", "refusal", "v5")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
         self.transport = transport
         self.peer = transport.peer
-        self.decoder = Decoder(max_packet_size=broker.limits.max_packet_size)
+        # Up to the largest valid CONNECT until one arrives (core.handlers.connect raises it).
+        self.decoder = Decoder(max_packet_size=connect_size_limit(broker.limits))
         self.client_id = ""
         self.client_id_bytes = b""
         self.session = None
@@ -124,6 +127,7 @@ class Client:
         self.created = now
         self.msgs_in = 0              # PUBLISH packets received
         self.rate = None              # PublishRate when messages_rate or bytes_rate is set
+        self.control_due = 0.0        # its control packet budget (core.limits.ControlRate)
         self.throttled_until = 0.0    # non-zero while throttled (socket not read)
         self.throttle_start = 0.0
         self.throttled_time = 0.0     # seconds throttled, throttles that ended
@@ -311,10 +315,21 @@ class Client:
         self.throttle_start = now
         broker.throttled.add(self)
         self.transport.pause_reading("rate")
-        self.warn_once(limit, "over its publish rate (%s %g/s); not reading from it for %.3f s "
-                       "(and again whenever it is over)", limit, getattr(broker.limits, limit),
-                       wait)
+        self.warn_once(limit, "over its %s (%s %g/s); not reading from it for %.3f s "
+                       "(and again whenever it is over)",
+                       "control packet rate" if limit == "control_rate" else "publish rate",
+                       limit, getattr(broker.limits, limit), wait)
         broker.schedule(self)
+
+    def charge_control(self) -> None:
+        """A control packet (core.dispatch: PINGREQ, SUBSCRIBE, ...) was handled: charged to
+        the client's control_rate, and the client throttled when it is over."""
+        control = self.broker.control
+        if control is None or self.closed:
+            return
+        self.control_due, wait = control.charge(self.control_due, self.last_seen)
+        if wait:
+            self.throttle("control_rate", wait)  # this one went through; reading stops now
 
     def _end_throttle(self, now: float) -> None:
         self.throttled_time += now - self.throttle_start

@@ -15,6 +15,11 @@ connection's state changes, so no handler checks the state. State rules, in pros
   later packets are held and replayed in order once CONNACK 0 is sent.
 - With messages_rate or bytes_rate set, PUBLISH is charged to the client's
   publish rate after it is handled (``CONNECTED_RATED``).
+- Once connected, the other packets a client may send at will (``CONTROL``: PINGREQ,
+  SUBSCRIBE, UNSUBSCRIBE, AUTH) are charged to its control_rate after they are handled
+  (``Client.charge_control``; a PUBREL or PUBREC for no message in flight too, in
+  core.handlers.acks). PUBLISH and the acknowledgements of messages in flight are not:
+  the rates above and the windows bound those.
 - An MQTT 5.0 connection has tables of its own (``CONNECTED5``): its PUBLISH, PUBREC,
   SUBSCRIBE, UNSUBSCRIBE and DISCONNECT say more, and AUTH exists (re-authentication).
 - A 5.0 CONNECT with an Authentication Method runs its exchange before CONNACK
@@ -68,9 +73,33 @@ for _t in P.SERVER_TO_CLIENT_ONLY:
     BEFORE_CONNECT[_t] = before_connect
     AUTHENTICATING[_t] = server_only
 
+# The packets charged to the control rate (limits.control_rate) once connected.
+CONTROL = (P.PINGREQ, P.SUBSCRIBE, P.UNSUBSCRIBE, P.AUTH)
+
+
+def _charged(handler):
+    """``handler``, then the packet charged to the client's control rate."""
+    def charged(client, p) -> None:
+        handler(client, p)
+        client.charge_control()
+    charged.__name__ = charged.__qualname__ = f"charged_{handler.__name__}"
+    charged.charges = True
+    return charged
+
+
+def _charging(table: dict) -> None:
+    """Charge ``table``'s control packets (those not charged already)."""
+    for t in CONTROL:
+        handler = table.get(t)
+        if handler is not None and not getattr(handler, "charges", False):
+            table[t] = _charged(handler)
+
+
 # The same, with the publish rate charged (limits.messages_rate / bytes_rate set).
 CONNECTED_RATED = dict(CONNECTED)
 CONNECTED_RATED[P.PUBLISH] = publish.on_publish_rated
+_charging(CONNECTED)
+_charging(CONNECTED_RATED)
 
 
 # CONNECT with an Authentication Method, its exchange running (core/handlers/auth.py).
@@ -93,3 +122,5 @@ CONNECTED5.update({
 })
 CONNECTED5_RATED = dict(CONNECTED5)
 CONNECTED5_RATED[P.PUBLISH] = publish.on_publish5_rated
+_charging(CONNECTED5)
+_charging(CONNECTED5_RATED)

@@ -5,6 +5,7 @@ tested with plain numbers:
 
 - ``TokenBucket`` (edgebroker/rates.py): a rate with a burst.
 - ``PublishRate``: the messages and bytes buckets of one client.
+- ``ControlRate``: the control packet rate, one number per client.
 - ``TopicTable``: the distinct topics the broker tracks, who created them, and
   their expiry. It is a cache of admission decisions (a topic published to in
   the current period is in ``current``: one dict lookup per PUBLISH on the hot
@@ -41,7 +42,7 @@ LIMITS = (
     "max_topic_levels", "max_topics", "max_topics_per_client", "max_subscriptions_per_client",
     "max_inflight_messages", "max_inflight_bytes", "max_queued_messages", "max_queued_bytes",
     "max_pending_write_bytes", "messages_rate", "bytes_rate", "memory_limit", "open_files",
-    "max_lag_bytes", "max_lag_age", "max_sessions",
+    "max_lag_bytes", "max_lag_age", "max_sessions", "control_rate",
 )
 
 # Why a connection was refused (CONNACK != 0, or closed before CONNECT for not speaking MQTT).
@@ -106,6 +107,60 @@ class PublishRate:
             if over is None or wait > over[1]:
                 over = ("bytes_rate", wait)
         return over
+
+
+# What a CONNECT may hold beyond its client id and will topic: a will payload, a user name and
+# a password of up to 65,535 bytes each (2 length bytes each), and 64 KiB for MQTT 5.0
+# properties (CONNECT and will) and the fixed and variable headers.
+_CONNECT_FIELDS = 3 * (2 + 65535) + 65536 + 15
+
+
+def connect_size_limit(limits) -> int:
+    """The largest packet read from a connection before its CONNECT has arrived: the largest
+    CONNECT the limits let through (a client id of max_client_id_length, a will topic of
+    max_topic_length, ``_CONNECT_FIELDS``), or max_packet_size if smaller. So a caller that
+    has not connected holds at most that much of the broker's memory until connect_timeout,
+    not max_packet_size (docs/limits.md)."""
+    return min(limits.max_packet_size, 2 + limits.max_client_id_length + 2
+               + limits.max_topic_length + _CONNECT_FIELDS)
+
+
+class ControlRate:
+    """``control_rate``/``control_burst``: the packets a client sends that are neither PUBLISH
+    nor one of its acknowledgements (PINGREQ, SUBSCRIBE, UNSUBSCRIBE, AUTH, and a PUBREL or
+    PUBREC for no message in flight). One object for the broker; what a client has used is one
+    number it keeps (``Client.control_due``), so that the limit, on by default, costs an idle
+    connection no bucket of its own (bench idle_10000: memory per connection).
+
+    The number is when the client's budget is whole again (the "theoretical arrival time" of
+    the generic cell rate algorithm): each packet moves it ``interval`` later, from now at the
+    earliest; while it is at most ``burst`` intervals ahead, tokens are left, as in a token
+    bucket of ``burst`` tokens filling at ``rate`` a second (``TokenBucket``). The packet that
+    takes the last token is handled; then the client is not read until about RESUME_SECONDS'
+    worth of the rate is back (at most the burst)."""
+
+    __slots__ = ("rate", "interval", "ahead", "resume")
+
+    def __init__(self, rate: float, burst: int):
+        self.rate = rate
+        self.interval = 1.0 / rate
+        burst = burst_of(rate, burst)
+        self.ahead = (burst - 1.0) * self.interval        # the most a client may be ahead
+        back = min(burst, max(1.0, rate * RESUME_SECONDS))  # tokens back before reading again
+        self.resume = (burst - back) * self.interval
+
+    @staticmethod
+    def for_limits(limits) -> "ControlRate | None":
+        return (ControlRate(limits.control_rate, limits.control_burst)
+                if limits.control_rate > 0 else None)
+
+    def charge(self, due: float, now: float) -> tuple[float, float]:
+        """One packet at ``now`` from a client whose number is ``due``: (its new number,
+        seconds not to read it; 0.0 while it has tokens left)."""
+        due = (due if due > now else now) + self.interval
+        if due - now <= self.ahead + 1e-9:
+            return due, 0.0
+        return due, due - now - self.resume
 
 
 class TopicTable:

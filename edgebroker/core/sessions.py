@@ -22,7 +22,7 @@ from collections import deque
 from functools import partial
 
 from edgebroker.commitlog.errors import LogFullError
-from edgebroker.errors import SESSION_TAKEN_OVER
+from edgebroker.errors import QUOTA_EXCEEDED, SESSION_TAKEN_OVER
 from edgebroker.core.catchup import needed_from
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import NEVER_EXPIRES, message_properties
@@ -342,13 +342,17 @@ class Sessions:
 
     # ----- subscriptions ----------------------------------------------------------------
 
-    def subscribe(self, session: Session, topics: list[tuple[str, int]]) -> list[int]:
-        """Add subscriptions; a filter over a limit gets 0x80 (counted, logged once per client)."""
+    def subscribe(self, session: Session, topics: list[tuple[str, int]],
+                  v5: bool = False) -> list[int]:
+        """Add subscriptions; a filter over a limit gets 0x80 (counted, logged once per client;
+        ``v5``: 0x97 Quota exceeded for memory_limit)."""
         granted = []
         for topic_filter, qos in topics:
-            if self.over_limit(session, topic_filter, topic_filter,
-                               topic_filter not in session.subscriptions):
-                granted.append(P.SUBACK_FAILURE)
+            problem = self.over_limit(session, topic_filter, topic_filter,
+                                      topic_filter not in session.subscriptions)
+            if problem is not None:
+                granted.append(QUOTA_EXCEEDED if v5 and problem == "memory_limit"
+                               else P.SUBACK_FAILURE)
                 continue
             cursor = session.cursor
             if cursor is not None:
@@ -368,24 +372,38 @@ class Sessions:
             self._snapshot_dirty = True
         return granted
 
-    def over_limit(self, session: Session, topic_filter: str, checked: str, new: bool) -> bool:
-        """True when a subscription to ``topic_filter`` is over a limit: the topic limits on
-        ``checked`` (the filter itself, or the one inside a shared subscription), and
-        max_subscriptions_per_client (shared ones count) for a ``new`` one. Counted, logged
-        once per client."""
+    def over_limit(self, session: Session, topic_filter: str, checked: str,
+                   new: bool) -> str | None:
+        """The limit a subscription to ``topic_filter`` is over, or None: the topic limits on
+        ``checked`` (the filter itself, or the one inside a shared subscription), and for a
+        ``new`` one max_subscriptions_per_client (shared ones count) and memory_limit (the
+        broker's memory above it: a filter is kept for as long as its session, so new ones are
+        refused as new topics and connections are). Counted, logged once per client."""
         limits = self.limits
         problem = check_topic(checked, limits)
-        if (problem is None and new
-                and len(session.subscriptions) + (len(session.shared) if session.shared else 0)
-                >= limits.max_subscriptions_per_client):
-            problem = "max_subscriptions_per_client"
+        if problem is None and new:
+            if (len(session.subscriptions) + (len(session.shared) if session.shared else 0)
+                    >= limits.max_subscriptions_per_client):
+                problem = "max_subscriptions_per_client"
+            elif self.memory.over:
+                problem = "memory_limit"
         if problem is None:
-            return False
+            return None
         self.hit(problem)
-        if session.client is not None:
-            session.client.warn_once(problem, "subscription to %r refused (SUBACK 0x80): %s (%d)",
-                                     topic_filter, problem, getattr(limits, problem))
-        return True
+        client = session.client
+        if client is not None:
+            shown = (repr(topic_filter) if len(topic_filter) <= 200 else
+                     f"{topic_filter[:200]!r}... ({len(topic_filter)} characters)")
+            if problem == "memory_limit":
+                client.warn_once(problem, "subscription to %s refused (SUBACK %s): memory use %d "
+                                 "bytes is above memory_limit (%d); new subscriptions are "
+                                 "refused until it falls below", shown,
+                                 "0x80" if client.v5 is None else "0x97", self.memory.rss,
+                                 self.memory.limit)
+            else:
+                client.warn_once(problem, "subscription to %s refused (SUBACK 0x80): %s (%d)",
+                                 shown, problem, getattr(limits, problem))
+        return problem
 
     def send_retained(self, session: Session, topics, granted: list[int]) -> None:
         """Retained messages for new (or replaced) subscriptions, retain flag set."""

@@ -40,7 +40,7 @@ from collections import deque
 
 from edgebroker.core.catchup import NO_HOLD, QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.router import queue_limit
-from edgebroker.errors import ProtocolError
+from edgebroker.errors import QUOTA_EXCEEDED, ProtocolError
 from edgebroker.core.session import AWAIT_ACK, Message
 from edgebroker.core.snapshot import GroupState
 from edgebroker.core.timers import Timer
@@ -128,11 +128,13 @@ class Shared:
     def subscribe_shared(self, session, key: str, qos: int, options: int = 0,
                          sub_id: int = 0) -> int:
         """Make (or change) ``session``'s subscription to ``key`` ($share/<name>/<filter>,
-        valid): the granted QoS, or 0x80 over a limit (as ``subscribe``)."""
+        valid): the granted QoS, or 0x80 over a limit (as ``subscribe``; 0x97 for memory_limit,
+        which a 3.1.1 SUBACK gives as 0x80)."""
         name, topic_filter = parse_shared(key)
         shared = session.shared
-        if self.over_limit(session, key, topic_filter, shared is None or key not in shared):
-            return P.SUBACK_FAILURE
+        problem = self.over_limit(session, key, topic_filter, shared is None or key not in shared)
+        if problem is not None:
+            return QUOTA_EXCEEDED if problem == "memory_limit" else P.SUBACK_FAILURE
         if qos > self.limits.max_qos:
             qos = self.limits.max_qos
         member = shared.get(key) if shared else None

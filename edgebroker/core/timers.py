@@ -220,10 +220,12 @@ class Timers:
         changed = self.memory.check()
         if changed is True:
             log.warning("memory use %d bytes is above memory_limit (%d): refusing new connections "
-                        "and new topics until it falls below", self.memory.rss, self.memory.limit)
+                        "and new topics and subscriptions until it falls below", self.memory.rss,
+                        self.memory.limit)
         elif changed is False:
             log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
-                        "connections and topics", self.memory.rss, self.memory.limit)
+                        "connections, topics and subscriptions", self.memory.rss,
+                        self.memory.limit)
 
     def _peer_log_every(self) -> float:
         """Seconds between the peer log's summaries (core.limits.PeerLog; 0: it counts nothing,

@@ -9,7 +9,9 @@ Decoder rules (the broker relies on these):
 * A frame is checked against ``max_packet_size`` (whole frame: fixed header
   plus remaining length) as soon as its remaining-length field is complete,
   before its body is buffered. The first byte (type and flags) is checked as
-  soon as it arrives.
+  soon as it arrives. The consumer may change ``max_packet_size`` while it handles a
+  CONNECT (a server reads less before one): the frames after it are checked against
+  the new value.
 * A violation raises ``ProtocolError`` when the generator reaches the bad frame;
   the frames before it have already been yielded. The decoder is then dead:
   every later ``feed`` raises the same error.
@@ -336,12 +338,18 @@ class Decoder(RepeatedFrames):
                                          b0 & 8 == 8, pid)
                 else:
                     packet = decoders[b0 >> 4](b0, buf, p, end)
-                    if b0 == 0x10 and packet.protocol_level == PROTOCOL_5 and not v5:
-                        # From the next frame on, 5.0 rules.
-                        self.protocol = PROTOCOL_5
-                        v5 = True
-                        first_byte_errors = FIRST_BYTE_ERRORS5
-                        decoders = DECODERS5
+                    if b0 == 0x10:
+                        if packet.protocol_level == PROTOCOL_5 and not v5:
+                            # From the next frame on, 5.0 rules.
+                            self.protocol = PROTOCOL_5
+                            v5 = True
+                            first_byte_errors = FIRST_BYTE_ERRORS5
+                            decoders = DECODERS5
+                        pos = end
+                        yield packet
+                        # Its handler may have raised the size limit (``max_packet_size``).
+                        max_size = self.max_packet_size
+                        continue
                 pos = end
                 yield packet
         except ProtocolError as exc:

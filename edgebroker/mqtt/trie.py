@@ -3,7 +3,8 @@
 ``SubscriptionTrie`` maps topic filters to subscribers and answers "who wants
 this topic name?" by walking one path per wildcard branch, so a lookup costs
 O(topic depth × wildcard branches), not O(subscriptions). Results are cached
-per topic name until the next subscription change.
+per topic name (names of up to ``CACHED_TOPIC_LENGTH`` characters) until the next
+subscription change.
 
 ``RetainedTree`` is the mirror image: it stores one message per topic name
 and answers "which stored topics match this filter?".
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
 # Cached lookups are dropped wholesale beyond this many topics, which bounds
 # memory when devices publish to very many distinct topics.
 CACHE_LIMIT = 65536
+# Longer topic names are not cached: a cache of 65,536 names of up to 64 KiB each could hold
+# 4 GiB, and walking the trie for a long name costs little next to receiving it. So the
+# cache holds at most CACHE_LIMIT x 256 characters of names (up to 64 MiB of UTF-8 text).
+CACHED_TOPIC_LENGTH = 256
 
 
 class _Node:
@@ -111,9 +116,10 @@ class SubscriptionTrie:
             if plus is not None:
                 stack.append((plus, i + 1))
         result = list(found.items())
-        if len(self._cache) >= CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[topic] = result
+        if len(topic) <= CACHED_TOPIC_LENGTH:
+            if len(self._cache) >= CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[topic] = result
         return result
 
 

@@ -13,6 +13,10 @@ its CONNECT with CONNACK 3 and closes it, and the placeholder is opened again
 (``App.refuse_one``). Only while every reserved descriptor is refusing someone do new callers
 wait in the listen backlog.
 
+While the broker's memory is above ``memory_limit`` a caller is accepted and closed at once,
+unread (``refuse_over_memory``): a connection not yet connected may hold up to the largest
+valid CONNECT (core.limits.connect_size_limit) until connect_timeout.
+
 ``UnixListener``: a listener on a Unix-domain socket (local clients only, access by file
 permissions). The socket file is created with ``unix_socket_mode`` permissions (default
 0660: the broker's user and group). A file left at the path by a broker that
@@ -62,6 +66,21 @@ def framing_for(config: ListenerConfig):
     # Imported here: wsproto costs about 1 MiB of memory, for WebSocket listeners only.
     from edgebroker.server.websocket import WebSocketEndpoint
     return functools.partial(WebSocketEndpoint, config.websocket_path)
+
+
+def refuse_over_memory(broker, conn: socket.socket, peer: str, address: str) -> None:
+    """A caller accepted while memory is above memory_limit: closed at once, before a byte of
+    it is read; counted as a refused connection (memory_limit), logged at most once a minute
+    with the number of repeats (the broker's line on going over says so too)."""
+    conn.close()
+    broker.stats.connections_refused += 1
+    broker.refused["memory_limit"] += 1
+    broker.hit("memory_limit")
+    memory = broker.memory
+    broker.events.log(logging.WARNING, "memory_limit_accept", broker.clock(),
+                      "connection from %s on %s closed at once: memory use %d bytes is above "
+                      "memory_limit (%d); new connections are closed unread until it falls "
+                      "below", peer, address, memory.rss, memory.limit)
 
 
 class DescriptorReserve:
@@ -226,6 +245,9 @@ class Listener:
                 app.descriptors_short = False
                 log.warning("accepting connections again (%d sockets open)", broker.sockets_open)
             conn = socket.socket(self.family, socket.SOCK_STREAM, 0, fileno=fd)
+            if broker.memory.over:
+                refuse_over_memory(broker, conn, self.peer_name(conn, addr), self.address)
+                continue
             app.add_connection(conn, self.peer_name(conn, addr), self)
 
     def pause(self, until: float) -> None:

@@ -149,7 +149,8 @@ METRICS = (
     ("edgebroker_memory_limit_bytes", "gauge", "limits.memory_limit (0: off).",
      lambda s: s["process"]["memory_limit_bytes"]),
     ("edgebroker_memory_over_limit", "gauge",
-     "1 while memory is above limits.memory_limit (new connections and topics refused).",
+     "1 while memory is above limits.memory_limit (new connections, topics and "
+     "subscriptions refused).",
      lambda s: int(s["process"]["memory_over_limit"])),
     # The loop's wait for a CPU (server/contention.py).
     ("edgebroker_loop_cpu_contended", "gauge", "1 from when the core thread waited for a CPU "

@@ -124,6 +124,9 @@ def test_connection_rate_pauses_accepting_without_spinning(broker, uid):
 
 
 def test_memory_limit_refuses_new_connections_and_topics_then_recovers(broker, uid):
+    """Above memory_limit a new connection is closed as soon as it is accepted (nothing of it
+    is read: a caller not yet connected may hold up to the largest valid CONNECT), and a
+    publish to a new topic is dropped; connected clients and known topics keep working."""
     b = broker()
     sub = b.client(f"{uid}-sub")
     sub.subscribe(f"{uid}/#")
@@ -139,15 +142,22 @@ def test_memory_limit_refuses_new_connections_and_topics_then_recovers(broker, u
     reload(memory_limit=1_000_000)  # far below any Python process
     line = b.wait_log("above memory_limit", timeout=5, start=mark)
     assert line and "refusing new connections and new topics" in line
-    assert refused_connack(b, f"{uid}-new") == 3
+    late = b.raw()                          # closed at once, before its CONNECT is read
+    late.send(m.connect(f"{uid}-new"))
+    assert late.expect_closed(5)
+    closed = b.wait_log("closed at once", timeout=5, start=mark)
+    assert closed and "above memory_limit" in closed, closed
     pub.publish(f"{uid}/known", b"2")       # known topic: delivered
     pub.publish(f"{uid}/new", b"3")         # new topic: dropped (QoS 0)
     assert pub.ping() == []
     got = sub.ping()
     assert [p.payload for p in got] == [b"2"]
+    b.raw().expect_closed(5)                # a second one: counted, not logged again
     s = b.stats()
     assert s["process"]["memory_over_limit"] is True
-    assert s["refused"]["memory_limit"] == 1 and s["dropped"]["memory_limit"] == 1
+    assert s["refused"]["memory_limit"] == 2 and s["dropped"]["memory_limit"] == 1
+    assert s["limit_hits"]["memory_limit"] == 3
+    assert len([ln for ln in b.logs[mark:] if "closed at once" in ln]) == 1
     assert b.alive()
 
     mark = b.mark()
@@ -313,3 +323,29 @@ def test_a_client_that_half_closes_after_connect_gets_its_connack(broker, uid):
         assert c.expect(CONNACK, timeout=3).rc == 0
         assert c.expect_closed(3)
     assert b.stats()["counters"]["connects_accepted"] == 20
+
+
+def test_before_connect_no_packet_beyond_the_largest_valid_connect_is_read(broker, uid):
+    """Until its CONNECT has arrived a connection may send no packet larger than the largest
+    CONNECT the limits let through (core.limits.connect_size_limit: 393,236 bytes with the
+    defaults), not max_packet_size (1 MiB): closed as soon as the fixed header says so,
+    counted and logged. Once connected, max_packet_size applies, also to a packet that
+    came in the same read as the CONNECT."""
+    b = broker()
+    mark = b.mark()
+    raw = b.raw()
+    body = 400_000
+    raw.send(bytes([0x10]) + m.varint(body) + b"\x00\x04MQTT\x04\x02\x00\x3c")
+    assert raw.expect_closed(5)
+    line = b.wait_log("exceeds the maximum packet size 393236", timeout=5, start=mark)
+    assert line and "(before CONNECT)" in line, line
+    assert b.stats()["limit_hits"]["max_packet_size"] == 1
+    sub = b.client(f"{uid}-sub")
+    sub.subscribe(f"{uid}/big")
+    payload = b"p" * 500_000
+    pub = b.raw()                            # CONNECT and a 500 KB PUBLISH in one send
+    pub.send(m.connect(f"{uid}-pub") + m.publish(f"{uid}/big", payload))
+    assert pub.expect(m.CONNACK).rc == 0
+    assert sub.recv_publish(timeout=10).payload == payload
+    assert pub.ping() == []
+    assert b.stats()["limit_hits"]["max_packet_size"] == 1

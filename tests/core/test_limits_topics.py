@@ -168,3 +168,51 @@ def test_denied_and_sys_publishes_take_no_topic_place(broker, uid, tmp_path):
     s = b.stats()
     assert s["limit_hits"].get("max_topics_per_client") == 1
     assert s["dropped"]["acl"] == 5 and s["dropped"]["sys_topic"] == 5
+
+
+def test_memory_limit_refuses_new_subscriptions_not_existing_ones(broker, uid):
+    """Above memory_limit a new subscription is refused (3.1.1: 0x80; 5.0: 0x97 Quota
+    exceeded), shared ones too; one the session has may be replaced, and what it has keeps
+    delivering. Counted as memory_limit, logged once per connection; below it again, new
+    subscriptions are made."""
+    import signal
+    import mqttraw5 as R
+    from conftest import toml_dumps
+
+    b = broker()
+    c = b.client(f"{uid}-c")
+    assert c.subscribe(f"{uid}/old").codes == [0]
+    c5 = R.RawClient5(b.host, b.port)
+    assert c5.connect(f"{uid}-c5").reason == 0
+    pub = b.client(f"{uid}-pub")
+    pub.publish(f"{uid}/old", b"first")         # a known topic from now on
+    assert c.recv_publish().payload == b"first"
+
+    def reload(**limits):
+        b.config_path.write_text(toml_dumps(dict(b.config, limits=limits)))
+        b.send_signal(signal.SIGHUP)
+
+    mark = b.mark()
+    reload(memory_limit=1_000_000)  # far below any Python process
+    assert b.wait_log("above memory_limit", timeout=5, start=mark)
+    hits = b.stats()["limit_hits"]["memory_limit"]
+    assert c.subscribe(f"{uid}/new", f"$share/g/{uid}/s").codes == [0x80, 0x80]
+    assert c.subscribe(f"{uid}/new2").codes == [0x80]
+    assert c.subscribe(f"{uid}/old", qos=1).codes == [1]    # replaced, not new: granted
+    assert c5.subscribe(f"{uid}/new", f"$share/g/{uid}/s").codes == [0x97, 0x97]
+    pub.publish(f"{uid}/old", b"still")
+    assert c.recv_publish().payload == b"still"
+    s = b.stats()
+    assert s["limit_hits"]["memory_limit"] - hits == 5
+    assert s["subscriptions"] == 1
+    lines = [ln for ln in b.logs[mark:] if "subscription to" in ln and "memory_limit" in ln]
+    assert len(lines) == 2, lines                             # once per connection
+    assert f"{uid}-c'" in lines[0] and "SUBACK 0x80" in lines[0]
+    assert f"{uid}-c5'" in lines[1] and "SUBACK 0x97" in lines[1]
+
+    mark = b.mark()
+    reload(memory_limit=0)
+    assert b.wait_log("below memory_limit", timeout=5, start=mark)
+    assert c.subscribe(f"{uid}/new").codes == [0]
+    assert c5.subscribe(f"{uid}/new").codes == [0]
+    c5.close()

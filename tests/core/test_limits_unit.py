@@ -73,6 +73,30 @@ def test_a_throttled_client_resumes_with_20_ms_of_its_rate_back():
     assert L.PublishRate.for_limits(lim(), 0.0) is None
 
 
+def test_control_rate_acts_as_a_token_bucket_of_its_burst():
+    """ControlRate keeps one number per client, and throttles exactly where a TokenBucket of
+    the same rate and burst would run dry; it resumes with 20 ms of its rate back."""
+    control = L.ControlRate.for_limits(lim(control_rate=100, control_burst=10))
+    bucket = L.TokenBucket(100, 10, 0.0)
+    due, now = 0.0, 0.0
+    for step in [0.0] * 12 + [0.001, 0.003, 0.05, 0.0, 0.5] + [0.0] * 15 + [0.02] * 5:
+        now += step
+        due, wait = control.charge(due, now)
+        left = bucket.spend(1, now)
+        assert (wait == 0.0) == left, (now, due)
+        if wait:
+            assert wait == pytest.approx(bucket.wait(2.0))   # 20 ms of 100/s: 2 packets back
+    due, wait = control.charge(0.0, 0.0)
+    assert wait == 0.0 and due == pytest.approx(0.01)
+    assert L.ControlRate.for_limits(lim(control_rate=0)) is None
+    default = L.ControlRate.for_limits(lim())               # on by default: 100/s, 1000 at once
+    due = 0.0
+    for _ in range(999):
+        due, wait = default.charge(due, 0.0)
+        assert wait == 0.0
+    assert default.charge(due, 0.0)[1] == pytest.approx(0.02)
+
+
 # ----- topic table --------------------------------------------------------------------------
 
 def _none_retained(topic):

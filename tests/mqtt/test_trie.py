@@ -3,7 +3,9 @@
 from hypothesis import given, settings, strategies as st
 
 from edgebroker.mqtt.topics import topic_matches
-from edgebroker.mqtt.trie import CACHE_LIMIT, RetainedTree, SubscriptionTrie
+from edgebroker.mqtt.trie import (
+    CACHE_LIMIT, CACHED_TOPIC_LENGTH, RetainedTree, SubscriptionTrie,
+)
 
 LEVEL = st.sampled_from(["a", "b", "", "$SYS", "x y", "é"])
 TOPIC = st.lists(LEVEL, min_size=1, max_size=4).map("/".join)
@@ -55,6 +57,22 @@ def test_cache_is_invalidated_and_bounded():
     for i in range(CACHE_LIMIT + 10):
         trie.match(f"t/{i}")
     assert len(trie._cache) <= CACHE_LIMIT
+
+
+def test_long_topic_names_are_matched_but_not_cached():
+    """The cache holds names of up to CACHED_TOPIC_LENGTH characters: 65,536 names of 60 KB
+    each would be 4 GB. Longer names are matched as well, each time from the trie."""
+    trie = SubscriptionTrie()
+    trie.add("#", "all", 0)
+    trie.add("+/" + "y" * 60_000, "long", 1)
+    short = "a/" + "x" * (CACHED_TOPIC_LENGTH - 2)
+    assert trie.match(short) == [("all", 0)]
+    long_names = [f"{i}/" + "y" * 60_000 for i in range(100)]
+    for name in long_names:
+        assert sorted(trie.match(name)) == [("all", 0), ("long", 1)]
+    assert list(trie._cache) == [short]
+    assert trie.match(short + "x") == [("all", 0)]     # one character over: not kept
+    assert list(trie._cache) == [short]
 
 
 @settings(max_examples=300, deadline=None)

@@ -25,6 +25,9 @@ class FakeLoop:
     class broker:
         sockets_open = 0
 
+        class memory:       # below memory_limit (core.limits.MemoryGuard)
+            over = False
+
     def __init__(self):
         self.added = []
 

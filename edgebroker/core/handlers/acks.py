@@ -2,7 +2,8 @@
 
 An acknowledgement frees its message's place in the session's window, and the
 queue moves on (``broker.pump``). One that does not fit the message sent with its
-packet id closes the connection, as Mosquitto does.
+packet id closes the connection, as Mosquitto does. A PUBREL or PUBREC for no message in
+flight is answered all the same, and charged to the client's control rate (core.dispatch).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def on_pubrec(client, p) -> None:
         # client finish its side (MQTT-4.3.3-1), as Mosquitto does.
         client.answer(encode_ack(P.PUBREL, pid))
         client.broker.stats.packets_sent += 1
+        client.charge_control()     # no window bounds these: a control packet
         return
     if entry.qos != 2:
         raise _wrong_ack(p, entry)
@@ -101,7 +103,12 @@ def on_pubrel(client, p) -> None:
     if p.packet_id in awaiting:
         awaiting.discard(p.packet_id)
         _journal(client, "freed", p.packet_id)
-    client.answer(encode_ack(P.PUBCOMP, p.packet_id))
+        client.answer(encode_ack(P.PUBCOMP, p.packet_id))
+    else:
+        # Released already (a resend), or never received: PUBCOMP all the same, charged
+        # to the control rate, as no window bounds these.
+        client.answer(encode_ack(P.PUBCOMP, p.packet_id))
+        client.charge_control()
     client.broker.stats.packets_sent += 1
 
 

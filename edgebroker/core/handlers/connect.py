@@ -75,6 +75,9 @@ def on_connect(client, p: P.Connect) -> None:
                                  f"{limits.max_keepalive} s", "max_keepalive")
     if not _admitted(client, p):
         return
+    # Admitted: packets up to max_packet_size from now on (before, the largest valid CONNECT:
+    # core.limits.connect_size_limit), also those that came with the CONNECT.
+    client.decoder.max_packet_size = limits.max_packet_size
     client.keepalive = p.keepalive
     client.will = p.will
     if v5 and p.properties is not None and Q.AUTH_METHOD in p.properties:

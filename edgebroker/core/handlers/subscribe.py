@@ -1,6 +1,7 @@
 """SUBSCRIBE and UNSUBSCRIBE: the ACL's say on each filter, the answer, then retained messages.
 
-The broker makes the subscriptions (limits: ``Broker.subscribe``); under an ACL
+The broker makes the subscriptions (limits: ``Broker.subscribe``; a new one while the
+broker's memory is above memory_limit gets 0x80, in 5.0 0x97); under an ACL
 each filter the ACL does not allow gets 0x80 in the SUBACK. Retained messages for
 the granted filters follow the SUBACK (``Broker.send_retained``).
 
@@ -95,9 +96,9 @@ def on_subscribe5(client, p: P.Subscribe) -> None:
             codes.append(NOT_AUTHORIZED)
             continue
         existed = topic_filter in session.subscriptions
-        granted = broker.subscribe(session, [(topic_filter, options & 3)])[0]
+        granted = broker.subscribe(session, [(topic_filter, options & 3)], v5=True)[0]
         codes.append(granted)
-        if granted == P.SUBACK_FAILURE:
+        if granted >= 0x80:     # refused: 0x80, or 0x97 for memory_limit
             continue
         _set_options(session, topic_filter, options & ~3, sub_id)
         handling = (options & P.SUB_RETAIN_HANDLING) >> 4

@@ -1,0 +1,76 @@
+"""The control packet rate with real clients (docs/limits.md, "Control packet rate"): PINGREQ,
+SUBSCRIBE, UNSUBSCRIBE and acknowledgements of no message in flight are charged to a client's
+control_rate; over it the client is throttled (not read, not disconnected), counted and logged
+once, and every packet it sent is still answered, in order. PUBLISH and the acknowledgements of
+messages in flight are not charged."""
+
+import mqttraw as m
+import mqttraw5 as R
+
+
+def _answers(c, ptype: int, n: int, timeout: float = 15.0) -> list:
+    """The next ``n`` packets, each of type ``ptype`` (bounded: ``timeout`` for each)."""
+    got = []
+    for _ in range(n):
+        p = c.recv_packet(timeout)
+        assert p.type == ptype, (p, len(got))
+        got.append(p)
+    return got
+
+
+def test_a_pingreq_flood_is_throttled_answered_counted_and_logged_once(broker, uid):
+    b = broker(limits={"control_rate": 200, "control_burst": 20})
+    probe = b.client(f"{uid}-probe")
+    flood = b.client(f"{uid}-flood")
+    mark = b.mark()
+    n = 300
+    flood.send(m.pingreq() * n)
+    line = b.wait_log(lambda ln: "over its control packet rate" in ln, timeout=10, start=mark)
+    assert line and f"{uid}-flood" in line and "control_rate 200/s" in line, line
+    assert probe.ping() == []                   # another client is served meanwhile
+    _answers(flood, m.PINGRESP, n)              # each one answered: throttled, not dropped
+    assert flood.ping() == []                   # and still connected
+    s = b.stats()
+    # 280 past the burst, about 4 (20 ms of 200/s) let through per throttle.
+    assert s["limit_hits"]["control_rate"] >= 10, s["limit_hits"]
+    assert b.client_row(f"{uid}-flood")["throttled_seconds"] > 0
+    assert b.client_row(f"{uid}-probe")["throttled_seconds"] == 0
+    lines = [ln for ln in b.logs[mark:] if "over its control packet rate" in ln]
+    assert len(lines) == 1, lines
+
+
+def test_acks_of_messages_in_flight_are_free_and_others_are_charged(broker, uid):
+    b = broker(limits={"control_rate": 50, "control_burst": 10})
+    c = b.client(f"{uid}-q2")
+    n = 40
+    c.send(b"".join(m.publish(f"{uid}/t", b"x", qos=2, packet_id=i + 1) for i in range(n)))
+    assert [p.packet_id for p in _answers(c, m.PUBREC, n)] == list(range(1, n + 1))
+    c.send(b"".join(m.pubrel(i + 1) for i in range(n)))
+    assert [p.packet_id for p in _answers(c, m.PUBCOMP, n)] == list(range(1, n + 1))
+    assert b.stats()["limit_hits"]["control_rate"] == 0   # a whole QoS 2 flow: not charged
+    mark = b.mark()
+    c.send(b"".join(m.pubrel(i + 1) for i in range(n)))  # released already: no window
+    assert [p.packet_id for p in _answers(c, m.PUBCOMP, n)] == list(range(1, n + 1))
+    assert b.stats()["limit_hits"]["control_rate"] >= 1
+    assert b.wait_log(lambda ln: "over its control packet rate" in ln and f"{uid}-q2" in ln,
+                      start=mark)
+
+
+def test_a_5_0_unsubscribe_flood_is_throttled_and_answered_in_order(broker, uid):
+    b = broker(limits={"control_rate": 100, "control_burst": 10})
+    c = R.RawClient5(b.host, b.port)
+    assert c.connect(f"{uid}-v5").reason == 0
+    n = 60
+    c.send(b"".join(R.unsubscribe5(i + 1, [f"{uid}/{i}"]) for i in range(n)))
+    assert [p.packet_id for p in _answers(c, m.UNSUBACK, n)] == list(range(1, n + 1))
+    assert b.stats()["limit_hits"]["control_rate"] >= 1
+    c.close()
+
+
+def test_control_rate_0_turns_the_limit_off(broker, uid):
+    b = broker(limits={"control_rate": 0, "control_burst": 1})
+    c = b.client(f"{uid}-free")
+    n = 500
+    c.send(m.pingreq() * n)
+    _answers(c, m.PINGRESP, n)
+    assert b.stats()["limit_hits"]["control_rate"] == 0
