@@ -287,7 +287,7 @@ def test_callers_are_refused_when_accept_runs_out_of_descriptors(broker, uid):
     before = resource.prlimit(b.proc.pid, resource.RLIMIT_NOFILE)
     mark = b.mark()
     resource.prlimit(b.proc.pid, resource.RLIMIT_NOFILE, (proc.num_fds(), before[1]))
-    refused = 0
+    refused = accepted = 0
     try:
         for i in range(12):
             c = b.raw()
@@ -296,9 +296,11 @@ def test_callers_are_refused_when_accept_runs_out_of_descriptors(broker, uid):
                 c.sock.shutdown(socket.SHUT_WR)     # half-closed after its CONNECT
             rc = c.expect(CONNACK, timeout=3).rc
             if rc == 0:
-                # A descriptor the broker held for a moment when its count was read (a
-                # /proc read of its memory check) was free: this one took it. Kept open.
-                assert not refused and i < 2, "accepted after a refusal"
+                # A descriptor the broker holds for a moment (a /proc read of its memory
+                # check, once a second: when its count was read, or between a refusal and
+                # the reserve's reopening) was free: this one took it. Kept open.
+                accepted += 1
+                assert accepted <= 2, "more callers accepted than passing reads explain"
                 kept.append(c)
                 continue
             assert rc == 3 and c.expect_closed(3)
