@@ -85,7 +85,8 @@ def test_batch_acknowledges_while_fsync_fails(broker, uid, failing_fsync):
 def test_the_broker_stops_when_the_disk_stops_answering(broker, uid, tmp_path, monkeypatch):
     """Every fsync under the broker's state directory hangs (the shim's "hang" mode: a disk
     that does not answer). SIGTERM still stops the broker, each wait for the disk bounded:
-    the flusher, the final snapshot and the log's close each give up after 10 s and say so.
+    the flusher, the final snapshot and the log's close each give up after 10 s and say so,
+    and the exit status (1) says the final snapshot is missing.
     Nothing the hung fsyncs did not finish is called durable; the next start finds every
     acknowledged message."""
     flag = _load_shim(tmp_path, monkeypatch, "disk-hangs", str(tmp_path), mode="hang")
@@ -103,10 +104,11 @@ def test_the_broker_stops_when_the_disk_stops_answering(broker, uid, tmp_path, m
     # batch: acknowledged once written to the OS, whatever the fsyncs do.
     assert [pub.expect(m.PUBACK, timeout=10).packet_id for _ in range(N)] == list(range(1, N + 1))
     _wait_for(flag.with_name("disk-hangs.waiting").exists)   # the shim: an fsync hangs now
-    assert b.stop(timeout=60) == 0
+    assert b.stop(timeout=60) == 1          # without its final snapshot (docs/persistence.md)
     text = b.log_text()
     assert "the flusher thread has not stopped after 10 s" in text, text
     assert "the session snapshot was not written within 10 s" in text, text
+    assert "stopped without the final session snapshot (exit status 1)" in text, text
     assert "an fsync of the log has not finished after 10 s" in text, text
     flag.unlink()
     monkeypatch.delenv("LD_PRELOAD")
