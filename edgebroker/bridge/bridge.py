@@ -34,10 +34,12 @@ from edgebroker.bridge.link import Link, Resolver, numeric_address
 from edgebroker.bridge.outbound import Outbound
 from edgebroker.bridge.pump import Pumping
 from edgebroker.bridge.refusals import Refusals
+from edgebroker.bridge.release import Releasing
 from edgebroker.bridge.rules import Rules
 from edgebroker.bridge_config import split_address
 from edgebroker.client.backoff import ceiling
 from edgebroker.client.connection import Connection
+from edgebroker.client.requests import is_release
 from edgebroker.client.events import (
     Acked, Connected, ConnectFailed, Disconnected, Message, PingTimeout, Subscribed,
 )
@@ -52,7 +54,7 @@ from edgebroker.mqtt.properties import (
 log = logging.getLogger("edgebroker.bridge")
 
 
-class Bridge(Refusals, Pumping):
+class Bridge(Refusals, Pumping, Releasing):
     def __init__(self, config, broker, selector, wake, state_dir: str, tls_context=None):
         self.config = config
         self.name = config.name
@@ -117,14 +119,15 @@ class Bridge(Refusals, Pumping):
         except checkpoint.Damaged:
             self.checkpoint_damaged += 1
             saved = None
+        self.init_release(saved[2] if saved is not None else None)
         if saved is None:
             head = commit_log.next_offset
-            saved = (head, head)
+            saved = (head, head, None)
             log.info("bridge %s: %s: it forwards from the head of the log (offset %d)",
                      self.name, "its checkpoint was damaged" if self.checkpoint_damaged
                      else "no checkpoint", head)
             self._write_start(head)
-        cursor, sent = saved
+        cursor, sent, _ = saved
         head = commit_log.next_offset
         if cursor > head:
             # The log came back shorter than the checkpoint (a power cut took its tail, or it
@@ -158,13 +161,14 @@ class Bridge(Refusals, Pumping):
     def _write_start(self, cursor: int) -> None:
         """The checkpoint the bridge starts from, written before it goes on."""
         try:
-            checkpoint.write(self.path, self.name, cursor, cursor)
+            checkpoint.write(self.path, self.name, cursor, cursor, self.packet_ids)
+            self.ids_saved = self.packet_ids
         except OSError as exc:
             self.writer.count_failure(self.path, self.name, exc)
 
     def stop(self) -> tuple:
         """At shutdown: DISCONNECT, close; returns the final checkpoint (path, name, cursor,
-        sent) for the app to write."""
+        sent, packet ids) for the app to write."""
         self.state = "stopped"
         for timer in (self._retry, self._tick, self._save, self._again, self._busy_retry,
                       self._give_up):
@@ -176,7 +180,7 @@ class Bridge(Refusals, Pumping):
                 link.send(self.conn.data_to_send())
             link.close("the broker stops")
         ob = self.outbound
-        return self.path, self.name, ob.cursor, ob.sent_to
+        return self.path, self.name, ob.cursor, ob.sent_to, self.packet_ids
 
     # ----- connecting -------------------------------------------------------------------
 
@@ -253,8 +257,11 @@ class Bridge(Refusals, Pumping):
         if self.conn.state != "closed":
             self.conn.connection_lost()
         # Sent on this link and not acknowledged: sent again after the next CONNACK (those
-        # still queued in the connection were never sent: not resends).
-        self._sent_before = (self.conn.inflight_publishes, self.conn.inflight_past_pubrec)
+        # still queued in the connection were never sent: not resends; nor the PUBRELs of
+        # release.py).
+        releasing = self.releasing
+        self._sent_before = (self.conn.inflight_publishes - releasing,
+                             self.conn.inflight_past_pubrec - releasing)
         if not self.config.clean_start and (self.config.protocol_version == 4
                                             or self.config.session_expiry):
             self.inbound.link_lost()    # the remote kept the session: it sends them again
@@ -302,7 +309,9 @@ class Bridge(Refusals, Pumping):
         kind = type(event)
         if kind is Acked:
             request = event.request
-            if request.kind == "publish":
+            if is_release(request):
+                self.released()
+            elif request.kind == "publish":
                 if event.reason_code < 0x80:
                     self.outbound.acked(request.token)
                     if request.qos:
@@ -340,6 +349,7 @@ class Bridge(Refusals, Pumping):
         # The log still cannot write: the new link is not read either (past its CONNACK).
         for why in self._paused_reading:
             self.link.pause_reading(why)
+        self.release_on_connect(event.session_present)    # before anything new
         (sent, released), self._sent_before = self._sent_before, (0, 0)
         resent = sent - released if event.session_present else sent   # sent again now
         self.outbound.resent += resent
@@ -429,10 +439,12 @@ class Bridge(Refusals, Pumping):
         cursor = min(outbound.cursor, durable)
         sent = max(cursor, min(outbound.sent_to, durable))
         # (A write that failed left the file behind what was handed to the writer: again.)
-        if (cursor != outbound.saved or sent > outbound.resend_until
+        ids = self.packet_ids
+        if (cursor != outbound.saved or sent > outbound.resend_until or ids != self.ids_saved
                 or self.writer.on_disk.get(self.path) != outbound.saved):
-            self.writer.submit(self.path, self.name, cursor, sent)
+            self.writer.submit(self.path, self.name, cursor, sent, ids)
             outbound.saved = cursor
+            self.ids_saved = ids
             outbound.resend_until = max(outbound.resend_until, sent)
 
     def hold(self) -> int:

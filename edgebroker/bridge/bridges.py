@@ -70,9 +70,9 @@ class Bridges:
         """Close the links and write each bridge's final cursor (durably, before returning)."""
         finals = [bridge.stop() for bridge in self.items if bridge.outbound is not None]
         self.writer.stop()
-        for path, name, cursor, sent in finals:
+        for path, name, cursor, sent, packet_ids in finals:
             try:
-                checkpoint.write(path, name, cursor, sent)
+                checkpoint.write(path, name, cursor, sent, packet_ids)
             except OSError as exc:
                 log.error("bridge %s: cannot write its final checkpoint %s: %s", name, path,
                           exc.strerror or exc)

@@ -1,10 +1,13 @@
 """A bridge's cursor on disk: ``<state_dir>/bridge-<name>.json``.
 
-``{"version": 1, "bridge": NAME, "cursor": C, "sent": S}``: every record below ``C`` that the
-bridge forwards was acknowledged by the remote; records from ``C`` up to ``S`` had been sent
-and were not yet all acknowledged when the file was written (after a crash they are sent
-again: counted as resent). The file is written to a temporary name, fsynced and renamed over
-the old one, then the folder is fsynced, so a crash leaves the old file or the new one.
+``{"version": 1, "bridge": NAME, "cursor": C, "sent": S, "packet_ids": N}``: every record
+below ``C`` that the bridge forwards was acknowledged by the remote; records from ``C`` up to
+``S`` had been sent and were not yet all acknowledged when the file was written (after a
+crash they are sent again: counted as resent); the bridge's packet ids are 1 to ``N``: those
+the next run releases at the remote (bridge/release.py). ``packet_ids`` may be absent (a
+file of an older version): every id is released then. The file is written to a temporary
+name, fsynced and renamed over the old one, then the folder is fsynced, so a crash leaves
+the old file or the new one.
 
 The core thread never waits for a disk: ``CheckpointWriter`` is a small thread that writes
 the latest cursor each bridge handed it (a later one replaces one not yet written). At
@@ -33,17 +36,20 @@ class Damaged(Exception):
     """The checkpoint file could not be read; it was moved to ``.damaged`` and logged."""
 
 
-def load(path: str) -> tuple[int, int] | None:
-    """(cursor, sent) from the file; None when there is none. A damaged file is renamed to
-    ``.damaged``, logged, and raises ``Damaged``: the bridge then starts at the head of the
-    log, as a new one, and counts it (``checkpoint_damaged``)."""
+def load(path: str) -> tuple[int, int, int | None] | None:
+    """(cursor, sent, packet ids or None) from the file; None when there is none. A damaged
+    file is renamed to ``.damaged``, logged, and raises ``Damaged``: the bridge then starts
+    at the head of the log, as a new one, and counts it (``checkpoint_damaged``)."""
     try:
         with open(path, "rb") as fh:
             data = json.loads(fh.read())
         cursor, sent = int(data["cursor"]), int(data["sent"])
         if data.get("version") != VERSION or cursor < 0 or sent < cursor:
             raise ValueError("unknown version or offsets")
-        return cursor, sent
+        ids = data.get("packet_ids")
+        if ids is not None and (type(ids) is not int or not 1 <= ids <= 0xFFFF):
+            raise ValueError(f"packet_ids {ids!r} is not a number from 1 to 65535")
+        return cursor, sent, ids
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -54,11 +60,13 @@ def load(path: str) -> tuple[int, int] | None:
         raise Damaged(path) from exc
 
 
-def write(path: str, name: str, cursor: int, sent: int) -> None:
+def write(path: str, name: str, cursor: int, sent: int, packet_ids: int | None = None) -> None:
     """Write the checkpoint durably (edgebroker.files: temp file, fsync, rename, fsync of the
     folder)."""
-    data = json.dumps({"version": VERSION, "bridge": name, "cursor": cursor,
-                       "sent": max(sent, cursor)}).encode() + b"\n"
+    doc = {"version": VERSION, "bridge": name, "cursor": cursor, "sent": max(sent, cursor)}
+    if packet_ids is not None:
+        doc["packet_ids"] = packet_ids
+    data = json.dumps(doc).encode() + b"\n"
     replace_file(path, data)
 
 
@@ -81,9 +89,10 @@ class CheckpointWriter:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, path: str, name: str, cursor: int, sent: int) -> None:
+    def submit(self, path: str, name: str, cursor: int, sent: int,
+               packet_ids: int | None = None) -> None:
         with self._cond:
-            self._wanted[path] = (name, cursor, sent)
+            self._wanted[path] = (name, cursor, sent, packet_ids)
             self._cond.notify()
 
     def _run(self) -> None:
@@ -93,9 +102,9 @@ class CheckpointWriter:
                     self._cond.wait()
                 if not self._wanted:
                     return
-                path, (name, cursor, sent) = self._wanted.popitem()
+                path, (name, cursor, sent, packet_ids) = self._wanted.popitem()
             try:
-                write(path, name, cursor, sent)
+                write(path, name, cursor, sent, packet_ids)
                 self.on_disk[path] = cursor
                 self.written += 1
             except OSError as exc:

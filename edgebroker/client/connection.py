@@ -103,6 +103,8 @@ class Connection:
         self._resend_wait: deque = deque()  # in flight, to send again when the window allows
         self._window = max_inflight
         self._next_pid = 1
+        # Packet ids are taken from 1..packet_ids (the bridge narrows it: bridge/release.py)
+        self.packet_ids = 0xFFFF
         self._incoming_qos2: set = set()  # the server's QoS 2 ids given out, PUBREL awaited
         self._subscriptions: dict = {}   # filter -> (options, properties) the server granted
         self._unacked: dict = {}         # packet id -> Message given out, ack() awaited
@@ -268,16 +270,17 @@ class Connection:
 
     # -- sending --------------------------------------------------------------------------------
     def _new_pid(self) -> int | None:
-        pid = self._next_pid
+        top = self.packet_ids
+        pid = self._next_pid if self._next_pid <= top else 1
         inflight = self._inflight
         if pid in inflight:
-            for _ in range(0xFFFF):
-                pid = pid % 0xFFFF + 1
+            for _ in range(top):
+                pid = pid % top + 1
                 if pid not in inflight:
                     break
             else:
                 return None
-        self._next_pid = pid % 0xFFFF + 1
+        self._next_pid = pid % top + 1
         return pid
 
     # The first sending of a request (client/sending.py's functions, as methods).

@@ -23,6 +23,16 @@ UNSUBSCRIBE = "unsubscribe"
 # The token of the SUBSCRIBE a connection makes again itself (Connection's ``resubscribe``).
 RESUBSCRIBE = "edgebroker.client:resubscribe"
 
+# The token of the PUBRELs a connection sends for packet ids that an earlier connection (an
+# earlier process) may have left at the server past PUBREC (client/resume.py's ``release``).
+RELEASE = "edgebroker.client:release"
+
+
+def is_release(req) -> bool:
+    """``req`` is one of ``release``'s PUBRELs (not the user's)."""
+    token = req.token
+    return token.__class__ is str and token == RELEASE
+
 # Where a QoS 2 publish is: PUBLISH sent (or to send), waiting for PUBREC; PUBREL sent (the
 # server has the message), waiting for PUBCOMP.
 STAGE_PUBLISH = 0

@@ -2,13 +2,16 @@
 calls these; connection.py's ``_pump`` sends the rest as the window allows): with Session
 Present 1 the requests in flight again, as MQTT says; with Session Present 0 the session
 discarded, its requests sent as new ones, and the subscriptions made again
-(``resubscribe``)."""
+(``resubscribe``). ``release`` sends PUBREL for packet ids an earlier connection may have
+left at the server past PUBREC (the bridge, after a restart)."""
 
 from __future__ import annotations
 
 from edgebroker.client.requests import (
-    PUBLISH, RESUBSCRIBE, STAGE_PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE, Request,
+    PUBLISH, RELEASE, RESUBSCRIBE, STAGE_PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE,
+    ClientError, Request, is_release,
 )
+from edgebroker.client.states import CONNECTED
 from edgebroker.client.sending import other_or_answer, publish_or_answer
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_ack
@@ -43,10 +46,12 @@ def resend(conn, session_present: bool) -> None:
     inflight = conn._inflight
     if not session_present:
         if inflight:
-            for req in inflight.values():
+            # (``release``'s PUBRELs end with the session they were for)
+            again = [req for req in inflight.values() if not is_release(req)]
+            for req in again:
                 req.packet_id = None
                 req.stage = STAGE_PUBLISH
-            conn._queue.extendleft(reversed(inflight.values()))
+            conn._queue.extendleft(reversed(again))
             inflight.clear()
             conn._n_pub = 0
         conn._resend_wait.clear()
@@ -83,3 +88,32 @@ def send_again(conn, req: Request) -> None:
         conn._out.extend(frame)
     else:
         conn._out.append(frame)
+
+
+def release(conn, pids) -> int:
+    """On a connection that found its session kept (Session Present 1), before it sends any
+    new PUBLISH: a PUBREL for each packet id of ``pids`` not in flight, which an earlier
+    connection (an earlier process, whose requests are gone) may have left at the server
+    past PUBREC: MQTT-4.4.0-1 owes the server those PUBRELs, and each id it holds takes a
+    place of its Receive Maximum. Each PUBREL is a request in flight, counted in the window
+    (so new publishes wait until the server has freed as many places as the window needs),
+    token ``RELEASE``: its PUBCOMP, whatever its reason code (0x92: the server held nothing
+    for it), gives an ``Acked`` with that token. After a reconnection it goes again with
+    Session Present 1; with 0 it is dropped (the session it was for is gone). The number of
+    PUBRELs sent."""
+    if conn.state is not CONNECTED:
+        raise ClientError(f"release needs a connected connection, not {conn.state}")
+    inflight = conn._inflight
+    frames = conn._out
+    sent = 0
+    for pid in pids:
+        if pid in inflight:
+            continue
+        req = Request(PUBLISH, RELEASE, "", qos=2)
+        req.packet_id = pid
+        req.stage = STAGE_PUBREL
+        inflight[pid] = req
+        frames.append(encode_ack(P.PUBREL, pid))
+        sent += 1
+    conn._n_pub += sent
+    return sent

@@ -106,9 +106,11 @@ class FakeRemote:
         self.port = self.server.getsockname()[1]
         self.ends: list[mqttraw.RawClient] = []
 
-    def accept(self, session_present: bool = False, timeout: float = 10.0) -> mqttraw.RawClient:
+    def accept(self, session_present: bool = False, timeout: float = 10.0,
+               released: int = 0) -> mqttraw.RawClient:
         """The remote's end of the bridge's next connection (a RawClient over the accepted
-        socket): its CONNECT answered (CONNACK), then its SUBSCRIBE
+        socket): its CONNECT answered (CONNACK), ``released`` PUBRELs expected (for packet
+        ids 1 to that: a restart's, bridge/release.py) and answered, then its SUBSCRIBE
         (SUBACK granting what it asked)."""
         self.server.settimeout(timeout)
         sock, _ = self.server.accept()
@@ -118,6 +120,9 @@ class FakeRemote:
         self.ends.append(end)
         end.expect(mqttraw.CONNECT, timeout)
         end.send(mqttraw.connack(session_present))
+        pids = [end.expect(mqttraw.PUBREL, timeout).packet_id for _ in range(released)]
+        assert pids == list(range(1, released + 1)), pids
+        end.send(b"".join(mqttraw.pubcomp(pid) for pid in pids))
         sub = end.expect(mqttraw.SUBSCRIBE, timeout)
         end.send(mqttraw.suback(int.from_bytes(sub.body[:2], "big"), [sub.body[-1]]))
         return end
