@@ -190,3 +190,23 @@ def test_retention_forced_under_the_cursor_is_a_counted_logged_gap(broker, mosqu
     assert (f"up: {fig['gap_offsets']} log offsets lost to the remote in {fig['gaps']} gaps "
             f"(retention_bytes)"
             in out.stdout), out.stdout
+
+
+def test_a_qos_2_rule_to_a_3_1_1_mosquitto_loses_nothing(broker, mosquitto_broker, paho):
+    """Mosquitto takes at most max_inflight_messages (20) QoS 2 messages in flight from one
+    client; from a 3.1.1 client it answers one more with a plain PUBREC and drops it (a 5.0
+    client gets PUBREC 0x97). A 3.1.1 bridge keeps at most 20 QoS 2 messages in flight,
+    whatever its window (100 here)."""
+    remote = mosquitto_broker(extra=REMOTE)
+    sub = paho(remote.port, client_id="central-q2")
+    assert sub.subscribe("gw1/q2/#", 2) == [2]
+    got = Received(sub)
+    rules = [{"pattern": "q2/#", "direction": "out", "qos": 2, "remote_prefix": "gw1/"}]
+    gw = broker(bridge=[bridge_table(remote.port, rules, window=WINDOW)])
+    wait_figure(gw, lambda f: f["state"] == "up")
+    n = 2000
+    publish_range(gw.client("pub"), "q2/t", 0, n)
+    assert got.wait_distinct(n, 60), f"{len(got.seen)} of {n} arrived"
+    fig = wait_figure(gw, lambda f: f["cursor"] == n and f["inflight"] == 0, timeout=30)
+    assert fig["forwarded"] == n and fig["reconnects"] == 0, fig
+    assert got.duplicates() == []
