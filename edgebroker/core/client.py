@@ -327,7 +327,7 @@ class Client:
         control = self.broker.control
         if control is None or self.closed:
             return
-        self.control_due, wait = control.charge(self.control_due, self.last_seen)
+        self.control_due, wait = control.charge(self.control_due, self.broker.clock())
         if wait:
             self.throttle("control_rate", wait)  # this one went through; reading stops now
 

@@ -362,7 +362,9 @@ class Router:
             if limits.queue_full == "drop_old":
                 dropped = 0
                 while queue and queue_limit(limits, len(queue), session.queue_bytes):
-                    old, old_qos, _ = queue.popleft()
+                    old, old_qos, old_retain = queue.popleft()
+                    if old_retain and session.retained_queued:
+                        session.retained_queued.discard(old.offset)
                     if old_qos == 0:
                         session.queued_qos0 -= 1
                     session.queue_bytes -= old.size
@@ -388,11 +390,6 @@ class Router:
             message = as_stored(message)
             session.saved = None
         session.own_queue().append((message, qos, retain))
-        if retain and message.offset is not None:
-            pending = session.retained_queued
-            if pending is None:
-                pending = session.retained_queued = set()
-            pending.add(message.offset)
         if qos == 0:
             session.queued_qos0 += 1
         session.queue_bytes += size

@@ -435,12 +435,15 @@ class Sessions:
                     self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
                 elif qos == 0:
                     self._write_publish(client, message, 0, True, False, None)
+                    continue
                 elif (not session.queue and len(session.inflight) < (
                         session.receive_max or self.limits.max_inflight_messages)
                       and session.inflight_bytes < self.limits.max_inflight_bytes):
                     self._send(session, message, qos, True)
+                    continue
                 else:
                     self._defer(session, message, qos, True)
+                _queued_retained(session, message)
 
     def unsubscribe(self, session: Session, filters: list[str]) -> None:
         for topic_filter in filters:
@@ -462,3 +465,15 @@ def _forget_options(session: Session, topic_filter: str) -> None:
     sub5 = session.sub5
     if sub5 is not None and sub5.pop(topic_filter, None) is not None and not sub5:
         session.sub5 = None
+
+
+def _queued_retained(session: Session, message) -> None:
+    """``message`` went to the end of the session's queue as a retained message for a new
+    subscription (it may have been dropped instead: max_queued_messages): noted in
+    ``Session.retained_queued`` until it is sent or dropped."""
+    queue = session.queue
+    if queue and queue[-1][0] is message and message.offset is not None:
+        pending = session.retained_queued
+        if pending is None:
+            pending = session.retained_queued = set()
+        pending.add(message.offset)

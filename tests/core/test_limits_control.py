@@ -74,3 +74,22 @@ def test_control_rate_0_turns_the_limit_off(broker, uid):
     c.send(m.pingreq() * n)
     _answers(c, m.PINGRESP, n)
     assert b.stats()["limit_hits"]["control_rate"] == 0
+
+
+def test_a_client_within_its_rate_after_a_pause_is_not_throttled(broker, uid):
+    """A packet is charged at the time it is handled, not at the client's previous read: a
+    burst after a pause long enough to refill the budget goes through unthrottled (the
+    publish rate likewise)."""
+    import time
+    b = broker(limits={"control_rate": 100, "control_burst": 100,
+                       "messages_rate": 100, "messages_burst": 100})
+    c = b.client(f"{uid}-c", keepalive=600)
+    n = 80
+    for _ in range(2):
+        c.send(m.pingreq() * n)
+        _answers(c, m.PINGRESP, n)
+        c.send(b"".join(m.publish(f"{uid}/t", b"x", qos=1, packet_id=i + 1) for i in range(n)))
+        _answers(c, m.PUBACK, n)
+        time.sleep(1.2)         # both budgets whole again (100 a second)
+    hits = b.stats()["limit_hits"]
+    assert hits.get("control_rate", 0) == 0 and hits.get("messages_rate", 0) == 0, hits

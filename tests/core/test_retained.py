@@ -201,3 +201,30 @@ def test_a_filter_asked_for_again_does_not_queue_its_retained_messages_twice(bro
         assert p.type == PUBLISH and p.retain, p
         topics.add(p.topic)
     assert topics == {f"{uid}/r/{i}" for i in range(n)}
+
+
+def test_a_retained_message_a_full_queue_dropped_is_sent_for_a_later_subscription(broker,
+                                                                                  uid):
+    """queue_full = "drop_old" drops a retained message queued for a subscription; a later
+    SUBSCRIBE that matches it sends it (it is no longer taken for queued already)."""
+    b = broker(limits={"max_queued_messages": 3, "queue_full": "drop_old",
+                       "max_inflight_messages": 1})
+    pub = b.client(f"{uid}-p")
+    for i in range(1, 6):
+        pub.publish(f"{uid}/t/{i}", b"v%d" % i, qos=1, retain=True)
+    s = b.client(f"{uid}-s")
+    s.send(m.subscribe(1, [(f"{uid}/t/#", 1)]))
+    assert s.recv_packet().type == SUBACK
+    first = s.recv_publish(ack=False)           # in flight; four wait for the window of 1
+    assert b.stats()["dropped"]["max_queued_messages"] == 1
+    s.send(m.subscribe(2, [(f"{uid}/t/4", 1)]))
+    assert s.recv_packet().type == SUBACK
+    s.send(m.puback(first.packet_id))
+    got = [first.topic]
+    for _ in range(3):      # the queue of 3 (t/4 queued again pushed the oldest one out)
+        p = s.recv_publish(ack=False)
+        got.append(p.topic)
+        s.send(m.puback(p.packet_id))
+    assert f"{uid}/t/4" in got, got
+    assert b.stats()["dropped"]["max_queued_messages"] == 2
+    assert s.ping() == []

@@ -81,13 +81,14 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None
 def on_publish_rated(client, p: P.Publish) -> None:
     """PUBLISH when messages_rate or bytes_rate is set: handled, then charged."""
     on_publish(client, p)
-    _charge(client, p)
+    _charge(client, p, client.broker.clock())
 
 
-def _charge(client, p: P.Publish) -> None:
+def _charge(client, p: P.Publish, now: float) -> None:
     if client.closed:
         return
-    over = client.rate.charge(len(p.payload) + len(p.topic.encode()), client.last_seen)
+    # (At the time it is handled: ``last_seen`` is the read before, maybe long ago.)
+    over = client.rate.charge(len(p.payload) + len(p.topic.encode()), now)
     if over is not None:
         client.throttle(*over)  # this message went through; reading stops after it
 
@@ -148,7 +149,7 @@ def on_publish5(client, p: P.Publish) -> None:
 
 def on_publish5_rated(client, p: P.Publish) -> None:
     on_publish5(client, p)
-    _charge(client, p)
+    _charge(client, p, client.broker.clock())
 
 
 def _alias(client, topic: str, alias: int) -> str:
