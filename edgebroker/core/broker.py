@@ -40,9 +40,10 @@ from edgebroker.core.catchup_run import CatchUpRuns
 from edgebroker.core.client import Client
 from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
-    DROPS, LIMITS, REFUSALS, ControlRate, EventLog, MemoryGuard, PeerLog, TopicTable,
+    DROPS, LIMITS, REFUSALS, ControlRate, EventLog, PeerLog, TopicTable,
     zero_counts,
 )
+from edgebroker.core.memory import MemoryGuard
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.persistence import Persistence
 from edgebroker.core.resume import Resume

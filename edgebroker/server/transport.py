@@ -1,16 +1,15 @@
 """A connection's byte stream on a plain socket (TCP or Unix), and with raw MQTT framing the
 core's transport: ``write``, ``write_file``, ``close``.
 
-The plain stream is the base behaviour, and the hot path: ``TLSTransport`` (server/tls.py)
-overrides how bytes are read and written, and a framing other than raw MQTT (WebSocket) sits
-between the stream and the core (server/framing.py).
+The plain stream is the base behaviour and the hot path: ``TLSTransport`` (server/tls.py)
+overrides reading and writing; WebSocket framing sits between it and the core (framing.py).
 
 Writes are queued and flushed by the loop once per pass with one ``sendmsg`` over all queued
 buffers (no per-message syscalls; ``send_now`` and ``offer`` may send earlier in a pass). Only
 the unsent remainder stays queued; the socket is watched for writing only while it has some.
 
-``write_file`` queues a header from memory plus a byte range of a commit-log segment
-(server/filechunk.py), sent with sendfile; dropped if retention deleted its record.
+``write_file`` queues a header and a byte range of a commit-log segment (server/filechunk.py),
+sent with sendfile; dropped if retention deleted its record.
 
 The queue is bounded for what may be dropped: ``offer`` (a QoS 0 PUBLISH) refuses once
 ``max_pending`` bytes are waiting (FileChunks count with their full length); the core then
@@ -18,15 +17,13 @@ drops the message or keeps it in the session's queue, calls ``wait_for_drain()``
 called back (``client.writable()``) when everything has been written. Replies are bounded
 by not reading a client that does not read them (``hold_input``).
 
-Before the first bytes reach the core they are sniffed (server/sniff.py): a TLS handshake
-or an HTTP request on a plain MQTT port is refused with a clear log line.
+First bytes are sniffed (server/sniff.py): TLS or HTTP on a plain MQTT port is refused, logged.
 
-The core may pause reading for one of several independent reasons (``pause_reading``):
-``"auth"`` while a CONNECT waits for its password check, ``"rate"`` while a publisher is over
-its publish rate, ``"log"`` while the commit log cannot write (``"output"``: see above). The
-socket is read again only once every reason is resumed; meanwhile it is not watched for
-input, so the peer's further bytes stay in the kernel and TCP slows it (and only it) down.
-"""
+The core may pause reading for independent reasons (``pause_reading``): ``"auth"`` while a
+CONNECT waits for its password check, ``"rate"`` while a client is over its publish or control
+packet rate, ``"log"`` while the commit log cannot write (``"output"``: see above). Read again
+once every reason is resumed; meanwhile the peer's bytes stay in the kernel and TCP slows it
+(and only it) down."""
 
 from __future__ import annotations
 
@@ -100,15 +97,12 @@ class Transport:
 
     @property
     def listener_name(self) -> str:
-        listener = self.listener
-        return listener.address if listener is not None else ""
+        return self.listener.address if self.listener is not None else ""
 
     @property
     def policy(self):
-        """The listener's ListenerPolicy (authentication, ACL) as it is now: a reload replaces
-        it, also for connections accepted before, whose CONNECT may come after."""
-        listener = self.listener
-        return listener.policy if listener is not None else None
+        """The listener's ListenerPolicy (authentication, ACL) as a reload left it."""
+        return self.listener.policy if self.listener is not None else None
 
     # ----- the core's side --------------------------------------------------------------
 

@@ -322,7 +322,8 @@ def test_render_has_help_and_type_before_every_sample():
 def test_process_usage_reads_the_figures_psutil_gives():
     """On Linux from /proc, without psutil: the same RSS and CPU time as psutil's."""
     import psutil
-    usage = L.ProcessUsage()
+    from edgebroker.core.memory import ProcessUsage
+    usage = ProcessUsage()
     assert usage.read == usage._read_proc                 # this machine is Linux: /proc
     proc = psutil.Process()
     sum(i * i for i in range(300_000))                    # some CPU time to see

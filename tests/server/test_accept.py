@@ -25,7 +25,7 @@ class FakeLoop:
     class broker:
         sockets_open = 0
 
-        class memory:       # below memory_limit (core.limits.MemoryGuard)
+        class memory:       # below memory_limit (core.memory.MemoryGuard)
             over = False
 
     def __init__(self):
