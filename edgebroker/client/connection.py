@@ -123,6 +123,7 @@ class Connection:
         self._server_max_qos = 2
         self._server_retain = True
         self._server_max_packet = 0      # 0: no limit said
+        self._server_aliases = 0         # its Topic Alias Maximum (0: it takes none)
         self.duplicates_dropped = 0      # QoS 2 PUBLISHes again before their PUBREL
         self.unexpected_acks = 0         # acknowledgements for no request of ours
 
@@ -185,6 +186,7 @@ class Connection:
         self._ka = self.keepalive
         self._window = self.max_inflight
         self._server_max_qos, self._server_retain, self._server_max_packet = 2, True, 0
+        self._server_aliases = 0
 
     def connection_lost(self) -> None:
         """The transport closed or broke: requests are kept for the next ``connect``."""

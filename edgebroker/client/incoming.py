@@ -20,7 +20,7 @@ from edgebroker.mqtt.encode import encode_ack, encode_puback
 from edgebroker.mqtt.encode5 import encode_ack5
 from edgebroker.mqtt.properties import (
     ASSIGNED_CLIENT_ID, MAXIMUM_PACKET_SIZE, MAXIMUM_QOS, REASON_STRING, RECEIVE_MAXIMUM,
-    RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, TOPIC_ALIAS,
+    RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, TOPIC_ALIAS, TOPIC_ALIAS_MAXIMUM,
 )
 
 # 3.1.1 CONNACK return codes (section 3.2.2.3).
@@ -54,6 +54,7 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
         conn._server_max_qos = props.get(MAXIMUM_QOS, 2)
         conn._server_retain = bool(props.get(RETAIN_AVAILABLE, 1))
         conn._server_max_packet = props.get(MAXIMUM_PACKET_SIZE, 0)
+        conn._server_aliases = props.get(TOPIC_ALIAS_MAXIMUM, 0)
         conn._ka = props.get(SERVER_KEEP_ALIVE, conn.keepalive)
         conn.client_id = props.get(ASSIGNED_CLIENT_ID, conn.client_id)
     if not present:

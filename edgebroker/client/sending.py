@@ -3,9 +3,9 @@
 time it is sent, also again after a reconnection (client/resume.py's ``send_again``).
 
 A PUBLISH the server said it does not take (its 5.0 CONNACK: Maximum QoS, Retain
-Available, Maximum Packet Size) is not sent but answered at once with the reason code the
-server would give (``Acked``: 0x9B, 0x9A, 0x95); the server would close the connection on
-it. A request whose packet cannot be made at all (a value no check caught, as in a request
+Available, Maximum Packet Size, Topic Alias Maximum) is not sent but answered at once with the
+reason code the server would give (``Acked``: 0x9B, 0x9A, 0x95, 0x94); the server would close
+the connection on it. A request whose packet cannot be made at all (a value no check caught, as in a request
 made by hand, or loaded from a state file) is answered as refused (0x80) and logged, rather
 than raising out of the loop that drives the connection, at every start again for a request
 kept on disk. Both leave the session: the connection goes on.
@@ -19,7 +19,8 @@ from edgebroker.client.events import Acked, Subscribed, Unsubscribed
 from edgebroker.client.requests import (PUBLISH, STAGE_PUBLISH, SUBSCRIBE, Request,
                                         other_frame, publish_frame)
 from edgebroker.errors import (PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, RETAIN_NOT_SUPPORTED,
-                               UNSPECIFIED_ERROR)
+                               TOPIC_ALIAS_INVALID, UNSPECIFIED_ERROR)
+from edgebroker.mqtt.properties import TOPIC_ALIAS
 
 log = logging.getLogger("edgebroker.client")
 
@@ -51,6 +52,9 @@ def limit_code(conn, req: Request, frame: list) -> int:
         return RETAIN_NOT_SUPPORTED
     if conn._server_max_packet and sum(map(len, frame)) > conn._server_max_packet:
         return PACKET_TOO_LARGE
+    props = req.properties
+    if props and props.get(TOPIC_ALIAS, 0) > conn._server_aliases:
+        return TOPIC_ALIAS_INVALID      # (a Topic Alias the caller set itself)
     return 0
 
 

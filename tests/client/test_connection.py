@@ -268,6 +268,19 @@ def test_server_limits_refuse_before_sending_5():
     assert ok.packet_id == 1 and c.inflight == 1
 
 
+def test_a_topic_alias_above_the_servers_maximum_is_refused_before_sending():
+    """A Topic Alias the caller set itself, above the Topic Alias Maximum of the CONNACK (0
+    when it says none): answered 0x94, as the server would (it would close the connection)."""
+    c = connected(5, m5.connack5(props={m5.TOPIC_ALIAS_MAXIMUM: 2}))
+    over = c.publish("t", b"a", qos=1, properties={m5.TOPIC_ALIAS: 3})
+    ok = c.publish("t", b"b", qos=1, properties={m5.TOPIC_ALIAS: 2})
+    assert [(p.payload, p.properties) for p in sent(c)] == [(b"b", {m5.TOPIC_ALIAS: 2})]
+    assert c.acked_qos0() == [Acked(over, 0x94)] and ok.packet_id == 1
+    none = connected(5, m5.connack5())
+    refused = none.publish("t", b"c", properties={m5.TOPIC_ALIAS: 1})
+    assert sent(none) == [] and none.acked_qos0() == [Acked(refused, 0x94)]
+
+
 # -- receiving --------------------------------------------------------------------------------
 
 def test_incoming_qos0_1_2():
