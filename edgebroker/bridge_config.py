@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 
 from edgebroker.config_fields import at_least, between, one_of, setting
+from edgebroker.errors import shown
 from edgebroker.records import record
 
 DIRECTIONS = ("out", "in", "both")
@@ -47,8 +48,6 @@ def _check_mqtt_string(value, text: bool = True):
     return None
 
 
-def _shown(value: str) -> str:
-    return repr(value) if len(value) <= 60 else f"{value[:60]!r}..."
 
 
 def _check_filter(value):
@@ -188,8 +187,8 @@ def bridge_problems(bridge: BridgeConfig, given: dict, name: str) -> list[str]:
                 how = ("which " if problem.startswith("is ") else "where ") + problem
                 if how.startswith("where "):
                     how += " (end the prefix with '/')"
-                problems.append(f"{name}.topic[{j}].{key}: {_shown(prefix)} before the pattern "
-                                f"{_shown(rule.pattern)} makes the filter {_shown(joined)}, "
+                problems.append(f"{name}.topic[{j}].{key}: {shown(prefix, 60)} before the pattern "
+                                f"{shown(rule.pattern, 60)} makes the filter {shown(joined, 60)}, "
                                 f"{how}")
     if not bridge.cafile:
         problems += [f"{name}.{key}: needs cafile (TLS settings apply only to a TLS link)"

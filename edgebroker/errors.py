@@ -132,3 +132,15 @@ class ProtocolError(EdgebrokerError):
     def connack_code(self) -> int | None:
         """The 3.1.1 CONNACK return code to send before closing, if any."""
         return CONNACK_CODES_311.get(self.reason)
+
+
+def shown(text: str, limit: int, unit: str = "") -> str:
+    """``text`` as an error or log line shows it: its repr, only its first ``limit``
+    characters and "..." when it is longer, then its size in ``unit`` ("bytes" of UTF-8, or
+    "characters") when one is given."""
+    if len(text) <= limit:
+        return repr(text)
+    if not unit:
+        return f"{text[:limit]!r}..."
+    size = len(text.encode("utf-8", "replace")) if unit == "bytes" else len(text)
+    return f"{text[:limit]!r}... ({size} {unit})"

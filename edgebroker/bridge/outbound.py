@@ -27,6 +27,8 @@ import logging
 import time
 from collections import deque
 
+from edgebroker import errors
+
 log = logging.getLogger("edgebroker.bridge")
 
 # Records read and not yet sent, at most (and their payload bytes).
@@ -44,9 +46,7 @@ SHOWN = 120
 
 def shown(topic: str) -> str:
     """``topic`` for a log line: its start and its size when it is long."""
-    if len(topic) <= SHOWN:
-        return repr(topic)
-    return f"{topic[:SHOWN]!r}... ({len(topic.encode('utf-8', 'replace'))} bytes)"
+    return errors.shown(topic, SHOWN, "bytes")
 
 
 class Outbound:

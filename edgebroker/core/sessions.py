@@ -22,7 +22,7 @@ from collections import deque
 from functools import partial
 
 from edgebroker.commitlog.errors import LogFullError
-from edgebroker.errors import QUOTA_EXCEEDED, SESSION_TAKEN_OVER
+from edgebroker.errors import QUOTA_EXCEEDED, SESSION_TAKEN_OVER, shown
 from edgebroker.core.catchup import needed_from
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import NEVER_EXPIRES, message_properties
@@ -392,17 +392,16 @@ class Sessions:
         self.hit(problem)
         client = session.client
         if client is not None:
-            shown = (repr(topic_filter) if len(topic_filter) <= 200 else
-                     f"{topic_filter[:200]!r}... ({len(topic_filter)} characters)")
+            what = shown(topic_filter, 200, "characters")
             if problem == "memory_limit":
                 client.warn_once(problem, "subscription to %s refused (SUBACK %s): memory use %d "
                                  "bytes is above memory_limit (%d); new subscriptions are "
-                                 "refused until it falls below", shown,
+                                 "refused until it falls below", what,
                                  "0x80" if client.v5 is None else "0x97", self.memory.rss,
                                  self.memory.limit)
             else:
                 client.warn_once(problem, "subscription to %s refused (SUBACK 0x80): %s (%d)",
-                                 shown, problem, getattr(limits, problem))
+                                 what, problem, getattr(limits, problem))
         return problem
 
     def send_retained(self, session: Session, topics, granted: list[int]) -> None:

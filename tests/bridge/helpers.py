@@ -150,3 +150,17 @@ class FakeRemote5(FakeRemote):
         end.expect(mqttraw5.CONNECT, timeout)
         end.send(mqttraw5.connack5() if connack is None else connack)
         return end
+
+
+def scrape_when(broker, metric: str, label: str, value, timeout: float = 5.0) -> dict:
+    """The broker's /metrics samples once ``(metric, label)`` has ``value`` (bounded: the
+    endpoint's snapshot is made every second)."""
+    from core.test_metrics import METRICS_RE, scrape
+    host, port = METRICS_RE.search(broker.wait_log(METRICS_RE)).groups()
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(f"http://{host}:{port}/metrics")
+        if samples.get((metric, label)) == value:
+            return samples
+        assert time.monotonic() < deadline, samples
+        time.sleep(0.1)

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import mqttraw5 as m5
 from conftest import run_cli
-from core.test_metrics import METRICS_RE, scrape
 
-from .helpers import FakeRemote5, bridge_table, figures, wait_figure
+from .helpers import FakeRemote5, bridge_table, figures, scrape_when, wait_figure
 
 OUT = [{"pattern": "s/#", "direction": "out", "qos": 1}]
 
@@ -59,14 +57,7 @@ def test_refused_for_good_is_skipped_counted_and_logged_once(broker):
         assert not [ln for ln in gw.logs if "internal error" in ln or "Traceback" in ln]
         # Counted everywhere: the drop reason, Prometheus, inspect bridges.
         assert gw.stats()["dropped"]["bridge_refused"] == 4
-        host, port = METRICS_RE.search(gw.wait_log(METRICS_RE)).groups()
-        deadline = time.monotonic() + 5      # the endpoint's snapshot is made every second
-        while True:
-            samples = scrape(f"http://{host}:{port}/metrics")
-            if samples.get(("edgebroker_bridge_refused_total", "up")) == 4:
-                break
-            assert time.monotonic() < deadline, samples
-            time.sleep(0.1)
+        samples = scrape_when(gw, "edgebroker_bridge_refused_total", "up", 4)
         assert samples["edgebroker_messages_dropped_total", "bridge_refused"] == 4
         assert samples["edgebroker_bridge_checkpoint_damaged_total", "up"] == 0
         assert samples["edgebroker_bridge_checkpoint_failures_total", "up"] == 0

@@ -6,12 +6,9 @@ messages"). Against a real Mosquitto."""
 
 from __future__ import annotations
 
-import time
-
 from conftest import run_cli
-from core.test_metrics import METRICS_RE, scrape
 
-from .helpers import Received, bridge_table, checkpoint, wait_figure
+from .helpers import Received, bridge_table, checkpoint, scrape_when, wait_figure
 
 RULES = [{"pattern": "sensors/#", "direction": "out", "qos": 1, "remote_prefix": "site17/"}]
 LONG = "sensors/" + "x" * (65_530 - len("sensors/"))
@@ -52,14 +49,7 @@ def test_a_remote_topic_over_65535_bytes_is_skipped_counted_and_logged(
     assert not [ln for ln in gw.logs if "internal error" in ln or "Traceback" in ln]
     # Counted everywhere: the drop reason, Prometheus, inspect bridges.
     assert gw.stats()["dropped"]["bridge_unsendable"] == 3
-    host, port = METRICS_RE.search(gw.wait_log(METRICS_RE)).groups()
-    deadline = time.monotonic() + 5      # the endpoint's snapshot is made every second
-    while True:
-        samples = scrape(f"http://{host}:{port}/metrics")
-        if samples.get(("edgebroker_bridge_unsendable_total", "up")) == 3:
-            break
-        assert time.monotonic() < deadline, samples
-        time.sleep(0.1)
+    samples = scrape_when(gw, "edgebroker_bridge_unsendable_total", "up", 3)
     assert samples["edgebroker_messages_dropped_total", "bridge_unsendable"] == 3
     out = run_cli("inspect", "bridges", "--data-dir", gw.config["data_dir"])
     assert "up: 3 messages skipped, their remote topic no valid MQTT topic name" in out.stdout
