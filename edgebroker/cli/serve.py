@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from contextlib import contextmanager
 
 from edgebroker import config as configuration, logs, records
@@ -102,7 +103,19 @@ def check_links(config: configuration.Config) -> list:
     return contexts
 
 
+class ReloadAfterStart:
+    """The SIGHUP handler while the broker starts (its default action would end the process:
+    a reload during a long restore, say): the loop, installing its own handler, does the
+    reload once serving (server/loop.py)."""
+
+    pending = False
+
+    def __call__(self, signum, frame) -> None:
+        self.pending = True
+
+
 def run(args) -> int:
+    signal.signal(signal.SIGHUP, ReloadAfterStart())
     config = load(args)
     logs.install(config.log_level)
     where = args.config

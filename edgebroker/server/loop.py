@@ -169,7 +169,9 @@ class Loop:
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_hup_signal)
+        before = signal.signal(signal.SIGHUP, self._on_hup_signal)
+        # A SIGHUP during start-up, noted by `serve` (cli/serve.py), is a reload to do now.
+        self._reload = self._reload or bool(getattr(before, "pending", False))
 
     def _on_stop_signal(self, signum, frame) -> None:
         self._stop = True
