@@ -250,6 +250,28 @@ def test_max_qos_and_retain_available(broker, uid):
     assert old.expect_closed()
 
 
+def test_will_payload_not_utf8_with_payload_format_1_gets_connack_0x99(srv, uid):
+    """A will with Payload Format Indicator 1 whose payload is not UTF-8 is refused as a
+    PUBLISH's is (3.1.3.2.3; was accepted, and its subscribers got a payload its own
+    indicator calls text); counted, and a well-formed one is still accepted."""
+    watcher = raw5(srv, f"{uid}-w")
+    watcher.subscribe(f"{uid}/will", qos=1)
+    before = srv.stats()["refused"]["payload_format"]
+    bad = R.RawClient5(srv.host, srv.port)
+    _open_clients.append(bad)
+    ack = bad.connect(f"{uid}-bad", will=(f"{uid}/will", b"ok \xff", 1, False,
+                                          {R.PAYLOAD_FORMAT: 1}))
+    assert ack.reason == 0x99
+    assert "will payload is not well-formed UTF-8 at byte 3" in ack.properties[R.REASON_STRING]
+    assert bad.expect_closed()
+    assert srv.stats()["refused"]["payload_format"] == before + 1
+    good = raw5(srv, f"{uid}-good", will=(f"{uid}/will", "gr\u00fc\u00df".encode(), 1, False,
+                                         {R.PAYLOAD_FORMAT: 1}))
+    good.close()                                 # no DISCONNECT: the will is sent
+    will = watcher.recv_publish()
+    assert will.payload == "gr\u00fc\u00df".encode() and will.properties[R.PAYLOAD_FORMAT] == 1
+
+
 def test_the_brokers_receive_maximum(broker, uid):
     b = broker(limits={"receive_maximum": 2})
     c = R.RawClient5(b.host, b.port)

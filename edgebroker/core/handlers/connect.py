@@ -16,13 +16,14 @@ import os
 
 from edgebroker import logs
 from edgebroker.errors import (
-    DISCONNECT_WITH_WILL, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
+    DISCONNECT_WITH_WILL, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
     RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE,
     ProtocolError,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
+from edgebroker.mqtt.properties import payload_utf8_error
 from edgebroker.core import mqtt5
 from edgebroker.core.limits import PublishRate
 
@@ -53,6 +54,11 @@ def on_connect(client, p: P.Connect) -> None:
         return client.violation(ProtocolError(f"CONNECT refused: {why}", rule="max_qos"
                                               if will.qos > limits.max_qos
                                               else "retain_available"))
+    if v5 and will is not None and will.properties and will.properties.get(Q.PAYLOAD_FORMAT):
+        problem = payload_utf8_error(will.payload, "will payload")
+        if problem is not None:   # (3.1.3.2.3: checked as a PUBLISH's is)
+            return refuse(client, 0, problem + " (Payload Format Indicator 1)", "payload_format",
+                          reason5=PAYLOAD_FORMAT_INVALID)
     if len(client_id.encode("utf-8")) > limits.max_client_id_length:
         client.client_id = client_id[:64]
         return refuse(client, 2, f"client id longer than max_client_id_length "
