@@ -316,6 +316,21 @@ class Router:
         self.stats.publish_sent += 1
         return True
 
+    def _may_read(self, acl, client, message) -> bool:
+        """Whether ``acl`` lets a queued message out; False counted as a denied delivery, or
+        as a lost message for a ``Stored`` one (its topic is in its record) no longer in the
+        log."""
+        if type(message) is Message:
+            allowed = acl.can_read(message.topic)
+        else:
+            where = self._locate(client, message.offset)
+            if where is None:
+                return False
+            allowed = acl.can_read(where.topic.decode("utf-8", "replace"))
+        if not allowed:
+            self.stats.acl_deliveries_denied += 1
+        return allowed
+
     def _locate(self, client, offset: int):
         """Where the record at ``offset`` is, to send it from (None, counted and logged
         once, when it is no longer in the log)."""
@@ -414,13 +429,18 @@ class Router:
         acked = False     # QoS 1 or 2 sent: acknowledgements to wait for
         piece = piece_of(window)
         burst = 0         # ... since the last piece was sent (WINDOW_PIECES)
+        acl = session.acl  # checked again on the way out: a reload, or another user's login
         while True:
             while queue:
                 if transport.out_bytes >= max_pending:
                     transport.wait_for_drain()
                     break
                 message, qos, retain = queue[0]
-                if qos == 0:
+                if acl is not None and not self._may_read(acl, client, message):
+                    queue.popleft()
+                    if qos == 0:
+                        session.queued_qos0 -= 1
+                elif qos == 0:
                     queue.popleft()
                     session.queued_qos0 -= 1
                     self._write_publish(client, message, 0, retain, False, None)

@@ -322,3 +322,50 @@ def test_reload_adding_an_acl_file_restricts_connected_clients(broker, tmp_path,
     assert publishes(alice) == [("alice/x", b"for alice", False)]
     alice.publish("bob/x", b"alice may not write here", qos=1)
     assert publishes(spy) == []
+
+
+def _fill_window(b, admin, topic, prefix, n=25):
+    """``n`` QoS 1 messages on ``topic``: 20 fill the subscriber's in-flight window
+    (max_inflight_messages), the rest wait in its session's queue."""
+    for i in range(n):
+        admin.publish(topic, f"{prefix}{i}".encode(), qos=1)
+
+
+def test_queued_messages_are_checked_against_the_acl_as_they_go_out(broker, tmp_path, uid):
+    """Messages waiting behind a full in-flight window were sent later without a read check:
+    after a reload that took the right away, and to another user resuming the session (the
+    same client id). The reads are checked as they leave the queue now, as on every other
+    path, and counted."""
+    pw = write_passwords(tmp_path / "passwd", PASSWORDS)
+    acl = write_acl(tmp_path / "acl", ACL)
+    b = broker(password_file=str(pw), acl_file=str(acl))
+    admin = login(b, "admin", f"{uid}-adm")
+    alice = login(b, "alice", f"{uid}-a")
+    assert alice.subscribe(("alice/#", 1)).codes == [1]
+    _fill_window(b, admin, "alice/c", "m")
+    window = [alice.recv_publish(ack=False) for _ in range(20)]
+    assert [p.payload for p in window] == [f"m{i}".encode() for i in range(20)]
+    write_acl(acl, ACL.replace("topic readwrite alice/#\n", "topic write alice/#\n"))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload: re-read" in ln and str(acl) in ln, start=mark)
+    denied = b.stats()["counters"]["acl_deliveries_denied"]
+    for p in window:
+        alice.ack(p)
+    assert publishes(alice) == []
+    assert b.stats()["counters"]["acl_deliveries_denied"] == denied + 5
+    # Another user resumes alice's session: the messages still queued are not hers to read.
+    write_acl(acl, ACL)
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload: re-read" in ln and str(acl) in ln, start=mark)
+    dev = login(b, "alice", f"{uid}-dev", clean=False)
+    assert dev.subscribe(("alice/#", 1)).codes == [1]
+    _fill_window(b, admin, "alice/d", "secret")
+    assert len([dev.recv_publish(ack=False) for _ in range(20)]) == 20
+    dev.disconnect()
+    bob = login(b, "bob", f"{uid}-dev", clean=False)
+    got = [p for p in bob.ping() if p.type == m.PUBLISH]
+    # The 20 in flight are resent (MQTT-4.4.0-1); none of the 5 queued is sent.
+    assert [p.payload for p in got] == [f"secret{i}".encode() for i in range(20)]
+    assert all(p.dup for p in got)
