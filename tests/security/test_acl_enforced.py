@@ -369,3 +369,33 @@ def test_queued_messages_are_checked_against_the_acl_as_they_go_out(broker, tmp_
     # The 20 in flight are resent (MQTT-4.4.0-1); none of the 5 queued is sent.
     assert [p.payload for p in got] == [f"secret{i}".encode() for i in range(20)]
     assert all(p.dup for p in got)
+
+
+def test_denied_subscriptions_are_logged_a_few_times_each_shortened(aclsrv, uid):
+    """One SUBSCRIBE of thousands of denied filters, or of 60 KB ones, wrote a warning line
+    each with the whole filter (one client could fill the disk through the log): the first
+    16 of a connection are logged, each filter shortened, then one line that more are not;
+    all are counted. Publish denials keep their own lines."""
+    alice = login(aclsrv, "alice", f"{uid}-a")
+    before = aclsrv.stats()["counters"]["acl_subscribe_denied"]
+    mark = aclsrv.mark()
+    filters = [f"bob/{i}" for i in range(2000)] + ["bob/" + "x" * 60000]
+    assert alice.subscribe(*filters, qos=1).codes == [0x80] * 2001
+    assert alice.subscribe("bob/" + "y" * 60000, qos=1).codes == [0x80]
+    assert aclsrv.stats()["counters"]["acl_subscribe_denied"] == before + 2002
+    alice.publish("bob/x", b"no", qos=1)
+    assert aclsrv.wait_log(lambda ln: f"'{uid}-a'" in ln and "publish to 'bob/x' denied" in ln,
+                           start=mark)
+    lines = [ln for ln in aclsrv.logs[mark:] if f"'{uid}-a'" in ln and "subscri" in ln]
+    assert len(lines) == 17, lines[-3:]
+    assert lines[0].endswith("subscription to 'bob/0' denied by the ACL (SUBACK 0x80)")
+    assert lines[-1].endswith("more subscriptions refused; counted, no longer logged for this "
+                              "connection")
+    assert max(len(ln) for ln in aclsrv.logs[mark:]) < 500
+    bob = login(aclsrv, "bob", f"{uid}-b")
+    mark = aclsrv.mark()
+    assert bob.subscribe("alice/" + "z" * 60000).codes == [0x80]
+    line = aclsrv.wait_log(lambda ln: f"'{uid}-b'" in ln and "denied by the ACL" in ln,
+                           start=mark)
+    assert line.endswith(f"subscription to {'alice/' + 'z' * 194!r}... (60006 characters) "
+                         f"denied by the ACL (SUBACK 0x80)"), line[-300:]

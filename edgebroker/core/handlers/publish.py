@@ -254,7 +254,7 @@ def _drop_denied_publish(topic: str, payload: bytes, qos: int, retain: bool, cli
     key = ("acl", topic)
     if key in logged or "acl_denials" in logged:
         return
-    if sum(type(k) is tuple for k in logged) >= _DENIALS_LOGGED:
+    if sum(type(k) is tuple and k[0] == "acl" for k in logged) >= _DENIALS_LOGGED:
         logged.add("acl_denials")
         log.warning("%s: more publishes denied by the ACL; counted, no longer logged for "
                     "this connection", client.describe())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.errors import (
-    NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+    shown, NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
     SUCCESS, TOPIC_FILTER_INVALID, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
@@ -26,6 +26,11 @@ from edgebroker.mqtt.encode5 import encode5
 from edgebroker.mqtt.topics import is_shared, parse_shared
 
 log = logging.getLogger("edgebroker.client")
+
+# At most this many refused filters are logged per connection (all are counted), each shown
+# up to this many characters: one SUBSCRIBE may list thousands of filters of 64 KB.
+_REFUSALS_LOGGED = 16
+_FILTER_SHOWN = 200
 
 
 def on_subscribe(client, p: P.Subscribe) -> None:
@@ -62,8 +67,8 @@ def _subscribe_each(client, topics) -> list[int]:
             granted.extend(broker.subscribe(client.session, [(topic_filter, qos)]))
         else:
             broker.stats.acl_subscribe_denied += 1
-            log.warning("%s: subscription to %r denied by the ACL (SUBACK 0x80)",
-                        client.describe(), topic_filter)
+            _log_refused(client, topic_filter, "subscription to %s denied by the ACL "
+                         "(SUBACK 0x80)")
             granted.append(P.SUBACK_FAILURE)
     return granted
 
@@ -91,8 +96,8 @@ def on_subscribe5(client, p: P.Subscribe) -> None:
             continue
         if acl is not None and not acl.can_subscribe(topic_filter):
             broker.stats.acl_subscribe_denied += 1
-            log.warning("%s: subscription to %r denied by the ACL (SUBACK 0x87)",
-                        client.describe(), topic_filter)
+            _log_refused(client, topic_filter, "subscription to %s denied by the ACL "
+                         "(SUBACK 0x87)")
             codes.append(NOT_AUTHORIZED)
             continue
         existed = topic_filter in session.subscriptions
@@ -122,15 +127,35 @@ def _subscribe_shared(client, topic_filter: str, qos: int, options: int, sub_id:
     try:
         _, inner = parse_shared(topic_filter)
     except ProtocolError as exc:
-        log.warning("%s: %s; refused in the SUBACK", client.describe(), exc)
+        why = str(exc).split(repr(topic_filter), 1)[-1].lstrip(": ")[:_FILTER_SHOWN]
+        _log_refused(client, topic_filter, "shared subscription %s refused in the SUBACK ("
+                     + why.replace("%", "%%") + ")")
         return TOPIC_FILTER_INVALID
     acl = client.acl
     if acl is not None and not acl.can_subscribe(inner):
         broker.stats.acl_subscribe_denied += 1
-        log.warning("%s: shared subscription %r denied by the ACL (to %r)",
-                    client.describe(), topic_filter, inner)
+        _log_refused(client, topic_filter, "shared subscription %s denied by the ACL")
         return NOT_AUTHORIZED
     return broker.subscribe_shared(client.session, topic_filter, qos, options, sub_id)
+
+
+def _log_refused(client, topic_filter: str, message: str) -> None:
+    """A refused filter, logged (``message`` with %s for the filter, shown shortened) for the
+    first _REFUSALS_LOGGED distinct ones of the connection, then once that more are not."""
+    logged = client.warned      # shared with warn_once: ("subscribe", filter) per filter
+    if logged is None:
+        logged = client.warned = set()
+    key = ("subscribe", topic_filter)
+    if key in logged or "subscribe_refusals" in logged:
+        return
+    if sum(type(k) is tuple and k[0] == "subscribe" for k in logged) >= _REFUSALS_LOGGED:
+        logged.add("subscribe_refusals")
+        log.warning("%s: more subscriptions refused; counted, no longer logged for this "
+                    "connection", client.describe())
+        return
+    logged.add(key)
+    log.warning("%s: " + message, client.describe(), shown(topic_filter, _FILTER_SHOWN,
+                                                          "characters"))
 
 
 def _set_options(session, topic_filter: str, options: int, sub_id: int) -> None:
