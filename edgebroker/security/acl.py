@@ -150,7 +150,7 @@ class Acl:
     def load(cls, path: str, key: str = "acl_file") -> "Acl":
         try:
             mode = os.stat(path).st_mode
-            with open(path, encoding="utf-8") as fh:
+            with open(path, encoding="utf-8-sig") as fh:
                 text = fh.read()
         except FileNotFoundError:
             raise ConfigError(f"{key}: {path}: file not found") from None

@@ -280,7 +280,7 @@ class PasswordFile:
     def load(cls, path: str, key: str = "password_file") -> "PasswordFile":
         check_permissions(path, key)
         try:
-            with open(path, encoding="utf-8") as fh:
+            with open(path, encoding="utf-8-sig") as fh:
                 text = fh.read()
         except OSError as exc:
             raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None

@@ -399,3 +399,16 @@ def test_denied_subscriptions_are_logged_a_few_times_each_shortened(aclsrv, uid)
                            start=mark)
     assert line.endswith(f"subscription to {'alice/' + 'z' * 194!r}... (60006 characters) "
                          f"denied by the ACL (SUBACK 0x80)"), line[-300:]
+
+
+def test_files_saved_with_a_byte_order_mark_are_read(broker, tmp_path, uid):
+    """A password file saved with a UTF-8 byte order mark (as Windows editors write) locked
+    its first user out without a word ('\\ufeffalice' was the name); an ACL file so saved was
+    refused ("unknown keyword"). The mark is skipped in both."""
+    pw = write_passwords(tmp_path / "passwd", PASSWORDS)
+    pw.write_bytes(b"\xef\xbb\xbf" + pw.read_bytes())
+    acl = write_acl(tmp_path / "acl", "")
+    acl.write_bytes(b"\xef\xbb\xbf" + ACL.replace("# anonymous clients\n", "").encode())
+    b = broker(password_file=str(pw), acl_file=str(acl))
+    alice = login(b, "alice", f"{uid}-a")
+    assert alice.subscribe(("alice/x", 1), ("bob/x", 1)).codes == [1, 0x80]
