@@ -207,8 +207,10 @@ class WebSocketEndpoint:
         try:
             self._ws.receive_data(bytes(head[:end.end()]))
             request = next((e for e in self._ws.events() if isinstance(e, Request)), None)
-        except UnicodeError as exc:    # a Host header that is not a valid host name
-            return self._refuse(400, f"not a WebSocket upgrade request: bad Host: {exc}")
+        except UnicodeError as exc:    # not ASCII, or a Host that is not a valid host name
+            what = ("a header value is not ASCII" if isinstance(exc, UnicodeDecodeError)
+                    and exc.encoding == "ascii" else "bad Host")
+            return self._refuse(400, f"not a WebSocket upgrade request: {what}: {exc}")
         except RemoteProtocolError as exc:
             # "Bad HTTP message" comes with h11's reason as the exception it was raised in
             why = f"{exc}: {exc.__context__}" if exc.__context__ is not None else str(exc)

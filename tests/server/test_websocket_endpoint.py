@@ -155,6 +155,8 @@ def test_wrong_path_gets_404():
      "Sec-WebSocket-Key"),
     (UPGRADE.replace(b"GET", b"POST"), "must be GET"),
     (UPGRADE.replace(b"Host: localhost", b"Host: xn--a"), "bad Host: "),
+    (UPGRADE.replace(b"Host: localhost", b"Host: localhost\r\nSec-WebSocket-Protocol: mq\xff"),
+     "a header value is not ASCII: "),
     (b"GET /mqtt HTTP/1.1 extra\r\n\r\n", "Bad HTTP message"),
 ])
 def test_not_an_upgrade_gets_400(request_bytes, missing):
