@@ -267,6 +267,8 @@ def test_a_login_whose_password_check_spans_a_reload_gets_the_new_acl(broker, tm
     write_acl(acl, ACL.replace("topic read shared/#\n", ""))
     _reload(b, config)
     assert alice.expect(m.CONNACK, timeout=30).rc == 0
+    # (The CONNACK may come before the test has read the log line the broker wrote first.)
+    assert b.wait_log(lambda ln: f"client '{uid}-a' (user" in ln)
     reloaded = next(i for i, ln in enumerate(b.logs) if "reload: re-read" in ln)
     connected = next(i for i, ln in enumerate(b.logs) if f"client '{uid}-a' (user" in ln)
     assert reloaded < connected, "the check ended after the reload"
