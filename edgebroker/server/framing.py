@@ -103,6 +103,7 @@ class Framing:
             if not got.open:    # the upgrade was refused: counted, logged (core.limits.PeerLog)
                 broker = stream.loop.broker
                 broker.refused["websocket"] += 1
+                broker.stats.connections_refused += 1
                 broker.peer_log.log(log, logging.WARNING, "websocket", stream.peer,
                                     "WebSocket upgrade from %s on listener %s refused: %s",
                                     stream.peer, stream.listener_name or "?", got.close)

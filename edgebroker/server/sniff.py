@@ -60,6 +60,7 @@ def sniff(transport, data) -> bool:
     transport.sniff = None
     broker = transport.loop.broker
     broker.refused[kind] += 1
+    broker.stats.connections_refused += 1
     where = transport.listener_name or "?"
     peer = transport.peer
     if kind == "tls":

@@ -393,6 +393,8 @@ def test_not_a_websocket_upgrade_gets_400(wssrv, request_bytes, status, reason):
     assert reason.encode() in reply.partition(b"\r\n\r\n")[2]
     after = wssrv.stats()
     assert after["refused"]["websocket"] == before["refused"]["websocket"] + 1
+    assert (after["counters"]["connections_refused"]
+            == before["counters"]["connections_refused"] + 1)
     assert after["counters"]["protocol_errors"] == before["counters"]["protocol_errors"]
 
 
