@@ -346,6 +346,7 @@ PEER_EVENTS = {
     "tls_handshake": "failed TLS handshakes",
     "tls_handshake_timeout": "TLS handshakes not finished within handshake_timeout",
     "held_output": "connections not read while replies they do not read wait",
+    "publish_refused": "connections closed for a PUBLISH to a new topic a topic limit refused",
 }
 
 # PeerLog's period (seconds), and how many (kind, source address) pairs it tracks at most.

@@ -130,6 +130,31 @@ def test_topic_length_and_levels(broker, uid):
     assert b.stats()["limit_hits"]["max_topic_levels"] == 2  # the filter and the publish
 
 
+def test_refused_publishes_are_logged_shortened_and_once_per_address(broker, uid):
+    """A 3.1.1 QoS 1 PUBLISH a topic limit refuses closes the connection: a client that
+    reconnected to try again wrote a line each time (200 connections: 6 MB of log), with the
+    over-long topic in full. Now the first line from an address is logged, the topic shown
+    up to 200 characters, then a count a minute as for refused connections; all counted."""
+    b = broker(limits={"max_topic_length": 100}, refusal_log_interval=60)
+    long_topic = f"{uid}/" + "z" * 20000
+    mark = b.mark()
+    for i in range(20):
+        c = b.client(f"{uid}-{i}")
+        c.send(m.publish(long_topic, b"x", qos=1, packet_id=1))
+        assert c.expect_closed(5)
+    c = b.client(f"{uid}-q0")
+    c.publish(long_topic, b"x")             # QoS 0: dropped, logged once per connection
+    assert c.ping() == []
+    assert b.stats()["dropped"]["max_topic_length"] == 21
+    b.wait_log(f"client '{uid}-q0'", start=mark)
+    lines = [ln for ln in b.logs[mark:] if "publish to new topic" in ln]
+    assert len(lines) == 2, lines
+    shown = f"{long_topic[:200]!r}... ({len(long_topic)} characters)"
+    assert f"client '{uid}-0'" in lines[0] and shown + " refused: max_topic_length" in lines[0]
+    assert f"client '{uid}-q0'" in lines[1] and shown in lines[1]
+    assert max(len(ln) for ln in b.logs[mark:]) < 600
+
+
 def test_max_subscriptions_per_client(broker, uid, paho):
     b = broker(limits={"max_subscriptions_per_client": 2})
     c = b.client(f"{uid}-c")

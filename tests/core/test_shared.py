@@ -411,6 +411,16 @@ def test_turned_off_by_configuration(broker, uid):
     c = b.client(f"{uid}-3")
     assert c.subscribe(f"$share/g/{uid}", f"{uid}/plain", qos=1).codes == [0x80, 1]
     assert b.stats()["shared_groups"] == 0
+    # Each refused filter wrote a line with the whole filter (2,000 of 20 KB: 40 MB of log):
+    # the first 16 of a connection (one was above), shortened, then one line that more
+    # are not.
+    mark = b.mark()
+    many = [f"$share/g{i}/{uid}/" + "x" * 20000 for i in range(30)]
+    assert c.subscribe(*many).codes == [0x80] * 30
+    b.wait_log("more subscriptions refused", start=mark)
+    lines = [ln for ln in b.logs[mark:] if f"'{uid}-3'" in ln]
+    assert len(lines) == 16 and "shared_subscriptions is off" in lines[0], lines[-2:]
+    assert max(len(ln) for ln in lines) < 500
     # Turned on (the default), the CONNACK leaves the property out: available.
     on = broker()
     c5 = raw5(on)

@@ -388,6 +388,10 @@ def test_denied_subscriptions_are_logged_a_few_times_each_shortened(aclsrv, uid)
     alice.publish("bob/x", b"no", qos=1)
     assert aclsrv.wait_log(lambda ln: f"'{uid}-a'" in ln and "publish to 'bob/x' denied" in ln,
                            start=mark)
+    alice.publish("bob/" + "p" * 60000, b"no", qos=1)      # shown shortened too
+    assert aclsrv.wait_log(lambda ln: f"'{uid}-a'" in ln and ("publish to 'bob/" + "p" * 196
+                           + "'... (60004 characters) denied by the ACL; dropped") in ln,
+                           start=mark)
     lines = [ln for ln in aclsrv.logs[mark:] if f"'{uid}-a'" in ln and "subscri" in ln]
     assert len(lines) == 17, lines[-3:]
     assert lines[0].endswith("subscription to 'bob/0' denied by the ACL (SUBACK 0x80)")

@@ -18,7 +18,7 @@ from edgebroker.core import mqtt5
 from edgebroker.core.handlers.acks import forget_inherited
 from edgebroker.errors import (
     NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
-    RECEIVE_MAXIMUM_EXCEEDED, RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError,
+    RECEIVE_MAXIMUM_EXCEEDED, RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError, shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
@@ -237,8 +237,8 @@ def _drop_sys_publish(topic: str, payload: bytes, qos: int, retain: bool, client
     broker = client.broker
     broker.stats.publish_received += 1
     broker.drop("sys_topic", client.session)
-    client.warn_once("sys_topic", "publish to %r dropped: $SYS topics are written only by the "
-                     "broker", topic)
+    client.warn_once("sys_topic", "publish to %s dropped: $SYS topics are written only by the "
+                     "broker", shown(topic, 200, "characters"))
 
 
 def _drop_denied_publish(topic: str, payload: bytes, qos: int, retain: bool, client,
@@ -260,7 +260,8 @@ def _drop_denied_publish(topic: str, payload: bytes, qos: int, retain: bool, cli
                     "this connection", client.describe())
         return
     logged.add(key)
-    log.warning("%s: publish to %r denied by the ACL; dropped", client.describe(), topic)
+    log.warning("%s: publish to %s denied by the ACL; dropped", client.describe(),
+                shown(topic, 200, "characters"))
 
 
 def _refuse_publish(client, p: P.Publish, limit: str) -> None:
@@ -270,16 +271,20 @@ def _refuse_publish(client, p: P.Publish, limit: str) -> None:
     broker.drop(limit, client.session)
     broker.stats.publish_received += 1
     value = broker.memory.limit if limit == "memory_limit" else getattr(broker.limits, limit)
+    topic = shown(p.topic, 200, "characters")
     if p.qos == 0:
-        client.warn_once(limit, "publish to new topic %r refused: %s (%d); QoS 0 messages to "
-                         "new topics are dropped", p.topic, limit, value)
+        client.warn_once(limit, "publish to new topic %s refused: %s (%d); QoS 0 messages to "
+                         "new topics are dropped", topic, limit, value)
         return
     if client.v5 is not None:
-        client.warn_once(limit, "publish to new topic %r refused: %s (%d); answered with "
-                         "reason 0x97 (quota exceeded)", p.topic, limit, value)
+        client.warn_once(limit, "publish to new topic %s refused: %s (%d); answered with "
+                         "reason 0x97 (quota exceeded)", topic, limit, value)
         _answer5(client, p, QUOTA_EXCEEDED, f"new topic refused: {limit} ({value})")
         return
-    log.warning("%s: publish to new topic %r refused: %s (%d); closing the connection "
-                "(QoS %d: MQTT 3.1.1 has no negative acknowledgement)", client.describe(),
-                p.topic, limit, value, p.qos)
+    # A client that reconnects to try again is logged as a refused connection is: the
+    # first line from its address in full, then a count a minute (core.limits.PeerLog).
+    broker.peer_log.log(log, logging.WARNING, "publish_refused", client.peer,
+                        "%s: publish to new topic %s refused: %s (%d); closing the connection "
+                        "(QoS %d: MQTT 3.1.1 has no negative acknowledgement)",
+                        client.describe(), topic, limit, value, p.qos)
     client.close(will=True)

@@ -121,8 +121,8 @@ def _subscribe_shared(client, topic_filter: str, qos: int, options: int, sub_id:
     """A shared subscription: the granted QoS, or the 5.0 reason code that says why not."""
     broker = client.broker
     if not broker.config.shared_subscriptions:
-        log.info("%s: shared subscription %r refused: shared_subscriptions is off",
-                 client.describe(), topic_filter)
+        _log_refused(client, topic_filter, "shared subscription %s refused: "
+                     "shared_subscriptions is off")
         return SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
     try:
         _, inner = parse_shared(topic_filter)
