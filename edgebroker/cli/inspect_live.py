@@ -191,10 +191,16 @@ def format_stats(s: dict) -> str:
         f"{s['retained_messages']} retained",
         f"queued      {s['queued_messages']} messages, {_size(s['queued_bytes'])}",
         f"publish     {c['publish_received']} received, {c['publish_sent']} sent, "
-        f"{c['publish_dropped']} dropped",
+        f"{c['publish_dropped']} dropped, {c.get('publish_lost', 0)} lost (record gone), "
+        f"{c.get('publish_refused', 0)} refused (log not writing)",
         f"traffic     {_size(c['bytes_received'])} received, {_size(c['bytes_sent'])} sent, "
         f"{c['packets_received']} packets in, {c['packets_sent']} out",
         f"connects    {c['connects_accepted']} accepted, {c['sockets_accepted']} sockets accepted",
+        f"security    logins {c.get('logins_failed', 0)} failed, {c.get('logins_refused', 0)} "
+        f"refused; ACL denied {c.get('acl_publish_denied', 0)} publishes, "
+        f"{c.get('acl_subscribe_denied', 0)} subscriptions, "
+        f"{c.get('acl_deliveries_denied', 0)} deliveries; TLS handshakes "
+        f"{c.get('tls_handshakes_failed', 0)} failed",
         f"loop        pass p50 {loop['pass_p50_seconds'] * 1000:.3f} ms, "
         f"p99 {loop['pass_p99_seconds'] * 1000:.3f} ms, {loop['passes']} passes, "
         f"busy polls {loop['busy_polls_hit']} hit / {loop['busy_polls_missed']} "

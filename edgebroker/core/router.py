@@ -57,7 +57,6 @@ class Router:
         self._last_head0 = (b"", -1, b"")  # (topic bytes, payload size, head) of a large QoS 0 frame
         self.queued_messages = 0          # in all sessions' queues
         self.queued_bytes = 0
-        self._lost_warned = False
         # Sessions resumed with more unacknowledged messages than their window: the packet
         # ids still to send again; and (client, log offset) of PUBLISHes whose record went
         # before they were sent, to let go of in the next pass (core.resume).
@@ -348,12 +347,11 @@ class Router:
         """A message's record is gone when it is to be sent: counted, logged once
         (``client`` None: its connection closed meanwhile)."""
         self.stats.publish_lost += 1
-        if not self._lost_warned:
-            self._lost_warned = True
-            log.warning("queued message at log offset %d for %s is no longer in the log "
-                        "(deleted by retention or damaged); skipped (counted in "
-                        "$SYS/broker/publish/messages/lost; logged once)", offset,
-                        client.describe() if client is not None else "a closed connection")
+        self.events.log(logging.WARNING, "publish_lost", self.clock(),
+                        "queued message at log offset %d for %s is no longer in the log "
+                        "(deleted by retention or damaged); skipped (counted: publish_lost)",
+                        offset, client.describe() if client is not None else
+                        "a closed connection")
 
     def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         """Queue for later: up to a small bound, past which the session reads from the log

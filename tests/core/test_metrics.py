@@ -186,3 +186,44 @@ def test_packets_sent_counts_the_publish_packets_too(broker, uid):
     assert counters["publish_sent"] == 20
     # 2 CONNACK, 1 SUBACK, 20 PUBLISH, 2 PINGRESP
     assert counters["packets_sent"] == 25, counters
+
+
+def test_every_counter_of_the_admin_stats_is_exported(broker, tmp_path, uid):
+    """The admin socket's and $SYS's counters were not all on the Prometheus endpoint (ACL
+    denials, failed logins and TLS handshakes, lost messages, log write failures...): a fleet
+    watched through Prometheus could not see them. Each counter is a metric now, value for
+    value."""
+    from edgebroker.server.metrics_http import METRICS
+    from secfiles import write_acl, write_passwords
+    pw = write_passwords(tmp_path / "passwd", {"alice": "alice-pw"})
+    acl = write_acl(tmp_path / "acl", "user alice\ntopic readwrite alice/#\n")
+    b = broker(metrics={"listen": "127.0.0.1:0"}, password_file=str(pw), acl_file=str(acl))
+    host, port = METRICS_RE.search(b.wait_log(METRICS_RE)).groups()
+    b.client(f"{uid}-bad", expect_rc=4, username="alice", password="wrong")
+    alice = b.client(f"{uid}-a", username="alice", password="alice-pw")
+    assert alice.subscribe("bob/#").codes == [0x80]
+    alice.publish("bob/x", b"denied", qos=1)
+    counters = b.stats()["counters"]
+    numbered = {name: float(i + 1) for i, name in enumerate(counters)}
+    exported = {}
+    for name, kind, _, value in METRICS:
+        try:
+            got = value({"counters": numbered})
+        except (KeyError, TypeError):
+            continue                  # not a counter of the admin socket's
+        exported[got] = name
+    # (connections_refused is there by reason: edgebroker_connections_refused_total{reason}.)
+    missing = [c for c, n in numbered.items() if n not in exported
+               and c != "connections_refused"]
+    assert missing == [], f"counters not exported: {missing}"
+    deadline = time.monotonic() + 5
+    while True:                       # the snapshot is refreshed every second
+        samples = scrape(f"http://{host}:{port}/metrics")
+        if samples["edgebroker_acl_publish_denied_total", None] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert samples["edgebroker_logins_failed_total", None] == 1
+    assert samples["edgebroker_acl_subscribe_denied_total", None] == 1
+    assert samples["edgebroker_acl_publish_denied_total", None] == 1
+    for counter, n in numbered.items():
+        assert counter == "connections_refused" or (exported[n], None) in samples, counter

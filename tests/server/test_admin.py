@@ -82,6 +82,9 @@ def test_inspect_stats(broker, uid):
     r = run_cli("inspect", "stats", "--data-dir", data)
     assert r.returncode == 0, r.stderr
     assert "clients     1 connected" in r.stdout and "publish     1 received" in r.stdout
+    assert "0 dropped, 0 lost (record gone), 0 refused (log not writing)" in r.stdout
+    assert ("security    logins 0 failed, 0 refused; ACL denied 0 publishes, 0 subscriptions, "
+            "0 deliveries; TLS handshakes 0 failed") in r.stdout
     assert "loop        pass p50" in r.stdout and "limits hit  none" in r.stdout
     assert re.search(r"busy polls \d+ hit / \d+ missed, (not CPU-contended|CPU-CONTENDED now "
                      r"\(no busy polls, no early sends\)), \d+ episodes \(\d+\.\d s\)", r.stdout)
