@@ -299,8 +299,19 @@ def test_reauthentication_succeeds_and_packets_flow_meanwhile(srv5, uid):
     assert s.verify(done.properties[m5.AUTH_DATA])
     assert c.ping() == []
     assert srv5.wait_log(f"client '{uid}' (user 'bob') from 127.0.0.1:{c.local_port} "
-                         f"re-authenticated (SCRAM-SHA-256)", start=mark)
+                         f"re-authenticated (SCRAM-SHA-256; later ones", start=mark)
     assert counters(srv5)["scram_succeeded"] == before["scram_succeeded"] + 1
+    # The client decides how often it re-authenticates: each was logged at INFO (300 a
+    # second, 300 lines); the next ones of the connection are at debug level.
+    for _ in range(5):
+        reauth(c, Scram("bob", PASSWORDS["bob"]))
+        assert c.wait_for(lambda p: p.type == m5.AUTH).reason == 0x00
+    assert c.ping() == []
+    assert counters(srv5)["scram_succeeded"] == before["scram_succeeded"] + 6
+    lines = [ln for ln in srv5.logs[mark:] if f"from 127.0.0.1:{c.local_port}" in ln]
+    assert len(lines) == 1 and lines[0].endswith(
+        "re-authenticated (SCRAM-SHA-256; later ones of this connection are logged at debug "
+        "level)"), lines
 
 
 @pytest.mark.parametrize("user, proof, why", [

@@ -187,7 +187,16 @@ def _reauth_outcome(client, policy, exchange, failure, reply) -> None:
                        _TOLD if code == _BAD_CREDENTIALS else why)
         return
     stats.scram_succeeded += 1
-    log.info("%s re-authenticated (%s)", client.describe(), scram.METHOD)
+    # The first of a connection at INFO; the next ones (the client decides how often) DEBUG.
+    warned = client.warned
+    if warned is None:
+        warned = client.warned = set()
+    if "reauth" in warned:
+        log.debug("%s re-authenticated (%s)", client.describe(), scram.METHOD)
+    else:
+        warned.add("reauth")
+        log.info("%s re-authenticated (%s; later ones of this connection are logged at debug "
+                 "level)", client.describe(), scram.METHOD)
     _send(client, SUCCESS, reply)
 
 
