@@ -23,7 +23,7 @@ import logging
 
 from edgebroker.errors import (
     CLIENT_ID_NOT_VALID, CONNACK_CODES_311, KEEP_ALIVE_TIMEOUT, UNSPECIFIED_ERROR,
-    UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
+    UNSUPPORTED_PROTOCOL_VERSION, ProtocolError, shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode
@@ -151,9 +151,11 @@ class Client:
         return id(self) < id(other)
 
     def describe(self) -> str:
-        name = repr(self.client_id) if self.client_id else "(before CONNECT)"
+        """The client in a log line: its id and user name (each shown up to 100 characters:
+        a client id may be 64 KB long), its address."""
+        name = shown(self.client_id, 100) if self.client_id else "(before CONNECT)"
         if self.username is not None:
-            return f"client {name} (user {self.username!r}) from {self.peer}"
+            return f"client {name} (user {shown(self.username, 100)}) from {self.peer}"
         return f"client {name} from {self.peer}"
 
     # ----- input from the server layer -------------------------------------------------

@@ -354,3 +354,17 @@ def test_before_connect_no_packet_beyond_the_largest_valid_connect_is_read(broke
     assert sub.recv_publish(timeout=10).payload == payload
     assert pub.ping() == []
     assert b.stats()["limit_hits"]["max_packet_size"] == 1
+
+
+def test_a_long_client_id_is_shown_shortened_in_log_lines(broker):
+    """Client ids may be 64 KB long (max_client_id_length): every line naming the client
+    carried the whole id (a reconnecting client wrote 128 KB of log per connection). It is
+    shown up to 100 characters."""
+    b = broker()
+    client_id = "d" * 60000
+    mark = b.mark()
+    c = b.client(client_id)
+    c.disconnect()
+    line = b.wait_log("disconnected", start=mark)
+    assert f"client {client_id[:100]!r}... from 127.0.0.1:" in line, line[:300]
+    assert max(len(ln) for ln in b.logs[mark:]) < 400
