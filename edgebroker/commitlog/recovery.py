@@ -23,7 +23,8 @@ from edgebroker.commitlog import scanner
 from edgebroker.commitlog.errors import LogError, LogLockedError, LogWriteError
 from edgebroker.commitlog.format import (
     FORMAT_VERSION, INDEX_ENTRY_SIZE, INDEX_SUFFIX, RECORD_HEADER, RECORD_HEADER_SIZE,
-    SEGMENT_HEADER_SIZE, Damage, check_segment_header, parse_segment_name, segment_header,
+    SEGMENT_HEADER_SIZE, Damage, check_segment_header, check_short_segment, parse_segment_name,
+    segment_header,
 )
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
@@ -176,6 +177,7 @@ def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
         # Sealed before a crash that came before the flusher freed its room.
         self._free_room(seg.fd, size, seg.path)
     if size < SEGMENT_HEADER_SIZE:
+        check_short_segment(os.pread(seg.fd, size, 0), seg.path)
         # Crashed while creating it: no records. The writer rewrites it at the first append.
         if size and not self.readonly and is_last:
             os.ftruncate(seg.fd, 0)
