@@ -203,7 +203,9 @@ class CatchUp:
             journal.end_pass()
         first = commit_log.first_offset
         if cursor.offset < first:
-            self._skip(session, first, "retention deleted the segments it was reading")
+            # Below the first record kept: retention deleted it, or it is damaged (a first
+            # record that fails its CRC; a segment that lost every record): not told apart.
+            self._skip(session, first, "deleted by retention or damaged")
         # Where live routing takes over: the head of the log, or the first message logged
         # but not yet routed (Router.live_offset).
         head = self.live_offset()
