@@ -49,6 +49,7 @@ class SharedBacklog:
         if next_offset <= cursor:
             self._skip_shared(group, commit_log.written_offset, "the log cannot be read there")
             return True
+        self.count_missing(None, cursor, next_offset, group)
         done = group.done
         queue = group.queue
         queued = 0

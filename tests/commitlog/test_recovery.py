@@ -311,3 +311,27 @@ def test_a_flipped_bit_in_the_magic_of_a_segment_is_header_damage(tmp_path):
     got, log = offsets(d, segment_bytes=4096)
     assert got == list(range(200))
     assert [p for p, _ in log.recovery.header_damage] == [str(first)]
+
+
+def test_a_segment_missing_from_the_middle_is_reported(tmp_path, caplog):
+    """No segment holds the offsets of one deleted by hand: the open names the range and the
+    files on either side, readers are told the range (missing_between), verify fails."""
+    d = make_log(tmp_path / "log", n=300, segment_bytes=4096)
+    segs = segment_files(d)
+    lo, hi = int(segs[2].name[:20]), int(segs[3].name[:20])
+    segs[2].unlink()
+    with caplog.at_level("WARNING", logger="edgebroker.commitlog"):
+        got, log = offsets(d, segment_bytes=4096)
+    assert got == [i for i in range(300) if not lo <= i < hi]
+    assert log.recovery.missing == [(lo, hi, str(segs[1]), str(segs[3]))]
+    [msg] = [r.getMessage() for r in caplog.records if "are missing" in r.getMessage()]
+    assert f"offsets {lo} to {hi - 1}" in msg and str(segs[1]) in msg and str(segs[3]) in msg
+    log = open_log(d, segment_bytes=4096)
+    try:
+        assert log.missing_between(0, 300) == [(lo, hi)]
+        assert log.missing_between(lo + 1, hi - 1) == [(lo + 1, hi - 1)]
+        assert log.missing_between(hi, 300) == []
+        report = log.verify()
+        assert not report.ok and report.missing == [(lo, hi, str(segs[1]), str(segs[3]))]
+    finally:
+        log.close()
