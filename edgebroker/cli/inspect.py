@@ -403,6 +403,8 @@ def run_verify(args) -> int:
             "damage": [dmg(d) for d in report.damage], "notes": [dmg(d) for d in report.notes],
             "index_problems": [{"path": p, "problem": m} for p, m in report.index_problems],
             "header_problems": [{"path": p, "problem": m} for p, m in report.header_problems],
+            "missing": [{"from_offset": a, "to_offset": b - 1, "after": p, "before": n}
+                        for a, b, p, n in report.missing],
         }, indent=2))
         return 0 if report.ok else 1
     for d in report.damage:
@@ -414,8 +416,14 @@ def run_verify(args) -> int:
         _out(f"index  {path}: {problem}")
     for path, problem in report.header_problems:
         _out(f"header {path}: {problem}")
+    for a, b, before, after in report.missing:
+        _out(f"MISSING offsets {a} to {b - 1}: no segment holds them (between {before} and "
+             f"{after})")
     rate = report.bytes / max(report.seconds, 1e-9) / 1e6
-    verdict = "OK" if report.ok else f"DAMAGED: {len(report.damage)} region(s) cannot be read"
+    problems = [f"{len(report.damage)} region(s) cannot be read"] if report.damage else []
+    if report.missing:
+        problems.append(f"{len(report.missing)} offset range(s) missing between segments")
+    verdict = "OK" if report.ok else f"DAMAGED: {'; '.join(problems)}"
     _out(f"{report.segments} segments, {report.records} records, {human_bytes(report.bytes)} "
          f"checked in {report.seconds:.2f} s ({rate:.0f} MB/s): {verdict}")
     return 0 if report.ok else 1

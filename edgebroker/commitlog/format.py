@@ -177,13 +177,22 @@ def check_segment_header(data: bytes, path: str, base_offset: int) -> tuple[str 
     Raises LogFormatError for a header that is intact but says something this code cannot
     use."""
     if len(data) < SEGMENT_HEADER_SIZE:
+        check_short_segment(data, path)
         return f"header is {len(data)} bytes, expected {SEGMENT_HEADER_SIZE}", FORMAT_VERSION
     magic, version, hlen, _r1, base, _r2, crc = _SEGMENT_HEADER.unpack_from(data)
     if _native.crc32c(data[:28]) != crc:
+        if magic != MAGIC and not (version in READ_VERSIONS and hlen == SEGMENT_HEADER_SIZE
+                                   and base == base_offset):
+            # Not a damaged header of ours (the rest of it would still say so): a file from
+            # somewhere else with a segment's name. Refused, never repaired or removed.
+            raise LogFormatError(f"{path}: not an edgebroker log segment (magic {magic!r}, "
+                                 f"header checksum mismatch); move the file out of the log "
+                                 f"directory")
         return ("header checksum mismatch" + (f" (magic {magic!r})" if magic != MAGIC else ""),
                 FORMAT_VERSION)
     if magic != MAGIC:
-        raise LogFormatError(f"{path}: not an edgebroker log segment (magic {magic!r})")
+        raise LogFormatError(f"{path}: not an edgebroker log segment (magic {magic!r}); move "
+                             f"the file out of the log directory")
     if version not in READ_VERSIONS:
         raise LogFormatError(f"{path}: segment format version {version}; this edgebroker reads "
                              f"versions {', '.join(map(str, READ_VERSIONS))} (written by a "
@@ -194,3 +203,12 @@ def check_segment_header(data: bytes, path: str, base_offset: int) -> tuple[str 
         raise LogFormatError(f"{path}: the header says base offset {base}, the file name "
                              f"{base_offset}; was the file renamed?")
     return None, version
+
+
+def check_short_segment(data: bytes, path: str) -> None:
+    """A segment file shorter than its header: a crash while it was being made left the start
+    of a header (or zeros the file system filled in), else it is a file from somewhere else
+    (LogFormatError)."""
+    if data.strip(b"\0") and not MAGIC.startswith(data[:len(MAGIC)]):
+        raise LogFormatError(f"{path}: not an edgebroker log segment ({len(data)} bytes, no "
+                             f"segment header); move the file out of the log directory")

@@ -129,6 +129,8 @@ class CommitLog:
         self._sync_lock = threading.Lock()
         self._segments: list[Segment] = []
         self._bases: list[int] = []
+        # Offset ranges no segment held at open (segments missing from the log): start, end.
+        self._holes: list[tuple[int, int]] = []
         self._groups: list[Group] = []
         self._header = _native.header_writer()  # record headers of append() (core thread)
         # Small records are built in C into a staging area (core thread; see append).
@@ -367,6 +369,7 @@ class CommitLog:
     _scanned_chunks = reader.scanned_chunks
     read_batch = reader.read_batch
     read_run = reader.read_run
+    missing_between = reader.missing_between
     bytes_after = reader.bytes_after
     offset_at_time = reader.offset_at_time
     lag = reader.lag

@@ -314,6 +314,13 @@ def read_run(self, start: int, topic_filter: bytes | None, max_scan: int,
     return None, start
 
 
+def missing_between(self, start: int, end: int) -> list[tuple[int, int]]:
+    """The ranges of offsets in [start, end) that no segment held when the log was opened (a
+    segment missing from the middle of the log): the reads above pass over them, and a reader
+    that went from ``start`` to ``end`` lost them. Any thread."""
+    return [(max(a, start), min(b, end)) for a, b in self._holes if a < end and b > start]
+
+
 def bytes_after(self, offset: int) -> int:
     """Bytes of the segment files from the record ``offset`` (or the first one after it) to
     the end of what is written: how far a reader at ``offset`` is behind. Core thread."""

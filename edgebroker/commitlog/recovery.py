@@ -23,7 +23,8 @@ from edgebroker.commitlog import scanner
 from edgebroker.commitlog.errors import LogError, LogLockedError, LogWriteError
 from edgebroker.commitlog.format import (
     FORMAT_VERSION, INDEX_ENTRY_SIZE, INDEX_SUFFIX, RECORD_HEADER, RECORD_HEADER_SIZE,
-    SEGMENT_HEADER_SIZE, Damage, check_segment_header, parse_segment_name, segment_header,
+    SEGMENT_HEADER_SIZE, Damage, check_segment_header, check_short_segment, parse_segment_name,
+    segment_header,
 )
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
@@ -49,6 +50,7 @@ class RecoveryReport:
     index_rebuilt: list = field(default_factory=list)   # (path, reason)
     header_damage: list = field(default_factory=list)   # (path, problem)
     removed: list = field(default_factory=list)         # (path, reason)
+    missing: list = field(default_factory=list)         # (start, end, path before, path after)
 
 
 def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
@@ -110,7 +112,8 @@ def open_log(self) -> None:
             continue
         if seg.count == 0 and not is_last:
             if not self.readonly:
-                self._remove_files(seg, "no records")
+                self._remove_files(seg, "no records", f" (offsets {base} to {bases[i + 1] - 1}: "
+                                                      f"none readable)")
             seg.close()
             continue
         self._segments.append(seg)
@@ -120,6 +123,14 @@ def open_log(self) -> None:
             log.warning("%s holds offsets up to %d, beyond the next segment's base %d; "
                         "reads of those offsets use the later segment",
                         prev.path, prev.next_offset - 1, nxt.base_offset)
+        elif prev.next_offset < nxt.base_offset:
+            hole = (prev.next_offset, nxt.base_offset)
+            self._holes.append(hole)
+            report.missing.append(hole + (prev.path, nxt.path))
+            log.warning("commit log %s: offsets %d to %d are missing: no segment holds them "
+                        "(%s ends before them, %s starts after them; a segment deleted or "
+                        "lost?); readers pass over them, sessions count them as log_gap",
+                        d, hole[0], hole[1] - 1, prev.path, nxt.path)
 
     floor = max(self._recovery_point, self._uploaded)
     last_next = self._segments[-1].next_offset if self._segments else 0
@@ -148,7 +159,7 @@ def remove_leftovers(self, names: list[str], bases: set[int]) -> None:
                 log.warning("cannot remove %s (%s): %s", path, leftover, exc.strerror)
 
 
-def remove_files(self, seg: Segment, reason: str) -> None:
+def remove_files(self, seg: Segment, reason: str, detail: str = "") -> None:
     for path in (seg.path, seg.index_path):
         try:
             os.unlink(path)
@@ -158,7 +169,7 @@ def remove_files(self, seg: Segment, reason: str) -> None:
             log.warning("cannot remove %s (%s): %s", path, reason, exc.strerror)
             return
     self.recovery.removed.append((seg.path, reason))
-    log.warning("removed %s: %s", seg.path, reason)
+    log.warning("removed %s: %s%s", seg.path, reason, detail)
 
 
 def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
@@ -176,6 +187,7 @@ def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
         # Sealed before a crash that came before the flusher freed its room.
         self._free_room(seg.fd, size, seg.path)
     if size < SEGMENT_HEADER_SIZE:
+        check_short_segment(os.pread(seg.fd, size, 0), seg.path)
         # Crashed while creating it: no records. The writer rewrites it at the first append.
         if size and not self.readonly and is_last:
             os.ftruncate(seg.fd, 0)

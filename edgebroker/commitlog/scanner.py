@@ -3,8 +3,15 @@
 A segment is read with ``pread`` into a reused buffer (never mmapped: a file that another
 process truncates under a mapping kills the reader with SIGBUS). ``walk`` validates every record
 (structure and CRC32C), hands out what the step function produced, and when it meets bytes that
-are not a valid record it looks for the next valid record after them (``resync``) and reports the
-region in between: ``corrupt`` when a valid record follows, ``torn`` when nothing valid follows.
+are not a valid record it looks for the next valid record after them and reports the region in
+between: ``corrupt`` when a valid record follows, ``torn`` when nothing valid follows.
+
+Where to go on after damage (docs/log-format.md, "Damage"): first right after the damaged record,
+by its own length field, when a valid record with the next offset starts there (a flipped bit in
+a payload or a CRC); otherwise byte by byte (``resync``), taking only a record whose offset the
+bytes skipped can explain, so that bytes shaped like a record inside a payload are not taken for
+one with an offset far ahead. A tail in which no such record is found but that still holds valid
+records (of lower offsets) is reported ``corrupt``, not ``torn``: it is not truncated.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 from edgebroker import _native
 from edgebroker._native import (
-    RESYNC_CANDIDATE, RESYNC_FOUND, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
+    RESYNC_FOUND, RESYNC_NONE, SCAN_BAD, SCAN_END, SCAN_ENTRY_WORDS, SCAN_FULL, SCAN_PARTIAL,
     ScanResult,
 )
 from edgebroker.commitlog.format import (
@@ -24,6 +31,7 @@ from edgebroker.commitlog.format import (
 )
 
 _u32_from = struct.Struct("<I").unpack_from
+_u64_from = struct.Struct("<Q").unpack_from
 CHUNK = 1024 * 1024
 SCAN_BATCH = 4096  # entries per scan call
 
@@ -46,9 +54,11 @@ def _pread_into(fd: int, buf: bytearray, want: int, pos: int) -> int:
 
 
 def find_next_valid(fd: int, start: int, end: int, min_offset: int, chunk: int = CHUNK,
-                    version: int = FORMAT_VERSION) -> int | None:
+                    version: int = FORMAT_VERSION, origin: int | None = None) -> int | None:
     """The position of the first valid record in [start, end) with offset >= min_offset, by
-    the rules of segment format ``version``."""
+    the rules of segment format ``version``. With ``origin`` (where the damage starts), only a
+    record whose offset the bytes skipped can explain: at most ``min_offset`` + (bytes from
+    ``origin`` to it) // 34 + 1, 34 bytes being the smallest record."""
     buf = bytearray(chunk)
     pos = start
     while pos < end:
@@ -60,22 +70,55 @@ def find_next_valid(fd: int, start: int, end: int, min_offset: int, chunk: int =
         rel = 0
         while True:
             res = _native.resync(view, end - pos, rel, min_offset, version)
-            if res.status == RESYNC_FOUND:
-                return pos + res.position
-            if res.status != RESYNC_CANDIDATE:
+            if res.status == RESYNC_NONE:
                 break
+            at = pos + res.position
+            rel = res.position + 1
+            if origin is not None and (_u64_from(view, res.position + 8)[0] - min_offset
+                                       > (at - origin) // RECORD_HEADER_SIZE + 1):
+                continue   # more records skipped than the bytes could hold: not a record
+            if res.status == RESYNC_FOUND:
+                return at
             # A plausible header whose record continues past this chunk: read it whole.
             whole = bytearray(res.need)
-            if _pread_into(fd, whole, res.need, pos + res.position) == res.need:
+            if _pread_into(fd, whole, res.need, at) == res.need:
                 check = _native.resync(whole, res.need, 0, min_offset, version)
                 if check.status == RESYNC_FOUND and check.position == 0:
-                    return pos + res.position
-            rel = res.position + 1
+                    return at
         if pos + n >= end:
             return None
         # Overlap so a header that straddles the chunk boundary is seen whole.
         pos += n - (RECORD_HEADER_SIZE - 1)
     return None
+
+
+def record_at(fd: int, position: int, end: int, offset: int, version: int) -> int | None:
+    """The end of the record at ``position`` if a valid one with exactly ``offset`` starts
+    there and ends by ``end``, else None."""
+    head = os.pread(fd, RECORD_HEADER_SIZE, position)
+    if len(head) < RECORD_HEADER_SIZE:
+        return None
+    length = _u32_from(head, 4)[0]
+    if length < RECORD_HEADER_SIZE or position + length > end:
+        return None
+    data = os.pread(fd, length, position)
+    out = array("Q", bytes(8 * SCAN_ENTRY_WORDS))
+    res = _native.scan(data, len(data), position, offset, None, out, 0, version)
+    if res.matched != 1 or out[0] != offset or res.stop != length:
+        return None
+    return position + length
+
+
+def after_damaged_record(fd: int, pos: int, end: int, min_offset: int, version: int) -> int | None:
+    """Where the record after the damaged one at ``pos`` starts, by the damaged record's own
+    length field, when a valid record with the next offset (``min_offset`` + 1) is there."""
+    head = os.pread(fd, RECORD_HEADER_SIZE, pos)
+    if len(head) < RECORD_HEADER_SIZE:
+        return None
+    nxt = pos + _u32_from(head, 4)[0]
+    if nxt - pos < RECORD_HEADER_SIZE or nxt + RECORD_HEADER_SIZE > end:
+        return None
+    return nxt if record_at(fd, nxt, end, min_offset + 1, version) is not None else None
 
 
 def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, step: Step,
@@ -89,6 +132,7 @@ def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, ste
     buf = bytearray(min(chunk, max(end - start, 0)) or 1)
     pos = start
     need = 0
+    first_min = min_offset
     while pos < end:
         want = max(min(chunk, end - pos), need)
         if want > len(buf):
@@ -113,9 +157,13 @@ def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, ste
         if res.status == SCAN_FULL:
             continue
         assert res.status == SCAN_BAD
-        nxt = find_next_valid(fd, pos + 1, end, min_offset, chunk, version)
+        nxt = after_damaged_record(fd, pos, end, min_offset, version)
         if nxt is None:
-            yield BAD, Damage(path, pos, end - pos, min_offset, "torn")
+            nxt = find_next_valid(fd, pos + 1, end, min_offset, chunk, version, origin=pos)
+        if nxt is None:
+            # Valid records of lower offsets after bytes taken for a record: not a torn tail.
+            held = find_next_valid(fd, pos, end, first_min, chunk, version) is not None
+            yield BAD, Damage(path, pos, end - pos, min_offset, "corrupt" if held else "torn")
             break
         yield BAD, Damage(path, pos, nxt - pos, min_offset, "corrupt")
         pos = nxt
@@ -150,5 +198,6 @@ def records_from(view: memoryview, out: array, matched: int, base_position: int)
                      bytes(view[topic_end:topic_end + r]))
 
 
-__all__ = ["walk", "find_next_valid", "scan_step", "new_scan_buffer", "records_from", "DATA", "BAD",
+__all__ = ["walk", "find_next_valid", "record_at", "after_damaged_record", "scan_step",
+           "new_scan_buffer", "records_from", "DATA", "BAD",
            "SCAN_BAD"]

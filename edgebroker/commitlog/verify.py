@@ -30,10 +30,12 @@ class VerifyReport:
     notes: list = field(default_factory=list)           # Damage: incomplete tail of the last segment
     index_problems: list = field(default_factory=list)  # (path, problem): repaired at next start
     header_problems: list = field(default_factory=list) # (path, problem)
+    # (start, end, path before, path after): offsets between two segments that neither holds
+    missing: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.damage
+        return not self.damage and not self.missing
 
 
 def verify_segments(segments: list[Segment],
@@ -45,8 +47,11 @@ def verify_segments(segments: list[Segment],
     sizes = [os.fstat(s.fd).st_size for s in segs]
     total = sum(sizes)
     done = 0
+    prev = None   # (path, the offset after its last valid record)
     for k, (seg, size) in enumerate(zip(segs, sizes)):
         is_last = k == len(segs) - 1
+        if prev is not None and prev[1] < seg.base_offset:
+            report.missing.append((prev[1], seg.base_offset, prev[0], seg.path))
         report.segments += 1
         fd = os.dup(seg.fd)
         try:
@@ -84,6 +89,10 @@ def verify_segments(segments: list[Segment],
                 else:
                     report.damage.append(event[1])
             report.records += len(entries) // INDEX_ENTRY_SIZE
+            after_last = seg.base_offset
+            if entries:  # the last entry's offset (relative to the base), plus one
+                after_last += int.from_bytes(entries[-INDEX_ENTRY_SIZE:][:4], "little") + 1
+            prev = (seg.path, after_last)
             report.bytes += size
             problem = compare_index(seg, entries, is_last)
             if problem:

@@ -30,7 +30,8 @@ Rules kept (docs/persistence.md):
 - retention deletes segments a cursor needs only when ``retention_bytes`` forces it (age
   retention waits, see ``hold``); a cursor below the first record kept, or on a record older
   than ``max_session_lag_age``, moves forward: the records skipped are counted
-  (``log_gap``, per session and broker-wide) and logged with the offsets lost.
+  (``log_gap``, per session and broker-wide) and logged with the offsets lost; so are offsets
+  no segment holds (a segment missing from the log) that a read passes over.
 """
 
 from __future__ import annotations
@@ -203,7 +204,9 @@ class CatchUp:
             journal.end_pass()
         first = commit_log.first_offset
         if cursor.offset < first:
-            self._skip(session, first, "retention deleted the segments it was reading")
+            # Below the first record kept: retention deleted it, or it is damaged (a first
+            # record that fails its CRC; a segment that lost every record): not told apart.
+            self._skip(session, first, "deleted by retention or damaged")
         # Where live routing takes over: the head of the log, or the first message logged
         # but not yet routed (Router.live_offset).
         head = self.live_offset()
@@ -242,6 +245,7 @@ class CatchUp:
             # reported): what is left is lost to it, rather than asking again every pass.
             self._skip(session, commit_log.written_offset, "the log cannot be read there")
             return True
+        self.count_missing(session, cursor.offset, next_offset)
         lag_bytes = limits.max_lag_bytes
         drop_qos0 = bool(lag_bytes) and commit_log.bytes_after(cursor.offset) > lag_bytes
         max_age = limits.max_lag_age
@@ -350,6 +354,17 @@ class CatchUp:
                         f"max_lag_bytes ({limits.max_lag_bytes})" if by_bytes
                         else f"max_lag_age ({limits.max_lag_age:g} s)")
         cursor.lag_dropped += count
+
+    def count_missing(self, session, start: int, end: int, group=None) -> None:
+        """A read that went from ``start`` to ``end`` passed over offsets no segment holds (a
+        segment missing from the log, CommitLog.missing_between): they are lost to
+        ``session`` (or to the shared subscription ``group``), counted and logged."""
+        for a, b in self.journal.log.missing_between(start, end):
+            self.drop("log_gap", session, b - a)
+            who = (f"session {session.client_id!r}" if group is None
+                   else f"shared subscription {group.key!r}")
+            log.warning("%s: log records %d to %d are lost to it (missing from the log: no "
+                        "segment holds them)", who, a, b - 1)
 
     def _skip(self, session, offset: int, why: str) -> None:
         """Move ``session``'s cursor forward to ``offset``: a gap, counted and logged."""

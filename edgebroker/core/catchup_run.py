@@ -90,6 +90,7 @@ class CatchUpRuns:
         if next_offset <= cursor.offset:
             self._skip(session, commit_log.written_offset, "the log cannot be read there")
             return True
+        self.count_missing(session, cursor.offset, next_offset)
         run = None
         if found_run is not None:
             data, base, entries, n = found_run

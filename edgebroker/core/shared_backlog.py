@@ -33,7 +33,7 @@ class SharedBacklog:
             journal.end_pass()
         first = commit_log.first_offset
         if group.cursor < first:
-            self._skip_shared(group, first, "retention deleted the segments it was reading")
+            self._skip_shared(group, first, "deleted by retention or damaged")
         head = self.live_offset()
         cursor = group.cursor
         if cursor >= head:
@@ -49,6 +49,7 @@ class SharedBacklog:
         if next_offset <= cursor:
             self._skip_shared(group, commit_log.written_offset, "the log cannot be read there")
             return True
+        self.count_missing(None, cursor, next_offset, group)
         done = group.done
         queue = group.queue
         queued = 0

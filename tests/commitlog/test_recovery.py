@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from edgebroker.commitlog import CommitLog
+from edgebroker.commitlog import CommitLog, LogFormatError
 
 from .logutil import (
     append_n, as_tuple, expected, flip_byte, open_log, parse_index, parse_segment, segment_files,
@@ -282,3 +282,56 @@ def test_recovery_time_is_logged(tmp_path, caplog):
     assert msg and "offsets 0..9" in msg[0] and " s (" in msg[0]
     assert log.recovery.seconds >= 0
     log.close()
+
+
+@pytest.mark.parametrize("where", ["last", "middle", "short"])
+def test_a_foreign_file_with_a_segment_name_is_refused_untouched(tmp_path, where):
+    """A file that is not a segment (wrong magic, and a header checksum that does not match
+    either) is refused with an error naming it; it was taken for a damaged header: truncated
+    as a torn tail and deleted, or its header overwritten when it sorted last."""
+    d = make_log(tmp_path / "log", n=200, segment_bytes=4096)
+    bases = [int(p.name[:20]) for p in segment_files(d)]
+    base = {"last": 10**12, "middle": bases[1] + 1, "short": bases[1] + 1}[where]
+    foreign = d / f"{base:020d}.seg"
+    content = b"notes" if where == "short" else b"This is my notes file, not a log segment.\n" * 50
+    foreign.write_bytes(content)
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.suffix == ".seg"}
+    with pytest.raises(LogFormatError) as exc:
+        open_log(d, segment_bytes=4096)
+    assert str(foreign) in str(exc.value) and "not an edgebroker log segment" in str(exc.value)
+    assert foreign.read_bytes() == content
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.suffix == ".seg"} == before
+
+
+def test_a_flipped_bit_in_the_magic_of_a_segment_is_header_damage(tmp_path):
+    """The rest of the header (version, length, base offset) still says it is ours."""
+    d = make_log(tmp_path / "log", n=200, segment_bytes=4096)
+    first = segment_files(d)[0]
+    flip_byte(first, 0)
+    got, log = offsets(d, segment_bytes=4096)
+    assert got == list(range(200))
+    assert [p for p, _ in log.recovery.header_damage] == [str(first)]
+
+
+def test_a_segment_missing_from_the_middle_is_reported(tmp_path, caplog):
+    """No segment holds the offsets of one deleted by hand: the open names the range and the
+    files on either side, readers are told the range (missing_between), verify fails."""
+    d = make_log(tmp_path / "log", n=300, segment_bytes=4096)
+    segs = segment_files(d)
+    lo, hi = int(segs[2].name[:20]), int(segs[3].name[:20])
+    segs[2].unlink()
+    with caplog.at_level("WARNING", logger="edgebroker.commitlog"):
+        got, log = offsets(d, segment_bytes=4096)
+    assert got == [i for i in range(300) if not lo <= i < hi]
+    assert log.recovery.missing == [(lo, hi, str(segs[1]), str(segs[3]))]
+    [msg] = [r.getMessage() for r in caplog.records if "are missing" in r.getMessage()]
+    assert f"offsets {lo} to {hi - 1}" in msg and str(segs[1]) in msg and str(segs[3]) in msg
+    log = open_log(d, segment_bytes=4096)
+    try:
+        assert log.missing_between(0, 300) == [(lo, hi)]
+        assert log.missing_between(lo + 1, hi - 1) == [(lo + 1, hi - 1)]
+        assert log.missing_between(hi, 300) == []
+        report = log.verify()
+        assert not report.ok and report.missing == [(lo, hi, str(segs[1]), str(segs[3]))]
+    finally:
+        log.close()
