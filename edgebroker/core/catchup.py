@@ -69,7 +69,8 @@ IN_STEP = {"cursor": None, "lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
 class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
-    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "done", "run")
+    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
+                 "run")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -78,6 +79,8 @@ class Cursor:
         self.offline: list[list] | None = None      # [from, to or None] offset ranges
         self.cache: dict[bytes, tuple] = {}          # topic -> ((since, qos), ...)
         self.lag_dropped = 0       # QoS 0 skipped past max_lag in the current episode
+        self.aged = -1             # records skipped for max_session_lag_age after the logged
+        #                            move (-1: none logged yet)
         # After a restart: offsets of QoS 2 messages the session was sent after the snapshot
         # (core.exchanges), not to be sent again; None once the cursor is past them all.
         self.done: set[int] | None = None
@@ -185,6 +188,10 @@ class CatchUp:
             log.warning("session %r caught up with the log; %d QoS 0 messages were skipped "
                         "while it was behind by more than max_lag_bytes or max_lag_age",
                         session.client_id, cursor.lag_dropped)
+        if cursor.aged > 0:
+            log.warning("session %r caught up with the log; %d more records were lost to it "
+                        "for max_session_lag_age after the move logged", session.client_id,
+                        cursor.aged)
         session.cursor = None
         self.behind.discard(session)
         self._catch_up_again.discard(session)
@@ -366,22 +373,25 @@ class CatchUp:
             log.warning("%s: log records %d to %d are lost to it (missing from the log: no "
                         "segment holds them)", who, a, b - 1)
 
-    def _skip(self, session, offset: int, why: str) -> None:
-        """Move ``session``'s cursor forward to ``offset``: a gap, counted and logged."""
+    def _skip(self, session, offset: int, why: str) -> int:
+        """Move ``session``'s cursor forward to ``offset``: a gap, counted and logged (not
+        when ``why`` is empty); the number of records lost."""
         cursor = session.cursor
         cursor.drop_run()      # what it read and did not send is gone too, where it is lost
         lost = offset - cursor.offset
         if lost <= 0:
-            return
+            return 0
         self.drop("log_gap", session, lost)
-        log.warning("session %r: log records %d to %d are lost to it (%s): it goes on from %d",
-                    session.client_id, cursor.offset, offset - 1, why, offset)
+        if why:
+            log.warning("session %r: log records %d to %d are lost to it (%s): it goes on from "
+                        "%d", session.client_id, cursor.offset, offset - 1, why, offset)
         cursor.offset = offset
         if cursor.floor < offset:
             cursor.floor = offset
         session.saved = None
         if not session.clean:
             self._snapshot_dirty = True
+        return lost
 
     def check_cursors(self, now: float) -> None:
         """Periodic (core.timers): hold the segments cursors need from age retention, and
@@ -401,9 +411,16 @@ class CatchUp:
         if max_age and behind:
             oldest = commit_log.offset_at_time(self.journal.wall_ms() - int(max_age * 1000))
             for session in list(behind):
-                if session.cursor.offset < oldest:
-                    self._skip(session, oldest, f"its cursor was older than max_session_lag_age "
-                                                f"({max_age:g} s)")
+                cursor = session.cursor
+                if cursor.offset >= oldest:
+                    continue
+                if cursor.aged >= 0:    # moved every second while it is that far behind
+                    cursor.aged += self._skip(session, oldest, "")
+                    continue
+                self._skip(session, oldest, f"its cursor was older than max_session_lag_age "
+                                            f"({max_age:g} s); the next moves are counted, "
+                                            f"logged when it catches up")
+                cursor.aged = 0
         # A connected session reads and is acknowledged: what it needs moves on (offline,
         # it stays where _go_offline left it). Worked out again only for cursors that hold
         # records age retention would delete, so that it costs nothing most of the time.

@@ -4,6 +4,7 @@ default configuration, memory stays flat, and the hand-over back to live routing
 and no duplicate."""
 
 import os
+import re
 import signal
 import threading
 import time
@@ -339,6 +340,32 @@ def test_max_session_lag_age_moves_an_old_cursor_forward(broker, uid):
     assert b.client_row(f"{uid}-s")["drops"] == {"log_gap": 1}
     b.client(f"{uid}-p").publish(f"{uid}/t", b"fresh", qos=1)
     assert again.recv_publish().payload == b"fresh"
+
+
+def test_max_session_lag_age_logs_once_per_episode(broker, uid):
+    """An offline session's cursor is moved every second while messages keep coming: each
+    move wrote a warning (per offline session, per second, for as long as it stays away).
+    The first move is logged, the next ones counted; the number is logged when it catches
+    up."""
+    b = broker(limits={"max_session_lag_age": 1.0})
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    mark = b.mark()
+    pub = b.client(f"{uid}-p")
+    for i in range(16):                         # 4 s: the cursor is moved several times
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+        time.sleep(0.25)
+    lines = [ln for ln in b.logs[mark:] if f"{uid}-s" in ln and "lost to it" in ln]
+    assert len(lines) == 1 and "the next moves are counted" in lines[0], lines
+    again = b.client(f"{uid}-s", clean=False)
+    got = [int(p.payload) for p in again.ping() if p.type == m.PUBLISH]
+    gap = b.client_row(f"{uid}-s")["drops"]["log_gap"]
+    assert gap >= 8 and got == list(range(gap, 16)), (gap, got)
+    first = int(re.search(r"log records \d+ to (\d+) are lost", lines[0]).group(1)) + 1
+    line = b.wait_log("caught up with the log;", start=mark)
+    assert line and f"session '{uid}-s' caught up with the log; {gap - first} more records" \
+        in line, line
 
 
 @pytest.mark.parametrize("qos", [1, 2])
