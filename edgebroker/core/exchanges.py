@@ -7,7 +7,8 @@ whose PUBREC had not gone out would be logged again when its publisher re-sends 
 restart needs to prevent both is appended here, one record per step, before the packet that
 depends on it leaves the broker:
 
-- ``O`` a QoS 2 message sent to a session: client id, packet id, log offset, size, retain;
+- ``O`` a QoS 2 message sent to a session: client id, packet id, log offset, size, retain,
+  and the shared subscription group's key when a group gave it (its backlog then skips it);
 - ``R`` its PUBREC came: PUBREL goes out (re-sent after a restart, never the PUBLISH);
 - ``C`` its PUBCOMP came: the exchange is over;
 - ``I`` a QoS 2 PUBLISH from a session's client, logged at an offset: its packet id awaits
@@ -117,8 +118,12 @@ class ExchangeJournal:
 
     # ----- records (the core thread, while handling packets) ----------------------------------
 
-    def sent(self, client_id: str, pid: int, offset: int, size: int, retain: bool) -> None:
-        self.lines.append(json.dumps(["O", client_id, pid, offset, size, retain]))
+    def sent(self, client_id: str, pid: int, offset: int, size: int, retain: bool,
+             group: str | None = None) -> None:
+        record = ["O", client_id, pid, offset, size, retain]
+        if group is not None:
+            record.append(group)
+        self.lines.append(json.dumps(record))
 
     def released(self, client_id: str, pid: int) -> None:
         self.lines.append(json.dumps(["R", client_id, pid]))

@@ -219,6 +219,7 @@ class Persistence:
         end = self.journal.log.next_offset
         sessions = self.sessions
         sent: dict[Session, set[int]] = {}
+        shared: dict[str, set[int]] = {}    # group key -> offsets a member was sent
         for record in records:
             kind, client_id = record[0], record[1]
             session = sessions.get(client_id)
@@ -228,7 +229,7 @@ class Persistence:
                 self.drop_session(session)
                 sent.pop(session, None)
             elif kind == "O":
-                _, _, pid, offset, size, retain = record
+                pid, offset, size, retain = record[2:6]
                 if offset >= end:
                     continue
                 inflight = session.own_inflight()
@@ -237,7 +238,10 @@ class Persistence:
                     session.inflight_bytes -= old.message.size
                 inflight[pid] = Outgoing(Stored(offset, size), 2, bool(retain))
                 session.inflight_bytes += size
-                sent.setdefault(session, set()).add(offset)
+                if len(record) > 6:     # a shared group gave it: its backlog skips it
+                    shared.setdefault(record[6], set()).add(offset)
+                else:                   # its own subscriptions: its catch-up skips it
+                    sent.setdefault(session, set()).add(offset)
             elif kind == "R":
                 entry = session.inflight.pop(record[2], None)
                 if entry is not None:
@@ -254,8 +258,8 @@ class Persistence:
                 session.awaiting_release.discard(record[2])
         for session, offsets in sent.items():
             self._forget_sent(session, offsets)
-        if sent and self.groups:
-            self.forget_shared_sent(set().union(*sent.values()))
+        if shared:
+            self.forget_shared_sent(shared)
         if records:
             log.info("applied %d QoS 2 exchange records written after the snapshot",
                      len(records))

@@ -331,7 +331,7 @@ class Shared:
         if qos == 0:
             self._write_publish(session.client, ref, 0, retain, False, None, member.ids)
             return
-        entry = self._send(session, ref, qos, retain, member.ids)
+        entry = self._send(session, ref, qos, retain, member.ids, member.group.key)
         if entry is not None:
             entry.group = member.group
             entry.group_qos = group_qos
@@ -457,12 +457,13 @@ class Shared:
             log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
                         session.client_id, key, exc)
 
-    def forget_shared_sent(self, offsets: set[int]) -> None:
-        """After a restart: QoS 2 messages a member was sent before the crash (the exchange
-        journal) are not handed out again by their group's backlog."""
-        if not offsets:
-            return
-        for group in self.groups.values():
+    def forget_shared_sent(self, sent: dict[str, set[int]]) -> None:
+        """After a restart: QoS 2 messages a group gave a member before the crash (the exchange
+        journal: group key -> log offsets) are not handed out again by that group's backlog."""
+        for key, offsets in sent.items():
+            group = self.groups.get(key)
+            if group is None:
+                continue
             queue = group.queue
             if any(ref.offset in offsets for ref, _, _, _ in queue):
                 kept = [e for e in queue if e[0].offset not in offsets]
