@@ -40,9 +40,8 @@ from collections import deque
 
 from edgebroker.core.catchup import NO_HOLD, QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.router import queue_limit
-from edgebroker.errors import QUOTA_EXCEEDED, ProtocolError
+from edgebroker.errors import QUOTA_EXCEEDED
 from edgebroker.core.session import AWAIT_ACK, Message
-from edgebroker.core.snapshot import GroupState
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.properties import varint
@@ -403,7 +402,7 @@ class Shared:
             if group.cursor is None or not self._refill(group):
                 return
 
-    # ----- figures, snapshots ------------------------------------------------------------------
+    # ----- figures ----------------------------------------------------------------------------
 
     def shared_figures(self) -> dict:
         groups = self.groups.values()
@@ -411,69 +410,6 @@ class Shared:
                 "shared_subscriptions": self.shared_members,
                 "shared_queued_messages": sum(len(g.queue) for g in groups),
                 "shared_groups_behind": sum(1 for g in groups if g.cursor is not None)}
-
-    def _returning(self, member: Member) -> list:
-        """A member's unacknowledged QoS 1 messages of its group, which a restart gives back
-        to the group (as the member's disconnect would)."""
-        group = member.group
-        return [entry for entry in member.session.inflight.values()
-                if entry.group is group and entry.qos == 1 and entry.state == AWAIT_ACK]
-
-    def shared_session_state(self, session, state) -> None:
-        """A persistent session's snapshot state gets its shared subscriptions (with their
-        5.0 options) and loses the QoS 1 messages its groups get back (``capture_shared``)."""
-        returning = set()
-        for key, member in session.shared.items():
-            state.subscriptions[key] = member.qos
-            if member.options or member.sub_id:
-                state.sub5[key] = [member.options, member.sub_id]
-            if self.groups.get(key) is member.group:
-                returning.update(id(entry) for entry in self._returning(member))
-        if returning:
-            kept = {pid for pid, entry in session.inflight.items() if id(entry) not in returning}
-            state.inflight = [e for e in state.inflight if e[0] in kept]
-
-    def capture_shared(self) -> list[GroupState]:
-        """The groups' backlogs for a snapshot, each led by its online members' unacknowledged
-        QoS 1 messages."""
-        states = []
-        for group in self.groups.values():
-            entries = [(entry.message.offset, entry.group_qos, entry.retain, entry.message.size)
-                       for member in group.ring if member.session.client is not None
-                       for entry in self._returning(member)
-                       if entry.message.offset is not None]
-            entries += [(ref.offset, qos, retain, ref.size) for ref, qos, retain, _ in group.queue
-                        if ref.offset is not None]
-            if entries or group.cursor is not None:
-                states.append(GroupState(group.key, group.cursor, entries))
-        return states
-
-    def restore_member(self, session, key: str, qos: int, options5) -> None:
-        """A restored session's shared subscription (from its ``subscriptions``)."""
-        options, sub_id = options5 if options5 else (0, 0)
-        try:
-            self.subscribe_shared(session, key, qos, options, sub_id)
-        except ProtocolError as exc:
-            log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
-                        session.client_id, key, exc)
-
-    def forget_shared_sent(self, sent: dict[str, set[int]]) -> None:
-        """After a restart: QoS 2 messages a group gave a member before the crash (the exchange
-        journal: group key -> log offsets) are not handed out again by that group's backlog."""
-        for key, offsets in sent.items():
-            group = self.groups.get(key)
-            if group is None:
-                continue
-            queue = group.queue
-            if any(ref.offset in offsets for ref, _, _, _ in queue):
-                kept = [e for e in queue if e[0].offset not in offsets]
-                queue.clear()
-                queue.extend(kept)
-                group.queue_bytes = sum(e[0].size for e in kept)
-            if group.cursor is not None:
-                ahead = {o for o in offsets if o >= group.cursor}
-                if ahead:
-                    group.done = ahead if group.done is None else group.done | ahead
 
 
 __all__ = ["Group", "Member", "Shared"]
