@@ -16,12 +16,15 @@ depends on it leaves the broker:
 - ``F`` that PUBREL came;
 - ``D`` the session ended (a clean session took its client id).
 
-Clean sessions are not journaled (nothing of them survives a restart). A record is one JSON
-array per line, in ``exchanges-<generation>.jsonl`` in the state directory. Each snapshot
-starts a new generation and names it; once that snapshot is on disk the snapshot writer
-deletes the older files. At start the files from the snapshot's generation on are applied
-to what the snapshot restored (``Persistence.apply_exchanges``), and the records of each
-session's QoS 2 messages keep its catch-up from sending them again.
+Clean sessions are not journaled (nothing of them survives a restart), but for the QoS 2
+messages shared subscription groups give them (``O`` with the group, ``R``, ``C``; ``C`` also
+when the session ends first): a restart does not give those to another member, and counts those
+without PUBREC as lost. A snapshot's new file records again those still awaiting it. A record
+is one JSON array per line, in ``exchanges-<generation>.jsonl`` in the state directory. Each
+snapshot starts a new generation and names it; once that snapshot is on disk the snapshot
+writer deletes the older files. At start the files from the snapshot's generation on are
+applied to what the snapshot restored (``Persistence.apply_exchanges``), and the records of
+each session's QoS 2 messages keep its catch-up from sending them again.
 
 Records are gathered and written with one ``os.write`` before anything they cover can be
 sent: ahead of each log write (``Journal.end_pass``: an inbound QoS 2 message's id never

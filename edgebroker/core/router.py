@@ -277,7 +277,7 @@ class Router:
                 inflight = session.own_inflight()
             entry = inflight[pid] = Outgoing(ref, qos, retain)
             session.inflight_bytes += ref.size
-            if qos == 2 and not session.clean and self.exchanges is not None:
+            if qos == 2 and (group or not session.clean) and self.exchanges is not None:
                 offset = ref.offset
                 if offset is not None:
                     self.exchanges.sent(session.client_id, pid, offset, ref.size, retain, group)

@@ -211,6 +211,9 @@ class Shared:
             session.inflight_bytes -= entry.message.size
             if entry.qos == 2 or self.groups.get(group.key) is not group:
                 lost += 1
+                if entry.qos == 2 and session.clean and self.exchanges is not None:
+                    # Its exchange is over (a restart counts those not over as lost).
+                    self.exchanges.completed(session.client_id, pid)
             else:
                 back.setdefault(group, []).append(entry)
         if lost:

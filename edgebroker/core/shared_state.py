@@ -70,6 +70,19 @@ class SharedState:
             log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
                         session.client_id, key, exc)
 
+    def journal_shared_flight(self, session) -> None:
+        """A new exchange journal file (a snapshot): the QoS 2 messages groups gave this clean
+        session, still awaiting PUBREC, are recorded in it again, so that a crash after the
+        snapshot counts them lost (``Persistence.apply_exchanges``)."""
+        exchanges = self.exchanges
+        for pid, entry in session.inflight.items():
+            group = entry.group
+            ref = entry.message
+            if (group is not None and entry.qos == 2 and entry.state == AWAIT_ACK
+                    and ref.offset is not None):
+                exchanges.sent(session.client_id, pid, ref.offset, ref.size, entry.retain,
+                               group.key)
+
     def forget_shared_sent(self, sent: dict[str, set[int]]) -> None:
         """After a restart: QoS 2 messages a group gave a member before the crash (the exchange
         journal: group key -> log offsets) are not handed out again by that group's backlog."""
