@@ -7,7 +7,9 @@ message's QoS and the QoS that member was granted:
 
 - Choice: round-robin over the members, skipping those that cannot take it now (offline, a
   full window, ``max_pending_write_bytes`` waiting, its own queue not empty, or its ACL does not
-  let it read the topic). A slow member therefore never holds the others back.
+  let it read the topic). A slow member therefore never holds the others back: a backlog
+  entry only busy or offline members may read (ACLs) is passed over, each topic kept in
+  order (``_pass_over``).
 - No member can take a QoS 1/2 message: it waits in the group's backlog, handed out as members
   acknowledge, drain or come back (``pump_shared``, called by ``Router.pump``). The backlog is
   the log, as for sessions (core.catchup), but one per group: up to QUEUE_MESSAGES /
@@ -277,17 +279,26 @@ class Shared:
                     group.dropped0 = 0
                 self._give(member, message, 0, message.retain)
             return
-        if group.cursor is not None and message.offset is not None:
-            return      # behind: it reads this record from the log (_refill)
-        if not group.queue:
-            member = self._pick(group, qos, topic)
-            if member is _DENIED:
-                self.stats.acl_deliveries_denied += 1
-                return
-            if member is not None:
-                self._give(member, message, qos, message.retain)
-                return
-        self._queue(group, message, qos, topic)
+        # Behind (group.cursor), it reads a logged record from the log (_refill).
+        if group.cursor is None or message.offset is None:
+            if not group.queue:
+                member = self._pick(group, qos, topic)
+                if member is _DENIED:
+                    self.stats.acl_deliveries_denied += 1
+                    return
+                if member is not None:
+                    self._give(member, message, qos, message.retain)
+                    return
+            self._queue(group, message, qos, topic)
+        if self._guarded(group):
+            # The backlog's head may be one only busy or offline members may read: another
+            # member may take this one now (_pass_over).
+            self._drain(group)
+
+    @staticmethod
+    def _guarded(group: Group) -> bool:
+        """Whether a member has an ACL: members may differ in what they may read."""
+        return any(m.session.acl is not None for m in group.ring)
 
     def _pick(self, group: Group, qos: int, topic: str | None):
         """The next member round-robin that can take a message of ``qos`` on ``topic`` now;
@@ -387,11 +398,13 @@ class Shared:
         while True:
             while queue:
                 ref, qos, retain, topic = queue[0]
-                if topic is None and any(m.session.acl is not None for m in group.ring):
+                if topic is None and self._guarded(group):
                     topic = self._stored_topic(ref)
                 member = self._pick(group, qos, topic)
                 if member is None:
-                    return
+                    if not self._pass_over(group):
+                        return
+                    break       # the room it made may take more from the log
                 queue.popleft()
                 group.queue_bytes -= ref.size
                 if not queue and group.dropped:
@@ -404,6 +417,49 @@ class Shared:
                 self._give(member, ref, qos, retain)
             if group.cursor is None or not self._refill(group):
                 return
+
+    def _pass_over(self, group: Group) -> bool:
+        """No member that may read the backlog's head can take it now (ACLs): hand out the
+        entries behind it that members with room may read, keeping each topic's order (an
+        entry whose topic waits stays behind it). True if any went out."""
+        if not self._guarded(group) or not self._room(group):
+            return False
+        queue = group.queue
+        kept = [queue.popleft()]
+        waiting = set()         # topics none of whose readers can take one now
+        gone = 0
+        while queue:
+            entry = queue.popleft()
+            ref, qos, retain, topic = entry
+            if topic is None:
+                topic = self._stored_topic(ref)
+            member = None if topic in waiting else self._pick(group, qos, topic)
+            if member is None:
+                waiting.add(topic)
+                kept.append(entry)
+                continue
+            group.queue_bytes -= ref.size
+            if member is _DENIED:
+                self.stats.acl_deliveries_denied += 1
+            else:
+                gone += 1
+                self._give(member, ref, qos, retain)
+        queue.extend(kept)
+        return gone > 0
+
+    def _room(self, group: Group) -> bool:
+        """Whether a member could take a QoS 1/2 message now, whatever its topic."""
+        limits = self.limits
+        for member in group.ring:
+            session = member.session
+            client = session.client
+            if client is None or client.transport.out_bytes >= client.transport.max_pending:
+                continue
+            if not member.qos or not session.queue and (
+                    len(session.inflight) < (session.receive_max or limits.max_inflight_messages)
+                    and session.inflight_bytes < limits.max_inflight_bytes):
+                return True
+        return False
 
     # ----- figures ----------------------------------------------------------------------------
 

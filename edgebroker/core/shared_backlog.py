@@ -23,8 +23,13 @@ class SharedBacklog:
     """The log-reading part of ``Broker``'s shared subscriptions (a mixin beside ``Shared``)."""
 
     def _refill(self, group: Group) -> bool:
-        """The next batch of the group's records from the log into its (empty) backlog. True
-        when draining may go on: something was queued, or it caught up."""
+        """The next batch of the group's records from the log into the room left in its
+        backlog (entries that wait for busy or offline members may hold part of it:
+        ``Shared._pass_over``). True when draining may go on: something was queued, or it
+        caught up."""
+        room, room_bytes = QUEUE_MESSAGES - len(group.queue), QUEUE_BYTES - group.queue_bytes
+        if room <= 0 or room_bytes <= 0:
+            return False
         journal = self.journal
         commit_log = journal.log
         if commit_log.pending_bytes:
@@ -39,8 +44,8 @@ class SharedBacklog:
             return True
         if cursor >= commit_log.written_offset:
             return False     # the log cannot write: the next acknowledgement or pass retries
-        records, next_offset = commit_log.read_batch(cursor, group.filter_bytes, QUEUE_MESSAGES,
-                                                     QUEUE_BYTES, SCAN_BYTES)
+        records, next_offset = commit_log.read_batch(cursor, group.filter_bytes, room,
+                                                     room_bytes, SCAN_BYTES)
         if next_offset > head:
             records = [r for r in records if r[0] < head]
             next_offset = head
