@@ -184,14 +184,16 @@ class Shared:
         self.shared_trie.remove(group.filter, group)
         self._shared_again.discard(group)
         queued = len(group.queue)
-        if queued:
-            self.drop("shared_left", None, queued)
+        # Behind: the log records it had still to read, of any topic (an upper bound).
+        unread = 0 if group.cursor is None else max(0, self.live_offset() - group.cursor)
+        if queued + unread:
+            self.drop("shared_left", None, queued + unread)
         if queued or group.cursor is not None:
             log.warning("shared subscription %r: its last member left; %d queued messages "
                         "dropped%s", group.key, queued,
                         "" if group.cursor is None else
-                        f", and the records after log offset {group.cursor} it had still to "
-                        f"read are not delivered to it")
+                        f", and the {unread} log records from offset {group.cursor} on it had "
+                        f"still to read (counted, whatever their topic) are not delivered")
         group.queue.clear()
         group.cursor = None
 

@@ -195,6 +195,23 @@ def test_backlog_beyond_memory_is_read_from_the_log_in_order(broker, uid):
     assert c.recv_publish().payload == b"live"
 
 
+def test_a_group_ending_counts_the_backlog_it_had_still_to_read_from_the_log(broker, uid):
+    """The last member's session ends while the group reads its backlog from the log: every
+    message it had not handed out is counted as shared_left, not only those in memory."""
+    b = broker()
+    share = f"$share/g/{uid}/t"
+    member(b, f"{uid}-m", share, clean=False).disconnect()
+    pub = b.client(f"{uid}-p")
+    for i in range(400):
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    assert b.stats()["shared_groups_behind"] == 1
+    mark = b.mark()
+    b.client(f"{uid}-m", clean=True)             # ends the session, and the group with it
+    line = b.wait_log("its last member left", start=mark)
+    assert b.stats()["dropped"]["shared_left"] == 400
+    assert line and "256 queued messages dropped, and the 144 log records" in line, line
+
+
 def test_a_5_0_backlog_read_from_the_log_keeps_its_properties(broker, uid):
     """Large messages overflow the backlog's 256 KiB: the rest is read back from the log
     (log format 2), each with its publisher's properties and the member's identifier."""
