@@ -221,9 +221,7 @@ class Shared:
             else:
                 back.setdefault(group, []).append(entry)
         if lost:
-            if session.offline_at is None:
-                # (An offline session that expires has them counted as session_expired.)
-                self.drop("shared_left", session, lost)
+            self.drop("shared_left", session, lost)
             log.warning("session %r ended with %d unacknowledged messages of shared "
                         "subscriptions that cannot go to another member (QoS 2, MQTT-4.8.2-5, "
                         "or the group is gone); dropped", session.client_id, lost)

@@ -6,11 +6,9 @@ configuration, a restart, unsubscribing (docs/protocol.md, "Shared subscriptions
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 
 import pytest
 
@@ -314,6 +312,28 @@ def test_qos2_stays_with_its_member_and_is_lost_with_its_session(broker, uid):
     assert b.stats()["dropped"]["shared_left"] == 1
     keeper = b.client(f"{uid}-keep", clean=False)
     assert publishes(keeper) == []
+
+
+@pytest.mark.parametrize("end", ["clean session", "expiry"])
+def test_qos2_of_an_offline_member_whose_session_ends_is_counted(broker, uid, end):
+    """An offline persistent member holds a group's QoS 2 message unacknowledged; its session
+    ends (its client comes back with clean session 1, or it expires): the message goes to no
+    other member (MQTT-4.8.2-5) and is counted as shared_left, and logged."""
+    b = broker(limits={"persistent_client_expiration": 1} if end == "expiry" else {})
+    share = f"$share/g/{uid}/t"
+    keeper = member(b, f"{uid}-keep", share, qos=2, clean=False)
+    other = member(b, f"{uid}-other", share, qos=2)
+    b.client(f"{uid}-p").publish(f"{uid}/t", b"one", qos=2)
+    assert payloads(publishes(keeper)) == [b"one"]
+    mark = b.mark()
+    keeper.close()
+    if end == "clean session":
+        b.client(f"{uid}-keep", clean=True)
+    assert b.wait_log(f"session '{uid}-keep' ended with 1 unacknowledged messages of shared "
+                      f"subscriptions", start=mark)
+    dropped = b.stats()["dropped"]
+    assert dropped["shared_left"] == 1 and dropped.get("session_expired", 0) == 0
+    assert publishes(other) == []
 
 
 def test_qos2_sent_again_to_a_5_0_member_carries_its_identifier(srv, uid):
