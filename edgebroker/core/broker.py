@@ -13,7 +13,8 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
   ``core.catchup_run`` the runs a session with one subscription sends at once;
 - ``core.shared``: shared subscriptions: groups, the choice of member, hand-over;
-  ``core.shared_backlog`` a group's backlog read from the log;
+  ``core.shared_backlog`` a group's backlog read from the log; ``core.shared_state``
+  groups across restarts (snapshot, restore, the exchange journal's records of them);
 - ``core.timers``: the deadline heap (keepalive, CONNECT timeout, ``Timer``s) and
   the periodic maintenance;
 - ``core.persistence``: snapshots (capture, restore, replay), with ``core.exchanges``
@@ -52,6 +53,7 @@ from edgebroker.core.router5 import Router5
 from edgebroker.core.sessions import Sessions
 from edgebroker.core.shared import Shared
 from edgebroker.core.shared_backlog import SharedBacklog
+from edgebroker.core.shared_state import SharedState
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.core.timers import Timers
 
@@ -68,7 +70,7 @@ def prompt_gap(config: Config) -> float:
 
 
 class Broker(Router, Router5, Resume, Sessions, CatchUp, CatchUpRuns, Timers, Persistence,
-             Shared, SharedBacklog):
+             Shared, SharedBacklog, SharedState):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits

@@ -7,7 +7,8 @@ whose PUBREC had not gone out would be logged again when its publisher re-sends 
 restart needs to prevent both is appended here, one record per step, before the packet that
 depends on it leaves the broker:
 
-- ``O`` a QoS 2 message sent to a session: client id, packet id, log offset, size, retain;
+- ``O`` a QoS 2 message sent to a session: client id, packet id, log offset, size, retain,
+  and the shared subscription group's key when a group gave it (its backlog then skips it);
 - ``R`` its PUBREC came: PUBREL goes out (re-sent after a restart, never the PUBLISH);
 - ``C`` its PUBCOMP came: the exchange is over;
 - ``I`` a QoS 2 PUBLISH from a session's client, logged at an offset: its packet id awaits
@@ -15,12 +16,15 @@ depends on it leaves the broker:
 - ``F`` that PUBREL came;
 - ``D`` the session ended (a clean session took its client id).
 
-Clean sessions are not journaled (nothing of them survives a restart). A record is one JSON
-array per line, in ``exchanges-<generation>.jsonl`` in the state directory. Each snapshot
-starts a new generation and names it; once that snapshot is on disk the snapshot writer
-deletes the older files. At start the files from the snapshot's generation on are applied
-to what the snapshot restored (``Persistence.apply_exchanges``), and the records of each
-session's QoS 2 messages keep its catch-up from sending them again.
+Clean sessions are not journaled (nothing of them survives a restart), but for the QoS 2
+messages shared subscription groups give them (``O`` with the group, ``R``, ``C``; ``C`` also
+when the session ends first): a restart does not give those to another member, and counts those
+without PUBREC as lost. A snapshot's new file records again those still awaiting it. A record
+is one JSON array per line, in ``exchanges-<generation>.jsonl`` in the state directory. Each
+snapshot starts a new generation and names it; once that snapshot is on disk the snapshot
+writer deletes the older files. At start the files from the snapshot's generation on are
+applied to what the snapshot restored (``Persistence.apply_exchanges``), and the records of
+each session's QoS 2 messages keep its catch-up from sending them again.
 
 Records are gathered and written with one ``os.write`` before anything they cover can be
 sent: ahead of each log write (``Journal.end_pass``: an inbound QoS 2 message's id never
@@ -117,8 +121,12 @@ class ExchangeJournal:
 
     # ----- records (the core thread, while handling packets) ----------------------------------
 
-    def sent(self, client_id: str, pid: int, offset: int, size: int, retain: bool) -> None:
-        self.lines.append(json.dumps(["O", client_id, pid, offset, size, retain]))
+    def sent(self, client_id: str, pid: int, offset: int, size: int, retain: bool,
+             group: str | None = None) -> None:
+        record = ["O", client_id, pid, offset, size, retain]
+        if group is not None:
+            record.append(group)
+        self.lines.append(json.dumps(record))
 
     def released(self, client_id: str, pid: int) -> None:
         self.lines.append(json.dumps(["R", client_id, pid]))

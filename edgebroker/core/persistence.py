@@ -51,12 +51,15 @@ class Persistence:
         # the live offset; a restart replays from there.
         result = snap.Snapshot(log_next_offset=self.live_offset() if journal is not None else 0,
                                written_ms=journal.wall_ms() if journal is not None else 0)
-        if self.exchanges is not None:
-            result.exchanges = self.exchanges.rotate()
+        exchanges = self.exchanges
+        if exchanges is not None:
+            result.exchanges = exchanges.rotate()
         sessions = result.sessions
         now = self.clock()
         for session in self.sessions.values():
             if session.clean:
+                if session.shared is not None and session.inflight and exchanges is not None:
+                    self.journal_shared_flight(session)
                 continue
             state = session.saved
             if (state is None or session.client is not None
@@ -214,21 +217,34 @@ class Persistence:
         to the sessions it restored (after ``restore`` and ``replay``): windows and inbound
         packet ids as they were at the crash, and the messages already sent kept from being
         sent again. Records of sessions the snapshot does not hold are left out (a session
-        made after it is not restored), and so are offsets past the log's end (records a
-        power cut took: their messages get other offsets)."""
+        made after it is not restored), but for the QoS 2 messages a shared subscription
+        group gave them: not given again, and counted lost if not over; so are offsets past
+        the log's end (records a power cut took: their messages get other offsets)."""
         end = self.journal.log.next_offset
         sessions = self.sessions
         sent: dict[Session, set[int]] = {}
+        shared: dict[str, set[int]] = {}    # group key -> offsets a member was sent
+        flying: dict[tuple, str] = {}       # (client id, packet id) -> group key
         for record in records:
             kind, client_id = record[0], record[1]
             session = sessions.get(client_id)
             if session is None:
+                # Not restored (clean, or made after the snapshot): what a group gave it is
+                # not given again, and is lost if its exchange was not over.
+                if kind == "O" and len(record) > 6 and record[3] < end:
+                    shared.setdefault(record[6], set()).add(record[3])
+                    flying[client_id, record[2]] = record[6]
+                elif kind in ("R", "C"):
+                    flying.pop((client_id, record[2]), None)
+                elif kind == "D":
+                    for key in [k for k in flying if k[0] == client_id]:
+                        del flying[key]
                 continue
             if kind == "D":
                 self.drop_session(session)
                 sent.pop(session, None)
             elif kind == "O":
-                _, _, pid, offset, size, retain = record
+                pid, offset, size, retain = record[2:6]
                 if offset >= end:
                     continue
                 inflight = session.own_inflight()
@@ -237,7 +253,10 @@ class Persistence:
                     session.inflight_bytes -= old.message.size
                 inflight[pid] = Outgoing(Stored(offset, size), 2, bool(retain))
                 session.inflight_bytes += size
-                sent.setdefault(session, set()).add(offset)
+                if len(record) > 6:     # a shared group gave it: its backlog skips it
+                    shared.setdefault(record[6], set()).add(offset)
+                else:                   # its own subscriptions: its catch-up skips it
+                    sent.setdefault(session, set()).add(offset)
             elif kind == "R":
                 entry = session.inflight.pop(record[2], None)
                 if entry is not None:
@@ -254,8 +273,14 @@ class Persistence:
                 session.awaiting_release.discard(record[2])
         for session, offsets in sent.items():
             self._forget_sent(session, offsets)
-        if sent and self.groups:
-            self.forget_shared_sent(set().union(*sent.values()))
+        if shared:
+            self.forget_shared_sent(shared)
+        if flying:
+            self.drop("shared_left", None, len(flying))
+            log.warning("%d QoS 2 messages of shared subscriptions were in flight to members "
+                        "whose sessions the restart does not keep (clean sessions, or made "
+                        "after the snapshot): not sent to another member (MQTT-4.8.2-5); "
+                        "dropped", len(flying))
         if records:
             log.info("applied %d QoS 2 exchange records written after the snapshot",
                      len(records))

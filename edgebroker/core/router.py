@@ -266,9 +266,9 @@ class Router:
         self._enqueue(session, message, qos, retain)
 
     def _send(self, session: Session, ref, qos: int, retain: bool,
-              ids: bytes | None = None) -> Outgoing | None:
-        """Send a QoS 1/2 message in the session's window (the client is online); its window
-        entry, None when it was not sent (``_write_publish``)."""
+              ids: bytes | None = None, group: str | None = None) -> Outgoing | None:
+        """Send a QoS 1/2 message in the session's window (the client is online; ``group``: the
+        key of the shared group giving it); its entry, None if not sent (``_write_publish``)."""
         pid = session.allocate_id()
         if self._write_publish(session.client, ref, qos, retain, False, pid, ids):
             inflight = session.inflight
@@ -276,10 +276,10 @@ class Router:
                 inflight = session.own_inflight()
             entry = inflight[pid] = Outgoing(ref, qos, retain)
             session.inflight_bytes += ref.size
-            if qos == 2 and not session.clean and self.exchanges is not None:
+            if qos == 2 and (group or not session.clean) and self.exchanges is not None:
                 offset = ref.offset
                 if offset is not None:
-                    self.exchanges.sent(session.client_id, pid, offset, ref.size, retain)
+                    self.exchanges.sent(session.client_id, pid, offset, ref.size, retain, group)
             return entry
         return None
 

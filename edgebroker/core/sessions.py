@@ -278,6 +278,8 @@ class Sessions:
         been (Mosquitto's persistent_client_expiration; 5.0's Session Expiry Interval)."""
         if session.client is not None or self.sessions.get(session.client_id) is not session:
             return
+        if session.shared is not None:
+            self.hand_over(session, True)   # its groups' QoS 2 messages: shared_left
         held = len(session.queue) + len(session.inflight)
         cursor = session.cursor
         unread = self.journal.log.next_offset - cursor.offset if cursor is not None else 0

@@ -7,7 +7,9 @@ message's QoS and the QoS that member was granted:
 
 - Choice: round-robin over the members, skipping those that cannot take it now (offline, a
   full window, ``max_pending_write_bytes`` waiting, its own queue not empty, or its ACL does not
-  let it read the topic). A slow member therefore never holds the others back.
+  let it read the topic). A slow member therefore never holds the others back: a backlog
+  entry only busy or offline members may read (ACLs) is passed over, each topic kept in
+  order (``_pass_over``).
 - No member can take a QoS 1/2 message: it waits in the group's backlog, handed out as members
   acknowledge, drain or come back (``pump_shared``, called by ``Router.pump``). The backlog is
   the log, as for sessions (core.catchup), but one per group: up to QUEUE_MESSAGES /
@@ -40,9 +42,8 @@ from collections import deque
 
 from edgebroker.core.catchup import NO_HOLD, QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.router import queue_limit
-from edgebroker.errors import QUOTA_EXCEEDED, ProtocolError
+from edgebroker.errors import QUOTA_EXCEEDED
 from edgebroker.core.session import AWAIT_ACK, Message
-from edgebroker.core.snapshot import GroupState
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.properties import varint
@@ -183,14 +184,16 @@ class Shared:
         self.shared_trie.remove(group.filter, group)
         self._shared_again.discard(group)
         queued = len(group.queue)
-        if queued:
-            self.drop("shared_left", None, queued)
+        # Behind: the log records it had still to read, of any topic (an upper bound).
+        unread = 0 if group.cursor is None else max(0, self.live_offset() - group.cursor)
+        if queued + unread:
+            self.drop("shared_left", None, queued + unread)
         if queued or group.cursor is not None:
             log.warning("shared subscription %r: its last member left; %d queued messages "
                         "dropped%s", group.key, queued,
                         "" if group.cursor is None else
-                        f", and the records after log offset {group.cursor} it had still to "
-                        f"read are not delivered to it")
+                        f", and the {unread} log records from offset {group.cursor} on it had "
+                        f"still to read (counted, whatever their topic) are not delivered")
         group.queue.clear()
         group.cursor = None
 
@@ -212,12 +215,13 @@ class Shared:
             session.inflight_bytes -= entry.message.size
             if entry.qos == 2 or self.groups.get(group.key) is not group:
                 lost += 1
+                if entry.qos == 2 and session.clean and self.exchanges is not None:
+                    # Its exchange is over (a restart counts those not over as lost).
+                    self.exchanges.completed(session.client_id, pid)
             else:
                 back.setdefault(group, []).append(entry)
         if lost:
-            if session.offline_at is None:
-                # (An offline session that expires has them counted as session_expired.)
-                self.drop("shared_left", session, lost)
+            self.drop("shared_left", session, lost)
             log.warning("session %r ended with %d unacknowledged messages of shared "
                         "subscriptions that cannot go to another member (QoS 2, MQTT-4.8.2-5, "
                         "or the group is gone); dropped", session.client_id, lost)
@@ -275,17 +279,26 @@ class Shared:
                     group.dropped0 = 0
                 self._give(member, message, 0, message.retain)
             return
-        if group.cursor is not None and message.offset is not None:
-            return      # behind: it reads this record from the log (_refill)
-        if not group.queue:
-            member = self._pick(group, qos, topic)
-            if member is _DENIED:
-                self.stats.acl_deliveries_denied += 1
-                return
-            if member is not None:
-                self._give(member, message, qos, message.retain)
-                return
-        self._queue(group, message, qos, topic)
+        # Behind (group.cursor), it reads a logged record from the log (_refill).
+        if group.cursor is None or message.offset is None:
+            if not group.queue:
+                member = self._pick(group, qos, topic)
+                if member is _DENIED:
+                    self.stats.acl_deliveries_denied += 1
+                    return
+                if member is not None:
+                    self._give(member, message, qos, message.retain)
+                    return
+            self._queue(group, message, qos, topic)
+        if self._guarded(group):
+            # The backlog's head may be one only busy or offline members may read: another
+            # member may take this one now (_pass_over).
+            self._drain(group)
+
+    @staticmethod
+    def _guarded(group: Group) -> bool:
+        """Whether a member has an ACL: members may differ in what they may read."""
+        return any(m.session.acl is not None for m in group.ring)
 
     def _pick(self, group: Group, qos: int, topic: str | None):
         """The next member round-robin that can take a message of ``qos`` on ``topic`` now;
@@ -331,7 +344,7 @@ class Shared:
         if qos == 0:
             self._write_publish(session.client, ref, 0, retain, False, None, member.ids)
             return
-        entry = self._send(session, ref, qos, retain, member.ids)
+        entry = self._send(session, ref, qos, retain, member.ids, member.group.key)
         if entry is not None:
             entry.group = member.group
             entry.group_qos = group_qos
@@ -385,11 +398,13 @@ class Shared:
         while True:
             while queue:
                 ref, qos, retain, topic = queue[0]
-                if topic is None and any(m.session.acl is not None for m in group.ring):
+                if topic is None and self._guarded(group):
                     topic = self._stored_topic(ref)
                 member = self._pick(group, qos, topic)
                 if member is None:
-                    return
+                    if not self._pass_over(group):
+                        return
+                    break       # the room it made may take more from the log
                 queue.popleft()
                 group.queue_bytes -= ref.size
                 if not queue and group.dropped:
@@ -403,7 +418,50 @@ class Shared:
             if group.cursor is None or not self._refill(group):
                 return
 
-    # ----- figures, snapshots ------------------------------------------------------------------
+    def _pass_over(self, group: Group) -> bool:
+        """No member that may read the backlog's head can take it now (ACLs): hand out the
+        entries behind it that members with room may read, keeping each topic's order (an
+        entry whose topic waits stays behind it). True if any went out."""
+        if not self._guarded(group) or not self._room(group):
+            return False
+        queue = group.queue
+        kept = [queue.popleft()]
+        waiting = set()         # topics none of whose readers can take one now
+        gone = 0
+        while queue:
+            entry = queue.popleft()
+            ref, qos, retain, topic = entry
+            if topic is None:
+                topic = self._stored_topic(ref)
+            member = None if topic in waiting else self._pick(group, qos, topic)
+            if member is None:
+                waiting.add(topic)
+                kept.append(entry)
+                continue
+            group.queue_bytes -= ref.size
+            if member is _DENIED:
+                self.stats.acl_deliveries_denied += 1
+            else:
+                gone += 1
+                self._give(member, ref, qos, retain)
+        queue.extend(kept)
+        return gone > 0
+
+    def _room(self, group: Group) -> bool:
+        """Whether a member could take a QoS 1/2 message now, whatever its topic."""
+        limits = self.limits
+        for member in group.ring:
+            session = member.session
+            client = session.client
+            if client is None or client.transport.out_bytes >= client.transport.max_pending:
+                continue
+            if not member.qos or not session.queue and (
+                    len(session.inflight) < (session.receive_max or limits.max_inflight_messages)
+                    and session.inflight_bytes < limits.max_inflight_bytes):
+                return True
+        return False
+
+    # ----- figures ----------------------------------------------------------------------------
 
     def shared_figures(self) -> dict:
         groups = self.groups.values()
@@ -411,68 +469,6 @@ class Shared:
                 "shared_subscriptions": self.shared_members,
                 "shared_queued_messages": sum(len(g.queue) for g in groups),
                 "shared_groups_behind": sum(1 for g in groups if g.cursor is not None)}
-
-    def _returning(self, member: Member) -> list:
-        """A member's unacknowledged QoS 1 messages of its group, which a restart gives back
-        to the group (as the member's disconnect would)."""
-        group = member.group
-        return [entry for entry in member.session.inflight.values()
-                if entry.group is group and entry.qos == 1 and entry.state == AWAIT_ACK]
-
-    def shared_session_state(self, session, state) -> None:
-        """A persistent session's snapshot state gets its shared subscriptions (with their
-        5.0 options) and loses the QoS 1 messages its groups get back (``capture_shared``)."""
-        returning = set()
-        for key, member in session.shared.items():
-            state.subscriptions[key] = member.qos
-            if member.options or member.sub_id:
-                state.sub5[key] = [member.options, member.sub_id]
-            if self.groups.get(key) is member.group:
-                returning.update(id(entry) for entry in self._returning(member))
-        if returning:
-            kept = {pid for pid, entry in session.inflight.items() if id(entry) not in returning}
-            state.inflight = [e for e in state.inflight if e[0] in kept]
-
-    def capture_shared(self) -> list[GroupState]:
-        """The groups' backlogs for a snapshot, each led by its online members' unacknowledged
-        QoS 1 messages."""
-        states = []
-        for group in self.groups.values():
-            entries = [(entry.message.offset, entry.group_qos, entry.retain, entry.message.size)
-                       for member in group.ring if member.session.client is not None
-                       for entry in self._returning(member)
-                       if entry.message.offset is not None]
-            entries += [(ref.offset, qos, retain, ref.size) for ref, qos, retain, _ in group.queue
-                        if ref.offset is not None]
-            if entries or group.cursor is not None:
-                states.append(GroupState(group.key, group.cursor, entries))
-        return states
-
-    def restore_member(self, session, key: str, qos: int, options5) -> None:
-        """A restored session's shared subscription (from its ``subscriptions``)."""
-        options, sub_id = options5 if options5 else (0, 0)
-        try:
-            self.subscribe_shared(session, key, qos, options, sub_id)
-        except ProtocolError as exc:
-            log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
-                        session.client_id, key, exc)
-
-    def forget_shared_sent(self, offsets: set[int]) -> None:
-        """After a restart: QoS 2 messages a member was sent before the crash (the exchange
-        journal) are not handed out again by their group's backlog."""
-        if not offsets:
-            return
-        for group in self.groups.values():
-            queue = group.queue
-            if any(ref.offset in offsets for ref, _, _, _ in queue):
-                kept = [e for e in queue if e[0].offset not in offsets]
-                queue.clear()
-                queue.extend(kept)
-                group.queue_bytes = sum(e[0].size for e in kept)
-            if group.cursor is not None:
-                ahead = {o for o in offsets if o >= group.cursor}
-                if ahead:
-                    group.done = ahead if group.done is None else group.done | ahead
 
 
 __all__ = ["Group", "Member", "Shared"]

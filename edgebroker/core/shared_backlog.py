@@ -4,8 +4,7 @@ Past QUEUE_MESSAGES / QUEUE_BYTES in memory a group keeps a cursor into the log,
 behind does (core.catchup), and reads the records matching its filter from there in batches
 (``_refill``); retention and ``max_session_lag_age`` move a cursor they leave behind, and the
 segments the groups still need are held (``check_shared_cursors``). Also what reads a backlog
-held as log offsets: the topics of such messages (``_stored_topic``), and the backlogs a
-snapshot holds (``restore_shared``).
+held as log offsets: the topics of such messages (``_stored_topic``).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES, SCAN_BYTES
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.shared import Group
-from edgebroker.core.snapshot import GroupState
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -25,8 +23,13 @@ class SharedBacklog:
     """The log-reading part of ``Broker``'s shared subscriptions (a mixin beside ``Shared``)."""
 
     def _refill(self, group: Group) -> bool:
-        """The next batch of the group's records from the log into its (empty) backlog. True
-        when draining may go on: something was queued, or it caught up."""
+        """The next batch of the group's records from the log into the room left in its
+        backlog (entries that wait for busy or offline members may hold part of it:
+        ``Shared._pass_over``). True when draining may go on: something was queued, or it
+        caught up."""
+        room, room_bytes = QUEUE_MESSAGES - len(group.queue), QUEUE_BYTES - group.queue_bytes
+        if room <= 0 or room_bytes <= 0:
+            return False
         journal = self.journal
         commit_log = journal.log
         if commit_log.pending_bytes:
@@ -41,8 +44,8 @@ class SharedBacklog:
             return True
         if cursor >= commit_log.written_offset:
             return False     # the log cannot write: the next acknowledgement or pass retries
-        records, next_offset = commit_log.read_batch(cursor, group.filter_bytes, QUEUE_MESSAGES,
-                                                     QUEUE_BYTES, SCAN_BYTES)
+        records, next_offset = commit_log.read_batch(cursor, group.filter_bytes, room,
+                                                     room_bytes, SCAN_BYTES)
         if next_offset > head:
             records = [r for r in records if r[0] < head]
             next_offset = head
@@ -133,26 +136,3 @@ class SharedBacklog:
         journal = self.journal
         where = journal.log.locate(ref.offset) if journal is not None else None
         return None if where is None else where.topic.decode("utf-8", "replace")
-
-    def restore_shared(self, states: list[GroupState], end: int | None) -> int:
-        """The groups' backlogs from a snapshot (after their members). ``end``: the log's end
-        when it ends before the snapshot's offsets (a power cut); entries past it are lost.
-        Returns how many entries were lost."""
-        lost = 0
-        log_end = self.journal.log.next_offset if self.journal is not None else 0
-        for state in states:
-            group = self.groups.get(state.key)
-            queue = [e for e in state.queue if end is None or e[0] < end]
-            lost += len(state.queue) - len(queue)
-            if group is None:
-                if queue:
-                    self.drop("shared_left", None, len(queue))
-                    log.warning("shared subscription %r in the snapshot has no persistent member "
-                                "left: %d queued messages dropped", state.key, len(queue))
-                continue
-            for offset, qos, retain, size in queue:
-                group.queue.append((Stored(offset, size), qos, retain, None))
-                group.queue_bytes += size
-            if state.cursor is not None:
-                group.cursor = min(state.cursor, log_end)
-        return lost

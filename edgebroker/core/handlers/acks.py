@@ -79,7 +79,7 @@ def on_pubrec(client, p) -> None:
         # PUBRELs go out (and are re-sent) in PUBREC order (MQTT-4.6.0-4).
         del inflight[pid]
         inflight[pid] = entry
-        _journal(client, "released", pid)
+        _journal(client, "released", pid, entry)
     client.answer(encode_ack(P.PUBREL, pid))
     client.broker.stats.packets_sent += 1
 
@@ -145,15 +145,17 @@ def on_pubcomp(client, p) -> None:
 def _complete(client, session, pid: int, entry) -> None:
     """A QoS 2 exchange the broker started is over: its id is free, the queue moves on."""
     del session.inflight[pid]
-    _journal(client, "completed", pid)
+    _journal(client, "completed", pid, entry)
     session.inflight_bytes -= entry.message.size
     if _more(client, session):
         client.broker.pump(session)
 
 
-def _journal(client, step: str, pid: int) -> None:
-    """A persistent session's QoS 2 exchange moved: journaled (core.exchanges)."""
+def _journal(client, step: str, pid: int, entry=None) -> None:
+    """A persistent session's QoS 2 exchange moved, or that of a message a shared subscription
+    group gave (``entry``'s group; any session): journaled (core.exchanges)."""
     session = client.session
     exchanges = client.broker.exchanges
-    if exchanges is not None and not session.clean:
+    if exchanges is not None and (not session.clean
+                                  or entry is not None and entry.group is not None):
         getattr(exchanges, step)(session.client_id, pid)

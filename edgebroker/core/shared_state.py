@@ -1,0 +1,128 @@
+"""Shared subscription groups across restarts (core.shared): what a snapshot holds of them and
+what a restart makes of it.
+
+A persistent member's shared subscriptions are among its session's subscriptions
+(``shared_session_state``); a group's backlog is held as log offsets and its cursor
+(``capture_shared``), led by the QoS 1 messages its online members had not acknowledged,
+which a restart hands out again. At start the members come back with their sessions
+(``restore_member``), then the backlogs (``restore_shared``); the QoS 2 exchange journal
+(core.exchanges) then takes out of a group's backlog what the group gave a member after the
+snapshot (``forget_shared_sent``). docs/persistence.md describes the format.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgebroker.core.session import AWAIT_ACK, Stored
+from edgebroker.core.shared import Member
+from edgebroker.core.snapshot import GroupState
+from edgebroker.errors import ProtocolError
+
+log = logging.getLogger("edgebroker.broker")
+
+
+class SharedState:
+    """The snapshot part of ``Broker``'s shared subscriptions (a mixin beside ``Shared``)."""
+
+    def _returning(self, member: Member) -> list:
+        """A member's unacknowledged QoS 1 messages of its group, which a restart gives back
+        to the group (as the member's disconnect would)."""
+        group = member.group
+        return [entry for entry in member.session.inflight.values()
+                if entry.group is group and entry.qos == 1 and entry.state == AWAIT_ACK]
+
+    def shared_session_state(self, session, state) -> None:
+        """A persistent session's snapshot state gets its shared subscriptions (with their
+        5.0 options) and loses the QoS 1 messages its groups get back (``capture_shared``)."""
+        returning = set()
+        for key, member in session.shared.items():
+            state.subscriptions[key] = member.qos
+            if member.options or member.sub_id:
+                state.sub5[key] = [member.options, member.sub_id]
+            if self.groups.get(key) is member.group:
+                returning.update(id(entry) for entry in self._returning(member))
+        if returning:
+            kept = {pid for pid, entry in session.inflight.items() if id(entry) not in returning}
+            state.inflight = [e for e in state.inflight if e[0] in kept]
+
+    def capture_shared(self) -> list[GroupState]:
+        """The groups' backlogs for a snapshot, each led by its online members' unacknowledged
+        QoS 1 messages."""
+        states = []
+        for group in self.groups.values():
+            entries = [(entry.message.offset, entry.group_qos, entry.retain, entry.message.size)
+                       for member in group.ring if member.session.client is not None
+                       for entry in self._returning(member)
+                       if entry.message.offset is not None]
+            entries += [(ref.offset, qos, retain, ref.size) for ref, qos, retain, _ in group.queue
+                        if ref.offset is not None]
+            if entries or group.cursor is not None:
+                states.append(GroupState(group.key, group.cursor, entries))
+        return states
+
+    def restore_member(self, session, key: str, qos: int, options5) -> None:
+        """A restored session's shared subscription (from its ``subscriptions``)."""
+        options, sub_id = options5 if options5 else (0, 0)
+        try:
+            self.subscribe_shared(session, key, qos, options, sub_id)
+        except ProtocolError as exc:
+            log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
+                        session.client_id, key, exc)
+
+    def journal_shared_flight(self, session) -> None:
+        """A new exchange journal file (a snapshot): the QoS 2 messages groups gave this clean
+        session, still awaiting PUBREC, are recorded in it again, so that a crash after the
+        snapshot counts them lost (``Persistence.apply_exchanges``)."""
+        exchanges = self.exchanges
+        for pid, entry in session.inflight.items():
+            group = entry.group
+            ref = entry.message
+            if (group is not None and entry.qos == 2 and entry.state == AWAIT_ACK
+                    and ref.offset is not None):
+                exchanges.sent(session.client_id, pid, ref.offset, ref.size, entry.retain,
+                               group.key)
+
+    def forget_shared_sent(self, sent: dict[str, set[int]]) -> None:
+        """After a restart: QoS 2 messages a group gave a member before the crash (the exchange
+        journal: group key -> log offsets) are not handed out again by that group's backlog."""
+        for key, offsets in sent.items():
+            group = self.groups.get(key)
+            if group is None:
+                continue
+            queue = group.queue
+            if any(ref.offset in offsets for ref, _, _, _ in queue):
+                kept = [e for e in queue if e[0].offset not in offsets]
+                queue.clear()
+                queue.extend(kept)
+                group.queue_bytes = sum(e[0].size for e in kept)
+            if group.cursor is not None:
+                ahead = {o for o in offsets if o >= group.cursor}
+                if ahead:
+                    group.done = ahead if group.done is None else group.done | ahead
+
+    def restore_shared(self, states: list[GroupState], end: int | None) -> int:
+        """The groups' backlogs from a snapshot (after their members). ``end``: the log's end
+        when it ends before the snapshot's offsets (a power cut); entries past it are lost.
+        Returns how many entries were lost."""
+        lost = 0
+        log_end = self.journal.log.next_offset if self.journal is not None else 0
+        for state in states:
+            group = self.groups.get(state.key)
+            queue = [e for e in state.queue if end is None or e[0] < end]
+            lost += len(state.queue) - len(queue)
+            if group is None:
+                if queue:
+                    self.drop("shared_left", None, len(queue))
+                    log.warning("shared subscription %r in the snapshot has no persistent member "
+                                "left: %d queued messages dropped", state.key, len(queue))
+                continue
+            for offset, qos, retain, size in queue:
+                group.queue.append((Stored(offset, size), qos, retain, None))
+                group.queue_bytes += size
+            if state.cursor is not None:
+                group.cursor = min(state.cursor, log_end)
+        return lost
+
+
+__all__ = ["SharedState"]

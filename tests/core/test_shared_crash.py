@@ -1,0 +1,125 @@
+"""Shared subscriptions across a crash (kill -9): QoS 2 messages a group gave out are not given
+out again, and the group's backlog keeps what it did not give (docs/persistence.md, "Exactly
+once across a crash"; docs/protocol.md, "Shared subscriptions")."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+import mqttraw as m
+from conftest import wait_for_snapshot
+from core.test_shared import member, publishes
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _restart(broker, b):
+    data_dir = b.config["data_dir"]
+    b.stop(signal.SIGKILL)
+    return broker(data_dir=data_dir)
+
+
+def _in_snapshot(b, *client_ids):
+    for client_id in client_ids:
+        wait_for_snapshot(b.config["data_dir"], client_id, pred=lambda s: s["subscriptions"])
+
+
+def test_a_qos2_message_sent_to_a_plain_subscriber_still_waits_for_the_group(broker, uid):
+    """N (plain subscription, persistent) is sent M at QoS 2; the same M waits in the group's
+    backlog for its offline member P. After the crash the exchange journal's record of N's
+    delivery does not take M out of the group's backlog: P gets it, once."""
+    b = broker()
+    share = f"$share/g/{uid}/#"
+    p = member(b, f"{uid}-P", share, qos=2, clean=False)
+    p.disconnect()
+    n = member(b, f"{uid}-N", f"{uid}/#", qos=2, clean=False)
+    _in_snapshot(b, f"{uid}-P", f"{uid}-N")
+    b.client(f"{uid}-pub").publish(f"{uid}/x", b"M", qos=2)
+    got = n.recv_publish()                         # PUBREC, PUBREL, PUBCOMP
+    assert got.payload == b"M"
+    b2 = _restart(broker, b)
+    p = b2.client(f"{uid}-P", clean=False)
+    assert p.connack.session_present
+    assert p.recv_publish().payload == b"M"
+    assert publishes(p) == []
+    n = b2.client(f"{uid}-N", clean=False)
+    assert publishes(n) == []                      # N finished its exchange before the crash
+
+
+def test_a_qos2_message_a_group_gave_a_member_is_not_given_again(broker, uid):
+    """P1 (persistent) is sent M by the group and does not acknowledge it; crash. After the
+    restart P1 gets M again with its packet id and DUP, and the other member P2 never."""
+    b = broker()
+    share = f"$share/g/{uid}/#"
+    p2 = member(b, f"{uid}-P2", share, qos=2, clean=False)
+    p2.disconnect()
+    p1 = member(b, f"{uid}-P1", share, qos=2, clean=False)
+    _in_snapshot(b, f"{uid}-P1", f"{uid}-P2")
+    b.client(f"{uid}-pub").publish(f"{uid}/x", b"M", qos=2)
+    (first,) = publishes(p1)
+    assert first.payload == b"M"
+    b2 = _restart(broker, b)
+    p2 = b2.client(f"{uid}-P2", clean=False)
+    assert publishes(p2) == []
+    p1 = b2.client(f"{uid}-P1", clean=False)
+    again = p1.recv_publish()
+    assert (again.payload, again.dup, again.packet_id) == (b"M", True, first.packet_id)
+    assert publishes(p1) == [] and publishes(p2) == []
+
+
+def _three_to_a_clean_member(b, uid):
+    """An offline persistent member P, and a clean member C that finishes the exchange of
+    the first of three QoS 2 messages, answers the second's PUBLISH with PUBREC only, and
+    leaves the third unacknowledged. Returns C."""
+    share = f"$share/g/{uid}/#"
+    p = member(b, f"{uid}-P", share, qos=2, clean=False)
+    p.disconnect()
+    _in_snapshot(b, f"{uid}-P")
+    c = member(b, f"{uid}-C", share, qos=2)
+    pub = b.client(f"{uid}-pub")
+    for text in (b"done", b"received", b"in flight"):
+        pub.publish(f"{uid}/x", text, qos=2)
+    done, received, flying = publishes(c)
+    assert [done.payload, received.payload, flying.payload] == [b"done", b"received",
+                                                                b"in flight"]
+    c.ack(done)
+    c.send(m.pubrec(received.packet_id))
+    assert c.expect(m.PUBREL).packet_id == received.packet_id
+    assert c.ping() == []
+    return c
+
+
+def _after_the_crash(broker, b, uid):
+    """Restart after kill -9: the group's persistent member gets none of the three; the one
+    in flight to the clean member (whose session is gone) is counted lost, once."""
+    b2 = _restart(broker, b)
+    assert b2.stats()["dropped"]["shared_left"] == 1
+    assert b2.wait_log("1 QoS 2 messages of shared subscriptions were in flight to members "
+                       "whose sessions the restart does not keep")
+    p = b2.client(f"{uid}-P", clean=False)
+    assert p.connack.session_present
+    assert publishes(p) == []
+
+
+def test_qos2_messages_a_clean_member_was_given_are_not_given_again_after_a_crash(broker,
+                                                                                    uid):
+    """The exchange journal records a group's QoS 2 hand-outs to clean members too: the log's
+    replay after the snapshot does not give them to another member (exactly once; one in
+    flight to the clean member stays with it, MQTT-4.8.2-5, and is lost with its session)."""
+    b = broker()
+    _three_to_a_clean_member(b, uid)
+    _after_the_crash(broker, b, uid)
+
+
+def test_a_snapshot_keeps_the_record_of_a_qos2_message_in_flight_to_a_clean_member(broker,
+                                                                                    uid):
+    """A snapshot taken while the clean member holds the messages (a new journal file) still
+    lets the restart count the one in flight as lost, and give none of them again."""
+    b = broker()
+    _three_to_a_clean_member(b, uid)
+    later = b.client(f"{uid}-later", clean=False)   # a change: the next snapshot lists it
+    later.subscribe(f"{uid}/other", qos=1)
+    wait_for_snapshot(b.config["data_dir"], f"{uid}-later", pred=lambda s: s["subscriptions"])
+    _after_the_crash(broker, b, uid)
