@@ -78,7 +78,7 @@ class Group:
     """The members of one shared subscription and the messages none could take yet."""
 
     __slots__ = ("key", "name", "filter", "filter_bytes", "members", "ring", "turn", "queue",
-                 "queue_bytes", "cursor", "done", "gap_warned", "dropped", "dropped0")
+                 "queue_bytes", "cursor", "done", "aged", "dropped", "dropped0")
 
     def __init__(self, key: str, name: str, topic_filter: str):
         self.key = key                  # "$share/<name>/<filter>"
@@ -93,6 +93,8 @@ class Group:
         self.queue_bytes = 0
         self.cursor: int | None = None  # behind: the log offset it reads from next
         self.done: set[int] | None = None  # offsets a member was sent before a restart
+        self.aged = -1                  # records skipped for max_session_lag_age after the
+        #                                 logged move (-1: none logged yet)
         # Dropped in the current episode: past max_queued_* (until the backlog drains), and
         # QoS 0 with no member to take it (until one takes one); each episode logged twice.
         self.dropped = 0

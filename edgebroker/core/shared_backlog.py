@@ -85,6 +85,11 @@ class SharedBacklog:
         return True
 
     def _shared_caught_up(self, group: Group) -> None:
+        if group.aged > 0:
+            log.warning("shared subscription %r caught up with the log; %d more records were "
+                        "lost to it for max_session_lag_age after the move logged", group.key,
+                        group.aged)
+        group.aged = -1
         group.cursor = None
         self.stats.shared_caught_up += 1
 
@@ -94,14 +99,18 @@ class SharedBacklog:
             if group.cursor is not None and self.groups.get(group.key) is group:
                 self._drain(group)
 
-    def _skip_shared(self, group: Group, offset: int, why: str) -> None:
+    def _skip_shared(self, group: Group, offset: int, why: str) -> int:
+        """Move ``group``'s cursor forward to ``offset``: a gap, counted and logged (not when
+        ``why`` is empty); the number of records lost."""
         lost = offset - group.cursor
         if lost <= 0:
-            return
+            return 0
         self.drop("log_gap", None, lost)
-        log.warning("shared subscription %r: log records %d to %d are lost to it (%s): it "
-                    "goes on from %d", group.key, group.cursor, offset - 1, why, offset)
+        if why:
+            log.warning("shared subscription %r: log records %d to %d are lost to it (%s): it "
+                        "goes on from %d", group.key, group.cursor, offset - 1, why, offset)
         group.cursor = offset
+        return lost
 
     def check_shared_cursors(self) -> None:
         """Periodic, after ``check_cursors``: move group cursors that retention or
@@ -120,9 +129,14 @@ class SharedBacklog:
                 if group.cursor < first:
                     self._skip_shared(group, first, "retention deleted its segments: the log "
                                                     "was over retention_bytes")
-                if group.cursor < oldest:
+                if group.cursor < oldest and group.aged >= 0:   # moved every second
+                    group.aged += self._skip_shared(group, oldest, "")
+                elif group.cursor < oldest:
                     self._skip_shared(group, oldest, f"its cursor was older than "
-                                                     f"max_session_lag_age ({max_age:g} s)")
+                                                     f"max_session_lag_age ({max_age:g} s); "
+                                                     f"the next moves are counted, logged "
+                                                     f"when it catches up")
+                    group.aged = 0
             if group.backlog:
                 floor = group.floor()
                 if floor < hold:

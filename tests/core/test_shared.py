@@ -193,6 +193,33 @@ def test_backlog_beyond_memory_is_read_from_the_log_in_order(broker, uid):
     assert c.recv_publish().payload == b"live"
 
 
+def test_max_session_lag_age_moves_a_group_cursor_logged_once_per_episode(broker, uid):
+    """A group reading its backlog from the log while its member is away has its cursor
+    moved every second by max_session_lag_age: each move wrote a warning. The first is
+    logged, the next ones counted, their number logged when the group catches up."""
+    b = broker(limits={"max_session_lag_age": 1.0})
+    share = f"$share/g/{uid}/t"
+    c = member(b, f"{uid}-m", share, clean=False)
+    c.disconnect()
+    pub = b.client(f"{uid}-p")
+    mark = b.mark()
+    for i in range(300):                    # past the 256 in memory: read from the log
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    for i in range(300, 316):               # 4 s: the cursor is moved several times
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+        time.sleep(0.25)
+    lines = [ln for ln in b.logs[mark:] if share in ln and "lost to it" in ln]
+    assert len(lines) == 1 and "the next moves are counted" in lines[0], lines
+    back = member(b, f"{uid}-m", share, clean=False)
+    got = []
+    deadline = time.monotonic() + 20
+    while not got or int(got[-1]) < 315:
+        assert time.monotonic() < deadline, got[-3:]
+        got.append(back.recv_publish().payload)
+    assert b.wait_log(lambda ln: f"shared subscription {share!r} caught up with the log; "
+                      in ln and "more records were lost to it" in ln, start=mark)
+
+
 def test_a_group_ending_counts_the_backlog_it_had_still_to_read_from_the_log(broker, uid):
     """The last member's session ends while the group reads its backlog from the log: every
     message it had not handed out is counted as shared_left, not only those in memory."""
