@@ -51,20 +51,26 @@ class Persistence:
         # the live offset; a restart replays from there.
         result = snap.Snapshot(log_next_offset=self.live_offset() if journal is not None else 0,
                                written_ms=journal.wall_ms() if journal is not None else 0)
+        unsafe: dict[str, dict[int, int]] = {}
         if self.exchanges is not None:
             result.exchanges = self.exchanges.rotate()
+            for offset, client_id, pid in self.exchanges.unsafe:
+                unsafe.setdefault(client_id, {})[pid] = offset
         sessions = result.sessions
         now = self.clock()
         for session in self.sessions.values():
             if session.clean:
                 continue
             state = session.saved
-            if (state is None or session.client is not None
+            held = unsafe.get(session.client_id) if unsafe else None
+            if (state is None or session.client is not None or held is not None
                     or session.cursor is not None and state.cursor != session.cursor.offset):
                 state = self._session_state(session, now, result.written_ms)
                 if session.shared is not None:
                     self.shared_session_state(session, state)
-                if session.client is None:
+                if held is not None:
+                    self._leave_unsafe_out(session, state, held)
+                elif session.client is None:
                     session.saved = state
             sessions.append(state)
         retained = self.retained
@@ -86,6 +92,19 @@ class Persistence:
         self._snapshot_dirty = False
         self._snapshot_offset = next_offset
         return result
+
+    def _leave_unsafe_out(self, session: Session, state: snap.SessionState,
+                          held: dict[int, int]) -> None:
+        """Inbound QoS 2 packet ids whose log record is not safe yet (written to the OS, or
+        fsynced with ``durability = "sync"``: its PUBREC waits) stay out of the snapshot: a
+        crash may lose that record, and the publisher's re-send (DUP) must then be logged,
+        not taken for a duplicate. Their ``I`` records go to the exchange journal's new file
+        instead, which a restart applies only when the log holds their offset."""
+        awaiting = session.awaiting_release
+        state.awaiting_release = [p for p in state.awaiting_release if p not in held]
+        for pid, offset in held.items():
+            if pid in awaiting:
+                self.exchanges.carry(session.client_id, pid, offset)
 
     @staticmethod
     def _session_state(session: Session, now: float, written_ms: int) -> snap.SessionState:
