@@ -207,7 +207,8 @@ class Timers:
             return
         next_offset = journal.log.next_offset if journal is not None else 0
         exchanges = self.exchanges
-        if ((self._snapshot_dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
+        dirty = self._snapshot_dirty or self.retained_changed()
+        if ((dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
                 or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)
                 or exchanges is not None and exchanges.full):
             self.submit_snapshot(self.capture())
