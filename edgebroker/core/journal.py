@@ -174,7 +174,7 @@ class Journal:
                 "written_offset": cl.written_offset, "durable_offset": cl.durable_offset,
                 "pending_bytes": cl.pending_bytes, "writes": cl.counters.writes,
                 "acks_waiting": len(self._acks),
-                "writing": not self.failing,
+                "writing": not self.failing, "retention_waits": cl.retention_waits,
                 "fsyncs": flusher.syncs if flusher is not None else 0,
                 "fsync_errors": flusher.errors if flusher is not None else 0}
 

@@ -25,6 +25,8 @@ log = logging.getLogger("edgebroker.broker")
 # at start).
 SNAPSHOT_DEBOUNCE = 1.0
 SNAPSHOT_EVERY = 30.0
+# retention_bytes waits at most this long for a snapshot covering the records it would delete.
+RETENTION_WAIT = 5.0
 
 
 class Persistence:
@@ -36,6 +38,14 @@ class Persistence:
         self._snapshot_at = self.started      # when the last snapshot was taken
         self._snapshot_offset = commit_log.next_offset if commit_log is not None else 0
         self._retained_saved: dict[str, snap.RetainedState] = {}  # topic -> state (capture)
+        self.snapshot_writer = None           # set by the server: its ``saved_offset``
+        # The replay offset of the snapshot on disk (the restored one until one is written),
+        # since when retention_bytes waits for a newer one, and (it stopped waiting: the
+        # snapshot could not be written in time) that offset, until a snapshot is written.
+        self._saved_offset = 0
+        self._retention_waiting: float | None = None
+        self._unsaved_going: int | None = None
+        self._unsaved_counted = 0
 
     def capture(self) -> snap.Snapshot:
         """The state a restart needs: persistent sessions by log offset, retained messages.
@@ -105,6 +115,52 @@ class Persistence:
         for pid, offset in held.items():
             if pid in awaiting:
                 self.exchanges.carry(session.client_id, pid, offset)
+
+    def hold_for_snapshot(self, commit_log, now: float) -> bool:
+        """Before retention (``_maintain``): it deletes no log record the snapshot on disk
+        does not cover, as a restart replays them (a retained message set there is only in
+        the log until the next snapshot). True when the disk limit waits for a snapshot: take
+        one now. After ``RETENTION_WAIT`` s, or at once while snapshots cannot be written,
+        retention_bytes deletes them all the same: logged once, counted per record."""
+        writer = self.snapshot_writer
+        if writer is None:
+            return False
+        if writer.saved_offset is not None:
+            self._saved_offset = writer.saved_offset
+        saved = commit_log.saved_offset = self._saved_offset
+        if self._unsaved_going is not None:
+            if saved == self._unsaved_going:
+                return False
+            self._unsaved_going = None
+            commit_log.unsaved_may_go = False
+            log.warning("session snapshot written again (log offset %d): retention_bytes waits "
+                        "for it again", saved)
+        if not commit_log.retention_waits:
+            self._retention_waiting = None
+            return False
+        if self._retention_waiting is None:
+            self._retention_waiting = now
+            log.debug("retention_bytes waits for a session snapshot covering the log records from "
+                     "offset %d on before it deletes them (at most %g s)", saved, RETENTION_WAIT)
+        waited = now - self._retention_waiting
+        if not writer.failing and waited < RETENTION_WAIT:
+            return True
+        self._unsaved_going = saved
+        commit_log.unsaved_may_go = True
+        log.warning("retention_bytes deletes log records from offset %d on, which the session "
+                    "snapshot does not cover yet (%s): a crash before the next snapshot is "
+                    "written loses the retained messages set in them (counted in "
+                    "retention_unsaved_records)", saved,
+                    "it cannot be written" if writer.failing
+                    else f"none written for {waited:.1f} s")
+        return False
+
+    def count_unsaved(self, commit_log) -> None:
+        """After retention: the records it deleted that no snapshot covered."""
+        deleted = commit_log.counters.unsaved_deleted_records
+        if deleted != self._unsaved_counted:
+            self.stats.retention_unsaved_records += deleted - self._unsaved_counted
+            self._unsaved_counted = deleted
 
     def retained_changed(self) -> bool:
         """A retained message was set or cleared since the last snapshot (one of $SYS, which the
@@ -204,7 +260,7 @@ class Persistence:
                 session.drops = dict(s.drops)
             self._restore_cursor(session, s, state.log_next_offset)
         lost += self.restore_shared(state.shared, end)
-        self._snapshot_offset = state.log_next_offset
+        self._snapshot_offset = self._saved_offset = state.log_next_offset
         if end is not None:
             self.stats.publish_lost += lost
             log.warning("the session snapshot was taken at log offset %d but the log ends at %d "

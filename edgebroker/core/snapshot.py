@@ -296,6 +296,14 @@ class SnapshotWriter(threading.Thread):
         self._pending: Snapshot | None = None
         self._stopping = False
         self._failing = False
+        # The replay offset (``log_next_offset``) of the last snapshot written in this run: the
+        # core lets retention delete the log records before it (core.persistence).
+        self.saved_offset: int | None = None
+
+    @property
+    def failing(self) -> bool:
+        """The last snapshot could not be written."""
+        return self._failing
 
     def submit(self, data: Snapshot) -> None:
         with self._cond:
@@ -362,6 +370,7 @@ class SnapshotWriter(threading.Thread):
             return
         self.written += 1
         self._final_written = final
+        self.saved_offset = snapshot.log_next_offset
         self._last = (snapshot.written_ms, frozenset(s.client_id for s in snapshot.sessions))
         if self._failing:
             self._failing = False
