@@ -92,9 +92,10 @@ def apply_retention(self, now: int) -> None:
     opts = self.options
     # Without an uploader nothing is ever uploaded: retention by age applies to every segment.
     uploaded = self._uploaded if opts.wait_for_upload else 1 << 63
-    for seg, forced, reason in retention.plan(self._segments, uploaded, now,
-                                              opts.retention_bytes, opts.retention_ms,
-                                              self.hold_offset):
+    victims, self.retention_waits = retention.plan(
+        self._segments, uploaded, now, opts.retention_bytes, opts.retention_ms,
+        self.hold_offset, 1 << 63 if self.unsaved_may_go else self.saved_offset)
+    for seg, forced, reason in victims:
         self._delete_segment(seg, forced, reason)
 
 
@@ -112,6 +113,10 @@ def delete_segment(self, seg: Segment, forced: bool, reason: str) -> None:
         pass
     span = (f"offsets {seg.entry(0)[0]}..{seg.next_offset - 1}, {seg.count} records"
             if seg.count else "empty") + f", {seg.size} bytes"
+    unsaved = min(seg.count, max(0, seg.next_offset - self.saved_offset))
+    if unsaved:
+        self.counters.unsaved_deleted_records += unsaved
+        span += f"; {unsaved} of them not yet covered by the session snapshot"
     with self._lock:
         i = self._segments.index(seg)
         del self._segments[i]

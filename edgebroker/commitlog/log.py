@@ -104,6 +104,7 @@ class LogCounters:
     segments_deleted: int = 0
     forced_deletions: int = 0          # segments deleted before they were uploaded
     forced_deleted_records: int = 0
+    unsaved_deleted_records: int = 0   # deleted at or past ``saved_offset`` (retention.py)
     corrupt_regions: int = 0           # damaged regions found (each counted once)
     torn_bytes_truncated: int = 0
     index_rebuilds: int = 0
@@ -156,6 +157,13 @@ class CommitLog:
         # oldest record a session's cursor still needs (set by the core; the disk limit,
         # retention_bytes, still deletes them).
         self.hold_offset = 1 << 63
+        # Retention deletes no segment holding records at or past this offset: the broker's
+        # session snapshot on disk does not cover them yet (set by the core). ``retention_waits``
+        # (set by retention): the disk limit wants such a segment; ``unsaved_may_go`` (set by
+        # the core): it may take it all the same (counted in ``unsaved_deleted_records``).
+        self.saved_offset = 1 << 63
+        self.retention_waits = False
+        self.unsaved_may_go = False
         # Set by the broker when it uploads (``[upload] batch_max_age``): housekeeping also seals
         # the segment being written once its first record is this old, so a batch cut by age
         # is a sealed segment's end.

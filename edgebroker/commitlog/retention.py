@@ -11,6 +11,11 @@ Rules (docs/log-format.md, "Retention"):
   mark; the caller passes ``1 << 63`` when no uploader is configured), no session still needs it (every record's offset is below ``hold_offset``, the oldest
   cursor of a session that reads from the log) and its newest record is ``retention_ms`` or
   more old.
+* Neither rule deletes a segment holding records at or past ``saved_offset``: the broker's
+  session snapshot on disk does not cover them yet (a restart replays them: retained messages
+  set there live only in the log until then). When the disk limit wants such a segment the
+  plan says it waits; the broker then writes a snapshot, or (it cannot, in time) lets the
+  segment go by passing no ``saved_offset``, and counts what that deletes.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from collections.abc import Sequence
 
 
 def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes: int,
-         retention_ms: int, hold_offset: int = 1 << 63) -> list[tuple[object, bool, str]]:
-    """``(segment, forced, reason)`` for each segment to delete, oldest first."""
+         retention_ms: int, hold_offset: int = 1 << 63, saved_offset: int = 1 << 63
+         ) -> tuple[list[tuple[object, bool, str]], bool]:
+    """``(segment, forced, reason)`` for each segment to delete, oldest first; and whether
+    the disk limit waits for ``saved_offset`` to move."""
     victims = []
     total = sum(s.size + s.index_file_bytes for s in segments)
     for seg in segments[:-1]:
@@ -28,6 +35,8 @@ def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes:
             break
         uploaded = seg.next_offset <= uploaded_offset
         seg_bytes = seg.size + seg.index_file_bytes
+        if seg.next_offset > saved_offset:
+            return victims, total > retention_bytes
         if total > retention_bytes:
             victims.append((seg, not uploaded, f"the log is over retention_bytes "
                                                f"({total} > {retention_bytes} bytes)"))
@@ -38,4 +47,4 @@ def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes:
         else:
             break
         total -= seg_bytes
-    return victims
+    return victims, False

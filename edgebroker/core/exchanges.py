@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+from collections import deque
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -118,6 +119,10 @@ class ExchangeJournal:
         self.fd = -1            # opened at the first write
         self.failing = False
         self.torn = False       # the file may end in part of a line (see _cut_back)
+        # (log offset, client id, packet id) of the ``I`` records whose log record is not yet
+        # safe (its PUBREC waits: ``Journal.safe_offset``), oldest first: a snapshot leaves
+        # those ids out and writes their ``I`` records again in its new file (``carry``).
+        self.unsafe: deque = deque()
 
     # ----- records (the core thread, while handling packets) ----------------------------------
 
@@ -135,6 +140,19 @@ class ExchangeJournal:
         self.lines.append(json.dumps(["C", client_id, pid]))
 
     def received(self, client_id: str, pid: int, offset: int) -> None:
+        self.lines.append(json.dumps(["I", client_id, pid, offset]))
+        self.unsafe.append((offset, client_id, pid))
+
+    def settled(self, safe_offset: int) -> None:
+        """The log records below ``safe_offset`` are safe (``Journal``, as it releases their
+        acknowledgements): their ``I`` records no longer need carrying."""
+        unsafe = self.unsafe
+        while unsafe and unsafe[0][0] < safe_offset:
+            unsafe.popleft()
+
+    def carry(self, client_id: str, pid: int, offset: int) -> None:
+        """An ``I`` record again, in the file a snapshot just started (``rotate``): the
+        snapshot left its packet id out, its log record not being safe yet."""
         self.lines.append(json.dumps(["I", client_id, pid, offset]))
 
     def freed(self, client_id: str, pid: int) -> None:
@@ -214,6 +232,8 @@ class ExchangeJournal:
                 pass  # closed by a rotation meanwhile, or failing: the next one retries
 
     def close(self) -> None:
+        if self.lines:      # (at a stop: the records the final snapshot carried)
+            self.write()
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)

@@ -53,6 +53,11 @@ class Journal:
         self.exchanges = None
 
     @property
+    def safe_offset(self) -> int:
+        """Records below it are safe under ``durability``: their acknowledgements may go."""
+        return self._gate
+
+    @property
     def acks_waiting(self) -> int:
         return len(self._acks)
 
@@ -104,6 +109,8 @@ class Journal:
         if gate <= self._gate:
             return False
         self._gate = gate
+        if self.exchanges is not None and self.exchanges.unsafe:
+            self.exchanges.settled(gate)
         acks = self._acks
         released = bool(acks) and acks[0][0] < gate
         while acks and acks[0][0] < gate:
@@ -167,7 +174,7 @@ class Journal:
                 "written_offset": cl.written_offset, "durable_offset": cl.durable_offset,
                 "pending_bytes": cl.pending_bytes, "writes": cl.counters.writes,
                 "acks_waiting": len(self._acks),
-                "writing": not self.failing,
+                "writing": not self.failing, "retention_waits": cl.retention_waits,
                 "fsyncs": flusher.syncs if flusher is not None else 0,
                 "fsync_errors": flusher.errors if flusher is not None else 0}
 

@@ -2,7 +2,7 @@
 
 Persistent sessions are kept by log offset (and size), never by payload; retained
 messages whole. ``capture`` is taken by ``Broker._maintain`` (core.timers) when
-sessions or subscriptions changed (``_snapshot_dirty``), at most every
+sessions or subscriptions changed (``_snapshot_dirty``) or a retained message did, at most every
 ``SNAPSHOT_DEBOUNCE`` seconds, and at least every ``SNAPSHOT_EVERY`` while
 messages flow; the server writes it (``submit_snapshot``). At start the server
 calls ``restore`` with the last snapshot, then ``replay`` with the log records
@@ -25,6 +25,8 @@ log = logging.getLogger("edgebroker.broker")
 # at start).
 SNAPSHOT_DEBOUNCE = 1.0
 SNAPSHOT_EVERY = 30.0
+# retention_bytes waits at most this long for a snapshot covering the records it would delete.
+RETENTION_WAIT = 5.0
 
 
 class Persistence:
@@ -36,6 +38,14 @@ class Persistence:
         self._snapshot_at = self.started      # when the last snapshot was taken
         self._snapshot_offset = commit_log.next_offset if commit_log is not None else 0
         self._retained_saved: dict[str, snap.RetainedState] = {}  # topic -> state (capture)
+        self.snapshot_writer = None           # set by the server: its ``saved_offset``
+        # The replay offset of the snapshot on disk (the restored one until one is written),
+        # since when retention_bytes waits for a newer one, and (it stopped waiting: the
+        # snapshot could not be written in time) that offset, until a snapshot is written.
+        self._saved_offset = 0
+        self._retention_waiting: float | None = None
+        self._unsaved_going: int | None = None
+        self._unsaved_counted = 0
 
     def capture(self) -> snap.Snapshot:
         """The state a restart needs: persistent sessions by log offset, retained messages.
@@ -52,8 +62,11 @@ class Persistence:
         result = snap.Snapshot(log_next_offset=self.live_offset() if journal is not None else 0,
                                written_ms=journal.wall_ms() if journal is not None else 0)
         exchanges = self.exchanges
+        unsafe: dict[str, dict[int, int]] = {}
         if exchanges is not None:
             result.exchanges = exchanges.rotate()
+            for offset, client_id, pid in exchanges.unsafe:
+                unsafe.setdefault(client_id, {})[pid] = offset
         sessions = result.sessions
         now = self.clock()
         for session in self.sessions.values():
@@ -62,12 +75,15 @@ class Persistence:
                     self.journal_shared_flight(session)
                 continue
             state = session.saved
-            if (state is None or session.client is not None
+            held = unsafe.get(session.client_id) if unsafe else None
+            if (state is None or session.client is not None or held is not None
                     or session.cursor is not None and state.cursor != session.cursor.offset):
                 state = self._session_state(session, now, result.written_ms)
                 if session.shared is not None:
                     self.shared_session_state(session, state)
-                if session.client is None:
+                if held is not None:
+                    self._leave_unsafe_out(session, state, held)
+                elif session.client is None:
                     session.saved = state
             sessions.append(state)
         retained = self.retained
@@ -89,6 +105,70 @@ class Persistence:
         self._snapshot_dirty = False
         self._snapshot_offset = next_offset
         return result
+
+    def _leave_unsafe_out(self, session: Session, state: snap.SessionState,
+                          held: dict[int, int]) -> None:
+        """Inbound QoS 2 packet ids whose log record is not safe yet (written to the OS, or
+        fsynced with ``durability = "sync"``: its PUBREC waits) stay out of the snapshot: a
+        crash may lose that record, and the publisher's re-send (DUP) must then be logged,
+        not taken for a duplicate. Their ``I`` records go to the exchange journal's new file
+        instead, which a restart applies only when the log holds their offset."""
+        awaiting = session.awaiting_release
+        state.awaiting_release = [p for p in state.awaiting_release if p not in held]
+        for pid, offset in held.items():
+            if pid in awaiting:
+                self.exchanges.carry(session.client_id, pid, offset)
+
+    def hold_for_snapshot(self, commit_log, now: float) -> bool:
+        """Before retention (``_maintain``): it deletes no log record the snapshot on disk
+        does not cover, as a restart replays them (a retained message set there is only in
+        the log until the next snapshot). True when the disk limit waits for a snapshot: take
+        one now. After ``RETENTION_WAIT`` s, or at once while snapshots cannot be written,
+        retention_bytes deletes them all the same: logged once, counted per record."""
+        writer = self.snapshot_writer
+        if writer is None:
+            return False
+        if writer.saved_offset is not None:
+            self._saved_offset = writer.saved_offset
+        saved = commit_log.saved_offset = self._saved_offset
+        if self._unsaved_going is not None:
+            if saved == self._unsaved_going:
+                return False
+            self._unsaved_going = None
+            commit_log.unsaved_may_go = False
+            log.warning("session snapshot written again (log offset %d): retention_bytes waits "
+                        "for it again", saved)
+        if not commit_log.retention_waits:
+            self._retention_waiting = None
+            return False
+        if self._retention_waiting is None:
+            self._retention_waiting = now
+            log.debug("retention_bytes waits for a session snapshot covering the log records from "
+                     "offset %d on before it deletes them (at most %g s)", saved, RETENTION_WAIT)
+        waited = now - self._retention_waiting
+        if not writer.failing and waited < RETENTION_WAIT:
+            return True
+        self._unsaved_going = saved
+        commit_log.unsaved_may_go = True
+        log.warning("retention_bytes deletes log records from offset %d on, which the session "
+                    "snapshot does not cover yet (%s): a crash before the next snapshot is "
+                    "written loses the retained messages set in them (counted in "
+                    "retention_unsaved_records)", saved,
+                    "it cannot be written" if writer.failing
+                    else f"none written for {waited:.1f} s")
+        return False
+
+    def count_unsaved(self, commit_log) -> None:
+        """After retention: the records it deleted that no snapshot covered."""
+        deleted = commit_log.counters.unsaved_deleted_records
+        if deleted != self._unsaved_counted:
+            self.stats.retention_unsaved_records += deleted - self._unsaved_counted
+            self._unsaved_counted = deleted
+
+    def retained_changed(self) -> bool:
+        """A retained message was set or cleared since the last snapshot (one of $SYS, which the
+        snapshot leaves out, does not count): it is saved within a second, as sessions are."""
+        return any(not topic.startswith("$SYS") for topic in self.retained.changed)
 
     @staticmethod
     def _session_state(session: Session, now: float, written_ms: int) -> snap.SessionState:
@@ -183,7 +263,7 @@ class Persistence:
                 session.drops = dict(s.drops)
             self._restore_cursor(session, s, state.log_next_offset)
         lost += self.restore_shared(state.shared, end)
-        self._snapshot_offset = state.log_next_offset
+        self._snapshot_offset = self._saved_offset = state.log_next_offset
         if end is not None:
             self.stats.publish_lost += lost
             log.warning("the session snapshot was taken at log offset %d but the log ends at %d "

@@ -216,6 +216,39 @@ def _offline_range(r) -> list:
     return [int(start), None if end is None else int(end)]
 
 
+def _ranged(s: SessionState, path: str) -> SessionState:
+    """``s`` without the entries whose values are out of range (a packet id past 65535, a
+    QoS past 2, a negative offset: a snapshot damaged, or edited by hand), each kind logged
+    once with the file, the session and what was dropped; the rest is kept."""
+    dropped = []
+
+    def keep(what: str, entries: list, ok) -> list:
+        kept = [e for e in entries if ok(e)]
+        if len(kept) != len(entries):
+            bad = [e for e in entries if not ok(e)]
+            dropped.append(f"{len(bad)} {what} entries such as {list(bad[0])!r}"
+                           if isinstance(bad[0], tuple) else f"{what} {bad[:5]}")
+        return kept
+    s.inflight = keep("inflight", s.inflight, lambda e: 0 < e[0] < 65536 and e[1] >= 0
+                      and e[2] in (1, 2) and e[4] in (0, 1) and e[5] >= 0)
+    s.queue = keep("queue", s.queue, lambda e: e[0] >= 0 and e[1] in (0, 1, 2) and e[3] >= 0)
+    s.awaiting_release = keep("awaiting_release", s.awaiting_release, lambda p: 0 < p < 65536)
+    bad_subs = sorted(f for f, q in s.subscriptions.items() if q not in (0, 1, 2))
+    if bad_subs:
+        dropped.append(f"subscriptions with a QoS past 2: {bad_subs[:5]}")
+        s.subscriptions = {f: q for f, q in s.subscriptions.items() if q in (0, 1, 2)}
+    if not 0 <= s.next_id < 65536:
+        dropped.append(f"next_id {s.next_id}")
+        s.next_id = 0
+    if s.cursor is not None and s.cursor < 0:
+        dropped.append(f"cursor {s.cursor} (it reads from the snapshot's offset)")
+        s.cursor = None
+    if dropped:
+        log.error("%s: session %r: values out of range left out: %s", path, s.client_id,
+                  "; ".join(dropped))
+    return s
+
+
 def decode(data: bytes, path: str = FILENAME) -> Snapshot:
     try:
         doc = json.loads(data)
@@ -230,7 +263,7 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                         written_ms=int(doc.get("written_ms", 0)),
                         exchanges=None if exchanges is None else int(exchanges))
         for s in doc["sessions"]:
-            snap.sessions.append(SessionState(
+            snap.sessions.append(_ranged(SessionState(
                 client_id=str(s["client_id"]),
                 subscriptions={str(f): int(q) for f, q in s["subscriptions"]},
                 inflight=[_inflight_entry(e) for e in s["inflight"]],
@@ -244,9 +277,13 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 done=[int(o) for o in s.get("done", ())],
                 offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
                 expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
-                sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())}))
+                sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())}), path))
         for r in doc["retained"]:
             offset = r.get("offset")
+            if int(r["qos"]) not in (0, 1, 2) or offset is not None and int(offset) < 0:
+                log.error("%s: retained message %r: QoS %r or offset %r out of range; left out",
+                          path, r["topic"], r["qos"], offset)
+                continue
             snap.retained.append(RetainedState(
                 topic=str(r["topic"]), qos=int(r["qos"]),
                 payload=binascii.a2b_base64(r["payload"], strict_mode=True),
@@ -296,6 +333,14 @@ class SnapshotWriter(threading.Thread):
         self._pending: Snapshot | None = None
         self._stopping = False
         self._failing = False
+        # The replay offset (``log_next_offset``) of the last snapshot written in this run: the
+        # core lets retention delete the log records before it (core.persistence).
+        self.saved_offset: int | None = None
+
+    @property
+    def failing(self) -> bool:
+        """The last snapshot could not be written."""
+        return self._failing
 
     def submit(self, data: Snapshot) -> None:
         with self._cond:
@@ -362,6 +407,7 @@ class SnapshotWriter(threading.Thread):
             return
         self.written += 1
         self._final_written = final
+        self.saved_offset = snapshot.log_next_offset
         self._last = (snapshot.written_ms, frozenset(s.client_id for s in snapshot.sessions))
         if self._failing:
             self._failing = False

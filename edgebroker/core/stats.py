@@ -45,6 +45,8 @@ class Stats:
                  "sessions_fell_behind", "sessions_caught_up",
                  # QoS 2 exchange journal writes that failed (core.exchanges)
                  "exchange_write_errors",
+                 # log records retention_bytes deleted before a session snapshot covered them
+                 "retention_unsaved_records",
                  # the topic table (core.limits.TopicTable): topics evicted for new ones
                  "topics_evicted",
                  # offline persistent sessions removed by persistent_client_expiration

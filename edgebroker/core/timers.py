@@ -199,15 +199,20 @@ class Timers:
                 hold = consumer.hold()
                 if hold < journal.log.hold_offset:
                     journal.log.hold_offset = hold
+            wanted = self.hold_for_snapshot(journal.log, now)
             try:
                 journal.log.housekeeping()
             except Exception:
                 log.exception("commit log housekeeping failed")
+            self.count_unsaved(journal.log)
+        else:
+            wanted = False
         if self.submit_snapshot is None:
             return
         next_offset = journal.log.next_offset if journal is not None else 0
         exchanges = self.exchanges
-        if ((self._snapshot_dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
+        dirty = self._snapshot_dirty or wanted or self.retained_changed()
+        if ((dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
                 or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)
                 or exchanges is not None and exchanges.full):
             self.submit_snapshot(self.capture())

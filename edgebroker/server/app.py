@@ -176,6 +176,7 @@ class App(DescriptorRoom, Reloading):
         self.flusher.also_sync = exchanges.sync
         self.snapshots = snap.SnapshotWriter(self.state_dir)
         self.broker.submit_snapshot = self.snapshots.submit
+        self.broker.snapshot_writer = self.snapshots
         self.loop.broker = self.broker
         self.broker.busy_poll = self.loop.busy_poll
         self.broker.cpu_contention = self.loop.contention

@@ -136,6 +136,6 @@ def test_age_retention_waits_for_the_oldest_cursor_the_disk_limit_does_not(tmp_p
     log.housekeeping()
     assert log.first_offset == segments[2].base_offset   # the two before it went
     # The plan itself: the disk limit deletes under a cursor (forced when not uploaded).
-    plan = retention.plan(log._segments, 0, clock.now, 4096, 1000, hold_offset=0)
+    plan, _ = retention.plan(log._segments, 0, clock.now, 4096, 1000, hold_offset=0)
     assert plan and all(forced for _, forced, _ in plan)
     log.close()
