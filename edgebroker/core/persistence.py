@@ -2,7 +2,7 @@
 
 Persistent sessions are kept by log offset (and size), never by payload; retained
 messages whole. ``capture`` is taken by ``Broker._maintain`` (core.timers) when
-sessions or subscriptions changed (``_snapshot_dirty``) or a retained message did, at most every
+sessions or subscriptions changed (``_snapshot_dirty``), at most every
 ``SNAPSHOT_DEBOUNCE`` seconds, and at least every ``SNAPSHOT_EVERY`` while
 messages flow; the server writes it (``submit_snapshot``). At start the server
 calls ``restore`` with the last snapshot, then ``replay`` with the log records
@@ -164,11 +164,6 @@ class Persistence:
         if deleted != self._unsaved_counted:
             self.stats.retention_unsaved_records += deleted - self._unsaved_counted
             self._unsaved_counted = deleted
-
-    def retained_changed(self) -> bool:
-        """A retained message was set or cleared since the last snapshot (one of $SYS, which the
-        snapshot leaves out, does not count): it is saved within a second, as sessions are."""
-        return any(not topic.startswith("$SYS") for topic in self.retained.changed)
 
     @staticmethod
     def _session_state(session: Session, now: float, written_ms: int) -> snap.SessionState:

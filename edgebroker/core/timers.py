@@ -211,7 +211,7 @@ class Timers:
             return
         next_offset = journal.log.next_offset if journal is not None else 0
         exchanges = self.exchanges
-        dirty = self._snapshot_dirty or wanted or self.retained_changed()
+        dirty = self._snapshot_dirty or wanted
         if ((dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
                 or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)
                 or exchanges is not None and exchanges.full):

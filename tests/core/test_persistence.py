@@ -65,39 +65,6 @@ def test_retained_messages_survive_a_restart(broker, uid):
     assert c.ping() == [], "a cleared retained message came back"
 
 
-def _snapshot_when(data_dir: str, pred, timeout: float) -> dict | None:
-    """The snapshot on disk once ``pred`` holds for it, None if not within ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        try:
-            with open(f"{data_dir}/sessions.json") as fh:
-                doc = json.load(fh)
-        except (FileNotFoundError, ValueError):
-            doc = None
-        if doc is not None and pred(doc):
-            return doc
-        pause.wait(0.05)
-    return None
-
-
-def test_retained_change_is_in_the_snapshot_within_a_second(broker, uid):
-    """As a session change: not only with the 30 s snapshot (a crash meanwhile replays the
-    log from the last snapshot, and retention may have deleted the record by then)."""
-    b = broker()
-    data_dir = b.config["data_dir"]
-    pub = b.client(f"{uid}-p")
-    pub.publish(f"{uid}/keep", b"kept", qos=1, retain=True)
-
-    def topics(doc):
-        return {r["topic"] for r in doc["retained"]}
-    assert _snapshot_when(data_dir, lambda d: f"{uid}/keep" in topics(d), 3), \
-        "a retained message set is not in the snapshot 3 s later"
-    pub.publish(f"{uid}/keep", b"", qos=1, retain=True)
-    assert _snapshot_when(data_dir, lambda d: f"{uid}/keep" not in topics(d), 3), \
-        "a retained message cleared is still in the snapshot 3 s later"
-
-
 def test_unacknowledged_message_is_resent_with_dup_after_restart(broker, uid):
     b = broker()
     sub = b.client(f"{uid}-s", clean=False)
