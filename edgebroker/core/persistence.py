@@ -158,6 +158,14 @@ class Persistence:
                     else f"none written for {waited:.1f} s")
         return False
 
+    def hold_unsaved_from_start(self) -> None:
+        """At start, before the first maintenance: retention keeps the log records the
+        snapshot on disk (the one restored, or none) does not cover, as
+        ``hold_for_snapshot`` does from then on (a segment rolled in the first second would
+        otherwise go, with the retained messages set in it)."""
+        if self.journal is not None:
+            self.journal.log.saved_offset = self._saved_offset
+
     def count_unsaved(self, commit_log) -> None:
         """After retention: the records it deleted that no snapshot covered."""
         deleted = commit_log.counters.unsaved_deleted_records

@@ -218,6 +218,7 @@ class App(DescriptorRoom, Reloading):
                      self.broker.retained.count, replayed, start, time.monotonic() - started)
         # A snapshot exists from now on, so a crash before the first change
         # still replays the log from here.
+        self.broker.hold_unsaved_from_start()
         self.snapshots.submit(self.broker.capture())
 
     def _on_durable(self, offset: int) -> None:

@@ -44,16 +44,17 @@ def _until(pred, timeout: float, what: str):
 
 def _retained_then_traffic(b, uid, flag: Path):
     """A retained message acknowledged while the snapshot writer is held, then about 300 KB
-    of messages: retention_bytes (64 KiB) wants the segment that holds it."""
+    of messages: retention_bytes (64 KiB) wants the segment that holds it, so the broker
+    asks for a snapshot, which waits in its fsync."""
     _until(lambda: Path(b.config["data_dir"], "sessions.json").exists(), 10,
            "the start's snapshot")
     flag.touch()
     pub = b.client(f"{uid}-p")
     pub.publish(f"{uid}/cfg", b"21.5", qos=1, retain=True)        # PUBACK received
-    _until(lambda: Path(f"{flag}.waiting").exists(), 5, "a snapshot being written")
     for _ in range(300):
         pub.publish(f"{uid}/data", b"z" * 1000, qos=1)
     pub.disconnect()
+    _until(lambda: Path(f"{flag}.waiting").exists(), 5, "a snapshot being written")
 
 
 def _retained_after_restart(broker, b, uid) -> list:
