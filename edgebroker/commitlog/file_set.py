@@ -233,9 +233,11 @@ def upload_backlog(self, start: int) -> tuple[int, int, int | None, int]:
 
 def descriptors_at_retention(self) -> tuple[int, int]:
     """(segments, descriptors) of the log once it holds as many segments as
-    ``retention_bytes`` allows (at least what it holds now)."""
+    ``retention_bytes`` allows, and those it may hold past it while retention waits for a
+    session snapshot (retention.py; at least what it holds now)."""
     opts = self.options
-    segments = max(len(self._segments), opts.retention_bytes // opts.segment_bytes + 1)
+    segments = max(len(self._segments), opts.retention_bytes // opts.segment_bytes + 1
+                   + retention.SNAPSHOT_WAIT_SEGMENTS)
     return segments, max(self.descriptors_held(), SEGMENT_DESCRIPTORS * segments + 1)
 
 

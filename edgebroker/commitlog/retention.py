@@ -8,19 +8,26 @@ Rules (docs/log-format.md, "Retention"):
   disk limit wins. A segment deleted before it was uploaded is *forced*; the caller counts and
   logs it.
 * Otherwise a segment goes when it was uploaded (every record's offset is below the uploaded
-  mark; the caller passes ``1 << 63`` when no uploader is configured), no session still needs it (every record's offset is below ``hold_offset``, the oldest
-  cursor of a session that reads from the log) and its newest record is ``retention_ms`` or
-  more old.
+  mark; the caller passes ``1 << 63`` when no uploader is configured), no session still needs
+  it (every record's offset is below ``hold_offset``, the oldest cursor of a session that
+  reads from the log) and its newest record is ``retention_ms`` or more old.
 * Neither rule deletes a segment holding records at or past ``saved_offset``: the broker's
   session snapshot on disk does not cover them yet (a restart replays them: retained messages
   set there live only in the log until then). When the disk limit wants such a segment the
   plan says it waits; the broker then writes a snapshot, or (it cannot, in time) lets the
-  segment go by passing no ``saved_offset``, and counts what that deletes.
+  segment go by passing no ``saved_offset``, and counts what that deletes. The disk limit
+  waits only while the log is over ``retention_bytes`` by at most ``SNAPSHOT_WAIT_SEGMENTS``
+  segments (each holds descriptors the open files budget counts: file_set's
+  ``descriptors_at_retention``); a burst faster than that deletes them all the same,
+  counted as the caller counts any record deleted at or past ``saved_offset``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+# Segments the log may grow past retention_bytes while the disk limit waits for a snapshot.
+SNAPSHOT_WAIT_SEGMENTS = 2
 
 
 def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes: int,
@@ -29,13 +36,15 @@ def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes:
     """``(segment, forced, reason)`` for each segment to delete, oldest first; and whether
     the disk limit waits for ``saved_offset`` to move."""
     victims = []
-    total = sum(s.size + s.index_file_bytes for s in segments)
+    sizes = [s.size + s.index_file_bytes for s in segments]
+    total = sum(sizes)
+    may_wait = SNAPSHOT_WAIT_SEGMENTS * max(sizes, default=0)   # past retention_bytes
     for seg in segments[:-1]:
         if not seg.sealed:
             break
         uploaded = seg.next_offset <= uploaded_offset
         seg_bytes = seg.size + seg.index_file_bytes
-        if seg.next_offset > saved_offset:
+        if seg.next_offset > saved_offset and total - retention_bytes <= may_wait:
             return victims, total > retention_bytes
         if total > retention_bytes:
             victims.append((seg, not uploaded, f"the log is over retention_bytes "

@@ -230,10 +230,11 @@ def test_open_files_limit_refuses_callers_before_the_broker_runs_out(broker, uid
         b = broker(log={"segment_bytes": 1 << 20, "retention_bytes": 4 << 20})
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    # At its retention the log holds 4 MiB / 1 MiB + 1 = 5 segments, 3 descriptors each, and
-    # the next segment's file, made ahead.
-    line = b.wait_log("the open files limit (160) leaves room for 80 sockets once the commit "
-                      "log holds 5 segments (16 descriptors)", timeout=1)
+    # At its retention the log holds 4 MiB / 1 MiB + 1 = 5 segments, 2 more while retention
+    # waits for a session snapshot (commitlog/retention.py), 3 descriptors each, and the next
+    # segment's file, made ahead.
+    line = b.wait_log("the open files limit (160) leaves room for 74 sockets once the commit "
+                      "log holds 7 segments (22 descriptors)", timeout=1)
     assert line and "fewer than max_connections (10000)" in line, b.log_text()
     # A new log holds no segment file yet: one for a sync's copy of its directory, one for the
     # next segment's file.
@@ -268,9 +269,9 @@ def test_open_files_limit_refuses_callers_before_the_broker_runs_out(broker, uid
     for _ in range(12):
         pub.publish(f"{uid}/big", b"x" * 600_000, qos=1)
     segs = sorted(p.name for p in Path(b.config["data_dir"]).glob("**/*.seg"))
-    assert 3 <= len(segs) <= 8 and segs[0] != f"{0:020d}.seg", segs   # rolled and deleted
+    assert 3 <= len(segs) <= 10 and segs[0] != f"{0:020d}.seg", segs  # rolled and deleted
     assert "Too many open files" not in b.log_text()
-    for c in clients[-50:]:              # the log now holds up to 8 segments' descriptors
+    for c in clients[-50:]:              # the log now holds up to 10 segments' descriptors
         c.disconnect()
     _wait_stats(b, lambda s: s["sockets_open"] == room - 50)
     again = b.client(f"{uid}-again")     # room again: connected normally

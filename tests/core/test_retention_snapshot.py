@@ -43,15 +43,16 @@ def _until(pred, timeout: float, what: str):
 
 
 def _retained_then_traffic(b, uid, flag: Path):
-    """A retained message acknowledged while the snapshot writer is held, then about 300 KB
+    """A retained message acknowledged while the snapshot writer is held, then about 45 KB
     of messages: retention_bytes (64 KiB) wants the segment that holds it, so the broker
-    asks for a snapshot, which waits in its fsync."""
+    asks for a snapshot, which waits in its fsync (the log over the limit by less than the
+    two segments it may grow past it meanwhile)."""
     _until(lambda: Path(b.config["data_dir"], "sessions.json").exists(), 10,
            "the start's snapshot")
     flag.touch()
     pub = b.client(f"{uid}-p")
     pub.publish(f"{uid}/cfg", b"21.5", qos=1, retain=True)        # PUBACK received
-    for _ in range(300):
+    for _ in range(45):
         pub.publish(f"{uid}/data", b"z" * 1000, qos=1)
     pub.disconnect()
     _until(lambda: Path(f"{flag}.waiting").exists(), 5, "a snapshot being written")
@@ -90,3 +91,24 @@ def test_retention_deletes_unsaved_records_after_a_while_counted_and_logged(
     # The snapshot written holds the retained message whole: a crash now keeps it.
     b.stop(9)
     assert _retained_after_restart(broker, b, uid) == [(f"{uid}/cfg", b"21.5")]
+
+
+def test_a_burst_past_the_wait_allowance_deletes_at_once_counted(broker, uid, held_snapshots):
+    """The log may grow past retention_bytes by two segments while retention waits (their
+    descriptors are in the open files budget): a burst beyond that deletes the oldest ones
+    at once, the records no snapshot covered counted and named in the deletion's line."""
+    b = broker(log=LOG)
+    _until(lambda: Path(b.config["data_dir"], "sessions.json").exists(), 10,
+           "the start's snapshot")
+    held_snapshots.touch()
+    pub = b.client(f"{uid}-p")
+    for _ in range(300):
+        pub.publish(f"{uid}/data", b"z" * 1000, qos=1)
+    assert pub.ping() == []
+    line = b.wait_log(lambda ln: "deleted segment" in ln and "not yet covered by the session "
+                      "snapshot" in ln, timeout=3)
+    assert line, b.log_text()
+    _until(lambda: b.stats()["counters"].get("retention_unsaved_records"), 3,
+           "retention_unsaved_records counted")
+    segments = len(list(Path(b.config["data_dir"], "log").glob("*.seg")))
+    assert segments <= 8, segments
