@@ -239,6 +239,28 @@ def read_batch_file(path: str) -> tuple[BatchHeader, list[Record]]:
     return header, parse_records(raw, header, path)
 
 
+def read_header_file(path: str) -> BatchHeader:
+    """The header of the batch file at ``path`` (checked; the records are not read)."""
+    try:
+        with open(path, "rb") as fh:
+            reader = zstandard.ZstdDecompressor().stream_reader(fh)
+            first = _read_exactly(reader, FIXED_SIZE, path, "the header")
+            hlen = struct.unpack_from("<H", first, 10)[0]
+            return decode_header(first + _read_exactly(reader, max(hlen - FIXED_SIZE, 0), path,
+                                                        "the header"), path)
+    except zstandard.ZstdError as exc:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
+    except OSError as exc:
+        raise BatchFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def records_id(header: BatchHeader) -> str:
+    """What names a batch's records whatever their compression: first and last offset, raw
+    length and raw CRC32C (``5-42-6144-1a2b3c4d``)."""
+    return (f"{header.first_offset}-{header.last_offset}-{header.raw_length}-"
+            f"{header.raw_crc32c:08x}")
+
+
 def _check_raw(raw: bytes, header: BatchHeader, path: str) -> None:
     if _native.crc32c(raw) != header.raw_crc32c:
         raise BatchFormatError(f"{path}: the records' checksum does not match the header")
@@ -291,6 +313,6 @@ def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
     return header, raw
 
 
-__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file",
+__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_header_file", "records_id",
            "read_batch_raw", "parse_records", "write_batch", "object_name", "check_gateway_id",
            "MAGIC", "BATCH_VERSION", "SUFFIX"]

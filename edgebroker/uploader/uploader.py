@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from edgebroker.files import write_small_file
 from edgebroker.rates import TokenBucket
 from edgebroker.uploader import cutter
-from edgebroker.uploader.batch import BatchFormatError, BatchHeader, read_batch_file
+from edgebroker.uploader.batch import (
+    BatchFormatError, BatchHeader, read_batch_file, records_id,
+)
 from edgebroker.uploader.configure import (  # noqa: F401  (also the uploader's names)
     default_gateway_id, gateway_id_of, open_sink,
 )
@@ -298,8 +300,7 @@ class Uploader:
         return True
 
     def _ship_and_mark(self, key: str, size: int, header: BatchHeader) -> None:
-        self._ship(key, size, f"{header.first_offset}-{header.last_offset}-{header.raw_length}-"
-                              f"{header.raw_crc32c:08x}")
+        self._ship(key, size, records_id(header))
         self.log.mark_uploaded(header.last_offset + 1)
         with self._lock:
             self.batches += 1
