@@ -39,7 +39,7 @@ from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
 from edgebroker.errors import ConfigError
-from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError
+from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError, piece_size
 
 MiB = 1024 * 1024
 IO_TIMEOUT = 30.0        # seconds a connect or one read/write may take
@@ -383,8 +383,9 @@ class S3Sink:
         with open(path, "rb") as fh:
             fh.seek(offset)
             left = length
+            step = piece_size(throttle)
             while left:
-                chunk = fh.read(min(CHUNK, left))
+                chunk = fh.read(min(step, left))
                 if not chunk:
                     raise OSError(f"{path} ends before {offset + length} bytes")
                 if throttle is not None:

@@ -3,7 +3,8 @@ same bytes again is a success and leaves one object).
 
 A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle, records_id)`` and
 ``close()``. ``put`` copies the local batch file ``path`` (``size`` bytes) to the object ``key``,
-calling ``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap); ``records_id`` names
+calling ``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap), ``n`` at most
+``piece_size(throttle)``, so that the waits stay short; ``records_id`` names
 the records the batch holds (offsets, raw length, CRC32C), so a sink that finds an object with
 other bytes under the name can tell the same records compressed by another zstd release from
 a conflict. It raises
@@ -117,8 +118,9 @@ class DirSink:
     @staticmethod
     def _copy(src, fd: int, path: str, size: int, throttle: Callable[[int], None]) -> None:
         copied = 0
+        step = piece_size(throttle)
         while copied < size:
-            chunk = src.read(min(COPY_CHUNK, size - copied))
+            chunk = src.read(min(step, size - copied))
             if not chunk:
                 raise TransientSinkError(f"{path}: the batch file ends at {copied} of {size} "
                                          f"bytes")
@@ -182,6 +184,13 @@ class DirSink:
         pass
 
 
+def piece_size(throttle) -> int:
+    """The most bytes to send between two calls of ``throttle``: its ``piece`` when it has one
+    (the uploader's Throttle, so that no wait in the middle of a request lasts long), else
+    COPY_CHUNK."""
+    return getattr(throttle, "piece", 0) or COPY_CHUNK
+
+
 def _same_bytes(dest: str, path: str, size: int) -> bool:
     if os.path.getsize(dest) != size:
         return False
@@ -211,4 +220,4 @@ def _unlink_quietly(path: str) -> None:
 
 
 __all__ = ["Sink", "DirSink", "SinkError", "TransientSinkError",
-           "PermanentSinkError"]
+           "PermanentSinkError", "piece_size"]

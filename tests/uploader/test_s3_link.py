@@ -1,0 +1,91 @@
+"""The s3 sink's connection to the store, against a small S3-like HTTP server on loopback that
+notes how each request body arrives: with a low ``upload_bandwidth`` the body keeps flowing
+(no long silence in the middle of a PUT, which a store ends with 400 RequestTimeout)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import mqttraw
+
+from .test_uploader import uploaded, wait_until
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # noqa: A002 (the stdlib's signature)
+        pass
+
+    def do_HEAD(self):
+        self.server.note(self.command, 0, 0.0)
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_PUT(self):
+        left = int(self.headers.get("Content-Length", 0))
+        last, longest = time.monotonic(), 0.0
+        while left:
+            data = self.rfile.read1(min(65536, left))
+            if not data:
+                return
+            now = time.monotonic()
+            longest, last = max(longest, now - last), now
+            left -= len(data)
+        self.server.note(self.command, int(self.headers["Content-Length"]), longest)
+        self.send_response(200)
+        self.send_header("ETag", '"x"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+class Store(ThreadingHTTPServer):
+    """Answers HEAD 404 and PUT 200; ``requests``: (method, body bytes, longest silence in
+    the body in seconds)."""
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.requests: list[tuple[str, int, float]] = []
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    def note(self, method: str, size: int, silence: float) -> None:
+        self.requests.append((method, size, silence))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def s3_upload(store: Store, **kw) -> dict:
+    return {"url": "s3://landing/p", "endpoint_url": store.url, "access_key_id": "AK",
+            "secret_access_key": "SK", "gateway_id": "gw-test", "batch_max_age": 1, **kw}
+
+
+def test_a_low_bandwidth_cap_keeps_the_body_flowing(broker):
+    """100 KB/s and one incompressible 300 KB batch: sent in 256 KiB pieces, the second waited
+    1.6 s in the middle of the PUT (at 10 KB/s, 25 s: the store gives up); in pieces of a
+    quarter of a second's worth, no silence reaches half a second."""
+    store = Store()
+    try:
+        b = broker(upload=s3_upload(store, upload_bandwidth=100_000))
+        c = b.client("pub")
+        c.send(mqttraw.publish("t", random.Random(7).randbytes(300_000), qos=1, packet_id=1))
+        c.expect(mqttraw.PUBACK, timeout=10)
+        c.close()
+        wait_until(lambda: uploaded(b) == 1, timeout=60, what="the batch uploaded")
+        puts = [r for r in store.requests if r[0] == "PUT"]
+        assert len(puts) == 1 and puts[0][1] > 300_000, store.requests
+        assert puts[0][2] < 0.5, f"the body stalled {puts[0][2]:.2f} s"
+        assert b.stats()["upload"]["retries"] == 0
+    finally:
+        store.close()
