@@ -3,7 +3,6 @@ and the checks of its URL and gateway id, which the uploader uses too."""
 
 from __future__ import annotations
 
-
 from edgebroker.config_fields import MiB, at_least, between, setting
 from edgebroker.records import record
 
@@ -39,11 +38,31 @@ def check_gateway_id(value):
 
 
 def _check_endpoint_url(value):
+    """Everything the s3 sink would stumble on at its first request: the scheme, a host, a
+    port that is a port (1 to 65535), no user, query or fragment."""
     if not value:
         return None
+    expected = "expected http://host:port or https://host:port"
+    bad_port = "the port must be a number from 1 to 65535"
     scheme, sep, rest = value.partition("://")
     if scheme not in ("http", "https") or not sep or not rest or rest.startswith("/"):
-        return "expected http://host:port or https://host:port"
+        return expected
+    # Imported here: urllib.parse brings ipaddress, which a broker without [upload] does not
+    # load (tests/server/test_lazy_imports.py).
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:   # a port that is no number or past 65535, a broken [IPv6]
+        return f"{expected}: " + (bad_port if "Port" in str(exc) else str(exc))
+    if not parts.hostname:
+        return f"{expected}: no host"
+    if port == 0:
+        return f"{expected}: {bad_port}"
+    if "@" in parts.netloc or parts.query or parts.fragment or "?" in value or "#" in value:
+        return f"{expected}, perhaps with a path: no user name, '?' or '#'"
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        return f"{expected}: no spaces or control characters"
     return None
 
 
