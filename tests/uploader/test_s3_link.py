@@ -1,6 +1,8 @@
 """The s3 sink's connection to the store, against a small S3-like HTTP server on loopback that
 notes how each request body arrives: with a low ``upload_bandwidth`` the body keeps flowing
-(no long silence in the middle of a PUT, which a store ends with 400 RequestTimeout)."""
+(no long silence in the middle of a PUT, which a store ends with 400 RequestTimeout); a
+kept-alive connection the store closed while idle is replaced at once, not counted as a
+failure."""
 
 from __future__ import annotations
 
@@ -41,15 +43,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("ETag", '"x"')
         self.send_header("Content-Length", "0")
         self.end_headers()
+        if self.server.close_after:
+            self.close_connection = True   # without saying so: as an idle timeout does
 
 
 class Store(ThreadingHTTPServer):
-    """Answers HEAD 404 and PUT 200; ``requests``: (method, body bytes, longest silence in
+    """Answers HEAD 404 and PUT 200 (``close_after``: then closes the connection, as a store
+    closes an idle one, without a ``Connection: close``); ``requests``: (method, body bytes, longest silence in
     the body in seconds)."""
     daemon_threads = True
 
-    def __init__(self):
+    def __init__(self, close_after: bool = False):
         super().__init__(("127.0.0.1", 0), _Handler)
+        self.close_after = close_after
         self.requests: list[tuple[str, int, float]] = []
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
@@ -87,5 +93,27 @@ def test_a_low_bandwidth_cap_keeps_the_body_flowing(broker):
         assert len(puts) == 1 and puts[0][1] > 300_000, store.requests
         assert puts[0][2] < 0.5, f"the body stalled {puts[0][2]:.2f} s"
         assert b.stats()["upload"]["retries"] == 0
+    finally:
+        store.close()
+
+
+def test_a_connection_the_store_closed_while_idle_is_replaced_at_once(broker):
+    """Three batches, the store closing the connection after each answer: each later batch's
+    PUT found the kept-alive connection closed ("Remote end closed connection without
+    response"), logged a warning and counted a retry; now it goes again at once on a new
+    connection."""
+    store = Store(close_after=True)
+    try:
+        b = broker(upload=s3_upload(store))
+        for i in range(3):
+            c = b.client(f"pub{i}")
+            c.send(mqttraw.publish("t", b"m%d" % i, qos=1, packet_id=1))
+            c.expect(mqttraw.PUBACK, timeout=10)
+            c.close()
+            wait_until(lambda: uploaded(b) == i + 1, what=f"batch {i}")
+        fig = b.stats()["upload"]
+        assert (fig["retries"], fig["last_error"]) == (0, ""), fig
+        assert [r[0] for r in store.requests] == ["PUT"] * 3
+        assert not [line for line in b.logs if "upload failed" in line]
     finally:
         store.close()
