@@ -43,6 +43,7 @@ from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
 from edgebroker.errors import ConfigError
+from edgebroker.upload_config import url_path
 from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError, piece_size
 
 MiB = 1024 * 1024
@@ -174,9 +175,8 @@ class Response:
 
 class S3Sink:
     def __init__(self, url: str, config, environ=os.environ):
-        parts = urlsplit(url)
-        self.bucket = parts.netloc
-        self.prefix = parts.path.strip("/")
+        self.bucket = urlsplit(url).netloc
+        self.prefix = url_path(url).strip("/")   # %XX decoded, as the dir sink's folder
         self.region = (config.region or environ.get("AWS_REGION")
                        or environ.get("AWS_DEFAULT_REGION") or "us-east-1")
         self.key_id, self.secret, self.token = credentials(config, environ)

@@ -93,3 +93,25 @@ def test_an_endpoint_url_that_would_fail_at_use_is_a_config_error(tmp_path, comm
     assert r.returncode == 2 and r.stderr.startswith(want), r.stderr
     assert problem in r.stderr and repr(endpoint) in r.stderr and "Traceback" not in r.stderr
     assert not (data / "log").exists()
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("s3://landing/a#frag", "'?' and '#' may not appear"),
+    ("s3://landing/q?x=1", "'?' and '#' may not appear"),
+    ("file:///srv/land#1", "'?' and '#' may not appear"),
+    ("file:///srv/land%zz", "'%' at '%zz' is not %XX"),
+    ("s3://landing/a%ff", "its %XX escapes are not UTF-8"),
+    ("file:///srv/a%00b", "its path holds a control character"),
+])
+def test_an_upload_url_whose_path_would_be_cut_or_misread_is_a_config_error(tmp_path, url,
+                                                                            problem):
+    """'#' and '?' passed, and both sinks cut the path there (s3://landing/a#frag stored under
+    a/, file:///srv/land#1 wrote to /srv/land)."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'data_dir = "{tmp_path / "data"}"\n[[listener]]\nport = 0\n[upload]\n'
+                    f'url = "{url}"\ngateway_id = "gw1"\naccess_key_id = "a"\n'
+                    f'secret_access_key = "b"\n')
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 2 and r.stderr.startswith(f"{ERROR}{path}: upload.url: {problem}"), \
+        r.stderr
+    assert r.stderr.rstrip().endswith(f"got {url!r}")

@@ -2,7 +2,7 @@
 notes how each request body arrives: with a low ``upload_bandwidth`` the body keeps flowing
 (no long silence in the middle of a PUT, which a store ends with 400 RequestTimeout); a
 kept-alive connection the store closed while idle is replaced at once, not counted as a
-failure."""
+failure; a URL's %XX mean the same to both sinks."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import random
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import quote
 
 import mqttraw
+from edgebroker.upload_config import UploadConfig
+from edgebroker.uploader.configure import open_sink
 
 from .test_uploader import uploaded, wait_until
 
@@ -23,7 +26,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_HEAD(self):
-        self.server.note(self.command, 0, 0.0)
+        self.server.note(self.command, 0, 0.0, self.path)
         self.send_response(404)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -38,7 +41,8 @@ class _Handler(BaseHTTPRequestHandler):
             now = time.monotonic()
             longest, last = max(longest, now - last), now
             left -= len(data)
-        self.server.note(self.command, int(self.headers["Content-Length"]), longest)
+        size = int(self.headers["Content-Length"])
+        self.server.note(self.command, size, longest, self.path)
         self.send_response(200)
         self.send_header("ETag", '"x"')
         self.send_header("Content-Length", "0")
@@ -49,19 +53,21 @@ class _Handler(BaseHTTPRequestHandler):
 
 class Store(ThreadingHTTPServer):
     """Answers HEAD 404 and PUT 200 (``close_after``: then closes the connection, as a store
-    closes an idle one, without a ``Connection: close``); ``requests``: (method, body bytes, longest silence in
-    the body in seconds)."""
+    closes an idle one, without a ``Connection: close``); ``requests``: (method, body bytes,
+    longest silence in the body in seconds); ``paths``: their targets."""
     daemon_threads = True
 
     def __init__(self, close_after: bool = False):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.close_after = close_after
         self.requests: list[tuple[str, int, float]] = []
+        self.paths: list[str] = []
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
 
-    def note(self, method: str, size: int, silence: float) -> None:
+    def note(self, method: str, size: int, silence: float, path: str) -> None:
         self.requests.append((method, size, silence))
+        self.paths.append(path)
 
     @property
     def url(self) -> str:
@@ -115,5 +121,27 @@ def test_a_connection_the_store_closed_while_idle_is_replaced_at_once(broker):
         assert (fig["retries"], fig["last_error"]) == (0, ""), fig
         assert [r[0] for r in store.requests] == ["PUT"] * 3
         assert not [line for line in b.logs if "upload failed" in line]
+    finally:
+        store.close()
+
+
+def test_both_sinks_decode_percent_escapes_of_the_url_alike(tmp_path):
+    """file:// decoded %XX (a%20b: the folder 'a b') while s3:// kept it (the prefix 'a%20b',
+    sent as a%2520b): both now take the URL's path decoded."""
+    store = Store()
+    try:
+        batch = tmp_path / "batch"
+        batch.write_bytes(b"x" * 10)
+        key = "gateway=g/date=2023-11-14/0-9.ebb.zst"
+        cfg = UploadConfig(url="s3://landing/a%20b/%C3%BC", endpoint_url=store.url,
+                           access_key_id="AK", secret_access_key="SK")
+        sink = open_sink(cfg)
+        sink.put(key, str(batch), 10, lambda n: None)
+        sink.close()
+        assert store.paths == ["/landing/a%20b/%C3%BC/" + quote(key, safe="/")]
+        (tmp_path / "land" / "a b" / "\u00fc").mkdir(parents=True)   # the landing folder
+        open_sink(UploadConfig(url=f"file://{tmp_path}/land/a%20b/%C3%BC")).put(
+            key, str(batch), 10, lambda n: None)
+        assert (tmp_path / "land" / "a b" / "\u00fc" / key).read_bytes() == b"x" * 10
     finally:
         store.close()
