@@ -440,6 +440,8 @@ class Uploader:
                 "permanent_errors": self.permanent_errors, "alarm": self.alarm,
                 "last_error": self.last_error, "last_error_time": self.last_error_time,
                 "last_success_time": self.last_success_time, "gap_offsets": self.gap_offsets,
+                "forced_deletions": self.log.counters.forced_deletions,
+                "forced_deleted_records": self.log.counters.forced_deleted_records,
                 "retry_in_seconds": max(0.0, self.retry_at - time.time()) if self.retry_at else 0.0,
                 "backlog_segments": segments, "backlog_bytes": nbytes,
                 "backlog_batches": backlog_batches(nbytes, segments, self.config.batch_bytes),
