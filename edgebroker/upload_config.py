@@ -3,15 +3,25 @@ and the checks of its URL and gateway id, which the uploader uses too."""
 
 from __future__ import annotations
 
-
 from edgebroker.config_fields import MiB, at_least, between, setting
 from edgebroker.records import record
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
 
 def check_upload_url(value):
-    """Empty (no uploading) or a sink URL this edgebroker has."""
+    """Empty (no uploading) or a sink URL this edgebroker has. Its path is decoded as a URL's
+    (``%20`` is a space, both sinks alike: ``url_path``); ``?`` and ``#`` would cut it short,
+    so they are refused, and so is a ``%`` that is not ``%XX`` of UTF-8."""
     if not value:
         return None
+    if "?" in value or "#" in value:
+        return ("'?' and '#' may not appear (a URL would end its path there); write them as "
+                "%3F and %23")
+    try:
+        url_path(value)
+    except ValueError as exc:
+        return str(exc)
     scheme, sep, rest = value.partition("://")
     if scheme == "s3" and sep:
         bucket = rest.partition("/")[0]
@@ -24,6 +34,26 @@ def check_upload_url(value):
     if scheme != "file" or not sep or not rest.startswith("/") or rest == "/":
         return "expected file:///path/to/landing (an absolute folder path, three slashes)"
     return None
+
+
+def url_path(url: str) -> str:
+    """The path of a sink URL with its %XX decoded (UTF-8); ValueError for a '%' that is not
+    '%XX' or bytes that are not UTF-8."""
+    from urllib.parse import unquote, urlsplit   # (imported here: see _check_endpoint_url)
+    path = urlsplit(url).path
+    i = path.find("%")
+    while i >= 0:
+        if not all(ch in _HEX for ch in path[i + 1:i + 3]) or len(path) < i + 3:
+            raise ValueError(f"'%' at {path[i:i + 3]!r} is not %XX (two hex digits; a '%' "
+                             f"itself is %25)")
+        i = path.find("%", i + 3)
+    try:
+        decoded = unquote(path, errors="strict")
+    except UnicodeDecodeError:
+        raise ValueError("its %XX escapes are not UTF-8") from None
+    if any(not ch.isprintable() for ch in decoded):
+        raise ValueError("its path holds a control character (spaces are fine)")
+    return decoded
 
 
 def check_gateway_id(value):
@@ -39,11 +69,31 @@ def check_gateway_id(value):
 
 
 def _check_endpoint_url(value):
+    """Everything the s3 sink would stumble on at its first request: the scheme, a host, a
+    port that is a port (1 to 65535), no user, query or fragment."""
     if not value:
         return None
+    expected = "expected http://host:port or https://host:port"
+    bad_port = "the port must be a number from 1 to 65535"
     scheme, sep, rest = value.partition("://")
     if scheme not in ("http", "https") or not sep or not rest or rest.startswith("/"):
-        return "expected http://host:port or https://host:port"
+        return expected
+    # Imported here: urllib.parse brings ipaddress, which a broker without [upload] does not
+    # load (tests/server/test_lazy_imports.py).
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:   # a port that is no number or past 65535, a broken [IPv6]
+        return f"{expected}: " + (bad_port if "Port" in str(exc) else str(exc))
+    if not parts.hostname:
+        return f"{expected}: no host"
+    if port == 0:
+        return f"{expected}: {bad_port}"
+    if "@" in parts.netloc or parts.query or parts.fragment or "?" in value or "#" in value:
+        return f"{expected}, perhaps with a path: no user name, '?' or '#'"
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        return f"{expected}: no spaces or control characters"
     return None
 
 

@@ -136,7 +136,8 @@ def delete_segment(self, seg: Segment, forced: bool, reason: str) -> None:
         self.counters.forced_deletions += 1
         self.counters.forced_deleted_records += lost
         log.warning("deleted segment %s (%s) before it was uploaded: %s; %d of its records "
-                    "were not uploaded", seg.path, span, reason, lost)
+                    "were not uploaded yet (a batch being uploaded may still carry some of them; "
+                    "the batches' gaps tell what was lost)", seg.path, span, reason, lost)
     else:
         log.info("deleted segment %s (%s): %s", seg.path, span, reason)
 

@@ -103,7 +103,7 @@ class LogCounters:
     segments_rolled: int = 0
     segments_deleted: int = 0
     forced_deletions: int = 0          # segments deleted before they were uploaded
-    forced_deleted_records: int = 0
+    forced_deleted_records: int = 0    # their records past the uploaded mark then
     unsaved_deleted_records: int = 0   # deleted at or past ``saved_offset`` (retention.py)
     corrupt_regions: int = 0           # damaged regions found (each counted once)
     torn_bytes_truncated: int = 0

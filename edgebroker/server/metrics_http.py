@@ -223,6 +223,11 @@ UPLOAD_METRICS = (
     ("edgebroker_upload_gap_offsets_total", "counter",
      "Offsets reported as never uploaded (deleted by retention_bytes before upload, damaged).",
      "gap_offsets"),
+    ("edgebroker_upload_forced_deletions_total", "counter",
+     "Segments retention_bytes deleted before they were uploaded.", "forced_deletions"),
+    ("edgebroker_upload_forced_deleted_records_total", "counter",
+     "Records in them not uploaded yet at the deletion (a batch being uploaded may still carry "
+     "some; gap_offsets counts what was lost).", "forced_deleted_records"),
     ("edgebroker_upload_backlog_bytes", "gauge", "Bytes of the log not uploaded yet.",
      "backlog_bytes"),
     ("edgebroker_upload_backlog_batches", "gauge", "About how many batches the backlog makes.",

@@ -2,9 +2,9 @@
 exact record bytes of one contiguous offset range of the commit log.
 
 ``write_batch`` streams the records through the compressor (memory bounded by the chunks it is
-given); ``read_batch_file`` reads one batch file back, checking everything it can (magic,
-version, both CRC32Cs, every record's CRC, the counts and ranges the header claims), and names
-the file in every error.
+given); ``read_batch_file`` reads one batch file back, checking everything it can (one zstd
+frame and nothing after it, magic, version, both CRC32Cs, every record's CRC, the counts and
+ranges the header claims), and names the file in every error.
 """
 
 from __future__ import annotations
@@ -215,28 +215,40 @@ def parse_records(raw: bytes, header: BatchHeader, path: str) -> list[Record]:
 
 
 def read_batch_file(path: str) -> tuple[BatchHeader, list[Record]]:
-    """Read the batch file at ``path``: its header and its records, everything checked;
-    ``BatchFormatError`` naming the file for anything wrong (an unknown batch or log format
-    version included)."""
+    """Read the batch file at ``path``: its header and its records, everything checked, as
+    ``read_batch_raw`` checks a batch (one zstd frame and nothing after it, not even a
+    skippable frame); ``BatchFormatError`` naming the file for anything wrong (an unknown
+    batch or log format version included)."""
     try:
         with open(path, "rb") as fh:
-            reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
-            first = reader.read(FIXED_SIZE)
-            if len(first) < FIXED_SIZE:
-                raise BatchFormatError(f"{path}: {len(first)} bytes, shorter than a batch header")
+            blob = fh.read()
+    except OSError as exc:
+        raise BatchFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    header, raw = read_batch_raw(blob, path)
+    del blob
+    return header, parse_records(raw, header, path)
+
+
+def read_header_file(path: str) -> BatchHeader:
+    """The header of the batch file at ``path`` (checked; the records are not read)."""
+    try:
+        with open(path, "rb") as fh:
+            reader = zstandard.ZstdDecompressor().stream_reader(fh)
+            first = _read_exactly(reader, FIXED_SIZE, path, "the header")
             hlen = struct.unpack_from("<H", first, 10)[0]
-            head = first + _read_exactly(reader, max(hlen - FIXED_SIZE, 0), path, "the header")
-            header = decode_header(head, path)
-            raw = _read_exactly(reader, header.raw_length, path, "the records")
-            if reader.read(1):
-                raise BatchFormatError(f"{path}: bytes after the {header.raw_length} raw bytes "
-                                       f"the header announces")
+            return decode_header(first + _read_exactly(reader, max(hlen - FIXED_SIZE, 0), path,
+                                                        "the header"), path)
     except zstandard.ZstdError as exc:
         raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
     except OSError as exc:
         raise BatchFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    _check_raw(raw, header, path)
-    return header, parse_records(raw, header, path)
+
+
+def records_id(header: BatchHeader) -> str:
+    """What names a batch's records whatever their compression: first and last offset, raw
+    length and raw CRC32C (``5-42-6144-1a2b3c4d``)."""
+    return (f"{header.first_offset}-{header.last_offset}-{header.raw_length}-"
+            f"{header.raw_crc32c:08x}")
 
 
 def _check_raw(raw: bytes, header: BatchHeader, path: str) -> None:
@@ -252,7 +264,10 @@ def _decompress(blob: bytes, path: str) -> bytes:
         raise BatchFormatError(f"{path}: its zstd frame declares {size} bytes, more than a "
                                f"batch holds ({MAX_BATCH_SIZE})")
     if size >= 0:
-        return zstandard.ZstdDecompressor().decompress(blob, allow_extra_data=False)
+        try:
+            return zstandard.ZstdDecompressor().decompress(blob, allow_extra_data=False)
+        except zstandard.ZstdError:
+            pass   # the bounded read below tells what is wrong (bytes after the frame?)
     # A frame that does not declare its size (edgebroker always writes it): a bounded read.
     d = zstandard.ZstdDecompressor().decompressobj(read_across_frames=False)
     view, parts, total, pos = memoryview(blob), [], 0, 0
@@ -283,14 +298,18 @@ def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
         raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
     header = decode_header(data, path)
     hlen = struct.unpack_from("<H", data, 10)[0]   # checked by decode_header
-    if len(data) != hlen + header.raw_length:
-        raise BatchFormatError(f"{path}: {len(data) - hlen} record bytes, the header announces "
-                               f"{header.raw_length}")
+    held = len(data) - hlen
+    if held < header.raw_length:
+        raise BatchFormatError(f"{path}: ends inside the records ({held} of the "
+                               f"{header.raw_length} bytes the header announces)")
+    if held > header.raw_length:
+        raise BatchFormatError(f"{path}: {held - header.raw_length} bytes after the "
+                               f"{header.raw_length} raw bytes the header announces")
     raw = memoryview(data)[hlen:]   # not copied
     _check_raw(raw, header, path)
     return header, raw
 
 
-__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file",
+__all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_header_file", "records_id",
            "read_batch_raw", "parse_records", "write_batch", "object_name", "check_gateway_id",
            "MAGIC", "BATCH_VERSION", "SUFFIX"]

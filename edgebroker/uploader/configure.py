@@ -6,10 +6,9 @@ opened (``check_config``)."""
 from __future__ import annotations
 
 import socket
-from urllib.parse import unquote, urlsplit
 
 from edgebroker.errors import ConfigError
-from edgebroker.upload_config import check_gateway_id, check_upload_url
+from edgebroker.upload_config import check_gateway_id, check_upload_url, url_path
 from edgebroker.uploader.sinks import DirSink
 
 MACHINE_ID = "/etc/machine-id"
@@ -48,7 +47,7 @@ def open_sink(config):
         # broker that would otherwise not load them (tests/server/test_lazy_imports.py).
         from edgebroker.uploader.s3 import S3Sink
         return S3Sink(url, config)
-    return DirSink(unquote(urlsplit(url).path))
+    return DirSink(url_path(url))
 
 
 def check_config(config) -> None:

@@ -17,6 +17,10 @@ unconditionally. Above ``multipart_bytes`` the object goes in parts of that size
 (CreateMultipartUpload, UploadPart, CompleteMultipartUpload with ``If-None-Match: *``); a
 failed one is aborted when possible, and a HEAD first skips an object already there.
 
+The connection is kept between requests and batches. A request on a kept-alive connection that
+fails before any answer (the store closed it while idle) goes once more at once on a new one
+(not a POST), before it counts as an error.
+
 Errors: no answer, a reset, a timeout, 5xx, 429 and the throttling codes are transient
 (``TransientSinkError``; ``unreachable`` when no HTTP answer came, so the uploader may probe the
 link and retry as soon as it is back); every other 4xx but 412 (bad credentials, no such
@@ -39,7 +43,8 @@ from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
 from edgebroker.errors import ConfigError
-from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError
+from edgebroker.upload_config import url_path
+from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError, piece_size
 
 MiB = 1024 * 1024
 IO_TIMEOUT = 30.0        # seconds a connect or one read/write may take
@@ -52,6 +57,15 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                              "InternalError", "ServiceUnavailable", "RequestLimitExceeded",
                              "TooManyRequests", "OperationAborted"})
+
+
+# A request on a kept-alive connection that fails so, before any answer, found the connection
+# closed by the store while it was idle (stores and proxies close idle ones after 20 s to a few
+# minutes): sent once more at once on a new connection when it may be (not a POST: completing
+# a multipart upload twice is an error).
+STALE_ERRORS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                ConnectionAbortedError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+IDEMPOTENT = frozenset({"PUT", "HEAD", "GET", "DELETE"})
 
 
 class S3Unreachable(TransientSinkError):
@@ -161,9 +175,8 @@ class Response:
 
 class S3Sink:
     def __init__(self, url: str, config, environ=os.environ):
-        parts = urlsplit(url)
-        self.bucket = parts.netloc
-        self.prefix = parts.path.strip("/")
+        self.bucket = urlsplit(url).netloc
+        self.prefix = url_path(url).strip("/")   # %XX decoded, as the dir sink's folder
         self.region = (config.region or environ.get("AWS_REGION")
                        or environ.get("AWS_DEFAULT_REGION") or "us-east-1")
         self.key_id, self.secret, self.token = credentials(config, environ)
@@ -333,40 +346,50 @@ class S3Sink:
         target = path + ("?" + "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
                                         if v else quote(k, safe='-_.~')
                                         for k, v in sorted(query.items())) if query else "")
-        try:
-            conn = self._connection()
-            conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-            for k, v in signed.items():
-                conn.putheader(k, v)
-            if body is None and data == b"" and method in ("POST", "PUT"):
-                conn.putheader("Content-Length", "0")
-            conn.endheaders()
+        for attempt in range(2):
+            reused = self._conn is not None
             try:
-                if body is not None:
-                    self._send_file(conn, *body, throttle)
-                elif data:
-                    conn.send(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass   # the store may have answered early (403, 400) and closed: read it below
-            resp = conn.getresponse()
-            payload = resp.read()
-            answer = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload)
-            if resp.will_close:
+                return self._exchange(method, target, signed, body, data, throttle)
+            except (OSError, http.client.HTTPException) as exc:
                 self.close()
-            return answer
-        except ssl.SSLCertVerificationError as exc:
+                if (attempt == 0 and reused and method in IDEMPOTENT
+                        and isinstance(exc, STALE_ERRORS)):
+                    continue   # a kept-alive connection the store had closed: a new one, at once
+                raise self._failure(method, name, exc) from None
+        raise AssertionError("unreachable")
+
+    def _failure(self, method: str, name: str, exc: BaseException) -> Exception:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return PermanentSinkError(f"{self.name}: {method} {name}: the store's certificate "
+                                      f"is not trusted ({exc.verify_message}; see "
+                                      f"upload.ca_file)")
+        if isinstance(exc, ssl.SSLError):
+            return TransientSinkError(f"{self.name}: {method} {name}: TLS with {self.host} "
+                                      f"failed: {exc}")
+        return S3Unreachable(f"{self.name}: {method} {name}: no answer from {self.host}: "
+                             f"{_describe(exc)}")
+
+    def _exchange(self, method, target, signed, body, data, throttle) -> Response:
+        conn = self._connection()
+        conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+        for k, v in signed.items():
+            conn.putheader(k, v)
+        if body is None and data == b"" and method in ("POST", "PUT"):
+            conn.putheader("Content-Length", "0")
+        conn.endheaders()
+        try:
+            if body is not None:
+                self._send_file(conn, *body, throttle)
+            elif data:
+                conn.send(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass   # the store may have answered early (403, 400) and closed: read it below
+        resp = conn.getresponse()
+        payload = resp.read()
+        answer = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload)
+        if resp.will_close:
             self.close()
-            raise PermanentSinkError(f"{self.name}: {method} {name}: the store's certificate is "
-                                     f"not trusted ({exc.verify_message}; see upload.ca_file)"
-                                     ) from None
-        except ssl.SSLError as exc:
-            self.close()
-            raise TransientSinkError(f"{self.name}: {method} {name}: TLS with {self.host} "
-                                     f"failed: {exc}") from None
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()
-            raise S3Unreachable(f"{self.name}: {method} {name}: no answer from "
-                                f"{self.host}: {_describe(exc)}") from None
+        return answer
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -383,8 +406,9 @@ class S3Sink:
         with open(path, "rb") as fh:
             fh.seek(offset)
             left = length
+            step = piece_size(throttle)
             while left:
-                chunk = fh.read(min(CHUNK, left))
+                chunk = fh.read(min(step, left))
                 if not chunk:
                     raise OSError(f"{path} ends before {offset + length} bytes")
                 if throttle is not None:

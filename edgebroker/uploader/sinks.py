@@ -3,7 +3,8 @@ same bytes again is a success and leaves one object).
 
 A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle, records_id)`` and
 ``close()``. ``put`` copies the local batch file ``path`` (``size`` bytes) to the object ``key``,
-calling ``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap); ``records_id`` names
+calling ``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap), ``n`` at most
+``piece_size(throttle)``, so that the waits stay short; ``records_id`` names
 the records the batch holds (offsets, raw length, CRC32C), so a sink that finds an object with
 other bytes under the name can tell the same records compressed by another zstd release from
 a conflict. It raises
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 from typing import Callable, Protocol
 
 from edgebroker.errors import EdgebrokerError
@@ -32,6 +34,8 @@ COPY_CHUNK = 256 * 1024
 # Errors a retry will not cure by itself (someone must change the folder or its permissions).
 PERMANENT_ERRNOS = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
                               errno.EROFS, errno.ENAMETOOLONG, errno.EEXIST, errno.ELOOP})
+# What os.link answers on a file system without hard links.
+NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
 class SinkError(EdgebrokerError):
@@ -57,10 +61,15 @@ class Sink(Protocol):
 
 
 class DirSink:
-    """A landing folder: each object is written as ``.<name>.tmp`` beside its final name,
-    fsynced, renamed over the final name, and the folder fsynced; new folders are fsynced into
-    their parents. A retry writes the same temporary name again, so a crash leaves at most one
-    temporary file per batch, replaced by the retry."""
+    """A landing folder: each object is written to a temporary name beside its final one,
+    unique to the writer (``.<name>.<pid>-<random>.tmp``: two gateways on one mounted folder
+    never write the same file), fsynced, and published without replacing anything: a hard link
+    to the final name, then the temporary name removed, and the folder fsynced; new folders are
+    fsynced into their parents. When the final name exists already, the object there is
+    compared: the same bytes, or the same records (``records_id``, by its batch header), is a
+    success; anything else is a PermanentSinkError ("already exists with other bytes"), as the
+    s3 sink's conditional put. A temporary file a crash left is removed by the next put of its
+    name (the retry)."""
 
     def __init__(self, root: str):
         self.root = root
@@ -70,37 +79,76 @@ class DirSink:
             records_id: str = "") -> None:
         dest = os.path.join(self.root, key)
         folder, base = os.path.split(dest)
-        tmp = os.path.join(folder, f".{base}.tmp")
+        tmp = os.path.join(folder, f".{base}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         where = dest
         try:
             where = folder
             self._make_folders(folder)
-            where = tmp
-            with open(path, "rb") as src:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                try:
-                    copied = 0
-                    while copied < size:
-                        chunk = src.read(min(COPY_CHUNK, size - copied))
-                        if not chunk:
-                            raise TransientSinkError(f"{path}: the batch file ends at {copied} "
-                                                     f"of {size} bytes")
-                        throttle(len(chunk))
-                        view = memoryview(chunk)
-                        while view:
-                            view = view[os.write(fd, view):]
-                        copied += len(chunk)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            where = dest
-            os.rename(tmp, dest)
+            self._remove_leftovers(folder, base)
+            try:
+                where = tmp
+                with open(path, "rb") as src:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                    try:
+                        self._copy(src, fd, path, size, throttle)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                where = dest
+                self._publish(tmp, dest, path, size, records_id)
+            finally:
+                _unlink_quietly(tmp)
             where = folder
             self._fsync_dir(folder)
         except OSError as exc:
             kind = PermanentSinkError if exc.errno in PERMANENT_ERRNOS else TransientSinkError
             raise kind(f"{self.name}: cannot write {exc.filename or where}: "
                        f"{exc.strerror or exc}") from None
+
+    @staticmethod
+    def _remove_leftovers(folder: str, base: str) -> None:
+        """Remove the temporary files of ``base`` that a crash left (``.<base>.*.tmp``): the
+        writer that left one retries this very name. Another gateway writing it now has the
+        same gateway_id: its link then fails, and its retry finds this object and compares."""
+        start = f".{base}."
+        for name in os.listdir(folder):
+            if name.startswith(start) and name.endswith(".tmp"):
+                _unlink_quietly(os.path.join(folder, name))
+
+    @staticmethod
+    def _copy(src, fd: int, path: str, size: int, throttle: Callable[[int], None]) -> None:
+        copied = 0
+        step = piece_size(throttle)
+        while copied < size:
+            chunk = src.read(min(step, size - copied))
+            if not chunk:
+                raise TransientSinkError(f"{path}: the batch file ends at {copied} of {size} "
+                                         f"bytes")
+            throttle(len(chunk))
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+            copied += len(chunk)
+
+    def _publish(self, tmp: str, dest: str, path: str, size: int, records_id: str) -> None:
+        """``tmp`` under the name ``dest`` unless ``dest`` exists: then it must hold the same
+        bytes or the same records as ``path``."""
+        try:
+            os.link(tmp, dest)
+            return
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+            # A file system without hard links (FAT, some FUSE mounts): look, then rename.
+            if not os.path.lexists(dest):
+                os.rename(tmp, dest)
+                return
+        if _same_bytes(dest, path, size) or records_id and _records_of(dest) == records_id:
+            return
+        raise PermanentSinkError(f"{self.name}: {dest} already exists with other bytes (another "
+                                 f"gateway with the same gateway_id?)")
 
     def _make_folders(self, folder: str) -> None:
         """Make the folders of a key under the root; the root itself is never made (a landing
@@ -136,5 +184,40 @@ class DirSink:
         pass
 
 
+def piece_size(throttle) -> int:
+    """The most bytes to send between two calls of ``throttle``: its ``piece`` when it has one
+    (the uploader's Throttle, so that no wait in the middle of a request lasts long), else
+    COPY_CHUNK."""
+    return getattr(throttle, "piece", 0) or COPY_CHUNK
+
+
+def _same_bytes(dest: str, path: str, size: int) -> bool:
+    if os.path.getsize(dest) != size:
+        return False
+    with open(dest, "rb") as theirs, open(path, "rb") as ours:
+        while True:
+            a = theirs.read(COPY_CHUNK)
+            if a != ours.read(COPY_CHUNK):
+                return False
+            if not a:
+                return True
+
+
+def _records_of(dest: str) -> str:
+    """The records id of the batch file ``dest`` ("" when it is no batch)."""
+    from edgebroker.uploader.batch import BatchFormatError, read_header_file, records_id
+    try:
+        return records_id(read_header_file(dest))
+    except BatchFormatError:
+        return ""
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 __all__ = ["Sink", "DirSink", "SinkError", "TransientSinkError",
-           "PermanentSinkError"]
+           "PermanentSinkError", "piece_size"]

@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from edgebroker.files import write_small_file
 from edgebroker.rates import TokenBucket
 from edgebroker.uploader import cutter
-from edgebroker.uploader.batch import BatchFormatError, BatchHeader, read_batch_file
+from edgebroker.uploader.batch import (
+    BatchFormatError, BatchHeader, read_batch_file, records_id,
+)
 from edgebroker.uploader.configure import (  # noqa: F401  (also the uploader's names)
     default_gateway_id, gateway_id_of, open_sink,
 )
@@ -56,6 +58,7 @@ STOP_WAIT = 10.0
 # While backing off after "no answer" errors, the sink's reachable() is asked this often, so
 # uploading resumes within seconds of the link's return (not after a back-off of up to 60 s).
 PROBE_SECONDS = 3.0
+SEND_PIECE = 256 * 1024   # the most bytes a sink sends between two calls of the throttle
 
 
 class Stopped(Exception):
@@ -93,12 +96,20 @@ def read_intent(upload_dir: str) -> Intent | None:
 class Throttle:
     """``rate`` bytes per second on average (0: no limit), bursts up to one second's worth:
     a larger request runs the bucket into debt, repaid (the uploader thread waits) before
-    the next one goes."""
+    the next one goes. The sinks call it (``throttle(n)``) before they send ``n`` bytes, and
+    send at most ``piece`` bytes between two calls (a quarter of a second's worth, at most
+    SEND_PIECE): a wait in the middle of a request body then lasts at most about a quarter of a
+    second, where a store gives up on a connection silent for some seconds (AWS S3 answers
+    400 RequestTimeout after about 20 s)."""
 
     def __init__(self, rate: int, wait, clock=time.monotonic):
         self.clock = clock
         self.bucket = TokenBucket(rate, rate, clock()) if rate else None
         self.wait = wait   # wait(seconds) -> True when stopping
+        self.piece = max(1, min(SEND_PIECE, rate // 4)) if rate else 0   # 0: the sink's own
+
+    def __call__(self, n: int) -> None:
+        self.take(n)
 
     def take(self, n: int) -> None:
         bucket = self.bucket
@@ -298,8 +309,7 @@ class Uploader:
         return True
 
     def _ship_and_mark(self, key: str, size: int, header: BatchHeader) -> None:
-        self._ship(key, size, f"{header.first_offset}-{header.last_offset}-{header.raw_length}-"
-                              f"{header.raw_crc32c:08x}")
+        self._ship(key, size, records_id(header))
         self.log.mark_uploaded(header.last_offset + 1)
         with self._lock:
             self.batches += 1
@@ -352,7 +362,7 @@ class Uploader:
             self.state = "uploading" if not self.alarm else "alarm"
             unreachable = False
             try:
-                self.sink.put(key, self.spool, size, self.throttle.take, records_id)
+                self.sink.put(key, self.spool, size, self.throttle, records_id)
             except PermanentSinkError as exc:
                 self._note_error(str(exc), permanent=True)
                 if self.once:
@@ -430,6 +440,8 @@ class Uploader:
                 "permanent_errors": self.permanent_errors, "alarm": self.alarm,
                 "last_error": self.last_error, "last_error_time": self.last_error_time,
                 "last_success_time": self.last_success_time, "gap_offsets": self.gap_offsets,
+                "forced_deletions": self.log.counters.forced_deletions,
+                "forced_deleted_records": self.log.counters.forced_deleted_records,
                 "retry_in_seconds": max(0.0, self.retry_at - time.time()) if self.retry_at else 0.0,
                 "backlog_segments": segments, "backlog_bytes": nbytes,
                 "backlog_batches": backlog_batches(nbytes, segments, self.config.batch_bytes),

@@ -66,3 +66,52 @@ def test_config_check_names_every_link_problem_at_once(tmp_path):
     for line, start in zip(lines, ["bridge[0] (up): ", "upload.url is s3:// but no credentials",
                                    "upload.ca_file: "]):
         assert line.startswith(f"{ERROR}{path}: {start}"), line
+
+
+PORT = "the port must be a number from 1 to 65535"
+
+
+@pytest.mark.parametrize("command", [("config", "check"), ("serve",)])
+@pytest.mark.parametrize("endpoint, problem", [
+    ("http://127.0.0.1:99999", PORT), ("http://minio:90o0", PORT), ("http://minio:0", PORT),
+    ("http://:9000", "no host"), ("https://[::1:9000", "Invalid IPv6 URL"),
+    ("http://user@minio:9000", "no user name, '?' or '#'"),
+    ("http://minio:9000/?x=1", "no user name, '?' or '#'"),
+])
+def test_an_endpoint_url_that_would_fail_at_use_is_a_config_error(tmp_path, command, endpoint,
+                                                                    problem):
+    """It was checked for its scheme only: config check said OK, then serve stopped with a
+    ValueError traceback at the sink's start (an impossible port)."""
+    path = tmp_path / "c.toml"
+    data = tmp_path / "data"
+    path.write_text(f'data_dir = "{data}"\n[[listener]]\nport = 0\n[upload]\n'
+                    f'url = "s3://bucket-x/p"\nendpoint_url = "{endpoint}"\n'
+                    f'access_key_id = "a"\nsecret_access_key = "b"\n')
+    r = run_cli(*command, "-c", str(path))
+    want = (f"{ERROR}{path}: upload.endpoint_url: expected http://host:port or "
+            f"https://host:port")
+    assert r.returncode == 2 and r.stderr.startswith(want), r.stderr
+    assert problem in r.stderr and repr(endpoint) in r.stderr and "Traceback" not in r.stderr
+    assert not (data / "log").exists()
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("s3://landing/a#frag", "'?' and '#' may not appear"),
+    ("s3://landing/q?x=1", "'?' and '#' may not appear"),
+    ("file:///srv/land#1", "'?' and '#' may not appear"),
+    ("file:///srv/land%zz", "'%' at '%zz' is not %XX"),
+    ("s3://landing/a%ff", "its %XX escapes are not UTF-8"),
+    ("file:///srv/a%00b", "its path holds a control character"),
+])
+def test_an_upload_url_whose_path_would_be_cut_or_misread_is_a_config_error(tmp_path, url,
+                                                                            problem):
+    """'#' and '?' passed, and both sinks cut the path there (s3://landing/a#frag stored under
+    a/, file:///srv/land#1 wrote to /srv/land)."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'data_dir = "{tmp_path / "data"}"\n[[listener]]\nport = 0\n[upload]\n'
+                    f'url = "{url}"\ngateway_id = "gw1"\naccess_key_id = "a"\n'
+                    f'secret_access_key = "b"\n')
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 2 and r.stderr.startswith(f"{ERROR}{path}: upload.url: {problem}"), \
+        r.stderr
+    assert r.stderr.rstrip().endswith(f"got {url!r}")

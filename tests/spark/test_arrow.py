@@ -192,8 +192,8 @@ def test_bytes_after_the_frame_are_refused():
     """Two batches one after the other, or junk after one, once read as the first alone."""
     good = good_blob()
     assert batch_to_arrow(good, "g.ebb.zst")[1].num_rows == 2
-    refused_by_both(good + b"JUNK", r"not a valid zstd stream: .*4 bytes of unused data")
-    refused_by_both(good + good, r"not a valid zstd stream: .*unused data")
+    refused_by_both(good + b"JUNK", r"not a valid zstd stream: 4 bytes after its frame$")
+    refused_by_both(good + good, r"not a valid zstd stream: \d+ bytes after its frame$")
 
 
 def test_a_frame_declaring_more_than_a_batch_holds_is_refused_before_allocating():

@@ -262,8 +262,8 @@ def test_odd_files_are_quarantined_each_with_its_reason_and_the_good_one_ingeste
     header, raw = build([(5, 1_700_000_000_000, 0, False, b"c", b"t", b"p")])
     fields = {f: getattr(header, f) for f in header.__dataclass_fields__}
     odd = {
-        "junk-after": (good + b"JUNK", "unused data"),
-        "two-batches": (good + rewrite(header, raw), "unused data"),
+        "junk-after": (good + b"JUNK", "bytes after its frame"),
+        "two-batches": (good + rewrite(header, raw), "bytes after its frame"),
         "huge-frame": (bytes([0x28, 0xB5, 0x2F, 0xFD, 0xE0]) + (1 << 45).to_bytes(8, "little")
                        + bytes([1, 0, 0]), "its zstd frame declares 35184372088832 bytes"),
         "huge-count": (rewrite(BatchHeader(**{**fields, "record_count": 1 << 40}), raw),

@@ -4,7 +4,6 @@ every kind of damage or unknown version is refused with an error naming the file
 
 from __future__ import annotations
 
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -15,6 +14,7 @@ import zstandard
 from edgebroker import _native
 from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, check_gateway_id, object_name, read_batch_file,
+    read_batch_raw,
     write_batch,
 )
 
@@ -174,3 +174,19 @@ def test_records_with_properties_need_log_format_version_2(tmp_path):
     with pytest.raises(BatchFormatError, match=r"relabelled\.ebb\.zst: record at raw position "
                                                r"\d+ \(offset 31\): malformed header"):
         read_batch_file(str(path))
+
+
+@pytest.mark.parametrize("extra", [struct.pack("<II", 0x184D2A50, 4) + b"XXXX",
+                                   struct.pack("<II", 0x184D2A5F, 0), b"\0\0\0", b"garbage!"],
+                         ids=["skippable-frame", "empty-skippable-frame", "zeros", "garbage"])
+def test_bytes_after_the_frame_are_refused_by_both_readers(tmp_path, extra):
+    """A skippable zstd frame after the batch passed read_batch_file (it read across frames)
+    while read_batch_raw, Spark's reader, refused it: both refuse anything after the frame."""
+    blob = (GOLDEN / "v1-plain.ebb.zst").read_bytes() + extra
+    path = tmp_path / "x.ebb.zst"
+    path.write_bytes(blob)
+    for read in (lambda: read_batch_file(str(path)), lambda: read_batch_raw(blob, str(path))):
+        with pytest.raises(BatchFormatError) as err:
+            read()
+        assert str(err.value) == f"{path}: not a valid zstd stream: {len(extra)} bytes after " \
+                                 f"its frame"

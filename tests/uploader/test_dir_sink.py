@@ -1,0 +1,64 @@
+"""The `dir` sink never replaces an object: two gateways with one gateway_id (a cloned image
+keeps /etc/machine-id, the default) shipping to one landing folder get the alarm, as the s3
+sink's conditional put gives it, and the first one's object stays; the same bytes, or the same
+records compressed otherwise, under the name already there are a success."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from edgebroker.uploader.batch import read_batch_file, read_header_file, records_id
+from edgebroker.uploader.sinks import DirSink, PermanentSinkError
+
+from .test_uploader import payload, publish, upload_config, uploaded, wait_until
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_two_gateways_with_one_id_the_second_gets_the_alarm_the_first_object_stays(
+        broker, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    cfg = upload_config(landing, batch_max_age=1)
+    a = broker(data_dir=str(tmp_path / "a"), upload=cfg)
+    publish(a, 0, 5)
+    wait_until(lambda: uploaded(a) == 5, what="A's batch")
+    (obj,) = landing.rglob("*.ebb.zst")
+    before = obj.read_bytes()
+    b = broker(data_dir=str(tmp_path / "b"), upload=cfg)
+    publish(b, 0, 5, make=lambda i, size: b"other %d" % i)
+    wait_until(lambda: b.stats()["upload"]["alarm"], what="B's alarm")
+    fig = b.stats()["upload"]
+    assert fig["uploaded_offset"] == 0 and fig["permanent_errors"] >= 1
+    assert "already exists with other bytes" in fig["last_error"], fig["last_error"]
+    assert str(obj) in fig["last_error"]
+    assert obj.read_bytes() == before, "A's object is not replaced"
+    assert [r.payload for r in read_batch_file(str(obj))[1]] == [payload(i) for i in range(5)]
+    assert not list(landing.rglob(".*.tmp")), "no temporary file left"
+    assert sum("upload alarm" in line for line in b.logs) == 1
+    assert not a.stats()["upload"]["alarm"]
+
+
+def test_the_same_bytes_or_records_again_are_a_success_other_bytes_are_refused(tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    sink = DirSink(str(landing))
+    golden = GOLDEN / "v1-plain.ebb.zst"
+    ident = records_id(read_header_file(str(golden)))
+    key = "gateway=g/date=2023-11-14/0-9.ebb.zst"
+    size = golden.stat().st_size
+    sink.put(key, str(golden), size, lambda n: None, ident)
+    sink.put(key, str(golden), size, lambda n: None, ident)        # a retry: the same bytes
+    other = tmp_path / "recompressed.ebb.zst"                       # another zstd release
+    other.write_bytes(zstandard.ZstdCompressor(level=19).compress(
+        zstandard.ZstdDecompressor().decompress(golden.read_bytes())))
+    assert other.read_bytes() != golden.read_bytes()
+    sink.put(key, str(other), other.stat().st_size, lambda n: None, ident)
+    with pytest.raises(PermanentSinkError, match="already exists with other bytes"):
+        sink.put(key, str(other), other.stat().st_size, lambda n: None, "0-9-1-00000000")
+    assert (landing / key).read_bytes() == golden.read_bytes()
+    assert sorted(p.name for p in landing.rglob("*")) == ["0-9.ebb.zst", "date=2023-11-14",
+                                                         "gateway=g"]
