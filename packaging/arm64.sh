@@ -27,6 +27,8 @@ host_tools() {
     if [ -n "$missing" ]; then
         echo "installing Debian packages:$missing"
         mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+        # The package lists first: a fresh image has none, and install finds no package.
+        DEBIAN_FRONTEND=noninteractive apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
     fi
     mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc

@@ -7,6 +7,7 @@ import signal
 from contextlib import contextmanager
 
 from edgebroker import config as configuration, logs, records
+from edgebroker.cli.state_owner import refuse_foreign
 from edgebroker.errors import ConfigError
 
 
@@ -122,6 +123,7 @@ def run(args) -> int:
     with naming_the_file(where):
         bridge_tls = check_links(config)
     state_dir = config.state_dir()
+    refuse_foreign(state_dir, "edgebroker serve")   # root on the service's state directory
     with naming_the_file(None if args.data_dir else where):
         prepare_state_dir(state_dir)
     # Imported after the configuration is read: the TOML parser's memory, freed again

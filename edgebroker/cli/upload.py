@@ -8,7 +8,9 @@ retries and errors of past runs are in the broker's log, not on disk.
 ``pause`` and ``resume`` ask the running broker through its admin socket. ``run --once`` ships
 every batch sealed now from a log no broker holds (it takes the log's lock, as ``serve`` does)
 and exits; while a broker runs on the state directory the lock is taken and it refuses, naming
-the broker's commands instead. On a terminal it shows a progress line.
+the broker's commands instead. On a terminal it shows a progress line. Run as root on a state
+directory another user owns (the service's), it gives what it wrote there to that user
+(cli/state_owner.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from edgebroker import config as configuration
 from edgebroker.cli import inspect, inspect_live
 from edgebroker.cli.options import add_format
+from edgebroker.cli.state_owner import handed_over
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.server.admin import socket_path
 
@@ -141,8 +144,6 @@ def run_control(args) -> int:
 
 def run_once(args) -> int:
     """Ship the sealed batches of a log no broker holds, then exit (0: all shipped)."""
-    from edgebroker.commitlog import CommitLog, LogLockedError, LogOptions
-    from edgebroker.uploader.uploader import Uploader
     config = configuration.load(args.config)
     if not config.upload.url:
         raise ConfigError(f"{args.config}: [upload] url is not set: nowhere to upload to")
@@ -151,6 +152,14 @@ def run_once(args) -> int:
     if not os.path.isdir(log_dir):
         raise EdgebrokerError(f"no commit log at {log_dir} (use --data-dir)")
     inspect._ensure_stderr_logging()
+    # As root on the service's state directory: what it writes there becomes the owner's.
+    with handed_over(state_dir):
+        return _ship(args, config, state_dir, log_dir)
+
+
+def _ship(args, config, state_dir: str, log_dir: str) -> int:
+    from edgebroker.commitlog import CommitLog, LogLockedError, LogOptions
+    from edgebroker.uploader.uploader import Uploader
     try:
         cl = CommitLog.open(log_dir, LogOptions.from_config(config.log, True))
     except LogLockedError:

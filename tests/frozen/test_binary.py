@@ -6,6 +6,7 @@ through EDGEBROKER_TEST_BROKER; the ``binary`` fixture (conftest.py) builds it w
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -14,6 +15,7 @@ import time
 import mqttraw as m
 from edgebroker.uploader.batch import read_batch_file
 from fakesystemd import SocketUnit, systemd  # noqa: F401  (the fixture)
+from secfiles import write_passwords
 
 
 def wait_for(pred, what: str, timeout: float = 20.0):
@@ -137,3 +139,36 @@ def test_socket_activation_through_the_bootloader(binary, broker, monkeypatch, t
         waiting.close()
     finally:
         unit.close()
+
+
+def test_binary_replaced_under_the_running_broker(binary, broker, monkeypatch, tmp_path):
+    """An upgrade renames a new file over the binary (dpkg, `install`) while the broker runs
+    on; until its restart, the modules it imports late (the password check's at the first
+    login, the TOML parser's at each reload) still come from the file it was started from."""
+    installed = tmp_path / "bin" / "edgebroker"
+    installed.parent.mkdir()
+    shutil.copy(binary, installed)
+    monkeypatch.setenv("EDGEBROKER_TEST_BROKER", str(installed))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    pw = write_passwords(tmp_path / "passwd", {"alice": "secret"})
+    b = broker(password_file=str(pw))
+    # The new version: other bytes at every offset of the old one (here the same binary behind
+    # a page of zeros), renamed over the path as an upgrade does.
+    new = tmp_path / "bin" / "edgebroker.new"
+    with open(binary, "rb") as src, open(new, "wb") as dst:
+        dst.write(bytes(4096))
+        shutil.copyfileobj(src, dst)
+    os.replace(new, installed)
+
+    first = b.client("first-login", username="alice", password="secret")   # rc 0 or it fails
+    first.close()
+    start = b.mark()
+    b.send_signal(signal.SIGHUP)
+    ends = ("configuration reloaded", "reload failed", "Traceback")
+    assert b.wait_log(lambda ln: any(e in ln for e in ends), timeout=15, start=start), \
+        b.log_text()
+    assert any("configuration reloaded" in ln for ln in b.logs[start:]), b.log_text()
+    again = b.client("after-reload", username="alice", password="secret")
+    again.close()
+    assert b.stop() == 0, b.log_text()
+    assert "Traceback" not in b.log_text(), b.log_text()

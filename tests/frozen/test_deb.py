@@ -122,6 +122,13 @@ def test_units_run_the_packaged_binary_with_the_conffile(unpacked):
             for ln in unit_lines((SYSTEMD / name).read_text())]
     service = (unpacked / "lib/systemd/system/edgebroker.service").read_text()
     assert "\nExecStart=/usr/bin/edgebroker serve -c /etc/edgebroker/edgebroker.toml\n" in service
+    if (SYSTEMD / "edgebroker.socket").exists():
+        # The rule an administrator changing listeners must know stays in the package's copy
+        # (its header, the manual install's steps, is replaced).
+        socket_unit = (unpacked / "lib/systemd/system/edgebroker.socket").read_text()
+        for words in ("every listener needs a ListenStream= here", "systemctl edit "
+                      "edgebroker.socket", "systemctl disable --now edgebroker.socket"):
+            assert words in socket_unit, socket_unit
 
 
 def test_maintainer_scripts(unpacked):

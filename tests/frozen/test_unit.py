@@ -5,11 +5,14 @@ systemd-analyze runs offline: no systemd needs to run here."""
 
 import os
 import re
+import socket
 import subprocess
 
 import pytest
 
 from conftest import REPO
+from fakesystemd import SocketUnit
+from secfiles import write_passwords
 from edgebroker import config as configuration
 from edgebroker.server import activation
 
@@ -100,3 +103,44 @@ def test_example_configuration_checks(binary, tmp_path):
                        env=dict(os.environ, STATE_DIRECTORY=str(tmp_path), TMPDIR=str(tmp_path)))
     assert r.returncode == 0, r.stderr
     assert f"state directory: {tmp_path}" in r.stdout, r.stdout
+
+
+def network_setup(port: int, passwd) -> tuple[str, list[str]]:
+    """The example configuration changed as its comments say for clients on the network (the
+    network listener instead of the local one, on ``port``, with ``passwd``), and the
+    ListenStream= lines they give for the socket unit's drop-in."""
+    text = EXAMPLE_CONFIG.read_text()
+    local = '[[listener]]\nhost = "127.0.0.1"\nport = 1883\n'
+    assert local in text
+    for key in ("[[listener]]", "host = ", "port = ", "password_file = "):
+        text = re.sub(rf"(?m)^# ({re.escape(key)})", r"\1", text)
+    text = text.replace(local, "# " + local.replace("\n", "\n# ", 2))
+    text = text.replace("/etc/edgebroker/passwd", str(passwd)).replace("1883", str(port))
+    streams = re.findall(r"(?m)^#   ListenStream=(.*)$", EXAMPLE_CONFIG.read_text())
+    return text, [s.replace("1883", str(port)) for s in streams]
+
+
+def test_network_listener_as_the_example_configuration_says(broker, tmp_path):
+    """Its comments' steps for clients on the network, under edgebroker.socket: the socket unit's
+    drop-in (ListenStream= emptied, then the network address) and the configuration agree, so
+    the broker starts on systemd's socket; and the comments say it (the Debian package enables
+    the socket unit)."""
+    comments = EXAMPLE_CONFIG.read_text()
+    assert "edgebroker.socket" in comments and "systemctl edit edgebroker.socket" in comments
+    assert "systemctl disable --now edgebroker.socket" in comments
+    held = socket.socket()
+    held.bind(("0.0.0.0", 0))
+    held.listen(16)
+    port = held.getsockname()[1]
+    text, streams = network_setup(port, write_passwords(tmp_path / "passwd", {"alice": "pw"}))
+    assert streams == ["", f"0.0.0.0:{port}"], streams    # the reset, then the one socket
+    unit = SocketUnit()
+    unit.pass_other("mqtt", held)
+    try:
+        b = broker(raw_config=f'data_dir = "{tmp_path / "state"}"\n' + text, wrap=unit.wrap,
+                   pass_fds=unit.fds)
+        assert b.wait_log(f"listening on 0.0.0.0:{port} (socket from systemd", 0), b.log_text()
+        assert b.listeners == [("0.0.0.0", port)], b.listeners
+        assert b.client("alice", username="alice", password="pw").ping() == []
+    finally:
+        unit.close()
