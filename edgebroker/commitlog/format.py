@@ -181,10 +181,13 @@ def check_segment_header(data: bytes, path: str, base_offset: int) -> tuple[str 
         return f"header is {len(data)} bytes, expected {SEGMENT_HEADER_SIZE}", FORMAT_VERSION
     magic, version, hlen, _r1, base, _r2, crc = _SEGMENT_HEADER.unpack_from(data)
     if _native.crc32c(data[:28]) != crc:
-        if magic != MAGIC and not (version in READ_VERSIONS and hlen == SEGMENT_HEADER_SIZE
-                                   and base == base_offset):
-            # Not a damaged header of ours (the rest of it would still say so): a file from
-            # somewhere else with a segment's name. Refused, never repaired or removed.
+        head = bytes(data[:SEGMENT_HEADER_SIZE])
+        if head.strip(b"\0") and head.strip(b"\xff") and magic != MAGIC and not (
+                version in READ_VERSIONS and hlen == SEGMENT_HEADER_SIZE
+                and base == base_offset):
+            # Not a damaged header of ours (the rest of it would still say so), nor one a
+            # crash left as zeros (the file system's fill) or erased flash (0xff): a file
+            # from somewhere else with a segment's name. Refused, never repaired or removed.
             raise LogFormatError(f"{path}: not an edgebroker log segment (magic {magic!r}, "
                                  f"header checksum mismatch); move the file out of the log "
                                  f"directory")

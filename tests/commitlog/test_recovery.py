@@ -313,6 +313,20 @@ def test_a_flipped_bit_in_the_magic_of_a_segment_is_header_damage(tmp_path):
     assert [p for p, _ in log.recovery.header_damage] == [str(first)]
 
 
+@pytest.mark.parametrize("fill", [b"\0", b"\xff"])
+def test_a_last_segment_whose_first_block_a_crash_left_blank_is_header_damage(tmp_path, fill):
+    """A power cut after a roll can leave the new segment's first block as zeros (the file
+    system's fill) or erased flash: header damage, repaired, the records after it read; the
+    foreign-file rule refused it and the broker did not start."""
+    d = make_log(tmp_path / "log", n=300, segment_bytes=64 * 1024)
+    last = segment_files(d)[-1]
+    with open(last, "r+b") as f:
+        f.write(fill * 4096)
+    got, log = offsets(d, segment_bytes=64 * 1024)
+    assert [p for p, _ in log.recovery.header_damage] == [str(last)]
+    assert got and got == sorted(got) and got[-1] == 299
+
+
 def test_a_segment_missing_from_the_middle_is_reported(tmp_path, caplog):
     """No segment holds the offsets of one deleted by hand: the open names the range and the
     files on either side, readers are told the range (missing_between), verify fails."""
