@@ -434,26 +434,24 @@ class Router:
                     transport.wait_for_drain()
                     break
                 message, qos, retain = queue[0]
-                if acl is not None and not self._may_read(acl, client, message):
-                    queue.popleft()
-                    if qos == 0:
-                        session.queued_qos0 -= 1
-                elif qos == 0:
+                if qos == 0:
                     queue.popleft()
                     session.queued_qos0 -= 1
-                    self._write_publish(client, message, 0, retain, False, None)
+                    if acl is None or self._may_read(acl, client, message):
+                        self._write_publish(client, message, 0, retain, False, None)
                 # session.inflight is read each time: _send gives an empty session a dict of
                 # its own.
                 elif (len(session.inflight) < window
                       and (session.inflight_bytes < window_bytes or not session.inflight)):
                     queue.popleft()
-                    self._send(session, message, qos, retain)
-                    acked = True
-                    burst += 1
-                    if burst == piece:
-                        burst = 0
-                        if len(session.inflight) < window:
-                            transport.send_now()    # the last piece goes with the pass
+                    if acl is None or self._may_read(acl, client, message):
+                        self._send(session, message, qos, retain)
+                        acked = True
+                        burst += 1
+                        if burst == piece:
+                            burst = 0
+                            if len(session.inflight) < window:
+                                transport.send_now()    # the last piece goes with the pass
                 else:
                     break
                 if retain and session.retained_queued:

@@ -402,6 +402,7 @@ class Shared:
                 ref, qos, retain, topic = queue[0]
                 if topic is None and self._guarded(group):
                     topic = self._stored_topic(ref)
+                    queue[0] = (ref, qos, retain, topic)   # (looked up once)
                 member = self._pick(group, qos, topic)
                 if member is None:
                     if not self._pass_over(group):
@@ -435,6 +436,7 @@ class Shared:
             ref, qos, retain, topic = entry
             if topic is None:
                 topic = self._stored_topic(ref)
+                entry = (ref, qos, retain, topic)     # (looked up once)
             member = None if topic in waiting else self._pick(group, qos, topic)
             if member is None:
                 waiting.add(topic)
