@@ -106,9 +106,9 @@ def test_a_burst_past_the_wait_allowance_deletes_at_once_counted(broker, uid, he
         pub.publish(f"{uid}/data", b"z" * 1000, qos=1)
     assert pub.ping() == []
     line = b.wait_log(lambda ln: "deleted segment" in ln and "not yet covered by the session "
-                      "snapshot" in ln, timeout=3)
+                      "snapshot" in ln, timeout=10)
     assert line, b.log_text()
-    _until(lambda: b.stats()["counters"].get("retention_unsaved_records"), 3,
+    _until(lambda: b.stats()["counters"].get("retention_unsaved_records"), 10,
            "retention_unsaved_records counted")
     segments = len(list(Path(b.config["data_dir"], "log").glob("*.seg")))
     assert segments <= 8, segments
