@@ -58,7 +58,8 @@ class SharedState:
             entries += [(ref.offset, qos, retain, ref.size) for ref, qos, retain, _ in group.queue
                         if ref.offset is not None]
             if entries or group.cursor is not None:
-                states.append(GroupState(group.key, group.cursor, entries))
+                done = sorted(group.done) if group.done and group.cursor is not None else []
+                states.append(GroupState(group.key, group.cursor, entries, done))
         return states
 
     def restore_member(self, session, key: str, qos: int, options5) -> None:
@@ -122,6 +123,8 @@ class SharedState:
                 group.queue_bytes += size
             if state.cursor is not None:
                 group.cursor = min(state.cursor, log_end)
+                if state.done:
+                    group.done = set(state.done) | (group.done or set())
         return lost
 
 

@@ -99,6 +99,9 @@ class GroupState:
     # (log offset, qos, retain, size), handed out first; with the QoS 1 messages its online
     # members had not acknowledged (a restart gives them to a member anew).
     queue: list[tuple[int, int, bool, int]] = field(default_factory=list)
+    # Offsets past the cursor of QoS 2 messages it gave a member before a restart (the
+    # exchange journal said so; ``Group.done``): not handed out again.
+    done: list[int] = field(default_factory=list)
 
 
 @record
@@ -170,7 +173,8 @@ def encode(snapshot: Snapshot) -> bytes:
     shared = b""
     if snapshot.shared:
         shared = b',"shared":' + _dumps([{"key": g.key, "cursor": g.cursor,
-                                           "queue": [list(e) for e in g.queue]}
+                                           "queue": [list(e) for e in g.queue],
+                                           **({"done": g.done} if g.done else {})}
                                           for g in snapshot.shared])
     return b"".join((_dumps(head)[:-1], b',"sessions":[',
                      _joined(snapshot.sessions, _session_json), b'],"retained":[',
@@ -293,7 +297,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
         for g in doc.get("shared", ()):
             snap.shared.append(GroupState(
                 key=str(g["key"]), cursor=None if g.get("cursor") is None else int(g["cursor"]),
-                queue=[_queue_entry(e) for e in g["queue"]]))
+                queue=[_queue_entry(e) for e in g["queue"]],
+                done=[int(o) for o in g.get("done", ())]))
     except SnapshotError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
