@@ -45,6 +45,9 @@ log = logging.getLogger("edgebroker.client")
 
 # Bytes of a partly received packet that count as activity for keepalive.
 _PROGRESS_BYTES = 1024
+# warn_first: the distinct names of a kind (denied topics, refused filters) logged per
+# connection; the rest are only counted.
+FIRST_LOGGED = 16
 # The reason codes a refusing 5.0 CONNACK may carry for a protocol violation.
 CONNACK_REASONS5 = frozenset((0x81, 0x82, 0x84, 0x85, 0x95))
 
@@ -307,6 +310,24 @@ class Client:
             return
         warned.add(limit)
         log.warning("%s: " + message + " (logged once per connection)", self.describe(), *args)
+
+    def warn_first(self, kind: str, name: str, more: str, message: str, *args) -> None:
+        """Log ``message`` for each of the first FIRST_LOGGED distinct ``name``s of ``kind``
+        (a denied topic, a refused filter) on this connection, then once ``more`` (that the
+        rest are only counted): a client cannot fill the log with them."""
+        warned = self.warned
+        if warned is None:
+            warned = self.warned = set()
+        key = (kind, name)
+        if key in warned or kind in warned:
+            return
+        if sum(type(k) is tuple and k[0] == kind for k in warned) >= FIRST_LOGGED:
+            warned.add(kind)
+            log.warning("%s: %s; counted, no longer logged for this connection",
+                        self.describe(), more)
+            return
+        warned.add(key)
+        log.warning("%s: " + message, self.describe(), *args)
 
     def throttle(self, limit: str, wait: float) -> None:
         broker = self.broker

@@ -28,9 +28,6 @@ from edgebroker.mqtt.properties import payload_utf8_error
 
 log = logging.getLogger("edgebroker.client")
 
-# At most this many denied topics are logged per connection (all are counted).
-_DENIALS_LOGGED = 16
-
 
 def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None = None) -> None:
     broker = client.broker
@@ -248,20 +245,8 @@ def _drop_denied_publish(topic: str, payload: bytes, qos: int, retain: bool, cli
     stats.publish_received += 1
     stats.acl_publish_denied += 1
     broker.drop("acl", client.session)
-    logged = client.warned      # shared with warn_once: ("acl", topic) per topic logged
-    if logged is None:
-        logged = client.warned = set()
-    key = ("acl", topic)
-    if key in logged or "acl_denials" in logged:
-        return
-    if sum(type(k) is tuple and k[0] == "acl" for k in logged) >= _DENIALS_LOGGED:
-        logged.add("acl_denials")
-        log.warning("%s: more publishes denied by the ACL; counted, no longer logged for "
-                    "this connection", client.describe())
-        return
-    logged.add(key)
-    log.warning("%s: publish to %s denied by the ACL; dropped", client.describe(),
-                shown(topic, 200, "characters"))
+    client.warn_first("acl_publish", topic, "more publishes denied by the ACL",
+                      "publish to %s denied by the ACL; dropped", shown(topic, 200, "characters"))
 
 
 def _refuse_publish(client, p: P.Publish, limit: str) -> None:

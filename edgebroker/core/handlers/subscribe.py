@@ -27,9 +27,7 @@ from edgebroker.mqtt.topics import is_shared, parse_shared
 
 log = logging.getLogger("edgebroker.client")
 
-# At most this many refused filters are logged per connection (all are counted), each shown
-# up to this many characters: one SUBSCRIBE may list thousands of filters of 64 KB.
-_REFUSALS_LOGGED = 16
+# Refused filters are shown up to this many characters in the log (a filter may be 64 KB).
 _FILTER_SHOWN = 200
 
 
@@ -141,21 +139,9 @@ def _subscribe_shared(client, topic_filter: str, qos: int, options: int, sub_id:
 
 def _log_refused(client, topic_filter: str, message: str) -> None:
     """A refused filter, logged (``message`` with %s for the filter, shown shortened) for the
-    first _REFUSALS_LOGGED distinct ones of the connection, then once that more are not."""
-    logged = client.warned      # shared with warn_once: ("subscribe", filter) per filter
-    if logged is None:
-        logged = client.warned = set()
-    key = ("subscribe", topic_filter)
-    if key in logged or "subscribe_refusals" in logged:
-        return
-    if sum(type(k) is tuple and k[0] == "subscribe" for k in logged) >= _REFUSALS_LOGGED:
-        logged.add("subscribe_refusals")
-        log.warning("%s: more subscriptions refused; counted, no longer logged for this "
-                    "connection", client.describe())
-        return
-    logged.add(key)
-    log.warning("%s: " + message, client.describe(), shown(topic_filter, _FILTER_SHOWN,
-                                                          "characters"))
+    first distinct ones of the connection (Client.warn_first)."""
+    client.warn_first("subscribe", topic_filter, "more subscriptions refused",
+                      message, shown(topic_filter, _FILTER_SHOWN, "characters"))
 
 
 def _set_options(session, topic_filter: str, options: int, sub_id: int) -> None:
