@@ -59,3 +59,19 @@ def fill_up(path: Path) -> None:
         assert exc.errno == errno.ENOSPC
     finally:
         os.close(fd)
+
+
+def broker_on_a_small_disk(broker, tmp_path: Path, uid: str):
+    """A broker whose state directory is on a 4 MiB tmpfs (call inside the namespace), a
+    persistent QoS 2 subscriber of ``<uid>/t`` and a persistent publisher, the subscription in
+    a snapshot: (broker, its state directory, the tmpfs, subscriber, publisher)."""
+    from conftest import wait_for_snapshot
+    small = tmp_path / "small"
+    mount_tmpfs(small, "4m")
+    data_dir = str(small / "data")
+    b = broker(data_dir=data_dir)
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=2)
+    pub = b.client(f"{uid}-p", clean=False)
+    wait_for_snapshot(data_dir, f"{uid}-s", pred=lambda s: s["subscriptions"])
+    return b, data_dir, small, sub, pub

@@ -12,7 +12,7 @@ import os
 import signal
 
 from conftest import wait_for_snapshot
-from diskfull import fill_up, in_private_mount_namespace, mount_tmpfs
+from diskfull import broker_on_a_small_disk, fill_up, in_private_mount_namespace
 from mqttraw import PUBCOMP, PUBREC, pubrel, publish
 
 BIG = b"exactly once " * 8000       # about 100 KB: more than the room left on the disk
@@ -22,15 +22,8 @@ ROOM = 32 * 1024                    # what the disk keeps free: a snapshot fits,
 def _held_by_a_full_disk(broker, uid, tmp_path):
     """A broker whose disk cannot take BIG, a persistent subscriber offline, and the
     publisher's BIG (packet id 7) held in memory when a snapshot is taken."""
-    small = tmp_path / "small"
-    mount_tmpfs(small, "4m")
-    data_dir = str(small / "data")
-    b = broker(data_dir=data_dir)
-    sub = b.client(f"{uid}-s", clean=False)
-    sub.subscribe(f"{uid}/t", qos=2)
+    b, data_dir, small, sub, pub = broker_on_a_small_disk(broker, tmp_path, uid)
     sub.disconnect()
-    pub = b.client(f"{uid}-p", clean=False)
-    wait_for_snapshot(data_dir, f"{uid}-s", pred=lambda s: s["subscriptions"])
     filler = small / "filler"
     fill_up(filler)
     os.truncate(filler, os.path.getsize(filler) - ROOM)

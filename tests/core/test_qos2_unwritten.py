@@ -9,8 +9,7 @@ tmpfs, tests/diskfull.py.)"""
 import os
 import signal
 
-from conftest import wait_for_snapshot
-from diskfull import fill_up, in_private_mount_namespace, mount_tmpfs
+from diskfull import broker_on_a_small_disk, fill_up, in_private_mount_namespace
 from mqttraw import PUBCOMP, PUBREC, pubrel, publish
 
 
@@ -18,14 +17,7 @@ def test_qos2_held_by_a_full_disk_then_a_crash_is_delivered_once(broker, uid, tm
                                                                    request):
     if not in_private_mount_namespace(request):
         return
-    small = tmp_path / "small"
-    mount_tmpfs(small, "4m")
-    data_dir = str(small / "data")
-    b = broker(data_dir=data_dir)
-    sub = b.client(f"{uid}-s", clean=False)
-    sub.subscribe(f"{uid}/t", qos=2)
-    pub = b.client(f"{uid}-p", clean=False)
-    wait_for_snapshot(data_dir, f"{uid}-s", pred=lambda s: s["subscriptions"])
+    b, data_dir, small, sub, pub = broker_on_a_small_disk(broker, tmp_path, uid)
     fill_up(small / "filler")
     big = b"exactly once " * 1200      # needs pages the full disk cannot give
     pub.send(publish(f"{uid}/t", big, qos=2, packet_id=7))
