@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 
 from edgebroker.errors import (
-    shown, NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-    SUCCESS, TOPIC_FILTER_INVALID, ProtocolError,
+    NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+    SUCCESS, TOPIC_FILTER_INVALID, ProtocolError, shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
