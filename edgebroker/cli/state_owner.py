@@ -17,6 +17,7 @@ directory of root's, mode 0700, which the owner could not read its later imports
 from __future__ import annotations
 
 import os
+import stat
 from contextlib import contextmanager
 
 from edgebroker.errors import EdgebrokerError
@@ -49,9 +50,12 @@ def refuse_foreign(state_dir: str, command: str) -> None:
 
 
 def hand_over(state_dir: str, owner: tuple[int, int]) -> int:
-    """Every file and directory under ``state_dir`` that is root's becomes ``owner``'s;
-    symbolic links are not followed. Returns how many changed; EdgebrokerError naming the
-    first that could not be changed."""
+    """Every file and directory under ``state_dir`` that is root's becomes ``owner``'s.
+    Only directories and regular files with one link, changed through a descriptor opened
+    without following links: the directory is the other user's to change meanwhile, and a
+    hard link or symbolic link planted there must not hand one of root's files elsewhere to
+    that user. Returns how many changed; EdgebrokerError naming the first that could not be
+    changed."""
     uid, gid = owner
     changed = 0
     failed: list[str] = []
@@ -59,9 +63,7 @@ def hand_over(state_dir: str, owner: tuple[int, int]) -> int:
         for name in dirs + files:
             path = os.path.join(top, name)
             try:
-                if os.lstat(path).st_uid == 0:
-                    os.chown(path, uid, gid, follow_symlinks=False)
-                    changed += 1
+                changed += _give(path, uid, gid)
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -72,6 +74,23 @@ def hand_over(state_dir: str, owner: tuple[int, int]) -> int:
             f"directory's owner, who could not open them): {failed[0]}; `chown -R {uid}:{gid} "
             f"{state_dir}` before the broker starts")
     return changed
+
+
+def _give(path: str, uid: int, gid: int) -> int:
+    """1 when ``path``, root's, a directory or a regular file of one link, became uid's."""
+    first = os.lstat(path)
+    if first.st_uid != 0 or not (stat.S_ISDIR(first.st_mode) or stat.S_ISREG(first.st_mode)):
+        return 0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != 0 or not (stat.S_ISDIR(st.st_mode)
+                                  or stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
+            return 0
+        os.fchown(fd, uid, gid)
+        return 1
+    finally:
+        os.close(fd)
 
 
 @contextmanager

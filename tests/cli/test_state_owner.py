@@ -91,3 +91,20 @@ def test_serve_as_root_refuses_the_state_directory_of_another_user(top):
             in r.stderr), r.stderr
     assert f"--reuid={SERVICE_UID}" in r.stderr, r.stderr
     assert list(state.iterdir()) == [], "serve wrote into the directory it refused"
+
+
+def test_a_link_planted_in_the_state_directory_does_not_hand_over_roots_files(top):
+    """The state directory is the other user's to change while root works in it: a hard link
+    or a symbolic link to one of root's files elsewhere is left alone (root's file would
+    become that user's), root's own files of the log are handed over."""
+    from edgebroker.cli.state_owner import hand_over
+    secret = top / "roots-file"
+    secret.write_text("root's")
+    state = service_dir(top / "state")
+    os.link(secret, state / "hard")
+    os.symlink(secret, state / "soft")
+    (state / "log").mkdir()
+    (state / "log" / "00000000000000000000.idx").write_bytes(b"x")
+    assert hand_over(str(state), (SERVICE_UID, SERVICE_UID)) == 2   # log/ and its file
+    assert secret.stat().st_uid == 0 and os.lstat(state / "soft").st_uid == 0
+    assert (state / "log" / "00000000000000000000.idx").stat().st_uid == SERVICE_UID
