@@ -131,6 +131,12 @@ class Outbound:
             self.gap_offsets += next_offset - start
             log.warning("bridge %s: log records %d to %d cannot be read: lost to the remote",
                         self.name, start, next_offset - 1)
+        else:
+            for a, b in commit_log.missing_between(start, next_offset):
+                self.gaps += 1
+                self.gap_offsets += b - a
+                log.warning("bridge %s: log records %d to %d are lost to the remote (missing "
+                            "from the log: no segment holds them)", self.name, a, b - 1)
         outgoing = self.rules.outgoing
         own = self.own_id
         pending = self.pending

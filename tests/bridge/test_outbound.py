@@ -128,3 +128,24 @@ def test_rules_match_as_their_filters_and_a_topic_that_maps_to_nothing_is_unsend
     assert [rules.incoming(t) for t in ("b/$in", "b/", "b", "$b/x", "bc")] == [
         "a/$in", "a/", "a", None, None]
     log.close()
+
+
+def test_a_segment_missing_from_the_middle_is_a_counted_logged_gap(tmp_path, caplog):
+    """A segment lost between two others (deleted by hand, or by the file system): the
+    bridge's read passes over its offsets; they are lost to the remote, counted as a gap and
+    logged with the offsets. Before, the read went past them silently."""
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 300)
+    log.close()
+    segs = sorted((tmp_path / "log").glob("*.seg"))
+    assert len(segs) >= 4
+    gone, after = segs[1], segs[2]
+    lo, hi = int(gone.name[:20]), int(after.name[:20])
+    gone.unlink()
+    gone.with_suffix(".idx").unlink()
+    log = _log(tmp_path / "log", [])
+    out = Outbound("up", log, Rules([TopicRule(pattern="a/#")]), BRIDGE_ID, 0, 0)
+    offsets = [r[0] for r in _drain(out)]
+    assert offsets == [i for i in range(300) if not lo <= i < hi]
+    assert out.gaps == 1 and out.gap_offsets == hi - lo
+    assert f"log records {lo} to {hi - 1} are lost to the remote (missing" in caplog.text
+    log.close()
