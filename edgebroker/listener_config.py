@@ -160,6 +160,9 @@ def ipv4_ports(listeners, metrics_listen: str) -> set[int]:
             if lc.port and ":" not in lc.host}
 
 
+_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
+
+
 def _overlap(a: ListenerConfig, b: ListenerConfig) -> str:
     """Why ``a`` and ``b`` cannot both be bound, or ""."""
     if not a.port or a.port != b.port:
@@ -167,7 +170,16 @@ def _overlap(a: ListenerConfig, b: ListenerConfig) -> str:
     family, address = _family_and_address(a.host)
     other_family, other = _family_and_address(b.host)
     if family != other_family:
-        return ""        # "::" is bound IPV6_V6ONLY next to an IPv4 address (above)
+        # "::" is bound IPV6_V6ONLY next to an IPv4 address (above), and no IPv4-mapped
+        # address (::ffff:a.b.c.d) can be bound that way: the bind fails with EINVAL.
+        mapped = [h for h, f, packed in ((a.host, family, address), (b.host, other_family, other))
+                  if f == socket.AF_INET6 and isinstance(packed, bytes)
+                  and packed[:12] == _MAPPED_PREFIX]
+        if mapped:
+            v4 = socket.inet_ntop(socket.AF_INET, _family_and_address(mapped[0])[1][12:])
+            return (f"{mapped[0]} is an IPv4-mapped address, which cannot be bound beside an "
+                    f"IPv4 address on one port (write it as {v4})")
+        return ""
     if address == other:
         return "the same address and port"
     wildcard = bytes(4 if family == socket.AF_INET else 16)

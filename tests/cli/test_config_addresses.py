@@ -42,11 +42,17 @@ def overlaps(port):
         ([("::", port)], f"[::1]:{port}",
          f"metrics.listen: [::1]:{port} overlaps listener[0] ([::]:{port}): :: takes every IPv6 "
          f"address on port {port}, so they cannot both listen"),
+        # The bind failed at start with "[Errno 22] Invalid argument": the IPv6 socket is
+        # bound IPV6_V6ONLY beside an IPv4 address, which no IPv4-mapped address can be.
+        ([("127.0.0.2", port), ("::ffff:127.0.0.1", port)], "",
+         f"listener[1]: [::ffff:127.0.0.1]:{port} overlaps listener[0] (127.0.0.2:{port}): "
+         f"::ffff:127.0.0.1 is an IPv4-mapped address, which cannot be bound beside an IPv4 "
+         f"address on one port (write it as 127.0.0.1), so they cannot both listen"),
     ]
 
 
 @pytest.mark.parametrize("command", [("config", "check"), ("serve",)])
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(7))
 def test_overlapping_addresses_are_refused_naming_both(tmp_path, command, case):
     """config check said OK, then serve failed with "Address already in use" (0.0.0.0 and
     127.0.0.1 on one port; [metrics] listen on a listener's port)."""
