@@ -104,7 +104,7 @@ class Client:
                  "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
                  "rate", "throttled_until", "throttle_start", "throttled_time", "not_read",
                  "pending_dropped", "warned", "rate_sample", "control_due",
-                 "username", "acl", "pending", "refusal", "v5")
+                 "username", "acl", "pending", "held", "refusal", "v5")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
@@ -143,6 +143,7 @@ class Client:
         self.acl = None               # this client's AclView, or None without an ACL file
         self.pending = None           # [CONNECT, packets received meanwhile] while its
                                       # password check or authentication exchange runs
+        self.held = None              # those not handled yet when a throttle began
         self.refusal = None           # (limit, why): refuse its CONNECT (Sessions.admission)
         self.v5 = None                # core.mqtt5.Conn5 for an MQTT 5.0 connection
 
@@ -293,7 +294,7 @@ class Client:
             if self.connected:
                 broker.detach(self, publish_will=will)
         finally:
-            self.will = self.pending = None
+            self.will = self.pending = self.held = None
             if broker.journal is not None:
                 broker.journal.forget(self)
             transport, self.transport = self.transport, CLOSED
@@ -369,7 +370,10 @@ class Client:
         self._end_throttle(now)
         self.last_seen = max(self.last_seen, now)
         self.transport.resume_reading("rate")  # still paused if another reason holds it
-        self.data_received(b"")
+        if self.held is not None:           # held during the password check, not handled yet
+            connect.replay_held(self)
+        if not self.halted:
+            self.data_received(b"")
         if not self.closed:
             broker.schedule(self)
 

@@ -4,8 +4,11 @@ control_rate; over it the client is throttled (not read, not disconnected), coun
 once, and every packet it sent is still answered, in order. PUBLISH and the acknowledgements of
 messages in flight are not charged."""
 
+import time
+
 import mqttraw as m
 import mqttraw5 as R
+from secfiles import write_passwords
 
 
 def _answers(c, ptype: int, n: int, timeout: float = 15.0) -> list:
@@ -80,7 +83,6 @@ def test_a_client_within_its_rate_after_a_pause_is_not_throttled(broker, uid):
     """A packet is charged at the time it is handled, not at the client's previous read: a
     burst after a pause long enough to refill the budget goes through unthrottled (the
     publish rate likewise)."""
-    import time
     b = broker(limits={"control_rate": 100, "control_burst": 100,
                        "messages_rate": 100, "messages_burst": 100})
     c = b.client(f"{uid}-c", keepalive=600)
@@ -93,3 +95,24 @@ def test_a_client_within_its_rate_after_a_pause_is_not_throttled(broker, uid):
         time.sleep(1.2)         # both budgets whole again (100 a second)
     hits = b.stats()["limit_hits"]
     assert hits.get("control_rate", 0) == 0 and hits.get("messages_rate", 0) == 0, hits
+
+
+def test_packets_held_during_the_password_check_keep_to_the_control_rate(broker, tmp_path,
+                                                                          uid):
+    """PINGREQs sent right behind CONNECT are held while the password check runs. They were
+    then all answered at once, past the throttle: now a throttle stops them as it stops
+    reading, and the rest are answered, in order, as the rate allows."""
+    pw = write_passwords(tmp_path / "passwd", {"dev": "secret"})
+    b = broker(password_file=str(pw), limits={"control_rate": 100, "control_burst": 10})
+    c = m.RawClient(b.host, b.port)
+    n = 110                      # 100 past the burst: about a second at 100/s
+    c.send(m.connect(f"{uid}-held", username="dev", password="secret") + m.pingreq() * n)
+    assert c.expect(m.CONNACK, 15).rc == 0
+    _answers(c, m.PINGRESP, 1)
+    first = time.monotonic()
+    _answers(c, m.PINGRESP, n - 1)
+    assert time.monotonic() - first >= 0.5      # paced by the rate, not all at once
+    assert b.stats()["limit_hits"]["control_rate"] >= 1
+    assert b.client_row(f"{uid}-held")["throttled_seconds"] > 0
+    assert c.ping() == []
+    c.close()

@@ -167,13 +167,9 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
     if client.closed:
         return
     if held:
-        try:
-            for packet in held:
-                client._handlers[packet.type](client, packet)
-                if client.closed:
-                    return
-        except ProtocolError as exc:
-            client.violation(exc)
+        client.held = held
+        replay_held(client)
+        if client.closed:
             return
     client.transport.resume_reading("auth")
 
@@ -181,6 +177,22 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
 def hold(client, p) -> None:
     """A packet that arrived while CONNECT waits for its password check."""
     client.pending.append(p)
+
+
+def replay_held(client) -> None:
+    """Handle the packets held while the password check ran (``client.held``), in order. A
+    throttle (the control rate) stops it as it stops reading: the rest wait in ``client.held``
+    for the throttle's end (Client._unthrottle)."""
+    held, client.held = client.held, None
+    try:
+        for i, packet in enumerate(held):
+            client._handlers[packet.type](client, packet)
+            if client.halted:
+                if not client.closed:
+                    client.held = held[i + 1:] or None
+                return
+    except ProtocolError as exc:
+        client.violation(exc)
 
 
 def accept(client, p: P.Connect) -> None:
