@@ -227,9 +227,11 @@ class Persistence:
                 s.inflight, s.queue = kept, queue
             session = self.sessions[s.client_id] = Session(s.client_id, clean=False)
             self.persistent_sessions += 1
-            # Offline since it went (or since the snapshot, if it was connected then): the
-            # time the broker was down counts toward persistent_client_expiration.
-            since_ms = state.written_ms if s.offline_ms is None else s.offline_ms
+            # Offline since it went: the time the broker was down counts toward the expiry.
+            # One connected when the snapshot was written was connected until the broker
+            # stopped, which a crash leaves unknown (an idle broker writes no snapshot for
+            # hours): it counts as offline from now, never removed for the crash's time.
+            since_ms = wall_ms if s.offline_ms is None else s.offline_ms
             session.offline_at = now - max(0, wall_ms - since_ms) / 1000
             session.expiry_interval = s.expiry_interval
             if s.sub5:
