@@ -46,6 +46,7 @@ from edgebroker.core.limits import (
 )
 from edgebroker.core.memory import MemoryGuard
 from edgebroker.core.metrics import PassTimes
+from edgebroker.core.mqtt5 import receive_window
 from edgebroker.core.persistence import Persistence
 from edgebroker.core.resume import Resume
 from edgebroker.core.router import Router
@@ -174,6 +175,11 @@ class Broker(Router, Router5, Resume, Sessions, CatchUp, CatchUpRuns, Timers, Pe
                         "now on %s", "cleared" if log_queue else "set",
                         "read from the commit log" if log_queue else
                         "queue in memory within them (those already behind read from the log)")
+        if config.limits.max_inflight_messages != old.max_inflight_messages:
+            for session in self.sessions.values():     # a 5.0 client's Receive Maximum holds
+                client = session.client
+                if client is not None:
+                    session.receive_max = receive_window(client.v5, config.limits)
         if config.limits.topic_expiry != old.topic_expiry:
             self._topic_expiry.start(self, now + config.limits.topic_expiry)
         if config.limits.persistent_client_expiration != old.persistent_client_expiration:

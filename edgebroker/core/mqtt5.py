@@ -87,6 +87,14 @@ def session_expiry_cap(wanted: int, cap: float) -> int:
     return wanted
 
 
+def receive_window(conn, limits) -> int:
+    """A session's ``receive_max``: the 5.0 client's Receive Maximum (``conn``; None for
+    3.1.1) when it is below max_inflight_messages, else 0 (the limit is the window). Set at
+    CONNECT and again when a reload changes the limit (MQTT-3.3.4-9)."""
+    window = conn.receive_maximum if conn is not None else 65535
+    return window if window < limits.max_inflight_messages else 0
+
+
 def connack_properties(broker, client, assigned_id: str | None, keepalive: int | None,
                        expiry: int) -> dict:
     """The properties of an accepting CONNACK: what differs from the protocol's defaults."""

@@ -181,6 +181,29 @@ def test_a_reload_that_lowers_the_announced_limits_applies_to_connections_made_a
     assert after.expect_disconnect().reason == 0x9B          # QoS not supported
 
 
+def test_a_reload_that_raises_max_inflight_keeps_a_connected_clients_receive_maximum(
+        broker, uid):
+    """A client's Receive Maximum (3) at or above max_inflight_messages (2) was not kept:
+    after a reload raised the limit to 50 the client was sent 50 messages at once."""
+    import signal
+    from conftest import toml_dumps
+    b = broker(limits={"max_inflight_messages": 2})
+    sub = raw5(b, f"{uid}-s", props={R.RECEIVE_MAXIMUM: 3})
+    sub.subscribe(f"{uid}/t", qos=1)
+    mark = b.mark()
+    b.config_path.write_text(toml_dumps(dict(b.config, limits={"max_inflight_messages": 50})))
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", timeout=5, start=mark)
+    pub = raw5(b, f"{uid}-p")
+    for i in range(10):
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    first = publishes(sub, 3)
+    assert [p.payload for p in first] == [b"0", b"1", b"2"]
+    assert quiet(sub)                       # the fourth waits for an acknowledgement
+    sub.ack(first[0])
+    assert [p.payload for p in publishes(sub, 1)] == [b"3"]
+
+
 def test_a_filter_listed_twice_in_an_unsubscribe_is_removed_once(srv, uid):
     """The first removes it (0x00); the second finds no subscription (0x11)."""
     c = raw5(srv, uid)

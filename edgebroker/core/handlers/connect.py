@@ -211,8 +211,7 @@ def accept(client, p: P.Connect) -> None:
             conn.inherited = set(session.awaiting_release)
     client.session = session
     session.acl = client.acl
-    window = conn.receive_maximum if conn is not None else 65535
-    session.receive_max = window if window < broker.limits.max_inflight_messages else 0
+    session.receive_max = mqtt5.receive_window(conn, broker.limits)
     client.connected = True
     client.connect_deadline = 0.0  # no longer needed: its float goes (24 bytes a connection)
     client.enter_connected()
