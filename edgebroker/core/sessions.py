@@ -182,18 +182,26 @@ class Sessions:
             log.info("will of %s on %r delayed %d s (Will Delay Interval)", client.describe(),
                      will.topic, delay)
             return
-        self._publish_will(client, will)
+        self._publish_will(client, will, client.acl)
 
     def _will_due(self, session: Session, client: Client, will) -> None:
         """A delayed will's time has come, or its session ends first."""
         self.will_timers.pop(session, None)
-        self._publish_will(client, will)
+        self._publish_will(client, will, session.acl)
 
-    def _publish_will(self, client: Client, will) -> None:
+    def _publish_will(self, client: Client, will, acl) -> None:
+        """Publish ``will``, checked against ``acl`` (the client's, or its session's for a
+        delayed will), which a reload may have changed since the CONNECT that checked it."""
         if will.topic.startswith("$SYS"):
             self.drop("sys_topic", None)
             log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
                         client.describe(), will.topic)
+            return
+        if acl is not None and not acl.can_write(will.topic):
+            self.stats.acl_publish_denied += 1
+            self.drop("acl", None)
+            log.warning("will of %s on %r dropped: the ACL (reloaded since it connected) does "
+                        "not let it publish there", client.describe(), will.topic)
             return
         log.info("publishing will of %s on %r", client.describe(), will.topic)
         properties, expiry = message_properties(will.properties)

@@ -196,6 +196,27 @@ def test_will_topic_denied_connack_5(aclsrv, uid):
     assert ok.ping() == []
 
 
+def test_a_will_the_reloaded_acl_denies_is_dropped_counted_and_logged(broker, tmp_path, uid):
+    """The will's topic was checked only at CONNECT: after a reload took the right away, the
+    client could no longer publish there, yet its will still was."""
+    pw = write_passwords(tmp_path / "passwd", PASSWORDS)
+    acl = write_acl(tmp_path / "acl", ACL)
+    b = broker(password_file=str(pw), acl_file=str(acl))
+    admin = login(b, "admin", f"{uid}-adm")
+    assert admin.subscribe(("alice/#", 1)).codes == [1]
+    alice = login(b, "alice", f"{uid}-a", will=("alice/will", b"gone", 1))
+    denied = b.stats()["counters"]["acl_publish_denied"]
+    write_acl(acl, ACL.replace("topic readwrite alice/#\n", "topic read alice/#\n"))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log(lambda ln: "reload: re-read" in ln and str(acl) in ln, start=mark)
+    alice.close()                                # no DISCONNECT: the will is due
+    line = b.wait_log(lambda ln: "will of" in ln and f"{uid}-a" in ln, start=mark)
+    assert line and "on 'alice/will' dropped: the ACL (reloaded since it connected)" in line
+    assert publishes(admin) == []
+    assert b.stats()["counters"]["acl_publish_denied"] == denied + 1
+
+
 def test_sys_readable_only_with_a_rule(aclsrv, uid):
     alice = login(aclsrv, "alice", f"{uid}-a")
     assert alice.subscribe("$SYS/#").codes == [0x80]
