@@ -70,7 +70,7 @@ class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
     __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run")
+                 "run", "unsure_to")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -87,6 +87,9 @@ class Cursor:
         # Records read (offsets below ``offset``) and not yet sent: a core.catchup_run.Run,
         # or None.
         self.run = None
+        # After a crash: records below this offset the session may have been sent before it
+        # (online when the snapshot was taken); at QoS 0 they are not sent again.
+        self.unsure_to = 0
 
     def __repr__(self):
         return f"Cursor({self.offset})"
@@ -262,7 +265,8 @@ class CatchUp:
         acl = session.acl
         queue = session.own_queue() if records else session.queue
         queued = queued_bytes = 0
-        lagging = 0
+        lagging = maybe_sent = 0
+        unsure_to = cursor.unsure_to
         done = cursor.done
         v5 = session.client.v5 is not None
         own_id = session.client_id.encode("utf-8")
@@ -293,6 +297,9 @@ class CatchUp:
                     self.stats.acl_deliveries_denied += 1
                     continue
             if qos == 0:
+                if offset < unsure_to:
+                    maybe_sent += 1       # at most once: perhaps sent before a crash
+                    continue
                 # Not kept while offline: a QoS 0 message (a QoS 1/2 one is, though the
                 # subscription's QoS was lowered since).
                 if (offline and not published and not keep_offline_qos0
@@ -316,6 +323,8 @@ class CatchUp:
             queued_bytes += ref.size
         if lagging:
             self._lag_drop(session, lagging, drop_qos0)
+        if maybe_sent:
+            self.drop("restart_qos0", session, maybe_sent)
         session.queue_bytes += queued_bytes
         self.queued_messages += queued
         self.queued_bytes += queued_bytes

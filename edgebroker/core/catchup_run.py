@@ -147,7 +147,8 @@ class CatchUpRuns:
         pid = session._next_id
         journal_qos2 = not session.clean and self.exchanges is not None
         hdr = RECORD_HEADER_SIZE
-        lagging = 0
+        lagging = maybe_sent = 0
+        unsure_to = session.cursor.unsure_to
         while True:
             first = i
             sent = 0
@@ -173,11 +174,14 @@ class CatchUpRuns:
                     if q == 2 and journal_qos2:
                         self.exchanges.sent(session.client_id, pid, offsets[i], size, False)
                 elif (run.skip_offline and not meta & 3 and session.cursor.was_offline(
-                        offsets[i]) or run.drop_qos0 or run.times[i] < run.too_old):
-                    # As refill: published at QoS 0 while the session was offline (not kept),
-                    # or past max_lag (counted).
-                    if not (run.skip_offline and not meta & 3
-                            and session.cursor.was_offline(offsets[i])):
+                        offsets[i]) or run.drop_qos0 or run.times[i] < run.too_old
+                        or offsets[i] < unsure_to):
+                    # As refill: perhaps sent before a crash, published at QoS 0 while the
+                    # session was offline (not kept), or past max_lag (counted).
+                    if offsets[i] < unsure_to:
+                        maybe_sent += 1
+                    elif not (run.skip_offline and not meta & 3
+                              and session.cursor.was_offline(offsets[i])):
                         lagging += 1
                     qos[i] = 255
                     i += 1
@@ -216,6 +220,8 @@ class CatchUpRuns:
             room = transport.max_pending - transport.out_bytes
         if lagging:
             self._lag_drop(session, lagging, run.drop_qos0)
+        if maybe_sent:
+            self.drop("restart_qos0", session, maybe_sent)
         if room <= 0:
             transport.wait_for_drain()
         return i >= n

@@ -294,8 +294,11 @@ class Persistence:
         if s.done:
             cursor.done = {o for o in s.done if o >= cursor.offset}
         if not cursor.offline or cursor.offline[-1][1] is not None:
-            # It was online when the snapshot was taken: offline from there on.
-            cursor.went_offline(min(snapshot_offset, end))
+            # It was online when the snapshot was taken, until the broker stopped: what it
+            # reads up to the log's end now it may have been sent (QoS 0: not again), and it
+            # is offline from there on.
+            cursor.unsure_to = end
+            cursor.went_offline(end)
 
     def apply_exchanges(self, records) -> None:
         """The QoS 2 exchanges journaled after the snapshot (core.exchanges), in order, applied
