@@ -1,13 +1,17 @@
 """The HTTP server of the metrics endpoint (server/metrics_http.py gives it the page).
 
-A thread per connection, at most MAX_CONNECTIONS at once (more are closed at once), each cut
-off REQUEST_DEADLINE after it was accepted: a slow or idle connection cannot hold a thread for
-good (a read timeout alone lets a peer that sends a byte every few seconds keep one).
+A thread per connection, at most MAX_CONNECTIONS at once, each cut off REQUEST_DEADLINE after
+it was accepted: a slow or idle connection cannot hold a thread for good (a read timeout alone
+lets a peer that sends a byte every few seconds keep one). When all are taken, a new connection
+closes the oldest of those that have not sent a whole request yet (request line and headers)
+and takes its thread: idle connections, or ones drip-feeding a request, cannot keep a scrape
+out. Only when all of them are being answered is the new one closed at once.
 
-What a client does to its own connection (a reset, a closed socket, a timeout: Prometheus
-resets a scrape it gave up on) is counted and logged at debug level only; any other error of a
-request is counted and logged with the peer, at most once a minute. The counts are the
-``edgebroker_metrics_connections_dropped_total`` family of the page (docs/metrics.md).
+What a client does to its own connection (a reset, a timeout: Prometheus resets a scrape it
+gave up on) is counted and logged at debug level only; any other error of a request, and each
+connection closed here, is counted and logged with the peer, each kind at most once a minute.
+The counts are the ``edgebroker_metrics_connections_dropped_total`` family of the page
+(docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -28,24 +32,35 @@ log = logging.getLogger("edgebroker.metrics")
 REQUEST_TIMEOUT = 5.0           # seconds one read or write of a request may take
 REQUEST_DEADLINE = 10.0         # seconds a whole request may take
 MAX_CONNECTIONS = 8             # connections served at once
+SLOT_WAIT = 2.0                 # seconds for the thread of a connection closed for a new one
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 DROPPED = "edgebroker_metrics_connections_dropped_total"
-DROP_REASONS = ("client_error", "error")
+DROP_REASONS = ("busy", "client_error", "deadline", "error", "idle")
 
 
 class _Connection:
-    __slots__ = ("peer", "deadline", "cut")
+    __slots__ = ("peer", "accepted", "reading", "cut")
 
-    def __init__(self, peer: str, deadline: float):
+    def __init__(self, peer: str, accepted: float):
         self.peer = peer
-        self.deadline = deadline
+        self.accepted = accepted
+        self.reading = True           # its request (line and headers) is not whole yet
         self.cut = False              # shut down here (its errors are no news)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT
     server_version = "edgebroker-metrics"
+
+    def parse_request(self):
+        """(Once the request line and headers are read.) No answer when the connection was
+        closed meanwhile for a new one (what it read then ends at the closing)."""
+        parsed = super().parse_request()
+        if not self.server.request_read(self.request):
+            self.close_connection = True
+            return False
+        return parsed
 
     def do_GET(self):  # noqa: N802 (the stdlib's naming)
         if self.path.split("?", 1)[0] not in ("/metrics", "/"):
@@ -130,12 +145,11 @@ class MetricsHTTPServer(http.server.ThreadingHTTPServer):
             self._events.log(level, reason, now, message, *args)
 
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            log.debug("metrics: %d requests at once; closing the one from %s",
-                      MAX_CONNECTIONS, client_address)
+        now = time.monotonic()
+        conn = _Connection(format_peer(client_address), now)
+        if not self._take_slot(conn, now):
             self.shutdown_request(request)
             return
-        conn = _Connection(format_peer(client_address), time.monotonic() + REQUEST_DEADLINE)
         with self._lock:
             self._conns[request] = conn
         try:
@@ -143,6 +157,44 @@ class MetricsHTTPServer(http.server.ThreadingHTTPServer):
         except BaseException:
             self._release(request)
             raise
+
+    def _take_slot(self, conn: _Connection, now: float) -> bool:
+        """A thread for a new connection: a free one, else the one of the oldest connection
+        that has not sent a whole request (it is closed), else none (False)."""
+        if self._slots.acquire(blocking=False):
+            return True
+        with self._lock:
+            waiting = [(old.accepted, sock) for sock, old in self._conns.items()
+                       if old.reading and not old.cut]
+            if not waiting:
+                self._drop("busy", logging.WARNING, now, "metrics: %d requests being answered "
+                           "at once; closed the new connection from %s", MAX_CONNECTIONS,
+                           conn.peer)
+                return False
+            sock = min(waiting, key=lambda item: item[0])[1]
+            old = self._conns[sock]
+            old.cut = True
+            self._drop("idle", logging.INFO, now, "metrics: %d connections open; closed the "
+                       "one from %s, which sent no whole request in %.1f s, for a new one from "
+                       "%s", MAX_CONNECTIONS, old.peer, now - old.accepted, conn.peer)
+        _shut(sock)
+        if self._slots.acquire(timeout=SLOT_WAIT):  # its thread ends at once
+            return True
+        with self._lock:
+            self._drop("busy", logging.WARNING, time.monotonic(), "metrics: no thread free "
+                       "%.0f s after a connection was closed for a new one; closed the new one "
+                       "from %s", SLOT_WAIT, conn.peer)
+        return False
+
+    def request_read(self, request) -> bool:
+        """A connection's request line and headers are read: it is not closed for a new one
+        from now on. False when it was closed meanwhile."""
+        with self._lock:
+            conn = self._conns.get(request)
+            if conn is None or conn.cut:
+                return False
+            conn.reading = False
+            return True
 
     def _release(self, request) -> None:
         with self._lock:
@@ -189,9 +241,14 @@ class MetricsHTTPServer(http.server.ThreadingHTTPServer):
         now = time.monotonic()
         with self._lock:
             late = [sock for sock, conn in self._conns.items()
-                    if conn.deadline <= now and not conn.cut]
+                    if conn.accepted + REQUEST_DEADLINE <= now and not conn.cut]
             for sock in late:
-                self._conns[sock].cut = True
+                conn = self._conns[sock]
+                conn.cut = True
+                self._drop("deadline", logging.INFO, now, "metrics: cut off the connection "
+                           "from %s %.0f s after it was accepted (%s)", conn.peer,
+                           REQUEST_DEADLINE, "its request not whole yet" if conn.reading
+                           else "its answer not sent yet")
             self._events.flush(now)
         for sock in late:
             _shut(sock)
