@@ -1,6 +1,6 @@
 """Prometheus text endpoint: ``GET /metrics`` on ``[metrics] listen``, off by default.
 
-A stdlib ``http.server`` in its own thread. It never touches the broker: once
+An HTTP server (server/metrics_httpd.py) in its own threads. It never touches the broker: once
 a second a timer in the core loop builds a fresh snapshot dict
 (``core.metrics.snapshot``) and stores the reference here; the HTTP thread
 only reads the latest reference and formats it. So a slow scraper never
@@ -12,24 +12,19 @@ docs/metrics.md).
 
 from __future__ import annotations
 
-import http.server
 import logging
 import socket
 import threading
-import time
 
 from edgebroker import config as configuration
 from edgebroker.core import metrics
 from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError, EdgebrokerError
+from edgebroker.server.metrics_httpd import MetricsHTTPServer
 
 log = logging.getLogger("edgebroker.metrics")
 
 SNAPSHOT_INTERVAL = 1.0
-REQUEST_TIMEOUT = 5.0           # seconds one read or write of a request may take
-REQUEST_DEADLINE = 10.0         # seconds a whole request may take
-MAX_REQUESTS = 8                # requests served at once
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _counter(key):
@@ -343,84 +338,12 @@ def render(snapshot: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    timeout = REQUEST_TIMEOUT
-    server_version = "edgebroker-metrics"
-
-    def do_GET(self):  # noqa: N802 (the stdlib's naming)
-        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-            self.send_error(404, "only /metrics is served here")
-            return
-        body = render(self.server.owner.snapshot).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format, *args):  # noqa: A002 (the stdlib's signature)
-        log.debug("metrics: %s %s", self.address_string(), format % args)
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    """One thread per request, at most MAX_REQUESTS at once (more are closed at once), each
-    given REQUEST_DEADLINE in all: a slow or idle connection cannot hold up the scrapes (a
-    read timeout alone lets a peer that sends a byte every few seconds hold one for good)."""
-
-    allow_reuse_address = True
-    daemon_threads = True
-
-    def __init__(self, address, family, owner, v6only=False):
-        self.address_family = family
-        self.owner = owner
-        self.v6only = v6only and family == socket.AF_INET6
-        self._slots = threading.BoundedSemaphore(MAX_REQUESTS)
-        self._deadlines: dict = {}       # request socket -> when it is cut off
-        self._lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def server_bind(self):
-        if self.v6only:     # an IPv4 listener shares the port (listener_config, "overlaps")
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        super().server_bind()
-
-    def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            log.debug("metrics: %d requests at once; closing the one from %s", MAX_REQUESTS,
-                      client_address)
-            self.shutdown_request(request)
-            return
-        with self._lock:
-            self._deadlines[request] = time.monotonic() + REQUEST_DEADLINE
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._lock:
-                self._deadlines.pop(request, None)
-            self._slots.release()
-
-    def service_actions(self):
-        """(serve_forever's loop, every poll interval): cut off requests past their deadline;
-        the handler's blocked read then ends."""
-        now = time.monotonic()
-        with self._lock:
-            late = [sock for sock, deadline in self._deadlines.items() if deadline <= now]
-        for sock in late:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
 class MetricsServer:
-    def __init__(self, loop, httpd: _Server):
+    def __init__(self, loop, httpd: MetricsHTTPServer):
         self.loop = loop
         self.httpd = httpd
         self.snapshot: dict = metrics.snapshot(loop.broker, loop.clock())
-        httpd.owner = self
+        httpd.page = self.page
         self.timer = Timer(self._publish)
         self.timer.start(loop.broker, loop.clock() + SNAPSHOT_INTERVAL)
         self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.5},
@@ -437,7 +360,7 @@ class MetricsServer:
             raise ConfigError(f"metrics.listen: expected HOST:PORT, got {listen!r}") from None
         family = socket.AF_INET6 if ":" in where.host else socket.AF_INET
         try:
-            httpd = _Server((where.host, where.port), family, None, where.port in ipv4_ports)
+            httpd = MetricsHTTPServer((where.host, where.port), family, where.port in ipv4_ports)
         except OSError as exc:
             raise EdgebrokerError(f"cannot listen for metrics on {where.address}: "
                                   f"{exc.strerror or exc}") from None
@@ -446,6 +369,10 @@ class MetricsServer:
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         log.info("metrics on http://%s/metrics", shown)
         return server
+
+    def page(self) -> bytes:
+        """The body of ``GET /metrics`` (in the HTTP server's threads)."""
+        return (render(self.snapshot) + self.httpd.render_dropped()).encode()
 
     def _publish(self) -> None:
         loop = self.loop

@@ -45,7 +45,8 @@ def scrape(url: str) -> dict:
 
 def test_slow_or_idle_connections_do_not_hold_up_the_scrapes(broker):
     """Idle connections and one that sends a byte every 2 s (each read within the 5 s read
-    timeout): scrapes go on meanwhile, and the slow one is cut off after 10 s in all."""
+    timeout): scrapes go on meanwhile, the idle ones end at the read timeout and the slow one
+    is cut off after 10 s in all, each counted."""
     b = broker(metrics={"listen": "127.0.0.1:0"})
     host, port = METRICS_RE.search(b.wait_log(METRICS_RE)).groups()
     url = f"http://{host}:{port}/metrics"
@@ -70,6 +71,9 @@ def test_slow_or_idle_connections_do_not_hold_up_the_scrapes(broker):
         except socket.timeout:
             pass
     assert cut is not None and 9 < cut < 20, cut
+    samples = scrape(url)
+    assert samples["edgebroker_metrics_connections_dropped_total", "deadline"] == 1
+    assert samples["edgebroker_metrics_connections_dropped_total", "client_error"] == 3
     for sock in idle + [slow]:
         sock.close()
 
