@@ -154,13 +154,26 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:0{NAME_DIGITS}d}"
 
 
-def parse_segment_name(filename: str) -> int | None:
-    """The base offset of a ``<20 digits>.seg`` name, else None (also for 20 digits past
-    2^64 - 1: no offset is that large, and the file is left alone as a foreign one)."""
-    stem, dot, ext = filename.partition(".")
-    if dot and "." + ext == SEGMENT_SUFFIX and len(stem) == NAME_DIGITS and stem.isdigit():
+# The largest base offset a segment's name may give: no log reaches 2^62 (146,000 years at a
+# million messages a second), so offsets stay far below 2^63 (the C helper returns them as
+# signed 64-bit numbers) and 2^64 - 1 (which readers take for damage).
+MAX_BASE_OFFSET = (1 << 62) - 1
+
+
+def parse_offset_name(stem: str) -> int | None:
+    """The offset a segment or index file's name (without its suffix) gives: 20 ASCII digits
+    up to MAX_BASE_OFFSET, else None (the file is not the log's, and is left alone)."""
+    if len(stem) == NAME_DIGITS and stem.isascii() and stem.isdigit():
         base = int(stem)
-        return base if base < 1 << 64 else None
+        return base if base <= MAX_BASE_OFFSET else None
+    return None
+
+
+def parse_segment_name(filename: str) -> int | None:
+    """The base offset of a ``<20 digits>.seg`` name (parse_offset_name), else None."""
+    stem, dot, ext = filename.partition(".")
+    if dot and "." + ext == SEGMENT_SUFFIX:
+        return parse_offset_name(stem)
     return None
 
 

@@ -23,8 +23,8 @@ from edgebroker.commitlog import scanner
 from edgebroker.commitlog.errors import LogError, LogLockedError, LogWriteError
 from edgebroker.commitlog.format import (
     FORMAT_VERSION, INDEX_ENTRY_SIZE, INDEX_SUFFIX, RECORD_HEADER, RECORD_HEADER_SIZE,
-    SEGMENT_HEADER_SIZE, Damage, check_segment_header, check_short_segment, parse_segment_name,
-    segment_header,
+    SEGMENT_HEADER_SIZE, Damage, check_segment_header, check_short_segment, parse_offset_name,
+    parse_segment_name, segment_header,
 )
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
@@ -149,7 +149,8 @@ def remove_leftovers(self, names: list[str], bases: set[int]) -> None:
         leftover = None
         if name.endswith(".tmp"):
             leftover = "unfinished temporary file"
-        elif "." + ext == INDEX_SUFFIX and stem.isdigit() and int(stem) not in bases:
+        elif ("." + ext == INDEX_SUFFIX and (base := parse_offset_name(stem)) is not None
+              and base not in bases):
             leftover = "index without its segment"
         if leftover:
             try:

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from edgebroker.commitlog import CommitLog, LogFormatError
+from edgebroker.commitlog.format import segment_header
 
 from .logutil import (
     append_n, as_tuple, expected, flip_byte, open_log, parse_index, parse_segment, segment_files,
@@ -35,18 +36,30 @@ def offsets(path, **kw):
 
 
 @pytest.mark.parametrize("readonly", [False, True])
-def test_a_segment_name_past_the_largest_offset_is_a_foreign_file(tmp_path, readonly):
-    """Twenty digits above 2^64 - 1 name no segment: the file is left alone and the log opens
-    (read-only it raised OverflowError in the C helper; writable, struct.error)."""
+@pytest.mark.parametrize("stem", ["99999999999999999999", f"{1 << 63:020d}",
+                                  f"{(1 << 64) - 2:020d}",
+                                  f"{1 << 62:020d}", "\u00b2" * 20])
+def test_a_segment_name_past_the_largest_offset_is_a_foreign_file(tmp_path, readonly, stem):
+    """Twenty digits above 2^62 - 1 (or digits that are not ASCII) name no segment, nor index:
+    the files are left alone and the log opens. Above 2^64 - 1 a read-only open raised
+    OverflowError in the C helper, a writable one struct.error; a segment named 2^63 or more
+    with a valid header took the C helper's appends for failures (each message logged twice),
+    one at 2^64 - 2 stopped a start, and "²" digits raised ValueError."""
     path = make_log(tmp_path / "log", n=5)
-    stray = path / "99999999999999999999.seg"
-    stray.write_bytes(b"not a segment")
+    stray, index = path / f"{stem}.seg", path / f"{stem}.idx"
+    body = segment_header(int(stem)) if stem.isascii() and int(stem) < 1 << 64 else b"not one"
+    stray.write_bytes(body)
+    index.write_bytes(b"not an index")
     log = CommitLog.open(str(path), readonly=True) if readonly else open_log(path)
     try:
         assert [r.offset for r in log.read_range(0)] == list(range(5))
+        if not readonly:
+            assert log.append(T0, 1, False, b"c", b"t", b"next") == 5
+            log.write_pending()
+            assert [r.offset for r in log.read_range(0)] == list(range(6))
     finally:
         log.close()
-    assert stray.read_bytes() == b"not a segment"
+    assert stray.read_bytes() == body and index.read_bytes() == b"not an index"
 
 
 def test_torn_tail_at_every_byte_of_the_last_record(tmp_path):
