@@ -27,7 +27,8 @@ def check_bridge_name(value):
 
 def check_remote_address(value):
     host, sep, port = value.rpartition(":")
-    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+    if (not sep or not host.strip("[]") or not (port.isascii() and port.isdigit())
+            or not 0 < int(port) < 65536):
         return "expected HOST:PORT (a port between 1 and 65535; [V6]:PORT for IPv6)"
     return None
 

@@ -117,7 +117,7 @@ def listener_problems(lst: ListenerConfig, given: dict, name: str) -> list[str]:
 def parse_address(text: str) -> ListenerConfig:
     """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (all interfaces) for ``--listen``."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         raise ConfigError(f"--listen {text!r}: expected HOST:PORT")
     host = host.strip("[]") or "0.0.0.0"
     port_no = int(port)

@@ -120,7 +120,7 @@ def fmt_time(ms: int | None) -> str:
 def parse_time(text: str, now_ms: int) -> int:
     """Milliseconds since the epoch from ISO 8601, epoch milliseconds, or an age (``10m``)."""
     text = text.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return int(text)
     m = _RELATIVE.match(text)
     if m:

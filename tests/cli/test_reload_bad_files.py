@@ -1,0 +1,84 @@
+"""A reload (SIGHUP) onto a configuration, or a file it names, that `serve` would refuse: the
+running broker logs "reload failed, keeping the running configuration" and serves on; `config
+check` and `serve` refuse the same file with one line naming the file and what is wrong."""
+
+import signal
+
+from conftest import run_cli, toml_dumps
+
+from edgebroker.security.passwords import hash_password
+
+FAILED = "reload failed, keeping the running configuration"
+
+
+def one_line(r) -> str:
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def reload_refused(b, cfg: dict, *words: str) -> str:
+    """Write ``cfg``, SIGHUP, and wait for the failed reload's line (holding ``words``); the
+    broker still serves."""
+    b.config_path.write_text(toml_dumps(cfg))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log(lambda ln: FAILED in ln or "configuration reloaded" in ln, timeout=10,
+                      start=mark)
+    assert line is not None and FAILED in line, f"{line!r}\n{b.log_text()}"
+    assert all(w in line for w in words), line
+    assert b.alive()
+    c = b.client("after-reload")
+    c.subscribe("after/t")
+    c.publish("after/t", b"still here")
+    assert c.recv_publish().payload == b"still here"
+    return line
+
+
+def _superscript(digits: str) -> str:
+    """``digits`` in superscript figures: str.isdigit() says yes, int() refuses them."""
+    return digits.translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def test_password_file_numbers_in_other_digits_are_refused_not_a_crash(broker, tmp_path):
+    """A hash's numbers (PBKDF2 iterations, scrypt parameters, SCRAM iterations) written with
+    digits other than 0-9 killed the broker on SIGHUP (int() raised ValueError past the
+    isdigit() check) and gave config check a traceback. Full-width digits, which int() takes,
+    are refused the same way."""
+    pbkdf2 = hash_password("pw", "pbkdf2")
+    scrypt = hash_password("pw")
+    count = pbkdf2.split("$")[2]
+    scram = ("$scram-sha-256$v=1$i=4096$" + "A" * 22 + "$" + "A" * 43 + "=$" + "A" * 43 + "=")
+    cases = [("pbkdf2", pbkdf2.replace(f"$7${count}$", f"$7${_superscript(count)}$")),
+             ("scrypt", scrypt.replace("ln=14", "ln=" + _superscript("14"))),
+             ("full-width", pbkdf2.replace(f"$7${count}$", "$7$" + "".join(
+                 chr(ord(d) - ord("0") + ord("０")) for d in count) + "$")),
+             ("scram", f"{pbkdf2}:{scram.replace('i=4096', 'i=' + _superscript('4096'))}")]
+    b = broker()
+    for name, stored in cases:
+        pw = tmp_path / f"{name}.pw"
+        pw.write_text(f"alice:{stored}\n", encoding="utf-8")
+        pw.chmod(0o600)
+        cfg = dict(b.config, password_file=str(pw))
+        line = reload_refused(b, cfg, f"{b.config_path}: password_file: {pw} line 1: "
+                                      f"user 'alice'")
+        path = tmp_path / f"{name}.toml"
+        path.write_text(toml_dumps(cfg))
+        problem = line.split(f"{FAILED}: {b.config_path}: ", 1)[1]
+        for command in ("config check", "serve"):
+            r = run_cli(*command.split(), "-c", str(path))
+            assert one_line(r) == f"edgebroker: config error: {path}: {problem}", command
+
+
+def test_ports_in_other_digits_are_one_line_errors(tmp_path):
+    """A port of '²' in --listen, metrics.listen or a bridge's address ended in a traceback."""
+    r = run_cli("serve", "--listen", "127.0.0.1:²", "--data-dir", str(tmp_path / "d"))
+    assert one_line(r) == "edgebroker: config error: --listen '127.0.0.1:²': expected HOST:PORT"
+    for key, table in (("metrics.listen", {"metrics": {"listen": "127.0.0.1:１８８３"}}),
+                       ("bridge[0].address", {"bridge": [{"name": "up", "address": "h:²",
+                                                          "topic": [{"pattern": "a/#"}]}]})):
+        path = tmp_path / "c.toml"
+        path.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), **table}))
+        line = one_line(run_cli("config", "check", "-c", str(path)))
+        assert line.startswith(f"edgebroker: config error: {path}: {key}: expected HOST:PORT"), line
