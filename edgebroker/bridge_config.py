@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 
-from edgebroker.config_fields import at_least, between, one_of, setting
+from edgebroker.config_fields import at_least, between, file_path, one_of, setting
 from edgebroker.errors import shown
 from edgebroker.records import record
 
@@ -135,10 +135,13 @@ class BridgeConfig:
         doc="MQTT 5.0 with clean_start false: the Session Expiry Interval sent in CONNECT, "
             "seconds the remote keeps the session after the link drops (4294967295: never "
             "expires, as Mosquitto's bridge keeps its session; 0: ends with the link)")
-    cafile: str = setting("", doc="PEM CA certificate(s) the remote's certificate must chain "
-                                  "to; makes the link TLS")
-    certfile: str = setting("", doc="PEM client certificate for the remote (with cafile)")
-    keyfile: str = setting("", doc="PEM key of certfile (empty: the key is in certfile)")
+    cafile: str = setting(
+        "", file_path, doc="PEM CA certificate(s) the remote's certificate must chain to; "
+                           "makes the link TLS")
+    certfile: str = setting(
+        "", file_path, doc="PEM client certificate for the remote (with cafile)")
+    keyfile: str = setting(
+        "", file_path, doc="PEM key of certfile (empty: the key is in certfile)")
     tls_verify: bool = setting(True, doc="check the remote's certificate and host name "
                                          "(false: encrypted but not authenticated)")
     window: int = setting(100, between(1, 65535),

@@ -72,6 +72,14 @@ def octal_mode(value):
     return None
 
 
+def file_path(value):
+    """A path for the operating system: it ends at a NUL byte, so one inside is refused here
+    (the calls given it would raise ValueError wherever the path is first used)."""
+    if "\x00" in value:
+        return "a path cannot contain U+0000 (NUL)"
+    return None
+
+
 def url_path(value):
     if (not value.startswith("/") or "?" in value or "#" in value
             or any(not "!" <= ch <= "~" for ch in value)):

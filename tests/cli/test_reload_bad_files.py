@@ -82,3 +82,43 @@ def test_ports_in_other_digits_are_one_line_errors(tmp_path):
         path.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), **table}))
         line = one_line(run_cli("config", "check", "-c", str(path)))
         assert line.startswith(f"edgebroker: config error: {path}: {key}: expected HOST:PORT"), line
+
+
+NUL_PATHS = [  # (the key as problems name it, the table it is set in)
+    ("data_dir", {"data_dir": "/tmp/d\0x"}),
+    ("password_file", {"password_file": "/tmp/p\0w"}),
+    ("acl_file", {"acl_file": "/tmp/a\0cl"}),
+    ("listener[0].unix_socket", {"listener": [{"unix_socket": "/tmp/s\0ock"}]}),
+    ("listener[0].certfile", {"listener": [{"port": 0, "certfile": "/tmp/c\0ert"}]}),
+    ("listener[0].keyfile", {"listener": [{"port": 0, "certfile": "/c", "keyfile": "/k\0"}]}),
+    ("listener[0].cafile", {"listener": [{"port": 0, "certfile": "/c", "cafile": "/\0ca"}]}),
+    ("listener[0].password_file", {"listener": [{"port": 0, "password_file": "\0"}]}),
+    ("listener[0].acl_file", {"listener": [{"port": 0, "acl_file": "a\0"}]}),
+    ("bridge[0].cafile", {"bridge": [{"name": "up", "address": "h:1", "cafile": "/\0",
+                                      "topic": [{"pattern": "a/#"}]}]}),
+    ("bridge[0].certfile", {"bridge": [{"name": "up", "address": "h:1", "cafile": "/c",
+                                        "certfile": "/\0", "topic": [{"pattern": "a/#"}]}]}),
+    ("bridge[0].keyfile", {"bridge": [{"name": "up", "address": "h:1", "cafile": "/c",
+                                       "certfile": "/c", "keyfile": "/\0",
+                                       "topic": [{"pattern": "a/#"}]}]}),
+    ("upload.ca_file", {"upload": {"url": "s3://bucket/p", "ca_file": "/\0"}}),
+]
+
+
+def test_a_path_with_a_nul_is_refused_naming_its_key(broker, tmp_path):
+    """A path setting holding U+0000 passed config check (data_dir, unix_socket: "OK") and
+    then gave serve a traceback ("embedded null byte"), or killed the broker on SIGHUP
+    (password_file). Now it is refused as the file is read, naming the key."""
+    for key, table in NUL_PATHS:
+        path = tmp_path / "c.toml"
+        path.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), **table}))
+        r = run_cli("config", "check", "-c", str(path))
+        assert "Traceback" not in r.stderr and r.returncode == 2, r.stderr
+        want = f"edgebroker: config error: {path}: {key}: a path cannot contain U+0000 (NUL)"
+        assert want in r.stderr, r.stderr
+    path.write_text(toml_dumps({"data_dir": "/tmp/d\0x", "listener": [{"port": 0}]}))
+    assert one_line(run_cli("serve", "-c", str(path))).startswith(
+        f"edgebroker: config error: {path}: data_dir: a path cannot contain U+0000 (NUL), got ")
+    b = broker()
+    reload_refused(b, dict(b.config, password_file="/tmp/x\0y"),
+                   f"{b.config_path}: password_file: a path cannot contain U+0000 (NUL)")
