@@ -122,3 +122,37 @@ def test_a_path_with_a_nul_is_refused_naming_its_key(broker, tmp_path):
     b = broker()
     reload_refused(b, dict(b.config, password_file="/tmp/x\0y"),
                    f"{b.config_path}: password_file: a path cannot contain U+0000 (NUL)")
+
+
+def test_a_reload_makes_the_checks_serve_makes_before_it_starts(broker, tmp_path, monkeypatch):
+    """A reload took a configuration that config check and the next start refuse: a bridge
+    whose CA file is missing, an s3 [upload] without credentials, a data_dir that cannot be
+    made, a Unix socket in a directory that does not exist (each of these needs a restart,
+    which would then fail). Each is refused as config check says it, naming the file."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)     # (the broker's environment)
+    missing = tmp_path / "missing"
+    (tmp_path / "a-file").write_text("")
+    b = broker()
+    changes = [
+        ({"bridge": [{"name": "up", "address": "127.0.0.1:1", "cafile": str(missing / "ca"),
+                      "topic": [{"pattern": "t/#"}]}]},
+         f"bridge[0] (up): cannot use its TLS files (cafile '{missing / 'ca'}'"),
+        ({"upload": {"url": "s3://bucket-x/p", "access_key_id": "AKIA"}},
+         "upload.secret_access_key: empty while upload.access_key_id is set"),
+        ({"data_dir": str(tmp_path / "a-file" / "data")},
+         f"data_dir: cannot create {tmp_path / 'a-file' / 'data'}: Not a directory"),
+        ({"listener": [*b.config["listener"], {"unix_socket": str(missing / "s.sock")}]},
+         f"listener[1].unix_socket: the directory {missing} does not exist"),
+    ]
+    for change, problem in changes:
+        cfg = dict(b.config, **change)
+        reload_refused(b, cfg, f"{b.config_path}: {problem}")
+        path = tmp_path / "c.toml"
+        path.write_text(toml_dumps(cfg))
+        r = run_cli("config", "check", "-c", str(path))
+        assert f"edgebroker: config error: {path}: {problem}" in r.stderr, r.stderr
+    b.config_path.write_text(toml_dumps(b.config))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", timeout=10, start=mark), b.log_text()
