@@ -2,6 +2,7 @@
 running broker logs "reload failed, keeping the running configuration" and serves on; `config
 check` and `serve` refuse the same file with one line naming the file and what is wrong."""
 
+import os
 import signal
 
 from conftest import run_cli, toml_dumps
@@ -156,3 +157,21 @@ def test_a_reload_makes_the_checks_serve_makes_before_it_starts(broker, tmp_path
     mark = b.mark()
     b.send_signal(signal.SIGHUP)
     assert b.wait_log("configuration reloaded", timeout=10, start=mark), b.log_text()
+
+
+def test_an_acl_file_that_is_not_a_regular_file_is_refused(broker, tmp_path):
+    """An acl_file naming a FIFO blocked the broker's loop thread in open() on SIGHUP (no
+    client served) and hung config check; /dev/zero ran config check out of memory. As for
+    password_file, anything but a regular file is refused."""
+    fifo = tmp_path / "acl.fifo"
+    os.mkfifo(fifo)
+    b = broker()
+    for acl in (str(fifo), "/dev/zero"):
+        cfg = dict(b.config, acl_file=acl)
+        reload_refused(b, cfg, f"{b.config_path}: acl_file: {acl}: not a regular file")
+        path = tmp_path / "c.toml"
+        path.write_text(toml_dumps(cfg))
+        for command in ("config check", "serve"):
+            r = run_cli(*command.split(), "-c", str(path), timeout=30)
+            assert one_line(r) == (f"edgebroker: config error: {path}: acl_file: {acl}: not a "
+                                   f"regular file"), command
