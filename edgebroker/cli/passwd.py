@@ -180,7 +180,9 @@ def upgrade(path: str, scheme: str = "scrypt", iterations: int = scram.DEFAULT_I
 
 def _read(path: str, must_exist: bool = False) -> list[str]:
     try:
-        with open(path, encoding="utf-8") as fh:
+        # utf-8-sig: a byte order mark at the start is skipped, as the broker skips it (it
+        # is not part of the first user's name); the file is written without it.
+        with open(path, encoding="utf-8-sig") as fh:
             return passwords.lines_of(fh.read())
     except FileNotFoundError:
         if must_exist:
