@@ -1,8 +1,15 @@
 """`edgebroker passwd` on the files it meets: one starting with a UTF-8 byte order mark, one
 edited by two commands at once, and passwords that are not UTF-8."""
 
-from conftest import run_cli
+import fcntl
+import os
+import subprocess
+import threading
+import time
 
+from conftest import REPO, broker_command, run_cli
+
+from edgebroker.security import passwords
 from edgebroker.security.passwords import PasswordFile
 
 BOM = "\ufeff"
@@ -28,3 +35,54 @@ def test_a_byte_order_mark_is_skipped_as_the_broker_skips_it(tmp_path):
     r = run_cli("passwd", "-D", str(path), "alice")
     assert r.returncode == 0 and r.stdout == f"{path}: user 'alice' deleted\n", r.stderr
     assert users_of(path) == ["bob"]
+
+
+def _waits_for_a_lock(pid: int, inode: int) -> bool:
+    """Whether process ``pid`` is blocked on a flock of file ``inode`` (/proc/locks: a waiter's
+    line has '->' and the holder's MAJ:MIN:INODE)."""
+    with open("/proc/locks") as fh:
+        for line in fh:
+            fields = line.split()
+            if "->" in fields and str(pid) in fields and any(
+                    f.count(":") == 2 and f.rsplit(":", 1)[1] == str(inode) for f in fields):
+                return True
+    return False
+
+
+def test_an_edit_waits_for_the_one_before_it_and_keeps_its_change(tmp_path):
+    """Two commands editing the file at once each read it, hashed, and wrote theirs: one
+    user was lost. Now a command waits for the lock on the file (held here, as another
+    command holds it from its read to its rename), then reads the file the other wrote."""
+    path = tmp_path / "f.pw"
+    assert run_cli("passwd", "-b", "--no-scram", str(path), "alice", "a").returncode == 0
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    proc = subprocess.Popen([*broker_command(), "passwd", "-b", "--no-scram", str(path), "bob",
+                             "b"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while not _waits_for_a_lock(proc.pid, os.fstat(fd).st_ino):
+            assert proc.poll() is None, f"passwd did not wait for the lock: {proc.communicate()}"
+            assert time.monotonic() < deadline, "passwd is not waiting for the lock"
+            threading.Event().wait(0.02)
+        # Another editor, holding the lock: carol added, the file renamed over.
+        passwords.write_atomic(str(path), [*path.read_text().splitlines(), "carol:" +
+                                           path.read_text().split(":", 1)[1].strip()])
+    finally:
+        os.close(fd)                # releases the lock
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out == f"{path}: user 'bob' added\n", err
+    assert users_of(path) == ["alice", "carol", "bob"]
+
+
+def test_commands_at_once_lose_no_user(tmp_path):
+    path = tmp_path / "f.pw"
+    procs = [subprocess.Popen([*broker_command(), "passwd", "-b", str(path), f"u{i}", "pw"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, text=True) for i in range(4)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and out.endswith("added\n"), err
+    assert sorted(users_of(path)) == ["u0", "u1", "u2", "u3"]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
