@@ -16,7 +16,9 @@ import os
 
 from edgebroker import records
 from edgebroker.bridge_config import BridgeConfig, TopicRule, bridge_problems
-from edgebroker.config_fields import MiB, at_least, between, coerce, file_path, one_of, setting
+from edgebroker.config_fields import (
+    MiB, at_least, between, coerce, file_path, mqtt_text, one_of, setting,
+)
 from edgebroker.errors import ConfigError
 from edgebroker.limits_config import Limits
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
@@ -86,7 +88,7 @@ class Config:
         10.0, at_least(0), doc="seconds between $SYS publications; 0 turns them off")
     allow_zero_length_clientid: bool = setting(
         True, doc="accept an empty client id (with clean session) and assign one")
-    auto_id_prefix: str = setting("auto-", doc="prefix of assigned client ids")
+    auto_id_prefix: str = setting("auto-", mqtt_text, doc="prefix of assigned client ids")
     shared_subscriptions: bool = setting(
         True, doc="accept shared subscriptions ($share/<name>/<filter>, from 3.1.1 and 5.0 "
                   "clients); false: refused (SUBACK 0x9E, 3.1.1: 0x80), and the 5.0 CONNACK "
