@@ -91,6 +91,8 @@ def prompt() -> str:
         second = getpass.getpass("Reenter password: ")
     except EOFError:
         raise EdgebrokerError("passwd: no password entered") from None
+    except UnicodeDecodeError:
+        raise EdgebrokerError(f"passwd: {_NOT_UTF8}; nothing changed") from None
     if first != second:
         raise EdgebrokerError("passwd: the passwords do not match; nothing changed")
     return first
@@ -99,13 +101,22 @@ def prompt() -> str:
 def read_stdin() -> str:
     """The first line of stdin, without its line end. A second line, if any, must repeat it
     (input made for the two prompts)."""
-    lines = sys.stdin.read().splitlines()
+    data = sys.stdin.buffer.read()
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise EdgebrokerError(f"passwd: {_NOT_UTF8} (stdin has the byte "
+                              f"0x{data[exc.start]:02X}); nothing changed") from None
     if not lines:
         raise EdgebrokerError("passwd: no password on stdin (it is not a terminal: give the "
                               "password as its first line)")
     if len(lines) > 1 and lines[1] != lines[0]:
         raise EdgebrokerError("passwd: the two lines on stdin differ; nothing changed")
     return lines[0]
+
+
+_NOT_UTF8 = ("the password is not UTF-8 text, which MQTT clients send and SCRAM-SHA-256 "
+             "needs")
 
 
 def _user_of(line: str) -> str | None:
@@ -131,6 +142,10 @@ def set_password(path: str, user: str, password: str, scheme: str = "scrypt",
         raise EdgebrokerError(f"passwd: {problem}")
     if not password:
         raise EdgebrokerError("passwd: the password is empty; nothing changed")
+    bad = next((ch for ch in password if 0xDC80 <= ord(ch) <= 0xDCFF), None)
+    if bad is not None:     # a byte of the command line that is not UTF-8 (surrogateescape)
+        raise EdgebrokerError(f"passwd: {_NOT_UTF8} (it has the byte 0x{ord(bad) - 0xDC00:02X})"
+                              f"; nothing changed")
     new = entry(user, password, scheme, iterations)     # (before the lock: it takes a while)
     with _locked(path, create=True) as lines:
         for i, line in enumerate(lines):

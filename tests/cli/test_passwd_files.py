@@ -86,3 +86,19 @@ def test_commands_at_once_lose_no_user(tmp_path):
         assert proc.returncode == 0 and out.endswith("added\n"), err
     assert sorted(users_of(path)) == ["u0", "u1", "u2", "u3"]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_password_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    """A password of bytes that are not UTF-8, on the command line or stdin, ended in a
+    traceback (UnicodeEncodeError)."""
+    path = tmp_path / "f.pw"
+    why = ("edgebroker: passwd: the password is not UTF-8 text, which MQTT clients send and "
+           "SCRAM-SHA-256 needs")
+    for argv, stdin, where in (([b"-b", bytes(path), b"bob", b"p\xffw"], b"", "it has the "
+                                "byte 0xFF"),
+                               ([bytes(path), b"carol"], b"\xe9t\xe9\n", "stdin has the byte "
+                                "0xE9")):
+        r = subprocess.run([*broker_command(), "passwd", *argv], cwd=REPO, input=stdin,
+                           capture_output=True, timeout=30, start_new_session=True)
+        assert (r.returncode, r.stderr.decode()) == (1, f"{why} ({where}); nothing changed\n")
+    assert not path.exists()
