@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 
+from edgebroker.cli.options import seconds
 from edgebroker.errors import REASON_NAMES
 from edgebroker.mqtt import packets as P
 
@@ -76,7 +77,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--will-payload", default="")
     p.add_argument("--will-qos", type=int, default=0, choices=(0, 1, 2))
     p.add_argument("--will-retain", action="store_true")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
                    help="seconds to connect and to finish (default 10)")
 
 
