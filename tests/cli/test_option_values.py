@@ -34,3 +34,30 @@ def test_the_longest_wait_is_taken(srv):
     r = run_cli("inspect", "clients", "--data-dir", str(srv.config["data_dir"]), "--watch",
                 "1e6", "--iterations", "1")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_message_is_sent_as_the_bytes_given(srv, uid):
+    """`pub -m $'\\xff'` ended in UnicodeEncodeError; mosquitto_pub sends the bytes as given,
+    and so does pub now (-m, --will-payload, -P)."""
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t")
+    r = subprocess.run([*broker_command(), "pub", "-p", str(srv.port), "-t", f"{uid}/t", "-m",
+                        b"\xff\xfe-not-utf8"], cwd=REPO, capture_output=True, timeout=30)
+    assert (r.returncode, r.stderr) == (0, b"")
+    assert sub.recv_publish().payload == b"\xff\xfe-not-utf8"
+
+
+@pytest.mark.parametrize("option, value, problem", [
+    ("-u", "u" * 70000, "the user name must be at most 65,535 bytes of UTF-8"),
+    ("-P", "p" * 70000, "the password must be at most 65,535 bytes"),
+    ("-i", "i" * 70000, "the client id must be at most 65,535 bytes of UTF-8"),
+    ("-u", b"\xff", "the user name must be valid UTF-8 (it has a lone surrogate)"),
+    ("--will-payload", "w" * 70000, "the will payload must be at most 65,535 bytes"),
+])
+def test_connect_fields_mqtt_cannot_carry_are_usage_errors(option, value, problem):
+    """`pub -u` with a 70,000-character name ended in a traceback (ValueError: field of 70000
+    bytes does not fit a 2-byte length)."""
+    extra = ["-u", "u"] if option == "-P" else ["--will-topic", "w"] if "will" in option else []
+    r = subprocess.run([*broker_command(), "pub", "-p", "1", "-t", "a", "-m", "x", *extra,
+                        option, value], cwd=REPO, capture_output=True, timeout=30)
+    assert (r.returncode, r.stderr.decode()) == (2, f"edgebroker pub: CONNECT: {problem}\n")
