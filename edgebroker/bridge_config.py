@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 
-from edgebroker.config_fields import at_least, between, one_of, setting
+from edgebroker.config_fields import at_least, between, file_path, one_of, setting
 from edgebroker.errors import shown
 from edgebroker.records import record
 
@@ -27,7 +27,8 @@ def check_bridge_name(value):
 
 def check_remote_address(value):
     host, sep, port = value.rpartition(":")
-    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+    if (not sep or not host.strip("[]") or not (port.isascii() and port.isdigit())
+            or not 0 < int(port) < 65536):
         return "expected HOST:PORT (a port between 1 and 65535; [V6]:PORT for IPv6)"
     return None
 
@@ -134,10 +135,13 @@ class BridgeConfig:
         doc="MQTT 5.0 with clean_start false: the Session Expiry Interval sent in CONNECT, "
             "seconds the remote keeps the session after the link drops (4294967295: never "
             "expires, as Mosquitto's bridge keeps its session; 0: ends with the link)")
-    cafile: str = setting("", doc="PEM CA certificate(s) the remote's certificate must chain "
-                                  "to; makes the link TLS")
-    certfile: str = setting("", doc="PEM client certificate for the remote (with cafile)")
-    keyfile: str = setting("", doc="PEM key of certfile (empty: the key is in certfile)")
+    cafile: str = setting(
+        "", file_path, doc="PEM CA certificate(s) the remote's certificate must chain to; "
+                           "makes the link TLS")
+    certfile: str = setting(
+        "", file_path, doc="PEM client certificate for the remote (with cafile)")
+    keyfile: str = setting(
+        "", file_path, doc="PEM key of certfile (empty: the key is in certfile)")
     tls_verify: bool = setting(True, doc="check the remote's certificate and host name "
                                          "(false: encrypted but not authenticated)")
     window: int = setting(100, between(1, 65535),

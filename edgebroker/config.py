@@ -16,7 +16,9 @@ import os
 
 from edgebroker import records
 from edgebroker.bridge_config import BridgeConfig, TopicRule, bridge_problems
-from edgebroker.config_fields import MiB, at_least, between, coerce, one_of, setting
+from edgebroker.config_fields import (
+    MiB, at_least, between, coerce, file_path, mqtt_text, one_of, setting,
+)
 from edgebroker.errors import ConfigError
 from edgebroker.limits_config import Limits
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
@@ -79,13 +81,14 @@ class LogConfig:
 
 @record(frozen=True)
 class Config:
-    data_dir: str = setting("", doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
+    data_dir: str = setting(
+        "", file_path, doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
     log_level: str = setting("info", one_of(*LOG_LEVELS), doc="debug, info, warning or error")
     sys_interval: float = setting(
         10.0, at_least(0), doc="seconds between $SYS publications; 0 turns them off")
     allow_zero_length_clientid: bool = setting(
         True, doc="accept an empty client id (with clean session) and assign one")
-    auto_id_prefix: str = setting("auto-", doc="prefix of assigned client ids")
+    auto_id_prefix: str = setting("auto-", mqtt_text, doc="prefix of assigned client ids")
     shared_subscriptions: bool = setting(
         True, doc="accept shared subscriptions ($share/<name>/<filter>, from 3.1.1 and 5.0 "
                   "clients); false: refused (SUBACK 0x9E, 3.1.1: 0x80), and the 5.0 CONNACK "
@@ -101,8 +104,10 @@ class Config:
                                        "from the log was just sent; 0: never")
     allow_anonymous: bool | None = setting(
         None, doc="accept clients without a user name; unset: true unless a password file applies")
-    password_file: str = setting("", doc="file of username:hash lines; clients must log in")
-    acl_file: str = setting("", doc="Mosquitto-format ACL file: which topics each client may use")
+    password_file: str = setting(
+        "", file_path, doc="file of username:hash lines; clients must log in")
+    acl_file: str = setting(
+        "", file_path, doc="Mosquitto-format ACL file: which topics each client may use")
     max_login_failures: int = setting(
         10, at_least(1), doc="failed logins in a row for one user name from one address "
                               "before its password checks are delayed (1 s, doubling); ten "

@@ -72,6 +72,30 @@ def octal_mode(value):
     return None
 
 
+def file_path(value):
+    """A path for the operating system: it ends at a NUL byte, so one inside is refused here
+    (the calls given it would raise ValueError wherever the path is first used)."""
+    if "\x00" in value:
+        return "a path cannot contain U+0000 (NUL)"
+    return None
+
+
+def mqtt_text(value):
+    """Text the broker sends as an MQTT UTF-8 string (an assigned client id's prefix): no
+    U+0000 (MQTT-1.5.4-2), and none of the code points a receiver may refuse (1.5.4: the
+    control characters U+0001..U+001F and U+007F..U+009F, and the non-characters); the
+    broker itself refuses a client id holding one, so a client could not come back with it."""
+    for ch in value:
+        code = ord(ch)
+        if code == 0:
+            return "cannot contain U+0000 (MQTT-1.5.4-2)"
+        if code < 0x20 or 0x7F <= code <= 0x9F:
+            return f"cannot contain U+{code:04X}, a control character (MQTT-1.5.4)"
+        if 0xFDD0 <= code <= 0xFDEF or code & 0xFFFE == 0xFFFE:
+            return f"cannot contain U+{code:04X}, a non-character (MQTT-1.5.4)"
+    return None
+
+
 def url_path(value):
     if (not value.startswith("/") or "?" in value or "#" in value
             or any(not "!" <= ch <= "~" for ch in value)):

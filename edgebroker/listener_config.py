@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import socket
 
-from edgebroker.config_fields import at_least, between, octal_mode, one_of, setting, url_path
+from edgebroker.config_fields import (
+    at_least, between, file_path, octal_mode, one_of, setting, url_path,
+)
 from edgebroker.errors import ConfigError
 from edgebroker.records import record
 
@@ -34,13 +36,17 @@ class ListenerConfig:
     websocket_path: str = setting(
         "/mqtt", url_path, doc="with protocol websockets: the URL path of the HTTP upgrade")
     # Unix-domain socket listener (instead of host/port).
-    unix_socket: str = setting("", doc="path of a Unix-domain socket to listen on instead of TCP")
+    unix_socket: str = setting(
+        "", file_path, doc="path of a Unix-domain socket to listen on instead of TCP")
     unix_socket_mode: str = setting(
         "0660", octal_mode, doc="permissions of the Unix socket file (octal)")
     # TLS: a listener with a certfile speaks MQTT over TLS.
-    certfile: str = setting("", doc="PEM server certificate (chain); makes this a TLS listener")
-    keyfile: str = setting("", doc="PEM private key of certfile (empty: the key is in certfile)")
-    cafile: str = setting("", doc="PEM CA certificate(s) that client certificates must chain to")
+    certfile: str = setting(
+        "", file_path, doc="PEM server certificate (chain); makes this a TLS listener")
+    keyfile: str = setting(
+        "", file_path, doc="PEM private key of certfile (empty: the key is in certfile)")
+    cafile: str = setting(
+        "", file_path, doc="PEM CA certificate(s) that client certificates must chain to")
     require_certificate: bool = setting(
         False, doc="clients must present a certificate signed by cafile")
     use_identity_as_username: bool = setting(
@@ -54,9 +60,10 @@ class ListenerConfig:
     allow_anonymous: bool | None = setting(
         None, doc="overrides the top-level allow_anonymous for this listener")
     password_file: str | None = setting(
-        None, doc="overrides the top-level password_file; \"\" for none on this listener")
+        None, file_path,
+        doc="overrides the top-level password_file; \"\" for none on this listener")
     acl_file: str | None = setting(
-        None, doc="overrides the top-level acl_file; \"\" for none on this listener")
+        None, file_path, doc="overrides the top-level acl_file; \"\" for none on this listener")
 
     @property
     def address(self) -> str:
@@ -117,7 +124,7 @@ def listener_problems(lst: ListenerConfig, given: dict, name: str) -> list[str]:
 def parse_address(text: str) -> ListenerConfig:
     """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (all interfaces) for ``--listen``."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         raise ConfigError(f"--listen {text!r}: expected HOST:PORT")
     host = host.strip("[]") or "0.0.0.0"
     port_no = int(port)

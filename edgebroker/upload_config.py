@@ -3,7 +3,7 @@ and the checks of its URL and gateway id, which the uploader uses too."""
 
 from __future__ import annotations
 
-from edgebroker.config_fields import MiB, at_least, between, setting
+from edgebroker.config_fields import MiB, at_least, between, file_path, setting
 from edgebroker.records import record
 
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -122,8 +122,9 @@ class UploadConfig:
                                           "(empty: $AWS_SESSION_TOKEN when the keys come from "
                                           "the environment)")
     ca_file: str = setting(
-        "", doc="s3 over https: PEM file of the CA certificates the store's certificate is "
-                "checked against (empty: $AWS_CA_BUNDLE, else the system's)")
+        "", file_path,
+        doc="s3 over https: PEM file of the CA certificates the store's certificate is "
+            "checked against (empty: $AWS_CA_BUNDLE, else the system's)")
     multipart_bytes: int = setting(
         16 * MiB, between(5 * MiB, 5 * 1024 * MiB),
         doc="s3: a batch file larger than this goes as a multipart upload in parts of this size")

@@ -146,3 +146,26 @@ def test_docs_list_every_key_with_its_default():
         else:
             shown = default
         assert f"`{shown}`" in rows[0], f"docs/config.md shows a wrong default for {key}"
+
+
+@pytest.mark.parametrize("prefix, problem", [
+    ("gw\0", "cannot contain U+0000 (MQTT-1.5.4-2)"),
+    ("gw\x1b-", "cannot contain U+001B, a control character (MQTT-1.5.4)"),
+    ("gw\x85", "cannot contain U+0085, a control character (MQTT-1.5.4)"),
+    ("gw\ufdd0", "cannot contain U+FDD0, a non-character (MQTT-1.5.4)"),
+    ("gw\uffff", "cannot contain U+FFFF, a non-character (MQTT-1.5.4)"),
+])
+def test_auto_id_prefix_is_text_a_client_id_can_hold(tmp_path, prefix, problem):
+    """auto_id_prefix was not checked: with U+0000 config check said OK, and a client with an
+    empty id was assigned an id holding it (MQTT-1.5.4-2), which the broker refuses when the
+    client comes back with it."""
+    from conftest import run_cli, toml_dumps
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "auto_id_prefix": prefix}))
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"edgebroker: config error: {path}: auto_id_prefix: {problem}, "
+                               f"got "), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert config.from_dict({"auto_id_prefix": "gw-é-\U0001fffd"}).auto_id_prefix == \
+        "gw-é-\U0001fffd"

@@ -12,19 +12,16 @@ what ``serve`` without ``-c`` runs: the built-in defaults.
 from __future__ import annotations
 
 import json
-import os
 
 from edgebroker import config as configuration
 from edgebroker.cli.options import add_format
-from edgebroker.cli.serve import check_links, check_state_dir
+from edgebroker.cli.serve import check_links, check_state_dir, unix_socket_problems
 from edgebroker.errors import ConfigError
 from edgebroker.security.acl import Acl
 from edgebroker.security.passwords import PasswordFile
 from edgebroker.server.tls import make_context
 
 DEFAULTS = "built-in defaults"
-# A Unix socket's path: 108 bytes with the terminating NUL (sun_path).
-UNIX_PATH_MAX = 107
 
 
 def add_parser(commands) -> None:
@@ -49,11 +46,9 @@ def problems_of(config: configuration.Config) -> list[str]:
     _collect(problems, configuration.check_authentication, config)
     _collect(problems, check_state_dir, config.state_dir())
     _collect(problems, check_links, config)
+    problems += unix_socket_problems(config)
     files_read = set()
     for i, lc in enumerate(config.listeners):
-        if lc.unix_socket:
-            problems += _unix_socket_problems(f"listener[{i}].unix_socket", lc.unix_socket,
-                                              config.state_dir())
         if lc.tls:
             _collect(problems, make_context, lc, f"listener[{i}]")
         auth = config.auth(lc)
@@ -62,19 +57,6 @@ def problems_of(config: configuration.Config) -> list[str]:
                 files_read.add((load, path))
                 _collect(problems, load, path)
     return problems
-
-
-def _unix_socket_problems(key: str, path: str, state_dir: str) -> list[str]:
-    """What would stop serve binding a Unix socket at ``path`` (nothing is created; the state
-    directory, serve creates before it listens)."""
-    if len(os.fsencode(path)) > UNIX_PATH_MAX:
-        return [f"{key}: {path} is longer than {UNIX_PATH_MAX} bytes (a Unix socket's path "
-                f"limit): serve cannot listen there"]
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory) and directory != os.path.abspath(state_dir):
-        return [f"{key}: the directory {directory} does not exist: serve cannot listen on "
-                f"{path}"]
-    return []
 
 
 def _collect(problems: list[str], check, *args) -> None:

@@ -17,7 +17,7 @@ import sys
 import time
 
 from edgebroker import config as configuration
-from edgebroker.cli.options import add_format
+from edgebroker.cli.options import add_format, seconds
 from edgebroker.core.metrics import SORT_KEYS
 from edgebroker.errors import EdgebrokerError
 from edgebroker.server.admin import socket_path
@@ -38,7 +38,7 @@ def add_subcommands(inspect_commands) -> None:
                          help="column to sort by, largest first (default msgs_in_rate)")
     clients.add_argument("--limit", type=_count, default=20, metavar="N",
                          help="show the first N clients (default 20; 0: all)")
-    clients.add_argument("--watch", type=_seconds, nargs="?", const=2.0, default=None,
+    clients.add_argument("--watch", type=seconds, nargs="?", const=2.0, default=None,
                          metavar="SECONDS",
                          help="refresh every SECONDS (default 2) until Ctrl-C or SIGTERM")
     clients.add_argument("--iterations", type=_count, default=0, metavar="N",
@@ -61,13 +61,6 @@ def _add_common(p) -> None:
 def _count(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
         raise ValueError(text)
     return value
 

@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 
+from edgebroker.cli.options import seconds
 from edgebroker.errors import REASON_NAMES
 from edgebroker.mqtt import packets as P
 
@@ -76,7 +77,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--will-payload", default="")
     p.add_argument("--will-qos", type=int, default=0, choices=(0, 1, 2))
     p.add_argument("--will-retain", action="store_true")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
                    help="seconds to connect and to finish (default 10)")
 
 
@@ -142,7 +143,7 @@ def make_client(args, tool: str):
         client_id = f"edgebroker_{tool}_{os.getpid()}" if protocol == 3 else ""
     will = None
     if args.will_topic:
-        will = P.Will(args.will_topic, args.will_payload.encode(), args.will_qos,
+        will = P.Will(args.will_topic, os.fsencode(args.will_payload), args.will_qos,
                       args.will_retain)
     from edgebroker.client.tls import TLSError
     try:
@@ -151,10 +152,16 @@ def make_client(args, tool: str):
                         tls=bool(args.cafile or args.insecure or args.cert) or None)
     except TLSError as exc:
         raise Exit(1, f"Error: {exc}") from None
-    conn = Connection(client_id, protocol, clean_start=not args.disable_clean_session,
-                      keepalive=args.keepalive, username=username, password=password,
-                      will=will, max_inflight=getattr(args, "max_inflight", 20) or 20,
-                      max_queued=1000, connect_timeout=args.timeout)
+    if isinstance(password, str):   # the command line's bytes as given (as mosquitto_pub)
+        password = os.fsencode(password)
+    from edgebroker.client.requests import ClientError
+    try:
+        conn = Connection(client_id, protocol, clean_start=not args.disable_clean_session,
+                          keepalive=args.keepalive, username=username, password=password,
+                          will=will, max_inflight=getattr(args, "max_inflight", 20) or 20,
+                          max_queued=1000, connect_timeout=args.timeout)
+    except ClientError as exc:
+        raise Exit(2, f"edgebroker {tool}: {exc}") from None
     return dialer, conn
 
 

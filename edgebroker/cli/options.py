@@ -57,6 +57,24 @@ def add_format(parser: argparse.ArgumentParser) -> None:
                         help=argparse.SUPPRESS)
 
 
+# The longest wait an option may ask for: the event loops wait in milliseconds that must fit
+# in a C int (24.8 days), and time.sleep in nanoseconds of 64 bits.
+MAX_SECONDS = 1_000_000
+
+
+def seconds(text: str) -> float:
+    """An argparse ``type``: a number of seconds above 0 and at most MAX_SECONDS (nan and inf
+    are usage errors, as a wait too long for the calls that make it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text}: must be above 0 and at most {MAX_SECONDS} "
+                                         f"seconds")
+    return value
+
+
 def count(text: str) -> int:
     """An argparse ``type``: an integer of 0 or more (a negative one is a usage error)."""
     try:

@@ -9,7 +9,9 @@
 The file is created when missing, with mode 0600. Every change replaces it atomically (a
 temporary file, fsynced, renamed over) keeping its owner, group and mode, less group-write and
 others' bits (``passwords.write_atomic``); comment lines and other users' lines are kept as
-they are. Hashes are scrypt by default
+they are. An exclusive lock on the file (flock), held from its read to the rename, makes two
+commands editing it at once take turns (``_locked``): neither loses the other's change.
+Hashes are scrypt by default
 (docs/security.md describes the format); ``--hash pbkdf2`` writes Mosquitto's
 PBKDF2-SHA512 format instead. Beside the hash, as a third field, go the user's
 SCRAM-SHA-256 keys (``--scram-iterations``, default 4096), so the user can also
@@ -22,7 +24,10 @@ A running broker reads the file again on SIGHUP.
 from __future__ import annotations
 
 import getpass
+import os
+import stat
 import sys
+from contextlib import contextmanager
 
 from edgebroker.errors import EdgebrokerError
 from edgebroker.security import passwords, scram
@@ -86,6 +91,8 @@ def prompt() -> str:
         second = getpass.getpass("Reenter password: ")
     except EOFError:
         raise EdgebrokerError("passwd: no password entered") from None
+    except UnicodeDecodeError:
+        raise EdgebrokerError(f"passwd: {_NOT_UTF8}; nothing changed") from None
     if first != second:
         raise EdgebrokerError("passwd: the passwords do not match; nothing changed")
     return first
@@ -94,13 +101,22 @@ def prompt() -> str:
 def read_stdin() -> str:
     """The first line of stdin, without its line end. A second line, if any, must repeat it
     (input made for the two prompts)."""
-    lines = sys.stdin.read().splitlines()
+    data = sys.stdin.buffer.read()
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise EdgebrokerError(f"passwd: {_NOT_UTF8} (stdin has the byte "
+                              f"0x{data[exc.start]:02X}); nothing changed") from None
     if not lines:
         raise EdgebrokerError("passwd: no password on stdin (it is not a terminal: give the "
                               "password as its first line)")
     if len(lines) > 1 and lines[1] != lines[0]:
         raise EdgebrokerError("passwd: the two lines on stdin differ; nothing changed")
     return lines[0]
+
+
+_NOT_UTF8 = ("the password is not UTF-8 text, which MQTT clients send and SCRAM-SHA-256 "
+             "needs")
 
 
 def _user_of(line: str) -> str | None:
@@ -126,66 +142,125 @@ def set_password(path: str, user: str, password: str, scheme: str = "scrypt",
         raise EdgebrokerError(f"passwd: {problem}")
     if not password:
         raise EdgebrokerError("passwd: the password is empty; nothing changed")
-    lines = _read(path)
-    new = entry(user, password, scheme, iterations)
-    for i, line in enumerate(lines):
-        if _user_of(line) == user:
-            lines[i] = new
-            action = "changed"
-            break
-    else:
-        lines.append(new)
-        action = "added"
-    _write(path, lines)
+    bad = next((ch for ch in password if 0xDC80 <= ord(ch) <= 0xDCFF), None)
+    if bad is not None:     # a byte of the command line that is not UTF-8 (surrogateescape)
+        raise EdgebrokerError(f"passwd: {_NOT_UTF8} (it has the byte 0x{ord(bad) - 0xDC00:02X})"
+                              f"; nothing changed")
+    new = entry(user, password, scheme, iterations)     # (before the lock: it takes a while)
+    with _locked(path, create=True) as lines:
+        for i, line in enumerate(lines):
+            if _user_of(line) == user:
+                lines[i] = new
+                action = "changed"
+                break
+        else:
+            lines.append(new)
+            action = "added"
+        _write(path, lines)
     print(f"{path}: user {user!r} {action}")
     return 0
 
 
 def delete(path: str, user: str) -> int:
-    lines = _read(path)
-    kept = [line for line in lines if _user_of(line) != user]
-    if len(kept) == len(lines):
-        raise EdgebrokerError(f"passwd: {path}: no user {user!r}")
-    _write(path, kept)
+    with _locked(path) as lines:
+        kept = [line for line in lines or () if _user_of(line) != user]
+        if lines is None or len(kept) == len(lines):
+            raise EdgebrokerError(f"passwd: {path}: no user {user!r}")
+        _write(path, kept)
     print(f"{path}: user {user!r} deleted")
     return 0
 
 
 def upgrade(path: str, scheme: str = "scrypt", iterations: int = scram.DEFAULT_ITERATIONS) -> int:
-    lines = _read(path, must_exist=True)
     hashed = kept = 0
-    for i, line in enumerate(lines):
-        user = _user_of(line)
-        if user is None:
-            continue
-        problem = passwords.check_username(user)
-        if problem:
-            raise EdgebrokerError(f"passwd: {path} line {i + 1}: {problem}; nothing changed")
-        secret = line.partition(":")[2]
-        try:
-            passwords.parse_hash(secret.partition(":")[0].strip())
-            kept += 1               # already a hash: running -U twice changes nothing
-            continue
-        except passwords.HashError:
-            pass
-        if not secret:
-            raise EdgebrokerError(f"passwd: {path} line {i + 1}: user {user!r} has an empty "
-                                  f"password; nothing changed")
-        lines[i] = entry(user, secret, scheme, iterations)
-        hashed += 1
-    _write(path, lines)
+    with _locked(path) as lines:
+        if lines is None:
+            raise EdgebrokerError(f"passwd: {path}: file not found")
+        for i, line in enumerate(lines):
+            user = _user_of(line)
+            if user is None:
+                continue
+            problem = passwords.check_username(user)
+            if problem:
+                raise EdgebrokerError(f"passwd: {path} line {i + 1}: {problem}; nothing "
+                                      f"changed")
+            secret = line.partition(":")[2]
+            try:
+                passwords.parse_hash(secret.partition(":")[0].strip())
+                kept += 1               # already a hash: running -U twice changes nothing
+                continue
+            except passwords.HashError:
+                pass
+            if not secret:
+                raise EdgebrokerError(f"passwd: {path} line {i + 1}: user {user!r} has an empty "
+                                      f"password; nothing changed")
+            lines[i] = entry(user, secret, scheme, iterations)
+            hashed += 1
+        _write(path, lines)
     print(f"{path}: {hashed} password(s) hashed, {kept} already hashed")
     return 0
 
 
-def _read(path: str, must_exist: bool = False) -> list[str]:
+# Times a command may find the file replaced (by the command it waited for) before it holds
+# the lock on the file the path names: each is another command's whole edit.
+LOCK_ATTEMPTS = 100
+
+
+@contextmanager
+def _locked(path: str, create: bool = False):
+    """The file's lines, read under an exclusive lock (flock) on the file, held until the
+    block ends (after ``_write`` renamed the new file over it). A command that waited finds
+    the path naming the file the one before it wrote: it then locks that one and reads it.
+    A missing file is created empty (mode 0600) with ``create``, and removed again when the
+    block fails; else None, with no lock (nothing will be written)."""
+    import fcntl
+    for _ in range(LOCK_ATTEMPTS):
+        created = False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                yield None
+                return
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise EdgebrokerError(f"passwd: {path}: cannot create: {exc.strerror}") from None
+            created = True
+        except OSError as exc:
+            raise EdgebrokerError(f"passwd: {path}: cannot read: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise EdgebrokerError(f"passwd: {path}: not a regular file")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                continue        # replaced or removed while this command waited: again
+            try:
+                yield _lines(path, fd)
+            except BaseException:
+                if created and os.fstat(fd).st_size == 0:
+                    os.unlink(path)
+                raise
+            return
+        finally:
+            os.close(fd)
+    raise EdgebrokerError(f"passwd: {path}: replaced by other commands {LOCK_ATTEMPTS} times "
+                          f"while this one waited to edit it; nothing changed")
+
+
+def _lines(path: str, fd: int) -> list[str]:
     try:
-        with open(path, encoding="utf-8") as fh:
+        # utf-8-sig: a byte order mark at the start is skipped, as the broker skips it (it
+        # is not part of the first user's name); the file is written without it.
+        with open(os.dup(fd), encoding="utf-8-sig") as fh:
             return passwords.lines_of(fh.read())
-    except FileNotFoundError:
-        if must_exist:
-            raise EdgebrokerError(f"passwd: {path}: file not found") from None
-        return []
     except OSError as exc:
         raise EdgebrokerError(f"passwd: {path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:

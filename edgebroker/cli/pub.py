@@ -50,7 +50,7 @@ def _messages(args):
     if args.stdin_line:
         return _stdin_lines()
     if args.message is not None:
-        payload = args.message.encode()
+        payload = os.fsencode(args.message)     # the bytes as given (as mosquitto_pub)
     elif args.file:
         try:
             with open(args.file, "rb") as fh:

@@ -20,8 +20,12 @@ def add_parser(commands) -> None:
     p.set_defaults(run=run)
 
 
+# A Unix socket's path: 108 bytes with the terminating NUL (sun_path).
+UNIX_PATH_MAX = 107
+
+
 def load(args) -> configuration.Config:
-    """The config file plus command-line overrides (also used on SIGHUP)."""
+    """The config file plus command-line overrides."""
     config = configuration.load(args.config)
     changes = {}
     if args.listen:
@@ -104,6 +108,53 @@ def check_links(config: configuration.Config) -> list:
     return contexts
 
 
+def unix_socket_problems(config: configuration.Config) -> list[str]:
+    """What would stop serve binding each Unix socket listener (nothing is created; the state
+    directory, serve creates before it listens)."""
+    problems = []
+    for i, lc in enumerate(config.listeners):
+        path, key = lc.unix_socket, f"listener[{i}].unix_socket"
+        if not path:
+            continue
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            problems.append(f"{key}: {path} is longer than {UNIX_PATH_MAX} bytes (a Unix "
+                            f"socket's path limit): serve cannot listen there")
+            continue
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory) and directory != os.path.abspath(config.state_dir()):
+            problems.append(f"{key}: the directory {directory} does not exist: serve cannot "
+                            f"listen on {path}")
+    return problems
+
+
+def load_again(args) -> configuration.Config:
+    """On SIGHUP: ``load``, and the checks serve makes before it starts that hold for a
+    running broker too (a file that a restart would refuse is refused now): the bridges' TLS
+    files and the uploader's credentials (``check_links``), the state directory and the Unix
+    socket paths, every problem at once. The certificate, password and ACL files are read by
+    the reload itself (server/reload.py)."""
+    config = load(args)
+    checks = ((args.config, lambda: check_links(config)),
+              (None if args.data_dir else args.config,
+               lambda: check_state_dir(config.state_dir())),
+              (None if args.listen else args.config, lambda: _raise(unix_socket_problems(config))))
+    problems = []
+    for where, check in checks:
+        try:
+            with naming_the_file(where):
+                check()
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(*problems)
+    return config
+
+
+def _raise(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(*problems)
+
+
 class ReloadAfterStart:
     """The SIGHUP handler while the broker starts (its default action would end the process:
     a reload during a long restore, say): the loop, installing its own handler, does the
@@ -129,4 +180,4 @@ def run(args) -> int:
     # Imported after the configuration is read: the TOML parser's memory, freed again
     # (config._read_toml), is then not interleaved with the broker's modules.
     from edgebroker.server.app import App
-    return App(config, reload_config=lambda: load(args), bridge_tls=bridge_tls).start()
+    return App(config, reload_config=lambda: load_again(args), bridge_tls=bridge_tls).start()

@@ -25,7 +25,7 @@ from edgebroker.client.requests import (PUBLISH, STAGE_PUBLISH, SUBSCRIBE, Clien
                                         QueueFull, Request, check_sendable, make_publish,
                                         make_subscribe, make_unsubscribe)
 from edgebroker.client.resume import send_again
-from edgebroker.client.propcheck import property_problem
+from edgebroker.client.propcheck import connect_problem, property_problem
 from edgebroker.client.sending import send_other, send_publish, send_qos0
 from edgebroker.client.state import load_state, save_state
 from edgebroker.client.states import CLOSED, CONNECTED, CONNECTING, DISCONNECTED, MOVES
@@ -61,7 +61,8 @@ class Connection:
         if properties and protocol != P.PROTOCOL_5:
             raise ClientError("CONNECT properties need protocol 5")
         problem = property_problem(properties, P.CONNECT) or will is not None and (
-            property_problem(will.properties, WILL))
+            property_problem(will.properties, WILL)) or connect_problem(
+            client_id, username, password, will)
         if problem:
             raise ClientError(f"CONNECT: {problem}")
         if max_packet_size is not None:

@@ -77,6 +77,26 @@ def _value_problem(ident: int, kind: int, value) -> str | None:
     return None
 
 
+def connect_problem(client_id: str, username: str | None, password: bytes | str | None,
+                    will: P.Will | None) -> str | None:
+    """What a CONNECT of these fields could not carry (each is a field with a 2-byte length;
+    the strings UTF-8 without U+0000), or None."""
+    for what, text in (("client id", client_id), ("user name", username),
+                       ("will topic", None if will is None else will.topic)):
+        problem = None if text is None else _string_problem(text)
+        if problem:
+            return f"the {what} {problem}"
+    if isinstance(password, str):
+        problem = _string_problem(password)
+        if problem:
+            return f"the password {problem}"
+    elif password is not None and len(password) > 0xFFFF:
+        return "the password must be at most 65,535 bytes"
+    if will is not None and len(will.payload) > 0xFFFF:
+        return "the will payload must be at most 65,535 bytes"
+    return None
+
+
 def _string_problem(value) -> str | None:
     if not isinstance(value, str):
         return "must be a str"

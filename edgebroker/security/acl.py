@@ -150,6 +150,9 @@ class Acl:
     def load(cls, path: str, key: str = "acl_file") -> "Acl":
         try:
             mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                # (a FIFO would block the thread reading it, /dev/zero fill its memory)
+                raise ConfigError(f"{key}: {path}: not a regular file")
             with open(path, encoding="utf-8-sig") as fh:
                 text = fh.read()
         except FileNotFoundError:

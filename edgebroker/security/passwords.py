@@ -110,7 +110,7 @@ def parse_hash(stored: str) -> tuple:
         params = {}
         for item in parts[3].split(","):
             key, _, value = item.partition("=")
-            if not value.isdigit():
+            if not (value.isascii() and value.isdigit()):
                 raise HashError(f"scrypt hash: bad parameter {item!r}")
             params[key] = int(value)
         if set(params) != {"ln", "r", "p"}:
@@ -125,7 +125,7 @@ def parse_hash(stored: str) -> tuple:
     if stored.startswith(PBKDF2_PREFIX):
         parts = stored.split("$")
         # ['', '7', ITERATIONS, SALT, HASH]
-        if len(parts) != 5 or not parts[2].isdigit():
+        if len(parts) != 5 or not (parts[2].isascii() and parts[2].isdigit()):
             raise HashError("PBKDF2 hash: expected $7$ITERATIONS$SALT$HASH")
         iterations = int(parts[2])
         if not 1 <= iterations <= _MAX_ITERATIONS:

@@ -163,7 +163,8 @@ def parse_keys(text: str) -> Keys:
             or parts[2] != f"v={VERSION}" or not parts[3].startswith("i=")):
         raise FormatError("SCRAM keys: expected $scram-sha-256$v=1$i=N$SALT$STOREDKEY$SERVERKEY")
     count = parts[3][2:]
-    if not count.isdigit() or not MIN_ITERATIONS <= int(count) <= MAX_ITERATIONS:
+    if (not (count.isascii() and count.isdigit())
+            or not MIN_ITERATIONS <= int(count) <= MAX_ITERATIONS):
         raise FormatError(f"SCRAM keys: iterations must be {MIN_ITERATIONS} to "
                           f"{MAX_ITERATIONS}")
     salt = _unb64(parts[4], "SCRAM keys: salt")

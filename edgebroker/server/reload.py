@@ -59,11 +59,18 @@ class Reloading:
                 log.warning("reload: changes to %s take effect after a restart (the running "
                             "values stay)", ", ".join(changed))
             try:
-                self.reload_security(config)
+                security = self.read_security(config)
             except ConfigError as exc:
                 log.error("reload failed, keeping the running configuration: %s", exc)
                 sdnotify.notify("READY=1")
                 return
+            except (OSError, ValueError):
+                # What reading a file can raise that its loader did not turn into a
+                # ConfigError naming it (a gap there): nothing was applied yet.
+                log.exception("reload failed, keeping the running configuration")
+                sdnotify.notify("READY=1")
+                return
+            self.apply_security(config, *security)
             self.config = config
             self.loop.hold_window = hold_window(config.coalesce_ms)
             self.loop.busy_poll.seconds = config.busy_poll_us / 1e6
@@ -90,10 +97,10 @@ class Reloading:
         for transport in self.loop.transports:
             transport.max_pending = limits.max_pending_write_bytes
 
-    def reload_security(self, config: Config) -> None:
-        """Re-read certificates, password and ACL files (SIGHUP). New connections use them;
-        open TLS connections keep their session; ACL decisions of connected clients and stored
-        sessions follow the re-read ACL. Nothing changes unless every file reads cleanly."""
+    def read_security(self, config: Config) -> tuple[list, list]:
+        """Re-read certificates, password and ACL files (SIGHUP), changing nothing yet: the
+        (index in the new file, ListenerConfig) of each running listener, and its
+        (TLSServer or None, ListenerPolicy). ConfigError when a file cannot be used."""
         running = []        # (index in the new file, its ListenerConfig) per running listener
         new = config.listeners
         for i, listener in enumerate(self.listeners):
@@ -103,7 +110,12 @@ class Reloading:
             else:   # moved in the file, or gone from it (then the running settings stay)
                 running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
                                     (i, listener.config)))
-        security = self._security(config, running)
+        return running, self._security(config, running)
+
+    def apply_security(self, config: Config, running: list, security: list) -> None:
+        """Put what ``read_security`` read in force. New connections use it; open TLS
+        connections keep their session; ACL decisions of connected clients and stored sessions
+        follow the re-read ACL."""
         for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
             listener.reconfigure(lc)
             listener.set_security(tls, policy)
