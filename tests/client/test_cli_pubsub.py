@@ -115,6 +115,7 @@ def test_refusals_exit_with_the_connack_code(csrv, uid):
     ("sub", ["-t", "t", "-k", "-1"], "sub: -k -1: the keepalive is 0 to 65535 seconds"),
     ("pub", ["-t", "t", "-p", "99999"], "pub: -p 99999: a port is 1 to 65535"),
     ("pub", ["-t", "t", "-M", "70000"], "pub: -M 70000: messages in flight are 1 to 65535"),
+    ("pub", ["-t", "t", "-M", "0"], "pub: -M 0: messages in flight are 1 to 65535"),
     ("pub", ["-t", "t", "--will-topic", "a/#"],
      "pub: --will-topic: topic name 'a/#' contains a wildcard character [MQTT-4.7.1-1]"),
     ("sub", ["-t", "t", "--will-topic", "a/+/b"], "sub: --will-topic: topic name 'a/+/b' "
