@@ -103,7 +103,6 @@ class Bridge(Refusals, Pumping, Releasing):
         self.max_qos = 2                 # the remote's Maximum QoS (5.0 CONNACK)
         self.retain_available = True     # the remote's Retain Available (5.0 CONNACK)
         self._busy: list = []            # requests refused with 0x89/0x97, to send again
-        self.qos2_out: set[int] = set()  # offsets sent at QoS 2, unanswered (3.1.1: pump)
         self._busy_times = 0             # such refusals since one was accepted (back-off)
         self._busy_retry = Timer(self._send_busy_again)
         self._warned: set = set()        # what was logged once
@@ -313,7 +312,6 @@ class Bridge(Refusals, Pumping, Releasing):
             if is_release(request):
                 self.released()
             elif request.kind == "publish":
-                self.qos2_out.discard(request.token)
                 if event.reason_code < 0x80:
                     self.outbound.acked(request.token)
                     if request.qos:
