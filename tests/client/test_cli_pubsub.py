@@ -6,6 +6,7 @@ mosquitto_pub on the other end."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -227,3 +228,23 @@ def test_an_empty_payload_prints_as_mosquitto_sub_prints_it(mosquitto_broker, mo
         assert proc.returncode == 0, err
     assert out["theirs"] == printed.format(t=f"{uid}/e").encode()
     assert out["ours"] == out["theirs"]
+
+
+def test_pub_M_at_most_a_lower_mosquitto_limit_loses_no_qos_2_message(mosquitto_broker, paho,
+                                                                      uid):
+    """docs/client-cli.md: over 3.1.1 a broker cannot say how many unfinished QoS 2 messages
+    it takes; to a Mosquitto with max_inflight_messages 5, -M 5 delivers every one."""
+    from bridge.helpers import Received
+    mb = mosquitto_broker(persistence=False, extra=["max_inflight_messages 5"])
+    sub = paho(mb.port, client_id=f"{uid}-s")
+    assert sub.subscribe(f"{uid}/q2", 1) == [1]
+    got = Received(sub)
+    r = eb("pub", "-h", "127.0.0.1", "-p", str(mb.port), "-t", f"{uid}/q2", "-m", "7",
+           "-q", "2", "-V", "311", "--repeat", "200", "-M", "5", "-d", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().count("received PUBCOMP") == 200
+    got.drain(wait=1.0)
+    deadline = time.monotonic() + 20
+    while len(got.order) < 200 and time.monotonic() < deadline:
+        got.drain(wait=0.2)
+    assert len(got.order) == 200
