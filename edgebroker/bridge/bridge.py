@@ -408,6 +408,10 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
 
     def _on_checkpoint(self) -> None:
         self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
+        self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        """Hand the writer the checkpoint when it differs from the one on disk."""
         outbound = self.outbound
         # Never ahead of what survives a power cut: records are forwarded once written, before
         # their fsync, and a checkpoint past the durable log would skip the records that take
