@@ -3,8 +3,9 @@
 The parts: ``Link`` (the socket, TLS), the client library's sans-I/O ``Connection`` (MQTT:
 packet ids, the window, resending after a reconnect, keepalive), ``Outbound`` (the log
 consumer and its cursor), ``Inbound`` (remote messages published here), the checkpoint file,
-in pump.py how the backlog is handed to the remote, and in refusals.py what the remote
-refuses. ``Bridge`` moves bytes and events between them:
+in pump.py how the backlog is handed to the remote, in refusals.py what the remote
+refuses, and in reconnect.py the back-off between connections. ``Bridge`` moves bytes and
+events between them:
 
 - bytes from the link go to ``Connection.receive_data``; its events are handled (``Acked``
   moves the cursor: the request's token is the record's log offset; ``Message`` is published
@@ -26,18 +27,17 @@ messages when it did not (client/resume.py); nothing new meanwhile: the backlog 
 from __future__ import annotations
 
 import logging
-import random
 
 from edgebroker.bridge import checkpoint
 from edgebroker.bridge.inbound import Inbound, LinkAsPublisher
 from edgebroker.bridge.link import Link, Resolver, numeric_address
 from edgebroker.bridge.outbound import Outbound
 from edgebroker.bridge.pump import Pumping
+from edgebroker.bridge.reconnect import Reconnecting
 from edgebroker.bridge.refusals import Refusals
 from edgebroker.bridge.release import Releasing
 from edgebroker.bridge.rules import Rules
 from edgebroker.bridge_config import split_address
-from edgebroker.client.backoff import ceiling
 from edgebroker.client.connection import Connection
 from edgebroker.client.requests import is_release
 from edgebroker.client.events import (
@@ -54,7 +54,7 @@ from edgebroker.mqtt.properties import (
 log = logging.getLogger("edgebroker.bridge")
 
 
-class Bridge(Refusals, Pumping, Releasing):
+class Bridge(Refusals, Pumping, Releasing, Reconnecting):
     def __init__(self, config, broker, selector, wake, state_dir: str, tls_context=None):
         self.config = config
         self.name = config.name
@@ -71,11 +71,11 @@ class Bridge(Refusals, Pumping, Releasing):
         self.state = "down"         # down | resolving | connecting | up | stopped
         self.link: Link | None = None
         self.resolver: Resolver | None = None
-        self.attempts = 0           # failed connects in a row (the back-off's exponent)
         self.connects = 0           # successful CONNACKs
         self.last_error = ""
         self.bytes_out = 0          # of links closed (the open one's are added in figures)
         self.bucket = None
+        self.init_reconnect()
         # MQTT 5.0 keeps no session without a Session Expiry Interval (0 when absent): with
         # clean_start false the bridge asks for session_expiry (default: never expires).
         keep = config.protocol_version == 5 and not config.clean_start and config.session_expiry
@@ -103,7 +103,6 @@ class Bridge(Refusals, Pumping, Releasing):
         self.max_qos = 2                 # the remote's Maximum QoS (5.0 CONNACK)
         self.retain_available = True     # the remote's Retain Available (5.0 CONNACK)
         self._busy: list = []            # requests refused with 0x89/0x97, to send again
-        self.qos2_out: set[int] = set()  # offsets sent at QoS 2, unanswered (3.1.1: pump)
         self._busy_times = 0             # such refusals since one was accepted (back-off)
         self._busy_retry = Timer(self._send_busy_again)
         self._warned: set = set()        # what was logged once
@@ -222,26 +221,6 @@ class Bridge(Refusals, Pumping, Releasing):
         if self.resolver is not None and self.resolver.done:
             self._connect()
 
-    def _failed(self, reason: str) -> None:
-        """The connection attempt or the link failed: try again after a jittered back-off."""
-        if self.state == "stopped":
-            return
-        if self.state == "up":
-            log.warning("bridge %s: link to %s lost (%s); reconnecting", self.name,
-                        self.config.address, reason)
-        elif reason != self.last_error:
-            log.warning("bridge %s: cannot connect to %s (%s); retrying with back-off up to "
-                        "%g s (logged again when the reason changes)", self.name,
-                        self.config.address, reason, self.config.reconnect_max)
-        self.last_error = reason
-        self.state = "down"
-        self._give_up.cancel()
-        low = self.config.reconnect_min
-        cap = ceiling(self.attempts, low, self.config.reconnect_max)
-        self.attempts += 1
-        self._tick.cancel()
-        self._retry.start(self.broker, self.clock() + random.uniform(low, max(low, cap)))
-
     # ----- the link's callbacks ---------------------------------------------------------
 
     def on_up(self) -> None:
@@ -313,7 +292,6 @@ class Bridge(Refusals, Pumping, Releasing):
             if is_release(request):
                 self.released()
             elif request.kind == "publish":
-                self.qos2_out.discard(request.token)
                 if event.reason_code < 0x80:
                     self.outbound.acked(request.token)
                     if request.qos:
@@ -345,7 +323,7 @@ class Bridge(Refusals, Pumping, Releasing):
     def _connected(self, event: Connected) -> None:
         self._give_up.cancel()
         self.state = "up"
-        self.attempts = 0
+        self._up()
         self.connects += 1
         self.last_error = ""
         # The log still cannot write: the new link is not read either (past its CONNACK).
@@ -430,6 +408,10 @@ class Bridge(Refusals, Pumping, Releasing):
 
     def _on_checkpoint(self) -> None:
         self._save.start(self.broker, self.clock() + self.config.checkpoint_interval)
+        self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        """Hand the writer the checkpoint when it differs from the one on disk."""
         outbound = self.outbound
         # Never ahead of what survives a power cut: records are forwarded once written, before
         # their fsync, and a checkpoint past the durable log would skip the records that take
@@ -474,6 +456,7 @@ class Bridge(Refusals, Pumping, Releasing):
             "checkpoint_damaged": self.checkpoint_damaged,
             "checkpoint_failures": self.writer.failed.get(self.path, 0),
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
+            "short_links": self.short_links,
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
             "received_held": len(self.inbound.held),
             "not_sent_back": ob.skipped_own,

@@ -13,11 +13,6 @@ from edgebroker.client.requests import ClientError, QueueFull
 READS_PER_PUMP = 4
 # The link's unsent output above which nothing new is handed to it.
 MAX_LINK_OUT = 1024 * 1024
-# QoS 2 messages in flight at once to a 3.1.1 remote, whatever the window: Mosquitto takes
-# max_inflight_messages (20 by default) from a client, and from a 3.1.1 client it answers one
-# more with a plain PUBREC and drops it (3.1.1 has no reason code to say so; a 5.0 client
-# gets PUBREC 0x97, and a 5.0 remote says its Receive Maximum). QoS 1 is not held this way.
-QOS2_IN_FLIGHT_311 = 20
 
 
 class Pumping:
@@ -45,7 +40,6 @@ class Pumping:
         publish = conn.publish
         pending = outbound.pending
         max_qos = self.max_qos
-        qos2 = self.qos2_out if self.config.protocol_version == 4 else None
         while limit > 0:
             if not pending:
                 if reads >= READS_PER_PUMP:
@@ -59,8 +53,9 @@ class Pumping:
             qos = min(pending[0][3], max_qos)
             if qos and room <= 0 or not conn.can_publish:
                 break       # the window is full: an acknowledgement calls pump again
-            if qos == 2 and qos2 is not None and len(qos2) >= QOS2_IN_FLIGHT_311:
-                break       # ... as for the QoS 2 messages a 3.1.1 remote holds
+            if qos == 2 and conn.qos2_full:
+                break       # ... as for the QoS 2 messages a 3.1.1 remote holds (the client
+                # library's max_qos2_inflight: client/connection.py, QOS2_INFLIGHT_311)
             record = outbound.take()
             offset, topic, payload, _, retain = record
             if retain and not self.retain_available:
@@ -75,8 +70,6 @@ class Pumping:
                 continue
             if qos:
                 room -= 1
-                if qos == 2 and qos2 is not None:
-                    qos2.add(offset)
             size = len(payload) + len(topic)
             limit -= size
             if bucket is not None and not bucket.spend(size, self.clock()):

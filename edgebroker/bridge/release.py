@@ -16,7 +16,9 @@ the range its earlier run used, before any new message (client/resume.py's ``rel
 each counts in the window until its PUBCOMP comes). Whatever the remote held is then
 released (delivered, and sent again from the log: at least once), and nothing new can meet
 an id it still holds. Without that key (a checkpoint of an older version, none, or a
-damaged one) the whole range 1..65535 is released.
+damaged one) the whole range 1..65535 is released. Once the old ids are released (or the
+remote had no session) the checkpoint is handed to the writer at once with the bridge's own
+range: a crash before the next ``checkpoint_interval`` then releases only those ids.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class Releasing:
         if not self.old_ids:
             return
         if not session_present:     # no session: nothing is held there any more
-            self.old_ids = self.releasing = 0
+            self.releasing = 0
+            self._old_ids_done()
             return
         if self._release_sent:      # (in flight: the connection sends them again)
             return
@@ -69,7 +72,7 @@ class Releasing:
                  "(MQTT-4.4.0-1); new messages wait for their PUBCOMPs", self.name,
                  self.old_ids)
         if not self.releasing:
-            self.old_ids = 0
+            self._old_ids_done()
 
     def released(self) -> None:
         """The PUBCOMP of one of them came."""
@@ -77,4 +80,10 @@ class Releasing:
         if self.releasing <= 0:
             self.releasing = 0
             log.info("bridge %s: packet ids 1 to %d released", self.name, self.old_ids)
-            self.old_ids = 0
+            self._old_ids_done()
+
+    def _old_ids_done(self) -> None:
+        """Only the bridge's own ids may be held at the remote now: the checkpoint says so."""
+        self.old_ids = 0
+        if self.packet_ids != self.ids_saved:
+            self.save_checkpoint()

@@ -158,7 +158,7 @@ def make_client(args, tool: str):
     try:
         conn = Connection(client_id, protocol, clean_start=not args.disable_clean_session,
                           keepalive=args.keepalive, username=username, password=password,
-                          will=will, max_inflight=getattr(args, "max_inflight", 20) or 20,
+                          will=will, max_inflight=getattr(args, "max_inflight", 20),
                           max_queued=1000, connect_timeout=args.timeout)
     except ClientError as exc:
         raise Exit(2, f"edgebroker {tool}: {exc}") from None

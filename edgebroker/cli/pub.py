@@ -113,7 +113,7 @@ def _requests(args, topic: str, messages, session):
 
 def publish(args) -> int:
     check_options(args, "pub")
-    if not 1 <= args.max_inflight <= 65535 and args.max_inflight != 0:
+    if not 1 <= args.max_inflight <= 65535:
         raise Exit(2, f"edgebroker pub: -M {args.max_inflight}: messages in flight are 1 to 65535")
     topic = args.topic or url_topic(args, "pub")
     if not topic:

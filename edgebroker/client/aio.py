@@ -80,7 +80,7 @@ class AsyncClient(AsyncDialing):
         transport; ``tls``: Dialer's TLS options (cafile, certfile, keyfile, verify,
         server_name); ``connection``: Connection's options (protocol, clean_start,
         keepalive, username, password, will, properties, max_inflight, max_queued,
-        resubscribe: True here);
+        max_qos2_inflight, resubscribe: True here);
         ``reconnect`` and ``backoff`` (base, cap): the policy and back-off of backoff.py,
         the synchronous loop's; ``max_messages``, ``max_message_bytes``: the bound of
         messages held unread (module doc)."""

@@ -10,7 +10,8 @@ Back-off ("full jitter"): the n-th attempt in a row waits a random time between 
 link from reconnecting in step. The count starts again once a connection made (CONNACK with
 success) has lasted ``STABLE_AFTER`` seconds: a server that closes each connection soon
 after its CONNACK (a message it refuses, a client id taken over again and again) meets a
-growing wait, not a reconnection as fast as the link allows.
+growing wait, not a reconnection as fast as the link allows. The bridge keeps to the same
+rule (bridge/reconnect.py), with its waits drawn from ``base`` up (``floor``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ def ceiling(attempts: int, base: float, cap: float) -> float:
 
 
 class Backoff:
-    __slots__ = ("policy", "base", "cap", "attempts", "connected_once", "up_since", "_random")
+    __slots__ = ("policy", "base", "cap", "floor", "attempts", "connected_once", "up_since",
+                 "_random")
 
     def __init__(self, policy: str = AFTER_FIRST_SUCCESS, base: float = 0.5,
-                 cap: float = 30.0, rng=random.random):
+                 cap: float = 30.0, rng=random.random, floor: bool = False):
+        """``floor``: a wait is drawn between ``base`` and the ceiling, not from 0."""
         if policy not in POLICIES:
             raise ValueError(f"reconnect policy must be one of {', '.join(POLICIES)}, "
                              f"not {policy!r}")
@@ -43,6 +46,7 @@ class Backoff:
         self.policy = policy
         self.base = base
         self.cap = cap
+        self.floor = floor
         self.attempts = 0          # failed attempts (or losses) since the last success
         self.connected_once = False
         self.up_since: float | None = None     # when the connection now up was made
@@ -57,11 +61,14 @@ class Backoff:
         else:
             self.up_since = now
 
-    def lost(self, now: float) -> None:
-        """The connection ended (any way) at ``now``."""
-        if self.up_since is not None and now - self.up_since >= STABLE_AFTER:
+    def lost(self, now: float) -> bool:
+        """The connection ended (any way) at ``now``; True when it had lasted
+        ``STABLE_AFTER`` seconds (the count starts again)."""
+        stable = self.up_since is not None and now - self.up_since >= STABLE_AFTER
+        if stable:
             self.attempts = 0
         self.up_since = None
+        return stable
 
     def again(self) -> bool:
         """Whether to connect again after a failure or a loss."""
@@ -73,4 +80,5 @@ class Backoff:
         """The wait before the next attempt (counts this failure)."""
         longest = ceiling(self.attempts, self.base, self.cap)
         self.attempts += 1
-        return self._random() * longest
+        least = self.base if self.floor else 0.0
+        return least + self._random() * (longest - least)

@@ -9,9 +9,10 @@ what is sent again after a reconnection in client/resume.py; the state file is
 client/state.py's; 5.0 properties are checked by client/propcheck.py.
 
 Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the
-window (the smaller of ``max_inflight`` and the server's Receive Maximum) and what follows it
-waits behind it. Nothing is lost on "disconnected": in-flight and queued requests wait for
-the next connection, and ``save()`` writes them out for a later process (``load``).
+window (the smaller of ``max_inflight`` and the server's Receive Maximum; over 3.1/3.1.1 a
+QoS 2 one also for one of ``max_qos2_inflight``) and what follows it waits behind it.
+Nothing is lost on "disconnected": in-flight and queued requests wait for the next
+connection, and ``save()`` writes them out for a later process (``load``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ from edgebroker.mqtt.stream import Decoder
 
 __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
 
+# QoS 2 PUBLISHes unfinished (PUBCOMP not back) at once over 3.1/3.1.1 by default: such a
+# server cannot say how many it takes, and Mosquitto takes max_inflight_messages (20 by
+# default) from a client; from a 3.1.1 client it answers one more with a plain PUBREC and
+# drops it (a 5.0 client gets PUBREC 0x97, and a 5.0 server says its Receive Maximum). QoS 1
+# is not held this way. The bridge keeps to it too.
+QOS2_INFLIGHT_311 = 20
+
 class Connection:
     """One client's MQTT session over successive transports (see the module doc)."""
 
@@ -48,13 +56,15 @@ class Connection:
                  properties: dict | None = None, max_inflight: int = 100,
                  max_queued: int = 1000, connect_timeout: float = 30.0,
                  resubscribe: bool = False, auto_ack: bool = True,
-                 max_packet_size: int | None = None):
+                 max_packet_size: int | None = None, max_qos2_inflight: int | None = None):
         if protocol not in (P.PROTOCOL_31, P.PROTOCOL_311, P.PROTOCOL_5):
             raise ClientError(f"protocol must be 3 (3.1), 4 (3.1.1) or 5, not {protocol!r}")
         if not 0 <= keepalive <= 0xFFFF:
             raise ClientError(f"keepalive {keepalive} is outside 0..65535 seconds")
         if not 1 <= max_inflight <= 0xFFFF:
             raise ClientError(f"max_inflight {max_inflight} is outside 1..65535")
+        if max_qos2_inflight is not None and not 1 <= max_qos2_inflight <= 0xFFFF:
+            raise ClientError(f"max_qos2_inflight {max_qos2_inflight} is outside 1..65535")
         if max_queued < 1:
             raise ClientError(f"max_queued {max_queued} is below 1 (the queue must take at "
                               f"least one request: every request passes through it)")
@@ -82,6 +92,11 @@ class Connection:
         self.will = will
         self.properties = properties
         self.max_inflight = max_inflight
+        # QoS 2 PUBLISHes unfinished at once (None: QOS2_INFLIGHT_311 over 3.1/3.1.1, none of
+        # its own over 5.0, where the server's Receive Maximum says)
+        self.max_qos2_inflight = max_qos2_inflight
+        self._qos2_cap = max_qos2_inflight or (0xFFFF if protocol == P.PROTOCOL_5
+                                               else QOS2_INFLIGHT_311)
         self.max_queued = max_queued
         self.connect_timeout = connect_timeout
         # After a CONNACK with Session Present 0 on a reconnect: SUBSCRIBE again what the
@@ -101,6 +116,7 @@ class Connection:
         self._queue: deque = deque()     # requests not sent yet, in order
         self._inflight: dict = {}        # packet id -> request sent, not acknowledged (in order)
         self._n_pub = 0                  # QoS 1/2 PUBLISHes among them (the window's count)
+        self._n_qos2 = 0                 # ... QoS 2 ones (_qos2_cap's count)
         self._resend_wait: deque = deque()  # in flight, to send again when the window allows
         self._window = max_inflight
         self._next_pid = 1
@@ -158,6 +174,15 @@ class Connection:
     def ping_outstanding(self) -> bool:
         """A PINGREQ went out and its PINGRESP has not come back yet."""
         return self._ping_due is not None
+
+    @property
+    def qos2_full(self) -> bool:
+        """True while ``max_qos2_inflight`` QoS 2 PUBLISHes are unfinished: a new one waits."""
+        return self._n_qos2 >= self._qos2_cap
+
+    def _room(self, req: Request) -> bool:
+        """Whether the PUBLISH ``req`` (QoS 1/2) may be in flight now."""
+        return self._n_pub < self._window and (req.qos < 2 or self._n_qos2 < self._qos2_cap)
 
     @property
     def window(self) -> int:
@@ -267,7 +292,7 @@ class Connection:
                 queue.append(req)
         elif not req.qos:
             self._send_qos0(req)
-        elif self._n_pub >= self._window or not self._send_publish(req):
+        elif not self._room(req) or not self._send_publish(req):
             queue.append(req)
         return req
 
@@ -297,7 +322,7 @@ class Connection:
         wait = self._resend_wait
         while wait and self._closing is None:
             req = wait[0]
-            if req.kind is PUBLISH and self._n_pub >= self._window:
+            if req.kind is PUBLISH and not self._room(req):
                 return
             wait.popleft()
             send_again(self, req)
@@ -309,7 +334,7 @@ class Connection:
                     queue.popleft()
                     self._send_qos0(req)
                     continue
-                if self._n_pub >= self._window or not self._send_publish(req):
+                if not self._room(req) or not self._send_publish(req):
                     return
             elif not self._send_other(req):
                 return
@@ -323,6 +348,7 @@ class Connection:
             wait.remove(req)
         elif req.kind is PUBLISH:
             self._n_pub -= 1
+            self._n_qos2 -= req.qos == 2
 
     def data_to_send(self, now: float | None = None) -> bytes:
         """The bytes to write (b"" if none); the caller writes them all. ``now`` dates them

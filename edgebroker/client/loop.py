@@ -57,9 +57,9 @@ _SOURCE = "source"          # the selector key's data of the source's descriptor
 
 class EventLoop(LoopCommands, LoopDialing):
     """See the module doc. ``options`` go to the Connection (keepalive, clean_start, username,
-    password, will, properties, max_inflight, max_queued). ``resubscribe``: after a
-    reconnection on which the server has no session, SUBSCRIBE again what it had granted
-    (Connection's option; set on a ``connection`` given too).
+    password, will, properties, max_inflight, max_queued, max_qos2_inflight). ``resubscribe``:
+    after a reconnection on which the server has no session, SUBSCRIBE again what it had
+    granted (Connection's option; set on a ``connection`` given too).
 
     The transport: address.py's ``Dialer`` for ``host``/``port`` (or ``unix_path``) with
     ``transport_options`` as its options (``tls=True``, ``cafile``, ``certfile``, ``keyfile``,

@@ -53,15 +53,15 @@ def resend(conn, session_present: bool) -> None:
                 req.stage = STAGE_PUBLISH
             conn._queue.extendleft(reversed(again))
             inflight.clear()
-            conn._n_pub = 0
+            conn._n_pub = conn._n_qos2 = 0
         conn._resend_wait.clear()
         return
     # In order while the window (perhaps smaller now) allows; the rest by _pump.
-    conn._n_pub = 0
+    conn._n_pub = conn._n_qos2 = 0
     wait = conn._resend_wait
     wait.clear()
     for req in list(inflight.values()):     # (send_again may answer one)
-        if wait or req.kind is PUBLISH and conn._n_pub >= conn._window:
+        if wait or req.kind is PUBLISH and not conn._room(req):
             wait.append(req)
         else:
             send_again(conn, req)
@@ -85,6 +85,7 @@ def send_again(conn, req: Request) -> None:
         return
     if req.kind is PUBLISH:
         conn._n_pub += 1
+        conn._n_qos2 += req.qos == 2
         conn._out.extend(frame)
     else:
         conn._out.append(frame)
@@ -99,8 +100,9 @@ def release(conn, pids) -> int:
     (so new publishes wait until the server has freed as many places as the window needs),
     token ``RELEASE``: its PUBCOMP, whatever its reason code (0x92: the server held nothing
     for it), gives an ``Acked`` with that token. After a reconnection it goes again with
-    Session Present 1; with 0 it is dropped (the session it was for is gone). The number of
-    PUBRELs sent."""
+    Session Present 1; with 0 it is dropped (the session it was for is gone). It counts as
+    a QoS 2 publish too (``max_qos2_inflight``): the server may hold a message under that
+    id. The number of PUBRELs sent."""
     if conn.state is not CONNECTED:
         raise ClientError(f"release needs a connected connection, not {conn.state}")
     inflight = conn._inflight
@@ -116,4 +118,5 @@ def release(conn, pids) -> int:
         frames.append(encode_ack(P.PUBREL, pid))
         sent += 1
     conn._n_pub += sent
+    conn._n_qos2 += sent
     return sent

@@ -113,6 +113,7 @@ def send_publish(conn, req: Request) -> bool:
         return True
     conn._inflight[pid] = req
     conn._n_pub += 1
+    conn._n_qos2 += req.qos == 2
     conn._out.extend(frame)
     return True
 

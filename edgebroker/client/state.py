@@ -21,7 +21,7 @@ STATE_VERSION = 1
 def save_state(conn) -> dict:
     """``conn``'s session (see Connection.save)."""
     queued = [*conn._qos0_out, *conn._queue]
-    return {
+    doc = {
         "format": STATE_FORMAT, "version": STATE_VERSION,
         "client_id": conn.client_id, "protocol": conn.protocol,
         "clean_start": conn.clean_start, "keepalive": conn.keepalive,
@@ -33,6 +33,9 @@ def save_state(conn) -> dict:
         # (one given out and not yet acknowledged is given out again when it is sent again)
         "incoming_qos2": sorted(conn._incoming_qos2 - conn._unacked.keys()),
     }
+    if conn.max_qos2_inflight is not None:      # (else the protocol's default)
+        doc["max_qos2_inflight"] = conn.max_qos2_inflight
+    return doc
 
 
 def _sendable(conn, req) -> bool:
@@ -56,8 +59,8 @@ def load_state(cls, doc: dict, options: dict):
     if doc.get("version") != STATE_VERSION:
         raise ValueError(f"client state version {doc.get('version')!r} is not "
                          f"{STATE_VERSION} (written by another edgebroker?)")
-    kw = {k: doc[k] for k in ("client_id", "protocol", "clean_start", "keepalive",
-                              "username", "max_inflight", "max_queued") if k in doc}
+    kw = {k: doc[k] for k in ("client_id", "protocol", "clean_start", "keepalive", "username",
+                              "max_inflight", "max_queued", "max_qos2_inflight") if k in doc}
     kw["properties"] = properties_from_state(doc.get("properties"))
     kw.update(options)
     client_id = kw.pop("client_id", "")
@@ -73,6 +76,7 @@ def load_state(cls, doc: dict, options: dict):
         if _sendable(conn, req):
             conn._inflight[req.packet_id] = req
             conn._n_pub += req.kind is PUBLISH
+            conn._n_qos2 += req.kind is PUBLISH and req.qos == 2
     for item in doc.get("queued", ()):
         req = from_state(item)
         req.packet_id = None

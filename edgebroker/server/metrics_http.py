@@ -264,6 +264,8 @@ BRIDGE_METRICS = (
      "written).", "checkpoint_failures"),
     ("edgebroker_bridge_reconnects_total", "counter", "Connections after the first.",
      "reconnects"),
+    ("edgebroker_bridge_short_links_total", "counter",
+     "Links lost within 10 s of their CONNACK (the reconnect back-off grows).", "short_links"),
     ("edgebroker_bridge_received_total", "counter",
      "Messages from the remote published here.", "received"),
     ("edgebroker_bridge_lag_messages", "gauge",

@@ -9,6 +9,8 @@ import re
 import signal
 import time
 
+import pytest
+
 from conftest import run_cli
 
 from .helpers import (
@@ -192,19 +194,25 @@ def test_retention_forced_under_the_cursor_is_a_counted_logged_gap(broker, mosqu
             in out.stdout), out.stdout
 
 
-def test_a_qos_2_rule_to_a_3_1_1_mosquitto_loses_nothing(broker, mosquitto_broker, paho):
-    """Mosquitto takes at most max_inflight_messages (20) QoS 2 messages in flight from one
-    client; from a 3.1.1 client it answers one more with a plain PUBREC and drops it (a 5.0
-    client gets PUBREC 0x97). A 3.1.1 bridge keeps at most 20 QoS 2 messages in flight,
-    whatever its window (100 here)."""
-    remote = mosquitto_broker(extra=REMOTE)
+@pytest.mark.parametrize("limit, window, n, sub_qos", [
+    (None, WINDOW, 2000, 2),
+    (5, 5, 500, 1),
+])
+def test_a_qos_2_rule_to_a_3_1_1_mosquitto_loses_nothing(broker, mosquitto_broker, paho,
+                                                         limit, window, n, sub_qos):
+    """Mosquitto takes at most max_inflight_messages (20 by default) QoS 2 messages in flight
+    from one client; from a 3.1.1 client it answers one more with a plain PUBREC and drops it
+    (a 5.0 client gets PUBREC 0x97). A 3.1.1 bridge keeps at most 20 QoS 2 messages in
+    flight, whatever its window (100); a 3.1.1 remote cannot say it takes fewer: to one with
+    max_inflight_messages 5, a bridge whose window is 5 (docs/bridge.md) loses nothing."""
+    extra = [] if limit is None else [f"max_inflight_messages {limit}"]
+    remote = mosquitto_broker(extra=[*REMOTE, *extra])
     sub = paho(remote.port, client_id="central-q2")
-    assert sub.subscribe("gw1/q2/#", 2) == [2]
+    assert sub.subscribe("gw1/q2/#", sub_qos) == [sub_qos]
     got = Received(sub)
     rules = [{"pattern": "q2/#", "direction": "out", "qos": 2, "remote_prefix": "gw1/"}]
-    gw = broker(bridge=[bridge_table(remote.port, rules, window=WINDOW)])
+    gw = broker(bridge=[bridge_table(remote.port, rules, window=window)])
     wait_figure(gw, lambda f: f["state"] == "up")
-    n = 2000
     publish_range(gw.client("pub"), "q2/t", 0, n)
     assert got.wait_distinct(n, 60), f"{len(got.seen)} of {n} arrived"
     fig = wait_figure(gw, lambda f: f["cursor"] == n and f["inflight"] == 0, timeout=30)

@@ -6,6 +6,7 @@ Receive Maximum for good (docs/bridge.md, "QoS 2 across a restart")."""
 from __future__ import annotations
 
 import signal
+import time
 
 import mqttraw5 as m5
 
@@ -103,5 +104,32 @@ def test_pubrels_are_dropped_when_the_session_is_gone(broker):
         for publish in again:
             _complete(end, publish)
         wait_figure(gw, lambda f: f["cursor"] == 3 and f["inflight"] == 0)
+    finally:
+        remote.close()
+
+
+def test_a_crash_before_the_first_checkpoint_interval_releases_only_the_bridges_ids(broker):
+    """A first run writes its checkpoint at start with every id (1..65535: an earlier run's
+    are not known); once the remote said it has no session, the checkpoint says the bridge's
+    own range at once, not only at the next checkpoint_interval: a SIGKILL before that then
+    releases POOL ids on the restart, not 65,535."""
+    remote = FakeRemote5()
+    table = {**_table(remote.port), "checkpoint_interval": 3600}
+    try:
+        gw = broker(bridge=[table])
+        remote.accept(m5.connack5(session_present=False))
+        wait_figure(gw, lambda f: f["state"] == "up")
+        data_dir = gw.config["data_dir"]
+        deadline = time.monotonic() + 10
+        while checkpoint(data_dir).get("packet_ids") != POOL:
+            assert time.monotonic() < deadline, checkpoint(data_dir)
+            time.sleep(0.05)
+        gw.stop(signal.SIGKILL)
+        gw = broker(data_dir=data_dir, bridge=[table])
+        end = remote.accept(m5.connack5(session_present=True))
+        released = [end.expect(m5.PUBREL).packet_id for _ in range(POOL)]
+        assert released == list(range(1, POOL + 1))
+        end.send(b"".join(m5.pubcomp5(pid, 0x92) for pid in released))
+        assert gw.wait_log(lambda ln: f"packet ids 1 to {POOL} released" in ln, 10)
     finally:
         remote.close()

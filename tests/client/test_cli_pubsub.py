@@ -6,6 +6,7 @@ mosquitto_pub on the other end."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -115,6 +116,7 @@ def test_refusals_exit_with_the_connack_code(csrv, uid):
     ("sub", ["-t", "t", "-k", "-1"], "sub: -k -1: the keepalive is 0 to 65535 seconds"),
     ("pub", ["-t", "t", "-p", "99999"], "pub: -p 99999: a port is 1 to 65535"),
     ("pub", ["-t", "t", "-M", "70000"], "pub: -M 70000: messages in flight are 1 to 65535"),
+    ("pub", ["-t", "t", "-M", "0"], "pub: -M 0: messages in flight are 1 to 65535"),
     ("pub", ["-t", "t", "--will-topic", "a/#"],
      "pub: --will-topic: topic name 'a/#' contains a wildcard character [MQTT-4.7.1-1]"),
     ("sub", ["-t", "t", "--will-topic", "a/+/b"], "sub: --will-topic: topic name 'a/+/b' "
@@ -226,3 +228,23 @@ def test_an_empty_payload_prints_as_mosquitto_sub_prints_it(mosquitto_broker, mo
         assert proc.returncode == 0, err
     assert out["theirs"] == printed.format(t=f"{uid}/e").encode()
     assert out["ours"] == out["theirs"]
+
+
+def test_pub_M_at_most_a_lower_mosquitto_limit_loses_no_qos_2_message(mosquitto_broker, paho,
+                                                                      uid):
+    """docs/client-cli.md: over 3.1.1 a broker cannot say how many unfinished QoS 2 messages
+    it takes; to a Mosquitto with max_inflight_messages 5, -M 5 delivers every one."""
+    from bridge.helpers import Received
+    mb = mosquitto_broker(persistence=False, extra=["max_inflight_messages 5"])
+    sub = paho(mb.port, client_id=f"{uid}-s")
+    assert sub.subscribe(f"{uid}/q2", 1) == [1]
+    got = Received(sub)
+    r = eb("pub", "-h", "127.0.0.1", "-p", str(mb.port), "-t", f"{uid}/q2", "-m", "7",
+           "-q", "2", "-V", "311", "--repeat", "200", "-M", "5", "-d", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().count("received PUBCOMP") == 200
+    got.drain(wait=1.0)
+    deadline = time.monotonic() + 20
+    while len(got.order) < 200 and time.monotonic() < deadline:
+        got.drain(wait=0.2)
+    assert len(got.order) == 200

@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from edgebroker.client import spool as S
-from edgebroker.client.backoff import Backoff
+from edgebroker.client.backoff import STABLE_AFTER, Backoff
 from edgebroker.client.commands import Throttle
 from edgebroker.client.requests import make_subscribe
 from edgebroker.client.spool import Spool
@@ -110,6 +110,19 @@ def test_backoff_full_jitter_and_policies():
     assert not Backoff("never").again()
     with pytest.raises(ValueError, match="one of never"):
         Backoff("sometimes")
+
+
+def test_backoff_floor_and_short_connections():
+    """The bridge's use: waits drawn from ``base`` up; a connection lost before STABLE_AFTER
+    does not start the count again."""
+    b = Backoff("always", base=1.0, cap=60.0, rng=lambda: 0.0, floor=True)
+    assert [b.delay() for _ in range(3)] == [1.0, 1.0, 1.0]
+    b.succeeded(100.0)
+    assert not b.lost(100.0 + STABLE_AFTER - 0.1) and b.attempts == 3
+    b.succeeded(200.0)
+    assert b.lost(200.0 + STABLE_AFTER) and b.attempts == 0
+    high = Backoff("always", base=1.0, cap=60.0, rng=lambda: 1.0, floor=True)
+    assert [high.delay() for _ in range(3)] == [1.0, 2.0, 4.0]
 
 
 def test_throttle_token_bucket():

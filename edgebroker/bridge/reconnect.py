@@ -1,0 +1,75 @@
+"""When a bridge connects again (``Bridge`` takes these methods): the client library's
+back-off (client/backoff.py's ``Backoff``: each failure in a row doubles the longest wait,
+from ``reconnect_min`` up to ``reconnect_max``, the wait drawn between ``reconnect_min`` and
+it), and what the log says of it.
+
+The count of failures starts again only once a connection lasted ``STABLE_AFTER`` seconds
+past its CONNACK, as in the client library: a remote that ends the link soon after each
+CONNACK (another gateway connected with the same client id, a message larger than a 3.1.1
+remote takes, which it answers by closing the link) meets a growing wait, not a reconnection
+every ``reconnect_min``. Such a run of short links is logged once (again when the reason
+changes), not at each loss; a connection that failed is logged once per reason.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgebroker.client.backoff import ALWAYS, STABLE_AFTER, Backoff
+
+log = logging.getLogger("edgebroker.bridge")
+
+
+class Reconnecting:
+    """``Bridge``'s side of it (a mixin over its state)."""
+
+    def init_reconnect(self) -> None:
+        config = self.config
+        self.backoff = Backoff(ALWAYS, config.reconnect_min, config.reconnect_max,
+                               floor=True)
+        self.short_links = 0        # links lost within STABLE_AFTER of their CONNACK
+        self._short_reason = None   # the reason logged for the current run of them
+
+    def _up(self) -> None:
+        """A CONNACK with success came."""
+        self.backoff.succeeded(self.clock())
+
+    def _failed(self, reason: str) -> None:
+        """The connection attempt or the link failed: try again after a jittered back-off."""
+        if self.state == "stopped":
+            return
+        now = self.clock()
+        if self.state == "up":
+            self._lost(reason, now)
+        elif reason != self.last_error:
+            log.warning("bridge %s: cannot connect to %s (%s); retrying with back-off up to "
+                        "%g s (logged again when the reason changes)", self.name,
+                        self.config.address, reason, self.config.reconnect_max)
+        self.last_error = reason
+        self.state = "down"
+        self._give_up.cancel()
+        self._tick.cancel()
+        self._retry.start(self.broker, now + self.backoff.delay())
+
+    def _lost(self, reason: str, now: float) -> None:
+        """The link, up, was lost: logged once per run of short links (and reason)."""
+        since = self.backoff.up_since
+        lasted = now - since if since is not None else 0.0
+        if self.backoff.lost(now):
+            self._short_reason = None
+            log.warning("bridge %s: link to %s lost (%s); reconnecting", self.name,
+                        self.config.address, reason)
+            return
+        self.short_links += 1
+        if reason == self._short_reason:
+            log.debug("bridge %s: link to %s lost again %.1f s after its CONNACK (%s)",
+                      self.name, self.config.address, lasted, reason)
+            return
+        self._short_reason = reason
+        log.warning("bridge %s: link to %s lost %.1f s after its CONNACK (%s; cursor at log "
+                    "offset %d); while links end within %g s of their CONNACK the wait "
+                    "before reconnecting doubles up to reconnect_max (%g s), and this is "
+                    "logged again only when the reason changes (another client with the "
+                    "same client id? over 3.1.1, a message larger than the remote takes?)",
+                    self.name, self.config.address, lasted, reason, self.outbound.cursor,
+                    STABLE_AFTER, self.config.reconnect_max)
