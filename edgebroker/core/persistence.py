@@ -15,7 +15,8 @@ import logging
 
 from edgebroker.core import snapshot as snap
 from edgebroker.core.mqtt5 import stored_properties
-from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session, Stored
+from edgebroker.core.retained import stored_ref
+from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session
 from edgebroker.mqtt.topics import is_shared
 
 log = logging.getLogger("edgebroker.broker")
@@ -219,6 +220,8 @@ class Persistence:
             expires = 0.0 if r.expires_ms is None else now + (r.expires_ms - wall_ms) / 1000
             self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset, None, "",
                                                r.properties, expires))
+        # Entries of retained messages the store holds are sent from there (core.retained).
+        retained_at = self.retained_offsets() if state.sessions else {}
         for s in state.sessions:
             if end is not None:
                 kept = [e for e in s.inflight if e[1] < end]
@@ -249,13 +252,14 @@ class Persistence:
             if s.inflight:
                 inflight = session.own_inflight()
                 for pid, offset, qos, retain, entry_state, size in s.inflight:
-                    entry = inflight[pid] = Outgoing(Stored(offset, size), qos, retain)
+                    entry = inflight[pid] = Outgoing(stored_ref(offset, size, retained_at),
+                                                     qos, retain)
                     entry.state = entry_state
                     session.inflight_bytes += size
             if s.queue:
                 queue = session.own_queue()
                 for offset, qos, retain, size in s.queue:
-                    queue.append((Stored(offset, size), qos, retain))
+                    queue.append((stored_ref(offset, size, retained_at), qos, retain))
                     session.queue_bytes += size
                     if qos == 0:
                         session.queued_qos0 += 1
@@ -307,6 +311,7 @@ class Persistence:
         the log's end (records a power cut took: their messages get other offsets)."""
         end = self.journal.log.next_offset
         sessions = self.sessions
+        retained_at = None      # log offset -> topic of the retained messages, when needed
         sent: dict[Session, set[int]] = {}
         shared: dict[str, set[int]] = {}    # group key -> offsets a member was sent
         flying: dict[tuple, str] = {}       # (client id, packet id) -> group key
@@ -336,7 +341,9 @@ class Persistence:
                 old = inflight.pop(pid, None)
                 if old is not None:
                     session.inflight_bytes -= old.message.size
-                inflight[pid] = Outgoing(Stored(offset, size), 2, bool(retain))
+                if retained_at is None:
+                    retained_at = self.retained_offsets()
+                inflight[pid] = Outgoing(stored_ref(offset, size, retained_at), 2, bool(retain))
                 session.inflight_bytes += size
                 if len(record) > 6:     # a shared group gave it: its backlog skips it
                     shared.setdefault(record[6], set()).add(offset)
