@@ -8,8 +8,8 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.router``: routing, the frame cache, queues and windows, sending from the log;
 - ``core.router5``: what a PUBLISH to an MQTT 5.0 subscriber carries, and its options;
 - ``core.sessions``: admission, attach/detach, subscriptions, drops;
-- ``core.retained``: retained messages a session holds, sent from the retained store while
-  it has them;
+- ``core.retained``: retained messages for a SUBSCRIBE (held while the session is behind),
+  and those a session holds sent from the retained store while it has them;
 - ``core.resume``: a session's window sent again when its client is back, and let go of
   where a record is gone;
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;

@@ -192,6 +192,9 @@ class Persistence:
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:
                 state.done = sorted(cursor.done)
+            if cursor.held:
+                state.held = [(at, ref.offset, qos, retain, ref.size)
+                              for at, ref, qos, retain in cursor.held if ref.offset is not None]
         for pid, entry in session.inflight.items():
             ref = entry.message
             if ref.offset is not None:
@@ -226,8 +229,10 @@ class Persistence:
             if end is not None:
                 kept = [e for e in s.inflight if e[1] < end]
                 queue = [e for e in s.queue if e[0] < end]
-                lost += len(s.inflight) - len(kept) + len(s.queue) - len(queue)
-                s.inflight, s.queue = kept, queue
+                held = [e for e in s.held if e[1] < end]
+                lost += (len(s.inflight) - len(kept) + len(s.queue) - len(queue)
+                         + len(s.held) - len(held))
+                s.inflight, s.queue, s.held = kept, queue, held
             session = self.sessions[s.client_id] = Session(s.client_id, clean=False)
             self.persistent_sessions += 1
             # Offline since it went: the time the broker was down counts toward the expiry.
@@ -270,7 +275,7 @@ class Persistence:
             session._next_id = s.next_id
             if s.drops:
                 session.drops = dict(s.drops)
-            self._restore_cursor(session, s, state.log_next_offset)
+            self._restore_cursor(session, s, state.log_next_offset, retained_at)
         lost += self.restore_shared(state.shared, end)
         self._snapshot_offset = self._saved_offset = state.log_next_offset
         if end is not None:
@@ -281,10 +286,12 @@ class Persistence:
                         "sessions that were not yet on disk are lost", state.log_next_offset,
                         end, lost)
 
-    def _restore_cursor(self, session: Session, s: snap.SessionState, snapshot_offset: int) -> None:
+    def _restore_cursor(self, session: Session, s: snap.SessionState, snapshot_offset: int,
+                        retained_at: dict[int, str]) -> None:
         """A restored session reads from the log: from its cursor, or (in step with the log
         when the snapshot was taken, or written by a version without cursors) from the
-        snapshot's offset, with the log as the queue; else the replay queues for it."""
+        snapshot's offset, with the log as the queue; else the replay queues for it. Its
+        held retained copies go back on its cursor (core.retained)."""
         if self.journal is None or (s.cursor is None and not self.log_queue):
             return
         end = self.journal.log.next_offset
@@ -297,6 +304,9 @@ class Persistence:
             cursor.offline = [list(r) for r in s.offline]
         if s.done:
             cursor.done = {o for o in s.done if o >= cursor.offset}
+        if s.held:
+            cursor.held = [(min(at, end), stored_ref(offset, size, retained_at), qos, retain)
+                           for at, offset, qos, retain, size in s.held]
         if not cursor.offline or cursor.offline[-1][1] is not None:
             # It was online when the snapshot was taken: offline from there on.
             cursor.went_offline(min(snapshot_offset, end))
@@ -349,6 +359,8 @@ class Persistence:
                     shared.setdefault(record[6], set()).add(offset)
                 else:                   # its own subscriptions: its catch-up skips it
                     sent.setdefault(session, set()).add(offset)
+                    if retain:          # a retained copy: not held for it any more
+                        self.forget_held(session, offset)
             elif kind == "R":
                 entry = session.inflight.pop(record[2], None)
                 if entry is not None:

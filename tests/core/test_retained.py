@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import wait_for_snapshot
+from conftest import _open_clients, wait_for_snapshot
 from mqttraw import PUBLISH, SUBACK
 import mqttraw as m
 import mqttraw5 as R
@@ -258,6 +258,7 @@ def persistent(b, client_id, v5=False):
     if not v5:
         return b.client(client_id, clean=False)
     c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
     assert c.connect(client_id, clean_start=False, props={R.SESSION_EXPIRY: 3600}).reason == 0
     return c
 
