@@ -8,6 +8,8 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.router``: routing, the frame cache, queues and windows, sending from the log;
 - ``core.router5``: what a PUBLISH to an MQTT 5.0 subscriber carries, and its options;
 - ``core.sessions``: admission, attach/detach, subscriptions, drops;
+- ``core.retained``: retained messages for a SUBSCRIBE (held while the session is behind),
+  and those a session holds sent from the retained store while it has them;
 - ``core.resume``: a session's window sent again when its client is back, and let go of
   where a record is gone;
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
@@ -49,6 +51,7 @@ from edgebroker.core.metrics import PassTimes
 from edgebroker.core.mqtt5 import receive_window
 from edgebroker.core.persistence import Persistence
 from edgebroker.core.resume import Resume
+from edgebroker.core.retained import RetainedDelivery
 from edgebroker.core.router import Router
 from edgebroker.core.router5 import Router5
 from edgebroker.core.sessions import Sessions
@@ -70,8 +73,8 @@ def prompt_gap(config: Config) -> float:
     return config.coalesce_ms / 1000 * PROMPT_GAP_FACTOR
 
 
-class Broker(Router, Router5, Resume, Sessions, CatchUp, CatchUpRuns, Timers, Persistence,
-             Shared, SharedBacklog, SharedState):
+class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, CatchUpRuns, Timers,
+             Persistence, Shared, SharedBacklog, SharedState):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits

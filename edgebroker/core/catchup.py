@@ -16,8 +16,9 @@ step of the single-threaded core: no message in between is missed or sent twice.
 What a session behind holds in memory does not grow with its backlog: the cursor, the
 subscriptions made while behind (``since``: a filter matches only records from the offset
 it was made at), the offset ranges it was offline in (QoS 0 published then is not sent
-unless ``queue_qos0_messages``), a bounded cache of topic decisions and at most one batch
-of records.
+unless ``queue_qos0_messages``), a bounded cache of topic decisions, at most one batch
+of records, and the retained copies held for SUBSCRIBEs made while behind (``Cursor.held``,
+sent when the cursor reaches each SUBSCRIBE's offset: core.retained).
 
 Rules kept (docs/persistence.md):
 
@@ -40,7 +41,7 @@ import logging
 
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.router5 import options5_for
-from edgebroker.core.session import Message, Stored
+from edgebroker.core.session import Message, Stored, as_stored
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt.topics import topic_matches
 from edgebroker.mqtt.trie import CACHED_TOPIC_LENGTH
@@ -70,7 +71,7 @@ class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
     __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run", "unsure_to")
+                 "run", "held", "unsure_to")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -87,6 +88,10 @@ class Cursor:
         # Records read (offsets below ``offset``) and not yet sent: a core.catchup_run.Run,
         # or None.
         self.run = None
+        # Retained copies for SUBSCRIBEs made while behind, sent once the cursor reaches the
+        # offset each came at: [(offset, Message or Stored, qos, retain)], or None
+        # (core.retained).
+        self.held: list[tuple] | None = None
         # After a crash: records below this offset the session may have been sent before it
         # (online when the snapshot was taken); at QoS 0 they are not sent again.
         self.unsure_to = 0
@@ -132,6 +137,8 @@ class Cursor:
 
     def went_offline(self, head: int) -> None:
         self.drop_run()
+        if self.held:   # log offsets only, as the session's queue (core.sessions)
+            self.held = [(at, as_stored(ref), qos, retain) for at, ref, qos, retain in self.held]
         ranges = self.offline
         if ranges is None:
             ranges = self.offline = []
@@ -187,6 +194,8 @@ class CatchUp:
 
     def _caught_up(self, session) -> None:
         cursor = session.cursor
+        if cursor.held is not None and self.release_held(session):
+            return      # its retained copies held up to here are queued; it reads on after
         if cursor.lag_dropped:
             log.warning("session %r caught up with the log; %d QoS 0 messages were skipped "
                         "while it was behind by more than max_lag_bytes or max_lag_age",
@@ -218,8 +227,9 @@ class CatchUp:
             # record that fails its CRC; a segment that lost every record): not told apart.
             self._skip(session, first, "deleted by retention or damaged")
         # Where live routing takes over: the head of the log, or the first message logged
-        # but not yet routed (Router.live_offset).
-        head = self.live_offset()
+        # but not yet routed (Router.live_offset); before it, retained copies held for a
+        # SUBSCRIBE made while behind (core.retained).
+        head = self.read_end(cursor)
         if cursor.offset >= head:
             self._caught_up(session)
             return True

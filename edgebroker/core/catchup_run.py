@@ -67,11 +67,14 @@ class Run:
 
 
 def waiting(session) -> int:
-    """Messages ``session`` holds for its client beyond the window: its queue, and what its
-    cursor read from the log and has not sent (its run)."""
+    """Messages ``session`` holds for its client beyond the window: its queue, what its
+    cursor read from the log and has not sent (its run), and the retained copies it holds."""
     cursor = session.cursor
-    run = cursor.run if cursor is not None else None
-    return len(session.queue) + (run.n - run.i if run is not None else 0)
+    if cursor is None:
+        return len(session.queue)
+    run = cursor.run
+    return (len(session.queue) + (run.n - run.i if run is not None else 0)
+            + (len(cursor.held) if cursor.held else 0))
 
 
 

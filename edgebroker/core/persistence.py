@@ -15,7 +15,8 @@ import logging
 
 from edgebroker.core import snapshot as snap
 from edgebroker.core.mqtt5 import stored_properties
-from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session, Stored
+from edgebroker.core.retained import stored_ref
+from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session
 from edgebroker.mqtt.topics import is_shared
 
 log = logging.getLogger("edgebroker.broker")
@@ -191,6 +192,9 @@ class Persistence:
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:
                 state.done = sorted(cursor.done)
+            if cursor.held:
+                state.held = [(at, ref.offset, qos, retain, ref.size)
+                              for at, ref, qos, retain in cursor.held if ref.offset is not None]
         for pid, entry in session.inflight.items():
             ref = entry.message
             if ref.offset is not None:
@@ -219,12 +223,16 @@ class Persistence:
             expires = 0.0 if r.expires_ms is None else now + (r.expires_ms - wall_ms) / 1000
             self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset, None, "",
                                                r.properties, expires))
+        # Entries of retained messages the store holds are sent from there (core.retained).
+        retained_at = self.retained_offsets() if state.sessions else {}
         for s in state.sessions:
             if end is not None:
                 kept = [e for e in s.inflight if e[1] < end]
                 queue = [e for e in s.queue if e[0] < end]
-                lost += len(s.inflight) - len(kept) + len(s.queue) - len(queue)
-                s.inflight, s.queue = kept, queue
+                held = [e for e in s.held if e[1] < end]
+                lost += (len(s.inflight) - len(kept) + len(s.queue) - len(queue)
+                         + len(s.held) - len(held))
+                s.inflight, s.queue, s.held = kept, queue, held
             session = self.sessions[s.client_id] = Session(s.client_id, clean=False)
             self.persistent_sessions += 1
             # Offline since it went: the time the broker was down counts toward the expiry.
@@ -249,13 +257,14 @@ class Persistence:
             if s.inflight:
                 inflight = session.own_inflight()
                 for pid, offset, qos, retain, entry_state, size in s.inflight:
-                    entry = inflight[pid] = Outgoing(Stored(offset, size), qos, retain)
+                    entry = inflight[pid] = Outgoing(stored_ref(offset, size, retained_at),
+                                                     qos, retain)
                     entry.state = entry_state
                     session.inflight_bytes += size
             if s.queue:
                 queue = session.own_queue()
                 for offset, qos, retain, size in s.queue:
-                    queue.append((Stored(offset, size), qos, retain))
+                    queue.append((stored_ref(offset, size, retained_at), qos, retain))
                     session.queue_bytes += size
                     if qos == 0:
                         session.queued_qos0 += 1
@@ -266,7 +275,7 @@ class Persistence:
             session._next_id = s.next_id
             if s.drops:
                 session.drops = dict(s.drops)
-            self._restore_cursor(session, s, state.log_next_offset)
+            self._restore_cursor(session, s, state.log_next_offset, retained_at)
         lost += self.restore_shared(state.shared, end)
         self._snapshot_offset = self._saved_offset = state.log_next_offset
         if end is not None:
@@ -277,10 +286,12 @@ class Persistence:
                         "sessions that were not yet on disk are lost", state.log_next_offset,
                         end, lost)
 
-    def _restore_cursor(self, session: Session, s: snap.SessionState, snapshot_offset: int) -> None:
+    def _restore_cursor(self, session: Session, s: snap.SessionState, snapshot_offset: int,
+                        retained_at: dict[int, str]) -> None:
         """A restored session reads from the log: from its cursor, or (in step with the log
         when the snapshot was taken, or written by a version without cursors) from the
-        snapshot's offset, with the log as the queue; else the replay queues for it."""
+        snapshot's offset, with the log as the queue; else the replay queues for it. Its
+        held retained copies go back on its cursor (core.retained)."""
         if self.journal is None or (s.cursor is None and not self.log_queue):
             return
         end = self.journal.log.next_offset
@@ -293,6 +304,9 @@ class Persistence:
             cursor.offline = [list(r) for r in s.offline]
         if s.done:
             cursor.done = {o for o in s.done if o >= cursor.offset}
+        if s.held:
+            cursor.held = [(min(at, end), stored_ref(offset, size, retained_at), qos, retain)
+                           for at, offset, qos, retain, size in s.held]
         if not cursor.offline or cursor.offline[-1][1] is not None:
             # It was online when the snapshot was taken, until the broker stopped: what it
             # reads up to the log's end now it may have been sent (QoS 0: not again), and it
@@ -310,6 +324,7 @@ class Persistence:
         the log's end (records a power cut took: their messages get other offsets)."""
         end = self.journal.log.next_offset
         sessions = self.sessions
+        retained_at = None      # log offset -> topic of the retained messages, when needed
         sent: dict[Session, set[int]] = {}
         shared: dict[str, set[int]] = {}    # group key -> offsets a member was sent
         flying: dict[tuple, str] = {}       # (client id, packet id) -> group key
@@ -339,12 +354,16 @@ class Persistence:
                 old = inflight.pop(pid, None)
                 if old is not None:
                     session.inflight_bytes -= old.message.size
-                inflight[pid] = Outgoing(Stored(offset, size), 2, bool(retain))
+                if retained_at is None:
+                    retained_at = self.retained_offsets()
+                inflight[pid] = Outgoing(stored_ref(offset, size, retained_at), 2, bool(retain))
                 session.inflight_bytes += size
                 if len(record) > 6:     # a shared group gave it: its backlog skips it
                     shared.setdefault(record[6], set()).add(offset)
                 else:                   # its own subscriptions: its catch-up skips it
                     sent.setdefault(session, set()).add(offset)
+                    if retain:          # a retained copy: not held for it any more
+                        self.forget_held(session, offset)
             elif kind == "R":
                 entry = session.inflight.pop(record[2], None)
                 if entry is not None:

@@ -10,6 +10,7 @@ gets the rest of the old window as acknowledgements make room, in order and befo
 newer, as Mosquitto does: ``resends`` holds their packet ids, and ``Router.pump`` sends them
 first (``resend_more``). PUBRELs all go again at once; their messages count in the window.
 
+A message whose record is gone when it is to be sent is counted and logged (``count_lost``).
 A message in the window whose record is gone (retention deleted it) is let go of
 (``let_go``): a QoS 1 message leaves the window; a QoS 2 message goes on to its release
 (PUBREL), so that a client that holds its packet id from an earlier send lets go of it too, and
@@ -18,6 +19,7 @@ leaves the window with the PUBCOMP (which a client without that id sends as well
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from edgebroker.core.session import AWAIT_ACK, AWAIT_COMP, Session
@@ -90,6 +92,16 @@ class Resume:
             return
         del session.inflight[pid]
         session.inflight_bytes -= entry.message.size
+
+    def count_lost(self, client, offset: int) -> None:
+        """A message's record is gone when it is to be sent: counted, logged once
+        (``client`` None: its connection closed meanwhile)."""
+        self.stats.publish_lost += 1
+        self.events.log(logging.WARNING, "publish_lost", self.clock(),
+                        "queued message at log offset %d for %s is no longer in the log "
+                        "(deleted by retention or damaged); skipped (counted: publish_lost)",
+                        offset, client.describe() if client is not None else
+                        "a closed connection")
 
     def record_gone(self, receiver, offset: int) -> None:
         """A transport dropped a PUBLISH it was to send from the log, whose record retention

@@ -24,7 +24,9 @@ from edgebroker.core.catchup_run import piece_of
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import logged
 from edgebroker.core.router5 import options5
-from edgebroker.core.session import EMPTY_DICT, Message, Outgoing, Session, Stored, as_stored
+from edgebroker.core.session import (
+    EMPTY_DICT, Message, Outgoing, Session, Stored, StoredRetained, as_stored,
+)
 from edgebroker.mqtt.encode import encode_publish_head
 from edgebroker.mqtt.trie import RetainedTree, SubscriptionTrie
 
@@ -303,7 +305,12 @@ class Router:
         return True
 
     def _write_from_log(self, client, stored: Stored, qos, retain, dup, pid) -> bool:
-        """Header from memory, payload straight from the segment file (sendfile)."""
+        """Header from memory, payload straight from the segment file (sendfile); a retained
+        message the retained store still holds from there (core.retained)."""
+        if type(stored) is StoredRetained:
+            copy = self.retained_copy(stored)
+            if copy is not None:
+                return self._write_publish(client, copy, qos, retain, dup, pid)
         offset = stored.offset
         where = self._locate(client, offset)
         if where is None:
@@ -319,7 +326,7 @@ class Router:
         """Whether ``acl`` lets a queued message out; False counted as a denied delivery, or
         as a lost message for a ``Stored`` one (its topic is in its record) no longer in the
         log."""
-        if type(message) is Message:
+        if type(message) is not Stored:     # a Message, or a StoredRetained: its topic
             allowed = acl.can_read(message.topic)
         else:
             where = self._locate(client, message.offset)
@@ -342,16 +349,6 @@ class Router:
         if where is None:
             self.count_lost(client, offset)
         return where
-
-    def count_lost(self, client, offset: int) -> None:
-        """A message's record is gone when it is to be sent: counted, logged once
-        (``client`` None: its connection closed meanwhile)."""
-        self.stats.publish_lost += 1
-        self.events.log(logging.WARNING, "publish_lost", self.clock(),
-                        "queued message at log offset %d for %s is no longer in the log "
-                        "(deleted by retention or damaged); skipped (counted: publish_lost)",
-                        offset, client.describe() if client is not None else
-                        "a closed connection")
 
     def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
         """Queue for later: up to a small bound, past which the session reads from the log

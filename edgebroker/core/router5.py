@@ -28,7 +28,7 @@ import logging
 import struct
 
 from edgebroker.core.mqtt5 import stored_properties
-from edgebroker.core.session import Message
+from edgebroker.core.session import Message, StoredRetained
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_publish_head
 from edgebroker.mqtt.encode5 import encode_publish_head5
@@ -206,8 +206,11 @@ class Router5:
     def _write_own5(self, client, ref, qos: int, retain: bool, dup: bool, pid,
                     ids: bytes | None = None) -> bool:
         """``_write_publish5`` for a PUBLISH with parts of the subscriber's own, or a record
-        read back from the log."""
+        read back from the log (a retained message the retained store still holds is sent
+        from there, core.retained)."""
         conn = client.v5
+        if type(ref) is StoredRetained:
+            ref = self.retained_copy(ref) or ref
         if type(ref) is Message:
             topic_bytes, topic, payload = ref.topic_bytes, ref.topic, ref.payload
             props, expires = ref.properties, ref.expires

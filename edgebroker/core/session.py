@@ -8,7 +8,8 @@ messages received but not yet released (for exactly-once delivery).
 Queue and window entries refer to a message either as a ``Message`` (in
 memory, while the client is online) or as a ``Stored`` (its commit-log offset
 and size): a session that goes offline keeps those only, and its payloads are
-later sent straight from the log file. A session that falls behind (or goes
+later sent straight from the log file (a retained message's from the retained store while
+that still holds it: ``StoredRetained``). A session that falls behind (or goes
 offline) keeps a ``cursor`` into the log instead of more entries
 (core.catchup): its queue stays small whatever its backlog.
 """
@@ -102,9 +103,29 @@ class Stored:
         return f"Stored({self.offset}, {self.size})"
 
 
+class StoredRetained(Stored):
+    """A ``Stored`` message that was published retained: its topic too, so that it is sent
+    from the retained store while that still holds it (the same log offset), also once
+    retention deleted its record (``Broker.retained_copy``). The topic is the message's own
+    string: nothing is copied."""
+
+    __slots__ = ("topic",)
+
+    def __init__(self, offset: int, size: int, topic: str):
+        self.offset = offset
+        self.size = size
+        self.topic = topic
+
+    def __repr__(self):
+        return f"StoredRetained({self.offset}, {self.size}, {self.topic!r})"
+
+
 def as_stored(ref):
-    """A queue or window entry's message as a ``Stored`` when it is in the log."""
+    """A queue or window entry's message as a ``Stored`` when it is in the log (a
+    ``StoredRetained`` for a retained message)."""
     if type(ref) is Message and ref.offset is not None:
+        if ref.retain:
+            return StoredRetained(ref.offset, ref.size, ref.topic)
         return Stored(ref.offset, ref.size)
     return ref
 

@@ -10,7 +10,7 @@ persistent_client_expiration (``_expire_later``: a ``Timer`` per offline session
 in the broker's deadline heap, due at the session's expiry time, so nothing ever
 scans the sessions; MQTT 5's Session Expiry Interval is to set that time). Subscriptions are
 made within the topic limits and max_subscriptions_per_client (a refused filter
-gets 0x80), and retained messages follow for each granted filter. Every dropped
+gets 0x80); retained messages follow for each granted filter (core.retained). Every dropped
 message is counted by reason (``drop``), broker-wide and on its session.
 """
 
@@ -288,8 +288,9 @@ class Sessions:
             return
         if session.shared is not None:
             self.hand_over(session, True)   # its groups' QoS 2 messages: shared_left
-        held = len(session.queue) + len(session.inflight)
         cursor = session.cursor
+        held = len(session.queue) + len(session.inflight) + (
+            len(cursor.held) if cursor is not None and cursor.held else 0)
         unread = self.journal.log.next_offset - cursor.offset if cursor is not None else 0
         offline = self.clock() - session.offline_at
         self.stats.sessions_expired += 1
@@ -414,46 +415,6 @@ class Sessions:
                                  what, problem, getattr(limits, problem))
         return problem
 
-    def send_retained(self, session: Session, topics, granted: list[int]) -> None:
-        """Retained messages for new (or replaced) subscriptions, retain flag set."""
-        client = session.client
-        acl = session.acl
-        for (topic_filter, _), max_qos in zip(topics, granted):
-            if max_qos == P.SUBACK_FAILURE:
-                continue
-            for message in list(self.retained.match(topic_filter)):
-                queued = session.retained_queued
-                if queued and message.offset in queued:
-                    continue    # asked for again (the same filter twice, say): that copy goes
-                if message.expires and message.expires <= self.clock():
-                    # A 5.0 retained message past its Message Expiry Interval: gone, for
-                    # every subscriber.
-                    self.retained.delete(message.topic)
-                    self.drop("message_expired", session)
-                    continue
-                if acl is not None and not acl.can_read(message.topic):
-                    self.stats.acl_deliveries_denied += 1
-                    continue
-                qos = message.qos if message.qos < max_qos else max_qos
-                # Beyond max_pending_write_bytes retained messages wait in the session's queue
-                # (bounded), QoS 0 included, and follow as the connection drains.
-                if client.transport.out_bytes >= client.transport.max_pending:
-                    client.transport.wait_for_drain()
-                    self._enqueue(session, message, qos, True)
-                elif qos == 0 and session.queued_qos0:
-                    self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
-                elif qos == 0:
-                    self._write_publish(client, message, 0, True, False, None)
-                    continue
-                elif (not session.queue and len(session.inflight) < (
-                        session.receive_max or self.limits.max_inflight_messages)
-                      and session.inflight_bytes < self.limits.max_inflight_bytes):
-                    self._send(session, message, qos, True)
-                    continue
-                else:
-                    self._defer(session, message, qos, True)
-                _queued_retained(session, message)
-
     def unsubscribe(self, session: Session, filters: list[str]) -> None:
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
@@ -474,15 +435,3 @@ def _forget_options(session: Session, topic_filter: str) -> None:
     sub5 = session.sub5
     if sub5 is not None and sub5.pop(topic_filter, None) is not None and not sub5:
         session.sub5 = None
-
-
-def _queued_retained(session: Session, message) -> None:
-    """``message`` went to the end of the session's queue as a retained message for a new
-    subscription (it may have been dropped instead: max_queued_messages): noted in
-    ``Session.retained_queued`` until it is sent or dropped."""
-    queue = session.queue
-    if queue and queue[-1][0] is message and message.offset is not None:
-        pending = session.retained_queued
-        if pending is None:
-            pending = session.retained_queued = set()
-        pending.add(message.offset)

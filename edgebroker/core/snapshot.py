@@ -65,6 +65,9 @@ class SessionState:
     drops: dict[str, int] = field(default_factory=dict)
     # Offsets past the cursor of QoS 2 messages it was sent before a restart (Cursor.done).
     done: list[int] = field(default_factory=list)
+    # Retained copies held for SUBSCRIBEs made while behind (Cursor.held, core.retained):
+    # (the log offset the cursor sends them at, the message's log offset, qos, retain, size).
+    held: list[tuple[int, int, int, bool, int]] = field(default_factory=list)
     # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
     # expiration counts from it; snapshots written before it was kept have none).
     offline_ms: int | None = None
@@ -145,6 +148,7 @@ def _session_json(s: SessionState) -> bytes:
              "drops": s.drops,
              "offline_ms": s.offline_ms,
              **({"done": s.done} if s.done else {}),
+             **({"held": [list(e) for e in s.held]} if s.held else {}),
              **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
              **({"sub5": sorted(s.sub5.items())} if s.sub5 else {})})
     return s.encoded
@@ -236,6 +240,8 @@ def _ranged(s: SessionState, path: str) -> SessionState:
     s.inflight = keep("inflight", s.inflight, lambda e: 0 < e[0] < 65536 and e[1] >= 0
                       and e[2] in (1, 2) and e[4] in (0, 1) and e[5] >= 0)
     s.queue = keep("queue", s.queue, lambda e: e[0] >= 0 and e[1] in (0, 1, 2) and e[3] >= 0)
+    s.held = keep("held", s.held, lambda e: e[0] >= 0 and e[1] >= 0 and e[2] in (0, 1, 2)
+                  and e[4] >= 0)
     s.awaiting_release = keep("awaiting_release", s.awaiting_release, lambda p: 0 < p < 65536)
     bad_subs = sorted(f for f, q in s.subscriptions.items() if q not in (0, 1, 2))
     if bad_subs:
@@ -279,6 +285,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 offline=[_offline_range(r) for r in s.get("offline", ())],
                 drops={str(k): int(v) for k, v in s.get("drops", {}).items()},
                 done=[int(o) for o in s.get("done", ())],
+                held=[(int(a), int(o), int(q), bool(r), int(n)) for a, o, q, r, n in
+                      s.get("held", ())],
                 offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
                 expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
                 sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())}), path))

@@ -185,6 +185,15 @@ class RetainedTree:
             del path[depth - 1].children[levels[depth - 1]]
         return True
 
+    def values(self) -> Iterator[Any]:
+        """Every stored value, "$" topics too (in no particular order)."""
+        below = [self._root]
+        while below:
+            node = below.pop()
+            if node.value is not None:
+                yield node.value
+            below.extend(node.children.values())
+
     def match(self, topic_filter: str) -> Iterator[Any]:
         """Stored values whose topic matches ``topic_filter``."""
         levels = topic_filter.split("/")

@@ -1,9 +1,14 @@
 """Retained messages: store, replace, clear, flags on subscribe vs live delivery (3.3.1.3)."""
 
+import signal
 import time
 
+import pytest
+
+from conftest import _open_clients, wait_for_snapshot
 from mqttraw import PUBLISH, SUBACK
 import mqttraw as m
+import mqttraw5 as R
 
 
 def subscribe_raw(c, *topics, qos=0):
@@ -228,3 +233,92 @@ def test_a_retained_message_a_full_queue_dropped_is_sent_for_a_later_subscriptio
     assert f"{uid}/t/4" in got, got
     assert b.stats()["dropped"]["max_queued_messages"] == 2
     assert s.ping() == []
+
+
+# Small segments that age out at once: retention deletes a retained message's record while the
+# retained store (and the snapshot) keep the message.
+AGING_LOG = {"segment_bytes": 4096, "segment_ms": 1000, "retention_ms": 1000}
+
+
+def retained_older_than_the_log(b, uid):
+    """Two retained messages (offsets 0 and 1) whose segment retention then deletes."""
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/r/1", b"one", qos=1, retain=True)
+    pub.publish(f"{uid}/r/2", b"two", qos=1, retain=True)
+    for _ in range(8):                                  # the first segment rolls
+        pub.publish(f"{uid}/noise", b"n" * 1000, qos=1)
+    b.client(f"{uid}-d", clean=False).disconnect()      # a snapshot covers them (retention waits)
+    assert b.wait_log(lambda ln: "deleted segment" in ln
+                      and "00000000000000000000.seg (offsets 0.." in ln, timeout=10), b.log_text()
+    return pub
+
+
+def persistent(b, client_id, v5=False):
+    """A 3.1.1 client with clean session 0, or a 5.0 one whose session outlives it."""
+    if not v5:
+        return b.client(client_id, clean=False)
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    assert c.connect(client_id, clean_start=False, props={R.SESSION_EXPIRY: 3600}).reason == 0
+    return c
+
+
+def send_retained_unacknowledged(b, uid, v5=False):
+    """A persistent session subscribes: one retained message in its window (of 1), the other
+    queued behind it; its connection ends before it acknowledges."""
+    s = persistent(b, f"{uid}-s", v5)
+    s.send((R.subscribe5 if v5 else m.subscribe)(1, [(f"{uid}/r/#", 1)]))
+    assert s.recv_packet().type == SUBACK
+    first = s.recv_publish(ack=False)
+    assert first.retain and not first.dup
+    s.close()
+    return first
+
+
+@pytest.mark.parametrize("restart,v5", [("none", False), ("kill", False), ("none", True)])
+def test_retained_messages_sent_at_subscribe_survive_their_deleted_records(broker, uid, restart,
+                                                                           v5):
+    """A retained message sent at SUBSCRIBE whose log record retention deleted is sent again
+    from the retained store after the client reconnects (3.1.1 and 5.0), and after a crash
+    (was: lost, its queue entry an offset that pointed at nothing, MQTT-4.4.0-1)."""
+    b = broker(log=AGING_LOG, limits={"max_inflight_messages": 1})
+    retained_older_than_the_log(b, uid)
+    first = send_retained_unacknowledged(b, uid, v5)
+    if restart == "kill":
+        data_dir = b.config["data_dir"]
+        wait_for_snapshot(data_dir, f"{uid}-s",
+                          pred=lambda s: s["inflight"] and s["offline_ms"] is not None)
+        b.stop(signal.SIGKILL)
+        b = broker(data_dir=data_dir, log=AGING_LOG, limits={"max_inflight_messages": 1})
+    mark = b.mark()
+    s = persistent(b, f"{uid}-s", v5)
+    again = s.recv_publish()
+    assert (again.topic, again.payload, again.dup, again.retain, again.packet_id) == (
+        first.topic, first.payload, True, True, first.packet_id)
+    other = s.recv_publish()
+    assert other.retain and not other.dup
+    assert {(p.topic, p.payload) for p in (again, other)} == {
+        (f"{uid}/r/1", b"one"), (f"{uid}/r/2", b"two")}
+    assert s.ping() == []
+    assert b.stats()["counters"]["publish_lost"] == 0
+    assert not [ln for ln in b.logs[mark:] if "no longer in the log" in ln]
+
+
+def test_a_retained_message_replaced_while_its_session_is_offline_is_counted_lost(broker, uid):
+    """The retained store no longer holds the message and the log lost its record: what was
+    queued is lost, counted and logged; the new value comes from the log as any message."""
+    b = broker(log=AGING_LOG, limits={"max_inflight_messages": 1})
+    pub = retained_older_than_the_log(b, uid)
+    first = send_retained_unacknowledged(b, uid)
+    queued = f"{uid}/r/2" if first.topic == f"{uid}/r/1" else f"{uid}/r/1"
+    pub.publish(queued, b"new", qos=1, retain=True)
+    mark = b.mark()
+    s = b.client(f"{uid}-s", clean=False)
+    again = s.recv_publish()
+    assert (again.topic, again.payload, again.dup, again.retain) == (
+        first.topic, first.payload, True, True)
+    new = s.recv_publish()
+    assert (new.topic, new.payload, new.retain) == (queued, b"new", False)
+    assert s.ping() == []
+    assert b.stats()["counters"]["publish_lost"] == 1
+    assert b.wait_log(lambda ln: "no longer in the log" in ln, start=mark)

@@ -104,6 +104,7 @@ def test_retained_tree_agrees_with_brute_force(stored, deleted, topic_filter):
         assert tree.delete(topic) == (topic in present)
         present.discard(topic)
     assert tree.count == len(present)
+    assert sorted(tree.values()) == sorted(present)     # "$" topics too
     expected = sorted(t for t in present if topic_matches(topic_filter, t))
     assert sorted(tree.match(topic_filter)) == expected
     for topic in present:

@@ -1,0 +1,166 @@
+"""Retained messages for a SUBSCRIBE, and those a session holds: in order, and kept.
+
+``send_retained`` sends the retained messages matching each granted filter, with the retain
+flag, or queues them behind what the session's queue holds. A session that is behind (it
+reads the log from its cursor, core.catchup) is owed what its cursor has yet to read: its
+copies are held on the cursor (``Cursor.held``) with the log offset the SUBSCRIBE came at,
+and go into its queue when the cursor gets there (``release_held``, from
+``CatchUp._caught_up``: refill reads no further than the first held offset, ``read_end``).
+So they follow the messages published before the SUBSCRIBE and precede those published
+after, as for a session in step (MQTT-4.6.0-6). Held copies count in the session's queued
+figure; they are kept across a reconnect and a restart as the rest of the session, and go
+only with the session (counted as its queue is when it expires).
+
+A retained message sent at SUBSCRIBE may be far older than the log: retention deletes its
+record while the retained store keeps the message whole (and the snapshot with it). A session
+that goes offline keeps its queue and window as log offsets (``core.session.Stored``); for a
+retained message it keeps its topic too (``StoredRetained``), and when the message is to be
+sent again it comes from the retained store as long as the store holds that same message (the
+same log offset), whether or not the log still has the record. A restart makes such entries
+again from the retained messages the snapshot restored. One the store no longer holds
+(replaced or cleared since) is read from the log, and counted and logged as lost
+(``publish_lost``) when its record is gone, as any other.
+"""
+
+from __future__ import annotations
+
+from edgebroker.core.session import Message, Session, Stored, StoredRetained
+from edgebroker.mqtt import packets as P
+
+
+class RetainedDelivery:
+    """The retained messages' part of ``Broker`` (a mixin over the broker's state)."""
+
+    def send_retained(self, session: Session, topics, granted: list[int]) -> None:
+        """Retained messages for new (or replaced) subscriptions, retain flag set; held until
+        the cursor reaches the SUBSCRIBE's place in the log while the session is behind."""
+        client = session.client
+        acl = session.acl
+        cursor = session.cursor
+        if cursor is not None:
+            at = self.live_offset()         # what its cursor reads up to first
+            held = cursor.held
+            pending = {e[1].offset for e in held} if held else set()
+            count = len(held) if held else 0
+        for (topic_filter, _), max_qos in zip(topics, granted):
+            if max_qos == P.SUBACK_FAILURE:
+                continue
+            for message in list(self.retained.match(topic_filter)):
+                queued = session.retained_queued
+                if queued and message.offset in queued:
+                    continue    # asked for again (the same filter twice, say): that copy goes
+                if message.expires and message.expires <= self.clock():
+                    # A 5.0 retained message past its Message Expiry Interval: gone, for
+                    # every subscriber.
+                    self.retained.delete(message.topic)
+                    self.drop("message_expired", session)
+                    continue
+                if acl is not None and not acl.can_read(message.topic):
+                    self.stats.acl_deliveries_denied += 1
+                    continue
+                qos = message.qos if message.qos < max_qos else max_qos
+                if cursor is not None:
+                    if message.offset is None or message.offset not in pending:
+                        if cursor.held is None:
+                            cursor.held = []
+                        cursor.held.append((at, message, qos, True))
+                        if message.offset is not None:
+                            pending.add(message.offset)
+                        session.saved = None
+                    continue
+                # Beyond max_pending_write_bytes retained messages wait in the session's queue
+                # (bounded), QoS 0 included, and follow as the connection drains.
+                if client.transport.out_bytes >= client.transport.max_pending:
+                    client.transport.wait_for_drain()
+                    self._enqueue(session, message, qos, True)
+                elif qos == 0 and session.queued_qos0:
+                    self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
+                elif qos == 0:
+                    self._write_publish(client, message, 0, True, False, None)
+                    continue
+                elif (not session.queue and len(session.inflight) < (
+                        session.receive_max or self.limits.max_inflight_messages)
+                      and session.inflight_bytes < self.limits.max_inflight_bytes):
+                    self._send(session, message, qos, True)
+                    continue
+                else:
+                    self._defer(session, message, qos, True)
+                _queued_retained(session, message)
+        if cursor is not None and cursor.held and len(cursor.held) > count:
+            self.pump(session)      # they go at once if the cursor is there already
+
+    def read_end(self, cursor) -> int:
+        """Where ``cursor`` reads up to now: the head of the log (``live_offset``), or the
+        offset of the first SUBSCRIBE whose retained copies it holds."""
+        head = self.live_offset()
+        held = cursor.held
+        if held is not None and held[0][0] < head:
+            return held[0][0]
+        return head
+
+    def release_held(self, session: Session) -> bool:
+        """The cursor reached ``read_end``: the retained copies held for the SUBSCRIBEs up to
+        there go into the queue (behind a batch read up to there). True when the session is
+        still behind: it holds copies for a later SUBSCRIBE, or the log goes on."""
+        cursor = session.cursor
+        held = cursor.held
+        if cursor.offset < held[0][0]:
+            # (Refill found no subscription: nothing up to there can match.)
+            cursor.offset = held[0][0]
+        due = 0
+        for at, ref, qos, retain in held:
+            if at > cursor.offset:
+                break
+            self._enqueue(session, ref, qos, retain)
+            _queued_retained(session, ref)
+            due += 1
+        del held[:due]
+        if not held:
+            cursor.held = None
+        session.saved = None
+        if not session.clean:
+            self._snapshot_dirty = True
+        return cursor.held is not None or cursor.offset < self.live_offset()
+
+    def forget_held(self, session: Session, offset: int) -> None:
+        """After a crash: the retained copy held for ``session`` at ``offset`` was sent (its
+        QoS 2 exchange was journaled): not held, not sent again."""
+        cursor = session.cursor
+        if cursor is not None and cursor.held:
+            cursor.held = [e for e in cursor.held if e[1].offset != offset] or None
+
+    def retained_copy(self, stored: StoredRetained) -> Message | None:
+        """The retained store's message when it is still the one ``stored`` refers to (the
+        same log offset), else None."""
+        message = self.retained.get(stored.topic)
+        if message is not None and message.offset == stored.offset:
+            return message
+        return None
+
+    def retained_offsets(self) -> dict[int, str]:
+        """Log offset -> topic of the retained messages in the store (at start: to make a
+        restored session's entries ``StoredRetained``, ``stored_ref``)."""
+        found: dict[int, str] = {}
+        for message in self.retained.values():
+            if message.offset is not None:
+                found[message.offset] = message.topic
+        return found
+
+
+def stored_ref(offset: int, size: int, retained_at: dict[int, str]) -> Stored:
+    """A restored queue or window entry: a ``StoredRetained`` when a retained message in the
+    store has its offset (``retained_at``, from ``RetainedDelivery.retained_offsets``)."""
+    topic = retained_at.get(offset)
+    return Stored(offset, size) if topic is None else StoredRetained(offset, size, topic)
+
+
+def _queued_retained(session: Session, message) -> None:
+    """``message`` went to the end of the session's queue as a retained message for a new
+    subscription (it may have been dropped instead: max_queued_messages): noted in
+    ``Session.retained_queued`` until it is sent or dropped."""
+    queue = session.queue
+    if queue and queue[-1][0] is message and message.offset is not None:
+        pending = session.retained_queued
+        if pending is None:
+            pending = session.retained_queued = set()
+        pending.add(message.offset)

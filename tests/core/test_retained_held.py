@@ -1,0 +1,122 @@
+"""Retained messages for a SUBSCRIBE made while the session is behind (it reads the log from its
+cursor: back from offline with a backlog, say): they come after what it is owed from before the
+SUBSCRIBE and before what was published after it (MQTT-4.6.0-6), across a reconnect and a
+crash too."""
+
+import json
+import signal
+
+import pytest
+
+import mqttraw as m
+import mqttraw5 as R
+from conftest import _open_clients, wait_for_snapshot
+from edgebroker.core import snapshot as snap
+from mqttraw import CONNACK, PUBLISH, SUBACK
+
+
+def reconnect_and_subscribe(b, client_id, topic_filter, v5=False):
+    """A persistent session's client back, its CONNECT and SUBSCRIBE sent at once (as a client
+    that subscribes on every connect)."""
+    if v5:
+        c = R.RawClient5(b.host, b.port)
+        _open_clients.append(c)
+        c.send(R.connect5(client_id, clean_start=False, props={R.SESSION_EXPIRY: 3600})
+               + R.subscribe5(1, [(topic_filter, 1)]))
+    else:
+        c = b.raw()
+        c.send(m.connect(client_id, clean=False) + m.subscribe(1, [(topic_filter, 1)]))
+    assert c.expect(CONNACK).session_present
+    return c
+
+
+def publishes(c, n, ack=True):
+    """The next ``n`` PUBLISHes as (value, retain), SUBACKs passed over."""
+    got = []
+    while len(got) < n:
+        p = c.recv_packet()
+        if p.type == SUBACK:
+            continue
+        assert p.type == PUBLISH, p
+        got.append((p.payload.split(b" ")[0], p.retain))
+        if ack:
+            c.ack(p)
+    return got
+
+
+def backlog(b, uid, n):
+    """A persistent session subscribed to ``uid/s/#`` goes offline; ``n`` retained QoS 1
+    messages to one topic follow (values 0 .. n-1, each with 300 bytes more: a 64 KiB chunk
+    of the log holds about 200)."""
+    s = b.client(f"{uid}-s", clean=False)
+    s.subscribe(f"{uid}/s/#", qos=1)
+    s.disconnect()
+    pub = b.client(f"{uid}-p")
+    pub.send(b"".join(m.publish(f"{uid}/s/t", b"%d " % i + b"." * 300, qos=1, retain=True,
+                                packet_id=1 + i) for i in range(n)))
+    pub.ping(timeout=20)
+    return pub
+
+
+@pytest.mark.parametrize("v5", [False, True])
+def test_a_subscribe_on_reconnect_sends_the_retained_copy_after_the_backlog(broker, uid, v5):
+    """Was: the retained copy of the newest value went out after the first window, ahead of
+    older messages of the same topic at the same QoS."""
+    b = broker()
+    n = 1000        # more than one batch read from the log
+    backlog(b, uid, n)
+    s = reconnect_and_subscribe(b, f"{uid}-s", f"{uid}/s/#", v5)
+    got = publishes(s, n + 1)
+    assert got == [(b"%d" % i, False) for i in range(n)] + [(b"%d" % (n - 1), True)]
+    assert s.ping() == []
+
+
+def test_messages_published_after_the_subscribe_follow_its_retained_copy(broker, uid):
+    """The copies go where the SUBSCRIBE came in the log: after the messages before it, and
+    before those after it, though the session is still behind when they arrive."""
+    b = broker(limits={"max_inflight_messages": 1})
+    pub = backlog(b, uid, 5)
+    s = reconnect_and_subscribe(b, f"{uid}-s", f"{uid}/s/#")
+    first = publishes(s, 1, ack=False)          # the window of 1 holds the session behind
+    assert s.expect(SUBACK).packet_id == 1
+    pub.publish(f"{uid}/s/t", b"after", qos=1, retain=True)
+    s.send(m.puback(1))
+    got = first + publishes(s, 6)
+    assert got == [(b"%d" % i, False) for i in range(5)] + [(b"4", True), (b"after", False)]
+    assert s.ping() == []
+
+
+@pytest.mark.parametrize("restart", ["none", "kill"])
+def test_retained_copies_held_for_a_session_survive_a_reconnect_and_a_crash(broker, uid,
+                                                                            restart):
+    """A session goes offline (or the broker is killed) while it holds retained copies for a
+    SUBSCRIBE: they come once, after the same backlog, when it is back."""
+    b = broker(limits={"max_inflight_messages": 1})
+    backlog(b, uid, 5)
+    s = reconnect_and_subscribe(b, f"{uid}-s", f"{uid}/s/#")
+    first = s.expect(PUBLISH)
+    assert (first.payload.split(b" ")[0], first.retain) == (b"0", False)
+    assert s.expect(SUBACK).packet_id == 1
+    s.close()
+    if restart == "kill":
+        data_dir = b.config["data_dir"]
+        wait_for_snapshot(data_dir, f"{uid}-s",
+                          pred=lambda st: st.get("held") and st["offline_ms"] is not None)
+        b.stop(signal.SIGKILL)
+        b = broker(data_dir=data_dir, limits={"max_inflight_messages": 1})
+    again = b.client(f"{uid}-s", clean=False)
+    assert again.connack.session_present
+    dup = again.recv_publish()
+    assert (dup.payload, dup.dup, dup.packet_id) == (first.payload, True, first.packet_id)
+    got = publishes(again, 5)
+    assert got == [(b"%d" % i, False) for i in range(1, 5)] + [(b"4", True)]
+    assert again.ping() == []
+
+
+def test_held_copies_in_the_snapshot_round_trip_and_bad_entries_are_left_out():
+    state = snap.SessionState("s", cursor=5, held=[(10, 3, 1, True, 16)])
+    data = snap.encode(snap.Snapshot(log_next_offset=12, sessions=[state]))
+    assert snap.decode(data).sessions[0].held == [(10, 3, 1, True, 16)]
+    doc = json.loads(data)
+    doc["sessions"][0]["held"].append([10, 4, 3, True, 16])      # QoS 3
+    assert snap.decode(json.dumps(doc).encode()).sessions[0].held == [(10, 3, 1, True, 16)]
