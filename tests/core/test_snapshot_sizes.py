@@ -92,9 +92,10 @@ def test_cursors_survive_the_snapshot_and_format_1_still_loads(tmp_path):
     behind = broker.sessions["behind"].cursor
     assert (behind.offset, behind.since, behind.offline) == (3, {"b": 6}, [[2, 4], [7, None]])
     assert broker.sessions["behind"].drops == {"log_gap": 2}
-    # In step when the snapshot was taken: offline from its offset on.
+    # In step when the snapshot was taken: it reads from its offset on, was online up to the
+    # log's end (QoS 0 below it may have been sent: not again) and is offline from there.
     in_step = broker.sessions["in-step"].cursor
-    assert (in_step.offset, in_step.offline) == (8, [[8, None]])
+    assert (in_step.offset, in_step.offline, in_step.unsure_to) == (8, [[10, None]], 10)
     assert broker.sessions["past-the-end"].cursor.offset == 10   # the log ends there
     again = snap.decode(snap.encode(broker.capture()))
     by_id = {s.client_id: s for s in again.sessions}
