@@ -47,6 +47,9 @@ class Persistence:
         self._retention_waiting: float | None = None
         self._unsaved_going: int | None = None
         self._unsaved_counted = 0
+        # Restored sessions that were connected when the snapshot was written and that the
+        # replay queues for (max_queued_messages/bytes set): see ``replay``.
+        self._replay_unsure: list[Session] = []
 
     def capture(self) -> snap.Snapshot:
         """The state a restart needs: persistent sessions by log offset, retained messages.
@@ -261,6 +264,13 @@ class Persistence:
                                                      qos, retain)
                     entry.state = entry_state
                     session.inflight_bytes += size
+            # Connected when the snapshot was written, until the crash: it may have been sent
+            # any of its queue and held copies since, which at QoS 0 go no more (at most once).
+            maybe_sent = 0
+            if s.offline_ms is None and (s.queue or s.held):
+                queue, held = [e for e in s.queue if e[1]], [e for e in s.held if e[2]]
+                maybe_sent = len(s.queue) - len(queue) + len(s.held) - len(held)
+                s.queue, s.held = queue, held
             if s.queue:
                 queue = session.own_queue()
                 for offset, qos, retain, size in s.queue:
@@ -275,7 +285,11 @@ class Persistence:
             session._next_id = s.next_id
             if s.drops:
                 session.drops = dict(s.drops)
+            if maybe_sent:
+                self.drop("restart_qos0", session, maybe_sent)
             self._restore_cursor(session, s, state.log_next_offset, retained_at)
+            if session.cursor is None and s.offline_ms is None:
+                self._replay_unsure.append(session)     # see replay
         lost += self.restore_shared(state.shared, end)
         self._snapshot_offset = self._saved_offset = state.log_next_offset
         if end is not None:
@@ -427,4 +441,24 @@ class Persistence:
                                 record.topic, record.client_id.decode("utf-8", "replace"),
                                 *extra))
             count += 1
+        # A session connected when the snapshot was written may have been sent those records
+        # already: at QoS 0 not again (the log as the queue does so with Cursor.unsure_to).
+        start = self._snapshot_offset
+        for session in self._replay_unsure:
+            queue = session.queue
+            kept, gone = [], []
+            for entry in queue:
+                ref = entry[0]
+                (gone if not entry[1] and ref.offset is not None and ref.offset >= start
+                 else kept).append(entry)
+            if gone:
+                size = sum(e[0].size for e in gone)
+                queue.clear()
+                queue.extend(kept)
+                session.queue_bytes -= size
+                session.queued_qos0 -= len(gone)
+                self.queued_messages -= len(gone)
+                self.queued_bytes -= size
+                self.drop("restart_qos0", session, len(gone))
+        self._replay_unsure = []
         return count

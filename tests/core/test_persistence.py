@@ -357,3 +357,25 @@ def test_qos0_deliveries_are_not_repeated_after_a_crash(broker, uid, filters):
                                                                       for i in range(5)]
     b2.client(f"{uid}-p2").publish(f"{uid}/m/a", b"after", qos=1)
     assert [p.payload for p in again.ping() if p.type == PUBLISH] == [b"after"]
+
+
+def test_qos0_deliveries_are_not_repeated_after_a_crash_with_the_memory_queue(broker, uid):
+    """With max_queued_messages set (queues in memory; the restart's replay queues for the
+    sessions) and queue_qos0_messages, the QoS 0 messages a connected session was sent after
+    the last snapshot were queued for it again by the replay and sent twice."""
+    limits = {"max_queued_messages": 1000, "queue_qos0_messages": True}
+    b = broker(limits=limits)
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe((f"{uid}/m/#", 0))
+    wait_for_snapshot(b.config["data_dir"], sub.client_id, pred=lambda s: s["subscriptions"])
+    pub = b.client(f"{uid}-p")
+    for i in range(5):
+        pub.publish(f"{uid}/m/a", b"msg-%d" % i, qos=i % 2)
+    assert len([p for p in sub.ping() if p.type == PUBLISH]) == 5
+    b2 = restart(broker, b, signal.SIGKILL, limits=limits)
+    again = b2.raw()
+    assert again.connect(f"{uid}-s", clean=False).session_present
+    assert [p for p in again.ping() if p.type == PUBLISH] == []
+    assert b2.client_row(f"{uid}-s")["drops"] == {"restart_qos0": 5}
+    b2.client(f"{uid}-p2").publish(f"{uid}/m/a", b"after", qos=0)
+    assert [p.payload for p in again.ping() if p.type == PUBLISH] == [b"after"]

@@ -38,7 +38,8 @@ def test_capture_and_restore_keep_sizes_and_byte_counts():
     broker = Broker(config.Config(), lambda: 0.0)
     state = snap.Snapshot(log_next_offset=20, sessions=[
         snap.SessionState("s", {"a/#": 1}, inflight=[(1, 10, 1, False, 0, 30)],
-                          queue=[(11, 1, False, 40), (12, 0, False, 50)], next_id=1),
+                          queue=[(11, 1, False, 40), (12, 0, False, 50)], next_id=1,
+                          offline_ms=0),
         snap.SessionState("idle")])
     broker.restore(state)
     s = broker.sessions["s"]
@@ -106,4 +107,37 @@ def test_cursors_survive_the_snapshot_and_format_1_still_loads(tmp_path):
                       b' "sessions": [{"client_id": "x", "subscriptions": [], "inflight": [],'
                       b' "queue": [], "awaiting_release": []}]}')
     assert old.sessions[0].cursor is None and old.sessions[0].offline == []
+    log.close()
+
+
+def test_queued_and_held_qos0_of_a_session_connected_at_the_snapshot_go_no_more(tmp_path):
+    """After a crash: a session connected when the snapshot was written may have been sent
+    its queue and its held retained copies since. Those at QoS 0 were sent again (QoS 0 is
+    at most once); now they are left out, counted as restart_qos0. An offline session's are
+    kept: it was sent nothing."""
+    import time
+
+    from edgebroker.commitlog.format import LogOptions
+    from edgebroker.commitlog.log import CommitLog
+
+    log = CommitLog.open(str(tmp_path / "log"), LogOptions())
+    for i in range(10):
+        log.append(i, 1, False, b"c", b"a", b"%d" % i)
+    log.write_pending()
+    broker = Broker(config.Config(), time.monotonic, commit_log=log, wall_ms=lambda: 0)
+    queue = [[3, 0, False, 2], [4, 1, False, 2], [5, 0, False, 2]]
+    held = [[6, 1, 0, True, 2], [6, 2, 1, True, 2]]
+    state = snap.Snapshot(log_next_offset=8, sessions=[
+        snap.SessionState("online", {"a": 1}, queue=[list(e) for e in queue], cursor=6,
+                          held=[tuple(e) for e in held]),
+        snap.SessionState("offline", {"a": 1}, queue=[list(e) for e in queue], cursor=6,
+                          held=[tuple(e) for e in held], offline=[[6, None]], offline_ms=0)])
+    broker.restore(state)
+    online, offline = broker.sessions["online"], broker.sessions["offline"]
+    assert [(ref.offset, qos) for ref, qos, _ in online.queue] == [(4, 1)]
+    assert [(ref.offset, qos) for _, ref, qos, _ in online.cursor.held] == [(2, 1)]
+    assert online.drops == {"restart_qos0": 3} and online.queued_qos0 == 0
+    assert [(ref.offset, qos) for ref, qos, _ in offline.queue] == [(3, 0), (4, 1), (5, 0)]
+    assert len(offline.cursor.held) == 2 and not offline.drops
+    assert broker.queued_messages == 4
     log.close()
