@@ -345,13 +345,15 @@ class Client:
                        limit, getattr(broker.limits, limit), wait)
         broker.schedule(self)
 
-    def charge_control(self) -> None:
+    def charge_control(self, packets: int = 1) -> None:
         """A control packet (core.dispatch: PINGREQ, SUBSCRIBE, ...) was handled: charged to
-        the client's control_rate, and the client throttled when it is over."""
+        the client's control_rate (``packets``: work that costs as many), and the client
+        throttled when it is over."""
         control = self.broker.control
         if control is None or self.closed:
             return
-        self.control_due, wait = control.charge(self.control_due, self.broker.clock())
+        self.control_due, wait = control.charge(self.control_due, self.broker.clock(),
+                                                packets)
         if wait:
             self.throttle("control_rate", wait)  # this one went through; reading stops now
 

@@ -153,10 +153,10 @@ class ControlRate:
         return (ControlRate(limits.control_rate, limits.control_burst)
                 if limits.control_rate > 0 else None)
 
-    def charge(self, due: float, now: float) -> tuple[float, float]:
-        """One packet at ``now`` from a client whose number is ``due``: (its new number,
+    def charge(self, due: float, now: float, packets: int = 1) -> tuple[float, float]:
+        """``packets`` at ``now`` from a client whose number is ``due``: (its new number,
         seconds not to read it; 0.0 while it has tokens left)."""
-        due = (due if due > now else now) + self.interval
+        due = (due if due > now else now) + self.interval * packets
         if due - now <= self.ahead + 1e-9:
             return due, 0.0
         return due, due - now - self.resume

@@ -28,6 +28,11 @@ from edgebroker.core.session import Message, Session, Stored, StoredRetained
 from edgebroker.mqtt import packets as P
 
 
+# Retained messages matched for a SUBSCRIBE that cost the client one packet of its
+# control_rate (docs/limits.md, "Control packet rate").
+RETAINED_PER_PACKET = 100
+
+
 class RetainedDelivery:
     """The retained messages' part of ``Broker`` (a mixin over the broker's state)."""
 
@@ -42,10 +47,15 @@ class RetainedDelivery:
             held = cursor.held
             pending = {e[1].offset for e in held} if held else set()
             count = len(held) if held else 0
+        wanted: dict[str, int] = {}
         for (topic_filter, _), max_qos in zip(topics, granted):
-            if max_qos == P.SUBACK_FAILURE:
-                continue
-            for message in list(self.retained.match(topic_filter)):
+            if max_qos != P.SUBACK_FAILURE:
+                wanted[topic_filter] = max_qos      # a filter listed again: once, its last QoS
+        examined = 0
+        for topic_filter, max_qos in wanted.items():
+            matches = list(self.retained.match(topic_filter))
+            examined += len(matches)
+            for message in matches:
                 queued = session.retained_queued
                 if queued and message.offset in queued:
                     continue    # asked for again (the same filter twice, say): that copy goes
@@ -88,6 +98,10 @@ class RetainedDelivery:
                 _queued_retained(session, message)
         if cursor is not None and cursor.held and len(cursor.held) > count:
             self.pump(session)      # they go at once if the cursor is there already
+        if examined >= RETAINED_PER_PACKET and client is not None:
+            # The work costs the client's control rate as that many packets would: a client
+            # subscribing to '#' over and over is throttled, not the loop taken.
+            client.charge_control(examined // RETAINED_PER_PACKET)
 
     def read_end(self, cursor) -> int:
         """Where ``cursor`` reads up to now: the head of the log (``live_offset``), or the

@@ -116,3 +116,40 @@ def test_packets_held_during_the_password_check_keep_to_the_control_rate(broker,
     assert b.client_row(f"{uid}-held")["throttled_seconds"] > 0
     assert c.ping() == []
     c.close()
+
+
+def _retained(b, uid, n: int) -> None:
+    pub = b.client(f"{uid}-ret")
+    pub.send(b"".join(m.publish(f"{uid}/r/{i}", b"%d" % i, retain=True) for i in range(n)))
+    assert pub.ping() == []                     # all handled
+
+
+def test_retained_messages_a_subscribe_matches_cost_the_control_rate(broker, uid):
+    """Each SUBSCRIBE walks the retained messages its filters match, at one control token a
+    packet: re-subscribing to '#' over a large retained set took the loop for seconds. Now
+    every 100 retained messages matched cost a packet: the client is throttled, counted,
+    and still gets every copy it asked for."""
+    b = broker(limits={"control_rate": 100, "control_burst": 10})
+    _retained(b, uid, 500)
+    c = b.client(f"{uid}-sub")
+    mark = b.mark()
+    c.send(b"".join(m.subscribe(i + 1, [(f"{uid}/r/#", 0)]) for i in range(3)))
+    got = 0
+    for _ in range(3 * 501):                    # three SUBACKs, 500 copies after each
+        p = c.recv_packet(15)
+        got += p.type == m.PUBLISH and p.retain
+    assert got == 1500
+    assert b.stats()["limit_hits"]["control_rate"] >= 1
+    assert b.client_row(f"{uid}-sub")["throttled_seconds"] > 0
+    assert b.wait_log(lambda ln: "over its control packet rate" in ln and f"{uid}-sub" in ln,
+                      start=mark)
+
+
+def test_a_filter_listed_twice_in_one_subscribe_gets_its_retained_messages_once(broker, uid):
+    b = broker()
+    _retained(b, uid, 3)
+    c = b.client(f"{uid}-sub")
+    c.send(m.subscribe(1, [(f"{uid}/r/#", 0), (f"{uid}/r/#", 1)]))
+    assert c.expect(m.SUBACK).codes == [0, 1]
+    got = [p for p in c.ping() if p.type == m.PUBLISH]
+    assert sorted((p.topic, p.qos) for p in got) == [(f"{uid}/r/{i}", 0) for i in range(3)]
