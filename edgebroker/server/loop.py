@@ -10,8 +10,8 @@ signal flags; every 0.2 s, look at the loop thread's wait for a CPU, which
 stops the busy poll and the early pieces while it is long
 (server/contention.py). Signal handlers only set flags; ``signal.set_wakeup_fd`` and a
 socketpair wake the loop (other threads write one byte to the same pair).
-The duration of each pass (events, timers and flushing; not the wait) goes
-into ``broker.pass_times``.
+The duration of each pass (events, timers and flushing; not the wait: from when the
+poller's wait ended, ``woke``) goes into ``broker.pass_times``.
 
 What the loop runs is put together by the composition root (server/app.py):
 the broker and the commit log it hands to transports (``broker``, ``log``),
@@ -132,7 +132,7 @@ class Loop:
         # While the loop waits for a CPU: no busy poll, no early sends (server/contention.py)
         self.contention = CpuContention()
         self.busy_poll = BusyPoll(busy_poll_us, self.contention)
-        self.selector = make_poller()
+        self.selector = make_poller(clock)
         # Anonymous memory, not a bytearray (which zeroes all of it): a page becomes resident
         # only once a read reaches it, so an idle broker or one of small packets does not
         # hold the whole READ_BUFFER (docs/deploy.md, idle RSS).
@@ -234,7 +234,8 @@ class Loop:
     def run(self) -> None:
         """Run passes until a stop signal."""
         broker = self.broker
-        dispatch = self.selector.dispatch
+        selector = self.selector
+        dispatch = selector.dispatch
         clock = self.clock
         # STATUS= and WATCHDOG=1 for systemd: from this loop, so a hung loop stops them.
         notifier = sdnotify.Notifier.from_env(clock())
@@ -274,8 +275,8 @@ class Loop:
                 if not ready:
                     ready = dispatch(min(MAX_WAIT, max(0.0, min(due, next_notify) - clock())),
                                      on_error)
-            start = clock()
-            now = start
+            now = clock()
+            start = selector.woke       # the pass: the sockets' events from there on
             if now >= due:
                 # Timers added during the pass and due at once make the next wait 0.
                 broker.tick(now)
@@ -291,7 +292,7 @@ class Loop:
                 # Only for small passes (many devices' messages): big ones gain little and
                 # would hold more memory.
                 if not held:
-                    hold_end = start + self.hold_window
+                    hold_end = now + self.hold_window
                 # A client that waits alone (one connection ready, and the last look found
                 # nothing more) is answered at once: the look would cost it a poll.
                 if (ready and held < HOLD_PASSES and not (ready == 1 and lone and broker.prompt)

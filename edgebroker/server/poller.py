@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import select
 import selectors
+import time
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
@@ -30,9 +31,11 @@ MAX_EVENTS = 1024  # ready sockets taken per poll
 class EpollPoller:
     """fd -> callback over ``select.epoll``. Same contract as a selector, callback for key."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
         self._epoll = select.epoll()
         self._data: dict = {}
+        self._clock = clock
+        self.woke = 0.0         # when the last dispatch's wait ended (the loop's pass time)
 
     def register(self, sock, events: int, data) -> None:
         fd = sock.fileno()
@@ -107,6 +110,7 @@ class EpollPoller:
         data = self._data
         masks = _MASKS
         ready = self._poll(timeout)
+        self.woke = self._clock()
         for fd, ev in ready:
             callback = data.get(fd)
             if callback is None:
@@ -125,8 +129,10 @@ class EpollPoller:
 class SelectorPoller:
     """The same contract over ``selectors.DefaultSelector`` (where there is no epoll)."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
         self._selector = selectors.DefaultSelector()
+        self._clock = clock
+        self.woke = 0.0
 
     def register(self, sock, events: int, data) -> None:
         self._selector.register(sock, events, data)
@@ -145,6 +151,7 @@ class SelectorPoller:
 
     def dispatch(self, timeout: float | None, on_error) -> int:
         ready = self.select(timeout)
+        self.woke = self._clock()
         for callback, mask in ready:
             try:
                 callback(mask)
@@ -156,5 +163,5 @@ class SelectorPoller:
         self._selector.close()
 
 
-def make_poller():
-    return EpollPoller() if hasattr(select, "epoll") else SelectorPoller()
+def make_poller(clock=time.monotonic):
+    return EpollPoller(clock) if hasattr(select, "epoll") else SelectorPoller(clock)
