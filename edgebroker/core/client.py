@@ -238,8 +238,9 @@ class Client:
 
     def deadline(self) -> float | None:
         """When this client must next be checked by the timer heap."""
-        if not self.connected:
-            return self.connect_deadline
+        if not self.connected:      # throttled before CONNECT: WebSocket pings (framing.py)
+            until = self.throttled_until
+            return until if 0 < until < self.connect_deadline else self.connect_deadline
         if self.throttled_until:
             # Keepalive is not checked while we are the ones not reading.
             return self.throttled_until
@@ -330,7 +331,9 @@ class Client:
         warned.add(key)
         log.warning("%s: " + message, self.describe(), *args)
 
-    def throttle(self, limit: str, wait: float) -> None:
+    def throttle(self, limit: str, wait: float, what: str = "") -> None:
+        """Not read for ``wait`` seconds, over ``limit``; ``what`` (in the log line): what
+        went over it, when not the usual packets."""
         broker = self.broker
         now = broker.clock()
         broker.hit(limit)
@@ -339,23 +342,30 @@ class Client:
         self.throttle_start = now
         broker.throttled.add(self)
         self.transport.pause_reading("rate")
-        self.warn_once(limit, "over its %s (%s %g/s); not reading from it for %.3f s "
+        self.warn_once(limit, "over its %s (%s %g/s)%s; not reading from it for %.3f s "
                        "(and again whenever it is over)",
                        "control packet rate" if limit == "control_rate" else "publish rate",
-                       limit, getattr(broker.limits, limit), wait)
+                       limit, getattr(broker.limits, limit), what and f" with {what}", wait)
         broker.schedule(self)
 
-    def charge_control(self, packets: int = 1) -> None:
-        """A control packet (core.dispatch: PINGREQ, SUBSCRIBE, ...) was handled: charged to
-        the client's control_rate (``packets``: work that costs as many), and the client
-        throttled when it is over."""
+    def charge_control(self, n: int = 1, what: str = "") -> None:
+        """``n`` control packets (core.dispatch: PINGREQ, SUBSCRIBE, ...; WebSocket frames
+        with no MQTT byte, server/framing.py) were handled: charged to the client's
+        control_rate, and the client throttled when it is over (``what``: see throttle)."""
         control = self.broker.control
         if control is None or self.closed:
             return
-        self.control_due, wait = control.charge(self.control_due, self.broker.clock(),
-                                                packets)
+        self.control_due, wait = control.charge(self.control_due, self.broker.clock(), n)
         if wait:
-            self.throttle("control_rate", wait)  # this one went through; reading stops now
+            self.throttle("control_rate", wait, what)  # these went through; reading stops now
+
+    def control_allowed(self) -> int:
+        """The control packets the client may send now, the one that takes its last token
+        included (0: no control_rate)."""
+        control = self.broker.control
+        if control is None:
+            return 0
+        return control.allowed(self.control_due, self.broker.clock())
 
     def _end_throttle(self, now: float) -> None:
         self.throttled_time += now - self.throttle_start

@@ -153,13 +153,19 @@ class ControlRate:
         return (ControlRate(limits.control_rate, limits.control_burst)
                 if limits.control_rate > 0 else None)
 
-    def charge(self, due: float, now: float, packets: int = 1) -> tuple[float, float]:
-        """``packets`` at ``now`` from a client whose number is ``due``: (its new number,
+    def charge(self, due: float, now: float, n: int = 1) -> tuple[float, float]:
+        """``n`` packets at ``now`` from a client whose number is ``due``: (its new number,
         seconds not to read it; 0.0 while it has tokens left)."""
-        due = (due if due > now else now) + self.interval * packets
+        due = (due if due > now else now) + n * self.interval
         if due - now <= self.ahead + 1e-9:
             return due, 0.0
         return due, due - now - self.resume
+
+    def allowed(self, due: float, now: float) -> int:
+        """How many packets a client whose number is ``due`` may send at ``now`` before it is
+        throttled: its tokens left, and the one that takes the last (at least 1)."""
+        ahead = self.ahead + 1e-9 - (due - now if due > now else 0.0)
+        return max(1, math.floor(ahead / self.interval) + 1)
 
 
 class TopicTable:

@@ -13,7 +13,8 @@ and a framing, composed when the connection is accepted (``App.add_connection``)
   stream's receiver in place of the ``Client``. Bytes read go through
   ``endpoint.receive(data)``, which gives the MQTT bytes they carried (``mqtt``),
   the bytes to send back (``send``: a handshake reply, an HTTP refusal, a pong, a
-  close frame) and why to close (``close``; ``open`` once the handshake is done);
+  close frame) and why to close (``close``; ``open`` once the handshake is done;
+  ``noise``, ``more``, ``hold``: below);
   a connection the broker ends gets ``endpoint.close_frame()`` first; what
   the core writes goes out behind ``endpoint.frame_head(n)``, the header of one
   frame of ``n`` bytes. A log-backed PUBLISH keeps its zero-copy path: the frame
@@ -21,6 +22,13 @@ and a framing, composed when the connection is accepted (``App.add_connection``)
   sendfile (over TLS the stream reads it instead, as it does for raw MQTT).
 
 Either stream takes either framing, so WebSocket over TLS needs no class of its own.
+
+Frames that carry no MQTT byte (WebSocket pings, pongs, empty data frames) are charged to the
+client's control packet rate like PINGREQ (``Client.charge_control``): ``receive`` is told how
+many the client may send now and stops after the one that takes its last token, the client is
+throttled, and the frames behind wait unread in the endpoint until the throttle ends
+(``resume_reading``, then ``_read_on`` in a later pass of the loop: after what the client
+held, in order).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ log = logging.getLogger("edgebroker.server")
 
 # Longest wait for the peer's end after the end of a framed stream was sent (Framing.close).
 LINGER = 2.0
+# How the client's throttle names frames with no MQTT byte (core.client.Client.throttle).
+NOISE = "WebSocket pings, pongs or empty frames"
 
 
 class _NoLargeReads:
@@ -66,7 +76,7 @@ class Framing:
     to the core it is the transport, to the stream the receiver of bytes."""
 
     __slots__ = ("stream", "endpoint", "client", "peer", "listener", "lingering", "last_words",
-                 "counted")
+                 "counted", "reader")
 
     decoder = _NO_LARGE_READS
 
@@ -79,13 +89,22 @@ class Framing:
         self.lingering = False        # the closing handshake: waiting for the peer's end
         self.last_words = b""         # the endpoint's close frame, for close() to send last
         self.counted = False          # a lingering socket, counted in broker.sockets_open
+        self.reader = None            # Timer: read the frames left in the endpoint (_read_on)
 
     # ----- the stream's side: bytes in --------------------------------------------------
 
     def data_received(self, data) -> None:
         if self.lingering:
             return      # the peer's answer to the close, or what it sent before it
-        got = self.endpoint.receive(bytes(data))    # the endpoint keeps what it holds
+        client = self.client
+        endpoint = self.endpoint
+        if client.halted and endpoint.open:
+            # Throttled: what a TLS read still hands over waits behind the frames left.
+            if data:
+                endpoint.hold(bytes(data))
+            return
+        # The endpoint keeps what it holds
+        got = endpoint.receive(bytes(data), client.control_allowed())
         stream = self.stream
         if got.reply:
             stream.write(got.reply)                 # the handshake's answer, first
@@ -96,9 +115,12 @@ class Framing:
             self.last_words = got.send
         elif got.send:
             stream.write(got.send)
-        client = self.client
         for piece in got.mqtt:
             client.data_received(piece)
+        if got.noise:
+            client.charge_control(got.noise, NOISE)
+        if got.more and not client.halted:
+            self._read_later()      # not over after all (its tokens came back meanwhile)
         if got.close is not None and not stream.closed:
             if not got.open:    # the upgrade was refused: counted, logged (core.limits.PeerLog)
                 broker = stream.loop.broker
@@ -114,6 +136,22 @@ class Framing:
             else:
                 client.connection_lost(got.close)   # closes this (close below)
             self.close()                            # if the client was closed already
+
+    def _read_later(self) -> None:
+        """Read the frames left in the endpoint in a later pass of the loop, not the socket
+        meanwhile."""
+        self.stream.pause_reading("frames")
+        reader = self.reader
+        if reader is None:
+            reader = self.reader = Timer(self._read_on)
+        if not reader.pending:
+            broker = self.stream.loop.broker
+            reader.start(broker, broker.clock())
+
+    def _read_on(self) -> None:
+        self.stream.resume_reading("frames")
+        if not self.client.closed and not self.stream.closed:
+            self.data_received(b"")
 
     def writable(self) -> None:
         self.client.writable()
@@ -181,6 +219,8 @@ class Framing:
 
     def resume_reading(self, reason: str) -> None:
         self.stream.resume_reading(reason)
+        if reason == "rate" and self.endpoint.more and not self.lingering:
+            self._read_later()      # the frames left when the throttle began
 
     def wait_for_drain(self) -> None:
         self.stream.wait_for_drain()

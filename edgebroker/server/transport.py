@@ -51,7 +51,7 @@ DEFAULT_MAX_PENDING = 1 << 20
 NO_OUTPUT: tuple = ()
 
 # Why reading may be paused: one bit each, so one holder cannot resume another's pause.
-PAUSE_REASONS = {"auth": 1, "rate": 2, "log": 4, "output": 8}
+PAUSE_REASONS = {"auth": 1, "rate": 2, "log": 4, "output": 8, "frames": 16}
 # Output no reading client leaves queued (replies to a flood of requests it does not read:
 # PINGRESPs, acknowledgements, pongs): past it, it is not read until that is written.
 HELD_WRITES = 65536

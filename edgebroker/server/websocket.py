@@ -34,6 +34,11 @@ The rules, in the order a connection meets them (docs/protocol.md, "MQTT over We
   ignored. A close from the client is answered with a close, then the connection ends. A
   frame wsproto cannot parse (unmasked, bad opcode, oversized control frame) is closed with
   the code wsproto gives (1002, 1007).
+- Frames that carry no MQTT byte (a ping, a pong, an empty binary or continuation frame) cost
+  the loop as much as a packet and ask for nothing the MQTT limits see: they are counted
+  (``noise``) for the transport to charge to the client's control packet rate, and a
+  ``receive`` stops after the one that takes the last of the ``noise_left`` it was given
+  (``more``: frames are left, read by the next ``receive``, b"" will do).
 - CLOSED: after a refusal or a close, further bytes are ignored; the transport closes the
   connection once ``send`` is written.
 """
@@ -46,8 +51,8 @@ import struct
 
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
-from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Request,
-                            TextMessage)
+from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong,
+                            Request, TextMessage)
 from wsproto.utilities import RemoteProtocolError
 
 DEFAULT_PATH = "/mqtt"
@@ -97,18 +102,22 @@ class WebSocketInput:
     follow a close, RFC 6455 5.5.1). ``close``: why the connection must be closed once
     ``send`` is written, or None. ``open``: the handshake is done. ``fault``: the close is the
     peer's fault (a refused request, a frame that breaks the rules), not its own close.
+    ``noise``: the frames that carried no MQTT byte; ``more``: ``receive`` stopped at its
+    ``noise_left``, frames may be left.
     """
 
-    __slots__ = ("mqtt", "send", "close", "open", "fault", "reply")
+    __slots__ = ("mqtt", "send", "close", "open", "fault", "reply", "noise", "more")
 
     def __init__(self, mqtt: list, send: bytes, close: str | None, open: bool,
-                 fault: bool = False, reply: bytes = b""):
+                 fault: bool = False, reply: bytes = b"", noise: int = 0, more: bool = False):
         self.mqtt = mqtt
         self.send = send
         self.close = close
         self.open = open
         self.fault = fault
         self.reply = reply
+        self.noise = noise      # frames with no MQTT byte: pings, pongs, empty data frames
+        self.more = more        # frames may be left to read (``receive`` stopped early)
 
     def __repr__(self) -> str:
         return (f"WebSocketInput(mqtt={self.mqtt!r}, send={self.send!r}, close={self.close!r}, "
@@ -144,7 +153,7 @@ class WebSocketEndpoint:
     """The server side of one WebSocket connection carrying MQTT (module docstring: the rules)."""
 
     __slots__ = ("path", "subprotocols", "max_message", "max_request", "_ws", "_head", "_open",
-                 "_closed", "_message_len")
+                 "_closed", "_message_len", "_more")
 
     # Called as endpoint.frame_head(n): a plain function, no binding of self.
     frame_head = staticmethod(frame_head)
@@ -160,19 +169,34 @@ class WebSocketEndpoint:
         self._open = False
         self._closed = False
         self._message_len = 0      # bytes of the binary message being received so far
+        self._more = False         # the last receive stopped early: frames may be left
 
     @property
     def open(self) -> bool:
         return self._open
 
-    def receive(self, data: bytes) -> WebSocketInput:
-        """Read ``data`` from the peer; return what it meant (see ``WebSocketInput``)."""
-        if self._closed or not data:
+    @property
+    def more(self) -> bool:
+        """The last ``receive`` stopped early: frames may be left to read."""
+        return self._more and not self._closed
+
+    def hold(self, data: bytes) -> None:
+        """Keep ``data`` (once open) behind what is left, to be read by a later ``receive``."""
+        if self._open and not self._closed:
+            self._ws.receive_data(data)
+            self._more = True
+
+    def receive(self, data: bytes, noise_left: int = 0) -> WebSocketInput:
+        """Read ``data`` from the peer; return what it meant (see ``WebSocketInput``). Once
+        open, stop after ``noise_left`` frames with no MQTT byte (0: no bound); b"" reads
+        on where the last call stopped."""
+        if self._closed or not data and not self._more:
             return WebSocketInput([], b"", None, self._open)
         if self._open:
-            self._ws.receive_data(data)
-            return self._frames(b"")
-        return self._handshake(data)
+            if data:
+                self._ws.receive_data(data)
+            return self._frames(b"", noise_left)
+        return self._handshake(data, noise_left)
 
     def close_frame(self, code: int = NORMAL_CLOSURE, reason: str = "") -> bytes:
         """The close frame that begins a close the broker decided (b"" before the handshake or
@@ -188,7 +212,7 @@ class WebSocketEndpoint:
 
     # -- CONNECTING -------------------------------------------------------------------------------
 
-    def _handshake(self, data: bytes) -> WebSocketInput:
+    def _handshake(self, data: bytes, noise_left: int) -> WebSocketInput:
         head = self._head
         start = max(0, len(head) - 3)   # the empty line may begin in the bytes held before
         head += data
@@ -237,7 +261,7 @@ class WebSocketEndpoint:
         self._open = True
         if rest:
             self._ws.receive_data(rest)
-        return self._frames(reply)
+        return self._frames(reply, noise_left)
 
     def _refuse(self, status: int, why: str, headers: tuple = ()) -> WebSocketInput:
         if len(why) > _MAX_REASON:
@@ -249,13 +273,16 @@ class WebSocketEndpoint:
 
     # -- OPEN -------------------------------------------------------------------------------------
 
-    def _frames(self, reply: bytes = b"") -> WebSocketInput:
-        """The events of the frames wsproto has parsed; ``reply``: the handshake's answer."""
+    def _frames(self, reply: bytes = b"", noise_left: int = 0) -> WebSocketInput:
+        """The events of the frames wsproto has parsed, up to the one that takes the last of
+        ``noise_left`` (0: all); ``reply``: the handshake's answer."""
         ws = self._ws
         mqtt = []
         out = []
         close = None
         fault = True            # unless the client closed
+        noise = 0
+        self._more = False
         for event in ws.events():
             if isinstance(event, BytesMessage):
                 n = self._message_len + len(event.data)
@@ -266,8 +293,13 @@ class WebSocketEndpoint:
                 self._message_len = 0 if event.message_finished else n
                 if event.data:
                     mqtt.append(event.data)
+                    continue
+                noise += 1
             elif isinstance(event, Ping):
                 out.append(self._control(event.response()))
+                noise += 1
+            elif isinstance(event, Pong):
+                noise += 1
             elif isinstance(event, CloseConnection):
                 if ws.state is ConnectionState.REMOTE_CLOSING:
                     out.append(ws.send(event.response()))
@@ -284,8 +316,10 @@ class WebSocketEndpoint:
                 close = "WebSocket text frame (MQTT travels in binary frames only)"
                 out.append(self._control(CloseConnection(UNSUPPORTED_DATA, "binary only")))
                 break
-            # a Pong needs nothing
+            if noise == noise_left:
+                self._more = True   # the rest waits in wsproto's buffer, in order
+                break
         if close is not None:
             self._closed = True
         return WebSocketInput(mqtt, b"".join(out), close, True, close is not None and fault,
-                              reply)
+                              reply, noise, self._more)

@@ -97,6 +97,23 @@ def test_control_rate_acts_as_a_token_bucket_of_its_burst():
     assert default.charge(due, 0.0)[1] == pytest.approx(0.02)
 
 
+def test_control_rate_charges_several_at_once_and_says_how_many_are_allowed():
+    """``charge(n)`` is n single charges; ``allowed`` counts the packets up to the one that
+    takes the last token (the first that throttles), at least 1 (server/framing.py)."""
+    control = L.ControlRate.for_limits(lim(control_rate=100, control_burst=10))
+    for due, now in [(0.0, 5.0), (5.04, 5.0), (5.09, 5.0), (5.1, 5.0), (7.0, 5.0)]:
+        k = control.allowed(due, now)
+        one = due
+        waits = []
+        for _ in range(k):
+            one, wait = control.charge(one, now)
+            waits.append(wait)
+        assert waits[-1] > 0 and not any(waits[:-1]), (due, k, waits)
+        many, wait = control.charge(due, now, k)
+        assert many == pytest.approx(one) and wait == pytest.approx(waits[-1])
+    assert [control.allowed(d, 5.0) for d in (0.0, 5.04, 5.09, 5.1)] == [10, 6, 1, 1]
+
+
 # ----- topic table --------------------------------------------------------------------------
 
 def _none_retained(topic):

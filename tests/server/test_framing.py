@@ -23,12 +23,16 @@ class LengthPrefixed:
     """A toy sans-I/O endpoint: frames are a 2-byte length and the bytes; length 0 closes."""
 
     open = True
+    more = False        # never stops early: no frame without payload bytes
 
     def __init__(self):
         self.pending = b""
         self.closed = False
 
-    def receive(self, data):
+    def hold(self, data):
+        self.pending += bytes(data)
+
+    def receive(self, data, noise_left=0):
         self.pending += bytes(data)
         mqtt = []
         while len(self.pending) >= 2:

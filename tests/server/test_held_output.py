@@ -58,8 +58,9 @@ def test_a_client_that_does_not_read_its_replies_is_not_read_meanwhile(broker, u
 
 
 def test_a_websocket_client_that_does_not_read_its_pongs_is_not_read_meanwhile(broker):
-    """The same before any CONNECT, over WebSocket: pings whose pongs are not read."""
-    b = broker(limits={"max_pending_write_bytes": MAX_PENDING},
+    """The same before any CONNECT, over WebSocket: pings whose pongs are not read (with no
+    control_rate, which charges pings too: test_websocket_floods.py)."""
+    b = broker(limits={"max_pending_write_bytes": MAX_PENDING, "control_rate": 0},
                listener=[{"host": "127.0.0.1", "port": 0},
                          {"host": "127.0.0.1", "port": 0, "protocol": "websockets"}])
     mark = b.mark()

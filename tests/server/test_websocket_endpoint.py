@@ -255,6 +255,26 @@ def test_empty_read_means_nothing():
     assert (got.mqtt, got.send, got.close, got.open) == ([], b"", None, True)
 
 
+def test_frames_without_mqtt_are_counted_and_reading_stops_at_noise_left():
+    """Pings, pongs and empty binary or continuation frames are ``noise``; ``receive`` stops
+    after the one that takes the last of ``noise_left``, the rest read on by receive(b"")."""
+    ep, client = opened()
+    data = (binary(client, b"a", finished=False) + binary(client, b"", finished=False)
+            + client.send(Ping(b"1")) + client.send(Pong(b"")) + binary(client, b"b")
+            + binary(client, b"") + client.send(Ping(b"2")) + binary(client, b"c"))
+    got = ep.receive(data, noise_left=2)
+    assert (got.mqtt, got.noise, got.more, ep.more) == ([b"a"], 2, True, True)
+    assert events(client, got.send) == [Pong(b"1")]
+    got = ep.receive(b"", noise_left=1)
+    assert (got.mqtt, got.noise, got.more) == ([], 1, True)
+    ep.hold(binary(client, b"d"))              # kept behind what is left, in order
+    got = ep.receive(b"")                      # 0: no bound
+    assert (got.mqtt, got.noise, got.more, ep.more) == ([b"b", b"c", b"d"], 2, False, False)
+    assert events(client, got.send) == [Pong(b"2")]
+    got = ep.receive(b"")
+    assert (got.mqtt, got.noise, got.send) == ([], 0, b"")
+
+
 def test_ping_is_answered_with_pong_between_fragments():
     ep, client = opened()
     got = ep.receive(binary(client, b"one", finished=False) + client.send(Ping(b"hi"))
