@@ -62,6 +62,9 @@ MAX_REQUEST = 8192
 # One WebSocket message: the largest MQTT 3.1.1 packet (remaining length 268,435,455 plus a
 # 5-byte fixed header). MQTT's own max_packet_size bounds each packet a message carries.
 MAX_MESSAGE = 268_435_460
+# Frames one ``receive`` takes (about 10 ms of wsproto's work): the rest are read in the next
+# pass of the loop, so a client sending tiny frames flat out shares the loop with the others.
+MAX_FRAMES = 1024
 
 # RFC 6455 §7.4.1 status codes the endpoint sends.
 NORMAL_CLOSURE = 1000
@@ -283,7 +286,9 @@ class WebSocketEndpoint:
         fault = True            # unless the client closed
         noise = 0
         self._more = False
+        frames = MAX_FRAMES
         for event in ws.events():
+            frames -= 1
             if isinstance(event, BytesMessage):
                 n = self._message_len + len(event.data)
                 if n > self.max_message:
@@ -293,8 +298,8 @@ class WebSocketEndpoint:
                 self._message_len = 0 if event.message_finished else n
                 if event.data:
                     mqtt.append(event.data)
-                    continue
-                noise += 1
+                else:
+                    noise += 1
             elif isinstance(event, Ping):
                 out.append(self._control(event.response()))
                 noise += 1
@@ -316,8 +321,11 @@ class WebSocketEndpoint:
                 close = "WebSocket text frame (MQTT travels in binary frames only)"
                 out.append(self._control(CloseConnection(UNSUPPORTED_DATA, "binary only")))
                 break
-            if noise == noise_left:
-                self._more = True   # the rest waits in wsproto's buffer, in order
+            if noise and noise == noise_left or not frames:
+                # The rest waits in wsproto's buffer, in order: for the throttle's end, or
+                # (MAX_FRAMES) for the next pass, so that frames of a byte or two each cannot
+                # keep the loop from the other clients.
+                self._more = True
                 break
         if close is not None:
             self._closed = True
