@@ -27,9 +27,9 @@ class Limits:
         True, doc="retained messages: false refuses a retained PUBLISH or will (MQTT 5.0: "
                   "0x9A; 3.1.1: the connection closes) and says so in the 5.0 CONNACK")
     receive_maximum: int = setting(
-        65535, between(1, 65535),
-        doc="MQTT 5.0: QoS 2 messages a client may have awaiting PUBREL (the CONNACK's Receive "
-            "Maximum); one more gets DISCONNECT 0x93")
+        1024, between(1, 65535),
+        doc="QoS 2 messages a client may have awaiting PUBREL; one more closes the connection "
+            "(MQTT 5.0: DISCONNECT 0x93; the CONNACK's Receive Maximum says it)")
     outbound_topic_aliases: bool = setting(
         False, doc="MQTT 5.0: give the first topics sent to a client topic aliases (up to its "
                    "Topic Alias Maximum), sending an empty topic name after the first message")

@@ -41,7 +41,7 @@ LIMITS = (
     "max_topic_levels", "max_topics", "max_topics_per_client", "max_subscriptions_per_client",
     "max_inflight_messages", "max_inflight_bytes", "max_queued_messages", "max_queued_bytes",
     "max_pending_write_bytes", "messages_rate", "bytes_rate", "memory_limit", "open_files",
-    "max_lag_bytes", "max_lag_age", "max_sessions", "control_rate",
+    "max_lag_bytes", "max_lag_age", "max_sessions", "control_rate", "receive_maximum",
 )
 
 # Why a connection was refused (CONNACK != 0, or closed before CONNECT for not speaking MQTT).
@@ -353,6 +353,8 @@ PEER_EVENTS = {
     "tls_handshake_timeout": "TLS handshakes not finished within handshake_timeout",
     "held_output": "connections not read while replies they do not read wait",
     "publish_refused": "connections closed for a PUBLISH to a new topic a topic limit refused",
+    "receive_maximum": "connections closed for a QoS 2 PUBLISH beyond receive_maximum (QoS 2 "
+                       "messages awaiting PUBREL)",
 }
 
 # PeerLog's period (seconds), and how many (kind, source address) pairs it tracks at most.

@@ -48,7 +48,7 @@ class Conn5:
 
     __slots__ = ("receive_maximum", "max_packet_size", "topic_alias_maximum", "aliases",
                  "problem_info", "session_expiry", "out_aliases", "auth_method", "auth",
-                 "auth_reply", "told", "inherited")
+                 "auth_reply", "told")
 
     def __init__(self, props: dict | None, limits):
         props = props or {}
@@ -69,9 +69,6 @@ class Conn5:
         self.auth_method: str | None = None
         self.auth = None
         self.auth_reply: bytes | None = None
-        # QoS 2 packet ids the session held awaiting PUBREL when this connection took it
-        # over (core/handlers/acks.forget_inherited), or None.
-        self.inherited: set[int] | None = None
 
 
 def session_expiry(conn: Conn5, cap: float) -> int:

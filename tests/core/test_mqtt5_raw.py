@@ -101,9 +101,10 @@ def test_reason_strings_are_left_out_rather_than_exceed_the_clients_maximum_pack
     tiny = R.RawClient5(b.host, b.port)
     _open_clients.append(tiny)
     ack = tiny.connect(f"{uid}-tiny", props={R.MAXIMUM_PACKET_SIZE: 10})
-    # Accepted without Topic Alias Maximum and Maximum Packet Size (13 bytes with them).
+    # Accepted without Topic Alias Maximum and Maximum Packet Size (18 bytes with them); the
+    # Receive Maximum (receive_maximum's default, 1024) stays.
     assert ack.reason == 0 and frame_size(ack) <= 10, ack
-    assert ack.properties == {R.MAXIMUM_QOS: 1}, ack
+    assert ack.properties == {R.MAXIMUM_QOS: 1, R.RECEIVE_MAXIMUM: 1024}, ack
     c = raw5(b, uid, props=small)
     ack = c.publish("$SYS/x", b"x", qos=1)
     assert ack.reason == 0x87 and frame_size(ack) <= 16, ack            # not authorized

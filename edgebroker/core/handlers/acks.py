@@ -113,13 +113,14 @@ def on_pubrel(client, p) -> None:
 
 
 def forget_inherited(client, awaiting: set) -> bool:
-    """A 5.0 client's QoS 2 PUBLISH would go past the Receive Maximum: if an id held from
-    before this connection still awaits its PUBREL, forget it and let the PUBLISH in (True).
+    """A client's QoS 2 PUBLISH would go past ``receive_maximum`` (a 5.0 client's Receive
+    Maximum): if an id held from before this connection still awaits its PUBREL, forget it
+    and let the PUBLISH in (True).
     A client resends its PUBRELs first thing after reconnecting, so an id still held now
     was finished on its side: the snapshot kept it through a crash, or the client let it
     go. It was routed at first receipt, so forgetting it loses nothing; a late PUBREL for
     it still gets its PUBCOMP."""
-    inherited = client.v5.inherited
+    inherited = client.inherited
     while inherited:
         pid = inherited.pop()
         if pid in awaiting:
@@ -128,7 +129,7 @@ def forget_inherited(client, awaiting: set) -> bool:
             client.warn_once("qos2_inherited_forgotten",
                              "QoS 2 packet id %d held from before this connection, not "
                              "released by the client: forgotten, so that it does not count "
-                             "against the Receive Maximum", pid)
+                             "against receive_maximum", pid)
             return True
     return False
 

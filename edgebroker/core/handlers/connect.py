@@ -207,8 +207,8 @@ def accept(client, p: P.Connect) -> None:
         expiry = mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration)
         session, present = broker.attach(client, client_id, expiry == 0, p.clean_session)
         session.expiry_interval = expiry
-        if session.awaiting_release:    # held from before: see acks.forget_inherited
-            conn.inherited = set(session.awaiting_release)
+    if session.awaiting_release:    # held from before: see acks.forget_inherited
+        client.inherited = set(session.awaiting_release)
     client.session = session
     session.acl = client.acl
     session.receive_max = mqtt5.receive_window(conn, broker.limits)

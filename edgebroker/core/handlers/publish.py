@@ -37,6 +37,11 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None
         # A fast publisher (it sent something moments ago) may be waiting for this
         # PUBACK: no coalescing delay for it (Broker.prompt).
         broker.prompt = True
+    if qos == 2 and client.v5 is None:      # (5.0: the Receive Maximum, in on_publish5)
+        awaiting = client.session.awaiting_release
+        if (len(awaiting) >= broker.limits.receive_maximum and p.packet_id not in awaiting
+                and not forget_inherited(client, awaiting)):
+            return _over_receive_maximum(client, p, len(awaiting))
     topic = p.topic
     if p.retain and not broker.limits.retain_available and client.v5 is None:  # (5.0: above)
         raise ProtocolError("retained PUBLISH and retain_available is false",
@@ -108,6 +113,7 @@ def on_publish5(client, p: P.Publish) -> None:
     awaiting = client.session.awaiting_release
     if (p.qos == 2 and len(awaiting) >= told.receive_maximum and p.packet_id not in awaiting
             and not forget_inherited(client, awaiting)):
+        client.broker.hit("receive_maximum")
         raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
                             f"({told.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-9",
                             reason=RECEIVE_MAXIMUM_EXCEEDED)
@@ -187,6 +193,24 @@ def _answer5(client, p: P.Publish, reason: int, why: str) -> None:
     frame = mqtt5.refusing_ack(client.v5, kind, p.packet_id, reason, why)
     client.broker.acknowledge(client, None, frame)
     client.broker.stats.packets_sent += 1
+
+
+def _over_receive_maximum(client, p: P.Publish, awaiting: int) -> None:
+    """A 3.1.1 client's QoS 2 PUBLISH while ``receive_maximum`` of its QoS 2 messages await
+    their PUBREL: the connection closes, as 3.1.1 has no negative acknowledgement (5.0:
+    DISCONNECT 0x93). Neither routed nor acknowledged, the message is the client's to send
+    again."""
+    broker = client.broker
+    broker.hit("receive_maximum")
+    broker.stats.publish_received += 1
+    # A client that reconnects to try again is logged as a refused connection is (PeerLog).
+    broker.peer_log.log(log, logging.WARNING, "receive_maximum", client.peer,
+                        "%s: QoS 2 PUBLISH (packet id %d) to %s refused: %d QoS 2 messages from "
+                        "it await their PUBREL (receive_maximum %d); closing the connection "
+                        "(MQTT 3.1.1 has no negative acknowledgement)", client.describe(),
+                        p.packet_id, shown(p.topic, 200, "characters"), awaiting,
+                        broker.limits.receive_maximum)
+    client.close(will=True)
 
 
 def _reused_id(client, pid: int) -> None:

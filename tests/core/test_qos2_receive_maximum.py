@@ -1,0 +1,128 @@
+"""``limits.receive_maximum`` bounds the QoS 2 messages from one client that await their PUBREL,
+for MQTT 3.1.1 clients too (docs/limits.md, "Incoming QoS 2"). 3.1.1 has no Receive Maximum:
+a client that never sent PUBREL made its session hold up to 65,535 ids (about 6 MB of memory
+and 380 KB of snapshot each), uncounted. Now one more closes a 3.1.1 connection (there is no
+negative acknowledgement), counted in ``limit_hits`` and logged; 5.0 clients are told the
+default of 1024 in CONNACK and get DISCONNECT 0x93, counted the same way."""
+
+import signal
+
+import mqttraw as m
+import mqttraw5 as R
+from conftest import toml_dumps
+
+DEFAULT = 1024
+
+
+def _pubrecs(c, pids, timeout: float = 15.0) -> None:
+    for pid in pids:
+        got = c.recv_packet(timeout)
+        assert (got.type, got.packet_id) == (m.PUBREC, pid), (got, pid)
+
+
+def _line(b, start: int) -> str:
+    line = b.wait_log(lambda ln: "receive_maximum" in ln and "refused" in ln, start=start)
+    assert line, b.log_text()[-3000:]
+    return line
+
+
+def test_a_3_1_1_client_past_the_default_is_closed_counted_and_logged(broker, uid):
+    b = broker()
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=0)
+    watcher = b.client(f"{uid}-w")
+    watcher.subscribe(f"{uid}/will")
+    c = b.client(f"{uid}-c", will=(f"{uid}/will", b"gone"))
+    mark = b.mark()
+    c.send(b"".join(m.publish(f"{uid}/t", b"%d" % pid, qos=2, packet_id=pid)
+                    for pid in range(1, DEFAULT + 1)))
+    _pubrecs(c, range(1, DEFAULT + 1))
+    c.send(m.publish(f"{uid}/t", b"x", qos=2, packet_id=DEFAULT, dup=True))  # a re-send: taken
+    _pubrecs(c, [DEFAULT])
+    c.send(m.publish(f"{uid}/t", b"one more", qos=2, packet_id=DEFAULT + 1))
+    assert c.expect_closed(10) and c.before_close == []      # no PUBREC for it
+    line = _line(b, mark)
+    assert f"{uid}-c" in line and f"{DEFAULT} QoS 2 messages" in line, line
+    assert f"(receive_maximum {DEFAULT})" in line and "packet id 1025" in line, line
+    assert watcher.recv_publish().payload == b"gone"         # closed by the broker: the will
+    got = [sub.recv_publish().payload for _ in range(DEFAULT)]
+    assert got == [b"%d" % pid for pid in range(1, DEFAULT + 1)]
+    assert sub.ping() == []                                  # the one refused was not routed
+    assert b.stats()["limit_hits"]["receive_maximum"] == 1
+    assert len([ln for ln in b.logs[mark:] if "receive_maximum" in ln]) == 1
+
+
+def test_pubrel_makes_room_for_a_3_1_1_client(broker, uid):
+    b = broker(limits={"receive_maximum": 2})
+    c = b.client(f"{uid}-c")
+    c.send(m.publish(f"{uid}/t", b"1", qos=2, packet_id=1)
+           + m.publish(f"{uid}/t", b"2", qos=2, packet_id=2))
+    _pubrecs(c, [1, 2])
+    c.send(m.pubrel(1))
+    assert c.expect(m.PUBCOMP).packet_id == 1
+    c.send(m.publish(f"{uid}/t", b"3", qos=2, packet_id=3))
+    _pubrecs(c, [3])
+    mark = b.mark()
+    c.send(m.publish(f"{uid}/t", b"4", qos=2, packet_id=4))
+    assert c.expect_closed(10) and c.before_close == []
+    assert "(receive_maximum 2)" in _line(b, mark)
+    assert b.stats()["limit_hits"]["receive_maximum"] == 1
+
+
+def test_a_reload_applies_to_a_connected_3_1_1_client_from_its_next_publish(broker, uid):
+    b = broker(limits={"receive_maximum": 3})
+    c = b.client(f"{uid}-c")
+    c.send(m.publish(f"{uid}/t", b"1", qos=2, packet_id=1)
+           + m.publish(f"{uid}/t", b"2", qos=2, packet_id=2))
+    _pubrecs(c, [1, 2])
+    mark = b.mark()
+    b.config_path.write_text(toml_dumps(dict(b.config, limits={"receive_maximum": 2})))
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", timeout=5, start=mark)
+    c.send(m.publish(f"{uid}/t", b"3", qos=2, packet_id=3))   # the third: over the new 2
+    assert c.expect_closed(10) and c.before_close == []
+    assert "(receive_maximum 2)" in _line(b, mark)
+
+
+def test_ids_held_from_before_are_forgotten_first_for_3_1_1(broker, uid):
+    """Two ids await PUBREL when a persistent 3.1.1 client goes; it comes back without sending
+    their PUBRELs. Its new QoS 2 PUBLISHes are taken, an old id forgotten for each; a late
+    PUBREL still gets its PUBCOMP; past its own two the connection closes."""
+    b = broker(limits={"receive_maximum": 2})
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=2)
+    c = b.client(f"{uid}-c", clean=False)
+    c.send(m.publish(f"{uid}/t", b"old 1", qos=2, packet_id=1)
+           + m.publish(f"{uid}/t", b"old 2", qos=2, packet_id=2))
+    _pubrecs(c, [1, 2])
+    c.abort()
+    mark = b.mark()
+    back = b.client(f"{uid}-c", clean=False)
+    back.send(m.publish(f"{uid}/t", b"new 3", qos=2, packet_id=3)
+              + m.publish(f"{uid}/t", b"new 4", qos=2, packet_id=4))
+    _pubrecs(back, [3, 4])
+    assert b.wait_log(lambda ln: "held from before this connection" in ln, start=mark)
+    back.send(m.pubrel(1))                                   # late: answered all the same
+    assert back.expect(m.PUBCOMP).packet_id == 1
+    back.send(m.publish(f"{uid}/t", b"x", qos=2, packet_id=5))
+    assert back.expect_closed(10)                            # 3 and 4 are its own
+    got = sorted(sub.recv_publish().payload for _ in range(4))
+    assert got == [b"new 3", b"new 4", b"old 1", b"old 2"]
+    assert b.stats()["limit_hits"]["receive_maximum"] == 1
+
+
+def test_a_5_0_client_is_told_the_default_and_counted(broker, uid):
+    b = broker()
+    c = R.RawClient5(b.host, b.port)
+    try:
+        assert c.connect(f"{uid}-c5").properties[R.RECEIVE_MAXIMUM] == DEFAULT
+        c.send(b"".join(R.publish5(f"{uid}/t", b"x", 2, packet_id=pid)
+                        for pid in range(1, DEFAULT + 1)))
+        for pid in range(1, DEFAULT + 1):
+            got = c.recv_packet(15)
+            assert (got.type, got.packet_id) == (R.PUBREC, pid), got
+        c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=DEFAULT + 1))
+        assert c.expect_disconnect().reason == 0x93
+        assert b.stats()["limit_hits"]["receive_maximum"] == 1
+    finally:
+        c.close()
