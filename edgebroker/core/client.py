@@ -99,12 +99,12 @@ CLOSED = ClosedTransport()
 
 class Client:
     __slots__ = ("broker", "transport", "peer", "decoder", "client_id", "client_id_bytes",
-                 "session", "connected",
-                 "closed", "will", "keepalive", "last_seen", "connect_deadline", "timer_entry",
-                 "protocol_level", "_handlers", "halted", "listener_address", "created", "msgs_in",
-                 "rate", "throttled_until", "throttle_start", "throttled_time", "not_read",
-                 "pending_dropped", "warned", "rate_sample", "control_due",
-                 "username", "acl", "pending", "held", "refusal", "v5", "inherited")
+                 "session", "connected", "closed", "will", "keepalive", "last_seen",
+                 "connect_deadline", "timer_entry", "protocol_level", "_handlers", "halted",
+                 "listener_address", "created", "msgs_in", "rate", "throttled_until",
+                 "throttle_start", "throttled_time", "not_read", "pending_dropped", "warned",
+                 "rate_sample", "control_due", "username", "acl", "pending", "held", "refusal",
+                 "v5", "inherited")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
@@ -146,8 +146,7 @@ class Client:
         self.held = None              # those not handled yet when a throttle began
         self.refusal = None           # (limit, why): refuse its CONNECT (Sessions.admission)
         self.v5 = None                # core.mqtt5.Conn5 for an MQTT 5.0 connection
-        self.inherited = None         # QoS 2 ids its session held awaiting PUBREL when this
-                                      # connection took it over (acks.forget_inherited)
+        self.inherited = None         # QoS 2 ids awaiting PUBREL it took over (acks)
 
     def __repr__(self):
         return f"Client({self.client_id!r}, {self.peer})"
