@@ -6,15 +6,12 @@ handler (``core.handlers``) through its current handler table (``core.dispatch``
 states the rules). It never touches a socket: it writes bytes to its transport
 (``core.transport``: ``write``/``close``) and the server layer moves them.
 
-- Any violation closes the connection and, once connected, publishes the
-  will (``violation``).
-- A client over its publish rate, or over its control packet rate (PINGREQ,
-  SUBSCRIBE, ...: ``charge_control``), is throttled (``throttle``): its socket is
-  not read until its budget refills (a timer in the broker's heap), so TCP
-  pushes back on it alone.
-- Reading may be paused for several reasons at once (the password check,
-  the publish rate, a commit log that cannot write); each holder resumes only
-  its own (``Transport.pause_reading(reason)``).
+- Any violation closes the connection and, once connected, publishes the will (``violation``).
+- A client over its publish rate, or over its control packet rate (PINGREQ, SUBSCRIBE, ...:
+  ``charge_control``), is throttled (``throttle``): its socket is not read until its budget
+  refills (a timer in the broker's heap), so TCP pushes back on it alone.
+- Reading may be paused for several reasons at once (the password check, the publish rate, a
+  commit log that cannot write); each holder resumes only its own (``Transport.pause_reading``).
 """
 
 from __future__ import annotations
@@ -333,10 +330,12 @@ class Client:
         log.warning("%s: " + message, self.describe(), *args)
 
     def throttle(self, limit: str, wait: float, what: str = "") -> None:
-        """Not read for ``wait`` seconds, over ``limit``; ``what`` (in the log line): what
-        went over it, when not the usual packets."""
+        """Not read for ``wait`` seconds, over ``limit`` (``what`` went over it: for the log)."""
         broker = self.broker
         now = broker.clock()
+        if self.throttled_until:    # one more charge in the same handling: one throttle, longer
+            self.throttled_until = max(self.throttled_until, now + wait)
+            return broker.schedule(self)
         broker.hit(limit)
         self.throttled_until = now + wait
         self.halted = True

@@ -153,3 +153,17 @@ def test_a_filter_listed_twice_in_one_subscribe_gets_its_retained_messages_once(
     assert c.expect(m.SUBACK).codes == [0, 1]
     got = [p for p in c.ping() if p.type == m.PUBLISH]
     assert sorted((p.topic, p.qos) for p in got) == [(f"{uid}/r/{i}", 0) for i in range(3)]
+
+
+def test_one_subscribe_over_the_rate_is_one_throttle(broker, uid):
+    """The retained messages' charge throttled the client, then the SUBSCRIBE's own charge
+    throttled it again: two hits for one throttle (docs/limits.md: one hit is one throttle)."""
+    b = broker(limits={"control_rate": 100, "control_burst": 10})
+    _retained(b, uid, 1000)
+    c = b.client(f"{uid}-sub")
+    c.send(m.subscribe(1, [(f"{uid}/r/#", 0)]))
+    got = 0
+    for _ in range(1001):
+        got += c.recv_packet(15).type == m.PUBLISH
+    assert got == 1000
+    assert b.stats()["limit_hits"]["control_rate"] == 1
