@@ -195,6 +195,8 @@ class Persistence:
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:
                 state.done = sorted(cursor.done)
+            if cursor.unsure_to > state.cursor:
+                state.unsure_to = cursor.unsure_to
             if cursor.held:
                 state.held = [(at, ref.offset, qos, retain, ref.size)
                               for at, ref, qos, retain in cursor.held if ref.offset is not None]
@@ -321,6 +323,8 @@ class Persistence:
         if s.held:
             cursor.held = [(min(at, end), stored_ref(offset, size, retained_at), qos, retain)
                            for at, offset, qos, retain, size in s.held]
+        # What an earlier crash left it unsure of (it has not read that far since).
+        cursor.unsure_to = min(s.unsure_to, end)
         if not cursor.offline or cursor.offline[-1][1] is not None:
             # It was online when the snapshot was taken, until the broker stopped: what it
             # reads up to the log's end now it may have been sent (QoS 0: not again), and it
