@@ -28,7 +28,8 @@ client's control packet rate like PINGREQ (``Client.charge_control``): ``receive
 many the client may send now and stops after the one that takes its last token, the client is
 throttled, and the frames behind wait unread in the endpoint until the throttle ends
 (``resume_reading``, then ``_read_on`` in a later pass of the loop: after what the client
-held, in order).
+held, in order). One ``receive`` also stops after MAX_FRAMES frames (server/websocket.py): the
+rest are read in the next pass the same way.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Framing:
         if got.noise:
             client.charge_control(got.noise, NOISE)
         if got.more and not client.halted:
-            self._read_later()      # not over after all (its tokens came back meanwhile)
+            self._read_later()      # MAX_FRAMES read, or its tokens came back meanwhile
         if got.close is not None and not stream.closed:
             if not got.open:    # the upgrade was refused: counted, logged (core.limits.PeerLog)
                 broker = stream.loop.broker
