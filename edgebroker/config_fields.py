@@ -14,6 +14,7 @@ _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a 
 # A plain setting's type by its annotation, a string (``from __future__ import annotations``).
 # "bool | None" style: None is the unset default, never a TOML value.
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+# "int | str": an integer, or a word its check knows (memory_limit = "auto").
 
 
 def coerce(value, annotation: str, key: str):
@@ -21,6 +22,12 @@ def coerce(value, annotation: str, key: str):
     a number; a boolean is never a number. Numbers must be finite (nan and inf pass no
     "at least" check, and would stop timers or overflow later) and integers must fit in 64
     bits (they go to C and to struct fields, and to float)."""
+    if annotation == "int | str":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer or a string, got {value!r}")
+        annotation = "int"
     kind = _TYPES[annotation.removesuffix(" | None")]
     whole = kind is float and isinstance(value, int)
     if isinstance(value, bool) != (kind is bool) or not (isinstance(value, kind) or whole):
@@ -43,6 +50,13 @@ def at_least(minimum):
             return f"must be at least {minimum}"
         return None
     return check
+
+
+def size_or_auto(value):
+    """A number of bytes (0: off), or "auto"."""
+    if isinstance(value, str):
+        return None if value == "auto" else 'must be a number of bytes or "auto"'
+    return "must be at least 0" if value < 0 else None
 
 
 def between(low, high):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from edgebroker.config_fields import at_least, between, one_of, setting
+from edgebroker.config_fields import at_least, between, one_of, setting, size_or_auto
 from edgebroker.records import record
 
 MAX_PACKET_SIZE_311 = 268_435_455  # largest remaining length 3.1.1 can encode, plus header
@@ -123,8 +123,9 @@ class Limits:
     max_pending_write_bytes: int = setting(
         1_048_576, at_least(1),
         doc="bytes waiting to be written to one connection; beyond it QoS 0 is dropped")
-    memory_limit: int = setting(
-        0, at_least(0),
+    memory_limit: int | str = setting(
+        "auto", size_or_auto,
         doc="resident memory (bytes) above which new connections, topics and subscriptions are "
-            "refused; 0: off")
+            "refused; \"auto\": half of the memory the process may use (the machine's, or its "
+            "control group's limit); 0: off")
 

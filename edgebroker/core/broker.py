@@ -112,6 +112,8 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
         # The lines of refused and misbehaving connections.
         self.peer_log = PeerLog(self.started, config.refusal_log_interval)
         self.memory = MemoryGuard(self.limits.memory_limit)
+        if self.memory.source:
+            log.info("memory_limit %d bytes (%s)", self.memory.limit, self.memory.source)
         self.memory.check()
         self.control = ControlRate.for_limits(self.limits)  # None: no control_rate
         self._init_timers()
@@ -169,7 +171,8 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
         self.limits = config.limits
         self.prompt_gap = prompt_gap(config)
         now = self.clock()
-        self.memory.limit = config.limits.memory_limit
+        if self.memory.configure(config.limits.memory_limit) and self.memory.source:
+            log.info("memory_limit %d bytes (%s)", self.memory.limit, self.memory.source)
         self.control = ControlRate.for_limits(config.limits)  # at once, for every client
         log_queue = self._log_is_queue(config.limits)
         if log_queue != self.log_queue:

@@ -168,6 +168,36 @@ def test_memory_limit_refuses_new_connections_and_topics_then_recovers(broker, u
     assert sub.recv_publish().payload == b"4"
 
 
+def test_memory_limit_auto_by_default_is_half_the_memory_available(broker):
+    """At the default configuration memory_limit is "auto": half of the machine's memory, or
+    of the control group's limit when that is lower; the start log says which. A reload to
+    0 turns it off, and back to "auto" says the figure again."""
+    b = broker()
+    line = b.wait_log("memory_limit ", timeout=5)
+    assert line and "(auto: half of" in line, line
+    limit = b.stats()["process"]["memory_limit_bytes"]
+    machine = psutil.virtual_memory().total
+    if "(the machine's memory)" in line:
+        assert limit == machine // 2
+    else:       # a control group's file, named in the line: its figure
+        path = line.rsplit("(", 1)[1].rstrip(")").strip()
+        assert path.startswith("/sys/fs/cgroup/"), line
+        assert limit == int(Path(path).read_text()) // 2 < machine // 2
+    assert f"memory_limit {limit} bytes" in line
+    assert b.stats()["process"]["memory_over_limit"] is False
+
+    def reload(**limits):
+        b.config_path.write_text(toml_dumps(dict(b.config, limits=limits)))
+        b.send_signal(__import__("signal").SIGHUP)
+
+    mark = b.mark()
+    reload(memory_limit=0)
+    assert _wait_stats(b, lambda s: s["process"]["memory_limit_bytes"] == 0)
+    reload(memory_limit="auto")
+    assert _wait_stats(b, lambda s: s["process"]["memory_limit_bytes"] == limit)
+    assert len([ln for ln in b.logs[mark:] if "(auto: half of" in ln]) == 1
+
+
 def test_tls_client_on_plain_port_is_told_and_closed(broker):
     b = broker()
     mark = b.mark()

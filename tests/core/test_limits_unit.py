@@ -2,6 +2,7 @@
 
 import logging
 import mmap
+import os
 import re
 
 import pytest
@@ -349,6 +350,52 @@ def test_process_usage_reads_the_figures_psutil_gives():
     assert abs(grown - proc.memory_info().rss) < 1 << 20
     assert grown - rss >= 7 << 20
     ballast.close()
+
+
+def test_memory_available_takes_the_lowest_control_group_limit(tmp_path):
+    """memory_limit = "auto" is half of memory_available: the machine's memory, or the lowest
+    limit of the process's control group and those above it (v2 memory.max, "max" for none;
+    v1 memory.limit_in_bytes, a page-rounded 2^63 for none). Real files in a made-up tree."""
+    from edgebroker.core.memory import MemoryGuard, memory_available
+    machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    root = tmp_path / "cg"
+    groups = tmp_path / "cgroup"
+
+    def write(rel, text):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def available():
+        return memory_available(str(groups), str(root))
+
+    # v2: the service's own group has no limit, the slice above it has 256 MiB.
+    groups.write_text("0::/system.slice/edgebroker.service\n")
+    write("memory.max", "max\n")
+    write("system.slice/memory.max", f"{256 << 20}\n")
+    write("system.slice/edgebroker.service/memory.max", "max\n")
+    assert available() == (256 << 20, f"{root}/system.slice/memory.max")
+    # The service's own limit is lower still: that one.
+    write("system.slice/edgebroker.service/memory.max", f"{64 << 20}\n")
+    assert available() == (64 << 20, f"{root}/system.slice/edgebroker.service/memory.max")
+
+    # v1 (a hybrid layout: the v2 line holds no memory controller), no limit set: the machine.
+    groups.write_text("4:memory:/docker/abc\n0::/\n")
+    write("memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n")
+    assert available() == (machine, "the machine's memory")
+    write("memory/docker/memory.limit_in_bytes", f"{100 << 20}\n")
+    assert available()[0] == 100 << 20
+    # A limit above the machine's memory, or files that cannot be read: the machine's.
+    groups.write_text("0::/big\n")
+    write("big/memory.max", f"{machine * 2}\n")
+    assert available()[0] == machine
+    assert memory_available(str(tmp_path / "none"), str(root))[0] == machine
+
+    guard = MemoryGuard("auto")
+    assert guard.limit == memory_available()[0] // 2 and guard.source.startswith("auto: half")
+    assert guard.configure(0) is True and guard.limit == 0 and guard.source == ""
+    assert guard.configure(0) is False
+    assert guard.configure(5 << 20) is True and guard.limit == 5 << 20
 
 
 def test_event_log_reports_repeats_no_event_followed(caplog):
