@@ -51,51 +51,55 @@ class RetainedDelivery:
         for (topic_filter, _), max_qos in zip(topics, granted):
             if max_qos != P.SUBACK_FAILURE:
                 wanted[topic_filter] = max_qos      # a filter listed again: once, its last QoS
-        examined = 0
-        for topic_filter, max_qos in wanted.items():
-            matches = list(self.retained.match(topic_filter))
-            examined += len(matches)
-            for message in matches:
-                queued = session.retained_queued
-                if queued and message.offset in queued:
-                    continue    # asked for again (the same filter twice, say): that copy goes
-                if message.expires and message.expires <= self.clock():
-                    # A 5.0 retained message past its Message Expiry Interval: gone, for
-                    # every subscriber.
-                    self.retained.delete(message.topic)
-                    self.drop("message_expired", session)
-                    continue
-                if acl is not None and not acl.can_read(message.topic):
-                    self.stats.acl_deliveries_denied += 1
-                    continue
-                qos = message.qos if message.qos < max_qos else max_qos
-                if cursor is not None:
-                    if message.offset is None or message.offset not in pending:
-                        if cursor.held is None:
-                            cursor.held = []
-                        cursor.held.append((at, message, qos, True))
-                        if message.offset is not None:
-                            pending.add(message.offset)
-                        session.saved = None
-                    continue
-                # Beyond max_pending_write_bytes retained messages wait in the session's queue
-                # (bounded), QoS 0 included, and follow as the connection drains.
-                if client.transport.out_bytes >= client.transport.max_pending:
-                    client.transport.wait_for_drain()
-                    self._enqueue(session, message, qos, True)
-                elif qos == 0 and session.queued_qos0:
-                    self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
-                elif qos == 0:
-                    self._write_publish(client, message, 0, True, False, None)
-                    continue
-                elif (not session.queue and len(session.inflight) < (
-                        session.receive_max or self.limits.max_inflight_messages)
-                      and session.inflight_bytes < self.limits.max_inflight_bytes):
-                    self._send(session, message, qos, True)
-                    continue
-                else:
-                    self._defer(session, message, qos, True)
-                _queued_retained(session, message)
+        if len(wanted) == 1:
+            ((topic_filter, max_qos),) = wanted.items()
+            matches = [(message, max_qos) for message in self.retained.match(topic_filter)]
+        else:
+            # One walk for them all: a message matching several of the filters goes once,
+            # with the highest QoS among them (as live routing does, MQTT-3.3.5-1).
+            matches = list(self.retained.match_filters(wanted))
+        examined = len(matches)
+        for message, max_qos in matches:
+            queued = session.retained_queued
+            if queued and message.offset in queued:
+                continue    # asked for again (by an earlier SUBSCRIBE): that copy goes
+            if message.expires and message.expires <= self.clock():
+                # A 5.0 retained message past its Message Expiry Interval: gone, for
+                # every subscriber.
+                self.retained.delete(message.topic)
+                self.drop("message_expired", session)
+                continue
+            if acl is not None and not acl.can_read(message.topic):
+                self.stats.acl_deliveries_denied += 1
+                continue
+            qos = message.qos if message.qos < max_qos else max_qos
+            if cursor is not None:
+                if message.offset is None or message.offset not in pending:
+                    if cursor.held is None:
+                        cursor.held = []
+                    cursor.held.append((at, message, qos, True))
+                    if message.offset is not None:
+                        pending.add(message.offset)
+                    session.saved = None
+                continue
+            # Beyond max_pending_write_bytes retained messages wait in the session's queue
+            # (bounded), QoS 0 included, and follow as the connection drains.
+            if client.transport.out_bytes >= client.transport.max_pending:
+                client.transport.wait_for_drain()
+                self._enqueue(session, message, qos, True)
+            elif qos == 0 and session.queued_qos0:
+                self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
+            elif qos == 0:
+                self._write_publish(client, message, 0, True, False, None)
+                continue
+            elif (not session.queue and len(session.inflight) < (
+                    session.receive_max or self.limits.max_inflight_messages)
+                  and session.inflight_bytes < self.limits.max_inflight_bytes):
+                self._send(session, message, qos, True)
+                continue
+            else:
+                self._defer(session, message, qos, True)
+            _queued_retained(session, message)
         if cursor is not None and cursor.held and len(cursor.held) > count:
             self.pump(session)      # they go at once if the cursor is there already
         if examined >= RETAINED_PER_PACKET and client is not None:

@@ -7,7 +7,8 @@ per topic name (names of up to ``CACHED_TOPIC_LENGTH`` characters) until the nex
 subscription change.
 
 ``RetainedTree`` is the mirror image: it stores one message per topic name
-and answers "which stored topics match this filter?".
+and answers "which stored topics match this filter?", or these filters
+(``match_filters``: one walk for them all, each stored value once).
 
 Both follow MQTT-4.7.2-1: a filter starting with a wildcard does not match a
 topic name starting with ``$``.
@@ -137,6 +138,29 @@ class _RNode:
         self.value: Any = None
 
 
+class _FNode:
+    """A node of the filters ``RetainedTree.match_filters`` takes: its children by level, and
+    the highest QoS of a filter ending here (-1: none)."""
+    __slots__ = ("children", "qos")
+
+    def __init__(self):
+        self.children: dict[str, _FNode] = {}
+        self.qos = -1
+
+
+def _ends(nodes) -> int:
+    """The highest QoS that filter nodes ``nodes`` give a value at their level: a filter
+    ending there, or one going on with "#" ("a/#" matches "a")."""
+    best = -1
+    for node in nodes:
+        if node.qos > best:
+            best = node.qos
+        hash_node = node.children.get("#")
+        if hash_node is not None and hash_node.qos > best:
+            best = hash_node.qos
+    return best
+
+
 class RetainedTree:
     def __init__(self):
         self._root = _RNode()
@@ -226,3 +250,69 @@ class RetainedTree:
                 child = node.children.get(level)
                 if child is not None:
                     stack.append((child, i + 1))
+
+    def match_filters(self, filters: dict[str, int]) -> Iterator[tuple[Any, int]]:
+        """(stored value, QoS) for each value whose topic matches any of ``filters`` (filter
+        -> QoS), once, with the highest QoS of the filters it matches. One walk of the tree
+        for all of them: the filters are put in a tree of their own and walked alongside, so
+        the work grows with the values and the filters' nodes, not with values x filters."""
+        root = _FNode()
+        for topic_filter, qos in filters.items():
+            node = root
+            for level in topic_filter.split("/"):
+                child = node.children.get(level)
+                if child is None:
+                    child = node.children[level] = _FNode()
+                node = child
+            if node.qos < qos:
+                node.qos = qos
+        # Each entry: a node of this tree, the filter nodes its path matched, and the QoS of
+        # the "#" filters matched above it (-1: none), which every value below it gets.
+        stack: list = [(self._root, (root,), -1)]
+        while stack:
+            rnode, fnodes, below = stack.pop()
+            top = rnode is self._root
+            # What the children's levels can meet: the filter nodes' literal children by
+            # level, their "+" children, and the QoS of their "#" children.
+            literal: dict[str, list] = {}
+            plus = []
+            hashed = -1
+            for fnode in fnodes:
+                for name, child in fnode.children.items():
+                    if name == "+":
+                        plus.append(child)
+                    elif name == "#":
+                        if child.qos > hashed:
+                            hashed = child.qos
+                    else:
+                        found = literal.get(name)
+                        if found is None:
+                            literal[name] = [child]
+                        else:
+                            found.append(child)
+            plus_ends = _ends(plus)
+            for name, rchild in rnode.children.items():
+                # MQTT-4.7.2-1: no leading wildcard matches a "$" topic.
+                wild = not (top and name.startswith("$"))
+                exact = literal.get(name, ())
+                if wild:
+                    child_below = hashed if hashed > below else below
+                    nodes = plus + exact if exact else plus
+                    ends = max(plus_ends, _ends(exact)) if exact else plus_ends
+                else:
+                    child_below, nodes, ends = below, exact, _ends(exact)
+                qos = ends if ends > child_below else child_below
+                if qos >= 0 and rchild.value is not None:
+                    yield rchild.value, qos
+                if not rchild.children:
+                    continue
+                if nodes:
+                    stack.append((rchild, nodes, child_below))
+                elif child_below >= 0:
+                    # Only a "#" above: everything below matches with its QoS.
+                    under = list(rchild.children.values())
+                    while under:
+                        node = under.pop()
+                        if node.value is not None:
+                            yield node.value, child_below
+                        under.extend(node.children.values())

@@ -93,6 +93,40 @@ def test_trie_agrees_with_brute_force(subs, topics):
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.lists(TOPIC, max_size=12),
+       st.dictionaries(topic_filters(), st.integers(0, 2), max_size=6))
+def test_retained_match_filters_agrees_with_brute_force(stored, filters):
+    """One walk for several filters: each stored topic that any filter matches, once, with the
+    highest QoS of those filters (topic_matches decides, "$" topics and "a/#" matching "a"
+    included)."""
+    tree = RetainedTree()
+    for topic in stored:
+        tree.set(topic, topic)
+    expected = {}
+    for topic in set(stored):
+        for f, qos in filters.items():
+            if topic_matches(f, topic):
+                expected[topic] = max(qos, expected.get(topic, -1))
+    found = list(tree.match_filters(filters))
+    assert len(found) == len({t for t, _ in found})      # each value once
+    assert dict(found) == expected
+
+
+def test_retained_match_filters_examples():
+    tree = RetainedTree()
+    for topic in ["a", "a/b", "a/b/c", "$SYS/x", "b/b", "/a"]:
+        tree.set(topic, topic)
+    got = dict(tree.match_filters({"a/#": 0, "+/b": 2, "a/b/c": 1}))
+    assert got == {"a": 0, "a/b": 2, "a/b/c": 1, "b/b": 2}
+    assert dict(tree.match_filters({"#": 1, "$SYS/+": 2})) == {
+        "a": 1, "a/b": 1, "a/b/c": 1, "b/b": 1, "/a": 1, "$SYS/x": 2}
+    assert dict(tree.match_filters({"+/#": 0})) == {"a": 0, "a/b": 0, "a/b/c": 0, "b/b": 0,
+                                                   "/a": 0}
+    assert dict(tree.match_filters({"+/a": 1, "x/#": 2})) == {"/a": 1}
+    assert list(tree.match_filters({})) == []
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.lists(TOPIC, max_size=10), st.lists(TOPIC, max_size=4), topic_filters())
 def test_retained_tree_agrees_with_brute_force(stored, deleted, topic_filter):
     tree = RetainedTree()
