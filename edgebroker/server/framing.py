@@ -29,7 +29,8 @@ many the client may send now and stops after the one that takes its last token, 
 throttled, and the frames behind wait unread in the endpoint until the throttle ends
 (``resume_reading``, then ``_read_on`` in a later pass of the loop: after what the client
 held, in order). One ``receive`` also stops after MAX_FRAMES frames (server/websocket.py): the
-rest are read in the next pass the same way.
+rest are read in the next pass the same way, and what a TLS read hands over meanwhile (it reads
+on while OpenSSL holds decrypted bytes) is held behind them.
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ class Framing:
             return      # the peer's answer to the close, or what it sent before it
         client = self.client
         endpoint = self.endpoint
-        if client.halted and endpoint.open:
-            # Throttled: what a TLS read still hands over waits behind the frames left.
+        reader = self.reader
+        if (client.halted or reader is not None and reader.pending) and endpoint.open:
+            # Throttled, or MAX_FRAMES read in this pass: what a TLS read still hands over
+            # (the rest of a record OpenSSL has decrypted) waits behind the frames left.
             if data:
                 endpoint.hold(bytes(data))
             return

@@ -238,3 +238,52 @@ def test_a_lingering_socket_stops_counting_when_the_linger_ends(framed):
     timer.expire()
     loop.flush()
     assert stream.closed and loop.broker.sockets_open == 0
+
+
+class FewFrames(LengthPrefixed):
+    """The toy endpoint, reading at most two frames per receive (as the WebSocket endpoint
+    stops at MAX_FRAMES), the rest left for a later one."""
+
+    more = False
+
+    def receive(self, data, noise_left=0):
+        self.pending += bytes(data)
+        mqtt = []
+        while len(self.pending) >= 2 and len(mqtt) < 2:
+            (n,) = struct.unpack(">H", self.pending[:2])
+            if len(self.pending) < 2 + n:
+                break
+            mqtt.append(self.pending[2:2 + n])
+            self.pending = self.pending[2 + n:]
+        self.more = len(self.pending) >= 2
+        return WebSocketInput(mqtt, b"", None, True, False, b"", 0, self.more)
+
+
+def test_frames_left_for_the_next_pass_hold_what_a_tls_read_hands_over_meanwhile(framed):
+    """A TLS read goes on while OpenSSL holds decrypted bytes, handing the framing more in
+    the same pass after its endpoint stopped at its frame bound: those bytes wait behind the
+    frames left (they were read at once, another bound's worth each time), and all of them
+    are read, in order, from the next pass on."""
+    loop, stream, framing, peer = framed
+    framing.endpoint = FewFrames()
+    loop.broker.schedule = lambda timer: None      # the timers are run by hand below
+    framing.data_received(framed_bytes(m.connect("c1")) + framed_bytes(m.pingreq()) * 3)
+    assert framing.client.connected and framing.reader.pending  # the rest: a later pass
+    framing.data_received(framed_bytes(m.pingreq()) * 4)        # the same pass, from TLS
+    framing.data_received(framed_bytes(m.pingreq()) * 4)
+    loop.flush()
+    answers = framed_bytes(m.connack()) + framed_bytes(m.pingresp())
+    assert recv_all(peer, len(answers)) == answers
+    peer.settimeout(0.2)
+    with pytest.raises(socket.timeout):
+        peer.recv(100)                  # nothing more in this pass
+    passes = 0
+    while framing.reader.pending and passes < 20:   # the later passes: two frames each
+        framing.reader.expire()
+        loop.flush()
+        passes += 1
+    assert passes == 5
+    pongs = framed_bytes(m.pingresp()) * 10
+    peer.settimeout(2)
+    assert recv_all(peer, len(pongs)) == pongs
+
