@@ -24,7 +24,8 @@ message's QoS and the QoS that member was granted:
   of their group's backlog and are sent anew (DUP 0) to another member. QoS 2 messages stay
   with the session: delivery completes when it reconnects (MQTT-4.8.2-4); if the session
   ends first they are not sent to anyone else (MQTT-4.8.2-5, counted: ``shared_left``).
-  An unsubscribing member keeps what it was sent (MQTT-3.10.4-3).
+  An unsubscribing member keeps what it was sent (MQTT-3.10.4-3): once its group ended, a
+  persistent member's QoS 1 messages of it stay with the session when the connection ends.
 - A group exists while it has members; when the last one leaves, its backlog is dropped
   (counted: ``shared_left``).
 
@@ -203,7 +204,8 @@ class Shared:
         """``session``'s connection ended (``ending``: and so does the session): its
         unacknowledged QoS 1 messages of groups go back to them for another member (DUP 0,
         as new messages); its QoS 2 ones stay (MQTT-4.8.2-4), or are lost with the session
-        (MQTT-4.8.2-5)."""
+        (MQTT-4.8.2-5). A QoS 1 message whose group ended (its last member left) stays with
+        a session that goes on, sent again when it is back (MQTT-3.10.4-3, MQTT-4.4.0-1)."""
         inflight = session.inflight
         back: dict[Group, list] = {}
         lost = 0
@@ -211,11 +213,12 @@ class Shared:
             group = entry.group
             if group is None or entry.state != AWAIT_ACK:
                 continue
-            if entry.qos == 2 and not ending:
+            gone = self.groups.get(group.key) is not group
+            if not ending and (entry.qos == 2 or gone):
                 continue
             del inflight[pid]
             session.inflight_bytes -= entry.message.size
-            if entry.qos == 2 or self.groups.get(group.key) is not group:
+            if entry.qos == 2 or gone:
                 lost += 1
                 if entry.qos == 2 and session.clean and self.exchanges is not None:
                     # Its exchange is over (a restart counts those not over as lost).
