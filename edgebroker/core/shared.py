@@ -14,9 +14,9 @@ message's QoS and the QoS that member was granted:
   acknowledge, drain or come back (``pump_shared``, called by ``Router.pump``). The backlog is
   the log, as for sessions (core.catchup), but one per group: up to QUEUE_MESSAGES /
   QUEUE_BYTES in memory, past it the group keeps a cursor into the commit log and reads the
-  records matching its filter from there (``_refill``, core.shared_backlog), so memory stays bounded and nothing is
-  dropped while the records are in the log. A cursor per member would deliver each message
-  to every member. With max_queued_messages/bytes set (no log as queue) the backlog is
+  records matching its filter from there (``_refill``, core.shared_backlog), so memory stays
+  bounded and nothing is dropped while the records are in the log. A cursor per member
+  would deliver each message to every member. With max_queued_messages/bytes set (no log as queue) the backlog is
   bounded by them instead and what does not fit is dropped (counted under that limit).
   A QoS 0 message no member can take now is dropped (``shared_no_room``).
 - Hand-over: when a member's connection ends (disconnect, takeover, keep alive; its session
@@ -141,6 +141,15 @@ class Shared:
             return QUOTA_EXCEEDED if problem == "memory_limit" else P.SUBACK_FAILURE
         if qos > self.limits.max_qos:
             qos = self.limits.max_qos
+        self.join_shared(session, key, name, topic_filter, qos, options, sub_id)
+        return qos
+
+    def join_shared(self, session, key: str, name: str, topic_filter: str, qos: int,
+                    options: int, sub_id: int) -> None:
+        """Make (or change) ``session``'s membership of the group ``key`` (of ``name`` and
+        ``topic_filter``), whatever the limits: checked by the caller (``subscribe_shared``),
+        or kept as they were when it was made (a restart, core.shared_state)."""
+        shared = session.shared
         member = shared.get(key) if shared else None
         if member is not None:
             member.set(qos, options, sub_id)
@@ -158,7 +167,6 @@ class Shared:
             self.shared_members += 1
         if not session.clean:
             self._snapshot_dirty = True
-        return qos
 
     def unsubscribe_shared(self, session, key: str) -> bool:
         """End ``session``'s subscription to ``key``; False if it had none. What it was sent

@@ -18,6 +18,7 @@ from edgebroker.core.session import AWAIT_ACK, Stored
 from edgebroker.core.shared import Member
 from edgebroker.core.snapshot import GroupState
 from edgebroker.errors import ProtocolError
+from edgebroker.mqtt.topics import parse_shared
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -63,13 +64,16 @@ class SharedState:
         return states
 
     def restore_member(self, session, key: str, qos: int, options5) -> None:
-        """A restored session's shared subscription (from its ``subscriptions``)."""
+        """A restored session's shared subscription (from its ``subscriptions``): kept
+        whatever the limits are now, as its other subscriptions (they apply to new ones)."""
         options, sub_id = options5 if options5 else (0, 0)
         try:
-            self.subscribe_shared(session, key, qos, options, sub_id)
+            name, topic_filter = parse_shared(key)
         except ProtocolError as exc:
             log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
                         session.client_id, key, exc)
+            return
+        self.join_shared(session, key, name, topic_filter, qos, options, sub_id)
 
     def journal_shared_flight(self, session) -> None:
         """A new exchange journal file (a snapshot): the QoS 2 messages groups gave this clean
