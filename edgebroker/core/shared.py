@@ -16,8 +16,9 @@ message's QoS and the QoS that member was granted:
   QUEUE_BYTES in memory, past it the group keeps a cursor into the commit log and reads the
   records matching its filter from there (``_refill``, core.shared_backlog), so memory stays
   bounded and nothing is dropped while the records are in the log. A cursor per member
-  would deliver each message to every member. With max_queued_messages/bytes set (no log as queue) the backlog is
-  bounded by them instead and what does not fit is dropped (counted under that limit).
+  would deliver each message to every member. With max_queued_messages/bytes set (no log
+  as queue) the backlog is bounded by them instead and what does not fit is dropped
+  (counted under that limit).
   A QoS 0 message no member can take now is dropped (``shared_no_room``).
 - Hand-over: when a member's connection ends (disconnect, takeover, keep alive; its session
   persistent or not), its unacknowledged QoS 1 messages of shared groups go back to the front
