@@ -266,6 +266,9 @@ class Persistence:
                                                      qos, retain)
                     entry.state = entry_state
                     session.inflight_bytes += size
+                for pid, key in s.groups.items():
+                    if pid in inflight:
+                        self.restore_flight_group(session, inflight[pid], key)
             # Connected when the snapshot was written, until the crash: it may have been sent
             # any of its queue and held copies since, which at QoS 0 go no more (at most once).
             maybe_sent = 0
@@ -298,9 +301,9 @@ class Persistence:
             self.stats.publish_lost += lost
             log.warning("the session snapshot was taken at log offset %d but the log ends at %d "
                         "(its last records were not on disk: a power failure or system crash, "
-                        "or a damaged tail cut off at recovery): %d queued or unacknowledged messages of persistent "
-                        "sessions that were not yet on disk are lost", state.log_next_offset,
-                        end, lost)
+                        "or a damaged tail cut off at recovery): %d queued or unacknowledged "
+                        "messages of persistent sessions that were not yet on disk are lost",
+                        state.log_next_offset, end, lost)
 
     def _restore_cursor(self, session: Session, s: snap.SessionState, snapshot_offset: int,
                         retained_at: dict[int, str]) -> None:
@@ -374,10 +377,12 @@ class Persistence:
                     session.inflight_bytes -= old.message.size
                 if retained_at is None:
                     retained_at = self.retained_offsets()
-                inflight[pid] = Outgoing(stored_ref(offset, size, retained_at), 2, bool(retain))
+                entry = inflight[pid] = Outgoing(stored_ref(offset, size, retained_at), 2,
+                                                 bool(retain))
                 session.inflight_bytes += size
                 if len(record) > 6:     # a shared group gave it: its backlog skips it
                     shared.setdefault(record[6], set()).add(offset)
+                    self.restore_flight_group(session, entry, record[6])
                 else:                   # its own subscriptions: its catch-up skips it
                     sent.setdefault(session, set()).add(offset)
                     if retain:          # a retained copy: not held for it any more

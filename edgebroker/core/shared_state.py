@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.core.session import AWAIT_ACK, Stored
-from edgebroker.core.shared import Member
+from edgebroker.core.shared import Group, Member
 from edgebroker.core.snapshot import GroupState
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt.topics import parse_shared
@@ -46,6 +46,10 @@ class SharedState:
         if returning:
             kept = {pid for pid, entry in session.inflight.items() if id(entry) not in returning}
             state.inflight = [e for e in state.inflight if e[0] in kept]
+        groups = {pid: entry.group.key for pid, entry in session.inflight.items()
+                  if entry.group is not None and id(entry) not in returning}
+        if groups:
+            state.groups = groups
 
     def capture_shared(self) -> list[GroupState]:
         """The groups' backlogs for a snapshot, each led by its online members' unacknowledged
@@ -74,6 +78,24 @@ class SharedState:
                         session.client_id, key, exc)
             return
         self.join_shared(session, key, name, topic_filter, qos, options, sub_id)
+
+    def restore_flight_group(self, session, entry, key: str) -> None:
+        """A restored in-flight entry a group gave (the snapshot's ``groups``, or an ``O``
+        record of the exchange journal): it keeps its group's key, so that its session ending
+        counts it as ``shared_left`` (MQTT-4.8.2-5) and a 5.0 member's resend carries the
+        shared subscription's identifier. Its group is one apart from the live ones, as one
+        that ended: a QoS 1 one stays with the session (``Shared.hand_over``)."""
+        try:
+            name, topic_filter = parse_shared(key)
+        except ProtocolError as exc:
+            log.warning("session %r: the in-flight message at log offset %s names a shared "
+                        "subscription %r that is not one (%s): restored as a plain one",
+                        session.client_id, entry.message.offset, key, exc)
+            return
+        entry.group = Group(key, name, topic_filter)
+        entry.group_qos = entry.qos
+        if session.shared is None:
+            session.shared = {}
 
     def journal_shared_flight(self, session) -> None:
         """A new exchange journal file (a snapshot): the QoS 2 messages groups gave this clean

@@ -77,6 +77,8 @@ class SessionState:
     # beyond the QoS: filter -> [options byte, subscription identifier].
     expiry_interval: int | None = None
     sub5: dict[str, list[int]] = field(default_factory=dict)
+    # The in-flight entries a shared subscription group gave: packet id -> the group's key.
+    groups: dict[int, str] = field(default_factory=dict)
     # Its JSON, once the writer encoded it (an offline session's state is reused by the next
     # snapshots while it does not change, and so is this).
     encoded: bytes | None = field(default=None, compare=False, repr=False)
@@ -153,7 +155,8 @@ def _session_json(s: SessionState) -> bytes:
              **({"held": [list(e) for e in s.held]} if s.held else {}),
              **({"unsure_to": s.unsure_to} if s.unsure_to else {}),
              **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
-             **({"sub5": sorted(s.sub5.items())} if s.sub5 else {})})
+             **({"sub5": sorted(s.sub5.items())} if s.sub5 else {}),
+             **({"groups": sorted(s.groups.items())} if s.groups else {})})
     return s.encoded
 
 
@@ -293,7 +296,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 unsure_to=max(0, int(s.get("unsure_to", 0))),
                 offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
                 expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
-                sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())}), path))
+                sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())},
+                groups={int(p): str(k) for p, k in s.get("groups", ())}), path))
         for r in doc["retained"]:
             offset = r.get("offset")
             if int(r["qos"]) not in (0, 1, 2) or offset is not None and int(offset) < 0:

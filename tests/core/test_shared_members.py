@@ -4,10 +4,14 @@ broker restarts with other limits, and what a hand-over keeps of a message (docs
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 import mqttraw as m
-from core.test_shared import collect, member, payloads, publishes
+import mqttraw5 as m5
+from conftest import wait_for_snapshot
+from core.test_shared import collect, member, payloads, publishes, raw5
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -64,3 +68,50 @@ def test_lower_limits_at_a_restart_keep_a_persistent_members_shared_subscription
     assert sorted(payloads(got)) == sorted(sent)
     stats = b2.stats()
     assert not any(stats["limit_hits"].values()) and not any(stats["dropped"].values())
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["stop", "kill"])
+@pytest.mark.parametrize("end", ["clean session", "expiry"])
+def test_a_restart_keeps_the_group_of_a_qos2_message_in_flight(broker, uid, stop, end):
+    """A persistent member holds a group's QoS 2 message unacknowledged; the broker stops
+    (its snapshot has the group) or is killed (the exchange journal's record has it). When
+    the member's session then ends (its client back with clean session 1, or it expires) the
+    message is counted as shared_left and logged (MQTT-4.8.2-5), as without the restart."""
+    b = broker()
+    share = f"$share/h/{uid}/t"
+    keeper = member(b, f"{uid}-keep", share, qos=2, clean=False)
+    wait_for_snapshot(b.config["data_dir"], f"{uid}-keep", pred=lambda s: s["subscriptions"])
+    b.client(f"{uid}-p").publish(f"{uid}/t", b"one", qos=2)
+    assert payloads(publishes(keeper)) == [b"one"]
+    keeper.close()
+    b.stop(stop)
+    b2 = broker(data_dir=b.config["data_dir"],
+                limits={"persistent_client_expiration": 1} if end == "expiry" else {})
+    if end == "clean session":
+        b2.client(f"{uid}-keep", clean=True)
+    assert b2.wait_log(f"session '{uid}-keep' ended with 1 unacknowledged messages of shared "
+                       f"subscriptions")
+    dropped = b2.stats()["dropped"]
+    assert dropped["shared_left"] == 1 and dropped.get("session_expired", 0) == 0
+
+
+def test_qos2_sent_again_after_a_restart_carries_the_shared_subscription_identifier(broker,
+                                                                                    uid):
+    """A 5.0 member's QoS 2 message of a group, unacknowledged across a restart, is sent
+    again with the shared subscription's Subscription Identifier (the snapshot keeps which
+    group gave it)."""
+    b = broker()
+    c = raw5(b)
+    c.connect(f"{uid}-m", clean_start=False, props={m5.SESSION_EXPIRY: 600})
+    assert c.subscribe(f"$share/g/{uid}/t", qos=2, props={m5.SUBSCRIPTION_ID: 4}).codes == [2]
+    b.client(f"{uid}-p").publish(f"{uid}/t", b"once", qos=2)
+    (first,) = publishes(c)
+    c.close()
+    assert b.stop() == 0
+    b2 = broker(data_dir=b.config["data_dir"])
+    c = raw5(b2)
+    assert c.connect(f"{uid}-m", clean_start=False,
+                     props={m5.SESSION_EXPIRY: 600}).session_present
+    again = c.recv_publish()
+    assert (again.payload, again.dup, again.packet_id) == (b"once", True, first.packet_id)
+    assert again.properties.get(m5.SUBSCRIPTION_ID) == [4]
