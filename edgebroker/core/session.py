@@ -136,9 +136,10 @@ AWAIT_COMP = 1     # PUBREL sent, waiting for PUBCOMP
 
 
 class Outgoing:
-    # group_qos: set with group (core.shared._give), the QoS the group had the message at
-    # (a member may have been sent it lower); unset while group is None.
-    __slots__ = ("message", "qos", "retain", "state", "group", "group_qos")
+    # group_qos, group_retain: set with group (core.shared._give), the QoS the group had the
+    # message at (a member may have been sent it lower) and its RETAIN flag as published (a
+    # member without Retain As Published is sent 0); unset while group is None.
+    __slots__ = ("message", "qos", "retain", "state", "group", "group_qos", "group_retain")
 
     def __init__(self, message, qos: int, retain: bool):
         self.message = message

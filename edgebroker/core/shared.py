@@ -243,9 +243,10 @@ class Shared:
             queue = group.queue
             for entry in reversed(entries):
                 ref = entry.message
-                # At the QoS the group had it at: the next member may be granted more than
-                # this one was (MQTT-3.8.4-8).
-                queue.appendleft((ref, entry.group_qos, entry.retain,
+                # At the QoS and RETAIN flag the group had it with: the next member may be
+                # granted more than this one was (MQTT-3.8.4-8), or have Retain As Published
+                # when this one had not (MQTT-3.3.1-12).
+                queue.appendleft((ref, entry.group_qos, entry.group_retain,
                                   ref.topic if type(ref) is Message else None))
                 group.queue_bytes += ref.size
             self.stats.shared_handed_over += len(entries)
@@ -351,7 +352,7 @@ class Shared:
     def _give(self, member: Member, ref, qos: int, retain: bool) -> None:
         """Send to ``member`` (it has room: ``_pick``), at the lower of the two QoS."""
         session = member.session
-        group_qos = qos
+        group_qos, group_retain = qos, retain
         if member.qos < qos:
             qos = member.qos
         retain = retain and bool(member.options & P.SUB_RETAIN_AS_PUBLISHED)
@@ -362,6 +363,7 @@ class Shared:
         if entry is not None:
             entry.group = member.group
             entry.group_qos = group_qos
+            entry.group_retain = group_retain
 
     def _queue(self, group: Group, message: Message, qos: int, topic: str) -> None:
         """No member can take ``message`` now: into the backlog, or past its bound, the group

@@ -56,7 +56,8 @@ class SharedState:
         QoS 1 messages."""
         states = []
         for group in self.groups.values():
-            entries = [(entry.message.offset, entry.group_qos, entry.retain, entry.message.size)
+            entries = [(entry.message.offset, entry.group_qos, entry.group_retain,
+                        entry.message.size)
                        for member in group.ring if member.session.client is not None
                        for entry in self._returning(member)
                        if entry.message.offset is not None]
@@ -93,7 +94,7 @@ class SharedState:
                         session.client_id, entry.message.offset, key, exc)
             return
         entry.group = Group(key, name, topic_filter)
-        entry.group_qos = entry.qos
+        entry.group_qos, entry.group_retain = entry.qos, entry.retain
         if session.shared is None:
             session.shared = {}
 

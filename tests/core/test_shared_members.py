@@ -115,3 +115,34 @@ def test_qos2_sent_again_after_a_restart_carries_the_shared_subscription_identif
     again = c.recv_publish()
     assert (again.payload, again.dup, again.packet_id) == (b"once", True, first.packet_id)
     assert again.properties.get(m5.SUBSCRIPTION_ID) == [4]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_retained_message_handed_over_keeps_its_retain_flag_for_retain_as_published(broker,
+                                                                                        uid,
+                                                                                        restart):
+    """Two retained messages sent to a 3.1.1 member (RETAIN 0: no Retain As Published) go,
+    when that member's connection ends unacknowledged (with ``restart``: the broker stops, a
+    5.0 member offline), to a 5.0 member with Retain As Published: RETAIN 1, as published
+    (MQTT-3.3.1-12)."""
+    b = broker()
+    share = f"$share/g/{uid}/#"
+    z = raw5(b)
+    z.connect(f"{uid}-Z", clean_start=False, props={m5.SESSION_EXPIRY: 600})
+    assert z.subscribe((share, 1 | m5.RETAIN_AS_PUBLISHED)).codes == [1]
+    z.disconnect()
+    a = member(b, f"{uid}-A", share, clean=False)
+    pub = b.client(f"{uid}-p")
+    for payload in (b"r1", b"r2"):
+        pub.publish(f"{uid}/t", payload, qos=1, retain=True)
+    assert [(p.payload, p.retain) for p in publishes(a)] == [(b"r1", False), (b"r2", False)]
+    if restart:
+        assert b.stop() == 0
+        b = broker(data_dir=b.config["data_dir"])
+    else:
+        a.abort()
+    z = raw5(b)
+    assert z.connect(f"{uid}-Z", clean_start=False,
+                     props={m5.SESSION_EXPIRY: 600}).session_present
+    got = collect([z], 2)[z]
+    assert [(p.payload, p.retain) for p in got] == [(b"r1", True), (b"r2", True)]
