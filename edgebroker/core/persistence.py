@@ -439,6 +439,7 @@ class Persistence:
         """Route log records written after the snapshot: retained updates, and the queues of
         offline sessions that do not read from the log (max_queued_messages/bytes set)."""
         count = 0
+        self.shared_replayed0 = 0
         for record in records:
             topic = record.topic.decode("utf-8", "replace")
             # As the publish made it: its publisher (No Local) and 5.0 properties (Message
@@ -450,6 +451,11 @@ class Persistence:
                                 record.topic, record.client_id.decode("utf-8", "replace"),
                                 *extra))
             count += 1
+        if self.shared_replayed0:
+            log.info("log replay: %d QoS 0 messages for shared subscription groups not handed "
+                     "out again (at most once: each went to a member, or was dropped, before "
+                     "the restart)", self.shared_replayed0)
+        self.shared_replayed0 = None
         # A session connected when the snapshot was written may have been sent those records
         # already: at QoS 0 not again (the log as the queue does so with Cursor.unsure_to).
         start = self._snapshot_offset

@@ -127,6 +127,9 @@ class Shared:
         self.shared_members = 0                # (session, group) pairs
         self._shared_again: set[Group] = set()  # groups behind to read on in the next pass
         self._shared_timer = Timer(self._on_shared_again)
+        # While the log's replay after a restart runs: the QoS 0 messages for groups it passed
+        # over (``route_shared``); None otherwise.
+        self.shared_replayed0: int | None = None
 
     # ----- membership ----------------------------------------------------------------------
 
@@ -269,6 +272,11 @@ class Shared:
         groups = self.shared_trie.match(message.topic)
         if not groups:
             return False
+        if not message.qos and self.shared_replayed0 is not None:
+            # The replay after a crash: before it, each went to a member or was dropped
+            # (counted then). At most once: not sent again, nor counted again.
+            self.shared_replayed0 += 1
+            return True
         for group, _ in groups:
             self._share(group, message)
         return True

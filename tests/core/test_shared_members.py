@@ -146,3 +146,27 @@ def test_a_retained_message_handed_over_keeps_its_retain_flag_for_retain_as_publ
                      props={m5.SESSION_EXPIRY: 600}).session_present
     got = collect([z], 2)[z]
     assert [(p.payload, p.retain) for p in got] == [(b"r1", True), (b"r2", True)]
+
+
+def test_the_replay_after_a_crash_neither_resends_nor_counts_a_groups_qos0(broker, uid):
+    """A persistent member got 50 QoS 0 messages of its group after the last snapshot; kill
+    -9. The log's replay at the restart does not hand them out again (at most once) and
+    does not count them as dropped: before the crash each went to a member (or was
+    dropped and counted then). One info line says how many it passed over."""
+    b = broker()
+    share = f"$share/g/{uid}/#"
+    a = member(b, f"{uid}-A", share, clean=False)
+    wait_for_snapshot(b.config["data_dir"], f"{uid}-A", pred=lambda s: s["subscriptions"])
+    pub = b.client(f"{uid}-p")
+    for i in range(50):
+        pub.publish(f"{uid}/s", str(i).encode(), qos=0)
+    assert len(collect([a], 50)[a]) == 50
+    b.stop(signal.SIGKILL)
+    b2 = broker(data_dir=b.config["data_dir"])
+    assert not any(b2.stats()["dropped"].values())
+    assert not any("no member can take a QoS 0 message" in line for line in b2.logs)
+    assert b2.wait_log("log replay: 50 QoS 0 messages for shared subscription groups not "
+                       "handed out again")
+    a = b2.client(f"{uid}-A", clean=False)
+    assert a.connack.session_present
+    assert publishes(a) == []
