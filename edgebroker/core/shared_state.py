@@ -3,8 +3,8 @@ what a restart makes of it.
 
 A persistent member's shared subscriptions are among its session's subscriptions
 (``shared_session_state``); a group's backlog is held as log offsets and its cursor
-(``capture_shared``), led by the QoS 1 messages its online members had not acknowledged,
-which a restart hands out again. At start the members come back with their sessions
+(``capture_shared``), led by the QoS 1 messages it gave online sessions (members, or
+ones that left it since) that they had not acknowledged, which a restart hands out again. At start the members come back with their sessions
 (``restore_member``), then the backlogs (``restore_shared``); the QoS 2 exchange journal
 (core.exchanges) then takes out of a group's backlog what the group gave a member after the
 snapshot (``forget_shared_sent``). docs/persistence.md describes the format.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.core.session import AWAIT_ACK, Stored
-from edgebroker.core.shared import Group, Member
+from edgebroker.core.shared import Group
 from edgebroker.core.snapshot import GroupState
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt.topics import parse_shared
@@ -26,23 +26,22 @@ log = logging.getLogger("edgebroker.broker")
 class SharedState:
     """The snapshot part of ``Broker``'s shared subscriptions (a mixin beside ``Shared``)."""
 
-    def _returning(self, member: Member) -> list:
-        """A member's unacknowledged QoS 1 messages of its group, which a restart gives back
-        to the group (as the member's disconnect would)."""
-        group = member.group
-        return [entry for entry in member.session.inflight.values()
-                if entry.group is group and entry.qos == 1 and entry.state == AWAIT_ACK]
+    def _returning(self, session) -> list:
+        """A session's unacknowledged QoS 1 messages of groups that go on, which a restart
+        gives back to them (as its disconnect would); also of groups it has left since."""
+        groups = self.groups
+        return [entry for entry in session.inflight.values()
+                if entry.group is not None and entry.qos == 1 and entry.state == AWAIT_ACK
+                and groups.get(entry.group.key) is entry.group]
 
     def shared_session_state(self, session, state) -> None:
         """A persistent session's snapshot state gets its shared subscriptions (with their
         5.0 options) and loses the QoS 1 messages its groups get back (``capture_shared``)."""
-        returning = set()
         for key, member in session.shared.items():
             state.subscriptions[key] = member.qos
             if member.options or member.sub_id:
                 state.sub5[key] = [member.options, member.sub_id]
-            if self.groups.get(key) is member.group:
-                returning.update(id(entry) for entry in self._returning(member))
+        returning = {id(entry) for entry in self._returning(session)}
         if returning:
             kept = {pid for pid, entry in session.inflight.items() if id(entry) not in returning}
             state.inflight = [e for e in state.inflight if e[0] in kept]
@@ -52,14 +51,18 @@ class SharedState:
             state.groups = groups
 
     def capture_shared(self) -> list[GroupState]:
-        """The groups' backlogs for a snapshot, each led by its online members' unacknowledged
-        QoS 1 messages."""
+        """The groups' backlogs for a snapshot, each led by the unacknowledged QoS 1 messages
+        of the online sessions it gave them to (members, or sessions that left it since: a
+        clean one is not kept)."""
+        flying: dict = {}       # group -> its entries in online sessions' windows
+        for session in self.sessions.values():
+            if session.shared is not None and session.client is not None and session.inflight:
+                for entry in self._returning(session):
+                    flying.setdefault(entry.group, []).append(entry)
         states = []
         for group in self.groups.values():
             entries = [(entry.message.offset, entry.group_qos, entry.group_retain,
-                        entry.message.size)
-                       for member in group.ring if member.session.client is not None
-                       for entry in self._returning(member)
+                        entry.message.size) for entry in flying.get(group, ())
                        if entry.message.offset is not None]
             entries += [(ref.offset, qos, retain, ref.size) for ref, qos, retain, _ in group.queue
                         if ref.offset is not None]

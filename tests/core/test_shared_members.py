@@ -170,3 +170,25 @@ def test_the_replay_after_a_crash_neither_resends_nor_counts_a_groups_qos0(broke
     a = b2.client(f"{uid}-A", clean=False)
     assert a.connack.session_present
     assert publishes(a) == []
+
+
+def test_a_crash_gives_a_group_back_what_a_clean_member_that_left_it_held(broker, uid):
+    """A clean member holds a group's QoS 1 message unacknowledged and unsubscribes (the
+    group goes on with an offline persistent member); a snapshot, then kill -9. The clean
+    session is gone after the restart, as its disconnect would, the message goes back to
+    the group: the persistent member gets it."""
+    b = broker()
+    share = f"$share/g/{uid}/t"
+    p = member(b, f"{uid}-P", share, clean=False)
+    p.disconnect()
+    c = member(b, f"{uid}-C", share)
+    b.client(f"{uid}-pub").publish(f"{uid}/t", b"M", qos=1)
+    assert payloads(publishes(c)) == [b"M"]
+    assert c.unsubscribe(share).type == m.UNSUBACK
+    b.client(f"{uid}-X", clean=False)       # a change that makes the broker write a snapshot
+    wait_for_snapshot(b.config["data_dir"], f"{uid}-X")
+    b.stop(signal.SIGKILL)
+    b2 = broker(data_dir=b.config["data_dir"])
+    p = b2.client(f"{uid}-P", clean=False)
+    assert p.connack.session_present
+    assert payloads(collect([p], 1)[p]) == [b"M"]
