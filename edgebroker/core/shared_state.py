@@ -4,10 +4,11 @@ what a restart makes of it.
 A persistent member's shared subscriptions are among its session's subscriptions
 (``shared_session_state``); a group's backlog is held as log offsets and its cursor
 (``capture_shared``), led by the QoS 1 messages it gave online sessions (members, or
-ones that left it since) that they had not acknowledged, which a restart hands out again. At start the members come back with their sessions
-(``restore_member``), then the backlogs (``restore_shared``); the QoS 2 exchange journal
-(core.exchanges) then takes out of a group's backlog what the group gave a member after the
-snapshot (``forget_shared_sent``). docs/persistence.md describes the format.
+ones that left it since) that they had not acknowledged, which a restart hands out again.
+At start the members come back with their sessions (``restore_member``), then the backlogs
+(``restore_shared``); the QoS 2 exchange journal (core.exchanges) then takes out of a
+group's backlog what the group gave a member after the snapshot (``forget_shared_sent``).
+docs/persistence.md describes the format.
 """
 
 from __future__ import annotations
