@@ -98,7 +98,7 @@ _SECURITY = (
 # The uploader's figures published under $SYS/broker/upload/ (docs/metrics.md).
 _UPLOAD = ("state", "paused", "alarm", "uploaded_offset", "batches", "records", "bytes",
            "retries", "permanent_errors", "gap_offsets", "forced_deletions",
-           "forced_deleted_records", "backlog_batches", "backlog_bytes",
+           "forced_deleted_records", "mark_unsaved", "backlog_batches", "backlog_bytes",
            "backlog_age_seconds", "lag_seconds")
 
 # Each bridge's figures published under $SYS/broker/bridge/<name>/ (docs/metrics.md).

@@ -223,6 +223,8 @@ UPLOAD_METRICS = (
     ("edgebroker_upload_forced_deleted_records_total", "counter",
      "Records in them not uploaded yet at the deletion (a batch being uploaded may still carry "
      "some; gap_offsets counts what was lost).", "forced_deleted_records"),
+    ("edgebroker_upload_mark_unsaved_total", "counter",
+     "Times the uploaded mark's file found no room (the mark moved in memory).", "mark_unsaved"),
     ("edgebroker_upload_backlog_bytes", "gauge", "Bytes of the log not uploaded yet.",
      "backlog_bytes"),
     ("edgebroker_upload_backlog_batches", "gauge", "About how many batches the backlog makes.",

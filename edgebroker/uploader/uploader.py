@@ -39,6 +39,7 @@ from edgebroker.uploader import cutter
 from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, read_batch_file, records_id,
 )
+from edgebroker.uploader.reserve import NO_ROOM, Reserve
 from edgebroker.uploader.configure import (  # noqa: F401  (also the uploader's names)
     default_gateway_id, gateway_id_of, open_sink,
 )
@@ -130,6 +131,7 @@ class Uploader:
         self.prefix = ""
         self.dir = os.path.join(state_dir, UPLOAD_DIR)
         self.spool = os.path.join(self.dir, SPOOL_FILE)
+        self.reserve = Reserve(self.dir)
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._stop = threading.Event()
         self._wake = threading.Event()   # set by stop, resume and pause: a wait ends early
@@ -164,6 +166,7 @@ class Uploader:
         os.makedirs(self.dir, exist_ok=True)
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.intent = read_intent(self.dir)
+        self.reserve.keep()
         self.log.upload_age_ms = int(self.config.batch_max_age * 1000)
         log.info("uploading the log to %s as gateway %s (batches of up to %d bytes or %g s%s)",
                  self.sink.name, self.gateway_id, self.config.batch_bytes,
@@ -183,6 +186,11 @@ class Uploader:
                             "answer); the intent file keeps its batch for the next start",
                             STOP_WAIT)
                 return      # its sink and directory stay open under it until the exit
+        if self.log.uploaded_unsaved:   # a last try (the next start would report a gap)
+            try:
+                self.log.mark_uploaded(self.log.uploaded_offset)
+            except OSError as exc:
+                log.error("cannot write the uploaded mark at the stop: %s", exc)
         self.sink.close()
         if self._dir_fd >= 0:
             os.close(self._dir_fd)
@@ -244,6 +252,7 @@ class Uploader:
         os.makedirs(self.dir, exist_ok=True)
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.intent = read_intent(self.dir)
+        self.reserve.keep()
         self.once = True
         shipped = 0
         try:
@@ -262,6 +271,8 @@ class Uploader:
         """Ship one batch if one is ready: True when one was shipped."""
         self._hold_while_paused()
         mark = self.log.uploaded_offset
+        if self.log.uploaded_unsaved:   # a full disk had no room for its file: try again
+            self._mark(mark)
         self.backlog = self.log.upload_backlog(mark)
         intent = self.intent
         if intent is not None and intent.last < mark:
@@ -292,12 +303,12 @@ class Uploader:
                 key = cutter.key_for(batch, self.prefix, self.gateway_id)
                 if intent is None:
                     intent = Intent(batch.first, batch.last, gap[0], gap[1], key)
-                    write_small_file(os.path.join(self.dir, INTENT_FILE), intent.encode(),
-                                     self._dir_fd)
+                    self._with_room(lambda: write_small_file(
+                        os.path.join(self.dir, INTENT_FILE), intent.encode(), self._dir_fd))
                     self.intent = intent
                 gap = (intent.gap_first, intent.gap_length)
                 header = cutter.header_for(batch, src.fd, self.gateway_id, *gap)
-                size = cutter.build(batch, src.fd, header, self.spool)
+                size = self._with_room(lambda: cutter.build(batch, src.fd, header, self.spool))
             finally:
                 os.close(src.fd)
             break
@@ -310,7 +321,8 @@ class Uploader:
 
     def _ship_and_mark(self, key: str, size: int, header: BatchHeader) -> None:
         self._ship(key, size, records_id(header))
-        self.log.mark_uploaded(header.last_offset + 1)
+        self._mark(header.last_offset + 1)
+        self.reserve.keep()
         with self._lock:
             self.batches += 1
             self.records += header.record_count
@@ -348,6 +360,22 @@ class Uploader:
         self._ship_and_mark(intent.key, os.path.getsize(self.spool), header)
         self.intent = None
         return True
+
+    def _with_room(self, write):
+        """``write()``; when the disk has no room, once more with the reserve given back."""
+        try:
+            return write()
+        except OSError as exc:
+            if exc.errno not in NO_ROOM or not self.reserve.release():
+                raise
+        return write()
+
+    def _mark(self, offset: int) -> None:
+        """Advance the uploaded mark; its file written with the reserve's room if need be
+        (else the mark moves in memory only: ``CommitLog.mark_uploaded``)."""
+        self.log.mark_uploaded(offset)
+        if self.log.uploaded_unsaved and self.reserve.release():
+            self.log.mark_uploaded(offset)
 
     def _damaged(self, damage) -> None:
         log.warning("%s; not uploaded", damage.describe())
@@ -442,6 +470,7 @@ class Uploader:
                 "last_success_time": self.last_success_time, "gap_offsets": self.gap_offsets,
                 "forced_deletions": self.log.counters.forced_deletions,
                 "forced_deleted_records": self.log.counters.forced_deleted_records,
+                "mark_unsaved": self.log.counters.uploaded_mark_unsaved,
                 "retry_in_seconds": max(0.0, self.retry_at - time.time()) if self.retry_at else 0.0,
                 "backlog_segments": segments, "backlog_bytes": nbytes,
                 "backlog_batches": backlog_batches(nbytes, segments, self.config.batch_bytes),
