@@ -25,13 +25,11 @@ Memory: the batch is streamed (1 MiB reads through the compressor), whatever ``b
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import threading
 import time
-from dataclasses import dataclass
 
 from edgebroker.files import write_small_file
 from edgebroker.rates import TokenBucket
@@ -39,6 +37,7 @@ from edgebroker.uploader import cutter
 from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, read_batch_file, records_id,
 )
+from edgebroker.uploader.intent import INTENT_FILE, Intent, read_intent
 from edgebroker.uploader.reserve import NO_ROOM, Reserve
 from edgebroker.uploader.configure import (  # noqa: F401  (also the uploader's names)
     default_gateway_id, gateway_id_of, open_sink,
@@ -50,7 +49,6 @@ from edgebroker.uploader.sinks import (  # noqa: F401  (also the uploader's name
 log = logging.getLogger("edgebroker.upload")
 
 UPLOAD_DIR = "upload"
-INTENT_FILE = "intent"
 SPOOL_FILE = "batch.ebb.zst.tmp"
 POLL_SECONDS = 0.5
 BACKOFF_BASE = 1.0
@@ -64,34 +62,6 @@ SEND_PIECE = 256 * 1024   # the most bytes a sink sends between two calls of the
 
 class Stopped(Exception):
     """The broker is stopping: leave the batch as it is (the intent file keeps its range)."""
-
-
-@dataclass(slots=True)
-class Intent:
-    first: int
-    last: int
-    gap_first: int
-    gap_length: int
-    key: str
-
-    def encode(self) -> bytes:
-        return json.dumps({"first": self.first, "last": self.last, "gap_first": self.gap_first,
-                           "gap_length": self.gap_length, "key": self.key}).encode() + b"\n"
-
-
-def read_intent(upload_dir: str) -> Intent | None:
-    """The intent file's batch (None when there is none or it cannot be read: logged)."""
-    path = os.path.join(upload_dir, INTENT_FILE)
-    try:
-        with open(path, "rb") as fh:
-            d = json.loads(fh.read())
-        return Intent(int(d["first"]), int(d["last"]), int(d["gap_first"]), int(d["gap_length"]),
-                      str(d["key"]))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("%s: unreadable (%s); the next batch is cut afresh", path, exc)
-        return None
 
 
 class Throttle:
