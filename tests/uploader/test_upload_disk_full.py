@@ -6,11 +6,12 @@ and logged once, in the broker and in ``upload run --once``."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 from diskfull import in_private_mount_namespace, mount_tmpfs
 from mqttraw import PUBACK, publish as publish_frame
 
-from .test_uploader import landed_offsets, upload_config, uploaded, wait_until
+from .test_uploader import landed_offsets, publish, upload_config, uploaded, wait_until
 
 MARK_WARNING = "cannot write the uploaded mark"
 
@@ -48,4 +49,39 @@ def test_a_full_state_disk_does_not_jam_the_uploader(broker, tmp_path, request):
     assert b.wait_log(lambda line: "the uploaded mark" in line and "written again" in line)
     assert (small / "data" / "log" / "uploaded").read_text().strip().endswith(f"{acked + 1}}}")
     assert landed_offsets(landing) == list(range(acked + 1))
+    b.stop()
+
+
+def test_a_full_upload_directory_is_counted_said_and_logged_once(broker, tmp_path, request):
+    """<state dir>/upload on a full file system: each failed round is counted in
+    ``local_errors``, the state is ``local_error``, the error names the batch file, one warning
+    (no traceback); once there is room every record lands."""
+    if not in_private_mount_namespace(request):
+        return
+    data = tmp_path / "data"
+    mount_tmpfs(data / "upload", "64k")
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    b = broker(data_dir=str(data), upload=upload_config(landing, batch_max_age=1),
+               metrics={"listen": "127.0.0.1:0"})
+    publish(b, 0, 100, size=2000, make=lambda i, size: os.urandom(size))
+    fig = wait_until(lambda: (lambda f: f if f["local_errors"] >= 3 else None)(
+        b.stats()["upload"]), what="failed rounds counted")
+    spool = str(data / "upload" / "batch.ebb.zst.tmp")
+    assert fig["state"] == "local_error" and fig["uploaded_offset"] == 0
+    assert fig["last_error"].startswith(f"uploader: cannot write {spool} (the batch of ")
+    assert "No space left on device" in fig["last_error"]
+    assert sum(spool in line and "WARNING" in line for line in b.logs) == 1
+    assert not [line for line in b.logs if "Traceback" in line]
+    from core.test_metrics import METRICS_RE, scrape
+    host, port = METRICS_RE.search(b.wait_log(METRICS_RE)).groups()
+    wait_until(lambda: scrape(f"http://{host}:{port}/metrics").get(
+        ("edgebroker_upload_local_errors_total", None), 0) >= 3, what="the metric")
+    remount = subprocess.run(["mount", "-o", "remount,size=10m", str(data / "upload")],
+                             capture_output=True, text=True)
+    assert remount.returncode == 0, remount.stderr
+    b.admin("upload_resume")              # ends the back-off
+    wait_until(lambda: uploaded(b) == 100, what="everything uploaded once there is room")
+    assert b.wait_log(lambda line: "the uploader's rounds work again" in line)
+    assert landed_offsets(landing) == list(range(100))
     b.stop()
