@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+from conftest import run_cli
 from diskfull import in_private_mount_namespace, mount_tmpfs
 from mqttraw import PUBACK, publish as publish_frame
 
@@ -85,3 +86,45 @@ def test_a_full_upload_directory_is_counted_said_and_logged_once(broker, tmp_pat
     assert b.wait_log(lambda line: "the uploader's rounds work again" in line)
     assert landed_offsets(landing) == list(range(100))
     b.stop()
+
+
+def test_run_once_on_a_full_upload_directory_says_which_file_in_one_line(broker, tmp_path,
+                                                                       request):
+    """``upload run --once`` whose batch file finds no room: exit status 1 and one
+    ``edgebroker: ...`` line naming the file, no traceback; nothing is marked uploaded."""
+    if not in_private_mount_namespace(request):
+        return
+    data = tmp_path / "data"
+    b = broker(data_dir=str(data), log={"segment_bytes": 65536})    # no uploading
+    publish(b, 0, 400, size=300, make=lambda i, size: os.urandom(size))
+    b.stop()
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = tmp_path / "upload.toml"
+    config.write_text(f'data_dir = "{data}"\n[log]\nsegment_bytes = 65536\n[upload]\n'
+                      f'url = "file://{landing}"\ngateway_id = "gw-test"\n')
+    mount_tmpfs(data / "upload", "16k")
+    r = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
+    spool = data / "upload" / "batch.ebb.zst.tmp"
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"edgebroker: uploader: cannot write {spool} (the batch of "), last
+    assert "No space left on device" in last
+    assert not (data / "log" / "uploaded").exists()
+
+
+def test_run_once_with_an_upload_directory_it_cannot_make_says_so_in_one_line(broker,
+                                                                              tmp_path):
+    data = tmp_path / "data"
+    b = broker(data_dir=str(data), log={"segment_bytes": 4096})    # no uploading
+    publish(b, 0, 100)
+    b.stop()
+    (data / "upload").write_text("not a folder")
+    config = tmp_path / "upload.toml"
+    config.write_text(f'data_dir = "{data}"\n[log]\nsegment_bytes = 4096\n[upload]\n'
+                      f'url = "file://{tmp_path}"\ngateway_id = "gw-test"\n')
+    r = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"edgebroker: upload run: {data / 'upload'}: File exists", r.stderr
