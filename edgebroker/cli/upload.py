@@ -179,6 +179,9 @@ def _ship(args, config, state_dir: str, log_dir: str) -> int:
         uploader = Uploader(cl, state_dir, config.upload)
         try:
             shipped = uploader.run_once(progress)
+        except OSError as exc:    # the upload directory itself (its own files: LocalError)
+            raise EdgebrokerError(f"upload run: {exc.filename or uploader.dir}: "
+                                  f"{exc.strerror or exc}") from None
         except KeyboardInterrupt:
             print(file=sys.stderr)
             print("interrupted; the batch in flight goes again at the next run", file=sys.stderr)

@@ -12,6 +12,7 @@ The functions take the ``CommitLog`` as ``self`` and are its methods (bound in l
 from __future__ import annotations
 
 import bisect
+import errno
 import json
 import logging
 import mmap
@@ -28,6 +29,8 @@ from edgebroker.commitlog.segment import Segment
 from edgebroker.files import write_small_file
 
 log = logging.getLogger("edgebroker.commitlog")
+# The errors of a disk without room: the uploaded mark then moves in memory only.
+NO_ROOM = frozenset((errno.ENOSPC, errno.EDQUOT))
 # Descriptors a segment holds: its data and index files, and its index map (an mmap keeps a
 # duplicate of the descriptor it maps).
 SEGMENT_DESCRIPTORS = 3
@@ -94,7 +97,8 @@ def apply_retention(self, now: int) -> None:
     uploaded = self._uploaded if opts.wait_for_upload else 1 << 63
     victims, self.retention_waits = retention.plan(
         self._segments, uploaded, now, opts.retention_bytes, opts.retention_ms,
-        self.hold_offset, 1 << 63 if self.unsaved_may_go else self.saved_offset)
+        self.hold_offset, 1 << 63 if self.unsaved_may_go else self.saved_offset,
+        self._failing and opts.wait_for_upload)
     for seg, forced, reason in victims:
         self._delete_segment(seg, forced, reason)
 
@@ -172,18 +176,38 @@ def mark_uploaded(self, up_to_offset: int) -> None:
     """Every record below ``up_to_offset`` has been uploaded; persisted (fsynced file), so
     retention may delete those segments. Any thread; not the core (it writes a file): the
     uploader thread of the broker that writes the log. A read-only log refuses (LogError): the
-    mark belongs to the process that holds the log's lock."""
+    mark belongs to the process that holds the log's lock.
+
+    A disk without room for the file (ENOSPC, EDQUOT) does not hold the mark back: it moves
+    in memory, so that retention may free room (see ``apply_retention``), and the file is
+    written by the next call (the uploader calls again while ``uploaded_unsaved``). Counted in
+    ``uploaded_mark_unsaved`` and logged once per episode; other errors raise."""
     if self.readonly:
         raise LogError(f"{self.directory}: the log is open read-only; only the broker that "
                        f"writes it advances the uploaded mark")
     with self._upload_lock:
         with self._lock:
-            up_to_offset = min(up_to_offset, self._written)
-            if up_to_offset <= self._uploaded:
+            up_to_offset = max(min(up_to_offset, self._written), self._uploaded)
+            if up_to_offset == self._uploaded and not self.uploaded_unsaved:
                 return
-        write_small_file(os.path.join(self.directory, UPLOADED_FILE),
-                         json.dumps({"uploaded_offset": up_to_offset}).encode() + b"\n",
-                         self._dir_fd)
+        path = os.path.join(self.directory, UPLOADED_FILE)
+        try:
+            write_small_file(path, json.dumps({"uploaded_offset": up_to_offset}).encode()
+                             + b"\n", self._dir_fd)
+        except OSError as exc:
+            if exc.errno not in NO_ROOM:
+                raise
+            if not self.uploaded_unsaved:
+                self.counters.uploaded_mark_unsaved += 1
+                log.warning("cannot write the uploaded mark %s (%s): offsets up to %d are "
+                            "uploaded, kept in memory (retention may delete them) and written "
+                            "once there is room", path, exc.strerror, up_to_offset - 1)
+            self.uploaded_unsaved = True
+        else:
+            if self.uploaded_unsaved:
+                log.info("the uploaded mark %s is written again (offset %d)", path,
+                         up_to_offset)
+            self.uploaded_unsaved = False
         with self._lock:
             self._uploaded = max(self._uploaded, up_to_offset)
 

@@ -105,6 +105,7 @@ class LogCounters:
     forced_deletions: int = 0          # segments deleted before they were uploaded
     forced_deleted_records: int = 0    # their records past the uploaded mark then
     unsaved_deleted_records: int = 0   # deleted at or past ``saved_offset`` (retention.py)
+    uploaded_mark_unsaved: int = 0     # times the uploaded mark's file found no room (file_set)
     corrupt_regions: int = 0           # damaged regions found (each counted once)
     torn_bytes_truncated: int = 0
     index_rebuilds: int = 0
@@ -153,6 +154,7 @@ class CommitLog:
         self._unsynced: dict[int, Segment] = {}
         self._needs_sync = False
         self._uploaded = 0
+        self.uploaded_unsaved = False   # the mark moved but its file could not be written
         # Age-based retention keeps the segments holding this offset and later ones: the
         # oldest record a session's cursor still needs (set by the core; the disk limit,
         # retention_bytes, still deletes them).

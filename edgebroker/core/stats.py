@@ -97,8 +97,8 @@ _SECURITY = (
 
 # The uploader's figures published under $SYS/broker/upload/ (docs/metrics.md).
 _UPLOAD = ("state", "paused", "alarm", "uploaded_offset", "batches", "records", "bytes",
-           "retries", "permanent_errors", "gap_offsets", "forced_deletions",
-           "forced_deleted_records", "backlog_batches", "backlog_bytes",
+           "retries", "permanent_errors", "local_errors", "gap_offsets", "forced_deletions",
+           "forced_deleted_records", "mark_unsaved", "backlog_batches", "backlog_bytes",
            "backlog_age_seconds", "lag_seconds")
 
 # Each bridge's figures published under $SYS/broker/bridge/<name>/ (docs/metrics.md).

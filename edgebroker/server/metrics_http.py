@@ -211,6 +211,9 @@ UPLOAD_METRICS = (
     ("edgebroker_upload_permanent_errors_total", "counter",
      "Uploads that failed in a way retrying does not cure (they raise the alarm).",
      "permanent_errors"),
+    ("edgebroker_upload_local_errors_total", "counter",
+     "Rounds that failed on the uploader's own files (a full disk...); retried.",
+     "local_errors"),
     ("edgebroker_upload_alarm", "gauge",
      "1 while the last upload failed permanently (the data stays in the log).", "alarm"),
     ("edgebroker_upload_paused", "gauge",
@@ -223,6 +226,8 @@ UPLOAD_METRICS = (
     ("edgebroker_upload_forced_deleted_records_total", "counter",
      "Records in them not uploaded yet at the deletion (a batch being uploaded may still carry "
      "some; gap_offsets counts what was lost).", "forced_deleted_records"),
+    ("edgebroker_upload_mark_unsaved_total", "counter",
+     "Times the uploaded mark's file found no room (the mark moved in memory).", "mark_unsaved"),
     ("edgebroker_upload_backlog_bytes", "gauge", "Bytes of the log not uploaded yet.",
      "backlog_bytes"),
     ("edgebroker_upload_backlog_batches", "gauge", "About how many batches the backlog makes.",

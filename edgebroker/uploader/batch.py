@@ -244,6 +244,54 @@ def read_header_file(path: str) -> BatchHeader:
         raise BatchFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
+def check_batch_file(path: str) -> BatchHeader:
+    """The header of the batch file at ``path`` once all of it is checked as ``read_batch_raw``
+    checks a batch (one zstd frame and nothing after it, the raw length, the records' CRC32C;
+    not each record), streamed: memory stays small whatever the batch's size (fed to zstd in
+    ``_UNSIZED_STEP`` pieces, so no piece expands to more than some MiB). BatchFormatError,
+    naming the file and what is wrong, for anything else (a torn copy)."""
+    d = zstandard.ZstdDecompressor().decompressobj(read_across_frames=False)
+    head, header, crc, raw, extra = b"", None, 0, 0, 0
+    try:
+        with open(path, "rb") as fh:
+            while not d.eof and (block := fh.read(64 * _UNSIZED_STEP)):
+                for i in range(0, len(block), _UNSIZED_STEP):
+                    if d.eof:
+                        extra += len(block) - i
+                        break
+                    out = d.decompress(block[i:i + _UNSIZED_STEP])
+                    if header is None:
+                        head += out
+                        hlen = max(struct.unpack_from("<H", head, 10)[0], FIXED_SIZE) \
+                            if len(head) >= FIXED_SIZE else 1 << 16
+                        if len(head) < hlen:
+                            continue
+                        header = decode_header(head[:hlen], path)
+                        out = head[hlen:]
+                    raw += len(out)
+                    if raw > header.raw_length:
+                        raise BatchFormatError(f"{path}: more than the {header.raw_length} raw "
+                                               f"bytes the header announces")
+                    crc = _native.crc32c(out, crc)
+            extra += len(d.unused_data) + len(fh.read(1))
+    except zstandard.ZstdError as exc:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: {exc}") from None
+    except OSError as exc:
+        raise BatchFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not d.eof:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: it ends inside its frame")
+    if extra:
+        raise BatchFormatError(f"{path}: not a valid zstd stream: bytes after its frame")
+    if header is None:
+        raise BatchFormatError(f"{path}: ends inside the header")
+    if raw < header.raw_length:
+        raise BatchFormatError(f"{path}: ends inside the records ({raw} of the "
+                               f"{header.raw_length} bytes the header announces)")
+    if crc != header.raw_crc32c:
+        raise BatchFormatError(f"{path}: the records' checksum does not match the header")
+    return header
+
+
 def records_id(header: BatchHeader) -> str:
     """What names a batch's records whatever their compression: first and last offset, raw
     length and raw CRC32C (``5-42-6144-1a2b3c4d``)."""
@@ -311,5 +359,6 @@ def read_batch_raw(blob: bytes, path: str) -> tuple[BatchHeader, memoryview]:
 
 
 __all__ = ["BatchHeader", "BatchFormatError", "read_batch_file", "read_header_file", "records_id",
+           "check_batch_file",
            "read_batch_raw", "parse_records", "write_batch", "object_name", "check_gateway_id",
            "MAGIC", "BATCH_VERSION", "SUFFIX"]

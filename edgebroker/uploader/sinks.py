@@ -23,11 +23,14 @@ as soon as it returns True, so uploading resumes soon after the link returns.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 from typing import Callable, Protocol
 
 from edgebroker.errors import EdgebrokerError
+
+log = logging.getLogger("edgebroker.upload")
 
 COPY_CHUNK = 256 * 1024
 
@@ -66,9 +69,10 @@ class DirSink:
     never write the same file), fsynced, and published without replacing anything: a hard link
     to the final name, then the temporary name removed, and the folder fsynced; new folders are
     fsynced into their parents. When the final name exists already, the object there is
-    compared: the same bytes, or the same records (``records_id``, by its batch header), is a
-    success; anything else is a PermanentSinkError ("already exists with other bytes"), as the
-    s3 sink's conditional put. A temporary file a crash left is removed by the next put of its
+    compared: the same bytes, or the same records (``records_id``, by its batch header, all of
+    the file checked), is a success; a file that is no whole batch (a torn copy) is replaced
+    (a warning); another batch is a PermanentSinkError ("already exists with other bytes"), as
+    the s3 sink's conditional put. A temporary file a crash left is removed by the next put of its
     name (the retry)."""
 
     def __init__(self, root: str):
@@ -145,7 +149,17 @@ class DirSink:
             if not os.path.lexists(dest):
                 os.rename(tmp, dest)
                 return
-        if _same_bytes(dest, path, size) or records_id and _records_of(dest) == records_id:
+        if _same_bytes(dest, path, size):
+            return
+        theirs, problem = _records_of(dest)
+        if records_id and theirs == records_id:
+            return
+        if problem:
+            # No whole batch (a torn or partial copy): its name is this batch's, so this
+            # batch takes it (the rename is atomic: readers see the one or the other).
+            log.warning("%s: %s is no whole batch (%s); replaced by the batch uploaded now",
+                        self.name, dest, problem)
+            os.rename(tmp, dest)
             return
         raise PermanentSinkError(f"{self.name}: {dest} already exists with other bytes (another "
                                  f"gateway with the same gateway_id?)")
@@ -203,13 +217,14 @@ def _same_bytes(dest: str, path: str, size: int) -> bool:
                 return True
 
 
-def _records_of(dest: str) -> str:
-    """The records id of the batch file ``dest`` ("" when it is no batch)."""
-    from edgebroker.uploader.batch import BatchFormatError, read_header_file, records_id
+def _records_of(dest: str) -> tuple[str, str]:
+    """``(records id, "")`` of the batch file ``dest`` when all of it reads as a batch (frame
+    and CRC32C checked), else ``("", what is wrong)``."""
+    from edgebroker.uploader.batch import BatchFormatError, check_batch_file, records_id
     try:
-        return records_id(read_header_file(dest))
-    except BatchFormatError:
-        return ""
+        return records_id(check_batch_file(dest)), ""
+    except BatchFormatError as exc:
+        return "", str(exc)
 
 
 def _unlink_quietly(path: str) -> None:

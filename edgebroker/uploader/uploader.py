@@ -25,20 +25,22 @@ Memory: the batch is streamed (1 MiB reads through the compressor), whatever ``b
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import threading
 import time
-from dataclasses import dataclass
 
+from edgebroker.commitlog.recovery import UPLOADED_FILE
+from edgebroker.errors import EdgebrokerError
 from edgebroker.files import write_small_file
-from edgebroker.rates import TokenBucket
 from edgebroker.uploader import cutter
 from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, read_batch_file, records_id,
 )
+from edgebroker.uploader.intent import INTENT_FILE, Intent, read_intent
+from edgebroker.uploader.reserve import NO_ROOM, Reserve
+from edgebroker.uploader.throttle import Stopped, Throttle  # noqa: F401  (also here)
 from edgebroker.uploader.configure import (  # noqa: F401  (also the uploader's names)
     default_gateway_id, gateway_id_of, open_sink,
 )
@@ -49,7 +51,6 @@ from edgebroker.uploader.sinks import (  # noqa: F401  (also the uploader's name
 log = logging.getLogger("edgebroker.upload")
 
 UPLOAD_DIR = "upload"
-INTENT_FILE = "intent"
 SPOOL_FILE = "batch.ebb.zst.tmp"
 POLL_SECONDS = 0.5
 BACKOFF_BASE = 1.0
@@ -58,67 +59,11 @@ STOP_WAIT = 10.0
 # While backing off after "no answer" errors, the sink's reachable() is asked this often, so
 # uploading resumes within seconds of the link's return (not after a back-off of up to 60 s).
 PROBE_SECONDS = 3.0
-SEND_PIECE = 256 * 1024   # the most bytes a sink sends between two calls of the throttle
 
 
-class Stopped(Exception):
-    """The broker is stopping: leave the batch as it is (the intent file keeps its range)."""
-
-
-@dataclass(slots=True)
-class Intent:
-    first: int
-    last: int
-    gap_first: int
-    gap_length: int
-    key: str
-
-    def encode(self) -> bytes:
-        return json.dumps({"first": self.first, "last": self.last, "gap_first": self.gap_first,
-                           "gap_length": self.gap_length, "key": self.key}).encode() + b"\n"
-
-
-def read_intent(upload_dir: str) -> Intent | None:
-    """The intent file's batch (None when there is none or it cannot be read: logged)."""
-    path = os.path.join(upload_dir, INTENT_FILE)
-    try:
-        with open(path, "rb") as fh:
-            d = json.loads(fh.read())
-        return Intent(int(d["first"]), int(d["last"]), int(d["gap_first"]), int(d["gap_length"]),
-                      str(d["key"]))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("%s: unreadable (%s); the next batch is cut afresh", path, exc)
-        return None
-
-
-class Throttle:
-    """``rate`` bytes per second on average (0: no limit), bursts up to one second's worth:
-    a larger request runs the bucket into debt, repaid (the uploader thread waits) before
-    the next one goes. The sinks call it (``throttle(n)``) before they send ``n`` bytes, and
-    send at most ``piece`` bytes between two calls (a quarter of a second's worth, at most
-    SEND_PIECE): a wait in the middle of a request body then lasts at most about a quarter of a
-    second, where a store gives up on a connection silent for some seconds (AWS S3 answers
-    400 RequestTimeout after about 20 s)."""
-
-    def __init__(self, rate: int, wait, clock=time.monotonic):
-        self.clock = clock
-        self.bucket = TokenBucket(rate, rate, clock()) if rate else None
-        self.wait = wait   # wait(seconds) -> True when stopping
-        self.piece = max(1, min(SEND_PIECE, rate // 4)) if rate else 0   # 0: the sink's own
-
-    def __call__(self, n: int) -> None:
-        self.take(n)
-
-    def take(self, n: int) -> None:
-        bucket = self.bucket
-        if bucket is None:
-            return
-        now = self.clock()
-        if bucket.refill(now) < 0 and self.wait(bucket.wait(0.0)):
-            raise Stopped
-        bucket.spend(n, now)
+class LocalError(EdgebrokerError):
+    """A file of the uploader's own (intent, batch file, uploaded mark) could not be written:
+    the message names it. Retried with back-off, counted in ``local_errors``."""
 
 
 class Uploader:
@@ -130,6 +75,7 @@ class Uploader:
         self.prefix = ""
         self.dir = os.path.join(state_dir, UPLOAD_DIR)
         self.spool = os.path.join(self.dir, SPOOL_FILE)
+        self.reserve = Reserve(self.dir)
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._stop = threading.Event()
         self._wake = threading.Event()   # set by stop, resume and pause: a wait ends early
@@ -149,6 +95,7 @@ class Uploader:
         self.records = 0
         self.retries = 0
         self.permanent_errors = 0
+        self.local_errors = 0
         self.alarm = False
         self.last_error = ""
         self.last_error_time = 0.0
@@ -164,6 +111,7 @@ class Uploader:
         os.makedirs(self.dir, exist_ok=True)
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.intent = read_intent(self.dir)
+        self.reserve.keep()
         self.log.upload_age_ms = int(self.config.batch_max_age * 1000)
         log.info("uploading the log to %s as gateway %s (batches of up to %d bytes or %g s%s)",
                  self.sink.name, self.gateway_id, self.config.batch_bytes,
@@ -183,6 +131,11 @@ class Uploader:
                             "answer); the intent file keeps its batch for the next start",
                             STOP_WAIT)
                 return      # its sink and directory stay open under it until the exit
+        if self.log.uploaded_unsaved:   # a last try (the next start would report a gap)
+            try:
+                self.log.mark_uploaded(self.log.uploaded_offset)
+            except OSError as exc:
+                log.error("cannot write the uploaded mark at the stop: %s", exc)
         self.sink.close()
         if self._dir_fd >= 0:
             os.close(self._dir_fd)
@@ -193,16 +146,20 @@ class Uploader:
         while not self._stop.is_set():
             try:
                 worked = self.step()
-                failures = 0
             except Stopped:
                 return
-            except Exception as exc:  # a bug or a local disk error: keep the thread alive
+            except Exception as exc:  # a local disk error, or a bug: keep the thread alive
                 failures += 1
-                self._note_error(f"uploader: {exc}", permanent=False)
-                log.exception("uploader round failed; retrying")
+                bug = not isinstance(exc, LocalError)
+                if self._local_error(f"uploader: {exc!r}" if bug else str(exc)) and bug:
+                    log.exception("uploader round failed; retrying")
                 if self._wait(_backoff(failures)):
                     return
                 continue
+            if failures:
+                log.info("the uploader's rounds work again, after %d failed", failures)
+                self._logged_error = ""
+            failures = 0
             if not worked and self._wait(POLL_SECONDS):
                 return
 
@@ -244,6 +201,7 @@ class Uploader:
         os.makedirs(self.dir, exist_ok=True)
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.intent = read_intent(self.dir)
+        self.reserve.keep()
         self.once = True
         shipped = 0
         try:
@@ -262,6 +220,8 @@ class Uploader:
         """Ship one batch if one is ready: True when one was shipped."""
         self._hold_while_paused()
         mark = self.log.uploaded_offset
+        if self.log.uploaded_unsaved:   # a full disk had no room for its file: try again
+            self._mark(mark)
         self.backlog = self.log.upload_backlog(mark)
         intent = self.intent
         if intent is not None and intent.last < mark:
@@ -292,12 +252,14 @@ class Uploader:
                 key = cutter.key_for(batch, self.prefix, self.gateway_id)
                 if intent is None:
                     intent = Intent(batch.first, batch.last, gap[0], gap[1], key)
-                    write_small_file(os.path.join(self.dir, INTENT_FILE), intent.encode(),
-                                     self._dir_fd)
+                    path = os.path.join(self.dir, INTENT_FILE)
+                    self._with_room(path, lambda: write_small_file(
+                        path, intent.encode(), self._dir_fd))
                     self.intent = intent
                 gap = (intent.gap_first, intent.gap_length)
                 header = cutter.header_for(batch, src.fd, self.gateway_id, *gap)
-                size = cutter.build(batch, src.fd, header, self.spool)
+                size = self._with_room(f"{self.spool} (the batch of {src.path})",
+                                       lambda: cutter.build(batch, src.fd, header, self.spool))
             finally:
                 os.close(src.fd)
             break
@@ -310,7 +272,8 @@ class Uploader:
 
     def _ship_and_mark(self, key: str, size: int, header: BatchHeader) -> None:
         self._ship(key, size, records_id(header))
-        self.log.mark_uploaded(header.last_offset + 1)
+        self._mark(header.last_offset + 1)
+        self.reserve.keep()
         with self._lock:
             self.batches += 1
             self.records += header.record_count
@@ -348,6 +311,25 @@ class Uploader:
         self._ship_and_mark(intent.key, os.path.getsize(self.spool), header)
         self.intent = None
         return True
+
+    def _with_room(self, path: str, write):
+        """``write()`` of ``path``; when the disk has no room, once more with the reserve given
+        back. LocalError, naming ``path``, when it fails."""
+        for last in (False, True):
+            try:
+                return write()
+            except OSError as exc:
+                if last or exc.errno not in NO_ROOM or not self.reserve.release():
+                    raise LocalError(f"uploader: cannot write {path}: "
+                                     f"{exc.strerror or exc}") from None
+
+    def _mark(self, offset: int) -> None:
+        """Advance the uploaded mark; its file written with the reserve's room if need be
+        (else the mark moves in memory only: ``CommitLog.mark_uploaded``)."""
+        path = os.path.join(self.log.directory, UPLOADED_FILE)
+        self._with_room(path, lambda: self.log.mark_uploaded(offset))
+        if self.log.uploaded_unsaved and self.reserve.release():
+            self._with_room(path, lambda: self.log.mark_uploaded(offset))
 
     def _damaged(self, damage) -> None:
         log.warning("%s; not uploaded", damage.describe())
@@ -406,6 +388,20 @@ class Uploader:
         finally:
             self.retry_at = 0.0
 
+    def _local_error(self, message: str) -> bool:
+        """A round failed on the uploader's own files (or a bug): counted, in the state, logged
+        once per distinct error; True when logged now."""
+        with self._lock:
+            self.local_errors += 1
+            self.last_error = message
+            self.last_error_time = time.time()
+        self.state = "local_error"
+        if message == self._logged_error:
+            return False
+        self._logged_error = message
+        log.warning("%s; retrying with back-off (the batch waits in the log)", message)
+        return True
+
     def _note_error(self, message: str, permanent: bool) -> None:
         with self._lock:
             self.last_error = message
@@ -437,11 +433,13 @@ class Uploader:
                 "uploaded_offset": self.log.uploaded_offset,
                 "batches": self.batches, "records": self.records, "bytes": self.bytes_shipped,
                 "bytes_raw": self.bytes_raw, "retries": self.retries,
-                "permanent_errors": self.permanent_errors, "alarm": self.alarm,
+                "permanent_errors": self.permanent_errors, "local_errors": self.local_errors,
+                "alarm": self.alarm,
                 "last_error": self.last_error, "last_error_time": self.last_error_time,
                 "last_success_time": self.last_success_time, "gap_offsets": self.gap_offsets,
                 "forced_deletions": self.log.counters.forced_deletions,
                 "forced_deleted_records": self.log.counters.forced_deleted_records,
+                "mark_unsaved": self.log.counters.uploaded_mark_unsaved,
                 "retry_in_seconds": max(0.0, self.retry_at - time.time()) if self.retry_at else 0.0,
                 "backlog_segments": segments, "backlog_bytes": nbytes,
                 "backlog_batches": backlog_batches(nbytes, segments, self.config.batch_bytes),
@@ -463,5 +461,5 @@ def _backoff(attempt: int) -> float:
     return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(attempt - 1, 0)))
 
 
-__all__ = ["Uploader", "open_sink", "Intent", "read_intent", "Throttle", "default_gateway_id",
+__all__ = ["Uploader", "LocalError", "open_sink", "Intent", "read_intent", "Throttle", "default_gateway_id",
            "gateway_id_of", "backlog_batches", "UPLOAD_DIR", "INTENT_FILE"]

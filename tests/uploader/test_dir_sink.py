@@ -5,6 +5,8 @@ records compressed otherwise, under the name already there are a success."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,9 @@ import zstandard
 from edgebroker.uploader.batch import read_batch_file, read_header_file, records_id
 from edgebroker.uploader.sinks import DirSink, PermanentSinkError
 
-from .test_uploader import payload, publish, upload_config, uploaded, wait_until
+from .test_uploader import (
+    landed_offsets, payload, publish, upload_config, uploaded, wait_until,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -62,3 +66,28 @@ def test_the_same_bytes_or_records_again_are_a_success_other_bytes_are_refused(t
     assert (landing / key).read_bytes() == golden.read_bytes()
     assert sorted(p.name for p in landing.rglob("*")) == ["0-9.ebb.zst", "date=2023-11-14",
                                                          "gateway=g"]
+
+
+def test_a_torn_copy_under_the_batch_name_is_replaced_by_the_whole_batch(broker, tmp_path):
+    """Half of the batch file under its name in the landing folder (a partial copy): its
+    header reads, but it is no whole batch; the put replaces it (one warning) and every
+    record lands, readable."""
+    landing = tmp_path / "landing"          # missing for now: retried as not mounted yet
+    data = tmp_path / "data"
+    b = broker(data_dir=str(data), upload=upload_config(landing, batch_max_age=1))
+    publish(b, 0, 2000, size=200, make=lambda i, size: os.urandom(size))
+    assert b.wait_log(lambda line: "the landing folder does not exist" in line, timeout=30)
+    intent = json.loads((data / "upload" / "intent").read_text())
+    whole = (data / "upload" / "batch.ebb.zst.tmp").read_bytes()
+    torn = landing / intent["key"]
+    torn.parent.mkdir(parents=True)
+    torn.write_bytes(whole[:len(whole) // 2])
+    read_header_file(str(torn))             # the header alone reads
+    b.admin("upload_resume")                # ends the back-off
+    wait_until(lambda: uploaded(b) == 2000, what="everything uploaded")
+    assert torn.read_bytes() == whole
+    assert landed_offsets(landing) == list(range(2000))
+    said = [line for line in b.logs if "is no whole batch" in line]
+    assert len(said) == 1 and str(torn) in said[0] and "ends inside its frame" in said[0]
+    assert not b.stats()["upload"]["alarm"]
+    b.stop()

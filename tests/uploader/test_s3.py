@@ -426,8 +426,9 @@ def test_sigkill_after_the_put_before_the_mark_re_put_gets_412_and_counts(broker
     (data / "log" / "uploaded.tmp").mkdir()   # the mark cannot be written
     publish(b, 0, 10)
     wait_until(lambda: store.objects(), what="the object")
-    wait_until(lambda: b.wait_log(lambda line: "uploader round failed" in line, timeout=0.01),
-               what="the failed mark")
+    mark = str(data / "log" / "uploaded")
+    assert b.wait_log(lambda line: f"uploader: cannot write {mark}: Is a directory" in line,
+                      timeout=30), "the failed mark"
     before = store.objects()
     b.stop(signal.SIGKILL)
     (data / "log" / "uploaded.tmp").rmdir()

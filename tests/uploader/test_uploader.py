@@ -180,8 +180,9 @@ def test_sigkill_after_the_write_before_the_mark_rewrites_the_same_object(broker
     (data / "log" / "uploaded.tmp").mkdir()
     publish(b, 0, 10)
     wait_until(lambda: list(landing.rglob("*.ebb.zst")), what="the object")
-    wait_until(lambda: b.wait_log(lambda line: "uploader round failed" in line, timeout=0.01),
-               what="the failed mark")
+    mark = str(data / "log" / "uploaded")
+    assert b.wait_log(lambda line: f"uploader: cannot write {mark}: Is a directory" in line,
+                      timeout=TIMEOUT), "the failed mark"
     assert uploaded(b) == 0
     (obj,) = landing.rglob("*.ebb.zst")
     before = obj.read_bytes()

@@ -1,0 +1,101 @@
+"""Room kept on the state disk for the uploader's own files.
+
+On a full state disk (the log filled it while the store was out of reach) the uploader still
+has to write the intent file, the batch file and the uploaded mark to ship what frees the
+disk: retention deletes a segment only once every batch cut from it is uploaded. So
+``<state dir>/upload/reserve`` holds ``RESERVE_BYTES`` allocated ahead; a write of the uploader
+that finds no room gives it back (the file deleted) and tries once more. It is made again once
+there is room (after a batch was shipped), a failure to make it logged once per episode.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+from edgebroker.commitlog.segment import preallocate
+
+log = logging.getLogger("edgebroker.upload")
+
+FILENAME = "reserve"
+RESERVE_BYTES = 256 << 10
+# The errors of a disk without room, which the reserve is there for.
+NO_ROOM = frozenset((errno.ENOSPC, errno.EDQUOT))
+
+
+class Reserve:
+    """The reserve file of the upload directory (the uploader's thread only)."""
+
+    def __init__(self, upload_dir: str):
+        self.path = os.path.join(upload_dir, FILENAME)
+        self.held = False
+        self._warned = False
+
+    def keep(self) -> None:
+        """Make sure the reserve is there, whole (cheap when it is)."""
+        if self.held:
+            return
+        err = 0
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            err = exc.errno or errno.EIO
+        else:
+            try:
+                err = preallocate(fd, RESERVE_BYTES)
+                if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+                    err = _write_zeros(fd, RESERVE_BYTES)
+                elif not err:
+                    os.ftruncate(fd, RESERVE_BYTES)
+            except OSError as exc:
+                err = exc.errno or errno.EIO
+            finally:
+                os.close(fd)
+        if err:
+            try:
+                os.unlink(self.path)   # what it could take (a full disk needs it back)
+            except OSError:
+                pass
+            if not self._warned:
+                self._warned = True
+                log.warning("cannot keep %d bytes for the uploader's files in %s: %s (tried "
+                            "again after each batch)", RESERVE_BYTES, self.path,
+                            os.strerror(err))
+            return
+        self.held = True
+        if self._warned:
+            self._warned = False
+            log.info("room for the uploader's files kept again: %s", self.path)
+
+    def release(self) -> bool:
+        """Give the room back (the file deleted); False when there was none to give."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            self.held = False
+            return False
+        except OSError as exc:
+            log.error("cannot delete %s to make room for the uploader: %s", self.path,
+                      exc.strerror or exc)
+            return False
+        log.warning("the state disk is full: the uploader uses the room kept for it (%s)",
+                    self.path)
+        self.held = False
+        return True
+
+
+def _write_zeros(fd: int, nbytes: int) -> int:
+    """Allocate by writing (a file system that cannot allocate ahead); 0 or the errno."""
+    try:
+        size = os.fstat(fd).st_size
+        block = bytes(64 << 10)
+        while size < nbytes:
+            size += os.pwrite(fd, block[:nbytes - size], size)
+        os.fsync(fd)
+    except OSError as exc:
+        return exc.errno or errno.EIO
+    return 0
+
+
+__all__ = ["Reserve", "RESERVE_BYTES", "NO_ROOM"]

@@ -1,0 +1,130 @@
+"""The uploader on a full disk, for real (a private tmpfs; see tests/diskfull.py): a full state
+disk does not jam it (the uploaded mark moves, retention frees the room of what was uploaded,
+the held publish is acknowledged), and a full upload directory is counted, said in the state
+and logged once, in the broker and in ``upload run --once``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from conftest import run_cli
+from diskfull import in_private_mount_namespace, mount_tmpfs
+from mqttraw import PUBACK, publish as publish_frame
+
+from .test_uploader import landed_offsets, publish, upload_config, uploaded, wait_until
+
+MARK_WARNING = "cannot write the uploaded mark"
+
+
+def test_a_full_state_disk_does_not_jam_the_uploader(broker, tmp_path, request):
+    """The landing folder is missing (not mounted yet) while the state disk fills up; once it
+    is there, every record acknowledged lands, though the mark's file has no room at first:
+    the mark moves in memory, the uploaded segments go (whatever their age: retention_ms is
+    7 days), the file is written once there is room, and the held publish is acknowledged."""
+    if not in_private_mount_namespace(request):
+        return
+    small = tmp_path / "small"
+    mount_tmpfs(small, "1536k")
+    landing = tmp_path / "landing"
+    b = broker(data_dir=str(small / "data"), log={"segment_bytes": 65536},
+               upload=upload_config(landing, batch_bytes=16384, batch_max_age=1))
+    pub = b.client("pub")
+    acked = 0
+    for i in range(3000):                  # 3 MB: more than the disk holds
+        pub.send(publish_frame("t", os.urandom(1000), qos=1, packet_id=1 + i))
+        try:
+            pub.expect(PUBACK, timeout=3)
+        except TimeoutError:
+            break
+        acked += 1
+    assert 0 < acked < 3000, "the disk never filled up"
+    assert b.wait_log(lambda line: "commit log cannot write" in line, timeout=5)
+    landing.mkdir()
+    b.admin("upload_resume")               # ends the back-off
+    pub.expect(PUBACK, timeout=60)         # the held publish: written once room came back
+    wait_until(lambda: uploaded(b) == acked + 1, timeout=60, what="everything uploaded")
+    fig = b.stats()["upload"]
+    assert fig["mark_unsaved"] >= 1
+    assert sum(MARK_WARNING in line for line in b.logs) == fig["mark_unsaved"]
+    assert b.wait_log(lambda line: "the uploaded mark" in line and "written again" in line)
+    assert (small / "data" / "log" / "uploaded").read_text().strip().endswith(f"{acked + 1}}}")
+    assert landed_offsets(landing) == list(range(acked + 1))
+    b.stop()
+
+
+def test_a_full_upload_directory_is_counted_said_and_logged_once(broker, tmp_path, request):
+    """<state dir>/upload on a full file system: each failed round is counted in
+    ``local_errors``, the state is ``local_error``, the error names the batch file, one warning
+    (no traceback); once there is room every record lands."""
+    if not in_private_mount_namespace(request):
+        return
+    data = tmp_path / "data"
+    mount_tmpfs(data / "upload", "64k")
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    b = broker(data_dir=str(data), upload=upload_config(landing, batch_max_age=1),
+               metrics={"listen": "127.0.0.1:0"})
+    publish(b, 0, 100, size=2000, make=lambda i, size: os.urandom(size))
+    fig = wait_until(lambda: (lambda f: f if f["local_errors"] >= 3 else None)(
+        b.stats()["upload"]), what="failed rounds counted")
+    spool = str(data / "upload" / "batch.ebb.zst.tmp")
+    assert fig["state"] == "local_error" and fig["uploaded_offset"] == 0
+    assert fig["last_error"].startswith(f"uploader: cannot write {spool} (the batch of ")
+    assert "No space left on device" in fig["last_error"]
+    assert sum(spool in line and "WARNING" in line for line in b.logs) == 1
+    assert not [line for line in b.logs if "Traceback" in line]
+    from core.test_metrics import METRICS_RE, scrape
+    host, port = METRICS_RE.search(b.wait_log(METRICS_RE)).groups()
+    wait_until(lambda: scrape(f"http://{host}:{port}/metrics").get(
+        ("edgebroker_upload_local_errors_total", None), 0) >= 3, what="the metric")
+    remount = subprocess.run(["mount", "-o", "remount,size=10m", str(data / "upload")],
+                             capture_output=True, text=True)
+    assert remount.returncode == 0, remount.stderr
+    b.admin("upload_resume")              # ends the back-off
+    wait_until(lambda: uploaded(b) == 100, what="everything uploaded once there is room")
+    assert b.wait_log(lambda line: "the uploader's rounds work again" in line)
+    assert landed_offsets(landing) == list(range(100))
+    b.stop()
+
+
+def test_run_once_on_a_full_upload_directory_says_which_file_in_one_line(broker, tmp_path,
+                                                                       request):
+    """``upload run --once`` whose batch file finds no room: exit status 1 and one
+    ``edgebroker: ...`` line naming the file, no traceback; nothing is marked uploaded."""
+    if not in_private_mount_namespace(request):
+        return
+    data = tmp_path / "data"
+    b = broker(data_dir=str(data), log={"segment_bytes": 65536})    # no uploading
+    publish(b, 0, 400, size=300, make=lambda i, size: os.urandom(size))
+    b.stop()
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = tmp_path / "upload.toml"
+    config.write_text(f'data_dir = "{data}"\n[log]\nsegment_bytes = 65536\n[upload]\n'
+                      f'url = "file://{landing}"\ngateway_id = "gw-test"\n')
+    mount_tmpfs(data / "upload", "16k")
+    r = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
+    spool = data / "upload" / "batch.ebb.zst.tmp"
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"edgebroker: uploader: cannot write {spool} (the batch of "), last
+    assert "No space left on device" in last
+    assert not (data / "log" / "uploaded").exists()
+
+
+def test_run_once_with_an_upload_directory_it_cannot_make_says_so_in_one_line(broker,
+                                                                              tmp_path):
+    data = tmp_path / "data"
+    b = broker(data_dir=str(data), log={"segment_bytes": 4096})    # no uploading
+    publish(b, 0, 100)
+    b.stop()
+    (data / "upload").write_text("not a folder")
+    config = tmp_path / "upload.toml"
+    config.write_text(f'data_dir = "{data}"\n[log]\nsegment_bytes = 4096\n[upload]\n'
+                      f'url = "file://{tmp_path}"\ngateway_id = "gw-test"\n')
+    r = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"edgebroker: upload run: {data / 'upload'}: File exists", r.stderr
