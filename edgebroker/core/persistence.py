@@ -197,6 +197,7 @@ class Persistence:
                 state.done = sorted(cursor.done)
             if cursor.unsure_to > state.cursor:
                 state.unsure_to = cursor.unsure_to
+            state.resubscribed = cursor.resubscribed
             if cursor.held:
                 state.held = [(at, ref.offset, qos, retain, ref.size)
                               for at, ref, qos, retain in cursor.held if ref.offset is not None]
@@ -318,6 +319,7 @@ class Persistence:
             cursor.since = {f: min(o, end) for f, o in s.since.items()}
         if s.offline:
             cursor.offline = [list(r) for r in s.offline]
+            cursor.resubscribed = s.resubscribed
         if s.done:
             cursor.done = {o for o in s.done if o >= cursor.offset}
         if s.held:
