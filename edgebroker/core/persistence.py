@@ -445,7 +445,7 @@ class Persistence:
                      if record.properties else ())
             self._route(Message(topic, record.payload, record.qos, record.retain, record.offset,
                                 record.topic, record.client_id.decode("utf-8", "replace"),
-                                *extra))
+                                *extra), False)
             count += 1
         # A session connected when the snapshot was written may have been sent those records
         # already: at QoS 0 not again (the log as the queue does so with Cursor.unsure_to).
