@@ -119,11 +119,14 @@ def test_prometheus_endpoint(broker, uid):
     assert now["edgebroker_messages_dropped_total", "max_topics"] == 1
     assert now["edgebroker_loop_pass_seconds_count", None] > first[
         "edgebroker_loop_pass_seconds_count", None]
-    try:
-        urllib.request.urlopen(f"http://{host}:{port}/other", timeout=5)
-        raise AssertionError("/other answered")
-    except urllib.error.HTTPError as err:
-        assert err.code == 404
+    # Only /metrics (a query string aside) is served, as the 404 says: / was served too.
+    assert scrape(f"{url}?from=test")["edgebroker_info", edgebroker.__version__] == 1
+    for path in ("/other", "/", "/metrics/x"):
+        try:
+            urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5)
+            raise AssertionError(f"{path} answered")
+        except urllib.error.HTTPError as err:
+            assert err.code == 404 and b"only /metrics is served here" in err.read(), path
 
 
 def test_metrics_listen_error_is_one_clear_line(broker):
