@@ -403,6 +403,9 @@ def run_verify(args) -> int:
             "damage": [dmg(d) for d in report.damage], "notes": [dmg(d) for d in report.notes],
             "index_problems": [{"path": p, "problem": m} for p, m in report.index_problems],
             "header_problems": [{"path": p, "problem": m} for p, m in report.header_problems],
+            "header_notes": [{"path": p, "problem": m} for p, m in report.header_notes],
+            "unreadable": [{"path": p, "from_offset": a, "to_offset": b}
+                           for p, a, b in report.unreadable],
             "missing": [{"from_offset": a, "to_offset": b - 1, "after": p, "before": n}
                         for a, b, p, n in report.missing],
         }, indent=2))
@@ -415,7 +418,12 @@ def run_verify(args) -> int:
     for path, problem in report.index_problems:
         _out(f"index  {path}: {problem}")
     for path, problem in report.header_problems:
-        _out(f"header {path}: {problem}")
+        _out(f"DAMAGE {path}: {problem}")
+    for path, problem in report.header_notes:
+        _out(f"note   {path}: {problem} (the broker writes the header again at its next start)")
+    for path, a, b in report.unreadable:
+        _out(f"DAMAGE {path}: no readable record (offsets {a} to {b}; the broker removes it at "
+             f"its next start)")
     for a, b, before, after in report.missing:
         _out(f"MISSING offsets {a} to {b - 1}: no segment holds them (between {before} and "
              f"{after})")
@@ -423,6 +431,10 @@ def run_verify(args) -> int:
     problems = [f"{len(report.damage)} region(s) cannot be read"] if report.damage else []
     if report.missing:
         problems.append(f"{len(report.missing)} offset range(s) missing between segments")
+    if report.header_problems:
+        problems.append(f"{len(report.header_problems)} segment header(s) damaged")
+    if report.unreadable:
+        problems.append(f"{len(report.unreadable)} segment(s) with no readable record")
     verdict = "OK" if report.ok else f"DAMAGED: {'; '.join(problems)}"
     _out(f"{report.segments} segments, {report.records} records, {human_bytes(report.bytes)} "
          f"checked in {report.seconds:.2f} s ({rate:.0f} MB/s): {verdict}")

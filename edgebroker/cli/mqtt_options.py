@@ -78,7 +78,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--will-qos", type=int, default=0, choices=(0, 1, 2))
     p.add_argument("--will-retain", action="store_true")
     p.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
-                   help="seconds to connect and to finish (default 10)")
+                   help="seconds to connect (default 10)")
 
 
 def check_options(args, tool: str) -> None:

@@ -19,6 +19,7 @@ import time
 
 from edgebroker.cli.mqtt_options import (TIMED_OUT, Exit, Session, add_options, check_options,
                                          run_command, url_topic)
+from edgebroker.cli.options import seconds
 
 
 def add_parser(commands) -> None:
@@ -34,8 +35,8 @@ def add_parser(commands) -> None:
                    help="unsubscribe from FILTER first (repeatable)")
     p.add_argument("-C", "--count", type=int, default=0, metavar="N",
                    help="exit after N messages")
-    p.add_argument("-W", "--wait", type=float, default=0.0, metavar="S",
-                   help="exit (code 27) after S seconds")
+    p.add_argument("-W", "--wait", type=seconds, default=0.0, metavar="S",
+                   help="exit (code 27) after S seconds (above 0)")
     p.add_argument("-E", "--exit-after-subscribe", action="store_true",
                    help="exit once the subscriptions are acknowledged")
     p.add_argument("-R", "--no-retained", action="store_true",

@@ -392,7 +392,9 @@ class CommitLog:
         """Read every segment file whole and check every record's CRC, each header and each
         index against the records. Changes nothing. ``progress(bytes_done, bytes_total)`` is
         called as it goes. Works on a log the broker is writing (up to what exists at the start)."""
-        return verifying.verify_segments(self._segments, progress)
+        report = verifying.verify_segments(self._segments, progress)
+        report.unreadable = list(self.recovery.unreadable)
+        return report
 
     verify_step = verifying.verify_step
 

@@ -50,6 +50,9 @@ class RecoveryReport:
     index_rebuilt: list = field(default_factory=list)   # (path, reason)
     header_damage: list = field(default_factory=list)   # (path, problem)
     removed: list = field(default_factory=list)         # (path, reason)
+    # Read-only: segments with no readable record that are not the last, left out of the
+    # segment list (the broker removes them at start): (path, first offset, last offset).
+    unreadable: list = field(default_factory=list)
     missing: list = field(default_factory=list)         # (start, end, path before, path after)
 
 
@@ -114,6 +117,8 @@ def open_log(self) -> None:
             if not self.readonly:
                 self._remove_files(seg, "no records", f" (offsets {base} to {bases[i + 1] - 1}: "
                                                       f"none readable)")
+            else:
+                report.unreadable.append((seg.path, base, bases[i + 1] - 1))
             seg.close()
             continue
         self._segments.append(seg)

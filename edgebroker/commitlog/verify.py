@@ -29,13 +29,19 @@ class VerifyReport:
     damage: list = field(default_factory=list)          # Damage: records that cannot be read
     notes: list = field(default_factory=list)           # Damage: incomplete tail of the last segment
     index_problems: list = field(default_factory=list)  # (path, problem): repaired at next start
-    header_problems: list = field(default_factory=list) # (path, problem)
+    header_problems: list = field(default_factory=list) # (path, problem): not the last segment
+    header_notes: list = field(default_factory=list)    # (path, problem) of the last segment
     # (start, end, path before, path after): offsets between two segments that neither holds
     missing: list = field(default_factory=list)
+    # (path, first offset, last offset): segments before the last with no readable record
+    # (RecoveryReport.unreadable)
+    unreadable: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.damage and not self.missing
+        """No damage. A damaged header or a torn tail in the last segment is what a crash
+        leaves (the broker repairs both at its next start): notes, not damage."""
+        return not (self.damage or self.missing or self.header_problems or self.unreadable)
 
 
 def verify_segments(segments: list[Segment],
@@ -55,9 +61,10 @@ def verify_segments(segments: list[Segment],
         report.segments += 1
         fd = os.dup(seg.fd)
         try:
+            headers = report.header_notes if is_last else report.header_problems
             if size < SEGMENT_HEADER_SIZE:
                 if size:
-                    report.header_problems.append((seg.path, f"{size} bytes, no complete header"))
+                    headers.append((seg.path, f"{size} bytes, no complete header"))
                 done += size
                 continue
             version = FORMAT_VERSION
@@ -67,7 +74,7 @@ def verify_segments(segments: list[Segment],
             except LogError as exc:
                 problem = str(exc)
             if problem:
-                report.header_problems.append((seg.path, problem))
+                headers.append((seg.path, problem))
             out = bytearray(INDEX_ENTRY_SIZE * scanner.SCAN_BATCH)
             entries = bytearray()
             base = seg.base_offset

@@ -15,10 +15,11 @@ step of the single-threaded core: no message in between is missed or sent twice.
 
 What a session behind holds in memory does not grow with its backlog: the cursor, the
 subscriptions made while behind (``since``: a filter matches only records from the offset
-it was made at), the offset ranges it was offline in (QoS 0 published then is not sent
-unless ``queue_qos0_messages``), a bounded cache of topic decisions, at most one batch
-of records, and the retained copies held for SUBSCRIBEs made while behind (``Cursor.held``,
-sent when the cursor reaches each SUBSCRIBE's offset: core.retained).
+it was made at), the offset ranges it was offline in (what it takes at QoS 0 of what was
+published then is not sent unless ``queue_qos0_messages``), a bounded cache of topic
+decisions, at most one batch of records, and the retained copies held for SUBSCRIBEs made
+while behind (``Cursor.held``, sent when the cursor reaches each SUBSCRIBE's offset:
+core.retained).
 
 Rules kept (docs/persistence.md):
 
@@ -71,7 +72,7 @@ class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
     __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run", "held", "unsure_to")
+                 "run", "held", "unsure_to", "resubscribed")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -95,6 +96,9 @@ class Cursor:
         # After a crash: records below this offset the session may have been sent before it
         # (online when the snapshot was taken); at QoS 0 they are not sent again.
         self.unsure_to = 0
+        # The log offset at the last SUBSCRIBE again or UNSUBSCRIBE of a filter it held while
+        # behind (0: none): offline ranges that ended before it were decided by other QoS.
+        self.resubscribed = 0
 
     def __repr__(self):
         return f"Cursor({self.offset})"
@@ -129,10 +133,16 @@ class Cursor:
                 best = qos
         return best
 
-    def was_offline(self, offset: int) -> bool:
+    def left_offline(self, offset: int, published: int) -> bool:
+        """Whether the record at ``offset``, published at QoS ``published`` and taken at QoS
+        0, is not sent (``queue_qos0_messages`` off): it came while the session was offline,
+        as Mosquitto keeps no QoS 0 message for an offline session. In a range the session
+        changed its filters after (SUBSCRIBE again, UNSUBSCRIBE), the QoS they granted then
+        is not known: a record published at QoS 1/2 there goes at QoS 0 (MQTT-3.8.4-3: the
+        flow of publications is not interrupted)."""
         for start, end in self.offline:
             if offset >= start and (end is None or offset < end):
-                return True
+                return not published or end is None or end > self.resubscribed
         return False
 
     def went_offline(self, head: int) -> None:
@@ -310,10 +320,9 @@ class CatchUp:
                 if offset < unsure_to:
                     maybe_sent += 1       # at most once: perhaps sent before a crash
                     continue
-                # Not kept while offline: a QoS 0 message (a QoS 1/2 one is, though the
-                # subscription's QoS was lowered since).
-                if (offline and not published and not keep_offline_qos0
-                        and cursor.was_offline(offset)):
+                # Not kept while offline: what it takes at QoS 0 (uncounted, as live
+                # routing to an offline session).
+                if offline and not keep_offline_qos0 and cursor.left_offline(offset, published):
                     continue
                 if drop_qos0 or ts < too_old:
                     lagging += 1

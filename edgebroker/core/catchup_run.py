@@ -59,8 +59,8 @@ class Run:
         self.qos = bytearray(n)       # per record as sent: 0-2, or 255 (skipped)
         self.pids = array("H", bytes(2 * n))  # packet ids as sent (QoS 1 and 2)
         self.top = top                # the QoS the subscription granted
-        # QoS 0 records: skipped silently when published while the session was offline
-        # (skip_offline, see Cursor.was_offline), as dropped past max_lag (counted).
+        # Records taken at QoS 0: skipped silently when published while the session was
+        # offline (skip_offline, see Cursor.left_offline), as dropped past max_lag (counted).
         self.skip_offline = False
         self.drop_qos0 = False
         self.too_old = -1
@@ -176,15 +176,15 @@ class CatchUpRuns:
                     pids[i] = pid
                     if q == 2 and journal_qos2:
                         self.exchanges.sent(session.client_id, pid, offsets[i], size, False)
-                elif (run.skip_offline and not meta & 3 and session.cursor.was_offline(
-                        offsets[i]) or run.drop_qos0 or run.times[i] < run.too_old
-                        or offsets[i] < unsure_to):
-                    # As refill: perhaps sent before a crash, published at QoS 0 while the
-                    # session was offline (not kept), or past max_lag (counted).
+                elif (offsets[i] < unsure_to or run.skip_offline
+                        and session.cursor.left_offline(offsets[i], meta & 3)
+                        or run.drop_qos0 or run.times[i] < run.too_old):
+                    # As refill: perhaps sent before a crash, taken at QoS 0 and published
+                    # while the session was offline (not kept), or past max_lag (counted).
                     if offsets[i] < unsure_to:
                         maybe_sent += 1
-                    elif not (run.skip_offline and not meta & 3
-                              and session.cursor.was_offline(offsets[i])):
+                    elif not (run.skip_offline
+                              and session.cursor.left_offline(offsets[i], meta & 3)):
                         lagging += 1
                     qos[i] = 255
                     i += 1

@@ -213,10 +213,13 @@ class TopicTable:
         created = self.per_client.get(client_id, 0)
         if created >= limits.max_topics_per_client:
             return "max_topics_per_client"
-        if len(self) >= limits.max_topics and not self.evict(retained):
-            # Every tracked topic holds a retained message: a retained PUBLISH would add
-            # one more, anything else is routed without being tracked.
-            return "max_topics" if retain else None
+        # Full: evict until there is room (more than one when a reload lowered max_topics
+        # below what the table holds).
+        while len(self) >= limits.max_topics:
+            if not self.evict(retained):
+                # Every tracked topic holds a retained message: a retained PUBLISH would
+                # add one more, anything else is routed without being tracked.
+                return "max_topics" if retain else None
         self.current[topic] = client_id
         # Read again: the eviction may have freed one of this client's own places.
         self.per_client[client_id] = self.per_client.get(client_id, 0) + 1

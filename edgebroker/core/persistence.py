@@ -197,6 +197,7 @@ class Persistence:
                 state.done = sorted(cursor.done)
             if cursor.unsure_to > state.cursor:
                 state.unsure_to = cursor.unsure_to
+            state.resubscribed = cursor.resubscribed
             if cursor.held:
                 state.held = [(at, ref.offset, qos, retain, ref.size)
                               for at, ref, qos, retain in cursor.held if ref.offset is not None]
@@ -321,6 +322,7 @@ class Persistence:
             cursor.since = {f: min(o, end) for f, o in s.since.items()}
         if s.offline:
             cursor.offline = [list(r) for r in s.offline]
+            cursor.resubscribed = s.resubscribed
         if s.done:
             cursor.done = {o for o in s.done if o >= cursor.offset}
         if s.held:
@@ -449,7 +451,7 @@ class Persistence:
                      if record.properties else ())
             self._route(Message(topic, record.payload, record.qos, record.retain, record.offset,
                                 record.topic, record.client_id.decode("utf-8", "replace"),
-                                *extra))
+                                *extra), False)
             count += 1
         if self.shared_replayed0:
             log.info("log replay: %d QoS 0 messages for shared subscription groups not handed "

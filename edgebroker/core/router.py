@@ -134,11 +134,13 @@ class Router:
             self.route_written()
 
     def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-        """The broker's own messages ($SYS): routed, not logged."""
-        self._route(Message(topic, payload, qos, retain))
+        """The broker's own messages ($SYS): routed, not logged (nor counted as unrouted)."""
+        self._route(Message(topic, payload, qos, retain), False)
 
-    def _route(self, message: Message) -> None:
-        """Store if retained, then deliver to every matching subscription."""
+    def _route(self, message: Message, received: bool = True) -> None:
+        """Store if retained, then deliver to every matching subscription. ``received``: a
+        PUBLISH received now (a client's, a will's, a bridge's), counted in publish_unrouted
+        when nothing takes it; not the broker's own messages, nor records replayed at start."""
         stats = self.stats
         topic, payload, qos = message.topic, message.payload, message.qos
         retain = message.retain
@@ -151,7 +153,8 @@ class Router:
         if self.groups and self.route_shared(message) and not targets:
             return      # shared subscriptions only (core.shared)
         if not targets:
-            stats.publish_unrouted += 1
+            if received:
+                stats.publish_unrouted += 1
             return
         frame0 = rest0 = None
         sent = 0

@@ -372,6 +372,8 @@ class Sessions:
                     if cursor.since is None:
                         cursor.since = {}
                     cursor.since[topic_filter] = self.live_offset()
+                else:
+                    cursor.resubscribed = self.live_offset()   # (Cursor.left_offline)
                 cursor.cache.clear()
             if qos > self.limits.max_qos:
                 qos = self.limits.max_qos
@@ -423,6 +425,7 @@ class Sessions:
                 cursor = session.cursor
                 if cursor is not None:
                     cursor.cache.clear()
+                    cursor.resubscribed = self.live_offset()
                     if cursor.since:
                         cursor.since.pop(topic_filter, None)
                 if not session.clean:

@@ -70,6 +70,8 @@ class SessionState:
     held: list[tuple[int, int, int, bool, int]] = field(default_factory=list)
     # After a crash: records below it may have been sent before it (Cursor.unsure_to); 0: none.
     unsure_to: int = 0
+    # The log offset of its last SUBSCRIBE again or UNSUBSCRIBE while behind (Cursor.resubscribed).
+    resubscribed: int = 0
     # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
     # expiration counts from it; snapshots written before it was kept have none).
     offline_ms: int | None = None
@@ -154,6 +156,7 @@ def _session_json(s: SessionState) -> bytes:
              **({"done": s.done} if s.done else {}),
              **({"held": [list(e) for e in s.held]} if s.held else {}),
              **({"unsure_to": s.unsure_to} if s.unsure_to else {}),
+             **({"resubscribed": s.resubscribed} if s.resubscribed else {}),
              **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
              **({"sub5": sorted(s.sub5.items())} if s.sub5 else {}),
              **({"groups": sorted(s.groups.items())} if s.groups else {})})
@@ -294,6 +297,7 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 held=[(int(a), int(o), int(q), bool(r), int(n)) for a, o, q, r, n in
                       s.get("held", ())],
                 unsure_to=max(0, int(s.get("unsure_to", 0))),
+                resubscribed=max(0, int(s.get("resubscribed", 0))),
                 offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
                 expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
                 sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())},

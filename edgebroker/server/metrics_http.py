@@ -130,7 +130,8 @@ METRICS = (
      _counter("publish_received")),
     ("edgebroker_publish_sent_total", "counter", "PUBLISH packets sent.", _counter("publish_sent")),
     ("edgebroker_publish_unrouted_total", "counter",
-     "PUBLISHes no subscription took (logged, sent to no one).", _counter("publish_unrouted")),
+     "PUBLISHes received that no subscription took (logged, sent to no one; $SYS messages "
+     "not counted).", _counter("publish_unrouted")),
     ("edgebroker_publish_dropped_total", "counter",
      "Messages dropped, all reasons (see edgebroker_messages_dropped_total).",
      _counter("publish_dropped")),

@@ -63,7 +63,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return parsed
 
     def do_GET(self):  # noqa: N802 (the stdlib's naming)
-        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+        if self.path.split("?", 1)[0] != "/metrics":
             self.send_error(404, "only /metrics is served here")
             return
         body = self.server.page()

@@ -293,6 +293,44 @@ def test_verify_notes_an_incomplete_tail_and_index_problems_without_failing(data
     assert idx.stat().st_size % 16 == 0 and segs[-1].read_bytes().endswith(b"\x00" * 40)
 
 
+@pytest.mark.parametrize("case", ["stray", "middle", "last"])
+def test_verify_counts_a_damaged_header_as_damage_but_in_the_last_segment(data_dir, case):
+    """The open warns "segment header damaged" and verify printed OK, exit 0: for a stray
+    zero-filled segment before the others (no readable record: left out of the list, the
+    broker removes it at start) and for a segment with a flipped bit in its header (warned
+    about at every start). Both are damage now (exit 1); a damaged header of the last
+    segment, what a power cut after a roll leaves and the broker writes again at its next
+    start, is a note, as a torn tail there."""
+    segs = segment_files(data_dir / "log")
+    if case == "stray":
+        for path in (segs[0], segs[0].with_suffix(".idx")):
+            path.unlink()               # retention deleted the first segment
+        victim = segs[0]
+        victim.write_bytes(bytes(4096))
+    else:
+        victim = segs[1] if case == "middle" else segs[-1]
+        flip_byte(victim, 0)
+    r = inspect("verify", "--data-dir", str(data_dir))
+    lines = [ln for ln in r.stdout.splitlines() if str(victim) in ln]
+    js = json.loads(inspect("verify", "--data-dir", str(data_dir), "--format", "json").stdout)
+    if case == "last":
+        assert r.returncode == 0 and r.stdout.endswith(": OK\n"), r.stdout
+        assert len(lines) == 1 and lines[0].startswith("note") and "checksum" in lines[0]
+        assert js["ok"] is True and js["header_notes"][0]["path"] == str(victim)
+        return
+    assert r.returncode == 1, r.stdout
+    assert len(lines) == 1 and lines[0].startswith("DAMAGE"), r.stdout
+    assert js["ok"] is False
+    if case == "stray":
+        assert "no readable record (offsets 0 to " in lines[0]
+        assert "DAMAGED: 1 segment(s) with no readable record" in r.stdout
+        assert js["unreadable"] == [{"path": str(victim), "from_offset": 0,
+                                     "to_offset": int(segs[1].name[:20]) - 1}]
+    else:
+        assert "checksum" in lines[0] and "DAMAGED: 1 segment header(s) damaged" in r.stdout
+        assert js["header_problems"][0]["path"] == str(victim)
+
+
 def test_verify_while_a_writer_appends(tmp_path):
     log = open_log(tmp_path / "data" / "log", segment_bytes=8192)
     append_n(log, 200)

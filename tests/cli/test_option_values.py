@@ -1,6 +1,6 @@
 """Option values the commands cannot use are one usage line (exit 2) or one error line, not a
-traceback: waits too long for the calls that make them (`--timeout`, `--watch`), fields too
-long for an MQTT packet, and bytes of the command line that are not UTF-8."""
+traceback: waits too long for the calls that make them (`--timeout`, `--watch`, `sub -W`),
+fields too long for an MQTT packet, and bytes of the command line that are not UTF-8."""
 
 import subprocess
 
@@ -24,6 +24,10 @@ def test_waits_the_commands_cannot_make_are_usage_errors(value):
     assert usage_error(r) == f"edgebroker pub: error: argument --timeout: {why}"
     r = run_cli("sub", "-p", "1", "-t", "a", "--timeout", value)
     assert usage_error(r) == f"edgebroker sub: error: argument --timeout: {why}"
+    # `sub -W 0` never timed out, -W -1 and -W nan timed out at once (exit 27); mosquitto_sub
+    # refuses them too.
+    r = run_cli("sub", "-p", "1", "-t", "a", "-W", value)
+    assert usage_error(r) == f"edgebroker sub: error: argument -W/--wait: {why}"
     r = run_cli("inspect", "clients", "--socket", "/nonexistent", "--watch", value)
     assert usage_error(r) == f"edgebroker inspect clients: error: argument --watch: {why}"
 

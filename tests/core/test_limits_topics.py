@@ -241,3 +241,28 @@ def test_memory_limit_refuses_new_subscriptions_not_existing_ones(broker, uid):
     assert c.subscribe(f"{uid}/new").codes == [0]
     assert c5.subscribe(f"{uid}/new").codes == [0]
     c5.close()
+
+
+def test_a_reload_lowering_max_topics_brings_the_table_down_to_it(broker, uid):
+    """Three topics tracked, then a reload to max_topics = 2: the next new topic evicts as
+    many as it takes to fit (two here), so that the table holds 2 and a retained PUBLISH to
+    one more new topic is refused once both places hold a retained message. Before, each new
+    topic evicted one only: the table stayed at 3 and three retained topics were admitted."""
+    import signal
+    from conftest import toml_dumps
+
+    b = broker(limits={"max_topics": 5})
+    pub = b.client(f"{uid}-pub")
+    for i in range(3):
+        pub.publish(f"{uid}/plain{i}", b"x")
+    assert pub.ping() == [] and b.stats()["topics"] == 3
+    mark = b.mark()
+    b.config_path.write_text(toml_dumps(dict(b.config, limits={"max_topics": 2})))
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("configuration reloaded", timeout=5, start=mark)
+    for i in range(3):
+        pub.publish(f"{uid}/r{i}", b"r%d" % i, retain=True)
+    assert pub.ping() == []
+    s = b.stats()
+    assert (s["topics"], s["retained_messages"]) == (2, 2)
+    assert s["counters"]["topics_evicted"] == 3 and s["dropped"]["max_topics"] == 1

@@ -1,6 +1,7 @@
 """Metrics exposed over HTTP (Prometheus text) and $SYS (docs/metrics.md)."""
 
 import re
+import signal
 import socket
 import time
 import urllib.error
@@ -118,11 +119,14 @@ def test_prometheus_endpoint(broker, uid):
     assert now["edgebroker_messages_dropped_total", "max_topics"] == 1
     assert now["edgebroker_loop_pass_seconds_count", None] > first[
         "edgebroker_loop_pass_seconds_count", None]
-    try:
-        urllib.request.urlopen(f"http://{host}:{port}/other", timeout=5)
-        raise AssertionError("/other answered")
-    except urllib.error.HTTPError as err:
-        assert err.code == 404
+    # Only /metrics (a query string aside) is served, as the 404 says: / was served too.
+    assert scrape(f"{url}?from=test")["edgebroker_info", edgebroker.__version__] == 1
+    for path in ("/other", "/", "/metrics/x"):
+        try:
+            urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5)
+            raise AssertionError(f"{path} answered")
+        except urllib.error.HTTPError as err:
+            assert err.code == 404 and b"only /metrics is served here" in err.read(), path
 
 
 def test_metrics_listen_error_is_one_clear_line(broker):
@@ -231,3 +235,24 @@ def test_every_counter_of_the_admin_stats_is_exported(broker, tmp_path, uid):
     assert samples["edgebroker_acl_publish_denied_total", None] == 1
     for counter, n in numbered.items():
         assert counter == "connections_refused" or (exported[n], None) in samples, counter
+
+
+def test_publish_unrouted_counts_received_publishes_not_sys_messages_nor_a_replay(broker, uid):
+    """edgebroker_publish_unrouted_total counts the PUBLISHes received that no subscription
+    took: not the broker's own $SYS messages, sent to no one every sys_interval, nor the
+    records replayed from the log at start."""
+    b = broker(sys_interval=1)
+    watch = b.client(f"{uid}-w")
+    watch.subscribe("$SYS/broker/uptime")
+    for _ in range(3):        # retained at SUBSCRIBE, then two more reports
+        assert watch.recv_publish().topic == "$SYS/broker/uptime"
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/nobody", b"0", qos=0)
+    pub.publish(f"{uid}/nobody", b"1", qos=1)
+    assert pub.ping() == []
+    counters = b.stats()["counters"]
+    assert (counters["publish_received"], counters["publish_unrouted"]) == (2, 2), counters
+    b.stop(signal.SIGKILL)
+    again = broker(data_dir=b.config["data_dir"])
+    counters = again.stats()["counters"]
+    assert (counters["publish_received"], counters["publish_unrouted"]) == (0, 0), counters

@@ -399,3 +399,33 @@ def test_qos0_deliveries_are_not_repeated_after_a_crash_and_a_later_restart(brok
     assert again.connect(f"{uid}-s", clean=False).session_present
     assert [p for p in again.ping() if p.type == PUBLISH] == []
     assert b3.client_row(f"{uid}-s")["drops"] == {"restart_qos0": 5}
+
+
+def test_qos1_from_an_offline_spell_still_comes_after_a_lowering_and_a_restart(broker, uid):
+    """A session back from an offline spell lowers its subscription to QoS 0 (SUBSCRIBE again)
+    and goes away before it has read that spell's QoS 1 messages. After a restart it still
+    gets every one of them (its window again, the rest at QoS 0): the QoS its filter granted
+    while it was offline is not known, so only QoS 0 published then is left out there; the
+    snapshot keeps where the subscription changed (Cursor.left_offline)."""
+    b = broker()
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe((f"{uid}/t", 1))
+    sub.send(m.disconnect())
+    assert sub.expect_closed()
+    sub.close()
+    pub = b.client(f"{uid}-p")
+    n = 100
+    for i in range(n):
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    back = b.client(f"{uid}-s", clean=False)
+    window = [back.recv_publish(ack=False) for _ in range(20)]
+    assert [(int(p.payload), p.qos) for p in window] == [(i, 1) for i in range(20)]
+    assert back.subscribe((f"{uid}/t", 0)).type == m.SUBACK
+    back.send(m.disconnect())
+    assert back.expect_closed()
+    back.close()
+    again = restart(broker, b).client(f"{uid}-s", clean=False)
+    got = [again.recv_publish() for _ in range(n)]
+    assert [(int(p.payload), p.qos) for p in got] == ([(i, 1) for i in range(20)]
+                                                     + [(i, 0) for i in range(20, n)])
+    assert again.ping() == []
