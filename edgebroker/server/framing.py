@@ -78,7 +78,7 @@ class Framing:
     to the core it is the transport, to the stream the receiver of bytes."""
 
     __slots__ = ("stream", "endpoint", "client", "peer", "listener", "lingering", "last_words",
-                 "counted", "reader")
+                 "counted", "reader", "closed_by_peer")
 
     decoder = _NO_LARGE_READS
 
@@ -92,6 +92,9 @@ class Framing:
         self.last_words = b""         # the endpoint's close frame, for close() to send last
         self.counted = False          # a lingering socket, counted in broker.sockets_open
         self.reader = None            # Timer: read the frames left in the endpoint (_read_on)
+        # (why, a fault): the peer's close (or a bad frame) read while the client still had
+        # packets that came before it to handle (throttled, or its password check running)
+        self.closed_by_peer = None
 
     # ----- the stream's side: bytes in --------------------------------------------------
 
@@ -99,6 +102,9 @@ class Framing:
         if self.lingering:
             return      # the peer's answer to the close, or what it sent before it
         client = self.client
+        if self.closed_by_peer is not None:
+            self._end_when_handled()    # nothing after the close is read
+            return
         endpoint = self.endpoint
         reader = self.reader
         if (client.halted or reader is not None and reader.pending) and endpoint.open:
@@ -133,13 +139,28 @@ class Framing:
                 broker.peer_log.log(log, logging.WARNING, "websocket", stream.peer,
                                     "WebSocket upgrade from %s on listener %s refused: %s",
                                     stream.peer, stream.listener_name or "?", got.close)
-            if got.fault and got.open and not client.closed:
-                # A frame that breaks RFC 6455: a protocol violation like a bad MQTT packet
-                # (a refused upgrade is a refused connection, counted above).
-                client.violation(ProtocolError(got.close))
-            else:
-                client.connection_lost(got.close)   # closes this (close below)
-            self.close()                            # if the client was closed already
+            self.closed_by_peer = (got.close, got.fault and got.open)
+            self._end_when_handled()
+
+    def _end_when_handled(self) -> None:
+        """The peer's close frame (or a bad frame) came: end the connection once the client
+        has handled the packets that came before it. A throttled client, or one whose
+        password check is running, keeps them unhandled for a while (as a TCP client's FIN
+        waits unread behind them): the socket is not read meanwhile, and this is tried
+        again when the client is read again (``resume_reading``)."""
+        client = self.client
+        if not client.closed and (client.halted or client.pending is not None
+                                  or client.held is not None):
+            self.stream.pause_reading("frames")
+            return
+        why, fault = self.closed_by_peer
+        if fault and not client.closed:
+            # A frame that breaks RFC 6455: a protocol violation like a bad MQTT packet (a
+            # refused upgrade is a refused connection, counted in data_received).
+            client.violation(ProtocolError(why))
+        else:
+            client.connection_lost(why)     # closes this (close below)
+        self.close()                        # if the client was closed already
 
     def _read_later(self) -> None:
         """Read the frames left in the endpoint in a later pass of the loop, not the socket
@@ -223,8 +244,12 @@ class Framing:
 
     def resume_reading(self, reason: str) -> None:
         self.stream.resume_reading(reason)
-        if reason == "rate" and self.endpoint.more and not self.lingering:
-            self._read_later()      # the frames left when the throttle began
+        if self.lingering:
+            return
+        if self.closed_by_peer is not None or reason == "rate" and self.endpoint.more:
+            # The frames left when the throttle began, or the peer's close: in a later pass,
+            # once the client has handled what it holds.
+            self._read_later()
 
     def wait_for_drain(self) -> None:
         self.stream.wait_for_drain()

@@ -23,8 +23,8 @@ The rules, in the order a connection meets them (docs/protocol.md, "MQTT over We
   (426 for another WebSocket version), with a one-line text body saying what is missing. The
   key must come once and be the base64 of 16 bytes (wsproto takes any).
 - Its path (the query string aside) must be the configured one: otherwise 404.
-- The client must offer the subprotocol ``mqtt`` or ``mqttv3.1`` (MQTT-6.0.0-3); the first of
-  its list that the endpoint supports is chosen. A request offering neither, or none at all,
+- The client must offer the subprotocol ``mqtt`` or ``mqttv3.1`` (MQTT-6.0.0-3): ``mqtt`` is
+  chosen when offered (MQTT-6.0.0-4), else the first of its list that the endpoint supports. A request offering neither, or none at all,
   gets 400: Mosquitto (libwebsockets) upgrades such a request to a protocol that never speaks
   MQTT, so the client waits for nothing; a clear refusal says what to change.
   No extension (permessage-deflate) is accepted, so outgoing headers can be written directly.
@@ -72,6 +72,7 @@ UNSUPPORTED_DATA = 1003
 MESSAGE_TOO_BIG = 1009
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
+_VERSION = re.compile(rb"(?im)^sec-websocket-version:([^\r\n]*)")
 _KEY = re.compile(rb"^sec-websocket-key[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
 # A refusal's reason quotes the client's path or subprotocols: cut, for the reply and the log.
 _MAX_REASON = 300
@@ -244,6 +245,12 @@ class WebSocketEndpoint:
             hint = exc.event_hint
             status = getattr(hint, "status_code", 400)
             extra = tuple((k.decode(), v.decode()) for k, v in getattr(hint, "headers", ()))
+            version = _VERSION.search(head, 0, end.end())
+            if status == 426 and version is not None:
+                # wsproto says the header is missing; it is there, with another version
+                offered = version.group(1).strip().decode("ascii", "replace")[:40]
+                return self._refuse(426, f"WebSocket version {offered!r} not supported "
+                                         f"(Sec-WebSocket-Version: 13 only)", extra)
             return self._refuse(status if status in _REASONS else 400,
                                 f"not a WebSocket upgrade request: {why}", extra)
         if request is None:
@@ -255,7 +262,9 @@ class WebSocketEndpoint:
         if path != self.path:
             return self._refuse(404, f"no WebSocket endpoint at {path!r} (it is at "
                                      f"{self.path!r})")
-        chosen = next((p for p in request.subprotocols if p in self.subprotocols), None)
+        # "mqtt" when the client offers it (MQTT-6.0.0-4), else the first of its list
+        chosen = ("mqtt" if "mqtt" in request.subprotocols and "mqtt" in self.subprotocols
+                  else next((p for p in request.subprotocols if p in self.subprotocols), None))
         if chosen is None:
             offered = ", ".join(request.subprotocols) or "none"
             return self._refuse(400, f"WebSocket subprotocol {' or '.join(self.subprotocols)} "

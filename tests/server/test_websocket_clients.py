@@ -326,21 +326,25 @@ def test_ping_is_answered_and_a_close_is_answered_then_closed(wssrv, uid):
     assert ws.wait_close() == 1000
 
 
+UPGRADE = (b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
+           b"Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+           b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n")
+
+
+def masked(opcode: int, payload: bytes) -> bytes:
+    """A client frame (masked), of up to 65,535 bytes."""
+    mask = b"\x01\x02\x03\x04"
+    n = len(payload)
+    length = bytes((0x80 | n,)) if n < 126 else b"\xfe" + n.to_bytes(2, "big")
+    return (bytes((0x80 | opcode,)) + length + mask
+            + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+
 def test_upgrade_connect_and_close_in_one_write_get_the_connack_before_the_close(wssrv, uid):
     """No data frame after a close frame (RFC 6455 5.5.1), also when the handshake, a CONNECT
     and the client's close come in one read: 101, then the CONNACK, then the close."""
-    key = b"dGhlIHNhbXBsZSBub25jZQ=="
-    upgrade = (b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
-               b"Upgrade: websocket\r\nSec-WebSocket-Key: " + key + b"\r\n"
-               b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n")
-
-    def masked(opcode: int, payload: bytes) -> bytes:     # a client frame, under 126 bytes
-        mask = b"\x01\x02\x03\x04"
-        return (bytes((0x80 | opcode, 0x80 | len(payload))) + mask
-                + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
-
     c = wssrv.raw(port(wssrv, WS))
-    c.send(upgrade + masked(2, m.connect(uid)) + masked(8, (1000).to_bytes(2, "big")))
+    c.send(UPGRADE + masked(2, m.connect(uid)) + masked(8, (1000).to_bytes(2, "big")))
     reply = c.read_until_closed()
     head, _, frames = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 101 ")
@@ -352,6 +356,35 @@ def test_upgrade_connect_and_close_in_one_write_get_the_connack_before_the_close
         i += 2 + n
     assert opcodes == [2, 8], opcodes
     assert payloads[0][:1] == bytes((m.CONNACK << 4,))
+
+
+@pytest.mark.parametrize("held_by", ["messages_rate", "password check"])
+def test_a_close_frame_waits_for_the_packets_before_it(broker, tmp_path, uid, held_by):
+    """PUBLISHes, DISCONNECT and the close frame in one write, from a client whose packets
+    wait (over its publish rate, or behind its password check): the close was acted on at
+    once, the packets behind the throttle were thrown away and the will published (MQTT-
+    3.1.2-10: not after a DISCONNECT). Now the close waits for them, as a TCP FIN does."""
+    listeners = [{"host": "127.0.0.1", "port": 0},
+                 {"host": "127.0.0.1", "port": 0, "protocol": "websockets"}]
+    login = {}
+    if held_by == "messages_rate":
+        b = broker(listener=listeners, limits={"messages_rate": 10, "messages_burst": 5})
+    else:
+        pw = write_passwords(tmp_path / "passwd", {"dev": "secret"})
+        listeners[0].update(allow_anonymous=True, password_file="")
+        b = broker(listener=listeners, password_file=str(pw))
+        login = {"username": "dev", "password": "secret"}
+    sub = b.client(f"{uid}-sub", port=port(b, 0))
+    sub.subscribe(f"{uid}/#")
+    n = 12
+    data = (m.connect(f"{uid}-ws", will=(f"{uid}/will", b"gone", 0, False), **login)
+            + b"".join(m.publish(f"{uid}/m", b"%d" % i) for i in range(n)) + m.disconnect())
+    c = b.raw(port(b, 1))
+    c.send(UPGRADE + masked(2, data) + masked(8, (1000).to_bytes(2, "big")))
+    assert [sub.recv_publish(10).payload for _ in range(n)] == [b"%d" % i for i in range(n)]
+    assert c.read_until_closed(10).startswith(b"HTTP/1.1 101 ")
+    assert b.wait_log(lambda ln: f"'{uid}-ws'" in ln and "disconnected" in ln, timeout=5)
+    assert sub.ping() == []                      # no will
 
 
 def test_websocket_close_without_disconnect_publishes_the_will(wssrv, uid):

@@ -111,7 +111,8 @@ def test_lone_newlines_end_the_head():
 
 @pytest.mark.parametrize("offered, chosen", [
     (["mqtt"], "mqtt"), (["mqttv3.1"], "mqttv3.1"), (["foo", "mqtt"], "mqtt"),
-    (["mqttv3.1", "mqtt"], "mqttv3.1"),     # the client's order of preference
+    (["mqttv3.1", "mqtt"], "mqtt"),         # "mqtt" when offered (MQTT-6.0.0-4)
+    (["foo", "mqttv3.1"], "mqttv3.1"),
 ])
 def test_subprotocol_chosen_from_the_clients_list(offered, chosen):
     client, request = client_request(subprotocols=offered)
@@ -194,8 +195,13 @@ def test_other_websocket_version_gets_426_naming_13():
     got = WebSocketEndpoint().receive(
         UPGRADE.replace(b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 8"))
     status, body = refusal(got)
-    assert status == "HTTP/1.1 426 Upgrade Required" and "Sec-WebSocket-Version" in body
+    assert status == "HTTP/1.1 426 Upgrade Required"
+    assert "WebSocket version '8' not supported (Sec-WebSocket-Version: 13 only)" in body
     assert b"\r\nSec-WebSocket-Version: 13\r\n" in got.send
+    # No version header at all: said so (400), not taken for another version.
+    got = WebSocketEndpoint().receive(UPGRADE.replace(b"Sec-WebSocket-Version: 13\r\n", b""))
+    status, body = refusal(got)
+    assert "Missing header, 'Sec-WebSocket-Version'" in body and "not supported" not in body
 
 
 @pytest.mark.parametrize("first", [CONNECT, b"\x16\x03\x01\x02\x00", b"get / HTTP/1.1\r\n"])
