@@ -368,6 +368,7 @@ class CommitLog:
     read = reader.read
     _read_entry = reader.read_entry
     _repair_index = reader.repair_index
+    _start_position = reader.start_position
     read_range = reader.read_range
     read_since = reader.read_since
     scan = reader.scan
