@@ -213,6 +213,7 @@ class CommitLog:
     # recovery.py
     _open = recovery.open_log
     _remove_leftovers = recovery.remove_leftovers
+    _torn_segments = recovery.torn_segments
     _remove_files = recovery.remove_files
     _open_segment = recovery.open_segment
     _check_index = recovery.check_index

@@ -99,6 +99,7 @@ def open_log(self) -> None:
     if not self.readonly:
         self._remove_leftovers(names, set(bases))
     report = self.recovery
+    opened = []
     for i, base in enumerate(bases):
         seg = Segment(d, base)
         is_last = i == len(bases) - 1
@@ -110,13 +111,20 @@ def open_log(self) -> None:
                 raise
             seg.close()  # deleted by the writer's retention since the listing
             continue
-        if seg.count == 0 and not is_last:
-            if not self.readonly:
-                self._remove_files(seg, "no records", f" (offsets {base} to {bases[i + 1] - 1}: "
-                                                      f"none readable)")
+        opened.append(seg)
+    torn = [] if self.readonly else self._torn_segments(opened)
+    for i, seg in enumerate(opened):
+        if seg in torn:
+            self._remove_files(seg, "torn tail", quiet=True)
             seg.close()
-            continue
-        self._segments.append(seg)
+        elif seg.count == 0 and i < len(opened) - 1 and opened[i + 1] not in torn:
+            if not self.readonly:
+                nxt = opened[i + 1].base_offset
+                self._remove_files(seg, "no records", f" (offsets {seg.base_offset} to "
+                                                      f"{nxt - 1}: none readable)")
+            seg.close()
+        else:
+            self._segments.append(seg)
     self._bases = [s.base_offset for s in self._segments]
     for prev, nxt in zip(self._segments, self._segments[1:]):
         if prev.next_offset > nxt.base_offset:
@@ -142,6 +150,30 @@ def open_log(self) -> None:
     self._log_recovery()
 
 
+def torn_segments(self, opened: list[Segment]) -> list[Segment]:
+    """The segments of a torn tail (none when there is none): after the last segment that
+    holds records, those that hold none, when no record past that segment's end was known to
+    be durable (the recovery point and the uploaded mark are no further). A power cut leaves
+    them: the log directory's fsyncs (for a new segment, the recovery point, the uploaded
+    mark) make the names of the segments created since durable, while their data waits for
+    its own fsync. An empty segment that starts right where the records end is kept (it
+    becomes the one appended to), so nothing is missing; the rest are removed and the next
+    records take their offsets. Logged once, with the offsets."""
+    k = max((i for i, seg in enumerate(opened) if seg.count), default=0)
+    end = opened[k].next_offset if opened else 0
+    run = opened[k + 1:]
+    if run and run[0].base_offset == end:
+        run = run[1:]
+    if not run or max(self._recovery_point, self._uploaded) > end:
+        return []
+    log.warning("commit log %s: the last %d segment files (%s to %s) hold no records: a "
+                "power cut kept their names, not their data, and no record in them was known "
+                "to be durable (a torn tail); removed: new records take offsets from %d",
+                self.directory, len(run), os.path.basename(run[0].path),
+                os.path.basename(run[-1].path), end)
+    return run
+
+
 def remove_leftovers(self, names: list[str], bases: set[int]) -> None:
     for name in names:
         path = os.path.join(self.directory, name)
@@ -160,7 +192,7 @@ def remove_leftovers(self, names: list[str], bases: set[int]) -> None:
                 log.warning("cannot remove %s (%s): %s", path, leftover, exc.strerror)
 
 
-def remove_files(self, seg: Segment, reason: str, detail: str = "") -> None:
+def remove_files(self, seg: Segment, reason: str, detail: str = "", quiet: bool = False) -> None:
     for path in (seg.path, seg.index_path):
         try:
             os.unlink(path)
@@ -170,7 +202,8 @@ def remove_files(self, seg: Segment, reason: str, detail: str = "") -> None:
             log.warning("cannot remove %s (%s): %s", path, reason, exc.strerror)
             return
     self.recovery.removed.append((seg.path, reason))
-    log.warning("removed %s: %s%s", seg.path, reason, detail)
+    if not quiet:
+        log.warning("removed %s: %s%s", seg.path, reason, detail)
 
 
 def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
