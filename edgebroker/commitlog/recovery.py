@@ -273,11 +273,16 @@ def check_index(self, seg: Segment) -> None:
         mapped.close()
         return self._rebuild_index(seg, f"entry {valid} is inconsistent", report_tail=True)
     seg.set_index(mapped, valid)
-    last_offset, last_pos, _ = seg.entry(valid - 1)
+    last_offset, last_pos, last_ts = seg.entry(valid - 1)
     record_end = self._valid_record_end(seg, last_pos, last_offset)
     if record_end is None:
         return self._rebuild_index(seg, f"its last entry (offset {last_offset}) does not "
                                         f"point at that record", report_tail=True)
+    # Its timestamp, the records' running maximum, is what age retention goes by.
+    record_ts = _unpack_record_header(os.pread(seg.fd, RECORD_HEADER_SIZE, last_pos))[3]
+    if last_ts != max(seg.entry(valid - 2)[2] if valid > 1 else 0, record_ts):
+        return self._rebuild_index(seg, f"its last entry's timestamp {last_ts} is not the "
+                                        f"records' largest", report_tail=True)
     if nonzero < n or record_end < seg.size:
         # Entries missing at the end (or unused room never trimmed): index the rest.
         entries = bytearray(mapped[:valid * INDEX_ENTRY_SIZE])

@@ -200,6 +200,24 @@ def test_flipped_index_entry_is_repaired_when_used(tmp_path):
     assert idx.read_bytes() == good
 
 
+def test_a_wrong_timestamp_in_the_last_index_entry_is_rebuilt(tmp_path):
+    """The last entry's timestamp (the running maximum age retention goes by) was not
+    checked at open: far in the future (a flipped high bit), the segment was never deleted
+    by age. Now it is checked against its record and the entry before it."""
+    ts = T0 + 10 * 365 * 86_400_000
+    d = make_log(tmp_path / "log", n=300, segment_bytes=4096)
+    idx = segment_files(d)[0].with_suffix(".idx")
+    good = idx.read_bytes()
+    bad = bytearray(good)
+    bad[-8:] = ts.to_bytes(8, "little")
+    idx.write_bytes(bytes(bad))
+    log = open_log(d, segment_bytes=4096)
+    assert [p for p, _why in log.recovery.index_rebuilt] == [str(idx)]
+    assert log.segments()[0].last_timestamp_ms == parse_index(idx)[-1][2] != ts
+    log.close()
+    assert idx.read_bytes() == good
+
+
 def _entry_moved_into_its_record(d, k=7):
     """Entry ``k`` of the first segment's index moved forward into its own record (a flipped
     bit: the index's structure still holds, so the check at open passes it)."""
