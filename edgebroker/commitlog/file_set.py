@@ -19,7 +19,7 @@ import mmap
 import os
 from collections.abc import Callable
 
-from edgebroker.commitlog import retention
+from edgebroker.commitlog import retention, scanner
 from edgebroker.commitlog.errors import LogError
 from edgebroker.commitlog.format import (
     SEGMENT_HEADER_SIZE, SegmentInfo, UploadSource,
@@ -214,7 +214,13 @@ def mark_uploaded(self, up_to_offset: int) -> None:
 
 def upload_source(self, start: int) -> UploadSource | None:
     """The sealed and fsynced segment holding the first record at or after ``start``, for the
-    uploader (any thread): None when that record is not in such a segment yet."""
+    uploader (any thread): None when that record is not in such a segment yet.
+
+    The position its index gives is checked against the record's header first; when the
+    entry does not lead to its record (a damaged index file), the position is found by
+    walking the segment from its first record (logged once for the segment; the index is
+    left to the core thread's readers to rebuild, see ``reader.start_position``: they may be
+    reading it)."""
     with self._lock:
         durable = self._durable
         for seg in self._segments:
@@ -225,9 +231,24 @@ def upload_source(self, start: int) -> UploadSource | None:
             j = seg.find_offset(start)
             if j >= seg.count:
                 continue
-            return UploadSource(seg.path, os.dup(seg.fd), seg.entry(j)[1], seg.size,
-                                seg.next_offset, self._tail is not seg, seg.version)
-    return None
+            offset, position, _ = seg.entry(j)
+            src = UploadSource(seg.path, os.dup(seg.fd), position, seg.size, seg.next_offset,
+                               self._tail is not seg, seg.version)
+            end = seg.end_of(j)
+            break
+        else:
+            return None
+    if not scanner.starts_record(src.fd, position, end, offset):
+        src.position = scanner.first_position(src.fd, src.size, seg.base_offset, start,
+                                              src.path, src.version) or src.size
+        with self._lock:
+            first = (seg.index_path, -1) not in self._reported
+            self._reported.add((seg.index_path, -1))
+        if first:
+            log.warning("%s: entry for offset %d does not lead to its record (a damaged "
+                        "index); the upload found its records by walking the segment",
+                        seg.index_path, offset)
+    return src
 
 
 def upload_backlog(self, start: int) -> tuple[int, int, int | None, int]:

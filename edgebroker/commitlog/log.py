@@ -215,6 +215,7 @@ class CommitLog:
     # recovery.py
     _open = recovery.open_log
     _remove_leftovers = recovery.remove_leftovers
+    _torn_segments = recovery.torn_segments
     _remove_files = recovery.remove_files
     _open_segment = recovery.open_segment
     _check_index = recovery.check_index
@@ -370,6 +371,7 @@ class CommitLog:
     read = reader.read
     _read_entry = reader.read_entry
     _repair_index = reader.repair_index
+    _start_position = reader.start_position
     read_range = reader.read_range
     read_since = reader.read_since
     scan = reader.scan

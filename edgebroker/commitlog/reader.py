@@ -45,7 +45,7 @@ def read_entry(self, seg: Segment, j: int, retry: bool = True) -> Record | None:
     res = _native.scan(data, len(data), position, offset, None, out, 0, seg.version)
     if res.matched and out[0] == offset:
         return next(scanner.records_from(memoryview(data), out, 1, position))
-    if retry and not seg.verified and self._repair_index(seg, offset):
+    if retry and self._repair_index(seg, offset):
         found = self._find(offset)
         return self._read_entry(*found, retry=False) if found else None
     self._report(Damage(seg.path, position, end - position, offset, "corrupt"))
@@ -66,6 +66,25 @@ def repair_index(self, seg: Segment, offset: int) -> bool:
                     seg.index_path, offset)
         return True
     return False
+
+
+def start_position(self, seg: Segment, start: int) -> int | None:
+    """Where the first record of ``seg`` at or after offset ``start`` begins (None when the
+    segment holds none), by its index, checked against that record's header first: a reader
+    that started inside a record would skip it as damage. An entry that does not lead to a
+    record with its offset (a damaged index file: the check at open looks at the index's
+    structure and its last entry only) has the index rebuilt by scanning (``repair_index``:
+    a sealed segment; logged and counted once), and the lookup is made again."""
+    for retry in (True, False):
+        j = seg.find_offset(start)
+        if j >= seg.count:
+            return None
+        offset, position, _ = seg.entry(j)
+        if not retry or scanner.starts_record(seg.fd, position, seg.end_of(j), offset):
+            return position
+        if not self._repair_index(seg, offset):
+            return position   # (the walk from there reports what it finds)
+    return None
 
 
 def read_range(self, start: int, end: int | None = None) -> Iterator[Record]:
@@ -101,9 +120,8 @@ def iterate(self, start: int, end: int | None, topic_filter: bytes | None) -> It
         seg = self._segments[i]
         if end is not None and seg.base_offset >= end:
             return
-        j = seg.find_offset(start)
-        if j < seg.count:
-            position = seg.entry(j)[1]
+        position = self._start_position(seg, start)
+        if position is not None:
             fd = os.dup(seg.fd)
             try:
                 while True:
@@ -164,7 +182,10 @@ def locate(self, offset: int) -> Location | None:
                             + (PROPERTIES_LENGTH_SIZE + len(props) if props else 0))
         return Location(offset, rec.timestamp_ms, rec.qos, rec.retain, rec.topic, seg.fd,
                         payload_position, len(rec.payload), props, rec.client_id)
-    position = seg.entry(j)[1]
+    position = self._start_position(seg, offset)   # (a damaged index entry: rebuilt)
+    j = seg.find_offset(offset)
+    if position is None or j >= seg.count:
+        return None
     want = min(seg.end_of(j) - position, RECORD_HEADER_SIZE + 256)
     head = os.pread(seg.fd, want, position)
     if len(head) < RECORD_HEADER_SIZE:
@@ -206,10 +227,10 @@ def scanned_chunks(self, start: int, topic_filter: bytes | None, out) -> Iterato
         seg = segments[i]
         if start < seg.base_offset:
             start = seg.base_offset
-        j = seg.find_offset(start)
-        if j < seg.count:
+        position = self._start_position(seg, start)
+        if position is not None:
             step = scanner.scan_step(topic_filter, out, seg.version)
-            for event in scanner.walk(seg.fd, seg.entry(j)[1], seg.size, start, 0, step,
+            for event in scanner.walk(seg.fd, position, seg.size, start, 0, step,
                                       seg.path, BATCH_CHUNK, seg.version):
                 if event[0] != scanner.DATA:
                     self._report(event[1])

@@ -102,6 +102,7 @@ def open_log(self) -> None:
     if not self.readonly:
         self._remove_leftovers(names, set(bases))
     report = self.recovery
+    opened = []
     for i, base in enumerate(bases):
         seg = Segment(d, base)
         is_last = i == len(bases) - 1
@@ -113,15 +114,23 @@ def open_log(self) -> None:
                 raise
             seg.close()  # deleted by the writer's retention since the listing
             continue
-        if seg.count == 0 and not is_last:
+        opened.append(seg)
+    torn = self._torn_segments(opened)
+    for i, seg in enumerate(opened):
+        if seg in torn:
             if not self.readonly:
-                self._remove_files(seg, "no records", f" (offsets {base} to {bases[i + 1] - 1}: "
-                                                      f"none readable)")
-            else:
-                report.unreadable.append((seg.path, base, bases[i + 1] - 1))
+                self._remove_files(seg, "torn tail", quiet=True)
             seg.close()
-            continue
-        self._segments.append(seg)
+        elif seg.count == 0 and i < len(opened) - 1 and opened[i + 1] not in torn:
+            nxt = opened[i + 1].base_offset
+            if not self.readonly:
+                self._remove_files(seg, "no records", f" (offsets {seg.base_offset} to "
+                                                      f"{nxt - 1}: none readable)")
+            else:
+                report.unreadable.append((seg.path, seg.base_offset, nxt - 1))
+            seg.close()
+        else:
+            self._segments.append(seg)
     self._bases = [s.base_offset for s in self._segments]
     for prev, nxt in zip(self._segments, self._segments[1:]):
         if prev.next_offset > nxt.base_offset:
@@ -147,6 +156,31 @@ def open_log(self) -> None:
     self._log_recovery()
 
 
+def torn_segments(self, opened: list[Segment]) -> list[Segment]:
+    """The segments of a torn tail (none when there is none): after the last segment that
+    holds records, those that hold none, when no record past that segment's end was known to
+    be durable (the recovery point and the uploaded mark are no further). A power cut leaves
+    them: the log directory's fsyncs (for a new segment, the recovery point, the uploaded
+    mark) make the names of the segments created since durable, while their data waits for
+    its own fsync. An empty segment that starts right where the records end is kept (it
+    becomes the one appended to), so nothing is missing; the rest are removed and the next
+    records take their offsets. Logged once, with the offsets."""
+    k = max((i for i, seg in enumerate(opened) if seg.count), default=0)
+    end = opened[k].next_offset if opened else 0
+    run = opened[k + 1:]
+    if run and run[0].base_offset == end:
+        run = run[1:]
+    if not run or max(self._recovery_point, self._uploaded) > end:
+        return []
+    log.warning("commit log %s: the last %d segment files (%s to %s) hold no records: a "
+                "power cut kept their names, not their data, and no record in them was known "
+                "to be durable (a torn tail); %s: new records take offsets from %d",
+                self.directory, len(run), os.path.basename(run[0].path),
+                os.path.basename(run[-1].path),
+                "the broker removes them at start" if self.readonly else "removed", end)
+    return run
+
+
 def remove_leftovers(self, names: list[str], bases: set[int]) -> None:
     for name in names:
         path = os.path.join(self.directory, name)
@@ -165,7 +199,7 @@ def remove_leftovers(self, names: list[str], bases: set[int]) -> None:
                 log.warning("cannot remove %s (%s): %s", path, leftover, exc.strerror)
 
 
-def remove_files(self, seg: Segment, reason: str, detail: str = "") -> None:
+def remove_files(self, seg: Segment, reason: str, detail: str = "", quiet: bool = False) -> None:
     for path in (seg.path, seg.index_path):
         try:
             os.unlink(path)
@@ -175,7 +209,8 @@ def remove_files(self, seg: Segment, reason: str, detail: str = "") -> None:
             log.warning("cannot remove %s (%s): %s", path, reason, exc.strerror)
             return
     self.recovery.removed.append((seg.path, reason))
-    log.warning("removed %s: %s%s", seg.path, reason, detail)
+    if not quiet:
+        log.warning("removed %s: %s%s", seg.path, reason, detail)
 
 
 def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
@@ -245,11 +280,16 @@ def check_index(self, seg: Segment) -> None:
         mapped.close()
         return self._rebuild_index(seg, f"entry {valid} is inconsistent", report_tail=True)
     seg.set_index(mapped, valid)
-    last_offset, last_pos, _ = seg.entry(valid - 1)
+    last_offset, last_pos, last_ts = seg.entry(valid - 1)
     record_end = self._valid_record_end(seg, last_pos, last_offset)
     if record_end is None:
         return self._rebuild_index(seg, f"its last entry (offset {last_offset}) does not "
                                         f"point at that record", report_tail=True)
+    # Its timestamp, the records' running maximum, is what age retention goes by.
+    record_ts = _unpack_record_header(os.pread(seg.fd, RECORD_HEADER_SIZE, last_pos))[3]
+    if last_ts != max(seg.entry(valid - 2)[2] if valid > 1 else 0, record_ts):
+        return self._rebuild_index(seg, f"its last entry's timestamp {last_ts} is not the "
+                                        f"records' largest", report_tail=True)
     if nonzero < n or record_end < seg.size:
         # Entries missing at the end (or unused room never trimmed): index the rest.
         entries = bytearray(mapped[:valid * INDEX_ENTRY_SIZE])

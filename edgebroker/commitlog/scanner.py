@@ -27,7 +27,8 @@ from edgebroker._native import (
     ScanResult,
 )
 from edgebroker.commitlog.format import (
-    ATTR_PROPERTIES, FORMAT_VERSION, PROPERTIES_LENGTH_SIZE, RECORD_HEADER_SIZE, Damage, Record,
+    ATTR_PROPERTIES, FORMAT_VERSION, PROPERTIES_LENGTH_SIZE, RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE, Damage, Record,
 )
 
 _u32_from = struct.Struct("<I").unpack_from
@@ -109,6 +110,17 @@ def record_at(fd: int, position: int, end: int, offset: int, version: int) -> in
     return position + length
 
 
+def starts_record(fd: int, position: int, end: int, offset: int) -> bool:
+    """Whether a record header with ``offset``, and a length that ends by ``end``, starts at
+    ``position``: a cheap check of an index entry (the record's CRC is checked by the walk
+    that reads it)."""
+    head = os.pread(fd, RECORD_HEADER_SIZE, position)
+    if len(head) < RECORD_HEADER_SIZE:
+        return False
+    length = _u32_from(head, 4)[0]
+    return _u64_from(head, 8)[0] == offset and RECORD_HEADER_SIZE <= length <= end - position
+
+
 def after_damaged_record(fd: int, pos: int, end: int, min_offset: int, version: int) -> int | None:
     """Where the record after the damaged one at ``pos`` starts, by the damaged record's own
     length field, when a valid record with the next offset (``min_offset`` + 1) is there."""
@@ -169,6 +181,24 @@ def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, ste
         pos = nxt
 
 
+def first_position(fd: int, end: int, base_offset: int, start: int, path: str = "",
+                   version: int = FORMAT_VERSION) -> int | None:
+    """Where the first valid record with an offset >= ``start`` begins in a segment of
+    ``end`` bytes (None when there is none), found by walking it from its first record: for a
+    reader whose index entry does not lead to its record. Damage met is not reported here
+    (the reader that reads the records reports it)."""
+    out = new_scan_buffer()
+    step = scan_step(None, out, version)
+    for event in walk(fd, SEGMENT_HEADER_SIZE, end, base_offset, 0, step, path,
+                      version=version):
+        if event[0] == DATA:
+            res = event[2]
+            for k in range(0, res.matched * SCAN_ENTRY_WORDS, SCAN_ENTRY_WORDS):
+                if out[k] >= start:
+                    return out[k + 2]
+    return None
+
+
 def scan_step(topic_filter: bytes | None, out: array, version: int = FORMAT_VERSION) -> Step:
     def step(view, avail, base_position, min_offset, max_timestamp):
         return _native.scan(view, avail, base_position, min_offset, topic_filter, out,
@@ -198,6 +228,7 @@ def records_from(view: memoryview, out: array, matched: int, base_position: int)
                      bytes(view[topic_end:topic_end + r]))
 
 
-__all__ = ["walk", "find_next_valid", "record_at", "after_damaged_record", "scan_step",
+__all__ = ["walk", "find_next_valid", "first_position", "starts_record", "record_at",
+           "after_damaged_record", "scan_step",
            "new_scan_buffer", "records_from", "DATA", "BAD",
            "SCAN_BAD"]

@@ -28,7 +28,7 @@ class VerifyReport:
     seconds: float = 0.0
     damage: list = field(default_factory=list)          # Damage: records that cannot be read
     notes: list = field(default_factory=list)           # Damage: incomplete tail of the last segment
-    index_problems: list = field(default_factory=list)  # (path, problem): repaired at next start
+    index_problems: list = field(default_factory=list)  # (path, problem): see compare_index
     header_problems: list = field(default_factory=list) # (path, problem): not the last segment
     header_notes: list = field(default_factory=list)    # (path, problem) of the last segment
     # (start, end, path before, path after): offsets between two segments that neither holds
@@ -131,7 +131,8 @@ def compare_index(seg: Segment, entries: bytearray, is_last: bool) -> str | None
     for i in range(min(len(have), len(entries)) // INDEX_ENTRY_SIZE):
         a = have[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]
         if a != entries[i * INDEX_ENTRY_SIZE:(i + 1) * INDEX_ENTRY_SIZE]:
-            return f"entry {i} does not match the records (rebuilt at the next start)"
+            return (f"entry {i} does not match the records (the records are read right: a "
+                    f"read that starts at the entry checks it and has the index rebuilt)")
     return (f"{len(have) // INDEX_ENTRY_SIZE} entries for "
             f"{len(entries) // INDEX_ENTRY_SIZE} records (rebuilt at the next start)")
 

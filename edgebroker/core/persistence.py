@@ -323,8 +323,8 @@ class Persistence:
         if s.offline:
             cursor.offline = [list(r) for r in s.offline]
             cursor.resubscribed = s.resubscribed
-        if s.done:
-            cursor.done = {o for o in s.done if o >= cursor.offset}
+        if s.done:   # (offsets past the log's end: records a power cut took, taken again)
+            cursor.done = {o for o in s.done if cursor.offset <= o < end} or None
         if s.held:
             cursor.held = [(min(at, end), stored_ref(offset, size, retained_at), qos, retain)
                            for at, offset, qos, retain, size in s.held]
@@ -432,7 +432,8 @@ class Persistence:
             self.queued_bytes -= size
         cursor = session.cursor
         if cursor is not None:
-            ahead = {o for o in offsets if o >= cursor.offset}
+            end = self.journal.log.next_offset if self.journal is not None else cursor.offset
+            ahead = {o for o in offsets if cursor.offset <= o < end}
             if ahead:
                 cursor.done = ahead if cursor.done is None else cursor.done | ahead
             cursor.floor = min([cursor.floor, *offsets])

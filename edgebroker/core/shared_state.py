@@ -129,7 +129,8 @@ class SharedState:
                 queue.extend(kept)
                 group.queue_bytes = sum(e[0].size for e in kept)
             if group.cursor is not None:
-                ahead = {o for o in offsets if o >= group.cursor}
+                end = self.journal.log.next_offset if self.journal is not None else group.cursor
+                ahead = {o for o in offsets if group.cursor <= o < end}
                 if ahead:
                     group.done = ahead if group.done is None else group.done | ahead
 
@@ -154,8 +155,9 @@ class SharedState:
                 group.queue_bytes += size
             if state.cursor is not None:
                 group.cursor = min(state.cursor, log_end)
-                if state.done:
-                    group.done = set(state.done) | (group.done or set())
+                if state.done:   # (past the log's end: records a power cut took)
+                    done = {o for o in state.done if o < log_end}
+                    group.done = (done | (group.done or set())) or None
         return lost
 
 

@@ -200,6 +200,98 @@ def test_flipped_index_entry_is_repaired_when_used(tmp_path):
     assert idx.read_bytes() == good
 
 
+def test_a_wrong_timestamp_in_the_last_index_entry_is_rebuilt(tmp_path):
+    """The last entry's timestamp (the running maximum age retention goes by) was not
+    checked at open: far in the future (a flipped high bit), the segment was never deleted
+    by age. Now it is checked against its record and the entry before it."""
+    ts = T0 + 10 * 365 * 86_400_000
+    d = make_log(tmp_path / "log", n=300, segment_bytes=4096)
+    idx = segment_files(d)[0].with_suffix(".idx")
+    good = idx.read_bytes()
+    bad = bytearray(good)
+    bad[-8:] = ts.to_bytes(8, "little")
+    idx.write_bytes(bytes(bad))
+    log = open_log(d, segment_bytes=4096)
+    assert [p for p, _why in log.recovery.index_rebuilt] == [str(idx)]
+    assert log.segments()[0].last_timestamp_ms == parse_index(idx)[-1][2] != ts
+    log.close()
+    assert idx.read_bytes() == good
+
+
+def _entry_moved_into_its_record(d, k=7):
+    """Entry ``k`` of the first segment's index moved forward into its own record (a flipped
+    bit: the index's structure still holds, so the check at open passes it)."""
+    idx = segment_files(d)[0].with_suffix(".idx")
+    good = idx.read_bytes()
+    bad = bytearray(good)
+    bad[k * 16 + 4:k * 16 + 8] = (parse_index(idx)[k][1] + 16).to_bytes(4, "little")
+    idx.write_bytes(bytes(bad))
+    return idx, good
+
+
+def _from_7(log, how):
+    if how == "read_range":
+        return [r.offset for r in log.read_range(7, 12)]
+    if how == "scan":
+        return [r.offset for r in log.scan("#", 7, 12)]
+    if how == "read_batch":
+        return [r[0] for r in log.read_batch(7, None, 5, 1 << 20, 1 << 20)[0]][:5]
+    if how == "read_run":
+        (_data, _base, entries, n), _next = log.read_run(7, None, 1 << 20, 1 << 20)
+        return list(entries[0:5 * 5:5])
+    assert how == "locate"
+    where = log.locate(7)
+    return [where.offset] + [log.locate(i).offset for i in range(8, 12)]
+
+
+@pytest.mark.parametrize("how", ["read_range", "scan", "read_batch", "read_run", "locate"])
+def test_a_read_that_starts_at_a_wrong_index_entry_loses_no_record(tmp_path, how):
+    """A session catching up from offset 7 (read_batch, read_run), a replay, a scan and a
+    sendfile (locate of a checked segment) start at the position the index gives: they
+    skipped record 7 as damage (reported corrupt) and left the index file wrong. Now the
+    entry is checked against the record's header, the index is rebuilt, counted and logged."""
+    d = make_log(tmp_path / "log", n=300, segment_bytes=4096)
+    idx, good = _entry_moved_into_its_record(d)
+    log = open_log(d, segment_bytes=4096)
+    assert log.recovery.index_rebuilt == []
+    report = log.verify()
+    assert report.ok and report.index_problems == [(str(idx), (
+        "entry 7 does not match the records (the records are read right: a read that starts "
+        "at the entry checks it and has the index rebuilt)"))]
+    if how == "locate":   # the segment checked whole by the flusher, as a locate has it
+        assert log.locate(0).offset == 0 and log.verify_step()
+        assert log.counters.index_rebuilds == 0
+    assert _from_7(log, how) == [7, 8, 9, 10, 11]
+    assert log.damage == [] and log.counters.corrupt_regions == 0
+    assert log.counters.index_rebuilds == 1
+    assert idx.read_bytes() == good
+    assert _from_7(log, how) == [7, 8, 9, 10, 11] and log.counters.index_rebuilds == 1
+    log.close()
+
+
+def test_the_uploader_finds_its_record_past_a_wrong_index_entry(tmp_path, caplog):
+    """The uploader's source position came from the index unchecked: the batch lost record 7.
+    It is now found by walking the segment (the uploader's thread leaves the index file to
+    the core's readers: logged once)."""
+    d = make_log(tmp_path / "log", n=300, segment_bytes=4096)
+    idx, good = _entry_moved_into_its_record(d)
+    records = parse_segment(segment_files(d)[0])
+    log = open_log(d, segment_bytes=4096)
+    for _ in range(2):
+        src = log.upload_source(7)
+        try:
+            assert src.position == records[7]["position"]
+        finally:
+            os.close(src.fd)
+    src = log.upload_source(8)
+    os.close(src.fd)
+    assert src.position == records[8]["position"]
+    log.close()
+    assert [r.getMessage() for r in caplog.records].count(
+        f"{idx}: entry for offset 7 does not lead to its record (a damaged index); the upload "
+        f"found its records by walking the segment") == 1
+
+
 def test_damaged_segment_header_is_reported_records_still_read(tmp_path):
     d = make_log(tmp_path / "log", n=30, segment_bytes=1 << 20)
     seg = segment_files(d)[0]

@@ -141,3 +141,26 @@ def test_queued_and_held_qos0_of_a_session_connected_at_the_snapshot_go_no_more(
     assert len(offline.cursor.held) == 2 and not offline.drops
     assert broker.queued_messages == 4
     log.close()
+
+
+def test_done_offsets_past_the_log_end_are_forgotten_at_restore(tmp_path):
+    """A power cut took the log's last records (offsets 10 and 11) after the snapshot said a
+    session was sent the QoS 2 messages at 9, 10 and 11 (Cursor.done: not sent again). The
+    new records that take offsets 10 and 11 are other messages: they were skipped. Now only
+    the offsets the log still holds stay done."""
+    import time
+
+    from edgebroker.commitlog.format import LogOptions
+    from edgebroker.commitlog.log import CommitLog
+
+    log = CommitLog.open(str(tmp_path / "log"), LogOptions())
+    for i in range(10):
+        log.append(i, 2, False, b"c", b"a", b"%d" % i)
+    log.write_pending()
+    broker = Broker(config.Config(), time.monotonic, commit_log=log, wall_ms=lambda: 0)
+    broker.restore(snap.Snapshot(log_next_offset=12, sessions=[
+        snap.SessionState("s", {"a": 2}, cursor=8, done=[9, 10, 11], offline=[[5, None]])]))
+    assert broker.sessions["s"].cursor.done == {9}
+    again = snap.decode(snap.encode(broker.capture()))
+    assert again.sessions[0].done == [9]
+    log.close()
