@@ -124,6 +124,9 @@ class Uploader:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        interrupt = getattr(self.sink, "interrupt", None)
+        if interrupt is not None:   # a put waiting for a store that does not answer ends now
+            interrupt()
         if self._thread is not None:
             self._thread.join(STOP_WAIT)
             if self._thread.is_alive():
@@ -346,11 +349,13 @@ class Uploader:
             try:
                 self.sink.put(key, self.spool, size, self.throttle, records_id)
             except PermanentSinkError as exc:
+                self._cut_short(key)
                 self._note_error(str(exc), permanent=True)
                 if self.once:
                     raise
                 delay = BACKOFF_CAP
             except (TransientSinkError, SinkError) as exc:
+                self._cut_short(key)
                 self._note_error(str(exc), permanent=False)
                 attempt += 1
                 delay = _backoff(attempt)
@@ -367,6 +372,14 @@ class Uploader:
             self.state = "alarm" if self.alarm else "retrying"
             if self._back_off(delay, unreachable):
                 raise Stopped
+
+    def _cut_short(self, key: str) -> None:
+        """A put failed: Stopped when the broker's stop ended it (the sink's interrupt), not
+        counted as an error."""
+        if self._stop.is_set():
+            log.info("stopping: the upload of %s was cut short; it goes again at the next start",
+                     key)
+            raise Stopped
 
     def _back_off(self, delay: float, unreachable: bool) -> bool:
         """Wait ``delay`` s before the next try; after "no answer" errors ask the sink every
