@@ -4,8 +4,9 @@ Each round it takes the first record not uploaded yet (the log's uploaded mark),
 sealed, fsynced segment (``CommitLog.upload_source``: a duplicate descriptor, so the core may
 delete the file meanwhile), cuts a batch there (``cutter.plan``: up to ``batch_bytes`` of
 records or the segment's end), records the batch's range in the intent file (fsynced), writes
-the batch file into ``<state dir>/upload/`` and has the sink store it under its deterministic
-name, retrying with full-jitter exponential back-off; then it advances the uploaded mark.
+the batch file (fsynced too) into ``<state dir>/upload/`` and has the sink store it under its
+deterministic name, retrying with full-jitter exponential back-off; then it advances the
+uploaded mark.
 
 Batches cut by age: the broker sets ``CommitLog.upload_age_ms`` so the log seals its segment
 being written once the first record is ``batch_max_age`` old, and that segment's end ends the
@@ -265,8 +266,9 @@ class Uploader:
                         self.intent = intent
                     gap = (intent.gap_first, intent.gap_length)
                     header = cutter.header_for(batch, src.fd, self.gateway_id, *gap)
-                    size = self._with_room(f"{self.spool} (the batch of {src.path})",
-                                           lambda: cutter.build(batch, src.fd, header, self.spool))
+                    size = self._with_room(
+                        f"{self.spool} (the batch of {src.path})",
+                        lambda: cutter.build(batch, src.fd, header, self.spool, self._dir_fd))
             finally:
                 os.close(src.fd)   # before a put of the batch file, which may take long
             if vanished:
