@@ -26,8 +26,8 @@ Errors: no answer, a reset, a timeout, 5xx, 429 and the throttling codes are tra
 (``TransientSinkError``; ``unreachable`` when no HTTP answer came, so the uploader may probe the
 link and retry as soon as it is back; but not for a store that took the connection and let it
 time out: the link is up, a probe would succeed at once); every other 4xx but 412 (bad
-credentials, no such bucket, access denied) is permanent (``PermanentSinkError``, the alarm), and so is a store
-certificate that does not verify (another TLS failure is transient).
+credentials, no such bucket, access denied) is permanent (``PermanentSinkError``, the alarm),
+and so is a store certificate that does not verify (another TLS failure is transient).
 """
 
 from __future__ import annotations
