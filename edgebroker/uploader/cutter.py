@@ -5,7 +5,8 @@ CRC checked by the native scanner; damaged regions are left out and reported thr
 and decides where the batch ends: at ``max_bytes`` of records (at least one record), at the
 segment's end, or at the offset an intent file recorded. It keeps only the file ranges the
 records lie in, so memory does not grow with the batch. ``build`` reads those ranges twice
-(once for the CRC32C the header carries, once through the compressor) and writes the file.
+(once for the CRC32C the header carries, once through the compressor) and writes the file,
+fsynced.
 """
 
 from __future__ import annotations
@@ -97,10 +98,18 @@ def header_for(batch: Plan, fd: int, gateway_id: str, gap_first: int, gap_length
                        batch.log_format_version)
 
 
-def build(batch: Plan, fd: int, header: BatchHeader, path: str) -> int:
-    """Write the batch file ``path`` (replaced); its size."""
+def build(batch: Plan, fd: int, header: BatchHeader, path: str, dir_fd: int = -1) -> int:
+    """Write the batch file ``path`` (replaced), fsynced, and its folder ``dir_fd`` fsynced
+    (when given) for a name new there; its size. Durable before the put, as the intent file
+    is: after a power cut between the put and the mark, the batch is shipped again from this
+    file when ``retention_bytes`` has deleted its records meanwhile (uploader.py)."""
     with open(path, "wb") as fh:
-        return write_batch(fh, header, _chunks(fd, batch.spans))
+        size = write_batch(fh, header, _chunks(fd, batch.spans))
+        fh.flush()
+        os.fsync(fh.fileno())
+    if dir_fd >= 0:
+        os.fsync(dir_fd)
+    return size
 
 
 def key_for(batch: Plan, prefix: str, gateway_id: str) -> str:

@@ -19,13 +19,15 @@ failed one is aborted when possible, and a HEAD first skips an object already th
 
 The connection is kept between requests and batches. A request on a kept-alive connection that
 fails before any answer (the store closed it while idle) goes once more at once on a new one
-(not a POST), before it counts as an error.
+(not a POST), before it counts as an error. The broker's stop cuts a request in flight short
+(``interrupt``, s3link.py).
 
 Errors: no answer, a reset, a timeout, 5xx, 429 and the throttling codes are transient
 (``TransientSinkError``; ``unreachable`` when no HTTP answer came, so the uploader may probe the
-link and retry as soon as it is back); every other 4xx but 412 (bad credentials, no such
-bucket, access denied) is permanent (``PermanentSinkError``, the alarm), and so is a store
-certificate that does not verify (another TLS failure is transient).
+link and retry as soon as it is back; but not for a store that took the connection and let it
+time out: the link is up, a probe would succeed at once); every other 4xx but 412 (bad
+credentials, no such bucket, access denied) is permanent (``PermanentSinkError``, the alarm),
+and so is a store certificate that does not verify (another TLS failure is transient).
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ from xml.etree import ElementTree
 
 from edgebroker.errors import ConfigError
 from edgebroker.upload_config import url_path
+from edgebroker.uploader.s3link import IO_TIMEOUT, Link
 from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError, piece_size
 
 MiB = 1024 * 1024
-IO_TIMEOUT = 30.0        # seconds a connect or one read/write may take
 PROBE_TIMEOUT = 2.0
 CHUNK = 256 * 1024
 SHA_META = "x-amz-meta-ebb-sha256"
@@ -200,8 +202,7 @@ class S3Sink:
             f" at {config.endpoint_url}" if config.endpoint_url else f" ({self.region})")
         self.conditional = True
         self._records = ""
-        self._conn: http.client.HTTPConnection | None = None
-        self._ssl = tls_context(config, environ) if self.https else None
+        self.link = Link(self.address, tls_context(config, environ) if self.https else None)
 
     # -- the uploader's side ---------------------------------------------------------------------
     def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
@@ -224,10 +225,12 @@ class S3Sink:
         except OSError:
             return False
 
+    def interrupt(self) -> None:
+        """The broker stops (any thread): the request in flight ends now, no other begins."""
+        self.link.interrupt()
+
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self.link.close()
 
     # -- puts ------------------------------------------------------------------------------------
     def _single(self, name, path, size, sha, md5, throttle) -> None:
@@ -347,18 +350,19 @@ class S3Sink:
                                         if v else quote(k, safe='-_.~')
                                         for k, v in sorted(query.items())) if query else "")
         for attempt in range(2):
-            reused = self._conn is not None
+            reused = self.link.conn is not None
             try:
                 return self._exchange(method, target, signed, body, data, throttle)
             except (OSError, http.client.HTTPException) as exc:
+                opened = self.link.opened()
                 self.close()
                 if (attempt == 0 and reused and method in IDEMPOTENT
                         and isinstance(exc, STALE_ERRORS)):
                     continue   # a kept-alive connection the store had closed: a new one, at once
-                raise self._failure(method, name, exc) from None
+                raise self._failure(method, name, exc, opened) from None
         raise AssertionError("unreachable")
 
-    def _failure(self, method: str, name: str, exc: BaseException) -> Exception:
+    def _failure(self, method: str, name: str, exc: BaseException, opened: bool) -> Exception:
         if isinstance(exc, ssl.SSLCertVerificationError):
             return PermanentSinkError(f"{self.name}: {method} {name}: the store's certificate "
                                       f"is not trusted ({exc.verify_message}; see "
@@ -366,11 +370,17 @@ class S3Sink:
         if isinstance(exc, ssl.SSLError):
             return TransientSinkError(f"{self.name}: {method} {name}: TLS with {self.host} "
                                       f"failed: {exc}")
+        if opened and isinstance(exc, TimeoutError):
+            # the store took the connection: the link is up, a probe cannot tell when it will
+            # answer again, so the uploader backs off in full (not "unreachable")
+            return TransientSinkError(f"{self.name}: {method} {name}: no answer from "
+                                      f"{self.host}: it took the connection but did not answer "
+                                      f"within {self.link.timeout:g} s")
         return S3Unreachable(f"{self.name}: {method} {name}: no answer from {self.host}: "
-                             f"{_describe(exc)}")
+                             f"{_describe(exc, self.link.timeout)}")
 
     def _exchange(self, method, target, signed, body, data, throttle) -> Response:
-        conn = self._connection()
+        conn = self.link.connection()
         conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
         for k, v in signed.items():
             conn.putheader(k, v)
@@ -390,16 +400,6 @@ class S3Sink:
         if resp.will_close:
             self.close()
         return answer
-
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            host, port = self.address
-            if self.https:
-                self._conn = http.client.HTTPSConnection(host, port, timeout=IO_TIMEOUT,
-                                                         context=self._ssl)
-            else:
-                self._conn = http.client.HTTPConnection(host, port, timeout=IO_TIMEOUT)
-        return self._conn
 
     @staticmethod
     def _send_file(conn, path: str, offset: int, length: int, throttle) -> None:
@@ -448,9 +448,9 @@ def _text(body: bytes, tag: str, what: str) -> str:
     raise TransientSinkError(f"{what}: no {tag} in the store's answer")
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, timeout: float = IO_TIMEOUT) -> str:
     if isinstance(exc, socket.timeout):
-        return f"timed out after {IO_TIMEOUT:g} s"
+        return f"timed out after {timeout:g} s"
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 

@@ -17,7 +17,9 @@ rarely, the data kept). ``open_sink(config)`` (uploader/configure.py) picks the 
 
 A sink may also have ``reachable()``: after a ``TransientSinkError`` whose ``unreachable`` is
 true (no answer at all), the uploader calls it every few seconds while it backs off and retries
-as soon as it returns True, so uploading resumes soon after the link returns.
+as soon as it returns True, so uploading resumes soon after the link returns. And
+``interrupt()``: called from another thread by the broker's stop, it ends a put in flight at once
+(with an error) and fails every later one, so a store that does not answer does not hold the stop.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Each round it takes the first record not uploaded yet (the log's uploaded mark),
 sealed, fsynced segment (``CommitLog.upload_source``: a duplicate descriptor, so the core may
 delete the file meanwhile), cuts a batch there (``cutter.plan``: up to ``batch_bytes`` of
 records or the segment's end), records the batch's range in the intent file (fsynced), writes
-the batch file into ``<state dir>/upload/`` and has the sink store it under its deterministic
-name, retrying with full-jitter exponential back-off; then it advances the uploaded mark.
+the batch file (fsynced too) into ``<state dir>/upload/`` and has the sink store it under its
+deterministic name, retrying with full-jitter exponential back-off; then it advances the
+uploaded mark.
 
 Batches cut by age: the broker sets ``CommitLog.upload_age_ms`` so the log seals its segment
 being written once the first record is ``batch_max_age`` old, and that segment's end ends the
@@ -124,6 +125,9 @@ class Uploader:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        interrupt = getattr(self.sink, "interrupt", None)
+        if interrupt is not None:   # a put waiting for a store that does not answer ends now
+            interrupt()
         if self._thread is not None:
             self._thread.join(STOP_WAIT)
             if self._thread.is_alive():
@@ -227,7 +231,7 @@ class Uploader:
         if intent is not None and intent.last < mark:
             intent = self.intent = None   # shipped, and the mark says so
         if intent is not None and self.log.first_offset > intent.first:
-            if self._ship_spool(intent):
+            if self._ship_spool(intent, "deleted by retention_bytes"):
                 return True
             intent = None
         start = mark
@@ -239,29 +243,44 @@ class Uploader:
             try:
                 batch = cutter.plan(src, start, self.config.batch_bytes,
                                     intent.last if intent is not None else None, self._damaged)
-                if intent is not None and (batch.first, batch.last) != (intent.first, intent.last):
-                    log.warning("the intent file names offsets %d..%d but the log now holds "
-                                "%d..%d there (deleted by retention_bytes?); cutting afresh",
-                                intent.first, intent.last, batch.first, batch.last)
-                    intent = self.intent = None
-                    batch = cutter.plan(src, start, self.config.batch_bytes, None, self._damaged)
-                if not batch.count:  # nothing valid left in this segment: look further on
-                    start = src.next_offset
-                    continue
-                gap = (mark, batch.first - mark) if batch.first > mark else (0, 0)
-                key = cutter.key_for(batch, self.prefix, self.gateway_id)
-                if intent is None:
-                    intent = Intent(batch.first, batch.last, gap[0], gap[1], key)
-                    path = os.path.join(self.dir, INTENT_FILE)
-                    self._with_room(path, lambda: write_small_file(
-                        path, intent.encode(), self._dir_fd))
-                    self.intent = intent
-                gap = (intent.gap_first, intent.gap_length)
-                header = cutter.header_for(batch, src.fd, self.gateway_id, *gap)
-                size = self._with_room(f"{self.spool} (the batch of {src.path})",
-                                       lambda: cutter.build(batch, src.fd, header, self.spool))
+                vanished = False   # the log no longer holds all the intent's records
+                if intent is not None and (batch.first, batch.last) != (intent.first,
+                                                                        intent.last):
+                    if batch.count and batch.first < intent.first:   # another log's intent?
+                        log.warning("the intent file names offsets %d..%d but the log now "
+                                    "holds %d..%d there; cutting afresh", intent.first,
+                                    intent.last, batch.first, batch.last)
+                        intent = self.intent = None
+                        batch = cutter.plan(src, start, self.config.batch_bytes, None,
+                                            self._damaged)
+                    else:
+                        vanished = True
+                if batch.count and not vanished:
+                    gap = (mark, batch.first - mark) if batch.first > mark else (0, 0)
+                    key = cutter.key_for(batch, self.prefix, self.gateway_id)
+                    if intent is None:
+                        intent = Intent(batch.first, batch.last, gap[0], gap[1], key)
+                        path = os.path.join(self.dir, INTENT_FILE)
+                        self._with_room(path, lambda: write_small_file(
+                            path, intent.encode(), self._dir_fd))
+                        self.intent = intent
+                    gap = (intent.gap_first, intent.gap_length)
+                    header = cutter.header_for(batch, src.fd, self.gateway_id, *gap)
+                    size = self._with_room(
+                        f"{self.spool} (the batch of {src.path})",
+                        lambda: cutter.build(batch, src.fd, header, self.spool, self._dir_fd))
             finally:
-                os.close(src.fd)
+                os.close(src.fd)   # before a put of the batch file, which may take long
+            if vanished:
+                held = f"{batch.first}..{batch.last}" if batch.count else "none"
+                if self._ship_spool(intent, f"the log holds {held} of them now: a segment "
+                                    f"removed or damaged since"):
+                    return True
+                intent = None
+                continue
+            if not batch.count:  # nothing valid left in this segment: look further on
+                start = src.next_offset
+                continue
             break
         if gap[1]:
             log.warning("offsets %d..%d were never uploaded (deleted by retention_bytes before "
@@ -285,29 +304,31 @@ class Uploader:
         log.debug("shipped %s: %d records, %d bytes (%d raw)", key, header.record_count, size,
                   header.raw_length)
 
-    def _ship_spool(self, intent: Intent) -> bool:
-        """The log no longer holds the intent's records: ``retention_bytes`` deleted them while
-        the broker was down between a put and its mark. Ship the batch file built for them
-        again when it is whole (the store may hold it already), rather than report records
-        that may be stored as a gap; False when it is not whole (then the put never began)."""
+    def _ship_spool(self, intent: Intent, why: str) -> bool:
+        """The log no longer holds all the intent's records (``why``): ``retention_bytes``
+        deleted them while the broker was down between a put and its mark, or a segment was
+        removed or found damaged at the start. Ship the batch file built for them again when
+        it is whole (the store may hold it already), rather than report records that may be
+        stored as a gap; False when it is not whole (then the put never began): the batch is
+        cut afresh from what the log holds, and what it lacks counts as a gap."""
         try:
             header, _ = read_batch_file(self.spool)
         except BatchFormatError as exc:
-            log.warning("the log no longer holds offsets %d..%d of the intent file, and their "
-                        "batch file is not whole (%s): they count as a gap", intent.first,
-                        intent.last, exc)
+            log.warning("the log no longer holds offsets %d..%d of the intent file (%s), and "
+                        "their batch file is not whole (%s): cutting afresh from what the log "
+                        "holds", intent.first, intent.last, why, exc)
             self.intent = None
             return False
         if ((header.first_offset, header.last_offset, header.gateway_id)
                 != (intent.first, intent.last, self.gateway_id)):
-            log.warning("the log no longer holds offsets %d..%d of the intent file, and the "
-                        "batch file holds %d..%d: they count as a gap", intent.first,
-                        intent.last, header.first_offset, header.last_offset)
+            log.warning("the log no longer holds offsets %d..%d of the intent file (%s), and "
+                        "the batch file holds %d..%d: cutting afresh from what the log holds",
+                        intent.first, intent.last, why, header.first_offset,
+                        header.last_offset)
             self.intent = None
             return False
-        log.info("the log no longer holds offsets %d..%d of the intent file (deleted by "
-                 "retention_bytes); shipping their batch file %s again", intent.first,
-                 intent.last, intent.key)
+        log.info("the log no longer holds offsets %d..%d of the intent file (%s); shipping "
+                 "their batch file %s again", intent.first, intent.last, why, intent.key)
         self._ship_and_mark(intent.key, os.path.getsize(self.spool), header)
         self.intent = None
         return True
@@ -346,11 +367,13 @@ class Uploader:
             try:
                 self.sink.put(key, self.spool, size, self.throttle, records_id)
             except PermanentSinkError as exc:
+                self._cut_short(key)
                 self._note_error(str(exc), permanent=True)
                 if self.once:
                     raise
                 delay = BACKOFF_CAP
             except (TransientSinkError, SinkError) as exc:
+                self._cut_short(key)
                 self._note_error(str(exc), permanent=False)
                 attempt += 1
                 delay = _backoff(attempt)
@@ -367,6 +390,14 @@ class Uploader:
             self.state = "alarm" if self.alarm else "retrying"
             if self._back_off(delay, unreachable):
                 raise Stopped
+
+    def _cut_short(self, key: str) -> None:
+        """A put failed: Stopped when the broker's stop ended it (the sink's interrupt), not
+        counted as an error."""
+        if self._stop.is_set():
+            log.info("stopping: the upload of %s was cut short; it goes again at the next start",
+                     key)
+            raise Stopped
 
     def _back_off(self, delay: float, unreachable: bool) -> bool:
         """Wait ``delay`` s before the next try; after "no answer" errors ask the sink every

@@ -2,19 +2,24 @@
 notes how each request body arrives: with a low ``upload_bandwidth`` the body keeps flowing
 (no long silence in the middle of a PUT, which a store ends with 400 RequestTimeout); a
 kept-alive connection the store closed while idle is replaced at once, not counted as a
-failure; a URL's %XX mean the same to both sinks."""
+failure; a URL's %XX mean the same to both sinks. A store that takes connections and never
+answers: the broker's stop cuts the put short, and its timeouts back off in full."""
 
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote
 
+import pytest
+
 import mqttraw
 from edgebroker.upload_config import UploadConfig
 from edgebroker.uploader.configure import open_sink
+from edgebroker.uploader.sinks import TransientSinkError
 
 from .test_uploader import uploaded, wait_until
 
@@ -145,3 +150,95 @@ def test_both_sinks_decode_percent_escapes_of_the_url_alike(tmp_path):
         assert (tmp_path / "land" / "a b" / "\u00fc" / key).read_bytes() == b"x" * 10
     finally:
         store.close()
+
+
+class Silent:
+    """A store that takes every connection, reads what comes and never answers; ``got`` is set
+    once the first request's head has come."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.got = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return   # closed
+            self.conns.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        head = b""
+        while True:
+            try:
+                data = conn.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            head += data[:4096]
+            if b"\r\n\r\n" in head:
+                self.got.set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown(socket.SHUT_RDWR)   # ends the accept() (a close alone does not)
+        self.server.close()
+        for conn in self.conns:
+            conn.close()
+
+
+def test_the_stop_cuts_short_a_put_the_store_never_answers(broker):
+    """The PUT waited 30 s for an answer and the stop did not cut it short: the broker's stop
+    waited 10 s for the uploader ("did not stop within 10 s") and took more. Now the stop
+    shuts the connection down and the broker exits at once; the batch stays for the next
+    start."""
+    silent = Silent()
+    try:
+        b = broker(upload=s3_upload(silent))
+        c = b.client("pub")
+        c.send(mqttraw.publish("t", b"m", qos=1, packet_id=1))
+        c.expect(mqttraw.PUBACK, timeout=10)
+        c.close()
+        assert silent.got.wait(30), "no request reached the store"
+        began = time.monotonic()
+        assert b.stop(timeout=30) == 0
+        took = time.monotonic() - began
+        assert took < 5, f"the stop took {took:.1f} s"
+        assert not [line for line in b.logs if "did not stop within" in line]
+        assert [line for line in b.logs if "was cut short; it goes again" in line]
+        assert not [line for line in b.logs if "upload failed" in line]
+    finally:
+        silent.close()
+
+
+def test_a_store_that_takes_the_connection_and_never_answers_is_backed_off_from(tmp_path):
+    """Its timeout was an 'unreachable' error, so the uploader probed the link every 3 s while
+    backing off, the probe's connection opened at once and the batch went again: a try every
+    30 s + 3 s whatever the back-off. Now such a timeout is a transient error like a 503 (the
+    full back-off); the probe still serves a link that is down (connection refused)."""
+    silent = Silent()
+    try:
+        batch = tmp_path / "batch"
+        batch.write_bytes(b"x" * 10)
+        sink = open_sink(UploadConfig(url="s3://landing/p", endpoint_url=silent.url,
+                                      access_key_id="AK", secret_access_key="SK"))
+        sink.link.timeout = 0.5
+        with pytest.raises(TransientSinkError) as info:
+            sink.put("k.ebb.zst", str(batch), 10, lambda n: None)
+        sink.close()
+        assert not info.value.unreachable
+        assert "took the connection but did not answer within 0.5 s" in str(info.value)
+        assert silent.got.is_set() and sink.reachable()
+    finally:
+        silent.close()
+    with pytest.raises(TransientSinkError) as info:   # now refused: unreachable
+        sink.put("k.ebb.zst", str(batch), 10, lambda n: None)
+    assert info.value.unreachable and not sink.reachable()

@@ -5,7 +5,7 @@ the alarm; the bandwidth cap; retention without an uploader."""
 
 from __future__ import annotations
 
-import os
+import json
 import random
 import shutil
 import signal
@@ -234,6 +234,53 @@ def test_a_batch_stored_before_a_crash_whose_records_retention_deleted_is_not_a_
     assert b.wait_log(lambda line: "shipping their batch file" in line, timeout=5)
     assert landed_offsets(landing) == list(range(10)) + list(range(first, 150))
     b.stop()
+
+
+def test_a_stored_batch_whose_segment_went_from_the_middle_of_the_log_is_not_a_gap(
+        broker, tmp_path):
+    """The object of offsets 10..19 is stored, the mark is not (its temporary name is a folder),
+    SIGKILL; then their segment is deleted by hand, between segments the log keeps (the start
+    reports the hole). The uploader warned "the log now holds -1..-1" and reported 10..19 as a
+    gap, stored as they are; now it ships their kept batch file again (same name, same bytes)
+    and no batch reports a gap."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    data = tmp_path / "data"
+    cfg = dict(data_dir=str(data), log={"segment_bytes": 4096},
+               upload=upload_config(landing, batch_max_age=1))
+    b = broker(**cfg)
+    publish(b, 0, 10)
+    wait_until(lambda: uploaded(b) == 10, what="the first batch")
+    (data / "log" / "uploaded.tmp").mkdir()
+    publish(b, 10, 10)
+    wait_until(lambda: len(list(landing.rglob("*.ebb.zst"))) == 2, what="the second object")
+    assert b.wait_log(lambda line: "cannot write" in line and "uploaded" in line,
+                      timeout=TIMEOUT), "the failed mark"
+    intent = (data / "upload" / "intent").read_text()
+    assert '"first": 10, "last": 19' in intent, intent
+    obj = landing / json_key(intent)
+    before = obj.read_bytes()
+    publish(b, 20, 30)
+    b.stop(signal.SIGKILL)
+    (data / "log" / "uploaded.tmp").rmdir()
+    middle = [p for p in (data / "log").iterdir() if p.stem == "%020d" % 10]
+    assert any(p.suffix == ".seg" for p in middle), sorted((data / "log").iterdir())
+    for p in middle:
+        p.unlink()
+    b = broker(**cfg)
+    wait_until(lambda: uploaded(b) == 50, what="the rest uploaded")
+    assert b.wait_log(lambda line: "offsets 10 to 19 are missing" in line, timeout=5)
+    assert b.wait_log(lambda line: "shipping their batch file" in line, timeout=5)
+    assert obj.read_bytes() == before, "the same object, the same bytes"
+    assert not [h for h, _ in landed(landing).values() if h.gap_length]
+    assert b.stats()["upload"]["gap_offsets"] == 0
+    assert not [line for line in b.logs if "-1..-1" in line or "never uploaded" in line]
+    assert landed_offsets(landing) == list(range(50))
+    b.stop()
+
+
+def json_key(intent_text: str) -> str:
+    return json.loads(intent_text)["key"]
 
 
 def kill_while_shipping(broker, cfg: dict, count_objects, rounds: int, seed: int,
