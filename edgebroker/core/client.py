@@ -422,7 +422,8 @@ class Client:
         broker = self.broker
         if self.v5 is not None or exc.connect5 and not self.connected:
             return self._violation5(exc)
-        code = None if self.connected else CONNACK_CODES_311.get(exc.reason)
+        code = (None if self.connected or self.pending is not None   # (password check: close)
+                else CONNACK_CODES_311.get(exc.reason))
         if code is not None:
             reason = ("protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
                       else "client_id")

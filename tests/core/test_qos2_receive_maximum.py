@@ -111,6 +111,60 @@ def test_ids_held_from_before_are_forgotten_first_for_3_1_1(broker, uid):
     assert b.stats()["limit_hits"]["receive_maximum"] == 1
 
 
+def test_ids_the_client_sends_again_are_not_forgotten(broker, uid):
+    """A client whose PUBRECs were lost sends its PUBLISHes again (DUP) after reconnecting,
+    not PUBRELs: those ids are its own again, and a new PUBLISH past the limit closes the
+    connection instead of forgetting one of them (which took the next DUP re-send of it for
+    a new message: delivered twice)."""
+    b = broker(limits={"receive_maximum": 2})
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=2)
+    c = b.client(f"{uid}-c", clean=False)
+    a, bb = (m.publish(f"{uid}/t", x, qos=2, packet_id=i) for i, x in ((1, b"A"), (2, b"B")))
+    c.send(a + bb)
+    _pubrecs(c, [1, 2])
+    c.abort()                                   # as if the PUBRECs were lost
+    again = [m.publish(f"{uid}/t", x, qos=2, packet_id=i, dup=True)
+             for i, x in ((1, b"A"), (2, b"B"))]
+    back = b.client(f"{uid}-c", clean=False)
+    back.send(b"".join(again) + m.publish(f"{uid}/t", b"C", qos=2, packet_id=3))
+    _pubrecs(back, [1, 2])
+    assert back.expect_closed(10)               # C: over the limit, A and B are live
+    last = b.client(f"{uid}-c", clean=False)
+    last.send(b"".join(again))                  # their PUBRECs lost again: still no copy
+    _pubrecs(last, [1, 2])
+    last.send(m.pubrel(1) + m.pubrel(2))
+    assert [last.expect(m.PUBCOMP).packet_id for _ in range(2)] == [1, 2]
+    last.send(m.publish(f"{uid}/t", b"C", qos=2, packet_id=3))
+    _pubrecs(last, [3])
+    got = [sub.recv_publish().payload for _ in range(3)]
+    assert got == [b"A", b"B", b"C"] and sub.ping() == []
+
+
+def test_an_id_released_and_taken_again_is_the_clients(broker, uid):
+    """An id held from before, released (PUBREL) and then used for a new message on this
+    connection is not forgotten as "held from before" when the limit is reached."""
+    b = broker(limits={"receive_maximum": 1})
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=2)
+    c = b.client(f"{uid}-c", clean=False)
+    c.send(m.publish(f"{uid}/t", b"A", qos=2, packet_id=5))
+    _pubrecs(c, [5])
+    c.abort()
+    back = b.client(f"{uid}-c", clean=False)
+    back.send(m.pubrel(5))
+    assert back.expect(m.PUBCOMP).packet_id == 5
+    back.send(m.publish(f"{uid}/t", b"B", qos=2, packet_id=5))
+    _pubrecs(back, [5])
+    back.send(m.publish(f"{uid}/t", b"C", qos=2, packet_id=6))   # over: closed, 5 kept
+    assert back.expect_closed(10)
+    last = b.client(f"{uid}-c", clean=False)
+    last.send(m.publish(f"{uid}/t", b"B", qos=2, packet_id=5, dup=True))
+    _pubrecs(last, [5])
+    assert [sub.recv_publish().payload for _ in range(2)] == [b"A", b"B"]
+    assert sub.ping() == []                     # B once
+
+
 def test_a_5_0_client_is_told_the_default_and_counted(broker, uid):
     b = broker()
     c = R.RawClient5(b.host, b.port)

@@ -108,6 +108,17 @@ def test_second_connect_while_authenticating_is_a_violation(authsrv, uid):
     assert authsrv.wait_log("second CONNECT")
 
 
+def test_a_bad_second_connect_while_authenticating_gets_no_connack(authsrv, uid):
+    """A second CONNECT with an unsupported protocol level behind the first one, while its
+    password check runs: a close (MQTT-3.1.0-2), not CONNACK 1 (unacceptable protocol
+    version) as the answer to the first, valid CONNECT."""
+    c = authsrv.raw()
+    c.send(m.connect(uid, username="alice", password="not-cached-" + uid)
+           + m.connect(uid, level=9))
+    assert c.expect_closed(10)
+    assert [p for p in c.before_close if p.type == m.CONNACK] == []
+
+
 def test_refusals_counted(authsrv, uid):
     port = open_port(authsrv)
     before = wait_counter(authsrv, "logins/failed", lambda v: True, port)

@@ -100,6 +100,8 @@ def on_pubrec5(client, p) -> None:
 
 def on_pubrel(client, p) -> None:
     awaiting = client.session.awaiting_release
+    if client.inherited:
+        client.inherited.discard(p.packet_id)   # released: a new message may take the id
     if p.packet_id in awaiting:
         awaiting.discard(p.packet_id)
         _journal(client, "freed", p.packet_id)
@@ -116,10 +118,13 @@ def forget_inherited(client, awaiting: set) -> bool:
     """A client's QoS 2 PUBLISH would go past ``receive_maximum`` (a 5.0 client's Receive
     Maximum): if an id held from before this connection still awaits its PUBREL, forget it
     and let the PUBLISH in (True).
-    A client resends its PUBRELs first thing after reconnecting, so an id still held now
-    was finished on its side: the snapshot kept it through a crash, or the client let it
-    go. It was routed at first receipt, so forgetting it loses nothing; a late PUBREL for
-    it still gets its PUBCOMP."""
+    A client resends its PUBRELs (and the PUBLISHes whose PUBREC it did not get, with DUP)
+    first thing after reconnecting, so an id it has neither released nor sent again on
+    this connection (those leave ``client.inherited``) was finished on its side: the
+    snapshot kept it through a crash, or the client let it go. It was routed at first
+    receipt, so forgetting it loses nothing; a late PUBREL for it still gets its PUBCOMP.
+    An id the client sent again is kept: forgetting it would take its next re-send (DUP,
+    after another reconnect) for a new message, delivered twice."""
     inherited = client.inherited
     while inherited:
         pid = inherited.pop()

@@ -72,6 +72,9 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None
                 session.own_awaiting_release().add(pid)
                 if offset is not None and not session.clean and broker.exchanges is not None:
                     broker.exchanges.received(session.client_id, pid, offset)
+            inherited = client.inherited
+            if inherited:
+                inherited.discard(pid)  # the client goes on with it here: not forgotten
             broker.acknowledge(client, offset, encode_ack(P.PUBREC, pid))
     except LogFullError:
         # Not logged, so neither routed nor acknowledged: the client sends
