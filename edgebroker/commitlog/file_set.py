@@ -97,8 +97,7 @@ def apply_retention(self, now: int) -> None:
     uploaded = self._uploaded if opts.wait_for_upload else 1 << 63
     victims, self.retention_waits = retention.plan(
         self._segments, uploaded, now, opts.retention_bytes, opts.retention_ms,
-        self.hold_offset, 1 << 63 if self.unsaved_may_go else self.saved_offset,
-        self._failing and opts.wait_for_upload)
+        self.hold_offset, 1 << 63 if self.unsaved_may_go else self.saved_offset)
     for seg, forced, reason in victims:
         self._delete_segment(seg, forced, reason)
 

@@ -20,8 +20,6 @@ Rules (docs/log-format.md, "Retention"):
   segments (each holds descriptors the open files budget counts: file_set's
   ``descriptors_at_retention``); a burst faster than that deletes them all the same,
   counted as the caller counts any record deleted at or past ``saved_offset``.
-* While the log cannot write (``full``: a full disk), an uploaded segment no session needs goes
-  whatever its age: it is stored elsewhere, and its room lets the log write again.
 """
 
 from __future__ import annotations
@@ -33,8 +31,8 @@ SNAPSHOT_WAIT_SEGMENTS = 2
 
 
 def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes: int,
-         retention_ms: int, hold_offset: int = 1 << 63, saved_offset: int = 1 << 63,
-         full: bool = False) -> tuple[list[tuple[object, bool, str]], bool]:
+         retention_ms: int, hold_offset: int = 1 << 63, saved_offset: int = 1 << 63
+         ) -> tuple[list[tuple[object, bool, str]], bool]:
     """``(segment, forced, reason)`` for each segment to delete, oldest first; and whether
     the disk limit waits for ``saved_offset`` to move."""
     victims = []
@@ -55,8 +53,6 @@ def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes:
               and (seg.count == 0 or seg.max_timestamp + retention_ms <= now_ms)):
             victims.append((seg, False, "older than retention_ms" + (
                 ", and uploaded" if uploaded_offset < 1 << 63 else " (no uploader)")))
-        elif full and uploaded and uploaded_offset < 1 << 63 and seg.next_offset <= hold_offset:
-            victims.append((seg, False, "uploaded, and the log cannot write (a full disk?)"))
         else:
             break
         total -= seg_bytes
