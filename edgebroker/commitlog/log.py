@@ -174,6 +174,8 @@ class CommitLog:
         self._dir_fd = -1
         self._lock_fd = -1
         self._reported: set[tuple[str, int]] = set()
+        # Segments (base offsets) whose index a read had rebuilt by scanning (reader.py)
+        self._index_repaired: set[int] = set()
         self._verify_wanted: set[Segment] = set()
         self._failing = False
         self._closed = False

@@ -19,7 +19,7 @@ from edgebroker import _native
 from edgebroker.commitlog import scanner
 from edgebroker.commitlog.format import (
     ATTR_PROPERTIES, INDEX_ENTRY_SIZE, PROPERTIES_LENGTH_SIZE, RECORD_HEADER, RECORD_HEADER_SIZE,
-    RETAIN_BIT, Damage, Location, Record,
+    RETAIN_BIT, SEGMENT_HEADER_SIZE, Damage, Location, Record,
 )
 from edgebroker.commitlog.segment import Segment
 
@@ -54,18 +54,44 @@ def read_entry(self, seg: Segment, j: int, retry: bool = True) -> Record | None:
 
 def repair_index(self, seg: Segment, offset: int) -> bool:
     """An index entry did not lead to its record: rebuild that index by scanning. True when
-    the index changed."""
+    the index changed.
+
+    The core thread does this while the uploader's thread may read the same segment's index
+    (``upload_source``, under the log's lock): the new entries are made aside and put in
+    place under the lock, so that thread never sees a closed map or a half-made index. A
+    segment is scanned so at most once (``_index_repaired``): a damaged record whose entry is
+    right does not have the whole segment scanned at each read of it."""
     if seg is self._tail and not self.readonly:
         return False
-    before = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
-    self._rebuild_index(seg, None, report_tail=False)
-    after = bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE])
-    if before != after:
-        self.counters.index_rebuilds += 1
-        log.warning("%s: an entry did not match its record (offset %d); index rebuilt",
-                    seg.index_path, offset)
-        return True
-    return False
+    if seg.base_offset in self._index_repaired:
+        return False
+    self._index_repaired.add(seg.base_offset)
+    entries = bytearray()
+    _added, damage = self._index_walk(seg, seg.fd, SEGMENT_HEADER_SIZE,
+                                      os.fstat(seg.fd).st_size, seg.base_offset, 0, entries)
+    for d in damage:
+        if d.kind != "torn":
+            self._report(d)
+    count = len(entries) // INDEX_ENTRY_SIZE
+    if bytes(entries) == bytes(seg.index[:seg.count * INDEX_ENTRY_SIZE]):
+        return False
+    with self._lock:
+        seg.set_index(entries, count)      # (closes the old map)
+        seg.verified = not damage
+    self.counters.index_rebuilds += 1
+    log.warning("%s: an entry did not match its record (offset %d); index rebuilt",
+                seg.index_path, offset)
+    if not self.readonly:
+        try:
+            seg.write_index_file(entries, count, self._dir_fd)
+        except OSError as exc:
+            log.warning("%s: cannot save the index (%s); its %d entries are kept in memory",
+                        seg.index_path, exc.strerror or exc, count)
+            return True
+        if seg.sealed:
+            with self._lock:
+                seg.map_index_readonly()
+    return True
 
 
 def start_position(self, seg: Segment, start: int) -> int | None:

@@ -131,7 +131,10 @@ class Segment:
 
     def _release_index(self) -> None:
         if isinstance(self.index, mmap.mmap):
-            self.index.close()
+            try:
+                self.index.close()
+            except BufferError:
+                pass    # a view of it is still held (a read under way): unmapped when it goes
         self.index = b""
         self.index_capacity = 0  # room for entries only in a writable mmap (see write_pending)
 

@@ -292,6 +292,54 @@ def test_the_uploader_finds_its_record_past_a_wrong_index_entry(tmp_path, caplog
         f"found its records by walking the segment") == 1
 
 
+def test_an_index_rebuilt_by_a_read_never_shows_the_uploader_a_half_made_index(tmp_path):
+    """A read on the core thread that meets a wrong entry has the index rebuilt by scanning,
+    while the uploader's thread asks ``upload_source`` about the same segment. The rebuild
+    closed the index's map and emptied the segment for the scan, unlocked: the uploader got
+    "mmap closed" errors or the next segment (its records then reported as a gap). Now the
+    new index is made aside and put in place under the log's lock."""
+    import threading
+    seg_bytes = 4 << 20
+    log = open_log(tmp_path / "log", segment_bytes=seg_bytes)
+    n = 0
+    while len(segment_files(tmp_path / "log")) < 2 and n < 200_000:
+        append_n(log, 5000, start_ts=T0 + 10 * n)
+        n += 5000
+        log.write_pending()
+    log.close()
+    assert len(segment_files(tmp_path / "log")) >= 2
+    first = segment_files(tmp_path / "log")[0]
+    _entry_moved_into_its_record(tmp_path / "log")
+    log = open_log(tmp_path / "log", segment_bytes=seg_bytes)
+    errors, wrong, calls = [], [], [0]
+    stop = threading.Event()
+
+    def uploader():
+        while not stop.is_set() and calls[0] < 1_000_000:
+            calls[0] += 1
+            try:
+                src = log.upload_source(1000)
+            except Exception as exc:        # (what the uploader's round would fail with)
+                errors.append(repr(exc))
+                continue
+            os.close(src.fd)
+            if src.path != str(first):
+                wrong.append(src.path)
+
+    thread = threading.Thread(target=uploader)
+    thread.start()
+    try:
+        while calls[0] < 100:               # the uploader's thread is going
+            stop.wait(0.001)
+        got = [r.offset for r in log.read_range(7, 12)]
+    finally:
+        stop.set()
+        thread.join(10)
+    assert got == [7, 8, 9, 10, 11] and log.counters.index_rebuilds == 1
+    assert errors == [] and wrong == []
+    log.close()
+
+
 def test_damaged_segment_header_is_reported_records_still_read(tmp_path):
     d = make_log(tmp_path / "log", n=30, segment_bytes=1 << 20)
     seg = segment_files(d)[0]
