@@ -8,6 +8,7 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.router``: routing, the frame cache, queues and windows, sending from the log;
 - ``core.router5``: what a PUBLISH to an MQTT 5.0 subscriber carries, and its options;
 - ``core.sessions``: admission, attach/detach, subscriptions, drops;
+- ``core.wills``: wills, delayed ones (5.0) kept across restarts;
 - ``core.retained``: retained messages for a SUBSCRIBE (held while the session is behind),
   and those a session holds sent from the retained store while it has them;
 - ``core.resume``: a session's window sent again when its client is back, and let go of
@@ -60,6 +61,7 @@ from edgebroker.core.shared_backlog import SharedBacklog
 from edgebroker.core.shared_state import SharedState
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.core.timers import Timers
+from edgebroker.core.wills import Wills
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -74,7 +76,7 @@ def prompt_gap(config: Config) -> float:
 
 
 class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, CatchUpRuns, Timers,
-             Persistence, Shared, SharedBacklog, SharedState):
+             Persistence, Shared, SharedBacklog, SharedState, Wills):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits
@@ -104,9 +106,7 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
         self.limit_hits = zero_counts(LIMITS)
         self.refused = zero_counts(REFUSALS)
         self.dropped = zero_counts(DROPS)
-        # The Timers of wills waiting out their Will Delay Interval (5.0), by session: kept
-        # here, not on every session (a slot each: memory per connection, bench idle_10000).
-        self.will_timers: dict = {}
+        self._init_wills()
         self.pass_times = PassTimes()     # filled by the server loop
         self.events = EventLog(log)
         # The lines of refused and misbehaving connections.

@@ -83,6 +83,8 @@ class Persistence:
             if (state is None or session.client is not None or held is not None
                     or session.cursor is not None and state.cursor != session.cursor.offset):
                 state = self._session_state(session, now, result.written_ms)
+                if self.will_timers:
+                    state.will = self.will_state(session, now, result.written_ms)
                 if session.shared is not None:
                     self.shared_session_state(session, state)
                 if held is not None:
@@ -294,6 +296,8 @@ class Persistence:
             if maybe_sent:
                 self.drop("restart_qos0", session, maybe_sent)
             self._restore_cursor(session, s, state.log_next_offset, retained_at)
+            if s.will is not None:
+                self.restore_will(session, s.will)      # core.wills
             if session.cursor is None and s.offline_ms is None:
                 self._replay_unsure.append(session)     # see replay
         lost += self.restore_shared(state.shared, end)

@@ -21,11 +21,10 @@ import logging
 from collections import deque
 from functools import partial
 
-from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import QUOTA_EXCEEDED, SESSION_TAKEN_OVER, shown
 from edgebroker.core.catchup import needed_from
 from edgebroker.core.client import Client
-from edgebroker.core.mqtt5 import NEVER_EXPIRES, message_properties
+from edgebroker.core.mqtt5 import NEVER_EXPIRES
 from edgebroker.mqtt.properties import WILL_DELAY
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
@@ -139,9 +138,8 @@ class Sessions:
             session.offline_at = None
             if session.expiry is not None:
                 session.expiry.cancel()
-            will_timer = self.will_timers.pop(session, None)
-            if will_timer is not None:   # back within the Will Delay Interval
-                will_timer.cancel()
+            if self.will_timers:
+                self.cancel_will(session)   # back within the Will Delay Interval
             if clean:  # 5.0: resumed, to end with this connection
                 self._make_clean(session)
         if not clean:
@@ -174,43 +172,9 @@ class Sessions:
             return
         delay = will.properties.get(WILL_DELAY, 0) if will.properties is not None else 0
         if delay and session is not None and session.client is None and not session.clean:
-            # 5.0 Will Delay Interval: published when it has passed or the session ends,
-            # whichever comes first; not if the session is resumed before.
-            timer = self.will_timers[session] = Timer(partial(self._will_due, session, client,
-                                                              will))
-            timer.start(self, self.clock() + delay)
-            log.info("will of %s on %r delayed %d s (Will Delay Interval)", client.describe(),
-                     will.topic, delay)
+            self.delay_will(session, client, will, delay)   # core.wills
             return
-        self._publish_will(client, will, client.acl)
-
-    def _will_due(self, session: Session, client: Client, will) -> None:
-        """A delayed will's time has come, or its session ends first."""
-        self.will_timers.pop(session, None)
-        self._publish_will(client, will, session.acl)
-
-    def _publish_will(self, client: Client, will, acl) -> None:
-        """Publish ``will``, checked against ``acl`` (the client's, or its session's for a
-        delayed will), which a reload may have changed since the CONNECT that checked it."""
-        if will.topic.startswith("$SYS"):
-            self.drop("sys_topic", None)
-            log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
-                        client.describe(), will.topic)
-            return
-        if acl is not None and not acl.can_write(will.topic):
-            self.stats.acl_publish_denied += 1
-            self.drop("acl", None)
-            log.warning("will of %s on %r dropped: the ACL (reloaded since it connected) does "
-                        "not let it publish there", client.describe(), will.topic)
-            return
-        log.info("publishing will of %s on %r", client.describe(), will.topic)
-        properties, expiry = message_properties(will.properties)
-        try:
-            self.publish(will.topic, will.payload, will.qos, will.retain, client, properties,
-                         expiry)
-        except LogFullError:
-            log.error("will of %s on %r lost: the commit log cannot take it",
-                      client.describe(), will.topic)
+        self.publish_will(client, will, client.acl)
 
     def _go_offline(self, session: Session) -> None:
         """Keep only log offsets (and sizes) for an offline session: no payload memory. It

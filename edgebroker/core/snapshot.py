@@ -27,6 +27,7 @@ import time
 
 from edgebroker.core import exchanges
 from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
+from edgebroker.core.will_state import WillState, read_will, will_json
 from edgebroker.errors import EdgebrokerError
 from edgebroker.files import replace_file
 from edgebroker.records import field, record
@@ -81,6 +82,7 @@ class SessionState:
     sub5: dict[str, list[int]] = field(default_factory=dict)
     # The in-flight entries a shared subscription group gave: packet id -> the group's key.
     groups: dict[int, str] = field(default_factory=dict)
+    will: WillState | None = None   # its delayed will, offline within its Will Delay (5.0)
     # Its JSON, once the writer encoded it (an offline session's state is reused by the next
     # snapshots while it does not change, and so is this).
     encoded: bytes | None = field(default=None, compare=False, repr=False)
@@ -159,7 +161,8 @@ def _session_json(s: SessionState) -> bytes:
              **({"resubscribed": s.resubscribed} if s.resubscribed else {}),
              **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
              **({"sub5": sorted(s.sub5.items())} if s.sub5 else {}),
-             **({"groups": sorted(s.groups.items())} if s.groups else {})})
+             **({"groups": sorted(s.groups.items())} if s.groups else {}),
+             **({"will": will_json(s.will)} if s.will is not None else {})})
     return s.encoded
 
 
@@ -301,7 +304,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
                 expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
                 sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())},
-                groups={int(p): str(k) for p, k in s.get("groups", ())}), path))
+                groups={int(p): str(k) for p, k in s.get("groups", ())},
+                will=read_will(s.get("will"), path, str(s["client_id"]))), path))
         for r in doc["retained"]:
             offset = r.get("offset")
             if int(r["qos"]) not in (0, 1, 2) or offset is not None and int(offset) < 0:

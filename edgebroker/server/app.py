@@ -213,6 +213,9 @@ class App(DescriptorRoom, Reloading):
             replayed = self.broker.replay(self.log.read_range(start))
             if state.exchanges is not None:
                 self.broker.apply_exchanges(load_exchanges(self.state_dir, state.exchanges))
+            # Delayed wills: checked against the ACL of the listener they came in on.
+            self.broker.arm_restored_wills({x.address: x.policy.acl for x in self.listeners
+                                            if x.policy is not None})
             log.info("restored %d persistent sessions and %d retained messages; replayed %d log "
                      "records from offset %d in %.3f s", len(state.sessions),
                      self.broker.retained.count, replayed, start, time.monotonic() - started)

@@ -1,0 +1,182 @@
+"""Wills: published when a connection ends without DISCONNECT (``core.sessions.detach``), or,
+with a 5.0 Will Delay Interval, once the delay has passed or the session ends, whichever comes
+first; not if the client comes back to the session before.
+
+A delayed will is a ``DelayedWill`` timer in the broker's deadline heap, by session
+(``will_timers``). It is kept in its session's snapshot entry (core.will_state) with the
+wall-clock time it is due at, so a restart (a stop, or a crash after the snapshot) arms it
+again for the time left, or publishes it at once when that time passed while the broker was
+down (``restore_will``, then ``arm_restored_wills`` once the log is replayed). Its client is
+gone then: a ``Departed`` stands for it. The ACL is checked when it is published, as the
+listener its client came in on has it then (docs/protocol.md, "Wills").
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from edgebroker.commitlog.errors import LogFullError
+from edgebroker.core.mqtt5 import message_properties
+from edgebroker.core.timers import Timer
+from edgebroker.core.will_state import WillState
+from edgebroker.errors import shown
+from edgebroker.mqtt.packets import Will
+from edgebroker.mqtt.properties import WILL, decode_body, encode_body
+
+log = logging.getLogger("edgebroker.broker")
+
+
+class DelayedWill(Timer):
+    """A will waiting out its Will Delay Interval, with the client it came from."""
+
+    __slots__ = ("publisher", "will")
+
+    def __init__(self, callback, publisher, will: Will):
+        super().__init__(callback)
+        self.publisher = publisher
+        self.will = will
+
+
+class Departed:
+    """The client of a will restored from the snapshot: its connection ended before the
+    restart. What publishing the will needs of a client (core.router.publish)."""
+
+    __slots__ = ("client_id", "client_id_bytes", "username", "listener_gone")
+    closed = True
+
+    def __init__(self, client_id: str, username: str | None):
+        self.client_id = client_id
+        self.client_id_bytes = client_id.encode("utf-8")
+        self.username = username
+        # The address of the listener whose ACL applied to the will, when it is not served
+        # any more (the ACL cannot be checked: the will is dropped), else None.
+        self.listener_gone: str | None = None
+
+    def describe(self) -> str:
+        name = shown(self.client_id, 100)
+        user = f" (user {shown(self.username, 100)})" if self.username is not None else ""
+        return f"client {name}{user}, disconnected before the restart,"
+
+
+class Wills:
+    """Wills' part of ``Broker`` (a mixin over the broker's state)."""
+
+    def _init_wills(self) -> None:
+        # The DelayedWills by session: kept here, not on every session (a slot each: memory
+        # per connection, bench idle_10000).
+        self.will_timers: dict = {}
+        # (session, WillState) restored from the snapshot, armed after the replay.
+        self._restored_wills: list = []
+
+    def delay_will(self, session, client, will: Will, delay: int) -> None:
+        """Publish ``will`` in ``delay`` s, or when ``session`` ends first (5.0)."""
+        timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
+                                                        client, will)
+        timer.start(self, self.clock() + delay)
+        session.saved = None        # the next snapshot keeps it
+        self._snapshot_dirty = True
+        log.info("will of %s on %r delayed %d s (Will Delay Interval)", client.describe(),
+                 will.topic, delay)
+
+    def cancel_will(self, session) -> None:
+        """The client is back within the Will Delay Interval: no will."""
+        timer = self.will_timers.pop(session, None)
+        if timer is not None:
+            timer.cancel()
+            log.info("will of %s on %r not published: it connected again within the Will "
+                     "Delay Interval", timer.publisher.describe(), timer.will.topic)
+
+    def _will_due(self, session) -> None:
+        """A delayed will's time has come, or its session ends first."""
+        timer = self.will_timers.pop(session, None)
+        if timer is None:
+            return
+        session.saved = None
+        self._snapshot_dirty = True
+        publisher = timer.publisher
+        if type(publisher) is Departed and session.acl is None and publisher.listener_gone:
+            self.stats.acl_publish_denied += 1
+            self.drop("acl", None)
+            log.warning("will of %s on %r dropped: the listener its client came in on (%s) is "
+                        "not served any more, so its ACL cannot be checked",
+                        publisher.describe(), timer.will.topic, publisher.listener_gone)
+            return
+        self.publish_will(publisher, timer.will, session.acl)
+
+    def publish_will(self, client, will: Will, acl) -> None:
+        """Publish ``will``, checked against ``acl`` (the client's, or its session's for a
+        delayed will), which a reload may have changed since the CONNECT that checked it."""
+        if will.topic.startswith("$SYS"):
+            self.drop("sys_topic", None)
+            log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
+                        client.describe(), will.topic)
+            return
+        if acl is not None and not acl.can_write(will.topic):
+            self.stats.acl_publish_denied += 1
+            self.drop("acl", None)
+            log.warning("will of %s on %r dropped: the ACL (%s) does not let it publish "
+                        "there", client.describe(), will.topic, "read at the restart"
+                        if type(client) is Departed else "reloaded since it connected")
+            return
+        log.info("publishing will of %s on %r", client.describe(), will.topic)
+        properties, expiry = message_properties(will.properties)
+        try:
+            self.publish(will.topic, will.payload, will.qos, will.retain, client, properties,
+                         expiry)
+        except LogFullError:
+            log.error("will of %s on %r lost: the commit log cannot take it",
+                      client.describe(), will.topic)
+
+    # ----- across restarts ---------------------------------------------------------------
+
+    def will_state(self, session, now: float, written_ms: int) -> WillState | None:
+        """The snapshot's record of ``session``'s delayed will, None without one."""
+        timer = self.will_timers.get(session)
+        if timer is None or timer.when is None:
+            return None
+        will, publisher, acl = timer.will, timer.publisher, session.acl
+        listener = acl.listener if acl is not None else getattr(publisher, "listener_gone",
+                                                                None)
+        return WillState(will.topic, will.payload, will.qos, will.retain,
+                         encode_body(will.properties),
+                         written_ms + int((timer.when - now) * 1000),
+                         publisher.username, listener or None)
+
+    def restore_will(self, session, state: WillState) -> None:
+        """A restored session's delayed will, armed by ``arm_restored_wills``."""
+        self._restored_wills.append((session, state))
+
+    def arm_restored_wills(self, acls: dict | None = None) -> None:
+        """After the restore and the log's replay: each restored delayed will is due when its
+        time comes, at once when it came while the broker was down. ``acls``: listener
+        address -> its ACL (None: no ACL file), for the wills an ACL applied to (the server's
+        listeners; None: in-process, no ACL)."""
+        restored, self._restored_wills = self._restored_wills, []
+        if not restored:
+            return
+        now, wall_ms = self.clock(), self.journal.wall_ms() if self.journal else 0
+        armed = overdue = 0
+        for session, state in restored:
+            if self.sessions.get(session.client_id) is not session or session.client is not None:
+                continue    # ended after the snapshot (its will went then)
+            publisher = Departed(session.client_id, state.username)
+            address = state.listener
+            if address is not None and acls is not None:
+                if address in acls:
+                    acl = acls[address]
+                    session.acl = (acl.view(session.client_id, state.username, address)
+                                   if acl is not None else None)
+                else:
+                    publisher.listener_gone = address
+            left = max(0, state.due_ms - wall_ms) / 1000
+            armed += 1
+            overdue += not left
+            will = Will(state.topic, state.payload, state.qos, state.retain,
+                        decode_body(state.properties, WILL) if state.properties else None)
+            timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
+                                                            publisher, will)
+            timer.start(self, now + left)
+        log.info("restored %d delayed wills of sessions offline at the stop: %d due now (their "
+                 "delay ended while the broker was down), %d later", armed, overdue,
+                 armed - overdue)
