@@ -46,7 +46,7 @@ class Reloading:
     def reload(self) -> None:
         if self.reload_config is None:
             return
-        sdnotify.notify("RELOADING=1")
+        sdnotify.reloading()
         try:
             config = self.reload_config()
         except ConfigError as exc:
