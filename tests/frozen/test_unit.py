@@ -45,6 +45,7 @@ def test_unit_settings():
     assert one["ExecStart"].startswith("/usr/local/bin/edgebroker serve")
     assert "-HUP $MAINPID" in one["ExecReload"]
     assert one["Restart"] == "on-failure"
+    assert one["RestartPreventExitStatus"] == "2"   # a configuration error: no restart loop
     assert int(one["WatchdogSec"].rstrip("s")) > 0
     assert one["StateDirectory"] == "edgebroker"
     assert one["RuntimeDirectory"] == "edgebroker"
@@ -103,6 +104,29 @@ def test_example_configuration_checks(binary, tmp_path):
                        env=dict(os.environ, STATE_DIRECTORY=str(tmp_path), TMPDIR=str(tmp_path)))
     assert r.returncode == 0, r.stderr
     assert f"state directory: {tmp_path}" in r.stdout, r.stdout
+
+
+def test_exit_status_2_is_a_configuration_error_only(binary, tmp_path):
+    """RestartPreventExitStatus=2 stops only what a restart cannot mend: the binary (as the
+    unit runs it) exits 2 for a bad configuration, 1 when its port is another process's, which
+    systemd then restarts."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('log_level = "loud"\n')
+    r = subprocess.run([str(binary), "serve", "-c", str(bad), "--data-dir", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=30, env=env,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "config error" in r.stderr, (r.returncode, r.stderr)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        r = subprocess.run([str(binary), "serve", "--listen", f"127.0.0.1:{port}",
+                            "--data-dir", str(tmp_path / "d")],
+                           capture_output=True, text=True, timeout=30, env=env,
+                           stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, \
+        (r.returncode, r.stderr)
 
 
 def network_setup(port: int, passwd) -> tuple[str, list[str]]:
