@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 
 from edgebroker import records
-from edgebroker.bridge_config import BridgeConfig, TopicRule, bridge_problems
 from edgebroker.config_fields import (
     MiB, at_least, between, coerce, file_path, mqtt_text, one_of, setting,
 )
@@ -30,6 +29,8 @@ from edgebroker.upload_config import UploadConfig
 TYPE_CHECKING = False   # typing is imported by type checkers only (the broker's memory)
 if TYPE_CHECKING:
     from typing import Any
+
+    from edgebroker.bridge_config import BridgeConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -180,9 +181,9 @@ def _build_value(cls, name: str, raw: Any, prefix: str) -> Any:
         return _build_listeners(raw)
     if cls is Config and name == "bridge":
         return _build_bridges(raw)
-    if cls is BridgeConfig and name == "topic":
-        return _build_list(TopicRule, raw, key, "topic rules: a list of tables such as "
-                                                "{pattern = \"a/#\", direction = \"out\"}")
+    if name == "topic" and cls is _bridge_config().BridgeConfig:
+        return _build_list(_bridge_config().TopicRule, raw, key, "topic rules: a list of tables "
+                           "such as {pattern = \"a/#\", direction = \"out\"}")
     if cls is Config and name in _SECTIONS:
         section = _build(_SECTIONS[name], raw, f"{name}.")
         problems = _SECTION_CHECKS[name](section) if name in _SECTION_CHECKS else []
@@ -211,7 +212,7 @@ def _did_you_mean(cls, name: str, prefix: str) -> str:
         return f"; did you mean {prefix}{close[0]}?"
     tables = [("", Config, "a top-level setting: put it above the first [table]"),
               ("listener.", ListenerConfig, "a setting of a [[listener]] table"),
-              ("bridge.", BridgeConfig, "a setting of a [[bridge]] table")]
+              ("bridge.", _bridge_config().BridgeConfig, "a setting of a [[bridge]] table")]
     tables += [(f"{n}.", c, f"a setting of the [{n}] table") for n, c in _SECTIONS.items()]
     for other_prefix, other, where in tables:
         if other is not cls:
@@ -262,12 +263,21 @@ def _build_list(cls, raw: Any, key: str, expected: str) -> tuple:
     return tuple(items)
 
 
+def _bridge_config():
+    """edgebroker.bridge_config, imported for a file with [[bridge]] tables (and for the lists
+    of every setting): a broker without bridges does not load it (docs/deploy.md, idle RSS)."""
+    from edgebroker import bridge_config
+    return bridge_config
+
+
 def _build_bridges(raw: Any) -> tuple[BridgeConfig, ...]:
-    bridges = _build_list(BridgeConfig, raw, "bridge", "one or more [[bridge]] tables")
+    bridge_config = _bridge_config()
+    bridges = _build_list(bridge_config.BridgeConfig, raw, "bridge",
+                          "one or more [[bridge]] tables")
     problems: list[str] = []
     names = set()
     for i, (bridge, given) in enumerate(zip(bridges, raw)):
-        problems += bridge_problems(bridge, given, f"bridge[{i}]")
+        problems += bridge_config.bridge_problems(bridge, given, f"bridge[{i}]")
         if bridge.name in names:
             problems.append(f"bridge[{i}].name: {bridge.name!r} is used by another bridge")
         names.add(bridge.name)
@@ -381,10 +391,11 @@ def _read_toml(path: str) -> dict:
 def describe() -> list[tuple[str, Any, str]]:
     """(key, default, meaning) for every setting, for docs and `config check`."""
     rows = []
+    bridge_config = _bridge_config()
     for prefix, cls in (("", Config), ("listener.", ListenerConfig), ("limits.", Limits),
                         ("log.", LogConfig), ("metrics.", MetricsConfig),
-                        ("upload.", UploadConfig), ("bridge.", BridgeConfig),
-                        ("bridge.topic.", TopicRule)):
+                        ("upload.", UploadConfig), ("bridge.", bridge_config.BridgeConfig),
+                        ("bridge.topic.", bridge_config.TopicRule)):
         for f in records.fields(cls):
             if "doc" in f.metadata:
                 rows.append((prefix + f.name, f.default, f.metadata["doc"]))

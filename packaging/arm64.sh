@@ -72,13 +72,14 @@ setup() {
 
 build() {
     setup
+    rm -f "$HERE/dist-arm64/edgebroker"     # a failed build leaves no binary behind
     rm -rf "$ROOT/src" && mkdir -p "$ROOT/src"
     (cd "$HERE" && tar -c --exclude=__pycache__ --exclude='*.so' edgebroker csrc packaging \
         setup.py setup.cfg pyproject.toml README.md MANIFEST.in) | tar -x -C "$ROOT/src"
     in_root "cd /src && /opt/venv/bin/pip install -q --no-deps --no-build-isolation -e . \
              && PYTHONNODEBUGRANGES=1 /opt/venv/bin/pyinstaller --noconfirm --clean --log-level WARN \
                 --distpath /src/dist --workpath /src/build packaging/edgebroker.spec \
-             && ./dist/edgebroker --version"
+             && ./dist/edgebroker --version && packaging/check-native.sh dist/edgebroker"
     mkdir -p "$HERE/dist-arm64"
     cp "$ROOT/src/dist/edgebroker" "$HERE/dist-arm64/edgebroker"
     file "$HERE/dist-arm64/edgebroker" 2>/dev/null || true

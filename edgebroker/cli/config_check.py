@@ -3,7 +3,8 @@
 Besides the keys, it applies the safe-default rules for listeners, checks that serve
 could create or write the state directory (creating nothing), and reads every certificate,
 password and ACL file the configuration names, and that each Unix socket's path fits and
-its directory exists. It reports
+its directory exists. The state directory is the one serve run here would use: without
+data_dir and $STATE_DIRECTORY, the one outside systemd, which a note says. It reports
 every problem at once, one line each naming the file, the key and what is
 wrong (an unknown key with the one it likely meant). Without ``-c`` it checks
 what ``serve`` without ``-c`` runs: the built-in defaults.
@@ -16,6 +17,7 @@ import json
 from edgebroker import config as configuration
 from edgebroker.cli.options import add_format
 from edgebroker.cli.serve import check_links, check_state_dir, unix_socket_problems
+from edgebroker.cli.state_dir import UNIT_STATE_DIR, note, outside_systemd
 from edgebroker.errors import ConfigError
 from edgebroker.security.acl import Acl
 from edgebroker.security.passwords import PasswordFile
@@ -80,12 +82,18 @@ def run(args) -> int:
         print(json.dumps({
             "file": args.config, "ok": not problems, "problems": problems,
             "listeners": [] if config is None else [_listener(lc) for lc in config.listeners],
-            "state_dir": None if config is None else config.state_dir()}, indent=2))
+            "state_dir": None if config is None else config.state_dir(),
+            "state_dir_outside_systemd": config is not None and outside_systemd(config)},
+            indent=2))
         return 2 if problems else 0
     if problems:
         raise ConfigError(*problems)
     listeners = ", ".join(_listener(lc) for lc in config.listeners)
     print(f"{where}: OK (listeners: {listeners}; state directory: {config.state_dir()})")
+    if outside_systemd(config):
+        command = "edgebroker config check" + (f" -c {args.config}" if args.config else "")
+        print("note: " + note(config.state_dir(), f"`STATE_DIRECTORY={UNIT_STATE_DIR} "
+                                                   f"{command}` checks that one"))
     return 0
 
 

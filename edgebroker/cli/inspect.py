@@ -25,9 +25,9 @@ import time
 from collections import deque
 from datetime import datetime, timezone
 
-from edgebroker import config as configuration
 from edgebroker.cli import inspect_live
 from edgebroker.cli.options import add_format, count
+from edgebroker.cli.state_dir import state_dir_of
 from edgebroker.core import snapshot
 from edgebroker.errors import EdgebrokerError
 
@@ -86,9 +86,7 @@ def add_parser(commands) -> None:
 # ---------------------------------------------------------------------------------- helpers
 
 def log_dir(args) -> str:
-    if args.data_dir:
-        return os.path.join(args.data_dir, "log")
-    return os.path.join(configuration.load(args.config).state_dir(), "log")
+    return os.path.join(state_dir_of(args), "log")
 
 
 def open_log(args):

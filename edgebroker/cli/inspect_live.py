@@ -16,8 +16,8 @@ import socket
 import sys
 import time
 
-from edgebroker import config as configuration
 from edgebroker.cli.options import add_format, seconds
+from edgebroker.cli.state_dir import state_dir_of
 from edgebroker.core.metrics import SORT_KEYS
 from edgebroker.errors import EdgebrokerError
 from edgebroker.server.admin import socket_path
@@ -68,10 +68,7 @@ def _count(text: str) -> int:
 def admin_path(args) -> str:
     if args.socket:
         return args.socket
-    if args.data_dir:
-        return socket_path(args.data_dir)
-    config = configuration.load(args.config) if args.config else configuration.Config()
-    return socket_path(config.state_dir())
+    return socket_path(state_dir_of(args))
 
 
 class ConnectionClosed(EdgebrokerError):

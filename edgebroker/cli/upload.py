@@ -23,6 +23,7 @@ import time
 from edgebroker import config as configuration
 from edgebroker.cli import inspect, inspect_live
 from edgebroker.cli.options import add_format
+from edgebroker.cli.state_dir import state_dir_of
 from edgebroker.cli.state_owner import handed_over
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.server.admin import socket_path
@@ -56,10 +57,7 @@ def add_parser(commands) -> None:
 
 
 def _state_dir(args) -> str:
-    if args.data_dir:
-        return args.data_dir
-    config = configuration.load(args.config) if args.config else configuration.Config()
-    return config.state_dir()
+    return state_dir_of(args)
 
 
 def _live(state_dir: str) -> dict | None:
@@ -147,7 +145,7 @@ def run_once(args) -> int:
     config = configuration.load(args.config)
     if not config.upload.url:
         raise ConfigError(f"{args.config}: [upload] url is not set: nowhere to upload to")
-    state_dir = args.data_dir or config.state_dir()
+    state_dir = state_dir_of(args, config)
     log_dir = os.path.join(state_dir, "log")
     if not os.path.isdir(log_dir):
         raise EdgebrokerError(f"no commit log at {log_dir} (use --data-dir)")

@@ -41,9 +41,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import queue
 
-from edgebroker.security import passwords
 
 log = logging.getLogger("edgebroker.security")
 
@@ -77,7 +75,10 @@ class Authenticator:
         self.workers = workers
         self.stats = _Counts()   # anything with ``password_checks``: the broker's Stats
         self._pool = None   # a ThreadPoolExecutor, from the first check on
-        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        # The workers' results (a queue.SimpleQueue) and queue.Empty, with the pool: a broker
+        # without password files loads neither concurrent.futures nor queue.
+        self._results = None
+        self._empty: type[Exception] = Exception
         self._key = os.urandom(32)
         self.scram_secret = os.urandom(32)   # the salts of SCRAM users without keys
         self._cache: set[bytes] = set()
@@ -142,6 +143,7 @@ class Authenticator:
         else:
             key = None
             # unknown users cost as much as known ones
+            from edgebroker.security import passwords   # a broker without password files
             parsed = dummy if dummy is not None else passwords.dummy_hash()
         if self.throttled(host, username) is not None:
             done(BLOCKED)
@@ -156,8 +158,12 @@ class Authenticator:
         if self._pool is None:
             # Imported here: a broker without password files never loads concurrent.futures.
             from concurrent.futures import ThreadPoolExecutor
+            if self._results is None:
+                import queue
+                self._results, self._empty = queue.SimpleQueue(), queue.Empty
             self._pool = ThreadPoolExecutor(max_workers=self.workers,
                                             thread_name_prefix="edgebroker-auth")
+        from edgebroker.security import passwords   # a broker without password files
         future = self._pool.submit(passwords.verify_password, parsed, password)
         job = (host, username, key, done, self.clock())
         future.add_done_callback(lambda f: self._finished(job, f))
@@ -165,10 +171,12 @@ class Authenticator:
     def deliver(self) -> None:
         """Run the continuations of finished checks (on the loop thread, after a wake-up)."""
         results = self._results
+        if results is None:
+            return
         while True:
             try:
                 (host, username, key, done, started), ok = results.get_nowait()
-            except queue.Empty:
+            except self._empty:
                 return
             self.pending -= 1
             _release(self._pending_by_host, host)

@@ -34,11 +34,13 @@ import logging
 
 from edgebroker.config import AuthSettings, ListenerConfig
 from edgebroker.security import authenticator as A
-from edgebroker.security.acl import Acl
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # security.scram: imported by the exchanges (core/handlers/auth.py)
     from edgebroker.security import scram
-from edgebroker.security.passwords import PasswordFile
+    # Imported by ``build`` when a listener names such a file: without one a broker does not
+    # load them (docs/deploy.md, idle RSS).
+    from edgebroker.security.acl import Acl
+    from edgebroker.security.passwords import PasswordFile
 
 log = logging.getLogger("edgebroker.security")
 
@@ -77,11 +79,13 @@ class ListenerPolicy:
         if settings.password_file:
             key = ("password_file", settings.password_file)
             if key not in cache:
+                from edgebroker.security.passwords import PasswordFile
                 cache[key] = PasswordFile.load(settings.password_file)
             passwords = cache[key]
         if settings.acl_file:
             key = ("acl_file", settings.acl_file)
             if key not in cache:
+                from edgebroker.security.acl import Acl
                 cache[key] = Acl.load(settings.acl_file)
             acl = cache[key]
         return cls(lc.address, settings, passwords, acl, authenticator)

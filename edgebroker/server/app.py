@@ -42,8 +42,6 @@ from edgebroker.server.descriptors import (
 )
 from edgebroker.server.listeners import DescriptorReserve, Listener, UnixListener
 from edgebroker.server.loop import Loop
-from edgebroker.server.reload import Reloading
-from edgebroker.server.tls import TLSServer, TLSTransport
 from edgebroker.server.transport import Transport
 
 log = logging.getLogger("edgebroker.server")
@@ -80,7 +78,7 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class App(DescriptorRoom, Reloading):
+class App(DescriptorRoom):
     """The composition root: the loop, the commit log and its threads, the broker, the
     listeners and their security, the admin socket and the metrics endpoint."""
 
@@ -259,7 +257,10 @@ class App(DescriptorRoom, Reloading):
         out = []
         try:
             for i, lc in listeners:
-                tls = TLSServer(lc, f"listener[{i}]") if lc.tls else None
+                tls = None
+                if lc.tls:   # server/tls.py: a broker without TLS listeners does not load it
+                    from edgebroker.server.tls import TLSServer
+                    tls = TLSServer(lc, f"listener[{i}]")
                 policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files)
                 out.append((tls, policy))
         except ConfigError as exc:
@@ -343,6 +344,7 @@ class App(DescriptorRoom, Reloading):
         sock.setblocking(False)       # TCP_NODELAY comes from the listening socket
         max_pending = self.config.limits.max_pending_write_bytes
         if listener is not None and listener.tls is not None:
+            from edgebroker.server.tls import TLSTransport
             transport = TLSTransport(self.loop, sock, peer, listener.tls, listener, max_pending)
         else:
             transport = Transport(self.loop, sock, peer, listener, max_pending)
@@ -357,7 +359,13 @@ class App(DescriptorRoom, Reloading):
             framed.client = self.broker.connection_made(framed, refusal)
         return transport
 
-    # ----- shutdown (reload: server/reload.py) -------------------------------------------
+    def reload(self) -> None:
+        """SIGHUP: the configuration read again and applied (server/reload.py, imported at the
+        first one)."""
+        from edgebroker.server.reload import reload
+        reload(self)
+
+    # ----- shutdown -----------------------------------------------------------------------
 
     def shutdown(self) -> int:
         """Stop accepting, send what is queued (bounded in time), close everything. 1 when

@@ -42,8 +42,11 @@ import struct
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import EdgebrokerError
 from edgebroker.security.policy import ListenerPolicy
-from edgebroker.server.tls import TLSServer
 from edgebroker.server.peers import format_peer
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # server/tls.py: loaded by the app for TLS listeners only
+    from edgebroker.server.tls import TLSServer
 
 log = logging.getLogger("edgebroker.server")
 

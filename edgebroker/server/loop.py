@@ -30,7 +30,7 @@ from edgebroker.server import sdnotify
 from edgebroker.server.contention import CpuContention
 from edgebroker.server.framing import Framing
 from edgebroker.server.poller import make_poller
-from edgebroker.server.tls import HandshakeTimers
+from edgebroker.server.handshakes import HandshakeTimers
 from edgebroker.server.transport import Transport
 
 log = logging.getLogger("edgebroker.server")

@@ -1,7 +1,8 @@
-"""A reload (SIGHUP): ``Reloading.reload``, a mixin of ``server.app.App`` over its state (the
-loop, the broker, the listeners, the authenticator), applies what the configuration file says
-now; ``needs_restart`` names the settings the running broker keeps until a restart, logged in
-one warning."""
+"""A reload (SIGHUP): ``reload(app)``, over the state of ``server.app.App`` (the loop, the
+broker, the listeners, the authenticator), applies what the configuration file says now;
+``needs_restart`` names the settings the running broker keeps until a restart, logged in one
+warning. ``App.reload`` imports this module at the first SIGHUP: a broker never reloaded does
+not load it (docs/deploy.md, idle RSS)."""
 
 from __future__ import annotations
 
@@ -40,118 +41,116 @@ def needs_restart(started: Config, new: Config) -> list[str]:
     return changed
 
 
-class Reloading:
-    """SIGHUP on ``server.app.App``: the configuration read again and applied."""
-
-    def reload(self) -> None:
-        if self.reload_config is None:
-            return
-        sdnotify.notify("RELOADING=1")
+def reload(app) -> None:
+    """SIGHUP on ``server.app.App`` ``app``: the configuration read again and applied."""
+    if app.reload_config is None:
+        return
+    sdnotify.reloading()
+    try:
+        config = app.reload_config()
+    except ConfigError as exc:
+        log.error("reload failed, keeping the running configuration: %s", exc)
+    except Exception:
+        log.exception("reload failed, keeping the running configuration")
+    else:
+        changed = needs_restart(app.started, config)
+        if changed:
+            log.warning("reload: changes to %s take effect after a restart (the running "
+                        "values stay)", ", ".join(changed))
         try:
-            config = self.reload_config()
+            security = read_security(app, config)
         except ConfigError as exc:
             log.error("reload failed, keeping the running configuration: %s", exc)
-        except Exception:
+            sdnotify.notify("READY=1")
+            return
+        except (OSError, ValueError):
+            # What reading a file can raise that its loader did not turn into a
+            # ConfigError naming it (a gap there): nothing was applied yet.
             log.exception("reload failed, keeping the running configuration")
+            sdnotify.notify("READY=1")
+            return
+        apply_security(app, config, *security)
+        app.config = config
+        app.loop.hold_window = hold_window(config.coalesce_ms)
+        app.loop.busy_poll.seconds = config.busy_poll_us / 1e6
+        app.broker.apply_config(config)
+        _apply_limits(app, config)
+        logging.getLogger("edgebroker").setLevel(config.log_level.upper())
+        log.info("configuration reloaded from %s", config.source or "defaults")
+    sdnotify.notify("READY=1")
+
+def _apply_limits(app, config: Config) -> None:
+    """Server-side limits on reload: the accept rate, the per-connection output bound, the
+    descriptors reserved for max_connections."""
+    limits = config.limits
+    reserve_descriptors(limits.max_connections + SPARE_DESCRIPTORS)
+    app.warn_open_files()
+    gate = app.accept_gate
+    if not limits.max_connection_rate:
+        app.accept_gate = None
+    elif gate is None:
+        app.accept_gate = app._make_accept_gate(config)
+    else:
+        gate.rate = limits.max_connection_rate
+        gate.burst = limits.connection_burst
+    for transport in app.loop.transports:
+        transport.max_pending = limits.max_pending_write_bytes
+
+def read_security(app, config: Config) -> tuple[list, list]:
+    """Re-read certificates, password and ACL files (SIGHUP), changing nothing yet: the
+    (index in the new file, ListenerConfig) of each running listener, and its
+    (TLSServer or None, ListenerPolicy). ConfigError when a file cannot be used."""
+    running = []        # (index in the new file, its ListenerConfig) per running listener
+    new = config.listeners
+    for i, listener in enumerate(app.listeners):
+        address = listener.config.address
+        if i < len(new) and new[i].address == address:
+            running.append((i, new[i]))
+        else:   # moved in the file, or gone from it (then the running settings stay)
+            running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
+                                (i, listener.config)))
+    return running, app._security(config, running)
+
+def apply_security(app, config: Config, running: list, security: list) -> None:
+    """Put what ``read_security`` read in force. New connections use it; open TLS
+    connections keep their session; ACL decisions of connected clients and stored sessions
+    follow the re-read ACL."""
+    for listener, (_, lc), (tls, policy) in zip(app.listeners, running, security):
+        listener.reconfigure(lc)
+        listener.set_security(tls, policy)
+    app.authenticator.configure(config.max_login_failures, config.login_failure_window)
+    _rebind_acls(app)
+    files = sorted({f for _, p in security for f in (p.settings.password_file,
+                                                      p.settings.acl_file) if f})
+    tls_names = [x.address for x in app.listeners if x.tls is not None]
+    log.info("reload: re-read %s", ", ".join(
+        [f"certificates of {n}" for n in tls_names] + files) or "no security files")
+
+def _rebind_acls(app) -> None:
+    """After a reload: each session follows the ACL of the listener its client came in on
+    (the ACL file re-read, another one, or none any more). A connected client whose
+    listener has an ACL file now and had none gets a view of it; an offline session
+    without one gets it when its client comes back."""
+    acls = {listener.address: listener.policy.acl for listener in app.listeners
+            if listener.policy is not None}
+    for session in app.broker.sessions.values():
+        client = session.client
+        view = session.acl
+        if client is not None:
+            address, username = client.listener_address, client.username
+        elif view is not None:
+            address, username = view.listener, view.username
         else:
-            changed = needs_restart(self.started, config)
-            if changed:
-                log.warning("reload: changes to %s take effect after a restart (the running "
-                            "values stay)", ", ".join(changed))
-            try:
-                security = self.read_security(config)
-            except ConfigError as exc:
-                log.error("reload failed, keeping the running configuration: %s", exc)
-                sdnotify.notify("READY=1")
-                return
-            except (OSError, ValueError):
-                # What reading a file can raise that its loader did not turn into a
-                # ConfigError naming it (a gap there): nothing was applied yet.
-                log.exception("reload failed, keeping the running configuration")
-                sdnotify.notify("READY=1")
-                return
-            self.apply_security(config, *security)
-            self.config = config
-            self.loop.hold_window = hold_window(config.coalesce_ms)
-            self.loop.busy_poll.seconds = config.busy_poll_us / 1e6
-            self.broker.apply_config(config)
-            self._apply_limits(config)
-            logging.getLogger("edgebroker").setLevel(config.log_level.upper())
-            log.info("configuration reloaded from %s", config.source or "defaults")
-        sdnotify.notify("READY=1")
-
-    def _apply_limits(self, config: Config) -> None:
-        """Server-side limits on reload: the accept rate, the per-connection output bound, the
-        descriptors reserved for max_connections."""
-        limits = config.limits
-        reserve_descriptors(limits.max_connections + SPARE_DESCRIPTORS)
-        self.warn_open_files()
-        gate = self.accept_gate
-        if not limits.max_connection_rate:
-            self.accept_gate = None
-        elif gate is None:
-            self.accept_gate = self._make_accept_gate(config)
+            continue
+        if address not in acls:
+            continue        # a bridge's inbound side, or a listener no longer served
+        acl = acls[address]
+        if acl is None:
+            view = None
+        elif view is None:
+            view = acl.view(session.client_id, username, address)
         else:
-            gate.rate = limits.max_connection_rate
-            gate.burst = limits.connection_burst
-        for transport in self.loop.transports:
-            transport.max_pending = limits.max_pending_write_bytes
-
-    def read_security(self, config: Config) -> tuple[list, list]:
-        """Re-read certificates, password and ACL files (SIGHUP), changing nothing yet: the
-        (index in the new file, ListenerConfig) of each running listener, and its
-        (TLSServer or None, ListenerPolicy). ConfigError when a file cannot be used."""
-        running = []        # (index in the new file, its ListenerConfig) per running listener
-        new = config.listeners
-        for i, listener in enumerate(self.listeners):
-            address = listener.config.address
-            if i < len(new) and new[i].address == address:
-                running.append((i, new[i]))
-            else:   # moved in the file, or gone from it (then the running settings stay)
-                running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
-                                    (i, listener.config)))
-        return running, self._security(config, running)
-
-    def apply_security(self, config: Config, running: list, security: list) -> None:
-        """Put what ``read_security`` read in force. New connections use it; open TLS
-        connections keep their session; ACL decisions of connected clients and stored sessions
-        follow the re-read ACL."""
-        for listener, (_, lc), (tls, policy) in zip(self.listeners, running, security):
-            listener.reconfigure(lc)
-            listener.set_security(tls, policy)
-        self.authenticator.configure(config.max_login_failures, config.login_failure_window)
-        self._rebind_acls()
-        files = sorted({f for _, p in security for f in (p.settings.password_file,
-                                                          p.settings.acl_file) if f})
-        tls_names = [x.address for x in self.listeners if x.tls is not None]
-        log.info("reload: re-read %s", ", ".join(
-            [f"certificates of {n}" for n in tls_names] + files) or "no security files")
-
-    def _rebind_acls(self) -> None:
-        """After a reload: each session follows the ACL of the listener its client came in on
-        (the ACL file re-read, another one, or none any more). A connected client whose
-        listener has an ACL file now and had none gets a view of it; an offline session
-        without one gets it when its client comes back."""
-        acls = {listener.address: listener.policy.acl for listener in self.listeners
-                if listener.policy is not None}
-        for session in self.broker.sessions.values():
-            client = session.client
-            view = session.acl
-            if client is not None:
-                address, username = client.listener_address, client.username
-            elif view is not None:
-                address, username = view.listener, view.username
-            else:
-                continue
-            if address not in acls:
-                continue        # a bridge's inbound side, or a listener no longer served
-            acl = acls[address]
-            if acl is None:
-                view = None
-            elif view is None:
-                view = acl.view(session.client_id, username, address)
-            else:
-                view.rebind(acl)
-            session.acl = view
-            if client is not None:
-                client.acl = view
+            view.rebind(acl)
+        session.acl = view
+        if client is not None:
+            client.acl = view

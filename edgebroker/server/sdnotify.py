@@ -4,8 +4,9 @@ Under a ``Type=notify`` unit systemd sets ``NOTIFY_SOCKET`` (a path, or ``@name`
 abstract namespace); each message is one datagram of ``KEY=VALUE`` lines. Outside systemd
 every call is a no-op. What the broker sends (systemd/edgebroker.service, docs/deploy.md):
 
-- ``READY=1`` once every listener accepts (again after a reload), ``RELOADING=1`` on SIGHUP,
-  ``STOPPING=1`` when a stop signal arrives;
+- ``READY=1`` once every listener accepts (again after a reload), ``RELOADING=1`` on SIGHUP
+  with ``MONOTONIC_USEC=`` (CLOCK_MONOTONIC in µs, in the same datagram: sd_notify(3) pairs
+  them, and ``Type=notify-reload`` needs it), ``STOPPING=1`` when a stop signal arrives;
 - from the core loop, every ``Notifier.interval`` seconds: ``STATUS=`` with the connections and
   the PUBLISH rates in and out since the last one, and ``WATCHDOG=1`` when the unit has
   ``WatchdogSec=`` (``WATCHDOG_USEC``): at half of it, so a loop that hangs stops the pings and
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 
 STATUS_INTERVAL = 5.0   # seconds between STATUS= lines without a watchdog (or a slower one)
 
@@ -44,6 +46,12 @@ def notify(message: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def reloading() -> bool:
+    """``RELOADING=1`` with ``MONOTONIC_USEC=``, the time the reload starts, in one datagram."""
+    usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    return notify(f"RELOADING=1\nMONOTONIC_USEC={usec}")
 
 
 def for_this_process(pid: str) -> bool:

@@ -3,8 +3,9 @@ the cached root file system (packaging/boot-root.sh) booted with ``systemd-nspaw
 own systemd as PID 1. The tests run in order, as one gateway's life: install with
 ``apt install ./edgebroker_*.deb``, the service active (running) once the broker's READY=1
 came, MQTT from this machine (the container shares its network: loopback, a free port set in
-/etc/edgebroker/edgebroker.toml), ``systemctl reload``, the watchdog restarting a stopped
-broker, an upgrade to the same package with a higher version, remove, purge.
+/etc/edgebroker/edgebroker.toml), ``systemctl reload`` (and one a broken file makes fail),
+the watchdog restarting a stopped broker, an upgrade to the same package with a higher
+version, remove, purge.
 
 systemctl and apt run inside through ``nsenter`` into the container's namespaces. The
 container is started with ``--register=no --keep-unit``: this machine has no systemd of its
@@ -300,6 +301,37 @@ def test_reload_rereads_the_configuration(container, port, mosq):
     assert after["MainPID"] == before["MainPID"] and after["NRestarts"] == before["NRestarts"]
     assert (after["ActiveState"], after["SubState"]) == ("active", "running"), after
     round_trip(mosq, port, "boot/reload", "after reload")
+
+
+def test_reload_of_a_broken_configuration_fails_and_keeps_the_broker(container, port, mosq):
+    """ExecReload= checks the file before the SIGHUP: with a broken one `systemctl reload`
+    fails, naming the problem in the journal, and the broker (no SIGHUP reached it) serves on
+    in the same process; the file put back, a reload succeeds."""
+    config = container.root / "etc/edgebroker/edgebroker.toml"
+    good = config.read_text()
+    broken = good.replace('log_level = "info"', 'log_level = "loud"', 1)
+    assert broken != good
+    before = container.show("MainPID", "NRestarts")
+    line = "configuration reloaded from /etc/edgebroker/edgebroker.toml"
+    reloaded = container.journal().count(line)
+    config.write_text(broken)
+    try:
+        r = container.run("systemctl", "reload", UNIT, check=False)
+        assert r.returncode != 0, container.diagnose(r)
+        journal = container.journal()
+        assert "config error: /etc/edgebroker/edgebroker.toml: log_level" in journal, journal
+    finally:
+        config.write_text(good)
+    after = container.show("MainPID", "NRestarts", "ActiveState", "SubState")
+    assert after["MainPID"] == before["MainPID"] and after["NRestarts"] == before["NRestarts"]
+    assert (after["ActiveState"], after["SubState"]) == ("active", "running"), after
+    sub = mosq("sub", port, "-t", "boot/retained", "-q", "1", "-v", "-C", "1", "-W", "20")
+    assert sub.wait(25) == 0, sub.out.text()
+    container.run("systemctl", "reload", UNIT)
+    wait_for(lambda: container.journal().count(line) == reloaded + 1, "the reload's log line", 30)
+    # The broker takes its signals in order: a SIGHUP of the refused reload would have been
+    # logged before this one, as a failed reload.
+    assert "reload failed, keeping the running configuration" not in container.journal()
 
 
 def test_watchdog_restarts_a_stopped_broker(container, port, mosq):

@@ -103,7 +103,8 @@ def test_under_systemd_notify_watchdog_of_the_bootloader(binary, systemd, tmp_pa
         assert any(s.startswith("STATUS=") for s in
                    systemd.wait_for(lambda ln: ln == "WATCHDOG=1"))
         proc.send_signal(signal.SIGHUP)
-        systemd.wait_for(lambda ln: ln == "RELOADING=1")
+        reloading = systemd.wait_for(lambda ln: ln == "RELOADING=1")
+        assert any(ln.startswith("MONOTONIC_USEC=") for ln in reloading), reloading
         systemd.wait_for(lambda ln: ln == "READY=1")
         proc.send_signal(signal.SIGTERM)
         systemd.wait_for(lambda ln: ln == "STOPPING=1")

@@ -5,6 +5,7 @@ systemd-analyze runs offline: no systemd needs to run here."""
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 
@@ -43,8 +44,12 @@ def test_unit_settings():
     one = {k: v[-1] for k, v in s.items()}
     assert one["Type"] == "notify" and one["NotifyAccess"] == "all"
     assert one["ExecStart"].startswith("/usr/local/bin/edgebroker serve")
-    assert "-HUP $MAINPID" in one["ExecReload"]
+    # A reload checks the file first (a failing line stops the reload), then signals.
+    assert s["ExecReload"] == [
+        "/usr/local/bin/edgebroker config check -c /etc/edgebroker/edgebroker.toml",
+        "/bin/kill -HUP $MAINPID"], s["ExecReload"]
     assert one["Restart"] == "on-failure"
+    assert one["RestartPreventExitStatus"] == "2"   # a configuration error: no restart loop
     assert int(one["WatchdogSec"].rstrip("s")) > 0
     assert one["StateDirectory"] == "edgebroker"
     assert one["RuntimeDirectory"] == "edgebroker"
@@ -81,8 +86,7 @@ def test_socket_unit_settings():
                                    ("edgebroker.socket", "edgebroker.service")])
 def test_verify_says_nothing(binary, tmp_path, units):
     service = tmp_path / "edgebroker.service"
-    service.write_text(UNIT.read_text().replace("ExecStart=/usr/local/bin/edgebroker ",
-                                                f"ExecStart={binary} "))
+    service.write_text(UNIT.read_text().replace("=/usr/local/bin/edgebroker ", f"={binary} "))
     (tmp_path / "edgebroker.socket").write_text(SOCKET_UNIT.read_text())
     r = subprocess.run(["systemd-analyze", "verify", *(str(tmp_path / u) for u in units)],
                        capture_output=True, text=True, timeout=60)
@@ -97,12 +101,53 @@ def test_security_exposure_at_most_2():
     assert float(found[1]) <= 2.0 and r.returncode == 0, r.stdout
 
 
+def reload_check(binary, config) -> subprocess.CompletedProcess:
+    """The unit's first ExecReload= line, the binary and the configuration file replaced, run
+    with the state directory the unit gives it ($STATE_DIRECTORY: the test's tmp folder)."""
+    command = settings()["ExecReload"][0].split()
+    assert command[:2] == ["/usr/local/bin/edgebroker", "config"] and command[-1] == \
+        "/etc/edgebroker/edgebroker.toml", command
+    state = config.parent
+    return subprocess.run([str(binary), *command[1:-1], str(config)], capture_output=True,
+                          text=True, timeout=30, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, STATE_DIRECTORY=str(state), TMPDIR=str(state)))
+
+
 def test_example_configuration_checks(binary, tmp_path):
-    r = subprocess.run([str(binary), "config", "check", "-c", str(EXAMPLE_CONFIG)],
-                       capture_output=True, text=True, timeout=30,
-                       env=dict(os.environ, STATE_DIRECTORY=str(tmp_path), TMPDIR=str(tmp_path)))
+    """The reload's check passes on the example configuration, with the unit's state directory;
+    it fails (exit 2, naming the key) on a broken one, which stops the reload before SIGHUP."""
+    config = tmp_path / "edgebroker.toml"
+    shutil.copy(EXAMPLE_CONFIG, config)
+    r = reload_check(binary, config)
     assert r.returncode == 0, r.stderr
     assert f"state directory: {tmp_path}" in r.stdout, r.stdout
+    config.write_text(EXAMPLE_CONFIG.read_text().replace('log_level = "info"',
+                                                         'log_level = "loud"'))
+    r = reload_check(binary, config)
+    assert r.returncode == 2 and f"config error: {config}: log_level" in r.stderr, r.stderr
+
+
+def test_exit_status_2_is_a_configuration_error_only(binary, tmp_path):
+    """RestartPreventExitStatus=2 stops only what a restart cannot mend: the binary (as the
+    unit runs it) exits 2 for a bad configuration, 1 when its port is another process's, which
+    systemd then restarts."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('log_level = "loud"\n')
+    r = subprocess.run([str(binary), "serve", "-c", str(bad), "--data-dir", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=30, env=env,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "config error" in r.stderr, (r.returncode, r.stderr)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        r = subprocess.run([str(binary), "serve", "--listen", f"127.0.0.1:{port}",
+                            "--data-dir", str(tmp_path / "d")],
+                           capture_output=True, text=True, timeout=30, env=env,
+                           stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, \
+        (r.returncode, r.stderr)
 
 
 def network_setup(port: int, passwd) -> tuple[str, list[str]]:

@@ -1,8 +1,9 @@
 """sd_notify: the test plays systemd's part with a datagram socket named by NOTIFY_SOCKET.
 
 READY=1 once listening, STATUS= lines with connections and PUBLISH rates, WATCHDOG=1 from the
-core loop at half of WATCHDOG_USEC (and none while the loop is stopped), RELOADING=1 and READY=1
-around a SIGHUP reload, STOPPING=1 on SIGTERM (systemd/edgebroker.service, docs/deploy.md)."""
+core loop at half of WATCHDOG_USEC (and none while the loop is stopped), RELOADING=1 (with
+MONOTONIC_USEC) and READY=1 around a SIGHUP reload, STOPPING=1 on SIGTERM
+(systemd/edgebroker.service, docs/deploy.md)."""
 
 import re
 import signal
@@ -41,9 +42,14 @@ def test_ready_status_watchdog_reload_stopping(systemd, broker, monkeypatch):
     pings = sum("WATCHDOG=1" in msg for msg in systemd.messages[begin:])
     assert 3 <= pings <= 7, systemd.messages[begin:]
 
-    # SIGHUP: RELOADING=1 then READY=1 again.
+    # SIGHUP: RELOADING=1 with MONOTONIC_USEC (CLOCK_MONOTONIC in µs, the same clock as
+    # the test's, in the same datagram), then READY=1 again.
+    before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
     b.send_signal(signal.SIGHUP)
-    systemd.wait_for(lambda ln: ln == "RELOADING=1")
+    reloading = systemd.wait_for(lambda ln: ln == "RELOADING=1")
+    after = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    stamps = [ln.partition("=")[2] for ln in reloading if ln.startswith("MONOTONIC_USEC=")]
+    assert len(stamps) == 1 and before <= int(stamps[0]) <= after, (before, reloading, after)
     systemd.wait_for(lambda ln: ln == "READY=1")
 
     # SIGTERM: STOPPING=1, exit 0.

@@ -453,7 +453,7 @@ class _Handshaking:
 def test_handshake_timers_let_go_of_finished_handshakes():
     # A handshake that ends leaves the heap's entry at once (a closed TLS connection is not
     # held until its handshake deadline); the heap is rebuilt once such entries are half of it.
-    from edgebroker.server.tls import HandshakeTimers
+    from edgebroker.server.handshakes import HandshakeTimers
     timers = HandshakeTimers()
     timed_out = []
     pending = [_Handshaking(timed_out) for _ in range(10)]

@@ -12,7 +12,8 @@ import ssl
 import pytest
 
 from edgebroker.server.contention import CpuContention
-from edgebroker.server.tls import OPEN, HandshakeTimers, TLSTransport, load_ssl
+from edgebroker.server.handshakes import HandshakeTimers
+from edgebroker.server.tls import OPEN, TLSTransport, load_ssl
 from server.test_pause_reasons import FakeLoop
 
 WRITE = selectors.EVENT_WRITE

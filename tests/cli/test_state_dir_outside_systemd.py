@@ -1,0 +1,72 @@
+"""The state directory of a command run in a shell on the service's configuration file (no
+data_dir in it, no $STATE_DIRECTORY: ./edgebroker-data, the one outside systemd): `config
+check` says so and names the unit's, /var/lib/edgebroker; `inspect` and `upload` commands, when
+that directory does not exist, say the same rather than "no commit log" there."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import REPO, broker_command
+
+CONFIG = REPO / "systemd" / "edgebroker.toml"     # the unit's: no data_dir
+UNIT_STATE_DIR = "/var/lib/edgebroker"
+
+
+def run(cwd, *args, state_directory: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
+    if state_directory is not None:
+        env["STATE_DIRECTORY"] = state_directory
+    return subprocess.run([*broker_command(), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=30, stdin=subprocess.DEVNULL)
+
+
+def test_config_check_names_the_state_directory_outside_systemd(tmp_path):
+    shell = tmp_path / "edgebroker-data"
+    r = run(tmp_path, "config", "check", "-c", str(CONFIG))
+    assert r.returncode == 0, r.stderr
+    ok, note = r.stdout.splitlines()
+    assert ok.endswith(f"state directory: {shell})"), r.stdout
+    assert note.startswith(f"note: {shell} is the state directory outside systemd"), note
+    assert f"under systemd/edgebroker.service it is {UNIT_STATE_DIR}" in note, note
+    assert f"`STATE_DIRECTORY={UNIT_STATE_DIR} edgebroker config check -c {CONFIG}`" in note
+    assert not shell.exists()
+    r = run(tmp_path, "config", "check", "-c", str(CONFIG), "--format", "json")
+    report = json.loads(r.stdout)
+    assert report["state_dir"] == str(shell) and report["state_dir_outside_systemd"] is True
+
+
+def test_config_check_with_the_units_state_directory_says_no_more(tmp_path):
+    state = tmp_path / "state"
+    r = run(tmp_path, "config", "check", "-c", str(CONFIG), state_directory=str(state))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"{CONFIG}: OK (listeners: 127.0.0.1:1883; state "
+                                     f"directory: {state})"], r.stdout
+    r = run(tmp_path, "config", "check", "-c", str(CONFIG), "--format", "json",
+            state_directory=str(state))
+    assert json.loads(r.stdout)["state_dir_outside_systemd"] is False
+
+
+@pytest.mark.parametrize("command", [["inspect", "segments"], ["inspect", "sessions"],
+                                     ["inspect", "stats"], ["inspect", "clients"],
+                                     ["upload", "status"]])
+def test_commands_on_a_missing_state_directory_outside_systemd_say_so(tmp_path, command):
+    r = run(tmp_path, *command, "-c", str(CONFIG))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.splitlines() == [
+        f"edgebroker: no state directory: {tmp_path / 'edgebroker-data'} is the state directory "
+        f"outside systemd (no data_dir, no $STATE_DIRECTORY); under "
+        f"systemd/edgebroker.service it is {UNIT_STATE_DIR}: give --data-dir {UNIT_STATE_DIR}"]
+    assert not (tmp_path / "edgebroker-data").exists()
+
+
+def test_an_existing_state_directory_outside_systemd_is_used(tmp_path):
+    """A development run's ./edgebroker-data is the state directory, as for serve: the command
+    goes on to what it finds there (no broker: its admin socket is missing)."""
+    (tmp_path / "edgebroker-data").mkdir()
+    r = run(tmp_path, "inspect", "stats", "-c", str(CONFIG))
+    assert r.returncode == 1
+    assert "cannot reach the broker's admin socket" in r.stderr, r.stderr
+    assert str(tmp_path / "edgebroker-data" / "admin.sock") in r.stderr, r.stderr
