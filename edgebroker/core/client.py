@@ -420,10 +420,10 @@ class Client:
         # this client, a cycle that would keep the closed client until a garbage collection.
         exc.with_traceback(None)
         broker = self.broker
-        if self.v5 is not None or exc.connect5 and not self.connected:
+        checking = self._handlers is AUTHENTICATING     # its CONNECT waits: a close
+        if (self.v5 is not None or exc.connect5 and not self.connected) and not checking:
             return self._violation5(exc)
-        code = (None if self.connected or self.pending is not None   # (password check: close)
-                else CONNACK_CODES_311.get(exc.reason))
+        code = None if self.connected or checking else CONNACK_CODES_311.get(exc.reason)
         if code is not None:
             reason = ("protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
                       else "client_id")

@@ -145,11 +145,13 @@ class Framing:
     def _end_when_handled(self) -> None:
         """The peer's close frame (or a bad frame) came: end the connection once the client
         has handled the packets that came before it. A throttled client, or one whose
-        password check is running, keeps them unhandled for a while (as a TCP client's FIN
+        password check is running with packets held behind its CONNECT, keeps them unhandled
+        for a while (as a TCP client's FIN
         waits unread behind them): the socket is not read meanwhile, and this is tried
         again when the client is read again (``resume_reading``)."""
         client = self.client
-        if not client.closed and (client.halted or client.pending is not None
+        pending = client.pending            # [CONNECT, packets held behind it] or None
+        if not client.closed and (client.halted or pending is not None and len(pending) > 1
                                   or client.held is not None):
             self.stream.pause_reading("frames")
             return

@@ -416,3 +416,30 @@ def test_reload_picks_up_a_new_user_and_changed_keys(broker, tmp_path, uid):
     done = c.expect(m5.AUTH)
     assert done.reason == 0 and s.verify(done.properties[m5.AUTH_DATA])
     assert login(b, f"{uid}-a2", "alice", "alice-pw")[2].reason == 0x86
+
+
+def test_a_websocket_client_closing_during_the_exchange_is_closed_at_once(broker, tmp_path):
+    """A 5.0 client over a WebSocket starts SCRAM, gets the server's first AUTH, then sends a
+    close frame: answered at once (as a TCP FIN is), not held for connect_timeout (the close
+    waited for the CONNECT still being decided) and counted as a connect timeout."""
+    import socket
+    import time
+    from wsproto.events import CloseConnection
+    from wsclient import WebSocketSocket
+    pw = tmp_path / "passwd"
+    write_file(pw, password_lines({"alice": "alice-pw"}))
+    b = broker(password_file=str(pw), limits={"connect_timeout": 30},
+               listener=[{"host": "127.0.0.1", "port": 0, "protocol": "websockets"}])
+    ws = WebSocketSocket(socket.create_connection((b.host, b.port), timeout=10), "/mqtt")
+    try:
+        scram = Scram("alice", "alice-pw")
+        ws.sendall(m5.connect5("scram-ws", props=auth_props(scram.first())))
+        assert ws.recv(65536)[0] >> 4 == 15                  # the server's first AUTH
+        started = time.monotonic()
+        ws.send_event(CloseConnection(code=1000))
+        assert ws.wait_close(20) == 1000
+        assert time.monotonic() - started < 10      # (connect_timeout is 30 s)
+    finally:
+        ws.close()
+    assert b.stats()["counters"]["connect_timeouts"] == 0
+
