@@ -67,8 +67,8 @@ def repair_index(self, seg: Segment, offset: int) -> bool:
         return False
     self._index_repaired.add(seg.base_offset)
     entries = bytearray()
-    _added, damage = self._index_walk(seg, seg.fd, SEGMENT_HEADER_SIZE,
-                                      os.fstat(seg.fd).st_size, seg.base_offset, 0, entries)
+    _added, damage = self._index_walk(seg, seg.fd, SEGMENT_HEADER_SIZE, seg.size,
+                                      seg.base_offset, 0, entries)
     for d in damage:
         if d.kind != "torn":
             self._report(d)
@@ -82,14 +82,18 @@ def repair_index(self, seg: Segment, offset: int) -> bool:
     log.warning("%s: an entry did not match its record (offset %d); index rebuilt",
                 seg.index_path, offset)
     if not self.readonly:
-        try:
-            seg.write_index_file(entries, count, self._dir_fd)
-        except OSError as exc:
-            log.warning("%s: cannot save the index (%s); its %d entries are kept in memory",
-                        seg.index_path, exc.strerror or exc, count)
-            return True
-        if seg.sealed:
-            with self._lock:
+        # Under the lock: the flusher takes the index file's descriptor (and its trim) there.
+        # The file written is whole and fsynced: nothing is left for the flusher to do.
+        with self._lock:
+            try:
+                seg.write_index_file(entries, count, self._dir_fd)
+            except OSError as exc:
+                log.warning("%s: cannot save the index (%s); its %d entries are kept in "
+                            "memory", seg.index_path, exc.strerror or exc, count)
+                return True
+            seg.index_trim = -1
+            seg.index_dirty = False
+            if seg.sealed:
                 seg.map_index_readonly()
     return True
 
