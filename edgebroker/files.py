@@ -4,6 +4,7 @@ a bridge's checkpoint, the client's state file)."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 
@@ -41,3 +42,18 @@ def replace_file(path: str, data: bytes, mode: int = 0o600) -> None:
         write_small_file(path, data, dir_fd, mode)
     finally:
         os.close(dir_fd)
+
+
+def write_zeros(fd: int, nbytes: int) -> int:
+    """Make the file ``nbytes`` long by writing zeros and fsync it (room taken on a file
+    system that cannot allocate ahead: the file's size then counts it); 0 or the errno."""
+    block = bytes(64 << 10)
+    try:
+        size = os.fstat(fd).st_size
+        while size < nbytes:
+            size += os.pwrite(fd, block[:nbytes - size], size)
+        os.fsync(fd)
+    except OSError as exc:
+        return exc.errno or errno.EIO
+    return 0
+

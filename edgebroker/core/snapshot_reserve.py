@@ -18,6 +18,7 @@ import logging
 import os
 
 from edgebroker.commitlog.segment import preallocate
+from edgebroker.files import write_zeros
 
 log = logging.getLogger("edgebroker.snapshot")
 
@@ -56,7 +57,7 @@ class SnapshotReserve:
             want = max(want, os.fstat(fd).st_size)      # one a former run made
             err = preallocate(fd, want)
             if err in (errno.EOPNOTSUPP, errno.ENOSYS):
-                err = _write_zeros(fd, want)    # a file system that cannot allocate ahead
+                err = write_zeros(fd, want)    # a file system that cannot allocate ahead
             elif not err:
                 os.ftruncate(fd, want)          # (over blocks allocated: takes no more)
         except OSError as exc:
@@ -102,16 +103,3 @@ class SnapshotReserve:
 
 def _rounded(nbytes: int, block: int = 4096) -> int:
     return -(-nbytes // block) * block
-
-
-def _write_zeros(fd: int, nbytes: int) -> int:
-    """Allocate by writing (the file's size then counts them); 0 or the errno."""
-    block = bytes(MIN_BYTES)
-    try:
-        size = os.fstat(fd).st_size
-        while size < nbytes:
-            size += os.pwrite(fd, block[:nbytes - size], size)
-        os.fsync(fd)
-    except OSError as exc:
-        return exc.errno or errno.EIO
-    return 0

@@ -15,6 +15,7 @@ import logging
 import os
 
 from edgebroker.commitlog.segment import preallocate
+from edgebroker.files import write_zeros
 
 log = logging.getLogger("edgebroker.upload")
 
@@ -45,7 +46,7 @@ class Reserve:
             try:
                 err = preallocate(fd, RESERVE_BYTES)
                 if err in (errno.EOPNOTSUPP, errno.ENOSYS):
-                    err = _write_zeros(fd, RESERVE_BYTES)
+                    err = write_zeros(fd, RESERVE_BYTES)
                 elif not err:
                     os.ftruncate(fd, RESERVE_BYTES)
             except OSError as exc:
@@ -83,19 +84,6 @@ class Reserve:
                     self.path)
         self.held = False
         return True
-
-
-def _write_zeros(fd: int, nbytes: int) -> int:
-    """Allocate by writing (a file system that cannot allocate ahead); 0 or the errno."""
-    try:
-        size = os.fstat(fd).st_size
-        block = bytes(64 << 10)
-        while size < nbytes:
-            size += os.pwrite(fd, block[:nbytes - size], size)
-        os.fsync(fd)
-    except OSError as exc:
-        return exc.errno or errno.EIO
-    return 0
 
 
 __all__ = ["Reserve", "RESERVE_BYTES", "NO_ROOM"]
