@@ -3,9 +3,10 @@ short by the broker's stop.
 
 A store that takes the connection and never answers holds a request until its timeout (30 s
 for a connect and for each read or write): ``interrupt()``, called by the uploader's stop from
-another thread, shuts the socket down (a connect, a TLS handshake or a wait for the answer ends
-at once with an error) and refuses every later connection, so the stop does not wait for the
-store. The socket is opened here rather than by ``http.client`` so that a duplicate of it is
+another thread, shuts the socket down (a TLS handshake or a wait for the answer ends at once
+with an error; a TCP connect the store has not answered yet may still wait for its timeout, and
+the stop then for its own bound) and refuses every later connection, so the stop does not wait
+for a store that took the connection. The socket is opened here rather than by ``http.client`` so that a duplicate of it is
 kept (``shutdown`` on it reaches the socket whatever wraps it; the duplicate, closed with the
 connection, also keeps its descriptor from being reused by another file meanwhile).
 """
