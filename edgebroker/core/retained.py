@@ -29,8 +29,11 @@ from edgebroker.mqtt import packets as P
 
 
 # Retained messages matched for a SUBSCRIBE that cost the client one packet of its
-# control_rate (docs/limits.md, "Control packet rate").
+# control_rate (docs/limits.md, "Control packet rate"); nodes of the retained tree walked to
+# find them cost a tenth of a match each (a filter of "+" levels matching nothing may walk
+# the whole tree).
 RETAINED_PER_PACKET = 100
+WALKED_PER_MATCH = 10
 
 
 class RetainedDelivery:
@@ -58,7 +61,7 @@ class RetainedDelivery:
             # One walk for them all: a message matching several of the filters goes once,
             # with the highest QoS among them (as live routing does, MQTT-3.3.5-1).
             matches = list(self.retained.match_filters(wanted))
-        examined = len(matches)
+        examined = len(matches) + self.retained.visited // WALKED_PER_MATCH
         for message, max_qos in matches:
             queued = session.retained_queued
             if queued and message.offset in queued:
@@ -103,8 +106,9 @@ class RetainedDelivery:
         if cursor is not None and cursor.held and len(cursor.held) > count:
             self.pump(session)      # they go at once if the cursor is there already
         if examined >= RETAINED_PER_PACKET and client is not None:
-            # The work costs the client's control rate as that many packets would: a client
-            # subscribing to '#' over and over is throttled, not the loop taken.
+            # The work (messages matched, nodes walked) costs the client's control rate as
+            # that many packets would: a client subscribing to '#' over and over, or to
+            # filters that walk a large retained tree, is throttled, not the loop taken.
             client.charge_control(examined // RETAINED_PER_PACKET)
 
     def read_end(self, cursor) -> int:

@@ -168,6 +168,9 @@ class RetainedTree:
         # Topics set or deleted since the owner last took this set (the broker's snapshot
         # takes only what changed); at most one entry per topic.
         self.changed: set[str] = set()
+        # Nodes the last match / match_filters walk visited (once it ran to its end): the
+        # work it took, whatever it found (the broker charges it to the subscriber).
+        self.visited = 0
 
     def set(self, topic: str, value: Any) -> None:
         node = self._root
@@ -222,10 +225,12 @@ class RetainedTree:
         """Stored values whose topic matches ``topic_filter``."""
         levels = topic_filter.split("/")
         depth = len(levels)
+        visited = 0
         # Iterative walk (topics may have thousands of levels).
         stack = [(self._root, 0)]
         while stack:
             node, i = stack.pop()
+            visited += 1
             if i == depth:
                 if node.value is not None:
                     yield node.value
@@ -239,6 +244,7 @@ class RetainedTree:
                          if not (i == 0 and name.startswith("$"))]
                 while below:
                     child = below.pop()
+                    visited += 1
                     if child.value is not None:
                         yield child.value
                     below.extend(child.children.values())
@@ -250,12 +256,15 @@ class RetainedTree:
                 child = node.children.get(level)
                 if child is not None:
                     stack.append((child, i + 1))
+        self.visited = visited
 
     def match_filters(self, filters: dict[str, int]) -> Iterator[tuple[Any, int]]:
         """(stored value, QoS) for each value whose topic matches any of ``filters`` (filter
         -> QoS), once, with the highest QoS of the filters it matches. One walk of the tree
-        for all of them: the filters are put in a tree of their own and walked alongside, so
-        the work grows with the values and the filters' nodes, not with values x filters."""
+        for all of them: the filters are put in a tree of their own and walked alongside; at
+        each node only the children some filter can match are visited (all of them under a
+        wildcard), and what a set of filter nodes can meet is worked out once per set.
+        ``visited`` then holds how many nodes the walk took."""
         root = _FNode()
         for topic_filter, qos in filters.items():
             node = root
@@ -269,29 +278,44 @@ class RetainedTree:
         # Each entry: a node of this tree, the filter nodes its path matched, and the QoS of
         # the "#" filters matched above it (-1: none), which every value below it gets.
         stack: list = [(self._root, (root,), -1)]
+        # What a set of filter nodes lets the next level meet, made once per set (many nodes
+        # of this tree meet the same set): their literal children by level, their "+"
+        # children, and the QoS of their "#" children.
+        plans: dict[tuple, tuple] = {}
+        visited = 0
         while stack:
             rnode, fnodes, below = stack.pop()
             top = rnode is self._root
-            # What the children's levels can meet: the filter nodes' literal children by
-            # level, their "+" children, and the QoS of their "#" children.
-            literal: dict[str, list] = {}
-            plus = []
-            hashed = -1
-            for fnode in fnodes:
-                for name, child in fnode.children.items():
-                    if name == "+":
-                        plus.append(child)
-                    elif name == "#":
-                        if child.qos > hashed:
-                            hashed = child.qos
-                    else:
-                        found = literal.get(name)
-                        if found is None:
-                            literal[name] = [child]
+            key = tuple(map(id, fnodes))
+            plan = plans.get(key)
+            if plan is None:
+                literal: dict[str, list] = {}
+                plus = []
+                hashed = -1
+                for fnode in fnodes:
+                    for name, child in fnode.children.items():
+                        if name == "+":
+                            plus.append(child)
+                        elif name == "#":
+                            if child.qos > hashed:
+                                hashed = child.qos
                         else:
-                            found.append(child)
-            plus_ends = _ends(plus)
-            for name, rchild in rnode.children.items():
+                            found = literal.get(name)
+                            if found is None:
+                                literal[name] = [child]
+                            else:
+                                found.append(child)
+                plan = plans[key] = (literal, plus, hashed, _ends(plus))
+            literal, plus, hashed, plus_ends = plan
+            children = rnode.children
+            if plus or hashed >= 0 or below >= 0:
+                meet = children.items()         # any level may match
+            elif len(literal) < len(children):  # only the filters' own levels can
+                meet = [(name, children[name]) for name in literal if name in children]
+            else:
+                meet = [(name, child) for name, child in children.items() if name in literal]
+            for name, rchild in meet:
+                visited += 1
                 # MQTT-4.7.2-1: no leading wildcard matches a "$" topic.
                 wild = not (top and name.startswith("$"))
                 exact = literal.get(name, ())
@@ -313,6 +337,8 @@ class RetainedTree:
                     under = list(rchild.children.values())
                     while under:
                         node = under.pop()
+                        visited += 1
                         if node.value is not None:
                             yield node.value, child_below
                         under.extend(node.children.values())
+        self.visited = visited

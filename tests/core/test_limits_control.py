@@ -145,6 +145,23 @@ def test_retained_messages_a_subscribe_matches_cost_the_control_rate(broker, uid
                       start=mark)
 
 
+def test_subscribes_that_walk_a_large_retained_tree_cost_the_control_rate(broker, uid):
+    """A SUBSCRIBE whose filter matches no retained message may still walk the whole tree
+    ("+" levels): 1,000 such SUBSCRIBEs pipelined took the loop for seconds, each charged
+    one packet. The nodes walked are charged too (ten per retained message matched), so five
+    SUBSCRIBEs, within the burst of 10 as packets, are throttled, counted and logged."""
+    b = broker(limits={"control_rate": 100, "control_burst": 10})
+    _retained(b, uid, 4000)                                 # <uid>/r/<i>
+    c = b.client(f"{uid}-sub")
+    mark = b.mark()
+    c.send(b"".join(m.subscribe(i + 1, [("+/+/+/none", 0)]) for i in range(5)))
+    assert [c.expect(m.SUBACK, 15).packet_id for _ in range(5)] == [1, 2, 3, 4, 5]
+    assert b.stats()["limit_hits"]["control_rate"] >= 1
+    assert b.client_row(f"{uid}-sub")["throttled_seconds"] > 0
+    assert b.wait_log(lambda ln: "over its control packet rate" in ln and f"{uid}-sub" in ln,
+                      start=mark)
+
+
 def test_a_filter_listed_twice_in_one_subscribe_gets_its_retained_messages_once(broker, uid):
     b = broker()
     _retained(b, uid, 3)

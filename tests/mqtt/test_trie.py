@@ -126,6 +126,21 @@ def test_retained_match_filters_examples():
     assert list(tree.match_filters({})) == []
 
 
+def test_retained_walks_count_the_nodes_they_visit_and_skip_what_cannot_match():
+    """``visited``: the work of the last walk, whatever it found (the broker charges it). A
+    walk for literal filters visits only their own levels, however many topics sit beside
+    them; a "+" visits every node at its level."""
+    tree = RetainedTree()
+    for i in range(1000):
+        tree.set(f"r{i}/v", i)
+    assert dict(tree.match_filters({"r5/v": 1, "r7/v": 0})) == {5: 1, 7: 0}
+    assert tree.visited == 4                                # r5, r5/v, r7, r7/v
+    assert list(tree.match_filters({f"+/f{j}": 0 for j in range(500)})) == []
+    assert 1000 <= tree.visited <= 1000 + 10                # every r<i>, none of the v below
+    assert list(tree.match("+/+/none")) == [] and tree.visited >= 2000
+    assert sorted(tree.match("r1/#")) == [1] and tree.visited <= 5
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(TOPIC, max_size=10), st.lists(TOPIC, max_size=4), topic_filters())
 def test_retained_tree_agrees_with_brute_force(stored, deleted, topic_filter):
