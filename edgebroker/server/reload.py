@@ -79,6 +79,7 @@ def reload(app) -> None:
         log.info("configuration reloaded from %s", config.source or "defaults")
     sdnotify.notify("READY=1")
 
+
 def _apply_limits(app, config: Config) -> None:
     """Server-side limits on reload: the accept rate, the per-connection output bound, the
     descriptors reserved for max_connections."""
