@@ -50,6 +50,7 @@ def test_refused_for_good_is_skipped_counted_and_logged_once(broker):
                  + m5.puback5(more[2].packet_id, 0x99))
         fig = wait_figure(gw, lambda f: f["cursor"] == 6)
         assert (fig["forwarded"], fig["refused"], fig["lag_messages"]) == (2, 4, 0), fig
+        assert gw.wait_log(lambda ln: "reason code 0x99" in ln, 5, mark)   # (read after fig)
         lines = [ln for ln in gw.logs[mark:] if "was refused" in ln]
         assert [re.search(r"reason code (0x..)", ln).group(1) for ln in lines] == [
             "0x87", "0x90", "0x99"], lines
