@@ -122,3 +122,16 @@ def test_no_import_cycle():
         if n not in state:
             visit(n)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_brokers_parts_define_no_name_twice():
+    """``Broker`` is made of parts (mixins over its state, one concept per file): a method or
+    attribute two parts define would make one of them call the other's, silently."""
+    from edgebroker.core.broker import Broker
+    owners: dict[str, list[str]] = {}
+    for part in Broker.__mro__[:-1]:
+        for name in vars(part):
+            if not name.startswith("__"):
+                owners.setdefault(name, []).append(part.__name__)
+    twice = {name: parts for name, parts in owners.items() if len(parts) > 1}
+    assert not twice, f"defined by more than one part of Broker: {twice}"

@@ -429,6 +429,13 @@ class CatchUp:
             return
         behind = self.behind
         first = commit_log.first_offset
+        due = commit_log.offset_at_time(self.journal.wall_ms()
+                                        - commit_log.options.retention_ms)
+        for session in behind:
+            cursor = session.cursor
+            if ((cursor.offset < due or cursor.offset < first) and session.client is None
+                    and not session.subscriptions and cursor.held is None):
+                self._move_to_head(session, first)
         if first > self._first_offset:
             self._first_offset = first
             for session in list(behind):
@@ -452,8 +459,6 @@ class CatchUp:
         # A connected session reads and is acknowledged: what it needs moves on (offline,
         # it stays where _go_offline left it). Worked out again only for cursors that hold
         # records age retention would delete, so that it costs nothing most of the time.
-        due = commit_log.offset_at_time(self.journal.wall_ms()
-                                        - commit_log.options.retention_ms)
         hold = NO_HOLD
         for session in behind:
             cursor = session.cursor
@@ -462,6 +467,21 @@ class CatchUp:
             if cursor.floor < hold:
                 hold = cursor.floor
         commit_log.hold_offset = hold
+
+    def _move_to_head(self, session, first: int) -> None:
+        """Nothing past the cursor of ``session`` can be for it: offline (a SUBSCRIBE comes
+        with a connection, from its own offset on), no subscriptions of its own (shared ones
+        read their groups' backlogs, core.shared), no retained copies held. The cursor moves to
+        the head quietly (nothing was lost to it) and holds no segment from retention."""
+        head = self.live_offset()
+        cursor = session.cursor
+        if cursor.offset < head:
+            cursor.offset = head
+            cursor.done = None      # offsets below the head: passed over too
+            session.saved = None
+            if not session.clean:
+                self._snapshot_dirty = True
+        cursor.floor = needed_from(session, cursor.offset, first)
 
     def lag(self, session) -> dict:
         """How far ``session`` is behind the head of the log (the admin socket, metrics),

@@ -375,3 +375,51 @@ def test_no_local_holds_while_a_session_a_5_0_client_made_catches_up_over_3_1_1(
         reader.read()
         core.end_pass()
     assert reader.got == list(range(1000, 1600))
+
+
+def test_an_offline_session_that_can_take_nothing_holds_no_segment(tmp_path):
+    """A persistent session subscribed to nothing (a device that only publishes), or only to
+    shared subscriptions (their groups read their own backlogs), can be sent nothing from
+    the log. Offline, its cursor moves to the head: it holds no segment from age retention,
+    and a disk-limit deletion is no gap to it. A session with a subscription keeps both."""
+    wall = [1_700_000_000_000]
+    log = CommitLog.open(str(tmp_path / "log"), LogOptions(
+        segment_bytes=4096, retention_bytes=3 * 4096, retention_ms=1000))
+    core = Broker(config.Config(), time.monotonic, commit_log=log, wall_ms=lambda: wall[0])
+    try:
+        for name, filters in (("dev", []), ("grp", ["$share/g/t/#"]), ("sub", ["t/#"])):
+            client, _ = _connect(core, name, clean=False)
+            if filters:
+                client.data_received(m.subscribe(1, [(f, 1) for f in filters]))
+            client.data_received(m.disconnect())
+        pub, _ = _connect(core, "pub")
+        for i in range(3):
+            pub.data_received(m.publish("t/x", b"%d" % i, qos=1, packet_id=1))
+        core.end_pass()
+        wall[0] += 5000     # the three records are past retention_ms
+        pub.data_received(m.publish("t/x", b"3", qos=1, packet_id=1))
+        core.end_pass()
+        core.check_cursors(time.monotonic())
+        cursors = {n: core.sessions[n].cursor for n in ("dev", "grp", "sub")}
+        assert (cursors["dev"].offset, cursors["dev"].floor) == (4, 4)
+        assert (cursors["grp"].offset, cursors["grp"].floor) == (4, 4)
+        assert cursors["sub"].offset == 0 and log.hold_offset == 0, "sub still needs them"
+        # The disk limit deletes segments under every cursor: a gap for "sub" alone.
+        for i in range(4, 40):
+            pub.data_received(m.publish("t/x", b"%d" % i + b"." * 1000, qos=1, packet_id=1))
+            core.end_pass()
+        first = log.first_offset
+        assert first > 4
+        core.check_cursors(time.monotonic())
+        assert core.dropped["log_gap"] == first, "records 0..first-1 lost to 'sub' only"
+        assert cursors["dev"].offset == cursors["grp"].offset == 40
+        assert cursors["sub"].offset == first
+        # Back and subscribing, the device is sent what comes from then on.
+        back, back_t = _connect(core, "dev", clean=False)
+        back.data_received(m.subscribe(2, [("t/#", 1)]))
+        pub.data_received(m.publish("t/x", b"after", qos=1, packet_id=1))
+        core.end_pass()
+        got = [f.payload for f in _frames(back_t) if f.type == m.PUBLISH]
+        assert got == [b"after"]
+    finally:
+        log.close()
