@@ -14,12 +14,10 @@ When the cursor reaches the head of the log the session is routed to again, in t
 step of the single-threaded core: no message in between is missed or sent twice.
 
 What a session behind holds in memory does not grow with its backlog: the cursor, the
-subscriptions made while behind (``since``: a filter matches only records from the offset
-it was made at), the offset ranges it was offline in (what it takes at QoS 0 of what was
-published then is not sent unless ``queue_qos0_messages``), a bounded cache of topic
-decisions, at most one batch of records, and the retained copies held for SUBSCRIBEs made
-while behind (``Cursor.held``, sent when the cursor reaches each SUBSCRIBE's offset:
-core.retained).
+subscriptions made while behind (``since``: from the offset each was made at), the offset
+ranges it was offline in (for ``queue_qos0_messages``), a bounded cache of topic decisions,
+at most one batch of records, and the retained copies held for SUBSCRIBEs made while behind
+(``Cursor.held``, sent when the cursor reaches each SUBSCRIBE's offset: core.retained).
 
 Rules kept (docs/persistence.md):
 
@@ -29,11 +27,9 @@ Rules kept (docs/persistence.md):
 - QoS 1/2 are never skipped while their records are in the log; QoS 0 records are skipped
   (counted as dropped, ``max_lag``, logged once per episode) once the session is more than
   ``max_lag_bytes`` behind the head or the record is older than ``max_lag_age``;
-- retention deletes segments a cursor needs only when ``retention_bytes`` forces it (age
-  retention waits, see ``hold``); a cursor below the first record kept, or on a record older
-  than ``max_session_lag_age``, moves forward: the records skipped are counted
-  (``log_gap``, per session and broker-wide) and logged with the offsets lost; so are offsets
-  no segment holds (a segment missing from the log) that a read passes over.
+- retention deletes segments a cursor needs only when ``retention_bytes`` forces it; a
+  cursor below the first record kept, or older than ``max_session_lag_age``, moves on: the
+  records skipped (and offsets no segment holds) are counted (``log_gap``) and logged.
 """
 
 from __future__ import annotations
@@ -72,7 +68,7 @@ class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
     __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run", "held", "unsure_to", "resubscribed")
+                 "run", "held", "unsure_to", "resubscribed", "read_from")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -99,15 +95,23 @@ class Cursor:
         # The log offset at the last SUBSCRIBE again or UNSUBSCRIBE of a filter it held while
         # behind (0: none): offline ranges that ended before it were decided by other QoS.
         self.resubscribed = 0
+        self.read_from = offset     # where the last batch read into the queue began
 
     def __repr__(self):
         return f"Cursor({self.offset})"
 
-    def unsent(self) -> int:
+    def unsent(self, queue=()) -> int:
         """Where a reader that lost what is in memory goes on from: the first record of the
-        run not yet sent, else ``offset`` (what the snapshot keeps)."""
+        run not yet sent, else ``offset`` (what the snapshot keeps). With the session's
+        ``queue``, the first record it has not been sent (of a batch read there too)."""
         run = self.run
-        return run.offsets[run.i] if run is not None and run.i < run.n else self.offset
+        if run is not None and run.i < run.n:
+            return run.offsets[run.i]
+        if queue:   # a batch first, then any retained copies released behind it
+            first = queue[0][0].offset
+            if first is not None and self.read_from <= first < self.offset:
+                return first
+        return self.offset
 
     def drop_run(self) -> None:
         """Let go of the records read and not yet sent: they are read again."""
@@ -347,6 +351,7 @@ class CatchUp:
         session.queue_bytes += queued_bytes
         self.queued_messages += queued
         self.queued_bytes += queued_bytes
+        cursor.read_from = cursor.offset
         cursor.offset = next_offset
         if done is not None and next_offset > max(done):
             cursor.done = None
@@ -469,10 +474,9 @@ class CatchUp:
         commit_log.hold_offset = hold
 
     def _move_to_head(self, session, first: int) -> None:
-        """Nothing past the cursor of ``session`` can be for it: offline (a SUBSCRIBE comes
-        with a connection, from its own offset on), no subscriptions of its own (shared ones
-        read their groups' backlogs, core.shared), no retained copies held. The cursor moves to
-        the head quietly (nothing was lost to it) and holds no segment from retention."""
+        """Nothing past ``session``'s cursor can be for it: offline, no subscriptions of its
+        own (shared ones read their groups' backlogs), no retained copies held. The cursor
+        moves to the head quietly (no gap) and holds no segment from retention."""
         head = self.live_offset()
         cursor = session.cursor
         if cursor.offset < head:
@@ -485,11 +489,11 @@ class CatchUp:
 
     def lag(self, session) -> dict:
         """How far ``session`` is behind the head of the log (the admin socket, metrics),
-        from the first record it has not been sent (records read ahead in a run count)."""
+        from the first record it has not been sent (records read ahead count as not read)."""
         cursor = session.cursor
         if cursor is None or self.journal is None:
             return IN_STEP
-        unsent = cursor.unsent()
+        unsent = cursor.unsent(session.queue)
         return {"cursor": unsent, **self.journal.log.lag(unsent, self.journal.wall_ms())}
 
 

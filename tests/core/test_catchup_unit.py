@@ -423,3 +423,27 @@ def test_an_offline_session_that_can_take_nothing_holds_no_segment(tmp_path):
         assert got == [b"after"]
     finally:
         log.close()
+
+
+def test_the_lag_counts_records_read_into_the_queue_and_not_sent_as_not_read(core):
+    """A session with two filters (or a 5.0 client's) catches up through batches read into
+    its queue, not runs: its cursor and lag figures (inspect sessions, metrics) start at the
+    first record it has not been sent, not past the batch read ahead."""
+    from edgebroker.core.metrics import _max_lag
+    sub, _ = _connect(core, "two", clean=False)
+    sub.data_received(m.subscribe(1, [("a/#", 1), ("b/#", 1)]))
+    sub.data_received(m.disconnect())
+    pub, _ = _connect(core, "pub")
+    pub.data_received(b"".join(m.publish("a/x", b"%d" % i, qos=1, packet_id=1)
+                               for i in range(3000)))
+    core.end_pass()
+    back, back_t = _connect(core, "two", clean=False)
+    core.end_pass()
+    session = core.sessions["two"]
+    window = core.limits.max_inflight_messages
+    assert len([f for f in _frames(back_t) if f.type == m.PUBLISH]) == window
+    assert session.cursor is not None and session.cursor.run is None and session.queue
+    assert session.cursor.offset > window, "a batch was read ahead into the queue"
+    lag = core.lag(session)
+    assert (lag["cursor"], lag["lag_records"]) == (window, 3000 - window)
+    assert _max_lag(core) == 3000 - window
