@@ -91,6 +91,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
                                auto_ack=False)   # inbound: acknowledged once logged
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
+        self.inbound.v5 = config.protocol_version == 5
+        self.inbound.acked_below = lambda: self.outbound.cursor
         self.outbound: Outbound | None = None
         self._paused_reading: set[str] = set()
         self.checkpoint_ahead = 0   # starts with a checkpoint past the log's end
@@ -234,6 +236,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
     def on_closed(self, reason: str) -> None:
         self.bytes_out += self.link.bytes_out if self.link is not None else 0
         self.link = None
+        self.inbound.fresh_from = None
         if self.conn.state != "closed":
             self.conn.connection_lost()
         # Sent on this link and not acknowledged: sent again after the next CONNACK (those
@@ -361,6 +364,9 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
             # not again at each reconnect to a session the remote kept.
             extra = (P.SUB_NO_LOCAL | P.SUB_RETAIN_AS_PUBLISHED | 1 << 4) if v5 else 0
             self.conn.subscribe([(f, qos | extra) for f, qos in subscriptions])
+            # The remote answers with its retained messages as it has them once it read the
+            # SUBSCRIBE: what goes out behind it is not in that answer (Inbound._stale).
+            self.inbound.fresh_from = self.outbound.sent_to
 
     # ----- sending ----------------------------------------------------------------------
 
