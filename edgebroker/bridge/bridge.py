@@ -233,6 +233,10 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
         self._handle(self.conn.receive_data(data, self.clock()))
         self.pump()
 
+    def on_moved(self) -> None:
+        """Bytes that waited in the link's buffer left: the keepalive counts it as life."""
+        self.conn.moved_at = self.clock()
+
     def on_closed(self, reason: str) -> None:
         self.bytes_out += self.link.bytes_out if self.link is not None else 0
         self.link = None
