@@ -91,6 +91,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
                                auto_ack=False)   # inbound: acknowledged once logged
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
+        self.inbound.v5 = config.protocol_version == 5
+        self.inbound.acked_below = lambda: self.outbound.cursor
         self.outbound: Outbound | None = None
         self._paused_reading: set[str] = set()
         self.checkpoint_ahead = 0   # starts with a checkpoint past the log's end
@@ -108,6 +110,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
         self._warned: set = set()        # what was logged once
         self._sent_before = (0, 0)       # publishes in flight at the link's loss, past PUBREC
         self._give_up = Timer(self._connect_expired)   # connect_timeout, from _connect on
+        self.subscribing = None          # this link's SUBSCRIBE, until its SUBACK
 
     # ----- start and stop ---------------------------------------------------------------
 
@@ -231,11 +234,19 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
         self._handle(self.conn.receive_data(data, self.clock()))
         self.pump()
 
+    def on_moved(self) -> None:
+        """Bytes that waited in the link's buffer left: the keepalive counts it as life."""
+        self.conn.moved_at = self.clock()
+
     def on_closed(self, reason: str) -> None:
         self.bytes_out += self.link.bytes_out if self.link is not None else 0
         self.link = None
+        self.inbound.fresh_from = None
         if self.conn.state != "closed":
             self.conn.connection_lost()
+        if self.subscribing is not None:    # not answered: the next link subscribes afresh
+            self.conn.withdraw(self.subscribing)
+            self.subscribing = None
         # Sent on this link and not acknowledged: sent again after the next CONNACK (those
         # still queued in the connection were never sent: not resends; nor the PUBRELs of
         # release.py).
@@ -303,10 +314,15 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
         elif kind is Connected:
             self._connected(event)
         elif kind is Subscribed:
+            if event.request is self.subscribing:
+                self.subscribing = None
             for (topic_filter, _), code in zip(event.request.filters, event.granted):
-                if code >= 0x80:
-                    log.warning("bridge %s: the remote refused the subscription to %r "
-                                "(code %#04x)", self.name, topic_filter, code)
+                if code < 0x80:
+                    self._warned.discard(("refused", topic_filter))    # the episode ends
+                else:
+                    self._once(("refused", topic_filter), "bridge %s: the remote refused "
+                               "the subscription to %r (code %#04x; logged once until it "
+                               "grants it)", self.name, topic_filter, code)
         elif kind in (ConnectFailed, Disconnected, PingTimeout):
             reason = (f"{kind.__name__}: {event.reason}" if kind is not PingTimeout
                       else "no PINGRESP within the keepalive")
@@ -360,7 +376,11 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
             # Retain Handling 1: its retained messages come only with a new subscription,
             # not again at each reconnect to a session the remote kept.
             extra = (P.SUB_NO_LOCAL | P.SUB_RETAIN_AS_PUBLISHED | 1 << 4) if v5 else 0
-            self.conn.subscribe([(f, qos | extra) for f, qos in subscriptions])
+            self.subscribing = self.conn.subscribe([(f, qos | extra)
+                                                    for f, qos in subscriptions])
+            # The remote answers with its retained messages as it has them once it read the
+            # SUBSCRIBE: what goes out behind it is not in that answer (Inbound._stale).
+            self.inbound.fresh_from = self.outbound.sent_to
 
     # ----- sending ----------------------------------------------------------------------
 

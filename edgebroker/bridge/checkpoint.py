@@ -43,8 +43,10 @@ def load(path: str) -> tuple[int, int, int | None] | None:
     try:
         with open(path, "rb") as fh:
             data = json.loads(fh.read())
-        cursor, sent = int(data["cursor"]), int(data["sent"])
-        if data.get("version") != VERSION or cursor < 0 or sent < cursor:
+        if type(data) is not dict:
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        cursor, sent = offset(data, "cursor"), offset(data, "sent")
+        if data.get("version") != VERSION or sent < cursor:
             raise ValueError("unknown version or offsets")
         ids = data.get("packet_ids")
         if ids is not None and (type(ids) is not int or not 1 <= ids <= 0xFFFF):
@@ -52,12 +54,21 @@ def load(path: str) -> tuple[int, int, int | None] | None:
         return cursor, sent, ids
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         os.replace(path, path + ".damaged")
         log.error("bridge checkpoint %s cannot be read (%s); moved it to %s.damaged: the bridge "
                   "starts at the head of the log, and what was logged since its last "
                   "checkpoint is not forwarded (counted in checkpoint_damaged)", path, exc, path)
         raise Damaged(path) from exc
+
+
+def offset(data: dict, key: str) -> int:
+    """``data[key]``, a log offset: a whole number >= 0 (JSON's 1e400, Infinity, NaN,
+    3.5, true and text are refused with ValueError naming the key)."""
+    value = data[key]
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{key} {str(value)[:40]!r} is not a whole number >= 0")
+    return value
 
 
 def write(path: str, name: str, cursor: int, sent: int, packet_ids: int | None = None) -> None:

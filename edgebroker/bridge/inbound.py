@@ -8,7 +8,9 @@ admitted by the topic table (max_topics, max_topics_per_client: the
 bridge's client id counts as one client) and hold no control character or non-character
 (``check_code_points``), a retained message is dropped when ``retain_available`` is false.
 A packet over ``max_packet_size`` (the connection's decoder limit) closes the link
-(``too_large``). Each drop is counted (``dropped``, reason ``bridge_in``) and
+(``too_large``). The remote's retained message for a topic whose local retained message is
+newer and not yet at the remote is dropped (``_stale``, docs/bridge.md "Retained
+messages"). Each drop is counted (``dropped``, reason ``bridge_in``) and
 logged once per bridge and reason.
 
 The publisher id written in the log is the bridge's client id: that is the origin marker
@@ -74,6 +76,11 @@ class Inbound:
         self.received = 0        # messages from the remote published here
         self.dropped = 0
         self.held: list = []     # Messages the log could not take, in order (see retry)
+        # The first log offset not handed to the remote before this link's SUBSCRIBE (None:
+        # not subscribed on this link); ``acked_below``: the outbound cursor (see _stale).
+        self.fresh_from: int | None = None
+        self.acked_below = None
+        self.v5 = False
         self._warned: set[str] = set()
 
     def message(self, event) -> None:
@@ -93,6 +100,10 @@ class Inbound:
         if retain and not broker.limits.retain_available:
             return self._drop(event, "retain_available", f"a retained message for {local!r} "
                                                          f"while retain_available is false")
+        if retain and self._stale(local, topic):
+            return self._drop(event, "retained_stale", f"the remote's retained message for "
+                              f"{local!r}: this broker holds a newer one, not yet at the "
+                              f"remote (it goes out behind the subscription)")
         if local not in broker.known_topics:
             problem = topic_problem(local)
             if problem is not None:     # the prefixes made it so (empty, too long)
@@ -120,6 +131,33 @@ class Inbound:
         self.received += 1
         if qos:
             broker.acknowledge(self.publisher, offset, event)
+
+    def _stale(self, local: str, remote: str) -> bool:
+        """Whether a retained message from the remote for ``local`` is older than the local
+        retained message there: one published here (not by this bridge) that goes out to the
+        same remote topic and was not handed to the remote before this link's SUBSCRIBE, so
+        the remote's answer to it cannot hold it. On 3.1.1 a retained flag comes only with
+        that answer (live deliveries have retain 0, MQTT-3.3.1-9); on 5.0 (Retain As
+        Published) a live one may carry it too: there the local one must also not be
+        acknowledged by the remote yet (a message the remote took after ours is newer)."""
+        fresh = self.fresh_from
+        if fresh is None:
+            return False
+        newest = None
+        for message in reversed(self.broker.unrouted):   # logged, not yet stored (this pass)
+            if message.retain and message.topic == local:
+                newest = message
+                break
+        if newest is None:
+            newest = self.broker.retained.get(local)
+        if newest is None or newest.offset is None or newest.offset < fresh:
+            return False
+        if newest.client_id == self.publisher.client_id:
+            return False
+        if self.v5 and newest.offset < self.acked_below():
+            return False
+        out = self.rules.outgoing(local.encode("utf-8"))
+        return out is not None and out[0] == remote and out[2] is None
 
     def link_lost(self) -> None:
         """The link broke and the remote keeps the session: held QoS 1 messages cannot be

@@ -5,8 +5,10 @@
 loop), and hands its owner what arrives (``on_data``), that it is up (``on_up``) and that it
 closed (``on_closed(reason)``, once). Output is sent at once as far as the socket takes it;
 the rest waits for write readiness; when the owner set ``drained_below``, it is told once
-(``on_drained``) that the unsent output fell below that many bytes. A host name is resolved
-on a short-lived thread (DNS may block); an address in digits needs none.
+(``on_drained``) that the unsent output fell below that many bytes. Bytes that waited in
+its buffer and leave are a sign of life (``on_moved``): a slow link, not a dead one, so a
+PINGREQ queued behind them is not late (as the client loop does: docs/client.md). A host
+name is resolved on a short-lived thread (DNS may block); an address in digits needs none.
 """
 
 from __future__ import annotations
@@ -181,8 +183,9 @@ class Link:
     def _push_tls(self) -> None:
         pending = self._out_bio.read()
         if pending:
+            waited = bool(self.out)
             self.out += pending
-            self._flush()
+            self._flush(waited)
 
     # ----- the owner's side -------------------------------------------------------------
 
@@ -196,16 +199,22 @@ class Link:
                 self.close(f"TLS error: {exc.reason or exc}")
                 return
             data = self._out_bio.read()
+        waited = bool(self.out)
         self.out += data
-        self._flush()
+        self._flush(waited)
 
     @property
     def out_bytes(self) -> int:
         return len(self.out)
 
-    def _flush(self) -> None:
+    def _flush(self, waited: bool = True) -> None:
+        """Send what the socket takes. ``waited``: the buffer held bytes before this call
+        (on write readiness it does): their leaving tells the owner the link moves; bytes
+        the socket takes at once do not (its kernel buffer takes them from a silent peer
+        too)."""
         if self.connected:
             out = self.out
+            moved = False
             while out:
                 try:
                     sent = self.sock.send(out)
@@ -216,6 +225,9 @@ class Link:
                     return
                 self.bytes_out += sent
                 del out[:sent]
+                moved = moved or sent > 0
+            if moved and waited:
+                self.owner.on_moved()
             if self.drained_below and len(out) < self.drained_below:
                 self.drained_below = 0
                 self.owner.on_drained()

@@ -26,7 +26,9 @@ class Pumping:
             return
         conn = self.conn
         outbound = self.outbound
-        room = self.config.window - conn.inflight - conn.queued
+        # (this link's SUBSCRIBE, queued or in flight, takes no place in the window)
+        room = (self.config.window - conn.inflight - conn.queued
+                + (self.subscribing is not None))
         # Bytes that may still be handed to the link in this pass.
         limit = MAX_LINK_OUT - self.link.out_bytes
         reads = 0

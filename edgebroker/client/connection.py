@@ -296,6 +296,20 @@ class Connection:
             queue.append(req)
         return req
 
+    def withdraw(self, req: Request) -> bool:
+        """While disconnected: forget a SUBSCRIBE or UNSUBSCRIBE not yet answered, so the
+        next connection does not send it again (for a caller that subscribes afresh at each
+        CONNACK, as the bridge). False when it is no such request or was answered."""
+        if req.kind is PUBLISH or self.state is CONNECTED:
+            return False
+        if req.packet_id is not None and self._inflight.get(req.packet_id) is req:
+            del self._inflight[req.packet_id]
+            return True
+        if req in self._queue:
+            self._queue.remove(req)
+            return True
+        return False
+
     # -- sending --------------------------------------------------------------------------------
     def _new_pid(self) -> int | None:
         top = self.packet_ids

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+
+import pytest
 from types import SimpleNamespace
 
 import mqttraw as m
@@ -153,6 +155,30 @@ def test_a_damaged_checkpoint_is_moved_aside_counted_and_the_bridge_starts_at_th
     assert ("up: started 1 time(s) at the head of the log, its checkpoint damaged"
             in format_bridges([fig]))
     log.close()
+
+
+@pytest.mark.parametrize("text", [
+    '{"version": 1, "bridge": "up", "cursor": 1e400, "sent": 1e400}',     # float overflow
+    '{"version": 1, "bridge": "up", "cursor": Infinity, "sent": Infinity}',
+    '{"version": 1, "bridge": "up", "cursor": NaN, "sent": NaN}',
+    '{"version": 1, "bridge": "up", "cursor": 3.5, "sent": 4}',
+    '{"version": 1, "bridge": "up", "cursor": true, "sent": true}',
+    "[" * 100_000 + "]" * 100_000,                                          # too deep
+    "[1, 2]",
+], ids=["1e400", "Infinity", "NaN", "fraction", "true", "deep", "list"])
+def test_a_broker_with_any_damaged_checkpoint_starts(broker, mosquitto_broker, tmp_path,
+                                                     text):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "bridge-up.json").write_text(text)
+    remote = mosquitto_broker()
+    table = bridge_table(remote.port, [{"pattern": "s/#", "direction": "out"}])
+    gw = broker(bridge=[table], data_dir=str(data_dir))
+    fig = wait_figure(gw, lambda f: f["state"] == "up")
+    assert (fig["checkpoint_damaged"], fig["cursor"]) == (1, 0), fig
+    assert (data_dir / "bridge-up.json.damaged").read_text() == text
+    assert gw.wait_log(lambda ln: "bridge-up.json cannot be read" in ln, 5)
+    assert gw.stop() == 0
 
 
 def test_failed_checkpoint_writes_are_counted_per_bridge(tmp_path, caplog):
