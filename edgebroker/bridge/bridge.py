@@ -41,7 +41,7 @@ from edgebroker.bridge_config import split_address
 from edgebroker.client.connection import Connection
 from edgebroker.client.requests import is_release
 from edgebroker.client.events import (
-    Acked, Connected, ConnectFailed, Disconnected, Message, PingTimeout, Subscribed,
+    Acked, Connected, ConnectFailed, Disconnected, Message, Oversized, PingTimeout, Subscribed,
 )
 from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
@@ -311,6 +311,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
                     self._refused(request, event.reason_code)
         elif kind is Message:
             self.inbound.message(event)
+        elif kind is Oversized:     # read past by the connection: dropped, acknowledged
+            self.inbound.oversized(event)
         elif kind is Connected:
             self._connected(event)
         elif kind is Subscribed:

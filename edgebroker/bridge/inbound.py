@@ -7,7 +7,10 @@ yet known must be a valid topic name (the prefixes may make it empty or too long
 admitted by the topic table (max_topics, max_topics_per_client: the
 bridge's client id counts as one client) and hold no control character or non-character
 (``check_code_points``), a retained message is dropped when ``retain_available`` is false.
-A packet over ``max_packet_size`` (the connection's decoder limit) closes the link
+A PUBLISH over ``max_packet_size`` (the connection's limit) is read past by the connection
+(client/oversize.py, without its payload) and dropped (``oversized``): acknowledged, as it
+can never be taken here and the remote would else send it first again at every connection,
+holding back all behind it. Any other packet over the limit closes the link
 (``too_large``). The remote's retained message for a topic whose local retained message is
 newer and not yet at the remote is dropped (``_stale``, docs/bridge.md "Retained
 messages"). Each drop is counted (``dropped``, reason ``bridge_in``) and
@@ -36,6 +39,7 @@ import logging
 
 from edgebroker.bridge.outbound import shown
 from edgebroker.bridge.rules import topic_problem
+from edgebroker.client.events import Oversized
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt.fields import check_code_points
@@ -173,11 +177,22 @@ class Inbound:
         cannot take are held again)."""
         held, self.held = self.held, []
         for event in held:
-            self.message(event)
+            (self.oversized if type(event) is Oversized else self.message)(event)
+
+    def oversized(self, event) -> None:
+        """An ``Oversized`` event: a PUBLISH over ``max_packet_size`` that the connection read
+        past. Dropped and acknowledged (in order, behind the messages waiting): it can never
+        be taken here, and the link goes on."""
+        if self.held:
+            self.held.append(event)      # behind those waiting for the log
+            return
+        self._drop(event, "too_large", f"a message of {event.size} bytes on "
+                   f"{shown(event.topic)}, over max_packet_size ({event.limit}): acknowledged "
+                   f"to the remote, which would else send it again first at every connection")
 
     def too_large(self, what: str) -> None:
-        """The remote sent a packet over ``max_packet_size`` (the link is closed: the rest of
-        that packet cannot be skipped); a message lost here, as far as this side knows."""
+        """The remote sent a packet over ``max_packet_size`` that is no PUBLISH (the link is
+        closed: its body cannot be read past)."""
         self._count("packet_too_large", f"a packet from the remote ({what}); the link is "
                                         f"closed and connects again")
 

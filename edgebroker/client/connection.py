@@ -4,9 +4,10 @@ send; no sockets, clocks or threads (the caller passes ``now``). The event loop
 /work/notes/client-api.md's; docs/client.md says what it chose where MQTT is silent.
 
 The states and their moves are client/states.py's; packets from the server are handled in
-client/incoming.py, a request's first sending (and the server's limits) in client/sending.py,
-what is sent again after a reconnection in client/resume.py; the state file is
-client/state.py's; 5.0 properties are checked by client/propcheck.py.
+client/incoming.py (one over ``max_packet_size`` is read past: client/oversize.py), a
+request's first sending (and the server's limits) in client/sending.py, what is sent again
+after a reconnection in client/resume.py; the state file is client/state.py's; 5.0
+properties are checked by client/propcheck.py.
 
 Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the
 window (the smaller of ``max_inflight`` and the server's Receive Maximum; over 3.1/3.1.1 a
@@ -20,8 +21,9 @@ from __future__ import annotations
 from collections import deque
 
 from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
-from edgebroker.client.events import Acked, ConnectFailed, Disconnected, PingTimeout
-from edgebroker.client.incoming import HANDLERS, on_ack
+from edgebroker.client.events import Acked, ConnectFailed, PingTimeout
+from edgebroker.client.incoming import HANDLERS, on_ack, protocol_error
+from edgebroker.client.oversize import start_skipping
 from edgebroker.client.requests import (PUBLISH, STAGE_PUBLISH, SUBSCRIBE, ClientError,
                                         QueueFull, Request, check_sendable, make_publish,
                                         make_subscribe, make_unsubscribe)
@@ -142,6 +144,7 @@ class Connection:
         self._server_max_packet = 0      # 0: no limit said
         self._server_aliases = 0         # its Topic Alias Maximum (0: it takes none)
         self.duplicates_dropped = 0      # QoS 2 PUBLISHes again before their PUBREL
+        self.oversized_dropped = 0       # PUBLISHes over _max_packet read past (Oversized)
         self.unexpected_acks = 0         # acknowledgements for no request of ours
 
     # -- figures ----------------------------------------------------------------------------
@@ -440,44 +443,44 @@ class Connection:
     def receive_data(self, data, now: float) -> list:
         """Decode the server's bytes (any split): the events, in order. Acknowledgements the
         server is owed are queued for data_to_send. A protocol error of the server gives
-        Disconnected and state "disconnected" (the caller closes the transport)."""
+        Disconnected and state "disconnected" (the caller closes the transport); a PUBLISH
+        over ``max_packet_size`` gives Oversized and the connection goes on."""
         events = self._events
         self._events = []
         state = self.state
         if state is not CONNECTED and state is not CONNECTING:
             return events
         self._last_recv = now
-        decoder = self._decoder
-        try:
-            if state is CONNECTED and len(data) >= 8:
-                pids = decoder.pubacks(data)
-                if pids is not None:
-                    for pid in pids:
-                        on_ack(self, P.Puback(pid), events)
-                    if self._queue or self._resend_wait:
-                        self._pump()
-                    return events
-            for packet in decoder.feed(data):
-                handler = HANDLERS[self.state].get(packet.type)
-                if handler is None:
-                    raise ProtocolError(
-                        f"{P.NAMES[packet.type]} from the server while {self.state}",
-                        rule="MQTT-4.8.0-1", reason=PROTOCOL_ERROR)
-                handler(self, packet, events)
-                if self.state is not CONNECTED and self.state is not CONNECTING:
-                    break
-        except ProtocolError as exc:
-            self._protocol_error(exc, events)
-            return events
+        while True:     # again for the bytes after an oversized PUBLISH's fixed header
+            decoder = self._decoder
+            try:
+                if state is CONNECTED and len(data) >= 8:
+                    pids = decoder.pubacks(data)
+                    if pids is not None:
+                        for pid in pids:
+                            on_ack(self, P.Puback(pid), events)
+                        if self._queue or self._resend_wait:
+                            self._pump()
+                        return events
+                for packet in decoder.feed(data):
+                    handler = HANDLERS[self.state].get(packet.type)
+                    if handler is None:
+                        raise ProtocolError(
+                            f"{P.NAMES[packet.type]} from the server while {self.state}",
+                            rule="MQTT-4.8.0-1", reason=PROTOCOL_ERROR)
+                    handler(self, packet, events)
+                    if self.state is not CONNECTED and self.state is not CONNECTING:
+                        break
+            except ProtocolError as exc:
+                data = start_skipping(self, exc)     # (read past, client/oversize.py)
+                if data is not None:
+                    continue
+                protocol_error(self, exc, events)
+                return events
+            break
         if (self._queue or self._resend_wait) and self.state is CONNECTED:
             self._pump()
         return events
-
-    def _protocol_error(self, exc: ProtocolError, events: list) -> None:
-        reason = exc.reason
-        self._lose()
-        self._out = [encode_disconnect5(reason)] if self._v5 else []
-        events.append(Disconnected(reason, f"the server broke the protocol: {exc}"))
 
     # -- state across processes -------------------------------------------------------------
     def save(self) -> dict:

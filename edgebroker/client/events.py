@@ -59,6 +59,25 @@ class Message(Event):
         self.packet_id = packet_id
 
 
+class Oversized(Event):
+    """A PUBLISH from the server larger than the client's ``max_packet_size`` (``size`` bytes,
+    over ``limit``): read past without its payload, and acknowledged as a message is (at once,
+    or by ``ack()`` with ``auto_ack=False``): it can never be taken, and left unacknowledged
+    the server would send it again first at every connection (docs/client.md). ``topic``: its
+    first 256 bytes (then "...")."""
+    __slots__ = ("topic", "size", "limit", "qos", "retain", "dup", "packet_id")
+
+    def __init__(self, topic: str, size: int, limit: int, qos: int = 0, retain: bool = False,
+                 dup: bool = False, packet_id: int | None = None):
+        self.topic = topic
+        self.size = size
+        self.limit = limit
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+
+
 class Acked(Event):
     """A publish request is done: QoS 1 PUBACK, QoS 2 PUBCOMP (or a PUBREC with an error),
     QoS 0 once its bytes were handed out; ``reason_code`` >= 0x80 when the server refused it

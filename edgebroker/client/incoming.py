@@ -12,12 +12,13 @@ from edgebroker.errors import (
 from edgebroker.client.events import (
     Acked, ConnectFailed, Connected, Disconnected, Message, Subscribed, Unsubscribed,
 )
+from edgebroker.client.oversize import SKIPPED, on_skipped
 from edgebroker.client.requests import PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE
 from edgebroker.client.resume import resend, subscribe_again
 from edgebroker.client.states import CONNECTED, CONNECTING
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_ack, encode_puback
-from edgebroker.mqtt.encode5 import encode_ack5
+from edgebroker.mqtt.encode5 import encode_ack5, encode_disconnect5
 from edgebroker.mqtt.properties import (
     ASSIGNED_CLIENT_ID, MAXIMUM_PACKET_SIZE, MAXIMUM_QOS, REASON_STRING, RECEIVE_MAXIMUM,
     RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, TOPIC_ALIAS, TOPIC_ALIAS_MAXIMUM,
@@ -196,12 +197,22 @@ def on_disconnect(conn, p: P.Disconnect, events: list) -> None:
     events.append(Disconnected(code, f"{reason}: {text}" if text else reason))
 
 
-# State -> packet type -> handler: what the server may send in each state.
+def protocol_error(conn, exc: ProtocolError, events: list) -> None:
+    """The server broke the protocol (``exc``): the connection ends (5.0: DISCONNECT with the
+    reason code) and the caller closes the transport."""
+    reason = exc.reason
+    conn._lose()
+    conn._out = [encode_disconnect5(reason)] if conn._v5 else []
+    events.append(Disconnected(reason, f"the server broke the protocol: {exc}"))
+
+
+# State -> packet type -> handler: what the server may send in each state (SKIPPED: an
+# oversized PUBLISH read past, client/oversize.py).
 HANDLERS = {
     CONNECTING: {P.CONNACK: on_connack, P.DISCONNECT: on_disconnect},
     CONNECTED: {
         P.PUBLISH: on_publish, P.PUBACK: on_ack, P.PUBREC: on_pubrec, P.PUBREL: on_pubrel,
         P.PUBCOMP: on_ack, P.SUBACK: on_suback, P.UNSUBACK: on_suback,
-        P.PINGRESP: on_pingresp, P.DISCONNECT: on_disconnect,
+        P.PINGRESP: on_pingresp, P.DISCONNECT: on_disconnect, SKIPPED: on_skipped,
     },
 }

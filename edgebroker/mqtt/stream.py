@@ -14,7 +14,9 @@ Decoder rules (the broker relies on these):
   the new value.
 * A violation raises ``ProtocolError`` when the generator reaches the bad frame;
   the frames before it have already been yielded. The decoder is then dead:
-  every later ``feed`` raises the same error.
+  every later ``feed`` raises the same error. A frame over ``max_packet_size`` gives the
+  error its bytes from the frame's first one (``frame``: the fixed header is whole), so
+  that a client may read past it with a decoder of its own (client/oversize.py).
 * The consumer may stop iterating at any point. Frames it did not take stay
   buffered and come out of the next ``feed``, which closes the abandoned
   generator first; so at most one generator per decoder is live. The generator
@@ -269,9 +271,11 @@ class Decoder(RepeatedFrames):
                     rl, p = found
                 end = p + rl
                 if end - pos > max_size:
-                    raise ProtocolError(
+                    exc = ProtocolError(
                         f"{P.NAMES[b0 >> 4]} of {end - pos} bytes exceeds the maximum packet "
                         f"size {max_size}", rule="max_packet_size", reason=PACKET_TOO_LARGE)
+                    exc.frame = buf[pos:]
+                    raise exc
                 if end > n and (end - pos < LARGE_FRAME or b0 >> 4 != 3):
                     need = end - pos
                     break
