@@ -102,3 +102,20 @@ def test_one_long_throttle_holds_off_the_keepalive_and_keeps_the_clients_disconn
                       timeout=10, start=mark)
     assert not any("keepalive expired" in ln for ln in b.logs)
     assert watcher.ping() == []                 # no will (MQTT-3.14.4-3)
+
+
+def test_bytes_rate_charges_a_5_0_publishs_properties(broker, uid):
+    """A 5.0 client cannot carry its bytes past bytes_rate in User Properties: the properties
+    forwarded with a message are charged as its payload is."""
+    import mqttraw5 as R
+    b = broker(limits={"bytes_rate": 10_000})
+    pub = R.RawClient5(b.host, b.port)
+    assert pub.connect(f"{uid}-pub").reason == 0
+    mark = b.mark()
+    padding = [(R.USER_PROPERTY, ("pad", "x" * 6000))]
+    pub.send(b"".join(R.publish5(f"{uid}/t", b"1", props=padding) for _ in range(5)))
+    assert b.wait_log(lambda ln: "over its publish rate" in ln and "bytes_rate" in ln,
+                      start=mark) is not None
+    row = b.client_row(f"{uid}-pub")
+    assert row["throttled"] is True and row["msgs_in"] >= 2
+    assert b.stats()["limit_hits"]["bytes_rate"] >= 1

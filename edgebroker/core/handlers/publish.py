@@ -89,11 +89,11 @@ def on_publish_rated(client, p: P.Publish) -> None:
     _charge(client, p, client.broker.clock())
 
 
-def _charge(client, p: P.Publish, now: float) -> None:
+def _charge(client, p: P.Publish, now: float, extra: int = 0) -> None:
     if client.closed:
         return
     # (At the time it is handled: ``last_seen`` is the read before, maybe long ago.)
-    over = client.rate.charge(len(p.payload) + len(p.topic.encode()), now)
+    over = client.rate.charge(len(p.payload) + len(p.topic.encode()) + extra, now)
     if over is not None:
         client.throttle(*over)  # this message went through; reading stops after it
 
@@ -155,7 +155,10 @@ def on_publish5(client, p: P.Publish) -> None:
 
 def on_publish5_rated(client, p: P.Publish) -> None:
     on_publish5(client, p)
-    _charge(client, p, client.broker.clock())
+    # Its properties (User Properties may be most of a packet) are paid for too.
+    last = _last_forwarded
+    extra = len(last[1]) if p.properties is not None and last[0] is p.properties else 0
+    _charge(client, p, client.broker.clock(), extra)
 
 
 def _alias(client, topic: str, alias: int) -> str:
