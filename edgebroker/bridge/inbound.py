@@ -120,6 +120,7 @@ class Inbound:
                 return self._drop(event, "code_points", f"a message for {local!r}: {exc}")
             refused = broker.admit_topic(local, self.publisher, retain)
             if refused is not None:
+                broker.hit(refused)     # a limit reached, as for a client's PUBLISH
                 return self._drop(event, refused, f"a message for the new topic {local!r}: "
                                                   f"{refused}")
         try:
@@ -186,6 +187,7 @@ class Inbound:
         if self.held:
             self.held.append(event)      # behind those waiting for the log
             return
+        self.broker.hit("max_packet_size")
         self._drop(event, "too_large", f"a message of {event.size} bytes on "
                    f"{shown(event.topic)}, over max_packet_size ({event.limit}): acknowledged "
                    f"to the remote, which would else send it again first at every connection")
@@ -193,6 +195,7 @@ class Inbound:
     def too_large(self, what: str) -> None:
         """The remote sent a packet over ``max_packet_size`` that is no PUBLISH (the link is
         closed: its body cannot be read past)."""
+        self.broker.hit("max_packet_size")
         self._count("packet_too_large", f"a packet from the remote ({what}); the link is "
                                         f"closed and connects again")
 

@@ -62,3 +62,24 @@ def test_a_topic_with_a_control_character_is_dropped_and_counted(broker):
         assert len(lines) == 1 and "'cmd/a\\x01b'" in lines[0], lines
     finally:
         remote.close()
+
+
+def test_a_topic_limit_refusing_a_remote_message_counts_as_that_limit_reached(broker):
+    """As for a client's PUBLISH, a limit that refuses a message from the remote is counted
+    under limit_hits (limits/<name>) besides the drop (bridge_in)."""
+    remote = FakeRemote()
+    try:
+        gw = broker(limits={"max_topics_per_client": 2, "max_topic_levels": 4},
+                    bridge=[bridge_table(remote.port, RULES)])
+        end = remote.accept()
+        wait_figure(gw, lambda f: f["state"] == "up")
+        topics = ["cmd/1", "cmd/2", "cmd/3", "cmd/4", "cmd/a/b/c/d"]
+        for pid, topic in enumerate(topics, 1):
+            end.send(m.publish(topic, b"x", qos=1, packet_id=pid))
+            assert end.expect(m.PUBACK).packet_id == pid
+        stats = gw.stats()
+        assert stats["dropped"]["bridge_in"] == 3
+        assert stats["limit_hits"]["max_topics_per_client"] == 2      # cmd/3, cmd/4
+        assert stats["limit_hits"]["max_topic_levels"] == 1           # five levels
+    finally:
+        remote.close()

@@ -41,6 +41,7 @@ def test_an_oversized_message_from_mosquitto_is_dropped_once_and_the_link_goes_o
     fig = wait_figure(gw, lambda f: f["forwarded"] == 21 and f["inflight"] == 0)
     assert (fig["connects"], fig["received"], fig["received_dropped"]) == (1, 5, 1), fig
     assert gw.stats()["dropped"]["bridge_in"] == 1
+    assert gw.stats()["limit_hits"]["max_packet_size"] == 1
     lines = [ln for ln in gw.logs if "over max_packet_size" in ln]
     assert len(lines) == 1 and "a message of 20" in lines[0] and "'in/big'" in lines[0], lines
 
