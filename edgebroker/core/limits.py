@@ -345,6 +345,7 @@ PEER_EVENTS = {
     "max_client_id_length": "CONNECTs refused for max_client_id_length",
     "max_keepalive": "CONNECTs refused for max_keepalive",
     "max_connections": "CONNECTs refused for max_connections",
+    "max_sessions": "CONNECTs refused for max_sessions",
     "listener_max_connections": "CONNECTs refused for a listener's max_connections",
     "memory_limit": "CONNECTs refused for memory_limit",
     "open_files": "connections refused for the open files limit",

@@ -128,3 +128,19 @@ def test_a_flood_of_refusals_from_one_address_logs_a_bounded_number_of_lines(bro
     assert counts == {"protocol violations": FLOOD - 1,
                       "CONNECTs refused for their protocol version": FLOOD - 1,
                       "connections not starting with CONNECT": FLOOD - 1}, summaries
+
+
+def test_max_sessions_refusals_are_logged_once_per_address_then_counted(broker, uid):
+    b = broker(refusal_log_interval=60, limits={"max_sessions": 1})
+    b.client(f"{uid}-kept", clean=False)
+    mark = b.mark()
+    for i in range(5):
+        c = b.raw()
+        c.send(m.connect(f"{uid}-new-{i}", clean=False))
+        assert c.expect(m.CONNACK).rc == 3
+    assert b.stats()["refused"]["max_sessions"] == 5
+    assert b.stop() == 0
+    lines = [ln for ln in b.logs[mark:] if "max_sessions" in ln]
+    assert len(lines) == 2, lines
+    assert f"'{uid}-new-0'" in lines[0] and "refused (CONNACK 3" in lines[0]
+    assert "4 more CONNECTs refused for max_sessions from 127.0.0.1" in lines[1], lines
