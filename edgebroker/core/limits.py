@@ -225,6 +225,15 @@ class TopicTable:
         self.per_client[client_id] = self.per_client.get(client_id, 0) + 1
         return None
 
+    def track_retained(self, topics) -> None:
+        """(topic, creator) of retained messages stored without ``admit`` (restored at start
+        from the snapshot and the log, or a will): tracked as ``kept``, never refused, so that
+        max_topics bounds what comes after them as it bounded them."""
+        for topic, creator in topics:
+            if topic not in self.current and topic not in self.previous and topic not in self.kept:
+                self.kept[topic] = creator
+                self.per_client[creator] = self.per_client.get(creator, 0) + 1
+
     def evict(self, retained) -> bool:
         """Forget one topic without a retained message, the least recently published to as
         far as the generations tell; False if every tracked topic holds one. Each topic is

@@ -483,4 +483,6 @@ class Persistence:
                 self.queued_bytes -= size
                 self.drop("restart_qos0", session, len(gone))
         self._replay_unsure = []
+        # The retained messages restored count in the topic table as they did before.
+        self.topics.track_retained((m.topic, m.client_id or "") for m in self.retained.values())
         return count

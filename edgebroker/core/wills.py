@@ -120,6 +120,10 @@ class Wills:
                         if type(client) is Departed else "reloaded since it connected")
             return
         log.info("publishing will of %s on %r", client.describe(), will.topic)
+        if will.retain and will.payload and will.topic not in self.known_topics:
+            # Never refused (the CONNECT was accepted with it), but tracked as any retained
+            # message: it counts toward max_topics.
+            self.topics.track_retained(((will.topic, client.client_id),))
         properties, expiry = message_properties(will.properties)
         try:
             self.publish(will.topic, will.payload, will.qos, will.retain, client, properties,

@@ -266,3 +266,32 @@ def test_a_reload_lowering_max_topics_brings_the_table_down_to_it(broker, uid):
     s = b.stats()
     assert (s["topics"], s["retained_messages"]) == (2, 2)
     assert s["counters"]["topics_evicted"] == 3 and s["dropped"]["max_topics"] == 1
+
+
+def test_retained_topics_restored_at_start_and_retained_wills_count_toward_max_topics(
+        broker, uid):
+    """max_topics bounds the retained messages across restarts: those restored (from the
+    snapshot, and from the log after it on a crash) take their places in the topic table
+    again, so a retained PUBLISH to one more new topic is refused as before the restart. A
+    retained will is never refused, but takes a place too."""
+    import signal
+    b = broker(limits={"max_topics": 3})
+    data_dir = b.config["data_dir"]
+    pub = b.client(f"{uid}-pub")
+    pub.publish(f"{uid}/r0", b"r0", retain=True)
+    assert pub.ping() == [] and b.stop() == 0        # r0 in the snapshot
+    b = broker(data_dir=data_dir, limits={"max_topics": 3})
+    pub = b.client(f"{uid}-pub")
+    pub.publish(f"{uid}/r1", b"r1", qos=1, retain=True)
+    assert b.stop(signal.SIGKILL) != 0                   # r1 only in the log
+    b = broker(data_dir=data_dir, limits={"max_topics": 3})
+    assert b.stats()["retained_messages"] == 2
+    gone = b.client(f"{uid}-gone", will=(f"{uid}/will", b"w", 0, True))
+    gone.sock.close()                                    # no DISCONNECT: the will goes
+    assert b.wait_log(f"publishing will of client '{uid}-gone'", timeout=5)
+    pub = b.client(f"{uid}-pub")
+    pub.publish(f"{uid}/r3", b"r3", retain=True)
+    assert pub.ping() == []
+    s = b.stats()
+    assert (s["topics"], s["retained_messages"]) == (3, 3)
+    assert s["dropped"]["max_topics"] == 1, "the fourth retained topic is refused"
