@@ -174,7 +174,7 @@ class Session:
         self.drops: dict[str, int] | None = None  # dropped messages by reason, all time
         self.acl = None     # AclView of the last client, checked before each delivery
         # Set while the session is behind: it reads from the commit log there instead of
-        # being routed to (core.catchup.Cursor).
+        # being routed to (core.cursor.Cursor).
         self.cursor = None
         # What the last snapshot took of it while offline (core.persistence), reused while
         # it does not change; None: to be taken again.

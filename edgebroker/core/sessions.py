@@ -22,7 +22,7 @@ from collections import deque
 from functools import partial
 
 from edgebroker.errors import QUOTA_EXCEEDED, SESSION_TAKEN_OVER, shown
-from edgebroker.core.catchup import needed_from
+from edgebroker.core.cursor import needed_from
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import NEVER_EXPIRES
 from edgebroker.mqtt.properties import WILL_DELAY
