@@ -9,7 +9,7 @@ import pytest
 
 import mqttraw as m
 import mqttraw5 as m5
-from conftest import _close_all_clients, _start, _teardown, run_cli, toml_dumps
+from conftest import _close_all_clients, _open_clients, _start, _teardown, run_cli, toml_dumps
 from secfiles import MOSQUITTO_HASH, MOSQUITTO_PASSWORD, wait_counter, write_passwords
 
 ALICE_PW = "alice-Pa55word"
@@ -62,6 +62,24 @@ def test_bad_credentials_connack_4(authsrv, uid, username, password, why):
     assert line, authsrv.log_text()
     if password:
         assert password not in authsrv.log_text(), "a password was logged"
+
+
+@pytest.mark.parametrize("username, why", [("alice", "wrong password"),
+                                           ("nobody", "unknown user")])
+def test_bad_credentials_5_0_reason_string_does_not_tell_user_names_apart(authsrv, uid,
+                                                                           username, why):
+    """A 5.0 client is told the same for a known and an unknown user name (the log says which),
+    as SCRAM's refusals are."""
+    mark = authsrv.mark()
+    c = m5.RawClient5(authsrv.host, authsrv.port)
+    _open_clients.append(c)
+    ack = c.connect(uid, username=username, password="wrong-Pa55word")
+    assert ack.reason == 0x86, ack
+    assert ack.properties == {m5.REASON_STRING: "bad user name or password"}, ack
+    assert c.expect_closed(5)
+    assert authsrv.wait_log(f"client '{uid}' (user '{username}') from 127.0.0.1:"
+                            f"{c.local_port}: refused (CONNACK 0x86): {why}", start=mark), \
+        authsrv.log_text()
 
 
 def test_anonymous_refused_connack_5(authsrv, uid):
