@@ -201,6 +201,12 @@ def check_username(username: str) -> str | None:
         return "the user name is empty"
     if ":" in username:
         return "a user name cannot contain ':'"
+    bad = next((ch for ch in username if 0xD800 <= ord(ch) <= 0xDFFF), None)
+    if bad is not None:     # a command line's byte that is not UTF-8 (surrogateescape)
+        code = ord(bad)
+        return ("the user name is not UTF-8 text, which MQTT clients send (it has "
+                + (f"the byte 0x{code - 0xDC00:02X})" if 0xDC80 <= code <= 0xDCFF
+                   else f"U+{code:04X})"))
     bad = next((ch for ch in username if _breaks_lines(ch)), None)
     if bad is not None:
         return (f"a user name cannot contain control characters or line separators "
