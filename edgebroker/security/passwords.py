@@ -173,10 +173,13 @@ _dummy: tuple | None = None
 
 
 def dummy_hash() -> tuple:
-    """A parsed hash to check unknown users against, so they cost as much as known ones."""
+    """A parsed hash to check unknown users against, so they cost as much as known ones: the
+    default scrypt parameters with a random salt and digest (that no password matches).
+    Making it computes no hash: it is made on the loop thread (``PasswordFile.dummy``)."""
     global _dummy
     if _dummy is None:
-        _dummy = parse_hash(hash_password(os.urandom(16)))
+        _dummy = ("scrypt", SCRYPT_LN, SCRYPT_R, SCRYPT_P, os.urandom(SALT_BYTES),
+                  os.urandom(HASH_BYTES))
     return _dummy
 
 

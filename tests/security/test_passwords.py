@@ -114,6 +114,26 @@ def test_unknown_users_are_checked_against_the_files_own_hash(tmp_path):
     assert scrypt_file.dummy()[:4] == ("scrypt", 14, 8, 1)
 
 
+def test_the_decoy_of_a_file_without_users_costs_no_hash_to_make(tmp_path, monkeypatch):
+    """It is made on the loop thread, at the first unknown user's login: it computed an
+    scrypt hash there (about 50 ms, where no check may run). It has the default parameters,
+    so an unknown user's check costs what a new user's would, and matches no password."""
+    import hashlib
+
+    def no_hash(*args, **kwargs):
+        raise AssertionError("a hash was computed to make the decoy")
+
+    f = pw.PasswordFile.load(write(tmp_path / "pw", "# no users yet\n"))
+    monkeypatch.setattr(pw, "_dummy", None)
+    with monkeypatch.context() as m:
+        m.setattr(hashlib, "scrypt", no_hash)
+        m.setattr(hashlib, "pbkdf2_hmac", no_hash)
+        dummy = f.dummy()
+    assert dummy[:4] == ("scrypt", pw.SCRYPT_LN, pw.SCRYPT_R, pw.SCRYPT_P)
+    assert len(dummy[4]) == pw.SALT_BYTES and len(dummy[5]) == pw.HASH_BYTES
+    assert dummy is f.dummy() and not pw.verify_password(dummy, "")
+
+
 def test_user_names_that_would_break_the_line_are_refused():
     """Every character str.splitlines ends a line at, and every one of Unicode categories Cc,
     Zl and Zp, is refused in a user name; other characters (a no-break space, an accent) are
