@@ -99,11 +99,12 @@ def prompt() -> str:
 
 
 def read_stdin() -> str:
-    """The first line of stdin, without its line end. A second line, if any, must repeat it
-    (input made for the two prompts)."""
+    """The first line of stdin, without its line end ("\n" or "\r\n" only: a password may
+    hold U+2028, a form feed and the other breaks str.splitlines knows). A second line, if
+    any, must repeat it (input made for the two prompts)."""
     data = sys.stdin.buffer.read()
     try:
-        lines = data.decode("utf-8").splitlines()
+        lines = passwords.lines_of(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise EdgebrokerError(f"passwd: {_NOT_UTF8} (stdin has the byte "
                               f"0x{data[exc.start]:02X}); nothing changed") from None

@@ -123,7 +123,7 @@ class Sessions:
                      client_id, client.peer, old.client.peer)
             self.stats.takeovers += 1
             old.client.close(will=True, reason=SESSION_TAKEN_OVER,
-                             why=f"client id {client_id!r} connected again from {client.peer}")
+                             why=f"client id {client_id!r} connected again")  # (no address)
             old = self.sessions.get(client_id)
         present = False
         if old is not None and (clean_start or old.clean):

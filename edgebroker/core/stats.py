@@ -37,8 +37,9 @@ class Stats:
                  # security: refused logins and ACL denials, TLS handshakes that failed
                  "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
                  "acl_deliveries_denied", "tls_handshakes_failed",
-                 # passwords hashed to check a login (security.authenticator)
-                 "password_checks",
+                 # passwords hashed to check a login, and checks that could not run
+                 # (security.authenticator)
+                 "password_checks", "password_check_errors",
                  # SCRAM-SHA-256 exchanges that ended (core/handlers/auth.py), re-auth too
                  "scram_succeeded", "scram_failed",
                  # the log as the queue (core.catchup): sessions that fell behind, caught up

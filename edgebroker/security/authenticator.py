@@ -31,6 +31,9 @@ the workers only compute hashes (``hashlib`` releases the GIL while it does).
   a burst of bad logins cannot keep the workers busy for everyone else.
 - At most ``MAX_PENDING`` checks wait at once; beyond that new logins are
   refused as "server unavailable".
+- A check that cannot run (the hash library fails: out of memory, say) refuses
+  that login as a failed one; it is counted (``password_check_errors``) and
+  logged once, with the library's error, until a check runs again.
 - Memory: at most ``PAIRS_LIMIT`` pairs and ``HOSTS_LIMIT`` addresses are
   remembered; past that the ones whose throttle is over go first, then the
   oldest, down to half the limit.
@@ -57,12 +60,14 @@ WRONG = "wrong password"
 UNKNOWN = "unknown user"
 BLOCKED = "blocked"
 BUSY = "busy"
+CHECK_FAILED = "the password check could not run"
 
 
 class _Counts:
     """Counted password checks when no broker counters are attached (``stats``)."""
 
     password_checks = 0
+    password_check_errors = 0
 
 
 class Authenticator:
@@ -73,7 +78,9 @@ class Authenticator:
         self.max_failures = max_failures
         self.window = window
         self.workers = workers
-        self.stats = _Counts()   # anything with ``password_checks``: the broker's Stats
+        # anything with ``password_checks`` and ``password_check_errors``: the broker's Stats
+        self.stats = _Counts()
+        self._failing = 0   # checks that could not run since the last one that did
         self._pool = None   # a ThreadPoolExecutor, from the first check on
         # The workers' results (a queue.SimpleQueue) and queue.Empty, with the pool: a broker
         # without password files loads neither concurrent.futures nor queue.
@@ -132,7 +139,7 @@ class Authenticator:
         """Check ``password`` for ``username`` (``entry`` = (hash string, parsed) or None for an
         unknown user, checked against ``dummy``: the password file's ``dummy()``);
         ``done(result)`` runs on the loop thread, now or after a worker's check, with OK,
-        WRONG, UNKNOWN, BLOCKED (``throttled`` says why) or BUSY."""
+        WRONG, UNKNOWN, BLOCKED (``throttled`` says why), BUSY or CHECK_FAILED."""
         if entry is not None:
             key = self._cache_key(username, entry[0], password)
             if key in self._cache:
@@ -175,7 +182,7 @@ class Authenticator:
             return
         while True:
             try:
-                (host, username, key, done, started), ok = results.get_nowait()
+                (host, username, key, done, started), ok, error = results.get_nowait()
             except self._empty:
                 return
             self.pending -= 1
@@ -183,16 +190,31 @@ class Authenticator:
             _release(self._pending_by_pair, (host, username))
             log.debug("user %r: password check done in %.0f ms (%d waiting)", username,
                       (self.clock() - started) * 1000, self.pending)
+            if error is not None:
+                self._check_failed(username, error)
+            elif self._failing:
+                log.warning("password checks run again (%d could not run before)",
+                            self._failing)
+                self._failing = 0
             if ok and key is not None:
                 self._remember(key)
                 result = OK
             else:
                 self.record_failure(host, username)
-                result = UNKNOWN if key is None else WRONG
+                result = CHECK_FAILED if error else UNKNOWN if key is None else WRONG
             try:
                 done(result)
             except Exception:
                 log.exception("internal error after a password check for %r", username)
+
+    def _check_failed(self, username: str, error: str) -> None:
+        """A check the hash library failed: counted; logged once until a check runs again."""
+        self.stats.password_check_errors += 1
+        if not self._failing:
+            log.error("password check for user %r could not run: %s; the login is refused "
+                      "(further such failures are counted, not logged, until a check runs)",
+                      username, error)
+        self._failing += 1
 
     def known(self, username: str, stored: str, secret: bytes) -> bool:
         """Whether ``secret`` succeeded for ``username`` with ``stored`` since the start."""
@@ -216,12 +238,12 @@ class Authenticator:
     def _finished(self, job, future) -> None:
         if future.cancelled():
             return
+        error = None
         try:
             ok = future.result()
-        except Exception:       # a hash the parser accepted but the library refused
-            log.exception("password check failed for user %r", job[1])
-            ok = False
-        self._results.put((job, ok))
+        except Exception as exc:    # the library failed (out of memory, say): see deliver
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        self._results.put((job, ok, error))
         try:
             self.wake()
         except OSError:         # the loop has shut down and closed its wake-up socket

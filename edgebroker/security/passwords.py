@@ -49,8 +49,10 @@ HASH_BYTES = 32
 PBKDF2_ITERATIONS = 210_000     # OWASP's figure for PBKDF2-HMAC-SHA512
 PBKDF2_WEAK = 10_000
 # Bounds on the parameters read from a file, so a damaged line cannot ask for
-# gigabytes of memory or hours of work.
-_MAX_LN = 20
+# gigabytes of memory or hours of work. One scrypt check needs 128 * r * 2**ln bytes (and
+# 128 * r * p more, at most 64 KiB here): at most SCRYPT_MAX_MEMORY, which a gateway can
+# spare per worker thread (the default, ln=14 r=8, takes 16 MiB; with r=8, ln=18 is the most).
+SCRYPT_MAX_MEMORY = 256 << 20
 _MAX_R = 32
 _MAX_P = 16
 _MAX_ITERATIONS = 10_000_000
@@ -100,6 +102,10 @@ def _scrypt(pw: bytes, salt: bytes, ln: int, r: int, p: int, dklen: int) -> byte
     return hashlib.scrypt(pw, salt=salt, n=n, r=r, p=p, maxmem=maxmem, dklen=dklen)
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MiB"
+
+
 def parse_hash(stored: str) -> tuple:
     """Check a stored hash's format; returns a tuple the verifier uses. Raises HashError."""
     if stored.startswith(SCRYPT_PREFIX):
@@ -116,8 +122,15 @@ def parse_hash(stored: str) -> tuple:
         if set(params) != {"ln", "r", "p"}:
             raise HashError("scrypt hash: parameters must be ln, r and p")
         ln, r, p = params["ln"], params["r"], params["p"]
-        if not (1 <= ln <= _MAX_LN and 1 <= r <= _MAX_R and 1 <= p <= _MAX_P):
-            raise HashError("scrypt hash: parameters out of range")
+        if not (1 <= ln <= 63 and 1 <= r <= _MAX_R and 1 <= p <= _MAX_P):
+            raise HashError(f"scrypt hash: parameters out of range (ln 1 to 63, r 1 to {_MAX_R}, "
+                            f"p 1 to {_MAX_P})")
+        memory = 128 * r << ln
+        if memory > SCRYPT_MAX_MEMORY:
+            raise HashError(f"scrypt hash: ln={ln}, r={r} needs {_mib(memory)} of memory per "
+                            f"check, more than the {_mib(SCRYPT_MAX_MEMORY)} allowed "
+                            f"(128 * r * 2**ln; the default ln={SCRYPT_LN}, r={SCRYPT_R} "
+                            f"needs {_mib(128 * SCRYPT_R << SCRYPT_LN)})")
         salt, digest = _unb64(parts[4]), _unb64(parts[5])
         if not salt or len(digest) < 16:
             raise HashError("scrypt hash: salt or hash too short")
@@ -160,10 +173,13 @@ _dummy: tuple | None = None
 
 
 def dummy_hash() -> tuple:
-    """A parsed hash to check unknown users against, so they cost as much as known ones."""
+    """A parsed hash to check unknown users against, so they cost as much as known ones: the
+    default scrypt parameters with a random salt and digest (that no password matches).
+    Making it computes no hash: it is made on the loop thread (``PasswordFile.dummy``)."""
     global _dummy
     if _dummy is None:
-        _dummy = parse_hash(hash_password(os.urandom(16)))
+        _dummy = ("scrypt", SCRYPT_LN, SCRYPT_R, SCRYPT_P, os.urandom(SALT_BYTES),
+                  os.urandom(HASH_BYTES))
     return _dummy
 
 
@@ -188,6 +204,12 @@ def check_username(username: str) -> str | None:
         return "the user name is empty"
     if ":" in username:
         return "a user name cannot contain ':'"
+    bad = next((ch for ch in username if 0xD800 <= ord(ch) <= 0xDFFF), None)
+    if bad is not None:     # a command line's byte that is not UTF-8 (surrogateescape)
+        code = ord(bad)
+        return ("the user name is not UTF-8 text, which MQTT clients send (it has "
+                + (f"the byte 0x{code - 0xDC00:02X})" if 0xDC80 <= code <= 0xDCFF
+                   else f"U+{code:04X})"))
     bad = next((ch for ch in username if _breaks_lines(ch)), None)
     if bad is not None:
         return (f"a user name cannot contain control characters or line separators "

@@ -34,6 +34,7 @@ import logging
 import os
 import selectors
 import socket
+import stat
 
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
@@ -90,6 +91,9 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
     # does, and leaves the connection able to send: the answers already queued (a CONNACK)
     # still go out. Otherwise OpenSSL 3 fails the connection at that read.
     ctx.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+    for key in ("certfile", "keyfile", "cafile"):
+        if getattr(lc, key):
+            _check_regular(getattr(lc, key), f"{name}.{key}")
     try:
         load_cert_chain(ctx, lc.certfile, lc.keyfile)
     except EncryptedKey as exc:
@@ -118,6 +122,19 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
         except ssl.SSLError:
             raise ConfigError(f"{name}.ciphers: no cipher matches {lc.ciphers!r}") from None
     return ctx
+
+
+def _check_regular(path: str, key: str) -> None:
+    """Refuse anything but a regular file (as for password_file and acl_file): OpenSSL's open
+    of a FIFO would block start, or the loop thread on SIGHUP, and a device could be endless."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: {path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{key}: {path}: not a regular file")
 
 
 class TLSServer:

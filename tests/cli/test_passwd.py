@@ -352,6 +352,22 @@ def test_password_piped_without_a_terminal(tmp_path):
     assert path.read_text() == before
 
 
+@pytest.mark.parametrize("pw", ["abc\u2028def", "abc\u2028", "a\x85b\x0cc\x0bd\x1ce\x1d\x1e",
+                                "\u2029x"])
+@pytest.mark.parametrize("end", ["", "\n", "\r\n"])
+def test_password_piped_is_cut_at_a_newline_only(tmp_path, pw, end):
+    """Stdin was split at every break str.splitlines knows: "abc<U+2028>" with no newline
+    stored "abc", and "abc<U+2028>def" was refused as two lines that differ."""
+    path = tmp_path / "passwd"
+    r = piped(path, "alice", pw + end)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    entry = PasswordFile.load(str(path)).lookup("alice")[1]
+    assert verify_password(entry, pw) and not verify_password(entry, pw.splitlines()[0])
+    r = piped(path, "bob", f"{pw}\r\n{pw}\n")               # the two prompts' lines
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert verify_password(PasswordFile.load(str(path)).lookup("bob")[1], pw)
+
+
 def test_password_piped_in_a_terminal_session(tmp_path):
     """`echo PW | edgebroker passwd FILE USER` typed in a shell: stdin is the pipe, not the
     terminal (getpass read the terminal, waiting for someone to type)."""

@@ -102,3 +102,18 @@ def test_a_password_that_is_not_utf8_is_a_one_line_error(tmp_path):
                            capture_output=True, timeout=30, start_new_session=True)
         assert (r.returncode, r.stderr.decode()) == (1, f"{why} ({where}); nothing changed\n")
     assert not path.exists()
+
+
+def test_a_user_name_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    """A user name of bytes that are not UTF-8 on the command line ended in a traceback
+    (UnicodeEncodeError) when the file was written; the file stays as it was."""
+    path = tmp_path / "f.pw"
+    assert run_cli("passwd", "-b", str(path), "alice", "a-pw").returncode == 0
+    before = path.read_bytes()
+    for user, byte in ((b"\xff", "0xFF"), (b"b\xe9b", "0xE9")):
+        r = subprocess.run([*broker_command(), "passwd", "-b", bytes(path), user, b"pw"],
+                           cwd=REPO, capture_output=True, timeout=30, start_new_session=True)
+        assert (r.returncode, r.stderr.decode()) == (
+            1, f"edgebroker: passwd: the user name is not UTF-8 text, which MQTT clients send "
+               f"(it has the byte {byte})\n")
+    assert path.read_bytes() == before

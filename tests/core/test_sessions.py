@@ -4,6 +4,8 @@ re-delivery with DUP on reconnect, client-id takeover, offline queue bounds."""
 import pytest
 
 import mqttraw as m
+import mqttraw5 as m5
+from conftest import _open_clients
 from mqttraw import PUBCOMP, PUBREC, PUBREL
 
 
@@ -228,6 +230,22 @@ def test_takeover_closes_older_connection(srv, uid):
     new = srv.client(uid)
     assert old.expect_closed(5)
     assert new.ping() == []
+
+
+def test_takeover_does_not_tell_the_old_client_the_new_ones_address(srv, uid):
+    """A 5.0 client thrown off by a takeover was told the new connection's IP:port in the
+    DISCONNECT's Reason String; the log keeps both addresses."""
+    old = m5.RawClient5(srv.host, srv.port)
+    _open_clients.append(old)
+    assert old.connect(uid).reason == 0
+    mark = srv.mark()
+    new = srv.client(uid)
+    d = old.expect_disconnect()
+    assert d.reason == 0x8E
+    assert d.properties == {m5.REASON_STRING: f"client id {uid!r} connected again"}, d
+    assert srv.wait_log(f"client {uid!r} from 127.0.0.1:{new.local_port} takes over the "
+                        f"session; closing the connection from 127.0.0.1:{old.local_port}",
+                        start=mark)
 
 
 def test_takeover_keeps_persistent_session(srv, uid):

@@ -9,7 +9,7 @@ import pytest
 
 import mqttraw as m
 import mqttraw5 as m5
-from conftest import _close_all_clients, _start, _teardown, run_cli, toml_dumps
+from conftest import _close_all_clients, _open_clients, _start, _teardown, run_cli, toml_dumps
 from secfiles import MOSQUITTO_HASH, MOSQUITTO_PASSWORD, wait_counter, write_passwords
 
 ALICE_PW = "alice-Pa55word"
@@ -62,6 +62,24 @@ def test_bad_credentials_connack_4(authsrv, uid, username, password, why):
     assert line, authsrv.log_text()
     if password:
         assert password not in authsrv.log_text(), "a password was logged"
+
+
+@pytest.mark.parametrize("username, why", [("alice", "wrong password"),
+                                           ("nobody", "unknown user")])
+def test_bad_credentials_5_0_reason_string_does_not_tell_user_names_apart(authsrv, uid,
+                                                                           username, why):
+    """A 5.0 client is told the same for a known and an unknown user name (the log says which),
+    as SCRAM's refusals are."""
+    mark = authsrv.mark()
+    c = m5.RawClient5(authsrv.host, authsrv.port)
+    _open_clients.append(c)
+    ack = c.connect(uid, username=username, password="wrong-Pa55word")
+    assert ack.reason == 0x86, ack
+    assert ack.properties == {m5.REASON_STRING: "bad user name or password"}, ack
+    assert c.expect_closed(5)
+    assert authsrv.wait_log(f"client '{uid}' (user '{username}') from 127.0.0.1:"
+                            f"{c.local_port}: refused (CONNACK 0x86): {why}", start=mark), \
+        authsrv.log_text()
 
 
 def test_anonymous_refused_connack_5(authsrv, uid):
@@ -232,6 +250,44 @@ def test_a_brute_force_computes_very_few_hashes(broker, tmp_path, uid):
     assert 3 <= checks <= allowed, (checks, took)
     assert attempts.count(4) == checks and attempts.count(5) == 300 - checks
     assert wait_counter(b, "password/checks", lambda v: v == checks, b.listeners[1][1])
+
+
+def test_a_check_that_cannot_run_is_counted_and_logged_once(broker, tmp_path, uid):
+    """The hash library failing (here: out of memory, as a gateway short of it would be, under
+    an address-space limit set on the running broker) refuses the login as a failed one;
+    the failures are counted and logged once, without a traceback, until a check runs."""
+    import base64
+    import os
+    import resource
+    salt, digest = (base64.b64encode(os.urandom(n)).decode().rstrip("=") for n in (16, 32))
+    big = f"$scrypt$v=1$ln=18,r=8,p=1${salt}${digest}"      # 256 MiB a check: the most allowed
+    pw = tmp_path / "passwd"
+    pw.write_text(f"alice:{big}\nbob:$scrypt$v=1$ln=1,r=1,p=1${salt}${digest}\n")
+    os.chmod(pw, 0o600)
+    b = broker(password_file=str(pw))
+    b.client(f"{uid}-b0", username="bob", password="wrong", expect_rc=4)   # a worker started
+    vm = next(int(line.split()[1]) << 10 for line in open(f"/proc/{b.proc.pid}/status")
+              if line.startswith("VmSize:"))
+    before = resource.prlimit(b.proc.pid, resource.RLIMIT_AS)
+    mark = b.mark()
+    resource.prlimit(b.proc.pid, resource.RLIMIT_AS, (vm + (128 << 20), before[1]))
+    try:
+        for i in range(3):
+            b.client(f"{uid}-a{i}", username="alice", password=f"pw-{i}", expect_rc=4)
+            assert b.wait_log(f"client '{uid}-a{i}' (user 'alice') from 127.0.0.1:", start=mark)
+    finally:
+        resource.prlimit(b.proc.pid, resource.RLIMIT_AS, before)
+    assert b.wait_log(f"client '{uid}-a2' (user 'alice') from 127.0.0.1:", start=mark)
+    logged = b.logs[mark:]
+    errors = [line for line in logged if " ERROR " in line]
+    assert len(errors) == 1 and "password check for user 'alice' could not run: ValueError:" \
+        in errors[0] and "the login is refused" in errors[0], "\n".join(logged)
+    assert not [line for line in logged if "Traceback" in line], "\n".join(logged)
+    assert sum("refused (CONNACK 4): the password check could not run" in line
+               for line in logged) == 3, "\n".join(logged)
+    assert b.stats()["counters"]["password_check_errors"] == 3
+    b.client(f"{uid}-b1", username="bob", password="wrong", expect_rc=4)
+    assert b.wait_log("password checks run again (3 could not run before)", start=mark)
 
 
 def test_failed_logins_for_many_user_names_throttle_the_address(broker, tmp_path, uid):

@@ -49,7 +49,14 @@ def test_pbkdf2_own_and_mosquitto():
     ("", "plain-text"),
     ("$argon2id$v=19$m=65536,t=3,p=4$c2FsdA$aGFzaA", "unknown hash format"),
     ("$scrypt$v=2$ln=14,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "v=1"),
-    ("$scrypt$v=1$ln=40,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "out of range"),
+    ("$scrypt$v=1$ln=40,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "needs 1,073,741,824 MiB"),
+    ("$scrypt$v=1$ln=99,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "out of range (ln 1 to 63"),
+    # More than hashlib.scrypt can be asked for (it would fail at every check), and 1 GiB.
+    ("$scrypt$v=1$ln=20,r=32,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43,
+     "ln=20, r=32 needs 4,096 MiB of memory per check, more than the 256 MiB allowed "
+     "(128 * r * 2**ln; the default ln=14, r=8 needs 16 MiB)"),
+    ("$scrypt$v=1$ln=20,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "needs 1,024 MiB"),
+    ("$scrypt$v=1$ln=19,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "needs 512 MiB"),
     ("$scrypt$v=1$ln=14,r=8$c2FsdHNhbHRzYWx0$" + "A" * 43, "ln, r and p"),
     ("$scrypt$v=1$ln=14,r=8,p=1$!!!$" + "A" * 43, "base64"),
     ("$scrypt$v=1$ln=14,r=8,p=1$c2FsdA$QUFB", "too short"),
@@ -64,6 +71,13 @@ def test_bad_hashes(stored, words):
         assert "plain" in message
     else:
         assert words in message, message
+
+
+def test_scrypt_memory_bound_is_inclusive():
+    """ln=18, r=8 (256 MiB) and ln=14, r=32 are the most a file may ask for; they load."""
+    for params in ("ln=18,r=8,p=1", "ln=16,r=32,p=16", "ln=1,r=1,p=1"):
+        parsed = pw.parse_hash(f"$scrypt$v=1${params}$c2FsdHNhbHRzYWx0$" + "A" * 43)
+        assert parsed[0] == "scrypt"
 
 
 def write(path, text, mode=0o600):
@@ -98,6 +112,26 @@ def test_unknown_users_are_checked_against_the_files_own_hash(tmp_path):
     assert dummy[2:] != known[2:] and not pw.verify_password(dummy, "0")
     scrypt_file = pw.PasswordFile.load(write(tmp_path / "pw2", f"a:{pw.hash_password('x')}\n"))
     assert scrypt_file.dummy()[:4] == ("scrypt", 14, 8, 1)
+
+
+def test_the_decoy_of_a_file_without_users_costs_no_hash_to_make(tmp_path, monkeypatch):
+    """It is made on the loop thread, at the first unknown user's login: it computed an
+    scrypt hash there (about 50 ms, where no check may run). It has the default parameters,
+    so an unknown user's check costs what a new user's would, and matches no password."""
+    import hashlib
+
+    def no_hash(*args, **kwargs):
+        raise AssertionError("a hash was computed to make the decoy")
+
+    f = pw.PasswordFile.load(write(tmp_path / "pw", "# no users yet\n"))
+    monkeypatch.setattr(pw, "_dummy", None)
+    with monkeypatch.context() as m:
+        m.setattr(hashlib, "scrypt", no_hash)
+        m.setattr(hashlib, "pbkdf2_hmac", no_hash)
+        dummy = f.dummy()
+    assert dummy[:4] == ("scrypt", pw.SCRYPT_LN, pw.SCRYPT_R, pw.SCRYPT_P)
+    assert len(dummy[4]) == pw.SALT_BYTES and len(dummy[5]) == pw.HASH_BYTES
+    assert dummy is f.dummy() and not pw.verify_password(dummy, "")
 
 
 def test_user_names_that_would_break_the_line_are_refused():
@@ -160,6 +194,9 @@ def test_file_with_scram_keys_beside_some_hashes(tmp_path):
     (":$scrypt$x\n", "user name is empty"),
     ("alice:{h}\nalice:{h}\n", "line 2: user 'alice' is listed twice"),
     ("alice:$5$rounds=5000$salt$hash\n", "unknown hash format"),
+    ("# c\nalice:{h}\nbob:$scrypt$v=1$ln=20,r=32,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43 + "\n",
+     "line 3: user 'bob': scrypt hash: ln=20, r=32 needs 4,096 MiB of memory per check, more "
+     "than the 256 MiB allowed"),
 ])
 def test_file_errors_name_the_line(tmp_path, text, words):
     path = write(tmp_path / "pw", text.replace("{h}", pw.hash_password("x")))

@@ -42,9 +42,8 @@ from edgebroker.core.handlers import connect
 log = logging.getLogger("edgebroker.client")
 
 _BAD_CREDENTIALS = 4            # the policy's outcomes, as 3.1.1 CONNACK codes
-# The Reason String of a refusal for wrong credentials: the log says which (unknown user, no
-# keys, wrong proof); the client is not told, so it cannot learn which user names exist.
-_TOLD = "bad user name or password"
+# The Reason String of a refusal for wrong credentials (no keys counts as such too).
+_TOLD = connect.BAD_CREDENTIALS_TOLD
 
 
 def unusable(policy, method: str) -> str | None:

@@ -32,6 +32,10 @@ log = logging.getLogger("edgebroker.client")
 connections_log = logs.Frequent(log)
 
 _CONNACK_ACCEPTED = (encode(P.Connack(False, 0)), encode(P.Connack(True, 0)))
+# The Reason String of every refusal for bad credentials (CONNACK 4 / 0x86): the log says
+# which it was (unknown user, wrong password, wrong proof); the client is not told, so it
+# cannot learn which user names exist.
+BAD_CREDENTIALS_TOLD = "bad user name or password"
 
 
 def on_connect(client, p: P.Connect) -> None:
@@ -153,7 +157,8 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
         else:
             stats.logins_refused += 1
         # (3: too many password checks waiting; 4, 5: the check, or the policy, refused.)
-        refuse(client, code, why, "auth" if code in (3, 4, 5) else "client_id")
+        refuse(client, code, why, "auth" if code in (3, 4, 5) else "client_id",
+               told=BAD_CREDENTIALS_TOLD if code == 4 else None)
         return
     if acl is not None and p.will is not None and not acl.can_write(p.will.topic):
         stats.logins_refused += 1
