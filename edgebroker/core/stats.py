@@ -91,6 +91,7 @@ _SECURITY = (
     ("$SYS/broker/security/acl/deliveries/denied", "acl_deliveries_denied"),
     ("$SYS/broker/security/tls/handshakes/failed", "tls_handshakes_failed"),
     ("$SYS/broker/security/password/checks", "password_checks"),
+    ("$SYS/broker/security/password/check_errors", "password_check_errors"),
     ("$SYS/broker/security/scram/succeeded", "scram_succeeded"),
     ("$SYS/broker/security/scram/failed", "scram_failed"),
 )
