@@ -21,6 +21,7 @@ from edgebroker.cli.state_dir import UNIT_STATE_DIR, note, outside_systemd
 from edgebroker.errors import ConfigError
 from edgebroker.security.acl import Acl
 from edgebroker.security.passwords import PasswordFile
+from edgebroker.security.policy import file_key
 from edgebroker.server.tls import make_context
 
 DEFAULTS = "built-in defaults"
@@ -54,10 +55,11 @@ def problems_of(config: configuration.Config) -> list[str]:
         if lc.tls:
             _collect(problems, make_context, lc, f"listener[{i}]")
         auth = config.auth(lc)
-        for load, path in ((PasswordFile.load, auth.password_file), (Acl.load, auth.acl_file)):
+        for load, kind in ((PasswordFile.load, "password_file"), (Acl.load, "acl_file")):
+            path = getattr(auth, kind)
             if path and (load, path) not in files_read:
                 files_read.add((load, path))
-                _collect(problems, load, path)
+                _collect(problems, load, path, file_key(lc, kind, i))
     return problems
 
 
