@@ -2,9 +2,10 @@
 
 Besides the keys, it applies the safe-default rules for listeners, checks that serve
 could create or write the state directory (creating nothing), and reads every certificate,
-password and ACL file the configuration names, and that each Unix socket's path fits and
-its directory exists. The state directory is the one serve run here would use: without
-data_dir and $STATE_DIRECTORY, the one outside systemd, which a note says. It reports
+password and ACL file the configuration names, and that each Unix socket's path fits, its
+directory exists and no file other than a socket is in its way. The state directory is the
+one serve run here would use: without data_dir and $STATE_DIRECTORY, the one outside
+systemd, which a note says. It reports
 every problem at once, one line each naming the file, the key and what is
 wrong (an unknown key with the one it likely meant). Without ``-c`` it checks
 what ``serve`` without ``-c`` runs: the built-in defaults.
