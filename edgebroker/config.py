@@ -16,7 +16,8 @@ import os
 
 from edgebroker import records
 from edgebroker.config_fields import (
-    MiB, at_least, between, coerce, file_path, mqtt_text, one_of, setting,
+    MiB, at_least, between, coerce, file_path, mqtt_text, off_or_at_least, one_of,
+    setting,
 )
 from edgebroker.errors import ConfigError
 from edgebroker.limits_config import Limits
@@ -118,9 +119,10 @@ class Config:
         60.0, at_least(0.001),
         doc="seconds: the longest delay, and how long failed logins are remembered")
     refusal_log_interval: float = setting(
-        60.0, at_least(0), doc="after a refused or misbehaving connection is logged, further "
-                                "ones of its kind from its address are only counted for this "
-                                "many seconds, then one line gives their number; 0: log each")
+        60.0, off_or_at_least(1), doc="after a refused or misbehaving connection is logged, "
+                                      "further ones of its kind from its address are only counted "
+                                      "for this many seconds (at least 1), then one line gives "
+                                      "their number; 0: log each")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))
     limits: Limits = field(default_factory=Limits)
     log: LogConfig = field(default_factory=LogConfig)
