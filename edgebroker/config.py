@@ -212,16 +212,24 @@ def _did_you_mean(cls, name: str, prefix: str) -> str:
     close = difflib.get_close_matches(name, _fields(cls), n=1)
     if close:
         return f"; did you mean {prefix}{close[0]}?"
-    tables = [("", Config, "a top-level setting: put it above the first [table]"),
-              ("listener.", ListenerConfig, "a setting of a [[listener]] table"),
-              ("bridge.", _bridge_config().BridgeConfig, "a setting of a [[bridge]] table")]
+    # The closest key of any other table; on a tie, the earlier table here: the top-level
+    # and its sections before the [[listener]] and [[bridge]] keys that repeat some of them
+    # per listener or bridge (a top-level max_conections meant limits.max_connections).
+    tables = [("", Config, "a top-level setting: put it above the first [table]")]
     tables += [(f"{n}.", c, f"a setting of the [{n}] table") for n, c in _SECTIONS.items()]
+    tables += [("listener.", ListenerConfig, "a setting of a [[listener]] table"),
+               ("bridge.", _bridge_config().BridgeConfig, "a setting of a [[bridge]] table")]
+    best = None     # (ratio, prefix, key, where)
     for other_prefix, other, where in tables:
         if other is not cls:
             close = difflib.get_close_matches(name, _fields(other), n=1, cutoff=0.8)
             if close:
-                return f"; did you mean {other_prefix}{close[0]}? ({where})"
-    return ""
+                ratio = difflib.SequenceMatcher(None, name, close[0]).ratio()
+                if best is None or ratio > best[0]:
+                    best = (ratio, other_prefix, close[0], where)
+    if best is None:
+        return ""
+    return f"; did you mean {best[1]}{best[2]}? ({best[3]})"
 
 
 def _log_problems(log: LogConfig) -> list[str]:
