@@ -16,7 +16,8 @@ import os
 
 from edgebroker import records
 from edgebroker.config_fields import (
-    MiB, at_least, between, coerce, file_path, mqtt_text, one_of, setting,
+    MiB, at_least, between, coerce, file_path, mqtt_text, off_or_at_least, one_of,
+    setting,
 )
 from edgebroker.errors import ConfigError
 from edgebroker.limits_config import Limits
@@ -118,9 +119,10 @@ class Config:
         60.0, at_least(0.001),
         doc="seconds: the longest delay, and how long failed logins are remembered")
     refusal_log_interval: float = setting(
-        60.0, at_least(0), doc="after a refused or misbehaving connection is logged, further "
-                                "ones of its kind from its address are only counted for this "
-                                "many seconds, then one line gives their number; 0: log each")
+        60.0, off_or_at_least(1), doc="after a refused or misbehaving connection is logged, "
+                                      "further ones of its kind from its address are only counted "
+                                      "for this many seconds (at least 1), then one line gives "
+                                      "their number; 0: log each")
     listener: tuple[ListenerConfig, ...] = field(default=(ListenerConfig(),))
     limits: Limits = field(default_factory=Limits)
     log: LogConfig = field(default_factory=LogConfig)
@@ -210,16 +212,24 @@ def _did_you_mean(cls, name: str, prefix: str) -> str:
     close = difflib.get_close_matches(name, _fields(cls), n=1)
     if close:
         return f"; did you mean {prefix}{close[0]}?"
-    tables = [("", Config, "a top-level setting: put it above the first [table]"),
-              ("listener.", ListenerConfig, "a setting of a [[listener]] table"),
-              ("bridge.", _bridge_config().BridgeConfig, "a setting of a [[bridge]] table")]
+    # The closest key of any other table; on a tie, the earlier table here: the top-level
+    # and its sections before the [[listener]] and [[bridge]] keys that repeat some of them
+    # per listener or bridge (a top-level max_conections meant limits.max_connections).
+    tables = [("", Config, "a top-level setting: put it above the first [table]")]
     tables += [(f"{n}.", c, f"a setting of the [{n}] table") for n, c in _SECTIONS.items()]
+    tables += [("listener.", ListenerConfig, "a setting of a [[listener]] table"),
+               ("bridge.", _bridge_config().BridgeConfig, "a setting of a [[bridge]] table")]
+    best = None     # (ratio, prefix, key, where)
     for other_prefix, other, where in tables:
         if other is not cls:
             close = difflib.get_close_matches(name, _fields(other), n=1, cutoff=0.8)
             if close:
-                return f"; did you mean {other_prefix}{close[0]}? ({where})"
-    return ""
+                ratio = difflib.SequenceMatcher(None, name, close[0]).ratio()
+                if best is None or ratio > best[0]:
+                    best = (ratio, other_prefix, close[0], where)
+    if best is None:
+        return ""
+    return f"; did you mean {best[1]}{best[2]}? ({best[3]})"
 
 
 def _log_problems(log: LogConfig) -> list[str]:

@@ -52,6 +52,16 @@ def at_least(minimum):
     return check
 
 
+def off_or_at_least(minimum):
+    """0 (off), or at least ``minimum`` (a period shorter would re-arm its timer without
+    end)."""
+    def check(value):
+        if value != 0 and value < minimum:
+            return f"must be 0 (off) or at least {minimum}"
+        return None
+    return check
+
+
 def size_or_auto(value):
     """A number of bytes (0: off), or "auto"."""
     if isinstance(value, str):

@@ -48,6 +48,11 @@ def test_full_file(tmp_path):
     ("[limits]\nbogus = 1", "limits.bogus: unknown setting"),
     ("log_level = 'loud'", "log_level: must be one of"),
     ("busy_poll_us = 20000", "busy_poll_us: must be between 0 and 10000"),
+    ("max_conections = 5", "max_conections: unknown setting; did you mean "
+                           "limits.max_connections? (a setting of the [limits] table)"),
+    ("[limits]\ncafile = 'x'", "limits.cafile: unknown setting; did you mean listener.cafile?"),
+    ("refusal_log_interval = 1e-9", "refusal_log_interval: must be 0 (off) or at least 1"),
+    ("refusal_log_interval = -1", "refusal_log_interval: must be 0 (off) or at least 1"),
     ("[[listener]]\nport = 70000", "listener[0].port: must be between 0 and 65535"),
     ("[[listener]]\nport = 1\n[[listener]]\nport = 1", "listener[1]: 127.0.0.1:1 is listed twice"),
     ("[listener]\nport = 1", "listener: expected one or more [[listener]] tables"),

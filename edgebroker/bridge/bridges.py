@@ -18,11 +18,18 @@ log = logging.getLogger("edgebroker.bridge")
 def tls_contexts(bridges) -> list:
     """The TLS context of each bridge (None without ``cafile``); ConfigError naming the
     bridge's key when a certificate or key file cannot be used."""
-    from edgebroker.client.tls import EncryptedKey
+    from edgebroker.client.tls import EncryptedKey, not_regular
     contexts = []
     problems = []
     for i, bc in enumerate(bridges):
         if not bc.cafile:
+            contexts.append(None)
+            continue
+        odd = [f"bridge[{i}] ({bc.name}).{key}: {path}: not a regular file"
+               for key, path in (("cafile", bc.cafile), ("certfile", bc.certfile),
+                                 ("keyfile", bc.keyfile)) if path and not_regular(path)]
+        if odd:     # (never opened: a FIFO would block the loop thread on SIGHUP)
+            problems += odd
             contexts.append(None)
             continue
         try:

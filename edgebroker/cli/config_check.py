@@ -2,9 +2,10 @@
 
 Besides the keys, it applies the safe-default rules for listeners, checks that serve
 could create or write the state directory (creating nothing), and reads every certificate,
-password and ACL file the configuration names, and that each Unix socket's path fits and
-its directory exists. The state directory is the one serve run here would use: without
-data_dir and $STATE_DIRECTORY, the one outside systemd, which a note says. It reports
+password and ACL file the configuration names, and that each Unix socket's path fits, its
+directory exists and no file other than a socket is in its way. The state directory is the
+one serve run here would use: without data_dir and $STATE_DIRECTORY, the one outside
+systemd, which a note says. It reports
 every problem at once, one line each naming the file, the key and what is
 wrong (an unknown key with the one it likely meant). Without ``-c`` it checks
 what ``serve`` without ``-c`` runs: the built-in defaults.
@@ -21,6 +22,7 @@ from edgebroker.cli.state_dir import UNIT_STATE_DIR, note, outside_systemd
 from edgebroker.errors import ConfigError
 from edgebroker.security.acl import Acl
 from edgebroker.security.passwords import PasswordFile
+from edgebroker.security.policy import file_key
 from edgebroker.server.tls import make_context
 
 DEFAULTS = "built-in defaults"
@@ -54,10 +56,11 @@ def problems_of(config: configuration.Config) -> list[str]:
         if lc.tls:
             _collect(problems, make_context, lc, f"listener[{i}]")
         auth = config.auth(lc)
-        for load, path in ((PasswordFile.load, auth.password_file), (Acl.load, auth.acl_file)):
+        for load, kind in ((PasswordFile.load, "password_file"), (Acl.load, "acl_file")):
+            path = getattr(auth, kind)
             if path and (load, path) not in files_read:
                 files_read.add((load, path))
-                _collect(problems, load, path)
+                _collect(problems, load, path, file_key(lc, kind, i))
     return problems
 
 

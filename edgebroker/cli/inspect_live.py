@@ -105,8 +105,15 @@ class AdminClient:
         except OSError as exc:
             raise EdgebrokerError(f"admin socket {self.path}: {exc.strerror or exc}") from None
         end = self.buf.index(b"\n")
-        reply = json.loads(self.buf[:end])
+        line = bytes(self.buf[:end])
         del self.buf[:end + 1]
+        try:
+            reply = json.loads(line)
+        except ValueError:      # (JSONDecodeError, UnicodeDecodeError)
+            reply = None
+        if not isinstance(reply, dict):
+            raise EdgebrokerError(f"{self.path} did not answer as the broker's admin socket "
+                                  f"does (a JSON object per line): it sent {line[:60]!r}")
         if not reply.get("ok"):
             raise EdgebrokerError(f"the broker answered: {reply.get('error', reply)}")
         return reply

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 from contextlib import contextmanager
 
 from edgebroker import config as configuration, logs, records
@@ -109,8 +110,9 @@ def check_links(config: configuration.Config) -> list:
 
 
 def unix_socket_problems(config: configuration.Config) -> list[str]:
-    """What would stop serve binding each Unix socket listener (nothing is created; the state
-    directory, serve creates before it listens)."""
+    """What would stop serve binding each Unix socket listener: a path too long, a directory
+    missing (the state directory, serve creates before it listens), a file other than a
+    socket in the way. Nothing is created or removed."""
     problems = []
     for i, lc in enumerate(config.listeners):
         path, key = lc.unix_socket, f"listener[{i}].unix_socket"
@@ -124,6 +126,14 @@ def unix_socket_problems(config: configuration.Config) -> list[str]:
         if not os.path.isdir(directory) and directory != os.path.abspath(config.state_dir()):
             problems.append(f"{key}: the directory {directory} does not exist: serve cannot "
                             f"listen on {path}")
+            continue
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:     # (nothing there: serve creates the socket)
+            continue
+        if not stat.S_ISSOCK(mode):     # (a stale socket, serve replaces)
+            problems.append(f"{key}: {path}: a file that is not a socket is in the way: serve "
+                            f"cannot listen there (remove it, or choose another path)")
     return problems
 
 
@@ -177,6 +187,8 @@ def run(args) -> int:
     refuse_foreign(state_dir, "edgebroker serve")   # root on the service's state directory
     with naming_the_file(None if args.data_dir else where):
         prepare_state_dir(state_dir)
+    with naming_the_file(None if args.listen else where):
+        _raise(unix_socket_problems(config))    # (exit 2, as the checks above)
     # Imported after the configuration is read: the TOML parser's memory, freed again
     # (config._read_toml), is then not interleaved with the broker's modules.
     from edgebroker.server.app import App

@@ -31,7 +31,9 @@ memory that a plain client does without).
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 
 from edgebroker.client.handshake import READ, WRITE, drive
 from edgebroker.client.transport import connect_socket
@@ -78,6 +80,17 @@ def load_cert_chain(context, certfile: str, keyfile: str | None = None) -> None:
         raise EncryptedKey(keyfile or certfile) from None
 
 
+def not_regular(path: str) -> bool:
+    """True when ``path`` exists and is not a regular file (a FIFO, a device, a directory):
+    OpenSSL's open of a FIFO waits for a writer (a broker's loop thread on SIGHUP, `config
+    check`, a client), a device may never end. A missing or unreadable path: False, the open
+    itself then says why. The bridges and the uploader check their files with it too."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 _HINTS = {
     "CERTIFICATE_VERIFY_FAILED": "the server certificate is not signed by a trusted CA "
                                  "(give the CA file that signed it: --cafile)",
@@ -97,6 +110,10 @@ def tls_context(cafile: str | None = None, certfile: str | None = None,
     ssl = _ssl()
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+    for what, path in (("CA file", cafile if verify else None), ("certificate file", certfile),
+                       ("key file", keyfile)):
+        if path and not_regular(path):
+            raise TLSError(f"{what} {path}: not a regular file")
     if verify:
         try:
             if cafile:

@@ -123,17 +123,27 @@ class SysTopics:
         # this mark (when, CPU seconds then) on (as psutil's cpu_percent between two calls).
         self._cpu_mark = (now, figures[1] if figures else None)
         self._cpu = 0.0
-        self.configure(now, first=True)
+        self.configure(now)
 
-    def configure(self, now: float, first: bool = False) -> None:
+    def configure(self, now: float) -> None:
+        """At start and on each reload. Turned on (at start, or by a reload): the version,
+        and the first full report at once, so subscribers see values right away. Turned off
+        by a reload: the retained $SYS messages are cleared (an empty retained message each,
+        which subscribers receive), rather than left frozen at their last values."""
         interval = self.broker.config.sys_interval
+        was_on = self.next_due is not None      # (None: off, or not started)
         if not interval:
             self.next_due = None
+            if was_on:
+                self._clear()
             return
-        if first:
+        if not was_on:
             self._publish("$SYS/broker/version", f"edgebroker version {__version__}")
-        # The first full report comes at once, so subscribers see values right away.
         self.next_due = now
+
+    def _clear(self) -> None:
+        for message in list(self.broker.retained.match("$SYS/#")):
+            self._publish(message.topic, "")
 
     def _publish(self, topic: str, value, retain: bool = True) -> None:
         self.broker.route(topic, str(value).encode(), 0, retain)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.config import AuthSettings, ListenerConfig
+from edgebroker.errors import ConfigError
 from edgebroker.security import authenticator as A
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # security.scram: imported by the exchanges (core/handlers/auth.py)
@@ -48,6 +49,15 @@ ACCEPTED = 0
 BAD_CREDENTIALS = 4
 NOT_AUTHORIZED = 5
 UNAVAILABLE = 3
+
+
+def file_key(lc: ListenerConfig, kind: str, index: int | None) -> str:
+    """The key a problem with listener ``lc``'s ``kind`` file (password_file, acl_file) is
+    reported under: the listener's own (``listener[1].acl_file``) when it sets one, else the
+    top level's it inherits."""
+    if index is not None and getattr(lc, kind) is not None:
+        return f"listener[{index}].{kind}"
+    return kind
 
 
 def peer_host(peer: str) -> str:
@@ -71,24 +81,33 @@ class ListenerPolicy:
 
     @classmethod
     def build(cls, lc: ListenerConfig, settings: AuthSettings, authenticator: A.Authenticator,
-              cache: dict | None = None) -> "ListenerPolicy":
-        """Read the files ``settings`` names (ConfigError on a problem). ``cache`` shares one
-        parsed file between listeners that name the same path."""
+              cache: dict | None = None, index: int | None = None) -> "ListenerPolicy":
+        """Read the files ``settings`` names; ConfigError with the problems of both, each
+        under the key that names the file (``file_key``; ``index``: the listener's). ``cache``
+        shares one parsed file between listeners that name the same path (a file that could
+        not be used is reported once)."""
         cache = {} if cache is None else cache
-        passwords = acl = None
-        if settings.password_file:
-            key = ("password_file", settings.password_file)
-            if key not in cache:
-                from edgebroker.security.passwords import PasswordFile
-                cache[key] = PasswordFile.load(settings.password_file)
-            passwords = cache[key]
-        if settings.acl_file:
-            key = ("acl_file", settings.acl_file)
-            if key not in cache:
-                from edgebroker.security.acl import Acl
-                cache[key] = Acl.load(settings.acl_file)
-            acl = cache[key]
-        return cls(lc.address, settings, passwords, acl, authenticator)
+        loaded = {}
+        problems = []
+        for kind in ("password_file", "acl_file"):
+            path = getattr(settings, kind)
+            if not path:
+                continue
+            if (kind, path) not in cache:
+                if kind == "password_file":
+                    from edgebroker.security.passwords import PasswordFile as loader
+                else:
+                    from edgebroker.security.acl import Acl as loader
+                try:
+                    cache[(kind, path)] = loader.load(path, file_key(lc, kind, index))
+                except ConfigError as exc:
+                    cache[(kind, path)] = None
+                    problems += exc.problems
+            loaded[kind] = cache[(kind, path)]
+        if problems or None in loaded.values():
+            raise ConfigError(*problems)
+        return cls(lc.address, settings, loaded.get("password_file"), loaded.get("acl_file"),
+                   authenticator)
 
     def authenticate(self, client, connect) -> None:
         """Decide on a CONNECT; calls ``client.auth_done(code, why, username, acl_view)`` on the

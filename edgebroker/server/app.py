@@ -255,16 +255,22 @@ class App(DescriptorRoom):
         the configuration file (``config.source``) that names the file it could not use."""
         files: dict = {}
         out = []
-        try:
-            for i, lc in listeners:
-                tls = None
+        problems = []       # every listener's, at once
+        for i, lc in listeners:
+            tls = policy = None
+            try:
                 if lc.tls:   # server/tls.py: a broker without TLS listeners does not load it
                     from edgebroker.server.tls import TLSServer
                     tls = TLSServer(lc, f"listener[{i}]")
-                policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files)
-                out.append((tls, policy))
-        except ConfigError as exc:
-            raise exc.in_file(config.source) from None
+            except ConfigError as exc:
+                problems += exc.problems
+            try:
+                policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files, i)
+            except ConfigError as exc:
+                problems += exc.problems
+            out.append((tls, policy))
+        if problems:
+            raise ConfigError(*problems).in_file(config.source)
         return out
 
     def open_admin(self, state_dir: str) -> None:

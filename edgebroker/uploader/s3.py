@@ -44,6 +44,7 @@ from typing import Callable
 from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
+from edgebroker.client.tls import not_regular
 from edgebroker.errors import ConfigError
 from edgebroker.upload_config import url_path
 from edgebroker.uploader.s3link import IO_TIMEOUT, Link
@@ -98,6 +99,9 @@ def tls_context(config, environ=os.environ) -> ssl.SSLContext | None:
     if config.endpoint_url and urlsplit(config.endpoint_url).scheme != "https":
         return None
     cafile = config.ca_file or environ.get("AWS_CA_BUNDLE") or None
+    if cafile and not_regular(cafile):    # (never opened: a FIFO would block the loop thread)
+        where = "upload.ca_file" if config.ca_file else "$AWS_CA_BUNDLE"
+        raise ConfigError(f"{where}: {cafile}: not a regular file")
     try:
         return ssl.create_default_context(cafile=cafile)
     except (OSError, ssl.SSLError) as exc:

@@ -52,9 +52,31 @@ def test_unix_socket_path_in_use_or_not_a_socket(broker, tmp_path):
     regular.write_text("keep me")
     cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d2"),
                                "listener": [unix_listener(regular)]}))
+    in_the_way = (f"edgebroker: config error: {cfg}: listener[0].unix_socket: {regular}: a "
+                  f"file that is not a socket is in the way: serve cannot listen there (remove "
+                  f"it, or choose another path)\n")
     r = run_cli("serve", "-c", str(cfg))
-    assert r.returncode == 1 and "a file that is not a socket is in the way" in r.stderr
+    assert (r.returncode, r.stderr) == (2, in_the_way)  # 2: no restart under the unit
     assert regular.read_text() == "keep me"
+
+
+def test_config_check_refuses_a_file_that_is_not_a_socket_in_the_way(tmp_path):
+    """config check said OK; serve then exited 1 (restarted every 2 s under the unit)."""
+    cfg = tmp_path / "c.toml"
+    for thing in ("regular", "directory"):
+        path = tmp_path / thing
+        if thing == "regular":
+            path.write_text("keep me")
+        else:
+            path.mkdir()
+        cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d"),
+                                   "listener": [unix_listener(path)]}))
+        r = run_cli("config", "check", "-c", str(cfg))
+        assert (r.returncode, r.stderr) == (
+            2, f"edgebroker: config error: {cfg}: listener[0].unix_socket: {path}: a file that "
+               f"is not a socket is in the way: serve cannot listen there (remove it, or choose "
+               f"another path)\n")
+        assert path.exists()
 
 
 def test_unix_listener_with_its_own_auth(broker, tmp_path, uid):
