@@ -105,7 +105,8 @@ class Persistence:
                                   result.written_ms + int((message.expires - now) * 1000))
                     saved[topic] = snap.RetainedState(message.topic, message.payload,
                                                       message.qos, message.offset,
-                                                      message.properties, expires_ms)
+                                                      message.properties, expires_ms,
+                                                      message.client_id)
         result.retained = list(saved.values())
         result.shared = self.capture_shared()
         self._snapshot_dirty = False
@@ -229,8 +230,8 @@ class Persistence:
         for r in state.retained:
             offset = r.offset if end is None or r.offset is None or r.offset < end else None
             expires = 0.0 if r.expires_ms is None else now + (r.expires_ms - wall_ms) / 1000
-            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset, None, "",
-                                               r.properties, expires))
+            self.retained.set(r.topic, Message(r.topic, r.payload, r.qos, True, offset, None,
+                                               r.client_id, r.properties, expires))
         # Entries of retained messages the store holds are sent from there (core.retained).
         retained_at = self.retained_offsets() if state.sessions else {}
         for s in state.sessions:

@@ -98,6 +98,9 @@ class RetainedState:
     # its Message Expiry Interval ends, None for never.
     properties: bytes = b""
     expires_ms: int | None = None
+    # Who published it (a bridge's own client id for what came from its remote; the topic
+    # table's creator, max_topics_per_client); "" when not known (older snapshots).
+    client_id: str = ""
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
@@ -174,7 +177,8 @@ def _retained_json(r: RetainedState) -> bytes:
                                                                   newline=False).decode()}
                                if r.properties else {}),
                             **({"expires_ms": r.expires_ms} if r.expires_ms is not None
-                               else {})})
+                               else {}),
+                            **({"client_id": r.client_id} if r.client_id else {})})
     return r.encoded
 
 
@@ -317,7 +321,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 payload=binascii.a2b_base64(r["payload"], strict_mode=True),
                 offset=None if offset is None else int(offset),
                 properties=binascii.a2b_base64(r.get("properties", ""), strict_mode=True),
-                expires_ms=None if r.get("expires_ms") is None else int(r["expires_ms"])))
+                expires_ms=None if r.get("expires_ms") is None else int(r["expires_ms"]),
+                client_id=str(r.get("client_id", ""))))
         for g in doc.get("shared", ()):
             snap.shared.append(GroupState(
                 key=str(g["key"]), cursor=None if g.get("cursor") is None else int(g["cursor"]),

@@ -1,5 +1,7 @@
 """Topic and subscription limits with real clients (docs/limits.md)."""
 
+import json
+
 import mqttraw as m
 from mqttraw import PUBACK
 
@@ -295,3 +297,22 @@ def test_retained_topics_restored_at_start_and_retained_wills_count_toward_max_t
     s = b.stats()
     assert (s["topics"], s["retained_messages"]) == (3, 3)
     assert s["dropped"]["max_topics"] == 1, "the fourth retained topic is refused"
+
+
+def test_a_clients_retained_topics_count_toward_its_allowance_after_a_restart(broker, uid):
+    """The snapshot keeps who published each retained message, so after a restart the topics
+    a client created with retained messages are still its own: max_topics_per_client does not
+    start over (before: 3 retained topics, then 6, then 9 over two restarts)."""
+    limits = {"max_topics_per_client": 3}
+    b = broker(limits=limits)
+    data_dir = b.config["data_dir"]
+    for run in range(3):
+        pub = b.client(f"{uid}-pub")
+        for i in range(5):
+            pub.publish(f"{uid}/r{run}-{i}", b"x", retain=True)
+        assert pub.ping() == []
+        assert b.stats()["retained_messages"] == 3, f"run {run}"
+        assert b.stop() == 0
+        b = broker(data_dir=data_dir, limits=limits)
+    doc = json.loads(open(f"{data_dir}/sessions.json").read())
+    assert {r["client_id"] for r in doc["retained"]} == {f"{uid}-pub"}
