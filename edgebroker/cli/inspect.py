@@ -456,7 +456,7 @@ def run_sessions(args) -> int:
         commit_log = open_log(args)
         try:
             now_ms = time.time_ns() // 1_000_000
-            lags = {s.client_id: commit_log.lag(s.cursor, now_ms)
+            lags = {s.client_id: commit_log.lag(snapshot.first_unsent(s), now_ms)
                     for s in sessions if s.cursor is not None}
         finally:
             commit_log.close()
@@ -467,7 +467,7 @@ def run_sessions(args) -> int:
             "retained": len(state.retained),
             "sessions": [{"client_id": s.client_id, "subscriptions": s.subscriptions,
                           "inflight": len(s.inflight), "queued": len(s.queue),
-                          "oldest_offset": _oldest(s), "cursor": s.cursor,
+                          "oldest_offset": _oldest(s), "cursor": snapshot.first_unsent(s),
                           **lags.get(s.client_id, none), "drops": s.drops}
                          for s in sessions]}, indent=2))
         return 0
@@ -477,7 +477,7 @@ def run_sessions(args) -> int:
         subs = ", ".join(f"{f} (QoS {q})" for f, q in sorted(s.subscriptions.items())) or "-"
         lag = lags.get(s.client_id)
         rows.append([s.client_id, subs, str(len(s.inflight)), str(len(s.queue)),
-                     "-" if s.cursor is None else str(s.cursor),
+                     "-" if s.cursor is None else str(snapshot.first_unsent(s)),
                      "-" if lag is None else str(lag["lag_records"]),
                      "-" if lag is None else human_bytes(lag["lag_bytes"]),
                      "-" if lag is None else f"{lag['lag_seconds']:.0f} s",

@@ -228,7 +228,6 @@ class CatchUp:
         session.queue_bytes += queued_bytes
         self.queued_messages += queued
         self.queued_bytes += queued_bytes
-        cursor.read_from = cursor.offset
         cursor.offset = next_offset
         if done is not None and next_offset > max(done):
             cursor.done = None

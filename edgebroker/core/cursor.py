@@ -21,7 +21,7 @@ class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
     __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run", "held", "unsure_to", "resubscribed", "read_from")
+                 "run", "held", "unsure_to", "resubscribed")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -48,7 +48,6 @@ class Cursor:
         # The log offset at the last SUBSCRIBE again or UNSUBSCRIBE of a filter it held while
         # behind (0: none): offline ranges that ended before it were decided by other QoS.
         self.resubscribed = 0
-        self.read_from = offset     # where the last batch read into the queue began
 
     def __repr__(self):
         return f"Cursor({self.offset})"
@@ -56,14 +55,15 @@ class Cursor:
     def unsent(self, queue=()) -> int:
         """Where a reader that lost what is in memory goes on from: the first record of the
         run not yet sent, else ``offset`` (what the snapshot keeps). With the session's
-        ``queue``, the first record it has not been sent (of a batch read there too)."""
+        ``queue``, the first record it has not been sent (queued when it fell behind, or a
+        batch read ahead into the queue: the queue's first entry, unless a retained copy)."""
         run = self.run
         if run is not None and run.i < run.n:
             return run.offsets[run.i]
-        if queue:   # a batch first, then any retained copies released behind it
-            first = queue[0][0].offset
-            if first is not None and self.read_from <= first < self.offset:
-                return first
+        if queue:
+            ref, _, retain = queue[0]
+            if not retain and ref.offset is not None and ref.offset < self.offset:
+                return ref.offset
         return self.offset
 
     def drop_run(self) -> None:

@@ -88,6 +88,17 @@ class SessionState:
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
+def first_unsent(s: SessionState) -> int | None:
+    """The first record a session behind has not been sent (``inspect sessions``): its cursor,
+    or its queue's first entry when that is a record before it (queued when it fell behind, or
+    read ahead) and not a retained copy, as the broker's own figures (Cursor.unsent)."""
+    if s.cursor is not None and s.queue:
+        offset, _, retain, _ = s.queue[0]
+        if not retain and offset < s.cursor:
+            return offset
+    return s.cursor
+
+
 @record
 class RetainedState:
     topic: str

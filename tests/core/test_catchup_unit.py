@@ -466,3 +466,23 @@ def test_a_takeover_leaves_no_empty_offline_range(core):
     cursor = core.sessions["s"].cursor
     assert cursor is not None, "still behind: it acknowledged nothing"
     assert cursor.offline == [[0, 2000]], cursor.offline
+
+
+def test_the_lag_counts_what_was_queued_before_the_session_fell_behind(core):
+    """Live routing queued messages the window could not take; past QUEUE_MESSAGES the session
+    fell behind with its cursor after them: its figures start at the first queued one."""
+    from edgebroker.core.metrics import _max_lag
+    sub, sub_t = _connect(core, "live")
+    sub.data_received(m.subscribe(1, [("a/#", 1)]))
+    pub, _ = _connect(core, "pub")
+    n = 1500
+    pub.data_received(b"".join(m.publish("a/x", b"%d" % i, qos=1, packet_id=1)
+                               for i in range(n)))
+    core.end_pass()
+    session = core.sessions["live"]
+    window = core.limits.max_inflight_messages
+    assert len([f for f in _frames(sub_t) if f.type == m.PUBLISH]) == window
+    assert session.cursor is not None and session.cursor.offset > window
+    lag = core.lag(session)
+    assert (lag["cursor"], lag["lag_records"]) == (window, n - window)
+    assert _max_lag(core) == n - window

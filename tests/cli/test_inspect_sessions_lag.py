@@ -1,0 +1,37 @@
+"""`inspect sessions` reads the session snapshot: a session behind that read a batch ahead into
+its queue (two filters: not a run) is shown from the first record it has not been sent, as the
+live figures are, not from its cursor past the batch."""
+
+from __future__ import annotations
+
+import json
+
+import mqttraw as m
+from conftest import run_cli, wait_for_snapshot
+
+
+def test_inspect_sessions_counts_the_batch_read_ahead_as_not_read(broker, uid):
+    b = broker()
+    data = b.config["data_dir"]
+    sub = b.client(f"{uid}-sub", clean=False)
+    sub.subscribe(f"{uid}/a/#", qos=1)
+    sub.subscribe(f"{uid}/b/#", qos=1)
+    sub.disconnect()
+    pub = b.client(f"{uid}-pub")
+    n = 1500
+    pub.send(b"".join(m.publish(f"{uid}/a/x", b"%d" % i, qos=1, packet_id=1 + i % 1000)
+                      for i in range(n)))
+    for _ in range(n):
+        pub.expect(m.PUBACK, 10)
+    back = b.raw()
+    assert back.connect(f"{uid}-sub", clean=False).session_present is True
+    window = [back.recv_publish(5, ack=False) for _ in range(20)]
+    assert [int(p.payload) for p in window] == list(range(20))
+    wait_for_snapshot(data, f"{uid}-sub", pred=lambda s: s["cursor"] is not None
+                      and s["queue"] and s["cursor"] > 20)
+    live = b.client_row(f"{uid}-sub")
+    assert (live["cursor"], live["lag_records"]) == (20, n - 20), live
+    r = run_cli("inspect", "sessions", "--data-dir", data, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    shown = {s["client_id"]: s for s in json.loads(r.stdout)["sessions"]}[f"{uid}-sub"]
+    assert (shown["cursor"], shown["lag_records"]) == (20, n - 20), shown
