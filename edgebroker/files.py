@@ -1,11 +1,12 @@
 """Small files replaced whole: a crash leaves the old file or the new one, never a mixture
 (the commit log's recovery point and indexes, the uploader's checkpoint, the broker's snapshot,
-a bridge's checkpoint, the client's state file)."""
+a bridge's checkpoint, the client's state file), and read whole (``read_small_file``)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 
 
 def write_small_file(path: str, data: bytes, dir_fd: int | None = None,
@@ -32,6 +33,38 @@ def write_small_file(path: str, data: bytes, dir_fd: int | None = None,
     os.rename(tmp, path)
     if dir_fd is not None:
         os.fsync(dir_fd)
+
+
+class NotRegularFile(OSError):
+    """A state file's path names something else: a FIFO, a device, a socket, a folder."""
+
+    def __str__(self) -> str:      # the callers' messages name the path
+        return self.strerror
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISDIR, "a folder"))
+
+
+def read_small_file(path: str) -> bytes:
+    """The whole of the regular file ``path``. Something else there (a FIFO, whose open
+    would wait for a writer and whose read for its data; a device, that may never end)
+    raises ``NotRegularFile`` naming it, without waiting; FileNotFoundError and other
+    OSErrors as open and read raise them."""
+    # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer
+    # (for a regular file the flag changes nothing).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+            raise NotRegularFile(errno.EINVAL, f"not a regular file ({kind})", path)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
 
 
 def replace_file(path: str, data: bytes, mode: int = 0o600) -> None:

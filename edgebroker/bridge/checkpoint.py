@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 
-from edgebroker.files import replace_file
+from edgebroker.files import read_small_file, replace_file
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -41,8 +41,7 @@ def load(path: str) -> tuple[int, int, int | None] | None:
     file is renamed to ``.damaged``, logged, and raises ``Damaged``: the bridge then starts
     at the head of the log, as a new one, and counts it (``checkpoint_damaged``)."""
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_small_file(path))     # a FIFO there: an error, not a wait
         if type(data) is not dict:
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
         cursor, sent = offset(data, "cursor"), offset(data, "sent")

@@ -109,8 +109,8 @@ class AdminClient:
         del self.buf[:end + 1]
         try:
             reply = json.loads(line)
-        except ValueError:      # (JSONDecodeError, UnicodeDecodeError)
-            reply = None
+        except (ValueError, RecursionError):    # (JSONDecodeError, UnicodeDecodeError; nesting
+            reply = None                            # deeper than the decoder's recursion limit)
         if not isinstance(reply, dict):
             raise EdgebrokerError(f"{self.path} did not answer as the broker's admin socket "
                                   f"does (a JSON object per line): it sent {line[:60]!r}")

@@ -28,6 +28,7 @@ from edgebroker.commitlog.format import (
 )
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
+from edgebroker.files import read_small_file
 from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.commitlog")
@@ -59,8 +60,7 @@ class RecoveryReport:
 def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
     """(value, problem): 0 and a description when the file is missing or unreadable."""
     try:
-        with open(path, "rb") as fh:
-            value = json.loads(fh.read())[key]
+        value = json.loads(read_small_file(path))[key]    # a FIFO there: a problem, no wait
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{key} is {value!r}")
         return value, None

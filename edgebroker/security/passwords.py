@@ -95,11 +95,51 @@ def hash_password(password: str | bytes, scheme: str = "scrypt") -> str:
     raise ValueError(f"unknown hash scheme {scheme!r}")
 
 
+def _maxmem(ln: int, r: int, p: int) -> int:
+    """The ``maxmem`` given to hashlib.scrypt: what OpenSSL allocates, and 1 MiB to spare."""
+    return 128 * r * ((1 << ln) + p + 2) + (1 << 20)
+
+
 def _scrypt(pw: bytes, salt: bytes, ln: int, r: int, p: int, dklen: int) -> bytes:
     import hashlib
+    return hashlib.scrypt(pw, salt=salt, n=1 << ln, r=r, p=p, maxmem=_maxmem(ln, r, p),
+                          dklen=dklen)
+
+
+_INT_MAX = (1 << 31) - 1
+_UINT32_MAX = (1 << 32) - 1
+_UINT64_MAX = (1 << 64) - 1
+
+
+def scrypt_refusal(ln: int, r: int, p: int, dklen: int) -> str | None:
+    """Why hashlib.scrypt would refuse these parameters (so every check of the hash would
+    fail, the right password's too), or None. The conditions CPython's hashlib and OpenSSL's
+    scrypt check before they compute anything, as arithmetic: no trial run at load."""
+    if not 1 <= ln <= 63:                           # N >= 2, a power of 2, in a uint64
+        return "ln must be 1 to 63"
     n = 1 << ln
-    maxmem = 128 * r * (n + p + 2) + (1 << 20)
-    return hashlib.scrypt(pw, salt=salt, n=n, r=r, p=p, maxmem=maxmem, dklen=dklen)
+    if not (1 <= r <= _UINT32_MAX and 1 <= p <= _UINT32_MAX):
+        return "r and p must be 1 to 2**32 - 1"
+    if not 1 <= dklen <= _INT_MAX:
+        return f"the hash is {dklen} bytes; hashlib.scrypt makes 1 to {_INT_MAX}"
+    if p * r > (1 << 30) - 1:
+        return f"p * r is {p * r}; scrypt allows at most 2**30 - 1"
+    if 16 * r <= 63 and n >= 1 << (16 * r):
+        return (f"scrypt needs N = 2**ln below 2**(16 * r): with r={r}, ln must be at most "
+                f"{16 * r - 1}")
+    blen = 128 * r * p
+    if blen > _INT_MAX:
+        return f"128 * r * p is {blen} bytes; scrypt allows at most {_INT_MAX}"
+    if n + 2 > (_UINT64_MAX // 128) // r:
+        return "128 * r * (2**ln + 2) does not fit in 64 bits"
+    vlen = 128 * r * (n + 2)
+    maxmem = _maxmem(ln, r, p)
+    if maxmem > _INT_MAX:
+        return (f"it needs {_mib(blen + vlen)} of memory; hashlib.scrypt can be allowed "
+                f"at most {_mib(_INT_MAX)}")
+    if blen + vlen > maxmem:        # cannot happen with _maxmem; kept as OpenSSL checks it
+        return f"it needs {_mib(blen + vlen)} of memory, more than {_mib(maxmem)}"
+    return None
 
 
 def _mib(n: int) -> str:
@@ -134,6 +174,10 @@ def parse_hash(stored: str) -> tuple:
         salt, digest = _unb64(parts[4]), _unb64(parts[5])
         if not salt or len(digest) < 16:
             raise HashError("scrypt hash: salt or hash too short")
+        refusal = scrypt_refusal(ln, r, p, len(digest))
+        if refusal:
+            raise HashError(f"scrypt hash: ln={ln}, r={r}, p={p} cannot be checked ({refusal}): "
+                            f"no password, the right one included, would match")
         return ("scrypt", ln, r, p, salt, digest)
     if stored.startswith(PBKDF2_PREFIX):
         parts = stored.split("$")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -178,6 +180,25 @@ def test_a_broker_with_any_damaged_checkpoint_starts(broker, mosquitto_broker, t
     assert (fig["checkpoint_damaged"], fig["cursor"]) == (1, 0), fig
     assert (data_dir / "bridge-up.json.damaged").read_text() == text
     assert gw.wait_log(lambda ln: "bridge-up.json cannot be read" in ln, 5)
+    assert gw.stop() == 0
+
+
+def test_a_fifo_at_the_checkpoint_path_is_moved_aside_and_the_broker_starts(
+        broker, mosquitto_broker, tmp_path):
+    """open() of a FIFO waits for a writer: the broker would hang at start. It is damage like
+    any other: moved aside (still a FIFO), counted, logged, the bridge starts at the head."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    os.mkfifo(data_dir / "bridge-up.json")
+    remote = mosquitto_broker()
+    table = bridge_table(remote.port, [{"pattern": "s/#", "direction": "out"}])
+    gw = broker(bridge=[table], data_dir=str(data_dir))
+    fig = wait_figure(gw, lambda f: f["state"] == "up")
+    assert (fig["checkpoint_damaged"], fig["cursor"]) == (1, 0), fig
+    assert stat.S_ISFIFO(os.stat(data_dir / "bridge-up.json.damaged").st_mode)
+    assert stat.S_ISREG(os.stat(data_dir / "bridge-up.json").st_mode)    # a new one
+    assert gw.wait_log(lambda ln: "bridge-up.json cannot be read (not a regular file (a FIFO))"
+                       in ln, 5)
     assert gw.stop() == 0
 
 

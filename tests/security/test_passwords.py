@@ -57,6 +57,10 @@ def test_pbkdf2_own_and_mosquitto():
      "(128 * r * 2**ln; the default ln=14, r=8 needs 16 MiB)"),
     ("$scrypt$v=1$ln=20,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "needs 1,024 MiB"),
     ("$scrypt$v=1$ln=19,r=8,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43, "needs 512 MiB"),
+    # 8 MiB, within the bound, but OpenSSL's scrypt needs N < 2**(16 * r).
+    ("$scrypt$v=1$ln=16,r=1,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43,
+     "ln=16, r=1, p=1 cannot be checked (scrypt needs N = 2**ln below 2**(16 * r): with r=1, "
+     "ln must be at most 15): no password, the right one included, would match"),
     ("$scrypt$v=1$ln=14,r=8$c2FsdHNhbHRzYWx0$" + "A" * 43, "ln, r and p"),
     ("$scrypt$v=1$ln=14,r=8,p=1$!!!$" + "A" * 43, "base64"),
     ("$scrypt$v=1$ln=14,r=8,p=1$c2FsdA$QUFB", "too short"),
@@ -78,6 +82,38 @@ def test_scrypt_memory_bound_is_inclusive():
     for params in ("ln=18,r=8,p=1", "ln=16,r=32,p=16", "ln=1,r=1,p=1"):
         parsed = pw.parse_hash(f"$scrypt$v=1${params}$c2FsdHNhbHRzYWx0$" + "A" * 43)
         assert parsed[0] == "scrypt"
+
+
+def _hashlib_runs(ln, r, p, dklen=32):
+    import hashlib
+    try:
+        hashlib.scrypt(b"pw", salt=b"salt", n=1 << ln, r=r, p=p, maxmem=pw._maxmem(ln, r, p),
+                       dklen=dklen)
+    except (ValueError, OverflowError, MemoryError):
+        return False
+    return True
+
+
+def test_scrypt_refusal_matches_what_hashlib_scrypt_runs():
+    """The arithmetic check at load agrees with hashlib.scrypt: each parameter set it refuses,
+    hashlib refuses too (before computing anything, so that is cheap to try), and each it
+    accepts that is cheap to run does run. The limits of the file (r, p, memory) aside."""
+    refused = ran = 0
+    for ln in (1, 2, 14, 15, 16, 17, 31, 32, 47, 48, 63):
+        for r in (1, 2, 3, 4, 1 << 20, 1 << 24, (1 << 32) - 1):
+            for p in (1, 2, 1 << 10, (1 << 30) // r or 1, 1 << 30):
+                for dklen in (16, 32):
+                    why = pw.scrypt_refusal(ln, r, p, dklen)
+                    if why is not None:
+                        assert not _hashlib_runs(ln, r, p, dklen), (ln, r, p, why)
+                        refused += 1
+                    elif 128 * r * ((1 << ln) + p + 2) <= 4 << 20 and p <= 2:
+                        assert _hashlib_runs(ln, r, p, dklen), (ln, r, p)
+                        ran += 1
+    assert refused > 100 and ran >= 8, (refused, ran)
+    assert pw.scrypt_refusal(15, 1, 1, 32) is None
+    assert "ln must be at most 15" in pw.scrypt_refusal(16, 1, 1, 32)
+    assert "ln must be at most 31" in pw.scrypt_refusal(32, 2, 1, 32)
 
 
 def write(path, text, mode=0o600):
@@ -197,6 +233,8 @@ def test_file_with_scram_keys_beside_some_hashes(tmp_path):
     ("# c\nalice:{h}\nbob:$scrypt$v=1$ln=20,r=32,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43 + "\n",
      "line 3: user 'bob': scrypt hash: ln=20, r=32 needs 4,096 MiB of memory per check, more "
      "than the 256 MiB allowed"),
+    ("alice:$scrypt$v=1$ln=16,r=1,p=1$c2FsdHNhbHRzYWx0$" + "A" * 43 + "\n",
+     "line 1: user 'alice': scrypt hash: ln=16, r=1, p=1 cannot be checked"),
 ])
 def test_file_errors_name_the_line(tmp_path, text, words):
     path = write(tmp_path / "pw", text.replace("{h}", pw.hash_password("x")))
