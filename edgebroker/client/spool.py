@@ -78,7 +78,7 @@ def _parse(raw: bytes, pos: int) -> tuple[dict | None, int]:
         return None, 0
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, 0
     if not isinstance(doc, dict) or type(doc.get("seq")) is not int:
         return None, 0

@@ -24,5 +24,5 @@ def read_state(path) -> dict | None:
         return None
     try:
         return json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:     # (nested too deep to parse)
         raise ValueError(f"client state file {os.fspath(path)}: not JSON ({exc})") from None

@@ -66,7 +66,7 @@ def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
         return value, None
     except FileNotFoundError:
         return 0, None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return 0, f"{path}: unreadable ({exc}); using 0"
 
 

@@ -45,6 +45,8 @@ import os
 import re
 from collections import deque
 
+from edgebroker.files import NotRegularFile, read_small_file
+
 log = logging.getLogger("edgebroker.broker")
 
 PREFIX = "exchanges-"
@@ -75,8 +77,12 @@ def load(state_dir: str, first: int) -> list[list]:
         if generation < first:
             continue
         name = path(state_dir, generation)
-        with open(name, "rb") as fh:
-            lines = fh.read().split(b"\n")
+        try:
+            lines = read_small_file(name).split(b"\n")
+        except NotRegularFile as exc:
+            log.error("%s: %s: its QoS 2 exchange records are not applied (a QoS 2 message "
+                      "they covered may be delivered twice)", name, exc.strerror)
+            continue
         last = len(lines) - 1
         for number, line in enumerate(lines):
             if not line:
@@ -85,7 +91,7 @@ def load(state_dir: str, first: int) -> list[list]:
                 record = json.loads(line)
                 if not isinstance(record, list) or len(record) < 2:
                     raise ValueError("not a record")
-            except ValueError:
+            except (ValueError, RecursionError):
                 if number != last:   # an unterminated last line: the write a crash cut off
                     log.warning("%s line %d: damaged QoS 2 exchange record skipped", name,
                                 number + 1)

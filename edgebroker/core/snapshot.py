@@ -29,7 +29,7 @@ from edgebroker.core import exchanges
 from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
 from edgebroker.core.will_state import WillState, read_will, will_json
 from edgebroker.errors import EdgebrokerError
-from edgebroker.files import replace_file
+from edgebroker.files import read_small_file, replace_file
 from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.snapshot")
@@ -351,8 +351,7 @@ def read(state_dir: str) -> Snapshot | None:
     """The snapshot in ``state_dir``, None if there is none."""
     path = os.path.join(state_dir, FILENAME)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = read_small_file(path)     # a FIFO there: an error, no wait
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -119,7 +119,7 @@ class AdminServer:
         if text.startswith("{"):
             try:
                 request = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:    # (nested too deep to parse)
                 return {"ok": False, "error": f"not valid JSON: {exc}"}
             if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
                 return {"ok": False, "error": "expected a JSON object with a \"cmd\" string"}

@@ -9,6 +9,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from edgebroker.files import read_small_file
+
 log = logging.getLogger("edgebroker.upload")
 
 INTENT_FILE = "intent"
@@ -31,13 +33,12 @@ def read_intent(upload_dir: str) -> Intent | None:
     """The intent file's batch (None when there is none or it cannot be read: logged)."""
     path = os.path.join(upload_dir, INTENT_FILE)
     try:
-        with open(path, "rb") as fh:
-            d = json.loads(fh.read())
+        d = json.loads(read_small_file(path))      # a FIFO there: unreadable, no wait
         return Intent(int(d["first"]), int(d["last"]), int(d["gap_first"]), int(d["gap_length"]),
                       str(d["key"]))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         log.warning("%s: unreadable (%s); the next batch is cut afresh", path, exc)
         return None
 

@@ -43,6 +43,14 @@ def test_admin_socket_is_private_and_answers_json_lines(broker, uid):
     assert "not valid JSON" in replies[3]["error"] and "unknown command" in replies[4]["error"]
 
 
+def test_a_request_nested_too_deep_is_not_valid_json(broker):
+    b = broker()
+    mark = b.mark()
+    (reply,) = ask_raw(b.admin_path, b'{"cmd": ' + b"[" * 30_000 + b"\n")
+    assert reply["ok"] is False and "not valid JSON" in reply["error"]
+    assert not [ln for ln in b.logs[mark:] if "internal error" in ln or "Traceback" in ln]
+
+
 def test_admin_request_line_is_bounded(broker):
     b = broker()
     replies = ask_raw(b.admin_path, b"x" * 70_000)

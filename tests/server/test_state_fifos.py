@@ -19,3 +19,39 @@ def test_fifos_at_the_logs_offset_files_are_unreadable_files_and_the_broker_star
         assert gw.wait_log(lambda ln: f"{log_dir / name}: unreadable (not a regular file "
                                       f"(a FIFO)); using 0" in ln, 5), gw.log_text()
     assert gw.stop() == 0
+
+
+def test_a_fifo_at_the_snapshot_is_moved_aside_as_damaged_and_the_broker_starts(
+        broker, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    os.mkfifo(data / "sessions.json")
+    gw = broker(data_dir=str(data))
+    assert gw.wait_log(lambda ln: "sessions.json: cannot read: not a regular file (a FIFO)"
+                                  in ln and "moved it to" in ln, 5), gw.log_text()
+    assert (data / "sessions.json.damaged").exists()
+    assert gw.stop() == 0
+
+
+def test_a_fifo_at_a_qos2_exchange_journal_file_is_skipped_with_an_error(broker, tmp_path):
+    """The journal is read after a snapshot: a FIFO among its files is named and skipped."""
+    gw = broker(data_dir=str(tmp_path / "data"))
+    gw.client("s", clean=False).subscribe("t", qos=2)       # a snapshot is written
+    assert gw.stop() == 0
+    journal = tmp_path / "data" / "exchanges-999999.jsonl"
+    os.mkfifo(journal)
+    gw = broker(data_dir=str(tmp_path / "data"))
+    assert gw.wait_log(lambda ln: f"{journal}: not a regular file (a FIFO): its QoS 2 "
+                                  f"exchange records are not applied" in ln, 5), gw.log_text()
+    assert gw.stop() == 0
+
+
+def test_a_fifo_at_the_uploaders_intent_file_is_unreadable_and_the_broker_starts(
+        broker, tmp_path):
+    upload = tmp_path / "data" / "upload"
+    upload.mkdir(parents=True)
+    os.mkfifo(upload / "intent")
+    gw = broker(data_dir=str(tmp_path / "data"), upload={"url": f"file://{tmp_path}/landing"})
+    assert gw.wait_log(lambda ln: f"{upload / 'intent'}: unreadable (not a regular file "
+                                  f"(a FIFO))" in ln, 5), gw.log_text()
+    assert gw.stop() == 0
