@@ -152,6 +152,12 @@ class _Fs:
         path = self._path(p)
         return bool(path.getFileSystem(self.conf).exists(path))
 
+    def status(self, uri: str) -> tuple[str, int]:
+        """(path as Spark's scans name it, length) of the file at ``uri``."""
+        path = self.jvm.org.apache.hadoop.fs.Path(self.jvm.java.net.URI(uri))
+        st = path.getFileSystem(self.conf).getFileStatus(path)
+        return str(st.getPath().toString()), int(st.getLen())
+
     def move(self, src: str, dst: str) -> str:
         """Move ``src`` to ``dst``, or to ``dst.1``, ``dst.2``... when that name is taken (the
         same bad batch uploaded again); the name it got."""
@@ -165,6 +171,39 @@ class _Fs:
         if not fs.rename(s, self._path(name)):
             raise OSError(f"cannot move {src} to {name}")
         return name
+
+
+class _Unreadable:
+    """A file set apart without being read (an empty one), like a summary row of kind error."""
+
+    def __init__(self, path: str, error: str):
+        self.path, self.error = path, error
+
+
+def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
+    """The batch files under ``landing``: (paths of those with bytes, paths of empty ones).
+    Spark's file scans drop empty files, so those are the files the listing (``inputFiles``,
+    which keeps them; URIs there) names beyond the scan's rows, each confirmed empty by the
+    file system. The names skipped are Spark's: starting with ``.`` or ``_``."""
+    df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+          .option("pathGlobFilter", f"*{SUFFIX}").load(landing))
+    listed = [r.path for r in df.select("path").collect()]
+    have = {_uri_key(p) for p in listed}
+    empty = []
+    for uri in df.inputFiles():
+        if _uri_key(uri) not in have:
+            path, length = fs.status(uri)
+            if length == 0:
+                empty.append(path)
+    return listed, sorted(empty)
+
+
+def _uri_key(p: str) -> str:
+    """A path as the scan's rows name it (``file:/a b``) or as ``inputFiles`` does
+    (``file:///a%20b``), in one form to compare them by."""
+    from urllib.parse import unquote, urlsplit
+    parts = urlsplit(p)
+    return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
 
 
 def _messages(spark, path: str):
@@ -228,26 +267,28 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
               for name in ("messages", "topic_hourly", "gaps", "quarantine")}
     files_table = f"{checkpoint}/files"
 
-    listed = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-              .option("pathGlobFilter", f"*{SUFFIX}").load(landing_q)
-              .select("path", "length").collect())
+    listed, empty = _list_landing(spark, fs, landing_q)
     done = set()
     if fs.exists(files_table):
         done = {r.path for r in spark.read.parquet(files_table).select("path").collect()}
-    new = sorted(r.path for r in listed if r.path not in done)
-    report = {"files_listed": len(listed), "files_new": len(new), "batches": 0, "records": 0,
-              "rows_added": 0, "duplicates": 0, "gaps_added": 0, "quarantined": []}
-    if not new:
+    new = sorted(path for path in listed if path not in done)
+    report = {"files_listed": len(listed) + len(empty), "files_new": len(new) + len(empty),
+              "batches": 0, "records": 0, "rows_added": 0, "duplicates": 0, "gaps_added": 0,
+              "quarantined": []}
+    if not new and not empty:
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
 
     # Two passes over the new files, nothing cached: the first checks every file whole
     # (batch_days: no columns built) and keeps only its summary rows; the second decodes the
     # readable ones (about 1M records/s per core) straight into the write.
-    files = spark.read.format("binaryFile").load(new).select("path", "content")
-    summary = files.mapInArrow(summarize_files, _SUMMARY_DDL).collect()
+    summary = []
+    if new:
+        files = spark.read.format("binaryFile").load(new).select("path", "content")
+        summary = files.mapInArrow(summarize_files, _SUMMARY_DDL).collect()
     good = [r for r in summary if r.kind == "batch"]
     bad = [r for r in summary if r.kind == "error"]
+    bad += [_Unreadable(path, f"{path}: empty file (0 bytes), not a batch") for path in empty]
     touched = sorted({(r.date, r.gateway) for r in summary if r.kind == "date"})
     report["batches"] = len(good)
     report["records"] = sum(r.record_count for r in good)
