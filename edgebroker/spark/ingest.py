@@ -4,8 +4,8 @@ under a warehouse folder (docs/spark.md):
 
 * ``messages`` (gateway, offset, timestamp, date, topic, qos, retain, client_id, payload,
   properties: the MQTT 5.0 ones, a struct, null for none),
-  partitioned by date and gateway, one row per (gateway, offset) however often a batch is
-  uploaded, copied or read;
+  partitioned by date and gateway, one row per record (its gateway, offset, timestamp and
+  content: edgebroker.spark.dedup) however often a batch is uploaded, copied or read;
 * ``topic_hourly`` (gateway, topic, hour, messages, bytes, first_time, last_time), recomputed
   from ``messages`` for the partitions a run touches;
 * ``gaps`` (gateway, gap_first, gap_last, gap_length, batch): offsets a gateway reported that no
@@ -19,12 +19,13 @@ files are read with Spark's ``binaryFile`` source (any Hadoop file system: local
 to Python and takes Arrow record batches back (``edgebroker.spark.arrow``).
 
 The checkpoint folder holds ``files``: the batch files already ingested, which a run lists and
-does not read again. The rows themselves are deduplicated on (gateway, offset) against
-``messages`` and among the new batches, so a batch copied under another name, or read again
-after a crash between the two writes, adds no row: a batch whose offset range (from its header)
-overlaps no other new batch and no offset ``messages`` holds for its gateway in the partitions
-its rows fall in goes in whole, without a shuffle; the rows of the other batches are
-deduplicated row by row (dropDuplicates, then an anti-join with ``messages``).
+does not read again. The rows themselves are deduplicated against ``messages`` and among the
+new batches, so a batch copied under another name, or read again after a crash between the two
+writes, adds no row: a batch whose offset range (from its header) overlaps no other new batch,
+no offset ``messages`` holds for its gateway in the partitions its rows fall in and no batch of
+its gateway in the checkpoint goes in whole, without a shuffle; the rows of the other batches
+are deduplicated row by row (dropDuplicates, then an anti-join with ``messages``), and those
+added at an offset another record has are counted and logged (``reused_offsets``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_days, batch_to_arrow
+from edgebroker.spark.dedup import clean_batches, new_rows, reused_offsets
 from edgebroker.uploader.batch import SUFFIX, BatchFormatError
 
 log = logging.getLogger("edgebroker.spark")
@@ -108,30 +110,6 @@ def decode_files(batches):
     that no longer is (changed in between) fails the job with its error."""
     for path, blob in _files(batches):
         yield from batch_to_arrow(blob, path)[1].to_batches()
-
-
-def clean_batches(batches: list, existing: dict) -> set:
-    """The paths of the ``batches`` (rows with path, gateway, batch_first, batch_last) whose
-    offset range overlaps no other batch of the list and no range in ``existing`` (gateway ->
-    (smallest, largest) offset already in ``messages`` in the partitions the batches touch).
-    Such a batch adds every one of its records (a batch's offsets are strictly increasing,
-    checked when it is decoded), so its rows need no deduplication; the others do."""
-    by_gateway: dict = {}
-    for b in batches:
-        by_gateway.setdefault(b.gateway, []).append(b)
-    clean = set()
-    for gateway, group in by_gateway.items():
-        group.sort(key=lambda b: (b.batch_first, b.batch_last))
-        low, high = existing.get(gateway, (None, None))
-        reach = -1   # the largest last offset of the batches before (sorted by first offset)
-        for i, b in enumerate(group):
-            overlaps = (reach >= b.batch_first
-                        or (i + 1 < len(group) and group[i + 1].batch_first <= b.batch_last)
-                        or (low is not None and b.batch_first <= high and b.batch_last >= low))
-            reach = max(reach, b.batch_last)
-            if not overlaps:
-                clean.add(b.path)
-    return clean
 
 
 class _Fs:
@@ -273,8 +251,8 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
         done = {r.path for r in spark.read.parquet(files_table).select("path").collect()}
     new = sorted(path for path in listed if path not in done)
     report = {"files_listed": len(listed) + len(empty), "files_new": len(new) + len(empty),
-              "batches": 0, "records": 0, "rows_added": 0, "duplicates": 0, "gaps_added": 0,
-              "quarantined": []}
+              "batches": 0, "records": 0, "rows_added": 0, "duplicates": 0, "reused_offsets": 0,
+              "gaps_added": 0, "quarantined": []}
     if not new and not empty:
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
@@ -293,17 +271,28 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     report["batches"] = len(good)
     report["records"] = sum(r.record_count for r in good)
 
-    # Deduplication on (gateway, offset) by offset ranges first: the offsets already in
+    # Deduplication (edgebroker.spark.dedup) by offset ranges first: the offsets already in
     # `messages` in the partitions the new rows fall in (a record's partition is fixed by its
-    # own timestamp, so a copy of it can only be there), as one range per gateway.
+    # own timestamp, so a copy of it can only be there), and those of every batch of the
+    # gateway the checkpoint names (any partition: a new record at an offset ingested before
+    # must be looked at), as one range per gateway.
     existing = None
     if touched and fs.exists(tables["messages"]):
         existing = _in_partitions(spark, _messages(spark, tables["messages"]), touched)
-    ranges = {}
+    spans = []
     if existing is not None:
-        ranges = {r.gateway: (r.low, r.high) for r in existing.groupBy("gateway")
-                  .agg(F.min("offset").alias("low"), F.max("offset").alias("high")).collect()
-                  if r.low is not None}
+        spans = existing.groupBy("gateway").agg(F.min("offset").alias("low"),
+                                                F.max("offset").alias("high")).collect()
+    if good and done:
+        spans += (spark.read.parquet(files_table)
+                  .where(F.col("gateway").isin(sorted({r.gateway for r in good})))
+                  .groupBy("gateway").agg(F.min("batch_first").alias("low"),
+                                          F.max("batch_last").alias("high")).collect())
+    ranges: dict = {}
+    for r in spans:
+        if r.low is not None:
+            low, high = ranges.get(r.gateway, (r.low, r.high))
+            ranges[r.gateway] = (min(low, r.low), max(high, r.high))
     clean = clean_batches(good, ranges)
     overlapping = sorted(r.path for r in good if r.path not in clean)
     log.info("%d new batches: %d need no deduplication, %d overlap another batch or messages",
@@ -316,21 +305,27 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
         return chosen.mapInArrow(decode_files, MESSAGES_DDL)
 
     # The rows of a batch that overlaps nothing all go in as they are (no shuffle); the rows of
-    # the others are deduplicated among themselves and anti-joined with `messages`.
+    # the others are deduplicated among themselves and anti-joined with `messages`, and those
+    # left that reuse an offset another record has are counted and logged (kept all the same).
     added = sum(r.record_count for r in good if r.path in clean)
-    parts, dedup = [], None
+    parts, dedup, reused = [], None, []
     if clean:
         parts.append(decoded(sorted(clean)))
     if overlapping:
-        dedup = decoded(overlapping).dropDuplicates(["gateway", "offset"])
-        if existing is not None:
-            dedup = dedup.join(existing.select("gateway", "offset"), ["gateway", "offset"],
-                               "left_anti")
-        dedup = dedup.persist(StorageLevel.MEMORY_AND_DISK)
+        dedup = new_rows(decoded(overlapping), existing).persist(StorageLevel.MEMORY_AND_DISK)
         added += dedup.count()
         parts.append(dedup)
+        all_messages = None
+        if fs.exists(tables["messages"]):
+            all_messages = _messages(spark, tables["messages"])
+        reused = reused_offsets(spark, dedup, all_messages)
     report["rows_added"] = added
     report["duplicates"] = report["records"] - added
+    report["reused_offsets"] = sum(r.offsets for r in reused)
+    for r in reused:
+        log.warning("gateway %s: %d offsets in %d..%d now hold more than one record (other "
+                    "timestamps or contents: its log started over under the same gateway id?); "
+                    "all are kept", r.gateway, r.offsets, r.low, r.high)
     if added:
         rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])

@@ -1,13 +1,31 @@
-"""The ingest job on Spark local[2], on what a landing area holds beyond whole batches: an empty
-file is quarantined like any unreadable one, never left unnamed."""
+"""The ingest job on Spark local[2], on what a landing area holds beyond one life of whole
+batches: an empty file is quarantined like any unreadable one, never left unnamed; a gateway
+whose log started over under the same gateway id (offsets from 0 again) loses no record."""
 
 from __future__ import annotations
 
+import logging
 import shutil
+from pathlib import Path
 
 from edgebroker.spark.ingest import ingest_once
+from edgebroker.uploader.batch import object_name
 
+from spark.test_arrow import build, rewrite
 from spark.test_ingest import GOLDEN, table
+
+DAY_MS = 86_400_000
+T0 = 1_700_000_000_000   # 2023-11-14T22:13:20Z
+
+
+def land(landing: Path, records: list, name: str | None = None, gateway: str = "gw-a") -> Path:
+    """(offset, timestamp ms, payload) records as one batch file of ``gateway``."""
+    header, raw = build([(o, ts, 1, False, b"c", b"t/x", p) for o, ts, p in records], gateway)
+    path = landing / object_name("", gateway, records[0][0], records[-1][0], records[0][1])
+    path = path.with_name(name) if name else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(rewrite(header, raw))
+    return path
 
 
 def test_an_empty_batch_file_is_listed_and_quarantined_naming_it(spark, tmp_path):
@@ -36,3 +54,48 @@ def test_an_empty_batch_file_is_listed_and_quarantined_naming_it(spark, tmp_path
 
     again = ingest_once(spark, str(landing), str(warehouse))
     assert (again["files_listed"], again["files_new"], again["quarantined"]) == (1, 0, [])
+
+
+def test_a_gateway_whose_log_started_over_keeps_every_record_and_reports_the_reused_offsets(
+        spark, tmp_path, caplog):
+    """Offsets 0..9 ingested; then the gateway re-imaged (a new data directory, the same
+    gateway_id): offsets 0..14 again, days later, other payloads. Every new record is added and
+    the reused offsets counted and logged; copies of either life and a lost checkpoint still
+    add nothing."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    t1 = T0 + 3 * DAY_MS
+    land(landing, [(o, T0 + o * 1000, b"old-%d" % o) for o in range(10)])
+    first = ingest_once(spark, str(landing), str(warehouse))
+    assert (first["rows_added"], first["reused_offsets"]) == (10, 0)
+
+    second_life = land(landing, [(o, t1 + o * 1000, b"NEW-%d" % o) for o in range(15)])
+    caplog.set_level(logging.WARNING, logger="edgebroker.spark")
+    second = ingest_once(spark, str(landing), str(warehouse))
+    assert (second["records"], second["rows_added"], second["duplicates"],
+            second["reused_offsets"]) == (15, 15, 0, 10)
+    [warning] = [r.getMessage() for r in caplog.records if "gw-a" in r.getMessage()]
+    assert "gateway gw-a: 10 offsets in 0..9 now hold more than one record" in warning
+    payloads = sorted(bytes(r.payload) for r in table(spark, warehouse, "messages"))
+    assert payloads == sorted([b"old-%d" % o for o in range(10)]
+                              + [b"NEW-%d" % o for o in range(15)])
+
+    # The same offset and timestamp as a record of the first life, another payload: another
+    # record too.
+    land(landing, [(3, T0 + 3000, b"other")], name="other.ebb.zst")
+    third = ingest_once(spark, str(landing), str(warehouse))
+    assert (third["rows_added"], third["duplicates"], third["reused_offsets"]) == (1, 0, 1)
+
+    # True duplicates stay out: a copy of the second life, then every file read again.
+    shutil.copy(second_life, second_life.with_name("copy.ebb.zst"))
+    copy = ingest_once(spark, str(landing), str(warehouse))
+    assert (copy["rows_added"], copy["duplicates"], copy["reused_offsets"]) == (0, 15, 0)
+    shutil.rmtree(warehouse / "_checkpoint")
+    lost = ingest_once(spark, str(landing), str(warehouse))
+    assert (lost["records"], lost["rows_added"], lost["reused_offsets"]) == (41, 0, 0)
+    assert len(table(spark, warehouse, "messages")) == 26
+    assert sum(r.messages for r in table(spark, warehouse, "topic_hourly")) == 26
+
+    # Both lives new in one run (a new warehouse): all 26 records, the offsets held twice
+    # among them counted once each.
+    fresh = ingest_once(spark, str(landing), str(tmp_path / "warehouse2"))
+    assert (fresh["rows_added"], fresh["duplicates"], fresh["reused_offsets"]) == (26, 15, 10)
