@@ -1,6 +1,7 @@
 """The ingest job on Spark local[2], on what a landing area holds beyond one life of whole
 batches: an empty file is quarantined like any unreadable one, never left unnamed; a gateway
-whose log started over under the same gateway id (offsets from 0 again) loses no record."""
+whose log started over under the same gateway id (offsets from 0 again) loses no record; a
+batch of a gateway id Spark's partitions cannot hold is quarantined."""
 
 from __future__ import annotations
 
@@ -99,3 +100,19 @@ def test_a_gateway_whose_log_started_over_keeps_every_record_and_reports_the_reu
     # among them counted once each.
     fresh = ingest_once(spark, str(landing), str(tmp_path / "warehouse2"))
     assert (fresh["rows_added"], fresh["duplicates"], fresh["reused_offsets"]) == (26, 15, 10)
+
+
+def test_a_batch_of_the_gateway_id_spark_reads_back_as_null_is_quarantined(spark, tmp_path):
+    """Its rows would be written to gateway=__HIVE_DEFAULT_PARTITION__ and read back with no
+    gateway (deduplication and topic_hourly would never find them): the id is refused."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    bad = land(landing, [(o, T0 + o, b"x") for o in range(3)],
+               gateway="__HIVE_DEFAULT_PARTITION__")
+    land(landing, [(o, T0 + o, b"x") for o in range(3)])
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert report["rows_added"] == 3
+    [q] = report["quarantined"]
+    assert q["path"].endswith(str(bad.relative_to(landing)))
+    assert q["error"].startswith(f"{q['path']}: gateway id '__HIVE_DEFAULT_PARTITION__' is the "
+                                 f"name Spark and Hive give a null partition value")
+    assert {r.gateway for r in table(spark, warehouse, "messages")} == {"gw-a"}
