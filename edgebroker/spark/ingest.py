@@ -113,7 +113,7 @@ def decode_files(batches):
 
 
 class _Fs:
-    """The few Hadoop FileSystem calls the driver makes (exists, rename, qualify)."""
+    """The few Hadoop FileSystem calls the driver makes (exists, status, rename, qualify)."""
 
     def __init__(self, spark):
         self.jvm = spark._jvm
@@ -136,19 +136,22 @@ class _Fs:
         st = path.getFileSystem(self.conf).getFileStatus(path)
         return str(st.getPath().toString()), int(st.getLen())
 
-    def move(self, src: str, dst: str) -> str:
-        """Move ``src`` to ``dst``, or to ``dst.1``, ``dst.2``... when that name is taken (the
-        same bad batch uploaded again); the name it got."""
-        s = self._path(src)
-        fs = s.getFileSystem(self.conf)
-        fs.mkdirs(self._path(dst).getParent())
+    def free_name(self, dst: str) -> str:
+        """``dst``, or ``dst.1``, ``dst.2``... when that name is taken (the same bad batch
+        uploaded again)."""
+        fs = self._path(dst).getFileSystem(self.conf)
         name, n = dst, 0
         while fs.exists(self._path(name)):
             n += 1
             name = f"{dst}.{n}"
-        if not fs.rename(s, self._path(name)):
-            raise OSError(f"cannot move {src} to {name}")
         return name
+
+    def move(self, src: str, dst: str) -> None:
+        s = self._path(src)
+        fs = s.getFileSystem(self.conf)
+        fs.mkdirs(self._path(dst).getParent())
+        if not fs.rename(s, self._path(dst)):
+            raise OSError(f"cannot move {src} to {dst}")
 
 
 class _Unreadable:
@@ -352,18 +355,28 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     report["gaps_added"] = len(gaps)
 
     now = datetime.now(timezone.utc)
-    moved = []
+    # Each unreadable file's row goes into `quarantine` before the file moves: a crash in
+    # between leaves it in the landing area, read again by the next run, which finds its row
+    # there already (the same path and destination) and only moves it.
+    planned = []
     for r in bad:
         rel = r.path[len(landing_q) + 1:] if r.path.startswith(landing_q + "/") else \
             r.path.rsplit("/", 1)[-1]
-        dst = fs.move(r.path, f"{warehouse}/_quarantine/{rel}")
-        log.error("quarantined %s (moved to %s): %s", r.path, dst, r.error)
-        moved.append((r.path, dst, r.error, now))
-        report["quarantined"].append({"path": r.path, "moved_to": dst, "error": r.error})
-    if moved:
-        (spark.createDataFrame(moved, "path string, moved_to string, error string, "
-                                      "time timestamp")
-         .coalesce(1).write.mode("append").parquet(tables["quarantine"]))
+        planned.append((r.path, fs.free_name(f"{warehouse}/_quarantine/{rel}"), r.error, now))
+    if planned:
+        known = set()
+        if fs.exists(tables["quarantine"]):
+            known = {(q.path, q.moved_to) for q in spark.read.parquet(tables["quarantine"])
+                     .select("path", "moved_to").collect()}
+        rows = [p for p in planned if p[:2] not in known]
+        if rows:
+            (spark.createDataFrame(rows, "path string, moved_to string, error string, "
+                                         "time timestamp")
+             .coalesce(1).write.mode("append").parquet(tables["quarantine"]))
+    for path, dst, error, _ in planned:
+        fs.move(path, dst)
+        log.error("quarantined %s (moved to %s): %s", path, dst, error)
+        report["quarantined"].append({"path": path, "moved_to": dst, "error": error})
 
     if good:
         (spark.createDataFrame([(r.path, r.gateway, r.batch_first, r.batch_last, r.record_count,

@@ -1,13 +1,16 @@
 """The ingest job on Spark local[2], on what a landing area holds beyond one life of whole
 batches: an empty file is quarantined like any unreadable one, never left unnamed; a gateway
 whose log started over under the same gateway id (offsets from 0 again) loses no record; a
-batch of a gateway id Spark's partitions cannot hold is quarantined."""
+batch of a gateway id Spark's partitions cannot hold is quarantined; a crash around a
+quarantine move leaves no file unrecorded."""
 
 from __future__ import annotations
 
 import logging
 import shutil
 from pathlib import Path
+
+import pytest
 
 from edgebroker.spark.ingest import ingest_once
 from edgebroker.uploader.batch import object_name
@@ -116,3 +119,35 @@ def test_a_batch_of_the_gateway_id_spark_reads_back_as_null_is_quarantined(spark
     assert q["error"].startswith(f"{q['path']}: gateway id '__HIVE_DEFAULT_PARTITION__' is the "
                                  f"name Spark and Hive give a null partition value")
     assert {r.gateway for r in table(spark, warehouse, "messages")} == {"gw-a"}
+
+
+def test_a_crash_around_the_quarantine_move_leaves_neither_an_unrecorded_file_nor_two_rows(
+        spark, tmp_path):
+    """The quarantine row is written before the file moves. The row's write failing leaves the
+    file in the landing area (not in _quarantine, named nowhere); the move failing after the
+    row is written lets the next run move it without a second row."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    bad = day / f"{0:020d}-{9:020d}.ebb.zst"
+    bad.write_bytes((GOLDEN / "v1-plain.ebb.zst").read_bytes()[:5])
+    warehouse.mkdir()
+    (warehouse / "quarantine").write_text("a file where the table's folder goes")
+    with pytest.raises(Exception):
+        ingest_once(spark, str(landing), str(warehouse))
+    assert bad.exists() and not (warehouse / "_quarantine").exists()
+    (warehouse / "quarantine").unlink()
+
+    blocker = warehouse / "_quarantine" / "gateway=gw-golden"
+    blocker.parent.mkdir()
+    blocker.write_text("a file where the folder the move needs goes")
+    with pytest.raises(Exception):
+        ingest_once(spark, str(landing), str(warehouse))
+    assert bad.exists()
+    blocker.unlink()
+    [q] = ingest_once(spark, str(landing), str(warehouse))["quarantined"]
+    moved = warehouse / "_quarantine" / bad.relative_to(landing)
+    assert moved.exists() and not bad.exists() and q["moved_to"].endswith(
+        str(moved.relative_to(warehouse)))
+    assert [(r.path, r.moved_to) for r in table(spark, warehouse, "quarantine")] == \
+        [(q["path"], q["moved_to"])]
