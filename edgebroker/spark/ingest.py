@@ -167,7 +167,7 @@ def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
     which keeps them; URIs there) names beyond the scan's rows, each confirmed empty by the
     file system. The names skipped are Spark's: starting with ``.`` or ``_``."""
     df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-          .option("pathGlobFilter", f"*{SUFFIX}").load(landing))
+          .option("pathGlobFilter", f"*{SUFFIX}").load(_literal(landing)))
     listed = [r.path for r in df.select("path").collect()]
     have = {_uri_key(p) for p in listed}
     empty = []
@@ -179,6 +179,12 @@ def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
     return listed, sorted(empty)
 
 
+def _literal(path: str) -> str:
+    """``path`` with the characters Spark's ``load`` would take for a glob pattern escaped
+    (Hadoop's ``\\``): a landing area named ``land[1]`` is that folder, not ``land1``."""
+    return "".join("\\" + ch if ch in "\\{}[]*?" else ch for ch in path)
+
+
 def _uri_key(p: str) -> str:
     """A path as the scan's rows name it (``file:/a b``) or as ``inputFiles`` does
     (``file:///a%20b``), in one form to compare them by."""
@@ -188,7 +194,7 @@ def _uri_key(p: str) -> str:
 
 
 def _messages(spark, path: str):
-    return spark.read.schema(MESSAGES_DDL).parquet(path)
+    return spark.read.schema(MESSAGES_DDL).parquet(_literal(path))
 
 
 def _in_partitions(spark, df, touched):
@@ -251,7 +257,7 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     listed, empty = _list_landing(spark, fs, landing_q)
     done = set()
     if fs.exists(files_table):
-        done = {r.path for r in spark.read.parquet(files_table).select("path").collect()}
+        done = {r.path for r in spark.read.parquet(_literal(files_table)).select("path").collect()}
     new = sorted(path for path in listed if path not in done)
     report = {"files_listed": len(listed) + len(empty), "files_new": len(new) + len(empty),
               "batches": 0, "records": 0, "rows_added": 0, "duplicates": 0, "reused_offsets": 0,
@@ -265,7 +271,8 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # readable ones (about 1M records/s per core) straight into the write.
     summary = []
     if new:
-        files = spark.read.format("binaryFile").load(new).select("path", "content")
+        files = spark.read.format("binaryFile").load([_literal(p) for p in new]) \
+            .select("path", "content")
         summary = files.mapInArrow(summarize_files, _SUMMARY_DDL).collect()
     good = [r for r in summary if r.kind == "batch"]
     bad = [r for r in summary if r.kind == "error"]
@@ -287,7 +294,7 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
         spans = existing.groupBy("gateway").agg(F.min("offset").alias("low"),
                                                 F.max("offset").alias("high")).collect()
     if good and done:
-        spans += (spark.read.parquet(files_table)
+        spans += (spark.read.parquet(_literal(files_table))
                   .where(F.col("gateway").isin(sorted({r.gateway for r in good})))
                   .groupBy("gateway").agg(F.min("batch_first").alias("low"),
                                           F.max("batch_last").alias("high")).collect())
@@ -304,7 +311,8 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     def decoded(paths):
         # The files listed once more (a Spark job of its own beyond 32 paths) only for a part.
         chosen = files if len(paths) == len(new) else \
-            spark.read.format("binaryFile").load(paths).select("path", "content")
+            spark.read.format("binaryFile").load([_literal(p) for p in paths]) \
+            .select("path", "content")
         return chosen.mapInArrow(decode_files, MESSAGES_DDL)
 
     # The rows of a batch that overlaps nothing all go in as they are (no shuffle); the rows of
@@ -341,7 +349,8 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
 
     gaps = {(r.gateway, r.gap_first): (r.gap_length, r.path) for r in good if r.gap_length}
     if gaps and fs.exists(tables["gaps"]):
-        for r in spark.read.parquet(tables["gaps"]).select("gateway", "gap_first").collect():
+        gaps_read = spark.read.parquet(_literal(tables["gaps"]))
+        for r in gaps_read.select("gateway", "gap_first").collect():
             gaps.pop((r.gateway, r.gap_first), None)
     if gaps:
         rows = [(gw, first, first + length - 1, length, path)
@@ -366,7 +375,8 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     if planned:
         known = set()
         if fs.exists(tables["quarantine"]):
-            known = {(q.path, q.moved_to) for q in spark.read.parquet(tables["quarantine"])
+            known = {(q.path, q.moved_to)
+                     for q in spark.read.parquet(_literal(tables["quarantine"]))
                      .select("path", "moved_to").collect()}
         rows = [p for p in planned if p[:2] not in known]
         if rows:

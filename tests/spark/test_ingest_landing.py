@@ -151,3 +151,22 @@ def test_a_crash_around_the_quarantine_move_leaves_neither_an_unrecorded_file_no
         str(moved.relative_to(warehouse)))
     assert [(r.path, r.moved_to) for r in table(spark, warehouse, "quarantine")] == \
         [(q["path"], q["moved_to"])]
+
+
+def test_a_landing_area_and_warehouse_named_with_glob_characters_are_taken_literally(
+        spark, tmp_path):
+    """Spark's load() takes [ ] { } * ? for a glob pattern: land[1] matched the folder land1
+    (empty here), and the run listed nothing."""
+    landing, warehouse = tmp_path / "land[1]", tmp_path / "wh{a,b}"
+    (tmp_path / "land1").mkdir()
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    first = ingest_once(spark, str(landing), str(warehouse))
+    assert (first["files_listed"], first["rows_added"]) == (1, 10)
+    # A copy: read, found in messages (the tables and checkpoint are read back), none added.
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / "copy.ebb.zst")
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_listed"], again["files_new"], again["duplicates"]) == (2, 1, 10)
+    # Read here as the job does, the pattern characters escaped.
+    assert len(table(spark, tmp_path / "wh\\{a,b\\}", "messages")) == 10
