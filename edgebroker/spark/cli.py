@@ -40,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0:
         print("edgebroker-spark: --interval must be positive", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The job's own messages from INFO, others' (py4j's: a traceback at INFO for each lost
+    # connection when the JVM ends) from WARNING.
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("edgebroker").setLevel(logging.INFO)
     # Run directly (not by spark-submit), the Python workers use this interpreter, which has
     # pyarrow and edgebroker; spark-submit users set PYSPARK_PYTHON themselves.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -62,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 if not args.continuous:
                     raise
+                if stop.is_set():   # cut short by the stop: systemd's SIGTERM ends the JVM too
+                    log.info("ingest pass cut short by SIGTERM: %s", _one_line(exc))
+                    return 0
                 # A landing area not mounted yet, a store unreachable for a while: logged once
                 # (again only when the error changes), retried every interval.
                 failed += 1
@@ -79,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as exc:   # its JVM ended already (SIGTERM to the whole process group)
+            log.info("Spark was stopped already: %s", _one_line(exc))
 
 
 def _one_line(exc: BaseException) -> str:

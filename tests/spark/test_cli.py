@@ -25,7 +25,8 @@ def reports(out: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
 
 
-def start(tmp_path: Path, landing: Path, warehouse: Path, stderr=subprocess.DEVNULL):
+def start(tmp_path: Path, landing: Path, warehouse: Path, stderr=subprocess.DEVNULL,
+          **popen):
     """The command with --continuous --interval 0.5; its stdout goes to tmp_path/stdout."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_SUBMIT_ARGS="--master local[1] --conf spark.ui.enabled=false "
@@ -35,7 +36,7 @@ def start(tmp_path: Path, landing: Path, warehouse: Path, stderr=subprocess.DEVN
     return subprocess.Popen([sys.executable, "-m", "edgebroker.spark", "ingest", "--landing",
                              str(landing), "--warehouse", str(warehouse), "--continuous",
                              "--interval", "0.5"], cwd=tmp_path, env=env,
-                            stdout=(tmp_path / "stdout").open("wb"), stderr=stderr)
+                            stdout=(tmp_path / "stdout").open("wb"), stderr=stderr, **popen)
 
 
 def test_continuous_ingest_picks_up_new_batches_and_stops_on_sigterm(tmp_path):
@@ -98,3 +99,26 @@ def test_continuous_ingest_logs_a_failing_pass_once_and_retries_until_it_works(t
             proc.wait(timeout=30)
     assert len(lines("ingest pass failed")) == 1
     assert not lines("Traceback")
+
+
+def test_sigterm_to_the_whole_process_group_stops_it_cleanly(tmp_path):
+    """systemctl stop (and timeout(1)) signal every process of the unit, the JVM included:
+    the command still exits 0, without a traceback from stopping a Spark that is gone
+    already, nor py4j's log of each lost connection."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    err = tmp_path / "stderr"
+    proc = start(tmp_path, landing, warehouse, stderr=err.open("wb"), start_new_session=True)
+    try:
+        wait_until(lambda: reports(tmp_path / "stdout"), timeout=120, what="the first pass")
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    # (PySpark's accumulator thread may still print the EOF of its socket: not the command's.)
+    text = err.read_text(errors="replace")
+    assert "edgebroker/spark/cli.py" not in text and "py4j.clientserver" not in text, text
