@@ -65,7 +65,14 @@ def check_gateway_id(value):
             or any(not (ch.isascii() and (ch.isalnum() or ch in "._-")) for ch in value)):
         return ("must be 1 to 64 of the letters A-Z and a-z, digits, '.', '_' and '-', not "
                 "starting with '.' or '-'")
+    if value == HIVE_NULL_PARTITION:
+        return ("is the name Spark and Hive give a null partition value (a folder "
+                "gateway=__HIVE_DEFAULT_PARTITION__ reads back as no gateway): choose another")
     return None
+
+
+# The one id of the characters allowed that a partition folder (gateway=<id>) cannot carry.
+HIVE_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
 def _check_endpoint_url(value):

@@ -2,7 +2,8 @@
 [--once | --continuous [--interval S]]``: the ingest job (edgebroker.spark.ingest) as a command,
 run directly (Spark in local mode unless ``PYSPARK_SUBMIT_ARGS`` says otherwise) or with
 ``spark-submit path/to/edgebroker/spark/cli.py ingest ...``. The master is never set here: it
-comes from spark-submit or the Spark configuration. Each pass prints its report as one JSON line.
+comes from spark-submit or the Spark configuration. Each pass prints its report as one JSON line;
+with ``--continuous`` a pass that fails is logged (one line) and the next interval tries again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import sys
 import threading
 
+log = logging.getLogger("edgebroker.spark")
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgebroker-spark",
@@ -38,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0:
         print("edgebroker-spark: --interval must be positive", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The job's own messages from INFO, others' (py4j's: a traceback at INFO for each lost
+    # connection when the JVM ends) from WARNING.
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("edgebroker").setLevel(logging.INFO)
     # Run directly (not by spark-submit), the Python workers use this interpreter, which has
     # pyarrow and edgebroker; spark-submit users set PYSPARK_PYTHON themselves.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -52,16 +58,45 @@ def main(argv: list[str] | None = None) -> int:
     spark = builder.getOrCreate()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    failed, said = 0, None   # passes failed in a row; the error last logged
     try:
         while True:
-            report = ingest_once(spark, args.landing, args.warehouse, args.checkpoint)
-            print(json.dumps(report), flush=True)
+            try:
+                report = ingest_once(spark, args.landing, args.warehouse, args.checkpoint)
+            except Exception as exc:
+                if not args.continuous:
+                    raise
+                if stop.is_set():   # cut short by the stop: systemd's SIGTERM ends the JVM too
+                    log.info("ingest pass cut short by SIGTERM: %s", _one_line(exc))
+                    return 0
+                # A landing area not mounted yet, a store unreachable for a while: logged once
+                # (again only when the error changes), retried every interval.
+                failed += 1
+                error = _one_line(exc)
+                if error != said:
+                    log.error("ingest pass failed, retried every %gs: %s", args.interval, error)
+                    said = error
+            else:
+                if failed:
+                    log.warning("ingest pass succeeded again after %d failed", failed)
+                    failed, said = 0, None
+                print(json.dumps(report), flush=True)
             if not args.continuous or stop.wait(args.interval):
                 return 0
     except KeyboardInterrupt:
         return 130
     finally:
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as exc:   # its JVM ended already (SIGTERM to the whole process group)
+            log.info("Spark was stopped already: %s", _one_line(exc))
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of an error (a Java one brings its whole stack trace), at most 500
+    characters."""
+    text = (str(exc).strip().splitlines() or [""])[0].strip()
+    return f"{type(exc).__name__}: {text[:500]}"
 
 
 if __name__ == "__main__":

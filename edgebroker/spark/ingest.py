@@ -4,8 +4,8 @@ under a warehouse folder (docs/spark.md):
 
 * ``messages`` (gateway, offset, timestamp, date, topic, qos, retain, client_id, payload,
   properties: the MQTT 5.0 ones, a struct, null for none),
-  partitioned by date and gateway, one row per (gateway, offset) however often a batch is
-  uploaded, copied or read;
+  partitioned by date and gateway, one row per record (its gateway, offset, timestamp and
+  content: edgebroker.spark.dedup) however often a batch is uploaded, copied or read;
 * ``topic_hourly`` (gateway, topic, hour, messages, bytes, first_time, last_time), recomputed
   from ``messages`` for the partitions a run touches;
 * ``gaps`` (gateway, gap_first, gap_last, gap_length, batch): offsets a gateway reported that no
@@ -19,12 +19,13 @@ files are read with Spark's ``binaryFile`` source (any Hadoop file system: local
 to Python and takes Arrow record batches back (``edgebroker.spark.arrow``).
 
 The checkpoint folder holds ``files``: the batch files already ingested, which a run lists and
-does not read again. The rows themselves are deduplicated on (gateway, offset) against
-``messages`` and among the new batches, so a batch copied under another name, or read again
-after a crash between the two writes, adds no row: a batch whose offset range (from its header)
-overlaps no other new batch and no offset ``messages`` holds for its gateway in the partitions
-its rows fall in goes in whole, without a shuffle; the rows of the other batches are
-deduplicated row by row (dropDuplicates, then an anti-join with ``messages``).
+does not read again. The rows themselves are deduplicated against ``messages`` and among the
+new batches, so a batch copied under another name, or read again after a crash between the two
+writes, adds no row: a batch whose offset range (from its header) overlaps no other new batch,
+no offset ``messages`` holds for its gateway in the partitions its rows fall in and no batch of
+its gateway in the checkpoint goes in whole, without a shuffle; the rows of the other batches
+are deduplicated row by row (dropDuplicates, then an anti-join with ``messages``), and those
+added at an offset another record has are counted and logged (``reused_offsets``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_days, batch_to_arrow
+from edgebroker.spark.dedup import clean_batches, new_rows, reused_offsets
 from edgebroker.uploader.batch import SUFFIX, BatchFormatError
 
 log = logging.getLogger("edgebroker.spark")
@@ -110,32 +112,8 @@ def decode_files(batches):
         yield from batch_to_arrow(blob, path)[1].to_batches()
 
 
-def clean_batches(batches: list, existing: dict) -> set:
-    """The paths of the ``batches`` (rows with path, gateway, batch_first, batch_last) whose
-    offset range overlaps no other batch of the list and no range in ``existing`` (gateway ->
-    (smallest, largest) offset already in ``messages`` in the partitions the batches touch).
-    Such a batch adds every one of its records (a batch's offsets are strictly increasing,
-    checked when it is decoded), so its rows need no deduplication; the others do."""
-    by_gateway: dict = {}
-    for b in batches:
-        by_gateway.setdefault(b.gateway, []).append(b)
-    clean = set()
-    for gateway, group in by_gateway.items():
-        group.sort(key=lambda b: (b.batch_first, b.batch_last))
-        low, high = existing.get(gateway, (None, None))
-        reach = -1   # the largest last offset of the batches before (sorted by first offset)
-        for i, b in enumerate(group):
-            overlaps = (reach >= b.batch_first
-                        or (i + 1 < len(group) and group[i + 1].batch_first <= b.batch_last)
-                        or (low is not None and b.batch_first <= high and b.batch_last >= low))
-            reach = max(reach, b.batch_last)
-            if not overlaps:
-                clean.add(b.path)
-    return clean
-
-
 class _Fs:
-    """The few Hadoop FileSystem calls the driver makes (exists, rename, qualify)."""
+    """The few Hadoop FileSystem calls the driver makes (exists, status, rename, qualify)."""
 
     def __init__(self, spark):
         self.jvm = spark._jvm
@@ -152,23 +130,71 @@ class _Fs:
         path = self._path(p)
         return bool(path.getFileSystem(self.conf).exists(path))
 
-    def move(self, src: str, dst: str) -> str:
-        """Move ``src`` to ``dst``, or to ``dst.1``, ``dst.2``... when that name is taken (the
-        same bad batch uploaded again); the name it got."""
-        s = self._path(src)
-        fs = s.getFileSystem(self.conf)
-        fs.mkdirs(self._path(dst).getParent())
+    def status(self, uri: str) -> tuple[str, int]:
+        """(path as Spark's scans name it, length) of the file at ``uri``."""
+        path = self.jvm.org.apache.hadoop.fs.Path(self.jvm.java.net.URI(uri))
+        st = path.getFileSystem(self.conf).getFileStatus(path)
+        return str(st.getPath().toString()), int(st.getLen())
+
+    def free_name(self, dst: str) -> str:
+        """``dst``, or ``dst.1``, ``dst.2``... when that name is taken (the same bad batch
+        uploaded again)."""
+        fs = self._path(dst).getFileSystem(self.conf)
         name, n = dst, 0
         while fs.exists(self._path(name)):
             n += 1
             name = f"{dst}.{n}"
-        if not fs.rename(s, self._path(name)):
-            raise OSError(f"cannot move {src} to {name}")
         return name
+
+    def move(self, src: str, dst: str) -> None:
+        s = self._path(src)
+        fs = s.getFileSystem(self.conf)
+        fs.mkdirs(self._path(dst).getParent())
+        if not fs.rename(s, self._path(dst)):
+            raise OSError(f"cannot move {src} to {dst}")
+
+
+class _Unreadable:
+    """A file set apart without being read (an empty one), like a summary row of kind error."""
+
+    def __init__(self, path: str, error: str):
+        self.path, self.error = path, error
+
+
+def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
+    """The batch files under ``landing``: (paths of those with bytes, paths of empty ones).
+    Spark's file scans drop empty files, so those are the files the listing (``inputFiles``,
+    which keeps them; URIs there) names beyond the scan's rows, each confirmed empty by the
+    file system. The names skipped are Spark's: starting with ``.`` or ``_``."""
+    df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+          .option("pathGlobFilter", f"*{SUFFIX}").load(_literal(landing)))
+    listed = [r.path for r in df.select("path").collect()]
+    have = {_uri_key(p) for p in listed}
+    empty = []
+    for uri in df.inputFiles():
+        if _uri_key(uri) not in have:
+            path, length = fs.status(uri)
+            if length == 0:
+                empty.append(path)
+    return listed, sorted(empty)
+
+
+def _literal(path: str) -> str:
+    """``path`` with the characters Spark's ``load`` would take for a glob pattern escaped
+    (Hadoop's ``\\``): a landing area named ``land[1]`` is that folder, not ``land1``."""
+    return "".join("\\" + ch if ch in "\\{}[]*?" else ch for ch in path)
+
+
+def _uri_key(p: str) -> str:
+    """A path as the scan's rows name it (``file:/a b``) or as ``inputFiles`` does
+    (``file:///a%20b``), in one form to compare them by."""
+    from urllib.parse import unquote, urlsplit
+    parts = urlsplit(p)
+    return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
 
 
 def _messages(spark, path: str):
-    return spark.read.schema(MESSAGES_DDL).parquet(path)
+    return spark.read.schema(MESSAGES_DDL).parquet(_literal(path))
 
 
 def _in_partitions(spark, df, touched):
@@ -228,41 +254,55 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
               for name in ("messages", "topic_hourly", "gaps", "quarantine")}
     files_table = f"{checkpoint}/files"
 
-    listed = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-              .option("pathGlobFilter", f"*{SUFFIX}").load(landing_q)
-              .select("path", "length").collect())
+    listed, empty = _list_landing(spark, fs, landing_q)
     done = set()
     if fs.exists(files_table):
-        done = {r.path for r in spark.read.parquet(files_table).select("path").collect()}
-    new = sorted(r.path for r in listed if r.path not in done)
-    report = {"files_listed": len(listed), "files_new": len(new), "batches": 0, "records": 0,
-              "rows_added": 0, "duplicates": 0, "gaps_added": 0, "quarantined": []}
-    if not new:
+        done = {r.path for r in spark.read.parquet(_literal(files_table)).select("path").collect()}
+    new = sorted(path for path in listed if path not in done)
+    report = {"files_listed": len(listed) + len(empty), "files_new": len(new) + len(empty),
+              "batches": 0, "records": 0, "rows_added": 0, "duplicates": 0, "reused_offsets": 0,
+              "gaps_added": 0, "quarantined": []}
+    if not new and not empty:
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
 
     # Two passes over the new files, nothing cached: the first checks every file whole
     # (batch_days: no columns built) and keeps only its summary rows; the second decodes the
     # readable ones (about 1M records/s per core) straight into the write.
-    files = spark.read.format("binaryFile").load(new).select("path", "content")
-    summary = files.mapInArrow(summarize_files, _SUMMARY_DDL).collect()
+    summary = []
+    if new:
+        files = spark.read.format("binaryFile").load([_literal(p) for p in new]) \
+            .select("path", "content")
+        summary = files.mapInArrow(summarize_files, _SUMMARY_DDL).collect()
     good = [r for r in summary if r.kind == "batch"]
     bad = [r for r in summary if r.kind == "error"]
+    bad += [_Unreadable(path, f"{path}: empty file (0 bytes), not a batch") for path in empty]
     touched = sorted({(r.date, r.gateway) for r in summary if r.kind == "date"})
     report["batches"] = len(good)
     report["records"] = sum(r.record_count for r in good)
 
-    # Deduplication on (gateway, offset) by offset ranges first: the offsets already in
+    # Deduplication (edgebroker.spark.dedup) by offset ranges first: the offsets already in
     # `messages` in the partitions the new rows fall in (a record's partition is fixed by its
-    # own timestamp, so a copy of it can only be there), as one range per gateway.
+    # own timestamp, so a copy of it can only be there), and those of every batch of the
+    # gateway the checkpoint names (any partition: a new record at an offset ingested before
+    # must be looked at), as one range per gateway.
     existing = None
     if touched and fs.exists(tables["messages"]):
         existing = _in_partitions(spark, _messages(spark, tables["messages"]), touched)
-    ranges = {}
+    spans = []
     if existing is not None:
-        ranges = {r.gateway: (r.low, r.high) for r in existing.groupBy("gateway")
-                  .agg(F.min("offset").alias("low"), F.max("offset").alias("high")).collect()
-                  if r.low is not None}
+        spans = existing.groupBy("gateway").agg(F.min("offset").alias("low"),
+                                                F.max("offset").alias("high")).collect()
+    if good and done:
+        spans += (spark.read.parquet(_literal(files_table))
+                  .where(F.col("gateway").isin(sorted({r.gateway for r in good})))
+                  .groupBy("gateway").agg(F.min("batch_first").alias("low"),
+                                          F.max("batch_last").alias("high")).collect())
+    ranges: dict = {}
+    for r in spans:
+        if r.low is not None:
+            low, high = ranges.get(r.gateway, (r.low, r.high))
+            ranges[r.gateway] = (min(low, r.low), max(high, r.high))
     clean = clean_batches(good, ranges)
     overlapping = sorted(r.path for r in good if r.path not in clean)
     log.info("%d new batches: %d need no deduplication, %d overlap another batch or messages",
@@ -271,25 +311,32 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     def decoded(paths):
         # The files listed once more (a Spark job of its own beyond 32 paths) only for a part.
         chosen = files if len(paths) == len(new) else \
-            spark.read.format("binaryFile").load(paths).select("path", "content")
+            spark.read.format("binaryFile").load([_literal(p) for p in paths]) \
+            .select("path", "content")
         return chosen.mapInArrow(decode_files, MESSAGES_DDL)
 
     # The rows of a batch that overlaps nothing all go in as they are (no shuffle); the rows of
-    # the others are deduplicated among themselves and anti-joined with `messages`.
+    # the others are deduplicated among themselves and anti-joined with `messages`, and those
+    # left that reuse an offset another record has are counted and logged (kept all the same).
     added = sum(r.record_count for r in good if r.path in clean)
-    parts, dedup = [], None
+    parts, dedup, reused = [], None, []
     if clean:
         parts.append(decoded(sorted(clean)))
     if overlapping:
-        dedup = decoded(overlapping).dropDuplicates(["gateway", "offset"])
-        if existing is not None:
-            dedup = dedup.join(existing.select("gateway", "offset"), ["gateway", "offset"],
-                               "left_anti")
-        dedup = dedup.persist(StorageLevel.MEMORY_AND_DISK)
+        dedup = new_rows(decoded(overlapping), existing).persist(StorageLevel.MEMORY_AND_DISK)
         added += dedup.count()
         parts.append(dedup)
+        all_messages = None
+        if fs.exists(tables["messages"]):
+            all_messages = _messages(spark, tables["messages"])
+        reused = reused_offsets(spark, dedup, all_messages)
     report["rows_added"] = added
     report["duplicates"] = report["records"] - added
+    report["reused_offsets"] = sum(r.offsets for r in reused)
+    for r in reused:
+        log.warning("gateway %s: %d offsets in %d..%d now hold more than one record (other "
+                    "timestamps or contents: its log started over under the same gateway id?); "
+                    "all are kept", r.gateway, r.offsets, r.low, r.high)
     if added:
         rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])
@@ -302,7 +349,8 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
 
     gaps = {(r.gateway, r.gap_first): (r.gap_length, r.path) for r in good if r.gap_length}
     if gaps and fs.exists(tables["gaps"]):
-        for r in spark.read.parquet(tables["gaps"]).select("gateway", "gap_first").collect():
+        gaps_read = spark.read.parquet(_literal(tables["gaps"]))
+        for r in gaps_read.select("gateway", "gap_first").collect():
             gaps.pop((r.gateway, r.gap_first), None)
     if gaps:
         rows = [(gw, first, first + length - 1, length, path)
@@ -316,18 +364,29 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     report["gaps_added"] = len(gaps)
 
     now = datetime.now(timezone.utc)
-    moved = []
+    # Each unreadable file's row goes into `quarantine` before the file moves: a crash in
+    # between leaves it in the landing area, read again by the next run, which finds its row
+    # there already (the same path and destination) and only moves it.
+    planned = []
     for r in bad:
         rel = r.path[len(landing_q) + 1:] if r.path.startswith(landing_q + "/") else \
             r.path.rsplit("/", 1)[-1]
-        dst = fs.move(r.path, f"{warehouse}/_quarantine/{rel}")
-        log.error("quarantined %s (moved to %s): %s", r.path, dst, r.error)
-        moved.append((r.path, dst, r.error, now))
-        report["quarantined"].append({"path": r.path, "moved_to": dst, "error": r.error})
-    if moved:
-        (spark.createDataFrame(moved, "path string, moved_to string, error string, "
-                                      "time timestamp")
-         .coalesce(1).write.mode("append").parquet(tables["quarantine"]))
+        planned.append((r.path, fs.free_name(f"{warehouse}/_quarantine/{rel}"), r.error, now))
+    if planned:
+        known = set()
+        if fs.exists(tables["quarantine"]):
+            known = {(q.path, q.moved_to)
+                     for q in spark.read.parquet(_literal(tables["quarantine"]))
+                     .select("path", "moved_to").collect()}
+        rows = [p for p in planned if p[:2] not in known]
+        if rows:
+            (spark.createDataFrame(rows, "path string, moved_to string, error string, "
+                                         "time timestamp")
+             .coalesce(1).write.mode("append").parquet(tables["quarantine"]))
+    for path, dst, error, _ in planned:
+        fs.move(path, dst)
+        log.error("quarantined %s (moved to %s): %s", path, dst, error)
+        report["quarantined"].append({"path": path, "moved_to": dst, "error": error})
 
     if good:
         (spark.createDataFrame([(r.path, r.gateway, r.batch_first, r.batch_last, r.record_count,

@@ -1,6 +1,7 @@
 """``python -m edgebroker.spark ingest --continuous`` (the edgebroker-spark command) run
 directly, the master from PYSPARK_SUBMIT_ARGS: a pass per interval, new files picked up, a JSON
-report each pass, exit 0 on SIGTERM. Its tables are read with pyarrow, no second JVM."""
+report each pass, exit 0 on SIGTERM; a pass that fails (the landing area not mounted yet) is
+logged once and retried. Its tables are read with pyarrow, no second JVM."""
 
 from __future__ import annotations
 
@@ -24,21 +25,27 @@ def reports(out: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
 
 
-def test_continuous_ingest_picks_up_new_batches_and_stops_on_sigterm(tmp_path):
-    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
-    day = landing / "gateway=gw-golden" / "date=2023-11-14"
-    day.mkdir(parents=True)
-    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+def start(tmp_path: Path, landing: Path, warehouse: Path, stderr=subprocess.DEVNULL,
+          **popen):
+    """The command with --continuous --interval 0.5; its stdout goes to tmp_path/stdout."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_SUBMIT_ARGS="--master local[1] --conf spark.ui.enabled=false "
                                    "--conf spark.sql.shuffle.partitions=1 pyspark-shell")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.pop("PYSPARK_PYTHON", None)   # the command sets it to its own interpreter
-    out = tmp_path / "stdout"
-    proc = subprocess.Popen([sys.executable, "-m", "edgebroker.spark", "ingest", "--landing",
+    return subprocess.Popen([sys.executable, "-m", "edgebroker.spark", "ingest", "--landing",
                              str(landing), "--warehouse", str(warehouse), "--continuous",
                              "--interval", "0.5"], cwd=tmp_path, env=env,
-                            stdout=out.open("wb"), stderr=subprocess.DEVNULL)
+                            stdout=(tmp_path / "stdout").open("wb"), stderr=stderr, **popen)
+
+
+def test_continuous_ingest_picks_up_new_batches_and_stops_on_sigterm(tmp_path):
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    out = tmp_path / "stdout"
+    proc = start(tmp_path, landing, warehouse)
     try:
         wait_until(lambda: reports(out), timeout=120, what="the first pass")
         assert reports(out)[0]["rows_added"] == 10
@@ -56,3 +63,62 @@ def test_continuous_ingest_picks_up_new_batches_and_stops_on_sigterm(tmp_path):
     assert added == 10 + later[0]["records"]
     assert pq.read_table(warehouse / "messages").num_rows == added
     assert all(r["rows_added"] == 0 for r in reports(out) if not r["files_new"])
+
+
+def test_continuous_ingest_logs_a_failing_pass_once_and_retries_until_it_works(tmp_path):
+    """The landing area not mounted yet: every pass fails (PATH_NOT_FOUND); the command logs
+    that in one line, once, keeps trying, and ingests when the folder appears."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    proc = start(tmp_path, landing, warehouse, stderr=err.open("wb"))
+
+    def lines(what: str) -> list:
+        return [line for line in err.read_text(errors="replace").splitlines() if what in line]
+
+    try:
+        wait_until(lambda: lines("ingest pass failed") or proc.poll() is not None,
+                   timeout=90, what="the failed pass logged")
+        assert proc.poll() is None, f"exited {proc.returncode} on the failed pass"
+        [failed] = lines("ingest pass failed")
+        assert "PATH_NOT_FOUND" in failed and str(landing) in failed, failed
+        staging = tmp_path / "staging"
+        day = staging / "gateway=gw-golden" / "date=2023-11-14"
+        day.mkdir(parents=True)
+        shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+        staging.rename(landing)   # mounted: all at once
+        [report] = wait_until(lambda: reports(out), timeout=120, what="a pass that works")
+        assert report["rows_added"] == 10
+        [recovered] = wait_until(lambda: lines("succeeded again"), timeout=30,
+                                 what="the recovery logged")
+        assert "after" in recovered
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert len(lines("ingest pass failed")) == 1
+    assert not lines("Traceback")
+
+
+def test_sigterm_to_the_whole_process_group_stops_it_cleanly(tmp_path):
+    """systemctl stop (and timeout(1)) signal every process of the unit, the JVM included:
+    the command still exits 0, without a traceback from stopping a Spark that is gone
+    already, nor py4j's log of each lost connection."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    err = tmp_path / "stderr"
+    proc = start(tmp_path, landing, warehouse, stderr=err.open("wb"), start_new_session=True)
+    try:
+        wait_until(lambda: reports(tmp_path / "stdout"), timeout=120, what="the first pass")
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    # (PySpark's accumulator thread may still print the EOF of its socket: not the command's.)
+    text = err.read_text(errors="replace")
+    assert "edgebroker/spark/cli.py" not in text and "py4j.clientserver" not in text, text

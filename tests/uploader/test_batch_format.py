@@ -152,9 +152,21 @@ def test_object_name_is_deterministic_and_dated_by_the_first_record_in_utc():
 @pytest.mark.parametrize("gid, ok", [("gw-1", True), ("a" * 64, True), ("0123abcdef.x_y", True),
                                      ("", False), ("a" * 65, False), ("gw/1", False),
                                      ("gw 1", False), (".hidden", False), ("-x", False),
-                                     ("gé", False)])
+                                     ("gé", False), ("__HIVE_DEFAULT_PARTITION__", False),
+                                     ("__hive_default_partition__", True)])
 def test_gateway_id_check(gid, ok):
     assert (check_gateway_id(gid) is None) == ok
+
+
+def test_a_gateway_id_spark_reads_back_as_null_is_a_config_error():
+    """gateway=__HIVE_DEFAULT_PARTITION__ is the folder Spark writes a null partition value
+    to: the ingest job's tables would hold such a gateway's rows with no gateway."""
+    from edgebroker import config
+    from edgebroker.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"^upload\.gateway_id: is the name Spark and Hive "
+                                          r"give a null partition value"):
+        config.from_dict({"upload": {"url": "file:///srv/landing",
+                                     "gateway_id": "__HIVE_DEFAULT_PARTITION__"}})
 
 
 def test_header_round_trip():

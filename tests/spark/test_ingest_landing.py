@@ -1,0 +1,172 @@
+"""The ingest job on Spark local[2], on what a landing area holds beyond one life of whole
+batches: an empty file is quarantined like any unreadable one, never left unnamed; a gateway
+whose log started over under the same gateway id (offsets from 0 again) loses no record; a
+batch of a gateway id Spark's partitions cannot hold is quarantined; a crash around a
+quarantine move leaves no file unrecorded."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgebroker.spark.ingest import ingest_once
+from edgebroker.uploader.batch import object_name
+
+from spark.test_arrow import build, rewrite
+from spark.test_ingest import GOLDEN, table
+
+DAY_MS = 86_400_000
+T0 = 1_700_000_000_000   # 2023-11-14T22:13:20Z
+
+
+def land(landing: Path, records: list, name: str | None = None, gateway: str = "gw-a") -> Path:
+    """(offset, timestamp ms, payload) records as one batch file of ``gateway``."""
+    header, raw = build([(o, ts, 1, False, b"c", b"t/x", p) for o, ts, p in records], gateway)
+    path = landing / object_name("", gateway, records[0][0], records[-1][0], records[0][1])
+    path = path.with_name(name) if name else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(rewrite(header, raw))
+    return path
+
+
+def test_an_empty_batch_file_is_listed_and_quarantined_naming_it(spark, tmp_path):
+    """Spark's file scans skip files of 0 bytes: the listing must still see one, and the run
+    quarantine it with an error naming it, as it does a batch cut to 5 bytes."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    empty = day / f"{10:020d}-{19:020d}.ebb.zst"
+    empty.write_bytes(b"")
+    cut = day / f"{20:020d}-{29:020d}.ebb.zst"
+    cut.write_bytes((GOLDEN / "v1-plain.ebb.zst").read_bytes()[:5])
+
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert (report["files_listed"], report["files_new"], report["rows_added"]) == (3, 3, 10)
+    by_name = {q["path"].rsplit("/", 1)[-1]: q for q in report["quarantined"]}
+    assert sorted(by_name) == [empty.name, cut.name]
+    q = by_name[empty.name]
+    assert q["error"] == f"{q['path']}: empty file (0 bytes), not a batch"
+    moved = warehouse / "_quarantine" / empty.relative_to(landing)
+    assert moved.exists() and moved.stat().st_size == 0 and not empty.exists()
+    assert q["moved_to"].endswith(str(moved.relative_to(warehouse)))
+    assert sorted(r.path.rsplit("/", 1)[-1] for r in table(spark, warehouse, "quarantine")) \
+        == [empty.name, cut.name]
+
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_listed"], again["files_new"], again["quarantined"]) == (1, 0, [])
+
+
+def test_a_gateway_whose_log_started_over_keeps_every_record_and_reports_the_reused_offsets(
+        spark, tmp_path, caplog):
+    """Offsets 0..9 ingested; then the gateway re-imaged (a new data directory, the same
+    gateway_id): offsets 0..14 again, days later, other payloads. Every new record is added and
+    the reused offsets counted and logged; copies of either life and a lost checkpoint still
+    add nothing."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    t1 = T0 + 3 * DAY_MS
+    land(landing, [(o, T0 + o * 1000, b"old-%d" % o) for o in range(10)])
+    first = ingest_once(spark, str(landing), str(warehouse))
+    assert (first["rows_added"], first["reused_offsets"]) == (10, 0)
+
+    second_life = land(landing, [(o, t1 + o * 1000, b"NEW-%d" % o) for o in range(15)])
+    caplog.set_level(logging.WARNING, logger="edgebroker.spark")
+    second = ingest_once(spark, str(landing), str(warehouse))
+    assert (second["records"], second["rows_added"], second["duplicates"],
+            second["reused_offsets"]) == (15, 15, 0, 10)
+    [warning] = [r.getMessage() for r in caplog.records if "gw-a" in r.getMessage()]
+    assert "gateway gw-a: 10 offsets in 0..9 now hold more than one record" in warning
+    payloads = sorted(bytes(r.payload) for r in table(spark, warehouse, "messages"))
+    assert payloads == sorted([b"old-%d" % o for o in range(10)]
+                              + [b"NEW-%d" % o for o in range(15)])
+
+    # The same offset and timestamp as a record of the first life, another payload: another
+    # record too.
+    land(landing, [(3, T0 + 3000, b"other")], name="other.ebb.zst")
+    third = ingest_once(spark, str(landing), str(warehouse))
+    assert (third["rows_added"], third["duplicates"], third["reused_offsets"]) == (1, 0, 1)
+
+    # True duplicates stay out: a copy of the second life, then every file read again.
+    shutil.copy(second_life, second_life.with_name("copy.ebb.zst"))
+    copy = ingest_once(spark, str(landing), str(warehouse))
+    assert (copy["rows_added"], copy["duplicates"], copy["reused_offsets"]) == (0, 15, 0)
+    shutil.rmtree(warehouse / "_checkpoint")
+    lost = ingest_once(spark, str(landing), str(warehouse))
+    assert (lost["records"], lost["rows_added"], lost["reused_offsets"]) == (41, 0, 0)
+    assert len(table(spark, warehouse, "messages")) == 26
+    assert sum(r.messages for r in table(spark, warehouse, "topic_hourly")) == 26
+
+    # Both lives new in one run (a new warehouse): all 26 records, the offsets held twice
+    # among them counted once each.
+    fresh = ingest_once(spark, str(landing), str(tmp_path / "warehouse2"))
+    assert (fresh["rows_added"], fresh["duplicates"], fresh["reused_offsets"]) == (26, 15, 10)
+
+
+def test_a_batch_of_the_gateway_id_spark_reads_back_as_null_is_quarantined(spark, tmp_path):
+    """Its rows would be written to gateway=__HIVE_DEFAULT_PARTITION__ and read back with no
+    gateway (deduplication and topic_hourly would never find them): the id is refused."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    bad = land(landing, [(o, T0 + o, b"x") for o in range(3)],
+               gateway="__HIVE_DEFAULT_PARTITION__")
+    land(landing, [(o, T0 + o, b"x") for o in range(3)])
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert report["rows_added"] == 3
+    [q] = report["quarantined"]
+    assert q["path"].endswith(str(bad.relative_to(landing)))
+    assert q["error"].startswith(f"{q['path']}: gateway id '__HIVE_DEFAULT_PARTITION__' is the "
+                                 f"name Spark and Hive give a null partition value")
+    assert {r.gateway for r in table(spark, warehouse, "messages")} == {"gw-a"}
+
+
+def test_a_crash_around_the_quarantine_move_leaves_neither_an_unrecorded_file_nor_two_rows(
+        spark, tmp_path):
+    """The quarantine row is written before the file moves. The row's write failing leaves the
+    file in the landing area (not in _quarantine, named nowhere); the move failing after the
+    row is written lets the next run move it without a second row."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    bad = day / f"{0:020d}-{9:020d}.ebb.zst"
+    bad.write_bytes((GOLDEN / "v1-plain.ebb.zst").read_bytes()[:5])
+    warehouse.mkdir()
+    (warehouse / "quarantine").write_text("a file where the table's folder goes")
+    with pytest.raises(Exception):
+        ingest_once(spark, str(landing), str(warehouse))
+    assert bad.exists() and not (warehouse / "_quarantine").exists()
+    (warehouse / "quarantine").unlink()
+
+    blocker = warehouse / "_quarantine" / "gateway=gw-golden"
+    blocker.parent.mkdir()
+    blocker.write_text("a file where the folder the move needs goes")
+    with pytest.raises(Exception):
+        ingest_once(spark, str(landing), str(warehouse))
+    assert bad.exists()
+    blocker.unlink()
+    [q] = ingest_once(spark, str(landing), str(warehouse))["quarantined"]
+    moved = warehouse / "_quarantine" / bad.relative_to(landing)
+    assert moved.exists() and not bad.exists() and q["moved_to"].endswith(
+        str(moved.relative_to(warehouse)))
+    assert [(r.path, r.moved_to) for r in table(spark, warehouse, "quarantine")] == \
+        [(q["path"], q["moved_to"])]
+
+
+def test_a_landing_area_and_warehouse_named_with_glob_characters_are_taken_literally(
+        spark, tmp_path):
+    """Spark's load() takes [ ] { } * ? for a glob pattern: land[1] matched the folder land1
+    (empty here), and the run listed nothing."""
+    landing, warehouse = tmp_path / "land[1]", tmp_path / "wh{a,b}"
+    (tmp_path / "land1").mkdir()
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    first = ingest_once(spark, str(landing), str(warehouse))
+    assert (first["files_listed"], first["rows_added"]) == (1, 10)
+    # A copy: read, found in messages (the tables and checkpoint are read back), none added.
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / "copy.ebb.zst")
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_listed"], again["files_new"], again["duplicates"]) == (2, 1, 10)
+    # Read here as the job does, the pattern characters escaped.
+    assert len(table(spark, tmp_path / "wh\\{a,b\\}", "messages")) == 10
