@@ -126,9 +126,12 @@ def json_e2e(spark, jdir: Path, warehouse: Path) -> int:
     tasks that hold some of its rows), and counts the rows it added from what it wrote."""
     from pyspark.sql import functions as F
     from edgebroker.spark.ingest import MESSAGE_COLUMNS, MESSAGES_DDL
+    properties = spark.createDataFrame([], MESSAGES_DDL).schema["properties"].dataType
     msgs = (spark.read.schema(JSON_DDL).json(str(jdir))
             .withColumn("payload", F.unbase64("payload"))
             .withColumn("date", F.to_date("timestamp"))
+            # 3.1.1 records: no 5.0 properties (ours writes the column null for them too)
+            .withColumn("properties", F.lit(None).cast(properties))
             .select(*MESSAGE_COLUMNS).dropDuplicates(["gateway", "offset"]))
     msgs.write.mode("append").partitionBy("date", "gateway").parquet(str(warehouse / "messages"))
     written = spark.read.schema(MESSAGES_DDL).parquet(str(warehouse / "messages"))
