@@ -15,7 +15,7 @@ def write_small_file(path: str, data: bytes, dir_fd: int | None = None,
     the directory open as ``dir_fd`` (none given: the caller does not need the rename
     durable, as for an index the log can rebuild)."""
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    fd = open_replaced(tmp, mode)
     try:
         view = memoryview(data)
         while view:
@@ -47,20 +47,47 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISDIR, "a folder"))
 
 
+def open_regular(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of a regular file (made with ``mode`` when ``flags`` say so), without
+    waiting: a FIFO there (whose open would wait for the other end) or anything else that is
+    not a regular file raises ``NotRegularFile`` naming it. (O_NONBLOCK: a FIFO opened for
+    reading returns at once, for writing fails with ENXIO; a regular file is not changed.)"""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:    # (a FIFO opened for writing with no reader)
+            raise
+        fd = None
+        st_mode = os.stat(path).st_mode
+    else:
+        st_mode = os.fstat(fd).st_mode
+    if fd is None or not stat.S_ISREG(st_mode):
+        if fd is not None:
+            os.close(fd)
+        kind = next((name for test, name in _KINDS if test(st_mode)), "not a file")
+        raise NotRegularFile(errno.EINVAL, f"not a regular file ({kind})", path)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_replaced(path: str, mode: int = 0o600) -> int:
+    """``path`` opened to be written anew (a file of ours: the broker's temporary and batch
+    files); something else put there by hand (a FIFO), not a folder, is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    try:
+        return open_regular(path, flags, mode)
+    except NotRegularFile:
+        os.unlink(path)
+        return open_regular(path, flags, mode)
+
+
 def read_small_file(path: str) -> bytes:
     """The whole of the regular file ``path``. Something else there (a FIFO, whose open
     would wait for a writer and whose read for its data; a device, that may never end)
     raises ``NotRegularFile`` naming it, without waiting; FileNotFoundError and other
     OSErrors as open and read raise them."""
-    # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer
-    # (for a regular file the flag changes nothing).
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = open_regular(path, os.O_RDONLY)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-            raise NotRegularFile(errno.EINVAL, f"not a regular file ({kind})", path)
-        os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as fh:
             return fh.read()
     finally:

@@ -18,7 +18,7 @@ import logging
 import os
 
 from edgebroker.commitlog.segment import preallocate
-from edgebroker.files import write_zeros
+from edgebroker.files import open_regular, write_zeros
 
 log = logging.getLogger("edgebroker.snapshot")
 
@@ -49,9 +49,9 @@ class SnapshotReserve:
         if want <= self.size:
             return
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_regular(self.path, os.O_WRONLY | os.O_CREAT)   # a FIFO: an error
         except OSError as exc:
-            self._failed(exc.errno, want)
+            self._failed(exc.strerror or os.strerror(exc.errno or errno.EIO), want)
             return
         try:
             want = max(want, os.fstat(fd).st_size)      # one a former run made
@@ -65,7 +65,7 @@ class SnapshotReserve:
         finally:
             os.close(fd)
         if err:
-            self._failed(err, want)
+            self._failed(os.strerror(err), want)
             return
         self.size = want
         if self._warned:
@@ -93,12 +93,12 @@ class SnapshotReserve:
         self.size = max(0, keep)
         return size > 0
 
-    def _failed(self, err: int, want: int) -> None:
+    def _failed(self, why: str, want: int) -> None:
         if not self._warned:
             self._warned = True
             log.warning("cannot keep %d bytes for the final session snapshot in %s: %s; a stop "
                         "while the disk is full may not be able to write it (will retry)",
-                        want, self.path, os.strerror(err))
+                        want, self.path, why)
 
 
 def _rounded(nbytes: int, block: int = 4096) -> int:

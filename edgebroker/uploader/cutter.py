@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from edgebroker import _native
 from edgebroker.commitlog import scanner
 from edgebroker.commitlog.format import FORMAT_VERSION, Damage, UploadSource
+from edgebroker.files import open_replaced
 from edgebroker.uploader.batch import BatchHeader, object_name, write_batch
 
 READ_CHUNK = 1024 * 1024
@@ -103,7 +104,7 @@ def build(batch: Plan, fd: int, header: BatchHeader, path: str, dir_fd: int = -1
     (when given) for a name new there; its size. Durable before the put, as the intent file
     is: after a power cut between the put and the mark, the batch is shipped again from this
     file when ``retention_bytes`` has deleted its records meanwhile (uploader.py)."""
-    with open(path, "wb") as fh:
+    with os.fdopen(open_replaced(path, 0o644), "wb") as fh:     # (a FIFO there: replaced)
         size = write_batch(fh, header, _chunks(fd, batch.spans))
         fh.flush()
         os.fsync(fh.fileno())

@@ -15,7 +15,7 @@ import logging
 import os
 
 from edgebroker.commitlog.segment import preallocate
-from edgebroker.files import write_zeros
+from edgebroker.files import open_regular, write_zeros
 
 log = logging.getLogger("edgebroker.upload")
 
@@ -38,10 +38,12 @@ class Reserve:
         if self.held:
             return
         err = 0
+        why = None
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_regular(self.path, os.O_WRONLY | os.O_CREAT)   # a FIFO: an error
         except OSError as exc:
             err = exc.errno or errno.EIO
+            why = exc.strerror
         else:
             try:
                 err = preallocate(fd, RESERVE_BYTES)
@@ -62,7 +64,7 @@ class Reserve:
                 self._warned = True
                 log.warning("cannot keep %d bytes for the uploader's files in %s: %s (tried "
                             "again after each batch)", RESERVE_BYTES, self.path,
-                            os.strerror(err))
+                            why or os.strerror(err))
             return
         self.held = True
         if self._warned:

@@ -55,3 +55,49 @@ def test_a_fifo_at_the_uploaders_intent_file_is_unreadable_and_the_broker_starts
     assert gw.wait_log(lambda ln: f"{upload / 'intent'}: unreadable (not a regular file "
                                   f"(a FIFO))" in ln, 5), gw.log_text()
     assert gw.stop() == 0
+
+
+def test_fifos_at_the_snapshots_reserve_and_temporary_file_do_not_stop_snapshots(
+        broker, tmp_path):
+    """The snapshot writer's reserve and the temporary file a snapshot is written to are
+    opened for writing: a FIFO there waited for a reader for ever (no snapshot again, and a
+    stop that timed out). The reserve is logged as not kept; the temporary file is ours and
+    replaced."""
+    from conftest import wait_for_snapshot
+    data = tmp_path / "data"
+    data.mkdir()
+    os.mkfifo(data / "sessions.json.reserve")
+    os.mkfifo(data / "sessions.json.tmp")
+    gw = broker(data_dir=str(data))
+    gw.client("s1", clean=False).subscribe("t", qos=1)
+    wait_for_snapshot(str(data), "s1")
+    assert gw.wait_log(lambda ln: "cannot keep" in ln and "sessions.json.reserve: not a "
+                                  "regular file (a FIFO)" in ln, 5), gw.log_text()
+    assert gw.stop() == 0
+
+
+def test_a_fifo_at_the_uploaders_reserve_does_not_stop_the_start(broker, tmp_path):
+    upload = tmp_path / "data" / "upload"
+    upload.mkdir(parents=True)
+    os.mkfifo(upload / "reserve")
+    gw = broker(data_dir=str(tmp_path / "data"), upload={"url": f"file://{tmp_path}/landing"})
+    assert gw.wait_log(lambda ln: f"{upload / 'reserve'}: not a regular file (a FIFO)" in ln,
+                       5), gw.log_text()
+    assert gw.stop() == 0
+
+
+def test_a_fifo_at_the_uploaders_batch_file_is_replaced_and_the_batch_shipped(
+        broker, tmp_path):
+    """The batch file is ours, written anew for each batch: a FIFO there (the uploader's
+    open waited for a reader for ever) is replaced."""
+    from uploader.test_uploader import landed_offsets, publish, upload_config, uploaded, wait_until
+    upload = tmp_path / "data" / "upload"
+    upload.mkdir(parents=True)
+    os.mkfifo(upload / "batch.ebb.zst.tmp")
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    gw = broker(data_dir=str(tmp_path / "data"), upload=upload_config(landing, batch_max_age=1))
+    publish(gw, 0, 5)
+    wait_until(lambda: uploaded(gw) == 5, timeout=20, what="the batch uploaded")
+    assert landed_offsets(landing) == [0, 1, 2, 3, 4]
+    assert gw.stop() == 0
