@@ -451,12 +451,13 @@ def run_sessions(args) -> int:
         raise EdgebrokerError(f"{os.path.join(state_dir, snapshot.FILENAME)}: no session "
                               f"snapshot (has a broker run with this state directory?)")
     sessions = sorted(state.sessions, key=lambda s: s.client_id)
+    retained = {r.offset for r in state.retained}
     lags = {}
     if any(s.cursor is not None for s in sessions) and os.path.isdir(log_dir(args)):
         commit_log = open_log(args)
         try:
             now_ms = time.time_ns() // 1_000_000
-            lags = {s.client_id: commit_log.lag(snapshot.first_unsent(s), now_ms)
+            lags = {s.client_id: commit_log.lag(snapshot.first_unsent(s, retained), now_ms)
                     for s in sessions if s.cursor is not None}
         finally:
             commit_log.close()
@@ -467,7 +468,7 @@ def run_sessions(args) -> int:
             "retained": len(state.retained),
             "sessions": [{"client_id": s.client_id, "subscriptions": s.subscriptions,
                           "inflight": len(s.inflight), "queued": len(s.queue),
-                          "oldest_offset": _oldest(s), "cursor": snapshot.first_unsent(s),
+                          "oldest_offset": _oldest(s), "cursor": snapshot.first_unsent(s, retained),
                           **lags.get(s.client_id, none), "drops": s.drops}
                          for s in sessions]}, indent=2))
         return 0
@@ -477,7 +478,7 @@ def run_sessions(args) -> int:
         subs = ", ".join(f"{f} (QoS {q})" for f, q in sorted(s.subscriptions.items())) or "-"
         lag = lags.get(s.client_id)
         rows.append([s.client_id, subs, str(len(s.inflight)), str(len(s.queue)),
-                     "-" if s.cursor is None else str(snapshot.first_unsent(s)),
+                     "-" if s.cursor is None else str(snapshot.first_unsent(s, retained)),
                      "-" if lag is None else str(lag["lag_records"]),
                      "-" if lag is None else human_bytes(lag["lag_bytes"]),
                      "-" if lag is None else f"{lag['lag_seconds']:.0f} s",

@@ -369,7 +369,7 @@ class CatchUp:
         cursor = session.cursor
         if cursor is None or self.journal is None:
             return IN_STEP
-        unsent = cursor.unsent(session.queue)
+        unsent = cursor.unsent(session.queue, session.retained_queued)
         return {"cursor": unsent, **self.journal.log.lag(unsent, self.journal.wall_ms())}
 
 

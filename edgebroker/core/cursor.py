@@ -52,18 +52,21 @@ class Cursor:
     def __repr__(self):
         return f"Cursor({self.offset})"
 
-    def unsent(self, queue=()) -> int:
+    def unsent(self, queue=(), copies=None) -> int:
         """Where a reader that lost what is in memory goes on from: the first record of the
         run not yet sent, else ``offset`` (what the snapshot keeps). With the session's
         ``queue``, the first record it has not been sent (queued when it fell behind, or a
-        batch read ahead into the queue: the queue's first entry, unless a retained copy)."""
+        batch read ahead into the queue: the queue's first entry, unless one of the retained
+        copies sent for a SUBSCRIBE, ``copies``: Session.retained_queued)."""
         run = self.run
         if run is not None and run.i < run.n:
             return run.offsets[run.i]
         if queue:
             ref, _, retain = queue[0]
-            if not retain and ref.offset is not None and ref.offset < self.offset:
-                return ref.offset
+            offset = ref.offset
+            if (offset is not None and offset < self.offset
+                    and not (retain and copies and offset in copies)):
+                return offset
         return self.offset
 
     def drop_run(self) -> None:

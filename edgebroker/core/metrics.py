@@ -108,7 +108,8 @@ def _max_lag(broker) -> int:
     """Records between the oldest cursor and the head of the log (0: none behind)."""
     if not broker.behind or broker.journal is None:
         return 0
-    return broker.journal.log.next_offset - min(s.cursor.unsent(s.queue) for s in broker.behind)
+    return broker.journal.log.next_offset - min(s.cursor.unsent(s.queue, s.retained_queued)
+                                               for s in broker.behind)
 
 
 def client_row(client, now: float) -> dict:

@@ -88,13 +88,14 @@ class SessionState:
     encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
-def first_unsent(s: SessionState) -> int | None:
+def first_unsent(s: SessionState, retained: set[int]) -> int | None:
     """The first record a session behind has not been sent (``inspect sessions``): its cursor,
     or its queue's first entry when that is a record before it (queued when it fell behind, or
-    read ahead) and not a retained copy, as the broker's own figures (Cursor.unsent)."""
+    read ahead), unless a copy of a retained message the store holds (``retained``: their
+    offsets), as the broker's own figures (Cursor.unsent)."""
     if s.cursor is not None and s.queue:
         offset, _, retain, _ = s.queue[0]
-        if not retain and offset < s.cursor:
+        if offset < s.cursor and not (retain and offset in retained):
             return offset
     return s.cursor
 

@@ -35,3 +35,34 @@ def test_inspect_sessions_counts_the_batch_read_ahead_as_not_read(broker, uid):
     assert r.returncode == 0, r.stderr
     shown = {s["client_id"]: s for s in json.loads(r.stdout)["sessions"]}[f"{uid}-sub"]
     assert (shown["cursor"], shown["lag_records"]) == (20, n - 20), shown
+
+
+def test_a_retained_publish_sent_as_published_is_not_taken_for_a_retained_copy(broker, uid):
+    """A 5.0 subscription with Retain As Published queues live retained PUBLISHes with their
+    retain flag: the first of them is still the first record not sent (only the copies sent
+    for a SUBSCRIBE are set aside)."""
+    import mqttraw5 as R
+    b = broker()
+    data = b.config["data_dir"]
+    sub = R.RawClient5(b.host, b.port)
+    sub.connect(f"{uid}-sub", clean_start=False, props={R.SESSION_EXPIRY: 300})
+    sub.subscribe((f"{uid}/a/#", 0x01 | 0x08))      # QoS 1, Retain As Published
+    sub.disconnect()
+    pub = b.client(f"{uid}-pub")
+    n = 1500
+    pub.send(b"".join(m.publish(f"{uid}/a/x", b"%d" % i, qos=1, retain=True,
+                                packet_id=1 + i % 1000) for i in range(n)))
+    for _ in range(n):
+        pub.expect(m.PUBACK, 10)
+    back = R.RawClient5(b.host, b.port)
+    back.connect(f"{uid}-sub", clean_start=False, props={R.SESSION_EXPIRY: 300})
+    window = [back.recv_publish(5, ack=False) for _ in range(20)]
+    assert all(p.retain for p in window)
+    wait_for_snapshot(data, f"{uid}-sub", pred=lambda s: s["cursor"] is not None
+                      and s["queue"] and s["cursor"] > 20)
+    live = b.client_row(f"{uid}-sub")
+    assert (live["cursor"], live["lag_records"]) == (20, n - 20), live
+    r = run_cli("inspect", "sessions", "--data-dir", data, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    shown = {s["client_id"]: s for s in json.loads(r.stdout)["sessions"]}[f"{uid}-sub"]
+    assert (shown["cursor"], shown["lag_records"]) == (20, n - 20), shown
