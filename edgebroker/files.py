@@ -8,6 +8,8 @@ import errno
 import os
 import stat
 
+from edgebroker.errors import ConfigError
+
 
 def write_small_file(path: str, data: bytes, dir_fd: int | None = None,
                      mode: int = 0o640) -> None:
@@ -79,6 +81,21 @@ def open_replaced(path: str, mode: int = 0o600) -> int:
     except NotRegularFile:
         os.unlink(path)
         return open_regular(path, flags, mode)
+
+
+def config_file_mode(path: str, key: str) -> int:
+    """The mode of ``path``, the file of setting ``key``, which must be a regular file (a
+    FIFO would block the thread that opens it, a device could be endless): ConfigError naming
+    ``key`` and ``path`` otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: {path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{key}: {path}: not a regular file")
+    return mode
 
 
 def read_small_file(path: str) -> bytes:

@@ -10,9 +10,9 @@ from edgebroker.errors import (
     TOPIC_ALIAS_INVALID, ProtocolError,
 )
 from edgebroker.client.events import (
-    Acked, ConnectFailed, Connected, Disconnected, Message, Subscribed, Unsubscribed,
+    Acked, ConnectFailed, Connected, Disconnected, Message, Oversized, Subscribed, Unsubscribed,
 )
-from edgebroker.client.oversize import SKIPPED, on_skipped
+from edgebroker.client.oversize import SKIPPED
 from edgebroker.client.requests import PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSCRIBE
 from edgebroker.client.resume import resend, subscribe_again
 from edgebroker.client.states import CONNECTED, CONNECTING
@@ -68,6 +68,30 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
     conn._pump()
 
 
+def taken(conn, qos: int, pid: int | None) -> bool:
+    """A PUBLISH from the server at ``qos`` with ``pid``: acknowledged now (PUBACK, PUBREC)
+    unless ``auto_ack`` is off; False for a QoS 2 one given out already (a resend: its PUBREC
+    sent again unless the caller has yet to acknowledge it). Over the Receive Maximum: the
+    protocol error."""
+    if qos == 1:
+        if conn.auto_ack:
+            conn._out.append(encode_puback(pid))
+    elif qos == 2:
+        if pid in conn._incoming_qos2:
+            conn.duplicates_dropped += 1
+            if pid not in conn._unacked:   # (not yet acknowledged: ack() sends the PUBREC)
+                conn._out.append(encode_ack(P.PUBREC, pid))
+            return False
+        if len(conn._incoming_qos2) >= conn._receive_max:
+            raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
+                                f"({conn._receive_max})", rule="MQTT-3.3.4-9",
+                                reason=RECEIVE_MAXIMUM_EXCEEDED)
+        conn._incoming_qos2.add(pid)
+        if conn.auto_ack:
+            conn._out.append(encode_ack(P.PUBREC, pid))
+    return True
+
+
 def on_publish(conn, p: P.Publish, events: list) -> None:
     topic = p.topic
     props = p.properties
@@ -76,22 +100,8 @@ def on_publish(conn, p: P.Publish, events: list) -> None:
     qos = p.qos
     pid = p.packet_id
     auto = conn.auto_ack
-    if qos == 1:
-        if auto:
-            conn._out.append(encode_puback(pid))
-    elif qos == 2:
-        if pid in conn._incoming_qos2:
-            conn.duplicates_dropped += 1
-            if pid not in conn._unacked:   # (not yet acknowledged: ack() sends the PUBREC)
-                conn._out.append(encode_ack(P.PUBREC, pid))
-            return
-        if len(conn._incoming_qos2) >= conn._receive_max:
-            raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
-                                f"({conn._receive_max})", rule="MQTT-3.3.4-9",
-                                reason=RECEIVE_MAXIMUM_EXCEEDED)
-        conn._incoming_qos2.add(pid)
-        if auto:
-            conn._out.append(encode_ack(P.PUBREC, pid))
+    if not taken(conn, qos, pid):
+        return
     message = Message(topic, p.payload, qos, p.retain, p.dup, props, pid)
     if qos and not auto:
         conn._unacked[pid] = message
@@ -204,6 +214,21 @@ def protocol_error(conn, exc: ProtocolError, events: list) -> None:
     conn._lose()
     conn._out = [encode_disconnect5(reason)] if conn._v5 else []
     events.append(Disconnected(reason, f"the server broke the protocol: {exc}"))
+
+
+def on_skipped(conn, p, events: list) -> None:
+    """An oversized PUBLISH read past: acknowledged as a message is (on_publish), and given out
+    as ``Oversized``."""
+    qos = p.qos
+    pid = p.packet_id
+    auto = conn.auto_ack
+    conn.oversized_dropped += 1
+    if not taken(conn, qos, pid):
+        return
+    event = Oversized(p.topic, p.size, conn._max_packet, qos, p.retain, p.dup, pid)
+    if qos and not auto:
+        conn._unacked[pid] = event
+    events.append(event)
 
 
 # State -> packet type -> handler: what the server may send in each state (SKIPPED: an

@@ -7,7 +7,7 @@ behind it would ever arrive. So, once connected, ``Connection.receive_data`` han
 frame's bytes to a ``Skipping`` in the decoder's place: it reads the topic (its first
 ``TOPIC_KEPT`` bytes), the packet identifier and QoS, lets the rest of the body go by as it
 arrives (nothing of it is held), then gives out one packet, ``Skipped``, and a fresh decoder
-takes the bytes that follow. ``on_skipped`` answers it as a message that can never be taken:
+takes the bytes that follow. ``incoming.on_skipped`` answers it as a message that can never be taken:
 an ``Oversized`` event; acknowledged (PUBACK, PUBREC) as a message is, at once or by
 ``ack()`` with ``auto_ack=False``; a QoS 2 one given out once however often it comes.
 
@@ -18,12 +18,10 @@ properties, which may set one, are not read).
 
 from __future__ import annotations
 
-from edgebroker.errors import PACKET_TOO_LARGE, RECEIVE_MAXIMUM_EXCEEDED, ProtocolError
-from edgebroker.client.events import Oversized
+from edgebroker.errors import PACKET_TOO_LARGE, ProtocolError
 from edgebroker.client.states import CONNECTED
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.decode import long_remaining_length, malformed
-from edgebroker.mqtt.encode import encode_ack, encode_puback
 from edgebroker.mqtt.stream import Decoder
 
 TOPIC_KEPT = 256        # bytes of a skipped PUBLISH's topic kept (for its event and logs)
@@ -130,32 +128,3 @@ class Skipping:
 def _chain(first, rest):
     yield first
     yield from rest
-
-
-def on_skipped(conn, p: Skipped, events: list) -> None:
-    """An oversized PUBLISH read past: acknowledged as a message is (on_publish), and given out
-    as ``Oversized``."""
-    qos = p.qos
-    pid = p.packet_id
-    auto = conn.auto_ack
-    conn.oversized_dropped += 1
-    if qos == 1:
-        if auto:
-            conn._out.append(encode_puback(pid))
-    elif qos == 2:
-        if pid in conn._incoming_qos2:
-            conn.duplicates_dropped += 1
-            if pid not in conn._unacked:
-                conn._out.append(encode_ack(P.PUBREC, pid))
-            return
-        if len(conn._incoming_qos2) >= conn._receive_max:
-            raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
-                                f"({conn._receive_max})", rule="MQTT-3.3.4-9",
-                                reason=RECEIVE_MAXIMUM_EXCEEDED)
-        conn._incoming_qos2.add(pid)
-        if auto:
-            conn._out.append(encode_ack(P.PUBREC, pid))
-    event = Oversized(p.topic, p.size, conn._max_packet, qos, p.retain, p.dup, pid)
-    if qos and not auto:
-        conn._unacked[pid] = event
-    events.append(event)

@@ -32,6 +32,7 @@ import os
 import stat
 
 from edgebroker.errors import ConfigError
+from edgebroker.files import config_file_mode
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # security.scram: imported by a file with SCRAM keys (load)
     from edgebroker.security import scram
@@ -275,14 +276,7 @@ def lines_of(text: str) -> list[str]:
 
 def check_permissions(path: str, key: str) -> None:
     """Refuse a password file others can read or write, or its group can write."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise ConfigError(f"{key}: {path}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise ConfigError(f"{key}: {path}: not a regular file")
+    mode = config_file_mode(path, key)
     if mode & 0o027:
         raise ConfigError(
             f"{key}: {path}: permissions {stat.filemode(mode)} let other users "

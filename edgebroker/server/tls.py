@@ -34,10 +34,10 @@ import logging
 import os
 import selectors
 import socket
-import stat
 
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
+from edgebroker.files import config_file_mode
 from edgebroker.server.sniff import not_tls, sniff
 from edgebroker.server.transport import DEFAULT_MAX_PENDING, NO_OUTPUT, Transport
 
@@ -127,14 +127,7 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
 def _check_regular(path: str, key: str) -> None:
     """Refuse anything but a regular file (as for password_file and acl_file): OpenSSL's open
     of a FIFO would block start, or the loop thread on SIGHUP, and a device could be endless."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise ConfigError(f"{key}: {path}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise ConfigError(f"{key}: {path}: not a regular file")
+    config_file_mode(path, key)
 
 
 class TLSServer:

@@ -10,9 +10,22 @@ import mqttraw as m
 from conftest import run_cli, wait_for_snapshot
 
 
+def _figures_start_at(b, client_id: str, unsent: int, n: int) -> None:
+    """Once the snapshot shows ``client_id`` behind with a batch read ahead: its live figures
+    and `inspect sessions` both start at ``unsent`` of ``n`` records."""
+    data = b.config["data_dir"]
+    wait_for_snapshot(data, client_id, pred=lambda s: s["cursor"] is not None
+                      and s["queue"] and s["cursor"] > unsent)
+    live = b.client_row(client_id)
+    assert (live["cursor"], live["lag_records"]) == (unsent, n - unsent), live
+    r = run_cli("inspect", "sessions", "--data-dir", data, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    shown = {s["client_id"]: s for s in json.loads(r.stdout)["sessions"]}[client_id]
+    assert (shown["cursor"], shown["lag_records"]) == (unsent, n - unsent), shown
+
+
 def test_inspect_sessions_counts_the_batch_read_ahead_as_not_read(broker, uid):
     b = broker()
-    data = b.config["data_dir"]
     sub = b.client(f"{uid}-sub", clean=False)
     sub.subscribe(f"{uid}/a/#", qos=1)
     sub.subscribe(f"{uid}/b/#", qos=1)
@@ -27,14 +40,7 @@ def test_inspect_sessions_counts_the_batch_read_ahead_as_not_read(broker, uid):
     assert back.connect(f"{uid}-sub", clean=False).session_present is True
     window = [back.recv_publish(5, ack=False) for _ in range(20)]
     assert [int(p.payload) for p in window] == list(range(20))
-    wait_for_snapshot(data, f"{uid}-sub", pred=lambda s: s["cursor"] is not None
-                      and s["queue"] and s["cursor"] > 20)
-    live = b.client_row(f"{uid}-sub")
-    assert (live["cursor"], live["lag_records"]) == (20, n - 20), live
-    r = run_cli("inspect", "sessions", "--data-dir", data, "--format", "json")
-    assert r.returncode == 0, r.stderr
-    shown = {s["client_id"]: s for s in json.loads(r.stdout)["sessions"]}[f"{uid}-sub"]
-    assert (shown["cursor"], shown["lag_records"]) == (20, n - 20), shown
+    _figures_start_at(b, f"{uid}-sub", 20, n)
 
 
 def test_a_retained_publish_sent_as_published_is_not_taken_for_a_retained_copy(broker, uid):
@@ -43,7 +49,6 @@ def test_a_retained_publish_sent_as_published_is_not_taken_for_a_retained_copy(b
     for a SUBSCRIBE are set aside)."""
     import mqttraw5 as R
     b = broker()
-    data = b.config["data_dir"]
     sub = R.RawClient5(b.host, b.port)
     sub.connect(f"{uid}-sub", clean_start=False, props={R.SESSION_EXPIRY: 300})
     sub.subscribe((f"{uid}/a/#", 0x01 | 0x08))      # QoS 1, Retain As Published
@@ -58,11 +63,4 @@ def test_a_retained_publish_sent_as_published_is_not_taken_for_a_retained_copy(b
     back.connect(f"{uid}-sub", clean_start=False, props={R.SESSION_EXPIRY: 300})
     window = [back.recv_publish(5, ack=False) for _ in range(20)]
     assert all(p.retain for p in window)
-    wait_for_snapshot(data, f"{uid}-sub", pred=lambda s: s["cursor"] is not None
-                      and s["queue"] and s["cursor"] > 20)
-    live = b.client_row(f"{uid}-sub")
-    assert (live["cursor"], live["lag_records"]) == (20, n - 20), live
-    r = run_cli("inspect", "sessions", "--data-dir", data, "--format", "json")
-    assert r.returncode == 0, r.stderr
-    shown = {s["client_id"]: s for s in json.loads(r.stdout)["sessions"]}[f"{uid}-sub"]
-    assert (shown["cursor"], shown["lag_records"]) == (20, n - 20), shown
+    _figures_start_at(b, f"{uid}-sub", 20, n)
