@@ -223,11 +223,12 @@ def locate(self, offset: int) -> Location | None:
     _crc, length, rec_offset, ts, attrs, _r, cl, tl, pl = _unpack_record_header(head)
     if rec_offset != offset:
         return None
-    topic_start = RECORD_HEADER_SIZE + cl
+    client_start = RECORD_HEADER_SIZE    # (after the properties' length, when there are some)
     rl = 0
     if attrs & ATTR_PROPERTIES:
-        rl = length - PROPERTIES_LENGTH_SIZE - topic_start - tl - pl  # (checked by the scan)
-        topic_start += PROPERTIES_LENGTH_SIZE
+        rl = length - PROPERTIES_LENGTH_SIZE - RECORD_HEADER_SIZE - cl - tl - pl  # (scan-checked)
+        client_start += PROPERTIES_LENGTH_SIZE
+    topic_start = client_start + cl
     payload_start = topic_start + tl + rl
     if payload_start > len(head):
         head = os.pread(seg.fd, payload_start, position)
@@ -235,7 +236,7 @@ def locate(self, offset: int) -> Location | None:
                     bytes(head[topic_start:topic_start + tl]), seg.fd,
                     position + payload_start, pl,
                     bytes(head[topic_start + tl:payload_start]) if rl else b"",
-                    bytes(head[RECORD_HEADER_SIZE:RECORD_HEADER_SIZE + cl]))
+                    bytes(head[client_start:topic_start]))
 
 
 # A payload this large or larger is not copied by ``read_batch``: it is sent from the segment

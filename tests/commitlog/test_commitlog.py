@@ -347,6 +347,25 @@ def test_locate_and_sendfile_the_payload(tmp_path):
     log.close()
 
 
+def test_locate_gives_the_publisher_of_a_record_with_properties(tmp_path):
+    """A record with 5.0 properties has their length right after the header, before the
+    publisher's client id: locate (which a 5.0 session's No Local check reads the id from)
+    gave the length's bytes and a cut id."""
+    log = open_log(tmp_path / "log")
+    props = b"\x03\x00\x10application/json"
+    log.append(1_700_000_000_000, 1, False, b"sensor-17", b"a/big", bytes(20_000), props)
+    log.append(1_700_000_000_000, 1, False, b"sensor-17", b"a/small", b"x", props)
+    log.append(1_700_000_000_000, 1, False, b"sensor-17", b"a/none", b"x")
+    log.write_pending()
+    for offset, topic, properties, payload in ((0, b"a/big", props, bytes(20_000)),
+                                               (1, b"a/small", props, b"x"),
+                                               (2, b"a/none", b"", b"x")):
+        loc = log.locate(offset)
+        assert (loc.client_id, loc.topic, loc.properties) == (b"sensor-17", topic, properties)
+        assert os.pread(loc.fd, loc.payload_length, loc.payload_position) == payload
+    log.close()
+
+
 def test_locate_after_reopen_checks_the_record(tmp_path):
     log = open_log(tmp_path / "log", segment_bytes=4096)
     append_n(log, 200)
