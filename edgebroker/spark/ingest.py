@@ -320,32 +320,34 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # left that reuse an offset another record has are counted and logged (kept all the same).
     added = sum(r.record_count for r in good if r.path in clean)
     parts, dedup, reused = [], None, []
-    if clean:
-        parts.append(decoded(sorted(clean)))
-    if overlapping:
-        dedup = new_rows(decoded(overlapping), existing).persist(StorageLevel.MEMORY_AND_DISK)
-        added += dedup.count()
-        parts.append(dedup)
-        all_messages = None
-        if fs.exists(tables["messages"]):
-            all_messages = _messages(spark, tables["messages"])
-        reused = reused_offsets(spark, dedup, all_messages)
-    report["rows_added"] = added
-    report["duplicates"] = report["records"] - added
-    report["reused_offsets"] = sum(r.offsets for r in reused)
-    for r in reused:
-        log.warning("gateway %s: %d offsets in %d..%d now hold more than one record (other "
-                    "timestamps or contents: its log started over under the same gateway id?); "
-                    "all are kept", r.gateway, r.offsets, r.low, r.high)
-    if added:
-        rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])
-    if touched:
-        # Also when nothing was added: a run that crashed between the append above and this
-        # write left messages ahead of topic_hourly, and its files are read again.
-        _write_hourly(spark, tables, touched)
-    if dedup is not None:
-        dedup.unpersist()
+    try:
+        if clean:
+            parts.append(decoded(sorted(clean)))
+        if overlapping:
+            dedup = new_rows(decoded(overlapping), existing).persist(StorageLevel.MEMORY_AND_DISK)
+            added += dedup.count()
+            parts.append(dedup)
+            all_messages = None
+            if fs.exists(tables["messages"]):
+                all_messages = _messages(spark, tables["messages"])
+            reused = reused_offsets(spark, dedup, all_messages)
+        report["rows_added"] = added
+        report["duplicates"] = report["records"] - added
+        report["reused_offsets"] = sum(r.offsets for r in reused)
+        for r in reused:
+            log.warning("gateway %s: %d offsets in %d..%d now hold more than one record (other "
+                        "timestamps or contents: its log started over under the same gateway "
+                        "id?); all are kept", r.gateway, r.offsets, r.low, r.high)
+        if added:
+            rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+            rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])
+        if touched:
+            # Also when nothing was added: a run that crashed between the append above and
+            # this write left messages ahead of topic_hourly, and its files are read again.
+            _write_hourly(spark, tables, touched)
+    finally:   # also when a write fails: --continuous retries, each pass caching its rows
+        if dedup is not None:
+            dedup.unpersist()
 
     gaps = {(r.gateway, r.gap_first): (r.gap_length, r.path) for r in good if r.gap_length}
     if gaps and fs.exists(tables["gaps"]):

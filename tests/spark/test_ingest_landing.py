@@ -170,3 +170,24 @@ def test_a_landing_area_and_warehouse_named_with_glob_characters_are_taken_liter
     assert (again["files_listed"], again["files_new"], again["duplicates"]) == (2, 1, 10)
     # Read here as the job does, the pattern characters escaped.
     assert len(table(spark, tmp_path / "wh\\{a,b\\}", "messages")) == 10
+
+
+def test_a_failed_pass_leaves_no_deduplicated_rows_cached(spark, tmp_path):
+    """A re-cut batch overlapping what messages holds is deduplicated (its rows cached for the
+    pass); the append then fails (a file where Spark's staging folder goes). Each failed pass,
+    as --continuous retries them, must leave the cache as it found it."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    land(landing, [(o, T0 + o, b"y" * 100) for o in range(100)])
+    ingest_once(spark, str(landing), str(warehouse))
+    land(landing, [(o, T0 + o, b"y" * 100) for o in range(90, 400)], name="recut.ebb.zst")
+    (warehouse / "messages" / "_temporary").write_text("the append cannot stage its files")
+    cached = spark.sparkContext._jsc.getPersistentRDDs
+    before = cached().size()
+    for _ in range(2):
+        with pytest.raises(Exception, match="_temporary"):
+            ingest_once(spark, str(landing), str(warehouse))
+        assert cached().size() == before
+    (warehouse / "messages" / "_temporary").unlink()
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert (report["rows_added"], report["duplicates"]) == (300, 10)
+    assert cached().size() == before
