@@ -8,8 +8,8 @@ under a warehouse folder (docs/spark.md):
   content: edgebroker.spark.dedup) however often a batch is uploaded, copied or read;
 * ``topic_hourly`` (gateway, topic, hour, messages, bytes, first_time, last_time), recomputed
   from ``messages`` for the partitions a run touches;
-* ``gaps`` (gateway, gap_first, gap_last, gap_length, batch): offsets a gateway reported that no
-  batch will ever hold;
+* ``gaps`` (gateway, gap_first, gap_last, gap_length, batch, batch_time): offsets a gateway
+  reported that no batch will ever hold, one row per gap and life of the gateway's log;
 * ``quarantine`` (path, moved_to, error, time): batches that could not be read, moved out of
   the landing area to ``<warehouse>/_quarantine/`` (Spark skips names starting with ``_``).
 
@@ -54,10 +54,11 @@ SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("path", pa.string()),
                             ("gateway", pa.string()), ("date", pa.date32()),
                             ("batch_first", pa.int64()), ("batch_last", pa.int64()),
                             ("record_count", pa.int64()), ("gap_first", pa.int64()),
-                            ("gap_length", pa.int64()), ("error", pa.string())])
+                            ("gap_length", pa.int64()), ("batch_time", pa.int64()),
+                            ("error", pa.string())])
 _SUMMARY_DDL = ("kind string, path string, gateway string, date date, batch_first long, "
                 "batch_last long, record_count long, gap_first long, gap_length long, "
-                "error string")
+                "batch_time long, error string")
 # Read back with this schema, not an inferred one: partition discovery would make a gateway id
 # of digits an integer.
 MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, topic string, "
@@ -65,6 +66,8 @@ MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, to
                 "properties struct<payload_format: byte, message_expiry: long, "
                 "content_type: string, response_topic: string, correlation_data: binary, "
                 "user_properties: array<struct<name: string, value: string>>>")
+GAPS_DDL = ("gateway string, gap_first long, gap_last long, gap_length long, batch string, "
+            "batch_time timestamp")
 HOURLY_DDL = ("date date, gateway string, topic string, hour timestamp, messages long, "
               "bytes long, first_time timestamp, last_time timestamp")
 
@@ -76,7 +79,8 @@ def _summary_row(kind: str, path: str, header=None, error: str | None = None,
     if header is not None:
         row.update(gateway=header.gateway_id, batch_first=header.first_offset,
                    batch_last=header.last_offset, record_count=header.record_count,
-                   gap_first=header.gap_first, gap_length=header.gap_length)
+                   gap_first=header.gap_first, gap_length=header.gap_length,
+                   batch_time=header.min_timestamp_ms)
     return row
 
 
@@ -349,17 +353,25 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
         if dedup is not None:
             dedup.unpersist()
 
-    gaps = {(r.gateway, r.gap_first): (r.gap_length, r.path) for r in good if r.gap_length}
+    # A gap is known by its gateway, range and the earliest timestamp of the batch reporting it
+    # (batch_time): the same gap reported again (a batch copied, re-cut, read again) adds no
+    # row; a log that started over under the same gateway id reports its gaps at other times.
+    # Rows written before batch_time existed (null there) match any time.
+    gaps = {(r.gateway, r.gap_first, r.gap_length, r.batch_time): r.path
+            for r in good if r.gap_length}
     if gaps and fs.exists(tables["gaps"]):
-        gaps_read = spark.read.parquet(_literal(tables["gaps"]))
-        for r in gaps_read.select("gateway", "gap_first").collect():
-            gaps.pop((r.gateway, r.gap_first), None)
+        held = (spark.read.schema(GAPS_DDL).parquet(_literal(tables["gaps"]))
+                .selectExpr("gateway", "gap_first", "gap_length", "unix_millis(batch_time) AS t")
+                .collect())
+        timeless = {(r.gateway, r.gap_first, r.gap_length) for r in held if r.t is None}
+        known = {(r.gateway, r.gap_first, r.gap_length, r.t) for r in held}
+        gaps = {k: v for k, v in gaps.items() if k not in known and k[:3] not in timeless}
     if gaps:
-        rows = [(gw, first, first + length - 1, length, path)
-                for (gw, first), (length, path) in sorted(gaps.items())]
-        (spark.createDataFrame(rows, "gateway string, gap_first long, gap_last long, "
-                                     "gap_length long, batch string")
-         .coalesce(1).write.mode("append").parquet(tables["gaps"]))
+        rows = [(gw, first, first + length - 1, length, path,
+                 datetime.fromtimestamp(t / 1000, timezone.utc))
+                for (gw, first, length, t), path in sorted(gaps.items())]
+        (spark.createDataFrame(rows, GAPS_DDL).coalesce(1).write.mode("append")
+         .parquet(tables["gaps"]))
         for row in rows:
             log.warning("gateway %s reports offsets %d..%d lost (%d), in %s", *row[:3], row[3],
                         row[4])

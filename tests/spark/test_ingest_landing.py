@@ -6,6 +6,7 @@ quarantine move leaves no file unrecorded."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from pathlib import Path
@@ -22,9 +23,12 @@ DAY_MS = 86_400_000
 T0 = 1_700_000_000_000   # 2023-11-14T22:13:20Z
 
 
-def land(landing: Path, records: list, name: str | None = None, gateway: str = "gw-a") -> Path:
-    """(offset, timestamp ms, payload) records as one batch file of ``gateway``."""
+def land(landing: Path, records: list, name: str | None = None, gateway: str = "gw-a",
+         gap: tuple = (0, 0)) -> Path:
+    """(offset, timestamp ms, payload) records as one batch file of ``gateway``, its header
+    reporting ``gap`` (first, length)."""
     header, raw = build([(o, ts, 1, False, b"c", b"t/x", p) for o, ts, p in records], gateway)
+    header = dataclasses.replace(header, gap_first=gap[0], gap_length=gap[1])
     path = landing / object_name("", gateway, records[0][0], records[-1][0], records[0][1])
     path = path.with_name(name) if name else path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,3 +195,23 @@ def test_a_failed_pass_leaves_no_deduplicated_rows_cached(spark, tmp_path):
     report = ingest_once(spark, str(landing), str(warehouse))
     assert (report["rows_added"], report["duplicates"]) == (300, 10)
     assert cached().size() == before
+
+
+def test_a_gap_reported_again_by_a_later_life_of_the_gateway_is_recorded_again(spark, tmp_path):
+    """Offsets 0..9 lost before the first life's batch 10..12; the gateway re-imaged under the
+    same id, days later its new log lost 0..4 (the same gap_first). Both gaps are rows; a copy
+    of either batch adds none."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    first = land(landing, [(o, T0 + o, b"a") for o in range(10, 13)], gap=(0, 10))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 1
+    land(landing, [(o, T0 + 5 * DAY_MS + o, b"b") for o in range(5, 8)], gap=(0, 5))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 1
+    # The first life's gap again in the second life: the same range, another time.
+    land(landing, [(o, T0 + 6 * DAY_MS + o, b"c") for o in range(10, 12)], gap=(0, 10))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 1
+    shutil.copy(first, first.with_name("copy.ebb.zst"))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 0
+    gaps = sorted((r.gap_first, r.gap_last, r.batch.rsplit("/", 1)[-1])
+                  for r in table(spark, warehouse, "gaps"))
+    assert gaps == [(0, 4, f"{5:020d}-{7:020d}.ebb.zst"), (0, 9, f"{10:020d}-{11:020d}.ebb.zst"),
+                    (0, 9, first.name)]
