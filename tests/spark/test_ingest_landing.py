@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from edgebroker.mqtt import properties as P
 from edgebroker.spark.ingest import ingest_once
 from edgebroker.uploader.batch import object_name
 
@@ -25,9 +26,10 @@ T0 = 1_700_000_000_000   # 2023-11-14T22:13:20Z
 
 def land(landing: Path, records: list, name: str | None = None, gateway: str = "gw-a",
          gap: tuple = (0, 0)) -> Path:
-    """(offset, timestamp ms, payload) records as one batch file of ``gateway``, its header
-    reporting ``gap`` (first, length)."""
-    header, raw = build([(o, ts, 1, False, b"c", b"t/x", p) for o, ts, p in records], gateway)
+    """(offset, timestamp ms, payload[, MQTT 5.0 properties]) records as one batch file of
+    ``gateway``, its header reporting ``gap`` (first, length)."""
+    header, raw = build([(o, ts, 1, False, b"c", b"t/x", p, *props)
+                         for o, ts, p, *props in records], gateway)
     header = dataclasses.replace(header, gap_first=gap[0], gap_length=gap[1])
     path = landing / object_name("", gateway, records[0][0], records[-1][0], records[0][1])
     path = path.with_name(name) if name else path
@@ -215,3 +217,30 @@ def test_a_gap_reported_again_by_a_later_life_of_the_gateway_is_recorded_again(s
                   for r in table(spark, warehouse, "gaps"))
     assert gaps == [(0, 4, f"{5:020d}-{7:020d}.ebb.zst"), (0, 9, f"{10:020d}-{11:020d}.ebb.zst"),
                     (0, 9, first.name)]
+
+
+def test_records_whose_properties_differ_only_in_which_field_holds_a_value_are_two(
+        spark, tmp_path):
+    """A log that started over: the same offset, timestamp, topic and payload, properties with
+    the same values in other fields (content type "x" / response topic "x"; content type
+    "unit" and response topic "C" / the user property unit=C). Each is another record, kept;
+    the same records read again add none."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    one = [P.encode_body({P.CONTENT_TYPE: "x", P.CORRELATION_DATA: b"\x00\xff"}),
+           P.encode_body({P.CONTENT_TYPE: "unit", P.RESPONSE_TOPIC: "C"})]
+    two = [P.encode_body({P.RESPONSE_TOPIC: "x", P.CORRELATION_DATA: b"\x00\xff"}),
+           P.encode_body({P.USER_PROPERTY: [("unit", "C")]})]
+    land(landing, [(o, T0 + o, b"p", one[o]) for o in range(2)], name="life1.ebb.zst")
+    assert ingest_once(spark, str(landing), str(warehouse))["rows_added"] == 2
+    land(landing, [(o, T0 + o, b"p", two[o]) for o in range(2)], name="life2.ebb.zst")
+    second = ingest_once(spark, str(landing), str(warehouse))
+    assert (second["rows_added"], second["duplicates"], second["reused_offsets"]) == (2, 0, 2)
+    shutil.rmtree(warehouse / "_checkpoint")
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["rows_added"], again["duplicates"]) == (0, 4)
+    props = sorted((r.offset, r.properties.content_type or "", r.properties.response_topic or "",
+                    [tuple(u) for u in r.properties.user_properties],
+                    bytes(r.properties.correlation_data or b""))
+                   for r in table(spark, warehouse, "messages"))
+    assert props == [(0, "", "x", [], b"\x00\xff"), (0, "x", "", [], b"\x00\xff"),
+                     (1, "", "", [("unit", "C")], b""), (1, "unit", "C", [], b"")]
