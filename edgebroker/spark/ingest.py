@@ -288,8 +288,8 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # Deduplication (edgebroker.spark.dedup) by offset ranges first: the offsets already in
     # `messages` in the partitions the new rows fall in (a record's partition is fixed by its
     # own timestamp, so a copy of it can only be there), and those of every batch of the
-    # gateway the checkpoint names (any partition: a new record at an offset ingested before
-    # must be looked at), as one range per gateway.
+    # gateway the checkpoint names, or else those `messages` holds for it (any partition: a new
+    # record at an offset ingested before must be looked at), as one range per gateway.
     existing = None
     if touched and fs.exists(tables["messages"]):
         existing = _in_partitions(spark, _messages(spark, tables["messages"]), touched)
@@ -297,11 +297,21 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     if existing is not None:
         spans = existing.groupBy("gateway").agg(F.min("offset").alias("low"),
                                                 F.max("offset").alias("high")).collect()
+    named = []
     if good and done:
-        spans += (spark.read.parquet(_literal(files_table))
-                  .where(F.col("gateway").isin(sorted({r.gateway for r in good})))
-                  .groupBy("gateway").agg(F.min("batch_first").alias("low"),
-                                          F.max("batch_last").alias("high")).collect())
+        named = (spark.read.parquet(_literal(files_table))
+                 .where(F.col("gateway").isin(sorted({r.gateway for r in good})))
+                 .groupBy("gateway").agg(F.min("batch_first").alias("low"),
+                                         F.max("batch_last").alias("high")).collect())
+    spans += named
+    # A gateway the checkpoint does not name (a new one, or the checkpoint was lost): the span
+    # of its offsets in `messages` on any day. Nothing is read for a new gateway (its partitions
+    # are pruned), a gateway's whole offset column only after a lost checkpoint.
+    unnamed = sorted({r.gateway for r in good} - {r.gateway for r in named})
+    if unnamed and fs.exists(tables["messages"]):
+        spans += (_messages(spark, tables["messages"]).where(F.col("gateway").isin(unnamed))
+                  .groupBy("gateway").agg(F.min("offset").alias("low"),
+                                          F.max("offset").alias("high")).collect())
     ranges: dict = {}
     for r in spans:
         if r.low is not None:

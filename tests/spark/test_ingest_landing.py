@@ -244,3 +244,22 @@ def test_records_whose_properties_differ_only_in_which_field_holds_a_value_are_t
                    for r in table(spark, warehouse, "messages"))
     assert props == [(0, "", "x", [], b"\x00\xff"), (0, "x", "", [], b"\x00\xff"),
                      (1, "", "", [("unit", "C")], b""), (1, "unit", "C", [], b"")]
+
+
+def test_after_a_lost_checkpoint_a_new_life_on_another_day_still_reports_reused_offsets(
+        spark, tmp_path, caplog):
+    """Offsets 0..9 ingested; the checkpoint and the landing area lost; the gateway re-imaged,
+    its offsets 0..4 days later (other partitions): all five are added, and counted and
+    logged as reused, as with the checkpoint."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    land(landing, [(o, T0 + o, b"old") for o in range(10)])
+    ingest_once(spark, str(landing), str(warehouse))
+    shutil.rmtree(warehouse / "_checkpoint")
+    shutil.rmtree(landing)
+    land(landing, [(o, T0 + 4 * DAY_MS + o, b"new") for o in range(5)])
+    caplog.set_level(logging.WARNING, logger="edgebroker.spark")
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert (report["rows_added"], report["duplicates"], report["reused_offsets"]) == (5, 0, 5)
+    [warning] = [r.getMessage() for r in caplog.records if "now hold" in r.getMessage()]
+    assert "gateway gw-a: 5 offsets in 0..4 now hold more than one record" in warning
+    assert len(table(spark, warehouse, "messages")) == 15
