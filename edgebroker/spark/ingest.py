@@ -173,7 +173,7 @@ def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
     df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
           .option("pathGlobFilter", f"*{SUFFIX}").load(_literal(landing)))
     listed = [r.path for r in df.select("path").collect()]
-    have = {_uri_key(p) for p in listed}
+    have = {_path_key(p) for p in listed}
     empty = []
     for uri in df.inputFiles():
         if _uri_key(uri) not in have:
@@ -189,11 +189,21 @@ def _literal(path: str) -> str:
     return "".join("\\" + ch if ch in "\\{}[]*?" else ch for ch in path)
 
 
-def _uri_key(p: str) -> str:
-    """A path as the scan's rows name it (``file:/a b``) or as ``inputFiles`` does
-    (``file:///a%20b``), in one form to compare them by."""
+def _path_key(p: str) -> str:
+    """A path as the scan's rows name it (Hadoop's ``Path.toString``: ``file:/a b#1%41``, not
+    escaped) in the form ``_uri_key`` gives."""
+    scheme, _, rest = p.partition(":")
+    if rest.startswith("//"):
+        authority, slash, path = rest[2:].partition("/")
+        return f"{scheme}://{authority}{slash}{path}"
+    return f"{scheme}://{rest}"
+
+
+def _uri_key(uri: str) -> str:
+    """A path as ``inputFiles`` names it (a URI: ``file:///a%20b%231%2541``), in one form with
+    ``_path_key``'s, to compare them by: a file both name is not looked up again."""
     from urllib.parse import unquote, urlsplit
-    parts = urlsplit(p)
+    parts = urlsplit(uri)
     return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
 
 

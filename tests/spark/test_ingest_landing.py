@@ -263,3 +263,19 @@ def test_after_a_lost_checkpoint_a_new_life_on_another_day_still_reports_reused_
     [warning] = [r.getMessage() for r in caplog.records if "now hold" in r.getMessage()]
     assert "gateway gw-a: 5 offsets in 0..4 now hold more than one record" in warning
     assert len(table(spark, warehouse, "messages")) == 15
+
+
+@pytest.mark.parametrize("name", ["land#1", "land%41", "land 1?x"])
+def test_the_listing_names_each_file_alike_in_the_scan_and_in_input_files(
+        spark, tmp_path, name):
+    """The scan's rows name a file as a path (not escaped), inputFiles as a URI: with `#`, `%`,
+    `?` or a space in the landing area's name both must still give one key per file, or every
+    file listed is looked up on the file system again each run (a request each on S3)."""
+    from edgebroker.spark.ingest import _literal, _path_key, _uri_key
+    landing = tmp_path / name
+    for o in range(3):
+        land(landing, [(o, T0 + o, b"a")])
+    df = spark.read.format("binaryFile").option("recursiveFileLookup", "true") \
+        .load(_literal(str(landing)))
+    rows = {_path_key(r.path) for r in df.select("path").collect()}
+    assert len(rows) == 3 and rows == {_uri_key(uri) for uri in df.inputFiles()}
