@@ -3,7 +3,9 @@
 run directly (Spark in local mode unless ``PYSPARK_SUBMIT_ARGS`` says otherwise) or with
 ``spark-submit path/to/edgebroker/spark/cli.py ingest ...``. The master is never set here: it
 comes from spark-submit or the Spark configuration. Each pass prints its report as one JSON line;
-with ``--continuous`` a pass that fails is logged (one line) and the next interval tries again.
+with ``--continuous`` a pass that fails is logged (one line) and the next interval tries again,
+unless Spark itself is gone (its JVM ended on its own: the OOM killer, a crash): then the command
+says so in one line and exits 1, for its service manager to start it again.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
                 if stop.is_set():   # cut short by the stop: systemd's SIGTERM ends the JVM too
                     log.info("ingest pass cut short by SIGTERM: %s", _one_line(exc))
                     return 0
+                gone = _spark_gone(spark)
+                if gone:   # no later pass could work: exit for the service to be restarted
+                    log.error("ingest pass failed and Spark is gone (%s), exiting: %s", gone,
+                              _one_line(exc))
+                    return 1
                 # A landing area not mounted yet, a store unreachable for a while: logged once
                 # (again only when the error changes), retried every interval.
                 failed += 1
@@ -90,6 +97,17 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
         except Exception as exc:   # its JVM ended already (SIGTERM to the whole process group)
             log.info("Spark was stopped already: %s", _one_line(exc))
+
+
+def _spark_gone(spark) -> str | None:
+    """Why ``spark`` can no longer run a job (its JVM ended: the py4j call fails; its context
+    stopped), or None while it can."""
+    try:
+        if spark.sparkContext._jsc.sc().isStopped():
+            return "its SparkContext is stopped"
+    except Exception as exc:   # py4j: the connection to the JVM refused or closed
+        return f"its JVM does not answer: {_one_line(exc)}"
+    return None
 
 
 def _one_line(exc: BaseException) -> str:

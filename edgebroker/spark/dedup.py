@@ -1,7 +1,8 @@
 """How the ingest job tells a record it holds already from a new one (docs/spark.md).
 
 A record is known by its gateway, offset, timestamp and content (topic, QoS, retain flag,
-client id, payload, properties, as one 64-bit hash: ``_content``). The same record read twice (a
+client id, payload, properties (as JSON, which names each field), as one 64-bit hash:
+``_content``). The same record read twice (a
 batch uploaded again, copied under another name, re-cut after a lost upload mark, read again
 after a lost checkpoint) matches in all of them and adds no row. A record at an offset that
 ``messages`` holds with another timestamp or content is another record: a gateway whose log
@@ -18,8 +19,12 @@ KEY = ["gateway", "offset", "timestamp", "_content"]
 def with_content(df):
     """``df`` (messages rows) with the ``_content`` column of KEY."""
     from pyspark.sql import functions as F
+    # Not the properties struct itself: Spark's hash skips null fields, so {content_type: "x"}
+    # and {response_topic: "x"} would hash alike. Its JSON names every field it holds ("" for
+    # no properties at all: JSON is never empty).
+    props = F.coalesce(F.to_json("properties"), F.lit(""))
     return df.withColumn("_content", F.xxhash64("topic", "qos", "retain", "client_id",
-                                                "payload", "properties"))
+                                                "payload", props))
 
 
 def new_rows(rows, existing):

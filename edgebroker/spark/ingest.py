@@ -8,8 +8,8 @@ under a warehouse folder (docs/spark.md):
   content: edgebroker.spark.dedup) however often a batch is uploaded, copied or read;
 * ``topic_hourly`` (gateway, topic, hour, messages, bytes, first_time, last_time), recomputed
   from ``messages`` for the partitions a run touches;
-* ``gaps`` (gateway, gap_first, gap_last, gap_length, batch): offsets a gateway reported that no
-  batch will ever hold;
+* ``gaps`` (gateway, gap_first, gap_last, gap_length, batch, batch_time): offsets a gateway
+  reported that no batch will ever hold, one row per gap and life of the gateway's log;
 * ``quarantine`` (path, moved_to, error, time): batches that could not be read, moved out of
   the landing area to ``<warehouse>/_quarantine/`` (Spark skips names starting with ``_``).
 
@@ -54,10 +54,11 @@ SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("path", pa.string()),
                             ("gateway", pa.string()), ("date", pa.date32()),
                             ("batch_first", pa.int64()), ("batch_last", pa.int64()),
                             ("record_count", pa.int64()), ("gap_first", pa.int64()),
-                            ("gap_length", pa.int64()), ("error", pa.string())])
+                            ("gap_length", pa.int64()), ("batch_time", pa.int64()),
+                            ("error", pa.string())])
 _SUMMARY_DDL = ("kind string, path string, gateway string, date date, batch_first long, "
                 "batch_last long, record_count long, gap_first long, gap_length long, "
-                "error string")
+                "batch_time long, error string")
 # Read back with this schema, not an inferred one: partition discovery would make a gateway id
 # of digits an integer.
 MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, topic string, "
@@ -65,6 +66,8 @@ MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, to
                 "properties struct<payload_format: byte, message_expiry: long, "
                 "content_type: string, response_topic: string, correlation_data: binary, "
                 "user_properties: array<struct<name: string, value: string>>>")
+GAPS_DDL = ("gateway string, gap_first long, gap_last long, gap_length long, batch string, "
+            "batch_time timestamp")
 HOURLY_DDL = ("date date, gateway string, topic string, hour timestamp, messages long, "
               "bytes long, first_time timestamp, last_time timestamp")
 
@@ -76,7 +79,8 @@ def _summary_row(kind: str, path: str, header=None, error: str | None = None,
     if header is not None:
         row.update(gateway=header.gateway_id, batch_first=header.first_offset,
                    batch_last=header.last_offset, record_count=header.record_count,
-                   gap_first=header.gap_first, gap_length=header.gap_length)
+                   gap_first=header.gap_first, gap_length=header.gap_length,
+                   batch_time=header.min_timestamp_ms)
     return row
 
 
@@ -169,7 +173,7 @@ def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
     df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
           .option("pathGlobFilter", f"*{SUFFIX}").load(_literal(landing)))
     listed = [r.path for r in df.select("path").collect()]
-    have = {_uri_key(p) for p in listed}
+    have = {_path_key(p) for p in listed}
     empty = []
     for uri in df.inputFiles():
         if _uri_key(uri) not in have:
@@ -185,11 +189,21 @@ def _literal(path: str) -> str:
     return "".join("\\" + ch if ch in "\\{}[]*?" else ch for ch in path)
 
 
-def _uri_key(p: str) -> str:
-    """A path as the scan's rows name it (``file:/a b``) or as ``inputFiles`` does
-    (``file:///a%20b``), in one form to compare them by."""
+def _path_key(p: str) -> str:
+    """A path as the scan's rows name it (Hadoop's ``Path.toString``: ``file:/a b#1%41``, not
+    escaped) in the form ``_uri_key`` gives."""
+    scheme, _, rest = p.partition(":")
+    if rest.startswith("//"):
+        authority, slash, path = rest[2:].partition("/")
+        return f"{scheme}://{authority}{slash}{path}"
+    return f"{scheme}://{rest}"
+
+
+def _uri_key(uri: str) -> str:
+    """A path as ``inputFiles`` names it (a URI: ``file:///a%20b%231%2541``), in one form with
+    ``_path_key``'s, to compare them by: a file both name is not looked up again."""
     from urllib.parse import unquote, urlsplit
-    parts = urlsplit(p)
+    parts = urlsplit(uri)
     return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
 
 
@@ -284,8 +298,8 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # Deduplication (edgebroker.spark.dedup) by offset ranges first: the offsets already in
     # `messages` in the partitions the new rows fall in (a record's partition is fixed by its
     # own timestamp, so a copy of it can only be there), and those of every batch of the
-    # gateway the checkpoint names (any partition: a new record at an offset ingested before
-    # must be looked at), as one range per gateway.
+    # gateway the checkpoint names, or else those `messages` holds for it (any partition: a new
+    # record at an offset ingested before must be looked at), as one range per gateway.
     existing = None
     if touched and fs.exists(tables["messages"]):
         existing = _in_partitions(spark, _messages(spark, tables["messages"]), touched)
@@ -293,11 +307,21 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     if existing is not None:
         spans = existing.groupBy("gateway").agg(F.min("offset").alias("low"),
                                                 F.max("offset").alias("high")).collect()
+    named = []
     if good and done:
-        spans += (spark.read.parquet(_literal(files_table))
-                  .where(F.col("gateway").isin(sorted({r.gateway for r in good})))
-                  .groupBy("gateway").agg(F.min("batch_first").alias("low"),
-                                          F.max("batch_last").alias("high")).collect())
+        named = (spark.read.parquet(_literal(files_table))
+                 .where(F.col("gateway").isin(sorted({r.gateway for r in good})))
+                 .groupBy("gateway").agg(F.min("batch_first").alias("low"),
+                                         F.max("batch_last").alias("high")).collect())
+    spans += named
+    # A gateway the checkpoint does not name (a new one, or the checkpoint was lost): the span
+    # of its offsets in `messages` on any day. Nothing is read for a new gateway (its partitions
+    # are pruned), a gateway's whole offset column only after a lost checkpoint.
+    unnamed = sorted({r.gateway for r in good} - {r.gateway for r in named})
+    if unnamed and fs.exists(tables["messages"]):
+        spans += (_messages(spark, tables["messages"]).where(F.col("gateway").isin(unnamed))
+                  .groupBy("gateway").agg(F.min("offset").alias("low"),
+                                          F.max("offset").alias("high")).collect())
     ranges: dict = {}
     for r in spans:
         if r.low is not None:
@@ -320,44 +344,54 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # left that reuse an offset another record has are counted and logged (kept all the same).
     added = sum(r.record_count for r in good if r.path in clean)
     parts, dedup, reused = [], None, []
-    if clean:
-        parts.append(decoded(sorted(clean)))
-    if overlapping:
-        dedup = new_rows(decoded(overlapping), existing).persist(StorageLevel.MEMORY_AND_DISK)
-        added += dedup.count()
-        parts.append(dedup)
-        all_messages = None
-        if fs.exists(tables["messages"]):
-            all_messages = _messages(spark, tables["messages"])
-        reused = reused_offsets(spark, dedup, all_messages)
-    report["rows_added"] = added
-    report["duplicates"] = report["records"] - added
-    report["reused_offsets"] = sum(r.offsets for r in reused)
-    for r in reused:
-        log.warning("gateway %s: %d offsets in %d..%d now hold more than one record (other "
-                    "timestamps or contents: its log started over under the same gateway id?); "
-                    "all are kept", r.gateway, r.offsets, r.low, r.high)
-    if added:
-        rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])
-    if touched:
-        # Also when nothing was added: a run that crashed between the append above and this
-        # write left messages ahead of topic_hourly, and its files are read again.
-        _write_hourly(spark, tables, touched)
-    if dedup is not None:
-        dedup.unpersist()
+    try:
+        if clean:
+            parts.append(decoded(sorted(clean)))
+        if overlapping:
+            dedup = new_rows(decoded(overlapping), existing).persist(StorageLevel.MEMORY_AND_DISK)
+            added += dedup.count()
+            parts.append(dedup)
+            all_messages = None
+            if fs.exists(tables["messages"]):
+                all_messages = _messages(spark, tables["messages"])
+            reused = reused_offsets(spark, dedup, all_messages)
+        report["rows_added"] = added
+        report["duplicates"] = report["records"] - added
+        report["reused_offsets"] = sum(r.offsets for r in reused)
+        for r in reused:
+            log.warning("gateway %s: %d offsets in %d..%d now hold more than one record (other "
+                        "timestamps or contents: its log started over under the same gateway "
+                        "id?); all are kept", r.gateway, r.offsets, r.low, r.high)
+        if added:
+            rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+            rows.write.mode("append").partitionBy("date", "gateway").parquet(tables["messages"])
+        if touched:
+            # Also when nothing was added: a run that crashed between the append above and
+            # this write left messages ahead of topic_hourly, and its files are read again.
+            _write_hourly(spark, tables, touched)
+    finally:   # also when a write fails: --continuous retries, each pass caching its rows
+        if dedup is not None:
+            dedup.unpersist()
 
-    gaps = {(r.gateway, r.gap_first): (r.gap_length, r.path) for r in good if r.gap_length}
+    # A gap is known by its gateway, range and the earliest timestamp of the batch reporting it
+    # (batch_time): the same gap reported again (a batch copied, re-cut, read again) adds no
+    # row; a log that started over under the same gateway id reports its gaps at other times.
+    # Rows written before batch_time existed (null there) match any time.
+    gaps = {(r.gateway, r.gap_first, r.gap_length, r.batch_time): r.path
+            for r in good if r.gap_length}
     if gaps and fs.exists(tables["gaps"]):
-        gaps_read = spark.read.parquet(_literal(tables["gaps"]))
-        for r in gaps_read.select("gateway", "gap_first").collect():
-            gaps.pop((r.gateway, r.gap_first), None)
+        held = (spark.read.schema(GAPS_DDL).parquet(_literal(tables["gaps"]))
+                .selectExpr("gateway", "gap_first", "gap_length", "unix_millis(batch_time) AS t")
+                .collect())
+        timeless = {(r.gateway, r.gap_first, r.gap_length) for r in held if r.t is None}
+        known = {(r.gateway, r.gap_first, r.gap_length, r.t) for r in held}
+        gaps = {k: v for k, v in gaps.items() if k not in known and k[:3] not in timeless}
     if gaps:
-        rows = [(gw, first, first + length - 1, length, path)
-                for (gw, first), (length, path) in sorted(gaps.items())]
-        (spark.createDataFrame(rows, "gateway string, gap_first long, gap_last long, "
-                                     "gap_length long, batch string")
-         .coalesce(1).write.mode("append").parquet(tables["gaps"]))
+        rows = [(gw, first, first + length - 1, length, path,
+                 datetime.fromtimestamp(t / 1000, timezone.utc))
+                for (gw, first, length, t), path in sorted(gaps.items())]
+        (spark.createDataFrame(rows, GAPS_DDL).coalesce(1).write.mode("append")
+         .parquet(tables["gaps"]))
         for row in rows:
             log.warning("gateway %s reports offsets %d..%d lost (%d), in %s", *row[:3], row[3],
                         row[4])

@@ -122,3 +122,30 @@ def test_sigterm_to_the_whole_process_group_stops_it_cleanly(tmp_path):
     # (PySpark's accumulator thread may still print the EOF of its socket: not the command's.)
     text = err.read_text(errors="replace")
     assert "edgebroker/spark/cli.py" not in text and "py4j.clientserver" not in text, text
+
+
+def test_a_jvm_that_dies_on_its_own_makes_the_command_exit_non_zero_in_one_line(tmp_path):
+    """Spark's JVM killed (as the OOM killer would), not the command: no later pass can work,
+    so the command says so in one line and exits 1 for systemd to start it again, rather than
+    failing every pass forever."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    err = tmp_path / "stderr"
+    proc = start(tmp_path, landing, warehouse, stderr=err.open("wb"), start_new_session=True)
+    try:
+        wait_until(lambda: reports(tmp_path / "stdout"), timeout=120, what="the first pass")
+        children = subprocess.run(["ps", "-o", "pid=,comm=", "--ppid", str(proc.pid)],
+                                  capture_output=True, text=True, check=True).stdout
+        [jvm] = [int(line.split()[0]) for line in children.splitlines() if "java" in line]
+        os.kill(jvm, signal.SIGKILL)
+        assert proc.wait(timeout=120) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    lines = err.read_text(errors="replace").splitlines()
+    [gone] = [line for line in lines if "Spark is gone" in line]
+    assert "JVM does not answer" in gone and "exiting" in gone, gone
+    assert not [line for line in lines if "retried every" in line]

@@ -6,12 +6,14 @@ quarantine move leaves no file unrecorded."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from pathlib import Path
 
 import pytest
 
+from edgebroker.mqtt import properties as P
 from edgebroker.spark.ingest import ingest_once
 from edgebroker.uploader.batch import object_name
 
@@ -22,9 +24,13 @@ DAY_MS = 86_400_000
 T0 = 1_700_000_000_000   # 2023-11-14T22:13:20Z
 
 
-def land(landing: Path, records: list, name: str | None = None, gateway: str = "gw-a") -> Path:
-    """(offset, timestamp ms, payload) records as one batch file of ``gateway``."""
-    header, raw = build([(o, ts, 1, False, b"c", b"t/x", p) for o, ts, p in records], gateway)
+def land(landing: Path, records: list, name: str | None = None, gateway: str = "gw-a",
+         gap: tuple = (0, 0)) -> Path:
+    """(offset, timestamp ms, payload[, MQTT 5.0 properties]) records as one batch file of
+    ``gateway``, its header reporting ``gap`` (first, length)."""
+    header, raw = build([(o, ts, 1, False, b"c", b"t/x", p, *props)
+                         for o, ts, p, *props in records], gateway)
+    header = dataclasses.replace(header, gap_first=gap[0], gap_length=gap[1])
     path = landing / object_name("", gateway, records[0][0], records[-1][0], records[0][1])
     path = path.with_name(name) if name else path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,3 +176,106 @@ def test_a_landing_area_and_warehouse_named_with_glob_characters_are_taken_liter
     assert (again["files_listed"], again["files_new"], again["duplicates"]) == (2, 1, 10)
     # Read here as the job does, the pattern characters escaped.
     assert len(table(spark, tmp_path / "wh\\{a,b\\}", "messages")) == 10
+
+
+def test_a_failed_pass_leaves_no_deduplicated_rows_cached(spark, tmp_path):
+    """A re-cut batch overlapping what messages holds is deduplicated (its rows cached for the
+    pass); the append then fails (a file where Spark's staging folder goes). Each failed pass,
+    as --continuous retries them, must leave the cache as it found it."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    land(landing, [(o, T0 + o, b"y" * 100) for o in range(100)])
+    ingest_once(spark, str(landing), str(warehouse))
+    land(landing, [(o, T0 + o, b"y" * 100) for o in range(90, 400)], name="recut.ebb.zst")
+    (warehouse / "messages" / "_temporary").write_text("the append cannot stage its files")
+    cached = spark.sparkContext._jsc.getPersistentRDDs
+    before = cached().size()
+    for _ in range(2):
+        with pytest.raises(Exception, match="_temporary"):
+            ingest_once(spark, str(landing), str(warehouse))
+        assert cached().size() == before
+    (warehouse / "messages" / "_temporary").unlink()
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert (report["rows_added"], report["duplicates"]) == (300, 10)
+    assert cached().size() == before
+
+
+def test_a_gap_reported_again_by_a_later_life_of_the_gateway_is_recorded_again(spark, tmp_path):
+    """Offsets 0..9 lost before the first life's batch 10..12; the gateway re-imaged under the
+    same id, days later its new log lost 0..4 (the same gap_first). Both gaps are rows; a copy
+    of either batch adds none."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    first = land(landing, [(o, T0 + o, b"a") for o in range(10, 13)], gap=(0, 10))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 1
+    land(landing, [(o, T0 + 5 * DAY_MS + o, b"b") for o in range(5, 8)], gap=(0, 5))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 1
+    # The first life's gap again in the second life: the same range, another time.
+    land(landing, [(o, T0 + 6 * DAY_MS + o, b"c") for o in range(10, 12)], gap=(0, 10))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 1
+    shutil.copy(first, first.with_name("copy.ebb.zst"))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 0
+    gaps = sorted((r.gap_first, r.gap_last, r.batch.rsplit("/", 1)[-1])
+                  for r in table(spark, warehouse, "gaps"))
+    assert gaps == [(0, 4, f"{5:020d}-{7:020d}.ebb.zst"), (0, 9, f"{10:020d}-{11:020d}.ebb.zst"),
+                    (0, 9, first.name)]
+
+
+def test_records_whose_properties_differ_only_in_which_field_holds_a_value_are_two(
+        spark, tmp_path):
+    """A log that started over: the same offset, timestamp, topic and payload, properties with
+    the same values in other fields (content type "x" / response topic "x"; content type
+    "unit" and response topic "C" / the user property unit=C). Each is another record, kept;
+    the same records read again add none."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    one = [P.encode_body({P.CONTENT_TYPE: "x", P.CORRELATION_DATA: b"\x00\xff"}),
+           P.encode_body({P.CONTENT_TYPE: "unit", P.RESPONSE_TOPIC: "C"})]
+    two = [P.encode_body({P.RESPONSE_TOPIC: "x", P.CORRELATION_DATA: b"\x00\xff"}),
+           P.encode_body({P.USER_PROPERTY: [("unit", "C")]})]
+    land(landing, [(o, T0 + o, b"p", one[o]) for o in range(2)], name="life1.ebb.zst")
+    assert ingest_once(spark, str(landing), str(warehouse))["rows_added"] == 2
+    land(landing, [(o, T0 + o, b"p", two[o]) for o in range(2)], name="life2.ebb.zst")
+    second = ingest_once(spark, str(landing), str(warehouse))
+    assert (second["rows_added"], second["duplicates"], second["reused_offsets"]) == (2, 0, 2)
+    shutil.rmtree(warehouse / "_checkpoint")
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["rows_added"], again["duplicates"]) == (0, 4)
+    props = sorted((r.offset, r.properties.content_type or "", r.properties.response_topic or "",
+                    [tuple(u) for u in r.properties.user_properties],
+                    bytes(r.properties.correlation_data or b""))
+                   for r in table(spark, warehouse, "messages"))
+    assert props == [(0, "", "x", [], b"\x00\xff"), (0, "x", "", [], b"\x00\xff"),
+                     (1, "", "", [("unit", "C")], b""), (1, "unit", "C", [], b"")]
+
+
+def test_after_a_lost_checkpoint_a_new_life_on_another_day_still_reports_reused_offsets(
+        spark, tmp_path, caplog):
+    """Offsets 0..9 ingested; the checkpoint and the landing area lost; the gateway re-imaged,
+    its offsets 0..4 days later (other partitions): all five are added, and counted and
+    logged as reused, as with the checkpoint."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    land(landing, [(o, T0 + o, b"old") for o in range(10)])
+    ingest_once(spark, str(landing), str(warehouse))
+    shutil.rmtree(warehouse / "_checkpoint")
+    shutil.rmtree(landing)
+    land(landing, [(o, T0 + 4 * DAY_MS + o, b"new") for o in range(5)])
+    caplog.set_level(logging.WARNING, logger="edgebroker.spark")
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert (report["rows_added"], report["duplicates"], report["reused_offsets"]) == (5, 0, 5)
+    [warning] = [r.getMessage() for r in caplog.records if "now hold" in r.getMessage()]
+    assert "gateway gw-a: 5 offsets in 0..4 now hold more than one record" in warning
+    assert len(table(spark, warehouse, "messages")) == 15
+
+
+@pytest.mark.parametrize("name", ["land#1", "land%41", "land 1?x"])
+def test_the_listing_names_each_file_alike_in_the_scan_and_in_input_files(
+        spark, tmp_path, name):
+    """The scan's rows name a file as a path (not escaped), inputFiles as a URI: with `#`, `%`,
+    `?` or a space in the landing area's name both must still give one key per file, or every
+    file listed is looked up on the file system again each run (a request each on S3)."""
+    from edgebroker.spark.ingest import _literal, _path_key, _uri_key
+    landing = tmp_path / name
+    for o in range(3):
+        land(landing, [(o, T0 + o, b"a")])
+    df = spark.read.format("binaryFile").option("recursiveFileLookup", "true") \
+        .load(_literal(str(landing)))
+    rows = {_path_key(r.path) for r in df.select("path").collect()}
+    assert len(rows) == 3 and rows == {_uri_key(uri) for uri in df.inputFiles()}
