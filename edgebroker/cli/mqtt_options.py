@@ -24,6 +24,7 @@ import sys
 from edgebroker.cli.options import seconds
 from edgebroker.errors import REASON_NAMES
 from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.properties import SESSION_EXPIRY
 
 # mosquitto's texts for the 3.1.1 CONNACK return codes.
 _REFUSED_311 = {1: "unacceptable protocol version", 2: "identifier rejected",
@@ -155,10 +156,14 @@ def make_client(args, tool: str):
     if isinstance(password, str):   # the command line's bytes as given (as mosquitto_pub)
         password = os.fsencode(password)
     from edgebroker.client.requests import ClientError
+    # -c over 5.0: the session outlives the connection only with a Session Expiry Interval;
+    # mosquitto_pub/sub send the largest (never expires), and so does this.
+    keep = args.disable_clean_session and protocol == 5
     try:
         conn = Connection(client_id, protocol, clean_start=not args.disable_clean_session,
                           keepalive=args.keepalive, username=username, password=password,
-                          will=will, max_inflight=getattr(args, "max_inflight", 20),
+                          will=will, properties={SESSION_EXPIRY: 0xFFFFFFFF} if keep else None,
+                          max_inflight=getattr(args, "max_inflight", 20),
                           max_queued=1000, connect_timeout=args.timeout)
     except ClientError as exc:
         raise Exit(2, f"edgebroker {tool}: {exc}") from None

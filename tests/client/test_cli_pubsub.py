@@ -248,3 +248,21 @@ def test_pub_M_at_most_a_lower_mosquitto_limit_loses_no_qos_2_message(mosquitto_
     while len(got.order) < 200 and time.monotonic() < deadline:
         got.drain(wait=0.2)
     assert len(got.order) == 200
+
+
+def test_c_over_5_keeps_the_session_on_both_brokers(csrv, mosquitto_broker, uid):
+    """`-c -V 5` sends a Session Expiry Interval (mosquitto_sub's: never expires): without
+    one a 5.0 broker ends the session at the disconnect and the message sent meanwhile is
+    lost."""
+    mb = mosquitto_broker(persistence=False)
+    for p in (port(csrv), mb.port):
+        sid = f"{uid}c{p}"
+        base = ("-h", "127.0.0.1", "-p", str(p), "-t", f"{sid}/#", "-q", "1", "-c",
+                "-V", "5", "-i", sid)
+        r = eb("sub", *base, "-E")
+        assert r.returncode == 0, r.stderr
+        r = eb("pub", "-h", "127.0.0.1", "-p", str(p), "-t", f"{sid}/a", "-m", "away",
+               "-q", "1")
+        assert r.returncode == 0, r.stderr
+        r = eb("sub", *base, "-C", "1", "-W", "10")
+        assert (r.returncode, r.stdout) == (0, b"away\n"), (p, r.stderr)
