@@ -8,7 +8,8 @@
     wss://[user[:password]@]host[:port][/path]       WebSocket over TLS (port 443, path /mqtt)
     unix:/path/to/socket, or an absolute path         a Unix socket (raw MQTT)
 
-As in mosquitto_pub's ``-L``, the path of an mqtt:// or mqtts:// URL is a topic; the path of a
+As in mosquitto_pub's ``-L``, the path of an mqtt:// or mqtts:// URL is a topic (all that
+follows the host's '/', verbatim: '#', '?' and '%' are the topic's); the path of a
 ws:// or wss:// URL is the HTTP path of the WebSocket endpoint. A user name and password in the
 URL are percent-decoded. An IPv6 host is written in brackets (``mqtt://[::1]:1883``).
 
@@ -81,6 +82,12 @@ def parse_url(text: str) -> Address:
         named = f"{parts.scheme}://" if parts.scheme else "(none)"
         raise AddressError(f"{text!r}: unknown scheme {named}; use mqtt://, mqtts://, ws://, "
                            f"wss:// or unix:/path")
+    topic = ""
+    if scheme not in WS_SCHEMES and "://" in text:
+        # the topic is everything after the authority's '/', verbatim as mosquitto_pub
+        # takes it: a '#' or '?' in it is part of the topic, not a fragment or a query
+        authority, _, topic = text.split("://", 1)[1].partition("/")
+        parts = urlsplit(f"{parts.scheme}://{authority}")
     try:
         port = parts.port
     except ValueError:
@@ -91,7 +98,7 @@ def parse_url(text: str) -> Address:
     if scheme in WS_SCHEMES:
         path = (path or DEFAULT_WS_PATH) + (f"?{parts.query}" if parts.query else "")
     else:
-        path = unquote(path[1:])
+        path = topic
     return Address(scheme, parts.hostname, port or DEFAULT_PORTS[scheme], path,
                    username=unquote(parts.username) if parts.username is not None else None,
                    password=unquote(parts.password) if parts.password is not None else None)

@@ -153,6 +153,20 @@ def test_url_schemes(csrv, pki, uid, scheme, listener):
     assert [ln for ln in sub.lines if not ln.startswith("Client ")] == [scheme]
 
 
+def test_url_topic_is_everything_after_the_host_verbatim(csrv, uid):
+    """`-L mqtt://host/TOPIC`: a '#' or '?' is the topic's (not a URL fragment or query) and
+    '%' is not decoded, as mosquitto_pub/sub take it; a wildcard is refused by pub."""
+    base = f"mqtt://127.0.0.1:{port(csrv)}"
+    sub = eb_sub("-L", f"{base}/{uid}/#", "-v", "-C", "1", "-d")
+    sub.wait_line("received SUBACK")
+    r = eb("pub", "-L", f"{base}/{uid}/a?b%41", "-m", "q", "-q", "1")
+    assert r.returncode == 0, r.stderr
+    assert sub.wait() == 0
+    assert [ln for ln in sub.lines if not ln.startswith("Client ")] == [f"{uid}/a?b%41 q"]
+    r = eb("pub", "-L", f"{base}/{uid}/#", "-m", "q")
+    assert r.returncode == 1 and b"wildcard" in r.stderr, r.stderr
+
+
 def test_tls_port_with_cafile_and_the_wrong_ca(csrv, pki, uid):
     args = ["-h", "127.0.0.1", "-p", str(port(csrv, TLS)), "-t", f"{uid}/t", "-m", "x"]
     assert eb("pub", *args, "--cafile", str(pki.ca.cert)).returncode == 0
