@@ -133,8 +133,9 @@ def publish(args) -> int:
             code = event.reason_code
             if code >= 0x80:
                 failed += 1
-                print(f"Warning: Publish to {topic} failed: reason code {code:#04x}",
-                      file=sys.stderr)
+                if not args.quiet:
+                    print(f"Warning: Publish to {topic} failed: reason code {code:#04x}",
+                          file=sys.stderr)
             elif event.request.qos:
                 session.say(f"received {'PUBACK' if event.request.qos == 1 else 'PUBCOMP'}"
                             f" (Mid: {event.request.packet_id}, RC:{code})")

@@ -280,3 +280,16 @@ def test_c_over_5_keeps_the_session_on_both_brokers(csrv, mosquitto_broker, uid)
         assert r.returncode == 0, r.stderr
         r = eb("sub", *base, "-C", "1", "-W", "10")
         assert (r.returncode, r.stdout) == (0, b"away\n"), (p, r.stderr)
+
+
+def test_quiet_pub_prints_no_refused_publish_line(mosquitto_broker, uid):
+    """A PUBLISH refused by a 5.0 broker (QoS 2 to Mosquitto's `max_qos 1`: 0x9b) is a
+    Warning line on stderr and exit 1; with --quiet the exit code only."""
+    mb = mosquitto_broker(persistence=False, extra=["max_qos 1"])
+    args = ("pub", "-h", "127.0.0.1", "-p", str(mb.port), "-t", f"{uid}/q", "-m", "x",
+            "-q", "2", "-V", "5")
+    r = eb(*args)
+    assert (r.returncode, r.stderr) == (1, f"Warning: Publish to {uid}/q failed: reason code "
+                                           f"0x9b\n".encode())
+    r = eb(*args, "--quiet")
+    assert (r.returncode, r.stderr) == (1, b"")
