@@ -8,7 +8,9 @@ times, ``--repeat-delay S`` apart. The command exits once every message is ackno
 loop (client/loop.py), which takes them as the connection can; when the link is lost after
 the first connection, it connects again and sends what was not acknowledged (``-l`` keeps
 reading stdin across it: no QoS 1/2 line is lost). A message the broker refuses (a 5.0
-reason code of 0x80 or more) is reported and gives exit code 1.
+reason code of 0x80 or more) is reported and gives exit code 1. When ``STALLS`` connections in
+a row end with messages in flight and none acknowledged, it exits with 7 (mosquitto_pub's
+"The connection was lost.").
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ import time
 
 from edgebroker.cli.mqtt_options import (Exit, Session, add_options, check_options, run_command,
                                          url_topic)
+
+# Connections in a row that end before any message in flight is acknowledged: then pub gives
+# up (exit 7, mosquitto_pub's code for a lost connection) instead of sending it again forever
+# to a broker that drops the link because of the message (too large, a QoS it refuses).
+STALLS = 3
 
 
 def add_parser(commands) -> None:
@@ -124,12 +131,23 @@ def publish(args) -> int:
     loop.end_when_idle = True       # poll() says None once every message is answered
     loop.set_source(_requests(args, topic, messages, session),
                     watch=sys.stdin.fileno() if args.stdin_line else None)
-    from edgebroker.client.events import Acked
+    from edgebroker.client.events import Acked, Connected, Disconnected, PingTimeout
     failed = 0
+    stalls = 0          # connections in a row lost with a message in flight and none acked
+    up = progress = False
     try:
         while (event := session.next()) is not None:
-            if type(event) is not Acked:
+            kind = type(event)
+            if kind is Connected:
+                up, progress = True, False
+            elif (kind is Disconnected or kind is PingTimeout) and up:
+                up = False
+                stalls = stalls + 1 if session.conn.inflight and not progress else 0
+                if stalls >= STALLS:     # the broker drops the link for the message itself
+                    raise Exit(7, "Error: The connection was lost.")
+            if kind is not Acked:
                 continue
+            progress = True
             code = event.reason_code
             if code >= 0x80:
                 failed += 1

@@ -293,3 +293,16 @@ def test_quiet_pub_prints_no_refused_publish_line(mosquitto_broker, uid):
                                            f"0x9b\n".encode())
     r = eb(*args, "--quiet")
     assert (r.returncode, r.stderr) == (1, b"")
+
+
+def test_pub_gives_up_when_the_broker_drops_the_link_for_the_message(mosquitto_broker, uid):
+    """Over 3.1.1 Mosquitto with `max_qos 1` closes the connection on a QoS 2 PUBLISH: pub
+    sent it again on every reconnection, forever; now it exits 7 with mosquitto_pub's line
+    after STALLS connections in a row lost with nothing acknowledged."""
+    mb = mosquitto_broker(persistence=False, extra=["max_qos 1"])
+    r = eb("pub", "-h", "127.0.0.1", "-p", str(mb.port), "-t", f"{uid}/p", "-m", "x",
+           "-q", "2", "-d", timeout=15)
+    assert r.returncode == 7, r.stderr
+    lines = r.stderr.decode().splitlines()
+    assert lines[-1] == "Error: The connection was lost.", lines
+    assert sum("lost the connection" in ln for ln in lines) == 3, lines
