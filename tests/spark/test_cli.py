@@ -25,6 +25,15 @@ def reports(out: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
 
 
+def golden_landing(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(landing, warehouse, the day folder) with one golden batch of ten records landed."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    day = landing / "gateway=gw-golden" / "date=2023-11-14"
+    day.mkdir(parents=True)
+    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    return landing, warehouse, day
+
+
 def start(tmp_path: Path, landing: Path, warehouse: Path, stderr=subprocess.DEVNULL,
           **popen):
     """The command with --continuous --interval 0.5; its stdout goes to tmp_path/stdout."""
@@ -40,10 +49,7 @@ def start(tmp_path: Path, landing: Path, warehouse: Path, stderr=subprocess.DEVN
 
 
 def test_continuous_ingest_picks_up_new_batches_and_stops_on_sigterm(tmp_path):
-    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
-    day = landing / "gateway=gw-golden" / "date=2023-11-14"
-    day.mkdir(parents=True)
-    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    landing, warehouse, day = golden_landing(tmp_path)
     out = tmp_path / "stdout"
     proc = start(tmp_path, landing, warehouse)
     try:
@@ -105,10 +111,7 @@ def test_sigterm_to_the_whole_process_group_stops_it_cleanly(tmp_path):
     """systemctl stop (and timeout(1)) signal every process of the unit, the JVM included:
     the command still exits 0, without a traceback from stopping a Spark that is gone
     already, nor py4j's log of each lost connection."""
-    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
-    day = landing / "gateway=gw-golden" / "date=2023-11-14"
-    day.mkdir(parents=True)
-    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    landing, warehouse, day = golden_landing(tmp_path)
     err = tmp_path / "stderr"
     proc = start(tmp_path, landing, warehouse, stderr=err.open("wb"), start_new_session=True)
     try:
@@ -128,10 +131,7 @@ def test_a_jvm_that_dies_on_its_own_makes_the_command_exit_non_zero_in_one_line(
     """Spark's JVM killed (as the OOM killer would), not the command: no later pass can work,
     so the command says so in one line and exits 1 for systemd to start it again, rather than
     failing every pass forever."""
-    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
-    day = landing / "gateway=gw-golden" / "date=2023-11-14"
-    day.mkdir(parents=True)
-    shutil.copy(GOLDEN / "v1-plain.ebb.zst", day / f"{0:020d}-{9:020d}.ebb.zst")
+    landing, warehouse, day = golden_landing(tmp_path)
     err = tmp_path / "stderr"
     proc = start(tmp_path, landing, warehouse, stderr=err.open("wb"), start_new_session=True)
     try:
