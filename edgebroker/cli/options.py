@@ -65,22 +65,40 @@ MAX_SECONDS = 1_000_000
 def seconds(text: str) -> float:
     """An argparse ``type``: a number of seconds above 0 and at most MAX_SECONDS (nan and inf
     are usage errors, as a wait too long for the calls that make it)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    value = _seconds(text)
     if not 0 < value <= MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{text}: must be above 0 and at most {MAX_SECONDS} "
                                          f"seconds")
     return value
 
 
-def count(text: str) -> int:
-    """An argparse ``type``: an integer of 0 or more (a negative one is a usage error)."""
+def delay(text: str) -> float:
+    """An argparse ``type``: a number of seconds of 0 to MAX_SECONDS."""
+    value = _seconds(text)
+    if not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 to {MAX_SECONDS} seconds")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+
+
+def count(text: str, least: int = 0) -> int:
+    """An argparse ``type``: an integer of ``least`` (0) or more (less is a usage error)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text}: must be {least} or more")
     return value
+
+
+def positive(text: str) -> int:
+    """An argparse ``type``: an integer of 1 or more (``sub -C``, ``pub --repeat``: 0 is a
+    usage error, as with mosquitto's clients)."""
+    return count(text, 1)

@@ -23,6 +23,7 @@ import time
 
 from edgebroker.cli.mqtt_options import (Exit, Session, add_options, check_options, run_command,
                                          url_topic)
+from edgebroker.cli.options import delay, positive
 
 # Connections in a row that end before any message in flight is acknowledged: then pub gives
 # up (exit 7, mosquitto_pub's code for a lost connection) instead of sending it again forever
@@ -45,8 +46,8 @@ def add_parser(commands) -> None:
     p.add_argument("-r", "--retain", action="store_true")
     p.add_argument("-M", "--max-inflight", type=int, default=20, metavar="N",
                    help="QoS 1/2 messages in flight at once (default 20)")
-    p.add_argument("--repeat", type=int, default=1, metavar="N", help="send N times")
-    p.add_argument("--repeat-delay", type=float, default=0.0, metavar="S",
+    p.add_argument("--repeat", type=positive, default=1, metavar="N", help="send N times")
+    p.add_argument("--repeat-delay", type=delay, default=0.0, metavar="S",
                    help="seconds between repeats")
     p.set_defaults(run=lambda args: run_command(publish, args))
 
@@ -70,7 +71,7 @@ def _messages(args):
         payload = b""
     else:
         raise Exit(2, "edgebroker pub: give a message: -m, -f, -n, -s or -l")
-    return itertools.repeat(payload, max(args.repeat, 1))
+    return itertools.repeat(payload, args.repeat)
 
 
 def _stdin_lines():

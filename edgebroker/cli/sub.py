@@ -19,7 +19,7 @@ import time
 
 from edgebroker.cli.mqtt_options import (TIMED_OUT, Exit, Session, add_options, check_options,
                                          run_command, url_topic)
-from edgebroker.cli.options import seconds
+from edgebroker.cli.options import positive, seconds
 
 
 def add_parser(commands) -> None:
@@ -33,7 +33,7 @@ def add_parser(commands) -> None:
                    help="do not print topics matching FILTER (repeatable)")
     p.add_argument("-U", "--unsubscribe", action="append", default=[], metavar="FILTER",
                    help="unsubscribe from FILTER first (repeatable)")
-    p.add_argument("-C", "--count", type=int, default=0, metavar="N",
+    p.add_argument("-C", "--count", type=positive, default=0, metavar="N",
                    help="exit after N messages")
     p.add_argument("-W", "--wait", type=seconds, default=0.0, metavar="S",
                    help="exit (code 27) after S seconds (above 0)")

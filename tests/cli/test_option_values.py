@@ -32,6 +32,27 @@ def test_waits_the_commands_cannot_make_are_usage_errors(value):
     assert usage_error(r) == f"edgebroker inspect clients: error: argument --watch: {why}"
 
 
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_counts_below_1_are_usage_errors(value):
+    """`sub -C 0` (and -1) printed for ever and `pub --repeat 0` sent once: mosquitto's
+    clients refuse both, and so do ours."""
+    r = run_cli("sub", "-p", "1", "-t", "a", "-C", value)
+    assert usage_error(r) == f"edgebroker sub: error: argument -C/--count: {value}: must be 1 " \
+                             f"or more"
+    r = run_cli("pub", "-p", "1", "-t", "a", "-m", "x", "--repeat", value)
+    assert usage_error(r) == f"edgebroker pub: error: argument --repeat: {value}: must be 1 " \
+                             f"or more"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_repeat_delays_below_0_or_unbounded_are_usage_errors(value):
+    """`pub --repeat-delay -1` or nan sent at once, inf waited for ever."""
+    r = run_cli("pub", "-p", "1", "-t", "a", "-m", "x", "--repeat", "2", "--repeat-delay",
+                value)
+    assert usage_error(r) == f"edgebroker pub: error: argument --repeat-delay: {value}: " \
+                             f"must be 0 to 1000000 seconds"
+
+
 def test_the_longest_wait_is_taken(srv):
     r = run_cli("pub", "-p", str(srv.port), "-t", "a", "-m", "x", "--timeout", "1e6")
     assert (r.returncode, r.stderr) == (0, "")
