@@ -121,7 +121,13 @@ class AsyncClient(AsyncDialing):
         self._loop = asyncio.get_running_loop()
         self._first = self._loop.create_future()
         self._start_dialing(self._dial_until_up())
-        return await self._first
+        try:
+            return await self._first
+        except asyncio.CancelledError:
+            # the caller stopped waiting (a timeout around connect(), its task cancelled):
+            # no connection is left dialing or half made behind it
+            self._close_now()
+            raise
 
     def _attach(self, transport) -> None:
         self._transport = transport
@@ -446,6 +452,9 @@ class AsyncClient(AsyncDialing):
     async def close(self) -> None:
         """Close the link at once; open futures, and a ``connect()`` still waiting for its
         first connection, fail with ClientClosed."""
+        self._close_now()
+
+    def _close_now(self) -> None:
         if self._dialing is not None and not self._dialing.done():
             self._dialing.cancel()
         if not self._closed:

@@ -74,6 +74,9 @@ async def drive_async(steps, fd: int, timeout: float):
             want = steps.send(None)
     except StopIteration as done:
         return done.value
+    except asyncio.CancelledError:
+        steps.close()           # given up half-way: the step closes its socket
+        raise
 
 
 def connect_steps(host: str, port: int, unix_path: str | None = None):

@@ -460,3 +460,44 @@ def test_close_while_connect_is_pending_ends_connect(uid, server):
                 peer.close()
 
         run(main())
+
+
+@pytest.mark.parametrize("server", ["refusing", "silent", "silent TLS", "silent WebSocket"])
+def test_a_cancelled_connect_stops_dialing_and_closes(uid, server):
+    """``connect()`` cancelled (``asyncio.wait_for`` around it timing out) while the policy
+    "always" retries a refusing server, or while a silent server sends no CONNACK (or no
+    TLS ServerHello, or no WebSocket upgrade): the client is closed and its half-made link too (it went on dialing
+    until ``close()``; a TLS handshake's socket was left to the garbage collector)."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        if server != "refusing":
+            srv.listen()
+        port = srv.getsockname()[1]
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            scheme = {"silent TLS": "mqtts", "silent WebSocket": "ws"}.get(server, "mqtt")
+            c = AsyncClient(f"{scheme}://127.0.0.1:{port}", uid, reconnect="always",
+                            backoff=(0.05, 0.2))
+            task = asyncio.ensure_future(c.connect())
+            if server != "refusing":
+                srv.setblocking(False)
+                peer, _ = await loop.sock_accept(srv)
+                assert await loop.sock_recv(peer, 1024)     # CONNECT, ClientHello, GET
+            else:
+                for _ in range(500):               # two attempts refused, at most 5 s
+                    if c.backoff.attempts >= 2:
+                        break
+                    await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait([c._dialing], timeout=3)
+            assert c._dialing.done()
+            with pytest.raises(ClientClosed):
+                await c.publish("a", b"x")
+            if server != "refusing":
+                assert await asyncio.wait_for(loop.sock_recv(peer, 1024), 3) == b""
+                peer.close()
+
+        run(main())
