@@ -6,7 +6,8 @@ handler (``core.handlers``) through its current handler table (``core.dispatch``
 states the rules). It never touches a socket: it writes bytes to its transport
 (``core.transport``: ``write``/``close``) and the server layer moves them.
 
-- Any violation closes the connection and, once connected, publishes the will (``violation``).
+- Any violation closes the connection and, once connected, publishes the will (``violation``);
+  what the client published earlier in that read is acknowledged first.
 - A client over its publish rate, or over its control packet rate (PINGREQ, SUBSCRIBE, ...:
   ``charge_control``), is throttled (``throttle``): its socket is not read until its budget
   refills (a timer in the broker's heap), so TCP pushes back on it alone.
@@ -40,8 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgebroker.client")
 
-# Bytes of a partly received packet that count as activity for keepalive.
-_PROGRESS_BYTES = 1024
+_PROGRESS_BYTES = 1024     # bytes of a packet partly received that count for keepalive
 # warn_first: the distinct names of a kind (denied topics, refused filters) logged per
 # connection; the rest are only counted.
 FIRST_LOGGED = 16
@@ -52,9 +52,8 @@ CONNACK_REASONS5 = frozenset((0x81, 0x82, 0x84, 0x85, 0x95))
 class ClosedTransport:
     """The transport of a closed client (``Client.close``): writes go nowhere, figures are 0.
 
-    A closed client lets go of its real transport, so the client and the server's connection
-    objects refer to each other no longer: each is freed as soon as the last reference to it
-    goes, not at the next full garbage collection."""
+    A closed client lets go of its real transport, so it and the server's connection object
+    no longer refer to each other: each is freed at once, not at a full garbage collection."""
 
     __slots__ = ()
     peer = ""
@@ -420,6 +419,8 @@ class Client:
         # this client, a cycle that would keep the closed client until a garbage collection.
         exc.with_traceback(None)
         broker = self.broker
+        if self.connected:      # what it published earlier in this read is acknowledged first
+            broker.settle()
         checking = self._handlers is AUTHENTICATING     # its CONNECT waits: a close
         if (self.v5 is not None or exc.connect5 and not self.connected) and not checking:
             return self._violation5(exc)
@@ -439,10 +440,9 @@ class Client:
     def _log_violation(self, exc: ProtocolError, then: str) -> None:
         broker = self.broker
         broker.stats.protocol_errors += 1
-        kind = "protocol_error"
-        if exc.rule == "max_packet_size":
-            broker.hit("max_packet_size")
-            kind = "max_packet_size"
+        kind = "max_packet_size" if exc.rule == "max_packet_size" else "protocol_error"
+        if kind == "max_packet_size":
+            broker.hit(kind)
         broker.peer_log.log(log, logging.WARNING, kind, self.peer,
                             "%s: protocol violation: %s; %s", self.describe(), exc, then)
 

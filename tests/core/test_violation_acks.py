@@ -1,0 +1,39 @@
+"""A connection the broker closes for a protocol violation gets the acknowledgements of the
+messages it published earlier in the same read: they were accepted (logged and routed), but
+their PUBACK/PUBREC waited for the pass's log write, and the close dropped them, so the
+client sent them again after reconnecting (a QoS 1 duplicate)."""
+
+import pytest
+
+import mqttraw as m
+import mqttraw5 as R
+from conftest import _open_clients
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_3_1_1_client_closed_mid_read_gets_the_acknowledgements_before_the_close(srv, uid):
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=1)
+    c = srv.client(f"{uid}-c")
+    c.send(m.publish(f"{uid}/t", b"one", qos=1, packet_id=1)
+           + m.publish(f"{uid}/t", b"two", qos=2, packet_id=2)
+           + m.packet(0xF, 0, b""))                # packet type 15 is reserved in 3.1.1
+    assert c.expect_closed(10)
+    assert [(p.type, p.packet_id) for p in c.before_close] == [(m.PUBACK, 1), (m.PUBREC, 2)]
+    assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
+
+
+def test_a_5_0_client_gets_them_before_its_disconnect(srv, uid):
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=1)
+    c = R.RawClient5(srv.host, srv.port)
+    _open_clients.append(c)
+    assert c.connect(f"{uid}-c").reason == 0
+    c.send(R.publish5(f"{uid}/t", b"one", qos=1, packet_id=1)
+           + R.publish5(f"{uid}/t", b"two", qos=2, packet_id=2)
+           + R.publish5(f"{uid}/t", b"bad", qos=3, packet_id=3))      # QoS 3: malformed
+    d = c.expect_disconnect(10)
+    assert d.reason == 0x81, d
+    assert [(p.type, p.packet_id) for p in c.before_close[:2]] == [(R.PUBACK, 1), (R.PUBREC, 2)]
+    assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
