@@ -9,8 +9,8 @@ tested with plain bytes. The protocol itself is python-hyper/wsproto's ``WSConne
 
 Outgoing MQTT bytes are not passed through wsproto, which would copy them: the transport puts
 ``frame_head(n)`` (an unmasked, final, binary frame header for n bytes) in front of n bytes it
-already holds, so a log chunk still leaves with ``sendfile``. ``close_frame`` is the close
-frame of a connection the broker ends.
+already holds, so a log chunk still leaves with ``sendfile``. ``closing(why)`` is the close
+frame of a connection the broker ends, its code saying why (``close_code``).
 
 The rules, in the order a connection meets them (docs/protocol.md, "MQTT over WebSockets"):
 
@@ -55,6 +55,12 @@ from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Pin
                             Request, TextMessage)
 from wsproto.utilities import RemoteProtocolError
 
+from edgebroker.errors import (ADMINISTRATIVE_ACTION, BAD_AUTHENTICATION_METHOD,
+                               BAD_USERNAME_OR_PASSWORD, BANNED, KEEP_ALIVE_TIMEOUT,
+                               MESSAGE_RATE_TOO_HIGH, NOT_AUTHORIZED, PACKET_TOO_LARGE,
+                               QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES,
+                               RETAIN_NOT_SUPPORTED, SERVER_SHUTTING_DOWN, SESSION_TAKEN_OVER)
+
 DEFAULT_PATH = "/mqtt"
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 # The request head (request line and headers): browsers send well under 2 KiB.
@@ -68,8 +74,21 @@ MAX_FRAMES = 1024
 
 # RFC 6455 §7.4.1 status codes the endpoint sends.
 NORMAL_CLOSURE = 1000
+GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002     # (not errors.PROTOCOL_ERROR, the MQTT reason code)
 UNSUPPORTED_DATA = 1003
+POLICY_VIOLATION = 1008
 MESSAGE_TOO_BIG = 1009
+
+# Why the broker ends a connection (the MQTT 5 reason code the core closed it with) as a close
+# code: a 3.1.1 client gets no DISCONNECT, the close code is all it learns (docs/protocol.md).
+_CLOSE_CODES = {0: NORMAL_CLOSURE, SESSION_TAKEN_OVER: NORMAL_CLOSURE,
+                SERVER_SHUTTING_DOWN: GOING_AWAY, KEEP_ALIVE_TIMEOUT: GOING_AWAY,
+                PACKET_TOO_LARGE: MESSAGE_TOO_BIG}
+_CLOSE_CODES.update(dict.fromkeys((NOT_AUTHORIZED, BAD_USERNAME_OR_PASSWORD,
+                                   BAD_AUTHENTICATION_METHOD, BANNED, QOS_NOT_SUPPORTED,
+                                   RETAIN_NOT_SUPPORTED, QUOTA_EXCEEDED, MESSAGE_RATE_TOO_HIGH,
+                                   ADMINISTRATIVE_ACTION), POLICY_VIOLATION))
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _VERSION = re.compile(rb"(?im)^sec-websocket-version:([^\r\n]*)")
@@ -133,6 +152,14 @@ class WebSocketInput:
 _SMALL_HEADS = tuple(bytes((0x82, n)) for n in range(126))
 _HEAD_16 = struct.Struct("!BBH").pack
 _HEAD_64 = struct.Struct("!BBQ").pack
+
+
+def close_code(why: int) -> int:
+    """The close code for a close the broker decided, ``why`` the MQTT 5 reason code (0: none):
+    1000 normal (also a session taken over), 1001 going away (broker stopping, keepalive
+    timeout), 1009 a packet over max_packet_size, 1008 a refusal by policy (not authorized, QoS
+    or retain not supported, a quota or rate), 1002 any other protocol violation."""
+    return _CLOSE_CODES.get(why, CLOSE_PROTOCOL_ERROR)
 
 
 def frame_head(n: int) -> bytes:
@@ -206,6 +233,11 @@ class WebSocketEndpoint:
         """The close frame that begins a close the broker decided (b"" before the handshake or
         once a close was sent)."""
         return self._control(CloseConnection(code=code, reason=reason))
+
+    def closing(self, why: int = 0) -> bytes:
+        """The close frame of a connection the broker ends, ``why`` the MQTT 5 reason code the
+        core closed it with (0: none; ``close_code``), its name the close reason."""
+        return self.close_frame(close_code(why), REASON_NAMES.get(why, "") if why else "")
 
     def _control(self, event) -> bytes:
         """A pong or close frame, while the connection is open (b"" before the handshake or
