@@ -18,10 +18,11 @@ The rules, in the order a connection meets them (docs/protocol.md, "MQTT over We
   ``max_request`` bytes, else 431; its first byte must start an HTTP method (raw MQTT or TLS
   sent to this listener gets a 400 naming the byte). Bytes after the head are kept and read as
   WebSocket frames once the upgrade is accepted (a client may send them before the reply).
-- The request must be a WebSocket upgrade (GET, ``Connection: Upgrade``, ``Upgrade:
-  websocket``, ``Sec-WebSocket-Key``, ``Sec-WebSocket-Version: 13``, ``Host``): otherwise 400
-  (426 for another WebSocket version), with a one-line text body saying what is missing. The
-  key must come once and be the base64 of 16 bytes (wsproto takes any).
+- The request must be a WebSocket upgrade (an HTTP/1.1 or later GET, ``Connection:
+  Upgrade``, ``Upgrade: websocket``, ``Sec-WebSocket-Key``, ``Sec-WebSocket-Version: 13``,
+  ``Host``): otherwise 400 (426 for another WebSocket version), with a one-line text body
+  saying what is missing. The key must come once and be the base64 of 16 bytes (wsproto
+  takes any).
 - Its path (the query string aside) must be the configured one: otherwise 404.
 - The client must offer the subprotocol ``mqtt`` or ``mqttv3.1`` (MQTT-6.0.0-3): ``mqtt`` is
   chosen when offered (MQTT-6.0.0-4), else the first of its list that the endpoint supports. A request offering neither, or none at all,
@@ -92,6 +93,7 @@ _CLOSE_CODES.update(dict.fromkeys((NOT_AUTHORIZED, BAD_USERNAME_OR_PASSWORD,
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _VERSION = re.compile(rb"(?im)^sec-websocket-version:([^\r\n]*)")
+_HTTP_VERSION = re.compile(rb"[^ \r\n]+ [^ \r\n]+ HTTP/(\d+)\.(\d+)\r?\n")
 _KEY = re.compile(rb"^sec-websocket-key[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
 # A refusal's reason quotes the client's path or subprotocols: cut, for the reply and the log.
 _MAX_REASON = 300
@@ -264,6 +266,12 @@ class WebSocketEndpoint:
             return WebSocketInput([], b"", None, False)
         rest = bytes(head[end.end():])
         self._head = bytearray()
+        version = _HTTP_VERSION.match(head, 0, end.end())
+        version = (int(version[1]), int(version[2])) if version is not None else (1, 1)
+        if version < (1, 1):
+            # h11 takes HTTP/1.0; an upgrade needs HTTP/1.1 or later (RFC 6455 4.2.1 item 1)
+            return self._refuse(400, "not a WebSocket upgrade request: HTTP/%d.%d (a WebSocket "
+                                     "upgrade needs HTTP/1.1 or later)" % version)
         try:
             self._ws.receive_data(bytes(head[:end.end()]))
             request = next((e for e in self._ws.events() if isinstance(e, Request)), None)

@@ -160,6 +160,8 @@ def test_wrong_path_gets_404():
     (UPGRADE.replace(b"Host: localhost", b"Host: localhost\r\nSec-WebSocket-Protocol: mq\xff"),
      "a header value is not ASCII: "),
     (b"GET /mqtt HTTP/1.1 extra\r\n\r\n", "Bad HTTP message"),
+    (UPGRADE.replace(b"HTTP/1.1", b"HTTP/1.0"), "HTTP/1.0 (a WebSocket upgrade needs HTTP/1.1"),
+    (UPGRADE.replace(b"HTTP/1.1\r\n", b"HTTP/0.9\n"), "HTTP/0.9 (a WebSocket upgrade"),
 ])
 def test_not_an_upgrade_gets_400(request_bytes, missing):
     got = WebSocketEndpoint().receive(request_bytes)
