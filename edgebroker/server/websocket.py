@@ -94,6 +94,8 @@ _CLOSE_CODES.update(dict.fromkeys((NOT_AUTHORIZED, BAD_USERNAME_OR_PASSWORD,
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _VERSION = re.compile(rb"(?im)^sec-websocket-version:([^\r\n]*)")
 _HTTP_VERSION = re.compile(rb"[^ \r\n]+ [^ \r\n]+ HTTP/(\d+)\.(\d+)\r?\n")
+# A body (RFC 9110 6.4.1): the bytes after the head would be read as frames
+_BODY = re.compile(rb"(?im)^(transfer-encoding[ \t]*:|content-length[ \t]*:[ \t]*0*[1-9])")
 _KEY = re.compile(rb"^sec-websocket-key[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
 # A refusal's reason quotes the client's path or subprotocols: cut, for the reply and the log.
 _MAX_REASON = 300
@@ -295,6 +297,11 @@ class WebSocketEndpoint:
                                 f"not a WebSocket upgrade request: {why}", extra)
         if request is None:
             return self._refuse(400, "not a WebSocket upgrade request: no complete request")
+        body = _BODY.search(head, 0, end.end())
+        if body is not None:
+            what = body[1].partition(b":")[0].strip().decode("ascii", "replace")
+            return self._refuse(400, f"not a WebSocket upgrade request: it has a body "
+                                     f"({what}); an upgrade GET has none")
         problem = key_problem(head[:end.end()])
         if problem is not None:
             return self._refuse(400, f"not a WebSocket upgrade request: {problem}")

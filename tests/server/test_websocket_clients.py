@@ -444,6 +444,8 @@ def test_a_packet_over_max_packet_size_closes_with_1009_and_a_stop_with_1001(bro
     (m.connect("raw-mqtt"), 400, "not an HTTP request (first byte 0x10"),
     (UPGRADE.replace(b"HTTP/1.1", b"HTTP/1.0", 1), 400,
      "not a WebSocket upgrade request: HTTP/1.0 (a WebSocket upgrade needs HTTP/1.1 or later)"),
+    (UPGRADE.replace(b"\r\n\r\n", b"\r\nContent-Length: 5\r\n\r\nhello"), 400,
+     "not a WebSocket upgrade request: it has a body (Content-Length)"),
 ])
 def test_not_a_websocket_upgrade_gets_400(wssrv, request_bytes, status, reason):
     """Counted once, as a refused connection, not also as a protocol violation."""

@@ -162,8 +162,13 @@ def test_wrong_path_gets_404():
     (b"GET /mqtt HTTP/1.1 extra\r\n\r\n", "Bad HTTP message"),
     (UPGRADE.replace(b"HTTP/1.1", b"HTTP/1.0"), "HTTP/1.0 (a WebSocket upgrade needs HTTP/1.1"),
     (UPGRADE.replace(b"HTTP/1.1\r\n", b"HTTP/0.9\n"), "HTTP/0.9 (a WebSocket upgrade"),
+    (UPGRADE.replace(b"\r\n\r\n", b"\r\nContent-Length: 5\r\n\r\nhello"),
+     "it has a body (Content-Length)"),
+    (UPGRADE.replace(b"\r\n\r\n", b"\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello"),
+     "it has a body (transfer-encoding)"),
 ])
 def test_not_an_upgrade_gets_400(request_bytes, missing):
+    """A body too: its bytes would be read as WebSocket frames."""
     got = WebSocketEndpoint().receive(request_bytes)
     status, body = refusal(got)
     assert status == "HTTP/1.1 400 Bad Request"
