@@ -31,6 +31,7 @@ class WebSocketSocket:
         self.ws = WSConnection(ConnectionType.CLIENT)
         self.pongs: list[bytes] = []
         self.close_code: int | None = None      # the server's close frame, once it came
+        self.close_reason = ""                  # and its reason
         self.subprotocol = None
         sock.sendall(self.ws.send(Request(host=host, target=path,
                                           subprotocols=list(subprotocols))))
@@ -96,6 +97,7 @@ class WebSocketSocket:
             self.pongs.append(event.payload)
         elif isinstance(event, CloseConnection):
             self.close_code = event.code
+            self.close_reason = event.reason
             if self.ws.state is ConnectionState.REMOTE_CLOSING:
                 try:
                     self.sock.sendall(self.ws.send(event.response()))

@@ -57,14 +57,15 @@ class Sessions:
         self.persistent_sessions = 0          # sessions with clean session 0 (max_sessions)
         self._spare_timers: list[Timer] = []
 
-    def connection_made(self, transport: Transport,
-                        refusal: tuple[str, str] | None = None) -> Client:
+    def connection_made(self, transport: Transport, refusal: tuple[str, str] | None = None,
+                        kind: type[Client] = Client) -> Client:
         """A new connection's client; ``refusal``: (limit, why) the server accepted it only to
-        refuse its CONNECT with CONNACK 3 (it waits at most REFUSAL_WAIT for it)."""
+        refuse its CONNECT with CONNACK 3 (it waits at most REFUSAL_WAIT for it); ``kind``:
+        ``Client`` or a subclass (the server's behind a framing: server/framing.py)."""
         self.stats.sockets_accepted += 1
         self.sockets_open += 1
         now = self.clock()
-        client = Client(self, transport, now)
+        client = kind(self, transport, now)
         if refusal is not None:
             client.refusal = refusal
             client.connect_deadline = min(client.connect_deadline, now + REFUSAL_WAIT)

@@ -36,7 +36,7 @@ from edgebroker.listener_config import ipv4_ports
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server import activation, sdnotify
-from edgebroker.server.framing import Framing
+from edgebroker.server.framing import FramedClient, Framing
 from edgebroker.server.descriptors import (
     SPARE_DESCRIPTORS, DescriptorRoom, open_files_limit, reserve_descriptors,
 )
@@ -362,7 +362,7 @@ class App(DescriptorRoom):
         else:                   # a framing between the stream and the core (server/framing.py)
             transport.sniff = None
             transport.client = framed = Framing(transport, framing())
-            framed.client = self.broker.connection_made(framed, refusal)
+            framed.client = self.broker.connection_made(framed, refusal, FramedClient)
         return transport
 
     def reload(self) -> None:
@@ -406,6 +406,7 @@ class App(DescriptorRoom):
         loop.flush_dirty()
         loop.drain(DRAIN_SECONDS)
         self.authenticator.close()
+        loop.stopping = True    # the connections closed now: the broker stops (Framing.close)
         self.broker.close_all()
         loop.flush_dirty()
         for transport in list(loop.transports):

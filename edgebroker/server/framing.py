@@ -15,7 +15,9 @@ and a framing, composed when the connection is accepted (``App.add_connection``)
   the bytes to send back (``send``: a handshake reply, an HTTP refusal, a pong, a
   close frame) and why to close (``close``; ``open`` once the handshake is done;
   ``noise``, ``more``, ``hold``: below);
-  a connection the broker ends gets ``endpoint.close_frame()`` first; what
+  a connection the broker ends gets ``endpoint.closing(why)`` first (``why``: the MQTT 5
+  reason code the core closed it with, ``FramedClient``; SERVER_SHUTTING_DOWN when the
+  broker stops; the endpoint says it in its own terms: a WebSocket close code); what
   the core writes goes out behind ``endpoint.frame_head(n)``, the header of one
   frame of ``n`` bytes. A log-backed PUBLISH keeps its zero-copy path: the frame
   header goes in front of the chunk's head and the payload still leaves with
@@ -37,8 +39,9 @@ from __future__ import annotations
 
 import logging
 
+from edgebroker.core.client import Client
 from edgebroker.core.timers import Timer
-from edgebroker.errors import ProtocolError
+from edgebroker.errors import PROTOCOL_ERROR, SERVER_SHUTTING_DOWN, ProtocolError
 from edgebroker.server.transport import PAUSE_REASONS
 
 log = logging.getLogger("edgebroker.server")
@@ -73,12 +76,30 @@ def _forwarded(name: str, settable: bool = False) -> property:
     return property(get, set if settable else None, doc=f"The stream's ``{name}``.")
 
 
+class FramedClient(Client):
+    """The core's ``Client`` behind a framing: it also notes on its transport (the
+    ``Framing``) why it closes, as the MQTT 5 reason code the core has for it (``ending``),
+    for the framing's close to say."""
+
+    __slots__ = ()
+
+    def violation(self, exc: ProtocolError) -> None:
+        if not self.closed and not self.transport.ending:
+            self.transport.ending = exc.reason or PROTOCOL_ERROR
+        super().violation(exc)
+
+    def close(self, *, will: bool, reason: int = 0, why: str = "") -> None:
+        if reason and not self.closed and not self.transport.ending:
+            self.transport.ending = reason      # session taken over, keepalive timeout, ...
+        super().close(will=will, reason=reason, why=why)
+
+
 class Framing:
     """A framing between a byte stream (``stream``) and the core's ``Client`` (``client``):
     to the core it is the transport, to the stream the receiver of bytes."""
 
     __slots__ = ("stream", "endpoint", "client", "peer", "listener", "lingering", "last_words",
-                 "counted", "reader", "closed_by_peer")
+                 "counted", "reader", "closed_by_peer", "ending")
 
     decoder = _NO_LARGE_READS
 
@@ -95,6 +116,7 @@ class Framing:
         # (why, a fault): the peer's close (or a bad frame) read while the client still had
         # packets that came before it to handle (throttled, or its password check running)
         self.closed_by_peer = None
+        self.ending = 0     # why the core closes: an MQTT 5 reason code (FramedClient), or 0
 
     # ----- the stream's side: bytes in --------------------------------------------------
 
@@ -214,7 +236,8 @@ class Framing:
         if not endpoint.open:
             stream.close()      # an HTTP refusal, or nothing sent yet
             return
-        frame = self.last_words or endpoint.close_frame()
+        frame = self.last_words or endpoint.closing(
+            SERVER_SHUTTING_DOWN if stream.loop.stopping else self.ending)
         if frame:
             stream.write(frame)
         self.lingering = True

@@ -151,6 +151,7 @@ class Loop:
         self.reserved: set[Transport] = set()
         self.on_reserve_freed = None
         self._stop = False
+        self.stopping = False   # the app's shutdown closes the connections (Framing.close)
         self._reload = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)

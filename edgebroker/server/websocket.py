@@ -9,8 +9,8 @@ tested with plain bytes. The protocol itself is python-hyper/wsproto's ``WSConne
 
 Outgoing MQTT bytes are not passed through wsproto, which would copy them: the transport puts
 ``frame_head(n)`` (an unmasked, final, binary frame header for n bytes) in front of n bytes it
-already holds, so a log chunk still leaves with ``sendfile``. ``close_frame`` is the close
-frame of a connection the broker ends.
+already holds, so a log chunk still leaves with ``sendfile``. ``closing(why)`` is the close
+frame of a connection the broker ends, its code saying why (``close_code``).
 
 The rules, in the order a connection meets them (docs/protocol.md, "MQTT over WebSockets"):
 
@@ -18,10 +18,11 @@ The rules, in the order a connection meets them (docs/protocol.md, "MQTT over We
   ``max_request`` bytes, else 431; its first byte must start an HTTP method (raw MQTT or TLS
   sent to this listener gets a 400 naming the byte). Bytes after the head are kept and read as
   WebSocket frames once the upgrade is accepted (a client may send them before the reply).
-- The request must be a WebSocket upgrade (GET, ``Connection: Upgrade``, ``Upgrade:
-  websocket``, ``Sec-WebSocket-Key``, ``Sec-WebSocket-Version: 13``, ``Host``): otherwise 400
-  (426 for another WebSocket version), with a one-line text body saying what is missing. The
-  key must come once and be the base64 of 16 bytes (wsproto takes any).
+- The request must be a WebSocket upgrade (an HTTP/1.1 or later GET, ``Connection:
+  Upgrade``, ``Upgrade: websocket``, ``Sec-WebSocket-Key``, ``Sec-WebSocket-Version: 13``,
+  ``Host``): otherwise 400 (426 for another WebSocket version), with a one-line text body
+  saying what is missing. The key must come once and be the base64 of 16 bytes (wsproto
+  takes any).
 - Its path (the query string aside) must be the configured one: otherwise 404.
 - The client must offer the subprotocol ``mqtt`` or ``mqttv3.1`` (MQTT-6.0.0-3): ``mqtt`` is
   chosen when offered (MQTT-6.0.0-4), else the first of its list that the endpoint supports. A request offering neither, or none at all,
@@ -55,6 +56,12 @@ from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Pin
                             Request, TextMessage)
 from wsproto.utilities import RemoteProtocolError
 
+from edgebroker.errors import (ADMINISTRATIVE_ACTION, BAD_AUTHENTICATION_METHOD,
+                               BAD_USERNAME_OR_PASSWORD, BANNED, KEEP_ALIVE_TIMEOUT,
+                               MESSAGE_RATE_TOO_HIGH, NOT_AUTHORIZED, PACKET_TOO_LARGE,
+                               QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES,
+                               RETAIN_NOT_SUPPORTED, SERVER_SHUTTING_DOWN, SESSION_TAKEN_OVER)
+
 DEFAULT_PATH = "/mqtt"
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 # The request head (request line and headers): browsers send well under 2 KiB.
@@ -68,11 +75,27 @@ MAX_FRAMES = 1024
 
 # RFC 6455 §7.4.1 status codes the endpoint sends.
 NORMAL_CLOSURE = 1000
+GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002     # (not errors.PROTOCOL_ERROR, the MQTT reason code)
 UNSUPPORTED_DATA = 1003
+POLICY_VIOLATION = 1008
 MESSAGE_TOO_BIG = 1009
+
+# Why the broker ends a connection (the MQTT 5 reason code the core closed it with) as a close
+# code: a 3.1.1 client gets no DISCONNECT, the close code is all it learns (docs/protocol.md).
+_CLOSE_CODES = {0: NORMAL_CLOSURE, SESSION_TAKEN_OVER: NORMAL_CLOSURE,
+                SERVER_SHUTTING_DOWN: GOING_AWAY, KEEP_ALIVE_TIMEOUT: GOING_AWAY,
+                PACKET_TOO_LARGE: MESSAGE_TOO_BIG}
+_CLOSE_CODES.update(dict.fromkeys((NOT_AUTHORIZED, BAD_USERNAME_OR_PASSWORD,
+                                   BAD_AUTHENTICATION_METHOD, BANNED, QOS_NOT_SUPPORTED,
+                                   RETAIN_NOT_SUPPORTED, QUOTA_EXCEEDED, MESSAGE_RATE_TOO_HIGH,
+                                   ADMINISTRATIVE_ACTION), POLICY_VIOLATION))
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _VERSION = re.compile(rb"(?im)^sec-websocket-version:([^\r\n]*)")
+_HTTP_VERSION = re.compile(rb"[^ \r\n]+ [^ \r\n]+ HTTP/(\d+)\.(\d+)\r?\n")
+# A body (RFC 9110 6.4.1): the bytes after the head would be read as frames
+_BODY = re.compile(rb"(?im)^(transfer-encoding[ \t]*:|content-length[ \t]*:[ \t]*0*[1-9])")
 _KEY = re.compile(rb"^sec-websocket-key[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
 # A refusal's reason quotes the client's path or subprotocols: cut, for the reply and the log.
 _MAX_REASON = 300
@@ -133,6 +156,14 @@ class WebSocketInput:
 _SMALL_HEADS = tuple(bytes((0x82, n)) for n in range(126))
 _HEAD_16 = struct.Struct("!BBH").pack
 _HEAD_64 = struct.Struct("!BBQ").pack
+
+
+def close_code(why: int) -> int:
+    """The close code for a close the broker decided, ``why`` the MQTT 5 reason code (0: none):
+    1000 normal (also a session taken over), 1001 going away (broker stopping, keepalive
+    timeout), 1009 a packet over max_packet_size, 1008 a refusal by policy (not authorized, QoS
+    or retain not supported, a quota or rate), 1002 any other protocol violation."""
+    return _CLOSE_CODES.get(why, CLOSE_PROTOCOL_ERROR)
 
 
 def frame_head(n: int) -> bytes:
@@ -207,6 +238,11 @@ class WebSocketEndpoint:
         once a close was sent)."""
         return self._control(CloseConnection(code=code, reason=reason))
 
+    def closing(self, why: int = 0) -> bytes:
+        """The close frame of a connection the broker ends, ``why`` the MQTT 5 reason code the
+        core closed it with (0: none; ``close_code``), its name the close reason."""
+        return self.close_frame(close_code(why), REASON_NAMES.get(why, "") if why else "")
+
     def _control(self, event) -> bytes:
         """A pong or close frame, while the connection is open (b"" before the handshake or
         once a close was sent)."""
@@ -232,6 +268,12 @@ class WebSocketEndpoint:
             return WebSocketInput([], b"", None, False)
         rest = bytes(head[end.end():])
         self._head = bytearray()
+        version = _HTTP_VERSION.match(head, 0, end.end())
+        version = (int(version[1]), int(version[2])) if version is not None else (1, 1)
+        if version < (1, 1):
+            # h11 takes HTTP/1.0; an upgrade needs HTTP/1.1 or later (RFC 6455 4.2.1 item 1)
+            return self._refuse(400, "not a WebSocket upgrade request: HTTP/%d.%d (a WebSocket "
+                                     "upgrade needs HTTP/1.1 or later)" % version)
         try:
             self._ws.receive_data(bytes(head[:end.end()]))
             request = next((e for e in self._ws.events() if isinstance(e, Request)), None)
@@ -255,6 +297,11 @@ class WebSocketEndpoint:
                                 f"not a WebSocket upgrade request: {why}", extra)
         if request is None:
             return self._refuse(400, "not a WebSocket upgrade request: no complete request")
+        body = _BODY.search(head, 0, end.end())
+        if body is not None:
+            what = body[1].partition(b":")[0].strip().decode("ascii", "replace")
+            return self._refuse(400, f"not a WebSocket upgrade request: it has a body "
+                                     f"({what}); an upgrade GET has none")
         problem = key_problem(head[:end.end()])
         if problem is not None:
             return self._refuse(400, f"not a WebSocket upgrade request: {problem}")

@@ -50,7 +50,7 @@ class LengthPrefixed:
     def frame_head(n):
         return struct.pack(">H", n)
 
-    def close_frame(self):
+    def closing(self, why=0):
         return b"" if self.closed else b"\0\0"
 
 
@@ -64,6 +64,7 @@ class FakeLoop:
         self.buffer = bytearray(65536)
         self.view = memoryview(self.buffer)
         self.large_budget = 1 << 20
+        self.stopping = False
 
     @staticmethod
     def log_generation():

@@ -404,10 +404,37 @@ def test_text_frame_closes_the_connection_with_1003(wssrv, uid):
 
 
 def test_server_closes_with_a_close_frame(wssrv, uid):
-    """A protocol violation closes the connection: a close frame first, then the socket."""
+    """A protocol violation closes the connection: a close frame first, then the socket, its
+    code 1002 (protocol error), not 1000: a 3.1.1 client gets no DISCONNECT to say why."""
     c = ws_client(wssrv, uid)
     c.send(m.publish(f"{uid}/t", b"", qos=3))     # QoS 3 is a malformed packet
-    assert c.sock.wait_close() in (1000, 1002, 1008)
+    assert (c.sock.wait_close(), c.sock.close_reason) == (1002, "Malformed Packet")
+    c = ws_client(wssrv, f"{uid}-2")
+    c.send(bytes((0xF0, 0)))                        # packet type 15: reserved
+    assert c.sock.wait_close() == 1002
+
+
+def test_the_close_code_says_why_the_broker_ends_the_connection(wssrv, uid):
+    """A session taken over: 1000; a keepalive timeout: 1001 (going away)."""
+    first = ws_client(wssrv, uid)
+    ws_client(wssrv, uid)
+    assert (first.sock.wait_close(), first.sock.close_reason) == (1000, "Session taken over")
+    c = ws_client(wssrv, f"{uid}-ka", keepalive=1)
+    assert (c.sock.wait_close(), c.sock.close_reason) == (1001, "Keep Alive timeout")
+
+
+def test_a_packet_over_max_packet_size_closes_with_1009_and_a_stop_with_1001(broker, uid):
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "protocol": "websockets"}],
+               limits={"max_packet_size": 1000})
+    big = over_websocket(b.raw(port(b, 0)))
+    big.connect(f"{uid}-big")
+    big.send(m.publish(f"{uid}/t", b"x" * 2000))
+    assert (big.sock.wait_close(), big.sock.close_reason) == (1009, "Packet too large")
+    c = over_websocket(b.raw(port(b, 0)))
+    c.connect(uid)
+    b.send_signal(signal.SIGTERM)
+    assert (c.sock.wait_close(), c.sock.close_reason) == (1001, "Server shutting down")
+    assert b.stop() == 0
 
 
 @pytest.mark.parametrize("request_bytes, status, reason", [
@@ -415,6 +442,10 @@ def test_server_closes_with_a_close_frame(wssrv, uid):
     (b"GET / HTTP/1.1\r\nHost: broker\r\nUser-Agent: curl/8\r\nAccept: */*\r\n\r\n", 400,
      "not a WebSocket upgrade request"),
     (m.connect("raw-mqtt"), 400, "not an HTTP request (first byte 0x10"),
+    (UPGRADE.replace(b"HTTP/1.1", b"HTTP/1.0", 1), 400,
+     "not a WebSocket upgrade request: HTTP/1.0 (a WebSocket upgrade needs HTTP/1.1 or later)"),
+    (UPGRADE.replace(b"\r\n\r\n", b"\r\nContent-Length: 5\r\n\r\nhello"), 400,
+     "not a WebSocket upgrade request: it has a body (Content-Length)"),
 ])
 def test_not_a_websocket_upgrade_gets_400(wssrv, request_bytes, status, reason):
     """Counted once, as a refused connection, not also as a protocol violation."""

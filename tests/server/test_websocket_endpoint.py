@@ -8,6 +8,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Message, Ping, Pong,
                             RejectConnection, RejectData, Request, TextMessage)
 
+from edgebroker import errors
 from edgebroker.server.websocket import WebSocketEndpoint, frame_head
 
 CONNECT = bytes.fromhex("100c00044d5154540402003c0000")     # an MQTT 3.1.1 CONNECT, id ""
@@ -159,8 +160,15 @@ def test_wrong_path_gets_404():
     (UPGRADE.replace(b"Host: localhost", b"Host: localhost\r\nSec-WebSocket-Protocol: mq\xff"),
      "a header value is not ASCII: "),
     (b"GET /mqtt HTTP/1.1 extra\r\n\r\n", "Bad HTTP message"),
+    (UPGRADE.replace(b"HTTP/1.1", b"HTTP/1.0"), "HTTP/1.0 (a WebSocket upgrade needs HTTP/1.1"),
+    (UPGRADE.replace(b"HTTP/1.1\r\n", b"HTTP/0.9\n"), "HTTP/0.9 (a WebSocket upgrade"),
+    (UPGRADE.replace(b"\r\n\r\n", b"\r\nContent-Length: 5\r\n\r\nhello"),
+     "it has a body (Content-Length)"),
+    (UPGRADE.replace(b"\r\n\r\n", b"\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello"),
+     "it has a body (transfer-encoding)"),
 ])
 def test_not_an_upgrade_gets_400(request_bytes, missing):
+    """A body too: its bytes would be read as WebSocket frames."""
     got = WebSocketEndpoint().receive(request_bytes)
     status, body = refusal(got)
     assert status == "HTTP/1.1 400 Bad Request"
@@ -384,6 +392,24 @@ def test_close_frame_default_is_normal_closure():
     ep, client = opened()
     [close] = events(client, ep.close_frame())
     assert close.code == 1000
+
+
+@pytest.mark.parametrize("why, code, reason", [
+    (0, 1000, ""), (errors.SESSION_TAKEN_OVER, 1000, "Session taken over"),
+    (errors.SERVER_SHUTTING_DOWN, 1001, "Server shutting down"),
+    (errors.KEEP_ALIVE_TIMEOUT, 1001, "Keep Alive timeout"),
+    (errors.MALFORMED_PACKET, 1002, "Malformed Packet"),
+    (errors.PROTOCOL_ERROR, 1002, "Protocol Error"),
+    (errors.TOPIC_NAME_INVALID, 1002, "Topic Name invalid"),
+    (errors.NOT_AUTHORIZED, 1008, "Not authorized"),
+    (errors.QOS_NOT_SUPPORTED, 1008, "QoS not supported"),
+    (errors.PACKET_TOO_LARGE, 1009, "Packet too large"),
+])
+def test_the_brokers_close_says_why_in_a_close_code(why, code, reason):
+    """The core's reason (an MQTT 5 reason code) as a close code and reason (RFC 6455 7.4.1)."""
+    ep, client = opened()
+    [close] = events(client, ep.closing(why))
+    assert (close.code, close.reason) == (code, reason)
 
 
 def test_refusals_are_complete_http_replies_for_a_client():
