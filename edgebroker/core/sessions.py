@@ -21,7 +21,7 @@ import logging
 from collections import deque
 from functools import partial
 
-from edgebroker.errors import QUOTA_EXCEEDED, SESSION_TAKEN_OVER, shown
+from edgebroker.errors import QUOTA_EXCEEDED, SERVER_SHUTTING_DOWN, SESSION_TAKEN_OVER, shown
 from edgebroker.core.cursor import needed_from
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import NEVER_EXPIRES
@@ -310,11 +310,13 @@ class Sessions:
                 self.persistent_sessions -= 1
 
     def close_all(self) -> None:
-        """Close every connection (at shutdown): no wills, sessions kept."""
+        """Close every connection (at shutdown): no wills, sessions kept; a 5.0 client is
+        told DISCONNECT 0x8B Server shutting down."""
         for session in list(self.sessions.values()):
             if session.client is not None:
                 session.client.will = None
-                session.client.close(will=False)
+                session.client.close(will=False, reason=SERVER_SHUTTING_DOWN,
+                                     why="server shutting down")
 
     # ----- subscriptions ----------------------------------------------------------------
 

@@ -733,3 +733,11 @@ def test_an_assigned_client_id_fits_max_client_id_length(broker, uid, prefix):
     _open_clients.append(back)
     ack = back.connect(assigned, clean_start=False, props=expiry)
     assert ack.reason == 0 and ack.session_present
+
+
+def test_a_5_0_client_is_told_the_server_is_shutting_down(broker, uid):
+    """At a stop a 5.0 client gets DISCONNECT 0x8B before the close (it got none)."""
+    b = broker()
+    c = raw5(b, f"{uid}-c")
+    b.stop()
+    assert c.expect_disconnect(10).reason == 0x8B

@@ -37,3 +37,4 @@ def test_a_5_0_client_gets_them_before_its_disconnect(srv, uid):
     assert d.reason == 0x81, d
     assert [(p.type, p.packet_id) for p in c.before_close[:2]] == [(R.PUBACK, 1), (R.PUBREC, 2)]
     assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
+
