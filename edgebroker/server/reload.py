@@ -120,13 +120,14 @@ def read_security(app, config: Config) -> tuple[list, list]:
     """Re-read certificates, password and ACL files (SIGHUP), changing nothing yet: the
     (index in the new file, ListenerConfig) of each running listener, and its
     (TLSServer or None, ListenerPolicy). A running listener no longer in the file keeps its
-    settings and security as they are: None for both. ConfigError when a file cannot be
-    used."""
+    settings and security as they are: None for both. The files of every listener in the
+    file are read, also those of one that a restart opens (added or moved): ConfigError,
+    naming each, when a file cannot be used (the next start would refuse it)."""
     new = config.listeners
+    read = app._security(config, list(enumerate(new)))
     matched = match_listeners([x.config for x in app.listeners], new)
     running = [None if j is None else (j, new[j]) for j in matched]
-    read = iter(app._security(config, [x for x in running if x is not None]))
-    return running, [None if x is None else next(read) for x in running]
+    return running, [None if j is None else read[j] for j in matched]
 
 def apply_security(app, config: Config, running: list, security: list) -> None:
     """Put what ``read_security`` read in force. New connections use it; open TLS
