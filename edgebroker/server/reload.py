@@ -136,9 +136,9 @@ def apply_security(app, config: Config, running: list, security: list) -> None:
     for listener, found, read in zip(app.listeners, running, security):
         if found is None:
             log.warning("reload: listener %s is no longer in the file (removed, or its "
-                        "address, protocol or websocket_path changed): it keeps its running "
-                        "settings, authentication, ACL and TLS until a restart",
-                        listener.address)
+                        "address, protocol or websocket_path changed; on port 0: its table "
+                        "changed while the listeners did): it keeps its running settings, "
+                        "authentication, ACL and TLS until a restart", listener.address)
             continue
         listener.reconfigure(found[1])
         listener.set_security(*read)
