@@ -97,33 +97,57 @@ def _apply_limits(app, config: Config) -> None:
     for transport in app.loop.transports:
         transport.max_pending = limits.max_pending_write_bytes
 
+def match_listeners(running: list, new: tuple) -> list:
+    """The index in the new file of the listener each running one (its ListenerConfig in
+    ``running``) is, or None when it is not there (gone, or moved: it runs on until a
+    restart). The same addresses, protocols and WebSocket paths in the same order: by
+    position. Else by those, and a listener on port 0 (``HOST:0`` may name several) only by
+    a table equal to the one it runs with."""
+    if [_listening(lc) for lc in running] == [_listening(lc) for lc in new]:
+        return list(range(len(running)))
+    taken: set = set()
+    out = []
+    for i, lc in enumerate(running):
+        fits = [j for j, c in enumerate(new) if j not in taken and _listening(c) == _listening(lc)
+                and (lc.unix_socket or lc.port or c == lc)]
+        j = i if i in fits else (fits[0] if fits else None)
+        if j is not None:
+            taken.add(j)
+        out.append(j)
+    return out
+
 def read_security(app, config: Config) -> tuple[list, list]:
     """Re-read certificates, password and ACL files (SIGHUP), changing nothing yet: the
     (index in the new file, ListenerConfig) of each running listener, and its
-    (TLSServer or None, ListenerPolicy). ConfigError when a file cannot be used."""
-    running = []        # (index in the new file, its ListenerConfig) per running listener
+    (TLSServer or None, ListenerPolicy). A running listener no longer in the file keeps its
+    settings and security as they are: None for both. The files of every listener in the
+    file are read, also those of one that a restart opens (added or moved): ConfigError,
+    naming each, when a file cannot be used (the next start would refuse it)."""
     new = config.listeners
-    for i, listener in enumerate(app.listeners):
-        address = listener.config.address
-        if i < len(new) and new[i].address == address:
-            running.append((i, new[i]))
-        else:   # moved in the file, or gone from it (then the running settings stay)
-            running.append(next(((j, c) for j, c in enumerate(new) if c.address == address),
-                                (i, listener.config)))
-    return running, app._security(config, running)
+    read = app._security(config, list(enumerate(new)))
+    matched = match_listeners([x.config for x in app.listeners], new)
+    running = [None if j is None else (j, new[j]) for j in matched]
+    return running, [None if j is None else read[j] for j in matched]
 
 def apply_security(app, config: Config, running: list, security: list) -> None:
     """Put what ``read_security`` read in force. New connections use it; open TLS
     connections keep their session; ACL decisions of connected clients and stored sessions
     follow the re-read ACL."""
-    for listener, (_, lc), (tls, policy) in zip(app.listeners, running, security):
-        listener.reconfigure(lc)
-        listener.set_security(tls, policy)
+    for listener, found, read in zip(app.listeners, running, security):
+        if found is None:
+            log.warning("reload: listener %s is no longer in the file (removed, or its "
+                        "address, protocol or websocket_path changed; on port 0: its table "
+                        "changed while the listeners did): it keeps its running settings, "
+                        "authentication, ACL and TLS until a restart", listener.address)
+            continue
+        listener.reconfigure(found[1])
+        listener.set_security(*read)
     app.authenticator.configure(config.max_login_failures, config.login_failure_window)
     _rebind_acls(app)
-    files = sorted({f for _, p in security for f in (p.settings.password_file,
-                                                      p.settings.acl_file) if f})
-    tls_names = [x.address for x in app.listeners if x.tls is not None]
+    files = sorted({f for read in security if read for f in (read[1].settings.password_file,
+                                                               read[1].settings.acl_file) if f})
+    tls_names = [x.address for x, read in zip(app.listeners, security)
+                 if read and x.tls is not None]
     log.info("reload: re-read %s", ", ".join(
         [f"certificates of {n}" for n in tls_names] + files) or "no security files")
 

@@ -175,3 +175,28 @@ def test_an_acl_file_that_is_not_a_regular_file_is_refused(broker, tmp_path):
             r = run_cli(*command.split(), "-c", str(path), timeout=30)
             assert one_line(r) == (f"edgebroker: config error: {path}: acl_file: {acl}: not a "
                                    f"regular file"), command
+
+
+def test_the_files_of_a_listener_a_restart_opens_are_checked(broker, tmp_path):
+    """A reload that adds a listener, or moves one (both need a restart), took the file
+    although the listener's certificate, password or ACL file was missing; the next start
+    refused it. They are read at the reload as at a start, and the reload is refused naming
+    each, as config check does."""
+    missing = tmp_path / "missing"
+    files = {"certfile": str(missing / "c.crt"), "password_file": str(missing / "pw"),
+             "acl_file": str(missing / "acl")}
+    b = broker()
+    running = b.config["listener"][0]
+    for listeners in ([running, {"host": "127.0.0.1", "port": 0, **files}],
+                      [{"host": "127.0.0.2", "port": 0, **files}]):
+        i = len(listeners) - 1
+        problems = [f"{b.config_path}: listener[{i}].{key}: {path}: file not found"
+                    for key, path in files.items()]
+        cfg = dict(b.config, listener=listeners)
+        reload_refused(b, cfg, *problems)
+        path = tmp_path / "c.toml"
+        path.write_text(toml_dumps(cfg))
+        r = run_cli("config", "check", "-c", str(path))
+        for problem in problems:
+            problem = problem.replace(str(b.config_path), str(path))
+            assert f"edgebroker: config error: {problem}" in r.stderr, r.stderr

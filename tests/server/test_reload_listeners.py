@@ -1,0 +1,58 @@
+"""A reload (SIGHUP) onto a file whose listeners are not those running (one removed, moved,
+added): each running listener takes the settings of its own table in the new file, and one
+no longer there keeps its running settings and security until a restart."""
+
+import signal
+
+from conftest import toml_dumps
+from secfiles import write_passwords
+
+KEPT = "it keeps its running settings, authentication, ACL and TLS until a restart"
+
+
+def reload_with(b, cfg: dict) -> list[str]:
+    """Write ``cfg``, SIGHUP, wait for the reload to be done; its log lines."""
+    b.config_path.write_text(toml_dumps(cfg))
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log(lambda ln: "configuration reloaded" in ln or "reload failed" in ln,
+                      timeout=10, start=mark)
+    assert line is not None and "configuration reloaded" in line, b.log_text()
+    return b.logs[mark:]
+
+
+def test_a_moved_listener_does_not_take_the_new_top_level_security(broker, tmp_path, uid):
+    """The file moves the only listener (a restart opens it there) and drops the top-level
+    password_file for allow_anonymous = true: the running listener took the new top level's
+    security and let anonymous clients in (a network listener protected by a password became
+    open to anyone). It keeps its password file until the restart."""
+    pw = write_passwords(tmp_path / "passwd", {"alice": "alice-pw"})
+    b = broker(password_file=str(pw))
+    b.client(f"{uid}-before", expect_rc=5)
+    cfg = dict(b.config, allow_anonymous=True, listener=[{"host": "127.0.0.2", "port": 0}])
+    cfg.pop("password_file")
+    lines = reload_with(b, cfg)
+    b.client(f"{uid}-anonymous", expect_rc=5)
+    assert any(f"reload: listener 127.0.0.1:{b.port} is no longer in the file" in ln
+               and KEPT in ln for ln in lines), lines
+    assert b.client(f"{uid}-alice", username="alice", password="alice-pw").ping() == []
+
+
+def test_port_0_listeners_are_not_matched_by_address(broker, tmp_path, uid):
+    """Two listeners on 127.0.0.1 port 0, the first with a password file, the second
+    anonymous; the first is deleted from the file. The running first listener was matched to
+    the second's table by its address 127.0.0.1:0 and let anonymous clients in. Now it keeps
+    its password file; the second, whose table is unchanged, stays anonymous."""
+    pw = write_passwords(tmp_path / "passwd", {"alice": "alice-pw"})
+    anonymous = {"host": "127.0.0.1", "port": 0, "password_file": "", "allow_anonymous": True}
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "password_file": str(pw)},
+                         anonymous])
+    locked, open_ = (port for _, port in b.listeners)
+    b.client(f"{uid}-before", expect_rc=5, port=locked)
+    lines = reload_with(b, dict(b.config, listener=[anonymous]))
+    b.client(f"{uid}-anonymous", expect_rc=5, port=locked)
+    assert any(f"reload: listener 127.0.0.1:{locked} is no longer in the file" in ln
+               for ln in lines), lines
+    assert b.client(f"{uid}-alice", port=locked, username="alice",
+                    password="alice-pw").ping() == []
+    assert b.client(f"{uid}-open", port=open_).ping() == []
