@@ -391,6 +391,8 @@ def _read_toml(path: str) -> dict:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not valid TOML") from None
     except ValueError:   # an integer of over 4300 digits (int's own limit)
         raise ConfigError(f"{path}: not valid TOML: an integer of more than 4300 digits") from None
+    except RecursionError:  # (the parser recurses once per level of arrays and inline tables)
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     finally:
         for name in set(sys.modules) - before:
             del sys.modules[name]

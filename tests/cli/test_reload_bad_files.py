@@ -175,3 +175,27 @@ def test_an_acl_file_that_is_not_a_regular_file_is_refused(broker, tmp_path):
             r = run_cli(*command.split(), "-c", str(path), timeout=30)
             assert one_line(r) == (f"edgebroker: config error: {path}: acl_file: {acl}: not a "
                                    f"regular file"), command
+
+
+def test_values_nested_too_deeply_are_not_valid_toml(broker, tmp_path):
+    """A value nested 500 arrays deep: config check and serve died with a RecursionError
+    traceback (exit 1, which systemd restarts), a reload logged a traceback. Now one line
+    naming the file, exit 2; a reload is refused."""
+    b = broker()
+    deep = "[" * 500 + "]" * 500
+    text = toml_dumps(b.config) + f"\n[metrics]\nlisten = {deep}\n"
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    for command in ("config check", "serve"):
+        r = run_cli(*command.split(), "-c", str(path), timeout=30)
+        assert one_line(r) == (f"edgebroker: config error: {path}: not valid TOML: arrays or "
+                               f"tables nested too deeply"), command
+    b.config_path.write_text(text)
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log(lambda ln: FAILED in ln or "configuration reloaded" in ln, timeout=10,
+                      start=mark)
+    assert line is not None and line.endswith(
+        f"{FAILED}: {b.config_path}: not valid TOML: arrays or tables nested too deeply"), line
+    assert "Traceback" not in b.log_text()
+    assert b.client("after-reload").ping() == []
