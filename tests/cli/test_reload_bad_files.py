@@ -8,6 +8,7 @@ import signal
 from conftest import run_cli, toml_dumps
 
 from edgebroker.security.passwords import hash_password
+from edgebroker.security.scram import derive, format_keys
 
 FAILED = "reload failed, keeping the running configuration"
 
@@ -199,3 +200,44 @@ def test_values_nested_too_deeply_are_not_valid_toml(broker, tmp_path):
         f"{FAILED}: {b.config_path}: not valid TOML: arrays or tables nested too deeply"), line
     assert "Traceback" not in b.log_text()
     assert b.client("after-reload").ping() == []
+
+
+def test_password_file_numbers_of_thousands_of_digits_are_refused_not_a_crash(broker,
+                                                                                tmp_path):
+    """A hash's number of over 4300 digits (int()'s limit) gave config check and serve a
+    traceback and a reload one not naming the file. Now refused as out of range, naming the
+    file and line; leading zeros do not count."""
+    pbkdf2 = hash_password("pw", "pbkdf2")
+    count = pbkdf2.split("$")[2]
+    scrypt = hash_password("pw")
+    scram = ("$scram-sha-256$v=1$i=4096$" + "A" * 22 + "$" + "A" * 43 + "=$" + "A" * 43 + "=")
+    big = "1" * 5000
+    cases = [(pbkdf2.replace(f"$7${count}$", f"$7${big}$"), "PBKDF2 hash: iterations out of "
+                                                            "range"),
+             (scrypt.replace("ln=14", f"ln={big}"), "scrypt hash: parameters out of range"),
+             (f"{pbkdf2}:{scram.replace('i=4096', f'i={big}')}",
+              "SCRAM keys: iterations must be 4096 to 10000000")]
+    b = broker()
+    for n, (stored, problem) in enumerate(cases):
+        pw = tmp_path / f"{n}.pw"
+        pw.write_text(f"alice:{stored}\n", encoding="utf-8")
+        pw.chmod(0o600)
+        cfg = dict(b.config, password_file=str(pw))
+        reload_refused(b, cfg, f"{b.config_path}: password_file: {pw} line 1: user 'alice': "
+                               f"{problem}")
+        path = tmp_path / f"{n}.toml"
+        path.write_text(toml_dumps(cfg))
+        for command in ("config check", "serve"):
+            r = run_cli(*command.split(), "-c", str(path))
+            assert one_line(r).startswith(f"edgebroker: config error: {path}: password_file: "
+                                          f"{pw} line 1: user 'alice': {problem}"), command
+    pw = tmp_path / "zeros.pw"
+    zeros = "0" * 5000
+    keys = format_keys(derive("pw", iterations=4096))
+    pw.write_text(f"alice:{pbkdf2.replace(f'$7${count}$', f'$7${zeros}{count}$')}:"
+                  f"{keys.replace('i=4096', f'i={zeros}4096')}\n")
+    pw.chmod(0o600)
+    path = tmp_path / "zeros.toml"
+    path.write_text(toml_dumps(dict(b.config, password_file=str(pw))))
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 0, r.stderr
