@@ -12,7 +12,9 @@ listener_config's, ``[upload]`` upload_config's, a
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from edgebroker import records
 from edgebroker.config_fields import (
@@ -20,6 +22,7 @@ from edgebroker.config_fields import (
     setting,
 )
 from edgebroker.errors import ConfigError
+from edgebroker.files import NotRegularFile, open_regular
 from edgebroker.limits_config import Limits
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
     ADMIN_SOCKET, ListenerConfig, address_problems, listener_problems, parse_address,
@@ -380,10 +383,12 @@ def _read_toml(path: str) -> dict:
     before = set(sys.modules)
     import tomllib
     try:
-        with open(path, "rb") as fh:
+        with _open(path) as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except NotRegularFile as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
@@ -399,6 +404,24 @@ def _read_toml(path: str) -> dict:
             del sys.modules[name]
         del tomllib
         gc.collect()
+
+
+# The configuration files read that were pipes (`-c /dev/stdin`, `-c <(...)`, a FIFO): read at
+# start, they are not read again (a reload would wait on the loop thread for a writer).
+_pipes_read: set[str] = set()
+
+
+def _open(path: str):
+    """The configuration file, opened to be read: a regular file, or once a pipe. Anything
+    else (a device, which may never end, a folder), or a pipe read already, raises
+    NotRegularFile without waiting; OSErrors as open raises them."""
+    if stat.S_ISFIFO(os.stat(path).st_mode):
+        if path in _pipes_read:
+            raise NotRegularFile(errno.EINVAL, "not a regular file (a pipe), read at start: it "
+                                 "cannot be read again; restart to change the configuration")
+        _pipes_read.add(path)
+        return open(path, "rb")     # (waits for the other end: at start, that is the point)
+    return os.fdopen(open_regular(path, os.O_RDONLY), "rb")
 
 
 def describe() -> list[tuple[str, Any, str]]:

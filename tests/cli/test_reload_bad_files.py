@@ -4,8 +4,9 @@ check` and `serve` refuse the same file with one line naming the file and what i
 
 import os
 import signal
+import threading
 
-from conftest import run_cli, toml_dumps
+from conftest import default_config, run_cli, toml_dumps
 
 from edgebroker.security.passwords import hash_password
 from edgebroker.security.scram import derive, format_keys
@@ -241,3 +242,42 @@ def test_password_file_numbers_of_thousands_of_digits_are_refused_not_a_crash(br
     path.write_text(toml_dumps(dict(b.config, password_file=str(pw))))
     r = run_cli("config", "check", "-c", str(path))
     assert r.returncode == 0, r.stderr
+
+
+def test_a_pipe_as_the_configuration_is_read_at_start_only(broker, tmp_path):
+    """`serve -c FIFO` (or -c /dev/stdin from a pipe, -c <(...)): a SIGHUP opened the pipe
+    again on the loop thread and waited for a writer that never came: no client was served
+    and SIGTERM was not acted on. The pipe is read at start; a reload is refused at once,
+    saying why. A device is refused at start (/dev/zero never ends)."""
+    fifo = tmp_path / "edgebroker.toml"
+    os.mkfifo(fifo)
+    text = toml_dumps(default_config(tmp_path))
+    b = broker(config_file=False, args=["-c", str(fifo)], wait=False)
+    written = threading.Event()
+
+    def write():
+        with open(fifo, "w") as fh:    # (returns once the broker opened the pipe)
+            fh.write(text)
+        written.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    if not written.wait(15):
+        with open(fifo, "rb"):   # unblocks the writer
+            pass
+        raise AssertionError(f"the broker never read {fifo}:\n{b.log_text()}")
+    b.wait_ready()
+    c = b.client("before")
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log(lambda ln: FAILED in ln or "configuration reloaded" in ln, timeout=10,
+                      start=mark)
+    assert line and line.endswith(
+        f"{FAILED}: {fifo}: not a regular file (a pipe), read at start: it cannot be read "
+        f"again; restart to change the configuration"), f"{line!r}\n{b.log_text()}"
+    assert c.ping() == []
+    assert b.client("after-reload").ping() == []
+    assert b.stop() == 0
+    for command in ("config check", "serve"):
+        r = run_cli(*command.split(), "-c", "/dev/zero")
+        assert one_line(r) == ("edgebroker: config error: /dev/zero: not a regular file (a "
+                               "character device)"), command
