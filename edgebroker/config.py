@@ -12,7 +12,9 @@ listener_config's, ``[upload]`` upload_config's, a
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from edgebroker import records
 from edgebroker.config_fields import (
@@ -20,6 +22,7 @@ from edgebroker.config_fields import (
     setting,
 )
 from edgebroker.errors import ConfigError
+from edgebroker.files import NotRegularFile, open_regular
 from edgebroker.limits_config import Limits
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
     ADMIN_SOCKET, ListenerConfig, address_problems, listener_problems, parse_address,
@@ -87,7 +90,8 @@ class Config:
         "", file_path, doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
     log_level: str = setting("info", one_of(*LOG_LEVELS), doc="debug, info, warning or error")
     sys_interval: float = setting(
-        10.0, at_least(0), doc="seconds between $SYS publications; 0 turns them off")
+        10.0, off_or_at_least(1),
+        doc="seconds between $SYS publications (at least 1); 0 turns them off")
     allow_zero_length_clientid: bool = setting(
         True, doc="accept an empty client id (with clean session) and assign one")
     auto_id_prefix: str = setting("auto-", mqtt_text, doc="prefix of assigned client ids")
@@ -379,10 +383,12 @@ def _read_toml(path: str) -> dict:
     before = set(sys.modules)
     import tomllib
     try:
-        with open(path, "rb") as fh:
+        with _open(path) as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except NotRegularFile as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
@@ -391,11 +397,31 @@ def _read_toml(path: str) -> dict:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not valid TOML") from None
     except ValueError:   # an integer of over 4300 digits (int's own limit)
         raise ConfigError(f"{path}: not valid TOML: an integer of more than 4300 digits") from None
+    except RecursionError:  # (the parser recurses once per level of arrays and inline tables)
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     finally:
         for name in set(sys.modules) - before:
             del sys.modules[name]
         del tomllib
         gc.collect()
+
+
+# The configuration files read that were pipes (`-c /dev/stdin`, `-c <(...)`, a FIFO): read at
+# start, they are not read again (a reload would wait on the loop thread for a writer).
+_pipes_read: set[str] = set()
+
+
+def _open(path: str):
+    """The configuration file, opened to be read: a regular file, or once a pipe. Anything
+    else (a device, which may never end, a folder), or a pipe read already, raises
+    NotRegularFile without waiting; OSErrors as open raises them."""
+    if stat.S_ISFIFO(os.stat(path).st_mode):
+        if path in _pipes_read:
+            raise NotRegularFile(errno.EINVAL, "not a regular file (a pipe), read at start: it "
+                                 "cannot be read again; restart to change the configuration")
+        _pipes_read.add(path)
+        return open(path, "rb")     # (waits for the other end: at start, that is the point)
+    return os.fdopen(open_regular(path, os.O_RDONLY), "rb")
 
 
 def describe() -> list[tuple[str, Any, str]]:

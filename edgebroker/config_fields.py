@@ -52,12 +52,12 @@ def at_least(minimum):
     return check
 
 
-def off_or_at_least(minimum):
-    """0 (off), or at least ``minimum`` (a period shorter would re-arm its timer without
-    end)."""
+def off_or_at_least(minimum, zero: str = "off"):
+    """0 (off: ``zero`` says what it means), or at least ``minimum`` (a period shorter would
+    re-arm its timer without end, a rate smaller make its interval overflow)."""
     def check(value):
         if value != 0 and value < minimum:
-            return f"must be 0 (off) or at least {minimum}"
+            return f"must be 0 ({zero}) or at least {minimum}"
         return None
     return check
 

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
-from edgebroker.config_fields import at_least, between, one_of, setting, size_or_auto
+from edgebroker.config_fields import (
+    at_least, between, off_or_at_least, one_of, setting, size_or_auto,
+)
 from edgebroker.records import record
 
 MAX_PACKET_SIZE_311 = 268_435_455  # largest remaining length 3.1.1 can encode, plus header
+# A rate: 0 (no limit), or at least one per 1000 s (a smaller one made the token bucket's
+# interval overflow to inf, and its waits nan).
+RATE = off_or_at_least(0.001, "no limit")
 
 
 @record(frozen=True)
@@ -60,7 +65,7 @@ class Limits:
         doc="seconds: an offline persistent session not resumed within this time is removed; "
             "0: never")
     max_connection_rate: float = setting(
-        500.0, at_least(0),
+        500.0, RATE,
         doc="new connections accepted per second (token bucket); over it accepting pauses; "
             "0: no limit")
     connection_burst: int = setting(
@@ -104,16 +109,16 @@ class Limits:
         "drop_new", one_of("drop_new", "drop_old"),
         doc="which message a full session queue drops: the new one or the oldest queued")
     messages_rate: float = setting(
-        0.0, at_least(0), doc="PUBLISH packets per second per client; 0: no limit")
+        0.0, RATE, doc="PUBLISH packets per second per client; 0: no limit")
     messages_burst: int = setting(
         0, at_least(0), doc="PUBLISH packets a client may send at once; 0: one second's worth")
     bytes_rate: float = setting(
-        0.0, at_least(0),
+        0.0, RATE,
         doc="published bytes (topic + payload) per second per client; 0: no limit")
     bytes_burst: int = setting(
         0, at_least(0), doc="published bytes a client may send at once; 0: one second's worth")
     control_rate: float = setting(
-        100.0, at_least(0),
+        100.0, RATE,
         doc="packets other than PUBLISH and its acknowledgements (PINGREQ, SUBSCRIBE, "
             "UNSUBSCRIBE, AUTH; PUBREL, PUBREC for no message in flight; WebSocket pings, "
             "pongs, empty frames) per second per client; over it the client is not read for "

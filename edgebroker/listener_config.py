@@ -197,17 +197,30 @@ def _overlap(a: ListenerConfig, b: ListenerConfig) -> str:
     return ""
 
 
+def _the_file(path: str) -> str:
+    """The file ``path`` names, its links followed (as written if it holds a NUL, a problem
+    reported on its own)."""
+    return path if "\0" in path else os.path.realpath(path)
+
+
 def address_problems(listeners, metrics_listen: str, admin_socket: str = "") -> list[str]:
     """Listeners (and the metrics endpoint) whose sockets could not all be bound: the same
     Unix socket path twice, or at ``admin_socket`` (the broker's own), or TCP addresses that
     overlap on one port; each named with the entry it overlaps."""
     problems = []
-    paths: dict[str, int] = {}
-    admin = os.path.abspath(admin_socket) if admin_socket else None
+    paths: dict[str, int] = {}      # the file a Unix socket path names: the first listener's
+    admin = _the_file(admin_socket) if admin_socket else None
     for i, lc in enumerate(listeners):
-        if lc.unix_socket and paths.setdefault(lc.unix_socket, i) != i:
-            problems.append(f"listener[{i}]: {lc.address} is listed twice")
-        elif lc.unix_socket and os.path.abspath(lc.unix_socket) == admin:
+        if not lc.unix_socket:
+            continue
+        # ("/d/x.sock", "/d//x.sock", "x.sock" run in /d and a link to /d name one file)
+        first = paths.setdefault(_the_file(lc.unix_socket), i)
+        if first != i:
+            same = listeners[first].unix_socket
+            problems.append(f"listener[{i}]: {lc.address} is listed twice" if same ==
+                            lc.unix_socket else f"listener[{i}]: {lc.address} names the same "
+                            f"file as listener[{first}] (unix:{same})")
+        elif _the_file(lc.unix_socket) == admin:
             problems.append(f"listener[{i}]: unix_socket {lc.unix_socket} is the path of the "
                             f"broker's admin socket (data_dir/{ADMIN_SOCKET}); choose another")
     entries = bind_entries(listeners, metrics_listen)

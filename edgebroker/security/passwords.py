@@ -147,6 +147,16 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.0f} MiB"
 
 
+def _number(text: str) -> int | None:
+    """``text`` read as a number written in the digits 0-9, None if it is not one. Past 18
+    digits (int() refuses more than 4300) it is 10**18, beyond every range it is checked
+    against."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
 def parse_hash(stored: str) -> tuple:
     """Check a stored hash's format; returns a tuple the verifier uses. Raises HashError."""
     if stored.startswith(SCRYPT_PREFIX):
@@ -157,9 +167,10 @@ def parse_hash(stored: str) -> tuple:
         params = {}
         for item in parts[3].split(","):
             key, _, value = item.partition("=")
-            if not (value.isascii() and value.isdigit()):
+            number = _number(value)
+            if number is None:
                 raise HashError(f"scrypt hash: bad parameter {item!r}")
-            params[key] = int(value)
+            params[key] = number
         if set(params) != {"ln", "r", "p"}:
             raise HashError("scrypt hash: parameters must be ln, r and p")
         ln, r, p = params["ln"], params["r"], params["p"]
@@ -183,9 +194,9 @@ def parse_hash(stored: str) -> tuple:
     if stored.startswith(PBKDF2_PREFIX):
         parts = stored.split("$")
         # ['', '7', ITERATIONS, SALT, HASH]
-        if len(parts) != 5 or not (parts[2].isascii() and parts[2].isdigit()):
+        iterations = _number(parts[2]) if len(parts) == 5 else None
+        if iterations is None:
             raise HashError("PBKDF2 hash: expected $7$ITERATIONS$SALT$HASH")
-        iterations = int(parts[2])
         if not 1 <= iterations <= _MAX_ITERATIONS:
             raise HashError("PBKDF2 hash: iterations out of range")
         salt, digest = _unb64(parts[3]), _unb64(parts[4])

@@ -163,8 +163,9 @@ def parse_keys(text: str) -> Keys:
             or parts[2] != f"v={VERSION}" or not parts[3].startswith("i=")):
         raise FormatError("SCRAM keys: expected $scram-sha-256$v=1$i=N$SALT$STOREDKEY$SERVERKEY")
     count = parts[3][2:]
-    if (not (count.isascii() and count.isdigit())
-            or not MIN_ITERATIONS <= int(count) <= MAX_ITERATIONS):
+    digits = count.lstrip("0") or "0"     # (int() refuses more than 4300 digits)
+    if (not (count.isascii() and count.isdigit()) or len(digits) > 18
+            or not MIN_ITERATIONS <= int(digits) <= MAX_ITERATIONS):
         raise FormatError(f"SCRAM keys: iterations must be {MIN_ITERATIONS} to "
                           f"{MAX_ITERATIONS}")
     salt = _unb64(parts[4], "SCRAM keys: salt")
@@ -174,7 +175,7 @@ def parse_keys(text: str) -> Keys:
         raise FormatError("SCRAM keys: empty salt")
     if len(stored) != KEY_BYTES or len(server) != KEY_BYTES:
         raise FormatError(f"SCRAM keys: StoredKey and ServerKey must be {KEY_BYTES} bytes")
-    return Keys(salt, int(count), stored, server)
+    return Keys(salt, int(digits), stored, server)
 
 
 # --------------------------------------------------------------------------- the exchange

@@ -2,13 +2,14 @@
 could not all listen, naming both entries; "0.0.0.0" and "::" on one port serve IPv4 and IPv6
 side by side (the "::" socket is bound IPV6_V6ONLY, as Mosquitto binds its IPv6 sockets)."""
 
+import os
 import socket
 import urllib.request
 
 import pytest
 
 import mqttraw
-from conftest import run_cli, toml_dumps
+from conftest import REPO, run_cli, toml_dumps
 
 ERROR = "edgebroker: config error: "
 
@@ -80,6 +81,25 @@ def test_a_unix_socket_at_the_admin_sockets_path_is_refused(tmp_path, command):
     assert (r.returncode, r.stderr) == (
         2, f"{ERROR}{path}: listener[0]: unix_socket {data / 'admin.sock'} is the path of the "
            f"broker's admin socket (data_dir/admin.sock); choose another\n")
+
+
+@pytest.mark.parametrize("command", [("config", "check"), ("serve",)])
+def test_two_unix_socket_paths_naming_one_file_are_refused(tmp_path, command):
+    """"/d/x.sock" and "/d//x.sock" (or a relative path, or one through a link to /d): config
+    check said OK, serve exited 1 ("another process is listening there": its own first
+    socket) leaving that socket file behind. Now both refuse them, naming both entries."""
+    sock = tmp_path / "x.sock"
+    (tmp_path / "link").symlink_to(tmp_path)
+    for other in (f"{tmp_path}//x.sock", os.path.relpath(sock, REPO), f"{tmp_path}/link/x.sock"):
+        cfg = {"data_dir": str(tmp_path / "data"), "allow_anonymous": True,
+               "listener": [{"unix_socket": str(sock)}, {"unix_socket": other}]}
+        path = tmp_path / "c.toml"
+        path.write_text(toml_dumps(cfg))
+        r = run_cli(*command, "-c", str(path))
+        assert (r.returncode, r.stderr) == (
+            2, f"{ERROR}{path}: listener[1]: unix:{other} names the same file as listener[0] "
+               f"(unix:{sock})\n")
+        assert not sock.exists()
 
 
 def test_listen_options_that_overlap_are_refused(tmp_path):

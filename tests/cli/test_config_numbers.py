@@ -97,6 +97,17 @@ def test_every_integer_key_refuses_one_that_does_not_fit_in_64_bits(tmp_path):
      "log.retention_bytes: must be between 4096 and 1125899906842624, got 1125899906842625"),
     ("[limits]\nmax_connections = " + "1" * 5000, "not valid TOML: an integer of more than 4300 "
                                                   "digits"),
+    # An idle broker published a $SYS report on every loop pass (a core at 100 %).
+    ("sys_interval = 0.000001", "sys_interval: must be 0 (off) or at least 1, got 1e-06"),
+    # 1/rate overflowed to inf: a throttled client was "not read for nan s".
+    ("[limits]\ncontrol_rate = 1e-310\ncontrol_burst = 1",
+     "limits.control_rate: must be 0 (no limit) or at least 0.001, got 1e-310"),
+    ("[limits]\nmessages_rate = 0.0009",
+     "limits.messages_rate: must be 0 (no limit) or at least 0.001, got 0.0009"),
+    ("[limits]\nbytes_rate = 1e-5",
+     "limits.bytes_rate: must be 0 (no limit) or at least 0.001, got 1e-05"),
+    ("[limits]\nmax_connection_rate = 1e-300",
+     "limits.max_connection_rate: must be 0 (no limit) or at least 0.001, got 1e-300"),
 ])
 def test_config_check_and_serve_refuse_the_number_naming_the_key(tmp_path, command, text,
                                                                   problem):
@@ -119,3 +130,15 @@ def test_the_largest_values_in_range_are_accepted(tmp_path):
                     f'retention_bytes = 1125899906842624\n')
     r = run_cli("config", "check", "-c", str(path))
     assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_the_smallest_rate_throttles_for_a_finite_time(broker):
+    """control_rate at its smallest (one packet per 1000 s) with a burst of 1: a PINGREQ,
+    answered, takes the one token and the client is not read for 1000 s, a number (it was
+    nan with control_rate 1e-310)."""
+    b = broker(sys_interval=1, limits={"control_rate": 0.001, "control_burst": 1})
+    c = b.client("slow")
+    mark = b.mark()
+    assert c.ping() == []
+    line = b.wait_log("over its control packet rate", timeout=10, start=mark)
+    assert line and "(control_rate 0.001/s); not reading from it for 1000.000 s" in line, line

@@ -4,10 +4,12 @@ check` and `serve` refuse the same file with one line naming the file and what i
 
 import os
 import signal
+import threading
 
-from conftest import run_cli, toml_dumps
+from conftest import default_config, run_cli, toml_dumps
 
 from edgebroker.security.passwords import hash_password
+from edgebroker.security.scram import derive, format_keys
 
 FAILED = "reload failed, keeping the running configuration"
 
@@ -200,3 +202,107 @@ def test_the_files_of_a_listener_a_restart_opens_are_checked(broker, tmp_path):
         for problem in problems:
             problem = problem.replace(str(b.config_path), str(path))
             assert f"edgebroker: config error: {problem}" in r.stderr, r.stderr
+
+
+def test_values_nested_too_deeply_are_not_valid_toml(broker, tmp_path):
+    """A value nested 500 arrays deep: config check and serve died with a RecursionError
+    traceback (exit 1, which systemd restarts), a reload logged a traceback. Now one line
+    naming the file, exit 2; a reload is refused."""
+    b = broker()
+    deep = "[" * 500 + "]" * 500
+    text = toml_dumps(b.config) + f"\n[metrics]\nlisten = {deep}\n"
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    for command in ("config check", "serve"):
+        r = run_cli(*command.split(), "-c", str(path), timeout=30)
+        assert one_line(r) == (f"edgebroker: config error: {path}: not valid TOML: arrays or "
+                               f"tables nested too deeply"), command
+    b.config_path.write_text(text)
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log(lambda ln: FAILED in ln or "configuration reloaded" in ln, timeout=10,
+                      start=mark)
+    assert line is not None and line.endswith(
+        f"{FAILED}: {b.config_path}: not valid TOML: arrays or tables nested too deeply"), line
+    assert "Traceback" not in b.log_text()
+    assert b.client("after-reload").ping() == []
+
+
+def test_password_file_numbers_of_thousands_of_digits_are_refused_not_a_crash(broker,
+                                                                                tmp_path):
+    """A hash's number of over 4300 digits (int()'s limit) gave config check and serve a
+    traceback and a reload one not naming the file. Now refused as out of range, naming the
+    file and line; leading zeros do not count."""
+    pbkdf2 = hash_password("pw", "pbkdf2")
+    count = pbkdf2.split("$")[2]
+    scrypt = hash_password("pw")
+    scram = ("$scram-sha-256$v=1$i=4096$" + "A" * 22 + "$" + "A" * 43 + "=$" + "A" * 43 + "=")
+    big = "1" * 5000
+    cases = [(pbkdf2.replace(f"$7${count}$", f"$7${big}$"), "PBKDF2 hash: iterations out of "
+                                                            "range"),
+             (scrypt.replace("ln=14", f"ln={big}"), "scrypt hash: parameters out of range"),
+             (f"{pbkdf2}:{scram.replace('i=4096', f'i={big}')}",
+              "SCRAM keys: iterations must be 4096 to 10000000")]
+    b = broker()
+    for n, (stored, problem) in enumerate(cases):
+        pw = tmp_path / f"{n}.pw"
+        pw.write_text(f"alice:{stored}\n", encoding="utf-8")
+        pw.chmod(0o600)
+        cfg = dict(b.config, password_file=str(pw))
+        reload_refused(b, cfg, f"{b.config_path}: password_file: {pw} line 1: user 'alice': "
+                               f"{problem}")
+        path = tmp_path / f"{n}.toml"
+        path.write_text(toml_dumps(cfg))
+        for command in ("config check", "serve"):
+            r = run_cli(*command.split(), "-c", str(path))
+            assert one_line(r).startswith(f"edgebroker: config error: {path}: password_file: "
+                                          f"{pw} line 1: user 'alice': {problem}"), command
+    pw = tmp_path / "zeros.pw"
+    zeros = "0" * 5000
+    keys = format_keys(derive("pw", iterations=4096))
+    pw.write_text(f"alice:{pbkdf2.replace(f'$7${count}$', f'$7${zeros}{count}$')}:"
+                  f"{keys.replace('i=4096', f'i={zeros}4096')}\n")
+    pw.chmod(0o600)
+    path = tmp_path / "zeros.toml"
+    path.write_text(toml_dumps(dict(b.config, password_file=str(pw))))
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_pipe_as_the_configuration_is_read_at_start_only(broker, tmp_path):
+    """`serve -c FIFO` (or -c /dev/stdin from a pipe, -c <(...)): a SIGHUP opened the pipe
+    again on the loop thread and waited for a writer that never came: no client was served
+    and SIGTERM was not acted on. The pipe is read at start; a reload is refused at once,
+    saying why. A device is refused at start (/dev/zero never ends)."""
+    fifo = tmp_path / "edgebroker.toml"
+    os.mkfifo(fifo)
+    text = toml_dumps(default_config(tmp_path))
+    b = broker(config_file=False, args=["-c", str(fifo)], wait=False)
+    written = threading.Event()
+
+    def write():
+        with open(fifo, "w") as fh:    # (returns once the broker opened the pipe)
+            fh.write(text)
+        written.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    if not written.wait(15):
+        with open(fifo, "rb"):   # unblocks the writer
+            pass
+        raise AssertionError(f"the broker never read {fifo}:\n{b.log_text()}")
+    b.wait_ready()
+    c = b.client("before")
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    line = b.wait_log(lambda ln: FAILED in ln or "configuration reloaded" in ln, timeout=10,
+                      start=mark)
+    assert line and line.endswith(
+        f"{FAILED}: {fifo}: not a regular file (a pipe), read at start: it cannot be read "
+        f"again; restart to change the configuration"), f"{line!r}\n{b.log_text()}"
+    assert c.ping() == []
+    assert b.client("after-reload").ping() == []
+    assert b.stop() == 0
+    for command in ("config check", "serve"):
+        r = run_cli(*command.split(), "-c", "/dev/zero")
+        assert one_line(r) == ("edgebroker: config error: /dev/zero: not a regular file (a "
+                               "character device)"), command
