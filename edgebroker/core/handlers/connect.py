@@ -16,8 +16,8 @@ import os
 
 from edgebroker import logs
 from edgebroker.errors import (
-    DISCONNECT_WITH_WILL, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
-    RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE,
+    PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, RETAIN_NOT_SUPPORTED,
+    SERVER_UNAVAILABLE, SUCCESS,
     ProtocolError,
 )
 from edgebroker.mqtt import packets as P
@@ -274,8 +274,9 @@ def on_disconnect(client, p) -> None:
 
 
 def on_disconnect5(client, p: P.Disconnect) -> None:
-    """A 5.0 DISCONNECT: reason 0x04 keeps the will; a Session Expiry Interval changes the
-    session's (not from 0 to more: MQTT-3.14.2-2)."""
+    """A 5.0 DISCONNECT: only reason 0x00 (Normal disconnection) deletes the will, any other
+    code keeps it (MQTT-3.1.2-8, 3.14.4); a Session Expiry Interval changes the session's (not
+    from 0 to more: MQTT-3.14.2-2)."""
     props = p.properties
     if props is not None and Q.SESSION_EXPIRY in props:
         expiry = props[Q.SESSION_EXPIRY]
@@ -286,4 +287,4 @@ def on_disconnect5(client, p: P.Disconnect) -> None:
         client.broker.set_session_expiry(session, mqtt5.session_expiry_cap(
             expiry, client.broker.limits.persistent_client_expiration))
     connections_log.info("%s disconnected (reason %#04x)", client.describe(), p.reason_code)
-    client.close(will=p.reason_code == DISCONNECT_WITH_WILL)
+    client.close(will=p.reason_code != SUCCESS)
