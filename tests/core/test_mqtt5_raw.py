@@ -568,6 +568,45 @@ def test_retain_as_published_holds_for_messages_read_back_from_the_log(srv, uid)
     assert [(p.topic, p.retain) for p in got] == [(f"{uid}/rap", True), (f"{uid}/plain", False)]
 
 
+def test_retain_as_published_holds_for_qos_0_messages_queued_offline(broker, uid):
+    """max_queued_messages set, queue_qos0_messages on: a retained QoS 0 message queued for an
+    offline session whose subscription has Retain As Published keeps its retain flag, as a
+    QoS 1 one does (the QoS 0 one went with retain 0)."""
+    b = broker(limits={"queue_qos0_messages": True, "max_queued_messages": 100})
+    expiry = {R.SESSION_EXPIRY: 300}
+    c = raw5(b, f"{uid}-c", props=expiry)
+    c.subscribe((f"{uid}/#", R.RETAIN_AS_PUBLISHED | 1))
+    c.disconnect()
+    other = raw5(b, f"{uid}-o")
+    other.publish(f"{uid}/q0", b"kept", qos=0, retain=True)
+    other.publish(f"{uid}/q1", b"kept", qos=1, retain=True)
+    back = raw5(b, f"{uid}-c", clean_start=False, props=expiry)
+    got = publishes(back, 2)
+    assert sorted((p.topic, p.qos, p.retain) for p in got) == [
+        (f"{uid}/q0", 0, True), (f"{uid}/q1", 1, True)]
+
+
+def test_live_retained_messages_for_a_retain_as_published_session_stay_bounded(broker, uid):
+    """With the log as the queue, live retained messages a session cannot take now (its
+    Receive Maximum is used up) past the in-memory bound (256 messages) are read back from the
+    log, Retain As Published or not; only the retained copies a SUBSCRIBE sends may go past
+    it. (With Retain As Published they all stayed in memory.)"""
+    b = broker()
+    c = raw5(b, f"{uid}-c", props={R.RECEIVE_MAXIMUM: 1})
+    c.subscribe((f"{uid}/#", R.RETAIN_AS_PUBLISHED | 1))
+    other = raw5(b, f"{uid}-o")
+    for i in range(300):
+        other.publish(f"{uid}/{i}", b"kept", qos=1, retain=True)
+    assert b.stats()["queued_messages"] <= 256
+    got = []
+    while len(got) < 300:
+        (p,) = publishes(c, 1)
+        c.ack(p)
+        got.append(p)
+    assert [p.topic for p in got] == [f"{uid}/{i}" for i in range(300)]
+    assert all(p.retain for p in got)
+
+
 def test_one_message_to_many_5_0_subscribers_each_gets_its_own_publish(srv, uid):
     # The broker makes the parts of a PUBLISH that no subscriber changes once per message
     # (core/router5.py), for subscribers with the same Subscription Identifiers; each
