@@ -401,6 +401,34 @@ def test_a_filter_subscribed_while_behind_has_no_say_over_older_records(broker, 
     assert quiet(c)
 
 
+def test_a_retained_copy_for_a_subscribe_made_while_behind_carries_its_identifier(broker,
+                                                                                    uid):
+    """MQTT-3.3.4-3: behind, a 5.0 session subscribes to r/# with identifier 9; the retained
+    message that SUBSCRIBE sends (its record older than the SUBSCRIBE) carries 9, and 3 of r/+
+    subscribed before, as for a session in step. (It came without 9: a filter subscribed
+    while behind counted only for records after it.)"""
+    b = broker()
+    pub = raw5(b, f"{uid}-p")
+    pub.publish(f"{uid}/r/a", b"kept", qos=1, retain=True)
+    c = raw5(b, f"{uid}-c")
+    c.subscribe((f"{uid}/t", 1), (f"{uid}/x/#", 1))
+    c.subscribe((f"{uid}/r/+", 1 | 0x20), props={R.SUBSCRIPTION_ID: 3})  # none sent now
+    for i in range(600):                      # unacknowledged: the session falls behind
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    assert b.stats()["sessions_behind"] == 1
+    c.subscribe((f"{uid}/r/#", 1), props={R.SUBSCRIPTION_ID: 9})
+    pub.publish(f"{uid}/x/y", b"after", qos=1)
+    got = []
+    for _ in range(602):
+        p = c.wait_for(lambda p: p.type == R.PUBLISH, 10)
+        c.ack(p)
+        if p.topic != f"{uid}/t":
+            got.append((p.topic, p.retain, sorted(p.properties.get(R.SUBSCRIPTION_ID, []))))
+        if len(got) == 2:
+            break
+    assert got == [(f"{uid}/r/a", True, [3, 9]), (f"{uid}/x/y", False, [])]
+
+
 def test_outbound_topic_aliases(broker, uid):
     b = broker(limits={"outbound_topic_aliases": True})
     sub = R.RawClient5(b.host, b.port)
