@@ -89,9 +89,9 @@ class RetainedDelivery:
             # (bounded), QoS 0 included, and follow as the connection drains.
             if client.transport.out_bytes >= client.transport.max_pending:
                 client.transport.wait_for_drain()
-                self._enqueue(session, message, qos, True)
+                self._enqueue(session, message, qos, True, True)
             elif qos == 0 and session.queued_qos0:
-                self._enqueue(session, message, 0, True)  # behind the QoS 0 queued before
+                self._enqueue(session, message, 0, True, True)  # behind the QoS 0 queued before
             elif qos == 0:
                 self._write_publish(client, message, 0, True, False, None)
                 continue
@@ -101,7 +101,7 @@ class RetainedDelivery:
                 self._send(session, message, qos, True)
                 continue
             else:
-                self._defer(session, message, qos, True)
+                self._defer(session, message, qos, True, True)
             _queued_retained(session, message)
         if cursor is not None and cursor.held and len(cursor.held) > count:
             self.pump(session)      # they go at once if the cursor is there already
@@ -133,7 +133,7 @@ class RetainedDelivery:
         for at, ref, qos, retain in held:
             if at > cursor.offset:
                 break
-            self._enqueue(session, ref, qos, retain)
+            self._enqueue(session, ref, qos, retain, True)
             _queued_retained(session, ref)
             due += 1
         del held[:due]

@@ -186,10 +186,10 @@ class Router:
                     # ones queued at SUBSCRIBE, or ones queued while offline.
                     if client is None:
                         if self.limits.queue_qos0_messages and not session.clean:
-                            self._enqueue(session, message, 0, False)
+                            self._enqueue(session, message, 0, retain_out)
                         continue
                     if session.queued_qos0:
-                        self._enqueue(session, message, 0, False)
+                        self._enqueue(session, message, 0, retain_out)
                         continue
                 if client.v5 is not None:
                     if self._offer5(client, message, retain_out) is False:
@@ -257,7 +257,8 @@ class Router:
                              "until they are written", transport.out_bytes, transport.max_pending)
         client.pending_dropped += 1
 
-    def _defer(self, session: Session, message: Message, qos: int, retain: bool) -> None:
+    def _defer(self, session: Session, message: Message, qos: int, retain: bool,
+               copy: bool = False) -> None:
         """A QoS 1/2 message that cannot be sent now: count why, then queue it."""
         client = session.client
         if client is not None and not session.queue:
@@ -268,7 +269,7 @@ class Router:
             else:
                 self.hit("max_pending_write_bytes")
                 client.transport.wait_for_drain()
-        self._enqueue(session, message, qos, retain)
+        self._enqueue(session, message, qos, retain, copy)
 
     def _send(self, session: Session, ref, qos: int, retain: bool,
               ids: bytes | None = None, group: str | None = None) -> Outgoing | None:
@@ -353,12 +354,13 @@ class Router:
             self.count_lost(client, offset)
         return where
 
-    def _enqueue(self, session: Session, message: Message, qos: int, retain: bool) -> None:
-        """Queue for later: up to a small bound, past which the session reads from the log
-        (core.catchup); with max_queued_messages/bytes set, within them (``queue_full`` says
-        what goes)."""
+    def _enqueue(self, session: Session, message: Message, qos: int, retain: bool,
+                 copy: bool = False) -> None:
+        """Queue for later: up to a small bound (not for ``copy``, a retained copy for a
+        SUBSCRIBE), past which the session reads from the log (core.catchup); with
+        max_queued_messages/bytes set, within them (``queue_full`` says what goes)."""
         if self.log_queue:
-            if (retain or len(session.queue) < QUEUE_MESSAGES
+            if (copy or len(session.queue) < QUEUE_MESSAGES
                     and session.queue_bytes < QUEUE_BYTES):
                 self._append(session, message, qos, retain)
             elif message.offset is not None:

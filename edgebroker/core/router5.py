@@ -92,6 +92,16 @@ def options5_for(session, topic: str, retain_flag: bool, own: bool,
     return best, retain
 
 
+def ids_offset(ref) -> int | None:
+    """The ``offset`` ``subscription_ids`` takes for ``ref``: None for a retained message (a
+    copy sent for a SUBSCRIBE, which carries that subscription's identifier, or a live one
+    queued before the session fell behind), whose filters count as they are now, as for a
+    session in step (MQTT-3.3.4-3); a record's offset otherwise."""
+    if type(ref) is StoredRetained or type(ref) is Message and ref.retain:
+        return None
+    return ref.offset
+
+
 def subscription_ids(session, topic: str, own: bool, offset: int | None = None) -> bytes:
     """The Subscription Identifier properties of the session's filters matching ``topic``
     that take the message: not a No Local one for the session's own message (``own``), nor
@@ -153,7 +163,7 @@ class Router5:
         session = client.session
         if ids is None:
             ids = b"" if session.sub5 is None else subscription_ids(
-                session, ref.topic, ref.client_id == session.client_id, ref.offset)
+                session, ref.topic, ref.client_id == session.client_id, ids_offset(ref))
         last = self._last5
         payload = ref.payload
         if (last[0] is not ref or last[1] != 0x30 | qos << 1 | retain | dup << 3
@@ -241,7 +251,7 @@ class Router5:
             session = client.session
             ids = b"" if session.sub5 is None else subscription_ids(
                 session, topic, ref.client_id == session.client_id if where is None
-                else where.client_id == client.client_id_bytes, ref.offset)
+                else where.client_id == client.client_id_bytes, ids_offset(ref))
         props += ids
         alias = new_alias = 0
         name = topic_bytes

@@ -3,6 +3,8 @@
 import json
 
 import mqttraw as m
+import mqttraw5 as R
+from conftest import _open_clients
 from mqttraw import PUBACK
 
 
@@ -130,6 +132,40 @@ def test_topic_length_and_levels(broker, uid):
     d = b.stats()["dropped"]
     assert d["max_topic_levels"] == 1 and d["max_topic_length"] == 1
     assert b.stats()["limit_hits"]["max_topic_levels"] == 2  # the filter and the publish
+
+
+def test_a_will_topic_over_the_topic_limits_refuses_the_connect(broker, uid):
+    """A will topic is checked against max_topic_length and max_topic_levels at CONNECT, as a
+    PUBLISH topic is: a 5.0 CONNECT gets CONNACK 0x97 (as the PUBLISH would get PUBACK 0x97),
+    a 3.1.1 one is closed without a CONNACK (no code says it); counted, logged once per
+    address, and no will is stored. (It was accepted, and its retained will kept.)"""
+    b = broker(limits={"max_topic_length": 100, "max_topic_levels": 8},
+               refusal_log_interval=60)
+    deep = f"{uid}/" + "/".join(["d"] * 20)            # 21 levels, 40 bytes and the uid
+    long = f"{uid}/" + "x" * 200
+    mark = b.mark()
+    for i in range(2):
+        c = b.raw()
+        c.send(m.connect(f"{uid}-w{i}", will=(deep, b"gone", 1, True)))
+        assert c.expect_closed(5) and c.before_close == []
+    c5 = R.RawClient5(b.host, b.port)
+    _open_clients.append(c5)
+    ack = c5.connect(f"{uid}-w5", will=(long, b"gone", 1, True))
+    assert ack.reason == 0x97
+    assert "will topic over max_topic_length (100)" in ack.properties[R.REASON_STRING]
+    assert c5.expect_closed(5)
+    s = b.stats()
+    assert s["limit_hits"]["max_topic_levels"] == 2 and s["limit_hits"]["max_topic_length"] == 1
+    assert s["refused"]["max_topic_levels"] == 2 and s["refused"]["max_topic_length"] == 1
+    assert s["retained_messages"] == 0
+    lines = [ln for ln in b.logs[mark:] if "will topic" in ln]
+    assert len(lines) == 2, lines
+    assert f"'{uid}-w0'" in lines[0] and "refused (closed: MQTT 3.1.1 has no CONNACK" in lines[0]
+    assert f"will topic over max_topic_levels (8): '{uid}/d/d/" in lines[0]
+    assert f"'{uid}-w5'" in lines[1] and "refused (CONNACK 0x97)" in lines[1]
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/#", qos=1)
+    assert delivered(sub) == []
 
 
 def test_refused_publishes_are_logged_shortened_and_once_per_address(broker, uid):

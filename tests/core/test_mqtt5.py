@@ -322,6 +322,16 @@ def test_disconnect_with_will_publishes_it(srv, v5, paho, uid):
         watcher.get(timeout=0.5)
 
 
+@pytest.mark.parametrize("reason", [0x80, 0x83, 0x93])
+def test_disconnect_with_an_error_code_keeps_the_will(srv, v5, paho, uid, reason):
+    """MQTT-3.1.2-8, 3.14.4: only 0x00 (Normal disconnection) deletes the will."""
+    watcher = paho(srv.port, client_id=f"{uid}-w")
+    watcher.subscribe(f"{uid}/will", 1)
+    c = v5(srv.port, client_id=f"{uid}-c", will=(f"{uid}/will", b"bye", 1))
+    c.disconnect(reason=reason)
+    assert watcher.get().payload == b"bye"
+
+
 def test_will_properties_are_forwarded(srv, v5, uid):
     watcher = v5(srv.port)
     watcher.subscribe(f"{uid}/will", qos=1)

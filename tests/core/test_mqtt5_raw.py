@@ -401,6 +401,34 @@ def test_a_filter_subscribed_while_behind_has_no_say_over_older_records(broker, 
     assert quiet(c)
 
 
+def test_a_retained_copy_for_a_subscribe_made_while_behind_carries_its_identifier(broker,
+                                                                                    uid):
+    """MQTT-3.3.4-3: behind, a 5.0 session subscribes to r/# with identifier 9; the retained
+    message that SUBSCRIBE sends (its record older than the SUBSCRIBE) carries 9, and 3 of r/+
+    subscribed before, as for a session in step. (It came without 9: a filter subscribed
+    while behind counted only for records after it.)"""
+    b = broker()
+    pub = raw5(b, f"{uid}-p")
+    pub.publish(f"{uid}/r/a", b"kept", qos=1, retain=True)
+    c = raw5(b, f"{uid}-c")
+    c.subscribe((f"{uid}/t", 1), (f"{uid}/x/#", 1))
+    c.subscribe((f"{uid}/r/+", 1 | 0x20), props={R.SUBSCRIPTION_ID: 3})  # none sent now
+    for i in range(600):                      # unacknowledged: the session falls behind
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+    assert b.stats()["sessions_behind"] == 1
+    c.subscribe((f"{uid}/r/#", 1), props={R.SUBSCRIPTION_ID: 9})
+    pub.publish(f"{uid}/x/y", b"after", qos=1)
+    got = []
+    for _ in range(602):
+        p = c.wait_for(lambda p: p.type == R.PUBLISH, 10)
+        c.ack(p)
+        if p.topic != f"{uid}/t":
+            got.append((p.topic, p.retain, sorted(p.properties.get(R.SUBSCRIPTION_ID, []))))
+        if len(got) == 2:
+            break
+    assert got == [(f"{uid}/r/a", True, [3, 9]), (f"{uid}/x/y", False, [])]
+
+
 def test_outbound_topic_aliases(broker, uid):
     b = broker(limits={"outbound_topic_aliases": True})
     sub = R.RawClient5(b.host, b.port)
@@ -566,6 +594,45 @@ def test_retain_as_published_holds_for_messages_read_back_from_the_log(srv, uid)
     back = raw5(srv, f"{uid}-c", clean_start=False, props=expiry)
     got = publishes(back, 2)
     assert [(p.topic, p.retain) for p in got] == [(f"{uid}/rap", True), (f"{uid}/plain", False)]
+
+
+def test_retain_as_published_holds_for_qos_0_messages_queued_offline(broker, uid):
+    """max_queued_messages set, queue_qos0_messages on: a retained QoS 0 message queued for an
+    offline session whose subscription has Retain As Published keeps its retain flag, as a
+    QoS 1 one does (the QoS 0 one went with retain 0)."""
+    b = broker(limits={"queue_qos0_messages": True, "max_queued_messages": 100})
+    expiry = {R.SESSION_EXPIRY: 300}
+    c = raw5(b, f"{uid}-c", props=expiry)
+    c.subscribe((f"{uid}/#", R.RETAIN_AS_PUBLISHED | 1))
+    c.disconnect()
+    other = raw5(b, f"{uid}-o")
+    other.publish(f"{uid}/q0", b"kept", qos=0, retain=True)
+    other.publish(f"{uid}/q1", b"kept", qos=1, retain=True)
+    back = raw5(b, f"{uid}-c", clean_start=False, props=expiry)
+    got = publishes(back, 2)
+    assert sorted((p.topic, p.qos, p.retain) for p in got) == [
+        (f"{uid}/q0", 0, True), (f"{uid}/q1", 1, True)]
+
+
+def test_live_retained_messages_for_a_retain_as_published_session_stay_bounded(broker, uid):
+    """With the log as the queue, live retained messages a session cannot take now (its
+    Receive Maximum is used up) past the in-memory bound (256 messages) are read back from the
+    log, Retain As Published or not; only the retained copies a SUBSCRIBE sends may go past
+    it. (With Retain As Published they all stayed in memory.)"""
+    b = broker()
+    c = raw5(b, f"{uid}-c", props={R.RECEIVE_MAXIMUM: 1})
+    c.subscribe((f"{uid}/#", R.RETAIN_AS_PUBLISHED | 1))
+    other = raw5(b, f"{uid}-o")
+    for i in range(300):
+        other.publish(f"{uid}/{i}", b"kept", qos=1, retain=True)
+    assert b.stats()["queued_messages"] <= 256
+    got = []
+    while len(got) < 300:
+        (p,) = publishes(c, 1)
+        c.ack(p)
+        got.append(p)
+    assert [p.topic for p in got] == [f"{uid}/{i}" for i in range(300)]
+    assert all(p.retain for p in got)
 
 
 def test_one_message_to_many_5_0_subscribers_each_gets_its_own_publish(srv, uid):

@@ -16,16 +16,16 @@ import os
 
 from edgebroker import logs
 from edgebroker.errors import (
-    DISCONNECT_WITH_WILL, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED,
-    RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE,
-    ProtocolError,
+    PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
+    RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE, SUCCESS,
+    ProtocolError, shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
 from edgebroker.mqtt.properties import payload_utf8_error
 from edgebroker.core import mqtt5
-from edgebroker.core.limits import PublishRate
+from edgebroker.core.limits import PublishRate, check_topic
 
 log = logging.getLogger("edgebroker.client")
 # The lines of every connect and disconnect (edgebroker/logs.py says why they go apart).
@@ -77,6 +77,11 @@ def on_connect(client, p: P.Connect) -> None:
         client_id = _assigned_id(broker.config.auto_id_prefix, limits.max_client_id_length)
     client.client_id = client_id
     client.client_id_bytes = client_id.encode("utf-8")
+    limit = None if will is None else check_topic(will.topic, limits)
+    if limit is not None:
+        # As a PUBLISH to that topic would be: 5.0 Quota exceeded; 3.1.1 has no code for it.
+        return refuse(client, None, f"will topic over {limit} ({getattr(limits, limit)}): "
+                      f"{shown(will.topic, 200, 'characters')}", limit, reason5=QUOTA_EXCEEDED)
     if _over_max_keepalive(p.keepalive, limits.max_keepalive) and not v5:
         # (5.0: the CONNACK's Server Keep Alive says the broker's maximum instead.)
         return refuse(client, 2, f"keepalive {p.keepalive} s is above max_keepalive "
@@ -242,24 +247,30 @@ def accept(client, p: P.Connect) -> None:
         broker.resume(session)
 
 
-def refuse(client, code: int, why: str, reason: str = "client_id", *, reason5: int = 0,
-           told: str | None = None) -> None:
-    """Refuse a CONNECT: 3.1.1 CONNACK ``code``; a 5.0 client gets ``reason5`` or the reason
-    code that says the same as ``code``, with ``why`` (or ``told``, when the client is to
-    learn less than the log) as the Reason String."""
+def refuse(client, code: int | None, why: str, reason: str = "client_id", *,
+           reason5: int = 0, told: str | None = None) -> None:
+    """Refuse a CONNECT: 3.1.1 CONNACK ``code`` (None: closed without one); a 5.0 client gets
+    ``reason5`` or the reason code that says the same as ``code``, with ``why`` (or ``told``,
+    when the client is to learn less than the log) as the Reason String."""
     broker = client.broker
     if client.v5 is not None:
         code = reason5 or mqtt5.CONNACK_REASONS[code]
         frame = mqtt5.refusal_frame(client.v5, code, told or why)
+        answer = f"CONNACK {code:#04x}"
+    elif code is None:
+        frame = None
+        answer = "closed: MQTT 3.1.1 has no CONNACK code for it"
     else:
         frame = encode(P.Connack(False, code))
-    broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (CONNACK %s): %s",
-                        client.describe(), f"{code:#04x}" if client.v5 else code, why)
+        answer = f"CONNACK {code}"
+    broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (%s): %s",
+                        client.describe(), answer, why)
     broker.stats.connections_refused += 1
     broker.refused[reason] += 1
     if reason in broker.limit_hits:
         broker.hit(reason)
-    client.answer(frame)
+    if frame is not None:
+        client.answer(frame)
     client.close(will=False)
 
 
@@ -274,8 +285,9 @@ def on_disconnect(client, p) -> None:
 
 
 def on_disconnect5(client, p: P.Disconnect) -> None:
-    """A 5.0 DISCONNECT: reason 0x04 keeps the will; a Session Expiry Interval changes the
-    session's (not from 0 to more: MQTT-3.14.2-2)."""
+    """A 5.0 DISCONNECT: only reason 0x00 (Normal disconnection) deletes the will, any other
+    code keeps it (MQTT-3.1.2-8, 3.14.4); a Session Expiry Interval changes the session's (not
+    from 0 to more: MQTT-3.14.2-2)."""
     props = p.properties
     if props is not None and Q.SESSION_EXPIRY in props:
         expiry = props[Q.SESSION_EXPIRY]
@@ -286,4 +298,4 @@ def on_disconnect5(client, p: P.Disconnect) -> None:
         client.broker.set_session_expiry(session, mqtt5.session_expiry_cap(
             expiry, client.broker.limits.persistent_client_expiration))
     connections_log.info("%s disconnected (reason %#04x)", client.describe(), p.reason_code)
-    client.close(will=p.reason_code == DISCONNECT_WITH_WILL)
+    client.close(will=p.reason_code != SUCCESS)
