@@ -281,6 +281,7 @@ def on_pingreq(client, p) -> None:
 
 def on_disconnect(client, p) -> None:
     connections_log.info("%s disconnected", client.describe())
+    client.broker.settle()      # what it published before, in this read, is acknowledged first
     client.close(will=False)
 
 
@@ -298,4 +299,5 @@ def on_disconnect5(client, p: P.Disconnect) -> None:
         client.broker.set_session_expiry(session, mqtt5.session_expiry_cap(
             expiry, client.broker.limits.persistent_client_expiration))
     connections_log.info("%s disconnected (reason %#04x)", client.describe(), p.reason_code)
+    client.broker.settle()
     client.close(will=p.reason_code != SUCCESS)

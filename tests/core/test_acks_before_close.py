@@ -1,5 +1,5 @@
-"""A connection the broker closes for a protocol violation gets the acknowledgements of the
-messages it published earlier in the same read: they were accepted (logged and routed), but
+"""A connection the broker closes for a protocol violation (or because it sent DISCONNECT) gets
+the acknowledgements of the messages it published earlier in the same read: they were accepted (logged and routed), but
 their PUBACK/PUBREC waited for the pass's log write, and the close dropped them, so the
 client sent them again after reconnecting (a QoS 1 duplicate)."""
 
@@ -38,3 +38,24 @@ def test_a_5_0_client_gets_them_before_its_disconnect(srv, uid):
     assert [(p.type, p.packet_id) for p in c.before_close[:2]] == [(R.PUBACK, 1), (R.PUBREC, 2)]
     assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
 
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_disconnect_behind_messages_in_the_same_read_gets_their_acknowledgements(
+        srv, uid, version):
+    """As Mosquitto: every packet before the DISCONNECT is answered."""
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=1)
+    if version == 5:
+        c = R.RawClient5(srv.host, srv.port)
+        _open_clients.append(c)
+        assert c.connect(f"{uid}-c").reason == 0
+        publish, disconnect = R.publish5, R.disconnect5
+    else:
+        c = srv.client(f"{uid}-c")
+        publish, disconnect = m.publish, m.disconnect
+    c.send(publish(f"{uid}/t", b"one", qos=1, packet_id=1)
+           + publish(f"{uid}/t", b"two", qos=2, packet_id=2) + disconnect())
+    assert c.expect_closed(10)
+    assert [(p.type, p.packet_id) for p in c.before_close] == [(m.PUBACK, 1), (m.PUBREC, 2)]
+    assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
