@@ -280,11 +280,15 @@ class S3Sink:
             body = ("<CompleteMultipartUpload>" + "".join(
                 f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>"
                 for n, e in enumerate(etags, 1)) + "</CompleteMultipartUpload>").encode()
-            headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
-            if self.conditional:
-                headers["If-None-Match"] = "*"
-            r = self._request("POST", name, {"uploadId": upload_id}, headers, _sha256(body),
-                              data=body, deadline=COMPLETE_DEADLINE)
+            for _ in range(2):
+                headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
+                if self.conditional:
+                    headers["If-None-Match"] = "*"
+                r = self._request("POST", name, {"uploadId": upload_id}, headers,
+                                  _sha256(body), data=body, deadline=COMPLETE_DEADLINE)
+                if not (r.status == 501 and self.conditional):
+                    break
+                self.conditional = False   # the store does not take If-None-Match: without it
             # an error may also come inside a 200 answer
             if r.status == 200 and b"<Error>" not in r.body:
                 return

@@ -93,3 +93,38 @@ def test_an_endless_answer_body_is_read_to_64_kib_then_a_counted_retry(broker):
         assert [r[:3] for r in store.requests] == [("PUT", (), 200), ("PUT", (), 200)]
     finally:
         store.close()
+
+
+def refuse_conditions(handler, method, query) -> bool:
+    """A store that does not know conditional writes: 501 to If-None-Match."""
+    if handler.headers.get("If-None-Match") != "*":
+        return False
+    handler.body()
+    handler.reply(501, b"<Error><Code>NotImplemented</Code><Message>A header you provided "
+                       b"implies functionality that is not implemented</Message></Error>")
+    return True
+
+
+def test_a_store_answering_501_to_a_conditional_complete_gets_it_without(tmp_path):
+    """501 to If-None-Match on CompleteMultipartUpload was a transient error: the batch went
+    again in full for ever. Now, as for a single put, the condition is dropped: the Complete
+    goes again at once without it, and later puts go without it too."""
+    store = OddStore(refuse_conditions)
+    try:
+        sink = open_sink(UploadConfig(url="s3://landing/p", endpoint_url=store.url,
+                                      access_key_id="AK", secret_access_key="SK",
+                                      multipart_bytes=5 << 20))
+        batch = tmp_path / "big"
+        batch.write_bytes(bytes(range(256)) * (6 << 12))   # 6 MiB: two parts
+        sink.put("k/big.ebb.zst", str(batch), 6 << 20, lambda n: None)
+        assert store.objects == {"/landing/p/k/big.ebb.zst": batch.read_bytes()}
+        assert [r[:3] for r in store.requests] == [
+            ("HEAD", (), 404), ("POST", ("uploads",), 200),
+            ("PUT", ("partNumber", "uploadId"), 200), ("PUT", ("partNumber", "uploadId"), 200),
+            ("POST", ("uploadId",), 501), ("POST", ("uploadId",), 200)]
+        store.requests.clear()
+        sink.put("k/small.ebb.zst", str(batch), 1000, lambda n: None)
+        assert [r[:3] for r in store.requests] == [("PUT", (), 200)], "no condition any more"
+        sink.close()
+    finally:
+        store.close()
