@@ -31,6 +31,7 @@ import secrets
 from typing import Callable, Protocol
 
 from edgebroker.errors import EdgebrokerError
+from edgebroker.files import NotRegularFile, open_regular
 
 log = logging.getLogger("edgebroker.upload")
 
@@ -74,7 +75,8 @@ class DirSink:
     compared: the same bytes, or the same records (``records_id``, by its batch header, all of
     the file checked), is a success; a file that is no whole batch (a torn copy) is replaced
     (a warning); another batch is a PermanentSinkError ("already exists with other bytes"), as
-    the s3 sink's conditional put. A temporary file a crash left is removed by the next put of its
+    the s3 sink's conditional put, and so is something there that is not a regular file (a
+    FIFO: never opened, its open would wait for good). A temporary file a crash left is removed by the next put of its
     name (the retry)."""
 
     def __init__(self, root: str):
@@ -151,6 +153,11 @@ class DirSink:
             if not os.path.lexists(dest):
                 os.rename(tmp, dest)
                 return
+        try:   # never opened if not a regular file: a FIFO's open would wait for good
+            os.close(open_regular(dest, os.O_RDONLY))
+        except NotRegularFile as exc:
+            raise PermanentSinkError(f"{self.name}: {dest} is {exc.strerror} at the batch's "
+                                     f"name: remove it") from None
         if _same_bytes(dest, path, size):
             return
         theirs, problem = _records_of(dest)
