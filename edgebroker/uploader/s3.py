@@ -23,7 +23,9 @@ fails before any answer (the store closed it while idle) goes once more at once 
 (``interrupt``, s3link.py). An answer's body is read up to 64 KiB, and the answer must come
 whole within a deadline (s3link.py): past either, a transient error.
 
-Errors: no answer, a reset, a timeout, 5xx, 429 and the throttling codes are transient
+Errors: no answer, a reset, a timeout, 5xx, 429 (and 503: after their Retry-After seconds if
+longer than the back-off), a temporary redirect (302, 303, 307: not followed, the Location
+logged) and the throttling codes are transient
 (``TransientSinkError``; ``unreachable`` when no HTTP answer came, so the uploader may probe the
 link and retry as soon as it is back; but not for a store that took the connection and let it
 time out: the link is up, a probe would succeed at once); every other 4xx but 412 (bad
@@ -343,8 +345,15 @@ class S3Sink:
         detail = f"{r.status} {code or http.client.responses.get(r.status, '')}".strip()
         message = r.message()
         text = (f"{self.name}: {what} {name}: {detail}" + (f" ({message})" if message else ""))
-        if r.status >= 500 or r.status in (408, 429) or code in TRANSIENT_CODES:
-            return TransientSinkError(text)
+        if 300 <= r.status < 400:   # the signed request is not sent elsewhere
+            text += (f", redirected to {r.headers.get('location') or '(no Location)'}: not "
+                     f"followed (check upload.endpoint_url and upload.region)")
+        if (r.status >= 500 or r.status in (408, 429) or code in TRANSIENT_CODES
+                or r.status in (302, 303, 307)):   # (301 and 308: the store moved for good)
+            exc = TransientSinkError(text)
+            if r.status in (429, 503):
+                exc.retry_after = _seconds(r.headers.get("retry-after", ""))
+            return exc
         return PermanentSinkError(text)
 
     # -- HTTP ------------------------------------------------------------------------------------
@@ -447,6 +456,11 @@ def _digests(path: str, length: int, offset: int = 0) -> tuple[str, bytes]:
             md5.update(chunk)
             left -= len(chunk)
     return sha.hexdigest(), md5.digest()
+
+
+def _seconds(retry_after: str) -> float:
+    """A Retry-After header's seconds (0 when absent, or in its date form: not honoured)."""
+    return float(retry_after) if retry_after.strip().isdigit() else 0.0
 
 
 def _text(body: bytes, tag: str, what: str) -> str:

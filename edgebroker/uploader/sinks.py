@@ -45,7 +45,9 @@ NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS
 
 
 class SinkError(EdgebrokerError):
-    """A put failed; the message names the object and the cause."""
+    """A put failed; the message names the object and the cause. ``retry_after``: seconds
+    the store asked to wait before a retry (429 or 503 with Retry-After)."""
+    retry_after = 0.0
 
 
 class TransientSinkError(SinkError):
@@ -76,8 +78,8 @@ class DirSink:
     the file checked), is a success; a file that is no whole batch (a torn copy) is replaced
     (a warning); another batch is a PermanentSinkError ("already exists with other bytes"), as
     the s3 sink's conditional put, and so is something there that is not a regular file (a
-    FIFO: never opened, its open would wait for good). A temporary file a crash left is removed by the next put of its
-    name (the retry)."""
+    FIFO: never opened, its open would wait for good). A temporary file a crash left is
+    removed by the next put of its name (the retry)."""
 
     def __init__(self, root: str):
         self.root = root

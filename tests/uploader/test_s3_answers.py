@@ -128,3 +128,60 @@ def test_a_store_answering_501_to_a_conditional_complete_gets_it_without(tmp_pat
         sink.close()
     finally:
         store.close()
+
+
+def first_put_answered(status: int, headers, body: bytes = b""):
+    """``odd`` for OddStore: the first PUT gets ``status`` with ``headers``, the rest as usual."""
+    done = []
+
+    def odd(handler, method, query):
+        if method != "PUT" or done:
+            return False
+        done.append(1)
+        handler.body()
+        handler.reply(status, body, headers)
+        return True
+    return odd
+
+
+def ship_one(store: OddStore, broker):
+    b = broker(upload=s3_upload(store))
+    c = b.client("pub")
+    c.send(mqttraw.publish("t", b"m", qos=1, packet_id=1))
+    c.expect(mqttraw.PUBACK, timeout=10)
+    c.close()
+    wait_until(lambda: uploaded(b) == 1, timeout=20, what="the batch uploaded")
+    return b
+
+
+def test_429_with_retry_after_waits_that_long(broker):
+    """429 with Retry-After: 3 was retried after the back-off alone (under 1 s the first
+    time). Now the retry waits the seconds the store asked for."""
+    store = OddStore(first_put_answered(429, [("Retry-After", "3")], b"<Error><Code>"
+                                        b"SlowDown</Code></Error>"))
+    try:
+        b = ship_one(store, broker)
+        puts = [r for r in store.requests if r[0] == "PUT"]
+        assert [r[2] for r in puts] == [429, 200]
+        assert puts[1][3] - puts[0][3] >= 3.0, f"retried after {puts[1][3] - puts[0][3]:.1f} s"
+        assert b.stats()["upload"]["retries"] == 1
+    finally:
+        store.close()
+
+
+def test_a_temporary_redirect_is_a_transient_error_naming_the_location(broker):
+    """307 TemporaryRedirect (AWS, for a bucket new in another region) was a permanent error:
+    the alarm, and a retry 60 s later. Now it is retried with the back-off, not followed (the
+    request is signed for this host), and the error names where the store points."""
+    where = "http://127.0.0.1:9/landing/elsewhere"
+    store = OddStore(first_put_answered(307, [("Location", where)], b"<Error><Code>"
+                                        b"TemporaryRedirect</Code></Error>"))
+    try:
+        b = ship_one(store, broker)
+        fig = b.stats()["upload"]
+        assert (fig["retries"], fig["permanent_errors"], fig["alarm"]) == (1, 0, False), fig
+        failed = [line for line in b.logs if "upload failed" in line]
+        assert len(failed) == 1 and f"307 TemporaryRedirect, redirected to {where}" in failed[0]
+        assert [r[2] for r in store.requests] == [307, 200]
+    finally:
+        store.close()
