@@ -333,7 +333,11 @@ class S3Sink:
             raise self._error("HEAD", name, r)
         if self._records and r.headers.get(RECORDS_META) == self._records:
             return True   # the same records (perhaps compressed by another zstd release)
-        if int(r.headers.get("content-length", -1)) != size:
+        length = r.headers.get("content-length", "-1")
+        if not length.strip().lstrip("-").isdigit():
+            raise TransientSinkError(f"{self.name}: HEAD {name}: the store's answer has a "
+                                     f"Content-Length that is not a number: {length[:40]!r}")
+        if int(length) != size:
             return False
         theirs = r.headers.get(SHA_META)
         if theirs is not None:

@@ -1,5 +1,7 @@
 """The s3 sink against stores that answer oddly (a small S3-like store of the test's own,
-s3odd.py): an answer whose body never ends, fast or dripping."""
+s3odd.py): an answer whose body never ends, fast or dripping; 501 to a conditional
+CompleteMultipartUpload; 429 with Retry-After; a temporary redirect; a HEAD whose
+Content-Length is not a number."""
 
 from __future__ import annotations
 
@@ -183,5 +185,36 @@ def test_a_temporary_redirect_is_a_transient_error_naming_the_location(broker):
         failed = [line for line in b.logs if "upload failed" in line]
         assert len(failed) == 1 and f"307 TemporaryRedirect, redirected to {where}" in failed[0]
         assert [r[2] for r in store.requests] == [307, 200]
+    finally:
+        store.close()
+
+
+def test_a_head_with_a_content_length_not_a_number_is_a_sink_error(tmp_path):
+    """A 412, then a HEAD answering Content-Length: abc: int() raised ValueError, counted as
+    one of the uploader's own local errors. Now it is a transient sink error naming it."""
+    def odd(handler, method, query):
+        if method == "PUT":
+            handler.body()
+            handler.reply(412, b"<Error><Code>PreconditionFailed</Code></Error>")
+            return True
+        if method == "HEAD":
+            handler.server.note(method, query, 200)
+            handler.send_response(200)
+            handler.send_header("Content-Length", "abc")
+            handler.end_headers()
+            return True
+        return False
+
+    store = OddStore(odd)
+    try:
+        batch = tmp_path / "batch"
+        batch.write_bytes(b"x" * 10)
+        sink = open_sink(UploadConfig(url="s3://landing/p", endpoint_url=store.url,
+                                      access_key_id="AK", secret_access_key="SK"))
+        with pytest.raises(TransientSinkError, match="HEAD p/k.ebb.zst: the store's answer has "
+                                                     "a Content-Length that is not a number: "
+                                                     "'abc'"):
+            sink.put("k.ebb.zst", str(batch), 10, lambda n: None)
+        sink.close()
     finally:
         store.close()
