@@ -17,6 +17,7 @@ import json
 import logging
 import mmap
 import os
+import time
 from collections.abc import Callable
 
 from edgebroker.commitlog import retention, scanner
@@ -83,12 +84,25 @@ def housekeeping(self) -> None:
     if self.upload_age_ms is not None:
         max_age = min(max_age, self.upload_age_ms)
     if (tail.count and not tail.sealed and not tail.full and tail.first_timestamp is not None
-            and now - tail.first_timestamp >= max_age
+            and tail_age(self, tail, now) >= max_age
             and not any(g.segment is tail for g in self._groups)):
         tail.full = True
         self._seal(tail)
         return
     self._apply_retention(now)
+
+
+def tail_age(self, tail: Segment, now: int) -> int:
+    """Milliseconds since the first record of ``tail``: by the wall clock (its timestamp), but
+    never less than the monotonic clock has counted since housekeeping first saw it, less the
+    age it had then. A wall clock stepped back (NTP) would else hold the segment open, and
+    a batch cut by age, until the clock caught up again (an hour for a step of an hour)."""
+    wall = now - tail.first_timestamp
+    mono = time.monotonic_ns() // 1_000_000
+    seen = self._tail_seen
+    if seen is None or seen[0] is not tail:
+        seen = self._tail_seen = (tail, mono - max(wall, 0))
+    return max(wall, mono - seen[1])
 
 
 def apply_retention(self, now: int) -> None:

@@ -170,6 +170,7 @@ class CommitLog:
         # the segment being written once its first record is this old, so a batch cut by age
         # is a sealed segment's end.
         self.upload_age_ms: int | None = None
+        self._tail_seen: tuple[Segment, int] | None = None   # file_set.tail_age
         self._recovery_point = 0
         self._dir_fd = -1
         self._lock_fd = -1

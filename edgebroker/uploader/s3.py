@@ -20,9 +20,12 @@ failed one is aborted when possible, and a HEAD first skips an object already th
 The connection is kept between requests and batches. A request on a kept-alive connection that
 fails before any answer (the store closed it while idle) goes once more at once on a new one
 (not a POST), before it counts as an error. The broker's stop cuts a request in flight short
-(``interrupt``, s3link.py).
+(``interrupt``, s3link.py). An answer's body is read up to 64 KiB, and the answer must come
+whole within a deadline (s3link.py): past either, a transient error.
 
-Errors: no answer, a reset, a timeout, 5xx, 429 and the throttling codes are transient
+Errors: no answer, a reset, a timeout, 5xx, 429 (and 503: after their Retry-After seconds if
+longer than the back-off), a temporary redirect (302, 303, 307: not followed, the Location
+logged) and the throttling codes are transient
 (``TransientSinkError``; ``unreachable`` when no HTTP answer came, so the uploader may probe the
 link and retry as soon as it is back; but not for a store that took the connection and let it
 time out: the link is up, a probe would succeed at once); every other 4xx but 412 (bad
@@ -47,12 +50,14 @@ from xml.etree import ElementTree
 from edgebroker.client.tls import not_regular
 from edgebroker.errors import ConfigError
 from edgebroker.upload_config import url_path
-from edgebroker.uploader.s3link import IO_TIMEOUT, Link
+from edgebroker.uploader.s3link import IO_TIMEOUT, AnswerError, Link
 from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError, piece_size
 
 MiB = 1024 * 1024
 PROBE_TIMEOUT = 2.0
 CHUNK = 256 * 1024
+# AWS may take minutes over a CompleteMultipartUpload of many parts, sending spaces meanwhile
+COMPLETE_DEADLINE = 300.0
 SHA_META = "x-amz-meta-ebb-sha256"
 RECORDS_META = "x-amz-meta-ebb-records"   # first-last-raw length-raw CRC32C of the batch
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -277,11 +282,15 @@ class S3Sink:
             body = ("<CompleteMultipartUpload>" + "".join(
                 f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>"
                 for n, e in enumerate(etags, 1)) + "</CompleteMultipartUpload>").encode()
-            headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
-            if self.conditional:
-                headers["If-None-Match"] = "*"
-            r = self._request("POST", name, {"uploadId": upload_id}, headers, _sha256(body),
-                              data=body)
+            for _ in range(2):
+                headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
+                if self.conditional:
+                    headers["If-None-Match"] = "*"
+                r = self._request("POST", name, {"uploadId": upload_id}, headers,
+                                  _sha256(body), data=body, deadline=COMPLETE_DEADLINE)
+                if not (r.status == 501 and self.conditional):
+                    break
+                self.conditional = False   # the store does not take If-None-Match: without it
             # an error may also come inside a 200 answer
             if r.status == 200 and b"<Error>" not in r.body:
                 return
@@ -324,7 +333,11 @@ class S3Sink:
             raise self._error("HEAD", name, r)
         if self._records and r.headers.get(RECORDS_META) == self._records:
             return True   # the same records (perhaps compressed by another zstd release)
-        if int(r.headers.get("content-length", -1)) != size:
+        length = r.headers.get("content-length", "-1")
+        if not length.strip().lstrip("-").isdigit():
+            raise TransientSinkError(f"{self.name}: HEAD {name}: the store's answer has a "
+                                     f"Content-Length that is not a number: {length[:40]!r}")
+        if int(length) != size:
             return False
         theirs = r.headers.get(SHA_META)
         if theirs is not None:
@@ -336,14 +349,22 @@ class S3Sink:
         detail = f"{r.status} {code or http.client.responses.get(r.status, '')}".strip()
         message = r.message()
         text = (f"{self.name}: {what} {name}: {detail}" + (f" ({message})" if message else ""))
-        if r.status >= 500 or r.status in (408, 429) or code in TRANSIENT_CODES:
-            return TransientSinkError(text)
+        if 300 <= r.status < 400:   # the signed request is not sent elsewhere
+            text += (f", redirected to {r.headers.get('location') or '(no Location)'}: not "
+                     f"followed (check upload.endpoint_url and upload.region)")
+        if (r.status >= 500 or r.status in (408, 429) or code in TRANSIENT_CODES
+                or r.status in (302, 303, 307)):   # (301 and 308: the store moved for good)
+            exc = TransientSinkError(text)
+            if r.status in (429, 503):
+                exc.retry_after = _seconds(r.headers.get("retry-after", ""))
+            return exc
         return PermanentSinkError(text)
 
     # -- HTTP ------------------------------------------------------------------------------------
     def _request(self, method: str, name: str, query: dict[str, str], headers: dict[str, str],
                  payload_sha256: str, body: tuple[str, int, int] | None = None,
-                 data: bytes = b"", throttle: Callable[[int], None] | None = None) -> Response:
+                 data: bytes = b"", throttle: Callable[[int], None] | None = None,
+                 deadline: float | None = None) -> Response:
         path = quote(f"{self.base}/{name}", safe="/-_.~")
         if not self.base and not path.startswith("/"):
             path = "/" + path
@@ -355,18 +376,21 @@ class S3Sink:
                                         for k, v in sorted(query.items())) if query else "")
         for attempt in range(2):
             reused = self.link.conn is not None
+            self.link.expired = False
             try:
-                return self._exchange(method, target, signed, body, data, throttle)
+                return self._exchange(method, target, signed, body, data, throttle, deadline)
             except (OSError, http.client.HTTPException) as exc:
                 opened = self.link.opened()
                 self.close()
-                if (attempt == 0 and reused and method in IDEMPOTENT
+                if (attempt == 0 and reused and method in IDEMPOTENT and not self.link.expired
                         and isinstance(exc, STALE_ERRORS)):
                     continue   # a kept-alive connection the store had closed: a new one, at once
-                raise self._failure(method, name, exc, opened) from None
+                raise self._failure(method, name, exc, opened,
+                                    deadline or self.link.answer_deadline) from None
         raise AssertionError("unreachable")
 
-    def _failure(self, method: str, name: str, exc: BaseException, opened: bool) -> Exception:
+    def _failure(self, method: str, name: str, exc: BaseException, opened: bool,
+                 deadline: float) -> Exception:
         if isinstance(exc, ssl.SSLCertVerificationError):
             return PermanentSinkError(f"{self.name}: {method} {name}: the store's certificate "
                                       f"is not trusted ({exc.verify_message}; see "
@@ -374,6 +398,11 @@ class S3Sink:
         if isinstance(exc, ssl.SSLError):
             return TransientSinkError(f"{self.name}: {method} {name}: TLS with {self.host} "
                                       f"failed: {exc}")
+        if isinstance(exc, AnswerError) or self.link.expired:
+            # an answer too long, or not whole in time: the link is up (not "unreachable")
+            return TransientSinkError(f"{self.name}: {method} {name}: the store's answer "
+                                      + (str(exc) if isinstance(exc, AnswerError) else
+                                         f"did not come whole within {deadline:g} s"))
         if opened and isinstance(exc, TimeoutError):
             # the store took the connection: the link is up, a probe cannot tell when it will
             # answer again, so the uploader backs off in full (not "unreachable")
@@ -383,7 +412,7 @@ class S3Sink:
         return S3Unreachable(f"{self.name}: {method} {name}: no answer from {self.host}: "
                              f"{_describe(exc, self.link.timeout)}")
 
-    def _exchange(self, method, target, signed, body, data, throttle) -> Response:
+    def _exchange(self, method, target, signed, body, data, throttle, deadline) -> Response:
         conn = self.link.connection()
         conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
         for k, v in signed.items():
@@ -398,12 +427,7 @@ class S3Sink:
                 conn.send(data)
         except (BrokenPipeError, ConnectionResetError):
             pass   # the store may have answered early (403, 400) and closed: read it below
-        resp = conn.getresponse()
-        payload = resp.read()
-        answer = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload)
-        if resp.will_close:
-            self.close()
-        return answer
+        return Response(*self.link.answer(conn, deadline))
 
     @staticmethod
     def _send_file(conn, path: str, offset: int, length: int, throttle) -> None:
@@ -436,6 +460,11 @@ def _digests(path: str, length: int, offset: int = 0) -> tuple[str, bytes]:
             md5.update(chunk)
             left -= len(chunk)
     return sha.hexdigest(), md5.digest()
+
+
+def _seconds(retry_after: str) -> float:
+    """A Retry-After header's seconds (0 when absent, or in its date form: not honoured)."""
+    return float(retry_after) if retry_after.strip().isdigit() else 0.0
 
 
 def _text(body: bytes, tag: str, what: str) -> str:

@@ -9,6 +9,12 @@ the stop then for its own bound) and refuses every later connection, so the stop
 for a store that took the connection. The socket is opened here rather than by ``http.client`` so that a duplicate of it is
 kept (``shutdown`` on it reaches the socket whatever wraps it; the duplicate, closed with the
 connection, also keeps its descriptor from being reused by another file meanwhile).
+
+The answer (``answer()``): its body is read up to ``MAX_ANSWER`` bytes (S3 answers are small
+XML; a longer one is an ``AnswerError``, the rest never read), and all of it must come within
+``answer_deadline`` s of the request sent (a store that drips its answer a byte at a time
+resets the 30 s read timeout for ever): past it, a timer shuts the connection down and the
+read fails (``expired``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,12 @@ import ssl
 import threading
 
 IO_TIMEOUT = 30.0        # seconds a connect or one read/write may take
+ANSWER_DEADLINE = 60.0   # seconds from the request sent to the answer read in full
+MAX_ANSWER = 64 * 1024   # bytes of an answer's body read at most
+
+
+class AnswerError(http.client.HTTPException):
+    """The store's answer has a body longer than MAX_ANSWER."""
 
 
 class Link:
@@ -26,6 +38,8 @@ class Link:
         self.address = address
         self.tls = tls
         self.timeout = IO_TIMEOUT
+        self.answer_deadline = ANSWER_DEADLINE
+        self.expired = False             # the last answer's deadline passed (answer())
         self.conn: http.client.HTTPConnection | None = None
         self._guard = threading.Lock()   # _cancel and _stopping, between the two threads
         self._cancel: socket.socket | None = None
@@ -69,6 +83,45 @@ class Link:
                 error = exc
         raise error or OSError(f"{host} has no address")
 
+    def answer(self, conn: http.client.HTTPConnection, deadline: float | None = None
+               ) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of the answer to the request sent on ``conn``, read within
+        ``deadline`` s (``answer_deadline``); AnswerError for a body over MAX_ANSWER bytes
+        (the connection closed), OSError or HTTPException when it did not come whole in
+        time (``expired`` then True)."""
+        self.expired = False
+        timer = threading.Timer(deadline or self.answer_deadline, self._expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            resp = conn.getresponse()
+            body = resp.read(MAX_ANSWER + 1)
+            if len(body) <= MAX_ANSWER and not resp.isclosed() and resp.read(1):
+                body += b"+"   # (a body read to the connection's end: one byte more is over)
+        finally:
+            timer.cancel()
+        if self.expired:   # cut short by the timer (a body up to the close is not whole)
+            raise TimeoutError("the answer's deadline passed")
+        if len(body) > MAX_ANSWER:
+            self.close()
+            raise AnswerError(f"{resp.status} {resp.reason}, with a body longer than "
+                              f"{MAX_ANSWER // 1024} KiB (an S3 answer is a small XML "
+                              f"document): not read further")
+        if resp.length:   # the connection ended before its Content-Length
+            raise http.client.IncompleteRead(body, resp.length)
+        if resp.will_close:
+            self.close()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+
+    def _expire(self) -> None:
+        with self._guard:
+            self.expired = True
+            if self._cancel is not None:
+                try:
+                    self._cancel.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
     def interrupt(self) -> None:
         """Any thread: end the request in flight now, and refuse new connections."""
         with self._guard:
@@ -96,4 +149,4 @@ class Link:
             self._cancel = None
 
 
-__all__ = ["Link", "IO_TIMEOUT"]
+__all__ = ["Link", "AnswerError", "IO_TIMEOUT", "ANSWER_DEADLINE", "MAX_ANSWER"]

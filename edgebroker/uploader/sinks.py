@@ -31,6 +31,7 @@ import secrets
 from typing import Callable, Protocol
 
 from edgebroker.errors import EdgebrokerError
+from edgebroker.files import NotRegularFile, open_regular
 
 log = logging.getLogger("edgebroker.upload")
 
@@ -44,7 +45,9 @@ NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS
 
 
 class SinkError(EdgebrokerError):
-    """A put failed; the message names the object and the cause."""
+    """A put failed; the message names the object and the cause. ``retry_after``: seconds
+    the store asked to wait before a retry (429 or 503 with Retry-After)."""
+    retry_after = 0.0
 
 
 class TransientSinkError(SinkError):
@@ -74,8 +77,9 @@ class DirSink:
     compared: the same bytes, or the same records (``records_id``, by its batch header, all of
     the file checked), is a success; a file that is no whole batch (a torn copy) is replaced
     (a warning); another batch is a PermanentSinkError ("already exists with other bytes"), as
-    the s3 sink's conditional put. A temporary file a crash left is removed by the next put of its
-    name (the retry)."""
+    the s3 sink's conditional put, and so is something there that is not a regular file (a
+    FIFO: never opened, its open would wait for good). A temporary file a crash left is
+    removed by the next put of its name (the retry)."""
 
     def __init__(self, root: str):
         self.root = root
@@ -151,6 +155,11 @@ class DirSink:
             if not os.path.lexists(dest):
                 os.rename(tmp, dest)
                 return
+        try:   # never opened if not a regular file: a FIFO's open would wait for good
+            os.close(open_regular(dest, os.O_RDONLY))
+        except NotRegularFile as exc:
+            raise PermanentSinkError(f"{self.name}: {dest} is {exc.strerror} at the batch's "
+                                     f"name: remove it") from None
         if _same_bytes(dest, path, size):
             return
         theirs, problem = _records_of(dest)

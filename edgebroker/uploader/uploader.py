@@ -376,7 +376,7 @@ class Uploader:
                 self._cut_short(key)
                 self._note_error(str(exc), permanent=False)
                 attempt += 1
-                delay = _backoff(attempt)
+                delay = max(_backoff(attempt), min(exc.retry_after, BACKOFF_CAP))
                 unreachable = getattr(exc, "unreachable", False)
             else:
                 if self.alarm or attempt:

@@ -91,3 +91,30 @@ def test_a_torn_copy_under_the_batch_name_is_replaced_by_the_whole_batch(broker,
     assert len(said) == 1 and str(torn) in said[0] and "ends inside its frame" in said[0]
     assert not b.stats()["upload"]["alarm"]
     b.stop()
+
+
+def test_a_fifo_at_the_batch_name_is_the_alarm_not_a_hang(broker, tmp_path):
+    """A FIFO under the batch's name in the landing folder: the put opened it to compare it
+    with the batch and waited for good (no error, no alarm, and the stop took 10 s). Now it is
+    never opened: a permanent error naming it (the alarm, counted, logged once); once it is
+    removed, resume lands the batch."""
+    landing = tmp_path / "landing"          # missing for now: retried as not mounted yet
+    data = tmp_path / "data"
+    b = broker(data_dir=str(data), upload=upload_config(landing, batch_max_age=1))
+    publish(b, 0, 3)
+    assert b.wait_log(lambda line: "the landing folder does not exist" in line, timeout=30)
+    fifo = landing / json.loads((data / "upload" / "intent").read_text())["key"]
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    b.admin("upload_resume")                # ends the back-off
+    wait_until(lambda: b.stats()["upload"]["alarm"], what="the alarm")
+    fig = b.stats()["upload"]
+    assert fig["permanent_errors"] >= 1 and fig["uploaded_offset"] == 0, fig
+    assert f"{fifo} is not a regular file (a FIFO) at the batch's name" in fig["last_error"]
+    assert sum("upload alarm" in line for line in b.logs) == 1
+    fifo.unlink()
+    b.admin("upload_resume")
+    wait_until(lambda: uploaded(b) == 3, what="the batch uploaded")
+    assert landed_offsets(landing) == [0, 1, 2]
+    b.stop()
+    assert not [line for line in b.logs if "did not stop" in line]

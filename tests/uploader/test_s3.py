@@ -192,10 +192,12 @@ def test_errors_are_classified_transient_or_permanent(store):
         return sink._error("PUT", "k", Response(status, {}, body))
 
     for status, code in ((500, "InternalError"), (503, "SlowDown"), (503, ""), (429, ""),
-                         (408, ""), (400, "RequestTimeout"), (400, "SlowDown")):
+                         (408, ""), (400, "RequestTimeout"), (400, "SlowDown"),
+                         (307, "TemporaryRedirect")):
         assert type(answer(status, code)) is TransientSinkError, (status, code)
     for status, code in ((403, "AccessDenied"), (403, "InvalidAccessKeyId"), (404, "NoSuchBucket"),
-                         (400, "InvalidBucketName"), (403, "RequestTimeTooSkewed"), (405, "")):
+                         (400, "InvalidBucketName"), (403, "RequestTimeTooSkewed"), (405, ""),
+                         (301, "PermanentRedirect")):
         assert type(answer(status, code)) is PermanentSinkError, (status, code)
     assert "403 AccessDenied (m)" in str(answer(403, "AccessDenied"))
 
