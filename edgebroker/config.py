@@ -90,8 +90,8 @@ class Config:
         "", file_path, doc="state directory (default $STATE_DIRECTORY or ./edgebroker-data)")
     log_level: str = setting("info", one_of(*LOG_LEVELS), doc="debug, info, warning or error")
     sys_interval: float = setting(
-        10.0, off_or_at_least(1),
-        doc="seconds between $SYS publications (at least 1); 0 turns them off")
+        10.0, off_or_at_least(0.1),
+        doc="seconds between $SYS publications (at least 0.1); 0 turns them off")
     allow_zero_length_clientid: bool = setting(
         True, doc="accept an empty client id (with clean session) and assign one")
     auto_id_prefix: str = setting("auto-", mqtt_text, doc="prefix of assigned client ids")

@@ -98,7 +98,7 @@ def test_every_integer_key_refuses_one_that_does_not_fit_in_64_bits(tmp_path):
     ("[limits]\nmax_connections = " + "1" * 5000, "not valid TOML: an integer of more than 4300 "
                                                   "digits"),
     # An idle broker published a $SYS report on every loop pass (a core at 100 %).
-    ("sys_interval = 0.000001", "sys_interval: must be 0 (off) or at least 1, got 1e-06"),
+    ("sys_interval = 0.000001", "sys_interval: must be 0 (off) or at least 0.1, got 1e-06"),
     # 1/rate overflowed to inf: a throttled client was "not read for nan s".
     ("[limits]\ncontrol_rate = 1e-310\ncontrol_burst = 1",
      "limits.control_rate: must be 0 (no limit) or at least 0.001, got 1e-310"),
