@@ -160,7 +160,7 @@ def _rates(client, transport, now: float) -> tuple:
     totals = (client.msgs_in, transport.msgs_out, transport.bytes_in, transport.bytes_out)
     sample = client.rate_sample
     if sample is None:
-        since = max(now - client.created, 1e-3)
+        since = max(now - client.created, 1.0)     # over at least a second, as later ones
         rates = tuple(v / since for v in totals)
     elif now - sample[0] >= 1.0:
         since = now - sample[0]

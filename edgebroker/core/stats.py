@@ -186,8 +186,14 @@ class SysTopics:
             client = session.client
             if client is None:
                 continue
-            row = client_row(client, now)
             base = "$SYS/broker/clients/" + sys_topic_level(client.client_id)
+            size = len(base.encode("utf-8", "surrogatepass"))
+            if size > MAX_CLIENT_BASE:
+                client.warn_once("sys_client_metrics", "its $SYS/broker/clients/<id>/... topics "
+                                 "would be over MQTT's 65,535 bytes (%d bytes before the figure's "
+                                 "name): not published", size)
+                continue
+            row = client_row(client, now)
             pub(f"{base}/messages/received", row["msgs_in"], False)
             pub(f"{base}/messages/sent", row["msgs_out"], False)
             pub(f"{base}/messages/dropped", row["dropped"], False)
@@ -266,6 +272,11 @@ class SysTopics:
         # Counters include the $SYS messages just published; the next rate is
         # measured from here, so they count in the next interval as Mosquitto's do.
         self._last_counts = counts
+
+
+# The longest $SYS/broker/clients/<id> a client's figures can go under: the longest name after
+# it ("/load/messages/received/persecond") still fits a topic's 65,535 bytes.
+MAX_CLIENT_BASE = 65535 - 64
 
 
 def sys_topic_level(client_id: str) -> str:

@@ -178,6 +178,36 @@ def test_sys_limits_refusals_drops_and_per_client_figures(broker):
         <= number(seen["$SYS/broker/loop/pass/p99"].payload) < 1
 
 
+def test_a_client_id_too_long_for_its_sys_topics_is_left_out_not_a_crash(broker, uid):
+    """sys_client_metrics: a client id whose escaped level makes $SYS/broker/clients/<id>/...
+    longer than a topic can be (22,000 '%', each written '%25') stopped the broker at the next
+    sys_interval once someone subscribed to those topics (struct.error encoding the topic).
+    Its figures are left out, logged once; the other clients' still go."""
+    b = broker(sys_interval=1, sys_client_metrics=True)
+    long_id = "%" * 22000
+    odd = b.client(long_id)
+    watcher = b.client(f"{uid}-w")
+    watcher.subscribe("$SYS/broker/clients/#")
+    mark = b.mark()
+    seen = collect(watcher, [f"$SYS/broker/clients/{uid}-w/messages/received"], timeout=8)
+    assert seen
+    line = b.wait_log("would be over MQTT's 65,535 bytes", start=mark)
+    assert "(66020 bytes before the figure's name): not published" in line, line
+    assert odd.ping() == []
+    assert b.proc.poll() is None
+
+
+def test_a_new_clients_rate_is_over_at_least_a_second(broker, uid):
+    """A client looked at for the first time a few ms after it connected had its messages
+    divided by those ms (1 message in 1 ms: 1000/s, sorted first by inspect clients)."""
+    b = broker()
+    c = b.client(f"{uid}-c")
+    c.publish(f"{uid}/t", b"x")
+    assert c.ping() == []
+    (row,) = [r for r in b.admin("clients")["clients"] if r["id"] == f"{uid}-c"]
+    assert row["msgs_in"] == 1 and row["msgs_in_rate"] <= 1.0, row
+
+
 def test_packets_sent_counts_the_publish_packets_too(broker, uid):
     """packets_sent ($SYS messages/sent, edgebroker_packets_sent_total) is every MQTT packet
     sent, as documented: the PUBLISH packets a subscriber got were left out."""
