@@ -83,7 +83,11 @@ def load_state(cls, doc: dict, options: dict):
         req.stage = STAGE_PUBLISH
         if _sendable(conn, req):
             conn._queue.append(req)
-    conn._incoming_qos2 = {int(pid) for pid in doc.get("incoming_qos2", ())}
+    ids = doc.get("incoming_qos2", ())
+    if type(ids) is not list or any(type(i) is not int or not 0 < i < 0x10000 for i in ids):
+        raise ValueError(f"state file incoming_qos2 {str(ids)[:60]!r}: not a list of packet "
+                         f"ids 1..65535")
+    conn._incoming_qos2 = set(ids)
     pid = doc.get("next_packet_id", 1)
     conn._next_pid = pid if isinstance(pid, int) and 0 < pid < 0x10000 else 1
     return conn

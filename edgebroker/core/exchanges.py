@@ -69,9 +69,40 @@ def generations(state_dir: str) -> list[int]:
     return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
 
 
+# kind -> the record's length (``O``: without and with the group's key)
+_LENGTHS = {"O": (6, 7), "R": (3,), "C": (3,), "I": (4,), "F": (3,), "D": (2,)}
+
+
+def _whole(value, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def damage(record) -> str | None:
+    """Why ``record`` (a parsed line) is no record ``apply_exchanges`` can apply; None: it
+    is one. Each kind's length and the type and range of each field are checked."""
+    if type(record) is not list or not record or record[0] not in _LENGTHS:
+        return "not a record"
+    if len(record) not in _LENGTHS[record[0]]:
+        return f"{len(record)} fields for a {record[0]!r} record"
+    if type(record[1]) is not str:
+        return "a client id that is no string"
+    if len(record) > 2 and not _whole(record[2], 1, 0xFFFF):
+        return f"packet id {str(record[2])[:40]!r}"
+    if len(record) > 3 and not _whole(record[3], 0, (1 << 63) - 1):
+        return f"offset {str(record[3])[:40]!r}"
+    if len(record) > 4 and not _whole(record[4], 0, (1 << 63) - 1):
+        return f"size {str(record[4])[:40]!r}"
+    if len(record) > 5 and type(record[5]) not in (bool, int):
+        return f"retain {str(record[5])[:40]!r}"
+    if len(record) > 6 and type(record[6]) is not str:
+        return "a group key that is no string"
+    return None
+
+
 def load(state_dir: str, first: int) -> list[list]:
     """The records of the files from generation ``first`` on, in order. A line a crash cut
-    short (the last of a file) is left out; so is a damaged one, with a warning."""
+    short (the last of a file) is left out; so are damaged ones (not JSON, or no record
+    ``damage`` accepts), with one warning per file."""
     records = []
     for generation in generations(state_dir):
         if generation < first:
@@ -84,19 +115,27 @@ def load(state_dir: str, first: int) -> list[list]:
                       "they covered may be delivered twice)", name, exc.strerror)
             continue
         last = len(lines) - 1
+        damaged, first_damage = 0, ""
         for number, line in enumerate(lines):
             if not line:
                 continue
             try:
                 record = json.loads(line)
-                if not isinstance(record, list) or len(record) < 2:
-                    raise ValueError("not a record")
-            except (ValueError, RecursionError):
-                if number != last:   # an unterminated last line: the write a crash cut off
-                    log.warning("%s line %d: damaged QoS 2 exchange record skipped", name,
-                                number + 1)
-                continue
-            records.append(record)
+            except (ValueError, RecursionError) as exc:
+                if number == last:   # an unterminated last line: the write a crash cut off
+                    continue
+                why = f"not JSON: {type(exc).__name__}"
+            else:
+                why = damage(record)
+                if why is None:
+                    records.append(record)
+                    continue
+            damaged += 1
+            first_damage = first_damage or f"line {number + 1}: {why}"
+        if damaged:
+            log.warning("%s: %d damaged QoS 2 exchange record(s) skipped (the first at %s): "
+                        "a QoS 2 message they covered may be delivered twice", name, damaged,
+                        first_damage)
     return records
 
 

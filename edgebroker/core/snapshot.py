@@ -342,8 +342,10 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 done=[int(o) for o in g.get("done", ())]))
     except SnapshotError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        # a field of the wrong JSON type, or nested too deep to parse
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError,
+            RecursionError) as exc:
+        # a field of the wrong JSON type, a number int() cannot take (1e400, Infinity), or
+        # nested too deep to parse
         raise SnapshotError(f"{path}: damaged snapshot ({type(exc).__name__}: {exc})") from None
     return snap
 

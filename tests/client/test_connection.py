@@ -795,6 +795,9 @@ def test_loaded_state_resumes_in_another_connection():
     ({"queued": [{"kind": "nope"}]}, "unknown request kind"),
     ({"queued": [{"kind": "publish", "topic": "t", "payload": "!!", "qos": 0,
                   "retain": False}]}, "state file request"),
+    ({"incoming_qos2": [float("inf")]}, "incoming_qos2"),      # OverflowError from int()
+    ({"incoming_qos2": [[1]]}, "incoming_qos2"),               # TypeError
+    ({"incoming_qos2": [70000]}, "incoming_qos2"),             # taken as it was
 ])
 def test_bad_state_is_refused_with_a_reason(change, what):
     doc = {**Connection("c", 4).save(), **change}

@@ -5,6 +5,7 @@ restart the exchange goes on where it was. (The catch-up of a long backlog kille
 in test_log_queue.py.)"""
 
 import glob
+import json
 import os
 import signal
 import threading
@@ -102,3 +103,34 @@ def test_a_snapshot_retires_the_journal_files_before_it(broker, uid):
 
 def _generation(path: str) -> int:
     return int(os.path.basename(path)[len("exchanges-"):-len(".jsonl")])
+
+
+def test_damaged_journal_records_are_skipped_and_the_broker_starts(broker, uid):
+    """Lines that are JSON but no record a restart can apply (a client id that is a list, too
+    few fields, an offset that is text or 1e400, an unknown kind) are skipped with one warning
+    naming the file, their number and the first; the sound records of the file are applied
+    (a ``D`` ends a session). The list raised TypeError (unhashable) out of the start, the
+    short ``O`` ValueError, the text offset TypeError: exit 1 at every start."""
+    b = broker()
+    data_dir = b.config["data_dir"]
+    for name in ("gone", "kept"):
+        b.client(f"{uid}-{name}", clean=False).subscribe(f"{uid}/t", qos=2)
+    wait_for_snapshot(data_dir, f"{uid}-kept")
+    assert b.stop() == 0
+    journal = os.path.join(data_dir, "exchanges-999999.jsonl")
+    gone, kept = json.dumps(f"{uid}-gone"), json.dumps(f"{uid}-kept")
+    with open(journal, "w") as fh:
+        fh.write(f'["O", [{kept}], 1, 0, 10, false]\n'
+                 f'["O", {kept}, 1]\n'
+                 f'["I", {kept}, 1, "5"]\n'
+                 f'["O", {kept}, 2, 1e400, 10, false]\n'
+                 f'["R", {kept}]\n'
+                 f'["Z", {kept}, 1]\n'
+                 f'["D", {gone}]\n')
+    b2 = broker(data_dir=data_dir)
+    assert b2.wait_log(lambda ln: f"{journal}: 6 damaged QoS 2 exchange record(s) skipped "
+                                  f"(the first at line 1: a client id that is no string)" in ln,
+                       5), b2.log_text()
+    assert not b2.client(f"{uid}-gone", clean=False).connack.session_present
+    assert b2.client(f"{uid}-kept", clean=False).connack.session_present
+    assert b2.stop() == 0

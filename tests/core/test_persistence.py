@@ -4,6 +4,8 @@ and every acknowledged message (it is in the commit log before its PUBACK)."""
 import glob
 import json
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -209,10 +211,26 @@ def _drops_a_list(doc: bytes) -> bytes:
     return json.dumps(d).encode()
 
 
+def _number(where: str, text: bytes):
+    """Puts ``text`` (JSON that parses to a number int() cannot take) at ``where``: a top-level
+    key, or "subscription" for the first session's first subscription's QoS."""
+    def damage(doc: bytes) -> bytes:
+        d = json.loads(doc)
+        if where == "subscription":
+            d["sessions"][0]["subscriptions"][0][1] = "@NUMBER@"
+        else:
+            d[where] = "@NUMBER@"
+        return json.dumps(d).encode().replace(b'"@NUMBER@"', text)
+    return damage
+
+
 @pytest.mark.parametrize("damage", [lambda doc: b"{not json", lambda doc: b"null",
                                     lambda doc: b"[]", lambda doc: b"[" * 100_000,
-                                    _drops_a_list],
-                         ids=["not-json", "null", "list", "deep", "drops-a-list"])
+                                    _drops_a_list, _number("log_next_offset", b"1e400"),
+                                    _number("written_ms", b"Infinity"),
+                                    _number("subscription", b"-Infinity")],
+                         ids=["not-json", "null", "list", "deep", "drops-a-list",
+                              "offset-1e400", "written-Infinity", "qos-minus-Infinity"])
 def test_damaged_snapshot_is_set_aside_not_fatal(broker, uid, damage):
     """Not JSON, or JSON of the wrong shape: moved aside, the broker starts without it."""
     b = broker()
@@ -223,6 +241,10 @@ def test_damaged_snapshot_is_set_aside_not_fatal(broker, uid, damage):
         damaged = damage(fh.read())
     with open(f"{data_dir}/sessions.json", "wb") as fh:
         fh.write(damaged)
+    r = subprocess.run([sys.executable, "-m", "edgebroker", "inspect", "sessions",
+                        "--data-dir", data_dir], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "sessions.json: damaged snapshot" in r.stderr, r.stderr
     b2 = broker(data_dir=data_dir)
     assert b2.wait_log(lambda line: "sessions.json" in line and "damaged" in line)
     with open(f"{data_dir}/sessions.json.damaged", "rb") as fh:

@@ -168,6 +168,39 @@ def test_permanent_error_keeps_the_data_raises_the_alarm_and_lands_once_after_re
     b.stop()
 
 
+@pytest.mark.parametrize("text", [
+    '{"first": 1e400, "last": 19, "gap_first": 0, "gap_length": 0, "key": "k"}',
+    '{"first": 0, "last": Infinity, "gap_first": 0, "gap_length": 0, "key": "k"}',
+    '{"first": 0, "last": 19, "gap_first": 0, "gap_length": 1e30, "key": "k"}',
+    '{"first": 0.5, "last": 19, "gap_first": 0, "gap_length": 0, "key": "k"}',
+    '{"first": 0, "last": 19, "gap_first": 0, "gap_length": 0, "key": ["k"]}',
+    '[0, 19]',
+], ids=["1e400", "Infinity", "past-2^63", "fraction", "key-a-list", "list"])
+def test_a_damaged_intent_is_unreadable_and_the_next_batch_is_cut_afresh(broker, tmp_path,
+                                                                         text):
+    """An intent file that parses as JSON but holds no batch (a number int() cannot take, a
+    fraction, a key that is no string): logged as unreadable, ``upload status`` shows no
+    batch in flight, and the broker starts and lands every record once. 1e400 raised
+    OverflowError out of the start (exit 1 at every start) and out of ``upload status``."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    data = tmp_path / "data"
+    b = broker(data_dir=str(data))
+    publish(b, 0, 20)
+    b.stop()
+    intent = data / "upload" / "intent"
+    intent.parent.mkdir()
+    intent.write_text(text)
+    status = run_cli("upload", "status", "--data-dir", str(data))
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    assert f"{intent}: unreadable (" in status.stderr and "in flight" not in status.stdout
+    b = broker(data_dir=str(data), upload=upload_config(landing, batch_max_age=1))
+    assert b.wait_log(lambda ln: f"{intent}: unreadable (" in ln and "cut afresh" in ln, 5)
+    wait_until(lambda: uploaded(b) == 20, what="the upload")
+    check_exactly_once(landing, 20)
+    assert b.stop() == 0
+
+
 def test_sigkill_after_the_write_before_the_mark_rewrites_the_same_object(broker, tmp_path):
     """The mark cannot be written (its temporary name is a folder): the object is stored but the
     mark stays. After SIGKILL and a restart the same object is written again, same name, same
