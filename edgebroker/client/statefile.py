@@ -16,13 +16,17 @@ def write_state(path, doc: dict) -> None:
 
 def read_state(path) -> dict | None:
     """The state in ``path``, or None when there is no file. ValueError names the file when
-    it is not JSON."""
+    it is not a JSON object."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
     except FileNotFoundError:
         return None
     try:
-        return json.loads(raw)
+        doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:     # (nested too deep to parse)
         raise ValueError(f"client state file {os.fspath(path)}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"client state file {os.fspath(path)}: not a JSON object "
+                         f"({type(doc).__name__})")
+    return doc

@@ -147,6 +147,9 @@ def test_state_file_written_whole(tmp_path):
     path.write_text("[" * 100_000)        # nested too deep to parse: named the same way
     with pytest.raises(ValueError, match="state.json: not JSON"):
         read_state(path)
+    path.write_text("[1, 2]")             # JSON, not an object: AttributeError in EventLoop
+    with pytest.raises(ValueError, match=r"state.json: not a JSON object \(list\)"):
+        read_state(path)
 
 
 def test_spool_keeps_no_qos2_stage_and_a_request_given_again_starts_with_publish(tmp_path,
