@@ -16,6 +16,7 @@ The same ``inspect`` parser also holds the live commands ``stats`` and ``clients
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -91,13 +92,27 @@ def log_dir(args) -> str:
 
 
 def open_log(args):
-    from edgebroker.commitlog import CommitLog
+    from edgebroker.commitlog import CommitLog, LogError
+    from edgebroker.commitlog.format import SEGMENT_SUFFIX
     logging.getLogger("edgebroker.commitlog").setLevel(logging.WARNING)
     _ensure_stderr_logging()
     path = log_dir(args)
     if not os.path.isdir(path):
         raise EdgebrokerError(f"no commit log at {path} (use --data-dir)")
-    return CommitLog.open(path, readonly=True)
+    try:
+        return CommitLog.open(path, readonly=True)
+    except LogError as exc:
+        cause = exc.__context__     # (LogError says what failed, raised from None)
+        if not isinstance(cause, OSError) or cause.errno != errno.EMFILE:
+            raise
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        segments = sum(name.endswith(SEGMENT_SUFFIX) for name in os.listdir(path))
+        raise EdgebrokerError(
+            f"{path}: {cause.strerror} ({segments} segments, two descriptors each; the open "
+            f"files limit is {soft}, its hard limit {hard}): raise the hard limit (ulimit -Hn, "
+            f"as root; systemd LimitNOFILE=) to "
+            f"{2 * segments + 64} or more") from None
 
 
 def _ensure_stderr_logging() -> None:
