@@ -22,7 +22,8 @@ from edgebroker.core.metrics import SORT_KEYS
 from edgebroker.errors import EdgebrokerError
 from edgebroker.server.admin import socket_path
 
-TIMEOUT = 10.0
+TIMEOUT = 10.0        # seconds for a whole reply, from the request sent to its line's end
+MAX_REPLY = 32 << 20  # bytes of a reply line (`clients --limit 0`, 10,000 clients: ~6 MiB)
 
 
 def add_subcommands(inspect_commands) -> None:
@@ -81,6 +82,7 @@ class AdminClient:
     def __init__(self, path: str, timeout: float = TIMEOUT):
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.timeout = timeout
         self.sock.settimeout(timeout)
         try:
             self.sock.connect(path)
@@ -92,19 +94,28 @@ class AdminClient:
         self.buf = bytearray()
 
     def ask(self, request: dict) -> dict:
+        deadline = time.monotonic() + self.timeout
         try:
             self.sock.sendall(json.dumps(request).encode() + b"\n")
-            while b"\n" not in self.buf:
+            end = self.buf.find(b"\n")
+            while end < 0:
+                if len(self.buf) > MAX_REPLY or time.monotonic() >= deadline:
+                    raise self._no_line_end()
+                self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 chunk = self.sock.recv(1 << 20)
                 if not chunk:
                     raise ConnectionClosed(f"the broker closed the admin connection {self.path}")
+                end = chunk.find(b"\n")
+                if end >= 0:
+                    end += len(self.buf)
                 self.buf += chunk
         except (BrokenPipeError, ConnectionResetError):
             raise ConnectionClosed(f"the broker closed the admin connection "
                                    f"{self.path}") from None
         except OSError as exc:
+            if isinstance(exc, TimeoutError) and self.buf:
+                raise self._no_line_end() from None
             raise EdgebrokerError(f"admin socket {self.path}: {exc.strerror or exc}") from None
-        end = self.buf.index(b"\n")
         line = bytes(self.buf[:end])
         del self.buf[:end + 1]
         try:
@@ -117,6 +128,13 @@ class AdminClient:
         if not reply.get("ok"):
             raise EdgebrokerError(f"the broker answered: {reply.get('error', reply)}")
         return reply
+
+    def _no_line_end(self) -> EdgebrokerError:
+        """Bytes and no line end, more than MAX_REPLY or for TIMEOUT s: not the broker."""
+        return EdgebrokerError(
+            f"{self.path} did not answer as the broker's admin socket does (a JSON object per "
+            f"line): it sent {len(self.buf)} bytes without a line end (at most {MAX_REPLY} in "
+            f"{self.timeout:g} s): {bytes(self.buf[:60])!r}")
 
     def close(self) -> None:
         self.sock.close()
