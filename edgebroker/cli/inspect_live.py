@@ -15,6 +15,7 @@ import json
 import socket
 import sys
 import time
+from contextlib import contextmanager
 
 from edgebroker.cli.options import add_format, seconds
 from edgebroker.cli.state_dir import state_dir_of
@@ -140,6 +141,18 @@ class AdminClient:
         self.sock.close()
 
 
+@contextmanager
+def broker_fields(path: str, cmd: str):
+    """Around the use of a reply's fields: one missing or of another type (a socket answering
+    JSON objects, but not the broker's) is the one-line error, not a traceback."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        what = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise EdgebrokerError(f"{path} did not answer as the broker's admin socket does: its "
+                              f"reply to {cmd} is not the broker's ({what})") from None
+
+
 # ----- stats -------------------------------------------------------------------------------
 
 def ask_once(args, request: dict) -> dict:
@@ -153,10 +166,12 @@ def ask_once(args, request: dict) -> dict:
 
 def run_stats(args) -> int:
     reply = ask_once(args, {"cmd": "stats"})
-    if args.format == "json":
-        print(json.dumps(reply["stats"], indent=2, sort_keys=True))
-    else:
-        print(format_stats(reply["stats"]))
+    with broker_fields(admin_path(args), "stats"):
+        if not isinstance(reply["stats"], dict):
+            raise TypeError("stats is not an object")
+        text = (json.dumps(reply["stats"], indent=2, sort_keys=True) if args.format == "json"
+                else format_stats(reply["stats"]))
+    print(text)
     return 0
 
 
@@ -328,10 +343,14 @@ def run_clients(args) -> int:
                 client.close()
                 client = AdminClient(client.path)
                 reply = client.ask(request)
-            if args.format == "json":
-                text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
-            else:
-                text = format_clients(reply, args.sort)
+            with broker_fields(client.path, "clients"):
+                if args.format == "json":
+                    if not (isinstance(reply["clients"], list)
+                            and isinstance(reply["total"], int)):
+                        raise TypeError("clients is not a list, or total not a number")
+                    text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
+                else:
+                    text = format_clients(reply, args.sort)
             if clear:
                 sys.stdout.write("\x1b[H\x1b[2J")
             if args.watch is not None and args.format == "text":
@@ -387,8 +406,10 @@ def format_bridges(bridges: list[dict]) -> str:
 
 def run_bridges(args) -> int:
     reply = ask_once(args, {"cmd": "bridges"})
-    if args.format == "json":
-        print(json.dumps({"bridges": reply["bridges"]}, indent=2, sort_keys=True))
-    else:
-        print(format_bridges(reply["bridges"]))
+    with broker_fields(admin_path(args), "bridges"):
+        if not isinstance(reply["bridges"], (list, type(None))):
+            raise TypeError("bridges is not a list")
+        text = (json.dumps({"bridges": reply["bridges"]}, indent=2, sort_keys=True)
+                if args.format == "json" else format_bridges(reply["bridges"]))
+    print(text)
     return 0

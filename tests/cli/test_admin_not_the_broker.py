@@ -125,3 +125,37 @@ def test_a_reply_without_end_is_cut_at_its_size_cap_or_deadline(tmp_path, chunk,
         assert 9.5 < took < 20 and streamer.sent < 1 << 20
     else:
         assert took < 9 and streamer.sent < 40 << 20
+
+
+ANSWERS = [
+    b'{"ok": true}\n',
+    b'{"ok": true, "stats": {}, "clients": [{}], "total": 1, "bridges": [{}], "changed": 1}\n',
+    b'{"ok": true, "stats": [], "clients": 5, "total": 1, "bridges": 7, "changed": true, '
+    b'"upload": 3}\n',
+]
+COMMANDS = [("inspect", "stats"), ("inspect", "clients"), ("inspect", "bridges"),
+            ("upload", "status"), ("upload", "pause")]
+# Not among them: "stats": {} in the JSON format (passed on as it is), or for `upload status`
+# (a broker without [upload]).
+CASES = [(a, c, f) for a in ANSWERS for c in COMMANDS for f in ("text", "json")
+         if not (b'"stats": {}' in a and (f == "json" or c[1] == "status"))]
+
+
+@pytest.mark.parametrize("answer,command,fmt", CASES)
+def test_a_json_reply_without_the_brokers_fields_is_one_clear_line(tmp_path, answer, command,
+                                                                   fmt):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "log").mkdir()
+    path = str(data / "admin.sock")
+    impostor = Impostor(path, answer, 1)
+    try:
+        r = run_cli(*command, "--data-dir", str(data), "--format", fmt, timeout=20)
+    finally:
+        impostor.close()
+    assert "Traceback" not in r.stderr, r.stderr
+    cmd = {"status": "stats", "pause": "upload_pause"}.get(command[1], command[1])
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"edgebroker: {path} did not answer as the broker's admin "
+                               f"socket does: its reply to {cmd} is not the broker's ("), r.stderr
+    assert r.stdout == ""
