@@ -16,6 +16,7 @@ The same ``inspect`` parser also holds the live commands ``stats`` and ``clients
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from datetime import datetime, timezone
 
 from edgebroker.cli import inspect_live
 from edgebroker.cli.options import add_format, count
+from edgebroker.cli.record_view import fmt_time, record_json, record_text
 from edgebroker.cli.state_dir import state_dir_of
 from edgebroker.core import snapshot
 from edgebroker.errors import EdgebrokerError
@@ -90,13 +92,27 @@ def log_dir(args) -> str:
 
 
 def open_log(args):
-    from edgebroker.commitlog import CommitLog
+    from edgebroker.commitlog import CommitLog, LogError
+    from edgebroker.commitlog.format import SEGMENT_SUFFIX
     logging.getLogger("edgebroker.commitlog").setLevel(logging.WARNING)
     _ensure_stderr_logging()
     path = log_dir(args)
     if not os.path.isdir(path):
         raise EdgebrokerError(f"no commit log at {path} (use --data-dir)")
-    return CommitLog.open(path, readonly=True)
+    try:
+        return CommitLog.open(path, readonly=True)
+    except LogError as exc:
+        cause = exc.__context__     # (LogError says what failed, raised from None)
+        if not isinstance(cause, OSError) or cause.errno != errno.EMFILE:
+            raise
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        segments = sum(name.endswith(SEGMENT_SUFFIX) for name in os.listdir(path))
+        raise EdgebrokerError(
+            f"{path}: {cause.strerror} ({segments} segments, two descriptors each; the open "
+            f"files limit is {soft}, its hard limit {hard}): raise the hard limit (ulimit -Hn, "
+            f"as root; systemd LimitNOFILE=) to "
+            f"{2 * segments + 64} or more") from None
 
 
 def _ensure_stderr_logging() -> None:
@@ -106,13 +122,6 @@ def _ensure_stderr_logging() -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
         root.addHandler(handler)
         root.propagate = False
-
-
-def fmt_time(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def parse_time(text: str, now_ms: int) -> int:
@@ -225,87 +234,6 @@ def run_topics(args) -> int:
 
 
 # -------------------------------------------------------------------------------------- tail
-
-def render_payload(payload: bytes, limit: int) -> str:
-    try:
-        text = payload.decode("utf-8")
-        if not text.isprintable():
-            text = json.dumps(text, ensure_ascii=False)[1:-1]
-    except UnicodeDecodeError:
-        text = "0x" + payload.hex()
-    if limit and len(text) > limit:
-        text = text[:limit] + f"... ({len(payload)} bytes)"
-    return text
-
-
-def decoded_properties(raw: bytes) -> tuple[dict | None, str | None]:
-    """(properties by identifier, None) of a record's stored properties (None, None without
-    any), or (None, what is wrong) for bytes that do not decode."""
-    from edgebroker.errors import ProtocolError
-    from edgebroker.mqtt.properties import decode_body
-    try:
-        return decode_body(raw), None
-    except ProtocolError as exc:
-        return None, f"{len(raw)} bytes of properties do not decode: {exc}"
-
-
-def properties_json(props: dict) -> dict:
-    """Names (mqtt.properties.PROPERTIES) to values; binary data in base64; User Property a
-    list of [name, value] pairs in order."""
-    import base64
-    from edgebroker.mqtt.properties import PROPERTIES
-    out = {}
-    for ident, value in props.items():
-        if isinstance(value, bytes):
-            value = base64.b64encode(value).decode()
-        elif isinstance(value, list):
-            value = [list(v) if isinstance(v, tuple) else v for v in value]
-        out[PROPERTIES[ident][0]] = value
-    return out
-
-
-def properties_text(props: dict) -> str:
-    """``{Content Type: text/plain, User Property: unit=C, Correlation Data: 0x0001}``."""
-    from edgebroker.mqtt.properties import PROPERTIES
-    parts = []
-    for ident, value in props.items():
-        name = PROPERTIES[ident][0]
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, tuple):
-                v = f"{v[0]}={v[1]}"
-            elif isinstance(v, bytes):
-                v = "0x" + v.hex()
-            parts.append(f"{name}: {v}")
-    return "{" + ", ".join(parts) + "}"
-
-
-def record_json(r) -> str:
-    obj = {"offset": r.offset, "timestamp_ms": r.timestamp_ms, "time": fmt_time(r.timestamp_ms),
-           "qos": r.qos, "retain": r.retain, "client_id": r.client_id.decode("utf-8", "replace"),
-           "topic": r.topic.decode("utf-8", "replace")}
-    if r.properties:
-        props, error = decoded_properties(r.properties)
-        if error is None:
-            obj["properties"] = properties_json(props)
-        else:
-            obj["properties_error"] = error
-    try:
-        obj["payload"] = r.payload.decode("utf-8")
-    except UnicodeDecodeError:
-        import base64
-        obj["payload_base64"] = base64.b64encode(r.payload).decode()
-    return json.dumps(obj, ensure_ascii=False)
-
-
-def record_text(r, limit: int) -> str:
-    props = ""
-    if r.properties:
-        decoded, error = decoded_properties(r.properties)
-        props = properties_text(decoded) + " " if error is None else f"{{{error}}} "
-    return (f"{r.offset} {fmt_time(r.timestamp_ms)} q{r.qos}{' r' if r.retain else ''} "
-            f"{r.topic.decode('utf-8', 'replace')} [{r.client_id.decode('utf-8', 'replace')}] "
-            f"{props}{render_payload(r.payload, limit)}")
-
 
 def run_tail(args) -> int:
     flt = check_filter(args.topic, "--topic") if args.topic else None

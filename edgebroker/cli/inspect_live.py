@@ -15,6 +15,7 @@ import json
 import socket
 import sys
 import time
+from contextlib import contextmanager
 
 from edgebroker.cli.options import add_format, seconds
 from edgebroker.cli.state_dir import state_dir_of
@@ -22,7 +23,8 @@ from edgebroker.core.metrics import SORT_KEYS
 from edgebroker.errors import EdgebrokerError
 from edgebroker.server.admin import socket_path
 
-TIMEOUT = 10.0
+TIMEOUT = 10.0        # seconds for a whole reply, from the request sent to its line's end
+MAX_REPLY = 32 << 20  # bytes of a reply line (`clients --limit 0`, 10,000 clients: ~6 MiB)
 
 
 def add_subcommands(inspect_commands) -> None:
@@ -81,6 +83,7 @@ class AdminClient:
     def __init__(self, path: str, timeout: float = TIMEOUT):
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.timeout = timeout
         self.sock.settimeout(timeout)
         try:
             self.sock.connect(path)
@@ -92,19 +95,28 @@ class AdminClient:
         self.buf = bytearray()
 
     def ask(self, request: dict) -> dict:
+        deadline = time.monotonic() + self.timeout
         try:
             self.sock.sendall(json.dumps(request).encode() + b"\n")
-            while b"\n" not in self.buf:
+            end = self.buf.find(b"\n")
+            while end < 0:
+                if len(self.buf) > MAX_REPLY or time.monotonic() >= deadline:
+                    raise self._no_line_end()
+                self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 chunk = self.sock.recv(1 << 20)
                 if not chunk:
                     raise ConnectionClosed(f"the broker closed the admin connection {self.path}")
+                end = chunk.find(b"\n")
+                if end >= 0:
+                    end += len(self.buf)
                 self.buf += chunk
         except (BrokenPipeError, ConnectionResetError):
             raise ConnectionClosed(f"the broker closed the admin connection "
                                    f"{self.path}") from None
         except OSError as exc:
+            if isinstance(exc, TimeoutError) and self.buf:
+                raise self._no_line_end() from None
             raise EdgebrokerError(f"admin socket {self.path}: {exc.strerror or exc}") from None
-        end = self.buf.index(b"\n")
         line = bytes(self.buf[:end])
         del self.buf[:end + 1]
         try:
@@ -118,8 +130,27 @@ class AdminClient:
             raise EdgebrokerError(f"the broker answered: {reply.get('error', reply)}")
         return reply
 
+    def _no_line_end(self) -> EdgebrokerError:
+        """Bytes and no line end, more than MAX_REPLY or for TIMEOUT s: not the broker."""
+        return EdgebrokerError(
+            f"{self.path} did not answer as the broker's admin socket does (a JSON object per "
+            f"line): it sent {len(self.buf)} bytes without a line end (at most {MAX_REPLY} in "
+            f"{self.timeout:g} s): {bytes(self.buf[:60])!r}")
+
     def close(self) -> None:
         self.sock.close()
+
+
+@contextmanager
+def broker_fields(path: str, cmd: str):
+    """Around the use of a reply's fields: one missing or of another type (a socket answering
+    JSON objects, but not the broker's) is the one-line error, not a traceback."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        what = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise EdgebrokerError(f"{path} did not answer as the broker's admin socket does: its "
+                              f"reply to {cmd} is not the broker's ({what})") from None
 
 
 # ----- stats -------------------------------------------------------------------------------
@@ -135,10 +166,12 @@ def ask_once(args, request: dict) -> dict:
 
 def run_stats(args) -> int:
     reply = ask_once(args, {"cmd": "stats"})
-    if args.format == "json":
-        print(json.dumps(reply["stats"], indent=2, sort_keys=True))
-    else:
-        print(format_stats(reply["stats"]))
+    with broker_fields(admin_path(args), "stats"):
+        if not isinstance(reply["stats"], dict):
+            raise TypeError("stats is not an object")
+        text = (json.dumps(reply["stats"], indent=2, sort_keys=True) if args.format == "json"
+                else format_stats(reply["stats"]))
+    print(text)
     return 0
 
 
@@ -310,10 +343,14 @@ def run_clients(args) -> int:
                 client.close()
                 client = AdminClient(client.path)
                 reply = client.ask(request)
-            if args.format == "json":
-                text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
-            else:
-                text = format_clients(reply, args.sort)
+            with broker_fields(client.path, "clients"):
+                if args.format == "json":
+                    if not (isinstance(reply["clients"], list)
+                            and isinstance(reply["total"], int)):
+                        raise TypeError("clients is not a list, or total not a number")
+                    text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
+                else:
+                    text = format_clients(reply, args.sort)
             if clear:
                 sys.stdout.write("\x1b[H\x1b[2J")
             if args.watch is not None and args.format == "text":
@@ -369,8 +406,10 @@ def format_bridges(bridges: list[dict]) -> str:
 
 def run_bridges(args) -> int:
     reply = ask_once(args, {"cmd": "bridges"})
-    if args.format == "json":
-        print(json.dumps({"bridges": reply["bridges"]}, indent=2, sort_keys=True))
-    else:
-        print(format_bridges(reply["bridges"]))
+    with broker_fields(admin_path(args), "bridges"):
+        if not isinstance(reply["bridges"], (list, type(None))):
+            raise TypeError("bridges is not a list")
+        text = (json.dumps({"bridges": reply["bridges"]}, indent=2, sort_keys=True)
+                if args.format == "json" else format_bridges(reply["bridges"]))
+    print(text)
     return 0

@@ -108,6 +108,7 @@ def _run(argv: list[str] | None) -> int:
     args = build_parser(argv).parse_args(argv)
     if args.command != "serve":   # serve has its own SIGTERM handling (server/app.py)
         signal.signal(signal.SIGTERM, _interrupt)
+        raise_open_files_limit()
     try:
         return args.run(args)
     except ConfigError as exc:
@@ -119,6 +120,20 @@ def _run(argv: list[str] | None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def raise_open_files_limit() -> None:
+    """Raise the open files soft limit (RLIMIT_NOFILE) to the hard one: a read of the log
+    holds two descriptors per segment (``inspect``, ``upload status``; ``upload once``, the
+    writer, three), and a shell's soft limit is often 1024 where the hard one is 4096 or more.
+    Left as it is when that cannot be done."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and soft != resource.RLIM_INFINITY:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _interrupt(signum, frame):

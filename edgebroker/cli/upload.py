@@ -70,9 +70,13 @@ def _live(state_dir: str) -> dict | None:
     except EdgebrokerError:
         return None
     try:
-        return client.ask({"cmd": "stats"})["stats"]
+        reply = client.ask({"cmd": "stats"})
     finally:
         client.close()
+    with inspect_live.broker_fields(path, "stats"):
+        if not isinstance(reply["stats"], dict):
+            raise TypeError("stats is not an object")
+        return reply["stats"]
 
 
 def offline_status(state_dir: str) -> dict:
@@ -102,10 +106,10 @@ def run_status(args) -> int:
     stats = _live(state_dir)
     if stats is not None:
         fig = stats.get("upload")
-        if args.format == "json":
-            print(json.dumps({"running": True, "upload": fig}))
-        else:
-            print(f"broker running; upload {inspect_live.upload_line(fig)}")
+        with inspect_live.broker_fields(socket_path(state_dir), "stats"):
+            text = (json.dumps({"running": True, "upload": fig}) if args.format == "json"
+                    else f"broker running; upload {inspect_live.upload_line(fig)}")
+        print(text)
         return 0
     st = offline_status(state_dir)
     if args.format == "json":
@@ -131,12 +135,16 @@ def run_control(args) -> int:
         reply = client.ask({"cmd": f"upload_{args.action}"})
     finally:
         client.close()
-    if args.format == "json":
-        print(json.dumps({"changed": reply["changed"], "upload": reply["upload"]}))
-        return 0
     done = "paused" if args.action == "pause" else "resumed"
-    print(f"upload {done}" if reply["changed"] else f"upload was already {done}")
-    print(f"upload {inspect_live.upload_line(reply['upload'])}")
+    with inspect_live.broker_fields(path, f"upload_{args.action}"):
+        if not isinstance(reply["changed"], bool) or not isinstance(reply["upload"], dict):
+            raise TypeError("changed is not true or false, or upload not an object")
+        if args.format == "json":
+            text = json.dumps({"changed": reply["changed"], "upload": reply["upload"]})
+        else:
+            text = (f"upload {done}" if reply["changed"] else f"upload was already {done}") + \
+                f"\nupload {inspect_live.upload_line(reply['upload'])}"
+    print(text)
     return 0
 
 

@@ -214,6 +214,16 @@ def remove_files(self, seg: Segment, reason: str, detail: str = "", quiet: bool 
 
 
 def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
+    try:
+        _open_segment(self, seg, is_last, full_scan)
+    finally:
+        if self.readonly and seg.index_fd >= 0:
+            # A reader writes no index: it reads its map (a descriptor of its own) or copy.
+            os.close(seg.index_fd)
+            seg.index_fd = -1
+
+
+def _open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
     flags = (os.O_RDONLY if self.readonly else os.O_RDWR) | os.O_CLOEXEC
     seg.fd = os.open(seg.path, flags)
     try:
