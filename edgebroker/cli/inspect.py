@@ -97,6 +97,13 @@ def open_log(args):
     logging.getLogger("edgebroker.commitlog").setLevel(logging.WARNING)
     _ensure_stderr_logging()
     path = log_dir(args)
+    try:
+        os.stat(path)
+    except PermissionError as exc:      # (isdir says False: the state directory is shut)
+        raise EdgebrokerError(f"cannot read the commit log at {path}: {exc.strerror}") \
+            from None
+    except OSError:
+        pass
     if not os.path.isdir(path):
         raise EdgebrokerError(f"no commit log at {path} (use --data-dir)")
     try:
@@ -252,7 +259,8 @@ def run_tail(args) -> int:
             records = deque(log.scan(flt), maxlen=args.lines)
         else:
             records = log.read_range(max(log.first_offset, log.next_offset - args.lines))
-        next_offset = log.next_offset
+        # --follow goes on from the head, or from --from when that is further
+        next_offset = max(log.next_offset, args.from_offset or 0)
         try:
             for r in records:
                 _out(show(r))
@@ -268,7 +276,9 @@ def run_tail(args) -> int:
                 next_offset = max(next_offset, log.next_offset)
                 sys.stdout.flush()
         except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the way to end --follow
-            return 0
+            if args.follow:
+                return 0
+            raise                   # a dump cut short: 130 (cli/main.py)
     finally:
         log.close()
     return 0

@@ -4,6 +4,7 @@ times in UTC (``fmt_time``), as every ``inspect`` command shows them."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 
 
@@ -14,11 +15,22 @@ def fmt_time(ms: int | None) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
+# What json.dumps leaves as it is but a terminal acts on: DEL, the C1 controls (U+009B is
+# the CSI of escape sequences, U+0085 a new line) and the line and paragraph separators.
+_RAW_CONTROLS = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
+def _escape_controls(text: str) -> str:
+    return _RAW_CONTROLS.sub(lambda m: "\\u%04x" % ord(m[0]), text)
+
+
 def render_payload(payload: bytes, limit: int) -> str:
+    """A payload as text: UTF-8 with every control character escaped as JSON would (\\n,
+    \\u001b, also DEL, C1 and U+2028/U+2029), else ``0x`` and its bytes in hex."""
     try:
         text = payload.decode("utf-8")
         if not text.isprintable():
-            text = json.dumps(text, ensure_ascii=False)[1:-1]
+            text = _escape_controls(json.dumps(text, ensure_ascii=False)[1:-1])
     except UnicodeDecodeError:
         text = "0x" + payload.hex()
     if limit and len(text) > limit:
@@ -82,7 +94,8 @@ def record_json(r) -> str:
     except UnicodeDecodeError:
         import base64
         obj["payload_base64"] = base64.b64encode(r.payload).decode()
-    return json.dumps(obj, ensure_ascii=False)
+    # (escaped as text is: a reader splitting lines at U+0085 or U+2028 gets whole objects)
+    return _escape_controls(json.dumps(obj, ensure_ascii=False))
 
 
 def record_text(r, limit: int) -> str:

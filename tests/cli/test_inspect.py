@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from commitlog.logutil import append_n, flip_byte, open_log, parse_segment, segment_files
-from conftest import sigint_ignored
+from conftest import as_nobody, sigint_ignored
 
 # Each test runs on the C helper and on its pure-Python twin, as the commit log's own tests do.
 pytestmark = pytest.mark.usefixtures("native_backend")
@@ -110,6 +110,8 @@ def test_tail_payload_rendering(tmp_path):
     log.append(T0, 1, True, b"dev", b"bin", b"\x00\xff\x10")
     log.append(T0, 0, False, b"dev", b"txt", "héllo\nworld".encode())
     log.append(T0, 0, False, b"dev", b"long", b"x" * 500)
+    # controls a terminal acts on, which json.dumps leaves raw: DEL, C1 (CSI, NEL), U+2028
+    log.append(T0, 0, False, b"dev", b"ctl", "e:\x1b[2J d:\x7f c:\x9b2J n:\x85 l:\u2028.".encode())
     log.write_pending()
     log.close()
     d = str(tmp_path / "data")
@@ -117,9 +119,12 @@ def test_tail_payload_rendering(tmp_path):
     assert out[0].endswith("q1 r bin [dev] 0x00ff10")
     assert out[1].endswith("txt [dev] héllo\\nworld")
     assert out[2].endswith("x" * 20 + "... (500 bytes)")
+    out = inspect("tail", "--data-dir", d, "-n", "1").stdout.splitlines()
+    assert out[0].endswith(r"ctl [dev] e:\u001b[2J d:\u007f c:\u009b2J n:\u0085 l:\u2028.")
     js = [json.loads(ln) for ln in inspect("tail", "--data-dir", d, "--format", "json").stdout.splitlines()]
     assert js[0]["payload_base64"] == "AP8Q" and "payload" not in js[0] and js[0]["retain"] is True
     assert js[1]["payload"] == "héllo\nworld"
+    assert js[3]["payload"] == "e:\x1b[2J d:\x7f c:\x9b2J n:\x85 l:\u2028."
 
 
 def test_tail_max_payload_below_0_is_a_usage_error(data_dir):
@@ -173,12 +178,13 @@ def test_tail_shows_properties_decoded(tmp_path):
 
 
 @contextmanager
-def following(data_dir, sigint):
+def following(data_dir, sigint, *options):
     """``inspect tail --follow`` started with SIGINT set to ``sigint`` (SIG_DFL: Ctrl-C works;
     SIG_IGN: as a background job of a script, under nohup from one, or some CI runners), not
     whatever the test runner passed down; its stdout lines collect in ``proc.lines``."""
     proc = subprocess.Popen([sys.executable, "-m", "edgebroker", "inspect", "tail", "--data-dir",
-                             str(data_dir), "--follow", "--format", "json", "-n", "2"],
+                             str(data_dir), "--follow", "--format", "json",
+                             *(options or ("-n", "2"))],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     proc.lines = []
@@ -236,6 +242,80 @@ def test_tail_follow_stops_on_sigterm_where_sigint_is_ignored(tmp_path):
         assert proc.wait(10) == 0
     assert [json.loads(ln)["offset"] for ln in proc.lines] == list(range(3, 8))
     assert proc.stderr.read() == ""
+
+
+def test_tail_follow_from_past_the_head_starts_there(tmp_path):
+    """`tail --from 10 --follow` on a log of 3 records printed 3..11 as they came: the start
+    was forgotten once the first read found nothing."""
+    log = open_log(tmp_path / "data" / "log")
+    append_n(log, 3)
+    log.write_pending()
+    with closing(log), following(tmp_path / "data", signal.SIG_DFL, "--from", "10") as proc:
+        deadline = time.monotonic() + 20
+        while not reading_log(proc.pid, tmp_path / "data" / "log"):   # its first read done
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        append_n(log, 9)                         # offsets 3..11
+        log.write_pending()
+        wait_lines(proc, 2, time.monotonic() + 20)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    assert [json.loads(ln)["offset"] for ln in proc.lines] == [10, 11]
+
+
+def reading_log(pid: int, log_dir: Path) -> bool:
+    """The process has a file of ``log_dir`` open (the log is open: its first read is done
+    or under way, before any output)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(log_dir)):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def test_tail_cut_short_exits_130(tmp_path):
+    """`tail` without --follow stopped by SIGTERM part way (here: writing to a full pipe)
+    exited 0, as if the dump were whole."""
+    log = open_log(tmp_path / "data" / "log")
+    append_n(log, 5000)
+    log.write_pending()
+    log.close()
+    proc = subprocess.Popen([sys.executable, "-m", "edgebroker", "inspect", "tail", "--data-dir",
+                             str(tmp_path / "data"), "-n", "5000"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline()            # started; the pipe then fills, unread
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 130
+        assert out.count(b"\n") < 4999
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_a_state_directory_the_user_cannot_enter_is_said_so(tmp_path):
+    """Run as a user who cannot enter the state directory, segments/tail/topics/verify said
+    "no commit log at ... (use --data-dir)"."""
+    log = open_log(tmp_path / "data" / "log")
+    append_n(log, 1)
+    log.write_pending()
+    log.close()
+    os.chmod(tmp_path, 0o700)
+    for command in ("segments", "tail", "topics", "verify"):
+        r = subprocess.run([*as_nobody(), sys.executable, "-m", "edgebroker", "inspect", command,
+                            "--data-dir", str(tmp_path / "data")], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stderr.strip().splitlines()[-1]) == (
+            1, f"edgebroker: cannot read the commit log at {tmp_path / 'data' / 'log'}: "
+               f"Permission denied"), (command, r.stderr)
 
 
 def test_verify_ok_and_progress_on_a_terminal(data_dir):
