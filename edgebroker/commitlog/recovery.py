@@ -61,8 +61,8 @@ def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
     """(value, problem): 0 and a description when the file is missing or unreadable."""
     try:
         value = json.loads(read_small_file(path))[key]    # a FIFO there: a problem, no wait
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{key} is {value!r}")
+        if type(value) is not int or not 0 <= value < 1 << 63:     # (true, 10**30: not offsets)
+            raise ValueError(f"{key} is {value!r:.40}")
         return value, None
     except FileNotFoundError:
         return 0, None

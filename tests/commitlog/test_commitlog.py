@@ -558,6 +558,27 @@ def test_corrupt_uploaded_file_is_reported_and_treated_as_nothing_uploaded(tmp_p
     log.close()
 
 
+@pytest.mark.parametrize("name, key", [("uploaded", "uploaded_offset"),
+                                       ("recovery-point", "recovery_point")])
+@pytest.mark.parametrize("value", ["1000000000000000000000000000000", "true"])
+def test_an_offset_file_holding_no_offset_is_unreadable(tmp_path, caplog, name, key, value):
+    """10**30 in log/uploaded was taken: the next offset went past 64 bits and every append
+    failed (OverflowError in the record header); true was taken as offset 1."""
+    log = open_log(tmp_path / "log")
+    append_n(log, 10)
+    log.write_pending()
+    log.close()
+    (tmp_path / "log" / name).write_text(f'{{"{key}": {value}}}')
+    with caplog.at_level("WARNING", logger="edgebroker.commitlog"):
+        log = open_log(tmp_path / "log")
+    assert any(f"{name}: unreadable ({key} is " in r.getMessage() for r in caplog.records)
+    assert log.next_offset == 10
+    append_n(log, 1)
+    log.write_pending()
+    assert [r.offset for r in log.read_range(0)] == list(range(11))
+    log.close()
+
+
 def test_offsets_never_go_back_even_if_every_segment_is_removed(tmp_path):
     log = open_log(tmp_path / "log")
     append_n(log, 10)
