@@ -334,7 +334,7 @@ class S3Sink:
         if self._records and r.headers.get(RECORDS_META) == self._records:
             return True   # the same records (perhaps compressed by another zstd release)
         length = r.headers.get("content-length", "-1")
-        if not length.strip().lstrip("-").isdigit():
+        if not _whole(length):
             raise TransientSinkError(f"{self.name}: HEAD {name}: the store's answer has a "
                                      f"Content-Length that is not a number: {length[:40]!r}")
         if int(length) != size:
@@ -464,7 +464,13 @@ def _digests(path: str, length: int, offset: int = 0) -> tuple[str, bytes]:
 
 def _seconds(retry_after: str) -> float:
     """A Retry-After header's seconds (0 when absent, or in its date form: not honoured)."""
-    return float(retry_after) if retry_after.strip().isdigit() else 0.0
+    return float(retry_after) if _whole(retry_after) else 0.0
+
+
+def _whole(text: str) -> bool:
+    """``text`` is a whole number of ASCII digits (str.isdigit takes '²', int() does not)."""
+    text = text.strip()
+    return text.isascii() and text.isdigit()
 
 
 def _text(body: bytes, tag: str, what: str) -> str:

@@ -437,6 +437,16 @@ def test_a_packet_over_max_packet_size_closes_with_1009_and_a_stop_with_1001(bro
     assert b.stop() == 0
 
 
+def test_a_connect_refused_without_a_connack_closes_with_its_reason(broker, uid):
+    """A 3.1.1 CONNECT whose will topic is over max_topic_levels is refused without a CONNACK
+    (3.1.1 has no code for it): the close said 1000, a normal end, as for a clean one."""
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "protocol": "websockets"}],
+               limits={"max_topic_levels": 4})
+    c = over_websocket(b.raw(port(b, 0)))
+    c.send(m.connect(uid, will=(f"{uid}/a/b/c/d/e", b"w")))
+    assert (c.sock.wait_close(), c.sock.close_reason) == (1008, "Quota exceeded")
+
+
 @pytest.mark.parametrize("request_bytes, status, reason", [
     (b"GET /mqtt HTTP/1.1\r\nHost: broker\r\n\r\n", 400, "not a WebSocket upgrade request"),
     (b"GET / HTTP/1.1\r\nHost: broker\r\nUser-Agent: curl/8\r\nAccept: */*\r\n\r\n", 400,

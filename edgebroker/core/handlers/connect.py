@@ -271,7 +271,8 @@ def refuse(client, code: int | None, why: str, reason: str = "client_id", *,
         broker.hit(reason)
     if frame is not None:
         client.answer(frame)
-    client.close(will=False)
+    # (no CONNACK: the reason still goes to the transport, e.g. a WebSocket close code)
+    client.close(will=False, reason=0 if frame is not None else reason5)
 
 
 def on_pingreq(client, p) -> None:
