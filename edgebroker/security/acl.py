@@ -171,10 +171,13 @@ class Acl:
 
     @classmethod
     def parse(cls, text: str, path: str = "") -> "Acl":
-        """Compile ACL text; a bad line raises ValueError('line N: ...')."""
+        """Compile ACL text; a bad line raises ValueError('line N: ...'). Lines end at "\n"
+        only, as the password file's and Mosquitto's do: a comment holding U+2028 (or another
+        of the breaks str.splitlines knows) stays one comment, not a rule after it."""
+        from edgebroker.security.passwords import lines_of
         acl = cls(path)
         section = acl.anonymous
-        for number, raw in enumerate(text.splitlines(), 1):
+        for number, raw in enumerate(lines_of(text), 1):
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue

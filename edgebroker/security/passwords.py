@@ -306,6 +306,7 @@ class PasswordFile:
         self.scram = scram_keys or {}           # user -> (stored field, its Keys)
         self.weak = sorted(u for u, h in entries.items() if is_weak(h))
         self._dummy: tuple | None = None
+        self._scram_iterations: int | None = None
 
     def __len__(self):
         return len(self.entries)
@@ -336,6 +337,18 @@ class PasswordFile:
             else:
                 self._dummy = dummy_hash()
         return self._dummy
+
+    def scram_iterations(self) -> int:
+        """The SCRAM iteration count most of the file's users have (the default without
+        any): what a user without keys is told (``scram.Exchange``)."""
+        if self._scram_iterations is None:
+            from edgebroker.security.scram import DEFAULT_ITERATIONS
+            counts: dict[int, int] = {}
+            for _, keys in self.scram.values():
+                counts[keys.iterations] = counts.get(keys.iterations, 0) + 1
+            self._scram_iterations = (max(counts, key=counts.__getitem__) if counts
+                                      else DEFAULT_ITERATIONS)
+        return self._scram_iterations
 
     def scram_keys(self, username: str) -> scram.Keys | str:
         """``username``'s SCRAM keys, or why there are none (``scram.Lookup``)."""

@@ -169,7 +169,9 @@ class ListenerPolicy:
     def scram_exchange(self) -> scram.Exchange:
         """A new exchange against this listener's password file (``scram_refusal`` is None)."""
         from edgebroker.security import scram
-        return scram.Exchange(self.passwords.scram_keys, self.authenticator.scram_secret)
+        passwords = self.passwords
+        return scram.Exchange(passwords.scram_keys, self.authenticator.scram_secret,
+                              decoy_iterations=passwords.scram_iterations())
 
     def scram_outcome(self, client, exchange: scram.Exchange,
                       failure: scram.Failure | None) -> tuple[int, str]:

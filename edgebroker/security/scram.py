@@ -217,12 +217,17 @@ class Exchange:
     """One SCRAM-SHA-256 authentication, server side (see the module doc)."""
 
     __slots__ = ("_lookup", "_secret", "_make_nonce", "username", "missing", "keys",
-                 "client_key", "_header", "_first_bare", "_server_first", "_nonce", "_state")
+                 "client_key", "_header", "_first_bare", "_server_first", "_nonce", "_state",
+                 "_decoy_iterations")
 
     def __init__(self, lookup: Lookup, secret: bytes,
-                 make_nonce: Callable[[], str] | None = None):
+                 make_nonce: Callable[[], str] | None = None,
+                 decoy_iterations: int = DEFAULT_ITERATIONS):
         self._lookup = lookup
         self._secret = secret       # per process: makes the salts of unknown users
+        # the iteration count told for a user without keys: the one most users have, so
+        # that a made-up name does not stand out from real ones by it
+        self._decoy_iterations = decoy_iterations
         self._make_nonce = make_nonce   # the server's part of the nonce (tests give their own)
         self.username: str | None = None
         self.missing: str | None = None   # why the user has no keys (then the proof fails)
@@ -329,4 +334,4 @@ class Exchange:
         """Keys for a user without any: the same salt each time for one name (until the broker
         restarts), keys nobody can match."""
         salt = _hmac(self._secret, b"salt\0" + username.encode("utf-8"))[:SALT_BYTES]
-        return Keys(salt, DEFAULT_ITERATIONS, os.urandom(KEY_BYTES), os.urandom(KEY_BYTES))
+        return Keys(salt, self._decoy_iterations, os.urandom(KEY_BYTES), os.urandom(KEY_BYTES))

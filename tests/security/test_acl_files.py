@@ -143,6 +143,15 @@ def test_load_errors_name_file_and_line(tmp_path):
         Acl.load(str(tmp_path / "missing"))
 
 
+@pytest.mark.parametrize("brk", ["\u2028", "\u0085", "\v", "\x1c"])
+def test_a_comment_holding_a_line_break_other_than_newline_stays_a_comment(brk):
+    """str.splitlines also ends lines at U+2028, U+0085, \\v, \\x1c..\\x1e: a comment
+    "# was:<U+2028>topic readwrite #" granted that rule to everyone (Mosquitto, and the
+    password file, read it as one comment)."""
+    acl = Acl.parse(f"topic read public/#\n# was:{brk}topic readwrite #\n")
+    assert acl.rules == 1
+
+
 def test_view_cache_follows_rebind():
     view = Acl.parse("topic read a").view("c", None)
     assert view.can_read("a") and "a" in view.reads

@@ -153,6 +153,26 @@ def test_unknown_user_cannot_be_told_from_a_known_one_by_the_salt(srv5, uid):
     assert salts[0] == salts[1] and len(salts[0][0]) == 16 and salts[0][1] == 4096
 
 
+def test_unknown_user_is_told_the_iteration_count_most_users_have(broker, tmp_path, uid):
+    """With users written with more iterations than the default (as docs/security.md
+    suggests), a made-up user name was told i=4096 and stood out from the real ones."""
+    pw = tmp_path / "passwd"
+    write_file(pw, [f"{u}:{hash_password(p)}:{keys_field(p, iterations=8192)}"
+                    for u, p in (("alice", "alice-pw"), ("bob", "bob-pw"))]
+               + [f"carol:{hash_password('carol-pw')}:{keys_field('carol-pw')}"])
+    b = broker(password_file=str(pw))
+    told = {}
+    for user in ("alice", "carol", "nobody-" + uid):
+        c = raw5(b)
+        s = Scram(user, "x")
+        first = start(c, f"{uid}-{len(told)}", s)
+        assert first.type == m5.AUTH and first.reason == 0x18
+        s.final(first.properties[m5.AUTH_DATA])
+        told[user] = s.iterations
+        c.close()
+    assert list(told.values()) == [8192, 4096, 8192]
+
+
 def test_user_without_keys_still_logs_in_with_its_password(srv5, uid):
     c = raw5(srv5)
     assert c.connect(uid, username=OLD_USER, password=OLD_PW).reason == 0
