@@ -17,6 +17,17 @@ _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 # "int | str": an integer, or a word its check knows (memory_limit = "auto").
 
 
+# Settings whose values are secrets: an error about one names its key and type, not its value
+# (a numeric PIN written without quotes went to the terminal and the broker's log).
+SECRET_KEYS = frozenset(("password", "secret_access_key"))
+
+
+def _got(value, key: str) -> str:
+    if key.rpartition(".")[2] in SECRET_KEYS:
+        return f"{type(value).__name__} (the value is not shown: a secret)"
+    return repr(value)
+
+
 def coerce(value, annotation: str, key: str):
     """``value`` as the setting's type, or ConfigError naming ``key``. A TOML integer passes for
     a number; a boolean is never a number. Numbers must be finite (nan and inf pass no
@@ -26,12 +37,12 @@ def coerce(value, annotation: str, key: str):
         if isinstance(value, str):
             return value
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer or a string, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer or a string, got {_got(value, key)}")
         annotation = "int"
     kind = _TYPES[annotation.removesuffix(" | None")]
     whole = kind is float and isinstance(value, int)
     if isinstance(value, bool) != (kind is bool) or not (isinstance(value, kind) or whole):
-        raise ConfigError(f"{key}: expected {_TYPE_NAMES[kind]}, got {value!r}")
+        raise ConfigError(f"{key}: expected {_TYPE_NAMES[kind]}, got {_got(value, key)}")
     if isinstance(value, int) and not isinstance(value, bool):
         if not INT64_MIN <= value <= INT64_MAX:
             digits = str(value)

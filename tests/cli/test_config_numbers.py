@@ -142,3 +142,23 @@ def test_the_smallest_rate_throttles_for_a_finite_time(broker):
     assert c.ping() == []
     line = b.wait_log("over its control packet rate", timeout=10, start=mark)
     assert line and "(control_rate 0.001/s); not reading from it for 1000.000 s" in line, line
+
+
+@pytest.mark.parametrize("command", [("config", "check"), ("serve",)])
+def test_a_secret_of_the_wrong_type_is_not_shown(tmp_path, command):
+    """A bridge password or S3 secret written as a number (a PIN without quotes) went to the
+    terminal, and to the broker's log at a reload, in 'expected a string, got 918273645'."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'data_dir = "{tmp_path / "data"}"\n'
+                    f'[[listener]]\nhost = "127.0.0.1"\nport = 0\n'
+                    f'[upload]\nurl = "s3://landing/p"\naccess_key_id = "AK"\n'
+                    f'secret_access_key = 5647382910\n'
+                    f'[[bridge]]\nname = "c"\naddress = "127.0.0.1:1883"\nusername = "u"\n'
+                    f'password = 918273645\n'
+                    f'topic = [{{pattern = "a/#", direction = "out", qos = 1}}]\n')
+    r = run_cli(*command, "-c", str(path))
+    assert r.returncode == 2
+    assert "918273645" not in r.stderr and "5647382910" not in r.stderr
+    secret = "expected a string, got int (the value is not shown: a secret)"
+    assert {f"{path}: bridge[0].password: {secret}",
+            f"{path}: upload.secret_access_key: {secret}"} <= set(problems(r))
