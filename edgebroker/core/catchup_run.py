@@ -130,7 +130,14 @@ class CatchUpRuns:
     def send_run(self, session, run: Run) -> bool:
         """Send what the window and the connection take of ``run`` (the client is online and
         its queue empty): the PUBLISH frames of each piece (WINDOW_PIECES) in one write, each
-        sent at once but the one that fills the window. True when all of the run is sent."""
+        sent at once but the one that fills the window. True when all of the run is sent (or
+        let go of: the session has an ACL now)."""
+        if session.acl is not None:
+            # An ACL came after the run was read (a reload): what is left of it is read
+            # again through ``refill``'s batches, which check it (nothing is lost: the
+            # cursor goes back to the first record not sent).
+            session.cursor.drop_run()
+            return True
         client = session.client
         transport = client.transport
         limits = self.limits

@@ -122,7 +122,8 @@ class RetainedDelivery:
 
     def release_held(self, session: Session) -> bool:
         """The cursor reached ``read_end``: the retained copies held for the SUBSCRIBEs up to
-        there go into the queue (behind a batch read up to there). True when the session is
+        there go into the queue (behind a batch read up to there), but for those whose Message
+        Expiry Interval passed meanwhile (deleted, counted). True when the session is
         still behind: it holds copies for a later SUBSCRIBE, or the log goes on."""
         cursor = session.cursor
         held = cursor.held
@@ -130,12 +131,22 @@ class RetainedDelivery:
             # (Refill found no subscription: nothing up to there can match.)
             cursor.offset = held[0][0]
         due = 0
+        now = self.clock()
         for at, ref, qos, retain in held:
             if at > cursor.offset:
                 break
+            due += 1
+            # Past its Message Expiry Interval while held: gone, for 3.1.1 subscribers too
+            # (as at SUBSCRIBE; their writes do not look at expiry).
+            message = ref if type(ref) is Message else (
+                self.retained_copy(ref) if type(ref) is StoredRetained else None)
+            if message is not None and message.expires and message.expires <= now:
+                if self.retained.get(message.topic) is message:
+                    self.retained.delete(message.topic)
+                self.drop("message_expired", session)
+                continue
             self._enqueue(session, ref, qos, retain, True)
             _queued_retained(session, ref)
-            due += 1
         del held[:due]
         if not held:
             cursor.held = None

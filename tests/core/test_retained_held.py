@@ -5,6 +5,7 @@ crash too."""
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -120,3 +121,37 @@ def test_held_copies_in_the_snapshot_round_trip_and_bad_entries_are_left_out():
     doc = json.loads(data)
     doc["sessions"][0]["held"].append([10, 4, 3, True, 16])      # QoS 3
     assert snap.decode(json.dumps(doc).encode()).sessions[0].held == [(10, 3, 1, True, 16)]
+
+
+@pytest.mark.parametrize("v5", [False, True])
+def test_a_held_retained_copy_past_its_expiry_is_not_sent_to_any_subscriber(broker, uid, v5):
+    """The expiry of a retained copy was checked only when the SUBSCRIBE held it: one that
+    expired while the session worked through its backlog still went to a 3.1.1 subscriber.
+    It is checked when the cursor reaches it too: not sent, deleted, counted once."""
+    b = broker()
+    n = 1000        # more than one batch read from the log: the session stays behind
+    backlog(b, uid, n)
+    pub = R.RawClient5(b.host, b.port)
+    _open_clients.append(pub)
+    pub.connect(f"{uid}-p5")
+    pub.publish(f"{uid}/r", b"short-lived", qos=1, retain=True, props={R.MESSAGE_EXPIRY: 1})
+    s = reconnect_and_subscribe(b, f"{uid}-s", f"{uid}/r", v5)
+    window = []
+    while True:                     # the window's PUBLISHes, unacknowledged, up to the SUBACK
+        p = s.recv_packet()
+        if p.type == SUBACK:
+            break
+        window.append(p)
+    expired = b.stats()["dropped"]["message_expired"]
+    time.sleep(1.1)                 # the held copy's expiry passes while the session is behind
+    got = []
+    for p in window:
+        got.append((p.payload.split(b" ")[0], p.retain))
+        s.ack(p)
+    got += publishes(s, n - len(window))
+    assert got == [(b"%d" % i, False) for i in range(n)]
+    assert s.ping() == []
+    assert b.stats()["dropped"]["message_expired"] == expired + 1
+    fresh = b.client(f"{uid}-f")
+    fresh.subscribe(f"{uid}/r", qos=1)
+    assert fresh.ping() == []       # deleted from the store

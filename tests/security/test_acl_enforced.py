@@ -347,6 +347,39 @@ def test_reload_adding_an_acl_file_restricts_connected_clients(broker, tmp_path,
     assert publishes(spy) == []
 
 
+def test_an_acl_a_reload_adds_holds_for_records_a_catch_up_already_read(broker, tmp_path, uid):
+    """A 3.1.1 session with one subscription and no ACL reads the log as a run (a chunk of
+    records sent with nothing checked per record). A reload that gave it an ACL did not stop
+    the run: what it held was sent although the ACL now denied it. The rest of the run is read
+    again through the checked path: nothing denied goes out, and each record is counted."""
+    config = {"listener": [{"host": "127.0.0.1", "port": 0}]}
+    b = broker(**config)
+    sub = b.client(f"{uid}-sub")
+    assert sub.subscribe(("#", 1)).codes == [1]
+    pub = b.client(f"{uid}-pub")
+    n, read = 1000, 300
+    # Pipelined: 20 fill the window, 256 the queue, the rest is read from the log.
+    pub.send(b"".join(m.publish("t/secret", f"m{i}".encode(), 1, packet_id=i + 1)
+                      for i in range(n)))
+    pub.wait_for(lambda p: p.type == m.PUBACK and p.packet_id == n, 10)
+    window = []
+    for i in range(read):           # past the queue: into the run, then the window is full
+        p = sub.recv_publish(ack=False)
+        assert p.payload == f"m{i}".encode()
+        window.append(p)
+        if i < read - 20:
+            sub.ack(window.pop(0))
+    config["acl_file"] = str(write_acl(tmp_path / "acl", "topic readwrite other/#\n"))
+    _reload(b, config)
+    denied = b.stats()["counters"]["acl_deliveries_denied"]
+    for p in window:
+        sub.ack(p)
+    pub.publish("other/done", b"after the backlog", qos=1)
+    p = sub.recv_publish()
+    assert (p.topic, p.payload) == ("other/done", b"after the backlog")
+    assert b.stats()["counters"]["acl_deliveries_denied"] == denied + n - read
+
+
 def _fill_window(b, admin, topic, prefix, n=25):
     """``n`` QoS 1 messages on ``topic``: 20 fill the subscriber's in-flight window
     (max_inflight_messages), the rest wait in its session's queue."""
