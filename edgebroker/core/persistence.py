@@ -290,7 +290,7 @@ class Persistence:
                 self.queued_messages += len(queue)
                 self.queued_bytes += session.queue_bytes
             if s.awaiting_release:
-                session.own_awaiting_release().update(s.awaiting_release)
+                session.own_awaiting_release().update(dict.fromkeys(s.awaiting_release))
             session._next_id = s.next_id
             if s.drops:
                 session.drops = dict(s.drops)
@@ -405,9 +405,9 @@ class Persistence:
                     session.inflight_bytes -= entry.message.size
             elif kind == "I":
                 if record[3] < end:
-                    session.own_awaiting_release().add(record[2])
+                    session.own_awaiting_release()[record[2]] = None   # no digest
             elif kind == "F":
-                session.awaiting_release.discard(record[2])
+                session.awaiting_release.pop(record[2], None)
         for session, offsets in sent.items():
             self._forget_sent(session, offsets)
         if shared:

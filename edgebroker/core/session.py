@@ -3,7 +3,8 @@
 A session owns its subscriptions, the outgoing QoS 1/2 window (``inflight``,
 keyed by packet id, in send order), the queue of messages waiting for the
 window or for the client to come back, and the packet ids of inbound QoS 2
-messages received but not yet released (for exactly-once delivery).
+messages received but not yet released, each with a digest of its message (for
+exactly-once delivery: ``awaiting_release``).
 
 Queue and window entries refer to a message either as a ``Message`` (in
 memory, while the client is online) or as a ``Stored`` (its commit-log offset
@@ -34,15 +35,15 @@ class _SharedEmptyQueue(deque):
     append = appendleft = extend = extendleft = insert = _read_only
 
 
-class _SharedEmptyIds(set):
-    """Like the above, for ``awaiting_release`` (about 216 bytes per idle session)."""
+class _SharedEmptyIds(dict):
+    """Like the above, for ``awaiting_release`` (64 bytes per idle session)."""
 
     __slots__ = ()
 
-    def _read_only(self, *args):
-        raise TypeError("the shared empty id set is read-only: use Session.own_awaiting_release()")
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("the shared empty id map is read-only: use Session.own_awaiting_release()")
 
-    add = update = _read_only
+    __setitem__ = setdefault = update = _read_only
 
 
 class _SharedEmptyDict(dict):
@@ -163,7 +164,10 @@ class Session:
         self.inflight: dict[int, Outgoing] = EMPTY_DICT  # own one: own_inflight()
         # (Message or Stored, qos, retain); own one: own_queue()
         self.queue: deque[tuple] = EMPTY_QUEUE
-        self.awaiting_release: set[int] = EMPTY_IDS                  # own_awaiting_release()
+        # Inbound QoS 2: packet id awaiting PUBREL -> a digest of its message (hash of topic,
+        # payload and RETAIN: a re-send without DUP is told from a new message by it), None
+        # for an id held from before a restart (the snapshot and journal keep ids only).
+        self.awaiting_release: dict[int, int | None] = EMPTY_IDS     # own_awaiting_release()
         self._next_id = 0
         self.dropped = 0                        # dropped in the current queue-full episode
         self.queue_bytes = 0                    # Message.size summed over the queue
@@ -221,10 +225,10 @@ class Session:
             inflight = self.inflight = {}
         return inflight
 
-    def own_awaiting_release(self) -> set:
+    def own_awaiting_release(self) -> dict:
         ids = self.awaiting_release
         if ids is EMPTY_IDS:
-            ids = self.awaiting_release = set()
+            ids = self.awaiting_release = {}
         return ids
 
     def allocate_id(self) -> int:

@@ -2,7 +2,7 @@
 
 A crash comes right after a step of a QoS 2 exchange, before a snapshot covers it; after the
 restart the exchange goes on where it was. (The catch-up of a long backlog killed halfway is
-in test_log_queue.py.)"""
+in test_log_queue.py.) At the end: a re-send without DUP (the same message) within one run."""
 
 import glob
 import json
@@ -10,6 +10,8 @@ import os
 import signal
 import threading
 import time
+
+import pytest
 
 import mqttraw as m
 from conftest import wait_for_snapshot
@@ -134,3 +136,51 @@ def test_damaged_journal_records_are_skipped_and_the_broker_starts(broker, uid):
     assert not b2.client(f"{uid}-gone", clean=False).connack.session_present
     assert b2.client(f"{uid}-kept", clean=False).connack.session_present
     assert b2.stop() == 0
+
+
+@pytest.mark.parametrize("same", [b"same", b"large " * 10000])   # (large: read in pieces)
+def test_the_same_message_sent_again_without_dup_is_not_delivered_again(broker, uid, same):
+    """MQTT-4.3.3-2: until PUBREL, a QoS 2 message is delivered once. paho-mqtt re-sends a
+    message whose PUBREC it did not get with DUP 0 after reconnecting: the same packet id,
+    topic and payload (as Mosquitto, by its content) is a re-send: PUBREC, not routed."""
+    b = broker()
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=2)
+    pub = b.client(f"{uid}-p", clean=False)
+    pub.send(m.publish(f"{uid}/t", same, qos=2, packet_id=7))
+    assert pub.expect(PUBREC).packet_id == 7
+    pub.abort()
+    pub = b.client(f"{uid}-p", clean=False)
+    pub.send(m.publish(f"{uid}/t", same, qos=2, packet_id=7, dup=False))
+    assert pub.expect(PUBREC).packet_id == 7
+    pub.send(m.pubrel(7))
+    assert pub.expect(PUBCOMP).packet_id == 7
+    assert sub.recv_publish().payload == same
+    assert sub.ping() == [], "the re-send without DUP was delivered again"
+    # Released: the id and its digest are forgotten, the same message again is a new one.
+    pub.send(m.publish(f"{uid}/t", same, qos=2, packet_id=7))
+    assert pub.expect(PUBREC).packet_id == 7
+    assert sub.recv_publish().payload == same
+    assert not any("packet id 7" in ln for ln in b.logs), "warned for a re-send"
+
+
+def test_another_message_with_a_held_id_and_no_dup_is_delivered_and_warned(broker, uid):
+    """A PUBLISH without DUP with an id awaiting PUBREL but another payload (or topic, or
+    RETAIN) is a new message: delivered (a DUP re-send of it is not), logged once."""
+    b = broker()
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/#", qos=2)
+    pub = b.client(f"{uid}-p")
+    mark = b.mark()
+    for payload, topic, dup in ((b"first", "t", False), (b"second", "t", False),
+                                (b"second", "t", True), (b"second", "u", False),
+                                (b"second", "u", True)):
+        pub.send(m.publish(f"{uid}/{topic}", payload, qos=2, packet_id=9, dup=dup))
+        assert pub.expect(PUBREC).packet_id == 9
+    got = [(p.topic, p.payload) for p in (sub.recv_publish() for _ in range(3))]
+    assert got == [(f"{uid}/t", b"first"), (f"{uid}/t", b"second"), (f"{uid}/u", b"second")]
+    assert sub.ping() == []
+    line = b.wait_log(lambda ln: "packet id 9 (DUP 0)" in ln, start=mark)
+    assert line and "taken as a new message" in line and f"{uid}-p" in line, line
+    assert "another topic, payload or RETAIN" in line, line
+    assert len([ln for ln in b.logs[mark:] if "packet id 9 (DUP 0)" in ln]) == 1

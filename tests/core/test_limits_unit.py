@@ -257,9 +257,9 @@ def test_idle_sessions_share_read_only_empty_containers():
     with pytest.raises(TypeError):
         a.queue.append(1)
     with pytest.raises(TypeError):
-        a.awaiting_release.add(1)
+        a.awaiting_release[1] = None
     a.own_queue().append(1)
-    a.own_awaiting_release().add(7)
+    a.own_awaiting_release()[7] = None
     assert list(a.queue) == [1] and 7 in a.awaiting_release
     for shared, own in ((a.subscriptions, a.own_subscriptions), (a.inflight, a.own_inflight)):
         assert shared is b.subscriptions

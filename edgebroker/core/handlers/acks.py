@@ -103,7 +103,7 @@ def on_pubrel(client, p) -> None:
     if client.inherited:
         client.inherited.discard(p.packet_id)   # released: a new message may take the id
     if p.packet_id in awaiting:
-        awaiting.discard(p.packet_id)
+        del awaiting[p.packet_id]       # (and its digest)
         _journal(client, "freed", p.packet_id)
         client.answer(encode_ack(P.PUBCOMP, p.packet_id))
     else:
@@ -114,7 +114,7 @@ def on_pubrel(client, p) -> None:
     client.broker.stats.packets_sent += 1
 
 
-def forget_inherited(client, awaiting: set) -> bool:
+def forget_inherited(client, awaiting: dict) -> bool:
     """A client's QoS 2 PUBLISH would go past ``receive_maximum`` (a 5.0 client's Receive
     Maximum): if an id held from before this connection still awaits its PUBREL, forget it
     and let the PUBLISH in (True).
@@ -129,7 +129,7 @@ def forget_inherited(client, awaiting: set) -> bool:
     while inherited:
         pid = inherited.pop()
         if pid in awaiting:
-            awaiting.discard(pid)
+            del awaiting[pid]
             _journal(client, "freed", pid)
             client.warn_once("qos2_inherited_forgotten",
                              "QoS 2 packet id %d held from before this connection, not "

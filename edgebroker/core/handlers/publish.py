@@ -61,15 +61,20 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None
             offset = publish(topic, p.payload, 1, p.retain, client, properties, expiry)
             broker.acknowledge(client, offset, encode_puback(pid))
         else:
-            # Exactly once: route on first receipt, ignore re-sends (DUP set) until PUBREL.
+            # Exactly once: route on first receipt; until PUBREL, a re-send (DUP set, or the
+            # same message without DUP, MQTT-4.3.3-2) is acknowledged, not routed again.
             offset = None
-            awaiting = client.session.awaiting_release
-            if pid not in awaiting or not p.dup:
-                if pid in awaiting:
-                    _reused_id(client, pid)
+            session = client.session
+            awaiting = session.awaiting_release
+            payload = p.payload     # (a large one is a bytearray, which has no hash)
+            digest = hash((topic, payload if type(payload) is bytes else bytes(payload),
+                           p.retain))
+            held = awaiting.get(pid, _NOT_HELD)
+            if held is _NOT_HELD or not p.dup and held != digest:
+                if held is not _NOT_HELD:
+                    _reused_id(client, pid, held is None)
                 offset = publish(topic, p.payload, 2, p.retain, client, properties, expiry)
-                session = client.session
-                session.own_awaiting_release().add(pid)
+                session.own_awaiting_release()[pid] = digest
                 if offset is not None and not session.clean and broker.exchanges is not None:
                     broker.exchanges.received(session.client_id, pid, offset)
             inherited = client.inherited
@@ -219,15 +224,19 @@ def _over_receive_maximum(client, p: P.Publish, awaiting: int) -> None:
     client.close(will=True)
 
 
-def _reused_id(client, pid: int) -> None:
-    """A QoS 2 PUBLISH without DUP for a packet id still awaiting PUBREL: a re-send sets
-    DUP (MQTT-3.3.1-1), so this is a new message and the client has finished the old
-    exchange. That happens after a crash, when the snapshot still held the id: routed,
-    as a new message must be (MQTT-4.3.3-2)."""
+_NOT_HELD = object()    # (awaiting_release.get's default: None is a held id without digest)
+
+
+def _reused_id(client, pid: int, restarted: bool) -> None:
+    """A QoS 2 PUBLISH without DUP for a packet id still awaiting PUBREL, and not the message
+    that id was received with (another topic, payload or RETAIN; or the id is held from
+    before a restart, which kept no digest): a new message, so the client has finished the
+    old exchange. Routed, as a new message must be (MQTT-4.3.3-2), as Mosquitto does."""
+    why = ("the id is held from before a restart, which kept no copy to compare"
+           if restarted else "another topic, payload or RETAIN than the message held")
     client.warn_once("qos2_id_reused",
                      "QoS 2 PUBLISH with packet id %d (DUP 0) while that id awaits PUBREL: taken "
-                     "as a new message (the id was held from before a crash, or the client does "
-                     "not set DUP on re-sends)", pid)
+                     "as a new message (%s)", pid, why)
 
 
 def _publisher(client, p: P.Publish):
