@@ -52,6 +52,36 @@ def test_a_3_1_1_client_past_the_default_is_closed_counted_and_logged(broker, ui
     assert len([ln for ln in b.logs[mark:] if "receive_maximum" in ln]) == 1
 
 
+def test_a_3_1_1_client_that_pipelines_past_the_limit_gets_through_on_reconnects(broker, uid):
+    """1100 QoS 2 PUBLISHes in one write, before any PUBREL (paho-mqtt re-sends its whole
+    queue so at a reconnect): the PUBRECs of the 1024 taken go out, then the connection
+    closes (they were dropped at the close, and such a client never got anywhere). On the
+    next connection the client releases them and sends the rest: each delivered once."""
+    b = broker()
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=2)
+    total = DEFAULT + 76
+    c = b.client(f"{uid}-c", clean=False)
+    c.send(b"".join(m.publish(f"{uid}/t", b"%d" % pid, qos=2, packet_id=pid)
+                    for pid in range(1, total + 1)))
+    _pubrecs(c, range(1, DEFAULT + 1))
+    assert c.expect_closed(10) and c.before_close == []
+    back = b.client(f"{uid}-c", clean=False)
+    back.send(b"".join(m.pubrel(pid) for pid in range(1, DEFAULT + 1))
+              + b"".join(m.publish(f"{uid}/t", b"%d" % pid, qos=2, packet_id=pid, dup=True)
+                         for pid in range(DEFAULT + 1, total + 1)))
+    answers = [back.recv_packet(15) for _ in range(total)]
+    assert sorted((p.type, p.packet_id) for p in answers) == sorted(
+        [(m.PUBCOMP, pid) for pid in range(1, DEFAULT + 1)]
+        + [(m.PUBREC, pid) for pid in range(DEFAULT + 1, total + 1)])
+    back.send(b"".join(m.pubrel(pid) for pid in range(DEFAULT + 1, total + 1)))
+    assert [back.expect(m.PUBCOMP).packet_id for _ in range(76)] == list(range(DEFAULT + 1,
+                                                                              total + 1))
+    got = [sub.recv_publish().payload for _ in range(total)]
+    assert got == [b"%d" % pid for pid in range(1, total + 1)] and sub.ping() == []
+    assert b.stats()["limit_hits"]["receive_maximum"] == 1
+
+
 def test_pubrel_makes_room_for_a_3_1_1_client(broker, uid):
     b = broker(limits={"receive_maximum": 2})
     c = b.client(f"{uid}-c")

@@ -210,7 +210,9 @@ def _over_receive_maximum(client, p: P.Publish, awaiting: int) -> None:
     """A 3.1.1 client's QoS 2 PUBLISH while ``receive_maximum`` of its QoS 2 messages await
     their PUBREL: the connection closes, as 3.1.1 has no negative acknowledgement (5.0:
     DISCONNECT 0x93). Neither routed nor acknowledged, the message is the client's to send
-    again."""
+    again. What it published before in this read is written and acknowledged first (as
+    ``Client.violation`` does): a client that pipelines more than the limit (paho-mqtt
+    re-sends its whole queue at a reconnect) gets through that many on each connection."""
     broker = client.broker
     broker.hit("receive_maximum")
     broker.stats.publish_received += 1
@@ -221,6 +223,7 @@ def _over_receive_maximum(client, p: P.Publish, awaiting: int) -> None:
                         "(MQTT 3.1.1 has no negative acknowledgement)", client.describe(),
                         p.packet_id, shown(p.topic, 200, "characters"), awaiting,
                         broker.limits.receive_maximum)
+    broker.settle()     # the PUBRECs of those taken go out before the close
     client.close(will=True)
 
 
