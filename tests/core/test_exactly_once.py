@@ -14,6 +14,7 @@ import time
 import pytest
 
 import mqttraw as m
+import mqttraw5 as R
 from conftest import wait_for_snapshot
 from mqttraw import PUBCOMP, PUBLISH, PUBREC, PUBREL
 
@@ -184,3 +185,22 @@ def test_another_message_with_a_held_id_and_no_dup_is_delivered_and_warned(broke
     assert line and "taken as a new message" in line and f"{uid}-p" in line, line
     assert "another topic, payload or RETAIN" in line, line
     assert len([ln for ln in b.logs[mark:] if "packet id 9 (DUP 0)" in ln]) == 1
+
+
+def test_a_5_0_client_re_sending_without_dup_gets_the_same_rule(broker, uid):
+    """5.0 PUBLISHes take the same path: the same message with a held id and DUP 0 is a
+    re-send (not delivered again), another payload a new message."""
+    b = broker()
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=2)
+    c = R.RawClient5(b.host, b.port)
+    try:
+        c.connect(f"{uid}-c5")
+        for payload in (b"A", b"A", b"B"):
+            c.send(R.publish5(f"{uid}/t", payload, 2, packet_id=4))
+            got = c.recv_packet()
+            assert (got.type, got.packet_id) == (R.PUBREC, 4), got
+        assert [sub.recv_publish().payload for _ in range(2)] == [b"A", b"B"]
+        assert sub.ping() == []
+    finally:
+        c.close()
