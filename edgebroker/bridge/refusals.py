@@ -7,6 +7,7 @@ retain not supported: sent again within what the remote takes; the rest: skipped
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 
@@ -46,9 +47,12 @@ class Refusals:
             return
         if code == QOS_NOT_SUPPORTED or code == RETAIN_NOT_SUPPORTED:
             # Asked before the CONNACK that says so (pump sends within it): again, within it.
+            # It stays outstanding (the cursor waits for it); when the client library's
+            # queue is full (requests queued before that CONNACK), it waits in ``_lowered``.
             qos = min(request.qos - (code == QOS_NOT_SUPPORTED), self.max_qos)
             retain = request.retain and code != RETAIN_NOT_SUPPORTED and self.retain_available
-            self.conn.publish(topic, request.payload, qos, retain, token=offset)
+            bisect.insort(self._lowered, (offset, topic, request.payload, qos, retain))
+            self._send_lowered()
             return
         if self.outbound.refuse(offset):
             self.broker.drop("bridge_refused", None, 1)
@@ -57,6 +61,21 @@ class Refusals:
                        "(bridge_refused); logged once per reason code", self.name, offset,
                        topic, "before sending, over the remote's Maximum Packet Size"
                        if code == PACKET_TOO_LARGE else "by the remote", code, name)
+
+    def _send_lowered(self) -> bool:
+        """Hand the client library the messages to send again within the remote's Maximum
+        QoS or Retain Available, in log order, as its queue allows; True when none waits.
+        Those left wait for room: the acknowledgements that free it call ``pump``, which
+        calls this first and sends nothing new before they went."""
+        lowered = self._lowered
+        conn = self.conn
+        n = 0
+        while n < len(lowered) and conn.can_publish:
+            offset, topic, payload, qos, retain = lowered[n]
+            conn.publish(topic, payload, qos, retain, token=offset)
+            n += 1
+        del lowered[:n]
+        return not lowered
 
     def _send_busy_again(self) -> None:
         """The back-off after a "later" refusal is over: the refused messages go again, in
