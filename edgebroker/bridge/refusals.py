@@ -12,6 +12,7 @@ import logging
 import random
 
 from edgebroker.client.backoff import ceiling
+from edgebroker.client.resume import release
 from edgebroker.errors import (
     PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED,
     SERVER_BUSY,
@@ -21,6 +22,8 @@ log = logging.getLogger("edgebroker.bridge")
 
 # The codes after which a message is sent again later, not skipped.
 REFUSED_FOR_NOW = (QUOTA_EXCEEDED, SERVER_BUSY)
+# The codes the client library gives a message it does not send (the remote's CONNACK).
+BEFORE_SENDING = (QOS_NOT_SUPPORTED, RETAIN_NOT_SUPPORTED, PACKET_TOO_LARGE)
 
 
 class Refusals:
@@ -33,6 +36,8 @@ class Refusals:
         not supported: sent again within what the remote takes; the rest: skipped, counted."""
         offset, topic = request.token, request.topic
         name = REASON_NAMES.get(code, "refused")
+        if code in BEFORE_SENDING:
+            self._release_held(request)
         if code in REFUSED_FOR_NOW:
             self._busy.append(request)
             self._busy_times += 1
@@ -61,6 +66,17 @@ class Refusals:
                        "(bridge_refused); logged once per reason code", self.name, offset,
                        topic, "before sending, over the remote's Maximum Packet Size"
                        if code == PACKET_TOO_LARGE else "by the remote", code, name)
+
+    def _release_held(self, request) -> None:
+        """A QoS 2 message refused before it was sent *again* (it keeps its packet id: an
+        earlier link sent it under that id, and the remote kept the session): the remote
+        may hold it past a PUBREC that was lost, so it gets the PUBREL MQTT-4.4.0-1 owes it
+        (answered 0x92 if it held nothing); else that id would keep a place of its Receive
+        Maximum for good. Counted with the other PUBRELs of release.py."""
+        pid = request.packet_id
+        conn = self.conn
+        if request.qos == 2 and pid is not None and conn.state == "connected":
+            self.releasing += release(conn, (pid,))
 
     def _send_lowered(self) -> bool:
         """Hand the client library the messages to send again within the remote's Maximum
