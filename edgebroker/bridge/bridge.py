@@ -105,6 +105,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
         self.max_qos = 2                 # the remote's Maximum QoS (5.0 CONNACK)
         self.retain_available = True     # the remote's Retain Available (5.0 CONNACK)
         self._busy: list = []            # requests refused with 0x89/0x97, to send again
+        self._lowered: list = []         # refused over Maximum QoS/Retain, to send within
         self._busy_times = 0             # such refusals since one was accepted (back-off)
         self._busy_retry = Timer(self._send_busy_again)
         self._warned: set = set()        # what was logged once

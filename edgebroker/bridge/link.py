@@ -131,7 +131,9 @@ class Link:
             pass
         except ssl.SSLError as exc:
             self._push_tls()
-            self.close(f"TLS handshake failed: {exc.reason or exc}")
+            # A failed verification says why (the wrong CA, the wrong host name, expired).
+            why = getattr(exc, "verify_message", None)
+            self.close(f"TLS handshake failed: {exc.reason or exc}" + (f": {why}" if why else ""))
             return
         else:
             self._now_up()

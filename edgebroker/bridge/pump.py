@@ -26,6 +26,9 @@ class Pumping:
             return
         conn = self.conn
         outbound = self.outbound
+        # Messages to send again within the remote's limits (refusals.py) go first; while
+        # some wait for the client library's queue, nothing new.
+        waiting = bool(self._lowered) and not self._send_lowered()
         # (this link's SUBSCRIBE, queued or in flight, takes no place in the window)
         room = (self.config.window - conn.inflight - conn.queued
                 + (self.subscribing is not None))
@@ -34,9 +37,10 @@ class Pumping:
         reads = 0
         bucket = self.bucket
         # A "later" refusal (nothing new until it was sent again), or over the bandwidth.
-        blocked = bool(self._busy) or bucket is not None and bucket.refill(self.clock()) < 1.0
+        blocked = (bool(self._busy) or waiting
+                   or bucket is not None and bucket.refill(self.clock()) < 1.0)
         if blocked:
-            if not self._busy:
+            if not self._busy and not waiting:
                 self._wait_for_bandwidth()
             limit = 0
         publish = conn.publish

@@ -7,10 +7,12 @@ retain not supported: sent again within what the remote takes; the rest: skipped
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 
 from edgebroker.client.backoff import ceiling
+from edgebroker.client.resume import release
 from edgebroker.errors import (
     PACKET_TOO_LARGE, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED, REASON_NAMES, RETAIN_NOT_SUPPORTED,
     SERVER_BUSY,
@@ -20,6 +22,8 @@ log = logging.getLogger("edgebroker.bridge")
 
 # The codes after which a message is sent again later, not skipped.
 REFUSED_FOR_NOW = (QUOTA_EXCEEDED, SERVER_BUSY)
+# The codes the client library gives a message it does not send (the remote's CONNACK).
+BEFORE_SENDING = (QOS_NOT_SUPPORTED, RETAIN_NOT_SUPPORTED, PACKET_TOO_LARGE)
 
 
 class Refusals:
@@ -32,6 +36,8 @@ class Refusals:
         not supported: sent again within what the remote takes; the rest: skipped, counted."""
         offset, topic = request.token, request.topic
         name = REASON_NAMES.get(code, "refused")
+        if code in BEFORE_SENDING:
+            self._release_held(request)
         if code in REFUSED_FOR_NOW:
             self._busy.append(request)
             self._busy_times += 1
@@ -46,9 +52,12 @@ class Refusals:
             return
         if code == QOS_NOT_SUPPORTED or code == RETAIN_NOT_SUPPORTED:
             # Asked before the CONNACK that says so (pump sends within it): again, within it.
+            # It stays outstanding (the cursor waits for it); when the client library's
+            # queue is full (requests queued before that CONNACK), it waits in ``_lowered``.
             qos = min(request.qos - (code == QOS_NOT_SUPPORTED), self.max_qos)
             retain = request.retain and code != RETAIN_NOT_SUPPORTED and self.retain_available
-            self.conn.publish(topic, request.payload, qos, retain, token=offset)
+            bisect.insort(self._lowered, (offset, topic, request.payload, qos, retain))
+            self._send_lowered()
             return
         if self.outbound.refuse(offset):
             self.broker.drop("bridge_refused", None, 1)
@@ -57,6 +66,32 @@ class Refusals:
                        "(bridge_refused); logged once per reason code", self.name, offset,
                        topic, "before sending, over the remote's Maximum Packet Size"
                        if code == PACKET_TOO_LARGE else "by the remote", code, name)
+
+    def _release_held(self, request) -> None:
+        """A QoS 2 message refused before it was sent *again* (it keeps its packet id: an
+        earlier link sent it under that id, and the remote kept the session): the remote
+        may hold it past a PUBREC that was lost, so it gets the PUBREL MQTT-4.4.0-1 owes it
+        (answered 0x92 if it held nothing); else that id would keep a place of its Receive
+        Maximum for good. Counted with the other PUBRELs of release.py."""
+        pid = request.packet_id
+        conn = self.conn
+        if request.qos == 2 and pid is not None and conn.state == "connected":
+            self.releasing += release(conn, (pid,))
+
+    def _send_lowered(self) -> bool:
+        """Hand the client library the messages to send again within the remote's Maximum
+        QoS or Retain Available, in log order, as its queue allows; True when none waits.
+        Those left wait for room: the acknowledgements that free it call ``pump``, which
+        calls this first and sends nothing new before they went."""
+        lowered = self._lowered
+        conn = self.conn
+        n = 0
+        while n < len(lowered) and conn.can_publish:
+            offset, topic, payload, qos, retain = lowered[n]
+            conn.publish(topic, payload, qos, retain, token=offset)
+            n += 1
+        del lowered[:n]
+        return not lowered
 
     def _send_busy_again(self) -> None:
         """The back-off after a "later" refusal is over: the refused messages go again, in

@@ -57,10 +57,11 @@ class Releasing:
 
     def release_on_connect(self, session_present: bool) -> None:
         """On Connected, before anything new is sent."""
+        if not session_present:     # no session: nothing is held there any more
+            self.releasing = 0      # (nor are the PUBRELs sent for it)
         if not self.old_ids:
             return
-        if not session_present:     # no session: nothing is held there any more
-            self.releasing = 0
+        if not session_present:
             self._old_ids_done()
             return
         if self._release_sent:      # (in flight: the connection sends them again)
@@ -79,8 +80,9 @@ class Releasing:
         self.releasing -= 1
         if self.releasing <= 0:
             self.releasing = 0
-            log.info("bridge %s: packet ids 1 to %d released", self.name, self.old_ids)
-            self._old_ids_done()
+            if self.old_ids:    # (else: those of refusals.py's ``_release_held``)
+                log.info("bridge %s: packet ids 1 to %d released", self.name, self.old_ids)
+                self._old_ids_done()
 
     def _old_ids_done(self) -> None:
         """Only the bridge's own ids may be held at the remote now: the checkpoint says so."""

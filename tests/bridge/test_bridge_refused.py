@@ -180,3 +180,49 @@ def test_a_connack_with_receive_maximum_0_is_a_protocol_error(broker):
         wait_figure(gw, lambda f: f["state"] == "up" and f["connects"] == 1)
     finally:
         remote.close()
+
+
+def test_messages_lowered_to_a_new_maximum_qos_wait_for_room_in_the_queue(broker):
+    """The remote comes back (its session kept) with Maximum QoS 1: the QoS 2 messages sent
+    or queued before are refused before sending (0x9B) while new ones fill the client
+    library's queue (its Receive Maximum 1 is below the window); they are sent at QoS 1 once
+    there is room, not lost with the cursor stuck before them; the packet id of the one
+    sent at QoS 2 gets its PUBREL."""
+    remote = FakeRemote5()
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 2}]
+    try:
+        gw = broker(bridge=[bridge_table(remote.port, rules, protocol_version=5, window=4)])
+        end = remote.accept(m5.connack5(props={m5.RECEIVE_MAXIMUM: 1}))
+        wait_figure(gw, lambda f: f["state"] == "up")
+        pub = gw.client("pub")
+        for i in range(4):          # one in flight at QoS 2, three queued behind it
+            pub.publish("s/x", str(i).encode(), qos=1)
+        first = end.expect(m5.PUBLISH)
+        assert (first.payload, first.qos) == (b"0", 2), first
+        end.close()
+        wait_figure(gw, lambda f: f["state"] != "up")
+        for i in range(4, 8):       # read while the link is down
+            pub.publish("s/x", str(i).encode(), qos=1)
+        end = remote.accept(m5.connack5(True, props={m5.RECEIVE_MAXIMUM: 1,
+                                                     m5.MAXIMUM_QOS: 1}))
+        got, released = [], []
+        for _ in range(20):         # one at a time (Receive Maximum 1), acknowledged
+            if len(set(got)) == 8 and released:
+                break
+            p = end.recv_packet()
+            if p.type == m5.PUBREL:
+                released.append(p.packet_id)
+                end.send(m5.pubcomp5(p.packet_id))
+                continue
+            assert (p.type, p.qos) == (m5.PUBLISH, 1), p
+            got.append(int(p.payload))
+            end.send(m5.puback5(p.packet_id))
+        assert sorted(set(got)) == list(range(8)), got
+        # The one sent at QoS 2 before (its PUBREC lost with the link) may be held by the
+        # remote under its packet id: it gets its PUBREL (MQTT-4.4.0-1).
+        assert released == [first.packet_id], released
+        fig = wait_figure(gw, lambda f: f["cursor"] == 8)
+        assert (fig["lag_messages"], fig["refused"], fig["inflight"]) == (0, 0, 0), fig
+        assert not [ln for ln in gw.logs if "internal error" in ln or "Traceback" in ln]
+    finally:
+        remote.close()

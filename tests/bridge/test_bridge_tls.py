@@ -17,10 +17,10 @@ def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def _tls_remote(broker, server, client_ca):
-    """An edgebroker on TLS only, with ``server``'s certificate, that wants client
-    certificates signed by ``client_ca``."""
-    return broker(listener=[{"host": "127.0.0.1", "port": 0, "certfile": str(server.cert),
+def _tls_remote(broker, server, client_ca, host="127.0.0.1"):
+    """An edgebroker on TLS only (on ``host``), with ``server``'s certificate, that wants
+    client certificates signed by ``client_ca``."""
+    return broker(listener=[{"host": host, "port": 0, "certfile": str(server.cert),
                              "keyfile": str(server.key), "cafile": str(client_ca.cert),
                              "require_certificate": True, "use_identity_as_username": True}],
                   allow_anonymous=False)
@@ -52,8 +52,25 @@ def test_a_remote_certificate_from_another_ca_is_refused(broker, pki):
     gw = broker(bridge=[bridge_table(central.port, rules, cafile=str(pki.ca.cert),
                                      certfile=str(pki.client.cert), keyfile=str(pki.client.key))])
     line = gw.wait_log(lambda ln: "bridge up: cannot connect to" in ln, 10)
-    assert line is not None and "TLS handshake failed" in line and "CERTIFICATE_VERIFY_FAILED" in line
-    assert figures(gw)["state"] != "up"
+    # Why the verification failed, in the line and in last_error.
+    why = "TLS handshake failed: CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate"
+    assert line is not None and why in line, line
+    fig = figures(gw)
+    assert fig["state"] != "up" and why in fig["last_error"], fig
+
+
+def test_a_remote_certificate_for_another_host_is_refused_saying_so(broker, pki):
+    central = _tls_remote(broker, pki.server, pki.ca, host="127.0.0.2")
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
+    table = bridge_table(central.port, rules, cafile=str(pki.ca.cert),
+                         certfile=str(pki.client.cert), keyfile=str(pki.client.key))
+    gw = broker(bridge=[dict(table, address=f"127.0.0.2:{central.port}")])
+    line = gw.wait_log(lambda ln: "bridge up: cannot connect to" in ln, 10)
+    why = ("TLS handshake failed: CERTIFICATE_VERIFY_FAILED: IP address mismatch, certificate "
+           "is not valid for '127.0.0.2'")
+    assert line is not None and why in line, line
+    fig = figures(gw)
+    assert fig["state"] != "up" and why in fig["last_error"], fig
 
 
 def test_unusable_tls_files_stop_the_start(broker, tmp_path):
