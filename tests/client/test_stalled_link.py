@@ -1,0 +1,107 @@
+"""A link that stalls: a scripted server on loopback sends CONNACK and then stops reading (or
+reads slowly and never answers). The client's own buffer stays bounded (the asyncio adapter
+and the synchronous loop: about ``OUTPUT_HIGH``, 1 MiB, plus one message), QoS 0 producers
+wait (asyncio: ``publish`` waits, ``publish_nowait`` raises QueueFull; a QoS 0 publish is
+answered once its bytes left the buffer), and the keepalive finds a peer that takes bytes
+but never answers (docs/client.md, Back-pressure and Keepalive)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+from edgebroker.client import aio
+from edgebroker.client.aio import AsyncClient, QueueFull
+
+CONNACK = b"\x20\x02\x00\x00"
+
+
+class StallServer:
+    """Accepts one client, reads its CONNECT, sends CONNACK, then reads nothing until
+    ``go`` is set; then reads everything to the end (``got``: the bytes read)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        # a small receive window: the link stalls after a few KiB, not the kernel's MiBs
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+        self.go = threading.Event()
+        self.got = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(20)
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(20)
+            conn.recv(1024)                     # CONNECT
+            conn.sendall(CONNACK)
+            self.go.wait(20)
+            try:
+                while data := conn.recv(1 << 16):
+                    self.got += len(data)
+            except OSError:
+                pass
+        self.done.set()
+
+    def close(self):
+        self.go.set()
+        self.sock.close()
+        self.thread.join(20)
+
+
+@pytest.fixture
+def stall():
+    server = StallServer()
+    yield server
+    server.close()
+
+
+def test_aio_qos0_publish_waits_while_the_buffer_is_full(stall):
+    """QoS 0 to a server that stopped reading: publish_nowait raises QueueFull once
+    OUTPUT_HIGH bytes wait, with the buffer never past it by more than one message; the
+    futures of QoS 0 publishes still in the buffer are not answered; publish() waits, and
+    goes on (with every earlier future answered) once the server reads again."""
+    payload = b"q" * (64 << 10)
+    most = aio.OUTPUT_HIGH + len(payload) + 16
+
+    async def main():
+        c = AsyncClient(f"mqtt://127.0.0.1:{stall.port}", "stall", keepalive=0,
+                        reconnect="never")
+        await c.connect()
+        futures = []
+        full = None
+        for i in range(800):                    # 50 MiB at most: past any kernel buffer
+            try:
+                futures.append(c.publish_nowait("t", payload))
+            except QueueFull as exc:
+                full = exc
+                break
+            await asyncio.sleep(0)              # the deferred flush runs
+            assert len(c._out) <= most
+        assert full is not None, f"{len(c._out)} bytes wait, and no QueueFull"
+        assert "OUTPUT_HIGH" in str(full)
+        assert not futures[-1].done()           # its bytes have not left for the socket
+        waiting = asyncio.ensure_future(c.publish("t", payload))
+        await asyncio.sleep(0.3)
+        assert not waiting.done() and len(c._out) <= most
+        stall.go.set()
+        ack = await asyncio.wait_for(waiting, 10)
+        assert ack.reason_code == 0
+        assert all(f.done() and f.result().reason_code == 0 for f in futures)
+        await c.disconnect()
+        return len(futures) + 1
+
+    sent = asyncio.run(asyncio.wait_for(main(), 30))
+    assert stall.done.wait(10)
+    assert stall.got >= sent * len(payload)
