@@ -99,6 +99,8 @@ class EventLoop(LoopCommands, LoopDialing):
         self._transport = None
         self._mask = 0
         self._out = bytearray()
+        self._sent = self._pings = 0      # bytes the socket took; conn.pings_sent seen
+        self._ping_end = _NEVER           # _sent once the last PINGREQ had left
         self._events: deque = deque()
         self._source = None
         self._source_done = True
@@ -256,6 +258,7 @@ class EventLoop(LoopCommands, LoopDialing):
         self._transport = transport
         self._out.clear()
         self._mask = 0
+        self._sent, self._ping_end, self._pings = 0, _NEVER, self.conn.pings_sent
         self.conn.connect(now)
         self._flush(now)
 
@@ -311,6 +314,9 @@ class EventLoop(LoopCommands, LoopDialing):
         if transport is None:
             return
         out = self._out
+        if conn.pings_sent != self._pings:     # a PINGREQ in ``data``: gone once this is
+            self._pings = conn.pings_sent
+            self._ping_end = self._sent + len(out) + len(data)
         waited = bool(out)
         if out:
             out += data             # behind what is waiting already
@@ -324,11 +330,12 @@ class EventLoop(LoopCommands, LoopDialing):
         except OSError as exc:
             self._lost(f"send: {why(exc)}")
             return
-        if n and waited:
-            # Bytes that waited in this buffer leave: a slow link, not a dead one, so a PINGREQ
-            # behind them is not late. Bytes the socket takes at once do not count: its kernel
-            # buffers take them for a while from a peer that has gone silent too.
+        if n and waited and self._sent < self._ping_end:
+            # Bytes that waited in this buffer, the PINGREQ among them, leave: a slow link, not
+            # a dead one, so the PINGREQ is not late. Bytes the socket takes at once do not
+            # count: its kernel buffers take them for a while from a peer gone silent too.
             conn.moved_at = now
+        self._sent += n
         if data is out:
             del out[:n]
         elif n < len(data):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 
 import pytest
 
@@ -105,3 +106,102 @@ def test_aio_qos0_publish_waits_while_the_buffer_is_full(stall):
     sent = asyncio.run(asyncio.wait_for(main(), 30))
     assert stall.done.wait(10)
     assert stall.got >= sent * len(payload)
+
+
+class SilentReader:
+    """Sends CONNACK, then only reads (``pace``: 16 KiB each ``pace`` seconds, a slow link;
+    0: as fast as it can), never answering; notes when the first PINGREQ came in."""
+
+    def __init__(self, pace: float):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+        self.pace = pace
+        self.ping_seen: float | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(20)
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(1)
+            conn.recv(1024)                     # CONNECT
+            conn.sendall(CONNACK)
+            buf = bytearray()
+            end = time.monotonic() + 20
+            while not self.stop.is_set() and time.monotonic() < end:
+                try:
+                    data = conn.recv(16384)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                buf += data
+                self._frames(buf)
+                if self.pace:
+                    self.stop.wait(self.pace)   # the slow link
+
+    def _frames(self, buf: bytearray) -> None:
+        while len(buf) >= 2:
+            size, shift, i = 0, 0, 1
+            while i < len(buf) and i < 5:
+                size |= (buf[i] & 0x7F) << shift
+                shift += 7
+                i += 1
+                if not buf[i - 1] & 0x80:
+                    break
+            else:
+                return                          # the length is not all here yet
+            if len(buf) < i + size:
+                return
+            if buf[0] == 0xC0 and self.ping_seen is None:
+                self.ping_seen = time.monotonic()
+            del buf[:i + size]
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+        self.thread.join(20)
+
+
+@pytest.mark.parametrize("pace", [0.02, 0.0], ids=["slow-reader", "fast-reader"])
+def test_sync_keepalive_finds_a_peer_that_reads_but_never_answers(pace):
+    """keepalive 1 s, a QoS 0 stream to a peer that reads (slowly, or at once) and never
+    answers: PingTimeout comes; bytes leaving the loop's buffer after the PINGREQ left are
+    no sign of life, so it comes within a keepalive of the PINGREQ reaching the peer (and
+    within 2N of the CONNACK when nothing waits in the loop's buffer)."""
+    from edgebroker.client.events import Disconnected, PingTimeout
+    from edgebroker.client.loop import EventLoop
+
+    peer = SilentReader(pace)
+
+    def stream():
+        while True:
+            yield ("t", b"y" * 200, 0)
+
+    loop = EventLoop("127.0.0.1", peer.port, client_id="ka", keepalive=1, requests=stream(),
+                     reconnect="never")
+    try:
+        start = time.monotonic()
+        got = None
+        while got is None and time.monotonic() - start < 15:
+            event = loop.poll(0.5)
+            if type(event) in (PingTimeout, Disconnected):
+                got = event
+        at = time.monotonic()
+        assert type(got) is PingTimeout, f"after {at - start:.1f} s: {got!r}"
+        if peer.ping_seen is not None:
+            assert at - peer.ping_seen <= 1 + 1.0
+        if not pace:
+            assert at - start <= 2 * 1 + 1.0
+    finally:
+        loop.shutdown()
+        peer.close()
