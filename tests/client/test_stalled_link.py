@@ -205,3 +205,46 @@ def test_sync_keepalive_finds_a_peer_that_reads_but_never_answers(pace):
     finally:
         loop.shutdown()
         peer.close()
+
+
+def test_sync_loop_takes_no_request_past_1_mib_waiting(stall):
+    """256 KiB QoS 0 messages to a server that stopped reading: the loop stops taking
+    requests once 1 MiB waits for the socket, the connection's bytes not yet moved to its
+    buffer counted too (not 256 requests of any size per pass); all go once it reads."""
+    from edgebroker.client import loop as L
+    from edgebroker.client.events import Acked, Connected
+
+    size = 256 << 10
+    taken = 0
+
+    def stream():
+        nonlocal taken
+        while loop.conn.state != "connected":   # (what is queued before goes at CONNACK)
+            yield None
+        for _ in range(400):                    # 100 MiB at most
+            taken += 1
+            yield ("t", b"z" * size, 0)
+
+    loop = L.EventLoop("127.0.0.1", stall.port, client_id="ob", keepalive=0,
+                       requests=stream(), reconnect="never")
+    try:
+        while type(loop.poll(5)) is not Connected:
+            pass
+        peak = 0
+        for _ in range(20):                     # ~2 s of passes, the link stalled
+            loop.poll(0.1)
+            peak = max(peak, len(loop._out))
+        assert peak <= L.OUTPUT_HIGH + size + 64
+        stalled_at = taken
+        assert stalled_at < 400
+        stall.go.set()
+        acked = 0
+        end = time.monotonic() + 30
+        while not loop.idle and time.monotonic() < end:
+            event = loop.poll(1)
+            acked += type(event) is Acked
+        assert loop.idle and taken == 400
+    finally:
+        loop.shutdown()
+    assert stall.done.wait(10)
+    assert stall.got >= 400 * size
