@@ -265,6 +265,8 @@ class EventLoop(LoopCommands, LoopDialing, LoopRun):
                 # valid): answered as refused, so a spool lets it go rather than give it again
                 # at every start.
                 log.warning("%s; answered as refused (0x80)", exc)
+                if watch is not None:
+                    watch[id(req)] = req      # run()'s: its answer is the batch's
                 self._answered([refusal(req)])
                 continue
             if watch is not None:
