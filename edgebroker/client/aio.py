@@ -22,9 +22,11 @@ asyncio's resolver, and a transport maker given as ``address`` (a plain callable
 block) runs in the loop's default executor.
 
 Back-pressure, both ways: ``publish`` waits while the connection holds ``max_queued``
-requests (``publish_nowait`` raises QueueFull instead). Messages the consumer has not read
-yet are held in the client's queue; once ``max_messages`` of them (or ``max_message_bytes``
-of topics and payloads) wait unread, the socket is no longer read, so a slow consumer slows
+requests, or ``OUTPUT_HIGH`` bytes wait in the client for the socket (``publish_nowait``
+raises QueueFull instead); a QoS 0 publish is answered once its bytes left that buffer for
+the socket: a stalled link stops a QoS 0 producer too. Messages the consumer has not read yet
+are held in the client's queue; once ``max_messages`` of them (or ``max_message_bytes`` of
+topics and payloads) wait unread, the socket is no longer read, so a slow consumer slows
 the server (TCP) instead of growing memory, but only while no answer from the server is
 awaited (the CONNACK, the acknowledgement of a request sent, a PINGRESP). While one is, the
 socket is read and decoded on, messages held past the bound, so that an answer never waits
@@ -62,6 +64,7 @@ from edgebroker.client.events import (Acked, ConnectFailed, Connected, Disconnec
 from edgebroker.errors import EdgebrokerError
 
 READ_SIZE = 256 * 1024
+OUTPUT_HIGH = 1 << 20   # bytes waiting for the socket from which publish() waits
 _ANSWERS = (Acked, Subscribed, Unsubscribed)
 
 
@@ -97,6 +100,8 @@ class AsyncClient(AsyncDialing):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport = None
         self._out = bytearray()
+        self._written = 0                # bytes of this transport the socket took
+        self._held = collections.deque()  # (_written when their bytes left, QoS 0 answers)
         self._writing = False
         self._reading = False
         self._timer = None
@@ -132,6 +137,7 @@ class AsyncClient(AsyncDialing):
     def _attach(self, transport) -> None:
         self._transport = transport
         self._out = bytearray()
+        self._written = 0
         self._drained.set()
         self.connection.connect(self._loop.time())
         self._flush()                   # CONNACK awaited: reading (_read_as_bound)
@@ -182,7 +188,9 @@ class AsyncClient(AsyncDialing):
         self._transport = None
         self._out = bytearray()
         self._drained.set()
+        self._space.set()
         self.connection.connection_lost()
+        self._release_held()
 
     def _lost(self, reason: str, event=None) -> None:
         """The link ended (EOF, error, server DISCONNECT, ping timeout): reconnect or stop."""
@@ -251,7 +259,10 @@ class AsyncClient(AsyncDialing):
             self._write()
         events = conn.acked_qos0()
         if events:
-            self._dispatch(events)
+            if self._out:       # answered once their bytes left for the socket (_write)
+                self._held.append((self._written + len(self._out), events))
+            else:
+                self._dispatch(events)
         if conn.state == "closed" and not self._out:
             self._detach()
         self._read_as_bound()
@@ -262,12 +273,19 @@ class AsyncClient(AsyncDialing):
         out = self._out
         try:
             while out:
-                del out[:t.send(out)]
+                n = t.send(out)
+                del out[:n]
+                self._written += n
         except BlockingIOError:
             pass
         except OSError as exc:
             self._lost(f"write failed: {exc}")
             return
+        held = self._held
+        while held and held[0][0] <= self._written:
+            self._dispatch(held.popleft()[1])
+        if len(out) < OUTPUT_HIGH:
+            self._space.set()
         if out and not self._writing:
             self._loop.add_writer(t.fileno(), self._writable)
             self._writing = True
@@ -276,6 +294,12 @@ class AsyncClient(AsyncDialing):
                 self._loop.remove_writer(t.fileno())
                 self._writing = False
             self._drained.set()
+
+    def _release_held(self) -> None:
+        """The link is gone: the answers held are given (QoS 0 lost, as QoS 0 may be)."""
+        held = self._held
+        while held:
+            self._dispatch(held.popleft()[1])
 
     def _writable(self) -> None:
         self._write()
@@ -378,8 +402,12 @@ class AsyncClient(AsyncDialing):
     def publish_nowait(self, topic: str, payload=b"", qos: int = 0, retain: bool = False,
                        properties: dict | None = None) -> asyncio.Future:
         """Queue a PUBLISH; the future of its Acked event. QueueFull when ``max_queued``
-        requests wait (``publish`` waits instead)."""
+        requests wait, or ``OUTPUT_HIGH`` bytes wait for the socket (``publish`` waits
+        instead)."""
         self._check_open()
+        if len(self._out) >= OUTPUT_HIGH:
+            raise QueueFull(f"{len(self._out)} bytes wait for the socket already "
+                            f"(OUTPUT_HIGH {OUTPUT_HIGH})")
         fut = self._loop.create_future()
         self.connection.publish(topic, payload, qos, retain, properties, token=fut)
         self._open.add(fut)
@@ -394,8 +422,8 @@ class AsyncClient(AsyncDialing):
 
     async def publish(self, topic: str, payload=b"", qos: int = 0, retain: bool = False,
                       properties: dict | None = None) -> Acked:
-        """PUBLISH and wait for its acknowledgement (QoS 0: until its bytes are handed to the
-        transport); the Acked event (``reason_code`` >= 0x80: refused)."""
+        """PUBLISH (once ``_wait_space``) and wait for its acknowledgement (QoS 0: until its
+        bytes are handed to the transport); the Acked event (``reason_code`` >= 0x80: refused)."""
         await self._wait_space()
         return await self.publish_nowait(topic, payload, qos, retain, properties)
 
@@ -421,8 +449,9 @@ class AsyncClient(AsyncDialing):
         return await fut
 
     async def _wait_space(self) -> None:
+        """Until fewer than ``max_queued`` requests and ``OUTPUT_HIGH`` bytes wait."""
         self._check_open()
-        while not self.connection.can_publish:
+        while not self.connection.can_publish or len(self._out) >= OUTPUT_HIGH:
             self._space.clear()
             await self._space.wait()
             self._check_open()

@@ -134,8 +134,10 @@ class Connection:
         self._aliases: dict = {}
         self._ka = keepalive
         # moved_at: when bytes that waited in the driver's own buffer (behind a slow link)
-        # last left (the loop sets it; see tick)
+        # last left with the PINGREQ still among them (the loop sets it; see tick);
+        # pings_sent: PINGREQs queued so far (the loop finds where the last one is)
         self._last_sent = self._last_recv = self.moved_at = 0.0
+        self.pings_sent = 0
         self._sent_untimed = False       # data handed out with no ``now`` (tick dates it)
         self._ping_due: float | None = None
         self._connack_due = 0.0
@@ -400,7 +402,8 @@ class Connection:
     def tick(self, now: float) -> list:
         """Keepalive and the CONNACK deadline: PINGREQ when nothing went out, or nothing came
         in, for the keepalive; PingTimeout when its PINGRESP is not back, no byte came in, and
-        no byte that waited in the driver's buffer left (``moved_at``), for a keepalive."""
+        no byte that waited in the driver's buffer before the PINGREQ left (``moved_at``),
+        for a keepalive."""
         events = self._events
         self._events = []
         state = self.state
@@ -426,6 +429,7 @@ class Connection:
         ka = self._ka
         if now - self._last_sent >= ka or now - self._last_recv >= ka:
             self._out.append(PINGREQ_BYTES)
+            self.pings_sent += 1
             self._ping_due = now + ka
         return events
 

@@ -17,7 +17,8 @@ properties over 3.1.1) is answered as refused (reason code 0x80).
 The loop is an iterator of events (events.py): messages, acknowledgements with their
 request, connection changes. ``run(requests, timeout)`` sends a bounded batch and returns
 when every request is answered or the time is up. ``loop.idle``: the source is used up and
-every request answered; with ``end_when_idle`` the iteration ends then. Commands:
+every request answered; with ``end_when_idle`` the iteration ends then (``run``:
+loop_run.py). Commands:
 commands.py (carried out by loop_commands.py). Connecting: loop_dial.py. Reconnection and
 back-off: backoff.py. The state file: statefile.py.
 """
@@ -35,13 +36,12 @@ from edgebroker.client import backoff as B
 from edgebroker.client import commands as K
 from edgebroker.client.address import Address, Dialer
 from edgebroker.client.connection import Connection
-from edgebroker.client.events import (
-    Acked, ConnectFailed, Disconnected, RunResult, Subscribed, Unsubscribed,
-)
+from edgebroker.client.events import Acked, ConnectFailed, Disconnected, Subscribed, Unsubscribed
 from edgebroker.client.requests import ClientError, Request, as_request
 from edgebroker.client.sending import refusal
 from edgebroker.client.loop_commands import LoopCommands
 from edgebroker.client.loop_dial import DIAL, LoopDialing, why
+from edgebroker.client.loop_run import LoopRun
 from edgebroker.client.statefile import read_state
 
 log = logging.getLogger("edgebroker.client")
@@ -55,7 +55,7 @@ _NEVER = float("inf")       # _idle_until while the source waits for its descrip
 _SOURCE = "source"          # the selector key's data of the source's descriptor
 
 
-class EventLoop(LoopCommands, LoopDialing):
+class EventLoop(LoopCommands, LoopDialing, LoopRun):
     """See the module doc. ``options`` go to the Connection (keepalive, clean_start, username,
     password, will, properties, max_inflight, max_queued, max_qos2_inflight). ``resubscribe``:
     after a reconnection on which the server has no session, SUBSCRIBE again what it had
@@ -99,6 +99,8 @@ class EventLoop(LoopCommands, LoopDialing):
         self._transport = None
         self._mask = 0
         self._out = bytearray()
+        self._sent = self._pings = 0      # bytes the socket took; conn.pings_sent seen
+        self._ping_end = _NEVER           # _sent once the last PINGREQ had left
         self._events: deque = deque()
         self._source = None
         self._source_done = True
@@ -184,43 +186,6 @@ class EventLoop(LoopCommands, LoopDialing):
                 return None
         return events.popleft()
 
-    def _batch_done(self) -> bool:
-        return self._watch is not None and self._source_done and not self._watch
-
-    def run(self, requests, timeout: float | None = None) -> RunResult:
-        """Send ``requests`` (a bounded iterable) and return once each is answered (QoS 0:
-        handed to the transport), or ``timeout`` seconds have passed, or the loop is over."""
-        result = RunResult()
-        before = (self._source, self._source_done, self._source_fd, self._acked)
-        self.set_source(requests)
-        self._acked = before[3]        # the batch's answers are run()'s: the source's stay its
-        batch = self._source
-        self._watch = watch = {}
-        deadline = None if timeout is None else self._clock() + timeout
-        try:
-            while not (self._source_done and not watch):
-                left = None if deadline is None else deadline - self._clock()
-                if left is not None and left <= 0:
-                    break
-                event = self.poll(left)
-                if event is None:
-                    if self._finished or self._stopped:
-                        break
-                    continue
-                if type(event) in _ANSWERS and watch.pop(id(event.request), None) is not None:
-                    result.done.append(event)
-                else:
-                    result.events.append(event)
-        finally:
-            self._watch = None
-            done = self._source_done
-            self._source, self._source_done, self._source_fd, self._acked = before
-            self._more = False
-        result.pending = list(watch.values())
-        if not done:
-            result.rest, result.taken_all = batch, False
-        return result
-
     # -- one pass -------------------------------------------------------------------------------
     def _pass(self, now: float, deadline: float | None) -> None:
         self._apply_asked()
@@ -256,6 +221,7 @@ class EventLoop(LoopCommands, LoopDialing):
         self._transport = transport
         self._out.clear()
         self._mask = 0
+        self._sent, self._ping_end, self._pings = 0, _NEVER, self.conn.pings_sent
         self.conn.connect(now)
         self._flush(now)
 
@@ -269,8 +235,14 @@ class EventLoop(LoopCommands, LoopDialing):
         throttle = self._throttle
         submit = conn.submit
         self._more = False
+        room = OUTPUT_HIGH - len(out)   # less the payloads taken since (in conn's buffer)
         for n in range(1, PULL_BATCH + 1):
-            if not conn.can_publish or len(out) >= OUTPUT_HIGH:
+            if room <= 0:
+                self._flush(now)        # what was taken goes to the socket, or waits in out
+                room = OUTPUT_HIGH - len(out)
+                if room <= 0:
+                    return
+            if not conn.can_publish:
                 return
             if throttle is not None and not throttle.take(now):
                 return
@@ -293,12 +265,16 @@ class EventLoop(LoopCommands, LoopDialing):
                 # valid): answered as refused, so a spool lets it go rather than give it again
                 # at every start.
                 log.warning("%s; answered as refused (0x80)", exc)
+                if watch is not None:
+                    watch[id(req)] = req      # run()'s: its answer is the batch's
                 self._answered([refusal(req)])
                 continue
             if watch is not None:
                 watch[id(req)] = req
+            room -= len(req.payload)
             if not n & 255:
                 self._flush(now)       # a batch's bytes leave in pieces of 256 requests
+                room = OUTPUT_HIGH - len(out)
         self._more = True              # PULL_BATCH taken: come back without waiting
 
     def _flush(self, now: float) -> None:
@@ -311,6 +287,9 @@ class EventLoop(LoopCommands, LoopDialing):
         if transport is None:
             return
         out = self._out
+        if conn.pings_sent != self._pings:     # a PINGREQ in ``data``: gone once this is
+            self._pings = conn.pings_sent
+            self._ping_end = self._sent + len(out) + len(data)
         waited = bool(out)
         if out:
             out += data             # behind what is waiting already
@@ -324,11 +303,12 @@ class EventLoop(LoopCommands, LoopDialing):
         except OSError as exc:
             self._lost(f"send: {why(exc)}")
             return
-        if n and waited:
-            # Bytes that waited in this buffer leave: a slow link, not a dead one, so a PINGREQ
-            # behind them is not late. Bytes the socket takes at once do not count: its kernel
-            # buffers take them for a while from a peer that has gone silent too.
+        if n and waited and self._sent < self._ping_end:
+            # Bytes that waited in this buffer, the PINGREQ among them, leave: a slow link, not
+            # a dead one, so the PINGREQ is not late. Bytes the socket takes at once do not
+            # count: its kernel buffers take them for a while from a peer gone silent too.
             conn.moved_at = now
+        self._sent += n
         if data is out:
             del out[:n]
         elif n < len(data):
