@@ -70,6 +70,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
         self.writer = None          # checkpoint.CheckpointWriter, set by the app
         self.state = "down"         # down | resolving | connecting | up | stopped
         self.link: Link | None = None
+        self._pings, self._ping_end = 0, float("inf")   # the last PINGREQ's end (on_moved)
         self.resolver: Resolver | None = None
         self.connects = 0           # successful CONNACKs
         self.last_error = ""
@@ -228,6 +229,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
     # ----- the link's callbacks ---------------------------------------------------------
 
     def on_up(self) -> None:
+        self._pings, self._ping_end = self.conn.pings_sent, float("inf")
         self.conn.connect(self.clock())
         self._send()
 
@@ -235,9 +237,12 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
         self._handle(self.conn.receive_data(data, self.clock()))
         self.pump()
 
-    def on_moved(self) -> None:
-        """Bytes that waited in the link's buffer left: the keepalive counts it as life."""
-        self.conn.moved_at = self.clock()
+    def on_moved(self, start: int) -> None:
+        """Bytes that waited in the link's buffer left, from its ``start``-th byte out: the
+        keepalive counts it as life while the PINGREQ is among them, not once it has left
+        (a peer that reads and never answers, a proxy before a dead remote)."""
+        if start < self._ping_end:
+            self.conn.moved_at = self.clock()
 
     def on_closed(self, reason: str) -> None:
         self.bytes_out += self.link.bytes_out if self.link is not None else 0
@@ -408,6 +413,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
             link = self.link
             if data and link is not None:
                 link.send(data)
+                if conn.pings_sent != self._pings:      # a PINGREQ in it: where it ends
+                    self._pings, self._ping_end = conn.pings_sent, link.bytes_out + len(link.out)
             if self.state != "up":
                 break
             # Events made outside receive_data: QoS 0 handed out, publishes the client

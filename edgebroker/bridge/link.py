@@ -217,6 +217,7 @@ class Link:
         if self.connected:
             out = self.out
             moved = False
+            start = self.bytes_out
             while out:
                 try:
                     sent = self.sock.send(out)
@@ -229,7 +230,7 @@ class Link:
                 del out[:sent]
                 moved = moved or sent > 0
             if moved and waited:
-                self.owner.on_moved()
+                self.owner.on_moved(start)
             if self.drained_below and len(out) < self.drained_below:
                 self.drained_below = 0
                 self.owner.on_drained()

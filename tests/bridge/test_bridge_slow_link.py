@@ -1,6 +1,7 @@
 """A healthy but slow link: the bridge's PINGREQ waits behind its own backlog in the link's
 buffer; bytes leaving that buffer count as life, so the link is not dropped as dead (and
-the QoS 0 messages handed to it are not lost)."""
+the QoS 0 messages handed to it are not lost). But bytes leaving after the PINGREQ left do
+not: a remote that reads and never answers (a proxy before a dead broker) is found."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import socket
 import sys
 import threading
 import time
+
+import mqttraw
 
 from .helpers import Received, bridge_table, figures, wait_figure
 
@@ -102,3 +105,71 @@ def test_a_slow_link_is_not_taken_for_a_dead_one(broker, mosquitto_broker, paho)
         assert (fig["connects"], relay.accepted, fig["last_error"]) == (1, 1, ""), fig
     finally:
         relay.close()
+
+
+class Swallower:
+    """The remote's end behind the relay: answers the bridge's CONNECT, then reads all that
+    comes and answers nothing (not its PINGREQ either), as a proxy in front of a dead
+    broker does; bounded by ``seconds``."""
+
+    def __init__(self, seconds: float = 40.0):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.read = 0
+        self.stopped = False
+        threading.Thread(target=self._serve, args=(seconds,), daemon=True).start()
+
+    def _serve(self, seconds: float) -> None:
+        self.server.settimeout(seconds)
+        try:
+            sock, _ = self.server.accept()
+        except OSError:
+            return
+        deadline = time.monotonic() + seconds
+        sock.settimeout(0.5)
+        answered = False
+        with sock:
+            while not self.stopped and time.monotonic() < deadline:
+                try:
+                    data = sock.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                self.read += len(data)
+                if not answered:            # the CONNECT came first: CONNACK, then silence
+                    sock.sendall(mqttraw.connack(False))
+                    answered = True
+
+    def close(self) -> None:
+        self.stopped = True
+        self.server.close()
+
+
+def test_a_remote_that_reads_and_never_answers_is_found_while_the_backlog_drains(broker):
+    """Bytes leaving the link's buffer pushed the PINGREQ's deadline back even after the
+    PINGREQ itself had left, so a link whose far end reads everything and answers nothing
+    was kept as long as a QoS 0 stream drained into it (here 15 s); now it is dropped a
+    keepalive or two after its PINGREQ left."""
+    remote = Swallower()
+    relay = SlowRelay(remote.port)
+    try:
+        rules = [{"pattern": "q0/#", "direction": "out", "qos": 0}]
+        gw = broker(bridge=[bridge_table(relay.port, rules, keepalive=1)],
+                    wrap=lambda cmd: [sys.executable, "-c", SMALL_SNDBUF, *cmd[3:]])
+        wait_figure(gw, lambda f: f["state"] == "up")
+        mark = gw.mark()
+        pub = gw.client("pub")
+        started = time.monotonic()
+        for i in range(3 * COUNT):       # 1.5 MB: 15 s of the link
+            pub.publish("q0/t", str(i).encode().zfill(SIZE), qos=0)
+        pub.ping()
+        line = gw.wait_log(lambda ln: "link to" in ln and "PINGRESP" in ln, 12, mark)
+        assert line, gw.log_text()[-2000:]
+        assert time.monotonic() - started < 12
+        assert remote.read < 3 * COUNT * SIZE     # found before the stream was through
+    finally:
+        relay.close()
+        remote.close()
