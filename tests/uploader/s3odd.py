@@ -93,8 +93,3 @@ class OddStore(ThreadingHTTPServer):
     def close(self) -> None:
         self.shutdown()
         self.server_close()
-
-
-def s3_upload(store: OddStore, **kw) -> dict:
-    return {"url": "s3://landing/p", "endpoint_url": store.url, "access_key_id": "AK",
-            "secret_access_key": "SK", "gateway_id": "gw-test", "batch_max_age": 1, **kw}

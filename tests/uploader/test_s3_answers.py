@@ -15,7 +15,8 @@ from edgebroker.upload_config import UploadConfig
 from edgebroker.uploader.configure import open_sink
 from edgebroker.uploader.sinks import TransientSinkError
 
-from .s3odd import OddStore, s3_upload
+from .s3odd import OddStore
+from .test_s3_link import s3_upload
 from .test_uploader import uploaded, wait_until
 
 
