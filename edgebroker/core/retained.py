@@ -24,6 +24,7 @@ again from the retained messages the snapshot restored. One the store no longer 
 
 from __future__ import annotations
 
+from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, Session, Stored, StoredRetained
 from edgebroker.mqtt import packets as P
 
@@ -140,8 +141,9 @@ class RetainedDelivery:
             # (as at SUBSCRIBE; their writes do not look at expiry).
             message = ref if type(ref) is Message else (
                 self.retained_copy(ref) if type(ref) is StoredRetained else None)
-            if message is not None and message.expires and message.expires <= now:
-                if self.retained.get(message.topic) is message:
+            expires = message.expires if message is not None else self._record_expiry(ref)
+            if expires and expires <= now:
+                if message is not None and self.retained.get(message.topic) is message:
                     self.retained.delete(message.topic)
                 self.drop("message_expired", session)
                 continue
@@ -154,6 +156,17 @@ class RetainedDelivery:
         if not session.clean:
             self._snapshot_dirty = True
         return cursor.held is not None or cursor.offset < self.live_offset()
+
+    def _record_expiry(self, ref) -> float:
+        """When the log record ``ref`` refers to expires (0: never, or not read): for a held
+        copy the retained store no longer holds (replaced, or deleted as expired), read
+        back from the log, where its Message Expiry Interval is among its properties."""
+        journal = self.journal
+        where = journal.log.locate(ref.offset) if journal is not None else None
+        if where is None or not where.properties:
+            return 0.0
+        return stored_properties(where.properties, where.timestamp_ms, journal.wall_ms(),
+                                 self.clock())[1]
 
     def forget_held(self, session: Session, offset: int) -> None:
         """After a crash: the retained copy held for ``session`` at ``offset`` was sent (its

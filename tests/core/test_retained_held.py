@@ -124,6 +124,41 @@ def test_held_copies_in_the_snapshot_round_trip_and_bad_entries_are_left_out():
 
 
 @pytest.mark.parametrize("v5", [False, True])
+def test_a_held_copy_the_store_let_go_of_is_checked_for_expiry_from_the_log(broker, uid, v5):
+    """The session goes offline holding the copy (kept as a log offset), the message expires
+    and another SUBSCRIBE deletes it from the store: the copy's expiry could no longer be
+    read, and it went to a 3.1.1 subscriber from the log. It is read from the log record."""
+    b = broker()
+    n = 1000
+    pub = backlog(b, uid, n)
+    p5 = R.RawClient5(b.host, b.port)
+    _open_clients.append(p5)
+    p5.connect(f"{uid}-p5")
+    p5.publish(f"{uid}/r", b"short-lived", qos=1, retain=True, props={R.MESSAGE_EXPIRY: 1})
+    s = reconnect_and_subscribe(b, f"{uid}-s", f"{uid}/r", v5)
+    while s.recv_packet().type != SUBACK:
+        pass                        # the window's PUBLISHes, unacknowledged
+    s.abort()                       # offline, behind, the copy held
+    time.sleep(1.1)                 # its expiry passes
+    fresh = b.client(f"{uid}-f")
+    fresh.subscribe(f"{uid}/r", qos=1)
+    assert fresh.ping() == []       # the store deleted it (expired)
+    expired = b.stats()["dropped"]["message_expired"]
+    if v5:
+        back = R.RawClient5(b.host, b.port)
+        _open_clients.append(back)
+        back.send(R.connect5(f"{uid}-s", clean_start=False, props={R.SESSION_EXPIRY: 3600}))
+    else:
+        back = b.raw()
+        back.send(m.connect(f"{uid}-s", clean=False))
+    assert back.expect(CONNACK).session_present
+    assert publishes(back, n) == [(b"%d" % i, False) for i in range(n)]
+    pub.publish(f"{uid}/s/t", b"marker", qos=1)
+    assert publishes(back, 1) == [(b"marker", False)]     # the copy would come before it
+    assert b.stats()["dropped"]["message_expired"] == expired + 1
+
+
+@pytest.mark.parametrize("v5", [False, True])
 def test_a_held_retained_copy_past_its_expiry_is_not_sent_to_any_subscriber(broker, uid, v5):
     """The expiry of a retained copy was checked only when the SUBSCRIBE held it: one that
     expired while the session worked through its backlog still went to a 3.1.1 subscriber.
