@@ -157,6 +157,14 @@ def _number(text: str) -> int | None:
     return int(digits) if len(digits) <= 18 else 10**18
 
 
+def _most_common(values):
+    """The value met most often (the first met of those tied), None when there is none."""
+    counts: dict = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
 def parse_hash(stored: str) -> tuple:
     """Check a stored hash's format; returns a tuple the verifier uses. Raises HashError."""
     if stored.startswith(SCRYPT_PREFIX):
@@ -324,16 +332,11 @@ class PasswordFile:
         known one does, whichever hash the file uses (so the time of a refusal does not
         tell which user names exist)."""
         if self._dummy is None:
-            shapes: dict[tuple, tuple] = {}
-            counts: dict[tuple, int] = {}
-            for parsed in self.entries.values():
-                shape = parsed[:-2]     # the scheme and its parameters
-                shapes.setdefault(shape, parsed)
-                counts[shape] = counts.get(shape, 0) + 1
-            if counts:
-                sample = shapes[max(counts, key=counts.__getitem__)]
-                self._dummy = sample[:-2] + (os.urandom(len(sample[-2])),
-                                             os.urandom(len(sample[-1])))
+            shape = _most_common(parsed[:-2] for parsed in self.entries.values())
+            if shape is not None:       # the scheme and its parameters; then salt, digest
+                sample = next(p for p in self.entries.values() if p[:-2] == shape)
+                self._dummy = shape + (os.urandom(len(sample[-2])),
+                                       os.urandom(len(sample[-1])))
             else:
                 self._dummy = dummy_hash()
         return self._dummy
@@ -343,11 +346,8 @@ class PasswordFile:
         any): what a user without keys is told (``scram.Exchange``)."""
         if self._scram_iterations is None:
             from edgebroker.security.scram import DEFAULT_ITERATIONS
-            counts: dict[int, int] = {}
-            for _, keys in self.scram.values():
-                counts[keys.iterations] = counts.get(keys.iterations, 0) + 1
-            self._scram_iterations = (max(counts, key=counts.__getitem__) if counts
-                                      else DEFAULT_ITERATIONS)
+            most = _most_common(keys.iterations for _, keys in self.scram.values())
+            self._scram_iterations = DEFAULT_ITERATIONS if most is None else most
         return self._scram_iterations
 
     def scram_keys(self, username: str) -> scram.Keys | str:
