@@ -17,6 +17,7 @@ wildcard character are protocol errors.
 
 from __future__ import annotations
 
+from edgebroker.errors import TOPIC_ALIAS_INVALID
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.fields import (
     malformed, protocol_error, read_binary, read_str, read_u16, read_u32,
@@ -158,7 +159,10 @@ def decode_properties(buf: bytes, p: int, end: int, where: int) -> tuple[dict | 
         if ident in _FLAGS and value > 1:
             raise protocol_error(f"{label} is {value} (must be 0 or 1)", "MQTT-2.2.2.2")
         if value == 0 and ident in _NOT_ZERO:
-            raise protocol_error(f"{label} is 0", _NOT_ZERO[ident])
+            error = protocol_error(f"{label} is 0", _NOT_ZERO[ident])
+            if ident == TOPIC_ALIAS:  # answered as an alias past the maximum is (Mosquitto too)
+                error.reason = TOPIC_ALIAS_INVALID
+            raise error
         if ident == RESPONSE_TOPIC and ("+" in value or "#" in value):
             raise protocol_error(f"{label} {value!r} contains a wildcard character",
                                  "MQTT-3.3.2-14")

@@ -249,6 +249,16 @@ def test_subscription_identifier_in_a_clients_publish_is_a_protocol_error(srv, u
     assert "MQTT-3.3.4-6" in d.properties[R.REASON_STRING]
 
 
+def test_a_topic_alias_of_0_gets_disconnect_0x94(srv, uid):
+    """Topic Alias 0 (MQTT-3.3.2-8) is answered as an alias past the maximum is: Topic Alias
+    invalid, as Mosquitto does."""
+    c = raw5(srv, f"{uid}-c")
+    c.send(R.publish5(f"{uid}/t", b"x", 0, props={R.TOPIC_ALIAS: 0}))
+    d = c.expect_disconnect()
+    assert d.reason == 0x94
+    assert "Topic Alias is 0" in d.properties[R.REASON_STRING]
+
+
 def test_max_qos_and_retain_available(broker, uid):
     b = broker(limits={"max_qos": 1, "retain_available": False})
     c = R.RawClient5(b.host, b.port)

@@ -21,7 +21,7 @@ from mqtt.test_codec import (
     read_like_the_transport, read_repeat, same, short_bytes, topic_filters, topic_names,
 )
 from edgebroker.errors import (
-    MALFORMED_PACKET, PACKET_TOO_LARGE, PROTOCOL_ERROR, TOPIC_NAME_INVALID,
+    MALFORMED_PACKET, PACKET_TOO_LARGE, PROTOCOL_ERROR, TOPIC_ALIAS_INVALID, TOPIC_NAME_INVALID,
     UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
@@ -460,7 +460,9 @@ ZERO_REFUSED = [(m5.RECEIVE_MAXIMUM, m5.CONNECT), (m5.RECEIVE_MAXIMUM, m5.CONNAC
 @pytest.mark.parametrize("ident, where", ZERO_REFUSED,
                          ids=[f"{m5.PROPERTIES[i][0]}-{where_id(w)}" for i, w in ZERO_REFUSED])
 def test_a_zero_where_zero_has_no_meaning_is_a_protocol_error(ident, where):
-    raises5(with_props(where, [(ident, 0)], None)[0], PROTOCOL_ERROR)
+    """Topic Alias 0 is answered Topic Alias invalid (0x94), the others Protocol Error."""
+    reason = TOPIC_ALIAS_INVALID if ident == m5.TOPIC_ALIAS else PROTOCOL_ERROR
+    raises5(with_props(where, [(ident, 0)], None)[0], reason)
     data, expected = with_props(where, [(ident, 1)])
     assert same(dec(data), [expected])
 
@@ -894,7 +896,7 @@ def test_a_bad_property_in_a_large_publish_is_refused_before_its_payload_arrives
     data, _ = large5(50_000, props=[(m5.CONTENT_TYPE, "a"), (m5.CONTENT_TYPE, "b")])
     raises5(data[:200], PROTOCOL_ERROR)
     data, _ = large5(50_000, props={m5.TOPIC_ALIAS: 0})
-    raises5(data[:200], PROTOCOL_ERROR)
+    raises5(data[:200], TOPIC_ALIAS_INVALID)
     data, _ = large5(50_000, topic="", props={})
     raises5(data[:200], PROTOCOL_ERROR)
 
