@@ -372,6 +372,26 @@ def load(path: str | None) -> Config:
                           partial=partial) from None
 
 
+def exposed_secrets(config: Config) -> str | None:
+    """A warning when the configuration file holds a secret (a bridge's password, the
+    uploader's secret key or session token) and users other than its owner and group may read
+    it; None else. The packages install the file 0644, with no secret in it."""
+    keys = [f"bridge[{i}].password" for i, b in enumerate(config.bridge) if b.password]
+    keys += [f"upload.{key}" for key in ("secret_access_key", "session_token")
+             if getattr(config.upload, key)]
+    if not keys or not config.source:
+        return None
+    try:
+        mode = os.stat(config.source).st_mode
+    except OSError:
+        return None
+    if not stat.S_ISREG(mode) or not mode & 0o004:
+        return None
+    return (f"{config.source}: other users can read it (permissions {stat.filemode(mode)}) and "
+            f"it holds {', '.join(keys)}: run chmod o-r {config.source} (the broker's user "
+            f"must still read it), or give the uploader's keys through the environment")
+
+
 def _read_toml(path: str) -> dict:
     """The file's table. The TOML parser is imported here and unloaded again, with the
     modules only it brought in (typing, datetime): a broker started without a file never

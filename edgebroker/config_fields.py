@@ -19,7 +19,7 @@ _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 # Settings whose values are secrets: an error about one names its key and type, not its value
 # (a numeric PIN written without quotes went to the terminal and the broker's log).
-SECRET_KEYS = frozenset(("password", "secret_access_key"))
+SECRET_KEYS = frozenset(("password", "secret_access_key", "session_token"))
 
 
 def _got(value, key: str) -> str:

@@ -14,6 +14,7 @@ what ``serve`` without ``-c`` runs: the built-in defaults.
 from __future__ import annotations
 
 import json
+import sys
 
 from edgebroker import config as configuration
 from edgebroker.cli.options import add_format
@@ -81,14 +82,20 @@ def run(args) -> int:
         config, problems = exc.partial, exc.problems
     if config is not None:
         problems += [f"{where}: {p}" for p in problems_of(config)]
+    # (said of a file serve would run with: a broken one's problems come first)
+    exposed = config is not None and not problems and configuration.exposed_secrets(config)
+    warnings = [exposed] if exposed else []
     if args.format == "json":
         print(json.dumps({
             "file": args.config, "ok": not problems, "problems": problems,
+            "warnings": warnings,
             "listeners": [] if config is None else [_listener(lc) for lc in config.listeners],
             "state_dir": None if config is None else config.state_dir(),
             "state_dir_outside_systemd": config is not None and outside_systemd(config)},
             indent=2))
         return 2 if problems else 0
+    for warning in warnings:    # (the file is still usable: exit 0 when nothing else is wrong)
+        print(f"warning: {warning}", file=sys.stderr)
     if problems:
         raise ConfigError(*problems)
     listeners = ", ".join(_listener(lc) for lc in config.listeners)

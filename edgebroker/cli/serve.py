@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import stat
@@ -157,7 +158,16 @@ def load_again(args) -> configuration.Config:
             problems += exc.problems
     if problems:
         raise ConfigError(*problems)
+    _warn_exposed(config)
     return config
+
+
+def _warn_exposed(config: configuration.Config) -> None:
+    """At start and at each reload: a configuration file holding secrets that other users
+    can read (config.exposed_secrets)."""
+    exposed = configuration.exposed_secrets(config)
+    if exposed:
+        logging.getLogger(__name__).warning("%s", exposed)
 
 
 def _raise(problems: list[str]) -> None:
@@ -189,6 +199,7 @@ def run(args) -> int:
         prepare_state_dir(state_dir)
     with naming_the_file(None if args.listen else where):
         _raise(unix_socket_problems(config))    # (exit 2, as the checks above)
+    _warn_exposed(config)
     # Imported after the configuration is read: the TOML parser's memory, freed again
     # (config._read_toml), is then not interleaved with the broker's modules.
     from edgebroker.server.app import App
