@@ -347,6 +347,15 @@ class CatchUp:
                 cursor.floor = needed_from(session, cursor.unsent(), first)
             if cursor.floor < hold:
                 hold = cursor.floor
+        if due > first:
+            # The others (connected and in step, or offline without a cursor) hold what their
+            # window and queue go back to: such a message is kept in memory while its client
+            # is connected, but only its offset once it goes offline or in the snapshot.
+            for session in self.sessions.values():
+                if (session.inflight or session.queue) and session not in behind:
+                    floor = needed_from(session, hold, first)
+                    if floor < hold:
+                        hold = floor
         commit_log.hold_offset = hold
 
     def _move_to_head(self, session, first: int) -> None:

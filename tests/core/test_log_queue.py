@@ -359,6 +359,36 @@ def test_age_retention_right_after_a_restart_keeps_what_a_restored_session_needs
     assert b2.client_row(f"{uid}-s")["drops"] == {}
 
 
+def test_age_retention_holds_what_a_connected_sessions_window_goes_back_to(broker, uid):
+    """A connected session in step (not behind) that does not acknowledge keeps its window
+    and queue in memory, but only their offsets once it goes offline: age retention deleted
+    their records meanwhile, and the reconnecting client got none of the 30 again."""
+    b = broker(log={"segment_bytes": 4096, "segment_ms": 1000, "retention_ms": 1000})
+    log_dir = os.path.join(b.config["data_dir"], "log")
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t/#", qos=1)
+    pub = b.client(f"{uid}-p")
+    for i in range(30):
+        pub.publish(f"{uid}/t/x", b"M%02d" % i, qos=1)
+    first = [sub.recv_publish(timeout=5, ack=False).payload for _ in range(20)]  # its window
+    assert first == [b"M%02d" % i for i in range(20)]
+    first_segment = min(n for n in os.listdir(log_dir) if n.endswith(".seg"))
+    deadline = time.monotonic() + 4            # segments roll and age past retention_ms
+    i = 0
+    while time.monotonic() < deadline:
+        pub.publish(f"{uid}/other", b"filler %d" % i, qos=1)
+        i += 1
+        time.sleep(0.2)
+        sub.ping()
+    assert first_segment in os.listdir(log_dir)
+    sub.abort()
+    again = b.client(f"{uid}-s", clean=False)
+    got = [again.recv_publish(timeout=5, ack=True) for _ in range(30)]
+    assert [p.payload for p in got] == [b"M%02d" % i for i in range(30)]
+    assert [p.dup for p in got] == [True] * 20 + [False] * 10
+    assert b.client_row(f"{uid}-s")["drops"] == {}
+
+
 def test_max_session_lag_age_moves_an_old_cursor_forward(broker, uid):
     b = broker(limits={"max_session_lag_age": 1.0})
     sub = b.client(f"{uid}-s", clean=False)
