@@ -69,6 +69,9 @@ install-test: $(VENV)/.installed-test system-deps $(JS)/node_modules/.installed
 # installed when missing. Node and npm are looked for as commands, so a node installed some
 # other way (NodeSource's nodejs package, which holds npm and conflicts with Debian's) is used.
 # Java runs the Spark tests (tests/spark/, PySpark on local[2]): a java command, or Java 17.
+# Debian's mosquitto package starts its broker as a service on 127.0.0.1:1883 (make run's
+# address); when this installs it, the service is stopped and disabled (one installed before
+# is left as it is).
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
@@ -77,7 +80,15 @@ system-deps:
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing \
+	    || exit 1; \
+	  case " $$missing " in *" mosquitto "*) \
+	    if [ -d /run/systemd/system ]; then \
+	      echo "stopping and disabling mosquitto.service (installed for the tests, which start their own;"; \
+	      echo "  it would hold 127.0.0.1:1883, where make run listens)"; \
+	      $(SUDO) systemctl disable --now mosquitto.service || true; \
+	    fi;; \
+	  esac; \
 	fi
 
 # The versions package-lock.json pins; again whenever package.json or the lock file changes
