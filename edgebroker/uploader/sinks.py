@@ -100,6 +100,7 @@ class DirSink:
                 with open(path, "rb") as src:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                     try:
+                        os.fchmod(fd, 0o644)    # whatever the umask (the unit's is 0077)
                         self._copy(src, fd, path, size, throttle)
                         os.fsync(fd)
                     finally:
@@ -192,6 +193,7 @@ class DirSink:
         for path in reversed(missing):
             try:
                 os.mkdir(path, 0o755)
+                os.chmod(path, 0o755)           # (as the objects: readable by the job's user)
             except FileExistsError:
                 if not os.path.isdir(path):
                     raise

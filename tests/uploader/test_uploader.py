@@ -6,6 +6,7 @@ the alarm; the bandwidth cap; retention without an uploader."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -103,6 +104,28 @@ def test_batches_cut_by_size_and_at_segment_ends(broker, tmp_path):
     assert fig["records"] == tail and fig["batches"] == len(landed(landing))
     assert fig["backlog_bytes"] > 0 and not fig["alarm"]
     assert fig["backlog_batches"] == -(-fig["backlog_bytes"] // 8192)
+    b.stop()
+
+
+def test_landed_objects_and_folders_are_readable_by_others_under_the_units_umask(broker,
+                                                                                  tmp_path):
+    """Under the shipped unit's UMask=0077 the objects came out 0600 and the folders 0700: the
+    job reading the landing folder as another user could not read a batch."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    before = os.umask(0o077)                    # the broker process inherits it
+    try:
+        b = broker(log={"segment_bytes": 32768},
+                   upload=upload_config(landing, batch_bytes=8192, batch_max_age=86400))
+    finally:
+        os.umask(before)
+    publish(b, 0, 300)
+    wait_until(lambda: uploaded(b) > 0, what="a batch uploaded")
+    objects = [p for p in landing.rglob("*") if p.is_file()]
+    folders = [p for p in landing.rglob("*") if p.is_dir()]
+    assert objects and folders
+    assert {oct(p.stat().st_mode & 0o777) for p in objects} == {oct(0o644)}
+    assert {oct(p.stat().st_mode & 0o777) for p in folders} == {oct(0o755)}
     b.stop()
 
 
