@@ -40,7 +40,7 @@ import stat
 import struct
 
 from edgebroker.config import ListenerConfig
-from edgebroker.errors import EdgebrokerError
+from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server.peers import format_peer
 
@@ -139,6 +139,11 @@ def _bind_tcp(config: ListenerConfig, v6only: bool) -> socket.socket:
         sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
+        if exc.errno == errno.EACCES:   # (a start again fails the same way: exit 2, not 1)
+            hint = (": a port below 1024 needs the capability CAP_NET_BIND_SERVICE "
+                    "(docs/deploy.md)" if config.port < 1024 else "")
+            raise ConfigError(f"cannot listen on {config.address}: {exc.strerror}{hint}") \
+                from None
         raise EdgebrokerError(f"cannot listen on {config.address}: {exc.strerror or exc}") from None
     return sock
 

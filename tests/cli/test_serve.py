@@ -450,3 +450,30 @@ def test_serve_names_the_config_file_in_errors_of_the_files_it_names(tmp_path):
         assert (check.returncode, serve.returncode) == (2, 2), serve.stderr
         assert one_error_line(check).startswith(f"edgebroker: config error: {path}: "), check.stderr
         assert one_error_line(serve) == one_error_line(check), key
+
+
+def test_a_port_its_user_may_not_bind_stops_serve_with_exit_2():
+    """EACCES at bind (a port below 1024 without CAP_NET_BIND_SERVICE) exited 1, which the unit
+    restarts every 2 s for ever; a start again fails the same way, so it is exit 2 now, naming
+    the capability. Run as nobody in a network namespace of the test's own, whose
+    ip_unprivileged_port_start is the kernel's default, 1024."""
+    assert shutil.which("unshare"), "unshare (util-linux) is needed"
+    top = Path(tempfile.mkdtemp(prefix="edgebroker-port-"))
+    try:
+        os.chmod(top, 0o755)
+        data = top / "data"
+        data.mkdir()
+        os.chown(data, 65534, 65534)
+        path = top / "c.toml"
+        path.write_text(toml_dumps({"data_dir": str(data), "sys_interval": 0,
+                                    "allow_anonymous": True,
+                                    "listener": [{"host": "0.0.0.0", "port": 883}]}))
+        os.chmod(path, 0o644)
+        r = subprocess.run(["unshare", "--net", *as_nobody(), *broker_command(), "serve", "-c",
+                            str(path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert one_error_line(r) == (
+            "edgebroker: config error: cannot listen on 0.0.0.0:883: Permission denied: a port "
+            "below 1024 needs the capability CAP_NET_BIND_SERVICE (docs/deploy.md)")
+    finally:
+        shutil.rmtree(top)
