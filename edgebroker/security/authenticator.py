@@ -36,7 +36,11 @@ the workers only compute hashes (``hashlib`` releases the GIL while it does).
   logged once, with the library's error, until a check runs again.
 - Memory: at most ``PAIRS_LIMIT`` pairs and ``HOSTS_LIMIT`` addresses are
   remembered; past that the ones whose throttle is over go first, then the
-  oldest, down to half the limit.
+  oldest, down to half the limit. A pair is kept under its user name only up
+  to ``NAME_KEPT`` characters; a longer name (up to 64 KB) is kept as its
+  first characters and a SHA-256 digest of the whole (``name_key``), so an
+  entry costs about the same whatever the name. Log lines and reasons show a
+  long name cut short.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from __future__ import annotations
 import collections
 import logging
 import os
+
+from edgebroker.errors import shown
 
 
 log = logging.getLogger("edgebroker.security")
@@ -54,6 +60,8 @@ CACHE_LIMIT = 10_000
 HOSTS_LIMIT = 10_000
 PAIRS_LIMIT = 10_000
 ADDRESS_FACTOR = 10   # failed logins per address within the window, in max_failures
+NAME_KEPT = 64        # user names up to this many characters are kept as they are (name_key)
+NAME_SHOWN = 100      # characters of a user name in a log line or reason
 
 OK = "ok"
 WRONG = "wrong password"
@@ -89,7 +97,7 @@ class Authenticator:
         self._key = os.urandom(32)
         self.scram_secret = os.urandom(32)   # the salts of SCRAM users without keys
         self._cache: set[bytes] = set()
-        # (address, user name) -> [failed logins in a row, time of the last one]
+        # (address, name_key(user name)) -> [failed logins in a row, time of the last one]
         self._pairs: dict[tuple[str, str], list] = {}
         # address -> [failed logins since ``start``, start]
         self._hosts: dict[str, list] = {}
@@ -113,17 +121,18 @@ class Authenticator:
             return (f"too many failed logins from {host} ({limit} within {self.window:g} s, any "
                     f"user names); only passwords that succeeded before are accepted from it "
                     f"for now")
-        pair = (host, username)
+        pair = (host, name_key(username))
         pending = self._pending_by_pair[pair]
         count, last = self._pair(pair, now)
         if count + pending < self.max_failures:
             return None
+        user = shown(username, NAME_SHOWN)
         if pending:
-            return (f"{count} failed logins in a row for user {username!r} from {host}; a "
+            return (f"{count} failed logins in a row for user {user} from {host}; a "
                     f"check for it is running")
         wait = last + self.delay(count) - now
         if wait > 0:
-            return (f"{count} failed logins in a row for user {username!r} from {host}; its "
+            return (f"{count} failed logins in a row for user {user} from {host}; its "
                     f"next password check in {wait:.1f} s")
         return None
 
@@ -143,7 +152,8 @@ class Authenticator:
         if entry is not None:
             key = self._cache_key(username, entry[0], password)
             if key in self._cache:
-                log.debug("user %r: password accepted from the cache", username)
+                log.debug("user %s: password accepted from the cache",
+                          shown(username, NAME_SHOWN))
                 done(OK)
                 return
             parsed = entry[1]
@@ -160,7 +170,8 @@ class Authenticator:
             return
         self.pending += 1
         self._pending_by_host[host] += 1
-        self._pending_by_pair[host, username] += 1
+        pair = (host, name_key(username))
+        self._pending_by_pair[pair] += 1
         self.stats.password_checks += 1
         if self._pool is None:
             # Imported here: a broker without password files never loads concurrent.futures.
@@ -172,7 +183,7 @@ class Authenticator:
                                             thread_name_prefix="edgebroker-auth")
         from edgebroker.security import passwords   # a broker without password files
         future = self._pool.submit(passwords.verify_password, parsed, password)
-        job = (host, username, key, done, self.clock())
+        job = (host, username, pair, key, done, self.clock())
         future.add_done_callback(lambda f: self._finished(job, f))
 
     def deliver(self) -> None:
@@ -182,14 +193,15 @@ class Authenticator:
             return
         while True:
             try:
-                (host, username, key, done, started), ok, error = results.get_nowait()
+                (host, username, pair, key, done, started), ok, error = results.get_nowait()
             except self._empty:
                 return
             self.pending -= 1
             _release(self._pending_by_host, host)
-            _release(self._pending_by_pair, (host, username))
-            log.debug("user %r: password check done in %.0f ms (%d waiting)", username,
-                      (self.clock() - started) * 1000, self.pending)
+            _release(self._pending_by_pair, pair)
+            log.debug("user %s: password check done in %.0f ms (%d waiting)",
+                      shown(username, NAME_SHOWN), (self.clock() - started) * 1000,
+                      self.pending)
             if error is not None:
                 self._check_failed(username, error)
             elif self._failing:
@@ -205,15 +217,16 @@ class Authenticator:
             try:
                 done(result)
             except Exception:
-                log.exception("internal error after a password check for %r", username)
+                log.exception("internal error after a password check for %s",
+                              shown(username, NAME_SHOWN))
 
     def _check_failed(self, username: str, error: str) -> None:
         """A check the hash library failed: counted; logged once until a check runs again."""
         self.stats.password_check_errors += 1
         if not self._failing:
-            log.error("password check for user %r could not run: %s; the login is refused "
+            log.error("password check for user %s could not run: %s; the login is refused "
                       "(further such failures are counted, not logged, until a check runs)",
-                      username, error)
+                      shown(username, NAME_SHOWN), error)
         self._failing += 1
 
     def known(self, username: str, stored: str, secret: bytes) -> bool:
@@ -282,7 +295,7 @@ class Authenticator:
         """A failed login: a wrong password, an unknown user, or no password given (which
         needs no hash but counts the same)."""
         now = self.clock()
-        pair = (host, username)
+        pair = (host, name_key(username))
         count, _ = self._pair(pair, now)
         if count == 0 and len(self._pairs) >= PAIRS_LIMIT:
             self._make_room(self._pairs, lambda key: self._pair(key, now), PAIRS_LIMIT)
@@ -307,6 +320,17 @@ class Authenticator:
         if extra > 0:
             for key in list(table)[:extra]:
                 del table[key]
+
+
+def name_key(username: str) -> str:
+    """A user name as the throttle keeps it: itself up to ``NAME_KEPT`` characters; a longer
+    one as its first 32 characters, NUL and the SHA-256 of its UTF-8 (97 characters: never
+    the same as a name kept as it is, which is shorter)."""
+    if len(username) <= NAME_KEPT:
+        return username
+    import hashlib          # only with a password file (see passwords.py)
+    digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{username[:32]}\0{digest}"
 
 
 def _release(counter: collections.Counter, key) -> None:

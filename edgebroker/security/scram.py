@@ -192,17 +192,20 @@ def _attributes(message: str, what: str) -> list[tuple[str, str]]:
 
 
 def _saslname(value: str, what: str) -> str:
-    """A user name as written in a message: '=2C' is ',' and '=3D' is '='."""
+    """A user name as written in a message: '=2C' is ',' and '=3D' is '=' (RFC 5802 5.1).
+    Any other '=' is refused. Each '=' starts at most one escape and escapes never overlap
+    (their other characters are not '='), so counting them checks the name, and undoing the
+    ',' escapes cannot make new '=3D' ones: a few passes of C code, whatever the name holds
+    (undoing the escapes one by one, copying the rest each time, cost a 64 KB name of them
+    ~45 ms of the loop)."""
     if not value:
         raise Failure(f"malformed {what}: empty user name")
-    out, rest = [], value
-    while "=" in rest:
-        head, _, rest = rest.partition("=")
-        escape, rest = rest[:2], rest[2:]
-        if escape not in ("2C", "3D"):
-            raise Failure(f"malformed {what}: '=' in the user name must be =2C or =3D")
-        out.append(head + ("," if escape == "2C" else "="))
-    return "".join(out) + rest
+    equals = value.count("=")
+    if not equals:
+        return value
+    if equals != value.count("=2C") + value.count("=3D"):
+        raise Failure(f"malformed {what}: '=' in the user name must be =2C or =3D")
+    return value.replace("=2C", ",").replace("=3D", "=")
 
 
 def _printable(nonce: str) -> bool:

@@ -63,3 +63,24 @@ def test_the_tables_stay_bounded():
         auth.record_failure(f"addr{i}", "x")
     assert len(auth._hosts) <= A.HOSTS_LIMIT
     assert all(host.startswith("addr") for host in auth._hosts)
+
+
+def test_a_long_user_name_is_kept_as_a_bounded_key_and_shown_cut_short():
+    """A 64 KB user name costs a pair about what a short one costs: its first characters and
+    a digest; two long names alike but for their last character stay two pairs."""
+    auth, clock = make()
+    long_x, long_y = "n" * 65_000 + "x", "n" * 65_000 + "y"
+    for _ in range(3):
+        assert auth.throttled("h", long_x) is None
+        auth.record_failure("h", long_x)
+    why = auth.throttled("h", long_x)
+    assert why.startswith(f"3 failed logins in a row for user {'n' * 100!r}... from h; its "
+                          f"next password check in 1.0 s"), why[:300]
+    assert auth.throttled("h", long_y) is None          # another user name
+    auth.record_failure("h", long_y)
+    assert len(auth._pairs) == 2
+    assert all(len(name) <= 100 for _, name in auth._pairs), \
+        [len(name) for _, name in auth._pairs]
+    # Short names are kept as they are (the tests above look them up so).
+    auth.record_failure("h", "x" * A.NAME_KEPT)
+    assert ("h", "x" * A.NAME_KEPT) in auth._pairs
