@@ -26,7 +26,7 @@ import logging
 
 from edgebroker.errors import (
     BAD_AUTHENTICATION_METHOD, CONTINUE_AUTHENTICATION, NOT_AUTHORIZED, PROTOCOL_ERROR,
-    REAUTHENTICATE, SUCCESS, ProtocolError,
+    REAUTHENTICATE, SUCCESS, ProtocolError, shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
@@ -71,8 +71,8 @@ def begin(client, p: P.Connect) -> None:
     client.pending = [p]
     exchange, reply, failure = _first(conn, policy, p)
     if failure is None and p.username is not None and p.username != exchange.username:
-        failure = scram.Failure(f"the CONNECT's User Name {p.username!r} is not the SCRAM "
-                                f"user name {exchange.username!r}")
+        failure = scram.Failure(f"the CONNECT's User Name {shown(p.username, 100)} is not the "
+                                f"SCRAM user name {shown(exchange.username, 100)}")
     if failure is not None:
         _connect_outcome(client, policy, exchange, failure, None)
         return
