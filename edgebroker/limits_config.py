@@ -120,9 +120,10 @@ class Limits:
     control_rate: float = setting(
         100.0, RATE,
         doc="packets other than PUBLISH and its acknowledgements (PINGREQ, SUBSCRIBE, "
-            "UNSUBSCRIBE, AUTH; PUBREL, PUBREC for no message in flight; WebSocket pings, "
-            "pongs, empty frames) per second per client; over it the client is not read for "
-            "a while; 0: no limit")
+            "UNSUBSCRIBE (one per 10 filters), AUTH; acknowledgements for no message in "
+            "flight; one per 100 User Properties in any packet; WebSocket pings, pongs, empty "
+            "frames) per second per client; over it the client is not read for a while; "
+            "0: no limit")
     control_burst: int = setting(
         1000, at_least(0), doc="such packets a client may send at once; 0: one second's worth")
     max_pending_write_bytes: int = setting(

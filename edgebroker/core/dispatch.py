@@ -17,9 +17,10 @@ connection's state changes, so no handler checks the state. State rules, in pros
   publish rate after it is handled (``CONNECTED_RATED``).
 - Once connected, the other packets a client may send at will (``CONTROL``: PINGREQ,
   SUBSCRIBE, UNSUBSCRIBE, AUTH) are charged to its control_rate after they are handled
-  (``Client.charge_control``; a PUBREL or PUBREC for no message in flight too, in
-  core.handlers.acks). PUBLISH and the acknowledgements of messages in flight are not:
-  the rates above and the windows bound those.
+  (``Client.charge_control``; a SUBSCRIBE or UNSUBSCRIBE by its number of filters; an
+  acknowledgement for no message in flight too, in core.handlers.acks). PUBLISH and the
+  acknowledgements of messages in flight are not: the rates above and the windows bound
+  those. Many User Properties cost tokens in any packet (``acks.charge_properties``).
 - An MQTT 5.0 connection has tables of its own (``CONNECTED5``): its PUBLISH, PUBREC,
   SUBSCRIBE, UNSUBSCRIBE and DISCONNECT say more, and AUTH exists (re-authentication).
 - A 5.0 CONNECT with an Authentication Method runs its exchange before CONNACK
@@ -77,11 +78,28 @@ for _t in P.SERVER_TO_CLIENT_ONLY:
 CONTROL = (P.PINGREQ, P.SUBSCRIBE, P.UNSUBSCRIBE, P.AUTH)
 
 
-def _charged(handler):
+def _charge_one(client, p) -> None:
+    client.charge_control()
+    if p.properties is not None:    # AUTH
+        acks.charge_properties(client, p)
+
+
+# How each control packet is charged once handled (by its content: core.handlers.acks).
+_CHARGES = {P.SUBSCRIBE: acks.charge_filters, P.UNSUBSCRIBE: acks.charge_filters,
+            P.AUTH: _charge_one}
+
+
+def _charged(handler, t: int):
     """``handler``, then the packet charged to the client's control rate."""
-    def charged(client, p) -> None:
-        handler(client, p)
-        client.charge_control()
+    charge = _CHARGES.get(t)
+    if charge is None:      # PINGREQ
+        def charged(client, p) -> None:
+            handler(client, p)
+            client.charge_control()
+    else:
+        def charged(client, p) -> None:
+            handler(client, p)
+            charge(client, p)
     charged.__name__ = charged.__qualname__ = f"charged_{handler.__name__}"
     charged.charges = True
     return charged
@@ -92,7 +110,7 @@ def _charging(table: dict) -> None:
     for t in CONTROL:
         handler = table.get(t)
         if handler is not None and not getattr(handler, "charges", False):
-            table[t] = _charged(handler)
+            table[t] = _charged(handler, t)
 
 
 # The same, with the publish rate charged (limits.messages_rate / bytes_rate set).

@@ -33,13 +33,13 @@ def read_binary(buf: bytes, p: int, end: int, what: str) -> tuple[bytes, int]:
 # Code points a string should not hold (section 1.5.3; a receiver may close the connection,
 # and Mosquitto does): the control characters U+0001..U+001F and U+007F..U+009F, and the
 # non-characters (U+FDD0..U+FDEF, and the last two of every plane). U+0000 is ruled out apart.
-_DISCOURAGED = re.compile("[\\x01-\\x1f\\x7f-\\x9f\\ufdd0-\\ufdef" + "".join(
+DISCOURAGED = re.compile("[\\x01-\\x1f\\x7f-\\x9f\\ufdd0-\\ufdef" + "".join(
     f"\\U{plane << 16 | 0xFFFE:08x}\\U{plane << 16 | 0xFFFF:08x}" for plane in range(17)) + "]")
 
 
 def check_code_points(text: str, what: str) -> None:
     """Raise ProtocolError when ``text`` holds a control character or a non-character."""
-    found = _DISCOURAGED.search(text)
+    found = DISCOURAGED.search(text)
     if found is not None:
         code = ord(found.group())
         kind = "a control character" if code <= 0x9F else "a non-character"

@@ -17,10 +17,12 @@ wildcard character are protocol errors.
 
 from __future__ import annotations
 
+from itertools import chain
+
 from edgebroker.errors import TOPIC_ALIAS_INVALID
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.fields import (
-    malformed, protocol_error, read_binary, read_str, read_u16, read_u32,
+    DISCOURAGED, malformed, protocol_error, read_binary, read_str, read_u16, read_u32,
     read_varint,
 )
 
@@ -121,6 +123,16 @@ def decode_properties(buf: bytes, p: int, end: int, where: int) -> tuple[dict | 
     props: dict = {}
     while p < stop:
         ident = buf[p]
+        if ident == USER_PROPERTY and where in _USER_ALLOWED:
+            pairs, q = _user_properties(buf, p, stop)
+            if q != p:
+                if USER_PROPERTY in props:
+                    props[USER_PROPERTY].extend(pairs)
+                else:
+                    props[USER_PROPERTY] = pairs
+                p = q
+                continue
+            # (not one well-formed, valid pair: decoded below, which says what is wrong)
         if ident >= 0x80:  # identifiers are variable byte integers; none needs two bytes
             ident, p = read_varint(buf, p, stop, f"{what} identifier")
         else:
@@ -173,6 +185,45 @@ def decode_properties(buf: bytes, p: int, end: int, where: int) -> tuple[dict | 
             raise protocol_error(f"{label} given more than once", "MQTT-2.2.2.2")
         props[ident] = value
     return props or None, p
+
+
+_USER_ALLOWED = PROPERTIES[USER_PROPERTY][2]
+
+
+def _user_properties(buf: bytes, p: int, stop: int) -> tuple[list, int]:
+    """The run of User Properties at ``buf[p]`` (identifier, name, value; again, up to
+    ``stop``): (their pairs, the position after them). Each string is checked as ``read_str``
+    checks it, the code points of all at once, so that a packet of many costs little more
+    than its bytes. The run ends before a pair that runs past ``stop``; when a string of it
+    is not valid, nothing is taken (``p`` back): the caller decodes one property at a time
+    and names what is wrong."""
+    v = buf[p:stop]
+    n = len(v)
+    cuts: list[int] = []     # for each pair: where its name ends, where its value ends
+    add = cuts.append
+    q = 0
+    try:
+        while q < n and v[q] == USER_PROPERTY:
+            b = q + 3 + (v[q + 1] << 8 | v[q + 2])
+            d = b + 2 + (v[b] << 8 | v[b + 1])
+            if d > n:
+                break
+            add(b)
+            add(d)
+            q = d
+    except IndexError:      # a length past the end: that pair is not part of the run
+        pass
+    if not cuts:
+        return [], p
+    try:
+        pairs = [(v[a + 3:b].decode("utf-8"), v[b + 2:d].decode("utf-8"))
+                 for a, b, d in zip([0] + cuts[1:-1:2], cuts[::2], cuts[1::2])]
+    except UnicodeDecodeError:
+        return [], p
+    whole = " ".join(chain.from_iterable(pairs))  # no check spans a join: single code points
+    if "\x00" in whole or DISCOURAGED.search(whole) is not None:
+        return [], p
+    return pairs, p + q
 
 
 def _varint(n: int) -> bytes:

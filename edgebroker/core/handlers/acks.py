@@ -3,7 +3,9 @@
 An acknowledgement frees its message's place in the session's window, and the
 queue moves on (``broker.pump``). One that does not fit the message sent with its
 packet id closes the connection, as Mosquitto does. A PUBREL or PUBREC for no message in
-flight is answered all the same, and charged to the client's control rate (core.dispatch).
+flight is answered all the same; it, and a PUBACK or PUBCOMP for no message in flight, is
+charged to the client's control rate (core.dispatch). So are many User Properties in any
+packet (``charge_properties``): decoding them costs the loop by their number.
 """
 
 from __future__ import annotations
@@ -11,7 +13,31 @@ from __future__ import annotations
 from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_ack
+from edgebroker.mqtt.properties import USER_PROPERTY
 from edgebroker.core.session import AWAIT_ACK, AWAIT_COMP
+
+# What a packet's content costs of the client's control_rate (docs/limits.md, "Control packet
+# rate"): one token per USER_PROPERTIES_PER_TOKEN User Properties (none for fewer), and a
+# SUBSCRIBE or UNSUBSCRIBE one per FILTERS_PER_TOKEN topic filters (one at least).
+USER_PROPERTIES_PER_TOKEN = 100
+FILTERS_PER_TOKEN = 10
+
+
+def charge_properties(client, p) -> None:
+    """``p`` (a 5.0 packet with properties) handled: its User Properties charged."""
+    pairs = p.properties.get(USER_PROPERTY)
+    if pairs is not None and len(pairs) >= USER_PROPERTIES_PER_TOKEN:
+        client.charge_control(len(pairs) // USER_PROPERTIES_PER_TOKEN,
+                              f"a {P.NAMES[p.type]} of {len(pairs)} User Properties")
+
+
+def charge_filters(client, p) -> None:
+    """A SUBSCRIBE or UNSUBSCRIBE handled: charged by its topic filters (and properties)."""
+    n = len(p.topics)
+    client.charge_control(-(-n // FILTERS_PER_TOKEN),
+                          f"a {P.NAMES[p.type]} of {n} topic filters" if n > 1 else "")
+    if p.properties is not None:
+        charge_properties(client, p)
 
 
 def on_puback(client, p) -> None:
@@ -24,6 +50,10 @@ def on_puback(client, p) -> None:
         session.inflight_bytes -= entry.message.size
         if _more(client, session):
             client.broker.pump(session)
+    else:
+        client.charge_control()     # no window bounds these: a control packet
+    if p.properties is not None:
+        charge_properties(client, p)
 
 
 def on_pubacks(client, pids) -> None:
@@ -32,6 +62,7 @@ def on_pubacks(client, pids) -> None:
     session = client.session
     inflight = session.inflight
     freed = 0
+    strays = 0      # for no message in flight: charged as on_puback charges them
     try:
         for pid in pids:
             entry = inflight.get(pid)
@@ -40,8 +71,12 @@ def on_pubacks(client, pids) -> None:
                     raise _wrong_ack(P.Puback(pid), entry)
                 del inflight[pid]
                 freed += entry.message.size
+            else:
+                strays += 1
     finally:
         session.inflight_bytes -= freed
+    if strays:
+        client.charge_control(strays)
     if _more(client, session):
         client.broker.pump(session)
 
@@ -88,14 +123,18 @@ def on_pubrec5(client, p) -> None:
     """A 5.0 PUBREC: a reason code of 0x80 or more ends the exchange there (no PUBREL,
     MQTT-4.3.3); else as in 3.1.1."""
     if p.reason_code < 0x80:
-        return on_pubrec(client, p)
-    session = client.session
-    entry = session.inflight.get(p.packet_id)
-    if entry is None:
-        return
-    if entry.qos != 2 or entry.state != AWAIT_ACK:
-        raise _wrong_ack(p, entry)
-    _complete(client, session, p.packet_id, entry)
+        on_pubrec(client, p)
+    else:
+        session = client.session
+        entry = session.inflight.get(p.packet_id)
+        if entry is None:
+            client.charge_control()
+        elif entry.qos != 2 or entry.state != AWAIT_ACK:
+            raise _wrong_ack(p, entry)
+        else:
+            _complete(client, session, p.packet_id, entry)
+    if p.properties is not None:
+        charge_properties(client, p)
 
 
 def on_pubrel(client, p) -> None:
@@ -112,6 +151,8 @@ def on_pubrel(client, p) -> None:
         client.answer(encode_ack(P.PUBCOMP, p.packet_id))
         client.charge_control()
     client.broker.stats.packets_sent += 1
+    if p.properties is not None:
+        charge_properties(client, p)
 
 
 def forget_inherited(client, awaiting: dict) -> bool:
@@ -146,6 +187,10 @@ def on_pubcomp(client, p) -> None:
         if entry.qos != 2 or entry.state != AWAIT_COMP:
             raise _wrong_ack(p, entry)
         _complete(client, session, p.packet_id, entry)
+    else:
+        client.charge_control()     # no window bounds these: a control packet
+    if p.properties is not None:
+        charge_properties(client, p)
 
 
 def _complete(client, session, pid: int, entry) -> None:

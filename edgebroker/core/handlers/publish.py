@@ -15,7 +15,7 @@ import logging
 
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core import mqtt5
-from edgebroker.core.handlers.acks import forget_inherited
+from edgebroker.core.handlers.acks import charge_properties, forget_inherited
 from edgebroker.errors import (
     NOT_AUTHORIZED, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
     RECEIVE_MAXIMUM_EXCEEDED, RETAIN_NOT_SUPPORTED, TOPIC_ALIAS_INVALID, ProtocolError, shown,
@@ -133,6 +133,8 @@ def on_publish5(client, p: P.Publish) -> None:
         if Q.SUBSCRIPTION_ID in props:
             raise ProtocolError("PUBLISH from a client with a Subscription Identifier",
                                 rule="MQTT-3.3.4-6", reason=PROTOCOL_ERROR)
+        if Q.USER_PROPERTY in props:
+            charge_properties(client, p)    # their decoding cost the loop by their number
         if props.get(Q.PAYLOAD_FORMAT) == 1:
             problem = payload_utf8_error(p.payload)
             if problem is not None:
