@@ -51,7 +51,7 @@ def test_a_5_0_unsubscribe_of_many_filters_is_charged_by_their_number(broker, ui
     n = 1_000                                   # 100 tokens
     c.send(R.unsubscribe5(1, [f"{uid}/{i}" for i in range(n)]))
     _answers(c, m.UNSUBACK, 1)
-    _throttled(b, mark, f"{uid}-unsubs", f"a UNSUBSCRIBE of {n} topic filters")
+    _throttled(b, mark, f"{uid}-unsubs", f"an UNSUBSCRIBE of {n} topic filters")
     c.close()
 
 

@@ -2,7 +2,6 @@
 the same pairs, and for a bad string the same error, as one property at a time; and a
 packet of many costs a fraction of what it did (200,000 took 0.3 s)."""
 
-import time
 
 import pytest
 
@@ -51,16 +50,8 @@ def test_a_pair_past_the_end_is_malformed():
     assert "User Property name" in str(caught.value) and "past the end" in str(caught.value)
 
 
-def test_200000_empty_user_properties_decode_in_well_under_their_old_cost():
-    n = 200_000
-    buf = _section(b"\x26\x00\x00\x00\x00" * n)
-    best = min(_timed(buf) for _ in range(3))
-    assert best < 0.2, best      # 0.3 s one at a time on a 2-core VM
-
-
-def _timed(buf) -> float:
-    t = time.perf_counter()
-    props, _ = Q.decode_properties(buf, 0, len(buf), P.PUBLISH)
-    took = time.perf_counter() - t
-    assert len(props[Q.USER_PROPERTY]) == 200_000
-    return took
+def test_200000_empty_user_properties_are_all_decoded():
+    """(The run's speed is for the benchmark: 0.3 s one at a time, about 0.15 s as a run.)"""
+    buf = _section(b"\x26\x00\x00\x00\x00" * 200_000)
+    props, end = Q.decode_properties(buf, 0, len(buf), P.PUBLISH)
+    assert end == len(buf) and props[Q.USER_PROPERTY] == [("", "")] * 200_000

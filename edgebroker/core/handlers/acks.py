@@ -28,16 +28,20 @@ def charge_properties(client, p) -> None:
     pairs = p.properties.get(USER_PROPERTY)
     if pairs is not None and len(pairs) >= USER_PROPERTIES_PER_TOKEN:
         client.charge_control(len(pairs) // USER_PROPERTIES_PER_TOKEN,
-                              f"a {P.NAMES[p.type]} of {len(pairs)} User Properties")
+                              f"{_a(p.type)} of {len(pairs)} User Properties")
 
 
 def charge_filters(client, p) -> None:
     """A SUBSCRIBE or UNSUBSCRIBE handled: charged by its topic filters (and properties)."""
     n = len(p.topics)
     client.charge_control(-(-n // FILTERS_PER_TOKEN),
-                          f"a {P.NAMES[p.type]} of {n} topic filters" if n > 1 else "")
+                          f"{_a(p.type)} of {n} topic filters" if n > 1 else "")
     if p.properties is not None:
         charge_properties(client, p)
+
+
+def _a(t: int) -> str:
+    return ("an " if t == P.UNSUBSCRIBE or t == P.AUTH else "a ") + P.NAMES[t]
 
 
 def on_puback(client, p) -> None:
