@@ -130,7 +130,8 @@ class ControlRate:
     nor one of its acknowledgements (PINGREQ, SUBSCRIBE, UNSUBSCRIBE, AUTH, and an
     acknowledgement for no message in flight; core.handlers.acks charges some by their
     content). One object for the broker; what a client has used is one number it keeps
-    (``Client.control_due``), so that the limit, on by default, costs an idle connection no bucket of its own (bench idle_10000: memory per connection).
+    (``Client.control_due``), so that the limit, on by default, costs an idle connection no
+    bucket of its own (bench idle_10000: memory per connection).
 
     The number is when the client's budget is whole again (the "theoretical arrival time" of
     the generic cell rate algorithm): each packet moves it ``interval`` later, from now at the
