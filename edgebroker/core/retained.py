@@ -105,6 +105,7 @@ class RetainedDelivery:
                 self._defer(session, message, qos, True, True)
             _queued_retained(session, message)
         if cursor is not None and cursor.held and len(cursor.held) > count:
+            _latest_per_topic(cursor)
             self.pump(session)      # they go at once if the cursor is there already
         if examined >= RETAINED_PER_PACKET and client is not None:
             # The work (messages matched, nodes walked) costs the client's control rate as
@@ -198,6 +199,27 @@ def stored_ref(offset: int, size: int, retained_at: dict[int, str]) -> Stored:
     store has its offset (``retained_at``, from ``RetainedDelivery.retained_offsets``)."""
     topic = retained_at.get(offset)
     return Stored(offset, size) if topic is None else StoredRetained(offset, size, topic)
+
+
+def _latest_per_topic(cursor) -> None:
+    """Of the copies ``cursor`` holds for one topic, only the one for the latest SUBSCRIBE
+    stays (the topic's retained message then; the earlier ones were replaced in the store
+    since): a session behind that subscribes again and again, while the topic changes, holds
+    one copy per retained topic, not one per SUBSCRIBE. A copy restored without its topic (a
+    message the store no longer held at the restart) stays as it is."""
+    held = cursor.held
+    seen: set[str] = set()
+    keep = []
+    for entry in reversed(held):
+        topic = getattr(entry[1], "topic", None)
+        if topic is not None:
+            if topic in seen:
+                continue
+            seen.add(topic)
+        keep.append(entry)
+    if len(keep) < len(held):
+        keep.reverse()
+        cursor.held = keep
 
 
 def _queued_retained(session: Session, message) -> None:

@@ -190,3 +190,34 @@ def test_a_held_retained_copy_past_its_expiry_is_not_sent_to_any_subscriber(brok
     fresh = b.client(f"{uid}-f")
     fresh.subscribe(f"{uid}/r", qos=1)
     assert fresh.ping() == []       # deleted from the store
+
+
+def test_subscribing_again_while_behind_holds_one_copy_per_retained_topic(broker, uid):
+    """A session behind that subscribes again and again while its retained topics change held
+    a copy per SUBSCRIBE (10 rounds of 5 topics: 50 copies, and memory and the snapshot grew
+    with every round); only the copy for the latest SUBSCRIBE of each topic is held now."""
+    b = broker(limits={"max_inflight_messages": 1})
+    pub = backlog(b, uid, 5)
+    s = reconnect_and_subscribe(b, f"{uid}-s", f"{uid}/s/#")
+    first = s.expect(PUBLISH)                   # the window of 1 holds the session behind
+    assert s.expect(SUBACK).packet_id == 1
+    for rnd in range(10):
+        for k in range(5):
+            pub.publish(f"{uid}/s/k{k}", b"v%d " % rnd, qos=1, retain=True)
+        s.send(m.subscribe(2 + rnd, [(f"{uid}/s/#", 1)]))
+        assert s.expect(SUBACK).packet_id == 2 + rnd
+    b.stop()                                    # the snapshot holds what the session held
+    state = next(x for x in json.loads(open(f"{b.config['data_dir']}/sessions.json").read())
+                 ["sessions"] if x["client_id"] == f"{uid}-s")
+    held = {tuple(e) for e in state.get("held", [])}
+    assert len(held) == 6, held                 # k0..k4, and s/t for the first SUBSCRIBE
+    b = broker(data_dir=b.config["data_dir"], limits={"max_inflight_messages": 1})
+    again = b.client(f"{uid}-s", clean=False)
+    dup = again.recv_publish()
+    assert (dup.payload, dup.dup) == (first.payload, True)
+    got = publishes(again, 4 + 50 + 6)
+    live = [(b"v%d" % r, False) for r in range(10) for _ in range(5)]
+    assert got[:4] == [(b"%d" % i, False) for i in range(1, 5)]
+    assert sorted(v for v in got[4:] if v[1]) == [(b"4", True)] + [(b"v9", True)] * 5
+    assert [v for v in got[4:] if not v[1]] == live
+    assert again.ping() == []
