@@ -4,9 +4,10 @@ A valid CONNECT is checked against the limits (client id, keepalive, the
 broker's admission: memory, max_connections, the listener's cap, max_sessions), then decided
 by the listener's policy when there is one: while the password check runs the
 client is "authenticating" (``Client.enter_authenticating``), the socket is not
-read, and packets already received are held (``hold``) and replayed in order
-once CONNACK 0 is sent (``auth_done``). Accepting binds the client to its
-session and swaps in the connected handler table (``Client.enter_connected``).
+read, and the bytes that came behind the CONNECT are kept undecoded (the client is
+``halted``), then decoded and handled in order once CONNACK 0 is sent (``auth_done``).
+Accepting binds the client to its session and swaps in the connected handler table
+(``Client.enter_connected``).
 """
 
 from __future__ import annotations
@@ -104,7 +105,11 @@ def on_connect(client, p: P.Connect) -> None:
         client.enter_authenticating()
         policy.authenticate(client, p)        # calls auth_done, now or later
         if client.pending is not None and not client.closed:
-            client.transport.pause_reading("auth")  # until the password check is back
+            # Until the password check is back: the socket is not read, and what came behind
+            # the CONNECT stays undecoded in the decoder (bytes, not packet objects, which
+            # would take ~12 times as much memory).
+            client.transport.pause_reading("auth")
+            client.halted = True
         return
     accept(client, p)
 
@@ -179,6 +184,13 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
     if held:
         client.held = held
         replay_held(client)
+        if client.closed:
+            return
+    if client.halted and not client.throttled_until:
+        # Halted for the check (not called from on_connect, in the same read): the packets
+        # that came behind the CONNECT are decoded and handled now, in order.
+        client.halted = False
+        client.data_received(b"")
         if client.closed:
             return
     client.transport.resume_reading("auth")
