@@ -27,6 +27,7 @@ from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
 from edgebroker.mqtt.properties import payload_utf8_error
 from edgebroker.core import mqtt5
 from edgebroker.core.limits import PublishRate, check_topic
+from edgebroker.core.wills import kept_will
 
 log = logging.getLogger("edgebroker.client")
 # The lines of every connect and disconnect (edgebroker/logs.py says why they go apart).
@@ -95,7 +96,8 @@ def on_connect(client, p: P.Connect) -> None:
     # core.limits.connect_size_limit), also those that came with the CONNECT.
     client.decoder.max_packet_size = limits.max_packet_size
     client.keepalive = p.keepalive
-    client.will = p.will
+    if p.will is not None:      # kept encoded, as a PUBLISH's properties are (core.wills)
+        client.will, p.will = kept_will(p.will), None
     if v5 and p.properties is not None and Q.AUTH_METHOD in p.properties:
         client.begin_auth(p)        # enhanced authentication: core/handlers/auth.py
         return
@@ -170,9 +172,10 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
         refuse(client, code, why, "auth" if code in (3, 4, 5) else "client_id",
                told=BAD_CREDENTIALS_TOLD if code == 4 else None)
         return
-    if acl is not None and p.will is not None and not acl.can_write(p.will.topic):
+    will = client.will
+    if acl is not None and will is not None and not acl.can_write(will.topic):
         stats.logins_refused += 1
-        refuse(client, 5, f"the ACL does not let it publish its will on {p.will.topic!r}", "auth")
+        refuse(client, 5, f"the ACL does not let it publish its will on {will.topic!r}", "auth")
         return
     client.acl = acl
     # Asked again: password checks run side by side, and each CONNECT was admitted alone.
