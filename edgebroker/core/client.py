@@ -371,7 +371,7 @@ class Client:
         self.broker.throttled_seconds += now - self.throttle_start
         self.broker.throttled.discard(self)
         self.throttled_until = 0.0
-        self.halted = self.closed
+        self.halted = self.closed or self._handlers is AUTHENTICATING   # (connect.auth_done)
 
     def _unthrottle(self) -> None:
         """The publish budget has refilled: read again, starting with what is buffered. The

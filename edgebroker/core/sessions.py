@@ -25,7 +25,6 @@ from edgebroker.errors import QUOTA_EXCEEDED, SERVER_SHUTTING_DOWN, SESSION_TAKE
 from edgebroker.core.cursor import needed_from
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import NEVER_EXPIRES
-from edgebroker.mqtt.properties import WILL_DELAY
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
@@ -171,7 +170,7 @@ class Sessions:
         will = client.will
         if not publish_will or will is None:
             return
-        delay = will.properties.get(WILL_DELAY, 0) if will.properties is not None else 0
+        delay = will.delay
         if delay and session is not None and session.client is None and not session.clean:
             self.delay_will(session, client, will, delay)   # core.wills
             return

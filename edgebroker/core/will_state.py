@@ -22,9 +22,9 @@ class WillState:
     payload: bytes
     qos: int
     retain: bool
-    # Its will properties as the CONNECT had them, encoded without their length (Will Delay
-    # and Message Expiry Intervals, Content Type, User Properties, ...): core.mqtt5's
-    # ``message_properties`` makes the PUBLISH's of them, as for a will never restarted.
+    # Its will properties encoded without their length: those its PUBLISH is made of, then
+    # its Message Expiry Interval (core.mqtt5's ``logged``; older brokers wrote them as the
+    # CONNECT had them, Will Delay Interval too): core.wills' ``kept_will`` reads either.
     properties: bytes = b""
     due_ms: int = 0                 # the wall-clock time (ms since the epoch) it is due at
     username: str | None = None     # its client's user name

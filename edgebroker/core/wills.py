@@ -17,14 +17,43 @@ import logging
 from functools import partial
 
 from edgebroker.commitlog.errors import LogFullError
-from edgebroker.core.mqtt5 import message_properties
+from edgebroker.core.mqtt5 import logged, message_properties
 from edgebroker.core.timers import Timer
 from edgebroker.core.will_state import WillState
 from edgebroker.errors import shown
 from edgebroker.mqtt.packets import Will
-from edgebroker.mqtt.properties import WILL, decode_body, encode_body
+from edgebroker.mqtt.properties import WILL, WILL_DELAY, decode_body
 
 log = logging.getLogger("edgebroker.broker")
+
+
+class KeptWill:
+    """A will as the broker keeps it from its CONNECT on (``Client.will``, ``DelayedWill``):
+    its 5.0 properties as a PUBLISH keeps them (core.mqtt5's ``message_properties``: the
+    encoded ones it is forwarded with, and its Message Expiry Interval), and its Will Delay
+    Interval. Kept decoded, a dict with a tuple per User Property took ~14 times their
+    bytes on the wire, for the connection's life and the delay after it."""
+
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "expiry", "delay")
+
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool,
+                 properties: bytes = b"", expiry: int | None = None, delay: int = 0):
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.properties = properties    # encoded, without their length (b"": none)
+        self.expiry = expiry            # Message Expiry Interval (s), None: none
+        self.delay = delay              # Will Delay Interval (s)
+
+
+def kept_will(will: Will, props: dict | None = None) -> KeptWill:
+    """``will`` (its CONNECT's; or restored, with ``props`` its decoded properties) as the
+    broker keeps it."""
+    props = will.properties if props is None else props
+    properties, expiry = message_properties(props)
+    return KeptWill(will.topic, will.payload, will.qos, will.retain, properties, expiry,
+                    props.get(WILL_DELAY, 0) if props is not None else 0)
 
 
 class DelayedWill(Timer):
@@ -32,7 +61,7 @@ class DelayedWill(Timer):
 
     __slots__ = ("publisher", "will")
 
-    def __init__(self, callback, publisher, will: Will):
+    def __init__(self, callback, publisher, will: KeptWill):
         super().__init__(callback)
         self.publisher = publisher
         self.will = will
@@ -69,7 +98,7 @@ class Wills:
         # (session, WillState) restored from the snapshot, armed after the replay.
         self._restored_wills: list = []
 
-    def delay_will(self, session, client, will: Will, delay: int) -> None:
+    def delay_will(self, session, client, will: KeptWill, delay: int) -> None:
         """Publish ``will`` in ``delay`` s, or when ``session`` ends first (5.0)."""
         timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
                                                         client, will)
@@ -104,7 +133,7 @@ class Wills:
             return
         self.publish_will(publisher, timer.will, session.acl)
 
-    def publish_will(self, client, will: Will, acl) -> None:
+    def publish_will(self, client, will: KeptWill, acl) -> None:
         """Publish ``will``, checked against ``acl`` (the client's, or its session's for a
         delayed will), which a reload may have changed since the CONNECT that checked it."""
         if will.topic.startswith("$SYS"):
@@ -124,10 +153,9 @@ class Wills:
             # Never refused (the CONNECT was accepted with it), but tracked as any retained
             # message: it counts toward max_topics.
             self.topics.track_retained(((will.topic, client.client_id),))
-        properties, expiry = message_properties(will.properties)
         try:
-            self.publish(will.topic, will.payload, will.qos, will.retain, client, properties,
-                         expiry)
+            self.publish(will.topic, will.payload, will.qos, will.retain, client,
+                         will.properties, will.expiry)
         except LogFullError:
             log.error("will of %s on %r lost: the commit log cannot take it",
                       client.describe(), will.topic)
@@ -143,7 +171,7 @@ class Wills:
         listener = acl.listener if acl is not None else getattr(publisher, "listener_gone",
                                                                 None)
         return WillState(will.topic, will.payload, will.qos, will.retain,
-                         encode_body(will.properties),
+                         logged(will.properties, will.expiry),
                          written_ms + int((timer.when - now) * 1000),
                          publisher.username, listener or None)
 
@@ -176,8 +204,10 @@ class Wills:
             left = max(0, state.due_ms - wall_ms) / 1000
             armed += 1
             overdue += not left
-            will = Will(state.topic, state.payload, state.qos, state.retain,
-                        decode_body(state.properties, WILL) if state.properties else None)
+            # (A snapshot's properties are a will's as its CONNECT had them, as older
+            # brokers wrote them, or without the Will Delay Interval: the same for this.)
+            will = kept_will(Will(state.topic, state.payload, state.qos, state.retain),
+                             decode_body(state.properties, WILL) if state.properties else None)
             timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
                                                             publisher, will)
             timer.start(self, now + left)

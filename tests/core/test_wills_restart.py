@@ -5,6 +5,7 @@ ACL of its listener, for its user, when it is published (docs/protocol.md, "Will
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import signal
@@ -136,6 +137,35 @@ def test_a_will_due_while_the_broker_was_down_is_published_at_the_start(broker, 
     expect_no_more_wills(b2, w, uid)
 
 
+def test_a_will_in_an_older_snapshot_with_its_will_delay_is_published_with_its_properties(
+        broker, uid):
+    """Older brokers kept all of a will's properties in the snapshot, its Will Delay Interval
+    too (now left out: its due time says it): read the same, published with the rest."""
+    b = broker()
+    data_dir = b.config["data_dir"]
+    watcher(b, uid)
+    drop_with_will(b, uid, delay=1)
+    assert b.stop() == 0
+    with open(f"{data_dir}/sessions.json") as fh:
+        doc = json.load(fh)
+    (entry,) = [s for s in doc["sessions"] if s["client_id"] == f"{uid}-c"]
+    kept = base64.b64decode(entry["will"]["properties"])
+    section = R.props_raw(kept)
+    props, _ = R.parse_properties(section, 0, len(section), R.WILL)
+    assert R.WILL_DELAY not in props and props[R.MESSAGE_EXPIRY] == 3600, props
+    older = b"\x18" + (1).to_bytes(4, "big") + kept     # Will Delay Interval 1 s first
+    entry["will"]["properties"] = base64.b64encode(older).decode()
+    with open(f"{data_dir}/sessions.json", "w") as fh:
+        json.dump(doc, fh)
+    wait_until_ms(entry["will"]["due_ms"])
+    b2 = broker(data_dir=data_dir)
+    assert b2.wait_log(lambda ln: f"publishing will of client '{uid}-c'" in ln)
+    w = raw5(b2, f"{uid}-w", clean_start=False, props=SESSION)
+    p = expect_will(w)
+    assert R.WILL_DELAY not in p.properties
+    expect_no_more_wills(b2, w, uid)
+
+
 def test_a_client_back_within_the_delay_after_a_restart_cancels_its_will(broker, uid):
     b = broker()
     data_dir = b.config["data_dir"]
@@ -210,7 +240,8 @@ def test_the_snapshot_will_field_reads_back_and_older_snapshots_load(broker, uid
                                                                   True)
     assert will.username is None and will.listener is None     # no ACL applied to it
     assert abs(will.due_ms - (time.time() * 1000 + 30000)) < 30000
-    assert will.properties          # as the CONNECT had them (Will Delay, Content Type, ...)
+    # Those its PUBLISH is made of (Content Type, User Properties, ...) and Message Expiry.
+    assert will.properties
     # Encoded again, it reads the same.
     assert snap.decode(snap.encode(snap.decode(data))).sessions[0].will is not None
     # A snapshot written before wills were kept (no "will") still loads, without one.

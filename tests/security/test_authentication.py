@@ -14,13 +14,15 @@ from secfiles import MOSQUITTO_HASH, MOSQUITTO_PASSWORD, wait_counter, write_pas
 
 ALICE_PW = "alice-Pa55word"
 HELD_PW = "used-once-so-never-cached"
+# Users each logged in once (so never from the cache): the check runs on the worker pool.
+ONCE = {f"once{i}": f"once-{i}-never-cached" for i in range(4)}
 
 
 @pytest.fixture(scope="module")
 def authsrv(tmp_path_factory):
     """Listener 0: password file, no anonymous. Listener 1: anonymous only (no password file)."""
     d = tmp_path_factory.mktemp("auth")
-    pw = write_passwords(d / "passwd", {"alice": ALICE_PW, "held": HELD_PW},
+    pw = write_passwords(d / "passwd", {"alice": ALICE_PW, "held": HELD_PW, **ONCE},
                          extra=(f"mosq:{MOSQUITTO_HASH}", "# a comment"))
     b = _start(d, {"password_file": str(pw), "sys_interval": 0.5,
                    "listener": [{"host": "127.0.0.1", "port": 0},
@@ -120,27 +122,34 @@ def test_packets_sent_with_connect_are_held_then_handled_in_order(authsrv, uid):
     assert [p.packet_id for p in got if p.type == m.PUBACK] == [7]
 
 
-def test_second_connect_while_authenticating_is_a_violation(authsrv, uid):
+def test_second_connect_behind_one_being_checked_is_a_violation(authsrv, uid):
+    """What came behind the CONNECT is read once its check is back (as a broker reading a
+    packet at a time would): after CONNACK 0, the second CONNECT closes the connection."""
     c = authsrv.raw()
-    c.send(m.connect(uid, username="alice", password="not-cached-" + uid) + m.connect(uid))
+    c.send(m.connect(uid, username="once0", password=ONCE["once0"]) + m.connect(uid))
     assert c.expect_closed(10)
+    assert [(p.type, p.rc) for p in c.before_close] == [(m.CONNACK, 0)]
     assert authsrv.wait_log("second CONNECT")
 
 
-@pytest.mark.parametrize("first, second", [
-    ("3.1.1", "level 9"), ("3.1.1", "5.0 malformed"), ("5.0", "level 9")])
-def test_a_bad_second_connect_while_authenticating_gets_no_connack(authsrv, uid, first,
-                                                                    second):
-    """A bad second CONNECT behind the first one, while its password check runs: a close
-    (MQTT-3.1.0-2), not a CONNACK refusing the first, valid CONNECT (3.1.1: CONNACK 1; a
+@pytest.mark.parametrize("first, second, user", [
+    ("3.1.1", "level 9", "once1"), ("3.1.1", "5.0 malformed", "once2"),
+    ("5.0", "level 9", "once3")])
+def test_a_bad_second_connect_behind_one_being_checked_gets_no_connack(authsrv, uid, first,
+                                                                        second, user):
+    """A bad second CONNECT behind the first one, while its password check runs: once the
+    first is accepted, a close (MQTT-3.1.0-2), not a CONNACK of its own (3.1.1: CONNACK 1; a
     5.0 CONNACK, malformed for a 3.1.1 client; 5.0: CONNACK 0x84)."""
-    login = {"username": "alice", "password": "not-cached-" + uid}
-    c = authsrv.raw()
+    login = {"username": user, "password": ONCE[user]}
+    c = (authsrv.raw() if first == "3.1.1"
+         else m5.RawClient5(authsrv.host, authsrv.port))
     c.send((m.connect(uid, **login) if first == "3.1.1" else m5.connect5(uid, **login))
            + (m.connect(uid, level=9) if second == "level 9"
               else m5.connect5(uid, flags_override=0x03)))
     assert c.expect_closed(10)
-    assert c.before_close == []
+    assert [(p.type, p.rc) for p in c.before_close[:1]] == [(m.CONNACK, 0)]
+    assert [p.type for p in c.before_close[1:]] == ([] if first == "3.1.1"
+                                                    else [m.DISCONNECT])
 
 
 def test_refusals_counted(authsrv, uid):

@@ -4,9 +4,10 @@ A valid CONNECT is checked against the limits (client id, keepalive, the
 broker's admission: memory, max_connections, the listener's cap, max_sessions), then decided
 by the listener's policy when there is one: while the password check runs the
 client is "authenticating" (``Client.enter_authenticating``), the socket is not
-read, and packets already received are held (``hold``) and replayed in order
-once CONNACK 0 is sent (``auth_done``). Accepting binds the client to its
-session and swaps in the connected handler table (``Client.enter_connected``).
+read, and the bytes that came behind the CONNECT are kept undecoded (the client is
+``halted``), then decoded and handled in order once CONNACK 0 is sent (``auth_done``).
+Accepting binds the client to its session and swaps in the connected handler table
+(``Client.enter_connected``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
 from edgebroker.mqtt.properties import payload_utf8_error
 from edgebroker.core import mqtt5
 from edgebroker.core.limits import PublishRate, check_topic
+from edgebroker.core.wills import kept_will
 
 log = logging.getLogger("edgebroker.client")
 # The lines of every connect and disconnect (edgebroker/logs.py says why they go apart).
@@ -94,7 +96,8 @@ def on_connect(client, p: P.Connect) -> None:
     # core.limits.connect_size_limit), also those that came with the CONNECT.
     client.decoder.max_packet_size = limits.max_packet_size
     client.keepalive = p.keepalive
-    client.will = p.will
+    if p.will is not None:      # kept encoded, as a PUBLISH's properties are (core.wills)
+        client.will, p.will = kept_will(p.will), None
     if v5 and p.properties is not None and Q.AUTH_METHOD in p.properties:
         client.begin_auth(p)        # enhanced authentication: core/handlers/auth.py
         return
@@ -104,7 +107,11 @@ def on_connect(client, p: P.Connect) -> None:
         client.enter_authenticating()
         policy.authenticate(client, p)        # calls auth_done, now or later
         if client.pending is not None and not client.closed:
-            client.transport.pause_reading("auth")  # until the password check is back
+            # Until the password check is back: the socket is not read, and what came behind
+            # the CONNECT stays undecoded in the decoder (bytes, not packet objects, which
+            # would take ~12 times as much memory).
+            client.transport.pause_reading("auth")
+            client.halted = True
         return
     accept(client, p)
 
@@ -165,9 +172,10 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
         refuse(client, code, why, "auth" if code in (3, 4, 5) else "client_id",
                told=BAD_CREDENTIALS_TOLD if code == 4 else None)
         return
-    if acl is not None and p.will is not None and not acl.can_write(p.will.topic):
+    will = client.will
+    if acl is not None and will is not None and not acl.can_write(will.topic):
         stats.logins_refused += 1
-        refuse(client, 5, f"the ACL does not let it publish its will on {p.will.topic!r}", "auth")
+        refuse(client, 5, f"the ACL does not let it publish its will on {will.topic!r}", "auth")
         return
     client.acl = acl
     # Asked again: password checks run side by side, and each CONNECT was admitted alone.
@@ -179,6 +187,13 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
     if held:
         client.held = held
         replay_held(client)
+        if client.closed:
+            return
+    if client.halted and not client.throttled_until:
+        # Halted for the check (not called from on_connect, in the same read): the packets
+        # that came behind the CONNECT are decoded and handled now, in order.
+        client.halted = False
+        client.data_received(b"")
         if client.closed:
             return
     client.transport.resume_reading("auth")
