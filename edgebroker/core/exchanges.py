@@ -11,8 +11,9 @@ depends on it leaves the broker:
   and the shared subscription group's key when a group gave it (its backlog then skips it);
 - ``R`` its PUBREC came: PUBREL goes out (re-sent after a restart, never the PUBLISH);
 - ``C`` its PUBCOMP came: the exchange is over;
-- ``I`` a QoS 2 PUBLISH from a session's client, logged at an offset: its packet id awaits
-  PUBREL (a re-send with DUP is then not logged again);
+- ``I`` a QoS 2 PUBLISH from a session's client, logged at an offset, with its message's
+  digest (core.handlers.publish; files written before it was kept have none): its packet id
+  awaits PUBREL (a re-send, with DUP or the same message without, is then not logged again);
 - ``F`` that PUBREL came;
 - ``D`` the session ended (a clean session took its client id).
 
@@ -70,7 +71,8 @@ def generations(state_dir: str) -> list[int]:
 
 
 # kind -> the record's length (``O``: without and with the group's key)
-_LENGTHS = {"O": (6, 7), "R": (3,), "C": (3,), "I": (4,), "F": (3,), "D": (2,)}
+# (``I``: without a digest, as written before it was kept, and with it)
+_LENGTHS = {"O": (6, 7), "R": (3,), "C": (3,), "I": (4, 5), "F": (3,), "D": (2,)}
 
 
 def _whole(value, low: int, high: int) -> bool:
@@ -90,6 +92,10 @@ def damage(record) -> str | None:
         return f"packet id {str(record[2])[:40]!r}"
     if len(record) > 3 and not _whole(record[3], 0, (1 << 63) - 1):
         return f"offset {str(record[3])[:40]!r}"
+    if record[0] == "I":
+        if len(record) > 4 and not _whole(record[4], 0, 0xFFFFFFFF):
+            return f"digest {str(record[4])[:40]!r}"
+        return None
     if len(record) > 4 and not _whole(record[4], 0, (1 << 63) - 1):
         return f"size {str(record[4])[:40]!r}"
     if len(record) > 5 and type(record[5]) not in (bool, int):
@@ -184,8 +190,8 @@ class ExchangeJournal:
     def completed(self, client_id: str, pid: int) -> None:
         self.lines.append(json.dumps(["C", client_id, pid]))
 
-    def received(self, client_id: str, pid: int, offset: int) -> None:
-        self.lines.append(json.dumps(["I", client_id, pid, offset]))
+    def received(self, client_id: str, pid: int, offset: int, digest: int) -> None:
+        self.lines.append(json.dumps(["I", client_id, pid, offset, digest]))
         self.unsafe.append((offset, client_id, pid))
 
     def settled(self, safe_offset: int) -> None:
@@ -195,10 +201,13 @@ class ExchangeJournal:
         while unsafe and unsafe[0][0] < safe_offset:
             unsafe.popleft()
 
-    def carry(self, client_id: str, pid: int, offset: int) -> None:
+    def carry(self, client_id: str, pid: int, offset: int, digest: int | None) -> None:
         """An ``I`` record again, in the file a snapshot just started (``rotate``): the
         snapshot left its packet id out, its log record not being safe yet."""
-        self.lines.append(json.dumps(["I", client_id, pid, offset]))
+        record = ["I", client_id, pid, offset]
+        if digest is not None:      # (None: an id restored from a file without digests)
+            record.append(digest)
+        self.lines.append(json.dumps(record))
 
     def freed(self, client_id: str, pid: int) -> None:
         self.lines.append(json.dumps(["F", client_id, pid]))

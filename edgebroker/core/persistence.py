@@ -121,10 +121,11 @@ class Persistence:
         not taken for a duplicate. Their ``I`` records go to the exchange journal's new file
         instead, which a restart applies only when the log holds their offset."""
         awaiting = session.awaiting_release
-        state.awaiting_release = [p for p in state.awaiting_release if p not in held]
+        state.awaiting_release = {p: d for p, d in state.awaiting_release.items()
+                                  if p not in held}
         for pid, offset in held.items():
             if pid in awaiting:
-                self.exchanges.carry(session.client_id, pid, offset)
+                self.exchanges.carry(session.client_id, pid, offset, awaiting[pid])
 
     def hold_for_snapshot(self, commit_log, now: float) -> bool:
         """Before retention (``_maintain``): it deletes no log record the snapshot on disk
@@ -183,7 +184,7 @@ class Persistence:
     @staticmethod
     def _session_state(session: Session, now: float, written_ms: int) -> snap.SessionState:
         state = snap.SessionState(session.client_id, dict(session.subscriptions),
-                                  awaiting_release=list(session.awaiting_release),
+                                  awaiting_release=dict(session.awaiting_release),
                                   next_id=session._next_id,
                                   drops=dict(session.drops) if session.drops else {})
         if session.offline_at is not None:
@@ -290,7 +291,7 @@ class Persistence:
                 self.queued_messages += len(queue)
                 self.queued_bytes += session.queue_bytes
             if s.awaiting_release:
-                session.own_awaiting_release().update(dict.fromkeys(s.awaiting_release))
+                session.own_awaiting_release().update(s.awaiting_release)   # (id: digest)
             session._next_id = s.next_id
             if s.drops:
                 session.drops = dict(s.drops)
@@ -405,7 +406,9 @@ class Persistence:
                     session.inflight_bytes -= entry.message.size
             elif kind == "I":
                 if record[3] < end:
-                    session.own_awaiting_release()[record[2]] = None   # no digest
+                    # (a file written before digests were kept has none: None)
+                    session.own_awaiting_release()[record[2]] = (record[4] if len(record) > 4
+                                                                 else None)
             elif kind == "F":
                 session.awaiting_release.pop(record[2], None)
         for session, offsets in sent.items():

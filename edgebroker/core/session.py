@@ -164,9 +164,10 @@ class Session:
         self.inflight: dict[int, Outgoing] = EMPTY_DICT  # own one: own_inflight()
         # (Message or Stored, qos, retain); own one: own_queue()
         self.queue: deque[tuple] = EMPTY_QUEUE
-        # Inbound QoS 2: packet id awaiting PUBREL -> a digest of its message (hash of topic,
-        # payload and RETAIN: a re-send without DUP is told from a new message by it), None
-        # for an id held from before a restart (the snapshot and journal keep ids only).
+        # Inbound QoS 2: packet id awaiting PUBREL -> a digest of its message (CRC-32 of topic,
+        # payload and RETAIN: a re-send without DUP is told from a new message by it; the
+        # snapshot and the exchange journal keep it), None for an id restored from a snapshot
+        # or journal written before they kept digests.
         self.awaiting_release: dict[int, int | None] = EMPTY_IDS     # own_awaiting_release()
         self._next_id = 0
         self.dropped = 0                        # dropped in the current queue-full episode

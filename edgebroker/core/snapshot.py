@@ -26,6 +26,9 @@ import threading
 import time
 
 from edgebroker.core import exchanges
+from edgebroker.core.snapshot_entries import (
+    awaiting_entries, inflight_entry, offline_range, queue_entry, ranged, release_digests,
+)
 from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
 from edgebroker.core.will_state import WillState, read_will, will_json
 from edgebroker.errors import EdgebrokerError
@@ -55,7 +58,8 @@ class SessionState:
     # took (core.persistence) holds the queue's own (message, qos, retain) entries instead,
     # and the writer reads them (``queue_entries``): the loop thread copies no more.
     queue: list[tuple] = field(default_factory=list)
-    awaiting_release: list[int] = field(default_factory=list)
+    # Inbound QoS 2 packet id awaiting PUBREL -> its message's digest (None: none kept).
+    awaiting_release: dict[int, int | None] = field(default_factory=dict)
     next_id: int = 0
     # The log offset it reads from when behind (core.catchup), else None; the filters
     # subscribed while behind with the offset they match from; the offset ranges it was
@@ -164,6 +168,7 @@ def _session_json(s: SessionState) -> bytes:
              "inflight": [list(e) for e in s.inflight],
              "queue": [list(e) for e in queue_entries(s)],
              "awaiting_release": sorted(s.awaiting_release),
+             **({"release_digests": digests} if (digests := release_digests(s)) else {}),
              "next_id": s.next_id,
              "cursor": s.cursor,
              "since": sorted(s.since.items()),
@@ -227,66 +232,6 @@ def _joined(states, to_json) -> bytes:
     return b",".join(parts)
 
 
-def _inflight_entry(e) -> tuple[int, int, int, bool, int, int]:
-    """[pid, offset, qos, retain, state, size]; snapshots without sizes have 5 (size 0)."""
-    if len(e) == 5:
-        p, o, q, r, st = e
-        size = 0
-    else:
-        p, o, q, r, st, size = e
-    return int(p), int(o), int(q), bool(r), int(st), int(size)
-
-
-def _queue_entry(e) -> tuple[int, int, bool, int]:
-    """[offset, qos, retain, size]; snapshots without sizes have 3 (size 0)."""
-    if len(e) == 3:
-        o, q, r = e
-        size = 0
-    else:
-        o, q, r, size = e
-    return int(o), int(q), bool(r), int(size)
-
-
-def _offline_range(r) -> list:
-    start, end = r
-    return [int(start), None if end is None else int(end)]
-
-
-def _ranged(s: SessionState, path: str) -> SessionState:
-    """``s`` without the entries whose values are out of range (a packet id past 65535, a
-    QoS past 2, a negative offset: a snapshot damaged, or edited by hand), each kind logged
-    once with the file, the session and what was dropped; the rest is kept."""
-    dropped = []
-
-    def keep(what: str, entries: list, ok) -> list:
-        kept = [e for e in entries if ok(e)]
-        if len(kept) != len(entries):
-            bad = [e for e in entries if not ok(e)]
-            dropped.append(f"{len(bad)} {what} entries such as {list(bad[0])!r}"
-                           if isinstance(bad[0], tuple) else f"{what} {bad[:5]}")
-        return kept
-    s.inflight = keep("inflight", s.inflight, lambda e: 0 < e[0] < 65536 and e[1] >= 0
-                      and e[2] in (1, 2) and e[4] in (0, 1) and e[5] >= 0)
-    s.queue = keep("queue", s.queue, lambda e: e[0] >= 0 and e[1] in (0, 1, 2) and e[3] >= 0)
-    s.held = keep("held", s.held, lambda e: e[0] >= 0 and e[1] >= 0 and e[2] in (0, 1, 2)
-                  and e[4] >= 0)
-    s.awaiting_release = keep("awaiting_release", s.awaiting_release, lambda p: 0 < p < 65536)
-    bad_subs = sorted(f for f, q in s.subscriptions.items() if q not in (0, 1, 2))
-    if bad_subs:
-        dropped.append(f"subscriptions with a QoS past 2: {bad_subs[:5]}")
-        s.subscriptions = {f: q for f, q in s.subscriptions.items() if q in (0, 1, 2)}
-    if not 0 <= s.next_id < 65536:
-        dropped.append(f"next_id {s.next_id}")
-        s.next_id = 0
-    if s.cursor is not None and s.cursor < 0:
-        dropped.append(f"cursor {s.cursor} (it reads from the snapshot's offset)")
-        s.cursor = None
-    if dropped:
-        log.error("%s: session %r: values out of range left out: %s", path, s.client_id,
-                  "; ".join(dropped))
-    return s
-
-
 def decode(data: bytes, path: str = FILENAME) -> Snapshot:
     try:
         doc = json.loads(data)
@@ -301,16 +246,16 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                         written_ms=int(doc.get("written_ms", 0)),
                         exchanges=None if exchanges is None else int(exchanges))
         for s in doc["sessions"]:
-            snap.sessions.append(_ranged(SessionState(
+            snap.sessions.append(ranged(SessionState(
                 client_id=str(s["client_id"]),
                 subscriptions={str(f): int(q) for f, q in s["subscriptions"]},
-                inflight=[_inflight_entry(e) for e in s["inflight"]],
-                queue=[_queue_entry(e) for e in s["queue"]],
-                awaiting_release=[int(p) for p in s["awaiting_release"]],
+                inflight=[inflight_entry(e) for e in s["inflight"]],
+                queue=[queue_entry(e) for e in s["queue"]],
+                awaiting_release=awaiting_entries(s),
                 next_id=int(s.get("next_id", 0)),
                 cursor=None if s.get("cursor") is None else int(s["cursor"]),
                 since={str(f): int(o) for f, o in s.get("since", ())},
-                offline=[_offline_range(r) for r in s.get("offline", ())],
+                offline=[offline_range(r) for r in s.get("offline", ())],
                 drops={str(k): int(v) for k, v in s.get("drops", {}).items()},
                 done=[int(o) for o in s.get("done", ())],
                 held=[(int(a), int(o), int(q), bool(r), int(n)) for a, o, q, r, n in
@@ -338,7 +283,7 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
         for g in doc.get("shared", ()):
             snap.shared.append(GroupState(
                 key=str(g["key"]), cursor=None if g.get("cursor") is None else int(g["cursor"]),
-                queue=[_queue_entry(e) for e in g["queue"]],
+                queue=[queue_entry(e) for e in g["queue"]],
                 done=[int(o) for o in g.get("done", ())]))
     except SnapshotError:
         raise

@@ -12,6 +12,7 @@ in the broker's heap), so TCP pushes back on it alone.
 from __future__ import annotations
 
 import logging
+import zlib
 
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core import mqtt5
@@ -66,9 +67,10 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None
             offset = None
             session = client.session
             awaiting = session.awaiting_release
-            payload = p.payload     # (a large one is a bytearray, which has no hash)
-            digest = hash((topic, payload if type(payload) is bytes else bytes(payload),
-                           p.retain))
+            # The message's digest, the same in every process (the snapshot and the exchange
+            # journal keep it): CRC-32 of the topic's UTF-8, then of the payload (bytes, or a
+            # bytearray when large), started from the topic's length and RETAIN.
+            digest = zlib.crc32(p.payload, zlib.crc32(topic.encode(), 2 * len(topic) + p.retain))
             held = awaiting.get(pid, _NOT_HELD)
             if held is _NOT_HELD or not p.dup and held != digest:
                 if held is not _NOT_HELD:
@@ -76,7 +78,7 @@ def on_publish(client, p: P.Publish, properties: bytes = b"", expiry: int | None
                 offset = publish(topic, p.payload, 2, p.retain, client, properties, expiry)
                 session.own_awaiting_release()[pid] = digest
                 if offset is not None and not session.clean and broker.exchanges is not None:
-                    broker.exchanges.received(session.client_id, pid, offset)
+                    broker.exchanges.received(session.client_id, pid, offset, digest)
             inherited = client.inherited
             if inherited:
                 inherited.discard(pid)  # the client goes on with it here: not forgotten
@@ -235,9 +237,10 @@ _NOT_HELD = object()    # (awaiting_release.get's default: None is a held id wit
 def _reused_id(client, pid: int, restarted: bool) -> None:
     """A QoS 2 PUBLISH without DUP for a packet id still awaiting PUBREL, and not the message
     that id was received with (another topic, payload or RETAIN; or the id is held from
-    before a restart, which kept no digest): a new message, so the client has finished the
-    old exchange. Routed, as a new message must be (MQTT-4.3.3-2), as Mosquitto does."""
-    why = ("the id is held from before a restart, which kept no copy to compare"
+    before a restart from a snapshot or exchange journal written before they kept digests):
+    a new message, so the client has finished the old exchange. Routed, as a new message
+    must be (MQTT-4.3.3-2), as Mosquitto does."""
+    why = ("the id is held from before a restart, whose saved state kept no digest to compare"
            if restarted else "another topic, payload or RETAIN than the message held")
     client.warn_once("qos2_id_reused",
                      "QoS 2 PUBLISH with packet id %d (DUP 0) while that id awaits PUBREL: taken "
