@@ -12,6 +12,7 @@ written after it. docs/persistence.md describes the whole.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from edgebroker.core import snapshot as snap
 from edgebroker.core.mqtt5 import stored_properties
@@ -354,7 +355,7 @@ class Persistence:
         end = self.journal.log.next_offset
         sessions = self.sessions
         retained_at = None      # log offset -> topic of the retained messages, when needed
-        sent: dict[Session, set[int]] = {}
+        sent: dict[Session, list[tuple[int, bool]]] = {}   # (offset, RETAIN as sent)
         shared: dict[str, set[int]] = {}    # group key -> offsets a member was sent
         flying: dict[tuple, str] = {}       # (client id, packet id) -> group key
         for record in records:
@@ -392,7 +393,7 @@ class Persistence:
                     shared.setdefault(record[6], set()).add(offset)
                     self.restore_flight_group(session, entry, record[6])
                 else:                   # its own subscriptions: its catch-up skips it
-                    sent.setdefault(session, set()).add(offset)
+                    sent.setdefault(session, []).append((offset, bool(retain)))
                     if retain:          # a retained copy: not held for it any more
                         self.forget_held(session, offset)
             elif kind == "R":
@@ -411,8 +412,8 @@ class Persistence:
                                                                  else None)
             elif kind == "F":
                 session.awaiting_release.pop(record[2], None)
-        for session, offsets in sent.items():
-            self._forget_sent(session, offsets)
+        for session, copies in sent.items():
+            self._forget_sent(session, copies)
         if shared:
             self.forget_shared_sent(shared)
         if flying:
@@ -425,18 +426,25 @@ class Persistence:
             log.info("applied %d QoS 2 exchange records written after the snapshot",
                      len(records))
 
-    def _forget_sent(self, session: Session, offsets: set[int]) -> None:
-        """Keep messages sent before the crash from going out again: out of the restored
-        queue, and skipped by the cursor (``Cursor.done``)."""
+    def _forget_sent(self, session: Session, copies: list[tuple[int, bool]]) -> None:
+        """Keep messages sent before the crash from going out again: for each of ``copies``
+        (offset, RETAIN as sent) the first queue entry with both goes (a record's copy and a
+        retained copy of it are two), and the cursor skips them (``Cursor.done``)."""
         session.saved = None
+        offsets = {offset for offset, _ in copies}
         if any(ref.offset in offsets for ref, _, _ in session.queue):
-            kept = [e for e in session.queue if e[0].offset not in offsets]
-            gone = len(session.queue) - len(kept)
-            size = sum(e[0].size for e in session.queue if e[0].offset in offsets)
+            left, kept, size = Counter(copies), [], 0
+            for entry in session.queue:
+                key = (entry[0].offset, entry[2])
+                if left[key] > 0:
+                    left[key] -= 1
+                    size += entry[0].size
+                else:
+                    kept.append(entry)
+            self.queued_messages -= len(session.queue) - len(kept)
             session.queue.clear()
             session.queue.extend(kept)
             session.queue_bytes -= size
-            self.queued_messages -= gone
             self.queued_bytes -= size
         cursor = session.cursor
         if cursor is not None:

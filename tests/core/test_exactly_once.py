@@ -110,9 +110,9 @@ def _generation(path: str) -> int:
 
 def test_damaged_journal_records_are_skipped_and_the_broker_starts(broker, uid):
     """Lines that are JSON but no record a restart can apply (a client id that is a list, too
-    few fields, an offset that is text or 1e400, a negative digest, an unknown kind) are skipped with one warning
-    naming the file, their number and the first; the sound records of the file are applied
-    (a ``D`` ends a session). The list raised TypeError (unhashable) out of the start, the
+    few fields, an offset that is text or 1e400, a negative digest, an unknown kind) are
+    skipped with one warning naming the file, their number and the first; the sound records
+    of the file are applied (a ``D`` ends a session). The list raised TypeError (unhashable) out of the start, the
     short ``O`` ValueError, the text offset TypeError: exit 1 at every start."""
     b = broker()
     data_dir = b.config["data_dir"]
@@ -205,3 +205,53 @@ def test_a_5_0_client_re_sending_without_dup_gets_the_same_rule(broker, uid):
         assert sub.ping() == []
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("rap", [False, True])
+def test_a_retained_copy_queued_beside_its_records_copy_is_kept_after_a_crash(broker, uid,
+                                                                              rap):
+    """The snapshot holds a retained message X twice in a session's queue: the copy of its log
+    record and the retained copy a SUBSCRIBE queued. The record's copy goes out (its ``O``
+    record journaled), then a crash: the restart forgot both entries, and the client never got
+    the retained copy its SUBSCRIBE owed it (RETAIN 1). Now one goes, the other stays."""
+    b = broker(limits={"max_inflight_messages": 2})
+    data_dir = b.config["data_dir"]
+    cid = f"{uid}-s"
+    options = 2 | (8 if rap else 0)                  # QoS 2, Retain As Published
+    expiry = {R.SESSION_EXPIRY: 600}
+    s = R.RawClient5(b.host, b.port)
+    s.connect(cid, clean_start=False, props=expiry)
+    s.subscribe((f"{uid}/r/#", options))
+    s.disconnect()
+    pub = b.client(f"{uid}-p")
+    for i in range(6):
+        pub.publish(f"{uid}/r/x", b"%d" % i, qos=1)
+    pub.publish(f"{uid}/r/t", b"RET", qos=2, retain=True)
+    s = R.RawClient5(b.host, b.port)
+    s.connect(cid, clean_start=False, props=expiry)
+    s.subscribe((f"{uid}/r/#", options))            # again, as clients do at each connect
+    window = [s.expect(PUBLISH), s.expect(PUBLISH)]
+    wait_for_snapshot(data_dir, cid, pred=lambda st: len(
+        [e for e in st.get("queue", ()) if e[2]]) == 2 or len(
+        {e[0] for e in st.get("queue", ())}) < len(st.get("queue", ())))
+    while window[-1].topic != f"{uid}/r/t":          # one acknowledged, the next comes
+        s.send(R.puback5(window.pop(0).packet_id))
+        window.append(s.expect(PUBLISH))
+    assert window[-1].retain is rap                  # the record's copy
+    b.stop(signal.SIGKILL)
+    s.close()
+    b = broker(data_dir=data_dir, limits={"max_inflight_messages": 2})
+    s = R.RawClient5(b.host, b.port)
+    s.connect(cid, clean_start=False, props=expiry)
+    got = []
+    while True:
+        p = s.recv_packet()
+        if p.type == PUBLISH:
+            if p.topic == f"{uid}/r/t":
+                got.append((p.payload, p.dup, p.retain))
+            s.ack(p)
+            if len(got) == 2:
+                break
+    assert got == [(b"RET", True, rap), (b"RET", False, True)]
+    assert s.ping() == []
+    s.close()
