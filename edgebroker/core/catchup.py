@@ -353,7 +353,7 @@ class CatchUp:
             # is connected, but only its offset once it goes offline or in the snapshot.
             for session in self.sessions.values():
                 if (session.inflight or session.queue) and session not in behind:
-                    floor = needed_from(session, hold, first)
+                    floor = needed_from(session, hold, first, whole_queue=False)
                     if floor < hold:
                         hold = floor
         commit_log.hold_offset = hold

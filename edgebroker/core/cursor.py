@@ -125,12 +125,16 @@ class Cursor:
                 ranges.pop()    # offline for no record (a takeover): nothing to decide
 
 
-def needed_from(session, offset: int, first: int) -> int:
+def needed_from(session, offset: int, first: int, whole_queue: bool = True) -> int:
     """The oldest log offset ``session`` still needs: ``offset`` (where its cursor reads
     on), or an older message in its queue or window that the log still holds (from
-    ``first``: a retained message queued at SUBSCRIBE may be older than the log)."""
+    ``first``: a retained message queued at SUBSCRIBE may be older than the log).
+    ``whole_queue`` False: of the queue, its first entry only (the queue of a session in
+    step is in log order but for retained copies, which the retained store keeps; a long
+    queue of each of many sessions is not walked every second)."""
     floor = offset
-    for ref, _, _ in session.queue:
+    queue = session.queue
+    for ref, _, _ in (queue if whole_queue or len(queue) < 2 else (queue[0],)):
         if ref.offset is not None and first <= ref.offset < floor:
             floor = ref.offset
     for entry in session.inflight.values():

@@ -121,9 +121,10 @@ def decode_properties(buf: bytes, p: int, end: int, where: int) -> tuple[dict | 
     if stop > end:
         raise malformed(f"{what} ({length} bytes) run past the end of the packet")
     props: dict = {}
+    runs = where in _USER_ALLOWED
     while p < stop:
         ident = buf[p]
-        if ident == USER_PROPERTY and where in _USER_ALLOWED:
+        if ident == USER_PROPERTY and runs:
             pairs, q = _user_properties(buf, p, stop)
             if q != p:
                 if USER_PROPERTY in props:
@@ -132,7 +133,10 @@ def decode_properties(buf: bytes, p: int, end: int, where: int) -> tuple[dict | 
                     props[USER_PROPERTY] = pairs
                 p = q
                 continue
-            # (not one well-formed, valid pair: decoded below, which says what is wrong)
+            # A string of the run is not valid: the rest of the section is decoded one
+            # property at a time, which says what is wrong (trying the run again after each
+            # pair would cost the square of their number).
+            runs = False
         if ident >= 0x80:  # identifiers are variable byte integers; none needs two bytes
             ident, p = read_varint(buf, p, stop, f"{what} identifier")
         else:

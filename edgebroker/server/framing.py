@@ -271,9 +271,11 @@ class Framing:
         self.stream.resume_reading(reason)
         if self.lingering:
             return
-        if self.closed_by_peer is not None or reason == "rate" and self.endpoint.more:
-            # The frames left when the throttle began, or the peer's close: in a later pass,
-            # once the client has handled what it holds.
+        if (self.closed_by_peer is not None
+                or reason in ("rate", "auth") and self.endpoint.more):
+            # The frames left when the throttle or the password check began (the client was
+            # halted: none was read later), or the peer's close: in a later pass, once the
+            # client has handled what it holds.
             self._read_later()
 
     def wait_for_drain(self) -> None:

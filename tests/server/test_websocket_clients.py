@@ -613,3 +613,24 @@ def test_mqttjs_speaks_mqtt_5_over_tcp_and_websocket(broker, mqttjs, uid):
     assert old.message()["payload"] == b"21.5"
     for c in (sub, old, pub):
         c.end()
+
+
+def test_frames_past_one_read_behind_a_connect_being_checked_are_all_handled(broker, tmp_path,
+                                                                           uid):
+    """A CONNECT whose password check runs on the worker pool, then 1,500 PUBLISH frames in
+    the same write: past the 1,024 frames of one read, the rest stayed in the WebSocket
+    endpoint once the check answered (the client was halted, so no later read was planned)
+    until the client sent something else: 1,023 of 1,500 were acknowledged."""
+    pw = write_passwords(tmp_path / "passwd", {"ws-user": "ws-user-pw"})
+    b = broker(password_file=str(pw),
+               listener=[{"host": "127.0.0.1", "port": 0, "protocol": "websockets"}])
+    c = over_websocket(b.raw(b.port))
+    ws = c.sock
+    n = 1500
+    frames = [ws.ws.send(Message(data=m.connect(f"{uid}-ws", username="ws-user",
+                                                password="ws-user-pw")))]
+    frames += [ws.ws.send(Message(data=m.publish(f"{uid}/t", b"x", qos=1, packet_id=i + 1)))
+               for i in range(n)]
+    ws.send_raw(b"".join(frames))
+    assert c.expect(m.CONNACK, 15).rc == 0
+    assert [c.expect(m.PUBACK, 15).packet_id for _ in range(n)] == list(range(1, n + 1))
