@@ -4,8 +4,8 @@ The parts: ``Link`` (the socket, TLS), the client library's sans-I/O ``Connectio
 packet ids, the window, resending after a reconnect, keepalive), ``Outbound`` (the log
 consumer and its cursor), ``Inbound`` (remote messages published here), the checkpoint file,
 in pump.py how the backlog is handed to the remote, in refusals.py what the remote
-refuses, and in reconnect.py the back-off between connections. ``Bridge`` moves bytes and
-events between them:
+refuses, in reconnect.py the back-off between connections, and in stopping.py the stop.
+``Bridge`` moves bytes and events between them:
 
 - bytes from the link go to ``Connection.receive_data``; its events are handled (``Acked``
   moves the cursor: the request's token is the record's log offset; ``Message`` is published
@@ -37,6 +37,7 @@ from edgebroker.bridge.reconnect import Reconnecting
 from edgebroker.bridge.refusals import Refusals
 from edgebroker.bridge.release import Releasing
 from edgebroker.bridge.rules import Rules
+from edgebroker.bridge.stopping import Stopping
 from edgebroker.bridge_config import split_address
 from edgebroker.client.connection import Connection
 from edgebroker.client.requests import is_release
@@ -54,7 +55,7 @@ from edgebroker.mqtt.properties import (
 log = logging.getLogger("edgebroker.bridge")
 
 
-class Bridge(Refusals, Pumping, Releasing, Reconnecting):
+class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
     def __init__(self, config, broker, selector, wake, state_dir: str, tls_context=None):
         self.config = config
         self.name = config.name
@@ -170,22 +171,6 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting):
             self.ids_saved = self.packet_ids
         except OSError as exc:
             self.writer.count_failure(self.path, self.name, exc)
-
-    def stop(self) -> tuple:
-        """At shutdown: DISCONNECT, close; returns the final checkpoint (path, name, cursor,
-        sent, packet ids) for the app to write."""
-        self.state = "stopped"
-        for timer in (self._retry, self._tick, self._save, self._again, self._busy_retry,
-                      self._give_up):
-            timer.cancel()
-        link = self.link
-        if link is not None and not link.closed:
-            if link.up and self.conn.state == "connected":
-                self.conn.disconnect()
-                link.send(self.conn.data_to_send())
-            link.close("the broker stops")
-        ob = self.outbound
-        return self.path, self.name, ob.cursor, ob.sent_to, self.packet_ids
 
     # ----- connecting -------------------------------------------------------------------
 

@@ -71,11 +71,30 @@ class Bridges:
 
     def figures(self, wall_ms: int) -> list[dict]:
         """Those started (the metrics endpoint asks once before the bridges start)."""
-        return [bridge.figures(wall_ms) for bridge in self.items if bridge.outbound is not None]
+        return [bridge.figures(wall_ms) for bridge in self.started()]
+
+    def halt(self) -> None:
+        """At shutdown, before the journal's final fsync: nothing new (stopping.py)."""
+        for bridge in self.started():
+            bridge.halt()
+
+    def disconnect(self) -> None:
+        """After the final fsync released the last acknowledgements: DISCONNECT behind them."""
+        for bridge in self.started():
+            bridge.disconnect()
+
+    def closing(self) -> set:
+        """The loop callbacks of the links still closing (the loop's drain at shutdown)."""
+        found = {bridge.closing() for bridge in self.started()}
+        found.discard(None)
+        return found
+
+    def started(self) -> list:
+        return [bridge for bridge in self.items if bridge.outbound is not None]
 
     def stop(self) -> None:
         """Close the links and write each bridge's final cursor (durably, before returning)."""
-        finals = [bridge.stop() for bridge in self.items if bridge.outbound is not None]
+        finals = [bridge.stop() for bridge in self.started()]
         self.writer.stop()
         for path, name, cursor, sent, packet_ids in finals:
             try:

@@ -82,6 +82,7 @@ class Link:
         self.connected = False   # TCP
         self.up = False          # TCP and TLS: MQTT bytes may flow
         self.closed = False
+        self.finishing = False   # closing gracefully (finish): input is read and dropped
         self.paused: set[str] = set()
         self.events = WRITE
         self.bytes_in = 0
@@ -155,6 +156,8 @@ class Link:
             self.close("the remote closed the connection")
             return
         self.bytes_in += len(data)
+        if self.finishing:
+            return      # after our DISCONNECT: read only to see the remote close its end
         if self.tls is not None:
             data = self._unwrap(data)
             if not data or self.closed:
@@ -231,6 +234,9 @@ class Link:
                 moved = moved or sent > 0
             if moved and waited:
                 self.owner.on_moved(start)
+            if self.finishing and not out:
+                self._end_writing()
+                return
             if self.drained_below and len(out) < self.drained_below:
                 self.drained_below = 0
                 self.owner.on_drained()
@@ -242,7 +248,8 @@ class Link:
         if not self.connected:
             want = WRITE
         else:
-            want = (0 if self.paused and self.up else READ) | (WRITE if self.out else 0)
+            reading = self.finishing or not (self.paused and self.up)
+            want = (READ if reading else 0) | (WRITE if self.out else 0)
         if want == self.events:
             return
         if not want:        # paused with nothing to send: not watched at all
@@ -259,6 +266,26 @@ class Link:
 
     def resume_reading(self, reason: str) -> None:
         self.paused.discard(reason)
+        self._watch()
+
+    def finish(self) -> None:
+        """Close gracefully: send what waits, then end our side of the TCP connection, and
+        read (dropping it) what still comes until the remote closes its side; the owner is
+        told ``on_closed`` then. (Closing a socket with input unread resets the connection,
+        and a reset may destroy what was sent last before the peer read it.)"""
+        self.finishing = True
+        self.drained_below = 0
+        if not self.out:
+            self._end_writing()
+        else:
+            self._watch()
+
+    def _end_writing(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            self.close(f"shutdown failed: {exc.strerror or exc}")
+            return
         self._watch()
 
     def close(self, reason: str) -> None:

@@ -395,16 +395,21 @@ class App(DescriptorRoom):
             self.log.write_before_stop(STOP_WRITE_SECONDS)
             journal.retry()
         self.broker.end_pass()
-        if self.bridges is not None:
-            self.bridges.stop()
+        bridges = self.bridges
+        if bridges is not None:
+            bridges.halt()      # their links stay open for the acknowledgements below
         if self.uploader is not None:
             self.uploader.stop()
         self.flusher.stop()
         loop = self.loop
         loop.drain_wakeups(0)
         self.broker.journal.durable(self.log.durable_offset)
+        if bridges is not None:
+            bridges.disconnect()
         loop.flush_dirty()
-        loop.drain(DRAIN_SECONDS)
+        loop.drain(DRAIN_SECONDS, bridges.closing if bridges is not None else None)
+        if bridges is not None:
+            bridges.stop()      # the links closed, the final checkpoints written
         self.authenticator.close()
         loop.stopping = True    # the connections closed now: the broker stops (Framing.close)
         self.broker.close_all()

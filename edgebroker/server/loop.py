@@ -350,12 +350,19 @@ class Loop:
             log.exception("internal error while closing %s", owner.peer)
         owner.shutdown()
 
-    def drain(self, seconds: float) -> None:
-        """Keep sending queued output for at most ``seconds`` (at shutdown)."""
+    def drain(self, seconds: float, closing=None) -> None:
+        """Keep sending queued output for at most ``seconds`` (at shutdown). ``closing()``:
+        the callbacks of other sockets of the selector still closing (the bridges' links);
+        the drain waits for them too, and hands them reads as well as writes."""
         deadline = self.clock() + seconds
-        while any(t.out for t in self.transports) and self.clock() < deadline:
+        while self.clock() < deadline:
+            others = closing() if closing is not None else ()
+            if not others and not any(t.out for t in self.transports):
+                break
             for callback, mask in self.selector.select(0.05):
-                if mask & selectors.EVENT_WRITE:
+                if callback in others:
+                    callback(mask)
+                elif mask & selectors.EVENT_WRITE:
                     callback(selectors.EVENT_WRITE)
 
     def close(self) -> None:
