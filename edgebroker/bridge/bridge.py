@@ -114,6 +114,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
         self._sent_before = (0, 0)       # publishes in flight at the link's loss, past PUBREC
         self._give_up = Timer(self._connect_expired)   # connect_timeout, from _connect on
         self.subscribing = None          # this link's SUBSCRIBE, until its SUBACK
+        self.init_stopping()
 
     # ----- start and stop ---------------------------------------------------------------
 
@@ -298,6 +299,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
                     self.outbound.acked(request.token)
                     if request.qos:
                         self._busy_times = 0
+                    else:       # handed to the link: in its buffer until sent (stopping.py)
+                        self.handed(request.token)
                 else:
                     self._refused(request, event.reason_code)
         elif kind is Message:
@@ -398,6 +401,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
             link = self.link
             if data and link is not None:
                 link.send(data)
+                self.handed_end = link.bytes_out + link.out_bytes
                 if conn.pings_sent != self._pings:      # a PINGREQ in it: where it ends
                     self._pings, self._ping_end = conn.pings_sent, link.bytes_out + len(link.out)
             if self.state != "up":

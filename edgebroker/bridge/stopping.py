@@ -12,17 +12,58 @@ server/app.py's shutdown runs around the journal's final ``durable()``:
    the clients' last output, within the same bound (``closing``: the links not closed yet).
 3. ``stop``: a link still open at the bound is closed; the final checkpoint is returned
    for the writer.
+
+A QoS 0 message counts as forwarded once it is handed to the link, and the cursor moves
+past it. The link's buffer may still hold it at the stop (a slow link): the final
+checkpoint then goes back to the first QoS 0 message of the oldest batch handed to the
+link and not wholly taken by the socket, so the next start sends it (and what followed it)
+again instead of losing it. Where the batch was partly sent, the remote may get some of
+those messages twice. For that the bridge keeps, per batch handed to the link, where in
+the link's byte stream the batch ends and its first QoS 0 offset (``handed``): at most the
+batches in the link's buffer (bounded by pump.MAX_LINK_OUT).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 log = logging.getLogger("edgebroker.bridge")
 
 
 class Stopping:
     """``Bridge``'s side of it (a mixin over its state)."""
+
+    def init_stopping(self) -> None:
+        self.handed_end = 0         # the link's byte count at the end of the last batch
+        self._handed: deque = deque()    # (end, first QoS 0 offset) of batches in the link
+        self._handed_link = None    # the link those are of
+
+    def handed(self, offset: int) -> None:
+        """A QoS 0 message (its log offset) was handed to the link (in the last batch)."""
+        link = self.link
+        if link is None:
+            return
+        batches = self._handed
+        if self._handed_link is not link:   # a new link: the old one's bytes are gone
+            batches.clear()
+            self._handed_link = link
+        end = self.handed_end
+        if batches and batches[-1][0] == end:
+            return                  # the same batch: its first offset is kept
+        sent = link.bytes_out
+        while batches and batches[0][0] <= sent:
+            batches.popleft()
+        batches.append((end, offset))
+
+    def _unsent_qos0(self) -> int | None:
+        """The lowest offset of a QoS 0 message the socket did not wholly take, or None."""
+        link = self.link
+        if link is None or self._handed_link is not link:
+            return None
+        sent = link.bytes_out
+        offsets = [offset for end, offset in self._handed if end > sent]
+        return min(offsets) if offsets else None
 
     def halt(self) -> None:
         """Step 1: no timer, no pump, no new link; a link not up (past CONNACK) closes."""
@@ -58,6 +99,7 @@ class Stopping:
             self.halt()
         ob = self.outbound
         cursor = ob.cursor
+        unsent = self._unsent_qos0()
         link = self.link
         if link is not None and not link.closed:
             left = link.out_bytes
@@ -65,6 +107,9 @@ class Stopping:
             if left:
                 log.warning("bridge %s: %d bytes still in its link at the stop (the remote "
                             "takes them slower than the stop waits): QoS 1/2 messages among "
-                            "them are sent again at the next start, QoS 0 ones are lost",
-                            self.name, left)
+                            "them are sent again at the next start%s", self.name, left,
+                            f"; QoS 0 ones too, from log offset {unsent}"
+                            if unsent is not None else "")
+        if unsent is not None and unsent < cursor:
+            cursor = unsent
         return self.path, self.name, cursor, max(cursor, ob.sent_to), self.packet_ids

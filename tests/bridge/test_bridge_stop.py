@@ -8,12 +8,16 @@ from __future__ import annotations
 import collections
 import json
 import signal
+import sys
 
 from conftest import run_cli
 
-from .helpers import bridge_table, wait_figure
+from .helpers import Received, bridge_table, checkpoint, figures, wait_figure
+from .test_bridge_slow_link import SIZE, SMALL_SNDBUF, SlowRelay
 
 TOTAL = 6000
+# QoS 0 messages of SIZE bytes: 15 s of the test's slow link, more than its buffer holds.
+SLOW_COUNT = 1500
 # Messages for the bridge's session are not limited while the gateway restarts.
 REMOTE = ["max_queued_messages 0", "max_inflight_messages 20"]
 
@@ -51,3 +55,38 @@ def test_inbound_qos2_logged_once_across_a_clean_stop_in_sync_mode(broker, mosqu
     twice = sorted(int(p) for p, n in counts.items() if n > 1)
     assert not twice, f"{len(twice)} messages logged twice, from {twice[:10]}"
     assert len(counts) == TOTAL
+
+
+def test_a_qos0_backlog_in_the_link_at_a_clean_stop_is_sent_at_the_next_start(
+        broker, mosquitto_broker, paho):
+    """1.5 MB of QoS 0 messages handed to a 100 KB/s link: at the stop most of it is still in
+    the link's buffer; the final checkpoint goes back to the first message not sent, and the
+    next start sends the rest (before, the cursor was past them all: lost)."""
+    remote = mosquitto_broker(extra=["max_queued_messages 0"])
+    central = paho(remote.port, client_id="central")
+    assert central.subscribe("q0/#", 0) == [0]
+    got = Received(central)
+    relay = SlowRelay(remote.port)
+    rules = [{"pattern": "q0/#", "direction": "out", "qos": 0}]
+    try:
+        gw = broker(bridge=[bridge_table(relay.port, rules, keepalive=30)],
+                    wrap=lambda cmd: [sys.executable, "-c", SMALL_SNDBUF, *cmd[3:]])
+        data_dir = gw.config["data_dir"]
+        wait_figure(gw, lambda f: f["state"] == "up")
+        pub = gw.client("pub")
+        for i in range(SLOW_COUNT):
+            pub.publish("q0/t", str(i).encode().zfill(SIZE), qos=0)
+        pub.ping()
+        # All of it handed to the link (the cursor at the head): QoS 0 "forwarded".
+        wait_figure(gw, lambda f: f["cursor"] >= SLOW_COUNT, timeout=30)
+        mark = gw.mark()
+        assert gw.stop(signal.SIGTERM) == 0
+        line = gw.wait_log(lambda ln: "still in its link at the stop" in ln, 1, mark)
+        assert line and "QoS 0 ones too, from log offset" in line, gw.log_text()[-2000:]
+        assert checkpoint(data_dir)["cursor"] < SLOW_COUNT
+    finally:
+        relay.close()
+    got.drain()
+    assert len(got.seen) < SLOW_COUNT, "all sent before the stop: nothing tested"
+    gw = broker(data_dir=data_dir, bridge=[bridge_table(remote.port, rules)])
+    assert got.wait_distinct(SLOW_COUNT, 30), (SLOW_COUNT - len(got.seen), figures(gw))
