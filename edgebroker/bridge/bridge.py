@@ -30,7 +30,7 @@ import logging
 
 from edgebroker.bridge import checkpoint
 from edgebroker.bridge.inbound import Inbound, LinkAsPublisher
-from edgebroker.bridge.link import Link, Resolver, numeric_address
+from edgebroker.bridge.link import Link
 from edgebroker.bridge.outbound import Outbound
 from edgebroker.bridge.pump import Pumping
 from edgebroker.bridge.reconnect import Reconnecting
@@ -72,7 +72,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
         self.state = "down"         # down | resolving | connecting | up | stopped
         self.link: Link | None = None
         self._pings, self._ping_end = 0, float("inf")   # the last PINGREQ's end (on_moved)
-        self.resolver: Resolver | None = None
+        self.resolver = None        # link.Resolver, while a host name is resolved
         self.connects = 0           # successful CONNACKs
         self.last_error = ""
         self.bytes_out = 0          # of links closed (the open one's are added in figures)
@@ -178,19 +178,13 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
     def _connect(self) -> None:
         if self.state == "stopped":
             return
-        address = numeric_address(self.host, self.port)
+        address = self.next_address()   # (reconnect.py)
         if address is None:
-            resolver = self.resolver
-            if resolver is None:
-                self.state = "resolving"
-                self.resolver = Resolver(self.host, self.port, self.wake)
-                return
-            self.resolver = None
-            if isinstance(resolver.result, str):
-                return self._failed(resolver.result)
-            address = resolver.result
+            return      # the name is being resolved: deliver() comes back here
+        if isinstance(address, str):
+            return self._failed(address)
         self.state = "connecting"
-        # One deadline for the whole attempt: TCP connect, TLS handshake, CONNECT/CONNACK.
+        # One deadline for this address: TCP connect, TLS handshake, CONNECT/CONNACK.
         self._give_up.start(self.broker, self.clock() + self.config.connect_timeout)
         try:
             self.link = Link(self.selector, self, *address, tls_context=self.tls_context,
@@ -215,6 +209,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
     # ----- the link's callbacks ---------------------------------------------------------
 
     def on_up(self) -> None:
+        self._addresses = []    # this one answered: the host's others are not tried
         self._pings, self._ping_end = self.conn.pings_sent, float("inf")
         self.conn.connect(self.clock())
         self._send()

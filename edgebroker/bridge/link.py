@@ -41,7 +41,7 @@ class Resolver:
     """Resolve a host name on a thread; ``result`` is set, then ``wake()`` is called."""
 
     def __init__(self, host: str, port: int, wake):
-        self.result = None      # (family, sockaddr) or an error text
+        self.result = None      # [(family, sockaddr), ...] in getaddrinfo's order, or an error
         self.done = False
         thread = threading.Thread(target=self._run, args=(host, port, wake),
                                   name="bridge-resolve", daemon=True)
@@ -50,7 +50,11 @@ class Resolver:
     def _run(self, host, port, wake) -> None:
         try:
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            self.result = (info[0][0], info[0][4])
+            addresses = []
+            for family, _, _, _, sockaddr in info:
+                if (family, sockaddr) not in addresses:
+                    addresses.append((family, sockaddr))
+            self.result = addresses
         except OSError as exc:
             self.result = f"cannot resolve {host!r}: {exc}"
         self.done = True

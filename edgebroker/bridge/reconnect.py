@@ -9,12 +9,19 @@ CONNACK (another gateway connected with the same client id, a message larger tha
 remote takes, which it answers by closing the link) meets a growing wait, not a reconnection
 every ``reconnect_min``. Such a run of short links is logged once (again when the reason
 changes), not at each loss; a connection that failed is logged once per reason.
+
+A host name may resolve to several addresses (AAAA and A records: an IPv6 address first,
+which a gateway without IPv6 cannot reach): as ``socket.create_connection`` does, a
+connection attempt tries each in getaddrinfo's order, the next one at once when one fails
+before the link is up (TCP and TLS), each within ``connect_timeout``; only when all failed
+does the back-off wait. The name is resolved again at each attempt.
 """
 
 from __future__ import annotations
 
 import logging
 
+from edgebroker.bridge.link import Resolver, numeric_address
 from edgebroker.client.backoff import ALWAYS, STABLE_AFTER, Backoff
 
 log = logging.getLogger("edgebroker.bridge")
@@ -29,6 +36,27 @@ class Reconnecting:
                                floor=True)
         self.short_links = 0        # links lost within STABLE_AFTER of their CONNACK
         self._short_reason = None   # the reason logged for the current run of them
+        self._addresses: list = []  # the host's addresses this attempt has not tried yet
+
+    def next_address(self):
+        """The (family, sockaddr) to connect to: the host's address in digits, else the next
+        one its name resolved to; None while the name is being resolved (``deliver`` comes
+        back once it is); an error text when it cannot be resolved."""
+        if self._addresses:
+            return self._addresses.pop(0)
+        address = numeric_address(self.host, self.port)
+        if address is not None:
+            return address
+        resolver = self.resolver
+        if resolver is None:
+            self.state = "resolving"
+            self.resolver = Resolver(self.host, self.port, self.wake)
+            return None
+        self.resolver = None
+        if isinstance(resolver.result, str):
+            return resolver.result
+        first, *self._addresses = resolver.result
+        return first
 
     def _up(self) -> None:
         """A CONNACK with success came."""
@@ -37,6 +65,12 @@ class Reconnecting:
     def _failed(self, reason: str) -> None:
         """The connection attempt or the link failed: try again after a jittered back-off."""
         if self.state == "stopped":
+            return
+        if self.state == "connecting" and self._addresses:
+            log.debug("bridge %s: %s (%s); trying its next address %s", self.name,
+                      self.config.address, reason, self._addresses[0][1][0])
+            self._give_up.cancel()
+            self._connect()
             return
         now = self.clock()
         if self.state == "up":
