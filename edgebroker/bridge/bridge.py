@@ -127,13 +127,14 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
             self.checkpoint_damaged += 1
             saved = None
         self.init_release(saved[2] if saved is not None else None)
+        on_disk = saved[0] if saved is not None else None   # the file's cursor (None: none)
         if saved is None:
             head = commit_log.next_offset
             saved = (head, head, None)
             log.info("bridge %s: %s: it forwards from the head of the log (offset %d)",
                      self.name, "its checkpoint was damaged" if self.checkpoint_damaged
                      else "no checkpoint", head)
-            self._write_start(head)
+            on_disk = self._write_start(head, on_disk)
         cursor, sent, _ = saved
         head = commit_log.next_offset
         if cursor > head:
@@ -146,9 +147,10 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
                         "(next offset %d): the log lost its tail (a power cut?); it goes on "
                         "from %d (counted in checkpoint_ahead)", self.name, cursor, head, head)
             cursor = head
-            self._write_start(head)
+            on_disk = self._write_start(head, on_disk)
         sent = max(cursor, min(sent, head))
-        self.writer.on_disk[self.path] = cursor
+        if on_disk is not None:     # (else, or when it differs, save_checkpoint writes it)
+            self.writer.on_disk[self.path] = on_disk
         self.outbound = Outbound(self.name, commit_log, self.rules,
                                  self.publisher.client_id_bytes, cursor, sent,
                                  drop=self._drop)
@@ -165,13 +167,17 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
         """A message dropped by the outbound side: the broker's drop reasons count it."""
         self.broker.drop(reason, session, count)
 
-    def _write_start(self, cursor: int) -> None:
-        """The checkpoint the bridge starts from, written before it goes on."""
+    def _write_start(self, cursor: int, on_disk: int | None) -> int | None:
+        """The checkpoint the bridge starts from, written before it goes on; returns the
+        cursor the file holds (``on_disk`` when the write failed: the first save_checkpoint
+        then sees the difference and writes it again, each checkpoint_interval)."""
         try:
             checkpoint.write(self.path, self.name, cursor, cursor, self.packet_ids)
             self.ids_saved = self.packet_ids
+            return cursor
         except OSError as exc:
             self.writer.count_failure(self.path, self.name, exc)
+            return on_disk
 
     # ----- connecting -------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import mqttraw as m
 
 from edgebroker.bridge import checkpoint
 from edgebroker.bridge.bridge import Bridge
+from edgebroker.bridge.release import pool_of
 from edgebroker.bridge_config import BridgeConfig, TopicRule
 from edgebroker.cli.inspect_live import format_bridges
 
@@ -101,6 +102,29 @@ def test_a_checkpoint_moved_back_to_the_end_of_the_log_is_written_at_once(tmp_pa
     again = _bridge(tmp_path, log)                  # a crash, and a restart
     again.start()
     assert again.outbound.cursor == 5 and again.checkpoint_ahead == 0
+    log.close()
+
+
+def test_a_moved_back_checkpoint_whose_write_failed_is_written_again(tmp_path):
+    """The start's write of the checkpoint moved back to the end of the log fails: it is
+    tried again at the next checkpoint (before, the bridge took it as written: with the same
+    packet ids nothing was written until the cursor moved, and a crash went back to the old
+    cursor, past records never forwarded)."""
+    log = _log(tmp_path / "log", [(b"dev", b"a/x")] * 5)
+    log.sync()
+    bridge = _bridge(tmp_path, log)
+    checkpoint.write(bridge.path, "up", 50, 50, pool_of(bridge.config.window))   # its ids
+    blocker = Path(bridge.path + ".tmp")    # the temp file cannot be made: the write fails
+    blocker.mkdir()
+    (blocker / "x").write_text("x")
+    bridge.start()
+    assert bridge.checkpoint_ahead == 1 and bridge.figures(0)["checkpoint_failures"] == 1
+    assert json.loads(Path(bridge.path).read_text())["cursor"] == 50
+    assert bridge.figures(0)["checkpoint_cursor"] == 50     # what the file holds
+    (blocker / "x").unlink()
+    blocker.rmdir()
+    bridge._on_checkpoint()
+    assert _submitted(bridge) == (5, 5)
     log.close()
 
 
