@@ -216,6 +216,19 @@ class Link:
     def out_bytes(self) -> int:
         return len(self.out)
 
+    def unacknowledged(self) -> int:
+        """Bytes the socket took that the remote has not acknowledged yet (the kernel's send
+        queue: TIOCOUTQ on Linux, which may count a FIN sent as one more; 0 where it cannot
+        be asked). Lost with the connection if it ends now."""
+        import fcntl
+        import struct
+        import termios
+        try:
+            queued = fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))
+        except (OSError, AttributeError, ValueError):
+            return 0
+        return max(0, struct.unpack("i", queued)[0])
+
     def _flush(self, waited: bool = True) -> None:
         """Send what the socket takes. ``waited``: the buffer held bytes before this call
         (on write readiness it does): their leaving tells the owner the link moves; bytes

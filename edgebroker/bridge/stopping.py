@@ -14,13 +14,17 @@ server/app.py's shutdown runs around the journal's final ``durable()``:
    for the writer.
 
 A QoS 0 message counts as forwarded once it is handed to the link, and the cursor moves
-past it. The link's buffer may still hold it at the stop (a slow link): the final
-checkpoint then goes back to the first QoS 0 message of the oldest batch handed to the
-link and not wholly taken by the socket, so the next start sends it (and what followed it)
-again instead of losing it. Where the batch was partly sent, the remote may get some of
+past it. At a stop on a slow link it may still be in the link's buffer, or in the
+kernel's send queue, not yet acknowledged by the remote's TCP (a queue of megabytes on a
+fast local socket): both are lost when the connection ends before they arrived (a new
+connection with the same client id ends the old one at the remote). If the link did not
+close gracefully within the bound, the final checkpoint goes back to the first QoS 0
+message of the oldest batch handed to the link whose end the remote's TCP had not
+acknowledged (``Link.unacknowledged``), so the next start sends it (and what followed it)
+again instead of losing it. Where the batch partly arrived, the remote may get some of
 those messages twice. For that the bridge keeps, per batch handed to the link, where in
 the link's byte stream the batch ends and its first QoS 0 offset (``handed``): at most the
-batches in the link's buffer (bounded by pump.MAX_LINK_OUT).
+batches in the link's buffer and the kernel's send queue (trimmed every ``TRIM_AT``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import logging
 from collections import deque
 
 log = logging.getLogger("edgebroker.bridge")
+
+# Batches noted before the ones the remote acknowledged are dropped (one system call).
+TRIM_AT = 64
 
 
 class Stopping:
@@ -51,18 +58,20 @@ class Stopping:
         end = self.handed_end
         if batches and batches[-1][0] == end:
             return                  # the same batch: its first offset is kept
-        sent = link.bytes_out
-        while batches and batches[0][0] <= sent:
-            batches.popleft()
+        if len(batches) >= TRIM_AT:
+            arrived = link.bytes_out - link.unacknowledged()
+            while batches and batches[0][0] <= arrived:
+                batches.popleft()
         batches.append((end, offset))
 
     def _unsent_qos0(self) -> int | None:
-        """The lowest offset of a QoS 0 message the socket did not wholly take, or None."""
+        """The lowest offset of a QoS 0 message of a batch that did not wholly reach the
+        remote's TCP, or None."""
         link = self.link
         if link is None or self._handed_link is not link:
             return None
-        sent = link.bytes_out
-        offsets = [offset for end, offset in self._handed if end > sent]
+        arrived = link.bytes_out - link.unacknowledged()
+        offsets = [offset for end, offset in self._handed if end > arrived]
         return min(offsets) if offsets else None
 
     def halt(self) -> None:
@@ -102,12 +111,13 @@ class Stopping:
         unsent = self._unsent_qos0()
         link = self.link
         if link is not None and not link.closed:
-            left = link.out_bytes
+            left = link.out_bytes + link.unacknowledged()
             link.close("the broker stops")
             if left:
-                log.warning("bridge %s: %d bytes still in its link at the stop (the remote "
-                            "takes them slower than the stop waits): QoS 1/2 messages among "
-                            "them are sent again at the next start%s", self.name, left,
+                log.warning("bridge %s: %d bytes still in its link at the stop, not received "
+                            "by the remote (it takes them slower than the stop waits): QoS "
+                            "1/2 messages among them are sent again at the next start%s",
+                            self.name, left,
                             f"; QoS 0 ones too, from log offset {unsent}"
                             if unsent is not None else "")
         if unsent is not None and unsent < cursor:
