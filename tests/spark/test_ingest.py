@@ -294,7 +294,8 @@ def test_odd_files_are_quarantined_each_with_its_reason_and_the_good_one_ingeste
 
 def test_any_other_error_from_a_file_makes_an_error_row_naming_it(monkeypatch):
     """The first pass's function, without Spark: an exception that is not a BatchFormatError
-    (a reader bug, MemoryError) quarantines that file, and the files after it are read."""
+    (a reader bug, MemoryError) quarantines that file, and the files after it are read. Each
+    row carries the file's length and modification time (ms) as the read saw them."""
     import pyarrow as pa
     from edgebroker.spark import ingest
 
@@ -304,12 +305,21 @@ def test_any_other_error_from_a_file_makes_an_error_row_naming_it(monkeypatch):
         return real(blob, path)
     real = ingest.batch_days
     monkeypatch.setattr(ingest, "batch_days", days)
-    files = pa.RecordBatch.from_pylist([{"path": "a/bad.ebb.zst", "content": b"bad"},
-                                        {"path": "a/good.ebb.zst", "content": good_blob()}])
+    when = datetime(2024, 1, 2, tzinfo=timezone.utc)
+    files = pa.RecordBatch.from_pylist(
+        [{"path": "a/bad.ebb.zst", "length": 3, "modificationTime": when, "content": b"bad"},
+         {"path": "a/good.ebb.zst", "length": len(good_blob()), "modificationTime": when,
+          "content": good_blob()}],
+        schema=pa.schema([("path", pa.string()), ("length", pa.int64()),
+                          ("modificationTime", pa.timestamp("us", tz="UTC")),
+                          ("content", pa.binary())]))
     rows = [row for rb in ingest.summarize_files([files]) for row in rb.to_pylist()]
     assert [(r["kind"], r["path"], r["error"]) for r in rows] == [
         ("error", "a/bad.ebb.zst", "a/bad.ebb.zst: cannot be read (MemoryError('no room'))"),
         ("batch", "a/good.ebb.zst", None), ("date", "a/good.ebb.zst", None)]
+    assert [(r["length"], r["mtime"]) for r in rows][:2] == \
+        [(3, ms(when)), (len(good_blob()), ms(when))]
+
 
 def test_a_batch_goes_in_without_deduplication_only_when_its_range_overlaps_nothing():
     from collections import namedtuple

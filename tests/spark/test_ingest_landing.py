@@ -279,3 +279,57 @@ def test_the_listing_names_each_file_alike_in_the_scan_and_in_input_files(
         .load(_literal(str(landing)))
     rows = {_path_key(r.path) for r in df.select("path").collect()}
     assert len(rows) == 3 and rows == {_uri_key(uri) for uri in df.inputFiles()}
+
+
+def test_a_bad_file_replaced_after_the_run_read_it_is_left_for_the_next_run(
+        spark, tmp_path, caplog):
+    """A torn copy and an empty file at batch names, judged unreadable by the first pass; the
+    dir sink then replaces each by its whole batch (a new file renamed over the name) before
+    the run's quarantine step. Neither is moved: both are left, logged and named in the
+    report, and the next run ingests them. A bad file that did not change is quarantined."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    torn = land(landing, [(o, T0 + o, b"a") for o in range(10)])
+    whole_torn = torn.read_bytes()
+    torn.write_bytes(whole_torn[:5])
+    empty = land(landing, [(o, T0 + o, b"b") for o in range(10, 20)])
+    whole_empty = empty.read_bytes()
+    empty.write_bytes(b"")
+    stays = land(landing, [(o, T0 + o, b"c") for o in range(20, 30)], name="stays.ebb.zst")
+    stays.write_bytes(stays.read_bytes()[:7])
+
+    class Replace(logging.Handler):
+        done = False
+
+        def emit(self, record):
+            # Logged once the first pass is over, before anything is written or moved.
+            if not Replace.done and "new batches" in record.getMessage():
+                Replace.done = True
+                for path, blob in ((torn, whole_torn), (empty, whole_empty)):
+                    tmp = path.with_name("." + path.name + ".tmp")
+                    tmp.write_bytes(blob)
+                    tmp.replace(path)
+    logger = logging.getLogger("edgebroker.spark")
+    handler = Replace()
+    logger.addHandler(handler)
+    caplog.set_level(logging.INFO, logger="edgebroker.spark")
+    try:
+        report = ingest_once(spark, str(landing), str(warehouse))
+    finally:
+        logger.removeHandler(handler)
+    assert Replace.done
+    assert [Path(q["path"]).name for q in report["quarantined"]] == [stays.name]
+    assert sorted(Path(p).name for p in report["changed_since_read"]) == \
+        sorted([torn.name, empty.name])
+    assert torn.read_bytes() == whole_torn and empty.read_bytes() == whole_empty
+    moved = sorted(p.name for p in (warehouse / "_quarantine").rglob("*.ebb.zst*"))
+    assert moved == [stays.name]
+    assert [r.path.rsplit("/", 1)[-1] for r in table(spark, warehouse, "quarantine")] == \
+        [stays.name]
+    left = [r.getMessage() for r in caplog.records if "changed since this run read" in
+            r.getMessage()]
+    assert len(left) == 2 and all("left for the next run" in m for m in left)
+
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["quarantined"],
+            again["changed_since_read"]) == (2, 20, [], [])
+    assert sorted(r.offset for r in table(spark, warehouse, "messages")) == list(range(20))
