@@ -8,8 +8,9 @@ under a warehouse folder (docs/spark.md):
   content: edgebroker.spark.dedup) however often a batch is uploaded, copied or read;
 * ``topic_hourly`` (gateway, topic, hour, messages, bytes, first_time, last_time), recomputed
   from ``messages`` for the partitions a run touches;
-* ``gaps`` (gateway, gap_first, gap_last, gap_length, batch, batch_time): offsets a gateway
-  reported that no batch will ever hold, one row per gap and life of the gateway's log;
+* ``gaps`` (gateway, gap_first, gap_last, gap_length, batch, batch_time, reason): offsets no
+  batch will ever hold, one row per gap and life of the gateway's log: those a batch's header
+  reports (reason ``reported``) and those missing inside a batch (``damage``);
 * ``quarantine`` (path, moved_to, error, time): batches that could not be read, moved out of
   the landing area to ``<warehouse>/_quarantine/`` (Spark skips names starting with ``_``);
   a file whose length or modification time is no longer what the run read is not moved but
@@ -38,7 +39,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_days, batch_to_arrow
+from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_summary, batch_to_arrow
 from edgebroker.spark.dedup import clean_batches, new_rows, reused_offsets
 from edgebroker.spark.quarantine import Unreadable, quarantine
 from edgebroker.uploader.batch import SUFFIX, BatchFormatError
@@ -51,9 +52,11 @@ MESSAGE_COLUMNS = MESSAGE_SCHEMA.names
 # with a session of its own sets them too (docs/spark.md).
 SESSION_CONFIG = {"spark.sql.session.timeZone": "UTC",
                   "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-# The first pass's rows: per batch file one of kind "batch" (its header) or "error", and one of
-# kind "date" per day its messages fall in (the partitions the file touches). Each row has the
-# file's length and modification time (ms) as the read saw them.
+# The first pass's rows: per batch file one of kind "batch" (its header) or "error", one of
+# kind "date" per day its messages fall in (the partitions the file touches) and one of kind
+# "hole" per run of offsets missing inside it (gap_first, gap_length; batch_time: the
+# timestamp of the record right after it). Each row has the file's length and modification
+# time (ms) as the read saw them.
 SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("path", pa.string()),
                             ("length", pa.int64()), ("mtime", pa.int64()),
                             ("gateway", pa.string()), ("date", pa.date32()),
@@ -72,7 +75,7 @@ MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, to
                 "content_type: string, response_topic: string, correlation_data: binary, "
                 "user_properties: array<struct<name: string, value: string>>>")
 GAPS_DDL = ("gateway string, gap_first long, gap_last long, gap_length long, batch string, "
-            "batch_time timestamp")
+            "batch_time timestamp, reason string")
 HOURLY_DDL = ("date date, gateway string, topic string, hour timestamp, messages long, "
               "bytes long, first_time timestamp, last_time timestamp")
 
@@ -111,7 +114,7 @@ def summarize_files(batches):
     columns are not built."""
     for path, blob, stamp in _files(batches, stamps=True):
         try:
-            header, days = batch_days(blob, path)
+            header, days, holes = batch_summary(blob, path)
         except BatchFormatError as exc:
             rows = [_summary_row("error", path, stamp, error=str(exc))]
         except Exception as exc:  # a reader bug, MemoryError: the file alone is set apart
@@ -120,6 +123,10 @@ def summarize_files(batches):
         else:
             rows = [_summary_row("batch", path, stamp, header)]
             rows += [_summary_row("date", path, stamp, header, day=day) for day in days]
+            for first, length, after in holes:
+                row = _summary_row("hole", path, stamp, header)
+                row.update(gap_first=first, gap_length=length, batch_time=after)
+                rows.append(row)
         yield pa.RecordBatch.from_pylist(rows, schema=SUMMARY_SCHEMA)
 
 
@@ -400,9 +407,14 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # A gap is known by its gateway, range and the earliest timestamp of the batch reporting it
     # (batch_time): the same gap reported again (a batch copied, re-cut, read again) adds no
     # row; a log that started over under the same gateway id reports its gaps at other times.
-    # Rows written before batch_time existed (null there) match any time.
-    gaps = {(r.gateway, r.gap_first, r.gap_length, r.batch_time): r.path
-            for r in good if r.gap_length}
+    # Rows written before batch_time existed (null there) match any time. The offsets missing
+    # inside a batch (records damaged when it was cut, left out) are gaps too, their time that
+    # of the record right after them: a batch re-cut to begin there reports the same gap.
+    gaps: dict = {}
+    for r in good + [r for r in summary if r.kind == "hole"]:
+        if r.gap_length:
+            gaps.setdefault((r.gateway, r.gap_first, r.gap_length, r.batch_time),
+                            (r.path, "reported" if r.kind == "batch" else "damage"))
     if gaps and fs.exists(tables["gaps"]):
         held = (spark.read.schema(GAPS_DDL).parquet(_literal(tables["gaps"]))
                 .selectExpr("gateway", "gap_first", "gap_length", "unix_millis(batch_time) AS t")
@@ -412,13 +424,13 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
         gaps = {k: v for k, v in gaps.items() if k not in known and k[:3] not in timeless}
     if gaps:
         rows = [(gw, first, first + length - 1, length, path,
-                 datetime.fromtimestamp(t / 1000, timezone.utc))
-                for (gw, first, length, t), path in sorted(gaps.items())]
+                 datetime.fromtimestamp(t / 1000, timezone.utc), reason)
+                for (gw, first, length, t), (path, reason) in sorted(gaps.items())]
         (spark.createDataFrame(rows, GAPS_DDL).coalesce(1).write.mode("append")
          .parquet(tables["gaps"]))
         for row in rows:
-            log.warning("gateway %s reports offsets %d..%d lost (%d), in %s", *row[:3], row[3],
-                        row[4])
+            log.warning("gateway %s: offsets %d..%d (%d) lost, %s in %s", *row[:4],
+                        "reported" if row[6] == "reported" else "missing (damage)", row[4])
     report["gaps_added"] = len(gaps)
 
     quarantine(spark, fs, bad, landing_q, warehouse,

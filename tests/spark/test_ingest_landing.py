@@ -18,7 +18,7 @@ from edgebroker.spark.ingest import ingest_once
 from edgebroker.uploader.batch import object_name
 
 from spark.test_arrow import build, rewrite
-from spark.test_ingest import GOLDEN, table
+from spark.test_ingest import GOLDEN, ms, table
 
 DAY_MS = 86_400_000
 T0 = 1_700_000_000_000   # 2023-11-14T22:13:20Z
@@ -279,6 +279,35 @@ def test_the_listing_names_each_file_alike_in_the_scan_and_in_input_files(
         .load(_literal(str(landing)))
     rows = {_path_key(r.path) for r in df.select("path").collect()}
     assert len(rows) == 3 and rows == {_uri_key(uri) for uri in df.inputFiles()}
+
+
+def test_offsets_missing_inside_a_batch_are_gaps_counted_and_logged(spark, tmp_path, caplog):
+    """A batch 0..9 without 3, 4, 7 and 8 (damaged records left out when it was cut): two rows
+    in `gaps`, reason damage, beside the gap a header reports (reason reported); counted and
+    logged. A re-cut batch 5..9 (the same hole 7..8) and a copy add none."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    holed = [(o, T0 + o, b"h") for o in (0, 1, 2, 5, 6, 9)]
+    land(landing, holed)
+    land(landing, [(o, T0 + o, b"r") for o in (15, 16)], gap=(10, 5))
+    caplog.set_level(logging.WARNING, logger="edgebroker.spark")
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert (report["rows_added"], report["gaps_added"]) == (8, 3)
+    gaps = sorted((r.gap_first, r.gap_last, r.gap_length, r.reason, r.batch.rsplit("/", 1)[-1])
+                  for r in table(spark, warehouse, "gaps"))
+    name = f"{0:020d}-{9:020d}.ebb.zst"
+    assert gaps == [(3, 4, 2, "damage", name), (7, 8, 2, "damage", name),
+                    (10, 14, 5, "reported", f"{15:020d}-{16:020d}.ebb.zst")]
+    times = {r.gap_first: r.batch_time for r in table(spark, warehouse, "gaps")}
+    assert (ms(times[3]), ms(times[7])) == (T0 + 5, T0 + 9)
+    warnings = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert len(warnings) == 3 and any(
+        w.startswith("gateway gw-a: offsets 7..8 (2) lost, missing (damage) in ") for w in warnings)
+
+    land(landing, holed[3:], name="recut.ebb.zst")
+    land(landing, holed, name="copy.ebb.zst")
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["gaps_added"]) == (2, 0, 0)
+    assert len(table(spark, warehouse, "gaps")) == 3
 
 
 def test_a_bad_file_replaced_after_the_run_read_it_is_left_for_the_next_run(
