@@ -11,7 +11,8 @@ CRC32C), which gives each record's offset, timestamp, position and field lengths
 are then cut out of the raw bytes with numpy over the whole batch. Anything the scan or the
 header checks refuse is read again by ``parse_records``, record by record, for its exact error.
 ``batch_days`` makes the same checks but builds no columns: the header and the days the
-messages fall in (the ingest job's first pass).
+messages fall in; ``batch_summary`` adds the holes among its offsets (the ingest job's first
+pass).
 """
 
 from __future__ import annotations
@@ -212,10 +213,20 @@ def batch_days(blob: bytes, name: str) -> tuple[BatchHeader, list]:
     """The header of the batch file whose bytes are ``blob`` and the UTC days its messages
     fall in (``datetime.date``, sorted), with every check ``batch_to_arrow`` makes but
     without building the columns; ``BatchFormatError`` for anything wrong."""
+    return batch_summary(blob, name)[:2]
+
+
+def batch_summary(blob: bytes, name: str) -> tuple[BatchHeader, list, list]:
+    """``batch_days``, and the holes among the batch's offsets: (first, length, timestamp ms
+    of the record right after it) for each run of offsets in first..last that no record of
+    the batch holds (records left out as damaged when the batch was cut)."""
     header, raw = read_batch_raw(blob, name)
     entries = _scan(header, raw)
     if entries is None:
-        dates = _table(header, parse_records(raw, header, name), name).column("date")
+        records = parse_records(raw, header, name)
+        dates = _table(header, records, name).column("date")
+        offsets = np.array([r.offset for r in records], np.int64)
+        stamps = np.array([r.timestamp_ms for r in records], np.int64)
     else:
         layout = _layout(raw, entries)
         _texts(pa.py_buffer(raw), layout, name)
@@ -224,7 +235,11 @@ def batch_days(blob: bytes, name: str) -> tuple[BatchHeader, list]:
             _properties_column([(raw[props_at[i]:payload_at[i]], int(entries[i, 0]), name)
                                 for i in np.flatnonzero(has_props)])
         dates = _times(pa.array(entries[:, 1]))[1]
-    return header, sorted(pc.unique(dates).to_pylist())
+        offsets, stamps = entries[:, 0], entries[:, 1]
+    steps = np.diff(offsets)
+    holes = [(int(offsets[i]) + 1, int(steps[i]) - 1, int(stamps[i + 1]))
+             for i in np.flatnonzero(steps > 1)]
+    return header, sorted(pc.unique(dates).to_pylist()), holes
 
 
 def read_batch(path: str) -> tuple[BatchHeader, pa.Table]:

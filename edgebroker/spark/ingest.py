@@ -8,10 +8,13 @@ under a warehouse folder (docs/spark.md):
   content: edgebroker.spark.dedup) however often a batch is uploaded, copied or read;
 * ``topic_hourly`` (gateway, topic, hour, messages, bytes, first_time, last_time), recomputed
   from ``messages`` for the partitions a run touches;
-* ``gaps`` (gateway, gap_first, gap_last, gap_length, batch, batch_time): offsets a gateway
-  reported that no batch will ever hold, one row per gap and life of the gateway's log;
+* ``gaps`` (gateway, gap_first, gap_last, gap_length, batch, batch_time, reason): offsets no
+  batch will ever hold, one row per gap and life of the gateway's log: those a batch's header
+  reports (reason ``reported``) and those missing inside a batch (``damage``);
 * ``quarantine`` (path, moved_to, error, time): batches that could not be read, moved out of
-  the landing area to ``<warehouse>/_quarantine/`` (Spark skips names starting with ``_``).
+  the landing area to ``<warehouse>/_quarantine/`` (Spark skips names starting with ``_``);
+  a file whose length or modification time is no longer what the run read is not moved but
+  left for the next run (``edgebroker.spark.quarantine``).
 
 Spark 3.5 has no Python data source API (``pyspark.sql.datasource`` arrives in Spark 4), so the
 files are read with Spark's ``binaryFile`` source (any Hadoop file system: local, ``s3a://``,
@@ -36,8 +39,9 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_days, batch_to_arrow
+from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_summary, batch_to_arrow
 from edgebroker.spark.dedup import clean_batches, new_rows, reused_offsets
+from edgebroker.spark.quarantine import Unreadable, quarantine
 from edgebroker.uploader.batch import SUFFIX, BatchFormatError
 
 log = logging.getLogger("edgebroker.spark")
@@ -48,17 +52,21 @@ MESSAGE_COLUMNS = MESSAGE_SCHEMA.names
 # with a session of its own sets them too (docs/spark.md).
 SESSION_CONFIG = {"spark.sql.session.timeZone": "UTC",
                   "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-# The first pass's rows: per batch file one of kind "batch" (its header) or "error", and one of
-# kind "date" per day its messages fall in (the partitions the file touches).
+# The first pass's rows: per batch file one of kind "batch" (its header) or "error", one of
+# kind "date" per day its messages fall in (the partitions the file touches) and one of kind
+# "hole" per run of offsets missing inside it (gap_first, gap_length; batch_time: the
+# timestamp of the record right after it). Each row has the file's length and modification
+# time (ms) as the read saw them.
 SUMMARY_SCHEMA = pa.schema([("kind", pa.string()), ("path", pa.string()),
+                            ("length", pa.int64()), ("mtime", pa.int64()),
                             ("gateway", pa.string()), ("date", pa.date32()),
                             ("batch_first", pa.int64()), ("batch_last", pa.int64()),
                             ("record_count", pa.int64()), ("gap_first", pa.int64()),
                             ("gap_length", pa.int64()), ("batch_time", pa.int64()),
                             ("error", pa.string())])
-_SUMMARY_DDL = ("kind string, path string, gateway string, date date, batch_first long, "
-                "batch_last long, record_count long, gap_first long, gap_length long, "
-                "batch_time long, error string")
+_SUMMARY_DDL = ("kind string, path string, length long, mtime long, gateway string, "
+                "date date, batch_first long, batch_last long, record_count long, "
+                "gap_first long, gap_length long, batch_time long, error string")
 # Read back with this schema, not an inferred one: partition discovery would make a gateway id
 # of digits an integer.
 MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, topic string, "
@@ -67,15 +75,15 @@ MESSAGES_DDL = ("gateway string, offset long, timestamp timestamp, date date, to
                 "content_type: string, response_topic: string, correlation_data: binary, "
                 "user_properties: array<struct<name: string, value: string>>>")
 GAPS_DDL = ("gateway string, gap_first long, gap_last long, gap_length long, batch string, "
-            "batch_time timestamp")
+            "batch_time timestamp, reason string")
 HOURLY_DDL = ("date date, gateway string, topic string, hour timestamp, messages long, "
               "bytes long, first_time timestamp, last_time timestamp")
 
 
-def _summary_row(kind: str, path: str, header=None, error: str | None = None,
+def _summary_row(kind: str, path: str, stamp: tuple, header=None, error: str | None = None,
                  day=None) -> dict:
     row = dict.fromkeys(SUMMARY_SCHEMA.names)
-    row.update(kind=kind, path=path, error=error, date=day)
+    row.update(kind=kind, path=path, error=error, date=day, length=stamp[0], mtime=stamp[1])
     if header is not None:
         row.update(gateway=header.gateway_id, batch_first=header.first_offset,
                    batch_last=header.last_offset, record_count=header.record_count,
@@ -84,27 +92,41 @@ def _summary_row(kind: str, path: str, header=None, error: str | None = None,
     return row
 
 
-def _files(batches):
-    """(path, content bytes) of each file in mapInArrow's (path, content) record batches."""
+def _files(batches, stamps: bool = False):
+    """(path, content bytes) of each file in mapInArrow's (path, content) record batches;
+    with ``stamps``, (path, content, (length, modification time in ms)) from (path, length,
+    modificationTime, content) ones."""
     for rb in batches:
         contents = rb.column("content")
+        if stamps:
+            lengths = rb.column("length").to_pylist()
+            mtimes = rb.column("modificationTime").cast(pa.int64()).to_pylist()
         for i, path in enumerate(rb.column("path").to_pylist()):
-            yield path, contents[i].as_py()
+            if stamps:
+                yield path, contents[i].as_py(), (lengths[i], mtimes[i] // 1000)
+            else:
+                yield path, contents[i].as_py()
 
 
 def summarize_files(batches):
-    """mapInArrow function, the first pass: (path, content) record batches in, a few rows per
-    file out (SUMMARY_SCHEMA): each file is checked whole, its columns are not built."""
-    for path, blob in _files(batches):
+    """mapInArrow function, the first pass: (path, length, modificationTime, content) record
+    batches in, a few rows per file out (SUMMARY_SCHEMA): each file is checked whole, its
+    columns are not built."""
+    for path, blob, stamp in _files(batches, stamps=True):
         try:
-            header, days = batch_days(blob, path)
+            header, days, holes = batch_summary(blob, path)
         except BatchFormatError as exc:
-            rows = [_summary_row("error", path, error=str(exc))]
+            rows = [_summary_row("error", path, stamp, error=str(exc))]
         except Exception as exc:  # a reader bug, MemoryError: the file alone is set apart
-            rows = [_summary_row("error", path, error=f"{path}: cannot be read ({exc!r})")]
+            rows = [_summary_row("error", path, stamp,
+                                 error=f"{path}: cannot be read ({exc!r})")]
         else:
-            rows = [_summary_row("batch", path, header)]
-            rows += [_summary_row("date", path, header, day=day) for day in days]
+            rows = [_summary_row("batch", path, stamp, header)]
+            rows += [_summary_row("date", path, stamp, header, day=day) for day in days]
+            for first, length, after in holes:
+                row = _summary_row("hole", path, stamp, header)
+                row.update(gap_first=first, gap_length=length, batch_time=after)
+                rows.append(row)
         yield pa.RecordBatch.from_pylist(rows, schema=SUMMARY_SCHEMA)
 
 
@@ -134,11 +156,24 @@ class _Fs:
         path = self._path(p)
         return bool(path.getFileSystem(self.conf).exists(path))
 
-    def status(self, uri: str) -> tuple[str, int]:
-        """(path as Spark's scans name it, length) of the file at ``uri``."""
+    def status(self, uri: str) -> tuple[str, int, int]:
+        """(path as Spark's scans name it, length, modification time in ms) of the file at
+        ``uri``."""
         path = self.jvm.org.apache.hadoop.fs.Path(self.jvm.java.net.URI(uri))
         st = path.getFileSystem(self.conf).getFileStatus(path)
-        return str(st.getPath().toString()), int(st.getLen())
+        return str(st.getPath().toString()), int(st.getLen()), int(st.getModificationTime())
+
+    def stamp(self, p: str) -> tuple[int, int] | None:
+        """(length, modification time in ms) of the file at ``p``; None when there is none."""
+        from py4j.protocol import Py4JJavaError
+        path = self._path(p)
+        try:
+            st = path.getFileSystem(self.conf).getFileStatus(path)
+        except Py4JJavaError as exc:
+            if "FileNotFoundException" in str(exc.java_exception.getClass().getName()):
+                return None
+            raise
+        return int(st.getLen()), int(st.getModificationTime())
 
     def free_name(self, dst: str) -> str:
         """``dst``, or ``dst.1``, ``dst.2``... when that name is taken (the same bad batch
@@ -158,15 +193,9 @@ class _Fs:
             raise OSError(f"cannot move {src} to {dst}")
 
 
-class _Unreadable:
-    """A file set apart without being read (an empty one), like a summary row of kind error."""
-
-    def __init__(self, path: str, error: str):
-        self.path, self.error = path, error
-
-
 def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
-    """The batch files under ``landing``: (paths of those with bytes, paths of empty ones).
+    """The batch files under ``landing``: (paths of those with bytes, (path, modification
+    time in ms) of empty ones).
     Spark's file scans drop empty files, so those are the files the listing (``inputFiles``,
     which keeps them; URIs there) names beyond the scan's rows, each confirmed empty by the
     file system. The names skipped are Spark's: starting with ``.`` or ``_``."""
@@ -177,9 +206,9 @@ def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
     empty = []
     for uri in df.inputFiles():
         if _uri_key(uri) not in have:
-            path, length = fs.status(uri)
+            path, length, mtime = fs.status(uri)
             if length == 0:
-                empty.append(path)
+                empty.append((path, mtime))
     return listed, sorted(empty)
 
 
@@ -275,7 +304,7 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     new = sorted(path for path in listed if path not in done)
     report = {"files_listed": len(listed) + len(empty), "files_new": len(new) + len(empty),
               "batches": 0, "records": 0, "rows_added": 0, "duplicates": 0, "reused_offsets": 0,
-              "gaps_added": 0, "quarantined": []}
+              "gaps_added": 0, "quarantined": [], "changed_since_read": []}
     if not new and not empty:
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
@@ -285,12 +314,14 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # readable ones (about 1M records/s per core) straight into the write.
     summary = []
     if new:
-        files = spark.read.format("binaryFile").load([_literal(p) for p in new]) \
-            .select("path", "content")
-        summary = files.mapInArrow(summarize_files, _SUMMARY_DDL).collect()
+        files = spark.read.format("binaryFile").load([_literal(p) for p in new])
+        summary = files.select("path", "length", "modificationTime", "content") \
+            .mapInArrow(summarize_files, _SUMMARY_DDL).collect()
+        files = files.select("path", "content")
     good = [r for r in summary if r.kind == "batch"]
     bad = [r for r in summary if r.kind == "error"]
-    bad += [_Unreadable(path, f"{path}: empty file (0 bytes), not a batch") for path in empty]
+    bad += [Unreadable(path, f"{path}: empty file (0 bytes), not a batch", 0, mtime)
+            for path, mtime in empty]
     touched = sorted({(r.date, r.gateway) for r in summary if r.kind == "date"})
     report["batches"] = len(good)
     report["records"] = sum(r.record_count for r in good)
@@ -376,9 +407,14 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # A gap is known by its gateway, range and the earliest timestamp of the batch reporting it
     # (batch_time): the same gap reported again (a batch copied, re-cut, read again) adds no
     # row; a log that started over under the same gateway id reports its gaps at other times.
-    # Rows written before batch_time existed (null there) match any time.
-    gaps = {(r.gateway, r.gap_first, r.gap_length, r.batch_time): r.path
-            for r in good if r.gap_length}
+    # Rows written before batch_time existed (null there) match any time. The offsets missing
+    # inside a batch (records damaged when it was cut, left out) are gaps too, their time that
+    # of the record right after them: a batch re-cut to begin there reports the same gap.
+    gaps: dict = {}
+    for r in good + [r for r in summary if r.kind == "hole"]:
+        if r.gap_length:
+            gaps.setdefault((r.gateway, r.gap_first, r.gap_length, r.batch_time),
+                            (r.path, "reported" if r.kind == "batch" else "damage"))
     if gaps and fs.exists(tables["gaps"]):
         held = (spark.read.schema(GAPS_DDL).parquet(_literal(tables["gaps"]))
                 .selectExpr("gateway", "gap_first", "gap_length", "unix_millis(batch_time) AS t")
@@ -388,40 +424,19 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
         gaps = {k: v for k, v in gaps.items() if k not in known and k[:3] not in timeless}
     if gaps:
         rows = [(gw, first, first + length - 1, length, path,
-                 datetime.fromtimestamp(t / 1000, timezone.utc))
-                for (gw, first, length, t), path in sorted(gaps.items())]
+                 datetime.fromtimestamp(t / 1000, timezone.utc), reason)
+                for (gw, first, length, t), (path, reason) in sorted(gaps.items())]
         (spark.createDataFrame(rows, GAPS_DDL).coalesce(1).write.mode("append")
          .parquet(tables["gaps"]))
         for row in rows:
-            log.warning("gateway %s reports offsets %d..%d lost (%d), in %s", *row[:3], row[3],
-                        row[4])
+            log.warning("gateway %s: offsets %d..%d (%d) lost, %s in %s", *row[:4],
+                        "reported" if row[6] == "reported" else "missing (damage)", row[4])
     report["gaps_added"] = len(gaps)
 
-    now = datetime.now(timezone.utc)
-    # Each unreadable file's row goes into `quarantine` before the file moves: a crash in
-    # between leaves it in the landing area, read again by the next run, which finds its row
-    # there already (the same path and destination) and only moves it.
-    planned = []
-    for r in bad:
-        rel = r.path[len(landing_q) + 1:] if r.path.startswith(landing_q + "/") else \
-            r.path.rsplit("/", 1)[-1]
-        planned.append((r.path, fs.free_name(f"{warehouse}/_quarantine/{rel}"), r.error, now))
-    if planned:
-        known = set()
-        if fs.exists(tables["quarantine"]):
-            known = {(q.path, q.moved_to)
-                     for q in spark.read.parquet(_literal(tables["quarantine"]))
-                     .select("path", "moved_to").collect()}
-        rows = [p for p in planned if p[:2] not in known]
-        if rows:
-            (spark.createDataFrame(rows, "path string, moved_to string, error string, "
-                                         "time timestamp")
-             .coalesce(1).write.mode("append").parquet(tables["quarantine"]))
-    for path, dst, error, _ in planned:
-        fs.move(path, dst)
-        log.error("quarantined %s (moved to %s): %s", path, dst, error)
-        report["quarantined"].append({"path": path, "moved_to": dst, "error": error})
+    quarantine(spark, fs, bad, landing_q, warehouse,
+               (tables["quarantine"], _literal(tables["quarantine"])), report)
 
+    now = datetime.now(timezone.utc)
     if good:
         (spark.createDataFrame([(r.path, r.gateway, r.batch_first, r.batch_last, r.record_count,
                                  now) for r in good],

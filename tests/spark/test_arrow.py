@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgebroker.spark.arrow import SCHEMA, batch_days, batch_to_arrow, read_batch
+from edgebroker.spark.arrow import SCHEMA, batch_days, batch_summary, batch_to_arrow, read_batch
 from edgebroker.uploader.batch import BatchFormatError, BatchHeader, read_batch_file, write_batch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "uploader" / "golden"
@@ -131,6 +131,20 @@ def test_the_whole_batch_decode_equals_the_record_by_record_one():
     days_header, days = batch_days(rewrite(header, raw), "many.ebb.zst")
     assert days_header == header
     assert days == sorted(set(table.column("date").to_pylist())) and len(days) == 3
+
+
+def test_the_offsets_missing_inside_a_batch_are_its_holes(monkeypatch):
+    """Records left out of a batch (damaged when it was cut): each run of missing offsets
+    with the timestamp of the record after it, by the scan and by the record-by-record read."""
+    from edgebroker.spark import arrow
+    t = 1_700_000_000_000
+    header, raw = build([(o, t + o, 0, False, b"c", b"t", b"p") for o in (0, 1, 4, 5, 9)])
+    want = [(2, 2, t + 4), (6, 3, t + 9)]
+    assert batch_summary(rewrite(header, raw), "h.ebb.zst")[2] == want
+    monkeypatch.setattr(arrow, "_scan", lambda header, raw: None)
+    assert batch_summary(rewrite(header, raw), "h.ebb.zst")[2] == want
+    whole, raw = build([(o, t, 0, False, b"c", b"t", b"p") for o in range(3)])
+    assert batch_summary(rewrite(whole, raw), "w.ebb.zst")[2] == []
 
 
 @pytest.mark.parametrize("damage, message", [

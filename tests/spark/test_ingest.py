@@ -3,7 +3,8 @@ hold every record once; a re-run, a batch copied under another name and a lost c
 no row; topic_hourly equals a count done in Python, also after a crash between the two writes;
 a run over more than a thousand partitions works; a corrupt batch, one of an unknown log format
 version and odd files (bytes after the frame, impossible headers, far timestamps) are
-quarantined and the rest ingested; header gaps land in `gaps`."""
+quarantined and the rest ingested; header gaps and offsets missing inside a batch land in
+`gaps`."""
 
 from __future__ import annotations
 
@@ -141,10 +142,13 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     assert sorted((r.path, r.error) for r in table(spark, warehouse, "quarantine")) == \
         [(q["path"], q["error"]), (qf["path"], qf["error"])]
 
-    [gap] = table(spark, warehouse, "gaps")
-    assert (gap.gateway, gap.gap_first, gap.gap_length, gap.gap_last) == \
-        ("gw-golden", gap_header.gap_first, gap_header.gap_length,
-         gap_header.gap_first + gap_header.gap_length - 1)
+    # The header's gap (12..19), and offset 22, missing inside the batch 20..24.
+    assert report["gaps_added"] == 2
+    assert sorted((g.gateway, g.gap_first, g.gap_length, g.gap_last, g.reason)
+                  for g in table(spark, warehouse, "gaps")) == \
+        [("gw-golden", gap_header.gap_first, gap_header.gap_length,
+          gap_header.gap_first + gap_header.gap_length - 1, "reported"),
+         ("gw-golden", 22, 1, 22, "damage")]
     messages = {r.offset: r for r in table(spark, warehouse, "messages")}
     assert sorted(messages) == list(range(10)) + [r.offset for r in gap_records] + \
         list(range(30, 40))
@@ -168,7 +172,7 @@ def test_corrupt_batches_are_quarantined_the_rest_ingested_and_gaps_reported(spa
     shutil.copy(numeric / f"{0:020d}-{9:020d}.ebb.zst", numeric / "copy.ebb.zst")
     copied = ingest_once(spark, str(landing), str(warehouse))
     assert (copied["files_new"], copied["rows_added"], copied["duplicates"]) == (1, 0, 10)
-    assert len(table(spark, warehouse, "gaps")) == 1
+    assert len(table(spark, warehouse, "gaps")) == 2
     # The same bad batch uploaded again: quarantined beside the first one, under a new name.
     (day / moved.name).write_bytes(bytes(damaged))
     [q2] = ingest_once(spark, str(landing), str(warehouse))["quarantined"]
@@ -294,22 +298,32 @@ def test_odd_files_are_quarantined_each_with_its_reason_and_the_good_one_ingeste
 
 def test_any_other_error_from_a_file_makes_an_error_row_naming_it(monkeypatch):
     """The first pass's function, without Spark: an exception that is not a BatchFormatError
-    (a reader bug, MemoryError) quarantines that file, and the files after it are read."""
+    (a reader bug, MemoryError) quarantines that file, and the files after it are read. Each
+    row carries the file's length and modification time (ms) as the read saw them."""
     import pyarrow as pa
     from edgebroker.spark import ingest
 
-    def days(blob, path):
+    def summary(blob, path):
         if blob == b"bad":
             raise MemoryError("no room")
         return real(blob, path)
-    real = ingest.batch_days
-    monkeypatch.setattr(ingest, "batch_days", days)
-    files = pa.RecordBatch.from_pylist([{"path": "a/bad.ebb.zst", "content": b"bad"},
-                                        {"path": "a/good.ebb.zst", "content": good_blob()}])
+    real = ingest.batch_summary
+    monkeypatch.setattr(ingest, "batch_summary", summary)
+    when = datetime(2024, 1, 2, tzinfo=timezone.utc)
+    files = pa.RecordBatch.from_pylist(
+        [{"path": "a/bad.ebb.zst", "length": 3, "modificationTime": when, "content": b"bad"},
+         {"path": "a/good.ebb.zst", "length": len(good_blob()), "modificationTime": when,
+          "content": good_blob()}],
+        schema=pa.schema([("path", pa.string()), ("length", pa.int64()),
+                          ("modificationTime", pa.timestamp("us", tz="UTC")),
+                          ("content", pa.binary())]))
     rows = [row for rb in ingest.summarize_files([files]) for row in rb.to_pylist()]
     assert [(r["kind"], r["path"], r["error"]) for r in rows] == [
         ("error", "a/bad.ebb.zst", "a/bad.ebb.zst: cannot be read (MemoryError('no room'))"),
         ("batch", "a/good.ebb.zst", None), ("date", "a/good.ebb.zst", None)]
+    assert [(r["length"], r["mtime"]) for r in rows][:2] == \
+        [(3, ms(when)), (len(good_blob()), ms(when))]
+
 
 def test_a_batch_goes_in_without_deduplication_only_when_its_range_overlaps_nothing():
     from collections import namedtuple

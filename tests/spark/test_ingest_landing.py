@@ -18,7 +18,7 @@ from edgebroker.spark.ingest import ingest_once
 from edgebroker.uploader.batch import object_name
 
 from spark.test_arrow import build, rewrite
-from spark.test_ingest import GOLDEN, table
+from spark.test_ingest import GOLDEN, ms, table
 
 DAY_MS = 86_400_000
 T0 = 1_700_000_000_000   # 2023-11-14T22:13:20Z
@@ -279,3 +279,86 @@ def test_the_listing_names_each_file_alike_in_the_scan_and_in_input_files(
         .load(_literal(str(landing)))
     rows = {_path_key(r.path) for r in df.select("path").collect()}
     assert len(rows) == 3 and rows == {_uri_key(uri) for uri in df.inputFiles()}
+
+
+def test_offsets_missing_inside_a_batch_are_gaps_counted_and_logged(spark, tmp_path, caplog):
+    """A batch 0..9 without 3, 4, 7 and 8 (damaged records left out when it was cut): two rows
+    in `gaps`, reason damage, beside the gap a header reports (reason reported); counted and
+    logged. A re-cut batch 5..9 (the same hole 7..8) and a copy add none."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    holed = [(o, T0 + o, b"h") for o in (0, 1, 2, 5, 6, 9)]
+    land(landing, holed)
+    land(landing, [(o, T0 + o, b"r") for o in (15, 16)], gap=(10, 5))
+    caplog.set_level(logging.WARNING, logger="edgebroker.spark")
+    report = ingest_once(spark, str(landing), str(warehouse))
+    assert (report["rows_added"], report["gaps_added"]) == (8, 3)
+    gaps = sorted((r.gap_first, r.gap_last, r.gap_length, r.reason, r.batch.rsplit("/", 1)[-1])
+                  for r in table(spark, warehouse, "gaps"))
+    name = f"{0:020d}-{9:020d}.ebb.zst"
+    assert gaps == [(3, 4, 2, "damage", name), (7, 8, 2, "damage", name),
+                    (10, 14, 5, "reported", f"{15:020d}-{16:020d}.ebb.zst")]
+    times = {r.gap_first: r.batch_time for r in table(spark, warehouse, "gaps")}
+    assert (ms(times[3]), ms(times[7])) == (T0 + 5, T0 + 9)
+    warnings = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert len(warnings) == 3 and any(
+        w.startswith("gateway gw-a: offsets 7..8 (2) lost, missing (damage) in ") for w in warnings)
+
+    land(landing, holed[3:], name="recut.ebb.zst")
+    land(landing, holed, name="copy.ebb.zst")
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["gaps_added"]) == (2, 0, 0)
+    assert len(table(spark, warehouse, "gaps")) == 3
+
+
+def test_a_bad_file_replaced_after_the_run_read_it_is_left_for_the_next_run(
+        spark, tmp_path, caplog):
+    """A torn copy and an empty file at batch names, judged unreadable by the first pass; the
+    dir sink then replaces each by its whole batch (a new file renamed over the name) before
+    the run's quarantine step. Neither is moved: both are left, logged and named in the
+    report, and the next run ingests them. A bad file that did not change is quarantined."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    torn = land(landing, [(o, T0 + o, b"a") for o in range(10)])
+    whole_torn = torn.read_bytes()
+    torn.write_bytes(whole_torn[:5])
+    empty = land(landing, [(o, T0 + o, b"b") for o in range(10, 20)])
+    whole_empty = empty.read_bytes()
+    empty.write_bytes(b"")
+    stays = land(landing, [(o, T0 + o, b"c") for o in range(20, 30)], name="stays.ebb.zst")
+    stays.write_bytes(stays.read_bytes()[:7])
+
+    class Replace(logging.Handler):
+        done = False
+
+        def emit(self, record):
+            # Logged once the first pass is over, before anything is written or moved.
+            if not Replace.done and "new batches" in record.getMessage():
+                Replace.done = True
+                for path, blob in ((torn, whole_torn), (empty, whole_empty)):
+                    tmp = path.with_name("." + path.name + ".tmp")
+                    tmp.write_bytes(blob)
+                    tmp.replace(path)
+    logger = logging.getLogger("edgebroker.spark")
+    handler = Replace()
+    logger.addHandler(handler)
+    caplog.set_level(logging.INFO, logger="edgebroker.spark")
+    try:
+        report = ingest_once(spark, str(landing), str(warehouse))
+    finally:
+        logger.removeHandler(handler)
+    assert Replace.done
+    assert [Path(q["path"]).name for q in report["quarantined"]] == [stays.name]
+    assert sorted(Path(p).name for p in report["changed_since_read"]) == \
+        sorted([torn.name, empty.name])
+    assert torn.read_bytes() == whole_torn and empty.read_bytes() == whole_empty
+    moved = sorted(p.name for p in (warehouse / "_quarantine").rglob("*.ebb.zst*"))
+    assert moved == [stays.name]
+    assert [r.path.rsplit("/", 1)[-1] for r in table(spark, warehouse, "quarantine")] == \
+        [stays.name]
+    left = [r.getMessage() for r in caplog.records if "changed since this run read" in
+            r.getMessage()]
+    assert len(left) == 2 and all("left for the next run" in m for m in left)
+
+    again = ingest_once(spark, str(landing), str(warehouse))
+    assert (again["files_new"], again["rows_added"], again["quarantined"],
+            again["changed_since_read"]) == (2, 20, [], [])
+    assert sorted(r.offset for r in table(spark, warehouse, "messages")) == list(range(20))
