@@ -18,6 +18,7 @@ import logging
 import selectors
 import socket
 import ssl
+import struct
 import threading
 
 log = logging.getLogger("edgebroker.bridge")
@@ -35,6 +36,10 @@ def numeric_address(host: str, port: int):
             continue
         return family, (host, port)
     return None
+
+
+# SO_LINGER on, 0 s: close() resets the connection and drops the send queue.
+LINGER_RESET = struct.pack("ii", 1, 0)
 
 
 class Resolver:
@@ -304,6 +309,17 @@ class Link:
             self.close(f"shutdown failed: {exc.strerror or exc}")
             return
         self._watch()
+
+    def reset(self, reason: str) -> None:
+        """Close at once, discarding what the kernel still holds to send (a plain close would
+        leave it to go out after the process is gone, past the checkpoint that counts it as
+        not sent: the next start would send it again)."""
+        if not self.closed:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+            except OSError:
+                pass
+        self.close(reason)
 
     def close(self, reason: str) -> None:
         if self.closed:

@@ -16,12 +16,14 @@ server/app.py's shutdown runs around the journal's final ``durable()``:
 A QoS 0 message counts as forwarded once it is handed to the link, and the cursor moves
 past it. At a stop on a slow link it may still be in the link's buffer, or in the
 kernel's send queue, not yet acknowledged by the remote's TCP (a queue of megabytes on a
-fast local socket): both are lost when the connection ends before they arrived (a new
-connection with the same client id ends the old one at the remote). If the link did not
-close gracefully within the bound, the final checkpoint goes back to the first QoS 0
-message of the oldest batch handed to the link whose end the remote's TCP had not
-acknowledged (``Link.unacknowledged``), so the next start sends it (and what followed it)
-again instead of losing it. Where the batch partly arrived, the remote may get some of
+fast local socket). If the link did not close gracefully within the bound, it is reset
+(``Link.reset``: the kernel drops its send queue, which would otherwise go out after the
+process is gone) and the final checkpoint goes back to the first QoS 0 message of the
+oldest batch handed to the link whose end the remote's TCP had not acknowledged
+(``Link.unacknowledged``), so the next start sends it (and what followed it) again
+instead of losing it. What the remote's TCP acknowledged and the remote had not read yet
+is its own (a new connection with the same client id may end the old one before the remote
+reads it: QoS 0 lost, as at most once allows). Where the batch partly arrived, the remote may get some of
 those messages twice. For that the bridge keeps, per batch handed to the link, where in
 the link's byte stream the batch ends and its first QoS 0 offset (``handed``): at most the
 batches in the link's buffer and the kernel's send queue (trimmed every ``TRIM_AT``).
@@ -112,7 +114,7 @@ class Stopping:
         link = self.link
         if link is not None and not link.closed:
             left = link.out_bytes + link.unacknowledged()
-            link.close("the broker stops")
+            link.reset("the broker stops")      # what it held goes at the next start
             if left:
                 log.warning("bridge %s: %d bytes still in its link at the stop, not received "
                             "by the remote (it takes them slower than the stop waits): QoS "

@@ -25,6 +25,7 @@ import mmap
 import selectors
 import signal
 import socket
+import time
 
 from edgebroker.server import sdnotify
 from edgebroker.server.contention import CpuContention
@@ -359,11 +360,16 @@ class Loop:
             others = closing() if closing is not None else ()
             if not others and not any(t.out for t in self.transports):
                 break
+            handled = False
             for callback, mask in self.selector.select(0.05):
                 if callback in others:
                     callback(mask)
+                    handled = True
                 elif mask & selectors.EVENT_WRITE:
                     callback(selectors.EVENT_WRITE)
+                    handled = True
+            if not handled:     # only input no one reads now (a client's, a wake-up): wait
+                time.sleep(0.02)
 
     def close(self) -> None:
         self.selector.close()
