@@ -23,10 +23,11 @@ oldest batch handed to the link whose end the remote's TCP had not acknowledged
 (``Link.unacknowledged``), so the next start sends it (and what followed it) again
 instead of losing it. What the remote's TCP acknowledged and the remote had not read yet
 is its own (a new connection with the same client id may end the old one before the remote
-reads it: QoS 0 lost, as at most once allows). Where the batch partly arrived, the remote may get some of
-those messages twice. For that the bridge keeps, per batch handed to the link, where in
-the link's byte stream the batch ends and its first QoS 0 offset (``handed``): at most the
-batches in the link's buffer and the kernel's send queue (trimmed every ``TRIM_AT``).
+reads it: QoS 0 lost, as at most once allows). Where the batch partly arrived, the remote
+may get some of those messages twice. For that the bridge keeps, per batch handed to the
+link, where in the link's byte stream the batch ends and its first QoS 0 offset
+(``handed``): at most the batches in the link's buffer and the kernel's send queue
+(trimmed every ``TRIM_AT``).
 """
 
 from __future__ import annotations
