@@ -409,19 +409,30 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # row; a log that started over under the same gateway id reports its gaps at other times.
     # Rows written before batch_time existed (null there) match any time. The offsets missing
     # inside a batch (records damaged when it was cut, left out) are gaps too, their time that
-    # of the record right after them: a batch re-cut to begin there reports the same gap.
+    # of the record right after them: a batch re-cut to begin there reports the same gap. A
+    # damage gap and a reported one of the same range are one gap whatever their times (the
+    # batch's earliest timestamp is not the record's after the hole when the clock went back).
     gaps: dict = {}
     for r in good + [r for r in summary if r.kind == "hole"]:
         if r.gap_length:
             gaps.setdefault((r.gateway, r.gap_first, r.gap_length, r.batch_time),
                             (r.path, "reported" if r.kind == "batch" else "damage"))
+    held = []
     if gaps and fs.exists(tables["gaps"]):
         held = (spark.read.schema(GAPS_DDL).parquet(_literal(tables["gaps"]))
-                .selectExpr("gateway", "gap_first", "gap_length", "unix_millis(batch_time) AS t")
+                .selectExpr("gateway", "gap_first", "gap_length", "unix_millis(batch_time) AS t",
+                            "coalesce(reason, 'reported') AS reason")
                 .collect())
         timeless = {(r.gateway, r.gap_first, r.gap_length) for r in held if r.t is None}
         known = {(r.gateway, r.gap_first, r.gap_length, r.t) for r in held}
         gaps = {k: v for k, v in gaps.items() if k not in known and k[:3] not in timeless}
+    kinds = {(r.gateway, r.gap_first, r.gap_length, r.reason) for r in held}
+    for key, (path, reason) in sorted(gaps.items()):
+        other = "reported" if reason == "damage" else "damage"
+        if (*key[:3], other) in kinds:
+            del gaps[key]
+        else:
+            kinds.add((*key[:3], reason))
     if gaps:
         rows = [(gw, first, first + length - 1, length, path,
                  datetime.fromtimestamp(t / 1000, timezone.utc), reason)

@@ -71,8 +71,11 @@ def quarantine(spark, fs, bad: list, landing: str, warehouse: str, table: tuple,
         if _changed(fs, r, report, after_row=True):
             continue
         fs.move(path, dst)
-        if fs.stamp(dst) != (r.length, r.mtime):
+        moved = fs.stamp(dst)
+        if moved is None or moved[0] != r.length:
             # Replaced between the check and the rename: put it back when its name is free.
+            # (Its length tells: a store whose rename is a copy, S3A's, gives the moved file
+            # a new modification time, and it would go back and forth at every run.)
             back = not fs.exists(path)
             if back:
                 fs.move(dst, path)

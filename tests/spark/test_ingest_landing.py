@@ -310,6 +310,23 @@ def test_offsets_missing_inside_a_batch_are_gaps_counted_and_logged(spark, tmp_p
     assert len(table(spark, warehouse, "gaps")) == 3
 
 
+def test_a_damage_gap_and_the_same_gap_reported_by_a_re_cut_batch_are_one_row(spark,
+                                                                              tmp_path):
+    """The clock went back inside the batch: the re-cut batch's header reports the hole with
+    its earliest timestamp, not that of the record after the hole, and the two were two rows
+    (damage, then reported) of the same offsets, counted and logged twice."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    ts = {o: T0 + o for o in range(10)}
+    ts[6] = T0 + 2                                  # 3 ms behind offset 5's
+    land(landing, [(o, ts[o], b"h") for o in (0, 1, 2, 5, 6, 7, 8, 9)])
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 1
+    land(landing, [(o, ts[o], b"h") for o in (5, 6, 7, 8, 9)], name="recut.ebb.zst",
+         gap=(3, 2))
+    assert ingest_once(spark, str(landing), str(warehouse))["gaps_added"] == 0
+    assert [(r.gap_first, r.gap_length, r.reason)
+            for r in table(spark, warehouse, "gaps")] == [(3, 2, "damage")]
+
+
 def test_a_bad_file_replaced_after_the_run_read_it_is_left_for_the_next_run(
         spark, tmp_path, caplog):
     """A torn copy and an empty file at batch names, judged unreadable by the first pass; the
