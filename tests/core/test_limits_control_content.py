@@ -8,17 +8,9 @@ naming what it sent; small SUBSCRIBEs and the PUBACKs of messages in flight are 
 import mqttraw as m
 import mqttraw5 as R
 
+from core.test_limits_control import _answers
+
 THROTTLED = "over its control packet rate"
-
-
-def _answers(c, ptype: int, n: int, timeout: float = 15.0) -> list:
-    """The next ``n`` packets, each of type ``ptype`` (bounded: ``timeout`` for each)."""
-    got = []
-    for _ in range(n):
-        p = c.recv_packet(timeout)
-        assert p.type == ptype, (p, len(got))
-        got.append(p)
-    return got
 
 
 def _throttled(b, mark, who: str, what: str) -> None:
