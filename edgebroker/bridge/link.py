@@ -226,7 +226,6 @@ class Link:
         queue: TIOCOUTQ on Linux, which may count a FIN sent as one more; 0 where it cannot
         be asked). Lost with the connection if it ends now."""
         import fcntl
-        import struct
         import termios
         try:
             queued = fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))
