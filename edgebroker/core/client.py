@@ -29,7 +29,7 @@ from edgebroker.mqtt.stream import Decoder
 from edgebroker.core import mqtt5
 from edgebroker.core.dispatch import (
     AUTH_EXCHANGE, AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED5, CONNECTED5_RATED,
-    CONNECTED_RATED,
+    CONNECTED_RATED, PUBACKS_TOGETHER,
 )
 from edgebroker.core.handlers import acks, auth, connect
 from edgebroker.core.handlers.connect import connections_log
@@ -170,7 +170,7 @@ class Client:
             self.decoder.keep(data)
             return
         n = len(data)
-        if n >= 8 and data[0] == 0x40 and self._handlers[P.PUBACK] is acks.on_puback:
+        if n >= 8 and data[0] == 0x40 and self._handlers[P.PUBACK] in PUBACKS_TOGETHER:
             pids = self.decoder.pubacks(data)
             if pids is not None:
                 self._acks_received(pids)

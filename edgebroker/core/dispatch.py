@@ -78,21 +78,14 @@ for _t in P.SERVER_TO_CLIENT_ONLY:
 CONTROL = (P.PINGREQ, P.SUBSCRIBE, P.UNSUBSCRIBE, P.AUTH)
 
 
-def _charge_one(client, p) -> None:
-    client.charge_control()
-    if p.properties is not None:    # AUTH
-        acks.charge_properties(client, p)
-
-
 # How each control packet is charged once handled (by its content: core.handlers.acks).
-_CHARGES = {P.SUBSCRIBE: acks.charge_filters, P.UNSUBSCRIBE: acks.charge_filters,
-            P.AUTH: _charge_one}
+_CHARGES = {P.SUBSCRIBE: acks.charge_filters, P.UNSUBSCRIBE: acks.charge_filters}
 
 
 def _charged(handler, t: int):
     """``handler``, then the packet charged to the client's control rate."""
     charge = _CHARGES.get(t)
-    if charge is None:      # PINGREQ
+    if charge is None:      # PINGREQ, AUTH
         def charged(client, p) -> None:
             handler(client, p)
             client.charge_control()
@@ -142,3 +135,28 @@ CONNECTED5_RATED = dict(CONNECTED5)
 CONNECTED5_RATED[P.PUBLISH] = publish.on_publish5_rated
 _charging(CONNECTED5)
 _charging(CONNECTED5_RATED)
+
+# The 5.0 packets besides PUBLISH (charged where its properties are checked, on the hot path)
+# that may carry User Properties and do not end the connection: charged by their number too.
+_WITH_USER_PROPERTIES = (P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP, P.SUBSCRIBE, P.UNSUBSCRIBE,
+                         P.AUTH)
+
+
+def _charging_properties(handler):
+    """``handler``, then the packet's User Properties charged (``acks.charge_properties``)."""
+    def charged(client, p) -> None:
+        handler(client, p)
+        acks.charge_properties(client, p)
+    charged.__name__ = charged.__qualname__ = f"{handler.__name__}_properties"
+    return charged
+
+
+_wrapped: dict = {}      # one wrapper per handler, whichever table it is in
+for _table in (CONNECTED5, CONNECTED5_RATED):
+    for _t in _WITH_USER_PROPERTIES:
+        _h = _table[_t]
+        _table[_t] = _wrapped.get(_h) or _wrapped.setdefault(_h, _charging_properties(_h))
+
+# A read of PUBACKs only goes to ``acks.on_pubacks`` (core.client) when the connection's
+# PUBACK handler is one of these (a PUBACK that carries properties is not read that way).
+PUBACKS_TOGETHER = (acks.on_puback, _wrapped[acks.on_puback])

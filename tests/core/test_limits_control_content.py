@@ -5,6 +5,8 @@ PUBACK or PUBCOMP for no message in flight costs one, as a PUBREL or PUBREC does
 over the rate this way is throttled, counted in limit_hits control_rate and logged once,
 naming what it sent; small SUBSCRIBEs and the PUBACKs of messages in flight are not."""
 
+import pytest
+
 import mqttraw as m
 import mqttraw5 as R
 
@@ -104,4 +106,28 @@ def test_small_subscribes_and_acks_of_messages_in_flight_are_charged_as_before(b
     c.send(b"".join(R.publish5(f"{uid}/x", b"x", props=_users(99)) for _ in range(n)))
     assert c.ping(10) == []
     assert b.stats()["limit_hits"]["control_rate"] == 0
+    c.close()
+
+
+@pytest.mark.parametrize("name, packet, answer", [
+    ("PUBREC", lambda props: R.pubrec5(7, 0, props), m.PUBREL),
+    ("PUBREL", lambda props: R.pubrel5(7, 0, props), m.PUBCOMP),
+    ("PUBCOMP", lambda props: R.pubcomp5(7, 0, props), None),
+    ("SUBSCRIBE", lambda props: R.subscribe5(3, [("a/b", 0)], props), m.SUBACK),
+    ("UNSUBSCRIBE", lambda props: R.unsubscribe5(3, ["a/b"], props), m.UNSUBACK),
+])
+def test_every_5_0_packet_with_many_user_properties_is_charged(broker, uid, name, packet,
+                                                               answer):
+    """Whichever 5.0 packet carries them, many User Properties cost tokens: the client is
+    throttled, naming the packet, and not disconnected."""
+    b = broker(limits={"control_rate": 100, "control_burst": 50})
+    c = R.RawClient5(b.host, b.port)
+    assert c.connect(f"{uid}-c").reason == 0
+    mark = b.mark()
+    n = 2_000                                   # 20 tokens each
+    c.send(packet(_users(n)) * 3)
+    if answer is not None:
+        _answers(c, answer, 3)
+    _throttled(b, mark, f"{uid}-c", f"{name} of {n} User Properties")
+    assert c.ping(20) == []
     c.close()

@@ -24,20 +24,20 @@ FILTERS_PER_TOKEN = 10
 
 
 def charge_properties(client, p) -> None:
-    """``p`` (a 5.0 packet with properties) handled: its User Properties charged."""
-    pairs = p.properties.get(USER_PROPERTY)
+    """``p`` (a 5.0 packet) handled: its User Properties charged (core.dispatch calls this
+    after each 5.0 packet that may carry them; PUBLISH calls it where it checks them)."""
+    props = p.properties
+    pairs = None if props is None else props.get(USER_PROPERTY)
     if pairs is not None and len(pairs) >= USER_PROPERTIES_PER_TOKEN:
         client.charge_control(len(pairs) // USER_PROPERTIES_PER_TOKEN,
                               f"{_a(p.type)} of {len(pairs)} User Properties")
 
 
 def charge_filters(client, p) -> None:
-    """A SUBSCRIBE or UNSUBSCRIBE handled: charged by its topic filters (and properties)."""
+    """A SUBSCRIBE or UNSUBSCRIBE handled: charged by its topic filters."""
     n = len(p.topics)
     client.charge_control(-(-n // FILTERS_PER_TOKEN),
                           f"{_a(p.type)} of {n} topic filters" if n > 1 else "")
-    if p.properties is not None:
-        charge_properties(client, p)
 
 
 def _a(t: int) -> str:
@@ -56,8 +56,6 @@ def on_puback(client, p) -> None:
             client.broker.pump(session)
     else:
         client.charge_control()     # no window bounds these: a control packet
-    if p.properties is not None:
-        charge_properties(client, p)
 
 
 def on_pubacks(client, pids) -> None:
@@ -137,8 +135,6 @@ def on_pubrec5(client, p) -> None:
             raise _wrong_ack(p, entry)
         else:
             _complete(client, session, p.packet_id, entry)
-    if p.properties is not None:
-        charge_properties(client, p)
 
 
 def on_pubrel(client, p) -> None:
@@ -155,8 +151,6 @@ def on_pubrel(client, p) -> None:
         client.answer(encode_ack(P.PUBCOMP, p.packet_id))
         client.charge_control()
     client.broker.stats.packets_sent += 1
-    if p.properties is not None:
-        charge_properties(client, p)
 
 
 def forget_inherited(client, awaiting: dict) -> bool:
@@ -193,8 +187,6 @@ def on_pubcomp(client, p) -> None:
         _complete(client, session, p.packet_id, entry)
     else:
         client.charge_control()     # no window bounds these: a control packet
-    if p.properties is not None:
-        charge_properties(client, p)
 
 
 def _complete(client, session, pid: int, entry) -> None:
