@@ -36,6 +36,7 @@ from edgebroker.commitlog.recovery import UPLOADED_FILE
 from edgebroker.errors import EdgebrokerError
 from edgebroker.files import write_small_file
 from edgebroker.uploader import cutter
+from edgebroker.uploader.figures import backlog_batches, figures_of
 from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, read_batch_file, records_id,
 )
@@ -201,7 +202,8 @@ class Uploader:
     def run_once(self, progress=None) -> int:
         """Ship every batch sealed now, in this thread; the number shipped. ``progress(figures)``
         after each batch. Transient errors are retried with back-off (Ctrl-C ends the wait);
-        a permanent one raises PermanentSinkError."""
+        a permanent one raises PermanentSinkError, a file of its own it cannot write (the
+        uploaded mark included, tried once more at the end) LocalError."""
         os.makedirs(self.dir, exist_ok=True)
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.intent = read_intent(self.dir)
@@ -213,6 +215,7 @@ class Uploader:
                 shipped += 1
                 if progress is not None:
                     progress(self.figures())
+            self._mark_saved()
         finally:
             self.sink.close()
             os.close(self._dir_fd)
@@ -352,6 +355,19 @@ class Uploader:
         if self.log.uploaded_unsaved and self.reserve.release():
             self._with_room(path, lambda: self.log.mark_uploaded(offset))
 
+    def _mark_saved(self) -> None:
+        """The end of ``run_once``: a mark held in memory only (no room for its file) is
+        written now, or LocalError naming the file (no later round would write it)."""
+        if not self.log.uploaded_unsaved:
+            return
+        offset = self.log.uploaded_offset
+        self._mark(offset)
+        if self.log.uploaded_unsaved:
+            path = os.path.join(self.log.directory, UPLOADED_FILE)
+            raise LocalError(f"uploader: cannot write {path}: no room on its disk (full, or "
+                             f"over quota); offsets below {offset} landed all the same, and the "
+                             f"next run finds them there and writes the mark")
+
     def _damaged(self, damage) -> None:
         log.warning("%s; not uploaded", damage.describe())
 
@@ -451,40 +467,7 @@ class Uploader:
     # -- figures ---------------------------------------------------------------------------------
     def figures(self) -> dict:
         """The uploader's side of the stats (any thread)."""
-        segments, nbytes, oldest, newest = self.backlog
-        now = self.clock_ms()
-        with self._lock:
-            lag = 0.0
-            if nbytes and newest:
-                lag = max(0.0, (newest - max(self.shipped_max_ts, oldest or 0)) / 1000)
-            return {
-                "url": self.sink.name, "gateway_id": self.gateway_id,
-                "state": "paused" if self.paused and self.state != "uploading" else self.state,
-                "paused": self.paused,
-                "uploaded_offset": self.log.uploaded_offset,
-                "batches": self.batches, "records": self.records, "bytes": self.bytes_shipped,
-                "bytes_raw": self.bytes_raw, "retries": self.retries,
-                "permanent_errors": self.permanent_errors, "local_errors": self.local_errors,
-                "alarm": self.alarm,
-                "last_error": self.last_error, "last_error_time": self.last_error_time,
-                "last_success_time": self.last_success_time, "gap_offsets": self.gap_offsets,
-                "forced_deletions": self.log.counters.forced_deletions,
-                "forced_deleted_records": self.log.counters.forced_deleted_records,
-                "mark_unsaved": self.log.counters.uploaded_mark_unsaved,
-                "retry_in_seconds": max(0.0, self.retry_at - time.time()) if self.retry_at else 0.0,
-                "backlog_segments": segments, "backlog_bytes": nbytes,
-                "backlog_batches": backlog_batches(nbytes, segments, self.config.batch_bytes),
-                "backlog_age_seconds": max(0.0, (now - oldest) / 1000) if oldest is not None else 0.0,
-                "lag_seconds": lag,
-            }
-
-
-def backlog_batches(nbytes: int, sealed: int, batch_bytes: int) -> int:
-    """About how many batches the backlog makes: one per ``batch_bytes`` and one more for each
-    sealed segment's remainder (a batch never spans two segments)."""
-    if not nbytes:
-        return 0
-    return max(-(-nbytes // batch_bytes), sealed)
+        return figures_of(self)
 
 
 def _backoff(attempt: int) -> float:

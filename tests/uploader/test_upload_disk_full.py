@@ -6,6 +6,7 @@ and logged once, in the broker and in ``upload run --once``."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 from conftest import run_cli
@@ -136,3 +137,43 @@ def test_run_once_with_an_upload_directory_it_cannot_make_says_so_in_one_line(br
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1] == \
         f"edgebroker: upload run: {data / 'upload'}: File exists", r.stderr
+
+
+def test_run_once_whose_uploaded_mark_finds_no_room_says_so_in_one_line(broker, tmp_path,
+                                                                        request):
+    """``upload run --once`` on a full state disk whose upload directory has room (its own
+    file system): the batches land, but ``log/uploaded`` cannot be written, no reserve helps
+    (it is on the other file system). It tries once more at the end, then exits 1 with one
+    line naming the mark's file, rather than 0 with a mark held only in memory."""
+    if not in_private_mount_namespace(request):
+        return
+    first = tmp_path / "first"
+    b = broker(data_dir=str(first), log={"segment_bytes": 65536})    # no uploading
+    publish(b, 0, 400, size=300, make=lambda i, size: os.urandom(size))
+    b.stop()
+    small = tmp_path / "small"
+    mount_tmpfs(small, "1m")
+    data = small / "data"
+    shutil.copytree(first, data)
+    mount_tmpfs(data / "upload", "4m")
+    fill_up(small / "filler")                # the state disk is full; the upload folder is not
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = tmp_path / "upload.toml"
+    config.write_text(f'data_dir = "{data}"\n[log]\nsegment_bytes = 65536\n[upload]\n'
+                      f'url = "file://{landing}"\ngateway_id = "gw-test"\n')
+    r = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
+    mark = data / "log" / "uploaded"
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and not r.stdout, (r.stdout, r.stderr)
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"edgebroker: uploader: cannot write {mark}: "), last
+    assert "no room on its disk" in last, last
+    assert landed_offsets(landing), "the batches landed all the same"
+    assert not mark.exists()
+    landed_first = landed_offsets(landing)
+    (small / "filler").unlink()               # room again: the next run writes the mark
+    r = run_cli("upload", "run", "--once", "-c", str(config), timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert mark.read_text().strip() == f'{{"uploaded_offset": {landed_first[-1] + 1}}}'
+    assert landed_offsets(landing) == landed_first == list(range(len(landed_first)))
