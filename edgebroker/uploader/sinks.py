@@ -79,7 +79,9 @@ class DirSink:
     (a warning); another batch is a PermanentSinkError ("already exists with other bytes"), as
     the s3 sink's conditional put, and so is something there that is not a regular file (a
     FIFO: never opened, its open would wait for good). A temporary file a crash left is
-    removed by the next put of its name (the retry)."""
+    removed by the next put of its name (the retry). An error names the object's final path,
+    never the temporary one, so that the same failure reads the same at each retry (the
+    uploader logs each distinct error once)."""
 
     def __init__(self, root: str):
         self.root = root
@@ -96,7 +98,7 @@ class DirSink:
             self._make_folders(folder)
             self._remove_leftovers(folder, base)
             try:
-                where = tmp
+                where = dest     # (the temporary name is new at each try: errors name dest)
                 with open(path, "rb") as src:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                     try:
@@ -105,7 +107,6 @@ class DirSink:
                         os.fsync(fd)
                     finally:
                         os.close(fd)
-                where = dest
                 self._publish(tmp, dest, path, size, records_id)
             finally:
                 _unlink_quietly(tmp)
@@ -113,8 +114,8 @@ class DirSink:
             self._fsync_dir(folder)
         except OSError as exc:
             kind = PermanentSinkError if exc.errno in PERMANENT_ERRNOS else TransientSinkError
-            raise kind(f"{self.name}: cannot write {exc.filename or where}: "
-                       f"{exc.strerror or exc}") from None
+            name = dest if exc.filename == tmp else exc.filename or where
+            raise kind(f"{self.name}: cannot write {name}: {exc.strerror or exc}") from None
 
     @staticmethod
     def _remove_leftovers(folder: str, base: str) -> None:

@@ -1,7 +1,7 @@
 """The uploader on a full disk, for real (a private tmpfs; see tests/diskfull.py): a full state
 disk does not jam it (the uploaded mark moves in memory, and its file is written and the held
-publish acknowledged once there is room), and a full upload directory is counted, said in the state
-and logged once, in the broker and in ``upload run --once``."""
+publish acknowledged once there is room), a full upload directory is counted, said in the state
+and logged once, in the broker and in ``upload run --once``, and so is a full landing disk."""
 
 from __future__ import annotations
 
@@ -177,3 +177,35 @@ def test_run_once_whose_uploaded_mark_finds_no_room_says_so_in_one_line(broker, 
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
     assert mark.read_text().strip() == f'{{"uploaded_offset": {landed_first[-1] + 1}}}'
     assert landed_offsets(landing) == landed_first == list(range(len(landed_first)))
+
+
+def test_a_full_landing_disk_is_logged_once_and_counted_at_each_retry(broker, tmp_path,
+                                                                      request):
+    """The `dir` sink's landing folder on a full file system: every retry fails the same way
+    and is counted in ``retries``, but the error names the object's final path (not the
+    temporary name, new at each try), so it is logged once; once there is room it lands."""
+    if not in_private_mount_namespace(request):
+        return
+    landing = tmp_path / "landing"
+    mount_tmpfs(landing, "256k")
+    b = broker(data_dir=str(tmp_path / "data"),
+               upload=upload_config(landing, batch_bytes=4096, batch_max_age=1))
+    publish(b, 0, 20)
+    wait_until(lambda: uploaded(b) == 20, what="the first batches")
+    filler = landing / "filler"
+    fill_up(filler)                          # the date folder exists; no room for an object
+    publish(b, 20, 20)
+    wait_until(lambda: b.admin("upload_resume") is not None          # ends each back-off
+               and b.stats()["upload"]["retries"] >= 4, what="retries")
+    fig = b.stats()["upload"]
+    assert fig["uploaded_offset"] == 20 and not fig["alarm"]
+    assert fig["last_error"].endswith(": No space left on device"), fig["last_error"]
+    assert ".tmp" not in fig["last_error"], fig["last_error"]     # the object's own name
+    assert f"cannot write {landing}/gateway=" in fig["last_error"], fig["last_error"]
+    assert sum("upload failed" in line for line in b.logs) == 1, \
+        [line for line in b.logs if "upload failed" in line]
+    filler.unlink()
+    b.admin("upload_resume")
+    wait_until(lambda: uploaded(b) == 40, what="everything uploaded once there is room")
+    assert landed_offsets(landing) == list(range(40))
+    b.stop()
