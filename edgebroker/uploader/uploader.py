@@ -247,8 +247,11 @@ class Uploader:
                 batch = cutter.plan(src, start, self.config.batch_bytes,
                                     intent.last if intent is not None else None, self._damaged)
                 vanished = False   # the log no longer holds all the intent's records
-                if intent is not None and (batch.first, batch.last) != (intent.first,
-                                                                        intent.last):
+                if intent is not None and (batch.first, batch.last) == (
+                        intent.first, intent.last) and batch.count <= intent.last - intent.first:
+                    vanished = True   # records inside found damaged: the same name, fewer
+                elif intent is not None and (batch.first, batch.last) != (intent.first,
+                                                                          intent.last):
                     if batch.count and batch.first < intent.first:   # another log's intent?
                         log.warning("the intent file names offsets %d..%d but the log now "
                                     "holds %d..%d there; cutting afresh", intent.first,
@@ -275,7 +278,7 @@ class Uploader:
             finally:
                 os.close(src.fd)   # before a put of the batch file, which may take long
             if vanished:
-                held = f"{batch.first}..{batch.last}" if batch.count else "none"
+                held = f"{batch.count} ({batch.first}..{batch.last})" if batch.count else "none"
                 if self._ship_spool(intent, f"the log holds {held} of them now: a segment "
                                     f"removed or damaged since"):
                     return True

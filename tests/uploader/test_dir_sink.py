@@ -118,3 +118,37 @@ def test_a_fifo_at_the_batch_name_is_the_alarm_not_a_hang(broker, tmp_path):
     assert landed_offsets(landing) == [0, 1, 2]
     b.stop()
     assert not [line for line in b.logs if "did not stop" in line]
+
+
+def test_a_record_damaged_inside_a_shipped_batch_before_its_mark_is_not_an_alarm(broker,
+                                                                                  tmp_path):
+    """The batch 0..19 was stored but the broker stopped before its mark (the mark's file still
+    says 0), and at the restart record 10 in its segment reads as damaged: the range cut again
+    has the same first and last offsets, so the same object name, but fewer records. The batch
+    file built before (all 20 records, the landed bytes) is shipped again instead, a success;
+    no "already exists with other bytes" alarm, and the mark moves on."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    data = tmp_path / "data"
+    cfg = dict(data_dir=str(data), upload=upload_config(landing, batch_max_age=1))
+    b = broker(**cfg)
+    publish(b, 0, 20)
+    wait_until(lambda: uploaded(b) == 20, what="the batch")
+    assert b.stop() == 0
+    (obj,) = landing.rglob("*.ebb.zst")
+    before = obj.read_bytes()
+    intent = json.loads((data / "upload" / "intent").read_text())
+    assert (intent["first"], intent["last"]) == (0, 19)
+    (data / "log" / "uploaded").write_text('{"uploaded_offset": 0}\n')   # the mark not written
+    (segment,) = [p for p in (data / "log").glob("*.seg") if payload(10) in p.read_bytes()]
+    raw = bytearray(segment.read_bytes())
+    at = raw.index(payload(10))
+    raw[at] ^= 0xFF                          # record 10's CRC no longer matches
+    segment.write_bytes(bytes(raw))
+    b = broker(**cfg)
+    wait_until(lambda: uploaded(b) == 20, what="the mark moved on")
+    assert b.wait_log(lambda line: "shipping their batch file" in line, timeout=5)
+    fig = b.stats()["upload"]
+    assert not fig["alarm"] and fig["permanent_errors"] == 0, fig
+    assert obj.read_bytes() == before and landed_offsets(landing) == list(range(20))
+    assert b.stop() == 0
