@@ -221,10 +221,14 @@ class Client:
             self.last_seen = broker.clock()
 
     def connection_lost(self, reason: str) -> None:
-        """The socket closed or failed under us (not after DISCONNECT)."""
+        """The socket closed or failed under us (not after DISCONNECT). The client's end of
+        its stream (a TCP FIN, a WebSocket close frame) comes after the packets it sent: what
+        it published before is acknowledged first, as on a DISCONNECT (the transport still
+        sends what is queued before it closes)."""
         if not self.closed:
             if self.connected:
                 connections_log.info("%s: connection lost (%s)", self.describe(), reason)
+                self.broker.settle()
             self.close(will=True)
 
     def deadline(self) -> float | None:
