@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import logging
 
-from edgebroker.errors import (
-    CLIENT_ID_NOT_VALID, CONNACK_CODES_311, KEEP_ALIVE_TIMEOUT, UNSPECIFIED_ERROR,
-    UNSUPPORTED_PROTOCOL_VERSION, ProtocolError, shown,
-)
+from edgebroker.errors import KEEP_ALIVE_TIMEOUT, ProtocolError, shown
 from edgebroker.mqtt import packets as P
-from edgebroker.mqtt.encode import encode
 from edgebroker.mqtt.stream import Decoder
-from edgebroker.core import mqtt5
+from edgebroker.core import mqtt5, violations
 from edgebroker.core.dispatch import (
     AUTH_EXCHANGE, AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED5, CONNECTED5_RATED,
     CONNECTED_RATED, PUBACKS_TOGETHER,
@@ -45,8 +41,6 @@ _PROGRESS_BYTES = 1024     # bytes of a packet partly received that count for ke
 # warn_first: the distinct names of a kind (denied topics, refused filters) logged per
 # connection; the rest are only counted.
 FIRST_LOGGED = 16
-# The reason codes a refusing 5.0 CONNACK may carry for a protocol violation.
-CONNACK_REASONS5 = frozenset((0x81, 0x82, 0x84, 0x85, 0x95))
 
 
 class ClosedTransport:
@@ -227,10 +221,14 @@ class Client:
             self.last_seen = broker.clock()
 
     def connection_lost(self, reason: str) -> None:
-        """The socket closed or failed under us (not after DISCONNECT)."""
+        """The socket closed or failed under us (not after DISCONNECT). The client's end of
+        its stream (a TCP FIN, a WebSocket close frame) comes after the packets it sent: what
+        it published before is acknowledged first, as on a DISCONNECT (the transport still
+        sends what is queued before it closes)."""
         if not self.closed:
             if self.connected:
                 connections_log.info("%s: connection lost (%s)", self.describe(), reason)
+                self.broker.settle()
             self.close(will=True)
 
     def deadline(self) -> float | None:
@@ -414,61 +412,8 @@ class Client:
                 and (session.queue or session.cursor is not None or session.shared)):
             self.broker.pump(session)
 
-    def violation(self, exc: ProtocolError) -> None:
-        # The decoder keeps the error it raised; its traceback holds the frames that handled
-        # this client, a cycle that would keep the closed client until a garbage collection.
-        exc.with_traceback(None)
-        broker = self.broker
-        if self.connected:      # what it published earlier in this read is acknowledged first
-            broker.settle()
-        checking = self._handlers is AUTHENTICATING     # its CONNECT waits: a close
-        if (self.v5 is not None or exc.connect5 and not self.connected) and not checking:
-            return self._violation5(exc)
-        code = None if self.connected or checking else CONNACK_CODES_311.get(exc.reason)
-        if code is not None:
-            reason = ("protocol_version" if exc.reason == UNSUPPORTED_PROTOCOL_VERSION
-                      else "client_id")
-            broker.peer_log.log(log, logging.INFO, reason, self.peer,
-                                "%s: refused (CONNACK %d): %s", self.describe(), code, exc)
-            broker.stats.connections_refused += 1
-            broker.refused[reason] += 1
-            self.answer(encode(P.Connack(False, code)))
-        else:
-            self._log_violation(exc, "closing connection")
-        self.close(will=True)
-
-    def _log_violation(self, exc: ProtocolError, then: str) -> None:
-        broker = self.broker
-        broker.stats.protocol_errors += 1
-        kind = "max_packet_size" if exc.rule == "max_packet_size" else "protocol_error"
-        if kind == "max_packet_size":
-            broker.hit(kind)
-        broker.peer_log.log(log, logging.WARNING, kind, self.peer,
-                            "%s: protocol violation: %s; %s", self.describe(), exc, then)
-
-    def _violation5(self, exc: ProtocolError) -> None:
-        """A 5.0 client broke the protocol: a CONNACK (before CONNECT was accepted) or a
-        DISCONNECT with the reason code, and why, then the connection closes."""
-        broker = self.broker
-        reason = exc.reason
-        if not self.connected:
-            if reason not in CONNACK_REASONS5:
-                reason = UNSPECIFIED_ERROR
-            if reason in (UNSUPPORTED_PROTOCOL_VERSION, CLIENT_ID_NOT_VALID):
-                broker.stats.connections_refused += 1
-                kind = ("protocol_version" if reason == UNSUPPORTED_PROTOCOL_VERSION
-                        else "client_id")
-                broker.refused[kind] += 1
-                broker.peer_log.log(log, logging.INFO, kind, self.peer,
-                                    "%s: refused (CONNACK %#04x): %s", self.describe(), reason,
-                                    exc)
-            else:   # a CONNECT that breaks the protocol, as in 3.1.1 (no CONNACK code there)
-                self._log_violation(exc, f"CONNACK {reason:#04x} and closing")
-            self.answer(mqtt5.refusal_frame(self.v5, reason, str(exc)))
-        else:
-            self._log_violation(exc, f"DISCONNECT {reason:#04x} and closing")
-            self.answer(mqtt5.disconnect_frame(self.v5, reason, str(exc)))
-        self.close(will=True)
+    # A protocol violation ends the connection (core.violations: the answer, the log line).
+    violation = violations.violation
 
     def answer(self, frame: bytes) -> None:
         """Queue the answer to a request the client waits for (CONNACK, SUBACK, UNSUBACK,

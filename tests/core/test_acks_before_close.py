@@ -1,15 +1,25 @@
-"""A connection the broker closes for a protocol violation (or because it sent DISCONNECT) gets
-the acknowledgements of the messages it published earlier in the same read: they were accepted (logged and routed), but
+"""A connection the broker closes for a protocol violation (or because it sent DISCONNECT, or
+ended its side of the stream) gets the acknowledgements of the messages it published earlier in
+the same read: they were accepted (logged and routed), but
 their PUBACK/PUBREC waited for the pass's log write, and the close dropped them, so the
 client sent them again after reconnecting (a QoS 1 duplicate)."""
 
+import socket
+import time
+
 import pytest
 
+from edgebroker import config
+from edgebroker.core.broker import prompt_gap
 import mqttraw as m
 import mqttraw5 as R
 from conftest import _open_clients
 
 pytestmark = pytest.mark.timeout(60)
+# A connection quiet for longer than prompt_gap (at the default coalesce_ms) has its
+# acknowledgements held while the loop gathers more input: the end of its stream, come
+# meanwhile, is read before they are released.
+QUIET = 3 * prompt_gap(config.Config())
 
 
 def test_a_3_1_1_client_closed_mid_read_gets_the_acknowledgements_before_the_close(srv, uid):
@@ -39,7 +49,6 @@ def test_a_5_0_client_gets_them_before_its_disconnect(srv, uid):
     assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
 
 
-
 @pytest.mark.parametrize("version", [4, 5])
 def test_a_disconnect_behind_messages_in_the_same_read_gets_their_acknowledgements(
         srv, uid, version):
@@ -56,6 +65,31 @@ def test_a_disconnect_behind_messages_in_the_same_read_gets_their_acknowledgemen
         publish, disconnect = m.publish, m.disconnect
     c.send(publish(f"{uid}/t", b"one", qos=1, packet_id=1)
            + publish(f"{uid}/t", b"two", qos=2, packet_id=2) + disconnect())
+    assert c.expect_closed(10)
+    assert [(p.type, p.packet_id) for p in c.before_close] == [(m.PUBACK, 1), (m.PUBREC, 2)]
+    assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_messages_then_the_end_of_the_stream_get_their_acknowledgements(srv, uid, version):
+    """A TCP half-close (shutdown(SHUT_WR)) right behind them, in the same segment (TCP_CORK
+    holds the bytes until the FIN joins them): the broker reads the end of the stream before
+    the pass's log write. The client still reads."""
+    sub = srv.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/t", qos=1)
+    if version == 5:
+        c = R.RawClient5(srv.host, srv.port)
+        _open_clients.append(c)
+        assert c.connect(f"{uid}-c").reason == 0
+        publish = R.publish5
+    else:
+        c = srv.client(f"{uid}-c")
+        publish = m.publish
+    c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+    time.sleep(QUIET)
+    c.send(publish(f"{uid}/t", b"one", qos=1, packet_id=1)
+           + publish(f"{uid}/t", b"two", qos=2, packet_id=2))
+    c.sock.shutdown(socket.SHUT_WR)
     assert c.expect_closed(10)
     assert [(p.type, p.packet_id) for p in c.before_close] == [(m.PUBACK, 1), (m.PUBREC, 2)]
     assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
