@@ -16,8 +16,9 @@ them as the broker's own methods, with no extra call or lookup per message):
 - ``core.catchup``: the log as the queue: cursors of sessions behind, reading from them;
   ``core.catchup_run`` the runs a session with one subscription sends at once;
 - ``core.shared``: shared subscriptions: groups, the choice of member, hand-over;
-  ``core.shared_backlog`` a group's backlog read from the log; ``core.shared_state``
-  groups across restarts (snapshot, restore, the exchange journal's records of them);
+  ``core.shared_backlog`` a group's backlog handed out and read from the log;
+  ``core.shared_state`` groups across restarts (snapshot, restore, the exchange journal's
+  records of them);
 - ``core.timers``: the deadline heap (keepalive, CONNECT timeout, ``Timer``s) and
   the periodic maintenance;
 - ``core.persistence``: snapshots (capture, restore, replay), with ``core.exchanges``

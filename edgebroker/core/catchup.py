@@ -53,6 +53,10 @@ QUEUE_BYTES = 256 * 1024
 # One refill reads at most this many log bytes looking for matching records; a session with a
 # long stretch of records it does not want continues in the next loop pass.
 SCAN_BYTES = 4 * 1024 * 1024
+# Records queued, then dropped as they were to be written (5.0 Message Expiry passed, over the
+# client's Maximum Packet Size, refused by its ACL) fill neither the window nor the output: past
+# this many of them, one pump (or a shared group's hand-out) goes on in the next loop pass.
+UNSENT_RECORDS = 1024
 NO_HOLD = 1 << 63
 # ``CatchUp.lag`` of a session in step with the log (no cursor); read only.
 IN_STEP = {"cursor": None, "lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
@@ -101,6 +105,29 @@ class CatchUp:
         self.stats.sessions_caught_up += 1
         if not session.clean:
             self._snapshot_dirty = True
+
+    def read_on(self, session, unsent: int) -> bool:
+        """``Router.pump`` emptied the queue of ``session`` (behind, online, with room):
+        the rest of a run read from the log, else the next batch. ``unsent``: the records
+        the pump dropped at write time so far; past UNSENT_RECORDS the session goes on in
+        the next pass. True when the pump may go on."""
+        if unsent >= UNSENT_RECORDS:
+            self._go_on_later(session)
+            return False
+        cursor = session.cursor
+        if cursor.run is not None:
+            # Records read from the log as a run (core.catchup_run.Run), sent a piece
+            # (one native call, one write) at a time.
+            if not self.send_run(session, cursor.run):
+                return False
+            cursor.run = None
+            return True
+        return self.refill(session)
+
+    def _go_on_later(self, session) -> None:
+        self._catch_up_again.add(session)
+        if not self._catch_up_timer.pending:
+            self._catch_up_timer.start(self, self.clock())
 
     def refill(self, session) -> bool:
         """Read the next batch of ``session``'s records from the log into its queue (the
@@ -238,9 +265,7 @@ class CatchUp:
             return True
         if not queued:
             # A long stretch of records it does not take: go on in the next pass.
-            self._catch_up_again.add(session)
-            if not self._catch_up_timer.pending:
-                self._catch_up_timer.start(self, self.clock())
+            self._go_on_later(session)
             return False
         return True
 

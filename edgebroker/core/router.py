@@ -430,6 +430,7 @@ class Router:
         piece = piece_of(window)
         burst = 0         # ... since the last piece was sent (WINDOW_PIECES)
         acl = session.acl  # checked again on the way out: a reload, or another user's login
+        base = None       # sent - publish_sent when it first reads on from the log
         while True:
             while queue:
                 if transport.out_bytes >= max_pending:
@@ -468,15 +469,11 @@ class Router:
                 break
             if len(session.inflight) >= window:
                 break                         # ... once an acknowledgement frees the window
-            cursor = session.cursor
-            if cursor.run is not None:
-                # Records read from the log as a run (core.catchup_run.Run), sent a piece
-                # (one native call, one write) at a time.
-                if not self.send_run(session, cursor.run):
-                    break
-                cursor.run = None
-                continue
-            if not self.refill(session):
+            # What went out is counted in publish_sent: the rest of ``sent`` was dropped at
+            # write time (expired, too large, ACL), a budget per pass (core.catchup.read_on).
+            if base is None:
+                base = sent - self.stats.publish_sent
+            if not self.read_on(session, sent - self.stats.publish_sent - base):
                 break
             queue = session.queue
         if sent:

@@ -9,16 +9,18 @@ message's QoS and the QoS that member was granted:
   full window, ``max_pending_write_bytes`` waiting, its own queue not empty, or its ACL does not
   let it read the topic). A slow member therefore never holds the others back: a backlog
   entry only busy or offline members may read (ACLs) is passed over, each topic kept in
-  order (``_pass_over``).
+  order (``_pass_over``, core.shared_backlog).
 - No member can take a QoS 1/2 message: it waits in the group's backlog, handed out as members
   acknowledge, drain or come back (``pump_shared``, called by ``Router.pump``). The backlog is
   the log, as for sessions (core.catchup), but one per group: up to QUEUE_MESSAGES /
   QUEUE_BYTES in memory, past it the group keeps a cursor into the commit log and reads the
   records matching its filter from there (``_refill``, core.shared_backlog), so memory stays
   bounded and nothing is dropped while the records are in the log. A cursor per member
-  would deliver each message to every member. With max_queued_messages/bytes set (no log
-  as queue) the backlog is bounded by them instead and what does not fit is dropped
-  (counted under that limit).
+  would deliver each message to every member. Records dropped as they are written (5.0
+  Message Expiry passed, too large for the member) count toward a budget per loop pass
+  (``UNSENT_RECORDS``), past which the hand-out goes on in the next pass. With
+  max_queued_messages/bytes set (no log as queue) the backlog is bounded by them instead and
+  what does not fit is dropped (counted under that limit).
   A QoS 0 message no member can take now is dropped (``shared_no_room``).
 - Hand-over: when a member's connection ends (disconnect, takeover, keep alive; its session
   persistent or not), its unacknowledged QoS 1 messages of shared groups go back to the front
@@ -54,7 +56,7 @@ from edgebroker.mqtt.trie import SubscriptionTrie
 
 log = logging.getLogger("edgebroker.broker")
 
-_DENIED = object()      # _pick: every member's ACL refuses the topic
+DENIED = object()      # _pick: every member's ACL refuses the topic
 
 
 class Member:
@@ -286,7 +288,7 @@ class Shared:
         topic = message.topic
         if qos == 0:
             member = self._pick(group, 0, topic)
-            if member is _DENIED:
+            if member is DENIED:
                 self.stats.acl_deliveries_denied += 1
             elif member is None:
                 self.drop("shared_no_room", None)
@@ -306,7 +308,7 @@ class Shared:
         if group.cursor is None or message.offset is None:
             if not group.queue:
                 member = self._pick(group, qos, topic)
-                if member is _DENIED:
+                if member is DENIED:
                     self.stats.acl_deliveries_denied += 1
                     return
                 if member is not None:
@@ -325,7 +327,7 @@ class Shared:
 
     def _pick(self, group: Group, qos: int, topic: str | None):
         """The next member round-robin that can take a message of ``qos`` on ``topic`` now;
-        None: none can now; _DENIED: no member may read the topic."""
+        None: none can now; DENIED: no member may read the topic."""
         ring = group.ring
         n = len(ring)
         if not n:
@@ -355,7 +357,7 @@ class Shared:
                 continue
             group.turn = (start + i + 1) % n
             return member
-        return None if allowed else _DENIED
+        return None if allowed else DENIED
 
     def _give(self, member: Member, ref, qos: int, retain: bool) -> None:
         """Send to ``member`` (it has room: ``_pick``), at the lower of the two QoS."""
@@ -416,77 +418,6 @@ class Shared:
             if group.backlog:
                 self._drain(group)
 
-    def _drain(self, group: Group) -> None:
-        """Hand out the backlog to members with room, round-robin, reading on from the log."""
-        queue = group.queue
-        while True:
-            while queue:
-                ref, qos, retain, topic = queue[0]
-                if topic is None and self._guarded(group):
-                    topic = self._stored_topic(ref)
-                    queue[0] = (ref, qos, retain, topic)   # (looked up once)
-                member = self._pick(group, qos, topic)
-                if member is None:
-                    if not self._pass_over(group):
-                        return
-                    break       # the room it made may take more from the log
-                queue.popleft()
-                group.queue_bytes -= ref.size
-                if not queue and group.dropped:
-                    log.warning("shared subscription %r: its backlog drained; %d messages were "
-                                "dropped", group.key, group.dropped)
-                    group.dropped = 0
-                if member is _DENIED:
-                    self.stats.acl_deliveries_denied += 1
-                    continue
-                self._give(member, ref, qos, retain)
-            if group.cursor is None or not self._refill(group):
-                return
-
-    def _pass_over(self, group: Group) -> bool:
-        """No member that may read the backlog's head can take it now (ACLs): hand out the
-        entries behind it that members with room may read, keeping each topic's order (an
-        entry whose topic waits stays behind it). True if any went out."""
-        if not self._guarded(group) or not self._room(group):
-            return False
-        queue = group.queue
-        kept = [queue.popleft()]
-        waiting = set()         # topics none of whose readers can take one now
-        gone = 0
-        while queue:
-            entry = queue.popleft()
-            ref, qos, retain, topic = entry
-            if topic is None:
-                topic = self._stored_topic(ref)
-                entry = (ref, qos, retain, topic)     # (looked up once)
-            member = None if topic in waiting else self._pick(group, qos, topic)
-            if member is None:
-                waiting.add(topic)
-                kept.append(entry)
-                continue
-            group.queue_bytes -= ref.size
-            if member is _DENIED:
-                self.stats.acl_deliveries_denied += 1
-            else:
-                gone += 1
-                self._give(member, ref, qos, retain)
-        queue.extend(kept)
-        return gone > 0
-
-    def _room(self, group: Group) -> bool:
-        """Whether a member could take a QoS 1/2 message now, whatever its topic."""
-        limits = self.limits
-        for member in group.ring:
-            session = member.session
-            client = session.client
-            if client is None or client.transport.out_bytes >= client.transport.max_pending:
-                continue
-            if not member.qos or not session.queue and (
-                    len(session.inflight) < (session.receive_max or limits.max_inflight_messages)
-                    and session.inflight_bytes < limits.max_inflight_bytes):
-                return True
-        return False
-
     # ----- figures ----------------------------------------------------------------------------
 
     def shared_figures(self) -> dict:
@@ -497,4 +428,4 @@ class Shared:
                 "shared_groups_behind": sum(1 for g in groups if g.cursor is not None)}
 
 
-__all__ = ["Group", "Member", "Shared"]
+__all__ = ["DENIED", "Group", "Member", "Shared"]

@@ -1,4 +1,10 @@
-"""A shared subscription group's backlog read from the commit log (core.shared).
+"""A shared subscription group's backlog (core.shared): handed out, and read from the log.
+
+``_drain`` hands the backlog out to members with room, round-robin, passing over an entry only
+busy or offline members may read (``_pass_over``). Records dropped as they are written (5.0
+Message Expiry passed, too large for the member) fill no window: past UNSENT_RECORDS of them
+the hand-out goes on in the next loop pass, as a long stretch of records the group does not
+take does.
 
 Past QUEUE_MESSAGES / QUEUE_BYTES in memory a group keeps a cursor into the log, as a session
 behind does (core.catchup), and reads the records matching its filter from there in batches
@@ -11,16 +17,100 @@ from __future__ import annotations
 
 import logging
 
-from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES, SCAN_BYTES
+from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES, SCAN_BYTES, UNSENT_RECORDS
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, Stored
-from edgebroker.core.shared import Group
+from edgebroker.core.shared import DENIED, Group
 
 log = logging.getLogger("edgebroker.broker")
 
 
 class SharedBacklog:
-    """The log-reading part of ``Broker``'s shared subscriptions (a mixin beside ``Shared``)."""
+    """The backlog part of ``Broker``'s shared subscriptions (a mixin beside ``Shared``)."""
+
+    def _drain(self, group: Group) -> None:
+        """Hand out the backlog to members with room, round-robin, reading on from the log."""
+        queue = group.queue
+        taken = 0         # entries taken from the backlog: to members, or refused (ACLs)
+        base = None       # taken - publish_sent when it first reads on from the log
+        while True:
+            left = len(queue)
+            while queue:
+                ref, qos, retain, topic = queue[0]
+                if topic is None and self._guarded(group):
+                    topic = self._stored_topic(ref)
+                    queue[0] = (ref, qos, retain, topic)   # (looked up once)
+                member = self._pick(group, qos, topic)
+                if member is None:
+                    if not self._pass_over(group):
+                        return
+                    break       # the room it made may take more from the log
+                queue.popleft()
+                group.queue_bytes -= ref.size
+                if not queue and group.dropped:
+                    log.warning("shared subscription %r: its backlog drained; %d messages were "
+                                "dropped", group.key, group.dropped)
+                    group.dropped = 0
+                if member is DENIED:
+                    self.stats.acl_deliveries_denied += 1
+                    continue
+                self._give(member, ref, qos, retain)
+            if group.cursor is None:
+                return
+            # What went out is counted in publish_sent: the rest of what was taken was
+            # dropped at write time (expired, too large), a budget per pass.
+            taken += left - len(queue)
+            if base is None:
+                base = taken - self.stats.publish_sent
+            elif taken - self.stats.publish_sent - base >= UNSENT_RECORDS:
+                self._shared_later(group)
+                return
+            if not self._refill(group):
+                return
+
+    def _pass_over(self, group: Group) -> bool:
+        """No member that may read the backlog's head can take it now (ACLs): hand out the
+        entries behind it that members with room may read, keeping each topic's order (an
+        entry whose topic waits stays behind it). True if any went out."""
+        if not self._guarded(group) or not self._room(group):
+            return False
+        queue = group.queue
+        kept = [queue.popleft()]
+        waiting = set()         # topics none of whose readers can take one now
+        gone = 0
+        while queue:
+            entry = queue.popleft()
+            ref, qos, retain, topic = entry
+            if topic is None:
+                topic = self._stored_topic(ref)
+                entry = (ref, qos, retain, topic)     # (looked up once)
+            member = None if topic in waiting else self._pick(group, qos, topic)
+            if member is None:
+                waiting.add(topic)
+                kept.append(entry)
+                continue
+            group.queue_bytes -= ref.size
+            if member is DENIED:
+                self.stats.acl_deliveries_denied += 1
+            else:
+                gone += 1
+                self._give(member, ref, qos, retain)
+        queue.extend(kept)
+        return gone > 0
+
+    def _room(self, group: Group) -> bool:
+        """Whether a member could take a QoS 1/2 message now, whatever its topic."""
+        limits = self.limits
+        for member in group.ring:
+            session = member.session
+            client = session.client
+            if client is None or client.transport.out_bytes >= client.transport.max_pending:
+                continue
+            if not member.qos or not session.queue and (
+                    len(session.inflight) < (session.receive_max or limits.max_inflight_messages)
+                    and session.inflight_bytes < limits.max_inflight_bytes):
+                return True
+        return False
 
     def _refill(self, group: Group) -> bool:
         """The next batch of the group's records from the log into the room left in its
@@ -78,11 +168,14 @@ class SharedBacklog:
             return True
         if not queued:
             # A long stretch of records it does not take: go on in the next pass.
-            self._shared_again.add(group)
-            if not self._shared_timer.pending:
-                self._shared_timer.start(self, self.clock())
+            self._shared_later(group)
             return False
         return True
+
+    def _shared_later(self, group: Group) -> None:
+        self._shared_again.add(group)
+        if not self._shared_timer.pending:
+            self._shared_timer.start(self, self.clock())
 
     def _shared_caught_up(self, group: Group) -> None:
         if group.aged > 0:

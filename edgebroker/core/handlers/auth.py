@@ -17,6 +17,10 @@ throttles of password logins. Any other method gets CONNACK 0x8C.
   the user the connection authenticated as, answered by AUTH 0x18; the client's AUTH 0x18
   ends it with AUTH 0x00 (the server-final-message) or DISCONNECT 0x87 (0x86 is not a
   DISCONNECT reason code). Other packets keep flowing meanwhile.
+- An AUTH larger than the client's Maximum Packet Size is not sent (MQTT-3.1.2-24; its
+  Authentication Data cannot be left out): the exchange ends with CONNACK 0x95 (the
+  connection closes without one when that does not fit either) or, after CONNACK,
+  DISCONNECT 0x95.
 - An AUTH with another method, or out of sequence, is a protocol error (0x82).
 """
 
@@ -25,8 +29,8 @@ from __future__ import annotations
 import logging
 
 from edgebroker.errors import (
-    BAD_AUTHENTICATION_METHOD, CONTINUE_AUTHENTICATION, NOT_AUTHORIZED, PROTOCOL_ERROR,
-    REAUTHENTICATE, SUCCESS, ProtocolError, shown,
+    BAD_AUTHENTICATION_METHOD, CONTINUE_AUTHENTICATION, NOT_AUTHORIZED, PACKET_TOO_LARGE,
+    PROTOCOL_ERROR, REAUTHENTICATE, SUCCESS, ProtocolError, shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
@@ -76,8 +80,8 @@ def begin(client, p: P.Connect) -> None:
     if failure is not None:
         _connect_outcome(client, policy, exchange, failure, None)
         return
-    client.enter_auth_exchange()
-    _send(client, CONTINUE_AUTHENTICATION, reply)
+    if _send(client, CONTINUE_AUTHENTICATION, reply):
+        client.enter_auth_exchange()
 
 
 def on_auth_exchange(client, p: P.Auth) -> None:
@@ -237,7 +241,25 @@ def _final(exchange, p: P.Auth) -> tuple[bytes | None, scram.Failure | None]:
         return None, exc
 
 
-def _send(client, reason: int, data: bytes) -> None:
-    client.answer(encode_auth(reason, {Q.AUTH_METHOD: client.v5.auth_method,
-                                       Q.AUTH_DATA: data}))
+def _send(client, reason: int, data: bytes) -> bool:
+    """Send AUTH ``reason`` with ``data``; False when it is larger than the client's Maximum
+    Packet Size: the exchange then ends (CONNACK or DISCONNECT 0x95, logged and counted as
+    a failed exchange) and the connection closes."""
+    from edgebroker.security import scram   # here: see the note at the imports
+    conn = client.v5
+    frame = encode_auth(reason, {Q.AUTH_METHOD: conn.auth_method, Q.AUTH_DATA: data})
+    if conn.max_packet_size and len(frame) > conn.max_packet_size:
+        why = (f"its AUTH ({len(frame)} bytes) would be larger than the client's Maximum "
+               f"Packet Size ({conn.max_packet_size})")
+        conn.auth = None
+        if client.connected:
+            _reauth_failed(client, PACKET_TOO_LARGE, why, why)
+        else:
+            client.broker.stats.scram_failed += 1
+            client.pending = None
+            connect.refuse(client, None, f"{scram.METHOD}: {why}", "auth",
+                           reason5=PACKET_TOO_LARGE)
+        return False
+    client.answer(frame)
     client.broker.stats.packets_sent += 1
+    return True

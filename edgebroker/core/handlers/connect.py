@@ -269,9 +269,14 @@ def refuse(client, code: int | None, why: str, reason: str = "client_id", *,
     when the client is to learn less than the log) as the Reason String."""
     broker = client.broker
     if client.v5 is not None:
-        code = reason5 or mqtt5.CONNACK_REASONS[code]
+        code = reason5 = reason5 or mqtt5.CONNACK_REASONS[code]
         frame = mqtt5.refusal_frame(client.v5, code, told or why)
         answer = f"CONNACK {code:#04x}"
+        limit = client.v5.max_packet_size
+        if limit and len(frame) > limit:     # MQTT-3.1.2-24, even without its Reason String
+            frame = None
+            answer = (f"closed: a CONNACK {code:#04x} would be larger than its Maximum Packet "
+                      f"Size ({limit})")
     elif code is None:
         frame = None
         answer = "closed: MQTT 3.1.1 has no CONNACK code for it"

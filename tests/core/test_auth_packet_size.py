@@ -1,0 +1,85 @@
+"""The broker sends no AUTH larger than the client's Maximum Packet Size (MQTT-3.1.2-24): the
+SCRAM-SHA-256 server-first-message cannot be left out, so the exchange ends instead: CONNACK
+0x95 at CONNECT (closed without one when even that does not fit), DISCONNECT 0x95 on a
+re-authentication. Logged and counted as a failed exchange."""
+
+from __future__ import annotations
+
+import pytest
+
+import mqttraw5 as R
+from conftest import _open_clients
+from edgebroker.security.passwords import hash_password
+from scramclient import METHOD, Scram, keys_field
+
+USER, PASSWORD = "alice", "alice-pw"
+
+
+@pytest.fixture
+def scram_broker(broker, tmp_path):
+    pw = tmp_path / "passwd"
+    pw.write_text(f"{USER}:{hash_password(PASSWORD)}:{keys_field(PASSWORD)}\n")
+    pw.chmod(0o600)
+    return broker(password_file=str(pw))
+
+
+def raw5(b) -> R.RawClient5:
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    return c
+
+
+def size(p) -> int:
+    return 1 + len(R.varint(len(p.body))) + len(p.body)
+
+
+def auth_props(data: bytes) -> dict:
+    return {R.AUTH_METHOD: METHOD, R.AUTH_DATA: data}
+
+
+def scram_failed(b) -> int:
+    return b.stats()["counters"]["scram_failed"]
+
+
+@pytest.mark.parametrize("limit, answer", [(64, R.CONNACK), (4, None)])
+def test_an_auth_over_the_clients_maximum_packet_size_ends_the_exchange_at_connect(
+        scram_broker, uid, limit, answer):
+    b = scram_broker
+    before = scram_failed(b)
+    mark = b.mark()
+    c = raw5(b)
+    props = {**auth_props(Scram(USER, PASSWORD).first()), R.MAXIMUM_PACKET_SIZE: limit}
+    c.send(R.connect5(uid, props=props))
+    if answer is None:      # CONNACK 0x95 is 5 bytes: over 4, nothing is sent
+        assert c.expect_closed()
+    else:
+        ack = c.expect(R.CONNACK)
+        assert ack.reason == 0x95 and size(ack) <= limit, ack
+        assert c.expect_closed()
+    told = (f"closed: a CONNACK 0x95 would be larger than its Maximum Packet Size ({limit})"
+            if answer is None else "CONNACK 0x95")
+    assert b.wait_log(f"refused ({told}): SCRAM-SHA-256: its AUTH (", start=mark)
+    assert b.wait_log(f"bytes) would be larger than the client's Maximum Packet Size ({limit})",
+                      start=mark)
+    assert scram_failed(b) == before + 1
+
+
+def test_a_reauthentication_auth_over_the_clients_maximum_packet_size_gets_disconnect_0x95(
+        scram_broker, uid):
+    b = scram_broker
+    c = raw5(b)
+    s = Scram(USER, PASSWORD)
+    c.send(R.connect5(uid, props={**auth_props(s.first()), R.MAXIMUM_PACKET_SIZE: 200}))
+    first = c.expect(R.AUTH)
+    assert first.reason == 0x18 and size(first) <= 200, first
+    c.auth(0x18, auth_props(s.final(first.properties[R.AUTH_DATA])))
+    assert c.expect(R.CONNACK).reason == 0
+    before = scram_failed(b)
+    mark = b.mark()
+    # A client nonce of 200 characters: the server-first-message repeats it.
+    c.auth(0x19, auth_props(Scram(USER, PASSWORD, nonce="n" * 200).first()))
+    d = c.expect_disconnect()
+    assert d.reason == 0x95 and size(d) <= 200, d
+    assert b.wait_log("re-authentication failed (DISCONNECT 0x95): SCRAM-SHA-256: its AUTH (",
+                      start=mark)
+    assert scram_failed(b) == before + 1
