@@ -29,6 +29,7 @@ import stat
 import sys
 from contextlib import contextmanager
 
+from edgebroker.cli.options import UsageError
 from edgebroker.errors import EdgebrokerError
 from edgebroker.security import passwords, scram
 
@@ -61,7 +62,7 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     iterations = args.scram_iterations if args.scram else 0
     if args.scram and not scram.MIN_ITERATIONS <= iterations <= scram.MAX_ITERATIONS:
-        raise EdgebrokerError(f"passwd: --scram-iterations must be {scram.MIN_ITERATIONS} to "
+        raise UsageError(f"passwd: --scram-iterations must be {scram.MIN_ITERATIONS} to "
                               f"{scram.MAX_ITERATIONS} (RFC 7677's minimum is 4096)")
     if args.upgrade:
         _expect(args, user=False, password=False, usage="-U FILE")
@@ -78,7 +79,7 @@ def run(args) -> int:
 
 def _expect(args, *, user: bool, password: bool, usage: str) -> None:
     if (args.user is not None) != user or (args.password is not None) != password:
-        raise EdgebrokerError(f"passwd: usage: edgebroker passwd {usage}")
+        raise UsageError(f"passwd: usage: edgebroker passwd {usage}")
 
 
 def prompt() -> str:
