@@ -9,7 +9,7 @@
 The file is created when missing, with mode 0600. Every change replaces it atomically (a
 temporary file, fsynced, renamed over) keeping its owner, group and mode, less group-write and
 others' bits (``passwords.write_atomic``); comment lines and other users' lines are kept as
-they are. An exclusive lock on the file (flock), held from its read to the rename, makes two
+they are. A symbolic link is followed: the file it points to is replaced, the link stays. An exclusive lock on the file (flock), held from its read to the rename, makes two
 commands editing it at once take turns (``_locked``): neither loses the other's change.
 Hashes are scrypt by default
 (docs/security.md describes the format); ``--hash pbkdf2`` writes Mosquitto's
@@ -224,8 +224,9 @@ def _locked(path: str, create: bool = False):
             if not create:
                 yield None
                 return
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:    # (a link to no file: the file it names is created)
+                fd = os.open(os.path.realpath(path),
+                             os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except FileExistsError:
                 continue
             except OSError as exc:
@@ -248,7 +249,7 @@ def _locked(path: str, create: bool = False):
                 yield _lines(path, fd)
             except BaseException:
                 if created and os.fstat(fd).st_size == 0:
-                    os.unlink(path)
+                    os.unlink(os.path.realpath(path))
                 raise
             return
         finally:
