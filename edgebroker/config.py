@@ -243,37 +243,64 @@ def _log_problems(log: LogConfig) -> list[str]:
     return []
 
 
+class Tables(tuple):
+    """The [[listener]] (or [[bridge]], topic rule) tables of a file with errors, in the
+    file's order, so that each keeps its index in problems: a table with errors as its correct
+    keys make it (the wrong ones at their defaults), its index in ``damaged``. `config check`
+    reads the files such a table names, and checks and reports as listeners only the others
+    (``undamaged``): the defaults it holds are not in the file."""
+    damaged: frozenset = frozenset()
+
+
+def _tables(items: list, damaged: list[int]) -> Tables:
+    tables = Tables(items)
+    tables.damaged = frozenset(damaged)
+    return tables
+
+
+def undamaged(tables: tuple) -> tuple:
+    """``tables`` without those with errors (Tables.damaged)."""
+    damaged = getattr(tables, "damaged", ())
+    return tuple(t for i, t in enumerate(tables) if i not in damaged)
+
+
 def _build_listeners(raw: Any) -> tuple[ListenerConfig, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError("listener: expected one or more [[listener]] tables")
+    if not isinstance(raw, list) or not raw:   # (partial: no listener, not the default one)
+        raise ConfigError("listener: expected one or more [[listener]] tables", partial=())
     problems: list[str] = []
     listeners = []
+    damaged = []
     for i, item in enumerate(raw):
         try:
             lst = _build(ListenerConfig, item, f"listener[{i}].")
         except ConfigError as exc:
             problems += exc.problems
+            listeners.append(ListenerConfig() if exc.partial is None else exc.partial)
+            damaged.append(i)
             continue
         problems += listener_problems(lst, item, f"listener[{i}]")
         listeners.append(lst)
     if problems:
-        raise ConfigError(*problems, partial=tuple(listeners) or None)
+        raise ConfigError(*problems, partial=_tables(listeners, damaged))
     return tuple(listeners)
 
 
 def _build_list(cls, raw: Any, key: str, expected: str) -> tuple:
     """A list of tables (``key[i].setting``), every problem of every table at once."""
     if not isinstance(raw, list):
-        raise ConfigError(f"{key}: expected {expected}")
+        raise ConfigError(f"{key}: expected {expected}", partial=())
     problems: list[str] = []
     items = []
+    damaged = []
     for i, item in enumerate(raw):
         try:
             items.append(_build(cls, item, f"{key}[{i}]."))
         except ConfigError as exc:
             problems += exc.problems
+            items.append(cls() if exc.partial is None else exc.partial)
+            damaged.append(i)
     if problems:
-        raise ConfigError(*problems, partial=tuple(items))
+        raise ConfigError(*problems, partial=_tables(items, damaged))
     return tuple(items)
 
 
@@ -352,11 +379,19 @@ def from_dict(table: dict, source: str = "") -> Config:
         config = _build(Config, table, "")
     except ConfigError as exc:
         partial = exc.partial
-        more = [] if partial is None else address_problems(partial.listener,
-                                                           partial.metrics.listen)
+        more = [] if partial is None else _address_problems(partial)
         raise ConfigError(*exc.problems, *more, partial=partial) from None
     check_addresses(config)
     return records.replace(config, source=source)
+
+
+def _address_problems(partial: Config) -> list[str]:
+    """address_problems of the listeners without errors, each named by its index in the file."""
+    import re   # here: only a file with errors needs it
+    index = [i for i in range(len(partial.listener))
+             if i not in getattr(partial.listener, "damaged", ())]
+    return [re.sub(r"listener\[(\d+)\]", lambda m: f"listener[{index[int(m[1])]}]", p)
+            for p in address_problems(undamaged(partial.listener), partial.metrics.listen)]
 
 
 def load(path: str | None) -> Config:

@@ -17,6 +17,7 @@ import json
 import sys
 
 from edgebroker import config as configuration
+from edgebroker import records
 from edgebroker.cli.options import add_format
 from edgebroker.cli.serve import check_links, check_state_dir, unix_socket_problems
 from edgebroker.cli.state_dir import UNIT_STATE_DIR, note, outside_systemd
@@ -46,9 +47,11 @@ def problems_of(config: configuration.Config) -> list[str]:
     """What would stop ``serve`` after the file itself was read: the safe defaults for
     listeners, a state directory serve could not create or write (nothing is created), the
     bridges' TLS files and the uploader's credentials and CA file (``serve.check_links``),
-    and each certificate, password and ACL file (each file once)."""
+    and each certificate, password and ACL file (each file once). Of a file with errors, the
+    [[listener]] and [[bridge]] tables with errors have their files read, not the rest."""
     problems: list[str] = []
-    _collect(problems, configuration.check_authentication, config)
+    _collect(problems, configuration.check_authentication,
+             records.replace(config, listener=configuration.undamaged(config.listener)))
     _collect(problems, check_state_dir, config.state_dir())
     _collect(problems, check_links, config)
     problems += unix_socket_problems(config)
@@ -89,7 +92,8 @@ def run(args) -> int:
         print(json.dumps({
             "file": args.config, "ok": not problems, "problems": problems,
             "warnings": warnings,
-            "listeners": [] if config is None else [_listener(lc) for lc in config.listeners],
+            "listeners": [] if config is None else [
+                _listener(lc) for lc in configuration.undamaged(config.listener)],
             "state_dir": None if config is None else config.state_dir(),
             "state_dir_outside_systemd": config is not None and outside_systemd(config)},
             indent=2))

@@ -27,7 +27,7 @@ from collections import deque
 from datetime import datetime, timezone
 
 from edgebroker.cli import inspect_live
-from edgebroker.cli.options import add_format, count
+from edgebroker.cli.options import UsageError, add_format, count
 from edgebroker.cli.record_view import fmt_time, record_json, record_text
 from edgebroker.cli.state_dir import state_dir_of
 from edgebroker.core import snapshot
@@ -142,7 +142,7 @@ def parse_time(text: str, now_ms: int) -> int:
     try:
         dt = datetime.fromisoformat(text)
     except ValueError:
-        raise EdgebrokerError(f"--since {text!r}: expected ISO 8601 (2024-05-01T12:00:00Z), "
+        raise UsageError(f"--since {text!r}: expected ISO 8601 (2024-05-01T12:00:00Z), "
                               f"milliseconds since the epoch, or an age like 10m, 2h, 1d") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
@@ -155,7 +155,7 @@ def check_filter(text: str, option: str) -> bytes:
     try:
         validate_topic_filter(text)
     except ProtocolError as exc:
-        raise EdgebrokerError(f"{option} {text!r}: {exc}") from None
+        raise UsageError(f"{option} {text!r}: {exc}") from None
     return text.encode("utf-8")
 
 
@@ -245,7 +245,7 @@ def run_topics(args) -> int:
 def run_tail(args) -> int:
     flt = check_filter(args.topic, "--topic") if args.topic else None
     if args.lines < 0:
-        raise EdgebrokerError(f"--lines {args.lines}: must be 0 or more")
+        raise UsageError(f"--lines {args.lines}: must be 0 or more")
     since = parse_time(args.since, int(time.time() * 1000)) if args.since else None
     log = open_log(args)
     show = (lambda r: record_json(r)) if args.format == "json" else \

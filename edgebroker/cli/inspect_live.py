@@ -77,6 +77,14 @@ class ConnectionClosed(EdgebrokerError):
     """The broker closed the admin connection (it drops one idle for 60 s; a restart)."""
 
 
+class Unreachable(EdgebrokerError):
+    """No connection to the admin socket; ``error``: the OSError of the connect."""
+
+    def __init__(self, message: str, error: OSError):
+        super().__init__(message)
+        self.error = error
+
+
 class AdminClient:
     """One connection to the admin socket; ``ask`` sends a request and returns the reply."""
 
@@ -89,9 +97,9 @@ class AdminClient:
             self.sock.connect(path)
         except OSError as exc:
             self.sock.close()
-            raise EdgebrokerError(f"cannot reach the broker's admin socket {path}: "
-                                  f"{exc.strerror or exc} (is the broker running with this data "
-                                  f"directory? see --data-dir)") from None
+            raise Unreachable(f"cannot reach the broker's admin socket {path}: "
+                              f"{exc.strerror or exc} (is the broker running with this data "
+                              f"directory? see --data-dir)", exc) from None
         self.buf = bytearray()
 
     def ask(self, request: dict) -> dict:

@@ -23,7 +23,7 @@ import sys
 
 from edgebroker import __version__
 from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.cli.options import CommandParser, HelpFormatter
+from edgebroker.cli.options import CommandParser, HelpFormatter, UsageError
 
 # The commands and their modules (edgebroker.cli.<module>), in the order of the help. Only the
 # chosen command's module is imported: `serve` does not carry the others' imports (json,
@@ -114,6 +114,9 @@ def _run(argv: list[str] | None) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"edgebroker: config error: {problem}", file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"edgebroker: {exc}", file=sys.stderr)
         return 2
     except EdgebrokerError as exc:
         print(f"edgebroker: {exc}", file=sys.stderr)

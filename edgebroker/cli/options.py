@@ -7,6 +7,13 @@ import argparse
 import os
 import sys
 
+from edgebroker.errors import EdgebrokerError
+
+
+class UsageError(EdgebrokerError):
+    """An option's value or the arguments given are wrong, found after parsing (a topic
+    filter, a time, a missing argument): one line, exit 2 as argparse's usage errors."""
+
 
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's, given the terminal's width as shutil.get_terminal_size finds it ($COLUMNS,

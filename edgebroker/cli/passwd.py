@@ -9,7 +9,7 @@
 The file is created when missing, with mode 0600. Every change replaces it atomically (a
 temporary file, fsynced, renamed over) keeping its owner, group and mode, less group-write and
 others' bits (``passwords.write_atomic``); comment lines and other users' lines are kept as
-they are. An exclusive lock on the file (flock), held from its read to the rename, makes two
+they are. A symbolic link is followed: the file it points to is replaced, the link stays. An exclusive lock on the file (flock), held from its read to the rename, makes two
 commands editing it at once take turns (``_locked``): neither loses the other's change.
 Hashes are scrypt by default
 (docs/security.md describes the format); ``--hash pbkdf2`` writes Mosquitto's
@@ -29,6 +29,7 @@ import stat
 import sys
 from contextlib import contextmanager
 
+from edgebroker.cli.options import UsageError
 from edgebroker.errors import EdgebrokerError
 from edgebroker.security import passwords, scram
 
@@ -61,7 +62,7 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     iterations = args.scram_iterations if args.scram else 0
     if args.scram and not scram.MIN_ITERATIONS <= iterations <= scram.MAX_ITERATIONS:
-        raise EdgebrokerError(f"passwd: --scram-iterations must be {scram.MIN_ITERATIONS} to "
+        raise UsageError(f"passwd: --scram-iterations must be {scram.MIN_ITERATIONS} to "
                               f"{scram.MAX_ITERATIONS} (RFC 7677's minimum is 4096)")
     if args.upgrade:
         _expect(args, user=False, password=False, usage="-U FILE")
@@ -78,7 +79,7 @@ def run(args) -> int:
 
 def _expect(args, *, user: bool, password: bool, usage: str) -> None:
     if (args.user is not None) != user or (args.password is not None) != password:
-        raise EdgebrokerError(f"passwd: usage: edgebroker passwd {usage}")
+        raise UsageError(f"passwd: usage: edgebroker passwd {usage}")
 
 
 def prompt() -> str:
@@ -223,8 +224,9 @@ def _locked(path: str, create: bool = False):
             if not create:
                 yield None
                 return
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:    # (a link to no file: the file it names is created)
+                fd = os.open(os.path.realpath(path),
+                             os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except FileExistsError:
                 continue
             except OSError as exc:
@@ -247,7 +249,7 @@ def _locked(path: str, create: bool = False):
                 yield _lines(path, fd)
             except BaseException:
                 if created and os.fstat(fd).st_size == 0:
-                    os.unlink(path)
+                    os.unlink(os.path.realpath(path))
                 raise
             return
         finally:

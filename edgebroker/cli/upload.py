@@ -3,7 +3,9 @@
 While the broker runs, it is asked through its admin socket (the uploader's figures: state,
 shipped, backlog, retries, last error, alarm). When no broker answers, the log directory is read
 (read-only) and the upload mark and intent file tell what was shipped and what is left; the
-retries and errors of past runs are in the broker's log, not on disk.
+retries and errors of past runs are in the broker's log, not on disk. A broker that runs (it
+holds the log's lock: cli/log_lock.py) but cannot be asked (its socket 0600 and another user,
+or none: a data_dir too long for a socket path) is an error that says so, not the files' view.
 
 ``pause`` and ``resume`` ask the running broker through its admin socket. ``run --once`` ships
 every batch sealed now from a log no broker holds (it takes the log's lock, as ``serve`` does)
@@ -15,18 +17,19 @@ directory another user owns (the service's), it gives what it wrote there to tha
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
 import time
 
 from edgebroker import config as configuration
-from edgebroker.cli import inspect, inspect_live
+from edgebroker.cli import inspect, inspect_live, log_lock
 from edgebroker.cli.options import add_format
 from edgebroker.cli.state_dir import state_dir_of
 from edgebroker.cli.state_owner import handed_over
 from edgebroker.errors import ConfigError, EdgebrokerError
-from edgebroker.server.admin import socket_path
+from edgebroker.server.admin import MAX_PATH, socket_path
 
 
 def add_parser(commands) -> None:
@@ -60,15 +63,19 @@ def _state_dir(args) -> str:
     return state_dir_of(args)
 
 
-def _live(state_dir: str) -> dict | None:
-    """The running broker's stats, or None when no broker answers on the admin socket."""
+def _live(state_dir: str) -> dict | str:
+    """The running broker's stats, or why no broker answers on the admin socket."""
     path = socket_path(state_dir)
-    if not os.path.exists(path):
-        return None
+    if len(os.fsencode(path)) > MAX_PATH:
+        return (f"the path is longer than {MAX_PATH} bytes (a Unix socket limit): the broker "
+                f"runs without it; give it a shorter data_dir")
     try:
         client = inspect_live.AdminClient(path)
-    except EdgebrokerError:
-        return None
+    except inspect_live.Unreachable as exc:
+        if exc.error.errno == errno.EACCES:
+            return (f"{exc.error.strerror} (only the broker's user may ask it: run the command "
+                    f"as that user)")
+        return exc.error.strerror or str(exc.error)
     try:
         reply = client.ask({"cmd": "stats"})
     finally:
@@ -104,7 +111,13 @@ def offline_status(state_dir: str) -> dict:
 def run_status(args) -> int:
     state_dir = _state_dir(args)
     stats = _live(state_dir)
-    if stats is not None:
+    if isinstance(stats, str):
+        log_dir = os.path.join(state_dir, "log")
+        if log_lock.held(log_dir):
+            raise EdgebrokerError(
+                f"a broker runs on {state_dir} (it holds the lock of {log_dir}) but its admin "
+                f"socket {socket_path(state_dir)} cannot be asked: {stats}")
+    else:
         fig = stats.get("upload")
         with inspect_live.broker_fields(socket_path(state_dir), "stats"):
             text = (json.dumps({"running": True, "upload": fig}) if args.format == "json"

@@ -41,6 +41,7 @@ FORMAT = 2
 READABLE = (1, 2)  # format 1: no cursors (every session was in step with the log)
 FILENAME = "sessions.json"
 YIELD_EVERY = 32   # encodings between two yields of the interpreter (see _joined)
+LAST_WALL_MS = 253_402_300_799_999   # 9999-12-31T23:59:59.999Z, the last time shown
 
 
 class SnapshotError(EdgebrokerError):
@@ -245,6 +246,9 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
         snap = Snapshot(log_next_offset=int(doc["log_next_offset"]),
                         written_ms=int(doc.get("written_ms", 0)),
                         exchanges=None if exchanges is None else int(exchanges))
+        if not 0 <= snap.written_ms <= LAST_WALL_MS:
+            raise SnapshotError(f"{path}: damaged snapshot (written_ms {snap.written_ms} is "
+                                f"not a time from 1970 to 9999)")
         for s in doc["sessions"]:
             snap.sessions.append(ranged(SessionState(
                 client_id=str(s["client_id"]),

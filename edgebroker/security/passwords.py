@@ -412,8 +412,10 @@ def write_atomic(path: str, lines: list[str]) -> None:
     over, fsync the directory. Keeps the old owner and group when allowed, and the old mode
     less group-write and every bit for others (``old & 0o640``: a 0640 file for the broker's
     group stays 0640); a new file is 0600. Group read is kept only when the group is kept: a
-    file that could not be given its old group gets no group bits."""
-    directory = os.path.dirname(os.path.abspath(path))
+    file that could not be given its old group gets no group bits. A symbolic link is
+    followed: the file it points to is replaced (next to it), the link stays."""
+    path = os.path.realpath(path)
+    directory = os.path.dirname(path)
     try:
         old = os.stat(path)
     except FileNotFoundError:

@@ -48,7 +48,7 @@ from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
 from edgebroker.client.tls import not_regular
-from edgebroker.errors import ConfigError
+from edgebroker.errors import ConfigError, shown
 from edgebroker.upload_config import url_path
 from edgebroker.uploader.s3link import IO_TIMEOUT, AnswerError, Link
 from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError, piece_size
@@ -164,6 +164,11 @@ def sign_v4(method: str, host: str, path: str, query: dict[str, str], headers: d
     return out
 
 
+def _remote(text: str, limit: int = 200) -> str:
+    """A store's text as it is when printable and short, else escaped and cut: no controls."""
+    return text if text.isprintable() and len(text) <= limit else shown(text, limit)
+
+
 class Response:
     def __init__(self, status: int, headers: dict[str, str], body: bytes):
         self.status = status
@@ -172,14 +177,14 @@ class Response:
 
     def code(self) -> str:
         """The S3 error code of an error answer ("" when there is none)."""
-        try:
-            return ElementTree.fromstring(self.body).findtext("Code") or ""
-        except ElementTree.ParseError:
-            return ""
+        return _remote(self._element("Code"), 64)
 
     def message(self) -> str:
+        return _remote(self._element("Message"))
+
+    def _element(self, tag: str) -> str:
         try:
-            return ElementTree.fromstring(self.body).findtext("Message") or ""
+            return ElementTree.fromstring(self.body).findtext(tag) or ""
         except ElementTree.ParseError:
             return ""
 
@@ -347,11 +352,10 @@ class S3Sink:
     def _error(self, what: str, name: str, r: Response):
         code = r.code()
         detail = f"{r.status} {code or http.client.responses.get(r.status, '')}".strip()
-        message = r.message()
-        text = (f"{self.name}: {what} {name}: {detail}" + (f" ({message})" if message else ""))
+        text = f"{self.name}: {what} {name}: {detail}" + (f" ({m})" if (m := r.message()) else "")
         if 300 <= r.status < 400:   # the signed request is not sent elsewhere
-            text += (f", redirected to {r.headers.get('location') or '(no Location)'}: not "
-                     f"followed (check upload.endpoint_url and upload.region)")
+            text += (f", redirected to {_remote(r.headers.get('location') or '(no Location)')}"
+                     f": not followed (check upload.endpoint_url and upload.region)")
         if (r.status >= 500 or r.status in (408, 429) or code in TRANSIENT_CODES
                 or r.status in (302, 303, 307)):   # (301 and 308: the store moved for good)
             exc = TransientSinkError(text)

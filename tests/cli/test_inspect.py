@@ -449,16 +449,18 @@ def test_data_dir_defaults_like_serve(data_dir, tmp_path):
     assert len(json.loads(r.stdout)) > 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (["segments", "--data-dir", "/nonexistent/x"], "no commit log at /nonexistent/x/log"),
-    (["tail", "--topic", "a/#/b"], "--topic 'a/#/b'"),
-    (["tail", "--since", "yesterday"], "--since 'yesterday': expected ISO 8601"),
-    (["topics", "--filter", "a+"], "--filter 'a+'"),
+@pytest.mark.parametrize("args, code, message", [
+    (["segments", "--data-dir", "/nonexistent/x"], 1, "no commit log at /nonexistent/x/log"),
+    # usage errors found after parsing: exit 2, as argparse's
+    (["tail", "--topic", "a/#/b"], 2, "--topic 'a/#/b'"),
+    (["tail", "--since", "yesterday"], 2, "--since 'yesterday': expected ISO 8601"),
+    (["tail", "-n", "-1"], 2, "--lines -1: must be 0 or more"),
+    (["topics", "--filter", "a+"], 2, "--filter 'a+'"),
 ])
-def test_errors_are_one_clear_line(data_dir, args, message):
+def test_errors_are_one_clear_line(data_dir, args, code, message):
     if "--data-dir" not in args:
         args = args + ["--data-dir", str(data_dir)]
     r = inspect(*args)
-    assert r.returncode == 1
-    assert message in r.stderr
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr

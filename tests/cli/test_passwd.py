@@ -176,7 +176,7 @@ def test_scram_keys_are_written_beside_the_hash(tmp_path):
     assert verify_password(f.lookup("alice")[1], "a-pw")
     assert verify_password(f.lookup("bob")[1], "b-pw")
     r = run_cli("passwd", "--scram-iterations", "1000", "-b", str(path), "carol", "c-pw")
-    assert r.returncode == 1 and "--scram-iterations must be 4096 to" in r.stderr
+    assert r.returncode == 2 and "--scram-iterations must be 4096 to" in r.stderr  # usage
     r = run_cli("passwd", "--no-scram", "-b", str(path), "alice", "a-pw2")
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in path.read_text().splitlines() if ln.startswith("alice:"))
@@ -272,17 +272,17 @@ def test_group_read_is_dropped_when_the_group_cannot_be_kept():
 
 def test_usage_errors(tmp_path):
     path = str(tmp_path / "passwd")
-    for args, words in (
-            (["-b", path, "alice"], "usage: edgebroker passwd -b FILE USER PASSWORD"),
-            ([path], "usage: edgebroker passwd FILE USER"),
-            (["-D", path], "usage: edgebroker passwd -D FILE USER"),
-            (["-U", path, "alice"], "usage: edgebroker passwd -U FILE"),
-            (["-U", path], f"passwd: {path}: file not found"),
-            (["-b", path, "al:ice", "pw"], "a user name cannot contain ':'"),
-            (["-b", path, "alice", ""], "the password is empty"),
+    for args, code, words in (     # the arguments wrong for the mode: a usage error, exit 2
+            (["-b", path, "alice"], 2, "usage: edgebroker passwd -b FILE USER PASSWORD"),
+            ([path], 2, "usage: edgebroker passwd FILE USER"),
+            (["-D", path], 2, "usage: edgebroker passwd -D FILE USER"),
+            (["-U", path, "alice"], 2, "usage: edgebroker passwd -U FILE"),
+            (["-U", path], 1, f"passwd: {path}: file not found"),
+            (["-b", path, "al:ice", "pw"], 1, "a user name cannot contain ':'"),
+            (["-b", path, "alice", ""], 1, "the password is empty"),
     ):
         r = run_cli("passwd", *args)
-        assert r.returncode == 1, (args, r.stderr)
+        assert r.returncode == code, (args, r.stderr)
         assert words in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1
     r = run_cli("passwd", "-b", "-D", path, "alice")

@@ -1,0 +1,65 @@
+"""`config check` on a file where a [[listener]] or [[bridge]] table has a wrong key: the
+whole table was dropped, so the files its correct keys name were never read, the tables after
+it were named by the wrong index, and with no listener left the default one (127.0.0.1:1883,
+not in the file) was checked and reported in its place. Now such a table keeps its index and
+has its files read, and only the listeners without errors are checked and reported."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run_cli
+
+
+def _check(tmp_path, text: str) -> tuple[int, dict, list[str]]:
+    path = tmp_path / "c.toml"
+    path.write_text(f'data_dir = "{tmp_path / "state"}"\n' + text)
+    r = run_cli("config", "check", "-c", str(path), "--format", "json")
+    report = json.loads(r.stdout)
+    r2 = run_cli("config", "check", "-c", str(path))
+    assert r2.returncode == r.returncode and "Traceback" not in r2.stderr, r2.stderr
+    return r.returncode, report, [p.split(": ", 1)[1] for p in report["problems"]]
+
+
+def test_a_listener_with_a_wrong_key_has_its_files_read_and_no_default_in_its_place(tmp_path):
+    code, report, problems = _check(tmp_path, 'allow_anonymous = false\n[[listener]]\n'
+                                              'port = 99999\npassword_file = "/nonexistent/pw"\n'
+                                              'certfile = "/nonexistent/cert"\n')
+    assert code == 2
+    assert problems == ["listener[0].port: must be between 0 and 65535, got 99999",
+                        "listener[0].certfile: /nonexistent/cert: file not found",
+                        "listener[0].password_file: /nonexistent/pw: file not found"], problems
+    assert report["listeners"] == []
+
+
+def test_the_tables_after_one_with_errors_keep_their_index(tmp_path):
+    code, report, problems = _check(
+        tmp_path, '[[listener]]\nport = "x"\nacl_file = "/nonexistent/acl0"\n'
+                  '[[listener]]\nport = 18830\nacl_file = "/nonexistent/acl1"\n'
+                  '[[listener]]\nport = 18830\n')
+    assert code == 2
+    assert problems == ["listener[0].port: expected an integer, got 'x'",
+                        "listener[2]: 127.0.0.1:18830 is listed twice (as listener[1])",
+                        "listener[0].acl_file: /nonexistent/acl0: file not found",
+                        "listener[1].acl_file: /nonexistent/acl1: file not found"], problems
+    assert report["listeners"] == ["127.0.0.1:18830", "127.0.0.1:18830"]
+
+
+def test_listener_not_a_list_reports_no_listener(tmp_path):
+    code, report, problems = _check(tmp_path, "listener = 5\n")
+    assert code == 2 and problems == ["listener: expected one or more [[listener]] tables"]
+    assert report["listeners"] == []
+
+
+def test_a_bridge_with_a_wrong_key_has_its_tls_files_read(tmp_path):
+    code, _, problems = _check(
+        tmp_path, '[[bridge]]\nname = "a"\naddress = "127.0.0.1:1"\nkeepalive = "x"\n'
+                  'cafile = "/nonexistent/ca"\ntopic = [{pattern = "a/#"}]\n'
+                  '[[bridge]]\nname = "b"\naddress = "127.0.0.1:1"\n'
+                  'cafile = "/nonexistent/cb"\ntopic = [{pattern = "b/#"}]\n')
+    assert code == 2
+    assert problems[0] == "bridge[0].keepalive: expected an integer, got 'x'", problems
+    assert any(p.startswith("bridge[0] (a): cannot use its TLS files (cafile "
+                            "'/nonexistent/ca'") for p in problems), problems
+    assert any(p.startswith("bridge[1] (b): cannot use its TLS files (cafile "
+                            "'/nonexistent/cb'") for p in problems), problems
