@@ -118,9 +118,10 @@ def url_topic(args, tool: str) -> str | None:
     return address.path or None if not address.websocket else None
 
 
-def make_client(args, tool: str):
+def make_client(args, tool: str, auto_ack: bool = True):
     """(Dialer, Connection) from the options (``check_options`` passed); Exit(2) for options
-    that do not fit together."""
+    that do not fit together. ``auto_ack=False``: the command acknowledges each QoS 1/2
+    message itself (``Connection.ack``) once it has handled it."""
     from edgebroker.client.address import Address, Dialer
     from edgebroker.client.connection import Connection
     protocol = PROTOCOLS[args.protocol_version]
@@ -164,7 +165,7 @@ def make_client(args, tool: str):
                           keepalive=args.keepalive, username=username, password=password,
                           will=will, properties={SESSION_EXPIRY: 0xFFFFFFFF} if keep else None,
                           max_inflight=getattr(args, "max_inflight", 20),
-                          max_queued=1000, connect_timeout=args.timeout)
+                          max_queued=1000, connect_timeout=args.timeout, auto_ack=auto_ack)
     except ClientError as exc:
         raise Exit(2, f"edgebroker {tool}: {exc}") from None
     return dialer, conn
@@ -184,12 +185,12 @@ class Session:
     """The event loop of one command (client/loop.py, no threads) over the Dialer's
     transports: reconnects after a loss once a first connection succeeded (mosquitto's
     clients do), prints the connection's changes with ``-d``, and turns a failed first
-    connection into its Exit."""
+    connection into its Exit. ``auto_ack``: as ``make_client``'s."""
 
-    def __init__(self, args, tool: str):
+    def __init__(self, args, tool: str, auto_ack: bool = True):
         from edgebroker.client.backoff import AFTER_FIRST_SUCCESS
         from edgebroker.client.loop import EventLoop
-        dialer, self.conn = make_client(args, tool)
+        dialer, self.conn = make_client(args, tool, auto_ack)
         self.loop = EventLoop(transport_factory=dialer, connection=self.conn,
                               reconnect=AFTER_FIRST_SUCCESS, connect_timeout=args.timeout,
                               backoff_base=RECONNECT_BASE, backoff_cap=RECONNECT_CAP)

@@ -7,6 +7,10 @@ or with ``-v`` the topic and `` (null)`` (nothing with ``-v -N`` either); it cou
 ``-C``. ``-C N`` exits after N messages, ``-W S`` after S seconds with code 27, ``-E``
 once the subscriptions are acknowledged. ``-R`` skips retained messages, ``-T FILTER``
 (repeatable) skips topics matching it, ``-U FILTER`` unsubscribes.
+A QoS 1/2 message is acknowledged (PUBACK, PUBREC) only once printed, or skipped by ``-R`` or
+``-T``: those read past the count of ``-C``, the first non-retained one of
+``--retained-only`` and those still unread at ``-W``, Ctrl-C or SIGTERM stay unacknowledged,
+so a kept session (``-c``) has the broker send them again at the next connection.
 Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub. A link lost after the first
 connection is connected again (mqtt_options.Session), and the event loop subscribes again
 to the filters when the broker did not keep the session (its ``resubscribe``).
@@ -62,7 +66,7 @@ def subscribe(args) -> int:
     filters = list(args.topic) or [t for t in [url_topic(args, "sub")] if t]
     if not filters and not args.unsubscribe:
         raise Exit(2, "edgebroker sub: a topic is needed (-t, or the path of -L)")
-    session = Session(args, "sub")
+    session = Session(args, "sub", auto_ack=False)     # ack: once printed or skipped
     conn = session.conn
     end = time.monotonic() + args.wait if args.wait else None
     out = sys.stdout.buffer
@@ -87,11 +91,11 @@ def subscribe(args) -> int:
                 return TIMED_OUT
             kind = type(event)
             if kind is Message:
-                if args.no_retained and event.retain:
-                    continue
                 if args.retained_only and not event.retain:
-                    return 0
-                if any(topic_matches(f, event.topic) for f in args.filter_out):
+                    return 0                # left unacknowledged: not handled
+                if args.no_retained and event.retain or any(
+                        topic_matches(f, event.topic) for f in args.filter_out):
+                    conn.ack(event)         # skipped as asked: handled
                     continue
                 session.say(f"received PUBLISH (d{int(event.dup)}, q{event.qos}, "
                             f"r{int(event.retain)}, '{event.topic}', ... "
@@ -102,6 +106,7 @@ def subscribe(args) -> int:
                 elif args.verbose and newline:       # as mosquitto_sub: "(null)", or nothing
                     out.write(event.topic.encode() + b" (null)\n")
                 out.flush()
+                conn.ack(event)             # printed: the broker may forget it
                 printed += 1
                 if args.count and printed >= args.count:
                     return 0

@@ -96,17 +96,19 @@ class Commands:
 
 
 class Throttle:
-    """A token bucket: ``rate`` requests a second, bursts of up to one second's worth."""
+    """A token bucket: ``rate`` requests a second, bursts of up to one second's worth (of one
+    request when ``rate`` is below 1: one every 1/rate seconds). The first goes at once."""
 
-    __slots__ = ("rate", "tokens", "at")
+    __slots__ = ("rate", "tokens", "at", "burst")
 
     def __init__(self, rate: float, now: float):
         self.rate = rate
-        self.tokens = min(rate, 1.0)
+        self.burst = max(rate, 1.0)     # a bucket under 1 token would never give one
+        self.tokens = 1.0
         self.at = now
 
     def take(self, now: float) -> bool:
-        tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+        tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
         if tokens >= 1.0:
             self.tokens = tokens - 1.0

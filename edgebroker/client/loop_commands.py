@@ -12,6 +12,12 @@ from edgebroker.client import commands as K
 from edgebroker.client.statefile import write_state
 
 SHUTDOWN_FLUSH = 2.0       # seconds shutdown() spends sending what is buffered and DISCONNECT
+# After DISCONNECT, what the server still sends is read (and dropped) until it closes, for at
+# most LINGER seconds and LINGER_READS reads: a socket closed with bytes unread sends a reset
+# (RST) instead of a FIN, and the server may then drop what it had not read yet, such as the
+# acknowledgements sent just before the DISCONNECT (it would send those messages again).
+LINGER = 1.0
+LINGER_READS = 1000
 
 
 class LoopCommands:
@@ -102,12 +108,14 @@ class LoopCommands:
             conn.disconnect()
             self._out += conn.data_to_send(now)
             self._answered(conn.acked_qos0())
-            self._drain(now + SHUTDOWN_FLUSH)
+            if self._drain(now + SHUTDOWN_FLUSH):
+                self._linger(min(self._clock() + LINGER, now + SHUTDOWN_FLUSH))
         elif conn.state != "closed":
             conn.disconnect()
         self._drop_transport()
 
-    def _drain(self, deadline: float) -> None:
+    def _drain(self, deadline: float) -> bool:
+        """Write what is buffered by ``deadline``; True when all of it went."""
         out = self._out
         transport = self._transport
         while out:
@@ -116,11 +124,31 @@ class LoopCommands:
             except BlockingIOError:
                 left = deadline - self._clock()
                 if left <= 0:
-                    return
+                    return False
                 with selectors.DefaultSelector() as sel:
                     sel.register(transport, selectors.EVENT_WRITE)
                     sel.select(left)
                 continue
             except OSError:
-                return
+                return False
             del out[:n]
+        return True
+
+    def _linger(self, deadline: float) -> None:
+        """Read and drop what the server sends until it closes (after our DISCONNECT), or
+        ``deadline``, so that closing sends a FIN, not a reset (LINGER)."""
+        transport = self._transport
+        with selectors.DefaultSelector() as sel:
+            sel.register(transport, selectors.EVENT_READ)
+            for _ in range(LINGER_READS):
+                try:
+                    if not transport.recv(65536):
+                        return              # the server closed
+                    continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    return
+                left = deadline - self._clock()
+                if left <= 0 or not sel.select(left):
+                    return
