@@ -228,7 +228,7 @@ class Client:
         if not self.closed:
             if self.connected:
                 connections_log.info("%s: connection lost (%s)", self.describe(), reason)
-                self.broker.settle()
+                self.broker.before_close()
             self.close(will=True)
 
     def deadline(self) -> float | None:

@@ -133,6 +133,11 @@ class Router:
             self.journal.end_pass()
             self.route_written()
 
+    def before_close(self) -> None:
+        """A connection closes: the log written (its acks go out), routed after the close."""
+        if self.unrouted:
+            self.journal.end_pass()
+
     def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         """The broker's own messages ($SYS): routed, not logged (nor counted as unrouted)."""
         self._route(Message(topic, payload, qos, retain), False)

@@ -1,6 +1,6 @@
 """How a protocol violation ends a connection (``Client.violation``).
 
-What the client published earlier in the read is acknowledged first (``Broker.settle``).
+What the client published earlier in the read is acknowledged first (``Broker.before_close``).
 Before its CONNECT is accepted, a 3.1.1 client is refused with the CONNACK code the
 violation has one for (an unsupported protocol level, a client id it may not use); a 5.0
 client gets a CONNACK (before CONNECT was accepted) or a DISCONNECT with the reason code and
@@ -34,7 +34,7 @@ def violation(client, exc: ProtocolError) -> None:
     exc.with_traceback(None)
     broker = client.broker
     if client.connected:    # what it published earlier in this read is acknowledged first
-        broker.settle()
+        broker.before_close()
     checking = client._handlers is AUTHENTICATING     # its CONNECT waits: a close
     if (client.v5 is not None or exc.connect5 and not client.connected) and not checking:
         return _violation5(client, exc)

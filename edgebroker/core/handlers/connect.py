@@ -302,7 +302,7 @@ def on_pingreq(client, p) -> None:
 
 def on_disconnect(client, p) -> None:
     connections_log.info("%s disconnected", client.describe())
-    client.broker.settle()      # what it published before, in this read, is acknowledged first
+    client.broker.before_close()    # what it published before is acknowledged first
     client.close(will=False)
 
 
@@ -320,5 +320,5 @@ def on_disconnect5(client, p: P.Disconnect) -> None:
         client.broker.set_session_expiry(session, mqtt5.session_expiry_cap(
             expiry, client.broker.limits.persistent_client_expiration))
     connections_log.info("%s disconnected (reason %#04x)", client.describe(), p.reason_code)
-    client.broker.settle()
+    client.broker.before_close()
     client.close(will=p.reason_code != SUCCESS)

@@ -227,7 +227,7 @@ def _over_receive_maximum(client, p: P.Publish, awaiting: int) -> None:
                         "(MQTT 3.1.1 has no negative acknowledgement)", client.describe(),
                         p.packet_id, shown(p.topic, 200, "characters"), awaiting,
                         broker.limits.receive_maximum)
-    broker.settle()     # the PUBRECs of those taken go out before the close
+    broker.before_close()   # the PUBRECs of those taken go out before the close
     client.close(will=True)
 
 
