@@ -183,7 +183,8 @@ def within(conn: Conn5 | None, build, props: dict | None) -> bytes:
 def accepting_frame(conn: Conn5, present: bool, props: dict) -> bytes:
     """The accepting CONNACK; when it is larger than the client's Maximum Packet Size, the
     properties a client may go without (it then assumes no Topic Alias Maximum and no
-    Maximum Packet Size; the broker still applies its own) are left out (MQTT-3.1.2-24)."""
+    Maximum Packet Size; the broker still applies its own) are left out (MQTT-3.1.2-24).
+    Still too large, it is not sent: ``connect.accept`` refuses the CONNECT instead."""
     return within(conn, lambda kept: encode_connack5(present, 0, props if kept else {
         k: v for k, v in props.items() if k not in (Q.TOPIC_ALIAS_MAXIMUM,
                                                     Q.MAXIMUM_PACKET_SIZE)}), props)

@@ -1,7 +1,9 @@
 """The broker sends no AUTH larger than the client's Maximum Packet Size (MQTT-3.1.2-24): the
 SCRAM-SHA-256 server-first-message cannot be left out, so the exchange ends instead: CONNACK
 0x95 at CONNECT (closed without one when even that does not fit), DISCONNECT 0x95 on a
-re-authentication. Logged and counted as a failed exchange."""
+re-authentication. Logged and counted as a failed exchange. An accepting CONNACK (the
+server-final-message, an Assigned Client Identifier) that does not fit is a refusal too, before
+any session is made."""
 
 from __future__ import annotations
 
@@ -83,3 +85,67 @@ def test_a_reauthentication_auth_over_the_clients_maximum_packet_size_gets_disco
     assert b.wait_log("re-authentication failed (DISCONNECT 0x95): SCRAM-SHA-256: its AUTH (",
                       start=mark)
     assert scram_failed(b) == before + 1
+
+
+def _scram_connect(b, client_id: str, limit: int | None) -> tuple[R.Packet5, R.RawClient5]:
+    """A SCRAM exchange with a one-character client nonce (a short AUTH) and a Session Expiry
+    Interval, the client-final-message sent: (the broker's AUTH, the client)."""
+    c = raw5(b)
+    s = Scram(USER, PASSWORD, nonce="x")
+    props = {**auth_props(s.first()), R.SESSION_EXPIRY: 300}
+    if limit is not None:
+        props[R.MAXIMUM_PACKET_SIZE] = limit
+    c.send(R.connect5(client_id, clean_start=False, props=props))
+    first = c.expect(R.AUTH)
+    c.auth(0x18, auth_props(s.final(first.properties[R.AUTH_DATA])))
+    return first, c
+
+
+def test_an_accepting_connack_over_the_clients_maximum_packet_size_is_a_refusal(scram_broker):
+    """The CONNACK 0x00 of an empty client id carries the Assigned Client Identifier and the
+    server-final-message, neither of which the client can go without: when it does not fit
+    although the AUTH did, the CONNECT is refused with CONNACK 0x95, and no session is made."""
+    b = scram_broker
+    first, c = _scram_connect(b, "", None)
+    ack = c.expect(R.CONNACK)
+    assert ack.reason == 0 and R.ASSIGNED_CLIENT_ID in ack.properties, ack
+    c.send(R.disconnect5())
+    assert c.expect_closed()
+    limit = size(first)
+    # Without what it may go without (Topic Alias Maximum, Maximum Packet Size), still over.
+    assert size(ack) - 5 - 3 * (R.TOPIC_ALIAS_MAXIMUM in ack.properties) > limit
+    stats = b.stats()
+    mark = b.mark()
+    first, c = _scram_connect(b, "", limit)
+    assert size(first) <= limit
+    ack = c.expect(R.CONNACK)
+    assert ack.reason == 0x95 and size(ack) <= limit, ack
+    assert c.expect_closed()
+    assert b.wait_log("refused (CONNACK 0x95): its CONNACK 0x00 (", start=mark)
+    assert b.wait_log(f"bytes) would be larger than the client's Maximum Packet Size ({limit})",
+                      start=mark)
+    after = b.stats()
+    assert after["sessions"] == stats["sessions"]
+    assert after["refused"].get("auth", 0) == stats["refused"].get("auth", 0) + 1
+    assert after["counters"]["scram_failed"] == stats["counters"]["scram_failed"]
+
+
+@pytest.mark.parametrize("limit, answer", [(20, R.CONNACK), (4, None)])
+def test_an_accepting_connack_too_large_without_auth_is_refused_too(broker, limit, answer):
+    b = broker()
+    sessions = b.stats()["sessions"]
+    mark = b.mark()
+    c = raw5(b)
+    c.send(R.connect5("", clean_start=False,
+                      props={R.SESSION_EXPIRY: 300, R.MAXIMUM_PACKET_SIZE: limit}))
+    if answer is None:      # CONNACK 0x95 is 5 bytes: over 4, nothing is sent
+        assert c.expect_closed()
+        told = f"closed: a CONNACK 0x95 would be larger than its Maximum Packet Size ({limit})"
+    else:
+        ack = c.expect(R.CONNACK)
+        assert ack.reason == 0x95 and size(ack) <= limit, ack
+        assert c.expect_closed()
+        told = "CONNACK 0x95"
+    assert b.wait_log(f"refused ({told}): its CONNACK 0x00 (", start=mark)
+    stats = b.stats()
+    assert stats["sessions"] == sessions and stats["refused"]["client_id"] == 1

@@ -20,7 +20,8 @@ throttles of password logins. Any other method gets CONNACK 0x8C.
 - An AUTH larger than the client's Maximum Packet Size is not sent (MQTT-3.1.2-24; its
   Authentication Data cannot be left out): the exchange ends with CONNACK 0x95 (the
   connection closes without one when that does not fit either) or, after CONNACK,
-  DISCONNECT 0x95.
+  DISCONNECT 0x95. An accepting CONNACK that does not fit (it cannot go without the
+  server-final-message either) is refused alike (``connect.accept``).
 - An AUTH with another method, or out of sequence, is a protocol error (0x82).
 """
 

@@ -17,7 +17,7 @@ import os
 
 from edgebroker import logs
 from edgebroker.errors import (
-    PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
+    PACKET_TOO_LARGE, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
     RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE, SUCCESS,
     ProtocolError, shown,
 )
@@ -223,13 +223,24 @@ def replay_held(client) -> None:
 def accept(client, p: P.Connect) -> None:
     broker = client.broker
     client_id = client.client_id
-    client.rate = PublishRate.for_limits(broker.limits, broker.clock())
     conn = client.v5
+    if conn is not None:
+        # The CONNACK is built before the session is taken over or created: when it does not
+        # fit the client's Maximum Packet Size, the CONNECT is refused with nothing to undo.
+        expiry = mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration)
+        keepalive = (broker.limits.max_keepalive
+                     if _over_max_keepalive(p.keepalive, broker.limits.max_keepalive) else None)
+        props = mqtt5.connack_properties(broker, client, client_id if not p.client_id else None,
+                                         keepalive, expiry)
+        frame = mqtt5.accepting_frame(conn, False, props)
+        if conn.max_packet_size and len(frame) > conn.max_packet_size:
+            _refuse_too_large(client, len(frame))
+            return
+    client.rate = PublishRate.for_limits(broker.limits, broker.clock())
     if conn is None:
         session, present = broker.attach(client, client_id, p.clean_session)
         session.expiry_interval = None  # (a 5.0 client's before): persistent_client_expiration
     else:
-        expiry = mqtt5.session_expiry(conn, broker.limits.persistent_client_expiration)
         session, present = broker.attach(client, client_id, expiry == 0, p.clean_session)
         session.expiry_interval = expiry
     if session.awaiting_release:    # held from before: see acks.forget_inherited
@@ -245,13 +256,10 @@ def accept(client, p: P.Connect) -> None:
         client.answer(_CONNACK_ACCEPTED[present and p.protocol_level != P.PROTOCOL_31])
         detail = f"clean session {p.clean_session:d}"
     else:
-        max_keepalive = broker.limits.max_keepalive
-        keepalive = None
-        if _over_max_keepalive(p.keepalive, max_keepalive):
-            keepalive = client.keepalive = max_keepalive
-        assigned = client_id if not p.client_id else None
-        client.answer(mqtt5.accepting_frame(conn, present, mqtt5.connack_properties(
-            broker, client, assigned, keepalive, expiry)))
+        if keepalive is not None:
+            client.keepalive = keepalive
+        # (Session Present is a flag: the same size.)
+        client.answer(mqtt5.accepting_frame(conn, True, props) if present else frame)
         detail = f"clean start {p.clean_session:d}, session expiry {expiry}"
     broker.stats.packets_sent += 1
     connections_log.info("%s connected (protocol %d, %s, keepalive %d%s)",
@@ -260,6 +268,18 @@ def accept(client, p: P.Connect) -> None:
     broker.schedule(client)
     if present:
         broker.resume(session)
+
+
+def _refuse_too_large(client, size: int) -> None:
+    """A 5.0 CONNECT whose accepting CONNACK is larger than the client's Maximum Packet Size
+    even without what it may go without (``mqtt5.accepting_frame``; never the Assigned Client
+    Identifier or the Authentication Data, which the client needs): refused with CONNACK
+    0x95, or closed when that does not fit either (MQTT-3.1.2-24)."""
+    conn = client.v5
+    reason = "auth" if conn.auth_method is not None else "client_id"
+    refuse(client, None, f"its CONNACK 0x00 ({size} bytes) would be larger than the client's "
+                         f"Maximum Packet Size ({conn.max_packet_size})", reason,
+           reason5=PACKET_TOO_LARGE)
 
 
 def refuse(client, code: int | None, why: str, reason: str = "client_id", *,
