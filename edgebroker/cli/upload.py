@@ -6,6 +6,8 @@ shipped, backlog, retries, last error, alarm). When no broker answers, the log d
 retries and errors of past runs are in the broker's log, not on disk. A broker that runs (it
 holds the log's lock: cli/log_lock.py) but cannot be asked (its socket 0600 and another user,
 or none: a data_dir too long for a socket path) is an error that says so, not the files' view.
+A lock held with nobody listening on the socket (a broker replaying its log before it opens
+the socket; ``run --once``) gets the files' view, with a line saying who may hold the log.
 
 ``pause`` and ``resume`` ask the running broker through its admin socket. ``run --once`` ships
 every batch sealed now from a log no broker holds (it takes the log's lock, as ``serve`` does)
@@ -63,8 +65,9 @@ def _state_dir(args) -> str:
     return state_dir_of(args)
 
 
-def _live(state_dir: str) -> dict | str:
-    """The running broker's stats, or why no broker answers on the admin socket."""
+def _live(state_dir: str) -> dict | str | None:
+    """The running broker's stats, why its admin socket cannot be asked, or None when nobody
+    listens there (no socket file, or one a broker left behind)."""
     path = socket_path(state_dir)
     if len(os.fsencode(path)) > MAX_PATH:
         return (f"the path is longer than {MAX_PATH} bytes (a Unix socket limit): the broker "
@@ -75,6 +78,8 @@ def _live(state_dir: str) -> dict | str:
         if exc.error.errno == errno.EACCES:
             return (f"{exc.error.strerror} (only the broker's user may ask it: run the command "
                     f"as that user)")
+        if exc.error.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            return None
         return exc.error.strerror or str(exc.error)
     try:
         reply = client.ask({"cmd": "stats"})
@@ -111,12 +116,19 @@ def offline_status(state_dir: str) -> dict:
 def run_status(args) -> int:
     state_dir = _state_dir(args)
     stats = _live(state_dir)
-    if isinstance(stats, str):
+    held = None
+    if not isinstance(stats, dict):
         log_dir = os.path.join(state_dir, "log")
         if log_lock.held(log_dir):
-            raise EdgebrokerError(
-                f"a broker runs on {state_dir} (it holds the lock of {log_dir}) but its admin "
-                f"socket {socket_path(state_dir)} cannot be asked: {stats}")
+            if stats is not None:
+                raise EdgebrokerError(
+                    f"a broker runs on {state_dir} (it holds the lock of {log_dir}) but its "
+                    f"admin socket {socket_path(state_dir)} cannot be asked: {stats}")
+            # Nobody listens on the socket: a broker replaying its log before it opens the
+            # socket, or `upload run --once`, which has none. The files tell what they can.
+            held = (f"another process holds the lock of {log_dir} and nobody answers on "
+                    f"{socket_path(state_dir)} (a broker starting, or `edgebroker upload run "
+                    f"--once`)")
     else:
         fig = stats.get("upload")
         with inspect_live.broker_fields(socket_path(state_dir), "stats"):
@@ -126,10 +138,12 @@ def run_status(args) -> int:
         return 0
     st = offline_status(state_dir)
     if args.format == "json":
-        print(json.dumps(st))
+        print(json.dumps({**st, "log_held": held is not None}))
         return 0
-    print(f"broker not running; uploaded up to offset {st['uploaded_offset']} (next offset "
-          f"{st['next_offset']})")
+    if held is not None:
+        print(f"{held}: what the log directory says now")
+    print(f"{'broker not running; ' if held is None else ''}uploaded up to offset "
+          f"{st['uploaded_offset']} (next offset {st['next_offset']})")
     print(f"backlog     {st['backlog_records']} records, {st['backlog_bytes']} bytes "
           f"({st['backlog_sealed_segments']} sealed segments), oldest "
           f"{st['backlog_age_seconds']:.0f} s old")
