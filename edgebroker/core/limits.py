@@ -49,7 +49,7 @@ REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
     "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
     "websocket", "max_sessions", "open_files", "payload_format", "max_topic_length",
-    "max_topic_levels",
+    "max_topic_levels", "max_packet_size",
 )
 
 # Why an application message was dropped (not delivered to one subscriber, or not routed).

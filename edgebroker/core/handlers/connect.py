@@ -275,10 +275,8 @@ def _refuse_too_large(client, size: int) -> None:
     even without what it may go without (``mqtt5.accepting_frame``; never the Assigned Client
     Identifier or the Authentication Data, which the client needs): refused with CONNACK
     0x95, or closed when that does not fit either (MQTT-3.1.2-24)."""
-    conn = client.v5
-    reason = "auth" if conn.auth_method is not None else "client_id"
     refuse(client, None, f"its CONNACK 0x00 ({size} bytes) would be larger than the client's "
-                         f"Maximum Packet Size ({conn.max_packet_size})", reason,
+                         f"Maximum Packet Size ({client.v5.max_packet_size})", "max_packet_size",
            reason5=PACKET_TOO_LARGE)
 
 
