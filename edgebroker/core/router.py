@@ -242,7 +242,7 @@ class Router:
         if self.log_queue:
             if message.offset is not None:
                 if session.cursor is None:
-                    client.warn_once("max_pending_write_bytes",
+                    client.warn_once("fall_behind:max_pending_write_bytes",
                                      "%d bytes are waiting to be written (max_pending_write_bytes "
                                      "%d), the client does not read fast enough; it reads from the "
                                      "commit log from offset %d on", transport.out_bytes,
