@@ -308,6 +308,25 @@ class Client:
         warned.add(limit)
         log.warning("%s: " + message + " (logged once per connection)", self.describe(), *args)
 
+    def window_full(self, limit: str) -> None:
+        """A QoS 1/2 message found this connection's window full (core.router) and waits in
+        its queue: counted, logged once per connection (flow control, not a loss)."""
+        broker = self.broker
+        broker.hit(limit)
+        if self.warned is not None and limit in self.warned:
+            return
+        session, name = self.session, limit
+        if limit == "max_inflight_bytes":
+            count, what, value = (session.inflight_bytes, "bytes of QoS 1/2 messages",
+                                  broker.limits.max_inflight_bytes)
+        else:
+            count, what = len(session.inflight), "QoS 1/2 messages"
+            value = session.receive_max or broker.limits.max_inflight_messages
+            if session.receive_max:
+                name = "its Receive Maximum, below max_inflight_messages"
+        self.warn_once(limit, "%d %s are waiting for its acknowledgement (%s %d); the next "
+                       "ones wait in its queue until it acknowledges", count, what, name, value)
+
     def warn_first(self, kind: str, name: str, more: str, message: str, *args) -> None:
         """Log ``message`` for each of the first FIRST_LOGGED distinct ``name``s of ``kind``
         (a denied topic, a refused filter) on this connection, then once ``more`` (that the
