@@ -250,7 +250,9 @@ class Client:
         if self.throttled_until:
             self._unthrottle()
             return
-        if not self.connected:
+        if not self.connected and self.refusal is not None:
+            self._refused_unheard()
+        elif not self.connected:
             broker.stats.connect_timeouts += 1
             broker.hit("connect_timeout")
             broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
@@ -266,6 +268,21 @@ class Client:
             log.info("%s: keepalive expired (no packet for 1.5 x %d s); closing",
                      self.describe(), self.keepalive)
             self.close(will=True, reason=KEEP_ALIVE_TIMEOUT, why="keep alive timeout")
+
+    def _refused_unheard(self) -> None:
+        """A caller accepted only to be refused (``refusal``: core.sessions, e.g. for the
+        open files limit) sent no CONNECT in time: counted and logged as that refusal (not
+        as a connect_timeout, a limit it did not reach), then closed."""
+        broker = self.broker
+        limit, why = self.refusal
+        broker.peer_log.log(log, logging.INFO, limit, self.peer, "%s: refused (closed: no "
+                            "CONNECT within %g s): %s", self.describe(),
+                            self.connect_deadline - self.created, why)
+        broker.stats.connections_refused += 1
+        broker.refused[limit] += 1
+        if limit in broker.limit_hits:
+            broker.hit(limit)
+        self.close(will=False)
 
     # ----- closing ----------------------------------------------------------------------
 
