@@ -35,7 +35,9 @@ Rules kept (docs/persistence.md):
 from __future__ import annotations
 
 import logging
+from operator import itemgetter
 
+from edgebroker.core.catchup_run import lag_cut
 from edgebroker.core.cursor import Cursor, needed_from
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.router5 import options5_for
@@ -183,9 +185,18 @@ class CatchUp:
             # reported): what is left is lost to it, rather than asking again every pass.
             self._skip(session, commit_log.written_offset, "the log cannot be read there")
             return True
-        self.count_missing(session, cursor.offset, next_offset)
         lag_bytes = limits.max_lag_bytes
         drop_qos0 = bool(lag_bytes) and commit_log.bytes_after(cursor.offset) > lag_bytes
+        if drop_qos0 and records:
+            # QoS 0 is skipped only up to where it is within max_lag_bytes of the end: the
+            # batch ends there (the next one reads the rest without skipping).
+            cut = lag_cut(commit_log, records, 0, len(records), lag_bytes, itemgetter(0))
+            if not cut:
+                drop_qos0 = False
+            elif cut < len(records):
+                next_offset = records[cut][0]
+                del records[cut:]
+        self.count_missing(session, cursor.offset, next_offset)
         max_age = limits.max_lag_age
         too_old = journal.wall_ms() - int(max_age * 1000) if max_age else -1
         offline = cursor.offline

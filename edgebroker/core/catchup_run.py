@@ -32,6 +32,22 @@ def piece_of(window: int) -> int:
     return -(-window // WINDOW_PIECES)
 
 
+def lag_cut(commit_log, items, lo: int, hi: int, bound: int, offset_of=None) -> int:
+    """The index of the first of ``items[lo:hi]`` (ascending offsets, or records with
+    ``offset_of``) that a reader may take no more than ``bound`` bytes behind the end of the
+    log (``hi`` if none): max_lag_bytes skips QoS 0 before it only. A binary search, a few
+    ``bytes_after`` calls per batch and only while a session is behind that far."""
+    bytes_after = commit_log.bytes_after
+    while lo < hi:
+        mid = (lo + hi) // 2
+        item = items[mid]
+        if bytes_after(item if offset_of is None else offset_of(item)) > bound:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class Run:
     """Records a session catching up read from the log and has not all been sent yet: the
     scanner's entries (``_native.scan``) for the records of one chunk of a segment that match
@@ -103,8 +119,14 @@ class CatchUpRuns:
             if run.n:
                 limits = self.limits
                 lag_bytes = limits.max_lag_bytes
-                run.drop_qos0 = (bool(lag_bytes)
-                                 and commit_log.bytes_after(cursor.offset) > lag_bytes)
+                if lag_bytes and commit_log.bytes_after(cursor.offset) > lag_bytes:
+                    # QoS 0 skipped only up to where it is within max_lag_bytes of the end:
+                    # the run ends there (what follows is read again, without skipping).
+                    cut = lag_cut(commit_log, run.offsets, 0, run.n, lag_bytes)
+                    if cut:
+                        run.drop_qos0 = True
+                        if cut < run.n:
+                            run.n, next_offset = cut, run.offsets[cut]
                 max_age = limits.max_lag_age
                 if max_age:
                     run.too_old = self.journal.wall_ms() - int(max_age * 1000)

@@ -250,7 +250,9 @@ class Client:
         if self.throttled_until:
             self._unthrottle()
             return
-        if not self.connected:
+        if not self.connected and self.refusal is not None:
+            self._refused_unheard()
+        elif not self.connected:
             broker.stats.connect_timeouts += 1
             broker.hit("connect_timeout")
             broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
@@ -266,6 +268,21 @@ class Client:
             log.info("%s: keepalive expired (no packet for 1.5 x %d s); closing",
                      self.describe(), self.keepalive)
             self.close(will=True, reason=KEEP_ALIVE_TIMEOUT, why="keep alive timeout")
+
+    def _refused_unheard(self) -> None:
+        """A caller accepted only to be refused (``refusal``: core.sessions, e.g. for the
+        open files limit) sent no CONNECT in time: counted and logged as that refusal (not
+        as a connect_timeout, a limit it did not reach), then closed."""
+        broker = self.broker
+        limit, why = self.refusal
+        broker.peer_log.log(log, logging.INFO, limit, self.peer, "%s: refused (closed: no "
+                            "CONNECT within %g s): %s", self.describe(),
+                            self.connect_deadline - self.created, why)
+        broker.stats.connections_refused += 1
+        broker.refused[limit] += 1
+        if limit in broker.limit_hits:
+            broker.hit(limit)
+        self.close(will=False)
 
     # ----- closing ----------------------------------------------------------------------
 
@@ -307,6 +324,25 @@ class Client:
             return
         warned.add(limit)
         log.warning("%s: " + message + " (logged once per connection)", self.describe(), *args)
+
+    def window_full(self, limit: str) -> None:
+        """A QoS 1/2 message found this connection's window full (core.router) and waits in
+        its queue: counted, logged once per connection (flow control, not a loss)."""
+        broker = self.broker
+        broker.hit(limit)
+        if self.warned is not None and limit in self.warned:
+            return
+        session, name = self.session, limit
+        if limit == "max_inflight_bytes":
+            count, what, value = (session.inflight_bytes, "bytes of QoS 1/2 messages",
+                                  broker.limits.max_inflight_bytes)
+        else:
+            count, what = len(session.inflight), "QoS 1/2 messages"
+            value = session.receive_max or broker.limits.max_inflight_messages
+            if session.receive_max:
+                name = "its Receive Maximum, below max_inflight_messages"
+        self.warn_once(limit, "%d %s are waiting for its acknowledgement (%s %d); the next "
+                       "ones wait in its queue until it acknowledges", count, what, name, value)
 
     def warn_first(self, kind: str, name: str, more: str, message: str, *args) -> None:
         """Log ``message`` for each of the first FIRST_LOGGED distinct ``name``s of ``kind``

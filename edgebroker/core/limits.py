@@ -49,7 +49,7 @@ REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
     "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
     "websocket", "max_sessions", "open_files", "payload_format", "max_topic_length",
-    "max_topic_levels", "max_packet_size",
+    "max_topic_levels", "will", "max_packet_size",
 )
 
 # Why an application message was dropped (not delivered to one subscriber, or not routed).
@@ -347,11 +347,13 @@ class EventLog:
 # What ``PeerLog`` counts, by kind: the words of its summary lines ("N more <these> from ...").
 PEER_EVENTS = {
     "protocol_error": "protocol violations",
-    "max_packet_size": "packets over max_packet_size",
+    "max_packet_size": "packets over max_packet_size (or CONNECTs refused: their CONNACK or "
+                       "AUTH over the client's Maximum Packet Size)",
     "connect_timeout": "connections closed for connect_timeout (no CONNECT, or a password "
                        "check not finished)",
     "auth": "CONNECTs refused for their user name or password (CONNACK 4 or 5)",
     "client_id": "CONNECTs refused for their client id",
+    "will": "CONNECTs refused for their will",
     "protocol_version": "CONNECTs refused for their protocol version",
     "max_client_id_length": "CONNECTs refused for max_client_id_length",
     "max_keepalive": "CONNECTs refused for max_keepalive",

@@ -242,7 +242,7 @@ class Router:
         if self.log_queue:
             if message.offset is not None:
                 if session.cursor is None:
-                    client.warn_once("max_pending_write_bytes",
+                    client.warn_once("fall_behind:max_pending_write_bytes",
                                      "%d bytes are waiting to be written (max_pending_write_bytes "
                                      "%d), the client does not read fast enough; it reads from the "
                                      "commit log from offset %d on", transport.out_bytes,
@@ -268,9 +268,9 @@ class Router:
         client = session.client
         if client is not None and not session.queue:
             if len(session.inflight) >= (session.receive_max or self.limits.max_inflight_messages):
-                self.hit("max_inflight_messages")
+                client.window_full("max_inflight_messages")
             elif session.inflight_bytes >= self.limits.max_inflight_bytes:
-                self.hit("max_inflight_bytes")
+                client.window_full("max_inflight_bytes")
             else:
                 self.hit("max_pending_write_bytes")
                 client.transport.wait_for_drain()

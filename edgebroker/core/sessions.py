@@ -373,13 +373,15 @@ class Sessions:
         if client is not None:
             what = shown(topic_filter, 200, "characters")
             if problem == "memory_limit":
-                client.warn_once(problem, "subscription to %s refused (SUBACK %s): memory use %d "
+                client.warn_once("subscribe:memory_limit",
+                                 "subscription to %s refused (SUBACK %s): memory use %d "
                                  "bytes is above memory_limit (%d); new subscriptions are "
                                  "refused until it falls below", what,
                                  "0x80" if client.v5 is None else "0x97", self.memory.rss,
                                  self.memory.limit)
             else:
-                client.warn_once(problem, "subscription to %s refused (SUBACK 0x80): %s (%d)",
+                client.warn_once("subscribe:" + problem,
+                                 "subscription to %s refused (SUBACK 0x80): %s (%d)",
                                  what, problem, getattr(limits, problem))
         return problem
 

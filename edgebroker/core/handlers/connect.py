@@ -53,8 +53,9 @@ def on_connect(client, p: P.Connect) -> None:
                              or will.qos > limits.max_qos):
         why = ("a retained will and retain_available is false" if will.qos <= limits.max_qos
                else f"will QoS {will.qos} is above max_qos ({limits.max_qos})")
+        client.client_id = client_id            # named in the log line
         if v5:
-            return refuse(client, 0, why, "client_id", reason5=RETAIN_NOT_SUPPORTED
+            return refuse(client, 0, why, "will", reason5=RETAIN_NOT_SUPPORTED
                           if will.qos <= limits.max_qos else QOS_NOT_SUPPORTED)
         # 3.1.1 has no CONNACK code for it: closed, as Mosquitto does.
         return client.violation(ProtocolError(f"CONNECT refused: {why}", rule="max_qos"
@@ -63,6 +64,7 @@ def on_connect(client, p: P.Connect) -> None:
     if v5 and will is not None and will.properties and will.properties.get(Q.PAYLOAD_FORMAT):
         problem = payload_utf8_error(will.payload, "will payload")
         if problem is not None:   # (3.1.3.2.3: checked as a PUBLISH's is)
+            client.client_id = client_id
             return refuse(client, 0, problem + " (Payload Format Indicator 1)", "payload_format",
                           reason5=PAYLOAD_FORMAT_INVALID)
     if len(client_id.encode("utf-8")) > limits.max_client_id_length:

@@ -305,12 +305,12 @@ def _refuse_publish(client, p: P.Publish, limit: str) -> None:
     value = broker.memory.limit if limit == "memory_limit" else getattr(broker.limits, limit)
     topic = shown(p.topic, 200, "characters")
     if p.qos == 0:
-        client.warn_once(limit, "publish to new topic %s refused: %s (%d); QoS 0 messages to "
-                         "new topics are dropped", topic, limit, value)
+        client.warn_once("publish:" + limit, "publish to new topic %s refused: %s (%d); QoS 0 "
+                         "messages to new topics are dropped", topic, limit, value)
         return
     if client.v5 is not None:
-        client.warn_once(limit, "publish to new topic %s refused: %s (%d); answered with "
-                         "reason 0x97 (quota exceeded)", topic, limit, value)
+        client.warn_once("publish:" + limit, "publish to new topic %s refused: %s (%d); answered "
+                         "with reason 0x97 (quota exceeded)", topic, limit, value)
         _answer5(client, p, QUOTA_EXCEEDED, f"new topic refused: {limit} ({value})")
         return
     # A client that reconnects to try again is logged as a refused connection is: the
