@@ -55,6 +55,10 @@ QUEUE_BYTES = 256 * 1024
 # One refill reads at most this many log bytes looking for matching records; a session with a
 # long stretch of records it does not want continues in the next loop pass.
 SCAN_BYTES = 4 * 1024 * 1024
+# All refills of a loop pass (sessions reconnecting at once, the catch-up pass) read at most
+# about this many log bytes together; sessions past it go on in the next pass (the catch-up
+# timer), so that many sessions behind do not each scan SCAN_BYTES in one pass.
+PASS_SCAN_BYTES = 4 * SCAN_BYTES
 # Records queued, then dropped as they were to be written (5.0 Message Expiry passed, over the
 # client's Maximum Packet Size, refused by its ACL) fill neither the window nor the output: past
 # this many of them, one pump (or a shared group's hand-out) goes on in the next loop pass.
@@ -73,6 +77,9 @@ class CatchUp:
         # their window by Resume.let_go_of_gone).
         self._catch_up_again: set = set()
         self._catch_up_timer = Timer(self._on_catch_up)
+        # What is left of the scan budget shared by refills (PASS_SCAN_BYTES), given back
+        # by each catch-up pass: once spent, refills wait for the next one.
+        self._scan_left = PASS_SCAN_BYTES
         self._first_offset = 0              # the log's first offset at the last check
         self.log_queue = self._log_is_queue(self.limits)
 
@@ -160,6 +167,12 @@ class CatchUp:
             # Nothing can match: what is left of the log is read at once.
             self._caught_up(session)
             return True
+        scan = self._scan_left
+        if scan <= 0:
+            self._go_on_later(session)     # the pass's scan budget is spent
+            return False
+        scan = min(scan, SCAN_BYTES)
+        start = cursor.offset
         topic_filter = None
         limits = self.limits
         if len(subscriptions) == 1 and not cursor.since:
@@ -169,14 +182,16 @@ class CatchUp:
                 # The scanner's filter is the whole decision: the records go out as a run
                 # (3.1.1 frames: a 5.0 client's PUBLISH has more to say, core.router5; a
                 # session a 5.0 client made may have No Local on the filter).
-                found = commit_log.read_run(cursor.offset, topic_filter, SCAN_BYTES)
+                found = commit_log.read_run(start, topic_filter, scan)
                 if found is not None:
+                    self._scanned(start, found[1])
                     return self._take_run(session, found, head, subscriptions[
                         next(iter(subscriptions))])
         sub5 = session.sub5   # 5.0 options (No Local, Retain As Published): core.router5
-        records, next_offset = commit_log.read_batch(cursor.offset, topic_filter, QUEUE_MESSAGES,
-                                                     QUEUE_BYTES, SCAN_BYTES,
+        records, next_offset = commit_log.read_batch(start, topic_filter, QUEUE_MESSAGES,
+                                                     QUEUE_BYTES, scan,
                                                      client_ids=sub5 is not None)
+        self._scanned(start, next_offset)
         if next_offset > head:
             records = [r for r in records if r[0] < head]
             next_offset = head
@@ -280,7 +295,14 @@ class CatchUp:
             return False
         return True
 
+    def _scanned(self, start: int, end: int) -> None:
+        """A refill read the log from ``start`` to ``end``: spent from the pass's budget."""
+        if end > start:
+            commit_log = self.journal.log
+            self._scan_left -= commit_log.bytes_after(start) - commit_log.bytes_after(end)
+
     def _on_catch_up(self) -> None:
+        self._scan_left = PASS_SCAN_BYTES
         if self.records_gone:
             self.let_go_of_gone()         # (core.resume)
         sessions, self._catch_up_again = self._catch_up_again, set()

@@ -6,12 +6,13 @@ of."""
 
 from __future__ import annotations
 
+from edgebroker.core.filter_set import matching_filters
 from edgebroker.core.session import as_stored
-from edgebroker.mqtt.topics import topic_matches
 from edgebroker.mqtt.trie import CACHED_TOPIC_LENGTH
 
 # Topic decisions cached per session behind (dropped wholesale beyond it; topics of up to
-# CACHED_TOPIC_LENGTH bytes).
+# CACHED_TOPIC_LENGTH bytes). A decision holds at most three (since, QoS) pairs whatever the
+# number of matching filters (``Cursor.granted``): at most about 1,024 x 400 bytes a session.
 CACHE_LIMIT = 1024
 # Offline ranges kept per session (the oldest goes first: its QoS 0 is then sent after all).
 OFFLINE_RANGES = 8
@@ -28,7 +29,7 @@ class Cursor:
         self.floor = floor         # the oldest offset it still needs (its queue and window too)
         self.since: dict[str, int] | None = None    # filter -> offset it was subscribed at
         self.offline: list[list] | None = None      # [from, to or None] offset ranges
-        self.cache: dict[bytes, tuple] = {}          # topic -> ((since, qos), ...)
+        self.cache: dict[bytes, tuple] = {}          # topic -> ((since, qos), ...): granted
         self.lag_dropped = 0       # QoS 0 skipped past max_lag in the current episode
         self.aged = -1             # records skipped for max_session_lag_age after the logged
         #                            move (-1: none logged yet)
@@ -79,10 +80,7 @@ class Cursor:
         """The QoS ``session`` takes the record at ``offset`` on ``topic`` with; -1: none."""
         entry = self.cache.get(topic)
         if entry is None:
-            name = topic.decode("utf-8", "replace")
-            since = self.since
-            entry = tuple((since.get(f, 0) if since else 0, q)
-                          for f, q in session.subscriptions.items() if topic_matches(f, name))
+            entry = _decision(session, self.since, topic.decode("utf-8", "replace"))
             if len(topic) <= CACHED_TOPIC_LENGTH:     # (as the subscription trie's cache)
                 if len(self.cache) >= CACHE_LIMIT:
                     self.cache.clear()
@@ -123,6 +121,25 @@ class Cursor:
             ranges[-1][1] = head
             if ranges[-1][0] >= head:
                 ranges.pop()    # offline for no record (a takeover): nothing to decide
+
+
+def _decision(session, since: dict | None, name: str) -> tuple:
+    """What ``Cursor.granted`` needs of ``session``'s filters matching ``name``: (the offset
+    a filter counts from, the QoS it grants) pairs, only those that grant more than every
+    filter counting from no later (so at most one for each QoS), by offset."""
+    subscriptions = session.subscriptions
+    matches = matching_filters(session, name)
+    if not since:
+        return ((0, max(subscriptions[f] for f in matches)),) if matches else ()
+    pairs = sorted((since.get(f, 0) if since else 0, -subscriptions[f])
+                   for f in matches)
+    entry = []
+    best = -1
+    for offset, qos in pairs:
+        if -qos > best:
+            best = -qos
+            entry.append((offset, best))
+    return tuple(entry)
 
 
 def needed_from(session, offset: int, first: int, whole_queue: bool = True) -> int:

@@ -27,33 +27,19 @@ from __future__ import annotations
 import logging
 import struct
 
+from edgebroker.core.filter_set import SMALL, matching_among, matching_filters
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, StoredRetained
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_publish_head
 from edgebroker.mqtt.encode5 import encode_publish_head5
 from edgebroker.mqtt.properties import varint
-from edgebroker.mqtt.topics import topic_matches
 
 log = logging.getLogger("edgebroker.broker")
 
 _JOIN_LIMIT = 4096
 _pack_u16 = struct.Struct("!H").pack
-# Which (filter, topic) pairs match, remembered: options5 and subscription_ids ask it for every
-# 5.0 subscriber with options or identifiers, of every message. At most this many pairs.
-_MATCHES_LIMIT = 1024
-_matches: dict = {}
-
-
-def _matching(topic_filter: str, topic: str) -> bool:
-    """``topic_matches``, remembered (a function of the two strings)."""
-    key = (topic_filter, topic)
-    found = _matches.get(key)
-    if found is None:
-        if len(_matches) >= _MATCHES_LIMIT:
-            _matches.clear()
-        found = _matches[key] = topic_matches(topic_filter, topic)
-    return found
+_NO_OPTIONS = (0, 0)
 
 
 def options5(session, message: Message) -> tuple[int, bool]:
@@ -78,10 +64,12 @@ def options5_for(session, topic: str, retain_flag: bool, own: bool,
     best = -1
     retain = False
     sub5 = session.sub5
+    subscriptions = session.subscriptions
     since = _since(session, offset)
-    for topic_filter, qos in session.subscriptions.items():
-        if not _matching(topic_filter, topic) or since and since.get(topic_filter, 0) > offset:
+    for topic_filter in matching_filters(session, topic):
+        if since and since.get(topic_filter, 0) > offset:
             continue
+        qos = subscriptions[topic_filter]
         options = sub5.get(topic_filter, (0, 0))[0]
         if own and options & P.SUB_NO_LOCAL:
             continue
@@ -110,9 +98,14 @@ def subscription_ids(session, topic: str, own: bool, offset: int | None = None) 
     if not sub5:
         return b""
     since = _since(session, offset)
-    found = [b"\x0b" + varint(sid) for f, (options, sid) in sub5.items()
-             if sid and _matching(f, topic) and not (own and options & P.SUB_NO_LOCAL)
-             and not (since and since.get(f, 0) > offset)]
+    found = []
+    # (Few filters with options: those are gone through, in their order.)
+    for f in matching_among(sub5, topic) if len(sub5) <= SMALL else matching_filters(
+            session, topic):
+        options, sid = sub5.get(f, _NO_OPTIONS)
+        if sid and not (own and options & P.SUB_NO_LOCAL) and not (since and since.get(f, 0)
+                                                                   > offset):
+            found.append(b"\x0b" + varint(sid))
     return b"".join(found)
 
 

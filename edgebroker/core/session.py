@@ -154,7 +154,8 @@ class Session:
     __slots__ = ("client_id", "clean", "subscriptions", "client", "inflight", "queue",
                  "awaiting_release", "_next_id", "dropped", "queue_bytes", "inflight_bytes",
                  "queued_qos0", "drops", "acl", "cursor", "saved", "offline_at", "expiry",
-                 "expiry_interval", "sub5", "receive_max", "shared", "retained_queued")
+                 "expiry_interval", "sub5", "receive_max", "shared", "retained_queued",
+                 "filter_set")
 
     def __init__(self, client_id: str, clean: bool):
         self.client_id = client_id
@@ -203,6 +204,8 @@ class Session:
         # Log offsets of the retained messages in its queue (sent when it drains), so that
         # a SUBSCRIBE that asks for them again does not queue them twice; None when none.
         self.retained_queued: set[int] | None = None
+        # Its filters compiled, once asked which match a topic (core.filter_set); or None.
+        self.filter_set = None
 
     def __repr__(self):
         return f"Session({self.client_id!r})"

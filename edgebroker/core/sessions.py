@@ -23,6 +23,7 @@ from functools import partial
 
 from edgebroker.errors import QUOTA_EXCEEDED, SERVER_SHUTTING_DOWN, SESSION_TAKEN_OVER, shown
 from edgebroker.core.cursor import needed_from
+from edgebroker.core.filter_set import filter_added, filter_removed
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import NEVER_EXPIRES
 from edgebroker.core.limits import check_topic
@@ -290,6 +291,7 @@ class Sessions:
         for topic_filter in session.subscriptions:
             self.subscriptions.remove(topic_filter, session)
         session.subscriptions.clear()
+        session.filter_set = None
         self.queued_messages -= len(session.queue)
         self.queued_bytes -= session.queue_bytes
         session.queue = EMPTY_QUEUE
@@ -344,7 +346,11 @@ class Sessions:
             if qos > self.limits.max_qos:
                 qos = self.limits.max_qos
             self.subscriptions.add(topic_filter, session, qos)
-            session.own_subscriptions()[topic_filter] = qos
+            subscriptions = session.own_subscriptions()
+            new = topic_filter not in subscriptions
+            subscriptions[topic_filter] = qos
+            if new:
+                filter_added(session, topic_filter)
             _forget_options(session, topic_filter)  # a 5.0 SUBSCRIBE sets its own after this
             granted.append(qos)
         if not session.clean:
@@ -389,6 +395,7 @@ class Sessions:
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self.subscriptions.remove(topic_filter, session)
+                filter_removed(session, topic_filter)
                 _forget_options(session, topic_filter)
                 cursor = session.cursor
                 if cursor is not None:
