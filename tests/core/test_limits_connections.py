@@ -195,6 +195,8 @@ def test_memory_limit_auto_by_default_is_half_the_memory_available(broker):
     assert _wait_stats(b, lambda s: s["process"]["memory_limit_bytes"] == 0)
     reload(memory_limit="auto")
     assert _wait_stats(b, lambda s: s["process"]["memory_limit_bytes"] == limit)
+    # (The line may reach the test's log reader after the stats answer.)
+    assert b.wait_log("(auto: half of", timeout=5, start=mark)
     assert len([ln for ln in b.logs[mark:] if "(auto: half of" in ln]) == 1
 
 
