@@ -8,7 +8,9 @@ wall-clock time it is due at, so a restart (a stop, or a crash after the snapsho
 again for the time left, or publishes it at once when that time passed while the broker was
 down (``restore_will``, then ``arm_restored_wills`` once the log is replayed). Its client is
 gone then: a ``Departed`` stands for it. The ACL is checked when it is published, as the
-listener its client came in on has it then (docs/protocol.md, "Wills").
+listener its client came in on has it then, also one that had no ACL file when the client
+came in and has one since (a reload: server.reload; a restart: the listener's address is kept
+with the will) (docs/protocol.md, "Wills").
 """
 
 from __future__ import annotations
@@ -71,13 +73,18 @@ class Departed:
     """The client of a will restored from the snapshot: its connection ended before the
     restart. What publishing the will needs of a client (core.router.publish)."""
 
-    __slots__ = ("client_id", "client_id_bytes", "username", "listener_gone")
+    __slots__ = ("client_id", "client_id_bytes", "username", "listener_address",
+                 "listener_gone")
     closed = True
 
-    def __init__(self, client_id: str, username: str | None):
+    def __init__(self, client_id: str, username: str | None, listener_address: str = ""):
         self.client_id = client_id
         self.client_id_bytes = client_id.encode("utf-8")
         self.username = username
+        # The address of the listener its client came in on ("": none, or an older
+        # snapshot's will that no ACL applied to): a reload checks the will against that
+        # listener's ACL as it is then (server.reload).
+        self.listener_address = listener_address
         # The address of the listener whose ACL applied to the will, when it is not served
         # any more (the ACL cannot be checked: the will is dropped), else None.
         self.listener_gone: str | None = None
@@ -144,9 +151,10 @@ class Wills:
         if acl is not None and not acl.can_write(will.topic):
             self.stats.acl_publish_denied += 1
             self.drop("acl", None)
+            since = ("read at the restart, or a reload since" if type(client) is Departed
+                     else "reloaded since it connected")
             log.warning("will of %s on %r dropped: the ACL (%s) does not let it publish "
-                        "there", client.describe(), will.topic, "read at the restart"
-                        if type(client) is Departed else "reloaded since it connected")
+                        "there", client.describe(), will.topic, since)
             return
         log.info("publishing will of %s on %r", client.describe(), will.topic)
         if will.retain and will.payload and will.topic not in self.known_topics:
@@ -168,8 +176,11 @@ class Wills:
         if timer is None or timer.when is None:
             return None
         will, publisher, acl = timer.will, timer.publisher, session.acl
-        listener = acl.listener if acl is not None else getattr(publisher, "listener_gone",
-                                                                None)
+        # Its listener's address, with an ACL or not: the restart checks it against the ACL
+        # that listener has then (a Client's, or a Departed's kept from the last restart).
+        listener = (acl.listener if acl is not None else getattr(publisher, "listener_gone",
+                                                                 None)
+                    or publisher.listener_address)
         return WillState(will.topic, will.payload, will.qos, will.retain,
                          logged(will.properties, will.expiry),
                          written_ms + int((timer.when - now) * 1000),
@@ -189,17 +200,20 @@ class Wills:
             return
         now, wall_ms = self.clock(), self.journal.wall_ms() if self.journal else 0
         armed = overdue = 0
+        # A will whose listener is not served any more has an unknown ACL: dropped when due,
+        # unless no listener has an ACL file (nothing would deny it).
+        any_acl = acls is not None and any(acl is not None for acl in acls.values())
         for session, state in restored:
             if self.sessions.get(session.client_id) is not session or session.client is not None:
                 continue    # ended after the snapshot (its will went then)
-            publisher = Departed(session.client_id, state.username)
             address = state.listener
+            publisher = Departed(session.client_id, state.username, address or "")
             if address is not None and acls is not None:
                 if address in acls:
                     acl = acls[address]
                     session.acl = (acl.view(session.client_id, state.username, address)
                                    if acl is not None else None)
-                else:
+                elif any_acl:
                     publisher.listener_gone = address
             left = max(0, state.due_ms - wall_ms) / 1000
             armed += 1

@@ -60,12 +60,33 @@ def file_key(lc: ListenerConfig, kind: str, index: int | None) -> str:
     return kind
 
 
+_V6_LOOPBACK = bytes(15) + b"\x01"
+_V4_MAPPED = bytes(10) + b"\xff\xff"
+
+
 def peer_host(peer: str) -> str:
-    """The address part of ``HOST:PORT`` / ``[V6]:PORT`` (the failed-login throttles' key)."""
+    """The failed-login throttles' key of a client at ``HOST:PORT`` / ``[V6]:PORT``: one
+    host, as far as the address tells: "loopback" for all of 127.0.0.0/8, ::1 and
+    ::ffff:127.x.y.z (one machine: any local process can pick its source among them); an
+    IPv4 address (also IPv4-mapped) as it is; another IPv6 address as its /64 prefix
+    ("2001:db8:1:2::/64": one host commonly holds a whole /64); "unix" for a Unix socket."""
     if peer.startswith("unix"):
         return "unix"
     host, sep, _ = peer.rpartition(":")
-    return host.strip("[]") if sep else peer
+    host = host.strip("[]") if sep else peer
+    if ":" not in host:
+        return "loopback" if host.startswith("127.") else host
+    import socket   # (loaded by the server already)
+    try:
+        packed = socket.inet_pton(socket.AF_INET6, host.partition("%")[0])
+    except (OSError, ValueError):
+        return host
+    if packed == _V6_LOOPBACK:
+        return "loopback"
+    if packed[:12] == _V4_MAPPED:
+        v4 = socket.inet_ntop(socket.AF_INET, packed[12:])
+        return "loopback" if v4.startswith("127.") else v4
+    return socket.inet_ntop(socket.AF_INET6, packed[:8] + bytes(8)) + "/64"
 
 
 class ListenerPolicy:

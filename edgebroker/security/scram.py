@@ -35,6 +35,8 @@ import os
 from collections import namedtuple
 from collections.abc import Callable
 
+from edgebroker.errors import shown
+
 # hashlib, hmac and secrets load OpenSSL, stringprep the Unicode tables: each is imported
 # where it is used, so a broker without a password file does without them (docs/deploy.md).
 # Base64 through binascii and Keys a collections.namedtuple: the base64 and typing modules
@@ -49,6 +51,10 @@ MAX_ITERATIONS = 10_000_000
 SALT_BYTES = 16
 KEY_BYTES = 32              # SHA-256
 NONCE_BYTES = 18            # 24 characters of base64
+# Characters of a name the client sent (a=, n=) shown in a failure's text: as the
+# authenticator's NAME_SHOWN (not imported: security.authenticator loads security.passwords,
+# which loads this module).
+NAME_SHOWN = 100
 
 
 class FormatError(ValueError):
@@ -262,8 +268,9 @@ class Exchange:
             raise Failure("malformed client-first-message: expected n=USER,r=NONCE")
         username = self.username = _saslname(attrs[0][1], "client-first-message")
         if authzid and _saslname(authzid[2:], "client-first-message") != username:
-            raise Failure(f"authorization identity {authzid[2:]!r} differs from the user name "
-                          f"{username!r} (acting as another user is not supported)")
+            raise Failure(f"authorization identity {shown(authzid[2:], NAME_SHOWN)} differs "
+                          f"from the user name {shown(username, NAME_SHOWN)} (acting as another "
+                          f"user is not supported)")
         client_nonce = attrs[1][1]
         if not _printable(client_nonce):
             raise Failure("malformed client-first-message: the nonce must be printable "

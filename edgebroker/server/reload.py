@@ -154,10 +154,13 @@ def apply_security(app, config: Config, running: list, security: list) -> None:
 def _rebind_acls(app) -> None:
     """After a reload: each session follows the ACL of the listener its client came in on
     (the ACL file re-read, another one, or none any more). A connected client whose
-    listener has an ACL file now and had none gets a view of it; an offline session
-    without one gets it when its client comes back."""
+    listener has an ACL file now and had none gets a view of it, and so does an offline
+    session with a delayed will (the will is checked against it when due). Another offline
+    session without one gets it when its client comes back (what it is sent is checked
+    then, core.router)."""
     acls = {listener.address: listener.policy.acl for listener in app.listeners
             if listener.policy is not None}
+    will_timers = app.broker.will_timers
     for session in app.broker.sessions.values():
         client = session.client
         view = session.acl
@@ -165,6 +168,10 @@ def _rebind_acls(app) -> None:
             address, username = client.listener_address, client.username
         elif view is not None:
             address, username = view.listener, view.username
+        elif session in will_timers:
+            # Its client (or the Departed standing for it after a restart) knows its listener.
+            publisher = will_timers[session].publisher
+            address, username = publisher.listener_address, publisher.username
         else:
             continue
         if address not in acls:

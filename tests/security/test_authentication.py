@@ -222,9 +222,9 @@ def test_wrong_passwords_for_one_user_do_not_lock_out_others_from_the_same_addre
     assert c.expect_closed(5)
     line = b.wait_log(f"client '{uid}-right' (user 'alice') from 127.0.0.2:{c.local_port}: "
                       f"refused (CONNACK 5): 3 failed logins in a row for user 'alice' from "
-                      f"127.0.0.2; its next password check in", start=mark)
+                      f"loopback; its next password check in", start=mark)
     assert line and "; not checked" in line
-    # Another user from the same address, and the same user from another address: served.
+    # Another user from the same address: served.
     assert b.client(f"{uid}-bob", username="bob", password="bob-pw", transport=src).ping() == []
     # The delay (1 s after the third failure) passes: the next attempt is checked.
     wait = float(line.split("next password check in ")[1].split(" s")[0])
@@ -313,10 +313,11 @@ def test_failed_logins_for_many_user_names_throttle_the_address(broker, tmp_path
     assert codes.count(4) == 30 and codes.count(5) == 10, codes
     mark = b.mark()
     b.client(f"{uid}-carol", username="carol", password="carol-pw", transport=src, expect_rc=5)
-    assert b.wait_log("too many failed logins from 127.0.0.4 (30 within 60 s, any user names)",
+    assert b.wait_log("too many failed logins from loopback (30 within 60 s, any user names)",
                       start=mark)
     assert b.client(f"{uid}-bob2", username="bob", password="bob-pw", transport=src).ping() == []
-    assert b.client(f"{uid}-carol2", username="carol", password="carol-pw").ping() == []
+    # All of 127.0.0.0/8 is one host to the throttle: 127.0.0.1 is no way around it.
+    b.client(f"{uid}-carol2", username="carol", password="carol-pw", expect_rc=5)
 
 
 def test_connect_timeout_keeps_running_while_authenticating(broker, tmp_path, uid):

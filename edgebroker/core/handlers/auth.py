@@ -131,8 +131,9 @@ def on_auth(client, p: P.Auth) -> None:
             return
         exchange, reply, failure = _first(conn, policy, p)
         if failure is None and exchange.username != client.username:
-            failure = scram.Failure(f"re-authentication as user {exchange.username!r}: the "
-                                    f"connection's user is {client.username!r}")
+            failure = scram.Failure(
+                f"re-authentication as user {shown(exchange.username, scram.NAME_SHOWN)}: "
+                f"the connection's user is {shown(client.username, scram.NAME_SHOWN)}")
         if failure is not None:
             _reauth_outcome(client, policy, exchange, failure, None)
             return
