@@ -55,7 +55,7 @@ def unusable(policy, method: str) -> str | None:
     """Why ``method`` cannot authenticate on a listener with ``policy``, or None."""
     from edgebroker.security import scram   # here: see the note at the imports
     if method != scram.METHOD:
-        return f"authentication method {method!r} is not supported (only {scram.METHOD})"
+        return f"authentication method {shown(method, 100)} is not supported (only {scram.METHOD})"
     if policy is None:
         return f"{scram.METHOD} needs a password_file on the listener"
     return policy.scram_refusal()
@@ -221,8 +221,12 @@ def _reauth_failed(client, reason: int, why: str, told: str) -> None:
 def _same_method(conn, p: P.Auth, rule: str) -> None:
     method = p.properties.get(Q.AUTH_METHOD) if p.properties else None
     if method != conn.auth_method:
-        raise ProtocolError(f"AUTH with Authentication Method {method!r}; the CONNECT's was "
-                            f"{conn.auth_method!r}", rule=rule, reason=PROTOCOL_ERROR)
+        raise ProtocolError(f"AUTH with Authentication Method {_method(method)}; the CONNECT's "
+                            f"was {_method(conn.auth_method)}", rule=rule, reason=PROTOCOL_ERROR)
+
+
+def _method(method) -> str:
+    return "None" if method is None else shown(method, 100)
 
 
 def _first(conn, policy, p) -> tuple[scram.Exchange, bytes | None, scram.Failure | None]:
