@@ -28,8 +28,11 @@ class WillState:
     properties: bytes = b""
     due_ms: int = 0                 # the wall-clock time (ms since the epoch) it is due at
     username: str | None = None     # its client's user name
-    # The address of the listener whose ACL applied to it; None: no ACL did.
+    # The address of the listener its client came in on (None: none, or an older file whose
+    # will no ACL applied to), and whether an ACL applied to it then: a will whose listener is
+    # not served after a restart is dropped only when one did (its ACL is unknown).
     listener: str | None = None
+    acl: bool = True
 
 
 def will_json(w: WillState) -> dict:
@@ -41,6 +44,8 @@ def will_json(w: WillState) -> dict:
         doc["username"] = w.username
     if w.listener is not None:
         doc["listener"] = w.listener
+        if not w.acl:
+            doc["acl"] = False      # (older brokers wrote a listener only when one applied)
     return doc
 
 
@@ -65,4 +70,4 @@ def read_will(doc, path: str, client_id: str) -> WillState | None:
     return WillState(str(doc["topic"]), binascii.a2b_base64(doc["payload"], strict_mode=True),
                      qos, bool(doc["retain"]), properties, int(doc["due_ms"]),
                      None if username is None else str(username),
-                     None if listener is None else str(listener))
+                     None if listener is None else str(listener), doc.get("acl", True) is not False)

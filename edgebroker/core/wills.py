@@ -181,10 +181,11 @@ class Wills:
         listener = (acl.listener if acl is not None else getattr(publisher, "listener_gone",
                                                                  None)
                     or publisher.listener_address)
+        checked = acl is not None or getattr(publisher, "listener_gone", None) is not None
         return WillState(will.topic, will.payload, will.qos, will.retain,
                          logged(will.properties, will.expiry),
                          written_ms + int((timer.when - now) * 1000),
-                         publisher.username, listener or None)
+                         publisher.username, listener or None, checked)
 
     def restore_will(self, session, state: WillState) -> None:
         """A restored session's delayed will, armed by ``arm_restored_wills``."""
@@ -200,8 +201,8 @@ class Wills:
             return
         now, wall_ms = self.clock(), self.journal.wall_ms() if self.journal else 0
         armed = overdue = 0
-        # A will whose listener is not served any more has an unknown ACL: dropped when due,
-        # unless no listener has an ACL file (nothing would deny it).
+        # A will an ACL applied to whose listener is not served any more has an unknown ACL:
+        # dropped when due, unless no listener has an ACL file (nothing would deny it).
         any_acl = acls is not None and any(acl is not None for acl in acls.values())
         for session, state in restored:
             if self.sessions.get(session.client_id) is not session or session.client is not None:
@@ -213,7 +214,7 @@ class Wills:
                     acl = acls[address]
                     session.acl = (acl.view(session.client_id, state.username, address)
                                    if acl is not None else None)
-                elif any_acl:
+                elif any_acl and state.acl:
                     publisher.listener_gone = address
             left = max(0, state.due_ms - wall_ms) / 1000
             armed += 1

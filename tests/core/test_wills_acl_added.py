@@ -108,3 +108,33 @@ def test_a_restored_will_is_checked_against_the_acl_its_listener_has_now(
         reload_with_acl(b2, acl)
     expect_dropped(b2, uid, "read at the restart, or a reload since")
     expect_only_the_marker(b2, uid)
+
+
+def test_a_restored_will_no_acl_applied_to_is_published_though_its_listener_moved(
+        broker, tmp_path, uid):
+    """Another listener has an ACL file, the will's had none; after a restart with the will's
+    listener on another port its ACL is unknown, but none applied to it: published, as
+    before its listener's address was kept (only a will an ACL applied to is dropped)."""
+    acl = write_acl(tmp_path / "acl", rules(uid))
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "acl_file": str(acl)},
+                         {"host": "127.0.0.1", "port": 0}])
+    data_dir = b.config["data_dir"]
+    plain = b.listeners[1][1]
+    c = R.RawClient5("127.0.0.1", plain)
+    _open_clients.append(c)
+    assert c.connect(f"{uid}-c", props={R.SESSION_EXPIRY: 60},
+                     will=(f"{uid}/will", b"offline", 1, False, {R.WILL_DELAY: 3})).reason == 0
+    mark = b.mark()
+    c.abort()
+    assert b.wait_log(lambda ln: f"will of client '{uid}-c'" in ln and "delayed 3 s" in ln,
+                      start=mark)
+    assert b.stop() == 0
+    with open(f"{data_dir}/sessions.json") as fh:
+        (entry,) = [s for s in json.load(fh)["sessions"] if s["client_id"] == f"{uid}-c"]
+    assert entry["will"]["listener"] == f"127.0.0.1:{plain}" and entry["will"]["acl"] is False
+    b2 = broker(data_dir=data_dir, listener=[
+        {"host": "127.0.0.1", "port": 0, "acl_file": str(acl)}, {"host": "127.0.0.1", "port": 0}])
+    line = b2.wait_log(lambda ln: f"will of client '{uid}-c'" in ln
+                       and ("publishing" in ln or "dropped" in ln), timeout=15)
+    assert line and "publishing" in line, line
+    assert b2.stats()["counters"]["acl_publish_denied"] == 0
