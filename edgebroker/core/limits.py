@@ -49,7 +49,7 @@ REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
     "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
     "websocket", "max_sessions", "open_files", "payload_format", "max_topic_length",
-    "max_topic_levels", "will", "max_packet_size",
+    "max_topic_levels", "will", "packet_too_large",
 )
 
 # Why an application message was dropped (not delivered to one subscriber, or not routed).
@@ -347,8 +347,9 @@ class EventLog:
 # What ``PeerLog`` counts, by kind: the words of its summary lines ("N more <these> from ...").
 PEER_EVENTS = {
     "protocol_error": "protocol violations",
-    "max_packet_size": "packets over max_packet_size (or CONNECTs refused: their CONNACK or "
-                       "AUTH over the client's Maximum Packet Size)",
+    "max_packet_size": "packets over max_packet_size",
+    "packet_too_large": "CONNECTs refused: their CONNACK or AUTH over the client's Maximum "
+                        "Packet Size",
     "connect_timeout": "connections closed for connect_timeout (no CONNECT, or a password "
                        "check not finished)",
     "auth": "CONNECTs refused for their user name or password (CONNACK 4 or 5)",

@@ -64,7 +64,7 @@ def test_an_auth_over_the_clients_maximum_packet_size_ends_the_exchange_at_conne
     assert b.wait_log(f"bytes) would be larger than the client's Maximum Packet Size ({limit})",
                       start=mark)
     assert scram_failed(b) == before + 1
-    assert b.stats()["refused"]["max_packet_size"] >= 1
+    assert b.stats()["refused"]["packet_too_large"] >= 1
 
 
 def test_a_reauthentication_auth_over_the_clients_maximum_packet_size_gets_disconnect_0x95(
@@ -127,7 +127,7 @@ def test_an_accepting_connack_over_the_clients_maximum_packet_size_is_a_refusal(
                       start=mark)
     after = b.stats()
     assert after["sessions"] == stats["sessions"]
-    assert after["refused"]["max_packet_size"] == stats["refused"]["max_packet_size"] + 1
+    assert after["refused"]["packet_too_large"] == stats["refused"]["packet_too_large"] + 1
     assert after["counters"]["scram_failed"] == stats["counters"]["scram_failed"]
 
 
@@ -149,4 +149,4 @@ def test_an_accepting_connack_too_large_without_auth_is_refused_too(broker, limi
         told = "CONNACK 0x95"
     assert b.wait_log(f"refused ({told}): its CONNACK 0x00 (", start=mark)
     stats = b.stats()
-    assert stats["sessions"] == sessions and stats["refused"]["max_packet_size"] == 1
+    assert stats["sessions"] == sessions and stats["refused"]["packet_too_large"] == 1

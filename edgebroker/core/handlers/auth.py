@@ -263,7 +263,7 @@ def _send(client, reason: int, data: bytes) -> bool:
         else:
             client.broker.stats.scram_failed += 1
             client.pending = None
-            connect.refuse(client, None, f"{scram.METHOD}: {why}", "max_packet_size",
+            connect.refuse(client, None, f"{scram.METHOD}: {why}", "packet_too_large",
                            reason5=PACKET_TOO_LARGE)
         return False
     client.answer(frame)

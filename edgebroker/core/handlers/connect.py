@@ -278,7 +278,7 @@ def _refuse_too_large(client, size: int) -> None:
     Identifier or the Authentication Data, which the client needs): refused with CONNACK
     0x95, or closed when that does not fit either (MQTT-3.1.2-24)."""
     refuse(client, None, f"its CONNACK 0x00 ({size} bytes) would be larger than the client's "
-                         f"Maximum Packet Size ({client.v5.max_packet_size})", "max_packet_size",
+                         f"Maximum Packet Size ({client.v5.max_packet_size})", "packet_too_large",
            reason5=PACKET_TOO_LARGE)
 
 
