@@ -12,17 +12,11 @@ import pytest
 import mqttraw as m
 import mqttraw5 as R
 from conftest import _open_clients
+from core.test_mqtt5_raw import raw5
 
 pytestmark = pytest.mark.timeout(120)
 
 NL, RAP = R.NO_LOCAL, 0x08
-
-
-def raw5(b, client_id, **kw) -> R.RawClient5:
-    c = R.RawClient5(b.host, b.port)
-    _open_clients.append(c)
-    assert c.connect(client_id, **kw).reason == 0
-    return c
 
 
 def raw(b, client_id, **kw) -> m.RawClient:

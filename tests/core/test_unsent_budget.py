@@ -17,18 +17,11 @@ import pytest
 
 import mqttraw5 as R
 from conftest import _open_clients
+from core.test_mqtt5_raw import raw5
 from edgebroker.core.catchup import UNSENT_RECORDS
 
 # Enough records dropped at write time for a few budgets.
 BACKLOG = 3 * UNSENT_RECORDS
-
-
-def raw5(b, client_id, **kw) -> R.RawClient5:
-    c = R.RawClient5(b.host, b.port)
-    _open_clients.append(c)
-    connack = c.connect(client_id, **kw)
-    assert connack.reason == 0, connack
-    return c
 
 
 def publish_backlog(b, uid, topic: str, expiry: int | None) -> None:

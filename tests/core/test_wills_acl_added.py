@@ -12,19 +12,12 @@ import pytest
 
 import mqttraw5 as R
 from conftest import _open_clients, toml_dumps
+from core.test_mqtt5_raw import raw5
 from secfiles import write_acl
 
 pytestmark = pytest.mark.timeout(90)
 
 SESSION = {R.SESSION_EXPIRY: 300}
-
-
-def raw5(b, client_id, **kw) -> R.RawClient5:
-    c = R.RawClient5(b.host, b.port)
-    _open_clients.append(c)
-    connack = c.connect(client_id, **kw)
-    assert connack.reason == 0, connack
-    return c
 
 
 def watcher(b, uid) -> R.RawClient5:
