@@ -119,7 +119,7 @@ def _alias(conn, topic: str, alias: int) -> str:
     known = conn._aliases.get(alias)
     if known is None:
         raise ProtocolError(f"PUBLISH with an empty topic name and Topic Alias {alias}, "
-                            f"which names no topic yet", rule="MQTT-3.3.4",
+                            f"which names no topic yet", rule="MQTT-3.3.2.3.4",
                             reason=PROTOCOL_ERROR)
     return known
 

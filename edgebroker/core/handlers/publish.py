@@ -125,7 +125,7 @@ def on_publish5(client, p: P.Publish) -> None:
             and not forget_inherited(client, awaiting)):
         client.broker.hit("receive_maximum")
         raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
-                            f"({told.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-9",
+                            f"({told.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-7",
                             reason=RECEIVE_MAXIMUM_EXCEEDED)
     props = p.properties
     if props is not None:
@@ -186,7 +186,7 @@ def _alias(client, topic: str, alias: int) -> str:
     known = conn.aliases.get(alias) if conn.aliases is not None else None
     if known is None:
         raise ProtocolError(f"PUBLISH with an empty topic name and Topic Alias {alias}, which "
-                            f"names no topic yet", rule="MQTT-3.3.4", reason=PROTOCOL_ERROR)
+                            f"names no topic yet", rule="MQTT-3.3.2.3.4", reason=PROTOCOL_ERROR)
     return known
 
 
