@@ -303,7 +303,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
                     else:       # handed to the link: in its buffer until sent (stopping.py)
                         self.handed(request.token)
                 else:
-                    self._refused(request, event.reason_code)
+                    self._refused(request, event.reason_code, event.unlisted)
         elif kind is Message:
             self.inbound.message(event)
         elif kind is Oversized:     # read past by the connection: dropped, acknowledged

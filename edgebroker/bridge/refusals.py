@@ -1,8 +1,9 @@
 """Messages a bridge's remote refuses (``Bridge`` takes these methods; docs/bridge.md,
-"Refused messages"): a 5.0 reason code of 0x80 or more in a PUBACK or PUBREC, or a refusal
-of the client library before sending (what the remote's CONNACK said it does not take).
-Quota exceeded and server busy: sent again after a back-off, the cursor waits; QoS or
-retain not supported: sent again within what the remote takes; the rest: skipped, counted
+"Refused messages"): a 5.0 reason code of 0x80 or more in a PUBACK or PUBREC (also one
+MQTT 5.0 does not list for it, such as Mosquitto 2.0's 0x95), or a refusal of the client
+library before sending (what the remote's CONNACK said it does not take). Quota exceeded and
+server busy: sent again after a back-off, the cursor waits; QoS or retain not supported,
+before sending: sent again within what the remote takes; the rest: skipped, counted
 (``bridge_refused``), logged once per reason code."""
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ BEFORE_SENDING = (QOS_NOT_SUPPORTED, RETAIN_NOT_SUPPORTED, PACKET_TOO_LARGE)
 class Refusals:
     """The refusal path of ``Bridge`` (a mixin over its state)."""
 
-    def _refused(self, request, code: int) -> None:
-        """A message the remote refused (a 5.0 reason code >= 0x80 in PUBACK, PUBREC) or the
-        client library refused before sending (what the remote's CONNACK said it does not
-        take). "Later" codes: sent again after a back-off, the cursor waits; QoS or retain
-        not supported: sent again within what the remote takes; the rest: skipped, counted."""
+    def _refused(self, request, code: int, unlisted: bool = False) -> None:
+        """A message the remote refused (a 5.0 reason code >= 0x80 in PUBACK, PUBREC;
+        ``unlisted``: one 5.0 does not allow there) or the client library refused before
+        sending (what the remote's CONNACK said it does not take). "Later" codes: sent again
+        after a back-off, the cursor waits; QoS or retain not supported, before sending: sent
+        again within what the remote takes; the rest: skipped, counted."""
         offset, topic = request.token, request.topic
         name = REASON_NAMES.get(code, "refused")
-        if code in BEFORE_SENDING:
+        before = code in BEFORE_SENDING and not unlisted
+        if before:
             self._release_held(request)
         if code in REFUSED_FOR_NOW:
             self._busy.append(request)
@@ -50,7 +53,7 @@ class Refusals:
                 cap = ceiling(self._busy_times - 1, low, self.config.reconnect_max)
                 self._busy_retry.start(self.broker, self.clock() + random.uniform(low, cap))
             return
-        if code == QOS_NOT_SUPPORTED or code == RETAIN_NOT_SUPPORTED:
+        if before and code != PACKET_TOO_LARGE:    # QoS or retain not supported
             # Asked before the CONNACK that says so (pump sends within it): again, within it.
             # It stays outstanding (the cursor waits for it); when the client library's
             # queue is full (requests queued before that CONNACK), it waits in ``_lowered``.
@@ -61,11 +64,16 @@ class Refusals:
             return
         if self.outbound.refuse(offset):
             self.broker.drop("bridge_refused", None, 1)
-            self._once(("refused", code), "bridge %s: the message at offset %d for %r was "
-                       "refused %s (reason code %#04x, %s): skipped, counted as refused "
+            if before:
+                how = "before sending, over the remote's Maximum Packet Size"
+            elif unlisted:
+                how = "by the remote, with a code MQTT 5.0 does not allow there [MQTT-2.4]"
+            else:
+                how = "by the remote"
+            self._once(("refused", code, unlisted), "bridge %s: the message at offset %d for "
+                       "%r was refused %s (reason code %#04x, %s): skipped, counted as refused "
                        "(bridge_refused); logged once per reason code", self.name, offset,
-                       topic, "before sending, over the remote's Maximum Packet Size"
-                       if code == PACKET_TOO_LARGE else "by the remote", code, name)
+                       topic, how, code, name)
 
     def _release_held(self, request) -> None:
         """A QoS 2 message refused before it was sent *again* (it keeps its packet id: an

@@ -204,7 +204,7 @@ class Connection:
         """Start a connection on a fresh transport: CONNECT is queued for data_to_send."""
         self._move(CONNECTING)
         v5 = self._v5
-        self._decoder = Decoder(self._max_packet, P.PROTOCOL_5 if v5 else 0)
+        self._decoder = Decoder(self._max_packet, P.PROTOCOL_5 if v5 else 0, client=True)
         self._out = [encode_connect(P.Connect(
             self.client_id, self.clean_start, self.keepalive, self.will, self.username,
             self.password, self.protocol, properties=self.properties))]

@@ -82,12 +82,16 @@ class Acked(Event):
     """A publish request is done: QoS 1 PUBACK, QoS 2 PUBCOMP (or a PUBREC with an error),
     QoS 0 once its bytes were handed out; ``reason_code`` >= 0x80 when the server refused it
     (5.0), or when the client refused to send it (the server's Maximum QoS, Retain Available
-    or Maximum Packet Size, see docs/client.md)."""
-    __slots__ = ("request", "reason_code")
+    or Maximum Packet Size, see docs/client.md). ``unlisted``: the server's code is one MQTT 5.0
+    does not allow in that PUBACK or PUBREC (Mosquitto 2.0's 0x95 for a message over its
+    ``message_size_limit``), taken as its refusal; it tells such a code from the client's own
+    refusals before sending (0x95, 0x9B, 0x9A, 0x94)."""
+    __slots__ = ("request", "reason_code", "unlisted")
 
-    def __init__(self, request, reason_code: int = 0):
+    def __init__(self, request, reason_code: int = 0, unlisted: bool = False):
         self.request = request
         self.reason_code = reason_code
+        self.unlisted = unlisted
 
 
 class Subscribed(Event):

@@ -17,6 +17,7 @@ from edgebroker.client.requests import PUBLISH, STAGE_PUBREL, SUBSCRIBE, UNSUBSC
 from edgebroker.client.resume import resend, subscribe_again
 from edgebroker.client.states import CONNECTED, CONNECTING
 from edgebroker.mqtt import packets as P
+from edgebroker.mqtt.decode5 import REASONS
 from edgebroker.mqtt.encode import encode_ack, encode_puback
 from edgebroker.mqtt.encode5 import encode_ack5, encode_disconnect5
 from edgebroker.mqtt.properties import (
@@ -135,7 +136,8 @@ def on_ack(conn, p, events: list) -> None:
         raise ProtocolError(f"PUBCOMP for packet identifier {pid} before its PUBREC (no "
                             f"PUBREL was sent)", rule="MQTT-4.3.3", reason=PROTOCOL_ERROR)
     conn._answered(req)
-    events.append(Acked(req, p.reason_code))
+    code = p.reason_code    # (one not listed: the lenient client decoder, mqtt/decode5.py)
+    events.append(Acked(req, code, code >= 0x80 and code not in REASONS[p.type]))
 
 
 def on_pubrec(conn, p: P.Pubrec, events: list) -> None:
@@ -149,7 +151,7 @@ def on_pubrec(conn, p: P.Pubrec, events: list) -> None:
         return
     if p.reason_code >= 0x80:      # refused: the exchange ends here (5.0)
         conn._answered(req)
-        events.append(Acked(req, p.reason_code))
+        events.append(Acked(req, p.reason_code, p.reason_code not in REASONS[P.PUBREC]))
         return
     req.stage = STAGE_PUBREL
     conn._out.append(encode_ack(P.PUBREL, pid))

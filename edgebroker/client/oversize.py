@@ -107,7 +107,8 @@ class Skipping:
             return ()
         packet = self._packet()
         conn = self.conn
-        conn._decoder = decoder = Decoder(conn._max_packet, P.PROTOCOL_5 if conn._v5 else 0)
+        conn._decoder = decoder = Decoder(conn._max_packet, P.PROTOCOL_5 if conn._v5 else 0,
+                                          client=True)
         return _chain(packet, decoder.feed(view[n:]))
 
     def _packet(self) -> Skipped:

@@ -5,7 +5,10 @@
 start, for a client's decoder); PUBLISH is decoded there inline, its properties with
 ``decode_properties``. Each packet's properties are checked against the table in
 mqtt/properties.py; reason codes against the set the specification gives each packet. Every
-rule violation names the rule in ``rule``.
+rule violation names the rule in ``rule``. A client's decoder (``DECODERS5_CLIENT``) is lenient
+in one case: it takes any reason code of 0x80 or more in a PUBACK or PUBREC, listed or not, as
+a refusal of that message (Mosquitto 2.0 answers 0x95 to a message over its
+``message_size_limit``); a server's decoder keeps to the list.
 """
 
 from __future__ import annotations
@@ -74,7 +77,9 @@ def _dec_connack(b0: int, buf: bytes, p: int, end: int) -> Connack:
     return Connack(bool(ack_flags), code, props)
 
 
-def _make_ack_decoder(cls):
+def _make_ack_decoder(cls, lenient: bool = False):
+    """The decoder of ``cls`` (PUBACK, PUBREC, PUBREL, PUBCOMP); ``lenient``: any code of
+    0x80 or more is taken (a client's decoder of PUBACK and PUBREC, see the module doc)."""
     ptype = cls.type
     name = P.NAMES[ptype]
 
@@ -82,7 +87,9 @@ def _make_ack_decoder(cls):
         pid = read_packet_id(buf, p, end, name)
         if end - p == 2:  # reason code 0 and no properties may be left out
             return cls(pid)
-        code = _reason(ptype, buf[p + 2])
+        code = buf[p + 2]
+        if not (lenient and code >= 0x80):
+            _reason(ptype, code)
         props = None
         if end - p > 3:
             props, q = decode_properties(buf, p + 3, end, ptype)
@@ -198,4 +205,8 @@ for _cls in (Disconnect, Auth):
     DECODERS5[_cls.type] = _make_reasoned_decoder(_cls)
 for _cls in (P.Pingreq, P.Pingresp):
     DECODERS5[_cls.type] = DECODERS[_cls.type]
+# A client's: as DECODERS5, with PUBACK and PUBREC taking any refusal (see the module doc).
+DECODERS5_CLIENT = list(DECODERS5)
+for _cls in (Puback, Pubrec):
+    DECODERS5_CLIENT[_cls.type] = _make_ack_decoder(_cls, lenient=True)
 del _cls

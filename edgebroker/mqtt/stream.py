@@ -31,10 +31,12 @@ Decoder rules (the broker relies on these):
   also goes straight to its own buffer.
 * The version: a server's decoder reads 3.1.1 rules until it hands out a CONNECT of
   level 5, and 5.0 rules from the next frame on (``protocol``); a client's decoder is made
-  with the version it asked for. A 5.0 PUBLISH carries its properties (a dict that the
-  packets of a repeated large frame share, and PUBLISHes whose property section is the same
-  bytes as the last one decoded, on any connection: consumers do not change a packet's
-  properties).
+  with the version it asked for, and ``client=True``: a 5.0 PUBACK or PUBREC with a reason code
+  of 0x80 or more that the specification does not list for it is taken as a refusal, not a
+  protocol error (mqtt/decode5.py's ``DECODERS5_CLIENT``). A 5.0 PUBLISH carries its
+  properties (a dict that the packets of a repeated large frame share, and PUBLISHes whose
+  property section is the same bytes as the last one decoded, on any connection: consumers
+  do not change a packet's properties).
 
 Every rule violation names the specification's conformance id in ``rule``
 (section numbers such as ``MQTT-2.2.3`` where the spec has no numbered rule).
@@ -50,7 +52,7 @@ from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.decode import (
     ACKS, DECODERS, FIRST_BYTE_ERRORS, long_remaining_length, malformed, publish_topic_error,
 )
-from edgebroker.mqtt.decode5 import DECODERS5, FIRST_BYTE_ERRORS5
+from edgebroker.mqtt.decode5 import DECODERS5, DECODERS5_CLIENT, FIRST_BYTE_ERRORS5
 from edgebroker.mqtt.fields import protocol_error, read_varint
 from edgebroker.mqtt.packets import MAX_PACKET_SIZE, PROTOCOL_5, PUBLISH, Publish
 from edgebroker.mqtt.properties import TOPIC_ALIAS, decode_properties
@@ -72,11 +74,13 @@ class Decoder(RepeatedFrames):
     """Incremental frame splitter and packet decoder for one connection (see module doc)."""
 
     __slots__ = ("max_packet_size", "_buf", "_need", "_gen", "_src", "_large", "_ready",
-                 "room", "read_hint", "_shape", "_repeat", "protocol")
+                 "room", "read_hint", "_shape", "_repeat", "protocol", "_decoders5")
 
-    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, protocol: int = 0):
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, protocol: int = 0,
+                 client: bool = False):
         self.max_packet_size = max_packet_size
         self.protocol = protocol  # 5 once 5.0 rules apply (see the module doc); else 0
+        self._decoders5 = DECODERS5_CLIENT if client else DECODERS5
         self._buf = b""          # bytes not yet decoded (a bytearray while a frame is partial)
         self._need = 0           # don't try to decode before _buf holds this many bytes
         self._gen = None         # the generator of the last feed, maybe not exhausted
@@ -248,7 +252,7 @@ class Decoder(RepeatedFrames):
         max_size = self.max_packet_size
         v5 = self.protocol == PROTOCOL_5
         first_byte_errors = FIRST_BYTE_ERRORS5 if v5 else FIRST_BYTE_ERRORS
-        decoders = DECODERS5 if v5 else DECODERS
+        decoders = self._decoders5 if v5 else DECODERS
         publish = Publish
         try:
             if first is not None:
@@ -348,7 +352,7 @@ class Decoder(RepeatedFrames):
                             self.protocol = PROTOCOL_5
                             v5 = True
                             first_byte_errors = FIRST_BYTE_ERRORS5
-                            decoders = DECODERS5
+                            decoders = self._decoders5
                         pos = end
                         yield packet
                         # Its handler may have raised the size limit (``max_packet_size``).

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 import mqttraw5 as m5
 from conftest import run_cli
 
@@ -226,3 +228,33 @@ def test_messages_lowered_to_a_new_maximum_qos_wait_for_room_in_the_queue(broker
         assert not [ln for ln in gw.logs if "internal error" in ln or "Traceback" in ln]
     finally:
         remote.close()
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_message_over_mosquittos_message_size_limit_is_skipped(broker, mosquitto_broker,
+                                                                 paho, qos):
+    """Mosquitto 2.0 refuses a message over its message_size_limit with PUBACK (PUBREC) 0x95,
+    a code MQTT 5.0 does not allow there, then closes the link: the bridge skips that message
+    (counted and logged as refused, naming the code), connects again, and what follows
+    arrives."""
+    remote = mosquitto_broker(extra=["message_size_limit 1000"])
+    sub = paho(remote.port, client_id="central")
+    assert sub.subscribe("s/#", 1) == [1]
+    rules = [{"pattern": "s/#", "direction": "out", "qos": qos}]
+    gw = broker(bridge=[bridge_table(remote.port, rules, protocol_version=5)])
+    wait_figure(gw, lambda f: f["state"] == "up")
+    pub = gw.client("pub")
+    pub.publish("s/x", b"0", qos=1)
+    pub.publish("s/x", b"x" * 5000, qos=1)
+    for i in range(1, 6):
+        pub.publish("s/x", str(i).encode(), qos=1)
+    got = [sub.messages.get(timeout=10).payload for _ in range(6)]
+    assert got == [str(i).encode() for i in range(6)]
+    fig = wait_figure(gw, lambda f: f["cursor"] == 7 and f["inflight"] == 0)
+    assert (fig["forwarded"], fig["refused"], fig["lag_messages"]) == (6, 1, 0), fig
+    assert gw.stats()["dropped"]["bridge_refused"] == 1
+    line = gw.wait_log(lambda ln: "was refused" in ln, 5)
+    assert ("bridge up: the message at offset 1 for 's/x' was refused by the remote, with a "
+            "code MQTT 5.0 does not allow there [MQTT-2.4] (reason code 0x95, Packet too "
+            "large): skipped, counted as refused (bridge_refused)" in line), line
+    assert not [ln for ln in gw.logs if "broke the protocol" in ln or "Traceback" in ln]

@@ -913,3 +913,42 @@ def test_max_packet_size_bounds_what_the_server_may_send(protocol):
     assert "exceeds the maximum packet size 64" in event.reason
     with pytest.raises(ClientError, match="max_packet_size 1 is outside"):
         Connection("c", protocol, max_packet_size=1)
+
+
+@pytest.mark.parametrize("qos, ack", [(1, m5.puback5), (2, m5.pubrec5)])
+def test_a_refusal_code_5_0_does_not_list_for_the_ack_is_taken_as_a_refusal(qos, ack):
+    """Mosquitto 2.0 answers 0x95 to a message over its message_size_limit, in a PUBACK (or
+    PUBREC) that MQTT 5.0 does not let carry it: the client takes it as the server's refusal
+    (``unlisted``), not as a protocol error; listed codes are not marked."""
+    c = connected(5)
+    big = c.publish("t", b"x" * 50, qos=qos)
+    denied = c.publish("t", b"y", qos=qos)
+    after = c.publish("t", b"z", qos=qos)
+    sent(c)
+    events = c.receive_data(ack(1, 0x95) + ack(2, 0x87), 1.0)
+    assert events == [Acked(big, 0x95, True), Acked(denied, 0x87, False)]
+    assert c.state == "connected" and c.inflight == 1 and sent(c) == []   # no PUBREL either
+    if qos == 2:
+        events = c.receive_data(m5.pubrec5(3), 1.0)
+        assert [(p.type, p.packet_id) for p in sent(c)] == [(m.PUBREL, 3)]
+        events = c.receive_data(m5.pubcomp5(3), 1.0)
+    else:
+        events = c.receive_data(m5.puback5(3), 1.0)
+    assert events == [Acked(after, 0, False)]
+
+
+def test_the_broker_keeps_to_the_listed_codes_in_a_subscribers_puback(broker):
+    """The leniency is the client's: a 5.0 subscriber that answers the broker's PUBLISH with
+    PUBACK 0x95 still broke the protocol (DISCONNECT 0x82)."""
+    srv = broker()
+    sub = m5.RawClient5(srv.host, srv.port)
+    try:
+        assert sub.connect("strict-sub").reason == 0
+        sub.subscribe("t", qos=1)
+        srv.client("pub").publish("t", b"x", qos=1)
+        p = sub.expect(m5.PUBLISH)
+        sub.send(m5.puback5(p.packet_id, 0x95))
+        end = sub.expect(m5.DISCONNECT)
+        assert end.reason == 0x82, end
+    finally:
+        sub.close()
