@@ -186,8 +186,23 @@ class ReloadAfterStart:
         self.pending = True
 
 
+class StopAfterStart:
+    """The SIGTERM and SIGINT handler while the broker starts (their default actions end
+    the process at once, with no line in the log and the admin socket left behind): the
+    broker stops once its state is restored, as after a stop while serving
+    (server/loop.py)."""
+
+    signum = 0    # the first stop signal received
+
+    def __call__(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+
 def run(args) -> int:
     signal.signal(signal.SIGHUP, ReloadAfterStart())
+    stop = StopAfterStart()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     config = load(args)
     logs.install(config.log_level)
     where = args.config
