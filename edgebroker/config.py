@@ -152,12 +152,10 @@ class Config:
         return AuthSettings(anonymous, password_file, acl_file, identity, explicit is not None)
 
     def state_dir(self) -> str:
-        if self.data_dir:
-            return self.data_dir
-        state = os.environ.get("STATE_DIRECTORY", "")
-        if state:
-            return state.split(":")[0]
-        return os.path.abspath("edgebroker-data")
+        """The state directory as an absolute path (what the start line and `config check`
+        show): a relative one is relative to the working directory, ``/`` under systemd."""
+        state = self.data_dir or os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+        return os.path.abspath(state or "edgebroker-data")
 
 
 def _build(cls, table: Any, prefix: str):
