@@ -435,9 +435,12 @@ def _read_toml(path: str) -> dict:
     import sys
     before = set(sys.modules)
     import tomllib
+    bom = 0
     try:
         with _open(path) as fh:
-            return tomllib.load(fh)
+            data = fh.read()
+        bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0   # written by Windows editors
+        return tomllib.loads(data[bom:].decode())
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except NotRegularFile as exc:
@@ -447,7 +450,7 @@ def _read_toml(path: str) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not valid TOML") from None
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + bom}): not valid TOML") from None
     except ValueError:   # an integer of over 4300 digits (int's own limit)
         raise ConfigError(f"{path}: not valid TOML: an integer of more than 4300 digits") from None
     except RecursionError:  # (the parser recurses once per level of arrays and inline tables)
