@@ -26,7 +26,7 @@ from edgebroker.logs import priority_prefix
 from edgebroker.security.acl import Acl
 from edgebroker.security.passwords import PasswordFile
 from edgebroker.security.policy import file_key
-from edgebroker.server.tls import make_context
+from edgebroker.server.tls import certificate_date_warnings, make_context
 
 DEFAULTS = "built-in defaults"
 
@@ -89,6 +89,8 @@ def run(args) -> int:
     # (said of a file serve would run with: a broken one's problems come first)
     exposed = config is not None and not problems and configuration.exposed_secrets(config)
     warnings = [exposed] if exposed else []
+    if config is not None and not problems:
+        warnings += certificate_date_warnings(config.listeners)
     if args.format == "json":
         print(json.dumps({
             "file": args.config, "ok": not problems, "problems": problems,

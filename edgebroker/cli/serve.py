@@ -164,10 +164,14 @@ def load_again(args) -> configuration.Config:
 
 def _warn_exposed(config: configuration.Config) -> None:
     """At start and at each reload: a configuration file holding secrets that other users
-    can read (config.exposed_secrets)."""
+    can read (config.exposed_secrets); a listener's certificate out of its dates."""
     exposed = configuration.exposed_secrets(config)
     if exposed:
         logging.getLogger(__name__).warning("%s", exposed)
+    if any(lc.tls for lc in config.listeners):   # (ssl is loaded for TLS listeners only)
+        from edgebroker.server.tls import certificate_date_warnings
+        for warning in certificate_date_warnings(config.listeners):
+            logging.getLogger(__name__).warning("%s", warning)
 
 
 def _raise(problems: list[str]) -> None:
