@@ -420,9 +420,11 @@ def exposed_secrets(config: Config) -> str | None:
         return None
     if not stat.S_ISREG(mode) or not mode & 0o004:
         return None
+    uploader = any(key.startswith("upload.") for key in keys)   # (a bridge's cannot be)
     return (f"{config.source}: other users can read it (permissions {stat.filemode(mode)}) and "
             f"it holds {', '.join(keys)}: run chmod o-r {config.source} (the broker's user "
-            f"must still read it), or give the uploader's keys through the environment")
+            f"must still read it)"
+            + (", or give the uploader's keys through the environment" if uploader else ""))
 
 
 def _read_toml(path: str) -> dict:
