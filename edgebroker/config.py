@@ -152,12 +152,10 @@ class Config:
         return AuthSettings(anonymous, password_file, acl_file, identity, explicit is not None)
 
     def state_dir(self) -> str:
-        if self.data_dir:
-            return self.data_dir
-        state = os.environ.get("STATE_DIRECTORY", "")
-        if state:
-            return state.split(":")[0]
-        return os.path.abspath("edgebroker-data")
+        """The state directory as an absolute path (what the start line and `config check`
+        show): a relative one is relative to the working directory, ``/`` under systemd."""
+        state = self.data_dir or os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+        return os.path.abspath(state or "edgebroker-data")
 
 
 def _build(cls, table: Any, prefix: str):
@@ -422,9 +420,11 @@ def exposed_secrets(config: Config) -> str | None:
         return None
     if not stat.S_ISREG(mode) or not mode & 0o004:
         return None
+    uploader = any(key.startswith("upload.") for key in keys)   # (a bridge's cannot be)
     return (f"{config.source}: other users can read it (permissions {stat.filemode(mode)}) and "
             f"it holds {', '.join(keys)}: run chmod o-r {config.source} (the broker's user "
-            f"must still read it), or give the uploader's keys through the environment")
+            f"must still read it)"
+            + (", or give the uploader's keys through the environment" if uploader else ""))
 
 
 def _read_toml(path: str) -> dict:
@@ -437,9 +437,12 @@ def _read_toml(path: str) -> dict:
     import sys
     before = set(sys.modules)
     import tomllib
+    bom = 0
     try:
         with _open(path) as fh:
-            return tomllib.load(fh)
+            data = fh.read()
+        bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0   # written by Windows editors
+        return tomllib.loads(data[bom:].decode())
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except NotRegularFile as exc:
@@ -449,7 +452,7 @@ def _read_toml(path: str) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not valid TOML") from None
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + bom}): not valid TOML") from None
     except ValueError:   # an integer of over 4300 digits (int's own limit)
         raise ConfigError(f"{path}: not valid TOML: an integer of more than 4300 digits") from None
     except RecursionError:  # (the parser recurses once per level of arrays and inline tables)

@@ -82,16 +82,20 @@ class CA:
             .sign(self.key, hashes.SHA256()))
         self.cert = _write_cert(directory / f"{name}.crt", self.certificate)
 
-    def issue(self, filename: str, cn: str, server: bool = False) -> Issued:
+    def issue(self, filename: str, cn: str, server: bool = False,
+              valid: tuple[datetime.datetime, datetime.datetime] | None = None) -> Issued:
+        """``valid``: its notBefore and notAfter (by default from 5 minutes ago to a day on)."""
         key = _key()
         now = datetime.datetime.now(datetime.timezone.utc)
+        not_before, not_after = valid or (now - datetime.timedelta(minutes=5),
+                                          now + datetime.timedelta(days=1))
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(cn)).issuer_name(self.certificate.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                            critical=False)

@@ -94,6 +94,17 @@ def test_missing_file():
         config.load("/nonexistent/edgebroker.toml")
 
 
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    """Windows editors start a UTF-8 file with EF BB BF: it gave "not valid TOML: Invalid
+    statement (at line 1, column 1)", where nothing shows."""
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbflog_level = \"debug\"\n")
+    assert config.load(str(path)).log_level == "debug"
+    path.write_bytes(b"\xef\xbb\xbflog_level = \"debug\"\n# \xff\n")   # the byte counted in the file
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 25\)"):
+        config.load(str(path))
+
+
 @pytest.mark.parametrize("text, host, port", [
     ("127.0.0.1:1883", "127.0.0.1", 1883), ("[::1]:0", "::1", 0), (":1884", "0.0.0.0", 1884),
 ])

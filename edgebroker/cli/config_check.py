@@ -22,10 +22,11 @@ from edgebroker.cli.options import add_format
 from edgebroker.cli.serve import check_links, check_state_dir, unix_socket_problems
 from edgebroker.cli.state_dir import UNIT_STATE_DIR, note, outside_systemd
 from edgebroker.errors import ConfigError
+from edgebroker.logs import priority_prefix
 from edgebroker.security.acl import Acl
 from edgebroker.security.passwords import PasswordFile
 from edgebroker.security.policy import file_key
-from edgebroker.server.tls import make_context
+from edgebroker.server.tls import certificate_date_warnings, make_context
 
 DEFAULTS = "built-in defaults"
 
@@ -88,6 +89,8 @@ def run(args) -> int:
     # (said of a file serve would run with: a broken one's problems come first)
     exposed = config is not None and not problems and configuration.exposed_secrets(config)
     warnings = [exposed] if exposed else []
+    if config is not None and not problems:
+        warnings += certificate_date_warnings(config.listeners)
     if args.format == "json":
         print(json.dumps({
             "file": args.config, "ok": not problems, "problems": problems,
@@ -98,8 +101,9 @@ def run(args) -> int:
             "state_dir_outside_systemd": config is not None and outside_systemd(config)},
             indent=2))
         return 2 if problems else 0
+    prefix = priority_prefix("WARNING")   # "<4>" when stderr is the journal (ExecReload)
     for warning in warnings:    # (the file is still usable: exit 0 when nothing else is wrong)
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"{prefix}warning: {warning}", file=sys.stderr)
     if problems:
         raise ConfigError(*problems)
     listeners = ", ".join(_listener(lc) for lc in config.listeners)

@@ -64,7 +64,7 @@ def add_parser(commands) -> None:
     sp.add_argument("--topic", metavar="FILTER", help="only records whose topic matches this filter")
     start = sp.add_mutually_exclusive_group()
     start.add_argument("--from", dest="from_offset", type=int, metavar="OFFSET",
-                       help="start at this offset")
+                       help="start at this offset (0 or more; the last N records: -n N)")
     start.add_argument("--since", metavar="TIME",
                        help="start at the first record at or after TIME: ISO 8601 (UTC unless it "
                             "has a zone), milliseconds since the epoch, or an age like 10m, 2h, 1d")
@@ -246,6 +246,9 @@ def run_tail(args) -> int:
     flt = check_filter(args.topic, "--topic") if args.topic else None
     if args.lines < 0:
         raise UsageError(f"--lines {args.lines}: must be 0 or more")
+    if args.from_offset is not None and args.from_offset < 0:   # (it read from offset 0)
+        raise UsageError(f"--from {args.from_offset}: must be 0 or more "
+                         f"(the last N records: -n N)")
     since = parse_time(args.since, int(time.time() * 1000)) if args.since else None
     log = open_log(args)
     show = (lambda r: record_json(r)) if args.format == "json" else \

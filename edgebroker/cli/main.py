@@ -113,16 +113,22 @@ def _run(argv: list[str] | None) -> int:
         return args.run(args)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(f"edgebroker: config error: {problem}", file=sys.stderr)
+            print(f"{_error_prefix()}edgebroker: config error: {problem}", file=sys.stderr)
         return 2
     except UsageError as exc:
-        print(f"edgebroker: {exc}", file=sys.stderr)
+        print(f"{_error_prefix()}edgebroker: {exc}", file=sys.stderr)
         return 2
     except EdgebrokerError as exc:
-        print(f"edgebroker: {exc}", file=sys.stderr)
+        print(f"{_error_prefix()}edgebroker: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _error_prefix() -> str:
+    """``<3>`` (priority "err") when stderr is systemd's journal (logs.py), else nothing."""
+    from edgebroker.logs import priority_prefix
+    return priority_prefix("ERROR")
 
 
 def raise_open_files_limit() -> None:

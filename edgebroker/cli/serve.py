@@ -164,10 +164,14 @@ def load_again(args) -> configuration.Config:
 
 def _warn_exposed(config: configuration.Config) -> None:
     """At start and at each reload: a configuration file holding secrets that other users
-    can read (config.exposed_secrets)."""
+    can read (config.exposed_secrets); a listener's certificate out of its dates."""
     exposed = configuration.exposed_secrets(config)
     if exposed:
         logging.getLogger(__name__).warning("%s", exposed)
+    if any(lc.tls for lc in config.listeners):   # (ssl is loaded for TLS listeners only)
+        from edgebroker.server.tls import certificate_date_warnings
+        for warning in certificate_date_warnings(config.listeners):
+            logging.getLogger(__name__).warning("%s", warning)
 
 
 def _raise(problems: list[str]) -> None:
@@ -186,8 +190,23 @@ class ReloadAfterStart:
         self.pending = True
 
 
+class StopAfterStart:
+    """The SIGTERM and SIGINT handler while the broker starts (their default actions end
+    the process at once, with no line in the log and the admin socket left behind): the
+    broker stops once its state is restored, as after a stop while serving
+    (server/loop.py)."""
+
+    signum = 0    # the first stop signal received
+
+    def __call__(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+
 def run(args) -> int:
     signal.signal(signal.SIGHUP, ReloadAfterStart())
+    stop = StopAfterStart()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     config = load(args)
     logs.install(config.log_level)
     where = args.config

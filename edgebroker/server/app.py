@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import selectors
+import signal
 import socket
 import time
 
@@ -132,7 +133,9 @@ class App(DescriptorRoom):
             raise
         log.info("state directory %s; configuration %s", self.state_dir,
                  self.config.source or "embedded defaults")
-        loop.install_signal_handlers()
+        early_stop = loop.install_signal_handlers()
+        if early_stop:
+            log.info("%s during start-up: stopping", signal.Signals(early_stop).name)
         self.flusher.start()
         self.snapshots.start()
         if self.uploader is not None:
@@ -143,8 +146,9 @@ class App(DescriptorRoom):
         # here on malloc keeps what is freed (keep_freed_memory). About 0.5 MiB of the idle
         # broker's memory (docs/deploy.md); ENOSYS without glibc, nothing to do then.
         _native.release_freed_memory()
-        sdnotify.notify("READY=1\nSTATUS=serving MQTT")
-        log.info("edgebroker %s ready", __version__)
+        if not early_stop:
+            sdnotify.notify("READY=1\nSTATUS=serving MQTT")
+            log.info("edgebroker %s ready", __version__)
         loop.run()
         return self.shutdown()
 

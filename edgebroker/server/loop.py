@@ -167,13 +167,20 @@ class Loop:
     def locate(self, offset: int):
         return self.log.locate(offset)
 
-    def install_signal_handlers(self) -> None:
+    def install_signal_handlers(self) -> int:
+        """The loop's handlers of SIGTERM, SIGINT and SIGHUP. Returns the stop signal
+        received during start-up (noted by `serve`, cli/serve.py), 0 if none: the loop
+        then stops before its first pass."""
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
+        early = 0
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            before = signal.signal(signum, self._on_stop_signal)
+            early = early or getattr(before, "signum", 0)
+        self._stop = self._stop or bool(early)
         before = signal.signal(signal.SIGHUP, self._on_hup_signal)
         # A SIGHUP during start-up, noted by `serve` (cli/serve.py), is a reload to do now.
         self._reload = self._reload or bool(getattr(before, "pending", False))
+        return early
 
     def _on_stop_signal(self, signum, frame) -> None:
         self._stop = True

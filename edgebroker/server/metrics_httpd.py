@@ -53,6 +53,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT
     server_version = "edgebroker-metrics"
 
+    def version_string(self):
+        """The Server header: without the stdlib's Python version."""
+        return self.server_version
+
     def parse_request(self):
         """(Once the request line and headers are read.) No answer when the connection was
         closed meanwhile for a new one (what it read then ends at the closing)."""
@@ -64,14 +68,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 (the stdlib's naming)
         if self.path.split("?", 1)[0] != "/metrics":
-            self.send_error(404, "only /metrics is served here")
+            self.send_error(404, "only /metrics is served here")   # (no body for HEAD)
             return
         body = self.server.page()
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_HEAD = do_GET    # the same headers, no body (health checkers probe with HEAD)
 
     def log_message(self, format, *args):  # noqa: A002 (the stdlib's signature)
         log.debug("metrics: %s %s", self.address_string(), format % args)

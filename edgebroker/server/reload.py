@@ -7,6 +7,7 @@ not load it (docs/deploy.md, idle RSS)."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from edgebroker.errors import ConfigError
 from edgebroker.server import sdnotify
@@ -30,7 +31,8 @@ def needs_restart(started: Config, new: Config) -> list[str]:
     effect only after a restart (compared with the start, not the last reload: a second reload
     says it again)."""
     changed = []
-    if [_listening(lc) for lc in new.listeners] != [_listening(lc) for lc in started.listeners]:
+    # (in any order: each listener keeps its own table when the tables only moved)
+    if Counter(map(_listening, new.listeners)) != Counter(map(_listening, started.listeners)):
         changed.append("listeners (addresses, protocol, websocket_path)")
     if new.state_dir() != started.state_dir():
         changed.append("data_dir")

@@ -34,6 +34,7 @@ import logging
 import os
 import selectors
 import socket
+import time
 
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
@@ -122,6 +123,36 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
         except ssl.SSLError:
             raise ConfigError(f"{name}.ciphers: no cipher matches {lc.ciphers!r}") from None
     return ctx
+
+
+def certificate_date_warnings(listeners, now: float | None = None) -> list[str]:
+    """A line for each TLS listener whose certificate has expired or is not valid yet
+    (``listener[i].certfile``, the file, the date): the broker still starts with it, as the
+    clock may be wrong, but clients refuse it (a botched renewal, say). Called by `config
+    check`, at start and at each reload (cli/serve.py)."""
+    warnings = []
+    now = time.time() if now is None else now
+    for i, lc in enumerate(listeners):
+        if not lc.tls:
+            continue
+        load_ssl()
+        try:    # (CPython's decoder of a PEM file's first certificate, used by its tests)
+            cert = ssl._ssl._test_decode_cert(lc.certfile)
+            not_before = ssl.cert_time_to_seconds(cert["notBefore"])
+            not_after = ssl.cert_time_to_seconds(cert["notAfter"])
+        except (AttributeError, KeyError, OSError, ValueError):
+            continue    # what make_context refuses, it names
+        if now > not_after:
+            warnings.append(f"listener[{i}].certfile: {lc.certfile}: the certificate expired "
+                            f"on {_utc(not_after)} (notAfter): clients refuse it")
+        elif now < not_before:
+            warnings.append(f"listener[{i}].certfile: {lc.certfile}: the certificate is not "
+                            f"valid before {_utc(not_before)} (notBefore): clients refuse it")
+    return warnings
+
+
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
 def _check_regular(path: str, key: str) -> None:

@@ -455,6 +455,8 @@ def test_data_dir_defaults_like_serve(data_dir, tmp_path):
     (["tail", "--topic", "a/#/b"], 2, "--topic 'a/#/b'"),
     (["tail", "--since", "yesterday"], 2, "--since 'yesterday': expected ISO 8601"),
     (["tail", "-n", "-1"], 2, "--lines -1: must be 0 or more"),
+    # it printed the whole log from offset 0, not the last 5
+    (["tail", "--from", "-5"], 2, "--from -5: must be 0 or more (the last N records: -n N)"),
     (["topics", "--filter", "a+"], 2, "--filter 'a+'"),
 ])
 def test_errors_are_one_clear_line(data_dir, args, code, message):

@@ -1,17 +1,18 @@
-"""A SIGHUP while the broker starts: a reload once serving, not the end of the process."""
+"""A signal while the broker starts: SIGHUP is a reload once serving, SIGTERM and SIGINT a
+clean stop once the state is restored; neither ends the process at once."""
 
 import os
 import signal
 import threading
 
+import pytest
+
 from conftest import default_config, toml_dumps
 
 
-def test_sighup_while_starting_is_a_reload_once_serving(broker, tmp_path):
-    """The configuration file is a named pipe, so the start-up waits for the test at a known
-    point (reading it): a SIGHUP then (a `systemctl reload` during a long restore, say) ended
-    the process, SIGHUP's default action. Now the broker starts and then reloads: a pipe
-    cannot be read again, so the reload is refused, saying so."""
+def start_reading_a_pipe(broker, tmp_path):
+    """A broker whose configuration file is a named pipe, so the start-up waits for the test
+    at a known point (reading it); and the event that lets the test's writer go on."""
     fifo = tmp_path / "edgebroker.toml"
     os.mkfifo(fifo)
     text = toml_dumps(default_config(tmp_path))
@@ -29,6 +30,14 @@ def test_sighup_while_starting_is_a_reload_once_serving(broker, tmp_path):
         with open(fifo, "rb"):   # unblocks the writer
             pass
         raise AssertionError(f"the broker never opened {fifo}:\n{b.log_text()}")
+    return b, fifo, signalled
+
+
+def test_sighup_while_starting_is_a_reload_once_serving(broker, tmp_path):
+    """A SIGHUP while the broker reads its file (a `systemctl reload` during a long restore,
+    say) ended the process, SIGHUP's default action. Now the broker starts and then reloads:
+    a pipe cannot be read again, so the reload is refused, saying so."""
+    b, fifo, signalled = start_reading_a_pipe(broker, tmp_path)
     b.send_signal(signal.SIGHUP)    # while it reads the file
     signalled.set()
     b.wait_ready()
@@ -38,3 +47,19 @@ def test_sighup_while_starting_is_a_reload_once_serving(broker, tmp_path):
                                   f"configuration"), b.log_text()
     assert b.alive()
     assert b.client("after-reload").ping() == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_while_starting_is_a_clean_stop(broker, tmp_path, signum):
+    """A `systemctl stop` during a long restore ended the process at once (status 143): no
+    line said why, and the admin socket stayed behind. Now the broker logs the signal, stops
+    as it does when serving (without saying it is ready), and exits with 0."""
+    b, fifo, signalled = start_reading_a_pipe(broker, tmp_path)
+    b.send_signal(signum)    # while it reads the file
+    signalled.set()
+    assert b.stop(signum) == 0, b.log_text()
+    lines = [line.split(" ", 3)[-1] for line in b.logs]
+    assert f"{signum.name} during start-up: stopping" in lines, b.log_text()
+    assert lines[-1] == "stopped", b.log_text()
+    assert not any(line.endswith(" ready") for line in lines), b.log_text()
+    assert not (tmp_path / "data" / "admin.sock").exists()

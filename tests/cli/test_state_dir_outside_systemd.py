@@ -9,14 +9,22 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, broker_command
+from conftest import REPO, LineCollector, broker_command
 
 CONFIG = REPO / "systemd" / "edgebroker.toml"     # the unit's: no data_dir
 UNIT_STATE_DIR = "/var/lib/edgebroker"
 
 
-def run(cwd, *args, state_directory: str | None = None) -> subprocess.CompletedProcess:
+def environment() -> dict:
+    """The environment without $STATE_DIRECTORY; this checkout's edgebroker imported from
+    any working directory."""
     env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def run(cwd, *args, state_directory: str | None = None) -> subprocess.CompletedProcess:
+    env = environment()
     if state_directory is not None:
         env["STATE_DIRECTORY"] = state_directory
     return subprocess.run([*broker_command(), *args], cwd=cwd, env=env, capture_output=True,
@@ -70,3 +78,28 @@ def test_an_existing_state_directory_outside_systemd_is_used(tmp_path):
     assert r.returncode == 1
     assert "cannot reach the broker's admin socket" in r.stderr, r.stderr
     assert str(tmp_path / "edgebroker-data" / "admin.sock") in r.stderr, r.stderr
+
+
+def test_a_relative_data_dir_is_shown_absolute(tmp_path):
+    """``data_dir = "state"`` is relative to the working directory: `config check`, the start
+    line and `inspect` showed it as written, so nobody could tell where it was."""
+    (tmp_path / "etc").mkdir()
+    config = tmp_path / "etc" / "c.toml"
+    config.write_text('data_dir = "state"\n[[listener]]\nhost = "127.0.0.1"\nport = 0\n')
+    r = run(tmp_path / "etc", "config", "check", "-c", "c.toml")
+    assert r.stdout == (f"c.toml: OK (listeners: 127.0.0.1:0; state directory: "
+                        f"{tmp_path / 'etc' / 'state'})\n"), r.stdout + r.stderr
+    r = run(tmp_path, "inspect", "segments", "-c", str(config))
+    assert r.returncode == 1
+    assert r.stderr == f"edgebroker: no commit log at {tmp_path / 'state' / 'log'} (use --data-dir)\n"
+    proc = subprocess.Popen([*broker_command(), "serve", "-c", "c.toml"], cwd=tmp_path / "etc",
+                            env=environment(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = LineCollector(proc.stderr)
+        line = lines.wait(" state directory ", 20)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert line and line.endswith(f" state directory {tmp_path / 'etc' / 'state'}; "
+                                  f"configuration c.toml"), lines.text()

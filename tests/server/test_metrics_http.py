@@ -179,3 +179,27 @@ def test_when_all_are_being_answered_a_new_connection_is_closed_and_counted(capl
             sock.close()
         logged = [r.getMessage() for r in caplog.records if "being answered" in r.getMessage()]
         assert len(logged) == 1 and "closed the new connection from 127.0.0.1:" in logged[0]
+
+
+def test_head_gets_the_headers_of_get_and_no_python_version(broker):
+    """HEAD (health checkers, load balancers) got 501; the Server header named the Python
+    version."""
+    import http.client
+    b = broker(metrics={"listen": "127.0.0.1:0"})
+    host, port = METRICS_RE.search(b.wait_log(METRICS_RE)).groups()
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request("HEAD", "/metrics")
+        head = conn.getresponse()
+        assert head.status == 200 and head.read() == b""
+        assert head.getheader("Server") == "edgebroker-metrics"
+        assert head.getheader("Content-Type").startswith("text/plain")
+        assert int(head.getheader("Content-Length")) > 1000
+        conn.request("HEAD", "/other")
+        missing = conn.getresponse()
+        assert missing.status == 404 and missing.read() == b""
+    finally:
+        conn.close()
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as resp:
+        assert resp.status == 200 and resp.headers["Server"] == "edgebroker-metrics"
+        assert resp.read().startswith(b"# HELP")
