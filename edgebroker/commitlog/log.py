@@ -456,7 +456,7 @@ class CommitLog:
                 # may claim what that sync has not finished.
                 log.error("closing the commit log: %s", exc)
                 disk_answers = False
-            except LogError as exc:
+            except (LogError, OSError) as exc:    # the stop goes on: trim, close the files
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
             for seg in self._segments if disk_answers else ():
