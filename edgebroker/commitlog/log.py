@@ -476,7 +476,7 @@ class CommitLog:
                     log.warning("%s: %s", seg.index_path, exc.strerror)
             if (disk_answers and tail is not None and not self._groups
                     and self._durable >= self._written):
-                self._set_recovery_point(tail.base_offset)
+                self._set_recovery_point(self._written)   # (the next start checks the end)
         with self._rp_lock:  # a sync finishing late writes no recovery point from now on
             self._closed = True
             self._spare_files.closed = True

@@ -27,6 +27,7 @@ from edgebroker.commitlog.format import (
     parse_segment_name, segment_header,
 )
 from edgebroker.commitlog.segment import Segment
+from edgebroker.commitlog import sync as syncing
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
 from edgebroker.files import read_small_file
 from edgebroker.records import field, record
@@ -146,9 +147,8 @@ def open_log(self) -> None:
                         "lost?); readers pass over them, sessions count them as log_gap",
                         d, hole[0], hole[1] - 1, prev.path, nxt.path)
 
-    floor = max(self._recovery_point, self._uploaded)
-    last_next = self._segments[-1].next_offset if self._segments else 0
-    self._next = self._written = self._durable = max(last_next, floor)
+    end = self._segments[-1].next_offset if self._segments else 0
+    self._next = self._written = self._durable = syncing.check_offset_files(self, end)
     if not self.readonly:
         self._start_appending()
     report.segments = len(self._segments)

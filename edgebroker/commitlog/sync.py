@@ -165,6 +165,26 @@ def close_quietly(*fds: int) -> None:
                 pass
 
 
+def check_offset_files(self, end: int) -> int:
+    """At open, the log's records end at ``end``: a recovery point or uploaded mark past it
+    (records durable once, and gone since: the last segment truncated or deleted after the
+    stop; or a wrong number in the file) is logged, naming the file and the records, and
+    lowered to ``end``. -> the offset new records take from: ``end``; with no segment left
+    at all (the log emptied by hand), the higher of the two files' offsets."""
+    if not self._segments:
+        return max(end, self._recovery_point, self._uploaded)
+    for name, attr in ((RECOVERY_POINT_FILE, "_recovery_point"), ("uploaded", "_uploaded")):
+        value = getattr(self, attr)
+        if value > end:
+            log.warning("%s: %d is past the end of the commit log (offset %d, in %s): records %d "
+                        "to %d were fsynced once and are gone (the last segment truncated or "
+                        "deleted since?), or the file is wrong; using %d", os.path.join(
+                            self.directory, name), value, end, self._segments[-1].path, end,
+                        value - 1, end)
+            setattr(self, attr, end)
+    return end
+
+
 def set_recovery_point(self, offset: int) -> None:
     """Record that every segment below ``offset`` is fsynced (so the next start skips
     scanning them record by record)."""

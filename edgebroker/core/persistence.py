@@ -309,9 +309,11 @@ class Persistence:
             self.stats.publish_lost += lost
             log.warning("the session snapshot was taken at log offset %d but the log ends at %d "
                         "(its last records were not on disk: a power failure or system crash, "
-                        "or a damaged tail cut off at recovery): %d queued or unacknowledged "
-                        "messages of persistent sessions that were not yet on disk are lost",
-                        state.log_next_offset, end, lost)
+                        "or a damaged tail cut off at recovery): log records %d to %d are gone "
+                        "(sessions reading the log miss those; offsets from %d are given to new "
+                        "messages), and %d queued or unacknowledged messages of persistent "
+                        "sessions among them are lost", state.log_next_offset, end, end,
+                        state.log_next_offset - 1, end, lost)
 
     def _restore_cursor(self, session: Session, s: snap.SessionState, snapshot_offset: int,
                         retained_at: dict[int, str]) -> None:
