@@ -141,6 +141,7 @@ class Damage:
     length: int | None   # bytes skipped; None for a tail that runs to the end of the file
     offset: int          # the offset the next valid record was expected to have at least
     kind: str            # "corrupt" (valid records follow) or "torn" (nothing valid follows)
+    next_offset: int | None = None   # "corrupt": the offset of the valid record after it
 
     def describe(self) -> str:
         if self.kind == "torn":

@@ -131,8 +131,9 @@ class CommitLog:
         self._sync_lock = threading.Lock()
         self._segments: list[Segment] = []
         self._bases: list[int] = []
-        # Offset ranges no segment held at open (segments missing from the log): start, end.
+        # Offsets no segment held at open (start, end); of damaged records (start, end, file)
         self._holes: list[tuple[int, int]] = []
+        self._damaged: list[tuple[int, int, str]] = []
         self._groups: list[Group] = []
         self._header = _native.header_writer()  # record headers of append() (core thread)
         # Small records are built in C into a staging area (core thread; see append).
@@ -197,10 +198,9 @@ class CommitLog:
              clock_ms: Callable[[], int] | None = None, *, readonly: bool = False) -> "CommitLog":
         """Open (creating it unless ``readonly``) the log in ``directory`` and recover it.
 
-        Recovery: the last segment, and any segment not known to be fsynced, is scanned record
-        by record; a torn or corrupt tail is truncated; a corrupt record with valid ones after it
-        is reported (offset, file) and skipped by readers; a missing, short or corrupt index is
-        rebuilt from its segment. The time it took is logged. Read-only opens change nothing.
+        Recovery (recovery.py): the segments above the recovery point are scanned record by
+        record; a torn tail is truncated; a corrupt record with valid ones after it is reported
+        and skipped by readers; a bad index is rebuilt. Read-only opens change nothing.
         """
         self = cls(directory, options or LogOptions(), clock_ms or wall_clock_ms, readonly)
         try:
@@ -245,6 +245,8 @@ class CommitLog:
             self.counters.corrupt_regions += 1
             if len(self.damage) < MAX_DAMAGE_KEPT:
                 self.damage.append(d)
+                if d.next_offset is not None and d.next_offset > d.offset:
+                    self._damaged.append((d.offset, d.next_offset, d.path))
         if log_it:
             log.warning("%s; readers skip it", d.describe())
         return True
@@ -329,8 +331,7 @@ class CommitLog:
         self._spare_files.make(on_spare_taken)
 
     def prepare_spare(self) -> bool | None:
-        """Make the next segment's file ahead (the segment-ahead thread): True when one is
-        ready, False when not now, None when never again (see ``SpareFiles.prepare``)."""
+        """Make the next segment's file ahead (the segment-ahead thread): ``SpareFiles.prepare``."""
         return self._spare_files.prepare()
 
     # =========================================================================================
@@ -385,6 +386,7 @@ class CommitLog:
     read_batch = reader.read_batch
     read_run = reader.read_run
     missing_between = reader.missing_between
+    damaged_between = reader.damaged_between
     bytes_after = reader.bytes_after
     offset_at_time = reader.offset_at_time
     lag = reader.lag
@@ -456,7 +458,7 @@ class CommitLog:
                 # may claim what that sync has not finished.
                 log.error("closing the commit log: %s", exc)
                 disk_answers = False
-            except LogError as exc:
+            except (LogError, OSError) as exc:    # the stop goes on: trim, close the files
                 log.error("closing the commit log: %s", exc)
             tail = self._tail
             for seg in self._segments if disk_answers else ():
@@ -474,7 +476,7 @@ class CommitLog:
                     log.warning("%s: %s", seg.index_path, exc.strerror)
             if (disk_answers and tail is not None and not self._groups
                     and self._durable >= self._written):
-                self._set_recovery_point(tail.base_offset)
+                self._set_recovery_point(self._written)   # (the next start checks the end)
         with self._rp_lock:  # a sync finishing late writes no recovery point from now on
             self._closed = True
             self._spare_files.closed = True

@@ -48,7 +48,7 @@ def read_entry(self, seg: Segment, j: int, retry: bool = True) -> Record | None:
     if retry and self._repair_index(seg, offset):
         found = self._find(offset)
         return self._read_entry(*found, retry=False) if found else None
-    self._report(Damage(seg.path, position, end - position, offset, "corrupt"))
+    self._report(Damage(seg.path, position, end - position, offset, "corrupt", offset + 1))
     return None
 
 
@@ -371,6 +371,14 @@ def missing_between(self, start: int, end: int) -> list[tuple[int, int]]:
     segment missing from the middle of the log): the reads above pass over them, and a reader
     that went from ``start`` to ``end`` lost them. Any thread."""
     return [(max(a, start), min(b, end)) for a, b in self._holes if a < end and b > start]
+
+
+def damaged_between(self, start: int, end: int) -> list[tuple[int, int, str]]:
+    """The ranges of offsets in [start, end) whose records are damaged (found so far by any
+    reader, the open or the background check; the first ``MAX_DAMAGE_KEPT``), with the file:
+    a reader that went from ``start`` to ``end`` passed over them. Any thread."""
+    return [(max(a, start), min(b, end), path) for a, b, path in self._damaged
+            if a < end and b > start]
 
 
 def bytes_after(self, offset: int) -> int:

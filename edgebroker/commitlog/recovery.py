@@ -3,9 +3,8 @@ record above the recovery point, a cheap index check below it), index rebuilds, 
 torn tail, and making the last segment the one appended to; the ``RecoveryReport`` of what was
 found and done. Read-only opens (and ``refresh``) change no file.
 
-The functions that take the ``CommitLog`` as ``self`` are its methods (bound in log.py); they
-run in ``CommitLog.open`` before any other thread uses the log, except ``refresh`` (read-only
-logs) and the index repairs readers ask for (``_rebuild_index``).
+The functions taking the ``CommitLog`` as ``self`` are its methods (bound in log.py), run in
+``CommitLog.open`` before any other thread uses the log, but ``refresh`` and index repairs.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from edgebroker.commitlog.format import (
     parse_segment_name, segment_header,
 )
 from edgebroker.commitlog.segment import Segment
+from edgebroker.commitlog import sync as syncing
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
 from edgebroker.files import read_small_file
 from edgebroker.records import field, record
@@ -112,9 +112,10 @@ def open_log(self) -> None:
         except FileNotFoundError:
             if not self.readonly:
                 raise
-            seg.close()  # deleted by the writer's retention since the listing
-            continue
         opened.append(seg)
+    if self.readonly:   # the writer's retention deleted the oldest since the listing: drop them
+        listed = set(os.listdir(d))
+        opened = [s for s in opened if os.path.basename(s.path) in listed or s.close()]
     torn = self._torn_segments(opened)
     for i, seg in enumerate(opened):
         if seg in torn:
@@ -146,9 +147,8 @@ def open_log(self) -> None:
                         "lost?); readers pass over them, sessions count them as log_gap",
                         d, hole[0], hole[1] - 1, prev.path, nxt.path)
 
-    floor = max(self._recovery_point, self._uploaded)
-    last_next = self._segments[-1].next_offset if self._segments else 0
-    self._next = self._written = self._durable = max(last_next, floor)
+    end = self._segments[-1].next_offset if self._segments else 0
+    self._next = self._written = self._durable = syncing.check_offset_files(self, end)
     if not self.readonly:
         self._start_appending()
     report.segments = len(self._segments)

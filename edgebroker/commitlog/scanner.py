@@ -177,7 +177,8 @@ def walk(fd: int, start: int, end: int, min_offset: int, max_timestamp: int, ste
             held = find_next_valid(fd, pos, end, first_min, chunk, version) is not None
             yield BAD, Damage(path, pos, end - pos, min_offset, "corrupt" if held else "torn")
             break
-        yield BAD, Damage(path, pos, nxt - pos, min_offset, "corrupt")
+        yield BAD, Damage(path, pos, nxt - pos, min_offset, "corrupt",
+                          _u64_from(os.pread(fd, 16, nxt), 8)[0])
         pos = nxt
 
 

@@ -53,12 +53,15 @@ def run_sync(self, sealed_only: bool) -> int:
         open_segments = [s.base_offset for s in self._segments if not s.sealed]
         recovery_point = min(open_segments) if open_segments else self._written
         jobs = []
+        path = self.directory
         try:
             for s in todo:
                 if s.fd < 0:
                     continue
+                path = s.path
                 fd = os.dup(s.fd)
                 try:
+                    path = s.index_path
                     ifd = os.dup(s.index_fd) if s.index_dirty and s.index_fd >= 0 else -1
                 except OSError:
                     os.close(fd)
@@ -71,13 +74,15 @@ def run_sync(self, sealed_only: bool) -> int:
                     s.preallocated = False
                 if ifd >= 0:
                     s.index_trim = -1
+            path = self.directory
             dir_fd = os.dup(self._dir_fd) if any(j[3] for j in jobs) else -1
-        except OSError:
+        except OSError as exc:   # EMFILE: no descriptor free for the duplicate
             for j in jobs:
                 close_quietly(j[1], j[2])
             self._requeue(jobs, todo)
-            raise
-    path = self.directory
+            self.counters.fsync_errors += 1
+            raise LogWriteError.from_os("cannot duplicate a descriptor to fsync", path,
+                                        exc) from None
     try:
         for seg, fd, ifd, _new, sealed, trim, room in jobs:
             path = seg.path
@@ -158,6 +163,26 @@ def close_quietly(*fds: int) -> None:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def check_offset_files(self, end: int) -> int:
+    """At open, the log's records end at ``end``: a recovery point or uploaded mark past it
+    (records durable once, and gone since: the last segment truncated or deleted after the
+    stop; or a wrong number in the file) is logged, naming the file and the records, and
+    lowered to ``end``. -> the offset new records take from: ``end``; with no segment left
+    at all (the log emptied by hand), the higher of the two files' offsets."""
+    if not self._segments:
+        return max(end, self._recovery_point, self._uploaded)
+    for name, attr in ((RECOVERY_POINT_FILE, "_recovery_point"), ("uploaded", "_uploaded")):
+        value = getattr(self, attr)
+        if value > end:
+            log.warning("%s: %d is past the end of the commit log (offset %d, in %s): records %d "
+                        "to %d were fsynced once and are gone (the last segment truncated or "
+                        "deleted since?), or the file is wrong; using %d", os.path.join(
+                            self.directory, name), value, end, self._segments[-1].path, end,
+                        value - 1, end)
+            setattr(self, attr, end)
+    return end
 
 
 def set_recovery_point(self, offset: int) -> None:

@@ -331,14 +331,19 @@ class CatchUp:
 
     def count_missing(self, session, start: int, end: int, group=None) -> None:
         """A read that went from ``start`` to ``end`` passed over offsets no segment holds (a
-        segment missing from the log, CommitLog.missing_between): they are lost to
-        ``session`` (or to the shared subscription ``group``), counted and logged."""
-        for a, b in self.journal.log.missing_between(start, end):
+        segment missing from the log, CommitLog.missing_between) or damaged records (readers
+        skip them, CommitLog.damaged_between): they are lost to ``session`` (or to the shared
+        subscription ``group``), counted and logged."""
+        commit_log = self.journal.log
+        gaps = [(a, b, "missing from the log: no segment holds them")
+                for a, b in commit_log.missing_between(start, end)]
+        gaps += [(a, b, f"damaged in {path}")
+                 for a, b, path in commit_log.damaged_between(start, end)]
+        for a, b, why in gaps:
             self.drop("log_gap", session, b - a)
             who = (f"session {session.client_id!r}" if group is None
                    else f"shared subscription {group.key!r}")
-            log.warning("%s: log records %d to %d are lost to it (missing from the log: no "
-                        "segment holds them)", who, a, b - 1)
+            log.warning("%s: log records %d to %d are lost to it (%s)", who, a, b - 1, why)
 
     def _skip(self, session, offset: int, why: str) -> int:
         """Move ``session``'s cursor forward to ``offset``: a gap, counted and logged (not

@@ -176,7 +176,8 @@ class Journal:
                 "acks_waiting": len(self._acks),
                 "writing": not self.failing, "retention_waits": cl.retention_waits,
                 "fsyncs": flusher.syncs if flusher is not None else 0,
-                "fsync_errors": flusher.errors if flusher is not None else 0}
+                "fsync_errors": flusher.errors if flusher is not None else 0,
+                "damaged_regions": cl.counters.corrupt_regions}
 
     def forget(self, client) -> None:
         """A closed client: no longer one to resume (its waiting acknowledgements are

@@ -304,14 +304,14 @@ class Persistence:
             if session.cursor is None and s.offline_ms is None:
                 self._replay_unsure.append(session)     # see replay
         lost += self.restore_shared(state.shared, end)
-        self._snapshot_offset = self._saved_offset = state.log_next_offset
+        self._snapshot_offset = self._saved_offset = at = state.log_next_offset
         if end is not None:
             self.stats.publish_lost += lost
             log.warning("the session snapshot was taken at log offset %d but the log ends at %d "
                         "(its last records were not on disk: a power failure or system crash, "
-                        "or a damaged tail cut off at recovery): %d queued or unacknowledged "
-                        "messages of persistent sessions that were not yet on disk are lost",
-                        state.log_next_offset, end, lost)
+                        "or a damaged tail cut off at recovery): log records %d to %d are gone, "
+                        "%d queued or unacknowledged messages of sessions among them", at, end,
+                        end, at - 1, lost)
 
     def _restore_cursor(self, session: Session, s: snap.SessionState, snapshot_offset: int,
                         retained_at: dict[int, str]) -> None:

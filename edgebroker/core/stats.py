@@ -173,6 +173,8 @@ class SysTopics:
         pub("$SYS/broker/store/messages/count", broker.queued_messages)
         pub("$SYS/broker/store/messages/bytes", broker.queued_bytes)
         pub("$SYS/broker/clients/throttled", len(broker.throttled))
+        if broker.journal is not None:    # damaged regions of the log found (docs/log-format.md)
+            pub("$SYS/broker/log/damaged_regions", broker.journal.log.counters.corrupt_regions)
         p50, p99 = broker.pass_times.quantiles(0.5, 0.99)
         pub("$SYS/broker/loop/pass/p50", f"{p50:.6f}")
         pub("$SYS/broker/loop/pass/p99", f"{p99:.6f}")

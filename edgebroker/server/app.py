@@ -420,11 +420,13 @@ class App(DescriptorRoom):
         loop.flush_dirty()
         for transport in list(loop.transports):
             transport.shutdown()
+        # The listeners are closed: the descriptors held for accept are free for the final
+        # snapshot and the log's last fsync (at the open files limit they need them).
+        self.reserve.close()
         saved = self.snapshots.stop(final=self.broker.capture())
         self.broker.exchanges.close()
         self.log.close()
         loop.close()
-        self.reserve.close()
         self.broker.flush_logs(self.clock())    # what the rate-limited logs only counted
         if not saved:
             log.error("stopped without the final session snapshot (exit status 1)")

@@ -121,6 +121,9 @@ class DescriptorReserve:
         self.fill()
 
     def close(self) -> None:
+        """Close the placeholders and hold none from now on (the stop: the final snapshot
+        and the log's last fsync may need the descriptors)."""
+        self.size = 0
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
