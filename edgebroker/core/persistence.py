@@ -58,8 +58,9 @@ class Persistence:
         An immutable view, encoded and written by the snapshot writer's thread: the core only
         takes what changed. An offline session's state is reused from the last snapshot until
         it changes (``Session.saved``, cleared where it does); a retained message's, until its
-        topic is set again (``RetainedTree.changed``). The QoS 2 exchange journal starts a new
-        file here: the snapshot names it, and a restart applies it (``apply_exchanges``)."""
+        topic is set again (``RetainedTree.changed``, ``snapshot.save_retained``). The QoS 2
+        exchange journal starts a new file here: the snapshot names it, and a restart applies
+        it (``apply_exchanges``)."""
         journal = self.journal
         next_offset = journal.log.next_offset if journal is not None else 0
         # Sessions in step with the log and retained messages have everything routed before
@@ -93,21 +94,8 @@ class Persistence:
                 elif session.client is None:
                     session.saved = state
             sessions.append(state)
-        retained = self.retained
         saved = self._retained_saved
-        if retained.changed:
-            changed, retained.changed = retained.changed, set()
-            for topic in changed:
-                message = retained.get(topic)
-                if message is None or topic.startswith("$SYS"):  # $SYS: published anew
-                    saved.pop(topic, None)
-                else:
-                    expires_ms = (None if not message.expires else
-                                  result.written_ms + int((message.expires - now) * 1000))
-                    saved[topic] = snap.RetainedState(message.topic, message.payload,
-                                                      message.qos, message.offset,
-                                                      message.properties, expires_ms,
-                                                      message.client_id)
+        snap.save_retained(saved, self.retained, now, result.written_ms)
         result.retained = list(saved.values())
         result.shared = self.capture_shared()
         self._snapshot_dirty = False

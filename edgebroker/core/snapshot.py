@@ -135,6 +135,41 @@ class GroupState:
     done: list[int] = field(default_factory=list)
 
 
+def save_retained(saved: dict[str, RetainedState], retained, now: float,
+                  written_ms: int) -> None:
+    """Bring ``saved`` (topic -> the state the last snapshot held) up to date with the retained
+    store ``retained`` (mqtt.trie.RetainedTree): its topics set or cleared since (``changed``),
+    or, when it stopped listing them (``all_changed``: more changes than messages held, and
+    than CHANGED_LIMIT), every message it holds, those unchanged keeping their state (and its
+    encoding). ``$SYS`` topics are left out: they are published anew."""
+    if retained.all_changed:
+        retained.all_changed = False
+        retained.changed = set()
+        old = saved.copy()
+        saved.clear()
+        for message in retained.values():
+            topic = message.topic
+            if not topic.startswith("$SYS"):
+                state = _retained_state(message, now, written_ms)
+                kept = old.get(topic)
+                saved[topic] = kept if kept == state else state
+    elif retained.changed:
+        changed, retained.changed = retained.changed, set()
+        for topic in changed:
+            message = retained.get(topic)
+            if message is None or topic.startswith("$SYS"):
+                saved.pop(topic, None)
+            else:
+                saved[topic] = _retained_state(message, now, written_ms)
+
+
+def _retained_state(message, now: float, written_ms: int) -> RetainedState:
+    expires_ms = (None if not message.expires else
+                  written_ms + int((message.expires - now) * 1000))
+    return RetainedState(message.topic, message.payload, message.qos, message.offset,
+                         message.properties, expires_ms, message.client_id)
+
+
 @record
 class Snapshot:
     log_next_offset: int = 0

@@ -211,7 +211,8 @@ class Timers:
             return
         next_offset = journal.log.next_offset if journal is not None else 0
         exchanges = self.exchanges
-        dirty = self._snapshot_dirty or wanted
+        # (retained changes too many to list: the snapshot takes every retained message)
+        dirty = self._snapshot_dirty or wanted or self.retained.all_changed
         if ((dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
                 or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)
                 or exchanges is not None and exchanges.full):

@@ -33,6 +33,11 @@ CACHE_LIMIT = 65536
 # max_topic_levels: 1,000 filters of 128 levels that all match, ~128,000 nodes, tens of ms
 # per PUBLISH), as in Mosquitto.
 CACHED_TOPIC_LENGTH = 256
+# RetainedTree.changed holds at most this many topics, or as many as the tree holds messages
+# when that is more. Past it the set is dropped and ``all_changed`` set: the owner then takes
+# every stored message instead, so setting and clearing retained messages on ever new topics
+# does not grow the set between two snapshots.
+CHANGED_LIMIT = 4096
 
 
 class _Node:
@@ -170,8 +175,11 @@ class RetainedTree:
         self._root = _RNode()
         self.count = 0
         # Topics set or deleted since the owner last took this set (the broker's snapshot
-        # takes only what changed); at most one entry per topic.
+        # takes only what changed); at most one entry per topic. When more than
+        # CHANGED_LIMIT and than ``count`` changed, the set is emptied and no longer kept,
+        # and ``all_changed`` is True (take everything) until the owner resets both.
         self.changed: set[str] = set()
+        self.all_changed = False
         # Nodes the last match / match_filters walk visited (once it ran to its end): the
         # work it took, whatever it found (the broker charges it to the subscriber).
         self.visited = 0
@@ -186,7 +194,15 @@ class RetainedTree:
         if node.value is None:
             self.count += 1
         node.value = value
-        self.changed.add(topic)
+        if not self.all_changed:
+            self._change(topic)
+
+    def _change(self, topic: str) -> None:
+        changed = self.changed
+        changed.add(topic)
+        if len(changed) > CHANGED_LIMIT and len(changed) > self.count:
+            self.changed = set()
+            self.all_changed = True
 
     def get(self, topic: str) -> Any:
         node = self._root
@@ -208,7 +224,8 @@ class RetainedTree:
             return False
         path[-1].value = None
         self.count -= 1
-        self.changed.add(topic)
+        if not self.all_changed:
+            self._change(topic)
         for depth in range(len(levels), 0, -1):
             node = path[depth]
             if node.value is not None or node.children:

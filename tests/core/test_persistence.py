@@ -6,6 +6,8 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -63,6 +65,37 @@ def test_retained_messages_survive_a_restart(broker, uid):
     p = c.recv_publish()
     assert (p.topic, p.payload, p.retain) == (f"{uid}/keep", b"kept", True)
     assert c.ping() == [], "a cleared retained message came back"
+
+
+def test_retained_churn_is_saved_soon_and_whole(broker, uid):
+    """Retained messages set and cleared on thousands of new topics (more than the broker
+    lists between snapshots: it then saves the whole store, soon, not at the 30 s snapshot):
+    the snapshot holds exactly the messages stored, and a crash right after keeps them and
+    brings back none cleared."""
+    b = broker()
+    data_dir = b.config["data_dir"]
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/old", b"o", qos=1, retain=True)
+    pub.publish(f"{uid}/gone", b"g", qos=1, retain=True)
+    b.client(f"{uid}-s", clean=False).subscribe(f"{uid}/x", qos=1)   # a snapshot now
+    doc = wait_for_snapshot(data_dir, f"{uid}-s")
+    mine = lambda doc: sorted(r["topic"] for r in doc["retained"])   # noqa: E731
+    assert mine(doc) == [f"{uid}/gone", f"{uid}/old"]
+    pub.send(b"".join(publish(f"{uid}/churn/{i}", b"v", retain=True)
+                      + publish(f"{uid}/churn/{i}", b"", retain=True) for i in range(5000)))
+    pub.publish(f"{uid}/new", b"n", qos=1, retain=True)
+    pub.publish(f"{uid}/gone", b"", qos=1, retain=True)
+    pause, deadline = threading.Event(), time.monotonic() + 10
+    while mine(doc) != [f"{uid}/new", f"{uid}/old"] and time.monotonic() < deadline:
+        pause.wait(0.05)
+        with open(f"{data_dir}/sessions.json") as fh:
+            doc = json.load(fh)
+    assert mine(doc) == [f"{uid}/new", f"{uid}/old"], "no snapshot of the churn within 10 s"
+    b2 = restart(broker, b, signal.SIGKILL)
+    c = b2.client(f"{uid}-c")
+    c.subscribe(f"{uid}/#", qos=1)
+    got = [p for p in c.ping() if p.name == "PUBLISH"]
+    assert sorted((p.topic, p.payload) for p in got) == [(f"{uid}/new", b"n"), (f"{uid}/old", b"o")]
 
 
 def test_unacknowledged_message_is_resent_with_dup_after_restart(broker, uid):

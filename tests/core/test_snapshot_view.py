@@ -22,6 +22,7 @@ from edgebroker.commitlog.log import CommitLog
 from edgebroker.core import snapshot as snap
 from edgebroker.core.broker import Broker
 from edgebroker.core.testing import FakeTransport
+from edgebroker.mqtt.trie import CHANGED_LIMIT
 
 
 def _core(tmp_path, **limits):
@@ -174,3 +175,27 @@ def test_pingreq_stays_prompt_while_snapshots_are_taken(broker, uid, mode):
     ours = [s for s in doc["sessions"] if s["client_id"].startswith(f"{uid}-")
             and s["client_id"][len(uid) + 1:].isdigit()]
     assert len(ours) == sessions
+
+
+def test_retained_churn_past_the_limit_takes_the_whole_store(queued):
+    """Retained messages set and cleared on more new topics than CHANGED_LIMIT: the tree no
+    longer lists them (bounded), and the next view holds exactly the messages stored, those
+    unchanged as the same state objects (their encodings kept)."""
+    broker, pub = queued
+    first = broker.capture()
+    assert [r.topic for r in first.retained] == ["r/1"]
+    pub.data_received(m.publish("r/2", b"new", qos=0, retain=True))
+    for i in range(CHANGED_LIMIT + 10):
+        pub.data_received(m.publish(f"churn/{i}", b"v", qos=0, retain=True)
+                          + m.publish(f"churn/{i}", b"", qos=0, retain=True))
+        assert len(broker.retained.changed) <= CHANGED_LIMIT + 1
+    broker.end_pass()
+    assert broker.retained.all_changed
+    after = broker.capture()
+    assert sorted((r.topic, r.payload) for r in after.retained) == [("r/1", b"kept"),
+                                                                    ("r/2", b"new")]
+    assert next(r for r in after.retained if r.topic == "r/1") is first.retained[0]
+    assert not broker.retained.all_changed and not broker.retained.changed
+    pub.data_received(m.publish("r/1", b"", qos=0, retain=True))   # listed again from here
+    broker.end_pass()
+    assert [r.topic for r in broker.capture().retained] == ["r/2"]

@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from edgebroker.mqtt.topics import topic_matches
 from edgebroker.mqtt.trie import (
-    CACHE_LIMIT, CACHED_TOPIC_LENGTH, RetainedTree, SubscriptionTrie,
+    CACHE_LIMIT, CACHED_TOPIC_LENGTH, CHANGED_LIMIT, RetainedTree, SubscriptionTrie,
 )
 
 LEVEL = st.sampled_from(["a", "b", "", "$SYS", "x y", "é"])
@@ -173,3 +173,22 @@ def test_very_deep_topics_do_not_recurse():
     assert list(tree.match("d/+/#")) == ["v"]
     assert list(tree.match(deep)) == ["v"]
     assert tree.delete(deep) and tree.count == 0
+
+
+def test_retained_changes_stay_bounded_by_the_limit_or_the_messages_held():
+    """Topics set and cleared are listed in ``changed`` until the owner takes it; past
+    CHANGED_LIMIT (and past the messages held) the list is dropped for ``all_changed``, so
+    set+clear on ever new topics does not grow it."""
+    tree = RetainedTree()
+    for i in range(3 * CHANGED_LIMIT):
+        tree.set(f"churn/{i}", i)
+        tree.delete(f"churn/{i}")
+        assert len(tree.changed) <= CHANGED_LIMIT + 1
+    assert tree.all_changed and tree.count == 0
+    # More messages held than the limit: every one of them may be listed.
+    tree = RetainedTree()
+    for i in range(2 * CHANGED_LIMIT):
+        tree.set(f"held/{i}", i)
+    assert not tree.all_changed and len(tree.changed) == 2 * CHANGED_LIMIT
+    tree.delete("held/0")
+    assert tree.all_changed and tree.changed == set()
