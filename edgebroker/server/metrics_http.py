@@ -182,7 +182,7 @@ METRICS = (
      "writing (disk full or failing).", _counter("log_write_failures")),
     ("edgebroker_log_damaged_regions_total", "counter", "Damaged regions of the commit log "
      "found (readers skip them; each logged once).",
-     lambda s: s["log"]["damaged_regions"] if s["log"] else 0),
+     lambda s: (s.get("log") or {}).get("damaged_regions", 0)),
     ("edgebroker_publishers_paused_total", "counter", "Times a publisher was not read "
      "because the commit log could not write.", _counter("publishers_paused")),
     ("edgebroker_process_resident_memory_bytes", "gauge", "Resident memory of the broker process.",
