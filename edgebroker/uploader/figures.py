@@ -16,7 +16,7 @@ def figures_of(up) -> dict:
             lag = max(0.0, (newest - max(up.shipped_max_ts, oldest or 0)) / 1000)
         return {
             "url": up.sink.name, "gateway_id": up.gateway_id,
-            "state": "paused" if up.paused and up.state != "uploading" else up.state,
+            "state": state_of(up),
             "paused": up.paused,
             "uploaded_offset": up.log.uploaded_offset,
             "batches": up.batches, "records": up.records, "bytes": up.bytes_shipped,
@@ -45,3 +45,11 @@ def backlog_batches(nbytes: int, sealed: int, batch_bytes: int) -> int:
 
 
 __all__ = ["figures_of", "backlog_batches"]
+
+
+def state_of(up) -> str:
+    """``up.state``, but "paused" while paused (an upload already started finishes first), and
+    "idle" from a resume until the uploader's thread takes it up (it left "paused" there)."""
+    if up.paused:
+        return "paused" if up.state != "uploading" else up.state
+    return "idle" if up.state == "paused" else up.state

@@ -458,3 +458,18 @@ def test_a_log_written_before_format_version_2_is_uploaded_with_its_version(brok
     assert [r.payload for _, records in landed(landing).values() for r in records
             if r.offset >= 60] == [payload(i) for i in range(60, 65)]
     b.stop()
+
+
+def test_the_state_shown_after_a_resume_is_not_paused_before_the_thread_runs():
+    """``upload resume`` answers with the figures at once: the uploader's thread may not have
+    run since, its state still "paused"; the figures say "idle" then (not "paused" next to
+    "paused": false)."""
+    from types import SimpleNamespace
+
+    from edgebroker.uploader.figures import state_of
+    shown = {(paused, state): state_of(SimpleNamespace(paused=paused, state=state))
+             for paused in (True, False) for state in ("paused", "uploading", "idle", "alarm")}
+    assert shown == {(True, "paused"): "paused", (True, "uploading"): "uploading",
+                     (True, "idle"): "paused", (True, "alarm"): "paused",
+                     (False, "paused"): "idle", (False, "uploading"): "uploading",
+                     (False, "idle"): "idle", (False, "alarm"): "alarm"}
