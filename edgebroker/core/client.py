@@ -9,8 +9,9 @@ states the rules). It never touches a socket: it writes bytes to its transport
 - Any violation closes the connection and, once connected, publishes the will (``violation``);
   what the client published earlier in that read is acknowledged first.
 - A client over its publish rate, or over its control packet rate (PINGREQ, SUBSCRIBE, ...:
-  ``charge_control``), is throttled (``throttle``): its socket is not read until its budget
-  refills (a timer in the broker's heap), so TCP pushes back on it alone.
+  ``charge_control``), is throttled (``core.throttling``): its socket is not read until its
+  budget refills (a timer in the broker's heap), so TCP pushes back on it alone; a peer that
+  goes away meanwhile is still served at its rate for a grace, then let go.
 - Reading may be paused for several reasons at once (the password check, the publish rate, a
   commit log that cannot write); each holder resumes only its own (``Transport.pause_reading``).
 """
@@ -22,7 +23,7 @@ import logging
 from edgebroker.errors import KEEP_ALIVE_TIMEOUT, ProtocolError, shown
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.stream import Decoder
-from edgebroker.core import mqtt5, violations
+from edgebroker.core import mqtt5, throttling, violations
 from edgebroker.core.dispatch import (
     AUTH_EXCHANGE, AUTHENTICATING, BEFORE_CONNECT, CONNECTED, CONNECTED5, CONNECTED5_RATED,
     CONNECTED_RATED, PUBACKS_TOGETHER,
@@ -80,6 +81,9 @@ class ClosedTransport:
     def resume_reading(self, reason: str) -> None:
         pass
 
+    def peer_end(self) -> int | None:
+        return None
+
     def close(self) -> None:
         pass
 
@@ -92,9 +96,9 @@ class Client:
                  "session", "connected", "closed", "will", "keepalive", "last_seen",
                  "connect_deadline", "timer_entry", "protocol_level", "_handlers", "halted",
                  "listener_address", "created", "msgs_in", "rate", "throttled_until",
-                 "throttle_start", "throttled_time", "not_read", "pending_dropped", "warned",
-                 "rate_sample", "control_due", "username", "acl", "pending", "held", "refusal",
-                 "v5", "inherited")
+                 "throttle_start", "peer_ended_at", "throttled_time", "not_read",
+                 "pending_dropped", "warned", "rate_sample", "control_due", "username", "acl",
+                 "pending", "held", "refusal", "v5", "inherited")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
@@ -123,6 +127,7 @@ class Client:
         self.control_due = 0.0        # its control packet budget (core.limits.ControlRate)
         self.throttled_until = 0.0    # non-zero while throttled (socket not read)
         self.throttle_start = 0.0
+        self.peer_ended_at = 0.0      # when its peer was seen to end while throttled
         self.throttled_time = 0.0     # seconds throttled, throttles that ended
         self.not_read = False         # paused by the broker (commit log): no keepalive check
         self.pending_dropped = 0      # QoS 0 dropped since the output last drained
@@ -167,18 +172,22 @@ class Client:
         if n >= 8 and data[0] == 0x40 and self._handlers[P.PUBACK] in PUBACKS_TOGETHER:
             pids = self.decoder.pubacks(data)
             if pids is not None:
-                self._acks_received(pids)
+                self._acks_received(pids, data)
                 return
         self._handle(self.decoder.feed(data), n)
 
-    def _acks_received(self, pids) -> None:
-        """A read of PUBACKs only (``Decoder.pubacks``): handled together."""
+    def _acks_received(self, pids, data) -> None:
+        """A read of PUBACKs only (``Decoder.pubacks``, from ``data``): handled together, up
+        to the one that throttles the client (the rest is kept until it is read again)."""
         broker = self.broker
+        handled = len(pids)
         try:
-            acks.on_pubacks(self, pids)
+            handled = acks.on_pubacks(self, pids)
         except ProtocolError as exc:
             self.violation(exc)
-        broker.stats.packets_received += len(pids)
+        if handled < len(pids) and not self.closed:
+            self.decoder.keep(data[4 * handled:])
+        broker.stats.packets_received += handled
         self.last_seen = broker.clock()
 
     def payload_received(self, n: int) -> None:
@@ -233,12 +242,14 @@ class Client:
 
     def deadline(self) -> float | None:
         """When this client must next be checked by the timer heap."""
+        until = self.throttled_until
+        if until:   # (and its peer checked meanwhile: _check_peer)
+            until = min(until, self.throttle_start + throttling.PEER_CHECK_SECONDS)
         if not self.connected:      # throttled before CONNECT: WebSocket pings (framing.py)
-            until = self.throttled_until
             return until if 0 < until < self.connect_deadline else self.connect_deadline
-        if self.throttled_until:
+        if until:
             # Keepalive is not checked while we are the ones not reading.
-            return self.throttled_until
+            return until
         if self.not_read:
             return None         # nor while the commit log cannot write (read_again)
         if self.keepalive:
@@ -248,7 +259,10 @@ class Client:
     def expire(self) -> None:
         broker = self.broker
         if self.throttled_until:
-            self._unthrottle()
+            if broker.clock() < self.throttled_until:
+                self._check_peer()
+            else:
+                self._unthrottle()
             return
         if not self.connected and self.refusal is not None:
             self._refused_unheard()
@@ -362,25 +376,6 @@ class Client:
         warned.add(key)
         log.warning("%s: " + message, self.describe(), *args)
 
-    def throttle(self, limit: str, wait: float, what: str = "") -> None:
-        """Not read for ``wait`` seconds, over ``limit`` (``what`` went over it: for the log)."""
-        broker = self.broker
-        now = broker.clock()
-        if self.throttled_until:    # one more charge in the same handling: one throttle, longer
-            self.throttled_until = max(self.throttled_until, now + wait)
-            return broker.schedule(self)
-        broker.hit(limit)
-        self.throttled_until = now + wait
-        self.halted = True
-        self.throttle_start = now
-        broker.throttled.add(self)
-        self.transport.pause_reading("rate")
-        self.warn_once(limit, "over its %s (%s %g/s)%s; not reading from it for %.3f s "
-                       "(and again whenever it is over)",
-                       "control packet rate" if limit == "control_rate" else "publish rate",
-                       limit, getattr(broker.limits, limit), what and f" with {what}", wait)
-        broker.schedule(self)
-
     def charge_control(self, n: int = 1, what: str = "") -> None:
         """``n`` control packets (core.dispatch: PINGREQ, SUBSCRIBE, ...; WebSocket frames
         with no MQTT byte, server/framing.py) were handled: charged to the client's
@@ -400,9 +395,13 @@ class Client:
             return 0
         return control.allowed(self.control_due, self.broker.clock())
 
-    def _end_throttle(self, now: float) -> None:
+    def _count_throttled(self, now: float) -> None:
         self.throttled_time += now - self.throttle_start
         self.broker.throttled_seconds += now - self.throttle_start
+        self.throttle_start = now
+
+    def _end_throttle(self, now: float) -> None:
+        self._count_throttled(now)
         self.broker.throttled.discard(self)
         self.throttled_until = 0.0
         self.halted = self.closed or self._handlers is AUTHENTICATING   # (connect.auth_done)
@@ -410,6 +409,8 @@ class Client:
     def _unthrottle(self) -> None:
         """The publish budget has refilled: read again, starting with what is buffered. The
         keepalive's 1.5 x starts again now: what the client sent meanwhile waits unread."""
+        if self._peer_gone():
+            return
         broker = self.broker
         now = broker.clock()
         self._end_throttle(now)
@@ -450,6 +451,10 @@ class Client:
 
     # A protocol violation ends the connection (core.violations: the answer, the log line).
     violation = violations.violation
+    # Over a rate: not read for a while (core.throttling); let go if its peer goes meanwhile.
+    throttle = throttling.throttle
+    _check_peer = throttling.check_peer
+    _peer_gone = throttling.peer_gone
 
     def answer(self, frame: bytes) -> None:
         """Queue the answer to a request the client waits for (CONNACK, SUBACK, UNSUBACK,

@@ -34,6 +34,8 @@ class Stats:
                  "bytes_received", "bytes_sent",
                  "sockets_accepted", "connects_accepted", "connections_refused", "protocol_errors",
                  "keepalive_expired", "connect_timeouts", "takeovers",
+                 # throttled clients closed as lost with bytes unread (core.throttling)
+                 "throttled_closed_unread", "throttled_unread_bytes",
                  # security: refused logins and ACL denials, TLS handshakes that failed
                  "logins_failed", "logins_refused", "acl_publish_denied", "acl_subscribe_denied",
                  "acl_deliveries_denied", "tls_handshakes_failed",

@@ -61,5 +61,10 @@ class Transport(Protocol):
     def resume_reading(self, reason: str) -> None:
         """Release ``reason``'s pause; reading resumes once no reason holds it."""
 
+    def peer_end(self) -> int | None:
+        """None while the peer goes on; once it has ended its stream or reset it (seen
+        without reading: for a client not read, throttled), the bytes it sent before its
+        end that are still unread in the socket."""
+
     def close(self) -> None:
         """Close once what is queued is sent."""

@@ -267,6 +267,9 @@ class Framing:
     def pause_reading(self, reason: str) -> None:
         self.stream.pause_reading(reason)
 
+    def peer_end(self) -> int | None:
+        return self.stream.peer_end()
+
     def resume_reading(self, reason: str) -> None:
         self.stream.resume_reading(reason)
         if self.lingering:

@@ -156,6 +156,11 @@ METRICS = (
     ("edgebroker_connect_timeouts_total", "counter",
      "Connections closed for connect_timeout (no CONNECT, or a password check not finished).",
      _counter("connect_timeouts")),
+    ("edgebroker_throttled_closed_unread_total", "counter", "Throttled connections closed as "
+     "lost, their peer gone for 10 s, with bytes not read yet.",
+     _counter("throttled_closed_unread")),
+    ("edgebroker_throttled_unread_bytes_total", "counter", "Bytes those connections sent that "
+     "were dropped unread.", _counter("throttled_unread_bytes")),
     ("edgebroker_logins_failed_total", "counter", "Logins refused for a wrong user name or "
      "password (CONNACK 4).", _counter("logins_failed")),
     ("edgebroker_logins_refused_total", "counter", "Logins refused otherwise (not authorized, "

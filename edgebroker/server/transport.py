@@ -34,6 +34,7 @@ import socket
 
 from edgebroker import _native
 from edgebroker.server.filechunk import FileChunk
+from edgebroker.server.peers import peer_end
 from edgebroker.server.sniff import sniff
 
 log = logging.getLogger("edgebroker.server")
@@ -92,8 +93,7 @@ class Transport:
 
     @property
     def reading(self) -> bool:
-        """True unless some reason to pause reading is held."""
-        return not self.paused
+        return not self.paused  # no reason to pause reading is held
 
     @property
     def listener_name(self) -> str:
@@ -107,8 +107,7 @@ class Transport:
     # ----- the core's side --------------------------------------------------------------
 
     def _queue(self, item, size: int) -> None:
-        """Append to the output queue (its own list from the first item) and list the
-        connection for this pass's flush."""
+        """Append to the output queue (its own list from the first item); listed for the flush."""
         out = self.out
         if out is NO_OUTPUT:
             self.out = out = []
@@ -131,13 +130,11 @@ class Transport:
             self.flush(early=True)
 
     def wait_for_drain(self) -> None:
-        """The core was refused (or held back) by ``max_pending``: call ``client.writable()``
-        once everything queued is written."""
+        """Refused or held back by ``max_pending``: ``client.writable()`` once all is written."""
         self.want_drain = True
 
     def count_publish(self, n: int = 1) -> None:
-        """Count ``n`` PUBLISHes the core queued with ``write`` or ``write_file`` (``offer``
-        counts its own)."""
+        """Count ``n`` PUBLISHes queued with ``write`` or ``write_file`` (``offer``: its own)."""
         self.msgs_out += n
 
     def offer(self, data, rest=None) -> bool:
@@ -211,6 +208,9 @@ class Transport:
         self.paused = paused = paused & ~bit
         if not paused and not self.closed:
             self.update_events()
+
+    def peer_end(self) -> int | None:
+        return peer_end(self.sock)      # (server.peers)
 
     # ----- the loop's side --------------------------------------------------------------
 

@@ -58,15 +58,19 @@ def on_puback(client, p) -> None:
         client.charge_control()     # no window bounds these: a control packet
 
 
-def on_pubacks(client, pids) -> None:
+def on_pubacks(client, pids) -> int:
     """PUBACKs that came in one read (``Decoder.pubacks``): each as ``on_puback``, and the
-    queue moves on once, after all of them."""
+    queue moves on once, after them. Those for no message in flight are charged as
+    ``on_puback`` charges them: the one that takes the client's last token is the last
+    handled. Returns how many were handled (the caller keeps the rest for later)."""
     session = client.session
     inflight = session.inflight
     freed = 0
-    strays = 0      # for no message in flight: charged as on_puback charges them
+    strays = 0      # for no message in flight
+    allowed = -1    # how many of those the control rate lets through (0: no limit)
+    handled = len(pids)
     try:
-        for pid in pids:
+        for i, pid in enumerate(pids):
             entry = inflight.get(pid)
             if entry is not None:
                 if entry.qos != 1:
@@ -75,12 +79,18 @@ def on_pubacks(client, pids) -> None:
                 freed += entry.message.size
             else:
                 strays += 1
+                if allowed < 0:
+                    allowed = client.control_allowed()
+                if strays == allowed:
+                    handled = i + 1
+                    break
     finally:
         session.inflight_bytes -= freed
     if strays:
         client.charge_control(strays)
     if _more(client, session):
         client.broker.pump(session)
+    return handled
 
 
 def _more(client, session) -> bool:
