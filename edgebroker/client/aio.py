@@ -41,8 +41,7 @@ an acknowledgement behind a message, and a QoS 1/2 message read is acknowledged)
 
 Reconnection (``reconnect``): ``"never"``, ``"after_first_success"`` (the default) or
 ``"always"`` (also while the first connection fails), with full-jitter back-off from
-``backoff[0]`` doubling up to ``backoff[1]`` seconds: client/backoff.py's, as the synchronous
-loop's.
+``backoff[0]`` doubling up to ``backoff[1]`` seconds: client/backoff.py's, as the sync loop's.
 In-flight and queued requests carry over: their futures complete on a later connection. When
 the client gives up, or on ``close()``, the futures still open fail with ``ClientClosed``,
 as does a ``connect()`` still waiting for its first connection.
@@ -61,6 +60,7 @@ from edgebroker.client.aio_dial import AsyncDialing, ConnectError
 from edgebroker.client.connection import Connection, QueueFull
 from edgebroker.client.events import (Acked, ConnectFailed, Connected, Disconnected, Message,
                                       PingTimeout, Subscribed, Unsubscribed)
+from edgebroker.client.transport import lost_reason
 from edgebroker.errors import EdgebrokerError
 
 READ_SIZE = 256 * 1024
@@ -81,12 +81,11 @@ class AsyncClient(AsyncDialing):
                  tls: dict | None = None, **connection):
         """``address``: a URL (client/address.py), an ``Address``, or a callable making a
         transport; ``tls``: Dialer's TLS options (cafile, certfile, keyfile, verify,
-        server_name); ``connection``: Connection's options (protocol, clean_start,
-        keepalive, username, password, will, properties, max_inflight, max_queued,
-        max_qos2_inflight, resubscribe: True here);
-        ``reconnect`` and ``backoff`` (base, cap): the policy and back-off of backoff.py,
-        the synchronous loop's; ``max_messages``, ``max_message_bytes``: the bound of
-        messages held unread (module doc)."""
+        server_name); ``connection``: Connection's options (protocol, clean_start, keepalive,
+        username, password, will, properties, max_inflight, max_queued, max_qos2_inflight,
+        resubscribe: True here); ``reconnect`` and ``backoff`` (base, cap): the policy and
+        back-off of backoff.py, the synchronous loop's; ``max_messages``,
+        ``max_message_bytes``: the bound of messages held unread (module doc)."""
         if max_messages < 1 or max_message_bytes < 1:
             raise ValueError(f"max_messages ({max_messages}) and max_message_bytes "
                              f"({max_message_bytes}) must be at least 1")
@@ -194,6 +193,7 @@ class AsyncClient(AsyncDialing):
 
     def _lost(self, reason: str, event=None) -> None:
         """The link ended (EOF, error, server DISCONNECT, ping timeout): reconnect or stop."""
+        reason = lost_reason(self._transport, self.connection.state, reason)
         self._detach()
         if not self._closed:
             self._post(event or Disconnected(None, reason))

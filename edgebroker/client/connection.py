@@ -476,11 +476,11 @@ class Connection:
                     if self.state is not CONNECTED and self.state is not CONNECTING:
                         break
             except ProtocolError as exc:
-                data = start_skipping(self, exc)     # (read past, client/oversize.py)
-                if data is not None:
-                    continue
-                protocol_error(self, exc, events)
-                return events
+                if (rest := start_skipping(self, exc)) is None:  # (read past: oversize.py)
+                    protocol_error(self, exc, events, data)
+                    return events
+                data = rest
+                continue
             break
         if (self._queue or self._resend_wait) and self.state is CONNECTED:
             self._pump()

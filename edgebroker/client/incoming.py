@@ -209,13 +209,26 @@ def on_disconnect(conn, p: P.Disconnect, events: list) -> None:
     events.append(Disconnected(code, f"{reason}: {text}" if text else reason))
 
 
-def protocol_error(conn, exc: ProtocolError, events: list) -> None:
-    """The server broke the protocol (``exc``): the connection ends (5.0: DISCONNECT with the
-    reason code) and the caller closes the transport."""
+def protocol_error(conn, exc: ProtocolError, events: list, data=b"") -> None:
+    """The server broke the protocol (``exc``, in the bytes ``data``): the connection ends
+    (5.0: DISCONNECT with the reason code) and the caller closes the transport. Before the
+    CONNACK, an answer in HTTP is said to be one (a WebSocket port: its first byte, ``H``,
+    reads as a PUBACK with bad flags), and nothing is sent to it."""
     reason = exc.reason
+    http = http_answer(data) if conn.state is CONNECTING else None
     conn._lose()
-    conn._out = [encode_disconnect5(reason)] if conn._v5 else []
-    events.append(Disconnected(reason, f"the server broke the protocol: {exc}"))
+    conn._out = [encode_disconnect5(reason)] if conn._v5 and not http else []
+    events.append(Disconnected(reason, http or f"the server broke the protocol: {exc}"))
+
+
+def http_answer(data) -> str | None:
+    """The words for the server's first bytes ``data`` when they begin as an HTTP answer
+    does (``HTTP/``, or as much of it as came), else None."""
+    head = bytes(data[:5])
+    if not head or not b"HTTP/".startswith(head):
+        return None
+    line = bytes(data[:60]).split(b"\r\n", 1)[0].decode("ascii", "replace")
+    return f"the server answered with HTTP, not MQTT ({line!r}): a WebSocket port? use ws://"
 
 
 def on_skipped(conn, p, events: list) -> None:

@@ -43,6 +43,7 @@ from edgebroker.client.loop_commands import LoopCommands
 from edgebroker.client.loop_dial import DIAL, LoopDialing, why
 from edgebroker.client.loop_run import LoopRun
 from edgebroker.client.statefile import read_state
+from edgebroker.client.transport import lost_reason
 
 log = logging.getLogger("edgebroker.client")
 
@@ -441,10 +442,11 @@ class EventLoop(LoopCommands, LoopDialing, LoopRun):
     def _lost(self, reason: str) -> None:
         conn = self.conn
         was = conn.state
+        transport = self._transport
         conn.connection_lost()
         self._drop_transport()
         if was == "connecting":
-            self._events.append(ConnectFailed(None, reason))
+            self._events.append(ConnectFailed(None, lost_reason(transport, was, reason)))
         elif was == "connected":
             self._events.append(Disconnected(None, reason))
         if conn.state == "disconnected":

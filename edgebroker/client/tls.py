@@ -178,13 +178,14 @@ def tls_handshake(sock, host: str, port: int, context=None, server_name: str | N
     except TimeoutError:              # thrown in by the driver
         sock.close()
         raise TLSError(f"{where}: no answer in time") from None
-    except ssl.SSLError as exc:
-        sock.close()
-        raise TLSError(f"{where}: {_why(exc)}") from None
     except OSError as exc:
         sock.close()
+        if isinstance(exc, ssl.SSLError) and not isinstance(
+                exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+            raise TLSError(f"{where}: {_why(exc)}") from None
+        # closed (or reset) at our ClientHello: what a plain MQTT port does
         raise TLSError(f"{where}: the server closed the connection "
-                       f"({exc.strerror or exc}); is it a TLS port?") from None
+                       f"({exc.strerror or exc}); is it a TLS port? (mqtt:// ?)") from None
     except BaseException:
         sock.close()
         raise

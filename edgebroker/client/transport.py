@@ -47,6 +47,17 @@ class TCPTransport:
         return f"TCPTransport({self.peer})"
 
 
+def lost_reason(transport, state: str, reason: str) -> str:
+    """``reason`` for a link lost in the connection's ``state``: before the CONNACK
+    ("connecting") with a hint when ``transport`` is plain TCP: a server that speaks TLS on
+    the port closes (or resets) it at our CONNECT, which it reads as a TLS record, and sends
+    nothing back."""
+    if (state != "connecting" or type(transport) is not TCPTransport
+            or transport.sock.family == socket.AF_UNIX):
+        return reason
+    return f"{reason} (before the CONNACK: a TLS port? use mqtts://)"
+
+
 def connect_socket(host: str, port: int, timeout: float,
                    unix_path: str | None = None) -> tuple[socket.socket, str]:
     """A stream socket connected to ``host``:``port`` (or ``unix_path``) within ``timeout``

@@ -175,6 +175,22 @@ def test_tls_port_with_cafile_and_the_wrong_ca(csrv, pki, uid):
     assert eb("pub", *args, "--insecure").returncode == 0
 
 
+def test_the_wrong_port_for_the_scheme_is_named(csrv, pki, uid):
+    """MQTT to a WebSocket port (the server answers HTTP), MQTT to a TLS port (it resets the
+    link at our CONNECT), TLS to an MQTT port (it closes at our ClientHello): each one line
+    saying which, exit 1 (docs/client-cli.md, "Exit codes and messages")."""
+    args = ["-h", "127.0.0.1", "-t", f"{uid}/t", "-m", "x"]
+    for listener, extra, line in [
+            (WS, [], "Error: the server answered with HTTP, not MQTT ('HTTP/1.1 400 Bad "
+                     "Request'): a WebSocket port? use ws://"),
+            (TLS, [], "(before the CONNACK: a TLS port? use mqtts://)"),
+            (TCP, ["--cafile", str(pki.ca.cert)], "is it a TLS port? (mqtt:// ?)")]:
+        r = eb("pub", *args, "-p", str(port(csrv, listener)), *extra)
+        lines = r.stderr.decode().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert lines[0].startswith("Error: ") and lines[0].endswith(line), r.stderr
+
+
 def test_an_encrypted_client_key_is_refused_without_asking(pki, tmp_path):
     """--key of a key with a pass phrase: OpenSSL asked on the terminal; now one line, exit 1,
     before connecting (port 1: nothing listens)."""

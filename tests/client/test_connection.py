@@ -142,6 +142,27 @@ def test_packets_out_of_state_are_protocol_errors():
     assert c.data_to_send() == b""       # 3.1.1 has no DISCONNECT from the client for it
 
 
+@pytest.mark.parametrize("protocol", [4, 5])
+@pytest.mark.parametrize("split", [False, True])
+def test_an_http_answer_before_the_connack_is_named(protocol, split):
+    """A WebSocket port answers an MQTT CONNECT with HTTP 400: its first byte, H (0x48), reads
+    as a PUBACK with bad flags. Before the CONNACK it is said to be HTTP, with the status
+    line when it came, whole or as its first byte alone; nothing is sent to it."""
+    answer = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+    c = Connection("c", protocol)
+    c.connect(0.0)
+    c.data_to_send()
+    events = c.receive_data(answer[:1] if split else answer, 1.0)
+    assert [type(e) for e in events] == [Disconnected] and c.state == "disconnected"
+    line = "'H'" if split else "'HTTP/1.1 400 Bad Request'"
+    assert events[0].reason == (f"the server answered with HTTP, not MQTT ({line}): "
+                                f"a WebSocket port? use ws://")
+    assert c.data_to_send() == b""
+    c = connected(protocol)             # once connected, an H is a PUBACK that broke the rules
+    events = c.receive_data(answer, 1.0)
+    assert events[0].reason.startswith("the server broke the protocol: PUBACK with")
+
+
 # -- publishing -------------------------------------------------------------------------------
 
 def test_qos0_bytes_and_acked_once_handed_out():

@@ -346,6 +346,25 @@ def test_the_asyncio_client_reads_a_close_behind_a_publish_as_the_links_end():
     assert [e.code for e in server.received if isinstance(e, CloseConnection)] == [1000]
 
 
+@pytest.mark.parametrize("listener, reason", [
+    (WS, "the server answered with HTTP, not MQTT ('HTTP/1.1 400 Bad Request'): a WebSocket "
+         "port? use ws://"),
+    (TLS, "(before the CONNACK: a TLS port? use mqtts://)")], ids=["ws", "tls"])
+def test_the_asyncio_client_names_a_port_of_another_scheme(tsrv, listener, reason):
+    """mqtt:// to a WebSocket or TLS listener: ConnectError says which (the same Connection
+    and hint as the event loop's, tests/client/test_cli_pubsub.py)."""
+    from edgebroker.client.aio import AsyncClient, ConnectError
+
+    async def main():
+        c = AsyncClient(f"mqtt://127.0.0.1:{port(tsrv, listener)}", "scheme", reconnect="never")
+        with pytest.raises(ConnectError) as err:
+            await c.connect()
+        await c.close()
+        return str(err.value)
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)).endswith(reason)
+
+
 # -- the synchronous event loop's dial (Dialer.steps in its selector) -----------------------
 
 def test_the_event_loop_dials_tls_and_websocket_in_its_selector(tsrv, pki, uid):
