@@ -75,8 +75,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="TLS without checking the server's certificate and name")
     p.add_argument("--will-topic")
-    p.add_argument("--will-payload", default="")
-    p.add_argument("--will-qos", type=int, default=0, choices=(0, 1, 2))
+    p.add_argument("--will-payload")
+    p.add_argument("--will-qos", type=int, choices=(0, 1, 2))
     p.add_argument("--will-retain", action="store_true")
     p.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
                    help="seconds to connect (default 10)")
@@ -84,7 +84,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def check_options(args, tool: str) -> None:
     """Exit(2), a usage error, for an option value no connection could use: a -L URL that does
-    not parse, a port or keepalive out of range, a --will-topic that is not a topic name."""
+    not parse, a port or keepalive out of range, a --will-topic that is not a topic name, the
+    will's payload, QoS or retain without its topic (no will would be set)."""
     from edgebroker.errors import ProtocolError
     from edgebroker.mqtt.topics import validate_topic_name
     if args.url:
@@ -99,6 +100,13 @@ def check_options(args, tool: str) -> None:
             validate_topic_name(args.will_topic)
         except ProtocolError as exc:
             raise Exit(2, f"edgebroker {tool}: --will-topic: {exc}") from None
+    else:
+        given = [what for what, value in (("payload", args.will_payload), ("QoS", args.will_qos),
+                                          ("retain", args.will_retain or None))
+                 if value is not None]
+        if given:       # mosquitto_pub's words
+            raise Exit(2, f"edgebroker {tool}: will {' and '.join(given)} given, but no will "
+                          f"topic given (--will-topic)")
 
 
 def _parse_url(args, tool: str):
@@ -145,8 +153,8 @@ def make_client(args, tool: str, auto_ack: bool = True):
         client_id = f"edgebroker_{tool}_{os.getpid()}" if protocol == 3 else ""
     will = None
     if args.will_topic:
-        will = P.Will(args.will_topic, os.fsencode(args.will_payload), args.will_qos,
-                      args.will_retain)
+        will = P.Will(args.will_topic, os.fsencode(args.will_payload or ""),
+                      args.will_qos or 0, args.will_retain)
     from edgebroker.client.tls import TLSError
     try:
         dialer = Dialer(address, timeout=args.timeout, cafile=args.cafile, certfile=args.cert,

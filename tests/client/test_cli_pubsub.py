@@ -121,6 +121,10 @@ def test_refusals_exit_with_the_connack_code(csrv, uid):
      "pub: --will-topic: topic name 'a/#' contains a wildcard character [MQTT-4.7.1-1]"),
     ("sub", ["-t", "t", "--will-topic", "a/+/b"], "sub: --will-topic: topic name 'a/+/b' "
                                                   "contains a wildcard character"),
+    ("pub", ["-t", "t", "--will-payload", "p"],
+     "pub: will payload given, but no will topic given (--will-topic)"),
+    ("sub", ["-t", "t", "--will-qos", "0", "--will-retain"],
+     "sub: will QoS and retain given, but no will topic given (--will-topic)"),
     ("sub", ["-t", "t", "-T", "a/#/b"],
      "sub: -T: topic filter 'a/#/b': '#' must be the whole last level [MQTT-4.7.1-2]"),
     ("sub", ["-t", "t", "-T", "a/b+"], "sub: -T: topic filter 'a/b+': '+' must fill a whole"),
