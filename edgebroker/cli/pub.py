@@ -52,16 +52,22 @@ def add_parser(commands) -> None:
     p.set_defaults(run=lambda args: run_command(publish, args))
 
 
-def _messages(args):
-    """The payloads to send: read now (a file that cannot be read fails before connecting),
-    except ``-l``'s lines, read as they come."""
+def _messages(args, topic: str):
+    """The payloads to send: read now (a file that cannot be read, or larger than MQTT's
+    largest message, fails before connecting and before it is read), except ``-l``'s lines,
+    read as they come."""
     if args.stdin_line:
         return _stdin_lines()
     if args.message is not None:
         payload = os.fsencode(args.message)     # the bytes as given (as mosquitto_pub)
     elif args.file:
+        from edgebroker.client.requests import largest_payload
         try:
             with open(args.file, "rb") as fh:
+                size, most = os.fstat(fh.fileno()).st_size, largest_payload(topic, args.qos)
+                if size > most:
+                    raise Exit(1, f"Error: {args.file}: {size:,} bytes, over MQTT's largest "
+                                  f"message: {most:,} bytes with this topic")
                 payload = fh.read()
         except OSError as exc:
             raise Exit(1, f"Error: cannot read {args.file}: {exc.strerror}") from None
@@ -126,7 +132,7 @@ def publish(args) -> int:
     topic = args.topic or url_topic(args, "pub")
     if not topic:
         raise Exit(2, "edgebroker pub: a topic is needed (-t, or the path of -L)")
-    messages = _messages(args)
+    messages = _messages(args, topic)
     session = Session(args, "pub")
     loop = session.loop
     loop.end_when_idle = True       # poll() says None once every message is answered

@@ -104,9 +104,26 @@ def make_publish(topic: str, payload=b"", qos: int = 0, retain: bool = False,
         _topics_ok.add(topic)
     if qos not in (0, 1, 2):
         raise ClientError(f"QoS must be 0, 1 or 2, not {qos!r}")
+    if len(payload) > _PAYLOAD_CHECKED and len(payload) > largest_payload(topic, qos):
+        raise ClientError(f"publish to {topic!r}: {len(payload):,} bytes of payload, over "
+                          f"MQTT's largest message: {largest_payload(topic, qos):,} bytes "
+                          f"with this topic")
     if properties is not None:
         _check_properties(properties, PUBLISH, f"publish to {topic!r}")
     return Request(PUBLISH, token, topic, payload, qos, retain, properties)
+
+
+# Payloads up to this size fit in any PUBLISH (a topic of at most 65,535 bytes, a packet id,
+# properties); only a larger one is measured against largest_payload.
+_PAYLOAD_CHECKED = P.MAX_REMAINING_LENGTH - (1 << 20)
+
+
+def largest_payload(topic: str, qos: int) -> int:
+    """The most payload bytes a PUBLISH to ``topic`` can carry: MQTT's largest remaining length
+    (268,435,455 bytes: 256 MiB) less the topic and packet id (5.0's properties take at least
+    one byte more, which the connection finds when it makes the packet)."""
+    return (P.MAX_REMAINING_LENGTH - 2 - len(topic.encode("utf-8", "surrogatepass"))
+            - (2 if qos else 0))
 
 
 def _check_properties(props, kind: str, what: str) -> None:

@@ -195,6 +195,20 @@ def test_the_wrong_port_for_the_scheme_is_named(csrv, pki, uid):
         assert lines[0].startswith("Error: ") and lines[0].endswith(line), r.stderr
 
 
+def test_pub_f_of_a_file_over_mqtts_largest_message_is_refused_unread(tmp_path):
+    """A file larger than any PUBLISH can carry (256 MiB less the topic): one line, exit 1,
+    before it is read (a sparse file: reading it would take 270 MB) and before connecting
+    (port 1: nothing listens)."""
+    big = tmp_path / "big"
+    with open(big, "wb") as fh:
+        fh.truncate(270_000_000)
+    r = eb("pub", "-h", "127.0.0.1", "-p", "1", "-t", "big", "-q", "1", "-f", str(big),
+           timeout=15)
+    assert (r.returncode, r.stdout) == (1, b"")
+    assert r.stderr.decode() == (f"Error: {big}: 270,000,000 bytes, over MQTT's largest "
+                                 f"message: 268,435,448 bytes with this topic\n")
+
+
 def test_an_encrypted_client_key_is_refused_without_asking(pki, tmp_path):
     """--key of a key with a pass phrase: OpenSSL asked on the terminal; now one line, exit 1,
     before connecting (port 1: nothing listens)."""

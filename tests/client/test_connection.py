@@ -277,6 +277,25 @@ def test_bad_requests_name_what_is_wrong():
         Connection("c", 4, max_queued=0)       # would refuse every request (QueueFull)
 
 
+def test_a_payload_over_mqtts_largest_packet_is_a_bad_request():
+    """MQTT's remaining length is at most 268,435,455 bytes (256 MiB): a payload that cannot
+    fit with its topic and packet id raises ClientError when the request is made (not a
+    refusal logged when the connection fails to make its packet); one that just fits is a
+    request (3.1.1: nothing more to add to it)."""
+    c = connected()
+    most = 268_435_455 - 2 - len("t") - 2
+    big = bytes(most + 3)             # over QoS 1's room by 3 bytes, QoS 0's by 1
+    with pytest.raises(ClientError, match=r"publish to 't': 268,435,453 bytes of payload, "
+                                          r"over MQTT's largest message: 268,435,450 bytes"):
+        c.publish("t", big, qos=1)
+    with pytest.raises(ClientError, match="268,435,452 bytes with this topic"):
+        c.publish("t", memoryview(big), qos=0)
+    assert c.queued == c.inflight == 0
+    del big
+    req = c.publish("t", bytes(most), qos=1)
+    assert (req.packet_id, len(req.payload)) == (1, most)
+
+
 def test_server_limits_refuse_before_sending_5():
     c = connected(5, m5.connack5(props={m5.MAXIMUM_QOS: 1, m5.RETAIN_AVAILABLE: 0,
                                         m5.MAXIMUM_PACKET_SIZE: 64}))
