@@ -40,8 +40,8 @@ reads its messages still grows it by what it gets back, as it must (MQTT cannot 
 an acknowledgement behind a message, and a QoS 1/2 message read is acknowledged).
 
 Reconnection (``reconnect``): ``"never"``, ``"after_first_success"`` (the default) or
-``"always"`` (also while the first connection fails), with full-jitter back-off from
-``backoff[0]`` doubling up to ``backoff[1]`` seconds: client/backoff.py's, as the sync loop's.
+``"always"`` (also while the first connection fails), with full-jitter back-off from ``backoff[0]``
+(0.5 s) doubling up to ``backoff[1]`` (30 s): client/backoff.py's, as the synchronous loop's.
 In-flight and queued requests carry over: their futures complete on a later connection. When
 the client gives up, or on ``close()``, the futures still open fail with ``ClientClosed``,
 as does a ``connect()`` still waiting for its first connection.
@@ -76,7 +76,7 @@ class AsyncClient(AsyncDialing):
     """One MQTT client on an asyncio loop (module docstring)."""
 
     def __init__(self, address, client_id: str = "", *, timeout: float = 10.0,
-                 reconnect: str = B.AFTER_FIRST_SUCCESS, backoff: tuple = (0.1, 30.0),
+                 reconnect: str = B.AFTER_FIRST_SUCCESS, backoff: tuple = (0.5, 30.0),
                  max_messages: int = 1000, max_message_bytes: int = 16 << 20,
                  tls: dict | None = None, **connection):
         """``address``: a URL (client/address.py), an ``Address``, or a callable making a

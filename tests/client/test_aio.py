@@ -158,6 +158,19 @@ def test_no_server_and_policy_never_fails_at_once(uid):
     run(main())
 
 
+def test_the_default_back_off_is_the_event_loops():
+    """docs/client.md, "Reconnection": attempts wait up to 0.5 s doubling to 30 s, and the
+    asyncio client does the same (its default was 0.1 s)."""
+    from edgebroker.client.loop import EventLoop
+    lp = EventLoop("127.0.0.1", 1, client_id="backoff")
+    try:
+        assert (lp.backoff.base, lp.backoff.cap) == (0.5, 30.0)
+    finally:
+        lp.close()
+    c = AsyncClient("mqtt://127.0.0.1:1", "backoff")
+    assert (c.backoff.base, c.backoff.cap) == (0.5, 30.0)
+
+
 def test_broker_restart_loses_no_qos1_message(broker, uid):
     """Publishing goes on while the broker stops and starts again on the same port: every
     QoS 1 publish is answered, and the subscriber (persistent session) gets them all."""
