@@ -204,9 +204,6 @@ class StopAfterStart:
 
 def run(args) -> int:
     signal.signal(signal.SIGHUP, ReloadAfterStart())
-    stop = StopAfterStart()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     config = load(args)
     logs.install(config.log_level)
     where = args.config
@@ -222,4 +219,9 @@ def run(args) -> int:
     # Imported after the configuration is read: the TOML parser's memory, freed again
     # (config._read_toml), is then not interleaved with the broker's modules.
     from edgebroker.server.app import App
+    # Installed once the configuration is read: a read from a pipe (-c /dev/stdin, a FIFO)
+    # that waits for its writer is then still ended by a stop signal.
+    stop = StopAfterStart()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     return App(config, reload_config=lambda: load_again(args), bridge_tls=bridge_tls).start()

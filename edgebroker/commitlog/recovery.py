@@ -404,8 +404,7 @@ def save_rebuilt_index(self, seg: Segment, reason: str | None) -> None:
     try:
         seg.write_index_file(seg.index, seg.count, self._dir_fd)
     except OSError as exc:
-        # A full disk (a start on one, say): the entries stay in memory, which is all readers
-        # and the writer need; the file is written again by the next start that has room.
+        # A full disk: the entries stay in memory; the next start that has room writes it.
         log.warning("%s: cannot save the index (%s); its %d entries are kept in memory",
                     seg.index_path, exc.strerror or exc, seg.count)
         return
@@ -415,8 +414,8 @@ def save_rebuilt_index(self, seg: Segment, reason: str | None) -> None:
 
 def start_appending(self) -> None:
     """Make the last segment the one appended to, and make what recovery kept durable. A last
-    segment of an older format version with records in it stays as it is (sealed): the
-    records from now on go to a new segment of the current version."""
+    segment of an older format version with records in it, or one the next offset is past (an
+    uploaded mark past the end), stays as it is (sealed): new records go to a new segment."""
     if self._segments:
         tail = self._segments[-1]
         for seg in self._segments:
@@ -426,10 +425,11 @@ def start_appending(self) -> None:
                 except OSError as exc:
                     raise LogWriteError.from_os("cannot fsync", seg.path, exc) from None
         os.fsync(self._dir_fd)
-        if tail.version != FORMAT_VERSION and tail.count:
-            log.info("commit log %s: %s is format version %d (an older edgebroker's): kept as "
-                     "it is; new records start a version %d segment", self.directory,
-                     tail.path, tail.version, FORMAT_VERSION)
+        if self._next > tail.next_offset or tail.version != FORMAT_VERSION and tail.count:
+            if self._next == tail.next_offset:
+                log.info("commit log %s: %s is format version %d (an older edgebroker's): kept "
+                         "as it is; new records start a version %d segment", self.directory,
+                         tail.path, tail.version, FORMAT_VERSION)
             tail.sealed = True
             self._tail = self._new_segment(self._next)
             self._set_recovery_point(self._tail.base_offset)

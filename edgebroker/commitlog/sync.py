@@ -168,21 +168,33 @@ def close_quietly(*fds: int) -> None:
 def check_offset_files(self, end: int) -> int:
     """At open, the log's records end at ``end``: a recovery point or uploaded mark past it
     (records durable once, and gone since: the last segment truncated or deleted after the
-    stop; or a wrong number in the file) is logged, naming the file and the records, and
-    lowered to ``end``. -> the offset new records take from: ``end``; with no segment left
-    at all (the log emptied by hand), the higher of the two files' offsets."""
+    stop; or a wrong number in the file) is logged, naming the file, its value and the end.
+    The recovery point is lowered to ``end`` (it only claims durability). The uploaded mark is
+    kept: its offsets are in the sink, and a new record under it would be uploaded again
+    under the name of a batch already there (docs/upload-format.md, "Object name"), so
+    offsets ``end`` to the mark - 1 become a hole (sessions count it as log_gap).
+    -> the offset new records take from; with no segment left at all (the log emptied by
+    hand), the higher of ``end`` and the two files' offsets."""
     if not self._segments:
         return max(end, self._recovery_point, self._uploaded)
-    for name, attr in ((RECOVERY_POINT_FILE, "_recovery_point"), ("uploaded", "_uploaded")):
-        value = getattr(self, attr)
-        if value > end:
-            log.warning("%s: %d is past the end of the commit log (offset %d, in %s): records %d "
-                        "to %d were fsynced once and are gone (the last segment truncated or "
-                        "deleted since?), or the file is wrong; using %d", os.path.join(
-                            self.directory, name), value, end, self._segments[-1].path, end,
-                        value - 1, end)
-            setattr(self, attr, end)
-    return end
+    where = f"offset {end}, in {self._segments[-1].path}"
+    if self._recovery_point > end:
+        log.warning("%s: %d is past the end of the commit log (%s): records %d to %d were "
+                    "fsynced once and are gone (the last segment truncated or deleted since?), "
+                    "or the file is wrong; using %d", os.path.join(
+                        self.directory, RECOVERY_POINT_FILE), self._recovery_point, where, end,
+                    self._recovery_point - 1, end)
+        self._recovery_point = end
+    nxt = max(end, self._uploaded)
+    if nxt > end:
+        log.warning("%s: %d is past the end of the commit log (%s): records %d to %d were "
+                    "uploaded and are gone (the last segment truncated or deleted since?), or "
+                    "the file is wrong; new records take offsets from %d, not again those "
+                    "uploaded (readers pass over %d to %d, sessions count them as log_gap)",
+                    os.path.join(self.directory, "uploaded"), nxt, where, end, nxt - 1, nxt,
+                    end, nxt - 1)
+        self._holes.append((end, nxt))
+    return nxt
 
 
 def set_recovery_point(self, offset: int) -> None:
