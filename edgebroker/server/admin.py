@@ -58,7 +58,14 @@ COMMANDS = {
 
 
 def socket_path(state_dir: str) -> str:
-    return os.path.join(state_dir, SOCKET_NAME)
+    """``<state_dir>/admin.sock``; relative to the working directory when the absolute path is
+    over MAX_PATH and that one is not (the broker and the CLI both bind or connect so)."""
+    path = os.path.join(state_dir, SOCKET_NAME)
+    if len(os.fsencode(path)) > MAX_PATH:
+        relative = os.path.relpath(path)
+        if len(os.fsencode(relative)) <= MAX_PATH:
+            return relative
+    return path
 
 
 class AdminServer:

@@ -103,3 +103,26 @@ def test_a_relative_data_dir_is_shown_absolute(tmp_path):
         proc.wait(10)
     assert line and line.endswith(f" state directory {tmp_path / 'etc' / 'state'}; "
                                   f"configuration c.toml"), lines.text()
+
+
+def test_a_relative_data_dir_in_a_deep_working_directory_keeps_its_admin_socket(tmp_path):
+    """The absolute path of ``<data_dir>/admin.sock`` may be past a Unix socket's 107 bytes
+    where the relative one is not: the broker binds, and `inspect` connects, by the relative
+    path (made absolute, the socket was disabled)."""
+    deep = tmp_path.joinpath(*["d" * 20] * 6)
+    deep.mkdir(parents=True)
+    assert len(str(deep / "st" / "admin.sock")) > 107
+    (deep / "c.toml").write_text('data_dir = "st"\n[[listener]]\nhost = "127.0.0.1"\nport = 0\n')
+    proc = subprocess.Popen([*broker_command(), "serve", "-c", "c.toml"], cwd=deep,
+                            env=environment(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = LineCollector(proc.stderr)
+        assert lines.wait(" ready", 20), lines.text()
+        assert "admin socket disabled" not in lines.text()
+        assert lines.wait("admin socket st/admin.sock", 1), lines.text()
+        r = run(deep, "inspect", "stats", "-c", "c.toml", "--format", "json")
+        assert r.returncode == 0 and json.loads(r.stdout)["clients_connected"] == 0, r.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
