@@ -137,10 +137,11 @@ def certificate_date_warnings(listeners, now: float | None = None) -> list[str]:
             continue
         load_ssl()
         try:    # (CPython's decoder of a PEM file's first certificate, used by its tests)
+            config_file_mode(lc.certfile, "certfile")   # (a FIFO would block the open)
             cert = ssl._ssl._test_decode_cert(lc.certfile)
             not_before = ssl.cert_time_to_seconds(cert["notBefore"])
             not_after = ssl.cert_time_to_seconds(cert["notAfter"])
-        except (AttributeError, KeyError, OSError, ValueError):
+        except (AttributeError, KeyError, OSError, ValueError, ConfigError):
             continue    # what make_context refuses, it names
         if now > not_after:
             warnings.append(f"listener[{i}].certfile: {lc.certfile}: the certificate expired "
