@@ -45,6 +45,7 @@ import os
 import stat
 
 from edgebroker.errors import ConfigError, ProtocolError
+from edgebroker.files import owner_problem
 from edgebroker.mqtt.topics import validate_topic_filter
 
 READ = 1
@@ -149,7 +150,8 @@ class Acl:
     @classmethod
     def load(cls, path: str, key: str = "acl_file") -> "Acl":
         try:
-            mode = os.stat(path).st_mode
+            st = os.stat(path)
+            mode = st.st_mode
             if not stat.S_ISREG(mode):
                 # (a FIFO would block the thread reading it, /dev/zero fill its memory)
                 raise ConfigError(f"{key}: {path}: not a regular file")
@@ -164,6 +166,9 @@ class Acl:
         if mode & 0o022:
             raise ConfigError(f"{key}: {path}: permissions {stat.filemode(mode)} let other users "
                               f"change it; run: chmod go-w {path}")
+        owner = owner_problem(path, st.st_uid)
+        if owner:
+            raise ConfigError(f"{key}: {path}: {owner}")
         try:
             return cls.parse(text, path)
         except ValueError as exc:
