@@ -1,13 +1,11 @@
 """Typed, validated configuration: the one place that knows every setting.
 
-The file format is TOML. Every key has a type, a default and a check; an
-unknown key, a wrong type or a bad value raises ``ConfigError`` naming the
-key (``limits.max_inflight_messages``) and the problem, every problem of the
-file at once (an unknown key with the likely one it meant). Names follow
-Mosquitto's where Mosquitto has the setting. docs/config.md lists them all. A
-``[limits]`` section is edgebroker.limits_config's, a ``[[listener]]`` table
-listener_config's, ``[upload]`` upload_config's, a
-``[[bridge]]`` table bridge_config's.
+The file format is TOML. Every key has a type, a default and a check; an unknown key, a wrong
+type or a bad value raises ``ConfigError`` naming the key (``limits.max_inflight_messages``)
+and the problem, every problem of the file at once (an unknown key with the likely one it
+meant). Names follow Mosquitto's where Mosquitto has the setting. docs/config.md lists them
+all. A ``[limits]`` section is edgebroker.limits_config's, a ``[[listener]]`` table
+listener_config's, ``[upload]`` upload_config's, a ``[[bridge]]`` table bridge_config's.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from edgebroker.config_fields import (
     setting,
 )
 from edgebroker.errors import ConfigError
-from edgebroker.files import NotRegularFile, open_regular
+from edgebroker.files import NotRegularFile, open_regular, owner_problem
 from edgebroker.limits_config import Limits
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
     ADMIN_SOCKET, ListenerConfig, address_problems, listener_problems, parse_address,
@@ -406,25 +404,31 @@ def load(path: str | None) -> Config:
 
 
 def exposed_secrets(config: Config) -> str | None:
-    """A warning when the configuration file holds a secret (a bridge's password, the
-    uploader's secret key or session token) and users other than its owner and group may read
-    it; None else. The packages install the file 0644, with no secret in it."""
+    """One line on the configuration file's permissions, or None: users other than root and
+    the broker's can change it (and with it who may connect), or it holds a secret (a bridge's
+    password, the uploader's secret key or session token) other users may read. The file is
+    still used; the packages install it root's, 0644, with no secret in it."""
+    try:
+        st = os.stat(config.source) if config.source else None
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return None
+    mode, where = stat.filemode(st.st_mode), config.source
+    warnings = [f"{where}: other users can change it (permissions {mode}): run chmod go-w "
+                f"{where}"] if st.st_mode & 0o022 else []
+    owner = owner_problem(where, st.st_uid)
+    warnings += [f"{where}: {owner}"] if owner else []
     keys = [f"bridge[{i}].password" for i, b in enumerate(config.bridge) if b.password]
     keys += [f"upload.{key}" for key in ("secret_access_key", "session_token")
              if getattr(config.upload, key)]
-    if not keys or not config.source:
-        return None
-    try:
-        mode = os.stat(config.source).st_mode
-    except OSError:
-        return None
-    if not stat.S_ISREG(mode) or not mode & 0o004:
-        return None
-    uploader = any(key.startswith("upload.") for key in keys)   # (a bridge's cannot be)
-    return (f"{config.source}: other users can read it (permissions {stat.filemode(mode)}) and "
-            f"it holds {', '.join(keys)}: run chmod o-r {config.source} (the broker's user "
-            f"must still read it)"
+    if keys and st.st_mode & 0o004:
+        uploader = any(key.startswith("upload.") for key in keys)   # (a bridge's cannot be)
+        warnings.append(
+            f"{where}: other users can read it (permissions {mode}) and it holds "
+            f"{', '.join(keys)}: run chmod o-r {where} (the broker's user must still read it)"
             + (", or give the uploader's keys through the environment" if uploader else ""))
+    return "; ".join(warnings) or None
 
 
 def _read_toml(path: str) -> dict:

@@ -87,15 +87,53 @@ def config_file_mode(path: str, key: str) -> int:
     """The mode of ``path``, the file of setting ``key``, which must be a regular file (a
     FIFO would block the thread that opens it, a device could be endless): ConfigError naming
     ``key`` and ``path`` otherwise."""
+    return config_file_stat(path, key).st_mode
+
+
+def config_file_stat(path: str, key: str) -> os.stat_result:
+    """``config_file_mode``'s check, giving the whole stat result (its owner too)."""
     try:
-        mode = os.stat(path).st_mode
+        st = os.stat(path)
     except FileNotFoundError:
         raise ConfigError(f"{key}: {path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{key}: {path}: cannot read: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{key}: {path}: not a regular file")
-    return mode
+    return st
+
+
+SERVICE_USER = "edgebroker"   # the systemd unit's User= (docs/deploy.md, "Passwords")
+
+
+def owner_problem(path: str, uid: int) -> str | None:
+    """None when ``path``'s owner ``uid`` is root, the broker's (effective) user or the
+    service's system user (``SERVICE_USER``: root's `config check` of the unit's files); else
+    what is wrong with it: its owner can change the file (or its permissions) at any time,
+    whatever they say now."""
+    import pwd
+    me = os.geteuid()
+    if uid in (0, me):
+        return None
+    try:
+        if pwd.getpwnam(SERVICE_USER).pw_uid == uid:
+            return None
+    except KeyError:
+        pass
+    return (f"owned by {_user_name(uid)}, who can change it whatever its permissions (only "
+            f"root or the broker's user {_user_name(me)} may own it); "
+            f"run: chown {_user_name(me, bare=True)} {path}")
+
+
+def _user_name(uid: int, bare: bool = False) -> str:
+    """``name (uid N)``, or the name alone (``bare``); the number alone for a uid without a
+    name (a dynamic user's, another user namespace's)."""
+    import pwd
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid) if bare else f"uid {uid}"
+    return name if bare else f"{name} (uid {uid})"
 
 
 def read_small_file(path: str) -> bytes:

@@ -45,6 +45,7 @@ import os
 import stat
 
 from edgebroker.errors import ConfigError, ProtocolError
+from edgebroker.files import owner_problem
 from edgebroker.mqtt.topics import validate_topic_filter
 
 READ = 1
@@ -133,6 +134,20 @@ def _safe_name(name: str | None) -> str | None:
     return name
 
 
+# A client's own figures go under $SYS/broker/clients/<its id escaped as one level>/: in a
+# topic or filter under it, %c and %u stand for the escaped client id and user name.
+_SYS_CLIENTS = ["$SYS", "broker", "clients"]
+
+
+def _sys_level(name: str | None) -> str | None:
+    """``name`` as a pattern level under $SYS/broker/clients/: escaped as the broker escapes
+    a client id there (core/stats.py sys_topic_level: '%', '/', '+' and '#' percent-encoded,
+    so ids with them fill one level and 'a%2Fb' is not 'a/b'); None as ``_safe_name``."""
+    if not name or name[0] == "$":
+        return None
+    return name.replace("%", "%25").replace("/", "%2F").replace("+", "%2B").replace("#", "%23")
+
+
 class Acl:
     """A compiled ACL file."""
 
@@ -149,7 +164,8 @@ class Acl:
     @classmethod
     def load(cls, path: str, key: str = "acl_file") -> "Acl":
         try:
-            mode = os.stat(path).st_mode
+            st = os.stat(path)
+            mode = st.st_mode
             if not stat.S_ISREG(mode):
                 # (a FIFO would block the thread reading it, /dev/zero fill its memory)
                 raise ConfigError(f"{key}: {path}: not a regular file")
@@ -164,6 +180,9 @@ class Acl:
         if mode & 0o022:
             raise ConfigError(f"{key}: {path}: permissions {stat.filemode(mode)} let other users "
                               f"change it; run: chmod go-w {path}")
+        owner = owner_problem(path, st.st_uid)
+        if owner:
+            raise ConfigError(f"{key}: {path}: {owner}")
         try:
             return cls.parse(text, path)
         except ValueError as exc:
@@ -226,8 +245,10 @@ class Acl:
         tree = self.anonymous if username is None else self.users.get(username)
         bits = _collect(tree, levels, 0, dollar, None, None) if tree is not None else 0
         if self.has_patterns:
-            bits |= _collect(self.patterns, levels, 0, dollar,
-                             _safe_name(client_id), _safe_name(username), True)
+            name = _sys_level if dollar and levels[1:3] == _SYS_CLIENTS[1:] and \
+                levels[0] == "$SYS" else _safe_name
+            bits |= _collect(self.patterns, levels, 0, dollar, name(client_id), name(username),
+                             True)
         return bits
 
     def view(self, client_id: str, username: str | None, listener: str = "") -> "AclView":

@@ -32,7 +32,7 @@ import os
 import stat
 
 from edgebroker.errors import ConfigError
-from edgebroker.files import config_file_mode
+from edgebroker.files import config_file_stat, owner_problem
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # security.scram: imported by a file with SCRAM keys (load)
     from edgebroker.security import scram
@@ -294,13 +294,18 @@ def lines_of(text: str) -> list[str]:
 
 
 def check_permissions(path: str, key: str) -> None:
-    """Refuse a password file others can read or write, or its group can write."""
-    mode = config_file_mode(path, key)
+    """Refuse a password file others can read or write, or its group can write, or owned by
+    a user other than root and the broker's, who could change it."""
+    st = config_file_stat(path, key)
+    mode = st.st_mode
     if mode & 0o027:
         raise ConfigError(
             f"{key}: {path}: permissions {stat.filemode(mode)} let other users "
             f"{'change' if mode & 0o022 else 'read'} it; "
             f"run: chmod 600 {path} (or 640 for a group the broker runs in)")
+    owner = owner_problem(path, st.st_uid)
+    if owner:
+        raise ConfigError(f"{key}: {path}: {owner}")
 
 
 class PasswordFile:
