@@ -25,6 +25,15 @@ def _clean_log(path, n=100):
     return path
 
 
+def _delete_the_last_two(d) -> int:
+    """Delete the log's last two segments and their indexes: the first offset they held."""
+    segs = segment_files(d)
+    for seg in segs[-2:]:
+        seg.unlink()
+        seg.with_suffix(".idx").unlink()
+    return int(segs[-2].name[:20])
+
+
 def _warnings(caplog):
     return [r.getMessage() for r in caplog.records if PAST in r.getMessage()]
 
@@ -49,16 +58,12 @@ def test_last_segment_truncated_after_a_clean_stop_is_named(tmp_path, caplog):
 
 def test_last_two_segments_deleted_after_a_clean_stop_are_named(tmp_path, caplog):
     d = _clean_log(tmp_path / "log")
-    segs = segment_files(d)
-    for seg in segs[-2:]:
-        seg.unlink()
-        seg.with_suffix(".idx").unlink()
-    lost_from = int(segs[-2].name[:20])
+    lost_from = _delete_the_last_two(d)
     with caplog.at_level("WARNING", logger="edgebroker.commitlog"):
         log = open_log(d, segment_bytes=4096)
     try:
         [line] = _warnings(caplog)
-        assert f"records {lost_from} to 99" in line and segs[-3].name in line, line
+        assert f"records {lost_from} to 99" in line and segment_files(d)[-1].name in line, line
     finally:
         log.close()
 
@@ -108,18 +113,14 @@ def test_offsets_below_an_uploaded_mark_past_the_end_are_not_given_again(tmp_pat
     the uploader stops there). The offsets between are a hole, counted as log_gap."""
     d = _clean_log(tmp_path / "log")
     (d / "uploaded").write_text(json.dumps({"uploaded_offset": 100}))
-    segs = segment_files(d)
-    for seg in segs[-2:]:
-        seg.unlink()
-        seg.with_suffix(".idx").unlink()
-    end = int(segs[-2].name[:20])
+    end = _delete_the_last_two(d)
     with caplog.at_level("WARNING", logger="edgebroker.commitlog"):
         log = open_log(d, segment_bytes=4096)
     try:
         rp, up = _warnings(caplog)
         assert str(d / "recovery-point") in rp and f"records {end} to 99" in rp, rp
         assert str(d / "uploaded") in up and ": 100 " in up and f"offset {end}," in up, up
-        assert segs[-3].name in up and "new records take offsets from 100" in up, up
+        assert segment_files(d)[-1].name in up and "new records take offsets from 100" in up, up
         assert log.next_offset == 100 and log.uploaded_offset == 100
         assert log.missing_between(0, 101) == [(end, 100)]
         assert append_n(log, 2) == [100, 101]

@@ -55,17 +55,8 @@ def test_a_segment_missing_from_the_middle_is_reported_and_counted(broker, uid):
     warns with the offsets and the files on either side, `inspect verify` fails, and a session
     reading across the hole counts the records as log_gap with a line naming them. Before,
     all three were silent: the session got 84 of 100 and nothing said so."""
-    b = broker(log={"segment_bytes": 4096})
+    b, n = _stopped_with_a_session_behind(broker, uid)
     data_dir = b.config["data_dir"]
-    sub = b.client(f"{uid}-s", clean=False)
-    sub.subscribe(f"{uid}/t", qos=1)
-    sub.disconnect()
-    pub = b.client(f"{uid}-p")
-    n = 100
-    for i in range(n):
-        pub.publish(f"{uid}/t", b"%04d" % i + b"." * 200, qos=1)
-    pub.disconnect()
-    b.stop()
     segs = sorted(_log_dir(b).glob("*.seg"))
     gone, before, after = segs[3], segs[2], segs[4]
     lo, hi = int(gone.name[:20]), int(after.name[:20])
@@ -94,17 +85,8 @@ def test_a_damaged_record_a_session_reads_past_is_counted_as_its_gap(broker, uid
     scan it; the session catching up passes over it. Before, it got 99 of 100 and nothing
     counted it: now the session counts it as log_gap with a line naming the offset and the
     file, and the log's damaged regions reach stats and $SYS."""
-    b = broker(log={"segment_bytes": 4096})
+    b, n = _stopped_with_a_session_behind(broker, uid)
     data_dir = b.config["data_dir"]
-    sub = b.client(f"{uid}-s", clean=False)
-    sub.subscribe(f"{uid}/t", qos=1)
-    sub.disconnect()
-    pub = b.client(f"{uid}-p")
-    n = 100
-    for i in range(n):
-        pub.publish(f"{uid}/t", b"%04d" % i + b"." * 200, qos=1)
-    pub.disconnect()
-    b.stop()
     needle = b"%04d" % 30 + b"." * 200
     [seg] = [p for p in sorted(_log_dir(b).glob("*.seg")) if needle in p.read_bytes()]
     assert seg != sorted(_log_dir(b).glob("*.seg"))[-1]   # sealed, below the recovery point
@@ -127,3 +109,20 @@ def test_a_damaged_record_a_session_reads_past_is_counted_as_its_gap(broker, uid
         if p.payload == b"1":
             break
     assert p.payload == b"1"
+
+
+def _stopped_with_a_session_behind(broker, uid):
+    """A broker (4 KiB segments, stopped) whose persistent session ``<uid>-s`` is offline
+    behind 100 QoS 1 messages of 204 bytes on ``<uid>/t`` (payload ``%04d`` + dots): the
+    broker and 100."""
+    b = broker(log={"segment_bytes": 4096})
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    pub = b.client(f"{uid}-p")
+    n = 100
+    for i in range(n):
+        pub.publish(f"{uid}/t", b"%04d" % i + b"." * 200, qos=1)
+    pub.disconnect()
+    b.stop()
+    return b, n
