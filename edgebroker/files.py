@@ -121,7 +121,8 @@ def owner_problem(path: str, uid: int) -> str | None:
     except KeyError:
         pass
     return (f"owned by {_user_name(uid)}, who can change it whatever its permissions (only "
-            f"root or the broker's user {_user_name(me)} may own it); "
+            f"root, the broker's user {_user_name(me)} or the {SERVICE_USER} system user may "
+            f"own it); "
             f"run: chown {_user_name(me, bare=True)} {path}")
 
 

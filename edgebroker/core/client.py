@@ -258,8 +258,10 @@ class Client:
 
     def expire(self) -> None:
         broker = self.broker
-        if self.throttled_until:
-            if broker.clock() < self.throttled_until:
+        now = broker.clock()
+        # (throttled before CONNECT: its connect deadline still ends it, below)
+        if self.throttled_until and (self.connected or now < self.connect_deadline):
+            if now < self.throttled_until:
                 self._check_peer()
             else:
                 self._unthrottle()

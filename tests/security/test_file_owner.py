@@ -35,8 +35,9 @@ def _owned_by_nobody(path) -> str:
         who = f"{pwd.getpwuid(NOBODY).pw_name} (uid {NOBODY})"
     except KeyError:
         who = f"uid {NOBODY}"
-    return (f"owned by {who}, who can change it whatever its permissions (only root or the "
-            f"broker's user {_me()} (uid {os.geteuid()}) may own it); run: chown {_me()} {path}")
+    return (f"owned by {who}, who can change it whatever its permissions (only root, the "
+            f"broker's user {_me()} (uid {os.geteuid()}) or the edgebroker system user may own "
+            f"it); run: chown {_me()} {path}")
 
 
 def test_root_and_the_brokers_user_may_own_a_file_others_may_not(monkeypatch):

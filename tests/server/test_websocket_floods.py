@@ -113,3 +113,23 @@ def test_pings_before_connect_are_throttled_and_answered(broker, uid):
     assert line and "(before CONNECT)" in line, line
     assert c.connect(f"{uid}-late").rc == 0
     assert c.ping() == []
+
+
+def test_a_throttle_before_connect_past_the_connect_timeout_ends_at_the_timeout(broker, uid):
+    """Pings before CONNECT throttle the caller for about 10 s (control_rate 0.1/s), past its
+    connect_timeout of 1 s: it is closed as a connect timeout when that comes, and the loop
+    serves others meanwhile (the timer found the caller due again and again in one pass: the
+    broker spun until the throttle ended)."""
+    b = _broker(broker, control_rate=0.1, control_burst=1, connect_timeout=1)
+    c = over_websocket(b.raw(b.listeners[1][1]))
+    ws = c.sock
+    mark = b.mark()
+    ws.send_raw(b"".join(ws.ws.send(Ping(b"%d" % i)) for i in range(2)))
+    assert b.wait_log(lambda ln: LINE in ln and "(before CONNECT)" in ln, timeout=10,
+                      start=mark)
+    probe = b.client(f"{uid}-probe")      # connects while the caller is throttled
+    assert probe.ping() == []
+    line = b.wait_log(lambda ln: "no CONNECT within 1 s" in ln, timeout=5, start=mark)
+    assert line, b.logs[mark:]
+    assert c.expect_closed(timeout=5)
+    assert b.stats()["limit_hits"]["connect_timeout"] == 1
