@@ -204,6 +204,9 @@ class StopAfterStart:
 
 def run(args) -> int:
     signal.signal(signal.SIGHUP, ReloadAfterStart())
+    # Ctrl-C ends the process while the configuration is read, even when started with SIGINT
+    # ignored (a background job of a shell); the broker's own handlers take it from the start.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     config = load(args)
     logs.install(config.log_level)
     where = args.config

@@ -67,6 +67,9 @@ class FakeTransport:
     def resume_reading(self, reason: str) -> None:
         self.paused.discard(reason)
 
+    def peer_end(self) -> int | None:
+        return None     # the peer goes on
+
     def close(self) -> None:
         self.closing = True
 
