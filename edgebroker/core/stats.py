@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from edgebroker import __version__
+from edgebroker.mqtt.topics import sys_topic_level
 
 # The shortest time $SYS/broker/process/cpu is measured over (CPU time counts in 10 ms ticks).
 CPU_SPAN = 0.5
@@ -281,11 +282,3 @@ class SysTopics:
 # The longest $SYS/broker/clients/<id> a client's figures can go under: the longest name after
 # it ("/load/messages/received/persecond") still fits a topic's 65,535 bytes.
 MAX_CLIENT_BASE = 65535 - 64
-
-
-def sys_topic_level(client_id: str) -> str:
-    """A client id as one topic level: '%', '/', '+' and '#' percent-encoded."""
-    if not client_id:
-        return "%00"
-    return (client_id.replace("%", "%25").replace("/", "%2F").replace("+", "%2B")
-            .replace("#", "%23"))

@@ -113,3 +113,11 @@ def parse_shared(topic_filter: str) -> tuple[str, str]:
         raise ProtocolError(f"shared subscription {topic_filter!r}: no topic filter after "
                             f"the ShareName", rule="MQTT-4.8.2-2", reason=TOPIC_FILTER_INVALID)
     return share, inner
+
+
+def sys_topic_level(name: str) -> str:
+    """A client id (or user name) as one topic level, as the per-client $SYS topics write it:
+    '%', '/', '+' and '#' percent-encoded ("%00" for an empty one)."""
+    if not name:
+        return "%00"
+    return name.replace("%", "%25").replace("/", "%2F").replace("+", "%2B").replace("#", "%23")

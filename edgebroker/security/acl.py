@@ -41,12 +41,11 @@ starting with a wildcard does not match a topic starting with ``$``.
 
 from __future__ import annotations
 
-import os
 import stat
 
 from edgebroker.errors import ConfigError, ProtocolError
-from edgebroker.files import owner_problem
-from edgebroker.mqtt.topics import validate_topic_filter
+from edgebroker.files import config_file_stat, owner_problem
+from edgebroker.mqtt.topics import sys_topic_level, validate_topic_filter
 
 READ = 1
 WRITE = 2
@@ -140,12 +139,12 @@ _SYS_CLIENTS = ["$SYS", "broker", "clients"]
 
 
 def _sys_level(name: str | None) -> str | None:
-    """``name`` as a pattern level under $SYS/broker/clients/: escaped as the broker escapes
-    a client id there (core/stats.py sys_topic_level: '%', '/', '+' and '#' percent-encoded,
-    so ids with them fill one level and 'a%2Fb' is not 'a/b'); None as ``_safe_name``."""
+    """``name`` as a pattern level under $SYS/broker/clients/: escaped as the broker writes a
+    client id there (``sys_topic_level``: ids with '/', '+' or '#' fill one level, and
+    'a%2Fb' is not 'a/b'); None as ``_safe_name``."""
     if not name or name[0] == "$":
         return None
-    return name.replace("%", "%25").replace("/", "%2F").replace("+", "%2B").replace("#", "%23")
+    return sys_topic_level(name)
 
 
 class Acl:
@@ -163,12 +162,9 @@ class Acl:
 
     @classmethod
     def load(cls, path: str, key: str = "acl_file") -> "Acl":
+        st = config_file_stat(path, key)    # (a FIFO would block the read, /dev/zero fill memory)
+        mode = st.st_mode
         try:
-            st = os.stat(path)
-            mode = st.st_mode
-            if not stat.S_ISREG(mode):
-                # (a FIFO would block the thread reading it, /dev/zero fill its memory)
-                raise ConfigError(f"{key}: {path}: not a regular file")
             with open(path, encoding="utf-8-sig") as fh:
                 text = fh.read()
         except FileNotFoundError:
