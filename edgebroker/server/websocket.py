@@ -23,7 +23,8 @@ The rules, in the order a connection meets them (docs/protocol.md, "MQTT over We
   ``Host``): otherwise 400 (426 for another WebSocket version), with a one-line text body
   saying what is missing. The key must come once and be the base64 of 16 bytes (wsproto
   takes any).
-- Its path (the query string aside) must be the configured one: otherwise 404.
+- Its path (the query string aside; of an absolute target ``http://host/mqtt``, the part after
+  the host) must be the configured one: otherwise 404.
 - The client must offer the subprotocol ``mqtt`` or ``mqttv3.1`` (MQTT-6.0.0-3): ``mqtt`` is
   chosen when offered (MQTT-6.0.0-4), else the first of its list that the endpoint supports. A request offering neither, or none at all,
   gets 400: Mosquitto (libwebsockets) upgrades such a request to a protocol that never speaks
@@ -166,6 +167,18 @@ def close_code(why: int) -> int:
     return _CLOSE_CODES.get(why, CLOSE_PROTOCOL_ERROR)
 
 
+_ABSOLUTE = re.compile(r"(?i)^(?:https?|wss?)://[^/?#]*")
+
+
+def request_path(target: str) -> str:
+    """The path of a request target, its query aside: ``/mqtt`` of ``/mqtt?x=1`` and of the
+    absolute form ``http://host:port/mqtt`` (a server must accept it: RFC 7230 §5.3.2; a
+    proxy-aware client sends it), ``/`` when the absolute form has no path."""
+    path = target.partition("?")[0]
+    absolute = _ABSOLUTE.match(path)
+    return path[absolute.end():] or "/" if absolute else path
+
+
 def frame_head(n: int) -> bytes:
     """The header of one server-to-client binary frame carrying ``n`` bytes."""
     if n < 126:
@@ -305,7 +318,7 @@ class WebSocketEndpoint:
         problem = key_problem(head[:end.end()])
         if problem is not None:
             return self._refuse(400, f"not a WebSocket upgrade request: {problem}")
-        path = request.target.partition("?")[0]
+        path = request_path(request.target)
         if path != self.path:
             return self._refuse(404, f"no WebSocket endpoint at {path!r} (it is at "
                                      f"{self.path!r})")

@@ -138,6 +138,23 @@ def test_configured_path_and_subprotocols():
     assert accept.subprotocol == "mqtt"
 
 
+@pytest.mark.parametrize("target", ["http://localhost:1883/mqtt", "HTTP://h/mqtt?x=1",
+                                    "ws://[::1]:80/mqtt", "wss://h/mqtt"])
+def test_absolute_form_target_is_read_by_its_path(target):
+    """RFC 7230 §5.3.2: a server accepts the absolute form (it gave 404)."""
+    client, request = client_request(target=target)
+    [accept] = events(client, WebSocketEndpoint().receive(request).reply)
+    assert isinstance(accept, AcceptConnection)
+
+
+@pytest.mark.parametrize("target, path", [("http://h", "/"), ("http://h/other", "/other"),
+                                          ("/http://h/mqtt", "/http://h/mqtt")])
+def test_absolute_form_with_another_path_gets_404(target, path):
+    _, request = client_request(target=target)
+    status, body = refusal(WebSocketEndpoint().receive(request))
+    assert status == "HTTP/1.1 404 Not Found" and f"no WebSocket endpoint at {path!r}" in body
+
+
 def test_wrong_path_gets_404():
     _, request = client_request(target="/other")
     got = WebSocketEndpoint().receive(request)
