@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, broker_command, run_cli, toml_dumps
+from conftest import REPO, broker_command, run_cli, toml_dumps, without_root_file_access
 from server.conftest import client_context
 
 
@@ -50,14 +50,6 @@ def test_a_certificate_replaced_by_a_fifo_fails_the_reload_and_the_broker_serves
     c.subscribe(f"{uid}/t")
     c.publish(f"{uid}/t", b"served")
     assert c.recv_publish().payload == b"served"
-
-
-def without_root_file_access() -> list[str]:
-    """The prefix that runs a command as root without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
-    (setpriv, util-linux): file permissions then hold for it as for the service's user."""
-    assert os.geteuid() == 0, "this test needs root: run the tests as root"
-    assert shutil.which("setpriv"), "setpriv (util-linux) is needed"
-    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
 def test_an_unreadable_keyfile_is_named_as_the_keyfile(tmp_path, pki):
