@@ -22,6 +22,13 @@ TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
 PROTOCOLS = ("mqtt", "websockets")
 
 
+# How a unix_socket in a directory the broker cannot write is made to work (under the unit,
+# ProtectSystem=strict makes all but its own directories read-only): config check and serve.
+UNIX_SOCKET_HINT = ("let the socket unit make it (ListenStream= with that path), or make the "
+                    "directory writable for the broker (under systemd: ReadWritePaths=; "
+                    "docs/deploy.md)")
+
+
 @record(frozen=True)
 class ListenerConfig:
     host: str = setting(DEFAULT_HOST, doc="address to bind; \"::\" or \"0.0.0.0\" for all")

@@ -33,8 +33,24 @@ def read_modules_from_own_executable() -> None:
     archive._filename = kept
 
 
+def remove_unpacked_files() -> None:
+    """An orphan's end (the bootloader was killed: ``stop_with_parent``): the bootloader,
+    which removes the files it unpacked (sys._MEIPASS) once its child ends, is gone."""
+    where = getattr(sys, "_MEIPASS", None)
+    if where and os.path.basename(where).startswith("_MEI"):
+        import shutil
+        shutil.rmtree(where, ignore_errors=True)
+
+
 read_modules_from_own_executable()
 
-from edgebroker.cli.main import main  # noqa: E402  (after the archive is pointed)
+import edgebroker  # noqa: E402  (after the archive is pointed)
+from edgebroker.cli.main import main  # noqa: E402
 
-sys.exit(main())
+# The process that started this one, the bootloader in the one-file binary: `serve` stops
+# when it is gone (server/app.py), rather than serve on as an orphan.
+edgebroker.stop_with_parent = os.getppid()
+status = main()
+if getattr(sys, "frozen", False) and os.getppid() != edgebroker.stop_with_parent:
+    remove_unpacked_files()
+sys.exit(status)

@@ -178,6 +178,14 @@ def as_nobody() -> list[str]:
     return ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
 
 
+def without_root_file_access() -> list[str]:
+    """The prefix that runs a command as root without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
+    (setpriv, util-linux): file permissions then hold for it as for the service's user."""
+    assert os.geteuid() == 0, "this test needs root: run the tests as root"
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed"
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
 def broker_command() -> list[str]:
     """``python -m edgebroker``; EDGEBROKER_TEST_BROKER may name another command that follows
     the same CLI contract (used to check the tests themselves against a reference broker)."""

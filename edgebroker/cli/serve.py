@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from edgebroker import config as configuration, logs, records
 from edgebroker.cli.state_owner import refuse_foreign
 from edgebroker.errors import ConfigError
+from edgebroker.listener_config import UNIX_SOCKET_HINT
 
 
 def add_parser(commands) -> None:
@@ -112,8 +113,9 @@ def check_links(config: configuration.Config) -> list:
 
 def unix_socket_problems(config: configuration.Config) -> list[str]:
     """What would stop serve binding each Unix socket listener: a path too long, a directory
-    missing (the state directory, serve creates before it listens), a file other than a
-    socket in the way. Nothing is created or removed."""
+    missing (the state directory, serve creates before it listens) or, with no socket there
+    yet, one this user cannot write (a socket there may be systemd's: socket activation), a
+    file other than a socket in the way. Nothing is created or removed."""
     problems = []
     for i, lc in enumerate(config.listeners):
         path, key = lc.unix_socket, f"listener[{i}].unix_socket"
@@ -130,7 +132,10 @@ def unix_socket_problems(config: configuration.Config) -> list[str]:
             continue
         try:
             mode = os.lstat(path).st_mode
-        except OSError:     # (nothing there: serve creates the socket)
+        except OSError:     # (nothing there: serve creates the socket, in that directory)
+            if os.path.isdir(directory) and not os.access(directory, os.W_OK | os.X_OK):
+                problems.append(f"{key}: the directory {directory} is not writable by this "
+                                f"user: serve cannot listen on {path} ({UNIX_SOCKET_HINT})")
             continue
         if not stat.S_ISSOCK(mode):     # (a stale socket, serve replaces)
             problems.append(f"{key}: {path}: a file that is not a socket is in the way: serve "

@@ -24,6 +24,7 @@ import time
 
 from collections import deque
 
+import edgebroker
 from edgebroker import __version__, _native
 from edgebroker.commitlog import CommitLog, Flusher, LogOptions
 from edgebroker.config import Config
@@ -57,6 +58,8 @@ STOP_WRITE_SECONDS = 5.0
 ACCEPT_RESUME_SECONDS = 0.02
 # Freed heap memory malloc keeps for reuse instead of giving it back to the kernel, and the
 # allocation size below which it comes from the heap (keep_freed_memory; docs/limits.md).
+# How often the one-file binary's broker looks whether its parent, the bootloader, is there.
+PARENT_CHECK_SECONDS = 1.0
 HEAP_KEEP_BYTES = 8 << 20
 HEAP_FROM_BYTES = 4 << 20
 
@@ -149,6 +152,9 @@ class App(DescriptorRoom):
         if not early_stop:
             sdnotify.notify("READY=1\nSTATUS=serving MQTT")
             log.info("edgebroker %s ready", __version__)
+        if edgebroker.stop_with_parent:
+            self._parent_timer = Timer(self._check_parent)
+            self._parent_timer.start(self.broker, self.clock() + PARENT_CHECK_SECONDS)
         loop.run()
         return self.shutdown()
 
@@ -331,6 +337,18 @@ class App(DescriptorRoom):
                     later.append(listener.paused_until)
         if later:
             self.wake_at(min(later))
+
+    def _check_parent(self) -> None:
+        """The one-file binary's broker runs in the bootloader's child. A SIGKILL of the
+        bootloader (a supervisor or `kill -9` stopping the main pid) would leave it serving as an
+        orphan, holding the port and the state directory: it stops as on SIGTERM instead."""
+        parent = edgebroker.stop_with_parent
+        if os.getppid() == parent:
+            self._parent_timer.start(self.broker, self.clock() + PARENT_CHECK_SECONDS)
+            return
+        log.warning("the parent process (pid %d, the one-file binary's bootloader) is gone: "
+                    "stopping", parent)
+        self.loop.stop()
 
     def _on_wake(self) -> None:
         """After a wake-up: finished password checks, offsets the flusher made durable."""

@@ -40,6 +40,7 @@ import stat
 import struct
 
 from edgebroker.config import ListenerConfig
+from edgebroker.listener_config import UNIX_SOCKET_HINT
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.security.policy import ListenerPolicy
 from edgebroker.server.peers import format_peer
@@ -284,6 +285,15 @@ class Listener:
 _PEERCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid
 
 
+def _unix_error(path: str, exc: OSError) -> EdgebrokerError:
+    """A directory the broker may not write (its permissions; read-only under the unit's
+    ProtectSystem=strict) fails every start the same way: a ConfigError (exit 2, which the
+    unit does not restart), with the ways out."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ConfigError(f"cannot listen on unix:{path}: {exc.strerror}: {UNIX_SOCKET_HINT}")
+    return EdgebrokerError(f"cannot listen on unix:{path}: {exc.strerror or exc}")
+
+
 def _remove_stale(path: str) -> None:
     try:
         mode = os.lstat(path).st_mode
@@ -296,13 +306,17 @@ def _remove_stale(path: str) -> None:
     try:
         probe.connect(path)
     except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)             # left by a process that is gone
-        return
+        pass                        # left by a process that is gone
     except OSError as exc:
         raise EdgebrokerError(f"cannot listen on unix:{path}: {exc.strerror}") from None
+    else:
+        raise EdgebrokerError(f"cannot listen on unix:{path}: another process is listening there")
     finally:
         probe.close()
-    raise EdgebrokerError(f"cannot listen on unix:{path}: another process is listening there")
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        raise _unix_error(path, exc) from None
 
 
 def _bind_unix(path: str, mode: int) -> socket.socket:
@@ -315,7 +329,7 @@ def _bind_unix(path: str, mode: int) -> socket.socket:
         sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
-        raise EdgebrokerError(f"cannot listen on unix:{path}: {exc.strerror or exc}") from None
+        raise _unix_error(path, exc) from None
     finally:
         os.umask(old_umask)
     return sock

@@ -185,6 +185,10 @@ class Loop:
     def _on_stop_signal(self, signum, frame) -> None:
         self._stop = True
 
+    def stop(self) -> None:
+        """End ``run`` after this pass, as SIGTERM does."""
+        self._stop = True
+
     def _on_hup_signal(self, signum, frame) -> None:
         self._reload = True
 

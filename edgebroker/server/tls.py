@@ -107,7 +107,7 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
             key = lc.keyfile or "in certfile"
             raise ConfigError(f"{name}.certfile: {lc.certfile} (key {key}): not a usable "
                               f"certificate and matching private key ({exc.reason or exc})") from None
-        raise ConfigError(f"{name}.certfile: {lc.certfile}: cannot read: {exc.strerror}") from None
+        raise ConfigError(f"{name}.{_unreadable(lc)}: cannot read: {exc.strerror}") from None
     if lc.cafile:
         try:
             ctx.load_verify_locations(cafile=lc.cafile)
@@ -154,6 +154,18 @@ def certificate_date_warnings(listeners, now: float | None = None) -> list[str]:
 
 def _utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def _unreadable(lc: ListenerConfig) -> str:
+    """``keyfile: PATH`` or ``certfile: PATH``, the one this process cannot open: OpenSSL's
+    error (a key 0600 root's, the broker another user) carries no file name."""
+    if lc.keyfile:
+        try:
+            with open(lc.keyfile, "rb"):
+                pass
+        except OSError:
+            return f"keyfile: {lc.keyfile}"
+    return f"certfile: {lc.certfile}"
 
 
 def _check_regular(path: str, key: str) -> None:

@@ -291,6 +291,34 @@ def test_install_starts_the_service_on_readiness(container, package, units, port
     assert pub.wait() == 0, pub.out.text()
 
 
+def test_the_binary_unpacks_on_disk_and_a_start_removes_what_a_crash_left(container, port, mosq):
+    """TMPDIR is the unit's cache directory, on disk (page cache, not the RAM of a tmpfs as
+    /run/edgebroker was); systemd does not empty it, so ExecStartPre= removes the _MEI*
+    directories a crash left (here one planted, the service user's), and nothing else."""
+    cache = container.root / "var/cache/private/edgebroker"     # (DynamicUser=yes)
+    assert os.readlink(container.root / "var/cache/edgebroker") == "private/edgebroker"
+    [unpacked] = [p.name for p in cache.iterdir()]
+    assert unpacked.startswith("_MEI"), unpacked
+    assert not (container.root / "run/edgebroker").exists()
+    main = container.show("MainPID")["MainPID"]
+    [broker] = container.run("cat", f"/proc/{main}/task/{main}/children").stdout.split()
+    maps = container.run("cat", f"/proc/{broker}/maps").stdout
+    assert re.search(rf"/var/cache/(private/)?edgebroker/{unpacked}/libpython", maps), maps
+    owner = cache.stat()
+    left = cache / "_MEIcrashed"
+    (left / "lib").mkdir(parents=True)
+    (left / "lib" / "libpython3.11.so.1.0").write_bytes(bytes(4096))
+    (cache / "kept").write_text("not the binary's")
+    for path in (left, left / "lib", left / "lib" / "libpython3.11.so.1.0", cache / "kept"):
+        os.chown(path, owner.st_uid, owner.st_gid)
+    container.run("systemctl", "restart", UNIT)
+    names = sorted(p.name for p in cache.iterdir())
+    assert len(names) == 2 and "kept" in names, names
+    assert "_MEIcrashed" not in names and unpacked not in names, names
+    (cache / "kept").unlink()
+    round_trip(mosq, port, "boot/cache", "after the restart")
+
+
 def test_reload_rereads_the_configuration(container, port, mosq):
     before = container.show("MainPID", "NRestarts")
     line = "configuration reloaded from /etc/edgebroker/edgebroker.toml"
@@ -373,9 +401,9 @@ def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_p
     package, version = upgrade_package
     config = container.root / "etc/edgebroker/edgebroker.toml"
     provisioned = config.read_text()
-    # The four messages published so far: install, retained, reload, watchdog.
+    # The five messages published so far: install, retained, cache, reload, watchdog.
     logged = records(container)
-    assert logged == 4, logged
+    assert logged == 5, logged
     before = container.show("MainPID", "InvocationID")
     socket_units = [u for u in units if u.endswith(".socket")]
     sockets = [container.show("InvocationID", unit=u) for u in socket_units]
@@ -413,6 +441,8 @@ def test_remove_stops_and_keeps_state_purge_removes_it(container, port, units):
 
     container.run("apt-get", "purge", "-y", "-q", "edgebroker", timeout=120)
     assert not state.exists() and not os.path.lexists(container.root / "var/lib/edgebroker")
+    assert not (container.root / "var/cache/private/edgebroker").exists()
+    assert not os.path.lexists(container.root / "var/cache/edgebroker")
     assert not (container.root / "etc/edgebroker/edgebroker.toml").exists()
     # No enablement link nor mask left (the drop-in directory is the administrator's).
     assert [str(p) for p in etc.rglob("edgebroker.*") if p.is_symlink()] == []

@@ -13,6 +13,7 @@ import threading
 import time
 
 import mqttraw as m
+from conftest import LineCollector
 from edgebroker.uploader.batch import read_batch_file
 from fakesystemd import SocketUnit, systemd  # noqa: F401  (the fixture)
 from secfiles import write_passwords
@@ -116,6 +117,43 @@ def test_under_systemd_notify_watchdog_of_the_bootloader(binary, systemd, tmp_pa
         log.close()
     text = (tmp_path / "stderr.txt").read_text()
     assert "configuration reloaded" in text and text.rstrip().endswith("stopped"), text
+
+
+def test_a_sigkill_of_the_bootloader_stops_the_broker(binary, tmp_path):
+    """The bootloader killed (a supervisor or `kill -9` stopping the main pid): the broker, its
+    child, stops within a second or so as on SIGTERM (packaging/entry.py, server/app.py)
+    instead of serving on as an orphan, and removes what the bootloader unpacked."""
+    unpack = tmp_path / "unpack"
+    unpack.mkdir()
+    proc = subprocess.Popen([str(binary), "serve", "--listen", "127.0.0.1:0", "--data-dir",
+                             str(tmp_path / "data")], env=dict(os.environ, TMPDIR=str(unpack)),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    out = LineCollector(proc.stderr)
+    broker = None
+    try:
+        assert out.wait(lambda ln: ln.endswith(" ready"), 30), out.text()
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+            [broker] = [int(x) for x in fh.read().split()]
+        proc.kill()
+        proc.wait(10)
+        assert out.wait(lambda ln: ln.endswith("stopped"), 10), \
+            f"the orphan did not stop:\n{out.text()}"
+        out.join(10)
+        assert out.eof, out.text()                      # its end of the pipe: closed
+        assert any(ln.endswith(f"the parent process (pid {proc.pid}, the one-file binary's "
+                               f"bootloader) is gone: stopping") for ln in out.lines), out.text()
+        assert "Traceback" not in out.text(), out.text()
+        assert list(unpack.iterdir()) == [], "the orphan left the unpacked files behind"
+    finally:
+        if broker is not None:
+            try:
+                os.kill(broker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
 
 
 def test_socket_activation_through_the_bootloader(binary, broker, monkeypatch, tmp_path):

@@ -144,6 +144,7 @@ def test_maintainer_scripts(unpacked):
         assert r.returncode == 0, f"{name}: {r.stderr}"
     postrm = (unpacked / "DEBIAN/postrm").read_text()
     assert "rm -rf /var/lib/edgebroker /var/lib/private/edgebroker" in postrm
+    assert "rm -rf /var/cache/edgebroker /var/cache/private/edgebroker" in postrm
 
 
 def test_lintian_finds_no_error_or_warning(deb):

@@ -5,9 +5,11 @@ systemd-analyze runs offline: no systemd needs to run here."""
 
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -52,8 +54,11 @@ def test_unit_settings():
     assert one["RestartPreventExitStatus"] == "2"   # a configuration error: no restart loop
     assert int(one["WatchdogSec"].rstrip("s")) > 0
     assert one["StateDirectory"] == "edgebroker"
-    assert one["RuntimeDirectory"] == "edgebroker"
-    assert "TMPDIR=%t/edgebroker" in s["Environment"]
+    # The unpacked binary on disk (page cache, reclaimable), not in /run (a tmpfs: RAM).
+    assert "RuntimeDirectory" not in one
+    assert (one["CacheDirectory"], one["CacheDirectoryMode"]) == ("edgebroker", "0700")
+    assert "TMPDIR=%C/edgebroker" in s["Environment"]
+    assert one["ExecPaths"] == "%C/edgebroker"
     assert one["LimitNOFILE"] == "65536"
     assert one["DynamicUser"] == "yes"
     for key in ("ProtectHome", "PrivateTmp", "NoNewPrivileges"):
@@ -62,6 +67,29 @@ def test_unit_settings():
     assert s["CapabilityBoundingSet"] == [""]
     assert one["RestrictAddressFamilies"].split() == ["AF_INET", "AF_INET6", "AF_UNIX"]
     assert s["SystemCallFilter"][0] == "@system-service"
+
+
+def test_exec_start_pre_removes_only_what_unpacked_binaries_left(tmp_path):
+    """systemd does not empty a cache directory: the unit's ExecStartPre= removes the _MEI*
+    directories a crash, a SIGKILL or a power cut left in it (19 MB each), and nothing else.
+    Its command run here as systemd runs it, with $CACHE_DIRECTORY."""
+    [pre] = settings()["ExecStartPre"]
+    assert pre.startswith("-")      # a failure there does not stop the start
+    pre = pre[1:]
+    cache = tmp_path / "cache"
+    for name in ("_MEI12345a", "_MEI0000b", "other", "_MEI x"):
+        (cache / name / "lib").mkdir(parents=True)
+        (cache / name / "lib" / "libpython3.11.so.1.0").write_bytes(b"\0" * 1024)
+    (cache / "_MEIfile").write_text("a file")
+    (cache / "kept.txt").write_text("not the binary's")
+    r = subprocess.run(shlex.split(pre), env=dict(os.environ, CACHE_DIRECTORY=str(cache)),
+                       capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert sorted(p.name for p in cache.iterdir()) == ["kept.txt", "other"]
+    assert (cache / "other" / "lib" / "libpython3.11.so.1.0").exists()
+    r = subprocess.run(shlex.split(pre), env=dict(os.environ, CACHE_DIRECTORY=str(cache)),
+                       capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stderr) == (0, "")   # nothing to remove: a start as any other
 
 
 def test_socket_unit_settings():
@@ -189,3 +217,34 @@ def test_network_listener_as_the_example_configuration_says(broker, tmp_path):
         assert b.client("alice", username="alice", password="pw").ping() == []
     finally:
         unit.close()
+
+
+def test_the_by_hand_check_reads_the_environment_file(tmp_path):
+    """The example configuration's header: the uploader's keys in the unit's EnvironmentFile=
+    are not in a root shell's environment, so the plain by-hand check says "no credentials"
+    (exit 2) where the unit's reload check passes; the header's other form reads the file.
+    Both run as written, but for sudo, the paths and the command (this checkout's)."""
+    text = EXAMPLE_CONFIG.read_text()
+    found = re.search(r"(?m)^#   sudo (sh -c '.*)\\\n#     (.*')$", text)
+    assert found, "the header's check with the EnvironmentFile= is not there"
+    env_file = tmp_path / "env"
+    env_file.write_text("AWS_ACCESS_KEY_ID=AKIDEXAMPLE\nAWS_SECRET_ACCESS_KEY=secret\n")
+    config = tmp_path / "edgebroker.toml"
+    config.write_text(EXAMPLE_CONFIG.read_text() + '\n[upload]\nurl = "s3://bucket/prefix"\n'
+                      'gateway_id = "gw"\n')
+    places = {"/etc/edgebroker/env": str(env_file), "/var/lib/edgebroker": str(tmp_path / "state"),
+              "/etc/edgebroker/edgebroker.toml": str(config),
+              "edgebroker config": f"{sys.executable} -m edgebroker config"}
+    command = found[1] + found[2]
+    for old, new in places.items():
+        assert old in command, old
+        command = command.replace(old, new)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    r = subprocess.run(shlex.split(command), cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    plain = command.replace(f"set -a; . {env_file}; ", "")
+    assert plain != command
+    r = subprocess.run(shlex.split(plain), cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "no credentials were given" in r.stderr, r.stderr

@@ -3,8 +3,9 @@
 import os
 import socket
 import stat
+import subprocess
 
-from conftest import run_cli, toml_dumps
+from conftest import REPO, broker_command, run_cli, toml_dumps, without_root_file_access
 
 
 def unix_listener(path, **extra):
@@ -145,3 +146,42 @@ def test_config_check_refuses_unix_socket_paths_serve_cannot_bind(tmp_path):
     for listener in (unix_listener(long_path), unix_listener(missing)):
         cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [listener]}))
         assert run_cli("serve", "-c", str(cfg)).returncode != 0
+
+
+def test_a_unix_socket_directory_the_broker_cannot_write_is_a_config_error(tmp_path):
+    """Under the unit (ProtectSystem=strict) /run is read-only: `config check` said OK, and
+    serve failed with exit 1, which the unit restarted every 2 s without end. Now the check
+    says so, and serve exits 2 (not restarted) with the ways out; here as root without the
+    capabilities that pass over file permissions, in a directory of another user."""
+    cannot = tmp_path / "not-ours"
+    cannot.mkdir()
+    sock = cannot / "mqtt.sock"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml_dumps({"data_dir": str(tmp_path / "d"), "listener": [unix_listener(sock)]}))
+    os.chown(cannot, 65534, 65534)              # 0755, nobody's
+    hint = ("let the socket unit make it (ListenStream= with that path), or make the directory "
+            "writable for the broker (under systemd: ReadWritePaths=; docs/deploy.md)")
+
+    def run(*args):
+        return subprocess.run([*without_root_file_access(), *broker_command(), *args, "-c",
+                               str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+    for command in (("config", "check"), ("serve",)):
+        r = run(*command)
+        assert (r.returncode, r.stderr) == (
+            2, f"edgebroker: config error: {cfg}: listener[0].unix_socket: the directory "
+               f"{cannot} is not writable by this user: serve cannot listen on {sock} ({hint})\n"), \
+            (command, r.stderr)
+    # A socket already there may be systemd's (socket activation): the check passes. One left
+    # by a broker that is gone cannot be removed: serve's bind fails, with exit 2 too.
+    os.chown(cannot, 0, 0)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sock))
+    stale.close()
+    os.chown(cannot, 65534, 65534)
+    assert run("config", "check").returncode == 0
+    r = run("serve")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2, r.stderr
+    assert f"config error: cannot listen on unix:{sock}: Permission denied: {hint}\n" in r.stderr
+    assert sock.exists()
