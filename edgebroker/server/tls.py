@@ -13,8 +13,10 @@ A TLS connection goes through three states:
    ``do_handshake`` is called each time the socket is ready, registering for
    read or write readiness as OpenSSL asks (``SSLWantReadError`` /
    ``SSLWantWriteError``). A handshake not finished within the listener's
-   ``handshake_timeout`` is closed by ``HandshakeTimers``; a stalled client
-   costs one socket and one heap entry, never a blocked loop.
+   ``handshake_timeout``, or ``connect_timeout`` if that is shorter, is closed by
+   ``HandshakeTimers`` (the loop runs them before the clients' connect deadlines,
+   so that a stalled handshake is counted and logged once, as a TLS failure); a
+   stalled client costs one socket and one heap entry, never a blocked loop.
 3. OPEN: reads and writes go through the ``SSLSocket``. Reads loop while
    ``pending()`` says OpenSSL holds decrypted bytes the kernel socket will not
    signal again. ``sendmsg`` does not exist on an ``SSLSocket``: queued buffers
@@ -185,7 +187,7 @@ def _common_name(cert: dict | None) -> str | None:
 
 class TLSTransport(Transport):
     __slots__ = ("server", "state", "identity", "read_wants_write", "write_wants_read",
-                 "chunk_pending", "handshake_entry")
+                 "chunk_pending", "handshake_entry", "handshake_limit")
 
     def __init__(self, loop, sock: socket.socket, peer: str, server: TLSServer, listener=None,
                  max_pending: int = DEFAULT_MAX_PENDING):
@@ -197,7 +199,14 @@ class TLSTransport(Transport):
         self.write_wants_read = False
         self.chunk_pending = False      # out[0] must be offered again as it is
         self.handshake_entry = None     # its entry in loop.handshakes until the handshake ends
-        loop.handshakes.add(self, loop.clock() + server.handshake_timeout)
+        # The client's connect deadline, set just after this from the same clock, is never
+        # before the handshake's: the shorter of the two timeouts ends a stalled handshake.
+        connect_timeout = loop.broker.limits.connect_timeout
+        if connect_timeout < server.handshake_timeout:
+            self.handshake_limit = (connect_timeout, "connect_timeout")
+        else:
+            self.handshake_limit = (server.handshake_timeout, "handshake_timeout")
+        loop.handshakes.add(self, loop.clock() + self.handshake_limit[0])
 
     # ----- events -----------------------------------------------------------------------
 
@@ -299,12 +308,14 @@ class TLSTransport(Transport):
         self.lost(f"TLS handshake failed: {why}")
 
     def handshake_timed_out(self) -> None:
+        if self.closing or self.closed:
+            return          # already ended (and counted) for another reason
         broker = self.loop.broker
         broker.stats.tls_handshakes_failed += 1
+        seconds, limit = self.handshake_limit
         broker.peer_log.log(log, logging.WARNING, "tls_handshake_timeout", self.peer,
                             "TLS handshake with %s on listener %s not finished within %g s "
-                            "(handshake_timeout); closing", self.peer, self.server.name,
-                            self.server.handshake_timeout)
+                            "(%s); closing", self.peer, self.server.name, seconds, limit)
         self.lost("TLS handshake timeout")
 
     # ----- reading and writing ------------------------------------------------------------
