@@ -7,8 +7,9 @@ A TLS connection goes through three states:
 
 1. PEEK: the raw TCP socket is watched until its first byte arrives. A TLS
    ClientHello starts with 0x16; anything else (typically 0x10, a plain MQTT
-   CONNECT) is refused with a log line saying what happened, instead of an
-   opaque TLS error (``sniff.not_tls``).
+   CONNECT, or an HTTP request: a ws:// client on a wss:// listener) is refused
+   with a log line saying what happened, instead of an opaque TLS error
+   (``sniff.not_tls``, given the first bytes that have arrived, peeked).
 2. HANDSHAKE: the socket is wrapped (``do_handshake_on_connect=False``) and
    ``do_handshake`` is called each time the socket is ready, registering for
    read or write readiness as OpenSSL asks (``SSLWantReadError`` /
@@ -41,7 +42,7 @@ import time
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
 from edgebroker.files import config_file_mode
-from edgebroker.server.sniff import not_tls, sniff
+from edgebroker.server.sniff import SNIFF_BYTES, not_tls, sniff
 from edgebroker.server.transport import DEFAULT_MAX_PENDING, NO_OUTPUT, Transport
 
 log = logging.getLogger("edgebroker.server")
@@ -74,6 +75,9 @@ _HINTS = {
     "TLSV1_ALERT_UNKNOWN_CA": "the client does not trust the server certificate "
                               "(check the CA file the client uses)",
     "SSLV3_ALERT_BAD_CERTIFICATE": "the client rejected the server certificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "the client rejected the server certificate as expired or "
+                                       "not valid yet (check the certfile's dates, and the "
+                                       "client's clock)",
     "UNSUPPORTED_PROTOCOL": "the client's TLS version is below the listener's tls_version",
     "TLSV1_ALERT_PROTOCOL_VERSION": "the client's TLS version is below the listener's tls_version",
     "NO_SHARED_CIPHER": "no cipher in common with the client (see the listener's ciphers)",
@@ -185,6 +189,26 @@ def _common_name(cert: dict | None) -> str | None:
     return None
 
 
+# OpenSSL's results of a certificate check (X509_V_ERR_*) that have their own hint. Only a
+# chain that does not lead to a CA of the cafile is the cafile's business; a certificate signed
+# by it may still be out of its dates (renewal, or this machine's clock: a gateway without a
+# real-time clock before its NTP sync refuses every device as "not yet valid").
+_CERT_NOT_YET_VALID, _CERT_EXPIRED = 9, 10
+_UNKNOWN_ISSUER = frozenset((2, 18, 19, 20, 21))  # no issuer in cafile, self-signed, its chain
+
+
+def verify_hint(code: int | None, message: str | None) -> str:
+    """The log's words for a client certificate that failed OpenSSL's check."""
+    detail = f" ({message})" if message else ""
+    if code in (_CERT_NOT_YET_VALID, _CERT_EXPIRED):
+        what = "is not valid yet" if code == _CERT_NOT_YET_VALID else "has expired"
+        return (f"the client certificate {what}{detail}: check its dates (openssl x509 -noout "
+                f"-dates) and this machine's clock (now {_utc(time.time())})")
+    if code is None or code in _UNKNOWN_ISSUER:
+        return f"{_HINTS['CERTIFICATE_VERIFY_FAILED']}{detail}"
+    return f"the client certificate was refused{detail}"
+
+
 class TLSTransport(Transport):
     __slots__ = ("server", "state", "identity", "read_wants_write", "write_wants_read",
                  "chunk_pending", "handshake_entry", "handshake_limit")
@@ -234,7 +258,7 @@ class TLSTransport(Transport):
 
     def _peek(self) -> None:
         try:
-            first = self.sock.recv(1, socket.MSG_PEEK)
+            first = self.sock.recv(SNIFF_BYTES, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -243,7 +267,7 @@ class TLSTransport(Transport):
         if not first:
             self._fail("closed before the TLS handshake", quiet=True)
             return
-        problem = not_tls(first[0])
+        problem = not_tls(first, self.server.config.protocol == "websockets")
         if problem is not None:
             self._fail(problem)
             return
@@ -271,10 +295,11 @@ class TLSTransport(Transport):
             return
         except ssl.SSLError as exc:
             reason = getattr(exc, "reason", None) or ""
-            detail = getattr(exc, "verify_message", None)
-            hint = _HINTS.get(reason, reason or str(exc))
-            if detail and reason == "CERTIFICATE_VERIFY_FAILED":
-                hint = f"{hint} ({detail})"
+            if reason == "CERTIFICATE_VERIFY_FAILED":
+                hint = verify_hint(getattr(exc, "verify_code", None),
+                                   getattr(exc, "verify_message", None))
+            else:
+                hint = _HINTS.get(reason, reason or str(exc))
             self._fail(hint)
             return
         except OSError as exc:
