@@ -83,8 +83,10 @@ class CA:
         self.cert = _write_cert(directory / f"{name}.crt", self.certificate)
 
     def issue(self, filename: str, cn: str, server: bool = False,
-              valid: tuple[datetime.datetime, datetime.datetime] | None = None) -> Issued:
-        """``valid``: its notBefore and notAfter (by default from 5 minutes ago to a day on)."""
+              valid: tuple[datetime.datetime, datetime.datetime] | None = None,
+              names: tuple[str, ...] = ("localhost", "127.0.0.1")) -> Issued:
+        """``valid``: its notBefore and notAfter (by default from 5 minutes ago to a day on);
+        ``names``: a server certificate's subjectAltName (host names and IP addresses)."""
         key = _key()
         now = datetime.datetime.now(datetime.timezone.utc)
         not_before, not_after = valid or (now - datetime.timedelta(minutes=5),
@@ -104,8 +106,8 @@ class CA:
                 critical=False))
         if server:
             builder = builder.add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False)
+                x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n)
+                for n in names]), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
         return Issued(_write_cert(self.directory / f"{filename}.crt", cert),
                       _write_key(self.directory / f"{filename}.key", key), cert)

@@ -95,7 +95,10 @@ _HINTS = {
     "CERTIFICATE_VERIFY_FAILED": "the server certificate is not signed by a trusted CA "
                                  "(give the CA file that signed it: --cafile)",
     "TLSV1_ALERT_UNKNOWN_CA": "the server does not trust our client certificate's CA",
-    "SSLV3_ALERT_BAD_CERTIFICATE": "the server rejected our client certificate",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the server rejected our client certificate (the server's "
+                                   "log says why)",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "the server rejected our client certificate as expired or "
+                                       "not valid yet (check its dates, and the server's clock)",
     "TLSV13_ALERT_CERTIFICATE_REQUIRED": "the server requires a client certificate "
                                          "(--cert and --key)",
     "SSLV3_ALERT_HANDSHAKE_FAILURE": "the server refused the handshake (a client certificate "
@@ -138,11 +141,28 @@ def tls_context(cafile: str | None = None, certfile: str | None = None,
     return ctx
 
 
+# OpenSSL's results of the server certificate's check (X509_V_ERR_*) with a hint of their own:
+# the CA file's hint (_HINTS) is only for a chain that leads to no trusted CA (2, 18-21).
+_VERIFY_HINTS = {
+    9: "the server certificate is not valid yet: check its dates and this machine's clock",
+    10: "the server certificate has expired: check its dates (not renewed on the server?) "
+        "and this machine's clock",
+    62: "connect by a host name the certificate holds (its subjectAltName)",
+    64: "connect by a host name or address the certificate holds (its subjectAltName)",
+}
+_UNKNOWN_ISSUER = frozenset((2, 18, 19, 20, 21))
+
+
 def _why(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None)
     text = getattr(exc, "verify_message", None) or getattr(exc, "strerror", None) or str(exc)
-    if reason in _HINTS:
-        return f"{text} ({reason}: {_HINTS[reason]})" if text != str(reason) else _HINTS[reason]
+    hint = _HINTS.get(reason)
+    if reason == "CERTIFICATE_VERIFY_FAILED":
+        code = getattr(exc, "verify_code", None)
+        if code is not None and code not in _UNKNOWN_ISSUER:
+            hint = _VERIFY_HINTS.get(code)
+    if hint is not None:
+        return f"{text} ({reason}: {hint})" if text != str(reason) else hint
     return f"{text} ({reason})" if reason and reason not in text else text
 
 

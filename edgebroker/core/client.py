@@ -273,7 +273,7 @@ class Client:
             broker.hit("connect_timeout")
             broker.peer_log.log(log, logging.INFO, "connect_timeout", self.peer,
                                 "%s: %s within %g s; closing", self.describe(),
-                                "no CONNECT" if self.pending is None
+                                self.unheard() if self.pending is None
                                 else "authentication exchange not finished"
                                 if self.v5 is not None and self.v5.auth is not None
                                 else "password check not finished",
@@ -284,6 +284,10 @@ class Client:
             log.info("%s: keepalive expired (no packet for 1.5 x %d s); closing",
                      self.describe(), self.keepalive)
             self.close(will=True, reason=KEEP_ALIVE_TIMEOUT, why="keep alive timeout")
+
+    def unheard(self) -> str:
+        """What a caller closed by the connect timeout did not send (its log line)."""
+        return "no CONNECT"
 
     def _refused_unheard(self) -> None:
         """A caller accepted only to be refused (``refusal``: core.sessions, e.g. for the

@@ -88,6 +88,21 @@ class FramedClient(Client):
             self.transport.ending = exc.reason or PROTOCOL_ERROR
         super().violation(exc)
 
+    def expire(self) -> None:
+        """A caller still without CONNECT at its connect deadline is closed (Client.expire):
+        an open WebSocket is told why in the close frame, 1008 and the reason, rather than
+        1000, "purpose fulfilled" (RFC 6455 7.4.1)."""
+        framing = self.transport
+        if (not self.connected and not self.throttled_until and self.refusal is None
+                and framing.endpoint.open and not framing.last_words):
+            framing.last_words = framing.endpoint.connect_timed_out()
+        super().expire()
+
+    def unheard(self) -> str:
+        if not self.transport.endpoint.open:
+            return "no CONNECT (its HTTP upgrade to WebSocket not finished)"
+        return "no CONNECT"
+
     def close(self, *, will: bool, reason: int = 0, why: str = "") -> None:
         if reason and not self.closed and not self.transport.ending:
             self.transport.ending = reason      # session taken over, keepalive timeout, ...

@@ -292,9 +292,11 @@ class Loop:
             start = selector.woke       # the pass: the sockets' events from there on
             if now >= due:
                 # Timers added during the pass and due at once make the next wait 0.
-                broker.tick(now)
+                # Handshakes first: one still stalled at its client's connect deadline (due
+                # at the same time or later) is closed and counted once, as a TLS failure.
                 if handshakes.heap:
                     handshakes.expire(now)
+                broker.tick(now)
                 due = self._deadline()
             pending = commit_log.pending_bytes if commit_log is not None else 0
             if (self.dirty or pending) and pending < HOLD_BYTES:

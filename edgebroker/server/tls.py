@@ -7,14 +7,17 @@ A TLS connection goes through three states:
 
 1. PEEK: the raw TCP socket is watched until its first byte arrives. A TLS
    ClientHello starts with 0x16; anything else (typically 0x10, a plain MQTT
-   CONNECT) is refused with a log line saying what happened, instead of an
-   opaque TLS error (``sniff.not_tls``).
+   CONNECT, or an HTTP request: a ws:// client on a wss:// listener) is refused
+   with a log line saying what happened, instead of an opaque TLS error
+   (``sniff.not_tls``, given the first bytes that have arrived, peeked).
 2. HANDSHAKE: the socket is wrapped (``do_handshake_on_connect=False``) and
    ``do_handshake`` is called each time the socket is ready, registering for
    read or write readiness as OpenSSL asks (``SSLWantReadError`` /
    ``SSLWantWriteError``). A handshake not finished within the listener's
-   ``handshake_timeout`` is closed by ``HandshakeTimers``; a stalled client
-   costs one socket and one heap entry, never a blocked loop.
+   ``handshake_timeout``, or ``connect_timeout`` if that is shorter, is closed by
+   ``HandshakeTimers`` (the loop runs them before the clients' connect deadlines,
+   so that a stalled handshake is counted and logged once, as a TLS failure); a
+   stalled client costs one socket and one heap entry, never a blocked loop.
 3. OPEN: reads and writes go through the ``SSLSocket``. Reads loop while
    ``pending()`` says OpenSSL holds decrypted bytes the kernel socket will not
    signal again. ``sendmsg`` does not exist on an ``SSLSocket``: queued buffers
@@ -39,7 +42,7 @@ import time
 from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
 from edgebroker.files import config_file_mode
-from edgebroker.server.sniff import not_tls, sniff
+from edgebroker.server.sniff import SNIFF_BYTES, not_tls, sniff
 from edgebroker.server.transport import DEFAULT_MAX_PENDING, NO_OUTPUT, Transport
 
 log = logging.getLogger("edgebroker.server")
@@ -72,6 +75,9 @@ _HINTS = {
     "TLSV1_ALERT_UNKNOWN_CA": "the client does not trust the server certificate "
                               "(check the CA file the client uses)",
     "SSLV3_ALERT_BAD_CERTIFICATE": "the client rejected the server certificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "the client rejected the server certificate as expired or "
+                                       "not valid yet (check the certfile's dates, and the "
+                                       "client's clock)",
     "UNSUPPORTED_PROTOCOL": "the client's TLS version is below the listener's tls_version",
     "TLSV1_ALERT_PROTOCOL_VERSION": "the client's TLS version is below the listener's tls_version",
     "NO_SHARED_CIPHER": "no cipher in common with the client (see the listener's ciphers)",
@@ -195,9 +201,29 @@ def _common_name(cert: dict | None) -> str | None:
     return None
 
 
+# OpenSSL's results of a certificate check (X509_V_ERR_*) that have their own hint. Only a
+# chain that does not lead to a CA of the cafile is the cafile's business; a certificate signed
+# by it may still be out of its dates (renewal, or this machine's clock: a gateway without a
+# real-time clock before its NTP sync refuses every device as "not yet valid").
+_CERT_NOT_YET_VALID, _CERT_EXPIRED = 9, 10
+_UNKNOWN_ISSUER = frozenset((2, 18, 19, 20, 21))  # no issuer in cafile, self-signed, its chain
+
+
+def verify_hint(code: int | None, message: str | None) -> str:
+    """The log's words for a client certificate that failed OpenSSL's check."""
+    detail = f" ({message})" if message else ""
+    if code in (_CERT_NOT_YET_VALID, _CERT_EXPIRED):
+        what = "is not valid yet" if code == _CERT_NOT_YET_VALID else "has expired"
+        return (f"the client certificate {what}{detail}: check its dates (openssl x509 -noout "
+                f"-dates) and this machine's clock (now {_utc(time.time())})")
+    if code is None or code in _UNKNOWN_ISSUER:
+        return f"{_HINTS['CERTIFICATE_VERIFY_FAILED']}{detail}"
+    return f"the client certificate was refused{detail}"
+
+
 class TLSTransport(Transport):
     __slots__ = ("server", "state", "identity", "read_wants_write", "write_wants_read",
-                 "chunk_pending", "handshake_entry")
+                 "chunk_pending", "handshake_entry", "handshake_limit")
 
     def __init__(self, loop, sock: socket.socket, peer: str, server: TLSServer, listener=None,
                  max_pending: int = DEFAULT_MAX_PENDING):
@@ -209,7 +235,14 @@ class TLSTransport(Transport):
         self.write_wants_read = False
         self.chunk_pending = False      # out[0] must be offered again as it is
         self.handshake_entry = None     # its entry in loop.handshakes until the handshake ends
-        loop.handshakes.add(self, loop.clock() + server.handshake_timeout)
+        # The client's connect deadline, set just after this from the same clock, is never
+        # before the handshake's: the shorter of the two timeouts ends a stalled handshake.
+        connect_timeout = loop.broker.limits.connect_timeout
+        if connect_timeout < server.handshake_timeout:
+            self.handshake_limit = (connect_timeout, "connect_timeout")
+        else:
+            self.handshake_limit = (server.handshake_timeout, "handshake_timeout")
+        loop.handshakes.add(self, loop.clock() + self.handshake_limit[0])
 
     # ----- events -----------------------------------------------------------------------
 
@@ -237,7 +270,7 @@ class TLSTransport(Transport):
 
     def _peek(self) -> None:
         try:
-            first = self.sock.recv(1, socket.MSG_PEEK)
+            first = self.sock.recv(SNIFF_BYTES, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -246,7 +279,7 @@ class TLSTransport(Transport):
         if not first:
             self._fail("closed before the TLS handshake", quiet=True)
             return
-        problem = not_tls(first[0])
+        problem = not_tls(first, self.server.config.protocol == "websockets")
         if problem is not None:
             self._fail(problem)
             return
@@ -274,10 +307,11 @@ class TLSTransport(Transport):
             return
         except ssl.SSLError as exc:
             reason = getattr(exc, "reason", None) or ""
-            detail = getattr(exc, "verify_message", None)
-            hint = _HINTS.get(reason, reason or str(exc))
-            if detail and reason == "CERTIFICATE_VERIFY_FAILED":
-                hint = f"{hint} ({detail})"
+            if reason == "CERTIFICATE_VERIFY_FAILED":
+                hint = verify_hint(getattr(exc, "verify_code", None),
+                                   getattr(exc, "verify_message", None))
+            else:
+                hint = _HINTS.get(reason, reason or str(exc))
             self._fail(hint)
             return
         except OSError as exc:
@@ -311,12 +345,14 @@ class TLSTransport(Transport):
         self.lost(f"TLS handshake failed: {why}")
 
     def handshake_timed_out(self) -> None:
+        if self.closing or self.closed:
+            return          # already ended (and counted) for another reason
         broker = self.loop.broker
         broker.stats.tls_handshakes_failed += 1
+        seconds, limit = self.handshake_limit
         broker.peer_log.log(log, logging.WARNING, "tls_handshake_timeout", self.peer,
                             "TLS handshake with %s on listener %s not finished within %g s "
-                            "(handshake_timeout); closing", self.peer, self.server.name,
-                            self.server.handshake_timeout)
+                            "(%s); closing", self.peer, self.server.name, seconds, limit)
         self.lost("TLS handshake timeout")
 
     # ----- reading and writing ------------------------------------------------------------

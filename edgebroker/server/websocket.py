@@ -256,6 +256,11 @@ class WebSocketEndpoint:
         core closed it with (0: none; ``close_code``), its name the close reason."""
         return self.close_frame(close_code(why), REASON_NAMES.get(why, "") if why else "")
 
+    def connect_timed_out(self) -> bytes:
+        """The close frame for a caller with no CONNECT (or whose password check did not
+        finish) within connect_timeout: 1008 (policy violation), the reason saying so."""
+        return self.close_frame(POLICY_VIOLATION, "connect_timeout")
+
     def _control(self, event) -> bytes:
         """A pong or close frame, while the connection is open (b"" before the handshake or
         once a close was sent)."""

@@ -43,8 +43,13 @@ class Stats:
     bytes_sent = 0
 
 
+class Limits:
+    connect_timeout = 10.0
+
+
 class Broker:
     stats = Stats()
+    limits = Limits()
 
     def before_send(self):
         pass
