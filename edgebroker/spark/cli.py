@@ -3,7 +3,9 @@
 run directly (Spark in local mode unless ``PYSPARK_SUBMIT_ARGS`` says otherwise) or with
 ``spark-submit path/to/edgebroker/spark/cli.py ingest ...``. The master is never set here: it
 comes from spark-submit or the Spark configuration. Each pass prints its report as one JSON line;
-with ``--continuous`` a pass that fails is logged (one line) and the next interval tries again,
+with ``--continuous`` a pass that fails is logged (one line) and the next interval tries again
+(also a pass refused because another holds the checkpoint folder's lock; ``--once`` then says
+so in one line and exits 1),
 unless Spark itself is gone (its JVM ended on its own: the OOM killer, a crash): then the command
 says so in one line and exits 1, for its service manager to start it again.
 """
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from edgebroker.spark.files import PassRunning
     from edgebroker.spark.ingest import SESSION_CONFIG, ingest_once
 
     builder = SparkSession.builder.appName("edgebroker-ingest")
@@ -66,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 report = ingest_once(spark, args.landing, args.warehouse, args.checkpoint)
             except Exception as exc:
+                if not args.continuous and isinstance(exc, PassRunning):
+                    print(f"edgebroker-spark: {exc}", file=sys.stderr)
+                    return 1
                 if not args.continuous:
                     raise
                 if stop.is_set():   # cut short by the stop: systemd's SIGTERM ends the JVM too

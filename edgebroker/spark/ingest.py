@@ -14,7 +14,8 @@ under a warehouse folder (docs/spark.md):
 * ``quarantine`` (path, moved_to, error, time): batches that could not be read, moved out of
   the landing area to ``<warehouse>/_quarantine/`` (Spark skips names starting with ``_``);
   a file whose length or modification time is no longer what the run read is not moved but
-  left for the next run (``edgebroker.spark.quarantine``).
+  left for the next run; one whose folder the job cannot change stays where it is, its row's
+  ``moved_to`` null (``edgebroker.spark.quarantine``).
 
 Spark 3.5 has no Python data source API (``pyspark.sql.datasource`` arrives in Spark 4), so the
 files are read with Spark's ``binaryFile`` source (any Hadoop file system: local, ``s3a://``,
@@ -22,7 +23,9 @@ files are read with Spark's ``binaryFile`` source (any Hadoop file system: local
 to Python and takes Arrow record batches back (``edgebroker.spark.arrow``).
 
 The checkpoint folder holds ``files``: the batch files already ingested, which a run lists and
-does not read again. The rows themselves are deduplicated against ``messages`` and among the
+does not read again; ``unmoved``: the bad files that could not be moved out of the landing
+area, skipped while unchanged; ``ingest.lock``: held by the pass working there, when the folder
+is local (``edgebroker.spark.files.pass_lock``). The rows themselves are deduplicated against ``messages`` and among the
 new batches, so a batch copied under another name, or read again after a crash between the two
 writes, adds no row: a batch whose offset range (from its header) overlaps no other new batch,
 no offset ``messages`` holds for its gateway in the partitions its rows fall in and no batch of
@@ -35,14 +38,16 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import pyarrow as pa
 
 from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_summary, batch_to_arrow
 from edgebroker.spark.dedup import clean_batches, new_rows, reused_offsets
+from edgebroker.spark.files import _Fs, list_landing, literal as _literal, pass_lock
 from edgebroker.spark.quarantine import Unreadable, quarantine
-from edgebroker.uploader.batch import SUFFIX, BatchFormatError
+from edgebroker.uploader.batch import BatchFormatError
 
 log = logging.getLogger("edgebroker.spark")
 
@@ -138,104 +143,6 @@ def decode_files(batches):
         yield from batch_to_arrow(blob, path)[1].to_batches()
 
 
-class _Fs:
-    """The few Hadoop FileSystem calls the driver makes (exists, status, rename, qualify)."""
-
-    def __init__(self, spark):
-        self.jvm = spark._jvm
-        self.conf = spark._jsc.hadoopConfiguration()
-
-    def _path(self, p: str):
-        return self.jvm.org.apache.hadoop.fs.Path(p)
-
-    def qualify(self, p: str) -> str:
-        path = self._path(p)
-        return str(path.getFileSystem(self.conf).makeQualified(path).toString()).rstrip("/")
-
-    def exists(self, p: str) -> bool:
-        path = self._path(p)
-        return bool(path.getFileSystem(self.conf).exists(path))
-
-    def status(self, uri: str) -> tuple[str, int, int]:
-        """(path as Spark's scans name it, length, modification time in ms) of the file at
-        ``uri``."""
-        path = self.jvm.org.apache.hadoop.fs.Path(self.jvm.java.net.URI(uri))
-        st = path.getFileSystem(self.conf).getFileStatus(path)
-        return str(st.getPath().toString()), int(st.getLen()), int(st.getModificationTime())
-
-    def stamp(self, p: str) -> tuple[int, int] | None:
-        """(length, modification time in ms) of the file at ``p``; None when there is none."""
-        from py4j.protocol import Py4JJavaError
-        path = self._path(p)
-        try:
-            st = path.getFileSystem(self.conf).getFileStatus(path)
-        except Py4JJavaError as exc:
-            if "FileNotFoundException" in str(exc.java_exception.getClass().getName()):
-                return None
-            raise
-        return int(st.getLen()), int(st.getModificationTime())
-
-    def free_name(self, dst: str) -> str:
-        """``dst``, or ``dst.1``, ``dst.2``... when that name is taken (the same bad batch
-        uploaded again)."""
-        fs = self._path(dst).getFileSystem(self.conf)
-        name, n = dst, 0
-        while fs.exists(self._path(name)):
-            n += 1
-            name = f"{dst}.{n}"
-        return name
-
-    def move(self, src: str, dst: str) -> None:
-        s = self._path(src)
-        fs = s.getFileSystem(self.conf)
-        fs.mkdirs(self._path(dst).getParent())
-        if not fs.rename(s, self._path(dst)):
-            raise OSError(f"cannot move {src} to {dst}")
-
-
-def _list_landing(spark, fs, landing: str) -> tuple[list, list]:
-    """The batch files under ``landing``: (paths of those with bytes, (path, modification
-    time in ms) of empty ones).
-    Spark's file scans drop empty files, so those are the files the listing (``inputFiles``,
-    which keeps them; URIs there) names beyond the scan's rows, each confirmed empty by the
-    file system. The names skipped are Spark's: starting with ``.`` or ``_``."""
-    df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-          .option("pathGlobFilter", f"*{SUFFIX}").load(_literal(landing)))
-    listed = [r.path for r in df.select("path").collect()]
-    have = {_path_key(p) for p in listed}
-    empty = []
-    for uri in df.inputFiles():
-        if _uri_key(uri) not in have:
-            path, length, mtime = fs.status(uri)
-            if length == 0:
-                empty.append((path, mtime))
-    return listed, sorted(empty)
-
-
-def _literal(path: str) -> str:
-    """``path`` with the characters Spark's ``load`` would take for a glob pattern escaped
-    (Hadoop's ``\\``): a landing area named ``land[1]`` is that folder, not ``land1``."""
-    return "".join("\\" + ch if ch in "\\{}[]*?" else ch for ch in path)
-
-
-def _path_key(p: str) -> str:
-    """A path as the scan's rows name it (Hadoop's ``Path.toString``: ``file:/a b#1%41``, not
-    escaped) in the form ``_uri_key`` gives."""
-    scheme, _, rest = p.partition(":")
-    if rest.startswith("//"):
-        authority, slash, path = rest[2:].partition("/")
-        return f"{scheme}://{authority}{slash}{path}"
-    return f"{scheme}://{rest}"
-
-
-def _uri_key(uri: str) -> str:
-    """A path as ``inputFiles`` names it (a URI: ``file:///a%20b%231%2541``), in one form with
-    ``_path_key``'s, to compare them by: a file both name is not looked up again."""
-    from urllib.parse import unquote, urlsplit
-    parts = urlsplit(uri)
-    return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
-
-
 def _messages(spark, path: str):
     return spark.read.schema(MESSAGES_DDL).parquet(_literal(path))
 
@@ -270,56 +177,94 @@ def _write_hourly(spark, tables: dict, touched) -> None:
 def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = None) -> dict:
     """One pass over ``landing``: every batch file not ingested yet goes into the tables under
     ``warehouse``; what it did, as a dict (files, rows added, duplicates, quarantined, gaps).
+    A pass holds the lock of a local checkpoint folder throughout; another pass over it raises
+    ``edgebroker.spark.files.PassRunning`` at once, having done nothing.
 
     For the run, one batch file goes to ``mapInArrow`` in each Arrow record batch (Spark's
     ``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000 rows by default: here every file
     of a task at once): an executor's Python then decodes a file while its JVM reads the next,
     and holds one file's bytes rather than a whole split's. The setting is put back after."""
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    before = spark.conf.get(key)
-    spark.conf.set(key, "1")
-    try:
-        return _ingest(spark, landing, warehouse, checkpoint)
-    finally:
-        spark.conf.set(key, before)
-
-
-def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict:
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
     fs = _Fs(spark)
     warehouse = fs.qualify(warehouse)
     checkpoint = fs.qualify(checkpoint) if checkpoint else f"{warehouse}/_checkpoint"
-    landing_q = fs.qualify(landing)
+    with pass_lock(checkpoint), \
+            _settings(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": "1"}):
+        return _ingest(spark, fs, fs.qualify(landing), warehouse, checkpoint)
+
+
+@contextmanager
+def _settings(spark, settings: dict):
+    """``settings`` (Spark's session configuration) for the block, put back after."""
+    before = {key: spark.conf.get(key) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            spark.conf.set(key, value)
+
+
+def _unopened(fs, paths, report: dict) -> list:
+    """The files of ``paths`` that the first pass's scan passed over (the files it could not
+    open are skipped there, not failing the pass): those the driver cannot open either, as
+    ``Unreadable`` (the error names the cause); one that is gone or opens now is logged and
+    left for the next run (``changed_since_read``)."""
+    bad = []
+    for path in paths:
+        stamp = fs.stamp(path)
+        cause = None if stamp is None else fs.open_error(path)
+        if cause is None:
+            log.warning("%s was not read by this run (%s): left for the next run", path,
+                        "gone" if stamp is None else "it opens now")
+            report["changed_since_read"].append(path)
+        else:
+            bad.append(Unreadable(path, f"{path}: cannot be opened ({cause})", *stamp))
+    return bad
+
+
+def _ingest(spark, fs, landing_q: str, warehouse: str, checkpoint: str) -> dict:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     t0 = time.monotonic()
     tables = {name: f"{warehouse}/{name}"
               for name in ("messages", "topic_hourly", "gaps", "quarantine")}
-    files_table = f"{checkpoint}/files"
+    files_table, unmoved_table = f"{checkpoint}/files", f"{checkpoint}/unmoved"
 
-    listed, empty = _list_landing(spark, fs, landing_q)
+    listed, empty = list_landing(spark, fs, landing_q)
     done = set()
     if fs.exists(files_table):
         done = {r.path for r in spark.read.parquet(_literal(files_table)).select("path").collect()}
-    new = sorted(path for path in listed if path not in done)
+    if fs.exists(unmoved_table):   # bad files that could not be moved: skipped while unchanged
+        done |= {(r.path, r.length, r.mtime) for r in spark.read.parquet(
+            _literal(unmoved_table)).select("path", "length", "mtime").collect()}
+    new = sorted(path for path, *stamp in listed
+                 if path not in done and (path, *stamp) not in done)
+    empty = [(path, mtime) for path, mtime in empty if (path, 0, mtime) not in done]
     report = {"files_listed": len(listed) + len(empty), "files_new": len(new) + len(empty),
               "batches": 0, "records": 0, "rows_added": 0, "duplicates": 0, "reused_offsets": 0,
-              "gaps_added": 0, "quarantined": [], "changed_since_read": []}
+              "gaps_added": 0, "quarantined": [], "not_moved": [], "changed_since_read": []}
     if not new and not empty:
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
 
     # Two passes over the new files, nothing cached: the first checks every file whole
     # (batch_days: no columns built) and keeps only its summary rows; the second decodes the
-    # readable ones (about 1M records/s per core) straight into the write.
-    summary = []
+    # readable ones (about 1M records/s per core) straight into the write. The first skips a
+    # file it cannot open (or that is gone), which the driver then looks at; the second does
+    # not: a file read there is one the first pass read.
+    summary, bad = [], []
     if new:
         files = spark.read.format("binaryFile").load([_literal(p) for p in new])
-        summary = files.select("path", "length", "modificationTime", "content") \
-            .mapInArrow(summarize_files, _SUMMARY_DDL).collect()
+        with _settings(spark, {"spark.sql.files.ignoreCorruptFiles": "true",
+                               "spark.sql.files.ignoreMissingFiles": "true"}):
+            summary = files.select("path", "length", "modificationTime", "content") \
+                .mapInArrow(summarize_files, _SUMMARY_DDL).collect()
         files = files.select("path", "content")
+        bad = _unopened(fs, sorted(set(new) - {r.path for r in summary}), report)
     good = [r for r in summary if r.kind == "batch"]
-    bad = [r for r in summary if r.kind == "error"]
+    bad += [r for r in summary if r.kind == "error"]
     bad += [Unreadable(path, f"{path}: empty file (0 bytes), not a batch", 0, mtime)
             for path, mtime in empty]
     touched = sorted({(r.date, r.gateway) for r in summary if r.kind == "date"})
@@ -409,9 +354,10 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     # row; a log that started over under the same gateway id reports its gaps at other times.
     # Rows written before batch_time existed (null there) match any time. The offsets missing
     # inside a batch (records damaged when it was cut, left out) are gaps too, their time that
-    # of the record right after them: a batch re-cut to begin there reports the same gap. A
-    # damage gap and a reported one of the same range are one gap whatever their times (the
-    # batch's earliest timestamp is not the record's after the hole when the clock went back).
+    # of the record right after them: a batch re-cut to begin there reports the same gap, at
+    # that time or earlier (its earliest timestamp, which is another record's when the clock
+    # went back). So a damage gap and a reported one of the same range are one gap when the
+    # reported one's time is not after the damage one's; reported later, it is a later life's.
     gaps: dict = {}
     for r in good + [r for r in summary if r.kind == "hole"]:
         if r.gap_length:
@@ -426,13 +372,19 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
         timeless = {(r.gateway, r.gap_first, r.gap_length) for r in held if r.t is None}
         known = {(r.gateway, r.gap_first, r.gap_length, r.t) for r in held}
         gaps = {k: v for k, v in gaps.items() if k not in known and k[:3] not in timeless}
-    kinds = {(r.gateway, r.gap_first, r.gap_length, r.reason) for r in held}
+    times: dict = {}   # (gateway, gap_first, gap_length, reason) -> the times held
+    for r in held:
+        times.setdefault((r.gateway, r.gap_first, r.gap_length, r.reason), []).append(r.t)
     for key, (path, reason) in sorted(gaps.items()):
-        other = "reported" if reason == "damage" else "damage"
-        if (*key[:3], other) in kinds:
+        t = key[3]
+        if reason == "reported":
+            same = any(d is None or t <= d for d in times.get((*key[:3], "damage"), ()))
+        else:
+            same = any(r is None or r <= t for r in times.get((*key[:3], "reported"), ()))
+        if same:
             del gaps[key]
         else:
-            kinds.add((*key[:3], reason))
+            times.setdefault((*key[:3], reason), []).append(t)
     if gaps:
         rows = [(gw, first, first + length - 1, length, path,
                  datetime.fromtimestamp(t / 1000, timezone.utc), reason)
@@ -445,7 +397,7 @@ def _ingest(spark, landing: str, warehouse: str, checkpoint: str | None) -> dict
     report["gaps_added"] = len(gaps)
 
     quarantine(spark, fs, bad, landing_q, warehouse,
-               (tables["quarantine"], _literal(tables["quarantine"])), report)
+               (tables["quarantine"], _literal(tables["quarantine"])), unmoved_table, report)
 
     now = datetime.now(timezone.utc)
     if good:

@@ -41,36 +41,67 @@ def _changed(fs, r, report: dict, after_row: bool = False) -> bool:
     return True
 
 
-def quarantine(spark, fs, bad: list, landing: str, warehouse: str, table: tuple,
+def quarantine(spark, fs, bad: list, landing: str, warehouse: str, table: tuple, unmoved: str,
                report: dict) -> None:
     """Record and move each file of ``bad`` (summary rows of kind error, ``Unreadable``) that
     is still the file the run read; ``landing``, ``warehouse``: qualified paths; ``table``:
     the quarantine table's folder, and that path as Spark's readers take it (pattern
-    characters escaped). Each row goes into the table before its file moves: a crash
-    in between leaves the file in the landing area, read again by the next run, which finds
-    its row there already (the same path and destination) and only moves it."""
+    characters escaped); ``unmoved``: the checkpoint's table of the bad files left in place.
+    Each row goes into the table before its file moves: a crash in between leaves the file in
+    the landing area, read again by the next run, which finds its row there already (the same
+    path and destination) and only moves it.
+
+    A file whose folder the job cannot write (a landing area it may read but not change) is
+    not moved: its row says so (``moved_to`` null, the cause in its error), and the checkpoint
+    names it (``unmoved``, with its length and modification time) for later runs to skip it
+    while it is unchanged. A move that fails all the same is logged with its cause and tried
+    again by the next run; the pass goes on either way."""
     now = datetime.now(timezone.utc)
     bad = [r for r in bad if not _changed(fs, r, report)]
-    planned = []
+    planned, stuck, causes = [], [], {}
     for r in bad:
+        folder = r.path.rsplit("/", 1)[0]
+        if folder not in causes:
+            causes[folder] = fs.write_error(folder)
+        if causes[folder]:
+            stuck.append((r, f"{r.error}; not moved out of the landing area: its folder "
+                             f"cannot be written ({causes[folder]})"))
+            continue
         rel = r.path[len(landing) + 1:] if r.path.startswith(landing + "/") else \
             r.path.rsplit("/", 1)[-1]
-        planned.append((r.path, fs.free_name(f"{warehouse}/_quarantine/{rel}"), r.error, now))
-    if planned:
+        planned.append((r, (r.path, fs.free_name(f"{warehouse}/_quarantine/{rel}"), r.error,
+                            now)))
+    rows = [p for _, p in planned] + [(r.path, None, error, now) for r, error in stuck]
+    if rows:
         known = set()
         if fs.exists(table[0]):
             known = {(q.path, q.moved_to)
                      for q in spark.read.parquet(table[1])
                      .select("path", "moved_to").collect()}
-        rows = [p for p in planned if p[:2] not in known]
+        rows = [p for p in rows if p[:2] not in known]
         if rows:
             (spark.createDataFrame(rows, "path string, moved_to string, error string, "
                                          "time timestamp")
              .coalesce(1).write.mode("append").parquet(table[0]))
-    for r, (path, dst, error, _) in zip(bad, planned):
+    if stuck:
+        (spark.createDataFrame([(r.path, r.length, r.mtime, error, now) for r, error in stuck],
+                               "path string, length long, mtime long, error string, "
+                               "time timestamp")
+         .coalesce(1).write.mode("append").parquet(unmoved))
+    for r, error in stuck:
+        log.error("%s left in the landing area, skipped by later runs while unchanged: %s",
+                  r.path, error)
+        report["not_moved"].append({"path": r.path, "error": error})
+    for r, (path, dst, error, _) in planned:
         if _changed(fs, r, report, after_row=True):
             continue
-        fs.move(path, dst)
+        try:
+            fs.move(path, dst)
+        except OSError as exc:
+            log.error("%s not quarantined, left in the landing area for the next run to move "
+                      "(its quarantine row names %s): %s", path, dst, exc)
+            report["not_moved"].append({"path": path, "error": f"{error}; {exc}"})
+            continue
         moved = fs.stamp(dst)
         if moved is None or moved[0] != r.length:
             # Replaced between the check and the rename: put it back when its name is free.
