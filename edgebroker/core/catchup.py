@@ -40,7 +40,7 @@ from operator import itemgetter
 from edgebroker.core.catchup_run import lag_cut
 from edgebroker.core.cursor import Cursor, needed_from
 from edgebroker.core.mqtt5 import stored_properties
-from edgebroker.core.router5 import options5_for
+from edgebroker.core.router5 import options5, options5_for
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.timers import Timer
 
@@ -132,6 +132,21 @@ class CatchUp:
             cursor.run = None
             return True
         return self.refill(session)
+
+    def _behind_unlogged(self, session, message) -> None:
+        """A QoS 0 message the log could not take (disk full) for ``session``, behind: sent
+        or queued now, it would pass the older messages the session has yet to read from the
+        log (order per topic and QoS, MQTT-4.6.0-6). It is dropped for the session
+        (``not_logged``), counted when the session would have taken it."""
+        if session.client is None and not (self.limits.queue_qos0_messages
+                                           and not session.clean):
+            return      # offline, it takes no QoS 0 messages
+        acl = session.acl
+        if acl is not None and not acl.can_read(message.topic):
+            return
+        if session.sub5 is not None and options5(session, message)[0] < 0:
+            return      # 5.0 No Local
+        self.drop("not_logged", session)
 
     def _go_on_later(self, session) -> None:
         self._catch_up_again.add(session)
