@@ -390,11 +390,10 @@ class CatchUp:
         first = commit_log.first_offset
         due = commit_log.offset_at_time(self.journal.wall_ms()
                                         - commit_log.options.retention_ms)
-        for session in behind:
-            cursor = session.cursor
-            if ((cursor.offset < due or cursor.offset < first) and session.client is None
-                    and not session.subscriptions and cursor.held is None):
-                self._move_to_head(session, first)
+        for session in list(behind):
+            if (session.client is None and not session.subscriptions
+                    and session.cursor.held is None):
+                self._nothing_to_read(session)
         if first > self._first_offset:
             self._first_offset = first
             for session in list(behind):
@@ -436,19 +435,18 @@ class CatchUp:
                         hold = floor
         commit_log.hold_offset = hold
 
-    def _move_to_head(self, session, first: int) -> None:
+    def _nothing_to_read(self, session) -> None:
         """Nothing past ``session``'s cursor can be for it: offline, no subscriptions of its
-        own (shared ones read their groups' backlogs), no retained copies held. The cursor
-        moves to the head quietly (no gap) and holds no segment from retention."""
-        head = self.live_offset()
-        cursor = session.cursor
-        if cursor.offset < head:
-            cursor.offset = head
-            cursor.done = None      # offsets below the head: passed over too
-            session.saved = None
-            if not session.clean:
-                self._snapshot_dirty = True
-        cursor.floor = needed_from(session, cursor.offset, first)
+        own (shared ones read their groups' backlogs; _go_offline gives such a session no
+        cursor), no retained copies held; a cursor restored from the snapshot, or kept from
+        before it unsubscribed. It is in step from now on: no lag, no segment held (a
+        SUBSCRIBE when it is back takes what follows, as for any session in step)."""
+        session.cursor = None
+        self.behind.discard(session)
+        self._catch_up_again.discard(session)
+        session.saved = None
+        if not session.clean:
+            self._snapshot_dirty = True
 
     def lag(self, session) -> dict:
         """How far ``session`` is behind the head of the log (the admin socket, metrics),
