@@ -40,7 +40,7 @@ from operator import itemgetter
 from edgebroker.core.catchup_run import lag_cut
 from edgebroker.core.cursor import Cursor, needed_from
 from edgebroker.core.mqtt5 import stored_properties
-from edgebroker.core.router5 import options5_for
+from edgebroker.core.router5 import options5, options5_for
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.timers import Timer
 
@@ -132,6 +132,21 @@ class CatchUp:
             cursor.run = None
             return True
         return self.refill(session)
+
+    def _behind_unlogged(self, session, message) -> None:
+        """A QoS 0 message the log could not take (disk full) for ``session``, behind: sent
+        or queued now, it would pass the older messages the session has yet to read from the
+        log (order per topic and QoS, MQTT-4.6.0-6). It is dropped for the session
+        (``not_logged``), counted when the session would have taken it."""
+        if session.client is None and not (self.limits.queue_qos0_messages
+                                           and not session.clean):
+            return      # offline, it takes no QoS 0 messages
+        acl = session.acl
+        if acl is not None and not acl.can_read(message.topic):
+            return
+        if session.sub5 is not None and options5(session, message)[0] < 0:
+            return      # 5.0 No Local
+        self.drop("not_logged", session)
 
     def _go_on_later(self, session) -> None:
         self._catch_up_again.add(session)
@@ -375,11 +390,10 @@ class CatchUp:
         first = commit_log.first_offset
         due = commit_log.offset_at_time(self.journal.wall_ms()
                                         - commit_log.options.retention_ms)
-        for session in behind:
-            cursor = session.cursor
-            if ((cursor.offset < due or cursor.offset < first) and session.client is None
-                    and not session.subscriptions and cursor.held is None):
-                self._move_to_head(session, first)
+        for session in list(behind):
+            if (session.client is None and not session.subscriptions
+                    and session.cursor.held is None):
+                self._nothing_to_read(session)
         if first > self._first_offset:
             self._first_offset = first
             for session in list(behind):
@@ -421,19 +435,18 @@ class CatchUp:
                         hold = floor
         commit_log.hold_offset = hold
 
-    def _move_to_head(self, session, first: int) -> None:
+    def _nothing_to_read(self, session) -> None:
         """Nothing past ``session``'s cursor can be for it: offline, no subscriptions of its
-        own (shared ones read their groups' backlogs), no retained copies held. The cursor
-        moves to the head quietly (no gap) and holds no segment from retention."""
-        head = self.live_offset()
-        cursor = session.cursor
-        if cursor.offset < head:
-            cursor.offset = head
-            cursor.done = None      # offsets below the head: passed over too
-            session.saved = None
-            if not session.clean:
-                self._snapshot_dirty = True
-        cursor.floor = needed_from(session, cursor.offset, first)
+        own (shared ones read their groups' backlogs; _go_offline gives such a session no
+        cursor), no retained copies held; a cursor restored from the snapshot, or kept from
+        before it unsubscribed. It is in step from now on: no lag, no segment held (a
+        SUBSCRIBE when it is back takes what follows, as for any session in step)."""
+        session.cursor = None
+        self.behind.discard(session)
+        self._catch_up_again.discard(session)
+        session.saved = None
+        if not session.clean:
+            self._snapshot_dirty = True
 
     def lag(self, session) -> dict:
         """How far ``session`` is behind the head of the log (the admin socket, metrics),

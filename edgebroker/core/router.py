@@ -4,14 +4,13 @@ The path of one PUBLISH: ``publish`` logs it (``core.journal``), then ``_route``
 stores it if retained and delivers it to every matching subscription: QoS 0 at once, QoS
 1/2 once the record is written to the OS (``route_written``, at the end of the loop pass),
 so that a message its publisher may send again after a crash was never delivered. A QoS 0
-frame is encoded once per message (``_frame0``, the frame cache) and offered to
-each subscriber's transport; a QoS 1/2 message goes into the session's window
-(``_send``) or, when the window, the queue or the transport's ``max_pending``
-hold it back, into the session's queue (``_defer``/``_enqueue``, within
-max_queued_messages/bytes). ``pump`` moves queued messages into the window as
-acknowledgements and the connection's drain allow; a queued message that is
-only a log offset (an offline session's) is sent with its payload straight from
-the segment file (``_write_from_log``).
+frame is encoded once per message (``_frame0``, the frame cache) and offered to each
+subscriber's transport; a QoS 1/2 message goes into the session's window (``_send``) or,
+when the window, the queue or the transport's ``max_pending`` hold it back, into the
+session's queue (``_defer``/``_enqueue``, within max_queued_messages/bytes). ``pump`` moves
+queued messages into the window as acknowledgements and the connection's drain allow; a
+queued message that is only a log offset (an offline session's) is sent with its payload
+straight from the segment file (``_write_from_log``).
 """
 
 from __future__ import annotations
@@ -165,7 +164,9 @@ class Router:
         sent = 0
         logged = message.offset is not None
         for session, sub_qos in targets:
-            if session.cursor is not None and logged:
+            if session.cursor is not None and (logged or received):
+                if not logged:      # the disk is full: dropped, not to pass older ones
+                    self._behind_unlogged(session, message)
                 continue  # behind: it reads this message from the log (core.catchup)
             acl = session.acl
             if acl is not None:
@@ -186,9 +187,8 @@ class Router:
             client = session.client
             if q == 0:
                 if client is None or session.queue:
-                    # Offline, or behind a backlog that may hold older QoS 0
-                    # messages (order per topic and QoS, MQTT-4.6.0-6): retained
-                    # ones queued at SUBSCRIBE, or ones queued while offline.
+                    # Offline, or behind a backlog that may hold older QoS 0 messages (order per
+                    # topic and QoS, MQTT-4.6.0-6): retained copies, ones queued while offline.
                     if client is None:
                         if self.limits.queue_qos0_messages and not session.clean:
                             self._enqueue(session, message, 0, retain_out)

@@ -187,7 +187,9 @@ class Sessions:
                                   for ref, qos, retain in session.queue)
         for entry in session.inflight.values():
             entry.message = as_stored(entry.message)
-        if self.log_queue and session.cursor is None:
+        if self.log_queue and session.cursor is None and session.subscriptions:
+            # (None of its own: nothing in the log is for it, so it stays in step, with no
+            # lag and holding nothing; a SUBSCRIBE when it is back takes what follows.)
             self.fall_behind(session, self.live_offset())
         cursor = session.cursor
         if cursor is not None:

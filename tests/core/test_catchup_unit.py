@@ -377,11 +377,40 @@ def test_no_local_holds_while_a_session_a_5_0_client_made_catches_up_over_3_1_1(
     assert reader.got == list(range(1000, 1600))
 
 
+def test_a_cursor_left_to_a_session_that_can_take_nothing_is_retired(core):
+    """A session behind that unsubscribes from everything and goes offline keeps its cursor
+    (as does one restored from an older snapshot): the next maintenance tick puts it in step,
+    so it shows no lag and holds nothing; back and subscribing, it gets what follows."""
+    sub, sub_t = _connect(core, "sub", clean=False, max_pending=4096)
+    sub.data_received(m.subscribe(1, [("t/#", 0)]))
+    pub, _ = _connect(core, "pub")
+    for i in range(100):        # not read: past max_pending, it reads from the log
+        pub.data_received(m.publish("t/x", b"%d" % i + b"." * 100))
+        core.end_pass()
+    session = core.sessions["sub"]
+    assert session.cursor is not None and not session.queue and not session.inflight
+    sub.data_received(m.unsubscribe(2, ["t/#"]))
+    sub.data_received(m.disconnect())
+    for i in range(100):
+        pub.data_received(m.publish("t/x", b"more", qos=1, packet_id=1))
+        core.end_pass()
+    core.check_cursors(time.monotonic())
+    assert session.cursor is None and not core.behind
+    assert core.lag(session)["lag_records"] == 0
+    back, back_t = _connect(core, "sub", clean=False)
+    back.data_received(m.subscribe(3, [("t/#", 1)]))
+    pub.data_received(m.publish("t/x", b"after", qos=1, packet_id=1))
+    core.end_pass()
+    got = [f.payload for f in _frames(back_t) if f.type == m.PUBLISH]
+    assert got == [b"after"]
+
+
 def test_an_offline_session_that_can_take_nothing_holds_no_segment(tmp_path):
     """A persistent session subscribed to nothing (a device that only publishes), or only to
     shared subscriptions (their groups read their own backlogs), can be sent nothing from
-    the log. Offline, its cursor moves to the head: it holds no segment from age retention,
-    and a disk-limit deletion is no gap to it. A session with a subscription keeps both."""
+    the log. Offline, it has no cursor (it stays in step): it holds no segment from age
+    retention, and a disk-limit deletion is no gap to it. A session with a subscription
+    keeps both."""
     wall = [1_700_000_000_000]
     log = CommitLog.open(str(tmp_path / "log"), LogOptions(
         segment_bytes=4096, retention_bytes=3 * 4096, retention_ms=1000))
@@ -401,8 +430,8 @@ def test_an_offline_session_that_can_take_nothing_holds_no_segment(tmp_path):
         core.end_pass()
         core.check_cursors(time.monotonic())
         cursors = {n: core.sessions[n].cursor for n in ("dev", "grp", "sub")}
-        assert (cursors["dev"].offset, cursors["dev"].floor) == (4, 4)
-        assert (cursors["grp"].offset, cursors["grp"].floor) == (4, 4)
+        assert cursors["dev"] is None and cursors["grp"] is None
+        assert core.behind == {core.sessions["sub"]}
         assert cursors["sub"].offset == 0 and log.hold_offset == 0, "sub still needs them"
         # The disk limit deletes segments under every cursor: a gap for "sub" alone.
         for i in range(4, 40):
@@ -412,7 +441,7 @@ def test_an_offline_session_that_can_take_nothing_holds_no_segment(tmp_path):
         assert first > 4
         core.check_cursors(time.monotonic())
         assert core.dropped["log_gap"] == first, "records 0..first-1 lost to 'sub' only"
-        assert cursors["dev"].offset == cursors["grp"].offset == 40
+        assert core.sessions["dev"].cursor is None and core.sessions["grp"].cursor is None
         assert cursors["sub"].offset == first
         # Back and subscribing, the device is sent what comes from then on.
         back, back_t = _connect(core, "dev", clean=False)

@@ -7,6 +7,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from conftest import run_cli
 from diskfull import fill_up, in_private_mount_namespace, mount_tmpfs
 from mqttraw import PINGRESP, PUBACK, pingreq, publish
@@ -194,3 +196,57 @@ def test_stop_while_full_keeps_every_acknowledged_message(broker, uid, tmp_path,
     assert again.stop() == 0
     assert _log_payloads(data_dir) == acked + ["after"]
     _verifies(data_dir)
+
+
+@pytest.mark.parametrize("where", ["online", "offline"])
+def test_unlogged_qos0_does_not_pass_the_backlog_of_a_session_behind(
+        broker, uid, tmp_path, request, where):
+    """While the disk is full, a QoS 0 message the log cannot take is dropped for a session
+    behind (catching up from the log, or offline with queue_qos0_messages), counted
+    ``not_logged``: sent at once, it would pass the older messages of the same topic and QoS
+    from the same publisher that the session has yet to read from the log (MQTT-4.6.0-6).
+    A subscriber in step still gets it."""
+    if not in_private_mount_namespace(request):
+        return
+    small, data_dir = _small_disk(tmp_path)
+    b = broker(data_dir=data_dir, limits={"queue_qos0_messages": True})
+    topic = f"{uid}/t"
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(topic, qos=1)
+    live = b.client(f"{uid}-l")
+    live.subscribe(topic, qos=0)
+    pub1, pub0 = b.client(f"{uid}-p1"), b.client(f"{uid}-p0")
+    if where == "offline":
+        sub.disconnect()
+        assert b.wait_log(lambda ln: f"'{uid}-s'" in ln and "disconnected" in ln)
+    else:
+        for i in range(400):    # not read, never acknowledged: past its window and queue
+            pub1.publish(topic, b"m%d" % i, qos=1)
+        assert b.client_row(f"{uid}-s")["cursor"] is not None, "not behind"
+    older = [b"n%d" % i for i in range(100)]
+    for payload in older:       # logged: in the session's backlog
+        pub0.publish(topic, payload)
+    assert pub0.ping() == []
+    pub1.publish(topic, b"m-written", qos=1)     # acknowledged: the records before are written
+    fill_up(small / "filler")
+    _held(b, pub1, f"{uid}/big", b"held " * 4000, 999)
+    newer = [b"u%d" % i for i in range(50)]
+    for payload in newer:       # not logged
+        pub0.publish(topic, payload)
+    assert pub0.ping() == []    # all handled
+    got_live = [live.recv_publish().payload for _ in range(len(older) + len(newer) + 1
+                                                          + (400 if where == "online" else 0))]
+    assert got_live[-len(newer) - len(older) - 1:] == older + [b"m-written"] + newer
+
+    os.unlink(small / "filler")
+    if where == "offline":
+        sub = b.client(f"{uid}-s", clean=False)
+    got = []
+    for _ in range(600):
+        got.append(sub.recv_publish().payload)
+        if got[-1] == b"m-written":
+            break
+    assert sub.ping() == []     # nothing after the last one
+    assert [p for p in got if p[:1] in b"nu"] == older, got
+    # Dropped for the session behind only, and counted.
+    assert b.stats()["dropped"]["not_logged"] == len(newer)
