@@ -88,7 +88,10 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
                                password=config.password.encode() if config.password else None,
                                properties={SESSION_EXPIRY: config.session_expiry} if keep
                                else None,
-                               max_inflight=config.window, max_queued=config.window,
+                               max_inflight=config.window,
+                               # (and this link's SUBSCRIBEs, one per filter on 5.0, and
+                               # UNSUBSCRIBE: they may wait there for a free packet id)
+                               max_queued=config.window + len(self.rules.into) + 1,
                                connect_timeout=config.connect_timeout,
                                max_packet_size=broker.limits.max_packet_size,
                                auto_ack=False)   # inbound: acknowledged once logged

@@ -156,3 +156,26 @@ def test_overlapping_in_rules_publish_each_message_once(broker, mosquitto_broker
     central.close()
     assert gw.stop() == 0
     assert sorted(map(int, _log_payloads(data_dir))) == [0] + list(range(110))
+
+
+def test_many_in_rules_with_a_window_of_one_all_subscribe(broker, mosquitto_broker):
+    """One SUBSCRIBE per filter on 5.0: with `window = 1` the bridge has 4 packet ids, all
+    taken at a restart by the PUBRELs of release.py, so its SUBSCRIBEs wait in the client
+    library's queue, which must take them all (it took `window` requests)."""
+    remote = mosquitto_broker(extra=LOGGED)
+    filters = [f"r{i}/#" for i in range(6)]
+    rules = [{"pattern": f, "direction": "in", "qos": 1} for f in filters]
+    table = bridge_table(remote.port, rules, protocol_version=5, client_id="gw", window=1)
+    gw = broker(bridge=[table])
+    mark = _subscribed(remote, 0, *filters)
+    data_dir = gw.config["data_dir"]
+    assert gw.stop() == 0
+    gw = broker(bridge=[table], data_dir=data_dir)
+    assert gw.wait_log(lambda ln: "session present: True" in ln, 10)
+    _subscribed(remote, mark, *filters)
+    central = _remote_client(remote, "central")
+    for i in range(6):
+        publish_range(central, f"r{i}/x", i, i + 1)
+    wait_figure(gw, lambda f: f["received"] == 6)
+    central.close()
+    assert not any("internal error" in ln for ln in gw.logs)
