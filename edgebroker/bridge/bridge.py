@@ -4,7 +4,8 @@ The parts: ``Link`` (the socket, TLS), the client library's sans-I/O ``Connectio
 packet ids, the window, resending after a reconnect, keepalive), ``Outbound`` (the log
 consumer and its cursor), ``Inbound`` (remote messages published here), the checkpoint file,
 in pump.py how the backlog is handed to the remote, in subscribing.py the remote
-subscriptions of the ``in`` rules, in refusals.py what the remote refuses, in reconnect.py the back-off between connections, and in stopping.py the stop.
+subscriptions of the ``in`` rules, in refusals.py what the remote refuses, in reconnect.py
+the back-off between connections, and in stopping.py the stop.
 ``Bridge`` moves bytes and events between them:
 
 - bytes from the link go to ``Connection.receive_data``; its events are handled (``Acked``

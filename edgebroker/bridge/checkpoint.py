@@ -8,9 +8,9 @@ the next run releases at the remote (bridge/release.py). ``packet_ids`` may be a
 file of an older version): every id is released then. ``"subscriptions": {FILTER: ID}``: the
 remote filters the bridge subscribed to that the remote's session may still hold, each with
 its Subscription Identifier (0: none), so the next run unsubscribes those its rules no longer
-name (bridge/subscribing.py); absent in a file of an older version: not known then. The file is written to a temporary
-name, fsynced and renamed over the old one, then the folder is fsynced, so a crash leaves
-the old file or the new one.
+name (bridge/subscribing.py); absent in a file of an older version: not known then. The
+file is written to a temporary name, fsynced and renamed over the old one, then the folder
+is fsynced, so a crash leaves the old file or the new one.
 
 The core thread never waits for a disk: ``CheckpointWriter`` is a small thread that writes
 the latest cursor each bridge handed it (a later one replaces one not yet written). At

@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 
 import mqttraw
+import mqttraw5 as m5
 import pytest
 from core.test_disk_full import _log_payloads
 
-from .helpers import bridge_table, checkpoint, publish_range, wait_figure
+from .helpers import FakeRemote5, bridge_table, checkpoint, publish_range, wait_figure
 
 # Mosquitto logs each SUBSCRIBE and UNSUBSCRIBE as it takes it: the test waits for those.
 LOGGED = ["log_type subscribe", "log_type unsubscribe"]
@@ -179,3 +180,43 @@ def test_many_in_rules_with_a_window_of_one_all_subscribe(broker, mosquitto_brok
     wait_figure(gw, lambda f: f["received"] == 6)
     central.close()
     assert not any("internal error" in ln for ln in gw.logs)
+
+
+@pytest.mark.parametrize("ids_available", [True, False])
+def test_which_copy_is_published_by_its_identifiers(broker, ids_available):
+    """The rule against a remote the test plays: a SUBSCRIBE per filter with identifiers 1
+    and 2; a copy is published only when its identifiers hold the first matching rule's
+    (a copy with none is published). A remote with Subscription Identifier Available 0 gets
+    one SUBSCRIBE without identifiers, and every copy is published (documented)."""
+    remote = FakeRemote5()
+    rules = [{"pattern": "c/#", "direction": "in", "qos": 1, "local_prefix": "all/"},
+             {"pattern": "c/x/#", "direction": "in", "qos": 1, "local_prefix": "x/"}]
+    try:
+        gw = broker(bridge=[bridge_table(remote.port, rules, protocol_version=5)])
+        end = remote.accept(None if ids_available
+                            else m5.connack5(props={m5.SUB_ID_AVAILABLE: 0}))
+        subs = [end.expect(m5.SUBSCRIBE) for _ in range(2 if ids_available else 1)]
+        assert [(s.topics, s.properties) for s in subs] == (
+            [([("c/#", 0x1D)], {0x0B: 1}), ([("c/x/#", 0x1D)], {0x0B: 2})] if ids_available
+            else [([("c/#", 0x1D), ("c/x/#", 0x1D)], {})]), subs
+        for s in subs:
+            end.send(m5.suback5(s.packet_id, [1] * len(s.topics)))
+        wait_figure(gw, lambda f: f["state"] == "up")
+        local = gw.client("local")
+        local.subscribe("#", qos=1)
+        copies = [("c/x/1", [(0x0B, 2)]), ("c/x/1", [(0x0B, 1)]),     # two subscriptions
+                  ("c/x/2", [(0x0B, 2), (0x0B, 1)]),                    # one copy, both ids
+                  ("c/x/3", None), ("c/y", [(0x0B, 1)])]                # none; one rule
+        for pid, (topic, props) in enumerate(copies, 1):
+            end.send(m5.publish5(topic, topic, qos=1, packet_id=pid, props=props))
+        assert sorted(end.expect(m5.PUBACK).packet_id for _ in copies) == [1, 2, 3, 4, 5]
+        published = 4 if ids_available else 5
+        fig = wait_figure(gw, lambda f: f["received"] + f["received_copies"] == 5)
+        assert (fig["received"], fig["received_copies"]) == (published, 5 - published)
+        got = sorted((p.topic, p.payload) for p in
+                     (local.recv_publish(5) for _ in range(published)))
+        assert got == sorted(([] if ids_available else [("all/c/x/1", b"c/x/1")]) + [
+            ("all/c/x/1", b"c/x/1"), ("all/c/x/2", b"c/x/2"), ("all/c/x/3", b"c/x/3"),
+            ("all/c/y", b"c/y")])
+    finally:
+        remote.close()
