@@ -210,3 +210,14 @@ def bridge_problems(bridge: BridgeConfig, given: dict, name: str) -> list[str]:
         problems.append(f"{name}.reconnect_max: must be at least reconnect_min "
                         f"({bridge.reconnect_min:g}), got {bridge.reconnect_max:g}")
     return problems
+
+
+def bridge_warnings(bridges) -> list[str]:
+    """What is allowed but does nothing: an ``out`` rule whose local filter can match only
+    ``$SYS`` topics (this broker's own ``$SYS`` messages are not written to the commit log,
+    which the bridge reads: docs/bridge.md)."""
+    return [f"bridge[{i}].topic[{j}]: bridge {bridge.name!r}: the out rule's filter "
+            f"{shown(rule.local_filter, 60)} matches only $SYS topics, which this broker "
+            f"does not write to its log: the rule forwards nothing (docs/bridge.md)"
+            for i, bridge in enumerate(bridges) for j, rule in enumerate(bridge.topic)
+            if rule.outbound and rule.local_filter.startswith("$SYS")]

@@ -3,8 +3,9 @@
 The parts: ``Link`` (the socket, TLS), the client library's sans-I/O ``Connection`` (MQTT:
 packet ids, the window, resending after a reconnect, keepalive), ``Outbound`` (the log
 consumer and its cursor), ``Inbound`` (remote messages published here), the checkpoint file,
-in pump.py how the backlog is handed to the remote, in refusals.py what the remote
-refuses, in reconnect.py the back-off between connections, and in stopping.py the stop.
+in pump.py how the backlog is handed to the remote, in subscribing.py the remote
+subscriptions of the ``in`` rules, in refusals.py what the remote refuses, in reconnect.py
+the back-off between connections, and in stopping.py the stop.
 ``Bridge`` moves bytes and events between them:
 
 - bytes from the link go to ``Connection.receive_data``; its events are handled (``Acked``
@@ -38,16 +39,17 @@ from edgebroker.bridge.refusals import Refusals
 from edgebroker.bridge.release import Releasing
 from edgebroker.bridge.rules import Rules
 from edgebroker.bridge.stopping import Stopping
+from edgebroker.bridge.subscribing import Subscribing
 from edgebroker.bridge_config import split_address
 from edgebroker.client.connection import Connection
 from edgebroker.client.requests import is_release
 from edgebroker.client.events import (
     Acked, Connected, ConnectFailed, Disconnected, Message, Oversized, PingTimeout, Subscribed,
+    Unsubscribed,
 )
 from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import PACKET_TOO_LARGE
-from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.properties import (
     MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, SESSION_EXPIRY,
 )
@@ -55,7 +57,7 @@ from edgebroker.mqtt.properties import (
 log = logging.getLogger("edgebroker.bridge")
 
 
-class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
+class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
     def __init__(self, config, broker, selector, wake, state_dir: str, tls_context=None):
         self.config = config
         self.name = config.name
@@ -87,7 +89,10 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
                                password=config.password.encode() if config.password else None,
                                properties={SESSION_EXPIRY: config.session_expiry} if keep
                                else None,
-                               max_inflight=config.window, max_queued=config.window,
+                               max_inflight=config.window,
+                               # (and this link's SUBSCRIBEs, one per filter on 5.0, and
+                               # UNSUBSCRIBE: they may wait there for a free packet id)
+                               max_queued=config.window + len(self.rules.into) + 1,
                                connect_timeout=config.connect_timeout,
                                max_packet_size=broker.limits.max_packet_size,
                                auto_ack=False)   # inbound: acknowledged once logged
@@ -113,7 +118,6 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
         self._warned: set = set()        # what was logged once
         self._sent_before = (0, 0)       # publishes in flight at the link's loss, past PUBREC
         self._give_up = Timer(self._connect_expired)   # connect_timeout, from _connect on
-        self.subscribing = None          # this link's SUBSCRIBE, until its SUBACK
         self.init_stopping()
 
     # ----- start and stop ---------------------------------------------------------------
@@ -127,15 +131,16 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
             self.checkpoint_damaged += 1
             saved = None
         self.init_release(saved[2] if saved is not None else None)
+        self.init_subscriptions(saved[3] if saved is not None else None)
         on_disk = saved[0] if saved is not None else None   # the file's cursor (None: none)
         if saved is None:
             head = commit_log.next_offset
-            saved = (head, head, None)
+            saved = (head, head, None, None)
             log.info("bridge %s: %s: it forwards from the head of the log (offset %d)",
                      self.name, "its checkpoint was damaged" if self.checkpoint_damaged
                      else "no checkpoint", head)
             on_disk = self._write_start(head, on_disk)
-        cursor, sent, _ = saved
+        cursor, sent = saved[:2]
         head = commit_log.next_offset
         if cursor > head:
             # The log came back shorter than the checkpoint (a power cut took its tail, or it
@@ -172,7 +177,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
         cursor the file holds (``on_disk`` when the write failed: the first save_checkpoint
         then sees the difference and writes it again, each checkpoint_interval)."""
         try:
-            checkpoint.write(self.path, self.name, cursor, cursor, self.packet_ids)
+            checkpoint.write(self.path, self.name, cursor, cursor, self.packet_ids,
+                             self.remote_subs)
             self.ids_saved = self.packet_ids
             return cursor
         except OSError as exc:
@@ -237,9 +243,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
         self.inbound.fresh_from = None
         if self.conn.state != "closed":
             self.conn.connection_lost()
-        if self.subscribing is not None:    # not answered: the next link subscribes afresh
-            self.conn.withdraw(self.subscribing)
-            self.subscribing = None
+        self.withdraw_subscribing()     # not answered: the next link subscribes afresh
         # Sent on this link and not acknowledged: sent again after the next CONNACK (those
         # still queued in the connection were never sent: not resends; nor the PUBRELs of
         # release.py).
@@ -311,15 +315,9 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
         elif kind is Connected:
             self._connected(event)
         elif kind is Subscribed:
-            if event.request is self.subscribing:
-                self.subscribing = None
-            for (topic_filter, _), code in zip(event.request.filters, event.granted):
-                if code < 0x80:
-                    self._warned.discard(("refused", topic_filter))    # the episode ends
-                else:
-                    self._once(("refused", topic_filter), "bridge %s: the remote refused "
-                               "the subscription to %r (code %#04x; logged once until it "
-                               "grants it)", self.name, topic_filter, code)
+            self.on_subscribed(event)
+        elif kind is Unsubscribed:
+            self.on_unsubscribed(event)
         elif kind in (ConnectFailed, Disconnected, PingTimeout):
             reason = (f"{kind.__name__}: {event.reason}" if kind is not PingTimeout
                       else "no PINGRESP within the keepalive")
@@ -366,18 +364,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
                        "once)", self.name)
         if self._busy and not self._busy_retry.pending:
             self._busy_retry.start(self.broker, self.clock())
-        subscriptions = self.rules.subscriptions()
-        if subscriptions:
-            v5 = self.config.protocol_version == 5
-            # No Local: the remote does not send back what this bridge published there.
-            # Retain Handling 1: its retained messages come only with a new subscription,
-            # not again at each reconnect to a session the remote kept.
-            extra = (P.SUB_NO_LOCAL | P.SUB_RETAIN_AS_PUBLISHED | 1 << 4) if v5 else 0
-            self.subscribing = self.conn.subscribe([(f, qos | extra)
-                                                    for f, qos in subscriptions])
-            # The remote answers with its retained messages as it has them once it read the
-            # SUBSCRIBE: what goes out behind it is not in that answer (Inbound._stale).
-            self.inbound.fresh_from = self.outbound.sent_to
+        self.subscribe_on_connect(event.session_present, props)
 
     # ----- sending ----------------------------------------------------------------------
 
@@ -443,12 +430,13 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
         cursor = min(outbound.cursor, durable)
         sent = max(cursor, min(outbound.sent_to, durable))
         # (A write that failed left the file behind what was handed to the writer: again.)
-        ids = self.packet_ids
+        ids, subs = self.packet_ids, self.remote_subs
         if (cursor != outbound.saved or sent > outbound.resend_until or ids != self.ids_saved
+                or subs is not self.subs_saved
                 or self.writer.on_disk.get(self.path) != outbound.saved):
-            self.writer.submit(self.path, self.name, cursor, sent, ids)
+            self.writer.submit(self.path, self.name, cursor, sent, ids, subs)
             outbound.saved = cursor
-            self.ids_saved = ids
+            self.ids_saved, self.subs_saved = ids, subs
             outbound.resend_until = max(outbound.resend_until, sent)
 
     def hold(self) -> int:
@@ -478,6 +466,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping):
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "short_links": self.short_links,
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
+            "received_copies": self.inbound.copies,
             "received_held": len(self.inbound.held),
             "not_sent_back": ob.skipped_own,
             "bytes_out": self.bytes_out + (link.bytes_out if link is not None else 0),

@@ -96,9 +96,9 @@ class Bridges:
         """Close the links and write each bridge's final cursor (durably, before returning)."""
         finals = [bridge.stop() for bridge in self.started()]
         self.writer.stop()
-        for path, name, cursor, sent, packet_ids in finals:
+        for path, name, cursor, sent, packet_ids, subscriptions in finals:
             try:
-                checkpoint.write(path, name, cursor, sent, packet_ids)
+                checkpoint.write(path, name, cursor, sent, packet_ids, subscriptions)
             except OSError as exc:
                 log.error("bridge %s: cannot write its final checkpoint %s: %s", name, path,
                           exc.strerror or exc)

@@ -5,9 +5,12 @@ below ``C`` that the bridge forwards was acknowledged by the remote; records fro
 ``S`` had been sent and were not yet all acknowledged when the file was written (after a
 crash they are sent again: counted as resent); the bridge's packet ids are 1 to ``N``: those
 the next run releases at the remote (bridge/release.py). ``packet_ids`` may be absent (a
-file of an older version): every id is released then. The file is written to a temporary
-name, fsynced and renamed over the old one, then the folder is fsynced, so a crash leaves
-the old file or the new one.
+file of an older version): every id is released then. ``"subscriptions": {FILTER: ID}``: the
+remote filters the bridge subscribed to that the remote's session may still hold, each with
+its Subscription Identifier (0: none), so the next run unsubscribes those its rules no longer
+name (bridge/subscribing.py); absent in a file of an older version: not known then. The
+file is written to a temporary name, fsynced and renamed over the old one, then the folder
+is fsynced, so a crash leaves the old file or the new one.
 
 The core thread never waits for a disk: ``CheckpointWriter`` is a small thread that writes
 the latest cursor each bridge handed it (a later one replaces one not yet written). At
@@ -26,6 +29,7 @@ from edgebroker.files import read_small_file, replace_file
 log = logging.getLogger("edgebroker.bridge")
 
 VERSION = 1
+MAX_SUBSCRIPTION_ID = 268_435_455     # a Variable Byte Integer (MQTT 5.0 3.8.2.1.2)
 
 
 def path_of(state_dir: str, name: str) -> str:
@@ -36,8 +40,9 @@ class Damaged(Exception):
     """The checkpoint file could not be read; it was moved to ``.damaged`` and logged."""
 
 
-def load(path: str) -> tuple[int, int, int | None] | None:
-    """(cursor, sent, packet ids or None) from the file; None when there is none. A damaged
+def load(path: str) -> tuple[int, int, int | None, dict | None] | None:
+    """(cursor, sent, packet ids or None, subscriptions or None) from the file; None when
+    there is none. A damaged
     file is renamed to ``.damaged``, logged, and raises ``Damaged``: the bridge then starts
     at the head of the log, as a new one, and counts it (``checkpoint_damaged``)."""
     try:
@@ -50,7 +55,12 @@ def load(path: str) -> tuple[int, int, int | None] | None:
         ids = data.get("packet_ids")
         if ids is not None and (type(ids) is not int or not 1 <= ids <= 0xFFFF):
             raise ValueError(f"packet_ids {ids!r} is not a number from 1 to 65535")
-        return cursor, sent, ids
+        subs = data.get("subscriptions")
+        if subs is not None and (type(subs) is not dict or not all(
+                type(f) is str and f and type(i) is int and 0 <= i <= MAX_SUBSCRIPTION_ID
+                for f, i in subs.items())):
+            raise ValueError("subscriptions is not an object of filters and identifiers")
+        return cursor, sent, ids, subs
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
@@ -70,12 +80,15 @@ def offset(data: dict, key: str) -> int:
     return value
 
 
-def write(path: str, name: str, cursor: int, sent: int, packet_ids: int | None = None) -> None:
+def write(path: str, name: str, cursor: int, sent: int, packet_ids: int | None = None,
+          subscriptions: dict | None = None) -> None:
     """Write the checkpoint durably (edgebroker.files: temp file, fsync, rename, fsync of the
     folder)."""
     doc = {"version": VERSION, "bridge": name, "cursor": cursor, "sent": max(sent, cursor)}
     if packet_ids is not None:
         doc["packet_ids"] = packet_ids
+    if subscriptions is not None:
+        doc["subscriptions"] = subscriptions
     data = json.dumps(doc).encode() + b"\n"
     replace_file(path, data)
 
@@ -100,9 +113,9 @@ class CheckpointWriter:
         self._thread.start()
 
     def submit(self, path: str, name: str, cursor: int, sent: int,
-               packet_ids: int | None = None) -> None:
+               packet_ids: int | None = None, subscriptions: dict | None = None) -> None:
         with self._cond:
-            self._wanted[path] = (name, cursor, sent, packet_ids)
+            self._wanted[path] = (name, cursor, sent, packet_ids, subscriptions)
             self._cond.notify()
 
     def _run(self) -> None:
@@ -112,9 +125,9 @@ class CheckpointWriter:
                     self._cond.wait()
                 if not self._wanted:
                     return
-                path, (name, cursor, sent, packet_ids) = self._wanted.popitem()
+                path, (name, cursor, sent, packet_ids, subs) = self._wanted.popitem()
             try:
-                write(path, name, cursor, sent, packet_ids)
+                write(path, name, cursor, sent, packet_ids, subs)
                 self.on_disk[path] = cursor
                 self.written += 1
             except OSError as exc:

@@ -29,9 +29,9 @@ class Pumping:
         # Messages to send again within the remote's limits (refusals.py) go first; while
         # some wait for the client library's queue, nothing new.
         waiting = bool(self._lowered) and not self._send_lowered()
-        # (this link's SUBSCRIBE, queued or in flight, takes no place in the window)
-        room = (self.config.window - conn.inflight - conn.queued
-                + (self.subscribing is not None))
+        # (this link's SUBSCRIBEs and UNSUBSCRIBE, queued or in flight, take no place in
+        # the window)
+        room = (self.config.window - conn.inflight - conn.queued + len(self.subscribing))
         # Bytes that may still be handed to the link in this pass.
         limit = MAX_LINK_OUT - self.link.out_bytes
         reads = 0

@@ -106,7 +106,7 @@ class Stopping:
 
     def stop(self) -> tuple:
         """Step 3: close; returns the final checkpoint (path, name, cursor, sent, packet
-        ids) for the app to write."""
+        ids, subscriptions) for the app to write."""
         if self.state != "stopped":
             self.halt()
         ob = self.outbound
@@ -125,4 +125,5 @@ class Stopping:
                             if unsent is not None else "")
         if unsent is not None and unsent < cursor:
             cursor = unsent
-        return self.path, self.name, cursor, max(cursor, ob.sent_to), self.packet_ids
+        return (self.path, self.name, cursor, max(cursor, ob.sent_to), self.packet_ids,
+                self.remote_subs)

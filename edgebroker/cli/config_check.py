@@ -91,6 +91,9 @@ def run(args) -> int:
     warnings = [exposed] if exposed else []
     if config is not None and not problems:
         warnings += certificate_date_warnings(config.listeners)
+    if config is not None and not problems and config.bridge:
+        from edgebroker.bridge_config import bridge_warnings
+        warnings += bridge_warnings(config.bridge)
     if args.format == "json":
         print(json.dumps({
             "file": args.config, "ok": not problems, "problems": problems,

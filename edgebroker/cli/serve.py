@@ -169,10 +169,15 @@ def load_again(args) -> configuration.Config:
 
 def _warn_exposed(config: configuration.Config) -> None:
     """At start and at each reload: a configuration file holding secrets that other users
-    can read (config.exposed_secrets); a listener's certificate out of its dates."""
+    can read (config.exposed_secrets); a listener's certificate out of its dates; a bridge
+    rule that forwards nothing (bridge_config.bridge_warnings)."""
     exposed = configuration.exposed_secrets(config)
     if exposed:
         logging.getLogger(__name__).warning("%s", exposed)
+    if config.bridge:     # (bridge_config is loaded for [[bridge]] tables only)
+        from edgebroker.bridge_config import bridge_warnings
+        for warning in bridge_warnings(config.bridge):
+            logging.getLogger(__name__).warning("%s", warning)
     if any(lc.tls for lc in config.listeners):   # (ssl is loaded for TLS listeners only)
         from edgebroker.server.tls import certificate_date_warnings
         for warning in certificate_date_warnings(config.listeners):

@@ -191,7 +191,11 @@ def test_a_damaged_checkpoint_is_moved_aside_counted_and_the_bridge_starts_at_th
     '{"version": 1, "bridge": "up", "cursor": true, "sent": true}',
     "[" * 100_000 + "]" * 100_000,                                          # too deep
     "[1, 2]",
-], ids=["1e400", "Infinity", "NaN", "fraction", "true", "deep", "list"])
+    '{"version": 1, "bridge": "up", "cursor": 0, "sent": 0, "subscriptions": ["a/#"]}',
+    '{"version": 1, "bridge": "up", "cursor": 0, "sent": 0, "subscriptions": {"a/#": -1}}',
+    '{"version": 1, "bridge": "up", "cursor": 0, "sent": 0, "subscriptions": {"": 1}}',
+], ids=["1e400", "Infinity", "NaN", "fraction", "true", "deep", "list", "subs-list",
+        "subs-id", "subs-empty"])
 def test_a_broker_with_any_damaged_checkpoint_starts(broker, mosquitto_broker, tmp_path,
                                                      text):
     data_dir = tmp_path / "data"

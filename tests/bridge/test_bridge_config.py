@@ -125,3 +125,28 @@ def test_a_bridge_without_topic_rules_is_refused(tmp_path, command):
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == (f"edgebroker: config error: {path}: bridge[0].topic: bridge 'up' has no "
                         f"topic rule (at least one is required)\n")
+
+
+def test_an_out_rule_on_sys_topics_is_warned_of(tmp_path, broker):
+    """`{pattern = "$SYS/#", direction = "out"}` (Mosquitto users bridge the gateway's
+    statistics out) forwarded nothing, silently: this broker's $SYS messages are not in the
+    log the bridge reads. `config check` and the start say so; other rules are not named."""
+    from conftest import run_cli
+    rules = ('topic = [{pattern = "$SYS/#", direction = "out", remote_prefix = "gw/"},\n'
+             '  {pattern = "broker/#", direction = "both", local_prefix = "$SYS/"},\n'
+             '  {pattern = "$SYS/broker/uptime", direction = "in"},\n'
+             '  {pattern = "#", direction = "out"}]\n')
+    path = tmp_path / "c.toml"
+    path.write_text(f'data_dir = "{tmp_path / "data"}"\n[[listener]]\nport = 0\n'
+                    f'[[bridge]]\nname = "up"\naddress = "127.0.0.1:1"\n{rules}')
+    warning = ("bridge[0].topic[{}]: bridge 'up': the out rule's filter {} matches only $SYS "
+               "topics, which this broker does not write to its log: the rule forwards nothing "
+               "(docs/bridge.md)")
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["warning: " + warning.format(0, "'$SYS/#'"),
+                                     "warning: " + warning.format(1, "'$SYS/broker/#'")]
+    gw = broker(bridge=[{"name": "up", "address": "127.0.0.1:1", "topic": [
+        {"pattern": "$SYS/#", "direction": "out"}, {"pattern": "a/#", "direction": "out"}]}])
+    assert gw.wait_log(lambda ln: warning.format(0, "'$SYS/#'") in ln, 5)
+    assert not any("topic[1]" in ln for ln in gw.logs)
