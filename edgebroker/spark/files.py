@@ -55,14 +55,15 @@ class _Fs:
         return int(st.getLen()), int(st.getModificationTime())
 
     def open_error(self, p: str) -> str | None:
-        """Why the file at ``p`` cannot be opened and read (the file system's words: "...
-        (Permission denied)"), or None when it can."""
+        """Why the file at ``p`` cannot be opened and read to its end (the file system's words:
+        "... (Permission denied)", "FSError: java.io.IOException: Input/output error"), or None
+        when it can. Read whole, in the JVM: a read error past the first bytes counts."""
         from py4j.protocol import Py4JJavaError
         path = self._path(p)
         try:
             stream = path.getFileSystem(self.conf).open(path)
             try:
-                stream.read()
+                stream.transferTo(self.jvm.java.io.OutputStream.nullOutputStream())
             finally:
                 stream.close()
         except Py4JJavaError as exc:
@@ -116,10 +117,28 @@ class _Fs:
 
 
 def _java_error(exc) -> str:
-    """A Java exception's class (without its package) and first line."""
-    java = exc.java_exception
+    """A Java exception's (Py4JJavaError's, or a Java object's) class (without its package)
+    and first line."""
+    from py4j.protocol import Py4JJavaError
+    java = exc.java_exception if isinstance(exc, Py4JJavaError) else exc
     text = (str(java.getMessage() or "").strip().splitlines() or [""])[0]
     return f"{str(java.getClass().getSimpleName())}: {text[:300]}"
+
+
+def read_failure(exc) -> str | None:
+    """When a Spark job (its Py4JJavaError) failed because a file could not be read (Spark's
+    "Encountered error while reading file ..."): what the read raised, as class and first
+    line ("FSError: java.io.IOException: Input/output error": Hadoop's local file system wraps
+    a read's IOException in FSError, a java.lang.Error, which ignoreCorruptFiles does not
+    skip); None for any other failure."""
+    java, outer = exc.java_exception, None
+    while java is not None:
+        if "Encountered error while reading file" in str(java.getMessage() or ""):
+            outer = java
+        java = java.getCause()
+    if outer is None:
+        return None
+    return _java_error(outer.getCause() or outer)
 
 
 def local_path(uri: str) -> str | None:

@@ -45,7 +45,8 @@ import pyarrow as pa
 
 from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_summary, batch_to_arrow
 from edgebroker.spark.dedup import clean_batches, new_rows, reused_offsets
-from edgebroker.spark.files import _Fs, list_landing, literal as _literal, pass_lock
+from edgebroker.spark.files import _Fs, list_landing, literal as _literal, pass_lock, \
+    read_failure
 from edgebroker.spark.quarantine import Unreadable, quarantine
 from edgebroker.uploader.batch import BatchFormatError
 
@@ -208,7 +209,7 @@ def _settings(spark, settings: dict):
 def _unopened(fs, paths, report: dict) -> list:
     """The files of ``paths`` that the first pass's scan passed over (the files it could not
     open are skipped there, not failing the pass): those the driver cannot open either, as
-    ``Unreadable`` (the error names the cause); one that is gone or opens now is logged and
+    ``Unreadable`` (the error names the cause); one that is gone or reads whole now is logged and
     left for the next run (``changed_since_read``)."""
     bad = []
     for path in paths:
@@ -216,11 +217,54 @@ def _unopened(fs, paths, report: dict) -> list:
         cause = None if stamp is None else fs.open_error(path)
         if cause is None:
             log.warning("%s was not read by this run (%s): left for the next run", path,
-                        "gone" if stamp is None else "it opens now")
+                        "gone" if stamp is None else "it reads whole now")
             report["changed_since_read"].append(path)
         else:
             bad.append(Unreadable(path, f"{path}: cannot be opened ({cause})", *stamp))
     return bad
+
+
+def _first_pass(spark, fs, files, paths: list, report: dict) -> tuple[list, list]:
+    """The first pass over ``paths`` (``files``: their binaryFile scan): its summary rows, and
+    the files set apart unread. A file it cannot open, or that is gone, is skipped by the scan
+    (then looked at by ``_unopened``). A read error Spark does not skip (Hadoop's local
+    FSError, a disk's EIO) fails the scan whole: its files are then scanned again in halves,
+    and halves of those, down to the files that fail alone, each set apart with the read's
+    error (one gone by then is left for the next run); a failure of any other kind is the
+    run's own, and raised. k such files among n take at most about 2k·log2(n) more scans."""
+    from py4j.protocol import Py4JJavaError
+    summary, failed, groups, scans = [], {}, [paths], 0
+    while groups:
+        group = groups.pop()
+        scans += 1
+        if group is not paths:
+            files = spark.read.format("binaryFile").load([_literal(p) for p in group])
+        try:
+            with _settings(spark, {"spark.sql.files.ignoreCorruptFiles": "true",
+                                   "spark.sql.files.ignoreMissingFiles": "true"}):
+                summary += files.select("path", "length", "modificationTime", "content") \
+                    .mapInArrow(summarize_files, _SUMMARY_DDL).collect()
+        except Py4JJavaError as exc:
+            cause = read_failure(exc)
+            if cause is None:
+                raise
+            if len(group) == 1:
+                failed[group[0]] = cause
+            else:
+                groups += [group[len(group) // 2:], group[:len(group) // 2]]
+    bad = []
+    for path, cause in sorted(failed.items()):
+        stamp = fs.stamp(path)
+        if stamp is None:
+            log.warning("%s was not read by this run (gone): left for the next run", path)
+            report["changed_since_read"].append(path)
+        else:
+            bad.append(Unreadable(path, f"{path}: cannot be read ({cause})", *stamp))
+    if scans > 1:
+        log.warning("the first pass failed reading a file: %d more scans found the %d that "
+                    "fail alone", scans - 1, len(failed))
+    read = {r.path for r in summary} | set(failed)
+    return summary, bad + _unopened(fs, sorted(set(paths) - read), report)
 
 
 def _ingest(spark, fs, landing_q: str, warehouse: str, checkpoint: str) -> dict:
@@ -254,15 +298,11 @@ def _ingest(spark, fs, landing_q: str, warehouse: str, checkpoint: str) -> dict:
     # readable ones (about 1M records/s per core) straight into the write. The first skips a
     # file it cannot open (or that is gone), which the driver then looks at; the second does
     # not: a file read there is one the first pass read.
-    summary, bad = [], []
+    summary, bad, files = [], [], None
     if new:
         files = spark.read.format("binaryFile").load([_literal(p) for p in new])
-        with _settings(spark, {"spark.sql.files.ignoreCorruptFiles": "true",
-                               "spark.sql.files.ignoreMissingFiles": "true"}):
-            summary = files.select("path", "length", "modificationTime", "content") \
-                .mapInArrow(summarize_files, _SUMMARY_DDL).collect()
+        summary, bad = _first_pass(spark, fs, files, new, report)
         files = files.select("path", "content")
-        bad = _unopened(fs, sorted(set(new) - {r.path for r in summary}), report)
     good = [r for r in summary if r.kind == "batch"]
     bad += [r for r in summary if r.kind == "error"]
     bad += [Unreadable(path, f"{path}: empty file (0 bytes), not a batch", 0, mtime)
