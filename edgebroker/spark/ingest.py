@@ -261,8 +261,8 @@ def _first_pass(spark, fs, files, paths: list, report: dict) -> tuple[list, list
         else:
             bad.append(Unreadable(path, f"{path}: cannot be read ({cause})", *stamp))
     if scans > 1:
-        log.warning("the first pass failed reading a file: %d more scans found the %d that "
-                    "fail alone", scans - 1, len(failed))
+        log.warning("the first pass failed reading a file: %d more scans to find the files "
+                    "that fail alone (%d)", scans - 1, len(failed))
     read = {r.path for r in summary} | set(failed)
     return summary, bad + _unopened(fs, sorted(set(paths) - read), report)
 

@@ -85,6 +85,6 @@ def test_batch_files_with_a_bad_sector_are_quarantined_and_the_rest_ingested(tmp
     assert all(p.exists() for p in good)
     assert (again["files_listed"], again["files_new"], again["quarantined"]) == (5, 0, [])
     assert "the first pass failed reading a file: " in done.stderr
-    assert "found the 2 that fail alone" in done.stderr
+    assert "more scans to find the files that fail alone (2)" in done.stderr
 
     assert checked["open_error"] == "FSError: java.io.IOException: Input/output error"
