@@ -409,7 +409,7 @@ class Connection:
         state = self.state
         if state is CONNECTING:
             if now >= self._connack_due:
-                events.append(ConnectFailed(None, f"no CONNACK within {self.connect_timeout} s"))
+                events.append(ConnectFailed(None, f"no CONNACK within {self.connect_timeout:g} s"))
                 self._lose()
             return events
         if state is not CONNECTED or not self._ka:
