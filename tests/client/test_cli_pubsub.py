@@ -157,6 +157,30 @@ def test_a_close_before_the_connack_names_the_usual_causes():
     assert r.stderr.decode() == f"Error: connection closed by the server {NO_CONNACK}\n"
 
 
+def test_sub_w_ends_on_time_while_the_server_holds_back_its_connack():
+    """`sub -W S` against a server that accepts and never answers: "Timed out", exit 27, S
+    seconds after the connection was made (not S + 1: no lingering after a DISCONNECT when
+    no CONNACK came, docs/client-cli.md)."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        listening.settimeout(15)
+        proc = subprocess.Popen([*broker_command(), "sub", "-h", "127.0.0.1", "-p",
+                                 str(listening.getsockname()[1]), "-t", "a", "-W", "1"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            peer, _ = listening.accept()
+            connected = time.monotonic()
+            out, err = proc.communicate(timeout=15)
+            ended = time.monotonic()
+            peer.close()
+        finally:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, out, err) == (27, b"", b"Timed out\n")
+    assert ended - connected < 1.6          # it was 2 s: -W, then 1 s lingering
+
+
 @pytest.mark.parametrize("tool, args, message", [
     ("pub", ["-L", "mqtt://[::1"], "pub: -L 'mqtt://[::1': not a URL (Invalid IPv6 URL)"),
     ("sub", ["-L", "mqtt://[::1/t"], "sub: -L 'mqtt://[::1/t': not a URL (Invalid IPv6 URL)"),
