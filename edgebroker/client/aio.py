@@ -60,7 +60,6 @@ from edgebroker.client.aio_dial import AsyncDialing, ConnectError
 from edgebroker.client.connection import Connection, QueueFull
 from edgebroker.client.events import (Acked, ConnectFailed, Connected, Disconnected, Message,
                                       PingTimeout, Subscribed, Unsubscribed)
-from edgebroker.client.transport import lost_reason
 from edgebroker.errors import EdgebrokerError
 
 READ_SIZE = 256 * 1024
@@ -76,24 +75,29 @@ class AsyncClient(AsyncDialing):
     """One MQTT client on an asyncio loop (module docstring)."""
 
     def __init__(self, address, client_id: str = "", *, timeout: float = 10.0,
-                 reconnect: str = B.AFTER_FIRST_SUCCESS, backoff: tuple = (0.5, 30.0),
-                 max_messages: int = 1000, max_message_bytes: int = 16 << 20,
-                 tls: dict | None = None, **connection):
+                 connack_timeout: float = 30.0, reconnect: str = B.AFTER_FIRST_SUCCESS,
+                 backoff: tuple = (0.5, 30.0), max_messages: int = 1000,
+                 max_message_bytes: int = 16 << 20, tls: dict | None = None, **connection):
         """``address``: a URL (client/address.py), an ``Address``, or a callable making a
-        transport; ``tls``: Dialer's TLS options (cafile, certfile, keyfile, verify,
-        server_name); ``connection``: Connection's options (protocol, clean_start, keepalive,
-        username, password, will, properties, max_inflight, max_queued, max_qos2_inflight,
-        resubscribe: True here); ``reconnect`` and ``backoff`` (base, cap): the policy and
-        back-off of backoff.py, the synchronous loop's; ``max_messages``,
-        ``max_message_bytes``: the bound of messages held unread (module doc)."""
+        transport; ``timeout``: the making of a connection (TCP connect, TLS handshake,
+        WebSocket upgrade), ``connack_timeout``: then the wait for the CONNACK (the event
+        loop's ``connect_timeout`` and ``connack_timeout``); ``tls``: Dialer's TLS options
+        (cafile, certfile, keyfile, verify, server_name); ``connection``: Connection's options
+        (protocol, clean_start, keepalive, username, password, will, properties, max_inflight,
+        max_queued, max_qos2_inflight, resubscribe: True here); ``reconnect`` and ``backoff``
+        (base, cap): the policy and back-off of backoff.py, the synchronous loop's;
+        ``max_messages``, ``max_message_bytes``: the bound of messages held unread."""
         if max_messages < 1 or max_message_bytes < 1:
             raise ValueError(f"max_messages ({max_messages}) and max_message_bytes "
                              f"({max_message_bytes}) must be at least 1")
+        if "connect_timeout" in connection:     # Connection's name: which wait would it be?
+            raise TypeError("AsyncClient takes timeout= (making the connection) and "
+                            "connack_timeout= (the wait for the CONNACK), not connect_timeout=")
         self.backoff = B.Backoff(reconnect, *backoff)     # ValueError for a wrong policy
         self.dial = address if callable(address) else Dialer(address, timeout=timeout,
                                                              **(tls or {}))
         connection.setdefault("resubscribe", True)     # as the synchronous loop
-        self.connection = Connection(client_id, **connection)
+        self.connection = Connection(client_id, connect_timeout=connack_timeout, **connection)
         self.max_messages = max_messages
         self.max_message_bytes = max_message_bytes
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -190,15 +194,6 @@ class AsyncClient(AsyncDialing):
         self._space.set()
         self.connection.connection_lost()
         self._release_held()
-
-    def _lost(self, reason: str, event=None) -> None:
-        """The link ended (EOF, error, server DISCONNECT, ping timeout): reconnect or stop."""
-        reason = lost_reason(self._transport, self.connection.state, reason)
-        self._detach()
-        if not self._closed:
-            self._post(event or Disconnected(None, reason))
-        if not self._closed and (self._dialing is None or self._dialing.done()):
-            self._start_dialing(self._reconnect(reason))
 
     def _give_up(self, error: Exception) -> None:
         if self._first is not None and not self._first.done():
@@ -342,9 +337,7 @@ class AsyncClient(AsyncDialing):
                     self._first.set_result(event)
                 self._space.set()
             elif isinstance(event, ConnectFailed):
-                self._detach()
-                error = ConnectError(f"connection refused: {event.reason}", event.reason_code)
-                self._start_dialing(self._after_refusal(error))
+                self._refused(event)
             elif isinstance(event, (Disconnected, PingTimeout)):
                 why = "no PINGRESP in time" if isinstance(event, PingTimeout) else event.reason
                 self._say_last()

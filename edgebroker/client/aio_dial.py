@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 
 from edgebroker.client.address import AddressError, Dialer
-from edgebroker.client.events import ConnectFailed
+from edgebroker.client.events import ConnectFailed, Disconnected
+from edgebroker.client.transport import lost_reason
 from edgebroker.errors import EdgebrokerError
 
 
@@ -71,6 +72,24 @@ class AsyncDialing:
             return not self._closed
         self._give_up(error)
         return False
+
+    def _lost(self, reason: str, event=None) -> None:
+        """The link ended (EOF, error, server DISCONNECT, ping timeout): reconnect or stop."""
+        reason = lost_reason(self._transport, self.connection.state, reason)
+        self._detach()
+        if not self._closed:
+            self._post(event or Disconnected(None, reason))
+        if not self._closed and (self._dialing is None or self._dialing.done()):
+            self._start_dialing(self._reconnect(reason))
+
+    def _refused(self, event: ConnectFailed) -> None:
+        """The connection's ConnectFailed: the server's refusal (a CONNACK with its reason
+        code), or no CONNACK within ``connack_timeout``; the policy says whether to dial
+        again."""
+        self._detach()
+        error = ConnectError(event.reason if event.reason_code is None else
+                             f"connection refused: {event.reason}", event.reason_code)
+        self._start_dialing(self._after_refusal(error))
 
     async def _reconnect(self, reason: str) -> None:
         if await self._retry(ConnectError(f"connection lost: {reason}")):

@@ -74,7 +74,7 @@ class Connection:
             raise ClientError("CONNECT properties need protocol 5")
         problem = property_problem(properties, P.CONNECT) or will is not None and (
             property_problem(will.properties, WILL)) or connect_problem(
-            client_id, username, password, will)
+            client_id, username, password, will, protocol)
         if problem:
             raise ClientError(f"CONNECT: {problem}")
         if max_packet_size is not None:
@@ -409,7 +409,7 @@ class Connection:
         state = self.state
         if state is CONNECTING:
             if now >= self._connack_due:
-                events.append(ConnectFailed(None, f"no CONNACK within {self.connect_timeout} s"))
+                events.append(ConnectFailed(None, f"no CONNACK within {self.connect_timeout:g} s"))
                 self._lose()
             return events
         if state is not CONNECTED or not self._ka:

@@ -105,10 +105,13 @@ class LoopCommands:
         """DISCONNECT after what is buffered, for at most SHUTDOWN_FLUSH seconds; then close."""
         conn = self.conn
         if self._transport is not None and conn.state in ("connected", "connecting"):
+            # Before the CONNACK no acknowledgement of ours is on the link for a reset to
+            # lose: no linger (a server that never answers would hold it for LINGER).
+            answered = conn.state == "connected"
             conn.disconnect()
             self._out += conn.data_to_send(now)
             self._answered(conn.acked_qos0())
-            if self._drain(now + SHUTDOWN_FLUSH):
+            if self._drain(now + SHUTDOWN_FLUSH) and answered:
                 self._linger(min(self._clock() + LINGER, now + SHUTDOWN_FLUSH))
         elif conn.state != "closed":
             conn.disconnect()

@@ -78,9 +78,13 @@ def _value_problem(ident: int, kind: int, value) -> str | None:
 
 
 def connect_problem(client_id: str, username: str | None, password: bytes | str | None,
-                    will: P.Will | None) -> str | None:
+                    will: P.Will | None, protocol: int = P.PROTOCOL_5) -> str | None:
     """What a CONNECT of these fields could not carry (each is a field with a 2-byte length;
-    the strings UTF-8 without U+0000), or None."""
+    the strings UTF-8 without U+0000; over 3.1/3.1.1 no password without a user name), or
+    None."""
+    if password is not None and username is None and protocol != P.PROTOCOL_5:
+        return ("password given without a user name: MQTT 3.1/3.1.1 do not allow it "
+                "(MQTT-3.1.2-22; 5.0 does)")
     for what, text in (("client id", client_id), ("user name", username),
                        ("will topic", None if will is None else will.topic)):
         problem = None if text is None else _string_problem(text)

@@ -47,15 +47,22 @@ class TCPTransport:
         return f"TCPTransport({self.peer})"
 
 
+# A server that closes a plain TCP link before its CONNACK did not take the CONNECT (a
+# refusal, bad credentials included, comes as a CONNACK): these are the usual causes.
+NO_CONNACK_HINT = ("before the CONNACK: the server did not take the CONNECT; a TLS port (use "
+                   "mqtts://)? not an MQTT server? a CONNECT it found malformed?")
+
+
 def lost_reason(transport, state: str, reason: str) -> str:
     """``reason`` for a link lost in the connection's ``state``: before the CONNACK
-    ("connecting") with a hint when ``transport`` is plain TCP: a server that speaks TLS on
-    the port closes (or resets) it at our CONNECT, which it reads as a TLS record, and sends
-    nothing back."""
+    ("connecting") on plain TCP, with the usual causes of a server closing (or resetting)
+    it without a word (NO_CONNACK_HINT): a server that speaks TLS on the port reads our
+    CONNECT as a TLS record; another protocol's server; a CONNECT the server finds
+    malformed (MQTT: it closes without a CONNACK)."""
     if (state != "connecting" or type(transport) is not TCPTransport
             or transport.sock.family == socket.AF_UNIX):
         return reason
-    return f"{reason} (before the CONNACK: a TLS port? use mqtts://)"
+    return f"{reason} ({NO_CONNACK_HINT})"
 
 
 def connect_socket(host: str, port: int, timeout: float,

@@ -129,6 +129,32 @@ def test_a_silent_server_times_out_without_blocking_the_loop(scheme, step):
         run(main())
 
 
+def test_the_connack_wait_is_connack_timeout_and_its_error_says_so():
+    """A server that accepts and never answers: ``connect()`` fails after ``connack_timeout``
+    (not the 30 s default; ``timeout``, the dial's bound, does not cut it shorter) with
+    "no CONNACK within N s", not "connection refused". ``connect_timeout=`` (which wait?) is
+    refused with a TypeError naming both."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        url = f"mqtt://127.0.0.1:{server.getsockname()[1]}"
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            c = AsyncClient(url, reconnect="never", timeout=0.2, connack_timeout=0.6)
+            start = loop.time()
+            with pytest.raises(ConnectError) as info:
+                await asyncio.wait_for(c.connect(), 10)
+            assert 0.6 <= loop.time() - start < 5
+            assert (str(info.value), info.value.reason_code) == ("no CONNACK within 0.6 s", None)
+            await c.close()
+
+        run(main())
+    with pytest.raises(TypeError, match=r"timeout= \(making the connection\) and "
+                                        r"connack_timeout= \(the wait for the CONNACK\)"):
+        AsyncClient("mqtt://127.0.0.1:1", connect_timeout=1)
+
+
 def test_refused_connection_raises_with_the_reason_code(broker, uid, tmp_path):
     from secfiles import write_passwords
     b = broker(password_file=str(write_passwords(tmp_path / "pw", {"alice": "secret"})))

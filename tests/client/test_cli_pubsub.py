@@ -5,7 +5,9 @@ mosquitto_pub on the other end."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -15,6 +17,9 @@ from conftest import REPO, Proc, _start, _teardown, broker_command
 from secfiles import write_passwords
 
 TCP, TLS, WS, WSS, AUTH = range(5)
+# The hint of a plain TCP link the server closed before its CONNACK (client/transport.py)
+NO_CONNACK = ("(before the CONNACK: the server did not take the CONNECT; a TLS port (use "
+              "mqtts://)? not an MQTT server? a CONNECT it found malformed?)")
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +109,78 @@ def test_refusals_exit_with_the_connack_code(csrv, uid):
     assert r.returncode == 2 and b"-c needs a client id" in r.stderr
 
 
+def test_a_password_without_a_user_name_is_a_usage_error_over_3_1_and_3_1_1(csrv, uid):
+    """-P without -u over 3.1/3.1.1 (MQTT-3.1.2-22: the server would close without a
+    CONNACK): exit 2 with one line, and no connection is made (as mosquitto_pub refuses it
+    before connecting). Over 5.0 a password alone is allowed and goes out."""
+    words = ("CONNECT: password given without a user name: MQTT 3.1/3.1.1 do not allow it "
+             "(MQTT-3.1.2-22; 5.0 does)")
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        lport = listening.getsockname()[1]
+        for tool, version in [("pub", "311"), ("pub", "31"), ("sub", "311"), ("sub", "31")]:
+            extra = ["-m", "x"] if tool == "pub" else []
+            r = eb(tool, "-h", "127.0.0.1", "-p", str(lport), "-V", version, "-P", "secret",
+                   "-t", f"{uid}/pw", *extra, timeout=15)
+            assert (r.returncode, r.stdout) == (2, b""), r.stderr
+            assert r.stderr.decode() == f"edgebroker {tool}: {words}\n"
+        listening.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listening.accept()                  # nobody connected
+    r = eb("pub", "-h", "127.0.0.1", "-p", str(port(csrv)), "-V", "5", "-P", "secret",
+           "-t", f"{uid}/pw", "-m", "x", "-q", "1")
+    assert (r.returncode, r.stderr) == (0, b"")
+
+
+def test_a_close_before_the_connack_names_the_usual_causes():
+    """A server that reads the CONNECT and closes without a word (as a broker does with a
+    CONNECT it finds malformed): the line does not blame TLS alone, it names the usual
+    causes (a refusal, bad credentials included, would come as a CONNACK)."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        listening.settimeout(10)
+
+        def read_connect_and_close():
+            peer, _ = listening.accept()
+            with peer:
+                peer.settimeout(10)
+                assert peer.recv(1024)[0] == 0x10       # CONNECT
+
+        t = threading.Thread(target=read_connect_and_close)
+        t.start()
+        r = eb("pub", "-h", "127.0.0.1", "-p", str(listening.getsockname()[1]), "-t", "a",
+               "-m", "x", timeout=15)
+        t.join(10)
+    assert (r.returncode, r.stdout) == (1, b""), r.stderr
+    assert r.stderr.decode() == f"Error: connection closed by the server {NO_CONNACK}\n"
+
+
+def test_sub_w_ends_on_time_while_the_server_holds_back_its_connack():
+    """`sub -W S` against a server that accepts and never answers: "Timed out", exit 27, S
+    seconds after the connection was made (not S + 1: no lingering after a DISCONNECT when
+    no CONNACK came, docs/client-cli.md)."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        listening.settimeout(15)
+        proc = subprocess.Popen([*broker_command(), "sub", "-h", "127.0.0.1", "-p",
+                                 str(listening.getsockname()[1]), "-t", "a", "-W", "1"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            peer, _ = listening.accept()
+            connected = time.monotonic()
+            out, err = proc.communicate(timeout=15)
+            ended = time.monotonic()
+            peer.close()
+        finally:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, out, err) == (27, b"", b"Timed out\n")
+    assert ended - connected < 1.6          # it was 2 s: -W, then 1 s lingering
+
+
 @pytest.mark.parametrize("tool, args, message", [
     ("pub", ["-L", "mqtt://[::1"], "pub: -L 'mqtt://[::1': not a URL (Invalid IPv6 URL)"),
     ("sub", ["-L", "mqtt://[::1/t"], "sub: -L 'mqtt://[::1/t': not a URL (Invalid IPv6 URL)"),
@@ -187,7 +264,7 @@ def test_the_wrong_port_for_the_scheme_is_named(csrv, pki, uid):
     for listener, extra, line in [
             (WS, [], "Error: the server answered with HTTP, not MQTT ('HTTP/1.1 400 Bad "
                      "Request'): a WebSocket port? use ws://"),
-            (TLS, [], "(before the CONNACK: a TLS port? use mqtts://)"),
+            (TLS, [], NO_CONNACK),
             (TCP, ["--cafile", str(pki.ca.cert)], "is it a TLS port? (mqtt:// ?)")]:
         r = eb("pub", *args, "-p", str(port(csrv, listener)), *extra)
         lines = r.stderr.decode().splitlines()

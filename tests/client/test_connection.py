@@ -86,6 +86,31 @@ def test_connack_refused_311_and_5():
     assert c.state == "connecting"
 
 
+@pytest.mark.parametrize("protocol", [3, 4])
+def test_a_password_without_a_user_name_is_refused_over_3_1_and_3_1_1(protocol):
+    """MQTT-3.1.2-22: over 3.1/3.1.1 a CONNECT with the Password Flag and no User Name Flag
+    is a protocol error (the server closes without a CONNACK): refused when the Connection is
+    made, the event loop's and the asyncio client's too. 5.0 allows a password alone."""
+    from edgebroker.client.aio import AsyncClient
+    from edgebroker.client.loop import EventLoop
+    words = ("CONNECT: password given without a user name: MQTT 3.1/3.1.1 do not allow it "
+             "(MQTT-3.1.2-22; 5.0 does)")
+    for make in (lambda **kw: Connection("c", protocol, **kw),
+                 lambda **kw: EventLoop("127.0.0.1", 1, protocol=protocol, **kw),
+                 lambda **kw: AsyncClient("mqtt://127.0.0.1:1", protocol=protocol, **kw)):
+        for password in ("pw", b"", b"\xff"):
+            with pytest.raises(ClientError) as info:
+                make(password=password)
+            assert str(info.value) == words
+    c = Connection("c", protocol, username="u", password="pw")
+    c.connect(0.0)
+    flags = c.data_to_send(0.0)[11 if protocol == 3 else 9]   # after "MQIsdp" / "MQTT"
+    assert flags & 0xC0 == 0xC0                          # both flags
+    five = Connection("c", 5, password="pw")
+    five.connect(0.0)
+    assert five.data_to_send(0.0)[9] & 0xC0 == 0x40      # Password Flag, no User Name Flag
+
+
 def test_no_connack_in_time():
     c = Connection("c", 4, connect_timeout=5)
     c.connect(10.0)

@@ -239,6 +239,34 @@ def test_pause_resume_disconnect_reconnect_shutdown(broker, uid, tmp_path):
     sub.close()
 
 
+def test_disconnect_before_the_connack_does_not_linger(uid):
+    """disconnect() while a server that never answers holds back its CONNACK: CONNECT and
+    DISCONNECT go out and the socket closes at once, without the second that lingering
+    after a CONNACK may take (there is no acknowledgement of ours for a reset to lose)."""
+    import socket
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(5)
+        lp = EventLoop("127.0.0.1", server.getsockname()[1], client_id=f"{uid}n")
+        assert lp.poll(0.3) is None and lp.conn.state == "connecting"     # (it dials)
+        peer, _ = server.accept()
+        with peer:
+            peer.settimeout(5)
+            assert select.select([peer], [], [], 5)[0]           # the CONNECT came
+            start = time.monotonic()
+            lp.disconnect()
+            assert time.monotonic() - start < 0.5           # it lingered LINGER (1 s)
+            got = b""
+            for _ in range(100):
+                chunk = peer.recv(1024)
+                if not chunk:
+                    break
+                got += chunk
+        assert got[0] == 0x10 and got.endswith(b"\xe0\x00")    # CONNECT ... DISCONNECT
+        lp.close()
+
+
 def test_policies_when_nothing_listens(uid):
     from mosquitto import free_port
     port = free_port()

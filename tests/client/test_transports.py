@@ -29,6 +29,10 @@ from edgebroker.client.requests import make_publish, make_subscribe
 from edgebroker.client.tls import TLSError, open_tls, tls_context
 from edgebroker.client.websocket import WebSocketRefused, open_websocket
 
+# The hint of a plain TCP link the server closed before its CONNACK (client/transport.py)
+NO_CONNACK = ("(before the CONNACK: the server did not take the CONNECT; a TLS port (use "
+              "mqtts://)? not an MQTT server? a CONNECT it found malformed?)")
+
 TCP, TLS, MTLS, WS, WSS = range(5)
 BIG = 1_000_000     # bytes: many frames, many TLS records, more than a socket buffer
 
@@ -349,7 +353,7 @@ def test_the_asyncio_client_reads_a_close_behind_a_publish_as_the_links_end():
 @pytest.mark.parametrize("listener, reason", [
     (WS, "the server answered with HTTP, not MQTT ('HTTP/1.1 400 Bad Request'): a WebSocket "
          "port? use ws://"),
-    (TLS, "(before the CONNACK: a TLS port? use mqtts://)")], ids=["ws", "tls"])
+    (TLS, NO_CONNACK)], ids=["ws", "tls"])
 def test_the_asyncio_client_names_a_port_of_another_scheme(tsrv, listener, reason):
     """mqtt:// to a WebSocket or TLS listener: ConnectError says which (the same Connection
     and hint as the event loop's, tests/client/test_cli_pubsub.py)."""
