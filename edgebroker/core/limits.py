@@ -353,6 +353,8 @@ PEER_EVENTS = {
     "connect_timeout": "connections closed for connect_timeout (no CONNECT, or a password "
                        "check not finished)",
     "auth": "CONNECTs refused for their user name or password (CONNACK 4 or 5)",
+    "auth_throttled": "logins refused unchecked for a user name or address throttled "
+                      "after failed logins (CONNACK 5)",
     "client_id": "CONNECTs refused for their client id",
     "will": "CONNECTs refused for their will",
     "protocol_version": "CONNECTs refused for their protocol version",

@@ -195,28 +195,30 @@ class ListenerPolicy:
                               decoy_iterations=passwords.scram_iterations())
 
     def scram_outcome(self, client, exchange: scram.Exchange,
-                      failure: scram.Failure | None) -> tuple[int, str]:
+                      failure: scram.Failure | None) -> tuple[int, str, bool]:
         """The decision on an exchange that ended (``failure`` None: the proof was right):
-        (ACCEPTED, ""), (BAD_CREDENTIALS, why) or (NOT_AUTHORIZED, why). A wrong proof counts
-        as a failed login for the throttles; a client key that succeeded before is accepted
-        whatever they say, as a known password is."""
+        (ACCEPTED, "", False), (BAD_CREDENTIALS, why, False) or (NOT_AUTHORIZED, why,
+        throttled), throttled True when the user name or address is throttled after failed
+        logins (logged apart: ``auth_done``). A wrong proof counts as a failed login for the
+        throttles; a client key that succeeded before is accepted whatever they say, as a
+        known password is."""
         if failure is not None and not failure.credentials:
-            return NOT_AUTHORIZED, str(failure)
+            return NOT_AUTHORIZED, str(failure), False
         username = exchange.username
         host = peer_host(client.peer)
         auth = self.authenticator
         from edgebroker.security import scram
         stored = scram.format_keys(exchange.keys)
         if failure is None and auth.known(username, stored, exchange.client_key):
-            return ACCEPTED, ""
+            return ACCEPTED, "", False
         blocked = auth.throttled(host, username)
         if blocked is not None:
-            return NOT_AUTHORIZED, f"{blocked}; not checked"
+            return NOT_AUTHORIZED, f"{blocked}; not checked", True
         if failure is not None:
             auth.record_failure(host, username)
-            return BAD_CREDENTIALS, str(failure)
+            return BAD_CREDENTIALS, str(failure), False
         auth.remember(username, stored, exchange.client_key)
-        return ACCEPTED, ""
+        return ACCEPTED, "", False
 
     def view(self, client, username: str | None):
         """The client's AclView (None without an ACL file)."""
@@ -226,7 +228,7 @@ class ListenerPolicy:
 
     def _blocked(self, client, username, host: str) -> None:
         why = self.authenticator.throttled(host, username) or "failed logins"
-        client.auth_done(NOT_AUTHORIZED, f"{why}; not checked", username, None)
+        client.auth_done(NOT_AUTHORIZED, f"{why}; not checked", username, None, throttled=True)
 
     def _accept(self, client, username: str | None) -> None:
         # The listener's policy now: a reload while the password check ran may have replaced

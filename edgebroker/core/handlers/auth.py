@@ -157,7 +157,7 @@ def _connect_outcome(client, policy, exchange, failure, reply) -> None:
     from edgebroker.security import scram   # here: see the note at the imports
     conn = client.v5
     conn.auth = None
-    code, why = policy.scram_outcome(client, exchange, failure)
+    code, why, throttled = policy.scram_outcome(client, exchange, failure)
     stats = client.broker.stats
     username = exchange.username
     if code:
@@ -169,7 +169,8 @@ def _connect_outcome(client, policy, exchange, failure, reply) -> None:
         else:
             stats.logins_refused += 1
         connect.refuse(client, code, f"{scram.METHOD}: {why}", "auth",
-                       told=_TOLD if code == _BAD_CREDENTIALS else None)
+                       told=_TOLD if code == _BAD_CREDENTIALS else None,
+                       log_kind="auth_throttled" if throttled else None)
         return
     stats.scram_succeeded += 1
     conn.auth_reply = reply
@@ -181,7 +182,7 @@ def _reauth_outcome(client, policy, exchange, failure, reply) -> None:
     from edgebroker.security import scram   # here: see the note at the imports
     conn = client.v5
     conn.auth = None
-    code, why = policy.scram_outcome(client, exchange, failure)
+    code, why, throttled = policy.scram_outcome(client, exchange, failure)
     stats = client.broker.stats
     if code:
         if code == _BAD_CREDENTIALS:
@@ -189,7 +190,7 @@ def _reauth_outcome(client, policy, exchange, failure, reply) -> None:
         else:
             stats.logins_refused += 1
         _reauth_failed(client, NOT_AUTHORIZED, why,
-                       _TOLD if code == _BAD_CREDENTIALS else why)
+                       _TOLD if code == _BAD_CREDENTIALS else why, throttled)
         return
     stats.scram_succeeded += 1
     # The first of a connection at INFO; the next ones (the client decides how often) DEBUG.
@@ -205,12 +206,12 @@ def _reauth_outcome(client, policy, exchange, failure, reply) -> None:
     _send(client, SUCCESS, reply)
 
 
-def _reauth_failed(client, reason: int, why: str, told: str) -> None:
+def _reauth_failed(client, reason: int, why: str, told: str, throttled: bool = False) -> None:
     """A failed re-authentication: DISCONNECT ``reason`` and close (MQTT-4.12.1-2)."""
     from edgebroker.security import scram   # here: see the note at the imports
     broker = client.broker
     broker.stats.scram_failed += 1
-    broker.peer_log.log(log, logging.INFO, "auth", client.peer,
+    broker.peer_log.log(log, logging.INFO, "auth_throttled" if throttled else "auth", client.peer,
                         "%s: re-authentication failed (DISCONNECT %#04x): %s: %s",
                         client.describe(), reason, scram.METHOD, why)
     client.close(will=True, reason=reason, why=f"re-authentication failed: {told}")

@@ -156,8 +156,10 @@ def _admitted(client, p) -> bool:
     return False
 
 
-def auth_done(client, code: int, why: str, username, acl) -> None:
-    """The policy's decision on the pending CONNECT (0 or a CONNACK refusal code)."""
+def auth_done(client, code: int, why: str, username, acl, throttled: bool = False) -> None:
+    """The policy's decision on the pending CONNECT (0 or a CONNACK refusal code;
+    ``throttled``: refused unchecked, the user name or address throttled after failed logins,
+    which is logged apart from wrong passwords so that they do not hide it)."""
     pending = client.pending
     if pending is None or client.closed:
         return                      # timed out or closed while the check ran
@@ -172,7 +174,8 @@ def auth_done(client, code: int, why: str, username, acl) -> None:
             stats.logins_refused += 1
         # (3: too many password checks waiting; 4, 5: the check, or the policy, refused.)
         refuse(client, code, why, "auth" if code in (3, 4, 5) else "client_id",
-               told=BAD_CREDENTIALS_TOLD if code == 4 else None)
+               told=BAD_CREDENTIALS_TOLD if code == 4 else None,
+               log_kind="auth_throttled" if throttled else None)
         return
     will = client.will
     if acl is not None and will is not None and not acl.can_write(will.topic):
@@ -283,10 +286,11 @@ def _refuse_too_large(client, size: int) -> None:
 
 
 def refuse(client, code: int | None, why: str, reason: str = "client_id", *,
-           reason5: int = 0, told: str | None = None) -> None:
+           reason5: int = 0, told: str | None = None, log_kind: str | None = None) -> None:
     """Refuse a CONNECT: 3.1.1 CONNACK ``code`` (None: closed without one); a 5.0 client gets
     ``reason5`` or the reason code that says the same as ``code``, with ``why`` (or ``told``,
-    when the client is to learn less than the log) as the Reason String."""
+    when the client is to learn less than the log) as the Reason String. Counted under
+    ``reason``; logged under ``log_kind`` (the kind of ``PeerLog``) or ``reason``."""
     broker = client.broker
     if client.v5 is not None:
         code = reason5 = reason5 or mqtt5.CONNACK_REASONS[code]
@@ -303,7 +307,8 @@ def refuse(client, code: int | None, why: str, reason: str = "client_id", *,
     else:
         frame = encode(P.Connack(False, code))
         answer = f"CONNACK {code}"
-    broker.peer_log.log(log, logging.INFO, reason, client.peer, "%s: refused (%s): %s",
+    broker.peer_log.log(log, logging.INFO, log_kind or reason, client.peer,
+                        "%s: refused (%s): %s",
                         client.describe(), answer, why)
     broker.stats.connections_refused += 1
     broker.refused[reason] += 1
