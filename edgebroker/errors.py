@@ -147,3 +147,9 @@ def shown(text: str, limit: int, unit: str = "") -> str:
         return f"{text[:limit]!r}..."
     size = len(text.encode("utf-8", "replace")) if unit == "bytes" else len(text)
     return f"{text[:limit]!r}... ({size} {unit})"
+
+
+def topic_shown(topic: str) -> str:
+    """A topic name or filter (MQTT allows 64 KB) as an error or log line shows it: ``shown``
+    with its first 200 characters."""
+    return shown(topic, 200, "characters")

@@ -105,7 +105,7 @@ class Inbound:
         topic, payload, qos, retain = event.topic, event.payload, event.qos, event.retain
         found = self.rules.incoming(topic)
         if found is None:
-            return self._drop(event, "unasked", f"a message on {topic!r}, which no in rule "
+            return self._drop(event, "unasked", f"a message on {shown(topic)}, which no in rule "
                                                 f"matches")
         local, by = found
         first = self.first_ids
@@ -145,9 +145,9 @@ class Inbound:
             self.held.append(event)
             if "log_full" not in self._warned:
                 self._warned.add("log_full")
-                log.warning("bridge %s: the commit log cannot take a QoS %d message for %r: "
+                log.warning("bridge %s: the commit log cannot take a QoS %d message for %s: "
                             "held, not acknowledged, and reading the link paused until the "
-                            "log writes again (logged once)", self.name, qos, local)
+                            "log writes again (logged once)", self.name, qos, shown(local))
             return
         self.received += 1
         if qos:
@@ -223,10 +223,10 @@ class Inbound:
         self.copies += 1
         if "copy" not in self._warned:
             self._warned.add("copy")
-            log.info("bridge %s: a message on %r came again by another in rule's subscription "
+            log.info("bridge %s: a message on %s came again by another in rule's subscription "
                      "(overlapping rules, MQTT 5.0): published once, by the first rule that "
                      "matches it (%r); the other copies are counted in received_copies "
-                     "(logged once)", self.name, topic, by)
+                     "(logged once)", self.name, shown(topic), by)
 
     def _drop(self, event, reason: str, what: str) -> None:
         if event.qos:   # not wanted here: acknowledged, behind the acknowledgements waiting

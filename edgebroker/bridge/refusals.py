@@ -12,6 +12,7 @@ import bisect
 import logging
 import random
 
+from edgebroker.bridge.outbound import shown
 from edgebroker.client.backoff import ceiling
 from edgebroker.client.resume import release
 from edgebroker.errors import (
@@ -45,9 +46,9 @@ class Refusals:
             self._busy.append(request)
             self._busy_times += 1
             self._once(("busy", code), "bridge %s: the remote answered %#04x (%s) to the message "
-                       "at offset %d for %r: it is sent again after a back-off, and nothing new "
+                       "at offset %d for %s: it is sent again after a back-off, and nothing new "
                        "meanwhile; the cursor waits (logged once per code)",
-                       self.name, code, name, offset, topic)
+                       self.name, code, name, offset, shown(topic))
             if not self._busy_retry.pending:
                 low = self.config.reconnect_min
                 cap = ceiling(self._busy_times - 1, low, self.config.reconnect_max)
@@ -71,9 +72,9 @@ class Refusals:
             else:
                 how = "by the remote"
             self._once(("refused", code, unlisted), "bridge %s: the message at offset %d for "
-                       "%r was refused %s (reason code %#04x, %s): skipped, counted as refused "
+                       "%s was refused %s (reason code %#04x, %s): skipped, counted as refused "
                        "(bridge_refused); logged once per reason code", self.name, offset,
-                       topic, how, code, name)
+                       shown(topic), how, code, name)
 
     def _release_held(self, request) -> None:
         """A QoS 2 message refused before it was sent *again* (it keeps its packet id: an

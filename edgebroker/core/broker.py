@@ -63,6 +63,7 @@ from edgebroker.core.shared_state import SharedState
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.core.timers import Timers
 from edgebroker.core.wills import Wills
+from edgebroker.errors import topic_shown
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -159,9 +160,10 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
             self.events.log(
                 logging.WARNING, "topics_evicted", self.clock(),
                 "topic table full (max_topics %d): topics not published to lately (and "
-                "without a retained message) make room for new ones, such as %r from %s; "
+                "without a retained message) make room for new ones, such as %s from %s; "
                 "an evicted topic is admitted again when next published to. Most topics "
-                "tracked per client id: %s", self.limits.max_topics, topic, client.describe(),
+                "tracked per client id: %s", self.limits.max_topics, topic_shown(topic),
+                client.describe(),
                 ", ".join(f"{cid!r} {count}" for cid, count in top))
         return refused
 

@@ -46,7 +46,7 @@ from collections import deque
 
 from edgebroker.core.catchup import NO_HOLD, QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.router import queue_limit
-from edgebroker.errors import QUOTA_EXCEEDED
+from edgebroker.errors import QUOTA_EXCEEDED, topic_shown
 from edgebroker.core.session import AWAIT_ACK, Message
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt import packets as P
@@ -206,8 +206,8 @@ class Shared:
         if queued + unread:
             self.drop("shared_left", None, queued + unread)
         if queued or group.cursor is not None:
-            log.warning("shared subscription %r: its last member left; %d queued messages "
-                        "dropped%s", group.key, queued,
+            log.warning("shared subscription %s: its last member left; %d queued messages "
+                        "dropped%s", topic_shown(group.key), queued,
                         "" if group.cursor is None else
                         f", and the {unread} log records from offset {group.cursor} on it had "
                         f"still to read (counted, whatever their topic) are not delivered")
@@ -255,8 +255,9 @@ class Shared:
                                   ref.topic if type(ref) is Message else None))
                 group.queue_bytes += ref.size
             self.stats.shared_handed_over += len(entries)
-            log.info("session %r left shared subscription %r with %d unacknowledged QoS 1 "
-                     "messages: they go to another member", session.client_id, group.key,
+            log.info("session %r left shared subscription %s with %d unacknowledged QoS 1 "
+                     "messages: they go to another member", session.client_id,
+                     topic_shown(group.key),
                      len(entries))
             self._drain(group)
 
@@ -293,14 +294,14 @@ class Shared:
             elif member is None:
                 self.drop("shared_no_room", None)
                 if not group.dropped0:
-                    log.warning("shared subscription %r: no member can take a QoS 0 message "
+                    log.warning("shared subscription %s: no member can take a QoS 0 message "
                                 "now (none online, or none with room); dropping them until "
-                                "one can", group.key)
+                                "one can", topic_shown(group.key))
                 group.dropped0 += 1
             else:
                 if group.dropped0:
-                    log.warning("shared subscription %r: a member takes QoS 0 messages again; "
-                                "%d were dropped", group.key, group.dropped0)
+                    log.warning("shared subscription %s: a member takes QoS 0 messages again; "
+                                "%d were dropped", topic_shown(group.key), group.dropped0)
                     group.dropped0 = 0
                 self._give(member, message, 0, message.retain)
             return
@@ -394,8 +395,9 @@ class Shared:
             self.hit(limit)
             self.drop(limit, None)
             if not group.dropped:
-                log.warning("shared subscription %r: its backlog is full (%d messages, %d bytes; "
-                            "%s %d); dropping new messages for it until it drains", group.key,
+                log.warning("shared subscription %s: its backlog is full (%d messages, %d bytes; "
+                            "%s %d); dropping new messages for it until it drains",
+                            topic_shown(group.key),
                             len(queue), group.queue_bytes, limit, getattr(self.limits, limit))
             group.dropped += 1
             return

@@ -21,6 +21,7 @@ from edgebroker.core.catchup import QUEUE_BYTES, QUEUE_MESSAGES, SCAN_BYTES, UNS
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.shared import DENIED, Group
+from edgebroker.errors import topic_shown
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -48,8 +49,8 @@ class SharedBacklog:
                 queue.popleft()
                 group.queue_bytes -= ref.size
                 if not queue and group.dropped:
-                    log.warning("shared subscription %r: its backlog drained; %d messages were "
-                                "dropped", group.key, group.dropped)
+                    log.warning("shared subscription %s: its backlog drained; %d messages were "
+                                "dropped", topic_shown(group.key), group.dropped)
                     group.dropped = 0
                 if member is DENIED:
                     self.stats.acl_deliveries_denied += 1
@@ -179,9 +180,9 @@ class SharedBacklog:
 
     def _shared_caught_up(self, group: Group) -> None:
         if group.aged > 0:
-            log.warning("shared subscription %r caught up with the log; %d more records were "
-                        "lost to it for max_session_lag_age after the move logged", group.key,
-                        group.aged)
+            log.warning("shared subscription %s caught up with the log; %d more records were "
+                        "lost to it for max_session_lag_age after the move logged",
+                        topic_shown(group.key), group.aged)
         group.aged = -1
         group.cursor = None
         self.stats.shared_caught_up += 1
@@ -200,8 +201,9 @@ class SharedBacklog:
             return 0
         self.drop("log_gap", None, lost)
         if why:
-            log.warning("shared subscription %r: log records %d to %d are lost to it (%s): it "
-                        "goes on from %d", group.key, group.cursor, offset - 1, why, offset)
+            log.warning("shared subscription %s: log records %d to %d are lost to it (%s): it "
+                        "goes on from %d", topic_shown(group.key), group.cursor, offset - 1, why,
+                        offset)
         group.cursor = offset
         return lost
 

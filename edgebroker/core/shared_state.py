@@ -18,7 +18,7 @@ import logging
 from edgebroker.core.session import AWAIT_ACK, Stored
 from edgebroker.core.shared import Group
 from edgebroker.core.snapshot import GroupState
-from edgebroker.errors import ProtocolError
+from edgebroker.errors import ProtocolError, topic_shown
 from edgebroker.mqtt.topics import parse_shared
 
 log = logging.getLogger("edgebroker.broker")
@@ -79,8 +79,8 @@ class SharedState:
         try:
             name, topic_filter = parse_shared(key)
         except ProtocolError as exc:
-            log.warning("session %r: shared subscription %r in the snapshot not restored: %s",
-                        session.client_id, key, exc)
+            log.warning("session %r: shared subscription %s in the snapshot not restored: %s",
+                        session.client_id, topic_shown(key), exc)
             return
         self.join_shared(session, key, name, topic_filter, qos, options, sub_id)
 
@@ -94,8 +94,8 @@ class SharedState:
             name, topic_filter = parse_shared(key)
         except ProtocolError as exc:
             log.warning("session %r: the in-flight message at log offset %s names a shared "
-                        "subscription %r that is not one (%s): restored as a plain one",
-                        session.client_id, entry.message.offset, key, exc)
+                        "subscription %s that is not one (%s): restored as a plain one",
+                        session.client_id, entry.message.offset, topic_shown(key), exc)
             return
         entry.group = Group(key, name, topic_filter)
         entry.group_qos, entry.group_retain = entry.qos, entry.retain
@@ -147,8 +147,9 @@ class SharedState:
             if group is None:
                 if queue:
                     self.drop("shared_left", None, len(queue))
-                    log.warning("shared subscription %r in the snapshot has no persistent member "
-                                "left: %d queued messages dropped", state.key, len(queue))
+                    log.warning("shared subscription %s in the snapshot has no persistent member "
+                                "left: %d queued messages dropped", topic_shown(state.key),
+                                len(queue))
                 continue
             for offset, qos, retain, size in queue:
                 group.queue.append((Stored(offset, size), qos, retain, None))

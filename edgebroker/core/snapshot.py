@@ -31,7 +31,7 @@ from edgebroker.core.snapshot_entries import (
 )
 from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
 from edgebroker.core.will_state import WillState, read_will, will_json
-from edgebroker.errors import EdgebrokerError
+from edgebroker.errors import EdgebrokerError, topic_shown
 from edgebroker.files import read_small_file, replace_file
 from edgebroker.records import field, record
 
@@ -309,8 +309,8 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
         for r in doc["retained"]:
             offset = r.get("offset")
             if int(r["qos"]) not in (0, 1, 2) or offset is not None and int(offset) < 0:
-                log.error("%s: retained message %r: QoS %r or offset %r out of range; left out",
-                          path, r["topic"], r["qos"], offset)
+                log.error("%s: retained message %s: QoS %r or offset %r out of range; left out",
+                          path, topic_shown(str(r["topic"])), r["qos"], offset)
                 continue
             snap.retained.append(RetainedState(
                 topic=str(r["topic"]), qos=int(r["qos"]),

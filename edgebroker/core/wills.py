@@ -22,7 +22,7 @@ from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core.mqtt5 import logged, message_properties
 from edgebroker.core.timers import Timer
 from edgebroker.core.will_state import WillState
-from edgebroker.errors import shown
+from edgebroker.errors import shown, topic_shown
 from edgebroker.mqtt.packets import Will
 from edgebroker.mqtt.properties import WILL, WILL_DELAY, decode_body
 
@@ -112,16 +112,16 @@ class Wills:
         timer.start(self, self.clock() + delay)
         session.saved = None        # the next snapshot keeps it
         self._snapshot_dirty = True
-        log.info("will of %s on %r delayed %d s (Will Delay Interval)", client.describe(),
-                 will.topic, delay)
+        log.info("will of %s on %s delayed %d s (Will Delay Interval)", client.describe(),
+                 topic_shown(will.topic), delay)
 
     def cancel_will(self, session) -> None:
         """The client is back within the Will Delay Interval: no will."""
         timer = self.will_timers.pop(session, None)
         if timer is not None:
             timer.cancel()
-            log.info("will of %s on %r not published: it connected again within the Will "
-                     "Delay Interval", timer.publisher.describe(), timer.will.topic)
+            log.info("will of %s on %s not published: it connected again within the Will "
+                     "Delay Interval", timer.publisher.describe(), topic_shown(timer.will.topic))
 
     def _will_due(self, session) -> None:
         """A delayed will's time has come, or its session ends first."""
@@ -134,9 +134,10 @@ class Wills:
         if type(publisher) is Departed and session.acl is None and publisher.listener_gone:
             self.stats.acl_publish_denied += 1
             self.drop("acl", None)
-            log.warning("will of %s on %r dropped: the listener its client came in on (%s) is "
+            log.warning("will of %s on %s dropped: the listener its client came in on (%s) is "
                         "not served any more, so its ACL cannot be checked",
-                        publisher.describe(), timer.will.topic, publisher.listener_gone)
+                        publisher.describe(), topic_shown(timer.will.topic),
+                        publisher.listener_gone)
             return
         self.publish_will(publisher, timer.will, session.acl)
 
@@ -145,18 +146,18 @@ class Wills:
         delayed will), which a reload may have changed since the CONNECT that checked it."""
         if will.topic.startswith("$SYS"):
             self.drop("sys_topic", None)
-            log.warning("will of %s on %r dropped: $SYS topics are written only by the broker",
-                        client.describe(), will.topic)
+            log.warning("will of %s on %s dropped: $SYS topics are written only by the broker",
+                        client.describe(), topic_shown(will.topic))
             return
         if acl is not None and not acl.can_write(will.topic):
             self.stats.acl_publish_denied += 1
             self.drop("acl", None)
             since = ("read at the restart, or a reload since" if type(client) is Departed
                      else "reloaded since it connected")
-            log.warning("will of %s on %r dropped: the ACL (%s) does not let it publish "
-                        "there", client.describe(), will.topic, since)
+            log.warning("will of %s on %s dropped: the ACL (%s) does not let it publish "
+                        "there", client.describe(), topic_shown(will.topic), since)
             return
-        log.info("publishing will of %s on %r", client.describe(), will.topic)
+        log.info("publishing will of %s on %s", client.describe(), topic_shown(will.topic))
         if will.retain and will.payload and will.topic not in self.known_topics:
             # Never refused (the CONNECT was accepted with it), but tracked as any retained
             # message: it counts toward max_topics.
@@ -165,8 +166,8 @@ class Wills:
             self.publish(will.topic, will.payload, will.qos, will.retain, client,
                          will.properties, will.expiry)
         except LogFullError:
-            log.error("will of %s on %r lost: the commit log cannot take it",
-                      client.describe(), will.topic)
+            log.error("will of %s on %s lost: the commit log cannot take it",
+                      client.describe(), topic_shown(will.topic))
 
     # ----- across restarts ---------------------------------------------------------------
 

@@ -8,7 +8,7 @@ path, is decoded there inline. Every rule violation names the specification's co
 
 from __future__ import annotations
 
-from edgebroker.errors import TOPIC_NAME_INVALID, ProtocolError
+from edgebroker.errors import TOPIC_NAME_INVALID, ProtocolError, topic_shown
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.packets import (
     Connack, Disconnect, Pingreq, Pingresp, Puback, Pubcomp, Pubrec, Pubrel, Suback, Subscribe,
@@ -70,7 +70,8 @@ def publish_topic_error(topic: str) -> ProtocolError:
                              reason=TOPIC_NAME_INVALID)
     if "\x00" in topic:
         return malformed("PUBLISH topic name contains U+0000", rule="MQTT-1.5.3-2")
-    return ProtocolError(f"PUBLISH topic name {topic!r} contains a wildcard character",
+    return ProtocolError(f"PUBLISH topic name {topic_shown(topic)} contains a wildcard "
+                         f"character",
                          rule="MQTT-3.3.2-2", reason=TOPIC_NAME_INVALID)
 
 
@@ -97,13 +98,14 @@ def _dec_subscribe(b0: int, buf: bytes, p: int, end: int) -> Subscribe:
         topic_filter, p = read_str(buf, p, end, "SUBSCRIBE topic filter")
         validate_topic_filter(topic_filter)
         if p >= end:
-            raise malformed(f"SUBSCRIBE topic filter {topic_filter!r} has no requested QoS")
+            raise malformed(f"SUBSCRIBE topic filter {topic_shown(topic_filter)} has no "
+                            f"requested QoS")
         qos = buf[p]
         p += 1
         if qos > 2:
             detail = "reserved bits set" if qos > 3 else "QoS 3"
-            raise malformed(f"SUBSCRIBE requested-QoS byte {qos:#04x} for {topic_filter!r}: "
-                             f"{detail}", rule="MQTT-3-8.3-4")
+            raise malformed(f"SUBSCRIBE requested-QoS byte {qos:#04x} for "
+                            f"{topic_shown(topic_filter)}: {detail}", rule="MQTT-3-8.3-4")
         topics.append((topic_filter, qos))
     return Subscribe(pid, topics)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from edgebroker.errors import (
     CONTINUE_AUTHENTICATION, GRANTED_QOS_1, GRANTED_QOS_2, NO_MATCHING_SUBSCRIBERS,
     NO_SUBSCRIPTION_EXISTED, PACKET_ID_NOT_FOUND, REASON_NAMES, REAUTHENTICATE, SUCCESS,
+    topic_shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.connect import decode_connect
@@ -102,17 +103,18 @@ def check_subscription_options(options: int, topic_filter: str) -> None:
     """Reserved bits (malformed), QoS 3, Retain Handling 3 and No Local on a shared
     subscription (protocol errors) in a 5.0 subscription options byte (section 3.8.3.1)."""
     if options & 0xC0:
-        raise malformed(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: reserved bits "
-                        f"set", rule="MQTT-3.8.3-5")
+        raise malformed(f"SUBSCRIBE options {options:#04x} for {topic_shown(topic_filter)}: "
+                        f"reserved bits set", rule="MQTT-3.8.3-5")
     if options & 3 == 3:
-        raise protocol_error(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: QoS 3",
-                             "MQTT-3.8.3.1")
+        raise protocol_error(f"SUBSCRIBE options {options:#04x} for "
+                             f"{topic_shown(topic_filter)}: QoS 3", "MQTT-3.8.3.1")
     if options & P.SUB_RETAIN_HANDLING == P.SUB_RETAIN_HANDLING:
-        raise protocol_error(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: Retain "
-                             f"Handling 3", "MQTT-3.8.3.1")
+        raise protocol_error(f"SUBSCRIBE options {options:#04x} for "
+                             f"{topic_shown(topic_filter)}: Retain Handling 3", "MQTT-3.8.3.1")
     if options & P.SUB_NO_LOCAL and topic_filter.startswith("$share/"):
-        raise protocol_error(f"SUBSCRIBE options {options:#04x} for {topic_filter!r}: No Local "
-                             f"on a shared subscription", "MQTT-3.8.3-4")
+        raise protocol_error(f"SUBSCRIBE options {options:#04x} for "
+                             f"{topic_shown(topic_filter)}: No Local on a shared subscription",
+                             "MQTT-3.8.3-4")
 
 
 def _dec_subscribe(b0: int, buf: bytes, p: int, end: int) -> Subscribe:
@@ -125,7 +127,8 @@ def _dec_subscribe(b0: int, buf: bytes, p: int, end: int) -> Subscribe:
         topic_filter, p = read_str(buf, p, end, "SUBSCRIBE topic filter")
         validate_topic_filter(topic_filter)
         if p >= end:
-            raise malformed(f"SUBSCRIBE topic filter {topic_filter!r} has no options byte")
+            raise malformed(f"SUBSCRIBE topic filter {topic_shown(topic_filter)} has no "
+                            f"options byte")
         options = buf[p]
         p += 1
         check_subscription_options(options, topic_filter)

@@ -15,7 +15,7 @@ and encode to at most 65535 bytes of UTF-8 [MQTT-4.7.3-3].
 from __future__ import annotations
 
 from edgebroker.errors import (
-    MALFORMED_PACKET, TOPIC_FILTER_INVALID, TOPIC_NAME_INVALID, ProtocolError,
+    MALFORMED_PACKET, TOPIC_FILTER_INVALID, TOPIC_NAME_INVALID, ProtocolError, topic_shown,
 )
 
 MAX_TOPIC_BYTES = 65535
@@ -57,12 +57,12 @@ def validate_topic_filter(topic_filter: str) -> None:
         idx = topic_filter.index("#")
         if idx != len(topic_filter) - 1 or (idx > 0 and topic_filter[idx - 1] != "/"):
             raise ProtocolError(
-                f"topic filter {topic_filter!r}: '#' must be the whole last level",
+                f"topic filter {topic_shown(topic_filter)}: '#' must be the whole last level",
                 rule="MQTT-4.7.1-2")
     for level in topic_filter.split("/"):
         if "+" in level and level != "+":
             raise ProtocolError(
-                f"topic filter {topic_filter!r}: '+' must fill a whole level",
+                f"topic filter {topic_shown(topic_filter)}: '+' must fill a whole level",
                 rule="MQTT-4.7.1-3")
 
 
@@ -104,14 +104,17 @@ def parse_shared(topic_filter: str) -> tuple[str, str]:
     rest = topic_filter[len(SHARE_PREFIX):]
     share, slash, inner = rest.partition("/")
     if not share:
-        raise ProtocolError(f"shared subscription {topic_filter!r} has an empty ShareName",
+        raise ProtocolError(f"shared subscription {topic_shown(topic_filter)} has an empty "
+                            f"ShareName",
                             rule="MQTT-4.8.2-1", reason=TOPIC_FILTER_INVALID)
     if "+" in share or "#" in share:
-        raise ProtocolError(f"shared subscription {topic_filter!r}: the ShareName contains "
-                            f"'+' or '#'", rule="MQTT-4.8.2-2", reason=TOPIC_FILTER_INVALID)
+        raise ProtocolError(f"shared subscription {topic_shown(topic_filter)}: the ShareName "
+                            f"contains '+' or '#'",
+                            rule="MQTT-4.8.2-2", reason=TOPIC_FILTER_INVALID)
     if not slash or not inner:
-        raise ProtocolError(f"shared subscription {topic_filter!r}: no topic filter after "
-                            f"the ShareName", rule="MQTT-4.8.2-2", reason=TOPIC_FILTER_INVALID)
+        raise ProtocolError(f"shared subscription {topic_shown(topic_filter)}: no topic "
+                            f"filter after the ShareName",
+                            rule="MQTT-4.8.2-2", reason=TOPIC_FILTER_INVALID)
     return share, inner
 
 

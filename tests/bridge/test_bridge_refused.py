@@ -258,3 +258,23 @@ def test_a_message_over_mosquittos_message_size_limit_is_skipped(broker, mosquit
             "code MQTT 5.0 does not allow there [MQTT-2.4] (reason code 0x95, Packet too "
             "large): skipped, counted as refused (bridge_refused)" in line), line
     assert not [ln for ln in gw.logs if "broke the protocol" in ln or "Traceback" in ln]
+
+
+def test_a_refusal_of_a_long_topic_is_logged_cut(broker):
+    """The line names the topic as the bridge's other lines do (its first 120 characters and
+    its size), not all of a topic that may be 64 KB long."""
+    remote = FakeRemote5()
+    try:
+        gw = broker(bridge=[bridge_table(remote.port, OUT, protocol_version=5)])
+        end = remote.accept()
+        wait_figure(gw, lambda f: f["state"] == "up")
+        topic = "s/" + "L" * 60_000
+        gw.client("pub").publish(topic, b"x", qos=1)
+        sent = end.expect(m5.PUBLISH)
+        mark = gw.mark()
+        end.send(m5.puback5(sent.packet_id, 0x87))
+        line = gw.wait_log(lambda ln: "was refused" in ln, 5, mark)
+        assert line and len(line) < 1000, len(line or "")
+        assert "... (60002 bytes) was refused by the remote (reason code 0x87" in line, line
+    finally:
+        remote.close()

@@ -19,7 +19,7 @@ from edgebroker import logs
 from edgebroker.errors import (
     PACKET_TOO_LARGE, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
     RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE, SUCCESS,
-    ProtocolError, shown,
+    ProtocolError, shown, topic_shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
@@ -180,7 +180,8 @@ def auth_done(client, code: int, why: str, username, acl, throttled: bool = Fals
     will = client.will
     if acl is not None and will is not None and not acl.can_write(will.topic):
         stats.logins_refused += 1
-        refuse(client, 5, f"the ACL does not let it publish its will on {will.topic!r}", "auth")
+        refuse(client, 5, f"the ACL does not let it publish its will on "
+                          f"{topic_shown(will.topic)}", "auth")
         return
     client.acl = acl
     # Asked again: password checks run side by side, and each CONNECT was admitted alone.

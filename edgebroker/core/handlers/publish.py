@@ -198,7 +198,8 @@ def _refuse5(client, p: P.Publish, reason: int, drop: str, why: str) -> None:
     broker.drop(drop, client.session)
     if not p.qos:
         raise ProtocolError(why, rule="MQTT-3.3.2.3.2", reason=reason)
-    client.warn_once(drop, "PUBLISH to %r refused (reason %#04x): %s", p.topic, reason, why)
+    client.warn_once(drop, "PUBLISH to %s refused (reason %#04x): %s",
+                     shown(p.topic, 200, "characters"), reason, why)
     _answer5(client, p, reason, why)
 
 

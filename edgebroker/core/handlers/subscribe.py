@@ -17,7 +17,7 @@ import logging
 
 from edgebroker.errors import (
     NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-    SUCCESS, TOPIC_FILTER_INVALID, ProtocolError, shown,
+    SUCCESS, TOPIC_FILTER_INVALID, ProtocolError, shown, topic_shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
@@ -86,8 +86,9 @@ def on_subscribe5(client, p: P.Subscribe) -> None:
     for topic_filter, options in p.topics:
         if is_shared(topic_filter):
             if options & P.SUB_NO_LOCAL:
-                raise ProtocolError(f"SUBSCRIBE to shared subscription {topic_filter!r} with "
-                                    f"No Local", rule="MQTT-3.8.3-4", reason=PROTOCOL_ERROR)
+                raise ProtocolError(f"SUBSCRIBE to shared subscription "
+                                    f"{topic_shown(topic_filter)} with No Local",
+                                    rule="MQTT-3.8.3-4", reason=PROTOCOL_ERROR)
             codes.append(_subscribe_shared(client, topic_filter, options & 3,
                                            options & P.SUB_RETAIN_AS_PUBLISHED, sub_id))
             shared = True
