@@ -71,7 +71,7 @@ class RetainedDelivery:
                 # A 5.0 retained message past its Message Expiry Interval: gone, for
                 # every subscriber.
                 self.retained.delete(message.topic)
-                self.drop("message_expired", session)
+                self.drop_expired(session, message.topic)
                 continue
             if acl is not None and not acl.can_read(message.topic):
                 self.stats.acl_deliveries_denied += 1
@@ -142,11 +142,12 @@ class RetainedDelivery:
             # (as at SUBSCRIBE; their writes do not look at expiry).
             message = ref if type(ref) is Message else (
                 self.retained_copy(ref) if type(ref) is StoredRetained else None)
-            expires = message.expires if message is not None else self._record_expiry(ref)
+            expires, topic = ((message.expires, message.topic) if message is not None
+                              else self._record_expiry(ref))
             if expires and expires <= now:
                 if message is not None and self.retained.get(message.topic) is message:
                     self.retained.delete(message.topic)
-                self.drop("message_expired", session)
+                self.drop_expired(session, topic)
                 continue
             self._enqueue(session, ref, qos, retain, True)
             _queued_retained(session, ref)
@@ -158,16 +159,17 @@ class RetainedDelivery:
             self._snapshot_dirty = True
         return cursor.held is not None or cursor.offset < self.live_offset()
 
-    def _record_expiry(self, ref) -> float:
-        """When the log record ``ref`` refers to expires (0: never, or not read): for a held
-        copy the retained store no longer holds (replaced, or deleted as expired), read
-        back from the log, where its Message Expiry Interval is among its properties."""
+    def _record_expiry(self, ref) -> tuple[float, str]:
+        """When the log record ``ref`` refers to expires (0: never, or not read), and its
+        topic: for a held copy the retained store no longer holds (replaced, or deleted as
+        expired), read back from the log, where its Message Expiry Interval is among its
+        properties."""
         journal = self.journal
         where = journal.log.locate(ref.offset) if journal is not None else None
         if where is None or not where.properties:
-            return 0.0
-        return stored_properties(where.properties, where.timestamp_ms, journal.wall_ms(),
-                                 self.clock())[1]
+            return 0.0, ""
+        return (stored_properties(where.properties, where.timestamp_ms, journal.wall_ms(),
+                                  self.clock())[1], where.topic.decode("utf-8", "replace"))
 
     def forget_held(self, session: Session, offset: int) -> None:
         """After a crash: the retained copy held for ``session`` at ``offset`` was sent (its

@@ -233,7 +233,7 @@ class Router5:
             left = expires - self.clock()
             if left <= 0:
                 if not dup:
-                    self.drop("message_expired", client.session)
+                    self.drop_expired(client.session, topic)
                     return False
                 # Sent before and not acknowledged: its delivery has started, so it goes
                 # again (MQTT-3.3.2-5 deletes only copies not yet sent; the client may hold

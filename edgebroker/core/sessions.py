@@ -21,7 +21,9 @@ import logging
 from collections import deque
 from functools import partial
 
-from edgebroker.errors import QUOTA_EXCEEDED, SERVER_SHUTTING_DOWN, SESSION_TAKEN_OVER, shown
+from edgebroker.errors import (
+    QUOTA_EXCEEDED, SERVER_SHUTTING_DOWN, SESSION_TAKEN_OVER, shown, topic_shown,
+)
 from edgebroker.core.cursor import needed_from
 from edgebroker.core.filter_set import filter_added, filter_removed
 from edgebroker.core.client import Client
@@ -108,6 +110,16 @@ class Sessions:
             if drops is None:
                 drops = session.drops = {}
             drops[reason] = drops.get(reason, 0) + count
+
+    def drop_expired(self, session: Session, topic: str) -> None:
+        """A message on ``topic`` for ``session`` whose Message Expiry Interval passed before
+        it was sent: dropped, counted (``message_expired``), logged (at most once a minute,
+        with the number of the others)."""
+        self.drop("message_expired", session)
+        self.events.log(logging.INFO, "message_expired", self.clock(),
+                        "a message on %s for session %s expired (its Message Expiry Interval) "
+                        "before it was sent; dropped", topic_shown(topic),
+                        shown(session.client_id, 100))
 
     def attach(self, client: Client, client_id: str, clean: bool,
                clean_start: bool | None = None) -> tuple[Session, bool]:
