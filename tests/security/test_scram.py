@@ -417,6 +417,22 @@ def test_failed_scram_logins_are_throttled_like_passwords(broker, tmp_path, uid)
     b.client(f"{uid}-p", username="bob", password="bob-pw", expect_rc=5)
 
 
+def test_a_throttled_scram_login_is_logged_at_the_default_interval(broker, tmp_path, uid):
+    """Its own kind in the refusal log: the wrong proofs before it do not hide it."""
+    pw = tmp_path / "passwd"
+    write_file(pw, password_lines({"alice": "alice-pw", "bob": "bob-pw"}))
+    b = broker(password_file=str(pw), max_login_failures=2, refusal_log_interval=60)
+    for i in range(2):
+        assert login(b, f"{uid}-bad{i}", "alice", "alice-pw", "guess")[2].reason == 0x86
+    for i in range(2):
+        assert login(b, f"{uid}-t{i}", "alice", "alice-pw")[2].reason == 0x87
+    b.client(f"{uid}-bob", username="bob", password="bob-pw")     # a line after them all
+    assert b.wait_log(f"client '{uid}-bob' (user 'bob') from 127.0.0.1:")
+    lines = [ln for ln in b.logs if "refused (CONNACK 0x87): SCRAM-SHA-256: 2 failed logins "
+             "in a row for user 'alice' from loopback; its next password check in" in ln]
+    assert len(lines) == 1 and f"client '{uid}-t0'" in lines[0], "\n".join(b.logs)
+
+
 def test_reload_picks_up_a_new_user_and_changed_keys(broker, tmp_path, uid):
     pw = tmp_path / "passwd"
     write_file(pw, password_lines({"alice": "alice-pw"}))
