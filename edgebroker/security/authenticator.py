@@ -359,9 +359,10 @@ def name_key(username: str) -> str:
 def load_secret(state_dir: str | None) -> bytes:
     """``SECRET_BYTES`` random bytes kept in ``state_dir/SCRAM_SECRET_FILE``: read, or made
     there once (mode 0600, written atomically). A file of another length is replaced with a
-    new one, with a warning. When the file can be neither read nor written (or there is no
-    ``state_dir``), a secret for this run only, with a warning: the decoy salts then change
-    at each start, which tells a client that sees a restart which names are users."""
+    new one, with a warning. When the file can be neither read nor written, a secret for
+    this run only, with a warning: the decoy salts then change at each start, which tells a
+    client that sees a restart which names are users. No ``state_dir`` (an Authenticator of
+    its own in a test): a secret for this run only."""
     if state_dir is None:
         return os.urandom(SECRET_BYTES)
     from edgebroker.files import read_small_file, replace_file
