@@ -17,7 +17,8 @@ the workers only compute hashes (``hashlib`` releases the GIL while it does).
   the client key its proof revealed (``known``, ``remember``).
 - Throttle per (address, user name): the first ``max_failures`` failed logins
   in a row (each less than ``window`` after the one before; checks still
-  running count too) are checked as they come; after that the pair gets one
+  running count too; a successful login, ``succeeded``, starts the row again)
+  are checked as they come; after that the pair gets one
   check at a time, the next no sooner than 1 s after its last failure,
   doubling with each further failure up to ``window``; attempts meanwhile are
   refused without a check. The pair is forgotten once a ``window`` has passed
@@ -34,6 +35,10 @@ the workers only compute hashes (``hashlib`` releases the GIL while it does).
 - A check that cannot run (the hash library fails: out of memory, say) refuses
   that login as a failed one; it is counted (``password_check_errors``) and
   logged once, with the library's error, until a check runs again.
+- SCRAM decoys: the salts of unknown users and users without SCRAM keys are
+  made with ``scram_secret``, 32 random bytes kept in the state directory
+  (``SCRAM_SECRET_FILE``, mode 0600, made at the first SCRAM login), so such a
+  name's salt stays the same across restarts, as a real user's does.
 - Memory: at most ``PAIRS_LIMIT`` pairs and ``HOSTS_LIMIT`` addresses are
   remembered; past that the ones whose throttle is over go first, then the
   oldest, down to half the limit. A pair is kept under its user name only up
@@ -59,6 +64,8 @@ MAX_PENDING = 1024
 CACHE_LIMIT = 10_000
 HOSTS_LIMIT = 10_000
 PAIRS_LIMIT = 10_000
+SCRAM_SECRET_FILE = "scram-secret"   # in the state directory (scram_secret)
+SECRET_BYTES = 32
 ADDRESS_FACTOR = 10   # failed logins per address within the window, in max_failures
 NAME_KEPT = 64        # user names up to this many characters are kept as they are (name_key)
 NAME_SHOWN = 100      # characters of a user name in a log line or reason
@@ -80,7 +87,7 @@ class _Counts:
 
 class Authenticator:
     def __init__(self, wake, clock, max_failures: int = 10, window: float = 60.0,
-                 workers: int = WORKERS):
+                 workers: int = WORKERS, state_dir: str | None = None):
         self.wake = wake
         self.clock = clock
         self.max_failures = max_failures
@@ -95,7 +102,8 @@ class Authenticator:
         self._results = None
         self._empty: type[Exception] = Exception
         self._key = os.urandom(32)
-        self.scram_secret = os.urandom(32)   # the salts of SCRAM users without keys
+        self.state_dir = state_dir          # where scram_secret is kept (None: not kept)
+        self._scram_secret: bytes | None = None
         self._cache: set[bytes] = set()
         # (address, name_key(user name)) -> [failed logins in a row, time of the last one]
         self._pairs: dict[tuple[str, str], list] = {}
@@ -104,6 +112,14 @@ class Authenticator:
         self._pending_by_pair: collections.Counter = collections.Counter()
         self._pending_by_host: collections.Counter = collections.Counter()
         self.pending = 0
+
+    @property
+    def scram_secret(self) -> bytes:
+        """The secret behind the SCRAM salts of unknown users and users without keys
+        (``load_secret``: read, or made, at the first SCRAM login)."""
+        if self._scram_secret is None:
+            self._scram_secret = load_secret(self.state_dir)
+        return self._scram_secret
 
     def configure(self, max_failures: int, window: float) -> None:
         self.max_failures = max_failures
@@ -154,6 +170,7 @@ class Authenticator:
             if key in self._cache:
                 log.debug("user %s: password accepted from the cache",
                           shown(username, NAME_SHOWN))
+                self.succeeded(host, username)
                 done(OK)
                 return
             parsed = entry[1]
@@ -210,6 +227,7 @@ class Authenticator:
                 self._failing = 0
             if ok and key is not None:
                 self._remember(key)
+                self._pairs.pop(pair, None)     # (succeeded)
                 result = OK
             else:
                 self.record_failure(host, username)
@@ -291,6 +309,11 @@ class Authenticator:
             return 0
         return state[0]
 
+    def succeeded(self, host: str, username: str) -> None:
+        """A successful login: the pair's failed logins in a row start again from none (the
+        address's count stays)."""
+        self._pairs.pop((host, name_key(username)), None)
+
     def record_failure(self, host: str, username: str) -> None:
         """A failed login: a wrong password, an unknown user, or no password given (which
         needs no hash but counts the same)."""
@@ -331,6 +354,40 @@ def name_key(username: str) -> str:
     import hashlib          # only with a password file (see passwords.py)
     digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{username[:32]}\0{digest}"
+
+
+def load_secret(state_dir: str | None) -> bytes:
+    """``SECRET_BYTES`` random bytes kept in ``state_dir/SCRAM_SECRET_FILE``: read, or made
+    there once (mode 0600, written atomically). A file of another length is replaced with a
+    new one, with a warning. When the file can be neither read nor written, a secret for
+    this run only, with a warning: the decoy salts then change at each start, which tells a
+    client that sees a restart which names are users. No ``state_dir`` (an Authenticator of
+    its own in a test): a secret for this run only."""
+    if state_dir is None:
+        return os.urandom(SECRET_BYTES)
+    from edgebroker.files import read_small_file, replace_file
+    path = os.path.join(state_dir, SCRAM_SECRET_FILE)
+    try:
+        data = read_small_file(path)
+        if len(data) == SECRET_BYTES:
+            return data
+        why = f"{len(data)} bytes, not {SECRET_BYTES}"
+    except FileNotFoundError:
+        why = None
+    except OSError as exc:
+        why = str(exc.strerror or exc)
+    secret = os.urandom(SECRET_BYTES)
+    try:
+        replace_file(path, secret, 0o600)
+    except OSError as exc:
+        log.warning("cannot write the SCRAM decoy secret %s: %s; the salts given to unknown "
+                    "user names change at each start until it can be written", path,
+                    exc.strerror or exc)
+        return secret
+    if why is not None:
+        log.warning("the SCRAM decoy secret %s was damaged (%s): replaced with a new one; "
+                    "the salts given to unknown user names change once", path, why)
+    return secret
 
 
 def _release(counter: collections.Counter, key) -> None:

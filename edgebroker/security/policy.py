@@ -68,17 +68,23 @@ def peer_host(peer: str) -> str:
     """The failed-login throttles' key of a client at ``HOST:PORT`` / ``[V6]:PORT``: one
     host, as far as the address tells: "loopback" for all of 127.0.0.0/8, ::1 and
     ::ffff:127.x.y.z (one machine: any local process can pick its source among them); an
-    IPv4 address (also IPv4-mapped) as it is; another IPv6 address as its /64 prefix
-    ("2001:db8:1:2::/64": one host commonly holds a whole /64); "unix" for a Unix socket."""
+    IPv4 address (also IPv4-mapped) as it is; an IPv6 link-local address (fe80::/10) as it is,
+    with its scope ("fe80::1%eth0": its /64 is every host on the link); another IPv6 address
+    as its /64 prefix ("2001:db8:1:2::/64": one host commonly holds a whole /64). A Unix
+    socket's client (``unix:PATH (pid N, uid U)``, server/listeners.py) by its user:
+    "unix uid U"; "unix" when the uid is not known."""
     if peer.startswith("unix"):
-        return "unix"
+        _, sep, creds = peer.rpartition(" (pid ")
+        uid = creds.rpartition(", uid ")[2].rstrip(")") if sep else ""
+        return f"unix uid {uid}" if uid.isdigit() else "unix"
     host, sep, _ = peer.rpartition(":")
     host = host.strip("[]") if sep else peer
     if ":" not in host:
         return "loopback" if host.startswith("127.") else host
     import socket   # (loaded by the server already)
+    address, _, scope = host.partition("%")
     try:
-        packed = socket.inet_pton(socket.AF_INET6, host.partition("%")[0])
+        packed = socket.inet_pton(socket.AF_INET6, address)
     except (OSError, ValueError):
         return host
     if packed == _V6_LOOPBACK:
@@ -86,6 +92,9 @@ def peer_host(peer: str) -> str:
     if packed[:12] == _V4_MAPPED:
         v4 = socket.inet_ntop(socket.AF_INET, packed[12:])
         return "loopback" if v4.startswith("127.") else v4
+    if packed[0] == 0xFE and packed[1] & 0xC0 == 0x80:     # link-local: fe80::/10
+        full = socket.inet_ntop(socket.AF_INET6, packed)
+        return f"{full}%{scope}" if scope else full
     return socket.inet_ntop(socket.AF_INET6, packed[:8] + bytes(8)) + "/64"
 
 
@@ -210,6 +219,7 @@ class ListenerPolicy:
         from edgebroker.security import scram
         stored = scram.format_keys(exchange.keys)
         if failure is None and auth.known(username, stored, exchange.client_key):
+            auth.succeeded(host, username)
             return ACCEPTED, "", False
         blocked = auth.throttled(host, username)
         if blocked is not None:
@@ -218,6 +228,7 @@ class ListenerPolicy:
             auth.record_failure(host, username)
             return BAD_CREDENTIALS, str(failure), False
         auth.remember(username, stored, exchange.client_key)
+        auth.succeeded(host, username)
         return ACCEPTED, "", False
 
     def view(self, client, username: str | None):

@@ -13,8 +13,9 @@ One ``Exchange`` is one authentication::
 
 Either raises ``Failure`` (``credentials``: a wrong proof, an unknown user or one without
 keys, as opposed to a message the server cannot accept). An unknown user, or one without
-keys, gets a salt made from the user name and a per-process secret, so the server's first
-answer does not tell which names exist; its exchange fails at the proof, like a wrong
+keys, gets a salt made from the user name and a secret kept in the state directory (the
+same across restarts, as a real user's salt is), so the server's first answer does not tell
+which names exist; its exchange fails at the proof, like a wrong
 password. Proofs are compared in constant time; nonces come from ``secrets``.
 
 What the server accepts (the choices RFC 5802 leaves):
@@ -233,7 +234,7 @@ class Exchange:
                  make_nonce: Callable[[], str] | None = None,
                  decoy_iterations: int = DEFAULT_ITERATIONS):
         self._lookup = lookup
-        self._secret = secret       # per process: makes the salts of unknown users
+        self._secret = secret       # kept across restarts: makes the salts of unknown users
         # the iteration count told for a user without keys: the one most users have, so
         # that a made-up name does not stand out from real ones by it
         self._decoy_iterations = decoy_iterations

@@ -114,7 +114,8 @@ class App(DescriptorRoom):
         self.admin = None     # server.admin.AdminServer
         self.metrics = None   # server.metrics_http.MetricsServer
         self.authenticator = Authenticator(loop.wake, clock, config.max_login_failures,
-                                           config.login_failure_window)
+                                           config.login_failure_window,
+                                           state_dir=self.state_dir)
 
     def start(self) -> int:
         """Open everything, serve until SIGTERM or SIGINT, shut down. The exit status: 0, or

@@ -1,11 +1,21 @@
 """The failed-login throttles key a client by its host as far as its address tells: all of
-127.0.0.0/8, ::1 and ::ffff:127.x.y.z are one host ("loopback"), another IPv6 address counts
-by its /64 prefix (docs/security.md, "Failed logins are throttled")."""
+127.0.0.0/8, ::1 and ::ffff:127.x.y.z are one host ("loopback"), an IPv6 link-local address
+counts as itself with its scope, another IPv6 address by its /64 prefix, a Unix socket's
+client by its uid (docs/security.md, "Failed logins are throttled")."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
 import pytest
 
+import mqttraw as m
+from conftest import as_nobody
+from edgebroker.security.authenticator import Authenticator
 from secfiles import write_passwords
 
 from edgebroker.security.policy import peer_host
@@ -23,7 +33,14 @@ pytestmark = pytest.mark.timeout(60)
     ("[2001:db8:1:2:a:b:c:d]:1883", "2001:db8:1:2::/64"),
     ("[2001:db8:1:2::99]:1883", "2001:db8:1:2::/64"),
     ("[2001:db8:1:3::1]:1883", "2001:db8:1:3::/64"),
-    ("[fe80::1%eth0]:1883", "fe80::/64"),
+    ("[fe80::1%eth0]:1883", "fe80::1%eth0"),
+    ("[fe80::1%eth1]:1883", "fe80::1%eth1"),
+    ("[FE80:0::0002%eth0]:1883", "fe80::2%eth0"),
+    ("[febf::1:2:3:4:5]:1883", "febf::1:2:3:4:5"),
+    ("[fec0::1]:1883", "fec0::/64"),
+    ("unix:/run/edgebroker.sock (pid 7, uid 1000)", "unix uid 1000"),
+    ("unix:/run/x (pid 1, uid 9).sock (pid 7, uid 0)", "unix uid 0"),
+    ("unix:/run/edgebroker.sock", "unix"),
     ("unix", "unix"),
 ])
 def test_the_throttle_key_of_an_address(peer, key):
@@ -44,3 +61,65 @@ def test_guesses_from_many_loopback_addresses_are_throttled_as_one_host(broker, 
     assert b.wait_log(lambda ln: f"client '{uid}-7'" in ln and "refused (CONNACK 5): 3 failed "
                       "logins in a row for user 'alice' from loopback" in ln)
     assert b.stats()["counters"]["password_checks"] == 3
+
+
+def test_link_local_devices_do_not_share_a_throttle():
+    """One link-local device failing logins for many user names throttled every link-local
+    device on every interface: all were "fe80::/64"."""
+    now = [1000.0]
+    auth = Authenticator(lambda: None, lambda: now[0], max_failures=10, window=60)
+    attacker = peer_host("[fe80::bad:1%eth0]:50000")
+    for i in range(100):
+        auth.record_failure(attacker, f"guess{i}")
+    assert "too many failed logins from fe80::bad:1%eth0" in auth.throttled(attacker, "sensor-9")
+    for other in ("[fe80::1234:5678%eth1]:40000", "[fe80::1234:5678%eth0]:40000",
+                  "[fe80::bad:1%eth1]:40000"):
+        assert auth.throttled(peer_host(other), "sensor-9") is None, other
+
+
+# A client as the user nobody: connects to the Unix socket, sends CONNECT, prints the
+# CONNACK's return code (the packet comes from the tests' encoder, as hex).
+_NOBODY_CLIENT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+s.sendall(bytes.fromhex(sys.argv[2]))
+ack = b""
+while len(ack) < 4:
+    got = s.recv(4 - len(ack))
+    if not got:
+        break
+    ack += got
+print(ack[3] if len(ack) == 4 and ack[0] == 0x20 else "closed " + ack.hex())
+"""
+
+
+def test_unix_socket_clients_of_another_user_are_not_throttled_by_root(broker, uid):
+    """Failed logins from one local user (root) on the Unix socket throttled every user's
+    clients there: all were "unix". Now each uid is its own key."""
+    prefix = as_nobody()
+    top = tempfile.mkdtemp(prefix="edgebroker-unix-")     # /tmp: nobody may enter it
+    try:
+        os.chmod(top, 0o755)
+        path = os.path.join(top, "mqtt.sock")
+        pw = write_passwords(Path(top) / "passwd", {"alice": "alice-pw"})
+        b = broker(password_file=str(pw), max_login_failures=2, refusal_log_interval=0,
+                   listener=[{"unix_socket": path, "unix_socket_mode": "0666"}])
+        codes = []
+        for i in range(3):
+            c = b.raw(unix_path=path)
+            codes.append(c.connect(f"{uid}-{i}", username="alice", password="guess").rc)
+            c.close()
+        assert codes == [4, 4, 5], codes
+        assert b.wait_log(lambda ln: f"client '{uid}-2'" in ln and "2 failed logins in a row "
+                          f"for user 'alice' from unix uid {os.getuid()}" in ln)
+        packet = m.connect(f"{uid}-nobody", username="alice", password="alice-pw")
+        r = subprocess.run([*prefix, "/usr/bin/python3", "-c",
+                            _NOBODY_CLIENT, path, packet.hex()],
+                           capture_output=True, text=True, timeout=30)
+        assert r.stdout.strip() == "0", (r.stdout, r.stderr)
+        assert b.wait_log(f"client '{uid}-nobody' (user 'alice') from unix:{path} (pid ")
+        assert b.stats()["counters"]["password_checks"] == 3
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
