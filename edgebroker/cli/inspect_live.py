@@ -334,46 +334,74 @@ def format_clients(reply: dict, sort: str) -> str:
     return "\n".join(lines)
 
 
+def _ask_again(client, path: str, request: dict):
+    """A later ``--watch`` refresh: ``(client, reply)``, on a new connection when the broker
+    closed the old one (it drops one idle for 60 s, a longer --watch; a restart); ``(None,
+    why)`` when no broker answers (a restart's down time: the next refresh tries again)."""
+    if client is not None:
+        try:
+            return client, client.ask(request)
+        except ConnectionClosed:
+            client.close()
+    try:
+        client = AdminClient(path)
+    except Unreachable as exc:
+        return None, exc.error.strerror or str(exc.error)
+    try:
+        return client, client.ask(request)
+    except ConnectionClosed:
+        client.close()
+        return None, "it closed the connection"
+
+
 def run_clients(args) -> int:
-    client = AdminClient(admin_path(args))
+    path = admin_path(args)
+    client = AdminClient(path)
     request = {"cmd": "clients", "sort": args.sort, "limit": args.limit}
     clear = args.watch is not None and sys.stdout.isatty()
     done = 0
+    answered = True
     try:
         while True:
-            try:
+            if not done:
                 reply = client.ask(request)
-            except ConnectionClosed:
-                if not done:
-                    raise
-                # Between refreshes: the broker drops a connection idle for 60 s (a longer
-                # --watch), or it was restarted. A new connection, once.
-                client.close()
-                client = AdminClient(client.path)
-                reply = client.ask(request)
-            with broker_fields(client.path, "clients"):
-                if args.format == "json":
-                    if not (isinstance(reply["clients"], list)
-                            and isinstance(reply["total"], int)):
-                        raise TypeError("clients is not a list, or total not a number")
-                    text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
-                else:
-                    text = format_clients(reply, args.sort)
-            if clear:
-                sys.stdout.write("\x1b[H\x1b[2J")
-            if args.watch is not None and args.format == "text":
-                print(time.strftime("%H:%M:%S"))
-            print(text, flush=True)
+            else:
+                client, reply = _ask_again(client, path, request)
+            answered = client is not None
+            if not answered:
+                # A restart's down time: say so, and try again at the next refresh.
+                print(f"{time.strftime('%H:%M:%S')} the broker is not answering on {path} "
+                      f"({reply}); trying again in {args.watch:g} s", file=sys.stderr,
+                      flush=True)
+            else:
+                show_clients(args, path, reply, clear)
             done += 1
             if args.watch is None or (args.iterations and done >= args.iterations):
-                return 0
+                return 0 if answered else 1
             time.sleep(args.watch)
     except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the way to end --watch
         if args.watch is None:
             raise
         return 0
     finally:
-        client.close()
+        if client is not None:
+            client.close()
+
+
+def show_clients(args, path: str, reply: dict, clear: bool) -> None:
+    with broker_fields(path, "clients"):
+        if args.format == "json":
+            if not (isinstance(reply["clients"], list)
+                    and isinstance(reply["total"], int)):
+                raise TypeError("clients is not a list, or total not a number")
+            text = json.dumps({"total": reply["total"], "clients": reply["clients"]})
+        else:
+            text = format_clients(reply, args.sort)
+    if clear:
+        sys.stdout.write("\x1b[H\x1b[2J")
+    if args.watch is not None and args.format == "text":
+        print(time.strftime("%H:%M:%S"))
+    print(text, flush=True)
 
 
 # ----- bridges -----------------------------------------------------------------------------

@@ -113,6 +113,22 @@ def offline_status(state_dir: str) -> dict:
         cl.close()
 
 
+def live_status(stats: dict, state_dir: str) -> dict:
+    """``--format json`` of a running broker, in the shape of the files' view: its keys from
+    the uploader's figures (no intent: the uploader ships that batch itself), and all the
+    figures under ``upload``. Uploading off, the broker does not measure the backlog: the
+    files' view. KeyError or TypeError: not the broker's stats."""
+    fig, log_fig = stats["upload"], stats["log"]
+    if fig is None or log_fig is None:
+        return {**offline_status(state_dir), "running": True, "log_held": False, "upload": None}
+    mark, next_offset = fig["uploaded_offset"], log_fig["next_offset"]
+    return {"running": True, "log_held": False, "uploaded_offset": mark,
+            "next_offset": next_offset, "backlog_records": max(0, next_offset - mark),
+            "backlog_bytes": fig["backlog_bytes"],
+            "backlog_sealed_segments": fig["backlog_segments"],
+            "backlog_age_seconds": fig["backlog_age_seconds"], "intent": None, "upload": fig}
+
+
 def run_status(args) -> int:
     state_dir = _state_dir(args)
     stats = _live(state_dir)
@@ -132,13 +148,13 @@ def run_status(args) -> int:
     else:
         fig = stats.get("upload")
         with inspect_live.broker_fields(socket_path(state_dir), "stats"):
-            text = (json.dumps({"running": True, "upload": fig}) if args.format == "json"
+            text = (json.dumps(live_status(stats, state_dir)) if args.format == "json"
                     else f"broker running; upload {inspect_live.upload_line(fig)}")
         print(text)
         return 0
     st = offline_status(state_dir)
     if args.format == "json":
-        print(json.dumps({**st, "log_held": held is not None}))
+        print(json.dumps({**st, "log_held": held is not None, "upload": None}))
         return 0
     if held is not None:
         print(f"{held}: what the log directory says now")

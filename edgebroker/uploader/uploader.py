@@ -105,7 +105,12 @@ class Uploader:
         self.retry_at = 0.0        # wall time of the next try while backing off, else 0
         self.gap_offsets = 0
         self.backlog = (0, 0, None, 0)
-        self.shipped_max_ts = 0
+        # The newest uploaded record's timestamp (lag_seconds): the record just below the
+        # uploaded mark, from an earlier run; 0 when the log does not hold it (nothing was
+        # uploaded yet, or retention deleted it).
+        mark = commit_log.uploaded_offset
+        below = commit_log.read(mark - 1) if mark > commit_log.first_offset else None
+        self.shipped_max_ts = below.timestamp_ms if below is not None else 0
         self.state = "idle"
 
     # -- life ------------------------------------------------------------------------------------

@@ -245,3 +245,65 @@ def test_inspect_clients_watch_connects_again_when_the_broker_closed_the_connect
             cli.wait(5)
     assert cli.returncode == 0, err
     assert first["total"] == 1 and json.loads(out)["total"] == 0
+
+
+def test_inspect_clients_watch_goes_on_through_a_broker_restart(broker, tmp_path, uid):
+    """A refresh that finds no broker (a restart's down time: no socket file) says so on
+    standard error and the next refreshes try again; it exited 1 with "cannot reach the
+    broker's admin socket" and stopped watching. SIGTERM still ends it with 0."""
+    import signal
+    import subprocess
+
+    from conftest import REPO, LineCollector, broker_command
+
+    data = tmp_path / "shared"
+    b = broker(data_dir=str(data))
+    cli = subprocess.Popen([*broker_command(), "inspect", "clients", "--data-dir", str(data),
+                            "--watch", "0.2", "--format", "json"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = LineCollector(cli.stdout), LineCollector(cli.stderr)
+    try:
+        assert out.wait(lambda line: json.loads(line)["total"] == 0, 10), err.text()
+        b.stop()
+        down = err.wait("the broker is not answering on", 10)
+        assert down and str(data / "admin.sock") in down and "trying again in 0.2 s" in down, \
+            err.text()
+        seen = len(out.lines)
+        broker(data_dir=str(data)).client(uid)
+        assert out.wait(lambda line: json.loads(line)["total"] == 1, 10, start=seen), \
+            (out.text(), err.text())
+        assert cli.poll() is None
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(10) == 0, err.text()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(5)
+    assert "Traceback" not in err.text() and "cannot reach" not in err.text(), err.text()
+
+
+def test_inspect_clients_watch_iterations_ending_without_a_broker_exits_1(broker, tmp_path):
+    """--iterations counts the refreshes that found no broker: the command ends, with 1 when
+    the last one found none."""
+    import signal
+    import subprocess
+
+    from conftest import REPO, LineCollector, broker_command
+
+    data = tmp_path / "shared"
+    b = broker(data_dir=str(data))
+    cli = subprocess.Popen([*broker_command(), "inspect", "clients", "--data-dir", str(data),
+                            "--watch", "1", "--iterations", "3", "--format", "json"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = LineCollector(cli.stdout)
+    try:
+        assert out.wait(lambda line: json.loads(line)["total"] == 0, 10)
+        cli.send_signal(signal.SIGSTOP)      # the next refreshes come after the stop
+        b.stop()
+        cli.send_signal(signal.SIGCONT)
+        assert cli.wait(15) == 1
+        assert cli.stderr.read().count("the broker is not answering on") == 2
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(5)
