@@ -153,3 +153,9 @@ def topic_shown(topic: str) -> str:
     """A topic name or filter (MQTT allows 64 KB) as an error or log line shows it: ``shown``
     with its first 200 characters."""
     return shown(topic, 200, "characters")
+
+
+def name_shown(name: str) -> str:
+    """A client id or user name (MQTT allows 64 KB; max_client_id_length is 65535 unless
+    set) as an error or log line shows it: ``shown`` with its first 100 characters."""
+    return shown(name, 100)

@@ -63,7 +63,7 @@ from edgebroker.core.shared_state import SharedState
 from edgebroker.core.stats import Stats, SysTopics
 from edgebroker.core.timers import Timers
 from edgebroker.core.wills import Wills
-from edgebroker.errors import topic_shown
+from edgebroker.errors import name_shown, topic_shown
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -164,7 +164,7 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
                 "an evicted topic is admitted again when next published to. Most topics "
                 "tracked per client id: %s", self.limits.max_topics, topic_shown(topic),
                 client.describe(),
-                ", ".join(f"{cid!r} {count}" for cid, count in top))
+                ", ".join(f"{name_shown(cid)} {count}" for cid, count in top))
         return refused
 
     def apply_config(self, config: Config) -> None:

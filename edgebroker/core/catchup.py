@@ -43,6 +43,7 @@ from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.router5 import options5, options5_for
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.timers import Timer
+from edgebroker.errors import name_shown, topic_shown
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -101,13 +102,13 @@ class CatchUp:
         if cursor.held is not None and self.release_held(session):
             return      # its retained copies held up to here are queued; it reads on after
         if cursor.lag_dropped:
-            log.warning("session %r caught up with the log; %d QoS 0 messages were skipped "
+            log.warning("session %s caught up with the log; %d QoS 0 messages were skipped "
                         "while it was behind by more than max_lag_bytes or max_lag_age",
-                        session.client_id, cursor.lag_dropped)
+                        name_shown(session.client_id), cursor.lag_dropped)
         if cursor.aged > 0:
-            log.warning("session %r caught up with the log; %d more records were lost to it "
-                        "for max_session_lag_age after the move logged", session.client_id,
-                        cursor.aged)
+            log.warning("session %s caught up with the log; %d more records were lost to it "
+                        "for max_session_lag_age after the move logged",
+                        name_shown(session.client_id), cursor.aged)
         session.cursor = None
         self.behind.discard(session)
         self._catch_up_again.discard(session)
@@ -337,9 +338,9 @@ class CatchUp:
         self.hit("max_lag_bytes" if by_bytes else "max_lag_age")
         if not cursor.lag_dropped:
             limits = self.limits
-            log.warning("session %r is behind the head of the log by more than %s: skipping its "
+            log.warning("session %s is behind the head of the log by more than %s: skipping its "
                         "QoS 0 messages until it catches up (counted as dropped, max_lag; logged "
-                        "once per episode)", session.client_id,
+                        "once per episode)", name_shown(session.client_id),
                         f"max_lag_bytes ({limits.max_lag_bytes})" if by_bytes
                         else f"max_lag_age ({limits.max_lag_age:g} s)")
         cursor.lag_dropped += count
@@ -356,8 +357,8 @@ class CatchUp:
                  for a, b, path in commit_log.damaged_between(start, end)]
         for a, b, why in gaps:
             self.drop("log_gap", session, b - a)
-            who = (f"session {session.client_id!r}" if group is None
-                   else f"shared subscription {group.key!r}")
+            who = (f"session {name_shown(session.client_id)}" if group is None
+                   else f"shared subscription {topic_shown(group.key)}")
             log.warning("%s: log records %d to %d are lost to it (%s)", who, a, b - 1, why)
 
     def _skip(self, session, offset: int, why: str) -> int:
@@ -370,8 +371,8 @@ class CatchUp:
             return 0
         self.drop("log_gap", session, lost)
         if why:
-            log.warning("session %r: log records %d to %d are lost to it (%s): it goes on from "
-                        "%d", session.client_id, cursor.offset, offset - 1, why, offset)
+            log.warning("session %s: log records %d to %d are lost to it (%s): it goes on from "
+                        "%d", name_shown(session.client_id), cursor.offset, offset - 1, why, offset)
         cursor.offset = offset
         if cursor.floor < offset:
             cursor.floor = offset

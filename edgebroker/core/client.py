@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from edgebroker.errors import KEEP_ALIVE_TIMEOUT, ProtocolError, shown
+from edgebroker.errors import KEEP_ALIVE_TIMEOUT, ProtocolError, name_shown
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.stream import Decoder
 from edgebroker.core import mqtt5, throttling, violations
@@ -153,9 +153,9 @@ class Client:
     def describe(self) -> str:
         """The client in a log line: its id and user name (each shown up to 100 characters:
         a client id may be 64 KB long), its address."""
-        name = shown(self.client_id, 100) if self.client_id else "(before CONNECT)"
+        name = name_shown(self.client_id) if self.client_id else "(before CONNECT)"
         if self.username is not None:
-            return f"client {name} (user {shown(self.username, 100)}) from {self.peer}"
+            return f"client {name} (user {name_shown(self.username)}) from {self.peer}"
         return f"client {name} from {self.peer}"
 
     # ----- input from the server layer -------------------------------------------------

@@ -26,14 +26,14 @@ from edgebroker.core.router5 import options5
 from edgebroker.core.session import (
     EMPTY_DICT, Message, Outgoing, Session, Stored, StoredRetained, as_stored,
 )
+from edgebroker.errors import name_shown
 from edgebroker.mqtt.encode import encode_publish_head
 from edgebroker.mqtt.trie import RetainedTree, SubscriptionTrie
 
 log = logging.getLogger("edgebroker.broker")
 
-# Payloads up to this size are joined with their header once per message, so
-# each subscriber gets one buffer; larger ones are queued as header + payload
-# to avoid copying them.
+# Payloads up to this size are joined with their header once per message, so each subscriber
+# gets one buffer; larger ones are queued as header + payload to avoid copying them.
 _JOIN_LIMIT = 4096
 
 
@@ -396,8 +396,8 @@ class Router:
                 dropped = 1
                 self.drop(limit, session)
             if not session.dropped:
-                log.warning("session %r: queue full (%d messages, %d bytes; %s); dropping %s "
-                            "messages until it drains", session.client_id, *full, limit,
+                log.warning("session %s: queue full (%d messages, %d bytes; %s); dropping %s "
+                            "messages until it drains", name_shown(session.client_id), *full, limit,
                             "the oldest" if limits.queue_full == "drop_old" else "new")
             session.dropped += dropped
             if limits.queue_full != "drop_old":
@@ -493,8 +493,8 @@ class Router:
         if not queue:
             session.retained_queued = None
         if not queue and session.dropped:
-            log.warning("session %r: queue drained; %d messages were dropped while it was full",
-                        session.client_id, session.dropped)
+            log.warning("session %s: queue drained; %d messages were dropped while it was full",
+                        name_shown(session.client_id), session.dropped)
             session.dropped = 0
         if session.shared:
             self.pump_shared(session)    # its shared subscriptions' backlogs (core.shared)

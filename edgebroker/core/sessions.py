@@ -22,7 +22,7 @@ from collections import deque
 from functools import partial
 
 from edgebroker.errors import (
-    QUOTA_EXCEEDED, SERVER_SHUTTING_DOWN, SESSION_TAKEN_OVER, shown, topic_shown,
+    QUOTA_EXCEEDED, SERVER_SHUTTING_DOWN, SESSION_TAKEN_OVER, name_shown, shown, topic_shown,
 )
 from edgebroker.core.cursor import needed_from
 from edgebroker.core.filter_set import filter_added, filter_removed
@@ -119,7 +119,7 @@ class Sessions:
         self.events.log(logging.INFO, "message_expired", self.clock(),
                         "a message on %s for session %s expired (its Message Expiry Interval) "
                         "before it was sent; dropped", topic_shown(topic),
-                        shown(session.client_id, 100))
+                        name_shown(session.client_id))
 
     def attach(self, client: Client, client_id: str, clean: bool,
                clean_start: bool | None = None) -> tuple[Session, bool]:
@@ -132,11 +132,12 @@ class Sessions:
             clean_start = clean
         old = self.sessions.get(client_id)
         if old is not None and old.client is not None:
-            log.info("client %r from %s takes over the session; closing the connection from %s",
-                     client_id, client.peer, old.client.peer)
+            log.info("client %s from %s takes over the session; closing the connection from %s",
+                     name_shown(client_id), client.peer, old.client.peer)
             self.stats.takeovers += 1
+            # (its reason string gives no address)
             old.client.close(will=True, reason=SESSION_TAKEN_OVER,
-                             why=f"client id {client_id!r} connected again")  # (no address)
+                             why=f"client id {name_shown(client_id)} connected again")
             old = self.sessions.get(client_id)
         present = False
         if old is not None and (clean_start or old.clean):
@@ -280,9 +281,9 @@ class Sessions:
         setting = (f"its session expiry interval {interval} s" if interval is not None else
                    f"persistent_client_expiration {self.limits.persistent_client_expiration:g} s")
         self.events.log(logging.INFO, "session_expired", self.clock(),
-                        "persistent session %r removed: offline for %.0f s (%s), with %d queued "
+                        "persistent session %s removed: offline for %.0f s (%s), with %d queued "
                         "or unacknowledged messages and %d log records after its cursor",
-                        session.client_id, offline, setting, held, unread)
+                        name_shown(session.client_id), offline, setting, held, unread)
 
     def drop_session(self, session: Session) -> None:
         will_timer = self.will_timers.get(session)

@@ -46,7 +46,7 @@ from collections import deque
 
 from edgebroker.core.catchup import NO_HOLD, QUEUE_BYTES, QUEUE_MESSAGES
 from edgebroker.core.router import queue_limit
-from edgebroker.errors import QUOTA_EXCEEDED, topic_shown
+from edgebroker.errors import QUOTA_EXCEEDED, name_shown, topic_shown
 from edgebroker.core.session import AWAIT_ACK, Message
 from edgebroker.core.timers import Timer
 from edgebroker.mqtt import packets as P
@@ -241,9 +241,9 @@ class Shared:
                 back.setdefault(group, []).append(entry)
         if lost:
             self.drop("shared_left", session, lost)
-            log.warning("session %r ended with %d unacknowledged messages of shared "
+            log.warning("session %s ended with %d unacknowledged messages of shared "
                         "subscriptions that cannot go to another member (QoS 2, MQTT-4.8.2-5, "
-                        "or the group is gone); dropped", session.client_id, lost)
+                        "or the group is gone); dropped", name_shown(session.client_id), lost)
         for group, entries in back.items():
             queue = group.queue
             for entry in reversed(entries):
@@ -255,10 +255,9 @@ class Shared:
                                   ref.topic if type(ref) is Message else None))
                 group.queue_bytes += ref.size
             self.stats.shared_handed_over += len(entries)
-            log.info("session %r left shared subscription %s with %d unacknowledged QoS 1 "
-                     "messages: they go to another member", session.client_id,
-                     topic_shown(group.key),
-                     len(entries))
+            log.info("session %s left shared subscription %s with %d unacknowledged QoS 1 "
+                     "messages: they go to another member", name_shown(session.client_id),
+                     topic_shown(group.key), len(entries))
             self._drain(group)
 
     def leave_shared(self, session) -> None:

@@ -18,7 +18,7 @@ import logging
 from edgebroker.core.session import AWAIT_ACK, Stored
 from edgebroker.core.shared import Group
 from edgebroker.core.snapshot import GroupState
-from edgebroker.errors import ProtocolError, topic_shown
+from edgebroker.errors import ProtocolError, name_shown, topic_shown
 from edgebroker.mqtt.topics import parse_shared
 
 log = logging.getLogger("edgebroker.broker")
@@ -79,8 +79,8 @@ class SharedState:
         try:
             name, topic_filter = parse_shared(key)
         except ProtocolError as exc:
-            log.warning("session %r: shared subscription %s in the snapshot not restored: %s",
-                        session.client_id, topic_shown(key), exc)
+            log.warning("session %s: shared subscription %s in the snapshot not restored: %s",
+                        name_shown(session.client_id), topic_shown(key), exc)
             return
         self.join_shared(session, key, name, topic_filter, qos, options, sub_id)
 
@@ -93,9 +93,9 @@ class SharedState:
         try:
             name, topic_filter = parse_shared(key)
         except ProtocolError as exc:
-            log.warning("session %r: the in-flight message at log offset %s names a shared "
+            log.warning("session %s: the in-flight message at log offset %s names a shared "
                         "subscription %s that is not one (%s): restored as a plain one",
-                        session.client_id, entry.message.offset, topic_shown(key), exc)
+                        name_shown(session.client_id), entry.message.offset, topic_shown(key), exc)
             return
         entry.group = Group(key, name, topic_filter)
         entry.group_qos, entry.group_retain = entry.qos, entry.retain

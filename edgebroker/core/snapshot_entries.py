@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+from edgebroker.errors import name_shown
+
 log = logging.getLogger("edgebroker.snapshot")
 
 
@@ -91,6 +93,6 @@ def ranged(s, path: str):
         dropped.append(f"cursor {s.cursor} (it reads from the snapshot's offset)")
         s.cursor = None
     if dropped:
-        log.error("%s: session %r: values out of range left out: %s", path, s.client_id,
+        log.error("%s: session %s: values out of range left out: %s", path, name_shown(s.client_id),
                   "; ".join(dropped))
     return s

@@ -9,7 +9,7 @@ from __future__ import annotations
 import binascii   # base64 (the base64 module over it: more memory)
 import logging
 
-from edgebroker.errors import ProtocolError
+from edgebroker.errors import ProtocolError, name_shown
 from edgebroker.mqtt.properties import WILL, decode_body
 from edgebroker.records import record
 
@@ -56,15 +56,15 @@ def read_will(doc, path: str, client_id: str) -> WillState | None:
         return None
     qos = int(doc["qos"])
     if qos not in (0, 1, 2):
-        log.error("%s: session %r: the QoS %d of its delayed will is out of range: the will "
-                  "is left out", path, client_id, qos)
+        log.error("%s: session %s: the QoS %d of its delayed will is out of range: the will "
+                  "is left out", path, name_shown(client_id), qos)
         return None
     properties = binascii.a2b_base64(doc.get("properties", ""), strict_mode=True)
     try:
         decode_body(properties, WILL)
     except ProtocolError as exc:
-        log.error("%s: session %r: the properties of its delayed will do not decode (%s): "
-                  "it is published without them", path, client_id, exc)
+        log.error("%s: session %s: the properties of its delayed will do not decode (%s): "
+                  "it is published without them", path, name_shown(client_id), exc)
         properties = b""
     username, listener = doc.get("username"), doc.get("listener")
     return WillState(str(doc["topic"]), binascii.a2b_base64(doc["payload"], strict_mode=True),

@@ -22,7 +22,7 @@ from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core.mqtt5 import logged, message_properties
 from edgebroker.core.timers import Timer
 from edgebroker.core.will_state import WillState
-from edgebroker.errors import shown, topic_shown
+from edgebroker.errors import name_shown, topic_shown
 from edgebroker.mqtt.packets import Will
 from edgebroker.mqtt.properties import WILL, WILL_DELAY, decode_body
 
@@ -90,8 +90,8 @@ class Departed:
         self.listener_gone: str | None = None
 
     def describe(self) -> str:
-        name = shown(self.client_id, 100)
-        user = f" (user {shown(self.username, 100)})" if self.username is not None else ""
+        name = name_shown(self.client_id)
+        user = f" (user {name_shown(self.username)})" if self.username is not None else ""
         return f"client {name}{user}, disconnected before the restart,"
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.config import AuthSettings, ListenerConfig
-from edgebroker.errors import ConfigError
+from edgebroker.errors import ConfigError, name_shown
 from edgebroker.security import authenticator as A
 TYPE_CHECKING = False
 if TYPE_CHECKING:   # security.scram: imported by the exchanges (core/handlers/auth.py)
@@ -157,8 +157,9 @@ class ListenerPolicy:
                                                  f"listener {self.name}", None, None)
                 return
             if username is not None:
-                log.info("%s: user name %r not verified (no password_file on listener %s); "
-                         "treated as anonymous", client.describe(), username, self.name)
+                log.info("%s: user name %s not verified (no password_file on listener %s); "
+                         "treated as anonymous", client.describe(), name_shown(username),
+                         self.name)
             self._accept(client, None)
             return
         host = peer_host(client.peer)
