@@ -4,13 +4,13 @@ the bootloader, the unit's main process (a supervisor or `kill -9` stopping the 
 the broker serving as an orphan, holding the port and the state directory: the next start
 failed with "Address already in use". tests/frozen/test_binary.py does it with the binary."""
 
-import os
 import re
 import signal
 import socket
 import sys
 
 from conftest import REPO, Proc
+from frozen.conftest import assert_stopped_as_orphan, kill_quietly
 
 ENTRY = REPO / "packaging" / "entry.py"
 
@@ -36,17 +36,9 @@ def test_serve_stops_when_the_process_that_started_it_is_killed(tmp_path, monkey
         assert stopped, f"the orphan did not stop:\n{parent.out.text()}"
         parent.out.join(10)
         assert parent.out.eof, parent.out.text()        # the broker's end of the pipe: closed
-        gone = [ln for ln in parent.lines if "is gone: stopping" in ln]
-        assert len(gone) == 1 and gone[0].endswith(
-            f"the parent process (pid {parent.p.pid}, the one-file binary's bootloader) is gone: "
-            f"stopping"), parent.out.text()
-        assert "Traceback" not in parent.out.text(), parent.out.text()
+        assert_stopped_as_orphan(parent.lines, parent.out.text(), parent.p.pid)
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, "the port is still held"
     finally:
-        if broker is not None:
-            try:
-                os.kill(broker, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_quietly(broker)
         parent.kill()

@@ -23,7 +23,7 @@ from edgebroker.spark.files import PassRunning, pass_lock
 from edgebroker.spark.ingest import ingest_once
 
 from spark.test_ingest import ms, table
-from spark.test_ingest_landing import DAY_MS, T0, land
+from spark.test_ingest_landing import DAY_MS, T0, ingest_watched, land
 
 REPO = Path(__file__).resolve().parents[2]
 UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"] \
@@ -77,14 +77,7 @@ def test_a_second_pass_while_one_runs_is_refused_and_no_row_is_added_twice(spark
                 with pytest.raises(PassRunning) as exc:
                     ingest_once(spark, str(landing), str(warehouse))
                 refused.append(str(exc.value))
-    logger = logging.getLogger("edgebroker.spark")
-    handler = Second()
-    logger.addHandler(handler)
-    caplog.set_level(logging.INFO, logger="edgebroker.spark")
-    try:
-        report = ingest_once(spark, str(landing), str(warehouse))
-    finally:
-        logger.removeHandler(handler)
+    report = ingest_watched(spark, landing, warehouse, Second(), caplog)
     lock = warehouse / "_checkpoint" / "ingest.lock"
     assert refused == [f"another ingest pass holds {lock} (pid {os.getpid()}); this one does "
                        f"nothing: one pass at a time per checkpoint folder"]

@@ -38,6 +38,18 @@ def land(landing: Path, records: list, name: str | None = None, gateway: str = "
     return path
 
 
+def ingest_watched(spark, landing: Path, warehouse: Path, handler: logging.Handler,
+                   caplog) -> dict:
+    """One pass, ``handler`` on the job's logger meanwhile (a test acts when a line comes)."""
+    logger = logging.getLogger("edgebroker.spark")
+    logger.addHandler(handler)
+    caplog.set_level(logging.INFO, logger="edgebroker.spark")
+    try:
+        return ingest_once(spark, str(landing), str(warehouse))
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_an_empty_batch_file_is_listed_and_quarantined_naming_it(spark, tmp_path):
     """Spark's file scans skip files of 0 bytes: the listing must still see one, and the run
     quarantine it with an error naming it, as it does a batch cut to 5 bytes."""
@@ -356,14 +368,7 @@ def test_a_bad_file_replaced_after_the_run_read_it_is_left_for_the_next_run(
                     tmp = path.with_name("." + path.name + ".tmp")
                     tmp.write_bytes(blob)
                     tmp.replace(path)
-    logger = logging.getLogger("edgebroker.spark")
-    handler = Replace()
-    logger.addHandler(handler)
-    caplog.set_level(logging.INFO, logger="edgebroker.spark")
-    try:
-        report = ingest_once(spark, str(landing), str(warehouse))
-    finally:
-        logger.removeHandler(handler)
+    report = ingest_watched(spark, landing, warehouse, Replace(), caplog)
     assert Replace.done
     assert [Path(q["path"]).name for q in report["quarantined"]] == [stays.name]
     assert sorted(Path(p).name for p in report["changed_since_read"]) == \
