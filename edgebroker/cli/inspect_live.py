@@ -77,6 +77,11 @@ class ConnectionClosed(EdgebrokerError):
     """The broker closed the admin connection (it drops one idle for 60 s; a restart)."""
 
 
+class NoAnswer(EdgebrokerError):
+    """The broker took the request and sent nothing back within the timeout (its loop held:
+    a long log replay at start, a stopped process)."""
+
+
 class Unreachable(EdgebrokerError):
     """No connection to the admin socket; ``error``: the OSError of the connect."""
 
@@ -122,8 +127,11 @@ class AdminClient:
             raise ConnectionClosed(f"the broker closed the admin connection "
                                    f"{self.path}") from None
         except OSError as exc:
-            if isinstance(exc, TimeoutError) and self.buf:
-                raise self._no_line_end() from None
+            if isinstance(exc, TimeoutError):
+                if self.buf:
+                    raise self._no_line_end() from None
+                raise NoAnswer(f"admin socket {self.path}: no answer within "
+                               f"{self.timeout:g} s") from None
             raise EdgebrokerError(f"admin socket {self.path}: {exc.strerror or exc}") from None
         line = bytes(self.buf[:end])
         del self.buf[:end + 1]
@@ -337,12 +345,16 @@ def format_clients(reply: dict, sort: str) -> str:
 def _ask_again(client, path: str, request: dict):
     """A later ``--watch`` refresh: ``(client, reply)``, on a new connection when the broker
     closed the old one (it drops one idle for 60 s, a longer --watch; a restart); ``(None,
-    why)`` when no broker answers (a restart's down time: the next refresh tries again)."""
+    why)`` when no broker answers (a restart's down time, a start replaying a long log, whose
+    admin socket is open before its loop serves it: the next refresh tries again)."""
     if client is not None:
         try:
             return client, client.ask(request)
         except ConnectionClosed:
             client.close()
+        except NoAnswer:
+            client.close()
+            return None, f"no answer within {client.timeout:g} s"
     try:
         client = AdminClient(path)
     except Unreachable as exc:
@@ -352,6 +364,9 @@ def _ask_again(client, path: str, request: dict):
     except ConnectionClosed:
         client.close()
         return None, "it closed the connection"
+    except NoAnswer:
+        client.close()
+        return None, f"no answer within {client.timeout:g} s"
 
 
 def run_clients(args) -> int:

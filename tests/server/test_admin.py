@@ -282,6 +282,42 @@ def test_inspect_clients_watch_goes_on_through_a_broker_restart(broker, tmp_path
     assert "Traceback" not in err.text() and "cannot reach" not in err.text(), err.text()
 
 
+def test_inspect_clients_watch_goes_on_through_a_broker_that_does_not_answer(broker, tmp_path):
+    """A refresh the broker takes and does not answer within 10 s (a start replaying a long
+    log opens the admin socket before its loop answers; here a stopped process) says so and
+    the next refreshes try again; it ended the watch with exit 1."""
+    import signal
+    import subprocess
+
+    from conftest import REPO, LineCollector, broker_command
+
+    data = tmp_path / "shared"
+    b = broker(data_dir=str(data))
+    cli = subprocess.Popen([*broker_command(), "inspect", "clients", "--data-dir", str(data),
+                            "--watch", "0.2", "--format", "json"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = LineCollector(cli.stdout), LineCollector(cli.stderr)
+    try:
+        assert out.wait(lambda line: json.loads(line)["total"] == 0, 10), err.text()
+        b.proc.send_signal(signal.SIGSTOP)
+        try:
+            down = err.wait("the broker is not answering on", 20)
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        assert down and "(no answer within 10 s)" in down, err.text()
+        seen = len(out.lines)
+        assert out.wait(lambda line: json.loads(line)["total"] == 0, 10, start=seen), \
+            (out.text(), err.text())
+        assert cli.poll() is None
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(10) == 0, err.text()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(5)
+    assert "Traceback" not in err.text(), err.text()
+
+
 def test_inspect_clients_watch_iterations_ending_without_a_broker_exits_1(broker, tmp_path):
     """--iterations counts the refreshes that found no broker: the command ends, with 1 when
     the last one found none."""
