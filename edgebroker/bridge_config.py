@@ -213,11 +213,49 @@ def bridge_problems(bridge: BridgeConfig, given: dict, name: str) -> list[str]:
 
 
 def bridge_warnings(bridges) -> list[str]:
-    """What is allowed but does nothing: an ``out`` rule whose local filter can match only
-    ``$SYS`` topics (this broker's own ``$SYS`` messages are not written to the commit log,
-    which the bridge reads: docs/bridge.md)."""
-    return [f"bridge[{i}].topic[{j}]: bridge {bridge.name!r}: the out rule's filter "
-            f"{shown(rule.local_filter, 60)} matches only $SYS topics, which this broker "
-            f"does not write to its log: the rule forwards nothing (docs/bridge.md)"
-            for i, bridge in enumerate(bridges) for j, rule in enumerate(bridge.topic)
-            if rule.outbound and rule.local_filter.startswith("$SYS")]
+    """What is allowed but does not do what it seems: an ``out`` rule whose local filter can
+    match only ``$SYS`` topics (this broker's own ``$SYS`` messages are not written to the
+    commit log, which the bridge reads), and on MQTT 5.0 two ``in`` rules whose remote
+    filters overlap (the remote sends a message both match once per subscription, and each
+    copy is published here: docs/bridge.md)."""
+    warnings = [f"bridge[{i}].topic[{j}]: bridge {bridge.name!r}: the out rule's filter "
+                f"{shown(rule.local_filter, 60)} matches only $SYS topics, which this broker "
+                f"does not write to its log: the rule forwards nothing (docs/bridge.md)"
+                for i, bridge in enumerate(bridges) for j, rule in enumerate(bridge.topic)
+                if rule.outbound and rule.local_filter.startswith("$SYS")]
+    for i, bridge in enumerate(bridges):
+        if bridge.protocol_version == 5:
+            warnings += overlapping_in_rules(bridge, i)
+    return warnings
+
+
+def overlapping_in_rules(bridge: BridgeConfig, i: int) -> list[str]:
+    """A warning per two ``in`` rules whose (different) remote filters some topic matches
+    both (the same filter twice is one subscription at the remote: one copy)."""
+    into = [(j, rule.remote_filter) for j, rule in enumerate(bridge.topic) if rule.inbound]
+    return [f"bridge[{i}].topic[{j}] and topic[{k}]: bridge {bridge.name!r} (MQTT 5.0): the in "
+            f"rules' remote filters {shown(first, 60)} and {shown(second, 60)} overlap: the "
+            f"remote sends a message both match once per rule, and each copy is published "
+            f"here (duplicates, under the first rule's topic); rules that do not overlap "
+            f"avoid it (docs/bridge.md)"
+            for n, (j, first) in enumerate(into) for k, second in into[n + 1:]
+            if first != second and filters_overlap(first, second)]
+
+
+def filters_overlap(first: str, second: str) -> bool:
+    """True if some topic name matches both valid (non-shared) filters (as
+    mqtt.topics.topic_matches, below it in the layers, matches one): level by level, a
+    ``+`` takes any one level and a ``#`` the rest (none too: ``a/#`` matches ``a``); a
+    leading wildcard takes no level that starts with ``$`` (MQTT-4.7.2-1)."""
+    a, b = first.split("/"), second.split("/")
+    if (a[0][:1] == "$" and b[0] in ("+", "#")) or (b[0][:1] == "$" and a[0] in ("+", "#")):
+        return False
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b):     # one ended: the other's "#" takes the parent level
+            return (a if i < len(a) else b)[i] == "#"
+        x, y = a[i], b[i]
+        if x == "#" or y == "#":
+            return True
+        if x != y and x != "+" and y != "+":
+            return False
+    return True

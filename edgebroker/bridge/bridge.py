@@ -90,9 +90,9 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
                                properties={SESSION_EXPIRY: config.session_expiry} if keep
                                else None,
                                max_inflight=config.window,
-                               # (and this link's SUBSCRIBEs, one per filter on 5.0, and
-                               # UNSUBSCRIBE: they may wait there for a free packet id)
-                               max_queued=config.window + len(self.rules.into) + 1,
+                               # (and this link's SUBSCRIBE and UNSUBSCRIBE: they may
+                               # wait there for a free packet id)
+                               max_queued=config.window + 2,
                                connect_timeout=config.connect_timeout,
                                max_packet_size=broker.limits.max_packet_size,
                                auto_ack=False)   # inbound: acknowledged once logged
@@ -364,7 +364,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
                        "once)", self.name)
         if self._busy and not self._busy_retry.pending:
             self._busy_retry.start(self.broker, self.clock())
-        self.subscribe_on_connect(event.session_present, props)
+        self.subscribe_on_connect(event.session_present)
 
     # ----- sending ----------------------------------------------------------------------
 
@@ -466,7 +466,6 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "short_links": self.short_links,
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
-            "received_copies": self.inbound.copies,
             "received_held": len(self.inbound.held),
             "not_sent_back": ob.skipped_own,
             "bytes_out": self.bytes_out + (link.bytes_out if link is not None else 0),

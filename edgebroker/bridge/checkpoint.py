@@ -5,10 +5,11 @@ below ``C`` that the bridge forwards was acknowledged by the remote; records fro
 ``S`` had been sent and were not yet all acknowledged when the file was written (after a
 crash they are sent again: counted as resent); the bridge's packet ids are 1 to ``N``: those
 the next run releases at the remote (bridge/release.py). ``packet_ids`` may be absent (a
-file of an older version): every id is released then. ``"subscriptions": {FILTER: ID}``: the
-remote filters the bridge subscribed to that the remote's session may still hold, each with
-its Subscription Identifier (0: none), so the next run unsubscribes those its rules no longer
-name (bridge/subscribing.py); absent in a file of an older version: not known then. The
+file of an older version): every id is released then. ``"subscriptions": {FILTER: 0}``: the
+remote filters the bridge subscribed to that the remote's session may still hold, so the next
+run unsubscribes those its rules no longer name (bridge/subscribing.py); a file of an earlier
+version may hold a Subscription Identifier instead of 0 (read the same); absent in a file of
+an older version: not known then. The
 file is written to a temporary name, fsynced and renamed over the old one, then the folder
 is fsynced, so a crash leaves the old file or the new one.
 

@@ -16,10 +16,8 @@ newer and not yet at the remote is dropped (``_stale``, docs/bridge.md "Retained
 messages"). Each drop is counted (``dropped``, reason ``bridge_in``) and
 logged once per bridge and reason.
 
-On MQTT 5.0 a message two overlapping ``in`` rules match may come once per subscription; a
-copy whose Subscription Identifiers do not include the one of the first rule that matches it
-is acknowledged and counted (``copies``), not published: the message comes by that rule's
-copy (``first_ids``, bridge/subscribing.py).
+On MQTT 5.0 a message two overlapping ``in`` rules match may come once per subscription:
+each copy is published (bridge/subscribing.py says why none is skipped).
 
 The publisher id written in the log is the bridge's client id: that is the origin marker
 the outbound side reads to never send such a record back out (docs/bridge.md).
@@ -48,7 +46,6 @@ from edgebroker.client.events import Oversized
 from edgebroker.commitlog.errors import LogFullError
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt.fields import check_code_points
-from edgebroker.mqtt.properties import SUBSCRIPTION_ID
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -85,10 +82,6 @@ class Inbound:
         self.publisher = publisher
         self.received = 0        # messages from the remote published here
         self.dropped = 0
-        self.copies = 0          # further copies of a message (overlapping rules, 5.0)
-        # remote filter -> its Subscription Identifier, for the filters whose copy decides
-        # (bridge/subscribing.py); None: no identifiers on this link
-        self.first_ids: dict | None = None
         self.held: list = []     # Messages the log could not take, in order (see retry)
         # The first log offset not handed to the remote before this link's SUBSCRIBE (None:
         # not subscribed on this link); ``acked_below``: the outbound cursor (see _stale).
@@ -103,16 +96,10 @@ class Inbound:
             self.held.append(event)      # behind those waiting for the log
             return
         topic, payload, qos, retain = event.topic, event.payload, event.qos, event.retain
-        found = self.rules.incoming(topic)
-        if found is None:
+        local = self.rules.incoming(topic)
+        if local is None:
             return self._drop(event, "unasked", f"a message on {shown(topic)}, which no in rule "
                                                 f"matches")
-        local, by = found
-        first = self.first_ids
-        if first and event.properties:
-            ids = event.properties.get(SUBSCRIPTION_ID)
-            if ids and by in first and first[by] not in ids:
-                return self._copy(event, topic, by)
         if local.startswith("$SYS"):
             return self._drop(event, "sys_topic", f"a message for {local!r}: $SYS topics are "
                                                   f"written only by the broker")
@@ -214,19 +201,6 @@ class Inbound:
         self.broker.hit("max_packet_size")
         self._count("packet_too_large", f"a packet from the remote ({what}); the link is "
                                         f"closed and connects again")
-
-    def _copy(self, event, topic: str, by: str) -> None:
-        """A further copy of a message whose copy by the first matching rule comes too:
-        acknowledged, counted, not published (not a drop)."""
-        if event.qos:
-            self.broker.acknowledge(self.publisher, None, event)
-        self.copies += 1
-        if "copy" not in self._warned:
-            self._warned.add("copy")
-            log.info("bridge %s: a message on %s came again by another in rule's subscription "
-                     "(overlapping rules, MQTT 5.0): published once, by the first rule that "
-                     "matches it (%r); the other copies are counted in received_copies "
-                     "(logged once)", self.name, shown(topic), by)
 
     def _drop(self, event, reason: str, what: str) -> None:
         if event.qos:   # not wanted here: acknowledged, behind the acknowledgements waiting

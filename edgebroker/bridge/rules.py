@@ -65,14 +65,13 @@ class Rules:
             seen.setdefault(rule.remote_filter, rule.qos)
         return list(seen.items())
 
-    def incoming(self, topic: str) -> tuple[str, str] | None:
-        """(the local topic a message on remote ``topic`` is published under, the remote
-        filter of the rule that maps it), or None (no inbound rule matches it: a remote that
-        sends what was not asked for)."""
+    def incoming(self, topic: str) -> str | None:
+        """The local topic a message on remote ``topic`` is published under, or None (no
+        inbound rule matches it: a remote that sends what was not asked for)."""
         for rule in self.into:
             local = mapped(topic, rule.remote_filter, rule.remote_prefix, rule.local_prefix)
             if local is not None:
-                return local, rule.remote_filter
+                return local
         return None
 
 

@@ -1,11 +1,14 @@
 """[[bridge]] tables: what they read as, and errors that name the table and the key."""
 
+import itertools
 import socket
 
 import pytest
 
 from edgebroker import config
+from edgebroker.bridge_config import filters_overlap
 from edgebroker.errors import ConfigError
+from edgebroker.mqtt.topics import topic_matches
 
 GOOD = ('[[bridge]]\nname = "up"\naddress = "127.0.0.1:1883"\n'
         'topic = [{pattern = "sensors/#", direction = "both", qos = 2, remote_prefix = "gw1/"}]\n')
@@ -150,3 +153,66 @@ def test_an_out_rule_on_sys_topics_is_warned_of(tmp_path, broker):
         {"pattern": "$SYS/#", "direction": "out"}, {"pattern": "a/#", "direction": "out"}]}])
     assert gw.wait_log(lambda ln: warning.format(0, "'$SYS/#'") in ln, 5)
     assert not any("topic[1]" in ln for ln in gw.logs)
+
+
+
+
+@pytest.mark.parametrize("first, second, expected", [
+    ("c/#", "c/x/#", True), ("c/x/#", "c/#", True), ("c/#", "d/#", False),
+    ("c/+", "c/x", True), ("c/+", "c/x/y", False), ("c/+/y", "c/x/+", True),
+    ("a", "a/#", True),               # the parent level "#" matches
+    ("a", "a/+", False), ("a/b", "a/b", True), ("a/b", "a/c", False),
+    ("#", "x", True), ("+", "+/#", True), ("a//b", "a/+/b", True), ("a//b", "a/b", False),
+    ("#", "$SYS/x", False), ("+/x", "$SYS/x", False), ("$SYS/#", "$SYS/+", True),
+    ("$SYS/#", "#", False), ("$SYS/x", "$SYS/x", True), ("a/$x", "a/+", True),
+])
+def test_filters_overlap_table(first, second, expected):
+    assert filters_overlap(first, second) is expected
+    assert filters_overlap(second, first) is expected
+
+
+def test_filters_overlap_agrees_with_topic_matches():
+    """Every pair of filters of up to 3 levels over a few literals: they overlap exactly when
+    some topic name of up to 3 levels (over those literals and one other) matches both."""
+    def levels(choices, n):
+        return ["/".join(p) for k in range(1, n + 1)
+                for p in itertools.product(choices, repeat=k)]
+
+    filters = [f for f in levels(["a", "$x", "+", "#"], 3)
+               if "#" not in f[:-1] and (f == "#" or "#" not in f or f.endswith("/#"))]
+    topics = levels(["a", "$x", "z"], 3)
+    matched = {f: {t for t in topics if topic_matches(f, t)} for f in filters}
+    for first, second in itertools.product(filters, repeat=2):
+        assert filters_overlap(first, second) is bool(matched[first] & matched[second]), \
+            (first, second)
+
+
+def test_overlapping_in_rules_on_5_are_warned_of(tmp_path, broker):
+    """Two `in` rules whose remote filters overlap: on MQTT 5.0 the remote sends a message
+    both match once per rule, and each copy is published (docs/bridge.md). `config check` and
+    the start name the two rules; the same filter twice, `out` rules, disjoint filters and
+    3.1.1 bridges are not named."""
+    from conftest import run_cli
+    rules = [{"pattern": "c/#", "direction": "in"}, {"pattern": "c/#", "direction": "in"},
+             {"pattern": "x/#", "direction": "out"}, {"pattern": "d/#", "direction": "in"},
+             {"pattern": "c/+/x", "direction": "both"}]
+
+    def table(name, version):
+        return (f'[[bridge]]\nname = "{name}"\naddress = "127.0.0.1:1"\n'
+                f'protocol_version = {version}\ntopic = [' + ", ".join(
+                    "{" + ", ".join(f'{k} = "{v}"' for k, v in r.items()) + "}"
+                    for r in rules) + "]\n")
+    path = tmp_path / "c.toml"
+    path.write_text(f'data_dir = "{tmp_path / "data"}"\n[[listener]]\nport = 0\n'
+                    + table("up", 5) + table("old", 4))
+    warning = ("bridge[0].topic[{}] and topic[4]: bridge 'up' (MQTT 5.0): the in rules' remote "
+               "filters 'c/#' and 'c/+/x' overlap: the remote sends a message both match once "
+               "per rule, and each copy is published here (duplicates, under the first rule's "
+               "topic); rules that do not overlap avoid it (docs/bridge.md)")
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["warning: " + warning.format(0),
+                                     "warning: " + warning.format(1)]
+    gw = broker(bridge=[{"name": "up", "address": "127.0.0.1:1", "protocol_version": 5,
+                         "topic": rules}])
+    assert gw.wait_log(lambda ln: warning.format(1) in ln, 5)

@@ -47,8 +47,7 @@ def test_rules_map_topics_and_the_origin_marker_keeps_own_records(tmp_path):
     assert [(r[0], r[1], r[2], r[3]) for r in sent] == [
         (0, "site/1/temp", b"0", 2), (4, "site/3/temp", b"4", 2)]
     assert out.skipped_own == 1 and out.read_at == 5
-    assert rules.incoming("site/9/temp") == ("dev/9/temp", "site/+/temp")
-    assert rules.incoming("x/y") == ("x/y", "#")
+    assert rules.incoming("site/9/temp") == "dev/9/temp" and rules.incoming("x/y") == "x/y"
     log.close()
 
 
@@ -126,7 +125,7 @@ def test_rules_match_as_their_filters_and_a_topic_that_maps_to_nothing_is_unsend
     for offset in (0, 1, 2, 3, 7):
         out.acked(offset)
     assert out.cursor == 8
-    assert [(rules.incoming(t) or [None])[0] for t in ("b/$in", "b/", "b", "$b/x", "bc")] == [
+    assert [rules.incoming(t) for t in ("b/$in", "b/", "b", "$b/x", "bc")] == [
         "a/$in", "a/", "a", None, None]
     log.close()
 
