@@ -169,8 +169,8 @@ def load_again(args) -> configuration.Config:
 
 def _warn_exposed(config: configuration.Config) -> None:
     """At start and at each reload: a configuration file holding secrets that other users
-    can read (config.exposed_secrets); a listener's certificate out of its dates; a bridge
-    rule that forwards nothing (bridge_config.bridge_warnings)."""
+    can read (config.exposed_secrets); a listener's certificate out of its dates; bridge
+    rules that do not do what they seem (bridge_config.bridge_warnings)."""
     exposed = configuration.exposed_secrets(config)
     if exposed:
         logging.getLogger(__name__).warning("%s", exposed)
