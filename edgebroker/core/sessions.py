@@ -326,13 +326,17 @@ class Sessions:
                 self.persistent_sessions -= 1
 
     def close_all(self) -> None:
-        """Close every connection (at shutdown): no wills, sessions kept; a 5.0 client is
-        told DISCONNECT 0x8B Server shutting down."""
+        """Close every connection (at shutdown), sessions kept; a 5.0 client is told
+        DISCONNECT 0x8B Server shutting down. Each will is kept for the next start
+        (core.wills' ``keep_will_at_stop``), not published now."""
         for session in list(self.sessions.values()):
-            if session.client is not None:
-                session.client.will = None
-                session.client.close(will=False, reason=SERVER_SHUTTING_DOWN,
-                                     why="server shutting down")
+            client = session.client
+            if client is not None:
+                will, client.will = client.will, None
+                client.close(will=False, reason=SERVER_SHUTTING_DOWN,
+                             why="server shutting down")
+                if will is not None:
+                    self.keep_will_at_stop(session, client, will)
 
     # ----- subscriptions ----------------------------------------------------------------
 
