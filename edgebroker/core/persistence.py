@@ -98,6 +98,7 @@ class Persistence:
         snap.save_retained(saved, self.retained, now, result.written_ms)
         result.retained = list(saved.values())
         result.shared = self.capture_shared()
+        result.wills = list(self.stopped_wills)
         self._snapshot_dirty = False
         self._snapshot_offset = next_offset
         return result
@@ -291,6 +292,8 @@ class Persistence:
                 self.restore_will(session, s.will)      # core.wills
             if session.cursor is None and s.offline_ms is None:
                 self._replay_unsure.append(session)     # see replay
+        for client_id, will in state.wills:     # sessions that ended at a clean stop
+            self.restore_will(Session(client_id, True), will, ended=True)
         lost += self.restore_shared(state.shared, end)
         self._snapshot_offset = self._saved_offset = at = state.log_next_offset
         if end is not None:

@@ -141,7 +141,10 @@ class Sessions:
             old = self.sessions.get(client_id)
         present = False
         if old is not None and (clean_start or old.clean):
-            self.drop_session(old)
+            if not old.clean:
+                self._discard_session(old, client)
+            else:
+                self.drop_session(old)
             old = None
         if old is None:
             session = self.sessions[client_id] = Session(client_id, clean)
@@ -268,10 +271,7 @@ class Sessions:
             return
         if session.shared is not None:
             self.hand_over(session, True)   # its groups' QoS 2 messages: shared_left
-        cursor = session.cursor
-        held = len(session.queue) + len(session.inflight) + (
-            len(cursor.held) if cursor is not None and cursor.held else 0)
-        unread = self.journal.log.next_offset - cursor.offset if cursor is not None else 0
+        held, unread = self._backlog(session)
         offline = self.clock() - session.offline_at
         self.stats.sessions_expired += 1
         if held:
@@ -284,6 +284,28 @@ class Sessions:
                         "persistent session %s removed: offline for %.0f s (%s), with %d queued "
                         "or unacknowledged messages and %d log records after its cursor",
                         name_shown(session.client_id), offline, setting, held, unread)
+
+    def _backlog(self, session: Session) -> tuple[int, int]:
+        """(messages ``session`` holds queued or unacknowledged, log records after its
+        cursor): what removing it discards."""
+        cursor = session.cursor
+        held = len(session.queue) + len(session.inflight) + (
+            len(cursor.held) if cursor is not None and cursor.held else 0)
+        unread = self.journal.log.next_offset - cursor.offset if cursor is not None else 0
+        return held, unread
+
+    def _discard_session(self, session: Session, client: Client) -> None:
+        """A persistent session replaced by a clean one (3.1.1 clean session 1, 5.0 Clean
+        Start 1): removed, its backlog logged (not counted as dropped: the client asked)."""
+        held, unread = self._backlog(session)
+        self.drop_session(session)
+        if held or unread:
+            self.events.log(logging.INFO, "session_discarded", self.clock(),
+                            "persistent session %s discarded: its client connected with %s, "
+                            "with %d queued or unacknowledged messages and %d log records "
+                            "after its cursor", name_shown(session.client_id),
+                            "Clean Start 1" if client.v5 is not None else "clean session 1",
+                            held, unread)
 
     def drop_session(self, session: Session) -> None:
         will_timer = self.will_timers.get(session)
@@ -326,13 +348,17 @@ class Sessions:
                 self.persistent_sessions -= 1
 
     def close_all(self) -> None:
-        """Close every connection (at shutdown): no wills, sessions kept; a 5.0 client is
-        told DISCONNECT 0x8B Server shutting down."""
+        """Close every connection (at shutdown), sessions kept; a 5.0 client is told
+        DISCONNECT 0x8B Server shutting down. Each will is kept for the next start
+        (core.wills' ``keep_will_at_stop``), not published now."""
         for session in list(self.sessions.values()):
-            if session.client is not None:
-                session.client.will = None
-                session.client.close(will=False, reason=SERVER_SHUTTING_DOWN,
-                                     why="server shutting down")
+            client = session.client
+            if client is not None:
+                will, client.will = client.will, None
+                client.close(will=False, reason=SERVER_SHUTTING_DOWN,
+                             why="server shutting down")
+                if will is not None:
+                    self.keep_will_at_stop(session, client, will)
 
     # ----- subscriptions ----------------------------------------------------------------
 

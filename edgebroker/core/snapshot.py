@@ -180,6 +180,9 @@ class Snapshot:
     # The first QoS 2 exchange journal generation to apply after it (core.exchanges); None:
     # none (a snapshot written before the journal, or without one).
     exchanges: int | None = None
+    # (client id, will) of clients connected at a clean stop whose session ended then: the
+    # next start publishes them (core.wills' ``keep_will_at_stop``).
+    wills: list[tuple[str, WillState]] = field(default_factory=list)
 
 
 def _dumps(doc) -> bytes:
@@ -249,6 +252,9 @@ def encode(snapshot: Snapshot) -> bytes:
                                            "queue": [list(e) for e in g.queue],
                                            **({"done": g.done} if g.done else {})}
                                           for g in snapshot.shared])
+    if snapshot.wills:
+        shared += b',"wills":' + _dumps([{"client_id": c, **will_json(w)}
+                                          for c, w in snapshot.wills])
     return b"".join((_dumps(head)[:-1], b',"sessions":[',
                      _joined(snapshot.sessions, _session_json), b'],"retained":[',
                      _joined(snapshot.retained, _retained_json), b"]", shared, b"}"))
@@ -324,6 +330,10 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 key=str(g["key"]), cursor=None if g.get("cursor") is None else int(g["cursor"]),
                 queue=[queue_entry(e) for e in g["queue"]],
                 done=[int(o) for o in g.get("done", ())]))
+        for w in doc.get("wills", ()):
+            will = read_will(w, path, str(w["client_id"]))
+            if will is not None:
+                snap.wills.append((str(w["client_id"]), will))
     except SnapshotError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError,

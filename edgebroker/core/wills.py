@@ -102,8 +102,11 @@ class Wills:
         # The DelayedWills by session: kept here, not on every session (a slot each: memory
         # per connection, bench idle_10000).
         self.will_timers: dict = {}
-        # (session, WillState) restored from the snapshot, armed after the replay.
+        # (session, WillState, ended) restored from the snapshot, armed after the replay.
         self._restored_wills: list = []
+        # (client id, WillState): wills of clients connected at the stop whose session ended
+        # then (``keep_will_at_stop``), for the final snapshot.
+        self.stopped_wills: list = []
 
     def delay_will(self, session, client, will: KeptWill, delay: int) -> None:
         """Publish ``will`` in ``delay`` s, or when ``session`` ends first (5.0)."""
@@ -114,6 +117,25 @@ class Wills:
         self._snapshot_dirty = True
         log.info("will of %s on %s delayed %d s (Will Delay Interval)", client.describe(),
                  topic_shown(will.topic), delay)
+
+    def keep_will_at_stop(self, session, client, will: KeptWill) -> None:
+        """A clean stop closed ``client`` (connected, no DISCONNECT): its will is not thrown
+        away (MQTT-3.1.2-8) but kept in the final snapshot as a delayed will, due at the stop
+        time plus its Will Delay Interval, so the next start publishes it then, unless a 5.0
+        client is back in its session before. A will of a session that ends at the stop
+        (clean, or Session Expiry Interval 0) is published at once by the next start."""
+        if self.sessions.get(session.client_id) is session and not session.clean:
+            timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
+                                                            client, will)
+            timer.start(self, self.clock() + will.delay)
+            session.saved = None        # the final snapshot keeps it
+            self._snapshot_dirty = True
+        else:
+            wall_ms = self.journal.wall_ms() if self.journal else 0
+            self.stopped_wills.append((session.client_id, self._will_state(
+                will, client, session.acl, wall_ms)))
+        log.info("will of %s on %s kept for the next start (server shutting down; Will Delay "
+                 "Interval %d s)", client.describe(), topic_shown(will.topic), will.delay)
 
     def cancel_will(self, session) -> None:
         """The client is back within the Will Delay Interval: no will."""
@@ -176,7 +198,10 @@ class Wills:
         timer = self.will_timers.get(session)
         if timer is None or timer.when is None:
             return None
-        will, publisher, acl = timer.will, timer.publisher, session.acl
+        return self._will_state(timer.will, timer.publisher, session.acl,
+                                written_ms + int((timer.when - now) * 1000))
+
+    def _will_state(self, will: KeptWill, publisher, acl, due_ms: int) -> WillState:
         # Its listener's address, with an ACL or not: the restart checks it against the ACL
         # that listener has then (a Client's, or a Departed's kept from the last restart).
         listener = (acl.listener if acl is not None else getattr(publisher, "listener_gone",
@@ -184,13 +209,14 @@ class Wills:
                     or publisher.listener_address)
         checked = acl is not None or getattr(publisher, "listener_gone", None) is not None
         return WillState(will.topic, will.payload, will.qos, will.retain,
-                         logged(will.properties, will.expiry),
-                         written_ms + int((timer.when - now) * 1000),
+                         logged(will.properties, will.expiry), due_ms,
                          publisher.username, listener or None, checked)
 
-    def restore_will(self, session, state: WillState) -> None:
-        """A restored session's delayed will, armed by ``arm_restored_wills``."""
-        self._restored_wills.append((session, state))
+    def restore_will(self, session, state: WillState, ended: bool = False) -> None:
+        """A restored session's delayed will, armed by ``arm_restored_wills``; ``ended``: the
+        will of a session that ended at the stop (``keep_will_at_stop``; ``session`` stands
+        for it, in no table), published at once."""
+        self._restored_wills.append((session, state, ended))
 
     def arm_restored_wills(self, acls: dict | None = None) -> None:
         """After the restore and the log's replay: each restored delayed will is due when its
@@ -205,8 +231,9 @@ class Wills:
         # A will an ACL applied to whose listener is not served any more has an unknown ACL:
         # dropped when due, unless no listener has an ACL file (nothing would deny it).
         any_acl = acls is not None and any(acl is not None for acl in acls.values())
-        for session, state in restored:
-            if self.sessions.get(session.client_id) is not session or session.client is not None:
+        for session, state, ended in restored:
+            if not ended and (self.sessions.get(session.client_id) is not session
+                              or session.client is not None):
                 continue    # ended after the snapshot (its will went then)
             address = state.listener
             publisher = Departed(session.client_id, state.username, address or "")
@@ -217,7 +244,7 @@ class Wills:
                                    if acl is not None else None)
                 elif any_acl and state.acl:
                     publisher.listener_gone = address
-            left = max(0, state.due_ms - wall_ms) / 1000
+            left = 0 if ended else max(0, state.due_ms - wall_ms) / 1000
             armed += 1
             overdue += not left
             # (A snapshot's properties are a will's as its CONNECT had them, as older
@@ -226,7 +253,10 @@ class Wills:
                              decode_body(state.properties, WILL) if state.properties else None)
             timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
                                                             publisher, will)
-            timer.start(self, now + left)
-        log.info("restored %d delayed wills of sessions offline at the stop: %d due now (their "
-                 "delay ended while the broker was down), %d later", armed, overdue,
-                 armed - overdue)
+            if left:
+                timer.start(self, now + left)
+            else:
+                self._will_due(session)     # now: before the listeners accept
+        log.info("restored %d delayed wills of clients offline or connected at the stop: %d "
+                 "due now (their delay ended while the broker was down, or their session "
+                 "ended at the stop), %d later", armed, overdue, armed - overdue)

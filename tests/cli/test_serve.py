@@ -323,7 +323,8 @@ def test_listen_all_ipv4_interfaces_short_form(broker, uid):
 
 
 def test_no_wills_on_shutdown(broker, uid):
-    """Documented: wills are not published when the broker itself shuts down."""
+    """Documented: wills are not published when the broker itself shuts down (the next start
+    publishes them: tests/core/test_wills_at_stop.py)."""
     b = broker()
     w = b.client(f"{uid}-w")
     w.subscribe(f"{uid}/will", qos=1)
