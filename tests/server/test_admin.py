@@ -1,6 +1,7 @@
 """The admin socket and `edgebroker inspect stats|clients` against a running broker
 (docs/metrics.md)."""
 
+import contextlib
 import json
 import os
 import re
@@ -247,23 +248,40 @@ def test_inspect_clients_watch_connects_again_when_the_broker_closed_the_connect
     assert first["total"] == 1 and json.loads(out)["total"] == 0
 
 
-def test_inspect_clients_watch_goes_on_through_a_broker_restart(broker, tmp_path, uid):
-    """A refresh that finds no broker (a restart's down time: no socket file) says so on
-    standard error and the next refreshes try again; it exited 1 with "cannot reach the
-    broker's admin socket" and stopped watching. SIGTERM still ends it with 0."""
+@contextlib.contextmanager
+def watching(data):
+    """``inspect clients --watch 0.2 --format json`` on the broker of ``data``: (its stdout
+    lines, its stderr lines) once its first reply (no client) is in; on leaving, SIGTERM must
+    end it with 0, without a traceback."""
     import signal
     import subprocess
 
     from conftest import REPO, LineCollector, broker_command
 
-    data = tmp_path / "shared"
-    b = broker(data_dir=str(data))
     cli = subprocess.Popen([*broker_command(), "inspect", "clients", "--data-dir", str(data),
                             "--watch", "0.2", "--format", "json"],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = LineCollector(cli.stdout), LineCollector(cli.stderr)
     try:
         assert out.wait(lambda line: json.loads(line)["total"] == 0, 10), err.text()
+        yield out, err
+        assert cli.poll() is None
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(10) == 0, err.text()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(5)
+    assert "Traceback" not in err.text(), err.text()
+
+
+def test_inspect_clients_watch_goes_on_through_a_broker_restart(broker, tmp_path, uid):
+    """A refresh that finds no broker (a restart's down time: no socket file) says so on
+    standard error and the next refreshes try again; it exited 1 with "cannot reach the
+    broker's admin socket" and stopped watching. SIGTERM still ends it with 0."""
+    data = tmp_path / "shared"
+    b = broker(data_dir=str(data))
+    with watching(data) as (out, err):
         b.stop()
         down = err.wait("the broker is not answering on", 10)
         assert down and str(data / "admin.sock") in down and "trying again in 0.2 s" in down, \
@@ -272,14 +290,7 @@ def test_inspect_clients_watch_goes_on_through_a_broker_restart(broker, tmp_path
         broker(data_dir=str(data)).client(uid)
         assert out.wait(lambda line: json.loads(line)["total"] == 1, 10, start=seen), \
             (out.text(), err.text())
-        assert cli.poll() is None
-        cli.send_signal(signal.SIGTERM)
-        assert cli.wait(10) == 0, err.text()
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait(5)
-    assert "Traceback" not in err.text() and "cannot reach" not in err.text(), err.text()
+    assert "cannot reach" not in err.text(), err.text()
 
 
 def test_inspect_clients_watch_goes_on_through_a_broker_that_does_not_answer(broker, tmp_path):
@@ -287,18 +298,10 @@ def test_inspect_clients_watch_goes_on_through_a_broker_that_does_not_answer(bro
     log opens the admin socket before its loop answers; here a stopped process) says so and
     the next refreshes try again; it ended the watch with exit 1."""
     import signal
-    import subprocess
-
-    from conftest import REPO, LineCollector, broker_command
 
     data = tmp_path / "shared"
     b = broker(data_dir=str(data))
-    cli = subprocess.Popen([*broker_command(), "inspect", "clients", "--data-dir", str(data),
-                            "--watch", "0.2", "--format", "json"],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = LineCollector(cli.stdout), LineCollector(cli.stderr)
-    try:
-        assert out.wait(lambda line: json.loads(line)["total"] == 0, 10), err.text()
+    with watching(data) as (out, err):
         b.proc.send_signal(signal.SIGSTOP)
         try:
             down = err.wait("the broker is not answering on", 20)
@@ -308,14 +311,6 @@ def test_inspect_clients_watch_goes_on_through_a_broker_that_does_not_answer(bro
         seen = len(out.lines)
         assert out.wait(lambda line: json.loads(line)["total"] == 0, 10, start=seen), \
             (out.text(), err.text())
-        assert cli.poll() is None
-        cli.send_signal(signal.SIGTERM)
-        assert cli.wait(10) == 0, err.text()
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait(5)
-    assert "Traceback" not in err.text(), err.text()
 
 
 def test_inspect_clients_watch_iterations_ending_without_a_broker_exits_1(broker, tmp_path):
