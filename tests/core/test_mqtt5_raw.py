@@ -818,3 +818,22 @@ def test_a_5_0_client_is_told_the_server_is_shutting_down(broker, uid):
     c = raw5(b, f"{uid}-c")
     b.stop()
     assert c.expect_disconnect(10).reason == 0x8B
+
+
+def test_an_unknown_packet_id_in_pubrec_or_pubrel_is_answered_with_0x92(srv, uid):
+    """A PUBREL for an id the broker does not hold gets PUBCOMP 0x92 Packet Identifier not
+    found, a PUBREC for no message in flight PUBREL 0x92 (section 3.6.2.1, 3.7.2.1; Mosquitto
+    does the same); a PUBREL for an id the broker holds still gets PUBCOMP 0x00, and a 3.1.1
+    client keeps its plain acknowledgements (tests/core/test_qos.py)."""
+    c = raw5(srv, f"{uid}-c")
+    c.send(R.pubrel5(7))
+    comp = c.wait_for(lambda p: p.type == R.PUBCOMP)
+    assert (comp.packet_id, comp.reason) == (7, 0x92)
+    c.send(R.pubrec5(8))
+    rel = c.wait_for(lambda p: p.type == R.PUBREL)
+    assert (rel.packet_id, rel.reason) == (8, 0x92)
+    c.send(R.publish5(f"{uid}/t", b"x", 2, packet_id=9))
+    c.wait_for(lambda p: p.type == R.PUBREC and p.packet_id == 9)
+    c.send(R.pubrel5(9))
+    comp = c.wait_for(lambda p: p.type == R.PUBCOMP)
+    assert (comp.packet_id, comp.reason) == (9, 0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from edgebroker.errors import PROTOCOL_ERROR, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode_ack
+from edgebroker.mqtt.encode5 import encode_ack5
 from edgebroker.mqtt.properties import USER_PROPERTY
 from edgebroker.core.session import AWAIT_ACK, AWAIT_COMP
 
@@ -115,7 +116,7 @@ def on_pubrec(client, p) -> None:
     if entry is None:
         # Not in flight (acknowledged already, or lost in a crash): PUBREL lets the
         # client finish its side (MQTT-4.3.3-1), as Mosquitto does.
-        client.answer(encode_ack(P.PUBREL, pid))
+        client.answer(_unknown_id(client, P.PUBREL, pid))
         client.broker.stats.packets_sent += 1
         client.charge_control()     # no window bounds these: a control packet
         return
@@ -158,9 +159,17 @@ def on_pubrel(client, p) -> None:
     else:
         # Released already (a resend), or never received: PUBCOMP all the same, charged
         # to the control rate, as no window bounds these.
-        client.answer(encode_ack(P.PUBCOMP, p.packet_id))
+        client.answer(_unknown_id(client, P.PUBCOMP, p.packet_id))
         client.charge_control()
     client.broker.stats.packets_sent += 1
+
+
+def _unknown_id(client, packet_type: int, pid: int) -> bytes:
+    """The PUBREL or PUBCOMP that answers a PUBREC or PUBREL for an id the session does not
+    hold: a 5.0 client is told so with 0x92 Packet Identifier not found, as Mosquitto does."""
+    if client.v5 is not None:
+        return encode_ack5(packet_type, pid, 0x92)
+    return encode_ack(packet_type, pid)
 
 
 def forget_inherited(client, awaiting: dict) -> bool:
