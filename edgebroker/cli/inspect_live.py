@@ -11,8 +11,11 @@ the socket directly.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import socket
+import stat
 import sys
 import time
 from contextlib import contextmanager
@@ -90,6 +93,13 @@ class Unreachable(EdgebrokerError):
         self.error = error
 
 
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return True         # gone meanwhile: the connect's own error says enough
+
+
 class AdminClient:
     """One connection to the admin socket; ``ask`` sends a request and returns the reply."""
 
@@ -102,8 +112,11 @@ class AdminClient:
             self.sock.connect(path)
         except OSError as exc:
             self.sock.close()
+            why = exc.strerror or exc
+            if exc.errno == errno.ECONNREFUSED and not _is_socket(path):
+                why = "not a socket"
             raise Unreachable(f"cannot reach the broker's admin socket {path}: "
-                              f"{exc.strerror or exc} (is the broker running with this data "
+                              f"{why} (is the broker running with this data "
                               f"directory? see --data-dir)", exc) from None
         self.buf = bytearray()
 

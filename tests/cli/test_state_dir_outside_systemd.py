@@ -126,3 +126,13 @@ def test_a_relative_data_dir_in_a_deep_working_directory_keeps_its_admin_socket(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_socket_path_that_is_a_regular_file_is_named_as_not_a_socket(tmp_path):
+    """`inspect --socket` given a regular file (a typo, the config file) said "Connection
+    refused", as for a broker that is not running."""
+    path = tmp_path / "edgebroker.toml"
+    path.write_text("")
+    r = run(tmp_path, "inspect", "stats", "--socket", str(path))
+    assert r.returncode == 1
+    assert f"cannot reach the broker's admin socket {path}: not a socket" in r.stderr, r.stderr
