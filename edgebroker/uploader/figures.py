@@ -11,13 +11,15 @@ def figures_of(up) -> dict:
     segments, nbytes, oldest, newest = up.backlog
     now = up.clock_ms()
     with up._lock:
-        # Record time from the newest uploaded record to the newest record; when the log
-        # holds no uploaded record, the age of the oldest waiting one (the backlog's age).
+        # Record time from the newest uploaded record to the newest record, at most the age
+        # of the oldest waiting one (the backlog's age: a quiet gateway's first record after
+        # an idle hour is not an hour late); that age alone when the log holds no uploaded
+        # record.
         lag = 0.0
-        if nbytes and newest and up.shipped_max_ts:
-            lag = max(0.0, (newest - up.shipped_max_ts) / 1000)
-        elif nbytes and oldest is not None:
+        if nbytes and oldest is not None:
             lag = max(0.0, (now - oldest) / 1000)
+            if newest and up.shipped_max_ts:
+                lag = min(lag, max(0.0, (newest - up.shipped_max_ts) / 1000))
         return {
             "url": up.sink.name, "gateway_id": up.gateway_id,
             "state": state_of(up),
