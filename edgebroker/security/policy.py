@@ -68,10 +68,10 @@ def peer_host(peer: str) -> str:
     """The failed-login throttles' key of a client at ``HOST:PORT`` / ``[V6]:PORT``: one
     host, as far as the address tells: "loopback" for all of 127.0.0.0/8, ::1 and
     ::ffff:127.x.y.z (one machine: any local process can pick its source among them); an
-    IPv4 address (also IPv4-mapped) as it is; an IPv6 link-local address (fe80::/10) as it is,
-    with its scope ("fe80::1%eth0": its /64 is every host on the link); another IPv6 address
-    as its /64 prefix ("2001:db8:1:2::/64": one host commonly holds a whole /64). A Unix
-    socket's client (``unix:PATH (pid N, uid U)``, server/listeners.py) by its user:
+    IPv4 address (also IPv4-mapped) as it is; another IPv6 address as its /64 prefix
+    ("2001:db8:1:2::/64": one host commonly holds a whole /64), a link-local one (fe80::/10)
+    with its scope ("fe80::/64%eth0": the link, where a host takes any number of addresses).
+    A Unix socket's client (``unix:PATH (pid N, uid U)``, server/listeners.py) by its user:
     "unix uid U"; "unix" when the uid is not known."""
     if peer.startswith("unix"):
         _, sep, creds = peer.rpartition(" (pid ")
@@ -92,10 +92,10 @@ def peer_host(peer: str) -> str:
     if packed[:12] == _V4_MAPPED:
         v4 = socket.inet_ntop(socket.AF_INET, packed[12:])
         return "loopback" if v4.startswith("127.") else v4
-    if packed[0] == 0xFE and packed[1] & 0xC0 == 0x80:     # link-local: fe80::/10
-        full = socket.inet_ntop(socket.AF_INET6, packed)
-        return f"{full}%{scope}" if scope else full
-    return socket.inet_ntop(socket.AF_INET6, packed[:8] + bytes(8)) + "/64"
+    prefix = socket.inet_ntop(socket.AF_INET6, packed[:8] + bytes(8)) + "/64"
+    if scope and packed[0] == 0xFE and packed[1] & 0xC0 == 0x80:   # link-local: fe80::/10
+        return f"{prefix}%{scope}"
+    return prefix
 
 
 class ListenerPolicy:

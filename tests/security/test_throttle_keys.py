@@ -33,10 +33,10 @@ pytestmark = pytest.mark.timeout(60)
     ("[2001:db8:1:2:a:b:c:d]:1883", "2001:db8:1:2::/64"),
     ("[2001:db8:1:2::99]:1883", "2001:db8:1:2::/64"),
     ("[2001:db8:1:3::1]:1883", "2001:db8:1:3::/64"),
-    ("[fe80::1%eth0]:1883", "fe80::1%eth0"),
-    ("[fe80::1%eth1]:1883", "fe80::1%eth1"),
-    ("[FE80:0::0002%eth0]:1883", "fe80::2%eth0"),
-    ("[febf::1:2:3:4:5]:1883", "febf::1:2:3:4:5"),
+    ("[fe80::1%eth0]:1883", "fe80::/64%eth0"),
+    ("[fe80::1%eth1]:1883", "fe80::/64%eth1"),
+    ("[FE80:0::0002%eth0]:1883", "fe80::/64%eth0"),
+    ("[febf::1:2:3:4:5%eth0]:1883", "febf:0:0:1::/64%eth0"),
     ("[fec0::1]:1883", "fec0::/64"),
     ("unix:/run/edgebroker.sock (pid 7, uid 1000)", "unix uid 1000"),
     ("unix:/run/x (pid 1, uid 9).sock (pid 7, uid 0)", "unix uid 0"),
@@ -63,18 +63,20 @@ def test_guesses_from_many_loopback_addresses_are_throttled_as_one_host(broker, 
     assert b.stats()["counters"]["password_checks"] == 3
 
 
-def test_link_local_devices_do_not_share_a_throttle():
-    """One link-local device failing logins for many user names throttled every link-local
-    device on every interface: all were "fe80::/64"."""
+def test_link_local_clients_share_a_throttle_per_link():
+    """Link-local clients are keyed by their link, as another IPv6 client by its /64: a host
+    takes any number of fe80:: addresses, and when each was a key of its own, one host got a
+    fresh row of failures with each (290 password checks for one user in 10 s from 30
+    addresses). Another interface's link is another key: all link-local clients shared
+    "fe80::/64" once, on every interface."""
     now = [1000.0]
     auth = Authenticator(lambda: None, lambda: now[0], max_failures=10, window=60)
-    attacker = peer_host("[fe80::bad:1%eth0]:50000")
-    for i in range(100):
-        auth.record_failure(attacker, f"guess{i}")
-    assert "too many failed logins from fe80::bad:1%eth0" in auth.throttled(attacker, "sensor-9")
-    for other in ("[fe80::1234:5678%eth1]:40000", "[fe80::1234:5678%eth0]:40000",
-                  "[fe80::bad:1%eth1]:40000"):
-        assert auth.throttled(peer_host(other), "sensor-9") is None, other
+    for i in range(1, 11):
+        auth.record_failure(peer_host(f"[fe80::bad:{i:x}%eth0]:50000"), "sensor-9")
+    for fresh in ("[fe80::bad:99%eth0]:40000", "[fe80::1234:5678%eth0]:40000"):
+        assert "failed logins in a row for user 'sensor-9' from fe80::/64%eth0" in \
+            auth.throttled(peer_host(fresh), "sensor-9"), fresh
+    assert auth.throttled(peer_host("[fe80::bad:1%eth1]:40000"), "sensor-9") is None
 
 
 # A client as the user nobody: connects to the Unix socket, sends CONNECT, prints the
