@@ -28,7 +28,7 @@ longer than the back-off), a temporary redirect (302, 303, 307: not followed, th
 logged) and the throttling codes are transient
 (``TransientSinkError``; ``unreachable`` when no HTTP answer came, so the uploader may probe the
 link and retry as soon as it is back; but not for a store that took the connection and let it
-time out: the link is up, a probe would succeed at once); every other 4xx but 412 (bad
+time out, closed or reset it: the link is up, a probe would succeed at once); every other 4xx but 412 (bad
 credentials, no such bucket, access denied) is permanent (``PermanentSinkError``, the alarm),
 and so is a store certificate that does not verify (another TLS failure is transient).
 """
@@ -65,7 +65,6 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                              "InternalError", "ServiceUnavailable", "RequestLimitExceeded",
                              "TooManyRequests", "OperationAborted"})
-
 
 # A request on a kept-alive connection that fails so, before any answer, found the connection
 # closed by the store while it was idle (stores and proxies close idle ones after 20 s to a few
@@ -141,10 +140,8 @@ def sign_v4(method: str, host: str, path: str, query: dict[str, str], headers: d
     URI-encoded, as sent."""
     amz_date = now.strftime("%Y%m%dT%H%M%SZ")
     day = amz_date[:8]
-    out = dict(headers)
-    out["host"] = host
-    out["x-amz-date"] = amz_date
-    out["x-amz-content-sha256"] = payload_sha256
+    out = {**headers, "host": host, "x-amz-date": amz_date,
+           "x-amz-content-sha256": payload_sha256}
     if token:
         out["x-amz-security-token"] = token
     canon = {k.lower(): " ".join(str(v).strip().split()) for k, v in out.items()}
@@ -171,9 +168,7 @@ def _remote(text: str, limit: int = 200) -> str:
 
 class Response:
     def __init__(self, status: int, headers: dict[str, str], body: bytes):
-        self.status = status
-        self.headers = headers
-        self.body = body
+        self.status, self.headers, self.body = status, headers, body
 
     def code(self) -> str:
         """The S3 error code of an error answer ("" when there is none)."""
@@ -221,7 +216,7 @@ class S3Sink:
     # -- the uploader's side ---------------------------------------------------------------------
     def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
             records_id: str = "") -> None:
-        name = f"{self.prefix}/{key}" if self.prefix else key
+        name = self.object_name(key)
         sha, md5 = _digests(path, size)
         self._records = records_id
         if size > self.multipart_bytes:
@@ -230,6 +225,10 @@ class S3Sink:
             self._multipart(name, path, size, sha, throttle)
         else:
             self._single(name, path, size, sha, md5, throttle)
+
+    def object_name(self, key: str) -> str:
+        """The object's name in the bucket, as the log lines give it: the prefix, then ``key``."""
+        return f"{self.prefix}/{key}" if self.prefix else key
 
     def reachable(self) -> bool:
         """True when a TCP connection to the store opens (a cheap test that the link is back)."""
@@ -407,12 +406,13 @@ class S3Sink:
             return TransientSinkError(f"{self.name}: {method} {name}: the store's answer "
                                       + (str(exc) if isinstance(exc, AnswerError) else
                                          f"did not come whole within {deadline:g} s"))
-        if opened and isinstance(exc, TimeoutError):
-            # the store took the connection: the link is up, a probe cannot tell when it will
-            # answer again, so the uploader backs off in full (not "unreachable")
+        if opened and isinstance(exc, (TimeoutError, ConnectionError, http.client.HTTPException)):
+            # the store took the connection, then let it time out, closed or reset it (the link
+            # is up: a probe would succeed at once), so the uploader backs off in full
+            how = (f"did not answer within {self.link.timeout:g} s" if isinstance(
+                exc, TimeoutError) else f"closed it without an answer ({_describe(exc)})")
             return TransientSinkError(f"{self.name}: {method} {name}: no answer from "
-                                      f"{self.host}: it took the connection but did not answer "
-                                      f"within {self.link.timeout:g} s")
+                                      f"{self.host}: it took the connection but {how}")
         return S3Unreachable(f"{self.name}: {method} {name}: no answer from {self.host}: "
                              f"{_describe(exc, self.link.timeout)}")
 

@@ -41,6 +41,7 @@ class Link:
         self.answer_deadline = ANSWER_DEADLINE
         self.expired = False             # the last answer's deadline passed (answer())
         self.conn: http.client.HTTPConnection | None = None
+        self._took = False               # the TCP connect of self.conn succeeded
         self._guard = threading.Lock()   # _cancel and _stopping, between the two threads
         self._cancel: socket.socket | None = None
         self._stopping = False
@@ -55,11 +56,13 @@ class Link:
             else:
                 self.conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
             self.conn._create_connection = self._open
+            self._took = False
         return self.conn
 
     def opened(self) -> bool:
-        """True when the connection's TCP connect succeeded (the store took it)."""
-        return self.conn is not None and self.conn.sock is not None
+        """True when the connection's TCP connect succeeded (the store took it), even when
+        http.client has closed it since (it does on a reset or a close before the answer)."""
+        return self.conn is not None and self._took
 
     def _open(self, address, timeout, source_address=None) -> socket.socket:
         """socket.create_connection, with a duplicate of each socket kept for interrupt()."""
@@ -77,6 +80,7 @@ class Link:
             try:
                 sock.settimeout(timeout)
                 sock.connect(where)
+                self._took = True
                 return sock
             except OSError as exc:
                 sock.close()

@@ -1,7 +1,8 @@
 """Where batches go: a sink stores one object under a key, idempotently (the same key with the
 same bytes again is a success and leaves one object).
 
-A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle, records_id)`` and
+A sink is anything with ``name`` (for logs), ``put(key, path, size, throttle, records_id)``,
+``object_name(key)`` (the object as its errors name it: the key under the prefix or folder) and
 ``close()``. ``put`` copies the local batch file ``path`` (``size`` bytes) to the object ``key``,
 calling ``throttle(n)`` before it sends ``n`` bytes (the bandwidth cap), ``n`` at most
 ``piece_size(throttle)``, so that the waits stay short; ``records_id`` names
@@ -65,6 +66,8 @@ class Sink(Protocol):
     def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
             records_id: str = "") -> None: ...
 
+    def object_name(self, key: str) -> str: ...
+
     def close(self) -> None: ...
 
 
@@ -87,9 +90,13 @@ class DirSink:
         self.root = root
         self.name = f"file://{root}"
 
+    def object_name(self, key: str) -> str:
+        """The object's path, as the log lines give it."""
+        return os.path.join(self.root, key)
+
     def put(self, key: str, path: str, size: int, throttle: Callable[[int], None],
             records_id: str = "") -> None:
-        dest = os.path.join(self.root, key)
+        dest = self.object_name(key)
         folder, base = os.path.split(dest)
         tmp = os.path.join(folder, f".{base}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         where = dest

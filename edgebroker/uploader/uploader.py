@@ -383,7 +383,7 @@ class Uploader:
         """Store the batch file under ``key``, retrying until it is stored (or the broker
         stops): transient errors with full-jitter back-off (1 s base, 60 s cap), permanent ones
         raise the alarm and are retried every 60 s (someone may fix the landing area)."""
-        attempt = 0
+        attempt = failed = 0   # transient failures (the back-off), all failures (the log)
         while True:
             self._hold_while_paused()
             self.state = "uploading" if not self.alarm else "alarm"
@@ -403,12 +403,13 @@ class Uploader:
                 delay = max(_backoff(attempt), min(exc.retry_after, BACKOFF_CAP))
                 unreachable = getattr(exc, "unreachable", False)
             else:
-                if self.alarm or attempt:
-                    log.info("upload of %s succeeded after %d retries; uploading resumed", key,
-                             attempt)
+                if failed:   # named as the error lines name it
+                    log.info("upload of %s succeeded after %d failed attempt%s; uploading "
+                             "resumed", self.sink.object_name(key), failed, "s"[:failed > 1])
                 self.alarm = False
                 self._logged_error = ""
                 return
+            failed += 1
             with self._lock:
                 self.retries += 1
             self.state = "alarm" if self.alarm else "retrying"
@@ -464,6 +465,8 @@ class Uploader:
             if permanent:
                 self.permanent_errors += 1
                 self.alarm = True
+        if permanent and self.once:
+            return   # run_once raises it: the CLI prints it, and no retry comes
         if message != self._logged_error:  # each distinct error logged once
             self._logged_error = message
             if permanent:
