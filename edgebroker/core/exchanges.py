@@ -15,7 +15,9 @@ depends on it leaves the broker:
   digest (core.handlers.publish; files written before it was kept have none): its packet id
   awaits PUBREL (a re-send, with DUP or the same message without, is then not logged again);
 - ``F`` that PUBREL came;
-- ``D`` the session ended (a clean session took its client id).
+- ``D`` the session ended (a clean session took its client id);
+- ``W`` a delayed will ended (core.wills): published (or dropped) or cancelled by its client
+  coming back, by client id and the will's serial; a restart does not restore it.
 
 Clean sessions are not journaled (nothing of them survives a restart), but for the QoS 2
 messages shared subscription groups give them (``O`` with the group, ``R``, ``C``; ``C`` also
@@ -28,8 +30,9 @@ applied to what the snapshot restored (``Persistence.apply_exchanges``), and the
 each session's QoS 2 messages keep its catch-up from sending them again.
 
 Records are gathered and written with one ``os.write`` before anything they cover can be
-sent: ahead of each log write (``Journal.end_pass``: an inbound QoS 2 message's id never
-reaches the disk after its record), and ahead of every flush of a connection
+sent (a will's ``W``: before its PUBLISH can reach the log): ahead of each log write
+(``Journal.end_pass``: an inbound QoS 2 message's id never reaches the disk after its
+record), and ahead of every flush of a connection
 (``Broker.before_send``, called by the transports' ``flush``), which covers the records
 routing made after the log write. With the operating system they survive a crash of the process; the
 flusher thread fsyncs the file with the log (docs/persistence.md says what a power cut can
@@ -72,7 +75,8 @@ def generations(state_dir: str) -> list[int]:
 
 # kind -> the record's length (``O``: without and with the group's key)
 # (``I``: without a digest, as written before it was kept, and with it)
-_LENGTHS = {"O": (6, 7), "R": (3,), "C": (3,), "I": (4, 5), "F": (3,), "D": (2,)}
+_LENGTHS = {"O": (6, 7), "R": (3,), "C": (3,), "I": (4, 5), "F": (3,), "D": (2,),
+            "W": (3,)}
 
 
 def _whole(value, low: int, high: int) -> bool:
@@ -88,6 +92,9 @@ def damage(record) -> str | None:
         return f"{len(record)} fields for a {record[0]!r} record"
     if type(record[1]) is not str:
         return "a client id that is no string"
+    if record[0] == "W":
+        return (None if _whole(record[2], 0, (1 << 63) - 1)
+                else f"will serial {str(record[2])[:40]!r}")
     if len(record) > 2 and not _whole(record[2], 1, 0xFFFF):
         return f"packet id {str(record[2])[:40]!r}"
     if len(record) > 3 and not _whole(record[3], 0, (1 << 63) - 1):
@@ -214,6 +221,9 @@ class ExchangeJournal:
 
     def ended(self, client_id: str) -> None:
         self.lines.append(json.dumps(["D", client_id]))
+
+    def will_ended(self, client_id: str, serial: int) -> None:
+        self.lines.append(json.dumps(["W", client_id, serial]))
 
     # ----- the file -------------------------------------------------------------------------
 

@@ -342,15 +342,20 @@ class Persistence:
         sent again. Records of sessions the snapshot does not hold are left out (a session
         made after it is not restored), but for the QoS 2 messages a shared subscription
         group gave them: not given again, and counted lost if not over; so are offsets past
-        the log's end (records a power cut took: their messages get other offsets)."""
+        the log's end (records a power cut took: their messages get other offsets). Delayed
+        wills that ended after the snapshot (``W``) are not restored (core.wills)."""
         end = self.journal.log.next_offset
         sessions = self.sessions
         retained_at = None      # log offset -> topic of the retained messages, when needed
         sent: dict[Session, list[tuple[int, bool]]] = {}   # (offset, RETAIN as sent)
         shared: dict[str, set[int]] = {}    # group key -> offsets a member was sent
         flying: dict[tuple, str] = {}       # (client id, packet id) -> group key
+        wills = set()                       # (client id, serial) of the wills that ended
         for record in records:
             kind, client_id = record[0], record[1]
+            if kind == "W":
+                wills.add((client_id, record[2]))
+                continue
             session = sessions.get(client_id)
             if session is None:
                 # Not restored (clean, or made after the snapshot): what a group gave it is
@@ -407,6 +412,8 @@ class Persistence:
             self._forget_sent(session, copies)
         if shared:
             self.forget_shared_sent(shared)
+        if wills:
+            self.forget_ended_wills(wills)
         if flying:
             self.drop("shared_left", None, len(flying))
             log.warning("%d QoS 2 messages of shared subscriptions were in flight to members "

@@ -1,7 +1,8 @@
 """A 5.0 session's delayed will in the session snapshot (core.snapshot; docs/persistence.md).
 
 A will waiting out its Will Delay Interval when a snapshot is taken is kept in its session's
-entry as ``"will"``: what publishing it after a restart needs (core.wills restores it).
+entry as ``"will"``: what publishing it after a restart needs (core.wills restores it), and
+its serial, by which the exchange journal (core.exchanges) says it ended after the snapshot.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class WillState:
     # not served after a restart is dropped only when one did (its ACL is unknown).
     listener: str | None = None
     acl: bool = True
+    # The broker's number for this will (core.wills), which the exchange journal's ``W``
+    # record names when it ends after the snapshot (published, or cancelled): a restart then
+    # does not restore it. 0: written before wills had one (its ``W`` records name 0 too).
+    serial: int = 0
 
 
 def will_json(w: WillState) -> dict:
@@ -46,6 +51,8 @@ def will_json(w: WillState) -> dict:
         doc["listener"] = w.listener
         if not w.acl:
             doc["acl"] = False      # (older brokers wrote a listener only when one applied)
+    if w.serial:
+        doc["serial"] = w.serial
     return doc
 
 
@@ -70,4 +77,5 @@ def read_will(doc, path: str, client_id: str) -> WillState | None:
     return WillState(str(doc["topic"]), binascii.a2b_base64(doc["payload"], strict_mode=True),
                      qos, bool(doc["retain"]), properties, int(doc["due_ms"]),
                      None if username is None else str(username),
-                     None if listener is None else str(listener), doc.get("acl", True) is not False)
+                     None if listener is None else str(listener), doc.get("acl", True) is not False,
+                     int(doc.get("serial", 0)))

@@ -11,6 +11,15 @@ gone then: a ``Departed`` stands for it. The ACL is checked when it is published
 listener its client came in on has it then, also one that had no ACL file when the client
 came in and has one since (a reload: server.reload; a restart: the listener's address is kept
 with the will) (docs/protocol.md, "Wills").
+
+The snapshot is up to a second old: a delayed will that ended since (published, or cancelled
+by its client coming back) would be restored by a crash's restart and published (again). So
+its end is journaled (core.exchanges' ``W`` record: client id and the will's serial, a number
+no other will of that broker's state had before) before its PUBLISH reaches the log or anything
+after the cancel is sent, and a restart leaves the wills those records name out
+(``forget_ended_wills``). The serial tells an ended will from a later one of the same client
+id; it is kept in the snapshot's ``WillState``, and a restart numbers new wills on from the
+highest restored.
 """
 
 from __future__ import annotations
@@ -59,14 +68,16 @@ def kept_will(will: Will, props: dict | None = None) -> KeptWill:
 
 
 class DelayedWill(Timer):
-    """A will waiting out its Will Delay Interval, with the client it came from."""
+    """A will waiting out its Will Delay Interval, with the client it came from and its
+    serial (``Wills.will_serial``)."""
 
-    __slots__ = ("publisher", "will")
+    __slots__ = ("publisher", "will", "serial")
 
-    def __init__(self, callback, publisher, will: KeptWill):
+    def __init__(self, callback, publisher, will: KeptWill, serial: int):
         super().__init__(callback)
         self.publisher = publisher
         self.will = will
+        self.serial = serial
 
 
 class Departed:
@@ -107,11 +118,23 @@ class Wills:
         # (client id, WillState): wills of clients connected at the stop whose session ended
         # then (``keep_will_at_stop``), for the final snapshot.
         self.stopped_wills: list = []
+        # The serial of the last delayed will (or will kept at a stop): each one's is new.
+        self.will_serial = 0
+
+    def _next_will_serial(self) -> int:
+        self.will_serial += 1
+        return self.will_serial
+
+    def _will_ended(self, client_id: str, serial: int) -> None:
+        """A delayed will is published (or dropped) or cancelled: journaled (``W``), so that
+        a crash before the next snapshot does not restore it."""
+        if self.exchanges is not None:
+            self.exchanges.will_ended(client_id, serial)
 
     def delay_will(self, session, client, will: KeptWill, delay: int) -> None:
         """Publish ``will`` in ``delay`` s, or when ``session`` ends first (5.0)."""
         timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
-                                                        client, will)
+                                                        client, will, self._next_will_serial())
         timer.start(self, self.clock() + delay)
         session.saved = None        # the next snapshot keeps it
         self._snapshot_dirty = True
@@ -125,15 +148,15 @@ class Wills:
         client is back in its session before. A will of a session that ends at the stop
         (clean, or Session Expiry Interval 0) is published at once by the next start."""
         if self.sessions.get(session.client_id) is session and not session.clean:
-            timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
-                                                            client, will)
+            timer = self.will_timers[session] = DelayedWill(
+                partial(self._will_due, session), client, will, self._next_will_serial())
             timer.start(self, self.clock() + will.delay)
             session.saved = None        # the final snapshot keeps it
             self._snapshot_dirty = True
         else:
             wall_ms = self.journal.wall_ms() if self.journal else 0
             self.stopped_wills.append((session.client_id, self._will_state(
-                will, client, session.acl, wall_ms)))
+                will, client, session.acl, wall_ms, self._next_will_serial())))
         log.info("will of %s on %s kept for the next start (server shutting down; Will Delay "
                  "Interval %d s)", client.describe(), topic_shown(will.topic), will.delay)
 
@@ -142,6 +165,7 @@ class Wills:
         timer = self.will_timers.pop(session, None)
         if timer is not None:
             timer.cancel()
+            self._will_ended(session.client_id, timer.serial)
             log.info("will of %s on %s not published: it connected again within the Will "
                      "Delay Interval", timer.publisher.describe(), topic_shown(timer.will.topic))
 
@@ -150,6 +174,7 @@ class Wills:
         timer = self.will_timers.pop(session, None)
         if timer is None:
             return
+        self._will_ended(session.client_id, timer.serial)    # before its PUBLISH is logged
         session.saved = None
         self._snapshot_dirty = True
         publisher = timer.publisher
@@ -199,9 +224,10 @@ class Wills:
         if timer is None or timer.when is None:
             return None
         return self._will_state(timer.will, timer.publisher, session.acl,
-                                written_ms + int((timer.when - now) * 1000))
+                                written_ms + int((timer.when - now) * 1000), timer.serial)
 
-    def _will_state(self, will: KeptWill, publisher, acl, due_ms: int) -> WillState:
+    def _will_state(self, will: KeptWill, publisher, acl, due_ms: int,
+                    serial: int) -> WillState:
         # Its listener's address, with an ACL or not: the restart checks it against the ACL
         # that listener has then (a Client's, or a Departed's kept from the last restart).
         listener = (acl.listener if acl is not None else getattr(publisher, "listener_gone",
@@ -210,13 +236,25 @@ class Wills:
         checked = acl is not None or getattr(publisher, "listener_gone", None) is not None
         return WillState(will.topic, will.payload, will.qos, will.retain,
                          logged(will.properties, will.expiry), due_ms,
-                         publisher.username, listener or None, checked)
+                         publisher.username, listener or None, checked, serial)
 
     def restore_will(self, session, state: WillState, ended: bool = False) -> None:
         """A restored session's delayed will, armed by ``arm_restored_wills``; ``ended``: the
         will of a session that ended at the stop (``keep_will_at_stop``; ``session`` stands
         for it, in no table), published at once."""
         self._restored_wills.append((session, state, ended))
+        self.will_serial = max(self.will_serial, state.serial)
+
+    def forget_ended_wills(self, ended: set) -> None:
+        """``ended``: (client id, serial) of the wills the exchange journal says ended after
+        the snapshot (``W``; ``Persistence.apply_exchanges``): not restored."""
+        kept = [entry for entry in self._restored_wills
+                if (entry[0].client_id, entry[1].serial) not in ended]
+        if len(kept) < len(self._restored_wills):
+            log.info("%d delayed wills ended (published, or cancelled by their client coming "
+                     "back) after the snapshot: not restored",
+                     len(self._restored_wills) - len(kept))
+        self._restored_wills = kept
 
     def arm_restored_wills(self, acls: dict | None = None) -> None:
         """After the restore and the log's replay: each restored delayed will is due when its
@@ -252,7 +290,7 @@ class Wills:
             will = kept_will(Will(state.topic, state.payload, state.qos, state.retain),
                              decode_body(state.properties, WILL) if state.properties else None)
             timer = self.will_timers[session] = DelayedWill(partial(self._will_due, session),
-                                                            publisher, will)
+                                                            publisher, will, state.serial)
             if left:
                 timer.start(self, now + left)
             else:

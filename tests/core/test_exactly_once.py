@@ -110,7 +110,8 @@ def _generation(path: str) -> int:
 
 def test_damaged_journal_records_are_skipped_and_the_broker_starts(broker, uid):
     """Lines that are JSON but no record a restart can apply (a client id that is a list, too
-    few fields, an offset that is text or 1e400, a negative digest, an unknown kind) are
+    few fields, an offset that is text or 1e400, a negative digest, a will serial that is
+    text or negative, an unknown kind) are
     skipped with one warning naming the file, their number and the first; the sound records
     of the file are applied (a ``D`` ends a session). The list raised TypeError (unhashable) out of the start, the
     short ``O`` ValueError, the text offset TypeError: exit 1 at every start."""
@@ -130,9 +131,12 @@ def test_damaged_journal_records_are_skipped_and_the_broker_starts(broker, uid):
                  f'["O", {kept}, 2, 1e400, 10, false]\n'
                  f'["R", {kept}]\n'
                  f'["Z", {kept}, 1]\n'
+                 f'["W", {kept}, "1"]\n'
+                 f'["W", {kept}, -1]\n'
+                 f'["W", {kept}, 5]\n'       # (sound: no such will, nothing to leave out)
                  f'["D", {gone}]\n')
     b2 = broker(data_dir=data_dir)
-    assert b2.wait_log(lambda ln: f"{journal}: 7 damaged QoS 2 exchange record(s) skipped "
+    assert b2.wait_log(lambda ln: f"{journal}: 9 damaged QoS 2 exchange record(s) skipped "
                                   f"(the first at line 1: a client id that is no string)" in ln,
                        5), b2.log_text()
     assert not b2.client(f"{uid}-gone", clean=False).connack.session_present

@@ -243,8 +243,19 @@ def test_the_snapshot_will_field_reads_back_and_older_snapshots_load(broker, uid
     assert abs(will.due_ms - (time.time() * 1000 + 30000)) < 30000
     # Those its PUBLISH is made of (Content Type, User Properties, ...) and Message Expiry.
     assert will.properties
+    # Its serial, which the exchange journal's W record names when it ends after a snapshot.
+    assert will.serial >= 1
     # Encoded again, it reads the same.
-    assert snap.decode(snap.encode(snap.decode(data))).sessions[0].will is not None
+    (again,) = [s for s in snap.decode(snap.encode(snap.decode(data))).sessions
+                if s.client_id == f"{uid}-c"]
+    assert again.will == will
+    # A will written before wills had a serial reads with 0 (its W records name 0).
+    doc = json.loads(data)
+    for s in doc["sessions"]:
+        if "will" in s:
+            del s["will"]["serial"]
+    assert [s.will.serial for s in snap.decode(json.dumps(doc).encode()).sessions
+            if s.will is not None] == [0]
     # A snapshot written before wills were kept (no "will") still loads, without one.
     doc = json.loads(data)
     for s in doc["sessions"]:
