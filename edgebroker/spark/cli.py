@@ -22,6 +22,24 @@ import threading
 
 log = logging.getLogger("edgebroker.spark")
 
+# The longest --interval: the wait between passes takes at most this (a day's passes or a
+# week's are both far inside it).
+MAX_INTERVAL = 1_000_000
+
+
+def _interval(text: str) -> float:
+    """An argparse ``type``: seconds above 0 and at most MAX_INTERVAL (inf failed after the
+    first pass, nan ran passes back to back)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: not a number of seconds") from None
+    if not 0 < value <= MAX_INTERVAL:
+        raise argparse.ArgumentTypeError(f"{text}: must be above 0 and at most {MAX_INTERVAL} "
+                                         f"seconds")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgebroker-spark",
                                 description="Turn edgebroker upload batches into Parquet tables.")
@@ -34,16 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--once", action="store_true", help="one pass, then exit (the default)")
     mode.add_argument("--continuous", action="store_true",
                       help="a pass every --interval seconds until SIGTERM or Ctrl-C")
-    ing.add_argument("--interval", type=float, default=60.0,
+    ing.add_argument("--interval", type=_interval, default=60.0,
                      help="seconds between passes with --continuous (default 60)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.interval <= 0:
-        print("edgebroker-spark: --interval must be positive", file=sys.stderr)
-        return 2
     # The job's own messages from INFO, others' (py4j's: a traceback at INFO for each lost
     # connection when the JVM ends) from WARNING.
     logging.basicConfig(level=logging.WARNING,

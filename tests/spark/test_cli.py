@@ -150,3 +150,18 @@ def test_a_jvm_that_dies_on_its_own_makes_the_command_exit_non_zero_in_one_line(
     [gone] = [line for line in lines if "Spark is gone" in line]
     assert "JVM does not answer" in gone and "exiting" in gone, gone
     assert not [line for line in lines if "retried every" in line]
+
+
+def test_an_interval_the_wait_cannot_make_is_a_usage_error(tmp_path):
+    """`--interval inf` ran one pass and then ended in an OverflowError traceback; `nan` got
+    past the check (nan <= 0 is false) and ran passes back to back. Both, 0 and past the
+    longest wait are usage errors (exit 2, one line), before Spark starts."""
+    for value in ("inf", "nan", "0", "-1", "1e7", "x"):
+        r = subprocess.run([sys.executable, "-m", "edgebroker.spark", "ingest", "--landing",
+                            str(tmp_path), "--warehouse", str(tmp_path / "w"), "--continuous",
+                            "--interval", value], cwd=REPO, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2, (value, r.stderr)
+        assert "argument --interval: " + value in r.stderr.splitlines()[-1], r.stderr
+        assert "Traceback" not in r.stderr
+    assert not (tmp_path / "w").exists()
