@@ -98,7 +98,7 @@ import logging
 import os
 
 from edgebroker._native._common import *  # noqa: F401,F403  (constants and result types)
-from edgebroker.errors import EdgebrokerError
+from edgebroker.errors import ConfigError
 
 FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segment",
              "stage_start", "stage_clear", "append_record", "append_held",
@@ -108,8 +108,9 @@ FUNCTIONS = ("crc32c", "record_header", "header_writer", "appender", "stage_segm
 CHOICES = ("auto", "c", "python")
 
 
-class NativeUnavailableError(EdgebrokerError):
-    """EDGEBROKER_NATIVE asked for something this installation cannot give."""
+class NativeUnavailableError(ConfigError):
+    """EDGEBROKER_NATIVE asked for something this installation cannot give (a configuration
+    error: the commands say it in one line and exit with 2)."""
 
 
 def _import_c():

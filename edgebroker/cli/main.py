@@ -105,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
-    if args.command != "serve":   # serve has its own SIGTERM handling (server/app.py)
-        signal.signal(signal.SIGTERM, _interrupt)
-        raise_open_files_limit()
     try:
+        # (inside: --version loads the native helper, which a wrong EDGEBROKER_NATIVE refuses)
+        args = build_parser(argv).parse_args(argv)
+        if args.command != "serve":   # serve has its own SIGTERM handling (server/app.py)
+            signal.signal(signal.SIGTERM, _interrupt)
+            raise_open_files_limit()
         return args.run(args)
     except ConfigError as exc:
         for problem in exc.problems:

@@ -512,6 +512,23 @@ def test_without_the_c_build_c_is_a_clear_error():
     assert "EDGEBROKER_NATIVE='fast': expected one of auto, c, python" in r.stderr
 
 
+def test_the_commands_say_a_wrong_choice_in_one_line_and_exit_2():
+    """A wrong EDGEBROKER_NATIVE (or c without the build) ended every command, --version too,
+    in a traceback and exit 1; it is a configuration error (docs/config.md)."""
+    code = """
+        import sys
+        from edgebroker.cli.main import main
+        sys.exit(main(["--version"]))
+    """
+    for native, block_c, said in [
+            ("fast", False, "EDGEBROKER_NATIVE='fast': expected one of auto, c, python"),
+            ("c", True, "EDGEBROKER_NATIVE=c but the C helper is not built")]:
+        r = run_python(code, native, block_c=block_c)
+        assert r.returncode == 2, r.stderr
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"edgebroker: config error: {said}"), line
+
+
 def test_scan_result_layout_matches_the_header():
     from edgebroker._native._edgebroker_c import lib
     from edgebroker import _native
