@@ -173,8 +173,14 @@ class ListenerPolicy:
             client.auth_done(BAD_CREDENTIALS, "no password given", username, None)
             return
 
+        passwords = self.passwords
+
         def done(result: str) -> None:
             if result == A.OK:
+                current = getattr(client.transport, "policy", None) or self
+                if current.passwords is not passwords:
+                    self._checked_before_reload(client, connect, current, entry, host)
+                    return
                 self._accept(client, username)
             elif result == A.BLOCKED:
                 self._blocked(client, username, host)
@@ -185,6 +191,34 @@ class ListenerPolicy:
 
         auth.verify(host, username, entry, connect.password, done,
                     None if entry is not None else self.passwords.dummy())
+
+    def _checked_before_reload(self, client, connect, current: "ListenerPolicy", entry,
+                               host: str) -> None:
+        """A right password checked against a password file that a reload replaced while the
+        check ran: what the file in force now says. The user still there with the same hash:
+        accepted; gone: refused as an unknown user (CONNACK 4 / 0x86, a failed login, as
+        at once after the reload); another hash: checked again, against it. A listener whose
+        login rules changed otherwise (no password file now, the certificate's name):
+        decided by them again."""
+        username = connect.username
+        if client.pending is None or client.closed:
+            return                      # timed out or closed while the check ran
+        if current.passwords is None or current.identity_as_username:
+            current.authenticate(client, connect)
+            return
+        now = current.passwords.lookup(username)
+        if now is None:
+            self.authenticator.record_failure(host, username)
+            client.auth_done(BAD_CREDENTIALS, f"{A.UNKNOWN} (removed from the password file by "
+                                              f"a reload while its password was checked)",
+                             username, None)
+        elif now[0] == entry[0]:
+            current._accept(client, username)
+        else:
+            log.info("%s: user %s: the password file was reloaded with another password for "
+                     "it while its password was checked; checked again",
+                     client.describe(), name_shown(username))
+            current.authenticate(client, connect)
 
     # ----- SCRAM-SHA-256 ------------------------------------------------------------------
 
@@ -218,6 +252,14 @@ class ListenerPolicy:
         host = peer_host(client.peer)
         auth = self.authenticator
         from edgebroker.security import scram
+        if failure is None:
+            # This is the listener's policy now: a reload during the exchange may have removed
+            # the user or changed its keys (a new salt: the proof cannot be checked again).
+            found = self.passwords.scram.get(username) if self.passwords is not None else None
+            if found is None or found[1] != exchange.keys:
+                why = "unknown user" if found is None else "its SCRAM keys changed"
+                failure = scram.Failure(f"{why} (the password file was reloaded during the "
+                                        f"exchange)", credentials=True)
         stored = scram.format_keys(exchange.keys)
         if failure is None and auth.known(username, stored, exchange.client_key):
             auth.succeeded(host, username)
