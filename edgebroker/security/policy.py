@@ -14,7 +14,8 @@ as MQTT 3.1.1 defines the CONNACK return codes:
   password is one that succeeded before (``authenticator``), a certificate
   without a common name where it is the user name, or a will topic the ACL
   does not let the client write.
-- 3 (server unavailable): too many password checks already waiting.
+- 3 (server unavailable; 5.0: 0x89, server busy): too many password checks already
+  waiting, in all or from the client's address.
 
 Only a verified user name counts: with no password file (and no certificate
 identity) on the listener, a user name in CONNECT is logged but the client is
@@ -185,7 +186,8 @@ class ListenerPolicy:
             elif result == A.BLOCKED:
                 self._blocked(client, username, host)
             elif result == A.BUSY:
-                client.auth_done(UNAVAILABLE, "too many password checks waiting", username, None)
+                client.auth_done(UNAVAILABLE, auth.busy(host) or "too many password checks "
+                                 "waiting", username, None)
             else:
                 client.auth_done(BAD_CREDENTIALS, result, username, None)
 
