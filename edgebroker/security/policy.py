@@ -61,6 +61,22 @@ def file_key(lc: ListenerConfig, kind: str, index: int | None) -> str:
     return kind
 
 
+def file_stamp(*paths: str) -> tuple | None:
+    """What tells whether files changed since they were read (a reload keeps what it parsed
+    of an unchanged one): per path its device, inode, size, mtime and ctime (in ns; ctime
+    moves at every write, chmod and chown, also when an editor or ``touch -d`` puts mtime
+    back). None when one cannot be looked at: read it, and its loader says why."""
+    import os
+    stamp = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return None
+        stamp.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(stamp)
+
+
 _V6_LOOPBACK = bytes(15) + b"\x01"
 _V4_MAPPED = bytes(10) + b"\xff\xff"
 
@@ -112,11 +128,14 @@ class ListenerPolicy:
 
     @classmethod
     def build(cls, lc: ListenerConfig, settings: AuthSettings, authenticator: A.Authenticator,
-              cache: dict | None = None, index: int | None = None) -> "ListenerPolicy":
+              cache: dict | None = None, index: int | None = None,
+              kept: dict | None = None) -> "ListenerPolicy":
         """Read the files ``settings`` names; ConfigError with the problems of both, each
         under the key that names the file (``file_key``; ``index``: the listener's). ``cache``
-        shares one parsed file between listeners that name the same path (a file that could
-        not be used is reported once)."""
+        ((kind, path) -> (``file_stamp``, parsed file or None)) shares one parsed file between
+        listeners that name the same path (a file that could not be used is reported once);
+        ``kept``, such a dict of an earlier read (the last reload's), gives a file whose stamp
+        is still the same without reading it again (its entry in ``cache`` is then the kept one)."""
         cache = {} if cache is None else cache
         loaded = {}
         problems = []
@@ -125,16 +144,22 @@ class ListenerPolicy:
             if not path:
                 continue
             if (kind, path) not in cache:
-                if kind == "password_file":
-                    from edgebroker.security.passwords import PasswordFile as loader
+                stamp = file_stamp(path)
+                before = kept.get((kind, path)) if kept else None
+                if stamp is not None and before and before[1] is not None and before[0] == stamp:
+                    cache[(kind, path)] = before
                 else:
-                    from edgebroker.security.acl import Acl as loader
-                try:
-                    cache[(kind, path)] = loader.load(path, file_key(lc, kind, index))
-                except ConfigError as exc:
-                    cache[(kind, path)] = None
-                    problems += exc.problems
-            loaded[kind] = cache[(kind, path)]
+                    if kind == "password_file":
+                        from edgebroker.security.passwords import PasswordFile as loader
+                    else:
+                        from edgebroker.security.acl import Acl as loader
+                    try:
+                        parsed = loader.load(path, file_key(lc, kind, index))
+                    except ConfigError as exc:
+                        parsed = None
+                        problems += exc.problems
+                    cache[(kind, path)] = (stamp, parsed)
+            loaded[kind] = cache[(kind, path)][1]
         if problems or None in loaded.values():
             raise ConfigError(*problems)
         return cls(lc.address, settings, loaded.get("password_file"), loaded.get("acl_file"),
