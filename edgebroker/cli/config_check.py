@@ -17,16 +17,12 @@ import json
 import sys
 
 from edgebroker import config as configuration
-from edgebroker import records
 from edgebroker.cli.options import add_format
-from edgebroker.cli.serve import check_links, check_state_dir, unix_socket_problems
+from edgebroker.cli.serve import problems_of
 from edgebroker.cli.state_dir import UNIT_STATE_DIR, note, outside_systemd
 from edgebroker.errors import ConfigError
 from edgebroker.logs import priority_prefix
-from edgebroker.security.acl import Acl
-from edgebroker.security.passwords import PasswordFile
-from edgebroker.security.policy import file_key
-from edgebroker.server.tls import certificate_date_warnings, make_context
+from edgebroker.server.tls import certificate_date_warnings
 
 DEFAULTS = "built-in defaults"
 
@@ -42,38 +38,6 @@ def add_parser(commands) -> None:
                        help="the file to check (default: none, as serve: the built-in defaults)")
     add_format(check)
     check.set_defaults(run=run)
-
-
-def problems_of(config: configuration.Config) -> list[str]:
-    """What would stop ``serve`` after the file itself was read: the safe defaults for
-    listeners, a state directory serve could not create or write (nothing is created), the
-    bridges' TLS files and the uploader's credentials and CA file (``serve.check_links``),
-    and each certificate, password and ACL file (each file once). Of a file with errors, the
-    [[listener]] and [[bridge]] tables with errors have their files read, not the rest."""
-    problems: list[str] = []
-    _collect(problems, configuration.check_authentication,
-             records.replace(config, listener=configuration.undamaged(config.listener)))
-    _collect(problems, check_state_dir, config.state_dir())
-    _collect(problems, check_links, config)
-    problems += unix_socket_problems(config)
-    files_read = set()
-    for i, lc in enumerate(config.listeners):
-        if lc.tls:
-            _collect(problems, make_context, lc, f"listener[{i}]")
-        auth = config.auth(lc)
-        for load, kind in ((PasswordFile.load, "password_file"), (Acl.load, "acl_file")):
-            path = getattr(auth, kind)
-            if path and (load, path) not in files_read:
-                files_read.add((load, path))
-                _collect(problems, load, path, file_key(lc, kind, i))
-    return problems
-
-
-def _collect(problems: list[str], check, *args) -> None:
-    try:
-        check(*args)
-    except ConfigError as exc:
-        problems += exc.problems
 
 
 def run(args) -> int:

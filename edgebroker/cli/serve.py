@@ -27,20 +27,39 @@ def add_parser(commands) -> None:
 UNIX_PATH_MAX = 107
 
 
-def load(args) -> configuration.Config:
-    """The config file plus command-line overrides."""
-    config = configuration.load(args.config)
-    changes = {}
-    if args.listen:
-        changes["listener"] = tuple(configuration.parse_address(a) for a in args.listen)
-    if args.data_dir:
-        changes["data_dir"] = args.data_dir
-    config = records.replace(config, **changes) if changes else config
+def load(args, read=configuration.load) -> configuration.Config:
+    """The config file plus command-line overrides (``read``: how the file is read)."""
+    config = _overridden(read(args.config), args)
     with naming_the_file(None if args.listen else args.config):
         if args.listen:     # (those of the file were checked as it was read)
             configuration.check_addresses(config)
         configuration.check_authentication(config)
     return config
+
+
+def _overridden(config: configuration.Config, args) -> configuration.Config:
+    changes = {}
+    if args.listen:
+        changes["listener"] = tuple(configuration.parse_address(a) for a in args.listen)
+    if args.data_dir:
+        changes["data_dir"] = args.data_dir
+    return records.replace(config, **changes) if changes else config
+
+
+def load_all(args) -> configuration.Config:
+    """``load``; a file with errors in its keys is refused with every problem `config check`
+    finds in it (its certificate, password and ACL files, the state directory, the links...),
+    not only those of the keys."""
+    return load(args, read=_read_all)
+
+
+def _read_all(path: str | None) -> configuration.Config:
+    try:
+        return configuration.load(path)
+    except ConfigError as exc:
+        if exc.partial is None:     # (the file could not be read, or is not TOML)
+            raise
+        raise ConfigError(*exc.problems, *_named(path, problems_of(exc.partial))) from None
 
 
 @contextmanager
@@ -148,8 +167,9 @@ def load_again(args) -> configuration.Config:
     running broker too (a file that a restart would refuse is refused now): the bridges' TLS
     files and the uploader's credentials (``check_links``), the state directory and the Unix
     socket paths, every problem at once. The certificate, password and ACL files are read by
-    the reload itself (server/reload.py)."""
-    config = load(args)
+    the reload itself (server/reload.py), after these; when something here is wrong they are
+    read here too, so that the error says all that `config check` would (cli/config_check)."""
+    config = load_all(args)
     checks = ((args.config, lambda: check_links(config)),
               (None if args.data_dir else args.config,
                lambda: check_state_dir(config.state_dir())),
@@ -162,7 +182,7 @@ def load_again(args) -> configuration.Config:
         except ConfigError as exc:
             problems += exc.problems
     if problems:
-        raise ConfigError(*problems)
+        raise ConfigError(*problems, *_named(args.config, file_problems(config)))
     _warn_exposed(config)
     return config
 
@@ -182,6 +202,54 @@ def _warn_exposed(config: configuration.Config) -> None:
         from edgebroker.server.tls import certificate_date_warnings
         for warning in certificate_date_warnings(config.listeners):
             logging.getLogger(__name__).warning("%s", warning)
+
+
+def problems_of(config: configuration.Config) -> list[str]:
+    """What would stop ``serve`` after the file itself was read: the safe defaults for
+    listeners, a state directory serve could not create or write (nothing is created), the
+    bridges' TLS files and the uploader's credentials and CA file (``check_links``),
+    and each certificate, password and ACL file (each file once). Of a file with errors, the
+    [[listener]] and [[bridge]] tables with errors have their files read, not the rest."""
+    problems: list[str] = []
+    _collect(problems, configuration.check_authentication,
+             records.replace(config, listener=configuration.undamaged(config.listener)))
+    _collect(problems, check_state_dir, config.state_dir())
+    _collect(problems, check_links, config)
+    problems += unix_socket_problems(config)
+    return problems + file_problems(config)
+
+
+def file_problems(config: configuration.Config) -> list[str]:
+    """The problems of each listener's certificate, password and ACL files (each file once),
+    as ``problems_of`` reports them; also said by a failed reload (``load_again``): `config check`'s list."""
+    from edgebroker.security.acl import Acl     # (serve itself reads them in server/app.py)
+    from edgebroker.security.passwords import PasswordFile
+    from edgebroker.security.policy import file_key
+    problems: list[str] = []
+    files_read = set()
+    for i, lc in enumerate(config.listeners):
+        if lc.tls:
+            from edgebroker.server.tls import make_context
+            _collect(problems, make_context, lc, f"listener[{i}]")
+        auth = config.auth(lc)
+        for load, kind in ((PasswordFile.load, "password_file"), (Acl.load, "acl_file")):
+            path = getattr(auth, kind)
+            if path and (load, path) not in files_read:
+                files_read.add((load, path))
+                _collect(problems, load, path, file_key(lc, kind, i))
+    return problems
+
+
+def _collect(problems: list[str], check, *args) -> None:
+    try:
+        check(*args)
+    except ConfigError as exc:
+        problems += exc.problems
+
+
+def _named(where: str | None, problems: list[str]) -> list[str]:
+    """``problems`` each prefixed with the configuration file, as ``naming_the_file`` does."""
+    return ConfigError(*problems).in_file(where).problems if problems else []
 
 
 def _raise(problems: list[str]) -> None:
@@ -217,7 +285,7 @@ def run(args) -> int:
     # Ctrl-C ends the process while the configuration is read, even when started with SIGINT
     # ignored (a background job of a shell); the broker's own handlers take it from the start.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    config = load(args)
+    config = load_all(args)
     logs.install(config.log_level)
     where = args.config
     with naming_the_file(where):

@@ -184,11 +184,19 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
                         "now on %s", "cleared" if log_queue else "set",
                         "read from the commit log" if log_queue else
                         "queue in memory within them (those already behind read from the log)")
-        if config.limits.max_inflight_messages != old.max_inflight_messages:
-            for session in self.sessions.values():     # a 5.0 client's Receive Maximum holds
+        limits = config.limits
+        bytes_grew = limits.max_inflight_bytes > old.max_inflight_bytes
+        if limits.max_inflight_messages != old.max_inflight_messages or bytes_grew:
+            for session in list(self.sessions.values()):
                 client = session.client
-                if client is not None:
-                    session.receive_max = receive_window(client.v5, config.limits)
+                if client is None:
+                    continue
+                before = session.receive_max or old.max_inflight_messages
+                # (a 5.0 client's Receive Maximum holds)
+                session.receive_max = receive_window(client.v5, limits)
+                if bytes_grew or (session.receive_max or limits.max_inflight_messages) > before:
+                    # Its window grew: filled now, not at the client's next acknowledgement.
+                    self.pump(session)
         if config.limits.topic_expiry != old.topic_expiry:
             self._topic_expiry.start(self, now + config.limits.topic_expiry)
         if config.limits.persistent_client_expiration != old.persistent_client_expiration:

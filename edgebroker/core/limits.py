@@ -48,7 +48,7 @@ LIMITS = (
 REFUSALS = (
     "max_connections", "listener_max_connections", "memory_limit", "max_client_id_length",
     "max_keepalive", "client_id", "protocol_version", "tls", "http", "not_mqtt", "auth",
-    "websocket", "max_sessions", "open_files", "payload_format", "max_topic_length",
+    "auth_busy", "websocket", "max_sessions", "open_files", "payload_format", "max_topic_length",
     "max_topic_levels", "will", "packet_too_large",
 )
 
@@ -355,6 +355,7 @@ PEER_EVENTS = {
     "auth": "CONNECTs refused for their user name or password (CONNACK 4 or 5)",
     "auth_throttled": "logins refused unchecked for a user name or address throttled "
                       "after failed logins (CONNACK 5)",
+    "auth_busy": "logins refused unchecked, too many password checks waiting (CONNACK 3)",
     "client_id": "CONNECTs refused for their client id",
     "will": "CONNECTs refused for their will",
     "protocol_version": "CONNECTs refused for their protocol version",

@@ -27,11 +27,13 @@ the workers only compute hashes (``hashlib`` releases the GIL while it does).
   user names from that address nor a password that succeeded before.
 - Throttle per address: ``ADDRESS_FACTOR`` x ``max_failures`` failed logins
   from one address within ``window`` (any user names: guessing names as well
-  as passwords) and further checks from it are refused until the window
-  started by its first failure has passed (cached passwords still pass), so
-  a burst of bad logins cannot keep the workers busy for everyone else.
-- At most ``MAX_PENDING`` checks wait at once; beyond that new logins are
-  refused as "server unavailable".
+  as passwords; failures only, not checks still running) and further checks
+  from it are refused until the window started by its first failure has
+  passed (cached passwords still pass), so a burst of bad logins cannot keep
+  the workers busy for everyone else.
+- At most ``MAX_PENDING`` checks wait at once, and at most ``PENDING_PER_HOST``
+  from one address (an attacker's share of the queue); beyond that new logins
+  are refused as "server busy" (``busy``), not as failed logins.
 - A check that cannot run (the hash library fails: out of memory, say) refuses
   that login as a failed one; it is counted (``password_check_errors``) and
   logged once, with the library's error, until a check runs again.
@@ -61,6 +63,7 @@ log = logging.getLogger("edgebroker.security")
 
 WORKERS = 2
 MAX_PENDING = 1024
+PENDING_PER_HOST = MAX_PENDING // 4     # checks waiting from one address (peer_host)
 CACHE_LIMIT = 10_000
 HOSTS_LIMIT = 10_000
 PAIRS_LIMIT = 10_000
@@ -130,10 +133,9 @@ class Authenticator:
     def throttled(self, host: str, username: str) -> str | None:
         """Why a password check for ``username`` from ``host`` may not start now, or None."""
         now = self.clock()
-        pending = self._pending_by_host[host]
         failures = self._host_failures(host, now)
         limit = ADDRESS_FACTOR * self.max_failures
-        if failures + pending >= limit:
+        if failures >= limit:
             return (f"too many failed logins from {host} ({limit} within {self.window:g} s, any "
                     f"user names); only passwords that succeeded before are accepted from it "
                     f"for now")
@@ -152,6 +154,16 @@ class Authenticator:
                     f"next password check in {wait:.1f} s")
         return None
 
+    def busy(self, host: str) -> str | None:
+        """Why no more password checks may wait now (for a login from ``host``), or None:
+        ``MAX_PENDING`` in all, or ``PENDING_PER_HOST`` from that address, are waiting."""
+        if self.pending >= MAX_PENDING:
+            return f"too many password checks waiting ({MAX_PENDING}); the checks are busy"
+        if self._pending_by_host[host] >= PENDING_PER_HOST:
+            return (f"too many password checks waiting from {host} ({PENDING_PER_HOST}); the "
+                    f"checks are busy")
+        return None
+
     def delay(self, failures: int) -> float:
         """Seconds after a pair's last failure before its next check, with ``failures`` in a
         row: none below ``max_failures``, then 1 s doubling up to ``window``."""
@@ -164,7 +176,8 @@ class Authenticator:
         """Check ``password`` for ``username`` (``entry`` = (hash string, parsed) or None for an
         unknown user, checked against ``dummy``: the password file's ``dummy()``);
         ``done(result)`` runs on the loop thread, now or after a worker's check, with OK,
-        WRONG, UNKNOWN, BLOCKED (``throttled`` says why), BUSY or CHECK_FAILED."""
+        WRONG, UNKNOWN, BLOCKED (``throttled`` says why), BUSY (``busy`` says why) or
+        CHECK_FAILED."""
         if entry is not None:
             key = self._cache_key(username, entry[0], password)
             if key in self._cache:
@@ -182,7 +195,7 @@ class Authenticator:
         if self.throttled(host, username) is not None:
             done(BLOCKED)
             return
-        if self.pending >= MAX_PENDING:
+        if self.busy(host) is not None:
             done(BUSY)
             return
         self.pending += 1

@@ -14,7 +14,8 @@ as MQTT 3.1.1 defines the CONNACK return codes:
   password is one that succeeded before (``authenticator``), a certificate
   without a common name where it is the user name, or a will topic the ACL
   does not let the client write.
-- 3 (server unavailable): too many password checks already waiting.
+- 3 (server unavailable; 5.0: 0x89, server busy): too many password checks already
+  waiting, in all or from the client's address.
 
 Only a verified user name counts: with no password file (and no certificate
 identity) on the listener, a user name in CONNECT is logged but the client is
@@ -58,6 +59,22 @@ def file_key(lc: ListenerConfig, kind: str, index: int | None) -> str:
     if index is not None and getattr(lc, kind) is not None:
         return f"listener[{index}].{kind}"
     return kind
+
+
+def file_stamp(*paths: str) -> tuple | None:
+    """What tells whether files changed since they were read (a reload keeps what it parsed
+    of an unchanged one): per path its device, inode, size, mtime and ctime (in ns; ctime
+    moves at every write, chmod and chown, also when an editor or ``touch -d`` puts mtime
+    back). None when one cannot be looked at: read it, and its loader says why."""
+    import os
+    stamp = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return None
+        stamp.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(stamp)
 
 
 _V6_LOOPBACK = bytes(15) + b"\x01"
@@ -111,11 +128,14 @@ class ListenerPolicy:
 
     @classmethod
     def build(cls, lc: ListenerConfig, settings: AuthSettings, authenticator: A.Authenticator,
-              cache: dict | None = None, index: int | None = None) -> "ListenerPolicy":
+              cache: dict | None = None, index: int | None = None,
+              kept: dict | None = None) -> "ListenerPolicy":
         """Read the files ``settings`` names; ConfigError with the problems of both, each
         under the key that names the file (``file_key``; ``index``: the listener's). ``cache``
-        shares one parsed file between listeners that name the same path (a file that could
-        not be used is reported once)."""
+        ((kind, path) -> (``file_stamp``, parsed file or None)) shares one parsed file between
+        listeners that name the same path (a file that could not be used is reported once);
+        ``kept``, such a dict of an earlier read (the last reload's), gives a file whose stamp
+        is still the same without reading it again (its entry in ``cache`` is then the kept one)."""
         cache = {} if cache is None else cache
         loaded = {}
         problems = []
@@ -124,16 +144,22 @@ class ListenerPolicy:
             if not path:
                 continue
             if (kind, path) not in cache:
-                if kind == "password_file":
-                    from edgebroker.security.passwords import PasswordFile as loader
+                stamp = file_stamp(path)
+                before = kept.get((kind, path)) if kept else None
+                if stamp is not None and before and before[1] is not None and before[0] == stamp:
+                    cache[(kind, path)] = before
                 else:
-                    from edgebroker.security.acl import Acl as loader
-                try:
-                    cache[(kind, path)] = loader.load(path, file_key(lc, kind, index))
-                except ConfigError as exc:
-                    cache[(kind, path)] = None
-                    problems += exc.problems
-            loaded[kind] = cache[(kind, path)]
+                    if kind == "password_file":
+                        from edgebroker.security.passwords import PasswordFile as loader
+                    else:
+                        from edgebroker.security.acl import Acl as loader
+                    try:
+                        parsed = loader.load(path, file_key(lc, kind, index))
+                    except ConfigError as exc:
+                        parsed = None
+                        problems += exc.problems
+                    cache[(kind, path)] = (stamp, parsed)
+            loaded[kind] = cache[(kind, path)][1]
         if problems or None in loaded.values():
             raise ConfigError(*problems)
         return cls(lc.address, settings, loaded.get("password_file"), loaded.get("acl_file"),
@@ -173,18 +199,53 @@ class ListenerPolicy:
             client.auth_done(BAD_CREDENTIALS, "no password given", username, None)
             return
 
+        passwords = self.passwords
+
         def done(result: str) -> None:
             if result == A.OK:
+                current = getattr(client.transport, "policy", None) or self
+                if current.passwords is not passwords:
+                    self._checked_before_reload(client, connect, current, entry, host)
+                    return
                 self._accept(client, username)
             elif result == A.BLOCKED:
                 self._blocked(client, username, host)
             elif result == A.BUSY:
-                client.auth_done(UNAVAILABLE, "too many password checks waiting", username, None)
+                client.auth_done(UNAVAILABLE, auth.busy(host) or "too many password checks "
+                                 "waiting", username, None)
             else:
                 client.auth_done(BAD_CREDENTIALS, result, username, None)
 
         auth.verify(host, username, entry, connect.password, done,
                     None if entry is not None else self.passwords.dummy())
+
+    def _checked_before_reload(self, client, connect, current: "ListenerPolicy", entry,
+                               host: str) -> None:
+        """A right password checked against a password file that a reload replaced while the
+        check ran: what the file in force now says. The user still there with the same hash:
+        accepted; gone: refused as an unknown user (CONNACK 4 / 0x86, a failed login, as
+        at once after the reload); another hash: checked again, against it. A listener whose
+        login rules changed otherwise (no password file now, the certificate's name):
+        decided by them again."""
+        username = connect.username
+        if client.pending is None or client.closed:
+            return                      # timed out or closed while the check ran
+        if current.passwords is None or current.identity_as_username:
+            current.authenticate(client, connect)
+            return
+        now = current.passwords.lookup(username)
+        if now is None:
+            self.authenticator.record_failure(host, username)
+            client.auth_done(BAD_CREDENTIALS, f"{A.UNKNOWN} (removed from the password file by "
+                                              f"a reload while its password was checked)",
+                             username, None)
+        elif now[0] == entry[0]:
+            current._accept(client, username)
+        else:
+            log.info("%s: user %s: the password file was reloaded with another password for "
+                     "it while its password was checked; checked again",
+                     client.describe(), name_shown(username))
+            current.authenticate(client, connect)
 
     # ----- SCRAM-SHA-256 ------------------------------------------------------------------
 
@@ -218,6 +279,14 @@ class ListenerPolicy:
         host = peer_host(client.peer)
         auth = self.authenticator
         from edgebroker.security import scram
+        if failure is None:
+            # This is the listener's policy now: a reload during the exchange may have removed
+            # the user or changed its keys (a new salt: the proof cannot be checked again).
+            found = self.passwords.scram.get(username) if self.passwords is not None else None
+            if found is None or found[1] != exchange.keys:
+                why = "unknown user" if found is None else "its SCRAM keys changed"
+                failure = scram.Failure(f"{why} (the password file was reloaded during the "
+                                        f"exchange)", credentials=True)
         stored = scram.format_keys(exchange.keys)
         if failure is None and auth.known(username, stored, exchange.client_key):
             auth.succeeded(host, username)

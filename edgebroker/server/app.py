@@ -116,6 +116,10 @@ class App(DescriptorRoom):
         self.authenticator = Authenticator(loop.wake, clock, config.max_login_failures,
                                            config.login_failure_window,
                                            state_dir=self.state_dir)
+        # (kind, path) or ("tls", ListenerConfig) -> (file_stamp, what was read): the last read
+        # of the security files (``_security``); the keys of those that read found unchanged
+        self.kept_files: dict = {}
+        self.files_unchanged: set = set()
 
     def start(self) -> int:
         """Open everything, serve until SIGTERM or SIGINT, shut down. The exit status: 0, or
@@ -265,24 +269,44 @@ class App(DescriptorRoom):
         """(TLSServer or None, ListenerPolicy) per (index, ListenerConfig); ConfigError, naming
         the configuration file (``config.source``) that names the file it could not use."""
         files: dict = {}
+        kept = self.kept_files
         out = []
         problems = []       # every listener's, at once
         for i, lc in listeners:
             tls = policy = None
             try:
-                if lc.tls:   # server/tls.py: a broker without TLS listeners does not load it
-                    from edgebroker.server.tls import TLSServer
-                    tls = TLSServer(lc, f"listener[{i}]")
+                if lc.tls:
+                    tls = self._tls_server(lc, i, kept, files)
             except ConfigError as exc:
                 problems += exc.problems
             try:
-                policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files, i)
+                policy = ListenerPolicy.build(lc, config.auth(lc), self.authenticator, files, i,
+                                              kept)
             except ConfigError as exc:
                 problems += exc.problems
             out.append((tls, policy))
+        # What the next reload need not read again while the files stay as they are.
+        self.kept_files = files
+        self.files_unchanged = {key for key, entry in files.items() if kept.get(key) is entry}
         if problems:
             raise ConfigError(*problems).in_file(config.source)
         return out
+
+    @staticmethod
+    def _tls_server(lc, i: int, kept: dict, files: dict):
+        """The listener's TLSServer: the one read before (``kept``) while none of its files
+        (certfile, keyfile, cafile) changed (``file_stamp``), else a new one."""
+        from edgebroker.security.policy import file_stamp
+        stamp = file_stamp(*(f for f in (lc.certfile, lc.keyfile, lc.cafile) if f))
+        before = kept.get(("tls", lc))
+        if stamp is not None and before is not None and before[0] == stamp:     # (never None)
+            files[("tls", lc)] = before
+            return before[1]
+        # server/tls.py: a broker without TLS listeners does not load it
+        from edgebroker.server.tls import TLSServer
+        tls = TLSServer(lc, f"listener[{i}]")
+        files[("tls", lc)] = (stamp, tls)
+        return tls
 
     def open_admin(self, state_dir: str) -> None:
         from edgebroker.server.admin import AdminServer

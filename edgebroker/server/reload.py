@@ -146,12 +146,18 @@ def apply_security(app, config: Config, running: list, security: list) -> None:
         listener.set_security(*read)
     app.authenticator.configure(config.max_login_failures, config.login_failure_window)
     _rebind_acls(app)
-    files = sorted({f for read in security if read for f in (read[1].settings.password_file,
-                                                               read[1].settings.acl_file) if f})
-    tls_names = [x.address for x, read in zip(app.listeners, security)
-                 if read and x.tls is not None]
-    log.info("reload: re-read %s", ", ".join(
-        [f"certificates of {n}" for n in tls_names] + files) or "no security files")
+    unchanged = app.files_unchanged
+    read, kept = [], []
+    for listener, found in zip(app.listeners, running):
+        if found is not None and listener.tls is not None:
+            name = f"certificates of {listener.address}"
+            (kept if ("tls", found[1]) in unchanged else read).append(name)
+    for kind in ("password_file", "acl_file"):
+        for path in sorted({getattr(r[1].settings, kind) for r in security if r} - {None, ""}):
+            (kept if (kind, path) in unchanged else read).append(path)
+    log.info("reload: re-read %s%s", ", ".join(read) or "no security files",
+             f"; unchanged since they were read, not read again: {', '.join(kept)}"
+             if kept else "")
 
 def _rebind_acls(app) -> None:
     """After a reload: each session follows the ACL of the listener its client came in on

@@ -306,3 +306,43 @@ def test_a_pipe_as_the_configuration_is_read_at_start_only(broker, tmp_path):
         r = run_cli(*command.split(), "-c", "/dev/zero")
         assert one_line(r) == ("edgebroker: config error: /dev/zero: not a regular file (a "
                                "character device)"), command
+
+
+def test_a_failed_reload_says_every_problem_config_check_says(broker, tmp_path):
+    """A reload refused for the configuration's keys, or for a bridge's TLS files, said only
+    those: the password, certificate and ACL files were read after, so their problems came
+    at the next reload. It says all of them at once, as config check does."""
+    missing = tmp_path / "missing"
+    b = broker()
+    bridge = [{"name": "b", "address": "127.0.0.1:1", "cafile": str(missing / "ca"),
+               "topic": [{"pattern": "a/#"}]}]
+    listener = [{**b.config["listener"][0], "password_file": str(missing / "pw"),
+                 "certfile": str(missing / "c.crt")}]
+    for cfg in (dict(b.config, listener=listener, bridge=bridge,
+                     limits={"max_conections": 5, "max_qos": 7, "messages_rate": "x"}),
+                dict(b.config, listener=listener, bridge=bridge)):
+        path = tmp_path / "c.toml"
+        path.write_text(toml_dumps(cfg))
+        r = run_cli("config", "check", "-c", str(path))
+        said = [ln.split("config error: ", 1)[1].replace(str(path), str(b.config_path))
+                for ln in r.stderr.splitlines() if "config error: " in ln]
+        assert r.returncode == 2 and len(said) >= 3, r.stderr
+        assert any("listener[0].password_file" in p for p in said), said
+        assert any("listener[0].certfile" in p for p in said), said
+        line = reload_refused(b, cfg)
+        assert all(p in line for p in said), (said, line)
+        assert line.count(f"{b.config_path}: ") == len(said), (said, line)
+
+
+def test_serve_says_every_problem_config_check_says(tmp_path):
+    missing = tmp_path / "missing"
+    cfg = {"data_dir": str(tmp_path / "data"), "limits": {"max_qos": 7},
+           "listener": [{"host": "127.0.0.1", "port": 0, "password_file": str(missing / "pw")}]}
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps(cfg))
+    said = {}
+    for command in ("config check", "serve"):
+        r = run_cli(*command.split(), "-c", str(path), timeout=30)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        said[command] = [ln for ln in r.stderr.splitlines() if "config error: " in ln]
+    assert said["serve"] == said["config check"] and len(said["serve"]) == 2, said

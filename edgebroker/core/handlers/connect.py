@@ -18,7 +18,7 @@ import os
 from edgebroker import logs
 from edgebroker.errors import (
     PACKET_TOO_LARGE, PAYLOAD_FORMAT_INVALID, PROTOCOL_ERROR, QOS_NOT_SUPPORTED, QUOTA_EXCEEDED,
-    RETAIN_NOT_SUPPORTED, SERVER_UNAVAILABLE, SUCCESS,
+    RETAIN_NOT_SUPPORTED, SERVER_BUSY, SERVER_UNAVAILABLE, SUCCESS,
     ProtocolError, shown, topic_shown,
 )
 from edgebroker.mqtt import packets as P
@@ -173,7 +173,10 @@ def auth_done(client, code: int, why: str, username, acl, throttled: bool = Fals
         else:
             stats.logins_refused += 1
         # (3: too many password checks waiting; 4, 5: the check, or the policy, refused.)
-        refuse(client, code, why, "auth" if code in (3, 4, 5) else "client_id",
+        if code == 3:
+            refuse(client, code, why, "auth_busy", reason5=SERVER_BUSY)
+            return
+        refuse(client, code, why, "auth" if code in (4, 5) else "client_id",
                told=BAD_CREDENTIALS_TOLD if code == 4 else None,
                log_kind="auth_throttled" if throttled else None)
         return
