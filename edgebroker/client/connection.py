@@ -11,7 +11,8 @@ properties are checked by client/propcheck.py.
 
 Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the
 window (the smaller of ``max_inflight`` and the server's Receive Maximum; over 3.1/3.1.1 a
-QoS 2 one also for one of ``max_qos2_inflight``) and what follows it waits behind it.
+QoS 1/2 one also while ``max_qos2_inflight`` QoS 2 ones are unfinished) and what follows it
+waits behind it.
 Nothing is lost on "disconnected": in-flight and queued requests wait for the next
 connection, and ``save()`` writes them out for a later process (``load``).
 """
@@ -45,8 +46,9 @@ __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
 # QoS 2 PUBLISHes unfinished (PUBCOMP not back) at once over 3.1/3.1.1 by default: such a
 # server cannot say how many it takes, and Mosquitto takes max_inflight_messages (20 by
 # default) from a client; from a 3.1.1 client it answers one more with a plain PUBREC and
-# drops it (a 5.0 client gets PUBREC 0x97, and a 5.0 server says its Receive Maximum). QoS 1
-# is not held this way. The bridge keeps to it too.
+# drops it (a 5.0 client gets PUBREC 0x97, and a 5.0 server says its Receive Maximum). While
+# that many wait for their PUBREL, Mosquitto also drops a QoS 1 PUBLISH, after a plain
+# PUBACK: so a QoS 1 publish waits too while the cap is reached. The bridge keeps to it too.
 QOS2_INFLIGHT_311 = 20
 
 class Connection:
@@ -182,12 +184,13 @@ class Connection:
 
     @property
     def qos2_full(self) -> bool:
-        """True while ``max_qos2_inflight`` QoS 2 PUBLISHes are unfinished: a new one waits."""
+        """True while ``max_qos2_inflight`` QoS 2 PUBLISHes are unfinished: a new QoS 1/2 one
+        waits."""
         return self._n_qos2 >= self._qos2_cap
 
     def _room(self, req: Request) -> bool:
         """Whether the PUBLISH ``req`` (QoS 1/2) may be in flight now."""
-        return self._n_pub < self._window and (req.qos < 2 or self._n_qos2 < self._qos2_cap)
+        return self._n_pub < self._window and self._n_qos2 < self._qos2_cap
 
     @property
     def window(self) -> int:

@@ -51,7 +51,8 @@ def test_max_qos2_inflight_follows_a_lower_mosquitto_limit(mosquitto_broker, pah
 
 def test_the_qos_2_cap_holds_what_follows_in_order():
     """Sans-I/O: over 3.1.1 the 21st QoS 2 publish waits (and the QoS 1 one behind it) until a
-    PUBCOMP; over 5.0 only the window (and the server's Receive Maximum) counts."""
+    PUBCOMP, and the QoS 1 one until another; over 5.0 only the window (and the server's
+    Receive Maximum) counts."""
     conn = Connection("c", P.PROTOCOL_311)
     conn.connect(0.0)
     conn.data_to_send()
@@ -64,8 +65,12 @@ def test_the_qos_2_cap_holds_what_follows_in_order():
     conn.receive_data(bytes([0x50, 2, 0, first]), 0.0)         # PUBREC
     assert conn.inflight == 20 and conn.qos2_full
     conn.receive_data(bytes([0x70, 2, 0, first]), 0.0)         # PUBCOMP
-    assert sent[20].packet_id is not None and behind.packet_id is not None
-    assert conn.queued == 0 and conn.inflight == 21
+    # the 21st goes; the QoS 1 one waits while 20 QoS 2 are unfinished again
+    assert sent[20].packet_id is not None and behind.packet_id is None
+    conn.receive_data(bytes([0x50, 2, 0, sent[1].packet_id]), 0.0)
+    conn.receive_data(bytes([0x70, 2, 0, sent[1].packet_id]), 0.0)
+    assert behind.packet_id is not None
+    assert conn.queued == 0 and conn.inflight == 20
 
     v5 = Connection("c", P.PROTOCOL_5)
     v5.connect(0.0)
@@ -74,6 +79,43 @@ def test_the_qos_2_cap_holds_what_follows_in_order():
     for _ in range(50):
         v5.publish("t", b"x", 2)
     assert v5.inflight == 50 and not v5.qos2_full
+
+
+def test_qos_1_behind_20_unfinished_qos_2_is_not_lost_at_a_default_mosquitto(mosquitto_broker,
+                                                                            paho):
+    """While 20 QoS 2 messages from a client await their PUBREL, Mosquitto answers its QoS 1
+    PUBLISH with a plain PUBACK (3.1.1) and drops it: a QoS 1 publish waits while the QoS 2
+    cap is reached (a 3.1.1 bridge with a QoS 1 and a QoS 2 `out` rule lost some of every
+    drained backlog)."""
+    remote = mosquitto_broker()
+    sub = paho(remote.port, client_id="q1-sub")
+    assert sub.subscribe("m/#", 1) == [1]
+    got = Received(sub)
+    loop = EventLoop("127.0.0.1", remote.port, client_id="q1-mixed", protocol=4)
+    try:
+        requests = [make_publish("m/two", b"%d" % i, qos=2) for i in range(20)]
+        requests += [make_publish("m/one", b"%d" % (100 + i), qos=1) for i in range(N)]
+        result = loop.run(requests, timeout=30)
+    finally:
+        loop.shutdown()
+    assert result.complete, result
+    assert got.wait_distinct(N + 20, 30), f"{len(got.seen)} of {N + 20} arrived"
+
+
+def test_a_qos_1_publish_waits_while_the_qos_2_cap_is_reached():
+    """Sans-I/O, over 3.1.1: with 20 QoS 2 publishes unfinished a QoS 1 one waits (Mosquitto
+    would drop it), until a PUBCOMP frees a place."""
+    conn = Connection("c", P.PROTOCOL_311)
+    conn.connect(0.0)
+    conn.data_to_send()
+    conn.receive_data(b"\x20\x02\x00\x00", 0.0)
+    sent = [conn.publish("t", b"x", 2) for _ in range(20)]
+    behind = conn.publish("t", b"y", 1)
+    assert conn.inflight == 20 and conn.queued == 1 and behind.packet_id is None
+    first = sent[0].packet_id
+    conn.receive_data(bytes([0x50, 2, 0, first]), 0.0)         # PUBREC
+    conn.receive_data(bytes([0x70, 2, 0, first]), 0.0)         # PUBCOMP
+    assert behind.packet_id is not None and conn.queued == 0
 
 
 def test_max_qos2_inflight_is_checked_and_kept_in_the_state_file():
