@@ -135,9 +135,17 @@ class Sessions:
             log.info("client %s from %s takes over the session; closing the connection from %s",
                      name_shown(client_id), client.peer, old.client.peer)
             self.stats.takeovers += 1
+            taken = old.client
+            # A 5.0 connection's will is not published when a new connection resumes its
+            # session: that connection came before the Will Delay Interval (0 too) passed
+            # (MQTT-3.1.2-8; as Mosquitto). A 3.1.1 one's is (MQTT-3.1.4-2: disconnected).
+            resumed = taken.v5 is not None and not old.clean and not clean_start
+            if resumed and taken.will is not None:
+                log.info("will of %s on %s not published: a new connection took its session "
+                         "over", taken.describe(), topic_shown(taken.will.topic))
             # (its reason string gives no address)
-            old.client.close(will=True, reason=SESSION_TAKEN_OVER,
-                             why=f"client id {name_shown(client_id)} connected again")
+            taken.close(will=not resumed, reason=SESSION_TAKEN_OVER,
+                        why=f"client id {name_shown(client_id)} connected again")
             old = self.sessions.get(client_id)
         present = False
         if old is not None and (clean_start or old.clean):

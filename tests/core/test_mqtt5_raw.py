@@ -231,6 +231,30 @@ def test_will_delay_interval(srv, uid):
     assert srv.wait_log(lambda line: "publishing will of" in line, start=mark)
 
 
+def test_a_takeover_that_resumes_the_session_does_not_publish_the_will(srv, uid):
+    """A 5.0 connection taken over by one that resumes its session (Clean Start 0): the new
+    connection came before the Will Delay Interval, 0 here, passed, so no will (MQTT-3.1.2-8;
+    Mosquitto publishes none either). Taken over with Clean Start 1, the session ends: the
+    will goes (MQTT-3.1.3-9)."""
+    watcher = raw5(srv, f"{uid}-w")
+    watcher.subscribe(f"{uid}/will", qos=1)
+    expiry = {R.SESSION_EXPIRY: 60}
+    old = raw5(srv, f"{uid}-c", props=expiry, will=(f"{uid}/will", b"resumed", 1, False))
+    mark = srv.mark()
+    back = raw5(srv, f"{uid}-c", clean_start=False, props=expiry)
+    assert old.expect_disconnect().reason == 0x8E
+    assert srv.wait_log(lambda ln: "not published: a new connection took its session over"
+                        in ln, start=mark)
+    assert quiet(watcher)
+    # the session ends with the takeover: its will is published
+    back.close()
+    old = raw5(srv, f"{uid}-c", clean_start=False, props=expiry,
+               will=(f"{uid}/will", b"ended", 1, False))
+    raw5(srv, f"{uid}-c", clean_start=True)
+    assert old.expect_disconnect().reason == 0x8E
+    assert [p.payload for p in publishes(watcher, 1)] == [b"ended"]
+
+
 def test_will_delay_ends_with_the_session(srv, uid):
     """A session ending before the delay (here: Session Expiry Interval 0) sends the will."""
     watcher = raw5(srv, f"{uid}-w")
