@@ -191,10 +191,12 @@ class CatchUp:
         start = cursor.offset
         topic_filter = None
         limits = self.limits
+        if cursor.lowered is not None:
+            cursor.read_past_lowered()
         if len(subscriptions) == 1 and not cursor.since:
             topic_filter = next(iter(subscriptions)).encode("utf-8")
             if (session.acl is None and cursor.done is None and session.client.v5 is None
-                    and session.sub5 is None):
+                    and session.sub5 is None and cursor.lowered is None):
                 # The scanner's filter is the whole decision: the records go out as a run
                 # (3.1.1 frames: a 5.0 client's PUBLISH has more to say, core.router5; a
                 # session a 5.0 client made may have No Local on the filter).

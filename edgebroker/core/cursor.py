@@ -13,7 +13,8 @@ from edgebroker.mqtt.trie import CACHED_TOPIC_LENGTH
 # Topic decisions cached per session behind (dropped wholesale beyond it; topics of up to
 # CACHED_TOPIC_LENGTH bytes). A decision holds at most three (since, QoS) pairs whatever the
 # number of matching filters (``Cursor.granted``): about 110 KB a session with 40-byte topics,
-# 330 KB with 256-byte ones (docs/limits.md, "Memory").
+# 330 KB with 256-byte ones (docs/limits.md, "Memory"). (Each matching filter whose QoS was
+# lowered while behind, ``Cursor.lowered``, adds at most three more.)
 CACHE_LIMIT = 1024
 # Offline ranges kept per session (the oldest goes first: its QoS 0 is then sent after all).
 OFFLINE_RANGES = 8
@@ -23,7 +24,7 @@ class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
     __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run", "held", "unsure_to", "resubscribed")
+                 "run", "held", "unsure_to", "resubscribed", "lowered")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -50,6 +51,11 @@ class Cursor:
         # The log offset at the last SUBSCRIBE again or UNSUBSCRIBE of a filter it held while
         # behind (0: none): offline ranges that ended before it were decided by other QoS.
         self.resubscribed = 0
+        # Filters subscribed again at a lower QoS while behind: filter -> [(offset, QoS)], the
+        # QoS it granted the records below that offset (the SUBSCRIBE's), which keep it as in
+        # the queue of a session in step; by offset, at most two (each QoS above the filter's
+        # own, which a SUBSCRIBE at a higher QoS takes away); None: none.
+        self.lowered: dict[str, list[tuple[int, int]]] | None = None
 
     def __repr__(self):
         return f"Cursor({self.offset})"
@@ -81,16 +87,81 @@ class Cursor:
         """The QoS ``session`` takes the record at ``offset`` on ``topic`` with; -1: none."""
         entry = self.cache.get(topic)
         if entry is None:
-            entry = _decision(session, self.since, topic.decode("utf-8", "replace"))
+            entry = _decision(session, self.since, self.lowered,
+                              topic.decode("utf-8", "replace"))
             if len(topic) <= CACHED_TOPIC_LENGTH:     # (as the subscription trie's cache)
                 if len(self.cache) >= CACHE_LIMIT:
                     self.cache.clear()
                 self.cache[topic] = entry
         best = -1
         for since, qos in entry:
-            if offset >= since and qos > best:
-                best = qos
+            if offset < since:
+                break
+            best = qos
         return best
+
+    def subscribed_again(self, topic_filter: str, old: int, new: int, at: int) -> None:
+        """``topic_filter``, held at QoS ``old``, is subscribed again at QoS ``new`` when the
+        log's next offset is ``at``: a lower QoS counts only for the records from ``at`` on
+        (those before keep ``old``, as a queued message keeps its QoS for a session in step
+        and in Mosquitto); a higher one counts for the older records too."""
+        self.resubscribed = at            # (left_offline)
+        self.cache.clear()
+        lowered = self.lowered
+        read = self.unsent()
+        steps = [(until, qos) for until, qos in (lowered or {}).get(topic_filter, ())
+                 if qos > new and until > read]
+        if new < old and at > read:
+            steps.append((at, old))
+        if steps:
+            if lowered is None:
+                lowered = self.lowered = {}
+            lowered[topic_filter] = steps
+        elif lowered:
+            lowered.pop(topic_filter, None)
+            if not lowered:
+                self.lowered = None
+
+    def unsubscribed(self, topic_filter: str, at: int) -> None:
+        """``topic_filter`` is unsubscribed when the log's next offset is ``at``: it matches
+        no record not read yet."""
+        self.resubscribed = at            # (left_offline)
+        self.cache.clear()
+        if self.since:
+            self.since.pop(topic_filter, None)
+        if self.lowered and self.lowered.pop(topic_filter, None) and not self.lowered:
+            self.lowered = None
+
+    def read_past_lowered(self) -> None:
+        """Forget the lowered QoS of records already read (``lowered``): the scanner's run
+        (core.catchup_run), which takes one QoS for all, is used again once none is left."""
+        read = self.unsent()
+        kept = {}
+        for topic_filter, steps in self.lowered.items():
+            steps = [(until, qos) for until, qos in steps if until > read]
+            if steps:
+                kept[topic_filter] = steps
+        if kept != self.lowered:
+            self.cache.clear()
+            self.lowered = kept or None
+
+    def save_filters(self, state) -> None:
+        """Put ``since`` and ``lowered`` into ``state`` (core.snapshot.SessionState)."""
+        state.since = dict(self.since) if self.since else {}
+        if self.lowered:
+            state.lowered = [(f, until, qos) for f, steps in sorted(self.lowered.items())
+                             for until, qos in steps]
+
+    def restore_filters(self, state, end: int) -> None:
+        """Take ``since`` and ``lowered`` from ``state``, for a log that ends at ``end``
+        (offsets past it were lost to a power cut: the records there now came after)."""
+        if state.since:
+            self.since = {f: min(o, end) for f, o in state.since.items()}
+        for topic_filter, until, qos in state.lowered:
+            if min(until, end) > self.offset:
+                if self.lowered is None:
+                    self.lowered = {}
+                self.lowered.setdefault(topic_filter, []).append((min(until, end), qos))
 
     def left_offline(self, offset: int, published: int) -> bool:
         """Whether the record at ``offset``, published at QoS ``published`` and taken at QoS
@@ -124,12 +195,24 @@ class Cursor:
                 ranges.pop()    # offline for no record (a takeover): nothing to decide
 
 
-def _decision(session, since: dict | None, name: str) -> tuple:
+def kept_qos(qos: int, steps: list, offset: int) -> int:
+    """The QoS a filter granting ``qos`` with these ``Cursor.lowered`` steps grants the
+    record at ``offset``."""
+    for until, old in steps:
+        if offset < until:
+            return old if old > qos else qos
+    return qos
+
+
+def _decision(session, since: dict | None, lowered: dict | None, name: str) -> tuple:
     """What ``Cursor.granted`` needs of ``session``'s filters matching ``name``: (the offset
-    a filter counts from, the QoS it grants) pairs, only those that grant more than every
-    filter counting from no later (so at most one for each QoS), by offset."""
+    from which, the QoS granted) pairs, by offset, each up to the next one. Without lowered
+    filters these are only those that grant more than every filter counting from no later
+    (so at most one for each QoS)."""
     subscriptions = session.subscriptions
     matches = matching_filters(session, name)
+    if lowered and any(f in lowered for f in matches):
+        return _steps(subscriptions, since, lowered, matches)
     if not since:
         return ((0, max(subscriptions[f] for f in matches)),) if matches else ()
     pairs = sorted((since.get(f, 0) if since else 0, -subscriptions[f])
@@ -140,6 +223,24 @@ def _decision(session, since: dict | None, name: str) -> tuple:
         if -qos > best:
             best = -qos
             entry.append((offset, best))
+    return tuple(entry)
+
+
+def _steps(subscriptions, since: dict | None, lowered: dict, matches) -> tuple:
+    """``_decision`` when a matching filter was lowered while behind: the QoS granted is no
+    longer higher the later the record, so each change of it is a pair."""
+    spans = []            # (from, up to or None, QoS)
+    for f in matches:
+        start = since.get(f, 0) if since else 0
+        spans.append((start, None, subscriptions[f]))
+        spans.extend((start, until, qos) for until, qos in lowered.get(f, ()) if until > start)
+    entry = []
+    for point in sorted({s for s, _, _ in spans} | {u for _, u, _ in spans if u is not None}):
+        qos = max((q for s, u, q in spans if s <= point and (u is None or point < u)),
+                  default=-1)
+        if entry and entry[-1][1] == qos or not entry and qos < 0:
+            continue
+        entry.append((point, qos))
     return tuple(entry)
 
 

@@ -185,7 +185,7 @@ class Persistence:
         cursor = session.cursor
         if cursor is not None:
             state.cursor = cursor.unsent()    # what it read and did not send is read again
-            state.since = dict(cursor.since) if cursor.since else {}
+            cursor.save_filters(state)    # (since, lowered)
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:
                 state.done = sorted(cursor.done)
@@ -316,8 +316,7 @@ class Persistence:
         offset = min(snapshot_offset if s.cursor is None else s.cursor, end)
         self.fall_behind(session, offset)
         cursor = session.cursor
-        if s.since:
-            cursor.since = {f: min(o, end) for f, o in s.since.items()}
+        cursor.restore_filters(s, end)
         if s.offline:
             cursor.offline = [list(r) for r in s.offline]
             cursor.resubscribed = s.resubscribed

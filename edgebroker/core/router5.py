@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import struct
 
+from edgebroker.core.cursor import kept_qos
 from edgebroker.core.filter_set import SMALL, matching_among, matching_filters
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, StoredRetained
@@ -66,10 +67,14 @@ def options5_for(session, topic: str, retain_flag: bool, own: bool,
     sub5 = session.sub5
     subscriptions = session.subscriptions
     since = _since(session, offset)
+    cursor = session.cursor          # (a filter lowered while behind: Cursor.lowered)
+    lowered = cursor.lowered if cursor is not None and offset is not None else None
     for topic_filter in matching_filters(session, topic):
         if since and since.get(topic_filter, 0) > offset:
             continue
         qos = subscriptions[topic_filter]
+        if lowered and topic_filter in lowered:
+            qos = kept_qos(qos, lowered[topic_filter], offset)
         options = sub5.get(topic_filter, (0, 0))[0]
         if own and options & P.SUB_NO_LOCAL:
             continue

@@ -382,18 +382,20 @@ class Sessions:
                 granted.append(QUOTA_EXCEEDED if v5 and problem == "memory_limit"
                                else P.SUBACK_FAILURE)
                 continue
+            if qos > self.limits.max_qos:
+                qos = self.limits.max_qos
             cursor = session.cursor
             if cursor is not None:
-                # Behind: the new filter matches only records from now on.
+                # Behind: the new filter matches only records from now on; a lower QoS counts
+                # only for them.
                 if topic_filter not in session.subscriptions:
                     if cursor.since is None:
                         cursor.since = {}
                     cursor.since[topic_filter] = self.live_offset()
+                    cursor.cache.clear()
                 else:
-                    cursor.resubscribed = self.live_offset()   # (Cursor.left_offline)
-                cursor.cache.clear()
-            if qos > self.limits.max_qos:
-                qos = self.limits.max_qos
+                    cursor.subscribed_again(topic_filter, session.subscriptions[topic_filter],
+                                            qos, self.live_offset())
             self.subscriptions.add(topic_filter, session, qos)
             subscriptions = session.own_subscriptions()
             new = topic_filter not in subscriptions
@@ -446,12 +448,8 @@ class Sessions:
                 self.subscriptions.remove(topic_filter, session)
                 filter_removed(session, topic_filter)
                 _forget_options(session, topic_filter)
-                cursor = session.cursor
-                if cursor is not None:
-                    cursor.cache.clear()
-                    cursor.resubscribed = self.live_offset()
-                    if cursor.since:
-                        cursor.since.pop(topic_filter, None)
+                if session.cursor is not None:
+                    session.cursor.unsubscribed(topic_filter, self.live_offset())
                 if not session.clean:
                     self._snapshot_dirty = True
 

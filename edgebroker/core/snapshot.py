@@ -78,6 +78,9 @@ class SessionState:
     unsure_to: int = 0
     # The log offset of its last SUBSCRIBE again or UNSUBSCRIBE while behind (Cursor.resubscribed).
     resubscribed: int = 0
+    # (filter, log offset, QoS): the QoS a filter lowered while behind grants below the offset
+    # (Cursor.lowered).
+    lowered: list[tuple[str, int, int]] = field(default_factory=list)
     # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
     # expiration counts from it; snapshots written before it was kept have none).
     offline_ms: int | None = None
@@ -218,6 +221,7 @@ def _session_json(s: SessionState) -> bytes:
              **({"held": [list(e) for e in s.held]} if s.held else {}),
              **({"unsure_to": s.unsure_to} if s.unsure_to else {}),
              **({"resubscribed": s.resubscribed} if s.resubscribed else {}),
+             **({"lowered": [list(e) for e in s.lowered]} if s.lowered else {}),
              **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
              **({"sub5": sorted(s.sub5.items())} if s.sub5 else {}),
              **({"groups": sorted(s.groups.items())} if s.groups else {}),
@@ -307,6 +311,7 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                       s.get("held", ())],
                 unsure_to=max(0, int(s.get("unsure_to", 0))),
                 resubscribed=max(0, int(s.get("resubscribed", 0))),
+                lowered=[(str(f), int(o), int(q)) for f, o, q in s.get("lowered", ())],
                 offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
                 expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
                 sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())},

@@ -1,0 +1,91 @@
+"""A session behind (reading the log at its cursor) that subscribes again to a filter it has, at
+a lower QoS: the records published before that SUBSCRIBE keep the QoS the filter granted them,
+as they would in the queue of a session in step (and in Mosquitto's); the lower QoS counts
+from the SUBSCRIBE on (docs/persistence.md, "The log is the queue")."""
+
+import time
+
+import pytest
+
+import mqttraw as m
+import mqttraw5 as R
+from conftest import _open_clients
+
+pytestmark = pytest.mark.timeout(60)
+
+BEFORE = 600     # the window (20) and the queue (256) hold less: the session falls behind
+AFTER = 5
+
+
+def _connect(b, client_id, version):
+    if version == 4:
+        return b.client(client_id, clean=False)
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    assert c.connect(client_id).reason == 0
+    return c
+
+
+def _fall_behind_then_lower(b, uid, version):
+    """``uid``-s subscribes t at QoS 2 and reads nothing while BEFORE QoS 2 messages are
+    published (each exchange completed), then subscribes t again at QoS 0, and AFTER more
+    QoS 2 messages come. Its window's PUBLISHes are left unacknowledged."""
+    props = {"props": {R.SUBSCRIPTION_ID: 3}} if version == 5 else {}  # (5.0 options: router5)
+    sub = _connect(b, f"{uid}-s", version)
+    sub.subscribe((f"{uid}/t", 2), **props)
+    pub = b.client(f"{uid}-p")
+    for i in range(BEFORE):
+        pub.publish(f"{uid}/t", b"b%d" % i, qos=2)
+    assert b.stats()["sessions_behind"] == 1
+    sub.subscribe((f"{uid}/t", 0), **props)      # (the window's PUBLISHes stay pending)
+    for i in range(AFTER):
+        pub.publish(f"{uid}/t", b"a%d" % i, qos=2)
+    return sub, pub
+
+
+def _read(c, n) -> list:
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        p = c.wait_for(lambda p: p.type == m.PUBLISH, 10)
+        c.ack(p)
+        got.append((p.payload, p.qos))
+    return got
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_records_from_before_a_lowering_subscribe_keep_their_qos_and_no_lag_drop(broker, uid,
+                                                                                 version):
+    """The BEFORE records all arrive at QoS 2, none skipped for max_lag_age although they are
+    older than it when read (QoS 1/2 are never skipped while in the log); the AFTER ones were
+    taken at QoS 0, so as old they are skipped (max_lag); a new one comes at QoS 0. (Before
+    the fix those read from the log went at QoS 0 and were skipped too: 276 of 600 came.)"""
+    b = broker(limits={"max_lag_age": 1})
+    sub, pub = _fall_behind_then_lower(b, uid, version)
+    time.sleep(1.5)                              # every record is older than max_lag_age
+    got = _read(sub, BEFORE)
+    assert got == [(b"b%d" % i, 2) for i in range(BEFORE)], \
+        f"{len(got)} came; QoS {sorted(set(q for _, q in got))}"
+    pub.publish(f"{uid}/t", b"new", qos=2)
+    assert _read(sub, 1) == [(b"new", 0)]
+    assert sub.ping() == []
+    assert b.stats()["dropped"]["max_lag"] == AFTER
+
+
+def test_records_from_before_a_lowering_subscribe_keep_their_qos_across_a_restart(broker,
+                                                                                 uid):
+    """The session goes offline behind and the broker restarts: the BEFORE records still come
+    at QoS 2 (the window's again, with DUP), the AFTER ones at QoS 0."""
+    b = broker()
+    sub, pub = _fall_behind_then_lower(b, uid, 4)
+    sub.disconnect()
+    pub.disconnect()
+    b.stop()
+    b2 = broker(data_dir=b.config["data_dir"])
+    again = b2.client(f"{uid}-s", clean=False)
+    got = _read(again, BEFORE + AFTER)
+    assert got == ([(b"b%d" % i, 2) for i in range(BEFORE)]
+                   + [(b"a%d" % i, 0) for i in range(AFTER)]), \
+        f"{len(got)} came; QoS {sorted(set(q for _, q in got))}"
+    assert again.ping() == []
+    assert not any(b2.stats()["dropped"].values())
