@@ -113,9 +113,10 @@ SCENARIOS = {
     "fanin_qos1_none": _fanin_qos1("none"),
     "fanin_qos1_batch": _fanin_qos1("batch", [vs_mosquitto("value", ">=", 0.5)]),
     "fanin_qos1_sync": _fanin_qos1("sync"),
+    # (issue 22's target: 1.0x; the first benchmark issue asked 0.8x)
     "large_64k": _pair("1 publisher -> 1 subscriber, QoS 0, 64 KiB payloads",
                        1, 1, 1, 0, 65_536, 40_000, 0, "bench/0", unit="MB/s",
-                       target=[vs_mosquitto("value", ">=", 0.8)]),
+                       target=[vs_mosquitto("value", ">=", 1.0)]),
     "idle_1000": _idle(1_000, [vs_mosquitto("connect_rate", ">=", 0.5)]),
     "idle_10000": _idle(10_000, [absolute("value", "<=", RSS_PER_CONNECTION_MAX),
                                  vs_mosquitto("connect_rate", ">=", 0.5)]),
