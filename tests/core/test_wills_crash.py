@@ -18,21 +18,10 @@ import time
 import pytest
 
 import mqttraw5 as R
-from conftest import _open_clients, wait_for_snapshot
+from conftest import wait_for_snapshot
+from core.test_wills_restart import SESSION, raw5
 
 pytestmark = pytest.mark.timeout(90)
-
-SESSION = {R.SESSION_EXPIRY: 300}
-
-
-def raw5(b, client_id, **kw) -> R.RawClient5:
-    c = R.RawClient5(b.host, b.port)
-    _open_clients.append(c)
-    connack = c.connect(client_id, **kw)
-    assert connack.reason == 0, connack
-    c.connack = connack
-    return c
-
 
 def block_snapshots(data_dir: str) -> str:
     """No snapshot is written from now on (until the folder returned is removed)."""

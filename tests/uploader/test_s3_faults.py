@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import socket
-import threading
 import time
 
 import pytest
@@ -22,6 +21,7 @@ from edgebroker.uploader.configure import open_sink
 from edgebroker.uploader.sinks import TransientSinkError
 
 from .test_s3 import PREFIX, Store, _fresh, check_exactly_once_s3, s3_config
+from .test_s3_link import LoopbackServer
 from .test_uploader import publish, uploaded, wait_until
 
 FORBIDDEN = (b"<?xml version='1.0'?><Error><Code>InvalidAccessKeyId</Code>"
@@ -33,7 +33,7 @@ def store():
     yield from _fresh(Store())
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     """Between the sink and moto; ``mode``, read at each request: ``pass`` (forwarded),
     ``close`` (the request read whole, then the connection closed unanswered), ``reset`` (the
     same with a reset) or ``403`` (InvalidAccessKeyId). ``requests``: the modes requests met;
@@ -44,30 +44,9 @@ class FaultProxy:
         self.mode = mode
         self.requests: list[str] = []
         self.bare = 0
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown(socket.SHUT_RDWR)   # ends the accept() (a close alone does not)
-        self.server.close()
-        for conn in self.conns:
-            conn.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return   # closed
-            self.conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
         try:
             first = True

@@ -152,13 +152,12 @@ def test_both_sinks_decode_percent_escapes_of_the_url_alike(tmp_path):
         store.close()
 
 
-class Silent:
-    """A store that takes every connection, reads what comes and never answers; ``got`` is set
-    once the first request's head has come."""
+class LoopbackServer:
+    """A TCP server on loopback that hands each connection to ``serve(conn)`` in a thread of
+    its own; ``close`` ends it and every connection."""
 
     def __init__(self):
         self.server = socket.create_server(("127.0.0.1", 0))
-        self.got = threading.Event()
         self.conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -169,9 +168,31 @@ class Silent:
             except OSError:
                 return   # closed
             self.conns.append(conn)
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
-    def _read(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown(socket.SHUT_RDWR)   # ends the accept() (a close alone does not)
+        self.server.close()
+        for conn in self.conns:
+            conn.close()
+
+
+class Silent(LoopbackServer):
+    """A store that takes every connection, reads what comes and never answers; ``got`` is set
+    once the first request's head has come."""
+
+    def __init__(self):
+        self.got = threading.Event()
+        super().__init__()
+
+    def serve(self, conn: socket.socket) -> None:
         head = b""
         while True:
             try:
@@ -183,16 +204,6 @@ class Silent:
             head += data[:4096]
             if b"\r\n\r\n" in head:
                 self.got.set()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown(socket.SHUT_RDWR)   # ends the accept() (a close alone does not)
-        self.server.close()
-        for conn in self.conns:
-            conn.close()
 
 
 def test_the_stop_cuts_short_a_put_the_store_never_answers(broker):
