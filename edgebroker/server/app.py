@@ -285,11 +285,11 @@ class App(DescriptorRoom):
             except ConfigError as exc:
                 problems += exc.problems
             out.append((tls, policy))
+        if problems:    # (nothing applied: the files in force stay those kept)
+            raise ConfigError(*problems).in_file(config.source)
         # What the next reload need not read again while the files stay as they are.
         self.kept_files = files
         self.files_unchanged = {key for key, entry in files.items() if kept.get(key) is entry}
-        if problems:
-            raise ConfigError(*problems).in_file(config.source)
         return out
 
     @staticmethod

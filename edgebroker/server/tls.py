@@ -182,7 +182,8 @@ def _check_regular(path: str, key: str) -> None:
 
 class TLSServer:
     """One TLS listener's context and settings. On reload the listener gets a new
-    TLSServer; open connections keep the one (and the context) they started with."""
+    TLSServer when its settings or files changed (else it keeps this one: server.app);
+    open connections keep the one (and the context) they started with."""
 
     def __init__(self, lc: ListenerConfig, key: str):
         self.config = lc

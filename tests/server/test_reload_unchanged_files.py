@@ -65,3 +65,21 @@ def test_unchanged_files_are_not_read_again_and_changed_ones_are(broker, tmp_pat
     b.send_signal(signal.SIGHUP)
     line = b.wait_log("reload failed", start=mark)
     assert line and "let other users read it" in line, line
+
+
+def test_a_file_read_by_a_refused_reload_is_named_as_read_by_the_next(broker, tmp_path, uid):
+    """A reload refused for its ACL file had read a changed password file too; the next
+    reload, the first to put that file in force, named it "unchanged since they were read,
+    not read again", as if the change had not been seen."""
+    pw = write_passwords(tmp_path / "passwd", {"alice": "first-pw1"})
+    acl = write_acl(tmp_path / "acl", ACL)
+    b = broker(password_file=str(pw), acl_file=str(acl))
+    write_passwords(pw, {"alice": "first-pw1", "bob": "bob-pw-12"})
+    acl.write_text("user\n")
+    mark = b.mark()
+    b.send_signal(signal.SIGHUP)
+    assert b.wait_log("reload failed", start=mark)
+    write_acl(acl, ACL + "user bob\ntopic readwrite bob/#\n")
+    line = reload(b)
+    assert f"reload: re-read {pw}, {acl}" in line and "not read again" not in line, line
+    assert b.client(f"{uid}-b", username="bob", password="bob-pw-12").ping() == []
