@@ -191,12 +191,15 @@ class CatchUp:
         start = cursor.offset
         topic_filter = None
         limits = self.limits
-        if cursor.lowered is not None:
-            cursor.read_past_lowered()
+        if cursor.lowered is not None or cursor.kept5 is not None:
+            cursor.read_past()
+        # 5.0 options (No Local, Retain As Published; those a filter had before a SUBSCRIBE
+        # changed them while behind: Cursor.kept5): core.router5
+        sub5 = session.sub5 is not None or cursor.kept5 is not None
         if len(subscriptions) == 1 and not cursor.since:
             topic_filter = next(iter(subscriptions)).encode("utf-8")
             if (session.acl is None and cursor.done is None and session.client.v5 is None
-                    and session.sub5 is None and cursor.lowered is None
+                    and not sub5 and cursor.lowered is None
                     and cursor.resubscribed <= start):
                 # The scanner's filter is the whole decision: the records go out as a run
                 # (3.1.1 frames: a 5.0 client's PUBLISH has more to say, core.router5; a
@@ -206,10 +209,8 @@ class CatchUp:
                     self._scanned(start, found[1])
                     return self._take_run(session, found, head, subscriptions[
                         next(iter(subscriptions))])
-        sub5 = session.sub5   # 5.0 options (No Local, Retain As Published): core.router5
         records, next_offset = commit_log.read_batch(start, topic_filter, QUEUE_MESSAGES,
-                                                     QUEUE_BYTES, scan,
-                                                     client_ids=sub5 is not None)
+                                                     QUEUE_BYTES, scan, client_ids=sub5)
         self._scanned(start, next_offset)
         if next_offset > head:
             records = [r for r in records if r[0] < head]
@@ -256,7 +257,7 @@ class CatchUp:
             name = topic.decode("utf-8", "replace")
             retain_out = False
             own = False
-            if sub5 is not None:
+            if sub5:
                 own = publisher[0] == own_id
                 best, retain_out = options5_for(session, name, retain, own, offset)
                 if best < 0:

@@ -18,13 +18,16 @@ from edgebroker.mqtt.trie import CACHED_TOPIC_LENGTH
 CACHE_LIMIT = 1024
 # Offline ranges kept per session (the oldest goes first: its QoS 0 is then sent after all).
 OFFLINE_RANGES = 8
+# Option changes kept per filter while behind (``Cursor.kept5``; the oldest goes first: the
+# records below it are then decided with the next one's options).
+KEPT_OPTIONS = 4
 
 
 class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
     __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run", "held", "unsure_to", "resubscribed", "lowered")
+                 "run", "held", "unsure_to", "resubscribed", "lowered", "kept5")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -56,6 +59,12 @@ class Cursor:
         # the queue of a session in step; by offset, at most two (each QoS above the filter's
         # own, which a SUBSCRIBE at a higher QoS takes away); None: none.
         self.lowered: dict[str, list[tuple[int, int]]] | None = None
+        # Filters whose 5.0 options (No Local, Retain As Published) a SUBSCRIBE changed while
+        # behind: filter -> [(offset, options)], the options the records below that offset
+        # are decided with, as they were for the queue of a session in step (a message not
+        # taken under No Local never became part of its state, MQTT-4.5.0-1); by offset, at
+        # most KEPT_OPTIONS; None: none (core.router5.options5_for).
+        self.kept5: dict[str, list[tuple[int, int]]] | None = None
 
     def __repr__(self):
         return f"Cursor({self.offset})"
@@ -131,37 +140,55 @@ class Cursor:
             self.since.pop(topic_filter, None)
         if self.lowered and self.lowered.pop(topic_filter, None) and not self.lowered:
             self.lowered = None
+        if self.kept5 and self.kept5.pop(topic_filter, None) and not self.kept5:
+            self.kept5 = None
 
-    def read_past_lowered(self) -> None:
-        """Forget the lowered QoS of records already read (``lowered``): the scanner's run
-        (core.catchup_run), which takes one QoS for all, is used again once none is left."""
+    def options_changed(self, topic_filter: str, old: int, at: int) -> None:
+        """A SUBSCRIBE changes ``topic_filter``'s 5.0 options (No Local, Retain As Published)
+        from ``old`` when the log's next offset is ``at``: the records before it are still
+        decided with ``old`` (``kept5``), those from ``at`` on with the new ones."""
         read = self.unsent()
-        kept = {}
-        for topic_filter, steps in self.lowered.items():
-            steps = [(until, qos) for until, qos in steps if until > read]
-            if steps:
-                kept[topic_filter] = steps
-        if kept != self.lowered:
-            self.cache.clear()
-            self.lowered = kept or None
+        if at <= read:
+            return
+        kept = self.kept5
+        if kept is None:
+            kept = self.kept5 = {}
+        steps = [(until, options) for until, options in kept.get(topic_filter, ())
+                 if until > read]
+        if not steps or steps[-1][0] < at:    # (at the same offset: no record between)
+            steps.append((at, old))
+        kept[topic_filter] = steps[-KEPT_OPTIONS:]
+
+    def read_past(self) -> None:
+        """Forget the lowered QoS and the options kept of records already read (``lowered``,
+        ``kept5``): the scanner's run (core.catchup_run), which takes one QoS for all, is used
+        again once none is left."""
+        read = self.unsent()
+        if self.lowered is not None:
+            kept = _unread(self.lowered, read)
+            if kept != self.lowered:
+                self.cache.clear()
+                self.lowered = kept
+        if self.kept5 is not None:
+            self.kept5 = _unread(self.kept5, read)
 
     def save_filters(self, state) -> None:
-        """Put ``since`` and ``lowered`` into ``state`` (core.snapshot.SessionState)."""
+        """Put ``since``, ``lowered`` and ``kept5`` into ``state``
+        (core.snapshot.SessionState)."""
         state.since = dict(self.since) if self.since else {}
         if self.lowered:
-            state.lowered = [(f, until, qos) for f, steps in sorted(self.lowered.items())
-                             for until, qos in steps]
+            state.lowered = _listed(self.lowered)
+        if self.kept5:
+            state.kept5 = _listed(self.kept5)
 
     def restore_filters(self, state, end: int) -> None:
-        """Take ``since`` and ``lowered`` from ``state``, for a log that ends at ``end``
-        (offsets past it were lost to a power cut: the records there now came after)."""
+        """Take ``since``, ``lowered`` and ``kept5`` from ``state``, for a log that ends at
+        ``end`` (offsets past it were lost to a power cut: the records there now came
+        after)."""
         if state.since:
             self.since = {f: min(o, end) for f, o in state.since.items()}
-        for topic_filter, until, qos in state.lowered:
-            if min(until, end) > self.offset:
-                if self.lowered is None:
-                    self.lowered = {}
-                self.lowered.setdefault(topic_filter, []).append((min(until, end), qos))
+        self.lowered = _steps_from(state.lowered, self.offset, end)
+        self.kept5 = _steps_from(state.kept5, self.offset, end)
 
     def left_offline(self, offset: int, published: int) -> bool:
         """Whether the record at ``offset``, published at QoS ``published`` and taken at QoS
@@ -193,6 +220,40 @@ class Cursor:
             ranges[-1][1] = head
             if ranges[-1][0] >= head:
                 ranges.pop()    # offline for no record (a takeover): nothing to decide
+
+
+def _unread(steps_by_filter: dict, read: int) -> dict | None:
+    """``Cursor.lowered`` or ``Cursor.kept5`` without the steps below ``read``."""
+    kept = {}
+    for topic_filter, steps in steps_by_filter.items():
+        steps = [step for step in steps if step[0] > read]
+        if steps:
+            kept[topic_filter] = steps
+    return kept or None
+
+
+def _listed(steps_by_filter: dict) -> list:
+    """``Cursor.lowered`` or ``Cursor.kept5`` as the snapshot keeps it."""
+    return [(f, until, value) for f, steps in sorted(steps_by_filter.items())
+            for until, value in steps]
+
+
+def _steps_from(listed: list, offset: int, end: int) -> dict | None:
+    """``_listed`` back, for a cursor at ``offset`` in a log that ends at ``end``."""
+    steps_by_filter = {}
+    for topic_filter, until, value in listed:
+        if min(until, end) > offset:
+            steps_by_filter.setdefault(topic_filter, []).append((min(until, end), value))
+    return steps_by_filter or None
+
+
+def kept_options(options: int, steps: list, offset: int) -> int:
+    """The 5.0 options a filter with ``options`` and these ``Cursor.kept5`` steps decides
+    the record at ``offset`` with."""
+    for until, old in steps:
+        if offset < until:
+            return old
+    return options
 
 
 def kept_qos(qos: int, steps: list, offset: int) -> int:

@@ -185,7 +185,7 @@ class Persistence:
         cursor = session.cursor
         if cursor is not None:
             state.cursor = cursor.unsent()    # what it read and did not send is read again
-            cursor.save_filters(state)    # (since, lowered)
+            cursor.save_filters(state)    # (since, lowered, kept5)
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:
                 state.done = sorted(cursor.done)

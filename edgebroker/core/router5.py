@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import struct
 
-from edgebroker.core.cursor import kept_qos
+from edgebroker.core.cursor import kept_options, kept_qos
 from edgebroker.core.filter_set import SMALL, matching_among, matching_filters
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.session import Message, StoredRetained
@@ -41,6 +41,7 @@ log = logging.getLogger("edgebroker.broker")
 _JOIN_LIMIT = 4096
 _pack_u16 = struct.Struct("!H").pack
 _NO_OPTIONS = (0, 0)
+_NO_SUB5: dict = {}      # (a session whose filters have no options now: Cursor.kept5)
 
 
 def options5(session, message: Message) -> tuple[int, bool]:
@@ -61,21 +62,29 @@ def options5_for(session, topic: str, retain_flag: bool, own: bool,
                  offset: int | None = None) -> tuple[int, bool]:
     """``options5`` for a message to ``topic`` with ``retain_flag``, published by the session
     itself when ``own`` (a record read back from the log, too, at ``offset``: a filter
-    subscribed while the session is behind takes only records from then on)."""
+    subscribed while the session is behind takes only records from then on, and one
+    subscribed again keeps its QoS and options from before for older records)."""
     best = -1
     retain = False
-    sub5 = session.sub5
+    sub5 = session.sub5 or _NO_SUB5
     subscriptions = session.subscriptions
     since = _since(session, offset)
-    cursor = session.cursor          # (a filter lowered while behind: Cursor.lowered)
-    lowered = cursor.lowered if cursor is not None and offset is not None else None
+    cursor = session.cursor
+    lowered = kept5 = None
+    if cursor is not None and offset is not None:
+        # A filter lowered, or its options changed, while behind: what it was for the
+        # records before that SUBSCRIBE (Cursor.lowered, Cursor.kept5).
+        lowered = cursor.lowered
+        kept5 = cursor.kept5
     for topic_filter in matching_filters(session, topic):
         if since and since.get(topic_filter, 0) > offset:
             continue
         qos = subscriptions[topic_filter]
         if lowered and topic_filter in lowered:
             qos = kept_qos(qos, lowered[topic_filter], offset)
-        options = sub5.get(topic_filter, (0, 0))[0]
+        options = sub5.get(topic_filter, _NO_OPTIONS)[0]
+        if kept5 and topic_filter in kept5:
+            options = kept_options(options, kept5[topic_filter], offset)
         if own and options & P.SUB_NO_LOCAL:
             continue
         if qos > best:

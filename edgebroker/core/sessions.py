@@ -46,6 +46,8 @@ SPARE_TIMERS = 1024
 # Seconds a connection accepted only to be refused (``connection_made``'s ``refusal``) waits
 # for its CONNECT: it holds a descriptor kept for refusing the next callers.
 REFUSAL_WAIT = 2.0
+# The 5.0 subscription options that decide a record read from the log (Cursor.kept5).
+_RECORD_OPTIONS = P.SUB_NO_LOCAL | P.SUB_RETAIN_AS_PUBLISHED
 
 
 class Sessions:
@@ -371,9 +373,10 @@ class Sessions:
     # ----- subscriptions ----------------------------------------------------------------
 
     def subscribe(self, session: Session, topics: list[tuple[str, int]],
-                  v5: bool = False) -> list[int]:
+                  v5: bool = False, options: int = 0) -> list[int]:
         """Add subscriptions; a filter over a limit gets 0x80 (counted, logged once per client;
-        ``v5``: 0x97 Quota exceeded for memory_limit)."""
+        ``v5``: 0x97 Quota exceeded for memory_limit). ``options``: the 5.0 options the
+        SUBSCRIBE gives them beyond the QoS (core.handlers.subscribe sets them after this)."""
         granted = []
         for topic_filter, qos in topics:
             problem = self.over_limit(session, topic_filter, topic_filter,
@@ -394,8 +397,12 @@ class Sessions:
                     cursor.since[topic_filter] = self.live_offset()
                     cursor.cache.clear()
                 else:
+                    at = self.live_offset()
                     cursor.subscribed_again(topic_filter, session.subscriptions[topic_filter],
-                                            qos, self.live_offset())
+                                            qos, at)
+                    old = session.sub5.get(topic_filter, (0, 0))[0] if session.sub5 else 0
+                    if (old ^ options) & _RECORD_OPTIONS:   # (for the records before it too)
+                        cursor.options_changed(topic_filter, old & _RECORD_OPTIONS, at)
             self.subscriptions.add(topic_filter, session, qos)
             subscriptions = session.own_subscriptions()
             new = topic_filter not in subscriptions

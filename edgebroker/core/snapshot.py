@@ -78,9 +78,10 @@ class SessionState:
     unsure_to: int = 0
     # The log offset of its last SUBSCRIBE again or UNSUBSCRIBE while behind (Cursor.resubscribed).
     resubscribed: int = 0
-    # (filter, log offset, QoS): the QoS a filter lowered while behind grants below the offset
-    # (Cursor.lowered).
+    # (filter, log offset, QoS or 5.0 options): what a filter lowered, or whose options changed,
+    # while behind had for the records below the offset (Cursor.lowered, Cursor.kept5).
     lowered: list[tuple[str, int, int]] = field(default_factory=list)
+    kept5: list[tuple[str, int, int]] = field(default_factory=list)
     # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
     # expiration counts from it; snapshots written before it was kept have none).
     offline_ms: int | None = None
@@ -222,6 +223,7 @@ def _session_json(s: SessionState) -> bytes:
              **({"unsure_to": s.unsure_to} if s.unsure_to else {}),
              **({"resubscribed": s.resubscribed} if s.resubscribed else {}),
              **({"lowered": [list(e) for e in s.lowered]} if s.lowered else {}),
+             **({"kept5": [list(e) for e in s.kept5]} if s.kept5 else {}),
              **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
              **({"sub5": sorted(s.sub5.items())} if s.sub5 else {}),
              **({"groups": sorted(s.groups.items())} if s.groups else {}),
@@ -312,6 +314,7 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 unsure_to=max(0, int(s.get("unsure_to", 0))),
                 resubscribed=max(0, int(s.get("resubscribed", 0))),
                 lowered=[(str(f), int(o), int(q)) for f, o, q in s.get("lowered", ())],
+                kept5=[(str(f), int(o), int(v)) for f, o, v in s.get("kept5", ())],
                 offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
                 expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
                 sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())},

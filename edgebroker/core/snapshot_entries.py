@@ -75,6 +75,7 @@ def ranged(s, path: str):
     s.held = keep("held", s.held, lambda e: e[0] >= 0 and e[1] >= 0 and e[2] in (0, 1, 2)
                   and e[4] >= 0)
     s.lowered = keep("lowered", s.lowered, lambda e: e[1] >= 0 and e[2] in (1, 2))
+    s.kept5 = keep("kept5", s.kept5, lambda e: e[1] >= 0 and 0 <= e[2] < 256)
     awaiting = s.awaiting_release
     ids = keep("awaiting_release", list(awaiting), lambda p: 0 < p < 65536)
     bad_digests = [p for p in ids if awaiting[p] is not None

@@ -100,7 +100,8 @@ def on_subscribe5(client, p: P.Subscribe) -> None:
             codes.append(NOT_AUTHORIZED)
             continue
         existed = topic_filter in session.subscriptions
-        granted = broker.subscribe(session, [(topic_filter, options & 3)], v5=True)[0]
+        granted = broker.subscribe(session, [(topic_filter, options & 3)], v5=True,
+                                   options=options & ~3)[0]
         codes.append(granted)
         if granted >= 0x80:     # refused: 0x80, or 0x97 for memory_limit
             continue
