@@ -28,7 +28,7 @@ from edgebroker.commitlog.format import (
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog import sync as syncing
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
-from edgebroker.files import read_small_file
+from edgebroker.files import open_regular, read_small_file
 from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.commitlog")
@@ -82,8 +82,9 @@ def open_log(self) -> None:
             os.makedirs(d, mode=0o750, exist_ok=True)
             self._lock_fd = os.open(os.path.join(d, LOCK_FILE),
                                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        except OSError as exc:
-            raise LogError(f"cannot open the commit log directory {d}: {exc.strerror}") from None
+        except OSError as exc:      # (naming the lock file: '.lock' made a folder, say)
+            what = exc.strerror + (f" ({exc.filename})" if exc.filename not in (None, d) else "")
+            raise LogError(f"cannot open the commit log directory {d}: {what}") from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -224,10 +225,10 @@ def open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
 
 
 def _open_segment(self, seg: Segment, is_last: bool, full_scan: bool) -> None:
-    flags = (os.O_RDONLY if self.readonly else os.O_RDWR) | os.O_CLOEXEC
-    seg.fd = os.open(seg.path, flags)
+    flags = os.O_RDONLY if self.readonly else os.O_RDWR    # (a FIFO there: refused, named)
+    seg.fd = open_regular(seg.path, flags)
     try:
-        seg.index_fd = os.open(seg.index_path, flags)
+        seg.index_fd = open_regular(seg.index_path, flags)
     except FileNotFoundError:
         seg.index_fd = -1
     seg.created = True
@@ -477,8 +478,7 @@ def refresh(self) -> None:
     for seg in list(self._segments):
         if seg.base_offset not in present:
             i = self._segments.index(seg)
-            del self._segments[i]
-            del self._bases[i]
+            del self._segments[i], self._bases[i]
             seg.deleted = True
             seg.close()
     known = set(self._bases)
