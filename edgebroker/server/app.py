@@ -34,6 +34,7 @@ from edgebroker.core.exchanges import ExchangeJournal, load as load_exchanges
 from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError
+from edgebroker.files import open_regular
 from edgebroker.listener_config import ipv4_ports
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
@@ -213,6 +214,7 @@ class App(DescriptorRoom):
         try:
             state = snap.read(self.state_dir)
         except snap.SnapshotError as exc:
+            _refuse_unreadable_snapshot(os.path.join(self.state_dir, snap.FILENAME))
             damaged = os.path.join(self.state_dir, snap.FILENAME + ".damaged")
             os.replace(os.path.join(self.state_dir, snap.FILENAME), damaged)
             log.error("%s; moved it to %s and starting without sessions or retained messages",
@@ -476,3 +478,17 @@ class App(DescriptorRoom):
             return 1
         log.info("stopped")
         return 0
+
+
+def _refuse_unreadable_snapshot(path: str) -> None:
+    """A snapshot the broker may not read (EACCES, EPERM: a `sudo cp` or `chmod` mistake) is
+    no damage: its sessions are kept, the start refused naming the file and the fix, and
+    nothing changed (as for a log file). Other errors: the caller's (moved aside)."""
+    try:
+        os.close(open_regular(path, os.O_RDONLY))
+    except PermissionError as exc:
+        raise snap.SnapshotError(
+            f"{path}: cannot read: {exc.strerror}; nothing was changed: let the broker's user "
+            f"read and write it (chown, chmod 600) and start again") from None
+    except OSError:
+        pass
