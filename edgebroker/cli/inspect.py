@@ -347,6 +347,8 @@ def run_verify(args) -> int:
                            for p, a, b in report.unreadable],
             "missing": [{"from_offset": a, "to_offset": b - 1, "after": p, "before": n}
                         for a, b, p, n in report.missing],
+            "overlaps": [{"path": p, "from_offset": a, "to_offset": b, "next": n}
+                         for p, a, b, n in report.overlaps],
         }, indent=2))
         return 0 if report.ok else 1
     for d in report.damage:
@@ -366,6 +368,10 @@ def run_verify(args) -> int:
     for a, b, before, after in report.missing:
         _out(f"MISSING offsets {a} to {b - 1}: no segment holds them (between {before} and "
              f"{after})")
+    for path, a, b, after in report.overlaps:
+        _out(f"OVERLAP {path} holds offsets {a} to {b}, which {after} holds too (segments in "
+             f"name order must hold increasing offsets; the broker reads them from the later "
+             f"one)")
     rate = report.bytes / max(report.seconds, 1e-9) / 1e6
     problems = [f"{len(report.damage)} region(s) cannot be read"] if report.damage else []
     if report.missing:
@@ -374,6 +380,8 @@ def run_verify(args) -> int:
         problems.append(f"{len(report.header_problems)} segment header(s) damaged")
     if report.unreadable:
         problems.append(f"{len(report.unreadable)} segment(s) with no readable record")
+    if report.overlaps:
+        problems.append(f"{len(report.overlaps)} segment(s) overlapping the next")
     verdict = "OK" if report.ok else f"DAMAGED: {'; '.join(problems)}"
     _out(f"{report.segments} segments, {report.records} records, {human_bytes(report.bytes)} "
          f"checked in {report.seconds:.2f} s ({rate:.0f} MB/s): {verdict}")

@@ -36,12 +36,16 @@ class VerifyReport:
     # (path, first offset, last offset): segments before the last with no readable record
     # (RecoveryReport.unreadable)
     unreadable: list = field(default_factory=list)
+    # (path, first offset, last offset, path after): offsets a segment holds that the next one
+    # (in name order) holds too; the broker reads them from the later segment
+    overlaps: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """No damage. A damaged header or a torn tail in the last segment is what a crash
         leaves (the broker repairs both at its next start): notes, not damage."""
-        return not (self.damage or self.missing or self.header_problems or self.unreadable)
+        return not (self.damage or self.missing or self.header_problems or self.unreadable
+                    or self.overlaps)
 
 
 def verify_segments(segments: list[Segment],
@@ -58,6 +62,8 @@ def verify_segments(segments: list[Segment],
         is_last = k == len(segs) - 1
         if prev is not None and prev[1] < seg.base_offset:
             report.missing.append((prev[1], seg.base_offset, prev[0], seg.path))
+        elif prev is not None and prev[1] > seg.base_offset:
+            report.overlaps.append((prev[0], seg.base_offset, prev[1] - 1, seg.path))
         report.segments += 1
         fd = os.dup(seg.fd)
         try:
