@@ -1,12 +1,11 @@
 """The broker's state across restarts: capture, restore, replay (the format is core.snapshot).
 
-Persistent sessions are kept by log offset (and size), never by payload; retained
-messages whole. ``capture`` is taken by ``Broker._maintain`` (core.timers) when
-sessions or subscriptions changed (``_snapshot_dirty``), at most every
-``SNAPSHOT_DEBOUNCE`` seconds, and at least every ``SNAPSHOT_EVERY`` while
-messages flow; the server writes it (``submit_snapshot``). At start the server
-calls ``restore`` with the last snapshot, then ``replay`` with the log records
-written after it. docs/persistence.md describes the whole.
+Persistent sessions are kept by log offset (and size), never by payload; retained messages
+whole. ``capture`` is taken by ``Broker._maintain`` (core.timers) when sessions or
+subscriptions changed (``_snapshot_dirty``), at most every ``SNAPSHOT_DEBOUNCE`` seconds, and
+at least every ``SNAPSHOT_EVERY`` while messages flow; the server writes it
+(``submit_snapshot``). At start the server calls ``restore`` with the last snapshot, then
+``replay`` with the log records written after it. docs/persistence.md describes the whole.
 """
 
 from __future__ import annotations
@@ -18,13 +17,13 @@ from edgebroker.core import snapshot as snap
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.retained import stored_ref
 from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session
+from edgebroker.errors import name_shown
 from edgebroker.mqtt.topics import is_shared
 
 log = logging.getLogger("edgebroker.broker")
 
-# A snapshot is written at most this often after sessions or subscriptions
-# change, and at least this often while messages flow (bounding the log replay
-# at start).
+# A snapshot is written at most this often after a change to sessions or subscriptions, and at
+# least this often while messages flow (bounding the log replay at start).
 SNAPSHOT_DEBOUNCE = 1.0
 SNAPSHOT_EVERY = 30.0
 # retention_bytes waits at most this long for a snapshot covering the records it would delete.
@@ -314,6 +313,10 @@ class Persistence:
             return
         end = self.journal.log.next_offset
         offset = min(snapshot_offset if s.cursor is None else s.cursor, end)
+        if s.cursor is not None and (gone := max(s.cursor, end)) < snapshot_offset:
+            self.drop("log_gap", session, snapshot_offset - gone)   # (as a gap it reads over)
+            log.warning("session %s: log records %d to %d are lost to it (gone from the end of "
+                        "the log)", name_shown(session.client_id), gone, snapshot_offset - 1)
         self.fall_behind(session, offset)
         cursor = session.cursor
         cursor.restore_filters(s, end)
