@@ -44,14 +44,16 @@ def _fall_behind_then_lower(b, uid, version):
     return sub, pub
 
 
-def _read(c, n) -> list:
+def read_publishes(c, n, field: str = "qos") -> list:
+    """``n`` PUBLISHes (acknowledged) as (payload, their ``field``), within 30 s."""
     got = []
     deadline = time.monotonic() + 30
     while len(got) < n and time.monotonic() < deadline:
         p = c.wait_for(lambda p: p.type == m.PUBLISH, 10)
         c.ack(p)
-        got.append((p.payload, p.qos))
+        got.append((p.payload, getattr(p, field)))
     return got
+
 
 
 @pytest.mark.parametrize("version", [4, 5])
@@ -64,11 +66,11 @@ def test_records_from_before_a_lowering_subscribe_keep_their_qos_and_no_lag_drop
     b = broker(limits={"max_lag_age": 1})
     sub, pub = _fall_behind_then_lower(b, uid, version)
     time.sleep(1.5)                              # every record is older than max_lag_age
-    got = _read(sub, BEFORE)
+    got = read_publishes(sub, BEFORE)
     assert got == [(b"b%d" % i, 2) for i in range(BEFORE)], \
         f"{len(got)} came; QoS {sorted(set(q for _, q in got))}"
     pub.publish(f"{uid}/t", b"new", qos=2)
-    assert _read(sub, 1) == [(b"new", 0)]
+    assert read_publishes(sub, 1) == [(b"new", 0)]
     assert sub.ping() == []
     assert b.stats()["dropped"]["max_lag"] == AFTER
 
@@ -84,7 +86,7 @@ def test_records_from_before_a_lowering_subscribe_keep_their_qos_across_a_restar
     b.stop()
     b2 = broker(data_dir=b.config["data_dir"])
     again = b2.client(f"{uid}-s", clean=False)
-    got = _read(again, BEFORE + AFTER)
+    got = read_publishes(again, BEFORE + AFTER)
     assert got == ([(b"b%d" % i, 2) for i in range(BEFORE)]
                    + [(b"a%d" % i, 0) for i in range(AFTER)]), \
         f"{len(got)} came; QoS {sorted(set(q for _, q in got))}"
@@ -106,7 +108,7 @@ def test_records_from_before_an_unsubscribe_that_lowers_them_are_not_lag_dropped
     assert b.stats()["sessions_behind"] == 1
     time.sleep(1.5)                              # every record is older than max_lag_age
     sub.unsubscribe("#")
-    got = _read(sub, BEFORE)
+    got = read_publishes(sub, BEFORE)
     assert [p for p, _ in got] == [b"b%d" % i for i in range(BEFORE)], f"{len(got)} came"
     assert {q for _, q in got} == {0, 1}         # the queued ones at 1, the rest at 0
     assert sub.ping() == []

@@ -4,13 +4,11 @@ decided with the options the filter had then, as they would have been for the qu
 session in step; the new options count from the SUBSCRIBE on (docs/persistence.md, "The log
 is the queue")."""
 
-import time
-
 import pytest
 
-import mqttraw as m
 import mqttraw5 as R
 from conftest import _open_clients
+from core.test_lowered_while_behind import read_publishes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,12 +55,7 @@ def _fall_behind_then_change(b, uid, old, new, v5_again=True):
 
 def _read(c, n) -> list:
     """``n`` PUBLISHes (acknowledged) as (payload, RETAIN); then none more."""
-    got = []
-    deadline = time.monotonic() + 30
-    while len(got) < n and time.monotonic() < deadline:
-        p = c.wait_for(lambda p: p.type == m.PUBLISH, 10)
-        c.ack(p)
-        got.append((p.payload, p.retain))
+    got = read_publishes(c, n, "retain")
     assert c.ping() == []
     return got
 
