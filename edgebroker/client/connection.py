@@ -9,10 +9,9 @@ request's first sending (and the server's limits) in client/sending.py, what is 
 after a reconnection in client/resume.py; the state file is client/state.py's; 5.0
 properties are checked by client/propcheck.py.
 
-Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the
-window (the smaller of ``max_inflight`` and the server's Receive Maximum; over 3.1/3.1.1 a
-QoS 1/2 one also while ``max_qos2_inflight`` QoS 2 ones are unfinished) and what follows it
-waits behind it.
+Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the window
+(the smaller of ``max_inflight`` and the server's Receive Maximum; over 3.1/3.1.1 also while
+``max_qos2_inflight`` QoS 2 ones are unfinished) and what follows it waits behind it.
 Nothing is lost on "disconnected": in-flight and queued requests wait for the next
 connection, and ``save()`` writes them out for a later process (``load``).
 """
@@ -44,11 +43,10 @@ from edgebroker.mqtt.stream import Decoder
 __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
 
 # QoS 2 PUBLISHes unfinished (PUBCOMP not back) at once over 3.1/3.1.1 by default: such a
-# server cannot say how many it takes, and Mosquitto takes max_inflight_messages (20 by
-# default) from a client; from a 3.1.1 client it answers one more with a plain PUBREC and
-# drops it (a 5.0 client gets PUBREC 0x97, and a 5.0 server says its Receive Maximum). While
-# that many wait for their PUBREL, Mosquitto also drops a QoS 1 PUBLISH, after a plain
-# PUBACK: so a QoS 1 publish waits too while the cap is reached. The bridge keeps to it too.
+# server cannot say how many it takes. Mosquitto takes max_inflight_messages (20 by default)
+# from a client, answers one more from a 3.1.1 client with a plain PUBREC and drops it (5.0:
+# PUBREC 0x97, and a 5.0 server says its Receive Maximum), and while that many await PUBREL
+# drops a QoS 1 PUBLISH after a plain PUBACK: a QoS 1 one waits too. The bridge keeps to it.
 QOS2_INFLIGHT_311 = 20
 
 class Connection:
@@ -184,8 +182,7 @@ class Connection:
 
     @property
     def qos2_full(self) -> bool:
-        """True while ``max_qos2_inflight`` QoS 2 PUBLISHes are unfinished: a new QoS 1/2 one
-        waits."""
+        """True while ``max_qos2_inflight`` QoS 2 PUBLISHes are unfinished: QoS 1/2 ones wait."""
         return self._n_qos2 >= self._qos2_cap
 
     def _room(self, req: Request) -> bool:
