@@ -32,6 +32,7 @@ exchange cannot accept.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from edgebroker.config import AuthSettings, ListenerConfig
 from edgebroker.errors import ConfigError, name_shown
@@ -75,6 +76,22 @@ def file_stamp(*paths: str) -> tuple | None:
             return None
         stamp.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(stamp)
+
+
+def kept_or_read(files: dict, kept: dict | None, key, paths, read):
+    """What ``read()`` makes of ``paths``, recorded as ``files[key]`` = (``file_stamp``, it):
+    the entry of ``kept`` (an earlier read's ``files``) under ``key`` when the stamp is still
+    the same (a reload does not read an unchanged file again), else read now. A ConfigError
+    of ``read`` is raised, its entry (stamp, None)."""
+    stamp = file_stamp(*paths)
+    before = kept.get(key) if kept else None
+    if stamp is not None and before is not None and before[1] is not None and before[0] == stamp:
+        files[key] = before
+        return before[1]
+    files[key] = (stamp, None)
+    value = read()
+    files[key] = (stamp, value)
+    return value
 
 
 _V6_LOOPBACK = bytes(15) + b"\x01"
@@ -144,21 +161,15 @@ class ListenerPolicy:
             if not path:
                 continue
             if (kind, path) not in cache:
-                stamp = file_stamp(path)
-                before = kept.get((kind, path)) if kept else None
-                if stamp is not None and before and before[1] is not None and before[0] == stamp:
-                    cache[(kind, path)] = before
+                if kind == "password_file":
+                    from edgebroker.security.passwords import PasswordFile as loader
                 else:
-                    if kind == "password_file":
-                        from edgebroker.security.passwords import PasswordFile as loader
-                    else:
-                        from edgebroker.security.acl import Acl as loader
-                    try:
-                        parsed = loader.load(path, file_key(lc, kind, index))
-                    except ConfigError as exc:
-                        parsed = None
-                        problems += exc.problems
-                    cache[(kind, path)] = (stamp, parsed)
+                    from edgebroker.security.acl import Acl as loader
+                try:
+                    kept_or_read(cache, kept, (kind, path), (path,), partial(
+                        loader.load, path, file_key(lc, kind, index)))
+                except ConfigError as exc:
+                    problems += exc.problems
             loaded[kind] = cache[(kind, path)][1]
         if problems or None in loaded.values():
             raise ConfigError(*problems)

@@ -298,17 +298,12 @@ class App(DescriptorRoom):
     def _tls_server(lc, i: int, kept: dict, files: dict):
         """The listener's TLSServer: the one read before (``kept``) while none of its files
         (certfile, keyfile, cafile) changed (``file_stamp``), else a new one."""
-        from edgebroker.security.policy import file_stamp
-        stamp = file_stamp(*(f for f in (lc.certfile, lc.keyfile, lc.cafile) if f))
-        before = kept.get(("tls", lc))
-        if stamp is not None and before is not None and before[0] == stamp:     # (never None)
-            files[("tls", lc)] = before
-            return before[1]
+        from edgebroker.security.policy import kept_or_read
         # server/tls.py: a broker without TLS listeners does not load it
         from edgebroker.server.tls import TLSServer
-        tls = TLSServer(lc, f"listener[{i}]")
-        files[("tls", lc)] = (stamp, tls)
-        return tls
+        return kept_or_read(files, kept, ("tls", lc),
+                            [f for f in (lc.certfile, lc.keyfile, lc.cafile) if f],
+                            lambda: TLSServer(lc, f"listener[{i}]"))
 
     def open_admin(self, state_dir: str) -> None:
         from edgebroker.server.admin import AdminServer
