@@ -4,10 +4,12 @@ decided with the options the filter had then, as they would have been for the qu
 session in step; the new options count from the SUBSCRIBE on (docs/persistence.md, "The log
 is the queue")."""
 
+import signal
+
 import pytest
 
 import mqttraw5 as R
-from conftest import _open_clients
+from conftest import _open_clients, wait_for_snapshot
 from core.test_lowered_while_behind import read_publishes
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,6 +108,22 @@ def test_the_old_options_are_kept_across_a_restart(broker, uid):
     sub.disconnect()
     pub.disconnect()
     b.stop()
+    b2 = broker(data_dir=b.config["data_dir"])
+    again = _connect5(b2, f"{uid}-s", clean_start=False)
+    expected = _expected(True, False, False, True)
+    assert _read(again, len(expected)) == expected
+    assert not any(b2.stats()["dropped"].values())
+
+
+def test_the_old_options_are_kept_across_a_sigkill(broker, uid):
+    """As above with a SIGKILL once the snapshot holds the kept options: the older records are
+    still decided with them (the window's again, with DUP: nothing was read)."""
+    b = broker()
+    sub, pub = _fall_behind_then_change(b, uid, QOS1, QOS1 | NL | RAP)
+    wait_for_snapshot(b.config["data_dir"], f"{uid}-s", pred=lambda s: s.get("kept5"))
+    b.stop(signal.SIGKILL)
+    sub.close()
+    pub.close()
     b2 = broker(data_dir=b.config["data_dir"])
     again = _connect5(b2, f"{uid}-s", clean_start=False)
     expected = _expected(True, False, False, True)
