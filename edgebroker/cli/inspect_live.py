@@ -298,7 +298,12 @@ def upload_line(fig: dict | None) -> str:
     if fig is None:
         return "off"
     alarm = f" ALARM: {fig['last_error']}" if fig["alarm"] else ""
-    last = f"; last error: {fig['last_error']}" if fig["last_error"] and not alarm else ""
+    last = ""
+    if fig["last_error"] and not alarm:     # (a past error: when, and whether one went since)
+        since = " (uploads succeeded since)" if fig["last_success_time"] > fig[
+            "last_error_time"] else ""
+        last = (f"; last error {_duration(time.time() - fig['last_error_time'])} ago{since}: "
+                f"{fig['last_error']}")
     return (f"to {fig['url']} as {fig['gateway_id']}, {fig['state']}, mark "
             f"{fig['uploaded_offset']}; shipped {fig['batches']} batches, {fig['records']} "
             f"records, {_size(fig['bytes'])}; backlog {fig['backlog_batches']} batches, "

@@ -43,6 +43,9 @@ def test_a_redirect_location_with_escapes_is_shown_escaped(broker):
             r = run_cli(*command, "--data-dir", b.config["data_dir"])
             assert r.returncode == 0, r.stderr
             assert repr(WHERE) in r.stdout and "\x1b" not in r.stdout, (command, r.stdout)
+            # (an error in the past: said so, with the uploads since)
+            assert re.search(r"last error \dm\d\ds ago \(uploads succeeded since\): ",
+                             r.stdout), r.stdout
     finally:
         store.close()
 
