@@ -329,9 +329,11 @@ def run_verify(args) -> int:
     progress = Progress()
     try:
         report = log.verify(progress)
+        log_end = log.next_offset
     finally:
         progress.finish()
         log.close()
+    ahead = snapshot_ahead(args, log_end)
     if args.format == "json":
         def dmg(d):
             return {"path": d.path, "position": d.position, "bytes": d.length, "offset": d.offset,
@@ -349,6 +351,12 @@ def run_verify(args) -> int:
                         for a, b, p, n in report.missing],
             "overlaps": [{"path": p, "from_offset": a, "to_offset": b, "next": n}
                          for p, a, b, n in report.overlaps],
+            "past_end": [{"file": p, "value": v, "says": says, "from_offset": end,
+                          "to_offset": v - 1, "log_ends_in": where}
+                         for p, v, end, where, says in report.past_end],
+            "snapshot_past_end": None if ahead is None else {
+                "file": ahead[0], "log_next_offset": ahead[1], "from_offset": log_end,
+                "to_offset": ahead[1] - 1},
         }, indent=2))
         return 0 if report.ok else 1
     for d in report.damage:
@@ -372,6 +380,17 @@ def run_verify(args) -> int:
         _out(f"OVERLAP {path} holds offsets {a} to {b}, which {after} holds too (segments in "
              f"name order must hold increasing offsets; the broker reads them from the later "
              f"one)")
+    for path, value, end, where, says in report.past_end:
+        then = ("gives new records these offsets" if says == "fsynced" else
+                f"gives new records offsets from {value}: sessions count these as log_gap")
+        _out(f"LOST   offsets {end} to {value - 1}: {path} ({value}) says they were {says}, but "
+             f"the log ends at {end} (in {where}; the last segment truncated or deleted since, "
+             f"or the file is wrong); the broker's next start {then}")
+    if ahead is not None:
+        _out(f"note   offsets {log_end} to {ahead[1] - 1}: the session snapshot {ahead[0]} was "
+             f"taken at log offset {ahead[1]}, but the log ends at {log_end} (records not on "
+             f"disk at a power cut or crash, or lost from the end since); the broker's next "
+             f"start counts them lost to the sessions that had not read them")
     rate = report.bytes / max(report.seconds, 1e-9) / 1e6
     problems = [f"{len(report.damage)} region(s) cannot be read"] if report.damage else []
     if report.missing:
@@ -381,11 +400,32 @@ def run_verify(args) -> int:
     if report.unreadable:
         problems.append(f"{len(report.unreadable)} segment(s) with no readable record")
     if report.overlaps:
-        problems.append(f"{len(report.overlaps)} segment(s) overlapping the next")
+        problems.append(f"{len({p for p, *_ in report.overlaps})} segment(s) overlapping the "
+                        f"next")
+    if report.past_end:
+        problems.append(f"offsets {min(e[2] for e in report.past_end)} to "
+                        f"{max(e[1] for e in report.past_end) - 1} lost from the end of the log")
     verdict = "OK" if report.ok else f"DAMAGED: {'; '.join(problems)}"
     _out(f"{report.segments} segments, {report.records} records, {human_bytes(report.bytes)} "
          f"checked in {report.seconds:.2f} s ({rate:.0f} MB/s): {verdict}")
     return 0 if report.ok else 1
+
+
+def snapshot_ahead(args, log_end: int) -> tuple[str, int] | None:
+    """(path, offset) of the session snapshot when it was taken past ``log_end``: records it
+    counted on are gone from the end of the log (docs/persistence.md). Not asked while a
+    broker holds the log: its snapshot may count records it has not written yet."""
+    from edgebroker.cli import log_lock
+    if log_lock.held(log_dir(args)):
+        return None
+    state_dir = os.path.dirname(log_dir(args))
+    try:
+        state = snapshot.read(state_dir)
+    except snapshot.SnapshotError:
+        return None     # (not the log's damage: inspect sessions names it)
+    if state is None or state.log_next_offset <= log_end:
+        return None
+    return os.path.join(state_dir, snapshot.FILENAME), state.log_next_offset
 
 
 # ---------------------------------------------------------------------------------- sessions

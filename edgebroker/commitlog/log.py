@@ -397,11 +397,10 @@ class CommitLog:
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         """Read every segment file whole and check every record's CRC, each header and each
-        index against the records. Changes nothing. ``progress(bytes_done, bytes_total)`` is
-        called as it goes. Works on a log the broker is writing (up to what exists at the start)."""
-        report = verifying.verify_segments(self._segments, progress)
-        report.unreadable = list(self.recovery.unreadable)
-        return report
+        index against the records, and that no offset file (as read at open) names records past
+        the end. Changes nothing. ``progress(bytes_done, bytes_total)`` is called as it goes.
+        Works on a log the broker is writing (up to what exists at the start)."""
+        return verifying.verify_log(self, progress)
 
     verify_step = verifying.verify_step
 

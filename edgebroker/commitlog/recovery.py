@@ -10,7 +10,6 @@ The functions taking the ``CommitLog`` as ``self`` are its methods (bound in log
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import mmap
 import os
@@ -28,7 +27,7 @@ from edgebroker.commitlog.format import (
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog import sync as syncing
 from edgebroker.commitlog.sync import RECOVERY_POINT_FILE
-from edgebroker.files import open_regular, read_small_file
+from edgebroker.files import open_regular
 from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.commitlog")
@@ -55,19 +54,9 @@ class RecoveryReport:
     # segment list (the broker removes them at start): (path, first offset, last offset).
     unreadable: list = field(default_factory=list)
     missing: list = field(default_factory=list)         # (start, end, path before, path after)
-
-
-def _read_offset_file(path: str, key: str) -> tuple[int, str | None]:
-    """(value, problem): 0 and a description when the file is missing or unreadable."""
-    try:
-        value = json.loads(read_small_file(path))[key]    # a FIFO there: a problem, no wait
-        if type(value) is not int or not 0 <= value < 1 << 63:     # (true, 10**30: not offsets)
-            raise ValueError(f"{key} is {value!r:.40}")
-        return value, None
-    except FileNotFoundError:
-        return 0, None
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        return 0, f"{path}: unreadable ({exc}); using 0"
+    # An offset file past the end of the records: (its path, its value, the end, where the
+    # records end, "fsynced" or "uploaded") (sync.check_offset_files)
+    past_end: list = field(default_factory=list)
 
 
 def open_log(self) -> None:
@@ -93,7 +82,7 @@ def open_log(self) -> None:
 
     for name, attr, key in ((UPLOADED_FILE, "_uploaded", "uploaded_offset"),
                             (RECOVERY_POINT_FILE, "_recovery_point", "recovery_point")):
-        value, problem = _read_offset_file(os.path.join(d, name), key)
+        value, problem = syncing.read_offset_file(os.path.join(d, name), key)
         if problem:
             log.warning("%s", problem)
         setattr(self, attr, value)

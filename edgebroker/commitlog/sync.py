@@ -12,7 +12,7 @@ import logging
 import os
 
 from edgebroker.commitlog.errors import LogWriteError
-from edgebroker.files import write_small_file
+from edgebroker.files import read_small_file, write_small_file
 
 log = logging.getLogger("edgebroker.commitlog")
 RECOVERY_POINT_FILE = "recovery-point"
@@ -165,6 +165,20 @@ def close_quietly(*fds: int) -> None:
                 pass
 
 
+def read_offset_file(path: str, key: str) -> tuple[int, str | None]:
+    """(value, problem) of the recovery point's or the uploaded mark's file: 0 and a
+    description when the file is missing or unreadable."""
+    try:
+        value = json.loads(read_small_file(path))[key]    # a FIFO there: a problem, no wait
+        if type(value) is not int or not 0 <= value < 1 << 63:     # (true, 10**30: not offsets)
+            raise ValueError(f"{key} is {value!r:.40}")
+        return value, None
+    except FileNotFoundError:
+        return 0, None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        return 0, f"{path}: unreadable ({exc}); using 0"
+
+
 def check_offset_files(self, end: int) -> int:
     """At open, the log's records end at ``end``: a recovery point or uploaded mark past it
     (records durable once, and gone since: the last segment truncated or deleted after the
@@ -174,25 +188,29 @@ def check_offset_files(self, end: int) -> int:
     under the name of a batch already there (docs/upload-format.md, "Object name"), so
     offsets ``end`` to the mark - 1 become a hole (sessions count it as log_gap).
     -> the offset new records take from; with no segment left at all (the log emptied by
-    hand), the higher of ``end`` and the two files' offsets."""
+    hand), the higher of ``end`` and the two files' offsets. Each file past the end goes into
+    ``self.recovery.past_end`` too (``inspect verify`` reports them)."""
     if not self._segments:
         return max(end, self._recovery_point, self._uploaded)
     where = f"offset {end}, in {self._segments[-1].path}"
     if self._recovery_point > end:
+        rp_path = os.path.join(self.directory, RECOVERY_POINT_FILE)
+        self.recovery.past_end.append((rp_path, self._recovery_point, end,
+                                       self._segments[-1].path, "fsynced"))
         log.warning("%s: %d is past the end of the commit log (%s): records %d to %d were "
                     "fsynced once and are gone (the last segment truncated or deleted since?), "
-                    "or the file is wrong; using %d", os.path.join(
-                        self.directory, RECOVERY_POINT_FILE), self._recovery_point, where, end,
+                    "or the file is wrong; using %d", rp_path, self._recovery_point, where, end,
                     self._recovery_point - 1, end)
         self._recovery_point = end
     nxt = max(end, self._uploaded)
     if nxt > end:
+        uploaded = os.path.join(self.directory, "uploaded")
+        self.recovery.past_end.append((uploaded, nxt, end, self._segments[-1].path, "uploaded"))
         log.warning("%s: %d is past the end of the commit log (%s): records %d to %d were "
                     "uploaded and are gone (the last segment truncated or deleted since?), or "
                     "the file is wrong; new records take offsets from %d, not again those "
                     "uploaded (readers pass over %d to %d, sessions count them as log_gap)",
-                    os.path.join(self.directory, "uploaded"), nxt, where, end, nxt - 1, nxt,
-                    end, nxt - 1)
+                    uploaded, nxt, where, end, nxt - 1, nxt, end, nxt - 1)
         self._holes.append((end, nxt))
     return nxt
 

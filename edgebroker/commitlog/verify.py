@@ -36,21 +36,35 @@ class VerifyReport:
     # (path, first offset, last offset): segments before the last with no readable record
     # (RecoveryReport.unreadable)
     unreadable: list = field(default_factory=list)
-    # (path, first offset, last offset, path after): offsets a segment holds that the next one
-    # (in name order) holds too; the broker reads them from the later segment
+    # (path, first offset, last offset, path after): offsets a segment holds that a later one
+    # (in name order) holds too, once for each later one; the broker reads them from the
+    # later segment
     overlaps: list = field(default_factory=list)
+    # The recovery point or the uploaded mark past the end of the records, read at open
+    # (RecoveryReport.past_end): (file, its value, the end, where the records end, what it
+    # says of the records: "fsynced" or "uploaded")
+    past_end: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """No damage. A damaged header or a torn tail in the last segment is what a crash
         leaves (the broker repairs both at its next start): notes, not damage."""
         return not (self.damage or self.missing or self.header_problems or self.unreadable
-                    or self.overlaps)
+                    or self.overlaps or self.past_end)
+
+
+def verify_log(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """``CommitLog.verify``: its segments (those there when it is called), with what the open
+    found (segments with no readable record, offset files past the end)."""
+    report = verify_segments(self._segments, progress)
+    report.unreadable = list(self.recovery.unreadable)
+    report.past_end = list(self.recovery.past_end)
+    return report
 
 
 def verify_segments(segments: list[Segment],
                     progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    """``CommitLog.verify`` over ``segments`` (those there when it is called)."""
+    """The records, headers and indexes of ``segments``, and how their offsets follow."""
     started = time.perf_counter()
     report = VerifyReport()
     segs = list(segments)
@@ -58,12 +72,11 @@ def verify_segments(segments: list[Segment],
     total = sum(sizes)
     done = 0
     prev = None   # (path, the offset after its last valid record)
+    spans = []    # (path, base offset, the offset after its last valid record)
     for k, (seg, size) in enumerate(zip(segs, sizes)):
         is_last = k == len(segs) - 1
         if prev is not None and prev[1] < seg.base_offset:
             report.missing.append((prev[1], seg.base_offset, prev[0], seg.path))
-        elif prev is not None and prev[1] > seg.base_offset:
-            report.overlaps.append((prev[0], seg.base_offset, prev[1] - 1, seg.path))
         report.segments += 1
         fd = os.dup(seg.fd)
         try:
@@ -71,6 +84,7 @@ def verify_segments(segments: list[Segment],
             if size < SEGMENT_HEADER_SIZE:
                 if size:
                     headers.append((seg.path, f"{size} bytes, no complete header"))
+                spans.append((seg.path, seg.base_offset, seg.base_offset))
                 done += size
                 continue
             version = FORMAT_VERSION
@@ -106,6 +120,7 @@ def verify_segments(segments: list[Segment],
             if entries:  # the last entry's offset (relative to the base), plus one
                 after_last += int.from_bytes(entries[-INDEX_ENTRY_SIZE:][:4], "little") + 1
             prev = (seg.path, after_last)
+            spans.append((seg.path, seg.base_offset, after_last))
             report.bytes += size
             problem = compare_index(seg, entries, is_last)
             if problem:
@@ -115,8 +130,25 @@ def verify_segments(segments: list[Segment],
         done += size
         if progress is not None:
             progress(done, total)
+    report.overlaps = overlaps(spans)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def overlaps(spans: list[tuple[str, int, int]]) -> list[tuple[str, int, int, str]]:
+    """Each pair of segments that hold the same offsets: (the earlier, the first and the last
+    offset both hold, the later). ``spans``: (path, base offset, the offset after its last
+    record) in name order. A later segment with no record yet (the last one, to be appended
+    to) shares the offsets from its base to the earlier one's end: the next records take them.
+    One that overlaps several later segments is named with each, and the offsets each holds."""
+    found = []
+    ahead: list[tuple[str, int]] = []   # earlier segments holding offsets at or past a base
+    for path, base, after in spans:
+        ahead = [(p, end) for p, end in ahead if end > base]
+        for p, end in ahead:
+            found.append((p, base, (min(end, after) if after > base else end) - 1, path))
+        ahead.append((path, after))
+    return found
 
 
 def compare_index(seg: Segment, entries: bytearray, is_last: bool) -> str | None:

@@ -53,3 +53,35 @@ def test_verify_json_lists_the_overlap(tmp_path):
     assert out["ok"] is False
     assert out["overlaps"] == [{"path": str(second), "from_offset": a, "to_offset": b,
                                 "next": str(third)}]
+
+
+def test_a_segment_overlapping_two_later_ones_is_named_with_each(tmp_path):
+    """The second segment also holds the third's and the fourth's records: the line named
+    only the third, with both ranges (offsets the third does not hold)."""
+    data = tmp_path / "data"
+    log = open_log(data / "log", segment_bytes=4096)
+    append_n(log, 300)
+    log.write_pending()
+    log.close()
+    segs = segment_files(data / "log")
+    second, third, fourth = segs[1:4]
+    with open(second, "ab") as fh:
+        fh.write(third.read_bytes()[32:])
+        fh.write(fourth.read_bytes()[32:])
+    second.with_suffix(".idx").unlink()
+    a3, a4, end = (int(s.name[:20]) for s in segs[2:5])
+    r = _verify(data)
+    assert r.returncode == 1, r.stdout + r.stderr
+    overlaps = [ln for ln in r.stdout.splitlines() if ln.startswith("OVERLAP")]
+    assert overlaps == [
+        f"OVERLAP {second} holds offsets {a3} to {a4 - 1}, which {third} holds too (segments in "
+        f"name order must hold increasing offsets; the broker reads them from the later one)",
+        f"OVERLAP {second} holds offsets {a4} to {end - 1}, which {fourth} holds too (segments "
+        f"in name order must hold increasing offsets; the broker reads them from the later "
+        f"one)"], r.stdout
+    assert r.stdout.rstrip().endswith("DAMAGED: 1 segment(s) overlapping the next"), r.stdout
+    out = json.loads(_verify(data, "--format", "json").stdout)
+    assert out["overlaps"] == [
+        {"path": str(second), "from_offset": a3, "to_offset": a4 - 1, "next": str(third)},
+        {"path": str(second), "from_offset": a4, "to_offset": end - 1,
+         "next": str(fourth)}]
