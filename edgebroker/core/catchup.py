@@ -191,7 +191,7 @@ class CatchUp:
         start = cursor.offset
         topic_filter = None
         limits = self.limits
-        if cursor.lowered is not None or cursor.kept5 is not None:
+        if cursor.lowered is not None or cursor.kept5 is not None or cursor.owed is not None:
             cursor.read_past()
         # 5.0 options (No Local, Retain As Published; those a filter had before a SUBSCRIBE
         # changed them while behind: Cursor.kept5): core.router5
@@ -199,8 +199,7 @@ class CatchUp:
         if len(subscriptions) == 1 and not cursor.since:
             topic_filter = next(iter(subscriptions)).encode("utf-8")
             if (session.acl is None and cursor.done is None and session.client.v5 is None
-                    and not sub5 and cursor.lowered is None
-                    and cursor.resubscribed <= start):
+                    and not sub5 and cursor.lowered is None and cursor.owed is None):
                 # The scanner's filter is the whole decision: the records go out as a run
                 # (3.1.1 frames: a 5.0 client's PUBLISH has more to say, core.router5; a
                 # session a 5.0 client made may have No Local on the filter).
@@ -241,7 +240,7 @@ class CatchUp:
         queued = queued_bytes = 0
         lagging = maybe_sent = 0
         unsure_to = cursor.unsure_to
-        changed_at = cursor.resubscribed
+        owed_by = cursor.owed
         done = cursor.done
         v5 = session.client.v5 is not None
         own_id = session.client_id.encode("utf-8")
@@ -272,10 +271,10 @@ class CatchUp:
                     self.stats.acl_deliveries_denied += 1
                     continue
             if qos == 0:
-                # A QoS 1/2 message taken at QoS 0 only since the session changed its filters
-                # while behind (an overlapping filter unsubscribed) was owed when published:
-                # sent at QoS 0, never skipped (docs/persistence.md).
-                owed = published and offset < changed_at
+                # A QoS 1/2 message taken at QoS 0 only since a filter that granted it more
+                # was unsubscribed while behind was owed when published: sent at QoS 0, never
+                # skipped (Cursor.owed, docs/persistence.md).
+                owed = published and owed_by is not None and cursor.owed_at(name, offset)
                 if offset < unsure_to and not owed:
                     maybe_sent += 1       # at most once: perhaps sent before a crash
                     continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from edgebroker.core.filter_set import matching_filters
 from edgebroker.core.session import as_stored
+from edgebroker.mqtt.topics import topic_matches
 from edgebroker.mqtt.trie import CACHED_TOPIC_LENGTH
 
 # Topic decisions cached per session behind (dropped wholesale beyond it; topics of up to
@@ -21,13 +22,18 @@ OFFLINE_RANGES = 8
 # Option changes kept per filter while behind (``Cursor.kept5``; the oldest goes first: the
 # records below it are then decided with the next one's options).
 KEPT_OPTIONS = 4
+# Filters unsubscribed while behind kept per session (``Cursor.owed``); past it the two oldest
+# become one for any topic (ANY): a QoS 1/2 record below its end is then owed whatever its
+# topic (it errs on sending).
+OWED_FILTERS = 8
+ANY = ""        # (no topic filter is empty)
 
 
 class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
     __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run", "held", "unsure_to", "resubscribed", "lowered", "kept5")
+                 "run", "held", "unsure_to", "resubscribed", "lowered", "kept5", "owed")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -65,6 +71,14 @@ class Cursor:
         # taken under No Local never became part of its state, MQTT-4.5.0-1); by offset, at
         # most KEPT_OPTIONS; None: none (core.router5.options5_for).
         self.kept5: dict[str, list[tuple[int, int]]] | None = None
+        # Filters unsubscribed while behind that granted QoS 1/2 to records not read yet:
+        # [(filter, from, up to)], the offsets of the records each granted more than 0 (from
+        # its SUBSCRIBE while behind, else 0; up to its UNSUBSCRIBE, or the end of its
+        # ``lowered`` steps if it was lowered to 0). A QoS 1/2 record there that the other
+        # filters take at QoS 0 was owed at its QoS when published: it is never skipped (nor
+        # as perhaps sent before a crash, ``unsure_to``). In the order unsubscribed, at
+        # most OWED_FILTERS; None: none.
+        self.owed: list[tuple[str, int, int]] | None = None
 
     def __repr__(self):
         return f"Cursor({self.offset})"
@@ -131,17 +145,36 @@ class Cursor:
             if not lowered:
                 self.lowered = None
 
-    def unsubscribed(self, topic_filter: str, at: int) -> None:
-        """``topic_filter`` is unsubscribed when the log's next offset is ``at``: it matches
-        no record not read yet."""
+    def unsubscribed(self, topic_filter: str, qos: int, at: int) -> None:
+        """``topic_filter``, held at QoS ``qos``, is unsubscribed when the log's next offset
+        is ``at``: it matches no record not read yet. Those it granted QoS 1/2 are owed
+        (``owed``)."""
         self.resubscribed = at            # (left_offline)
         self.cache.clear()
-        if self.since:
-            self.since.pop(topic_filter, None)
-        if self.lowered and self.lowered.pop(topic_filter, None) and not self.lowered:
+        start = self.since.pop(topic_filter, 0) if self.since else 0
+        steps = self.lowered.pop(topic_filter, None) if self.lowered else None
+        if self.lowered is not None and not self.lowered:
             self.lowered = None
         if self.kept5 and self.kept5.pop(topic_filter, None) and not self.kept5:
             self.kept5 = None
+        until = at if qos else steps[-1][0] if steps else 0   # (steps: QoS above 0)
+        read = self.unsent()
+        if until > start and until > read:
+            owed = [entry for entry in self.owed or () if entry[2] > read]
+            owed.append((topic_filter, start, until))
+            if len(owed) > OWED_FILTERS:
+                first, second = owed[0], owed[1]
+                owed[:2] = [(ANY, min(first[1], second[1]), max(first[2], second[2]))]
+            self.owed = owed
+
+    def owed_at(self, name: str, offset: int) -> bool:
+        """Whether the record at ``offset`` on topic ``name``, published at QoS 1/2 and taken
+        at QoS 0, was owed at its QoS: a filter unsubscribed since granted it more."""
+        for topic_filter, start, until in self.owed:
+            if start <= offset < until and (topic_filter == ANY
+                                            or topic_matches(topic_filter, name)):
+                return True
+        return False
 
     def options_changed(self, topic_filter: str, old: int, at: int) -> None:
         """A SUBSCRIBE changes ``topic_filter``'s 5.0 options (No Local, Retain As Published)
@@ -160,10 +193,12 @@ class Cursor:
         kept[topic_filter] = steps[-KEPT_OPTIONS:]
 
     def read_past(self) -> None:
-        """Forget the lowered QoS and the options kept of records already read (``lowered``,
-        ``kept5``): the scanner's run (core.catchup_run), which takes one QoS for all, is used
-        again once none is left."""
+        """Forget the lowered QoS, the options kept and the filters owed of records already
+        read (``lowered``, ``kept5``, ``owed``): the scanner's run (core.catchup_run), which
+        takes one QoS for all, is used again once none is left."""
         read = self.unsent()
+        if self.owed is not None:
+            self.owed = [entry for entry in self.owed if entry[2] > read] or None
         if self.lowered is not None:
             kept = _unread(self.lowered, read)
             if kept != self.lowered:
@@ -173,22 +208,26 @@ class Cursor:
             self.kept5 = _unread(self.kept5, read)
 
     def save_filters(self, state) -> None:
-        """Put ``since``, ``lowered`` and ``kept5`` into ``state``
+        """Put ``since``, ``lowered``, ``kept5`` and ``owed`` into ``state``
         (core.snapshot.SessionState)."""
         state.since = dict(self.since) if self.since else {}
+        if self.owed:
+            state.owed = list(self.owed)
         if self.lowered:
             state.lowered = _listed(self.lowered)
         if self.kept5:
             state.kept5 = _listed(self.kept5)
 
     def restore_filters(self, state, end: int) -> None:
-        """Take ``since``, ``lowered`` and ``kept5`` from ``state``, for a log that ends at
-        ``end`` (offsets past it were lost to a power cut: the records there now came
+        """Take ``since``, ``lowered``, ``kept5`` and ``owed`` from ``state``, for a log that
+        ends at ``end`` (offsets past it were lost to a power cut: the records there now came
         after)."""
         if state.since:
             self.since = {f: min(o, end) for f, o in state.since.items()}
         self.lowered = _steps_from(state.lowered, self.offset, end)
         self.kept5 = _steps_from(state.kept5, self.offset, end)
+        self.owed = [(f, start, min(until, end)) for f, start, until in state.owed
+                     if min(until, end) > self.offset] or None
 
     def left_offline(self, offset: int, published: int) -> bool:
         """Whether the record at ``offset``, published at QoS ``published`` and taken at QoS

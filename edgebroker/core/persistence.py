@@ -184,7 +184,7 @@ class Persistence:
         cursor = session.cursor
         if cursor is not None:
             state.cursor = cursor.unsent()    # what it read and did not send is read again
-            cursor.save_filters(state)    # (since, lowered, kept5)
+            cursor.save_filters(state)    # (since, lowered, kept5, owed)
             state.offline = [list(r) for r in cursor.offline] if cursor.offline else []
             if cursor.done:
                 state.done = sorted(cursor.done)
@@ -320,9 +320,9 @@ class Persistence:
         self.fall_behind(session, offset)
         cursor = session.cursor
         cursor.restore_filters(s, end)
+        cursor.resubscribed = min(s.resubscribed, end)     # (online at the snapshot too)
         if s.offline:
             cursor.offline = [list(r) for r in s.offline]
-            cursor.resubscribed = s.resubscribed
         if s.done:   # (offsets past the log's end: records a power cut took, taken again)
             cursor.done = {o for o in s.done if cursor.offset <= o < end} or None
         if s.held:

@@ -451,12 +451,13 @@ class Sessions:
 
     def unsubscribe(self, session: Session, filters: list[str]) -> None:
         for topic_filter in filters:
-            if session.subscriptions.pop(topic_filter, None) is not None:
+            qos = session.subscriptions.pop(topic_filter, None)
+            if qos is not None:
                 self.subscriptions.remove(topic_filter, session)
                 filter_removed(session, topic_filter)
                 _forget_options(session, topic_filter)
                 if session.cursor is not None:
-                    session.cursor.unsubscribed(topic_filter, self.live_offset())
+                    session.cursor.unsubscribed(topic_filter, qos, self.live_offset())
                 if not session.clean:
                     self._snapshot_dirty = True
 

@@ -27,7 +27,8 @@ import time
 
 from edgebroker.core import exchanges
 from edgebroker.core.snapshot_entries import (
-    awaiting_entries, inflight_entry, offline_range, queue_entry, ranged, release_digests,
+    awaiting_entries, inflight_entry, offline_range, queue_entries, queue_entry, ranged,
+    release_digests,
 )
 from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
 from edgebroker.core.will_state import WillState, read_will, will_json
@@ -82,6 +83,9 @@ class SessionState:
     # while behind had for the records below the offset (Cursor.lowered, Cursor.kept5).
     lowered: list[tuple[str, int, int]] = field(default_factory=list)
     kept5: list[tuple[str, int, int]] = field(default_factory=list)
+    # (filter, from, up to): the records in that offset range that a filter unsubscribed while
+    # behind granted QoS 1/2 (Cursor.owed).
+    owed: list[tuple[str, int, int]] = field(default_factory=list)
     # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
     # expiration counts from it; snapshots written before it was kept have none).
     offline_ms: int | None = None
@@ -193,16 +197,6 @@ def _dumps(doc) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
-def queue_entries(s: SessionState) -> list[tuple[int, int, bool, int]]:
-    """``s.queue`` as (log offset, qos, retain, size), whichever form it holds; entries of
-    messages not in the log ($SYS) are left out."""
-    queue = s.queue
-    if not queue or type(queue[0][0]) is int:
-        return queue
-    return [(ref.offset, qos, retain, ref.size) for ref, qos, retain in queue
-            if ref.offset is not None]
-
-
 def _session_json(s: SessionState) -> bytes:
     if s.encoded is None:
         s.encoded = _dumps(
@@ -224,6 +218,7 @@ def _session_json(s: SessionState) -> bytes:
              **({"resubscribed": s.resubscribed} if s.resubscribed else {}),
              **({"lowered": [list(e) for e in s.lowered]} if s.lowered else {}),
              **({"kept5": [list(e) for e in s.kept5]} if s.kept5 else {}),
+             **({"owed": [list(e) for e in s.owed]} if s.owed else {}),
              **({"expiry": s.expiry_interval} if s.expiry_interval is not None else {}),
              **({"sub5": sorted(s.sub5.items())} if s.sub5 else {}),
              **({"groups": sorted(s.groups.items())} if s.groups else {}),
@@ -315,6 +310,7 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 resubscribed=max(0, int(s.get("resubscribed", 0))),
                 lowered=[(str(f), int(o), int(q)) for f, o, q in s.get("lowered", ())],
                 kept5=[(str(f), int(o), int(v)) for f, o, v in s.get("kept5", ())],
+                owed=[(str(f), int(a), int(b)) for f, a, b in s.get("owed", ())],
                 offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
                 expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
                 sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())},

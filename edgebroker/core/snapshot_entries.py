@@ -50,6 +50,16 @@ def queue_entry(e) -> tuple[int, int, bool, int]:
     return int(o), int(q), bool(r), int(size)
 
 
+def queue_entries(s) -> list[tuple[int, int, bool, int]]:
+    """A ``SessionState``'s ``queue`` as (log offset, qos, retain, size), whichever form it
+    holds; entries of messages not in the log ($SYS) are left out."""
+    queue = s.queue
+    if not queue or type(queue[0][0]) is int:
+        return queue
+    return [(ref.offset, qos, retain, ref.size) for ref, qos, retain in queue
+            if ref.offset is not None]
+
+
 def offline_range(r) -> list:
     start, end = r
     return [int(start), None if end is None else int(end)]
@@ -76,6 +86,7 @@ def ranged(s, path: str):
                   and e[4] >= 0)
     s.lowered = keep("lowered", s.lowered, lambda e: e[1] >= 0 and e[2] in (1, 2))
     s.kept5 = keep("kept5", s.kept5, lambda e: e[1] >= 0 and 0 <= e[2] < 256)
+    s.owed = keep("owed", s.owed, lambda e: 0 <= e[1] < e[2])
     awaiting = s.awaiting_release
     ids = keep("awaiting_release", list(awaiting), lambda p: 0 < p < 65536)
     bad_digests = [p for p in ids if awaiting[p] is not None
