@@ -22,7 +22,7 @@ from edgebroker.cli.serve import problems_of
 from edgebroker.cli.state_dir import UNIT_STATE_DIR, note, outside_systemd
 from edgebroker.errors import ConfigError
 from edgebroker.logs import priority_prefix
-from edgebroker.server.tls import certificate_date_warnings
+from edgebroker.server.tls_dates import certificate_date_warnings
 
 DEFAULTS = "built-in defaults"
 

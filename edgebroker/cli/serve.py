@@ -199,7 +199,7 @@ def _warn_exposed(config: configuration.Config) -> None:
         for warning in bridge_warnings(config.bridge):
             logging.getLogger(__name__).warning("%s", warning)
     if any(lc.tls for lc in config.listeners):   # (ssl is loaded for TLS listeners only)
-        from edgebroker.server.tls import certificate_date_warnings
+        from edgebroker.server.tls_dates import certificate_date_warnings
         for warning in certificate_date_warnings(config.listeners):
             logging.getLogger(__name__).warning("%s", warning)
 

@@ -43,6 +43,7 @@ from edgebroker.config import ListenerConfig
 from edgebroker.errors import ConfigError
 from edgebroker.files import config_file_mode
 from edgebroker.server.sniff import SNIFF_BYTES, not_tls, sniff
+from edgebroker.server.tls_dates import utc
 from edgebroker.server.transport import DEFAULT_MAX_PENDING, NO_OUTPUT, Transport
 
 log = logging.getLogger("edgebroker.server")
@@ -110,9 +111,7 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
         raise ConfigError(f"{name}.{key}: {exc.filename or lc.certfile}: file not found") from None
     except OSError as exc:
         if isinstance(exc, ssl.SSLError):
-            key = lc.keyfile or "in certfile"
-            raise ConfigError(f"{name}.certfile: {lc.certfile} (key {key}): not a usable "
-                              f"certificate and matching private key ({exc.reason or exc})") from None
+            raise ConfigError(_pair_problem(name, lc, exc)) from None
         raise ConfigError(f"{name}.{_unreadable(lc)}: cannot read: {exc.strerror}") from None
     if lc.cafile:
         try:
@@ -131,35 +130,23 @@ def make_context(lc: ListenerConfig, name: str) -> ssl.SSLContext:
     return ctx
 
 
-def certificate_date_warnings(listeners, now: float | None = None) -> list[str]:
-    """A line for each TLS listener whose certificate has expired or is not valid yet
-    (``listener[i].certfile``, the file, the date): the broker still starts with it, as the
-    clock may be wrong, but clients refuse it (a botched renewal, say). Called by `config
-    check`, at start and at each reload (cli/serve.py)."""
-    warnings = []
-    now = time.time() if now is None else now
-    for i, lc in enumerate(listeners):
-        if not lc.tls:
-            continue
-        load_ssl()
-        try:    # (CPython's decoder of a PEM file's first certificate, used by its tests)
-            config_file_mode(lc.certfile, "certfile")   # (a FIFO would block the open)
-            cert = ssl._ssl._test_decode_cert(lc.certfile)
-            not_before = ssl.cert_time_to_seconds(cert["notBefore"])
-            not_after = ssl.cert_time_to_seconds(cert["notAfter"])
-        except (AttributeError, KeyError, OSError, ValueError, ConfigError):
-            continue    # what make_context refuses, it names
-        if now > not_after:
-            warnings.append(f"listener[{i}].certfile: {lc.certfile}: the certificate expired "
-                            f"on {_utc(not_after)} (notAfter): clients refuse it")
-        elif now < not_before:
-            warnings.append(f"listener[{i}].certfile: {lc.certfile}: the certificate is not "
-                            f"valid before {_utc(not_before)} (notBefore): clients refuse it")
-    return warnings
-
-
-def _utc(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+def _pair_problem(name: str, lc: ListenerConfig, exc: ssl.SSLError) -> str:
+    """What is wrong with the certificate and key OpenSSL refused, naming the file at fault:
+    its error for a file that is no PEM ("PEM lib") names neither."""
+    key = lc.keyfile or lc.certfile
+    if exc.reason == "KEY_VALUES_MISMATCH":
+        return (f"{name}.certfile: {lc.certfile}: the private key in {key} does not match its "
+                f"certificate (KEY_VALUES_MISMATCH)")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=lc.certfile)
+    except (OSError, ssl.SSLError) as cert_exc:
+        return (f"{name}.certfile: {lc.certfile}: no PEM certificate in it "
+                f"({getattr(cert_exc, 'reason', None) or cert_exc})")
+    if lc.keyfile:
+        return (f"{name}.keyfile: {lc.keyfile}: no usable PEM private key in it "
+                f"({exc.reason or exc})")
+    return (f"{name}.certfile: {lc.certfile}: no usable PEM private key in it (no keyfile is "
+            f"set: the key goes in the certfile then) ({exc.reason or exc})")
 
 
 def _unreadable(lc: ListenerConfig) -> str:
@@ -216,7 +203,7 @@ def verify_hint(code: int | None, message: str | None) -> str:
     if code in (_CERT_NOT_YET_VALID, _CERT_EXPIRED):
         what = "is not valid yet" if code == _CERT_NOT_YET_VALID else "has expired"
         return (f"the client certificate {what}{detail}: check its dates (openssl x509 -noout "
-                f"-dates) and this machine's clock (now {_utc(time.time())})")
+                f"-dates) and this machine's clock (now {utc(time.time())})")
     if code is None or code in _UNKNOWN_ISSUER:
         return f"{_HINTS['CERTIFICATE_VERIFY_FAILED']}{detail}"
     return f"the client certificate was refused{detail}"
@@ -277,8 +264,10 @@ class TLSTransport(Transport):
         except OSError as exc:
             self.lost(exc.strerror or str(exc))
             return
-        if not first:
-            self._fail("closed before the TLS handshake", quiet=True)
+        if not first:       # (a TCP port check: not counted, as on a plain listener)
+            log.debug("%s closed its connection to listener %s before the TLS handshake",
+                      self.peer, self.server.name)
+            self.lost("closed before the TLS handshake")
             return
         problem = not_tls(first, self.server.config.protocol == "websockets")
         if problem is not None:

@@ -354,7 +354,15 @@ def one_line(r):
     ({"certfile": "/nonexistent/server.crt"}, "listener[0].certfile: /nonexistent/server.crt: "
                                               "file not found"),
     ({"certfile": "{client_cert}", "keyfile": "{server_key}"},
-     "not a usable certificate and matching private key"),
+     "listener[0].certfile: {client_cert}: the private key in {server_key} does not match its "
+     "certificate (KEY_VALUES_MISMATCH)"),
+    # (a file that is no PEM: OpenSSL's "PEM lib" named neither; the file at fault is named)
+    ({"certfile": "{server_cert}", "keyfile": "{garbage}"},
+     "listener[0].keyfile: {garbage}: no usable PEM private key in it"),
+    ({"certfile": "{garbage}", "keyfile": "{server_key}"},
+     "listener[0].certfile: {garbage}: no PEM certificate in it"),
+    ({"certfile": "{server_cert}"}, "listener[0].certfile: {server_cert}: no usable PEM private "
+                                    "key in it (no keyfile is set: the key goes in the certfile"),
     ({"certfile": "{server_cert}", "keyfile": "{server_key}", "cafile": "/nonexistent/ca.crt"},
      "listener[0].cafile: /nonexistent/ca.crt: file not found"),
     ({"certfile": "{server_cert}", "keyfile": "{server_key}", "require_certificate": True},
@@ -368,8 +376,10 @@ def one_line(r):
      "listener[0].ciphers: no cipher matches"),
 ])
 def test_tls_config_errors_exit_2(tmp_path, pki, listener, words):
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not PEM\n")
     paths = {"{client_cert}": pki.client.cert, "{server_key}": pki.server.key,
-             "{server_cert}": pki.server.cert, "{ca}": pki.ca.cert}
+             "{server_cert}": pki.server.cert, "{ca}": pki.ca.cert, "{garbage}": garbage}
     lc = {"host": "127.0.0.1", "port": 0,
           **{k: str(paths.get(v, v)) if isinstance(v, str) else v for k, v in listener.items()}}
     path = tmp_path / "c.toml"
@@ -377,7 +387,10 @@ def test_tls_config_errors_exit_2(tmp_path, pki, listener, words):
     for command in (["serve", "-c", str(path)], ["config", "check", "-c", str(path)]):
         r = run_cli(*command)
         assert r.returncode == 2, r.stderr
-        assert words in one_line(r)
+        expected = words
+        for name, path in paths.items():
+            expected = expected.replace(name, str(path))
+        assert expected in one_line(r)
 
 
 ENCRYPTED = "the private key is encrypted (edgebroker takes no pass phrase): decrypt it with " \

@@ -217,3 +217,15 @@ def test_plain_mqtt_and_http_on_tls_listeners(srv):
     assert refused_at_first_bytes(srv, 4, UPGRADE) == (
         "an HTTP request (GET) instead of a TLS handshake; this listener takes MQTT over TLS "
         "(mqtts://); closing")
+
+
+def test_a_tcp_port_check_is_not_a_failed_handshake(srv):
+    """A connection closed before its first byte (a load balancer's or a monitor's TCP check)
+    counted as a failed TLS handshake, logged at debug level only: an alert on that counter
+    fired for good. Not counted now, as on a plain listener; a refused one after it is."""
+    before = srv.stats()["counters"]["tls_handshakes_failed"]
+    for listener in (3, 4):
+        socket.create_connection(("127.0.0.1", port(srv, listener)), timeout=5).close()
+    # (the broker reads those ends no later than this connection's bytes)
+    refused_at_first_bytes(srv, 4, connect("x"))
+    assert srv.stats()["counters"]["tls_handshakes_failed"] - before == 1
