@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _run(argv)
         finally:
-            sys.stdout.flush()   # a reader gone shows here, not as a traceback at exit
+            if sys.stdout is not None:      # None: fd 1 closed at start (``>&-``)
+                sys.stdout.flush()   # a reader gone shows here, not as a traceback at exit
     except BrokenPipeError:
         if not _quiet_closed_pipes():
             raise

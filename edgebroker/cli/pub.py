@@ -55,7 +55,10 @@ def add_parser(commands) -> None:
 def _messages(args, topic: str):
     """The payloads to send: read now (a file that cannot be read, or larger than MQTT's
     largest message, fails before connecting and before it is read), except ``-l``'s lines,
-    read as they come."""
+    read as they come; stdin closed (``<&-``) for ``-l`` or ``-s`` fails before connecting."""
+    if (args.stdin_line or args.stdin_file) and sys.stdin is None:
+        option = "-l" if args.stdin_line else "-s"
+        raise Exit(1, f"Error: standard input is closed ({option} reads the message from it)")
     if args.stdin_line:
         return _stdin_lines()
     if args.message is not None:

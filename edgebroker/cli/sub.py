@@ -11,13 +11,21 @@ A QoS 1/2 message is acknowledged (PUBACK, PUBREC) only once printed, or skipped
 ``-T``: those read past the count of ``-C``, the first non-retained one of
 ``--retained-only`` and those still unread at ``-W``, Ctrl-C or SIGTERM stay unacknowledged,
 so a kept session (``-c``) has the broker send them again at the next connection.
-Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub. A link lost after the first
+Ctrl-C or SIGTERM: DISCONNECT and exit 0, as mosquitto_sub; one that comes while a message is
+being written (a reader slower than the messages, its pipe full) lets it be written in full
+and acknowledged first (Stop), as mosquitto_sub's handler that only sets a flag: no record is
+cut off, none printed comes again. A second one ends the wait at once: exit 130, the message
+cut off and unacknowledged. Stdout closed (``>&-``) is refused before connecting, exit 1; a
+write that fails (ENOSPC, EIO) ends with one line, exit 1, the message unacknowledged; a
+reader gone (EPIPE) ends quietly with 141 (cli/main.py). A link lost after the first
 connection is connected again (mqtt_options.Session), and the event loop subscribes again
 to the filters when the broker did not keep the session (its ``resubscribe``).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
@@ -66,10 +74,13 @@ def subscribe(args) -> int:
     filters = list(args.topic) or [t for t in [url_topic(args, "sub")] if t]
     if not filters and not args.unsubscribe:
         raise Exit(2, "edgebroker sub: a topic is needed (-t, or the path of -L)")
+    if sys.stdout is None:
+        raise Exit(1, "Error: standard output is closed: nowhere to print the messages")
     session = Session(args, "sub", auto_ack=False)     # ack: once printed or skipped
+    stop = Stop(session.say)
     conn = session.conn
     end = time.monotonic() + args.wait if args.wait else None
-    out = sys.stdout.buffer
+    out = sys.stdout.fileno()
     newline = b"" if args.no_newline else b"\n"
     printed = 0
     waiting = set()         # the SUBSCRIBE/UNSUBSCRIBE requests not answered yet
@@ -102,13 +113,21 @@ def subscribe(args) -> int:
                             f"({len(event.payload)} bytes))")
                 if event.payload:
                     head = event.topic.encode() + b" " if args.verbose else b""
-                    out.write(head + event.payload + newline)
+                    record = head + event.payload + newline
                 elif args.verbose and newline:       # as mosquitto_sub: "(null)", or nothing
-                    out.write(event.topic.encode() + b" (null)\n")
-                out.flush()
+                    record = event.topic.encode() + b" (null)\n"
+                else:
+                    record = b""
+                stop.writing = True
+                try:
+                    write_all(out, record)
+                except KeyboardInterrupt:   # a second Ctrl-C or SIGTERM while writing
+                    raise Exit(130, "edgebroker sub: interrupted while writing a message: "
+                                    "it is cut off and was not acknowledged") from None
                 conn.ack(event)             # printed: the broker may forget it
+                stop.writing = False
                 printed += 1
-                if args.count and printed >= args.count:
+                if stop.asked or args.count and printed >= args.count:
                     return 0
             elif kind is Subscribed or kind is Unsubscribed:
                 waiting.discard(event.request)
@@ -121,4 +140,42 @@ def subscribe(args) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        stop.writing = False                # a signal during the DISCONNECT: at once
         session.close()
+
+
+class Stop:
+    """SIGINT (Ctrl-C) and SIGTERM: KeyboardInterrupt at once, except the first one that comes
+    while a message is being written (``writing``): that one only sets ``asked``, so that the
+    message is written in full and acknowledged before `sub` exits. SIGINT is left alone when
+    it is ignored (a background job of a script). ``say``: Session.say (``-d``)."""
+
+    def __init__(self, say):
+        self.say = say
+        self.writing = False
+        self.asked = False
+        signal.signal(signal.SIGTERM, self.handle)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame):
+        if self.writing and not self.asked:
+            self.asked = True
+            self.say("interrupted: writing the message in full, then exiting (interrupt again "
+                     "to exit at once)")
+            return
+        raise KeyboardInterrupt
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd`` in full (a write to a pipe may take part of it), with no
+    buffer left behind; a write that fails is one line and exit 1 (a reader gone: main's
+    BrokenPipeError, 141)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise Exit(1, f"Error: writing the message to standard output: {exc.strerror}") from None
