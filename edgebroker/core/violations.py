@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from edgebroker.errors import (
-    CLIENT_ID_NOT_VALID, CONNACK_CODES_311, UNSPECIFIED_ERROR, UNSUPPORTED_PROTOCOL_VERSION,
-    ProtocolError,
+    CLIENT_ID_NOT_VALID, CONNACK_CODES_311, RECEIVE_MAXIMUM_EXCEEDED, UNSPECIFIED_ERROR,
+    UNSUPPORTED_PROTOCOL_VERSION, ProtocolError,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.encode import encode
@@ -53,9 +53,14 @@ def violation(client, exc: ProtocolError) -> None:
 
 
 def _log_violation(client, exc: ProtocolError, then: str) -> None:
+    """Logged per peer under the kind of the violation: a packet over max_packet_size, a 5.0
+    QoS 2 PUBLISH over receive_maximum (the 3.1.1 case's kind: another client's violation
+    from the same address does not hide its line), or any other."""
     broker = client.broker
     broker.stats.protocol_errors += 1
-    kind = "max_packet_size" if exc.rule == "max_packet_size" else "protocol_error"
+    kind = ("max_packet_size" if exc.rule == "max_packet_size"
+            else "receive_maximum" if exc.reason == RECEIVE_MAXIMUM_EXCEEDED
+            else "protocol_error")
     if kind == "max_packet_size":
         broker.hit(kind)
     broker.peer_log.log(log, logging.WARNING, kind, client.peer,

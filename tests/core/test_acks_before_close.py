@@ -93,3 +93,51 @@ def test_messages_then_the_end_of_the_stream_get_their_acknowledgements(srv, uid
     assert c.expect_closed(10)
     assert [(p.type, p.packet_id) for p in c.before_close] == [(m.PUBACK, 1), (m.PUBREC, 2)]
     assert [sub.recv_publish().payload for _ in range(2)] == [b"one", b"two"]
+
+
+N = 50      # QoS 1/2 PUBLISHes in one write before the refused one
+
+
+def _burst(publish, topic: str, refused: str, qos: int, pid0: int = 1) -> bytes:
+    return (b"".join(publish(topic, b"%d" % i, qos=qos, packet_id=pid0 + i) for i in range(N))
+            + publish(refused, b"refused", qos=qos, packet_id=pid0 + N))
+
+
+@pytest.mark.parametrize("limit,value,refused", [
+    ("max_topic_levels", 4, "/a/b/c/d/e/f"),
+    ("max_topics_per_client", 1, "/new"),
+])
+def test_a_3_1_1_publish_a_topic_limit_refuses_closes_after_the_earlier_acknowledgements(
+        broker, uid, limit, value, refused):
+    """50 QoS 1 (then QoS 2) PUBLISHes and one to a topic a limit refuses, in one write: the
+    connection closes for the last one (3.1.1 has no negative acknowledgement), after the
+    PUBACKs/PUBRECs of the 50 taken (logged and delivered): without them the client would
+    send them again and subscribers would get duplicates."""
+    b = broker(limits={limit: value})
+    sub = b.client(f"{uid}-s")
+    sub.subscribe(f"{uid}/#", qos=1)
+    for qos, ack in ((1, m.PUBACK), (2, m.PUBREC)):
+        c = b.client(f"{uid}-c{qos}")
+        topic = f"{uid}/ok{qos}"
+        c.publish(topic, b"first", qos=1)   # the topic admitted (max_topics_per_client: its one)
+        assert sub.recv_publish().payload == b"first"
+        c.send(_burst(m.publish, topic, f"{uid}{refused}{qos}", qos, pid0=10))
+        assert c.expect_closed(10)
+        assert [(p.type, p.packet_id) for p in c.before_close] == [
+            (ack, 10 + i) for i in range(N)]
+        assert [sub.recv_publish().payload for _ in range(N)] == [b"%d" % i for i in range(N)]
+    assert b.stats()["limit_hits"][limit] == 2
+
+
+def test_a_5_0_client_gets_the_earlier_acknowledgements_then_0x97(broker, uid):
+    """5.0 has a negative acknowledgement: PUBACK 0x97 (quota exceeded) after the 50, and the
+    connection stays."""
+    b = broker(limits={"max_topic_levels": 4})
+    c = R.RawClient5(b.host, b.port)
+    _open_clients.append(c)
+    assert c.connect(f"{uid}-c").reason == 0
+    c.send(_burst(R.publish5, f"{uid}/ok", f"{uid}/a/b/c/d/e", 1))
+    acks = [c.expect(R.PUBACK) for _ in range(N + 1)]
+    assert [(p.packet_id, p.reason) for p in acks] == [(1 + i, 0) for i in range(N)] + [
+        (N + 1, 0x97)]
+    assert c.ping() == []

@@ -210,3 +210,30 @@ def test_a_5_0_client_is_told_the_default_and_counted(broker, uid):
         assert b.stats()["limit_hits"]["receive_maximum"] == 1
     finally:
         c.close()
+
+
+def test_a_5_0_client_over_it_is_logged_with_the_client_and_the_limit(broker, uid):
+    """Its DISCONNECT 0x93 has the 3.1.1 case's kind in the log (once per address and
+    refusal_log_interval): another client's protocol violation from the same address just
+    before (a Topic Alias over the maximum) does not hide its line, which was a generic "1
+    more protocol violations from 127.0.0.1" later, naming neither client nor limit."""
+    b = broker(refusal_log_interval=60, limits={"receive_maximum": 3, "max_topic_alias": 2})
+    mark = b.mark()
+    other = R.RawClient5(b.host, b.port)
+    q2 = R.RawClient5(b.host, b.port)
+    try:
+        assert other.connect(f"{uid}-alias").reason == 0
+        other.send(R.publish5(f"{uid}/t", b"x", props={R.TOPIC_ALIAS: 3}))
+        assert other.expect_disconnect().reason == 0x94
+        assert b.wait_log(lambda ln: f"{uid}-alias" in ln and "Topic Alias" in ln, start=mark)
+        assert q2.connect(f"{uid}-q2").properties[R.RECEIVE_MAXIMUM] == 3
+        q2.send(b"".join(R.publish5(f"{uid}/t", b"x", 2, packet_id=pid) for pid in range(1, 5)))
+        assert q2.expect_disconnect().reason == 0x93
+        line = _line(b, mark)
+        assert f"{uid}-q2" in line and "3 QoS 2 messages" in line, line
+        assert "(receive_maximum 3, its Receive Maximum)" in line and "packet id 4" in line, line
+        s = b.stats()
+        assert s["limit_hits"]["receive_maximum"] == 1 and s["counters"]["protocol_errors"] == 2
+    finally:
+        other.close()
+        q2.close()

@@ -123,9 +123,10 @@ def on_publish5(client, p: P.Publish) -> None:
     awaiting = client.session.awaiting_release
     if (p.qos == 2 and len(awaiting) >= told.receive_maximum and p.packet_id not in awaiting
             and not forget_inherited(client, awaiting)):
-        client.broker.hit("receive_maximum")
-        raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
-                            f"({told.receive_maximum} awaiting PUBREL)", rule="MQTT-3.3.4-7",
+        client.broker.hit("receive_maximum")    # (logged as the 3.1.1 case: core.violations)
+        raise ProtocolError(f"QoS 2 PUBLISH (packet id {p.packet_id}) refused: {len(awaiting)} "
+                            f"QoS 2 messages from it await their PUBREL (receive_maximum "
+                            f"{told.receive_maximum}, its Receive Maximum)", rule="MQTT-3.3.4-7",
                             reason=RECEIVE_MAXIMUM_EXCEEDED)
     props = p.properties
     if props is not None:
@@ -298,7 +299,9 @@ def _drop_denied_publish(topic: str, payload: bytes, qos: int, retain: bool, cli
 
 
 def _refuse_publish(client, p: P.Publish, limit: str) -> None:
-    """A PUBLISH to a topic the topic table does not admit."""
+    """A PUBLISH to a topic the topic table does not admit. A 3.1.1 QoS 1/2 one closes the
+    connection; what the client published before it in this read is acknowledged first (as
+    ``Client.violation`` does), so that the client does not send those messages again."""
     broker = client.broker
     broker.hit(limit)
     broker.drop(limit, client.session)
@@ -320,4 +323,5 @@ def _refuse_publish(client, p: P.Publish, limit: str) -> None:
                         "%s: publish to new topic %s refused: %s (%d); closing the connection "
                         "(QoS %d: MQTT 3.1.1 has no negative acknowledgement)",
                         client.describe(), topic, limit, value, p.qos)
+    broker.before_close()   # what it published before in this read is acknowledged first
     client.close(will=True)
