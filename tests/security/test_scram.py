@@ -361,6 +361,18 @@ def test_failed_reauthentication_gets_disconnect_0x87_and_the_will(srv5, uid, us
     assert counters(srv5)["scram_failed"] == before["scram_failed"] + 1
 
 
+def test_publishes_before_a_failed_reauthentication_are_acknowledged(srv5, uid):
+    """QoS 1 PUBLISHes sent in one write with an AUTH that fails: their PUBACKs go out before
+    the DISCONNECT (they were dropped at the close: the client sent them again)."""
+    c, _, ack = login(srv5, uid, "erin", PASSWORDS["erin"])
+    assert ack.reason == 0
+    c.send(b"".join(m5.publish5("erin/t", b"%d" % i, qos=1, packet_id=i + 1) for i in range(50))
+           + m5.auth5(0x19, auth_props(Scram("bob", PASSWORDS["bob"]).first())))
+    acks = [c.wait_for(lambda p: p.type in (m5.PUBACK, m5.DISCONNECT)) for _ in range(51)]
+    assert [(p.type, p.packet_id) for p in acks[:50]] == [(m5.PUBACK, i + 1) for i in range(50)]
+    assert acks[50].type == m5.DISCONNECT and acks[50].reason == 0x87
+
+
 def test_mqttjs_logs_in_by_scram(srv5, mqttjs, uid):
     """A real 5.0 client (MQTT.js, its handleAuth answering the AUTH) logs in and is served."""
     js = mqttjs()

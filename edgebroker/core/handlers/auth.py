@@ -214,6 +214,7 @@ def _reauth_failed(client, reason: int, why: str, told: str, throttled: bool = F
     broker.peer_log.log(log, logging.INFO, "auth_throttled" if throttled else "auth", client.peer,
                         "%s: re-authentication failed (DISCONNECT %#04x): %s: %s",
                         client.describe(), reason, scram.METHOD, why)
+    broker.before_close()   # what it published before in this read is acknowledged first
     client.close(will=True, reason=reason, why=f"re-authentication failed: {told}")
 
 
