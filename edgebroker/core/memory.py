@@ -6,7 +6,9 @@ control group's limit when that is lower (a systemd ``MemoryMax=``, a container'
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 
 
 class ProcessUsage:
@@ -106,18 +108,40 @@ def _read_limit(path: str) -> int | None:
 
 class MemoryGuard:
     """Resident memory of this process against ``memory_limit`` (checked on a timer).
-    ``limit``: the limit in bytes (0: off); ``source``: for "auto", what it is half of."""
+    ``limit``: the limit in bytes (0: off); ``source``: for "auto", what it is half of.
 
-    __slots__ = ("limit", "source", "rss", "cpu_seconds", "over", "usage")
+    Python keeps most of the memory it frees for reuse instead of returning it to the system,
+    so after a peak RSS can stay above the limit with nothing left in it. What the broker holds
+    is measured by Python's allocated blocks (``sys.getallocatedblocks``: objects of up to
+    512 bytes, which is what connections, sessions, subscriptions and topics are made of; it
+    falls when they are freed even if RSS does not): ``blocks``, and ``blocks_low``, the
+    fewest seen (the idle broker's). Over the limit, ``peak`` and ``blocks_peak`` are the
+    highest RSS and blocks. Once RSS has stopped rising (a full garbage collection runs then,
+    and every ``COLLECT_EVERY`` checks while it stays over) and the blocks have fallen well
+    below the peak's (``released_at``), the RSS then is ``kept``: the broker admits again
+    (``over`` false, ``released`` counted) while RSS stays within ``margin()`` of it and the
+    blocks below ``blocks_peak``. Memory reused inside the process admits; RSS growing past it,
+    or holding as much as at the peak, is refused again (docs/limits.md, "Memory")."""
+
+    COLLECT_EVERY = 30  # checks (seconds)
+
+    __slots__ = ("limit", "source", "rss", "cpu_seconds", "over", "usage", "blocks",
+                 "blocks_low", "blocks_peak", "peak", "kept", "released", "collect_in", "allocated")
 
     def __init__(self, setting: int | str):
         self.limit = 0
         self.source = ""
-        self.configure(setting)
         self.rss = 0
         self.cpu_seconds = 0.0
         self.over = False
         self.usage = ProcessUsage()  # this process; the broker's one (SysTopics reads it too)
+        self.allocated = sys.getallocatedblocks
+        self.blocks = self.blocks_low = self.blocks_peak = 0
+        self.peak = 0       # highest RSS while over
+        self.kept = 0       # RSS kept after a peak, admitted again above the limit (0: none)
+        self.released = 0   # times admitted again over kept memory
+        self.collect_in = 0  # checks over the limit until the next garbage collection
+        self.configure(setting)
 
     def configure(self, setting: int | str) -> bool:
         """The limit from the ``memory_limit`` setting: bytes, or "auto" (half of
@@ -132,15 +156,57 @@ class MemoryGuard:
                 self.source = f"auto: half of {available[0]} bytes ({available[1]})"
         else:
             self.limit, self.source = setting, ""
-        return (self.limit, self.source) != old
+        if (self.limit, self.source) == old:
+            return False
+        self.kept = self.blocks_peak = self.peak = 0    # measured against the new limit
+        return True
+
+    def margin(self) -> int:
+        """How far RSS may grow past ``kept`` before it is over again: a tenth of the limit."""
+        return self.limit // 10
+
+    def released_at(self) -> int:
+        """The most blocks that admit again after a peak: the blocks above the idle broker's
+        halved since the peak, and at most three quarters of the peak's."""
+        low, peak = self.blocks_low, self.blocks_peak
+        return min(low + (peak - low) // 2, peak * 3 // 4)
 
     def check(self) -> bool | None:
-        """Measure; returns the new ``over`` state when it changed, else None."""
+        """Measure; returns the new ``over`` state when it changed, else None. (A change to
+        false with ``kept`` set: admitted again though RSS is above the limit.)"""
         figures = self.usage.read()
         if figures is None:
             return None
         self.rss, self.cpu_seconds = figures
-        over = bool(self.limit) and self.rss > self.limit
+        rss, limit = self.rss, self.limit
+        blocks = self.blocks = self.allocated()
+        if blocks < self.blocks_low or not self.blocks_low:
+            self.blocks_low = blocks
+        if not limit or rss <= limit:
+            over = False
+            self.kept = self.blocks_peak = self.peak = 0
+        elif not self.over and self.kept:   # admitting over kept memory
+            over = rss > self.kept + self.margin() or blocks >= self.blocks_peak
+            if over:
+                self.kept, self.peak, self.collect_in = 0, rss, 0
+        elif not self.over or rss > self.peak:      # rising
+            over = True
+            self.peak = rss
+            self.blocks_peak = max(self.blocks_peak, blocks)
+        else:
+            self.blocks_peak = max(self.blocks_peak, blocks)
+            if blocks > self.released_at():
+                # Objects in reference cycles (a closed client's) are freed only by a full
+                # collection, which an idle broker may not run for a long time.
+                self.collect_in -= 1
+                if self.collect_in <= 0:
+                    self.collect_in = self.COLLECT_EVERY
+                    gc.collect()
+                    blocks = self.blocks = self.allocated()
+            over = blocks > self.released_at()
+            if not over:        # stopped rising, and holding well below the peak: released
+                self.kept = rss
+                self.released += 1
         if over != self.over:
             self.over = over
             return over

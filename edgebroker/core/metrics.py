@@ -96,7 +96,9 @@ def snapshot(broker, now: float) -> dict:
                  "busy_polls_missed": busy_poll.missed if busy_poll is not None else 0,
                  **_contention(contention)},
         "process": {"rss_bytes": guard.rss, "cpu_seconds": guard.cpu_seconds,
-                    "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over},
+                    "memory_limit_bytes": guard.limit, "memory_over_limit": guard.over,
+                    "memory_kept_bytes": guard.kept, "memory_released": guard.released,
+                    "allocated_blocks": guard.blocks},
         "log": broker.journal.figures() if broker.journal is not None else None,
         "upload": broker.upload_figures() if broker.upload_figures is not None else None,
         "bridges": (broker.bridge_figures(broker.journal.wall_ms())

@@ -223,11 +223,28 @@ class Timers:
         now = self.clock()
         self._housekeeping.start(self, now + HOUSEKEEPING_INTERVAL)
         self.events.flush(now)      # repeats whose period ended with no event to say them
-        changed = self.memory.check()
-        if changed is True:
+        guard = self.memory
+        kept = guard.kept
+        changed = guard.check()
+        if changed is True and kept:
+            why = (f"grew past the {kept} bytes kept after the last peak by over {guard.margin()}"
+                   if guard.rss > kept + guard.margin() else
+                   f"the broker holds {guard.blocks} allocated blocks, as many as at the last "
+                   f"peak ({guard.blocks_peak})")
+            log.warning("memory use %d bytes is above memory_limit (%d) and %s: refusing new "
+                        "connections and new topics and subscriptions again", guard.rss,
+                        guard.limit, why)
+        elif changed is True:
             log.warning("memory use %d bytes is above memory_limit (%d): refusing new connections "
-                        "and new topics and subscriptions until it falls below", self.memory.rss,
-                        self.memory.limit)
+                        "and new topics and subscriptions until it falls below", guard.rss,
+                        guard.limit)
+        elif changed is False and guard.kept:
+            log.warning("memory use %d bytes is above memory_limit (%d) but is memory kept after "
+                        "a peak of %d: the broker holds %d allocated blocks, down from %d then "
+                        "(%d idle); accepting new connections, topics and subscriptions again "
+                        "until memory grows %d bytes past it or holds as much as at the peak",
+                        guard.rss, guard.limit, guard.peak, guard.blocks, guard.blocks_peak,
+                        guard.blocks_low, guard.margin())
         elif changed is False:
             log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
                         "connections, topics and subscriptions", self.memory.rss,

@@ -200,6 +200,12 @@ METRICS = (
      "1 while memory is above limits.memory_limit (new connections, topics and "
      "subscriptions refused).",
      lambda s: int(s["process"]["memory_over_limit"])),
+    ("edgebroker_memory_kept_bytes", "gauge", "RSS kept after a peak above "
+     "limits.memory_limit that the broker admits again under (0: none).",
+     lambda s: s["process"]["memory_kept_bytes"]),
+    ("edgebroker_memory_released_total", "counter", "Times the broker admitted again above "
+     "limits.memory_limit, its holdings having fallen after a peak.",
+     lambda s: s["process"]["memory_released"]),
     # The loop's wait for a CPU (server/contention.py).
     ("edgebroker_loop_cpu_contended", "gauge", "1 from when the core thread waited for a CPU "
      "10 % or more of the time it wanted one until that is below 5 % or the loop is idle "

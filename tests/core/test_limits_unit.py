@@ -299,7 +299,8 @@ def test_render_has_help_and_type_before_every_sample():
                  "cpu_contended": True, "cpu_contention_episodes": 3,
                  "cpu_contended_seconds": 4.5, "cpu_wait_share": 0.25},
         "process": {"rss_bytes": 100, "cpu_seconds": 0.5, "memory_limit_bytes": 0,
-                    "memory_over_limit": False},
+                    "memory_over_limit": False, "memory_kept_bytes": 70, "memory_released": 2,
+                    "allocated_blocks": 9},
     }
     text = render(snap)
     declared = {}
@@ -325,6 +326,8 @@ def test_render_has_help_and_type_before_every_sample():
     assert "edgebroker_loop_cpu_contention_episodes_total 3" in text.splitlines()
     assert "edgebroker_loop_cpu_contended_seconds_total 4.5" in text.splitlines()
     assert "edgebroker_loop_cpu_wait_ratio 0.25" in text.splitlines()
+    assert "edgebroker_memory_kept_bytes 70" in text.splitlines()
+    assert "edgebroker_memory_released_total 2" in text.splitlines()
 
 
 # ----- this process's figures (memory_limit, $SYS/broker/process/*) --------------------------
@@ -396,6 +399,38 @@ def test_memory_available_takes_the_lowest_control_group_limit(tmp_path):
     assert guard.configure(0) is True and guard.limit == 0 and guard.source == ""
     assert guard.configure(0) is False
     assert guard.configure(5 << 20) is True and guard.limit == 5 << 20
+
+
+def test_memory_guard_admits_again_over_memory_kept_after_a_peak():
+    """Over memory_limit, once RSS stops rising and the allocated blocks have fallen well below
+    the peak's, the RSS then is kept and admits again; growing past it by a tenth of the limit,
+    or holding as many blocks as at the peak, is over again. An idle broker above a limit set
+    below it is never released."""
+    from edgebroker.core.memory import MemoryGuard
+    guard = MemoryGuard(1000)
+    figures = [(0, 0)]
+    guard.usage = type("Usage", (), {"read": staticmethod(lambda: (figures[0][0], 0.0))})()
+    guard.allocated = lambda: figures[0][1]
+
+    def check(rss, blocks):
+        figures[0] = (rss, blocks)
+        return guard.check()
+
+    assert check(500, 100) is None and not guard.over              # idle: 100 blocks
+    assert check(1500, 900) is True                                # flood
+    assert check(1800, 1000) is None and guard.over                # still rising
+    assert check(1700, 700) is None and guard.over                 # not well below the peak
+    assert check(1700, 500) is False and guard.kept == 1700        # 100 + (1000 - 100) // 2
+    assert guard.released == 1 and guard.peak == 1800
+    assert check(1790, 900) is None and not guard.over             # reuses what it kept
+    assert check(1801, 900) is True and guard.kept == 0            # grew past 1700 + 100
+    assert check(1801, 200) is False and guard.kept == 1801 and guard.released == 2
+    assert check(1801, 1000) is True                               # holds as much as the peak
+    assert check(900, 1000) is False and guard.kept == 0           # below the limit: plain
+    guard.configure(100)                                           # a limit below idle use
+    assert check(500, 100) is True
+    for _ in range(3):
+        assert check(500, 100) is None and guard.over and guard.released == 2
 
 
 def test_event_log_reports_repeats_no_event_followed(caplog):

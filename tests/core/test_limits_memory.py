@@ -1,0 +1,94 @@
+"""memory_limit after a peak (docs/limits.md, "Memory"): Python keeps the memory it freed, so
+once a flood of clients has gone RSS can stay above the limit with the broker holding nothing.
+The broker admits again then (its allocated blocks have fallen), and refuses again when a
+new flood grows what it holds."""
+
+import time
+
+import pytest
+
+import mqttraw as m
+from conftest import open_files_allowed, toml_dumps
+from mqttraw import CONNACK, SUBACK
+
+FILTERS = 50        # per client, each a new 100-byte filter: about 50 KB of broker memory
+
+
+@pytest.fixture
+def many_files():
+    """Room for the floods' sockets, in this process and the broker it starts."""
+    with open_files_allowed(4096):
+        yield
+
+
+def _flood(b, prefix: str, most: int) -> tuple[list, bool]:
+    """Clients, each subscribing to FILTERS new filters, until the broker refuses one (closes
+    the connection at once, or refuses a filter) or ``most`` are connected. Returns the
+    clients connected and whether one was refused."""
+    clients = []
+    for i in range(most):
+        c = b.raw()
+        filters = [(f"{prefix}/{i}/{j}/" + "f" * 100, 1) for j in range(FILTERS)]
+        try:
+            c.send(m.connect(f"{prefix}-{i}") + m.subscribe(1, filters))
+            c.expect(CONNACK)
+            ack = c.expect(SUBACK)
+        except (m.ConnectionClosed, OSError):
+            c.close()
+            return clients, True
+        clients.append(c)
+        if 0x80 in ack.codes:
+            return clients, True
+    return clients, False
+
+
+def _wait_stats(b, pred, timeout: float) -> dict:
+    """The broker's stats once ``pred(stats)`` holds (bounded wait)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = b.stats()
+        if pred(s):
+            return s
+        assert time.monotonic() < deadline, s
+        time.sleep(0.05)
+
+
+def test_memory_limit_admits_again_after_a_flood_has_gone(many_files, broker, uid):
+    """Many clients with many subscriptions take the broker over memory_limit; they all go.
+    RSS stays above the limit (Python keeps what it freed), yet a new client is accepted:
+    logged once with the figures and counted. A flood that goes on is refused again."""
+    b = broker(limits={"memory_limit": 0, "max_connection_rate": 0})
+    idle = _wait_stats(b, lambda s: s["process"]["rss_bytes"] > 0, 5)["process"]["rss_bytes"]
+    limit = idle + (16 << 20)
+    mark = b.mark()
+    b.config_path.write_text(toml_dumps(dict(b.config, limits=dict(
+        b.config["limits"], memory_limit=limit))))
+    b.send_signal(__import__("signal").SIGHUP)
+    _wait_stats(b, lambda s: s["process"]["memory_limit_bytes"] == limit, 5)
+
+    clients, refused = _flood(b, f"{uid}-a", 2000)
+    assert refused and clients, (len(clients), b.stats()["process"])
+    assert b.wait_log("above memory_limit", timeout=5, start=mark)
+    for c in clients:
+        c.close()
+    _wait_stats(b, lambda s: s["clients_connected"] == 0 and s["subscriptions"] == 0, 10)
+
+    line = b.wait_log(lambda ln: "memory kept after a peak" in ln or "below memory_limit" in ln,
+                      timeout=10, start=mark)
+    assert line and "memory kept after a peak" in line, (line, b.stats()["process"])
+    assert "allocated blocks" in line and str(limit) in line, line
+    s = b.stats()["process"]
+    assert s["memory_over_limit"] is False and s["memory_released"] == 1
+    assert s["memory_kept_bytes"] > limit, s
+    b.client(f"{uid}-after")        # accepted
+    assert len([ln for ln in b.logs[mark:] if "memory kept after a peak" in ln]) == 1
+
+    # The limit still works: a flood that goes on is refused once it holds as much again.
+    more, refused = _flood(b, f"{uid}-b", 4 * len(clients))
+    assert refused, (len(more), len(clients), b.stats()["process"])
+    line = b.wait_log("subscriptions again", timeout=5, start=mark)
+    assert line and "above memory_limit" in line, line
+    assert b.stats()["process"]["memory_over_limit"] is True
+    late = b.raw()
+    late.send(m.connect(f"{uid}-late"))
+    assert late.expect_closed(5)
