@@ -459,7 +459,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
             "lag_seconds": lag["lag_seconds"], "inflight": self.conn.inflight,
             "forwarded": ob.forwarded, "forwarded_bytes": ob.forwarded_bytes,
             "resent": ob.resent, "gaps": ob.gaps, "gap_offsets": ob.gap_offsets,
-            "refused": ob.refused, "unsendable": ob.unsendable,
+            "refused": ob.refused, "unsendable": ob.unsendable, "expired": ob.expired,
             "checkpoint_ahead": self.checkpoint_ahead,
             "checkpoint_damaged": self.checkpoint_damaged,
             "checkpoint_failures": self.writer.failed.get(self.path, 0),

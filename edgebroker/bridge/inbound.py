@@ -16,6 +16,12 @@ newer and not yet at the remote is dropped (``_stale``, docs/bridge.md "Retained
 messages"). Each drop is counted (``dropped``, reason ``bridge_in``) and
 logged once per bridge and reason.
 
+On MQTT 5.0 a message's properties go with it, as with a client's PUBLISH (user properties,
+content type, response topic, correlation data, payload format indicator; not its Topic
+Alias, resolved by the connection, nor a Subscription Identifier): logged, forwarded to 5.0
+subscribers, and its Message Expiry Interval (the remote's, already counted down by the
+time it waited there) counted down here from its arrival (MQTT-3.3.2-5, -6, -15 to -20).
+
 On MQTT 5.0 a message two overlapping ``in`` rules match may come once per subscription:
 each copy is published (bridge/subscribing.py says why none is skipped).
 
@@ -44,6 +50,7 @@ from edgebroker.bridge.outbound import shown
 from edgebroker.bridge.rules import topic_problem
 from edgebroker.client.events import Oversized
 from edgebroker.commitlog.errors import LogFullError
+from edgebroker.core.mqtt5 import message_properties
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt.fields import check_code_points
 
@@ -126,8 +133,11 @@ class Inbound:
                 broker.hit(refused)     # a limit reached, as for a client's PUBLISH
                 return self._drop(event, refused, f"a message for the new topic {local!r}: "
                                                   f"{refused}")
+        props = event.properties     # (5.0) forwarded unaltered, the expiry counted from now
+        properties, expiry = message_properties(props) if props else (b"", None)
         try:
-            offset = broker.publish(local, payload, qos, retain, self.publisher)
+            offset = broker.publish(local, payload, qos, retain, self.publisher, properties,
+                                    expiry)
         except LogFullError:
             self.held.append(event)
             if "log_full" not in self._warned:

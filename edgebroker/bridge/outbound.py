@@ -18,6 +18,13 @@ bytes once ``remote_prefix`` is added) can never be sent: it is skipped as it is
 the cursor moves past it, counted (``unsendable``, drop reason ``bridge_unsendable``) and
 logged once per episode (a run of them until a message goes out; at most once a minute).
 
+A record's MQTT 5.0 properties (the log keeps them, docs/log-format.md) are read with it
+(``carried``): on a 5.0 link they go out with the message, its Message Expiry Interval
+counted down by the time since the record was logged (MQTT-3.3.2-6). A record whose
+expiry passed before it was handed to the link (the link was down, or the backlog long),
+on either protocol version, is not forwarded (MQTT-3.3.2-5): the cursor moves past it,
+counted (``expired``, drop reason ``message_expired``) and logged once per bridge.
+
 Memory is O(window + READ_AHEAD) whatever the backlog: the backlog stays in the log.
 """
 
@@ -28,6 +35,8 @@ import time
 from collections import deque
 
 from edgebroker import errors
+from edgebroker.errors import ProtocolError
+from edgebroker.mqtt.properties import MESSAGE_EXPIRY, decode_body
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -49,6 +58,28 @@ def shown(topic: str) -> str:
     return errors.shown(topic, SHOWN, "bytes")
 
 
+def carried(stored: bytes, timestamp_ms: int) -> tuple[dict | None, int]:
+    """A log record's properties (as docs/log-format.md stores them) -> (those to forward
+    on a 5.0 link, without the Message Expiry Interval, or None; the wall-clock time in ms
+    the message expires at, 0 for never). Bytes that do not decode are forwarded as none."""
+    try:
+        props = decode_body(stored)
+    except ProtocolError:
+        return None, 0
+    if props is None:
+        return None, 0
+    interval = props.pop(MESSAGE_EXPIRY, None)    # (0 is read as none, as Router.publish)
+    return props or None, timestamp_ms + 1000 * interval if interval else 0
+
+
+def remaining(props: dict | None, expires: int, now_ms: int) -> dict:
+    """``props`` with the Message Expiry Interval left at ``now_ms`` (whole seconds, rounded
+    up: at least 1)."""
+    props = dict(props) if props else {}
+    props[MESSAGE_EXPIRY] = max(1, -((now_ms - expires) // 1000))
+    return props
+
+
 class Outbound:
     def __init__(self, name: str, commit_log, rules, own_id: bytes, cursor: int, sent: int,
                  drop=None):
@@ -60,7 +91,9 @@ class Outbound:
         self.read_at = cursor          # where the next read starts
         self.saved = cursor            # the cursor in the checkpoint file (what a crash keeps)
         self.resend_until = sent       # below it, a record sent again is a resend (a crash)
-        self.pending: deque = deque()  # (offset, remote topic, payload, qos, retain)
+        # (offset, remote topic, payload, qos, retain, 5.0 properties or None, expires at:
+        # wall-clock ms, 0 for never)
+        self.pending: deque = deque()
         self.pending_bytes = 0
         self.outstanding: dict[int, int] = {}    # offset -> bytes, in the order sent
         self.forwarded = 0             # records acknowledged by the remote
@@ -71,6 +104,7 @@ class Outbound:
         self.gap_offsets = 0           # offsets lost
         self.skipped_own = 0           # records the bridge published itself (not sent back)
         self.unsendable = 0            # records whose remote topic is no valid topic name
+        self.expired = 0               # records whose Message Expiry passed before sending
         self._drop = drop              # Broker.drop (the drop reason), or None
         self._unsendable_run = 0       # unsendable records since one went out (0: none)
         self._unsendable_logged = None   # time.monotonic() of the last line about them
@@ -141,7 +175,7 @@ class Outbound:
         own = self.own_id
         pending = self.pending
         size = 0
-        for offset, _ts, qos, retain, topic, payload, _n, _props, publisher in records:
+        for offset, ts, qos, retain, topic, payload, _n, props, publisher in records:
             found = outgoing(topic)
             if found is None:
                 continue
@@ -153,7 +187,8 @@ class Outbound:
                 self.skip_unsendable(offset, topic, remote_topic, problem)
                 continue
             self._unsendable_run = 0
-            pending.append((offset, remote_topic, payload, rule_qos, retain))
+            forward, expires = carried(props, ts) if props else (None, 0)
+            pending.append((offset, remote_topic, payload, rule_qos, retain, forward, expires))
             size += len(payload)
         self.pending_bytes += size
         self.read_at = next_offset
@@ -179,9 +214,23 @@ class Outbound:
                     "(bridge_unsendable); logged once per episode, at most once a minute",
                     self.name, offset, local, shown(remote_topic), problem[:200])
 
+    def expire(self) -> None:
+        """The next record's Message Expiry passed before it was sent: skipped (the cursor
+        moves past it), counted, logged once per bridge."""
+        record = self.pending.popleft()
+        self.pending_bytes -= len(record[2])
+        self.expired += 1
+        if self._drop is not None:
+            self._drop("message_expired", None, 1)
+        if self.expired == 1:
+            log.warning("bridge %s: the message at offset %d for %s expired (its Message "
+                        "Expiry Interval) before it could be forwarded: skipped, counted as "
+                        "expired (message_expired); logged once", self.name, record[0],
+                        shown(record[1]))
+
     def take(self):
-        """The next record to send (offset, remote topic, payload, qos, retain), now
-        outstanding; None when none is read."""
+        """The next record to send (offset, remote topic, payload, qos, retain, properties,
+        expires at), now outstanding; None when none is read."""
         if not self.pending:
             return None
         record = self.pending.popleft()

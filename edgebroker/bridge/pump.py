@@ -7,6 +7,7 @@ that no rule matches is read over several)."""
 
 from __future__ import annotations
 
+from edgebroker.bridge.outbound import remaining
 from edgebroker.client.requests import ClientError, QueueFull
 
 # Records one pump reads at most before it lets the loop go on.
@@ -46,6 +47,8 @@ class Pumping:
         publish = conn.publish
         pending = outbound.pending
         max_qos = self.max_qos
+        v5 = self.inbound.v5
+        now_ms = self.broker.journal.wall_ms()      # (Message Expiry: the log's clock)
         while limit > 0:
             if not pending:
                 if reads >= READS_PER_PUMP:
@@ -56,18 +59,26 @@ class Pumping:
                 if not outbound.read():
                     break
                 continue
-            qos = min(pending[0][3], max_qos)
+            head = pending[0]
+            if head[6] and head[6] <= now_ms:
+                outbound.expire()   # its Message Expiry passed: not forwarded
+                continue
+            qos = min(head[3], max_qos)
             if qos and room <= 0 or not conn.can_publish:
                 break       # the window is full: an acknowledgement calls pump again
             if qos == 2 and conn.qos2_full:
                 break       # ... as for the QoS 2 messages a 3.1.1 remote holds (the client
                 # library's max_qos2_inflight: client/connection.py, QOS2_INFLIGHT_311)
             record = outbound.take()
-            offset, topic, payload, _, retain = record
+            offset, topic, payload, _, retain, props, expires = record
             if retain and not self.retain_available:
                 retain = False
+            if not v5:
+                props = None
+            elif expires:
+                props = remaining(props, expires, now_ms)
             try:    # (the topic was checked as it was read: Outbound.read)
-                publish(topic, payload, qos, retain, token=offset)
+                publish(topic, payload, qos, retain, props, token=offset)
             except QueueFull:
                 outbound.untake(record)
                 break

@@ -60,7 +60,8 @@ class Refusals:
             # queue is full (requests queued before that CONNACK), it waits in ``_lowered``.
             qos = min(request.qos - (code == QOS_NOT_SUPPORTED), self.max_qos)
             retain = request.retain and code != RETAIN_NOT_SUPPORTED and self.retain_available
-            bisect.insort(self._lowered, (offset, topic, request.payload, qos, retain))
+            bisect.insort(self._lowered, (offset, topic, request.payload, qos, retain,
+                                          request.properties))
             self._send_lowered()
             return
         if self.outbound.refuse(offset):
@@ -96,8 +97,8 @@ class Refusals:
         conn = self.conn
         n = 0
         while n < len(lowered) and conn.can_publish:
-            offset, topic, payload, qos, retain = lowered[n]
-            conn.publish(topic, payload, qos, retain, token=offset)
+            offset, topic, payload, qos, retain, props = lowered[n]
+            conn.publish(topic, payload, qos, retain, props, token=offset)
             n += 1
         del lowered[:n]
         return not lowered
@@ -117,7 +118,7 @@ class Refusals:
                 self._busy_retry.start(self.broker, self.clock() + self.config.reconnect_min)
                 break
             conn.publish(request.topic, request.payload, request.qos, request.retain,
-                         token=request.token)
+                         request.properties, token=request.token)
             self.outbound.resent += 1
         self.pump()
 

@@ -462,6 +462,9 @@ def format_bridges(bridges: list[dict]) -> str:
         if row["unsendable"]:
             lines.append(f"  {row['name']}: {row['unsendable']} messages skipped, their remote "
                          "topic no valid MQTT topic name (unsendable)")
+        if row.get("expired"):
+            lines.append(f"  {row['name']}: {row['expired']} messages skipped, their Message "
+                         "Expiry passed before they were forwarded (expired)")
         if row["checkpoint_damaged"]:
             lines.append(f"  {row['name']}: started {row['checkpoint_damaged']} time(s) at the "
                          "head of the log, its checkpoint damaged (bridge-*.json.damaged)")
