@@ -123,7 +123,7 @@ class MemoryGuard:
     blocks below ``blocks_peak``. Memory reused inside the process admits; RSS growing past it,
     or holding as much as at the peak, is refused again (docs/limits.md, "Memory")."""
 
-    COLLECT_EVERY = 30  # checks (seconds)
+    COLLECT_EVERY = 300     # checks (seconds)
 
     __slots__ = ("limit", "source", "rss", "cpu_seconds", "over", "usage", "blocks",
                  "blocks_low", "blocks_peak", "peak", "kept", "released", "collect_in", "allocated")
@@ -145,7 +145,8 @@ class MemoryGuard:
 
     def configure(self, setting: int | str) -> bool:
         """The limit from the ``memory_limit`` setting: bytes, or "auto" (half of
-        ``memory_available``; off when that cannot be read). True when it changed."""
+        ``memory_available``; off when that cannot be read). True when it changed. (The
+        state of a peak is kept: the next check weighs it against the new limit.)"""
         old = self.limit, self.source
         if setting == "auto":
             available = memory_available()
@@ -156,14 +157,16 @@ class MemoryGuard:
                 self.source = f"auto: half of {available[0]} bytes ({available[1]})"
         else:
             self.limit, self.source = setting, ""
-        if (self.limit, self.source) == old:
-            return False
-        self.kept = self.blocks_peak = self.peak = 0    # measured against the new limit
-        return True
+        return (self.limit, self.source) != old
 
     def margin(self) -> int:
         """How far RSS may grow past ``kept`` before it is over again: a tenth of the limit."""
         return self.limit // 10
+
+    def ceiling(self) -> int:
+        """The most RSS ever taken as memory kept after a peak: twice the limit. Past it the
+        broker refuses until RSS falls below the limit, whatever it holds."""
+        return 2 * self.limit
 
     def released_at(self) -> int:
         """The most blocks that admit again after a peak: the blocks above the idle broker's
@@ -186,24 +189,31 @@ class MemoryGuard:
             over = False
             self.kept = self.blocks_peak = self.peak = 0
         elif not self.over and self.kept:   # admitting over kept memory
-            over = rss > self.kept + self.margin() or blocks >= self.blocks_peak
-            if over:
-                self.kept, self.peak, self.collect_in = 0, rss, 0
-        elif not self.over or rss > self.peak:      # rising
+            over = (rss > min(self.kept + self.margin(), self.ceiling())
+                    or blocks >= self.blocks_peak)
+            if over:    # a new peak: measured from here (the last one's blocks say nothing
+                # of memory held in larger objects, retained payloads say)
+                self.kept, self.peak, self.blocks_peak, self.collect_in = 0, rss, blocks, 0
+        elif not self.over:                 # over the limit from below it: a new peak
+            over = True
+            self.peak, self.blocks_peak, self.collect_in = rss, blocks, 0
+        elif rss > self.peak:               # rising
             over = True
             self.peak = rss
             self.blocks_peak = max(self.blocks_peak, blocks)
         else:
             self.blocks_peak = max(self.blocks_peak, blocks)
-            if blocks > self.released_at():
+            if blocks > self.released_at() and rss <= self.ceiling():
                 # Objects in reference cycles (a closed client's) are freed only by a full
-                # collection, which an idle broker may not run for a long time.
+                # collection, which an idle broker may not run for a long time: one when RSS
+                # stops rising, then one every COLLECT_EVERY checks (it stalls the loop for
+                # as long as it walks every object: 0.3 s at 3 million).
                 self.collect_in -= 1
                 if self.collect_in <= 0:
                     self.collect_in = self.COLLECT_EVERY
                     gc.collect()
                     blocks = self.blocks = self.allocated()
-            over = blocks > self.released_at()
+            over = blocks > self.released_at() or rss > self.ceiling()
             if not over:        # stopped rising, and holding well below the peak: released
                 self.kept = rss
                 self.released += 1

@@ -227,7 +227,9 @@ class Timers:
         kept = guard.kept
         changed = guard.check()
         if changed is True and kept:
-            why = (f"grew past the {kept} bytes kept after the last peak by over {guard.margin()}"
+            why = (f"is past {guard.ceiling()} bytes, twice the limit (never "
+                   f"taken as memory kept after a peak)" if guard.rss > guard.ceiling() else
+                   f"grew past the {kept} bytes kept after the last peak by over {guard.margin()}"
                    if guard.rss > kept + guard.margin() else
                    f"the broker holds {guard.blocks} allocated blocks, as many as at the last "
                    f"peak ({guard.blocks_peak})")

@@ -401,13 +401,10 @@ def test_memory_available_takes_the_lowest_control_group_limit(tmp_path):
     assert guard.configure(5 << 20) is True and guard.limit == 5 << 20
 
 
-def test_memory_guard_admits_again_over_memory_kept_after_a_peak():
-    """Over memory_limit, once RSS stops rising and the allocated blocks have fallen well below
-    the peak's, the RSS then is kept and admits again; growing past it by a tenth of the limit,
-    or holding as many blocks as at the peak, is over again. An idle broker above a limit set
-    below it is never released."""
+def _stepped_guard(limit):
+    """A MemoryGuard whose RSS and allocated blocks are set by ``check(rss, blocks)``."""
     from edgebroker.core.memory import MemoryGuard
-    guard = MemoryGuard(1000)
+    guard = MemoryGuard(limit)
     figures = [(0, 0)]
     guard.usage = type("Usage", (), {"read": staticmethod(lambda: (figures[0][0], 0.0))})()
     guard.allocated = lambda: figures[0][1]
@@ -415,22 +412,62 @@ def test_memory_guard_admits_again_over_memory_kept_after_a_peak():
     def check(rss, blocks):
         figures[0] = (rss, blocks)
         return guard.check()
+    return guard, check
 
+
+def test_memory_guard_admits_again_over_memory_kept_after_a_peak():
+    """Over memory_limit, once RSS stops rising and the allocated blocks have fallen well below
+    the peak's, the RSS then is kept and admits again; growing past it by a tenth of the limit,
+    or holding as many blocks as at the peak, is over again. An idle broker above a limit set
+    below it is never released."""
+    guard, check = _stepped_guard(1000)             # (a margin of 100, a ceiling of 2000)
     assert check(500, 100) is None and not guard.over              # idle: 100 blocks
-    assert check(1500, 900) is True                                # flood
-    assert check(1800, 1000) is None and guard.over                # still rising
-    assert check(1700, 700) is None and guard.over                 # not well below the peak
-    assert check(1700, 500) is False and guard.kept == 1700        # 100 + (1000 - 100) // 2
-    assert guard.released == 1 and guard.peak == 1800
-    assert check(1790, 900) is None and not guard.over             # reuses what it kept
-    assert check(1801, 900) is True and guard.kept == 0            # grew past 1700 + 100
-    assert check(1801, 200) is False and guard.kept == 1801 and guard.released == 2
-    assert check(1801, 1000) is True                               # holds as much as the peak
+    assert check(1200, 900) is True                                # flood
+    assert check(1400, 1000) is None and guard.over                # still rising
+    assert check(1300, 700) is None and guard.over                 # not well below the peak
+    assert check(1300, 500) is False and guard.kept == 1300        # 100 + (1000 - 100) // 2
+    assert guard.released == 1 and guard.peak == 1400
+    assert check(1390, 900) is None and not guard.over             # reuses what it kept
+    assert check(1401, 900) is True and guard.kept == 0            # grew past 1300 + 100
+    assert check(1401, 200) is False and guard.kept == 1401 and guard.released == 2
+    assert check(1401, 900) is True                                # holds as much as the peak
     assert check(900, 1000) is False and guard.kept == 0           # below the limit: plain
     guard.configure(100)                                           # a limit below idle use
     assert check(500, 100) is True
     for _ in range(3):
         assert check(500, 100) is None and guard.over and guard.released == 2
+
+
+def test_memory_held_in_large_objects_is_not_taken_as_released():
+    """(diff23) A peak's blocks were kept across peaks: after one of many small objects, memory
+    held in retained payloads (few blocks) passed as released at each stop (RSS 34 MiB limit,
+    then 277 and 605 MiB). Each peak is measured from its own start now, and RSS above twice
+    the limit is never taken as kept."""
+    guard, check = _stepped_guard(1000)
+    check(500, 100)
+    assert check(1400, 1000) is True and check(1300, 500) is False  # small objects gone: kept
+    assert check(1401, 520) is True                                # payloads: grew past it
+    assert check(1450, 530) is None and guard.over                 # rising
+    for _ in range(3):      # stopped: its blocks are not well below this peak's (530)
+        assert check(1450, 530) is None and guard.over and guard.released == 1
+    guard, check = _stepped_guard(1000)
+    check(500, 100)
+    assert check(2100, 1000) is True
+    assert check(2100, 100) is None and guard.over                 # past the ceiling (2000)
+    assert check(2000, 100) is False and guard.kept == 2000
+
+
+def test_a_reload_raising_the_limit_keeps_the_kept_memory():
+    """(diff23) A reload that raised memory_limit, still below RSS, while the broker admitted
+    over kept memory, forgot the peak: the idle broker's blocks became a new one it could never
+    fall below, and every new client was refused for good."""
+    guard, check = _stepped_guard(1000)
+    check(500, 100)
+    assert check(1400, 1000) is True and check(1300, 500) is False
+    assert guard.configure(1250) is True
+    for _ in range(3):
+        assert check(1300, 500) is None and not guard.over and guard.kept == 1300
+    assert check(1300, 1000) is True        # holding as much as at the peak: over again
 
 
 def test_event_log_reports_repeats_no_event_followed(caplog):
