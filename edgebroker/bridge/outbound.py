@@ -60,23 +60,26 @@ def shown(topic: str) -> str:
 
 def carried(stored: bytes, timestamp_ms: int) -> tuple[dict | None, int]:
     """A log record's properties (as docs/log-format.md stores them) -> (those to forward
-    on a 5.0 link, without the Message Expiry Interval, or None; the wall-clock time in ms
-    the message expires at, 0 for never). Bytes that do not decode are forwarded as none."""
+    on a 5.0 link, with the Message Expiry Interval as published, or None; the wall-clock
+    time in ms the message expires at, 0 for never). Bytes that do not decode are forwarded
+    as none."""
     try:
         props = decode_body(stored)
     except ProtocolError:
         return None, 0
-    if props is None:
+    if not props:
         return None, 0
-    interval = props.pop(MESSAGE_EXPIRY, None)    # (0 is read as none, as Router.publish)
-    return props or None, timestamp_ms + 1000 * interval if interval else 0
+    interval = props.get(MESSAGE_EXPIRY)    # (0 is read as none, as Router.publish)
+    if not interval:
+        props.pop(MESSAGE_EXPIRY, None)
+    return props, timestamp_ms + 1000 * interval if interval else 0
 
 
-def remaining(props: dict | None, expires: int, now_ms: int) -> dict:
+def remaining(props: dict, expires: int, now_ms: int) -> dict:
     """``props`` with the Message Expiry Interval left at ``now_ms`` (whole seconds, rounded
-    up: at least 1)."""
-    props = dict(props) if props else {}
-    props[MESSAGE_EXPIRY] = max(1, -((now_ms - expires) // 1000))
+    up: at least 1; never more than as published, whatever the clock did since)."""
+    props = dict(props)
+    props[MESSAGE_EXPIRY] = max(1, min(props[MESSAGE_EXPIRY], -((now_ms - expires) // 1000)))
     return props
 
 

@@ -139,3 +139,16 @@ def test_a_local_message_expired_while_the_remote_was_down_is_not_forwarded(
                                   "(its Message Expiry Interval) before it could be "
                                   "forwarded" in ln, 5, mark)
     central.close()
+
+
+def test_the_expiry_forwarded_is_never_more_than_published():
+    """A record's Message Expiry Interval counts down from its log time; a wall clock stepped
+    back since (NTP at a gateway's boot) gave more than the publisher set."""
+    from edgebroker.bridge.outbound import carried, remaining
+    stored = (R.prop(R.MESSAGE_EXPIRY, 60) + R.prop(R.CONTENT_TYPE, "text/plain"))
+    props, expires = carried(stored, 1_000_000)
+    assert expires == 1_060_000 and props[R.CONTENT_TYPE] == "text/plain"
+    assert remaining(props, expires, 1_010_000)[R.MESSAGE_EXPIRY] == 50
+    assert remaining(props, expires, 1_059_999)[R.MESSAGE_EXPIRY] == 1
+    assert remaining(props, expires, 400_000)[R.MESSAGE_EXPIRY] == 60     # clock stepped back
+    assert carried(R.prop(R.CONTENT_TYPE, "x"), 5)[1] == 0                # none: never expires
