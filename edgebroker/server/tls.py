@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import selectors
 import socket
 import time
@@ -134,14 +135,21 @@ def _pair_problem(name: str, lc: ListenerConfig, exc: ssl.SSLError) -> str:
     """What is wrong with the certificate and key OpenSSL refused, naming the file at fault:
     its error for a file that is no PEM ("PEM lib") names neither."""
     key = lc.keyfile or lc.certfile
+    mismatch = (f"{name}.certfile: {lc.certfile}: the private key in {key} does not match its "
+                f"certificate ({exc.reason or exc})")
     if exc.reason == "KEY_VALUES_MISMATCH":
-        return (f"{name}.certfile: {lc.certfile}: the private key in {key} does not match its "
-                f"certificate (KEY_VALUES_MISMATCH)")
+        return mismatch
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=lc.certfile)
     except (OSError, ssl.SSLError) as cert_exc:
         return (f"{name}.certfile: {lc.certfile}: no PEM certificate in it "
                 f"({getattr(cert_exc, 'reason', None) or cert_exc})")
+    try:    # a key of another type than the certificate's (an RSA key, an ECDSA certificate)
+        with open(key, "rb") as fh:
+            if re.search(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----", fh.read(1 << 20)):
+                return mismatch
+    except OSError:
+        pass
     if lc.keyfile:
         return (f"{name}.keyfile: {lc.keyfile}: no usable PEM private key in it "
                 f"({exc.reason or exc})")

@@ -363,6 +363,11 @@ def one_line(r):
      "listener[0].certfile: {garbage}: no PEM certificate in it"),
     ({"certfile": "{server_cert}"}, "listener[0].certfile: {server_cert}: no usable PEM private "
                                     "key in it (no keyfile is set: the key goes in the certfile"),
+    # (a key of another type than the certificate's: a renewal's ECDSA certificate beside the
+    # old RSA key: the key is fine, it does not match)
+    ({"certfile": "{server_cert}", "keyfile": "{rsa_key}"},
+     "listener[0].certfile: {server_cert}: the private key in {rsa_key} does not match its "
+     "certificate ("),
     ({"certfile": "{server_cert}", "keyfile": "{server_key}", "cafile": "/nonexistent/ca.crt"},
      "listener[0].cafile: /nonexistent/ca.crt: file not found"),
     ({"certfile": "{server_cert}", "keyfile": "{server_key}", "require_certificate": True},
@@ -380,6 +385,14 @@ def test_tls_config_errors_exit_2(tmp_path, pki, listener, words):
     garbage.write_text("not PEM\n")
     paths = {"{client_cert}": pki.client.cert, "{server_key}": pki.server.key,
              "{server_cert}": pki.server.cert, "{ca}": pki.ca.cert, "{garbage}": garbage}
+    if "{rsa_key}" in listener.values():
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        paths["{rsa_key}"] = tmp_path / "rsa.key"
+        paths["{rsa_key}"].write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
     lc = {"host": "127.0.0.1", "port": 0,
           **{k: str(paths.get(v, v)) if isinstance(v, str) else v for k, v in listener.items()}}
     path = tmp_path / "c.toml"
