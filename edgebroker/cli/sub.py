@@ -25,6 +25,7 @@ to the filters when the broker did not keep the session (its ``resubscribe``).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import time
@@ -174,7 +175,10 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     try:
         while view:
-            view = view[os.write(fd, view):]
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:     # a non-blocking stdout, its reader behind: wait
+                select.select([], [fd], [])
     except BrokenPipeError:
         raise
     except OSError as exc:

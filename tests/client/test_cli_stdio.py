@@ -145,3 +145,27 @@ def test_second_signal_while_writing_exits_at_once_unacknowledged(broker, uid):
     r = eb("sub", "-p", str(b.port), "-c", "-i", f"{uid}-c", "-q", "2", "-t", f"{uid}/t",
            "-C", "1", "-W", "5")
     assert (r.returncode, r.stdout) == (0, BIG + b"\n"), r.stderr     # sent again, whole
+
+
+def test_a_non_blocking_stdout_is_waited_for_not_an_error(broker, uid):
+    """(diff22) A stdout with O_NONBLOCK (left so by another program on a shared pipe) and a
+    reader behind: the write's EAGAIN ended `sub` with exit 1, the record cut off. It waits
+    for the pipe now, as a blocking write does."""
+    b = broker()
+    r = eb("sub", "-p", str(b.port), "-c", "-i", f"{uid}-c", "-q", "2", "-t", f"{uid}/t", "-E")
+    assert r.returncode == 0, r.stderr
+    r = eb("pub", "-p", str(b.port), "-t", f"{uid}/t", "-q", "2", "-s", stdin=BIG)
+    assert r.returncode == 0, r.stderr
+    rd, wr = os.pipe()
+    os.set_blocking(wr, False)
+    try:
+        p, err = start_sub(b, uid, wr, "-C", "1")
+    finally:
+        os.close(wr)
+    try:
+        assert select.select([rd], [], [], 10)[0], err.lines    # it has begun writing BIG
+        out = read_to_eof(rd)
+    finally:
+        os.close(rd)
+    assert p.wait(10) == 0, err.lines
+    assert out == BIG + b"\n", f"{len(out)} bytes written"
