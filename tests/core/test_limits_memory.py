@@ -3,12 +3,11 @@ once a flood of clients has gone RSS can stay above the limit with the broker ho
 The broker admits again then (its allocated blocks have fallen), and refuses again when a
 new flood grows what it holds."""
 
-import time
-
 import pytest
 
 import mqttraw as m
 from conftest import open_files_allowed, toml_dumps
+from core.test_limits_connections import _wait_stats
 from mqttraw import CONNACK, SUBACK
 
 FILTERS = 50        # per client, each a new 100-byte filter: about 50 KB of broker memory
@@ -40,17 +39,6 @@ def _flood(b, prefix: str, most: int) -> tuple[list, bool]:
         if 0x80 in ack.codes:
             return clients, True
     return clients, False
-
-
-def _wait_stats(b, pred, timeout: float) -> dict:
-    """The broker's stats once ``pred(stats)`` holds (bounded wait)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = b.stats()
-        if pred(s):
-            return s
-        assert time.monotonic() < deadline, s
-        time.sleep(0.05)
 
 
 def test_memory_limit_admits_again_after_a_flood_has_gone(many_files, broker, uid):

@@ -95,18 +95,25 @@ def test_records_from_before_a_lowering_subscribe_keep_their_qos_across_a_restar
     assert not any(b2.stats()["dropped"].values())
 
 
-def test_records_from_before_an_unsubscribe_that_lowers_them_are_not_lag_dropped(broker, uid):
-    """The session holds # at QoS 1 and t at QoS 0, falls behind on BEFORE QoS 1 messages to
-    t, then unsubscribes #: the records still in the log match t alone and go at QoS 0, but
-    they were owed at QoS 1 when published, so none is skipped for max_lag_age (324 of 600
-    were, logged as QoS 0 messages)."""
-    b = broker(limits={"max_lag_age": 1})
+def _behind_on_t_holding_all(b, uid):
+    """``uid``-s holds # at QoS 1 and t at QoS 0 and, connected, falls behind on BEFORE QoS 1
+    messages to t; it and the publisher."""
     sub = b.client(f"{uid}-s", clean=False)
     sub.subscribe(("#", 1), (f"{uid}/t", 0))
     pub = b.client(f"{uid}-p")
     for i in range(BEFORE):
         pub.publish(f"{uid}/t", b"b%d" % i, qos=1)
     assert b.stats()["sessions_behind"] == 1
+    return sub, pub
+
+
+def test_records_from_before_an_unsubscribe_that_lowers_them_are_not_lag_dropped(broker, uid):
+    """The session holds # at QoS 1 and t at QoS 0, falls behind on BEFORE QoS 1 messages to
+    t, then unsubscribes #: the records still in the log match t alone and go at QoS 0, but
+    they were owed at QoS 1 when published, so none is skipped for max_lag_age (324 of 600
+    were, logged as QoS 0 messages)."""
+    b = broker(limits={"max_lag_age": 1})
+    sub, pub = _behind_on_t_holding_all(b, uid)
     time.sleep(1.5)                              # every record is older than max_lag_age
     sub.unsubscribe("#")
     got = read_publishes(sub, BEFORE)
@@ -156,12 +163,7 @@ def test_an_unsubscribe_while_online_behind_then_a_sigkill_drops_no_qos_1_record
     the change lost with a session online at the snapshot)."""
     b = broker()
     data_dir = b.config["data_dir"]
-    sub = b.client(f"{uid}-s", clean=False)
-    sub.subscribe(("#", 1), (f"{uid}/t", 0))
-    pub = b.client(f"{uid}-p")
-    for i in range(BEFORE):
-        pub.publish(f"{uid}/t", b"b%d" % i, qos=1)
-    assert b.stats()["sessions_behind"] == 1
+    sub, pub = _behind_on_t_holding_all(b, uid)
     sub.unsubscribe("#")
     wait_for_snapshot(data_dir, f"{uid}-s", pred=lambda s: s.get("resubscribed"))
     assert b.stop(signal.SIGKILL) == -signal.SIGKILL
