@@ -69,12 +69,18 @@ def test_sub_with_stdout_closed_is_one_line_and_subscribes_nothing(broker, uid):
     assert (r.returncode, r.stdout) == (27, b"")
 
 
+def _sigint_default():
+    """(A preexec_fn) SIGINT as at a terminal: a test run in a background job (CI under nohup,
+    `make test &`) has it ignored, and `sub` leaves an ignored SIGINT alone."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_sub(b, uid, stdout, *extra):
     """`sub -d` on the kept session of ``uid``-c, its stderr lines collected."""
     p = subprocess.Popen([*broker_command(), "sub", "-p", str(b.port), "-c", "-i", f"{uid}-c",
                           "-q", "2", "-t", f"{uid}/t", "-d", *extra], cwd=REPO,
                          stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=_sigint_default)
     return p, LineCollector(p.stderr)
 
 
