@@ -9,7 +9,6 @@ import signal
 
 import pytest
 
-import mqttraw as m
 import mqttraw5 as m5
 from conftest import _close_all_clients, _open_clients, _start, _teardown
 from edgebroker.security.passwords import hash_password
