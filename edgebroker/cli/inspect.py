@@ -420,7 +420,7 @@ def snapshot_ahead(args, log_end: int) -> tuple[str, int] | None:
         return None
     state_dir = os.path.dirname(log_dir(args))
     try:
-        state = snapshot.read(state_dir)
+        state = snapshot.read(state_dir, payloads=False)
     except snapshot.SnapshotError:
         return None     # (not the log's damage: inspect sessions names it)
     if state is None or state.log_next_offset <= log_end:
@@ -435,7 +435,7 @@ def run_sessions(args) -> int:
     session changes, else up to 30 s old; the output says when it was taken), with how far
     each one's cursor is behind the head of the log (read now)."""
     state_dir = os.path.dirname(log_dir(args))
-    state = snapshot.read(state_dir)
+    state = snapshot.read(state_dir, payloads=False)
     if state is None:
         raise EdgebrokerError(f"{os.path.join(state_dir, snapshot.FILENAME)}: no session "
                               f"snapshot (has a broker run with this state directory?)")

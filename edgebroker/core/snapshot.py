@@ -3,7 +3,8 @@
 A snapshot is one JSON document (format below, documented in
 docs/persistence.md) written to ``<state_dir>/sessions.json`` by a writer
 thread: a temporary file, fsync, rename, fsync of the directory, so a crash
-leaves either the old or the new snapshot, never a torn one. The core thread
+leaves either the old or the new snapshot, never a torn one. The retained
+messages' payloads are in a side file it names (core.snapshot_retained). The core thread
 only takes an immutable view of what changed (core.persistence.capture); the
 writer encodes it and touches the disk.
 
@@ -12,13 +13,12 @@ queue and unacknowledged window are lists of offsets (with each message's
 size, for the byte limits). The snapshot also
 records ``log_next_offset``; at start the broker replays the log from there,
 so messages and retained updates that arrived after the last snapshot are not
-lost to offline sessions. Retained messages are stored whole, because the log
-segment holding one may be deleted by retention long before it is replaced.
+lost to offline sessions. Retained messages are stored whole (in the side file), because
+the log segment holding one may be deleted by retention long before it is replaced.
 """
 
 from __future__ import annotations
 
-import binascii   # base64 of retained payloads (the base64 module over it: more memory)
 import json
 import logging
 import os
@@ -31,22 +31,24 @@ from edgebroker.core.snapshot_entries import (
     release_digests,
 )
 from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
+from edgebroker.core.snapshot_retained import (
+    RetainedFile, RetainedState, SnapshotError, load, retained_entry, retained_file_head,
+    retained_json,
+)
 from edgebroker.core.will_state import WillState, read_will, will_json
-from edgebroker.errors import EdgebrokerError, topic_shown
+from edgebroker.errors import topic_shown
 from edgebroker.files import read_small_file, replace_file
 from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.snapshot")
 
-FORMAT = 2
-READABLE = (1, 2)  # format 1: no cursors (every session was in step with the log)
+FORMAT = 3
+# format 1: no cursors (every session was in step with the log); 1 and 2: retained payloads
+# in the document (base64), not in a side file
+READABLE = (1, 2, 3)
 FILENAME = "sessions.json"
 YIELD_EVERY = 32   # encodings between two yields of the interpreter (see _joined)
 LAST_WALL_MS = 253_402_300_799_999   # 9999-12-31T23:59:59.999Z, the last time shown
-
-
-class SnapshotError(EdgebrokerError):
-    """The snapshot file exists but cannot be used; the message says why and where."""
 
 
 @record
@@ -114,22 +116,6 @@ def first_unsent(s: SessionState, retained: set[int]) -> int | None:
 
 
 @record
-class RetainedState:
-    topic: str
-    payload: bytes
-    qos: int
-    offset: int | None
-    # MQTT 5.0: its properties to forward (Message.properties) and the wall-clock time (ms)
-    # its Message Expiry Interval ends, None for never.
-    properties: bytes = b""
-    expires_ms: int | None = None
-    # Who published it (a bridge's own client id for what came from its remote; the topic
-    # table's creator, max_topics_per_client); "" when not known (older snapshots).
-    client_id: str = ""
-    encoded: bytes | None = field(default=None, compare=False, repr=False)
-
-
-@record
 class GroupState:
     """A shared subscription group's backlog (core.shared): its members are the sessions
     whose ``subscriptions`` hold its key."""
@@ -191,6 +177,9 @@ class Snapshot:
     # (client id, will) of clients connected at a clean stop whose session ended then: the
     # next start publishes them (core.wills' ``keep_will_at_stop``).
     wills: list[tuple[str, WillState]] = field(default_factory=list)
+    # [name, size, crc32] of the side file holding the retained messages' bytes (format 3;
+    # None: none, or they are in the document: formats 1 and 2).
+    retained_file: list | None = None
 
 
 def _dumps(doc) -> bytes:
@@ -226,27 +215,17 @@ def _session_json(s: SessionState) -> bytes:
     return s.encoded
 
 
-def _retained_json(r: RetainedState) -> bytes:
-    if r.encoded is None:
-        r.encoded = _dumps({"topic": r.topic, "qos": r.qos, "offset": r.offset,
-                            "payload": binascii.b2a_base64(r.payload, newline=False).decode(),
-                            **({"properties": binascii.b2a_base64(r.properties,
-                                                                  newline=False).decode()}
-                               if r.properties else {}),
-                            **({"expires_ms": r.expires_ms} if r.expires_ms is not None
-                               else {}),
-                            **({"client_id": r.client_id} if r.client_id else {})})
-    return r.encoded
-
-
 def encode(snapshot: Snapshot) -> bytes:
     """The JSON document, one small encoding per session and retained message (each kept on
     its state for the next snapshots), so that the thread encoding it never holds the
-    interpreter for long at a time."""
+    interpreter for long at a time. The retained messages must have their place in the side
+    file (``RetainedFile.plan``), which ``snapshot.retained_file`` names."""
     head = {"format": FORMAT, "written_ms": snapshot.written_ms,
             "log_next_offset": snapshot.log_next_offset}
     if snapshot.exchanges is not None:
         head["exchanges"] = snapshot.exchanges
+    if snapshot.retained_file is not None:
+        head["retained_file"] = snapshot.retained_file
     shared = b""
     if snapshot.shared:
         shared = b',"shared":' + _dumps([{"key": g.key, "cursor": g.cursor,
@@ -258,7 +237,7 @@ def encode(snapshot: Snapshot) -> bytes:
                                           for c, w in snapshot.wills])
     return b"".join((_dumps(head)[:-1], b',"sessions":[',
                      _joined(snapshot.sessions, _session_json), b'],"retained":[',
-                     _joined(snapshot.retained, _retained_json), b"]", shared, b"}"))
+                     _joined(snapshot.retained, retained_json), b"]", shared, b"}"))
 
 
 def _joined(states, to_json) -> bytes:
@@ -284,10 +263,11 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
         if doc.get("format") not in READABLE:
             raise SnapshotError(f"{path}: snapshot format {doc.get('format')!r} is not one of "
                                 f"{', '.join(map(str, READABLE))} (written by a newer edgebroker?)")
-        exchanges = doc.get("exchanges")
+        exchanges, side = doc.get("exchanges"), doc.get("retained_file")
         snap = Snapshot(log_next_offset=int(doc["log_next_offset"]),
                         written_ms=int(doc.get("written_ms", 0)),
-                        exchanges=None if exchanges is None else int(exchanges))
+                        exchanges=None if exchanges is None else int(exchanges),
+                        retained_file=None if side is None else retained_file_head(side))
         if not 0 <= snap.written_ms <= LAST_WALL_MS:
             raise SnapshotError(f"{path}: damaged snapshot (written_ms {snap.written_ms} is "
                                 f"not a time from 1970 to 9999)")
@@ -322,13 +302,10 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
                 log.error("%s: retained message %s: QoS %r or offset %r out of range; left out",
                           path, topic_shown(str(r["topic"])), r["qos"], offset)
                 continue
-            snap.retained.append(RetainedState(
-                topic=str(r["topic"]), qos=int(r["qos"]),
-                payload=binascii.a2b_base64(r["payload"], strict_mode=True),
-                offset=None if offset is None else int(offset),
-                properties=binascii.a2b_base64(r.get("properties", ""), strict_mode=True),
-                expires_ms=None if r.get("expires_ms") is None else int(r["expires_ms"]),
-                client_id=str(r.get("client_id", ""))))
+            state = retained_entry(r)
+            if state.place is not None and snap.retained_file is None:
+                raise ValueError("a retained message in a side file the snapshot does not name")
+            snap.retained.append(state)
         for g in doc.get("shared", ()):
             snap.shared.append(GroupState(
                 key=str(g["key"]), cursor=None if g.get("cursor") is None else int(g["cursor"]),
@@ -348,8 +325,9 @@ def decode(data: bytes, path: str = FILENAME) -> Snapshot:
     return snap
 
 
-def read(state_dir: str) -> Snapshot | None:
-    """The snapshot in ``state_dir``, None if there is none."""
+def read(state_dir: str, payloads: bool = True) -> Snapshot | None:
+    """The snapshot in ``state_dir``, None if there is none. ``payloads`` False: the retained
+    messages' payloads and properties are not read (left empty; ``inspect``)."""
     path = os.path.join(state_dir, FILENAME)
     try:
         data = read_small_file(path)     # a FIFO there: an error, no wait
@@ -357,7 +335,10 @@ def read(state_dir: str) -> Snapshot | None:
         return None
     except OSError as exc:
         raise SnapshotError(f"{path}: cannot read: {exc.strerror}") from None
-    return decode(data, path)
+    state = decode(data, path)
+    if payloads and state.retained_file is not None:
+        load(state_dir, state.retained_file, state.retained, path)
+    return state
 
 
 class SnapshotWriter(threading.Thread):
@@ -371,6 +352,7 @@ class SnapshotWriter(threading.Thread):
         self.written = 0
         self.failures = 0
         self.reserve = SnapshotReserve(state_dir)
+        self.side = RetainedFile(state_dir)
         # The last snapshot written: its time (ms) and client ids (None: none in this run).
         self._last: tuple[int, frozenset] | None = None
         self._final_written = False
@@ -428,16 +410,21 @@ class SnapshotWriter(threading.Thread):
     def _write(self, snapshot: Snapshot, final: bool = False) -> None:
         """``final``: the stop's snapshot: with no room on the disk it takes the reserve's."""
         path = os.path.join(self.state_dir, FILENAME)
-        data = encode(snapshot)
-        error = _replace(path, data)
+        retained = snapshot.retained
+        snapshot.retained_file = self.side.current(retained)    # none changed: kept
+        planned = self.side.plan(retained) if retained and not snapshot.retained_file else None
+        error, data = self._put(path, snapshot, planned)
         if error is not None and final and error.errno in NO_ROOM:
-            # The room it needs from the reserve; all of it if that was not enough.
-            for room in (len(data), None):
+            # The room it needs from the reserve (its side file's too); all of it if that was
+            # not enough.
+            need = len(data if data is not None else encode(snapshot))
+            need += 0 if planned is None else -(-planned[1] // 4096) * 4096
+            for room in (need, None):
                 if not self.reserve.release(room):
                     break
                 log.warning("no room for the final session snapshot in %s: writing it in the "
                             "space kept for it (%s)", self.state_dir, self.reserve.path)
-                error = _replace(path, data)
+                error, data = self._put(path, snapshot, planned)
                 if error is None or error.errno not in NO_ROOM:
                     break
         if error is not None:
@@ -451,6 +438,7 @@ class SnapshotWriter(threading.Thread):
             self._failing = True
             return
         self.written += 1
+        self.side.written(snapshot.retained_file, len(retained))
         self._final_written = final
         self.saved_offset = snapshot.log_next_offset
         self._last = (snapshot.written_ms, frozenset(s.client_id for s in snapshot.sessions))
@@ -461,7 +449,22 @@ class SnapshotWriter(threading.Thread):
         if snapshot.exchanges is not None:
             exchanges.remove_before(self.state_dir, snapshot.exchanges)
         if not final:
-            self.reserve.keep(len(data))
+            self.reserve.keep(len(data) + self.side.size)
+
+    def _put(self, path: str, snapshot: Snapshot, planned: list | None
+             ) -> tuple[OSError | None, bytes | None]:
+        """Write the side file ``planned`` (if any), then the document naming it: (the error,
+        the document; None when the side file could not be written)."""
+        if planned is not None:
+            try:
+                snapshot.retained_file = self.side.write(snapshot.retained, planned)
+            except OSError as exc:
+                return exc, None
+        data = encode(snapshot)
+        error = _replace(path, data)
+        if error is not None and planned is not None:
+            self.side.discard(planned)
+        return error, data
 
     def _lost(self, path: str, error: OSError, snapshot: Snapshot) -> None:
         """The final snapshot could not be written: say what the next start will miss."""

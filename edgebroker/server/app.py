@@ -214,11 +214,17 @@ class App(DescriptorRoom):
         try:
             state = snap.read(self.state_dir)
         except snap.SnapshotError as exc:
-            _refuse_unreadable_snapshot(os.path.join(self.state_dir, snap.FILENAME))
-            damaged = os.path.join(self.state_dir, snap.FILENAME + ".damaged")
-            os.replace(os.path.join(self.state_dir, snap.FILENAME), damaged)
-            log.error("%s; moved it to %s and starting without sessions or retained messages",
-                      exc, damaged)
+            # The document, and its retained messages' side file when that is at fault.
+            paths = [os.path.join(self.state_dir, snap.FILENAME), exc.retained_file]
+            for path in filter(None, paths):
+                _refuse_unreadable_snapshot(path)
+            damaged = [os.path.join(self.state_dir, snap.FILENAME + ".damaged")]
+            os.replace(paths[0], damaged[0])
+            if exc.retained_file and os.path.lexists(exc.retained_file):
+                damaged.append(exc.retained_file + ".damaged")
+                os.replace(exc.retained_file, damaged[1])
+            log.error("%s; moved %s to %s and starting without sessions or retained messages",
+                      exc, "it" if len(damaged) == 1 else "the snapshot", " and ".join(damaged))
             state = None
         if state is None:
             log.info("no session snapshot in %s: starting with no sessions", self.state_dir)

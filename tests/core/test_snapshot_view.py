@@ -57,7 +57,14 @@ def queued(tmp_path):
     log.close()
 
 
-def test_an_unchanged_offline_session_is_taken_once(queued):
+def _written(tmp_path, snapshot, writer=None) -> bytes:
+    """``snapshot`` as the writer writes it (its retained messages in a side file)."""
+    writer = writer or snap.SnapshotWriter(str(tmp_path))
+    writer._write(snapshot)
+    return (tmp_path / snap.FILENAME).read_bytes()
+
+
+def test_an_unchanged_offline_session_is_taken_once(queued, tmp_path):
     broker, _ = queued
     first = broker.capture()
     assert len(first.sessions) == 200 and all(len(s.queue) == 50 for s in first.sessions)
@@ -65,19 +72,23 @@ def test_an_unchanged_offline_session_is_taken_once(queued):
     # The same state objects, not copies: the core did no work for them.
     assert all(a is b for a, b in zip(first.sessions, second.sessions))
     assert second.retained[0] is first.retained[0]
-    # The writer's encoding is kept on them for the next snapshot too.
-    data = snap.encode(second)
+    # The writer's encoding is kept on them for the next snapshot too, and its side file.
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    writer = snap.SnapshotWriter(str(state_dir))
+    data = _written(state_dir, second, writer)
     assert all(s.encoded is not None for s in second.sessions)
     third = broker.capture()
     third.written_ms = second.written_ms
-    assert snap.encode(third) == data
-    decoded = snap.decode(data)
+    assert _written(state_dir, third, writer) == data
+    decoded = snap.read(str(state_dir))
+    assert [(r.topic, r.payload) for r in decoded.retained] == [("r/1", b"kept")]
     assert snap.encode(decoded) == data
     assert [snap.queue_entries(s) for s in decoded.sessions] == [
         snap.queue_entries(s) for s in second.sessions]
 
 
-def test_the_view_follows_every_change(queued):
+def test_the_view_follows_every_change(queued, tmp_path):
     broker, pub = queued
     before = {s.client_id: s for s in broker.capture().sessions}
     pub.data_received(m.publish("t/0", b"late", qos=1, packet_id=3))   # queued for all 200
@@ -93,9 +104,10 @@ def test_the_view_follows_every_change(queued):
     assert states["s7"].subscriptions == {"t/#": 1, "u": 2}
     assert [(r.topic, r.payload) for r in after.retained] == [("r/2", b"new")]
     # The decoded document is the state the core holds.
-    decoded = snap.decode(snap.encode(after))
+    _written(tmp_path, after)
+    decoded = snap.read(str(tmp_path))
     assert {s.client_id: len(s.queue) for s in decoded.sessions}["s3"] == 51
-    assert [r.topic for r in decoded.retained] == ["r/2"]
+    assert [(r.topic, r.payload) for r in decoded.retained] == [("r/2", b"new")]
 
 
 @pytest.mark.parametrize("mode", ["log", "memory"])
