@@ -2,6 +2,7 @@
 written in the room kept for it (core.snapshot_reserve), or, when even that is missing, an
 error saying what is lost and exit status 1 (docs/persistence.md)."""
 
+import json
 import os
 import threading
 import time
@@ -69,3 +70,32 @@ def test_a_stop_that_cannot_write_the_final_snapshot_says_what_is_lost(
     assert "No space left on device" in line and f"1 made since are lost: '{uid}-late'" in line
     assert b.wait_log("stopped without the final session snapshot (exit status 1)", timeout=1,
                       start=mark)
+
+
+def test_a_retained_message_set_while_the_disk_is_full_is_written_in_the_room_kept(
+        broker, uid, tmp_path, request):
+    """The stop's snapshot then writes the retained messages' side file too (core.
+    snapshot_retained), the only copy of the message (the log could not take it): the room it
+    cuts from the reserve is for both files."""
+    if not in_private_mount_namespace(request):
+        return
+    b, data_dir, small = _full_disk_with_a_new_session(broker, uid, tmp_path)
+    payload = bytes(range(256)) * 32                    # 8 KiB
+    pub = b.client(f"{uid}-p")
+    pub.publish(f"{uid}/r", payload, qos=0, retain=True)   # (QoS 0: taken, not logged)
+    assert pub.ping() == []
+    mark = b.mark()
+    assert b.stop() == 0
+    assert b.wait_log("writing it in the space kept for it", timeout=1, start=mark)
+    assert not any("final session snapshot" in ln and "ERROR" in ln for ln in b.logs[mark:])
+    with open(os.path.join(data_dir, "sessions.json")) as fh:
+        side = json.load(fh)["retained_file"]
+    assert os.path.getsize(os.path.join(data_dir, side[0])) == side[1] > len(payload)
+    # The room cut from the reserve was enough for both files: the rest is still kept.
+    assert os.stat(os.path.join(data_dir, RESERVE)).st_size > 0
+    os.unlink(small / "filler")
+    again = broker(data_dir=data_dir)
+    assert again.raw().connect(f"{uid}-late", clean=False).session_present
+    c = again.client(f"{uid}-c")
+    c.subscribe(f"{uid}/r", qos=1)
+    assert c.recv_publish().payload == payload
