@@ -31,10 +31,10 @@ from edgebroker.config import Config
 from edgebroker.core import snapshot as snap
 from edgebroker.core.broker import Broker
 from edgebroker.core.exchanges import ExchangeJournal, load as load_exchanges
+from edgebroker.core.snapshot_damage import read_at_start
 from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError
-from edgebroker.files import open_regular
 from edgebroker.listener_config import ipv4_ports
 from edgebroker.security.authenticator import Authenticator
 from edgebroker.security.policy import ListenerPolicy
@@ -211,21 +211,7 @@ class App(DescriptorRoom):
     def _restore(self) -> None:
         """Sessions and retained messages from the snapshot, then the log written after it."""
         started = time.monotonic()
-        try:
-            state = snap.read(self.state_dir)
-        except snap.SnapshotError as exc:
-            # The document, and its retained messages' side file when that is at fault.
-            paths = [os.path.join(self.state_dir, snap.FILENAME), exc.retained_file]
-            for path in filter(None, paths):
-                _refuse_unreadable_snapshot(path)
-            damaged = [os.path.join(self.state_dir, snap.FILENAME + ".damaged")]
-            os.replace(paths[0], damaged[0])
-            if exc.retained_file and os.path.lexists(exc.retained_file):
-                damaged.append(exc.retained_file + ".damaged")
-                os.replace(exc.retained_file, damaged[1])
-            log.error("%s; moved %s to %s and starting without sessions or retained messages",
-                      exc, "it" if len(damaged) == 1 else "the snapshot", " and ".join(damaged))
-            state = None
+        state = read_at_start(self.state_dir)
         if state is None:
             log.info("no session snapshot in %s: starting with no sessions", self.state_dir)
         else:
@@ -479,17 +465,3 @@ class App(DescriptorRoom):
             return 1
         log.info("stopped")
         return 0
-
-
-def _refuse_unreadable_snapshot(path: str) -> None:
-    """A snapshot the broker may not read (EACCES, EPERM: a `sudo cp` or `chmod` mistake) is
-    no damage: its sessions are kept, the start refused naming the file and the fix, and
-    nothing changed (as for a log file). Other errors: the caller's (moved aside)."""
-    try:
-        os.close(open_regular(path, os.O_RDONLY))
-    except PermissionError as exc:
-        raise snap.SnapshotError(
-            f"{path}: cannot read: {exc.strerror}; nothing was changed: let the broker's user "
-            f"read and write it (chown, chmod 600) and start again") from None
-    except OSError:
-        pass

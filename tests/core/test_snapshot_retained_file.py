@@ -3,7 +3,7 @@ core.snapshot_retained). The snapshot kept each payload base64 in its one JSON d
 that encoding on each message for the next snapshots and joined it all into one bytes object:
 a broker holding 15,000 retained 16 KiB messages went from 291 MB to 911 MB during a snapshot.
 Now the payloads are streamed into ``retained-<N>.bin``, which a snapshot that changed sessions
-only names again; a damaged side file is a damaged snapshot, set aside as sessions.json is;
+only names again; a damaged side file costs the retained messages it held, not the sessions;
 format 2 snapshots (payloads in the document) still load."""
 
 from __future__ import annotations
@@ -183,21 +183,26 @@ def _flipped(path: Path) -> None:
     (_flipped, r"damaged \(its CRC-32 is [0-9a-f]{8}, .*sessions.json says [0-9a-f]{8}\)"),
     (os.unlink, r"missing \(it holds the retained messages of .*sessions.json\)"),
 ], ids=["cut-off", "changed", "missing"])
-def test_a_damaged_side_file_is_a_damaged_snapshot_set_aside(broker, uid, damage, said):
-    """As a damaged sessions.json: an error naming the file and what is wrong, both files
-    moved aside, and the broker starts without sessions or retained messages."""
+def test_a_damaged_side_file_costs_only_the_retained_messages(broker, uid, damage, said):
+    """An error naming the side file and what is wrong; the side file moved aside, the
+    sessions restored (a damaged side file must not cost the persistent sessions' cursors),
+    and the broker starts without the snapshot's retained messages."""
     data_dir, side = _stopped_with_a_side_file(broker, uid)
     damage(side)
     kept = side.read_bytes() if side.exists() else None
     b = broker(data_dir=data_dir)
     line = b.wait_log(lambda ln: "ERROR" in ln and str(side) in ln)
     assert line and re.search(re.escape(f"{side}: ") + said, line), b.log_text()
-    damaged = [f"{data_dir}/sessions.json.damaged"] + ([f"{side}.damaged"] if kept else [])
-    assert f"to {' and '.join(damaged)} and starting without sessions" in line, line
-    assert all(os.path.exists(p) for p in damaged) and not side.exists()
+    moved = f"moved it to {side}.damaged and " if kept is not None else ""
+    assert f"; {moved}starting without the 3 retained messages the snapshot held (its " \
+           f"sessions are restored)" in line, line
+    assert not side.exists() and os.path.exists(f"{data_dir}/sessions.json")
     if kept is not None:
         assert Path(f"{side}.damaged").read_bytes() == kept
-    assert not raw5(b, f"{uid}-s", clean_start=False).connack.session_present
+    assert raw5(b, f"{uid}-s", clean_start=False).connack.session_present
+    c = raw5(b, f"{uid}-c")
+    c.subscribe(f"{uid}/#", qos=1)
+    assert c.ping() == [], "a retained message of the damaged side file was served"
 
 
 def test_a_side_file_the_broker_may_not_read_refuses_the_start(broker, uid):
