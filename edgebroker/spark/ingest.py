@@ -1,6 +1,8 @@
 """The ingest job: a landing area of upload batches
-(``<prefix>/gateway=<id>/date=<YYYY-MM-DD>/<first:020>-<last:020>.ebb.zst``) into Parquet tables
-under a warehouse folder (docs/spark.md):
+(``<prefix>/gateway=<id>/date=<YYYY-MM-DD>/<first:020>-<last:020>-<life>.ebb.zst``, or without
+``-<life>`` for batches cut before life ids: any ``*.ebb.zst``, the gateway, offsets and dates
+read from each file's header, never from its name) into Parquet tables under a warehouse folder
+(docs/spark.md):
 
 * ``messages`` (gateway, offset, timestamp, date, topic, qos, retain, client_id, payload,
   properties: the MQTT 5.0 ones, a struct, null for none),

@@ -76,11 +76,15 @@ class BatchHeader:
         return fixed[:84] + struct.pack("<I", crc) + gid
 
 
-def object_name(prefix: str, gateway_id: str, first: int, last: int, first_ts_ms: int) -> str:
-    """``<prefix>/gateway=<id>/date=<YYYY-MM-DD>/<first:020>-<last:020>.ebb.zst``, the date (UTC)
-    from ``first_ts_ms``, the first record's timestamp."""
+def object_name(prefix: str, gateway_id: str, first: int, last: int, first_ts_ms: int,
+                life: str = "") -> str:
+    """``<prefix>/gateway=<id>/date=<YYYY-MM-DD>/<first:020>-<last:020>-<life>.ebb.zst``, the
+    date (UTC) from ``first_ts_ms``, the first record's timestamp; ``life`` the log's life id
+    (uploader/life.py). Without it, the name of a batch cut before life ids
+    (``<first:020>-<last:020>.ebb.zst``)."""
     day = datetime.fromtimestamp(first_ts_ms / 1000, timezone.utc).strftime("%Y-%m-%d")
-    name = f"gateway={gateway_id}/date={day}/{first:020d}-{last:020d}{SUFFIX}"
+    life = f"-{life}" if life else ""
+    name = f"gateway={gateway_id}/date={day}/{first:020d}-{last:020d}{life}{SUFFIX}"
     prefix = prefix.strip("/")
     return f"{prefix}/{name}" if prefix else name
 

@@ -113,8 +113,14 @@ def build(batch: Plan, fd: int, header: BatchHeader, path: str, dir_fd: int = -1
     return size
 
 
-def key_for(batch: Plan, prefix: str, gateway_id: str) -> str:
-    return object_name(prefix, gateway_id, batch.first, batch.last, batch.first_ts)
+def key_for(batch: Plan, prefix: str, gateway_id: str, life: str,
+            recorded: str | None = None) -> str:
+    """The batch's object name, with the log's ``life`` id; ``recorded`` (the name an intent
+    file holds for the batch) when it is this batch's name from before life ids: the batch may
+    be stored under it already."""
+    if recorded == object_name(prefix, gateway_id, batch.first, batch.last, batch.first_ts):
+        return recorded
+    return object_name(prefix, gateway_id, batch.first, batch.last, batch.first_ts, life)
 
 
 __all__ = ["Plan", "plan", "header_for", "build", "key_for", "Damage"]

@@ -51,7 +51,9 @@ from edgebroker.client.tls import not_regular
 from edgebroker.errors import ConfigError, shown
 from edgebroker.upload_config import url_path
 from edgebroker.uploader.s3link import IO_TIMEOUT, AnswerError, Link
-from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError, piece_size
+from edgebroker.uploader.sinks import (
+    OTHER_BYTES, PermanentSinkError, TransientSinkError, piece_size,
+)
 
 MiB = 1024 * 1024
 PROBE_TIMEOUT = 2.0
@@ -260,8 +262,7 @@ class S3Sink:
         if r.status == 412:
             if self._same(name, size, sha, md5.hex()):
                 return
-            raise PermanentSinkError(f"{self.name}: {name} already exists with other bytes "
-                                     f"(another gateway with the same gateway_id?)")
+            raise PermanentSinkError(f"{self.name}: {name} {OTHER_BYTES}")
         raise self._error("PUT", name, r)
 
     def _multipart(self, name, path, size, sha, throttle) -> None:
@@ -302,8 +303,7 @@ class S3Sink:
                 self._abort(name, upload_id)
                 if self._same(name, size, sha, None):
                     return
-                raise PermanentSinkError(f"{self.name}: {name} already exists with other bytes "
-                                         f"(another gateway with the same gateway_id?)")
+                raise PermanentSinkError(f"{self.name}: {name} {OTHER_BYTES}")
             raise self._error("CompleteMultipartUpload", name,
                               Response(500 if r.status == 200 else r.status, r.headers, r.body))
         except BaseException:

@@ -35,6 +35,11 @@ from edgebroker.errors import EdgebrokerError
 from edgebroker.files import NotRegularFile, open_regular
 
 log = logging.getLogger("edgebroker.upload")
+# Another batch under a batch's name. The name holds the gateway id and the log's life id
+# (uploader/life.py), so the other batch comes from a gateway with the same gateway_id whose
+# log is a copy of this one: a cloned data directory.
+OTHER_BYTES = ("already exists with other bytes (another gateway with the same gateway_id and a "
+               "copy of this data directory: a cloned image?)")
 
 COPY_CHUNK = 256 * 1024
 
@@ -181,8 +186,7 @@ class DirSink:
                         self.name, dest, problem)
             os.rename(tmp, dest)
             return
-        raise PermanentSinkError(f"{self.name}: {dest} already exists with other bytes (another "
-                                 f"gateway with the same gateway_id?)")
+        raise PermanentSinkError(f"{self.name}: {dest} {OTHER_BYTES}")
 
     def _make_folders(self, folder: str) -> None:
         """Make the folders of a key under the root; the root itself is never made (a landing
@@ -256,4 +260,4 @@ def _unlink_quietly(path: str) -> None:
 
 
 __all__ = ["Sink", "DirSink", "SinkError", "TransientSinkError",
-           "PermanentSinkError", "piece_size"]
+           "PermanentSinkError", "piece_size", "OTHER_BYTES"]

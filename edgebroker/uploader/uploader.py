@@ -5,8 +5,8 @@ sealed, fsynced segment (``CommitLog.upload_source``: a duplicate descriptor, so
 delete the file meanwhile), cuts a batch there (``cutter.plan``: up to ``batch_bytes`` of
 records or the segment's end), records the batch's range in the intent file (fsynced), writes
 the batch file (fsynced too) into ``<state dir>/upload/`` and has the sink store it under its
-deterministic name, retrying with full-jitter exponential back-off; then it advances the
-uploaded mark.
+deterministic name (gateway, day, offsets and the log's life id: life.py), retrying with
+full-jitter exponential back-off; then it advances the uploaded mark.
 
 Batches cut by age: the broker sets ``CommitLog.upload_age_ms`` so the log seals its segment
 being written once the first record is ``batch_max_age`` old, and that segment's end ends the
@@ -41,6 +41,7 @@ from edgebroker.uploader.batch import (
     BatchFormatError, BatchHeader, read_batch_file, records_id,
 )
 from edgebroker.uploader.intent import INTENT_FILE, Intent, read_intent
+from edgebroker.uploader.life import open_life
 from edgebroker.uploader.reserve import NO_ROOM, Reserve
 from edgebroker.uploader.throttle import Stopped, Throttle  # noqa: F401  (also here)
 from edgebroker.uploader.configure import (  # noqa: F401  (also the uploader's names)
@@ -90,6 +91,7 @@ class Uploader:
         self._lock = threading.Lock()
         self._logged_error = ""
         self.intent: Intent | None = None
+        self.life = ""               # the log's life id, in object names (life.py)
         # figures (read by figures(), any thread)
         self.batches = 0
         self.bytes_raw = 0
@@ -117,7 +119,7 @@ class Uploader:
     def start(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.intent = read_intent(self.dir)
+        self.life, self.intent = open_life(self.log, self.dir)
         self.reserve.keep()
         self.log.upload_age_ms = int(self.config.batch_max_age * 1000)
         log.info("uploading the log to %s as gateway %s (batches of up to %d bytes or %g s%s)",
@@ -211,7 +213,7 @@ class Uploader:
         uploaded mark included, tried once more at the end) LocalError."""
         os.makedirs(self.dir, exist_ok=True)
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.intent = read_intent(self.dir)
+        self.life, self.intent = open_life(self.log, self.dir)
         self.reserve.keep()
         self.once = True
         shipped = 0
@@ -268,7 +270,8 @@ class Uploader:
                         vanished = True
                 if batch.count and not vanished:
                     gap = (mark, batch.first - mark) if batch.first > mark else (0, 0)
-                    key = cutter.key_for(batch, self.prefix, self.gateway_id)
+                    key = cutter.key_for(batch, self.prefix, self.gateway_id, self.life,
+                                         intent and intent.key)
                     if intent is None:
                         intent = Intent(batch.first, batch.last, gap[0], gap[1], key)
                         path = os.path.join(self.dir, INTENT_FILE)

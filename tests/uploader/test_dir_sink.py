@@ -1,12 +1,14 @@
-"""The `dir` sink never replaces an object: two gateways with one gateway_id (a cloned image
-keeps /etc/machine-id, the default) shipping to one landing folder get the alarm, as the s3
-sink's conditional put gives it, and the first one's object stays; the same bytes, or the same
-records compressed otherwise, under the name already there are a success."""
+"""The `dir` sink never replaces an object: two gateways with one gateway_id and one data
+directory (a cloned image: /etc/machine-id, the default id, and the log with its life id)
+shipping to one landing folder get the alarm, as the s3 sink's conditional put gives it, and
+the first one's object stays; the same bytes, or the same records compressed otherwise, under
+the name already there are a success."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,17 @@ from .test_uploader import (
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def test_two_gateways_with_one_id_the_second_gets_the_alarm_the_first_object_stays(
+def test_two_gateways_with_one_id_and_a_cloned_data_dir_the_second_gets_the_alarm(
         broker, tmp_path):
+    """B's data directory is a copy of A's, taken after A's first start (its log and life id):
+    the same names for other records. The first object stays."""
     landing = tmp_path / "landing"
     landing.mkdir()
     cfg = upload_config(landing, batch_max_age=1)
+    a = broker(data_dir=str(tmp_path / "a"), upload=cfg)
+    assert a.stop() == 0
+    assert (tmp_path / "a" / "log" / "life").exists()
+    shutil.copytree(tmp_path / "a", tmp_path / "b")      # the cloned image
     a = broker(data_dir=str(tmp_path / "a"), upload=cfg)
     publish(a, 0, 5)
     wait_until(lambda: uploaded(a) == 5, what="A's batch")
@@ -37,7 +45,9 @@ def test_two_gateways_with_one_id_the_second_gets_the_alarm_the_first_object_sta
     wait_until(lambda: b.stats()["upload"]["alarm"], what="B's alarm")
     fig = b.stats()["upload"]
     assert fig["uploaded_offset"] == 0 and fig["permanent_errors"] >= 1
-    assert "already exists with other bytes" in fig["last_error"], fig["last_error"]
+    assert ("already exists with other bytes (another gateway with the same gateway_id and a "
+            "copy of this data directory: a cloned image?)") in fig["last_error"], \
+        fig["last_error"]
     assert str(obj) in fig["last_error"]
     assert obj.read_bytes() == before, "A's object is not replaced"
     assert [r.payload for r in read_batch_file(str(obj))[1]] == [payload(i) for i in range(5)]

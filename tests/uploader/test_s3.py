@@ -38,6 +38,7 @@ from werkzeug.serving import make_server
 
 from edgebroker.upload_config import UploadConfig
 from edgebroker.uploader.batch import object_name, read_batch_file
+from edgebroker.uploader.life import life_of_key
 from edgebroker.uploader.s3 import EMPTY_SHA256, SHA_META, Response, S3Sink, sign_v4
 from edgebroker.uploader.sinks import PermanentSinkError, TransientSinkError
 
@@ -157,7 +158,9 @@ def check_exactly_once_s3(store, tmp_path, n: int) -> None:
     assert offsets == list(range(n)), "every record once, none missing"
     for key, (header, records) in batches.items():
         assert key == PREFIX + "/" + object_name("", GATEWAY, header.first_offset,
-                                                 header.last_offset, records[0].timestamp_ms)
+                                                 header.last_offset, records[0].timestamp_ms,
+                                                 life_of_key(key))
+        assert life_of_key(key) is not None
         for r in records:
             assert r.payload == payload(r.offset)
         head = store.s3.head_object(Bucket=BUCKET, Key=key)
@@ -411,7 +414,9 @@ def test_batches_land_with_deterministic_names_credentials_from_the_environment(
     wait_until(lambda: uploaded(b) == 8, what="the second batch")
     batches = landed_s3(store, tmp_path)
     day = time.strftime("%Y-%m-%d", time.gmtime(batches[min(batches)][1][0].timestamp_ms / 1000))
-    assert min(batches) == f"{PREFIX}/gateway={GATEWAY}/date={day}/{0:020d}-{4:020d}.ebb.zst"
+    life = (Path(b.config["data_dir"]) / "log" / "life").read_text().strip()
+    assert min(batches) == \
+        f"{PREFIX}/gateway={GATEWAY}/date={day}/{0:020d}-{4:020d}-{life}.ebb.zst"
     check_exactly_once_s3(store, tmp_path, 8)
     fig = b.stats()["upload"]
     assert (fig["batches"], fig["retries"], fig["alarm"]) == (2, 0, False)

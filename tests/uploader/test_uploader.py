@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from edgebroker.uploader.batch import object_name, read_batch_file
+from edgebroker.uploader.life import life_of_key
 from edgebroker.uploader.uploader import Stopped, Throttle
 
 import mqttraw
@@ -73,12 +74,20 @@ def uploaded(b) -> int:
 def check_exactly_once(landing: Path, n: int, make=payload, size: int = 100) -> None:
     offsets = landed_offsets(landing)
     assert offsets == list(range(n)), "every record once, none missing"
+    lives = set()
     for name, (header, records) in landed(landing).items():
+        lives.add(life_of_key(name))
         assert name == object_name("", GATEWAY, header.first_offset, header.last_offset,
-                                   records[0].timestamp_ms)
+                                   records[0].timestamp_ms, life_of_key(name))
         for r in records:
             assert r.payload == make(r.offset, size) and r.topic == b"t/%d" % (r.offset % 7)
     assert not [p for p in landing.rglob(".*.tmp")], "no temporary file left"
+    assert len(lives) == 1 and None not in lives, f"one life id in every name: {lives}"
+
+
+def life_of(data_dir) -> str:
+    """The life id of the log in ``data_dir`` (its file, ``log/life``)."""
+    return (Path(data_dir) / "log" / "life").read_text().strip()
 
 
 def test_batches_cut_by_size_and_at_segment_ends(broker, tmp_path):
@@ -143,7 +152,8 @@ def test_batch_cut_by_age_and_deterministic_names(broker, tmp_path):
     assert [(h.first_offset, h.last_offset, h.record_count) for h, _ in batches.values()] == \
         [(0, 4, 5), (5, 7, 3)]
     day = time.strftime("%Y-%m-%d", time.gmtime(batches[sorted(batches)[0]][1][0].timestamp_ms / 1000))
-    assert sorted(batches)[0] == f"gateway={GATEWAY}/date={day}/{0:020d}-{4:020d}.ebb.zst"
+    life = life_of(b.config["data_dir"])
+    assert sorted(batches)[0] == f"gateway={GATEWAY}/date={day}/{0:020d}-{4:020d}-{life}.ebb.zst"
     check_exactly_once(landing, 8)
     fig = b.stats()["upload"]
     assert (fig["batches"], fig["records"], fig["backlog_bytes"], fig["retries"]) == (2, 8, 0, 0)
