@@ -182,8 +182,14 @@ def run_control(args) -> int:
     with inspect_live.broker_fields(path, f"upload_{args.action}"):
         if not isinstance(reply["changed"], bool) or not isinstance(reply["upload"], dict):
             raise TypeError("changed is not true or false, or upload not an object")
+        out = {"changed": reply["changed"]}
+        if args.action == "resume":   # was: "paused", "alarm", "retrying" (a back-off cut short)
+            out["was"] = str(reply["was"])
+            if out["was"] in ("alarm", "retrying"):   # the batch goes again now
+                done = "retrying now (the upload was " + (
+                    "in alarm)" if out["was"] == "alarm" else "backing off after an error)")
         if args.format == "json":
-            text = json.dumps({"changed": reply["changed"], "upload": reply["upload"]})
+            text = json.dumps({**out, "upload": reply["upload"]})
         else:
             text = (f"upload {done}" if reply["changed"] else f"upload was already {done}") + \
                 f"\nupload {inspect_live.upload_line(reply['upload'])}"

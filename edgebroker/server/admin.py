@@ -11,7 +11,9 @@ the command's name (``stats``) for quick use with ``socat``:
     {"cmd": "clients", "sort": "msgs_in_rate", "limit": 20}
                                                          -> {"ok": true, "total": N, "clients": [...]}
     {"cmd": "bridges"}                                   -> {"ok": true, "bridges": [{...}, ...]}
-    {"cmd": "upload_pause"} (or "upload_resume")         -> {"ok": true, "changed": bool, "upload": {...}}
+    {"cmd": "upload_pause"}                              -> {"ok": true, "changed": bool, "upload": {...}}
+    {"cmd": "upload_resume"}               -> {"ok": true, "changed": bool, "was": str, "upload": {...}}
+                        (was: "paused", "alarm" or "retrying": a back-off cut short; else "")
     {"cmd": "help"}                                      -> {"ok": true, "commands": {...}}
 
 Errors: ``{"ok": false, "error": "..."}``. ``docs/metrics.md`` describes the
@@ -153,8 +155,10 @@ class AdminServer:
             uploader = getattr(self.loop, "uploader", None)
             if uploader is None:
                 return {"ok": False, "error": "uploading is off ([upload] url is not set)"}
-            changed = uploader.pause() if command == "upload_pause" else uploader.resume()
-            return {"ok": True, "changed": changed, "upload": uploader.figures()}
+            if command == "upload_pause":
+                return {"ok": True, "changed": uploader.pause(), "upload": uploader.figures()}
+            was = uploader.resume()   # "paused", "alarm", "retrying" (a back-off cut short), ""
+            return {"ok": True, "changed": bool(was), "was": was, "upload": uploader.figures()}
         if command == "help":
             return {"ok": True, "commands": COMMANDS}
         return {"ok": False, "error": f"unknown command {command!r}; try \"help\""}

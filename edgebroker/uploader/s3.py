@@ -14,13 +14,15 @@ single-part put); or when its ``x-amz-meta-ebb-records`` names the same records 
 length and CRC32C: the same batch compressed by another zstd release). A store that does not know conditional puts either ignores the header (a retry
 then rewrites the same bytes under the same name) or answers 501, after which puts go
 unconditionally. Above ``multipart_bytes`` the object goes in parts of that size
-(CreateMultipartUpload, UploadPart, CompleteMultipartUpload with ``If-None-Match: *``); a
+(CreateMultipartUpload, UploadPart, CompleteMultipartUpload with ``If-None-Match: *``, whose
+200 is a success only with a whole CompleteMultipartUploadResult in its body: s3answer.py); a
 failed one is aborted when possible, and a HEAD first skips an object already there.
 
 The connection is kept between requests and batches. A request on a kept-alive connection that
 fails before any answer (the store closed it while idle) goes once more at once on a new one
 (not a POST), before it counts as an error. The broker's stop cuts a request in flight short
-(``interrupt``, s3link.py). An answer's body is read up to 64 KiB, and the answer must come
+(``interrupt``, s3link.py); a multipart upload so cut short is aborted all the same (one
+DELETE, ABORT_SECONDS at most). An answer's body is read up to 64 KiB, and the answer must come
 whole within a deadline (s3link.py): past either, a transient error.
 
 Errors: no answer, a reset, a timeout, 5xx, 429 (and 503: after their Retry-After seconds if
@@ -45,21 +47,23 @@ import socket
 import ssl
 from typing import Callable
 from urllib.parse import quote, urlsplit
-from xml.etree import ElementTree
 
 from edgebroker.client.tls import not_regular
-from edgebroker.errors import ConfigError, shown
+from edgebroker.errors import ConfigError
 from edgebroker.upload_config import url_path
+from edgebroker.uploader.s3answer import Response, completed, remote, text_of
 from edgebroker.uploader.s3link import IO_TIMEOUT, AnswerError, Link
 from edgebroker.uploader.sinks import (
     OTHER_BYTES, PermanentSinkError, TransientSinkError, piece_size,
 )
+from edgebroker.uploader.throttle import Stopped
 
 MiB = 1024 * 1024
 PROBE_TIMEOUT = 2.0
 CHUNK = 256 * 1024
 # AWS may take minutes over a CompleteMultipartUpload of many parts, sending spaces meanwhile
 COMPLETE_DEADLINE = 300.0
+ABORT_SECONDS = 2.0   # the abort of an upload the broker's stop cut short: its connect, its answer
 SHA_META = "x-amz-meta-ebb-sha256"
 RECORDS_META = "x-amz-meta-ebb-records"   # first-last-raw length-raw CRC32C of the batch
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -163,29 +167,6 @@ def sign_v4(method: str, host: str, path: str, query: dict[str, str], headers: d
     return out
 
 
-def _remote(text: str, limit: int = 200) -> str:
-    """A store's text as it is when printable and short, else escaped and cut: no controls."""
-    return text if text.isprintable() and len(text) <= limit else shown(text, limit)
-
-
-class Response:
-    def __init__(self, status: int, headers: dict[str, str], body: bytes):
-        self.status, self.headers, self.body = status, headers, body
-
-    def code(self) -> str:
-        """The S3 error code of an error answer ("" when there is none)."""
-        return _remote(self._element("Code"), 64)
-
-    def message(self) -> str:
-        return _remote(self._element("Message"))
-
-    def _element(self, tag: str) -> str:
-        try:
-            return ElementTree.fromstring(self.body).findtext(tag) or ""
-        except ElementTree.ParseError:
-            return ""
-
-
 class S3Sink:
     def __init__(self, url: str, config, environ=os.environ):
         self.bucket = urlsplit(url).netloc
@@ -270,7 +251,7 @@ class S3Sink:
                           {"Content-Type": "application/zstd", **self._meta(sha)}, EMPTY_SHA256)
         if r.status != 200:
             raise self._error("CreateMultipartUpload", name, r)
-        upload_id = _text(r.body, "UploadId", f"{self.name}: CreateMultipartUpload {name}")
+        upload_id = text_of(r.body, "UploadId", f"{self.name}: CreateMultipartUpload {name}")
         try:
             etags = []
             part_size = self.multipart_bytes
@@ -296,8 +277,9 @@ class S3Sink:
                 if not (r.status == 501 and self.conditional):
                     break
                 self.conditional = False   # the store does not take If-None-Match: without it
-            # an error may also come inside a 200 answer
-            if r.status == 200 and b"<Error>" not in r.body:
+            # the 200 comes first: the result or an error comes in the body (or it is cut short)
+            what = f"{self.name}: CompleteMultipartUpload {name}"
+            if r.status == 200 and completed(r.body, what):
                 return
             if r.status == 412:
                 self._abort(name, upload_id)
@@ -312,7 +294,10 @@ class S3Sink:
 
     def _abort(self, name: str, upload_id: str) -> None:
         """Best effort: a multipart upload left behind is removed by the bucket's lifecycle rule
-        (docs/upload.md), or by the next abort."""
+        (docs/upload.md). After the broker's stop cut the upload short, one DELETE goes all the
+        same, with ABORT_SECONDS for its connect and its answer (well inside the stop's bound)."""
+        if self.link.stopping:
+            self.link.spare(ABORT_SECONDS)
         try:
             self._request("DELETE", name, {"uploadId": upload_id}, {}, EMPTY_SHA256)
         except Exception:
@@ -353,7 +338,7 @@ class S3Sink:
         detail = f"{r.status} {code or http.client.responses.get(r.status, '')}".strip()
         text = f"{self.name}: {what} {name}: {detail}" + (f" ({m})" if (m := r.message()) else "")
         if 300 <= r.status < 400:   # the signed request is not sent elsewhere
-            text += (f", redirected to {_remote(r.headers.get('location') or '(no Location)')}"
+            text += (f", redirected to {remote(r.headers.get('location') or '(no Location)')}"
                      f": not followed (check upload.endpoint_url and upload.region)")
         if (r.status >= 500 or r.status in (408, 429) or code in TRANSIENT_CODES
                 or r.status in (302, 303, 307)):   # (301 and 308: the store moved for good)
@@ -390,6 +375,11 @@ class S3Sink:
                     continue   # a kept-alive connection the store had closed: a new one, at once
                 raise self._failure(method, name, exc, opened,
                                     deadline or self.link.answer_deadline) from None
+            except BaseException as exc:   # the throttle's Stopped, Ctrl-C: cut off mid-way
+                if isinstance(exc, Stopped):
+                    self.link.interrupt()   # as the broker's stop does (it may come after)
+                self.close()
+                raise
         raise AssertionError("unreachable")
 
     def _failure(self, method: str, name: str, exc: BaseException, opened: bool,
@@ -475,20 +465,6 @@ def _whole(text: str) -> bool:
     """``text`` is a whole number of ASCII digits (str.isdigit takes '²', int() does not)."""
     text = text.strip()
     return text.isascii() and text.isdigit()
-
-
-def _text(body: bytes, tag: str, what: str) -> str:
-    """The text of the first ``tag`` element of an XML answer; TransientSinkError naming
-    ``what`` (the request) when there is none or the answer is not XML."""
-    try:
-        root = ElementTree.fromstring(body)
-    except ElementTree.ParseError:
-        raise TransientSinkError(f"{what}: the store's answer is not XML: {body[:80]!r}"
-                                 ) from None
-    for el in root.iter():
-        if el.tag == tag or el.tag.endswith("}" + tag):
-            return el.text or ""
-    raise TransientSinkError(f"{what}: no {tag} in the store's answer")
 
 
 def _describe(exc: BaseException, timeout: float = IO_TIMEOUT) -> str:

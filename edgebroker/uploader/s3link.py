@@ -6,9 +6,11 @@ for a connect and for each read or write): ``interrupt()``, called by the upload
 another thread, shuts the socket down (a TLS handshake or a wait for the answer ends at once
 with an error; a TCP connect the store has not answered yet may still wait for its timeout, and
 the stop then for its own bound) and refuses every later connection, so the stop does not wait
-for a store that took the connection. The socket is opened here rather than by ``http.client`` so that a duplicate of it is
-kept (``shutdown`` on it reaches the socket whatever wraps it; the duplicate, closed with the
-connection, also keeps its descriptor from being reused by another file meanwhile).
+for a store that took the connection (but one: ``spare()``, the abort of a multipart upload
+cut short, a short request). The socket is opened here rather than by ``http.client`` so that
+a duplicate of it is kept (``shutdown`` on it reaches the socket whatever wraps it; the
+duplicate, closed with the connection, also keeps its descriptor from being reused by another
+file meanwhile).
 
 The answer (``answer()``): its body is read up to ``MAX_ANSWER`` bytes (S3 answers are small
 XML; a longer one is an ``AnswerError``, the rest never read), and all of it must come within
@@ -45,6 +47,7 @@ class Link:
         self._guard = threading.Lock()   # _cancel and _stopping, between the two threads
         self._cancel: socket.socket | None = None
         self._stopping = False
+        self._spare = False              # one connection may open all the same (spare())
 
     def connection(self) -> http.client.HTTPConnection:
         """The kept connection, or a new one (it connects on its first request)."""
@@ -72,9 +75,10 @@ class Link:
                                                                  socket.SOCK_STREAM):
             sock = socket.socket(family, kind, proto)
             with self._guard:
-                if self._stopping:
+                if self._stopping and not self._spare:
                     sock.close()
                     raise ConnectionAbortedError("the broker is stopping")
+                self._spare = False
                 self._drop_cancel()
                 self._cancel = sock.dup()
             try:
@@ -127,14 +131,26 @@ class Link:
                     pass
 
     def interrupt(self) -> None:
-        """Any thread: end the request in flight now, and refuse new connections."""
+        """Any thread: end the request in flight now, and refuse new connections. Once only: a
+        request in flight after it is the spare one (short)."""
         with self._guard:
+            if self._stopping:
+                return
             self._stopping = True
             if self._cancel is not None:
                 try:
                     self._cancel.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass   # not connected (yet, or any more): nothing waits on it
+
+    def spare(self, seconds: float) -> None:
+        """After interrupt(): one more connection may open, with ``seconds`` for its connect,
+        each read and the whole answer (one short request the stop waits for: the abort of a
+        multipart upload it cut short)."""
+        self.close()
+        self.timeout = self.answer_deadline = seconds
+        with self._guard:
+            self._spare = True
 
     @property
     def stopping(self) -> bool:

@@ -197,12 +197,16 @@ class Uploader:
             log.info("uploading paused (edgebroker upload resume goes on)")
         return not was
 
-    def resume(self) -> bool:
-        """Go on at once (a back-off in progress is cut short); True when it was paused."""
-        was, self.paused = self.paused, False
+    def resume(self) -> str:
+        """Go on at once (a back-off in progress is cut short): what it changed, "paused" (it
+        was), "alarm" or "retrying" (a back-off after a permanent or a transient error, cut
+        short: the batch goes again now), else ""."""
+        backing_off = ("alarm" if self.alarm else "retrying") if self.retry_at else ""
+        was = "paused" if self.paused else backing_off
+        self.paused = False
         self._kick = True
         self._wake.set()
-        if was:
+        if was == "paused":
             log.info("uploading resumed")
         return was
 
@@ -393,6 +397,9 @@ class Uploader:
             unreachable = False
             try:
                 self.sink.put(key, self.spool, size, self.throttle, records_id)
+            except Stopped:   # the throttle's wait, ended by the stop
+                self._cut_short(key)
+                raise
             except PermanentSinkError as exc:
                 self._cut_short(key)
                 self._note_error(str(exc), permanent=True)
@@ -432,8 +439,8 @@ class Uploader:
         PROBE_SECONDS whether the link is back and end the wait when it is. True: stopping."""
         probe = getattr(self.sink, "reachable", None) if unreachable else None
         deadline = time.monotonic() + delay
+        self._kick = False   # (before retry_at: a resume seeing retry_at set is not lost)
         self.retry_at = time.time() + delay
-        self._kick = False
         try:
             while True:
                 left = deadline - time.monotonic()
@@ -467,7 +474,7 @@ class Uploader:
             self.last_error_time = time.time()
             if permanent:
                 self.permanent_errors += 1
-                self.alarm = True
+            self.alarm = permanent   # (docs/metrics.md: 1 while the last try failed permanently)
         if permanent and self.once:
             return   # run_once raises it: the CLI prints it, and no retry comes
         if message != self._logged_error:  # each distinct error logged once

@@ -4,6 +4,7 @@ answer a request itself (returning True) to play a store that misbehaves."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,7 +53,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self.reply(200, headers=[("ETag", '"x"')])
         if self.command == "POST" and "uploads" in self.query:
             self.body()
-            uid = f"u{len(store.uploads)}"
+            uid = f"u{next(store.ids)}"
             store.uploads[uid] = {}
             return self.reply(200, b"<InitiateMultipartUploadResult><UploadId>%s</UploadId>"
                                    b"</InitiateMultipartUploadResult>" % uid.encode())
@@ -60,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.body()
             if exclusive and key in store.objects:
                 return self.reply(412, b"<Error><Code>PreconditionFailed</Code></Error>")
-            parts = store.uploads[self.query["uploadId"]]
+            parts = store.uploads.pop(self.query["uploadId"])   # (no longer open, as in S3)
             store.objects[key] = b"".join(parts[n] for n in sorted(parts))
             return self.reply(200, b"<CompleteMultipartUploadResult/>")
         if self.command == "DELETE":
@@ -72,7 +73,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class OddStore(ThreadingHTTPServer):
-    """``objects``: path -> bytes; ``requests``: (method, sorted query names, status, time)."""
+    """``objects``: path -> bytes; ``uploads``: the multipart uploads open, id -> {part number:
+    bytes}; ``requests``: (method, sorted query names, status, time)."""
     daemon_threads = True
 
     def __init__(self, odd=None):
@@ -80,6 +82,7 @@ class OddStore(ThreadingHTTPServer):
         self.odd = odd
         self.objects: dict[str, bytes] = {}
         self.uploads: dict[str, dict[int, bytes]] = {}
+        self.ids = itertools.count()
         self.requests: list[tuple[str, tuple[str, ...], int, float]] = []
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
