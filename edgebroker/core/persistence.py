@@ -343,8 +343,10 @@ class Persistence:
         packet ids as they were at the crash, and the messages already sent kept from being
         sent again. Records of sessions the snapshot does not hold are left out (a session
         made after it is not restored), but for the QoS 2 messages a shared subscription
-        group gave them: not given again, and counted lost if not over; so are offsets past
-        the log's end (records a power cut took: their messages get other offsets). Delayed
+        group gave them: not given again, and counted lost if not over (``unkept_exchange``;
+        nor are the messages published at QoS 2 a group gave at QoS 1 or 0, ``G``); offsets
+        past the log's end are left out (records a power cut took: their messages get other
+        offsets). Delayed
         wills that ended after the snapshot (``W``) are not restored (core.wills)."""
         end = self.journal.log.next_offset
         sessions = self.sessions
@@ -358,18 +360,9 @@ class Persistence:
             if kind == "W":
                 wills.add((client_id, record[2]))
                 continue
-            session = sessions.get(client_id)
-            if session is None:
-                # Not restored (clean, or made after the snapshot): what a group gave it is
-                # not given again, and is lost if its exchange was not over.
-                if kind == "O" and len(record) > 6 and record[3] < end:
-                    shared.setdefault(record[6], set()).add(record[3])
-                    flying[client_id, record[2]] = record[6]
-                elif kind in ("R", "C"):
-                    flying.pop((client_id, record[2]), None)
-                elif kind == "D":
-                    for key in [k for k in flying if k[0] == client_id]:
-                        del flying[key]
+            session = None if kind == "G" or kind == "B" else sessions.get(client_id)
+            if session is None:     # a group's record, or of a session not restored
+                self.unkept_exchange(record, end, shared, flying)
                 continue
             if kind == "D":
                 self.drop_session(session)

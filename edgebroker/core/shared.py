@@ -239,6 +239,8 @@ class Shared:
                     self.exchanges.completed(session.client_id, pid)
             else:
                 back.setdefault(group, []).append(entry)
+                if entry.group_qos == 2:
+                    self._given(group, entry.message, True)
         if lost:
             self.drop("shared_left", session, lost)
             log.warning("session %s ended with %d unacknowledged messages of shared "
@@ -367,13 +369,24 @@ class Shared:
             qos = member.qos
         retain = retain and bool(member.options & P.SUB_RETAIN_AS_PUBLISHED)
         if qos == 0:
-            self._write_publish(session.client, ref, 0, retain, False, None, member.ids)
+            if self._write_publish(session.client, ref, 0, retain, False, None, member.ids):
+                if group_qos == 2:
+                    self._given(member.group, ref)
             return
         entry = self._send(session, ref, qos, retain, member.ids, member.group.key)
         if entry is not None:
             entry.group = member.group
             entry.group_qos = group_qos
             entry.group_retain = group_retain
+            if group_qos == 2 and qos == 1:
+                self._given(member.group, ref)
+
+    def _given(self, group: Group, ref, back: bool = False) -> None:
+        """A message published at QoS 2 that ``group`` gave a member at QoS 1 or 0 (``back``:
+        that member's connection ended before its PUBACK; ``hand_over``): journaled, so that
+        after a crash the group does not hand it out again (``G``, ``B``; core.exchanges)."""
+        if self.exchanges is not None and ref.offset is not None:
+            self.exchanges.given(group.key, ref.offset, back)
 
     def _queue(self, group: Group, message: Message, qos: int, topic: str) -> None:
         """No member can take ``message`` now: into the backlog, or past its bound, the group

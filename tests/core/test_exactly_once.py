@@ -134,9 +134,12 @@ def test_damaged_journal_records_are_skipped_and_the_broker_starts(broker, uid):
                  f'["W", {kept}, "1"]\n'
                  f'["W", {kept}, -1]\n'
                  f'["W", {kept}, 5]\n'       # (sound: no such will, nothing to leave out)
+                 f'["G", "$share/g/{uid}/#", "5"]\n'
+                 f'["B", "$share/g/{uid}/#"]\n'
+                 f'["G", "$share/g/{uid}/#", 5]\n'     # (sound: no such group)
                  f'["D", {gone}]\n')
     b2 = broker(data_dir=data_dir)
-    assert b2.wait_log(lambda ln: f"{journal}: 9 damaged QoS 2 exchange record(s) skipped "
+    assert b2.wait_log(lambda ln: f"{journal}: 11 damaged QoS 2 exchange record(s) skipped "
                                   f"(the first at line 1: a client id that is no string)" in ln,
                        5), b2.log_text()
     assert not b2.client(f"{uid}-gone", clean=False).connack.session_present

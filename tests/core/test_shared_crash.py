@@ -10,7 +10,7 @@ import pytest
 
 import mqttraw as m
 from conftest import wait_for_snapshot
-from core.test_shared import member, publishes
+from core.test_shared import collect, member, payloads, publishes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -161,3 +161,83 @@ def test_qos2_messages_a_group_completed_stay_done_across_a_second_restart(broke
     again = _drain(p)
     assert [x.payload for x in again if x.qos == 2] == []
     assert all(x.payload.startswith(b"q") for x in again)   # QoS 1 may come again
+
+
+def _mixed(b, uid, low: int, h_online: bool = True):
+    """H (granted 2) and L (granted ``low``), persistent members of one group, both in the
+    snapshot; H offline unless ``h_online``. Returns (H or None, L)."""
+    share = f"$share/g/{uid}/#"
+    h = member(b, f"{uid}-H", share, qos=2, clean=False)
+    if not h_online:
+        h.disconnect()
+        h = None
+    low_member = member(b, f"{uid}-L", share, qos=low, clean=False)
+    _in_snapshot(b, f"{uid}-H", f"{uid}-L")
+    return h, low_member
+
+
+def _nothing_after_the_crash(broker, b, uid):
+    """kill -9, restart, both members back: neither is sent anything."""
+    b2 = _restart(broker, b)
+    h = b2.client(f"{uid}-H", clean=False)
+    low_member = b2.client(f"{uid}-L", clean=False)
+    assert h.connack.session_present and low_member.connack.session_present
+    assert payloads(_drain(h)) == [] and payloads(_drain(low_member)) == []
+
+
+@pytest.mark.parametrize("low", [1, 0])
+def test_qos2_messages_a_group_gave_a_lower_member_are_not_given_again_after_a_crash(
+        broker, uid, low):
+    """A QoS 2 message the group gives a member granted QoS 1 or 0 goes out at that QoS
+    (MQTT-3.8.4-8). The exchange journal records that the group gave it (``G``): after a
+    crash the log's replay does not hand it out again, neither to that member nor at QoS 2
+    to the other (it came again, as a new message: twice for the group)."""
+    b = broker()
+    h, low_member = _mixed(b, uid, low)
+    pub = b.client(f"{uid}-pub")
+    sent = [b"m%d" % i for i in range(6)]
+    for payload in sent:
+        pub.publish(f"{uid}/x", payload, qos=2)
+    got = collect([h, low_member], len(sent))       # each acknowledged
+    assert sorted(payloads(got[h] + got[low_member])) == sent
+    assert {p.qos for p in got[h]} == {2} and {p.qos for p in got[low_member]} == {low}
+    assert h.ping() == [] and low_member.ping() == []   # the acknowledgements handled
+    _nothing_after_the_crash(broker, b, uid)
+
+
+def test_a_snapshot_while_the_lower_member_holds_the_message_keeps_its_record(broker, uid):
+    """A snapshot taken while the member granted 1 has not acknowledged the QoS 2 message puts
+    it back in the group's backlog (a restart would give it out again); the journal's new
+    file records again that the group gave it, so after it is acknowledged a crash does not
+    hand it out a second time."""
+    b = broker()
+    _, low_member = _mixed(b, uid, 1, h_online=False)
+    b.client(f"{uid}-pub").publish(f"{uid}/x", b"M", qos=2)
+    (got,) = publishes(low_member)
+    assert (got.payload, got.qos) == (b"M", 1)
+    later = b.client(f"{uid}-later", clean=False)   # a change: the next snapshot lists it
+    later.subscribe(f"{uid}/other", qos=1)
+    wait_for_snapshot(b.config["data_dir"], f"{uid}-later", pred=lambda s: s["subscriptions"])
+    low_member.ack(got)
+    assert low_member.ping() == []
+    _nothing_after_the_crash(broker, b, uid)
+
+
+def test_a_qos2_message_handed_over_unacknowledged_is_still_handed_out_after_a_crash(
+        broker, uid):
+    """The member granted 1 leaves without acknowledging: the message goes back to the
+    group's backlog (H is offline), and the journal says so (``B``): after a crash H gets
+    it, at QoS 2, once."""
+    b = broker()
+    _, low_member = _mixed(b, uid, 1, h_online=False)
+    pub = b.client(f"{uid}-pub")
+    pub.publish(f"{uid}/x", b"M", qos=2)
+    (got,) = publishes(low_member)
+    assert got.qos == 1
+    low_member.disconnect()
+    assert b.wait_log(f"left shared subscription '$share/g/{uid}/#' with 1 unacknowledged QoS 1")
+    assert pub.ping() == []     # the pass that handed it over ended: its records are written
+    b2 = _restart(broker, b)
+    h = b2.client(f"{uid}-H", clean=False)
+    again = _drain(h)
+    assert [(p.payload, p.qos) for p in again] == [(b"M", 2)]
