@@ -158,7 +158,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
             self.writer.on_disk[self.path] = on_disk
         self.outbound = Outbound(self.name, commit_log, self.rules,
                                  self.publisher.client_id_bytes, cursor, sent,
-                                 drop=self._drop)
+                                 drop=self._drop, journal=self.broker.journal,
+                                 clock=self.clock)
         if self.config.bandwidth:
             self.bucket = TokenBucket(self.config.bandwidth, self.config.bandwidth, self.clock())
         log.info("bridge %s: to %s as %r, from log offset %d (%d sent before, counted as "

@@ -6,7 +6,8 @@ it to, with the limits a client's PUBLISH meets: ``$SYS`` topics are dropped, a 
 yet known must be a valid topic name (the prefixes may make it empty or too long), be
 admitted by the topic table (max_topics, max_topics_per_client: the
 bridge's client id counts as one client) and hold no control character or non-character
-(``check_code_points``), a retained message is dropped when ``retain_available`` is false.
+(``check_code_points``), a retained message is dropped when ``retain_available`` is false,
+and so is a 5.0 message with Payload Format Indicator 1 whose payload is not UTF-8.
 A PUBLISH over ``max_packet_size`` (the connection's limit) is read past by the connection
 (client/oversize.py, without its payload) and dropped (``oversized``): acknowledged, as it
 can never be taken here and the remote would else send it first again at every connection,
@@ -53,6 +54,7 @@ from edgebroker.commitlog.errors import LogFullError
 from edgebroker.core.mqtt5 import message_properties
 from edgebroker.errors import ProtocolError
 from edgebroker.mqtt.fields import check_code_points
+from edgebroker.mqtt.properties import PAYLOAD_FORMAT, payload_utf8_error
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -118,6 +120,12 @@ class Inbound:
             return self._drop(event, "retained_stale", f"the remote's retained message for "
                               f"{local!r}: this broker holds a newer one, not yet at the "
                               f"remote (it goes out behind the subscription)")
+        props = event.properties     # (5.0) forwarded unaltered, the expiry counted from now
+        if props and props.get(PAYLOAD_FORMAT) == 1:
+            problem = payload_utf8_error(payload)
+            if problem is not None:     # as a client's PUBLISH (refused there with 0x99)
+                return self._drop(event, "payload_format", f"a message for {local!r}: "
+                                  f"{problem} (Payload Format Indicator 1)")
         if local not in broker.known_topics:
             problem = topic_problem(local)
             if problem is not None:     # the prefixes made it so (empty, too long)
@@ -133,7 +141,6 @@ class Inbound:
                 broker.hit(refused)     # a limit reached, as for a client's PUBLISH
                 return self._drop(event, refused, f"a message for the new topic {local!r}: "
                                                   f"{refused}")
-        props = event.properties     # (5.0) forwarded unaltered, the expiry counted from now
         properties, expiry = message_properties(props) if props else (b"", None)
         try:
             offset = broker.publish(local, payload, qos, retain, self.publisher, properties,

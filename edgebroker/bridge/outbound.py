@@ -58,11 +58,11 @@ def shown(topic: str) -> str:
     return errors.shown(topic, SHOWN, "bytes")
 
 
-def carried(stored: bytes, timestamp_ms: int) -> tuple[dict | None, int]:
-    """A log record's properties (as docs/log-format.md stores them) -> (those to forward
-    on a 5.0 link, with the Message Expiry Interval as published, or None; the wall-clock
-    time in ms the message expires at, 0 for never). Bytes that do not decode are forwarded
-    as none."""
+def carried(stored: bytes, logged_ms: int) -> tuple[dict | None, int]:
+    """A log record's properties (as docs/log-format.md stores them) and when it was logged
+    (ms on the broker's clock) -> (those to forward on a 5.0 link, with the Message Expiry
+    Interval as published, or None; the time in ms on the broker's clock the message
+    expires at, 0 for never). Bytes that do not decode are forwarded as none."""
     try:
         props = decode_body(stored)
     except ProtocolError:
@@ -72,12 +72,12 @@ def carried(stored: bytes, timestamp_ms: int) -> tuple[dict | None, int]:
     interval = props.get(MESSAGE_EXPIRY)    # (0 is read as none, as Router.publish)
     if not interval:
         props.pop(MESSAGE_EXPIRY, None)
-    return props, timestamp_ms + 1000 * interval if interval else 0
+    return props, logged_ms + 1000 * interval if interval else 0
 
 
 def remaining(props: dict, expires: int, now_ms: int) -> dict:
-    """``props`` with the Message Expiry Interval left at ``now_ms`` (whole seconds, rounded
-    up: at least 1; never more than as published, whatever the clock did since)."""
+    """``props`` with the Message Expiry Interval left at ``now_ms`` (the broker's clock;
+    whole seconds, rounded up: at least 1; never more than as published)."""
     props = dict(props)
     props[MESSAGE_EXPIRY] = max(1, min(props[MESSAGE_EXPIRY], -((now_ms - expires) // 1000)))
     return props
@@ -85,9 +85,13 @@ def remaining(props: dict, expires: int, now_ms: int) -> dict:
 
 class Outbound:
     def __init__(self, name: str, commit_log, rules, own_id: bytes, cursor: int, sent: int,
-                 drop=None):
+                 drop=None, journal=None, clock=time.monotonic):
+        """``journal``, ``clock``: the broker's (Journal.logged_ago, for Message Expiry);
+        without a journal no record with properties may be read (tests)."""
         self.name = name
         self.log = commit_log
+        self.journal = journal
+        self.clock = clock
         self.rules = rules
         self.scan_filter = rules.scan_filter()
         self.own_id = own_id
@@ -95,7 +99,7 @@ class Outbound:
         self.saved = cursor            # the cursor in the checkpoint file (what a crash keeps)
         self.resend_until = sent       # below it, a record sent again is a resend (a crash)
         # (offset, remote topic, payload, qos, retain, 5.0 properties or None, expires at:
-        # wall-clock ms, 0 for never)
+        # ms on the broker's clock, 0 for never)
         self.pending: deque = deque()
         self.pending_bytes = 0
         self.outstanding: dict[int, int] = {}    # offset -> bytes, in the order sent
@@ -178,6 +182,11 @@ class Outbound:
         own = self.own_id
         pending = self.pending
         size = 0
+        # Message Expiry: when each record was logged, on the broker's clock (its time stamp
+        # is the wall clock's, which may have been stepped since: Journal.logged_ago).
+        journal = self.journal
+        now = self.clock()
+        now_ms, wall_ms = int(now * 1000), journal.wall_ms() if journal is not None else 0
         for offset, ts, qos, retain, topic, payload, _n, props, publisher in records:
             found = outgoing(topic)
             if found is None:
@@ -190,7 +199,8 @@ class Outbound:
                 self.skip_unsendable(offset, topic, remote_topic, problem)
                 continue
             self._unsendable_run = 0
-            forward, expires = carried(props, ts) if props else (None, 0)
+            forward, expires = (carried(props, now_ms - journal.logged_ago(ts, wall_ms, now))
+                                if props else (None, 0))
             pending.append((offset, remote_topic, payload, rule_qos, retain, forward, expires))
             size += len(payload)
         self.pending_bytes += size

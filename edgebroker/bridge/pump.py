@@ -48,7 +48,7 @@ class Pumping:
         pending = outbound.pending
         max_qos = self.max_qos
         v5 = self.inbound.v5
-        now_ms = self.broker.journal.wall_ms()      # (Message Expiry: the log's clock)
+        now_ms = int(self.clock() * 1000)      # (Message Expiry: Outbound.read)
         while limit > 0:
             if not pending:
                 if reads >= READS_PER_PUMP:

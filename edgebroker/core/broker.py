@@ -119,7 +119,7 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
         self.memory.check()
         self.control = ControlRate.for_limits(self.limits)  # None: no control_rate
         self._init_timers()
-        self.journal = (Journal(commit_log, config.log.durability, wall_ms, self.stats)
+        self.journal = (Journal(commit_log, config.log.durability, wall_ms, self.stats, clock)
                         if commit_log is not None else None)
         if self.journal is not None:
             self.acknowledge = self.journal.acknowledge  # one call less per QoS 1/2 PUBLISH

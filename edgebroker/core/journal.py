@@ -34,10 +34,14 @@ log = logging.getLogger("edgebroker.journal")
 
 
 class Journal:
-    def __init__(self, commit_log, durability: str, wall_ms, stats):
+    def __init__(self, commit_log, durability: str, wall_ms, stats, clock):
         self.log = commit_log
         self.durability = durability
         self.wall_ms = wall_ms
+        # This run's start on the wall clock (the records' time stamps) and on the broker's
+        # steady clock, taken together: what ``logged_ago`` bounds the wall clock by.
+        self.started = clock()
+        self.started_ms = wall_ms()
         self.stats = stats
         self.failing = False
         # The flusher thread (set by the server): told after records reach the OS; its fsync
@@ -51,6 +55,18 @@ class Journal:
         # The QoS 2 exchange journal (core.exchanges), written before each log write: a
         # received QoS 2 message's record never reaches the disk before its packet id does.
         self.exchanges = None
+
+    def logged_ago(self, timestamp_ms: int, wall_ms: int, now: float) -> int:
+        """Milliseconds since the record stamped ``timestamp_ms`` was logged, as its Message
+        Expiry counts them (``wall_ms`` and ``now``: this moment on the wall clock and the
+        broker's clock). The wall-clock difference, but never more than the steady clock
+        allows: a record of this run is at most as old as the run, one from before it as
+        old as the run plus its age by the wall clock at the start. So a wall clock stepped
+        forward (NTP after the boot of a gateway without a real-time clock) ages no record
+        of this run; records from before the start still take the wall clock's word. Never
+        negative (a clock stepped back)."""
+        bound = int((now - self.started) * 1000) + max(0, self.started_ms - timestamp_ms)
+        return max(0, min(wall_ms - timestamp_ms, bound))
 
     @property
     def safe_offset(self) -> int:

@@ -457,7 +457,7 @@ class Persistence:
             # As the publish made it: its publisher (No Local) and 5.0 properties (Message
             # Expiry Interval counted from the record's time) too.
             extra = (stored_properties(record.properties, record.timestamp_ms,
-                                       self.journal.wall_ms(), self.clock())
+                                       self.journal, self.clock())
                      if record.properties else ())
             self._route(Message(topic, record.payload, record.qos, record.retain, record.offset,
                                 record.topic, record.client_id.decode("utf-8", "replace"),

@@ -2,7 +2,9 @@
 messages reach the gateway's 5.0 subscribers unaltered, their Message Expiry Interval
 counted down (an expired retained message is not served, also after a restart); a local
 message whose expiry passed while the remote was down is not forwarded (counted), one still
-alive goes with its properties and what is left of its expiry."""
+alive goes with its properties and what is left of its expiry; a remote message whose
+Payload Format Indicator says UTF-8 and whose payload is not is dropped, as a local
+client's PUBLISH is refused."""
 
 from __future__ import annotations
 
@@ -142,13 +144,52 @@ def test_a_local_message_expired_while_the_remote_was_down_is_not_forwarded(
 
 
 def test_the_expiry_forwarded_is_never_more_than_published():
-    """A record's Message Expiry Interval counts down from its log time; a wall clock stepped
-    back since (NTP at a gateway's boot) gave more than the publisher set."""
+    """A record's Message Expiry Interval counts down from when it was logged (on the
+    broker's clock: Journal.logged_ago); what is left is never more than the publisher set,
+    whatever the clocks did since."""
     from edgebroker.bridge.outbound import carried, remaining
     stored = (R.prop(R.MESSAGE_EXPIRY, 60) + R.prop(R.CONTENT_TYPE, "text/plain"))
     props, expires = carried(stored, 1_000_000)
     assert expires == 1_060_000 and props[R.CONTENT_TYPE] == "text/plain"
     assert remaining(props, expires, 1_010_000)[R.MESSAGE_EXPIRY] == 50
     assert remaining(props, expires, 1_059_999)[R.MESSAGE_EXPIRY] == 1
-    assert remaining(props, expires, 400_000)[R.MESSAGE_EXPIRY] == 60     # clock stepped back
+    assert remaining(props, expires, 400_000)[R.MESSAGE_EXPIRY] == 60
     assert carried(R.prop(R.CONTENT_TYPE, "x"), 5)[1] == 0                # none: never expires
+
+
+def test_a_remote_message_whose_payload_is_not_the_utf_8_it_says_is_dropped(
+        broker, mosquitto_broker, tmp_path):
+    """Payload Format Indicator 1 with a payload that is not UTF-8: a local client's PUBLISH
+    is refused (0x99); one from the remote is dropped the same way, acknowledged to it
+    (after a restart of the gateway the remote does not send it again), counted and logged
+    once. Mosquitto passes it on unchecked."""
+    remote = mosquitto_broker()
+    central = client5("127.0.0.1", remote.port, "central")
+    bridge = [bridge_table(remote.port, IN_RULE, protocol_version=5)]
+    gw = broker(data_dir=str(tmp_path / "gw"), bridge=bridge)
+    wait_figure(gw, lambda f: f["state"] == "up")
+    local = client5(gw.host, gw.port, "local")
+    assert local.subscribe("L/i/#", qos=1).codes == [1]
+    bad = {R.PAYLOAD_FORMAT: 1}
+    mark = gw.mark()
+    central.publish("C/i/bad", b"\xff\xfe not utf-8", qos=1, props=bad)
+    central.publish("C/i/bad", b"\xc3 not utf-8 either", qos=1, props=bad)
+    central.publish("C/i/good", "caf\u00e9".encode(), qos=1, props=bad)
+    p = local.recv_publish(5)       # the bad ones would have come first
+    assert (p.topic, p.payload, p.properties) == ("L/i/good", "caf\u00e9".encode(), bad)
+    fig = wait_figure(gw, lambda f: f["received"] == 1)
+    assert fig["received_dropped"] == 2
+    dropped = gw.stats()["dropped"]
+    assert (dropped["bridge_in"], dropped["payload_format"]) == (2, 0)
+    lines = [ln for ln in gw.logs[mark:] if "(Payload Format Indicator 1)" in ln]
+    assert len(lines) == 1 and "'L/i/bad'" in lines[0] and "at byte 0" in lines[0], lines
+    local.close()
+
+    # Acknowledged: the remote keeps the bridge's session, and sends nothing of it again.
+    assert gw.stop() == 0
+    gw = broker(data_dir=str(tmp_path / "gw"), bridge=bridge)
+    wait_figure(gw, lambda f: f["state"] == "up")
+    central.publish("C/i/good", b"again", qos=1)
+    fig = wait_figure(gw, lambda f: f["received"] == 1)
+    assert fig["received_dropped"] == 0
+    central.close()

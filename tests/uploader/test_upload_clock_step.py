@@ -1,34 +1,13 @@
 """Batches cut by age while the wall clock steps back (NTP correcting a clock that ran ahead):
-the broker runs with time.time and time.time_ns shifted by the milliseconds in a file the test
-writes; the monotonic clock is left alone."""
+the broker runs with its wall clock shifted by the milliseconds in a file the test writes
+(tests/wallclock.py); the monotonic clock is left alone."""
 
 from __future__ import annotations
 
-import sys
-
 import mqttraw
+from wallclock import shifted
 
 from .test_uploader import upload_config, uploaded, wait_until
-
-SHIFTED = """
-import runpy, sys, time
-path = sys.argv.pop(1)
-real_ns, seen = time.time_ns, [0, -1.0]
-def shift_ms():
-    now = time.monotonic()
-    if now - seen[1] > 0.05:
-        try:
-            with open(path) as fh:
-                seen[0] = int(fh.read() or 0)
-        except (OSError, ValueError):
-            pass
-        seen[1] = now
-    return seen[0]
-time.time_ns = lambda: real_ns() + shift_ms() * 1_000_000
-time.time = lambda: time.time_ns() / 1e9
-sys.argv[0] = "edgebroker"
-runpy.run_module("edgebroker", run_name="__main__", alter_sys=True)
-"""
 
 
 def publish_one(b, i: int) -> None:
@@ -47,9 +26,7 @@ def test_a_wall_clock_stepped_back_does_not_hold_the_batch_cut_by_age(broker, tm
     shift.write_text("3600000")
     landing = tmp_path / "landing"
     landing.mkdir()
-    b = broker(upload=upload_config(landing, batch_max_age=1),
-               wrap=lambda cmd: [sys.executable, "-c", SHIFTED, str(shift),
-                                 *cmd[cmd.index("serve"):]])
+    b = broker(upload=upload_config(landing, batch_max_age=1), wrap=shifted(shift))
     publish_one(b, 0)
     wait_until(lambda: uploaded(b) == 1, timeout=20, what="the first record uploaded")
     publish_one(b, 1)            # stamped an hour ahead
