@@ -10,6 +10,8 @@ import gc
 import os
 import sys
 
+from edgebroker import _native
+
 
 class ProcessUsage:
     """This process's resident memory and CPU time, ``read()`` -> (RSS bytes, user + system
@@ -114,19 +116,22 @@ class MemoryGuard:
     so after a peak RSS can stay above the limit with nothing left in it. What the broker holds
     is measured by Python's allocated blocks (``sys.getallocatedblocks``: objects of up to
     512 bytes, which is what connections, sessions, subscriptions and topics are made of; it
-    falls when they are freed even if RSS does not): ``blocks``, and ``blocks_low``, the
-    fewest seen (the idle broker's). Over the limit, ``peak`` and ``blocks_peak`` are the
-    highest RSS and blocks. Once RSS has stopped rising (a full garbage collection runs then,
-    and every ``COLLECT_EVERY`` checks while it stays over) and the blocks have fallen well
-    below the peak's (``released_at``), the RSS then is ``kept``: the broker admits again
-    (``over`` false, ``released`` counted) while RSS stays within ``margin()`` of it and the
-    blocks below ``blocks_peak``. Memory reused inside the process admits; RSS growing past it,
-    or holding as much as at the peak, is refused again (docs/limits.md, "Memory")."""
+    falls when they are freed even if RSS does not): ``blocks``, at each check. Over the
+    limit, ``peak`` and ``blocks_peak`` are the highest RSS and blocks, and ``blocks_base``
+    the blocks the broker held when the peak began (at the check before it). Once RSS has
+    stopped rising (a full garbage collection runs then, freed heap memory goes back to the
+    system, and both again every ``COLLECT_EVERY`` checks while it stays over) and the
+    blocks have fallen back half-way to the peak's start (``is_released``), the RSS then is
+    ``kept``: the broker admits again (``over`` false, ``released`` counted) while RSS stays
+    within ``margin()`` of it (and within ``ceiling()`` when below it) and the blocks below
+    ``blocks_peak``. Memory reused inside the process admits; RSS growing past it, or holding
+    as much as at the peak, is refused again (docs/limits.md, "Memory")."""
 
     COLLECT_EVERY = 300     # checks (seconds)
 
     __slots__ = ("limit", "source", "rss", "cpu_seconds", "over", "usage", "blocks",
-                 "blocks_low", "blocks_peak", "peak", "kept", "released", "collect_in", "allocated")
+                 "blocks_base", "blocks_peak", "peak", "kept", "released", "collect_in",
+                 "allocated", "release_freed")
 
     def __init__(self, setting: int | str):
         self.limit = 0
@@ -136,7 +141,8 @@ class MemoryGuard:
         self.over = False
         self.usage = ProcessUsage()  # this process; the broker's one (SysTopics reads it too)
         self.allocated = sys.getallocatedblocks
-        self.blocks = self.blocks_low = self.blocks_peak = 0
+        self.release_freed = _native.release_freed_memory   # malloc_trim(0); none: ENOSYS
+        self.blocks = self.blocks_base = self.blocks_peak = 0
         self.peak = 0       # highest RSS while over
         self.kept = 0       # RSS kept after a peak, admitted again above the limit (0: none)
         self.released = 0   # times admitted again over kept memory
@@ -164,15 +170,25 @@ class MemoryGuard:
         return self.limit // 10
 
     def ceiling(self) -> int:
-        """The most RSS ever taken as memory kept after a peak: twice the limit. Past it the
-        broker refuses until RSS falls below the limit, whatever it holds."""
+        """Twice the limit: the most RSS admitted over memory kept below it after a peak."""
         return 2 * self.limit
 
-    def released_at(self) -> int:
-        """The most blocks that admit again after a peak: the blocks above the idle broker's
-        halved since the peak, and at most three quarters of the peak's."""
-        low, peak = self.blocks_low, self.blocks_peak
-        return min(low + (peak - low) // 2, peak * 3 // 4)
+    def is_released(self, blocks: int) -> bool:
+        """Whether ``blocks`` is well below the peak's: back at least half-way from
+        ``blocks_peak`` to ``blocks_base`` (what the broker held before the peak), and at
+        least a thirty-second of the peak's below it (so that a peak the blocks took no part
+        in, a limit lowered below the broker's holdings, is not released by their noise)."""
+        base, peak = self.blocks_base, self.blocks_peak
+        return blocks <= base + (peak - base) // 2 and blocks <= peak - peak // 32
+
+    def give_back(self, rss: int) -> int:
+        """Let malloc return the free memory of its heap to the system (``malloc_trim``;
+        nothing without glibc); RSS after it (``rss`` when it cannot be read)."""
+        self.release_freed()
+        figures = self.usage.read()
+        if figures is not None:
+            rss = self.rss = figures[0]
+        return rss
 
     def check(self) -> bool | None:
         """Measure; returns the new ``over`` state when it changed, else None. (A change to
@@ -182,28 +198,31 @@ class MemoryGuard:
             return None
         self.rss, self.cpu_seconds = figures
         rss, limit = self.rss, self.limit
+        before = self.blocks
         blocks = self.blocks = self.allocated()
-        if blocks < self.blocks_low or not self.blocks_low:
-            self.blocks_low = blocks
+        before = min(before or blocks, blocks)  # what was held before a peak beginning now
         if not limit or rss <= limit:
             over = False
             self.kept = self.blocks_peak = self.peak = 0
         elif not self.over and self.kept:   # admitting over kept memory
-            over = (rss > min(self.kept + self.margin(), self.ceiling())
-                    or blocks >= self.blocks_peak)
+            room = self.kept + self.margin()
+            if self.kept < self.ceiling():
+                room = min(room, self.ceiling())
+            over = rss > room or blocks >= self.blocks_peak
             if over:    # a new peak: measured from here (the last one's blocks say nothing
                 # of memory held in larger objects, retained payloads say)
-                self.kept, self.peak, self.blocks_peak, self.collect_in = 0, rss, blocks, 0
+                self.kept, self.peak, self.collect_in = 0, rss, 0
+                self.blocks_peak, self.blocks_base = blocks, before
         elif not self.over:                 # over the limit from below it: a new peak
             over = True
-            self.peak, self.blocks_peak, self.collect_in = rss, blocks, 0
+            self.peak, self.blocks_peak, self.blocks_base, self.collect_in = rss, blocks, before, 0
         elif rss > self.peak:               # rising
             over = True
             self.peak = rss
             self.blocks_peak = max(self.blocks_peak, blocks)
         else:
             self.blocks_peak = max(self.blocks_peak, blocks)
-            if blocks > self.released_at() and rss <= self.ceiling():
+            if not self.is_released(blocks):
                 # Objects in reference cycles (a closed client's) are freed only by a full
                 # collection, which an idle broker may not run for a long time: one when RSS
                 # stops rising, then one every COLLECT_EVERY checks (it stalls the loop for
@@ -213,10 +232,15 @@ class MemoryGuard:
                     self.collect_in = self.COLLECT_EVERY
                     gc.collect()
                     blocks = self.blocks = self.allocated()
-            over = blocks > self.released_at() or rss > self.ceiling()
+                    rss = self.give_back(rss)
+            over = not self.is_released(blocks)
             if not over:        # stopped rising, and holding well below the peak: released
-                self.kept = rss
-                self.released += 1
+                rss = self.give_back(rss)
+                if rss > limit:
+                    self.kept = rss
+                    self.released += 1
+                else:           # what went back to the system took it below the limit
+                    self.kept = self.blocks_peak = self.peak = 0
         if over != self.over:
             self.over = over
             return over

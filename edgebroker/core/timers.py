@@ -227,8 +227,8 @@ class Timers:
         kept = guard.kept
         changed = guard.check()
         if changed is True and kept:
-            why = (f"is past {guard.ceiling()} bytes, twice the limit (never "
-                   f"taken as memory kept after a peak)" if guard.rss > guard.ceiling() else
+            why = (f"is past {guard.ceiling()} bytes, twice the limit" if kept < guard.ceiling()
+                   < guard.rss else
                    f"grew past the {kept} bytes kept after the last peak by over {guard.margin()}"
                    if guard.rss > kept + guard.margin() else
                    f"the broker holds {guard.blocks} allocated blocks, as many as at the last "
@@ -243,10 +243,16 @@ class Timers:
         elif changed is False and guard.kept:
             log.warning("memory use %d bytes is above memory_limit (%d) but is memory kept after "
                         "a peak of %d: the broker holds %d allocated blocks, down from %d then "
-                        "(%d idle); accepting new connections, topics and subscriptions again "
-                        "until memory grows %d bytes past it or holds as much as at the peak",
-                        guard.rss, guard.limit, guard.peak, guard.blocks, guard.blocks_peak,
-                        guard.blocks_low, guard.margin())
+                        "(%d before it); accepting new connections, topics and subscriptions "
+                        "again until memory grows %d bytes past it or holds as much as at the "
+                        "peak", guard.rss, guard.limit, guard.peak, guard.blocks,
+                        guard.blocks_peak, guard.blocks_base, guard.margin())
+            if guard.kept > guard.ceiling():
+                log.warning("memory kept after the peak, %d bytes, is past twice memory_limit "
+                            "(%d bytes): Python keeps it for reuse though the broker holds no "
+                            "more than before the peak (a restart gives it back; a fast flood "
+                            "overshoots a limit by a second's growth)", guard.kept,
+                            guard.ceiling())
         elif changed is False:
             log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
                         "connections, topics and subscriptions", self.memory.rss,

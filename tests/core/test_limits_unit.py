@@ -441,8 +441,7 @@ def test_memory_guard_admits_again_over_memory_kept_after_a_peak():
 def test_memory_held_in_large_objects_is_not_taken_as_released():
     """(diff23) A peak's blocks were kept across peaks: after one of many small objects, memory
     held in retained payloads (few blocks) passed as released at each stop (RSS 34 MiB limit,
-    then 277 and 605 MiB). Each peak is measured from its own start now, and RSS above twice
-    the limit is never taken as kept."""
+    then 277 and 605 MiB). Each peak is measured from its own start now."""
     guard, check = _stepped_guard(1000)
     check(500, 100)
     assert check(1400, 1000) is True and check(1300, 500) is False  # small objects gone: kept
@@ -450,11 +449,74 @@ def test_memory_held_in_large_objects_is_not_taken_as_released():
     assert check(1450, 530) is None and guard.over                 # rising
     for _ in range(3):      # stopped: its blocks are not well below this peak's (530)
         assert check(1450, 530) is None and guard.over and guard.released == 1
+
+
+def test_each_peak_is_measured_from_what_the_broker_held_before_it():
+    """(diff24) The release was measured from the fewest blocks since the start: a broker that
+    had gained state since (persistent sessions) never fell half-way back to its empty start
+    after a smaller flood, and was locked out for good. Nor is a peak small against the state
+    locked out (a cap at three quarters of the peak's blocks was); but a peak the blocks took
+    no part in (a limit lowered below the broker's holdings) is not released by their noise."""
+    guard, check = _stepped_guard(1000)
+    check(500, 100)                                                # idle
+    check(700, 1000)                                               # sessions held since
+    assert check(1200, 1400) is True and guard.blocks_base == 1000  # a flood
+    assert check(1250, 1500) is None                               # rising
+    assert check(1250, 1260) is None and guard.over                # not half-way back
+    assert check(1250, 1240) is False and guard.kept == 1250       # 1000 + 500 // 2
+
+    guard, check = _stepped_guard(1000)
+    check(900, 900_000)
+    assert check(1100, 1_000_000) is True and guard.blocks_base == 900_000
+    assert check(1100, 951_000) is None and guard.over
+    assert check(1100, 950_000) is False and guard.kept == 1100
+
+    guard, check = _stepped_guard(1000)
+    check(900, 100_000)
+    guard.configure(800)                                           # below what it holds
+    assert check(900, 100_100) is True and guard.blocks_base == 100_000
+    for blocks in (99_000, 100_200, 98_000, 100_000):              # noise: not a fall
+        assert check(900, blocks) is None and guard.over and guard.released == 0
+    assert check(900, 96_900) is False and guard.kept == 900       # a fall: 1/32 of 100,200
+
+
+def test_memory_kept_past_twice_the_limit_is_kept_memory():
+    """(diff24) RSS above twice the limit was never taken as kept: a one-second flood that took
+    RSS to 4x the limit and left Python holding 2.5x locked the broker out for good. It is
+    kept memory like any other now (with room of a tenth of the limit above it); below the
+    ceiling, admitting over kept memory still stops at it."""
     guard, check = _stepped_guard(1000)
     check(500, 100)
     assert check(2100, 1000) is True
-    assert check(2100, 100) is None and guard.over                 # past the ceiling (2000)
-    assert check(2000, 100) is False and guard.kept == 2000
+    assert check(2500, 1100) is None                               # rising
+    assert check(2500, 100) is False and guard.kept == 2500 and guard.released == 1
+    assert check(2600, 600) is None and not guard.over             # reuses what it kept
+    assert check(2601, 600) is True                                # grew past 2500 + 100
+    assert check(2601, 100) is False and guard.kept == 2601 and guard.released == 2
+    assert check(900, 100) is None and guard.kept == 0             # below the limit: plain
+    assert check(1950, 1000) is True and check(1950, 100) is False  # kept below the ceiling
+    assert check(2000, 200) is None and not guard.over
+    assert check(2001, 200) is True                                # past the ceiling
+
+
+def test_memory_given_back_to_the_system_is_a_plain_fall_below_the_limit():
+    """When RSS stops rising over the limit, and when the blocks have fallen, what malloc keeps
+    free goes back to the system (malloc_trim) before RSS is taken as kept: when that takes it
+    below the limit it is a plain fall, not memory kept after a peak."""
+    guard, check = _stepped_guard(1000)
+    trims = []
+    guard.release_freed = lambda: trims.append(guard.allocated())
+    check(500, 100)
+    assert check(1400, 1000) is True and trims == []
+    assert check(1400, 1000) is None and trims == [1000]           # stopped: collected, trimmed
+    assert check(1400, 900) is None and trims == [1000]            # (every COLLECT_EVERY)
+    usage = guard.usage
+    guard.usage = type("Usage", (), {"read": staticmethod(
+        lambda: (900 if trims[-1] == 100 else 1300, 0.0))})()
+    guard.allocated = lambda: 100
+    assert check(1300, 100) is False and trims == [1000, 100]      # the clients gone: trimmed
+    assert guard.kept == 0 and guard.released == 0 and guard.rss == 900
+    guard.usage = usage
 
 
 def test_a_reload_raising_the_limit_keeps_the_kept_memory():
