@@ -173,3 +173,13 @@ def write_zeros(fd: int, nbytes: int) -> int:
         return exc.errno or errno.EIO
     return 0
 
+
+def numbered_files(directory: str, pattern) -> list[int]:
+    """The numbers of the files in ``directory`` whose names match ``pattern`` (a compiled
+    regular expression whose first group is the number), ascending; none for no directory."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
+

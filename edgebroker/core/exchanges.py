@@ -54,7 +54,7 @@ import os
 import re
 from collections import deque
 
-from edgebroker.files import NotRegularFile, read_small_file
+from edgebroker.files import NotRegularFile, numbered_files, read_small_file
 
 log = logging.getLogger("edgebroker.broker")
 
@@ -71,11 +71,7 @@ def path(state_dir: str, generation: int) -> str:
 
 def generations(state_dir: str) -> list[int]:
     """The generations of the journal files in ``state_dir``, ascending."""
-    try:
-        names = os.listdir(state_dir)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
+    return numbered_files(state_dir, _NAME)
 
 
 # kind -> the record's length (``O``: without and with the group's key)

@@ -26,7 +26,7 @@ import time
 import zlib
 
 from edgebroker.errors import EdgebrokerError, topic_shown
-from edgebroker.files import open_regular, open_replaced
+from edgebroker.files import numbered_files, open_regular, open_replaced
 from edgebroker.records import field, record
 
 log = logging.getLogger("edgebroker.snapshot")
@@ -74,11 +74,7 @@ def name(generation: int) -> str:
 
 def generations(state_dir: str) -> list[int]:
     """The generations of the side files in ``state_dir``, ascending."""
-    try:
-        names = os.listdir(state_dir)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
+    return numbered_files(state_dir, _NAME)
 
 
 def retained_json(r: RetainedState) -> bytes:

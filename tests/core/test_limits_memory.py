@@ -72,6 +72,18 @@ def _flood(b, prefix: str, most: int) -> tuple[list, bool]:
     return clients, False
 
 
+def _all_gone(b, clients, mark) -> str:
+    """The flood's clients close; the log line that says the broker admits again over the
+    memory it kept after the peak (asserted to be that one, not a plain fall below)."""
+    for c in clients:
+        c.close()
+    _wait_stats(b, lambda s: s["clients_connected"] == 0 and s["subscriptions"] == 0, 10)
+    line = b.wait_log(lambda ln: "memory kept after a peak" in ln or "below memory_limit" in ln,
+                      timeout=10, start=mark)
+    assert line and "memory kept after a peak" in line, (line, b.stats()["process"])
+    return line
+
+
 def test_memory_limit_admits_again_after_a_flood_has_gone(many_files, broker, uid):
     """Many clients with many subscriptions take the broker over memory_limit; they all go.
     RSS stays above the limit (Python keeps what it freed), yet a new client is accepted:
@@ -85,13 +97,7 @@ def test_memory_limit_admits_again_after_a_flood_has_gone(many_files, broker, ui
     clients, refused = _flood(b, f"{uid}-a", 2000)
     assert refused and clients, (len(clients), b.stats()["process"])
     assert b.wait_log("above memory_limit", timeout=5, start=mark)
-    for c in clients:
-        c.close()
-    _wait_stats(b, lambda s: s["clients_connected"] == 0 and s["subscriptions"] == 0, 10)
-
-    line = b.wait_log(lambda ln: "memory kept after a peak" in ln or "below memory_limit" in ln,
-                      timeout=10, start=mark)
-    assert line and "memory kept after a peak" in line, (line, b.stats()["process"])
+    line = _all_gone(b, clients, mark)
     assert "allocated blocks" in line and str(limit) in line, line
     s = b.stats()["process"]
     assert s["memory_over_limit"] is False and s["memory_released"] == 1
@@ -156,13 +162,7 @@ def test_memory_kept_past_twice_the_limit_admits_again(many_files, broker, uid):
     limit = idle + (2 << 20)
     _set_limit(b, limit)
     assert b.wait_log("above memory_limit", timeout=5, start=mark)
-    for c in clients:
-        c.close()
-    _wait_stats(b, lambda s: s["clients_connected"] == 0 and s["subscriptions"] == 0, 10)
-
-    line = b.wait_log(lambda ln: "memory kept after a peak" in ln or "below memory_limit" in ln,
-                      timeout=10, start=mark)
-    assert line and "memory kept after a peak" in line, (line, b.stats()["process"])
+    _all_gone(b, clients, mark)
     s = b.stats()["process"]
     assert s["memory_over_limit"] is False and s["memory_released"] == 1
     assert s["memory_kept_bytes"] > 2 * limit, s     # (else this test tests nothing)

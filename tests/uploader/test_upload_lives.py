@@ -25,18 +25,25 @@ def names_and_payloads(landing: Path) -> dict[str, list[bytes]]:
     return {name: [r.payload for r in records] for name, (_, records) in landed(landing).items()}
 
 
-def test_a_reimaged_gateway_keeping_its_id_uploads_its_new_life_beside_the_old_one(
-        broker, tmp_path):
-    """Life 1 ships 0..2; the data directory is wiped; life 2, the same gateway_id on the same
-    day, ships its own 0..2: both objects land, under names that differ by their life id, and
-    no alarm. Before life ids life 2's name was life 1's, and the alarm stayed for good."""
+def first_batch(broker, tmp_path, what: str):
+    """A broker uploading to a landing folder whose first batch, 0..2, has landed: (the broker,
+    the landing folder, the data directory, its configuration)."""
     landing = tmp_path / "landing"
     landing.mkdir()
     data = tmp_path / "data"
     cfg = dict(data_dir=str(data), upload=upload_config(landing, batch_max_age=1))
     b = broker(**cfg)
     publish(b, 0, 3)
-    wait_until(lambda: uploaded(b) == 3, what="life 1's batch")
+    wait_until(lambda: uploaded(b) == 3, what=what)
+    return b, landing, data, cfg
+
+
+def test_a_reimaged_gateway_keeping_its_id_uploads_its_new_life_beside_the_old_one(
+        broker, tmp_path):
+    """Life 1 ships 0..2; the data directory is wiped; life 2, the same gateway_id on the same
+    day, ships its own 0..2: both objects land, under names that differ by their life id, and
+    no alarm. Before life ids life 2's name was life 1's, and the alarm stayed for good."""
+    b, landing, data, cfg = first_batch(broker, tmp_path, "life 1's batch")
     ((name1, _),) = landed(landing).items()
     assert b.stop() == 0
     shutil.rmtree(data)                                  # re-imaged: a new data directory
@@ -137,13 +144,7 @@ def test_a_damaged_life_file_is_replaced_and_uploading_goes_on(broker, tmp_path,
     """The life file holds no life id: it is replaced (a warning naming it) by the life id in
     the intent file's name when there is one (this log's), else by a new one; the next batch
     lands under the id the file now holds, no alarm."""
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    data = tmp_path / "data"
-    cfg = dict(data_dir=str(data), upload=upload_config(landing, batch_max_age=1))
-    b = broker(**cfg)
-    publish(b, 0, 3)
-    wait_until(lambda: uploaded(b) == 3, what="the first batch")
+    b, landing, data, cfg = first_batch(broker, tmp_path, "the first batch")
     assert b.stop() == 0
     old = life_of(data)
     path = data / "log" / "life"
