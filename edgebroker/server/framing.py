@@ -26,7 +26,10 @@ and a framing, composed when the connection is accepted (``App.add_connection``)
 Either stream takes either framing, so WebSocket over TLS needs no class of its own.
 
 Frames that carry no MQTT byte (WebSocket pings, pongs, empty data frames) are charged to the
-client's control packet rate like PINGREQ (``Client.charge_control``): ``receive`` is told how
+client's control packet rate like PINGREQ (``Client.charge_control``), and so are data frames
+of fewer than 256 bytes (``got.small``: websocket.SMALL_FRAME) beyond the MQTT packets the
+client completed from the read (the broker's ``packets_received`` before and after: a client
+sending a packet per frame never pays, one sending a byte per frame does): ``receive`` is told how
 many the client may send now and stops after the one that takes its last token, the client is
 throttled, and the frames behind wait unread in the endpoint until the throttle ends
 (``resume_reading``, then ``_read_on`` in a later pass of the loop: after what the client
@@ -50,6 +53,9 @@ log = logging.getLogger("edgebroker.server")
 LINGER = 2.0
 # How the client's throttle names frames with no MQTT byte (core.client.Client.throttle).
 NOISE = "WebSocket pings, pongs or empty frames"
+# ... and data frames of fewer than websocket.SMALL_FRAME bytes (not imported here: wsproto is
+# imported only with a WebSocket listener, tests/server/test_lazy_imports.py).
+SMALL = "WebSocket frames of under 256 bytes beyond one per MQTT packet (or pings, pongs)"
 
 
 class _NoLargeReads:
@@ -162,9 +168,15 @@ class Framing:
             self.last_words = got.send
         elif got.send:
             stream.write(got.send)
+        stats = client.broker.stats
+        packets = stats.packets_received
         for piece in got.mqtt:
             client.data_received(piece)
-        if got.noise:
+        # Small data frames beyond one per MQTT packet completed cost as much as noise
+        small = got.small - (stats.packets_received - packets)
+        if small > 0:
+            client.charge_control(got.noise + small, SMALL)
+        elif got.noise:
             client.charge_control(got.noise, NOISE)
         if got.more and not client.halted:
             self._read_later()      # MAX_FRAMES read, or its tokens came back meanwhile
