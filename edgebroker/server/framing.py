@@ -97,10 +97,14 @@ class FramedClient(Client):
     def expire(self) -> None:
         """A caller still without CONNECT at its connect deadline is closed (Client.expire):
         an open WebSocket is told why in the close frame, 1008 and the reason, rather than
-        1000, "purpose fulfilled" (RFC 6455 7.4.1)."""
+        1000, "purpose fulfilled" (RFC 6455 7.4.1); also when it is throttled then (pings
+        before CONNECT). Not when the call only ends (or checks) a throttle before the
+        deadline (Client.expire's own test): the caller stays, and a later close says its own
+        reason."""
         framing = self.transport
-        if (not self.connected and not self.throttled_until and self.refusal is None
-                and framing.endpoint.open and not framing.last_words):
+        if (not self.connected and self.refusal is None and framing.endpoint.open
+                and not (self.throttled_until and self.broker.clock() < self.connect_deadline)
+                and not framing.last_words):
             framing.last_words = framing.endpoint.connect_timed_out()
         super().expire()
 
