@@ -220,7 +220,7 @@ class WebSocketEndpoint:
         self.subprotocols = tuple(subprotocols)
         self.max_message = max_message
         self.max_request = max_request
-        self._ws = WSConnection(ConnectionType.SERVER)
+        self._ws = WSConnection(ConnectionType.SERVER)     # its .connection once open
         self._head = bytearray()
         self._open = False
         self._closed = False
@@ -344,6 +344,10 @@ class WebSocketEndpoint:
             return self._refuse(400, f"WebSocket subprotocol {' or '.join(self.subprotocols)} "
                                      f"required (offered: {offered})")
         reply = self._ws.send(AcceptConnection(subprotocol=chosen))
+        # From here on only the WebSocket connection itself: wsproto's handshake state (its
+        # h11 connection, about 2.8 KB) is never used again, and a connection may be idle for
+        # days (WSConnection would still pass each events() through the handshake's).
+        self._ws = self._ws.connection
         self._open = True
         if rest:
             self._ws.receive_data(rest)

@@ -477,3 +477,23 @@ def test_one_receive_takes_at_most_max_frames():
         assert len(got.mqtt) <= MAX_FRAMES
         pieces += got.mqtt
     assert not got.more and b"".join(pieces) == bytes(65 + i % 26 for i in range(n))
+
+
+
+def test_an_open_endpoint_lets_go_of_the_handshake_state():
+    """wsproto's handshake state (its h11 connection, about 2.8 KB) is never used after the
+    upgrade: an idle open endpoint held 4.9 KB with it (a whole TCP connection costs the
+    broker 1.5 KB), under 2 KB without it."""
+    import gc
+    import tracemalloc
+    n = 200
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        endpoints = [opened()[0] for _ in range(n)]     # (the clients are freed)
+        gc.collect()
+        per_endpoint = (tracemalloc.get_traced_memory()[0] - before) / len(endpoints)
+    finally:
+        tracemalloc.stop()
+    assert per_endpoint < 3000, per_endpoint
