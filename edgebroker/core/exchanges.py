@@ -9,11 +9,10 @@ depends on it leaves the broker:
 
 - ``O`` a QoS 2 message sent to a session: client id, packet id, log offset, size, retain,
   and the shared subscription group's key when a group gave it (its backlog then skips it);
-- ``G`` a message published at QoS 2 that a shared subscription group gave a member at QoS 1
-  or 0 (the member was granted less): the group's key and the log offset (its backlog skips
-  it, as for an ``O`` record with the group; core.shared); ``B`` the member's connection ended
-  before its PUBACK, and the message went back to the group's backlog (``Shared.hand_over``):
-  the group's key and the log offset (the ``G`` before no longer counts);
+- ``G`` a message published at QoS 2 that a shared subscription group gave a member at QoS 0,
+  or at QoS 1 and the member acknowledged it (the member was granted less): the group's key
+  and the log offset (its backlog skips it, as for an ``O`` record with the group;
+  core.shared); a QoS 1 copy not acknowledged at a crash goes to the group again;
 - ``R`` its PUBREC came: PUBREL goes out (re-sent after a restart, never the PUBLISH);
 - ``C`` its PUBCOMP came: the exchange is over;
 - ``I`` a QoS 2 PUBLISH from a session's client, logged at an offset, with its message's
@@ -77,7 +76,7 @@ def generations(state_dir: str) -> list[int]:
 # kind -> the record's length (``O``: without and with the group's key)
 # (``I``: without a digest, as written before it was kept, and with it)
 _LENGTHS = {"O": (6, 7), "R": (3,), "C": (3,), "I": (4, 5), "F": (3,), "D": (2,),
-            "W": (3,), "G": (3,), "B": (3,)}
+            "W": (3,), "G": (3,)}
 
 
 def _whole(value, low: int, high: int) -> bool:
@@ -93,7 +92,7 @@ def damage(record) -> str | None:
         return f"{len(record)} fields for a {record[0]!r} record"
     if type(record[1]) is not str:
         return "a client id that is no string"
-    if record[0] in ("G", "B"):     # (the group's key, then the log offset)
+    if record[0] == "G":     # (the group's key, then the log offset)
         return (None if _whole(record[2], 0, (1 << 63) - 1)
                 else f"offset {str(record[2])[:40]!r}")
     if record[0] == "W":
@@ -195,10 +194,10 @@ class ExchangeJournal:
             record.append(group)
         self.lines.append(json.dumps(record))
 
-    def given(self, group: str, offset: int, back: bool = False) -> None:
-        """``G`` (``back``: ``B``): a group gave the QoS 2 message at ``offset`` at QoS 1 or 0
-        (``back``: it went back to the group's backlog, unacknowledged)."""
-        self.lines.append(json.dumps(["B" if back else "G", group, offset]))
+    def given(self, group: str, offset: int) -> None:
+        """``G``: a group gave the QoS 2 message at ``offset`` at QoS 0, or at QoS 1 and its
+        member acknowledged it."""
+        self.lines.append(json.dumps(["G", group, offset]))
 
     def released(self, client_id: str, pid: int) -> None:
         self.lines.append(json.dumps(["R", client_id, pid]))

@@ -360,7 +360,7 @@ class Persistence:
             if kind == "W":
                 wills.add((client_id, record[2]))
                 continue
-            session = None if kind == "G" or kind == "B" else sessions.get(client_id)
+            session = None if kind == "G" else sessions.get(client_id)
             if session is None:     # a group's record, or of a session not restored
                 self.unkept_exchange(record, end, shared, flying)
                 continue

@@ -239,8 +239,6 @@ class Shared:
                     self.exchanges.completed(session.client_id, pid)
             else:
                 back.setdefault(group, []).append(entry)
-                if entry.group_qos == 2:
-                    self._given(group, entry.message, True)
         if lost:
             self.drop("shared_left", session, lost)
             log.warning("session %s ended with %d unacknowledged messages of shared "
@@ -378,15 +376,18 @@ class Shared:
             entry.group = member.group
             entry.group_qos = group_qos
             entry.group_retain = group_retain
-            if group_qos == 2 and qos == 1:
-                self._given(member.group, ref)
 
-    def _given(self, group: Group, ref, back: bool = False) -> None:
-        """A message published at QoS 2 that ``group`` gave a member at QoS 1 or 0 (``back``:
-        that member's connection ended before its PUBACK; ``hand_over``): journaled, so that
-        after a crash the group does not hand it out again (``G``, ``B``; core.exchanges)."""
+    def _given(self, group: Group, ref) -> None:
+        """A message published at QoS 2 that ``group`` gave a member at QoS 0, or at QoS 1
+        and the member acknowledged it (``shared_acked``): journaled, so that after a crash
+        the group does not hand it out again (``G``, core.exchanges). A QoS 1 copy not
+        acknowledged at a crash goes to the group again (at least once)."""
         if self.exchanges is not None and ref.offset is not None:
-            self.exchanges.given(group.key, ref.offset, back)
+            self.exchanges.given(group.key, ref.offset)
+
+    def shared_acked(self, entry) -> None:
+        """The PUBACK of a QoS 1 copy of a message published at QoS 2 a group gave."""
+        self._given(entry.group, entry.message)
 
     def _queue(self, group: Group, message: Message, qos: int, topic: str) -> None:
         """No member can take ``message`` now: into the backlog, or past its bound, the group

@@ -65,11 +65,6 @@ class SharedState:
             entries = [(entry.message.offset, entry.group_qos, entry.group_retain,
                         entry.message.size) for entry in flying.get(group, ())
                        if entry.message.offset is not None]
-            for entry in flying.get(group, ()):
-                if entry.group_qos == 2:
-                    # Published at QoS 2: its ``G`` again in the journal's new file, so that
-                    # a crash before the next snapshot takes it out of this backlog again.
-                    self._given(group, entry.message)
             entries += [(ref.offset, qos, retain, ref.size) for ref, qos, retain, _ in group.queue
                         if ref.offset is not None]
             if entries or group.cursor is not None:
@@ -122,18 +117,16 @@ class SharedState:
 
     @staticmethod
     def unkept_exchange(record: list, end: int, shared: dict, flying: dict) -> None:
-        """``Persistence.apply_exchanges``: a group's ``G`` or ``B`` record, or one of a
+        """``Persistence.apply_exchanges``: a group's ``G`` record, or one of a
         session the restart does not keep (clean, or made after the snapshot). What a group
-        gave (``O`` with its key, ``G``, each until a ``B``) goes into ``shared`` (group key
+        gave (``O`` with its key, ``G``) goes into ``shared`` (group key
         -> offsets): not given again. An ``O``'s exchange not over (no ``R``, ``C`` or ``D``)
         stays in ``flying`` ((client id, packet id) -> group key): lost. Offsets past the
         log's ``end`` are left out (records a power cut took: their messages got others)."""
         kind, name = record[0], record[1]
-        if kind == "G" or kind == "B":
-            if kind == "G" and record[2] < end:
+        if kind == "G":
+            if record[2] < end:
                 shared.setdefault(name, set()).add(record[2])
-            elif kind == "B" and name in shared:
-                shared[name].discard(record[2])
         elif kind == "O" and len(record) > 6 and record[3] < end:
             shared.setdefault(record[6], set()).add(record[3])
             flying[name, record[2]] = record[6]

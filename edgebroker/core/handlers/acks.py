@@ -53,6 +53,8 @@ def on_puback(client, p) -> None:
             raise _wrong_ack(p, entry)
         del session.inflight[p.packet_id]
         session.inflight_bytes -= entry.message.size
+        if entry.group is not None and entry.group_qos == 2:
+            client.broker.shared_acked(entry)
         if _more(client, session):
             client.broker.pump(session)
     else:
@@ -78,6 +80,8 @@ def on_pubacks(client, pids) -> int:
                     raise _wrong_ack(P.Puback(pid), entry)
                 del inflight[pid]
                 freed += entry.message.size
+                if entry.group is not None and entry.group_qos == 2:
+                    client.broker.shared_acked(entry)
             else:
                 strays += 1
                 if allowed < 0:
