@@ -33,15 +33,22 @@ from edgebroker.commitlog.errors import LogFullError, LogWriteError
 log = logging.getLogger("edgebroker.journal")
 
 
+# A jump of the wall clock against the steady one past this is a step (not a slew, nor a loop
+# pass's time between the two readings); the most steps remembered.
+STEP_MS = 2000
+MAX_STEPS = 16
+
+
 class Journal:
     def __init__(self, commit_log, durability: str, wall_ms, stats, clock):
         self.log = commit_log
         self.durability = durability
         self.wall_ms = wall_ms
-        # This run's start on the wall clock (the records' time stamps) and on the broker's
-        # steady clock, taken together: what ``logged_ago`` bounds the wall clock by.
-        self.started = clock()
-        self.started_ms = wall_ms()
+        # The wall clock (the records' time stamps) less the broker's steady clock, in ms, as
+        # last seen, and the forward steps of the wall clock seen in this run: (the wall
+        # clock's time then, had it not stepped; the step), at most MAX_STEPS (``logged_ago``).
+        self._offset = wall_ms() - int(clock() * 1000)
+        self._steps: list[tuple[int, int]] = []
         self.stats = stats
         self.failing = False
         # The flusher thread (set by the server): told after records reach the OS; its fsync
@@ -59,14 +66,27 @@ class Journal:
     def logged_ago(self, timestamp_ms: int, wall_ms: int, now: float) -> int:
         """Milliseconds since the record stamped ``timestamp_ms`` was logged, as its Message
         Expiry counts them (``wall_ms`` and ``now``: this moment on the wall clock and the
-        broker's clock). The wall-clock difference, but never more than the steady clock
-        allows: a record of this run is at most as old as the run, one from before it as
-        old as the run plus its age by the wall clock at the start. So a wall clock stepped
-        forward (NTP after the boot of a gateway without a real-time clock) ages no record
-        of this run; records from before the start still take the wall clock's word. Never
-        negative (a clock stepped back)."""
-        bound = int((now - self.started) * 1000) + max(0, self.started_ms - timestamp_ms)
-        return max(0, min(wall_ms - timestamp_ms, bound))
+        broker's clock): the wall-clock difference, less each forward step of the wall clock
+        seen in this run after the record was logged (NTP after the boot of a gateway without
+        a real-time clock ages no record). Steps before this run's start cannot be told from
+        time passing. A clock stepped back makes records younger, never negative (errs on
+        delivering; the interval forwarded is never more than published)."""
+        self.watch_clock(wall_ms, now)
+        ago = wall_ms - timestamp_ms
+        for before, step in self._steps:
+            if timestamp_ms < before:
+                ago -= step
+        return ago if ago > 0 else 0
+
+    def watch_clock(self, wall_ms: int, now: float) -> None:
+        """Note a forward step of the wall clock against the steady one (more than STEP_MS
+        since the last look: ``logged_ago``, and the broker's maintenance every second)."""
+        steady = int(now * 1000)
+        offset = wall_ms - steady
+        if offset - self._offset > STEP_MS:
+            self._steps.append((self._offset + steady, offset - self._offset))
+            del self._steps[:-MAX_STEPS]
+        self._offset = offset
 
     @property
     def safe_offset(self) -> int:

@@ -62,8 +62,9 @@ def test_a_wall_clock_stepped_forward_expires_no_message_logged_since_the_start(
 
 def test_the_time_since_a_record_was_logged(tmp_path):
     """Journal.logged_ago, the one rule the bridge and the core's sessions use: the
-    wall-clock difference, bounded by the steady clock since the start (a record of this
-    run) or by that plus its age by the wall clock at the start (one from before it)."""
+    wall-clock difference, less each forward step of the wall clock seen after the record was
+    logged, whenever in the run it comes (a bound by the run's length let a step 45 s into
+    the run expire a 1 s old message of 30 s: diff25)."""
     from edgebroker.commitlog import CommitLog, LogOptions
     from edgebroker.core.journal import Journal
     from edgebroker.core.stats import Stats
@@ -72,15 +73,23 @@ def test_the_time_since_a_record_was_logged(tmp_path):
     try:
         journal = Journal(log, "none", lambda: start_ms, Stats(), lambda: clock[0])
         ago = journal.logged_ago
-        # 5 s into the run, the clock stepped 2 h ahead: a record of the run is at most 5 s
-        # old; one logged 60 s before the start, 65 s.
-        step = start_ms + 5000 + 7_200_000
-        assert ago(start_ms + 1000, step, 105.0) == 5000
-        assert ago(start_ms - 60_000, step, 105.0) == 65_000
-        # No step: the wall-clock difference.
+        # No step: the wall-clock difference, for a record of this run or one before it.
         assert ago(start_ms + 1000, start_ms + 5000, 105.0) == 4000
         assert ago(start_ms - 60_000, start_ms + 5000, 105.0) == 65_000
+        # 45 s into the run a record is logged; at 45.5 s the clock steps 2 h ahead (seen by
+        # the broker's maintenance); at 46 s the record is 1 s old, one from before the
+        # start 106 s, one logged after the step (at 45.8 s) 0.2 s.
+        journal.watch_clock(start_ms + 45_000, 145.0)
+        step = 7_200_000
+        journal.watch_clock(start_ms + 45_500 + step, 145.5)
+        now = start_ms + 46_000 + step
+        assert ago(start_ms + 45_000, now, 146.0) == 1000
+        assert ago(start_ms - 60_000, now, 146.0) == 106_000
+        assert ago(start_ms + 45_800 + step, now, 146.0) == 200
+        # A step seen first when the age is asked for counts the same.
+        later = Journal(log, "none", lambda: start_ms, Stats(), lambda: clock[0])
+        assert later.logged_ago(start_ms + 1000, start_ms + 5000 + step, 105.0) == 4000
         # A clock stepped back: never negative.
-        assert ago(start_ms + 1000, start_ms - 3_600_000, 105.0) == 0
+        assert ago(start_ms + 45_000, start_ms - 3_600_000, 147.0) == 0
     finally:
         log.close()
