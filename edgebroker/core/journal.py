@@ -47,6 +47,7 @@ class Journal:
         # The wall clock (the records' time stamps) less the broker's steady clock, in ms, as
         # last seen, and the forward steps of the wall clock seen in this run: (the wall
         # clock's time then, had it not stepped; the step), at most MAX_STEPS (``logged_ago``).
+        self._clock = clock
         self._offset = wall_ms() - int(clock() * 1000)
         self._steps: list[tuple[int, int]] = []
         self.stats = stats
@@ -69,23 +70,33 @@ class Journal:
         broker's clock): the wall-clock difference, less each forward step of the wall clock
         seen in this run after the record was logged (NTP after the boot of a gateway without
         a real-time clock ages no record). Steps before this run's start cannot be told from
-        time passing. A clock stepped back makes records younger, never negative (errs on
-        delivering; the interval forwarded is never more than published)."""
-        self.watch_clock(wall_ms, now)
+        time passing. A step back cancels the forward steps before it (a clock put right
+        again); past them it makes records younger, never negative (errs on delivering; the
+        interval forwarded is never more than published)."""
+        self.watch_clock()
         ago = wall_ms - timestamp_ms
         for before, step in self._steps:
             if timestamp_ms < before:
                 ago -= step
         return ago if ago > 0 else 0
 
-    def watch_clock(self, wall_ms: int, now: float) -> None:
-        """Note a forward step of the wall clock against the steady one (more than STEP_MS
-        since the last look: ``logged_ago``, and the broker's maintenance every second)."""
-        steady = int(now * 1000)
-        offset = wall_ms - steady
-        if offset - self._offset > STEP_MS:
-            self._steps.append((self._offset + steady, offset - self._offset))
+    def watch_clock(self) -> None:
+        """Note a step of the wall clock against the steady one (more than STEP_MS since the
+        last look: ``logged_ago``, and the broker's maintenance every second), both read now
+        (not a loop pass's time, which a long pass would make look like a step)."""
+        steady = int(self._clock() * 1000)
+        offset = self.wall_ms() - steady
+        jump = offset - self._offset
+        if jump > STEP_MS:
+            self._steps.append((self._offset + steady, jump))
             del self._steps[:-MAX_STEPS]
+        elif jump < -STEP_MS:
+            steps, back = self._steps, -jump
+            while steps and back > 0:
+                before, step = steps.pop()
+                if step > back:
+                    steps.append((before, step - back))
+                back -= step
         self._offset = offset
 
     @property

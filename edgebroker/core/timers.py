@@ -186,7 +186,7 @@ class Timers:
     def _maintain(self, now: float) -> None:
         journal = self.journal
         if journal is not None:
-            journal.watch_clock(journal.wall_ms(), now)
+            journal.watch_clock()
             if journal.retry():
                 # Writes work again: the acknowledgements it released go out in this pass,
                 # and sessions behind read what could not be written.

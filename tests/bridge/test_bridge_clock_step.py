@@ -68,28 +68,44 @@ def test_the_time_since_a_record_was_logged(tmp_path):
     from edgebroker.commitlog import CommitLog, LogOptions
     from edgebroker.core.journal import Journal
     from edgebroker.core.stats import Stats
-    start_ms, clock = 1_700_000_000_000, [100.0]
+    start_ms, clock, wall = 1_700_000_000_000, [100.0], [1_700_000_000_000]
     log = CommitLog.open(str(tmp_path / "log"), LogOptions(), lambda: start_ms)
     try:
-        journal = Journal(log, "none", lambda: start_ms, Stats(), lambda: clock[0])
-        ago = journal.logged_ago
+        journal = Journal(log, "none", lambda: wall[0], Stats(), lambda: clock[0])
+
+        def at(steady: float, wall_ms: int) -> tuple[int, float]:
+            clock[0], wall[0] = steady, wall_ms
+            return wall_ms, steady
+
+        def ago(ts: int, wall_ms: int, steady: float) -> int:
+            return journal.logged_ago(ts, *at(steady, wall_ms))
+
         # No step: the wall-clock difference, for a record of this run or one before it.
         assert ago(start_ms + 1000, start_ms + 5000, 105.0) == 4000
         assert ago(start_ms - 60_000, start_ms + 5000, 105.0) == 65_000
         # 45 s into the run a record is logged; at 45.5 s the clock steps 2 h ahead (seen by
         # the broker's maintenance); at 46 s the record is 1 s old, one from before the
         # start 106 s, one logged after the step (at 45.8 s) 0.2 s.
-        journal.watch_clock(start_ms + 45_000, 145.0)
+        at(145.0, start_ms + 45_000)
+        journal.watch_clock()
         step = 7_200_000
-        journal.watch_clock(start_ms + 45_500 + step, 145.5)
+        at(145.5, start_ms + 45_500 + step)
+        journal.watch_clock()
         now = start_ms + 46_000 + step
         assert ago(start_ms + 45_000, now, 146.0) == 1000
         assert ago(start_ms - 60_000, now, 146.0) == 106_000
         assert ago(start_ms + 45_800 + step, now, 146.0) == 200
+        # The clock put right again at 50 s: the records from before the step are as old as
+        # the wall clock says (the step no longer counts: diff26, a 10 s message delivered
+        # 13.5 s after it was published, the forward step still subtracted).
+        assert ago(start_ms + 45_000, start_ms + 50_000, 150.0) == 5000
+        assert ago(start_ms - 60_000, start_ms + 50_000, 150.0) == 110_000
         # A step seen first when the age is asked for counts the same.
-        later = Journal(log, "none", lambda: start_ms, Stats(), lambda: clock[0])
-        assert later.logged_ago(start_ms + 1000, start_ms + 5000 + step, 105.0) == 4000
+        wall[0] = start_ms
+        later = Journal(log, "none", lambda: wall[0], Stats(), lambda: clock[0])
+        at(155.0, start_ms + 5000 + step)          # 5 s on, 2 h ahead: a record 1 s older
+        assert later.logged_ago(start_ms - 1000, wall[0], clock[0]) == 6000
         # A clock stepped back: never negative.
-        assert ago(start_ms + 45_000, start_ms - 3_600_000, 147.0) == 0
+        assert ago(start_ms + 45_000, start_ms - 3_600_000, 151.0) == 0
     finally:
         log.close()
