@@ -26,12 +26,7 @@ and a framing, composed when the connection is accepted (``App.add_connection``)
 Either stream takes either framing, so WebSocket over TLS needs no class of its own.
 
 Frames that carry no MQTT byte (WebSocket pings, pongs, empty data frames) are charged to the
-client's control packet rate like PINGREQ (``Client.charge_control``), and so are data frames
-of fewer than 256 bytes (``got.small``: websocket.SMALL_FRAME) past an allowance of
-FRAMES_PER_PACKET for each MQTT packet the client completes (the broker's ``packets_received``
-before and after a read; the allowance left is carried to the next read, at most
-FRAMES_PER_PACKET: MQTT.js writes a PUBLISH as five frames, which may straddle two reads, and
-never pays; a client sending a byte per frame does): ``receive`` is told how
+client's control packet rate like PINGREQ (``Client.charge_control``): ``receive`` is told how
 many the client may send now and stops after the one that takes its last token, the client is
 throttled, and the frames behind wait unread in the endpoint until the throttle ends
 (``resume_reading``, then ``_read_on`` in a later pass of the loop: after what the client
@@ -55,12 +50,6 @@ log = logging.getLogger("edgebroker.server")
 LINGER = 2.0
 # How the client's throttle names frames with no MQTT byte (core.client.Client.throttle).
 NOISE = "WebSocket pings, pongs or empty frames"
-# ... and data frames of fewer than websocket.SMALL_FRAME bytes (not imported here: wsproto is
-# imported only with a WebSocket listener, tests/server/test_lazy_imports.py).
-SMALL = ("WebSocket frames of under 256 bytes past 64 for each MQTT packet (or pings, "
-         "pongs)")
-# Small data frames a client may send for each MQTT packet it completes without paying.
-FRAMES_PER_PACKET = 64
 
 
 class _NoLargeReads:
@@ -129,7 +118,7 @@ class Framing:
     to the core it is the transport, to the stream the receiver of bytes."""
 
     __slots__ = ("stream", "endpoint", "client", "peer", "listener", "lingering", "last_words",
-                 "counted", "reader", "closed_by_peer", "ending", "allowance")
+                 "counted", "reader", "closed_by_peer", "ending")
 
     decoder = _NO_LARGE_READS
 
@@ -147,7 +136,6 @@ class Framing:
         # packets that came before it to handle (throttled, or its password check running)
         self.closed_by_peer = None
         self.ending = 0     # why the core closes: an MQTT 5 reason code (FramedClient), or 0
-        self.allowance = FRAMES_PER_PACKET  # small data frames it may still send unpaid
 
     # ----- the stream's side: bytes in --------------------------------------------------
 
@@ -178,21 +166,9 @@ class Framing:
             self.last_words = got.send
         elif got.send:
             stream.write(got.send)
-        stats = client.broker.stats
-        packets = stats.packets_received
         for piece in got.mqtt:
             client.data_received(piece)
-        # Small data frames past the allowance of the MQTT packets completed cost as much as
-        # noise
-        if got.small:
-            left = (self.allowance - got.small
-                    + FRAMES_PER_PACKET * (stats.packets_received - packets))
-            self.allowance = min(max(left, 0), FRAMES_PER_PACKET)
-            if left < 0:
-                client.charge_control(got.noise - left, SMALL)
-            elif got.noise:
-                client.charge_control(got.noise, NOISE)
-        elif got.noise:
+        if got.noise:
             client.charge_control(got.noise, NOISE)
         if got.more and not client.halted:
             self._read_later()      # MAX_FRAMES read, or its tokens came back meanwhile

@@ -40,9 +40,7 @@ The rules, in the order a connection meets them (docs/protocol.md, "MQTT over We
   the loop as much as a packet and ask for nothing the MQTT limits see: they are counted
   (``noise``) for the transport to charge to the client's control packet rate, and a
   ``receive`` stops after the one that takes the last of the ``noise_left`` it was given
-  (``more``: frames are left, read by the next ``receive``, b"" will do). A data frame of
-  fewer than SMALL_FRAME bytes costs the same: they are counted too (``small``), for the
-  transport to charge those beyond the MQTT packets the client completed from the read.
+  (``more``: frames are left, read by the next ``receive``, b"" will do).
 - CLOSED: after a refusal or a close, further bytes are ignored; the transport closes the
   connection once ``send`` is written.
 """
@@ -75,9 +73,6 @@ MAX_MESSAGE = 268_435_460
 # Frames one ``receive`` takes (about 10 ms of wsproto's work): the rest are read in the next
 # pass of the loop, so a client sending tiny frames flat out shares the loop with the others.
 MAX_FRAMES = 1024
-# A data frame carrying fewer MQTT bytes than this costs the loop about as much as a packet
-# (wsproto's work per frame): counted in ``small`` (docs/limits.md, "Control packet rate").
-SMALL_FRAME = 256
 
 # RFC 6455 §7.4.1 status codes the endpoint sends.
 NORMAL_CLOSURE = 1000
@@ -135,16 +130,14 @@ class WebSocketInput:
     follow a close, RFC 6455 5.5.1). ``close``: why the connection must be closed once
     ``send`` is written, or None. ``open``: the handshake is done. ``fault``: the close is the
     peer's fault (a refused request, a frame that breaks the rules), not its own close.
-    ``noise``: the frames that carried no MQTT byte; ``small``: the data frames that ended in
-    this read and carried fewer than SMALL_FRAME bytes; ``more``: ``receive`` stopped at its
+    ``noise``: the frames that carried no MQTT byte; ``more``: ``receive`` stopped at its
     ``noise_left``, frames may be left.
     """
 
-    __slots__ = ("mqtt", "send", "close", "open", "fault", "reply", "noise", "more", "small")
+    __slots__ = ("mqtt", "send", "close", "open", "fault", "reply", "noise", "more")
 
     def __init__(self, mqtt: list, send: bytes, close: str | None, open: bool,
-                 fault: bool = False, reply: bytes = b"", noise: int = 0, more: bool = False,
-                 small: int = 0):
+                 fault: bool = False, reply: bytes = b"", noise: int = 0, more: bool = False):
         self.mqtt = mqtt
         self.send = send
         self.close = close
@@ -153,7 +146,6 @@ class WebSocketInput:
         self.reply = reply
         self.noise = noise      # frames with no MQTT byte: pings, pongs, empty data frames
         self.more = more        # frames may be left to read (``receive`` stopped early)
-        self.small = small      # data frames of fewer than SMALL_FRAME bytes
 
     def __repr__(self) -> str:
         return (f"WebSocketInput(mqtt={self.mqtt!r}, send={self.send!r}, close={self.close!r}, "
@@ -209,7 +201,7 @@ class WebSocketEndpoint:
     """The server side of one WebSocket connection carrying MQTT (module docstring: the rules)."""
 
     __slots__ = ("path", "subprotocols", "max_message", "max_request", "_ws", "_head", "_open",
-                 "_closed", "_message_len", "_more", "_frame_len")
+                 "_closed", "_message_len", "_more")
 
     # Called as endpoint.frame_head(n): a plain function, no binding of self.
     frame_head = staticmethod(frame_head)
@@ -226,7 +218,6 @@ class WebSocketEndpoint:
         self._closed = False
         self._message_len = 0      # bytes of the binary message being received so far
         self._more = False         # the last receive stopped early: frames may be left
-        self._frame_len = 0        # bytes of the data frame being received so far
 
     @property
     def open(self) -> bool:
@@ -372,7 +363,6 @@ class WebSocketEndpoint:
         close = None
         fault = True            # unless the client closed
         noise = 0
-        small = 0               # data frames of fewer than SMALL_FRAME bytes ended here
         self._more = False
         frames = MAX_FRAMES
         for event in ws.events():
@@ -386,15 +376,6 @@ class WebSocketEndpoint:
                 self._message_len = 0 if event.message_finished else n
                 if event.data:
                     mqtt.append(event.data)
-                    # wsproto hands a frame over in the pieces that arrived: counted once
-                    # whole (a frame split by the reads is not small for its pieces)
-                    size = self._frame_len + len(event.data)
-                    if not event.frame_finished:
-                        self._frame_len = size
-                    else:
-                        self._frame_len = 0
-                        if size < SMALL_FRAME:
-                            small += 1
                 else:
                     noise += 1
             elif isinstance(event, Ping):
@@ -427,4 +408,4 @@ class WebSocketEndpoint:
         if close is not None:
             self._closed = True
         return WebSocketInput(mqtt, b"".join(out), close, True, close is not None and fault,
-                              reply, noise, self._more, small)
+                              reply, noise, self._more)

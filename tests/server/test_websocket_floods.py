@@ -4,8 +4,7 @@ about as much as a packet, so they are charged to the client's control packet ra
 PINGREQ (docs/limits.md, "Control packet rate"): a flood is throttled (not read, not
 disconnected), counted in limit_hits control_rate and logged once per connection, while every
 ping is still answered, in order, and the MQTT bytes around them arrive intact. Frames that
-carry MQTT bytes are not charged, unless they carry fewer than 256 bytes beyond one frame per
-MQTT packet."""
+carry MQTT bytes are not charged."""
 
 from __future__ import annotations
 
@@ -134,46 +133,3 @@ def test_a_throttle_before_connect_past_the_connect_timeout_ends_at_the_timeout(
     assert line, b.logs[mark:]
     assert c.expect_closed(timeout=5)
     assert b.stats()["limit_hits"]["connect_timeout"] == 1
-
-
-def test_a_byte_per_frame_is_charged_a_packet_per_frame_is_not(broker, uid):
-    """Data frames of fewer than 256 bytes past 64 for each MQTT packet completed cost the
-    loop as much as pings and are charged the same (docs/limits.md): a client sending its
-    PUBLISHes a byte per frame is throttled; one sending the same PUBLISHes a packet per
-    frame, or each in five frames as MQTT.js writes them (fixed header, length, topic length,
-    topic, payload), or a large PUBLISH in frames of 256 bytes, is not. (Only frames with no
-    MQTT byte were charged: four such clients took the loop's whole core.)"""
-    b = _broker(broker, control_rate=1000, control_burst=50)
-    n = 60      # PUBLISHes, past the burst of 50
-    packets = [m.publish(f"{uid}/t", b"p" * 200, qos=1, packet_id=i + 1) for i in range(n)]
-
-    whole = _ws_client(b, f"{uid}-whole")
-    ws = whole.sock
-    ws.send_raw(b"".join(ws.ws.send(Message(data=p)) for p in packets))
-    topic = f"{uid}/t".encode()
-    cuts = (1, 3, 5, 5 + len(topic), None)       # as MQTT.js writes a PUBLISH: five frames
-    ws.send_raw(b"".join(ws.ws.send(Message(data=p[a:z]))
-                         for p in packets for a, z in zip((0,) + cuts[:-1], cuts)))
-    assert [whole.expect(m.PUBACK, 15).packet_id for _ in range(n)] == list(range(1, n + 1))
-    big = m.publish(f"{uid}/big", b"b" * 65536, qos=1, packet_id=n + 1)
-    pieces = [big[i:i + 256] for i in range(0, len(big), 256)]    # the last one shorter
-    ws.send_raw(b"".join(ws.ws.send(Message(data=p, message_finished=False))
-                         for p in pieces[:-1]) + ws.ws.send(Message(data=pieces[-1])))
-    assert [whole.expect(m.PUBACK, 15).packet_id for _ in range(n + 1)] == list(range(1, n + 2))
-    assert b.stats()["limit_hits"]["control_rate"] == 0
-    assert b.client_row(f"{uid}-whole")["throttled_seconds"] == 0
-
-    tiny = _ws_client(b, f"{uid}-tiny")
-    ws = tiny.sock
-    mark = b.mark()
-    ws.send_raw(b"".join(ws.ws.send(Message(data=p[i:i + 1]))
-                         for p in packets for i in range(len(p))))
-    line = b.wait_log(lambda ln: LINE in ln, timeout=10, start=mark)
-    assert line and f"{uid}-tiny" in line and "control_rate 1000/s" in line, line
-    assert "WebSocket frames of under 256 bytes past 64 for each MQTT packet" in line, line
-    # throttled, not dropped: every PUBLISH is still handled, in order
-    assert [tiny.expect(m.PUBACK, 15).packet_id for _ in range(n)] == list(range(1, n + 1))
-    assert b.stats()["limit_hits"]["control_rate"] >= 1
-    assert b.client_row(f"{uid}-tiny")["throttled_seconds"] > 0
-    assert len([ln for ln in b.logs[mark:] if LINE in ln]) == 1
-    assert tiny.ping() == []
