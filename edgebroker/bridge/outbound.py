@@ -185,8 +185,7 @@ class Outbound:
         # Message Expiry: when each record was logged, on the broker's clock (its time stamp
         # is the wall clock's, which may have been stepped since: Journal.logged_ago).
         journal = self.journal
-        now = self.clock()
-        now_ms, wall_ms = int(now * 1000), journal.wall_ms() if journal is not None else 0
+        now_ms = int(self.clock() * 1000)
         for offset, ts, qos, retain, topic, payload, _n, props, publisher in records:
             found = outgoing(topic)
             if found is None:
@@ -199,7 +198,7 @@ class Outbound:
                 self.skip_unsendable(offset, topic, remote_topic, problem)
                 continue
             self._unsendable_run = 0
-            forward, expires = (carried(props, now_ms - journal.logged_ago(ts, wall_ms, now))
+            forward, expires = (carried(props, now_ms - journal.logged_ago(ts))
                                 if props else (None, 0))
             pending.append((offset, remote_topic, payload, rule_qos, retain, forward, expires))
             size += len(payload)

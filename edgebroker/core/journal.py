@@ -64,28 +64,28 @@ class Journal:
         # received QoS 2 message's record never reaches the disk before its packet id does.
         self.exchanges = None
 
-    def logged_ago(self, timestamp_ms: int, wall_ms: int, now: float) -> int:
+    def logged_ago(self, timestamp_ms: int) -> int:
         """Milliseconds since the record stamped ``timestamp_ms`` was logged, as its Message
-        Expiry counts them (``wall_ms`` and ``now``: this moment on the wall clock and the
-        broker's clock): the wall-clock difference, less each forward step of the wall clock
-        seen in this run after the record was logged (NTP after the boot of a gateway without
-        a real-time clock ages no record). Steps before this run's start cannot be told from
-        time passing. A step back cancels the forward steps before it (a clock put right
-        again); past them it makes records younger, never negative (errs on delivering; the
-        interval forwarded is never more than published)."""
-        self.watch_clock()
-        ago = wall_ms - timestamp_ms
+        Expiry counts them: the wall-clock difference (the wall clock read now), less each
+        forward step of the wall clock seen in this run after the record was logged (NTP
+        after the boot of a gateway without a real-time clock ages no record). Steps before
+        this run's start cannot be told from time passing. A step back cancels the forward
+        steps before it (a clock put right again); past them it makes records younger, never
+        negative (errs on delivering; the interval forwarded is never more than published)."""
+        ago = self.watch_clock() - timestamp_ms
         for before, step in self._steps:
             if timestamp_ms < before:
                 ago -= step
         return ago if ago > 0 else 0
 
-    def watch_clock(self) -> None:
+    def watch_clock(self) -> int:
         """Note a step of the wall clock against the steady one (more than STEP_MS since the
         last look: ``logged_ago``, and the broker's maintenance every second), both read now
-        (not a loop pass's time, which a long pass would make look like a step)."""
+        (not a loop pass's time, which a long pass would make look like a step); the wall
+        clock's reading (ms)."""
         steady = int(self._clock() * 1000)
-        offset = self.wall_ms() - steady
+        wall_ms = self.wall_ms()
+        offset = wall_ms - steady
         jump = offset - self._offset
         if jump > STEP_MS:
             self._steps.append((self._offset + steady, jump))
@@ -98,6 +98,7 @@ class Journal:
                     steps.append((before, step - back))
                 back -= step
         self._offset = offset
+        return wall_ms
 
     @property
     def safe_offset(self) -> int:

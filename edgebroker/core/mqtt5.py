@@ -157,8 +157,7 @@ def stored_properties(stored: bytes, timestamp_ms: int, journal,
     forward, interval = message_properties(props)
     if not interval:        # none, or 0: read as none (Router.publish)
         return forward, 0.0
-    return forward, now + interval - journal.logged_ago(timestamp_ms, journal.wall_ms(),
-                                                        now) / 1000
+    return forward, now + interval - journal.logged_ago(timestamp_ms) / 1000
 
 
 def reason_string(conn: Conn5 | None, text: str, props: dict | None = None) -> dict | None:

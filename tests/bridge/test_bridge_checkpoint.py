@@ -32,8 +32,7 @@ def _bridge(tmp_path, commit_log, durability="batch") -> Bridge:
     (no link: connecting is not part of these tests)."""
     broker = SimpleNamespace(clock=lambda: 0.0, schedule=lambda timer: None,
                              unschedule=lambda timer: None,
-                             journal=SimpleNamespace(log=commit_log, durability=durability,
-                                                     wall_ms=lambda: 1_700_000_000_000),
+                             journal=SimpleNamespace(log=commit_log, durability=durability),
                              limits=SimpleNamespace(max_packet_size=1 << 20))
     config = BridgeConfig(name="up", address="127.0.0.1:1", topic=(TopicRule(pattern="a/#"),))
     bridge = Bridge(config, broker, None, None, str(tmp_path))

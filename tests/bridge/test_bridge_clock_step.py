@@ -73,12 +73,12 @@ def test_the_time_since_a_record_was_logged(tmp_path):
     try:
         journal = Journal(log, "none", lambda: wall[0], Stats(), lambda: clock[0])
 
-        def at(steady: float, wall_ms: int) -> tuple[int, float]:
+        def at(steady: float, wall_ms: int) -> None:
             clock[0], wall[0] = steady, wall_ms
-            return wall_ms, steady
 
         def ago(ts: int, wall_ms: int, steady: float) -> int:
-            return journal.logged_ago(ts, *at(steady, wall_ms))
+            at(steady, wall_ms)
+            return journal.logged_ago(ts)
 
         # No step: the wall-clock difference, for a record of this run or one before it.
         assert ago(start_ms + 1000, start_ms + 5000, 105.0) == 4000
@@ -104,7 +104,7 @@ def test_the_time_since_a_record_was_logged(tmp_path):
         wall[0] = start_ms
         later = Journal(log, "none", lambda: wall[0], Stats(), lambda: clock[0])
         at(155.0, start_ms + 5000 + step)          # 5 s on, 2 h ahead: a record 1 s older
-        assert later.logged_ago(start_ms - 1000, wall[0], clock[0]) == 6000
+        assert later.logged_ago(start_ms - 1000) == 6000
         # A clock stepped back: never negative.
         assert ago(start_ms + 45_000, start_ms - 3_600_000, 151.0) == 0
     finally:
