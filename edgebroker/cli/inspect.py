@@ -4,7 +4,8 @@ broker runs (read-only: nothing is locked or changed).
     inspect segments                     one line per segment file
     inspect topics [--filter F]          per topic: messages, payload bytes, last seen
     inspect tail [--topic F] [--from OFFSET | --since TIME] [-n N] [--follow]
-    inspect verify                       check every record's CRC; exit 1 on damage
+    inspect verify                       check every record's CRC and the session snapshot;
+                                         exit 1 on damage
 
 All take ``--data-dir DIR`` (default: as ``serve``: the config file's ``data_dir``, else
 $STATE_DIRECTORY, else ./edgebroker-data; the log is ``DIR/log``) and ``--format text|json``.
@@ -75,7 +76,8 @@ def add_parser(commands) -> None:
                     help="text format: cut payloads longer than this (0: never)")
     sp.set_defaults(run=run_tail)
 
-    sp = sub.add_parser("verify", help="check every record's checksum; exit 1 on damage")
+    sp = sub.add_parser("verify", help="check every record's checksum and the session "
+                                       "snapshot; exit 1 on damage")
     common(sp)
     sp.set_defaults(run=run_verify)
 
@@ -333,13 +335,17 @@ def run_verify(args) -> int:
     finally:
         progress.finish()
         log.close()
-    ahead = snapshot_ahead(args, log_end)
+    from edgebroker.cli import log_lock, snapshot_check
+    state_dir = os.path.dirname(log_dir(args))
+    ahead = snapshot_check.snapshot_ahead(state_dir, log_lock.held(log_dir(args)), log_end)
+    damage = snapshot_check.snapshot_damage(state_dir)
+    ok = report.ok and (damage is None or damage["unreadable"])
     if args.format == "json":
         def dmg(d):
             return {"path": d.path, "position": d.position, "bytes": d.length, "offset": d.offset,
                     "kind": d.kind}
         _out(json.dumps({
-            "ok": report.ok, "segments": report.segments, "records": report.records,
+            "ok": ok, "segments": report.segments, "records": report.records,
             "bytes": report.bytes, "seconds": round(report.seconds, 3),
             "damage": [dmg(d) for d in report.damage], "notes": [dmg(d) for d in report.notes],
             "index_problems": [{"path": p, "problem": m} for p, m in report.index_problems],
@@ -357,8 +363,9 @@ def run_verify(args) -> int:
             "snapshot_past_end": None if ahead is None else {
                 "file": ahead[0], "log_next_offset": ahead[1], "from_offset": log_end,
                 "to_offset": ahead[1] - 1},
+            "snapshot_damage": damage,
         }, indent=2))
-        return 0 if report.ok else 1
+        return 0 if ok else 1
     for d in report.damage:
         _out(f"DAMAGE {d.describe()}")
     for d in report.notes:
@@ -391,6 +398,8 @@ def run_verify(args) -> int:
              f"taken at log offset {ahead[1]}, but the log ends at {log_end} (records not on "
              f"disk at a power cut or crash, or lost from the end since); the broker's next "
              f"start counts them lost to the sessions that had not read them")
+    if damage is not None:
+        _out(snapshot_check.describe(damage))
     rate = report.bytes / max(report.seconds, 1e-9) / 1e6
     problems = [f"{len(report.damage)} region(s) cannot be read"] if report.damage else []
     if report.missing:
@@ -405,27 +414,12 @@ def run_verify(args) -> int:
     if report.past_end:
         problems.append(f"offsets {min(e[2] for e in report.past_end)} to "
                         f"{max(e[1] for e in report.past_end) - 1} lost from the end of the log")
-    verdict = "OK" if report.ok else f"DAMAGED: {'; '.join(problems)}"
+    if not ok and damage is not None:
+        problems.append("the session snapshot damaged")
+    verdict = "OK" if ok else f"DAMAGED: {'; '.join(problems)}"
     _out(f"{report.segments} segments, {report.records} records, {human_bytes(report.bytes)} "
          f"checked in {report.seconds:.2f} s ({rate:.0f} MB/s): {verdict}")
-    return 0 if report.ok else 1
-
-
-def snapshot_ahead(args, log_end: int) -> tuple[str, int] | None:
-    """(path, offset) of the session snapshot when it was taken past ``log_end``: records it
-    counted on are gone from the end of the log (docs/persistence.md). Not asked while a
-    broker holds the log: its snapshot may count records it has not written yet."""
-    from edgebroker.cli import log_lock
-    if log_lock.held(log_dir(args)):
-        return None
-    state_dir = os.path.dirname(log_dir(args))
-    try:
-        state = snapshot.read(state_dir, payloads=False)
-    except snapshot.SnapshotError:
-        return None     # (not the log's damage: inspect sessions names it)
-    if state is None or state.log_next_offset <= log_end:
-        return None
-    return os.path.join(state_dir, snapshot.FILENAME), state.log_next_offset
+    return 0 if ok else 1
 
 
 # ---------------------------------------------------------------------------------- sessions

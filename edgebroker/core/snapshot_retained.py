@@ -220,6 +220,17 @@ def load(state_dir: str, head: list, retained: list[RetainedState], path: str) -
     with their places) from the side file ``head`` names, each by its position: no copy of
     the whole file is held. SnapshotError naming the file when it is missing, not as long as
     the document says, not a side file or its CRC-32 differs (the snapshot is damaged)."""
+    _open_checked(state_dir, head, retained, path, read=True)
+
+
+def verify(state_dir: str, head: list, retained: list[RetainedState], path: str) -> None:
+    """Check the side file ``head`` names as ``load`` does, reading no payload into memory
+    (``inspect verify``)."""
+    _open_checked(state_dir, head, retained, path, read=False)
+
+
+def _open_checked(state_dir: str, head: list, retained: list[RetainedState], path: str,
+                  read: bool) -> None:
     file = os.path.join(state_dir, head[0])
     size, crc = head[1], head[2]
     try:
@@ -239,8 +250,9 @@ def load(state_dir: str, head: list, retained: list[RetainedState], path: str) -
                 raise SnapshotError(f"{path}: damaged snapshot (retained message "
                                     f"{topic_shown(r.topic)}: bytes {at} to {at + n + m} of "
                                     f"{head[0]}, which has {size})")
-            r.payload = _read(fd, n, at, file)
-            r.properties = _read(fd, m, at + n, file) if m else b""
+            if read:
+                r.payload = _read(fd, n, at, file)
+                r.properties = _read(fd, m, at + n, file) if m else b""
     except OSError as exc:
         raise SnapshotError(f"{file}: cannot read: {exc.strerror}", file) from None
     finally:

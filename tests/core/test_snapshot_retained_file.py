@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import mqttraw5 as R
-from conftest import _open_clients, wait_for_snapshot
+from conftest import _open_clients, run_cli, wait_for_snapshot
 from mqttraw import publish
 
 pytestmark = pytest.mark.timeout(120)
@@ -188,8 +188,22 @@ def test_a_damaged_side_file_costs_only_the_retained_messages(broker, uid, damag
     sessions restored (a damaged side file must not cost the persistent sessions' cursors),
     and the broker starts without the snapshot's retained messages."""
     data_dir, side = _stopped_with_a_side_file(broker, uid)
+    assert _verify(data_dir)[0] == 0
     damage(side)
     kept = side.read_bytes() if side.exists() else None
+    # inspect verify names it as the start will, and changes nothing
+    rc, out = _verify(data_dir)
+    assert rc == 1, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("DAMAGE"))
+    assert re.search(re.escape(f"DAMAGE {side}: ") + said, line), out
+    assert line.endswith("; the broker's next start moves it aside and starts without the 3 "
+                         "retained messages the snapshot holds (its sessions are restored)"), line
+    assert out.rstrip().endswith("DAMAGED: the session snapshot damaged"), out
+    rc, out = _verify(data_dir, "--format", "json")
+    js = json.loads(out)
+    assert rc == 1 and js["ok"] is False and js["snapshot_damage"]["file"] == str(side)
+    assert js["snapshot_damage"]["loses"] == "retained" and js["snapshot_damage"]["retained"] == 3
+    assert (side.read_bytes() if side.exists() else None) == kept
     b = broker(data_dir=data_dir)
     line = b.wait_log(lambda ln: "ERROR" in ln and str(side) in ln)
     assert line and re.search(re.escape(f"{side}: ") + said, line), b.log_text()
@@ -203,6 +217,30 @@ def test_a_damaged_side_file_costs_only_the_retained_messages(broker, uid, damag
     c = raw5(b, f"{uid}-c")
     c.subscribe(f"{uid}/#", qos=1)
     assert c.ping() == [], "a retained message of the damaged side file was served"
+
+
+def _verify(data_dir, *fmt) -> tuple[int, str]:
+    r = run_cli("inspect", "verify", "--data-dir", str(data_dir), *fmt, timeout=60)
+    return r.returncode, r.stdout
+
+
+def test_verify_names_a_damaged_snapshot_document(broker, uid):
+    data_dir, _ = _stopped_with_a_side_file(broker, uid)
+    doc = Path(data_dir, "sessions.json")
+    head = json.loads(doc.read_bytes())
+    head["retained_file"][1] += 5     # the side file is shorter than the document says
+    doc.write_text(json.dumps(head))
+    rc, out = _verify(data_dir)
+    assert rc == 1 and "DAMAGE " in out and "cut off" in out, out
+    head["retained_file"][1] -= 5
+    doc.write_text(json.dumps(head)[:-20])
+    rc, out = _verify(data_dir)
+    assert rc == 1, out
+    assert f"DAMAGE {doc}: damaged snapshot (" in out, out
+    assert "; the broker's next start moves it aside and starts without sessions or retained " \
+           "messages" in out, out
+    js = json.loads(_verify(data_dir, "--format", "json")[1])
+    assert js["snapshot_damage"]["file"] == str(doc) and js["snapshot_damage"]["loses"] == "sessions"
 
 
 def test_a_side_file_the_broker_may_not_read_refuses_the_start(broker, uid):
