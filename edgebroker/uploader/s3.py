@@ -286,8 +286,7 @@ class S3Sink:
                 if self._same(name, size, sha, None):
                     return
                 raise PermanentSinkError(f"{self.name}: {name} {OTHER_BYTES}")
-            raise self._error("CompleteMultipartUpload", name,
-                              Response(500 if r.status == 200 else r.status, r.headers, r.body))
+            raise self._error("CompleteMultipartUpload", name, r)
         except BaseException:
             self._abort(name, upload_id)
             raise
@@ -336,11 +335,13 @@ class S3Sink:
     def _error(self, what: str, name: str, r: Response):
         code = r.code()
         detail = f"{r.status} {code or http.client.responses.get(r.status, '')}".strip()
+        if r.status == 200:     # a CompleteMultipartUpload that failed after its 200: retried
+            detail = f"200, then the error {code or '(no code)'} in its body"
         text = f"{self.name}: {what} {name}: {detail}" + (f" ({m})" if (m := r.message()) else "")
         if 300 <= r.status < 400:   # the signed request is not sent elsewhere
             text += (f", redirected to {remote(r.headers.get('location') or '(no Location)')}"
                      f": not followed (check upload.endpoint_url and upload.region)")
-        if (r.status >= 500 or r.status in (408, 429) or code in TRANSIENT_CODES
+        if (r.status >= 500 or r.status in (200, 408, 429) or code in TRANSIENT_CODES
                 or r.status in (302, 303, 307)):   # (301 and 308: the store moved for good)
             exc = TransientSinkError(text)
             if r.status in (429, 503):

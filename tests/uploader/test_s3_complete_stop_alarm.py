@@ -36,11 +36,19 @@ def is_complete(method: str, query: dict) -> bool:
     return method == "POST" and "uploadId" in query
 
 
-def test_a_complete_answered_200_cut_short_is_retried_and_every_record_lands(broker, tmp_path):
+@pytest.mark.parametrize("tail, said", [
+    (b"", "answered 200 without a complete result"),
+    (b"<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try "
+     b"again.</Message></Error>", "CompleteMultipartUpload p/gateway=gw-test/"),
+], ids=["cut-short", "error-in-body"])
+def test_a_complete_answered_200_cut_short_is_retried_and_every_record_lands(broker, tmp_path,
+                                                                             tail, said):
     """The first CompleteMultipartUpload gets 200 with the XML declaration and spaces, no
     Content-Length, then the connection ends: the upload was not completed, yet it counted as
     stored (the mark moved on, nothing in the bucket). Now only a whole
-    CompleteMultipartUploadResult is a success: the upload is aborted and goes again."""
+    CompleteMultipartUploadResult is a success: the upload is aborted and goes again. The same
+    with an ``Error`` after the 200 (S3 fails while completing): logged with the 200 and the
+    error's code (it was logged as a "500")."""
     cut = []
 
     def odd(handler, method, query):
@@ -51,7 +59,7 @@ def test_a_complete_answered_200_cut_short_is_retried_and_every_record_lands(bro
         handler.server.note(method, query, 200)
         handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\n"
                             b"Connection: close\r\n\r\n"
-                            b'<?xml version="1.0" encoding="UTF-8"?>\n        ')
+                            b'<?xml version="1.0" encoding="UTF-8"?>\n        ' + tail)
         handler.wfile.flush()
         handler.close_connection = True
         return True
@@ -71,7 +79,10 @@ def test_a_complete_answered_200_cut_short_is_retried_and_every_record_lands(bro
         fig = b.stats()["upload"]
         assert (fig["retries"], fig["alarm"]) == (1, False), fig
         failed = [line for line in b.logs if "upload failed" in line]
-        assert len(failed) == 1 and "answered 200 without a complete result" in failed[0], failed
+        assert len(failed) == 1 and said in failed[0], failed
+        if tail:
+            assert ": 200, then the error InternalError in its body (We encountered an internal " \
+                   "error. Please try again.)" in failed[0], failed
     finally:
         store.close()
 
