@@ -201,16 +201,16 @@ def _user_properties(buf: bytes, p: int, stop: int) -> tuple[list, int]:
     than its bytes. The run ends before a pair that runs past ``stop``; when a string of it
     is not valid, nothing is taken (``p`` back): the caller decodes one property at a time
     and names what is wrong."""
-    v = buf[p:stop]
-    n = len(v)
+    # Positions in ``buf`` itself: a copy of the rest of the properties for each run cost a
+    # packet alternating User Properties with another property the square of its size.
     cuts: list[int] = []     # for each pair: where its name ends, where its value ends
     add = cuts.append
-    q = 0
+    q = p
     try:
-        while q < n and v[q] == USER_PROPERTY:
-            b = q + 3 + (v[q + 1] << 8 | v[q + 2])
-            d = b + 2 + (v[b] << 8 | v[b + 1])
-            if d > n:
+        while q < stop and buf[q] == USER_PROPERTY:
+            b = q + 3 + (buf[q + 1] << 8 | buf[q + 2])
+            d = b + 2 + (buf[b] << 8 | buf[b + 1])
+            if d > stop:
                 break
             add(b)
             add(d)
@@ -220,14 +220,14 @@ def _user_properties(buf: bytes, p: int, stop: int) -> tuple[list, int]:
     if not cuts:
         return [], p
     try:
-        pairs = [(v[a + 3:b].decode("utf-8"), v[b + 2:d].decode("utf-8"))
-                 for a, b, d in zip([0] + cuts[1:-1:2], cuts[::2], cuts[1::2])]
+        pairs = [(buf[a + 3:b].decode("utf-8"), buf[b + 2:d].decode("utf-8"))
+                 for a, b, d in zip([p] + cuts[1:-1:2], cuts[::2], cuts[1::2])]
     except UnicodeDecodeError:
         return [], p
     whole = " ".join(chain.from_iterable(pairs))  # no check spans a join: single code points
     if "\x00" in whole or DISCOURAGED.search(whole) is not None:
         return [], p
-    return pairs, p + q
+    return pairs, q
 
 
 def _varint(n: int) -> bytes:
