@@ -348,8 +348,8 @@ class EventLog:
 PEER_EVENTS = {
     "protocol_error": "protocol violations",
     "max_packet_size": "packets over max_packet_size",
-    "packet_too_large": "CONNECTs refused: their CONNACK or AUTH over the client's Maximum "
-                        "Packet Size",
+    "packet_too_large": "CONNECTs refused or connections closed: their CONNACK, AUTH, "
+                        "SUBACK or UNSUBACK over the client's Maximum Packet Size",
     "connect_timeout": "connections closed for connect_timeout (no CONNECT, or a password "
                        "check not finished)",
     "auth": "CONNECTs refused for their user name or password (CONNACK 4 or 5)",

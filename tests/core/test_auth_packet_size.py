@@ -150,3 +150,27 @@ def test_an_accepting_connack_too_large_without_auth_is_refused_too(broker, limi
     assert b.wait_log(f"refused ({told}): its CONNACK 0x00 (", start=mark)
     stats = b.stats()
     assert stats["sessions"] == sessions and stats["refused"]["packet_too_large"] == 1
+
+
+@pytest.mark.parametrize("what", ["SUBACK", "UNSUBACK"])
+def test_a_suback_or_unsuback_over_the_clients_maximum_packet_size_gets_disconnect_0x95(
+        broker, uid, what):
+    """A client announcing 20 bytes and sending a SUBSCRIBE (UNSUBSCRIBE) of 40 filters got a
+    45-byte SUBACK (UNSUBACK) all the same (MQTT-3.1.2-24; mqtt5h). Its reason codes cannot be
+    left out: the connection is closed with DISCONNECT 0x95 instead, counted and logged."""
+    b = broker()
+    c = raw5(b)
+    assert c.connect(uid, props={R.MAXIMUM_PACKET_SIZE: 20}).reason == 0
+    filters = [f"{uid}/f{i}" for i in range(40)]
+    small = c.subscribe(*filters[:3]) if what == "SUBACK" else c.unsubscribe(*filters[:3])
+    assert small.type == getattr(R, what) and size(small) <= 20, small
+    mark = b.mark()
+    pid = c.next_pid()
+    c.send(R.subscribe5(pid, [(f, 0) for f in filters]) if what == "SUBACK"
+           else R.unsubscribe5(pid, filters))
+    d = c.expect_disconnect()
+    assert d.reason == 0x95 and size(d) <= 20, d
+    assert c.expect_closed()
+    assert b.wait_log(f"its {what} (45 bytes) would be larger than its Maximum Packet Size (20); "
+                      f"closing the connection (DISCONNECT 0x95)", start=mark)
+    assert b.stats()["refused"]["packet_too_large"] == 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from edgebroker.errors import (
-    NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+    NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PACKET_TOO_LARGE, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
     SUCCESS, TOPIC_FILTER_INVALID, ProtocolError, shown, topic_shown,
 )
 from edgebroker.mqtt import packets as P
@@ -109,8 +109,8 @@ def on_subscribe5(client, p: P.Subscribe) -> None:
         handling = (options & P.SUB_RETAIN_HANDLING) >> 4
         if handling == 0 or handling == 1 and not existed:
             retained.append((topic_filter, granted))
-    client.answer(encode5(P.Suback(p.packet_id, codes)))
-    broker.stats.packets_sent += 1
+    if not _answer5(client, encode5(P.Suback(p.packet_id, codes)), "SUBACK"):
+        return
     if retained:
         broker.send_retained(session, retained, [g for _, g in retained])
     if shared:
@@ -171,8 +171,30 @@ def on_unsubscribe5(client, p: P.Unsubscribe) -> None:
         seen.add(f)
         codes.append(SUCCESS if found else NO_SUBSCRIPTION_EXISTED)
     broker.unsubscribe(session, p.topics)       # their options and identifiers too
-    client.answer(encode5(P.Unsuback(p.packet_id, codes)))
-    client.broker.stats.packets_sent += 1
+    _answer5(client, encode5(P.Unsuback(p.packet_id, codes)), "UNSUBACK")
+
+
+def _answer5(client, frame: bytes, what: str) -> bool:
+    """Send a 5.0 SUBACK or UNSUBACK; False when it is larger than the client's Maximum
+    Packet Size (one of a few bytes and a SUBSCRIBE of many filters): the broker must not send
+    it (MQTT-3.1.2-24) and the client would wait for it, so the connection is closed with
+    DISCONNECT 0x95 instead (its subscriptions stay made), counted as refused
+    ``packet_too_large`` and logged as refusals are."""
+    broker = client.broker
+    limit = client.v5.max_packet_size
+    if limit and len(frame) > limit:
+        broker.refused["packet_too_large"] += 1
+        why = (f"its {what} ({len(frame)} bytes) would be larger than its Maximum Packet Size "
+               f"({limit})")
+        broker.peer_log.log(log, logging.WARNING, "packet_too_large", client.peer,
+                            "%s: %s; closing the connection (DISCONNECT 0x95)",
+                            client.describe(), why)
+        broker.before_close()
+        client.close(will=True, reason=PACKET_TOO_LARGE, why=why)
+        return False
+    client.answer(frame)
+    broker.stats.packets_sent += 1
+    return True
 
 
 def on_unsubscribe(client, p: P.Unsubscribe) -> None:
