@@ -3,7 +3,7 @@ SCRAM-SHA-256 server-first-message cannot be left out, so the exchange ends inst
 0x95 at CONNECT (closed without one when even that does not fit), DISCONNECT 0x95 on a
 re-authentication. Logged and counted as a failed exchange. An accepting CONNACK (the
 server-final-message, an Assigned Client Identifier) that does not fit is a refusal too, before
-any session is made."""
+any session is made. A SUBACK or UNSUBACK that does not fit closes with DISCONNECT 0x95."""
 
 from __future__ import annotations
 
