@@ -198,7 +198,7 @@ class Outbound:
                 self.skip_unsendable(offset, topic, remote_topic, problem)
                 continue
             self._unsendable_run = 0
-            forward, expires = (carried(props, now_ms - journal.logged_ago(ts))
+            forward, expires = (carried(props, now_ms - journal.logged_ago(ts, offset))
                                 if props else (None, 0))
             pending.append((offset, remote_topic, payload, rule_qos, retain, forward, expires))
             size += len(payload)

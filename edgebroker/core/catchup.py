@@ -291,7 +291,7 @@ class CatchUp:
             elif properties and v5:  # (a 3.1.1 subscriber gets none)
                 ref = Message(name, payload, qos, False, offset, topic,
                               session.client_id if own else "", *stored_properties(
-                                  properties, ts, journal, self.clock()))
+                                  properties, ts, offset, journal, self.clock()))
             else:
                 ref = Message(name, payload, qos, False, offset, topic,
                               session.client_id if own else "")

@@ -34,9 +34,10 @@ log = logging.getLogger("edgebroker.journal")
 
 
 # A jump of the wall clock against the steady one past this is a step (not a slew, nor a loop
-# pass's time between the two readings); the most steps remembered.
+# pass's time between the two readings); the most steps remembered (a record logged before
+# the oldest one forgotten is off by that step).
 STEP_MS = 2000
-MAX_STEPS = 16
+MAX_STEPS = 64
 
 
 class Journal:
@@ -45,11 +46,14 @@ class Journal:
         self.durability = durability
         self.wall_ms = wall_ms
         # The wall clock (the records' time stamps) less the broker's steady clock, in ms, as
-        # last seen, and the forward steps of the wall clock seen in this run: (the wall
-        # clock's time then, had it not stepped; the step), at most MAX_STEPS (``logged_ago``).
+        # last seen; the log's next offset and the wall clock's reading at that look; and the
+        # steps of the wall clock seen in this run: (the log's next offset at the look before
+        # the step, that at the look that saw it, the time stamp that tells the records logged
+        # between the two apart, the step in ms) (``logged_ago``).
         self._clock = clock
         self._offset = wall_ms() - int(clock() * 1000)
-        self._steps: list[tuple[int, int]] = []
+        self._seen = (commit_log.next_offset, wall_ms())
+        self._steps: list[tuple[int, int, int, int]] = []
         self.stats = stats
         self.failing = False
         # The flusher thread (set by the server): told after records reach the OS; its fsync
@@ -64,17 +68,19 @@ class Journal:
         # received QoS 2 message's record never reaches the disk before its packet id does.
         self.exchanges = None
 
-    def logged_ago(self, timestamp_ms: int) -> int:
-        """Milliseconds since the record stamped ``timestamp_ms`` was logged, as its Message
-        Expiry counts them: the wall-clock difference (the wall clock read now), less each
-        forward step of the wall clock seen in this run after the record was logged (NTP
-        after the boot of a gateway without a real-time clock ages no record). Steps before
-        this run's start cannot be told from time passing. A step back cancels the forward
-        steps before it (a clock put right again); past them it makes records younger, never
-        negative (errs on delivering; the interval forwarded is never more than published)."""
+    def logged_ago(self, timestamp_ms: int, offset: int) -> int:
+        """Milliseconds since the record at ``offset`` stamped ``timestamp_ms`` was logged, as
+        its Message Expiry counts them: the wall-clock difference (the wall clock read now),
+        less each step of the wall clock seen in this run after the record was logged (NTP
+        after the boot of a gateway without a real-time clock ages no record; a clock put
+        back keeps none young). Which records came before a step is told by their offsets
+        (the wall clock may give the same time stamps twice), and for those logged between
+        the look before the step and the one that saw it, by their time stamps. Steps before
+        this run's start cannot be told from time passing. Never negative."""
         ago = self.watch_clock() - timestamp_ms
-        for before, step in self._steps:
-            if timestamp_ms < before:
+        for lo, hi, split, step in self._steps:
+            if offset < lo or offset < hi and (timestamp_ms < split if step > 0
+                                               else timestamp_ms >= split):
                 ago -= step
         return ago if ago > 0 else 0
 
@@ -86,18 +92,18 @@ class Journal:
         steady = int(self._clock() * 1000)
         wall_ms = self.wall_ms()
         offset = wall_ms - steady
-        jump = offset - self._offset
-        if jump > STEP_MS:
-            self._steps.append((self._offset + steady, jump))
+        step = offset - self._offset
+        next_offset = self.log.next_offset
+        if step > STEP_MS or step < -STEP_MS:
+            # Records logged since the last look: those before the step are stamped from the
+            # last look's reading on, those after it from that reading plus the step on (the
+            # step is larger than the time between two looks: ranges apart).
+            lo, last_wall = self._seen
+            self._steps.append((lo, next_offset, last_wall + step if step > 0 else last_wall,
+                                step))
             del self._steps[:-MAX_STEPS]
-        elif jump < -STEP_MS:
-            steps, back = self._steps, -jump
-            while steps and back > 0:
-                before, step = steps.pop()
-                if step > back:
-                    steps.append((before, step - back))
-                back -= step
         self._offset = offset
+        self._seen = (next_offset, wall_ms)
         return wall_ms
 
     @property

@@ -144,11 +144,12 @@ def logged(forward: bytes, interval: int | None) -> bytes:
     return forward if interval is None else forward + b"\x02" + interval.to_bytes(4, "big")
 
 
-def stored_properties(stored: bytes, timestamp_ms: int, journal,
+def stored_properties(stored: bytes, timestamp_ms: int, offset: int, journal,
                       now: float) -> tuple[bytes, float]:
-    """A log record's properties (as docs/log-format.md stores them) -> (the encoded
-    properties to forward, the broker-clock time it expires at, 0 for never). ``now`` is
-    the broker's clock; the time since the record was logged is ``Journal.logged_ago``'s.
+    """The properties of the log record at ``offset`` (as docs/log-format.md stores them) ->
+    (the encoded properties to forward, the broker-clock time it expires at, 0 for never).
+    ``now`` is the broker's clock; the time since the record was logged is
+    ``Journal.logged_ago``'s.
     Bytes that do not decode are forwarded as none."""
     try:
         props = Q.decode_body(stored)
@@ -157,7 +158,7 @@ def stored_properties(stored: bytes, timestamp_ms: int, journal,
     forward, interval = message_properties(props)
     if not interval:        # none, or 0: read as none (Router.publish)
         return forward, 0.0
-    return forward, now + interval - journal.logged_ago(timestamp_ms) / 1000
+    return forward, now + interval - journal.logged_ago(timestamp_ms, offset) / 1000
 
 
 def reason_string(conn: Conn5 | None, text: str, props: dict | None = None) -> dict | None:

@@ -456,7 +456,7 @@ class Persistence:
             topic = record.topic.decode("utf-8", "replace")
             # As the publish made it: its publisher (No Local) and 5.0 properties (Message
             # Expiry Interval counted from the record's time) too.
-            extra = (stored_properties(record.properties, record.timestamp_ms,
+            extra = (stored_properties(record.properties, record.timestamp_ms, record.offset,
                                        self.journal, self.clock())
                      if record.properties else ())
             self._route(Message(topic, record.payload, record.qos, record.retain, record.offset,

@@ -168,7 +168,7 @@ class RetainedDelivery:
         where = journal.log.locate(ref.offset) if journal is not None else None
         if where is None or not where.properties:
             return 0.0, ""
-        return (stored_properties(where.properties, where.timestamp_ms, journal,
+        return (stored_properties(where.properties, where.timestamp_ms, ref.offset, journal,
                                   self.clock())[1], where.topic.decode("utf-8", "replace"))
 
     def forget_held(self, session: Session, offset: int) -> None:

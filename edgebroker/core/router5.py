@@ -240,7 +240,7 @@ class Router5:
             topic_bytes = where.topic
             topic = topic_bytes.decode("utf-8", "replace")
             props, expires = (stored_properties(where.properties, where.timestamp_ms,
-                                                self.journal, self.clock())
+                                                ref.offset, self.journal, self.clock())
                               if where.properties else (b"", 0.0))
             size = where.payload_length
         if expires:

@@ -156,7 +156,7 @@ class SharedBacklog:
             else:
                 name = topic.decode("utf-8", "replace")
                 ref = (Message(name, payload, qos, retain, offset, topic, "", *stored_properties(
-                    properties, ts, journal, self.clock())) if properties
+                    properties, ts, offset, journal, self.clock())) if properties
                        else Message(name, payload, qos, retain, offset, topic))
             queue.append((ref, qos, retain, name))
             group.queue_bytes += ref.size

@@ -62,50 +62,78 @@ def test_a_wall_clock_stepped_forward_expires_no_message_logged_since_the_start(
 
 def test_the_time_since_a_record_was_logged(tmp_path):
     """Journal.logged_ago, the one rule the bridge and the core's sessions use: the
-    wall-clock difference, less each forward step of the wall clock seen after the record was
-    logged, whenever in the run it comes (a bound by the run's length let a step 45 s into
-    the run expire a 1 s old message of 30 s: diff25)."""
+    wall-clock difference, less each step of the wall clock seen after the record was logged,
+    whenever in the run it comes (a bound by the run's length let a step 45 s into the run
+    expire a 1 s old message of 30 s: diff25), told by the record's offset: a record logged
+    while the clock was ahead and then put back, or logged before a step back that was then
+    put right, kept its whole expiry (diff27)."""
     from edgebroker.commitlog import CommitLog, LogOptions
     from edgebroker.core.journal import Journal
     from edgebroker.core.stats import Stats
     start_ms, clock, wall = 1_700_000_000_000, [100.0], [1_700_000_000_000]
+    step = 7_200_000
     log = CommitLog.open(str(tmp_path / "log"), LogOptions(), lambda: start_ms)
     try:
+        before_start = log.append(start_ms - 60_000, 0, False, b"", b"t", b"x")
         journal = Journal(log, "none", lambda: wall[0], Stats(), lambda: clock[0])
 
         def at(steady: float, wall_ms: int) -> None:
             clock[0], wall[0] = steady, wall_ms
 
-        def ago(ts: int, wall_ms: int, steady: float) -> int:
+        def logged(steady: float, wall_ms: int) -> tuple[int, int]:
             at(steady, wall_ms)
-            return journal.logged_ago(ts)
+            return wall_ms, journal.append(None, b"t", b"x", 0, False)
 
+        def look(steady: float, wall_ms: int) -> None:
+            at(steady, wall_ms)
+            journal.watch_clock()
+
+        def ago(record: tuple[int, int], steady: float, wall_ms: int) -> int:
+            at(steady, wall_ms)
+            return journal.logged_ago(*record)
+
+        old = (start_ms - 60_000, before_start)
         # No step: the wall-clock difference, for a record of this run or one before it.
-        assert ago(start_ms + 1000, start_ms + 5000, 105.0) == 4000
-        assert ago(start_ms - 60_000, start_ms + 5000, 105.0) == 65_000
+        r1 = logged(101.0, start_ms + 1000)
+        assert ago(r1, 105.0, start_ms + 5000) == 4000
+        assert ago(old, 105.0, start_ms + 5000) == 65_000
         # 45 s into the run a record is logged; at 45.5 s the clock steps 2 h ahead (seen by
-        # the broker's maintenance); at 46 s the record is 1 s old, one from before the
+        # the broker's maintenance); at 46 s the record is 1 s old, the one from before the
         # start 106 s, one logged after the step (at 45.8 s) 0.2 s.
-        at(145.0, start_ms + 45_000)
-        journal.watch_clock()
-        step = 7_200_000
-        at(145.5, start_ms + 45_500 + step)
-        journal.watch_clock()
+        r2 = logged(145.0, start_ms + 45_000)
+        look(145.0, start_ms + 45_000)
+        look(145.5, start_ms + 45_500 + step)
+        r3 = logged(145.8, start_ms + 45_800 + step)
         now = start_ms + 46_000 + step
-        assert ago(start_ms + 45_000, now, 146.0) == 1000
-        assert ago(start_ms - 60_000, now, 146.0) == 106_000
-        assert ago(start_ms + 45_800 + step, now, 146.0) == 200
-        # The clock put right again at 50 s: the records from before the step are as old as
-        # the wall clock says (the step no longer counts: diff26, a 10 s message delivered
-        # 13.5 s after it was published, the forward step still subtracted).
-        assert ago(start_ms + 45_000, start_ms + 50_000, 150.0) == 5000
-        assert ago(start_ms - 60_000, start_ms + 50_000, 150.0) == 110_000
+        assert [ago(r, 146.0, now) for r in (r2, old, r3)] == [1000, 106_000, 200]
+        # The clock put right again at 50 s: each record as old as it is (the record logged
+        # while the clock was ahead is 4.2 s old, not 2 h younger than its time stamp says).
+        look(150.0, start_ms + 50_000)
+        assert [ago(r, 150.0, start_ms + 50_000) for r in (r2, old, r3)] == [5000, 110_000, 4200]
+        # A clock stepped back an hour at 52 s, put right at 60 s: a record from 51 s is 9 s
+        # old (the forward step putting it right no longer makes it an hour younger).
+        r4 = logged(151.0, start_ms + 51_000)
+        look(152.0, start_ms + 52_000 - 3_600_000)
+        r5 = logged(153.0, start_ms + 53_000 - 3_600_000)
+        look(160.0, start_ms + 60_000)
+        assert [ago(r, 160.0, start_ms + 60_000) for r in (r4, r5)] == [9000, 7000]
+        # Records logged between the look before a step and the one that saw it: told apart
+        # by their time stamps, forward and back.
+        for s0, jump in ((170.0, 3_600_000), (180.0, -3_600_000)):
+            w0 = start_ms + int(s0 * 1000) - 100_000
+            look(s0, w0)
+            before = logged(s0 + 0.2, w0 + 200)
+            after = logged(s0 + 0.7, w0 + 700 + jump)
+            look(s0 + 1.0, w0 + 1000 + jump)
+            assert [ago(r, s0 + 2.0, w0 + 2000 + jump) for r in (before, after)] == [1800, 1300]
         # A step seen first when the age is asked for counts the same.
-        wall[0] = start_ms
+        wall[0] = start_ms + 200_000
+        clock[0] = 300.0
         later = Journal(log, "none", lambda: wall[0], Stats(), lambda: clock[0])
-        at(155.0, start_ms + 5000 + step)          # 5 s on, 2 h ahead: a record 1 s older
-        assert later.logged_ago(start_ms - 1000) == 6000
-        # A clock stepped back: never negative.
-        assert ago(start_ms + 45_000, start_ms - 3_600_000, 151.0) == 0
+        at(305.0, start_ms + 205_000 + step)       # 5 s on, 2 h ahead: a record 1 s older
+        assert later.logged_ago(start_ms + 199_000, before_start) == 6000
+        # A clock stepped back further than a record's age: never negative.
+        at(306.0, start_ms)
+        assert later.logged_ago(start_ms + 205_000 + step, log.next_offset) == 0
     finally:
         log.close()
