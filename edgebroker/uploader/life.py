@@ -101,9 +101,16 @@ def open_life(commit_log, upload_dir: str) -> tuple[str, Intent | None]:
     other = life_of_key(intent.key) if intent is not None else None
     life = log_life(commit_log, other)
     if other is not None and other != life:
+        # Removed, not only dropped: a later start of a log without a life file (this run's
+        # could not be written) would take the other life's id from it.
+        path = os.path.join(upload_dir, INTENT_FILE)
         log.warning("%s names the batch %s of another life of the log (life id %s, this log's "
-                    "is %s): the log folder was replaced since; the next batch is cut afresh",
-                    os.path.join(upload_dir, INTENT_FILE), intent.key, other, life)
+                    "is %s): the log folder was replaced since; the file is removed and the "
+                    "next batch is cut afresh", path, intent.key, other, life)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass        # (the next batch's intent replaces it)
         intent = None
     return life, intent
 

@@ -139,6 +139,60 @@ def test_an_intent_of_a_wiped_log_is_dropped_not_cut_again_from_the_new_log(brok
     assert b.stop() == 0
 
 
+def test_an_intent_of_another_life_is_removed_so_no_later_start_takes_its_life_id(
+        broker, tmp_path):
+    """The log folder wiped, the intent of the old life dropped at the next start, but left on
+    disk: a later start of the new log without a life file (that run could not write it: a
+    full disk, simulated by removing it) took the old life's id from it, and two lives of the
+    log shared one id (diff27). The intent file is removed when it is dropped."""
+    b, landing, data, cfg = first_batch(broker, tmp_path, "the old life's batch")
+    assert b.stop() == 0
+    old = life_of(data)
+    shutil.rmtree(data / "log")
+    slow = dict(cfg, upload=upload_config(landing, batch_max_age=3600))
+    b = broker(**slow)
+    assert b.wait_log(lambda ln: "of another life of the log" in ln and old in ln
+                      and "the file is removed" in ln, 5)
+    assert not (data / "upload" / "intent").exists()
+    publish(b, 0, 3, make=lambda i, size: b"new life %d" % i)    # no batch cut (1 h)
+    assert b.stop() == 0
+    (data / "log" / "life").unlink()
+    b = broker(**cfg)
+    wait_until(lambda: uploaded(b) == 3, what="the new log's batch")
+    assert life_of(data) != old
+    got = names_and_payloads(landing)
+    (name,) = [n for n in got if life_of_key(n) != old]
+    assert got[name] == [b"new life %d" % i for i in range(3)]
+    assert not b.stats()["upload"]["alarm"]
+    assert b.stop() == 0
+
+
+def test_a_clone_given_its_own_life_id_as_the_docs_say_uploads_beside_its_twin(broker,
+                                                                             tmp_path):
+    """docs/upload.md's remedy for a cloned data directory: stop the clone, remove its
+    log/life and upload/intent; its next records land under its own life id beside the
+    twin's, no alarm."""
+    b, landing, data, cfg = first_batch(broker, tmp_path, "the twin's first batch")
+    assert b.stop() == 0
+    twin = life_of(data)
+    clone = tmp_path / "clone"
+    shutil.copytree(data, clone)
+    (clone / "log" / "life").unlink()
+    (clone / "upload" / "intent").unlink()
+    c = broker(**{**cfg, "data_dir": str(clone)})
+    mine = life_of(clone)
+    assert mine != twin
+    publish(c, 3, 3, make=lambda i, size: b"clone %d" % i)
+    wait_until(lambda: uploaded(c) == 6, what="the clone's batch")
+    fig = c.stats()["upload"]
+    assert not fig["alarm"] and fig["permanent_errors"] == 0, fig
+    got = names_and_payloads(landing)
+    assert sorted(life_of_key(n) for n in got) == sorted([twin, mine]), got
+    (name,) = [n for n in got if life_of_key(n) == mine]
+    assert got[name] == [b"clone %d" % i for i in range(3, 6)]
+    assert c.stop() == 0
+
+
 @pytest.mark.parametrize("intent", [True, False], ids=["with-intent", "no-intent"])
 def test_a_damaged_life_file_is_replaced_and_uploading_goes_on(broker, tmp_path, intent):
     """The life file holds no life id: it is replaced (a warning naming it) by the life id in
