@@ -19,6 +19,10 @@ an id it still holds. Without that key (a checkpoint of an older version, none, 
 damaged one) the whole range 1..65535 is released. Once the old ids are released (or the
 remote had no session) the checkpoint is handed to the writer at once with the bridge's own
 range: a crash before the next ``checkpoint_interval`` then releases only those ids.
+
+The remote may forget too: restarted from an older save of its sessions, it holds again ids
+the bridge saw through to PUBCOMP. So every later CONNACK with Session Present 1 releases
+the ids of the bridge's range not in flight the same way (a round trip before new messages).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class Releasing:
         self.conn.packet_ids = self.pool
         self.old_ids = ALL_IDS if saved is None else saved   # 1..old_ids to release; 0: done
         self.releasing = 0          # PUBRELs of them in flight
-        self._release_sent = False
+        self._pool_logged = False
         self.ids_saved = saved      # in the checkpoint last written or handed to the writer
 
     @property
@@ -56,24 +60,35 @@ class Releasing:
         return max(self.pool, self.old_ids)
 
     def release_on_connect(self, session_present: bool) -> None:
-        """On Connected, before anything new is sent."""
+        """On Connected, before anything new is sent. At every CONNACK with Session Present
+        1, not only the first of a run: a remote restarted from an older save of its sessions
+        (a SIGKILL, a power cut: Mosquitto saves every ``autosave_interval``) holds again ids
+        the bridge had seen through to PUBCOMP, each taking a place of its Receive Maximum (a
+        3.1.1 link's refusal is a plain PUBREC: the message was lost, counted as forwarded;
+        bridge11), and a new message under one of them would be taken for a duplicate. So
+        each id of the range not in flight gets its PUBREL (answered at once when the remote
+        holds nothing)."""
         if not session_present:     # no session: nothing is held there any more
             self.releasing = 0      # (nor are the PUBRELs sent for it)
-        if not self.old_ids:
+            if self.old_ids:
+                self._old_ids_done()
             return
-        if not session_present:
-            self._old_ids_done()
+        if self.releasing:          # (in flight: the connection sends them again)
             return
-        if self._release_sent:      # (in flight: the connection sends them again)
-            return
-        self._release_sent = True
-        self.releasing = release(self.conn, range(1, self.old_ids + 1))
-        log.info("bridge %s: the remote kept the session: PUBREL for packet ids 1 to %d, "
-                 "which the bridge's previous run may have left there past PUBREC "
-                 "(MQTT-4.4.0-1); new messages wait for their PUBCOMPs", self.name,
-                 self.old_ids)
-        if not self.releasing:
-            self._old_ids_done()
+        old = self.old_ids
+        self.releasing = release(self.conn, range(1, max(old, self.pool) + 1))
+        if old:
+            log.info("bridge %s: the remote kept the session: PUBREL for packet ids 1 to %d, "
+                     "which the bridge's previous run may have left there past PUBREC "
+                     "(MQTT-4.4.0-1); new messages wait for their PUBCOMPs", self.name, old)
+            if not self.releasing:
+                self._old_ids_done()
+        elif not self._pool_logged:
+            self._pool_logged = True
+            log.info("bridge %s: reconnected, the remote kept the session: PUBREL for the "
+                     "packet ids 1 to %d not in flight (a remote restarted from an older save "
+                     "of its sessions may hold them past PUBREC), as at each such reconnect "
+                     "(logged once)", self.name, self.pool)
 
     def released(self) -> None:
         """The PUBCOMP of one of them came."""

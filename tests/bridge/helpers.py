@@ -107,11 +107,15 @@ class FakeRemote:
         self.ends: list[mqttraw.RawClient] = []
 
     def accept(self, session_present: bool = False, timeout: float = 10.0,
-               released: int = 0) -> mqttraw.RawClient:
+               released: int = 0, subscribe: bool = True) -> mqttraw.RawClient:
         """The remote's end of the bridge's next connection (a RawClient over the accepted
         socket): its CONNECT answered (CONNACK), ``released`` PUBRELs expected (for packet
         ids 1 to that: a restart's, bridge/release.py) and answered, then its SUBSCRIBE
-        (SUBACK granting what it asked)."""
+        (SUBACK granting what it asked). With ``session_present``, the PUBRELs a reconnect
+        sends before it for the ids of the bridge's range not in flight (release.py) are
+        answered too, their ids kept in ``end.pool_released``. ``subscribe`` False: the end
+        once the CONNACK is sent (a bridge that does not read the link cannot see PUBCOMPs,
+        and its SUBSCRIBE waits behind its PUBRELs)."""
         self.server.settimeout(timeout)
         sock, _ = self.server.accept()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -120,10 +124,19 @@ class FakeRemote:
         self.ends.append(end)
         end.expect(mqttraw.CONNECT, timeout)
         end.send(mqttraw.connack(session_present))
+        if not subscribe:
+            return end
         pids = [end.expect(mqttraw.PUBREL, timeout).packet_id for _ in range(released)]
         assert pids == list(range(1, released + 1)), pids
         end.send(b"".join(mqttraw.pubcomp(pid) for pid in pids))
-        sub = end.expect(mqttraw.SUBSCRIBE, timeout)
+        end.pool_released = []
+        while True:
+            sub = end.recv_packet(timeout)
+            if sub.type != mqttraw.PUBREL or not session_present:
+                break
+            end.pool_released.append(sub.packet_id)
+            end.send(mqttraw.pubcomp(sub.packet_id))
+        assert sub.type == mqttraw.SUBSCRIBE, f"expected SUBSCRIBE, got {sub!r}"
         end.send(mqttraw.suback(int.from_bytes(sub.body[:2], "big"), [sub.body[-1]]))
         return end
 

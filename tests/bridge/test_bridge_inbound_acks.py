@@ -106,7 +106,7 @@ def test_reconnects_while_the_disk_is_full_keep_reading_paused(broker, tmp_path,
         wait_figure(gw, lambda f: f["received"] == 1)   # waits for the disk, not acknowledged
         for connects in (2, 3):
             # No PINGRESP is read: the link is dropped and made again (keepalive 1 s).
-            new = remote.accept(session_present=True)
+            new = remote.accept(session_present=True, subscribe=False)
             end.close()
             end = new
             wait_figure(gw, lambda f: f["connects"] == connects)

@@ -221,8 +221,10 @@ def test_messages_lowered_to_a_new_maximum_qos_wait_for_room_in_the_queue(broker
             end.send(m5.puback5(p.packet_id))
         assert sorted(set(got)) == list(range(8)), got
         # The one sent at QoS 2 before (its PUBREC lost with the link) may be held by the
-        # remote under its packet id: it gets its PUBREL (MQTT-4.4.0-1).
-        assert released == [first.packet_id], released
+        # remote under its packet id: it gets its PUBREL (MQTT-4.4.0-1), as does each other id
+        # of the bridge's range (10: window 4), once (release.py: the remote may have been
+        # restarted from an older save).
+        assert first.packet_id in released and sorted(released) == list(range(1, 11)), released
         fig = wait_figure(gw, lambda f: f["cursor"] == 8)
         assert (fig["lag_messages"], fig["refused"], fig["inflight"]) == (0, 0, 0), fig
         assert not [ln for ln in gw.logs if "internal error" in ln or "Traceback" in ln]
