@@ -60,6 +60,10 @@ SCAN_BYTES = 4 * 1024 * 1024
 # about this many log bytes together; sessions past it go on in the next pass (the catch-up
 # timer), so that many sessions behind do not each scan SCAN_BYTES in one pass.
 PASS_SCAN_BYTES = 4 * SCAN_BYTES
+# ... and hand Python at most about this many records together (each costs the loop a few
+# microseconds however small: 500 sessions of several filters each taking a batch of 256 small
+# records in one pass made passes of 300 ms, another client's PINGREQ waiting as long).
+PASS_RECORDS = 1024
 # Records queued, then dropped as they were to be written (5.0 Message Expiry passed, over the
 # client's Maximum Packet Size, refused by its ACL) fill neither the window nor the output: past
 # this many of them, one pump (or a shared group's hand-out) goes on in the next loop pass.
@@ -81,6 +85,7 @@ class CatchUp:
         # What is left of the scan budget shared by refills (PASS_SCAN_BYTES), given back
         # by each catch-up pass: once spent, refills wait for the next one.
         self._scan_left = PASS_SCAN_BYTES
+        self._records_left = PASS_RECORDS
         self._first_offset = 0              # the log's first offset at the last check
         self.log_queue = self._log_is_queue(self.limits)
 
@@ -184,7 +189,7 @@ class CatchUp:
             self._caught_up(session)
             return True
         scan = self._scan_left
-        if scan <= 0:
+        if scan <= 0 or self._records_left <= 0:
             self._go_on_later(session)     # the pass's scan budget is spent
             return False
         scan = min(scan, SCAN_BYTES)
@@ -211,6 +216,7 @@ class CatchUp:
         records, next_offset = commit_log.read_batch(start, topic_filter, QUEUE_MESSAGES,
                                                      QUEUE_BYTES, scan, client_ids=sub5)
         self._scanned(start, next_offset)
+        self._records_left -= len(records)
         if next_offset > head:
             records = [r for r in records if r[0] < head]
             next_offset = head
@@ -327,6 +333,7 @@ class CatchUp:
 
     def _on_catch_up(self) -> None:
         self._scan_left = PASS_SCAN_BYTES
+        self._records_left = PASS_RECORDS
         if self.records_gone:
             self.let_go_of_gone()         # (core.resume)
         sessions, self._catch_up_again = self._catch_up_again, set()

@@ -57,12 +57,15 @@ STOP_WRITE_SECONDS = 5.0
 # After the connection rate limit paused accepting, resume once this many seconds' worth
 # of tokens are back (fewer, shorter pauses would only cost more wake-ups).
 ACCEPT_RESUME_SECONDS = 0.02
-# Freed heap memory malloc keeps for reuse instead of giving it back to the kernel, and the
-# allocation size below which it comes from the heap (keep_freed_memory; docs/limits.md).
 # How often the one-file binary's broker looks whether its parent, the bootloader, is there.
 PARENT_CHECK_SECONDS = 1.0
+# Freed heap memory malloc keeps for reuse instead of giving it back to the kernel, and the
+# allocation size below which it comes from the heap (keep_freed_memory; docs/limits.md).
 HEAP_KEEP_BYTES = 8 << 20
 HEAP_FROM_BYTES = 4 << 20
+# Collections of the youngest generation between two of the oldest (Python's default: 10;
+# tune_garbage_collector).
+GC_FULL_EVERY = 100
 
 
 def keep_freed_memory() -> None:
@@ -77,6 +80,19 @@ def keep_freed_memory() -> None:
     if err:
         log.debug("malloc settings not applied (%s): freed memory goes back to the kernel",
                   os.strerror(err))
+
+
+def tune_garbage_collector() -> None:
+    """Once the state is restored: what start-up made (modules, restored sessions and retained
+    messages) is left out of every later garbage collection (``gc.freeze``), and a full
+    collection comes at most every GC_FULL_EVERY middle ones, not 10. Each full collection
+    walks every container object: with 500 sessions catching up at once they came about once
+    a second, 80 to 150 ms each, freeing nothing, and the loop stood still meanwhile
+    (docs/limits.md). Memory over ``memory_limit`` still collects at once (core.memory)."""
+    import gc
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, GC_FULL_EVERY)
 
 
 def wall_ms() -> int:
@@ -155,6 +171,7 @@ class App(DescriptorRoom):
         # here on malloc keeps what is freed (keep_freed_memory). About 0.5 MiB of the idle
         # broker's memory (docs/deploy.md); ENOSYS without glibc, nothing to do then.
         _native.release_freed_memory()
+        tune_garbage_collector()
         if not early_stop:
             sdnotify.notify("READY=1\nSTATUS=serving MQTT")
             log.info("edgebroker %s ready", __version__)
