@@ -240,6 +240,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
 
     def on_closed(self, reason: str) -> None:
         self.bytes_out += self.link.bytes_out if self.link is not None else 0
+        if self.state != "stopped":     # (at a stop they are sent again: stopping.py)
+            self.lost_qos0(self.link)
         self.link = None
         self.inbound.fresh_from = None
         if self.conn.state != "closed":

@@ -100,10 +100,13 @@ class Reconnecting:
                       self.name, self.config.address, lasted, reason)
             return
         self._short_reason = reason
+        # What makes a remote close links soon after their CONNACK (not a keepalive timeout
+        # or a reset: the remote stopped or went away)
+        why = (" (another client with the same client id? over 3.1.1, a message larger than "
+               "the remote takes?)" if reason == "the remote closed the connection" else "")
         log.warning("bridge %s: link to %s lost %.1f s after its CONNACK (%s; cursor at log "
                     "offset %d); while links end within %g s of their CONNACK the wait "
                     "before reconnecting doubles up to reconnect_max (%g s), and this is "
-                    "logged again only when the reason changes (another client with the "
-                    "same client id? over 3.1.1, a message larger than the remote takes?)",
+                    "logged again only when the reason changes%s",
                     self.name, self.config.address, lasted, reason, self.outbound.cursor,
-                    STABLE_AFTER, self.config.reconnect_max)
+                    STABLE_AFTER, self.config.reconnect_max, why)

@@ -46,7 +46,10 @@ class Stopping:
 
     def init_stopping(self) -> None:
         self.handed_end = 0         # the link's byte count at the end of the last batch
-        self._handed: deque = deque()    # (end, first QoS 0 offset) of batches in the link
+        # (end, first QoS 0 offset, QoS 0 messages handed before the batch) of batches in
+        # the link, and the QoS 0 messages handed to it in all
+        self._handed: deque = deque()
+        self._handed_count = 0
         self._handed_link = None    # the link those are of
 
     def handed(self, offset: int) -> None:
@@ -59,13 +62,14 @@ class Stopping:
             batches.clear()
             self._handed_link = link
         end = self.handed_end
+        self._handed_count += 1
         if batches and batches[-1][0] == end:
             return                  # the same batch: its first offset is kept
         if len(batches) >= TRIM_AT:
             arrived = link.bytes_out - link.unacknowledged()
             while batches and batches[0][0] <= arrived:
                 batches.popleft()
-        batches.append((end, offset))
+        batches.append((end, offset, self._handed_count - 1))
 
     def _unsent_qos0(self) -> int | None:
         """The lowest offset of a QoS 0 message of a batch that did not wholly reach the
@@ -74,8 +78,28 @@ class Stopping:
         if link is None or self._handed_link is not link:
             return None
         arrived = link.bytes_out - link.unacknowledged()
-        offsets = [offset for end, offset in self._handed if end > arrived]
+        offsets = [offset for end, offset, _ in self._handed if end > arrived]
         return min(offsets) if offsets else None
+
+    def lost_qos0(self, link) -> int:
+        """``link`` broke (not at a stop): the QoS 0 messages of the batches handed to it
+        whose end the socket had not taken (still in the link's buffer): lost, as at most
+        once allows (a batch that partly went counts whole). What the kernel took still goes
+        out after the close, and reaches the remote unless it ended that connection first.
+        Counted (``bridge_link_lost``) and logged once per bridge."""
+        if link is None or self._handed_link is not link:
+            return 0
+        taken = link.bytes_out
+        lost = next((self._handed_count - before for end, _, before in self._handed
+                     if end > taken), 0)
+        self._handed.clear()
+        if lost:
+            self.broker.drop("bridge_link_lost", None, lost)
+            self._once("link_lost", "bridge %s: %d QoS 0 messages handed to the link to %s "
+                       "were still in its buffer when the link broke: lost, as QoS 0 allows "
+                       "(counted as dropped, bridge_link_lost; logged once)", self.name, lost,
+                       self.config.address)
+        return lost
 
     def halt(self) -> None:
         """Step 1: no timer, no pump, no new link; a link not up (past CONNACK) closes."""

@@ -58,7 +58,7 @@ DROPS = (
     "max_topics_per_client", "max_topic_length", "max_topic_levels", "memory_limit", "sys_topic",
     "acl", "max_lag", "log_gap", "not_logged", "session_expired", "message_expired",
     "packet_too_large", "payload_format", "shared_no_room", "shared_left", "bridge_in",
-    "bridge_refused", "bridge_unsendable", "restart_qos0",
+    "bridge_refused", "bridge_unsendable", "bridge_link_lost", "restart_qos0",
 )
 
 

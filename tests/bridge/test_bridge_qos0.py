@@ -58,3 +58,39 @@ def test_a_qos0_backlog_drains_at_once_when_the_remote_is_back(broker):
         sock.close()
     finally:
         remote.close()
+
+
+def test_qos0_messages_a_broken_link_had_not_sent_are_counted_and_logged(broker):
+    """The remote stops reading (frozen) with QoS 0 messages on their way: the keepalive ends
+    the link with a megabyte in its buffer. Those are lost, as QoS 0 allows, but were counted
+    as forwarded and nowhere else, nothing logged (bridge11): now counted as dropped
+    (bridge_link_lost) and logged once. What the kernel took still goes out after the close
+    (the remote here reads it all): not counted."""
+    remote = FakeRemote()
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 0}]
+    try:
+        gw = broker(bridge=[bridge_table(remote.port, rules, keepalive=1)])
+        end = remote.accept(subscribe=False)       # then reads nothing more
+        wait_figure(gw, lambda f: f["state"] == "up")
+        publish_range(gw.client("pub"), "s/x", 0, TOTAL, size=SIZE)
+        wait_figure(gw, lambda f: f["connects"] == 1 and f["state"] != "up", timeout=20)
+        line = gw.wait_log(lambda ln: "were still in its buffer when the link broke" in ln, 10)
+        lost = gw.stats()["dropped"]["bridge_link_lost"]
+        assert line and f"bridge up: {lost} QoS 0 messages handed to the link to " in line, line
+        end.sock.settimeout(5)
+        buf = bytearray()
+        while True:
+            try:
+                data = end.sock.recv(1 << 20)
+            except (TimeoutError, OSError):
+                break
+            if not data:
+                break
+            buf += data
+        arrived = [int(p.payload) for p in mqttraw.split_frames(buf) if p.type == mqttraw.PUBLISH]
+        assert arrived == list(range(len(arrived)))
+        forwarded = figures(gw)["forwarded"]       # handed to the link
+        assert lost > 0 and forwarded - 64 <= len(arrived) + lost <= forwarded + 64, (
+            lost, len(arrived), forwarded)         # (a batch counts whole)
+    finally:
+        remote.close()
