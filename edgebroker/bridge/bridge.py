@@ -240,8 +240,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
 
     def on_closed(self, reason: str) -> None:
         self.bytes_out += self.link.bytes_out if self.link is not None else 0
-        if self.state != "stopped":     # (at a stop they are sent again: stopping.py)
-            self.lost_qos0(self.link)
+        self.link_closed()
         self.link = None
         self.inbound.fresh_from = None
         if self.conn.state != "closed":
@@ -392,6 +391,9 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
             link = self.link
             if data and link is not None:
                 link.send(data)
+                if link.closed:
+                    self._lost_in_send()
+                    break
                 self.handed_end = link.bytes_out + link.out_bytes
                 if conn.pings_sent != self._pings:      # a PINGREQ in it: where it ends
                     self._pings, self._ping_end = conn.pings_sent, link.bytes_out + len(link.out)
@@ -408,6 +410,26 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
         if due is not None and self.state != "stopped":
             if not self._tick.pending or self._tick.when > due:
                 self._tick.start(self.broker, due)
+
+    def _lost_in_send(self) -> None:
+        """The send closed the link (the remote reset it): the QoS 0 messages of that batch,
+        handed out, are lost with it (counted with those ``link_closed`` counted), not
+        credited to the next link; at a stop the cursor stays before them (sent again at the
+        next start). The other events go on as usual."""
+        lost, rest = 0, []
+        stopping = self.state == "stopped"
+        for event in self.conn.acked_qos0():
+            request = getattr(event, "request", None)
+            if (type(event) is Acked and request.kind == "publish" and not request.qos
+                    and event.reason_code < 0x80):
+                if not stopping:
+                    self.outbound.acked(request.token)
+                    lost += 1
+            else:
+                rest.append(event)
+        self.count_lost_qos0(lost)
+        if rest:
+            self._handle(rest)
 
     def _on_tick(self) -> None:
         self._handle(self.conn.tick(self.clock()))

@@ -96,6 +96,7 @@ class Link:
         self.events = WRITE
         self.bytes_in = 0
         self.bytes_out = 0
+        self.unacknowledged_at_close = 0     # ``unacknowledged`` as the socket closed
         self.drained_below = 0   # > 0: call owner.on_drained() once out is shorter than this
         self.tls = None
         if tls_context is not None:
@@ -325,6 +326,7 @@ class Link:
             return
         self.closed = True
         self.up = False
+        self.unacknowledged_at_close = self.unacknowledged()
         if self.events:
             try:
                 self.selector.unregister(self.sock)

@@ -51,6 +51,8 @@ class Stopping:
         self._handed: deque = deque()
         self._handed_count = 0
         self._handed_link = None    # the link those are of
+        # A link that closed during the stop (the remote reset it): _unsent_qos0 as it closed
+        self._stop_unsent: int | None = None
 
     def handed(self, offset: int) -> None:
         """A QoS 0 message (its log offset) was handed to the link (in the last batch)."""
@@ -77,9 +79,19 @@ class Stopping:
         link = self.link
         if link is None or self._handed_link is not link:
             return None
-        arrived = link.bytes_out - link.unacknowledged()
+        arrived = link.bytes_out - (link.unacknowledged_at_close if link.closed
+                                    else link.unacknowledged())
         offsets = [offset for end, offset, _ in self._handed if end > arrived]
         return min(offsets) if offsets else None
+
+    def link_closed(self) -> None:
+        """The link closed (``Bridge.on_closed``, before it lets go of it): at a stop, what it
+        had not delivered is sent again at the next start (``stop``); otherwise its QoS 0
+        messages still in its buffer are lost (``lost_qos0``)."""
+        if self.state == "stopped":
+            self._stop_unsent = self._unsent_qos0()
+        else:
+            self.lost_qos0(self.link)
 
     def lost_qos0(self, link) -> int:
         """``link`` broke (not at a stop): the QoS 0 messages of the batches handed to it
@@ -93,13 +105,16 @@ class Stopping:
         lost = next((self._handed_count - before for end, _, before in self._handed
                      if end > taken), 0)
         self._handed.clear()
+        self.count_lost_qos0(lost)
+        return lost
+
+    def count_lost_qos0(self, lost: int) -> None:
         if lost:
             self.broker.drop("bridge_link_lost", None, lost)
             self._once("link_lost", "bridge %s: %d QoS 0 messages handed to the link to %s "
                        "were still in its buffer when the link broke: lost, as QoS 0 allows "
                        "(counted as dropped, bridge_link_lost; logged once)", self.name, lost,
                        self.config.address)
-        return lost
 
     def halt(self) -> None:
         """Step 1: no timer, no pump, no new link; a link not up (past CONNACK) closes."""
@@ -135,7 +150,7 @@ class Stopping:
             self.halt()
         ob = self.outbound
         cursor = ob.cursor
-        unsent = self._unsent_qos0()
+        unsent = self._unsent_qos0() if self.link is not None else self._stop_unsent
         link = self.link
         if link is not None and not link.closed:
             left = link.out_bytes + link.unacknowledged()

@@ -99,9 +99,15 @@ class Journal:
             # last look's reading on, those after it from that reading plus the step on (the
             # step is larger than the time between two looks: ranges apart).
             lo, last_wall = self._seen
-            self._steps.append((lo, next_offset, last_wall + step if step > 0 else last_wall,
-                                step))
-            del self._steps[:-MAX_STEPS]
+            steps = self._steps
+            if lo == next_offset and steps and steps[-1][0] == steps[-1][1] == lo:
+                # Nothing logged since the step before, nor around it: one step of both (a
+                # clock flapping on an idle broker keeps one, or none once put right).
+                step += steps.pop()[3]
+            if step:
+                steps.append((lo, next_offset, last_wall + step if step > 0 else last_wall,
+                              step))
+                del steps[:-MAX_STEPS]
         self._offset = offset
         self._seen = (next_offset, wall_ms)
         return wall_ms

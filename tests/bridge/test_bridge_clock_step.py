@@ -126,6 +126,15 @@ def test_the_time_since_a_record_was_logged(tmp_path):
             after = logged(s0 + 0.7, w0 + 700 + jump)
             look(s0 + 1.0, w0 + 1000 + jump)
             assert [ago(r, s0 + 2.0, w0 + 2000 + jump) for r in (before, after)] == [1800, 1300]
+        # A clock flapping an hour back and forth 65 times while nothing is logged: more
+        # steps than are remembered (64), but with no record between them they are one
+        # (diff28: the record from before them came out an hour too old).
+        r6 = logged(190.0, start_ms + 90_000)
+        look(190.0, start_ms + 90_000)
+        for k in range(65):
+            look(191.0 + k, start_ms + 91_000 + k * 1000 + (3_600_000 if k % 2 == 0 else 0))
+        assert len(journal._steps) <= 20
+        assert ago(r6, 256.0, start_ms + 156_000 + 3_600_000) == 66_000
         # A step seen first when the age is asked for counts the same.
         wall[0] = start_ms + 200_000
         clock[0] = 300.0
