@@ -257,10 +257,14 @@ class TLSTransport(Transport):
                 self.read()
             if mask & _WRITE and self.out and not self.closed:
                 self.flush()
-        elif state is PEEK:
-            self._peek()
+        elif self.loop.handshake_budget <= 0:
+            return      # the pass's handshake steps are taken: the next pass (server/loop.py)
         else:
-            self._handshake()
+            self.loop.handshake_budget -= 1
+            if state is PEEK:
+                self._peek()
+            else:
+                self._handshake()
 
     __call__ = on_event   # the selector key's callback (see Transport)
 
