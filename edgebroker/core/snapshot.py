@@ -32,8 +32,8 @@ from edgebroker.core.snapshot_entries import (
 )
 from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
 from edgebroker.core.snapshot_retained import (
-    RetainedFile, RetainedState, SnapshotError, load, retained_entry, retained_file_head,
-    retained_json,
+    Plan, RetainedFile, RetainedState, SnapshotError, load, retained_entry,
+    retained_file_head, retained_json,
 )
 from edgebroker.core.will_state import WillState, read_will, will_json
 from edgebroker.errors import topic_shown
@@ -415,10 +415,10 @@ class SnapshotWriter(threading.Thread):
         planned = self.side.plan(retained) if retained and not snapshot.retained_file else None
         error, data = self._put(path, snapshot, planned)
         if error is not None and final and error.errno in NO_ROOM:
-            # The room it needs from the reserve (its side file's too); all of it if that was
-            # not enough.
+            # The room it needs from the reserve (what its side file's write adds too); all of
+            # it if that was not enough.
             need = len(data if data is not None else encode(snapshot))
-            need += 0 if planned is None else -(-planned[1] // 4096) * 4096
+            need += 0 if planned is None else planned.room
             for room in (need, None):
                 if not self.reserve.release(room):
                     break
@@ -438,7 +438,7 @@ class SnapshotWriter(threading.Thread):
             self._failing = True
             return
         self.written += 1
-        self.side.written(snapshot.retained_file, len(retained))
+        self.side.written(snapshot.retained_file, retained)
         self._final_written = final
         self.saved_offset = snapshot.log_next_offset
         self._last = (snapshot.written_ms, frozenset(s.client_id for s in snapshot.sessions))
@@ -451,13 +451,13 @@ class SnapshotWriter(threading.Thread):
         if not final:
             self.reserve.keep(len(data) + self.side.size)
 
-    def _put(self, path: str, snapshot: Snapshot, planned: list | None
+    def _put(self, path: str, snapshot: Snapshot, planned: Plan | None
              ) -> tuple[OSError | None, bytes | None]:
         """Write the side file ``planned`` (if any), then the document naming it: (the error,
         the document; None when the side file could not be written)."""
         if planned is not None:
             try:
-                snapshot.retained_file = self.side.write(snapshot.retained, planned)
+                snapshot.retained_file = self.side.write(planned)
             except OSError as exc:
                 return exc, None
         data = encode(snapshot)

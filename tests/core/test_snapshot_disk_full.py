@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+from conftest import wait_for_snapshot
 from diskfull import fill_up, in_private_mount_namespace, mount_tmpfs
 
 RESERVE = "sessions.json.reserve"
@@ -99,3 +100,48 @@ def test_a_retained_message_set_while_the_disk_is_full_is_written_in_the_room_ke
     c = again.client(f"{uid}-c")
     c.subscribe(f"{uid}/r", qos=1)
     assert c.recv_publish().payload == payload
+
+
+def test_a_retained_message_appended_at_a_stop_on_a_full_disk_takes_only_its_room(
+        broker, uid, tmp_path, request):
+    """A retained message changed while the disk is full: the stop's snapshot appends it to the
+    side file (core.snapshot_retained) in room cut from the reserve, for the appended bytes
+    only (not for the whole file)."""
+    if not in_private_mount_namespace(request):
+        return
+    small = tmp_path / "small"
+    mount_tmpfs(small, "4m")
+    data_dir = str(small / "data")
+    b = broker(data_dir=data_dir)
+    pub = b.client(f"{uid}-p")
+    for i in range(16):
+        pub.publish(f"{uid}/r/{i}", bytes([i]) * (16 << 10), qos=1, retain=True)
+    s = b.client(f"{uid}-s", clean=False)
+    s.subscribe(f"{uid}/none", qos=1)
+    side = wait_for_snapshot(data_dir, f"{uid}-s")["retained_file"]
+    reserve = os.path.join(data_dir, RESERVE)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(reserve) or os.stat(reserve).st_size < 2 * side[1]:
+        assert time.monotonic() < deadline, "no reserve made for the final snapshot"
+        threading.Event().wait(0.05)
+    kept = os.stat(reserve).st_size
+    fill_up(small / "filler")
+    changed = b"\xab" * (16 << 10)
+    pub.publish(f"{uid}/r/3", changed, qos=0, retain=True)    # (QoS 0: taken, not logged)
+    assert pub.ping() == []
+    mark = b.mark()
+    assert b.stop() == 0
+    assert b.wait_log("writing it in the space kept for it", timeout=1, start=mark)
+    with open(os.path.join(data_dir, "sessions.json")) as fh:
+        now = json.load(fh)["retained_file"]
+    assert now[:2] == [side[0], side[1] + len(changed)]
+    assert 0 < kept - os.stat(reserve).st_size < side[1], (kept, side)
+    os.unlink(small / "filler")
+    c = broker(data_dir=data_dir).client(f"{uid}-c")
+    c.subscribe(f"{uid}/r/#", qos=0)
+    got = {}
+    for _ in range(16):
+        p = c.recv_publish()
+        got[p.topic] = p.payload
+    assert got == {f"{uid}/r/{i}": changed if i == 3 else bytes([i]) * (16 << 10)
+                   for i in range(16)}
