@@ -115,9 +115,11 @@ class AdminClient:
             why = exc.strerror or exc
             if exc.errno == errno.ECONNREFUSED and not _is_socket(path):
                 why = "not a socket"
-            raise Unreachable(f"cannot reach the broker's admin socket {path}: "
-                              f"{why} (is the broker running with this data "
-                              f"directory? see --data-dir)", exc) from None
+            hint = ("run this as the broker's user (or root)"
+                    if exc.errno in (errno.EACCES, errno.EPERM) else
+                    "is the broker running with this data directory? see --data-dir")
+            raise Unreachable(f"cannot reach the broker's admin socket {path}: {why} ({hint})",
+                              exc) from None
         self.buf = bytearray()
 
     def ask(self, request: dict) -> dict:

@@ -136,6 +136,25 @@ def test_inspect_without_a_broker_says_so(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_inspect_by_a_user_the_admin_socket_refuses_says_to_run_as_the_brokers_user(broker):
+    """The admin socket is the broker's user's alone (0600): another user got "Permission
+    denied (is the broker running with this data directory?)", which sends one looking for
+    the wrong thing (ops5)."""
+    import shutil
+    import subprocess
+    from conftest import REPO, broker_command
+    assert os.geteuid() == 0 and shutil.which("setpriv"), "needs root and setpriv (util-linux)"
+    b = broker()
+    os.chmod(b.config["data_dir"], 0o755)       # the directory may be read; the socket not
+    other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]    # nobody
+    r = subprocess.run([*other, *broker_command(), "inspect", "stats",
+                        "--data-dir", b.config["data_dir"]], cwd=REPO, capture_output=True,
+                       text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "admin.sock: Permission denied (run this as the broker's user (or root))" in r.stderr
+    assert "is the broker running" not in r.stderr
+
+
 def test_stale_socket_is_replaced_and_a_second_broker_refused(broker, tmp_path):
     data = tmp_path / "shared"
     data.mkdir()
