@@ -170,43 +170,69 @@ class BridgeConfig:
 _TLS_ONLY = ("certfile", "keyfile", "tls_verify")
 
 
-def bridge_problems(bridge: BridgeConfig, given: dict, name: str) -> list[str]:
-    """What breaks the rules between the keys of one [[bridge]] table."""
+def all_bridge_problems(bridges, raw: list, refused: list[str]) -> list[str]:
+    """The rules between the keys of each [[bridge]] table and between the tables (a name
+    used twice), for the tables with errors of their own too (``refused``: the problems of
+    their keys), so that a file's problems are all said at once. A rule that reads a refused
+    key (at its default in ``bridges``) is not checked, nor a table that is not a table."""
+    problems: list[str] = []
+    names = set()
+    for i, (bridge, given) in enumerate(zip(bridges, raw)):
+        name = f"bridge[{i}]"
+        if not isinstance(given, dict):
+            continue
+        keys = frozenset(p[len(name) + 1:].partition(": ")[0] for p in refused
+                         if p.startswith(f"{name}."))
+        problems += bridge_problems(bridge, given, name, keys)
+        if "name" not in keys:
+            if bridge.name in names:
+                problems.append(f"{name}.name: {bridge.name!r} is used by another bridge")
+            names.add(bridge.name)
+    return problems
+
+
+def bridge_problems(bridge: BridgeConfig, given: dict, name: str,
+                    refused: frozenset = frozenset()) -> list[str]:
+    """What breaks the rules between the keys of one [[bridge]] table; the rules that read a
+    key in ``refused`` (``keepalive``, ``topic[0].qos``: its value was refused) are skipped."""
+    def ok(*keys):
+        return refused.isdisjoint(keys)
+
     problems = []
     for key in ("name", "address"):
         if key not in given:
             problems.append(f"{name}.{key}: required")
     if "topic" not in given:
         problems.append(f"{name}.topic: required (at least one topic rule)")
-    elif not bridge.topic:
+    elif not bridge.topic and ok("topic"):
         problems.append(f"{name}.topic: bridge {bridge.name!r} has no topic rule (at least one "
                         f"is required)")
     problems += [f"{name}.topic[{j}].pattern: required" for j, rule in enumerate(bridge.topic)
-                 if not rule.pattern]
+                 if not rule.pattern and ok(f"topic[{j}]", f"topic[{j}].pattern")]
     for j, rule in enumerate(bridge.topic):
         for key, prefix, joined in (("local_prefix", rule.local_prefix, rule.local_filter),
                                     ("remote_prefix", rule.remote_prefix, rule.remote_filter)):
             problem = _check_filter(joined) if prefix and rule.pattern else None
-            if problem:
+            if problem and ok(f"topic[{j}]", f"topic[{j}].pattern", f"topic[{j}].{key}"):
                 how = ("which " if problem.startswith("is ") else "where ") + problem
                 if how.startswith("where "):
                     how += " (end the prefix with '/')"
                 problems.append(f"{name}.topic[{j}].{key}: {shown(prefix, 60)} before the pattern "
                                 f"{shown(rule.pattern, 60)} makes the filter {shown(joined, 60)}, "
                                 f"{how}")
-    if not bridge.cafile:
+    if not bridge.cafile and ok("cafile"):
         problems += [f"{name}.{key}: needs cafile (TLS settings apply only to a TLS link)"
                      for key in _TLS_ONLY if key in given]
-    if bridge.keyfile and not bridge.certfile:
+    if bridge.keyfile and not bridge.certfile and ok("certfile"):
         problems.append(f"{name}.keyfile: needs certfile")
     for key, text in (("client_id", True), ("username", True), ("password", False)):
         # (checked here: a field's own check would show its value, and this is the password)
         problem = _check_mqtt_string(getattr(bridge, key), text)
         if problem:
             problems.append(f"{name}.{key}: bridge {bridge.name!r}: {problem}")
-    if bridge.password and not bridge.username:
+    if bridge.password and not bridge.username and ok("username"):
         problems.append(f"{name}.password: needs username")
-    if bridge.reconnect_max < bridge.reconnect_min:
+    if bridge.reconnect_max < bridge.reconnect_min and ok("reconnect_min", "reconnect_max"):
         problems.append(f"{name}.reconnect_max: must be at least reconnect_min "
                         f"({bridge.reconnect_min:g}), got {bridge.reconnect_max:g}")
     return problems

@@ -309,15 +309,15 @@ def _bridge_config():
 
 def _build_bridges(raw: Any) -> tuple[BridgeConfig, ...]:
     bridge_config = _bridge_config()
-    bridges = _build_list(bridge_config.BridgeConfig, raw, "bridge",
-                          "one or more [[bridge]] tables")
     problems: list[str] = []
-    names = set()
-    for i, (bridge, given) in enumerate(zip(bridges, raw)):
-        problems += bridge_config.bridge_problems(bridge, given, f"bridge[{i}]")
-        if bridge.name in names:
-            problems.append(f"bridge[{i}].name: {bridge.name!r} is used by another bridge")
-        names.add(bridge.name)
+    try:
+        bridges = _build_list(bridge_config.BridgeConfig, raw, "bridge",
+                              "one or more [[bridge]] tables")
+    except ConfigError as exc:
+        if not exc.partial:        # (not a list of tables)
+            raise
+        bridges, problems = exc.partial, list(exc.problems)
+    problems += bridge_config.all_bridge_problems(bridges, raw, problems)
     if problems:
         raise ConfigError(*problems, partial=bridges)
     return bridges

@@ -63,3 +63,40 @@ def test_a_bridge_with_a_wrong_key_has_its_tls_files_read(tmp_path):
                             "'/nonexistent/ca'") for p in problems), problems
     assert any(p.startswith("bridge[1] (b): cannot use its TLS files (cafile "
                             "'/nonexistent/cb'") for p in problems), problems
+
+
+def test_a_bridge_with_a_wrong_key_does_not_hide_the_rules_between_keys_of_any_bridge(tmp_path):
+    # (ops5: a key error in any [[bridge]] table skipped the checks between keys and tables
+    # of every bridge: fixing it showed new errors)
+    code, _, problems = _check(
+        tmp_path, '[[bridge]]\nname = "a"\naddress = "h:1"\nkeepalive = 0\npassword = "x"\n'
+                  'topic = [{pattern = "a/#", qos = 5}]\n'
+                  '[[bridge]]\nname = "b"\naddress = "h:1"\npassword = "x"\ntopic = []\n'
+                  '[[bridge]]\nname = "b"\naddress = "h:1"\ntopic = [{pattern = "b"}]\n'
+                  'reconnect_min = 5\nreconnect_max = 2\n')
+    assert code == 2
+    assert problems[:2] == ["bridge[0].keepalive: must be 1 to 65535 seconds: 0 (no keepalive) "
+                            "is refused for a bridge, whose link would then stay half-open for "
+                            "ever after a silent network failure, got 0",
+                            "bridge[0].topic[0].qos: must be between 0 and 2, got 5"], problems
+    assert problems[2:] == ["bridge[0].password: needs username",
+                            "bridge[1].topic: bridge 'b' has no topic rule (at least one is "
+                            "required)",
+                            "bridge[1].password: needs username",
+                            "bridge[2].reconnect_max: must be at least reconnect_min (5), got 2",
+                            "bridge[2].name: 'b' is used by another bridge"], problems
+
+
+def test_a_refused_key_is_not_also_reported_by_the_rules_that_read_it(tmp_path):
+    # A refused value stands at its default in the table checked: the rules that read it
+    # would report what the file does not say (no username, no pattern, one name twice).
+    code, _, problems = _check(
+        tmp_path, '[[bridge]]\nname = "a b"\naddress = "h:1"\nusername = 5\npassword = "x"\n'
+                  'reconnect_min = -1\nreconnect_max = 0.5\n'
+                  'topic = [{pattern = "a/#/b"}, 7, {pattern = "c", local_prefix = "x+"}]\n'
+                  '[[bridge]]\nname = "c d"\naddress = "h:1"\ntopic = "x"\n')
+    assert code == 2
+    assert [p.partition(":")[0] for p in problems] == [
+        "bridge[0].name", "bridge[0].username", "bridge[0].reconnect_min",
+        "bridge[0].topic[0].pattern", "bridge[0].topic[1]", "bridge[0].topic[2].local_prefix",
+        "bridge[1].name", "bridge[1].topic"], problems
