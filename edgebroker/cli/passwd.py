@@ -178,14 +178,21 @@ def upgrade(path: str, scheme: str = "scrypt", iterations: int = scram.DEFAULT_I
     with _locked(path) as lines:
         if lines is None:
             raise EdgebrokerError(f"passwd: {path}: file not found")
+        users = set()
         for i, line in enumerate(lines):
             user = _user_of(line)
-            if user is None:
+            if user is None and line.strip() and not line.lstrip().startswith("#"):
+                problem = "expected username:password (or username:hash)"  # (as the broker)
+            elif user is None:
                 continue
-            problem = passwords.check_username(user)
+            elif user in users:
+                problem = f"user {user!r} is listed twice"
+            else:
+                problem = passwords.check_username(user)
             if problem:
                 raise EdgebrokerError(f"passwd: {path} line {i + 1}: {problem}; nothing "
                                       f"changed")
+            users.add(user)
             secret = line.partition(":")[2]
             try:
                 passwords.parse_hash(secret.partition(":")[0].strip())

@@ -1,5 +1,6 @@
 """`edgebroker passwd` on the files it meets: one starting with a UTF-8 byte order mark, one
-edited by two commands at once, and passwords that are not UTF-8."""
+edited by two commands at once, passwords that are not UTF-8, and files the broker would
+refuse."""
 
 import fcntl
 import os
@@ -7,8 +8,11 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from conftest import REPO, broker_command, run_cli
 
+from edgebroker.errors import ConfigError
 from edgebroker.security import passwords
 from edgebroker.security.passwords import PasswordFile
 
@@ -35,6 +39,31 @@ def test_a_byte_order_mark_is_skipped_as_the_broker_skips_it(tmp_path):
     r = run_cli("passwd", "-D", str(path), "alice")
     assert r.returncode == 0 and r.stdout == f"{path}: user 'alice' deleted\n", r.stderr
     assert users_of(path) == ["bob"]
+
+
+@pytest.mark.parametrize("text, line, problem", [
+    ("u1:plain\nbroken\n", 2, "expected username:password (or username:hash)"),
+    ("# users\nu1:a\nu2:b\nu1:c\n", 4, "user 'u1' is listed twice"),
+])
+def test_upgrade_refuses_a_file_the_broker_would_refuse(tmp_path, text, line, problem):
+    """-U skipped a line with no ':' (and hashed a user listed twice) and said it hashed the
+    file; the broker then refused it at start and reload (ops5). Now -U names the line and
+    changes nothing, and the broker refuses the same line (once the others are hashes)."""
+    path = tmp_path / "plain.pw"
+    path.write_text(text)
+    os.chmod(path, 0o600)
+    r = run_cli("passwd", "-U", str(path))
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert r.stderr == f"edgebroker: passwd: {path} line {line}: {problem}; nothing changed\n"
+    assert path.read_text() == text
+    hashed = passwords.hash_password("pw", "pbkdf2")
+    users = [ln.partition(":")[0] + (f":{hashed}" if ":" in ln else "")
+             for ln in text.splitlines()]          # (every password hashed, the rest as is)
+    path.write_text("\n".join(users) + "\n")
+    r = run_cli("passwd", "-U", str(path))
+    assert r.returncode == 1 and f"line {line}: {problem}; nothing changed" in r.stderr
+    with pytest.raises(ConfigError, match=f"line {line}: "):
+        PasswordFile.load(str(path))
 
 
 def _waits_for_a_lock(pid: int, inode: int) -> bool:
