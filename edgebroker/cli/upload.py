@@ -212,15 +212,33 @@ def run_once(args) -> int:
         return _ship(args, config, state_dir, log_dir)
 
 
+def _held(state_dir: str, log_dir: str) -> str:
+    """Why ``run --once`` cannot take the log: the running broker's uploader ships it, or
+    it has uploading off, or (its admin socket unanswered) what holds the lock is unknown."""
+    try:
+        stats = _live(state_dir)
+    except EdgebrokerError:          # (no answer in time, the connection closed)
+        stats = None
+    where = f"--data-dir {state_dir}"
+    if not isinstance(stats, dict) or "upload" not in stats:
+        return (f"another process holds the lock of {log_dir} (a broker, or another `upload "
+                f"run --once`) and nobody answers on its admin socket; `edgebroker upload "
+                f"status {where}` tells more")
+    if stats["upload"] is None:
+        return (f"a running broker owns the log in {log_dir} and has uploading off (no "
+                f"[upload] url in its configuration): nothing ships while it runs; add "
+                f"[upload] to its configuration and restart it, or stop it and run this again")
+    return (f"a running broker owns the log in {log_dir}: its uploader ships the batches; use "
+            f"`edgebroker upload status|pause|resume {where}` instead")
+
+
 def _ship(args, config, state_dir: str, log_dir: str) -> int:
     from edgebroker.commitlog import CommitLog, LogLockedError, LogOptions
     from edgebroker.uploader.uploader import Uploader
     try:
         cl = CommitLog.open(log_dir, LogOptions.from_config(config.log, True))
     except LogLockedError:
-        raise EdgebrokerError(
-            f"a running broker owns the log in {log_dir}: its uploader ships the batches; use "
-            f"`edgebroker upload status|pause|resume --data-dir {state_dir}` instead") from None
+        raise EdgebrokerError(_held(state_dir, log_dir)) from None
     tty = sys.stderr.isatty()
     started = time.monotonic()
 
