@@ -403,8 +403,8 @@ def load(path: str | None) -> Config:
                           partial=partial) from None
 
 
-def exposed_secrets(config: Config) -> str | None:
-    """One line on the configuration file's permissions, or None: users other than root and
+def exposed_secrets(config: Config) -> list[str]:
+    """A line per warning on the configuration file's permissions: users other than root and
     the broker's can change it (and with it who may connect), or it holds a secret (a bridge's
     password, the uploader's secret key or session token) other users may read. The file is
     still used; the packages install it root's, 0644, with no secret in it."""
@@ -413,7 +413,7 @@ def exposed_secrets(config: Config) -> str | None:
     except OSError:
         st = None
     if st is None or not stat.S_ISREG(st.st_mode):
-        return None
+        return []
     mode, where = stat.filemode(st.st_mode), config.source
     warnings = [f"{where}: other users can change it (permissions {mode}): run chmod go-w "
                 f"{where}"] if st.st_mode & 0o022 else []
@@ -428,7 +428,7 @@ def exposed_secrets(config: Config) -> str | None:
             f"{where}: other users can read it (permissions {mode}) and it holds "
             f"{', '.join(keys)}: run chmod o-r {where} (the broker's user must still read it)"
             + (", or give the uploader's keys through the environment" if uploader else ""))
-    return "; ".join(warnings) or None
+    return warnings
 
 
 def _read_toml(path: str) -> dict:

@@ -51,9 +51,9 @@ def run(args) -> int:
     if config is not None:
         problems += [f"{where}: {p}" for p in problems_of(config)]
     # (said of a file serve would run with: a broken one's problems come first)
-    exposed = config is not None and not problems and configuration.exposed_secrets(config)
-    warnings = [exposed] if exposed else []
+    warnings = []       # (one line, one string in --format json, each)
     if config is not None and not problems:
+        warnings += configuration.exposed_secrets(config)
         warnings += certificate_date_warnings(config.listeners)
     if config is not None and not problems and config.bridge:
         from edgebroker.bridge_config import bridge_warnings

@@ -191,9 +191,8 @@ def _warn_exposed(config: configuration.Config) -> None:
     """At start and at each reload: a configuration file holding secrets that other users
     can read (config.exposed_secrets); a listener's certificate out of its dates; bridge
     rules that do not do what they seem (bridge_config.bridge_warnings)."""
-    exposed = configuration.exposed_secrets(config)
-    if exposed:
-        logging.getLogger(__name__).warning("%s", exposed)
+    for warning in configuration.exposed_secrets(config):
+        logging.getLogger(__name__).warning("%s", warning)
     if config.bridge:     # (bridge_config is loaded for [[bridge]] tables only)
         from edgebroker.bridge_config import bridge_warnings
         for warning in bridge_warnings(config.bridge):

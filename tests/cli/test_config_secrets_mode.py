@@ -76,3 +76,16 @@ def test_serve_warns_at_start_and_at_a_reload(broker, tmp_path):
     b.send_signal(signal.SIGHUP)
     assert b.wait_log(lambda ln: WARNED in ln and "-rw----r--" in ln, timeout=10, start=mark), \
         b.log_text()
+
+
+def test_each_warning_is_its_own_line_and_json_string(tmp_path):
+    # (ops5: a file others can change and read, holding a secret, gave one warning string
+    # of two joined with "; ": a script counting or matching warnings got them wrong)
+    path = write(tmp_path, BRIDGE, 0o666)
+    changed = f"{path}: other users can change it (permissions -rw-rw-rw-): run chmod go-w {path}"
+    read = (f"{path}: other users can read it (permissions -rw-rw-rw-) and it holds "
+            f"bridge[0].password: run chmod o-r {path} (the broker's user must still read it)")
+    r = run_cli("config", "check", "-c", str(path), "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["warnings"] == [changed, read], r.stdout
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 0 and r.stderr == f"warning: {changed}\nwarning: {read}\n", r.stderr
