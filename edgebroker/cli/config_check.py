@@ -20,6 +20,7 @@ from edgebroker import config as configuration
 from edgebroker.cli.options import add_format
 from edgebroker.cli.serve import problems_of
 from edgebroker.cli.state_dir import UNIT_STATE_DIR, note, outside_systemd
+from edgebroker.cli.state_owner import foreign_warning
 from edgebroker.errors import ConfigError
 from edgebroker.logs import priority_prefix
 from edgebroker.server.tls_dates import certificate_date_warnings
@@ -52,6 +53,9 @@ def run(args) -> int:
         problems += [f"{where}: {p}" for p in problems_of(config)]
     # (said of a file serve would run with: a broken one's problems come first)
     warnings = []       # (one line, one string in --format json, each)
+    foreign = config is not None and foreign_warning(config.state_dir())
+    if foreign:
+        warnings.append(foreign)
     if config is not None and not problems:
         warnings += configuration.exposed_secrets(config)
         warnings += certificate_date_warnings(config.listeners)

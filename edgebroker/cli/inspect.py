@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from edgebroker.cli import inspect_live
 from edgebroker.cli.options import UsageError, add_format, count
 from edgebroker.cli.record_view import fmt_time, record_json, record_text
-from edgebroker.cli.state_dir import state_dir_of
+from edgebroker.cli.state_dir import not_a_log_dir, state_dir_of
 from edgebroker.core import snapshot
 from edgebroker.errors import EdgebrokerError
 
@@ -106,6 +106,9 @@ def open_log(args):
             from None
     except OSError:
         pass
+    problem = not_a_log_dir(path)
+    if problem:
+        raise EdgebrokerError(problem)
     if not os.path.isdir(path):
         raise EdgebrokerError(f"no commit log at {path} (use --data-dir)")
     try:

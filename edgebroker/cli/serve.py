@@ -9,6 +9,7 @@ import stat
 from contextlib import contextmanager
 
 from edgebroker import config as configuration, logs, records
+from edgebroker.cli.state_dir import not_a_log_dir
 from edgebroker.cli.state_owner import refuse_foreign
 from edgebroker.errors import ConfigError
 from edgebroker.listener_config import UNIX_SOCKET_HINT
@@ -83,6 +84,14 @@ def prepare_state_dir(path: str) -> None:
         raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
     if not os.access(path, os.W_OK):
         raise ConfigError(f"data_dir: {path} is not writable")
+    _check_log_dir(path)
+
+
+def _check_log_dir(path: str) -> None:
+    """The commit log's directory is not something else (before a listener is bound)."""
+    problem = not_a_log_dir(os.path.join(path, "log"))
+    if problem:
+        raise ConfigError(f"data_dir: {problem}")
 
 
 def check_state_dir(path: str) -> None:
@@ -95,6 +104,7 @@ def check_state_dir(path: str) -> None:
     if os.path.isdir(path):
         if not os.access(path, os.W_OK):
             raise ConfigError(f"data_dir: {path} is not writable")
+        _check_log_dir(path)
         return
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.lexists(parent):

@@ -49,6 +49,20 @@ def refuse_foreign(state_dir: str, command: str) -> None:
         f"{state_dir}`)")
 
 
+def foreign_warning(state_dir: str) -> str | None:
+    """`config check` run as root: what `serve` run so would refuse (``refuse_foreign``), as a
+    warning: the unit runs `serve` as the directory's owner, and that user's reload check, or
+    root's with the unit's STATE_DIRECTORY (docs/deploy.md), is of a directory that is fine."""
+    owner = foreign_owner(state_dir)
+    if owner is None:
+        return None
+    uid, gid = owner
+    return (f"the state directory {state_dir} belongs to uid {uid}, not root: `edgebroker "
+            f"serve` run as root (by hand) refuses it; the systemd unit, or `setpriv "
+            f"--reuid={uid} --regid={gid} --clear-groups edgebroker serve ...`, runs it as "
+            f"that user")
+
+
 def hand_over(state_dir: str, owner: tuple[int, int]) -> int:
     """Every file and directory under ``state_dir`` that is root's becomes ``owner``'s.
     Only directories and regular files with one link, changed through a descriptor opened

@@ -28,7 +28,7 @@ import time
 from edgebroker import config as configuration
 from edgebroker.cli import inspect, inspect_live, log_lock
 from edgebroker.cli.options import add_format
-from edgebroker.cli.state_dir import state_dir_of
+from edgebroker.cli.state_dir import not_a_log_dir, state_dir_of
 from edgebroker.cli.state_owner import handed_over
 from edgebroker.errors import ConfigError, EdgebrokerError
 from edgebroker.server.admin import MAX_PATH, socket_path
@@ -205,7 +205,8 @@ def run_once(args) -> int:
     state_dir = state_dir_of(args, config)
     log_dir = os.path.join(state_dir, "log")
     if not os.path.isdir(log_dir):
-        raise EdgebrokerError(f"no commit log at {log_dir} (use --data-dir)")
+        raise EdgebrokerError(not_a_log_dir(log_dir)
+                              or f"no commit log at {log_dir} (use --data-dir)")
     inspect._ensure_stderr_logging()
     # As root on the service's state directory: what it writes there becomes the owner's.
     with handed_over(state_dir):

@@ -1,10 +1,11 @@
 """Commands run as root on a state directory another user owns (the service's: systemd's
 ``DynamicUser=`` gives it a uid such as 61234): ``upload run --once`` gives what it wrote
-there to that user, so the broker starts again as that user; ``serve`` refuses
-(edgebroker/cli/state_owner.py, docs/upload.md)."""
+there to that user, so the broker starts again as that user; ``serve`` refuses, and
+``config check`` warns (edgebroker/cli/state_owner.py, docs/upload.md)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Broker, broker_command, toml_dumps
+from conftest import REPO, Broker, broker_command, run_cli, toml_dumps
 
 SERVICE_UID = 61234     # a uid no one has here, as a dynamic user's
 
@@ -91,6 +92,28 @@ def test_serve_as_root_refuses_the_state_directory_of_another_user(top):
             in r.stderr), r.stderr
     assert f"--reuid={SERVICE_UID}" in r.stderr, r.stderr
     assert list(state.iterdir()) == [], "serve wrote into the directory it refused"
+
+
+def test_config_check_as_root_warns_of_the_directory_serve_would_refuse(top):
+    """(ops5: `sudo edgebroker config check` said OK, then `sudo edgebroker serve` refused.)
+    A warning, not a problem: root checks the unit's directory by hand too (docs/deploy.md),
+    and the unit runs serve as its owner. The service's own check has nothing to say."""
+    state = service_dir(top / "state")
+    config = top / "c.toml"
+    config.write_text(f'data_dir = "{state}"\n')
+    warning = (f"warning: the state directory {state} belongs to uid {SERVICE_UID}, not root: "
+               f"`edgebroker serve` run as root (by hand) refuses it; the systemd unit, or "
+               f"`setpriv --reuid={SERVICE_UID} --regid={SERVICE_UID} --clear-groups "
+               f"edgebroker serve ...`, runs it as that user\n")
+    r = run_cli("config", "check", "-c", str(config))
+    assert (r.returncode, r.stderr) == (0, warning), r.stderr
+    r = run_cli("config", "check", "-c", str(config), "--format", "json")
+    assert json.loads(r.stdout)["warnings"] == [warning.removeprefix("warning: ").strip()]
+    r = subprocess.run(as_service([*broker_command(), "config", "check", "-c", str(config)]),
+                       cwd=REPO, capture_output=True, text=True, timeout=30,
+                       stdin=subprocess.DEVNULL)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert list(state.iterdir()) == []
 
 
 def test_a_link_planted_in_the_state_directory_does_not_hand_over_roots_files(top):
