@@ -193,6 +193,8 @@ def run_segments(args) -> int:
         infos = log.segments()
     finally:
         log.close()
+    for s in infos:
+        s.index_bytes = _index_size(s)
     if args.format == "json":
         _out(json.dumps([{
             "base_offset": s.base_offset, "last_offset": s.next_offset - 1 if s.records else None,
@@ -212,6 +214,16 @@ def run_segments(args) -> int:
     _out(f"{len(infos)} segments, {sum(s.records for s in infos)} records, "
          f"{human_bytes(total)} on disk with indexes")
     return 0
+
+
+def _index_size(info) -> int:
+    """The size of the segment's index file on disk: the log counts the active segment's only
+    once it has written to it (0 before), while its file is grown 64 KiB ahead."""
+    from edgebroker.commitlog.format import INDEX_SUFFIX, SEGMENT_SUFFIX
+    try:
+        return os.stat(info.path.removesuffix(SEGMENT_SUFFIX) + INDEX_SUFFIX).st_size
+    except OSError:
+        return info.index_bytes
 
 
 # ------------------------------------------------------------------------------------ topics

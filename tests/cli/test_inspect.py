@@ -18,6 +18,7 @@ import pytest
 
 from commitlog.logutil import append_n, flip_byte, open_log, parse_segment, segment_files
 from conftest import as_nobody, sigint_ignored
+from edgebroker.cli.inspect import human_bytes
 
 # Each test runs on the C helper and on its pure-Python twin, as the commit log's own tests do.
 pytestmark = pytest.mark.usefixtures("native_backend")
@@ -61,6 +62,25 @@ def test_segments(data_dir):
     assert "2023-11-14T22:13:20.000Z" in lines[1] and lines[1].split()[-2:] == ["yes", "sealed"]
     assert lines[len(segs)].split()[-1] == "active"
     assert lines[-1].startswith(f"{len(segs)} segments, 200 records")
+
+
+def test_segments_index_bytes_are_the_index_files_sizes(data_dir, broker):
+    """(ops5: the active segment's index_bytes was 0, its index file grown 64 KiB ahead left
+    out of "on disk with indexes".) A log at rest, and one a running broker has open."""
+    b = broker()
+    publisher = b.client("pub")
+    publisher.publish("a/b", "x", qos=1)         # (acknowledged: in the log)
+    publisher.close()
+    for data in (data_dir, Path(b.config["data_dir"])):
+        r = inspect("segments", "--data-dir", str(data), "--format", "json")
+        assert r.returncode == 0, r.stderr
+        segs = json.loads(r.stdout)
+        sizes = [os.path.getsize(s["path"].removesuffix(".seg") + ".idx") for s in segs]
+        assert [s["index_bytes"] for s in segs] == sizes and segs[-1]["active"], segs
+        assert sizes[-1] > 0
+        total = sum(s["bytes"] + s["index_bytes"] for s in segs)
+        last = inspect("segments", "--data-dir", str(data)).stdout.splitlines()[-1]
+        assert last.endswith(f"records, {human_bytes(total)} on disk with indexes"), last
 
 
 def test_topics(data_dir):
