@@ -449,7 +449,7 @@ class SnapshotWriter(threading.Thread):
         if snapshot.exchanges is not None:
             exchanges.remove_before(self.state_dir, snapshot.exchanges)
         if not final:
-            self.reserve.keep(len(data) + self.side.size)
+            self.reserve.keep(len(data) + self.side.used)
 
     def _put(self, path: str, snapshot: Snapshot, planned: Plan | None
              ) -> tuple[OSError | None, bytes | None]:

@@ -165,6 +165,12 @@ class RetainedFile:
         self._whole = False             # an append failed: the next write is a new file
         self._cleaned = False           # the others deleted (once a snapshot is written)
 
+    @property
+    def used(self) -> int:
+        """The bytes of the file the last snapshot's retained messages use (its header
+        included): what a new generation of them takes, and more than an append does."""
+        return self._used
+
     def _held(self, r: RetainedState) -> bool:
         return r.gen == self._gen and r.seq in self._seqs
 
@@ -242,8 +248,13 @@ class RetainedFile:
         except OSError as exc:
             if not plan.start:
                 _unlink(path)
-            elif exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                self._whole = True        # (a full disk: the append is tried again)
+            else:
+                try:        # what it wrote gives its blocks back (a full disk needs them)
+                    os.ftruncate(fd, plan.start)
+                except OSError:
+                    pass
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    self._whole = True    # (a full disk: the append is tried again)
             raise
         finally:
             os.close(fd)

@@ -2,6 +2,7 @@
 written in the room kept for it (core.snapshot_reserve), or, when even that is missing, an
 error saying what is lost and exit status 1 (docs/persistence.md)."""
 
+import errno
 import json
 import os
 import threading
@@ -145,3 +146,29 @@ def test_a_retained_message_appended_at_a_stop_on_a_full_disk_takes_only_its_roo
         got[p.topic] = p.payload
     assert got == {f"{uid}/r/{i}": changed if i == 3 else bytes([i]) * (16 << 10)
                    for i in range(16)}
+
+
+def test_an_append_that_finds_the_disk_full_gives_its_blocks_back(tmp_path, request):
+    """An append to the side file that runs out of room left what it had written past the
+    committed size, holding the disk's last free blocks until the next snapshot (the commit
+    log then could not grow its index: diff29). It is cut back to the committed size."""
+    if not in_private_mount_namespace(request):
+        return
+    from edgebroker.core.snapshot_retained import RetainedFile, RetainedState
+    small = tmp_path / "small"
+    mount_tmpfs(small, "8m")
+    side = RetainedFile(str(small))
+    a = RetainedState("a", os.urandom(1 << 20), 0, None)
+    head = side.write(side.plan([a]))
+    side.written(head, [a])
+    fill_up(small / "filler")
+    os.truncate(small / "filler", os.path.getsize(small / "filler") - (2 << 20))  # 2 MiB free
+    free = os.statvfs(small).f_bavail
+    b = RetainedState("b", os.urandom(5 << 20), 0, None)
+    try:
+        side.write(side.plan([a, b]))
+        raise AssertionError("the append found room")
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    assert os.path.getsize(small / head[0]) == head[1]
+    assert os.statvfs(small).f_bavail == free
