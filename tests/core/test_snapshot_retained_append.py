@@ -55,14 +55,20 @@ def _check_all(b, uid, versions: dict[int, int]) -> None:
     assert not wrong, f"payloads of {len(wrong)} retained messages differ: {wrong[:10]}"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["crash", "stop"])
-def test_a_changed_retained_message_is_appended_not_the_whole_set_rewritten(broker, uid, sig):
+def _the_set_written(broker, uid):
+    """A broker holding N retained messages (version 0), in a snapshot's side file: (broker,
+    data_dir, publisher, versions, side file name, its size)."""
     b = broker()
-    data_dir = b.config["data_dir"]
     pub = b.client(f"{uid}-p")
     versions = dict.fromkeys(range(N), 0)
     _publish(b, pub, uid, versions)
     name, size, _ = snapshot_of(b, f"{uid}-s0")["retained_file"]
+    return b, b.config["data_dir"], pub, versions, name, size
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["crash", "stop"])
+def test_a_changed_retained_message_is_appended_not_the_whole_set_rewritten(broker, uid, sig):
+    b, data_dir, pub, versions, name, size = _the_set_written(broker, uid)
     assert size >= N * SIZE
     before = _write_bytes(b.proc.pid)
     rounds = 5
@@ -89,12 +95,7 @@ def test_a_changed_retained_message_is_appended_not_the_whole_set_rewritten(brok
 
 
 def test_the_side_file_is_written_anew_once_it_holds_more_unused_bytes_than_used(broker, uid):
-    b = broker()
-    data_dir = b.config["data_dir"]
-    pub = b.client(f"{uid}-p")
-    versions = dict.fromkeys(range(N), 0)
-    _publish(b, pub, uid, versions)
-    name, size, _ = snapshot_of(b, f"{uid}-s0")["retained_file"]
+    b, data_dir, pub, versions, name, size = _the_set_written(broker, uid)
     # Every message replaced: appended (as many unused bytes as used, not more).
     versions = dict.fromkeys(range(N), 1)
     _publish(b, pub, uid, versions)
