@@ -224,6 +224,7 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
             for consumer in self.log_consumers:
                 consumer.on_written()
         self.before_send()
+        self.new_pass_budgets()
 
     def before_send(self) -> None:
         """Something is sent now (the end of the pass, or a connection that must be sent to

@@ -331,9 +331,14 @@ class CatchUp:
             commit_log = self.journal.log
             self._scan_left -= commit_log.bytes_after(start) - commit_log.bytes_after(end)
 
-    def _on_catch_up(self) -> None:
+    def new_pass_budgets(self) -> None:
+        """The scan and record budgets of a loop pass, whole again (at the end of a pass, and
+        when the catch-up timer goes on with the sessions left over)."""
         self._scan_left = PASS_SCAN_BYTES
         self._records_left = PASS_RECORDS
+
+    def _on_catch_up(self) -> None:
+        self.new_pass_budgets()
         if self.records_gone:
             self.let_go_of_gone()         # (core.resume)
         sessions, self._catch_up_again = self._catch_up_again, set()
