@@ -184,7 +184,7 @@ def all_bridge_problems(bridges, raw: list, refused: list[str]) -> list[str]:
         keys = frozenset(p[len(name) + 1:].partition(": ")[0] for p in refused
                          if p.startswith(f"{name}."))
         problems += bridge_problems(bridge, given, name, keys)
-        if "name" not in keys:
+        if "name" not in keys and "name" in given:   # (a missing one is said as required)
             if bridge.name in names:
                 problems.append(f"{name}.name: {bridge.name!r} is used by another bridge")
             names.add(bridge.name)

@@ -100,3 +100,10 @@ def test_a_refused_key_is_not_also_reported_by_the_rules_that_read_it(tmp_path):
         "bridge[0].name", "bridge[0].username", "bridge[0].reconnect_min",
         "bridge[0].topic[0].pattern", "bridge[0].topic[1]", "bridge[0].topic[2].local_prefix",
         "bridge[1].name", "bridge[1].topic"], problems
+
+
+def test_two_bridges_without_a_name_are_not_also_said_to_share_one(tmp_path):
+    code, _, problems = _check(tmp_path, '[[bridge]]\naddress = "h:1"\ntopic = [{pattern = "a"}]\n'
+                                         '[[bridge]]\naddress = "h:2"\ntopic = [{pattern = "b"}]\n')
+    assert code == 2
+    assert problems == ["bridge[0].name: required", "bridge[1].name: required"], problems
