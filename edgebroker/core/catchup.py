@@ -82,8 +82,9 @@ class CatchUp:
         # their window by Resume.let_go_of_gone).
         self._catch_up_again: set = set()
         self._catch_up_timer = Timer(self._on_catch_up)
-        # What is left of the scan budget shared by refills (PASS_SCAN_BYTES), given back
-        # by each catch-up pass: once spent, refills wait for the next one.
+        # What is left of the budgets shared by refills (PASS_SCAN_BYTES, PASS_RECORDS),
+        # whole again at the end of each pass and at each catch-up pass: once spent, refills
+        # wait for the next one.
         self._scan_left = PASS_SCAN_BYTES
         self._records_left = PASS_RECORDS
         self._first_offset = 0              # the log's first offset at the last check

@@ -63,7 +63,7 @@ PARENT_CHECK_SECONDS = 1.0
 # allocation size below which it comes from the heap (keep_freed_memory; docs/limits.md).
 HEAP_KEEP_BYTES = 8 << 20
 HEAP_FROM_BYTES = 4 << 20
-# Collections of the youngest generation between two of the oldest (Python's default: 10;
+# Collections of the middle generation between two full ones (Python's default: 10;
 # tune_garbage_collector).
 GC_FULL_EVERY = 100
 

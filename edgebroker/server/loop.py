@@ -45,7 +45,7 @@ READ_BUFFER = 256 * 1024
 # 1 MiB of 64 KiB messages on a 2-core VM).
 LARGE_PASS_BYTES = 1024 * 1024
 # TLS handshake steps one pass takes (server/tls.py): the step that answers a ClientHello signs
-# with the server's key (about 0.7 ms for RSA-2048 on a Pi-class core), so a reconnect storm
+# with the server's key (about 0.7 ms for RSA-2048 on the 2-core test VM), so a reconnect storm
 # of 1,000 ready handshakes held the loop 0.7 s; the rest are taken in the next passes (the
 # selector reports their sockets again).
 HANDSHAKES_PER_PASS = 32

@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 
 from edgebroker.errors import (
-    NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PACKET_TOO_LARGE, PROTOCOL_ERROR, SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-    SUCCESS, TOPIC_FILTER_INVALID, ProtocolError, shown, topic_shown,
+    NO_SUBSCRIPTION_EXISTED, NOT_AUTHORIZED, PACKET_TOO_LARGE, PROTOCOL_ERROR,
+    SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, SUCCESS, TOPIC_FILTER_INVALID, ProtocolError, shown,
+    topic_shown,
 )
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
