@@ -491,7 +491,7 @@ class Transport:
         self.out = NO_OUTPUT
         self.out_bytes = 0
         loop = self.loop
-        loop.forget(self)
+        loop.forget(self)   # (and out of the poller while its descriptor is still known)
         try:
             self.sock.close()
         except OSError as exc:  # pragma: no cover - close on a socket we own
