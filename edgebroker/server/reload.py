@@ -22,8 +22,10 @@ log = logging.getLogger("edgebroker.server")
 
 
 def _listening(lc) -> tuple:
-    """What a listener's socket was opened with: changed only by a restart."""
-    return lc.address, lc.protocol, lc.websocket_path
+    """What a listener's socket was opened with and speaks: changed only by a restart (a
+    certfile added or removed would turn a TLS port plain, or a plain one TLS, under the
+    clients configured for it)."""
+    return lc.address, lc.protocol, lc.websocket_path, bool(lc.certfile)
 
 
 def needs_restart(started: Config, new: Config) -> list[str]:
@@ -33,7 +35,7 @@ def needs_restart(started: Config, new: Config) -> list[str]:
     changed = []
     # (in any order: each listener keeps its own table when the tables only moved)
     if Counter(map(_listening, new.listeners)) != Counter(map(_listening, started.listeners)):
-        changed.append("listeners (addresses, protocol, websocket_path)")
+        changed.append("listeners (addresses, protocol, websocket_path, TLS on or off)")
     if new.state_dir() != started.state_dir():
         changed.append("data_dir")
     for name, key in (("log", "[log]"), ("metrics", "[metrics]"), ("upload", "[upload]"),
@@ -138,9 +140,10 @@ def apply_security(app, config: Config, running: list, security: list) -> None:
     for listener, found, read in zip(app.listeners, running, security):
         if found is None:
             log.warning("reload: listener %s is no longer in the file (removed, or its "
-                        "address, protocol or websocket_path changed; on port 0: its table "
-                        "changed while the listeners did): it keeps its running settings, "
-                        "authentication, ACL and TLS until a restart", listener.address)
+                        "address, protocol or websocket_path changed, or TLS turned on or "
+                        "off; on port 0: its table changed while the listeners did): it keeps "
+                        "its running settings, authentication, ACL and TLS until a restart",
+                        listener.address)
             continue
         listener.reconfigure(found[1])
         listener.set_security(*read)

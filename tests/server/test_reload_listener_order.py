@@ -22,6 +22,6 @@ def test_listener_tables_in_another_order_need_no_restart(tmp_path):
     started = load(tmp_path, "a.toml", A + B)
     assert needs_restart(started, load(tmp_path, "b.toml", B + A)) == []
     assert needs_restart(started, load(tmp_path, "c.toml", A + C)) == [
-        "listeners (addresses, protocol, websocket_path)"]
+        "listeners (addresses, protocol, websocket_path, TLS on or off)"]
     assert needs_restart(started, load(tmp_path, "d.toml", A + B + C)) == [
-        "listeners (addresses, protocol, websocket_path)"]
+        "listeners (addresses, protocol, websocket_path, TLS on or off)"]

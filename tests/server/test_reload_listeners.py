@@ -3,9 +3,12 @@ added): each running listener takes the settings of its own table in the new fil
 no longer there keeps its running settings and security until a restart."""
 
 import signal
+import socket
 
+import mqttraw as m
 from conftest import toml_dumps
 from secfiles import write_passwords
+from server.conftest import client_context
 
 KEPT = "it keeps its running settings, authentication, ACL and TLS until a restart"
 
@@ -56,3 +59,41 @@ def test_port_0_listeners_are_not_matched_by_address(broker, tmp_path, uid):
     assert b.client(f"{uid}-alice", port=locked, username="alice",
                     password="alice-pw").ping() == []
     assert b.client(f"{uid}-open", port=open_).ping() == []
+
+
+def test_a_listener_losing_its_certfile_stays_tls_until_a_restart(broker, tmp_path, pki, uid):
+    """The reloaded file keeps a TLS listener's address but drops its certfile: the port
+    served every new connection in plain text from then on (a client's password in the
+    clear, TLS clients failing with "wrong version number"), without a word. A certfile is
+    part of what a listener speaks: it keeps TLS until a restart, with the warning."""
+    b = broker(listener=[{"host": "127.0.0.1", "port": 0, "certfile": str(pki.server.cert),
+                          "keyfile": str(pki.server.key)}])
+    ctx = client_context(pki)
+    lines = reload_with(b, dict(b.config, listener=[{"host": "127.0.0.1", "port": 0}]))
+    assert any(f"reload: listener 127.0.0.1:{b.port} is no longer in the file" in ln
+               and "TLS turned on or off" in ln and KEPT in ln for ln in lines), lines
+    assert any("listeners (addresses, protocol, websocket_path, TLS on or off)" in ln
+               for ln in lines), lines
+    c = b.client(f"{uid}-tls", transport={"ssl_context": ctx})
+    c.subscribe(f"{uid}/t")
+    c.publish(f"{uid}/t", b"over TLS")
+    assert c.recv_publish().payload == b"over TLS"
+    with socket.create_connection(("127.0.0.1", b.port), timeout=10) as plain:
+        plain.sendall(m.connect(f"{uid}-plain"))
+        try:
+            answer = plain.recv(4)
+        except ConnectionResetError:
+            answer = b""
+        assert answer in (b"", b"\x15\x03")   # no CONNACK: a TLS alert, a close or a reset
+
+
+def test_a_listener_gaining_a_certfile_stays_plain_until_a_restart(broker, pki, uid):
+    """The reverse: a certfile added to a plain listener made it TLS at once, under the
+    clients configured to speak plain MQTT to it."""
+    b = broker()
+    lines = reload_with(b, dict(b.config, listener=[{
+        "host": "127.0.0.1", "port": 0, "certfile": str(pki.server.cert),
+        "keyfile": str(pki.server.key)}]))
+    assert any(f"reload: listener 127.0.0.1:{b.port} is no longer in the file" in ln
+               for ln in lines), lines
+    assert b.client(f"{uid}-plain").ping() == []
