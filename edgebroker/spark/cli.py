@@ -1,11 +1,12 @@
 """``edgebroker-spark ingest --landing PATH --warehouse PATH [--checkpoint PATH]
-[--once | --continuous [--interval S]]``: the ingest job (edgebroker.spark.ingest) as a command,
-run directly (Spark in local mode unless ``PYSPARK_SUBMIT_ARGS`` says otherwise) or with
-``spark-submit path/to/edgebroker/spark/cli.py ingest ...``. The master is never set here: it
-comes from spark-submit or the Spark configuration. Each pass prints its report as one JSON line;
-with ``--continuous`` a pass that fails is logged (one line) and the next interval tries again
-(also a pass refused because another holds the checkpoint folder's lock; ``--once`` then says
-so in one line and exits 1),
+[--once | --continuous [--interval S]] [--debug]``: the ingest job (edgebroker.spark.ingest) as
+a command, run directly (Spark in local mode unless ``PYSPARK_SUBMIT_ARGS`` says otherwise) or
+with ``spark-submit path/to/edgebroker/spark/cli.py ingest ...``. The master is never set here:
+it comes from spark-submit or the Spark configuration. Each pass prints its report as one JSON
+line. With ``--once`` a pass that fails is said in one line (its traceback is logged with
+``--debug``) and the command exits 1; with ``--continuous`` it is logged (one line) and the next
+interval tries again (also a pass refused because another holds the checkpoint folder's lock;
+``--once`` then says so in one line and exits 1),
 unless Spark itself is gone (its JVM ended on its own: the OOM killer, a crash): then the command
 says so in one line and exits 1, for its service manager to start it again.
 """
@@ -54,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="a pass every --interval seconds until SIGTERM or Ctrl-C")
     ing.add_argument("--interval", type=_interval, default=60.0,
                      help="seconds between passes with --continuous (default 60)")
+    ing.add_argument("--debug", action="store_true",
+                     help="log at debug level, with the traceback of a pass that fails")
     return p
 
 
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     # connection when the JVM ends) from WARNING.
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("edgebroker").setLevel(logging.INFO)
+    logging.getLogger("edgebroker").setLevel(logging.DEBUG if args.debug else logging.INFO)
     # Run directly (not by spark-submit), the Python workers use this interpreter, which has
     # pyarrow and edgebroker; spark-submit users set PYSPARK_PYTHON themselves.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -87,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.continuous and isinstance(exc, PassRunning):
                     print(f"edgebroker-spark: {exc}", file=sys.stderr)
                     return 1
-                if not args.continuous:
-                    raise
+                log.debug("the failed pass's traceback:", exc_info=True)
+                if not args.continuous:   # a cron job's or scheduler's mail: the error first
+                    print(f"edgebroker-spark: ingest pass failed: {_one_line(exc)}",
+                          file=sys.stderr)
+                    return 1
                 if stop.is_set():   # cut short by the stop: systemd's SIGTERM ends the JVM too
                     log.info("ingest pass cut short by SIGTERM: %s", _one_line(exc))
                     return 0

@@ -149,6 +149,21 @@ def local_path(uri: str) -> str | None:
     return "/" + rest[2:].partition("/")[2] if rest.startswith("//") else rest
 
 
+def check_landing(landing: str) -> None:
+    """Raise FileNotFoundError naming ``landing`` (a qualified path) when it is on the local
+    file system and is not there (a mistyped ``--landing``), before the pass makes its
+    checkpoint folder. Another file system's landing area (s3a, hdfs) is not looked at here:
+    the listing fails on it (PATH_NOT_FOUND) as it would."""
+    folder = local_path(landing)
+    if folder is None:
+        return
+    try:
+        os.stat(folder)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"the landing area {landing} does not exist: nothing "
+                                f"done") from None
+
+
 @contextmanager
 def pass_lock(checkpoint: str):
     """Hold ``<checkpoint>/ingest.lock`` (flock, exclusive) for a pass over a local checkpoint

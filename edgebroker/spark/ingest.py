@@ -19,6 +19,8 @@ read from each file's header, never from its name) into Parquet tables under a w
   left for the next run; one whose folder the job cannot change stays where it is, its row's
   ``moved_to`` null (``edgebroker.spark.quarantine``).
 
+A table with no row yet is there all the same, empty, from the end of the first pass on.
+
 Spark 3.5 has no Python data source API (``pyspark.sql.datasource`` arrives in Spark 4), so the
 files are read with Spark's ``binaryFile`` source (any Hadoop file system: local, ``s3a://``,
 ``hdfs://``) and decoded in the executors by ``mapInArrow``, which hands Arrow record batches
@@ -47,9 +49,9 @@ import pyarrow as pa
 
 from edgebroker.spark.arrow import SCHEMA as MESSAGE_SCHEMA, batch_summary, batch_to_arrow
 from edgebroker.spark.dedup import clean_batches, new_rows, reused_offsets
-from edgebroker.spark.files import _Fs, list_landing, literal as _literal, pass_lock, \
-    read_failure
-from edgebroker.spark.quarantine import Unreadable, quarantine
+from edgebroker.spark.files import _Fs, check_landing, list_landing, literal as _literal, \
+    pass_lock, read_failure
+from edgebroker.spark.quarantine import QUARANTINE_DDL, Unreadable, quarantine
 from edgebroker.uploader.batch import BatchFormatError
 
 log = logging.getLogger("edgebroker.spark")
@@ -188,11 +190,28 @@ def ingest_once(spark, landing: str, warehouse: str, checkpoint: str | None = No
     of a task at once): an executor's Python then decodes a file while its JVM reads the next,
     and holds one file's bytes rather than a whole split's. The setting is put back after."""
     fs = _Fs(spark)
-    warehouse = fs.qualify(warehouse)
+    landing, warehouse = fs.qualify(landing), fs.qualify(warehouse)
     checkpoint = fs.qualify(checkpoint) if checkpoint else f"{warehouse}/_checkpoint"
+    check_landing(landing)
     with pass_lock(checkpoint), \
             _settings(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": "1"}):
-        return _ingest(spark, fs, fs.qualify(landing), warehouse, checkpoint)
+        return _ingest(spark, fs, landing, warehouse, checkpoint)
+
+
+def _create_missing(spark, fs, tables: dict) -> None:
+    """Write each table of ``tables`` whose folder is not there yet, empty, with its schema:
+    its documented read (``spark.read.schema(GAPS_DDL)``) then finds no row rather than
+    failing (PATH_NOT_FOUND) until its first row. An empty table is one Parquet file of no
+    row, or for a partitioned one a folder of ``_SUCCESS`` alone. Appended: a pass that does
+    the same at once (a warehouse on S3 takes no lock) adds one more file of no row."""
+    for name, ddl in (("messages", MESSAGES_DDL), ("topic_hourly", HOURLY_DDL),
+                      ("gaps", GAPS_DDL), ("quarantine", QUARANTINE_DDL)):
+        if fs.exists(tables[name]):
+            continue
+        writer = spark.createDataFrame([], ddl).coalesce(1).write.mode("append")
+        if name in ("messages", "topic_hourly"):
+            writer = writer.partitionBy("date", "gateway")
+        writer.parquet(tables[name])
 
 
 @contextmanager
@@ -292,6 +311,7 @@ def _ingest(spark, fs, landing_q: str, warehouse: str, checkpoint: str) -> dict:
               "batches": 0, "records": 0, "rows_added": 0, "duplicates": 0, "reused_offsets": 0,
               "gaps_added": 0, "quarantined": [], "not_moved": [], "changed_since_read": []}
     if not new and not empty:
+        _create_missing(spark, fs, tables)
         report["seconds"] = round(time.monotonic() - t0, 3)
         return report
 
@@ -441,6 +461,7 @@ def _ingest(spark, fs, landing_q: str, warehouse: str, checkpoint: str) -> dict:
     quarantine(spark, fs, bad, landing_q, warehouse,
                (tables["quarantine"], _literal(tables["quarantine"])), unmoved_table, report)
 
+    _create_missing(spark, fs, tables)
     now = datetime.now(timezone.utc)
     if good:
         (spark.createDataFrame([(r.path, r.gateway, r.batch_first, r.batch_last, r.record_count,

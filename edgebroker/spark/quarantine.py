@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 
 log = logging.getLogger("edgebroker.spark")
 
+QUARANTINE_DDL = "path string, moved_to string, error string, time timestamp"
+
 
 class Unreadable:
     """A file set apart without being read (an empty one), like a summary row of kind error:
@@ -76,12 +78,11 @@ def quarantine(spark, fs, bad: list, landing: str, warehouse: str, table: tuple,
         known = set()
         if fs.exists(table[0]):
             known = {(q.path, q.moved_to)
-                     for q in spark.read.parquet(table[1])
+                     for q in spark.read.schema(QUARANTINE_DDL).parquet(table[1])
                      .select("path", "moved_to").collect()}
         rows = [p for p in rows if p[:2] not in known]
         if rows:
-            (spark.createDataFrame(rows, "path string, moved_to string, error string, "
-                                         "time timestamp")
+            (spark.createDataFrame(rows, QUARANTINE_DDL)
              .coalesce(1).write.mode("append").parquet(table[0]))
     if stuck:
         (spark.createDataFrame([(r.path, r.length, r.mtime, error, now) for r, error in stuck],

@@ -34,14 +34,20 @@ def golden_landing(tmp_path: Path) -> tuple[Path, Path, Path]:
     return landing, warehouse, day
 
 
-def start(tmp_path: Path, landing: Path, warehouse: Path, stderr=subprocess.DEVNULL,
-          **popen):
-    """The command with --continuous --interval 0.5; its stdout goes to tmp_path/stdout."""
+def start_env() -> dict:
+    """The command's environment: Spark local[1] on loopback, this checkout first."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_SUBMIT_ARGS="--master local[1] --conf spark.ui.enabled=false "
                                    "--conf spark.sql.shuffle.partitions=1 pyspark-shell")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.pop("PYSPARK_PYTHON", None)   # the command sets it to its own interpreter
+    return env
+
+
+def start(tmp_path: Path, landing: Path, warehouse: Path, stderr=subprocess.DEVNULL,
+          **popen):
+    """The command with --continuous --interval 0.5; its stdout goes to tmp_path/stdout."""
+    env = start_env()
     return subprocess.Popen([sys.executable, "-m", "edgebroker.spark", "ingest", "--landing",
                              str(landing), "--warehouse", str(warehouse), "--continuous",
                              "--interval", "0.5"], cwd=tmp_path, env=env,
@@ -73,7 +79,7 @@ def test_continuous_ingest_picks_up_new_batches_and_stops_on_sigterm(tmp_path):
 
 
 def test_continuous_ingest_logs_a_failing_pass_once_and_retries_until_it_works(tmp_path):
-    """The landing area not mounted yet: every pass fails (PATH_NOT_FOUND); the command logs
+    """The landing area not there yet: every pass fails (it does not exist); the command logs
     that in one line, once, keeps trying, and ingests when the folder appears."""
     landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
     out, err = tmp_path / "stdout", tmp_path / "stderr"
@@ -87,7 +93,7 @@ def test_continuous_ingest_logs_a_failing_pass_once_and_retries_until_it_works(t
                    timeout=90, what="the failed pass logged")
         assert proc.poll() is None, f"exited {proc.returncode} on the failed pass"
         [failed] = lines("ingest pass failed")
-        assert "PATH_NOT_FOUND" in failed and str(landing) in failed, failed
+        assert f"the landing area file:{landing} does not exist" in failed, failed
         staging = tmp_path / "staging"
         day = staging / "gateway=gw-golden" / "date=2023-11-14"
         day.mkdir(parents=True)
@@ -150,6 +156,25 @@ def test_a_jvm_that_dies_on_its_own_makes_the_command_exit_non_zero_in_one_line(
     [gone] = [line for line in lines if "Spark is gone" in line]
     assert "JVM does not answer" in gone and "exiting" in gone, gone
     assert not [line for line in lines if "retried every" in line]
+
+
+def test_once_says_a_failed_pass_in_one_line_and_makes_no_checkpoint_for_a_missing_landing(
+        tmp_path):
+    """A mistyped --landing: --once ended in a 28-line traceback (the error last, after the
+    Python and py4j frames) and had made <warehouse>/_checkpoint first. Now one line naming
+    the landing area, exit 1, nothing made; --debug logs the traceback as well."""
+    landing, warehouse = tmp_path / "no-such-landing", tmp_path / "warehouse"
+    for debug in ([], ["--debug"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "edgebroker.spark", "ingest", "--landing", str(landing),
+             "--warehouse", str(warehouse), "--once", *debug], cwd=tmp_path, env=start_env(),
+            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1, done.stderr
+        said = [line for line in done.stderr.splitlines() if "edgebroker-spark:" in line]
+        assert said == [f"edgebroker-spark: ingest pass failed: FileNotFoundError: the landing "
+                        f"area file:{landing} does not exist: nothing done"], done.stderr
+        assert ("Traceback" in done.stderr) == bool(debug), done.stderr
+        assert not warehouse.exists()
 
 
 def test_an_interval_the_wait_cannot_make_is_a_usage_error(tmp_path):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgebroker.spark.ingest import HOURLY_DDL, MESSAGES_DDL, clean_batches, ingest_once
+from edgebroker.spark.ingest import GAPS_DDL, HOURLY_DDL, MESSAGES_DDL, QUARANTINE_DDL, \
+    clean_batches, ingest_once
 from edgebroker.uploader.batch import BatchHeader, object_name, read_batch_file
 
 from spark.test_arrow import build, golden_raw, good_blob, rewrite
@@ -29,7 +30,8 @@ def batches(landing: Path) -> list[Path]:
 
 
 def table(spark, warehouse: Path, name: str) -> list:
-    schema = {"messages": MESSAGES_DDL, "topic_hourly": HOURLY_DDL}.get(name)
+    schema = {"messages": MESSAGES_DDL, "topic_hourly": HOURLY_DDL, "gaps": GAPS_DDL,
+              "quarantine": QUARANTINE_DDL}.get(name)
     reader = spark.read.schema(schema) if schema else spark.read
     return reader.parquet(str(warehouse / name)).collect()
 
@@ -69,6 +71,9 @@ def test_broker_batches_ingested_once_however_often_they_are_read(spark, broker,
     assert report["files_new"] == len(files) and report["batches"] == len(files)
     assert (report["records"], report["rows_added"], report["duplicates"]) == (500, 500, 0)
     assert report["quarantined"] == [] and report["gaps_added"] == 0
+    # No gap, nothing quarantined: both tables are there, empty (their documented reads
+    # failed with PATH_NOT_FOUND until their first row).
+    assert table(spark, warehouse, "gaps") == table(spark, warehouse, "quarantine") == []
 
     rows = sorted(table(spark, warehouse, "messages"), key=lambda r: r.offset)
     assert [r.offset for r in rows] == list(range(500))

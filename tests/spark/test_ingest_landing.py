@@ -170,6 +170,9 @@ def test_a_crash_around_the_quarantine_move_leaves_neither_an_unrecorded_file_no
         str(moved.relative_to(warehouse)))
     assert [(r.path, r.moved_to) for r in table(spark, warehouse, "quarantine")] == \
         [(q["path"], q["moved_to"])]
+    # A landing area that held only a bad file: the other tables are there, empty.
+    assert table(spark, warehouse, "messages") == table(spark, warehouse, "topic_hourly") == \
+        table(spark, warehouse, "gaps") == []
 
 
 def test_a_landing_area_and_warehouse_named_with_glob_characters_are_taken_literally(
