@@ -21,14 +21,26 @@ import select
 import sys
 import time
 
-from edgebroker.cli.mqtt_options import (Exit, Session, add_options, check_options, run_command,
-                                         url_topic)
+from edgebroker.cli.mqtt_options import (PROTOCOLS, Exit, Session, add_options, check_options,
+                                         run_command, url_topic)
 from edgebroker.cli.options import delay, positive
 
 # Connections in a row that end before any message in flight is acknowledged: then pub gives
 # up (exit 7, mosquitto_pub's code for a lost connection) instead of sending it again forever
 # to a broker that drops the link because of the message (too large, a QoS it refuses).
 STALLS = 3
+
+
+def _stall_hint(args) -> str:
+    """What may make a broker close the link at each message, when the options tell: over
+    3.1/3.1.1 a broker cannot refuse a QoS 2 message but by closing the connection (Mosquitto
+    does so for a QoS over its ``max_qos`` and for more unfinished QoS 2 messages than its
+    ``max_inflight_messages``)."""
+    if args.qos != 2 or PROTOCOLS[args.protocol_version] == 5:
+        return ""
+    return (f"\nHint: a 3.1.1 broker closes the connection on a QoS 2 message it does not "
+            f"take (it takes no QoS 2, or fewer unfinished than -M {args.max_inflight}): try "
+            f"-q 1, a smaller -M, or -V 5 to be told why.")
 
 
 def add_parser(commands) -> None:
@@ -154,7 +166,7 @@ def publish(args) -> int:
                 up = False
                 stalls = stalls + 1 if session.conn.inflight and not progress else 0
                 if stalls >= STALLS:     # the broker drops the link for the message itself
-                    raise Exit(7, "Error: The connection was lost.")
+                    raise Exit(7, "Error: The connection was lost." + _stall_hint(args))
             if kind is not Acked:
                 continue
             progress = True

@@ -44,9 +44,10 @@ __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
 
 # QoS 2 PUBLISHes unfinished (PUBCOMP not back) at once over 3.1/3.1.1 by default: such a
 # server cannot say how many it takes. Mosquitto takes max_inflight_messages (20 by default)
-# from a client, answers one more from a 3.1.1 client with a plain PUBREC and drops it (5.0:
-# PUBREC 0x97, and a 5.0 server says its Receive Maximum), and while that many await PUBREL
-# drops a QoS 1 PUBLISH after a plain PUBACK: a QoS 1 one waits too. The bridge keeps to it.
+# from a client, answers one more from a 3.1.1 client with a plain PUBREC and drops it or
+# closes the connection (5.0: PUBREC 0x97, and a 5.0 server says its Receive Maximum), and
+# while that many await PUBREL drops a QoS 1 PUBLISH after a plain PUBACK: a QoS 1 one waits
+# too. The bridge keeps to it.
 QOS2_INFLIGHT_311 = 20
 
 class Connection:

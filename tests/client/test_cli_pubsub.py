@@ -415,5 +415,8 @@ def test_pub_gives_up_when_the_broker_drops_the_link_for_the_message(mosquitto_b
            "-q", "2", "-d", timeout=15)
     assert r.returncode == 7, r.stderr
     lines = r.stderr.decode().splitlines()
-    assert lines[-1] == "Error: The connection was lost.", lines
+    assert lines[-2] == "Error: The connection was lost.", lines
+    assert lines[-1] == ("Hint: a 3.1.1 broker closes the connection on a QoS 2 message it "
+                         "does not take (it takes no QoS 2, or fewer unfinished than -M 20): "
+                         "try -q 1, a smaller -M, or -V 5 to be told why."), lines
     assert sum("lost the connection" in ln for ln in lines) == 3, lines
