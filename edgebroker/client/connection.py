@@ -46,8 +46,7 @@ __all__ = ["Connection", "Request", "ClientError", "QueueFull"]
 # server cannot say how many it takes. Mosquitto takes max_inflight_messages (20 by default)
 # from a client, answers one more from a 3.1.1 client with a plain PUBREC and drops it or
 # closes the connection (5.0: PUBREC 0x97, and a 5.0 server says its Receive Maximum), and
-# while that many await PUBREL drops a QoS 1 PUBLISH after a plain PUBACK: a QoS 1 one waits
-# too. The bridge keeps to it.
+# while that many await PUBREL drops a QoS 1 PUBLISH after a plain PUBACK (so it waits too).
 QOS2_INFLIGHT_311 = 20
 
 class Connection:
