@@ -20,3 +20,34 @@ def test_start_up_objects_are_frozen_and_full_collections_are_rarer():
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_a_reload_reads_the_file_without_a_full_collection(tmp_path):
+    """Reading the configuration file unloads the TOML parser and collects (an idle broker
+    keeps neither); in a running broker (its start-up frozen) a reload did the same, and the
+    full collection walked every object made since the start, holding the loop 160 ms at
+    20,000 sessions (mem3). The parser now stays loaded after a reload, and no full
+    collection runs."""
+    from edgebroker import config
+    path = tmp_path / "edgebroker.toml"
+    path.write_text('log_level = "info"\n')
+    full = []
+
+    def seen(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full.append(info)
+
+    before = gc.get_threshold()
+    gc.callbacks.append(seen)
+    try:
+        assert config._read_toml(str(path)) == {"log_level": "info"}
+        assert full, "the start's read collects"
+        full.clear()
+        app.tune_garbage_collector()
+        assert config._read_toml(str(path)) == {"log_level": "info"}
+        assert config._read_toml(str(path)) == {"log_level": "info"}
+        assert full == []
+    finally:
+        gc.callbacks.remove(seen)
+        gc.unfreeze()
+        gc.set_threshold(*before)
