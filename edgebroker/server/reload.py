@@ -104,20 +104,24 @@ def _apply_limits(app, config: Config) -> None:
 def match_listeners(running: list, new: tuple) -> list:
     """The index in the new file of the listener each running one (its ListenerConfig in
     ``running``) is, or None when it is not there (gone, or moved: it runs on until a
-    restart). The same addresses, protocols and WebSocket paths in the same order: by
-    position. Else by those, and a listener on port 0 (``HOST:0`` may name several) only by
-    a table equal to the one it runs with."""
-    if [_listening(lc) for lc in running] == [_listening(lc) for lc in new]:
-        return list(range(len(running)))
-    taken: set = set()
-    out = []
+    restart). As many listeners as running: each whose address, protocol, WebSocket path and
+    TLS are those of the table at its position takes that table. The others by those, and a
+    listener on port 0 (``HOST:0`` may name several) only by a table equal to the one it
+    runs with."""
+    out: list = [None] * len(running)
+    if len(running) == len(new):
+        out = [i if _listening(lc) == _listening(new[i]) else None
+               for i, lc in enumerate(running)]
+    taken = set(out)
     for i, lc in enumerate(running):
+        if out[i] is not None:
+            continue
         fits = [j for j, c in enumerate(new) if j not in taken and _listening(c) == _listening(lc)
                 and (lc.unix_socket or lc.port or c == lc)]
         j = i if i in fits else (fits[0] if fits else None)
         if j is not None:
             taken.add(j)
-        out.append(j)
+        out[i] = j
     return out
 
 def read_security(app, config: Config) -> tuple[list, list]:
