@@ -174,3 +174,21 @@ def test_a_suback_or_unsuback_over_the_clients_maximum_packet_size_gets_disconne
     assert b.wait_log(f"its {what} (45 bytes) would be larger than its Maximum Packet Size (20); "
                       f"closing the connection (DISCONNECT 0x95)", start=mark)
     assert b.stats()["refused"]["packet_too_large"] == 1
+
+
+def test_a_caller_in_an_exchange_is_held_to_the_pre_connect_packet_limit(scram_broker, uid):
+    """While an enhanced authentication exchange runs, the caller is not authenticated: the
+    packet limit was raised to max_packet_size at its CONNECT, and one announcing a large
+    PUBLISH (only AUTH or DISCONNECT may come before CONNACK) made the broker hold up to that
+    much until connect_timeout (200 such callers of any user name: 20 → 226 MB). It is held
+    to the largest valid CONNECT until accepted, as a caller before its CONNECT."""
+    b = scram_broker
+    c = raw5(b)
+    c.send(R.connect5(uid, props=auth_props(Scram(USER, PASSWORD).first())))
+    assert c.expect(R.AUTH).reason == 0x18
+    mark = b.mark()
+    c.send(b"\x30" + R.varint(1_000_000) + b"\x00\x01t" + b"x" * 1000)
+    assert c.expect_closed(timeout=3)
+    assert [(p.type, p.reason) for p in c.before_close] == [(R.CONNACK, 0x95)]
+    line = b.wait_log("[max_packet_size]", start=mark, timeout=5)
+    assert line and "PUBLISH of 1000004 bytes exceeds the maximum packet size 393236" in line

@@ -94,9 +94,6 @@ def on_connect(client, p: P.Connect) -> None:
                                  f"{limits.max_keepalive} s", "max_keepalive")
     if not _admitted(client, p):
         return
-    # Admitted: packets up to max_packet_size from now on (before, the largest valid CONNECT:
-    # core.limits.connect_size_limit), also those that came with the CONNECT.
-    client.decoder.max_packet_size = limits.max_packet_size
     client.keepalive = p.keepalive
     if p.will is not None:      # kept encoded, as a PUBLISH's properties are (core.wills)
         client.will, p.will = kept_will(p.will), None
@@ -245,6 +242,11 @@ def accept(client, p: P.Connect) -> None:
         if conn.max_packet_size and len(frame) > conn.max_packet_size:
             _refuse_too_large(client, len(frame))
             return
+    # Accepted: packets up to max_packet_size from now on, also those that came behind the
+    # CONNECT. Until now (a password check, an enhanced authentication exchange, whose AUTH
+    # packets are small) the largest valid CONNECT (core.limits.connect_size_limit): a caller
+    # not yet authenticated holds no more than that.
+    client.decoder.max_packet_size = broker.limits.max_packet_size
     client.rate = PublishRate.for_limits(broker.limits, broker.clock())
     if conn is None:
         session, present = broker.attach(client, client_id, p.clean_session)
