@@ -57,6 +57,26 @@ USERNAME = "%u"
 _PLACEHOLDERS = (CLIENT_ID, USERNAME)
 # Decisions cached per client view; dropped wholesale beyond this many topics.
 CACHE_LIMIT = 4096
+# Trimmed from a line's ends and between its words: ASCII blanks only, as Mosquitto does, so a
+# user name or topic filter may end in another space (U+00A0), as the password file's names.
+_BLANKS = " \t\r\f\v"
+
+
+def _no_control(number: int, value: str) -> None:
+    """A user name or topic filter with a control character (a tab inside it: ``topic
+    deny<TAB>secret/#`` read as a rule on a topic no client can use) is refused."""
+    control = next((ch for ch in value if ch < " " or ch == "\x7f"), None)
+    if control is not None:
+        raise ValueError(f"line {number}: control character {control!r} in {value!r} (no user "
+                         f"name or topic holds one; words are separated by spaces or tabs)")
+
+
+def _first_word(text: str) -> tuple[str, str]:
+    """``text``'s first word (up to a space or tab) and the rest, blanks around it trimmed."""
+    for i, ch in enumerate(text):
+        if ch in " \t":
+            return text[:i], text[i:].strip(_BLANKS)
+    return text, ""
 
 
 class _Node:
@@ -193,26 +213,26 @@ class Acl:
         acl = cls(path)
         section = acl.anonymous
         for number, raw in enumerate(lines_of(text), 1):
-            line = raw.strip()
+            line = raw.strip(_BLANKS)
             if not line or line.startswith("#"):
                 continue
-            keyword, _, rest = line.partition(" ")
-            rest = rest.strip()
+            keyword, rest = _first_word(line)
             if keyword == "user":
                 if not rest:
                     raise ValueError(f"line {number}: 'user' needs a user name")
+                _no_control(number, rest)
                 section = acl.users.get(rest)
                 if section is None:
                     section = acl.users[rest] = _Node()
             elif keyword in ("topic", "pattern"):
-                access, _, topic_filter = rest.partition(" ")
+                access, topic_filter = _first_word(rest)
                 if access in _ACCESS:
                     bits = _ACCESS[access]
-                    topic_filter = topic_filter.strip()
                 else:
                     bits, topic_filter = READ | WRITE, rest
                 if not topic_filter:
                     raise ValueError(f"line {number}: '{keyword}' needs a topic filter")
+                _no_control(number, topic_filter)
                 try:
                     validate_topic_filter(topic_filter)
                 except ProtocolError as exc:

@@ -121,6 +121,8 @@ def test_subscription_coverage(rules, topic_filter, expected):
     ("topic a+/b", "line 1: topic filter 'a+/b'"),
     ("pattern read d/x%c", "line 1: %c and %u must fill a whole level"),
     ("allow a/b", "line 1: unknown keyword 'allow'"),
+    ("topic deny secret/\x01#", "line 1: control character '\\x01' in 'secret/\\x01#'"),
+    ("user al\x7fice", "line 1: control character '\\x7f' in 'al\\x7fice'"),
 ])
 def test_parse_errors(text, words):
     with pytest.raises(ValueError) as info:
@@ -251,3 +253,24 @@ def test_matcher_equals_brute_force(rules, topic, client_id, username):
     assert view.can_write(topic) == bool(bits & 2 and not bits & 4)
     # A topic name is a filter that covers exactly itself.
     assert view.can_subscribe(topic) == view.can_read(topic)
+
+
+def test_words_may_be_separated_by_tabs():
+    """``topic deny<TAB>secret/#`` was one rule on the topic "deny<TAB>secret/#", read-write,
+    which no client can use: the deny was lost without a word."""
+    acl = Acl.parse("user alice\ntopic\treadwrite\talice/#\ntopic deny\talice/secret\n")
+    view = acl.view("c1", "alice")
+    assert view.can_write("alice/open") and not view.can_write("alice/secret")
+
+
+def test_a_name_or_topic_may_end_in_a_space_other_than_ascii():
+    """Lines were trimmed of every Unicode space: the rules of ``user admin<U+00A0>`` went to
+    the account ``admin`` (another user, given ``#``), and ``topic deny alice/x<U+00A0>`` no
+    longer covered that topic. Only ASCII blanks are trimmed, as Mosquitto does; the password
+    file keeps such names too."""
+    acl = Acl.parse("user admin\u00a0\ntopic readwrite #\n"
+                    "user alice\ntopic readwrite alice/#\ntopic deny alice/x\u00a0\n")
+    assert not acl.view("c1", "admin").can_subscribe("alice/#")
+    assert acl.view("c1", "admin\u00a0").can_subscribe("alice/#")
+    assert not acl.view("c2", "alice").can_write("alice/x\u00a0")
+    assert acl.view("c2", "alice").can_write("alice/x")
