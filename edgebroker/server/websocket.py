@@ -96,6 +96,9 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _VERSION = re.compile(rb"(?im)^sec-websocket-version:([^\r\n]*)")
 _HTTP_VERSION = re.compile(rb"[^ \r\n]+ [^ \r\n]+ HTTP/(\d+)\.(\d+)\r?\n")
 # A body (RFC 9110 6.4.1): the bytes after the head would be read as frames
+# h11 quotes a header line it cannot parse whole, value included: only its name is shown (the
+# value may be a credential, ``Authorization : Bearer ...``).
+_ILLEGAL_LINE = re.compile(r"illegal header line: (?:bytearray\()?b?['\"]([^:'\"]*).*", re.S)
 _BODY = re.compile(rb"(?im)^(transfer-encoding[ \t]*:|content-length[ \t]*:[ \t]*0*[1-9])")
 _KEY = re.compile(rb"^sec-websocket-key[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
 # A refusal's reason quotes the client's path or subprotocols: cut, for the reply and the log.
@@ -302,6 +305,8 @@ class WebSocketEndpoint:
         except RemoteProtocolError as exc:
             # "Bad HTTP message" comes with h11's reason as the exception it was raised in
             why = f"{exc}: {exc.__context__}" if exc.__context__ is not None else str(exc)
+            why = _ILLEGAL_LINE.sub(lambda m: f"illegal header line (header {m[1].strip()[:40]!r}"
+                                              f"; its value not shown)", why)
             hint = exc.event_hint
             status = getattr(hint, "status_code", 400)
             extra = tuple((k.decode(), v.decode()) for k, v in getattr(hint, "headers", ()))

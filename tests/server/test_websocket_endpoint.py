@@ -193,6 +193,17 @@ def test_not_an_upgrade_gets_400(request_bytes, missing):
     assert got.close == "HTTP 400: " + body.strip()
 
 
+def test_a_header_line_that_cannot_be_read_is_named_without_its_value():
+    """h11 quotes such a line whole, and it went into the log and the answer: a credential
+    with a space before its colon (``Authorization : Bearer ...``) too."""
+    request = UPGRADE.replace(b"\r\n\r\n", b"\r\nAuthorization : Bearer SECRETTOKEN2\r\n\r\n")
+    got = WebSocketEndpoint().receive(request)
+    status, body = refusal(got)
+    assert status == "HTTP/1.1 400 Bad Request"
+    assert "illegal header line (header 'Authorization'; its value not shown)" in body, body
+    assert "SECRET" not in body and "SECRET" not in got.close
+
+
 KEY = b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
 
 
