@@ -335,6 +335,22 @@ def _bind_unix(path: str, mode: int) -> socket.socket:
     return sock
 
 
+def _warn_wider_mode(path: str, configured: str) -> None:
+    """A socket file systemd made keeps the unit's ``SocketMode=`` (its default 0666), not
+    ``unix_socket_mode``: said when it lets more users connect (write permission) than
+    ``unix_socket_mode`` would."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return
+    wider = mode & 0o022 & ~int(configured, 8)
+    if wider:
+        log.warning("unix:%s: the socket file from systemd has mode %04o: %s may connect "
+                    "(unix_socket_mode %s does not apply to a socket from systemd; set "
+                    "SocketMode= in the socket unit)", path, mode,
+                    "every local user" if wider & 0o002 else "its group", configured)
+
+
 class UnixListener(Listener):
     """A socket file systemd made (``sock`` given) is its: its permissions are the socket
     unit's ``SocketMode=``, and it stays at shutdown."""
@@ -349,6 +365,7 @@ class UnixListener(Listener):
             self.stat = os.stat(self.path)
         else:
             self.stat = None
+            _warn_wider_mode(self.path, config.unix_socket_mode)
         sock.setblocking(False)
         self.sock = sock
         self.family = socket.AF_UNIX

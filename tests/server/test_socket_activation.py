@@ -55,8 +55,11 @@ def test_pub_sub_and_a_restart_that_refuses_no_connection(broker, unit, tmp_path
                   data_dir=str(tmp_path / "state"))
     local = {"unix_path": path}
 
+    os.chmod(path, 0o666)     # systemd's SocketMode= default
     first = broker(wrap=unit.wrap, pass_fds=unit.fds, **config)
     assert first.listeners == [("127.0.0.1", port)] and first.unix_paths == [path]
+    assert first.wait_log(f"unix:{path}: the socket file from systemd has mode 0666: every "
+                          f"local user may connect (unix_socket_mode 0660 does not apply", 0)
     assert first.wait_log(f"listening on 127.0.0.1:{port} (socket from systemd", 0)
     assert first.wait_log(f"listening on unix:{path} (socket from systemd", 0)
     # The passed descriptors: close-on-exec (a child would not get them) and non-blocking.
