@@ -281,7 +281,8 @@ def write_pending(self) -> int:
         seg = g.segment
         try:
             if not seg.created:
-                seg.create_files(self._spare_files.take() if seg.fd < 0 else None)
+                seg.create_files(self._spare_files.take() if seg.fd < 0 else None,
+                                 self.options.segment_bytes)
             if seg.count + g.count > seg.index_capacity:
                 seg.ensure_index_room(seg.count + g.count)
             self._write_at(seg, g.parts, g.nbytes, seg.size)
@@ -397,7 +398,7 @@ def seal(self, seg: Segment) -> None:
         if problem is not None:
             log.warning("%s: cannot map the sealed index (%s); its %d entries are kept in "
                         "memory", seg.index_path, problem, seg.count)
-        trim = seg.index_file_bytes
+        trim = seg.count * INDEX_ENTRY_SIZE
     with self._lock:
         seg.sealed = True
         if seg.created:

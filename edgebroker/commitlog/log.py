@@ -463,7 +463,8 @@ class CommitLog:
             for seg in self._segments if disk_answers else ():
                 if seg.preallocated and seg.fd >= 0:
                     seg.preallocated = False
-                    self._free_room(seg.fd, seg.size, seg.path)
+                    if self._free_room(seg.fd, seg.size, seg.path):
+                        seg.allocated = 0
                 writing = seg is tail and seg.created and not seg.sealed
                 if seg.index_fd < 0 or not (writing or seg.index_trim >= 0):
                     continue    # only the tail and sealed ones no sync trimmed

@@ -36,14 +36,13 @@ def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes:
     """``(segment, forced, reason)`` for each segment to delete, oldest first; and whether
     the disk limit waits for ``saved_offset`` to move."""
     victims = []
-    sizes = [s.size + s.index_file_bytes for s in segments]
+    sizes = [s.disk_bytes() for s in segments]
     total = sum(sizes)
     may_wait = SNAPSHOT_WAIT_SEGMENTS * max(sizes, default=0)   # past retention_bytes
-    for seg in segments[:-1]:
+    for seg, seg_bytes in zip(segments[:-1], sizes):
         if not seg.sealed:
             break
         uploaded = seg.next_offset <= uploaded_offset
-        seg_bytes = seg.size + seg.index_file_bytes
         if seg.next_offset > saved_offset and total - retention_bytes <= may_wait:
             return victims, total > retention_bytes
         if total > retention_bytes:

@@ -47,7 +47,7 @@ class Segment:
         "created", "new_file", "index_dirty", "deleted", "index_file_bytes", "index_trim",
         # writer's reservations for records appended but not yet written
         "reserved_size", "reserved_count", "reserved_max_ts", "reserved_first_ts", "full",
-        "preallocated", "version",
+        "preallocated", "allocated", "version",
     )
 
     def __init__(self, directory: str, base_offset: int):
@@ -78,6 +78,7 @@ class Segment:
         self.reserved_first_ts: int | None = None
         self.full = False          # no more appends: seal once its pending records are written
         self.preallocated = False  # blocks past ``size`` allocated ahead (see preallocate)
+        self.allocated = 0         # ... up to this many bytes, until the flusher frees them
         self.version = FORMAT_VERSION  # its format version: the rules its records are read by
 
     def __repr__(self) -> str:
@@ -139,17 +140,18 @@ class Segment:
         self.index_capacity = 0  # room for entries only in a writable mmap (see write_pending)
 
     # -- writer: files ---------------------------------------------------------------------------
-    def create_files(self, spare: tuple[int, str] | None = None) -> None:
+    def create_files(self, spare: tuple[int, str] | None = None, room: int = 0) -> None:
         """Create (or reuse, after an earlier failed attempt) the two files, with index room.
         ``spare`` (only while the segment has no data file yet): (descriptor, path) of an
-        empty file with its blocks allocated ahead, to rename into the segment file (closed
-        and removed when that cannot be done)."""
+        empty file with its blocks allocated ahead, ``room`` bytes, to rename into the
+        segment file (closed and removed when that cannot be done)."""
         if spare is not None:
             fd, spare_path = spare
             try:
                 os.rename(spare_path, self.path)
                 self.fd = fd
                 self.preallocated = True
+                self.allocated = room
             except OSError:
                 try:
                     os.close(fd)
@@ -191,6 +193,7 @@ class Segment:
         err = preallocate(self.fd, room)
         if err == 0:
             self.preallocated = True
+            self.allocated = room
         elif err != errno.ENOSYS:
             try:  # (to the size it has: nothing written is cut)
                 os.ftruncate(self.fd, os.fstat(self.fd).st_size)
@@ -239,13 +242,16 @@ class Segment:
         """Cut the preallocated room off the index file and map it read-only (or keep it in
         memory, see ``seal_index``)."""
         self.seal_index()
-        os.ftruncate(self.index_fd, self.index_file_bytes)
+        nbytes = self.count * INDEX_ENTRY_SIZE
+        os.ftruncate(self.index_fd, nbytes)
+        self.index_file_bytes = nbytes
         self.index_trim = -1
 
     def seal_index(self) -> str | None:
         """At seal: map the index's entries read-only. Cutting the file's room off is left to
         the flusher thread (``CommitLog.sync``, told by ``index_trim``): freeing the room's
-        blocks can wait for the disk (a discard).
+        blocks can wait for the disk (a discard). Until then ``index_file_bytes`` stays the
+        file's size, room included: retention counts what the disk holds.
 
         When the map cannot be made (no descriptor free: the map takes one of its own; or no
         memory map left), the entries are kept as a copy in memory instead, so the segment stays
@@ -265,8 +271,14 @@ class Segment:
                 reason = exc.strerror or str(exc)
         self._release_index()
         self.index = sealed
-        self.index_file_bytes = nbytes
         return reason
+
+    def disk_bytes(self) -> int:
+        """The bytes its files hold on disk, as retention counts them: the records, the index
+        file at its size, and a sealed segment's blocks allocated ahead until the flusher
+        frees them (not those of the segment being written: its room is not counted)."""
+        data = max(self.size, self.allocated) if self.sealed else self.size
+        return data + self.index_file_bytes
 
     def _map_entries(self, nbytes: int):
         """The first ``nbytes`` of the index file, mapped read-only (b"" for none)."""

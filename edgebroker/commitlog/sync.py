@@ -86,8 +86,8 @@ def run_sync(self, sealed_only: bool) -> int:
     try:
         for seg, fd, ifd, _new, sealed, trim, room in jobs:
             path = seg.path
-            if room >= 0:  # first: its last block changes (zeros past the end)
-                free_room(fd, room, path)
+            if room >= 0 and free_room(fd, room, path):  # first: its last block changes
+                seg.allocated = 0
             os.fdatasync(fd)
             if sealed:
                 drop_cached(fd)
@@ -95,6 +95,8 @@ def run_sync(self, sealed_only: bool) -> int:
                 path = seg.index_path
                 if trim >= 0:
                     os.ftruncate(ifd, trim)
+                    with self._lock:  # (a reader may have written a new index file meanwhile)
+                        seg.index_file_bytes = min(seg.index_file_bytes, trim)
                 os.fsync(ifd)
         if dir_fd >= 0:
             path = self.directory
@@ -119,15 +121,17 @@ def run_sync(self, sealed_only: bool) -> int:
     return durable
 
 
-def free_room(fd: int, size: int, path: str) -> None:
+def free_room(fd: int, size: int, path: str) -> bool:
     """A segment's blocks allocated ahead past its ``size`` are not needed (it is sealed,
-    or the log closes): free them. A failure only leaves them allocated (the next start
-    tries again, once the segment is sealed)."""
+    or the log closes): free them; whether they were. A failure only leaves them allocated
+    (the next start tries again, once the segment is sealed)."""
     try:
         os.ftruncate(fd, size)
+        return True
     except OSError as exc:
         log.warning("%s: cannot free the blocks allocated ahead past its %d bytes: %s",
                     path, size, exc.strerror)
+        return False
 
 
 def drop_cached(fd: int) -> None:

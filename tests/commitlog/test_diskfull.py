@@ -19,7 +19,7 @@ from edgebroker.commitlog import CommitLog, Flusher, LogFullError, LogWriteError
 
 from diskfull import fill, fill_up, in_private_mount_namespace, mount_tmpfs
 
-from .logutil import append_n, open_log, segment_files
+from .logutil import Clock, append_n, open_log, segment_files
 
 @pytest.mark.parametrize("payload_size", [3000, 40_000])  # copied / written from where it is
 def test_disk_full_loses_nothing_and_recovers(tmp_path, request, payload_size):
@@ -225,4 +225,49 @@ def test_close_while_full_writes_into_the_segment_file_made_ahead(tmp_path, requ
     assert "are lost" not in caplog.text
     log = open_log(mnt / "log", segment_bytes=256 * 1024)
     assert [r.payload for r in log.read_range(first)] == [b"first", b"last" * 2000]
+    log.close()
+
+
+def _counted_and_on_disk(log) -> tuple[int, int, int]:
+    """What retention counts for the sealed segments, the blocks their files hold on disk
+    (``st_blocks``: the room allocated ahead included), and how many files that is."""
+    sealed = [s for s in log._segments if s.sealed]
+    on_disk = sum(os.stat(p).st_blocks * 512 for s in sealed for p in (s.path, s.index_path))
+    return sum(s.disk_bytes() for s in sealed), on_disk, 2 * len(sealed)
+
+
+@pytest.mark.parametrize("roll", ["size", "age"])
+def test_retention_bytes_counts_the_room_of_sealed_segments_until_the_flusher_frees_it(
+        tmp_path, request, roll):
+    """(retention1 #2: retention counted a sealed segment's index at its entries while the
+    file still held its 64 KiB room until the flusher trimmed it, and a segment sealed by age
+    at its records while its file held segment_bytes: with small segments and a flusher
+    behind, a 1 MiB disk filled under a retention_bytes of 400,000.) Here the flusher never
+    runs until the end, the worst case: the log stays within the disk, and what retention
+    counts is what the files hold (to the page: tmpfs counts whole pages)."""
+    if not in_private_mount_namespace(request):
+        return
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "1m")
+    clock = Clock()
+    log = open_log(mnt / "log", clock, segment_bytes=64 * 1024, segment_ms=1000,
+                   retention_bytes=400_000)
+    log.make_spares()
+    payload = bytes(200)
+    for i in range(3000):                  # about ten segments' worth of records by size
+        log.append(clock.now, 1, False, b"dev", b"t", payload)
+        if i % 50 < 49:
+            continue
+        log.write_pending()                # before: ENOSPC ("cannot grow index")
+        if roll == "age":                  # a few records a segment, sealed by segment_ms
+            clock.now += 1000
+            log.housekeeping()
+        log.prepare_spare()                # (the segment-ahead thread)
+        counted, on_disk, files = _counted_and_on_disk(log)
+        assert counted <= on_disk <= counted + 4095 * files, (i, counted, on_disk)
+    assert log.counters.segments_deleted > 0 and log.counters.write_errors == 0
+    log.sync()                             # the flusher catches up: trims, frees the room
+    counted, on_disk, files = _counted_and_on_disk(log)
+    assert counted <= on_disk <= counted + 4095 * files, (counted, on_disk)
+    assert all(s.index_file_bytes == s.count * 16 for s in log._segments if s.sealed)
     log.close()

@@ -250,3 +250,26 @@ def test_unlogged_qos0_does_not_pass_the_backlog_of_a_session_behind(
     assert [p for p in got if p[:1] in b"nu"] == older, got
     # Dropped for the session behind only, and counted.
     assert b.stats()["dropped"]["not_logged"] == len(newer)
+
+
+def test_small_segments_under_load_stay_within_a_retention_bytes_below_the_disk(
+        broker, uid, tmp_path, request):
+    """(retention1 #2: retention counted a sealed segment's index at its entries while the
+    file kept its 64 KiB room until the flusher trimmed it: with 64 KiB segments a 1 MiB
+    disk filled under a retention_bytes of 300,000, and QoS 1 acknowledgements waited.)"""
+    if not in_private_mount_namespace(request):
+        return
+    small = tmp_path / "small"
+    mount_tmpfs(small, "1m")
+    b = broker(data_dir=str(small / "data"),
+               log={"segment_bytes": 65536, "retention_bytes": 300_000})
+    pub = b.client(f"{uid}-p")
+    payload = bytes(200)
+    for burst in range(40):                # 12,000 records, about 40 segments
+        for i in range(1, 301):
+            pub.send(publish(f"{uid}/t", payload, qos=1, packet_id=i))
+        for i in range(1, 301):
+            assert pub.expect(PUBACK).packet_id == i
+    assert b.stats()["counters"]["log_write_failures"] == 0
+    assert not [line for line in b.logs if "commit log" in line and "cannot" in line]
+    assert b.stop() == 0
