@@ -205,6 +205,7 @@ class SharedBacklog:
                         "goes on from %d", topic_shown(group.key), group.cursor, offset - 1, why,
                         offset)
         group.cursor = offset
+        self._snapshot_dirty = True     # a restart goes on from here, the gap counted once
         return lost
 
     def check_shared_cursors(self) -> None:
