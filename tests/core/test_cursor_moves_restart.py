@@ -1,6 +1,7 @@
 """Cursors that retention or ``max_session_lag_age`` moved forward, across a restart: the gap is
 counted and logged once (a shared subscription group's move is in the next snapshot, as a
-session's is; docs/persistence.md)."""
+session's is), and the records skipped after the logged first move of a ``max_session_lag_age``
+episode are logged at a clean stop before the session catches up (docs/persistence.md)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,38 @@ def test_a_group_cursor_moved_by_retention_is_saved_so_a_crash_counts_the_gap_on
     assert int(first.payload[:6]) >= moved_to, first.payload[:6]
     assert b2.stats()["dropped"].get("log_gap", 0) == 0
     assert not [line for line in b2.logs if "lost to it" in line]
+
+
+MOVED = re.compile(r"log records (\d+) to (\d+) are lost to it")
+COUNTED = re.compile(r"(\d+) more records were lost to it for max_session_lag_age")
+
+
+def test_a_stop_in_a_max_session_lag_age_episode_logs_what_it_counted(broker, uid):
+    """An offline session's cursor is moved every second (max_session_lag_age): the first move
+    is logged with its offsets, the next ones only counted. A SIGTERM before it catches up logs
+    that count; after the restart every record lost to it is in some log line."""
+    limits = {"max_session_lag_age": 1.0}
+    b = broker(limits=limits)
+    data_dir = b.config["data_dir"]
+    sub = b.client(f"{uid}-s", clean=False)
+    sub.subscribe(f"{uid}/t", qos=1)
+    sub.disconnect()
+    pub = b.client(f"{uid}-p")
+    for i in range(16):                         # 4 s: the cursor is moved several times
+        pub.publish(f"{uid}/t", b"%d" % i, qos=1)
+        time.sleep(0.25)
+    pub.disconnect()
+    assert b.stop() == 0
+    mine = [line for line in b.logs if f"'{uid}-s'" in line]
+    stopped = [int(c.group(1)) for c in map(COUNTED.search, mine) if c]
+    assert len(stopped) == 1 and stopped[0] > 0, mine
+    b2 = broker(data_dir=data_dir, limits=limits)
+    again = b2.client(f"{uid}-s", clean=False)
+    got = [int(p.payload) for p in again.ping() if p.type == m.PUBLISH]
+    gap = b2.client_row(f"{uid}-s")["drops"]["log_gap"]
+    assert got == list(range(gap, 16)), (gap, got)
+    mine += [line for line in b2.logs if f"'{uid}-s'" in line]
+    logged = sum(int(b) - int(a) + 1 for a, b in (g.groups() for g in map(MOVED.search, mine)
+                                                    if g))
+    logged += sum(int(c.group(1)) for c in map(COUNTED.search, mine) if c)
+    assert logged == gap, (gap, mine)
