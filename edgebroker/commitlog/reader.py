@@ -408,9 +408,10 @@ def offset_at_time(self, timestamp_ms: int) -> int:
 def lag(self, cursor: int, now_ms: int) -> dict:
     """How far a reader at ``cursor`` is behind the head: ``lag_records`` (offsets, whatever
     their topics), ``lag_bytes`` (of the segment files) and ``lag_seconds`` (the age of the
-    record at the cursor)."""
+    record at the cursor), all three from the first record still in the log (those before it
+    are gone: the reader's gap, not its lag)."""
     offset = max(cursor, self.first_offset)
     record = self.read(offset) if offset < self.written_offset else None
-    return {"lag_records": max(0, self.next_offset - cursor),
+    return {"lag_records": max(0, self.next_offset - offset),
             "lag_bytes": self.bytes_after(offset),
             "lag_seconds": max(0.0, (now_ms - record.timestamp_ms) / 1000) if record else 0.0}

@@ -122,6 +122,22 @@ class CatchUp:
         if not session.clean:
             self._snapshot_dirty = True
 
+    def log_counts_at_stop(self) -> None:
+        """At a clean stop: what sessions behind counted to log when they catch up (a restart
+        starts new episodes; a crash loses these lines, not the counters)."""
+        for session in self.behind:
+            cursor = session.cursor
+            if cursor.lag_dropped:
+                log.warning("session %s: %d QoS 0 messages were skipped for max_lag_bytes or "
+                            "max_lag_age, up to the stop (it had not caught up; a restart "
+                            "logs a new episode)", name_shown(session.client_id),
+                            cursor.lag_dropped)
+            if cursor.aged > 0:
+                log.warning("session %s: %d more records were lost to it for "
+                            "max_session_lag_age after the move logged, up to the stop (it had "
+                            "not caught up; a restart logs a new first move)",
+                            name_shown(session.client_id), cursor.aged)
+
     def read_on(self, session, unsent: int) -> bool:
         """``Router.pump`` emptied the queue of ``session`` (behind, online, with room):
         the rest of a run read from the log, else the next batch. ``unsent``: the records

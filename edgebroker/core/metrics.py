@@ -107,11 +107,13 @@ def snapshot(broker, now: float) -> dict:
 
 
 def _max_lag(broker) -> int:
-    """Records between the oldest cursor and the head of the log (0: none behind)."""
+    """Records between the oldest cursor and the head of the log (0: none behind), from the
+    first record still in the log (CommitLog.lag)."""
     if not broker.behind or broker.journal is None:
         return 0
-    return broker.journal.log.next_offset - min(s.cursor.unsent(s.queue, s.retained_queued)
-                                               for s in broker.behind)
+    commit_log = broker.journal.log
+    oldest = min(s.cursor.unsent(s.queue, s.retained_queued) for s in broker.behind)
+    return commit_log.next_offset - max(oldest, commit_log.first_offset)
 
 
 def client_row(client, now: float) -> dict:

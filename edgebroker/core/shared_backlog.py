@@ -187,6 +187,16 @@ class SharedBacklog:
         group.cursor = None
         self.stats.shared_caught_up += 1
 
+    def log_shared_counts_at_stop(self) -> None:
+        """At a clean stop: the records groups behind lost for max_session_lag_age after the
+        move logged (as ``log_counts_at_stop`` for sessions)."""
+        for group in self.groups.values():
+            if group.cursor is not None and group.aged > 0:
+                log.warning("shared subscription %s: %d more records were lost to it for "
+                            "max_session_lag_age after the move logged, up to the stop (it "
+                            "had not caught up; a restart logs a new first move)",
+                            topic_shown(group.key), group.aged)
+
     def _on_shared_again(self) -> None:
         groups, self._shared_again = self._shared_again, set()
         for group in groups:
@@ -205,6 +215,7 @@ class SharedBacklog:
                         "goes on from %d", topic_shown(group.key), group.cursor, offset - 1, why,
                         offset)
         group.cursor = offset
+        self._snapshot_dirty = True     # a restart goes on from here, the gap counted once
         return lost
 
     def check_shared_cursors(self) -> None:

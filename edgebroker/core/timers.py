@@ -271,9 +271,12 @@ class Timers:
 
     def flush_logs(self, now: float) -> None:
         """At shutdown: what the rate-limited logs only counted so far (the peer log's counts,
-        the repeats of broker-wide events)."""
+        the repeats of broker-wide events), and the counts cursors keep to log when they
+        catch up (core.catchup, core.shared_backlog)."""
         self.peer_log.flush(now)
         self.events.flush(now, final=True)
+        self.log_counts_at_stop()
+        self.log_shared_counts_at_stop()
 
     def _on_topic_expiry(self) -> None:
         now = self.clock()
