@@ -303,7 +303,8 @@ class CatchUp:
                     continue
                 # Not kept while offline: what it takes at QoS 0 (uncounted, as live
                 # routing to an offline session).
-                if offline and not keep_offline_qos0 and cursor.left_offline(offset, published):
+                if (offline and not keep_offline_qos0 and not owed
+                        and cursor.left_offline(offset, published)):
                     continue
                 if (drop_qos0 or ts < too_old) and not owed:
                     lagging += 1

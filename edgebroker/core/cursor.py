@@ -127,7 +127,10 @@ class Cursor:
         """``topic_filter``, held at QoS ``old``, is subscribed again at QoS ``new`` when the
         log's next offset is ``at``: a lower QoS counts only for the records from ``at`` on
         (those before keep ``old``, as a queued message keeps its QoS for a session in step
-        and in Mosquitto); a higher one counts for the older records too."""
+        and in Mosquitto); a higher one counts for the older records too. The same QoS
+        again (paho subscribes at every connect) changes nothing."""
+        if new == old:
+            return
         self.resubscribed = at            # (left_offline)
         self.cache.clear()
         lowered = self.lowered
@@ -148,8 +151,8 @@ class Cursor:
     def unsubscribed(self, topic_filter: str, qos: int, at: int) -> None:
         """``topic_filter``, held at QoS ``qos``, is unsubscribed when the log's next offset
         is ``at``: it matches no record not read yet. Those it granted QoS 1/2 are owed
-        (``owed``)."""
-        self.resubscribed = at            # (left_offline)
+        (``owed``): sent at QoS 0 if another filter takes them, also those published while
+        the session was offline (``left_offline`` does not apply to them)."""
         self.cache.clear()
         start = self.since.pop(topic_filter, 0) if self.since else 0
         steps = self.lowered.pop(topic_filter, None) if self.lowered else None
@@ -233,9 +236,9 @@ class Cursor:
         """Whether the record at ``offset``, published at QoS ``published`` and taken at QoS
         0, is not sent (``queue_qos0_messages`` off): it came while the session was offline,
         as Mosquitto keeps no QoS 0 message for an offline session. In a range the session
-        changed its filters after (SUBSCRIBE again, UNSUBSCRIBE), the QoS they granted then
-        is not known: a record published at QoS 1/2 there goes at QoS 0 (MQTT-3.8.4-3: the
-        flow of publications is not interrupted)."""
+        subscribed again at another QoS after, the QoS its filters granted then is not known:
+        a record published at QoS 1/2 there goes at QoS 0 (MQTT-3.8.4-3: the flow of
+        publications is not interrupted; one an unsubscribed filter owed: ``owed``)."""
         for start, end in self.offline:
             if offset >= start and (end is None or offset < end):
                 return not published or end is None or end > self.resubscribed
