@@ -121,6 +121,12 @@ class BridgeConfig:
                                      "each other's session on the remote")
     protocol_version: int = setting(
         4, one_of(4, 5), doc="4: MQTT 3.1.1, 5: MQTT 5.0 (No Local on the remote subscriptions)")
+    try_private: bool = setting(
+        True, doc="MQTT 3.1.1: send Mosquitto's bridge marker (CONNECT protocol level 0x84), so "
+                  "that a Mosquitto or edgebroker remote sends the bridge nothing it published "
+                  "there and keeps the retain flag as published; a remote that refuses it "
+                  "(CONNACK 0x01) is connected to again without it. Refused with "
+                  "protocol_version 5 (No Local does it there)")
     username: str = setting("", doc="user name on the remote (empty: none)")
     password: str = setting("", doc="password on the remote (with username)")
     keepalive: int = setting(60, _check_keepalive,
@@ -230,6 +236,10 @@ def bridge_problems(bridge: BridgeConfig, given: dict, name: str,
         problem = _check_mqtt_string(getattr(bridge, key), text)
         if problem:
             problems.append(f"{name}.{key}: bridge {bridge.name!r}: {problem}")
+    if "try_private" in given and bridge.protocol_version == 5 and ok("protocol_version"):
+        problems.append(f"{name}.try_private: only for protocol_version 4 (MQTT 3.1.1): on "
+                        f"MQTT 5.0 the remote subscriptions have No Local and Retain As "
+                        f"Published")
     if bridge.password and not bridge.username and ok("username"):
         problems.append(f"{name}.password: needs username")
     if bridge.reconnect_max < bridge.reconnect_min and ok("reconnect_min", "reconnect_max"):
@@ -241,9 +251,10 @@ def bridge_problems(bridge: BridgeConfig, given: dict, name: str,
 def bridge_warnings(bridges) -> list[str]:
     """What is allowed but does not do what it seems: an ``out`` rule whose local filter can
     match only ``$SYS`` topics (this broker's own ``$SYS`` messages are not written to the
-    commit log, which the bridge reads), and on MQTT 5.0 two ``in`` rules whose remote
-    filters overlap (the remote sends a message both match once per subscription, and each
-    copy is published here: docs/bridge.md)."""
+    commit log, which the bridge reads), on MQTT 5.0 two ``in`` rules whose remote filters
+    overlap (the remote sends a message both match once per subscription, and each copy is
+    published here), and two bridges that can pass a message round between them
+    (``looping_bridges``): docs/bridge.md."""
     warnings = [f"bridge[{i}].topic[{j}]: bridge {bridge.name!r}: the out rule's filter "
                 f"{shown(rule.local_filter, 60)} matches only $SYS topics, which this broker "
                 f"does not write to its log: the rule forwards nothing (docs/bridge.md)"
@@ -252,6 +263,54 @@ def bridge_warnings(bridges) -> list[str]:
     for i, bridge in enumerate(bridges):
         if bridge.protocol_version == 5:
             warnings += overlapping_in_rules(bridge, i)
+    return warnings + looping_bridges(bridges)
+
+
+def _remote_key(address: str):
+    """(host in lower case, port) of a valid address, else None."""
+    if check_remote_address(address) is not None:
+        return None
+    host, port = split_address(address)
+    return host.lower(), port
+
+
+def looping_bridges(bridges) -> list[str]:
+    """A warning per two bridges that can pass a message round between them for ever (each
+    takes in what the other sends out, over rules that cover the same topics both ways):
+
+    - two bridges to the same remote (one address): No Local and the bridge marker work per
+      session, so what one publishes there comes in through the other;
+    - two MQTT 3.1.1 bridges with ``try_private = false``: each remote sends its bridge back
+      what that bridge published there, and the other bridge forwards it."""
+    def feeds(a, b, remote):
+        """Some message b takes in that a sends out: on the remote (``remote``), else here."""
+        return any(filters_overlap(i.remote_filter if remote else i.local_filter,
+                                   o.remote_filter if remote else o.local_filter)
+                   for i in b.topic if i.inbound for o in a.topic if o.outbound)
+
+    warnings = []
+    for i, a in enumerate(bridges):
+        for k in range(i + 1, len(bridges)):
+            b = bridges[k]
+            head = f"bridge[{i}] and bridge[{k}]: bridges {a.name!r} and {b.name!r}"
+            remote = _remote_key(a.address)
+            if remote is not None and remote == _remote_key(b.address):
+                if feeds(a, b, True) or feeds(b, a, True):
+                    warnings.append(f"{head} both connect to {a.address}: what one publishes "
+                                    f"there comes in through the other (No Local and the bridge "
+                                    f"marker work per session), and where their rules cover "
+                                    f"the same topics both ways a message goes round for ever, "
+                                    f"whatever the protocol_version; use one bridge per remote "
+                                    f"(docs/bridge.md, Loops)")
+            elif (not (a.protocol_version == 5 or a.try_private)
+                  and not (b.protocol_version == 5 or b.try_private)
+                  and feeds(a, b, False) and feeds(b, a, False)):
+                warnings.append(f"{head} are MQTT 3.1.1 bridges with try_private = false whose "
+                                f"rules cover the same topics both ways: each remote sends its "
+                                f"bridge back what that bridge published there, the other "
+                                f"bridge forwards it, and a message goes round for ever; keep "
+                                f"try_private = true (a Mosquitto or edgebroker remote) or use "
+                                f"protocol_version = 5 (docs/bridge.md, Loops)")
     return warnings
 
 

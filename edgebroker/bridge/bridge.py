@@ -43,16 +43,13 @@ from edgebroker.bridge.subscribing import Subscribing
 from edgebroker.bridge_config import split_address
 from edgebroker.client.connection import Connection
 from edgebroker.client.requests import is_release
-from edgebroker.client.events import (
-    Acked, Connected, ConnectFailed, Disconnected, Message, Oversized, PingTimeout, Subscribed,
-    Unsubscribed,
-)
+from edgebroker.client.events import (Acked, Connected, ConnectFailed, Disconnected, Message,
+                                      Oversized, PingTimeout, Subscribed, Unsubscribed)
 from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import PACKET_TOO_LARGE
-from edgebroker.mqtt.properties import (
-    MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, SESSION_EXPIRY,
-)
+from edgebroker.mqtt.properties import (MAXIMUM_QOS, RETAIN_AVAILABLE, SERVER_KEEP_ALIVE,
+                                         SESSION_EXPIRY)
 
 log = logging.getLogger("edgebroker.bridge")
 
@@ -96,9 +93,11 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
                                connect_timeout=config.connect_timeout,
                                max_packet_size=broker.limits.max_packet_size,
                                auto_ack=False)   # inbound: acknowledged once logged
+        self.conn.bridge_marker = config.protocol_version == 4 and config.try_private
         self.publisher = LinkAsPublisher(self.client_id, self)
         self.inbound = Inbound(self.name, broker, self.rules, self.publisher)
         self.inbound.v5 = config.protocol_version == 5
+        self.inbound.as_published = self.inbound.v5 or self.conn.bridge_marker
         self.inbound.acked_below = lambda: self.outbound.cursor
         self.outbound: Outbound | None = None
         self._paused_reading: set[str] = set()
@@ -321,6 +320,8 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
         elif kind is Unsubscribed:
             self.on_unsubscribed(event)
         elif kind in (ConnectFailed, Disconnected, PingTimeout):
+            if kind is ConnectFailed and event.reason_code == 1 and self.conn.bridge_marker:
+                self.marker_refused(event.reason)     # (reconnect.py)
             reason = (f"{kind.__name__}: {event.reason}" if kind is not PingTimeout
                       else "no PINGRESP within the keepalive")
             if (kind is Disconnected and event.reason_code == PACKET_TOO_LARGE

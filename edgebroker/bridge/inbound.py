@@ -97,6 +97,9 @@ class Inbound:
         self.fresh_from: int | None = None
         self.acked_below = None
         self.v5 = False
+        # The remote keeps the retain flag as published on live messages: 5.0 (Retain As
+        # Published) or 3.1.1 with the bridge marker accepted (bridge/reconnect.py)
+        self.as_published = False
         self._warned: set[str] = set()
 
     def message(self, event) -> None:
@@ -161,10 +164,11 @@ class Inbound:
         """Whether a retained message from the remote for ``local`` is older than the local
         retained message there: one published here (not by this bridge) that goes out to the
         same remote topic and was not handed to the remote before this link's SUBSCRIBE, so
-        the remote's answer to it cannot hold it. On 3.1.1 a retained flag comes only with
-        that answer (live deliveries have retain 0, MQTT-3.3.1-9); on 5.0 (Retain As
-        Published) a live one may carry it too: there the local one must also not be
-        acknowledged by the remote yet (a message the remote took after ours is newer)."""
+        the remote's answer to it cannot hold it. On plain 3.1.1 a retained flag comes only
+        with that answer (live deliveries have retain 0, MQTT-3.3.1-9); on 5.0 (Retain As
+        Published) and on 3.1.1 with the bridge marker a live one may carry it too: there the
+        local one must also not be acknowledged by the remote yet (a message the remote took
+        after ours is newer)."""
         fresh = self.fresh_from
         if fresh is None:
             return False
@@ -179,7 +183,7 @@ class Inbound:
             return False
         if newest.client_id == self.publisher.client_id:
             return False
-        if self.v5 and newest.offset < self.acked_below():
+        if self.as_published and newest.offset < self.acked_below():
             return False
         out = self.rules.outgoing(local.encode("utf-8"))
         return out is not None and out[0] == remote and out[2] is None

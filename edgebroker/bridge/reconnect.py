@@ -15,6 +15,11 @@ which a gateway without IPv6 cannot reach): as ``socket.create_connection`` does
 connection attempt tries each in getaddrinfo's order, the next one at once when one fails
 before the link is up (TCP and TLS), each within ``connect_timeout``; only when all failed
 does the back-off wait. The name is resolved again at each attempt.
+
+Over MQTT 3.1.1 the CONNECT carries Mosquitto's bridge marker (``try_private``: protocol
+level 0x84); a remote that does not know it answers CONNACK 0x01 (unacceptable protocol
+version): logged once, and from then on, for the rest of the run, the bridge connects as a
+plain 3.1.1 client (docs/bridge.md, "Loops").
 """
 
 from __future__ import annotations
@@ -57,6 +62,21 @@ class Reconnecting:
             return resolver.result
         first, *self._addresses = resolver.result
         return first
+
+    def marker_refused(self, reason: str) -> None:
+        """The remote refused the CONNECT with the bridge marker: the next ones go without."""
+        self.conn.bridge_marker = False
+        self.inbound.as_published = self.inbound.v5
+        self.last_error = f"ConnectFailed: {reason}"    # (logged here, not by _failed)
+        log.warning("bridge %s: %s refused the bridge marker (protocol level 0x84, "
+                    "try_private) with CONNACK 0x01 (unacceptable protocol version): it is no "
+                    "Mosquitto-like broker; connecting again as a plain MQTT 3.1.1 client for "
+                    "the rest of this run. Without the marker the remote sends the bridge back "
+                    "what it published there (published here once more), and its live "
+                    "messages come without the retain flag; another bridge whose rules cover "
+                    "the same topics forwards those echoes, which can go round for ever "
+                    "(docs/bridge.md, Loops). Set try_private = false for this remote, or use "
+                    "protocol_version = 5", self.name, self.config.address)
 
     def _up(self) -> None:
         """A CONNACK with success came."""

@@ -11,9 +11,9 @@ properties are checked by client/propcheck.py.
 
 Requests leave in the order they were made: a QoS 1/2 PUBLISH waits for a place in the window
 (the smaller of ``max_inflight`` and the server's Receive Maximum; over 3.1/3.1.1 also while
-``max_qos2_inflight`` QoS 2 ones are unfinished) and what follows it waits behind it.
-Nothing is lost on "disconnected": in-flight and queued requests wait for the next
-connection, and ``save()`` writes them out for a later process (``load``).
+``max_qos2_inflight`` QoS 2 ones are unfinished) and what follows it waits behind it. Nothing
+is lost on "disconnected": in-flight and queued requests wait for the next connection, and
+``save()`` writes them out for a later process (``load``).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class Connection:
                 properties = {MAXIMUM_PACKET_SIZE: max_packet_size, **(properties or {})}
         self.client_id = client_id
         self.protocol = protocol
+        self.bridge_marker = False    # 0x80 on a 3.1/3.1.1 CONNECT's level (bridge/bridge.py)
         self.clean_start = clean_start
         self.keepalive = keepalive
         self.username = username
@@ -207,11 +208,10 @@ class Connection:
         self._decoder = Decoder(self._max_packet, P.PROTOCOL_5 if v5 else 0, client=True)
         self._out = [encode_connect(P.Connect(
             self.client_id, self.clean_start, self.keepalive, self.will, self.username,
-            self.password, self.protocol, properties=self.properties))]
-        self._closing = None
-        self._aliases = {}
-        self._ping_due = None
-        self._sent_untimed = False
+            self.password, self.protocol, properties=self.properties,
+            bridge=self.bridge_marker and not v5))]
+        self._closing, self._aliases = None, {}
+        self._ping_due, self._sent_untimed = None, False
         self._last_sent = self._last_recv = self.moved_at = now
         self._connack_due = now + self.connect_timeout
         self._ka = self.keepalive

@@ -98,7 +98,7 @@ class Client:
                  "listener_address", "created", "msgs_in", "rate", "throttled_until",
                  "throttle_start", "peer_ended_at", "throttled_time", "not_read",
                  "pending_dropped", "warned", "rate_sample", "control_due", "username", "acl",
-                 "pending", "held", "refusal", "v5", "inherited")
+                 "pending", "held", "refusal", "v5", "inherited", "bridge")
 
     def __init__(self, broker, transport: Transport, now: float):
         self.broker = broker
@@ -118,6 +118,7 @@ class Client:
         self.connect_deadline = now + broker.limits.connect_timeout
         self.timer_entry = None       # this client's entry in the timer heap (core.timers)
         self.protocol_level = 0
+        self.bridge = False   # CONNECT had the bridge marker (core.handlers.subscribe)
         self._handlers = BEFORE_CONNECT
         listener = transport.listener
         self.listener_address = listener.address if listener is not None else ""

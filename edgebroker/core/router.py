@@ -196,7 +196,7 @@ class Router:
                     if session.queued_qos0:
                         self._enqueue(session, message, 0, retain_out)
                         continue
-                if client.v5 is not None:
+                if client.v5 is not None or retain_out:   # (3.1.1: a bridge, router5)
                     if self._offer5(client, message, retain_out) is False:
                         self._drop_pending(client, message)
                     continue

@@ -303,11 +303,18 @@ class Router5:
 
     def _offer5(self, client, message: Message, retain: bool) -> bool | None:
         """A QoS 0 message to a 5.0 client, refused (False) when max_pending_write_bytes are
-        waiting; None when it is not sent (expired, too large)."""
+        waiting; None when it is not sent (expired, too large). Also one with the retain flag
+        to a 3.1/3.1.1 bridge (Retain As Published: core.handlers.subscribe)."""
         transport = client.transport
         if transport.out_bytes >= transport.max_pending:
             return False
         conn = client.v5
+        if conn is None:
+            payload = message.payload
+            transport.offer(encode_publish_head(message.topic_bytes, len(payload), 0, retain,
+                                                False, None), payload)
+            self.stats.publish_sent += 1
+            return True
         # As in _write_publish5, written out: this runs for every subscriber of every message.
         if message.expires or conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
             return True if self._write_own5(client, message, 0, retain, False, None) else None

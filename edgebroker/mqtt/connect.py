@@ -3,6 +3,8 @@ level choose the version, and so how the rest of the packet and of the connectio
 
 A level the broker does not speak raises ProtocolError with reason 0x84 (Unsupported
 Protocol Version), which the caller answers with the CONNACK that version understands.
+A 3.1 or 3.1.1 level with 0x80 added (0x83, 0x84) is the bridge marker that Mosquitto's
+bridge sends (``try_private``): that version, with ``Connect.bridge`` set.
 """
 
 from __future__ import annotations
@@ -36,17 +38,23 @@ def decode_connect(b0: int, buf: bytes, p: int, end: int) -> Connect:
                             rule="MQTT-3.1.2-1", reason=PROTOCOL_ERROR)
     if p >= end:
         raise malformed("CONNECT ends before the protocol level")
-    level = buf[p]
+    given = level = buf[p]
+    bridge = level in (0x80 | P.PROTOCOL_31, 0x80 | P.PROTOCOL_311)
+    if bridge:
+        level &= 0x7F
     supported = (P.PROTOCOL_311, P.PROTOCOL_5) if name == b"MQTT" else (P.PROTOCOL_31,)
     if level not in supported:
-        raise ProtocolError(f"CONNECT with protocol {name.decode()!r} level {level} "
+        raise ProtocolError(f"CONNECT with protocol {name.decode()!r} level "
+                            f"{given if given < 0x80 else hex(given)} "
                             f"(supported: level {' or '.join(map(str, supported))})",
                             rule="MQTT-3.1.2-2", reason=UNSUPPORTED_PROTOCOL_VERSION)
     try:
-        return _decode_from_level(buf, p, end, name, level)
+        connect = _decode_from_level(buf, p, end, name, level)
     except ProtocolError as exc:
         exc.connect5 = level == P.PROTOCOL_5    # the refusal goes in 5.0's CONNACK
         raise
+    connect.bridge = bridge
+    return connect
 
 
 def _decode_from_level(buf: bytes, p: int, end: int, name: bytes, level: int) -> Connect:

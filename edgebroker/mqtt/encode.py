@@ -100,10 +100,12 @@ DISCONNECT_BYTES = b"\xe0\x00"
 
 
 def encode_connect(p: Connect) -> bytes:
-    """A CONNECT of ``p.protocol_level`` (3, 4 or 5: 5.0 adds the property sections)."""
+    """A CONNECT of ``p.protocol_level`` (3, 4 or 5: 5.0 adds the property sections; 0x80
+    added to it for ``p.bridge``, the bridge marker)."""
     flags = 0x02 if p.clean_session else 0
     v5 = p.protocol_level == P.PROTOCOL_5
-    parts = [string_field(p.protocol_name), bytes((p.protocol_level,)), b"",
+    level = p.protocol_level | (0x80 if p.bridge else 0)
+    parts = [string_field(p.protocol_name), bytes((level,)), b"",
              _pack_u16(p.keepalive)]
     if v5:
         parts.append(encode_properties(p.properties))

@@ -109,13 +109,14 @@ class Will:
 
 class Connect(Packet):
     __slots__ = ("client_id", "clean_session", "keepalive", "will", "username", "password",
-                 "protocol_level", "protocol_name", "properties")
+                 "protocol_level", "protocol_name", "properties", "bridge")
     type = CONNECT
 
     def __init__(self, client_id: str = "", clean_session: bool = True, keepalive: int = 60,
                  will: Will | None = None, username: str | None = None,
                  password: bytes | None = None, protocol_level: int = PROTOCOL_311,
-                 protocol_name: str | None = None, properties: dict | None = None):
+                 protocol_name: str | None = None, properties: dict | None = None,
+                 bridge: bool = False):
         self.client_id = client_id
         self.clean_session = clean_session
         self.keepalive = keepalive
@@ -127,6 +128,9 @@ class Connect(Packet):
             protocol_name = "MQIsdp" if protocol_level == PROTOCOL_31 else "MQTT"
         self.protocol_name = protocol_name
         self.properties = properties
+        # The bridge marker (Mosquitto's try_private): 0x80 on a 3.1/3.1.1 protocol level,
+        # which ``protocol_level`` holds without it.
+        self.bridge = bridge
 
 
 class Connack(Packet):

@@ -107,7 +107,7 @@ class FakeRemote:
         self.ends: list[mqttraw.RawClient] = []
 
     def accept(self, session_present: bool = False, timeout: float = 10.0,
-               released: int = 0, subscribe: bool = True) -> mqttraw.RawClient:
+               released: int = 0, subscribe: bool = True, rc: int = 0) -> mqttraw.RawClient:
         """The remote's end of the bridge's next connection (a RawClient over the accepted
         socket): its CONNECT answered (CONNACK), ``released`` PUBRELs expected (for packet
         ids 1 to that: a restart's, bridge/release.py) and answered, then its SUBSCRIBE
@@ -115,16 +115,17 @@ class FakeRemote:
         sends before it for the ids of the bridge's range not in flight (release.py) are
         answered too, their ids kept in ``end.pool_released``. ``subscribe`` False: the end
         once the CONNACK is sent (a bridge that does not read the link cannot see PUBCOMPs,
-        and its SUBSCRIBE waits behind its PUBRELs)."""
+        and its SUBSCRIBE waits behind its PUBRELs). ``rc``: the CONNACK's return code (not 0:
+        the end once it is sent). ``end.level``: the CONNECT's protocol level byte."""
         self.server.settimeout(timeout)
         sock, _ = self.server.accept()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         end = raw_over(None)          # RawClient's fields, then the accepted socket
         end.sock = sock
         self.ends.append(end)
-        end.expect(mqttraw.CONNECT, timeout)
-        end.send(mqttraw.connack(session_present))
-        if not subscribe:
+        end.level = end.expect(mqttraw.CONNECT, timeout).body[6]
+        end.send(mqttraw.connack(session_present, rc))
+        if not subscribe or rc:
             return end
         pids = [end.expect(mqttraw.PUBREL, timeout).packet_id for _ in range(released)]
         assert pids == list(range(1, released + 1)), pids

@@ -96,6 +96,9 @@ def test_a_bridge_table(tmp_path):
      "bridge, whose link would then stay half-open for ever"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nprotocol_version = 3',
      "bridge[0].protocol_version: must be one of 4, 5"),
+    ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\nprotocol_version = 5\n'
+     'try_private = true', "bridge[0].try_private: only for protocol_version 4 (MQTT 3.1.1): on "
+                           "MQTT 5.0 the remote subscriptions have No Local"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\ncertfile = "c.pem"',
      "bridge[0].certfile: needs cafile"),
     ('[[bridge]]\nname = "x"\naddress = "h:1"\ntopic = [{pattern = "a"}]\npassword = "p"',
@@ -198,7 +201,8 @@ def test_overlapping_in_rules_on_5_are_warned_of(tmp_path, broker):
              {"pattern": "c/+/x", "direction": "both"}]
 
     def table(name, version):
-        return (f'[[bridge]]\nname = "{name}"\naddress = "127.0.0.1:1"\n'
+        port = 1 if version == 5 else 2     # (two bridges to one remote: another warning)
+        return (f'[[bridge]]\nname = "{name}"\naddress = "127.0.0.1:{port}"\n'
                 f'protocol_version = {version}\ntopic = [' + ", ".join(
                     "{" + ", ".join(f'{k} = "{v}"' for k, v in r.items()) + "}"
                     for r in rules) + "]\n")
@@ -216,3 +220,41 @@ def test_overlapping_in_rules_on_5_are_warned_of(tmp_path, broker):
     gw = broker(bridge=[{"name": "up", "address": "127.0.0.1:1", "protocol_version": 5,
                          "topic": rules}])
     assert gw.wait_log(lambda ln: warning.format(1) in ln, 5)
+
+
+def test_bridges_that_can_pass_a_message_round_are_warned_of(tmp_path, broker):
+    """Two bridges to one remote whose rules cover the same topics both ways loop on any
+    protocol_version (No Local and the bridge marker work per session), and two 3.1.1
+    bridges with try_private = false and such rules loop through the remotes' echoes (bridge12):
+    `config check` and the start say so; bridges with the marker to two remotes, or whose
+    topics do not meet, are not named."""
+    from conftest import run_cli
+
+    def table(name, port, pattern="t/#", direction="both", **keys):
+        more = "".join(f"{k} = {str(v).lower()}\n" for k, v in keys.items())
+        return (f'[[bridge]]\nname = "{name}"\naddress = "Remote.example:{port}"\n{more}'
+                f'topic = [{{pattern = "{pattern}", direction = "{direction}"}}]\n')
+    path = tmp_path / "c.toml"
+    path.write_text(f'data_dir = "{tmp_path / "data"}"\n[[listener]]\nport = 0\n'
+                    + table("a", 1) + table("b", 2)                        # marker: fine
+                    + table("same", 1, protocol_version=5)                 # a's remote
+                    + table("p", 3, try_private=False) + table("q", 4, try_private=False)
+                    + table("r", 5, pattern="u/#", try_private=False))     # other topics
+    same = ("bridge[0] and bridge[2]: bridges 'a' and 'same' both connect to Remote.example:1: "
+            "what one publishes there comes in through the other (No Local and the bridge "
+            "marker work per session), and where their rules cover the same topics both ways "
+            "a message goes round for ever, whatever the protocol_version; use one bridge per "
+            "remote (docs/bridge.md, Loops)")
+    private = ("bridge[3] and bridge[4]: bridges 'p' and 'q' are MQTT 3.1.1 bridges with "
+               "try_private = false whose rules cover the same topics both ways: each remote "
+               "sends its bridge back what that bridge published there, the other bridge "
+               "forwards it, and a message goes round for ever; keep try_private = true (a "
+               "Mosquitto or edgebroker remote) or use protocol_version = 5 (docs/bridge.md, "
+               "Loops)")
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["warning: " + same, "warning: " + private]
+    rules = [{"pattern": "t/#", "direction": "both"}]
+    gw = broker(bridge=[{"name": "a", "address": "127.0.0.1:1", "topic": rules},
+                        {"name": "b", "address": "127.0.0.1:1", "topic": rules}])
+    assert gw.wait_log(lambda ln: "bridges 'a' and 'b' both connect to 127.0.0.1:1" in ln, 5)

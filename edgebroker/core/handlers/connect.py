@@ -45,6 +45,7 @@ def on_connect(client, p: P.Connect) -> None:
     limits = broker.limits
     client_id = p.client_id
     client.protocol_level = p.protocol_level
+    client.bridge = p.bridge
     v5 = p.protocol_level == P.PROTOCOL_5
     if v5:
         client.v5 = mqtt5.Conn5(p.properties, limits)
@@ -265,7 +266,7 @@ def accept(client, p: P.Connect) -> None:
     if conn is None:
         # MQTT 3.1 has no session present flag: that byte is reserved there.
         client.answer(_CONNACK_ACCEPTED[present and p.protocol_level != P.PROTOCOL_31])
-        detail = f"clean session {p.clean_session:d}"
+        detail = f"clean session {p.clean_session:d}" + (", bridge" if p.bridge else "")
     else:
         if keepalive is not None:
             client.keepalive = keepalive

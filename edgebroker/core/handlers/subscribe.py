@@ -9,6 +9,11 @@ A ``$share/<ShareName>/<filter>`` filter is a shared subscription (core.shared),
 and 5.0 clients alike: the ACL is asked about the filter inside it; a bad ShareName gets 0x8F
 (3.1.1: 0x80), and so does every one when ``shared_subscriptions`` is off (0x9E); no retained
 messages follow. What waits in its group may be sent once the SUBACK is out.
+
+A 3.1/3.1.1 client that connected with the bridge marker (``Client.bridge``: Mosquitto's
+``try_private``) gets No Local and Retain As Published on its subscriptions, as Mosquitto
+gives a bridge: it is never sent back what it published, and retained messages keep their
+flag (5.0's machinery: ``Session.sub5``, core.router5).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from edgebroker.mqtt.topics import is_shared, parse_shared
 
 log = logging.getLogger("edgebroker.client")
 
+# A bridge's subscription options (3.1/3.1.1 with the bridge marker).
+BRIDGE_OPTIONS = P.SUB_NO_LOCAL | P.SUB_RETAIN_AS_PUBLISHED
+
 # Refused filters are shown up to this many characters in the log (a filter may be 64 KB).
 _FILTER_SHOWN = 200
 
@@ -37,10 +45,15 @@ def on_subscribe(client, p: P.Subscribe) -> None:
     broker.settle()
     topics = p.topics
     shared = any(is_shared(f) for f, _ in topics)
+    options = BRIDGE_OPTIONS if client.bridge else 0
     if client.acl is None and not shared:
-        granted = broker.subscribe(client.session, topics)
+        granted = broker.subscribe(client.session, topics, options=options)
     else:
-        granted = _subscribe_each(client, topics)
+        granted = _subscribe_each(client, topics, options)
+    if options:
+        for (topic_filter, _), code in zip(topics, granted):
+            if code < 0x80 and not is_shared(topic_filter):
+                _set_options(client.session, topic_filter, options, 0)
     client.answer(encode(P.Suback(p.packet_id, granted)))
     broker.stats.packets_sent += 1
     if shared:
@@ -52,7 +65,7 @@ def on_subscribe(client, p: P.Subscribe) -> None:
         broker.send_retained(client.session, topics, granted)
 
 
-def _subscribe_each(client, topics) -> list[int]:
+def _subscribe_each(client, topics, options: int) -> list[int]:
     """SUBSCRIBE under an ACL or with shared subscriptions: each denied or refused filter
     gets 0x80, the others are made."""
     broker = client.broker
@@ -63,7 +76,8 @@ def _subscribe_each(client, topics) -> list[int]:
             code = _subscribe_shared(client, topic_filter, qos, 0, 0)
             granted.append(code if code < 0x80 else P.SUBACK_FAILURE)
         elif acl is None or acl.can_subscribe(topic_filter):
-            granted.extend(broker.subscribe(client.session, [(topic_filter, qos)]))
+            granted.extend(broker.subscribe(client.session, [(topic_filter, qos)],
+                                            options=options))
         else:
             broker.stats.acl_subscribe_denied += 1
             _log_refused(client, topic_filter, "subscription to %s denied by the ACL "
