@@ -23,8 +23,9 @@ from edgebroker.core.dispatch import AUTHENTICATING
 
 log = logging.getLogger("edgebroker.client")    # the client's own log lines (core.client)
 
-# The reason codes a refusing 5.0 CONNACK may carry for a protocol violation.
-CONNACK_REASONS5 = frozenset((0x81, 0x82, 0x84, 0x85, 0x95))
+# The reason codes a refusing 5.0 CONNACK may carry for a protocol violation (0x90: a will
+# topic that is empty or has a wildcard).
+CONNACK_REASONS5 = frozenset((0x81, 0x82, 0x84, 0x85, 0x90, 0x95))
 
 
 def violation(client, exc: ProtocolError) -> None:

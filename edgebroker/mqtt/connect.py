@@ -91,7 +91,7 @@ def _decode_from_level(buf: bytes, p: int, end: int, name: bytes, level: int) ->
         if v5:
             will_props, p = decode_properties(buf, p, end, WILL)
         will_topic, p = read_str(buf, p, end, "CONNECT will topic")
-        validate_topic_name(will_topic)
+        validate_topic_name(will_topic, "will topic")
         will_payload, p = read_binary(buf, p, end, "CONNECT will message")
         will = Will(will_topic, will_payload, will_qos, bool(will_retain), will_props)
     username = password = None

@@ -39,11 +39,12 @@ def _check_common(text: str, what: str, reason: int) -> None:
                                 rule="MQTT-4.7.3-3", reason=reason)
 
 
-def validate_topic_name(name: str) -> None:
-    """Raise ProtocolError unless ``name`` is a valid topic name (no wildcards)."""
-    _check_common(name, "topic name", TOPIC_NAME_INVALID)
+def validate_topic_name(name: str, what: str = "topic name") -> None:
+    """Raise ProtocolError unless ``name`` is a valid topic name (no wildcards); ``what`` it
+    is, for the message (a will topic)."""
+    _check_common(name, what, TOPIC_NAME_INVALID)
     if "+" in name or "#" in name:
-        raise ProtocolError(f"topic name {name!r} contains a wildcard character",
+        raise ProtocolError(f"{what} {name!r} contains a wildcard character",
                             rule="MQTT-4.7.1-1", reason=TOPIC_NAME_INVALID)
 
 

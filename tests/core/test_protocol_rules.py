@@ -10,6 +10,7 @@ import struct
 import pytest
 
 import mqttraw as m
+import mqttraw5 as R
 from mqttraw import CONNACK, PINGRESP, PUBLISH, SUBACK, UNSUBACK
 
 
@@ -142,6 +143,22 @@ def test_bad_will_topic_closes(srv, uid, topic):
     c = srv.raw()
     c.send(m.connect(uid, will=(topic, b"x", 0)))
     assert_closed_without_accept(c)
+
+
+@pytest.mark.parametrize("topic", [b"a/+", b"#", b""], ids=["plus", "hash", "empty"])
+def test_a_bad_will_topic_gets_connack_0x90_on_5_0(srv, uid, topic):
+    """5.0 has a code for it (Table 3-1: 0x90 Topic Name invalid, "The Will Topic Name is not
+    malformed, but is not accepted"); it came as 0x80 Unspecified error, logged as a "topic
+    name"."""
+    mark = srv.mark()
+    c = R.RawClient5(srv.host, srv.port)
+    c.send(R.connect5(uid, will=(topic, b"x", 0)))
+    ack = c.expect(R.CONNACK)
+    assert ack.reason == 0x90, ack
+    assert c.expect_closed()
+    line = srv.wait_log(lambda ln: "protocol violation" in ln, start=mark)
+    assert line and "will topic" in line, line
+    c.close()
 
 
 # Control characters and non-characters (1.5.3: "SHOULD NOT"; a receiver MAY close, and
