@@ -288,6 +288,10 @@ def looping_bridges(bridges) -> list[str]:
                                    o.remote_filter if remote else o.local_filter)
                    for i in b.topic if i.inbound for o in a.topic if o.outbound)
 
+    def echoes(a):
+        """The remote sends ``a`` back some of what it publishes there (no marker)."""
+        return feeds(a, a, True)
+
     warnings = []
     for i, a in enumerate(bridges):
         for k in range(i + 1, len(bridges)):
@@ -304,7 +308,7 @@ def looping_bridges(bridges) -> list[str]:
                                     f"(docs/bridge.md, Loops)")
             elif (not (a.protocol_version == 5 or a.try_private)
                   and not (b.protocol_version == 5 or b.try_private)
-                  and feeds(a, b, False) and feeds(b, a, False)):
+                  and feeds(a, b, False) and feeds(b, a, False) and echoes(a) and echoes(b)):
                 warnings.append(f"{head} are MQTT 3.1.1 bridges with try_private = false whose "
                                 f"rules cover the same topics both ways: each remote sends its "
                                 f"bridge back what that bridge published there, the other "

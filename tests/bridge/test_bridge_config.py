@@ -234,12 +234,19 @@ def test_bridges_that_can_pass_a_message_round_are_warned_of(tmp_path, broker):
         more = "".join(f"{k} = {str(v).lower()}\n" for k, v in keys.items())
         return (f'[[bridge]]\nname = "{name}"\naddress = "Remote.example:{port}"\n{more}'
                 f'topic = [{{pattern = "{pattern}", direction = "{direction}"}}]\n')
+    def relay(name, port, x, y):
+        """x/# one way and y/# the other, at a remote that never sends back what the bridge
+        publishes there (no in rule takes it): no echo, no loop."""
+        return (f'[[bridge]]\nname = "{name}"\naddress = "Remote.example:{port}"\n'
+                f'try_private = false\ntopic = [{{pattern = "x/#", direction = "{x}"}}, '
+                f'{{pattern = "y/#", direction = "{y}"}}]\n')
     path = tmp_path / "c.toml"
     path.write_text(f'data_dir = "{tmp_path / "data"}"\n[[listener]]\nport = 0\n'
                     + table("a", 1) + table("b", 2)                        # marker: fine
                     + table("same", 1, protocol_version=5)                 # a's remote
                     + table("p", 3, try_private=False) + table("q", 4, try_private=False)
-                    + table("r", 5, pattern="u/#", try_private=False))     # other topics
+                    + table("r", 5, pattern="u/#", try_private=False)      # other topics
+                    + relay("s", 6, "out", "in") + relay("t", 7, "in", "out"))  # no echo
     same = ("bridge[0] and bridge[2]: bridges 'a' and 'same' both connect to Remote.example:1: "
             "what one publishes there comes in through the other (No Local and the bridge "
             "marker work per session), and where their rules cover the same topics both ways "
