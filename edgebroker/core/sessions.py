@@ -27,7 +27,7 @@ from edgebroker.errors import (
 from edgebroker.core.cursor import needed_from
 from edgebroker.core.filter_set import filter_added, filter_removed
 from edgebroker.core.client import Client
-from edgebroker.core.mqtt5 import NEVER_EXPIRES
+from edgebroker.core.mqtt5 import NEVER_EXPIRES, session_expiry_cap
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
@@ -249,13 +249,17 @@ class Sessions:
 
     def _expire_later(self, session: Session) -> None:
         """Set an offline persistent session's expiry time from ``offline_at``: its Session
-        Expiry Interval (5.0), else persistent_client_expiration; none for 0 (3.1.1) or
-        0xFFFFFFFF (5.0)."""
+        Expiry Interval (5.0) at most persistent_client_expiration when that is set (also one
+        set since its CONNECT: a reload, a restart), else persistent_client_expiration; none
+        for 0 (3.1.1) or 0xFFFFFFFF (5.0)."""
         expiration = session.expiry_interval
+        cap = self.limits.persistent_client_expiration
         if expiration is None:
-            expiration = self.limits.persistent_client_expiration
-        elif expiration == NEVER_EXPIRES:
-            expiration = 0
+            expiration = cap
+        else:
+            expiration = session_expiry_cap(expiration, cap)
+            if expiration == NEVER_EXPIRES:
+                expiration = 0
         timer = session.expiry
         if not expiration:
             if timer is not None:
@@ -287,9 +291,10 @@ class Sessions:
         if held:
             self.drop("session_expired", None, held)
         self.drop_session(session)
-        interval = session.expiry_interval
-        setting = (f"its session expiry interval {interval} s" if interval is not None else
-                   f"persistent_client_expiration {self.limits.persistent_client_expiration:g} s")
+        interval, cap = session.expiry_interval, self.limits.persistent_client_expiration
+        setting = (f"its session expiry interval {interval} s" if interval is not None
+                   and session_expiry_cap(interval, cap) == interval
+                   else f"persistent_client_expiration {cap:g} s")
         self.events.log(logging.INFO, "session_expired", self.clock(),
                         "persistent session %s removed: offline for %.0f s (%s), with %d queued "
                         "or unacknowledged messages and %d log records after its cursor",
