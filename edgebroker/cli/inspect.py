@@ -9,7 +9,8 @@ broker runs (read-only: nothing is locked or changed).
 
 All take ``--data-dir DIR`` (default: as ``serve``: the config file's ``data_dir``, else
 $STATE_DIRECTORY, else ./edgebroker-data; the log is ``DIR/log``) and ``--format text|json``.
-Times are shown in UTC. ``inspect sessions`` reads the session snapshot.
+Times are shown in UTC. ``inspect sessions`` (cli/inspect_sessions.py) reads the session
+snapshot.
 
 The same ``inspect`` parser also holds the live commands ``stats`` and ``clients``
 (cli/inspect_live.py), which ask the running broker through its admin socket.
@@ -17,7 +18,6 @@ The same ``inspect`` parser also holds the live commands ``stats`` and ``clients
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -27,12 +27,10 @@ import time
 from collections import deque
 from datetime import datetime, timezone
 
-from edgebroker.cli import inspect_live
+from edgebroker.cli import inspect_live, inspect_sessions
+from edgebroker.cli.inspect_common import human_bytes, log_dir, open_log, out, table
 from edgebroker.cli.options import UsageError, add_format, count
 from edgebroker.cli.record_view import fmt_time, record_json, record_text
-from edgebroker.cli.state_dir import not_a_log_dir, state_dir_of
-from edgebroker.core import snapshot
-from edgebroker.errors import EdgebrokerError
 
 FOLLOW_POLL_SECONDS = 0.5
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -81,60 +79,10 @@ def add_parser(commands) -> None:
     common(sp)
     sp.set_defaults(run=run_verify)
 
-    sp = sub.add_parser("sessions", help="persistent sessions: subscriptions and backlog "
-                                         "(from the last snapshot)")
-    common(sp)
-    sp.set_defaults(run=run_sessions)
+    inspect_sessions.add_subcommand(sub, common)
 
 
 # ---------------------------------------------------------------------------------- helpers
-
-def log_dir(args) -> str:
-    return os.path.join(state_dir_of(args), "log")
-
-
-def open_log(args):
-    from edgebroker.commitlog import CommitLog, LogError
-    from edgebroker.commitlog.format import SEGMENT_SUFFIX
-    logging.getLogger("edgebroker.commitlog").setLevel(logging.WARNING)
-    _ensure_stderr_logging()
-    path = log_dir(args)
-    try:
-        os.stat(path)
-    except PermissionError as exc:      # (isdir says False: the state directory is shut)
-        raise EdgebrokerError(f"cannot read the commit log at {path}: {exc.strerror}") \
-            from None
-    except OSError:
-        pass
-    problem = not_a_log_dir(path)
-    if problem:
-        raise EdgebrokerError(problem)
-    if not os.path.isdir(path):
-        raise EdgebrokerError(f"no commit log at {path} (use --data-dir)")
-    try:
-        return CommitLog.open(path, readonly=True)
-    except LogError as exc:
-        cause = exc.__context__     # (LogError says what failed, raised from None)
-        if not isinstance(cause, OSError) or cause.errno != errno.EMFILE:
-            raise
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        segments = sum(name.endswith(SEGMENT_SUFFIX) for name in os.listdir(path))
-        raise EdgebrokerError(
-            f"{path}: {cause.strerror} ({segments} segments, two descriptors each; the open "
-            f"files limit is {soft}, its hard limit {hard}): raise the hard limit (ulimit -Hn, "
-            f"as root; systemd LimitNOFILE=) to "
-            f"{2 * segments + 64} or more") from None
-
-
-def _ensure_stderr_logging() -> None:
-    root = logging.getLogger("edgebroker")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-        root.addHandler(handler)
-        root.propagate = False
-
 
 def parse_time(text: str, now_ms: int) -> int:
     """Milliseconds since the epoch from ISO 8601, epoch milliseconds, or an age (``10m``)."""
@@ -164,27 +112,6 @@ def check_filter(text: str, option: str) -> bytes:
     return text.encode("utf-8")
 
 
-def table(rows: list[list[str]], right: set[int]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for r in rows:
-        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _out(text: str) -> None:
-    sys.stdout.write(text + "\n")
-
-
 # ---------------------------------------------------------------------------------- segments
 
 def run_segments(args) -> int:
@@ -196,7 +123,7 @@ def run_segments(args) -> int:
     for s in infos:
         s.index_bytes = _index_size(s)
     if args.format == "json":
-        _out(json.dumps([{
+        out(json.dumps([{
             "base_offset": s.base_offset, "last_offset": s.next_offset - 1 if s.records else None,
             "records": s.records, "bytes": s.size_bytes, "index_bytes": s.index_bytes,
             "first_timestamp_ms": s.first_timestamp_ms, "last_timestamp_ms": s.last_timestamp_ms,
@@ -209,9 +136,9 @@ def run_segments(args) -> int:
                      str(s.records), str(s.size_bytes), fmt_time(s.first_timestamp_ms),
                      fmt_time(s.last_timestamp_ms), "yes" if s.uploaded else "no",
                      "active" if s.active else "sealed"])
-    _out(table(rows, right={0, 1, 2, 3}))
+    out(table(rows, right={0, 1, 2, 3}))
     total = sum(s.size_bytes + s.index_bytes for s in infos)
-    _out(f"{len(infos)} segments, {sum(s.records for s in infos)} records, "
+    out(f"{len(infos)} segments, {sum(s.records for s in infos)} records, "
          f"{human_bytes(total)} on disk with indexes")
     return 0
 
@@ -247,13 +174,13 @@ def run_topics(args) -> int:
         log.close()
     items = sorted(stats.items())
     if args.format == "json":
-        _out(json.dumps([{"topic": t.decode("utf-8", "replace"), "messages": n, "bytes": b,
+        out(json.dumps([{"topic": t.decode("utf-8", "replace"), "messages": n, "bytes": b,
                           "last_timestamp_ms": ts} for t, (n, b, ts) in items], indent=2))
         return 0
     rows = [["TOPIC", "MESSAGES", "BYTES", "LAST SEEN"]]
     rows += [[t.decode("utf-8", "replace"), str(n), str(b), fmt_time(ts)] for t, (n, b, ts) in items]
-    _out(table(rows, right={1, 2}))
-    _out(f"{len(items)} topics, {sum(n for n, _, _ in stats.values())} messages")
+    out(table(rows, right={1, 2}))
+    out(f"{len(items)} topics, {sum(n for n, _, _ in stats.values())} messages")
     return 0
 
 
@@ -283,7 +210,7 @@ def run_tail(args) -> int:
         next_offset = max(log.next_offset, args.from_offset or 0)
         try:
             for r in records:
-                _out(show(r))
+                out(show(r))
                 next_offset = max(next_offset, r.offset + 1)
             sys.stdout.flush()
             while args.follow:
@@ -291,7 +218,7 @@ def run_tail(args) -> int:
                 log.refresh()
                 start = max(next_offset, log.first_offset)
                 for r in (log.scan(flt, start=start) if flt else log.read_range(start)):
-                    _out(show(r))
+                    out(show(r))
                     next_offset = r.offset + 1
                 next_offset = max(next_offset, log.next_offset)
                 sys.stdout.flush()
@@ -359,7 +286,7 @@ def run_verify(args) -> int:
         def dmg(d):
             return {"path": d.path, "position": d.position, "bytes": d.length, "offset": d.offset,
                     "kind": d.kind}
-        _out(json.dumps({
+        out(json.dumps({
             "ok": ok, "segments": report.segments, "records": report.records,
             "bytes": report.bytes, "seconds": round(report.seconds, 3),
             "damage": [dmg(d) for d in report.damage], "notes": [dmg(d) for d in report.notes],
@@ -382,39 +309,39 @@ def run_verify(args) -> int:
         }, indent=2))
         return 0 if ok else 1
     for d in report.damage:
-        _out(f"DAMAGE {d.describe()}")
+        out(f"DAMAGE {d.describe()}")
     for d in report.notes:
-        _out(f"note   {d.describe()}: being written, or left by a crash (the broker truncates "
+        out(f"note   {d.describe()}: being written, or left by a crash (the broker truncates "
              f"it at its next start)")
     for path, problem in report.index_problems:
-        _out(f"index  {path}: {problem}")
+        out(f"index  {path}: {problem}")
     for path, problem in report.header_problems:
-        _out(f"DAMAGE {path}: {problem}")
+        out(f"DAMAGE {path}: {problem}")
     for path, problem in report.header_notes:
-        _out(f"note   {path}: {problem} (the broker writes the header again at its next start)")
+        out(f"note   {path}: {problem} (the broker writes the header again at its next start)")
     for path, a, b in report.unreadable:
-        _out(f"DAMAGE {path}: no readable record (offsets {a} to {b}; the broker removes it at "
+        out(f"DAMAGE {path}: no readable record (offsets {a} to {b}; the broker removes it at "
              f"its next start)")
     for a, b, before, after in report.missing:
-        _out(f"MISSING offsets {a} to {b - 1}: no segment holds them (between {before} and "
+        out(f"MISSING offsets {a} to {b - 1}: no segment holds them (between {before} and "
              f"{after})")
     for path, a, b, after in report.overlaps:
-        _out(f"OVERLAP {path} holds offsets {a} to {b}, which {after} holds too (segments in "
+        out(f"OVERLAP {path} holds offsets {a} to {b}, which {after} holds too (segments in "
              f"name order must hold increasing offsets; the broker reads them from the later "
              f"one)")
     for path, value, end, where, says in report.past_end:
         then = ("gives new records these offsets" if says == "fsynced" else
                 f"gives new records offsets from {value}: sessions count these as log_gap")
-        _out(f"LOST   offsets {end} to {value - 1}: {path} ({value}) says they were {says}, but "
+        out(f"LOST   offsets {end} to {value - 1}: {path} ({value}) says they were {says}, but "
              f"the log ends at {end} (in {where}; the last segment truncated or deleted since, "
              f"or the file is wrong); the broker's next start {then}")
     if ahead is not None:
-        _out(f"note   offsets {log_end} to {ahead[1] - 1}: the session snapshot {ahead[0]} was "
+        out(f"note   offsets {log_end} to {ahead[1] - 1}: the session snapshot {ahead[0]} was "
              f"taken at log offset {ahead[1]}, but the log ends at {log_end} (records not on "
              f"disk at a power cut or crash, or lost from the end since); the broker's next "
              f"start counts them lost to the sessions that had not read them")
     if damage is not None:
-        _out(snapshot_check.describe(damage))
+        out(snapshot_check.describe(damage))
     rate = report.bytes / max(report.seconds, 1e-9) / 1e6
     problems = [f"{len(report.damage)} region(s) cannot be read"] if report.damage else []
     if report.missing:
@@ -432,64 +359,6 @@ def run_verify(args) -> int:
     if not ok and damage is not None:
         problems.append("the session snapshot damaged")
     verdict = "OK" if ok else f"DAMAGED: {'; '.join(problems)}"
-    _out(f"{report.segments} segments, {report.records} records, {human_bytes(report.bytes)} "
+    out(f"{report.segments} segments, {report.records} records, {human_bytes(report.bytes)} "
          f"checked in {report.seconds:.2f} s ({rate:.0f} MB/s): {verdict}")
     return 0 if ok else 1
-
-
-# ---------------------------------------------------------------------------------- sessions
-
-def run_sessions(args) -> int:
-    """Persistent sessions as of the last snapshot (while the broker runs: about 1 s after a
-    session changes, else up to 30 s old; the output says when it was taken), with how far
-    each one's cursor is behind the head of the log (read now)."""
-    state_dir = os.path.dirname(log_dir(args))
-    state = snapshot.read(state_dir, payloads=False)
-    if state is None:
-        raise EdgebrokerError(f"{os.path.join(state_dir, snapshot.FILENAME)}: no session "
-                              f"snapshot (has a broker run with this state directory?)")
-    sessions = sorted(state.sessions, key=lambda s: s.client_id)
-    retained = {r.offset for r in state.retained}
-    lags = {}
-    if any(s.cursor is not None for s in sessions) and os.path.isdir(log_dir(args)):
-        commit_log = open_log(args)
-        try:
-            now_ms = time.time_ns() // 1_000_000
-            lags = {s.client_id: commit_log.lag(snapshot.first_unsent(s, retained), now_ms)
-                    for s in sessions if s.cursor is not None}
-        finally:
-            commit_log.close()
-    none = {"lag_records": 0, "lag_bytes": 0, "lag_seconds": 0.0}
-    if args.format == "json":
-        _out(json.dumps({
-            "written_ms": state.written_ms, "log_next_offset": state.log_next_offset,
-            "retained": len(state.retained),
-            "sessions": [{"client_id": s.client_id, "subscriptions": s.subscriptions,
-                          "inflight": len(s.inflight), "queued": len(s.queue),
-                          "oldest_offset": _oldest(s), "cursor": snapshot.first_unsent(s, retained),
-                          **lags.get(s.client_id, none), "drops": s.drops}
-                         for s in sessions]}, indent=2))
-        return 0
-    rows = [["CLIENT ID", "SUBSCRIPTIONS", "INFLIGHT", "QUEUED", "CURSOR", "LAG", "LAG BYTES",
-             "LAG AGE", "DROPPED"]]
-    for s in sessions:
-        subs = ", ".join(f"{f} (QoS {q})" for f, q in sorted(s.subscriptions.items())) or "-"
-        lag = lags.get(s.client_id)
-        rows.append([s.client_id, subs, str(len(s.inflight)), str(len(s.queue)),
-                     "-" if s.cursor is None else str(snapshot.first_unsent(s, retained)),
-                     "-" if lag is None else str(lag["lag_records"]),
-                     "-" if lag is None else human_bytes(lag["lag_bytes"]),
-                     "-" if lag is None else f"{lag['lag_seconds']:.0f} s",
-                     str(sum(s.drops.values()))])
-    _out(table(rows, right={2, 3, 4, 5, 6, 7, 8}))
-    behind = sum(1 for s in sessions if s.cursor is not None)
-    _out(f"{len(sessions)} persistent sessions ({behind} reading from the log), "
-         f"{sum(len(s.queue) + len(s.inflight) for s in sessions)} messages in their queues and "
-         f"windows, {len(state.retained)} retained messages; snapshot of "
-         f"{fmt_time(state.written_ms)} at log offset {state.log_next_offset}")
-    return 0
-
-
-def _oldest(s) -> int | None:
-    offsets = [e[1] for e in s.inflight] + [e[0] for e in s.queue]
-    return min(offsets) if offsets else None

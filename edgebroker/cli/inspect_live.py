@@ -214,7 +214,7 @@ def _size(n: float) -> str:
     return str(n)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = int(seconds)
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
@@ -244,7 +244,7 @@ def format_stats(s: dict) -> str:
         if proc["memory_over_limit"]:
             memory += " (OVER: refusing new connections, topics and subscriptions)"
     lines = [
-        f"edgebroker {s['version']}, up {_duration(s['uptime_seconds'])}",
+        f"edgebroker {s['version']}, up {duration(s['uptime_seconds'])}",
         f"clients     {s['clients_connected']} connected, {s['sockets_open']} sockets, "
         f"{s['sessions']} sessions, {s['throttled_clients']} throttled now "
         f"({s['throttled_seconds']:.1f} s throttled in all)",
@@ -304,12 +304,12 @@ def upload_line(fig: dict | None) -> str:
     if fig["last_error"] and not alarm:     # (a past error: when, and whether one went since)
         since = " (uploads succeeded since)" if fig["last_success_time"] > fig[
             "last_error_time"] else ""
-        last = (f"; last error {_duration(time.time() - fig['last_error_time'])} ago{since}: "
+        last = (f"; last error {duration(time.time() - fig['last_error_time'])} ago{since}: "
                 f"{fig['last_error']}")
     return (f"to {fig['url']} as {fig['gateway_id']}, {fig['state']}, mark "
             f"{fig['uploaded_offset']}; shipped {fig['batches']} batches, {fig['records']} "
             f"records, {_size(fig['bytes'])}; backlog {fig['backlog_batches']} batches, "
-            f"{_size(fig['backlog_bytes'])}, oldest {_duration(fig['backlog_age_seconds'])}, lag "
+            f"{_size(fig['backlog_bytes'])}, oldest {duration(fig['backlog_age_seconds'])}, lag "
             f"{fig['lag_seconds']:.1f} s; {fig['retries']} retries{alarm}{last}")
 
 

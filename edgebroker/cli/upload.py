@@ -26,7 +26,7 @@ import sys
 import time
 
 from edgebroker import config as configuration
-from edgebroker.cli import inspect, inspect_live, log_lock
+from edgebroker.cli import inspect_common, inspect_live, log_lock
 from edgebroker.cli.options import add_format
 from edgebroker.cli.state_dir import not_a_log_dir, state_dir_of
 from edgebroker.cli.state_owner import handed_over
@@ -94,7 +94,7 @@ def _live(state_dir: str) -> dict | str | None:
 def offline_status(state_dir: str) -> dict:
     """What the files say: the uploaded mark, the backlog after it, the intent file."""
     args = type("Args", (), {"data_dir": state_dir, "config": None})()
-    cl = inspect.open_log(args)
+    cl = inspect_common.open_log(args)
     try:
         mark = cl.uploaded_offset
         segments, nbytes, oldest, _newest = cl.upload_backlog(mark)
@@ -207,7 +207,7 @@ def run_once(args) -> int:
     if not os.path.isdir(log_dir):
         raise EdgebrokerError(not_a_log_dir(log_dir)
                               or f"no commit log at {log_dir} (use --data-dir)")
-    inspect._ensure_stderr_logging()
+    inspect_common.ensure_stderr_logging()
     # As root on the service's state directory: what it writes there becomes the owner's.
     with handed_over(state_dir):
         return _ship(args, config, state_dir, log_dir)

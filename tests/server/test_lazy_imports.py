@@ -25,7 +25,8 @@ NEVER_PLAIN = {
     "concurrent.futures",                          # password checks
     "zstandard", "edgebroker.uploader",            # [upload] url
     "psutil",                                      # /proc on Linux
-    "edgebroker.cli.inspect", "edgebroker.cli.inspect_live", "edgebroker.cli.upload",
+    "edgebroker.cli.inspect", "edgebroker.cli.inspect_live", "edgebroker.cli.inspect_sessions",
+    "edgebroker.cli.inspect_common", "edgebroker.cli.upload",
     "edgebroker.cli.passwd", "edgebroker.cli.config_check", "getpass",
     "typing", "tomllib", "datetime",               # the TOML parser, unloaded once read
     "tempfile", "shutil", "random", "bz2", "lzma", "uuid", "platform", "ipaddress", "base64",
