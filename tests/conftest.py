@@ -682,6 +682,19 @@ def sigint_ignored(pid: int) -> bool:
     return bool(mask & (1 << (signal.SIGINT - 1)))
 
 
+def until(pred, timeout: float, what: str):
+    """``pred()``'s first true value, looked at every 50 ms for up to ``timeout`` s; else an
+    AssertionError saying ``what`` did not come."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        pause.wait(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
 def wait_for_snapshot(data_dir: str, client_id: str, timeout: float = 5.0,
                       pred=lambda session: True) -> dict:
     """The snapshot once it lists ``client_id`` with a session entry for which ``pred`` holds

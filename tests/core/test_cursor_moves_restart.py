@@ -9,25 +9,14 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 
 import pytest
 
 import mqttraw as m
+from conftest import until
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _until(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        pause.wait(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def _snapshot(data_dir: str) -> dict:
@@ -82,7 +71,7 @@ def test_a_group_cursor_moved_by_retention_is_saved_so_a_crash_counts_the_gap_on
         groups = {g["key"]: g["cursor"] for g in _snapshot(data_dir).get("shared", ())}
         return (moves and moves[-1] == _first_offset(data_dir) == groups.get(share)
                 and moves[-1])
-    moved_to = _until(saved_after_last_move, 15, "the snapshot holds the group's last move")
+    moved_to = until(saved_after_last_move, 15, "the snapshot holds the group's last move")
     assert b.stats()["dropped"]["log_gap"] > 0
     b.stop(signal.SIGKILL)
     b2 = broker(data_dir=data_dir, log=log)

@@ -7,13 +7,12 @@ records at once, and a crash then lost an acknowledged retained message. Now ret
 in retention_unsaved_records. The snapshot writer is held by a real fault: fsync of its
 temporary file waits while a flag file exists (tests/faults/fsync_fault.c, "hang" mode)."""
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 import shims
+from conftest import until
 
 LOG = {"segment_bytes": 16384, "retention_bytes": 65536}
 
@@ -31,23 +30,13 @@ def held_snapshots(tmp_path, monkeypatch):
     flag.unlink(missing_ok=True)    # (before the broker's stop: its final snapshot)
 
 
-def _until(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        pause.wait(0.05)
-    raise AssertionError(f"{what} not within {timeout} s")
-
 
 def _retained_then_traffic(b, uid, flag: Path):
     """A retained message acknowledged while the snapshot writer is held, then about 45 KB
     of messages: retention_bytes (64 KiB) wants the segment that holds it, so the broker
     asks for a snapshot, which waits in its fsync (the log over the limit by less than the
     two segments it may grow past it meanwhile)."""
-    _until(lambda: Path(b.config["data_dir"], "sessions.json").exists(), 10,
+    until(lambda: Path(b.config["data_dir"], "sessions.json").exists(), 10,
            "the start's snapshot")
     flag.touch()
     pub = b.client(f"{uid}-p")
@@ -55,7 +44,7 @@ def _retained_then_traffic(b, uid, flag: Path):
     for _ in range(45):
         pub.publish(f"{uid}/data", b"z" * 1000, qos=1)
     pub.disconnect()
-    _until(lambda: Path(f"{flag}.waiting").exists(), 5, "a snapshot being written")
+    until(lambda: Path(f"{flag}.waiting").exists(), 5, "a snapshot being written")
 
 
 def _retained_after_restart(broker, b, uid) -> list:
@@ -69,7 +58,7 @@ def test_retention_waits_for_the_snapshot_so_a_crash_keeps_a_retained_message(
         broker, uid, held_snapshots):
     b = broker(log=LOG)
     _retained_then_traffic(b, uid, held_snapshots)
-    _until(lambda: b.stats()["log"]["retention_waits"], 5, "retention waiting for a snapshot")
+    until(lambda: b.stats()["log"]["retention_waits"], 5, "retention waiting for a snapshot")
     assert not [line for line in b.logs if "deleted segment" in line], b.log_text()
     b.stop(9)                                           # SIGKILL, the snapshot still held
     held_snapshots.unlink()
@@ -82,7 +71,7 @@ def test_retention_deletes_unsaved_records_after_a_while_counted_and_logged(
     _retained_then_traffic(b, uid, held_snapshots)
     assert b.wait_log(lambda line: "retention_bytes deletes log records from offset" in line,
                       timeout=10), b.log_text()
-    _until(lambda: b.stats()["counters"].get("retention_unsaved_records"), 5,
+    until(lambda: b.stats()["counters"].get("retention_unsaved_records"), 5,
            "retention_unsaved_records counted")
     mark = b.mark()
     held_snapshots.unlink()                             # the snapshot is written now
@@ -98,7 +87,7 @@ def test_a_burst_past_the_wait_allowance_deletes_at_once_counted(broker, uid, he
     descriptors are in the open files budget): a burst beyond that deletes the oldest ones
     at once, the records no snapshot covered counted and named in the deletion's line."""
     b = broker(log=LOG)
-    _until(lambda: Path(b.config["data_dir"], "sessions.json").exists(), 10,
+    until(lambda: Path(b.config["data_dir"], "sessions.json").exists(), 10,
            "the start's snapshot")
     held_snapshots.touch()
     pub = b.client(f"{uid}-p")
@@ -108,7 +97,7 @@ def test_a_burst_past_the_wait_allowance_deletes_at_once_counted(broker, uid, he
     line = b.wait_log(lambda ln: "deleted segment" in ln and "not yet covered by the session "
                       "snapshot" in ln, timeout=10)
     assert line, b.log_text()
-    _until(lambda: b.stats()["counters"].get("retention_unsaved_records"), 10,
+    until(lambda: b.stats()["counters"].get("retention_unsaved_records"), 10,
            "retention_unsaved_records counted")
     segments = len(list(Path(b.config["data_dir"], "log").glob("*.seg")))
     assert segments <= 8, segments
