@@ -123,6 +123,7 @@ class ProtocolError(EdgebrokerError):
         self.rule = rule
         self.reason = reason
         self.connect5 = False   # raised by a CONNECT of protocol level 5: answered in 5.0
+        self.max_packet5 = 0    # ... whose Maximum Packet Size (0: none) its answer keeps to
         # A frame over the size limit: its bytes from its first one, as far as they arrived
         # (a client reads past a PUBLISH so refused: client/oversize.py)
         self.frame: bytes | None = None

@@ -78,9 +78,10 @@ def session_expiry(conn: Conn5, cap: float) -> int:
 
 def session_expiry_cap(wanted: int, cap: float) -> int:
     """A Session Expiry Interval the client asked for, at most ``cap`` seconds
-    (persistent_client_expiration) when that is set."""
+    (persistent_client_expiration) when that is set; a cap past what the four-byte field holds
+    is its largest finite value (0xFFFFFFFE)."""
     if cap and wanted and (wanted == NEVER_EXPIRES or wanted > cap):
-        return max(1, int(cap))
+        return max(1, min(int(cap), NEVER_EXPIRES - 1))
     return wanted
 
 

@@ -68,6 +68,15 @@ def _log_violation(client, exc: ProtocolError, then: str) -> None:
                         "%s: protocol violation: %s; %s", client.describe(), exc, then)
 
 
+class _Limit:
+    """The client's Maximum Packet Size, for the CONNACK refusing a CONNECT that broke the
+    protocol (no ``Client.v5`` yet: the CONNECT's properties come with the error)."""
+    __slots__ = ("max_packet_size",)
+
+    def __init__(self, max_packet_size: int):
+        self.max_packet_size = max_packet_size
+
+
 def _violation5(client, exc: ProtocolError) -> None:
     """A 5.0 client broke the protocol: a CONNACK (before CONNECT was accepted) or a
     DISCONNECT with the reason code, and why, then the connection closes."""
@@ -86,7 +95,10 @@ def _violation5(client, exc: ProtocolError) -> None:
                                 exc)
         else:   # a CONNECT that breaks the protocol, as in 3.1.1 (no CONNACK code there)
             _log_violation(client, exc, f"CONNACK {reason:#04x} and closing")
-        client.answer(mqtt5.refusal_frame(client.v5, reason, str(exc)))
+        conn = client.v5 if client.v5 is not None else _Limit(exc.max_packet5)
+        frame = mqtt5.refusal_frame(conn, reason, str(exc))
+        if not conn.max_packet_size or len(frame) <= conn.max_packet_size:
+            client.answer(frame)        # (else closed without one: MQTT-3.1.2-24)
     else:
         _log_violation(client, exc, f"DISCONNECT {reason:#04x} and closing")
         client.answer(mqtt5.disconnect_frame(client.v5, reason, str(exc)))

@@ -15,7 +15,8 @@ from edgebroker.mqtt.fields import (
     malformed, no_trailing, protocol_error, read_binary, read_str, read_u16,
 )
 from edgebroker.mqtt.packets import Connect, Will
-from edgebroker.mqtt.properties import AUTH_DATA, AUTH_METHOD, WILL, decode_properties
+from edgebroker.mqtt.properties import (AUTH_DATA, AUTH_METHOD, MAXIMUM_PACKET_SIZE, WILL,
+                                         decode_properties)
 from edgebroker.mqtt.topics import validate_topic_name
 
 # The conformance ids of the connect flag rules, which 5.0 renumbered.
@@ -52,6 +53,12 @@ def decode_connect(b0: int, buf: bytes, p: int, end: int) -> Connect:
         connect = _decode_from_level(buf, p, end, name, level)
     except ProtocolError as exc:
         exc.connect5 = level == P.PROTOCOL_5    # the refusal goes in 5.0's CONNACK
+        if exc.connect5:    # ... within the Maximum Packet Size, if the properties were read
+            try:
+                props = decode_properties(buf, p + 4, end, P.CONNECT)[0] or {}
+            except ProtocolError:
+                props = {}
+            exc.max_packet5 = props.get(MAXIMUM_PACKET_SIZE, 0)
         raise
     connect.bridge = bridge
     return connect

@@ -44,7 +44,7 @@ def validate_topic_name(name: str, what: str = "topic name") -> None:
     is, for the message (a will topic)."""
     _check_common(name, what, TOPIC_NAME_INVALID)
     if "+" in name or "#" in name:
-        raise ProtocolError(f"{what} {name!r} contains a wildcard character",
+        raise ProtocolError(f"{what} {topic_shown(name)} contains a wildcard character",
                             rule="MQTT-4.7.1-1", reason=TOPIC_NAME_INVALID)
 
 

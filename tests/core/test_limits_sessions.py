@@ -282,3 +282,16 @@ def test_a_reload_applies_the_expiration_to_sessions_already_offline(core, asked
     clock.now += 1
     core.tick(clock.now)
     assert "a" not in core.sessions and core.stats.sessions_expired == 1
+
+
+def test_a_cap_past_the_four_byte_field_is_its_largest_value(broker, uid):
+    """persistent_client_expiration above 0xFFFFFFFF (allowed: 0 or more) capped a 5.0
+    client's "never" to itself, which the CONNACK's four-byte Session Expiry Interval cannot
+    hold: an internal error, no CONNACK, for every such client (diff33)."""
+    b = broker(limits={"persistent_client_expiration": 5_000_000_000})
+    c = R.RawClient5(b.host, b.port)
+    c.send(R.connect5(uid, clean_start=False, props={R.SESSION_EXPIRY: 0xFFFFFFFF}))
+    ack = c.expect(R.CONNACK)
+    assert ack.reason == 0 and ack.properties[R.SESSION_EXPIRY] == 0xFFFFFFFE, ack
+    c.close()
+    assert not any("Traceback" in ln or "internal error" in ln for ln in b.logs), b.log_text()

@@ -145,11 +145,12 @@ def test_bad_will_topic_closes(srv, uid, topic):
     assert_closed_without_accept(c)
 
 
-@pytest.mark.parametrize("topic", [b"a/+", b"#", b""], ids=["plus", "hash", "empty"])
+@pytest.mark.parametrize("topic", [b"a/+", b"#", b"", b"a" * 5000 + b"/+"],
+                         ids=["plus", "hash", "empty", "long"])
 def test_a_bad_will_topic_gets_connack_0x90_on_5_0(srv, uid, topic):
     """5.0 has a code for it (Table 3-1: 0x90 Topic Name invalid, "The Will Topic Name is not
     malformed, but is not accepted"); it came as 0x80 Unspecified error, logged as a "topic
-    name"."""
+    name". A long one is shown by its first 200 characters (it was logged whole)."""
     mark = srv.mark()
     c = R.RawClient5(srv.host, srv.port)
     c.send(R.connect5(uid, will=(topic, b"x", 0)))
@@ -157,7 +158,25 @@ def test_a_bad_will_topic_gets_connack_0x90_on_5_0(srv, uid, topic):
     assert ack.reason == 0x90, ack
     assert c.expect_closed()
     line = srv.wait_log(lambda ln: "protocol violation" in ln, start=mark)
-    assert line and "will topic" in line, line
+    assert line and "will topic" in line and len(line) < 1000, line
+    c.close()
+
+
+@pytest.mark.parametrize("limit", [20, 4])
+def test_the_connack_refusing_a_bad_connect_keeps_to_its_maximum_packet_size(srv, uid, limit):
+    """MQTT-3.1.2-24: the refusing CONNACK of a CONNECT that broke the protocol (here its will
+    topic) was sent with its Reason String whatever the client's Maximum Packet Size (69 bytes
+    to a client of 8). The Reason String is left out; when even that does not fit (a 5.0
+    CONNACK is 5 bytes), the connection closes without one."""
+    c = R.RawClient5(srv.host, srv.port)
+    c.send(R.connect5(uid, will=(b"a/+", b"x", 0), props={R.MAXIMUM_PACKET_SIZE: limit}))
+    assert c.expect_closed()
+    if limit >= 5:
+        [ack] = c.before_close
+        assert ack.type == R.CONNACK and ack.reason == 0x90 and not ack.properties, ack
+        assert 1 + 1 + len(ack.body) <= limit
+    else:
+        assert c.before_close == []
     c.close()
 
 
