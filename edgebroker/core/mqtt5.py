@@ -198,6 +198,18 @@ def refusal_frame(conn: Conn5 | None, reason: int, why: str) -> bytes:
                   {Q.REASON_STRING: why[:200]})
 
 
+def refusal_within(conn, reason: int, why: str) -> tuple[bytes | None, str]:
+    """The refusing CONNACK for ``conn`` (Conn5, or anything with its ``max_packet_size``),
+    and what the log says was done: None, closed without one, when even without its Reason
+    String it is larger than the client's Maximum Packet Size (MQTT-3.1.2-24)."""
+    frame = refusal_frame(conn, reason, why)
+    limit = conn.max_packet_size
+    if limit and len(frame) > limit:
+        return None, (f"closed: a CONNACK {reason:#04x} would be larger than its Maximum "
+                      f"Packet Size ({limit})")
+    return frame, f"CONNACK {reason:#04x}"
+
+
 def disconnect_frame(conn: Conn5 | None, reason: int, why: str) -> bytes:
     """A DISCONNECT the server sends before closing, saying why."""
     return within(conn, lambda props: encode_disconnect5(reason, props),

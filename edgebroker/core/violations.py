@@ -85,20 +85,20 @@ def _violation5(client, exc: ProtocolError) -> None:
     if not client.connected:
         if reason not in CONNACK_REASONS5:
             reason = UNSPECIFIED_ERROR
+        conn = client.v5 if client.v5 is not None else _Limit(exc.max_packet5)
+        frame, answer = mqtt5.refusal_within(conn, reason, str(exc))
         if reason in (UNSUPPORTED_PROTOCOL_VERSION, CLIENT_ID_NOT_VALID):
             broker.stats.connections_refused += 1
             kind = ("protocol_version" if reason == UNSUPPORTED_PROTOCOL_VERSION
                     else "client_id")
             broker.refused[kind] += 1
-            broker.peer_log.log(log, logging.INFO, kind, client.peer,
-                                "%s: refused (CONNACK %#04x): %s", client.describe(), reason,
-                                exc)
+            broker.peer_log.log(log, logging.INFO, kind, client.peer, "%s: refused (%s): %s",
+                                client.describe(), answer, exc)
         else:   # a CONNECT that breaks the protocol, as in 3.1.1 (no CONNACK code there)
-            _log_violation(client, exc, f"CONNACK {reason:#04x} and closing")
-        conn = client.v5 if client.v5 is not None else _Limit(exc.max_packet5)
-        frame = mqtt5.refusal_frame(conn, reason, str(exc))
-        if not conn.max_packet_size or len(frame) <= conn.max_packet_size:
-            client.answer(frame)        # (else closed without one: MQTT-3.1.2-24)
+            _log_violation(client, exc, f"{answer} and closing" if frame is not None
+                           else answer)
+        if frame is not None:
+            client.answer(frame)
     else:
         _log_violation(client, exc, f"DISCONNECT {reason:#04x} and closing")
         client.answer(mqtt5.disconnect_frame(client.v5, reason, str(exc)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from edgebroker.errors import PROTOCOL_ERROR, UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
 from edgebroker.mqtt import packets as P
 from edgebroker.mqtt.fields import (
-    malformed, no_trailing, protocol_error, read_binary, read_str, read_u16,
+    malformed, no_trailing, protocol_error, read_binary, read_str, read_u16, read_varint,
 )
 from edgebroker.mqtt.packets import Connect, Will
 from edgebroker.mqtt.properties import (AUTH_DATA, AUTH_METHOD, MAXIMUM_PACKET_SIZE, WILL,
@@ -53,15 +53,25 @@ def decode_connect(b0: int, buf: bytes, p: int, end: int) -> Connect:
         connect = _decode_from_level(buf, p, end, name, level)
     except ProtocolError as exc:
         exc.connect5 = level == P.PROTOCOL_5    # the refusal goes in 5.0's CONNACK
-        if exc.connect5:    # ... within the Maximum Packet Size, if the properties were read
+        if exc.connect5:    # ... within the Maximum Packet Size, when it can be read
             try:
                 props = decode_properties(buf, p + 4, end, P.CONNECT)[0] or {}
-            except ProtocolError:
-                props = {}
-            exc.max_packet5 = props.get(MAXIMUM_PACKET_SIZE, 0)
+                exc.max_packet5 = props.get(MAXIMUM_PACKET_SIZE, 0)
+            except ProtocolError:   # unreadable: the smallest CONNACK if it may set one
+                exc.max_packet5 = 5 if _may_set_a_limit(buf, p + 4, end) else 0
         raise
     connect.bridge = bridge
     return connect
+
+
+def _may_set_a_limit(buf: bytes, p: int, end: int) -> bool:
+    """Whether a CONNECT property section (at ``p``) that does not decode may hold a Maximum
+    Packet Size: its identifier's byte is in it, or its length cannot be read."""
+    try:
+        length, p = read_varint(buf, p, end, "CONNECT properties length")
+    except ProtocolError:
+        return True
+    return MAXIMUM_PACKET_SIZE in buf[p:min(p + length, end)]
 
 
 def _decode_from_level(buf: bytes, p: int, end: int, name: bytes, level: int) -> Connect:

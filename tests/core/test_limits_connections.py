@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import mqttraw as m
+import mqttraw5 as R
 from conftest import toml_dumps
 from mqttraw import CONNACK
 
@@ -55,6 +56,31 @@ def test_max_connections_refuses_with_connack_3_and_counts(broker, uid):
     s = b.stats()
     assert s["refused"]["max_connections"] == 1 and s["limit_hits"]["max_connections"] == 1
     assert s["clients_connected"] == 3
+
+
+@pytest.mark.parametrize("limit", [20, 4])
+def test_a_5_0_refusal_at_max_connections_keeps_to_the_clients_maximum_packet_size(
+        broker, uid, limit):
+    """MQTT-3.1.2-24: the CONNACK 0x97 went whatever the client's limit (5 bytes to a client of
+    4), and the line said CONNACK 3; now its Reason String is left out, or, when even that
+    does not fit, the connection closes without one, and the line says which."""
+    b = broker(limits={"max_connections": 1})
+    held = b.client(f"{uid}-0")
+    mark = b.mark()
+    c = R.RawClient5(b.host, b.port)
+    c.send(R.connect5(f"{uid}-x", props={R.MAXIMUM_PACKET_SIZE: limit}))
+    assert c.expect_closed()
+    line = b.wait_log(f"{uid}-x", start=mark)
+    if limit == 20:
+        [ack] = c.before_close
+        assert ack.reason == 0x97 and not ack.properties, ack
+        assert "refused (CONNACK 0x97)" in line, line
+    else:
+        assert c.before_close == []
+        assert "refused (closed: a CONNACK 0x97 would be larger than its Maximum Packet Size " \
+               "(4))" in line, line
+    c.close()
+    assert held.ping() == []
 
 
 @pytest.mark.parametrize("limit", ["max_connections", "max_sessions"])

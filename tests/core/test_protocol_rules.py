@@ -168,15 +168,31 @@ def test_the_connack_refusing_a_bad_connect_keeps_to_its_maximum_packet_size(srv
     topic) was sent with its Reason String whatever the client's Maximum Packet Size (69 bytes
     to a client of 8). The Reason String is left out; when even that does not fit (a 5.0
     CONNACK is 5 bytes), the connection closes without one."""
+    mark = srv.mark()
     c = R.RawClient5(srv.host, srv.port)
     c.send(R.connect5(uid, will=(b"a/+", b"x", 0), props={R.MAXIMUM_PACKET_SIZE: limit}))
     assert c.expect_closed()
+    line = srv.wait_log(lambda ln: "protocol violation: will topic" in ln, start=mark)
     if limit >= 5:
         [ack] = c.before_close
         assert ack.type == R.CONNACK and ack.reason == 0x90 and not ack.properties, ack
         assert 1 + 1 + len(ack.body) <= limit
+        assert line and line.endswith("; CONNACK 0x90 and closing"), line
     else:
         assert c.before_close == []
+        assert line and line.endswith("; closed: a CONNACK 0x90 would be larger than its "
+                                      "Maximum Packet Size (4)"), line
+    c.close()
+
+
+def test_a_connect_whose_properties_cannot_be_read_gets_the_smallest_connack(srv, uid):
+    """Its Maximum Packet Size is not known then (here Receive Maximum 0 breaks the section):
+    the CONNACK goes without its Reason String, which a small limit could not take."""
+    c = R.RawClient5(srv.host, srv.port)
+    c.send(R.connect5(uid, props={R.MAXIMUM_PACKET_SIZE: 20, R.RECEIVE_MAXIMUM: 0}))
+    assert c.expect_closed()
+    [ack] = c.before_close
+    assert ack.type == R.CONNACK and ack.reason >= 0x80 and not ack.properties, ack
     c.close()
 
 

@@ -143,10 +143,15 @@ def _admitted(client, p) -> bool:
     if full is None:
         return True
     limit, why = full
-    broker.peer_log.log(log, logging.WARNING, limit, client.peer,
-                        "%s refused (CONNACK 3, server unavailable): %s", client.describe(), why)
-    client.answer(mqtt5.refusal_frame(conn, mqtt5.ADMISSION_REASONS.get(
-        limit, SERVER_UNAVAILABLE), why) if conn is not None else encode(P.Connack(False, 3)))
+    if conn is not None:
+        frame, answer = mqtt5.refusal_within(
+            conn, mqtt5.ADMISSION_REASONS.get(limit, SERVER_UNAVAILABLE), why)
+    else:
+        frame, answer = encode(P.Connack(False, 3)), "CONNACK 3, server unavailable"
+    broker.peer_log.log(log, logging.WARNING, limit, client.peer, "%s refused (%s): %s",
+                        client.describe(), answer, why)
+    if frame is not None:
+        client.answer(frame)
     broker.stats.connections_refused += 1
     broker.refused[limit] += 1
     broker.hit(limit)
@@ -301,13 +306,7 @@ def refuse(client, code: int | None, why: str, reason: str = "client_id", *,
     broker = client.broker
     if client.v5 is not None:
         code = reason5 = reason5 or mqtt5.CONNACK_REASONS[code]
-        frame = mqtt5.refusal_frame(client.v5, code, told or why)
-        answer = f"CONNACK {code:#04x}"
-        limit = client.v5.max_packet_size
-        if limit and len(frame) > limit:     # MQTT-3.1.2-24, even without its Reason String
-            frame = None
-            answer = (f"closed: a CONNACK {code:#04x} would be larger than its Maximum Packet "
-                      f"Size ({limit})")
+        frame, answer = mqtt5.refusal_within(client.v5, code, told or why)
     elif code is None:
         frame = None
         answer = "closed: MQTT 3.1.1 has no CONNACK code for it"
