@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edgebroker.commitlog.format import INDEX_ENTRY_SIZE
-
 # Segments the log may grow past retention_bytes while the disk limit waits for a snapshot.
 SNAPSHOT_WAIT_SEGMENTS = 2
 
@@ -40,10 +38,7 @@ def plan(segments: Sequence, uploaded_offset: int, now_ms: int, retention_bytes:
     victims = []
     sizes = [s.disk_bytes() for s in segments]
     total = sum(sizes)
-    # Past retention_bytes, in segments of records and index entries (not the room a sealed
-    # one holds until the flusher frees it, which would double it with small segments)
-    may_wait = SNAPSHOT_WAIT_SEGMENTS * max(
-        (s.size + s.count * INDEX_ENTRY_SIZE for s in segments), default=0)
+    may_wait = SNAPSHOT_WAIT_SEGMENTS * max(sizes, default=0)   # past retention_bytes
     for seg, seg_bytes in zip(segments[:-1], sizes):
         if not seg.sealed:
             break
