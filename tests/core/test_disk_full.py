@@ -262,7 +262,7 @@ def test_small_segments_under_load_stay_within_a_retention_bytes_below_the_disk(
     small = tmp_path / "small"
     mount_tmpfs(small, "1m")
     b = broker(data_dir=str(small / "data"),
-               log={"segment_bytes": 65536, "retention_bytes": 300_000})
+               log={"segment_bytes": 65536, "retention_bytes": 240_000})
     pub = b.client(f"{uid}-p")
     payload = bytes(200)
     for burst in range(40):                # 12,000 records, about 40 segments
