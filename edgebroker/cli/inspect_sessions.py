@@ -21,7 +21,7 @@ from edgebroker.cli.inspect_common import human_bytes, log_dir, open_log, out, t
 from edgebroker.cli.inspect_live import duration
 from edgebroker.cli.record_view import fmt_time
 from edgebroker.core import snapshot
-from edgebroker.core.mqtt5 import NEVER_EXPIRES, session_expiry_cap
+from edgebroker.core.mqtt5 import kept_offline
 from edgebroker.errors import EdgebrokerError
 
 
@@ -37,10 +37,7 @@ def expiry_seconds(expiry_interval: int | None, cap: float) -> float | None:
     """How long a session is kept offline, in seconds (None: for ever), as the broker's
     ``_expire_later``: ``expiry_interval`` (5.0; None for 3.1.1) at most ``cap``
     (persistent_client_expiration, 0: none), else ``cap``."""
-    if expiry_interval is None:
-        return cap or None
-    seconds = session_expiry_cap(expiry_interval, cap)
-    return None if seconds in (0, NEVER_EXPIRES) else seconds
+    return kept_offline(expiry_interval, cap) or None
 
 
 def session_state(s: snapshot.SessionState, cap: float, now_ms: int) -> dict:

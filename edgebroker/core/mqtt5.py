@@ -85,6 +85,16 @@ def session_expiry_cap(wanted: int, cap: float) -> int:
     return wanted
 
 
+def kept_offline(expiry_interval: int | None, cap: float) -> float:
+    """Seconds an offline persistent session is kept (0: for ever): its Session Expiry
+    Interval (5.0; None for 3.1.1) at most ``cap`` (persistent_client_expiration, 0: none),
+    else ``cap``; 0xFFFFFFFF is for ever."""
+    if expiry_interval is None:
+        return cap
+    seconds = session_expiry_cap(expiry_interval, cap)
+    return 0 if seconds == NEVER_EXPIRES else seconds
+
+
 def receive_window(conn, limits) -> int:
     """A session's ``receive_max``: the 5.0 client's Receive Maximum (``conn``; None for
     3.1.1) when it is below max_inflight_messages, else 0 (the limit is the window). Set at

@@ -27,7 +27,7 @@ from edgebroker.errors import (
 from edgebroker.core.cursor import needed_from
 from edgebroker.core.filter_set import filter_added, filter_removed
 from edgebroker.core.client import Client
-from edgebroker.core.mqtt5 import NEVER_EXPIRES, session_expiry_cap
+from edgebroker.core.mqtt5 import kept_offline, session_expiry_cap
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
@@ -252,14 +252,8 @@ class Sessions:
         Expiry Interval (5.0) at most persistent_client_expiration when that is set (also one
         set since its CONNECT: a reload, a restart), else persistent_client_expiration; none
         for 0 (3.1.1) or 0xFFFFFFFF (5.0)."""
-        expiration = session.expiry_interval
-        cap = self.limits.persistent_client_expiration
-        if expiration is None:
-            expiration = cap
-        else:
-            expiration = session_expiry_cap(expiration, cap)
-            if expiration == NEVER_EXPIRES:
-                expiration = 0
+        expiration = kept_offline(session.expiry_interval,
+                                  self.limits.persistent_client_expiration)
         timer = session.expiry
         if not expiration:
             if timer is not None:
