@@ -284,7 +284,7 @@ def write_pending(self) -> int:
                 seg.create_files(self._spare_files.take() if seg.fd < 0 else None,
                                  self.options.segment_bytes)
             if seg.count + g.count > seg.index_capacity:
-                seg.ensure_index_room(seg.count + g.count)
+                seg.ensure_index_room(seg.count + g.count, self.options.segment_bytes)
             self._write_at(seg, g.parts, g.nbytes, seg.size)
         except LogWriteError as exc:
             self.counters.write_errors += 1

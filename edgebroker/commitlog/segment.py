@@ -24,11 +24,31 @@ import os
 from edgebroker import _native
 from edgebroker.commitlog.errors import LogWriteError
 from edgebroker.commitlog.format import (
-    FORMAT_VERSION, INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, SEGMENT_SUFFIX, segment_name,
+    FORMAT_VERSION, INDEX_ENTRY, INDEX_ENTRY_SIZE, INDEX_SUFFIX, RECORD_HEADER_SIZE, SEGMENT_SUFFIX,
+    segment_name,
 )
 from edgebroker.files import write_small_file
 
-INDEX_GROW_ENTRIES = 4096
+INDEX_GROW_ENTRIES = 4096    # index room made at first (64 KiB), doubled as it fills
+INDEX_BYTES_PER_ENTRY = 256  # a small segment starts with room for one entry per 256 bytes
+INDEX_FEWEST_ENTRIES = 64
+
+
+def index_room(entries: int, capacity: int, segment_bytes: int) -> int:
+    """How many entries a segment's index makes room for when it must hold ``entries``
+    (``capacity`` made so far): doubling from ``INDEX_GROW_ENTRIES``, or for segments under
+    1 MiB from one entry per ``INDEX_BYTES_PER_ENTRY`` bytes, and never more than records of
+    ``segment_bytes`` can need (each has a header): on a disk of a few MiB the room a sealed
+    segment holds until the flusher trims it is then a fraction of it, not as much again."""
+    if capacity:
+        room = capacity * 2
+    else:
+        room = INDEX_GROW_ENTRIES
+        if segment_bytes > 0:
+            room = min(room, max(INDEX_FEWEST_ENTRIES, segment_bytes // INDEX_BYTES_PER_ENTRY))
+    if segment_bytes > 0:
+        room = min(room, segment_bytes // RECORD_HEADER_SIZE + 1)
+    return max(entries, room)
 
 
 def preallocate(fd: int, nbytes: int) -> int:
@@ -180,7 +200,7 @@ class Segment:
         self.reserved_max_ts = self.max_timestamp
         self.reserved_first_ts = self.first_timestamp
         self.created = True
-        self.ensure_index_room(self.count + 1)
+        self.ensure_index_room(self.count + 1, room)
         self.allocate_room(room)
 
     def allocate_room(self, room: int) -> None:
@@ -200,11 +220,12 @@ class Segment:
             except OSError:
                 pass
 
-    def ensure_index_room(self, entries: int) -> None:
-        """Make the writable index mmap hold at least ``entries`` entries (fallocate ahead)."""
+    def ensure_index_room(self, entries: int, segment_bytes: int = 0) -> None:
+        """Make the writable index mmap hold at least ``entries`` entries (fallocate ahead;
+        how many more: ``index_room``)."""
         if entries <= self.index_capacity and isinstance(self.index, mmap.mmap):
             return
-        capacity = max(entries, self.index_capacity * 2, INDEX_GROW_ENTRIES)
+        capacity = index_room(entries, self.index_capacity, segment_bytes)
         nbytes = capacity * INDEX_ENTRY_SIZE
         try:
             if self.index_fd < 0:

@@ -1,5 +1,5 @@
 """The disk limit's wait for the session snapshot (commitlog/retention.py ``plan``): a sealed
-segment's room (its index file's 64 KiB until the flusher trims it) counts toward the log's
+segment's room (its index file's room until the flusher trims it) counts toward the log's
 size and toward the segments the wait allows alike, so a log of small segments over the limit
 by their rooms alone still waits for the snapshot (tests/core/test_retention_snapshot.py)."""
 

@@ -32,7 +32,7 @@ def held_snapshots(tmp_path, monkeypatch):
 
 
 def _retained_then_traffic(b, uid, flag: Path):
-    """A retained message acknowledged while the snapshot writer is held, then about 45 KB
+    """A retained message acknowledged while the snapshot writer is held, then about 75 KB
     of messages: retention_bytes (64 KiB) wants the segment that holds it, so the broker
     asks for a snapshot, which waits in its fsync (the log over the limit by less than the
     two segments it may grow past it meanwhile)."""
@@ -41,7 +41,7 @@ def _retained_then_traffic(b, uid, flag: Path):
     flag.touch()
     pub = b.client(f"{uid}-p")
     pub.publish(f"{uid}/cfg", b"21.5", qos=1, retain=True)        # PUBACK received
-    for _ in range(45):
+    for _ in range(75):
         pub.publish(f"{uid}/data", b"z" * 1000, qos=1)
     pub.disconnect()
     until(lambda: Path(f"{flag}.waiting").exists(), 5, "a snapshot being written")
