@@ -95,3 +95,17 @@ def test_an_encrypted_client_key_stops_the_start_without_asking(broker, pki, tmp
     assert gw.wait_log(lambda ln: f"bridge[0] (up).keyfile: {key}: the private key is encrypted "
                                   f"(edgebroker takes no pass phrase): decrypt it with openssl "
                                   f"pkey -in {key} -out PLAIN.key" in ln, 5)
+
+
+def test_a_remote_that_does_not_speak_tls_is_named_as_the_likely_cause(broker, pki,
+                                                                       mosquitto_broker):
+    """cafile set, the remote's port plain MQTT: Mosquitto resets the connection at our
+    ClientHello; the line says that this happened during the TLS handshake and what that
+    suggests, not only "receive failed: Connection reset by peer"."""
+    remote = mosquitto_broker()
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
+    gw = broker(bridge=[bridge_table(remote.port, rules, cafile=str(pki.ca.cert))])
+    line = gw.wait_log(lambda ln: "bridge up: cannot connect to" in ln, 10)
+    hint = "(during the TLS handshake: does the remote speak TLS on this port?)"
+    assert line is not None and hint in line, line
+    assert hint in figures(gw)["last_error"]
