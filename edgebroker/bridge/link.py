@@ -24,6 +24,11 @@ import threading
 log = logging.getLogger("edgebroker.bridge")
 
 READ_SIZE = 256 * 1024
+# How a remote that does not speak TLS on the port ends our ClientHello: a reset (Mosquitto),
+# an end of the stream, or an answer that is no TLS record.
+NOT_TLS = ("receive failed", "send failed", "the remote closed the connection",
+           "TLS handshake failed: WRONG_VERSION_NUMBER")
+NOT_TLS_HINT = " (during the TLS handshake: does the remote speak TLS on this port?)"
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
@@ -325,6 +330,9 @@ class Link:
         if self.closed:
             return
         self.closed = True
+        if self.tls is not None and self.connected and not self.up \
+                and reason.startswith(NOT_TLS):
+            reason += NOT_TLS_HINT
         self.up = False
         self.unacknowledged_at_close = self.unacknowledged()
         if self.events:

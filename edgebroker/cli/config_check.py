@@ -58,7 +58,7 @@ def run(args) -> int:
         warnings.append(foreign)
     if config is not None and not problems:
         warnings += configuration.exposed_secrets(config)
-        warnings += certificate_date_warnings(config.listeners)
+        warnings += certificate_date_warnings(config.listeners, bridges=config.bridge)
     if config is not None and not problems and config.bridge:
         from edgebroker.bridge_config import bridge_warnings
         warnings += bridge_warnings(config.bridge)

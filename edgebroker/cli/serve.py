@@ -199,17 +199,20 @@ def load_again(args) -> configuration.Config:
 
 def _warn_exposed(config: configuration.Config) -> None:
     """At start and at each reload: a configuration file holding secrets that other users
-    can read (config.exposed_secrets); a listener's certificate out of its dates; bridge
-    rules that do not do what they seem (bridge_config.bridge_warnings)."""
+    can read (config.exposed_secrets); a listener's certificate, or a bridge's client
+    certificate, out of its dates; bridge rules that do not do what they seem
+    (bridge_config.bridge_warnings)."""
     for warning in configuration.exposed_secrets(config):
         logging.getLogger(__name__).warning("%s", warning)
     if config.bridge:     # (bridge_config is loaded for [[bridge]] tables only)
         from edgebroker.bridge_config import bridge_warnings
         for warning in bridge_warnings(config.bridge):
             logging.getLogger(__name__).warning("%s", warning)
-    if any(lc.tls for lc in config.listeners):   # (ssl is loaded for TLS listeners only)
+    # (ssl is loaded for TLS listeners and bridges only)
+    if any(lc.tls for lc in config.listeners) or any(bc.cafile and bc.certfile
+                                                     for bc in config.bridge):
         from edgebroker.server.tls_dates import certificate_date_warnings
-        for warning in certificate_date_warnings(config.listeners):
+        for warning in certificate_date_warnings(config.listeners, bridges=config.bridge):
             logging.getLogger(__name__).warning("%s", warning)
 
 

@@ -371,6 +371,7 @@ PEER_EVENTS = {
     "not_mqtt": "connections not starting with CONNECT",
     "websocket": "refused WebSocket upgrades",
     "tls_handshake": "failed TLS handshakes",
+    "tls_error": "connections closed for a broken TLS stream (after the handshake)",
     "tls_handshake_timeout": "TLS handshakes not finished within handshake_timeout",
     "held_output": "connections not read while replies they do not read wait",
     "publish_refused": "connections closed for a PUBLISH to a new topic a topic limit refused",

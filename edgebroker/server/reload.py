@@ -162,6 +162,10 @@ def apply_security(app, config: Config, running: list, security: list) -> None:
     for kind in ("password_file", "acl_file"):
         for path in sorted({getattr(r[1].settings, kind) for r in security if r} - {None, ""}):
             (kept if (kind, path) in unchanged else read).append(path)
+    if app.bridges is not None:
+        bridges_read, bridges_kept = app.bridges.reload_tls()
+        read += bridges_read
+        kept += bridges_kept
     log.info("reload: re-read %s%s", ", ".join(read) or "no security files",
              f"; unchanged since they were read, not read again: {', '.join(kept)}"
              if kept else "")

@@ -381,9 +381,13 @@ class TLSTransport(Transport):
                 # cannot ignore it (see make_context): nothing more can be sent.
                 self._gone("closed by peer")
                 return
-            except ssl.SSLError as exc:
-                self._gone(f"TLS error: {exc.reason or exc}")
-                return
+            except ssl.SSLError as exc:     # (records that are not TLS, a bad MAC: not a close)
+                why, broker = f"TLS error: {exc.reason or exc}", loop.broker
+                broker.stats.protocol_errors += 1
+                broker.peer_log.log(log, logging.WARNING, "tls_error", self.peer, "%s on listener "
+                                    "%s: broken TLS stream (%s); closing", self.client.describe(),
+                                    self.server.name, why)
+                return self._gone(why)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:

@@ -1,9 +1,13 @@
 """A bridge over TLS: the remote's certificate checked against cafile, a client certificate
 presented; a remote whose certificate another CA signed is refused; unusable TLS files stop
-the start with a line naming the bridge."""
+the start with a line naming the bridge; a client certificate renewed in place is used after a
+reload (SIGHUP), without a restart."""
 
 from __future__ import annotations
 
+import datetime
+import shutil
+import signal
 import socket
 
 import pytest
@@ -95,3 +99,68 @@ def test_an_encrypted_client_key_stops_the_start_without_asking(broker, pki, tmp
     assert gw.wait_log(lambda ln: f"bridge[0] (up).keyfile: {key}: the private key is encrypted "
                                   f"(edgebroker takes no pass phrase): decrypt it with openssl "
                                   f"pkey -in {key} -out PLAIN.key" in ln, 5)
+
+
+def test_a_remote_that_does_not_speak_tls_is_named_as_the_likely_cause(broker, pki,
+                                                                       mosquitto_broker):
+    """cafile set, the remote's port plain MQTT: Mosquitto resets the connection at our
+    ClientHello; the line says that this happened during the TLS handshake and what that
+    suggests, not only "receive failed: Connection reset by peer"."""
+    remote = mosquitto_broker()
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
+    gw = broker(bridge=[bridge_table(remote.port, rules, cafile=str(pki.ca.cert))])
+    line = gw.wait_log(lambda ln: "bridge up: cannot connect to" in ln, 10)
+    hint = "(during the TLS handshake: does the remote speak TLS on this port?)"
+    assert line is not None and hint in line, line
+    assert hint in figures(gw)["last_error"]
+
+
+def _mosquitto_wanting_client_certificates(mosquitto_broker, pki):
+    """Mosquitto on TLS with ``pki.server``'s certificate, refusing clients without a
+    certificate signed by ``pki.ca``."""
+    return mosquitto_broker(extra=[f"cafile {pki.ca.cert}", f"certfile {pki.server.cert}",
+                                   f"keyfile {pki.server.key}", "require_certificate true"])
+
+
+def test_a_client_certificate_renewed_in_place_is_used_after_a_reload(broker, pki,
+                                                                      mosquitto_broker, tmp_path):
+    """The bridge's client certificate has expired: the start warns of it, Mosquitto refuses
+    it. A renewed one copied over the same files and SIGHUP: the reload reads the bridge's
+    files again and its next connection presents the new certificate (the TLS context was
+    made once, at start: the bridge stayed down until a restart)."""
+    remote = _mosquitto_wanting_client_certificates(mosquitto_broker, pki)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    expired = pki.ca.issue("bridge-expired", "gateway",
+                           valid=(now - datetime.timedelta(days=3), now - datetime.timedelta(days=1)))
+    live = tmp_path / "live"
+    live.mkdir()
+    cert, key = live / "client.crt", live / "client.key"
+    shutil.copy(expired.cert, cert)
+    shutil.copy(expired.key, key)
+    rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
+    gw = broker(bridge=[bridge_table(remote.port, rules, cafile=str(pki.ca.cert),
+                                     certfile=str(cert), keyfile=str(key))])
+    assert any(f"WARNING bridge[0] (up).certfile: {cert}: the certificate expired on " in ln
+               and ln.endswith("(notAfter): the remote refuses it") for ln in gw.logs), gw.logs
+    line = gw.wait_log(lambda ln: "bridge up: cannot connect to" in ln, 10)
+    assert line is not None and "CERTIFICATE_EXPIRED" in line, line
+    # Renewed in place, then a reload.
+    renewed = pki.ca.issue("bridge-renewed", "gateway")
+    shutil.copy(renewed.cert, cert)
+    shutil.copy(renewed.key, key)
+    mark = gw.mark()
+    gw.send_signal(signal.SIGHUP)
+    reloaded = gw.wait_log("reload: re-read", 10, start=mark)
+    assert reloaded is not None and "certificates of bridge up" in reloaded, reloaded
+    assert gw.wait_log(lambda ln: "bridge up: connected to" in ln, 10, start=mark), gw.logs[mark:]
+    assert wait_figure(gw, lambda f: f["state"] == "up")["last_error"] == ""
+    assert not any("certfile" in ln for ln in gw.logs[mark:]), gw.logs[mark:]
+    # Files that cannot be used: the reload is refused and the renewed certificate stays.
+    shutil.copy(pki.client.cert, cert)      # (not the certificate of this key)
+    mark = gw.mark()
+    gw.send_signal(signal.SIGHUP)
+    failed = gw.wait_log("reload failed", 10, start=mark)
+    assert failed is not None and "bridge[0] (up)" in failed, failed
+    remote.stop()
+    remote.start()
+    assert gw.wait_log(lambda ln: "bridge up: connected to" in ln, 15, start=mark), gw.logs[mark:]

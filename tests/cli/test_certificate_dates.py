@@ -61,3 +61,25 @@ def test_start_and_reload_warn_of_certificate_dates(broker, tmp_path):
     b.send_signal(signal.SIGHUP)
     assert b.wait_log("configuration reloaded", timeout=10, start=mark), b.log_text()
     assert not any("certfile" in line for line in b.logs[mark:]), b.log_text()
+
+
+def test_config_check_warns_of_a_bridge_client_certificate_out_of_its_dates(tmp_path):
+    """The remote refuses it (SSLV3_ALERT_CERTIFICATE_EXPIRED was the first sign)."""
+    ca = CA(tmp_path, "ca")
+    expired = ca.issue("bridge-expired", "gateway", valid=EXPIRED)
+    not_yet = ca.issue("bridge-not-yet", "gateway", valid=NOT_YET)
+    good = ca.issue("bridge-good", "gateway")
+    bridges = [{"name": name, "address": "127.0.0.1:8883", "cafile": str(ca.cert),
+                "certfile": str(issued.cert), "keyfile": str(issued.key),
+                "topic": [{"pattern": "s/#", "direction": "out"}]}
+               for name, issued in (("good", good), ("old", expired), ("new", not_yet))]
+    config = dict(default_config(tmp_path), bridge=bridges)
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps(config))
+    r = run_cli("config", "check", "-c", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [
+        f"warning: bridge[1] (old).certfile: {expired.cert}: the certificate expired on "
+        f"2020-01-01 00:00:00 UTC (notAfter): the remote refuses it",
+        f"warning: bridge[2] (new).certfile: {not_yet.cert}: the certificate is not valid "
+        f"before {NOT_YET[0]:%Y-%m-%d %H:%M:%S} UTC (notBefore): the remote refuses it"]

@@ -229,3 +229,38 @@ def test_a_tcp_port_check_is_not_a_failed_handshake(srv):
     # (the broker reads those ends no later than this connection's bytes)
     refused_at_first_bytes(srv, 4, connect("x"))
     assert srv.stats()["counters"]["tls_handshakes_failed"] - before == 1
+
+
+# A plaintext CONNECT, and a well-formed application_data record whose body does not decrypt.
+NOT_TLS = connect("x", 60)
+BAD_MAC = bytes([23, 3, 3, 0, 40]) + b"\x5a" * 40
+
+
+@pytest.mark.parametrize("after_connect", [False, True], ids=["before-connect", "after-connect"])
+@pytest.mark.parametrize("garbage", [NOT_TLS, BAD_MAC], ids=["plaintext", "bad-mac"])
+def test_a_tls_stream_broken_after_the_handshake_is_counted_and_logged(srv, pki, garbage,
+                                                                      after_connect):
+    """Bytes that are not TLS records after a completed handshake (a broken client TLS stack,
+    a corrupting middlebox): one WARNING naming the peer and the TLS error, counted as a
+    protocol error, before CONNECT as after it (it was DEBUG, or INFO "connection lost")."""
+    before = srv.stats()["counters"]["protocol_errors"]
+    mark = srv.mark()
+    ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
+    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port(srv, 2)), timeout=10),
+                         server_hostname="localhost") as tls:
+        if after_connect:
+            tls.sendall(connect("broken-stream", 60))
+            assert tls.recv(4) == bytes([0x20, 2, 0, 0])
+        peer = f"127.0.0.1:{tls.getsockname()[1]}"
+        with socket.socket(fileno=socket.dup(tls.fileno())) as raw:   # under the TLS layer
+            raw.settimeout(10)
+            raw.sendall(garbage)
+            with pytest.raises((ConnectionResetError, ssl.SSLError)):
+                while raw.recv(4096):
+                    pass
+                raise ConnectionResetError("closed")
+    who = "client 'broken-stream'" if after_connect else "client (before CONNECT)"
+    line = srv.wait_log(lambda ln: f"{who} from {peer} on listener 127.0.0.1:{port(srv, 2)}: "
+                                   f"broken TLS stream (TLS error: " in ln, start=mark)
+    assert line and "WARNING" in line, srv.logs[mark:]
+    assert srv.stats()["counters"]["protocol_errors"] == before + 1
