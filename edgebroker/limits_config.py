@@ -36,8 +36,14 @@ class Limits:
         doc="QoS 2 messages a client may have awaiting PUBREL; one more closes the connection "
             "(MQTT 5.0: DISCONNECT 0x93; the CONNACK's Receive Maximum says it)")
     outbound_topic_aliases: bool = setting(
-        False, doc="MQTT 5.0: give the first topics sent to a client topic aliases (up to its "
-                   "Topic Alias Maximum), sending an empty topic name after the first message")
+        False, doc="MQTT 5.0: give the topics sent to a client topic aliases (up to its "
+                   "Topic Alias Maximum and max_outbound_topic_aliases), sending an empty "
+                   "topic name after the first message")
+    max_outbound_topic_aliases: int = setting(
+        64, between(1, 65535),
+        doc="MQTT 5.0, with outbound_topic_aliases: topic aliases the broker uses sending to "
+            "one connection, at most (and at most its Topic Alias Maximum); when all are "
+            "used, a new topic takes the least recently used one (fixed at CONNECT)")
     max_topic_alias: int = setting(
         10, between(0, 65535),
         doc="MQTT 5.0: topic aliases a client may set (the CONNACK's Topic Alias Maximum); "

@@ -46,7 +46,7 @@ class Told:
 class Conn5:
     """A 5.0 connection's own state (``Client.v5``)."""
 
-    __slots__ = ("receive_maximum", "max_packet_size", "topic_alias_maximum", "aliases",
+    __slots__ = ("receive_maximum", "max_packet_size", "out_alias_maximum", "aliases",
                  "problem_info", "session_expiry", "out_aliases", "auth_method", "auth",
                  "auth_reply", "told")
 
@@ -59,11 +59,15 @@ class Conn5:
         # What the client accepts: the broker sends no more than this (flow control, sizes).
         self.receive_maximum = props.get(Q.RECEIVE_MAXIMUM, 65535)
         self.max_packet_size = props.get(Q.MAXIMUM_PACKET_SIZE, 0)   # 0: the protocol's limit
-        self.topic_alias_maximum = props.get(Q.TOPIC_ALIAS_MAXIMUM, 0)
+        # The topic aliases the broker may use sending to it (with outbound_topic_aliases):
+        # its Topic Alias Maximum, at most max_outbound_topic_aliases as it was at CONNECT.
+        self.out_alias_maximum = min(props.get(Q.TOPIC_ALIAS_MAXIMUM, 0),
+                                     limits.max_outbound_topic_aliases)
         self.problem_info = props.get(Q.REQUEST_PROBLEM_INFO, 1) == 1
         self.session_expiry = props.get(Q.SESSION_EXPIRY, 0)
         self.aliases: dict[int, str] | None = None   # inbound: alias -> topic name
-        self.out_aliases: dict[bytes, int] | None = None  # outbound: topic -> alias
+        # Outbound: topic -> alias, an OrderedDict, least recently used first (core.router5).
+        self.out_aliases: dict[bytes, int] | None = None
         # Enhanced authentication (core/handlers/auth.py): the method the CONNECT named, the
         # exchange running (at CONNECT or a re-authentication), the data for the CONNACK.
         self.auth_method: str | None = None

@@ -4,12 +4,15 @@ A 5.0 subscriber's PUBLISH carries the message's properties as its publisher sen
 the hop's own: Topic Alias, Subscription Identifier), the Message Expiry Interval counted
 down to what is left, and the Subscription Identifiers of the subscriptions that match (the
 session's filters with one, matched when the message is written, so that a subscription
-changed meanwhile gives its current identifier). With ``outbound_topic_aliases``, the first
-topics a connection receives (up to its Topic Alias Maximum) get an alias each, and later
-messages to them carry the alias and an empty topic name. A message past its expiry is not sent
-(counted in ``message_expired``), nor one larger than the client's Maximum Packet Size
-(``packet_too_large``): both count as delivered for the window, as the specification says. A
-message sent before and not acknowledged (DUP) is sent again even past its expiry.
+changed meanwhile gives its current identifier). With ``outbound_topic_aliases``, the topics
+a connection receives get an alias each, and later messages to them carry the alias and an
+empty topic name; once the connection's aliases (its Topic Alias Maximum, at most
+``max_outbound_topic_aliases``) are all in use, a new topic takes the least recently used one,
+sent with the topic name, so that a connection holds that many topic names at most. A message
+past its expiry is not sent (counted in ``message_expired``), nor one larger than the client's
+Maximum Packet Size (``packet_too_large``): both count as delivered for the window, as the
+specification says. A message sent before and not acknowledged (DUP) is sent again even past
+its expiry.
 
 When neither expiry nor an outbound alias applies, a subscriber's PUBLISH differs from the
 other subscribers' only in the packet identifier and its Subscription Identifiers: the parts
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections import OrderedDict
 
 from edgebroker.core.cursor import kept_options, kept_qos
 from edgebroker.core.filter_set import SMALL, matching_among, matching_filters
@@ -165,7 +169,7 @@ class Router5:
         # Identifiers (no expiry to count down, no outbound alias): the parts made once per
         # message (and identifiers).
         if (type(ref) is not Message or ref.expires
-                or conn.topic_alias_maximum and self.limits.outbound_topic_aliases):
+                or conn.out_alias_maximum and self.limits.outbound_topic_aliases):
             return self._write_own5(client, ref, qos, retain, dup, pid, ids)
         session = client.session
         if ids is None:
@@ -262,16 +266,22 @@ class Router5:
         props += ids
         alias = new_alias = 0
         name = topic_bytes
-        if conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
+        if conn.out_alias_maximum and self.limits.outbound_topic_aliases:
             aliases = conn.out_aliases
-            alias = aliases.get(topic_bytes, 0) if aliases is not None else 0
+            if aliases is None:
+                aliases = conn.out_aliases = OrderedDict()
+            alias = aliases.get(topic_bytes, 0)
             if alias:
                 name = b""           # the alias stands for the topic
-            elif where is None and (aliases is None
-                                    or len(aliases) < conn.topic_alias_maximum):
+                aliases.move_to_end(topic_bytes)
+            elif where is None:
                 # (Not for a payload sent from the segment: the transport drops that PUBLISH
                 # if retention deletes its record first, and the alias would go with it.)
-                alias = new_alias = len(aliases) + 1 if aliases is not None else 1
+                # Aliases 1, 2, ... up to out_alias_maximum; then the least recently used
+                # one is set to this topic: the PUBLISH carries the topic name with it, and
+                # the client replaces its mapping (3.3.4).
+                alias = new_alias = (len(aliases) + 1 if len(aliases) < conn.out_alias_maximum
+                                     else next(iter(aliases.values())))
             if alias:
                 props += b"\x23" + alias.to_bytes(2, "big")
         section = varint(len(props)) + props
@@ -279,9 +289,10 @@ class Router5:
         if conn.max_packet_size and self._too_large5(client, len(head) + size):
             return False
         if new_alias:  # set only by a PUBLISH that goes out
-            if conn.out_aliases is None:
-                conn.out_aliases = {}
-            conn.out_aliases[topic_bytes] = new_alias
+            aliases = conn.out_aliases
+            if len(aliases) == conn.out_alias_maximum:
+                aliases.popitem(last=False)
+            aliases[topic_bytes] = new_alias
         if where is None:
             return self._write_head5(client, head, payload)
         transport = client.transport
@@ -316,7 +327,7 @@ class Router5:
             self.stats.publish_sent += 1
             return True
         # As in _write_publish5, written out: this runs for every subscriber of every message.
-        if message.expires or conn.topic_alias_maximum and self.limits.outbound_topic_aliases:
+        if message.expires or conn.out_alias_maximum and self.limits.outbound_topic_aliases:
             return True if self._write_own5(client, message, 0, retain, False, None) else None
         session = client.session
         ids = b"" if session.sub5 is None else subscription_ids(
