@@ -183,3 +183,31 @@ def numbered_files(directory: str, pattern) -> list[int]:
         return []
     return sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
 
+
+def not_a_log_dir(log_dir: str) -> str | None:
+    """What is wrong with ``log_dir`` (``<state directory>/log``) when something other than a
+    directory is there (the commit log could not be opened or created), else None. (Asked by
+    serve and the commands that read the log: here, as a broker does not import cli.state_dir.)"""
+    if not os.path.lexists(log_dir) or os.path.isdir(log_dir):
+        return None
+    what = "a regular file" if os.path.isfile(log_dir) else "not a directory"
+    return (f"{log_dir} is {what}: the commit log is kept in a directory of that name "
+            f"(move it away)")
+
+
+# The configuration files read that were pipes (`-c /dev/stdin`, `-c <(...)`, a FIFO): read at
+# start, they are not read again (a reload would wait on the loop thread for a writer).
+pipes_read: set[str] = set()
+
+
+def open_config(path: str):
+    """The configuration file, opened to be read: a regular file, or once a pipe. Anything
+    else (a device, which may never end, a folder), or a pipe read already, raises
+    NotRegularFile without waiting; OSErrors as open raises them."""
+    if stat.S_ISFIFO(os.stat(path).st_mode):
+        if path in pipes_read:
+            raise NotRegularFile(errno.EINVAL, "not a regular file (a pipe), read at start: it "
+                                 "cannot be read again; restart to change the configuration")
+        pipes_read.add(path)
+        return open(path, "rb")     # (waits for the other end: at start, that is the point)
+    return os.fdopen(open_regular(path, os.O_RDONLY), "rb")

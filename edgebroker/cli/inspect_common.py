@@ -9,8 +9,9 @@ import logging
 import os
 import sys
 
-from edgebroker.cli.state_dir import not_a_log_dir, state_dir_of
+from edgebroker.cli.state_dir import state_dir_of
 from edgebroker.errors import EdgebrokerError
+from edgebroker.files import not_a_log_dir
 
 
 def log_dir(args) -> str:

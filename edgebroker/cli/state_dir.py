@@ -44,12 +44,3 @@ def state_dir_of(args, config: configuration.Config | None = None) -> str:
                               + note(path, f"give --data-dir {UNIT_STATE_DIR}"))
     return path
 
-
-def not_a_log_dir(log_dir: str) -> str | None:
-    """What is wrong with ``log_dir`` (``<state directory>/log``) when something other than a
-    directory is there (the commit log could not be opened or created), else None."""
-    if not os.path.lexists(log_dir) or os.path.isdir(log_dir):
-        return None
-    what = "a regular file" if os.path.isfile(log_dir) else "not a directory"
-    return (f"{log_dir} is {what}: the commit log is kept in a directory of that name "
-            f"(move it away)")

@@ -28,9 +28,10 @@ import time
 from edgebroker import config as configuration
 from edgebroker.cli import inspect_common, inspect_live, log_lock
 from edgebroker.cli.options import add_format
-from edgebroker.cli.state_dir import not_a_log_dir, state_dir_of
+from edgebroker.cli.state_dir import state_dir_of
 from edgebroker.cli.state_owner import handed_over
 from edgebroker.errors import ConfigError, EdgebrokerError
+from edgebroker.files import not_a_log_dir
 from edgebroker.server.admin import MAX_PATH, socket_path
 
 

@@ -1,6 +1,7 @@
 """The session snapshot read at start, and what is done when it cannot be used.
 
-A snapshot the broker may not read (EACCES, EPERM: a ``sudo cp`` or ``chmod`` mistake) is no
+Imported only when the snapshot cannot be used (server/app.py): an idle broker does not keep
+it (docs/deploy.md, idle RSS). A snapshot the broker may not read (EACCES, EPERM: a ``sudo cp`` or ``chmod`` mistake) is no
 damage: the start is refused naming the file and the fix, and nothing is changed (as for a log
 file). A damaged document is moved aside (``sessions.json.damaged``) and the broker starts
 without sessions or retained messages. A damaged or missing side file of retained payloads
@@ -19,31 +20,28 @@ from edgebroker.files import open_regular
 log = logging.getLogger("edgebroker.snapshot")
 
 
-def read_at_start(state_dir: str) -> snap.Snapshot | None:
-    """The snapshot in ``state_dir`` to restore, None for none (or a damaged document);
-    SnapshotError when the start must be refused."""
-    try:
-        return snap.read(state_dir)
-    except snap.SnapshotError as exc:
-        document = os.path.join(state_dir, snap.FILENAME)
-        side = exc.retained_file
-        for path in (document, side):
-            if path:
-                _refuse_unreadable(path)
-        if side:
-            state = snap.read(state_dir, payloads=False)
-            moved = ""
-            if os.path.lexists(side):
-                os.replace(side, side + ".damaged")
-                moved = f"moved it to {side}.damaged and "
-            log.error("%s; %sstarting without the %d retained messages the snapshot held (its "
-                      "sessions are restored)", exc, moved, len(state.retained))
-            state.retained = []
-            return state
-        os.replace(document, document + ".damaged")
-        log.error("%s; moved it to %s.damaged and starting without sessions or retained "
-                  "messages", exc, document)
-        return None
+def after_error(state_dir: str, exc: snap.SnapshotError) -> snap.Snapshot | None:
+    """The snapshot in ``state_dir`` to restore once ``snap.read(state_dir)`` raised ``exc``:
+    None for none (a damaged document); SnapshotError when the start must be refused."""
+    document = os.path.join(state_dir, snap.FILENAME)
+    side = exc.retained_file
+    for path in (document, side):
+        if path:
+            _refuse_unreadable(path)
+    if side:
+        state = snap.read(state_dir, payloads=False)
+        moved = ""
+        if os.path.lexists(side):
+            os.replace(side, side + ".damaged")
+            moved = f"moved it to {side}.damaged and "
+        log.error("%s; %sstarting without the %d retained messages the snapshot held (its "
+                  "sessions are restored)", exc, moved, len(state.retained))
+        state.retained = []
+        return state
+    os.replace(document, document + ".damaged")
+    log.error("%s; moved it to %s.damaged and starting without sessions or retained "
+              "messages", exc, document)
+    return None
 
 
 def _refuse_unreadable(path: str) -> None:

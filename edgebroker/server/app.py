@@ -31,7 +31,6 @@ from edgebroker.config import Config
 from edgebroker.core import snapshot as snap
 from edgebroker.core.broker import Broker
 from edgebroker.core.exchanges import ExchangeJournal, load as load_exchanges
-from edgebroker.core.snapshot_damage import read_at_start
 from edgebroker.rates import TokenBucket
 from edgebroker.core.timers import Timer
 from edgebroker.errors import ConfigError
@@ -228,7 +227,11 @@ class App(DescriptorRoom):
     def _restore(self) -> None:
         """Sessions and retained messages from the snapshot, then the log written after it."""
         started = time.monotonic()
-        state = read_at_start(self.state_dir)
+        try:
+            state = snap.read(self.state_dir)
+        except snap.SnapshotError as exc:    # (the module imported only then: idle RSS)
+            from edgebroker.core.snapshot_damage import after_error
+            state = after_error(self.state_dir, exc)
         if state is None:
             log.info("no session snapshot in %s: starting with no sessions", self.state_dir)
         else:

@@ -35,6 +35,9 @@ NEVER_PLAIN = {
     "stringprep", "unicodedata",
     "subprocess", "multiprocessing", "ctypes", "pickle", "zipfile",
     "dataclasses", "inspect", "ast", "dis",       # edgebroker.records instead
+    "edgebroker.cli.state_dir",                    # the other commands' state directory
+    "edgebroker.core.snapshot_damage",             # a snapshot that cannot be used
+    "locale",                                      # argparse's gettext with $LANG set
 }
 # Imported by the first reload (SIGHUP) only.
 UNTIL_RELOADED = {"edgebroker.server.reload"}
@@ -61,6 +64,16 @@ def test_no_openssl_without_tls_or_passwords(broker):
     assert not {"_ssl", "_hashlib", "libssl", "libcrypto"} & loaded, sorted(loaded)
 
 
+def test_the_toml_parser_leaves_no_shared_object_mapped(broker):
+    """datetime's and typing's C parts, which the TOML parser would load, stay mapped once
+    loaded (0.2 MB): their Python fallbacks are used, and unloaded with it."""
+    b = broker()
+    assert b.config_path is not None
+    loaded = loaded_extensions(b.proc.pid)
+    assert "_cffi_backend" in loaded, sorted(loaded)
+    assert not {"_datetime", "_typing"} & loaded, sorted(loaded)
+
+
 def among(loaded: set[str], names: set[str]) -> list[str]:
     """The modules of ``loaded`` that are one of ``names`` or inside one of them."""
     return sorted(m for m in loaded if any(m == n or m.startswith(n + ".") for n in names))
@@ -82,6 +95,7 @@ def modules_of_a_life(broker, monkeypatch, out: Path, **start) -> set[str]:
 
 
 def test_plain_broker_imports_only_what_it_uses(broker, monkeypatch, tmp_path):
+    monkeypatch.setenv("LANG", "C.UTF-8")      # (gettext imports locale then)
     loaded = modules_of_a_life(broker, monkeypatch, tmp_path / "modules", config_file=False,
                                args=["--listen", "127.0.0.1:0", "--data-dir",
                                      str(tmp_path / "data")])
