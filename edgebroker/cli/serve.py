@@ -9,7 +9,7 @@ import stat
 from contextlib import contextmanager
 
 from edgebroker import config as configuration, logs, records
-from edgebroker.cli.state_dir import not_a_log_dir
+from edgebroker.cli.state_dir import not_a_log_dir, unwritable, with_hint
 from edgebroker.cli.state_owner import refuse_foreign
 from edgebroker.errors import ConfigError
 from edgebroker.listener_config import UNIX_SOCKET_HINT
@@ -81,9 +81,11 @@ def prepare_state_dir(path: str) -> None:
     try:
         os.makedirs(path, mode=0o750, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
-    if not os.access(path, os.W_OK):
-        raise ConfigError(f"data_dir: {path} is not writable")
+        raise ConfigError(with_hint(path, f"data_dir: cannot create {path}: {exc.strerror}")) \
+            from None
+    problem = unwritable(path)
+    if problem:
+        raise ConfigError(problem)
     _check_log_dir(path)
 
 
@@ -102,8 +104,9 @@ def check_state_dir(path: str) -> None:
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f"data_dir: cannot create {path}: it exists and is not a directory")
     if os.path.isdir(path):
-        if not os.access(path, os.W_OK):
-            raise ConfigError(f"data_dir: {path} is not writable")
+        problem = unwritable(path)
+        if problem:
+            raise ConfigError(problem)
         _check_log_dir(path)
         return
     parent = os.path.dirname(os.path.abspath(path))
@@ -113,7 +116,8 @@ def check_state_dir(path: str) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".edgebroker-check-", dir=parent))
     except OSError as exc:
-        raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
+        raise ConfigError(with_hint(path, f"data_dir: cannot create {path}: {exc.strerror}")) \
+            from None
 
 
 def check_links(config: configuration.Config) -> list:
