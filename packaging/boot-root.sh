@@ -2,9 +2,9 @@
 # The root file system of the boot test (make test-boot, tests/boot/, docs/deploy.md): Debian
 # bookworm for this machine's architecture, or for $EDGEBROKER_BOOT_ARCH (make test-arm64:
 # arm64, run by qemu-user through binfmt_misc, which packaging/arm64.sh sets up), minbase plus
-# what booting it with systemd-nspawn needs (systemd, systemd-sysv, dbus) and what the package
-# depends on (procps: the unit's /bin/kill), so the test installs the package without the
-# network. Made once with debootstrap, cached as $CACHE/bookworm-<arch>-boot (default
+# what booting it with systemd-nspawn needs (systemd, systemd-sysv, dbus), and procps (kill,
+# pgrep: the tests' and an administrator's tools; the package itself needs nothing but libc6),
+# so the test installs the package without the network. Made once with debootstrap, cached as $CACHE/bookworm-<arch>-boot (default
 # ~/.cache/edgebroker); each test run boots a copy of it. Needs root and the network the first
 # time (about 2 minutes here, either architecture).
 #

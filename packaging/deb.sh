@@ -128,7 +128,7 @@ Version: $VERSION
 Architecture: $ARCH
 Maintainer: edgebroker maintainers <maintainers@edgebroker.invalid>
 Installed-Size: $size
-Depends: libc6 (>= $LIBC), procps
+Depends: libc6 (>= $LIBC)
 Section: net
 Priority: optional
 Homepage: https://github.com/edgebroker/edgebroker

@@ -39,6 +39,8 @@ def add_parser(commands) -> None:
                        help="the file to check (default: none, as serve: the built-in defaults)")
     add_format(check)
     check.set_defaults(run=run)
+    from edgebroker.cli import config_reload
+    config_reload.add_parser(sub)
 
 
 def run(args) -> int:

@@ -76,15 +76,30 @@ def naming_the_file(where: str | None):
         raise exc.in_file(where) from None
 
 
+def _unwritable(path: str) -> str | None:
+    """cli.state_dir's ``unwritable``, imported only for a directory that is not writable (a
+    broker at idle does not hold that module: docs/deploy.md, idle RSS)."""
+    if os.access(path, os.W_OK):
+        return None
+    from edgebroker.cli.state_dir import unwritable
+    return unwritable(path)
+
+
+def _cannot_create(path: str, exc: OSError) -> ConfigError:
+    from edgebroker.cli.state_dir import with_hint
+    return ConfigError(with_hint(path, f"data_dir: cannot create {path}: {exc.strerror}"))
+
+
 def prepare_state_dir(path: str) -> None:
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f"data_dir: cannot create {path}: it exists and is not a directory")
     try:
         os.makedirs(path, mode=0o750, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
-    if not os.access(path, os.W_OK):
-        raise ConfigError(f"data_dir: {path} is not writable")
+        raise _cannot_create(path, exc) from None
+    problem = _unwritable(path)
+    if problem:
+        raise ConfigError(problem)
     _check_log_dir(path)
 
 
@@ -103,8 +118,9 @@ def check_state_dir(path: str) -> None:
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f"data_dir: cannot create {path}: it exists and is not a directory")
     if os.path.isdir(path):
-        if not os.access(path, os.W_OK):
-            raise ConfigError(f"data_dir: {path} is not writable")
+        problem = _unwritable(path)
+        if problem:
+            raise ConfigError(problem)
         _check_log_dir(path)
         return
     parent = os.path.dirname(os.path.abspath(path))
@@ -114,7 +130,7 @@ def check_state_dir(path: str) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".edgebroker-check-", dir=parent))
     except OSError as exc:
-        raise ConfigError(f"data_dir: cannot create {path}: {exc.strerror}") from None
+        raise _cannot_create(path, exc) from None
 
 
 def check_links(config: configuration.Config) -> list:

@@ -44,3 +44,41 @@ def state_dir_of(args, config: configuration.Config | None = None) -> str:
                               + note(path, f"give --data-dir {UNIT_STATE_DIR}"))
     return path
 
+
+# Said with a state directory the service may not write, under systemd (docs/deploy.md).
+SYSTEMD_HINT = ("under systemd/edgebroker.service, ProtectSystem=strict leaves every directory "
+                "but the unit's own read-only: add ReadWritePaths={path} in a drop-in "
+                "(`systemctl edit edgebroker`), and give the directory to the service's user "
+                "(`useradd --system edgebroker`, then `chown edgebroker:edgebroker {path}`): "
+                "docs/deploy.md")
+
+
+def under_systemd() -> bool:
+    """Whether this process is one of a systemd unit's ($INVOCATION_ID, $STATE_DIRECTORY)."""
+    return bool(os.environ.get("INVOCATION_ID") or os.environ.get("STATE_DIRECTORY"))
+
+
+def with_hint(path: str, why: str) -> str:
+    """``why`` a state directory at ``path`` cannot be made or written, with the way out
+    under systemd (only there: a shell's permission problem is plain)."""
+    return f"{why} ({SYSTEMD_HINT.format(path=path)})" if under_systemd() else why
+
+
+def unwritable(path: str) -> str | None:
+    """Why the directory ``path`` cannot be written (the data_dir problem), or None when it
+    can. ``os.access`` says only whether: a read-only mount (the unit's ProtectSystem=strict)
+    is told from permissions by the mount's flag, without writing anything (a full disk must
+    not stop a start)."""
+    if os.access(path, os.W_OK):
+        return None
+    try:
+        readonly = os.statvfs(path).f_flag & os.ST_RDONLY
+    except OSError:
+        readonly = False
+    if readonly:
+        why = "read-only file system"
+    else:
+        st = os.stat(path)
+        why = (f"permission denied (owner uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}; "
+               f"this process runs as uid {os.geteuid()})")
+    return with_hint(path, f"data_dir: {path} is not writable: {why}")

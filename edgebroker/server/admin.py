@@ -14,6 +14,9 @@ the command's name (``stats``) for quick use with ``socat``:
     {"cmd": "upload_pause"}                              -> {"ok": true, "changed": bool, "upload": {...}}
     {"cmd": "upload_resume"}               -> {"ok": true, "changed": bool, "was": str, "upload": {...}}
                         (was: "paused", "alarm" or "retrying": a back-off cut short; else "")
+    {"cmd": "reload"}                       -> {"ok": true, "restart_needed": [...]}
+                        (the configuration read again and applied before the reply, as on
+                        SIGHUP; refused: {"ok": false, "error": why}; `edgebroker config reload`)
     {"cmd": "help"}                                      -> {"ok": true, "commands": {...}}
 
 Errors: ``{"ok": false, "error": "..."}``. ``docs/metrics.md`` describes the
@@ -55,6 +58,8 @@ COMMANDS = {
     "bridges": "each [[bridge]]: link state, cursor, lag, forwarded, resent, gaps (docs/bridge.md)",
     "upload_pause": "stop starting uploads and retries (a put in flight finishes)",
     "upload_resume": "go on uploading at once",
+    "reload": "read the configuration again and apply it, as SIGHUP does; the reply comes "
+              "once it is applied or refused (with the reason)",
     "help": "this list",
 }
 
@@ -159,6 +164,10 @@ class AdminServer:
                 return {"ok": True, "changed": uploader.pause(), "upload": uploader.figures()}
             was = uploader.resume()   # "paused", "alarm", "retrying" (a back-off cut short), ""
             return {"ok": True, "changed": bool(was), "was": was, "upload": uploader.figures()}
+        if command == "reload":
+            if self.loop.on_reload is None:
+                return {"ok": False, "error": "this broker cannot reload"}
+            return self.loop.on_reload()
         if command == "help":
             return {"ok": True, "commands": COMMANDS}
         return {"ok": False, "error": f"unknown command {command!r}; try \"help\""}

@@ -421,11 +421,11 @@ class App(DescriptorRoom):
             framed.client = self.broker.connection_made(framed, refusal, FramedClient)
         return transport
 
-    def reload(self) -> None:
-        """SIGHUP: the configuration read again and applied (server/reload.py, imported at the
-        first one)."""
+    def reload(self) -> dict:
+        """SIGHUP or the admin socket's ``reload``: the configuration read again and applied
+        (server/reload.py, imported at the first one); the admin socket's reply."""
         from edgebroker.server.reload import reload
-        reload(self)
+        return reload(self)
 
     # ----- shutdown -----------------------------------------------------------------------
 

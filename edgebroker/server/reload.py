@@ -45,43 +45,55 @@ def needs_restart(started: Config, new: Config) -> list[str]:
     return changed
 
 
-def reload(app) -> None:
-    """SIGHUP on ``server.app.App`` ``app``: the configuration read again and applied."""
+def reload(app) -> dict:
+    """SIGHUP on ``server.app.App`` ``app``, or the admin socket's ``reload``: the
+    configuration read again and applied. Returns the admin socket's reply: ``{"ok": True,
+    "restart_needed": [keys]}``, or ``{"ok": False, "error": why}`` when the broker refused
+    the new configuration and runs on with the one it had (`edgebroker config reload` waits
+    for it: docs/deploy.md)."""
     if app.reload_config is None:
-        return
+        return {"ok": False, "error": "this broker was started without a configuration to "
+                                      "read again"}
     sdnotify.reloading()
+    try:
+        return _reload(app)
+    finally:
+        sdnotify.notify("READY=1")
+
+
+def _refused(why: str, exc_info: bool = False) -> dict:
+    log.error("reload failed, keeping the running configuration: %s", why, exc_info=exc_info)
+    return {"ok": False, "error": f"reload failed, keeping the running configuration: {why}"}
+
+
+def _reload(app) -> dict:
     try:
         config = app.reload_config()
     except ConfigError as exc:
-        log.error("reload failed, keeping the running configuration: %s", exc)
-    except Exception:
-        log.exception("reload failed, keeping the running configuration")
-    else:
-        changed = needs_restart(app.started, config)
-        if changed:
-            log.warning("reload: changes to %s take effect after a restart (the running "
-                        "values stay)", ", ".join(changed))
-        try:
-            security = read_security(app, config)
-        except ConfigError as exc:
-            log.error("reload failed, keeping the running configuration: %s", exc)
-            sdnotify.notify("READY=1")
-            return
-        except (OSError, ValueError):
-            # What reading a file can raise that its loader did not turn into a
-            # ConfigError naming it (a gap there): nothing was applied yet.
-            log.exception("reload failed, keeping the running configuration")
-            sdnotify.notify("READY=1")
-            return
-        apply_security(app, config, *security)
-        app.config = config
-        app.loop.hold_window = hold_window(config.coalesce_ms)
-        app.loop.busy_poll.seconds = config.busy_poll_us / 1e6
-        app.broker.apply_config(config)
-        _apply_limits(app, config)
-        logging.getLogger("edgebroker").setLevel(config.log_level.upper())
-        log.info("configuration reloaded from %s", config.source or "defaults")
-    sdnotify.notify("READY=1")
+        return _refused(str(exc))
+    except Exception as exc:
+        return _refused(f"{type(exc).__name__}: {exc}", exc_info=True)
+    changed = needs_restart(app.started, config)
+    if changed:
+        log.warning("reload: changes to %s take effect after a restart (the running "
+                    "values stay)", ", ".join(changed))
+    try:
+        security = read_security(app, config)
+    except ConfigError as exc:
+        return _refused(str(exc))
+    except (OSError, ValueError) as exc:
+        # What reading a file can raise that its loader did not turn into a
+        # ConfigError naming it (a gap there): nothing was applied yet.
+        return _refused(f"{type(exc).__name__}: {exc}", exc_info=True)
+    apply_security(app, config, *security)
+    app.config = config
+    app.loop.hold_window = hold_window(config.coalesce_ms)
+    app.loop.busy_poll.seconds = config.busy_poll_us / 1e6
+    app.broker.apply_config(config)
+    _apply_limits(app, config)
+    logging.getLogger("edgebroker").setLevel(config.log_level.upper())
+    log.info("configuration reloaded from %s", config.source or "defaults")
+    return {"ok": True, "restart_needed": changed}
 
 
 def _apply_limits(app, config: Config) -> None:

@@ -3,9 +3,10 @@ the cached root file system (packaging/boot-root.sh) booted with ``systemd-nspaw
 own systemd as PID 1. The tests run in order, as one gateway's life: install with
 ``apt install ./edgebroker_*.deb``, the service active (running) once the broker's READY=1
 came, MQTT from this machine (the container shares its network: loopback, a free port set in
-/etc/edgebroker/edgebroker.toml), ``systemctl reload`` (and one a broken file makes fail),
-the watchdog restarting a stopped broker, an upgrade to the same package with a higher
-version, remove, purge.
+/etc/edgebroker/edgebroker.toml), ``systemctl reload`` (one that waits for the broker, and
+one a broken file makes fail), the watchdog restarting a stopped broker, an upgrade to the
+same package with a higher version, a data_dir outside the state directory, a full disk,
+remove, purge.
 
 systemctl and apt run inside through ``nsenter`` into the container's namespaces. The
 container is started with ``--register=no --keep-unit``: this machine has no systemd of its
@@ -299,7 +300,10 @@ def test_the_binary_unpacks_on_disk_and_a_start_removes_what_a_crash_left(contai
     assert os.readlink(container.root / "var/cache/edgebroker") == "private/edgebroker"
     [unpacked] = [p.name for p in cache.iterdir()]
     assert unpacked.startswith("_MEI"), unpacked
-    assert not (container.root / "run/edgebroker").exists()
+    # Room in the cache directory: ExecStartPre= named it, in the runtime directory's file.
+    assert container.run("cat", "/run/edgebroker/tmpdir.env").stdout == \
+        "TMPDIR=/var/cache/edgebroker\n"
+    assert container.run("ls", "-A", "/run/edgebroker").stdout == "tmpdir.env\n"
     main = container.show("MainPID")["MainPID"]
     [broker] = container.run("cat", f"/proc/{main}/task/{main}/children").stdout.split()
     maps = container.run("cat", f"/proc/{broker}/maps").stdout
@@ -329,6 +333,38 @@ def test_reload_rereads_the_configuration(container, port, mosq):
     assert after["MainPID"] == before["MainPID"] and after["NRestarts"] == before["NRestarts"]
     assert (after["ActiveState"], after["SubState"]) == ("active", "running"), after
     round_trip(mosq, port, "boot/reload", "after reload")
+
+
+def test_reload_returns_once_the_broker_has_reloaded(container):
+    """`systemctl reload` waits for the broker (the last ExecReload= line, `edgebroker config
+    reload`, asks it and waits for its answer): with the broker process stopped (SIGSTOP) the
+    reload stays in progress, its `config reload` waiting, and ends, successful, once the
+    broker goes on and has reloaded. (With `kill -HUP` it ended at once, the broker stopped.)"""
+    main = container.show("MainPID")["MainPID"]
+    [broker] = container.run("cat", f"/proc/{main}/task/{main}/children").stdout.split()
+    line = "configuration reloaded from /etc/edgebroker/edgebroker.toml"
+    reloaded = container.journal().count(line)
+    container.run("kill", "-STOP", broker)
+    try:
+        reload = subprocess.Popen(
+            ["nsenter", f"--target={container.leader}", "--all", "--", "systemctl", "reload",
+             UNIT], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+
+        def waiting() -> bool:
+            s = container.show("ActiveState", "ControlPID")
+            if s["ActiveState"] != "reloading" or s["ControlPID"] in ("", "0"):
+                return False
+            cmdline = container.run("cat", f"/proc/{s['ControlPID']}/cmdline", check=False)
+            return "\0config\0reload\0" in cmdline.stdout
+        wait_for(waiting, "the reload's `config reload` waiting for the stopped broker", 30)
+        assert reload.poll() is None, reload.communicate()
+    finally:
+        container.run("kill", "-CONT", broker)
+    assert reload.wait(40) == 0, reload.communicate()
+    assert container.journal().count(line) == reloaded + 1
+    s = container.show("ActiveState", "SubState", "MainPID")
+    assert (s["ActiveState"], s["SubState"], s["MainPID"]) == ("active", "running", main), s
 
 
 def test_reload_of_a_broken_configuration_fails_and_keeps_the_broker(container, port, mosq):
@@ -423,6 +459,104 @@ def test_upgrade_keeps_state_and_configuration_and_restarts(container, upgrade_p
     sub = mosq("sub", port, "-t", "boot/retained", "-q", "1", "-v", "-C", "1", "-W", "20")
     assert sub.wait(25) == 0, sub.out.text()
     assert "boot/retained kept across the upgrade" in sub.lines, sub.out.text()
+
+
+def test_a_data_dir_elsewhere_needs_read_write_paths(container, port, mosq):
+    """data_dir outside the unit's state directory: ProtectSystem=strict makes it read-only
+    for the service (its permissions, 0777 here, allow it), and the start fails with exit
+    status 2 naming the reason and the way out; a drop-in with ReadWritePaths= (docs/deploy.md,
+    "The log on another disk") lets the broker start and keep its state there."""
+    run = container.run
+    config = container.root / "etc/edgebroker/edgebroker.toml"
+    good = config.read_text()
+    dropin = container.root / "etc/systemd/system/edgebroker.service.d/data-dir.conf"
+    run("mkdir", "-p", "-m", "0777", "/srv/mqtt/edgebroker")
+    config.write_text('data_dir = "/srv/mqtt/edgebroker"\n' + good)
+    try:
+        assert run("systemctl", "restart", UNIT, check=False).returncode != 0
+        s = container.show("ExecMainStatus", "ActiveState")
+        assert (s["ExecMainStatus"], s["ActiveState"]) == ("2", "failed"), s
+        refusal = ("config error: /etc/edgebroker/edgebroker.toml: data_dir: "
+                   "/srv/mqtt/edgebroker is not writable: read-only file system (under "
+                   "systemd/edgebroker.service, ProtectSystem=strict leaves every directory but "
+                   "the unit's own read-only: add ReadWritePaths=/srv/mqtt/edgebroker in a "
+                   "drop-in")
+        wait_for(lambda: refusal in container.journal(), "the refusal's line", 30)
+        dropin.parent.mkdir(parents=True, exist_ok=True)
+        dropin.write_text("[Service]\nReadWritePaths=/srv/mqtt/edgebroker\n")
+        run("systemctl", "daemon-reload")
+        run("systemctl", "reset-failed", UNIT)
+        run("systemctl", "restart", UNIT)
+        assert (container.root / "srv/mqtt/edgebroker/log").is_dir()
+        round_trip(mosq, port, "boot/elsewhere", "on the other disk")
+    finally:
+        config.write_text(good)
+        dropin.unlink(missing_ok=True)
+        run("systemctl", "daemon-reload")
+        run("systemctl", "reset-failed", UNIT, check=False)
+        run("systemctl", "restart", UNIT)
+
+
+FALLBACK = ("MB free in /var/cache/edgebroker (under 40 MB): the binary unpacks into "
+            "/run/edgebroker (RAM) instead")
+
+
+def test_a_full_disk_stops_neither_a_start_nor_a_reload(container, port, mosq):
+    """State and cache directories on one small file system (a gateway's single root
+    partition: a 64 MB tmpfs bound over /var/lib/private and /var/cache/private), filled while
+    the service is stopped (a reboot with a runaway writer): the start, with under 40 MB free
+    in the cache directory, unpacks the binary into the runtime directory (/run, RAM) and says
+    so, and serves; a reload works too (its commands unpack there as well); with room again a
+    reload's commands unpack into the cache directory again. The real state is back after."""
+    run = container.run
+    run("systemctl", "stop", UNIT)
+    run("mkdir", "-p", "/srv/disk")
+    run("mount", "-t", "tmpfs", "-o", "size=64M,mode=0755", "tmpfs", "/srv/disk")
+    mounted = ["/srv/disk"]
+    try:
+        for name, over in (("lib", "/var/lib/private"), ("cache", "/var/cache/private")):
+            run("mkdir", "-m", "0700", f"/srv/disk/{name}")
+            run("mount", "--bind", f"/srv/disk/{name}", over)
+            mounted.insert(0, over)
+        run("systemctl", "start", UNIT)         # room: the cache directory, as always
+        assert run("cat", "/run/edgebroker/tmpdir.env").stdout == "TMPDIR=/var/cache/edgebroker\n"
+        run("systemctl", "stop", UNIT)
+        filled = run("dd", "if=/dev/zero", "of=/srv/disk/filler", "bs=1M", check=False)
+        assert "No space left on device" in filled.stderr, filled.stderr
+        journal = container.journal()
+        run("systemctl", "start", UNIT)
+        s = container.show("ActiveState", "SubState", "MainPID", "NRestarts")
+        assert (s["ActiveState"], s["SubState"]) == ("active", "running"), s
+        assert run("cat", "/run/edgebroker/tmpdir.env").stdout == "TMPDIR=/run/edgebroker\n"
+        [broker] = run("cat", f"/proc/{s['MainPID']}/task/{s['MainPID']}/children").stdout.split()
+        maps = run("cat", f"/proc/{broker}/maps").stdout
+        assert re.search(r" /run/edgebroker/_MEI\w+/libpython", maps), maps
+        wait_for(lambda: re.search(rf"edgebroker: 0 {re.escape(FALLBACK)}",
+                                   container.journal()[len(journal):]),
+                 "the line saying the binary unpacks into /run", 30)
+        pub = mosq("pub", port, "-t", "boot/full", "-m", "on a full disk", "-q", "0")
+        assert pub.wait() == 0, pub.out.text()
+
+        # A reload: its check and its `config reload` unpack into /run too.
+        line = "configuration reloaded from /etc/edgebroker/edgebroker.toml"
+        journal = container.journal()
+        run("systemctl", "reload", UNIT)
+        wait_for(lambda: all(words in container.journal()[len(journal):] for words in
+                             (FALLBACK, "/etc/edgebroker/edgebroker.toml: OK (", line)),
+                 "the reload's lines", 30)
+        # Room again: the reload's commands unpack on disk.
+        run("rm", "/srv/disk/filler")
+        run("systemctl", "reload", UNIT)
+        assert run("cat", "/run/edgebroker/tmpdir.env").stdout == "TMPDIR=/var/cache/edgebroker\n"
+        after = container.show("MainPID", "NRestarts", "ActiveState")
+        assert (after["MainPID"], after["NRestarts"], after["ActiveState"]) == \
+            (s["MainPID"], s["NRestarts"], "active"), after
+    finally:
+        run("systemctl", "stop", UNIT)
+        for path in mounted:
+            run("umount", path)
+        run("systemctl", "start", UNIT)
+    round_trip(mosq, port, "boot/full", "the real state again")
 
 
 def test_remove_stops_and_keeps_state_purge_removes_it(container, port, units):

@@ -82,14 +82,14 @@ def test_every_command_that_prints_a_report_lists_format():
 
     found = {" ".join(path): p for path, p in leaves(build_parser(), [])}
     assert sorted(found) == [
-        "config check", "inspect bridges", "inspect clients", "inspect segments",
+        "config check", "config reload", "inspect bridges", "inspect clients", "inspect segments",
         "inspect sessions",
         "inspect stats", "inspect tail", "inspect topics", "inspect verify", "passwd", "pub",
         "serve", "sub", "upload pause", "upload resume", "upload run", "upload status"]
     for name, parser in found.items():
         options = {o: a for a in parser._actions for o in a.option_strings}
-        if name in ("serve", "passwd", "pub", "sub"):   # the log, one line of what changed,
-            # the messages (pub and sub speak mosquitto_pub/sub's options)
+        if name in ("serve", "passwd", "config reload", "pub", "sub"):   # the log, one line of
+            # what changed, the messages (pub and sub speak mosquitto_pub/sub's options)
             assert "--format" not in options
             continue
         assert options["--format"].choices == ("text", "json"), name

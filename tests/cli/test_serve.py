@@ -396,7 +396,10 @@ def test_config_check_refuses_a_data_dir_its_user_cannot_write():
         data = top / "data"
         data.mkdir()
         os.chmod(data, 0o755 if root else 0o555)
-        for data_dir, words in ((data, f"{data} is not writable"),
+        uid = 65534 if root else os.geteuid()
+        for data_dir, words in ((data, f"{data} is not writable: permission denied (owner uid "
+                                       f"{data.stat().st_uid}, mode {'0755' if root else '0555'}; "
+                                       f"this process runs as uid {uid})"),
                                 (data / "new", f"cannot create {data / 'new'}: Permission "
                                                f"denied")):
             path = top / "c.toml"

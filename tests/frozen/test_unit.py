@@ -46,19 +46,25 @@ def test_unit_settings():
     one = {k: v[-1] for k, v in s.items()}
     assert one["Type"] == "notify" and one["NotifyAccess"] == "all"
     assert one["ExecStart"].startswith("/usr/local/bin/edgebroker serve")
-    # A reload checks the file first (a failing line stops the reload), then signals.
+    # A reload picks where its commands unpack as a start does, checks the file (a failing
+    # line stops the reload), then asks the broker and waits for it.
     assert s["ExecReload"] == [
+        pick_tmpdir(),
         "/usr/local/bin/edgebroker config check -c /etc/edgebroker/edgebroker.toml",
-        "/bin/kill -HUP $MAINPID"], s["ExecReload"]
+        "/usr/local/bin/edgebroker config reload -c /etc/edgebroker/edgebroker.toml"], \
+        s["ExecReload"]
     assert one["Restart"] == "on-failure"
     assert one["RestartPreventExitStatus"] == "2"   # a configuration error: no restart loop
     assert int(one["WatchdogSec"].rstrip("s")) > 0
     assert one["StateDirectory"] == "edgebroker"
-    # The unpacked binary on disk (page cache, reclaimable), not in /run (a tmpfs: RAM).
-    assert "RuntimeDirectory" not in one
+    # The unpacked binary on disk (page cache, reclaimable), in /run (a tmpfs: RAM) only when
+    # the disk has too little room: the file ExecStartPre= writes says which.
     assert (one["CacheDirectory"], one["CacheDirectoryMode"]) == ("edgebroker", "0700")
+    assert (one["RuntimeDirectory"], one["RuntimeDirectoryMode"]) == ("edgebroker", "0700")
     assert "TMPDIR=%C/edgebroker" in s["Environment"]
-    assert one["ExecPaths"] == "%C/edgebroker"
+    assert s["EnvironmentFile"] == ["-%t/edgebroker/tmpdir.env"]
+    assert one["ExecPaths"].split() == ["%C/edgebroker", "%t/edgebroker"]
+    assert s["ExecStartPre"][1] == pick_tmpdir()
     assert one["LimitNOFILE"] == "65536"
     assert one["DynamicUser"] == "yes"
     for key in ("ProtectHome", "PrivateTmp", "NoNewPrivileges"):
@@ -69,11 +75,51 @@ def test_unit_settings():
     assert s["SystemCallFilter"][0] == "@system-service"
 
 
+def pick_tmpdir() -> str:
+    """The unit's line that picks TMPDIR (the second ExecStartPre=, the first ExecReload=)."""
+    [line] = [v for v in settings()["ExecStartPre"] if "tmpdir.env" in v]
+    return line
+
+
+def as_systemd_runs(line: str) -> list[str]:
+    """An Exec line's argv as systemd makes it: "$$" is "$", "%%" is "%", quotes as a shell's
+    (the lines here use no other specifier nor variable of systemd's)."""
+    return shlex.split(line.lstrip("-").replace("$$", "$").replace("%%", "%"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a small file system to fill needs root (a tmpfs, unshare)")
+@pytest.mark.parametrize("free_mb", [64, 39])
+def test_tmpdir_is_the_cache_directory_unless_it_has_under_40_mb_free(tmp_path, free_mb):
+    """The line that picks TMPDIR, run as systemd runs it, with $CACHE_DIRECTORY on a tmpfs of
+    its own (in a mount namespace of the test's: nothing changes outside it) with ``free_mb``
+    free: at 40 MB or more the file says the cache directory, silently; under, the runtime
+    directory, with one line (priority warning) naming the free space."""
+    cache, runtime = tmp_path / "cache", tmp_path / "run"
+    cache.mkdir()
+    runtime.mkdir()
+    script = (f'mount -t tmpfs -o size={free_mb + 1}M tmpfs "$CACHE_DIRECTORY" && '
+              f'head -c 1048576 /dev/zero >"$CACHE_DIRECTORY/taken" && exec "$@"')
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                        "sh", *as_systemd_runs(pick_tmpdir())],
+                       env=dict(os.environ, CACHE_DIRECTORY=str(cache),
+                                RUNTIME_DIRECTORY=str(runtime)),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    chosen = (runtime / "tmpdir.env").read_text()
+    if free_mb >= 40:
+        assert (chosen, r.stdout) == (f"TMPDIR={cache}\n", "")
+    else:
+        assert chosen == f"TMPDIR={runtime}\n"
+        assert r.stdout == (f"<4>edgebroker: {free_mb} MB free in {cache} (under 40 MB): the "
+                            f"binary unpacks into {runtime} (RAM) instead\n"), r.stdout
+
+
 def test_exec_start_pre_removes_only_what_unpacked_binaries_left(tmp_path):
     """systemd does not empty a cache directory: the unit's ExecStartPre= removes the _MEI*
     directories a crash, a SIGKILL or a power cut left in it (19 MB each), and nothing else.
     Its command run here as systemd runs it, with $CACHE_DIRECTORY."""
-    [pre] = settings()["ExecStartPre"]
+    pre = settings()["ExecStartPre"][0]
     assert pre.startswith("-")      # a failure there does not stop the start
     pre = pre[1:]
     cache = tmp_path / "cache"
@@ -130,9 +176,10 @@ def test_security_exposure_at_most_2():
 
 
 def reload_check(binary, config) -> subprocess.CompletedProcess:
-    """The unit's first ExecReload= line, the binary and the configuration file replaced, run
-    with the state directory the unit gives it ($STATE_DIRECTORY: the test's tmp folder)."""
-    command = settings()["ExecReload"][0].split()
+    """The unit's ExecReload= line that checks, the binary and the configuration file
+    replaced, run with the state directory the unit gives it ($STATE_DIRECTORY: the test's tmp
+    folder)."""
+    command = settings()["ExecReload"][1].split()
     assert command[:2] == ["/usr/local/bin/edgebroker", "config"] and command[-1] == \
         "/etc/edgebroker/edgebroker.toml", command
     state = config.parent
