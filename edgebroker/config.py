@@ -430,8 +430,9 @@ def exposed_secrets(config: Config) -> list[str]:
     return warnings
 
 
-# The TOML parser's imports that have a Python fallback (datetime.py, typing.py).
-C_PARTS = ("_datetime", "_typing")
+# The C parts of the TOML parser's imports that have a Python fallback: datetime's (every
+# version), typing's up to Python 3.11 (3.12's typing.py needs its C part: blocked, it fails).
+C_PARTS = {"_datetime": (3, 99), "_typing": (3, 11)}
 
 
 def _read_toml(path: str) -> dict:
@@ -444,7 +445,8 @@ def _read_toml(path: str) -> dict:
     before = set(sys.modules)
     # The C parts of datetime and typing are shared objects, which stay mapped once loaded
     # (0.2 MB of the broker's memory): their Python fallbacks are used and unloaded instead.
-    blocked = [name for name in C_PARTS if name not in sys.modules]
+    blocked = [name for name, last in C_PARTS.items()
+               if name not in sys.modules and sys.version_info[:2] <= last]
     sys.modules.update(dict.fromkeys(blocked))
     try:
         import tomllib

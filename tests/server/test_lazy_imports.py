@@ -8,9 +8,11 @@ extension module loaded is a file, and in the modules it imported over its life.
 import os
 import signal
 import site
+import subprocess
 import sys
 from pathlib import Path
 
+from edgebroker import config
 from secfiles import write_passwords
 
 # Modules (and their submodules) a plain broker never imports: one MQTT listener, no config
@@ -146,3 +148,15 @@ def test_what_is_configured_is_imported(broker, monkeypatch, tmp_path):
     assert {"wsproto", "dataclasses", "hashlib", "concurrent.futures",
             "edgebroker.security.passwords", "queue"} <= loaded
     assert among(loaded, {"ssl", "psutil", "zstandard", "edgebroker.cli.inspect"}) == []
+
+
+def test_the_toml_parser_blocks_only_c_parts_this_python_can_do_without():
+    """config._read_toml blocks a C part (the Python fallback is loaded and unloaded with the
+    parser) only where the module has a fallback: Python 3.12's typing.py needs _typing, and
+    blocking it there made every command that reads a configuration file fail."""
+    for name, last in config.C_PARTS.items():
+        module = {"_datetime": "datetime", "_typing": "typing"}[name]
+        code = f"import sys; sys.modules[{name!r}] = None; import {module}"
+        run = subprocess.run([sys.executable, "-I", "-c", code], stderr=subprocess.DEVNULL)
+        works = run.returncode == 0
+        assert works == (sys.version_info[:2] <= last), (name, sys.version_info)
