@@ -51,6 +51,13 @@ SYSTEMD_HINT = ("under systemd/edgebroker.service, ProtectSystem=strict leaves e
                 "(`systemctl edit edgebroker`), and give the directory to the service's user "
                 "(`useradd --system edgebroker`, then `chown edgebroker:edgebroker {path}`): "
                 "docs/deploy.md")
+# The same for a directory not there yet: a ReadWritePaths= naming a missing path stops the
+# unit's start (status 226/NAMESPACE), and a chown of it fails.
+SYSTEMD_HINT_MISSING = ("under systemd/edgebroker.service the service cannot make it "
+                        "(ProtectSystem=strict): as root, `useradd --system edgebroker`, "
+                        "`install -d -o edgebroker -g edgebroker -m 0750 {path}`, then add "
+                        "ReadWritePaths={path} in a drop-in (`systemctl edit edgebroker`): "
+                        "docs/deploy.md")
 
 
 def under_systemd() -> bool:
@@ -61,7 +68,10 @@ def under_systemd() -> bool:
 def with_hint(path: str, why: str) -> str:
     """``why`` a state directory at ``path`` cannot be made or written, with the way out
     under systemd (only there: a shell's permission problem is plain)."""
-    return f"{why} ({SYSTEMD_HINT.format(path=path)})" if under_systemd() else why
+    if not under_systemd():
+        return why
+    hint = SYSTEMD_HINT if os.path.lexists(path) else SYSTEMD_HINT_MISSING
+    return f"{why} ({hint.format(path=path)})"
 
 
 def unwritable(path: str) -> str | None:
