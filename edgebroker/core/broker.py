@@ -61,6 +61,7 @@ from edgebroker.core.shared import Shared
 from edgebroker.core.shared_backlog import SharedBacklog
 from edgebroker.core.shared_state import SharedState
 from edgebroker.core.stats import Stats, SysTopics
+from edgebroker.core.throttling import RateDebts, apply_rates
 from edgebroker.core.timers import Timers
 from edgebroker.core.wills import Wills
 from edgebroker.errors import name_shown, topic_shown
@@ -105,6 +106,7 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
         self.known_topics = self.topics.current  # the hot path's view (see _on_topic_expiry)
         self.throttled: set[Client] = set()
         self.throttled_seconds = 0.0      # of throttles that ended
+        self.rate_debts = RateDebts()     # what departed clients owe their rates, by id
         self.limit_hits = zero_counts(LIMITS)
         self.refused = zero_counts(REFUSALS)
         self.dropped = zero_counts(DROPS)
@@ -176,7 +178,8 @@ class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, Catch
         now = self.clock()
         if self.memory.configure(config.limits.memory_limit) and self.memory.source:
             log.info("memory_limit %d bytes (%s)", self.memory.limit, self.memory.source)
-        self.control = ControlRate.for_limits(config.limits)  # at once, for every client
+        old_control, self.control = self.control, ControlRate.for_limits(config.limits)
+        apply_rates(self, old, old_control, now)   # at once, for every client
         log_queue = self._log_is_queue(config.limits)
         if log_queue != self.log_queue:
             self.log_queue = log_queue

@@ -31,6 +31,7 @@ from edgebroker.core.mqtt5 import kept_offline, session_expiry_cap
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
+from edgebroker.core import throttling
 from edgebroker.mqtt import packets as P
 
 TYPE_CHECKING = False   # typing (core.transport's Protocol) for type checkers only: memory
@@ -134,10 +135,13 @@ class Sessions:
             clean_start = clean
         old = self.sessions.get(client_id)
         if old is not None and old.client is not None:
-            log.info("client %s from %s takes over the session; closing the connection from %s",
-                     name_shown(client_id), client.peer, old.client.peer)
-            self.stats.takeovers += 1
             taken = old.client
+            unread = throttling.taken_over(taken)
+            log.info("client %s from %s takes over the session; closing the connection from %s%s",
+                     name_shown(client_id), client.peer, taken.peer,
+                     f" (throttled: the {unread} bytes it sent that were not read yet are "
+                     f"dropped)" if unread else "")
+            self.stats.takeovers += 1
             # A 5.0 connection's will is not published when a new connection resumes its
             # session: that connection came before the Will Delay Interval (0 too) passed
             # (MQTT-3.1.2-8; as Mosquitto). A 3.1.1 one's is (MQTT-3.1.4-2: disconnected).
@@ -183,6 +187,8 @@ class Sessions:
 
     def detach(self, client: Client, publish_will: bool) -> None:
         """A connected client's connection ended (its will is still on it)."""
+        if client.rate is not None or client.control_due:
+            self.rate_debts.keep(client, self.clock())
         self.clients_connected -= 1
         address = client.listener_address
         if address:

@@ -223,6 +223,7 @@ class Timers:
     def _on_housekeeping(self) -> None:
         now = self.clock()
         self._housekeeping.start(self, now + HOUSEKEEPING_INTERVAL)
+        self.rate_debts.prune(now)
         self.events.flush(now)      # repeats whose period ended with no event to say them
         guard = self.memory
         kept = guard.kept
@@ -254,6 +255,9 @@ class Timers:
                             "more than before the peak (a restart gives it back; a fast flood "
                             "overshoots a limit by a second's growth)", guard.kept,
                             guard.ceiling())
+        elif changed is False and not guard.limit:
+            log.warning("memory_limit turned off (memory use %d bytes): accepting new "
+                        "connections, topics and subscriptions again", guard.rss)
         elif changed is False:
             log.warning("memory use %d bytes is below memory_limit (%d) again: accepting new "
                         "connections, topics and subscriptions", self.memory.rss,

@@ -25,7 +25,7 @@ from edgebroker.mqtt import packets as P
 from edgebroker.mqtt import properties as Q
 from edgebroker.mqtt.encode import PINGRESP_BYTES, encode
 from edgebroker.mqtt.properties import payload_utf8_error
-from edgebroker.core import mqtt5
+from edgebroker.core import mqtt5, throttling
 from edgebroker.core.limits import PublishRate, check_topic
 from edgebroker.core.wills import kept_will
 
@@ -260,6 +260,7 @@ def accept(client, p: P.Connect) -> None:
     else:
         session, present = broker.attach(client, client_id, expiry == 0, p.clean_session)
         session.expiry_interval = expiry
+    broker.rate_debts.take(client, broker.clock())  # the rates are per client id
     if session.awaiting_release:    # held from before: see acks.forget_inherited
         client.inherited = set(session.awaiting_release)
     client.session = session
@@ -285,6 +286,9 @@ def accept(client, p: P.Connect) -> None:
     broker.schedule(client)
     if present:
         broker.resume(session)
+    over = throttling.over_rate(client, broker.clock())
+    if over is not None and not client.closed:  # its client id still owes: not read until paid
+        client.throttle(*over)
 
 
 def _refuse_too_large(client, size: int) -> None:
