@@ -28,7 +28,8 @@ READ_SIZE = 256 * 1024
 # an end of the stream, or an answer that is no TLS record.
 NOT_TLS = ("receive failed", "send failed", "the remote closed the connection",
            "TLS handshake failed: WRONG_VERSION_NUMBER")
-NOT_TLS_HINT = " (during the TLS handshake: does the remote speak TLS on this port?)"
+NOT_TLS_HINT = (" (during the TLS handshake: does the remote speak TLS on this port, or did "
+                "it turn the connection away, at its connection limit say?)")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 

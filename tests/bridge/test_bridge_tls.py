@@ -110,7 +110,8 @@ def test_a_remote_that_does_not_speak_tls_is_named_as_the_likely_cause(broker, p
     rules = [{"pattern": "s/#", "direction": "out", "qos": 1}]
     gw = broker(bridge=[bridge_table(remote.port, rules, cafile=str(pki.ca.cert))])
     line = gw.wait_log(lambda ln: "bridge up: cannot connect to" in ln, 10)
-    hint = "(during the TLS handshake: does the remote speak TLS on this port?)"
+    hint = ("(during the TLS handshake: does the remote speak TLS on this port, or did it turn "
+            "the connection away, at its connection limit say?)")
     assert line is not None and hint in line, line
     assert hint in figures(gw)["last_error"]
 
