@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -86,8 +87,13 @@ def _unwritable(path: str) -> str | None:
 
 
 def _cannot_create(path: str, exc: OSError) -> ConfigError:
+    """The data_dir cannot be made: the systemd hint only for what the unit's sandbox may
+    cause (a read-only file system, permissions), not for a path under a file, say."""
+    why = f"data_dir: cannot create {path}: {exc.strerror}"
+    if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return ConfigError(why)
     from edgebroker.cli.state_dir import with_hint
-    return ConfigError(with_hint(path, f"data_dir: cannot create {path}: {exc.strerror}"))
+    return ConfigError(with_hint(path, why))
 
 
 def prepare_state_dir(path: str) -> None:

@@ -58,8 +58,8 @@ def throttle(client, limit: str, wait: float, what: str = "") -> None:
     if limit not in warned:     # (a new connection of a client still in debt: see RateDebts)
         warned.add(limit)
         log.warning("%s: over its %s (%s %g/s)%s; not reading from it for %.3f s (and again "
-                    "whenever it is over) (logged once per client id until its budget is "
-                    "whole again)", client.describe(),
+                    "whenever it is over) (logged once per connection, and not again for a "
+                    "connection of this client id while it still owes)", client.describe(),
                     "control packet rate" if limit == "control_rate" else "publish rate",
                     limit, applied_rate(client, limit), what and f" with {what}", wait)
     broker.schedule(client)
@@ -211,10 +211,15 @@ class RateDebts:
                 return
 
     def prune(self, now: float) -> None:
-        """Drop the entries repaid by ``now`` (the broker's housekeeping, every second)."""
-        heap = self.heap
+        """Drop the entries repaid by ``now`` (the broker's housekeeping, every second). A heap
+        item left behind (its client came back, or left again with another debt) is only
+        popped: the entry of that id, if any, is another one's."""
+        entries, heap = self.entries, self.heap
         while heap and heap[0][0] <= now:
-            self._pop()
+            until, client_id = heapq.heappop(heap)
+            entry = entries.get(client_id)
+            if entry is not None and entry[0] == until:
+                del entries[client_id]
 
     def take(self, client, now: float) -> None:
         """A connection with a client id that left owing starts from its debt (its ``rate``

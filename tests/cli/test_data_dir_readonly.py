@@ -63,3 +63,19 @@ def test_data_dir_on_a_read_only_mount_names_the_reason(tmp_path, systemd):
             else:
                 assert line.endswith(words), line
     assert os.listdir(data) == []
+
+
+def test_a_data_dir_under_a_file_gets_no_systemd_hint(tmp_path):
+    """The hint is for what the unit's sandbox may cause (read-only, permissions): a data_dir
+    under a regular file is only named (its advice would fail too: diff37)."""
+    (tmp_path / "afile").write_text("x")
+    data_dir = tmp_path / "afile" / "mqtt"
+    path = tmp_path / "c.toml"
+    path.write_text(toml_dumps({**base_config(tmp_path), "data_dir": str(data_dir)}))
+    env = dict(os.environ, INVOCATION_ID="0123456789abcdef0123456789abcdef")
+    for command in (["config", "check", "-c", str(path)], ["serve", "-c", str(path)]):
+        r = subprocess.run([*broker_command(), *command], cwd=REPO, capture_output=True,
+                           text=True, timeout=30, stdin=subprocess.DEVNULL, env=env)
+        assert r.returncode == 2, r.stderr
+        line = one_error_line(r)
+        assert line.endswith(f"data_dir: cannot create {data_dir}: Not a directory"), line

@@ -4,11 +4,13 @@ import logging
 import mmap
 import os
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from edgebroker import config
-from edgebroker.core import limits as L
+from edgebroker.core import limits as L, throttling
+from edgebroker.core.limits import PublishRate
 from edgebroker.core.metrics import PassTimes
 from edgebroker.core.session import EMPTY_IDS, EMPTY_QUEUE, Session
 from edgebroker.core.timers import Timer
@@ -559,3 +561,39 @@ def test_event_log_reports_repeats_no_event_followed(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 5 and lines[4].startswith("refused b (the last of 1 like this in the "
                                                    "last 61 s")
+
+
+class _Leaving:
+    """What RateDebts.keep reads of a connection that leaves: its id, its publish buckets
+    (real ones), no control rate, nothing logged."""
+
+    def __init__(self, client_id, rate):
+        self.client_id = client_id
+        self.rate = rate
+        self.control_due = 0.0
+        self.warned = None
+        self.broker = SimpleNamespace(control=None)
+
+
+def test_rate_debts_prune_drops_only_repaid_debts_not_one_behind_a_stale_item():
+    """diff37: a client that came back and left again leaves a stale heap item; pruning it
+    dropped the next debt in the heap as well, however long it still had to run."""
+    limits = SimpleNamespace(messages_rate=1, messages_burst=10, bytes_rate=0, bytes_burst=0)
+    debts = throttling.RateDebts()
+
+    def leave(client_id, owed_messages, now):
+        rate = PublishRate(limits, now)
+        rate.messages.spend(owed_messages, now)
+        debts.keep(_Leaving(client_id, rate), now)
+
+    leave("x", 12, 0.0)        # repaid at 12 s (2 under empty, then 10 to fill the burst)
+    leave("y", 99, 0.0)        # repaid at 99 s
+    leave("x", 12, 1.0)        # x came back and left again: its first item is stale
+    debts.prune(12.5)          # the stale item (12 s) is due; x's new debt (13 s) and y's not
+    assert set(debts.entries) == {"x", "y"}
+    debts.prune(13.5)
+    assert set(debts.entries) == {"y"}
+    debts.prune(98.0)
+    assert set(debts.entries) == {"y"}
+    debts.prune(99.5)
+    assert not debts.entries

@@ -67,7 +67,8 @@ def test_a_client_reconnecting_for_each_message_is_held_to_its_rate(broker, uid)
     assert elapsed >= 1.5, elapsed                      # (8 past the burst at 4/s: 2 s)
     lines = [ln for ln in b.logs[mark:] if "over its publish rate" in ln]
     assert len(lines) == 1 and "messages_rate 4/s" in lines[0], lines
-    assert "logged once per client id" in lines[0]
+    assert "logged once per connection, and not again for a connection of this client id" \
+        in lines[0]
 
 
 def test_a_reload_that_raises_or_ends_a_rate_ends_the_throttle_running(broker, uid):
