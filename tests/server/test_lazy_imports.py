@@ -37,6 +37,9 @@ NEVER_PLAIN = {
     "dataclasses", "inspect", "ast", "dis",       # edgebroker.records instead
     "edgebroker.cli.state_dir",                    # the other commands' state directory
     "edgebroker.core.snapshot_damage",             # a snapshot that cannot be used
+    "edgebroker.core.snapshot_decode",             # a snapshot to read at the start
+    "edgebroker.core.retained_side",               # retained messages to write, or read
+    "edgebroker.commitlog.verify",                 # a log check (inspect verify, a reader)
     "locale",                                      # argparse's gettext with $LANG set
 }
 # Imported by the first reload (SIGHUP) only.
@@ -105,7 +108,7 @@ def test_plain_broker_imports_only_what_it_uses(broker, monkeypatch, tmp_path):
 
 def test_a_config_file_leaves_no_toml_parser_behind(broker, monkeypatch, tmp_path):
     """The TOML parser and what only it imports (typing, datetime) are unloaded once the file
-    is read (config._read_toml); a reload (SIGHUP) keeps them (unloading takes a full garbage
+    is read (toml_file); a reload (SIGHUP) keeps them (unloading takes a full garbage
     collection, which in a running broker holds the loop: docs/deploy.md), nothing else."""
     monkeypatch.setenv("EDGEBROKER_TEST_BROKER",
                        f"{sys.executable} -S {MODULES_AT_EXIT} {tmp_path / 'modules'}")
@@ -132,6 +135,45 @@ def test_a_config_file_read_at_the_start_only_leaves_no_toml_parser_behind(
     loaded = modules_of_a_life(broker, monkeypatch, tmp_path / "modules")
     assert "edgebroker.server.app" in loaded
     assert among(loaded, {"tomllib", "typing", "datetime"}) == []
+
+
+def test_the_toml_parser_is_never_imported_into_the_broker(broker, monkeypatch, tmp_path):
+    """At the start of serve the configuration file is parsed in a child process
+    (toml_file): the TOML parser, which imported and unloaded again leaves about 0.2 MB of
+    the broker's memory behind (docs/deploy.md), is never the broker's; what the file says
+    is used (its listener serves)."""
+    out = tmp_path / "modules"
+    loaded = modules_of_a_life(broker, monkeypatch, out)
+    imported = set((tmp_path / "modules.imported").read_text().split())
+    assert "edgebroker.server.app" in loaded and "edgebroker.toml_file" in imported
+    assert among(imported, {"tomllib", "typing", "datetime"}) == []
+
+
+def test_retained_messages_and_a_snapshot_to_read_import_the_snapshots_other_modules(
+        broker, monkeypatch, tmp_path):
+    """The side file's code (core.retained_side) comes with a snapshot holding retained
+    messages, the document's reader (core.snapshot_decode) with a snapshot to read: a plain
+    broker imports neither (NEVER_PLAIN)."""
+    data = tmp_path / "data"
+    monkeypatch.setenv("EDGEBROKER_TEST_BROKER",
+                       f"{sys.executable} -S {MODULES_AT_EXIT} {tmp_path / 'modules'}")
+    monkeypatch.setenv("EDGEBROKER_TEST_SITE", os.pathsep.join(site.getsitepackages()))
+    b = broker(data_dir=str(data))
+    c = b.client("keeper")
+    c.publish("lazy/kept", b"x", qos=1, retain=True)
+    c.disconnect()
+    assert b.stop() == 0
+    first = set((tmp_path / "modules").read_text().split())
+    assert "edgebroker.core.retained_side" in first
+    assert "edgebroker.core.snapshot_decode" not in first     # (no snapshot at its start)
+    again = broker(data_dir=str(data))
+    c = again.client("reader")
+    c.subscribe("lazy/kept", qos=1)
+    assert c.recv_publish().payload == b"x"      # (restored from the side file)
+    c.disconnect()
+    assert again.stop() == 0
+    second = set((tmp_path / "modules").read_text().split())
+    assert {"edgebroker.core.snapshot_decode", "edgebroker.core.retained_side"} <= second
 
 
 def test_what_is_configured_is_imported(broker, monkeypatch, tmp_path):
