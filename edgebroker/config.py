@@ -19,7 +19,7 @@ from edgebroker.config_fields import (
     setting,
 )
 from edgebroker.errors import ConfigError
-from edgebroker.files import NotRegularFile, open_config, owner_problem
+from edgebroker.files import owner_problem
 from edgebroker.limits_config import Limits
 from edgebroker.listener_config import (  # noqa: F401  (parse_address: also config's)
     ADMIN_SOCKET, ListenerConfig, address_problems, listener_problems, parse_address,
@@ -389,11 +389,13 @@ def _address_problems(partial: Config) -> list[str]:
             for p in address_problems(undamaged(partial.listener), partial.metrics.listen)]
 
 
-def load(path: str | None) -> Config:
-    """Read and validate a config file; ``None`` gives the embedded defaults."""
+def load(path: str | None, apart: bool = False) -> Config:
+    """Read and validate a config file; ``None`` gives the embedded defaults. ``apart``: the
+    file is parsed in a child process before the broker starts (toml_file, serve's)."""
     if path is None:
         return Config()
-    table = _read_toml(path)
+    from edgebroker.toml_file import read_toml
+    table = read_toml(path, apart)
     try:
         return from_dict(table, source=path)
     except ConfigError as exc:
@@ -428,57 +430,6 @@ def exposed_secrets(config: Config) -> list[str]:
             f"{', '.join(keys)}: run chmod o-r {where} (the broker's user must still read it)"
             + (", or give the uploader's keys through the environment" if uploader else ""))
     return warnings
-
-
-# The C parts of the TOML parser's imports that have a Python fallback: datetime's (every
-# version), typing's up to Python 3.11 (3.12's typing.py needs its C part: blocked, it fails).
-C_PARTS = {"_datetime": (3, 99), "_typing": (3, 11)}
-
-
-def _read_toml(path: str) -> dict:
-    """The file's table. The TOML parser is imported here and unloaded again with the modules
-    only it brought in (typing, datetime), read before the broker's own modules so that their
-    memory goes back whole (about 0.5 MiB of an idle broker's, docs/deploy.md). A reload keeps
-    them: the collection freeing them walks what the broker made (160 ms at 20,000 sessions)."""
-    import gc
-    import sys
-    before = set(sys.modules)
-    # The C parts of datetime and typing are shared objects, which stay mapped once loaded
-    # (0.2 MB of the broker's memory): their Python fallbacks are used and unloaded instead.
-    blocked = [name for name, last in C_PARTS.items()
-               if name not in sys.modules and sys.version_info[:2] <= last]
-    sys.modules.update(dict.fromkeys(blocked))
-    try:
-        import tomllib
-    finally:
-        for name in blocked:
-            del sys.modules[name]
-    bom = 0
-    try:
-        with open_config(path) as fh:
-            data = fh.read()
-        bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0   # written by Windows editors
-        return tomllib.loads(data[bom:].decode())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except NotRegularFile as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + bom}): not valid TOML") from None
-    except ValueError:   # an integer of over 4300 digits (int's own limit)
-        raise ConfigError(f"{path}: not valid TOML: an integer of more than 4300 digits") from None
-    except RecursionError:  # (the parser recurses once per level of arrays and inline tables)
-        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
-    finally:
-        if not gc.get_freeze_count():  # (a running broker's reload: see below)
-            for name in set(sys.modules) - before:
-                del sys.modules[name]
-            del tomllib
-            gc.collect()
 
 
 def describe() -> list[tuple[str, Any, str]]:

@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "edgebroker"
 # Top to bottom: a module may import its own layer's modules and those of the layers above.
 LAYERS = [
     {"edgebroker", "edgebroker.errors", "edgebroker.config", "edgebroker.config_fields",
+     "edgebroker.toml_file",
      "edgebroker.upload_config", "edgebroker.listener_config", "edgebroker.bridge_config",
      "edgebroker.limits_config",
      "edgebroker.logs", "edgebroker.records", "edgebroker.files", "edgebroker.rates"},

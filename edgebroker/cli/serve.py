@@ -57,8 +57,8 @@ def load_all(args) -> configuration.Config:
 
 
 def _read_all(path: str | None) -> configuration.Config:
-    try:
-        return configuration.load(path)
+    try:   # (parsed apart: the TOML parser's memory is never the broker's, toml_file)
+        return configuration.load(path, apart=True)
     except ConfigError as exc:
         if exc.partial is None:     # (the file could not be read, or is not TOML)
             raise
@@ -332,8 +332,8 @@ def run(args) -> int:
     with naming_the_file(None if args.listen else where):
         _raise(unix_socket_problems(config))    # (exit 2, as the checks above)
     _warn_exposed(config)
-    # Imported after the configuration is read: the TOML parser's memory, freed again
-    # (config._read_toml), is then not interleaved with the broker's modules. What start-up
+    # Imported after the configuration is read: the TOML parser's memory, when freed again
+    # (toml_file), is then not interleaved with the broker's modules. What start-up
     # left to the garbage collector (the argument parser, `locale` unloaded by cli/main) is
     # collected first (1 to 2 ms): its room goes to the broker's modules, where gc.freeze at
     # READY=1 would keep it for good (docs/deploy.md, idle RSS).

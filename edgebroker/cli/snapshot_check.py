@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from edgebroker.core import snapshot, snapshot_retained
+from edgebroker.core import retained_side, snapshot
 from edgebroker.files import open_regular
 
 # Reads of the document and its side file while a broker replaces them (one snapshot a
@@ -49,7 +49,7 @@ def snapshot_damage(state_dir: str) -> dict | None:
         if state is None or state.retained_file is None:
             return None
         try:
-            snapshot_retained.verify(state_dir, state.retained_file, state.retained, document)
+            retained_side.verify(state_dir, state.retained_file, state.retained, document)
             return None
         except snapshot.SnapshotError as exc:
             if exc.retained_file is None:    # a place past the side file's end

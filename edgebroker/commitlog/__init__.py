@@ -20,10 +20,10 @@ from edgebroker.commitlog.flusher import DURABILITY, Flusher
 from edgebroker.commitlog.format import (
     FORMAT_VERSION, Damage, Location, LogOptions, Record, SegmentInfo,
 )
-from edgebroker.commitlog.log import CommitLog, LogCounters, RecoveryReport, VerifyReport
+from edgebroker.commitlog.log import CommitLog, LogCounters, RecoveryReport
 
 __all__ = [
     "CommitLog", "LogOptions", "Record", "Location", "SegmentInfo", "Damage", "LogCounters",
-    "RecoveryReport", "VerifyReport", "Flusher", "DURABILITY", "FORMAT_VERSION", "LogError", "LogFormatError",
+    "RecoveryReport", "Flusher", "DURABILITY", "FORMAT_VERSION", "LogError", "LogFormatError",
     "LogFullError", "LogLockedError", "LogWriteError",
 ]

@@ -15,7 +15,7 @@ PUBLISH, is no wrapper:
     sync.py      sync (fsync), the recovery point, freeing the room allocated ahead
     spare.py     SpareFiles: the next segment's file, made ahead (its own state, the log's lock)
     reader.py    read, read_range, read_since, scan, locate
-    verify.py    verify (the whole log), verify_step (one segment readers wanted checked)
+    verify.py    verify, verify_step (one segment readers wanted checked): imported when one runs
 
 Threads. The core thread appends, writes, reads, rolls and runs retention; it never fsyncs.
 The flusher thread calls ``sync()`` (fsync, outside the lock) and ``verify_step()``; the
@@ -67,7 +67,6 @@ from collections.abc import Callable
 from edgebroker import _native
 from edgebroker.commitlog import appender, file_set, reader, recovery
 from edgebroker.commitlog import sync as syncing
-from edgebroker.commitlog import verify as verifying
 from edgebroker.commitlog.appender import STAGING_BYTES, Group
 from edgebroker.commitlog.errors import LogError
 from edgebroker.commitlog.format import Damage, LogOptions
@@ -75,7 +74,6 @@ from edgebroker.commitlog.recovery import RecoveryReport
 from edgebroker.commitlog.segment import Segment
 from edgebroker.commitlog.spare import SpareFiles
 from edgebroker.commitlog.sync import SyncStillRunning
-from edgebroker.commitlog.verify import VerifyReport
 from edgebroker.records import record
 
 log = logging.getLogger("edgebroker.commitlog")
@@ -395,14 +393,8 @@ class CommitLog:
     # Inspection
     # =========================================================================================
 
-    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-        """Read every segment file whole and check every record's CRC, each header and each
-        index against the records, and that no offset file (as read at open) names records past
-        the end. Changes nothing. ``progress(bytes_done, bytes_total)`` is called as it goes.
-        Works on a log the broker is writing (up to what exists at the start)."""
-        return verifying.verify_log(self, progress)
-
-    verify_step = verifying.verify_step
+    verify = reader.verify
+    verify_step = reader.verify_step
 
     # =========================================================================================
     # Closing
@@ -497,4 +489,4 @@ class CommitLog:
         self.close()
 
 
-__all__ = ["CommitLog", "LogCounters", "RecoveryReport", "VerifyReport", "wall_clock_ms"]
+__all__ = ["CommitLog", "LogCounters", "RecoveryReport", "wall_clock_ms"]

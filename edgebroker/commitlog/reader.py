@@ -415,3 +415,25 @@ def lag(self, cursor: int, now_ms: int) -> dict:
     return {"lag_records": max(0, self.next_offset - offset),
             "lag_bytes": self.bytes_after(offset),
             "lag_seconds": max(0.0, (now_ms - record.timestamp_ms) / 1000) if record else 0.0}
+
+
+# The checks are verify.py's, imported when one runs (an idle broker does not hold that code:
+# docs/deploy.md, idle RSS).
+
+def verify(self, progress=None):
+    """Read every segment file whole and check every record's CRC, each header and each
+    index against the records, and that no offset file (as read at open) names records past
+    the end: a ``verify.VerifyReport``. Changes nothing. ``progress(bytes_done,
+    bytes_total)`` is called as it goes. Works on a log the broker is writing (up to what
+    exists at the start)."""
+    from edgebroker.commitlog.verify import verify_log
+    return verify_log(self, progress)
+
+
+def verify_step(self) -> bool:
+    """Check every record of one segment a reader wanted checked (``locate``; the flusher,
+    when idle): False when there was nothing to do."""
+    if not self._verify_wanted:     # (one a reader adds meanwhile: the next call)
+        return False
+    from edgebroker.commitlog.verify import verify_step
+    return verify_step(self)

@@ -17,7 +17,7 @@ import logging
 
 from edgebroker.core.session import AWAIT_ACK, Stored
 from edgebroker.core.shared import Group
-from edgebroker.core.snapshot import GroupState
+from edgebroker.core.snapshot_state import GroupState
 from edgebroker.errors import ProtocolError, name_shown, topic_shown
 from edgebroker.mqtt.topics import parse_shared
 

@@ -4,7 +4,7 @@ A snapshot is one JSON document (format below, documented in
 docs/persistence.md) written to ``<state_dir>/sessions.json`` by a writer
 thread: a temporary file, fsync, rename, fsync of the directory, so a crash
 leaves either the old or the new snapshot, never a torn one. The retained
-messages' payloads are in a side file it names (core.snapshot_retained). The core thread
+messages' payloads are in a side file it names (core.retained_side). The core thread
 only takes an immutable view of what changed (core.persistence.capture); the
 writer encodes it and touches the disk.
 
@@ -26,81 +26,23 @@ import threading
 import time
 
 from edgebroker.core import exchanges
-from edgebroker.core.snapshot_entries import (
-    awaiting_entries, inflight_entry, offline_range, queue_entries, queue_entry, ranged,
-    release_digests,
-)
+from edgebroker.core.snapshot_entries import queue_entries, release_digests
 from edgebroker.core.snapshot_reserve import NO_ROOM, SnapshotReserve
 from edgebroker.core.snapshot_retained import (
-    Plan, RetainedFile, RetainedState, SnapshotError, load, retained_entry,
-    retained_file_head, retained_json,
+    RetainedState, SnapshotError, generations, retained_json,
 )
-from edgebroker.core.will_state import WillState, read_will, will_json
-from edgebroker.errors import topic_shown
+from edgebroker.core.snapshot_state import FILENAME, SessionState, Snapshot
+from edgebroker.core.will_state import will_json
 from edgebroker.files import read_small_file, replace_file
-from edgebroker.records import field, record
+
+TYPE_CHECKING = False   # (the side file's module is imported when a snapshot is written)
+if TYPE_CHECKING:
+    from edgebroker.core.retained_side import Plan, RetainedFile
 
 log = logging.getLogger("edgebroker.snapshot")
 
 FORMAT = 3
-# format 1: no cursors (every session was in step with the log); 1 and 2: retained payloads
-# in the document (base64), not in a side file
-READABLE = (1, 2, 3)
-FILENAME = "sessions.json"
 YIELD_EVERY = 32   # encodings between two yields of the interpreter (see _joined)
-LAST_WALL_MS = 253_402_300_799_999   # 9999-12-31T23:59:59.999Z, the last time shown
-
-
-@record
-class SessionState:
-    client_id: str
-    subscriptions: dict[str, int] = field(default_factory=dict)
-    # (packet id, log offset, qos, retain, state, size) in send order.
-    inflight: list[tuple[int, int, int, bool, int, int]] = field(default_factory=list)
-    # (log offset, qos, retain, size) oldest first. ``size`` is the message's
-    # topic + payload bytes (Message.size), counted by the byte limits. A state the broker
-    # took (core.persistence) holds the queue's own (message, qos, retain) entries instead,
-    # and the writer reads them (``queue_entries``): the loop thread copies no more.
-    queue: list[tuple] = field(default_factory=list)
-    # Inbound QoS 2 packet id awaiting PUBREL -> its message's digest (None: none kept).
-    awaiting_release: dict[int, int | None] = field(default_factory=dict)
-    next_id: int = 0
-    # The log offset it reads from when behind (core.catchup), else None; the filters
-    # subscribed while behind with the offset they match from; the offset ranges it was
-    # offline in ([from, to], to None while offline); messages dropped for it, by reason.
-    cursor: int | None = None
-    since: dict[str, int] = field(default_factory=dict)
-    offline: list[list] = field(default_factory=list)
-    drops: dict[str, int] = field(default_factory=dict)
-    # Offsets past the cursor of QoS 2 messages it was sent before a restart (Cursor.done).
-    done: list[int] = field(default_factory=list)
-    # Retained copies held for SUBSCRIBEs made while behind (Cursor.held, core.retained):
-    # (the log offset the cursor sends them at, the message's log offset, qos, retain, size).
-    held: list[tuple[int, int, int, bool, int]] = field(default_factory=list)
-    # After a crash: records below it may have been sent before it (Cursor.unsure_to); 0: none.
-    unsure_to: int = 0
-    # The log offset of its last SUBSCRIBE again or UNSUBSCRIBE while behind (Cursor.resubscribed).
-    resubscribed: int = 0
-    # (filter, log offset, QoS or 5.0 options): what a filter lowered, or whose options changed,
-    # while behind had for the records below the offset (Cursor.lowered, Cursor.kept5).
-    lowered: list[tuple[str, int, int]] = field(default_factory=list)
-    kept5: list[tuple[str, int, int]] = field(default_factory=list)
-    # (filter, from, up to): the records in that offset range that a filter unsubscribed while
-    # behind granted QoS 1/2 (Cursor.owed).
-    owed: list[tuple[str, int, int]] = field(default_factory=list)
-    # Wall-clock time (ms) it went offline, None if it was connected (persistent_client_
-    # expiration counts from it; snapshots written before it was kept have none).
-    offline_ms: int | None = None
-    # MQTT 5.0: its Session Expiry Interval (None: 3.1.1) and its subscriptions' options
-    # beyond the QoS: filter -> [options byte, subscription identifier].
-    expiry_interval: int | None = None
-    sub5: dict[str, list[int]] = field(default_factory=dict)
-    # The in-flight entries a shared subscription group gave: packet id -> the group's key.
-    groups: dict[int, str] = field(default_factory=dict)
-    will: WillState | None = None   # its delayed will, offline within its Will Delay (5.0)
-    # Its JSON, once the writer encoded it (an offline session's state is reused by the next
-    # snapshots while it does not change, and so is this).
-    encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
 def first_unsent(s: SessionState, retained: set[int]) -> int | None:
@@ -113,20 +55,6 @@ def first_unsent(s: SessionState, retained: set[int]) -> int | None:
         if offset < s.cursor and not (retain and offset in retained):
             return offset
     return s.cursor
-
-
-@record
-class GroupState:
-    """A shared subscription group's backlog (core.shared): its members are the sessions
-    whose ``subscriptions`` hold its key."""
-    key: str                        # "$share/<ShareName>/<filter>"
-    cursor: int | None = None       # the log offset it reads from when behind
-    # (log offset, qos, retain, size), handed out first; with the QoS 1 messages its online
-    # members had not acknowledged (a restart gives them to a member anew).
-    queue: list[tuple[int, int, bool, int]] = field(default_factory=list)
-    # Offsets past the cursor of QoS 2 messages it gave a member before a restart (the
-    # exchange journal said so; ``Group.done``): not handed out again.
-    done: list[int] = field(default_factory=list)
 
 
 def save_retained(saved: dict[str, RetainedState], retained, now: float,
@@ -162,24 +90,6 @@ def _retained_state(message, now: float, written_ms: int) -> RetainedState:
                   written_ms + int((message.expires - now) * 1000))
     return RetainedState(message.topic, message.payload, message.qos, message.offset,
                          message.properties, expires_ms, message.client_id)
-
-
-@record
-class Snapshot:
-    log_next_offset: int = 0
-    written_ms: int = 0
-    sessions: list[SessionState] = field(default_factory=list)
-    retained: list[RetainedState] = field(default_factory=list)
-    shared: list[GroupState] = field(default_factory=list)
-    # The first QoS 2 exchange journal generation to apply after it (core.exchanges); None:
-    # none (a snapshot written before the journal, or without one).
-    exchanges: int | None = None
-    # (client id, will) of clients connected at a clean stop whose session ended then: the
-    # next start publishes them (core.wills' ``keep_will_at_stop``).
-    wills: list[tuple[str, WillState]] = field(default_factory=list)
-    # [name, size, crc32] of the side file holding the retained messages' bytes (format 3;
-    # None: none, or they are in the document: formats 1 and 2).
-    retained_file: list | None = None
 
 
 def _dumps(doc) -> bytes:
@@ -255,74 +165,11 @@ def _joined(states, to_json) -> bytes:
 
 
 def decode(data: bytes, path: str = FILENAME) -> Snapshot:
-    try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict):
-            raise SnapshotError(f"{path}: damaged snapshot (a JSON {type(doc).__name__}, "
-                                f"not an object)")
-        if doc.get("format") not in READABLE:
-            raise SnapshotError(f"{path}: snapshot format {doc.get('format')!r} is not one of "
-                                f"{', '.join(map(str, READABLE))} (written by a newer edgebroker?)")
-        exchanges, side = doc.get("exchanges"), doc.get("retained_file")
-        snap = Snapshot(log_next_offset=int(doc["log_next_offset"]),
-                        written_ms=int(doc.get("written_ms", 0)),
-                        exchanges=None if exchanges is None else int(exchanges),
-                        retained_file=None if side is None else retained_file_head(side))
-        if not 0 <= snap.written_ms <= LAST_WALL_MS:
-            raise SnapshotError(f"{path}: damaged snapshot (written_ms {snap.written_ms} is "
-                                f"not a time from 1970 to 9999)")
-        for s in doc["sessions"]:
-            snap.sessions.append(ranged(SessionState(
-                client_id=str(s["client_id"]),
-                subscriptions={str(f): int(q) for f, q in s["subscriptions"]},
-                inflight=[inflight_entry(e) for e in s["inflight"]],
-                queue=[queue_entry(e) for e in s["queue"]],
-                awaiting_release=awaiting_entries(s),
-                next_id=int(s.get("next_id", 0)),
-                cursor=None if s.get("cursor") is None else int(s["cursor"]),
-                since={str(f): int(o) for f, o in s.get("since", ())},
-                offline=[offline_range(r) for r in s.get("offline", ())],
-                drops={str(k): int(v) for k, v in s.get("drops", {}).items()},
-                done=[int(o) for o in s.get("done", ())],
-                held=[(int(a), int(o), int(q), bool(r), int(n)) for a, o, q, r, n in
-                      s.get("held", ())],
-                unsure_to=max(0, int(s.get("unsure_to", 0))),
-                resubscribed=max(0, int(s.get("resubscribed", 0))),
-                lowered=[(str(f), int(o), int(q)) for f, o, q in s.get("lowered", ())],
-                kept5=[(str(f), int(o), int(v)) for f, o, v in s.get("kept5", ())],
-                owed=[(str(f), int(a), int(b)) for f, a, b in s.get("owed", ())],
-                offline_ms=None if s.get("offline_ms") is None else int(s["offline_ms"]),
-                expiry_interval=None if s.get("expiry") is None else int(s["expiry"]),
-                sub5={str(f): [int(o), int(i)] for f, (o, i) in s.get("sub5", ())},
-                groups={int(p): str(k) for p, k in s.get("groups", ())},
-                will=read_will(s.get("will"), path, str(s["client_id"]))), path))
-        for r in doc["retained"]:
-            offset = r.get("offset")
-            if int(r["qos"]) not in (0, 1, 2) or offset is not None and int(offset) < 0:
-                log.error("%s: retained message %s: QoS %r or offset %r out of range; left out",
-                          path, topic_shown(str(r["topic"])), r["qos"], offset)
-                continue
-            state = retained_entry(r)
-            if state.place is not None and snap.retained_file is None:
-                raise ValueError("a retained message in a side file the snapshot does not name")
-            snap.retained.append(state)
-        for g in doc.get("shared", ()):
-            snap.shared.append(GroupState(
-                key=str(g["key"]), cursor=None if g.get("cursor") is None else int(g["cursor"]),
-                queue=[queue_entry(e) for e in g["queue"]],
-                done=[int(o) for o in g.get("done", ())]))
-        for w in doc.get("wills", ()):
-            will = read_will(w, path, str(w["client_id"]))
-            if will is not None:
-                snap.wills.append((str(w["client_id"]), will))
-    except SnapshotError:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError, OverflowError,
-            RecursionError) as exc:
-        # a field of the wrong JSON type, a number int() cannot take (1e400, Infinity), or
-        # nested too deep to parse
-        raise SnapshotError(f"{path}: damaged snapshot ({type(exc).__name__}: {exc})") from None
-    return snap
+    """The snapshot in the document ``data`` (read from ``path``); SnapshotError when it cannot
+    be used. Its code is imported only then (core.snapshot_decode): a start with no snapshot
+    does not hold it."""
+    from edgebroker.core.snapshot_decode import decode
+    return decode(data, path)
 
 
 def read(state_dir: str, payloads: bool = True) -> Snapshot | None:
@@ -337,6 +184,7 @@ def read(state_dir: str, payloads: bool = True) -> Snapshot | None:
         raise SnapshotError(f"{path}: cannot read: {exc.strerror}") from None
     state = decode(data, path)
     if payloads and state.retained_file is not None:
+        from edgebroker.core.retained_side import load
         load(state_dir, state.retained_file, state.retained, path)
     return state
 
@@ -352,7 +200,10 @@ class SnapshotWriter(threading.Thread):
         self.written = 0
         self.failures = 0
         self.reserve = SnapshotReserve(state_dir)
-        self.side = RetainedFile(state_dir)
+        # The side file of the retained messages (core.retained_side): made for the first
+        # snapshot with retained messages, or earlier when the state directory has side
+        # files (deleted once a snapshot is written); none, and not imported, before.
+        self.side: RetainedFile | None = None
         # The last snapshot written: its time (ms) and client ids (None: none in this run).
         self._last: tuple[int, frozenset] | None = None
         self._final_written = False
@@ -411,8 +262,14 @@ class SnapshotWriter(threading.Thread):
         """``final``: the stop's snapshot: with no room on the disk it takes the reserve's."""
         path = os.path.join(self.state_dir, FILENAME)
         retained = snapshot.retained
-        snapshot.retained_file = self.side.current(retained)    # none changed: kept
-        planned = self.side.plan(retained) if retained and not snapshot.retained_file else None
+        side = self.side
+        if side is None and (retained or generations(self.state_dir)):
+            from edgebroker.core.retained_side import RetainedFile
+            side = self.side = RetainedFile(self.state_dir)
+        snapshot.retained_file, planned = None, None
+        if side is not None:
+            snapshot.retained_file = side.current(retained)     # none changed: kept
+            planned = side.plan(retained) if retained and not snapshot.retained_file else None
         error, data = self._put(path, snapshot, planned)
         if error is not None and final and error.errno in NO_ROOM:
             # The room it needs from the reserve (what its side file's write adds too); all of
@@ -438,7 +295,8 @@ class SnapshotWriter(threading.Thread):
             self._failing = True
             return
         self.written += 1
-        self.side.written(snapshot.retained_file, retained)
+        if side is not None:
+            side.written(snapshot.retained_file, retained)
         self._final_written = final
         self.saved_offset = snapshot.log_next_offset
         self._last = (snapshot.written_ms, frozenset(s.client_id for s in snapshot.sessions))
@@ -449,7 +307,7 @@ class SnapshotWriter(threading.Thread):
         if snapshot.exchanges is not None:
             exchanges.remove_before(self.state_dir, snapshot.exchanges)
         if not final:
-            self.reserve.keep(len(data) + self.side.used)
+            self.reserve.keep(len(data) + (side.used if side is not None else 0))
 
     def _put(self, path: str, snapshot: Snapshot, planned: Plan | None
              ) -> tuple[OSError | None, bytes | None]:

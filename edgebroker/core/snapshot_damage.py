@@ -5,7 +5,7 @@ it (docs/deploy.md, idle RSS). A snapshot the broker may not read (EACCES, EPERM
 damage: the start is refused naming the file and the fix, and nothing is changed (as for a log
 file). A damaged document is moved aside (``sessions.json.damaged``) and the broker starts
 without sessions or retained messages. A damaged or missing side file of retained payloads
-(core.snapshot_retained) costs only the retained messages the snapshot held: it is moved aside
+(core.retained_side) costs only the retained messages the snapshot held: it is moved aside
 and the sessions are restored.
 """
 

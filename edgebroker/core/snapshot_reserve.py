@@ -5,7 +5,7 @@ session made during the full spell (a SUBACK sent, a QoS 1 message acknowledged 
 not survive the restart. So next to the snapshot a file, ``sessions.json.reserve``, holds
 blocks allocated ahead (``commitlog.segment.preallocate``, as the log makes its next segment's
 file ahead: ``commitlog.spare``): twice the size of the last snapshot written (its retained
-messages' side file included, core.snapshot_retained), at least ``MIN_BYTES``. The snapshot writer (core.snapshot) grows it after a write, and a final snapshot
+messages' side file included, core.retained_side), at least ``MIN_BYTES``. The snapshot writer (core.snapshot) grows it after a write, and a final snapshot
 that finds no room cuts the room it needs from the reserve's end (the rest stays, so that the
 commit log closing after it does not take it) and is written there. The next start makes it
 whole again.

@@ -77,7 +77,7 @@ def test_a_stop_that_cannot_write_the_final_snapshot_says_what_is_lost(
 def test_a_retained_message_set_while_the_disk_is_full_is_written_in_the_room_kept(
         broker, uid, tmp_path, request):
     """The stop's snapshot then writes the retained messages' side file too (core.
-    snapshot_retained), the only copy of the message (the log could not take it): the room it
+    retained_side), the only copy of the message (the log could not take it): the room it
     cuts from the reserve is for both files."""
     if not in_private_mount_namespace(request):
         return
@@ -106,7 +106,7 @@ def test_a_retained_message_set_while_the_disk_is_full_is_written_in_the_room_ke
 def test_a_retained_message_appended_at_a_stop_on_a_full_disk_takes_only_its_room(
         broker, uid, tmp_path, request):
     """A retained message changed while the disk is full: the stop's snapshot appends it to the
-    side file (core.snapshot_retained) in room cut from the reserve, for the appended bytes
+    side file (core.retained_side) in room cut from the reserve, for the appended bytes
     only (not for the whole file)."""
     if not in_private_mount_namespace(request):
         return
@@ -154,7 +154,8 @@ def test_an_append_that_finds_the_disk_full_gives_its_blocks_back(tmp_path, requ
     log then could not grow its index: diff29). It is cut back to the committed size."""
     if not in_private_mount_namespace(request):
         return
-    from edgebroker.core.snapshot_retained import RetainedFile, RetainedState
+    from edgebroker.core.retained_side import RetainedFile
+    from edgebroker.core.snapshot_retained import RetainedState
     small = tmp_path / "small"
     mount_tmpfs(small, "8m")
     side = RetainedFile(str(small))

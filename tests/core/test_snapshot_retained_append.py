@@ -1,4 +1,4 @@
-"""A changed retained set is appended to the side file (core.snapshot_retained), not written
+"""A changed retained set is appended to the side file (core.retained_side), not written
 whole: a 3.2 MB retained set with one message replaced between snapshots rewrote the whole
 3.2 MB at every snapshot (SD-card wear on gateways). The file keeps its generation and grows by
 the changed payloads; it is written anew only when the bytes no message uses would be more than
@@ -18,7 +18,8 @@ from core.test_snapshot_retained_file import (
     _stopped_with_a_side_file, _verify, check_kept, side_files, snapshot_of,
 )
 
-from edgebroker.core.snapshot_retained import RetainedFile, RetainedState, load
+from edgebroker.core.retained_side import RetainedFile, load
+from edgebroker.core.snapshot_retained import RetainedState
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,5 +1,5 @@
 """Retained messages' payloads in a side file next to the session snapshot (format 3,
-core.snapshot_retained). The snapshot kept each payload base64 in its one JSON document, cached
+core.retained_side). The snapshot kept each payload base64 in its one JSON document, cached
 that encoding on each message for the next snapshots and joined it all into one bytes object:
 a broker holding 15,000 retained 16 KiB messages went from 291 MB to 911 MB during a snapshot.
 Now the payloads are streamed into ``retained-<N>.bin``, which a snapshot that changed sessions

@@ -28,7 +28,7 @@ def test_a_reload_reads_the_file_without_a_full_collection(tmp_path):
     full collection walked every object made since the start, holding the loop 160 ms at
     20,000 sessions (mem3). The parser now stays loaded after a reload, and no full
     collection runs."""
-    from edgebroker import config
+    from edgebroker import toml_file
     path = tmp_path / "edgebroker.toml"
     path.write_text('log_level = "info"\n')
     full = []
@@ -40,12 +40,12 @@ def test_a_reload_reads_the_file_without_a_full_collection(tmp_path):
     before = gc.get_threshold()
     gc.callbacks.append(seen)
     try:
-        assert config._read_toml(str(path)) == {"log_level": "info"}
+        assert toml_file.read_toml(str(path)) == {"log_level": "info"}
         assert full, "the start's read collects"
         full.clear()
         app.tune_garbage_collector()
-        assert config._read_toml(str(path)) == {"log_level": "info"}
-        assert config._read_toml(str(path)) == {"log_level": "info"}
+        assert toml_file.read_toml(str(path)) == {"log_level": "info"}
+        assert toml_file.read_toml(str(path)) == {"log_level": "info"}
         assert full == []
     finally:
         gc.callbacks.remove(seen)

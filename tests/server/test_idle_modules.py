@@ -31,7 +31,7 @@ edgebroker.commitlog edgebroker.commitlog.appender edgebroker.commitlog.errors
 edgebroker.commitlog.file_set edgebroker.commitlog.flusher edgebroker.commitlog.format
 edgebroker.commitlog.log edgebroker.commitlog.reader edgebroker.commitlog.recovery
 edgebroker.commitlog.retention edgebroker.commitlog.scanner edgebroker.commitlog.segment
-edgebroker.commitlog.spare edgebroker.commitlog.sync edgebroker.commitlog.verify
+edgebroker.commitlog.spare edgebroker.commitlog.sync
 edgebroker.config edgebroker.config_fields edgebroker.core edgebroker.core.broker
 edgebroker.core.catchup edgebroker.core.catchup_run edgebroker.core.client
 edgebroker.core.cursor edgebroker.core.dispatch edgebroker.core.exchanges
@@ -43,7 +43,8 @@ edgebroker.core.persistence edgebroker.core.resume edgebroker.core.retained
 edgebroker.core.router edgebroker.core.router5 edgebroker.core.session edgebroker.core.sessions
 edgebroker.core.shared edgebroker.core.shared_backlog edgebroker.core.shared_state
 edgebroker.core.snapshot edgebroker.core.snapshot_entries edgebroker.core.snapshot_reserve
-edgebroker.core.snapshot_retained edgebroker.core.stats edgebroker.core.throttling
+edgebroker.core.snapshot_retained edgebroker.core.snapshot_state edgebroker.core.stats
+edgebroker.core.throttling
 edgebroker.core.timers edgebroker.core.violations edgebroker.core.will_state
 edgebroker.core.wills edgebroker.errors edgebroker.files edgebroker.limits_config
 edgebroker.listener_config edgebroker.logs edgebroker.mqtt edgebroker.mqtt.connect
@@ -56,7 +57,7 @@ edgebroker.server.admin edgebroker.server.app edgebroker.server.contention
 edgebroker.server.descriptors edgebroker.server.filechunk edgebroker.server.framing
 edgebroker.server.handshakes edgebroker.server.listeners edgebroker.server.loop
 edgebroker.server.peers edgebroker.server.poller edgebroker.server.sdnotify
-edgebroker.server.sniff edgebroker.server.transport edgebroker.upload_config
+edgebroker.server.sniff edgebroker.server.transport edgebroker.toml_file edgebroker.upload_config
 """.split())
 
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgebroker import config
+from edgebroker import toml_file
 from secfiles import write_passwords
 
 # Modules (and their submodules) a plain broker never imports: one MQTT listener, no config
@@ -39,6 +39,9 @@ NEVER_PLAIN = {
     "dataclasses", "inspect", "ast", "dis",       # edgebroker.records instead
     "edgebroker.cli.state_dir",                    # the other commands' state directory
     "edgebroker.core.snapshot_damage",             # a snapshot that cannot be used
+    "edgebroker.core.snapshot_decode",             # a snapshot to read at the start
+    "edgebroker.core.retained_side",               # retained messages to write, or read
+    "edgebroker.commitlog.verify",                 # a log check (inspect verify, a reader)
     "locale",                                      # argparse's gettext with $LANG set
 }
 # Imported by the first reload (SIGHUP) only.
@@ -107,7 +110,7 @@ def test_plain_broker_imports_only_what_it_uses(broker, monkeypatch, tmp_path):
 
 def test_a_config_file_leaves_no_toml_parser_behind(broker, monkeypatch, tmp_path):
     """The TOML parser and what only it imports (typing, datetime) are unloaded once the file
-    is read (config._read_toml); a reload (SIGHUP) keeps them (unloading takes a full garbage
+    is read (toml_file); a reload (SIGHUP) keeps them (unloading takes a full garbage
     collection, which in a running broker holds the loop: docs/deploy.md), nothing else."""
     monkeypatch.setenv("EDGEBROKER_TEST_BROKER",
                        f"{sys.executable} -S {MODULES_AT_EXIT} {tmp_path / 'modules'}")
@@ -136,6 +139,45 @@ def test_a_config_file_read_at_the_start_only_leaves_no_toml_parser_behind(
     assert among(loaded, {"tomllib", "typing", "datetime"}) == []
 
 
+def test_the_toml_parser_is_never_imported_into_the_broker(broker, monkeypatch, tmp_path):
+    """At the start of serve the configuration file is parsed in a child process
+    (toml_file): the TOML parser, which imported and unloaded again leaves about 0.2 MB of
+    the broker's memory behind (docs/deploy.md), is never the broker's; what the file says
+    is used (its listener serves)."""
+    out = tmp_path / "modules"
+    loaded = modules_of_a_life(broker, monkeypatch, out)
+    imported = set((tmp_path / "modules.imported").read_text().split())
+    assert "edgebroker.server.app" in loaded and "edgebroker.toml_file" in imported
+    assert among(imported, {"tomllib", "typing", "datetime"}) == []
+
+
+def test_retained_messages_and_a_snapshot_to_read_import_the_snapshots_other_modules(
+        broker, monkeypatch, tmp_path):
+    """The side file's code (core.retained_side) comes with a snapshot holding retained
+    messages, the document's reader (core.snapshot_decode) with a snapshot to read: a plain
+    broker imports neither (NEVER_PLAIN)."""
+    data = tmp_path / "data"
+    monkeypatch.setenv("EDGEBROKER_TEST_BROKER",
+                       f"{sys.executable} -S {MODULES_AT_EXIT} {tmp_path / 'modules'}")
+    monkeypatch.setenv("EDGEBROKER_TEST_SITE", os.pathsep.join(site.getsitepackages()))
+    b = broker(data_dir=str(data))
+    c = b.client("keeper")
+    c.publish("lazy/kept", b"x", qos=1, retain=True)
+    c.disconnect()
+    assert b.stop() == 0
+    first = set((tmp_path / "modules").read_text().split())
+    assert "edgebroker.core.retained_side" in first
+    assert "edgebroker.core.snapshot_decode" not in first     # (no snapshot at its start)
+    again = broker(data_dir=str(data))
+    c = again.client("reader")
+    c.subscribe("lazy/kept", qos=1)
+    assert c.recv_publish().payload == b"x"      # (restored from the side file)
+    c.disconnect()
+    assert again.stop() == 0
+    second = set((tmp_path / "modules").read_text().split())
+    assert {"edgebroker.core.snapshot_decode", "edgebroker.core.retained_side"} <= second
+
+
 def test_what_is_configured_is_imported(broker, monkeypatch, tmp_path):
     """The other side: a WebSocket listener brings wsproto (and with it dataclasses), a password
     file (and a login) hashlib and the password check workers."""
@@ -151,10 +193,10 @@ def test_what_is_configured_is_imported(broker, monkeypatch, tmp_path):
 
 
 def test_the_toml_parser_blocks_only_c_parts_this_python_can_do_without():
-    """config._read_toml blocks a C part (the Python fallback is loaded and unloaded with the
+    """toml_file blocks a C part (the Python fallback is loaded and unloaded with the
     parser) only where the module has a fallback: Python 3.12's typing.py needs _typing, and
     blocking it there made every command that reads a configuration file fail."""
-    for name, last in config.C_PARTS.items():
+    for name, last in toml_file.C_PARTS.items():
         module = {"_datetime": "datetime", "_typing": "typing"}[name]
         code = f"import sys; sys.modules[{name!r}] = None; import {module}"
         run = subprocess.run([sys.executable, "-I", "-c", code], stderr=subprocess.DEVNULL)
