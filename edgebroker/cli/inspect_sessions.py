@@ -15,11 +15,11 @@ import json
 import os
 import time
 
-from edgebroker import config as configuration
 from edgebroker.cli import log_lock
 from edgebroker.cli.inspect_common import human_bytes, log_dir, open_log, out, table
 from edgebroker.cli.inspect_live import duration
 from edgebroker.cli.record_view import fmt_time
+from edgebroker.cli.state_dir import read_config
 from edgebroker.core import snapshot
 from edgebroker.core.mqtt5 import kept_offline
 from edgebroker.errors import EdgebrokerError
@@ -71,7 +71,7 @@ def run_sessions(args) -> int:
     """Persistent sessions as of the last snapshot (while the broker runs: about 1 s after a
     session changes, else up to 30 s old; the output says when it was taken), with how far
     each one's cursor is behind the head of the log (read now)."""
-    config = configuration.load(args.config) if args.config else configuration.Config()
+    config = read_config(args.config, ("data_dir", "limits.persistent_client_expiration"))
     cap = config.limits.persistent_client_expiration
     state_dir = os.path.dirname(log_dir(args))
     state = snapshot.read(state_dir, payloads=False)

@@ -8,9 +8,10 @@ says so rather than reporting a state directory that is not the service's."""
 from __future__ import annotations
 
 import os
+import sys
 
 from edgebroker import config as configuration
-from edgebroker.errors import EdgebrokerError
+from edgebroker.errors import ConfigError, EdgebrokerError
 
 # systemd/edgebroker.service: StateDirectory=edgebroker.
 UNIT_STATE_DIR = "/var/lib/edgebroker"
@@ -37,12 +38,37 @@ def state_dir_of(args, config: configuration.Config | None = None) -> str:
     if args.data_dir:
         return args.data_dir
     if config is None:
-        config = configuration.load(args.config) if args.config else configuration.Config()
+        config = read_config(args.config)
     path = config.state_dir()
     if outside_systemd(config) and not os.path.isdir(path):
         raise EdgebrokerError("no state directory: "
                               + note(path, f"give --data-dir {UNIT_STATE_DIR}"))
     return path
+
+
+_noted: set = set()     # files read_config said have problems (once a command)
+
+
+def read_config(path: str | None, keys: tuple[str, ...] = ("data_dir",)) -> configuration.Config:
+    """The configuration of ``path`` (None: the defaults) for a read-only command that takes
+    only ``keys`` from it (``data_dir`` to find the state directory): a file that is TOML
+    with problems elsewhere (an unknown key, a value a reload refused) still gives them, with
+    a note on stderr; a problem with one of ``keys``, or a file that is not TOML, is the
+    ConfigError."""
+    try:
+        return configuration.load(path)
+    except ConfigError as exc:
+        if exc.partial is None or not isinstance(exc.partial, configuration.Config):
+            raise
+        mine = [p for p in exc.problems if any(p.startswith(f"{path}: {key}:") for key in keys)]
+        if mine:
+            raise ConfigError(*mine) from None
+        if path not in _noted:
+            _noted.add(path)
+            print(f"edgebroker: note: {path} has {len(exc.problems)} problem(s) "
+                  f"(`edgebroker config check -c {path}` names them); "
+                  f"{', '.join(keys)} taken from it", file=sys.stderr)
+        return exc.partial
 
 
 # Said with a state directory the service may not write, under systemd (docs/deploy.md).

@@ -29,7 +29,8 @@ Rules kept (docs/persistence.md):
   ``max_lag_bytes`` behind the head or the record is older than ``max_lag_age``;
 - retention deletes segments a cursor needs only when ``retention_bytes`` forces it; a
   cursor below the first record kept, or older than ``max_session_lag_age``, moves on: the
-  records skipped (and offsets no segment holds) are counted (``log_gap``) and logged.
+  records skipped (and offsets no segment holds) are counted (``log_gap``) and logged
+  (the moves of one episode once: core.retention_moves).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from operator import itemgetter
 from edgebroker.core.catchup_run import lag_cut
 from edgebroker.core.cursor import Cursor, needed_from
 from edgebroker.core.mqtt5 import stored_properties
+from edgebroker.core.retention_moves import counts_at_stop, episode_ends, move_below
 from edgebroker.core.router5 import options5, options5_for
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.timers import Timer
@@ -115,6 +117,7 @@ class CatchUp:
             log.warning("session %s caught up with the log; %d more records were lost to it "
                         "for max_session_lag_age after the move logged",
                         name_shown(session.client_id), cursor.aged)
+        episode_ends(session, "caught up with the log")
         session.cursor = None
         self.behind.discard(session)
         self._catch_up_again.discard(session)
@@ -126,17 +129,7 @@ class CatchUp:
         """At a clean stop: what sessions behind counted to log when they catch up (a restart
         starts new episodes; a crash loses these lines, not the counters)."""
         for session in self.behind:
-            cursor = session.cursor
-            if cursor.lag_dropped:
-                log.warning("session %s: %d QoS 0 messages were skipped for max_lag_bytes or "
-                            "max_lag_age, up to the stop (it had not caught up; a restart "
-                            "logs a new episode)", name_shown(session.client_id),
-                            cursor.lag_dropped)
-            if cursor.aged > 0:
-                log.warning("session %s: %d more records were lost to it for "
-                            "max_session_lag_age after the move logged, up to the stop (it had "
-                            "not caught up; a restart logs a new first move)",
-                            name_shown(session.client_id), cursor.aged)
+            counts_at_stop(session)
 
     def read_on(self, session, unsent: int) -> bool:
         """``Router.pump`` emptied the queue of ``session`` (behind, online, with room):
@@ -434,11 +427,8 @@ class CatchUp:
                     and session.cursor.held is None):
                 self._nothing_to_read(session)
         if first > self._first_offset:
+            move_below(self, first, self._first_offset)    # (core.retention_moves)
             self._first_offset = first
-            for session in list(behind):
-                if session.cursor.offset < first:
-                    self._skip(session, first, "retention deleted its segments: the log was "
-                                               "over retention_bytes")
         max_age = self.limits.max_session_lag_age
         if max_age and behind:
             oldest = commit_log.offset_at_time(self.journal.wall_ms() - int(max_age * 1000))

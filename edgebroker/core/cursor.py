@@ -32,8 +32,8 @@ ANY = ""        # (no topic filter is empty)
 class Cursor:
     """Where a session behind reads the log from, and what it needs to read it."""
 
-    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "done",
-                 "run", "held", "unsure_to", "resubscribed", "lowered", "kept5", "owed")
+    __slots__ = ("offset", "floor", "since", "offline", "cache", "lag_dropped", "aged", "gone",
+                 "done", "run", "held", "unsure_to", "resubscribed", "lowered", "kept5", "owed")
 
     def __init__(self, offset: int, floor: int):
         self.offset = offset       # the first log offset not yet read for the session
@@ -44,6 +44,7 @@ class Cursor:
         self.lag_dropped = 0       # QoS 0 skipped past max_lag in the current episode
         self.aged = -1             # records skipped for max_session_lag_age after the logged
         #                            move (-1: none logged yet)
+        self.gone = -1             # the same for retention_bytes (core.retention_moves)
         # After a restart: offsets of QoS 2 messages the session was sent after the snapshot
         # (core.exchanges), not to be sent again; None once the cursor is past them all.
         self.done: set[int] | None = None

@@ -28,6 +28,7 @@ from edgebroker.core.cursor import needed_from
 from edgebroker.core.filter_set import filter_added, filter_removed
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import kept_offline, session_expiry_cap
+from edgebroker.core.retention_moves import episode_ends
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
@@ -177,6 +178,7 @@ class Sessions:
             self._snapshot_dirty = True
         if session.cursor is not None:
             session.cursor.came_back(self.live_offset())
+            episode_ends(session, "is back")    # (core.retention_moves)
         session.client = client
         self.clients_connected += 1
         address = client.listener_address

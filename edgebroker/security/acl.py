@@ -62,6 +62,14 @@ CACHE_LIMIT = 4096
 _BLANKS = " \t\r\f\v"
 
 
+class LinesError(ValueError):
+    """The bad lines of an ACL: ``problems``, one 'line N: ...' each."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 def _no_control(number: int, value: str) -> None:
     """A user name or topic filter with a control character (a tab inside it: ``topic
     deny<TAB>secret/#`` read as a rule on a topic no client can use) is refused."""
@@ -201,57 +209,71 @@ class Acl:
             raise ConfigError(f"{key}: {path}: {owner}")
         try:
             return cls.parse(text, path)
-        except ValueError as exc:
-            raise ConfigError(f"{key}: {path} {exc}") from None
+        except LinesError as exc:
+            from edgebroker.security.passwords import shown_problems
+            raise ConfigError(*shown_problems([f"{key}: {path} {p}" for p in exc.problems],
+                                              f"{key}: {path}")) from None
 
     @classmethod
     def parse(cls, text: str, path: str = "") -> "Acl":
-        """Compile ACL text; a bad line raises ValueError('line N: ...'). Lines end at "\n"
+        """Compile ACL text; bad lines raise LinesError (a ValueError: 'line N: ...' for
+        each). Lines end at "\n"
         only, as the password file's and Mosquitto's do: a comment holding U+2028 (or another
         of the breaks str.splitlines knows) stays one comment, not a rule after it."""
         from edgebroker.security.passwords import lines_of
         acl = cls(path)
         section = acl.anonymous
+        problems = []
         for number, raw in enumerate(lines_of(text), 1):
             line = raw.strip(_BLANKS)
-            if not line or line.startswith("#"):
-                continue
-            keyword, rest = _first_word(line)
-            if keyword == "user":
-                if not rest:
-                    raise ValueError(f"line {number}: 'user' needs a user name")
-                _no_control(number, rest)
-                section = acl.users.get(rest)
-                if section is None:
-                    section = acl.users[rest] = _Node()
-            elif keyword in ("topic", "pattern"):
-                access, topic_filter = _first_word(rest)
-                if access in _ACCESS:
-                    bits = _ACCESS[access]
-                else:
-                    bits, topic_filter = READ | WRITE, rest
-                if not topic_filter:
-                    raise ValueError(f"line {number}: '{keyword}' needs a topic filter")
-                _no_control(number, topic_filter)
+            if line and not line.startswith("#"):
                 try:
-                    validate_topic_filter(topic_filter)
-                except ProtocolError as exc:
-                    raise ValueError(f"line {number}: {exc}") from None
-                levels = topic_filter.split("/")
-                if keyword == "pattern":
-                    for level in levels:
-                        if ("%c" in level or "%u" in level) and level not in (CLIENT_ID, USERNAME):
-                            raise ValueError(f"line {number}: %c and %u must fill a whole level "
-                                             f"(as in devices/%c/#), got {topic_filter!r}")
-                    _add(acl.patterns, levels, bits)
-                    acl.has_patterns = True
-                else:
-                    _add(section, levels, bits)
-                acl.rules += 1
-            else:
-                raise ValueError(f"line {number}: unknown keyword {keyword!r} "
-                                 "(expected topic, pattern or user)")
+                    section = acl._rule(section, number, line)
+                except ValueError as exc:
+                    problems.append(str(exc))
+        if problems:
+            raise LinesError(problems)
         return acl
+
+    def _rule(self, section: "_Node", number: int, line: str) -> "_Node":
+        """Add the rule of line ``number`` (a user line starts a section); the section the
+        next lines go to. A bad line raises ValueError('line N: ...')."""
+        keyword, rest = _first_word(line)
+        if keyword == "user":
+            if not rest:
+                raise ValueError(f"line {number}: 'user' needs a user name")
+            _no_control(number, rest)
+            section = self.users.get(rest)
+            if section is None:
+                section = self.users[rest] = _Node()
+        elif keyword in ("topic", "pattern"):
+            access, topic_filter = _first_word(rest)
+            if access in _ACCESS:
+                bits = _ACCESS[access]
+            else:
+                bits, topic_filter = READ | WRITE, rest
+            if not topic_filter:
+                raise ValueError(f"line {number}: '{keyword}' needs a topic filter")
+            _no_control(number, topic_filter)
+            try:
+                validate_topic_filter(topic_filter)
+            except ProtocolError as exc:
+                raise ValueError(f"line {number}: {exc}") from None
+            levels = topic_filter.split("/")
+            if keyword == "pattern":
+                for level in levels:
+                    if ("%c" in level or "%u" in level) and level not in (CLIENT_ID, USERNAME):
+                        raise ValueError(f"line {number}: %c and %u must fill a whole level "
+                                         f"(as in devices/%c/#), got {topic_filter!r}")
+                _add(self.patterns, levels, bits)
+                self.has_patterns = True
+            else:
+                _add(section, levels, bits)
+            self.rules += 1
+        else:
+            raise ValueError(f"line {number}: unknown keyword {keyword!r} "
+                             "(expected topic, pattern or user)")
+        return section
 
     # ----- checks -------------------------------------------------------------------------
 

@@ -378,38 +378,63 @@ class PasswordFile:
         entries: dict[str, tuple] = {}
         raw: dict[str, str] = {}
         keys: dict[str, tuple[str, scram.Keys]] = {}
+        problems: list[str] = []
         for number, line in enumerate(lines_of(text), 1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            username, sep, stored = line.partition(":")
-            where = f"{key}: {path} line {number}"
-            if not sep:
-                raise ConfigError(f"{where}: expected username:hash")
-            problem = check_username(username)
-            if problem:
-                raise ConfigError(f"{where}: {problem}")
-            if username in entries:
-                raise ConfigError(f"{where}: user {username!r} is listed twice")
-            stored, sep, field = stored.partition(":")
-            stored = stored.strip()
-            try:
-                entries[username] = parse_hash(stored)
-            except HashError as exc:
-                hint = ""
-                if not stored.startswith("$"):
-                    hint = (f"; plain-text passwords are not accepted: run "
+            bad = _add_line(line, entries, raw, keys)
+            if bad is None:
+                continue
+            problem, plain = bad
+            if plain and not any("plain-text passwords" in p for p in problems):
+                problem += (f"; plain-text passwords are not accepted: run "
                             f"'edgebroker passwd -U {path}' to hash them")
-                raise ConfigError(f"{where}: user {username!r}: {exc}{hint}") from None
-            raw[username] = stored
-            if sep:
-                from edgebroker.security import scram
-                field = field.strip()
-                try:
-                    keys[username] = (field, scram.parse_keys(field))
-                except scram.FormatError as exc:
-                    raise ConfigError(f"{where}: user {username!r}: {exc} (the third field "
-                                      f"holds the SCRAM keys)") from None
+            problems.append(f"{key}: {path} line {number}: {problem}")
+        if problems:
+            raise ConfigError(*shown_problems(problems, f"{key}: {path}"))
         return cls(path, entries, raw, keys)
+
+
+# A password or ACL file with more bad lines than this reports these and how many more.
+PROBLEM_LINES = 20
+
+
+def shown_problems(problems: list[str], where: str) -> list[str]:
+    """Every bad line of a file (``where``: its key and path), up to PROBLEM_LINES of them,
+    then how many more (config check, start and reload report them all at once)."""
+    if len(problems) <= PROBLEM_LINES:
+        return problems
+    return problems[:PROBLEM_LINES] + [f"{where}: {len(problems) - PROBLEM_LINES} more bad "
+                                       f"lines (the first {PROBLEM_LINES} are above)"]
+
+
+def _add_line(line: str, entries: dict, raw: dict, keys: dict) -> tuple[str, bool] | None:
+    """Add the user of one password file line to ``entries``, ``raw`` and ``keys``; what is
+    wrong with the line and whether it looks like a plain-text password, or None."""
+    username, sep, stored = line.partition(":")
+    if not sep:
+        return "expected username:hash", False
+    problem = check_username(username)
+    if problem:
+        return problem, False
+    if username in entries:
+        return f"user {username!r} is listed twice", False
+    stored, sep, field = stored.partition(":")
+    stored = stored.strip()
+    try:
+        parsed = parse_hash(stored)
+    except HashError as exc:
+        return f"user {username!r}: {exc}", not stored.startswith("$")
+    if sep:
+        from edgebroker.security import scram
+        field = field.strip()
+        try:
+            keys[username] = (field, scram.parse_keys(field))
+        except scram.FormatError as exc:
+            return f"user {username!r}: {exc} (the third field holds the SCRAM keys)", False
+    entries[username] = parsed
+    raw[username] = stored
+    return None
 
 
 def write_atomic(path: str, lines: list[str]) -> None:
