@@ -75,10 +75,16 @@ def _parse_apart(path: str, data: bytes) -> dict | None:
     os.close(w)
     with os.fdopen(r, "rb") as fh:
         out = fh.read()
-    _, status = os.waitpid(pid, 0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:   # SIGCHLD ignored (a launcher's choice): the kernel reaped it
+        status = 0              # (what it sent is checked below: a table ends with its data)
     if status != 0 or not out:
         return None
-    ok, value = marshal.loads(out)
+    try:
+        ok, value = marshal.loads(out)
+    except (EOFError, ValueError, TypeError):   # cut short: the child did not end well
+        return None
     if not ok:
         raise ConfigError(*value)
     return value

@@ -3,6 +3,7 @@ gives what parsing it here gives, its problems included; a table marshal cannot 
 with a date) is parsed here instead."""
 
 import datetime
+import signal
 
 import pytest
 
@@ -46,3 +47,16 @@ def test_a_date_is_parsed_here(tmp_path):
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
         toml_file.read_toml(str(tmp_path / "none.toml"), apart=True)
+
+
+def test_a_file_parsed_apart_with_sigchld_ignored(tmp_path):
+    """A launcher may start the broker with SIGCHLD ignored: the kernel then reaps the parsing
+    child itself and waitpid fails (ChildProcessError); the table it sent is used (diff38:
+    serve ended with a traceback at start)."""
+    path = tmp_path / "edgebroker.toml"
+    path.write_text('log_level = "info"\n')
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert toml_file.read_toml(str(path), apart=True) == {"log_level": "info"}
+    finally:
+        signal.signal(signal.SIGCHLD, old)

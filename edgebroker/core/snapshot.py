@@ -189,6 +189,16 @@ def read(state_dir: str, payloads: bool = True) -> Snapshot | None:
     return state
 
 
+def _side_files_left(state_dir: str) -> bool:
+    """Whether side files of retained messages are left in ``state_dir`` to delete (a start
+    after one with retained messages). A listing that fails (no descriptor free, EIO) is
+    taken as none: a later snapshot that can list deletes them; the snapshot is written."""
+    try:
+        return bool(generations(state_dir))
+    except OSError:
+        return False
+
+
 class SnapshotWriter(threading.Thread):
     """Encodes and writes the newest submitted snapshot (older unwritten ones are skipped),
     then deletes the QoS 2 exchange journal files it made obsolete. Keeps room on the disk for
@@ -252,7 +262,14 @@ class SnapshotWriter(threading.Thread):
                 data, self._pending = self._pending, None
                 stopping = self._stopping
             if data is not None:
-                self._write(data, final=stopping)
+                try:
+                    self._write(data, final=stopping)
+                except Exception:   # (a bug: the thread goes on, the next snapshot retries)
+                    self.failures += 1
+                    self._failing = True
+                    log.exception("cannot write the session snapshot in %s; sessions changed "
+                                  "since the last snapshot would be lost in a crash (will "
+                                  "retry)", self.state_dir)
             if stopping:
                 with self._cond:
                     if self._pending is None:
@@ -263,7 +280,7 @@ class SnapshotWriter(threading.Thread):
         path = os.path.join(self.state_dir, FILENAME)
         retained = snapshot.retained
         side = self.side
-        if side is None and (retained or generations(self.state_dir)):
+        if side is None and (retained or _side_files_left(self.state_dir)):
             from edgebroker.core.retained_side import RetainedFile
             side = self.side = RetainedFile(self.state_dir)
         snapshot.retained_file, planned = None, None
