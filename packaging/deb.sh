@@ -133,9 +133,9 @@ Section: net
 Priority: optional
 Homepage: https://github.com/edgebroker/edgebroker
 Description: MQTT broker for edge gateways with a durable commit log
- edgebroker is an MQTT 3.1.1 broker for edge gateways: every message is
- written to a commit log on disk, and batches of it can be uploaded to a
- central store.
+ edgebroker is an MQTT broker (3.1.1 and 5.0) for edge gateways: every
+ message is written to a commit log on disk, and batches of it can be
+ uploaded to a central store.
  .
  This package holds the one-file binary (no Python needed) and runs it
  under systemd as the hardened service edgebroker, with its state in

@@ -39,7 +39,8 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 def add_parser(commands) -> None:
     p = commands.add_parser("inspect", help="look at the commit log (offline or while running) "
-                                            "and inside the running broker (stats, clients)")
+                                            "and inside the running broker (stats, clients, "
+                                            "bridges)")
     sub = p.add_subparsers(dest="inspect_command", metavar="WHAT", required=True)
     # Live commands: they ask the running broker through its admin socket.
     inspect_live.add_subcommands(sub)

@@ -64,7 +64,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-V", "--protocol-version", default="311", choices=sorted(PROTOCOLS),
                    metavar="V", help="5, 311 or 31 (also mqttv5, mqttv311, mqttv31)")
     p.add_argument("-c", "--disable-clean-session", action="store_true",
-                   help="keep the session (needs -i)")
+                   help="keep the session (needs -i or -I)")
     p.add_argument("-q", "--qos", type=int, default=0, choices=(0, 1, 2))
     p.add_argument("-d", "--debug", action="store_true", help="print what is sent and "
                                                              "received (to stderr)")
