@@ -492,7 +492,7 @@ class Bridge(Refusals, Pumping, Releasing, Reconnecting, Stopping, Subscribing):
             "connects": self.connects, "reconnects": max(0, self.connects - 1),
             "short_links": self.short_links,
             "received": self.inbound.received, "received_dropped": self.inbound.dropped,
-            "received_held": len(self.inbound.held),
+            "received_held": len(self.inbound.held), "ids_reused": self.conn.ids_reused,
             "not_sent_back": ob.skipped_own,
             "bytes_out": self.bytes_out + (link.bytes_out if link is not None else 0),
             "last_error": self.last_error,

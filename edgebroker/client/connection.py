@@ -95,16 +95,14 @@ class Connection:
         self.will = will
         self.properties = properties
         self.max_inflight = max_inflight
-        # QoS 2 PUBLISHes unfinished at once (None: QOS2_INFLIGHT_311 over 3.1/3.1.1, none of
-        # its own over 5.0, where the server's Receive Maximum says)
+        # QoS 2 PUBLISHes unfinished at once (None: 3.x: QOS2_INFLIGHT_311; 5.0: Receive Maximum)
         self.max_qos2_inflight = max_qos2_inflight
         self._qos2_cap = max_qos2_inflight or (0xFFFF if protocol == P.PROTOCOL_5
                                                else QOS2_INFLIGHT_311)
         self.max_queued = max_queued
         self.connect_timeout = connect_timeout
-        # After a CONNACK with Session Present 0 on a reconnect: SUBSCRIBE again what the
-        # server had acknowledged (the event loop and the asyncio adapter set it; the bridge
-        # subscribes on Connected itself).
+        # On a reconnect with Session Present 0: SUBSCRIBE again what the server had granted
+        # (the event loop and the asyncio adapter set it; the bridge subscribes on Connected).
         self.resubscribe = resubscribe
         # False: an incoming QoS 1/2 message is acknowledged by ack(message), not on arrival.
         self.auto_ack = auto_ack
@@ -146,7 +144,9 @@ class Connection:
         self._server_retain = True
         self._server_max_packet = 0      # 0: no limit said
         self._server_aliases = 0         # its Topic Alias Maximum (0: it takes none)
-        self.duplicates_dropped = 0      # QoS 2 PUBLISHes again before their PUBREL
+        self.duplicates_dropped = 0      # QoS 2 PUBLISHes again (DUP) before their PUBREL
+        self.ids_reused = 0              # new QoS 2 PUBLISHes (DUP 0) under an id held so
+        self._reuse_logged = False       # ... logged on this connection (client/incoming.py)
         self.oversized_dropped = 0       # PUBLISHes over _max_packet read past (Oversized)
         self.unexpected_acks = 0         # acknowledgements for no request of ours
 

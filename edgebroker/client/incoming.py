@@ -5,6 +5,8 @@ error of the server. Each handler appends its events and queues what the server 
 
 from __future__ import annotations
 
+import logging
+
 from edgebroker.errors import (
     PACKET_ID_NOT_FOUND, PROTOCOL_ERROR, REASON_NAMES, RECEIVE_MAXIMUM_EXCEEDED,
     TOPIC_ALIAS_INVALID, ProtocolError,
@@ -24,6 +26,8 @@ from edgebroker.mqtt.properties import (
     ASSIGNED_CLIENT_ID, MAXIMUM_PACKET_SIZE, MAXIMUM_QOS, REASON_STRING, RECEIVE_MAXIMUM,
     RETAIN_AVAILABLE, SERVER_KEEP_ALIVE, TOPIC_ALIAS, TOPIC_ALIAS_MAXIMUM,
 )
+
+log = logging.getLogger("edgebroker.client")
 
 # 3.1.1 CONNACK return codes (section 3.2.2.3).
 _CONNACK_311 = {1: "unacceptable protocol version", 2: "identifier rejected",
@@ -50,6 +54,7 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
     # keeps the session of a client that connects with cleansession 0: it is taken as kept.
     present = p.session_present or conn.protocol == P.PROTOCOL_31 and not conn.clean_start
     conn._move(CONNECTED)
+    conn._reuse_logged = False
     props = p.properties
     if props:
         conn._window = min(conn.max_inflight, props.get(RECEIVE_MAXIMUM, 0xFFFF))
@@ -69,16 +74,28 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
     conn._pump()
 
 
-def taken(conn, qos: int, pid: int | None) -> bool:
+def taken(conn, qos: int, pid: int | None, dup: bool) -> bool:
     """A PUBLISH from the server at ``qos`` with ``pid``: acknowledged now (PUBACK, PUBREC)
     unless ``auto_ack`` is off; False for a QoS 2 one given out already (a resend: its PUBREC
     sent again unless the caller has yet to acknowledge it). Over the Receive Maximum: the
-    protocol error."""
+    protocol error.
+
+    A resend of a QoS 2 PUBLISH awaiting its PUBREL has DUP set (MQTT-3.3.1-1): that one is
+    not given out again (MQTT-4.3.3-2). One with DUP 0 under such an id is the first sending
+    of a new message: the server forgot the exchange (a restart from an older save of its
+    sessions) and took the id as free. It is given out, in place of the held one (counted in
+    ``ids_reused``, logged once per connection): taking it for a resend would lose it, as
+    the server counts it delivered once it has our PUBREC."""
     if qos == 1:
         if conn.auto_ack:
             conn._out.append(encode_puback(pid))
     elif qos == 2:
         if pid in conn._incoming_qos2:
+            if not dup:
+                _reused(conn, pid)
+                if conn.auto_ack:
+                    conn._out.append(encode_ack(P.PUBREC, pid))
+                return True
             conn.duplicates_dropped += 1
             if pid not in conn._unacked:   # (not yet acknowledged: ack() sends the PUBREC)
                 conn._out.append(encode_ack(P.PUBREC, pid))
@@ -93,6 +110,16 @@ def taken(conn, qos: int, pid: int | None) -> bool:
     return True
 
 
+def _reused(conn, pid: int) -> None:
+    conn.ids_reused += 1
+    if not conn._reuse_logged:
+        conn._reuse_logged = True
+        log.warning("client %r: the server sent a new QoS 2 message (DUP 0) under packet id "
+                    "%d, which still awaited its PUBREL: the server forgot that exchange (its "
+                    "session was restored from an older state); taken as a new message "
+                    "(counted in ids_reused; logged once per connection)", conn.client_id, pid)
+
+
 def on_publish(conn, p: P.Publish, events: list) -> None:
     topic = p.topic
     props = p.properties
@@ -101,7 +128,7 @@ def on_publish(conn, p: P.Publish, events: list) -> None:
     qos = p.qos
     pid = p.packet_id
     auto = conn.auto_ack
-    if not taken(conn, qos, pid):
+    if not taken(conn, qos, pid, p.dup):
         return
     message = Message(topic, p.payload, qos, p.retain, p.dup, props, pid)
     if qos and not auto:
@@ -238,7 +265,7 @@ def on_skipped(conn, p, events: list) -> None:
     pid = p.packet_id
     auto = conn.auto_ack
     conn.oversized_dropped += 1
-    if not taken(conn, qos, pid):
+    if not taken(conn, qos, pid, p.dup):
         return
     event = Oversized(p.topic, p.size, conn._max_packet, qos, p.retain, p.dup, pid)
     if qos and not auto:

@@ -1,0 +1,54 @@
+"""The remote comes back from an older save of its sessions (Mosquitto killed between two
+autosaves): it still has the bridge's session but not the QoS 2 exchanges it started since,
+so it sends a new message (DUP 0) under a packet id whose PUBREL the bridge still awaits. The
+bridge logs and publishes it as the new message it is, counts it (``ids_reused``) and warns
+once per link; a resend (DUP 1) under a held id is still logged once. The bridge used to take
+the new message for a resend: PUBREC sent, the message lost, nothing counted. The remote is
+played by the test (FakeRemote)."""
+
+from __future__ import annotations
+
+import mqttraw as m
+from core.test_disk_full import _log_payloads
+
+from .helpers import FakeRemote, bridge_table, wait_figure
+
+RULES = [{"pattern": "c/#", "direction": "in", "qos": 2}]
+
+
+def test_a_new_message_under_an_id_held_for_pubrel_is_logged_a_resend_is_not(broker):
+    remote = FakeRemote()
+    try:
+        gw = broker(bridge=[bridge_table(remote.port, RULES)])
+        end = remote.accept()
+        wait_figure(gw, lambda f: f["state"] == "up")
+        local = gw.client("local")
+        local.subscribe("c/#", qos=1)
+
+        # Id 1 logged and acknowledged; the remote's PUBREL withheld. The link breaks.
+        end.send(m.publish("c/a", b"old", qos=2, packet_id=1))
+        assert end.expect(m.PUBREC).packet_id == 1
+        assert local.recv_publish().payload == b"old"
+        end.close()
+
+        # The remote restarted from an older save: session present, a new message under id 1.
+        end = remote.accept(session_present=True)
+        mark = gw.mark()
+        end.send(m.publish("c/a", b"new", qos=2, packet_id=1))
+        assert end.expect(m.PUBREC).packet_id == 1
+        assert local.recv_publish().payload == b"new"
+        assert gw.wait_log(lambda ln: "awaited its PUBREL" in ln and "WARNING" in ln, 5, mark)
+        # Its resend (DUP 1): acknowledged again, not logged again; then the exchange ends.
+        end.send(m.publish("c/a", b"new", qos=2, dup=True, packet_id=1))
+        assert end.expect(m.PUBREC).packet_id == 1
+        end.send(m.pubrel(1))
+        assert end.expect(m.PUBCOMP).packet_id == 1
+        end.send(m.publish("c/a", b"last", qos=2, packet_id=2))
+        assert end.expect(m.PUBREC).packet_id == 2
+        assert local.recv_publish().payload == b"last"
+        fig = wait_figure(gw, lambda f: f["received"] == 3)
+        assert (fig["ids_reused"], fig["received_dropped"]) == (1, 0)
+        assert gw.stop() == 0
+        assert _log_payloads(gw.config["data_dir"]) == ["old", "new", "last"]
+    finally:
+        remote.close()
