@@ -395,7 +395,11 @@ def load(path: str | None, apart: bool = False) -> Config:
     if path is None:
         return Config()
     from edgebroker.toml_file import read_toml
-    table = read_toml(path, apart)
+    return from_table(read_toml(path, apart), path)
+
+
+def from_table(table: dict, path: str) -> Config:
+    """``load`` of the TOML table of the file at ``path``: its problems each name the file."""
     try:
         return from_dict(table, source=path)
     except ConfigError as exc:

@@ -71,7 +71,8 @@ def run_sessions(args) -> int:
     """Persistent sessions as of the last snapshot (while the broker runs: about 1 s after a
     session changes, else up to 30 s old; the output says when it was taken), with how far
     each one's cursor is behind the head of the log (read now)."""
-    config = read_config(args.config, ("data_dir", "limits.persistent_client_expiration"))
+    keys = ("data_dir",) * (not args.data_dir) + ("limits.persistent_client_expiration",)
+    config = read_config(args.config, keys)
     cap = config.limits.persistent_client_expiration
     state_dir = os.path.dirname(log_dir(args))
     state = snapshot.read(state_dir, payloads=False)

@@ -7,6 +7,7 @@ says so rather than reporting a state directory that is not the service's."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -51,24 +52,57 @@ _noted: set = set()     # files read_config said have problems (once a command)
 
 def read_config(path: str | None, keys: tuple[str, ...] = ("data_dir",)) -> configuration.Config:
     """The configuration of ``path`` (None: the defaults) for a read-only command that takes
-    only ``keys`` from it (``data_dir`` to find the state directory): a file that is TOML
-    with problems elsewhere (an unknown key, a value a reload refused) still gives them, with
-    a note on stderr; a problem with one of ``keys``, or a file that is not TOML, is the
-    ConfigError."""
+    only ``keys`` from it (``data_dir`` to find the state directory; a dotted key is one of a
+    table): a file that is TOML with problems elsewhere (an unknown key, a value a reload
+    refused) still gives them, with a note on stderr saying what was taken; a problem with one
+    of ``keys``, or a file that is not TOML, is the ConfigError. So are the file's problems
+    when one of ``keys`` is not set where it belongs and the file has an unknown key or a
+    table that is not one: that could be the key, misplaced or misspelled (``[log]
+    data_dir``, ``data-dir``), and the default in its place another broker's directory."""
+    if path is None:
+        return configuration.Config()
+    from edgebroker.toml_file import read_toml    # (read once: -c may be a pipe)
+    table = read_toml(path)
     try:
-        return configuration.load(path)
+        return configuration.from_table(table, path)
     except ConfigError as exc:
         if exc.partial is None or not isinstance(exc.partial, configuration.Config):
             raise
         mine = [p for p in exc.problems if any(p.startswith(f"{path}: {key}:") for key in keys)]
         if mine:
             raise ConfigError(*mine) from None
+        taken = []
+        for key in keys:
+            value = _setting(table, key)
+            if value is None and _could_hide(exc.problems, path, key):
+                raise
+            taken.append(f"{key} unset" if value is None else
+                         f"{key} = {json.dumps(value)}")
         if path not in _noted:
             _noted.add(path)
             print(f"edgebroker: note: {path} has {len(exc.problems)} problem(s) "
-                  f"(`edgebroker config check -c {path}` names them); "
-                  f"{', '.join(keys)} taken from it", file=sys.stderr)
+                  f"(`edgebroker config check -c {path}` names them); taken from it: "
+                  f"{', '.join(taken)}", file=sys.stderr)
         return exc.partial
+
+
+def _setting(table: dict, key: str):
+    """The value of the dotted ``key`` in the file's ``table``, or None when not there."""
+    *tables, name = key.split(".")
+    for part in tables:
+        table = table.get(part)
+        if not isinstance(table, dict):
+            return None
+    return table.get(name)
+
+
+def _could_hide(problems: tuple[str, ...] | list[str], path: str, key: str) -> bool:
+    """Whether one of the file's ``problems`` could be ``key`` itself, written in another
+    table or spelled otherwise: an unknown setting (any: ``state_dir`` is not a spelling of
+    data_dir a guess would find), or a table of ``key`` that is not one (``limits = 5``)."""
+    enclosing = [f"{path}: {key.rsplit('.', 1)[0]}:"] if "." in key else []
+    return any(": unknown setting" in p or any(p.startswith(e) for e in enclosing)
+               for p in problems)
 
 
 # Said with a state directory the service may not write, under systemd (docs/deploy.md).

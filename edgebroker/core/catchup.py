@@ -41,7 +41,8 @@ from operator import itemgetter
 from edgebroker.core.catchup_run import lag_cut
 from edgebroker.core.cursor import Cursor, needed_from
 from edgebroker.core.mqtt5 import stored_properties
-from edgebroker.core.retention_moves import counts_at_stop, episode_ends, move_below
+from edgebroker.core.retention_moves import (counts_at_removal, counts_at_stop, episode_ends,
+                                             move_below)
 from edgebroker.core.router5 import options5, options5_for
 from edgebroker.core.session import Message, Stored
 from edgebroker.core.timers import Timer
@@ -470,6 +471,7 @@ class CatchUp:
         cursor), no retained copies held; a cursor restored from the snapshot, or kept from
         before it unsubscribed. It is in step from now on: no lag, no segment held (a
         SUBSCRIBE when it is back takes what follows, as for any session in step)."""
+        counts_at_removal(session)
         session.cursor = None
         self.behind.discard(session)
         self._catch_up_again.discard(session)

@@ -156,7 +156,8 @@ def load(state_dir: str, first: int) -> list[list]:
 
 
 def remove_before(state_dir: str, generation: int) -> None:
-    """Delete the files a snapshot of ``generation`` made obsolete (snapshot writer thread)."""
+    """Delete the files a snapshot of ``generation`` made obsolete (snapshot writer thread);
+    OSError when the state directory cannot be listed (the next snapshot tries again)."""
     for old in generations(state_dir):
         if old >= generation:
             break

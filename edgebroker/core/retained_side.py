@@ -192,10 +192,12 @@ class RetainedFile:
         if not plan.start:
             _unlink(os.path.join(self.state_dir, plan.name))
 
-    def written(self, head: list | None, retained: list[RetainedState]) -> None:
+    def written(self, head: list | None, retained: list[RetainedState]) -> OSError | None:
         """The document naming ``head`` (None: no retained message) for ``retained`` is in
         place: the write that made it committed, and the other side files deleted when it
-        is a new one (those of older snapshots, and of writes a crash cut off)."""
+        is a new one (those of older snapshots, and of writes a crash cut off). The error
+        when the state directory cannot be listed for them (no descriptor free, EIO): the
+        snapshot is written all the same, and the next one deletes them."""
         pending, self._pending = self._pending, None
         gen = 0 if head is None else int(FILE_NAME.match(head[0]).group(1))
         if gen != self._gen:
@@ -209,11 +211,17 @@ class RetainedFile:
             self._seqs.intersection_update(r.seq for r in retained if r.gen == gen)
             self._count, self._used = len(retained), self._live(retained)
         cleaned = gen == self._gen and self._cleaned
-        self.head, self._gen, self._cleaned = head, gen, True
+        self.head, self._gen = head, gen
         self.size = 0 if head is None else head[1]
         if cleaned:
-            return
-        for other in generations(self.state_dir):
+            return None
+        try:
+            others = generations(self.state_dir)
+        except OSError as exc:
+            self._cleaned = False
+            return exc
+        self._cleaned = True
+        for other in others:
             if other != gen:
                 path = os.path.join(self.state_dir, name(other))
                 try:
@@ -223,6 +231,7 @@ class RetainedFile:
                 except OSError as exc:
                     log.warning("cannot delete %s (retained messages of a former snapshot): %s",
                                 path, exc.strerror or exc)
+        return None
 
 
 def compact(size: int, live: int) -> bool:

@@ -4,7 +4,8 @@ logged as the other cursor moves are: once per episode (docs/limits.md, "Logging
 An offline session's cursor stays where it went offline, so once the log sits at its size
 limit every segment deletion moves it again. The first move of an episode is logged with its
 offsets; the next ones are only counted (``log_gap``, exact as before) and logged as a number
-when the session catches up, comes back, or at a clean stop before either. A deletion pass
+when the session catches up, comes back, is removed (expired, replaced by a clean one), or at
+a clean stop before any of these. A deletion pass
 that moves more than SUMMARY_SESSIONS sessions also logs one line for the pass: how many, the
 offsets deleted and a few client ids.
 """
@@ -58,17 +59,27 @@ def episode_ends(session, when: str) -> None:
 
 def counts_at_stop(session) -> None:
     """At a clean stop: what ``session``, behind, counted to log when it catches up."""
+    _counts(session, "up to the stop (it had not caught up; a restart logs a new episode)",
+            "up to the stop (it had not caught up; a restart logs a new first move)")
+
+
+def counts_at_removal(session) -> None:
+    """``session``, behind, is removed (expired, replaced by a clean one, nothing left to
+    read): what it counted to log when it catches up, as at a stop."""
+    _counts(session, "before it was removed", "before it was removed")
+    session.cursor.gone = session.cursor.aged = -1
+    session.cursor.lag_dropped = 0
+
+
+def _counts(session, skipped: str, lost: str) -> None:
     cursor = session.cursor
     who = name_shown(session.client_id)
     if cursor.lag_dropped:
         log.warning("session %s: %d QoS 0 messages were skipped for max_lag_bytes or "
-                    "max_lag_age, up to the stop (it had not caught up; a restart logs a new "
-                    "episode)", who, cursor.lag_dropped)
+                    "max_lag_age, %s", who, cursor.lag_dropped, skipped)
     if cursor.aged > 0:
         log.warning("session %s: %d more records were lost to it for max_session_lag_age after "
-                    "the move logged, up to the stop (it had not caught up; a restart logs a "
-                    "new first move)", who, cursor.aged)
+                    "the move logged, %s", who, cursor.aged, lost)
     if cursor.gone > 0:
         log.warning("session %s: %d more records were lost to it for retention_bytes after the "
-                    "move logged, up to the stop (it had not caught up; a restart logs a new "
-                    "first move)", who, cursor.gone)
+                    "move logged, %s", who, cursor.gone, lost)

@@ -28,7 +28,7 @@ from edgebroker.core.cursor import needed_from
 from edgebroker.core.filter_set import filter_added, filter_removed
 from edgebroker.core.client import Client
 from edgebroker.core.mqtt5 import kept_offline, session_expiry_cap
-from edgebroker.core.retention_moves import episode_ends
+from edgebroker.core.retention_moves import counts_at_removal, episode_ends
 from edgebroker.core.limits import check_topic
 from edgebroker.core.session import EMPTY_QUEUE, Session, as_stored
 from edgebroker.core.timers import Timer
@@ -356,6 +356,7 @@ class Sessions:
         session.inflight_bytes = 0
         self.resends.pop(session, None)
         if session.cursor is not None:
+            counts_at_removal(session)      # (core.retention_moves)
             session.cursor = None
             self.behind.discard(session)
             self._catch_up_again.discard(session)

@@ -221,6 +221,7 @@ class SnapshotWriter(threading.Thread):
         self._pending: Snapshot | None = None
         self._stopping = False
         self._failing = False
+        self._unlisted = False      # the last one could not list what to delete after it
         # The replay offset (``log_next_offset``) of the last snapshot written in this run: the
         # core lets retention delete the log records before it (core.persistence).
         self.saved_offset: int | None = None
@@ -312,8 +313,7 @@ class SnapshotWriter(threading.Thread):
             self._failing = True
             return
         self.written += 1
-        if side is not None:
-            side.written(snapshot.retained_file, retained)
+        unlisted = None if side is None else side.written(snapshot.retained_file, retained)
         self._final_written = final
         self.saved_offset = snapshot.log_next_offset
         self._last = (snapshot.written_ms, frozenset(s.client_id for s in snapshot.sessions))
@@ -322,7 +322,16 @@ class SnapshotWriter(threading.Thread):
             if not final:   # (the final one in the reserve's room said so)
                 log.warning("session snapshot written again in %s", self.state_dir)
         if snapshot.exchanges is not None:
-            exchanges.remove_before(self.state_dir, snapshot.exchanges)
+            try:
+                exchanges.remove_before(self.state_dir, snapshot.exchanges)
+            except OSError as exc:
+                unlisted = unlisted or exc
+        if unlisted is not None and not self._unlisted:
+            log.warning("cannot list %s to delete the files former snapshots left (retained "
+                        "messages, QoS 2 exchanges): %s; the snapshot is written, the deletion "
+                        "is tried again at the next one", self.state_dir,
+                        unlisted.strerror or unlisted)
+        self._unlisted = unlisted is not None
         if not final:
             self.reserve.keep(len(data) + (side.used if side is not None else 0))
 

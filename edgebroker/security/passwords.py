@@ -379,6 +379,9 @@ class PasswordFile:
         raw: dict[str, str] = {}
         keys: dict[str, tuple[str, scram.Keys]] = {}
         problems: list[str] = []
+        plain_line = 0      # the first plain-text line's number (the hint goes with it)
+        hint = (f"plain-text passwords are not accepted: run 'edgebroker passwd -U {path}' "
+                f"to hash them")
         for number, line in enumerate(lines_of(text), 1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
@@ -386,12 +389,16 @@ class PasswordFile:
             if bad is None:
                 continue
             problem, plain = bad
-            if plain and not any("plain-text passwords" in p for p in problems):
-                problem += (f"; plain-text passwords are not accepted: run "
-                            f"'edgebroker passwd -U {path}' to hash them")
+            if plain and not plain_line:
+                plain_line = number
+                problem += f"; {hint}"
             problems.append(f"{key}: {path} line {number}: {problem}")
         if problems:
-            raise ConfigError(*shown_problems(problems, f"{key}: {path}"))
+            shown = shown_problems(problems, f"{key}: {path}")
+            if plain_line and not any(hint in p for p in shown):     # (cut off: said after)
+                shown.append(f"{key}: {path} line {plain_line} (the first plain-text line): "
+                             f"{hint}")
+            raise ConfigError(*shown)
         return cls(path, entries, raw, keys)
 
 
