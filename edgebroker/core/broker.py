@@ -43,6 +43,7 @@ from edgebroker.config import Config
 from edgebroker.core.catchup import CatchUp
 from edgebroker.core.catchup_run import CatchUpRuns
 from edgebroker.core.client import Client
+from edgebroker.core.exchange_restore import ExchangeRestore
 from edgebroker.core.journal import Journal
 from edgebroker.core.limits import (
     DROPS, LIMITS, REFUSALS, ControlRate, EventLog, PeerLog, TopicTable,
@@ -79,7 +80,7 @@ def prompt_gap(config: Config) -> float:
 
 
 class Broker(Router, Router5, Resume, Sessions, RetainedDelivery, CatchUp, CatchUpRuns, Timers,
-             Persistence, Shared, SharedBacklog, SharedState, Wills):
+             Persistence, ExchangeRestore, Shared, SharedBacklog, SharedState, Wills):
     def __init__(self, config: Config, clock, commit_log=None, wall_ms=None):
         self.config = config
         self.limits = config.limits

@@ -30,8 +30,9 @@ without PUBREC as lost. A snapshot's new file records again those still awaiting
 is one JSON array per line, in ``exchanges-<generation>.jsonl`` in the state directory. Each
 snapshot starts a new generation and names it; once that snapshot is on disk the snapshot
 writer deletes the older files. At start the files from the snapshot's generation on are
-applied to what the snapshot restored (``Persistence.apply_exchanges``), and the records of
-each session's QoS 2 messages keep its catch-up from sending them again.
+applied to what the snapshot restored (``ExchangeRestore.apply_exchanges``), and the records of
+each session's QoS 2 messages keep its catch-up from sending them again; the inbound packet ids
+of sessions it lacks are kept for their clients' next connection (core.exchange_restore).
 
 Records are gathered and written with one ``os.write`` before anything they cover can be
 sent (a will's ``W``: before its PUBLISH can reach the log): ahead of each log write

@@ -11,12 +11,11 @@ at least every ``SNAPSHOT_EVERY`` while messages flow; the server writes it
 from __future__ import annotations
 
 import logging
-from collections import Counter
 
 from edgebroker.core import snapshot as snap
 from edgebroker.core.mqtt5 import stored_properties
 from edgebroker.core.retained import stored_ref
-from edgebroker.core.session import AWAIT_COMP, Message, Outgoing, Session
+from edgebroker.core.session import Message, Outgoing, Session
 from edgebroker.errors import name_shown
 from edgebroker.mqtt.topics import is_shared
 
@@ -50,6 +49,10 @@ class Persistence:
         # Restored sessions that were connected when the snapshot was written and that the
         # replay queues for (max_queued_messages/bytes set): see ``replay``.
         self._replay_unsure: list[Session] = []
+        # Inbound QoS 2 packet ids of sessions the snapshot lacked, for their clients' next
+        # connection (core.exchange_restore), and since when (None: none).
+        self.orphan_ids: dict[str, dict[int, tuple]] | None = None
+        self._orphans_since = 0.0
 
     def capture(self) -> snap.Snapshot:
         """The state a restart needs: persistent sessions by log offset, retained messages.
@@ -59,7 +62,7 @@ class Persistence:
         it changes (``Session.saved``, cleared where it does); a retained message's, until its
         topic is set again (``RetainedTree.changed``, ``snapshot.save_retained``). The QoS 2
         exchange journal starts a new file here: the snapshot names it, and a restart applies
-        it (``apply_exchanges``)."""
+        it (``apply_exchanges``, core.exchange_restore)."""
         journal = self.journal
         next_offset = journal.log.next_offset if journal is not None else 0
         # Sessions in step with the log and retained messages have everything routed before
@@ -70,6 +73,8 @@ class Persistence:
         unsafe: dict[str, dict[int, int]] = {}
         if exchanges is not None:
             result.exchanges = exchanges.rotate()
+            if self.orphan_ids is not None:
+                self.carry_orphan_ids()       # core.exchange_restore
             for offset, client_id, pid in exchanges.unsafe:
                 unsafe.setdefault(client_id, {})[pid] = offset
         sessions = result.sessions
@@ -336,116 +341,6 @@ class Persistence:
             # is offline from there on.
             cursor.unsure_to = end
             cursor.went_offline(end)
-
-    def apply_exchanges(self, records) -> None:
-        """The QoS 2 exchanges journaled after the snapshot (core.exchanges), in order, applied
-        to the sessions it restored (after ``restore`` and ``replay``): windows and inbound
-        packet ids as they were at the crash, and the messages already sent kept from being
-        sent again. Records of sessions the snapshot does not hold are left out (a session
-        made after it is not restored), but for the QoS 2 messages a shared subscription
-        group gave them: not given again, and counted lost if not over (``unkept_exchange``;
-        nor are the messages published at QoS 2 a group gave at QoS 1 or 0, ``G``); offsets
-        past the log's end are left out (records a power cut took: their messages get other
-        offsets). Delayed
-        wills that ended after the snapshot (``W``) are not restored (core.wills)."""
-        end = self.journal.log.next_offset
-        sessions = self.sessions
-        retained_at = None      # log offset -> topic of the retained messages, when needed
-        sent: dict[Session, list[tuple[int, bool]]] = {}   # (offset, RETAIN as sent)
-        shared: dict[str, set[int]] = {}    # group key -> offsets a member was sent
-        flying: dict[tuple, str] = {}       # (client id, packet id) -> group key
-        wills = set()                       # (client id, serial) of the wills that ended
-        for record in records:
-            kind, client_id = record[0], record[1]
-            if kind == "W":
-                wills.add((client_id, record[2]))
-                continue
-            session = None if kind == "G" else sessions.get(client_id)
-            if session is None:     # a group's record, or of a session not restored
-                self.unkept_exchange(record, end, shared, flying)
-                continue
-            if kind == "D":
-                self.drop_session(session)
-                sent.pop(session, None)
-            elif kind == "O":
-                pid, offset, size, retain = record[2:6]
-                if offset >= end:
-                    continue
-                inflight = session.own_inflight()
-                old = inflight.pop(pid, None)
-                if old is not None:
-                    session.inflight_bytes -= old.message.size
-                if retained_at is None:
-                    retained_at = self.retained_offsets()
-                entry = inflight[pid] = Outgoing(stored_ref(offset, size, retained_at), 2,
-                                                 bool(retain))
-                session.inflight_bytes += size
-                if len(record) > 6:     # a shared group gave it: its backlog skips it
-                    shared.setdefault(record[6], set()).add(offset)
-                    self.restore_flight_group(session, entry, record[6])
-                else:                   # its own subscriptions: its catch-up skips it
-                    sent.setdefault(session, []).append((offset, bool(retain)))
-                    if retain:          # a retained copy: not held for it any more
-                        self.forget_held(session, offset)
-            elif kind == "R":
-                entry = session.inflight.pop(record[2], None)
-                if entry is not None:
-                    entry.state = AWAIT_COMP
-                    session.inflight[record[2]] = entry     # PUBRELs in PUBREC order
-            elif kind == "C":
-                entry = session.inflight.pop(record[2], None)
-                if entry is not None:
-                    session.inflight_bytes -= entry.message.size
-            elif kind == "I":
-                if record[3] < end:
-                    # (a file written before digests were kept has none: None)
-                    session.own_awaiting_release()[record[2]] = (record[4] if len(record) > 4
-                                                                 else None)
-            elif kind == "F":
-                session.awaiting_release.pop(record[2], None)
-        for session, copies in sent.items():
-            self._forget_sent(session, copies)
-        if shared:
-            self.forget_shared_sent(shared)
-        if wills:
-            self.forget_ended_wills(wills)
-        if flying:
-            self.drop("shared_left", None, len(flying))
-            log.warning("%d QoS 2 messages of shared subscriptions were in flight to members "
-                        "whose sessions the restart does not keep (clean sessions, or made "
-                        "after the snapshot): not sent to another member (MQTT-4.8.2-5); "
-                        "dropped", len(flying))
-        if records:
-            log.info("applied %d QoS 2 exchange records written after the snapshot",
-                     len(records))
-
-    def _forget_sent(self, session: Session, copies: list[tuple[int, bool]]) -> None:
-        """Keep messages sent before the crash from going out again: for each of ``copies``
-        (offset, RETAIN as sent) the first queue entry with both goes (a record's copy and a
-        retained copy of it are two), and the cursor skips them (``Cursor.done``)."""
-        session.saved = None
-        offsets = {offset for offset, _ in copies}
-        if any(ref.offset in offsets for ref, _, _ in session.queue):
-            left, kept, size = Counter(copies), [], 0
-            for entry in session.queue:
-                key = (entry[0].offset, entry[2])
-                if left[key] > 0:
-                    left[key] -= 1
-                    size += entry[0].size
-                else:
-                    kept.append(entry)
-            self.queued_messages -= len(session.queue) - len(kept)
-            session.queue.clear()
-            session.queue.extend(kept)
-            session.queue_bytes -= size
-            self.queued_bytes -= size
-        cursor = session.cursor
-        if cursor is not None:
-            end = self.journal.log.next_offset if self.journal is not None else cursor.offset
-            ahead = {o for o in offsets if cursor.offset <= o < end}
-            if ahead:
-                cursor.done = ahead if cursor.done is None else cursor.done | ahead
-            cursor.floor = min([cursor.floor, *offsets])
 
     def replay(self, records) -> int:
         """Route log records written after the snapshot: retained updates, and the queues of

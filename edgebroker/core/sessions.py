@@ -165,6 +165,8 @@ class Sessions:
             session = self.sessions[client_id] = Session(client_id, clean)
             if not clean:
                 self.persistent_sessions += 1
+            if self.orphan_ids is not None:    # its ids from a journal (core.exchange_restore)
+                self.claim_orphan_ids(session, clean_start)
         else:
             session, present = old, True
             session.offline_at = None

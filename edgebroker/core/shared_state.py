@@ -105,7 +105,7 @@ class SharedState:
     def journal_shared_flight(self, session) -> None:
         """A new exchange journal file (a snapshot): the QoS 2 messages groups gave this clean
         session, still awaiting PUBREC, are recorded in it again, so that a crash after the
-        snapshot counts them lost (``Persistence.apply_exchanges``)."""
+        snapshot counts them lost (``ExchangeRestore.apply_exchanges``)."""
         exchanges = self.exchanges
         for pid, entry in session.inflight.items():
             group = entry.group
@@ -117,7 +117,7 @@ class SharedState:
 
     @staticmethod
     def unkept_exchange(record: list, end: int, shared: dict, flying: dict) -> None:
-        """``Persistence.apply_exchanges``: a group's ``G`` record, or one of a
+        """``ExchangeRestore.apply_exchanges``: a group's ``G`` record, or one of a
         session the restart does not keep (clean, or made after the snapshot). What a group
         gave (``O`` with its key, ``G``) goes into ``shared`` (group key
         -> offsets): not given again. An ``O``'s exchange not over (no ``R``, ``C`` or ``D``)

@@ -247,7 +247,7 @@ class Wills:
 
     def forget_ended_wills(self, ended: set) -> None:
         """``ended``: (client id, serial) of the wills the exchange journal says ended after
-        the snapshot (``W``; ``Persistence.apply_exchanges``): not restored."""
+        the snapshot (``W``; ``ExchangeRestore.apply_exchanges``): not restored."""
         kept = [entry for entry in self._restored_wills
                 if (entry[0].client_id, entry[1].serial) not in ended]
         if len(kept) < len(self._restored_wills):
