@@ -74,7 +74,8 @@ def read_config(path: str | None, keys: tuple[str, ...] = ("data_dir",)) -> conf
         taken = []
         for key in keys:
             value = _setting(table, key)
-            if value is None and _could_hide(exc.problems, path, key):
+            if value is None and (_could_hide(exc.problems, path, key)
+                                  or _anywhere(table, key.rsplit(".", 1)[-1])):
                 raise
             taken.append(f"{key} unset" if value is None else
                          f"{key} = {json.dumps(value)}")
@@ -94,6 +95,19 @@ def _setting(table: dict, key: str):
         if not isinstance(table, dict):
             return None
     return table.get(name)
+
+
+def _anywhere(table, name: str) -> bool:
+    """Whether a key spelled ``name`` (``-`` for ``_``, any case) is anywhere in the file's
+    ``table``: under a table the file has wrong (``[listener]`` for ``[[listener]]``, whose
+    keys are never checked one by one), it is the setting in the wrong place."""
+    want = name.replace("-", "_").lower()
+    if isinstance(table, dict):
+        return any(str(k).replace("-", "_").lower() == want or _anywhere(v, name)
+                   for k, v in table.items())
+    if isinstance(table, list):
+        return any(_anywhere(v, name) for v in table)
+    return False
 
 
 def _could_hide(problems: tuple[str, ...] | list[str], path: str, key: str) -> bool:

@@ -471,7 +471,8 @@ class CatchUp:
         cursor), no retained copies held; a cursor restored from the snapshot, or kept from
         before it unsubscribed. It is in step from now on: no lag, no segment held (a
         SUBSCRIBE when it is back takes what follows, as for any session in step)."""
-        counts_at_removal(session)
+        counts_at_removal(session, "before its cursor was dropped (nothing in the log can be "
+                                   "for it: no subscriptions)")
         session.cursor = None
         self.behind.discard(session)
         self._catch_up_again.discard(session)

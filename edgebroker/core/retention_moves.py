@@ -63,10 +63,11 @@ def counts_at_stop(session) -> None:
             "up to the stop (it had not caught up; a restart logs a new first move)")
 
 
-def counts_at_removal(session) -> None:
-    """``session``, behind, is removed (expired, replaced by a clean one, nothing left to
-    read): what it counted to log when it catches up, as at a stop."""
-    _counts(session, "before it was removed", "before it was removed")
+def counts_at_removal(session, why: str = "before it was removed") -> None:
+    """``session``, behind, is removed (expired, replaced by a clean one) or its cursor is
+    dropped (nothing left to read: ``why`` says so): what it counted to log when it catches
+    up, as at a stop."""
+    _counts(session, why, why)
     session.cursor.gone = session.cursor.aged = -1
     session.cursor.lag_dropped = 0
 

@@ -83,6 +83,9 @@ def test_a_misplaced_or_misspelled_data_dir_stops_them_not_the_default_directory
                         "setting: put it above the first [table])"),
         "misspelled": (f'data-dir = "{mine}"\n', "data-dir: unknown setting; did you mean "
                                                  "data_dir?"),
+        # (a table written [listener] for [[listener]] is refused whole, its keys unchecked)
+        "under a [listener] table": (f'[listener]\ndata_dir = "{mine}"\n',
+                                     "listener: expected one or more [[listener]] tables"),
     }
     for case, (text, problem) in cases.items():
         edited = tmp_path / "edited.toml"
