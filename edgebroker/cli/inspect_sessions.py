@@ -19,7 +19,7 @@ from edgebroker.cli import log_lock
 from edgebroker.cli.inspect_common import human_bytes, log_dir, open_log, out, table
 from edgebroker.cli.inspect_live import duration
 from edgebroker.cli.record_view import fmt_time
-from edgebroker.cli.state_dir import read_config
+from edgebroker.cli.state_dir import read_config, state_dir_of
 from edgebroker.core import snapshot
 from edgebroker.core.mqtt5 import kept_offline
 from edgebroker.errors import EdgebrokerError
@@ -74,7 +74,8 @@ def run_sessions(args) -> int:
     keys = ("data_dir",) * (not args.data_dir) + ("limits.persistent_client_expiration",)
     config = read_config(args.config, keys)
     cap = config.limits.persistent_client_expiration
-    state_dir = os.path.dirname(log_dir(args))
+    # The state directory from the file read once (-c may be a pipe): the log's below it.
+    args.data_dir = state_dir = state_dir_of(args, config)
     state = snapshot.read(state_dir, payloads=False)
     if state is None:
         raise EdgebrokerError(f"{os.path.join(state_dir, snapshot.FILENAME)}: no session "

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
-from conftest import REPO, broker_command, run_cli
+from conftest import REPO, broker_command, run_cli, until
 
 
 def test_inspect_and_upload_status_take_data_dir_from_a_file_with_a_typo(broker, tmp_path):
@@ -127,3 +128,20 @@ def test_inspect_sessions_with_persistent_client_expiration_misplaced_stops(brok
     assert r.stderr.splitlines() == [
         f"edgebroker: note: {moved} has 1 problem(s) (`edgebroker config check -c {moved}` "
         f"names them); taken from it: data_dir = \"{data_dir}\""], r.stderr
+
+
+def test_inspect_sessions_reads_a_piped_file_once(broker, tmp_path):
+    """`inspect sessions -c /dev/stdin` (or `-c <(...)`): the file is read once; it was read
+    a second time to find the log, which a pipe refuses (diff41)."""
+    b = broker()
+    b.client("piped", clean=False).disconnect()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    text = f'data_dir = "{b.config["data_dir"]}"\n'
+    until(lambda: "piped" in Path(b.config["data_dir"], "sessions.json").read_text(), 10,
+          "the session in the snapshot")
+    r = subprocess.run([*broker_command(), "inspect", "sessions", "-c", "/dev/stdin"],
+                       input=text, cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "piped" in r.stdout, r.stdout
