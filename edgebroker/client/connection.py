@@ -123,7 +123,7 @@ class Connection:
         self._next_pid = 1
         # Packet ids are taken from 1..packet_ids (the bridge narrows it: bridge/release.py)
         self.packet_ids = 0xFFFF
-        self._incoming_qos2: set = set()  # the server's QoS 2 ids given out, PUBREL awaited
+        self._incoming_qos2: dict = {}   # the server's QoS 2 ids given out -> digest or None
         self._subscriptions: dict = {}   # filter -> (options, properties) the server granted
         self._unacked: dict = {}         # packet id -> Message given out, ack() awaited
         self._qos0_out: list = []        # QoS 0 requests in _out, not handed out yet
@@ -145,7 +145,7 @@ class Connection:
         self._server_max_packet = 0      # 0: no limit said
         self._server_aliases = 0         # its Topic Alias Maximum (0: it takes none)
         self.duplicates_dropped = 0      # QoS 2 PUBLISHes again (DUP) before their PUBREL
-        self.ids_reused = 0              # new QoS 2 PUBLISHes (DUP 0) under an id held so
+        self.ids_reused = 0              # different QoS 2 PUBLISHes under an id held so
         self._reuse_logged = False       # ... logged on this connection (client/incoming.py)
         self.oversized_dropped = 0       # PUBLISHes over _max_packet read past (Oversized)
         self.unexpected_acks = 0         # acknowledgements for no request of ours

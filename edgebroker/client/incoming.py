@@ -6,6 +6,7 @@ error of the server. Each handler appends its events and queues what the server 
 from __future__ import annotations
 
 import logging
+import zlib
 
 from edgebroker.errors import (
     PACKET_ID_NOT_FOUND, PROTOCOL_ERROR, REASON_NAMES, RECEIVE_MAXIMUM_EXCEEDED,
@@ -74,50 +75,65 @@ def on_connack(conn, p: P.Connack, events: list) -> None:
     conn._pump()
 
 
-def taken(conn, qos: int, pid: int | None, dup: bool) -> bool:
-    """A PUBLISH from the server at ``qos`` with ``pid``: acknowledged now (PUBACK, PUBREC)
+def digest(topic: str, payload, retain) -> int:
+    """A QoS 2 message's digest, kept per packet id held for its PUBREL: the function of the
+    broker side (core/handlers/publish.py), CRC-32 of the topic's UTF-8 then of the payload,
+    started from the topic's length and RETAIN."""
+    return zlib.crc32(payload, zlib.crc32(topic.encode(), 2 * len(topic) + retain))
+
+
+def taken(conn, qos: int, pid: int | None, dup: bool, known: int | None = None) -> bool:
+    """A PUBLISH from the server at ``qos`` with ``pid`` (QoS 2: ``known``, its digest; None
+    for an oversized one, whose payload is not read): acknowledged now (PUBACK, PUBREC)
     unless ``auto_ack`` is off; False for a QoS 2 one given out already (a resend: its PUBREC
     sent again unless the caller has yet to acknowledge it). Over the Receive Maximum: the
     protocol error.
 
-    A resend of a QoS 2 PUBLISH awaiting its PUBREL has DUP set (MQTT-3.3.1-1): that one is
-    not given out again (MQTT-4.3.3-2). One with DUP 0 under such an id is the first sending
-    of a new message: the server forgot the exchange (a restart from an older save of its
-    sessions) and took the id as free. It is given out, in place of the held one (counted in
-    ``ids_reused``, logged once per connection): taking it for a resend would lose it, as
-    the server counts it delivered once it has our PUBREC."""
+    Under a packet id awaiting its PUBREL, a QoS 2 PUBLISH with the digest of the held one
+    (the same topic, payload and RETAIN) is a resend, whatever its DUP: not given out again
+    (MQTT-4.3.3-2). Mosquitto restarted from its save after a crash sends a saved message
+    again with DUP 0. One with another digest is a different message, whatever its DUP: the
+    server forgot the exchange (a restart from an older save of its sessions) and took the id
+    as free. It is given out, in place of the held one (counted in ``ids_reused``, logged once
+    per connection): taking it for a resend would lose it, as the server counts it delivered
+    once it has our PUBREC. It is Mosquitto's rule, and edgebroker's broker side's for DUP 0.
+    When a digest is missing (an oversized PUBLISH, or an id of a state file that kept none),
+    DUP decides: set, a resend (MQTT-3.3.1-1); not set, a new message. (So a new message
+    identical in topic, payload and RETAIN under a held id is taken for a resend: dropped.)"""
     if qos == 1:
         if conn.auto_ack:
             conn._out.append(encode_puback(pid))
     elif qos == 2:
-        if pid in conn._incoming_qos2:
-            if not dup:
-                _reused(conn, pid)
-                if conn.auto_ack:
+        held = conn._incoming_qos2
+        if pid in held:
+            was = held[pid]
+            if dup if was is None or known is None else was == known:
+                conn.duplicates_dropped += 1
+                if pid not in conn._unacked:   # (not yet acknowledged: ack() sends the PUBREC)
                     conn._out.append(encode_ack(P.PUBREC, pid))
-                return True
-            conn.duplicates_dropped += 1
-            if pid not in conn._unacked:   # (not yet acknowledged: ack() sends the PUBREC)
-                conn._out.append(encode_ack(P.PUBREC, pid))
-            return False
-        if len(conn._incoming_qos2) >= conn._receive_max:
+                return False
+            _reused(conn, pid, dup, was is None or known is None)
+        elif len(held) >= conn._receive_max:
             raise ProtocolError(f"a QoS 2 PUBLISH beyond the Receive Maximum "
                                 f"({conn._receive_max})", rule="MQTT-3.3.4-9",
                                 reason=RECEIVE_MAXIMUM_EXCEEDED)
-        conn._incoming_qos2.add(pid)
+        held[pid] = known
         if conn.auto_ack:
             conn._out.append(encode_ack(P.PUBREC, pid))
     return True
 
 
-def _reused(conn, pid: int) -> None:
+def _reused(conn, pid: int, dup: bool, by_dup: bool) -> None:
     conn.ids_reused += 1
     if not conn._reuse_logged:
         conn._reuse_logged = True
-        log.warning("client %r: the server sent a new QoS 2 message (DUP 0) under packet id "
-                    "%d, which still awaited its PUBREL: the server forgot that exchange (its "
-                    "session was restored from an older state); taken as a new message "
-                    "(counted in ids_reused; logged once per connection)", conn.client_id, pid)
+        why = ("DUP 0, and no digest of one of them to compare" if by_dup
+               else "another topic, payload or RETAIN than the held one")
+        log.warning("client %r: the server sent a different QoS 2 message (DUP %d) under packet "
+                    "id %d, which still awaited its PUBREL (%s): the server forgot that "
+                    "exchange (its session was restored from an older state); taken as a new "
+                    "message (counted in ids_reused; logged once per connection)",
+                    conn.client_id, dup, pid, why)
 
 
 def on_publish(conn, p: P.Publish, events: list) -> None:
@@ -128,7 +144,8 @@ def on_publish(conn, p: P.Publish, events: list) -> None:
     qos = p.qos
     pid = p.packet_id
     auto = conn.auto_ack
-    if not taken(conn, qos, pid, p.dup):
+    known = digest(topic, p.payload, p.retain) if qos == 2 else None
+    if not taken(conn, qos, pid, p.dup, known):
         return
     message = Message(topic, p.payload, qos, p.retain, p.dup, props, pid)
     if qos and not auto:
@@ -187,7 +204,7 @@ def on_pubrec(conn, p: P.Pubrec, events: list) -> None:
 def on_pubrel(conn, p: P.Pubrel, events: list) -> None:
     pid = p.packet_id
     if pid in conn._incoming_qos2:
-        conn._incoming_qos2.discard(pid)
+        del conn._incoming_qos2[pid]
         conn._unacked.pop(pid, None)   # (a PUBREL before our PUBREC: the exchange ends)
         conn._out.append(encode_ack(P.PUBCOMP, pid))
     else:

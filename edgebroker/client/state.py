@@ -21,6 +21,8 @@ STATE_VERSION = 1
 def save_state(conn) -> dict:
     """``conn``'s session (see Connection.save)."""
     queued = [*conn._qos0_out, *conn._queue]
+    # (one given out and not yet acknowledged is given out again when it is sent again)
+    held = sorted(conn._incoming_qos2.keys() - conn._unacked.keys())
     doc = {
         "format": STATE_FORMAT, "version": STATE_VERSION,
         "client_id": conn.client_id, "protocol": conn.protocol,
@@ -30,9 +32,13 @@ def save_state(conn) -> dict:
         "next_packet_id": conn._next_pid,
         "inflight": [to_state(r) for r in conn._inflight.values()],
         "queued": [to_state(r) for r in queued],
-        # (one given out and not yet acknowledged is given out again when it is sent again)
-        "incoming_qos2": sorted(conn._incoming_qos2 - conn._unacked.keys()),
+        "incoming_qos2": held,
     }
+    # Their digests in a key of their own, so that an older version reads the ids still.
+    digests = {str(pid): conn._incoming_qos2[pid] for pid in held
+               if conn._incoming_qos2[pid] is not None}
+    if digests:
+        doc["incoming_qos2_digests"] = digests
     if conn.max_qos2_inflight is not None:      # (else the protocol's default)
         doc["max_qos2_inflight"] = conn.max_qos2_inflight
     return doc
@@ -87,7 +93,15 @@ def load_state(cls, doc: dict, options: dict):
     if type(ids) is not list or any(type(i) is not int or not 0 < i < 0x10000 for i in ids):
         raise ValueError(f"state file incoming_qos2 {str(ids)[:60]!r}: not a list of packet "
                          f"ids 1..65535")
-    conn._incoming_qos2 = set(ids)
+    conn._incoming_qos2 = dict.fromkeys(ids)    # (a file without digests: the DUP rule)
+    digests = doc.get("incoming_qos2_digests", {})
+    if type(digests) is not dict or any(
+            not (k.isascii() and k.isdigit() and int(k) in conn._incoming_qos2)
+            or type(v) is not int or not 0 <= v <= 0xFFFFFFFF for k, v in digests.items()):
+        raise ValueError(f"state file incoming_qos2_digests {str(digests)[:60]!r}: not packet "
+                         f"ids of incoming_qos2 (decimal strings) -> whole numbers 0..2**32-1")
+    for k, v in digests.items():
+        conn._incoming_qos2[int(k)] = v
     pid = doc.get("next_packet_id", 1)
     conn._next_pid = pid if isinstance(pid, int) and 0 < pid < 0x10000 else 1
     return conn

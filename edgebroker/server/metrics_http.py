@@ -296,8 +296,9 @@ BRIDGE_METRICS = (
     ("edgebroker_bridge_received_total", "counter",
      "Messages from the remote published here.", "received"),
     ("edgebroker_bridge_ids_reused_total", "counter",
-     "New QoS 2 messages from the remote (DUP 0) under a packet id still awaiting its PUBREL "
-     "(the remote forgot that exchange): published here as new.", "ids_reused"),
+     "QoS 2 messages from the remote under a packet id still awaiting its PUBREL that differ "
+     "from the message held (the remote forgot that exchange): published here as new.",
+     "ids_reused"),
     ("edgebroker_bridge_lag_messages", "gauge",
      "Log offsets between the bridge's cursor and the head.", "lag_messages"),
     ("edgebroker_bridge_lag_bytes", "gauge",
