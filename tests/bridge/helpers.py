@@ -94,6 +94,17 @@ def wait_figure(broker, pred, timeout: float = 10.0, name: str = "up") -> dict:
         time.sleep(0.05)
 
 
+def gateway_up(broker, remote: "FakeRemote", rules: list[dict], local_filter: str):
+    """A gateway bridged to ``remote`` with ``rules``, the link up, and a local QoS 1
+    subscriber to ``local_filter``: (gateway, the remote's end of the link, subscriber)."""
+    gw = broker(bridge=[bridge_table(remote.port, rules)])
+    end = remote.accept()
+    wait_figure(gw, lambda f: f["state"] == "up")
+    local = gw.client("local")
+    local.subscribe(local_filter, qos=1)
+    return gw, end, local
+
+
 def checkpoint(data_dir: str | Path, name: str = "up") -> dict:
     return json.loads((Path(data_dir) / f"bridge-{name}.json").read_text())
 

@@ -11,7 +11,7 @@ import socket
 import mqttraw as m
 import mqttraw5 as m5
 
-from .helpers import FakeRemote, bridge_table, figures, wait_figure
+from .helpers import FakeRemote, bridge_table, figures, gateway_up, wait_figure
 
 RULES = [{"pattern": "cmd/#", "direction": "in", "qos": 1}]
 MAX_PACKET = 4096
@@ -44,11 +44,7 @@ def test_a_v5_connect_states_the_maximum_packet_size_and_the_session_expiry(brok
 def test_a_topic_with_a_control_character_is_dropped_and_counted(broker):
     remote = FakeRemote()
     try:
-        gw = broker(bridge=[bridge_table(remote.port, RULES)])
-        end = remote.accept()
-        wait_figure(gw, lambda f: f["state"] == "up")
-        local = gw.client("local")
-        local.subscribe("cmd/#", qos=1)
+        gw, end, local = gateway_up(broker, remote, RULES, "cmd/#")
         for pid in (1, 2):
             end.send(m.publish("cmd/a\x01b", b"bad", qos=1, packet_id=pid))
             assert end.expect(m.PUBACK).packet_id == pid     # not wanted here: acknowledged

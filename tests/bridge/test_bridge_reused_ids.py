@@ -13,7 +13,7 @@ from __future__ import annotations
 import mqttraw as m
 from core.test_disk_full import _log_payloads
 
-from .helpers import FakeRemote, bridge_table, wait_figure
+from .helpers import FakeRemote, gateway_up, wait_figure
 
 RULES = [{"pattern": "c/#", "direction": "in", "qos": 2}]
 
@@ -21,11 +21,7 @@ RULES = [{"pattern": "c/#", "direction": "in", "qos": 2}]
 def test_a_new_message_under_an_id_held_for_pubrel_is_logged_a_resend_is_not(broker):
     remote = FakeRemote()
     try:
-        gw = broker(bridge=[bridge_table(remote.port, RULES)])
-        end = remote.accept()
-        wait_figure(gw, lambda f: f["state"] == "up")
-        local = gw.client("local")
-        local.subscribe("c/#", qos=1)
+        gw, end, local = gateway_up(broker, remote, RULES, "c/#")
 
         # Id 1 logged and acknowledged; the remote's PUBREL withheld. The link breaks.
         end.send(m.publish("c/a", b"old", qos=2, packet_id=1))
@@ -60,11 +56,7 @@ def test_the_same_message_again_with_dup_0_is_logged_once_a_different_one_with_d
         broker):
     remote = FakeRemote()
     try:
-        gw = broker(bridge=[bridge_table(remote.port, RULES)])
-        end = remote.accept()
-        wait_figure(gw, lambda f: f["state"] == "up")
-        local = gw.client("local")
-        local.subscribe("c/#", qos=1)
+        gw, end, local = gateway_up(broker, remote, RULES, "c/#")
 
         # Ids 1 and 2 logged and acknowledged; the remote's PUBRELs withheld. The link breaks.
         end.send(m.publish("c/a", b"m1", qos=2, packet_id=1)
