@@ -162,11 +162,14 @@ class ExchangeRestore:
                      sum(len(ids) for ids in orphans.values()), len(orphans),
                      len(records) - applied - kept)
 
-    def claim_orphan_ids(self, session: Session, clean_start: bool) -> None:
+    def claim_orphan_ids(self, session: Session, clean_start: bool, v5: bool) -> None:
         """``Sessions.attach`` made a new session for a client id ``orphan_ids`` holds: it
         takes those inbound packet ids (awaiting PUBREL, with their digests) unless it
-        connected with Clean Start or persistent_client_expiration has passed since the start
-        that found them (then they go: a ``D`` record keeps a crash from bringing them back)."""
+        connected with Clean Start, speaks MQTT 5.0 (told Session Present 0, it discards its
+        session state, MQTT-3.2.2-5: it sends neither the re-send nor the PUBREL, and a new
+        message under a held id would be taken for a re-send), or persistent_client_expiration
+        has passed since the start that found them (then they go: a ``D`` record keeps a crash
+        from bringing them back)."""
         client_id = session.client_id
         ids = self.orphan_ids.pop(client_id, None)
         if not self.orphan_ids:
@@ -174,13 +177,14 @@ class ExchangeRestore:
         if ids is None:
             return
         self._snapshot_dirty = True     # the next snapshot: no longer carried
-        if clean_start or self._orphans_expired():
+        if clean_start or v5 or self._orphans_expired():
             if self.exchanges is not None:
                 self.exchanges.ended(client_id)
             log.info("client %s: %d inbound QoS 2 packet ids of its session lost at the last "
                      "restart dropped (%s)", name_shown(client_id), len(ids),
-                     "it connected with clean start" if clean_start
-                     else "persistent_client_expiration passed since that start")
+                     "it connected with clean start" if clean_start else
+                     "an MQTT 5.0 client discards its session state at session present 0"
+                     if v5 else "persistent_client_expiration passed since that start")
             return
         session.own_awaiting_release().update((pid, digest)
                                               for pid, (_, digest) in ids.items())
@@ -206,6 +210,7 @@ class ExchangeRestore:
             for pid, (offset, digest) in ids.items():
                 exchanges.carry(client_id, pid, offset, digest)
         exchanges.write()   # now: the snapshot writer deletes the older files once it is on disk
+        exchanges.sync_file()   # and on the disk first: a power cut then keeps them
 
     def _orphans_expired(self) -> bool:
         cap = self.limits.persistent_client_expiration

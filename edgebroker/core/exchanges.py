@@ -305,6 +305,24 @@ class ExchangeJournal:
             except OSError:
                 pass  # closed by a rotation meanwhile, or failing: the next one retries
 
+    def sync_file(self) -> None:
+        """fsync the current file and its directory entry now (the core thread: records that
+        must be on disk before the snapshot writer deletes the files they were in; only while
+        a restart's unclaimed packet ids are carried, core.exchange_restore)."""
+        if self.fd < 0:
+            return
+        try:
+            os.fdatasync(self.fd)
+            dir_fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            log.warning("cannot fsync the QoS 2 exchange journal %s: %s; a power cut before "
+                        "the next fsync may deliver a QoS 2 message twice",
+                        path(self.state_dir, self.generation), exc.strerror or exc)
+
     def close(self) -> None:
         if self.lines:      # (at a stop: the records the final snapshot carried)
             self.write()

@@ -166,7 +166,7 @@ class Sessions:
             if not clean:
                 self.persistent_sessions += 1
             if self.orphan_ids is not None:    # its ids from a journal (core.exchange_restore)
-                self.claim_orphan_ids(session, clean_start)
+                self.claim_orphan_ids(session, clean_start, client.v5 is not None)
         else:
             session, present = old, True
             session.offline_at = None
