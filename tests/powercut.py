@@ -5,7 +5,10 @@ shim's comment for the model)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import shims
@@ -22,6 +25,21 @@ def environment(directory: Path, shadow: Path) -> dict[str, str]:
             "EB_POWER_SHADOW": str(shadow)}
 
 
+def sync_all(directory: Path, shadow: Path) -> None:
+    """Record every file and directory under ``directory`` as durable, as ``sync`` would make
+    them (what an earlier run left, before a run under the shim)."""
+    script = ("import os, sys\n"
+              "for top, dirs, files in os.walk(sys.argv[1]):\n"
+              "    for name in files + ['.']:\n"
+              "        path = os.path.join(top, name)\n"
+              "        if name == '.' or os.path.isfile(path) and not os.path.islink(path):\n"
+              "            fd = os.open(path, os.O_RDONLY)\n"
+              "            os.fsync(fd)\n"
+              "            os.close(fd)\n")
+    env = {**os.environ, **environment(directory, shadow)}
+    subprocess.run([sys.executable, "-c", script, str(directory)], env=env, check=True)
+
+
 def rebuild(directory: Path, shadow: Path, into: Path) -> dict[str, int]:
     """Make ``into`` hold what ``directory`` held after a power cut: the subdirectories it
     had (made before the shim watched it), and in each directory the names its last fsync
@@ -32,7 +50,7 @@ def rebuild(directory: Path, shadow: Path, into: Path) -> dict[str, int]:
         (into / sub.relative_to(directory)).mkdir(parents=True, exist_ok=True)
     into.mkdir(parents=True, exist_ok=True)
     for listing in (shadow / "dirs").iterdir():
-        rel = Path(listing.name.replace("%", "/"))
+        rel = Path("." if listing.name == "%" else listing.name.replace("%", "/"))
         for line in listing.read_text().splitlines():
             kind, key, name = line.split(" ", 2)
             target = into / rel / name

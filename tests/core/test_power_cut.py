@@ -9,7 +9,8 @@ acknowledgements the publishers received (docs/persistence.md, "What a power cut
 - ``sync``: every acknowledged message is in the log, once;
 - ``batch``: every message acknowledged at least ``flush_interval_ms`` plus the time of the
   fsyncs before the cut is in the log, once (the test allows the fsyncs ``FSYNC_ALLOWANCE``);
-- either way nothing is in the log that was not published, at most once, and the log verifies.
+- either way nothing is in the log that was not published, at most once, and the log verifies;
+- a persistent session in a snapshot written (and fsynced) before the cut is restored.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 
 import mqttraw as m
 import powercut
-from conftest import run_cli
+from conftest import run_cli, wait_for_snapshot
 from loadclients import read_acks
 
 CUTS = 3                  # random cut points per durability setting
@@ -128,6 +129,12 @@ def test_power_cut_keeps_what_was_acknowledged(broker, tmp_path, monkeypatch, du
                                             "segment_bytes": 128 * 1024})
         for name in ("LD_PRELOAD", "EB_POWER_DIR", "EB_POWER_SHADOW"):
             monkeypatch.delenv(name)
+        # A persistent session, in a snapshot (sessions.json, in the top directory) before
+        # the load: the shim never recorded the top directory, so the rebuild dropped it.
+        keep = b.client(f"c{cut}keep", clean=False)
+        keep.subscribe(f"keep/{cut}", qos=1)
+        keep.disconnect()
+        wait_for_snapshot(str(data), f"c{cut}keep")
         rate = RATE if durability == "batch" else None
         pubs = [Publisher(b.port, f"c{cut}q1", 1, rate), Publisher(b.port, f"c{cut}q2", 2, rate)]
         for p in pubs:
@@ -147,6 +154,9 @@ def test_power_cut_keeps_what_was_acknowledged(broker, tmp_path, monkeypatch, du
         after = tmp_path / f"cut{cut}" / "after"
         powercut.rebuild(data, shadow, after)
         again = broker(data_dir=str(after))
+        keep = again.client(f"c{cut}keep", clean=False)
+        assert keep.connack.session_present, f"cut {cut}: the snapshot's session was lost"
+        keep.disconnect()
         assert again.stop() == 0
         verify = run_cli("inspect", "verify", "--data-dir", str(after), timeout=60)
         assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -5,21 +5,23 @@ A publisher's persistent session is made after the last snapshot; it publishes a
 PUBREC, and the broker is killed before the next snapshot. The restart does not restore that
 session (Session Present 0), but the exchange journal's ``I`` record keeps its packet id and
 digest for the client's next connection without Clean Start: the re-send (DUP) is acknowledged
-and not delivered again, PUBREL gets PUBCOMP, and another message under that id afterwards
-is delivered. A connection with Clean Start drops the id, and so does an MQTT 5.0 client's
-(told Session Present 0, it discards its session state). The subscriber's persistent session
-is in the snapshot."""
+and not delivered again (also after a power cut following the restart), PUBREL gets PUBCOMP,
+and another message under that id afterwards is delivered. A connection with Clean Start drops
+the id, and so does an MQTT 5.0 client's (told Session Present 0, it discards its session
+state). The subscriber's persistent session is in the snapshot."""
 
 import glob
 import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 import mqttraw as m
 import mqttraw5 as R
+import powercut
 from conftest import wait_for_snapshot
 from mqttraw import PUBCOMP, PUBREC
 
@@ -125,6 +127,62 @@ def test_a_re_send_after_a_crash_is_not_delivered_twice(broker, uid, v5, crashes
     pub.release()
     assert sub.ping() == []
     assert not any("taken as a new message" in ln for ln in b2.logs)
+
+
+def _journal_files(data_dir) -> list[str]:
+    names = glob.glob(os.path.join(data_dir, "exchanges-*.jsonl"))
+    return sorted(os.path.basename(name) for name in names)
+
+
+def _wait_until(pred, what: str, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while not (got := pred()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return got
+
+
+def test_a_power_cut_after_the_restart_keeps_the_ids(broker, uid, tmp_path, monkeypatch):
+    """The restart carries the ids into its new journal file and the snapshot writer deletes
+    the file they were in. A later snapshot (another client's persistent session) fsyncs the
+    directory, making that deletion durable, and then the power goes (tests/faults/powercut.c).
+    The new file was written but never fsynced (no publish since the start, so no log fsync):
+    the rebuilt disk held it empty, the ids were gone and the re-send was delivered twice.
+    Now the file carrying them is fsynced with its directory before the snapshot goes out."""
+    data = Path(_crash_after_pubrec(broker, uid, False))
+    shadow = tmp_path / "shadow"
+    powercut.sync_all(data, shadow)       # what the first run left is on the disk by now
+    for name, value in powercut.environment(data, shadow).items():
+        monkeypatch.setenv(name, value)
+    b2 = broker(data_dir=str(data))       # durability batch (the default)
+    for name in ("LD_PRELOAD", "EB_POWER_DIR", "EB_POWER_SHADOW"):
+        monkeypatch.delenv(name)
+    line = b2.wait_log(lambda ln: "QoS 2 exchange records written after the snapshot" in ln)
+    assert line and "1 packet ids of 1 clients kept" in line, line
+    # The start's snapshot is on disk and the file the ids were in is deleted.
+    (carried,) = _wait_until(lambda: len(_journal_files(data)) == 1 and _journal_files(data),
+                             "the journal files before the start's snapshot not deleted")
+    other = b2.client(f"{uid}-other", clean=False)    # a snapshot that fsyncs the directory
+    other.subscribe(f"{uid}/x", qos=1)
+    other.disconnect()
+    wait_for_snapshot(str(data), f"{uid}-other")
+    _wait_until(lambda: carried not in _journal_files(data),
+                f"{carried} not deleted by the next snapshot")   # (after its directory fsync)
+    assert b2.stop(signal.SIGKILL) == -signal.SIGKILL            # the power cut
+    after = tmp_path / "after"
+    sizes = powercut.rebuild(data, shadow, after)
+    assert sizes.get("sessions.json"), sizes
+
+    b3 = broker(data_dir=str(after))
+    sub = b3.client(f"{uid}-s", clean=False)
+    assert sub.connack.session_present
+    assert sub.recv_publish().payload == b"once"
+    pub = Publisher(b3, f"{uid}-p", False)
+    pub.publish(f"{uid}/t", b"once", dup=True)  # the re-send
+    assert sub.ping() == [], f"the re-send was delivered again after the power cut: {sizes}"
+    pub.release()
+    line = b3.wait_log(lambda ln: "QoS 2 exchange records written after the snapshot" in ln)
+    assert line and "1 packet ids of 1 clients kept" in line, line
 
 
 @pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5.0"])

@@ -10,7 +10,7 @@
  *     has: a file fsynced under a temporary name and renamed keeps it);
  *   - for a directory: its entries at the call, one "<type> <key> <name>" line each (type f
  *     for a regular file, d for a directory, o for anything else), as dirs/<path relative to
- *     $EB_POWER_DIR, "/" written as "%", "." for the top>.
+ *     $EB_POWER_DIR, "/" written as "%"; the top is "%" alone, a name no relative path has>.
  *
  * Each record is written under a temporary name before the real call and renamed into place
  * only once it returned 0, so after a SIGKILL at any moment the shadow holds, for every file
@@ -132,7 +132,7 @@ static int sync_call(int fd, int (**real)(int), const char *name)
     if (S_ISDIR(st.st_mode)) {
         char enc[4096];
         size_t i;
-        snprintf(enc, sizeof enc, "%s", *rel ? rel : ".");
+        snprintf(enc, sizeof enc, "%s", *rel ? rel : "/");  /* not ".": a rename to it fails */
         for (i = 0; enc[i]; i++)
             if (enc[i] == '/')
                 enc[i] = '%';
@@ -155,10 +155,13 @@ static int sync_call(int fd, int (**real)(int), const char *name)
 real:
     rc = (*real)(fd);
     if (saved) {
-        if (rc == 0)
-            rename(tmp, final);
-        else
+        if (rc != 0)
             unlink(tmp);
+        else if (rename(tmp, final) != 0) {
+            fprintf(stderr, "powercut shim: cannot record %s as %s: %s\n", path, final,
+                    strerror(errno));
+            abort();
+        }
     }
     pthread_mutex_unlock(&lock);
     return rc;
