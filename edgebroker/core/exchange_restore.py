@@ -194,7 +194,7 @@ class ExchangeRestore:
                  "such a message is acknowledged, not delivered again",
                  name_shown(client_id), len(ids))
 
-    def carry_orphan_ids(self) -> None:
+    def carry_orphan_ids(self) -> bool:
         """A snapshot started a new journal file (``capture``): the ``I`` records of the ids
         not yet claimed go in it again, written at once (the older files are deleted once the
         snapshot is on disk), unless persistent_client_expiration has passed since the start: then they go."""
@@ -204,13 +204,13 @@ class ExchangeRestore:
             log.info("%d inbound QoS 2 packet ids of %d clients whose sessions were lost at the "
                      "last restart dropped unclaimed: persistent_client_expiration passed",
                      sum(len(ids) for ids in orphans.values()), len(orphans))
-            return
+            return False
         exchanges = self.exchanges
         for client_id, ids in orphans.items():
             for pid, (offset, digest) in ids.items():
                 exchanges.carry(client_id, pid, offset, digest)
         exchanges.write()   # now: the snapshot writer deletes the older files once it is on disk
-        exchanges.sync_file()   # and on the disk first: a power cut then keeps them
+        return True         # (after it fsyncs this file: a power cut then keeps them)
 
     def _orphans_expired(self) -> bool:
         cap = self.limits.persistent_client_expiration

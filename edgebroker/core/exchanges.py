@@ -168,6 +168,22 @@ def remove_before(state_dir: str, generation: int) -> None:
             log.warning("cannot delete %s: %s", path(state_dir, old), exc.strerror or exc)
 
 
+def sync_generation(state_dir: str, generation: int) -> None:
+    """fsync the journal file of ``generation`` and the state directory (snapshot writer
+    thread): records that must be on disk before the files they were in are deleted (a
+    restart's unclaimed packet ids, core.exchange_restore). OSError when that fails."""
+    fd = os.open(path(state_dir, generation), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class ExchangeJournal:
     """The current journal file and the records of this pass not yet written to it."""
 
@@ -304,24 +320,6 @@ class ExchangeJournal:
                 os.fdatasync(fd)
             except OSError:
                 pass  # closed by a rotation meanwhile, or failing: the next one retries
-
-    def sync_file(self) -> None:
-        """fsync the current file and its directory entry now (the core thread: records that
-        must be on disk before the snapshot writer deletes the files they were in; only while
-        a restart's unclaimed packet ids are carried, core.exchange_restore)."""
-        if self.fd < 0:
-            return
-        try:
-            os.fdatasync(self.fd)
-            dir_fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:
-            log.warning("cannot fsync the QoS 2 exchange journal %s: %s; a power cut before "
-                        "the next fsync may deliver a QoS 2 message twice",
-                        path(self.state_dir, self.generation), exc.strerror or exc)
 
     def close(self) -> None:
         if self.lines:      # (at a stop: the records the final snapshot carried)

@@ -73,8 +73,8 @@ class Persistence:
         unsafe: dict[str, dict[int, int]] = {}
         if exchanges is not None:
             result.exchanges = exchanges.rotate()
-            if self.orphan_ids is not None:
-                self.carry_orphan_ids()       # core.exchange_restore
+            if self.orphan_ids is not None:   # core.exchange_restore
+                result.carried = self.carry_orphan_ids()
             for offset, client_id, pid in exchanges.unsafe:
                 unsafe.setdefault(client_id, {})[pid] = offset
         sessions = result.sessions

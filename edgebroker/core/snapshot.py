@@ -222,6 +222,7 @@ class SnapshotWriter(threading.Thread):
         self._stopping = False
         self._failing = False
         self._unlisted = False      # the last one could not list what to delete after it
+        self._unsynced = False      # the last one could not fsync the journal it carried to
         # The replay offset (``log_next_offset``) of the last snapshot written in this run: the
         # core lets retention delete the log records before it (core.persistence).
         self.saved_offset: int | None = None
@@ -276,6 +277,24 @@ class SnapshotWriter(threading.Thread):
                     if self._pending is None:
                         return
 
+    def _journal_synced(self, snapshot: Snapshot) -> bool:
+        """Whether the older QoS 2 journal files may go: the new one holds what they held and,
+        when it carries a restart's unclaimed packet ids (``carried``), is on disk. An fsync
+        that fails keeps them (logged once an episode; the next snapshot tries again)."""
+        if not snapshot.carried:
+            return True
+        try:
+            exchanges.sync_generation(self.state_dir, snapshot.exchanges)
+        except OSError as exc:
+            if not self._unsynced:
+                self._unsynced = True
+                log.warning("cannot fsync the QoS 2 exchange journal in %s: %s; the older "
+                            "journal files are kept until it works (tried at each snapshot)",
+                            self.state_dir, exc.strerror or exc)
+            return False
+        self._unsynced = False
+        return True
+
     def _write(self, snapshot: Snapshot, final: bool = False) -> None:
         """``final``: the stop's snapshot: with no room on the disk it takes the reserve's."""
         path = os.path.join(self.state_dir, FILENAME)
@@ -321,7 +340,7 @@ class SnapshotWriter(threading.Thread):
             self._failing = False
             if not final:   # (the final one in the reserve's room said so)
                 log.warning("session snapshot written again in %s", self.state_dir)
-        if snapshot.exchanges is not None:
+        if snapshot.exchanges is not None and self._journal_synced(snapshot):
             try:
                 exchanges.remove_before(self.state_dir, snapshot.exchanges)
             except OSError as exc:
