@@ -194,7 +194,7 @@ class ExchangeRestore:
                  "such a message is acknowledged, not delivered again",
                  name_shown(client_id), len(ids))
 
-    def carry_orphan_ids(self) -> bool:
+    def carry_orphan_ids(self) -> bool | None:
         """A snapshot started a new journal file (``capture``): the ``I`` records of the ids
         not yet claimed go in it again, written at once (the older files are deleted once the
         snapshot is on disk), unless persistent_client_expiration has passed since the start: then they go."""
@@ -210,7 +210,9 @@ class ExchangeRestore:
             for pid, (offset, digest) in ids.items():
                 exchanges.carry(client_id, pid, offset, digest)
         exchanges.write()   # now: the snapshot writer deletes the older files once it is on disk
-        return True         # (after it fsyncs this file: a power cut then keeps them)
+        # (after it fsyncs this file, before the snapshot: a power cut then keeps them); None:
+        # not written (a full disk), so the snapshot is not either (the older files hold them)
+        return None if exchanges.failing else True
 
     def _orphans_expired(self) -> bool:
         cap = self.limits.persistent_client_expiration

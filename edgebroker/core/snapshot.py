@@ -19,6 +19,7 @@ the log segment holding one may be deleted by retention long before it is replac
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -222,7 +223,6 @@ class SnapshotWriter(threading.Thread):
         self._stopping = False
         self._failing = False
         self._unlisted = False      # the last one could not list what to delete after it
-        self._unsynced = False      # the last one could not fsync the journal it carried to
         # The replay offset (``log_next_offset``) of the last snapshot written in this run: the
         # core lets retention delete the log records before it (core.persistence).
         self.saved_offset: int | None = None
@@ -277,23 +277,25 @@ class SnapshotWriter(threading.Thread):
                     if self._pending is None:
                         return
 
-    def _journal_synced(self, snapshot: Snapshot) -> bool:
-        """Whether the older QoS 2 journal files may go: the new one holds what they held and,
-        when it carries a restart's unclaimed packet ids (``carried``), is on disk. An fsync
-        that fails keeps them (logged once an episode; the next snapshot tries again)."""
+    def _carried_on_disk(self, snapshot: Snapshot) -> OSError | None:
+        """A snapshot whose journal file carries a restart's unclaimed packet ids
+        (``carried``, core.exchange_restore) names that file as the first to apply, and the
+        older files that held them are deleted after it: the file must be on disk before the
+        snapshot is written. The error that keeps this snapshot from being written (the one
+        before it, and the older files, stay: a restart still finds the ids), or None."""
+        if snapshot.carried is None:     # the core could not write them in the new file
+            return OSError(errno.EIO, "the QoS 2 exchange journal carrying a restart's packet "
+                                      "ids could not be written")
         if not snapshot.carried:
-            return True
+            return None
         try:
             exchanges.sync_generation(self.state_dir, snapshot.exchanges)
         except OSError as exc:
-            if not self._unsynced:
-                self._unsynced = True
-                log.warning("cannot fsync the QoS 2 exchange journal in %s: %s; the older "
-                            "journal files are kept until it works (tried at each snapshot)",
-                            self.state_dir, exc.strerror or exc)
-            return False
-        self._unsynced = False
-        return True
+            # (EIO whatever it was: not taken for a full disk, whose final snapshot would
+            # then be written in the reserve's room without this file)
+            return OSError(errno.EIO, f"cannot fsync the QoS 2 exchange journal: "
+                                      f"{exc.strerror or exc}")
+        return None
 
     def _write(self, snapshot: Snapshot, final: bool = False) -> None:
         """``final``: the stop's snapshot: with no room on the disk it takes the reserve's."""
@@ -307,7 +309,10 @@ class SnapshotWriter(threading.Thread):
         if side is not None:
             snapshot.retained_file = side.current(retained)     # none changed: kept
             planned = side.plan(retained) if retained and not snapshot.retained_file else None
-        error, data = self._put(path, snapshot, planned)
+        error = self._carried_on_disk(snapshot)
+        data = None
+        if error is None:
+            error, data = self._put(path, snapshot, planned)
         if error is not None and final and error.errno in NO_ROOM:
             # The room it needs from the reserve (what its side file's write adds too); all of
             # it if that was not enough.
@@ -340,7 +345,7 @@ class SnapshotWriter(threading.Thread):
             self._failing = False
             if not final:   # (the final one in the reserve's room said so)
                 log.warning("session snapshot written again in %s", self.state_dir)
-        if snapshot.exchanges is not None and self._journal_synced(snapshot):
+        if snapshot.exchanges is not None:
             try:
                 exchanges.remove_before(self.state_dir, snapshot.exchanges)
             except OSError as exc:

@@ -92,8 +92,9 @@ class Snapshot:
     # none (a snapshot written before the journal, or without one).
     exchanges: int | None = None
     # Records of a restart's unclaimed packet ids were written again in that generation's file:
-    # it is fsynced before the older files go (core.exchange_restore; not in the document).
-    carried: bool = False
+    # it is fsynced before the snapshot is written (core.exchange_restore; not in the
+    # document). None: they could not be written, so neither is the snapshot.
+    carried: bool | None = False
     # (client id, will) of clients connected at a clean stop whose session ended then: the
     # next start publishes them (core.wills' ``keep_will_at_stop``).
     wills: list[tuple[str, WillState]] = field(default_factory=list)
