@@ -229,7 +229,8 @@ class SnapshotWriter(threading.Thread):
 
     @property
     def failing(self) -> bool:
-        """The last snapshot could not be written."""
+        """The last snapshot could not be written (the core submits another each second,
+        even with nothing changed since)."""
         return self._failing
 
     def submit(self, data: Snapshot) -> None:
@@ -277,25 +278,34 @@ class SnapshotWriter(threading.Thread):
                     if self._pending is None:
                         return
 
-    def _carried_on_disk(self, snapshot: Snapshot) -> OSError | None:
+    def _carried_on_disk(self, snapshot: Snapshot, final: bool) -> OSError | None:
         """A snapshot whose journal file carries a restart's unclaimed packet ids
         (``carried``, core.exchange_restore) names that file as the first to apply, and the
         older files that held them are deleted after it: the file must be on disk before the
         snapshot is written. The error that keeps this snapshot from being written (the one
-        before it, and the older files, stay: a restart still finds the ids), or None."""
+        before it, and the older files, stay: a restart still finds the ids), or None. The
+        stop's snapshot (``final``) is written all the same: it holds what clients were told is
+        kept (sessions, acknowledged messages); the ids may then be lost (a re-send delivered
+        twice), which is logged."""
         if snapshot.carried is None:     # the core could not write them in the new file
-            return OSError(errno.EIO, "the QoS 2 exchange journal carrying a restart's packet "
-                                      "ids could not be written")
-        if not snapshot.carried:
+            problem = "the QoS 2 exchange journal carrying a restart's packet ids could not " \
+                      "be written"
+        elif not snapshot.carried:
             return None
-        try:
-            exchanges.sync_generation(self.state_dir, snapshot.exchanges)
-        except OSError as exc:
-            # (EIO whatever it was: not taken for a full disk, whose final snapshot would
-            # then be written in the reserve's room without this file)
-            return OSError(errno.EIO, f"cannot fsync the QoS 2 exchange journal: "
-                                      f"{exc.strerror or exc}")
-        return None
+        else:
+            try:
+                exchanges.sync_generation(self.state_dir, snapshot.exchanges)
+                return None
+            except OSError as exc:
+                problem = f"cannot fsync the QoS 2 exchange journal: {exc.strerror or exc}"
+        if final:
+            log.warning("%s (%s): the final session snapshot is written without it; the "
+                        "inbound QoS 2 packet ids kept since a restart for clients not back yet "
+                        "may be lost, and a re-send of theirs delivered twice", problem,
+                        self.state_dir)
+            return None
+        # (EIO whatever it was: not taken for a full disk's, whose room the reserve is for)
+        return OSError(errno.EIO, problem)
 
     def _write(self, snapshot: Snapshot, final: bool = False) -> None:
         """``final``: the stop's snapshot: with no room on the disk it takes the reserve's."""
@@ -309,7 +319,7 @@ class SnapshotWriter(threading.Thread):
         if side is not None:
             snapshot.retained_file = side.current(retained)     # none changed: kept
             planned = side.plan(retained) if retained and not snapshot.retained_file else None
-        error = self._carried_on_disk(snapshot)
+        error = self._carried_on_disk(snapshot, final)
         data = None
         if error is None:
             error, data = self._put(path, snapshot, planned)

@@ -213,7 +213,9 @@ class Timers:
         next_offset = journal.log.next_offset if journal is not None else 0
         exchanges = self.exchanges
         # (retained changes too many to list: the snapshot takes every retained message)
-        dirty = self._snapshot_dirty or wanted or self.retained.all_changed
+        writer = self.snapshot_writer
+        dirty = (self._snapshot_dirty or wanted or self.retained.all_changed
+                 or writer is not None and writer.failing)     # (a failed one: again)
         if ((dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
                 or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)
                 or exchanges is not None and exchanges.full):
