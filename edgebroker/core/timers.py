@@ -213,9 +213,12 @@ class Timers:
         next_offset = journal.log.next_offset if journal is not None else 0
         exchanges = self.exchanges
         # (retained changes too many to list: the snapshot takes every retained message)
+        # A failed snapshot is tried again each second, with nothing changed too; not while a
+        # restart's unclaimed QoS 2 ids are carried (each try would write them in a new
+        # journal file, which a failed snapshot leaves: one file a second).
         writer = self.snapshot_writer
         dirty = (self._snapshot_dirty or wanted or self.retained.all_changed
-                 or writer is not None and writer.failing)     # (a failed one: again)
+                 or writer is not None and writer.failing and self.orphan_ids is None)
         if ((dirty and now - self._snapshot_at >= SNAPSHOT_DEBOUNCE)
                 or (next_offset != self._snapshot_offset and now - self._snapshot_at >= SNAPSHOT_EVERY)
                 or exchanges is not None and exchanges.full):

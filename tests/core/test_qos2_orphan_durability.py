@@ -137,13 +137,39 @@ def test_the_final_snapshot_on_a_full_disk_is_written_while_ids_are_carried(
 def test_a_failed_snapshot_is_written_again_once_the_disk_has_room(
         broker, uid, tmp_path, request):
     """diff45: with nothing changed after the failure, the snapshot was not tried again (a
-    crash then lost the session made while the disk was full)."""
+    crash then lost the session made while the disk was full): it is tried each second."""
+    if not in_private_mount_namespace(request):
+        return
+    small = tmp_path / "small"
+    mount_tmpfs(small, "4m")
+    data_dir = str(small / "data")
+    b = broker(data_dir=data_dir)
+    until(lambda: Path(data_dir, "sessions.json").exists(), 10, "the start's snapshot")
+    fill_up(small / "filler")
+    mark = _session_made_while_full(b, uid)
+    os.unlink(small / "filler")
+    assert b.wait_log(lambda ln: "session snapshot written again" in ln, 10, mark), \
+        b.log_text()
+    assert b.stop(signal.SIGKILL) == -signal.SIGKILL
+    b2 = broker(data_dir=data_dir)
+    assert b2.client(f"{uid}-late", clean=False).connack.session_present
+
+
+def test_while_ids_are_carried_a_failed_snapshot_waits_for_a_change(
+        broker, uid, tmp_path, request):
+    """diff46: each try writes the carried ids in a new journal file, which a failed snapshot
+    leaves: tried at the next change, not each second (no file a second)."""
     if not in_private_mount_namespace(request):
         return
     b2, data_dir, small = _orphans_on_a_small_disk(broker, uid, tmp_path)
     fill_up(small / "filler")
     mark = _session_made_while_full(b2, uid)
+    files = len(_journal_files(data_dir))
     os.unlink(small / "filler")
+    assert not b2.wait_log(lambda ln: "session snapshot written again" in ln, 2.5, mark)
+    assert len(_journal_files(data_dir)) == files
+    other = b2.client(f"{uid}-x", clean=False)          # a change
+    other.subscribe(f"{uid}/x", qos=1)
     assert b2.wait_log(lambda ln: "session snapshot written again" in ln, 10, mark), \
         b2.log_text()
     assert b2.stop(signal.SIGKILL) == -signal.SIGKILL
