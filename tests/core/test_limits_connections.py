@@ -188,7 +188,7 @@ def test_memory_limit_refuses_new_connections_and_topics_then_recovers(broker, u
 
     mark = b.mark()
     reload(memory_limit=0)
-    assert b.wait_log("below memory_limit", timeout=5, start=mark)
+    assert b.wait_log("memory_limit turned off", timeout=5, start=mark)
     b.client(f"{uid}-new")
     pub.publish(f"{uid}/new", b"4")
     assert sub.recv_publish().payload == b"4"

@@ -275,7 +275,7 @@ def test_memory_limit_refuses_new_subscriptions_not_existing_ones(broker, uid):
 
     mark = b.mark()
     reload(memory_limit=0)
-    assert b.wait_log("below memory_limit", timeout=5, start=mark)
+    assert b.wait_log("memory_limit turned off", timeout=5, start=mark)
     assert c.subscribe(f"{uid}/new").codes == [0]
     assert c5.subscribe(f"{uid}/new").codes == [0]
     c5.close()

@@ -34,12 +34,14 @@ edgebroker.commitlog.retention edgebroker.commitlog.scanner edgebroker.commitlog
 edgebroker.commitlog.spare edgebroker.commitlog.sync
 edgebroker.config edgebroker.config_fields edgebroker.core edgebroker.core.broker
 edgebroker.core.catchup edgebroker.core.catchup_run edgebroker.core.client
-edgebroker.core.cursor edgebroker.core.dispatch edgebroker.core.exchanges
+edgebroker.core.cursor edgebroker.core.dispatch edgebroker.core.exchange_restore
+edgebroker.core.exchanges
 edgebroker.core.filter_set edgebroker.core.handlers edgebroker.core.handlers.acks
 edgebroker.core.handlers.auth edgebroker.core.handlers.connect edgebroker.core.handlers.publish
 edgebroker.core.handlers.subscribe edgebroker.core.journal edgebroker.core.limits
 edgebroker.core.memory edgebroker.core.metrics edgebroker.core.mqtt5
 edgebroker.core.persistence edgebroker.core.resume edgebroker.core.retained
+edgebroker.core.retention_moves
 edgebroker.core.router edgebroker.core.router5 edgebroker.core.session edgebroker.core.sessions
 edgebroker.core.shared edgebroker.core.shared_backlog edgebroker.core.shared_state
 edgebroker.core.snapshot edgebroker.core.snapshot_entries edgebroker.core.snapshot_reserve
