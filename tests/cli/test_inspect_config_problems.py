@@ -138,7 +138,8 @@ def test_inspect_sessions_reads_a_piped_file_once(broker, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     text = f'data_dir = "{b.config["data_dir"]}"\n'
-    until(lambda: "piped" in Path(b.config["data_dir"], "sessions.json").read_text(), 10,
+    snapshot = Path(b.config["data_dir"], "sessions.json")
+    until(lambda: snapshot.exists() and "piped" in snapshot.read_text(), 10,
           "the session in the snapshot")
     r = subprocess.run([*broker_command(), "inspect", "sessions", "-c", "/dev/stdin"],
                        input=text, cwd=tmp_path, env=env, capture_output=True, text=True,
