@@ -61,14 +61,19 @@ def fill_up(path: Path) -> None:
         os.close(fd)
 
 
+def small_disk(tmp_path: Path) -> tuple[Path, str]:
+    """A 4 MiB tmpfs (call inside the namespace) and the state directory to use on it."""
+    small = tmp_path / "small"
+    mount_tmpfs(small, "4m")
+    return small, str(small / "data")
+
+
 def broker_on_a_small_disk(broker, tmp_path: Path, uid: str):
     """A broker whose state directory is on a 4 MiB tmpfs (call inside the namespace), a
     persistent QoS 2 subscriber of ``<uid>/t`` and a persistent publisher, the subscription in
     a snapshot: (broker, its state directory, the tmpfs, subscriber, publisher)."""
     from conftest import wait_for_snapshot
-    small = tmp_path / "small"
-    mount_tmpfs(small, "4m")
-    data_dir = str(small / "data")
+    small, data_dir = small_disk(tmp_path)
     b = broker(data_dir=data_dir)
     sub = b.client(f"{uid}-s", clean=False)
     sub.subscribe(f"{uid}/t", qos=2)

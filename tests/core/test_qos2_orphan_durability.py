@@ -22,7 +22,7 @@ import powercut
 import shims
 from conftest import until, wait_for_snapshot
 from core.test_qos2_orphan_ids import Publisher, _crash_after_pubrec, _sessions
-from diskfull import fill_up, in_private_mount_namespace, mount_tmpfs
+from diskfull import fill_up, in_private_mount_namespace, small_disk
 
 KEPT = "1 packet ids of 1 clients kept"
 
@@ -79,9 +79,7 @@ def _orphans_on_a_small_disk(broker, uid, tmp_path):
     """On a 4 MiB tmpfs: a crash after PUBREC of a publisher whose session the snapshot lacks,
     and a restart that keeps its id; returns (the restarted broker, its data dir, the mount)
     once the start's snapshot is written."""
-    small = tmp_path / "small"
-    mount_tmpfs(small, "4m")
-    data_dir = str(small / "data")
+    small, data_dir = small_disk(tmp_path)
     b = broker(data_dir=data_dir)
     sub = b.client(f"{uid}-s", clean=False)
     sub.subscribe(f"{uid}/t", qos=2)
@@ -140,9 +138,7 @@ def test_a_failed_snapshot_is_written_again_once_the_disk_has_room(
     crash then lost the session made while the disk was full): it is tried each second."""
     if not in_private_mount_namespace(request):
         return
-    small = tmp_path / "small"
-    mount_tmpfs(small, "4m")
-    data_dir = str(small / "data")
+    small, data_dir = small_disk(tmp_path)
     b = broker(data_dir=data_dir)
     until(lambda: Path(data_dir, "sessions.json").exists(), 10, "the start's snapshot")
     fill_up(small / "filler")
